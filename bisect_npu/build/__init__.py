@@ -1,0 +1,1 @@
+"""Acquire a runnable environment for a candidate commit (DESIGN.md, `build/`)."""

@@ -1,0 +1,41 @@
+"""The builder interface: a commit in, a runnable environment out."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Literal, Protocol
+
+from pydantic import BaseModel
+
+from bisect_npu.models import BisectError
+
+
+class BuildFailed(BisectError):
+    """The candidate cannot be built; the session records a `skip` with the log's tail."""
+
+    def __init__(self, message: str, log_path: Path | None = None, log_tail: str = "") -> None:
+        super().__init__(message)
+        self.log_path = log_path
+        self.log_tail = log_tail
+
+
+class Environment(BaseModel):
+    """Where a candidate runs: a checked-out worktree, or a container image."""
+
+    kind: Literal["worktree", "image"]
+    commit: str
+    build_key: str = ""
+    path: str | None = None  # worktree directory (kind == worktree)
+    image: str | None = None  # image tag (kind == image)
+    # How it was obtained: "built" (full build), "overlay" (python tree on a same-key image), "reused".
+    how: Literal["built", "overlay", "reused"] = "built"
+    seconds: float = 0.0
+    log_path: str | None = None
+
+
+class Builder(Protocol):
+    def acquire(self, commit: str, log_dir: Path) -> Environment:
+        """Return a runnable environment for `commit`, or raise BuildFailed."""
+
+    def release(self, env: Environment) -> None:
+        """Free what `acquire` took that is not cached for later candidates."""

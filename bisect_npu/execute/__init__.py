@@ -1,0 +1,1 @@
+"""Run the probe (or a user command) for one candidate in its environment."""

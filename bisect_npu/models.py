@@ -1,0 +1,98 @@
+"""Data contracts shared by the rooms: observations, verdicts, journal steps.
+
+These are the only shapes that cross room boundaries (DESIGN.md, "Data contracts").
+The probe writes observations with the standard library; this module validates them on the host.
+"""
+
+from __future__ import annotations
+
+import json
+from enum import StrEnum
+from pathlib import Path
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+OBSERVATION_SCHEMA_VERSION = 1
+
+
+class BisectError(Exception):
+    """An error a user can act on: the message names the cause and the next step."""
+
+    exit_code = 2
+
+
+class UsageError(BisectError):
+    exit_code = 2
+
+
+class PreconditionError(BisectError):
+    exit_code = 4
+
+
+class InfrastructureError(BisectError):
+    exit_code = 5
+
+
+class VerdictKind(StrEnum):
+    GOOD = "good"
+    BAD = "bad"
+    SKIP = "skip"
+
+
+class Verdict(BaseModel):
+    """What an oracle concluded about one commit (or one trial), and why."""
+
+    model_config = ConfigDict(frozen=True)
+
+    kind: VerdictKind
+    reason: str
+    figures: dict[str, Any] = Field(default_factory=dict)
+    trials: int = 1
+
+
+class Timings(BaseModel):
+    load_s: float = 0.0
+    generate_s: float = 0.0
+
+
+class Observation(BaseModel):
+    """One probe run of one case and trial (written by `bisect_npu.probe`)."""
+
+    model_config = ConfigDict(extra="allow")
+
+    schema_version: int = OBSERVATION_SCHEMA_VERSION
+    commit: str = ""
+    recipe: str = ""
+    case_id: str = "default"
+    trial: int = 0
+    seed: int | None = None
+    prompt_token_ids: list[int] = Field(default_factory=list)
+    output_token_ids: list[int] = Field(default_factory=list)
+    text: str = ""
+    finish_reason: str | None = None
+    stop_reason: str | None = None
+    timings: Timings = Field(default_factory=Timings)
+    sampling: dict[str, Any] = Field(default_factory=dict)
+    versions: dict[str, str] = Field(default_factory=dict)
+    # Per generated token: the top candidates as [[token_id, logprob], ...], best first.
+    top_logprobs: list[list[tuple[int, float]]] | None = None
+    logits_dump: str | None = None
+    extra: dict[str, Any] = Field(default_factory=dict)
+
+    @classmethod
+    def load(cls, path: str | Path) -> Observation:
+        """Read an observation file; a corrupt file is a BisectError naming it, never a trace."""
+        path = Path(path)
+        try:
+            raw = json.loads(path.read_text(encoding="utf-8"))
+        except FileNotFoundError as exc:
+            raise UsageError(f"observation file not found: {path}") from exc
+        except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+            raise UsageError(f"{path}: not valid JSON ({exc}); the probe was probably interrupted") from exc
+        try:
+            return cls.model_validate(raw)
+        except ValidationError as exc:
+            first = exc.errors()[0]
+            field = ".".join(str(p) for p in first["loc"]) or "<root>"
+            raise UsageError(f"{path}: field {field!r}: {first['msg']}") from exc

@@ -1,0 +1,79 @@
+"""Oracle settings as they appear in a recipe's `oracle:` section.
+
+Defaults are the field's usual pass lines (cosine > 0.99, vLLM's repetition_detection shape).
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class RepetitionConfig(_Strict):
+    """Exact loops (vLLM's rule, extended to long periods) and near-loops."""
+
+    min_pattern_size: int = Field(1, ge=1)
+    max_pattern_size: int = Field(20, ge=1)
+    min_count: int = Field(3, ge=2)
+    # Offline judge only: longest period searched over a whole observation.
+    offline_max_period: int = Field(2048, ge=1)
+    # Minimum tokens covered by a loop for it to count as bad (short legit repeats are fine).
+    min_loop_tokens: int = Field(32, ge=1)
+    # Near-repetition: windowed distinct-n-gram ratio below this is a loop.
+    ngram: int = Field(4, ge=1)
+    window: int = Field(256, ge=8)
+    min_distinct_ratio: float = Field(0.2, ge=0.0, le=1.0)
+    # Stream detector inside the probe stops generation early when it fires.
+    stop_early: bool = True
+
+
+class TokenMatchConfig(_Strict):
+    """Deterministic token match against a reference observation."""
+
+    min_match_rate: float = Field(1.0, ge=0.0, le=1.0)
+    # A first mismatch where the reference's top-2 logprobs are within this margin is a tie.
+    tie_margin: float = Field(0.05, ge=0.0)
+    compare_tokens: int | None = Field(None, ge=1)
+
+
+class LogitsConfig(_Strict):
+    """Dump diff pass lines (MindStudio Probe compare conventions)."""
+
+    min_cosine: float = Field(0.99, ge=-1.0, le=1.0)
+    max_abs_error: float | None = None
+    max_rel_error: float | None = None
+    min_within_1e3: float | None = Field(None, ge=0.0, le=1.0)
+    min_within_5e3: float | None = Field(None, ge=0.0, le=1.0)
+    max_kl: float | None = Field(None, ge=0.0)
+    top_k: int = Field(5, ge=1)
+    workers: int = Field(2, ge=1)
+
+
+class StatsConfig(_Strict):
+    """Verdict over repeated trials."""
+
+    trials: int = Field(5, ge=1)
+    max_trials: int = Field(40, ge=1)
+    confidence: float = Field(0.95, gt=0.5, lt=1.0)
+    # Rate of bad trials at the good end when not measured; the bad end's when not measured.
+    good_rate: float = Field(0.0, ge=0.0, le=1.0)
+    bad_rate: float = Field(0.2, ge=0.0, le=1.0)
+    method: Literal["sprt", "doubling"] = "sprt"
+
+
+OracleKind = Literal["repetition", "tokens", "logits", "stats", "acceptance", "penalty", "stages", "command"]
+
+
+class OracleConfig(_Strict):
+    """Which judges run (all must pass), with their thresholds."""
+
+    kinds: list[OracleKind] = Field(default_factory=lambda: ["repetition"])
+    repetition: RepetitionConfig = Field(default_factory=RepetitionConfig)
+    tokens: TokenMatchConfig = Field(default_factory=TokenMatchConfig)
+    logits: LogitsConfig = Field(default_factory=LogitsConfig)
+    stats: StatsConfig = Field(default_factory=StatsConfig)

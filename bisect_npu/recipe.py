@@ -1,0 +1,188 @@
+"""Recipes: the bad case as data (DESIGN.md, "Recipes").
+
+Loaded with a safe YAML loader and validated; every error names the field and its line.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+
+from bisect_npu.models import UsageError
+from bisect_npu.oracle.config import OracleConfig
+
+BUNDLED_RECIPES = Path(__file__).resolve().parent.parent / "recipes"
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class ModelSpec(_Strict):
+    path: str = Field(..., description="model directory inside the environment (container or host)")
+    host_path: str | None = Field(None, description="host directory mounted read-only at `path`")
+    dtype: str = "auto"
+    tokenizer: str | None = None
+
+
+class EngineSpec(_Strict):
+    backend: Literal["mini", "vllm", "openai"] = "vllm"
+    args: dict[str, Any] = Field(default_factory=dict, description="engine args: async_scheduling, enforce_eager, ...")
+    server_flags: list[str] = Field(default_factory=list, description="extra `vllm serve` flags (openai backend)")
+    port: int = Field(8000, ge=1, le=65535)
+    startup_timeout_s: float = Field(600.0, gt=0)
+
+
+class SamplingSpec(_Strict):
+    """Sampling parameters; None means "do not send", so server defaults apply."""
+
+    temperature: float | None = Field(None, ge=0.0)
+    top_p: float | None = Field(None, gt=0.0, le=1.0)
+    top_k: int | None = None
+    min_p: float | None = Field(None, ge=0.0, le=1.0)
+    repetition_penalty: float | None = Field(None, gt=0.0)
+    presence_penalty: float | None = None
+    frequency_penalty: float | None = None
+    max_tokens: int = Field(256, ge=1)
+    seed: int | None = None
+    logprobs: int | None = Field(5, ge=0)
+
+    def to_request(self) -> dict[str, Any]:
+        return {k: v for k, v in self.model_dump().items() if v is not None}
+
+
+class Message(_Strict):
+    role: Literal["system", "user", "assistant"]
+    content: str
+
+
+class CaseSpec(_Strict):
+    id: str = "default"
+    prompt: str | None = None
+    messages: list[Message] | None = None
+    sampling: SamplingSpec = Field(default_factory=SamplingSpec)
+
+    @model_validator(mode="after")
+    def _one_input(self) -> CaseSpec:
+        if (self.prompt is None) == (self.messages is None):
+            raise ValueError("a case needs exactly one of `prompt` or `messages`")
+        return self
+
+
+class TrialsSpec(_Strict):
+    count: int = Field(1, ge=1)
+    confidence: float = Field(0.99, gt=0.5, lt=1.0)
+
+
+class ReferenceSpec(_Strict):
+    kind: Literal["good_end", "golden", "none"] = "none"
+    path: str | None = None
+
+
+class BuildSpec(_Strict):
+    """How a candidate checkout becomes runnable without a container (LocalBuilder)."""
+
+    local_command: list[str] = Field(default_factory=list)
+    python_paths: list[str] = Field(default_factory=lambda: ["."])
+
+
+class Recipe(_Strict):
+    name: str
+    description: str = ""
+    symptom: list[str] = Field(default_factory=list, description="keywords for fix ranking")
+    model: ModelSpec
+    engine: EngineSpec = Field(default_factory=EngineSpec)
+    environment: dict[str, str] = Field(default_factory=dict)
+    cases: list[CaseSpec] = Field(..., min_length=1)
+    oracle: OracleConfig = Field(default_factory=OracleConfig)
+    trials: TrialsSpec = Field(default_factory=TrialsSpec)
+    reference: ReferenceSpec = Field(default_factory=ReferenceSpec)
+    build: BuildSpec = Field(default_factory=BuildSpec)
+    source: str | None = Field(None, exclude=True)
+
+    def digest(self) -> str:
+        """Stable content hash, recorded in the session header so resume refuses a changed recipe."""
+        payload = json.dumps(self.model_dump(mode="json"), sort_keys=True).encode()
+        return hashlib.sha256(payload).hexdigest()[:16]
+
+
+class _LineLoader(yaml.SafeLoader):
+    """Safe loader that remembers the line of every mapping key."""
+
+
+def _construct_mapping(loader: _LineLoader, node: yaml.MappingNode) -> dict[str, Any]:
+    mapping = yaml.SafeLoader.construct_mapping(loader, node, deep=True)
+    lines = {key_node.value: key_node.start_mark.line + 1 for key_node, _ in node.value
+             if isinstance(key_node, yaml.ScalarNode)}
+    mapping["__lines__"] = lines
+    mapping["__line__"] = node.start_mark.line + 1
+    return mapping
+
+
+_LineLoader.add_constructor(yaml.resolver.BaseResolver.DEFAULT_MAPPING_TAG, _construct_mapping)
+
+
+def _strip_lines(value: Any) -> Any:
+    if isinstance(value, dict):
+        return {k: _strip_lines(v) for k, v in value.items() if k not in ("__lines__", "__line__")}
+    if isinstance(value, list):
+        return [_strip_lines(v) for v in value]
+    return value
+
+
+def _line_of(raw: Any, loc: tuple[Any, ...]) -> int | None:
+    """The YAML line of the deepest part of `loc` that exists in the document."""
+    line: int | None = raw.get("__line__") if isinstance(raw, dict) else None
+    node = raw
+    for part in loc:
+        if isinstance(node, dict) and part in node:
+            line = node.get("__lines__", {}).get(part, line)
+            node = node[part]
+        elif isinstance(node, list) and isinstance(part, int) and part < len(node):
+            node = node[part]
+            if isinstance(node, dict):
+                line = node.get("__line__", line)
+        else:
+            break
+    return line
+
+
+def parse_recipe(text: str, source: str = "<recipe>") -> Recipe:
+    try:
+        raw = yaml.load(text, Loader=_LineLoader)  # noqa: S506 - _LineLoader is a SafeLoader
+    except yaml.YAMLError as exc:
+        raise UsageError(f"{source}: not valid YAML: {exc}") from exc
+    if not isinstance(raw, dict):
+        raise UsageError(f"{source}: a recipe is a mapping with at least `name`, `model` and `cases`")
+    try:
+        recipe = Recipe.model_validate(_strip_lines(raw))
+    except ValidationError as exc:
+        first = exc.errors()[0]
+        loc = tuple(first["loc"])
+        field = ".".join(str(p) for p in loc) or "<root>"
+        line = _line_of(raw, loc)
+        where = f"{source}:{line}" if line else source
+        msg = first["msg"]
+        if first["type"] == "extra_forbidden":
+            msg = "unknown field (check the spelling; `bisect-npu recipes show` lists the fields)"
+        raise UsageError(f"{where}: field {field!r}: {msg}") from exc
+    recipe.source = source
+    return recipe
+
+
+def load_recipe(path_or_name: str | Path) -> Recipe:
+    """Load a recipe file, or a bundled recipe by name (`qwen3-repetition-penalty-async`)."""
+    path = Path(path_or_name)
+    if not path.exists():
+        bundled = BUNDLED_RECIPES / f"{path_or_name}.yaml"
+        if bundled.exists():
+            path = bundled
+        else:
+            names = ", ".join(sorted(p.stem for p in BUNDLED_RECIPES.glob("*.yaml"))) or "none"
+            raise UsageError(f"recipe not found: {path_or_name}; bundled recipes: {names}")
+    return parse_recipe(path.read_text(encoding="utf-8"), source=str(path))

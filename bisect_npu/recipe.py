@@ -34,6 +34,12 @@ class EngineSpec(_Strict):
     backend: Literal["mini", "vllm", "openai"] = "vllm"
     args: dict[str, Any] = Field(default_factory=dict, description="engine args: async_scheduling, enforce_eager, ...")
     server_flags: list[str] = Field(default_factory=list, description="extra `vllm serve` flags (openai backend)")
+    launcher: list[str] = Field(
+        default_factory=lambda: ["vllm", "serve", "{model}"],
+        description="server command before the flags ({model}, {python}, {port} filled in); vLLM's CPU "
+                    "wheel needs ['{python}', '-m', 'vllm.entrypoints.openai.api_server', '--model', '{model}']")
+    loop_guard: Literal["engine", "probe"] = Field(
+        "engine", description="who stops a loop early: vLLM's repetition_detection when it has it, or the probe")
     port: int = Field(8000, ge=1, le=65535)
     startup_timeout_s: float = Field(600.0, gt=0)
 
@@ -74,7 +80,21 @@ class CaseSpec(_Strict):
         return self
 
 
+class CaptureSpec(_Strict):
+    """What the probe records beyond tokens: top-k logprobs always; full logits or layer dumps on ask."""
+
+    top_k: int = Field(5, ge=1, le=20)
+    full_logits: bool = False
+    layers: list[str] = Field(default_factory=list, description="module name patterns to dump (fnmatch)")
+    steps: list[int] = Field(default_factory=lambda: [0], description="forward passes to dump; 0 is the prefill")
+
+
 class TrialsSpec(_Strict):
+    """`exact`: every trial of a commit is judged together into one verdict per commit.
+    `noisy`: each trial is a vote; the search picks commits and trial counts until it reaches
+    `confidence` (for failures that show in only some runs)."""
+
+    mode: Literal["exact", "noisy"] = "exact"
     count: int = Field(1, ge=1)
     confidence: float = Field(0.99, gt=0.5, lt=1.0)
 
@@ -89,6 +109,9 @@ class BuildSpec(_Strict):
 
     local_command: list[str] = Field(default_factory=list)
     python_paths: list[str] = Field(default_factory=lambda: ["."])
+    docker_args: dict[str, str] = Field(
+        default_factory=dict, description="build args for the candidate's own Dockerfile (--executor docker): "
+                                          "PIP_INDEX_URL, COMPILE_CUSTOM_KERNELS, VLLM_REPO; part of the build key")
 
 
 class Recipe(_Strict):
@@ -101,6 +124,7 @@ class Recipe(_Strict):
     cases: list[CaseSpec] = Field(..., min_length=1)
     oracle: OracleConfig = Field(default_factory=OracleConfig)
     trials: TrialsSpec = Field(default_factory=TrialsSpec)
+    capture: CaptureSpec = Field(default_factory=CaptureSpec)
     reference: ReferenceSpec = Field(default_factory=ReferenceSpec)
     build: BuildSpec = Field(default_factory=BuildSpec)
     source: str | None = Field(None, exclude=True)

@@ -1,0 +1,28 @@
+"""`bisect-npu report`: render a session's report from its journal."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import click
+
+
+@click.command()
+@click.option("--session", "session_dir", type=click.Path(path_type=Path),
+              help="Session directory (default: the latest).")
+@click.option("--format", "fmt", type=click.Choice(["md", "json"]), default="md", show_default=True)
+@click.option("--output", "-o", type=click.Path(path_type=Path), help="Write here instead of stdout.")
+def report(session_dir: Path | None, fmt: str, output: Path | None) -> None:
+    """Render the Markdown (or JSON) report of a session."""
+    from bisect_npu.journal import latest_session
+    from bisect_npu.report import load_view, render_json, render_markdown
+    from bisect_npu.session import DEFAULT_ROOT
+
+    view = load_view(session_dir or latest_session(DEFAULT_ROOT))
+    text = render_markdown(view) if fmt == "md" else json.dumps(render_json(view), indent=2)
+    if output:
+        output.write_text(text, encoding="utf-8")
+        click.echo(f"wrote {output}", err=True)
+    else:
+        click.echo(text)

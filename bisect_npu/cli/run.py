@@ -1,0 +1,109 @@
+"""`bisect-npu run` and `bisect-npu resume`: parse options, call the session, print the answer."""
+
+from __future__ import annotations
+
+import json
+import shlex
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+import click
+
+from bisect_npu.models import UsageError
+
+if TYPE_CHECKING:
+    from bisect_npu.session import SessionResult
+
+
+def parse_devices(spec: str | None) -> list[int]:
+    """`0,1`, `0-7` or `3` -> card numbers; an empty spec means no NPU (CPU runs)."""
+    if not spec:
+        return []
+    devices: list[int] = []
+    for part in spec.split(","):
+        part = part.strip()
+        try:
+            if "-" in part:
+                lo, hi = (int(x) for x in part.split("-", 1))
+                if hi < lo:
+                    raise ValueError
+                devices.extend(range(lo, hi + 1))
+            else:
+                devices.append(int(part))
+        except ValueError:
+            raise UsageError(f"--devices {spec!r}: expected card numbers like 0,1 or 0-7") from None
+    if len(set(devices)) != len(devices) or any(d < 0 for d in devices):
+        raise UsageError(f"--devices {spec!r}: each card once, numbers >= 0")
+    return devices
+
+
+def finish(result: SessionResult, as_json: bool) -> None:
+    """Write the reports, print the answer (and a JSON summary as the last line), exit with its code."""
+    from bisect_npu.report import write_reports
+
+    md_path, json_path = write_reports(result.session_dir)
+    click.echo(result.message)
+    click.echo(f"report: {md_path}")
+    if as_json:
+        summary = {"status": result.status, "exit_code": result.exit_code, "culprit": result.culprit,
+                   "range": list(result.range) if result.range else None, "steps": result.steps,
+                   "session": str(result.session_dir), "report": str(md_path), "report_json": str(json_path)}
+        click.echo(json.dumps(summary))
+    raise SystemExit(result.exit_code)
+
+
+@click.command()
+@click.option("--good", required=True, help="A ref where the model behaves (tag, branch, sha).")
+@click.option("--bad", required=True, help="A ref where it misbehaves.")
+@click.option("--repo", default=".", show_default=True, help="Path or URL of the upstream repository.")
+@click.option("--recipe", help="Recipe file or bundled recipe name (the bad case and its oracle).")
+@click.option("--cmd", "command", help="Oracle command instead of a recipe: exit 0 good, 125 skip, 1-127 bad.")
+@click.option("--executor", type=click.Choice(["local", "docker"]), default="local", show_default=True)
+@click.option("--devices", help="NPU cards for the container, e.g. 0,1 or 0-7 (one slot per card).")
+@click.option("--slots", type=int, help="Candidates tested at once (default: one per device, else 1).")
+@click.option("--session", "session_dir", type=click.Path(path_type=Path), help="Session directory to create.")
+@click.option("--workdir", type=click.Path(path_type=Path), help="Where candidate worktrees go (empty dir).")
+@click.option("--mode", type=click.Choice(["exact", "noisy"]), help="Override the recipe's trials mode.")
+@click.option("--confidence", type=float, help="Noisy mode: stop when the culprit is this certain.")
+@click.option("--check-ends/--no-check-ends", default=True, show_default=True,
+              help="Test that good is good and bad is bad before bisecting.")
+@click.option("--timeout", "timeout_s", type=float, default=3600.0, show_default=True,
+              help="Seconds per probe or command run.")
+@click.option("--fix/--no-fix", "propose_fix", default=True, show_default=True, help="Propose upstream fixes.")
+@click.option("--verify-fix", is_flag=True, help="Apply the top fixes to the bad end and re-run the oracle.")
+@click.option("--json", "as_json", is_flag=True, help="Print a machine-readable summary as the last line.")
+@click.option("--quiet", is_flag=True, help="Plain log lines even on a terminal.")
+def run(good: str, bad: str, repo: str, recipe: str | None, command: str | None, executor: str,
+        devices: str | None, slots: int | None, session_dir: Path | None, workdir: Path | None, mode: str | None,
+        confidence: float | None, check_ends: bool, timeout_s: float, propose_fix: bool, verify_fix: bool,
+        as_json: bool, quiet: bool) -> None:
+    """Bisect GOOD..BAD: find the first bad commit, propose its fix, write the report."""
+    from bisect_npu.progress import make_progress
+    from bisect_npu.session import RunOptions, Session
+
+    argv = shlex.split(command) if command else None
+    if command is not None and not argv:
+        raise UsageError("--cmd is empty; give the command that judges a checkout")
+    cards = parse_devices(devices)
+    options = RunOptions(good=good, bad=bad, repo=repo, recipe=recipe, command=argv, executor=executor,
+                         devices=cards, slots=slots or max(1, len(cards)), mode=mode, confidence=confidence,
+                         check_ends=check_ends, timeout_s=timeout_s, propose_fix=propose_fix,
+                         verify_fix=verify_fix, workdir=str(workdir) if workdir else None)
+    session = Session.start(options, session_dir=session_dir, progress=make_progress(quiet or as_json))
+    click.echo(f"session: {session.journal.session_dir}", err=True)
+    finish(session.run(), as_json)
+
+
+@click.command()
+@click.option("--session", "session_dir", type=click.Path(path_type=Path),
+              help="Session directory (default: the latest).")
+@click.option("--json", "as_json", is_flag=True, help="Print a machine-readable summary as the last line.")
+@click.option("--quiet", is_flag=True, help="Plain log lines even on a terminal.")
+def resume(session_dir: Path | None, as_json: bool, quiet: bool) -> None:
+    """Continue an interrupted session without redoing a finished step."""
+    from bisect_npu.progress import make_progress
+    from bisect_npu.session import Session
+
+    session = Session.resume(session_dir, progress=make_progress(quiet or as_json))
+    click.echo(f"session: {session.journal.session_dir}", err=True)
+    finish(session.run(), as_json)

@@ -1,0 +1,231 @@
+"""Evaluate one candidate: acquire its environment, run the bad case, let the oracle judge.
+
+The session asks for commits; this room turns a commit into observations and a Verdict, and
+tells the journal about every finished trial so an interrupted step is never redone.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from bisect_npu.build.base import Builder, BuildFailed, Environment
+from bisect_npu.execute.base import Executor, RunResult
+from bisect_npu.models import InfrastructureError, Observation, Verdict, VerdictKind
+from bisect_npu.recipe import CaseSpec, Recipe
+
+# The `git bisect run` protocol: 0 good, 125 skip, 1..127 bad, above 127 abort.
+SKIP_EXIT = 125
+ABORT_ABOVE = 127
+
+
+@dataclass(frozen=True)
+class TrialRecord:
+    """One finished probe run (what a `trial` journal line holds)."""
+
+    case_id: str
+    trial: int
+    observation: str | None
+    seconds: float
+    log: str
+    outcome: VerdictKind | None = None
+    reason: str = ""
+
+    def to_json(self) -> dict[str, Any]:
+        return {"case_id": self.case_id, "trial": self.trial, "observation": self.observation,
+                "seconds": self.seconds, "log": self.log,
+                "outcome": self.outcome.value if self.outcome else None, "reason": self.reason}
+
+    @classmethod
+    def from_json(cls, raw: dict[str, Any]) -> TrialRecord:
+        outcome = raw.get("outcome")
+        return cls(raw["case_id"], raw["trial"], raw.get("observation"), raw.get("seconds", 0.0),
+                   raw.get("log", ""), VerdictKind(outcome) if outcome else None, raw.get("reason", ""))
+
+
+@dataclass
+class StepResult:
+    """A finished evaluation of one commit: its build, its trials and the verdict."""
+
+    commit: str
+    verdict: Verdict
+    build: dict[str, Any]
+    trials: list[TrialRecord] = field(default_factory=list)
+    seconds: float = 0.0
+
+
+def command_verdict(result: RunResult) -> Verdict:
+    """Map a user command's exit status to a verdict (the `git bisect run` protocol)."""
+    code = result.returncode
+    figures = {"exit_code": code, "log": result.log_path}
+    if result.timed_out:
+        return Verdict(kind=VerdictKind.SKIP, reason=f"command timed out after {result.seconds:.0f}s", figures=figures)
+    if code == 0:
+        return Verdict(kind=VerdictKind.GOOD, reason="command exited 0", figures=figures)
+    if code == SKIP_EXIT:
+        return Verdict(kind=VerdictKind.SKIP, reason="command exited 125 (skip)", figures=figures)
+    if 0 < code <= ABORT_ABOVE:
+        return Verdict(kind=VerdictKind.BAD, reason=f"command exited {code}", figures=figures)
+    raise InfrastructureError(f"command exited {code} (above 127, or killed by a signal): aborting as "
+                              f"`git bisect run` does; see {result.log_path}, fix it, then `bisect-npu resume`")
+
+
+def build_record(env: Environment | None, failure: BuildFailed | None = None) -> dict[str, Any]:
+    if failure is not None:
+        return {"how": "failed", "log": str(failure.log_path) if failure.log_path else None,
+                "log_tail": failure.log_tail, "error": str(failure)}
+    assert env is not None
+    return {"how": env.how, "key": env.build_key, "image": env.image, "seconds": env.seconds, "log": env.log_path}
+
+
+class Evaluator:
+    """Runs candidates for one session: a builder, an executor, and either a recipe or a command."""
+
+    def __init__(self, builder: Builder, executor: Executor, session_dir: Path, *,
+                 recipe: Recipe | None = None, command: list[str] | None = None,
+                 timeout_s: float = 3600.0) -> None:
+        if (recipe is None) == (command is None):
+            raise ValueError("an Evaluator needs exactly one of a recipe or a command")
+        self.builder = builder
+        self.executor = executor
+        self.session_dir = session_dir
+        self.recipe = recipe
+        self.command = command
+        self.timeout_s = timeout_s
+        self.reference: list[Observation] | None = None
+
+    def rel(self, path: str | Path | None) -> str | None:
+        """Paths in the journal are relative to the session, so a session directory can be moved."""
+        if path is None:
+            return None
+        try:
+            return str(Path(path).resolve().relative_to(self.session_dir.resolve()))
+        except ValueError:
+            return str(path)
+
+    def abs(self, path: str) -> Path:
+        return (self.session_dir / path) if not Path(path).is_absolute() else Path(path)
+
+    def step_dir(self, commit: str) -> Path:
+        return self.session_dir / "steps" / commit[:12]
+
+    def evaluate(self, commit: str, trials: int, done: list[TrialRecord],
+                 on_trial: Callable[[TrialRecord], None], judge_each: bool) -> StepResult:
+        """Evaluate `commit`: `trials` new trials per case (exact mode: up to the recipe's count,
+        re-using `done`), each reported through `on_trial` as soon as it finishes."""
+        started = time.monotonic()
+        step_dir = self.step_dir(commit)
+        try:
+            env = self.builder.acquire(commit, step_dir)
+        except BuildFailed as failure:
+            verdict = Verdict(kind=VerdictKind.SKIP, reason=f"build failed: {failure}",
+                              figures={"log_tail": failure.log_tail[-2000:]}, trials=0)
+            return StepResult(commit, verdict, build_record(None, failure), list(done),
+                              round(time.monotonic() - started, 3))
+        try:
+            if self.command is not None:
+                result = self.executor.run_command(env, self.command, step_dir / "command.log", self.timeout_s)
+                verdict = command_verdict(result)
+                record = TrialRecord("command", 0, None, result.seconds, self.rel(result.log_path) or "",
+                                     verdict.kind, verdict.reason)
+                on_trial(record)
+                records = [record]
+            else:
+                records = self._run_trials(commit, env, trials, done, on_trial, judge_each)
+                verdict = self._judge_step(records)
+        finally:
+            self.builder.release(env)
+        return StepResult(commit, verdict, build_record(env), records, round(time.monotonic() - started, 3))
+
+    def _run_trials(self, commit: str, env: Environment, trials: int, done: list[TrialRecord],
+                    on_trial: Callable[[TrialRecord], None], judge_each: bool) -> list[TrialRecord]:
+        assert self.recipe is not None
+        records = list(done)
+        for case in self.recipe.cases:
+            already = sorted(r.trial for r in done if r.case_id == case.id)
+            start = (already[-1] + 1) if already else 0
+            wanted = trials if judge_each else max(0, trials - len(already))
+            for trial in range(start, start + wanted):
+                record = self._run_one(commit, env, case, trial, judge_each)
+                on_trial(record)
+                records.append(record)
+        return records
+
+    def _run_one(self, commit: str, env: Environment, case: CaseSpec, trial: int, judge_each: bool) -> TrialRecord:
+        assert self.recipe is not None
+        request = probe_request(self.recipe, case, commit, trial)
+        result = self.executor.run_probe(env, request, self.step_dir(commit), self.timeout_s)
+        if result.observation is None:
+            why = "timed out" if result.timed_out else f"probe exited {result.returncode}"
+            tail = result.log_tail.strip().splitlines()[-1:] or [""]
+            return TrialRecord(case.id, trial, None, result.seconds, self.rel(result.log_path) or "",
+                               VerdictKind.SKIP, f"{why}: {tail[0][:200]}")
+        outcome, reason = None, ""
+        if judge_each:
+            verdict = self._judge_observations([Observation.load(result.observation)])
+            outcome, reason = verdict.kind, verdict.reason
+        return TrialRecord(case.id, trial, self.rel(result.observation), result.seconds,
+                           self.rel(result.log_path) or "", outcome, reason)
+
+    def _judge_observations(self, observations: list[Observation]) -> Verdict:
+        from bisect_npu import oracle
+
+        assert self.recipe is not None
+        if len(observations) == 1:
+            return oracle.judge_observation(self.recipe, observations[0], self._reference_for(observations[0]))
+        return oracle.judge(self.recipe, observations, self.reference)
+
+    def _reference_for(self, obs: Observation) -> Observation | None:
+        for ref in self.reference or []:
+            if ref.case_id == obs.case_id:
+                return ref
+        return None
+
+    def _judge_step(self, records: list[TrialRecord]) -> Verdict:
+        usable = [r for r in records if r.observation]
+        if not usable:
+            reasons = "; ".join(sorted({r.reason for r in records}))[:300]
+            return Verdict(kind=VerdictKind.SKIP, reason=f"no usable observation ({reasons})", trials=len(records))
+        observations = [Observation.load(self.abs(r.observation)) for r in usable if r.observation]
+        verdict = self._judge_observations(observations)
+        if len(usable) < len(records):
+            figures = {**verdict.figures, "failed_trials": len(records) - len(usable)}
+            verdict = verdict.model_copy(update={"figures": figures})
+        return verdict
+
+    def set_reference(self, records: list[TrialRecord]) -> None:
+        """The good end's observations become the reference for token matching."""
+        self.reference = [Observation.load(self.abs(r.observation)) for r in records if r.observation]
+
+
+def probe_request(recipe: Recipe, case: CaseSpec, commit: str, trial: int) -> dict[str, Any]:
+    """The JSON the probe reads (format: bisect_npu/probe/request.py)."""
+    sampling = case.sampling.to_request()
+    seed = sampling.get("seed")
+    if seed is not None:
+        sampling["seed"] = seed + trial  # repeated trials must differ, yet be reproducible
+    rep = recipe.oracle.repetition
+    loop_guard = None
+    if "repetition" in recipe.oracle.kinds and rep.stop_early:
+        loop_guard = {"min_pattern_size": rep.min_pattern_size, "max_pattern_size": rep.max_pattern_size,
+                      "min_count": rep.min_count}
+    return {
+        "schema_version": 1,
+        "commit": commit,
+        "recipe": recipe.name,
+        "case_id": case.id,
+        "trial": trial,
+        "seed": sampling.get("seed"),
+        "backend": recipe.engine.backend,
+        "model": recipe.model.model_dump(exclude={"host_path"}),
+        "engine": recipe.engine.model_dump(exclude={"backend"}),
+        "case": {**({"prompt": case.prompt} if case.prompt is not None else
+                    {"messages": [m.model_dump() for m in case.messages or []]}),
+                 "sampling": sampling},
+        "loop_guard": loop_guard,
+        "logits": {"top_k": case.sampling.logprobs or 0, "dump_dir": None},
+        "output": "",
+    }

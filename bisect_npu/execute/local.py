@@ -1,0 +1,81 @@
+"""LocalExecutor: run the probe or a user command as a subprocess in a candidate's worktree."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from bisect_npu.build.base import Environment
+from bisect_npu.build.local import tail
+from bisect_npu.execute.base import RunResult
+from bisect_npu.models import UsageError
+
+
+class LocalExecutor:
+    """Subprocesses in their own process group, so a timeout or Ctrl-C kills the whole tree."""
+
+    def __init__(self, env: dict[str, str] | None = None, python_paths: list[str] | None = None,
+                 python: str = sys.executable) -> None:
+        self.env = env or {}
+        self.python_paths = python_paths or ["."]
+        self.python = python
+
+    def _environ(self, worktree: Path) -> dict[str, str]:
+        paths = [str((worktree / p).resolve()) for p in self.python_paths]
+        existing = os.environ.get("PYTHONPATH")
+        return {**os.environ, **self.env,
+                "PYTHONPATH": os.pathsep.join(paths + ([existing] if existing else []))}
+
+    def run_probe(self, env: Environment, request: dict[str, Any], out_dir: Path, timeout_s: float) -> RunResult:
+        out_dir.mkdir(parents=True, exist_ok=True)
+        stem = f"{request.get('case_id', 'default')}-t{request.get('trial', 0)}"
+        request = {**request, "output": str(out_dir / f"obs-{stem}.json")}
+        request_path = out_dir / f"request-{stem}.json"
+        request_path.write_text(json.dumps(request, indent=1), encoding="utf-8")
+        argv = [self.python, "-m", "bisect_npu.probe", str(request_path)]
+        result = self._run(env, argv, out_dir / f"probe-{stem}.log", timeout_s)
+        if result.returncode == 0 and Path(request["output"]).exists():
+            result = result.model_copy(update={"observation": request["output"]})
+        return result
+
+    def run_command(self, env: Environment, argv: list[str], log_path: Path, timeout_s: float) -> RunResult:
+        return self._run(env, argv, log_path, timeout_s)
+
+    def _run(self, env: Environment, argv: list[str], log_path: Path, timeout_s: float) -> RunResult:
+        worktree = Path(env.path or ".")
+        log_path.parent.mkdir(parents=True, exist_ok=True)
+        started = time.monotonic()
+        timed_out = False
+        with log_path.open("w", encoding="utf-8") as log:
+            try:
+                proc = subprocess.Popen(argv, cwd=worktree, stdout=log, stderr=subprocess.STDOUT,
+                                        env=self._environ(worktree), start_new_session=True)
+            except FileNotFoundError as exc:
+                raise UsageError(f"command not found: {argv[0]}; give a program on PATH or a path "
+                                 "relative to the repository root") from exc
+            except PermissionError as exc:
+                raise UsageError(f"command is not executable: {argv[0]}; chmod +x it") from exc
+            try:
+                returncode = proc.wait(timeout=timeout_s)
+            except subprocess.TimeoutExpired:
+                timed_out = True
+                _kill_group(proc)
+                returncode = proc.wait()
+            except BaseException:
+                _kill_group(proc)
+                proc.wait()
+                raise
+        return RunResult(returncode=returncode, seconds=round(time.monotonic() - started, 3),
+                         log_path=str(log_path), timed_out=timed_out, log_tail=tail(log_path, 15))
+
+
+def _kill_group(proc: subprocess.Popen[bytes]) -> None:
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(proc.pid, signal.SIGKILL)

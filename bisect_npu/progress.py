@@ -1,0 +1,75 @@
+"""Progress on long work: live on a terminal (rich), plain log lines in CI (stdout not a TTY)."""
+
+from __future__ import annotations
+
+import sys
+import time
+from typing import ClassVar, Protocol, TextIO
+
+from rich.console import Console
+
+from bisect_npu.models import Verdict
+
+
+class Progress(Protocol):
+    def note(self, text: str) -> None: ...
+
+    def step_started(self, index: int, commit: str, title: str, left: int, steps_left: int) -> None: ...
+
+    def step_finished(self, index: int, commit: str, verdict: Verdict, seconds: float) -> None: ...
+
+    def close(self) -> None: ...
+
+
+class PlainProgress:
+    """One line per event, with a timestamp; what CI logs and `--json` users want."""
+
+    def __init__(self, stream: TextIO | None = None) -> None:
+        self.stream = stream or sys.stderr
+
+    def _line(self, text: str) -> None:
+        print(f"[{time.strftime('%H:%M:%S')}] {text}", file=self.stream, flush=True)
+
+    def note(self, text: str) -> None:
+        self._line(text)
+
+    def step_started(self, index: int, commit: str, title: str, left: int, steps_left: int) -> None:
+        self._line(f"testing #{index} {commit[:12]} {title!r} ({left} candidates left, ~{steps_left} steps)")
+
+    def step_finished(self, index: int, commit: str, verdict: Verdict, seconds: float) -> None:
+        self._line(f"#{index} {commit[:12]}: {verdict.kind.value} in {seconds:.1f}s: {verdict.reason}")
+
+    def close(self) -> None:
+        return None
+
+
+class RichProgress:
+    """A live status line with the current commit, plus one coloured line per finished step."""
+
+    COLOURS: ClassVar[dict[str, str]] = {"good": "green", "bad": "red", "skip": "yellow"}
+
+    def __init__(self, console: Console | None = None) -> None:
+        self.console = console or Console(stderr=True)
+        self._status = self.console.status("starting")
+        self._status.start()
+
+    def note(self, text: str) -> None:
+        self.console.log(text)
+
+    def step_started(self, index: int, commit: str, title: str, left: int, steps_left: int) -> None:
+        self._status.update(f"[bold]#{index}[/] {commit[:12]} {title[:70]}  "
+                            f"[dim]{left} candidates left, ~{steps_left} steps[/]")
+
+    def step_finished(self, index: int, commit: str, verdict: Verdict, seconds: float) -> None:
+        colour = self.COLOURS[verdict.kind.value]
+        self.console.log(f"#{index} {commit[:12]} [{colour}]{verdict.kind.value}[/] "
+                         f"({seconds:.1f}s) {verdict.reason}", markup=True, highlight=False)
+
+    def close(self) -> None:
+        self._status.stop()
+
+
+def make_progress(quiet: bool = False) -> Progress:
+    if quiet or not sys.stderr.isatty():
+        return PlainProgress()
+    return RichProgress()

@@ -1,0 +1,203 @@
+"""Reports from a session's journal: Markdown for a GitHub issue, JSON for CI.
+
+Reads only the journal (never git, never the engine), so a report can be rendered anywhere the
+session directory is copied, and it never computes a verdict of its own.
+"""
+
+from __future__ import annotations
+
+import platform
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import jinja2
+
+from bisect_npu import __version__
+from bisect_npu.journal import JOURNAL_FILE, Journal
+from bisect_npu.models import Observation, UsageError
+
+TEMPLATES = Path(__file__).parent / "templates"
+# Figures worth charting, most telling first; the first one that most steps carry is drawn.
+CHART_FIGURES = ("loop_rate", "rate", "bad_rate", "loop_tokens", "covered_tokens", "match_rate", "cosine",
+                 "min_cosine", "acceptance_rate", "effective", "first_mismatch", "distinct_ratio")
+
+
+@dataclass
+class StepView:
+    order: int
+    index: int
+    commit: str
+    title: str
+    verdict: str
+    reason: str
+    seconds: float
+    build_how: str
+    build_seconds: float
+    trials: int
+    figures: dict[str, Any]
+    logs: list[str]
+    pr: int | None = None
+
+
+@dataclass
+class SessionView:
+    """Everything a report shows, derived from the journal alone."""
+
+    session_dir: Path
+    header: dict[str, Any]
+    steps: list[StepView]
+    end: dict[str, Any] | None
+    fix: dict[str, Any] | None
+    fix_verify: list[dict[str, Any]] | None
+    versions: dict[str, str] = field(default_factory=dict)
+    sampling: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def range(self) -> dict[str, Any]:
+        return self.header["range"]
+
+    @property
+    def options(self) -> dict[str, Any]:
+        return self.header["options"]
+
+    @property
+    def github(self) -> str | None:
+        return self.header.get("github")
+
+    def title_of(self, sha: str) -> str:
+        return self.range.get("titles", {}).get(sha, "")
+
+    def pr_of(self, sha: str) -> int | None:
+        return self.range.get("prs", {}).get(sha)
+
+
+def load_view(session_dir: Path) -> SessionView:
+    if not (session_dir / JOURNAL_FILE).is_file():
+        raise UsageError(f"{session_dir} holds no bisect-npu journal; pass --session with a session directory")
+    journal = Journal.open(session_dir, read_only=True)
+    steps: list[StepView] = []
+    end = fix = None
+    fix_verify = None
+    for entry in journal.entries:
+        kind = entry["type"]
+        if kind == "step":
+            verdict = entry["verdict"]
+            build = entry.get("build") or {}
+            logs = [t["log"] for t in entry.get("trials", []) if t.get("log")]
+            if build.get("log"):
+                logs.insert(0, build["log"])
+            steps.append(StepView(len(steps) + 1, entry["index"], entry["commit"], entry.get("title", ""),
+                                  verdict["kind"], verdict["reason"], entry.get("seconds", 0.0),
+                                  build.get("how", ""), build.get("seconds") or 0.0, verdict.get("trials", 1),
+                                  verdict.get("figures", {}), logs, journal.header["range"].get("prs", {}).get(
+                                      entry["commit"])))
+        elif kind == "end":
+            end = entry
+        elif kind == "fix":
+            fix = entry["report"]
+        elif kind == "fix_verify":
+            fix_verify = entry["verifications"]
+    journal.close()
+    view = SessionView(session_dir, journal.header, steps, end, fix, fix_verify)
+    view.versions, view.sampling = _engine_facts(session_dir, journal.entries)
+    return view
+
+
+def _engine_facts(session_dir: Path, entries: list[dict[str, Any]]) -> tuple[dict[str, str], dict[str, Any]]:
+    """Versions and effective sampling parameters from the last observation the session kept."""
+    for entry in reversed(entries):
+        path = entry.get("observation") if entry["type"] == "trial" else None
+        if path and (session_dir / path).exists():
+            try:
+                obs = Observation.load(session_dir / path)
+            except UsageError:
+                continue
+            return dict(obs.versions), dict(obs.sampling)
+    return {}, {}
+
+
+def chart_series(steps: list[StepView]) -> tuple[str, list[tuple[str, float]]] | None:
+    """The oracle figure to chart per tested commit (in history order), or None if none is numeric."""
+    for name in CHART_FIGURES:
+        points = [(s, s.figures.get(name)) for s in steps]
+        numeric = [(s, float(v)) for s, v in points if isinstance(v, int | float) and not isinstance(v, bool)]
+        if len(numeric) >= max(2, len(steps) // 2):
+            numeric.sort(key=lambda p: p[0].index)
+            return name, [(s.commit[:7], v) for s, v in numeric]
+    return None
+
+
+def _environment() -> jinja2.Environment:
+    env = jinja2.Environment(loader=jinja2.FileSystemLoader(TEMPLATES), autoescape=False,
+                             trim_blocks=True, lstrip_blocks=True, keep_trailing_newline=True,
+                             undefined=jinja2.ChainableUndefined)
+    env.filters["short"] = lambda sha: (sha or "")[:12]
+    env.filters["cell"] = lambda text: str(text).replace("|", "\\|").replace("\n", " ")[:160]
+    return env
+
+
+def render_markdown(view: SessionView) -> str:
+    chart = chart_series(view.steps)
+    return _environment().get_template("report.md.j2").render(
+        v=view, r=view.range, o=view.options, end=view.end or {}, chart=chart,
+        reproduce=reproduce_command(view), tool_version=__version__,
+        host=f"{platform.node()} ({platform.system()} {platform.machine()}, Python {platform.python_version()})",
+        build_counts=_build_counts(view.steps), total_seconds=round(sum(s.seconds for s in view.steps), 1),
+    )
+
+
+def render_json(view: SessionView) -> dict[str, Any]:
+    end = view.end or {}
+    return {
+        "tool_version": __version__,
+        "session": str(view.session_dir),
+        "status": end.get("status", "running"),
+        "culprit": end.get("culprit"),
+        "culprit_title": view.title_of(end["culprit"]) if end.get("culprit") else None,
+        "range": [end["lo"], end["hi"]] if end.get("status") == "narrowed" else None,
+        "message": end.get("message"),
+        "good": view.range["good"], "bad": view.range["bad"], "base": view.range["base"],
+        "merge_base_note": view.range.get("merge_base_note"),
+        "candidates": len(view.range["candidates"]),
+        "steps": [{"index": s.index, "commit": s.commit, "title": s.title, "verdict": s.verdict,
+                   "reason": s.reason, "seconds": s.seconds, "build": s.build_how, "trials": s.trials,
+                   "figures": s.figures} for s in view.steps],
+        "fix": view.fix, "fix_verify": view.fix_verify,
+        "versions": view.versions,
+    }
+
+
+def reproduce_command(view: SessionView) -> str:
+    import shlex
+
+    o = view.options
+    parts = ["bisect-npu", "run", "--repo", o["repo"], "--good", o["good"], "--bad", o["bad"]]
+    if o.get("recipe"):
+        parts += ["--recipe", o["recipe"]]
+    if o.get("command"):
+        parts += ["--cmd", shlex.join(o["command"])]
+    if o.get("executor") != "local":
+        parts += ["--executor", o["executor"]]
+    if o.get("devices"):
+        parts += ["--devices", ",".join(str(d) for d in o["devices"])]
+    return shlex.join(parts)
+
+
+def _build_counts(steps: list[StepView]) -> dict[str, int]:
+    counts: dict[str, int] = {}
+    for step in steps:
+        if step.build_how:
+            counts[step.build_how] = counts.get(step.build_how, 0) + 1
+    return counts
+
+
+def write_reports(session_dir: Path) -> tuple[Path, Path]:
+    """Render both formats next to the journal; returns (markdown path, json path)."""
+    import json
+
+    view = load_view(session_dir)
+    md_path, json_path = session_dir / "report.md", session_dir / "report.json"
+    md_path.write_text(render_markdown(view), encoding="utf-8")
+    json_path.write_text(json.dumps(render_json(view), indent=2), encoding="utf-8")
+    return md_path, json_path

@@ -1,0 +1,444 @@
+"""A bisection session: ties history, search, evaluation, journal and fix proposal together.
+
+Nothing else lives here: choosing commits is `search`, running them is `evaluate`, judging is
+`oracle`, persistence is `journal`, rendering is `report`. The journal is the only state: a
+session killed at any moment resumes from it without redoing a finished step or trial.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import threading
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Literal
+
+import git
+
+from bisect_npu import __version__, history, search
+from bisect_npu.build.base import Builder
+from bisect_npu.evaluate import Evaluator, StepResult, TrialRecord
+from bisect_npu.execute.base import Executor
+from bisect_npu.journal import Journal, latest_session, new_session_dir
+from bisect_npu.models import UsageError, Verdict, VerdictKind
+from bisect_npu.progress import PlainProgress, Progress
+from bisect_npu.recipe import Recipe, load_recipe
+
+DEFAULT_ROOT = Path(".bisect-npu") / "sessions"
+EXIT_FOUND, EXIT_NARROWED, EXIT_ENDS_WRONG = 0, 3, 4
+
+
+@dataclass
+class RunOptions:
+    """Everything `bisect-npu run` was asked; stored in the journal header so resume needs nothing else."""
+
+    good: str
+    bad: str
+    repo: str = "."
+    recipe: str | None = None
+    command: list[str] | None = None
+    executor: Literal["local", "docker"] = "local"
+    devices: list[int] = field(default_factory=list)
+    slots: int = 1
+    mode: Literal["exact", "noisy"] | None = None
+    confidence: float | None = None
+    check_ends: bool = True
+    timeout_s: float = 3600.0
+    propose_fix: bool = True
+    verify_fix: bool = False
+    fix_top: int = 3
+    workdir: str | None = None
+    cache_size_gb: float = 200.0
+
+    def to_json(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_json(cls, raw: dict[str, Any]) -> RunOptions:
+        known = {f.name for f in dataclasses.fields(cls)}
+        return cls(**{k: v for k, v in raw.items() if k in known})
+
+
+@dataclass(frozen=True)
+class SessionResult:
+    """How a session ended; `exit_code` follows DESIGN.md (0 culprit, 3 range, 4 precondition)."""
+
+    status: Literal["found", "narrowed", "ends_wrong"]
+    exit_code: int
+    session_dir: Path
+    culprit: str | None = None
+    range: tuple[str, str] | None = None
+    message: str = ""
+    steps: int = 0
+
+
+class Session:
+    """One bisection over a resolved range, driven step by step from the journal."""
+
+    def __init__(self, journal: Journal, options: RunOptions, repo: git.Repo, recipe: Recipe | None,
+                 evaluator: Evaluator, progress: Progress) -> None:
+        self.journal = journal
+        self.options = options
+        self.repo = repo
+        self.recipe = recipe
+        self.evaluator = evaluator
+        self.progress = progress
+        header_range = journal.header["range"]
+        self.base: str = header_range["base"]
+        self.candidates: list[str] = list(header_range["candidates"])
+        self.titles: dict[str, str] = header_range.get("titles", {})
+        self._lock = threading.Lock()
+
+    # -- construction -------------------------------------------------------------------------
+
+    @classmethod
+    def start(cls, options: RunOptions, session_dir: Path | None = None, root: Path = DEFAULT_ROOT,
+              progress: Progress | None = None, builder: Builder | None = None,
+              executor: Executor | None = None) -> Session:
+        """Resolve and check everything that can be wrong before the journal is created."""
+        if (options.recipe is None) == (options.command is None):
+            raise UsageError("give either --recipe FILE or --cmd COMMAND (the oracle for each candidate)")
+        recipe = load_recipe(options.recipe) if options.recipe else None
+        if recipe is not None and options.recipe and Path(options.recipe).exists():
+            options.recipe = str(Path(options.recipe).resolve())
+        repo = history.open_repo(options.repo)
+        if not _is_url(options.repo):
+            options.repo = str(repo.working_tree_dir or repo.git_dir)
+        brange = history.resolve_range(repo, options.good, options.bad)
+        if not brange.candidates:
+            raise UsageError(f"nothing to bisect between {options.good} and {options.bad}")
+        if options.command:
+            _check_command(options.command)
+        if options.workdir:
+            from bisect_npu.build.local import check_workdir
+
+            check_workdir(Path(options.workdir).resolve())
+        session_dir = session_dir or new_session_dir(root)
+        facts = history.commits_facts(repo, [brange.base, *brange.candidates])
+        header = {
+            "tool_version": __version__,
+            "options": options.to_json(),
+            "recipe_digest": recipe.digest() if recipe else None,
+            "range": {
+                "good": brange.good, "bad": brange.bad, "base": brange.base,
+                "good_ref": options.good, "bad_ref": options.bad,
+                "merge_base_note": brange.merge_base_note,
+                "candidates": list(brange.candidates),
+                "titles": {f.sha: f.title for f in facts},
+                "prs": {f.sha: f.pr for f in facts if f.pr},
+            },
+            "github": history.github_url(repo),
+        }
+        journal = Journal.create(session_dir, header)
+        progress = progress or PlainProgress()
+        if brange.merge_base_note:
+            progress.note(brange.merge_base_note)
+        evaluator = _make_evaluator(options, repo, recipe, session_dir, builder, executor)
+        return cls(journal, options, repo, recipe, evaluator, progress)
+
+    @classmethod
+    def resume(cls, session_dir: Path | None = None, root: Path = DEFAULT_ROOT, progress: Progress | None = None,
+               builder: Builder | None = None, executor: Executor | None = None) -> Session:
+        session_dir = session_dir or latest_session(root)
+        journal = Journal.open(session_dir)
+        options = RunOptions.from_json(journal.header["options"])
+        recipe = load_recipe(options.recipe) if options.recipe else None
+        if recipe is not None and recipe.digest() != journal.header.get("recipe_digest"):
+            journal.close()
+            raise UsageError(f"recipe {options.recipe} changed since the session started; "
+                             "start a new session with `bisect-npu run` (results would mix two bad cases)")
+        repo = history.open_repo(options.repo)
+        progress = progress or PlainProgress()
+        if journal.dropped_tail:
+            progress.note("dropped a torn last journal line (the previous run was killed mid-write)")
+        evaluator = _make_evaluator(options, repo, recipe, session_dir, builder, executor)
+        return cls(journal, options, repo, recipe, evaluator, progress)
+
+    # -- state from the journal -----------------------------------------------------------------
+
+    @property
+    def n(self) -> int:
+        return len(self.candidates)
+
+    def commit_at(self, index: int) -> str:
+        return self.base if index == 0 else self.candidates[index - 1]
+
+    @property
+    def mode(self) -> Literal["exact", "noisy"]:
+        if self.options.mode:
+            return self.options.mode
+        return self.recipe.trials.mode if self.recipe else "exact"
+
+    def problem(self) -> search.SearchProblem:
+        confidence = self.options.confidence or (self.recipe.trials.confidence if self.recipe else 0.99)
+        return search.SearchProblem(n=self.n, mode=self.mode, check_ends=self.options.check_ends,
+                                    slots=max(1, self.options.slots), confidence=confidence)
+
+    def evidence(self) -> dict[int, search.Evidence]:
+        evidence: dict[int, search.Evidence] = {}
+        for entry in self.journal.entries:
+            index = entry.get("index")
+            if index is None:
+                continue
+            current = evidence.get(index, search.Evidence())
+            if self.mode == "noisy" and entry["type"] == "trial" and entry.get("outcome"):
+                evidence[index] = current.add(entry["outcome"])
+            elif entry["type"] == "step" and (self.mode == "exact" or (entry["verdict"]["kind"] == "skip"
+                                              and not entry.get("trials"))):
+                evidence[index] = current.add(entry["verdict"]["kind"])
+        return evidence
+
+    def _pending_trials(self, index: int) -> list[TrialRecord]:
+        """Trials of `index` journaled after its last finished step: an interrupted step's work."""
+        pending: list[TrialRecord] = []
+        for entry in self.journal.entries:
+            if entry.get("index") != index:
+                continue
+            if entry["type"] == "trial":
+                pending.append(TrialRecord.from_json(entry))
+            elif entry["type"] == "step":
+                pending = []
+        return pending
+
+    def _finished_steps(self) -> list[dict[str, Any]]:
+        return [e for e in self.journal.entries if e["type"] == "step"]
+
+    # -- the loop -------------------------------------------------------------------------------
+
+    def run(self) -> SessionResult:
+        try:
+            return self._run()
+        finally:
+            self.progress.close()
+            self.journal.close()
+
+    def _run(self) -> SessionResult:
+        ended = next((e for e in self.journal.entries if e["type"] == "end"), None)
+        if ended is not None:
+            self.progress.note("session already finished; re-rendering the report only")
+            return self._result_from_end(ended)
+        while True:
+            decision = search.decide(self.problem(), self.evidence())
+            if not isinstance(decision, search.Next):
+                break
+            self._run_queries(decision.queries)
+        result = self._finish(decision)
+        if result.status == "found" and result.culprit and self.options.propose_fix:
+            self._propose_fix(result.culprit)
+        return result
+
+    def _run_queries(self, queries: tuple[search.Query, ...]) -> None:
+        ordered = sorted(queries, key=lambda q: q.index != 0)  # the good end first: it is the reference
+        if self._needs_reference() and ordered and ordered[0].index == 0:
+            self._run_query(ordered.pop(0))
+        if len(ordered) <= 1 or self.options.slots <= 1:
+            for query in ordered:
+                self._run_query(query)
+            return
+        with ThreadPoolExecutor(max_workers=self.options.slots) as pool:
+            for future in [pool.submit(self._run_query, q) for q in ordered]:
+                future.result()
+
+    def _needs_reference(self) -> bool:
+        return bool(self.recipe and self.recipe.reference.kind == "good_end")
+
+    def _ensure_reference(self) -> None:
+        if not self._needs_reference() or self.evaluator.reference is not None:
+            return
+        good_steps = [e for e in self._finished_steps() if e["index"] == 0]
+        if not good_steps:
+            self._run_query(search.Query(0, self.recipe.trials.count if self.recipe else 1))
+            good_steps = [e for e in self._finished_steps() if e["index"] == 0]
+        records = [TrialRecord.from_json(t) for s in good_steps for t in s.get("trials", [])]
+        self.evaluator.set_reference(records)
+
+    def _run_query(self, query: search.Query) -> None:
+        if query.index != 0:
+            self._ensure_reference()
+        commit = self.commit_at(query.index)
+        left = self._candidates_left()
+        self.progress.step_started(query.index, commit, self.titles.get(commit, ""), left,
+                                   max(1, math.ceil(math.log2(left + 1))))
+        noisy = self.mode == "noisy"
+        trials = query.trials if noisy else (self.recipe.trials.count if self.recipe else 1)
+
+        def on_trial(record: TrialRecord) -> None:
+            self._append({"type": "trial", "index": query.index, "commit": commit, **record.to_json()})
+
+        result = self.evaluator.evaluate(commit, trials, self._pending_trials(query.index), on_trial, noisy)
+        self._record_step(query.index, result)
+        if query.index == 0 and self._needs_reference():
+            self.evaluator.set_reference(result.trials)
+
+    def _record_step(self, index: int, result: StepResult) -> None:
+        verdict = result.verdict
+        if self.mode == "noisy" and result.trials:
+            bad = sum(1 for t in result.trials if t.outcome == VerdictKind.BAD)
+            good = sum(1 for t in result.trials if t.outcome == VerdictKind.GOOD)
+            verdict = Verdict(kind=VerdictKind.BAD if bad else VerdictKind.GOOD if good else VerdictKind.SKIP,
+                              reason=f"{bad} of {bad + good} trials bad", figures={"bad": bad, "good": good},
+                              trials=len(result.trials))
+        self._append({"type": "step", "index": index, "commit": result.commit,
+                      "title": self.titles.get(result.commit, ""), "build": result.build,
+                      "verdict": verdict.model_dump(mode="json"),
+                      "trials": [t.to_json() for t in result.trials], "seconds": result.seconds})
+        self.progress.step_finished(index, result.commit, verdict, result.seconds)
+
+    def _append(self, record: dict[str, Any]) -> None:
+        with self._lock:
+            self.journal.append(record)
+
+    def _candidates_left(self) -> int:
+        evidence = self.evidence()
+        good = max((i for i, e in evidence.items() if e.good and not e.bad), default=0)
+        bad = min((i for i, e in evidence.items() if e.bad and i > good), default=self.n)
+        return max(1, bad - good)
+
+    # -- the end --------------------------------------------------------------------------------
+
+    def _finish(self, decision: search.Decision) -> SessionResult:
+        steps = len(self._finished_steps())
+        if isinstance(decision, search.Found):
+            culprit = self.commit_at(decision.index)
+            title = self.titles.get(culprit, "")
+            message = f"first bad commit: {culprit[:12]} {title}"
+            end = {"status": "found", "culprit": culprit, "index": decision.index,
+                   "confidence": decision.confidence, "figures": decision.figures}
+            result = SessionResult("found", EXIT_FOUND, self.journal.session_dir, culprit=culprit,
+                                   message=message, steps=steps)
+        elif isinstance(decision, search.Narrowed):
+            lo, hi = self.commit_at(decision.lo), self.commit_at(decision.hi)
+            message = (f"the culprit is one of {decision.hi - decision.lo} commits in ({lo[:12]}, {hi[:12]}]: "
+                       "the commits between could not be tested (skipped)")
+            end = {"status": "narrowed", "lo": lo, "hi": hi, "lo_index": decision.lo, "hi_index": decision.hi,
+                   "figures": decision.figures}
+            result = SessionResult("narrowed", EXIT_NARROWED, self.journal.session_dir, range=(lo, hi),
+                                   message=message, steps=steps)
+        else:
+            assert isinstance(decision, search.EndsWrong)
+            ref = self.options.good if decision.which == "good" else self.options.bad
+            opposite = "bad" if decision.which == "good" else "good"
+            message = (f"precondition failed: the {decision.which} end {ref} was judged {opposite}; "
+                       f"check the recipe reproduces the problem at {self.options.bad} and not at "
+                       f"{self.options.good}, or pass --no-check-ends")
+            end = {"status": "ends_wrong", "which": decision.which, "figures": decision.figures}
+            result = SessionResult("ends_wrong", EXIT_ENDS_WRONG, self.journal.session_dir, message=message,
+                                   steps=steps)
+        self._append({"type": "end", **end, "message": message})
+        return result
+
+    def _result_from_end(self, end: dict[str, Any]) -> SessionResult:
+        steps = len(self._finished_steps())
+        status = end["status"]
+        code = {"found": EXIT_FOUND, "narrowed": EXIT_NARROWED, "ends_wrong": EXIT_ENDS_WRONG}[status]
+        rng = (end["lo"], end["hi"]) if status == "narrowed" else None
+        return SessionResult(status, code, self.journal.session_dir, culprit=end.get("culprit"), range=rng,
+                             message=end.get("message", ""), steps=steps)
+
+    def _propose_fix(self, culprit: str) -> None:
+        from bisect_npu import fix
+
+        self.progress.note("looking for upstream commits that fix the culprit")
+        report = fix.propose_fixes(self.repo, culprit, bad=self.journal.header["range"]["bad"],
+                                   symptom=self.recipe.symptom if self.recipe else (), top=max(5, self.options.fix_top))
+        self._append({"type": "fix", "report": to_jsonable(report)})
+        if not self.options.verify_fix or not report.proposals:
+            return
+        self.progress.note(f"verifying the top {self.options.fix_top} fix proposals on the bad end")
+        verifications = fix.verify_fixes(self.repo, self.journal.header["range"]["bad"], report,
+                                         self.verdict_of, top=self.options.fix_top,
+                                         workdir=self.journal.session_dir / "fix-worktrees")
+        self._append({"type": "fix_verify", "verifications": to_jsonable(verifications)})
+
+    def verdict_of(self, commit: str) -> Verdict:
+        """Evaluate any commit (a fix applied on the bad end) with this session's recipe or command."""
+        self._ensure_reference()
+        trials = self.recipe.trials.count if self.recipe else 1
+        result = self.evaluator.evaluate(commit, trials, [], lambda record: None, judge_each=False)
+        if self.mode == "noisy" and self.recipe is not None:
+            result = self.evaluator.evaluate(commit, max(trials, 10), [], lambda record: None, judge_each=True)
+            bad = sum(1 for t in result.trials if t.outcome == VerdictKind.BAD)
+            return Verdict(kind=VerdictKind.BAD if bad else VerdictKind.GOOD,
+                           reason=f"{bad} of {len(result.trials)} trials bad", trials=len(result.trials))
+        return result.verdict
+
+
+def to_jsonable(value: Any) -> Any:
+    """Dataclasses, pydantic models, enums and paths as plain JSON values."""
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        return {f.name: to_jsonable(getattr(value, f.name)) for f in dataclasses.fields(value)}
+    if hasattr(value, "model_dump"):
+        return value.model_dump(mode="json")
+    if isinstance(value, dict):
+        return {str(k): to_jsonable(v) for k, v in value.items()}
+    if isinstance(value, list | tuple | set):
+        return [to_jsonable(v) for v in value]
+    if isinstance(value, Path):
+        return str(value)
+    if hasattr(value, "value") and not isinstance(value, int | float | str | bool):
+        return value.value
+    return value
+
+
+def _is_url(value: str) -> bool:
+    return "://" in value or value.startswith("git@")
+
+
+def _check_command(command: list[str]) -> None:
+    """A command on PATH must exist now; a relative path is resolved in each candidate's checkout."""
+    import shutil
+
+    program = command[0]
+    if "/" not in program and shutil.which(program) is None:
+        raise UsageError(f"command not found: {program}; give a program on PATH or a path relative to "
+                         "the repository root (e.g. ./tests/check.sh)")
+    if Path(program).is_absolute() and not Path(program).exists():
+        raise UsageError(f"command not found: {program}")
+
+
+def _make_evaluator(options: RunOptions, repo: git.Repo, recipe: Recipe | None, session_dir: Path,
+                    builder: Builder | None, executor: Executor | None) -> Evaluator:
+    workdir = Path(options.workdir) if options.workdir else session_dir / "worktrees"
+    if builder is None or executor is None:
+        made_builder, made_executor = make_environment(options, repo, recipe, session_dir, workdir)
+        builder = builder or made_builder
+        executor = executor or made_executor
+    return Evaluator(builder, executor, session_dir, recipe=recipe, command=options.command,
+                     timeout_s=options.timeout_s)
+
+
+def make_environment(options: RunOptions, repo: git.Repo, recipe: Recipe | None, session_dir: Path,
+                     workdir: Path) -> tuple[Builder, Executor]:
+    """The builder and executor for `--executor local|docker`."""
+    env = dict(recipe.environment) if recipe else {}
+    if options.executor == "local":
+        from bisect_npu.build.local import LocalBuilder
+        from bisect_npu.execute.local import LocalExecutor
+
+        build_command = recipe.build.local_command if recipe else []
+        python_paths = recipe.build.python_paths if recipe else ["."]
+        return (LocalBuilder(repo, workdir.resolve(), build_command, env),
+                LocalExecutor(env, python_paths))
+    from bisect_npu.build.docker import make_docker_environment
+
+    return make_docker_environment(options, repo, recipe, session_dir)
+
+
+def make_evaluator(repo_path: str, recipe_path: str | None, command: list[str] | None = None,
+                   executor: Literal["local", "docker"] = "local",
+                   session_dir: Path | None = None) -> Callable[[str], Verdict]:
+    """A commit -> Verdict function outside a bisection (used by `bisect-npu fix --verify`)."""
+    repo = history.open_repo(repo_path)
+    recipe = load_recipe(recipe_path) if recipe_path else None
+    options = RunOptions(good="", bad="", repo=repo_path, recipe=recipe_path, command=command, executor=executor)
+    session_dir = session_dir or new_session_dir(DEFAULT_ROOT)
+    session_dir.mkdir(parents=True, exist_ok=True)
+    evaluator = _make_evaluator(options, repo, recipe, session_dir, None, None)
+
+    def evaluate(commit: str) -> Verdict:
+        return evaluator.evaluate(commit, recipe.trials.count if recipe else 1, [], lambda r: None, False).verdict
+
+    return evaluate

@@ -1,0 +1,202 @@
+"""End to end through the real CLI: real git repositories, real processes, the command oracle."""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from gitrepo import GOOD_CMD, add_commit, git, make_linear_repo
+
+CLI = [sys.executable, "-m", "bisect_npu"]
+GOOD_CMD_STR = " ".join(GOOD_CMD)
+
+
+def bisect(*args: str, cwd: Path, check_code: int | None = None) -> subprocess.CompletedProcess[str]:
+    done = subprocess.run([*CLI, *args], cwd=cwd, capture_output=True, text=True, timeout=600)
+    if check_code is not None:
+        assert done.returncode == check_code, done.stdout + done.stderr
+    return done
+
+
+def summary(done: subprocess.CompletedProcess[str]) -> dict:
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+def journal_lines(session: Path) -> list[dict]:
+    return [json.loads(line) for line in (session / "journal.jsonl").read_text().splitlines()]
+
+
+@pytest.fixture(scope="module")
+def repo1000(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, list[str]]:
+    path = tmp_path_factory.mktemp("up") / "repo"
+    shas = make_linear_repo(path, 1001, culprit=637, tags={0: "v1.0", 1000: "v2.0"})
+    return path, shas
+
+
+def test_finds_culprit_in_1000_commits_within_12_runs(repo1000: tuple[Path, list[str]], tmp_path: Path) -> None:
+    repo, shas = repo1000
+    done = bisect("run", "--repo", str(repo), "--good", "v1.0", "--bad", "v2.0", "--cmd", GOOD_CMD_STR,
+                  "--session", str(tmp_path / "s"), "--json", cwd=tmp_path, check_code=0)
+    result = summary(done)
+    assert result["culprit"] == shas[637]
+    assert result["steps"] <= 12  # ceil(log2 1000) = 10, plus the two end checks
+    report = Path(result["report"]).read_text()
+    assert shas[637][:12] in report and "First bad commit" in report
+    assert "bisect-npu run --repo" in report  # reproduce command
+    steps = [e for e in journal_lines(tmp_path / "s") if e["type"] == "step"]
+    assert len({e["commit"] for e in steps}) == len(steps)  # never the same commit twice
+    # The user's checkout is untouched: worktrees live under the session.
+    assert git(repo, "status", "--porcelain") == ""
+    assert (repo / "state").read_text() == "bad\n"
+
+
+def test_kill_at_random_moments_then_resume(tmp_path: Path) -> None:
+    """SIGKILL `run`/`resume` 20 times; resume always reaches the same culprit, never redoes a step."""
+    repo = tmp_path / "repo"
+    shas = make_linear_repo(repo, 1001, culprit=123, tags={0: "good", 1000: "bad"})
+    session = tmp_path / "session"
+    slow_cmd = f"sh -c 'sleep 1; {GOOD_CMD_STR}'"  # ~12 steps of >= 1 s: 20 kills land before the end
+    rng = random.Random(7)
+    first = [*CLI, "run", "--repo", str(repo), "--good", "good", "--bad", "bad", "--cmd", slow_cmd,
+             "--session", str(session), "--no-fix", "--quiet"]
+    again = [*CLI, "resume", "--session", str(session), "--quiet"]
+    kills = 0
+    for attempt in range(60):
+        argv = first if attempt == 0 or not (session / "journal.jsonl").exists() else again
+        proc = subprocess.Popen(argv, cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                start_new_session=True)
+        if kills < 20:
+            time.sleep(rng.uniform(0.1, 1.5))
+            if proc.poll() is None:
+                os.killpg(proc.pid, signal.SIGKILL)
+                proc.wait()
+                kills += 1
+                continue
+        _out, err = proc.communicate(timeout=120)
+        if proc.returncode == 0:
+            break
+        assert proc.returncode == -signal.SIGKILL or b"being driven" in err, err.decode()
+    assert kills == 20
+    entries = journal_lines(session)  # every surviving line is valid JSON (a torn tail was truncated)
+    end = [e for e in entries if e["type"] == "end"]
+    assert len(end) == 1 and end[0]["culprit"] == shas[123]
+    steps = [e["index"] for e in entries if e["type"] == "step"]
+    assert len(steps) == len(set(steps)), "a finished step was redone after a kill"
+    done = bisect("report", "--session", str(session), "--format", "json", cwd=tmp_path, check_code=0)
+    assert json.loads(done.stdout)["culprit"] == shas[123]
+
+
+def test_good_end_bad_is_a_precondition_failure(repo1000: tuple[Path, list[str]], tmp_path: Path) -> None:
+    repo, shas = repo1000
+    done = bisect("run", "--repo", str(repo), "--good", shas[700], "--bad", "v2.0", "--cmd", GOOD_CMD_STR,
+                  "--session", str(tmp_path / "s"), "--json", cwd=tmp_path, check_code=4)
+    assert "good end" in done.stdout and "judged bad" in done.stdout
+
+
+def test_skips_narrow_to_a_range(tmp_path: Path) -> None:
+    """Untestable commits around the culprit: the answer is the smallest range that holds it (exit 3)."""
+    repo = tmp_path / "repo"
+    shas = make_linear_repo(repo, 41, culprit=20, tags={0: "good", 40: "bad"},
+                            files=lambda i: {"untestable": "yes\n" if 18 <= i <= 21 else "no\n"})
+    (tmp_path / "judge.sh").write_text("#!/bin/sh\ngrep -qx yes untestable && exit 125\n"
+                                       "grep -qx good state\n")
+    (tmp_path / "judge.sh").chmod(0o755)
+    done = bisect("run", "--repo", str(repo), "--good", "good", "--bad", "bad", "--cmd", str(tmp_path / "judge.sh"),
+                  "--session", str(tmp_path / "s"), "--json", cwd=tmp_path, check_code=3)
+    lo, hi = summary(done)["range"]
+    assert (lo, hi) == (shas[17], shas[22])  # 22 is the first testable bad: it may be the culprit itself
+    assert "Skipped commits" in (tmp_path / "s" / "report.md").read_text()
+
+
+def test_merge_base_is_used_and_reported(tmp_path: Path) -> None:
+    repo = tmp_path / "repo"
+    make_linear_repo(repo, 5, tags={4: "v0.9.0rc1"})
+    git(repo, "checkout", "-q", "-b", "v0.9.1-dev")
+    for i in range(6):
+        add_commit(repo, f"[BugFix] release change {i} (#{200 + i})", {"state": "bad\n" if i >= 3 else "good\n"})
+    git(repo, "tag", "v0.9.1")
+    git(repo, "checkout", "-q", "main")
+    add_commit(repo, "main change (#300)", {"other": "x\n"})
+    git(repo, "tag", "v0.9.0rc2")
+    done = bisect("run", "--repo", str(repo), "--good", "v0.9.0rc2", "--bad", "v0.9.1", "--cmd", GOOD_CMD_STR,
+                  "--session", str(tmp_path / "s"), "--json", cwd=tmp_path, check_code=0)
+    assert "merge-base" in done.stderr
+    report = (tmp_path / "s" / "report.md").read_text()
+    assert "merge-base" in report and "release change 3" in report
+
+
+@pytest.mark.parametrize(
+    ("args", "needle", "code"),
+    [
+        (["--good", "v1.1", "--bad", "v2.0"], "unknown ref v1.1; nearest tags:", 2),
+        (["--good", "v2.0", "--bad", "v2.0"], "same commit", 2),
+        (["--good", "v2.0", "--bad", "v1.0"], "newer", 2),
+        (["--good", "v1.0", "--bad", "v2.0", "--cmd", "no-such-program-xyz"], "command not found", 2),
+    ],
+)
+def test_bad_input_one_line_error(repo1000: tuple[Path, list[str]], tmp_path: Path, args: list[str], needle: str,
+                                  code: int) -> None:
+    repo, _ = repo1000
+    if "--cmd" not in args:
+        args = [*args, "--cmd", GOOD_CMD_STR]
+    done = bisect("run", "--repo", str(repo), *args, "--session", str(tmp_path / "s"), cwd=tmp_path,
+                  check_code=code)
+    lines = done.stderr.strip().splitlines()
+    assert len(lines) == 1 and needle in lines[0], done.stderr
+    assert not (tmp_path / "s").exists()  # nothing half-made
+
+
+def test_not_a_git_repository(tmp_path: Path) -> None:
+    done = bisect("run", "--repo", str(tmp_path), "--good", "a", "--bad", "b", "--cmd", "true", cwd=tmp_path,
+                  check_code=2)
+    assert "is not a git repository" in done.stderr and len(done.stderr.strip().splitlines()) == 1
+
+
+@pytest.mark.parametrize("kind", ["dirty", "missing"])
+def test_bad_worktree_location(repo1000: tuple[Path, list[str]], tmp_path: Path, kind: str) -> None:
+    repo, _ = repo1000
+    workdir = tmp_path / "missing-parent" / "wt"
+    if kind == "dirty":
+        workdir = tmp_path / "wt"
+        workdir.mkdir()
+        (workdir / "notes.txt").write_text("mine")
+    done = bisect("run", "--repo", str(repo), "--good", "v1.0", "--bad", "v2.0", "--cmd", GOOD_CMD_STR,
+                  "--workdir", str(workdir), "--session", str(tmp_path / "s"), cwd=tmp_path, check_code=2)
+    assert "worktree location" in done.stderr and len(done.stderr.strip().splitlines()) == 1
+    if kind == "dirty":
+        assert (workdir / "notes.txt").read_text() == "mine"
+
+
+def test_resume_refuses_a_session_driven_by_another_process(repo1000: tuple[Path, list[str]],
+                                                            tmp_path: Path) -> None:
+    repo, _ = repo1000
+    session = tmp_path / "s"
+    slow = f"sh -c 'sleep 1; {GOOD_CMD_STR}'"
+    proc = subprocess.Popen([*CLI, "run", "--repo", str(repo), "--good", "v1.0", "--bad", "v2.0", "--cmd", slow,
+                             "--session", str(session), "--quiet"], cwd=tmp_path, stdout=subprocess.DEVNULL,
+                            stderr=subprocess.DEVNULL, start_new_session=True)
+    try:
+        deadline = time.monotonic() + 30
+        while not (session / "journal.jsonl").exists() and time.monotonic() < deadline:
+            time.sleep(0.1)
+        before = (session / "journal.jsonl").read_bytes()
+        done = bisect("resume", "--session", str(session), cwd=tmp_path, check_code=2)
+        assert "another bisect-npu process" in done.stderr
+        assert (session / "journal.jsonl").read_bytes().startswith(before)
+    finally:
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait()
+
+
+def test_abort_exit_code_above_127(repo1000: tuple[Path, list[str]], tmp_path: Path) -> None:
+    repo, _ = repo1000
+    done = bisect("run", "--repo", str(repo), "--good", "v1.0", "--bad", "v2.0", "--cmd", "sh -c 'exit 200'",
+                  "--session", str(tmp_path / "s"), cwd=tmp_path, check_code=5)
+    assert "above 127" in done.stderr

@@ -113,9 +113,10 @@ class Evaluator:
         return self.session_dir / "steps" / commit[:12]
 
     def evaluate(self, commit: str, trials: int, done: list[TrialRecord],
-                 on_trial: Callable[[TrialRecord], None], judge_each: bool) -> StepResult:
-        """Evaluate `commit`: `trials` new trials per case (exact mode: up to the recipe's count,
-        re-using `done`), each reported through `on_trial` as soon as it finishes."""
+                 on_trial: Callable[[TrialRecord], None], judge_each: bool, first_trial: int = 0) -> StepResult:
+        """Evaluate `commit`: `trials` new trials per case (exact mode: up to `trials` in all,
+        re-using `done`), numbered from `first_trial` so repeated trials of one commit never share a
+        seed, each reported through `on_trial` as soon as it finishes."""
         started = time.monotonic()
         step_dir = self.step_dir(commit)
         try:
@@ -127,28 +128,52 @@ class Evaluator:
                               round(time.monotonic() - started, 3))
         try:
             if self.command is not None:
-                result = self.executor.run_command(env, self.command, step_dir / "command.log", self.timeout_s)
-                verdict = command_verdict(result)
-                record = TrialRecord("command", 0, None, result.seconds, self.rel(result.log_path) or "",
-                                     verdict.kind, verdict.reason)
-                on_trial(record)
-                records = [record]
+                records = self._run_commands(commit, env, trials, done, on_trial, judge_each, first_trial)
+                verdict = self._command_step_verdict(records)
             else:
-                records = self._run_trials(commit, env, trials, done, on_trial, judge_each)
+                records = self._run_trials(commit, env, trials, done, on_trial, judge_each, first_trial)
                 verdict = self._judge_step(records)
         finally:
             self.builder.release(env)
         return StepResult(commit, verdict, build_record(env), records, round(time.monotonic() - started, 3))
 
+    def _run_commands(self, commit: str, env: Environment, trials: int, done: list[TrialRecord],
+                      on_trial: Callable[[TrialRecord], None], judge_each: bool, first_trial: int) -> list[TrialRecord]:
+        """The user command once per trial; each exit status is that trial's verdict."""
+        assert self.command is not None
+        records = list(done)
+        wanted = trials if judge_each else max(0, trials - len(done))
+        for trial in range(first_trial, first_trial + wanted):
+            log_path = self.step_dir(commit) / f"command-t{trial}.log"
+            result = self.executor.run_command(env, self.command, log_path, self.timeout_s,
+                                               {"BISECT_NPU_COMMIT": commit, "BISECT_NPU_TRIAL": str(trial)})
+            verdict = command_verdict(result)
+            record = TrialRecord("command", trial, None, result.seconds, self.rel(result.log_path) or "",
+                                 verdict.kind, verdict.reason)
+            on_trial(record)
+            records.append(record)
+        return records
+
+    @staticmethod
+    def _command_step_verdict(records: list[TrialRecord]) -> Verdict:
+        """One run: its verdict. Several: bad if any trial was bad, skip if none could judge."""
+        kinds = [r.outcome for r in records]
+        bad = kinds.count(VerdictKind.BAD)
+        good = kinds.count(VerdictKind.GOOD)
+        if len(records) == 1:
+            return Verdict(kind=kinds[0] or VerdictKind.SKIP, reason=records[0].reason, trials=1)
+        kind = VerdictKind.BAD if bad else VerdictKind.GOOD if good else VerdictKind.SKIP
+        return Verdict(kind=kind, reason=f"{bad} of {bad + good} runs bad", figures={"bad": bad, "good": good},
+                       trials=len(records))
+
     def _run_trials(self, commit: str, env: Environment, trials: int, done: list[TrialRecord],
-                    on_trial: Callable[[TrialRecord], None], judge_each: bool) -> list[TrialRecord]:
+                    on_trial: Callable[[TrialRecord], None], judge_each: bool, first_trial: int) -> list[TrialRecord]:
         assert self.recipe is not None
         records = list(done)
         for case in self.recipe.cases:
-            already = sorted(r.trial for r in done if r.case_id == case.id)
-            start = (already[-1] + 1) if already else 0
-            wanted = trials if judge_each else max(0, trials - len(already))
-            for trial in range(start, start + wanted):
+            already = sum(1 for r in done if r.case_id == case.id)
+            wanted = trials if judge_each else max(0, trials - already)
+            for trial in range(first_trial, first_trial + wanted):
                 record = self._run_one(commit, env, case, trial, judge_each)
                 on_trial(record)
                 records.append(record)
@@ -226,6 +251,7 @@ def probe_request(recipe: Recipe, case: CaseSpec, commit: str, trial: int) -> di
                     {"messages": [m.model_dump() for m in case.messages or []]}),
                  "sampling": sampling},
         "loop_guard": loop_guard,
-        "logits": {"top_k": case.sampling.logprobs or 0, "dump_dir": None},
+        "logits": {**recipe.capture.model_dump(), "top_k": case.sampling.logprobs or recipe.capture.top_k,
+                   "dump_dir": None},
         "output": "",
     }

@@ -52,6 +52,8 @@ class RunOptions:
     fix_top: int = 3
     workdir: str | None = None
     cache_size_gb: float = 200.0
+    # --find-fix: the old end shows the symptom and the new end does not; find the first fixed one.
+    find_fix: bool = False
 
     def to_json(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
@@ -102,6 +104,7 @@ class Session:
         if (options.recipe is None) == (options.command is None):
             raise UsageError("give either --recipe FILE or --cmd COMMAND (the oracle for each candidate)")
         recipe = load_recipe(options.recipe) if options.recipe else None
+        options.mode = options.mode or (recipe.trials.mode if recipe else "exact")
         if recipe is not None and options.recipe and Path(options.recipe).exists():
             options.recipe = str(Path(options.recipe).resolve())
         repo = history.open_repo(options.repo)
@@ -177,6 +180,13 @@ class Session:
         return search.SearchProblem(n=self.n, mode=self.mode, check_ends=self.options.check_ends,
                                     slots=max(1, self.options.slots), confidence=confidence)
 
+    def _search_term(self, kind: str) -> Literal["good", "bad", "skip"]:
+        """The oracle says whether the symptom shows; with --find-fix the search looks for where it
+        stops showing, so "symptom" is the old state (good) and "no symptom" the new one (bad)."""
+        if self.options.find_fix and kind != "skip":
+            return "good" if kind == "bad" else "bad"
+        return kind  # type: ignore[return-value]
+
     def evidence(self) -> dict[int, search.Evidence]:
         evidence: dict[int, search.Evidence] = {}
         for entry in self.journal.entries:
@@ -185,10 +195,10 @@ class Session:
                 continue
             current = evidence.get(index, search.Evidence())
             if self.mode == "noisy" and entry["type"] == "trial" and entry.get("outcome"):
-                evidence[index] = current.add(entry["outcome"])
+                evidence[index] = current.add(self._search_term(entry["outcome"]))
             elif entry["type"] == "step" and (self.mode == "exact" or (entry["verdict"]["kind"] == "skip"
                                               and not entry.get("trials"))):
-                evidence[index] = current.add(entry["verdict"]["kind"])
+                evidence[index] = current.add(self._search_term(entry["verdict"]["kind"]))
         return evidence
 
     def _pending_trials(self, index: int) -> list[TrialRecord]:
@@ -202,6 +212,11 @@ class Session:
             elif entry["type"] == "step":
                 pending = []
         return pending
+
+    def _next_trial(self, index: int) -> int:
+        """Trial numbers keep growing per position, so a repeated query never repeats a seed."""
+        numbers = [e["trial"] for e in self.journal.entries if e["type"] == "trial" and e.get("index") == index]
+        return max(numbers, default=-1) + 1
 
     def _finished_steps(self) -> list[dict[str, Any]]:
         return [e for e in self.journal.entries if e["type"] == "step"]
@@ -226,7 +241,7 @@ class Session:
                 break
             self._run_queries(decision.queries)
         result = self._finish(decision)
-        if result.status == "found" and result.culprit and self.options.propose_fix:
+        if result.status == "found" and result.culprit and self.options.propose_fix and not self.options.find_fix:
             self._propose_fix(result.culprit)
         return result
 
@@ -268,7 +283,8 @@ class Session:
         def on_trial(record: TrialRecord) -> None:
             self._append({"type": "trial", "index": query.index, "commit": commit, **record.to_json()})
 
-        result = self.evaluator.evaluate(commit, trials, self._pending_trials(query.index), on_trial, noisy)
+        pending = self._pending_trials(query.index) if not noisy else []
+        result = self.evaluator.evaluate(commit, trials, pending, on_trial, noisy, self._next_trial(query.index))
         self._record_step(query.index, result)
         if query.index == 0 and self._needs_reference():
             self.evaluator.set_reference(result.trials)
@@ -304,7 +320,7 @@ class Session:
         if isinstance(decision, search.Found):
             culprit = self.commit_at(decision.index)
             title = self.titles.get(culprit, "")
-            message = f"first bad commit: {culprit[:12]} {title}"
+            message = f"first {'fixed' if self.options.find_fix else 'bad'} commit: {culprit[:12]} {title}"
             end = {"status": "found", "culprit": culprit, "index": decision.index,
                    "confidence": decision.confidence, "figures": decision.figures}
             result = SessionResult("found", EXIT_FOUND, self.journal.session_dir, culprit=culprit,
@@ -320,10 +336,15 @@ class Session:
         else:
             assert isinstance(decision, search.EndsWrong)
             ref = self.options.good if decision.which == "good" else self.options.bad
-            opposite = "bad" if decision.which == "good" else "good"
-            message = (f"precondition failed: the {decision.which} end {ref} was judged {opposite}; "
-                       f"check the recipe reproduces the problem at {self.options.bad} and not at "
-                       f"{self.options.good}, or pass --no-check-ends")
+            if self.options.find_fix:
+                state = "does not show the symptom" if decision.which == "good" else "still shows the symptom"
+                message = (f"precondition failed: the old end {ref} {state}; with --find-fix the old end must "
+                           f"be broken and the new end fixed (or pass --no-check-ends)")
+            else:
+                opposite = "bad" if decision.which == "good" else "good"
+                message = (f"precondition failed: the {decision.which} end {ref} was judged {opposite}; "
+                           f"check the recipe reproduces the problem at {self.options.bad} and not at "
+                           f"{self.options.good}, or pass --no-check-ends")
             end = {"status": "ends_wrong", "which": decision.which, "figures": decision.figures}
             result = SessionResult("ends_wrong", EXIT_ENDS_WRONG, self.journal.session_dir, message=message,
                                    steps=steps)

@@ -20,13 +20,15 @@ class BuildFailed(BisectError):
 
 
 class Environment(BaseModel):
-    """Where a candidate runs: a checked-out worktree, or a container image."""
+    """Where a candidate runs: a checked-out worktree, a container image, or a virtual environment
+    holding one published version of a package (release-level bisection)."""
 
-    kind: Literal["worktree", "image"]
+    kind: Literal["worktree", "image", "venv"]
     commit: str
     build_key: str = ""
     path: str | None = None  # worktree directory (kind == worktree)
     image: str | None = None  # image tag (kind == image)
+    python: str | None = None  # interpreter to run the probe with (kind == venv); default: the host's
     # How it was obtained: "built" (full build), "overlay" (python tree on a same-key image), "reused".
     how: Literal["built", "overlay", "reused"] = "built"
     seconds: float = 0.0

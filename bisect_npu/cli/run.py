@@ -53,8 +53,10 @@ def finish(result: SessionResult, as_json: bool) -> None:
 
 
 @click.command()
-@click.option("--good", required=True, help="A ref where the model behaves (tag, branch, sha).")
-@click.option("--bad", required=True, help="A ref where it misbehaves.")
+@click.option("--good", "--old", "good", required=True,
+              help="The old end: a ref where the model behaves (with --find-fix: where it is broken).")
+@click.option("--bad", "--new", "bad", required=True,
+              help="The new end: a ref where it misbehaves (with --find-fix: where it is fixed).")
 @click.option("--repo", default=".", show_default=True, help="Path or URL of the upstream repository.")
 @click.option("--recipe", help="Recipe file or bundled recipe name (the bad case and its oracle).")
 @click.option("--cmd", "command", help="Oracle command instead of a recipe: exit 0 good, 125 skip, 1-127 bad.")
@@ -71,12 +73,13 @@ def finish(result: SessionResult, as_json: bool) -> None:
               help="Seconds per probe or command run.")
 @click.option("--fix/--no-fix", "propose_fix", default=True, show_default=True, help="Propose upstream fixes.")
 @click.option("--verify-fix", is_flag=True, help="Apply the top fixes to the bad end and re-run the oracle.")
+@click.option("--find-fix", is_flag=True, help="Flip the terms: find the first commit where the symptom is gone.")
 @click.option("--json", "as_json", is_flag=True, help="Print a machine-readable summary as the last line.")
 @click.option("--quiet", is_flag=True, help="Plain log lines even on a terminal.")
 def run(good: str, bad: str, repo: str, recipe: str | None, command: str | None, executor: str,
         devices: str | None, slots: int | None, session_dir: Path | None, workdir: Path | None, mode: str | None,
         confidence: float | None, check_ends: bool, timeout_s: float, propose_fix: bool, verify_fix: bool,
-        as_json: bool, quiet: bool) -> None:
+        find_fix: bool, as_json: bool, quiet: bool) -> None:
     """Bisect GOOD..BAD: find the first bad commit, propose its fix, write the report."""
     from bisect_npu.progress import make_progress
     from bisect_npu.session import RunOptions, Session
@@ -88,7 +91,7 @@ def run(good: str, bad: str, repo: str, recipe: str | None, command: str | None,
     options = RunOptions(good=good, bad=bad, repo=repo, recipe=recipe, command=argv, executor=executor,
                          devices=cards, slots=slots or max(1, len(cards)), mode=mode, confidence=confidence,
                          check_ends=check_ends, timeout_s=timeout_s, propose_fix=propose_fix,
-                         verify_fix=verify_fix, workdir=str(workdir) if workdir else None)
+                         verify_fix=verify_fix, find_fix=find_fix, workdir=str(workdir) if workdir else None)
     session = Session.start(options, session_dir=session_dir, progress=make_progress(quiet or as_json))
     click.echo(f"session: {session.journal.session_dir}", err=True)
     finish(session.run(), as_json)

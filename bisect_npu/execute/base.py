@@ -25,5 +25,7 @@ class Executor(Protocol):
     def run_probe(self, env: Environment, request: dict[str, Any], out_dir: Path, timeout_s: float) -> RunResult:
         """Write `request` under `out_dir`, run the probe on it, return where the observation is."""
 
-    def run_command(self, env: Environment, argv: list[str], log_path: Path, timeout_s: float) -> RunResult:
-        """Run a user command (the `git bisect run` protocol) in the environment."""
+    def run_command(self, env: Environment, argv: list[str], log_path: Path, timeout_s: float,
+                    extra_env: dict[str, str] | None = None) -> RunResult:
+        """Run a user command (the `git bisect run` protocol) in the environment, with `extra_env`
+        (BISECT_NPU_COMMIT, BISECT_NPU_TRIAL) so a command can tell repeated trials apart."""

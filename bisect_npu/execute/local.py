@@ -39,16 +39,18 @@ class LocalExecutor:
         request = {**request, "output": str(out_dir / f"obs-{stem}.json")}
         request_path = out_dir / f"request-{stem}.json"
         request_path.write_text(json.dumps(request, indent=1), encoding="utf-8")
-        argv = [self.python, "-m", "bisect_npu.probe", str(request_path)]
+        argv = [env.python or self.python, "-m", "bisect_npu.probe", str(request_path)]
         result = self._run(env, argv, out_dir / f"probe-{stem}.log", timeout_s)
         if result.returncode == 0 and Path(request["output"]).exists():
             result = result.model_copy(update={"observation": request["output"]})
         return result
 
-    def run_command(self, env: Environment, argv: list[str], log_path: Path, timeout_s: float) -> RunResult:
-        return self._run(env, argv, log_path, timeout_s)
+    def run_command(self, env: Environment, argv: list[str], log_path: Path, timeout_s: float,
+                    extra_env: dict[str, str] | None = None) -> RunResult:
+        return self._run(env, argv, log_path, timeout_s, extra_env)
 
-    def _run(self, env: Environment, argv: list[str], log_path: Path, timeout_s: float) -> RunResult:
+    def _run(self, env: Environment, argv: list[str], log_path: Path, timeout_s: float,
+             extra_env: dict[str, str] | None = None) -> RunResult:
         worktree = Path(env.path or ".")
         log_path.parent.mkdir(parents=True, exist_ok=True)
         started = time.monotonic()
@@ -56,7 +58,8 @@ class LocalExecutor:
         with log_path.open("w", encoding="utf-8") as log:
             try:
                 proc = subprocess.Popen(argv, cwd=worktree, stdout=log, stderr=subprocess.STDOUT,
-                                        env=self._environ(worktree), start_new_session=True)
+                                        env={**self._environ(worktree), **(extra_env or {})},
+                                        start_new_session=True)
             except FileNotFoundError as exc:
                 raise UsageError(f"command not found: {argv[0]}; give a program on PATH or a path "
                                  "relative to the repository root") from exc

@@ -1,0 +1,64 @@
+"""`bisect-npu demo`: the embedded default. Bisect the bundled demo upstream on the CPU, end to end."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import click
+
+from bisect_npu.models import UsageError
+
+
+@click.command()
+@click.option("--case", "case_name", default=None, help="Demo case name, or `all` (default: the manifest's default).")
+@click.option("--seed", type=int, default=0, show_default=True, help="Seed of the generated upstream.")
+@click.option("--executor", type=click.Choice(["local", "docker"]), default="local", show_default=True)
+@click.option("--verify-fix/--no-verify-fix", default=True, show_default=True,
+              help="Apply the top fix proposals to the bad end and re-run the oracle.")
+@click.option("--session-root", type=click.Path(path_type=Path), default=Path(".bisect-npu") / "demo",
+              show_default=True, help="Where the demo's sessions go.")
+@click.option("--json", "as_json", is_flag=True, help="Print a machine-readable summary as the last line.")
+@click.option("--quiet", is_flag=True, help="Plain log lines even on a terminal.")
+def demo(case_name: str | None, seed: int, executor: str, verify_fix: bool, session_root: Path, as_json: bool,
+         quiet: bool) -> None:
+    """Generate the demo upstream (once), bisect a case with its recipe, write the report."""
+    from bisect_npu.demo.generate import ensure_upstream
+    from bisect_npu.journal import new_session_dir
+    from bisect_npu.progress import make_progress
+    from bisect_npu.report import write_reports
+    from bisect_npu.session import RunOptions, Session
+
+    click.echo("preparing the demo upstream (generated once, then cached)...", err=True)
+    repo, manifest = ensure_upstream(seed)
+    names = [c.name for c in manifest.cases] if case_name == "all" else [case_name or manifest.default_case]
+    known = {c.name for c in manifest.cases}
+    unknown = [n for n in names if n not in known]
+    if unknown:
+        raise UsageError(f"unknown demo case {unknown[0]!r}; known: {', '.join(sorted(known))}, all")
+    click.echo(f"demo upstream: {repo} ({manifest.commit_count} commits, ground truth in the manifest beside it)",
+               err=True)
+    summaries = []
+    worst = 0
+    for name in names:
+        truth = manifest.case(name)
+        click.echo(f"\n== case {name}: {truth.symptom}\n   bisecting {truth.good_ref}..{truth.bad_ref} "
+                   f"with recipe {truth.recipe}", err=True)
+        options = RunOptions(good=truth.good_ref, bad=truth.bad_ref, repo=str(repo), recipe=truth.recipe,
+                             executor=executor, verify_fix=verify_fix)
+        session_root.mkdir(parents=True, exist_ok=True)
+        session = Session.start(options, session_dir=new_session_dir(session_root),
+                                progress=make_progress(quiet or as_json))
+        result = session.run()
+        md_path, _ = write_reports(result.session_dir)
+        matches = result.culprit == truth.culprit.sha
+        click.echo(result.message)
+        click.echo(f"manifest culprit: {truth.culprit.sha[:12]} {truth.culprit.title} -> "
+                   f"{'MATCH' if matches else 'MISMATCH'}")
+        click.echo(f"report: {md_path}")
+        summaries.append({"case": name, "status": result.status, "culprit": result.culprit,
+                          "expected": truth.culprit.sha, "match": matches, "report": str(md_path)})
+        worst = max(worst, result.exit_code if matches else 1)
+    if as_json:
+        click.echo(json.dumps(summaries if len(summaries) > 1 else summaries[0]))
+    raise SystemExit(worst)

@@ -1,0 +1,431 @@
+"""The upstream's git history: refs, the candidate commits of a range, and per-commit facts.
+
+Everything here reads git objects (through GitPython, argument lists only) and never checks a
+commit out or builds it: the session asks which commits to test and what each one is; the
+builders decide how to build them from `CommitFacts`.
+"""
+
+from __future__ import annotations
+
+import difflib
+import hashlib
+import logging
+import re
+import shlex
+import shutil
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+
+import git
+from packaging.version import InvalidVersion, Version
+
+from .models import UsageError
+
+_HEX_PREFIX = re.compile(r"[0-9a-fA-F]{4,40}")
+_PR_SUFFIX = re.compile(r"\(#(\d+)\)\s*$")
+_URL_LIKE = re.compile(r"^[a-z][a-z0-9+.-]*://|^[\w.-]+@[\w.-]+:")
+_GITHUB_REMOTE = re.compile(
+    r"^(?:https?://(?:[^@/]+@)?|ssh://(?:[^@/]+@)?|git://|[^@/]+@)github\.com[:/]"
+    r"(?P<owner>[\w.-]+)/(?P<name>[\w.-]+?)(?:\.git)?/?$"
+)
+_LOG_FIELDS = "%x1e%H%x1f%h%x1f%aI%x1f%an%x1f%s"
+_LOG_BATCH = 2000  # shas per `git log` call: keeps the argument list far below ARG_MAX
+_log = logging.getLogger(__name__)
+
+
+def default_cache_dir() -> Path:
+    return Path.home() / ".cache" / "bisect-npu" / "repos"
+
+
+def open_repo(path_or_url: str, cache_dir: Path | None = None) -> git.Repo:
+    """Open a local clone, or clone/fetch a URL into a bare cache under `cache_dir`.
+
+    A cached clone keeps upstream branches as `origin/<branch>` (like a normal clone), so the
+    same refs work whether the user points at their checkout or at the URL.
+    """
+    if _URL_LIKE.match(path_or_url):
+        return _cached_clone(path_or_url, cache_dir or default_cache_dir())
+    try:
+        return git.Repo(path_or_url, search_parent_directories=True)
+    except (git.InvalidGitRepositoryError, git.NoSuchPathError):
+        raise UsageError(
+            f"{path_or_url} is not a git repository; pass --repo with a clone of vllm-ascend"
+        ) from None
+
+
+def _cached_clone(url: str, cache_dir: Path) -> git.Repo:
+    name = re.sub(r"[^\w.-]+", "_", url.rstrip("/").rsplit("/", 1)[-1]).removesuffix(".git") or "repo"
+    target = cache_dir / f"{name}-{hashlib.sha256(url.encode()).hexdigest()[:12]}.git"
+    try:
+        if target.exists():
+            repo = git.Repo(target)
+            try:
+                repo.git.fetch("--prune", "--quiet", "origin")
+            except git.GitCommandError as exc:
+                # Offline with a cache is still useful: the refs the user names are checked anyway.
+                _log.warning("could not fetch %s (%s); using the cached clone %s", url, _last_line(exc), target)
+            return repo
+        cache_dir.mkdir(parents=True, exist_ok=True)
+        # Clone into a temporary sibling and rename, so an interrupted clone never looks complete.
+        staging = Path(tempfile.mkdtemp(prefix=f".{name}-", dir=cache_dir))
+        try:
+            repo = git.Repo.init(staging, bare=True)
+            repo.git.remote("add", "origin", url)
+            repo.git.config("--replace-all", "remote.origin.fetch", "+refs/heads/*:refs/remotes/origin/*")
+            repo.git.config("--add", "remote.origin.fetch", "+refs/tags/*:refs/tags/*")
+            repo.git.fetch("--quiet", "origin")
+            try:
+                staging.rename(target)
+            except OSError:
+                if not target.exists():  # else another process finished the same clone first
+                    raise
+        finally:
+            shutil.rmtree(staging, ignore_errors=True)
+        return git.Repo(target)
+    except git.GitCommandError as exc:
+        raise UsageError(
+            f"cannot fetch {url}: {_last_line(exc)}; check the URL or pass --repo with a local clone"
+        ) from None
+
+
+def _last_line(exc: git.GitCommandError) -> str:
+    lines = str(exc.stderr or "").strip().splitlines()
+    return lines[-1].strip().strip("'") if lines else str(exc)
+
+
+def resolve_ref(repo: git.Repo, ref: str) -> str:
+    """Full sha of the commit `ref` names: tag, branch, remote branch, (short) sha, `HEAD~3`.
+
+    A branch that exists only as `<remote>/<branch>` resolves too (as `git checkout` would).
+    """
+    if not ref or ref.startswith("-"):
+        raise UsageError(f"invalid ref {ref!r}; pass a tag, branch or commit sha")
+    sha = _rev_parse_commit(repo, ref)
+    if sha:
+        return sha
+    remote_shas = {
+        s for r in repo.remotes if (s := _rev_parse_commit(repo, f"refs/remotes/{r.name}/{ref}"))
+    }
+    if len(remote_shas) == 1:
+        return remote_shas.pop()
+    if len(remote_shas) > 1:
+        raise UsageError(f"ref {ref} is ambiguous: it names different commits on several remotes; "
+                         f"pass <remote>/{ref}")
+    if _HEX_PREFIX.fullmatch(ref):
+        matches = _commits_with_prefix(repo, ref)
+        if len(matches) > 1:
+            shown = ", ".join(repo.git.log("--no-walk", "--format=%h %s", m) for m in matches[:4])
+            raise UsageError(f"short sha {ref} is ambiguous: {shown}; give more digits")
+    nearest = nearest_tags(repo, ref)
+    hint = f"nearest tags: {', '.join(nearest)}" if nearest else "pass a tag, branch or commit sha"
+    raise UsageError(f"unknown ref {ref}; {hint}")
+
+
+def _rev_parse_commit(repo: git.Repo, ref: str) -> str | None:
+    try:
+        return repo.git.rev_parse("--verify", "--quiet", f"{ref}^{{commit}}") or None
+    except git.GitCommandError:
+        return None
+
+
+def _commits_with_prefix(repo: git.Repo, prefix: str) -> list[str]:
+    try:
+        candidates = repo.git.rev_parse(f"--disambiguate={prefix}").split()
+    except git.GitCommandError:
+        return []
+    return [c for c in candidates if repo.git.cat_file("-t", c) == "commit"]
+
+
+def nearest_tags(repo: git.Repo, ref: str, limit: int = 3) -> list[str]:
+    """Existing tags closest to a mistyped `ref`, for error messages.
+
+    Tags that extend `ref` come first (`v0.9.0` -> `v0.9.0rc1, v0.9.0rc2`, as vllm-ascend has
+    no `v0.9.0`); else, for a version, its neighbours in version order; else spelling closeness.
+    """
+    tags = [t.name for t in repo.tags]
+    extending = [t for t in tags if t.lower().startswith(ref.lower())]
+    if extending:
+        return sorted(extending, key=_version_key)[:limit]
+    wanted = _parse_version(ref)
+    versioned = sorted((v, t) for t in tags if (v := _parse_version(t)) is not None)
+    if wanted is not None and versioned:
+        # Neighbours by rank, nearest first: the tags just below and just above the wanted version.
+        split = sum(1 for v, _ in versioned if v < wanted)
+        ranked = sorted(range(len(versioned)), key=lambda i: (abs(i - split + 0.5), -i))
+        return [versioned[i][1] for i in ranked[:limit]]
+    return difflib.get_close_matches(ref, tags, n=limit, cutoff=0.5)
+
+
+def _parse_version(text: str) -> Version | None:
+    try:
+        return Version(text)
+    except InvalidVersion:
+        return None
+
+
+def _version_key(tag: str) -> tuple[int, Version | str]:
+    version = _parse_version(tag)
+    return (0, version) if version is not None else (1, tag)  # type: ignore[return-value]
+
+
+@dataclass(frozen=True)
+class DockerfileFacts:
+    """What a commit's own Dockerfile says to build it on (ARG defaults, first FROM image)."""
+
+    base_image: str | None
+    vllm_tag: str | None
+    args: dict[str, str]
+
+
+@dataclass(frozen=True)
+class CommitFacts:
+    sha: str
+    short: str
+    title: str
+    pr: int | None
+    author_date: str
+    author: str
+    paths: tuple[str, ...]
+    dockerfile: DockerfileFacts | None
+
+
+def parse_dockerfile(text: str) -> DockerfileFacts:
+    """Read ARG defaults and the first FROM image from Dockerfile text.
+
+    ARGs declared before the first FROM are substituted into its image, as docker does; a later
+    ARG may reference earlier ones. ARGs without a default are left out of `args`.
+    """
+    args: dict[str, str] = {}
+    base_image: str | None = None
+    for instruction, rest in _instructions(text):
+        if instruction == "ARG":
+            for word in _split_words(rest):
+                name, sep, value = word.partition("=")
+                if sep and name not in args:
+                    args[name] = _substitute(value, args)
+        elif instruction == "FROM" and base_image is None:
+            words = [w for w in _split_words(rest) if not w.startswith("--")]
+            if words:
+                base_image = _substitute(words[0], args)
+    return DockerfileFacts(base_image=base_image, vllm_tag=args.get("VLLM_TAG"), args=args)
+
+
+def _instructions(text: str) -> list[tuple[str, str]]:
+    """(INSTRUCTION, arguments) pairs with comments dropped and line continuations joined."""
+    lines = text.splitlines()
+    escape = "\\"
+    directive = re.match(r"\s*#\s*escape\s*=\s*(\S)", lines[0]) if lines else None
+    if directive:
+        escape = directive.group(1)
+    result: list[tuple[str, str]] = []
+    pending = ""
+    for line in lines:
+        stripped = line.strip()
+        if stripped.startswith("#") or (pending and not stripped):
+            continue  # comments and blank lines inside a continuation do not end it
+        if stripped.endswith(escape):
+            pending += stripped[: -len(escape)] + " "
+            continue
+        full = (pending + stripped).strip()
+        pending = ""
+        if full:
+            instruction, _, rest = full.partition(" ")
+            result.append((instruction.upper(), rest.strip()))
+    if pending.strip():
+        instruction, _, rest = pending.strip().partition(" ")
+        result.append((instruction.upper(), rest.strip()))
+    return result
+
+
+def _split_words(rest: str) -> list[str]:
+    try:
+        return shlex.split(rest, comments=False)
+    except ValueError:  # unbalanced quotes: keep the raw words rather than fail the whole commit
+        return rest.split()
+
+
+_VARIABLE = re.compile(r"\$(?:\{(?P<braced>\w+)(?::(?P<op>[-+])(?P<word>[^}]*))?\}|(?P<plain>\w+))")
+
+
+def _substitute(value: str, args: dict[str, str]) -> str:
+    def replace(match: re.Match[str]) -> str:
+        name = match.group("braced") or match.group("plain")
+        current = args.get(name, "")
+        if match.group("op") == "-":
+            return current or match.group("word")
+        if match.group("op") == "+":
+            return match.group("word") if current else ""
+        return current
+
+    return _VARIABLE.sub(replace, value)
+
+
+def dockerfile_facts(repo: git.Repo, sha: str, path: str = "Dockerfile") -> DockerfileFacts | None:
+    """Facts from the Dockerfile blob at `sha` (no checkout); None when the commit has none."""
+    return _DockerfileReader(repo, path).facts(sha)
+
+
+class _DockerfileReader:
+    """Parses each distinct Dockerfile blob once: most commits in a range share one."""
+
+    def __init__(self, repo: git.Repo, path: str) -> None:
+        self._repo = repo
+        self._path = path
+        self._by_blob: dict[str, DockerfileFacts] = {}
+
+    def facts(self, sha: str) -> DockerfileFacts | None:
+        try:
+            blob, kind, _ = self._repo.git.get_object_header(f"{sha}:{self._path}")
+        except ValueError:  # the commit has no such file
+            return None
+        blob = blob.decode() if isinstance(blob, bytes) else blob
+        kind = kind.decode() if isinstance(kind, bytes) else kind
+        if kind != "blob":
+            return None
+        if blob not in self._by_blob:
+            data = self._repo.git.get_object_data(blob)[3]
+            self._by_blob[blob] = parse_dockerfile(data.decode("utf-8", errors="replace"))
+        return self._by_blob[blob]
+
+
+def commit_facts(repo: git.Repo, sha: str) -> CommitFacts:
+    return commits_facts(repo, [sha])[0]
+
+
+def commits_facts(repo: git.Repo, shas: list[str] | tuple[str, ...]) -> list[CommitFacts]:
+    """Facts of many commits with one `git log` per 2,000 commits (in the order given).
+
+    Changed paths are against the first parent (a merge shows what it brought to its line);
+    renames count as a deletion plus an addition, so both paths reach the build key.
+    """
+    unique = list(dict.fromkeys(shas))
+    dockerfiles = _DockerfileReader(repo, "Dockerfile")
+    by_sha: dict[str, CommitFacts] = {}
+    for start in range(0, len(unique), _LOG_BATCH):
+        batch = unique[start : start + _LOG_BATCH]
+        out = repo.git.log(
+            # Explicit flags for what user config could change (log.showRoot, log.showSignature).
+            "--no-walk=unsorted", "--name-only", "-z", "--no-renames", "--diff-merges=first-parent",
+            "--root", "--no-show-signature", f"--format={_LOG_FIELDS}", *batch, "--",
+        )
+        records = [r for r in out.split("\x1e") if r]
+        if len(records) != len(batch):
+            raise RuntimeError(f"git log returned {len(records)} commits for {len(batch)} requested")
+        for requested, record in zip(batch, records, strict=True):
+            header, _, changed = record.partition("\0")
+            sha, short, date, author, title = header.split("\x1f", 4)
+            pr = _PR_SUFFIX.search(title)
+            by_sha[requested] = CommitFacts(
+                sha=sha,
+                short=short,
+                title=title,
+                pr=int(pr.group(1)) if pr else None,
+                author_date=date,
+                author=author,
+                paths=tuple(p for p in changed.lstrip("\n").split("\0") if p),
+                dockerfile=dockerfiles.facts(sha),
+            )
+    return [by_sha[s] for s in shas]
+
+
+@dataclass(frozen=True)
+class BisectRange:
+    good: str
+    bad: str
+    base: str
+    merge_base_note: str | None
+    candidates: tuple[str, ...]
+
+
+def resolve_range(repo: git.Repo, good_ref: str, bad_ref: str) -> BisectRange:
+    """The commits to bisect: first-parent commits of `bad` not contained in the good end.
+
+    Candidates are `git rev-list --first-parent base..bad`, oldest first. When `base` (good, or
+    its merge-base with bad) is on bad's first-parent line, that is exactly (base, bad]. When it
+    is not (good sits on a side branch merged into bad's line), the list starts at the first
+    first-parent commit that does not contain base; its parent is an ancestor of base and so good
+    by git bisect's rule (ancestors of a good commit are good). `--ancestry-path` would instead
+    start at the merge that brought base in and assume the unknown mainline before it is good,
+    so it is not used. The note then says where the line really starts.
+    """
+    good = resolve_ref(repo, good_ref)
+    bad = resolve_ref(repo, bad_ref)
+    if good == bad:
+        raise UsageError(f"good and bad are the same commit ({good[:10]}); pass two different refs")
+    if _is_ancestor(repo, bad, good):
+        raise UsageError(
+            f"good {good_ref} is newer than bad {bad_ref} (bad is an ancestor of good); "
+            "swap --good and --bad"
+        )
+    notes: list[str] = []
+    if _is_ancestor(repo, good, bad):
+        base = good
+    else:
+        try:
+            base = repo.git.merge_base(good, bad)
+        except git.GitCommandError:
+            raise UsageError(
+                f"{good_ref} and {bad_ref} share no history (no merge-base); pick a good commit that "
+                f"is an ancestor of {bad_ref}"
+            ) from None
+        notes.append(
+            f"{good_ref} is not an ancestor of {bad_ref}; bisecting from their merge-base "
+            f"{_tagged_name(repo, base)}"
+        )
+    candidates = tuple(repo.git.rev_list("--first-parent", "--reverse", f"{base}..{bad}", "--").split())
+    oldest = repo.commit(candidates[0])
+    if not oldest.parents:
+        raise UsageError(
+            f"{good_ref} is not on {bad_ref}'s first-parent line and shares no first-parent ancestor "
+            f"with it; pick a good commit on {bad_ref}'s first-parent line"
+        )
+    line_base = oldest.parents[0].hexsha
+    if line_base != base:
+        notes.append(
+            f"{_tagged_name(repo, base)} is not on {bad_ref}'s first-parent line; candidates start "
+            f"after {_tagged_name(repo, line_base)}, the last first-parent commit it contains"
+        )
+    return BisectRange(
+        good=good,
+        bad=bad,
+        base=base,
+        merge_base_note="; ".join(notes) or None,
+        candidates=candidates,
+    )
+
+
+def _is_ancestor(repo: git.Repo, older: str, newer: str) -> bool:
+    try:
+        repo.git.merge_base("--is-ancestor", older, newer)
+    except git.GitCommandError as exc:
+        if exc.status == 1:
+            return False
+        raise
+    return True
+
+
+def _tagged_name(repo: git.Repo, sha: str) -> str:
+    """`v0.9.0rc1 (abc1234)` when a tag points at `sha`, else the short sha."""
+    short = repo.git.rev_parse("--short", sha)
+    tags = sorted(repo.git.tag("--points-at", sha).split(), key=_version_key)
+    return f"{tags[0]} ({short})" if tags else short
+
+
+def github_url(repo: git.Repo) -> str | None:
+    """https://github.com/OWNER/NAME of the `origin` remote, or None when it is not GitHub."""
+    try:
+        url = repo.git.remote("get-url", "origin")
+    except git.GitCommandError:
+        return None
+    match = _GITHUB_REMOTE.match(url.strip())
+    return f"https://github.com/{match['owner']}/{match['name']}" if match else None
+
+
+def describe(repo: git.Repo, sha: str) -> str:
+    """Short human name for reports: the nearest tag that contains it (`v0.9.1~3`), or short sha."""
+    try:
+        name = repo.git.name_rev("--tags", "--name-only", "--no-undefined", sha)
+    except git.GitCommandError:
+        return repo.git.rev_parse("--short", sha)
+    return name.removeprefix("tags/").removesuffix("^0")

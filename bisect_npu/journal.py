@@ -1,0 +1,263 @@
+"""A session's append-only journal: one JSON line per finished step, fsync'd, behind a lock.
+
+The journal is the session's only state: resume and report read nothing else. So every line is
+written with a single `os.write` to an O_APPEND descriptor and fsync'd before the step counts
+as done; a process killed mid-write leaves at most a torn last line, which `Journal.open`
+drops and truncates away before anything is appended after it. Record types ("step", "trial",
+"build", "end") belong to the session; only the first line, "header", is special here.
+"""
+
+from __future__ import annotations
+
+import errno
+import fcntl
+import json
+import os
+import secrets
+import threading
+import time
+from pathlib import Path
+from types import TracebackType
+from typing import Any
+
+from .models import InfrastructureError, UsageError
+
+JOURNAL_FILE = "journal.jsonl"
+LOCK_FILE = "lock"
+LATEST_FILE = "latest"
+DEFAULT_ROOT = Path(".bisect-npu") / "sessions"
+
+
+def new_session_dir(root: Path = DEFAULT_ROOT) -> Path:
+    """Create `root/<YYYYmmdd-HHMMSS-xxxxxx>/` and point `root/latest` at it."""
+    root.mkdir(parents=True, exist_ok=True)
+    while True:
+        session_id = f"{time.strftime('%Y%m%d-%H%M%S', time.gmtime())}-{secrets.token_hex(3)}"
+        session_dir = root / session_id
+        try:
+            session_dir.mkdir()
+        except FileExistsError:
+            continue
+        break
+    _write_atomically(root / LATEST_FILE, session_id + "\n")
+    return session_dir
+
+
+def latest_session(root: Path = DEFAULT_ROOT) -> Path:
+    """The session `root/latest` names, else the newest session directory holding a journal."""
+    try:
+        named = root / (root / LATEST_FILE).read_text().strip()
+        if (named / JOURNAL_FILE).is_file():
+            return named
+    except (FileNotFoundError, NotADirectoryError):
+        pass
+    if root.is_dir():
+        sessions = sorted(p for p in root.iterdir() if (p / JOURNAL_FILE).is_file())
+        if sessions:
+            return sessions[-1]
+    raise UsageError(f"no session found under {root}; start one with `bisect-npu run`")
+
+
+class Journal:
+    """The header and entries of one session, and the lock that makes this process its driver.
+
+    Use as a context manager (or call `close()`): the lock is held until then. It is an
+    `fcntl.flock` on `session_dir/lock`, so the kernel drops it when the process dies, SIGKILL
+    included, and `resume` can take over at once. Descriptors are not inherited by subprocesses
+    (Python's default); a child forked without exec would share the lock.
+    """
+
+    def __init__(
+        self,
+        session_dir: Path,
+        header: dict[str, Any],
+        entries: list[dict[str, Any]],
+        dropped_tail: str | None,
+        fd: int | None,
+        lock_fd: int | None,
+        size: int,
+    ) -> None:
+        self.session_dir = session_dir
+        self.path = session_dir / JOURNAL_FILE
+        self.header = header
+        self.entries = entries
+        self.dropped_tail = dropped_tail
+        self._fd = fd
+        self._lock_fd = lock_fd
+        self._size = size
+        self._append_lock = threading.Lock()  # one line at a time: a rollback must not cut another's
+
+    @classmethod
+    def create(cls, session_dir: Path, header: dict[str, Any]) -> Journal:
+        """Start a journal in `session_dir` (created if needed) with its header line."""
+        session_dir.mkdir(parents=True, exist_ok=True)
+        lock_fd = _acquire_lock(session_dir)
+        try:
+            path = session_dir / JOURNAL_FILE
+            if path.exists():
+                raise UsageError(
+                    f"session {session_dir} already holds a journal; continue it with "
+                    f"`bisect-npu resume --session {session_dir}` or pick a new directory"
+                )
+            record = {"type": "header", **header}
+            record.setdefault("t", time.time())
+            line = _encode(record)
+            # Header first to a temporary file, then renamed: a journal never exists without one.
+            _write_atomically(path, line.decode("utf-8"))
+            fd = os.open(path, os.O_WRONLY | os.O_APPEND)
+        except BaseException:
+            os.close(lock_fd)
+            raise
+        return cls(session_dir, record, [], None, fd, lock_fd, len(line))
+
+    @classmethod
+    def open(cls, session_dir: Path, read_only: bool = False) -> Journal:
+        """Read a journal; unless `read_only`, lock it and cut a torn last line off for appending.
+
+        `read_only` is for looking at a session another process may be driving (a report while
+        a run goes on): no lock, nothing changed on disk, `append` refused.
+        """
+        path = session_dir / JOURNAL_FILE
+        if not path.is_file():
+            raise UsageError(
+                f"no journal in {session_dir}; pass --session with a directory made by `bisect-npu run`"
+            )
+        lock_fd = None if read_only else _acquire_lock(session_dir)
+        try:
+            data = path.read_bytes()
+            header, entries, good_size, dropped_tail = _parse(path, data)
+            fd = None
+            if not read_only:
+                fd = os.open(path, os.O_WRONLY | os.O_APPEND)
+                if good_size < len(data):
+                    os.ftruncate(fd, good_size)
+                    os.fsync(fd)
+        except BaseException:
+            if lock_fd is not None:
+                os.close(lock_fd)
+            raise
+        return cls(session_dir, header, entries, dropped_tail, fd, lock_fd, good_size)
+
+    def append(self, record: dict[str, Any]) -> None:
+        """Write one record as one line and fsync it; it adds `"t"` (unix time) when missing.
+
+        Values must be JSON or os.PathLike (stored as text); anything else is a TypeError
+        raised before a byte is written. Safe to call from several threads.
+        """
+        if record.get("type") == "header":
+            raise ValueError("only Journal.create writes the header")
+        record = dict(record)
+        record.setdefault("t", time.time())
+        line = _encode(record)
+        with self._append_lock:
+            self._write_line(line)
+
+    def _write_line(self, line: bytes) -> None:
+        if self._fd is None:
+            raise ValueError(f"journal {self.path} is closed or opened read-only")
+        try:
+            written = os.write(self._fd, line)
+            while written < len(line):  # a regular file writes short only on a full disk
+                written += os.write(self._fd, line[written:])
+            os.fsync(self._fd)
+        except OSError as exc:
+            # Cut the partial line off now: anything appended after it would corrupt the middle.
+            os.ftruncate(self._fd, self._size)
+            if exc.errno in (errno.ENOSPC, errno.EDQUOT, errno.EFBIG):
+                raise InfrastructureError(
+                    f"no room to write {self.path} ({exc.strerror}); free space, then `bisect-npu resume`"
+                ) from exc
+            raise
+        self._size += len(line)
+        self.entries.append(json.loads(line))  # what a reader of the file will see (paths as text)
+
+    def close(self) -> None:
+        for fd in (self._fd, self._lock_fd):
+            if fd is not None:
+                os.close(fd)
+        self._fd = self._lock_fd = None
+
+    def __enter__(self) -> Journal:
+        return self
+
+    def __exit__(
+        self, kind: type[BaseException] | None, value: BaseException | None, trace: TracebackType | None
+    ) -> None:
+        self.close()
+
+
+def _parse(path: Path, data: bytes) -> tuple[dict[str, Any], list[dict[str, Any]], int, str | None]:
+    """(header, entries, size of the valid prefix, dropped tail text or None)."""
+    lines = data.split(b"\n")
+    tail = lines.pop()  # bytes after the last newline: empty unless a write was torn
+    records: list[dict[str, Any]] = []
+    offset = 0
+    dropped: bytes | None = tail or None
+    for number, raw in enumerate(lines, start=1):
+        record = _decode(raw)
+        if record is None:
+            if number == len(lines) and tail == b"":
+                dropped = raw  # a complete but invalid last line: torn by a crash, not trusted
+                break
+            raise UsageError(
+                f"{path}:{number}: not a valid journal line (corrupted, not a torn write); "
+                "fix or delete that line, then resume"
+            )
+        records.append(record)
+        offset += len(raw) + 1
+    if not records or records[0].get("type") != "header":
+        raise UsageError(f"{path} has no header line; it is not a bisect-npu journal")
+    dropped_text = dropped.decode("utf-8", errors="replace") if dropped is not None else None
+    return records[0], records[1:], offset, dropped_text
+
+
+def _decode(raw: bytes) -> dict[str, Any] | None:
+    try:
+        value = json.loads(raw)
+    except (json.JSONDecodeError, UnicodeDecodeError):
+        return None
+    return value if isinstance(value, dict) else None
+
+
+def _encode(record: dict[str, Any]) -> bytes:
+    text = json.dumps(record, ensure_ascii=False, separators=(",", ":"), default=_jsonable)
+    return (text + "\n").encode("utf-8")
+
+
+def _jsonable(value: object) -> str:
+    if isinstance(value, os.PathLike):
+        return os.fspath(value)  # type: ignore[return-value]
+    raise TypeError(f"journal records hold JSON values and paths, not {type(value).__name__}")
+
+
+def _acquire_lock(session_dir: Path) -> int:
+    fd = os.open(session_dir / LOCK_FILE, os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        holder = os.pread(fd, 32, 0).decode(errors="replace").strip() or "unknown"
+        os.close(fd)
+        raise UsageError(
+            f"session {session_dir} is being driven by another bisect-npu process (pid {holder}); "
+            "wait for it or pass --session for a new one"
+        ) from None
+    os.ftruncate(fd, 0)
+    os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
+    return fd
+
+
+def _write_atomically(path: Path, text: str) -> None:
+    """Write `path` via a fsync'd temporary file and rename, then fsync the directory."""
+    temporary = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    fd = os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+    try:
+        os.write(fd, text.encode("utf-8"))
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+    os.replace(temporary, path)
+    directory = os.open(path.parent, os.O_RDONLY)
+    try:
+        os.fsync(directory)
+    finally:
+        os.close(directory)

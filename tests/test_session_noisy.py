@@ -1,0 +1,109 @@
+"""Noisy sessions through the real CLI: a flaky command oracle, kills mid-trial, --find-fix."""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from gitrepo import GOOD_CMD, make_linear_repo
+
+CLI = [sys.executable, "-m", "bisect_npu"]
+
+# Fails in 70% of trials on bad commits, never on good ones; deterministic per (commit, trial), so
+# a repeated trial number would repeat its outcome (the session must never reuse one).
+FLAKY = """\
+import hashlib, os, sys, time
+time.sleep(float(os.environ.get("FLAKY_SLEEP", "0")))
+key = os.environ["BISECT_NPU_COMMIT"] + "-" + os.environ["BISECT_NPU_TRIAL"]
+roll = int(hashlib.sha256(key.encode()).hexdigest(), 16) % 100
+bad = open("state").read().strip() == "bad"
+sys.exit(1 if bad and roll < 70 else 0)
+"""
+
+
+@pytest.fixture()
+def flaky(tmp_path: Path) -> str:
+    script = tmp_path / "flaky.py"
+    script.write_text(FLAKY)
+    return f"{sys.executable} {script}"
+
+
+def journal(session: Path) -> list[dict]:
+    return [json.loads(line) for line in (session / "journal.jsonl").read_text().splitlines()]
+
+
+def test_noisy_mode_finds_a_flaky_culprit(tmp_path: Path, flaky: str) -> None:
+    repo = tmp_path / "repo"
+    shas = make_linear_repo(repo, 129, culprit=50, tags={0: "good", 128: "bad"})
+    done = subprocess.run([*CLI, "run", "--repo", str(repo), "--good", "good", "--bad", "bad", "--cmd", flaky,
+                           "--mode", "noisy", "--session", str(tmp_path / "s"), "--no-fix", "--json"],
+                          cwd=tmp_path, capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr
+    result = json.loads(done.stdout.strip().splitlines()[-1])
+    assert result["culprit"] == shas[50]
+    trials = [(e["index"], e["trial"]) for e in journal(tmp_path / "s") if e["type"] == "trial"]
+    assert len(trials) == len(set(trials)), "a trial number was reused at one commit"
+    end = next(e for e in journal(tmp_path / "s") if e["type"] == "end")
+    assert end["confidence"] >= 0.99
+
+
+def test_noisy_session_killed_mid_trial_resumes_without_losing_trials(tmp_path: Path, flaky: str) -> None:
+    repo = tmp_path / "repo"
+    shas = make_linear_repo(repo, 65, culprit=40, tags={0: "good", 64: "bad"})
+    session = tmp_path / "s"
+    env = {**os.environ, "FLAKY_SLEEP": "0.15"}
+    start = [*CLI, "run", "--repo", str(repo), "--good", "good", "--bad", "bad", "--cmd", flaky, "--mode", "noisy",
+             "--session", str(session), "--no-fix", "--quiet"]
+    resume = [*CLI, "resume", "--session", str(session), "--quiet"]
+    rng = random.Random(3)
+    trials_seen: list[tuple[int, int]] = []
+    for _ in range(8):
+        argv = resume if (session / "journal.jsonl").exists() else start
+        proc = subprocess.Popen(argv, cwd=tmp_path, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                                start_new_session=True)
+        time.sleep(rng.uniform(1.0, 2.5))
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait()
+        if not (session / "journal.jsonl").exists():
+            continue
+        entries = journal(session)
+        now = [(e["index"], e["trial"]) for e in entries if e["type"] == "trial"]
+        assert now[: len(trials_seen)] == trials_seen, "a finished trial was lost"
+        trials_seen = now
+        if any(e["type"] == "end" for e in entries):
+            break
+    argv = resume if (session / "journal.jsonl").exists() else start
+    done = subprocess.run(argv, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr
+    entries = journal(session)
+    trials = [(e["index"], e["trial"]) for e in entries if e["type"] == "trial"]
+    assert trials[: len(trials_seen)] == trials_seen
+    assert len(trials) == len(set(trials))
+    assert next(e for e in entries if e["type"] == "end")["culprit"] == shas[40]
+
+
+def test_find_fix_flips_the_terms(tmp_path: Path) -> None:
+    """Old end broken, new end fixed: the answer is the first commit without the symptom."""
+    repo = tmp_path / "repo"
+    shas = make_linear_repo(repo, 100, culprit=None, tags={0: "old", 99: "new"},
+                            files=lambda i: {"state": "good\n" if i >= 61 else "bad\n"})
+    done = subprocess.run([*CLI, "run", "--repo", str(repo), "--old", "old", "--new", "new", "--cmd",
+                           " ".join(GOOD_CMD), "--find-fix", "--session", str(tmp_path / "s"), "--json"],
+                          cwd=tmp_path, capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr
+    assert json.loads(done.stdout.strip().splitlines()[-1])["culprit"] == shas[61]
+    assert "first fixed commit" in done.stdout
+    report = (tmp_path / "s" / "report.md").read_text()
+    assert "First fixed commit" in report and "old (broken)" in report
+    # The ends check is flipped too: a "fixed" old end is a precondition failure.
+    done = subprocess.run([*CLI, "run", "--repo", str(repo), "--old", shas[70], "--new", "new", "--cmd",
+                           " ".join(GOOD_CMD), "--find-fix", "--session", str(tmp_path / "s2")],
+                          cwd=tmp_path, capture_output=True, text=True, timeout=600)
+    assert done.returncode == 4 and "old end" in done.stdout

@@ -1,0 +1,111 @@
+"""`bisect-npu fix`: rank (and with --verify, prove) the upstream commits that fix a culprit."""
+
+from __future__ import annotations
+
+import json
+import shlex
+import tempfile
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import click
+
+from bisect_npu.models import UsageError
+
+if TYPE_CHECKING:
+    from collections.abc import Callable
+
+    from bisect_npu.fix import FixReport, FixVerification
+    from bisect_npu.models import Verdict
+
+
+@click.command()
+@click.option("--culprit", required=True, help="The commit that introduced the regression (sha, tag, branch).")
+@click.option("--repo", "repo_path", default=".", show_default=True, help="Clone of the upstream, or its URL.")
+@click.option("--bad", help="The bad end: its branch is searched, and --verify applies fixes onto it.")
+@click.option("--top", default=5, show_default=True, type=click.IntRange(min=1), help="Proposals to list.")
+@click.option("--recipe", "recipe_path", help="Recipe: its symptom keywords rank fixes; --verify runs its bad case.")
+@click.option("--keyword", "keywords", multiple=True, help="Extra symptom keyword (repeatable).")
+@click.option("--cmd", "command", help="With --verify: oracle command instead of a recipe (exit 0 good).")
+@click.option("--verify", is_flag=True, help="Apply the top proposals to the bad end and re-run the recipe.")
+@click.option("--executor", type=click.Choice(["local", "docker"]), default="local", show_default=True,
+              help="Where --verify runs the bad case.")
+@click.option("--json", "as_json", is_flag=True, help="Print the report as JSON.")
+def fix(culprit: str, repo_path: str, bad: str | None, top: int, recipe_path: str | None,
+        keywords: tuple[str, ...], command: str | None, verify: bool, executor: str, as_json: bool) -> None:
+    """Rank the later commits that fix CULPRIT, with the evidence for each."""
+    from bisect_npu.fix import propose_fixes, verify_fixes
+    from bisect_npu.history import open_repo
+    from bisect_npu.recipe import load_recipe
+
+    recipe = load_recipe(recipe_path) if recipe_path else None
+    argv = shlex.split(command) if command else None
+    if verify and ((recipe is None and not argv) or bad is None):
+        raise UsageError("--verify needs --recipe or --cmd (the bad case to re-run) and --bad "
+                         "(where to apply the fix)")
+    repo = open_repo(repo_path)
+    report = propose_fixes(repo, culprit, bad=bad, symptom=[*(recipe.symptom if recipe else []), *keywords],
+                           top=top)
+    verifications: list[FixVerification] = []
+    if verify and bad is not None:
+        evaluate = _evaluator(repo_path, recipe_path, argv, executor)
+        with tempfile.TemporaryDirectory(prefix="bisect-npu-fix-") as workdir:
+            verifications = verify_fixes(repo, bad, report, evaluate, top=min(top, 3), workdir=Path(workdir))
+    if as_json:
+        click.echo(json.dumps(_as_json(report, verifications), indent=2, default=str))
+    else:
+        _print(report, verifications)
+
+
+def _evaluator(repo_path: str, recipe_path: str | None, argv: list[str] | None,
+               executor: str) -> Callable[[str], Verdict]:
+    """The session's pipeline (build, probe or command, oracle) for one commit."""
+    from bisect_npu.session import make_evaluator
+
+    return make_evaluator(repo_path, None if argv else recipe_path, command=argv,
+                          executor="docker" if executor == "docker" else "local")
+
+
+def _as_json(report: FixReport, verifications: list[FixVerification]) -> dict[str, Any]:
+    data = report.to_dict()
+    data["verifications"] = [
+        {"shas": v.proposal.shas, "status": v.status, "applied_sha": v.applied_sha, "detail": v.detail,
+         "conflict_files": v.conflict_files, "verdict": v.verdict.model_dump(mode="json") if v.verdict else None}
+        for v in verifications
+    ]
+    return data
+
+
+def _print(report: FixReport, verifications: list[FixVerification]) -> None:
+    """A rich table on a terminal, plain unwrapped lines otherwise (pipes, logs, CI); then the reasons."""
+    from rich.console import Console
+    from rich.table import Table
+
+    status = {tuple(v.proposal.shas): v for v in verifications}
+    ordered = [v.proposal for v in verifications] + [p for p in report.proposals if tuple(p.shas) not in status]
+    click.echo(f"culprit {report.culprit[:10]}: {report.note}")
+    rows = []
+    for rank, proposal in enumerate(ordered, 1):
+        row = [str(rank), " ".join(s[:10] for s in proposal.shas), ", ".join(proposal.branches),
+               f"{proposal.score:g}", proposal.pr_url or (f"#{proposal.pr}" if proposal.pr else "-"), proposal.title]
+        if verifications:
+            checked = status.get(tuple(proposal.shas))
+            row.append(f"{checked.status}: {checked.detail}" if checked else "not tried")
+        rows.append(row)
+    console = Console(highlight=False)
+    if rows and console.is_terminal:
+        table = Table()
+        for column in ("rank", "sha(s)", "branches", "score", "PR", "title", "verification")[:len(rows[0])]:
+            table.add_column(column, overflow="fold")
+        for row in rows:
+            table.add_row(*row)
+        console.print(table)
+    else:
+        for row in rows:
+            click.echo("  ".join(row))
+    for rank, proposal in enumerate(ordered, 1):
+        click.echo(f"{rank}. {proposal.shas[0][:10]} {proposal.title}")
+        for reason in proposal.reasons:
+            click.echo(f"   {reason.weight:+g} {reason.signal}: {reason.detail}")
+        if proposal.missing_on:
+            click.echo(f"   not yet on: {', '.join(proposal.missing_on)}")

@@ -1,0 +1,90 @@
+"""`bisect-npu fix` end to end through the console entry point, on a real git history."""
+
+from __future__ import annotations
+
+import json
+import sys
+
+import pytest
+from test_fix_support import SAMPLER, add_culprit, base_history
+
+from bisect_npu.cli import main
+
+RECIPE = """name: penalty-async
+symptom: [repetition_penalty, async]
+model: {path: /models/qwen}
+cases:
+  - id: loop
+    prompt: "Say hi"
+"""
+
+
+def run_cli(capsys, *args: str) -> tuple[int, str, str]:
+    with pytest.raises(SystemExit) as exited:
+        main(["fix", *args])
+    out, err = capsys.readouterr()
+    return exited.value.code, out, err
+
+
+@pytest.fixture
+def upstream(tmp_path):
+    hist = base_history(tmp_path / "up")
+    culprit = add_culprit(hist)
+    fix = hist.edit("[BugFix] Back-fill async placeholders before repetition_penalty (#60)", SAMPLER,
+                    "    return scale(logits, history, penalty)\n",
+                    "    history = backfill(history)\n    return scale(logits, history, penalty)\n")
+    return hist, culprit, fix
+
+
+def test_json_output_ranks_the_fix_with_recipe_keywords(capsys, tmp_path, upstream):
+    hist, culprit, fix = upstream
+    recipe = tmp_path / "recipe.yaml"
+    recipe.write_text(RECIPE)
+    code, out, _ = run_cli(capsys, "--culprit", culprit[:10], "--repo", str(hist.path), "--recipe", str(recipe),
+                           "--json")
+    assert code == 0
+    data = json.loads(out)
+    assert data["culprit"] == culprit
+    best = data["proposals"][0]
+    assert best["shas"] == [fix] and best["pr"] == 60
+    assert {"symptom", "proximity", "tag"} <= {r["signal"] for r in best["reasons"]}
+
+
+def test_text_output_lists_the_reasons(capsys, upstream):
+    hist, culprit, fix = upstream
+    code, out, _ = run_cli(capsys, "--culprit", culprit, "--repo", str(hist.path), "--keyword", "async")
+    assert code == 0
+    assert fix[:10] in out and "proximity" in out and "Back-fill async placeholders" in out
+
+
+def test_no_fix_is_said_plainly(capsys, tmp_path):
+    hist = base_history(tmp_path / "up")
+    culprit = add_culprit(hist)
+    code, out, _ = run_cli(capsys, "--culprit", culprit, "--repo", str(hist.path))
+    assert code == 0 and "no fix found upstream as of main@" in out
+
+
+def test_verify_needs_recipe_and_bad_end(capsys, upstream):
+    hist, culprit, _ = upstream
+    code, _, err = run_cli(capsys, "--culprit", culprit, "--repo", str(hist.path), "--verify")
+    assert code == 2 and "--verify needs --recipe" in err
+
+
+def test_unknown_culprit_is_a_usage_error(capsys, upstream):
+    hist, _, _ = upstream
+    code, _, err = run_cli(capsys, "--culprit", "v9.9.9", "--repo", str(hist.path))
+    assert code == 2 and "unknown ref v9.9.9" in err
+
+
+def test_verify_with_a_command_runs_the_session_pipeline(capsys, tmp_path, monkeypatch):
+    from test_fix_verify import make_upstream
+
+    shas = make_upstream(tmp_path / "up")
+    monkeypatch.chdir(tmp_path)
+    code, out, err = run_cli(capsys, "--culprit", shas["culprit"], "--repo", str(tmp_path / "up"),
+                             "--bad", shas["bad"], "--verify", "--cmd", f"{sys.executable} check.py", "--json")
+    assert code == 0, err
+    data = json.loads(out)
+    statuses = {tuple(v["shas"]): v["status"] for v in data["verifications"]}
+    assert statuses == {(shas["fix"],): "verified", (shas["release_fix"],): "conflict"}
+    assert data["verifications"][0]["status"] == "verified"

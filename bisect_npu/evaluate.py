@@ -236,7 +236,7 @@ def probe_request(recipe: Recipe, case: CaseSpec, commit: str, trial: int) -> di
     loop_guard = None
     if "repetition" in recipe.oracle.kinds and rep.stop_early:
         loop_guard = {"min_pattern_size": rep.min_pattern_size, "max_pattern_size": rep.max_pattern_size,
-                      "min_count": rep.min_count}
+                      "min_count": rep.min_count, "min_covered_tokens": rep.min_loop_tokens}
     return {
         "schema_version": 1,
         "commit": commit,

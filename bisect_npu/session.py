@@ -23,7 +23,7 @@ from bisect_npu.build.base import Builder
 from bisect_npu.evaluate import Evaluator, StepResult, TrialRecord
 from bisect_npu.execute.base import Executor
 from bisect_npu.journal import Journal, latest_session, new_session_dir
-from bisect_npu.models import UsageError, Verdict, VerdictKind
+from bisect_npu.models import Observation, UsageError, Verdict, VerdictKind
 from bisect_npu.progress import PlainProgress, Progress
 from bisect_npu.recipe import Recipe, load_recipe
 
@@ -93,6 +93,8 @@ class Session:
         self.candidates: list[str] = list(header_range["candidates"])
         self.titles: dict[str, str] = header_range.get("titles", {})
         self._lock = threading.Lock()
+        if recipe is not None and recipe.reference.kind == "golden":
+            evaluator.reference = load_golden(recipe)
 
     # -- construction -------------------------------------------------------------------------
 
@@ -284,10 +286,10 @@ class Session:
             self._append({"type": "trial", "index": query.index, "commit": commit, **record.to_json()})
 
         pending = self._pending_trials(query.index) if not noisy else []
-        result = self.evaluator.evaluate(commit, trials, pending, on_trial, noisy, self._next_trial(query.index))
+        as_reference = query.index == 0 and self._needs_reference()
+        result = self.evaluator.evaluate(commit, trials, pending, on_trial, noisy, self._next_trial(query.index),
+                                         as_reference)
         self._record_step(query.index, result)
-        if query.index == 0 and self._needs_reference():
-            self.evaluator.set_reference(result.trials)
 
     def _record_step(self, index: int, result: StepResult) -> None:
         verdict = result.verdict
@@ -391,6 +393,20 @@ class Session:
             return Verdict(kind=VerdictKind.BAD if bad else VerdictKind.GOOD,
                            reason=f"{bad} of {len(result.trials)} trials bad", trials=len(result.trials))
         return result.verdict
+
+
+def load_golden(recipe: Recipe) -> list[Observation]:
+    """A golden reference: one observation file, or a directory of them (paths relative to the recipe)."""
+    if not recipe.reference.path:
+        raise UsageError(f"recipe {recipe.name}: reference.kind golden needs reference.path "
+                         "(an observation JSON or a directory of them)")
+    path = Path(recipe.reference.path)
+    if not path.is_absolute() and recipe.source:
+        path = Path(recipe.source).resolve().parent / path
+    files = sorted(path.glob("*.json")) if path.is_dir() else [path]
+    if not files or not all(f.exists() for f in files):
+        raise UsageError(f"recipe {recipe.name}: golden reference {path} not found or empty")
+    return [Observation.load(f) for f in files]
 
 
 def to_jsonable(value: Any) -> Any:

@@ -51,7 +51,8 @@ def cli() -> None:
 def main(argv: list[str] | None = None) -> None:
     """Console entry point: a BisectError becomes one line on stderr and its exit code."""
     try:
-        cli.main(args=argv, prog_name="bisect-npu", standalone_mode=False)
+        # Without standalone mode click returns the code of a `ctx.exit(code)` instead of exiting.
+        returned = cli.main(args=argv, prog_name="bisect-npu", standalone_mode=False)
     except BisectError as exc:
         click.echo(f"bisect-npu: error: {exc}", err=True)
         sys.exit(exc.exit_code)
@@ -63,4 +64,4 @@ def main(argv: list[str] | None = None) -> None:
         sys.exit(2 if isinstance(exc, click.UsageError) else exc.exit_code)
     except click.exceptions.Exit as exc:
         sys.exit(exc.exit_code)
-    sys.exit(0)
+    sys.exit(returned if isinstance(returned, int) else 0)

@@ -1,0 +1,128 @@
+"""Oracles: observations (and a reference) in, a good/bad/skip Verdict with its figures out.
+
+`judge_observation` judges one trial with every kind the recipe lists (all must pass);
+`judge` judges a commit: per-trial verdicts, then the stats oracle over trials when the recipe
+repeats trials. Kinds: repetition, tokens, logits, acceptance, penalty, stages (per trial) and
+stats (over trials). The "command" kind (a user command's exit code) is judged by the session.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
+
+from bisect_npu.models import Observation, Verdict, VerdictKind
+from bisect_npu.oracle.config import OracleConfig
+from bisect_npu.oracle.stats import Undecided, judge_trials
+
+if TYPE_CHECKING:
+    from bisect_npu.recipe import Recipe
+
+__all__ = ["judge", "judge_observation", "judge_trials"]
+
+NOT_PER_TRIAL = ("stats", "command")
+
+
+def _judges() -> dict[str, Callable[[Observation, Observation | None, OracleConfig], Verdict]]:
+    from bisect_npu.oracle.acceptance import judge_acceptance
+    from bisect_npu.oracle.logits import judge_logits
+    from bisect_npu.oracle.penalty import judge_penalty
+    from bisect_npu.oracle.repetition import judge_repetition
+    from bisect_npu.oracle.stages import judge_stages
+    from bisect_npu.oracle.tokens import judge_tokens
+
+    return {
+        "repetition": lambda obs, ref, cfg: judge_repetition(obs, cfg.repetition),
+        "tokens": lambda obs, ref, cfg: judge_tokens(obs, ref, cfg.tokens),
+        "logits": lambda obs, ref, cfg: judge_logits(obs, ref, cfg.logits),
+        "acceptance": lambda obs, ref, cfg: judge_acceptance(obs, ref, cfg.acceptance),
+        "penalty": lambda obs, ref, cfg: judge_penalty(obs, cfg.penalty),
+        "stages": lambda obs, ref, cfg: judge_stages(obs, ref, cfg.stages, cfg.logits),
+    }
+
+
+def _chart_figures(kind: str, figures: dict[str, Any]) -> dict[str, Any]:
+    """Plain numeric aliases the report charts (loop_tokens, cosine) next to the kind's own figures."""
+    extra: dict[str, Any] = {}
+    if kind == "repetition":
+        extra["loop_tokens"] = figures.get("loop_covered_tokens", 0)
+    if kind == "logits" and "worst_cosine" in figures:
+        extra["cosine"] = figures["worst_cosine"]
+    return extra
+
+
+def judge_observation(recipe: Recipe, obs: Observation, reference: Observation | None) -> Verdict:
+    """One trial: every per-trial kind must pass; kinds that cannot judge it are listed, not failed."""
+    cfg = recipe.oracle
+    judges = _judges()
+    kinds = [k for k in cfg.kinds if k not in NOT_PER_TRIAL]
+    verdicts = {kind: judges[kind](obs, reference, cfg) for kind in kinds}
+    figures: dict[str, Any] = {}
+    for kind, verdict in verdicts.items():
+        for key, value in {**verdict.figures, **_chart_figures(kind, verdict.figures)}.items():
+            figures.setdefault(key, value)
+    figures["oracles"] = {kind: verdict.kind.value for kind, verdict in verdicts.items()}
+    bad = [f"{kind}: {v.reason}" for kind, v in verdicts.items() if v.kind == VerdictKind.BAD]
+    judged = [kind for kind, v in verdicts.items() if v.kind != VerdictKind.SKIP]
+    if bad:
+        return Verdict(kind=VerdictKind.BAD, reason="; ".join(bad), figures=figures)
+    if not judged:
+        why = "; ".join(f"{kind}: {v.reason}" for kind, v in verdicts.items()) or "no per-trial oracle kind"
+        return Verdict(kind=VerdictKind.SKIP, reason=why, figures=figures)
+    skipped = [kind for kind in verdicts if kind not in judged]
+    reason = "; ".join(f"{kind}: {verdicts[kind].reason}" for kind in judged)
+    if skipped:
+        reason += f" (not judged: {', '.join(skipped)})"
+    return Verdict(kind=VerdictKind.GOOD, reason=reason, figures=figures)
+
+
+def _reference_for(obs: Observation, reference: list[Observation] | None) -> Observation | None:
+    """The reference observation of the same case (the same trial number when there are several)."""
+    same_case = [r for r in reference or [] if r.case_id == obs.case_id]
+    return next((r for r in same_case if r.trial == obs.trial), same_case[0] if same_case else None)
+
+
+def _all_cases(per_case: list[Verdict]) -> Verdict:
+    """Single trials of one or more cases: every case must pass."""
+    if len(per_case) == 1:
+        return per_case[0]
+    for kind in (VerdictKind.BAD, VerdictKind.GOOD):
+        first = next((v for v in per_case if v.kind == kind), None)
+        if first is not None:
+            count = sum(v.kind == kind for v in per_case)
+            return first.model_copy(update={"reason": f"{count} of {len(per_case)} cases {kind.value}: "
+                                                      f"{first.reason}", "trials": len(per_case)})
+    return per_case[0].model_copy(update={"trials": len(per_case)})
+
+
+def judge(recipe: Recipe, observations: list[Observation], reference: list[Observation] | None) -> Verdict:
+    """A commit: per-trial verdicts, then a sequential verdict over trials when trials repeat."""
+    if not observations:
+        return Verdict(kind=VerdictKind.SKIP, reason="no observations to judge", trials=0)
+    per_trial = [judge_observation(recipe, obs, _reference_for(obs, reference)) for obs in observations]
+    if recipe.trials.count == 1 and "stats" not in recipe.oracle.kinds:
+        return _all_cases(per_trial)
+    usable = [v for v in per_trial if v.kind != VerdictKind.SKIP]
+    if not usable:
+        return Verdict(kind=VerdictKind.SKIP, trials=len(per_trial),
+                       reason=f"no usable trial of {len(per_trial)}: {per_trial[0].reason}")
+    reference_rate = None
+    if reference and "stats" in recipe.oracle.kinds:
+        ref_verdicts = [judge_observation(recipe, ref, None) for ref in reference]
+        ref_usable = [v for v in ref_verdicts if v.kind != VerdictKind.SKIP]
+        if ref_usable:
+            reference_rate = sum(v.kind == VerdictKind.BAD for v in ref_usable) / len(ref_usable)
+    # The trials given are all there will be (the session runs the recipe's count), so an undecided
+    # sequential test is settled here by the rate; figures say when that happened.
+    stats_cfg = recipe.oracle.stats.model_copy(update={"max_trials": len(usable)})
+    result = judge_trials([v.kind == VerdictKind.BAD for v in usable], stats_cfg, reference_rate)
+    assert not isinstance(result, Undecided)  # max_trials reached: judge_trials always decides
+    example = next((v for v in usable if v.kind == VerdictKind.BAD), usable[0])
+    figures = {**result.figures, "trial_outcomes": [v.kind.value for v in per_trial],
+               "example_trial": example.reason}
+    reason = result.reason
+    if figures.get("forced_at_max_trials"):
+        reason += " (not significant at this confidence: more trials would settle it)"
+    if example.kind == VerdictKind.BAD:
+        reason += f"; e.g. {example.reason}"
+    return result.model_copy(update={"figures": figures, "reason": reason, "trials": len(per_trial)})

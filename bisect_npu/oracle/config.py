@@ -22,12 +22,18 @@ class RepetitionConfig(_Strict):
     min_count: int = Field(3, ge=2)
     # Offline judge only: longest period searched over a whole observation.
     offline_max_period: int = Field(2048, ge=1)
-    # Minimum tokens covered by a loop for it to count as bad (short legit repeats are fine).
-    min_loop_tokens: int = Field(32, ge=1)
+    # Minimum tokens a loop must cover to count (short legit repeats are fine); 0 is vLLM's rule exactly.
+    min_loop_tokens: int = Field(32, ge=0)
     # Near-repetition: windowed distinct-n-gram ratio below this is a loop.
     ngram: int = Field(4, ge=1)
     window: int = Field(256, ge=8)
     min_distinct_ratio: float = Field(0.2, ge=0.0, le=1.0)
+    # Near-repetition: best-period share of positions equal to the token one period back, at or above this.
+    max_periodic_share: float = Field(0.6, ge=0.0, le=1.0)
+    # Consecutive half-overlapping windows that must look loop-like before a near-loop counts.
+    near_min_windows: int = Field(2, ge=1)
+    # Only call a loop bad when the output also ran out of tokens (finish_reason=length).
+    require_length_finish: bool = False
     # Stream detector inside the probe stops generation early when it fires.
     stop_early: bool = True
 
@@ -66,6 +72,28 @@ class StatsConfig(_Strict):
     method: Literal["sprt", "doubling"] = "sprt"
 
 
+class AcceptanceConfig(_Strict):
+    """Speculative decoding: share of proposed draft tokens the target model accepted."""
+
+    min_acceptance_rate: float = Field(0.3, ge=0.0, le=1.0)
+    # Also require token agreement with the reference run (greedy, temperature 0) at this rate.
+    min_token_agreement: float | None = Field(None, ge=0.0, le=1.0)
+
+
+class PenaltyConfig(_Strict):
+    """Effective sampling parameters: what the engine applied must equal what the case expects."""
+
+    expected: dict[str, float | int | str | bool | None] = Field(default_factory=dict)
+    rel_tolerance: float = Field(1e-6, ge=0.0)
+
+
+class StagesConfig(_Strict):
+    """Precision alignment: compare each stage with the reference's, in pipeline order."""
+
+    stages: list[Literal["chat_template", "prompt_token_ids", "forward", "sampler", "text"]] = Field(
+        default_factory=lambda: ["chat_template", "prompt_token_ids", "forward", "sampler", "text"])
+
+
 OracleKind = Literal["repetition", "tokens", "logits", "stats", "acceptance", "penalty", "stages", "command"]
 
 
@@ -77,3 +105,6 @@ class OracleConfig(_Strict):
     tokens: TokenMatchConfig = Field(default_factory=TokenMatchConfig)
     logits: LogitsConfig = Field(default_factory=LogitsConfig)
     stats: StatsConfig = Field(default_factory=StatsConfig)
+    acceptance: AcceptanceConfig = Field(default_factory=AcceptanceConfig)
+    penalty: PenaltyConfig = Field(default_factory=PenaltyConfig)
+    stages: StagesConfig = Field(default_factory=StagesConfig)

@@ -1,0 +1,64 @@
+"""`bisect-npu judge`: run the recipe's oracle on observation files (the `git bisect run` protocol)."""
+
+from __future__ import annotations
+
+import json
+import sys
+from typing import Any
+
+import click
+
+EXIT_CODES = {"good": 0, "bad": 1, "skip": 125}
+
+
+def _flat(figures: dict[str, Any], prefix: str = "") -> list[tuple[str, str]]:
+    rows: list[tuple[str, str]] = []
+    for key, value in figures.items():
+        name = f"{prefix}{key}"
+        if isinstance(value, dict) and value:
+            rows.extend(_flat(value, f"{name}."))
+        else:
+            rows.append((name, json.dumps(value) if not isinstance(value, str) else value))
+    return rows
+
+
+@click.command()
+@click.option("--recipe", "recipe_path", required=True, help="Recipe file or bundled recipe name.")
+@click.option("--reference", "references", multiple=True, type=click.Path(dir_okay=False),
+              help="Reference observation (the good end's, or a golden file); repeat for several.")
+@click.option("--json", "as_json", is_flag=True, help="Print the verdict as JSON.")
+@click.argument("observations", nargs=-1, required=True, type=click.Path(dir_okay=False))
+def judge(recipe_path: str, references: tuple[str, ...], as_json: bool, observations: tuple[str, ...]) -> None:
+    """Judge OBSERVATIONS with the recipe's oracle: exit 0 good, 1 bad, 125 undecided or skip."""
+    from bisect_npu import oracle
+    from bisect_npu.models import Observation
+    from bisect_npu.recipe import load_recipe
+
+    recipe = load_recipe(recipe_path)
+    observed = [Observation.load(path) for path in observations]
+    reference = [Observation.load(path) for path in references] or None
+    verdict = oracle.judge(recipe, observed, reference)
+    if as_json:
+        click.echo(json.dumps(verdict.model_dump(mode="json"), indent=2))
+    elif sys.stdout.isatty():
+        from rich.console import Console
+        from rich.markup import escape
+        from rich.table import Table
+
+        colour = {"good": "green", "bad": "red", "skip": "yellow"}[verdict.kind.value]
+        console = Console()
+        console.print(f"[bold {colour}]{verdict.kind.value.upper()}[/] {escape(verdict.reason)}", markup=True,
+                      highlight=False)
+        table = Table("figure", "value")
+        for name, value in _flat(verdict.figures):
+            table.add_row(escape(name), escape(value))
+        console.print(table)
+    else:
+        click.echo(f"verdict: {verdict.kind.value}")
+        click.echo(f"reason: {verdict.reason}")
+        click.echo(f"trials: {verdict.trials}")
+        for name, value in _flat(verdict.figures):
+            click.echo(f"{name}: {value}")
+    # SystemExit, not click's Exit: click returns Exit codes from main(standalone_mode=False) instead of
+    # exiting, and the exit code is this command's answer (the `git bisect run` protocol).
+    sys.exit(EXIT_CODES[verdict.kind.value])

@@ -1,0 +1,66 @@
+"""Ground truth of a generated demo upstream, stored next to (never inside) the repository."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from pydantic import BaseModel, Field
+
+MANIFEST_SCHEMA_VERSION = 1
+
+
+class CommitRef(BaseModel):
+    sha: str
+    title: str
+    branch: str
+
+
+class CaseTruth(BaseModel):
+    """One seeded regression: bisecting good_ref..bad_ref with `recipe` must find `culprit`."""
+
+    name: str
+    recipe: str
+    symptom: str
+    good_ref: str
+    bad_ref: str
+    good_sha: str
+    bad_sha: str
+    culprit: CommitRef
+    culprit_parent: str
+    fixes: list[CommitRef]
+
+
+class CompiledTouch(BaseModel):
+    """A commit that changes what the image's compiled part depends on."""
+
+    sha: str
+    paths: list[str]
+
+
+class Manifest(BaseModel):
+    schema_version: int = MANIFEST_SCHEMA_VERSION
+    generator_version: str
+    seed: int
+    repo: str = Field(description="path of the generated repository")
+    commit_count: int
+    branches: dict[str, str] = Field(description="branch name -> tip sha")
+    tags: dict[str, str] = Field(description="tag name -> sha")
+    default_case: str
+    cases: list[CaseTruth]
+    unrelated_bugfix: CommitRef
+    build_failing: list[CommitRef]
+    compiled_touching: list[CompiledTouch]
+    build_command: list[str]
+
+    def case(self, name: str) -> CaseTruth:
+        for case in self.cases:
+            if case.name == name:
+                return case
+        raise KeyError(f"unknown demo case {name!r}; known: {', '.join(c.name for c in self.cases)}")
+
+    @classmethod
+    def load(cls, path: str | Path) -> Manifest:
+        return cls.model_validate_json(Path(path).read_text(encoding="utf-8"))
+
+    def save(self, path: str | Path) -> None:
+        Path(path).write_text(self.model_dump_json(indent=2) + "\n", encoding="utf-8")

@@ -1,0 +1,61 @@
+"""Shared fixtures.
+
+Container engine (owned by the containers room): tests marked `container` use `docker_client`;
+when no engine answers they FAIL under CI=true (CI must have set podman up) and skip elsewhere.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+from pathlib import Path
+
+import pytest
+
+REPO_ROOT = Path(__file__).resolve().parent.parent
+DEMO_BASE_IMAGE = "localhost/bisect-npu-demo-base:py311"
+
+
+def _engine_missing(reason: str) -> None:
+    if os.environ.get("CI", "").lower() == "true":
+        pytest.fail(f"container engine required in CI: {reason} (make test runs containers/setup-podman.sh)")
+    pytest.skip(f"no container engine: {reason}; run containers/setup-podman.sh and export DOCKER_HOST")
+
+
+@pytest.fixture(scope="session")
+def docker_client():
+    """A docker SDK client for DOCKER_HOST's engine (podman here)."""
+    import docker
+    import docker.errors
+
+    try:
+        client = docker.from_env(timeout=600)
+        client.ping()
+    except docker.errors.DockerException as exc:
+        _engine_missing(str(exc).splitlines()[0][:200])
+    yield client
+    client.close()
+
+
+@pytest.fixture(scope="session")
+def demo_base_image(docker_client) -> str:
+    """The demo's locally made base image (containers/make-base-image.sh builds it once, cached)."""
+    import docker.errors
+
+    try:
+        docker_client.images.get(DEMO_BASE_IMAGE)
+    except docker.errors.ImageNotFound:
+        done = subprocess.run(["bash", str(REPO_ROOT / "containers" / "make-base-image.sh")],
+                              cwd=REPO_ROOT, capture_output=True, text=True, check=False)
+        if done.returncode != 0:
+            _engine_missing(f"make-base-image.sh failed: {done.stderr.strip()[-300:]}")
+    return DEMO_BASE_IMAGE
+
+
+@pytest.fixture(scope="session")
+def demo_upstream(tmp_path_factory):
+    """The demo upstream (seed 0) generated once per test session: (repository path, manifest)."""
+    from bisect_npu.demo.generate import generate_upstream
+
+    repo = tmp_path_factory.mktemp("demo") / "upstream"
+    return repo, generate_upstream(repo, seed=0)

@@ -1,0 +1,172 @@
+"""Dump diff: metrics, the first divergent tensor, both dump formats, and corrupt dumps."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from bisect_npu.models import Observation, UsageError, VerdictKind
+from bisect_npu.oracle.config import LogitsConfig
+from bisect_npu.oracle.logits import compare_dumps, judge_logits, open_dump, write_dump
+
+LAYERS = 6
+
+
+def model_tensors(seed: int = 0, broken_layer: int | None = None, scale: float = 0.3) -> list[tuple[str, np.ndarray]]:
+    """A small decoder's per-layer outputs; an error injected at one layer propagates to the later ones."""
+    rng = np.random.default_rng(seed)
+    hidden = rng.standard_normal((16, 64)).astype(np.float32)
+    noise = np.random.default_rng(99)
+    out = []
+    for layer in range(LAYERS):
+        attn = np.tanh(hidden @ rng.standard_normal((64, 64)).astype(np.float32) / 8)
+        if layer == broken_layer:
+            attn = attn + scale * noise.standard_normal(attn.shape).astype(np.float32)
+        hidden = hidden + attn
+        out += [(f"model.layers.{layer}.self_attn.output", attn), (f"model.layers.{layer}.output", hidden)]
+    logits = hidden @ rng.standard_normal((64, 100)).astype(np.float32)
+    out.append(("lm_head.logits", logits))
+    return out
+
+
+def test_metrics_and_clean_pass(tmp_path: Path) -> None:
+    write_dump(tmp_path / "a", model_tensors(), logits=("lm_head.logits",))
+    write_dump(tmp_path / "b", model_tensors(), logits=("lm_head.logits",))
+    result = compare_dumps(tmp_path / "a", tmp_path / "b", LogitsConfig())
+    assert result.first_divergent is None
+    last = result.rows[-1]
+    assert last.metrics["cosine"] == pytest.approx(1.0)
+    assert last.metrics["kl"] == pytest.approx(0.0, abs=1e-12) and last.metrics["top_k_overlap"] == 1.0
+    assert last.metrics["within_1e3"] == 1.0
+
+
+def test_injected_error_names_the_first_divergent_layer(tmp_path: Path) -> None:
+    write_dump(tmp_path / "ref", model_tensors(), logits=("lm_head.logits",))
+    write_dump(tmp_path / "bad", model_tensors(broken_layer=3), logits=("lm_head.logits",))
+    obs = Observation(logits_dump=str(tmp_path / "bad"))
+    ref = Observation(logits_dump=str(tmp_path / "ref"))
+    verdict = judge_logits(obs, ref, LogitsConfig())
+    assert verdict.kind == VerdictKind.BAD
+    first = verdict.figures["first_divergent"]
+    assert first["name"] == "model.layers.3.self_attn.output" and first["layer"] == 3
+    assert first["cosine"] < 0.99
+    assert "layer 3" in verdict.reason
+
+
+def write_msprobe_dump(root: Path, tensors: list[tuple[str, np.ndarray]], dtype: torch.dtype = torch.bfloat16) -> Path:
+    """The layout MindStudio Probe writes (step0/rank0/dump.json + dump_tensor_data/*.pt)."""
+    rank = root / "step0" / "rank0"
+    data_dir = rank / "dump_tensor_data"
+    data_dir.mkdir(parents=True)
+    data: dict[str, dict] = {}
+    for name, array in tensors:
+        op = f"Module.{name.rsplit('.', 1)[0]}.forward.0"
+        data_name = f"{op}.output.0.pt"
+        tensor = torch.from_numpy(array).to(dtype)
+        torch.save(tensor, data_dir / data_name)
+        data[op] = {"input_args": [], "input_kwargs": {}, "output": [
+            {"type": "torch.Tensor", "dtype": str(tensor.dtype), "shape": list(tensor.shape),
+             "Max": float(tensor.float().max()), "data_name": data_name}]}
+    dump_json = rank / "dump.json"
+    dump_json.write_text(json.dumps({"task": "tensor", "level": "L0", "framework": "pytorch",
+                                     "dump_data_dir": str(data_dir), "data": data}), encoding="utf-8")
+    return dump_json
+
+
+def test_msprobe_format_first_divergent_tensor(tmp_path: Path) -> None:
+    write_msprobe_dump(tmp_path / "ref", model_tensors())
+    write_msprobe_dump(tmp_path / "bad", model_tensors(broken_layer=4))
+    result = compare_dumps(tmp_path / "bad", tmp_path / "ref", LogitsConfig())
+    first = result.first_divergent
+    assert first is not None and first.layer == 4
+    assert first.name == "Module.model.layers.4.self_attn.forward.0.output.0"
+    assert list(open_dump(tmp_path / "ref")) == ["step0/rank0"]
+
+
+def test_missing_tensor_shape_and_dtype_mismatch_are_divergences(tmp_path: Path) -> None:
+    tensors = model_tensors()
+    write_dump(tmp_path / "ref", tensors)
+    write_dump(tmp_path / "missing", tensors[:3] + tensors[4:])
+    first = compare_dumps(tmp_path / "missing", tmp_path / "ref", LogitsConfig()).first_divergent
+    assert first is not None and first.name == tensors[3][0] and "missing" in (first.problem or "")
+    reshaped = [(n, a.reshape(-1) if i == 2 else a) for i, (n, a) in enumerate(tensors)]
+    write_dump(tmp_path / "shape", reshaped)
+    first = compare_dumps(tmp_path / "shape", tmp_path / "ref", LogitsConfig()).first_divergent
+    assert first is not None and first.index == 2 and "shape" in (first.problem or "")
+    retyped = [(n, a.astype(np.float16) if i == 1 else a) for i, (n, a) in enumerate(tensors)]
+    write_dump(tmp_path / "dtype", retyped)
+    first = compare_dumps(tmp_path / "dtype", tmp_path / "ref", LogitsConfig()).first_divergent
+    assert first is not None and first.index == 1 and "dtype float16" in (first.problem or "")
+
+
+def test_nan_in_candidate_diverges(tmp_path: Path) -> None:
+    tensors = model_tensors()
+    poisoned = [(n, a.copy()) for n, a in tensors]
+    poisoned[5][1][0, 0] = np.nan
+    poisoned[5][1][1, 1] = np.inf
+    write_dump(tmp_path / "ref", tensors)
+    write_dump(tmp_path / "nan", poisoned)
+    first = compare_dumps(tmp_path / "nan", tmp_path / "ref", LogitsConfig()).first_divergent
+    assert first is not None and first.index == 5 and "2 NaN/Inf" in (first.problem or "")
+
+
+def test_corrupt_dumps_raise_usage_errors_naming_file_and_tensor(tmp_path: Path) -> None:
+    tensors = model_tensors()
+    write_dump(tmp_path / "ref", tensors)
+    manifest = write_dump(tmp_path / "cut", tensors)
+    manifest.write_text(manifest.read_text()[:200])
+    with pytest.raises(UsageError, match=r"manifest.json: not valid JSON"):
+        compare_dumps(tmp_path / "cut", tmp_path / "ref", LogitsConfig())
+    write_dump(tmp_path / "gone", tensors)
+    (tmp_path / "gone" / "00002.npy").unlink()
+    with pytest.raises(UsageError, match=r"00002.npy: file of tensor 'model.layers.1.self_attn.output'"):
+        compare_dumps(tmp_path / "gone", tmp_path / "ref", LogitsConfig())
+    write_dump(tmp_path / "trunc", tensors)
+    path = tmp_path / "trunc" / "00004.npy"
+    path.write_bytes(path.read_bytes()[:100])
+    with pytest.raises(UsageError, match=r"00004.npy: cannot read tensor 'model.layers.2.self_attn.output'"):
+        compare_dumps(tmp_path / "trunc", tmp_path / "ref", LogitsConfig())
+    dump_json = write_msprobe_dump(tmp_path / "ms", tensors)
+    dump_json.write_text(dump_json.read_text()[:-40])
+    with pytest.raises(UsageError, match=r"dump.json: not valid JSON"):
+        compare_dumps(tmp_path / "ms", tmp_path / "ms", LogitsConfig())
+    with pytest.raises(UsageError, match="dump not found"):
+        compare_dumps(tmp_path / "nowhere", tmp_path / "ref", LogitsConfig())
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16, torch.int64, torch.bool])
+def test_pt_reader_matches_torch_without_importing_it(tmp_path: Path, dtype: torch.dtype) -> None:
+    from bisect_npu.oracle.ptfile import load_pt
+
+    base = torch.arange(24, dtype=torch.float32).reshape(4, 6) / 7
+    tensor = base.to(dtype).t()[1:]  # a non-contiguous view with a storage offset
+    torch.save(tensor, tmp_path / "t.pt")
+    got = load_pt(tmp_path / "t.pt")
+    want = tensor.float() if dtype == torch.bfloat16 else tensor
+    assert got.shape == tuple(want.shape)
+    np.testing.assert_array_equal(got, want.numpy())
+
+
+REAL_MSPROBE_DUMP = Path(__file__).parent / "data" / "oracle" / "msprobe_l0"
+
+
+def test_dump_written_by_real_msprobe(tmp_path: Path) -> None:
+    """A dump that mindstudio-probe 26.2 wrote (PrecisionDebugger, level L0, two Linear layers on the CPU)."""
+    import shutil
+
+    parts = open_dump(REAL_MSPROBE_DUMP)
+    assert list(parts) == ["step0/proc"]
+    names = [e.name for e in parts["step0/proc"]]
+    assert names[:4] == ["Module.l.0.Linear.forward.0.input.0", "Module.l.0.Linear.forward.0.parameters.weight",
+                         "Module.l.0.Linear.forward.0.parameters.bias", "Module.l.0.Linear.forward.0.output.0"]
+    assert compare_dumps(REAL_MSPROBE_DUMP, REAL_MSPROBE_DUMP, LogitsConfig()).first_divergent is None
+    copy = tmp_path / "copy"
+    shutil.copytree(REAL_MSPROBE_DUMP, copy)
+    weight = next(copy.rglob("Module.l.1.Linear.forward.0.parameters.weight.pt"))
+    torch.save(-torch.load(weight, weights_only=True), weight)
+    first = compare_dumps(copy, REAL_MSPROBE_DUMP, LogitsConfig()).first_divergent
+    assert first is not None and first.name == "Module.l.1.Linear.forward.0.parameters.weight"

@@ -191,7 +191,7 @@ def _line_of(raw: Any, loc: tuple[Any, ...]) -> int | None:
 
 def parse_recipe(text: str, source: str = "<recipe>") -> Recipe:
     try:
-        raw = yaml.load(text, Loader=_LineLoader)  # noqa: S506 - _LineLoader is a SafeLoader
+        raw = yaml.load(text, Loader=_LineLoader)
     except yaml.YAMLError as exc:
         raise UsageError(f"{source}: not valid YAML: {exc}") from exc
     if not isinstance(raw, dict):

@@ -15,28 +15,6 @@ if TYPE_CHECKING:
     from bisect_npu.session import SessionResult
 
 
-def parse_devices(spec: str | None) -> list[int]:
-    """`0,1`, `0-7` or `3` -> card numbers; an empty spec means no NPU (CPU runs)."""
-    if not spec:
-        return []
-    devices: list[int] = []
-    for part in spec.split(","):
-        part = part.strip()
-        try:
-            if "-" in part:
-                lo, hi = (int(x) for x in part.split("-", 1))
-                if hi < lo:
-                    raise ValueError
-                devices.extend(range(lo, hi + 1))
-            else:
-                devices.append(int(part))
-        except ValueError:
-            raise UsageError(f"--devices {spec!r}: expected card numbers like 0,1 or 0-7") from None
-    if len(set(devices)) != len(devices) or any(d < 0 for d in devices):
-        raise UsageError(f"--devices {spec!r}: each card once, numbers >= 0")
-    return devices
-
-
 def finish(result: SessionResult, as_json: bool) -> None:
     """Write the reports, print the answer (and a JSON summary as the last line), exit with its code."""
     from bisect_npu.report import write_reports
@@ -81,13 +59,14 @@ def run(good: str, bad: str, repo: str, recipe: str | None, command: str | None,
         confidence: float | None, check_ends: bool, timeout_s: float, propose_fix: bool, verify_fix: bool,
         find_fix: bool, as_json: bool, quiet: bool) -> None:
     """Bisect GOOD..BAD: find the first bad commit, propose its fix, write the report."""
+    from bisect_npu.execute.ascend import parse_devices
     from bisect_npu.progress import make_progress
     from bisect_npu.session import RunOptions, Session
 
     argv = shlex.split(command) if command else None
     if command is not None and not argv:
         raise UsageError("--cmd is empty; give the command that judges a checkout")
-    cards = parse_devices(devices)
+    cards = parse_devices(devices) if devices else []
     options = RunOptions(good=good, bad=bad, repo=repo, recipe=recipe, command=argv, executor=executor,
                          devices=cards, slots=slots or max(1, len(cards)), mode=mode, confidence=confidence,
                          check_ends=check_ends, timeout_s=timeout_s, propose_fix=propose_fix,

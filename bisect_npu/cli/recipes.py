@@ -1,0 +1,149 @@
+"""`bisect-npu recipes list/show/validate`: the bundled and user recipes, and what they will run."""
+
+from __future__ import annotations
+
+import json
+import shlex
+from pathlib import Path
+from typing import Any
+
+import click
+
+
+@click.group()
+def recipes() -> None:
+    """The bundled and user recipes: list them, show what one runs, validate files."""
+
+
+@recipes.command("list")
+@click.option("--dir", "dirs", multiple=True, type=click.Path(file_okay=False, path_type=Path),
+              help="Also list the recipes in this directory (repeatable).")
+def list_recipes(dirs: tuple[Path, ...]) -> None:
+    """Name, backend, oracle kinds and description of each recipe."""
+    from bisect_npu.models import UsageError
+    from bisect_npu.recipe import BUNDLED_RECIPES, load_recipe
+
+    rows = []
+    for directory in (BUNDLED_RECIPES, *dirs):
+        if not directory.is_dir():
+            raise UsageError(f"--dir {directory}: not a directory")
+        for path in sorted(directory.glob("*.yaml")):
+            origin = "bundled" if directory == BUNDLED_RECIPES else str(directory)
+            try:
+                recipe = load_recipe(path)
+            except UsageError as exc:
+                rows.append((path.stem, "-", "-", f"INVALID: {exc}", origin))
+                continue
+            rows.append((recipe.name, recipe.engine.backend, ",".join(recipe.oracle.kinds),
+                         recipe.description, origin))
+    widths = [max(len(row[i]) for row in rows) for i in range(3)] if rows else [0, 0, 0]
+    header = ("NAME", "BACKEND", "ORACLE")
+    widths = [max(w, len(h)) for w, h in zip(widths, header, strict=True)]
+    click.echo("  ".join(h.ljust(w) for h, w in zip(header, widths, strict=True)) + "  DESCRIPTION")
+    for name, backend, kinds, description, origin in rows:
+        suffix = "" if origin == "bundled" else f" [{origin}]"
+        click.echo(f"{name.ljust(widths[0])}  {backend.ljust(widths[1])}  {kinds.ljust(widths[2])}  "
+                   f"{description}{suffix}")
+
+
+@recipes.command("validate")
+@click.argument("files", nargs=-1, required=True, type=click.Path(path_type=Path))
+def validate(files: tuple[Path, ...]) -> None:
+    """Check recipe files; exit 2 with the first error (field and line) of each bad one."""
+    from bisect_npu.models import UsageError
+    from bisect_npu.recipe import load_recipe
+
+    errors = []
+    for path in files:
+        try:
+            recipe = load_recipe(path)
+        except UsageError as exc:
+            errors.append(str(exc))
+            continue
+        click.echo(f"ok  {path}  ({recipe.name}: {len(recipe.cases)} case(s), oracle {','.join(recipe.oracle.kinds)})")
+    if errors:
+        for error in errors[:-1]:
+            click.echo(f"bisect-npu: error: {error}", err=True)
+        raise UsageError(errors[-1])
+
+
+@recipes.command("show")
+@click.argument("recipe")
+@click.option("--format", "fmt", type=click.Choice(["text", "json"]), default="text", show_default=True)
+def show(recipe: str, fmt: str) -> None:
+    """What RECIPE (a bundled name or a file) will run: model, engine, env, cases as sent, oracle."""
+    from bisect_npu.recipe import load_recipe
+
+    loaded = load_recipe(recipe)
+    plan = run_plan(loaded)
+    if fmt == "json":
+        click.echo(json.dumps(plan, indent=2))
+        return
+    click.echo(render_plan(plan))
+
+
+def run_plan(recipe: Any) -> dict[str, Any]:
+    """The recipe as the probe will see it: engine call or server command line, cases as sent."""
+    from bisect_npu.evaluate import probe_request
+    from bisect_npu.probe.backends.openai import server_argv
+    from bisect_npu.probe.backends.vllm import engine_kwargs
+
+    first = probe_request(recipe, recipe.cases[0], commit="<candidate>", trial=0)
+    engine: dict[str, Any] = {"backend": recipe.engine.backend, "loop_guard": first["loop_guard"]}
+    if recipe.engine.backend == "openai":
+        engine["server_command"] = server_argv(first, python="python3")
+    elif recipe.engine.backend == "vllm":
+        engine["llm_kwargs"] = engine_kwargs(first)
+    else:
+        engine["args"] = recipe.engine.args
+    kinds = recipe.oracle.kinds
+    oracle = {kind: getattr(recipe.oracle, kind).model_dump() for kind in kinds if hasattr(recipe.oracle, kind)}
+    return {
+        "name": recipe.name,
+        "source": recipe.source,
+        "description": recipe.description,
+        "model": recipe.model.model_dump(),
+        "engine": engine,
+        "environment": recipe.environment,
+        "capture": recipe.capture.model_dump(),
+        "cases": [{"id": case.id, **{k: v for k, v in probe_request(recipe, case, "<candidate>", 0)["case"].items()}}
+                  for case in recipe.cases],
+        "oracle": {"kinds": kinds, **oracle},
+        "trials": recipe.trials.model_dump(),
+        "reference": recipe.reference.model_dump(),
+    }
+
+
+def render_plan(plan: dict[str, Any]) -> str:
+    lines = [f"recipe   {plan['name']}  ({plan['source']})", f"         {plan['description']}"]
+    model = plan["model"]
+    mount = f"  (host {model['host_path']}, read-only)" if model.get("host_path") else ""
+    lines.append(f"model    {model['path']}  dtype={model['dtype']}{mount}")
+    engine = plan["engine"]
+    lines.append(f"backend  {engine['backend']}")
+    if "server_command" in engine:
+        lines.append(f"server   {shlex.join(engine['server_command'])}")
+    if "llm_kwargs" in engine:
+        lines.append(f"engine   LLM(**{json.dumps(engine['llm_kwargs'])})")
+    lines.append(f"loop     {json.dumps(engine['loop_guard']) if engine['loop_guard'] else 'no early stop'}")
+    for key, value in plan["environment"].items():
+        lines.append(f"env      {key}={value}")
+    for case in plan["cases"]:
+        lines.append(f"case     {case['id']}")
+        if "prompt" in case:
+            lines.append(f"  prompt   {case['prompt']!r}")
+        for message in case.get("messages", []):
+            lines.append(f"  {message['role']:<9}{message['content']!r}")
+        lines.append(f"  sampling {json.dumps(case['sampling'])}  (unset fields: server/model defaults apply)")
+    capture = plan["capture"]
+    lines.append(f"capture  top-{capture['top_k']} logprobs" + (", full logits" if capture["full_logits"] else "")
+                 + (f", layers {capture['layers']} at steps {capture['steps']}" if capture["layers"] else ""))
+    lines.append(f"oracle   {', '.join(plan['oracle']['kinds'])}")
+    for kind in plan["oracle"]["kinds"]:
+        if kind in plan["oracle"]:
+            lines.append(f"  {kind:<10} {json.dumps(plan['oracle'][kind])}")
+    trials = plan["trials"]
+    lines.append(f"trials   {trials['count']} ({trials['mode']}, confidence {trials['confidence']})")
+    reference = plan["reference"]
+    lines.append(f"reference {reference['kind']}" + (f" {reference['path']}" if reference.get("path") else ""))
+    return "\n".join(lines)

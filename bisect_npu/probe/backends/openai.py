@@ -1,0 +1,367 @@
+"""Server backend: start vLLM's OpenAI server with the recipe's flags, stream one case, stop it.
+
+Standard library only (urllib/http.client). Tokens are fed to the loop detector as they stream;
+when it fires the connection is closed, which makes vLLM abort the request, so a 32K loop costs
+seconds. Server-side defaults (`--override-generation-config`) are checked, not assumed: the
+server's own log line and, for each overridden penalty the case does not send, a greedy
+comparison against explicit values (`extra["override_check"]`).
+"""
+
+from __future__ import annotations
+
+import ast
+import http.client
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Iterator
+from typing import Any
+
+from ..common import (
+    NEUTRAL_PENALTY,
+    Stopwatch,
+    engine_versions,
+    loop_detector,
+    record_loop,
+    top_logprobs_row,
+)
+from ..request import new_observation
+
+DEFAULT_LAUNCHER = ["vllm", "serve", "{model}"]
+HOST = "127.0.0.1"
+DEFAULT_TOP_K = 5
+OVERRIDE_CHECK_TOKENS = 48
+# Older servers: "Using default chat sampling params from model: {...}"; newer: "Default vLLM sampling
+# parameters have been overridden by the model's `generation_config.json`: `{...}`".
+_DEFAULTS_LINES = (
+    re.compile(r"default (?:chat |completion )?sampling params from [^:]*: (\{.*\})", re.IGNORECASE),
+    re.compile(r"sampling parameters have been overridden by .*?: `(\{.*?\})`", re.IGNORECASE),
+)
+_GENERATION_COUNTER = re.compile(r"^vllm:generation_tokens(?:_total)?(?:\{[^}]*\})? ([0-9.eE+-]+)$", re.MULTILINE)
+_TOKEN_ID = re.compile(r"^token_id:(-?\d+)$")
+
+
+def _flag_values(key: str, value: Any) -> list[str]:
+    flag = "--" + key.replace("_", "-")
+    if value is True:
+        return [flag]
+    if value is False:
+        return ["--no-" + key.replace("_", "-")]
+    if isinstance(value, (dict, list)):
+        return [flag, json.dumps(value)]
+    return [flag, str(value)]
+
+
+def server_argv(request: dict[str, Any], python: str = sys.executable) -> list[str]:
+    """The server command line: launcher (with {model}/{python}/{port}), port, dtype, args, flags."""
+    engine = request.get("engine", {})
+    model = request["model"]
+    port = str(engine.get("port", 8000))
+    launcher = engine.get("launcher") or DEFAULT_LAUNCHER
+    argv = [part.format(model=model["path"], python=python, port=port) for part in launcher]
+    argv += ["--host", HOST, "--port", port]
+    if model.get("dtype") and model["dtype"] != "auto":
+        argv += ["--dtype", model["dtype"]]
+    if model.get("tokenizer"):
+        argv += ["--tokenizer", model["tokenizer"]]
+    if request.get("seed") is not None:
+        argv += ["--seed", str(request["seed"])]
+    for key, value in engine.get("args", {}).items():
+        argv += _flag_values(key, value)
+    return argv + list(engine.get("server_flags", []))
+
+
+def override_generation_config(argv: list[str]) -> dict[str, Any]:
+    """The JSON given to `--override-generation-config` on a command line, or {}."""
+    for index, arg in enumerate(argv):
+        if arg.startswith("--override-generation-config="):
+            return json.loads(arg.split("=", 1)[1])
+        if arg == "--override-generation-config" and index + 1 < len(argv):
+            return json.loads(argv[index + 1])
+    return {}
+
+
+def logged_defaults(log_text: str) -> dict[str, Any] | None:
+    """The default sampling params the server says it uses (its startup log line), if logged."""
+    found = None
+    for pattern in _DEFAULTS_LINES:
+        for match in pattern.finditer(log_text):
+            try:
+                found = ast.literal_eval(match.group(1))
+            except (ValueError, SyntaxError):
+                continue
+    return found
+
+
+def generation_tokens(metrics_text: str) -> float:
+    """Total tokens the server has generated, from its Prometheus `/metrics` page."""
+    return sum(float(value) for value in _GENERATION_COUNTER.findall(metrics_text))
+
+
+class Server:
+    """A vLLM server process in its own process group; stopped with SIGTERM, then SIGKILL."""
+
+    def __init__(self, argv: list[str], log_path: str, port: int) -> None:
+        self.argv = argv
+        self.log_path = log_path
+        self.base = f"http://{HOST}:{port}"
+        self.port = port
+        self.proc: subprocess.Popen[bytes] | None = None
+
+    def start(self, timeout_s: float) -> float:
+        clock = Stopwatch()
+        with open(self.log_path, "wb") as log:
+            self.proc = subprocess.Popen(self.argv, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"server exited with {self.proc.returncode} before /health answered; "
+                                   f"log {self.log_path}:\n{self.log_tail()}")
+            try:
+                with urllib.request.urlopen(self.base + "/health", timeout=5) as response:
+                    if response.status == 200:
+                        return clock.seconds()
+            except (urllib.error.URLError, ConnectionError, TimeoutError, http.client.HTTPException):
+                pass
+            time.sleep(0.5)
+        raise RuntimeError(f"server not healthy after {timeout_s:.0f}s; log {self.log_path}:\n{self.log_tail()}")
+
+    def log_text(self) -> str:
+        with open(self.log_path, encoding="utf-8", errors="replace") as fh:
+            return fh.read()
+
+    def log_tail(self, lines: int = 20) -> str:
+        return "\n".join(self.log_text().splitlines()[-lines:])
+
+    def stop(self, grace_s: float = 30.0) -> int | None:
+        if self.proc is None or self.proc.poll() is not None:
+            return self.proc.returncode if self.proc else None
+        for sig, wait_s in ((signal.SIGTERM, grace_s), (signal.SIGKILL, 10.0)):
+            try:
+                os.killpg(self.proc.pid, sig)
+            except ProcessLookupError:
+                break
+            try:
+                return self.proc.wait(timeout=wait_s)
+            except subprocess.TimeoutExpired:
+                continue
+        return self.proc.poll()
+
+    def post(self, path: str, body: dict[str, Any], timeout_s: float = 600.0) -> dict[str, Any]:
+        data = json.dumps(body).encode()
+        req = urllib.request.Request(self.base + path, data=data, headers={"Content-Type": "application/json"})
+        with urllib.request.urlopen(req, timeout=timeout_s) as response:
+            return json.loads(response.read())
+
+    def generated_tokens(self) -> float:
+        with urllib.request.urlopen(self.base + "/metrics", timeout=30) as response:
+            return generation_tokens(response.read().decode("utf-8", errors="replace"))
+
+    def settled_generated_tokens(self, quiet_s: float = 2.0, limit_s: float = 60.0) -> float:
+        """The generation counter once it stops moving: what a cancelled request really cost."""
+        deadline = time.monotonic() + limit_s
+        last = self.generated_tokens()
+        while time.monotonic() < deadline:
+            time.sleep(quiet_s)
+            now = self.generated_tokens()
+            if now == last:
+                return now
+            last = now
+        return last
+
+    def model_id(self) -> str:
+        with urllib.request.urlopen(self.base + "/v1/models", timeout=30) as response:
+            return json.loads(response.read())["data"][0]["id"]
+
+
+def sse_events(lines: Iterator[bytes]) -> Iterator[dict[str, Any]]:
+    """Server-sent events as JSON objects; stops at `data: [DONE]`."""
+    for raw in lines:
+        line = raw.decode("utf-8", errors="replace").strip()
+        if not line.startswith("data:"):
+            continue
+        payload = line[5:].strip()
+        if payload == "[DONE]":
+            return
+        yield json.loads(payload)
+
+
+def _token_id(token: str) -> int | None:
+    match = _TOKEN_ID.match(token or "")
+    return int(match.group(1)) if match else None
+
+
+def request_body(model_id: str, case: dict[str, Any], sampling: dict[str, Any], top_k: int) -> tuple[str, dict]:
+    """The endpoint and JSON body: chat for messages, completions for a prompt; sampling as sent."""
+    body: dict[str, Any] = {"model": model_id, "stream": True, "return_tokens_as_token_ids": True,
+                            "return_token_ids": True, **sampling}
+    if case.get("messages") is not None:
+        body.update(messages=case["messages"], logprobs=True, top_logprobs=top_k)
+        return "/v1/chat/completions", body
+    body.update(prompt=case["prompt"], logprobs=top_k)
+    return "/v1/completions", body
+
+
+def stream_case(server: Server, path: str, body: dict[str, Any], detector: Any, observation: dict[str, Any],
+                timeout_s: float) -> None:
+    """Stream one request into the observation; close the connection when the detector fires."""
+    conn = http.client.HTTPConnection(HOST, server.port, timeout=timeout_s)
+    tokens: list[int] = []
+    rows: list[list[list[Any]]] = []
+    text: list[str] = []
+    top_k = int(body.get("top_logprobs") or body.get("logprobs") or DEFAULT_TOP_K)
+    try:
+        conn.request("POST", path, json.dumps(body), {"Content-Type": "application/json"})
+        response = conn.getresponse()
+        if response.status != 200:
+            raise RuntimeError(f"{path} answered {response.status}: {response.read()[:2000]!r}")
+        for event in sse_events(response):
+            if event.get("prompt_token_ids"):
+                observation["prompt_token_ids"] = list(event["prompt_token_ids"])
+            for choice in event.get("choices", []):
+                new_tokens, new_rows = _choice_tokens(choice, top_k)
+                if choice.get("prompt_token_ids"):
+                    observation["prompt_token_ids"] = list(choice["prompt_token_ids"])
+                text.append((choice.get("delta") or {}).get("content") or choice.get("text") or "")
+                rows.extend(new_rows)
+                if choice.get("finish_reason"):
+                    observation["finish_reason"] = choice["finish_reason"]
+                    stop = choice.get("stop_reason")
+                    observation["stop_reason"] = stop if stop is None or isinstance(stop, str) else str(stop)
+                for token in new_tokens:
+                    tokens.append(token)
+                    hit = detector.push(token) if detector is not None else None
+                    if hit is not None:
+                        record_loop(observation, hit, detected_by="probe")
+                        return
+    finally:
+        conn.close()  # an early close is the cancellation: vLLM aborts a request whose client left
+        observation["output_token_ids"] = tokens
+        observation["text"] = "".join(text)
+        observation["top_logprobs"] = rows or None
+
+
+def _choice_tokens(choice: dict[str, Any], top_k: int) -> tuple[list[int], list[list[list[Any]]]]:
+    """Token ids and best-first logprob rows of one streamed choice (chat or completions shape)."""
+    logprobs = choice.get("logprobs") or {}
+    rows: list[list[list[Any]]] = []
+    ids: list[int] = []
+    if "content" in logprobs:  # chat
+        for item in logprobs.get("content") or []:
+            ids.append(_token_id(item.get("token", "")))
+            rows.append(top_logprobs_row([(_token_id(c["token"]), c["logprob"])
+                                          for c in item.get("top_logprobs") or []], top_k))
+    elif logprobs.get("tokens"):  # completions
+        ids = [_token_id(token) for token in logprobs["tokens"]]
+        for candidates in logprobs.get("top_logprobs") or []:
+            rows.append(top_logprobs_row([(_token_id(t), lp) for t, lp in (candidates or {}).items()], top_k))
+    explicit = choice.get("token_ids") or (choice.get("delta") or {}).get("token_ids")
+    tokens = list(explicit) if explicit else [t for t in ids if t is not None]
+    return tokens, rows
+
+
+def _greedy_tokens(server: Server, model_id: str, case: dict[str, Any], sampling: dict[str, Any],
+                   max_tokens: int) -> list[int]:
+    check = {**sampling, "temperature": 0.0, "max_tokens": max_tokens}
+    path, body = request_body(model_id, case, check, 1)
+    observation = {"extra": {}}
+    stream_case(server, path, body, None, observation, timeout_s=600.0)
+    return observation["output_token_ids"]
+
+
+def override_check(server: Server, model_id: str, case: dict[str, Any], sent: dict[str, Any],
+                   overrides: dict[str, Any], max_tokens: int) -> dict[str, Any]:
+    """For each overridden penalty the case leaves to the server: did the default arrive?
+
+    Three greedy runs: the default (not sent), the override value sent explicitly, and the
+    neutral value sent explicitly. `applied` is True when the default run matches only the
+    override, False when it matches only the neutral value, None when the prompt cannot tell.
+    """
+    results: dict[str, Any] = {}
+    base = {key: value for key, value in sent.items() if key not in ("temperature", "max_tokens")}
+    default_run = None
+    for param, value in overrides.items():
+        if param not in NEUTRAL_PENALTY or param in sent:
+            continue
+        if default_run is None:
+            default_run = _greedy_tokens(server, model_id, case, base, max_tokens)
+        with_value = _greedy_tokens(server, model_id, case, {**base, param: value}, max_tokens)
+        neutral = _greedy_tokens(server, model_id, case, {**base, param: NEUTRAL_PENALTY[param]}, max_tokens)
+        matches_override, matches_neutral = default_run == with_value, default_run == neutral
+        results[param] = {
+            "override": value, "neutral": NEUTRAL_PENALTY[param], "tokens": max_tokens,
+            "matches_override": matches_override, "matches_neutral": matches_neutral,
+            "applied": matches_override if matches_override != matches_neutral else None,
+        }
+    return results
+
+
+def run_case(request: dict[str, Any]) -> dict[str, Any]:
+    observation = new_observation(request)
+    observation["versions"] = engine_versions()
+    engine = request.get("engine", {})
+    case = request["case"]
+    sent = {key: value for key, value in case.get("sampling", {}).items() if value is not None}
+    logits = request.get("logits") or {}
+    top_k = int(logits.get("top_k", DEFAULT_TOP_K))
+    sent.pop("logprobs", None)  # the probe always asks for top-k logprobs itself
+    argv = server_argv(request)
+    log_path = engine.get("server_log") or (os.path.splitext(request["output"])[0] + ".server.log")
+    server = Server(argv, log_path, int(engine.get("port", 8000)))
+    observation["extra"].update(server_argv=argv, server_log=log_path)
+    try:
+        observation["timings"]["load_s"] = server.start(float(engine.get("startup_timeout_s", 600.0)))
+        model_id = server.model_id()
+        path, body = request_body(model_id, case, sent, top_k)
+        before = server.generated_tokens()
+        clock = Stopwatch()
+        stream_case(server, path, body, loop_detector(request.get("loop_guard")), observation,
+                    timeout_s=float(request.get("timeout_s", 3600.0)))
+        observation["timings"]["generate_s"] = clock.seconds()
+        # Tokens the server generated for this request, cancelled or not (its own counter).
+        observation["extra"]["server_generated_tokens"] = int(server.settled_generated_tokens() - before)
+        if not observation["prompt_token_ids"]:
+            tokenized = server.post("/tokenize", {"model": model_id, **_tokenize_input(case)})
+            observation["prompt_token_ids"] = list(tokenized.get("tokens", []))
+        detok = server.post("/detokenize", {"model": model_id, "tokens": observation["prompt_token_ids"]})
+        observation["extra"]["rendered_prompt"] = detok.get("prompt")
+        overrides = override_generation_config(argv)
+        if overrides and request.get("trial", 0) == 0:
+            check_tokens = min(int(sent.get("max_tokens", OVERRIDE_CHECK_TOKENS)), OVERRIDE_CHECK_TOKENS)
+            observation["extra"]["override_check"] = override_check(server, model_id, case, sent, overrides,
+                                                                    check_tokens)
+    finally:
+        observation["extra"]["server_exit"] = server.stop()
+    log_text = server.log_text()
+    defaults = logged_defaults(log_text)
+    observation["extra"]["server_defaults"] = defaults
+    observation["sampling"] = effective_sampling(sent, defaults, observation["extra"].get("override_check"))
+    observation["extra"]["stages"] = {
+        "chat_template": observation["extra"].get("rendered_prompt"),
+        "prompt_token_ids": observation["prompt_token_ids"], "sampler": observation["sampling"],
+        "text": observation["text"]}
+    return observation
+
+
+def _tokenize_input(case: dict[str, Any]) -> dict[str, Any]:
+    if case.get("messages") is not None:
+        return {"messages": case["messages"], "add_generation_prompt": True}
+    return {"prompt": case["prompt"]}
+
+
+def effective_sampling(sent: dict[str, Any], defaults: dict[str, Any] | None,
+                       checks: dict[str, Any] | None) -> dict[str, Any]:
+    """What the server applied: what was sent, over the defaults it logged, corrected by the checks."""
+    applied = {**(defaults or {}), **sent}
+    for param, check in (checks or {}).items():
+        if check["applied"] is True:
+            applied[param] = check["override"]
+        elif check["applied"] is False:
+            applied[param] = check["neutral"]
+    return applied

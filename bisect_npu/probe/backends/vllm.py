@@ -1,0 +1,333 @@
+"""Offline vLLM backend: `LLM(...)` with the recipe's engine args, one case, one observation.
+
+Drives vLLM the way users do (`LLM.chat` / `LLM.generate`). When a loop guard is asked and the
+installed vLLM has no `repetition_detection` (or the request asks for the probe's own detector),
+the case runs through the engine step by step so the request can be aborted the moment the
+detector fires: a 32K loop then costs seconds.
+"""
+
+from __future__ import annotations
+
+import fnmatch
+import json
+import os
+from typing import Any
+
+from ..common import (
+    SAMPLING_FIELDS,
+    Stopwatch,
+    engine_versions,
+    loop_detector,
+    record_loop,
+    top_logprobs_row,
+)
+from ..request import new_observation
+
+DEFAULT_TOP_K = 5
+
+
+def engine_kwargs(request: dict[str, Any]) -> dict[str, Any]:
+    """`LLM(...)` keyword arguments: the model, then the recipe's engine args verbatim."""
+    model = request["model"]
+    kwargs: dict[str, Any] = {"model": model["path"]}
+    if model.get("dtype") and model["dtype"] != "auto":
+        kwargs["dtype"] = model["dtype"]
+    if model.get("tokenizer"):
+        kwargs["tokenizer"] = model["tokenizer"]
+    if request.get("seed") is not None:
+        kwargs["seed"] = request["seed"]
+    kwargs.update(request.get("engine", {}).get("args", {}))
+    logits = request.get("logits") or {}
+    if logits.get("full_logits"):
+        kwargs.setdefault("max_logprobs", -1)  # the whole vocabulary per step
+    if logits.get("layers"):
+        kwargs["enforce_eager"] = True  # forward hooks see every layer only outside compiled graphs
+    if "speculative_config" in kwargs:
+        kwargs.setdefault("disable_log_stats", False)  # acceptance counters come from the stats
+    return kwargs
+
+
+class LayerDump:
+    """Forward hooks that write layer outputs in MindStudio Probe's dump layout.
+
+    `step{N}/rank{R}/dump.json` plus `dump_tensor_data/<name>.output.<i>.pt`, one step per forward
+    pass of the whole model (step 0 is the prefill). Picklable, so `LLM.apply_model` can ship it
+    to worker processes; each worker writes its own rank directory.
+    """
+
+    def __init__(self, dump_dir: str, patterns: list[str], steps: list[int] | None) -> None:
+        self.dump_dir = dump_dir
+        self.patterns = patterns
+        self.steps = set(steps if steps is not None else [0])
+
+    def __call__(self, model: Any) -> int:
+        import torch
+
+        rank = torch.distributed.get_rank() if torch.distributed.is_initialized() else 0
+        state = {"step": -1, "data": {}, "calls": {}}
+
+        def _dir() -> str:
+            return os.path.join(self.dump_dir, f"step{state['step']}", f"rank{rank}")
+
+        def _start_step(_module: Any, _args: Any) -> None:
+            state["step"] += 1
+            state["data"], state["calls"] = {}, {}
+
+        def _finish_step(_module: Any, _args: Any, _output: Any) -> None:
+            if state["step"] in self.steps and state["data"]:
+                summary = {"task": "tensor", "level": "L0", "framework": "pytorch",
+                           "dump_data_dir": os.path.join(_dir(), "dump_tensor_data"), "data": state["data"]}
+                with open(os.path.join(_dir(), "dump.json"), "w", encoding="utf-8") as fh:
+                    json.dump(summary, fh)
+
+        def _hook(name: str) -> Any:
+            def save(module: Any, _args: Any, output: Any) -> None:
+                if state["step"] not in self.steps:
+                    return
+                call = state["calls"].get(name, 0)
+                state["calls"][name] = call + 1
+                key = f"Module.{name}.{type(module).__name__}.forward.{call}"
+                tensors = output if isinstance(output, (tuple, list)) else (output,)
+                data_dir = os.path.join(_dir(), "dump_tensor_data")
+                os.makedirs(data_dir, exist_ok=True)
+                entries = []
+                for index, tensor in enumerate(tensors):
+                    if not isinstance(tensor, torch.Tensor):
+                        continue
+                    data_name = f"{key}.output.{index}.pt"
+                    value = tensor.detach().to("cpu")
+                    torch.save(value.clone(), os.path.join(data_dir, data_name))
+                    stats = value.float()
+                    entries.append({"type": "torch.Tensor", "dtype": str(value.dtype), "shape": list(value.shape),
+                                    "Max": stats.max().item(), "Min": stats.min().item(),
+                                    "Mean": stats.mean().item(), "Norm": stats.norm().item(),
+                                    "data_name": data_name})
+                state["data"][key] = {"output": entries}
+            return save
+
+        hooked = 0
+        for name, module in model.named_modules():
+            if name and any(fnmatch.fnmatch(name, pattern) for pattern in self.patterns):
+                module.register_forward_hook(_hook(name))
+                hooked += 1
+        model.register_forward_pre_hook(_start_step)
+        model.register_forward_hook(_finish_step)
+        return hooked
+
+
+def native_repetition_detection() -> Any:
+    """vLLM's `RepetitionDetectionParams` class, or None where this vLLM predates it."""
+    import vllm.sampling_params as sampling_params
+
+    return getattr(sampling_params, "RepetitionDetectionParams", None)
+
+
+def use_engine_guard(request: dict[str, Any], detection_cls: Any) -> bool:
+    """Whether vLLM's own repetition_detection can stand in for the probe's detector.
+
+    Only when this vLLM has it, the recipe did not ask for the probe's detector, and vLLM's rule
+    is the same as ours: vLLM has no `min_covered_tokens`, so a guard that needs a longer loop
+    than min_count * min_pattern_size tokens stays with the probe (else "\n\n\n\n" would stop it).
+    """
+    guard = request.get("loop_guard")
+    if not guard or detection_cls is None:
+        return False
+    mode = guard.get("mode") or request.get("engine", {}).get("loop_guard", "engine")
+    covered = int(guard.get("min_covered_tokens", 0))
+    return mode == "engine" and covered <= int(guard.get("min_count", 3)) * int(guard.get("min_pattern_size", 1))
+
+
+def server_defaults(llm: Any) -> dict[str, Any]:
+    """The sampling defaults vLLM derives from the model's generation config and overrides."""
+    model_config = llm.llm_engine.model_config
+    getter = getattr(model_config, "get_diff_sampling_param", None)
+    return dict(getter()) if getter else {}
+
+
+def sampling_kwargs(request: dict[str, Any], defaults: dict[str, Any]) -> tuple[dict[str, Any], dict[str, str]]:
+    """Keyword arguments for `SamplingParams`: the engine's defaults, then what the case sets.
+
+    Returns the kwargs and where each came from ("request" or "default"), so a dropped default
+    is visible in the observation.
+    """
+    case_sampling = request["case"].get("sampling", {})
+    kwargs = {key: value for key, value in defaults.items() if key in SAMPLING_FIELDS}
+    sources = dict.fromkeys(kwargs, "default")
+    for key, value in case_sampling.items():
+        if value is not None:
+            kwargs[key] = value
+            sources[key] = "request"
+    logits = request.get("logits") or {}
+    if logits.get("full_logits"):
+        kwargs["logprobs"] = -1
+    elif "logprobs" not in kwargs:
+        kwargs["logprobs"] = int(logits.get("top_k", DEFAULT_TOP_K))
+    if kwargs.get("seed") is None and request.get("seed") is not None:
+        kwargs["seed"] = request["seed"]
+        sources["seed"] = "request"
+    return kwargs, sources
+
+
+def effective_sampling(params: Any) -> dict[str, Any]:
+    """Read back what the engine applied from the SamplingParams object itself."""
+    applied = {field: getattr(params, field, None) for field in SAMPLING_FIELDS}
+    detection = getattr(params, "repetition_detection", None)
+    if detection is not None:
+        applied["repetition_detection"] = {
+            key: getattr(detection, key) for key in ("min_pattern_size", "max_pattern_size", "min_count")
+            if hasattr(detection, key)}
+    return applied
+
+
+def _render(llm: Any, case: dict[str, Any]) -> tuple[str, list[int]]:
+    """The prompt text the model sees and its token ids (chat template applied for messages)."""
+    tokenizer = llm.get_tokenizer()
+    if case.get("messages") is not None:
+        text = tokenizer.apply_chat_template(case["messages"], tokenize=False, add_generation_prompt=True)
+        return text, list(tokenizer.encode(text, add_special_tokens=False))
+    return case["prompt"], list(tokenizer.encode(case["prompt"]))
+
+
+def _logprob_rows(step_logprobs: list[Any] | None, k: int) -> list[list[list[Any]]] | None:
+    if not step_logprobs:
+        return None
+    return [top_logprobs_row([(token, lp.logprob) for token, lp in step.items()], k) for step in step_logprobs]
+
+
+def _save_full_logprobs(step_logprobs: list[Any], dump_dir: str) -> str:
+    """Full-vocabulary log-probabilities, [steps, vocab], as an `lm_head` op in the dump layout.
+
+    It sits under `full_logits/step0/rank0/` so the logits oracle indexes it next to the layer
+    dumps and compares it with KL divergence and top-k overlap.
+    """
+    import torch
+
+    vocab = max(len(step) for step in step_logprobs)
+    table = torch.full((len(step_logprobs), vocab), float("-inf"))
+    for row, step in enumerate(step_logprobs):
+        for token, lp in step.items():
+            if token < vocab:
+                table[row, token] = lp.logprob
+    rank_dir = os.path.join(dump_dir, "full_logits", "step0", "rank0")
+    data_dir = os.path.join(rank_dir, "dump_tensor_data")
+    os.makedirs(data_dir, exist_ok=True)
+    data_name = "lm_head.logprobs.output.0.pt"
+    torch.save(table, os.path.join(data_dir, data_name))
+    entry = {"type": "torch.Tensor", "dtype": str(table.dtype), "shape": list(table.shape), "data_name": data_name}
+    with open(os.path.join(rank_dir, "dump.json"), "w", encoding="utf-8") as fh:
+        json.dump({"task": "tensor", "level": "L0", "framework": "pytorch", "dump_data_dir": data_dir,
+                   "data": {"Module.lm_head.logprobs.forward.0": {"output": [entry]}}}, fh)
+    return dump_dir
+
+
+def _generate(llm: Any, case: dict[str, Any], params: Any) -> Any:
+    if case.get("messages") is not None:
+        return llm.chat(case["messages"], params, use_tqdm=False)[0]
+    return llm.generate([case["prompt"]], params, use_tqdm=False)[0]
+
+
+def _generate_streaming(llm: Any, prompt_ids: list[int], params: Any, detector: Any,
+                        observation: dict[str, Any]) -> Any:
+    """Step the engine, push each new token to the detector, abort the request when it fires."""
+    engine = llm.llm_engine
+    request_id = "bisect-npu-0"
+    engine.add_request(request_id, {"prompt_token_ids": prompt_ids}, params)
+    seen = 0
+    last = None
+    while engine.has_unfinished_requests():
+        for output in engine.step():
+            if output.request_id != request_id:
+                continue
+            last = output
+            tokens = list(output.outputs[0].token_ids)
+            for token in tokens[seen:]:
+                hit = detector.push(token)
+                if hit is not None:
+                    engine.abort_request([request_id])
+                    record_loop(observation, hit, detected_by="probe")
+                    return last
+            seen = len(tokens)
+    return last
+
+
+def _spec_decode_counters(llm: Any) -> dict[str, float] | None:
+    """Draft/accept counters from vLLM's metrics (speculative decoding runs only)."""
+    get_metrics = getattr(llm, "get_metrics", None)
+    if get_metrics is None:
+        return None
+    wanted = {"vllm:spec_decode_num_drafts": "num_drafts",
+              "vllm:spec_decode_num_draft_tokens": "num_draft_tokens",
+              "vllm:spec_decode_num_accepted_tokens": "num_accepted_tokens"}
+    counters = {wanted[m.name]: float(m.value) for m in get_metrics() if m.name in wanted and hasattr(m, "value")}
+    if not counters:
+        return None
+    drafted = counters.get("num_draft_tokens", 0.0)
+    counters["acceptance_rate"] = counters.get("num_accepted_tokens", 0.0) / drafted if drafted else 0.0
+    # The acceptance oracle's names: draft tokens proposed, and how many the target accepted.
+    return {**counters, "proposed": int(drafted), "accepted": int(counters.get("num_accepted_tokens", 0.0))}
+
+
+def run_case(request: dict[str, Any]) -> dict[str, Any]:
+    from vllm import LLM, SamplingParams
+
+    observation = new_observation(request)
+    observation["versions"] = engine_versions()
+    case = request["case"]
+    logits = request.get("logits") or {}
+    top_k = int(logits.get("top_k", DEFAULT_TOP_K))
+
+    clock = Stopwatch()
+    kwargs = engine_kwargs(request)
+    llm = LLM(**kwargs)
+    observation["timings"]["load_s"] = clock.seconds()
+
+    defaults = server_defaults(llm)
+    sampling, sources = sampling_kwargs(request, defaults)
+    guard = request.get("loop_guard")
+    detection_cls = native_repetition_detection()
+    use_native = use_engine_guard(request, detection_cls)
+    if use_native:
+        sampling["repetition_detection"] = detection_cls(
+            min_pattern_size=int(guard.get("min_pattern_size", 1)),
+            max_pattern_size=int(guard.get("max_pattern_size", 20)),
+            min_count=int(guard.get("min_count", 3)))
+    params = SamplingParams(**sampling)
+    rendered, prompt_ids = _render(llm, case)
+    dump_dir = logits.get("dump_dir") or os.path.splitext(request["output"])[0] + ".dump"
+    if logits.get("layers"):
+        hooked = llm.apply_model(LayerDump(dump_dir, list(logits["layers"]), logits.get("steps")))
+        observation["logits_dump"] = dump_dir
+        observation["extra"]["dumped_modules"] = hooked
+
+    clock = Stopwatch()
+    if guard and not use_native:
+        output = _generate_streaming(llm, prompt_ids, params, loop_detector(guard), observation)
+    else:
+        output = _generate(llm, case, params)
+    observation["timings"]["generate_s"] = clock.seconds()
+
+    completion = output.outputs[0]
+    observation["prompt_token_ids"] = list(output.prompt_token_ids or prompt_ids)
+    observation["output_token_ids"] = list(completion.token_ids)
+    observation["text"] = completion.text
+    if observation["stop_reason"] is None:
+        observation["finish_reason"] = completion.finish_reason
+        stop = completion.stop_reason
+        observation["stop_reason"] = stop if stop is None or isinstance(stop, str) else str(stop)
+    observation["top_logprobs"] = _logprob_rows(completion.logprobs, top_k)
+    if logits.get("full_logits") and completion.logprobs:
+        observation["logits_dump"] = _save_full_logprobs(completion.logprobs, dump_dir)
+    observation["sampling"] = effective_sampling(params)
+    observation["extra"].update({
+        "engine_args": {key: value for key, value in kwargs.items() if key != "model"},
+        "server_defaults": defaults,
+        "sampling_sources": sources,
+        "rendered_prompt": rendered,
+        "loop_guard": "vllm" if use_native else ("probe" if guard else None),
+    })
+    observation["extra"]["stages"] = {
+        "chat_template": rendered, "prompt_token_ids": observation["prompt_token_ids"],
+        "forward": observation["logits_dump"], "sampler": observation["sampling"], "text": observation["text"]}
+    if "speculative_config" in kwargs:
+        observation["extra"]["spec_decode"] = _spec_decode_counters(llm)
+    return observation

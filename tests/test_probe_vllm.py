@@ -1,0 +1,133 @@
+"""The offline `vllm` probe backend: pure parts here, real vLLM (CPU build) in the `vllm` tier."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from tiny_qwen3 import write_tiny_qwen3
+from vllm_tier import base_request, distinct, run_probe
+
+from bisect_npu.oracle.logits import open_dump
+from bisect_npu.probe.backends.vllm import engine_kwargs, sampling_kwargs, use_engine_guard
+from bisect_npu.probe.common import ascend_versions, engine_versions, loop_detector
+
+GREEDY_200 = {"temperature": 0.0, "max_tokens": 200, "logprobs": 5}
+EVERY_FIELD = ("schema_version", "commit", "recipe", "case_id", "trial", "seed", "prompt_token_ids",
+               "output_token_ids", "text", "finish_reason", "stop_reason", "timings", "sampling", "versions",
+               "top_logprobs", "logits_dump", "extra")
+
+
+def test_engine_kwargs_pass_recipe_args_verbatim() -> None:
+    request = {"model": {"path": "/models/R1", "dtype": "bfloat16", "tokenizer": None}, "seed": 3,
+               "engine": {"args": {"tensor_parallel_size": 16, "async_scheduling": True,
+                                   "additional_config": {"torchair_graph_config": {"enabled": True}},
+                                   "speculative_config": {"method": "deepseek_mtp", "num_speculative_tokens": 1}}},
+               "logits": {"layers": ["model.layers.*"], "full_logits": True}}
+    assert engine_kwargs(request) == {
+        "model": "/models/R1", "dtype": "bfloat16", "seed": 3, "tensor_parallel_size": 16, "async_scheduling": True,
+        "additional_config": {"torchair_graph_config": {"enabled": True}},
+        "speculative_config": {"method": "deepseek_mtp", "num_speculative_tokens": 1},
+        "max_logprobs": -1, "enforce_eager": True, "disable_log_stats": False}
+
+
+def test_sampling_kwargs_take_engine_defaults_under_what_the_case_sets() -> None:
+    request = {"case": {"sampling": {"temperature": 0.0, "max_tokens": 64}}, "seed": 5, "logits": {"top_k": 3}}
+    kwargs, sources = sampling_kwargs(request, {"presence_penalty": 1.5, "temperature": 0.7, "max_tokens": 9})
+    assert kwargs == {"presence_penalty": 1.5, "temperature": 0.0, "max_tokens": 64, "logprobs": 3, "seed": 5}
+    assert sources == {"presence_penalty": "default", "temperature": "request", "max_tokens": "request",
+                       "seed": "request"}
+
+
+@pytest.mark.parametrize(("guard", "engine_mode", "expected"), [
+    ({"min_pattern_size": 1, "max_pattern_size": 20, "min_count": 3}, "engine", True),
+    ({"min_pattern_size": 1, "max_pattern_size": 20, "min_count": 3}, "probe", False),
+    ({"min_pattern_size": 1, "max_pattern_size": 64, "min_count": 4, "min_covered_tokens": 48}, "engine", False),
+    ({"min_pattern_size": 16, "max_pattern_size": 512, "min_count": 3, "min_covered_tokens": 48}, "engine", True),
+    (None, "engine", False),
+])
+def test_engine_guard_only_where_vllm_rule_equals_ours(guard: dict | None, engine_mode: str, expected: bool) -> None:
+    request = {"loop_guard": guard, "engine": {"loop_guard": engine_mode}}
+    assert use_engine_guard(request, detection_cls=object) is expected
+    assert use_engine_guard(request, detection_cls=None) is False  # a vLLM without repetition_detection
+
+
+def test_ascend_versions_read_the_installers_files(tmp_path: Path) -> None:
+    toolkit = tmp_path / "ascend-toolkit" / "latest" / "aarch64-linux"
+    toolkit.mkdir(parents=True)
+    (toolkit / "ascend_toolkit_install.info").write_text("package_name=Ascend-cann-toolkit\nversion=8.1.RC1\n")
+    (tmp_path / "driver").mkdir()
+    (tmp_path / "driver" / "version.info").write_text("Version=24.1.rc3\nascendhal_version=7.35.23\n")
+    assert ascend_versions(str(tmp_path)) == {"cann": "8.1.RC1", "driver": "24.1.rc3"}
+    assert ascend_versions(str(tmp_path / "absent")) == {}
+
+
+def test_engine_versions_name_what_is_installed() -> None:
+    versions = engine_versions()
+    assert "torch" in versions  # the host venv has torch; vllm/torch_npu only where installed
+
+
+def test_loop_detector_follows_the_request() -> None:
+    assert loop_detector(None) is None
+    detector = loop_detector({"min_pattern_size": 2, "max_pattern_size": 4, "min_count": 3})
+    assert detector.feed([1, 2, 1, 2, 1]) is None
+    assert detector.push(2).period == 2
+
+
+# ------------------------------------------------------------------ real vLLM (make test-vllm)
+
+@pytest.fixture(scope="module")
+def tiny_model(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return write_tiny_qwen3(tmp_path_factory.mktemp("tiny-qwen3"))
+
+
+@pytest.fixture(scope="module")
+def spread_model(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return write_tiny_qwen3(tmp_path_factory.mktemp("tiny-qwen3-spread"), initializer_range=0.3)
+
+
+@pytest.mark.vllm
+def test_repetition_penalty_changes_greedy_output(spread_model: Path, tmp_path: Path) -> None:
+    plain = run_probe(base_request(spread_model, "vllm", GREEDY_200), tmp_path / "plain", "vllm greedy")
+    capture = {"top_k": 5, "dump_dir": None, "full_logits": True, "layers": ["model.layers.*.mlp"], "steps": [0]}
+    penalised = run_probe(base_request(spread_model, "vllm", {**GREEDY_200, "repetition_penalty": 1.3},
+                                       logits=capture), tmp_path / "penalised", "vllm greedy + penalty 1.3 + dumps")
+
+    for obs in (plain, penalised):
+        assert set(EVERY_FIELD) <= set(obs.model_dump())
+        assert obs.prompt_token_ids and len(obs.output_token_ids) == 200
+        assert obs.finish_reason == "length" and obs.stop_reason is None
+        assert len(obs.top_logprobs) == 200 and len(obs.top_logprobs[0]) == 5
+        assert obs.top_logprobs[0][0][0] == obs.output_token_ids[0]  # greedy: the best is the one taken
+        assert obs.timings.load_s > 0 and obs.timings.generate_s > 0
+        assert obs.versions["vllm"] == "0.32.0" and obs.versions["torch"].startswith("2.13.0")
+        assert obs.extra["rendered_prompt"].startswith("<|im_start|>user\n")
+        assert obs.extra["stages"]["prompt_token_ids"] == obs.prompt_token_ids
+    assert plain.sampling["repetition_penalty"] == 1.0 and penalised.sampling["repetition_penalty"] == 1.3
+    assert penalised.extra["sampling_sources"]["repetition_penalty"] == "request"
+    assert plain.output_token_ids != penalised.output_token_ids
+    # transformers' generate() on the same weights: 42 -> 194 distinct tokens of 200.
+    assert distinct(penalised.output_token_ids) > distinct(plain.output_token_ids) + 50
+
+    dumps = open_dump(penalised.logits_dump)  # the logits oracle reads what the probe wrote
+    assert sorted(dumps) == ["full_logits/step0/rank0", "step0/rank0"]
+    assert [e.name for e in dumps["step0/rank0"]] == [
+        f"Module.model.layers.{n}.mlp.Qwen2MLP.forward.0.output.0" for n in (0, 1)]
+    assert dumps["full_logits/step0/rank0"][0].shape[0] == 200
+
+
+@pytest.mark.vllm
+@pytest.mark.parametrize("mode", ["engine", "probe"])
+def test_loop_guard_stops_generation_early(tiny_model: Path, tmp_path: Path, mode: str) -> None:
+    guard = {"min_pattern_size": 1, "max_pattern_size": 16, "min_count": 6, "mode": mode}
+    obs = run_probe(base_request(tiny_model, "vllm", {"temperature": 0.0, "max_tokens": 1500}, loop_guard=guard),
+                    tmp_path, f"vllm loop guard ({mode})")
+    assert obs.stop_reason == "repetition_detected"
+    assert obs.extra["loop_guard"] == ("vllm" if mode == "engine" else "probe")
+    assert 6 <= len(obs.output_token_ids) < 200  # a greedy random model loops within a few tokens
+    if mode == "probe":
+        hit = obs.extra["loop"]
+        assert hit["end"] == len(obs.output_token_ids) and hit["count"] >= 6
+    else:
+        assert obs.sampling["repetition_detection"] == {"min_pattern_size": 1, "max_pattern_size": 16,
+                                                        "min_count": 6}

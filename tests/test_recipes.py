@@ -1,0 +1,226 @@
+"""Bundled recipes, the `recipes` command, and the exact Ascend run each real recipe turns into."""
+
+from __future__ import annotations
+
+import json
+from functools import partial
+from pathlib import Path
+
+import pytest
+
+from bisect_npu.build.base import Environment
+from bisect_npu.cli import main
+from bisect_npu.evaluate import probe_request
+from bisect_npu.execute.ascend import DETERMINISM_ENV, DRIVER_MOUNTS, MANAGEMENT_DEVICES, ascend_container_spec
+from bisect_npu.execute.base import RunResult
+from bisect_npu.execute.docker import PROBE_BOOTSTRAP, PROBE_PARENT, ContainerSpec, DockerExecutor, Mount
+from bisect_npu.models import UsageError
+from bisect_npu.probe.backends.openai import override_generation_config, server_argv
+from bisect_npu.probe.backends.vllm import engine_kwargs
+from bisect_npu.recipe import BUNDLED_RECIPES, load_recipe, parse_recipe
+
+REAL_RECIPES = ["qwen3-repetition-penalty-async", "deepseek-r1-longseq-rope", "deepseek-r1-mtp-temperature",
+                "qwen3-moe-presence-penalty-loop", "precision-alignment"]
+MINIMAL = "name: t\nmodel:\n  path: /models/m\ncases:\n  - id: a\n    prompt: hi\n"
+
+
+def run_cli(args: list[str], capsys: pytest.CaptureFixture[str]) -> tuple[int, str, str]:
+    with pytest.raises(SystemExit) as exit_info:
+        main(args)
+    captured = capsys.readouterr()
+    return exit_info.value.code, captured.out, captured.err
+
+
+@pytest.mark.parametrize("path", sorted(BUNDLED_RECIPES.glob("*.yaml")), ids=lambda p: p.stem)
+def test_every_bundled_recipe_validates(path: Path) -> None:
+    recipe = load_recipe(path)
+    assert recipe.name == path.stem  # `load_recipe(name)` finds it by the same name
+
+
+def test_the_five_real_recipes_are_bundled() -> None:
+    assert {p.stem for p in BUNDLED_RECIPES.glob("*.yaml")} >= set(REAL_RECIPES)
+
+
+@pytest.mark.parametrize(("text", "field", "line"), [
+    (MINIMAL + "    sampling:\n      temprature: 0\n", "cases.0.sampling.temprature", 8),
+    (MINIMAL + "    sampling:\n      max_tokens: many\n", "cases.0.sampling.max_tokens", 8),
+    ("name: t\nmodel:\n  path: /models/m\ncases:\n  - id: a\n    sampling: {}\n", "cases.0", 5),
+    (MINIMAL + "trials:\n  count: 0\n", "trials.count", 8),
+    (MINIMAL + "engine:\n  backend: tgi\n", "engine.backend", 8),
+    (MINIMAL + "oracle:\n  kinds: [repetition]\n  penalty:\n    expectd: {}\n", "oracle.penalty.expectd", 10),
+])
+def test_broken_recipe_names_field_and_line(text: str, field: str, line: int) -> None:
+    with pytest.raises(UsageError) as error:
+        parse_recipe(text, source="bad.yaml")
+    assert f"bad.yaml:{line}:" in str(error.value)
+    assert repr(field) in str(error.value)
+
+
+def test_validate_exits_2_naming_field_and_line(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    bad = tmp_path / "bad.yaml"
+    bad.write_text(MINIMAL + "    sampling:\n      temperature: hot\n")
+    good = BUNDLED_RECIPES / "qwen3-repetition-penalty-async.yaml"
+    code, out, err = run_cli(["recipes", "validate", str(good), str(bad)], capsys)
+    assert code == 2
+    assert f"ok  {good}" in out
+    assert f"{bad}:8: field 'cases.0.sampling.temperature'" in err
+
+
+def test_validate_all_bundled_exits_0(capsys: pytest.CaptureFixture[str]) -> None:
+    files = [str(p) for p in sorted(BUNDLED_RECIPES.glob("*.yaml"))]
+    code, out, _ = run_cli(["recipes", "validate", *files], capsys)
+    assert code == 0
+    assert out.count("ok  ") == len(files)
+
+
+def test_list_shows_bundled_and_user_recipes(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    (tmp_path / "mine.yaml").write_text(MINIMAL.replace("name: t", "name: mine\ndescription: my bad case"))
+    (tmp_path / "broken.yaml").write_text("name: broken\n")
+    code, out, _ = run_cli(["recipes", "list", "--dir", str(tmp_path)], capsys)
+    assert code == 0
+    rows = {line.split()[0]: line for line in out.splitlines()[1:]}
+    assert "openai" in rows["qwen3-moe-presence-penalty-loop"]
+    assert "repetition,stats,penalty" in rows["qwen3-moe-presence-penalty-loop"]
+    assert "acceptance,tokens" in rows["deepseek-r1-mtp-temperature"]
+    assert "my bad case" in rows["mine"] and str(tmp_path) in rows["mine"]
+    assert "INVALID" in rows["broken"] and "'model'" in rows["broken"]
+
+
+def test_show_prints_what_will_run(capsys: pytest.CaptureFixture[str]) -> None:
+    code, out, _ = run_cli(["recipes", "show", "qwen3-moe-presence-penalty-loop"], capsys)
+    assert code == 0
+    assert ("server   vllm serve /models/Qwen3-30B-A3B --host 127.0.0.1 --port 8000 --dtype bfloat16 "
+            "--tensor-parallel-size 4 --enable-expert-parallel") in out
+    assert "--override-generation-config '{\"presence_penalty\": 1.5}'" in out
+    assert "env      HCCL_DETERMINISTIC=true" in out
+    assert 'Repeat the following sentence exactly 50 times' in out
+    sampling_line = next(line for line in out.splitlines() if line.strip().startswith("sampling"))
+    assert '"temperature": 0.7' in sampling_line and "presence_penalty" not in sampling_line
+    assert '"expected": {"presence_penalty": 1.5}' in out
+    assert '"min_count": 60' in out
+    assert "trials   20 (noisy" in out
+
+
+def test_show_json_for_a_file_lists_engine_kwargs(capsys: pytest.CaptureFixture[str]) -> None:
+    path = BUNDLED_RECIPES / "deepseek-r1-longseq-rope.yaml"
+    code, out, _ = run_cli(["recipes", "show", str(path), "--format", "json"], capsys)
+    plan = json.loads(out)
+    assert code == 0
+    kwargs = plan["engine"]["llm_kwargs"]
+    assert kwargs["tensor_parallel_size"] == 16
+    assert kwargs["additional_config"]["torchair_graph_config"]["enabled"] is True
+    assert plan["cases"][0]["sampling"] == {"temperature": 0.6, "top_p": 0.95, "max_tokens": 32768,
+                                            "seed": 2024, "logprobs": 5}
+
+
+def test_show_unknown_recipe_lists_bundled(capsys: pytest.CaptureFixture[str]) -> None:
+    code, _, err = run_cli(["recipes", "show", "no-such-recipe"], capsys)
+    assert code == 2
+    assert "qwen3-repetition-penalty-async" in err
+
+
+# --- the Ascend path: request -> engine call / server command -> container spec, field by field ---
+
+class NoNpuDockerExecutor(DockerExecutor):
+    """The real DockerExecutor up to the container start: no NPU host here, so it records the spec."""
+
+    def __init__(self, *args: object, **kwargs: object) -> None:
+        super().__init__(*args, **kwargs)
+        self.specs: list[ContainerSpec] = []
+
+    def _run(self, env: Environment, command: list[str], out_dir: Path, log_path: Path,
+             timeout_s: float) -> RunResult:
+        self.specs.append(self.spec_for(env, command, out_dir))
+        return RunResult(returncode=0, seconds=0.0, log_path=str(log_path))
+
+
+def _spec(recipe_name: str, tmp_path: Path, cards: list[int]) -> tuple[dict, ContainerSpec]:
+    """Run a bundled recipe's first case through the real executor path; return the request file and spec."""
+    recipe = load_recipe(recipe_name)
+    request = probe_request(recipe, recipe.cases[0], commit="c0ffee", trial=0)
+    factory = partial(ascend_container_spec, devices=cards, model_dir=Path(recipe.model.host_path),
+                      model_path=recipe.model.path, env=recipe.environment, deterministic=True,
+                      server_port=recipe.engine.port if recipe.engine.backend == "openai" else None)
+    executor = NoNpuDockerExecutor(client=None, spec_factory=factory, session_id="s1")
+    env = Environment(kind="image", commit="c0ffee", image="bisect-npu/vllm-ascend:c0ffee")
+    executor.run_probe(env, request, tmp_path, timeout_s=60.0)
+    written = json.loads((tmp_path / f"request-{recipe.cases[0].id}-t0.json").read_text())
+    return written, executor.specs[0]
+
+
+def _parallel_size(kwargs: dict) -> int:
+    return (kwargs.get("tensor_parallel_size", 1) * kwargs.get("pipeline_parallel_size", 1)
+            * kwargs.get("data_parallel_size", 1))
+
+
+@pytest.mark.parametrize("name", ["qwen3-repetition-penalty-async", "deepseek-r1-longseq-rope",
+                                  "deepseek-r1-mtp-temperature", "precision-alignment"])
+def test_offline_recipes_on_ascend_field_by_field(name: str, tmp_path: Path) -> None:
+    recipe = load_recipe(name)
+    kwargs = engine_kwargs(probe_request(recipe, recipe.cases[0], commit="c0ffee", trial=0))
+    cards = list(range(_parallel_size(kwargs)))
+    request, spec = _spec(name, tmp_path, cards)
+    assert request["backend"] == "vllm"
+    assert request["model"] == {"path": recipe.model.path, "dtype": "bfloat16", "tokenizer": None}
+    assert spec.image == "bisect-npu/vllm-ascend:c0ffee"
+    assert spec.command == ["python3", "-c", PROBE_BOOTSTRAP, f"/out/request-{recipe.cases[0].id}-t0.json"]
+    assert request["output"] == f"/out/obs-{recipe.cases[0].id}-t0.json"  # the path inside the container
+    assert spec.devices == [f"/dev/davinci{n}" for n in cards] + list(MANAGEMENT_DEVICES)
+    assert spec.privileged is False and spec.network_mode == "none" and spec.ports == {}
+    assert spec.mounts == [
+        *[Mount(source=p, target=p, read_only=True) for p in DRIVER_MOUNTS],
+        Mount(source=recipe.model.host_path, target=recipe.model.path, read_only=True),
+        Mount(source=str(tmp_path), target="/out", read_only=False),
+        Mount(source=str(Path(__file__).resolve().parent.parent / "bisect_npu" / "probe"),
+              target=f"{PROBE_PARENT}/bisect_npu_probe", read_only=True),
+    ]
+    assert spec.environment == {**DETERMINISM_ENV, **recipe.environment, "PYTHONDONTWRITEBYTECODE": "1"}
+    assert kwargs == {"model": recipe.model.path, "dtype": "bfloat16", "seed": recipe.cases[0].sampling.seed,
+                      **recipe.engine.args, **({"disable_log_stats": False}
+                                               if "speculative_config" in recipe.engine.args else {}),
+                      **({"max_logprobs": -1, "enforce_eager": True} if name == "precision-alignment" else {})}
+
+
+def test_async_recipe_asks_for_async_scheduling_and_the_penalty() -> None:
+    recipe = load_recipe("qwen3-repetition-penalty-async")
+    request = probe_request(recipe, recipe.cases[0], commit="c", trial=0)
+    assert engine_kwargs(request)["async_scheduling"] is True
+    assert request["case"]["sampling"]["repetition_penalty"] == 1.3
+    assert request["case"]["sampling"]["temperature"] == 0.0
+    assert request["loop_guard"] == {"min_pattern_size": 1, "max_pattern_size": 64, "min_count": 4,
+                                     "min_covered_tokens": 48}
+
+
+def test_mtp_recipe_runs_sampled_and_greedy_with_mtp() -> None:
+    recipe = load_recipe("deepseek-r1-mtp-temperature")
+    temperatures = {case.id: case.sampling.temperature for case in recipe.cases}
+    assert temperatures == {"sampled-t0.6": 0.6, "greedy-t0": 0.0}
+    assert recipe.cases[0].messages == recipe.cases[1].messages
+    kwargs = engine_kwargs(probe_request(recipe, recipe.cases[0], commit="c", trial=0))
+    assert kwargs["speculative_config"] == {"method": "deepseek_mtp", "num_speculative_tokens": 1}
+    assert kwargs["disable_log_stats"] is False  # the acceptance counters come from vLLM's stats
+
+
+def test_presence_penalty_recipe_server_on_ascend(tmp_path: Path) -> None:
+    request, spec = _spec("qwen3-moe-presence-penalty-loop", tmp_path, [0, 1, 2, 3])
+    argv = server_argv(request, python="python3")
+    assert argv == ["vllm", "serve", "/models/Qwen3-30B-A3B", "--host", "127.0.0.1", "--port", "8000",
+                    "--dtype", "bfloat16", "--tensor-parallel-size", "4", "--enable-expert-parallel",
+                    "--max-model-len", "16384", "--max-num-seqs", "16", "--gpu-memory-utilization", "0.9",
+                    "--served-model-name", "qwen3-moe", "--override-generation-config", '{"presence_penalty": 1.5}']
+    assert override_generation_config(argv) == {"presence_penalty": 1.5}
+    assert "presence_penalty" not in request["case"]["sampling"]  # the server default must carry it
+    assert request["engine"]["startup_timeout_s"] == 1200
+    assert spec.devices == [f"/dev/davinci{n}" for n in range(4)] + list(MANAGEMENT_DEVICES)
+    assert spec.ports == {8000: 8000} and spec.network_mode == "bridge"
+    assert spec.environment["HCCL_DETERMINISTIC"] == "true"
+
+
+def test_launcher_placeholders_for_the_cpu_wheel() -> None:
+    request = {"model": {"path": "/m", "dtype": "auto"}, "seed": None,
+               "engine": {"launcher": ["{python}", "-m", "vllm.entrypoints.openai.api_server", "--model", "{model}"],
+                          "port": 9001, "args": {"enforce_eager": True, "enable_prefix_caching": False,
+                                                 "additional_config": {"a": 1}}}}
+    assert server_argv(request, python="/venv/bin/python") == [
+        "/venv/bin/python", "-m", "vllm.entrypoints.openai.api_server", "--model", "/m", "--host", "127.0.0.1",
+        "--port", "9001", "--enforce-eager", "--no-enable-prefix-caching", "--additional-config", '{"a": 1}']

@@ -4,17 +4,29 @@ Positions: 0 is the good end, ``n`` the bad end, candidates are 1..n (first-pare
 ``(good, bad]``). The culprit is the first bad position. No I/O here: git, disk and the clock
 belong to the caller, so the search is tested alone (tests/test_search*.py).
 
-INTERFACE (used by session.py; implementation owned by the search work):
-
     decide(problem: SearchProblem, evidence: Mapping[int, Evidence]) -> Decision
 
-A Decision is ``Next(queries)`` (run these; more than one only when ``problem.slots > 1``),
-``Found(index, ...)``, ``Narrowed(lo, hi, ...)`` (skips hide the boundary: culprit in (lo, hi]),
-or ``EndsWrong(which)`` (the good end judged bad, or the bad end judged good).
+A Decision is ``Next(queries)`` (run these; more than one only when ``problem.slots > 1``; each
+query takes one slot and runs its ``trials`` there), ``Found(index, ...)``, ``Narrowed(lo, hi,
+...)`` (skips hide the boundary: culprit in (lo, hi]), or ``EndsWrong(which)`` (the good end
+judged bad, or the bad end judged good).
+
+Because ``decide`` only reads the evidence, a resumed session that rebuilds the evidence from
+its journal gets exactly the decision an uninterrupted one would have got.
+
+Two modes:
+
+- ``exact``: every evidence entry is one commit-level verdict. Binary search (k-ary with k
+  slots) between the highest known-good and the lowest known-bad position; skipped commits are
+  stepped around, and when only skipped commits are left the answer is git's range.
+- ``noisy``: entries hold trial counts; a Bayesian bisection over the change point
+  (bisect_npu/search_noisy.py) that names a culprit only at the requested confidence and after
+  a sandwich check against its parent.
 """
 
 from __future__ import annotations
 
+from bisect import bisect_left
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Literal
@@ -35,15 +47,28 @@ class Evidence:
             return Evidence(self.good, self.bad + 1, self.skipped)
         return Evidence(self.good, self.bad, True)
 
+    @property
+    def trials(self) -> int:
+        return self.good + self.bad
+
 
 @dataclass(frozen=True)
 class SearchProblem:
+    """What is searched and how sure the answer must be.
+
+    ``confidence`` is the posterior mass the noisy mode needs on one culprit;
+    ``sandwich_confidence`` is how sure the culprit's and its parent's own trials must make us
+    that the culprit fails more often than its parent. ``max_trials_per_query`` caps the
+    trials spent at any one position.
+    """
+
     n: int
     mode: Literal["exact", "noisy"] = "exact"
     check_ends: bool = True
     slots: int = 1
     confidence: float = 0.99
     max_trials_per_query: int = 64
+    sandwich_confidence: float = 0.95
 
 
 @dataclass(frozen=True)
@@ -79,6 +104,119 @@ class EndsWrong:
 
 Decision = Next | Found | Narrowed | EndsWrong
 
+Verdict = Literal["good", "bad", "skip"]
+
 
 def decide(problem: SearchProblem, evidence: Mapping[int, Evidence]) -> Decision:
-    raise NotImplementedError("search implementation pending")
+    """The next step of the search for this evidence (same inputs, same decision)."""
+    _validate(problem, evidence)
+    if problem.mode == "noisy":
+        from bisect_npu.search_noisy import decide_noisy
+
+        return decide_noisy(problem, evidence)
+    return _decide_exact(problem, evidence)
+
+
+def _validate(problem: SearchProblem, evidence: Mapping[int, Evidence]) -> None:
+    """Programming errors of the caller, not user errors: fail loudly."""
+    if problem.n < 1:
+        raise ValueError(f"a search needs at least one candidate, got n={problem.n}")
+    if problem.slots < 1:
+        raise ValueError(f"slots must be >= 1, got {problem.slots}")
+    if problem.mode not in ("exact", "noisy"):
+        raise ValueError(f"unknown search mode {problem.mode!r}")
+    if not 0.5 < problem.confidence < 1.0 or not 0.5 < problem.sandwich_confidence < 1.0:
+        raise ValueError("confidence levels must lie in (0.5, 1)")
+    if problem.max_trials_per_query < 1:
+        raise ValueError("max_trials_per_query must be >= 1")
+    outside = [i for i in evidence if not 0 <= i <= problem.n]
+    if outside:
+        raise ValueError(f"evidence at positions outside 0..{problem.n}: {sorted(outside)[:5]}")
+
+
+def commit_verdict(ev: Evidence) -> Verdict | None:
+    """Exact mode's reading of one position: None when untested.
+
+    A position with as many good as bad verdicts is contradictory and counts as skipped, so the
+    search steps around it instead of trusting either.
+    """
+    if ev.bad > ev.good:
+        return "bad"
+    if ev.good > ev.bad:
+        return "good"
+    if ev.skipped or ev.bad:
+        return "skip"
+    return None
+
+
+def known_bounds(n: int, verdicts: Mapping[int, Verdict]) -> tuple[int, int]:
+    """(lo, hi): the highest good below the lowest bad; the ends are assumed when untested."""
+    hi = min((i for i, v in verdicts.items() if v == "bad" and i >= 1), default=n)
+    lo = max((i for i, v in verdicts.items() if v == "good" and i < hi), default=0)
+    return lo, hi
+
+
+def _end_problem(n: int, verdicts: Mapping[int, Verdict], check: bool) -> tuple[EndsWrong | None, list[int]]:
+    """A contradicted end (or one that cannot be tested), else the ends still to test, bad first."""
+    untested: list[int] = []
+    for position, which, expected in ((n, "bad", "bad"), (0, "good", "good")):
+        verdict = verdicts.get(position)
+        if verdict is None:
+            if check:
+                untested.append(position)
+        elif verdict == "skip":
+            if check:
+                return EndsWrong(which, {"skipped": 1.0}), []
+        elif verdict != expected:
+            return EndsWrong(which), []
+    return None, untested
+
+
+def _decide_exact(problem: SearchProblem, evidence: Mapping[int, Evidence]) -> Decision:
+    n = problem.n
+    verdicts = {i: v for i, ev in evidence.items() if (v := commit_verdict(ev)) is not None}
+    wrong, ends = _end_problem(n, verdicts, problem.check_ends)
+    if wrong is not None:
+        return wrong
+    lo, hi = known_bounds(n, verdicts)
+    untested = [i for i in range(lo + 1, hi) if i not in verdicts]
+    queries = ends[: problem.slots]
+    spare = problem.slots - len(queries)
+    if spare > 0 and untested:
+        queries += spread_picks(lo, hi, untested, spare)
+    if queries:
+        return Next(tuple(Query(i) for i in queries))
+    tested = float(len(verdicts))
+    if hi - lo == 1:
+        return Found(hi, figures={"tested": tested})
+    return Narrowed(lo, hi, figures={"tested": tested})
+
+
+def spread_picks(lo: int, hi: int, untested: list[int], count: int) -> list[int]:
+    """Up to ``count`` distinct untested positions splitting (lo, hi] into count+1 equal parts.
+
+    ``untested`` is sorted. Each target takes the nearest free position, looking at the
+    target, then one above, one below, two above, ... so a skipped commit is stepped around
+    deterministically and never asked twice. With count=1 the target is the midpoint
+    (lo + hi) // 2, which keeps plain bisection within ceil(log2 N) steps.
+    """
+    if len(untested) <= count:
+        return list(untested)
+    free = list(untested)
+    picks: list[int] = []
+    for part in range(1, count + 1):
+        target = lo + (hi - lo) * part // (count + 1)
+        picks.append(_take_nearest(free, target))
+    return sorted(picks)
+
+
+def _take_nearest(free: list[int], target: int) -> int:
+    """Remove and return the element of sorted ``free`` nearest to target (above wins ties)."""
+    at = bisect_left(free, target)
+    if at < len(free) and free[at] == target:
+        return free.pop(at)
+    above = at if at < len(free) else None
+    below = at - 1 if at > 0 else None
+    if below is None or (above is not None and free[above] - target <= target - free[below]):
+        return free.pop(above)  # type: ignore[arg-type]
+    return free.pop(below)

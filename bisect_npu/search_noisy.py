@@ -1,0 +1,388 @@
+"""Noisy bisection: a Bayesian search over the change point when one run proves nothing.
+
+Model. The culprit c is one of 1..n (uniform prior). A trial at position i fails with rate q
+when i < c (the good side) and with rate p when i >= c (the bad side), p > q. The two rates are
+unknown and integrated out over a grid prior that puts a fifth of each rate's mass on the
+extreme a deterministic test has (q = 0, p = 1) and spreads the rest evenly over (0, 1). The
+extremes let the search recognise a perfect test after a few trials and make one failure
+conclusive when the good side never fails (the "loop in 1 run of 5" case); a larger share
+(0.5 was measured) saves a few trials there but makes 0.8/0.2 tests overconfident (about 97%
+right at confidence 0.99), a smaller one (0) makes 0.2/0.0 tests cost about three times more.
+
+The likelihood only changes where a position was tested, so the posterior is computed per
+segment between tested positions: O(segments x grid) per decision, no matter how long the range.
+
+Steps of a decision:
+1. Ends: trial the bad end until it has failed once and the good end until it has passed once,
+   and until the end data favour "a rate changed" over "one rate everywhere"; EndsWrong when
+   "one rate everywhere" reaches the confidence or an end hits the trial cap.
+2. Stop when one block (a position, or skipped positions plus the next testable one, which no
+   trial can split) holds ``confidence`` of the posterior mass, and its sandwich passes.
+3. Otherwise query the position whose next trial is expected to reduce the entropy of the
+   change-point posterior the most (one trial per query, so the posterior steers every trial).
+Sandwich (Pinpoint): the culprit's and its parent's own trials alone must show that the culprit
+fails more often, P(rate(culprit) > rate(parent)) >= ``sandwich_confidence`` under Jeffreys
+priors; until then they get more trials, which also feed the posterior.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Literal
+
+import numpy as np
+
+from bisect_npu.search import (
+    Decision,
+    EndsWrong,
+    Evidence,
+    Found,
+    Narrowed,
+    Next,
+    Query,
+    SearchProblem,
+)
+
+SLAB_POINTS = 40
+EXTREME_WEIGHT = 0.2
+NEG_LOG_ZERO = -1e6
+
+RATES = np.concatenate(([0.0], (np.arange(SLAB_POINTS) + 0.5) / SLAB_POINTS, [1.0]))
+_slab = (1.0 - EXTREME_WEIGHT) / SLAB_POINTS
+PRIOR_Q = np.concatenate(([EXTREME_WEIGHT], np.full(SLAB_POINTS, _slab), [0.0]))
+PRIOR_P = PRIOR_Q[::-1].copy()
+PRIOR_COMMON = (PRIOR_Q + PRIOR_P) / 2.0
+LOG_R = np.where(RATES > 0, np.log(np.maximum(RATES, 1e-300)), NEG_LOG_ZERO)
+LOG_1MR = np.where(RATES < 1, np.log(np.maximum(1.0 - RATES, 1e-300)), NEG_LOG_ZERO)
+# Probability that p > q under the independent priors: normalises the ordered prior.
+ORDERED_MASS = float(sum(PRIOR_Q[a] * PRIOR_P[a + 1 :].sum() for a in range(len(RATES))))
+
+
+def _log_lik(bad: np.ndarray, good: np.ndarray) -> np.ndarray:
+    """log r^bad (1-r)^good for every count row and every grid rate (rows x grid)."""
+    return np.outer(bad, LOG_R) + np.outer(good, LOG_1MR)
+
+
+def _row_max(m: np.ndarray) -> np.ndarray:
+    return m.max(axis=1, keepdims=True)
+
+
+@dataclass(frozen=True)
+class SegmentPosterior:
+    """The change-point posterior, one row per segment of equally likely positions.
+
+    Segment j holds c in (bounds[j], bounds[j + 1]]; ``mass`` is its posterior mass, ``mean_q``
+    and ``mean_p`` the posterior means of the two rates given c in that segment.
+    """
+
+    bounds: np.ndarray
+    mass: np.ndarray
+    mean_q: np.ndarray
+    mean_p: np.ndarray
+    rate_q: float
+    rate_p: float
+
+
+def ordered_rate_integrals(
+    bad_left: np.ndarray, good_left: np.ndarray, bad_right: np.ndarray, good_right: np.ndarray
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Per row: log of the integrated likelihood over q < p, and E[q], E[p] under it.
+
+    The sum over p > q is a reversed cumulative sum over the p grid, so a row costs O(grid).
+    """
+    lq = _log_lik(bad_left, good_left)
+    lp = _log_lik(bad_right, good_right)
+    mq, mp = _row_max(lq), _row_max(lp)
+    wq = PRIOR_Q * np.exp(lq - mq)
+    wp = PRIOR_P * np.exp(lp - mp)
+
+    def above(w: np.ndarray) -> np.ndarray:
+        """For each q index a: the sum of w over p indices b > a."""
+        tail = np.cumsum(w[:, ::-1], axis=1)[:, ::-1]
+        return np.concatenate((tail[:, 1:], np.zeros((w.shape[0], 1))), axis=1)
+
+    s = above(wp)
+    sp = above(wp * RATES)
+    total = (wq * s).sum(axis=1)
+    safe = np.where(total > 0, total, 1.0)
+    mean_q = (wq * RATES * s).sum(axis=1) / safe
+    mean_p = (wq * sp).sum(axis=1) / safe
+    with np.errstate(divide="ignore"):
+        log_total = np.log(total) + mq[:, 0] + mp[:, 0] - math.log(ORDERED_MASS)
+    return log_total, mean_q, mean_p
+
+
+def segment_posterior(n: int, evidence: Mapping[int, Evidence]) -> SegmentPosterior:
+    """Posterior over the change point given every trial count (ends included)."""
+    inner = sorted(i for i, ev in evidence.items() if 0 < i < n and ev.trials)
+    bounds = np.array([0, *inner, n])
+    counts = np.array([[evidence[i].good, evidence[i].bad] for i in inner], dtype=float).reshape(-1, 2)
+    end0 = evidence.get(0, Evidence())
+    endn = evidence.get(n, Evidence())
+    # Row j: the left side holds the good end and inner[:j], the right side the rest and the bad end.
+    left = np.vstack(([end0.good, end0.bad], counts)).cumsum(axis=0)
+    right = np.vstack((counts, [endn.good, endn.bad]))[::-1].cumsum(axis=0)[::-1]
+    log_lik, mean_q, mean_p = ordered_rate_integrals(left[:, 1], left[:, 0], right[:, 1], right[:, 0])
+    widths = np.diff(bounds)
+    log_post = log_lik + np.log(widths)
+    post = np.exp(log_post - log_post.max())
+    post /= post.sum()
+    rate_q = float((post * mean_q).sum())
+    rate_p = float((post * mean_p).sum())
+    return SegmentPosterior(bounds, post, mean_q, mean_p, rate_q, rate_p)
+
+
+def position_mass(post: SegmentPosterior) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Per position c = 1..n: posterior mass, E[q | c], E[p | c] (index 0 is position 1)."""
+    widths = np.diff(post.bounds)
+    return (
+        np.repeat(post.mass / widths, widths),
+        np.repeat(post.mean_q, widths),
+        np.repeat(post.mean_p, widths),
+    )
+
+
+def _entropy(p: np.ndarray) -> np.ndarray:
+    p = np.clip(p, 1e-12, 1 - 1e-12)
+    return -(p * np.log(p) + (1 - p) * np.log(1 - p))
+
+
+def information_gain(mass: np.ndarray, mean_q: np.ndarray, mean_p: np.ndarray) -> np.ndarray:
+    """Expected entropy reduction of the change point from one trial at x, for x = 0..n.
+
+    I(Y; c) = H(Y) - sum_c P(c) H(Y | c); a trial at x sees the bad-side rate when c <= x. The
+    ends tell nothing about c directly, but they sharpen the rates that c is judged by.
+    """
+    zero = np.zeros(1)
+    bad_side = np.concatenate((zero, np.cumsum(mass * mean_p)))
+    good_side = np.concatenate(((mass * mean_q)[::-1].cumsum()[::-1], zero))
+    cond_bad = np.concatenate((zero, np.cumsum(mass * _entropy(mean_p))))
+    cond_good = np.concatenate(((mass * _entropy(mean_q))[::-1].cumsum()[::-1], zero))
+    return _entropy(bad_side + good_side) - cond_bad - cond_good
+
+
+def ends_change_probability(evidence: Mapping[int, Evidence], n: int) -> float:
+    """P(the rate at the bad end differs upward from the good end | end trials only).
+
+    Compares "q at the good end < p at the bad end" with "one common rate", even odds.
+    """
+    e0, en = evidence.get(0, Evidence()), evidence.get(n, Evidence())
+    log_h1, _, _ = ordered_rate_integrals(
+        np.array([e0.bad]), np.array([e0.good]), np.array([en.bad]), np.array([en.good])
+    )
+    common = _log_lik(np.array([e0.bad + en.bad]), np.array([e0.good + en.good]))[0]
+    top = common.max()
+    log_h0 = top + math.log(float((PRIOR_COMMON * np.exp(common - top)).sum()))
+    return 1.0 / (1.0 + math.exp(min(700.0, log_h0 - float(log_h1[0]))))
+
+
+def wilson(bad: int, trials: int, z: float = 1.96) -> tuple[float, float]:
+    """95% Wilson score interval of a failure rate (well behaved at 0 and n failures)."""
+    if trials == 0:
+        return 0.0, 1.0
+    rate = bad / trials
+    denom = 1 + z * z / trials
+    centre = (rate + z * z / (2 * trials)) / denom
+    half = z * math.sqrt(rate * (1 - rate) / trials + z * z / (4 * trials * trials)) / denom
+    return max(0.0, centre - half), min(1.0, centre + half)
+
+
+def decide_noisy(problem: SearchProblem, evidence: Mapping[int, Evidence]) -> Decision:
+    n = problem.n
+    ends = _ends_step(problem, evidence)
+    if isinstance(ends, EndsWrong):
+        return ends
+    post = segment_posterior(n, evidence)
+    mass, mean_q, mean_p = position_mass(post)
+    blocks = _blocks(n, evidence)
+    block_mass = np.bincount(blocks, weights=mass)
+    best = int(np.argmax(block_mass))
+    queries: list[Query] = list(ends)
+    if not queries and block_mass[best] >= problem.confidence:
+        members = np.flatnonzero(blocks == best) + 1
+        lo, hi = int(members[0]) - 1, int(members[-1])
+        verdict = _sandwich(problem, evidence, post, lo, hi, float(block_mass[best]))
+        if not isinstance(verdict, list):
+            return verdict
+        queries = verdict
+    spare = problem.slots - len(queries)
+    if spare > 0:
+        taken = {q.index for q in queries}
+        queries += _search_picks(problem, evidence, mass, mean_q, mean_p, spare, taken)
+    if not queries:
+        return _exhausted(blocks, block_mass, best)
+    return Next(tuple(queries))
+
+
+def _ends_step(problem: SearchProblem, evidence: Mapping[int, Evidence]) -> EndsWrong | list[Query]:
+    """EndsWrong, or the end trials still needed (empty once the ends are established)."""
+    n = problem.n
+    e0, en = evidence.get(0, Evidence()), evidence.get(n, Evidence())
+    if not problem.check_ends:
+        return []
+    if en.skipped and not en.trials:
+        return EndsWrong("bad", {"skipped": 1.0})
+    if e0.skipped and not e0.trials:
+        return EndsWrong("good", {"skipped": 1.0})
+    change = ends_change_probability(evidence, n)
+    figures = _end_figures(e0, en, change)
+    which: Literal["good", "bad"] = "bad" if en.bad == 0 else "good"
+    if 1.0 - change >= problem.confidence:
+        return EndsWrong(which, figures)
+    if en.bad >= 1 and e0.good >= 1 and change >= 0.5:
+        return []
+    if en.bad == 0:
+        end = n
+    elif e0.good == 0:
+        end = 0
+    else:
+        end = n if en.trials <= e0.trials else 0
+    if evidence.get(end, Evidence()).trials >= problem.max_trials_per_query:
+        return EndsWrong(which, figures)
+    return [Query(end)]
+
+
+def _end_figures(e0: Evidence, en: Evidence, change: float) -> dict[str, float]:
+    lo0, hi0 = wilson(e0.bad, e0.trials)
+    lon, hin = wilson(en.bad, en.trials)
+    return {
+        "good_end_rate": e0.bad / e0.trials if e0.trials else 0.0,
+        "good_end_rate_lo": lo0,
+        "good_end_rate_hi": hi0,
+        "good_end_trials": float(e0.trials),
+        "bad_end_rate": en.bad / en.trials if en.trials else 0.0,
+        "bad_end_rate_lo": lon,
+        "bad_end_rate_hi": hin,
+        "bad_end_trials": float(en.trials),
+        "change_probability": change,
+    }
+
+
+def _blocks(n: int, evidence: Mapping[int, Evidence]) -> np.ndarray:
+    """Block id per position 1..n: skipped positions join the next testable one.
+
+    No trial can tell c = s from c = s + 1 when s cannot be tested, so the search can at best
+    name a block; a one-position block is a culprit, a longer one git's skip range.
+    """
+    skipped = np.zeros(n + 1, dtype=bool)
+    for i, ev in evidence.items():
+        if 0 < i < n and ev.skipped:
+            skipped[i] = True
+    ends_block = np.concatenate(([0], (~skipped[1:n]).astype(int)))
+    return np.cumsum(ends_block)
+
+
+_SEPARATION_GRID = np.linspace(0.0005, 0.9995, 1000)
+
+
+def _rate_posterior(ev: Evidence) -> np.ndarray:
+    """Jeffreys Beta(1/2, 1/2) posterior of one position's failure rate, on a grid."""
+    g = _SEPARATION_GRID
+    w = np.exp((ev.bad - 0.5) * np.log(g) + (ev.good - 0.5) * np.log1p(-g))
+    return w / w.sum()
+
+
+def separation(culprit: Evidence, parent: Evidence) -> float:
+    """P(the culprit's failure rate exceeds its parent's | their own trials only)."""
+    hi, lo = _rate_posterior(culprit), _rate_posterior(parent)
+    return float((hi * (np.cumsum(lo) - lo / 2)).sum())
+
+
+def _sandwich(
+    problem: SearchProblem,
+    evidence: Mapping[int, Evidence],
+    post: SegmentPosterior,
+    lo: int,
+    hi: int,
+    mass: float,
+) -> Decision | list[Query]:
+    """The answer once the culprit (hi) fails more often than its parent (lo), else more trials.
+
+    Pinpoint's sandwich: the two neighbours alone, without the model's other evidence, must
+    show the step. The member with fewer trials gets the next one (the culprit on a tie).
+    """
+    e_lo, e_hi = evidence.get(lo, Evidence()), evidence.get(hi, Evidence())
+    separated = separation(e_hi, e_lo)
+    figures = _found_figures(evidence, post, e_lo, e_hi, mass, separated)
+    open_ = [i for i in (hi, lo) if evidence.get(i, Evidence()).trials < problem.max_trials_per_query]
+    if separated >= problem.sandwich_confidence or not open_:
+        if hi - lo == 1:
+            return Found(hi, confidence=mass, figures=figures)
+        return Narrowed(lo, hi, figures=figures)
+    open_.sort(key=lambda i: evidence.get(i, Evidence()).trials)
+    return [Query(i) for i in open_[: problem.slots]]
+
+
+def _found_figures(
+    evidence: Mapping[int, Evidence],
+    post: SegmentPosterior,
+    e_lo: Evidence,
+    e_hi: Evidence,
+    mass: float,
+    separated: float,
+) -> dict[str, float]:
+    """The evidence behind an answer: both rates with 95% intervals, and the posterior."""
+    culprit_lo, culprit_hi = wilson(e_hi.bad, e_hi.trials)
+    parent_lo, parent_hi = wilson(e_lo.bad, e_lo.trials)
+    return {
+        "posterior": mass,
+        "culprit_rate": e_hi.bad / e_hi.trials if e_hi.trials else 0.0,
+        "culprit_rate_lo": culprit_lo,
+        "culprit_rate_hi": culprit_hi,
+        "culprit_trials": float(e_hi.trials),
+        "parent_rate": e_lo.bad / e_lo.trials if e_lo.trials else 0.0,
+        "parent_rate_lo": parent_lo,
+        "parent_rate_hi": parent_hi,
+        "parent_trials": float(e_lo.trials),
+        "separation": separated,
+        "bad_rate_estimate": post.rate_p,
+        "good_rate_estimate": post.rate_q,
+        "trials": float(sum(ev.trials for ev in evidence.values())),
+    }
+
+
+def _search_picks(
+    problem: SearchProblem,
+    evidence: Mapping[int, Evidence],
+    mass: np.ndarray,
+    mean_q: np.ndarray,
+    mean_p: np.ndarray,
+    count: int,
+    taken: set[int],
+) -> list[Query]:
+    """Positions for the next trials: the most informative one, or posterior quantiles for k."""
+    n = problem.n
+    allowed = np.ones(n + 1, dtype=bool)
+    for i, ev in evidence.items():
+        if ev.skipped or ev.trials >= problem.max_trials_per_query:
+            allowed[i] = False
+    for i in taken:
+        allowed[i] = False
+    if not allowed.any():
+        return []
+    if count == 1:
+        gain = np.where(allowed, information_gain(mass, mean_q, mean_p), -np.inf)
+        return [Query(int(np.argmax(gain)))]
+    allowed[0] = allowed[n] = False
+    cdf = np.cumsum(mass)
+    picks: list[Query] = []
+    for part in range(1, count + 1):
+        if not allowed.any():
+            break
+        distance = np.where(allowed, np.abs(np.concatenate(([0.0], cdf)) - part / (count + 1)), np.inf)
+        x = int(np.argmin(distance))
+        allowed[x] = False
+        picks.append(Query(x))
+    return picks
+
+
+def _exhausted(blocks: np.ndarray, block_mass: np.ndarray, best: int) -> Decision:
+    """Every position is capped or skipped: report the best block with its (low) confidence."""
+    members = np.flatnonzero(blocks == best) + 1
+    lo, hi = int(members[0]) - 1, int(members[-1])
+    figures = {"posterior": float(block_mass[best]), "separation": 0.0}
+    if hi - lo == 1:
+        return Found(hi, confidence=float(block_mass[best]), figures=figures)
+    return Narrowed(lo, hi, figures=figures)

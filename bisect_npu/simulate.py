@@ -1,0 +1,182 @@
+"""Replaying the real search against a synthetic oracle: expected runs, builds and hours.
+
+The same ``decide`` a session calls is driven here by a seeded random oracle: a trial at a
+position at or after the culprit fails with the bad rate, before it with the good rate, and a
+candidate's build fails (the position is skipped) with the build-fail rate. The ends never fail
+to build: the user has run them already to know that one is good and the other bad.
+
+Used by `bisect-npu simulate` (planning on a real history) and by bench/noisy_bench.py.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import Literal
+
+import numpy as np
+
+from bisect_npu.search import (
+    Decision,
+    EndsWrong,
+    Evidence,
+    Found,
+    Narrowed,
+    Next,
+    SearchProblem,
+    decide,
+)
+
+
+@dataclass(frozen=True)
+class RunOutcome:
+    """One simulated bisection."""
+
+    answer: Decision
+    trials: int
+    rounds: int
+    builds: int
+    wall_minutes: float
+    culprit: int
+
+    @property
+    def correct(self) -> bool:
+        return isinstance(self.answer, Found) and self.answer.index == self.culprit
+
+
+@dataclass(frozen=True)
+class SimulationSummary:
+    """Figures over many simulated bisections of one range."""
+
+    runs: int
+    accuracy: float
+    narrowed: float
+    ends_wrong: float
+    mean_trials: float
+    p95_trials: float
+    mean_rounds: float
+    mean_builds: float
+    mean_machine_hours: float
+    mean_wall_hours: float
+
+
+def simulate_one(
+    problem: SearchProblem,
+    culprit: int,
+    *,
+    bad_rate: float,
+    good_rate: float,
+    build_fail: float,
+    rng: np.random.Generator,
+    build_key_of: Callable[[int], str],
+    build_cost_min: float = 30.0,
+    run_cost_min: float = 5.0,
+    max_rounds: int = 100_000,
+) -> RunOutcome:
+    """One bisection: ask ``decide``, run what it asks with the synthetic oracle, repeat."""
+    evidence: dict[int, Evidence] = {}
+    builds: set[str] = set()
+    build_ok: dict[int, bool] = {0: True, problem.n: True}
+    trials = rounds = 0
+    wall = 0.0
+    for _ in range(max_rounds):
+        decision = decide(problem, evidence)
+        if not isinstance(decision, Next):
+            return RunOutcome(decision, trials, rounds, len(builds), wall, culprit)
+        rounds += 1
+        slowest = 0.0
+        for query in decision.queries:
+            i = query.index
+            key = build_key_of(i)
+            cost = 0.0 if key in builds else build_cost_min
+            builds.add(key)
+            if i not in build_ok:
+                build_ok[i] = bool(rng.random() >= build_fail)
+            if not build_ok[i]:
+                evidence[i] = evidence.get(i, Evidence()).add("skip")
+                slowest = max(slowest, cost)
+                continue
+            rate = bad_rate if i >= culprit else good_rate
+            failures = int((rng.random(query.trials) < rate).sum())
+            ev = evidence.get(i, Evidence())
+            evidence[i] = Evidence(ev.good + query.trials - failures, ev.bad + failures, ev.skipped)
+            trials += query.trials
+            slowest = max(slowest, cost + query.trials * run_cost_min)
+        wall += slowest
+    raise RuntimeError(f"the search did not finish within {max_rounds} rounds")
+
+
+def simulate(
+    n: int,
+    culprit: int,
+    *,
+    bad_rate: float,
+    good_rate: float,
+    build_fail: float = 0.0,
+    slots: int = 1,
+    mode: Literal["exact", "noisy"] = "noisy",
+    runs: int = 200,
+    seed: int = 0,
+    build_key_of: Callable[[int], str] | None = None,
+    build_cost_min: float = 30.0,
+    run_cost_min: float = 5.0,
+    confidence: float = 0.99,
+) -> SimulationSummary:
+    """Summary of ``runs`` seeded bisections of positions 0..n with the culprit at ``culprit``.
+
+    ``build_key_of`` maps a position to its build key (positions sharing a key share one
+    build); by default every position is its own build.
+    """
+    if not 1 <= culprit <= n:
+        raise ValueError(f"culprit must be one of the candidates 1..{n}, got {culprit}")
+    problem = SearchProblem(n=n, mode=mode, slots=slots, confidence=confidence)
+    key_of = build_key_of or str
+    rng = np.random.default_rng(seed)
+    outcomes = [
+        simulate_one(
+            problem,
+            culprit,
+            bad_rate=bad_rate,
+            good_rate=good_rate,
+            build_fail=build_fail,
+            rng=rng,
+            build_key_of=key_of,
+            build_cost_min=build_cost_min,
+            run_cost_min=run_cost_min,
+        )
+        for _ in range(runs)
+    ]
+    return summarise(outcomes, build_cost_min, run_cost_min)
+
+
+def summarise(outcomes: list[RunOutcome], build_cost_min: float, run_cost_min: float) -> SimulationSummary:
+    trials = np.array([o.trials for o in outcomes], dtype=float)
+    builds = np.array([o.builds for o in outcomes], dtype=float)
+    return SimulationSummary(
+        runs=len(outcomes),
+        accuracy=float(np.mean([o.correct for o in outcomes])),
+        narrowed=float(np.mean([isinstance(o.answer, Narrowed) for o in outcomes])),
+        ends_wrong=float(np.mean([isinstance(o.answer, EndsWrong) for o in outcomes])),
+        mean_trials=float(trials.mean()),
+        p95_trials=float(np.percentile(trials, 95)),
+        mean_rounds=float(np.mean([o.rounds for o in outcomes])),
+        mean_builds=float(builds.mean()),
+        mean_machine_hours=float((builds * build_cost_min + trials * run_cost_min).mean() / 60.0),
+        mean_wall_hours=float(np.mean([o.wall_minutes for o in outcomes]) / 60.0),
+    )
+
+
+def describe(summary: SimulationSummary) -> Mapping[str, str]:
+    """The summary as labelled, formatted figures (for the CLI table and plain output)."""
+    return {
+        "runs": str(summary.runs),
+        "accuracy": f"{summary.accuracy:.1%}",
+        "narrowed (skips)": f"{summary.narrowed:.1%}",
+        "ends judged wrong": f"{summary.ends_wrong:.1%}",
+        "trials (runs), mean": f"{summary.mean_trials:.1f}",
+        "trials (runs), p95": f"{summary.p95_trials:.0f}",
+        "rounds, mean": f"{summary.mean_rounds:.1f}",
+        "distinct builds, mean": f"{summary.mean_builds:.1f}",
+        "machine hours, mean": f"{summary.mean_machine_hours:.1f}",
+        "wall-clock hours, mean": f"{summary.mean_wall_hours:.1f}",
+    }

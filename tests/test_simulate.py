@@ -1,0 +1,71 @@
+"""Simulation: the real search against a seeded synthetic oracle, on numbers and on a real repo."""
+
+from __future__ import annotations
+
+import math
+import subprocess
+import sys
+
+import pytest
+from gitrepo import make_linear_repo
+
+from bisect_npu.simulate import simulate
+
+
+def test_perfect_exact_search_is_right_and_within_log2():
+    summary = simulate(300, 123, bad_rate=1.0, good_rate=0.0, mode="exact", runs=5, seed=0)
+    assert summary.accuracy == 1.0
+    assert summary.mean_trials <= math.ceil(math.log2(300)) + 2
+    assert summary.mean_builds == summary.mean_trials  # every position its own build by default
+
+
+def test_shared_build_keys_are_counted_once():
+    summary = simulate(64, 40, bad_rate=1.0, good_rate=0.0, mode="exact", runs=3, seed=0,
+                       build_key_of=lambda i: "before" if i < 32 else "after",
+                       build_cost_min=60, run_cost_min=6)
+    assert summary.mean_builds == 2
+    assert summary.mean_machine_hours == pytest.approx((2 * 60 + summary.mean_trials * 6) / 60)
+
+
+def test_build_failures_skip_but_stay_honest():
+    summary = simulate(100, 50, bad_rate=1.0, good_rate=0.0, build_fail=0.3, mode="exact", runs=40, seed=1)
+    assert summary.narrowed > 0
+    assert summary.accuracy + summary.narrowed == pytest.approx(1.0)
+
+
+def test_same_seed_same_summary_and_slots_cut_rounds():
+    one = simulate(200, 10, bad_rate=0.9, good_rate=0.1, runs=8, seed=3)
+    assert one == simulate(200, 10, bad_rate=0.9, good_rate=0.1, runs=8, seed=3)
+    exact1 = simulate(500, 10, bad_rate=1.0, good_rate=0.0, mode="exact", runs=2, seed=0)
+    exact7 = simulate(500, 10, bad_rate=1.0, good_rate=0.0, mode="exact", runs=2, seed=0, slots=7)
+    assert exact7.mean_rounds < exact1.mean_rounds / 2
+    assert exact7.mean_wall_hours < exact1.mean_wall_hours
+
+
+def test_culprit_outside_the_range_is_rejected():
+    with pytest.raises(ValueError):
+        simulate(10, 11, bad_rate=1.0, good_rate=0.0)
+
+
+def _cli(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "bisect_npu", *args], capture_output=True, text=True,
+                          check=False)
+
+
+def test_cli_on_a_real_repository(tmp_path):
+    # Commits 10 and 30 touch csrc/: three build keys over the range.
+    shas = make_linear_repo(tmp_path, 41, culprit=25,
+                            files=lambda i: {"csrc/kernel.cpp": f"// {i}\n"} if i in (10, 30) else {})
+    done = _cli("simulate", "--repo", str(tmp_path), "--good", shas[0], "--bad", shas[40],
+                "--culprit", shas[25], "--bad-rate", "0.9", "--good-rate", "0.1", "--runs", "20")
+    assert done.returncode == 0, done.stderr
+    assert "40 candidates, culprit at position 25, 3 build keys, mode noisy" in done.stdout
+    assert "accuracy:" in done.stdout and "distinct builds, mean:" in done.stdout
+
+
+def test_cli_rejects_a_culprit_outside_the_range(tmp_path):
+    shas = make_linear_repo(tmp_path, 12, culprit=5)
+    done = _cli("simulate", "--repo", str(tmp_path), "--good", shas[4], "--bad", shas[11],
+                "--culprit", shas[2])
+    assert done.returncode == 2
+    assert "not one of the 7 candidates" in done.stderr

@@ -97,6 +97,11 @@ class Evaluator:
         self.timeout_s = timeout_s
         self.reference: list[Observation] | None = None
 
+    def close(self) -> None:
+        """End of the session: free cached environments and anything the executor still runs."""
+        self.builder.close()
+        self.executor.close()
+
     def rel(self, path: str | Path | None) -> str | None:
         """Paths in the journal are relative to the session, so a session directory can be moved."""
         if path is None:

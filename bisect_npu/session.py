@@ -229,6 +229,7 @@ class Session:
         try:
             return self._run()
         finally:
+            self.evaluator.close()
             self.progress.close()
             self.journal.close()
 

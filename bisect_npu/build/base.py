@@ -41,3 +41,6 @@ class Builder(Protocol):
 
     def release(self, env: Environment) -> None:
         """Free what `acquire` took that is not cached for later candidates."""
+
+    def close(self) -> None:
+        """Free everything still held (cached worktrees, background builds) at the end of a run."""

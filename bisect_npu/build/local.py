@@ -9,7 +9,9 @@ from __future__ import annotations
 import os
 import shutil
 import subprocess
+import threading
 import time
+from collections import OrderedDict
 from pathlib import Path
 from typing import IO
 
@@ -47,20 +49,31 @@ def check_workdir(workdir: Path) -> None:
 
 
 class LocalBuilder:
-    """Check out each candidate into its own worktree and run the recipe's build command there."""
+    """Check out each candidate into its own worktree and run the recipe's build command there.
+
+    The last `keep` built worktrees stay until `close()`: noisy bisection comes back to the same
+    commits for more trials, and a second build of the same commit would only cost time.
+    """
 
     def __init__(self, repo: git.Repo, workdir: Path, build_command: list[str] | None = None,
-                 env: dict[str, str] | None = None, timeout_s: float = 3600.0) -> None:
+                 env: dict[str, str] | None = None, timeout_s: float = 3600.0, keep: int = 4) -> None:
         self.repo = repo
         self.workdir = workdir
         self.build_command = build_command or []
         self.env = env or {}
         self.timeout_s = timeout_s
+        self.keep = keep
+        self._kept: OrderedDict[str, Environment] = OrderedDict()
+        self._lock = threading.Lock()
 
     def _worktree_path(self, commit: str) -> Path:
         return self.workdir / commit[:12]
 
     def acquire(self, commit: str, log_dir: Path) -> Environment:
+        with self._lock:
+            kept = self._kept.pop(commit, None)
+        if kept is not None and kept.path and Path(kept.path).is_dir():
+            return kept.model_copy(update={"how": "reused", "seconds": 0.0})
         started = time.monotonic()
         path = self._worktree_path(commit)
         self._remove_worktree(path)  # a worktree left by a killed run is never trusted
@@ -92,8 +105,22 @@ class LocalBuilder:
             raise BuildFailed(f"build failed with exit code {proc.returncode}", log_path, tail(log_path))
 
     def release(self, env: Environment) -> None:
-        if env.path:
-            self._remove_worktree(Path(env.path))
+        """Keep the worktree for a later trial of the same commit; drop the oldest beyond `keep`."""
+        with self._lock:
+            self._kept[env.commit] = env
+            evicted = []
+            while len(self._kept) > self.keep:
+                evicted.append(self._kept.popitem(last=False)[1])
+        for old in evicted:
+            if old.path:
+                self._remove_worktree(Path(old.path))
+
+    def close(self) -> None:
+        with self._lock:
+            kept, self._kept = list(self._kept.values()), OrderedDict()
+        for env in kept:
+            if env.path:
+                self._remove_worktree(Path(env.path))
 
     def _remove_worktree(self, path: Path) -> None:
         if path.exists():

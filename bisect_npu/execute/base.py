@@ -29,3 +29,6 @@ class Executor(Protocol):
                     extra_env: dict[str, str] | None = None) -> RunResult:
         """Run a user command (the `git bisect run` protocol) in the environment, with `extra_env`
         (BISECT_NPU_COMMIT, BISECT_NPU_TRIAL) so a command can tell repeated trials apart."""
+
+    def close(self) -> None:
+        """Stop and remove whatever this executor still runs (containers, servers)."""

@@ -46,6 +46,9 @@ class LocalExecutor:
             result = result.model_copy(update={"observation": request["output"]})
         return result
 
+    def close(self) -> None:
+        """Nothing outlives a run: every subprocess is waited for (or killed) before `_run` returns."""
+
     def run_command(self, env: Environment, argv: list[str], log_path: Path, timeout_s: float,
                     extra_env: dict[str, str] | None = None) -> RunResult:
         return self._run(env, argv, log_path, timeout_s, extra_env)

@@ -21,6 +21,7 @@ import git
 from packaging.version import InvalidVersion, Version
 
 from .models import UsageError
+from .paths import cache_root
 
 _HEX_PREFIX = re.compile(r"[0-9a-fA-F]{4,40}")
 _PR_SUFFIX = re.compile(r"\(#(\d+)\)\s*$")
@@ -35,7 +36,7 @@ _log = logging.getLogger(__name__)
 
 
 def default_cache_dir() -> Path:
-    return Path.home() / ".cache" / "bisect-npu" / "repos"
+    return cache_root() / "repos"
 
 
 def open_repo(path_or_url: str, cache_dir: Path | None = None) -> git.Repo:

@@ -25,7 +25,7 @@ from bisect_npu.execute.base import Executor
 from bisect_npu.journal import Journal, latest_session, new_session_dir
 from bisect_npu.models import Observation, UsageError, Verdict, VerdictKind
 from bisect_npu.progress import PlainProgress, Progress
-from bisect_npu.recipe import Recipe, load_recipe
+from bisect_npu.recipe import InstallPlan, Recipe, load_recipe
 
 DEFAULT_ROOT = Path(".bisect-npu") / "sessions"
 EXIT_FOUND, EXIT_NARROWED, EXIT_ENDS_WRONG = 0, 3, 4
@@ -37,7 +37,11 @@ class RunOptions:
 
     good: str
     bad: str
-    repo: str = "."
+    repo: str | None = "."
+    # Release level: candidates are published versions of this package instead of commits.
+    package: str | None = None
+    index_url: str | None = None
+    prereleases: bool = False
     recipe: str | None = None
     command: list[str] | None = None
     executor: Literal["local", "docker"] = "local"
@@ -80,7 +84,7 @@ class SessionResult:
 class Session:
     """One bisection over a resolved range, driven step by step from the journal."""
 
-    def __init__(self, journal: Journal, options: RunOptions, repo: git.Repo, recipe: Recipe | None,
+    def __init__(self, journal: Journal, options: RunOptions, repo: git.Repo | None, recipe: Recipe | None,
                  evaluator: Evaluator, progress: Progress) -> None:
         self.journal = journal
         self.options = options
@@ -101,7 +105,7 @@ class Session:
     @classmethod
     def start(cls, options: RunOptions, session_dir: Path | None = None, root: Path = DEFAULT_ROOT,
               progress: Progress | None = None, builder: Builder | None = None,
-              executor: Executor | None = None) -> Session:
+              executor: Executor | None = None, parent: Path | None = None) -> Session:
         """Resolve and check everything that can be wrong before the journal is created."""
         if (options.recipe is None) == (options.command is None):
             raise UsageError("give either --recipe FILE or --cmd COMMAND (the oracle for each candidate)")
@@ -109,12 +113,12 @@ class Session:
         options.mode = options.mode or (recipe.trials.mode if recipe else "exact")
         if recipe is not None and options.recipe and Path(options.recipe).exists():
             options.recipe = str(Path(options.recipe).resolve())
-        repo = history.open_repo(options.repo)
-        if not _is_url(options.repo):
+        repo = history.open_repo(options.repo) if options.repo else None
+        if repo is not None and options.repo and not _is_url(options.repo):
             options.repo = str(repo.working_tree_dir or repo.git_dir)
-        brange = history.resolve_range(repo, options.good, options.bad)
-        if not brange.candidates:
-            raise UsageError(f"nothing to bisect between {options.good} and {options.bad}")
+        if options.package is None and repo is None:
+            raise UsageError("give --repo (a clone of the upstream) or --package (bisect published releases)")
+        candidates_range = _resolve_candidates(options, repo)
         if options.command:
             _check_command(options.command)
         if options.workdir:
@@ -122,25 +126,18 @@ class Session:
 
             check_workdir(Path(options.workdir).resolve())
         session_dir = (session_dir or new_session_dir(root)).resolve()
-        facts = history.commits_facts(repo, [brange.base, *brange.candidates])
         header = {
             "tool_version": __version__,
             "options": options.to_json(),
             "recipe_digest": recipe.digest() if recipe else None,
-            "range": {
-                "good": brange.good, "bad": brange.bad, "base": brange.base,
-                "good_ref": options.good, "bad_ref": options.bad,
-                "merge_base_note": brange.merge_base_note,
-                "candidates": list(brange.candidates),
-                "titles": {f.sha: f.title for f in facts},
-                "prs": {f.sha: f.pr for f in facts if f.pr},
-            },
-            "github": history.github_url(repo),
+            "range": candidates_range,
+            "github": history.github_url(repo) if repo is not None and options.package is None else None,
+            "parent_session": str(parent) if parent else None,
         }
         journal = Journal.create(session_dir, header)
         progress = progress or PlainProgress()
-        if brange.merge_base_note:
-            progress.note(brange.merge_base_note)
+        if candidates_range["merge_base_note"]:
+            progress.note(candidates_range["merge_base_note"])
         evaluator = _make_evaluator(options, repo, recipe, session_dir, builder, executor)
         return cls(journal, options, repo, recipe, evaluator, progress)
 
@@ -155,7 +152,7 @@ class Session:
             journal.close()
             raise UsageError(f"recipe {options.recipe} changed since the session started; "
                              "start a new session with `bisect-npu run` (results would mix two bad cases)")
-        repo = history.open_repo(options.repo)
+        repo = history.open_repo(options.repo) if options.repo else None
         progress = progress or PlainProgress()
         if journal.dropped_tail:
             progress.note("dropped a torn last journal line (the previous run was killed mid-write)")
@@ -236,6 +233,9 @@ class Session:
     def _run(self) -> SessionResult:
         ended = next((e for e in self.journal.entries if e["type"] == "end"), None)
         if ended is not None:
+            level_done = any(e["type"] == "next_level" for e in self.journal.entries)
+            if self.options.package and self.repo is not None and ended["status"] == "found" and not level_done:
+                return self._commit_level(search.Found(ended["index"]))
             self.progress.note("session already finished; re-rendering the report only")
             return self._result_from_end(ended)
         while True:
@@ -244,8 +244,37 @@ class Session:
                 break
             self._run_queries(decision.queries)
         result = self._finish(decision)
-        if result.status == "found" and result.culprit and self.options.propose_fix and not self.options.find_fix:
+        if result.status != "found" or not result.culprit:
+            return result
+        if self.options.package:
+            return self._commit_level(decision) if self.repo is not None else result
+        if self.options.propose_fix and not self.options.find_fix:
             self._propose_fix(result.culprit)
+        return result
+
+    def _commit_level(self, decision: search.Decision) -> SessionResult:
+        """Release level done: map the two adjacent versions to tags and bisect the commits between
+        them in a session of their own, like mozregression's switch from nightlies to builds."""
+        from bisect_npu import versions
+
+        assert isinstance(decision, search.Found) and self.repo is not None
+        older, newer = self.commit_at(decision.index - 1), self.commit_at(decision.index)
+        good_tag = versions.tag_for_version(self.repo, older)
+        bad_tag = versions.tag_for_version(self.repo, newer)
+        self.progress.note(f"release level done: {older} -> {newer}; bisecting commits {good_tag}..{bad_tag}")
+        root = self.journal.session_dir / "commit-level"
+        if (root / "latest").exists():  # interrupted during the commit level: continue that session
+            child = Session.resume(root=root, progress=self.progress)
+        else:
+            options = dataclasses.replace(self.options, package=None, good=good_tag, bad=bad_tag, mode=None)
+            child = Session.start(options, root=root, progress=self.progress, parent=self.journal.session_dir)
+        result = child.run()
+        from bisect_npu.report import write_reports
+
+        write_reports(result.session_dir)
+        self._append({"type": "next_level", "session": str(result.session_dir), "status": result.status,
+                      "culprit": result.culprit, "message": result.message, "good": good_tag, "bad": bad_tag})
+        write_reports(self.journal.session_dir)  # the release level's report, with its commit-level answer
         return result
 
     def _run_queries(self, queries: tuple[search.Query, ...]) -> None:
@@ -396,6 +425,31 @@ class Session:
         return result.verdict
 
 
+def _resolve_candidates(options: RunOptions, repo: git.Repo | None) -> dict[str, Any]:
+    """The journal header's `range`: commits of a repository, or published versions of a package."""
+    if options.package:
+        from bisect_npu import versions
+
+        vrange = versions.resolve_version_range(options.package, options.good, options.bad,
+                                                include_prereleases=options.prereleases,
+                                                index_url=options.index_url)
+        candidates = [*vrange.candidates, vrange.bad]
+        titles = {**vrange.titles, vrange.good: f"{options.package} {vrange.good}",
+                  vrange.bad: f"{options.package} {vrange.bad}"}
+        return {"kind": "versions", "package": options.package, "good": vrange.good, "bad": vrange.bad,
+                "base": vrange.good, "good_ref": options.good, "bad_ref": options.bad, "merge_base_note": None,
+                "candidates": candidates, "titles": titles, "prs": {}, "groups": vrange.groups}
+    assert repo is not None
+    brange = history.resolve_range(repo, options.good, options.bad)
+    if not brange.candidates:
+        raise UsageError(f"nothing to bisect between {options.good} and {options.bad}")
+    facts = history.commits_facts(repo, [brange.base, *brange.candidates])
+    return {"kind": "commits", "good": brange.good, "bad": brange.bad, "base": brange.base,
+            "good_ref": options.good, "bad_ref": options.bad, "merge_base_note": brange.merge_base_note,
+            "candidates": list(brange.candidates), "titles": {f.sha: f.title for f in facts},
+            "prs": {f.sha: f.pr for f in facts if f.pr}}
+
+
 def load_golden(recipe: Recipe) -> list[Observation]:
     """A golden reference: one observation file, or a directory of them (paths relative to the recipe)."""
     if not recipe.reference.path:
@@ -443,7 +497,7 @@ def _check_command(command: list[str]) -> None:
         raise UsageError(f"command not found: {program}")
 
 
-def _make_evaluator(options: RunOptions, repo: git.Repo, recipe: Recipe | None, session_dir: Path,
+def _make_evaluator(options: RunOptions, repo: git.Repo | None, recipe: Recipe | None, session_dir: Path,
                     builder: Builder | None, executor: Executor | None) -> Evaluator:
     workdir = Path(options.workdir) if options.workdir else session_dir / "worktrees"
     if builder is None or executor is None:
@@ -454,10 +508,18 @@ def _make_evaluator(options: RunOptions, repo: git.Repo, recipe: Recipe | None, 
                      timeout_s=options.timeout_s)
 
 
-def make_environment(options: RunOptions, repo: git.Repo, recipe: Recipe | None, session_dir: Path,
+def make_environment(options: RunOptions, repo: git.Repo | None, recipe: Recipe | None, session_dir: Path,
                      workdir: Path) -> tuple[Builder, Executor]:
     """The builder and executor for `--executor local|docker`."""
     env = dict(recipe.environment) if recipe else {}
+    if options.package:
+        from bisect_npu.build.venv import VenvBuilder, default_venv_cache
+        from bisect_npu.execute.local import LocalExecutor
+
+        plan = recipe.install if recipe else InstallPlan()
+        return (VenvBuilder(options.package, plan, default_venv_cache(), int(options.cache_size_gb * 2**30)),
+                LocalExecutor(env, []))
+    assert repo is not None
     if options.executor == "local":
         from bisect_npu.build.local import LocalBuilder
         from bisect_npu.execute.local import LocalExecutor

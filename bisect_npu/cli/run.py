@@ -35,7 +35,10 @@ def finish(result: SessionResult, as_json: bool) -> None:
               help="The old end: a ref where the model behaves (with --find-fix: where it is broken).")
 @click.option("--bad", "--new", "bad", required=True,
               help="The new end: a ref where it misbehaves (with --find-fix: where it is fixed).")
-@click.option("--repo", default=".", show_default=True, help="Path or URL of the upstream repository.")
+@click.option("--repo", help="Path or URL of the upstream repository [default: . unless --package].")
+@click.option("--package", help="Bisect published releases of this package (PEP 440 order) before commits.")
+@click.option("--index-url", help="Package index for --package (default: PyPI).")
+@click.option("--pre", "prereleases", is_flag=True, help="Include pre-releases between the ends (--package).")
 @click.option("--recipe", help="Recipe file or bundled recipe name (the bad case and its oracle).")
 @click.option("--cmd", "command", help="Oracle command instead of a recipe: exit 0 good, 125 skip, 1-127 bad.")
 @click.option("--executor", type=click.Choice(["local", "docker"]), default="local", show_default=True)
@@ -54,7 +57,8 @@ def finish(result: SessionResult, as_json: bool) -> None:
 @click.option("--find-fix", is_flag=True, help="Flip the terms: find the first commit where the symptom is gone.")
 @click.option("--json", "as_json", is_flag=True, help="Print a machine-readable summary as the last line.")
 @click.option("--quiet", is_flag=True, help="Plain log lines even on a terminal.")
-def run(good: str, bad: str, repo: str, recipe: str | None, command: str | None, executor: str,
+def run(good: str, bad: str, repo: str | None, package: str | None, index_url: str | None, prereleases: bool,
+        recipe: str | None, command: str | None, executor: str,
         devices: str | None, slots: int | None, session_dir: Path | None, workdir: Path | None, mode: str | None,
         confidence: float | None, check_ends: bool, timeout_s: float, propose_fix: bool, verify_fix: bool,
         find_fix: bool, as_json: bool, quiet: bool) -> None:
@@ -67,7 +71,8 @@ def run(good: str, bad: str, repo: str, recipe: str | None, command: str | None,
     if command is not None and not argv:
         raise UsageError("--cmd is empty; give the command that judges a checkout")
     cards = parse_devices(devices) if devices else []
-    options = RunOptions(good=good, bad=bad, repo=repo, recipe=recipe, command=argv, executor=executor,
+    options = RunOptions(good=good, bad=bad, repo=repo or (None if package else "."), package=package,
+                         index_url=index_url, prereleases=prereleases, recipe=recipe, command=argv, executor=executor,
                          devices=cards, slots=slots or max(1, len(cards)), mode=mode, confidence=confidence,
                          check_ends=check_ends, timeout_s=timeout_s, propose_fix=propose_fix,
                          verify_fix=verify_fix, find_fix=find_fix, workdir=str(workdir) if workdir else None)

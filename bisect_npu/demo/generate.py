@@ -18,6 +18,7 @@ from pathlib import Path
 from bisect_npu.demo import patches as P
 from bisect_npu.demo.manifest import CaseTruth, CommitRef, CompiledTouch, Manifest
 from bisect_npu.models import InfrastructureError
+from bisect_npu.paths import cache_root
 
 GENERATOR_VERSION = "1"
 TEMPLATE_DIR = Path(__file__).resolve().parent / "upstream"
@@ -252,8 +253,7 @@ def _manifest(dest: Path, seed: int, state: _State, sha_of: dict[int, str]) -> M
 
 def demo_cache_dir(seed: int = 0) -> Path:
     """Where the generated upstream lives: $BISECT_NPU_CACHE/demo/seed-N or ~/.cache/bisect-npu/..."""
-    root = os.environ.get("BISECT_NPU_CACHE") or os.path.join(os.path.expanduser("~"), ".cache", "bisect-npu")
-    return Path(root) / "demo" / f"seed-{seed}"
+    return cache_root() / "demo" / f"seed-{seed}"
 
 
 def ensure_upstream(seed: int = 0) -> tuple[Path, Manifest]:

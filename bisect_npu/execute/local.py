@@ -27,11 +27,14 @@ class LocalExecutor:
         self.python_paths = python_paths or ["."]
         self.python = python
 
-    def _environ(self, worktree: Path) -> dict[str, str]:
+    def _environ(self, env: Environment) -> dict[str, str]:
+        worktree = Path(env.path or ".")
         paths = [str((worktree / p).resolve()) for p in self.python_paths]
         existing = os.environ.get("PYTHONPATH")
-        return {**os.environ, **self.env,
-                "PYTHONPATH": os.pathsep.join(paths + ([existing] if existing else []))}
+        environ = {**os.environ, **self.env, "PYTHONPATH": os.pathsep.join(paths + ([existing] if existing else []))}
+        if env.python:  # a version's venv: its console scripts come first for user commands too
+            environ["PATH"] = os.pathsep.join([str(Path(env.python).parent), environ.get("PATH", "")])
+        return environ
 
     def run_probe(self, env: Environment, request: dict[str, Any], out_dir: Path, timeout_s: float) -> RunResult:
         out_dir = out_dir.resolve()  # the probe runs in the worktree: relative paths would point there
@@ -63,7 +66,7 @@ class LocalExecutor:
         with log_path.open("w", encoding="utf-8") as log:
             try:
                 proc = subprocess.Popen(argv, cwd=worktree, stdout=log, stderr=subprocess.STDOUT,
-                                        env={**self._environ(worktree), **(extra_env or {})},
+                                        env={**self._environ(env), **(extra_env or {})},
                                         start_new_session=True)
             except FileNotFoundError as exc:
                 raise UsageError(f"command not found: {argv[0]}; give a program on PATH or a path "

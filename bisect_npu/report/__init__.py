@@ -50,6 +50,7 @@ class SessionView:
     end: dict[str, Any] | None
     fix: dict[str, Any] | None
     fix_verify: list[dict[str, Any]] | None
+    next_level: dict[str, Any] | None = None
     versions: dict[str, str] = field(default_factory=dict)
     sampling: dict[str, Any] = field(default_factory=dict)
 
@@ -77,7 +78,7 @@ def load_view(session_dir: Path) -> SessionView:
         raise UsageError(f"{session_dir} holds no bisect-npu journal; pass --session with a session directory")
     journal = Journal.open(session_dir, read_only=True)
     steps: list[StepView] = []
-    end = fix = None
+    end = fix = next_level = None
     fix_verify = None
     for entry in journal.entries:
         kind = entry["type"]
@@ -98,8 +99,10 @@ def load_view(session_dir: Path) -> SessionView:
             fix = entry["report"]
         elif kind == "fix_verify":
             fix_verify = entry["verifications"]
+        elif kind == "next_level":
+            next_level = entry
     journal.close()
-    view = SessionView(session_dir, journal.header, steps, end, fix, fix_verify)
+    view = SessionView(session_dir, journal.header, steps, end, fix, fix_verify, next_level)
     view.versions, view.sampling = _engine_facts(session_dir, journal.entries)
     return view
 
@@ -164,6 +167,8 @@ def render_json(view: SessionView) -> dict[str, Any]:
                    "reason": s.reason, "seconds": s.seconds, "build": s.build_how, "trials": s.trials,
                    "figures": s.figures} for s in view.steps],
         "fix": view.fix, "fix_verify": view.fix_verify,
+        "level": view.range.get("kind", "commits"), "package": view.range.get("package"),
+        "next_level": view.next_level, "parent_session": view.header.get("parent_session"),
         "versions": view.versions,
     }
 
@@ -172,7 +177,14 @@ def reproduce_command(view: SessionView) -> str:
     import shlex
 
     o = view.options
-    parts = ["bisect-npu", "run", "--repo", o["repo"], "--good", o["good"], "--bad", o["bad"]]
+    parts = ["bisect-npu", "run"]
+    if o.get("package"):
+        parts += ["--package", o["package"]]
+    if o.get("repo"):
+        parts += ["--repo", o["repo"]]
+    parts += ["--good", o["good"], "--bad", o["bad"]]
+    if o.get("find_fix"):
+        parts += ["--find-fix"]
     if o.get("recipe"):
         parts += ["--recipe", o["recipe"]]
     if o.get("command"):

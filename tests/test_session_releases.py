@@ -1,0 +1,72 @@
+"""Release-level bisection through `bisect-npu run --package`: real venvs of a small package from
+PyPI (python-dateutil), then the switch to commits between the two adjacent releases' tags."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from gitrepo import make_linear_repo
+
+CLI = [sys.executable, "-m", "bisect_npu"]
+
+# The bad case: dateutil >= 2.9 at release level (cwd is the version's venv, `python` its
+# interpreter); in a source checkout (commit level) the `state` file says good or bad.
+CHECK = """\
+import os, sys
+if os.path.exists("state"):
+    sys.exit(0 if open("state").read().strip() == "good" else 1)
+import dateutil
+major, minor = (int(x) for x in dateutil.__version__.split(".")[:2])
+sys.exit(1 if (major, minor) >= (2, 9) else 0)
+"""
+
+
+@pytest.fixture()
+def env(tmp_path: Path) -> dict[str, str]:
+    """A private cache (venvs, index listing) and a `python` on PATH for the commit level."""
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    (bin_dir / "python").symlink_to(sys.executable)
+    return {**os.environ, "BISECT_NPU_CACHE": str(tmp_path / "cache"),
+            "PATH": f"{bin_dir}{os.pathsep}{os.environ['PATH']}"}
+
+
+def test_release_level_then_commit_level(tmp_path: Path, env: dict[str, str]) -> None:
+    (tmp_path / "check.py").write_text(CHECK)
+    repo = tmp_path / "upstream"
+    shas = make_linear_repo(repo, 31, culprit=24, tags={0: "v2.8.0", 10: "v2.8.1", 20: "v2.8.2", 30: "v2.9.0"})
+    session = tmp_path / "s"
+    done = subprocess.run([*CLI, "run", "--package", "python-dateutil", "--good", "2.8.0", "--bad", "2.9.0.post0",
+                           "--repo", str(repo), "--cmd", f"python {tmp_path / 'check.py'}", "--session",
+                           str(session), "--json"], cwd=tmp_path, env=env, capture_output=True, text=True,
+                          timeout=900)
+    assert done.returncode == 0, done.stdout + done.stderr[-3000:]
+    result = json.loads(done.stdout.strip().splitlines()[-1])
+    assert result["culprit"] == shas[24]  # the commit level's answer
+    releases = json.loads((session / "report.json").read_text())
+    assert releases["level"] == "versions" and releases["culprit"] == "2.9.0.post0"  # 2.9.0 grouped with it
+    assert releases["next_level"]["good"] == "v2.8.2" and releases["next_level"]["bad"] == "v2.9.0"
+    assert "Commit level" in (session / "report.md").read_text()
+    tested = {s["commit"] for s in releases["steps"]}
+    assert "2.9.0" not in tested  # a rebuild group is one candidate
+
+
+def test_find_fix_over_releases_and_unknown_version(tmp_path: Path, env: dict[str, str]) -> None:
+    (tmp_path / "check.py").write_text(CHECK.replace(">= (2, 9)", "< (2, 8)"))  # broken before 2.8
+    done = subprocess.run([*CLI, "run", "--package", "python-dateutil", "--old", "2.7.3", "--new", "2.8.1",
+                           "--find-fix", "--cmd", f"python {tmp_path / 'check.py'}", "--session",
+                           str(tmp_path / "s"), "--json"], cwd=tmp_path, env=env, capture_output=True, text=True,
+                          timeout=900)
+    assert done.returncode == 0, done.stdout + done.stderr[-3000:]
+    assert json.loads(done.stdout.strip().splitlines()[-1])["culprit"] == "2.8.0"
+    assert "First fixed release" in (tmp_path / "s" / "report.md").read_text()
+    done = subprocess.run([*CLI, "run", "--package", "python-dateutil", "--good", "2.8.5", "--bad", "2.9.0",
+                           "--cmd", "true", "--session", str(tmp_path / "s2")], cwd=tmp_path, env=env,
+                          capture_output=True, text=True, timeout=300)
+    assert done.returncode == 2
+    assert "unknown version 2.8.5 of python-dateutil; nearest published:" in done.stderr

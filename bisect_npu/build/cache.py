@@ -1,0 +1,139 @@
+"""ImageCache: keep bisect-npu's images under a size limit, least recently used out first.
+
+Only images with our kind label are ever counted or removed; images the current session still
+needs are pinned. Last use is kept in a small JSON file (image id -> epoch seconds), so a later
+session knows which images were useful lately. An image's size is what it adds on top of its
+parent (the label `org.bisect-npu.parent`): an overlay of a few MB over a 10 GB full image
+counts as a few MB.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import re
+import tempfile
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+from bisect_npu.models import UsageError
+
+KIND_LABEL = "org.bisect-npu.kind"
+PARENT_LABEL = "org.bisect-npu.parent"
+_SIZE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([kmgt]?)i?b?\s*$", re.IGNORECASE)
+_UNITS = {"": 1, "k": 1 << 10, "m": 1 << 20, "g": 1 << 30, "t": 1 << 40}
+
+
+def parse_size(text: str) -> int:
+    """Bytes from `--cache-size` text: `200G`, `512MiB`, `1.5t`, `1048576`."""
+    match = _SIZE.match(text)
+    if not match:
+        raise UsageError(f"--cache-size {text!r}: give a size such as 200G, 512M or a byte count")
+    return int(float(match.group(1)) * _UNITS[match.group(2).lower()])
+
+
+def default_state_path() -> Path:
+    return Path.home() / ".cache" / "bisect-npu" / "image-cache.json"
+
+
+class ImageCache:
+    """LRU pruning of bisect-npu images above `max_bytes`; thread-safe within one process."""
+
+    def __init__(self, client: Any, max_bytes: int, state_path: Path | None = None) -> None:
+        self.client = client
+        self.max_bytes = max_bytes
+        self.state_path = state_path or default_state_path()
+        self._pinned: set[str] = set()
+        self._foreign_sizes: dict[str, int] = {}
+        self._lock = threading.Lock()
+
+    def use(self, image_id: str, pin: bool = False) -> None:
+        """Record that `image_id` was used now; `pin` keeps it until `unpin` (this process only)."""
+        with self._lock:
+            state = self._load()
+            state[image_id] = time.time()
+            self._save(state)
+            if pin:
+                self._pinned.add(image_id)
+
+    def unpin(self, image_id: str) -> None:
+        with self._lock:
+            self._pinned.discard(image_id)
+
+    def images(self) -> list[tuple[str, int, float]]:
+        """(id, bytes it adds, last use) of every bisect-npu image in the engine."""
+        rows = self.client.api.images(filters={"label": KIND_LABEL})
+        sizes = {row["Id"]: int(row.get("Size") or 0) for row in rows}
+        state = self._load()
+        result = []
+        for row in rows:
+            parent = (row.get("Labels") or {}).get(PARENT_LABEL, "")
+            parent_size = sizes[parent] if parent in sizes else self._size_of(parent)
+            own = max(sizes[row["Id"]] - (parent_size or 0), 0)
+            result.append((row["Id"], own, state.get(row["Id"], float(row.get("Created") or 0))))
+        return result
+
+    def total_bytes(self) -> int:
+        return sum(size for _, size, _ in self.images())
+
+    def prune(self) -> list[str]:
+        """Remove unpinned images, least recently used first, until the total fits; return their ids."""
+        import docker.errors
+
+        with self._lock:
+            rows = sorted(self.images(), key=lambda row: row[2])
+            total = sum(size for _, size, _ in rows)
+            removed: list[str] = []
+            for image_id, size, _ in rows:
+                if total <= self.max_bytes:
+                    break
+                if image_id in self._pinned:
+                    continue
+                try:  # a full image that still has overlays on it refuses: skip it, the children go first
+                    self.client.images.remove(image_id, force=True)
+                except docker.errors.APIError:
+                    continue
+                total -= size
+                removed.append(image_id)
+            if removed:
+                state = self._load()
+                for image_id in removed:
+                    state.pop(image_id, None)
+                self._save(state)
+            return removed
+
+    def _size_of(self, reference: str) -> int | None:
+        """Size of an image that is not ours (a full image's FROM), looked up once per process."""
+        import docker.errors
+
+        if not reference:
+            return None
+        if reference not in self._foreign_sizes:
+            try:
+                self._foreign_sizes[reference] = int(self.client.api.inspect_image(reference).get("Size") or 0)
+            except docker.errors.APIError:
+                return None
+        return self._foreign_sizes[reference]
+
+    def _load(self) -> dict[str, float]:
+        try:
+            data = json.loads(self.state_path.read_text(encoding="utf-8"))
+        except (FileNotFoundError, json.JSONDecodeError):
+            return {}
+        return {str(k): float(v) for k, v in data.items()} if isinstance(data, dict) else {}
+
+    def _save(self, state: dict[str, float]) -> None:
+        """Atomic replace: a second session reading the file never sees half of it."""
+        self.state_path.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(dir=self.state_path.parent, prefix=".image-cache-", suffix=".tmp")
+        try:
+            with os.fdopen(fd, "w", encoding="utf-8") as fh:
+                json.dump(state, fh)
+            os.replace(tmp, self.state_path)
+        except BaseException:
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(tmp)
+            raise

@@ -1,0 +1,374 @@
+"""DockerBuilder: each candidate as an image, built through the Docker Engine API (podman's too).
+
+Per candidate, the cheapest of three ways (Environment.how):
+
+- `reused`: an image labelled with this commit and key is already in the engine (a later
+  session reuses what an earlier one built);
+- `overlay`: a full image with the same BuildKey exists, so only the candidate's Python tree is
+  laid over it as one committed layer (no build step), a second instead of a compile;
+- `built`: the candidate's own Dockerfile on a `git archive` of the commit, with the recipe's
+  build args, tagged `bisect-npu/<repo>:key-<digest>`.
+
+Every image carries the LABEL_* labels below; the engine is whatever DOCKER_HOST / the docker
+context names.
+"""
+
+from __future__ import annotations
+
+import atexit
+import contextlib
+import io
+import json
+import re
+import subprocess
+import tarfile
+import threading
+import time
+from collections.abc import Mapping
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import IO, Any
+
+import git
+
+from bisect_npu import __version__
+from bisect_npu.build.base import BuildFailed, Environment
+from bisect_npu.build.cache import ImageCache
+from bisect_npu.build.key import BuildKey, BuildKeyReader, is_compiled_input
+from bisect_npu.models import InfrastructureError
+
+LABEL_COMMIT = "org.bisect-npu.commit"
+LABEL_KEY = "org.bisect-npu.key"
+LABEL_TOOL_VERSION = "org.bisect-npu.tool-version"
+LABEL_KIND = "org.bisect-npu.kind"  # full | overlay
+LABEL_PARENT = "org.bisect-npu.parent"  # the image it was built on, for the cache's size accounting
+LOG_TAIL_LINES = 30
+CONTAINERS_DIR = Path(__file__).resolve().parents[2] / "containers"
+OVERLAY_HELPER_DIR = "/tmp/bisect-npu-overlay"
+_CONTEXT_COPY = re.compile(r"^\s*(?:COPY|ADD)\s+(?:--\S+\s+)*\.\/?\s+(/\S*)\s*$", re.IGNORECASE | re.MULTILINE)
+
+
+def connect_engine(timeout_s: int = 3600) -> Any:
+    """A docker SDK client for the engine DOCKER_HOST (or the docker context) names, pinged."""
+    import docker
+    import docker.errors
+
+    try:
+        client = docker.from_env(timeout=timeout_s)
+        client.ping()
+    except docker.errors.DockerException as exc:
+        raise InfrastructureError(
+            f"container engine not reachable ({exc}); start one (containers/setup-podman.sh prints the "
+            "DOCKER_HOST to export) or use --executor local") from None
+    return client
+
+
+def image_repository(repo: git.Repo) -> str:
+    """`bisect-npu/<name>`: the image repository for one upstream, from its directory name."""
+    root = Path(repo.working_tree_dir or repo.git_dir)
+    name = root.name.removesuffix(".git") if root.name != ".git" else root.parent.name
+    return "bisect-npu/" + (re.sub(r"[^a-z0-9._-]+", "-", name.lower()).strip("-._") or "upstream")
+
+
+def context_source_dir(dockerfile_text: str) -> str | None:
+    """Where the Dockerfile copies its whole build context (`COPY . /dir/`), or None.
+
+    That directory holds the installed (editable) Python tree the overlay replaces; without one
+    an overlay cannot know where the code lives, so every candidate gets a full build.
+    """
+    match = _CONTEXT_COPY.search(dockerfile_text)
+    return match.group(1).rstrip("/") or "/" if match else None
+
+
+class DockerBuilder:
+    """Builds (or reuses, or overlays) one image per candidate commit. Safe to call from two threads."""
+
+    def __init__(self, repo: git.Repo, client: Any, build_args: Mapping[str, str] | None = None,
+                 cache: ImageCache | None = None, dockerfile: str = "Dockerfile",
+                 python: str = "python3", overlays: bool = True) -> None:
+        self.repo = repo
+        self.client = client
+        self.build_args = dict(build_args or {})
+        self.cache = cache
+        self.dockerfile = dockerfile
+        self.python = python
+        self.overlays = overlays
+        self.repository = image_repository(repo)
+        self._keys = BuildKeyReader(repo, self.build_args, dockerfile)
+        self._git_lock = threading.Lock()  # GitPython's object readers are not thread-safe (prefetch, slots)
+        self._locks: dict[str, threading.Lock] = {}
+        self._locks_guard = threading.Lock()
+        self._reaper = ThreadPoolExecutor(max_workers=1, thread_name_prefix="bisect-npu-reaper")
+        atexit.register(self.close)
+
+    def close(self) -> None:
+        """Wait until the overlays' helper containers are removed (also runs at exit)."""
+        self._reaper.shutdown(wait=True)
+
+    def key(self, commit: str) -> BuildKey:
+        with self._git_lock:
+            return self._keys.key(commit)
+
+    def acquire(self, commit: str, log_dir: Path) -> Environment:
+        with self._git_lock:
+            commit = self.repo.commit(commit).hexsha
+            key = self._keys.key(commit)
+            source_dir = self._source_dir(commit)
+        started = time.monotonic()
+        log_dir.mkdir(parents=True, exist_ok=True)
+        log_path = log_dir / f"build-{commit[:12]}.log"
+        with self._lock_for(key.digest):
+            # Low-level API calls throughout: the SDK's objects re-inspect every image, and on an
+            # overlay (a second) those extra round trips would be most of the time.
+            same_key = self.client.api.images(filters={"label": f"{LABEL_KEY}={key.digest}"})
+            mine = [row for row in same_key if (row.get("Labels") or {}).get(LABEL_COMMIT) == commit]
+            full = [row for row in same_key if (row.get("Labels") or {}).get(LABEL_KIND) == "full"
+                    and self._known((row.get("Labels") or {}).get(LABEL_COMMIT, ""))]
+            if mine:
+                image_id, how = self._reuse(commit, mine[0], log_path), "reused"
+            elif full and self.overlays and source_dir is not None:
+                image_id, how = self._overlay(commit, key, full[0], source_dir, log_path), "overlay"
+            else:
+                image_id, how = self._full_build(commit, key, log_path), "built"
+        if self.cache is not None:
+            self.cache.use(image_id, pin=True)
+            self.cache.prune()
+        return Environment(kind="image", commit=commit, build_key=key.digest, image=self.tag(commit), how=how,
+                           seconds=round(time.monotonic() - started, 3), log_path=str(log_path))
+
+    def release(self, env: Environment) -> None:
+        """The candidate is done: its image may be pruned later (full images stay pinned as bases)."""
+        if self.cache is not None and env.image and env.how != "built":
+            import docker.errors
+
+            with contextlib.suppress(docker.errors.ImageNotFound):
+                self.cache.unpin(self.client.api.inspect_image(env.image)["Id"])
+
+    def tag(self, commit: str) -> str:
+        return f"{self.repository}:commit-{commit[:12]}"
+
+    def _lock_for(self, digest: str) -> threading.Lock:
+        with self._locks_guard:
+            return self._locks.setdefault(digest, threading.Lock())
+
+    def _reuse(self, commit: str, row: Mapping[str, Any], log_path: Path) -> str:
+        tags = {re.sub(r"^(docker\.io|localhost)/", "", t) for t in row.get("RepoTags") or []}
+        if self.tag(commit) not in tags:
+            self.client.api.tag(row["Id"], self.repository, f"commit-{commit[:12]}")
+        log_path.write_text(f"reused image {row['Id']} ({', '.join(sorted(tags))})\n", encoding="utf-8")
+        return str(row["Id"])
+
+    def _known(self, commit: str) -> bool:
+        """Is `commit` in this repository? (An image of the same key may come from another clone.)"""
+        try:
+            with self._git_lock:
+                self.repo.commit(commit)
+        except (ValueError, git.BadName):
+            return False
+        return True
+
+    def _source_dir(self, commit: str) -> str | None:
+        try:
+            blob = self.repo.commit(commit).tree / self.dockerfile
+        except KeyError:
+            return None
+        return context_source_dir(blob.data_stream.read().decode("utf-8", errors="replace"))
+
+    def _labels(self, commit: str, key: BuildKey, kind: str, parent: str) -> dict[str, str]:
+        return {LABEL_COMMIT: commit, LABEL_KEY: key.digest, LABEL_TOOL_VERSION: __version__,
+                LABEL_KIND: kind, LABEL_PARENT: parent}
+
+    def _full_build(self, commit: str, key: BuildKey, log_path: Path) -> str:
+        facts_base = key.inputs.get("base_image", "")
+        with log_path.open("w", encoding="utf-8") as log:
+            log.write(f"# full build of {commit} (key {key.digest})\n# inputs: {json.dumps(dict(key.inputs))}\n")
+            context = _labelled_context(_git_archive(self.repo, commit), self.dockerfile,
+                                        self._labels(commit, key, "full", facts_base))
+            image_id = self._build(context, self.dockerfile, self.build_args,
+                                   f"{self.repository}:key-{key.digest}", log, log_path)
+        self.client.api.tag(image_id, self.repository, f"commit-{commit[:12]}")
+        return image_id
+
+    def _overlay(self, commit: str, key: BuildKey, base: Mapping[str, Any], source_dir: str, log_path: Path) -> str:
+        """Lay the commit's Python tree over `base` in one new layer: create a container, copy the
+        tree in, commit it. No build step: a second or less, where a Dockerfile build is several."""
+        api = self.client.api
+        base_commit = (base.get("Labels") or {}).get(LABEL_COMMIT, "")
+        deleted = self._deleted_paths(base_commit, commit)
+        with log_path.open("w", encoding="utf-8") as log:
+            log.write(f"# overlay of {commit} on {base_commit} (key {key.digest}, image {base['Id']}): "
+                      f"python tree -> {source_dir}, {len(deleted)} file(s) deleted\n")
+            command = [self.python, f"{OVERLAY_HELPER_DIR}/apply.py", f"{OVERLAY_HELPER_DIR}/plan.json"]
+            container = api.create_container(
+                base["Id"], command=command if deleted else None,
+                labels=self._labels(commit, key, "overlay", base["Id"]),
+                host_config=api.create_host_config(network_mode="none"))["Id"]
+            try:
+                if deleted:
+                    self._delete_in(container, source_dir, deleted, log, log_path)
+                api.put_archive(container, "/", _python_tree(self.repo, commit, source_dir, self.dockerfile))
+                cmd = api.inspect_image(base["Id"])["Config"].get("Cmd") if deleted else None
+                changes = f"CMD {json.dumps(cmd)}" if cmd else None  # undo the helper's command
+                image_id = str(api.commit(container, repository=self.repository, tag=f"commit-{commit[:12]}",
+                                          changes=changes)["Id"])
+            finally:
+                # Never started, so nothing runs in it: removing it (0.1-0.2 s) need not delay the run.
+                self._reaper.submit(_remove_container, api, container)
+            log.write(f"committed {self.tag(commit)} ({image_id})\n")
+        return image_id
+
+    def _delete_in(self, container: str, source_dir: str, deleted: list[str], log: IO[str], log_path: Path) -> None:
+        """Remove the files the candidate no longer has, with containers/overlay_apply.py inside."""
+        api = self.client.api
+        plan = json.dumps({"source_dir": source_dir, "delete": deleted}).encode()
+        helper = (CONTAINERS_DIR / "overlay_apply.py").read_bytes()
+        api.put_archive(container, "/", _tar({f"{OVERLAY_HELPER_DIR[1:]}/apply.py": helper,
+                                              f"{OVERLAY_HELPER_DIR[1:]}/plan.json": plan}))
+        api.start(container)
+        status = int(api.wait(container, timeout=600)["StatusCode"])
+        log.write(api.logs(container, stdout=True, stderr=True).decode("utf-8", errors="replace"))
+        log.flush()
+        if status != 0:
+            raise BuildFailed(f"overlay could not remove deleted files (exit {status})", log_path, _tail(log_path))
+
+    def _deleted_paths(self, base_commit: str, commit: str) -> list[str]:
+        """Files the base commit has and the candidate does not (renames count as deletions)."""
+        if not base_commit:
+            return []
+        out = self.repo.git.diff("--name-only", "--no-renames", "--diff-filter=D", "-z", base_commit, commit)
+        return [p for p in out.split("\0") if p and not is_compiled_input(p, self.dockerfile)]
+
+    def _build(self, context: IO[bytes], dockerfile: str, build_args: Mapping[str, str],
+               tag: str, log: IO[str], log_path: Path) -> str:
+        import docker.errors
+        import requests
+
+        error = ""
+        try:
+            for chunk in self.client.api.build(
+                    fileobj=context, custom_context=True, dockerfile=dockerfile, buildargs=dict(build_args),
+                    tag=tag, rm=True, forcerm=True, pull=False, decode=True):
+                if "stream" in chunk:
+                    log.write(chunk["stream"])
+                elif "error" in chunk:
+                    error = str(chunk.get("error", "")).strip()
+                    log.write(f"ERROR: {error}\n")
+                log.flush()
+        except requests.exceptions.ConnectionError as exc:
+            raise InfrastructureError(f"container engine went away during a build ({exc}); "
+                                      "restart it and resume the session") from None
+        except docker.errors.APIError as exc:
+            error = str(exc.explanation or exc)
+            log.write(f"ERROR: {error}\n")
+        log.flush()
+        if error:
+            raise BuildFailed(f"image build failed: {error.splitlines()[-1] if error else 'unknown error'}",
+                              log_path, _tail(log_path))
+        try:
+            return str(self.client.api.inspect_image(tag)["Id"])
+        except docker.errors.ImageNotFound:
+            raise BuildFailed(f"image build produced no image {tag}", log_path, _tail(log_path)) from None
+
+
+def _git_archive(repo: git.Repo, commit: str) -> IO[bytes]:
+    """The commit's tree as a tar (the full build's context), without touching any checkout."""
+    done = subprocess.run(["git", "-C", str(repo.git_dir), "archive", "--format=tar", commit],
+                          capture_output=True, check=False)
+    if done.returncode != 0:
+        raise BuildFailed(f"git archive {commit[:12]} failed: {done.stderr.decode(errors='replace').strip()}")
+    return io.BytesIO(done.stdout)
+
+
+def _labelled_context(context: IO[bytes], dockerfile: str, labels: Mapping[str, str]) -> IO[bytes]:
+    """The build context with our labels appended to the Dockerfile as its last instructions.
+
+    Not the build API's `labels`: podman puts those on every intermediate layer image too, so a
+    failed build would leave a half-built image that looks finished.
+    """
+    out = io.BytesIO()
+    with tarfile.open(fileobj=context, mode="r:") as source, tarfile.open(fileobj=out, mode="w") as target:
+        for member in source:
+            if member.type == tarfile.XGLTYPE:
+                continue
+            data = source.extractfile(member) if member.isfile() else None
+            if member.name == dockerfile and data is not None:
+                text = data.read().decode("utf-8", errors="replace").rstrip("\n") + "\n"
+                text += "LABEL " + " ".join(f"{json.dumps(k)}={json.dumps(v)}" for k, v in labels.items()) + "\n"
+                member.size = len(text.encode())
+                data = io.BytesIO(text.encode())
+            target.addfile(member, data)
+    out.seek(0)
+    return out
+
+
+def _remove_container(api: Any, container: str) -> None:
+    with contextlib.suppress(Exception):  # already gone
+        api.remove_container(container, force=True)
+
+
+def _tar(files: Mapping[str, bytes]) -> bytes:
+    out = io.BytesIO()
+    with tarfile.open(fileobj=out, mode="w") as archive:
+        for name, data in files.items():
+            info = tarfile.TarInfo(name)
+            info.size = len(data)
+            info.mode = 0o644
+            archive.addfile(info, io.BytesIO(data))
+    return out.getvalue()
+
+
+def _python_tree(repo: git.Repo, commit: str, source_dir: str, dockerfile: str) -> bytes:
+    """The commit's files minus compiled inputs, as a tar rooted at `/` placing them in `source_dir`."""
+    prefix = source_dir.strip("/")
+    out = io.BytesIO()
+    with tarfile.open(fileobj=_git_archive(repo, commit), mode="r:") as tree, \
+            tarfile.open(fileobj=out, mode="w") as archive:
+        for member in tree:
+            if member.type == tarfile.XGLTYPE or is_compiled_input(member.name.rstrip("/"), dockerfile):
+                continue
+            fileobj = tree.extractfile(member) if member.isfile() else None
+            member.name = f"{prefix}/{member.name}" if prefix else member.name
+            archive.addfile(member, fileobj)
+    return out.getvalue()
+
+
+def _tail(path: Path, lines: int = LOG_TAIL_LINES) -> str:
+    try:
+        text = path.read_text(encoding="utf-8", errors="replace")
+    except FileNotFoundError:
+        return ""
+    return "\n".join(text.rstrip("\n").splitlines()[-lines:])
+
+
+def make_docker_environment(options: Any, repo: git.Repo, recipe: Any, session_dir: Path) -> tuple[Any, Any]:
+    """The builder and executor for `--executor docker` (session.make_environment calls this).
+
+    `options` is session.RunOptions (devices, cache_size_gb), `recipe` a Recipe or None. With
+    `--devices` the containers get the NPUs (execute/ascend.py); without, a plain CPU container
+    (the demo). Containers of this session are swept when the process exits.
+    """
+    import functools
+
+    from bisect_npu.execute.ascend import ascend_container_spec
+    from bisect_npu.execute.docker import DockerExecutor, Mount, plain_container_spec
+
+    client = connect_engine()
+    cache = ImageCache(client, int(options.cache_size_gb * (1 << 30)))
+    build_args = dict(recipe.build.docker_args) if recipe else {}
+    builder = DockerBuilder(repo, client, build_args=build_args, cache=cache)
+    env = dict(recipe.environment) if recipe else {}
+    host_model = Path(recipe.model.host_path) if recipe and recipe.model.host_path else None
+    model_path = recipe.model.path if recipe else None
+    if options.devices:
+        spec_factory = functools.partial(ascend_container_spec, devices=list(options.devices),
+                                         model_dir=host_model, model_path=model_path, env=env)
+    else:
+        def spec_factory(image: str, out_dir: Path) -> Any:
+            spec = plain_container_spec(image, out_dir)
+            mounts = list(spec.mounts)
+            if host_model is not None:
+                mounts.append(Mount(source=str(host_model), target=model_path or str(host_model)))
+            return spec.model_copy(update={"environment": env, "mounts": mounts})
+    executor = DockerExecutor(client, spec_factory, session_id=session_dir.name)
+    atexit.register(executor.close)
+    return builder, executor

@@ -1,0 +1,96 @@
+"""BuildKey: a content hash of everything an image's compiled part is made from.
+
+Two commits with the same key can share one full image build: the second only needs its Python
+tree laid over the first's image. The key is read from git objects (tree and blob ids of the
+compiled inputs, the Dockerfile's facts) without a checkout, so keying a 200-commit range is a
+fraction of a second.
+"""
+
+from __future__ import annotations
+
+import fnmatch
+import hashlib
+import json
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+
+import git
+
+from bisect_npu.history import DockerfileFacts, parse_dockerfile
+
+KEY_SCHEMA = 1
+DIGEST_CHARS = 16
+
+# Top-level paths whose content goes into the compiled part of a vllm-ascend image.
+COMPILED_PATHS: tuple[str, ...] = ("csrc", "CMakeLists.txt", "cmake", "setup.py")
+REQUIREMENTS_PATTERN = "requirements*.txt"
+
+
+def is_compiled_input(path: str, dockerfile: str = "Dockerfile") -> bool:
+    """True for a repository path that feeds the full build (and so the key), not the overlay."""
+    top = path.split("/", 1)[0]
+    return (top in COMPILED_PATHS or path == dockerfile
+            or ("/" not in path and fnmatch.fnmatchcase(path, REQUIREMENTS_PATTERN)))
+
+
+@dataclass(frozen=True)
+class BuildKey:
+    """`digest` names the image (`...:key-<digest>`); `inputs` says what went into it, for reports."""
+
+    digest: str
+    inputs: Mapping[str, str] = field(default_factory=dict)
+
+
+class BuildKeyReader:
+    """Computes keys for many commits of one repository, parsing each Dockerfile blob once."""
+
+    def __init__(self, repo: git.Repo, build_args: Mapping[str, str] | None = None,
+                 dockerfile: str = "Dockerfile") -> None:
+        self.repo = repo
+        self.build_args = dict(build_args or {})
+        self.dockerfile = dockerfile
+        self._facts_by_blob: dict[str, DockerfileFacts] = {}
+
+    def key(self, sha: str) -> BuildKey:
+        tree = self.repo.commit(sha).tree
+        inputs: dict[str, str] = {"schema": str(KEY_SCHEMA)}
+        for entry in tree:
+            if entry.name in COMPILED_PATHS or fnmatch.fnmatchcase(entry.name, REQUIREMENTS_PATTERN):
+                inputs[f"{entry.type}:{entry.name}"] = entry.hexsha
+        try:
+            blob = tree / self.dockerfile
+        except KeyError:
+            inputs["dockerfile"] = "(none)"
+        else:
+            # The whole Dockerfile counts (its RUN steps build the image); base image and VLLM_TAG
+            # are listed separately because they are what a reader wants to see in the report.
+            inputs["dockerfile"] = blob.hexsha
+            facts = self._facts(blob)
+            inputs["base_image"] = facts.base_image or ""
+            inputs["vllm_tag"] = facts.vllm_tag or ""
+        for name, value in sorted(self.build_args.items()):
+            inputs[f"arg:{name}"] = value
+        canonical = json.dumps(inputs, sort_keys=True, separators=(",", ":"))
+        return BuildKey(digest=hashlib.sha256(canonical.encode()).hexdigest()[:DIGEST_CHARS], inputs=inputs)
+
+    def _facts(self, blob: git.Blob) -> DockerfileFacts:
+        if blob.hexsha not in self._facts_by_blob:
+            text = blob.data_stream.read().decode("utf-8", errors="replace")
+            self._facts_by_blob[blob.hexsha] = parse_dockerfile(text)
+        return self._facts_by_blob[blob.hexsha]
+
+
+def build_key(repo: git.Repo, sha: str, build_args: Mapping[str, str] | None = None,
+              dockerfile: str = "Dockerfile") -> BuildKey:
+    """The key of one commit's image (see BuildKeyReader for many)."""
+    return BuildKeyReader(repo, build_args, dockerfile).key(sha)
+
+
+def distinct_keys(repo: git.Repo, shas: Iterable[str], build_args: Mapping[str, str] | None = None,
+                  dockerfile: str = "Dockerfile") -> dict[str, list[str]]:
+    """{digest: [shas with that key, in the order given]}: how many full builds a range can cost."""
+    reader = BuildKeyReader(repo, build_args, dockerfile)
+    groups: dict[str, list[str]] = {}
+    for sha in shas:
+        groups.setdefault(reader.key(sha).digest, []).append(sha)
+    return groups

@@ -1,0 +1,134 @@
+"""`bisect-npu doctor`: is this host ready to bisect? One line per check, with the fix when not.
+
+Exit 0 when everything the chosen executor needs is there, 5 (infrastructure) otherwise.
+NPU checks are informational for `--executor local` (the demo runs on the CPU).
+"""
+
+from __future__ import annotations
+
+import glob
+import os
+import shutil
+import subprocess
+from dataclasses import dataclass
+from pathlib import Path
+
+import click
+
+DRIVER_VERSION_FILE = Path("/usr/local/Ascend/driver/version.info")
+NPU_SMI = "/usr/local/bin/npu-smi"
+MIN_FREE_BYTES = 50 << 30  # a vllm-ascend image is 10-20 GB; a bisection keeps a few
+
+
+@dataclass(frozen=True)
+class Check:
+    name: str
+    ok: bool
+    detail: str
+    fix: str = ""
+    needed: bool = True  # does the chosen executor need it?
+
+
+def check_git() -> Check:
+    path = shutil.which("git")
+    if path is None:
+        return Check("git", False, "not on PATH", "install git (apt-get install git)")
+    version = subprocess.run([path, "--version"], capture_output=True, text=True, check=False).stdout.strip()
+    return Check("git", True, version)
+
+
+def check_engine() -> Check:
+    import docker
+    import docker.errors
+
+    where = os.environ.get("DOCKER_HOST", "the default docker context")
+    try:
+        client = docker.from_env(timeout=10)
+        version = client.version()
+    except (docker.errors.DockerException, OSError) as exc:
+        reason = str(exc).splitlines()[0][:120] if str(exc) else type(exc).__name__
+        return Check("container engine", False, f"not reachable at {where} ({reason})",
+                     "start Docker, or run containers/setup-podman.sh and export the DOCKER_HOST it prints")
+    name = next((c.get("Name", "") for c in version.get("Components", []) if c.get("Name")), "engine")
+    return Check("container engine", True, f"{name} {version.get('Version', '?')} "
+                 f"(API {version.get('ApiVersion', '?')}) at {where}")
+
+
+def check_npu_devices(dev: Path = Path("/dev")) -> Check:
+    cards = sorted(glob.glob(str(dev / "davinci[0-9]*")), key=lambda p: int(p.rsplit("davinci", 1)[1]))
+    missing = [name for name in ("davinci_manager", "devmm_svm", "hisi_hdc") if not (dev / name).exists()]
+    if not cards or missing:
+        what = "no /dev/davinciN" if not cards else f"missing {', '.join('/dev/' + m for m in missing)}"
+        return Check("NPU devices", False, what, "install the Ascend driver (HDK) and check `npu-smi info`")
+    return Check("NPU devices", True, f"{len(cards)} card(s): {', '.join(Path(c).name for c in cards)}")
+
+
+def check_npu_smi(path: str = NPU_SMI) -> Check:
+    if not os.access(path, os.X_OK):
+        return Check("npu-smi", False, f"{path} not found", "install the Ascend driver; it ships npu-smi")
+    return Check("npu-smi", True, path)
+
+
+def check_driver_version(path: Path = DRIVER_VERSION_FILE) -> Check:
+    try:
+        text = path.read_text(encoding="utf-8", errors="replace")
+    except OSError:
+        return Check("Ascend driver", False, f"{path} not found",
+                     "install the Ascend driver (HDK); containers mount this file")
+    version = next((line.split("=", 1)[1].strip() for line in text.splitlines()
+                    if line.startswith("Version=")), text.strip().splitlines()[0] if text.strip() else "?")
+    return Check("Ascend driver", True, f"version {version}")
+
+
+def check_disk(path: Path, minimum: int = MIN_FREE_BYTES) -> Check:
+    probe = path
+    while not probe.exists() and probe != probe.parent:
+        probe = probe.parent
+    free = shutil.disk_usage(probe).free
+    detail = f"{free / (1 << 30):.1f} GiB free at {probe}"
+    if free < minimum:
+        return Check("disk", False, detail, f"free at least {minimum >> 30} GiB for the image cache, "
+                     "or lower --cache-size")
+    return Check("disk", True, detail)
+
+
+def engine_storage() -> Path:
+    """Where images land: podman's or Docker's default storage root on this host."""
+    for candidate in ("/var/lib/containers/storage", "/var/lib/docker"):
+        if Path(candidate).exists():
+            return Path(candidate)
+    return Path.home()
+
+
+def run_checks(executor: str, npu: bool = True) -> list[Check]:
+    docker_needed = executor == "docker"
+    checks = [check_git()]
+    engine = check_engine()
+    checks.append(Check(engine.name, engine.ok, engine.detail, engine.fix, needed=docker_needed))
+    for npu_check in (check_npu_devices(), check_npu_smi(), check_driver_version()):
+        checks.append(Check(npu_check.name, npu_check.ok, npu_check.detail, npu_check.fix,
+                            needed=docker_needed and npu))
+    disk = check_disk(engine_storage())
+    checks.append(Check(disk.name, disk.ok, disk.detail, disk.fix, needed=docker_needed))
+    return checks
+
+
+@click.command()
+@click.option("--executor", type=click.Choice(["docker", "local"]), default="docker", show_default=True,
+              help="Check what this executor needs (local: only git).")
+@click.option("--npu/--no-npu", default=True, show_default=True,
+              help="--no-npu: containers on the CPU (the demo), so NPU devices and driver are not needed.")
+def doctor(executor: str, npu: bool) -> None:
+    """Check the container engine, NPUs, driver, disk and git; print a fix for each problem."""
+    checks = run_checks(executor, npu)
+    for check in checks:
+        status = "OK" if check.ok else ("MISSING" if check.needed else "missing (not needed)")
+        line = f"{status:<21} {check.name}: {check.detail}"
+        if not check.ok:
+            line += f"\n{'':<21} fix: {check.fix}"
+        click.echo(line)
+    failed = [c.name for c in checks if c.needed and not c.ok]
+    if failed:
+        click.echo(f"not ready for --executor {executor}: {', '.join(failed)}")
+        raise SystemExit(5)
+    click.echo(f"ready for --executor {executor}")

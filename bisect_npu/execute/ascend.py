@@ -1,0 +1,78 @@
+"""The container an Ascend candidate runs in: NPU devices, driver mounts, determinism switches.
+
+Mirrors the `docker run` that vllm-ascend's quick start documents: one `/dev/davinciN` per card
+plus the three management devices, the driver's libraries and tools mounted read-only, never
+`--privileged`, and no network beyond loopback unless a server port has to be reachable.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping
+from pathlib import Path
+
+from bisect_npu.execute.docker import OUT_DIR, ContainerSpec, Mount
+from bisect_npu.models import UsageError
+
+MANAGEMENT_DEVICES = ("/dev/davinci_manager", "/dev/devmm_svm", "/dev/hisi_hdc")
+DRIVER_MOUNTS = (
+    "/usr/local/dcmi",
+    "/usr/local/bin/npu-smi",
+    "/usr/local/Ascend/driver/lib64/",
+    "/usr/local/Ascend/driver/version.info",
+    "/etc/ascend_install.info",
+)
+DETERMINISM_ENV = {
+    "LCCL_DETERMINISTIC": "1",
+    "HCCL_DETERMINISTIC": "true",
+    "ATB_MATMUL_SHUFFLE_K_ENABLE": "0",
+    "ATB_LLM_LCOC_ENABLE": "0",
+}
+DEFAULT_SHM_SIZE = "16g"  # vLLM's workers share tensors through /dev/shm; docker's 64 MB default is too small
+MAX_DEVICE = 63
+_PART = re.compile(r"^(\d+)(?:-(\d+))?$")
+
+
+def parse_devices(text: str) -> list[int]:
+    """`0-7`, `0,1`, `3`, `0-1,4` -> sorted card numbers; anything else is a UsageError."""
+    cards: set[int] = set()
+    for part in (text or "").split(","):
+        match = _PART.match(part.strip())
+        if not match:
+            raise UsageError(f"--devices {text!r}: expected card numbers such as 0,1 or a range 0-7")
+        low = int(match.group(1))
+        high = int(match.group(2)) if match.group(2) is not None else low
+        if high < low or high > MAX_DEVICE:
+            raise UsageError(f"--devices {text!r}: range {part.strip()} is empty or beyond card {MAX_DEVICE}")
+        cards.update(range(low, high + 1))
+    return sorted(cards)
+
+
+def ascend_container_spec(image: str, out_dir: Path, *, devices: list[int], model_dir: Path | None = None,
+                          model_path: str | None = None, env: Mapping[str, str] | None = None,
+                          deterministic: bool = False, server_port: int | None = None,
+                          shm_size: str = DEFAULT_SHM_SIZE) -> ContainerSpec:
+    """The spec for one candidate on the NPUs `devices`.
+
+    `model_dir` (host) is mounted read-only at `model_path` (the recipe's path inside the container;
+    the same path when not given). `deterministic` adds DETERMINISM_ENV under the recipe's `env`.
+    The probe talks to a `vllm serve` inside the same container over loopback, so `server_port` is
+    only for watching the server from the host: it is published on 127.0.0.1 alone.
+    """
+    if not devices:
+        raise UsageError("no NPU selected; pass --devices, e.g. --devices 0")
+    mounts = [Mount(source=path, target=path, read_only=True) for path in DRIVER_MOUNTS]
+    if model_dir is not None:
+        mounts.append(Mount(source=str(model_dir), target=model_path or str(model_dir), read_only=True))
+    mounts.append(Mount(source=str(out_dir), target=OUT_DIR, read_only=False))
+    environment = {**(DETERMINISM_ENV if deterministic else {}), **(env or {})}
+    return ContainerSpec(
+        image=image,
+        devices=[f"/dev/davinci{card}" for card in devices] + list(MANAGEMENT_DEVICES),
+        mounts=mounts,
+        environment=environment,
+        network_mode="bridge" if server_port else "none",
+        ports={server_port: server_port} if server_port else {},
+        privileged=False,
+        shm_size=shm_size,
+    )

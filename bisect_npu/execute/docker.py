@@ -1,0 +1,260 @@
+"""DockerExecutor: one candidate run = one container, created from a plain-data ContainerSpec.
+
+The spec says everything the container gets (image, command, devices, mounts, environment,
+network); `container_create_kwargs` turns it into the docker SDK's `containers.create(...)`
+arguments as a pure function, so what reaches the engine can be checked without one. Every
+container carries `org.bisect-npu.session=<id>`: a timeout, Ctrl-C, SIGTERM or `close()` removes
+what this executor started, and `remove_session_containers` sweeps a session left by a killed run.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import signal
+import threading
+import time
+import uuid
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from bisect_npu import __version__
+from bisect_npu.build.base import Environment
+from bisect_npu.execute.base import RunResult
+from bisect_npu.models import InfrastructureError
+
+SESSION_LABEL = "org.bisect-npu.session"
+PROBE_PACKAGE = "bisect_npu_probe"
+PROBE_PARENT = "/opt/bisect-npu"  # the probe lands at /opt/bisect-npu/bisect_npu_probe, read-only
+OUT_DIR = "/out"
+# `python -m bisect_npu_probe REQUEST` without touching the image's PYTHONPATH (CANN images set one).
+PROBE_BOOTSTRAP = (f"import runpy, sys; sys.path.insert(0, {PROBE_PARENT!r}); "
+                   f"runpy.run_module({PROBE_PACKAGE!r}, run_name='__main__', alter_sys=True)")
+LOG_TAIL_LINES = 15
+
+
+class Mount(BaseModel):
+    model_config = ConfigDict(frozen=True)
+
+    source: str
+    target: str
+    read_only: bool = True
+
+
+class ContainerSpec(BaseModel):
+    """Everything one container gets; plain data so it can be printed, compared and tested."""
+
+    image: str
+    command: list[str] = Field(default_factory=list)
+    environment: dict[str, str] = Field(default_factory=dict)
+    devices: list[str] = Field(default_factory=list)  # host device paths, mapped to the same path
+    mounts: list[Mount] = Field(default_factory=list)
+    working_dir: str | None = None
+    network_mode: str = "none"
+    ports: dict[int, int] = Field(default_factory=dict)  # container port -> host port on 127.0.0.1
+    labels: dict[str, str] = Field(default_factory=dict)
+    user: str | None = None
+    privileged: bool = False
+    shm_size: str | None = None
+
+
+SpecFactory = Callable[[str, Path], ContainerSpec]
+
+
+def plain_container_spec(image: str, out_dir: Path) -> ContainerSpec:
+    """A CPU container: no devices, no network, the output directory at /out."""
+    return ContainerSpec(image=image, mounts=[Mount(source=str(out_dir), target=OUT_DIR, read_only=False)])
+
+
+def container_create_kwargs(spec: ContainerSpec) -> dict[str, Any]:
+    """The exact keyword arguments for `client.containers.create(**kwargs)`."""
+    kwargs: dict[str, Any] = {
+        "image": spec.image,
+        "command": list(spec.command),
+        "environment": dict(spec.environment),
+        "devices": [f"{path}:{path}:rwm" for path in spec.devices],
+        "volumes": {m.source: {"bind": m.target, "mode": "ro" if m.read_only else "rw"} for m in spec.mounts},
+        "network_mode": spec.network_mode,
+        "labels": dict(spec.labels),
+        "privileged": spec.privileged,
+        "detach": True,
+    }
+    if spec.ports:
+        kwargs["ports"] = {f"{inside}/tcp": ("127.0.0.1", outside) for inside, outside in spec.ports.items()}
+    if spec.working_dir:
+        kwargs["working_dir"] = spec.working_dir
+    if spec.user:
+        kwargs["user"] = spec.user
+    if spec.shm_size:
+        kwargs["shm_size"] = spec.shm_size
+    return kwargs
+
+
+def probe_source_dir() -> Path:
+    """The host's probe package: mounted into every container under another package name."""
+    return Path(__file__).resolve().parent.parent / "probe"
+
+
+def remove_session_containers(client: Any, session_id: str) -> int:
+    """Remove every container of one session (running or not); returns how many went."""
+    removed = 0
+    for container in client.containers.list(all=True, filters={"label": f"{SESSION_LABEL}={session_id}"}):
+        with contextlib.suppress(Exception):  # already gone: another cleanup got there first
+            container.remove(force=True, v=True)
+            removed += 1
+    return removed
+
+
+class DockerExecutor:
+    """Runs the probe (or a `--cmd`) in a fresh container per call; never leaves one behind."""
+
+    def __init__(self, client: Any, spec_factory: SpecFactory = plain_container_spec,
+                 session_id: str | None = None, python: str = "python3") -> None:
+        self.client = client
+        self.spec_factory = spec_factory
+        self.session_id = session_id or uuid.uuid4().hex[:12]
+        self.python = python
+
+    def run_probe(self, env: Environment, request: dict[str, Any], out_dir: Path, timeout_s: float) -> RunResult:
+        out_dir = out_dir.resolve()
+        out_dir.mkdir(parents=True, exist_ok=True)
+        stem = f"{request.get('case_id', 'default')}-t{request.get('trial', 0)}"
+        request = _inside_paths({**request, "output": str(out_dir / f"obs-{stem}.json")}, out_dir)
+        (out_dir / f"request-{stem}.json").write_text(json.dumps(request, indent=1), encoding="utf-8")
+        command = [self.python, "-c", PROBE_BOOTSTRAP, f"{OUT_DIR}/request-{stem}.json"]
+        result = self._run(env, command, out_dir, out_dir / f"probe-{stem}.log", timeout_s)
+        observation = out_dir / f"obs-{stem}.json"
+        if result.returncode == 0 and observation.exists():
+            result = result.model_copy(update={"observation": str(observation)})
+        return result
+
+    def run_command(self, env: Environment, argv: list[str], log_path: Path, timeout_s: float) -> RunResult:
+        out_dir = log_path.parent.resolve()
+        out_dir.mkdir(parents=True, exist_ok=True)
+        return self._run(env, argv, out_dir, log_path, timeout_s)
+
+    def spec_for(self, env: Environment, command: list[str], out_dir: Path) -> ContainerSpec:
+        """The spec of one run: the factory's, plus the probe mount, the command and our labels."""
+        if not env.image:
+            raise InfrastructureError(f"candidate {env.commit[:12]} has no image; use the docker builder "
+                                      "with --executor docker")
+        spec = self.spec_factory(env.image, out_dir)
+        probe = Mount(source=str(probe_source_dir()), target=f"{PROBE_PARENT}/{PROBE_PACKAGE}", read_only=True)
+        environment = {**spec.environment, "PYTHONDONTWRITEBYTECODE": "1"}
+        labels = {**spec.labels, SESSION_LABEL: self.session_id, "org.bisect-npu.commit": env.commit,
+                  "org.bisect-npu.tool-version": __version__}
+        return spec.model_copy(update={"command": command, "mounts": [*spec.mounts, probe],
+                                       "environment": environment, "labels": labels})
+
+    def _run(self, env: Environment, command: list[str], out_dir: Path, log_path: Path,
+             timeout_s: float) -> RunResult:
+        spec = self.spec_for(env, command, out_dir)
+        started = time.monotonic()
+        timed_out = False
+        with _sigterm_as_interrupt(), log_path.open("w", encoding="utf-8") as log:
+            container = self._start(spec)
+            try:
+                follower = threading.Thread(target=_follow_logs, args=(container, log), daemon=True)
+                follower.start()
+                try:
+                    returncode = int(container.wait(timeout=timeout_s)["StatusCode"])
+                except Exception as exc:  # the engine's read timeout: requests raises its own types
+                    if not _is_timeout(exc):
+                        raise
+                    timed_out = True
+                    returncode = 124
+                    with contextlib.suppress(Exception):
+                        container.kill()
+                follower.join(timeout=10)
+            finally:
+                self._remove(container)
+        return RunResult(returncode=returncode, seconds=round(time.monotonic() - started, 3),
+                         log_path=str(log_path), timed_out=timed_out, log_tail=_tail(log_path))
+
+    def _start(self, spec: ContainerSpec) -> Any:
+        import docker.errors
+
+        try:
+            container = self.client.containers.create(**container_create_kwargs(spec))
+        except docker.errors.ImageNotFound as exc:
+            raise InfrastructureError(f"image {spec.image} is gone from the engine; rerun to rebuild it") from exc
+        try:
+            container.start()
+        except BaseException:
+            self._remove(container)
+            raise
+        return container
+
+    def _remove(self, container: Any) -> None:
+        with contextlib.suppress(Exception):
+            container.remove(force=True, v=True)
+
+    def close(self) -> None:
+        """Remove every container this executor's session still has (a sweep by label)."""
+        remove_session_containers(self.client, self.session_id)
+
+    def __enter__(self) -> DockerExecutor:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.close()
+
+
+def _inside_paths(request: dict[str, Any], out_dir: Path) -> dict[str, Any]:
+    """Host paths under `out_dir` in the request, rewritten to where the container sees them."""
+    def inside(value: Any) -> Any:
+        if isinstance(value, str) and (value == str(out_dir) or value.startswith(f"{out_dir}/")):
+            return OUT_DIR + value[len(str(out_dir)):]
+        if isinstance(value, dict):
+            return {k: inside(v) for k, v in value.items()}
+        return value
+
+    return inside(request)
+
+
+def _follow_logs(container: Any, log: Any) -> None:
+    """Copy the container's output into the log as it comes, so a long run can be watched."""
+    with contextlib.suppress(Exception):  # the container was removed under us: the log is complete
+        for chunk in container.logs(stream=True, follow=True, stdout=True, stderr=True):
+            log.write(chunk.decode("utf-8", errors="replace"))
+            log.flush()
+
+
+def _is_timeout(exc: BaseException) -> bool:
+    import requests
+
+    if isinstance(exc, requests.exceptions.ReadTimeout):
+        return True
+    return isinstance(exc, requests.exceptions.ConnectionError) and "timed out" in str(exc).lower()
+
+
+@contextlib.contextmanager
+def _sigterm_as_interrupt() -> Iterator[None]:
+    """While a container runs, SIGTERM unwinds like Ctrl-C so the `finally` removes it.
+
+    Only in the main thread, and only when nobody else handles SIGTERM.
+    """
+    if threading.current_thread() is not threading.main_thread() or \
+            signal.getsignal(signal.SIGTERM) is not signal.SIG_DFL:
+        yield
+        return
+
+    def interrupt(signum: int, frame: object) -> None:
+        raise KeyboardInterrupt(f"signal {signum}")
+
+    signal.signal(signal.SIGTERM, interrupt)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)
+
+
+def _tail(path: Path) -> str:
+    try:
+        lines = path.read_text(encoding="utf-8", errors="replace").rstrip("\n").splitlines()
+    except FileNotFoundError:
+        return ""
+    return "\n".join(lines[-LOG_TAIL_LINES:])

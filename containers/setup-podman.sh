@@ -1,0 +1,50 @@
+#!/usr/bin/env bash
+# Start a Docker-compatible engine (podman's API service) on a machine without a Docker daemon.
+# Idempotent: installs podman + runc if missing, writes the engine config, starts the service
+# unless its socket already answers, waits for it, and prints the DOCKER_HOST line to export.
+# Why each setting: see CONTAINERS.md (crun fails on hybrid cgroups here; default ulimits
+# cannot be applied in this sandbox).
+set -euo pipefail
+
+SOCKET="${BISECT_NPU_PODMAN_SOCKET:-/run/bisect-npu-podman.sock}"
+LOG="${BISECT_NPU_PODMAN_LOG:-/tmp/bisect-npu-podman.log}"
+CONF=/etc/containers/containers.conf
+
+say() { echo "setup-podman: $*" >&2; }
+
+answering() {
+    # The Docker API's ping endpoint; curl speaks HTTP over the unix socket.
+    [ -S "$SOCKET" ] && curl -sf --max-time 2 --unix-socket "$SOCKET" http://d/_ping >/dev/null 2>&1
+}
+
+if ! command -v podman >/dev/null || ! command -v runc >/dev/null || ! command -v curl >/dev/null; then
+    say "installing podman, runc (apt)"
+    export DEBIAN_FRONTEND=noninteractive
+    apt-get update -qq
+    apt-get install -y -qq --no-install-recommends podman runc curl uidmap iptables netavark aardvark-dns \
+        fuse-overlayfs ca-certificates >/dev/null
+fi
+
+want_conf=$'[containers]\ndefault_ulimits = []\n[engine]\nruntime = "runc"\n'
+if [ ! -f "$CONF" ] || [ "$(cat "$CONF")" != "${want_conf%$'\n'}" ]; then
+    mkdir -p /etc/containers
+    printf '%s' "$want_conf" > "$CONF"
+    say "wrote $CONF"
+fi
+
+if ! answering; then
+    say "starting podman system service on $SOCKET (log: $LOG)"
+    rm -f "$SOCKET"
+    setsid podman system service --time=0 "unix://$SOCKET" >"$LOG" 2>&1 < /dev/null &
+    for _ in $(seq 1 100); do
+        answering && break
+        sleep 0.2
+    done
+    if ! answering; then
+        say "the podman service did not answer on $SOCKET within 20 s; last log lines:"
+        tail -n 20 "$LOG" >&2 || true
+        exit 5
+    fi
+fi
+say "engine answering: $(podman --version)"
+echo "export DOCKER_HOST=unix://$SOCKET"

@@ -1,0 +1,79 @@
+"""The Ascend container spec, checked on the exact `containers.create(...)` kwargs it becomes."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from bisect_npu.execute.ascend import DETERMINISM_ENV, ascend_container_spec, parse_devices
+from bisect_npu.execute.docker import container_create_kwargs
+from bisect_npu.models import UsageError
+
+MANAGEMENT = ["/dev/davinci_manager:/dev/davinci_manager:rwm", "/dev/devmm_svm:/dev/devmm_svm:rwm",
+              "/dev/hisi_hdc:/dev/hisi_hdc:rwm"]
+DRIVER = {
+    "/usr/local/dcmi": {"bind": "/usr/local/dcmi", "mode": "ro"},
+    "/usr/local/bin/npu-smi": {"bind": "/usr/local/bin/npu-smi", "mode": "ro"},
+    "/usr/local/Ascend/driver/lib64/": {"bind": "/usr/local/Ascend/driver/lib64/", "mode": "ro"},
+    "/usr/local/Ascend/driver/version.info": {"bind": "/usr/local/Ascend/driver/version.info", "mode": "ro"},
+    "/etc/ascend_install.info": {"bind": "/etc/ascend_install.info", "mode": "ro"},
+}
+
+
+def test_two_cards_field_by_field(tmp_path: Path):
+    spec = ascend_container_spec("bisect-npu/vllm-ascend:commit-abc", tmp_path / "out", devices=parse_devices("0,1"),
+                                 model_dir=Path("/data/Qwen3-8B"), model_path="/models/Qwen3-8B",
+                                 env={"VLLM_USE_V1": "1"}, deterministic=True)
+    kwargs = container_create_kwargs(spec)
+    assert kwargs["image"] == "bisect-npu/vllm-ascend:commit-abc"
+    assert kwargs["devices"] == ["/dev/davinci0:/dev/davinci0:rwm", "/dev/davinci1:/dev/davinci1:rwm", *MANAGEMENT]
+    assert kwargs["volumes"] == {**DRIVER,
+                                 "/data/Qwen3-8B": {"bind": "/models/Qwen3-8B", "mode": "ro"},
+                                 str(tmp_path / "out"): {"bind": "/out", "mode": "rw"}}
+    assert kwargs["environment"] == {**DETERMINISM_ENV, "VLLM_USE_V1": "1"}
+    assert kwargs["environment"]["LCCL_DETERMINISTIC"] == "1"
+    assert kwargs["environment"]["HCCL_DETERMINISTIC"] == "true"
+    assert kwargs["privileged"] is False
+    assert kwargs["network_mode"] == "none"
+    assert "ports" not in kwargs
+    assert kwargs["shm_size"] == "16g"
+
+
+def test_one_card_exposes_only_that_card(tmp_path: Path):
+    kwargs = container_create_kwargs(ascend_container_spec("img", tmp_path, devices=parse_devices("3")))
+    cards = [d for d in kwargs["devices"] if d.split(":")[0].removeprefix("/dev/davinci").isdigit()]
+    assert cards == ["/dev/davinci3:/dev/davinci3:rwm"]
+    assert kwargs["devices"][1:] == MANAGEMENT
+
+
+def test_server_port_is_published_on_loopback_only(tmp_path: Path):
+    kwargs = container_create_kwargs(ascend_container_spec("img", tmp_path, devices=[0], server_port=8000))
+    assert kwargs["ports"] == {"8000/tcp": ("127.0.0.1", 8000)}
+    assert kwargs["network_mode"] == "bridge"
+    assert kwargs["privileged"] is False
+
+
+def test_determinism_switches_only_when_asked(tmp_path: Path):
+    kwargs = container_create_kwargs(ascend_container_spec("img", tmp_path, devices=[0]))
+    assert not set(DETERMINISM_ENV) & set(kwargs["environment"])
+    recipe_says = container_create_kwargs(ascend_container_spec("img", tmp_path, devices=[0], deterministic=True,
+                                                                env={"HCCL_DETERMINISTIC": "false"}))
+    assert recipe_says["environment"]["HCCL_DETERMINISTIC"] == "false"  # the recipe's word wins
+
+
+@pytest.mark.parametrize(("text", "cards"), [("0-7", list(range(8))), ("0,1", [0, 1]), ("3", [3]),
+                                             ("0-1, 4", [0, 1, 4]), ("1,1", [1])])
+def test_parse_devices(text, cards):
+    assert parse_devices(text) == cards
+
+
+@pytest.mark.parametrize("text", ["", "a", "1-", "3-1", "0,,1", "-1", "1.5", "0-64"])
+def test_parse_devices_rejects(text):
+    with pytest.raises(UsageError, match="--devices"):
+        parse_devices(text)
+
+
+def test_no_device_is_a_usage_error(tmp_path: Path):
+    with pytest.raises(UsageError, match="--devices"):
+        ascend_container_spec("img", tmp_path, devices=[])

@@ -1,0 +1,105 @@
+"""BuildKey: follows the compiled inputs and the Dockerfile, ignores pure Python changes."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import git
+import pytest
+from gitrepo import add_commit, make_linear_repo
+
+from bisect_npu.build.docker import context_source_dir
+from bisect_npu.build.key import build_key, distinct_keys, is_compiled_input
+
+DOCKERFILE = """FROM quay.io/ascend/cann:8.1.rc1-910b-ubuntu22.04-py3.10
+ARG PIP_INDEX_URL=https://pypi.org/simple
+ARG COMPILE_CUSTOM_KERNELS=1
+COPY . /vllm-workspace/vllm-ascend/
+ARG VLLM_REPO=https://github.com/vllm-project/vllm.git
+ARG VLLM_TAG=v0.9.1
+RUN git clone --depth 1 $VLLM_REPO --branch $VLLM_TAG /vllm-workspace/vllm
+"""
+
+
+@pytest.fixture()
+def repo(tmp_path: Path) -> tuple[Path, git.Repo, str]:
+    path = tmp_path / "vllm-ascend"
+    make_linear_repo(path, 1, files=lambda i: {
+        "Dockerfile": DOCKERFILE, "csrc/kernels/add.cpp": "int add();\n", "CMakeLists.txt": "project(x)\n",
+        "setup.py": "setup()\n", "requirements.txt": "torch\n", "vllm_ascend/worker.py": "A = 1\n"})
+    return path, git.Repo(path), git.Repo(path).head.commit.hexsha
+
+
+def commit(path: Path, files: dict[str, str | None]) -> str:
+    return add_commit(path, "change (#1)", files)
+
+
+def test_python_only_change_keeps_the_key(repo):
+    path, r, first = repo
+    second = commit(path, {"vllm_ascend/worker.py": "A = 2\n", "vllm_ascend/new.py": "B = 1\n", "README.md": "x\n"})
+    assert build_key(r, first).digest == build_key(r, second).digest
+
+
+@pytest.mark.parametrize("change", [
+    {"csrc/kernels/add.cpp": "int add(int);\n"},
+    {"csrc/kernels/mul.cpp": "int mul();\n"},
+    {"CMakeLists.txt": "project(y)\n"},
+    {"cmake/utils.cmake": "set(A 1)\n"},
+    {"setup.py": "setup(name='x')\n"},
+    {"requirements.txt": "torch==2.5.1\n"},
+    {"requirements-dev.txt": "pytest\n"},
+    {"Dockerfile": DOCKERFILE.replace("cann:8.1.rc1-910b-ubuntu22.04-py3.10", "cann:8.2.rc1-910b-ubuntu22.04-py3.11")},
+    {"Dockerfile": DOCKERFILE.replace("VLLM_TAG=v0.9.1", "VLLM_TAG=v0.9.2")},
+])
+def test_compiled_or_dockerfile_change_moves_the_key(repo, change):
+    path, r, first = repo
+    second = commit(path, change)
+    assert build_key(r, first).digest != build_key(r, second).digest
+
+
+def test_inputs_name_base_image_and_vllm_tag(repo):
+    path, r, first = repo
+    second = commit(path, {"Dockerfile": DOCKERFILE.replace("VLLM_TAG=v0.9.1", "VLLM_TAG=v0.9.2")})
+    before, after = build_key(r, first), build_key(r, second)
+    assert before.inputs["base_image"] == "quay.io/ascend/cann:8.1.rc1-910b-ubuntu22.04-py3.10"
+    assert (before.inputs["vllm_tag"], after.inputs["vllm_tag"]) == ("v0.9.1", "v0.9.2")
+    assert before.inputs["tree:csrc"] == r.commit(first).tree["csrc"].hexsha
+
+
+def test_build_args_are_part_of_the_key(repo):
+    _, r, first = repo
+    assert build_key(r, first, {"COMPILE_CUSTOM_KERNELS": "0"}).digest != build_key(r, first).digest
+    assert build_key(r, first, {"COMPILE_CUSTOM_KERNELS": "0"}).inputs["arg:COMPILE_CUSTOM_KERNELS"] == "0"
+
+
+def test_distinct_keys_groups_a_range(repo):
+    path, r, first = repo
+    python_a = commit(path, {"vllm_ascend/worker.py": "A = 3\n"})
+    kernel = commit(path, {"csrc/kernels/add.cpp": "int add(long);\n"})
+    python_b = commit(path, {"vllm_ascend/worker.py": "A = 4\n"})
+    removed = commit(path, {"csrc/kernels/add.cpp": "int add();\n"})  # back to the first kernel source
+    groups = distinct_keys(r, [first, python_a, kernel, python_b, removed])
+    assert sorted(groups.values(), key=len) == [[kernel, python_b], [first, python_a, removed]]
+
+
+def test_commit_without_dockerfile_has_a_key(tmp_path):
+    path = tmp_path / "plain"
+    shas = make_linear_repo(path, 2)
+    r = git.Repo(path)
+    assert build_key(r, shas[0]).inputs["dockerfile"] == "(none)"
+    assert build_key(r, shas[0]).digest == build_key(r, shas[1]).digest
+
+
+@pytest.mark.parametrize(("path", "compiled"), [
+    ("csrc/a.cpp", True), ("cmake/x.cmake", True), ("CMakeLists.txt", True), ("setup.py", True),
+    ("requirements-lint.txt", True), ("Dockerfile", True), ("docs/requirements-docs.txt", False),
+    ("vllm_ascend/setup.py", False), ("vllm_ascend/ops/csrc.py", False), ("Dockerfile.a3", False),
+])
+def test_is_compiled_input(path, compiled):
+    assert is_compiled_input(path) is compiled
+
+
+def test_context_source_dir_reads_the_copy_of_the_context():
+    assert context_source_dir(DOCKERFILE) == "/vllm-workspace/vllm-ascend"
+    assert context_source_dir("FROM x\ncopy --chown=1:1 ./ /app\n") == "/app"
+    assert context_source_dir("FROM x\nCOPY setup.py /app/\n") is None

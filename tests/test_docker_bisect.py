@@ -1,0 +1,107 @@
+"""The demo upstream bisected with `--executor docker`: images through the engine's API, one
+container per candidate run, a full build only per distinct build key, nothing left running."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import git
+import pytest
+
+from bisect_npu.build.docker import DockerBuilder
+from bisect_npu.build.key import BuildKeyReader
+from bisect_npu.demo.generate import ensure_upstream
+from bisect_npu.execute.docker import SESSION_LABEL, DockerExecutor
+from bisect_npu.session import RunOptions, Session
+
+pytestmark = pytest.mark.container
+REPO_ROOT = Path(__file__).resolve().parent.parent
+
+
+def session_containers(client, session_id: str) -> list:
+    return client.containers.list(all=True, filters={"label": f"{SESSION_LABEL}={session_id}"})
+
+
+def forget_demo_images(client, repo: git.Repo) -> None:
+    """Start from an empty cache for the demo upstream, so every build in the run is counted."""
+    shas = {c.hexsha for c in repo.iter_commits("--all")}
+    rows = [r for r in client.api.images(filters={"label": "org.bisect-npu.kind"})
+            if (r.get("Labels") or {}).get("org.bisect-npu.commit") in shas]
+    for row in sorted(rows, key=lambda r: r["Labels"]["org.bisect-npu.kind"] != "overlay"):  # children first
+        client.images.remove(row["Id"], force=True)
+
+
+def test_demo_bisects_in_containers_with_build_avoidance(docker_client, demo_base_image, tmp_path):
+    repo_path, manifest = ensure_upstream()
+    truth = manifest.case(manifest.default_case)
+    repo = git.Repo(repo_path)
+    forget_demo_images(docker_client, repo)
+    builder = DockerBuilder(repo, docker_client)
+    options = RunOptions(good=truth.good_ref, bad=truth.bad_ref, repo=str(repo_path), recipe=truth.recipe,
+                         executor="docker", propose_fix=False)
+    session_dir = tmp_path / "session"
+    started = time.time()
+    with DockerExecutor(docker_client, session_id=session_dir.name + "-" + str(os.getpid())) as executor:
+        result = Session.start(options, session_dir=session_dir, builder=builder, executor=executor).run()
+        created = [e for e in docker_client.events(since=int(started) - 1, until=int(time.time()) + 1, decode=True,
+                                                   filters={"type": "container", "event": "create"})
+                   if (e.get("Actor", {}).get("Attributes") or {}).get(SESSION_LABEL) == executor.session_id]
+        assert session_containers(docker_client, executor.session_id) == []
+    assert result.culprit == truth.culprit.sha
+
+    steps = [json.loads(line) for line in (session_dir / "journal.jsonl").read_text().splitlines()]
+    steps = [s for s in steps if "build" in s]
+    keys = BuildKeyReader(repo)
+    by_how: dict[str, list[str]] = {}
+    for step in steps:
+        by_how.setdefault(step["build"]["how"], []).append(step["commit"])
+    distinct = {keys.key(step["commit"]).digest for step in steps}
+    full_builds = by_how.get("built", []) + by_how.get("failed", [])  # a failed build was a full build too
+    assert len(full_builds) == len(distinct)
+    assert set(by_how) <= {"built", "failed", "overlay"}
+    assert len(by_how.get("overlay", [])) == len(steps) - len(full_builds) > 0
+
+    ran = [s for s in steps if s["build"]["how"] != "failed"]
+    images = sorted((e.get("Actor", {}).get("Attributes") or {}).get("image", "") for e in created)
+    assert len(created) == len(ran)  # one container per candidate run (one trial each)
+    assert all(any(s["commit"][:12] in image for image in images) for s in ran)
+
+
+DRIVER = """
+import sys
+from pathlib import Path
+from bisect_npu.cli import main
+main(["demo", "--executor", "docker", "--no-verify-fix", "--quiet", "--session-root", sys.argv[1]])
+"""
+
+
+def test_sigint_in_the_middle_of_a_step_leaves_no_container(docker_client, demo_base_image, tmp_path):
+    ensure_upstream()
+    root = tmp_path / "sessions"
+    child = subprocess.Popen([sys.executable, "-c", DRIVER, str(root)], cwd=REPO_ROOT,
+                             stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, env={**os.environ})
+    session_id = ""
+    try:
+        deadline = time.monotonic() + 240
+        while time.monotonic() < deadline and not session_id:
+            assert child.poll() is None, child.stderr.read().decode()[-2000:] if child.stderr else ""
+            for session_dir in root.glob("*") if root.exists() else []:
+                if any(c.status == "running" for c in session_containers(docker_client, session_dir.name)):
+                    session_id = session_dir.name
+            time.sleep(0.3)
+        assert session_id, "no candidate container started"
+        child.send_signal(signal.SIGINT)
+        assert child.wait(timeout=120) == 130
+        assert session_containers(docker_client, session_id) == []
+    finally:
+        if child.poll() is None:
+            child.kill()
+        if session_id:
+            for container in session_containers(docker_client, session_id):
+                container.remove(force=True)

@@ -1,0 +1,146 @@
+"""DockerExecutor on a real engine: the spec's translation runs, timeouts and signals leave nothing behind."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+import uuid
+from pathlib import Path
+
+import pytest
+
+from bisect_npu.build.base import Environment
+from bisect_npu.execute.docker import (
+    SESSION_LABEL,
+    ContainerSpec,
+    DockerExecutor,
+    Mount,
+    container_create_kwargs,
+    plain_container_spec,
+)
+
+pytestmark = pytest.mark.container
+REPO_ROOT = Path(__file__).resolve().parent.parent
+
+
+def session_containers(client, session_id: str) -> list:
+    return client.containers.list(all=True, filters={"label": f"{SESSION_LABEL}={session_id}"})
+
+
+@pytest.fixture()
+def executor(docker_client):
+    ex = DockerExecutor(docker_client, session_id=f"test-{uuid.uuid4().hex[:8]}")
+    yield ex
+    ex.close()
+
+
+@pytest.fixture()
+def env(demo_base_image) -> Environment:
+    return Environment(kind="image", commit="c0ffee" * 6 + "beef", image=demo_base_image)
+
+
+def test_command_runs_in_its_own_container(docker_client, demo_base_image, env, tmp_path):
+    shared = tmp_path / "shared"
+    shared.mkdir()
+    (shared / "input.txt").write_text("from the host\n")
+
+    def spec(image: str, out_dir: Path) -> ContainerSpec:
+        base = plain_container_spec(image, out_dir)
+        return base.model_copy(update={"environment": {"GREETING": "hello"},
+                                       "mounts": [*base.mounts, Mount(source=str(shared), target="/shared")]})
+
+    ex = DockerExecutor(docker_client, spec, session_id=f"test-{uuid.uuid4().hex[:8]}")
+    script = ("import os, pathlib, socket\n"
+              "text = os.environ['GREETING'] + ' ' + open('/shared/input.txt').read()\n"
+              "pathlib.Path('/out/result.txt').write_text(text)\n"
+              "try:\n    open('/shared/x', 'w')\nexcept OSError as e:\n    print('read-only:', e.errno)\n"
+              "print('interfaces:', sorted(n for _, n in socket.if_nameindex()))\n")
+    result = ex.run_command(env, ["python3", "-c", script], tmp_path / "run" / "cmd.log", timeout_s=120)
+    assert result.returncode == 0, result.log_tail
+    assert (tmp_path / "run" / "result.txt").read_text() == "hello from the host\n"
+    log = Path(result.log_path).read_text()
+    assert "read-only: 30" in log  # EROFS: the mount is read-only
+    assert "interfaces: ['lo']" in log  # network none: loopback only
+    assert not (shared / "x").exists()
+    assert session_containers(docker_client, ex.session_id) == []
+
+
+def test_exit_code_comes_back(executor, env, tmp_path):
+    result = executor.run_command(env, ["python3", "-c", "import sys; print('bye'); sys.exit(7)"],
+                                  tmp_path / "cmd.log", timeout_s=120)
+    assert (result.returncode, result.timed_out) == (7, False)
+    assert "bye" in result.log_tail
+
+
+def test_probe_module_runs_from_the_read_only_mount(docker_client, executor, env, tmp_path):
+    result = executor.run_probe(env, {"schema_version": 1, "backend": "no-such-backend", "case_id": "c1"},
+                                tmp_path / "out", timeout_s=120)
+    assert result.returncode == 2
+    assert "unknown probe backend 'no-such-backend'" in result.log_tail
+    request = json.loads((tmp_path / "out" / "request-c1-t0.json").read_text())
+    assert request["output"] == "/out/obs-c1-t0.json"  # the container's view of the output directory
+    assert result.observation is None
+    assert session_containers(docker_client, executor.session_id) == []
+
+
+def test_spec_for_adds_probe_mount_labels_and_command(executor, env, tmp_path):
+    spec = executor.spec_for(env, ["python3", "/out/r.json"], tmp_path)
+    kwargs = container_create_kwargs(spec)
+    probe = str(REPO_ROOT / "bisect_npu" / "probe")
+    assert kwargs["volumes"][probe] == {"bind": "/opt/bisect-npu/bisect_npu_probe", "mode": "ro"}
+    assert kwargs["volumes"][str(tmp_path)] == {"bind": "/out", "mode": "rw"}
+    assert kwargs["labels"][SESSION_LABEL] == executor.session_id
+    assert "PYTHONPATH" not in kwargs["environment"]  # the image's own PYTHONPATH (CANN sets one) stays
+    assert (kwargs["network_mode"], kwargs["privileged"], kwargs["devices"]) == ("none", False, [])
+
+
+def test_timeout_kills_and_removes_the_container(docker_client, executor, env, tmp_path):
+    started = time.monotonic()
+    result = executor.run_command(env, ["sleep", "120"], tmp_path / "cmd.log", timeout_s=3)
+    assert result.timed_out and result.returncode == 124
+    assert time.monotonic() - started < 60
+    assert session_containers(docker_client, executor.session_id) == []
+
+
+DRIVER = """
+import sys
+from pathlib import Path
+import docker
+from bisect_npu.build.base import Environment
+from bisect_npu.execute.docker import DockerExecutor
+ex = DockerExecutor(docker.from_env(timeout=600), session_id=sys.argv[1])
+env = Environment(kind="image", commit="0" * 40, image=sys.argv[2])
+try:
+    ex.run_command(env, ["sleep", "300"], Path(sys.argv[3]), timeout_s=600)
+except KeyboardInterrupt:
+    sys.exit(130)
+"""
+
+
+@pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM])
+def test_signal_to_the_driving_process_removes_its_container(docker_client, demo_base_image, tmp_path, signum):
+    session_id = f"test-{uuid.uuid4().hex[:8]}"
+    child = subprocess.Popen([sys.executable, "-c", DRIVER, session_id, demo_base_image, str(tmp_path / "cmd.log")],
+                             cwd=REPO_ROOT, env={**os.environ})
+    try:
+        deadline = time.monotonic() + 90
+        while time.monotonic() < deadline:
+            running = [c for c in session_containers(docker_client, session_id) if c.status == "running"]
+            if running:
+                break
+            assert child.poll() is None, "the driver exited before its container ran"
+            time.sleep(0.3)
+        else:
+            pytest.fail("the container never started")
+        child.send_signal(signum)
+        assert child.wait(timeout=60) == 130
+        assert session_containers(docker_client, session_id) == []
+    finally:
+        if child.poll() is None:
+            child.kill()
+        for container in session_containers(docker_client, session_id):
+            container.remove(force=True)

@@ -58,6 +58,9 @@ class RunOptions:
     cache_size_gb: float = 200.0
     # --find-fix: the old end shows the symptom and the new end does not; find the first fixed one.
     find_fix: bool = False
+    # Build what the next step can need while the current candidate runs (default: with --devices,
+    # where runs use the NPUs and builds the CPUs; on a CPU-only host they would compete).
+    prefetch: bool | None = None
 
     def to_json(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
@@ -242,6 +245,7 @@ class Session:
             decision = search.decide(self.problem(), self.evidence())
             if not isinstance(decision, search.Next):
                 break
+            self._prefetch_next(decision.queries)
             self._run_queries(decision.queries)
         result = self._finish(decision)
         if result.status != "found" or not result.culprit:
@@ -276,6 +280,21 @@ class Session:
                       "culprit": result.culprit, "message": result.message, "good": good_tag, "bad": bad_tag})
         write_reports(self.journal.session_dir)  # the release level's report, with its commit-level answer
         return result
+
+    def _prefetch_next(self, queries: tuple[search.Query, ...]) -> None:
+        """Start building what the search will ask next, whatever verdicts these queries get."""
+        from bisect_npu.build.prefetch import Prefetcher, speculative_queries
+
+        builder = self.evaluator.builder
+        if isinstance(builder, Prefetcher):
+            wanted = speculative_queries(self.problem(), self.evidence(), [q.index for q in queries])
+            builder.prefetch([self.commit_at(i) for i in wanted])
+
+    def _prefetch_saved(self) -> float | None:
+        from bisect_npu.build.prefetch import Prefetcher
+
+        builder = self.evaluator.builder
+        return builder.seconds_saved() if isinstance(builder, Prefetcher) else None
 
     def _run_queries(self, queries: tuple[search.Query, ...]) -> None:
         ordered = sorted(queries, key=lambda q: q.index != 0)  # the good end first: it is the reference
@@ -386,7 +405,7 @@ class Session:
             end = {"status": "ends_wrong", "which": decision.which, "figures": decision.figures}
             result = SessionResult("ends_wrong", EXIT_ENDS_WRONG, self.journal.session_dir, message=message,
                                    steps=steps)
-        self._append({"type": "end", **end, "message": message})
+        self._append({"type": "end", **end, "message": message, "prefetch_saved_s": self._prefetch_saved()})
         return result
 
     def _result_from_end(self, end: dict[str, Any]) -> SessionResult:
@@ -504,6 +523,10 @@ def _make_evaluator(options: RunOptions, repo: git.Repo | None, recipe: Recipe |
         made_builder, made_executor = make_environment(options, repo, recipe, session_dir, workdir)
         builder = builder or made_builder
         executor = executor or made_executor
+    if options.prefetch if options.prefetch is not None else bool(options.devices):
+        from bisect_npu.build.prefetch import Prefetcher
+
+        builder = Prefetcher(builder, session_dir / "prefetch")
     return Evaluator(builder, executor, session_dir, recipe=recipe, command=options.command,
                      timeout_s=options.timeout_s)
 

@@ -49,11 +49,17 @@ def test_default_case_finds_culprit_and_verifies_its_fix(demo_upstream: DemoUpst
     assert truth.culprit.title in markdown and "verified" in markdown
 
 
-@pytest.mark.parametrize("name", ["rope-longseq", "spec-decode"])
-def test_exact_cases_find_the_manifest_culprit(demo_upstream: DemoUpstream, tmp_path: Path, name: str) -> None:
+@pytest.mark.parametrize(("name", "prefetch"), [("rope-longseq", False), ("spec-decode", True)])
+def test_exact_cases_find_the_manifest_culprit(demo_upstream: DemoUpstream, tmp_path: Path, name: str,
+                                               prefetch: bool) -> None:
     _, manifest = demo_upstream
-    result, _ = run_case(demo_upstream, name, tmp_path, "--no-fix")
+    result, session = run_case(demo_upstream, name, tmp_path, "--no-fix", *(["--prefetch"] if prefetch else []))
     assert result["culprit"] == manifest.case(name).culprit.sha
+    saved = json.loads((session / "report.json").read_text())["prefetch_saved_s"]
+    if prefetch:  # the next candidates' worktrees and kernel builds were ready before they were asked for
+        assert saved > 0
+    else:
+        assert saved is None
 
 
 def test_noisy_presence_penalty_case(demo_upstream: DemoUpstream, tmp_path: Path) -> None:

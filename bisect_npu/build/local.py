@@ -65,6 +65,7 @@ class LocalBuilder:
         self.keep = keep
         self._kept: OrderedDict[str, Environment] = OrderedDict()
         self._lock = threading.Lock()
+        self._git_lock = threading.Lock()  # prefetch builds in a thread; git's worktree list is shared
 
     def _worktree_path(self, commit: str) -> Path:
         return self.workdir / commit[:12]
@@ -78,8 +79,9 @@ class LocalBuilder:
         path = self._worktree_path(commit)
         self._remove_worktree(path)  # a worktree left by a killed run is never trusted
         self.workdir.mkdir(parents=True, exist_ok=True)
-        # Twice --force: a worktree registration left locked by a killed `git worktree add` is overridden.
-        self.repo.git.worktree("add", "--detach", "--force", "--force", str(path), commit)
+        with self._git_lock:
+            # Twice --force: a worktree registration left locked by a killed `git worktree add` is overridden.
+            self.repo.git.worktree("add", "--detach", "--force", "--force", str(path), commit)
         log_dir.mkdir(parents=True, exist_ok=True)
         log_path = log_dir / f"build-{commit[:12]}.log"
         with log_path.open("w", encoding="utf-8") as log:
@@ -123,9 +125,10 @@ class LocalBuilder:
                 self._remove_worktree(Path(env.path))
 
     def _remove_worktree(self, path: Path) -> None:
-        if path.exists():
-            try:
-                self.repo.git.worktree("remove", "--force", str(path))
-            except git.GitCommandError:
-                shutil.rmtree(path, ignore_errors=True)
-        self.repo.git.worktree("prune")
+        with self._git_lock:
+            if path.exists():
+                try:
+                    self.repo.git.worktree("remove", "--force", str(path))
+                except git.GitCommandError:
+                    shutil.rmtree(path, ignore_errors=True)
+            self.repo.git.worktree("prune")

@@ -97,10 +97,12 @@ class Prefetcher:
         return round(sum(record.saved_s for record in self.records.values()), 3)
 
     def close(self) -> None:
+        """Cancel what has not started, wait for the rest, then close the wrapped builder."""
         with self._lock:
             for future in self._futures.values():
                 future.cancel()
         self._pool.shutdown(wait=True)
+        self.builder.close()
 
     def _build(self, commit: str) -> Environment:
         started = time.monotonic()

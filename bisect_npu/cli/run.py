@@ -47,6 +47,8 @@ def finish(result: SessionResult, as_json: bool) -> None:
 @click.option("--session", "session_dir", type=click.Path(path_type=Path), help="Session directory to create.")
 @click.option("--workdir", type=click.Path(path_type=Path), help="Where candidate worktrees go (empty dir).")
 @click.option("--mode", type=click.Choice(["exact", "noisy"]), help="Override the recipe's trials mode.")
+@click.option("--prefetch/--no-prefetch", default=None,
+              help="Build the next candidates while one runs [default: on with --devices].")
 @click.option("--confidence", type=float, help="Noisy mode: stop when the culprit is this certain.")
 @click.option("--check-ends/--no-check-ends", default=True, show_default=True,
               help="Test that good is good and bad is bad before bisecting.")
@@ -60,6 +62,7 @@ def finish(result: SessionResult, as_json: bool) -> None:
 def run(good: str, bad: str, repo: str | None, package: str | None, index_url: str | None, prereleases: bool,
         recipe: str | None, command: str | None, executor: str,
         devices: str | None, slots: int | None, session_dir: Path | None, workdir: Path | None, mode: str | None,
+        prefetch: bool | None,
         confidence: float | None, check_ends: bool, timeout_s: float, propose_fix: bool, verify_fix: bool,
         find_fix: bool, as_json: bool, quiet: bool) -> None:
     """Bisect GOOD..BAD: find the first bad commit, propose its fix, write the report."""
@@ -75,7 +78,8 @@ def run(good: str, bad: str, repo: str | None, package: str | None, index_url: s
                          index_url=index_url, prereleases=prereleases, recipe=recipe, command=argv, executor=executor,
                          devices=cards, slots=slots or max(1, len(cards)), mode=mode, confidence=confidence,
                          check_ends=check_ends, timeout_s=timeout_s, propose_fix=propose_fix,
-                         verify_fix=verify_fix, find_fix=find_fix, workdir=str(workdir) if workdir else None)
+                         verify_fix=verify_fix, find_fix=find_fix, prefetch=prefetch,
+                         workdir=str(workdir) if workdir else None)
     session = Session.start(options, session_dir=session_dir, progress=make_progress(quiet or as_json))
     click.echo(f"session: {session.journal.session_dir}", err=True)
     finish(session.run(), as_json)

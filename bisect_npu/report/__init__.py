@@ -160,6 +160,7 @@ def render_json(view: SessionView) -> dict[str, Any]:
         "culprit_title": view.title_of(end["culprit"]) if end.get("culprit") else None,
         "range": [end["lo"], end["hi"]] if end.get("status") == "narrowed" else None,
         "message": end.get("message"),
+        "prefetch_saved_s": end.get("prefetch_saved_s"),
         "good": view.range["good"], "bad": view.range["bad"], "base": view.range["base"],
         "merge_base_note": view.range.get("merge_base_note"),
         "candidates": len(view.range["candidates"]),

@@ -18,6 +18,16 @@ from bisect_npu.demo.manifest import Manifest
 
 DemoUpstream = tuple[Path, Manifest]
 
+
+@pytest.fixture(scope="module")
+def demo_upstream(tmp_path_factory: pytest.TempPathFactory) -> DemoUpstream:
+    """A private copy: fix verification adds a commit under refs/bisect-npu/fixes to the upstream it
+    verifies in, which must not leak into the shared `demo_upstream` other tests compare byte for byte."""
+    from bisect_npu.demo.generate import generate_upstream
+
+    repo = tmp_path_factory.mktemp("demo-bisect") / "upstream"
+    return repo, generate_upstream(repo, seed=0)
+
 CLI = [sys.executable, "-m", "bisect_npu"]
 
 

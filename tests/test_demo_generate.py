@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from bisect_npu.demo.generate import ensure_upstream, generate_upstream
+from bisect_npu.demo.generate import GENERATOR_VERSION, ensure_upstream, generate_upstream
 from bisect_npu.demo.manifest import Manifest
 
 
@@ -99,7 +99,7 @@ def test_build_failing_commits_fail_and_others_build(demo_upstream, tmp_path):
 def test_ensure_upstream_generates_once(tmp_path, monkeypatch):
     monkeypatch.setenv("BISECT_NPU_CACHE", str(tmp_path / "cache"))
     repo, manifest = ensure_upstream(seed=0)
-    assert repo == tmp_path / "cache" / "demo" / "seed-0" / "upstream"
+    assert repo == tmp_path / "cache" / "demo" / f"v{GENERATOR_VERSION}" / "seed-0" / "upstream"
     assert Manifest.load(repo.parent / "manifest.json") == manifest
     marker = repo / ".git" / "still-here"
     marker.write_text("")

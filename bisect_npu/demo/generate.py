@@ -20,7 +20,7 @@ from bisect_npu.demo.manifest import CaseTruth, CommitRef, CompiledTouch, Manife
 from bisect_npu.models import InfrastructureError
 from bisect_npu.paths import cache_root
 
-GENERATOR_VERSION = "1"
+GENERATOR_VERSION = "2"
 TEMPLATE_DIR = Path(__file__).resolve().parent / "upstream"
 BUILD_COMMAND = ["python", "tools/build_kernels.py"]
 MAIN, RELEASE = "main", "v0.9.1-dev"
@@ -252,8 +252,9 @@ def _manifest(dest: Path, seed: int, state: _State, sha_of: dict[int, str]) -> M
 
 
 def demo_cache_dir(seed: int = 0) -> Path:
-    """Where the generated upstream lives: $BISECT_NPU_CACHE/demo/seed-N or ~/.cache/bisect-npu/..."""
-    return cache_root() / "demo" / f"seed-{seed}"
+    """Where the generated upstream lives: `<cache root>/demo/v<generator>/seed-N`. The generator
+    version is in the path so two checkouts with different generators never regenerate each other's."""
+    return cache_root() / "demo" / f"v{GENERATOR_VERSION}" / f"seed-{seed}"
 
 
 def ensure_upstream(seed: int = 0) -> tuple[Path, Manifest]:

@@ -1,4 +1,8 @@
-"""Compile csrc/ into tinyvllm/_kernels.so (the package's only compiled part)."""
+"""Compile csrc/ into tinyvllm/_kernels.so (the package's only compiled part).
+
+`python tools/build_kernels.py` builds in place; `pip install -e .` runs the same compile from
+setup.py's build_ext.
+"""
 
 from __future__ import annotations
 
@@ -12,9 +16,10 @@ SOURCES = sorted(str(p) for p in (ROOT / "csrc").glob("*.c"))
 TARGET = ROOT / "tinyvllm" / "_kernels.so"
 
 
-def main() -> int:
+def compile_kernels(target: Path = TARGET) -> int:
+    """Link csrc/*.c into the shared library `target`; the compiler's exit code."""
     compiler = os.environ.get("CC", "cc")
-    argv = [compiler, "-shared", "-O2", "-fPIC", "-Wall", "-o", str(TARGET), *SOURCES]
+    argv = [compiler, "-shared", "-O2", "-fPIC", "-Wall", "-o", str(target), *SOURCES]
     print(" ".join(argv), flush=True)
     result = subprocess.run(argv, check=False)
     if result.returncode != 0:
@@ -23,4 +28,4 @@ def main() -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(compile_kernels())

@@ -2,16 +2,17 @@
 
 Model. The culprit c is one of 1..n (uniform prior). A trial at position i fails with rate q
 when i < c (the good side) and with rate p when i >= c (the bad side), p > q. The two rates are
-unknown and integrated out over a grid prior that puts a tenth of each rate's mass on the
+unknown and integrated out over a grid prior that puts a twentieth of each rate's mass on the
 extreme a deterministic test has (q = 0, p = 1) and spreads the rest evenly over (0, 1). The
 extremes let the search recognise a perfect test after a few trials and make one failure
 conclusive when the good side never fails (the "loop in 1 run of 5" case). The share trades
-trials against calibration (measured at N = 128, 0.8/0.2 and N = 1000, 0.2/0.0, confidence
-0.99): 0.2 was 97.6% right at 0.8/0.2 (early runs with no good-side failure look like q = 0, so
-evidence looks stronger than it is) and 98.4% at 0.2/0.0; 0.1 is 99.7% and 100% for about 5%
-fewer trials at 0.8/0.2 and 13% more at 0.2/0.0; 0.15 on q = 0 with 0.05 on p = 1 was 99.3%
-for more trials; a prior favouring well-separated rates (weight (p - q)^2) cut 0.8/0.2 trials
-by only 8% and was 82% right at 0.2/0.0, because a rare symptom then looks commoner than it is.
+trials against calibration (seeded bisections at confidence 0.99, 200 to 1,000 per setting): at
+0.2 each, 0.8/0.2 tests were 97.6% right at N = 128 (runs whose good side happens not to fail yet look
+like q = 0, so evidence looks stronger than it is); at 0.1, 98.9% at N = 32; at 0.05, 99.7% at
+N = 32 and 99.3% at N = 128 with 4-5% fewer trials than at 0.1, for 8% more trials at 0.2/0.0.
+A prior favouring well-separated rates (weight (p - q)^k) saves trials at 0.8/0.2 only by
+being overconfident: k = 2 was 82.5% right at 0.2/0.0 (a rare symptom then looks commoner than
+it is), k = 8 was 95.5% right at 0.8/0.2 for 41 trials.
 
 The likelihood only changes where a position was tested, so the posterior is computed per
 segment between tested positions: O(segments x grid) per decision, no matter how long the range.
@@ -50,7 +51,7 @@ from bisect_npu.search import (
 )
 
 SLAB_POINTS = 40
-EXTREME_WEIGHT = 0.1
+EXTREME_WEIGHT = 0.05
 NEG_LOG_ZERO = -1e6
 
 RATES = np.concatenate(([0.0], (np.arange(SLAB_POINTS) + 0.5) / SLAB_POINTS, [1.0]))

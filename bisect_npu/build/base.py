@@ -9,6 +9,17 @@ from pydantic import BaseModel
 
 from bisect_npu.models import BisectError
 
+LOG_TAIL_LINES = 30
+
+
+def tail(path: Path, lines: int = LOG_TAIL_LINES) -> str:
+    """The last lines of a log file, for skip reasons and the report."""
+    try:
+        text = path.read_text(encoding="utf-8", errors="replace")
+    except FileNotFoundError:
+        return ""
+    return "\n".join(text.rstrip("\n").splitlines()[-lines:])
+
 
 class BuildFailed(BisectError):
     """The candidate cannot be built; the session records a `skip` with the log's tail."""

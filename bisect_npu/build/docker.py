@@ -32,7 +32,7 @@ from typing import IO, Any
 import git
 
 from bisect_npu import __version__
-from bisect_npu.build.base import BuildFailed, Environment
+from bisect_npu.build.base import BuildFailed, Environment, tail
 from bisect_npu.build.cache import ImageCache
 from bisect_npu.build.key import BuildKey, BuildKeyReader, is_compiled_input
 from bisect_npu.models import InfrastructureError
@@ -42,7 +42,6 @@ LABEL_KEY = "org.bisect-npu.key"
 LABEL_TOOL_VERSION = "org.bisect-npu.tool-version"
 LABEL_KIND = "org.bisect-npu.kind"  # full | overlay
 LABEL_PARENT = "org.bisect-npu.parent"  # the image it was built on, for the cache's size accounting
-LOG_TAIL_LINES = 30
 CONTAINERS_DIR = Path(__file__).resolve().parents[2] / "containers"
 OVERLAY_HELPER_DIR = "/tmp/bisect-npu-overlay"
 _CONTEXT_COPY = re.compile(r"^\s*(?:COPY|ADD)\s+(?:--\S+\s+)*\.\/?\s+(/\S*)\s*$", re.IGNORECASE | re.MULTILINE)
@@ -229,7 +228,7 @@ class DockerBuilder:
         log.write(api.logs(container, stdout=True, stderr=True).decode("utf-8", errors="replace"))
         log.flush()
         if status != 0:
-            raise BuildFailed(f"overlay could not remove deleted files (exit {status})", log_path, _tail(log_path))
+            raise BuildFailed(f"overlay could not remove deleted files (exit {status})", log_path, tail(log_path))
 
     def _deleted_paths(self, base_commit: str, commit: str) -> list[str]:
         """Files the base commit has and the candidate does not (renames count as deletions)."""
@@ -263,11 +262,11 @@ class DockerBuilder:
         log.flush()
         if error:
             raise BuildFailed(f"image build failed: {error.splitlines()[-1] if error else 'unknown error'}",
-                              log_path, _tail(log_path))
+                              log_path, tail(log_path))
         try:
             return str(self.client.api.inspect_image(tag)["Id"])
         except docker.errors.ImageNotFound:
-            raise BuildFailed(f"image build produced no image {tag}", log_path, _tail(log_path)) from None
+            raise BuildFailed(f"image build produced no image {tag}", log_path, tail(log_path)) from None
 
 
 def _git_archive(repo: git.Repo, commit: str) -> IO[bytes]:
@@ -330,14 +329,6 @@ def _python_tree(repo: git.Repo, commit: str, source_dir: str, dockerfile: str) 
             member.name = f"{prefix}/{member.name}" if prefix else member.name
             archive.addfile(member, fileobj)
     return out.getvalue()
-
-
-def _tail(path: Path, lines: int = LOG_TAIL_LINES) -> str:
-    try:
-        text = path.read_text(encoding="utf-8", errors="replace")
-    except FileNotFoundError:
-        return ""
-    return "\n".join(text.rstrip("\n").splitlines()[-lines:])
 
 
 def make_docker_environment(options: Any, repo: git.Repo, recipe: Any, session_dir: Path) -> tuple[Any, Any]:

@@ -17,19 +17,8 @@ from typing import IO
 
 import git
 
-from bisect_npu.build.base import BuildFailed, Environment
+from bisect_npu.build.base import BuildFailed, Environment, tail
 from bisect_npu.models import UsageError
-
-LOG_TAIL_LINES = 30
-
-
-def tail(path: Path, lines: int = LOG_TAIL_LINES) -> str:
-    """The last lines of a log file, for skip reasons and the report."""
-    try:
-        text = path.read_text(encoding="utf-8", errors="replace")
-    except FileNotFoundError:
-        return ""
-    return "\n".join(text.rstrip("\n").splitlines()[-lines:])
 
 
 def check_workdir(workdir: Path) -> None:

@@ -29,15 +29,13 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import bisect_npu
-from bisect_npu.build.base import BuildFailed, Environment
-from bisect_npu.build.local import tail
+from bisect_npu.build.base import BuildFailed, Environment, tail
 from bisect_npu.models import UsageError
 from bisect_npu.paths import cache_root
 from bisect_npu.recipe import InstallPlan
 
 COMPLETE_MARKER = ".bisect-npu-complete"
 HOST_PTH = "bisect_npu_host.pth"
-LOG_TAIL_LINES = 30
 
 
 def host_root() -> Path:
@@ -201,14 +199,14 @@ class VenvBuilder:
                                   check=False)
         except subprocess.TimeoutExpired as exc:
             raise BuildFailed(f"{what}: timed out after {self.pip_timeout_s:.0f}s; see {log_path}",
-                              log_path, tail(log_path, LOG_TAIL_LINES)) from exc
+                              log_path, tail(log_path)) from exc
         except FileNotFoundError as exc:
             raise BuildFailed(f"{what}: interpreter not found: {argv[0]}; set install.python in the recipe",
                               log_path, "") from exc
         if proc.returncode != 0:
             log.flush()
             raise BuildFailed(f"{what} failed (exit {proc.returncode}); see {log_path}", log_path,
-                              tail(log_path, LOG_TAIL_LINES))
+                              tail(log_path))
 
     @staticmethod
     def _link_host(venv: Path) -> None:

@@ -12,8 +12,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from bisect_npu.build.base import Environment
-from bisect_npu.build.local import tail
+from bisect_npu.build.base import Environment, tail
 from bisect_npu.execute.base import RunResult
 from bisect_npu.models import UsageError
 

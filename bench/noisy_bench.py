@@ -4,6 +4,8 @@ For N = 32, 128, 1000 candidates and failure-rate pairs (bad/good) 1.0/0.0, 0.95
 0.2/0.0, every method bisects the same seeded cases (culprit uniform over 1..N):
 
   tool      bisect_npu.search noisy mode (ends, Bayesian bisection, sandwich), confidence 0.99
+  exact     bisect_npu.search exact mode (a recipe's ``trials.mode: exact``), one verdict per
+            commit: what the tool does for a deterministic oracle; run on the 1.0/0.0 cells only
   plain     git-bisect style: both ends, then binary search with one trial per commit
   fixed20   binary search with 20 trials per commit; bad when the failure share exceeds the
             midpoint of the two ends' measured shares (a threshold vote)
@@ -34,6 +36,7 @@ from bisect_npu.simulate import simulate_one
 SIZES = (32, 128, 1000)
 RATES = ((1.0, 0.0), (0.95, 0.05), (0.8, 0.2), (0.2, 0.0))
 METHODS = ("tool", "plain", "fixed20", "bayesect")
+PERFECT = (1.0, 0.0)
 BAYESECT_TRIAL_CAP = 3000
 
 
@@ -53,8 +56,9 @@ def trial_failures(rng: np.random.Generator, position: int, culprit: int, p: flo
     return int((rng.random(k) < (p if position >= culprit else q)).sum())
 
 
-def run_tool(n: int, culprit: int, p: float, q: float, rng: np.random.Generator) -> tuple[bool, int]:
-    outcome = simulate_one(SearchProblem(n=n, mode="noisy"), culprit, bad_rate=p, good_rate=q,
+def run_tool(n: int, culprit: int, p: float, q: float, rng: np.random.Generator,
+             mode: str = "noisy") -> tuple[bool, int]:
+    outcome = simulate_one(SearchProblem(n=n, mode=mode), culprit, bad_rate=p, good_rate=q,  # type: ignore[arg-type]
                            build_fail=0.0, rng=rng, build_key_of=str)
     return outcome.correct, outcome.trials
 
@@ -120,6 +124,8 @@ def run_cell(args: tuple[str, int, float, float, int, int]) -> Cell:
     for culprit in culprits:
         if method == "tool":
             results.append(run_tool(n, int(culprit), p, q, rng))
+        elif method == "exact":
+            results.append(run_tool(n, int(culprit), p, q, rng, mode="exact"))
         elif method == "plain":
             results.append(run_vote(n, int(culprit), p, q, rng, 1))
         elif method == "fixed20":
@@ -161,6 +167,8 @@ def main() -> None:
     runs = 40 if args.quick else args.runs
     methods = args.methods.split(",")
     jobs = [(m, n, p, q, runs, args.seed) for n in SIZES for p, q in RATES for m in methods]
+    if "tool" in methods:
+        jobs += [("exact", n, *PERFECT, runs, args.seed) for n in SIZES]
     jobs.sort(key=lambda job: -job[1])  # big cells first so the workers finish together
     start = time.perf_counter()
     with ProcessPoolExecutor(max_workers=args.workers) as pool:
@@ -187,6 +195,20 @@ def main() -> None:
         print()
         print(f"tool trials / bayesect trials: min {min(ratios):.2f}, median {np.median(ratios):.2f}, "
               f"max {max(ratios):.2f}")
+    if "tool" in methods:
+        print()
+        print("Perfect test (1.0/0.0): the tool in each mode, accuracy / mean trials / p95 trials:")
+        print()
+        print("| N | this tool, exact mode (deterministic oracle) | this tool, noisy mode | goal |")
+        print("|---|---|---|---|")
+        for n in SIZES:
+            shown = [cells[(m, n, *PERFECT)] for m in ("exact", "tool")]
+            print(f"| {n} | " + " | ".join(f"{c.accuracy:.1%} / {c.mean_trials:.1f} / {c.p95_trials:.0f}"
+                                            for c in shown) + f" | <= {math.ceil(math.log2(n)) + 2} trials |")
+        print()
+        print("Noisy mode cannot meet ceil(log2 N) + 2 on a perfect test and stay >= 99% right at 0.95/0.05:")
+        print("one run per commit without a contradiction looks the same under both, so a deterministic")
+        print("oracle is bisected in exact mode (`trials.mode: exact`).")
     print()
     print("k-slot rounds, exact search, perfect test (ends share the first round when k > 2):")
     print()

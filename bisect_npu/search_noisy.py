@@ -6,10 +6,11 @@ unknown and integrated out over a grid prior that puts a twentieth of each rate'
 extreme a deterministic test has (q = 0, p = 1) and spreads the rest evenly over (0, 1). The
 extremes let the search recognise a perfect test after a few trials and make one failure
 conclusive when the good side never fails (the "loop in 1 run of 5" case). The share trades
-trials against calibration (seeded bisections at confidence 0.99, 200 to 1,000 per setting): at
-0.2 each, 0.8/0.2 tests were 97.6% right at N = 128 (runs whose good side happens not to fail yet look
-like q = 0, so evidence looks stronger than it is); at 0.1, 98.9% at N = 32; at 0.05, 99.7% at
-N = 32 and 99.3% at N = 128 with 4-5% fewer trials than at 0.1, for 8% more trials at 0.2/0.0.
+trials against calibration (seeded bisections at confidence 0.99, 200 to 1,000 per setting):
+at 0.2 each, 0.8/0.2 tests were 97.6% right at N = 128 (runs whose good side happens not to
+fail yet look like q = 0, so evidence looks stronger than it is); at 0.1, 98.9% at N = 32; at
+0.05, 99.7% at N = 32 and 99.3% at N = 128 with 4-5% fewer trials than at 0.1, for 8% more
+trials at 0.2/0.0 (bench/noisy_bench.py has the full table).
 A prior favouring well-separated rates (weight (p - q)^k) saves trials at 0.8/0.2 only by
 being overconfident: k = 2 was 82.5% right at 0.2/0.0 (a rare symptom then looks commoner than
 it is), k = 8 was 95.5% right at 0.8/0.2 for 41 trials.

@@ -124,6 +124,9 @@ class Session:
         candidates_range = _resolve_candidates(options, repo)
         if options.command:
             _check_command(options.command)
+        if options.devices and options.slots > len(options.devices):
+            raise UsageError(f"--slots {options.slots} needs at least as many --devices (got {len(options.devices)}); "
+                             "give one card or more per slot")
         if options.workdir:
             from bisect_npu.build.local import check_workdir
 
@@ -275,7 +278,6 @@ class Session:
         result = child.run()
         from bisect_npu.report import write_reports
 
-        write_reports(result.session_dir)
         self._append({"type": "next_level", "session": str(result.session_dir), "status": result.status,
                       "culprit": result.culprit, "message": result.message, "good": good_tag, "bad": bad_tag})
         write_reports(self.journal.session_dir)  # the release level's report, with its commit-level answer

@@ -341,7 +341,7 @@ def make_docker_environment(options: Any, repo: git.Repo, recipe: Any, session_d
     import functools
 
     from bisect_npu.execute.ascend import ascend_container_spec
-    from bisect_npu.execute.docker import DockerExecutor, Mount, plain_container_spec
+    from bisect_npu.execute.docker import DevicePool, DockerExecutor, Mount, plain_container_spec
 
     client = connect_engine()
     cache = ImageCache(client, int(options.cache_size_gb * (1 << 30)))
@@ -360,6 +360,7 @@ def make_docker_environment(options: Any, repo: git.Repo, recipe: Any, session_d
             if host_model is not None:
                 mounts.append(Mount(source=str(host_model), target=model_path or str(host_model)))
             return spec.model_copy(update={"environment": env, "mounts": mounts})
-    executor = DockerExecutor(client, spec_factory, session_id=session_dir.name)
+    pool = DevicePool(list(options.devices), options.slots) if options.devices and options.slots > 1 else None
+    executor = DockerExecutor(client, spec_factory, session_id=session_dir.name, device_pool=pool)
     atexit.register(executor.close)
     return builder, executor

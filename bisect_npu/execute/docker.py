@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import queue
 import signal
 import threading
 import time
@@ -24,7 +25,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from bisect_npu import __version__
 from bisect_npu.build.base import Environment
 from bisect_npu.execute.base import RunResult
-from bisect_npu.models import InfrastructureError
+from bisect_npu.models import InfrastructureError, UsageError
 
 SESSION_LABEL = "org.bisect-npu.session"
 PROBE_PACKAGE = "bisect_npu_probe"
@@ -61,7 +62,7 @@ class ContainerSpec(BaseModel):
     shm_size: str | None = None
 
 
-SpecFactory = Callable[[str, Path], ContainerSpec]
+SpecFactory = Callable[..., ContainerSpec]  # (image, out_dir[, devices=...]) -> spec
 
 
 def plain_container_spec(image: str, out_dir: Path) -> ContainerSpec:
@@ -108,15 +109,39 @@ def remove_session_containers(client: Any, session_id: str) -> int:
     return removed
 
 
+class DevicePool:
+    """Parallel slots on one host: `--devices 0-7 --slots 4` gives each running candidate its own
+    two cards, leased for the length of one container run."""
+
+    def __init__(self, devices: list[int], slots: int) -> None:
+        if not 1 <= slots <= len(devices):
+            raise UsageError(f"--slots {slots} needs at least as many --devices (got {len(devices)}); "
+                             "give one card or more per slot")
+        size = len(devices) // slots
+        self._free: queue.Queue[list[int]] = queue.Queue()
+        for slot in range(slots):
+            self._free.put(devices[slot * size:(slot + 1) * size])
+
+    @contextlib.contextmanager
+    def lease(self) -> Iterator[list[int]]:
+        cards = self._free.get()
+        try:
+            yield cards
+        finally:
+            self._free.put(cards)
+
+
 class DockerExecutor:
     """Runs the probe (or a `--cmd`) in a fresh container per call; never leaves one behind."""
 
     def __init__(self, client: Any, spec_factory: SpecFactory = plain_container_spec,
-                 session_id: str | None = None, python: str = "python3") -> None:
+                 session_id: str | None = None, python: str = "python3",
+                 device_pool: DevicePool | None = None) -> None:
         self.client = client
         self.spec_factory = spec_factory
         self.session_id = session_id or uuid.uuid4().hex[:12]
         self.python = python
+        self.device_pool = device_pool
 
     def run_probe(self, env: Environment, request: dict[str, Any], out_dir: Path, timeout_s: float) -> RunResult:
         out_dir = out_dir.resolve()
@@ -131,27 +156,33 @@ class DockerExecutor:
             result = result.model_copy(update={"observation": str(observation)})
         return result
 
-    def run_command(self, env: Environment, argv: list[str], log_path: Path, timeout_s: float) -> RunResult:
+    def run_command(self, env: Environment, argv: list[str], log_path: Path, timeout_s: float,
+                    extra_env: dict[str, str] | None = None) -> RunResult:
         out_dir = log_path.parent.resolve()
         out_dir.mkdir(parents=True, exist_ok=True)
-        return self._run(env, argv, out_dir, log_path, timeout_s)
+        return self._run(env, argv, out_dir, log_path, timeout_s, extra_env)
 
-    def spec_for(self, env: Environment, command: list[str], out_dir: Path) -> ContainerSpec:
-        """The spec of one run: the factory's, plus the probe mount, the command and our labels."""
+    def spec_for(self, env: Environment, command: list[str], out_dir: Path, devices: list[int] | None = None,
+                 extra_env: dict[str, str] | None = None) -> ContainerSpec:
+        """The spec of one run: the factory's (on `devices` when a slot leased some), plus the probe
+        mount, the command, `extra_env` and our labels."""
         if not env.image:
             raise InfrastructureError(f"candidate {env.commit[:12]} has no image; use the docker builder "
                                       "with --executor docker")
-        spec = self.spec_factory(env.image, out_dir)
+        spec = self.spec_factory(env.image, out_dir, **({"devices": devices} if devices is not None else {}))
         probe = Mount(source=str(probe_source_dir()), target=f"{PROBE_PARENT}/{PROBE_PACKAGE}", read_only=True)
-        environment = {**spec.environment, "PYTHONDONTWRITEBYTECODE": "1"}
+        environment = {**spec.environment, **(extra_env or {}), "PYTHONDONTWRITEBYTECODE": "1"}
         labels = {**spec.labels, SESSION_LABEL: self.session_id, "org.bisect-npu.commit": env.commit,
                   "org.bisect-npu.tool-version": __version__}
         return spec.model_copy(update={"command": command, "mounts": [*spec.mounts, probe],
                                        "environment": environment, "labels": labels})
 
     def _run(self, env: Environment, command: list[str], out_dir: Path, log_path: Path,
-             timeout_s: float) -> RunResult:
-        spec = self.spec_for(env, command, out_dir)
+             timeout_s: float, extra_env: dict[str, str] | None = None) -> RunResult:
+        with self.device_pool.lease() if self.device_pool else contextlib.nullcontext(None) as cards:
+            return self._run_on(self.spec_for(env, command, out_dir, cards, extra_env), log_path, timeout_s)
+
+    def _run_on(self, spec: ContainerSpec, log_path: Path, timeout_s: float) -> RunResult:
         started = time.monotonic()
         timed_out = False
         with _sigterm_as_interrupt(), log_path.open("w", encoding="utf-8") as log:

@@ -40,6 +40,7 @@ from typing import Literal
 
 import numpy as np
 
+from bisect_npu.oracle.stats import wilson_interval
 from bisect_npu.search import (
     Decision,
     EndsWrong,
@@ -184,15 +185,15 @@ def ends_change_probability(evidence: Mapping[int, Evidence], n: int) -> float:
     return 1.0 / (1.0 + math.exp(min(700.0, log_h0 - float(log_h1[0]))))
 
 
-def wilson(bad: int, trials: int, z: float = 1.96) -> tuple[float, float]:
-    """95% Wilson score interval of a failure rate (well behaved at 0 and n failures)."""
-    if trials == 0:
-        return 0.0, 1.0
-    rate = bad / trials
-    denom = 1 + z * z / trials
-    centre = (rate + z * z / (2 * trials)) / denom
-    half = z * math.sqrt(rate * (1 - rate) / trials + z * z / (4 * trials * trials)) / denom
-    return max(0.0, centre - half), min(1.0, centre + half)
+def _rate_figures(name: str, evidence: Evidence) -> dict[str, float]:
+    """A position's failure rate with its 95% Wilson interval and trial count, for the report."""
+    low, high = wilson_interval(evidence.bad, evidence.trials, 0.95)
+    return {
+        f"{name}_rate": evidence.bad / evidence.trials if evidence.trials else 0.0,
+        f"{name}_rate_lo": low,
+        f"{name}_rate_hi": high,
+        f"{name}_trials": float(evidence.trials),
+    }
 
 
 def decide_noisy(problem: SearchProblem, evidence: Mapping[int, Evidence]) -> Decision:
@@ -251,19 +252,7 @@ def _ends_step(problem: SearchProblem, evidence: Mapping[int, Evidence]) -> Ends
 
 
 def _end_figures(e0: Evidence, en: Evidence, change: float) -> dict[str, float]:
-    lo0, hi0 = wilson(e0.bad, e0.trials)
-    lon, hin = wilson(en.bad, en.trials)
-    return {
-        "good_end_rate": e0.bad / e0.trials if e0.trials else 0.0,
-        "good_end_rate_lo": lo0,
-        "good_end_rate_hi": hi0,
-        "good_end_trials": float(e0.trials),
-        "bad_end_rate": en.bad / en.trials if en.trials else 0.0,
-        "bad_end_rate_lo": lon,
-        "bad_end_rate_hi": hin,
-        "bad_end_trials": float(en.trials),
-        "change_probability": change,
-    }
+    return {**_rate_figures("good_end", e0), **_rate_figures("bad_end", en), "change_probability": change}
 
 
 def _blocks(n: int, evidence: Mapping[int, Evidence]) -> np.ndarray:
@@ -330,18 +319,10 @@ def _found_figures(
     separated: float,
 ) -> dict[str, float]:
     """The evidence behind an answer: both rates with 95% intervals, and the posterior."""
-    culprit_lo, culprit_hi = wilson(e_hi.bad, e_hi.trials)
-    parent_lo, parent_hi = wilson(e_lo.bad, e_lo.trials)
     return {
         "posterior": mass,
-        "culprit_rate": e_hi.bad / e_hi.trials if e_hi.trials else 0.0,
-        "culprit_rate_lo": culprit_lo,
-        "culprit_rate_hi": culprit_hi,
-        "culprit_trials": float(e_hi.trials),
-        "parent_rate": e_lo.bad / e_lo.trials if e_lo.trials else 0.0,
-        "parent_rate_lo": parent_lo,
-        "parent_rate_hi": parent_hi,
-        "parent_trials": float(e_lo.trials),
+        **_rate_figures("culprit", e_hi),
+        **_rate_figures("parent", e_lo),
         "separation": separated,
         "bad_rate_estimate": post.rate_p,
         "good_rate_estimate": post.rate_q,

@@ -437,13 +437,12 @@ class Session:
         """Evaluate any commit (a fix applied on the bad end) with this session's recipe or command."""
         self._ensure_reference()
         trials = self.recipe.trials.count if self.recipe else 1
-        result = self.evaluator.evaluate(commit, trials, [], lambda record: None, judge_each=False)
         if self.mode == "noisy" and self.recipe is not None:
             result = self.evaluator.evaluate(commit, max(trials, 10), [], lambda record: None, judge_each=True)
             bad = sum(1 for t in result.trials if t.outcome == VerdictKind.BAD)
             return Verdict(kind=VerdictKind.BAD if bad else VerdictKind.GOOD,
                            reason=f"{bad} of {len(result.trials)} trials bad", trials=len(result.trials))
-        return result.verdict
+        return self.evaluator.evaluate(commit, trials, [], lambda record: None, judge_each=False).verdict
 
 
 def _resolve_candidates(options: RunOptions, repo: git.Repo | None) -> dict[str, Any]:

@@ -7,8 +7,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from bisect_npu.oracle.stats import wilson_interval
 from bisect_npu.search import EndsWrong, Evidence, Found, Narrowed, Next, SearchProblem, decide
-from bisect_npu.search_noisy import separation, wilson
+from bisect_npu.search_noisy import separation
 from bisect_npu.simulate import simulate_one
 
 
@@ -137,5 +138,5 @@ def test_separation_and_wilson_behave():
     assert separation(Evidence(bad=1), Evidence(good=1)) > 0.9
     assert separation(Evidence(bad=10, good=10), Evidence(bad=10, good=10)) == pytest.approx(0.5, abs=0.01)
     assert separation(Evidence(good=5), Evidence(bad=5)) < 0.01
-    lo, hi = wilson(0, 20)
+    lo, hi = wilson_interval(0, 20, 0.95)
     assert lo == 0.0 and 0.1 < hi < 0.2

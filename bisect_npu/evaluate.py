@@ -73,6 +73,16 @@ def command_verdict(result: RunResult) -> Verdict:
                               f"`git bisect run` does; see {result.log_path}, fix it, then `bisect-npu resume`")
 
 
+def tally(records: list[TrialRecord]) -> Verdict:
+    """Trials judged one by one (noisy mode) as one step verdict: bad if any trial was bad, good if
+    some were good and none bad, skip if no trial could be judged."""
+    bad = sum(1 for r in records if r.outcome == VerdictKind.BAD)
+    good = sum(1 for r in records if r.outcome == VerdictKind.GOOD)
+    kind = VerdictKind.BAD if bad else VerdictKind.GOOD if good else VerdictKind.SKIP
+    return Verdict(kind=kind, reason=f"{bad} of {bad + good} trials bad", figures={"bad": bad, "good": good},
+                   trials=len(records))
+
+
 def build_record(env: Environment | None, failure: BuildFailed | None = None) -> dict[str, Any]:
     if failure is not None:
         return {"how": "failed", "log": str(failure.log_path) if failure.log_path else None,
@@ -137,12 +147,16 @@ class Evaluator:
         try:
             if self.command is not None:
                 records = self._run_commands(commit, env, trials, done, on_trial, judge_each, first_trial)
-                verdict = self._command_step_verdict(records)
             else:
                 records = self._run_trials(commit, env, trials, done, on_trial, judge_each, first_trial,
                                            as_reference)
                 if as_reference:
                     self.set_reference(records)
+            if judge_each:
+                verdict = tally(records)
+            elif self.command is not None:  # exact mode runs a command once: its exit status is the verdict
+                verdict = Verdict(kind=records[0].outcome or VerdictKind.SKIP, reason=records[0].reason)
+            else:
                 verdict = self._judge_step(records)
         finally:
             self.builder.release(env)
@@ -164,18 +178,6 @@ class Evaluator:
             on_trial(record)
             records.append(record)
         return records
-
-    @staticmethod
-    def _command_step_verdict(records: list[TrialRecord]) -> Verdict:
-        """One run: its verdict. Several: bad if any trial was bad, skip if none could judge."""
-        kinds = [r.outcome for r in records]
-        bad = kinds.count(VerdictKind.BAD)
-        good = kinds.count(VerdictKind.GOOD)
-        if len(records) == 1:
-            return Verdict(kind=kinds[0] or VerdictKind.SKIP, reason=records[0].reason, trials=1)
-        kind = VerdictKind.BAD if bad else VerdictKind.GOOD if good else VerdictKind.SKIP
-        return Verdict(kind=kind, reason=f"{bad} of {bad + good} runs bad", figures={"bad": bad, "good": good},
-                       trials=len(records))
 
     def _run_trials(self, commit: str, env: Environment, trials: int, done: list[TrialRecord],
                     on_trial: Callable[[TrialRecord], None], judge_each: bool, first_trial: int,

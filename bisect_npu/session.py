@@ -23,7 +23,7 @@ from bisect_npu.build.base import Builder
 from bisect_npu.evaluate import Evaluator, StepResult, TrialRecord
 from bisect_npu.execute.base import Executor
 from bisect_npu.journal import Journal, latest_session, new_session_dir
-from bisect_npu.models import Observation, UsageError, Verdict, VerdictKind
+from bisect_npu.models import Observation, UsageError, Verdict
 from bisect_npu.progress import PlainProgress, Progress
 from bisect_npu.recipe import InstallPlan, Recipe, load_recipe
 
@@ -343,18 +343,11 @@ class Session:
         self._record_step(query.index, result)
 
     def _record_step(self, index: int, result: StepResult) -> None:
-        verdict = result.verdict
-        if self.mode == "noisy" and result.trials:
-            bad = sum(1 for t in result.trials if t.outcome == VerdictKind.BAD)
-            good = sum(1 for t in result.trials if t.outcome == VerdictKind.GOOD)
-            verdict = Verdict(kind=VerdictKind.BAD if bad else VerdictKind.GOOD if good else VerdictKind.SKIP,
-                              reason=f"{bad} of {bad + good} trials bad", figures={"bad": bad, "good": good},
-                              trials=len(result.trials))
         self._append({"type": "step", "index": index, "commit": result.commit,
                       "title": self.titles.get(result.commit, ""), "build": result.build,
-                      "verdict": verdict.model_dump(mode="json"),
+                      "verdict": result.verdict.model_dump(mode="json"),
                       "trials": [t.to_json() for t in result.trials], "seconds": result.seconds})
-        self.progress.step_finished(index, result.commit, verdict, result.seconds)
+        self.progress.step_finished(index, result.commit, result.verdict, result.seconds)
 
     def _append(self, record: dict[str, Any]) -> None:
         with self._lock:
@@ -438,10 +431,7 @@ class Session:
         self._ensure_reference()
         trials = self.recipe.trials.count if self.recipe else 1
         if self.mode == "noisy" and self.recipe is not None:
-            result = self.evaluator.evaluate(commit, max(trials, 10), [], lambda record: None, judge_each=True)
-            bad = sum(1 for t in result.trials if t.outcome == VerdictKind.BAD)
-            return Verdict(kind=VerdictKind.BAD if bad else VerdictKind.GOOD,
-                           reason=f"{bad} of {len(result.trials)} trials bad", trials=len(result.trials))
+            return self.evaluator.evaluate(commit, max(trials, 10), [], lambda record: None, judge_each=True).verdict
         return self.evaluator.evaluate(commit, trials, [], lambda record: None, judge_each=False).verdict
 
 

@@ -13,7 +13,14 @@ For N = 32, 128, 1000 candidates and failure-rate pairs (bad/good) 1.0/0.0, 0.95
             rates integrated out, greedy minimum expected entropy of the change point, one
             trial at a time, stop at posterior 0.99 (written here from the description)
 
-Then the k-slot check: rounds of the exact search with k = 1, 3, 7 slots against log_{k+1} N.
+Two more tables at N = 128 show what the trial count depends on:
+  earlier runs   the tool when each end was run 10, 20 or 40 times before the session (a
+                 recipe's ``trials.earlier_runs``; counts drawn from the true rates, not told)
+  calibration    the tool at confidence 0.9, 0.95, 0.97 and 0.99 (0.8/0.2): how accuracy
+                 follows the confidence asked for, i.e. what fewer trials cost
+
+Then the k-slot checks: rounds of the exact search with k = 1, 3, 7 slots against log_{k+1} N,
+and rounds and trials of the noisy search with k slots at 0.8/0.2.
 
     .venv/bin/python bench/noisy_bench.py            # 1,000 runs per cell
     .venv/bin/python bench/noisy_bench.py --quick    # 40 runs per cell, a smoke test
@@ -31,13 +38,16 @@ import numpy as np
 
 from bisect_npu.search import Evidence, Found, Next, SearchProblem, decide
 from bisect_npu.search_noisy import information_gain
-from bisect_npu.simulate import simulate_one
+from bisect_npu.simulate import simulate, simulate_one
 
 SIZES = (32, 128, 1000)
 RATES = ((1.0, 0.0), (0.95, 0.05), (0.8, 0.2), (0.2, 0.0))
 METHODS = ("tool", "plain", "fixed20", "bayesect")
 PERFECT = (1.0, 0.0)
 BAYESECT_TRIAL_CAP = 3000
+EARLIER = (10, 20, 40)
+CALIBRATION = (0.9, 0.95, 0.97, 0.99)
+DETAIL_N = 128
 
 
 @dataclass(frozen=True)
@@ -50,6 +60,8 @@ class Cell:
     mean_trials: float
     p95_trials: float
     seconds: float
+    earlier: int = 0
+    confidence: float = 0.99
 
 
 def trial_failures(rng: np.random.Generator, position: int, culprit: int, p: float, q: float, k: int) -> int:
@@ -57,9 +69,10 @@ def trial_failures(rng: np.random.Generator, position: int, culprit: int, p: flo
 
 
 def run_tool(n: int, culprit: int, p: float, q: float, rng: np.random.Generator,
-             mode: str = "noisy") -> tuple[bool, int]:
-    outcome = simulate_one(SearchProblem(n=n, mode=mode), culprit, bad_rate=p, good_rate=q,  # type: ignore[arg-type]
-                           build_fail=0.0, rng=rng, build_key_of=str)
+             mode: str = "noisy", earlier: int = 0, confidence: float = 0.99) -> tuple[bool, int]:
+    problem = SearchProblem(n=n, mode=mode, confidence=confidence)  # type: ignore[arg-type]
+    outcome = simulate_one(problem, culprit, bad_rate=p, good_rate=q, build_fail=0.0, rng=rng,
+                           build_key_of=str, earlier_runs=earlier)
     return outcome.correct, outcome.trials
 
 
@@ -115,15 +128,18 @@ def run_bayesect(n: int, culprit: int, p: float, q: float, rng: np.random.Genera
     return False, BAYESECT_TRIAL_CAP
 
 
-def run_cell(args: tuple[str, int, float, float, int, int]) -> Cell:
-    method, n, p, q, runs, seed = args
+Job = tuple[str, int, float, float, int, int, int, float]
+
+
+def run_cell(args: Job) -> Cell:
+    method, n, p, q, runs, seed, earlier, confidence = args
     rng = np.random.default_rng([seed, n, int(p * 100), int(q * 100)])
     culprits = rng.integers(1, n + 1, size=runs)
     start = time.perf_counter()
     results = []
     for culprit in culprits:
         if method == "tool":
-            results.append(run_tool(n, int(culprit), p, q, rng))
+            results.append(run_tool(n, int(culprit), p, q, rng, earlier=earlier, confidence=confidence))
         elif method == "exact":
             results.append(run_tool(n, int(culprit), p, q, rng, mode="exact"))
         elif method == "plain":
@@ -134,7 +150,7 @@ def run_cell(args: tuple[str, int, float, float, int, int]) -> Cell:
             results.append(run_bayesect(n, int(culprit), p, q, rng))
     trials = np.array([t for _, t in results], dtype=float)
     return Cell(method, n, p, q, float(np.mean([ok for ok, _ in results])), float(trials.mean()),
-                float(np.percentile(trials, 95)), time.perf_counter() - start)
+                float(np.percentile(trials, 95)), time.perf_counter() - start, earlier, confidence)
 
 
 def rounds_check() -> list[str]:
@@ -156,6 +172,19 @@ def rounds_check() -> list[str]:
     return lines
 
 
+def noisy_rounds_check(runs: int) -> list[str]:
+    """Rounds and trials of the noisy search with k slots at 0.8/0.2, N = DETAIL_N (k picks per round)."""
+    lines = ["| k | accuracy | mean rounds | mean trials | rounds vs k = 1 |", "|---|---|---|---|---|"]
+    base = 0.0
+    for k in (1, 3, 7):
+        summary = simulate(DETAIL_N, DETAIL_N // 2, bad_rate=0.8, good_rate=0.2, slots=k, mode="noisy",
+                           runs=runs, seed=1)
+        base = base or summary.mean_rounds
+        lines.append(f"| {k} | {summary.accuracy:.1%} | {summary.mean_rounds:.1f} | {summary.mean_trials:.1f} | "
+                     f"{summary.mean_rounds / base:.2f} |")
+    return lines
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--runs", type=int, default=1000, help="simulated bisections per cell")
@@ -166,13 +195,17 @@ def main() -> None:
     args = parser.parse_args()
     runs = 40 if args.quick else args.runs
     methods = args.methods.split(",")
-    jobs = [(m, n, p, q, runs, args.seed) for n in SIZES for p, q in RATES for m in methods]
+    jobs: list[Job] = [(m, n, p, q, runs, args.seed, 0, 0.99) for n in SIZES for p, q in RATES for m in methods]
     if "tool" in methods:
-        jobs += [("exact", n, *PERFECT, runs, args.seed) for n in SIZES]
+        jobs += [("exact", n, *PERFECT, runs, args.seed, 0, 0.99) for n in SIZES]
+        jobs += [("tool", DETAIL_N, p, q, runs, args.seed, e, 0.99) for p, q in RATES for e in EARLIER]
+        jobs += [("tool", DETAIL_N, 0.8, 0.2, runs, args.seed, 0, c) for c in CALIBRATION if c != 0.99]
     jobs.sort(key=lambda job: -job[1])  # big cells first so the workers finish together
     start = time.perf_counter()
     with ProcessPoolExecutor(max_workers=args.workers) as pool:
-        cells = {(c.method, c.n, c.bad_rate, c.good_rate): c for c in pool.map(run_cell, jobs)}
+        cells = {(c.method, c.n, c.bad_rate, c.good_rate, c.earlier, c.confidence): c
+                 for c in pool.map(run_cell, jobs)}
+    main_cells = {key[:4]: c for key, c in cells.items() if key[4:] == (0, 0.99)}
     print(f"{runs} runs per cell, confidence 0.99 for tool and bayesect; accuracy / mean trials / p95 trials")
     print()
     print("| N | bad/good | " + " | ".join(methods) + " | goal (tool) |")
@@ -181,7 +214,7 @@ def main() -> None:
         for p, q in RATES:
             row = []
             for m in methods:
-                c = cells[(m, n, p, q)]
+                c = main_cells[(m, n, p, q)]
                 row.append(f"{c.accuracy:.1%} / {c.mean_trials:.1f} / {c.p95_trials:.0f}")
             goal = ">=99%"
             if (p, q) == (1.0, 0.0):
@@ -189,9 +222,9 @@ def main() -> None:
             if (n, p, q) == (128, 0.8, 0.2):
                 goal += ", <= 41 trials"
             print(f"| {n} | {p}/{q} | " + " | ".join(row) + f" | {goal} |")
-    tool = [c for c in cells.values() if c.method == "tool"]
+    tool = [c for key, c in main_cells.items() if key[0] == "tool"]
     if tool and "bayesect" in methods:
-        ratios = [c.mean_trials / cells[("bayesect", c.n, c.bad_rate, c.good_rate)].mean_trials for c in tool]
+        ratios = [c.mean_trials / main_cells[("bayesect", c.n, c.bad_rate, c.good_rate)].mean_trials for c in tool]
         print()
         print(f"tool trials / bayesect trials: min {min(ratios):.2f}, median {np.median(ratios):.2f}, "
               f"max {max(ratios):.2f}")
@@ -202,17 +235,39 @@ def main() -> None:
         print("| N | this tool, exact mode (deterministic oracle) | this tool, noisy mode | goal |")
         print("|---|---|---|---|")
         for n in SIZES:
-            shown = [cells[(m, n, *PERFECT)] for m in ("exact", "tool")]
+            shown = [main_cells[(m, n, *PERFECT)] for m in ("exact", "tool")]
             print(f"| {n} | " + " | ".join(f"{c.accuracy:.1%} / {c.mean_trials:.1f} / {c.p95_trials:.0f}"
                                             for c in shown) + f" | <= {math.ceil(math.log2(n)) + 2} trials |")
         print()
         print("Noisy mode cannot meet ceil(log2 N) + 2 on a perfect test and stay >= 99% right at 0.95/0.05:")
         print("one run per commit without a contradiction looks the same under both, so a deterministic")
         print("oracle is bisected in exact mode (`trials.mode: exact`).")
+        print()
+        print(f"Earlier runs of the ends (N = {DETAIL_N}; the tool counts them, they are not in the trials):")
+        print()
+        print("| bad/good | none | " + " | ".join(f"{e} per end" for e in EARLIER) + " |")
+        print("|---|---|" + "---|" * len(EARLIER))
+        for p, q in RATES:
+            shown = [cells[("tool", DETAIL_N, p, q, e, 0.99)] for e in (0, *EARLIER)]
+            print(f"| {p}/{q} | " + " | ".join(f"{c.accuracy:.1%} / {c.mean_trials:.1f} / {c.p95_trials:.0f}"
+                                              for c in shown) + " |")
+        print()
+        print(f"Calibration at 0.8/0.2, N = {DETAIL_N}: the confidence asked for against the accuracy reached:")
+        print()
+        print("| confidence | accuracy | mean trials | p95 trials |")
+        print("|---|---|---|---|")
+        for conf in CALIBRATION:
+            c = cells[("tool", DETAIL_N, 0.8, 0.2, 0, conf)]
+            print(f"| {conf} | {c.accuracy:.1%} | {c.mean_trials:.1f} | {c.p95_trials:.0f} |")
     print()
     print("k-slot rounds, exact search, perfect test (ends share the first round when k > 2):")
     print()
     for line in rounds_check():
+        print(line)
+    print()
+    print(f"k-slot rounds, noisy search, 0.8/0.2, N = {DETAIL_N}, culprit in the middle ({max(runs // 5, 20)} runs):")
+    print()
+    for line in noisy_rounds_check(max(runs // 5, 20)):
         print(line)
     print()
     print(f"total {time.perf_counter() - start:.0f} s on {args.workers} workers")

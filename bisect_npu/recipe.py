@@ -11,10 +11,11 @@ from pathlib import Path
 from typing import Any, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from bisect_npu.models import UsageError
 from bisect_npu.oracle.config import OracleConfig
+from bisect_npu.search import EarlierRuns
 
 BUNDLED_RECIPES = Path(__file__).resolve().parent.parent / "recipes"
 
@@ -89,6 +90,39 @@ class CaptureSpec(_Strict):
     steps: list[int] = Field(default_factory=lambda: [0], description="forward passes to dump; 0 is the prefill")
 
 
+class EarlierRunsSpec(_Strict):
+    """Runs of the two ends made before bisecting, as "symptom shown/runs" ("8/10"): the noisy
+    search counts them as trials it did not have to pay for. Give real counts only.
+    ``bad_end`` is the end that shows the symptom (the old end under --find-fix)."""
+
+    bad_end: str = Field(..., description="runs showing the symptom/runs at the end that shows it, e.g. 8/10")
+    good_end: str = Field(..., description="runs showing the symptom/runs at the other end, e.g. 0/10")
+
+    @field_validator("bad_end", "good_end", mode="before")
+    @classmethod
+    def _shown_of_runs(cls, value: Any) -> str:
+        text = str(value).replace(" ", "")
+        shown, _, runs = text.partition("/")
+        if not (shown.isdigit() and runs.isdigit()):
+            raise ValueError(f"{value!r} is not 'shown/runs'; write how many runs showed the symptom out of how "
+                             "many were made, e.g. 8/10")
+        if int(shown) > int(runs):
+            raise ValueError(f"{value!r} counts more runs with the symptom than runs made")
+        return text
+
+    def counts(self, name: Literal["bad_end", "good_end"]) -> tuple[int, int]:
+        failed, runs = getattr(self, name).split("/")
+        return int(failed), int(runs)
+
+    def for_search(self, *, find_fix: bool) -> EarlierRuns:
+        """The counts in the search's terms: "bad" is the side the search hunts for. With
+        --find-fix that is the side without the symptom, so the ends swap and passes count."""
+        (bad_failed, bad_runs), (good_failed, good_runs) = self.counts("bad_end"), self.counts("good_end")
+        if find_fix:
+            return EarlierRuns(good_runs - good_failed, good_runs, bad_runs - bad_failed, bad_runs)
+        return EarlierRuns(bad_failed, bad_runs, good_failed, good_runs)
+
+
 class TrialsSpec(_Strict):
     """`exact`: every trial of a commit is judged together into one verdict per commit.
     `noisy`: each trial is a vote; the search picks commits and trial counts until it reaches
@@ -97,6 +131,7 @@ class TrialsSpec(_Strict):
     mode: Literal["exact", "noisy"] = "exact"
     count: int = Field(1, ge=1)
     confidence: float = Field(0.99, gt=0.5, lt=1.0)
+    earlier_runs: EarlierRunsSpec | None = None
 
 
 class ReferenceSpec(_Strict):

@@ -53,13 +53,32 @@ class Evidence:
 
 
 @dataclass(frozen=True)
+class EarlierRuns:
+    """Runs of the two ends made before the session: how the user knows the failure is flaky
+    ("loops in 8 of 10 runs on the bad release, 0 of 10 on the good one").
+
+    The noisy search counts them as trials of the ends it did not have to pay for, so it starts
+    out knowing the two rates roughly; bench/noisy_bench.py shows the trials this saves. They
+    must be real counts: figures claimed over more runs than were made make the search
+    overconfident. The session still runs each end itself, and the sandwich check uses only
+    the culprit's and its parent's own trials.
+    """
+
+    bad_failed: int
+    bad_runs: int
+    good_failed: int
+    good_runs: int
+
+
+@dataclass(frozen=True)
 class SearchProblem:
     """What is searched and how sure the answer must be.
 
     ``confidence`` is the posterior mass the noisy mode needs on one culprit;
     ``sandwich_confidence`` is how sure the culprit's and its parent's own trials must make us
     that the culprit fails more often than its parent. ``max_trials_per_query`` caps the
-    trials spent at any one position.
+    trials spent at any one position. ``earlier_runs`` (noisy mode) are the ends' runs made
+    before the session.
     """
 
     n: int
@@ -69,6 +88,7 @@ class SearchProblem:
     confidence: float = 0.99
     max_trials_per_query: int = 64
     sandwich_confidence: float = 0.95
+    earlier_runs: EarlierRuns | None = None
 
 
 @dataclass(frozen=True)
@@ -129,6 +149,9 @@ def _validate(problem: SearchProblem, evidence: Mapping[int, Evidence]) -> None:
         raise ValueError("confidence levels must lie in (0.5, 1)")
     if problem.max_trials_per_query < 1:
         raise ValueError("max_trials_per_query must be >= 1")
+    runs = problem.earlier_runs
+    if runs is not None and not (0 <= runs.bad_failed <= runs.bad_runs and 0 <= runs.good_failed <= runs.good_runs):
+        raise ValueError(f"earlier runs need 0 <= failed <= runs at each end, got {runs}")
     outside = [i for i in evidence if not 0 <= i <= problem.n]
     if outside:
         raise ValueError(f"evidence at positions outside 0..{problem.n}: {sorted(outside)[:5]}")

@@ -26,6 +26,9 @@ Steps of a decision:
    trial can split) holds ``confidence`` of the posterior mass, and its sandwich passes.
 3. Otherwise query the position whose next trial is expected to reduce the entropy of the
    change-point posterior the most (one trial per query, so the posterior steers every trial).
+Earlier runs of the ends (``SearchProblem.earlier_runs``, from the bug report) are added to the
+ends' trials for the posterior and the ends' change test, exactly as trials; what this session
+must still run (its own ends, the sandwich, the per-position cap) follows its own trials only.
 Sandwich (Pinpoint): the culprit's and its parent's own trials alone must show that the culprit
 fails more often, P(rate(culprit) > rate(parent)) >= ``sandwich_confidence`` under Jeffreys
 priors; until then they get more trials, which also feed the posterior.
@@ -196,12 +199,28 @@ def _rate_figures(name: str, evidence: Evidence) -> dict[str, float]:
     }
 
 
+def counted_evidence(problem: SearchProblem, evidence: Mapping[int, Evidence]) -> Mapping[int, Evidence]:
+    """The session's trials plus the ends' earlier runs, which the posterior and the ends'
+    change test count exactly like trials of the ends (``SearchProblem.earlier_runs``)."""
+    runs = problem.earlier_runs
+    if runs is None:
+        return evidence
+    counted = dict(evidence)
+    e0, en = evidence.get(0, Evidence()), evidence.get(problem.n, Evidence())
+    counted[0] = Evidence(e0.good + runs.good_runs - runs.good_failed, e0.bad + runs.good_failed, e0.skipped)
+    counted[problem.n] = Evidence(en.good + runs.bad_runs - runs.bad_failed, en.bad + runs.bad_failed, en.skipped)
+    return counted
+
+
 def decide_noisy(problem: SearchProblem, evidence: Mapping[int, Evidence]) -> Decision:
+    """Own trials decide what this session must still run (its ends, the sandwich, the caps);
+    own trials plus earlier runs decide where the culprit is."""
     n = problem.n
-    ends = _ends_step(problem, evidence)
+    counted = counted_evidence(problem, evidence)
+    ends = _ends_step(problem, evidence, counted)
     if isinstance(ends, EndsWrong):
         return ends
-    post = segment_posterior(n, evidence)
+    post = segment_posterior(n, counted)
     mass, mean_q, mean_p = position_mass(post)
     blocks = _blocks(n, evidence)
     block_mass = np.bincount(blocks, weights=mass)
@@ -223,8 +242,16 @@ def decide_noisy(problem: SearchProblem, evidence: Mapping[int, Evidence]) -> De
     return Next(tuple(queries))
 
 
-def _ends_step(problem: SearchProblem, evidence: Mapping[int, Evidence]) -> EndsWrong | list[Query]:
-    """EndsWrong, or the end trials still needed (empty once the ends are established)."""
+def _ends_step(
+    problem: SearchProblem, evidence: Mapping[int, Evidence], counted: Mapping[int, Evidence]
+) -> EndsWrong | list[Query]:
+    """EndsWrong, or the end trials still needed (empty once the ends are established).
+
+    Each end must show its side in this session's own trials (the bad end fail once, the good
+    end pass once) whatever earlier runs said: the session's builds are what is bisected. The
+    ends are judged wrong when either the own trials alone or the ``counted`` ones (earlier
+    runs included) make "one rate everywhere" as sure as the confidence asked for.
+    """
     n = problem.n
     e0, en = evidence.get(0, Evidence()), evidence.get(n, Evidence())
     if not problem.check_ends:
@@ -233,7 +260,9 @@ def _ends_step(problem: SearchProblem, evidence: Mapping[int, Evidence]) -> Ends
         return EndsWrong("bad", {"skipped": 1.0})
     if e0.skipped and not e0.trials:
         return EndsWrong("good", {"skipped": 1.0})
-    change = ends_change_probability(evidence, n)
+    change = ends_change_probability(counted, n)
+    if counted is not evidence:
+        change = min(change, ends_change_probability(evidence, n))
     figures = _end_figures(e0, en, change)
     which: Literal["good", "bad"] = "bad" if en.bad == 0 else "good"
     if 1.0 - change >= problem.confidence:

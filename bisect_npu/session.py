@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 import git
+from pydantic import ValidationError
 
 from bisect_npu import __version__, history, search
 from bisect_npu.build.base import Builder
@@ -25,7 +26,7 @@ from bisect_npu.execute.base import Executor
 from bisect_npu.journal import Journal, latest_session, new_session_dir
 from bisect_npu.models import Observation, UsageError, Verdict
 from bisect_npu.progress import PlainProgress, Progress
-from bisect_npu.recipe import InstallPlan, Recipe, load_recipe
+from bisect_npu.recipe import EarlierRunsSpec, InstallPlan, Recipe, load_recipe
 
 DEFAULT_ROOT = Path(".bisect-npu") / "sessions"
 EXIT_FOUND, EXIT_NARROWED, EXIT_ENDS_WRONG = 0, 3, 4
@@ -61,6 +62,9 @@ class RunOptions:
     # Build what the next step can need while the current candidate runs (default: with --devices,
     # where runs use the NPUs and builds the CPUs; on a CPU-only host they would compete).
     prefetch: bool | None = None
+    # --earlier-runs: ends' runs made before the session, "shown/runs" at the bad end and the good
+    # end; the noisy search counts them (overrides the recipe's trials.earlier_runs).
+    earlier_runs: list[str] | None = None
 
     def to_json(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
@@ -69,6 +73,18 @@ class RunOptions:
     def from_json(cls, raw: dict[str, Any]) -> RunOptions:
         known = {f.name for f in dataclasses.fields(cls)}
         return cls(**{k: v for k, v in raw.items() if k in known})
+
+
+def earlier_runs_spec(options: RunOptions, recipe: Recipe | None) -> EarlierRunsSpec | None:
+    """The ends' earlier runs: --earlier-runs, else the recipe's ``trials.earlier_runs``."""
+    if not options.earlier_runs:
+        return recipe.trials.earlier_runs if recipe else None
+    bad_end, good_end = options.earlier_runs
+    try:
+        return EarlierRunsSpec(bad_end=bad_end, good_end=good_end)
+    except ValidationError as exc:
+        reason = exc.errors()[0]["msg"].removeprefix("Value error, ")
+        raise UsageError(f"--earlier-runs {bad_end} {good_end}: {reason}") from exc
 
 
 @dataclass(frozen=True)
@@ -100,6 +116,7 @@ class Session:
         self.candidates: list[str] = list(header_range["candidates"])
         self.titles: dict[str, str] = header_range.get("titles", {})
         self._lock = threading.Lock()
+        self.earlier_runs = earlier_runs_spec(options, recipe)
         if recipe is not None and recipe.reference.kind == "golden":
             evaluator.reference = load_golden(recipe)
 
@@ -114,6 +131,10 @@ class Session:
             raise UsageError("give either --recipe FILE or --cmd COMMAND (the oracle for each candidate)")
         recipe = load_recipe(options.recipe) if options.recipe else None
         options.mode = options.mode or (recipe.trials.mode if recipe else "exact")
+        earlier_runs = earlier_runs_spec(options, recipe)
+        if options.earlier_runs and options.mode != "noisy":
+            raise UsageError("--earlier-runs counts only in noisy mode; add --mode noisy (or trials.mode: noisy "
+                             "in the recipe), or drop it: exact mode takes one verdict per commit")
         if recipe is not None and options.recipe and Path(options.recipe).exists():
             options.recipe = str(Path(options.recipe).resolve())
         repo = history.open_repo(options.repo) if options.repo else None
@@ -136,6 +157,7 @@ class Session:
             "tool_version": __version__,
             "options": options.to_json(),
             "recipe_digest": recipe.digest() if recipe else None,
+            "earlier_runs": earlier_runs.model_dump() if earlier_runs else None,
             "range": candidates_range,
             "github": history.github_url(repo) if repo is not None and options.package is None else None,
             "parent_session": str(parent) if parent else None,
@@ -183,7 +205,12 @@ class Session:
     def problem(self) -> search.SearchProblem:
         confidence = self.options.confidence or (self.recipe.trials.confidence if self.recipe else 0.99)
         return search.SearchProblem(n=self.n, mode=self.mode, check_ends=self.options.check_ends,
-                                    slots=max(1, self.options.slots), confidence=confidence)
+                                    slots=max(1, self.options.slots), confidence=confidence,
+                                    earlier_runs=self._earlier_runs())
+
+    def _earlier_runs(self) -> search.EarlierRuns | None:
+        spec = self.earlier_runs
+        return spec.for_search(find_fix=self.options.find_fix) if spec else None
 
     def _search_term(self, kind: str) -> Literal["good", "bad", "skip"]:
         """The oracle says whether the symptom shows; with --find-fix the search looks for where it

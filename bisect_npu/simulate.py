@@ -11,13 +11,14 @@ Used by `bisect-npu simulate` (planning on a real history) and by bench/noisy_be
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Literal
 
 import numpy as np
 
 from bisect_npu.search import (
     Decision,
+    EarlierRuns,
     EndsWrong,
     Evidence,
     Found,
@@ -72,8 +73,17 @@ def simulate_one(
     build_cost_min: float = 30.0,
     run_cost_min: float = 5.0,
     max_rounds: int = 100_000,
+    earlier_runs: int = 0,
 ) -> RunOutcome:
-    """One bisection: ask ``decide``, run what it asks with the synthetic oracle, repeat."""
+    """One bisection: ask ``decide``, run what it asks with the synthetic oracle, repeat.
+
+    ``earlier_runs`` > 0: each end was run that often before the session (drawn here from the
+    true rates, so the search gets honest counts, not the rates) and the problem says so.
+    """
+    if earlier_runs:
+        bad_failed = int((rng.random(earlier_runs) < bad_rate).sum())
+        good_failed = int((rng.random(earlier_runs) < good_rate).sum())
+        problem = replace(problem, earlier_runs=EarlierRuns(bad_failed, earlier_runs, good_failed, earlier_runs))
     evidence: dict[int, Evidence] = {}
     builds: set[str] = set()
     build_ok: dict[int, bool] = {0: True, problem.n: True}
@@ -121,6 +131,7 @@ def simulate(
     build_cost_min: float = 30.0,
     run_cost_min: float = 5.0,
     confidence: float = 0.99,
+    earlier_runs: int = 0,
 ) -> SimulationSummary:
     """Summary of ``runs`` seeded bisections of positions 0..n with the culprit at ``culprit``.
 
@@ -143,6 +154,7 @@ def simulate(
             build_key_of=key_of,
             build_cost_min=build_cost_min,
             run_cost_min=run_cost_min,
+            earlier_runs=earlier_runs,
         )
         for _ in range(runs)
     ]

@@ -18,6 +18,7 @@ from bisect_npu.models import UsageError
 from bisect_npu.probe.backends.openai import override_generation_config, server_argv
 from bisect_npu.probe.backends.vllm import engine_kwargs
 from bisect_npu.recipe import BUNDLED_RECIPES, load_recipe, parse_recipe
+from bisect_npu.search import EarlierRuns
 
 REAL_RECIPES = ["qwen3-repetition-penalty-async", "deepseek-r1-longseq-rope", "deepseek-r1-mtp-temperature",
                 "qwen3-moe-presence-penalty-loop", "precision-alignment"]
@@ -47,6 +48,9 @@ def test_the_five_real_recipes_are_bundled() -> None:
     ("name: t\nmodel:\n  path: /models/m\ncases:\n  - id: a\n    sampling: {}\n", "cases.0", 5),
     (MINIMAL + "trials:\n  count: 0\n", "trials.count", 8),
     (MINIMAL + "engine:\n  backend: tgi\n", "engine.backend", 8),
+    (MINIMAL + "trials:\n  earlier_runs:\n    bad_end: eight\n    good_end: 0/10\n", "trials.earlier_runs.bad_end", 9),
+    (MINIMAL + "trials:\n  earlier_runs:\n    bad_end: 8/10\n    good_end: 11/10\n",
+     "trials.earlier_runs.good_end", 10),
     (MINIMAL + "oracle:\n  kinds: [repetition]\n  penalty:\n    expectd: {}\n", "oracle.penalty.expectd", 10),
 ])
 def test_broken_recipe_names_field_and_line(text: str, field: str, line: int) -> None:
@@ -224,3 +228,12 @@ def test_launcher_placeholders_for_the_cpu_wheel() -> None:
     assert server_argv(request, python="/venv/bin/python") == [
         "/venv/bin/python", "-m", "vllm.entrypoints.openai.api_server", "--model", "/m", "--host", "127.0.0.1",
         "--port", "9001", "--enforce-eager", "--no-enable-prefix-caching", "--additional-config", '{"a": 1}']
+
+
+def test_earlier_runs_in_the_search_s_terms() -> None:
+    recipe = parse_recipe(MINIMAL + "trials:\n  mode: noisy\n  earlier_runs:\n    bad_end: 8/10\n    good_end: 1/20\n")
+    spec = recipe.trials.earlier_runs
+    assert spec is not None
+    assert spec.for_search(find_fix=False) == EarlierRuns(bad_failed=8, bad_runs=10, good_failed=1, good_runs=20)
+    # --find-fix hunts for the side without the symptom: the symptom-free runs of the fixed end count as "bad".
+    assert spec.for_search(find_fix=True) == EarlierRuns(bad_failed=19, bad_runs=20, good_failed=2, good_runs=10)

@@ -8,7 +8,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from bisect_npu.oracle.stats import wilson_interval
-from bisect_npu.search import EndsWrong, Evidence, Found, Narrowed, Next, SearchProblem, decide
+from bisect_npu.search import EarlierRuns, EndsWrong, Evidence, Found, Narrowed, Next, Query, SearchProblem, decide
 from bisect_npu.search_noisy import separation
 from bisect_npu.simulate import simulate_one
 
@@ -140,3 +140,83 @@ def test_separation_and_wilson_behave():
     assert separation(Evidence(good=5), Evidence(bad=5)) < 0.01
     lo, hi = wilson_interval(0, 20, 0.95)
     assert lo == 0.0 and 0.1 < hi < 0.2
+
+
+@settings(max_examples=80, deadline=None)
+@given(
+    n=st.integers(3, 40),
+    counts=st.lists(st.tuples(st.integers(1, 39), st.integers(0, 6), st.integers(0, 6)), max_size=12),
+    ends=st.tuples(st.integers(1, 8), st.integers(0, 2), st.integers(0, 2), st.integers(1, 8)),
+    earlier=st.tuples(st.integers(0, 30), st.integers(0, 30), st.integers(0, 30), st.integers(0, 30)),
+)
+def test_earlier_runs_weigh_exactly_like_trials_at_the_ends(n, counts, ends, earlier):
+    """Earlier runs are not a vague prior: wherever the session's own trials do not matter (its
+    ends are established, the culprit and parent are inner commits), the decision is the one the
+    search makes with those runs added to the ends' trials."""
+    bad_failed, bad_runs, good_failed, good_runs = earlier
+    runs = EarlierRuns(min(bad_failed, bad_runs), bad_runs, min(good_failed, good_runs), good_runs)
+    evidence = {min(i, n - 1): Evidence(good, bad) for i, good, bad in counts}
+    evidence[0] = Evidence(ends[0], ends[1])
+    evidence[n] = Evidence(ends[2], ends[3])
+    with_runs = decide(SearchProblem(n=n, mode="noisy", earlier_runs=runs), evidence)
+    as_trials = dict(evidence)
+    as_trials[0] = Evidence(ends[0] + runs.good_runs - runs.good_failed, ends[1] + runs.good_failed)
+    as_trials[n] = Evidence(ends[2] + runs.bad_runs - runs.bad_failed, ends[3] + runs.bad_failed)
+    plain = decide(SearchProblem(n=n, mode="noisy"), as_trials)
+    if isinstance(with_runs, Next) and all(0 < q.index < n for q in with_runs.queries):
+        assert plain == with_runs
+    if isinstance(with_runs, Found) and 1 < with_runs.index < n:
+        assert isinstance(plain, Found) and plain.index == with_runs.index
+        assert plain.confidence == pytest.approx(with_runs.confidence)
+
+
+def test_an_answer_with_earlier_runs_is_the_answer_with_them_as_end_trials():
+    runs = EarlierRuns(bad_failed=27, bad_runs=30, good_failed=4, good_runs=30)
+    problem = SearchProblem(n=40, mode="noisy", earlier_runs=runs)
+    rng = np.random.default_rng(4)
+    evidence: dict[int, Evidence] = {}
+    while isinstance(decision := decide(problem, evidence), Next):
+        for query in decision.queries:
+            failed = rng.random() < (0.9 if query.index >= 17 else 0.1)
+            evidence[query.index] = evidence.get(query.index, Evidence()).add("bad" if failed else "good")
+    assert isinstance(decision, Found) and decision.index == 17
+    as_trials = dict(evidence)
+    as_trials[0] = Evidence(evidence[0].good + 26, evidence[0].bad + 4)
+    as_trials[40] = Evidence(evidence[40].good + 3, evidence[40].bad + 27)
+    plain = decide(SearchProblem(n=40, mode="noisy"), as_trials)
+    assert isinstance(plain, Found) and plain.index == 17
+    assert plain.confidence == pytest.approx(decision.confidence)
+
+
+def test_earlier_runs_do_not_replace_the_session_s_own_ends():
+    runs = EarlierRuns(bad_failed=8, bad_runs=40, good_failed=0, good_runs=40)
+    problem = SearchProblem(n=128, mode="noisy", earlier_runs=runs)
+    assert decide(problem, {}) == Next((Query(128),))
+    assert decide(problem, {128: Evidence(0, 1)}) == Next((Query(0),))
+    # A bad end that has not failed in 21 runs here (0.8^21 = 1% at the earlier 8/40) gets more
+    # runs rather than being judged good: the earlier runs say the rate changed.
+    assert decide(problem, {128: Evidence(21, 0)}) == Next((Query(128),))
+    # One that never fails in the session is judged good once its own trials alone say so.
+    verdict = decide(problem, {128: Evidence(64, 0)})
+    assert isinstance(verdict, EndsWrong) and verdict.which == "bad"
+
+
+def test_earlier_runs_save_trials_without_losing_accuracy():
+    rng = np.random.default_rng(11)
+    culprits = rng.integers(1, 65, size=80)
+
+    def run(earlier: int) -> list:
+        seeds = np.random.default_rng(12)
+        return [simulate_one(SearchProblem(n=64, mode="noisy"), int(c), bad_rate=0.8, good_rate=0.2, build_fail=0.0,
+                             rng=seeds, build_key_of=str, earlier_runs=earlier) for c in culprits]
+
+    without, with_runs = run(0), run(40)
+    assert np.mean([o.correct for o in with_runs]) >= 0.98
+    assert np.mean([o.trials for o in with_runs]) < 0.85 * np.mean([o.trials for o in without])
+    # The session still runs each end itself before it searches.
+    assert all(o.trials >= 2 for o in with_runs)
+
+
+def test_earlier_runs_must_be_counts():
+    with pytest.raises(ValueError, match="earlier runs"):
+        decide(SearchProblem(n=8, mode="noisy", earlier_runs=EarlierRuns(11, 10, 0, 10)), {})

@@ -54,6 +54,35 @@ def test_noisy_mode_finds_a_flaky_culprit(tmp_path: Path, flaky: str) -> None:
     assert end["confidence"] >= 0.99
 
 
+def test_earlier_runs_are_counted_and_reported(tmp_path: Path, flaky: str) -> None:
+    """Ends measured before the session (70/100, 0/100) let the search stop sooner on the same
+    culprit; the report says what it counted; a malformed count is a usage error."""
+    repo = tmp_path / "repo"
+    shas = make_linear_repo(repo, 129, culprit=50, tags={0: "good", 128: "bad"})
+    trials = {}
+    for name, extra in (("plain", []), ("earlier", ["--earlier-runs", "70/100", "0/100"])):
+        done = subprocess.run([*CLI, "run", "--repo", str(repo), "--good", "good", "--bad", "bad", "--cmd", flaky,
+                               "--mode", "noisy", "--session", str(tmp_path / name), "--no-fix", "--json", *extra],
+                              cwd=tmp_path, capture_output=True, text=True, timeout=600)
+        assert done.returncode == 0, done.stderr
+        assert json.loads(done.stdout.strip().splitlines()[-1])["culprit"] == shas[50]
+        trials[name] = sum(1 for e in journal(tmp_path / name) if e["type"] == "trial")
+    assert trials["earlier"] < trials["plain"]
+    report = (tmp_path / "earlier" / "report.md").read_text()
+    assert "| earlier runs | counted by the search, not in the steps: symptom in 70/100 runs" in report
+    assert "earlier runs" not in (tmp_path / "plain" / "report.md").read_text()
+    done = subprocess.run([*CLI, "run", "--repo", str(repo), "--good", "good", "--bad", "bad", "--cmd", flaky,
+                           "--mode", "noisy", "--session", str(tmp_path / "bad-input"), "--earlier-runs", "7/5", "0/5"],
+                          cwd=tmp_path, capture_output=True, text=True, timeout=600)
+    assert done.returncode == 2
+    assert "--earlier-runs 7/5 0/5: '7/5' counts more runs with the symptom than runs made" in done.stderr
+    assert not (tmp_path / "bad-input").exists()
+    done = subprocess.run([*CLI, "run", "--repo", str(repo), "--good", "good", "--bad", "bad", "--cmd", flaky,
+                           "--session", str(tmp_path / "exact"), "--earlier-runs", "7/10", "0/10"],
+                          cwd=tmp_path, capture_output=True, text=True, timeout=600)
+    assert done.returncode == 2 and "--earlier-runs counts only in noisy mode" in done.stderr
+
+
 def test_noisy_session_killed_mid_trial_resumes_without_losing_trials(tmp_path: Path, flaky: str) -> None:
     repo = tmp_path / "repo"
     shas = make_linear_repo(repo, 65, culprit=40, tags={0: "good", 64: "bad"})

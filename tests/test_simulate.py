@@ -61,6 +61,16 @@ def test_cli_on_a_real_repository(tmp_path):
     assert done.returncode == 0, done.stderr
     assert "40 candidates, culprit at position 25, 3 build keys, mode noisy" in done.stdout
     assert "accuracy:" in done.stdout and "distinct builds, mean:" in done.stdout
+    earlier = _cli("simulate", "--repo", str(tmp_path), "--good", shas[0], "--bad", shas[40],
+                   "--culprit", shas[25], "--bad-rate", "0.9", "--good-rate", "0.1", "--runs", "20",
+                   "--earlier-runs", "30")
+    assert earlier.returncode == 0, earlier.stderr
+    assert "mode noisy, rates 0.9/0.1, slots 1, 30 earlier runs per end" in earlier.stdout
+
+    def mean_trials(out: str) -> float:
+        return float(next(line for line in out.splitlines() if line.startswith("trials (runs), mean:")).split()[-1])
+
+    assert mean_trials(earlier.stdout) < mean_trials(done.stdout)
 
 
 def test_cli_rejects_a_culprit_outside_the_range(tmp_path):

@@ -50,6 +50,9 @@ def finish(result: SessionResult, as_json: bool) -> None:
 @click.option("--prefetch/--no-prefetch", default=None,
               help="Build the next candidates while one runs [default: on with --devices].")
 @click.option("--confidence", type=float, help="Noisy mode: stop when the culprit is this certain.")
+@click.option("--earlier-runs", nargs=2, metavar="BAD_END GOOD_END",
+              help="Noisy mode: runs of the ends made before, as shown/runs, e.g. 8/10 0/10 (counted by the "
+                   "search; overrides the recipe's trials.earlier_runs).")
 @click.option("--check-ends/--no-check-ends", default=True, show_default=True,
               help="Test that good is good and bad is bad before bisecting.")
 @click.option("--timeout", "timeout_s", type=float, default=3600.0, show_default=True,
@@ -63,7 +66,8 @@ def run(good: str, bad: str, repo: str | None, package: str | None, index_url: s
         recipe: str | None, command: str | None, executor: str,
         devices: str | None, slots: int | None, session_dir: Path | None, workdir: Path | None, mode: str | None,
         prefetch: bool | None,
-        confidence: float | None, check_ends: bool, timeout_s: float, propose_fix: bool, verify_fix: bool,
+        confidence: float | None, earlier_runs: tuple[str, str] | None, check_ends: bool, timeout_s: float,
+        propose_fix: bool, verify_fix: bool,
         find_fix: bool, as_json: bool, quiet: bool) -> None:
     """Bisect GOOD..BAD: find the first bad commit, propose its fix, write the report."""
     from bisect_npu.execute.ascend import parse_devices
@@ -79,6 +83,7 @@ def run(good: str, bad: str, repo: str | None, package: str | None, index_url: s
                          devices=cards, slots=slots or max(1, len(cards)), mode=mode, confidence=confidence,
                          check_ends=check_ends, timeout_s=timeout_s, propose_fix=propose_fix,
                          verify_fix=verify_fix, find_fix=find_fix, prefetch=prefetch,
+                         earlier_runs=list(earlier_runs) if earlier_runs else None,
                          workdir=str(workdir) if workdir else None)
     session = Session.start(options, session_dir=session_dir, progress=make_progress(quiet or as_json))
     click.echo(f"session: {session.journal.session_dir}", err=True)

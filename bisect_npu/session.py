@@ -300,7 +300,7 @@ class Session:
         if (root / "latest").exists():  # interrupted during the commit level: continue that session
             child = Session.resume(root=root, progress=self.progress)
         else:
-            options = dataclasses.replace(self.options, package=None, good=good_tag, bad=bad_tag, mode=None)
+            options = dataclasses.replace(self.options, package=None, good=good_tag, bad=bad_tag)
             child = Session.start(options, root=root, progress=self.progress, parent=self.journal.session_dir)
         result = child.run()
         from bisect_npu.report import write_reports

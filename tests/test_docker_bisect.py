@@ -13,6 +13,7 @@ from pathlib import Path
 
 import git
 import pytest
+from signals import interruptible
 
 from bisect_npu.build.docker import DockerBuilder
 from bisect_npu.build.key import BuildKeyReader
@@ -84,7 +85,7 @@ main(["demo", "--executor", "docker", "--no-verify-fix", "--quiet", "--session-r
 def test_sigint_in_the_middle_of_a_step_leaves_no_container(docker_client, demo_base_image, tmp_path):
     ensure_upstream()
     root = tmp_path / "sessions"
-    child = subprocess.Popen([sys.executable, "-c", DRIVER, str(root)], cwd=REPO_ROOT,
+    child = subprocess.Popen([sys.executable, "-c", DRIVER, str(root)], cwd=REPO_ROOT, preexec_fn=interruptible,
                              stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, env={**os.environ})
     session_id = ""
     try:

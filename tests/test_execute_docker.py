@@ -12,6 +12,7 @@ import uuid
 from pathlib import Path
 
 import pytest
+from signals import interruptible
 
 from bisect_npu.build.base import Environment
 from bisect_npu.execute.docker import (
@@ -125,6 +126,7 @@ except KeyboardInterrupt:
 def test_signal_to_the_driving_process_removes_its_container(docker_client, demo_base_image, tmp_path, signum):
     session_id = f"test-{uuid.uuid4().hex[:8]}"
     child = subprocess.Popen([sys.executable, "-c", DRIVER, session_id, demo_base_image, str(tmp_path / "cmd.log")],
+                             preexec_fn=interruptible,
                              cwd=REPO_ROOT, env={**os.environ})
     try:
         deadline = time.monotonic() + 90

@@ -56,6 +56,24 @@ def test_release_level_then_commit_level(tmp_path: Path, env: dict[str, str]) ->
     assert "2.9.0" not in tested  # a rebuild group is one candidate
 
 
+def test_commit_level_keeps_the_mode_and_earlier_runs(tmp_path: Path, env: dict[str, str]) -> None:
+    """--mode noisy and --earlier-runs given for the release level hold for the commit level too."""
+    (tmp_path / "check.py").write_text(CHECK)
+    repo = tmp_path / "upstream"
+    shas = make_linear_repo(repo, 11, culprit=7, tags={0: "v2.8.2", 10: "v2.9.0"})
+    session = tmp_path / "s"
+    done = subprocess.run([*CLI, "run", "--package", "python-dateutil", "--good", "2.8.2", "--bad", "2.9.0",
+                           "--repo", str(repo), "--cmd", f"python {tmp_path / 'check.py'}", "--mode", "noisy",
+                           "--earlier-runs", "10/10", "0/10", "--session", str(session), "--no-fix", "--json"],
+                          cwd=tmp_path, env=env, capture_output=True, text=True, timeout=900)
+    assert done.returncode == 0, done.stdout + done.stderr[-3000:]
+    assert json.loads(done.stdout.strip().splitlines()[-1])["culprit"] == shas[7]
+    child = json.loads((session / "report.json").read_text())["next_level"]["session"]
+    header = json.loads(Path(child, "journal.jsonl").read_text().splitlines()[0])
+    assert header["options"]["mode"] == "noisy"
+    assert header["earlier_runs"] == {"bad_end": "10/10", "good_end": "0/10"}
+
+
 def test_find_fix_over_releases_and_unknown_version(tmp_path: Path, env: dict[str, str]) -> None:
     (tmp_path / "check.py").write_text(CHECK.replace(">= (2, 9)", "< (2, 8)"))  # broken before 2.8
     done = subprocess.run([*CLI, "run", "--package", "python-dateutil", "--old", "2.7.3", "--new", "2.8.1",

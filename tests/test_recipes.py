@@ -19,6 +19,7 @@ from bisect_npu.probe.backends.openai import override_generation_config, server_
 from bisect_npu.probe.backends.vllm import engine_kwargs
 from bisect_npu.recipe import BUNDLED_RECIPES, load_recipe, parse_recipe
 from bisect_npu.search import EarlierRuns
+from bisect_npu.session import RunOptions, earlier_runs_spec
 
 REAL_RECIPES = ["qwen3-repetition-penalty-async", "deepseek-r1-longseq-rope", "deepseek-r1-mtp-temperature",
                 "qwen3-moe-presence-penalty-loop", "precision-alignment"]
@@ -237,3 +238,14 @@ def test_earlier_runs_in_the_search_s_terms() -> None:
     assert spec.for_search(find_fix=False) == EarlierRuns(bad_failed=8, bad_runs=10, good_failed=1, good_runs=20)
     # --find-fix hunts for the side without the symptom: the symptom-free runs of the fixed end count as "bad".
     assert spec.for_search(find_fix=True) == EarlierRuns(bad_failed=19, bad_runs=20, good_failed=2, good_runs=10)
+
+
+def test_earlier_runs_come_from_the_recipe_unless_given_on_the_command_line() -> None:
+    recipe = parse_recipe(MINIMAL + "trials:\n  mode: noisy\n  earlier_runs:\n    bad_end: 8/10\n    good_end: 0/10\n")
+    from_recipe = earlier_runs_spec(RunOptions(good="g", bad="b"), recipe)
+    assert from_recipe is not None and from_recipe.counts("bad_end") == (8, 10)
+    overridden = earlier_runs_spec(RunOptions(good="g", bad="b", earlier_runs=["3/4", "1/9"]), recipe)
+    assert overridden is not None and overridden.counts("good_end") == (1, 9)
+    assert earlier_runs_spec(RunOptions(good="g", bad="b"), parse_recipe(MINIMAL)) is None
+    with pytest.raises(UsageError, match="--earlier-runs 3/4 x: 'x' is not 'shown/runs'"):
+        earlier_runs_spec(RunOptions(good="g", bad="b", earlier_runs=["3/4", "x"]), recipe)

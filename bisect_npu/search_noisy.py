@@ -26,6 +26,8 @@ Steps of a decision:
    trial can split) holds ``confidence`` of the posterior mass, and its sandwich passes.
 3. Otherwise query the position whose next trial is expected to reduce the entropy of the
    change-point posterior the most (one trial per query, so the posterior steers every trial).
+   With k slots the round's picks are made one by one, each given the expected outcomes of the
+   picks before it (fractional counts), so a commit may take several slots in one round.
 Earlier runs of the ends (``SearchProblem.earlier_runs``, from the bug report) are added to the
 ends' trials for the posterior and the ends' change test, exactly as trials; what this session
 must still run (its own ends, the sandwich, the per-position cap) follows its own trials only.
@@ -126,14 +128,20 @@ def ordered_rate_integrals(
 
 def segment_posterior(n: int, evidence: Mapping[int, Evidence]) -> SegmentPosterior:
     """Posterior over the change point given every trial count (ends included)."""
-    inner = sorted(i for i, ev in evidence.items() if 0 < i < n and ev.trials)
+    return posterior_of_counts(n, {i: (ev.good, ev.bad) for i, ev in evidence.items() if ev.trials})
+
+
+def posterior_of_counts(n: int, counts: Mapping[int, tuple[float, float]]) -> SegmentPosterior:
+    """The same posterior from (good, bad) counts per position; counts may be fractional (the
+    expected outcomes of trials not run yet, when a round's picks are chosen one by one)."""
+    inner = sorted(i for i, (good, bad) in counts.items() if 0 < i < n and good + bad > 0)
     bounds = np.array([0, *inner, n])
-    counts = np.array([[evidence[i].good, evidence[i].bad] for i in inner], dtype=float).reshape(-1, 2)
-    end0 = evidence.get(0, Evidence())
-    endn = evidence.get(n, Evidence())
+    rows = np.array([counts[i] for i in inner], dtype=float).reshape(-1, 2)
+    end0 = counts.get(0, (0.0, 0.0))
+    endn = counts.get(n, (0.0, 0.0))
     # Row j: the left side holds the good end and inner[:j], the right side the rest and the bad end.
-    left = np.vstack(([end0.good, end0.bad], counts)).cumsum(axis=0)
-    right = np.vstack((counts, [endn.good, endn.bad]))[::-1].cumsum(axis=0)[::-1]
+    left = np.vstack((end0, rows)).cumsum(axis=0)
+    right = np.vstack((rows, endn))[::-1].cumsum(axis=0)[::-1]
     log_lik, mean_q, mean_p = ordered_rate_integrals(left[:, 1], left[:, 0], right[:, 1], right[:, 0])
     widths = np.diff(bounds)
     log_post = log_lik + np.log(widths)
@@ -159,6 +167,14 @@ def _entropy(p: np.ndarray) -> np.ndarray:
     return -(p * np.log(p) + (1 - p) * np.log(1 - p))
 
 
+def failure_probability(mass: np.ndarray, mean_q: np.ndarray, mean_p: np.ndarray) -> np.ndarray:
+    """P(a trial at x fails), for x = 0..n: the bad-side rate when c <= x, else the good-side one."""
+    zero = np.zeros(1)
+    bad_side = np.concatenate((zero, np.cumsum(mass * mean_p)))
+    good_side = np.concatenate(((mass * mean_q)[::-1].cumsum()[::-1], zero))
+    return bad_side + good_side
+
+
 def information_gain(mass: np.ndarray, mean_q: np.ndarray, mean_p: np.ndarray) -> np.ndarray:
     """Expected entropy reduction of the change point from one trial at x, for x = 0..n.
 
@@ -166,11 +182,9 @@ def information_gain(mass: np.ndarray, mean_q: np.ndarray, mean_p: np.ndarray) -
     ends tell nothing about c directly, but they sharpen the rates that c is judged by.
     """
     zero = np.zeros(1)
-    bad_side = np.concatenate((zero, np.cumsum(mass * mean_p)))
-    good_side = np.concatenate(((mass * mean_q)[::-1].cumsum()[::-1], zero))
     cond_bad = np.concatenate((zero, np.cumsum(mass * _entropy(mean_p))))
     cond_good = np.concatenate(((mass * _entropy(mean_q))[::-1].cumsum()[::-1], zero))
-    return _entropy(bad_side + good_side) - cond_bad - cond_good
+    return _entropy(failure_probability(mass, mean_q, mean_p)) - cond_bad - cond_good
 
 
 def ends_change_probability(evidence: Mapping[int, Evidence], n: int) -> float:
@@ -235,8 +249,8 @@ def decide_noisy(problem: SearchProblem, evidence: Mapping[int, Evidence]) -> De
         queries = verdict
     spare = problem.slots - len(queries)
     if spare > 0:
-        taken = {q.index for q in queries}
-        queries += _search_picks(problem, evidence, mass, mean_q, mean_p, spare, taken)
+        taken = [q.index for q in queries]
+        queries += _search_picks(problem, evidence, counted, mass, mean_q, mean_p, spare, taken)
     if not queries:
         return _exhausted(blocks, block_mass, best)
     return Next(tuple(queries))
@@ -362,35 +376,40 @@ def _found_figures(
 def _search_picks(
     problem: SearchProblem,
     evidence: Mapping[int, Evidence],
+    counted: Mapping[int, Evidence],
     mass: np.ndarray,
     mean_q: np.ndarray,
     mean_p: np.ndarray,
     count: int,
-    taken: set[int],
+    taken: list[int],
 ) -> list[Query]:
-    """Positions for the next trials: the most informative one, or posterior quantiles for k."""
+    """Positions for the next ``count`` trials, one per slot, chosen one after another.
+
+    Each pick is the most informative trial given the evidence plus the expected outcomes of
+    the picks before it in the round (``taken`` included), so a round can spread over the range
+    early and put several trials on the culprit and its parent late; a position may appear more
+    than once. Own trials plus the round's picks never pass ``max_trials_per_query``.
+    """
     n = problem.n
-    allowed = np.ones(n + 1, dtype=bool)
+    room = np.full(n + 1, problem.max_trials_per_query)
     for i, ev in evidence.items():
-        if ev.skipped or ev.trials >= problem.max_trials_per_query:
-            allowed[i] = False
-    for i in taken:
-        allowed[i] = False
-    if not allowed.any():
-        return []
-    if count == 1:
-        gain = np.where(allowed, information_gain(mass, mean_q, mean_p), -np.inf)
-        return [Query(int(np.argmax(gain)))]
-    allowed[0] = allowed[n] = False
-    cdf = np.cumsum(mass)
+        room[i] = 0 if ev.skipped else max(0, problem.max_trials_per_query - ev.trials)
+    counts = {i: (float(ev.good), float(ev.bad)) for i, ev in counted.items() if ev.trials}
     picks: list[Query] = []
-    for part in range(1, count + 1):
-        if not allowed.any():
+    for x in [*taken, *[None] * count]:
+        if x is None:
+            gain = np.where(room > 0, information_gain(mass, mean_q, mean_p), -np.inf)
+            if not np.isfinite(gain).any():
+                break
+            x = int(np.argmax(gain))
+            picks.append(Query(x))
+        room[x] -= 1
+        if len(picks) == count:
             break
-        distance = np.where(allowed, np.abs(np.concatenate(([0.0], cdf)) - part / (count + 1)), np.inf)
-        x = int(np.argmin(distance))
-        allowed[x] = False
-        picks.append(Query(x))
+        failing = float(failure_probability(mass, mean_q, mean_p)[x])
+        good, bad = counts.get(x, (0.0, 0.0))
+        counts[x] = (good + 1.0 - failing, bad + failing)
+        mass, mean_q, mean_p = position_mass(posterior_of_counts(n, counts))
     return picks
 
 

@@ -333,8 +333,16 @@ class Session:
             for query in ordered:
                 self._run_query(query)
             return
+        # Noisy rounds may put several slots on one commit: hand out their trial numbers now, so
+        # concurrent queries never share a number (and a seed).
+        firsts: list[int] = []
+        following: dict[int, int] = {}
+        for query in ordered:
+            first = following.get(query.index, self._next_trial(query.index))
+            firsts.append(first)
+            following[query.index] = first + query.trials
         with ThreadPoolExecutor(max_workers=self.options.slots) as pool:
-            for future in [pool.submit(self._run_query, q) for q in ordered]:
+            for future in [pool.submit(self._run_query, q, f) for q, f in zip(ordered, firsts, strict=True)]:
                 future.result()
 
     def _needs_reference(self) -> bool:
@@ -350,7 +358,7 @@ class Session:
         records = [TrialRecord.from_json(t) for s in good_steps for t in s.get("trials", [])]
         self.evaluator.set_reference(records)
 
-    def _run_query(self, query: search.Query) -> None:
+    def _run_query(self, query: search.Query, first_trial: int | None = None) -> None:
         if query.index != 0:
             self._ensure_reference()
         commit = self.commit_at(query.index)
@@ -365,8 +373,8 @@ class Session:
 
         pending = self._pending_trials(query.index) if not noisy else []
         as_reference = query.index == 0 and self._needs_reference()
-        result = self.evaluator.evaluate(commit, trials, pending, on_trial, noisy, self._next_trial(query.index),
-                                         as_reference)
+        first = self._next_trial(query.index) if first_trial is None else first_trial
+        result = self.evaluator.evaluate(commit, trials, pending, on_trial, noisy, first, as_reference)
         self._record_step(query.index, result)
 
     def _record_step(self, index: int, result: StepResult) -> None:

@@ -32,10 +32,22 @@ if [ ! -f "$CONF" ] || [ "$(cat "$CONF")" != "${want_conf%$'\n'}" ]; then
     say "wrote $CONF"
 fi
 
+# A service started from a checkout that was deleted since (a throw-away CI clone) still answers
+# the ping, but every container it starts fails ("write child: broken pipe": conmon cannot enter
+# the deleted working directory). Replace such a service.
+for pid in $(pgrep -f "podman system service .*unix://$SOCKET" || true); do
+    if [[ "$(readlink "/proc/$pid/cwd" 2>/dev/null)" == *"(deleted)" ]]; then
+        say "restarting the podman service $pid: its working directory was deleted"
+        kill "$pid" 2>/dev/null || true
+        for _ in $(seq 1 50); do kill -0 "$pid" 2>/dev/null || break; sleep 0.1; done
+    fi
+done
+
 if ! answering; then
     say "starting podman system service on $SOCKET (log: $LOG)"
     rm -f "$SOCKET"
-    setsid podman system service --time=0 "unix://$SOCKET" >"$LOG" 2>&1 < /dev/null &
+    # From /, so the service never depends on the directory `make` ran in.
+    (cd / && setsid podman system service --time=0 "unix://$SOCKET" >"$LOG" 2>&1 < /dev/null &)
     for _ in $(seq 1 100); do
         answering && break
         sleep 0.2

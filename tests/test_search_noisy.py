@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections import Counter
+
 import numpy as np
 import pytest
 from hypothesis import given, settings
@@ -220,3 +222,34 @@ def test_earlier_runs_save_trials_without_losing_accuracy():
 def test_earlier_runs_must_be_counts():
     with pytest.raises(ValueError, match="earlier runs"):
         decide(SearchProblem(n=8, mode="noisy", earlier_runs=EarlierRuns(11, 10, 0, 10)), {})
+
+
+def test_a_late_round_puts_several_slots_on_the_culprit_and_its_parent():
+    evidence = {0: Evidence(20, 2), 40: Evidence(3, 20), 19: Evidence(3, 0), 20: Evidence(3, 1),
+                21: Evidence(1, 3), 22: Evidence(0, 3)}
+    decision = decide(SearchProblem(n=40, mode="noisy", slots=6), evidence)
+    assert isinstance(decision, Next)
+    asked = Counter(q.index for q in decision.queries)
+    assert sum(asked.values()) == 6
+    assert asked[20] >= 2 and asked[21] >= 2  # not six different commits around them
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    counts=st.dictionaries(st.integers(1, 29), st.tuples(st.integers(0, 5), st.integers(0, 5)), max_size=10),
+    skipped=st.sets(st.integers(1, 29), max_size=4),
+    slots=st.integers(2, 8),
+)
+def test_a_round_never_passes_the_per_commit_cap_or_asks_a_skipped_commit(counts, skipped, slots):
+    evidence = {i: Evidence(good, bad) for i, (good, bad) in counts.items()}
+    for i in skipped:
+        evidence[i] = Evidence(*counts.get(i, (0, 0)), skipped=True)
+    evidence[0] = Evidence(4, 0)
+    evidence[30] = Evidence(0, 4)
+    problem = SearchProblem(n=30, mode="noisy", slots=slots, max_trials_per_query=5)
+    decision = decide(problem, evidence)
+    if isinstance(decision, Next):
+        assert len(decision.queries) <= slots
+        for index, asked in Counter(q.index for q in decision.queries).items():
+            assert index not in skipped
+            assert evidence.get(index, Evidence()).trials + asked <= 5

@@ -54,6 +54,24 @@ def test_noisy_mode_finds_a_flaky_culprit(tmp_path: Path, flaky: str) -> None:
     assert end["confidence"] >= 0.99
 
 
+def test_noisy_slots_share_commits_without_sharing_trial_numbers(tmp_path: Path, flaky: str) -> None:
+    """Three slots: late rounds put several slots on the culprit and its parent at once; each
+    trial still gets its own number (its own seed) and the answer is the same."""
+    repo = tmp_path / "repo"
+    shas = make_linear_repo(repo, 129, culprit=50, tags={0: "good", 128: "bad"})
+    done = subprocess.run([*CLI, "run", "--repo", str(repo), "--good", "good", "--bad", "bad", "--cmd", flaky,
+                           "--mode", "noisy", "--slots", "3", "--session", str(tmp_path / "s"), "--no-fix", "--json"],
+                          cwd=tmp_path, capture_output=True, text=True, timeout=600,
+                          env={**os.environ, "FLAKY_SLEEP": "0.05"})
+    assert done.returncode == 0, done.stderr
+    assert json.loads(done.stdout.strip().splitlines()[-1])["culprit"] == shas[50]
+    entries = journal(tmp_path / "s")
+    trials = [(e["index"], e["trial"]) for e in entries if e["type"] == "trial"]
+    assert len(trials) == len(set(trials)), "two slots ran one trial number at one commit"
+    steps = [e["index"] for e in entries if e["type"] == "step"]
+    assert max(steps.count(i) for i in (49, 50)) >= 3
+
+
 def test_earlier_runs_are_counted_and_reported(tmp_path: Path, flaky: str) -> None:
     """Ends measured before the session (70/100, 0/100) let the search stop sooner on the same
     culprit; the report says what it counted; a malformed count is a usage error."""

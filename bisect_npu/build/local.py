@@ -41,7 +41,9 @@ class LocalBuilder:
     """Check out each candidate into its own worktree and run the recipe's build command there.
 
     The last `keep` built worktrees stay until `close()`: noisy bisection comes back to the same
-    commits for more trials, and a second build of the same commit would only cost time.
+    commits for more trials, and a second build of the same commit would only cost time. Slots
+    may run trials of one commit at once: they share one worktree, built once, and it is kept
+    (or evicted) only when the last of them releases it.
     """
 
     def __init__(self, repo: git.Repo, workdir: Path, build_command: list[str] | None = None,
@@ -53,6 +55,8 @@ class LocalBuilder:
         self.timeout_s = timeout_s
         self.keep = keep
         self._kept: OrderedDict[str, Environment] = OrderedDict()
+        self._active: dict[str, tuple[Environment, int]] = {}  # commit -> (worktree, holders)
+        self._commit_locks: dict[str, threading.Lock] = {}
         self._lock = threading.Lock()
         self._git_lock = threading.Lock()  # prefetch builds in a thread; git's worktree list is shared
 
@@ -61,9 +65,23 @@ class LocalBuilder:
 
     def acquire(self, commit: str, log_dir: Path) -> Environment:
         with self._lock:
-            kept = self._kept.pop(commit, None)
-        if kept is not None and kept.path and Path(kept.path).is_dir():
-            return kept.model_copy(update={"how": "reused", "seconds": 0.0})
+            commit_lock = self._commit_locks.setdefault(commit, threading.Lock())
+        with commit_lock:  # a second slot on this commit waits for the first one's build
+            with self._lock:
+                active = self._active.get(commit)
+                if active is not None:
+                    self._active[commit] = (active[0], active[1] + 1)
+                    return active[0].model_copy(update={"how": "reused", "seconds": 0.0})
+                kept = self._kept.pop(commit, None)
+            if kept is not None and kept.path and Path(kept.path).is_dir():
+                env = kept.model_copy(update={"how": "reused", "seconds": 0.0})
+            else:
+                env = self._build(commit, log_dir)
+            with self._lock:
+                self._active[commit] = (env, 1)
+            return env
+
+    def _build(self, commit: str, log_dir: Path) -> Environment:
         started = time.monotonic()
         path = self._worktree_path(commit)
         self._remove_worktree(path)  # a worktree left by a killed run is never trusted
@@ -98,7 +116,11 @@ class LocalBuilder:
     def release(self, env: Environment) -> None:
         """Keep the worktree for a later trial of the same commit; drop the oldest beyond `keep`."""
         with self._lock:
-            self._kept[env.commit] = env
+            held, holders = self._active.pop(env.commit, (env, 1))
+            if holders > 1:
+                self._active[env.commit] = (held, holders - 1)
+                return
+            self._kept[env.commit] = held
             evicted = []
             while len(self._kept) > self.keep:
                 evicted.append(self._kept.popitem(last=False)[1])
@@ -109,6 +131,8 @@ class LocalBuilder:
     def close(self) -> None:
         with self._lock:
             kept, self._kept = list(self._kept.values()), OrderedDict()
+            kept += [env for env, _ in self._active.values()]
+            self._active = {}
         for env in kept:
             if env.path:
                 self._remove_worktree(Path(env.path))

@@ -218,14 +218,9 @@ class Evaluator:
 
         assert self.recipe is not None
         if len(observations) == 1:
-            return oracle.judge_observation(self.recipe, observations[0], self._reference_for(observations[0]))
+            return oracle.judge_observation(self.recipe, observations[0],
+                                            oracle.reference_for(observations[0], self.reference))
         return oracle.judge(self.recipe, observations, self.reference)
-
-    def _reference_for(self, obs: Observation) -> Observation | None:
-        for ref in self.reference or []:
-            if ref.case_id == obs.case_id:
-                return ref
-        return None
 
     def _judge_step(self, records: list[TrialRecord]) -> Verdict:
         usable = [r for r in records if r.observation]

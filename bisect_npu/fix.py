@@ -27,7 +27,7 @@ from typing import Any, Literal
 import git
 
 from .build.base import BuildFailed
-from .history import github_url, resolve_ref
+from .history import git_error_line, github_url, is_ancestor, resolve_ref
 from .models import InfrastructureError, UsageError, Verdict, VerdictKind
 
 # Score weights. Strong signals (each alone qualifies a commit) weigh more than all weak signals
@@ -880,7 +880,7 @@ def apply_fix(repo: git.Repo, bad: str, fix_shas: list[str], workdir: Path) -> A
     shas = [resolve_ref(repo, s) for s in fix_shas]
     if not shas:
         raise UsageError("no fix commit to apply; pass at least one sha")
-    pending = [s for s in shas if not _is_ancestor(repo, s, bad_sha)]
+    pending = [s for s in shas if not is_ancestor(repo, s, bad_sha)]
     if not pending:
         return AlreadyApplied(shas, bad_sha)
     workdir.mkdir(parents=True, exist_ok=True)
@@ -888,7 +888,7 @@ def apply_fix(repo: git.Repo, bad: str, fix_shas: list[str], workdir: Path) -> A
     try:
         repo.git.worktree("add", "--detach", "--quiet", str(tree), bad_sha)
     except git.GitCommandError as exc:
-        raise InfrastructureError(f"cannot create a worktree under {workdir}: {_last_line(exc)}; "
+        raise InfrastructureError(f"cannot create a worktree under {workdir}: {git_error_line(exc)}; "
                                   f"check free disk and permissions") from None
     wt = git.Repo(tree)
     identity = _identity_args(repo)
@@ -935,27 +935,14 @@ def _identity_args(repo: git.Repo) -> list[str]:
     return [] if has else ["-c", "user.name=bisect-npu", "-c", "user.email=bisect-npu@localhost"]
 
 
-def _is_ancestor(repo: git.Repo, older: str, newer: str) -> bool:
-    try:
-        repo.git.merge_base("--is-ancestor", older, newer)
-        return True
-    except git.GitCommandError:
-        return False
-
-
-def _last_line(exc: git.GitCommandError) -> str:
-    lines = (exc.stderr or str(exc)).strip().splitlines()
-    return lines[-1] if lines else str(exc)
-
-
 def _pick_shas(repo: git.Repo, proposal: FixProposal, bad_sha: str) -> list[str]:
     """The twin that applies best to the bad end: one made right on top of it, else one on the bad end's
     branch (the back-port, adapted to that branch), else the upstream commit."""
     for sha in proposal.shas:
         parents = repo.git.log("-1", "--format=%P", sha).split()
-        if parents and _is_ancestor(repo, parents[0], bad_sha):
+        if parents and is_ancestor(repo, parents[0], bad_sha):
             return [sha]
-    on_branch = [sha for sha in proposal.shas if _is_ancestor(repo, bad_sha, sha)]
+    on_branch = [sha for sha in proposal.shas if is_ancestor(repo, bad_sha, sha)]
     return on_branch[:1] or proposal.shas[:1]
 
 

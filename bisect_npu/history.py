@@ -65,7 +65,7 @@ def _cached_clone(url: str, cache_dir: Path) -> git.Repo:
                 repo.git.fetch("--prune", "--quiet", "origin")
             except git.GitCommandError as exc:
                 # Offline with a cache is still useful: the refs the user names are checked anyway.
-                _log.warning("could not fetch %s (%s); using the cached clone %s", url, _last_line(exc), target)
+                _log.warning("could not fetch %s (%s); using the cached clone %s", url, git_error_line(exc), target)
             return repo
         cache_dir.mkdir(parents=True, exist_ok=True)
         # Clone into a temporary sibling and rename, so an interrupted clone never looks complete.
@@ -86,12 +86,13 @@ def _cached_clone(url: str, cache_dir: Path) -> git.Repo:
         return git.Repo(target)
     except git.GitCommandError as exc:
         raise UsageError(
-            f"cannot fetch {url}: {_last_line(exc)}; check the URL or pass --repo with a local clone"
+            f"cannot fetch {url}: {git_error_line(exc)}; check the URL or pass --repo with a local clone"
         ) from None
 
 
-def _last_line(exc: git.GitCommandError) -> str:
-    lines = str(exc.stderr or "").strip().splitlines()
+def git_error_line(exc: git.GitCommandError) -> str:
+    """The last line git wrote to stderr (the one that says what went wrong), for one-line errors."""
+    lines = str(exc.stderr or exc).strip().splitlines()
     return lines[-1].strip().strip("'") if lines else str(exc)
 
 
@@ -354,13 +355,13 @@ def resolve_range(repo: git.Repo, good_ref: str, bad_ref: str) -> BisectRange:
     bad = resolve_ref(repo, bad_ref)
     if good == bad:
         raise UsageError(f"good and bad are the same commit ({good[:10]}); pass two different refs")
-    if _is_ancestor(repo, bad, good):
+    if is_ancestor(repo, bad, good):
         raise UsageError(
             f"good {good_ref} is newer than bad {bad_ref} (bad is an ancestor of good); "
             "swap --good and --bad"
         )
     notes: list[str] = []
-    if _is_ancestor(repo, good, bad):
+    if is_ancestor(repo, good, bad):
         base = good
     else:
         try:
@@ -396,7 +397,8 @@ def resolve_range(repo: git.Repo, good_ref: str, bad_ref: str) -> BisectRange:
     )
 
 
-def _is_ancestor(repo: git.Repo, older: str, newer: str) -> bool:
+def is_ancestor(repo: git.Repo, older: str, newer: str) -> bool:
+    """Whether `older` is reachable from `newer`; git failures other than "no" are raised."""
     try:
         repo.git.merge_base("--is-ancestor", older, newer)
     except git.GitCommandError as exc:

@@ -76,7 +76,7 @@ def judge_observation(recipe: Recipe, obs: Observation, reference: Observation |
     return Verdict(kind=VerdictKind.GOOD, reason=reason, figures=figures)
 
 
-def _reference_for(obs: Observation, reference: list[Observation] | None) -> Observation | None:
+def reference_for(obs: Observation, reference: list[Observation] | None) -> Observation | None:
     """The reference observation of the same case (the same trial number when there are several)."""
     same_case = [r for r in reference or [] if r.case_id == obs.case_id]
     return next((r for r in same_case if r.trial == obs.trial), same_case[0] if same_case else None)
@@ -99,7 +99,7 @@ def judge(recipe: Recipe, observations: list[Observation], reference: list[Obser
     """A commit: per-trial verdicts, then a sequential verdict over trials when trials repeat."""
     if not observations:
         return Verdict(kind=VerdictKind.SKIP, reason="no observations to judge", trials=0)
-    per_trial = [judge_observation(recipe, obs, _reference_for(obs, reference)) for obs in observations]
+    per_trial = [judge_observation(recipe, obs, reference_for(obs, reference)) for obs in observations]
     if recipe.trials.count == 1 and "stats" not in recipe.oracle.kinds:
         return _all_cases(per_trial)
     usable = [v for v in per_trial if v.kind != VerdictKind.SKIP]

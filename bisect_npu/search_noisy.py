@@ -275,7 +275,7 @@ def _ends_step(
     if e0.skipped and not e0.trials:
         return EndsWrong("good", {"skipped": 1.0})
     change = ends_change_probability(counted, n)
-    if counted is not evidence:
+    if problem.earlier_runs is not None:
         change = min(change, ends_change_probability(evidence, n))
     figures = _end_figures(e0, en, change)
     which: Literal["good", "bad"] = "bad" if en.bad == 0 else "good"

@@ -204,13 +204,9 @@ class Session:
 
     def problem(self) -> search.SearchProblem:
         confidence = self.options.confidence or (self.recipe.trials.confidence if self.recipe else 0.99)
+        earlier = self.earlier_runs.for_search(find_fix=self.options.find_fix) if self.earlier_runs else None
         return search.SearchProblem(n=self.n, mode=self.mode, check_ends=self.options.check_ends,
-                                    slots=max(1, self.options.slots), confidence=confidence,
-                                    earlier_runs=self._earlier_runs())
-
-    def _earlier_runs(self) -> search.EarlierRuns | None:
-        spec = self.earlier_runs
-        return spec.for_search(find_fix=self.options.find_fix) if spec else None
+                                    slots=max(1, self.options.slots), confidence=confidence, earlier_runs=earlier)
 
     def _search_term(self, kind: str) -> Literal["good", "bad", "skip"]:
         """The oracle says whether the symptom shows; with --find-fix the search looks for where it

@@ -20,7 +20,10 @@ Two more tables at N = 128 show what the trial count depends on:
                  follows the confidence asked for, i.e. what fewer trials cost
 
 Then the k-slot checks: rounds of the exact search with k = 1, 3, 7 slots against log_{k+1} N,
-and rounds and trials of the noisy search with k slots at 0.8/0.2.
+and rounds and trials of the noisy search with k slots at 0.8/0.2. Last, engine starts: when
+starting the engine (loading the model) costs L trials, the tool told L (a recipe's
+``trials.load_cost``, measured by default) asks several trials per query; against the same
+search asking one trial per query, on the same seeded cases (cost = trials + L x starts).
 
     .venv/bin/python bench/noisy_bench.py            # 1,000 runs per cell
     .venv/bin/python bench/noisy_bench.py --quick    # 40 runs per cell, a smoke test
@@ -48,6 +51,8 @@ BAYESECT_TRIAL_CAP = 3000
 EARLIER = (10, 20, 40)
 CALIBRATION = (0.9, 0.95, 0.97, 0.99)
 DETAIL_N = 128
+LOAD_COSTS = (2.0, 10.0, 50.0)
+LOAD_RATES = ((0.95, 0.05), (0.8, 0.2), (0.2, 0.0))
 
 
 @dataclass(frozen=True)
@@ -185,6 +190,38 @@ def noisy_rounds_check(runs: int) -> list[str]:
     return lines
 
 
+StartJob = tuple[float, float, float, bool, int]
+
+
+def run_start_cell(args: StartJob) -> tuple[float, float, float, float]:
+    """Accuracy, mean trials, mean engine starts and mean cost of one engine-start cell."""
+    p, q, load_cost, told, runs = args
+    rng = np.random.default_rng([7, int(p * 100), int(q * 100), int(load_cost)])
+    problem = SearchProblem(n=DETAIL_N, mode="noisy", load_cost=load_cost if told else 0.0)
+    outcomes = [simulate_one(problem, int(rng.integers(1, DETAIL_N + 1)), bad_rate=p, good_rate=q, build_fail=0.0,
+                             rng=rng, build_key_of=str, build_cost_min=0.0, run_cost_min=1.0,
+                             load_cost_min=load_cost) for _ in range(runs)]
+    trials = np.array([o.trials for o in outcomes], dtype=float)
+    starts = np.array([o.loads for o in outcomes], dtype=float)
+    return (float(np.mean([o.correct for o in outcomes])), float(trials.mean()), float(starts.mean()),
+            float((trials + load_cost * starts).mean()))
+
+
+def engine_start_check(runs: int, workers: int) -> list[str]:
+    """One trial per query against batches sized by the engine-start cost L, N = DETAIL_N."""
+    jobs = [(p, q, cost, told, runs) for p, q in LOAD_RATES for cost in LOAD_COSTS for told in (False, True)]
+    with ProcessPoolExecutor(max_workers=workers) as pool:
+        results = dict(zip(jobs, pool.map(run_start_cell, jobs), strict=True))
+    lines = ["| bad/good | L | one trial per query: accuracy / trials / starts / cost | "
+             "batched by cost: accuracy / trials / starts / cost | cost ratio |", "|---|---|---|---|---|"]
+    for p, q in LOAD_RATES:
+        for cost in LOAD_COSTS:
+            single, batched = (results[(p, q, cost, told, runs)] for told in (False, True))
+            cells = [f"{a:.1%} / {t:.1f} / {s:.1f} / {c:.0f}" for a, t, s, c in (single, batched)]
+            lines.append(f"| {p}/{q} | {cost:g} | {cells[0]} | {cells[1]} | {batched[3] / single[3]:.2f} |")
+    return lines
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--runs", type=int, default=1000, help="simulated bisections per cell")
@@ -268,6 +305,12 @@ def main() -> None:
     print(f"k-slot rounds, noisy search, 0.8/0.2, N = {DETAIL_N}, culprit in the middle ({max(runs // 5, 20)} runs):")
     print()
     for line in noisy_rounds_check(max(runs // 5, 20)):
+        print(line)
+    print()
+    start_runs = max(runs // 10, 20)
+    print(f"Engine starts costing L trials, N = {DETAIL_N} ({start_runs} runs per cell; cost = trials + L x starts):")
+    print()
+    for line in engine_start_check(start_runs, args.workers):
         print(line)
     print()
     print(f"total {time.perf_counter() - start:.0f} s on {args.workers} workers")

@@ -6,6 +6,7 @@ tells the journal about every finished trial so an interrupted step is never red
 
 from __future__ import annotations
 
+import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -13,7 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from bisect_npu.build.base import Builder, BuildFailed, Environment
-from bisect_npu.execute.base import Executor, RunResult
+from bisect_npu.execute.base import Executor, RunResult, observation_path, probe_log_path, probe_stem
 from bisect_npu.models import InfrastructureError, Observation, Verdict, VerdictKind
 from bisect_npu.recipe import CaseSpec, Recipe
 
@@ -33,17 +34,20 @@ class TrialRecord:
     log: str
     outcome: VerdictKind | None = None
     reason: str = ""
+    startup_s: float = 0.0
 
     def to_json(self) -> dict[str, Any]:
         return {"case_id": self.case_id, "trial": self.trial, "observation": self.observation,
                 "seconds": self.seconds, "log": self.log,
-                "outcome": self.outcome.value if self.outcome else None, "reason": self.reason}
+                "outcome": self.outcome.value if self.outcome else None, "reason": self.reason,
+                "startup_s": self.startup_s}
 
     @classmethod
     def from_json(cls, raw: dict[str, Any]) -> TrialRecord:
         outcome = raw.get("outcome")
         return cls(raw["case_id"], raw["trial"], raw.get("observation"), raw.get("seconds", 0.0),
-                   raw.get("log", ""), VerdictKind(outcome) if outcome else None, raw.get("reason", ""))
+                   raw.get("log", ""), VerdictKind(outcome) if outcome else None, raw.get("reason", ""),
+                   raw.get("startup_s", 0.0))
 
 
 @dataclass
@@ -187,31 +191,70 @@ class Evaluator:
         for case in self.recipe.cases:
             already = sum(1 for r in done if r.case_id == case.id)
             wanted = trials if judge_each else max(0, trials - already)
-            for trial in range(first_trial, first_trial + wanted):
-                record = self._run_one(commit, env, case, trial, judge_each, as_reference)
-                on_trial(record)
-                records.append(record)
+            numbers = list(range(first_trial, first_trial + wanted))
+            groups = [numbers] if self.batches and numbers else [[n] for n in numbers]
+            for group in groups:
+                records += self._run_group(commit, env, case, group, on_trial, judge_each, as_reference)
         return records
 
-    def _run_one(self, commit: str, env: Environment, case: CaseSpec, trial: int, judge_each: bool,
-                 as_reference: bool) -> TrialRecord:
+    @property
+    def batches(self) -> bool:
+        """Whether a case's trials at one commit share one engine start (one probe run); layer
+        dumps hook the model for good, so they need an engine per trial."""
+        return bool(self.recipe and self.recipe.trials.batch and not self.recipe.capture.layers)
+
+    def _run_group(self, commit: str, env: Environment, case: CaseSpec, numbers: list[int],
+                   on_trial: Callable[[TrialRecord], None], judge_each: bool, as_reference: bool) -> list[TrialRecord]:
+        """One probe run for the trials `numbers` of `case`; each trial is judged and reported as
+        soon as its observation file appears, so an interrupted batch keeps its finished trials."""
         assert self.recipe is not None
-        request = probe_request(self.recipe, case, commit, trial)
-        result = self.executor.run_probe(env, request, self.step_dir(commit), self.timeout_s)
-        if result.observation is None:
+        request = probe_request(self.recipe, case, commit, numbers[0])
+        if len(numbers) > 1:
+            request["batch"] = [{"trial": n, "seed": probe_request(self.recipe, case, commit, n)["seed"],
+                                 "output": ""} for n in numbers]
+        out_dir = self.step_dir(commit).resolve()
+        watcher = _ObservationWatcher([observation_path(out_dir, case.id, n) for n in numbers])
+        records: list[TrialRecord] = []
+
+        log = self.rel(probe_log_path(out_dir, probe_stem(case.id, numbers[0]))) or ""
+
+        def collect() -> None:
+            for index, path, seconds in watcher.arrived():
+                records.append(self._record(case, numbers[index], path, seconds, index == 0, log,
+                                            judge_each, as_reference))
+                on_trial(records[-1])
+
+        stop = threading.Event()
+        thread = threading.Thread(target=_poll, args=(collect, stop), daemon=True)
+        thread.start()
+        try:
+            result = self.executor.run_probe(env, request, out_dir, self.timeout_s * len(numbers))
+        finally:
+            stop.set()
+            thread.join()
+            collect()
+        if len(records) < len(numbers):
             why = "timed out" if result.timed_out else f"probe exited {result.returncode}"
             tail = result.log_tail.strip().splitlines()[-1:] or [""]
-            return TrialRecord(case.id, trial, None, result.seconds, self.rel(result.log_path) or "",
-                               VerdictKind.SKIP, f"{why}: {tail[0][:200]}")
+            for n in numbers[len(records):]:
+                missing = TrialRecord(case.id, n, None, 0.0, log, VerdictKind.SKIP, f"{why}: {tail[0][:200]}")
+                on_trial(missing)
+                records.append(missing)
+        return records
+
+    def _record(self, case: CaseSpec, trial: int, path: Path, seconds: float, starts_engine: bool, log: str,
+                judge_each: bool, as_reference: bool) -> TrialRecord:
+        """A trial whose observation arrived `seconds` after the previous one (after the probe
+        started, for the first): its startup share is what the engine start cost."""
+        observation = Observation.load(path)
+        startup = max(0.0, round(seconds - observation.timings.generate_s, 3)) if starts_engine else 0.0
         outcome, reason = None, ""
         if judge_each:
-            observation = Observation.load(result.observation)
             if as_reference:
                 self.reference = [*(self.reference or []), observation]
             verdict = self._judge_observations([observation])
             outcome, reason = verdict.kind, verdict.reason
-        return TrialRecord(case.id, trial, self.rel(result.observation), result.seconds,
-                           self.rel(result.log_path) or "", outcome, reason)
+        return TrialRecord(case.id, trial, self.rel(path), round(seconds, 3), log, outcome, reason, startup)
 
     def _judge_observations(self, observations: list[Observation]) -> Verdict:
         from bisect_npu import oracle
@@ -237,6 +280,36 @@ class Evaluator:
     def set_reference(self, records: list[TrialRecord]) -> None:
         """The good end's observations become the reference for token matching."""
         self.reference = [Observation.load(self.abs(r.observation)) for r in records if r.observation]
+
+
+class _ObservationWatcher:
+    """Notices, in trial order, the observation files of one probe run as they appear.
+
+    A file's modification time is when the probe finished writing it (written whole, then
+    renamed), so the seconds between two files are the later trial's cost however late the
+    host looks."""
+
+    def __init__(self, paths: list[Path]) -> None:
+        self.paths = paths
+        self.seen = 0
+        self.last = time.time()
+        self.lock = threading.Lock()
+
+    def arrived(self) -> list[tuple[int, Path, float]]:
+        """(index, path, seconds since the previous file) for each file new since the last call."""
+        found: list[tuple[int, Path, float]] = []
+        with self.lock:
+            while self.seen < len(self.paths) and self.paths[self.seen].exists():
+                written = self.paths[self.seen].stat().st_mtime
+                found.append((self.seen, self.paths[self.seen], max(0.0, written - self.last)))
+                self.last = max(self.last, written)
+                self.seen += 1
+        return found
+
+
+def _poll(collect: Callable[[], None], stop: threading.Event, every_s: float = 0.2) -> None:
+    while not stop.wait(every_s):
+        collect()
 
 
 def probe_request(recipe: Recipe, case: CaseSpec, commit: str, trial: int) -> dict[str, Any]:

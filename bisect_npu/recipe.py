@@ -8,7 +8,7 @@ from __future__ import annotations
 import hashlib
 import json
 from pathlib import Path
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
@@ -132,6 +132,11 @@ class TrialsSpec(_Strict):
     count: int = Field(1, ge=1)
     confidence: float = Field(0.99, gt=0.5, lt=1.0)
     earlier_runs: EarlierRunsSpec | None = None
+    batch: bool = Field(True, description="a case's trials at one commit share one engine start (one probe run); "
+                                          "false: a fresh engine per trial")
+    load_cost: Literal["auto"] | Annotated[float, Field(ge=0)] = Field(
+        "auto", description="noisy mode: what an engine start costs, in trials; auto: measured from this "
+                            "session's trials; 0: one trial per query")
 
 
 class ReferenceSpec(_Strict):

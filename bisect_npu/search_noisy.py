@@ -28,6 +28,12 @@ Steps of a decision:
    change-point posterior the most (one trial per query, so the posterior steers every trial).
    With k slots the round's picks are made one by one, each given the expected outcomes of the
    picks before it (fractional counts), so a commit may take several slots in one round.
+Engine starts (``SearchProblem.load_cost`` > 0, in trials): a query's trials share one engine
+start, so a query of m trials costs load_cost + m. A search query then takes the position and
+m that give the most information per cost, I(failures in m trials; c) / (load_cost + m); an end
+or sandwich query takes the m that makes it likeliest per cost that the step gets what it waits
+for (the end shows its side; the culprit and parent separate). With load_cost 0 every query
+asks one trial, as above.
 Earlier runs of the ends (``SearchProblem.earlier_runs``, from the bug report) are added to the
 ends' trials for the posterior and the ends' change test, exactly as trials; what this session
 must still run (its own ends, the sandwich, the per-position cap) follows its own trials only.
@@ -59,6 +65,9 @@ from bisect_npu.search import (
 
 SLAB_POINTS = 40
 EXTREME_WEIGHT = 0.05
+# The most trials one query asks when engine starts cost something: bounds the batch search
+# (the gain per cost flattens long before; bench/noisy_bench.py shows the batches chosen).
+MAX_BATCH = 32
 NEG_LOG_ZERO = -1e6
 
 RATES = np.concatenate(([0.0], (np.arange(SLAB_POINTS) + 0.5) / SLAB_POINTS, [1.0]))
@@ -187,6 +196,35 @@ def information_gain(mass: np.ndarray, mean_q: np.ndarray, mean_p: np.ndarray) -
     return _entropy(failure_probability(mass, mean_q, mean_p)) - cond_bad - cond_good
 
 
+def _binomial_rows(rates: np.ndarray, m: int) -> np.ndarray:
+    """P(j failures in m trials) for each rate (rows) and j = 0..m (columns)."""
+    j = np.arange(m + 1)
+    coefficients = np.array([math.comb(m, k) for k in j], dtype=float)
+    r = rates[:, None]
+    return coefficients * np.power(r, j) * np.power(1.0 - r, m - j)
+
+
+def _row_entropy(p: np.ndarray) -> np.ndarray:
+    safe = np.where(p > 0, p, 1.0)
+    return -(p * np.log(safe)).sum(axis=-1)
+
+
+def batch_information_gain(mass: np.ndarray, mean_q: np.ndarray, mean_p: np.ndarray, m: int) -> np.ndarray:
+    """Expected entropy reduction of the change point from m trials at x, for x = 0..n.
+
+    I(J; c) with J the number of failures: H(J) - sum_c P(c) H(J | c), J | c binomial with the
+    bad-side rate when c <= x. For m = 1 this is ``information_gain``.
+    """
+    weighted_bad = mass[:, None] * _binomial_rows(mean_p, m)
+    weighted_good = mass[:, None] * _binomial_rows(mean_q, m)
+    zero = np.zeros((1, m + 1))
+    mixture = (np.vstack((zero, np.cumsum(weighted_bad, axis=0)))
+               + np.vstack((np.cumsum(weighted_good[::-1], axis=0)[::-1], zero)))
+    cond_bad = np.concatenate(([0.0], np.cumsum(mass * _row_entropy(_binomial_rows(mean_p, m)))))
+    cond_good = np.concatenate(((mass * _row_entropy(_binomial_rows(mean_q, m)))[::-1].cumsum()[::-1], [0.0]))
+    return _row_entropy(mixture) - cond_bad - cond_good
+
+
 def ends_change_probability(evidence: Mapping[int, Evidence], n: int) -> float:
     """P(the rate at the bad end differs upward from the good end | end trials only).
 
@@ -249,8 +287,7 @@ def decide_noisy(problem: SearchProblem, evidence: Mapping[int, Evidence]) -> De
         queries = verdict
     spare = problem.slots - len(queries)
     if spare > 0:
-        taken = [q.index for q in queries]
-        queries += _search_picks(problem, evidence, counted, mass, mean_q, mean_p, spare, taken)
+        queries += _search_picks(problem, evidence, counted, mass, mean_q, mean_p, spare, list(queries))
     if not queries:
         return _exhausted(blocks, block_mass, best)
     return Next(tuple(queries))
@@ -289,9 +326,25 @@ def _ends_step(
         end = 0
     else:
         end = n if en.trials <= e0.trials else 0
-    if evidence.get(end, Evidence()).trials >= problem.max_trials_per_query:
+    room = problem.max_trials_per_query - evidence.get(end, Evidence()).trials
+    if room <= 0:
         return EndsWrong(which, figures)
-    return [Query(end)]
+    return [Query(end, _end_batch(problem.load_cost, counted.get(end, Evidence()), end == n, room))]
+
+
+def _end_batch(load_cost: float, counted: Evidence, bad_end: bool, room: int) -> int:
+    """Trials for one end query: the m with the best chance per cost that the end shows its side
+    (the bad end fails, the good end passes) at least once, under the end's rate posterior."""
+    if load_cost == 0:
+        return 1
+    prior = PRIOR_P if bad_end else PRIOR_Q
+    log_w = counted.bad * LOG_R + counted.good * LOG_1MR
+    w = prior * np.exp(log_w - log_w.max())
+    w /= w.sum()
+    miss = 1.0 - RATES if bad_end else RATES
+    sizes = np.arange(1, min(room, MAX_BATCH) + 1)
+    shown = 1.0 - (w * np.power(miss[None, :], sizes[:, None])).sum(axis=1)
+    return int(sizes[np.argmax(shown / (load_cost + sizes))])
 
 
 def _end_figures(e0: Evidence, en: Evidence, change: float) -> dict[str, float]:
@@ -350,7 +403,34 @@ def _sandwich(
             return Found(hi, confidence=mass, figures=figures)
         return Narrowed(lo, hi, figures=figures)
     open_.sort(key=lambda i: evidence.get(i, Evidence()).trials)
-    return [Query(i) for i in open_[: problem.slots]]
+    queries = []
+    for i in open_[: problem.slots]:
+        other = e_lo if i == hi else e_hi
+        room = problem.max_trials_per_query - evidence.get(i, Evidence()).trials
+        queries.append(Query(i, _sandwich_batch(problem, evidence.get(i, Evidence()), other, i == hi, room)))
+    return queries
+
+
+def _sandwich_batch(problem: SearchProblem, member: Evidence, other: Evidence, is_culprit: bool, room: int) -> int:
+    """Trials for one sandwich query: the m with the best chance per cost that the culprit and
+    its parent separate after m more trials of ``member`` (its outcomes drawn from its own
+    Jeffreys posterior); one trial when no m can separate them alone."""
+    if problem.load_cost == 0:
+        return 1
+    rate = _rate_posterior(member)
+    best, best_score = 1, 0.0
+    for m in range(1, min(room, MAX_BATCH) + 1):
+        outcomes = (rate[:, None] * _binomial_rows(_SEPARATION_GRID, m)).sum(axis=0)
+        reached = 0.0
+        for failed, chance in enumerate(outcomes):
+            grown = Evidence(member.good + m - failed, member.bad + failed)
+            pair = (grown, other) if is_culprit else (other, grown)
+            if separation(*pair) >= problem.sandwich_confidence:
+                reached += float(chance)
+        score = reached / (problem.load_cost + m)
+        if score > best_score:
+            best, best_score = m, score
+    return best
 
 
 def _found_figures(
@@ -381,12 +461,12 @@ def _search_picks(
     mean_q: np.ndarray,
     mean_p: np.ndarray,
     count: int,
-    taken: list[int],
+    taken: list[Query],
 ) -> list[Query]:
-    """Positions for the next ``count`` trials, one per slot, chosen one after another.
+    """Queries for the next ``count`` slots, chosen one after another.
 
-    Each pick is the most informative trial given the evidence plus the expected outcomes of
-    the picks before it in the round (``taken`` included), so a round can spread over the range
+    Each pick is the most informative query given the evidence plus the expected outcomes of
+    the queries before it in the round (``taken`` included), so a round can spread over the range
     early and put several trials on the culprit and its parent late; a position may appear more
     than once. Own trials plus the round's picks never pass ``max_trials_per_query``.
     """
@@ -396,21 +476,42 @@ def _search_picks(
         room[i] = 0 if ev.skipped else max(0, problem.max_trials_per_query - ev.trials)
     counts = {i: (float(ev.good), float(ev.bad)) for i, ev in counted.items() if ev.trials}
     picks: list[Query] = []
-    for x in [*taken, *[None] * count]:
-        if x is None:
-            gain = np.where(room > 0, information_gain(mass, mean_q, mean_p), -np.inf)
-            if not np.isfinite(gain).any():
+    for query in [*taken, *[None] * count]:
+        if query is None:
+            query = _best_query(mass, mean_q, mean_p, room, problem.load_cost)
+            if query is None:
                 break
-            x = int(np.argmax(gain))
-            picks.append(Query(x))
-        room[x] -= 1
+            picks.append(query)
+        x = query.index
+        room[x] -= query.trials
         if len(picks) == count:
             break
-        failing = float(failure_probability(mass, mean_q, mean_p)[x])
+        failing = float(failure_probability(mass, mean_q, mean_p)[x]) * query.trials
         good, bad = counts.get(x, (0.0, 0.0))
-        counts[x] = (good + 1.0 - failing, bad + failing)
+        counts[x] = (good + query.trials - failing, bad + failing)
         mass, mean_q, mean_p = position_mass(posterior_of_counts(n, counts))
     return picks
+
+
+def _best_query(
+    mass: np.ndarray, mean_q: np.ndarray, mean_p: np.ndarray, room: np.ndarray, load_cost: float
+) -> Query | None:
+    """The position (and, when engine starts cost something, the trial count) with the most
+    expected information per cost; None when every position is capped or skipped."""
+    gain = np.where(room > 0, information_gain(mass, mean_q, mean_p), -np.inf)
+    if not np.isfinite(gain).any():
+        return None
+    best = Query(int(np.argmax(gain)))
+    if load_cost == 0:
+        return best
+    best_score = float(gain[best.index]) / (load_cost + 1)
+    for m in range(2, min(int(room.max()), MAX_BATCH) + 1):
+        gain_m = np.where(room >= m, batch_information_gain(mass, mean_q, mean_p, m), -np.inf)
+        x = int(np.argmax(gain_m))
+        score = float(gain_m[x]) / (load_cost + m)
+        if score > best_score:
+            best, best_score = Query(x, m), score
+    return best
 
 
 def _exhausted(blocks: np.ndarray, block_mass: np.ndarray, best: int) -> Decision:

@@ -206,7 +206,24 @@ class Session:
         confidence = self.options.confidence or (self.recipe.trials.confidence if self.recipe else 0.99)
         earlier = self.earlier_runs.for_search(find_fix=self.options.find_fix) if self.earlier_runs else None
         return search.SearchProblem(n=self.n, mode=self.mode, check_ends=self.options.check_ends,
-                                    slots=max(1, self.options.slots), confidence=confidence, earlier_runs=earlier)
+                                    slots=max(1, self.options.slots), confidence=confidence, earlier_runs=earlier,
+                                    load_cost=self.load_cost())
+
+    def load_cost(self) -> float:
+        """What an engine start costs, in trials (noisy mode sizes its queries by it): the recipe's
+        ``trials.load_cost``, or measured from the journaled trials (startup seconds over trial
+        seconds), so a resumed session decides exactly as the interrupted one did. 0 where trials
+        cannot share an engine start (a user command, ``trials.batch: false``)."""
+        if self.recipe is None or not self.evaluator.batches:
+            return 0.0
+        if self.recipe.trials.load_cost != "auto":
+            return float(self.recipe.trials.load_cost)
+        measured = [e for e in self.journal.entries if e["type"] == "trial" and e.get("observation")]
+        startups = [e["startup_s"] for e in measured if e.get("startup_s", 0.0) > 0]
+        runs = [e["seconds"] - e.get("startup_s", 0.0) for e in measured]
+        if not startups or sum(runs) <= 0:
+            return 0.0
+        return round((sum(startups) / len(startups)) / max(sum(runs) / len(runs), 1e-3), 2)
 
     def _search_term(self, kind: str) -> Literal["good", "bad", "skip"]:
         """The oracle says whether the symptom shows; with --find-fix the search looks for where it

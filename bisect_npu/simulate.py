@@ -3,7 +3,8 @@
 The same ``decide`` a session calls is driven here by a seeded random oracle: a trial at a
 position at or after the culprit fails with the bad rate, before it with the good rate, and a
 candidate's build fails (the position is skipped) with the build-fail rate. The ends never fail
-to build: the user has run them already to know that one is good and the other bad.
+to build: the user has run them already to know that one is good and the other bad. Each query
+starts the engine once (``load_cost_min``) and then runs its trials (``run_cost_min`` each).
 
 Used by `bisect-npu simulate` (planning on a real history) and by bench/noisy_bench.py.
 """
@@ -37,6 +38,7 @@ class RunOutcome:
     trials: int
     rounds: int
     builds: int
+    loads: int
     wall_minutes: float
     culprit: int
 
@@ -57,6 +59,7 @@ class SimulationSummary:
     p95_trials: float
     mean_rounds: float
     mean_builds: float
+    mean_loads: float
     mean_machine_hours: float
     mean_wall_hours: float
 
@@ -72,6 +75,7 @@ def simulate_one(
     build_key_of: Callable[[int], str],
     build_cost_min: float = 30.0,
     run_cost_min: float = 5.0,
+    load_cost_min: float = 0.0,
     max_rounds: int = 100_000,
     earlier_runs: int = 0,
 ) -> RunOutcome:
@@ -87,12 +91,12 @@ def simulate_one(
     evidence: dict[int, Evidence] = {}
     builds: set[str] = set()
     build_ok: dict[int, bool] = {0: True, problem.n: True}
-    trials = rounds = 0
+    trials = rounds = loads = 0
     wall = 0.0
     for _ in range(max_rounds):
         decision = decide(problem, evidence)
         if not isinstance(decision, Next):
-            return RunOutcome(decision, trials, rounds, len(builds), wall, culprit)
+            return RunOutcome(decision, trials, rounds, len(builds), loads, wall, culprit)
         rounds += 1
         slowest = 0.0
         for query in decision.queries:
@@ -111,7 +115,8 @@ def simulate_one(
             ev = evidence.get(i, Evidence())
             evidence[i] = Evidence(ev.good + query.trials - failures, ev.bad + failures, ev.skipped)
             trials += query.trials
-            slowest = max(slowest, cost + query.trials * run_cost_min)
+            loads += 1
+            slowest = max(slowest, cost + load_cost_min + query.trials * run_cost_min)
         wall += slowest
     raise RuntimeError(f"the search did not finish within {max_rounds} rounds")
 
@@ -130,17 +135,20 @@ def simulate(
     build_key_of: Callable[[int], str] | None = None,
     build_cost_min: float = 30.0,
     run_cost_min: float = 5.0,
+    load_cost_min: float = 0.0,
     confidence: float = 0.99,
     earlier_runs: int = 0,
 ) -> SimulationSummary:
     """Summary of ``runs`` seeded bisections of positions 0..n with the culprit at ``culprit``.
 
     ``build_key_of`` maps a position to its build key (positions sharing a key share one
-    build); by default every position is its own build.
+    build); by default every position is its own build. The search is told what an engine
+    start costs against a trial (``load_cost_min / run_cost_min``), as a session measures it.
     """
     if not 1 <= culprit <= n:
         raise ValueError(f"culprit must be one of the candidates 1..{n}, got {culprit}")
-    problem = SearchProblem(n=n, mode=mode, slots=slots, confidence=confidence)
+    problem = SearchProblem(n=n, mode=mode, slots=slots, confidence=confidence,
+                            load_cost=load_cost_min / run_cost_min if run_cost_min > 0 else 0.0)
     key_of = build_key_of or str
     rng = np.random.default_rng(seed)
     outcomes = [
@@ -154,16 +162,19 @@ def simulate(
             build_key_of=key_of,
             build_cost_min=build_cost_min,
             run_cost_min=run_cost_min,
+            load_cost_min=load_cost_min,
             earlier_runs=earlier_runs,
         )
         for _ in range(runs)
     ]
-    return summarise(outcomes, build_cost_min, run_cost_min)
+    return summarise(outcomes, build_cost_min, run_cost_min, load_cost_min)
 
 
-def summarise(outcomes: list[RunOutcome], build_cost_min: float, run_cost_min: float) -> SimulationSummary:
+def summarise(outcomes: list[RunOutcome], build_cost_min: float, run_cost_min: float,
+              load_cost_min: float = 0.0) -> SimulationSummary:
     trials = np.array([o.trials for o in outcomes], dtype=float)
     builds = np.array([o.builds for o in outcomes], dtype=float)
+    loads = np.array([o.loads for o in outcomes], dtype=float)
     return SimulationSummary(
         runs=len(outcomes),
         accuracy=float(np.mean([o.correct for o in outcomes])),
@@ -173,7 +184,9 @@ def summarise(outcomes: list[RunOutcome], build_cost_min: float, run_cost_min: f
         p95_trials=float(np.percentile(trials, 95)),
         mean_rounds=float(np.mean([o.rounds for o in outcomes])),
         mean_builds=float(builds.mean()),
-        mean_machine_hours=float((builds * build_cost_min + trials * run_cost_min).mean() / 60.0),
+        mean_loads=float(loads.mean()),
+        mean_machine_hours=float((builds * build_cost_min + loads * load_cost_min + trials * run_cost_min).mean()
+                                 / 60.0),
         mean_wall_hours=float(np.mean([o.wall_minutes for o in outcomes]) / 60.0),
     )
 
@@ -189,6 +202,7 @@ def describe(summary: SimulationSummary) -> Mapping[str, str]:
         "trials (runs), p95": f"{summary.p95_trials:.0f}",
         "rounds, mean": f"{summary.mean_rounds:.1f}",
         "distinct builds, mean": f"{summary.mean_builds:.1f}",
+        "engine starts, mean": f"{summary.mean_loads:.1f}",
         "machine hours, mean": f"{summary.mean_machine_hours:.1f}",
         "wall-clock hours, mean": f"{summary.mean_wall_hours:.1f}",
     }

@@ -46,8 +46,10 @@ done
 if ! answering; then
     say "starting podman system service on $SOCKET (log: $LOG)"
     rm -f "$SOCKET"
-    # From /, so the service never depends on the directory `make` ran in.
-    (cd / && setsid podman system service --time=0 "unix://$SOCKET" >"$LOG" 2>&1 < /dev/null &)
+    # From /, so the service never depends on the directory `make` ran in; the subshell becomes
+    # the service (exec) with its output in the log, so nothing keeps the caller's stdout open
+    # (`make engine | tail` would otherwise wait for the service to end).
+    (cd / && exec setsid podman system service --time=0 "unix://$SOCKET") >"$LOG" 2>&1 < /dev/null &
     for _ in $(seq 1 100); do
         answering && break
         sleep 0.2

@@ -77,5 +77,15 @@ def test_noisy_presence_penalty_case(demo_upstream: DemoUpstream, tmp_path: Path
     _, manifest = demo_upstream
     result, session = run_case(demo_upstream, "presence-penalty", tmp_path, "--no-fix")
     assert result["culprit"] == manifest.case("presence-penalty").culprit.sha
-    end = [json.loads(line) for line in (session / "journal.jsonl").read_text().splitlines()][-1]
-    assert end["type"] == "end" and end["confidence"] >= 0.95
+    entries = [json.loads(line) for line in (session / "journal.jsonl").read_text().splitlines()]
+    assert entries[-1]["type"] == "end" and entries[-1]["confidence"] >= 0.95
+    # A query's trials share one engine start (one probe log), sized by the measured start cost.
+    trials = [e for e in entries if e["type"] == "trial"]
+    runs = {(e["index"], e["log"]) for e in trials}
+    assert len(runs) < len(trials) / 2
+    assert sum(e["startup_s"] > 0 for e in trials) == len(runs)
+    for index in {e["index"] for e in trials}:
+        numbers = [e["trial"] for e in trials if e["index"] == index]
+        assert len(numbers) == len(set(numbers))  # never a repeated seed
+    report = json.loads((session / "report.json").read_text())
+    assert (report["engine_starts"]["trials"], report["engine_starts"]["starts"]) == (len(trials), len(runs))

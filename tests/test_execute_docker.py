@@ -88,6 +88,17 @@ def test_probe_module_runs_from_the_read_only_mount(docker_client, executor, env
     assert session_containers(docker_client, executor.session_id) == []
 
 
+def test_batch_outputs_are_the_container_s_paths(docker_client, executor, env, tmp_path):
+    request = {"schema_version": 1, "backend": "no-such-backend", "case_id": "c1", "trial": 4,
+               "batch": [{"trial": 4, "seed": 4, "output": ""}, {"trial": 5, "seed": 5, "output": ""}]}
+    result = executor.run_probe(env, request, tmp_path / "out", timeout_s=120)
+    assert result.returncode == 2  # the probe read the batch request (and refused the backend)
+    written = json.loads((tmp_path / "out" / "request-c1-t4.json").read_text())
+    assert written["output"] == "/out/obs-c1-t4.json"
+    assert [entry["output"] for entry in written["batch"]] == ["/out/obs-c1-t4.json", "/out/obs-c1-t5.json"]
+    assert (tmp_path / "out" / "probe-c1-t4.log").exists()
+
+
 def test_spec_for_adds_probe_mount_labels_and_command(executor, env, tmp_path):
     spec = executor.spec_for(env, ["python3", "/out/r.json"], tmp_path)
     kwargs = container_create_kwargs(spec)

@@ -2,13 +2,18 @@
 
 from __future__ import annotations
 
+import json
+import threading
+from collections.abc import Iterator
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 import pytest
 from tiny_qwen3 import write_tiny_qwen3
-from vllm_tier import base_request, run_probe
+from vllm_tier import base_request, batch_request, run_probe, run_probe_batch
 
 from bisect_npu.probe.backends.openai import (
+    Server,
     _choice_tokens,
     effective_sampling,
     generation_tokens,
@@ -16,6 +21,7 @@ from bisect_npu.probe.backends.openai import (
     override_generation_config,
     sse_events,
 )
+from bisect_npu.probe.request import trial_requests
 
 CPU_LAUNCHER = ["{python}", "-m", "vllm.entrypoints.openai.api_server", "--model", "{model}"]
 BROKEN_LAUNCHER = ["{python}", str(Path(__file__).resolve().parent / "vllm_server_dropping_penalties.py"),
@@ -72,6 +78,48 @@ def test_effective_sampling_trusts_the_token_check_over_the_log() -> None:
     assert effective_sampling({}, None, unknown) == {}
 
 
+@pytest.fixture
+def reset_answers() -> Iterator[tuple[Server, list[tuple[int, bytes]], list[str]]]:
+    """A stand-in server: POST /reset_prefix_cache answers from a list (status, body), logs the paths."""
+    answers: list[tuple[int, bytes]] = []
+    paths: list[str] = []
+
+    class Handler(BaseHTTPRequestHandler):
+        def do_POST(self) -> None:
+            paths.append(self.path)
+            status, body = answers.pop(0) if self.path == "/reset_prefix_cache" else (404, b"")
+            self.send_response(status)
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, *args: object) -> None:
+            pass
+
+    httpd = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    thread = threading.Thread(target=httpd.serve_forever, daemon=True)
+    thread.start()
+    yield Server([], "unused.log", httpd.server_address[1]), answers, paths
+    httpd.shutdown()
+    httpd.server_close()
+
+
+def test_reset_prefix_cache_asks_again_while_blocks_are_held(reset_answers) -> None:
+    server, answers, paths = reset_answers
+    answers += [(200, json.dumps({"success": False}).encode()), (200, json.dumps({"success": True}).encode())]
+    assert server.reset_prefix_cache(limit_s=10) is True and paths == ["/reset_prefix_cache"] * 2
+    answers.append((200, b""))  # servers that answer with an empty 200
+    assert server.reset_prefix_cache() is True
+    answers += [(200, json.dumps({"success": False}).encode())] * 2
+    assert server.reset_prefix_cache(limit_s=0.1) is False  # still held when the time is up
+
+
+def test_reset_prefix_cache_without_dev_mode_is_reported(reset_answers) -> None:
+    server, answers, _ = reset_answers
+    answers.append((404, b'{"detail": "Not Found"}'))
+    assert server.reset_prefix_cache() is False
+
+
 # ------------------------------------------------------------------ real vLLM server (make test-vllm)
 
 @pytest.fixture(scope="module")
@@ -112,6 +160,31 @@ def test_server_default_dropped_is_reported(tiny_model: Path, tmp_path: Path) ->
     # token comparison shows that it never reached the sampler.
     assert obs.extra["server_defaults"] == {"presence_penalty": 1.5}
     _assert_cancelled_early(obs)
+
+
+@pytest.mark.vllm
+def test_batch_trial_equals_a_fresh_server(tiny_model: Path, tmp_path: Path) -> None:
+    """Trial 1 on a server that ran trial 0 (prefix cache reset between) equals it on a fresh server.
+
+    Trial 0 of a batch is a fresh start by construction: only trial 1 gets a single run.
+    """
+    request = base_request(tiny_model, "openai", {"temperature": 1.0, "top_p": 0.95, "max_tokens": 48})
+    request["engine"].update(launcher=CPU_LAUNCHER, port=18433, startup_timeout_s=600)
+    batch = batch_request(request, [7, 8], tmp_path / "batch")
+    first, second = run_probe_batch(batch, tmp_path / "batch", "openai batch of 2 sampled")
+    single = trial_requests(batch)[1]
+    single["engine"] = {**single["engine"], "port": 18434}
+    alone = run_probe(single, tmp_path / "single", "openai single, trial 1 of the batch")
+    assert (first.trial, first.seed, second.trial, second.seed) == (0, 7, 1, 8)
+    assert second.output_token_ids == alone.output_token_ids and len(alone.output_token_ids) == 48
+    assert second.top_logprobs == alone.top_logprobs and second.sampling["seed"] == alone.sampling["seed"] == 8
+    assert first.output_token_ids != second.output_token_ids
+    assert first.timings.load_s > 0 and second.timings.load_s == 0.0 and alone.timings.load_s > 0
+    assert second.extra["prefix_cache_reset"] is True  # the probe started the server in dev mode
+    assert [obs.extra["batch"] for obs in (first, second)] == [{"index": 0, "size": 2}, {"index": 1, "size": 2}]
+    assert first.extra["server_exit"] is None and second.extra["server_exit"] is None
+    assert alone.extra["server_exit"] is not None and "batch" not in alone.extra
+    assert first.extra["server_log"] == second.extra["server_log"]  # one server, one log
 
 
 def _assert_cancelled_early(obs) -> None:

@@ -6,13 +6,21 @@ from pathlib import Path
 
 import pytest
 from tiny_qwen3 import write_tiny_qwen3
-from vllm_tier import base_request, distinct, run_probe
+from vllm_tier import base_request, batch_request, distinct, run_probe, run_probe_batch
 
 from bisect_npu.oracle.logits import open_dump
-from bisect_npu.probe.backends.vllm import engine_kwargs, sampling_kwargs, use_engine_guard
+from bisect_npu.probe.backends.vllm import (
+    engine_kwargs,
+    open_engine,
+    sampling_kwargs,
+    spec_decode_counters,
+    use_engine_guard,
+)
 from bisect_npu.probe.common import ascend_versions, engine_versions, loop_detector
+from bisect_npu.probe.request import trial_requests
 
 GREEDY_200 = {"temperature": 0.0, "max_tokens": 200, "logprobs": 5}
+SAMPLED_48 = {"temperature": 1.0, "top_p": 0.95, "max_tokens": 48, "logprobs": 5}
 EVERY_FIELD = ("schema_version", "commit", "recipe", "case_id", "trial", "seed", "prompt_token_ids",
                "output_token_ids", "text", "finish_reason", "stop_reason", "timings", "sampling", "versions",
                "top_logprobs", "logits_dump", "extra")
@@ -65,6 +73,22 @@ def test_ascend_versions_read_the_installers_files(tmp_path: Path) -> None:
 def test_engine_versions_name_what_is_installed() -> None:
     versions = engine_versions()
     assert "torch" in versions  # the host venv has torch; vllm/torch_npu only where installed
+
+
+def test_spec_decode_counters_are_the_trials_own() -> None:
+    before = {"num_drafts": 4.0, "num_draft_tokens": 12.0, "num_accepted_tokens": 6.0}
+    after = {"num_drafts": 10.0, "num_draft_tokens": 30.0, "num_accepted_tokens": 12.0}
+    assert spec_decode_counters(after, before) == {
+        "num_drafts": 6.0, "num_draft_tokens": 18.0, "num_accepted_tokens": 6.0, "acceptance_rate": 6 / 18,
+        "proposed": 18, "accepted": 6}
+    assert spec_decode_counters(after, {})["proposed"] == 30  # the first trial of an engine start
+    assert spec_decode_counters({}, {}) is None  # no counters: not a speculative run
+
+
+def test_layer_dumps_refuse_a_batch() -> None:
+    # Hooks registered by apply_model stay for the engine's life: refused before vLLM is even imported.
+    with pytest.raises(ValueError, match="layers"):
+        open_engine({"logits": {"layers": ["model.layers.*"]}, "model": {"path": "/m"}}, trials=2)
 
 
 def test_loop_detector_follows_the_request() -> None:
@@ -131,3 +155,23 @@ def test_loop_guard_stops_generation_early(tiny_model: Path, tmp_path: Path, mod
     else:
         assert obs.sampling["repetition_detection"] == {"min_pattern_size": 1, "max_pattern_size": 16,
                                                         "min_count": 6}
+
+
+@pytest.mark.vllm
+def test_batch_trial_equals_a_fresh_start(spread_model: Path, tmp_path: Path) -> None:
+    """Trial 1 of a batch (after trial 0 on the same engine) gives what a fresh engine gives it.
+
+    Trial 0 of a batch is a fresh start by construction, so only trial 1 gets a single run: one
+    engine start less for the tier.
+    """
+    batch = batch_request(base_request(spread_model, "vllm", SAMPLED_48), [7, 8], tmp_path / "batch")
+    first, second = run_probe_batch(batch, tmp_path / "batch", "vllm batch of 2 sampled")
+    alone = run_probe(trial_requests(batch)[1], tmp_path / "single", "vllm single, trial 1 of the batch")
+    assert (first.trial, first.seed, second.trial, second.seed) == (0, 7, 1, 8)
+    assert second.output_token_ids == alone.output_token_ids and len(alone.output_token_ids) == 48
+    assert second.top_logprobs == alone.top_logprobs and second.sampling == alone.sampling
+    assert first.output_token_ids != second.output_token_ids  # the seeds differ, so do the tokens
+    assert first.timings.load_s > 0 and second.timings.load_s == 0.0 and alone.timings.load_s > 0
+    assert [obs.extra["batch"] for obs in (first, second)] == [{"index": 0, "size": 2}, {"index": 1, "size": 2}]
+    assert second.extra["prefix_cache_reset"] is True and "prefix_cache_reset" not in first.extra
+    assert "batch" not in alone.extra

@@ -42,6 +42,17 @@ def test_same_seed_same_summary_and_slots_cut_rounds():
     assert exact7.mean_wall_hours < exact1.mean_wall_hours
 
 
+def test_engine_starts_are_counted_and_priced():
+    free = simulate(64, 20, bad_rate=0.8, good_rate=0.2, runs=10, seed=4, build_cost_min=0.0, run_cost_min=1.0)
+    assert free.mean_loads == free.mean_trials  # one trial per query when starts cost nothing
+    dear = simulate(64, 20, bad_rate=0.8, good_rate=0.2, runs=10, seed=4, build_cost_min=0.0, run_cost_min=1.0,
+                    load_cost_min=10.0)
+    assert dear.mean_loads < dear.mean_trials / 3
+    assert dear.mean_machine_hours == pytest.approx((dear.mean_trials + 10.0 * dear.mean_loads) / 60)
+    assert dear.mean_machine_hours < (free.mean_trials * 11.0) / 60 / 2
+    assert dear.accuracy >= 0.9
+
+
 def test_culprit_outside_the_range_is_rejected():
     with pytest.raises(ValueError):
         simulate(10, 11, bad_rate=1.0, good_rate=0.0)
@@ -71,6 +82,13 @@ def test_cli_on_a_real_repository(tmp_path):
         return float(next(line for line in out.splitlines() if line.startswith("trials (runs), mean:")).split()[-1])
 
     assert mean_trials(earlier.stdout) < mean_trials(done.stdout)
+    loads = _cli("simulate", "--repo", str(tmp_path), "--good", shas[0], "--bad", shas[40],
+                 "--culprit", shas[25], "--bad-rate", "0.9", "--good-rate", "0.1", "--runs", "20",
+                 "--load-cost-min", "20", "--run-cost-min", "1")
+    assert loads.returncode == 0, loads.stderr
+    starts = float(next(line for line in loads.stdout.splitlines()
+                        if line.startswith("engine starts, mean:")).split()[-1])
+    assert starts < mean_trials(loads.stdout) / 2
 
 
 def test_cli_rejects_a_culprit_outside_the_range(tmp_path):

@@ -52,16 +52,44 @@ def run_probe(request: dict[str, Any], out_dir: Path, label: str) -> Observation
     result = executor.run_probe(env, request, out_dir, PROBE_TIMEOUT_S)
     assert result.observation, f"probe failed (rc {result.returncode}):\n{result.log_tail}"
     observation = Observation.load(result.observation)
+    _record_timings(label, result.seconds, observation)
+    return observation
+
+
+def batch_request(request: dict[str, Any], seeds: list[int], out_dir: Path) -> dict[str, Any]:
+    """The request as the host batches it: trials 0..n-1 with the given seeds, outputs under out_dir."""
+    out_dir = out_dir.resolve()  # the probe runs in the repository: relative paths would point there
+    batch = [{"trial": n, "seed": seed, "output": str(out_dir / f"obs-t{n}.json")} for n, seed in enumerate(seeds)]
+    case = {**request["case"], "sampling": {**request["case"]["sampling"], "seed": seeds[0]}}
+    return {**request, "trial": 0, "seed": seeds[0], "case": case, "output": batch[0]["output"], "batch": batch}
+
+
+def run_probe_batch(request: dict[str, Any], out_dir: Path, label: str) -> list[Observation]:
+    """Run the real probe on a batch request (see `batch_request`): one engine start, one file per trial."""
+    executor = LocalExecutor(env=VLLM_ENV, python=str(require_vllm()))
+    env = Environment(kind="worktree", commit="cpu", path=str(REPO))
+    out_dir.mkdir(parents=True, exist_ok=True)
+    request_path = out_dir.resolve() / "request-batch.json"
+    request_path.write_text(json.dumps(request, indent=1), encoding="utf-8")
+    argv = [str(require_vllm()), "-m", "bisect_npu.probe", str(request_path)]
+    result = executor.run_command(env, argv, out_dir / "probe-batch.log", PROBE_TIMEOUT_S)
+    assert result.returncode == 0, f"probe failed (rc {result.returncode}):\n{result.log_tail}"
+    observations = [Observation.load(entry["output"]) for entry in request["batch"]]
+    for observation in observations:
+        _record_timings(f"{label} [{observation.extra['batch']['index']}]", result.seconds, observation)
+    return observations
+
+
+def _record_timings(label: str, probe_s: float, observation: Observation) -> None:
     TIMINGS.parent.mkdir(parents=True, exist_ok=True)
     with TIMINGS.open("a", encoding="utf-8") as fh:
-        fh.write(json.dumps({"run": label, "probe_s": result.seconds, **observation.timings.model_dump(),
+        fh.write(json.dumps({"run": label, "probe_s": probe_s, **observation.timings.model_dump(),
                              "tokens": len(observation.output_token_ids),
                              "distinct_tokens": distinct(observation.output_token_ids),
                              "stop_reason": observation.stop_reason,
                              **{key: observation.extra[key] for key in ("loop", "server_generated_tokens",
                                                                          "override_check", "server_defaults")
                                 if observation.extra.get(key) is not None}}) + "\n")
-    return observation
 
 
 def distinct(tokens: list[int]) -> int:

@@ -22,7 +22,11 @@ import click
               help="Candidates tested at once (devices or executors).")
 @click.option("--runs", type=click.IntRange(1), default=200, show_default=True, help="Bisections to simulate.")
 @click.option("--build-cost-min", type=float, default=30.0, show_default=True, help="Minutes per full build.")
-@click.option("--run-cost-min", type=float, default=5.0, show_default=True, help="Minutes per trial.")
+@click.option("--run-cost-min", type=float, default=5.0, show_default=True,
+              help="Minutes per trial once the engine runs.")
+@click.option("--load-cost-min", type=click.FloatRange(0), default=0.0, show_default=True,
+              help="Minutes per engine start (model load); a query's trials share one start, so noisy "
+                   "mode asks several trials per query when this is above 0.")
 @click.option("--earlier-runs", type=click.IntRange(0), default=0, show_default=True,
               help="Runs of each end made before the session (noisy mode counts them; a recipe's "
                    "trials.earlier_runs).")
@@ -31,7 +35,7 @@ import click
               help="Search mode; default: exact for a perfect test (rates 1/0), else noisy.")
 def simulate(repo: str, good: str, bad: str, culprit: str, bad_rate: float, good_rate: float,
              build_fail: float, slots: int, runs: int, build_cost_min: float, run_cost_min: float,
-             earlier_runs: int, seed: int, mode: str | None) -> None:
+             load_cost_min: float, earlier_runs: int, seed: int, mode: str | None) -> None:
     """Expected runs, builds, accuracy and hours of bisecting GOOD..BAD when CULPRIT is the answer."""
     from bisect_npu import history
     from bisect_npu.build.key import BuildKeyReader
@@ -55,7 +59,8 @@ def simulate(repo: str, good: str, bad: str, culprit: str, bad_rate: float, good
     summary = run_simulation(
         len(brange.candidates), position, bad_rate=bad_rate, good_rate=good_rate, build_fail=build_fail,
         slots=slots, mode=chosen, runs=runs, seed=seed, build_key_of=keys.__getitem__,
-        build_cost_min=build_cost_min, run_cost_min=run_cost_min, earlier_runs=earlier_runs,
+        build_cost_min=build_cost_min, run_cost_min=run_cost_min, load_cost_min=load_cost_min,
+        earlier_runs=earlier_runs,
     )
     heading = (f"{len(brange.candidates)} candidates, culprit at position {position}, "
                f"{len(set(keys))} build keys, mode {chosen}, rates {bad_rate}/{good_rate}, slots {slots}"

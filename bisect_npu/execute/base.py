@@ -21,9 +21,38 @@ class RunResult(BaseModel):
     log_tail: str = ""
 
 
+def observation_path(out_dir: Path, case_id: str, trial: int) -> Path:
+    """Where the probe writes the observation of one trial: the host watches these paths, so a
+    trial of a batch is journaled as soon as its file appears."""
+    return out_dir / f"obs-{case_id}-t{trial}.json"
+
+
+def probe_log_path(out_dir: Path, stem: str) -> Path:
+    """The log of one probe run (all trials of a batch share it)."""
+    return out_dir / f"probe-{stem}.log"
+
+
+def probe_stem(case_id: str, trial: int) -> str:
+    """Names a probe run's request and log files after its case and first trial."""
+    return f"{case_id}-t{trial}"
+
+
+def with_outputs(request: dict[str, Any], out_dir: Path) -> tuple[dict[str, Any], str]:
+    """The request with its observation paths under `out_dir` (each batch entry's, the first
+    also at the top), and the stem that names its request and log files."""
+    case_id = request.get("case_id", "default")
+    stem = probe_stem(case_id, request.get("trial", 0))
+    filled = {**request, "output": str(observation_path(out_dir, case_id, request.get("trial", 0)))}
+    if request.get("batch"):
+        filled["batch"] = [{**entry, "output": str(observation_path(out_dir, case_id, entry["trial"]))}
+                           for entry in request["batch"]]
+    return filled, stem
+
+
 class Executor(Protocol):
     def run_probe(self, env: Environment, request: dict[str, Any], out_dir: Path, timeout_s: float) -> RunResult:
-        """Write `request` under `out_dir`, run the probe on it, return where the observation is."""
+        """Write `request` under `out_dir`, run the probe on it (one engine start for all trials of
+        a batch request), return how it went; observations land at `observation_path`."""
 
     def run_command(self, env: Environment, argv: list[str], log_path: Path, timeout_s: float,
                     extra_env: dict[str, str] | None = None) -> RunResult:

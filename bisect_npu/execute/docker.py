@@ -24,7 +24,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from bisect_npu import __version__
 from bisect_npu.build.base import Environment
-from bisect_npu.execute.base import RunResult
+from bisect_npu.execute.base import RunResult, probe_log_path, with_outputs
 from bisect_npu.models import InfrastructureError, UsageError
 
 SESSION_LABEL = "org.bisect-npu.session"
@@ -146,12 +146,12 @@ class DockerExecutor:
     def run_probe(self, env: Environment, request: dict[str, Any], out_dir: Path, timeout_s: float) -> RunResult:
         out_dir = out_dir.resolve()
         out_dir.mkdir(parents=True, exist_ok=True)
-        stem = f"{request.get('case_id', 'default')}-t{request.get('trial', 0)}"
-        request = _inside_paths({**request, "output": str(out_dir / f"obs-{stem}.json")}, out_dir)
-        (out_dir / f"request-{stem}.json").write_text(json.dumps(request, indent=1), encoding="utf-8")
+        filled, stem = with_outputs(request, out_dir)
+        (out_dir / f"request-{stem}.json").write_text(json.dumps(_inside_paths(filled, out_dir), indent=1),
+                                                      encoding="utf-8")
         command = [self.python, "-c", PROBE_BOOTSTRAP, f"{OUT_DIR}/request-{stem}.json"]
-        result = self._run(env, command, out_dir, out_dir / f"probe-{stem}.log", timeout_s)
-        observation = out_dir / f"obs-{stem}.json"
+        result = self._run(env, command, out_dir, probe_log_path(out_dir, stem), timeout_s)
+        observation = Path(filled["output"])
         if result.returncode == 0 and observation.exists():
             result = result.model_copy(update={"observation": str(observation)})
         return result
@@ -241,6 +241,8 @@ def _inside_paths(request: dict[str, Any], out_dir: Path) -> dict[str, Any]:
             return OUT_DIR + value[len(str(out_dir)):]
         if isinstance(value, dict):
             return {k: inside(v) for k, v in value.items()}
+        if isinstance(value, list):
+            return [inside(v) for v in value]
         return value
 
     return inside(request)

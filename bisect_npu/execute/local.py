@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from bisect_npu.build.base import Environment, tail
-from bisect_npu.execute.base import RunResult
+from bisect_npu.execute.base import RunResult, probe_log_path, with_outputs
 from bisect_npu.models import UsageError
 
 
@@ -38,12 +38,11 @@ class LocalExecutor:
     def run_probe(self, env: Environment, request: dict[str, Any], out_dir: Path, timeout_s: float) -> RunResult:
         out_dir = out_dir.resolve()  # the probe runs in the worktree: relative paths would point there
         out_dir.mkdir(parents=True, exist_ok=True)
-        stem = f"{request.get('case_id', 'default')}-t{request.get('trial', 0)}"
-        request = {**request, "output": str(out_dir / f"obs-{stem}.json")}
+        request, stem = with_outputs(request, out_dir)
         request_path = out_dir / f"request-{stem}.json"
         request_path.write_text(json.dumps(request, indent=1), encoding="utf-8")
         argv = [env.python or self.python, "-m", "bisect_npu.probe", str(request_path)]
-        result = self._run(env, argv, out_dir / f"probe-{stem}.log", timeout_s)
+        result = self._run(env, argv, probe_log_path(out_dir, stem), timeout_s)
         if result.returncode == 0 and Path(request["output"]).exists():
             result = result.model_copy(update={"observation": request["output"]})
         return result

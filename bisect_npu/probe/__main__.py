@@ -1,7 +1,10 @@
-"""Entry point: ``python -m bisect_npu.probe REQUEST.json`` writes one observation.
+"""Entry point: ``python -m bisect_npu.probe REQUEST.json`` writes one observation per trial.
 
-Exit 0 with an observation written; exit 3 when the engine could not run the case (the host
-turns that into a ``skip``); the last lines of stderr explain why.
+A request without ``batch`` is one trial: exit 0 with its observation written. A request with
+``batch`` runs its trials in order on one engine start and writes each observation the moment
+its trial finishes; exit 0 once all are written. Exit 3 when the engine could not start or a
+trial raised (the host turns that into a ``skip``; the last lines of stderr explain why): the
+observations written before stay, the later trials are not run. Exit 2: usage errors.
 """
 
 from __future__ import annotations
@@ -9,8 +12,10 @@ from __future__ import annotations
 import importlib
 import sys
 import traceback
+from types import ModuleType
+from typing import Any
 
-from .request import read_request, write_json_atomic
+from .request import read_request, trial_requests, write_json_atomic
 
 BACKENDS = {"mini": "mini", "vllm": "vllm", "openai": "openai"}
 
@@ -20,17 +25,44 @@ def main(argv: list[str]) -> int:
         print("usage: python -m bisect_npu.probe REQUEST.json", file=sys.stderr)
         return 2
     request = read_request(argv[0])
+    try:
+        trials = trial_requests(request)
+    except ValueError as exc:
+        print(exc, file=sys.stderr)
+        return 2
     backend = BACKENDS.get(request.get("backend", ""))
     if backend is None:
         print(f"unknown probe backend {request.get('backend')!r}; known: {', '.join(BACKENDS)}", file=sys.stderr)
         return 2
     module = importlib.import_module(f".backends.{backend}", __package__)
+    if "batch" in request:
+        return _run_batch(module, trials)
     try:
         observation = module.run_case(request)
     except Exception:  # the host reads the tail of stderr into the skip reason
         traceback.print_exc()
         return 3
     write_json_atomic(request["output"], observation)
+    return 0
+
+
+def _run_batch(module: ModuleType, trials: list[dict[str, Any]]) -> int:
+    """One engine start for all trials; each observation lands on disk as soon as it exists."""
+    try:
+        engine = module.open_engine(trials[0], trials=len(trials))
+    except Exception:
+        traceback.print_exc()
+        return 3
+    try:
+        for index, trial in enumerate(trials):
+            observation = engine.run(trial)
+            observation["extra"]["batch"] = {"index": index, "size": len(trials)}
+            write_json_atomic(trial["output"], observation)
+    except Exception:
+        traceback.print_exc()
+        return 3
+    finally:
+        engine.close()
     return 0
 
 

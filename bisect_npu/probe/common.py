@@ -105,6 +105,15 @@ def top_logprobs_row(candidates: list[tuple[int, float]], k: int) -> list[list[A
     return [[int(token), float(logprob)] for token, logprob in ranked[:k]]
 
 
+def run_once(engine: Any, request: dict[str, Any]) -> tuple[dict[str, Any], Any]:
+    """Run one trial on an engine opened for it, then close it: the observation and what close() said."""
+    try:
+        observation = engine.run(request)
+    finally:
+        closed = engine.close()
+    return observation, closed
+
+
 class Stopwatch:
     """Seconds since start, rounded for the observation."""
 

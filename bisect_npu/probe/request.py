@@ -11,10 +11,25 @@ Written by the host (`bisect_npu.execute`), read here with the standard library.
 - ``loop_guard``: ``{"min_pattern_size", "max_pattern_size", "min_count"}`` or ``None``
 - ``logits``: ``{"top_k": int, "dump_dir": str | None}``
 - ``output``: path where the observation JSON goes
+- ``batch`` (optional): ``[{"trial": int, "seed": int | None, "output": str}, ...]``, several trials of
+  this case at this commit for ONE engine start (a model load takes minutes on Ascend, a trial
+  seconds). The top-level ``trial``/``seed``/``output`` equal the first entry's. The host numbers
+  the entries and gives their seeds (base + trial); the probe never invents them.
+
+A batch runs as the trial requests of `trial_requests`, in order, on one engine: each
+observation is written to its entry's ``output`` as soon as its trial finishes (the host journals
+each file as it appears, so a kill mid-batch keeps the finished trials). The first trial of an
+engine start reports the real ``timings.load_s``, later ones 0.0, and every observation of a
+batch carries ``extra["batch"] = {"index": i, "size": n}`` (a request without ``batch`` gets none).
+Between trials the backends reset what the engine keeps across requests (prefix cache,
+cumulative counters) so that a trial sees the engine as a fresh start would. What is fixed at
+start-up comes from the first trial (engine seed, `--seed`, server log path); the `vllm` backend
+refuses a batch of more than one trial with ``logits.layers`` (its dump hooks cannot be removed).
 """
 
 from __future__ import annotations
 
+import copy
 import json
 import os
 import tempfile
@@ -31,6 +46,32 @@ def read_request(path: str) -> dict[str, Any]:
         raise ValueError(f"{path}: probe request schema {request.get('schema_version')!r}, "
                          f"this probe reads {REQUEST_SCHEMA_VERSION}")
     return request
+
+
+def trial_requests(request: dict[str, Any]) -> list[dict[str, Any]]:
+    """One full request per trial: the request itself without ``batch``, else one per entry.
+
+    Each is a copy with the entry's ``trial``, ``seed`` and ``output``, and the entry's seed in
+    ``case.sampling.seed`` where the case sends a seed (a case that leaves the seed to the engine
+    keeps doing so). The copies have no ``batch`` key, so a backend sees one plain trial.
+    """
+    if "batch" not in request:
+        return [request]
+    batch = request["batch"]
+    if not isinstance(batch, list) or not batch:
+        raise ValueError(f"probe request: batch must be a non-empty list of trials, got {batch!r}")
+    base = {key: value for key, value in request.items() if key != "batch"}
+    trials = []
+    for entry in batch:
+        if not isinstance(entry, dict) or not isinstance(entry.get("trial"), int) or not entry.get("output"):
+            raise ValueError(f"probe request: batch entry {entry!r} needs an int trial and an output path")
+        trial = copy.deepcopy(base)
+        trial.update(trial=entry["trial"], seed=entry.get("seed"), output=entry["output"])
+        sampling = (trial.get("case") or {}).get("sampling")
+        if isinstance(sampling, dict) and "seed" in sampling:
+            sampling["seed"] = entry.get("seed")
+        trials.append(trial)
+    return trials
 
 
 def new_observation(request: dict[str, Any]) -> dict[str, Any]:

@@ -53,6 +53,7 @@ class SessionView:
     next_level: dict[str, Any] | None = None
     versions: dict[str, str] = field(default_factory=dict)
     sampling: dict[str, Any] = field(default_factory=dict)
+    engine_starts: dict[str, Any] | None = None
 
     @property
     def range(self) -> dict[str, Any]:
@@ -104,7 +105,19 @@ def load_view(session_dir: Path) -> SessionView:
     journal.close()
     view = SessionView(session_dir, journal.header, steps, end, fix, fix_verify, next_level)
     view.versions, view.sampling = _engine_facts(session_dir, journal.entries)
+    view.engine_starts = engine_starts(journal.entries)
     return view
+
+
+def engine_starts(entries: list[dict[str, Any]]) -> dict[str, Any] | None:
+    """How the probe runs went: trials, engine starts (trials of one commit share one when the
+    recipe batches), and the mean seconds of a start and of a trial; None without probe trials."""
+    trials = [e for e in entries if e["type"] == "trial" and e.get("observation")]
+    starts = [e["startup_s"] for e in trials if e.get("startup_s", 0.0) > 0]
+    if not trials or not starts:
+        return None
+    return {"trials": len(trials), "starts": len(starts), "start_s": round(sum(starts) / len(starts), 1),
+            "trial_s": round(sum(e["seconds"] - e.get("startup_s", 0.0) for e in trials) / len(trials), 1)}
 
 
 def _engine_facts(session_dir: Path, entries: list[dict[str, Any]]) -> tuple[dict[str, str], dict[str, Any]]:
@@ -170,7 +183,7 @@ def render_json(view: SessionView) -> dict[str, Any]:
         "fix": view.fix, "fix_verify": view.fix_verify,
         "level": view.range.get("kind", "commits"), "package": view.range.get("package"),
         "next_level": view.next_level, "parent_session": view.header.get("parent_session"),
-        "versions": view.versions,
+        "versions": view.versions, "engine_starts": view.engine_starts,
     }
 
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 import platform
 from typing import Any
 
-from ..common import Stopwatch, loop_detector, record_loop, top_logprobs_row
+from ..common import Stopwatch, loop_detector, record_loop, run_once, top_logprobs_row
 from ..request import new_observation
 
 # Engine args that select the server layer instead of the offline engine.
@@ -22,62 +22,94 @@ def _prompt(case: dict[str, Any]) -> str:
     return "\n".join(f"{m['role']}: {m['content']}" for m in case.get("messages") or [])
 
 
+class MiniEngine:
+    """One tinyvllm `LLM` (behind its `CompletionServer` in server mode) that runs trials in order.
+
+    A request gets a fresh KV cache and generator anyway; what outlives it is the cumulative
+    `spec_stats` (each trial reports its own counts, as a fresh start would) and the RoPE cos/sin
+    cache, which is extended position by position to the same values a fresh start computes.
+    """
+
+    def __init__(self, request: dict[str, Any]) -> None:
+        load = Stopwatch()
+        import tinyvllm
+        import torch
+        from tinyvllm.engine import LLM
+        from tinyvllm.server import CompletionServer
+
+        args = dict((request.get("engine") or {}).get("args") or {})
+        self.server_mode = bool(args.pop("server", False)) or "override_generation_config" in args
+        self.override = args.pop("override_generation_config", None)
+        self.args = args
+        model = (request.get("model") or {}).get("path") or "seed:0"
+        self.llm = LLM(model, **args)
+        self.server = CompletionServer(self.llm, self.override) if self.server_mode else None
+        self.versions = {"tinyvllm": str(getattr(tinyvllm, "__version__", "unknown")),
+                         "torch": str(torch.__version__), "python": platform.python_version()}
+        self.load_s = load.seconds()
+        self.trials_run = 0
+
+    def run(self, request: dict[str, Any]) -> dict[str, Any]:
+        from tinyvllm.sampling_params import SamplingParams
+
+        index = self.trials_run
+        self.trials_run += 1
+        llm = self.llm
+        observation = new_observation(request)
+        case = request.get("case") or {}
+        sent = {k: v for k, v in (case.get("sampling") or {}).items() if v is not None}
+        if "seed" not in sent and request.get("seed") is not None:
+            sent["seed"] = request["seed"]
+        top_k = int((request.get("logits") or {}).get("top_k") or sent.get("logprobs") or 0)
+        if top_k:
+            sent["logprobs"] = max(top_k, int(sent.get("logprobs") or 0))
+        prompt = _prompt(case)
+        prompt_ids = llm.tokenizer.encode(prompt)
+        spec_before = (llm.spec_stats.proposed, llm.spec_stats.accepted)
+        if self.server is not None:
+            params, stream = self.server.complete(prompt, sent)
+        else:
+            params = SamplingParams.from_dict(sent)
+            stream = llm.stream(prompt_ids, params)
+        observation["timings"]["load_s"] = self.load_s if index == 0 else 0.0
+
+        generate = Stopwatch()
+        detector = loop_detector(request.get("loop_guard"))
+        output_ids: list[int] = []
+        top_logprobs: list[list[Any]] = []
+        for token in stream:
+            output_ids.append(token.token_id)
+            top_logprobs.append(top_logprobs_row(token.top_logprobs, top_k) if top_k else [])
+            hit = detector.push(token.token_id) if detector is not None else None
+            if hit is not None:
+                record_loop(observation, hit, "probe")
+                break
+        else:
+            observation["finish_reason"] = "length"
+        observation["timings"]["generate_s"] = generate.seconds()
+
+        observation["prompt_token_ids"] = prompt_ids
+        observation["output_token_ids"] = output_ids
+        observation["text"] = llm.tokenizer.decode(output_ids)
+        observation["top_logprobs"] = top_logprobs if top_k else None
+        observation["sampling"] = params.to_dict()
+        observation["versions"] = dict(self.versions)
+        observation["extra"]["engine_args"] = {**self.args, "server_mode": self.server_mode,
+                                               "override_generation_config": self.override}
+        if llm.draft is not None:
+            observation["extra"]["spec_decode"] = {"proposed": llm.spec_stats.proposed - spec_before[0],
+                                                   "accepted": llm.spec_stats.accepted - spec_before[1]}
+        return observation
+
+    def close(self) -> None:
+        """Nothing to stop: the engine lives in this process."""
+
+
+def open_engine(request: dict[str, Any], trials: int = 1) -> MiniEngine:
+    """Build the engine for the request's case; any number of trials can share it."""
+    return MiniEngine(request)
+
+
 def run_case(request: dict[str, Any]) -> dict[str, Any]:
-    observation = new_observation(request)
-    load = Stopwatch()
-    import tinyvllm
-    import torch
-    from tinyvllm.engine import LLM
-    from tinyvllm.sampling_params import SamplingParams
-    from tinyvllm.server import CompletionServer
-
-    args = dict((request.get("engine") or {}).get("args") or {})
-    server_mode = bool(args.pop("server", False)) or "override_generation_config" in args
-    override = args.pop("override_generation_config", None)
-    model = (request.get("model") or {}).get("path") or "seed:0"
-    llm = LLM(model, **args)
-
-    case = request.get("case") or {}
-    sent = {k: v for k, v in (case.get("sampling") or {}).items() if v is not None}
-    if "seed" not in sent and request.get("seed") is not None:
-        sent["seed"] = request["seed"]
-    top_k = int((request.get("logits") or {}).get("top_k") or sent.get("logprobs") or 0)
-    if top_k:
-        sent["logprobs"] = max(top_k, int(sent.get("logprobs") or 0))
-    prompt = _prompt(case)
-    prompt_ids = llm.tokenizer.encode(prompt)
-    if server_mode:
-        params, stream = CompletionServer(llm, override).complete(prompt, sent)
-    else:
-        params = SamplingParams.from_dict(sent)
-        stream = llm.stream(prompt_ids, params)
-    observation["timings"]["load_s"] = load.seconds()
-
-    generate = Stopwatch()
-    detector = loop_detector(request.get("loop_guard"))
-    output_ids: list[int] = []
-    top_logprobs: list[list[Any]] = []
-    for token in stream:
-        output_ids.append(token.token_id)
-        top_logprobs.append(top_logprobs_row(token.top_logprobs, top_k) if top_k else [])
-        hit = detector.push(token.token_id) if detector is not None else None
-        if hit is not None:
-            record_loop(observation, hit, "probe")
-            break
-    else:
-        observation["finish_reason"] = "length"
-    observation["timings"]["generate_s"] = generate.seconds()
-
-    observation["prompt_token_ids"] = prompt_ids
-    observation["output_token_ids"] = output_ids
-    observation["text"] = llm.tokenizer.decode(output_ids)
-    observation["top_logprobs"] = top_logprobs if top_k else None
-    observation["sampling"] = params.to_dict()
-    observation["versions"] = {"tinyvllm": str(getattr(tinyvllm, "__version__", "unknown")),
-                               "torch": str(torch.__version__), "python": platform.python_version()}
-    observation["extra"]["engine_args"] = {**args, "server_mode": server_mode,
-                                           "override_generation_config": override}
-    if llm.draft is not None:
-        observation["extra"]["spec_decode"] = {"proposed": llm.spec_stats.proposed,
-                                               "accepted": llm.spec_stats.accepted}
-    return observation
+    """One trial on its own engine start: a request without a batch."""
+    return run_once(open_engine(request), request)[0]

@@ -1,10 +1,16 @@
-"""Server backend: start vLLM's OpenAI server with the recipe's flags, stream one case, stop it.
+"""Server backend: start vLLM's OpenAI server with the recipe's flags, stream the case, stop it.
 
 Standard library only (urllib/http.client). Tokens are fed to the loop detector as they stream;
 when it fires the connection is closed, which makes vLLM abort the request, so a 32K loop costs
 seconds. Server-side defaults (`--override-generation-config`) are checked, not assumed: the
 server's own log line and, for each overridden penalty the case does not send, a greedy
 comparison against explicit values (`extra["override_check"]`).
+
+A batch of trials shares one server start. Between trials the server's prefix cache is reset
+(`POST /reset_prefix_cache`, a dev-mode endpoint: the probe starts the server with
+VLLM_SERVER_DEV_MODE=1), so a later trial cannot reuse the KV blocks of an earlier one. A sampled
+case that sends no seed draws from the server's global generator, which runs on from trial to
+trial: such trials are reproducible only per batch, seeded ones (`case.sampling.seed`) per trial.
 """
 
 from __future__ import annotations
@@ -29,6 +35,7 @@ from ..common import (
     engine_versions,
     loop_detector,
     record_loop,
+    run_once,
     top_logprobs_row,
 )
 from ..request import new_observation
@@ -45,6 +52,8 @@ _DEFAULTS_LINES = (
 )
 _GENERATION_COUNTER = re.compile(r"^vllm:generation_tokens(?:_total)?(?:\{[^}]*\})? ([0-9.eE+-]+)$", re.MULTILINE)
 _TOKEN_ID = re.compile(r"^token_id:(-?\d+)$")
+# Dev mode adds only the dev endpoints (and error stacks in the log): /reset_prefix_cache among them.
+SERVER_ENV = {"VLLM_SERVER_DEV_MODE": "1"}
 
 
 def _flag_values(key: str, value: Any) -> list[str]:
@@ -117,7 +126,8 @@ class Server:
     def start(self, timeout_s: float) -> float:
         clock = Stopwatch()
         with open(self.log_path, "wb") as log:
-            self.proc = subprocess.Popen(self.argv, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+            self.proc = subprocess.Popen(self.argv, stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
+                                         env={**os.environ, **SERVER_ENV})
         deadline = time.monotonic() + timeout_s
         while time.monotonic() < deadline:
             if self.proc.poll() is not None:
@@ -158,6 +168,28 @@ class Server:
         req = urllib.request.Request(self.base + path, data=data, headers={"Content-Type": "application/json"})
         with urllib.request.urlopen(req, timeout=timeout_s) as response:
             return json.loads(response.read())
+
+    def reset_prefix_cache(self, limit_s: float = 30.0) -> bool:
+        """Drop the KV blocks earlier requests left for reuse; False where the server cannot.
+
+        The endpoint exists only in dev mode (404 otherwise). vLLM refuses (`success: false`) while
+        blocks are still held, e.g. by a request the loop guard cancelled a moment ago: ask again
+        until it succeeds or `limit_s` passes.
+        """
+        deadline = time.monotonic() + limit_s
+        while True:
+            req = urllib.request.Request(self.base + "/reset_prefix_cache", data=b"", method="POST")
+            try:
+                with urllib.request.urlopen(req, timeout=60) as response:
+                    body = response.read()
+            except urllib.error.HTTPError as exc:
+                if exc.code in (404, 405):
+                    return False
+                raise
+            done = bool(json.loads(body).get("success", True)) if body.strip() else True
+            if done or time.monotonic() >= deadline:
+                return done
+            time.sleep(0.5)
 
     def generated_tokens(self) -> float:
         with urllib.request.urlopen(self.base + "/metrics", timeout=30) as response:
@@ -302,22 +334,39 @@ def override_check(server: Server, model_id: str, case: dict[str, Any], sent: di
     return results
 
 
-def run_case(request: dict[str, Any]) -> dict[str, Any]:
-    observation = new_observation(request)
-    observation["versions"] = engine_versions()
-    engine = request.get("engine", {})
-    case = request["case"]
-    sent = {key: value for key, value in case.get("sampling", {}).items() if value is not None}
-    logits = request.get("logits") or {}
-    top_k = int(logits.get("top_k", DEFAULT_TOP_K))
-    sent.pop("logprobs", None)  # the probe always asks for top-k logprobs itself
-    argv = server_argv(request)
-    log_path = engine.get("server_log") or (os.path.splitext(request["output"])[0] + ".server.log")
-    server = Server(argv, log_path, int(engine.get("port", 8000)))
-    observation["extra"].update(server_argv=argv, server_log=log_path)
-    try:
-        observation["timings"]["load_s"] = server.start(float(engine.get("startup_timeout_s", 600.0)))
-        model_id = server.model_id()
+class ServerEngine:
+    """One vLLM OpenAI server, started for the request's case, that runs trials until `close()`."""
+
+    def __init__(self, request: dict[str, Any]) -> None:
+        engine = request.get("engine", {})
+        self.versions = engine_versions()
+        self.argv = server_argv(request)
+        self.log_path = engine.get("server_log") or (os.path.splitext(request["output"])[0] + ".server.log")
+        self.server = Server(self.argv, self.log_path, int(engine.get("port", 8000)))
+        try:
+            self.load_s = self.server.start(float(engine.get("startup_timeout_s", 600.0)))
+            self.model_id = self.server.model_id()
+        except BaseException:
+            self.server.stop()
+            raise
+        self.trials_run = 0
+
+    def run(self, request: dict[str, Any]) -> dict[str, Any]:
+        """One trial; `server_exit` stays None (known once stopped: `run_case` fills it in)."""
+        index = self.trials_run
+        self.trials_run += 1
+        server, model_id = self.server, self.model_id
+        observation = new_observation(request)
+        observation["versions"] = dict(self.versions)
+        case = request["case"]
+        sent = {key: value for key, value in case.get("sampling", {}).items() if value is not None}
+        logits = request.get("logits") or {}
+        top_k = int(logits.get("top_k", DEFAULT_TOP_K))
+        sent.pop("logprobs", None)  # the probe always asks for top-k logprobs itself
+        observation["extra"].update(server_argv=self.argv, server_log=self.log_path)
+        observation["timings"]["load_s"] = self.load_s if index == 0 else 0.0
+        if index:
+            observation["extra"]["prefix_cache_reset"] = server.reset_prefix_cache()
         path, body = request_body(model_id, case, sent, top_k)
         before = server.generated_tokens()
         clock = Stopwatch()
@@ -331,21 +380,35 @@ def run_case(request: dict[str, Any]) -> dict[str, Any]:
             observation["prompt_token_ids"] = list(tokenized.get("tokens", []))
         detok = server.post("/detokenize", {"model": model_id, "tokens": observation["prompt_token_ids"]})
         observation["extra"]["rendered_prompt"] = detok.get("prompt")
-        overrides = override_generation_config(argv)
+        overrides = override_generation_config(self.argv)
         if overrides and request.get("trial", 0) == 0:
             check_tokens = min(int(sent.get("max_tokens", OVERRIDE_CHECK_TOKENS)), OVERRIDE_CHECK_TOKENS)
             observation["extra"]["override_check"] = override_check(server, model_id, case, sent, overrides,
                                                                     check_tokens)
-    finally:
-        observation["extra"]["server_exit"] = server.stop()
-    log_text = server.log_text()
-    defaults = logged_defaults(log_text)
-    observation["extra"]["server_defaults"] = defaults
-    observation["sampling"] = effective_sampling(sent, defaults, observation["extra"].get("override_check"))
-    observation["extra"]["stages"] = {
-        "chat_template": observation["extra"].get("rendered_prompt"),
-        "prompt_token_ids": observation["prompt_token_ids"], "sampler": observation["sampling"],
-        "text": observation["text"]}
+        observation["extra"]["server_exit"] = None
+        defaults = logged_defaults(server.log_text())  # logged at start-up: readable while it runs
+        observation["extra"]["server_defaults"] = defaults
+        observation["sampling"] = effective_sampling(sent, defaults, observation["extra"].get("override_check"))
+        observation["extra"]["stages"] = {
+            "chat_template": observation["extra"].get("rendered_prompt"),
+            "prompt_token_ids": observation["prompt_token_ids"], "sampler": observation["sampling"],
+            "text": observation["text"]}
+        return observation
+
+    def close(self) -> int | None:
+        """Stop the server; its exit status."""
+        return self.server.stop()
+
+
+def open_engine(request: dict[str, Any], trials: int = 1) -> ServerEngine:
+    """Start the server for the request's case (flags, port and seed from this request)."""
+    return ServerEngine(request)
+
+
+def run_case(request: dict[str, Any]) -> dict[str, Any]:
+    """One trial on its own server start, which is stopped before the observation is returned."""
+    observation, server_exit = run_once(open_engine(request), request)
+    observation["extra"]["server_exit"] = server_exit
     return observation
 
 

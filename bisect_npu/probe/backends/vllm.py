@@ -1,4 +1,4 @@
-"""Offline vLLM backend: `LLM(...)` with the recipe's engine args, one case, one observation.
+"""Offline vLLM backend: `LLM(...)` with the recipe's engine args, one case, one observation per trial.
 
 Drives vLLM the way users do (`LLM.chat` / `LLM.generate`). When a loop guard is asked and the
 installed vLLM has no `repetition_detection` (or the request asks for the probe's own detector),
@@ -19,6 +19,7 @@ from ..common import (
     engine_versions,
     loop_detector,
     record_loop,
+    run_once,
     top_logprobs_row,
 )
 from ..request import new_observation
@@ -227,10 +228,9 @@ def _generate(llm: Any, case: dict[str, Any], params: Any) -> Any:
 
 
 def _generate_streaming(llm: Any, prompt_ids: list[int], params: Any, detector: Any,
-                        observation: dict[str, Any]) -> Any:
+                        observation: dict[str, Any], request_id: str) -> Any:
     """Step the engine, push each new token to the detector, abort the request when it fires."""
     engine = llm.llm_engine
-    request_id = "bisect-npu-0"
     engine.add_request(request_id, {"prompt_token_ids": prompt_ids}, params)
     seen = 0
     last = None
@@ -250,84 +250,138 @@ def _generate_streaming(llm: Any, prompt_ids: list[int], params: Any, detector: 
     return last
 
 
-def _spec_decode_counters(llm: Any) -> dict[str, float] | None:
-    """Draft/accept counters from vLLM's metrics (speculative decoding runs only)."""
+_SPEC_DECODE_METRICS = {"vllm:spec_decode_num_drafts": "num_drafts",
+                        "vllm:spec_decode_num_draft_tokens": "num_draft_tokens",
+                        "vllm:spec_decode_num_accepted_tokens": "num_accepted_tokens"}
+
+
+def _spec_decode_totals(llm: Any) -> dict[str, float]:
+    """vLLM's draft/accept counters as they stand: Prometheus counters, cumulative over the process."""
     get_metrics = getattr(llm, "get_metrics", None)
     if get_metrics is None:
+        return {}
+    return {_SPEC_DECODE_METRICS[m.name]: float(m.value) for m in get_metrics()
+            if m.name in _SPEC_DECODE_METRICS and hasattr(m, "value")}
+
+
+def spec_decode_counters(after: dict[str, float], before: dict[str, float]) -> dict[str, float] | None:
+    """One trial's draft/accept counters: the totals after it less the totals before it."""
+    if not after:
         return None
-    wanted = {"vllm:spec_decode_num_drafts": "num_drafts",
-              "vllm:spec_decode_num_draft_tokens": "num_draft_tokens",
-              "vllm:spec_decode_num_accepted_tokens": "num_accepted_tokens"}
-    counters = {wanted[m.name]: float(m.value) for m in get_metrics() if m.name in wanted and hasattr(m, "value")}
-    if not counters:
-        return None
+    counters = {name: value - before.get(name, 0.0) for name, value in after.items()}
     drafted = counters.get("num_draft_tokens", 0.0)
     counters["acceptance_rate"] = counters.get("num_accepted_tokens", 0.0) / drafted if drafted else 0.0
     # The acceptance oracle's names: draft tokens proposed, and how many the target accepted.
     return {**counters, "proposed": int(drafted), "accepted": int(counters.get("num_accepted_tokens", 0.0))}
 
 
+def _reset_prefix_cache(llm: Any) -> bool:
+    """Drop the KV blocks earlier trials left for reuse; False where this vLLM cannot (or refused)."""
+    reset = getattr(llm, "reset_prefix_cache", None)
+    if reset is None:
+        return False
+    return reset() is not False  # older vLLMs return None: the reset ran
+
+
+class VllmEngine:
+    """One `LLM(...)` that runs trials in order, each seeing the engine as a fresh start would.
+
+    Between trials the prefix cache is reset (a later trial must not reuse the KV blocks of an
+    earlier one) and the spec-decode counters are reported per trial. Layer-dump hooks cannot be
+    removed once `apply_model` registered them, so a request with `logits.layers` runs one trial.
+    """
+
+    def __init__(self, request: dict[str, Any], trials: int = 1) -> None:
+        if trials > 1 and (request.get("logits") or {}).get("layers"):
+            raise ValueError("logits.layers registers layer-dump hooks that stay for the engine's life: "
+                             f"such a request runs one trial per engine start, not a batch of {trials}")
+        from vllm import LLM
+
+        self.versions = engine_versions()
+        clock = Stopwatch()
+        self.kwargs = engine_kwargs(request)
+        self.llm = LLM(**self.kwargs)
+        self.load_s = clock.seconds()
+        self.trials_run = 0
+
+    def run(self, request: dict[str, Any]) -> dict[str, Any]:
+        from vllm import SamplingParams
+
+        index = self.trials_run
+        self.trials_run += 1
+        llm, kwargs = self.llm, self.kwargs
+        observation = new_observation(request)
+        observation["versions"] = dict(self.versions)
+        observation["timings"]["load_s"] = self.load_s if index == 0 else 0.0
+        if index:
+            observation["extra"]["prefix_cache_reset"] = _reset_prefix_cache(llm)
+        case = request["case"]
+        logits = request.get("logits") or {}
+        top_k = int(logits.get("top_k", DEFAULT_TOP_K))
+
+        defaults = server_defaults(llm)
+        sampling, sources = sampling_kwargs(request, defaults)
+        guard = request.get("loop_guard")
+        detection_cls = native_repetition_detection()
+        use_native = use_engine_guard(request, detection_cls)
+        if use_native:
+            sampling["repetition_detection"] = detection_cls(
+                min_pattern_size=int(guard.get("min_pattern_size", 1)),
+                max_pattern_size=int(guard.get("max_pattern_size", 20)),
+                min_count=int(guard.get("min_count", 3)))
+        params = SamplingParams(**sampling)
+        rendered, prompt_ids = _render(llm, case)
+        dump_dir = logits.get("dump_dir") or os.path.splitext(request["output"])[0] + ".dump"
+        if logits.get("layers"):
+            hooked = llm.apply_model(LayerDump(dump_dir, list(logits["layers"]), logits.get("steps")))
+            observation["logits_dump"] = dump_dir
+            observation["extra"]["dumped_modules"] = hooked
+
+        spec_before = _spec_decode_totals(llm) if "speculative_config" in kwargs else {}
+        clock = Stopwatch()
+        if guard and not use_native:
+            output = _generate_streaming(llm, prompt_ids, params, loop_detector(guard), observation,
+                                         request_id=f"bisect-npu-{index}")
+        else:
+            output = _generate(llm, case, params)
+        observation["timings"]["generate_s"] = clock.seconds()
+
+        completion = output.outputs[0]
+        observation["prompt_token_ids"] = list(output.prompt_token_ids or prompt_ids)
+        observation["output_token_ids"] = list(completion.token_ids)
+        observation["text"] = completion.text
+        if observation["stop_reason"] is None:
+            observation["finish_reason"] = completion.finish_reason
+            stop = completion.stop_reason
+            observation["stop_reason"] = stop if stop is None or isinstance(stop, str) else str(stop)
+        observation["top_logprobs"] = _logprob_rows(completion.logprobs, top_k)
+        if logits.get("full_logits") and completion.logprobs:
+            observation["logits_dump"] = _save_full_logprobs(completion.logprobs, dump_dir)
+        observation["sampling"] = effective_sampling(params)
+        observation["extra"].update({
+            "engine_args": {key: value for key, value in kwargs.items() if key != "model"},
+            "server_defaults": defaults,
+            "sampling_sources": sources,
+            "rendered_prompt": rendered,
+            "loop_guard": "vllm" if use_native else ("probe" if guard else None),
+        })
+        observation["extra"]["stages"] = {
+            "chat_template": rendered, "prompt_token_ids": observation["prompt_token_ids"],
+            "forward": observation["logits_dump"], "sampler": observation["sampling"], "text": observation["text"]}
+        if "speculative_config" in kwargs:
+            observation["extra"]["spec_decode"] = spec_decode_counters(_spec_decode_totals(llm), spec_before)
+        return observation
+
+    def close(self) -> None:
+        """Drop the engine, as the end of a one-trial probe always did (the process exit does the rest)."""
+        self.llm = None
+
+
+def open_engine(request: dict[str, Any], trials: int = 1) -> VllmEngine:
+    """Load the model for `trials` trials of the request's case (engine args from this request)."""
+    return VllmEngine(request, trials)
+
+
 def run_case(request: dict[str, Any]) -> dict[str, Any]:
-    from vllm import LLM, SamplingParams
-
-    observation = new_observation(request)
-    observation["versions"] = engine_versions()
-    case = request["case"]
-    logits = request.get("logits") or {}
-    top_k = int(logits.get("top_k", DEFAULT_TOP_K))
-
-    clock = Stopwatch()
-    kwargs = engine_kwargs(request)
-    llm = LLM(**kwargs)
-    observation["timings"]["load_s"] = clock.seconds()
-
-    defaults = server_defaults(llm)
-    sampling, sources = sampling_kwargs(request, defaults)
-    guard = request.get("loop_guard")
-    detection_cls = native_repetition_detection()
-    use_native = use_engine_guard(request, detection_cls)
-    if use_native:
-        sampling["repetition_detection"] = detection_cls(
-            min_pattern_size=int(guard.get("min_pattern_size", 1)),
-            max_pattern_size=int(guard.get("max_pattern_size", 20)),
-            min_count=int(guard.get("min_count", 3)))
-    params = SamplingParams(**sampling)
-    rendered, prompt_ids = _render(llm, case)
-    dump_dir = logits.get("dump_dir") or os.path.splitext(request["output"])[0] + ".dump"
-    if logits.get("layers"):
-        hooked = llm.apply_model(LayerDump(dump_dir, list(logits["layers"]), logits.get("steps")))
-        observation["logits_dump"] = dump_dir
-        observation["extra"]["dumped_modules"] = hooked
-
-    clock = Stopwatch()
-    if guard and not use_native:
-        output = _generate_streaming(llm, prompt_ids, params, loop_detector(guard), observation)
-    else:
-        output = _generate(llm, case, params)
-    observation["timings"]["generate_s"] = clock.seconds()
-
-    completion = output.outputs[0]
-    observation["prompt_token_ids"] = list(output.prompt_token_ids or prompt_ids)
-    observation["output_token_ids"] = list(completion.token_ids)
-    observation["text"] = completion.text
-    if observation["stop_reason"] is None:
-        observation["finish_reason"] = completion.finish_reason
-        stop = completion.stop_reason
-        observation["stop_reason"] = stop if stop is None or isinstance(stop, str) else str(stop)
-    observation["top_logprobs"] = _logprob_rows(completion.logprobs, top_k)
-    if logits.get("full_logits") and completion.logprobs:
-        observation["logits_dump"] = _save_full_logprobs(completion.logprobs, dump_dir)
-    observation["sampling"] = effective_sampling(params)
-    observation["extra"].update({
-        "engine_args": {key: value for key, value in kwargs.items() if key != "model"},
-        "server_defaults": defaults,
-        "sampling_sources": sources,
-        "rendered_prompt": rendered,
-        "loop_guard": "vllm" if use_native else ("probe" if guard else None),
-    })
-    observation["extra"]["stages"] = {
-        "chat_template": rendered, "prompt_token_ids": observation["prompt_token_ids"],
-        "forward": observation["logits_dump"], "sampler": observation["sampling"], "text": observation["text"]}
-    if "speculative_config" in kwargs:
-        observation["extra"]["spec_decode"] = _spec_decode_counters(llm)
-    return observation
+    """One trial on its own engine start: a request without a batch."""
+    return run_once(open_engine(request), request)[0]

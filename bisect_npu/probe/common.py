@@ -13,6 +13,7 @@ import time
 from typing import Any
 
 from .loop import LoopHit, StreamingLoopDetector
+from .request import new_observation
 
 # The sampling fields an observation reports as "effective": what decides the tokens.
 SAMPLING_FIELDS = ("temperature", "top_p", "top_k", "min_p", "repetition_penalty", "presence_penalty",
@@ -103,6 +104,23 @@ def top_logprobs_row(candidates: list[tuple[int, float]], k: int) -> list[list[A
     """Best-first [[token_id, logprob], ...], at most k (plus nothing else: the contract's shape)."""
     ranked = sorted(candidates, key=lambda item: item[1], reverse=True)
     return [[int(token), float(logprob)] for token, logprob in ranked[:k]]
+
+
+class TrialCounter:
+    """What every backend's engine does when a trial begins: number it, and start its observation
+    with the engine's versions and, on the first trial only, the time the engine took to load."""
+
+    versions: dict[str, str]
+    load_s: float
+    trials_run: int = 0
+
+    def begin_trial(self, request: dict[str, Any]) -> tuple[int, dict[str, Any]]:
+        index = self.trials_run
+        self.trials_run += 1
+        observation = new_observation(request)
+        observation["versions"] = dict(self.versions)
+        observation["timings"]["load_s"] = self.load_s if index == 0 else 0.0
+        return index, observation
 
 
 def run_once(engine: Any, request: dict[str, Any]) -> tuple[dict[str, Any], Any]:

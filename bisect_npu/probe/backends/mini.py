@@ -9,8 +9,7 @@ from __future__ import annotations
 import platform
 from typing import Any
 
-from ..common import Stopwatch, loop_detector, record_loop, run_once, top_logprobs_row
-from ..request import new_observation
+from ..common import Stopwatch, TrialCounter, loop_detector, record_loop, run_once, top_logprobs_row
 
 # Engine args that select the server layer instead of the offline engine.
 _SERVER_ARGS = ("server", "override_generation_config")
@@ -22,7 +21,7 @@ def _prompt(case: dict[str, Any]) -> str:
     return "\n".join(f"{m['role']}: {m['content']}" for m in case.get("messages") or [])
 
 
-class MiniEngine:
+class MiniEngine(TrialCounter):
     """One tinyvllm `LLM` (behind its `CompletionServer` in server mode) that runs trials in order.
 
     A request gets a fresh KV cache and generator anyway; what outlives it is the cumulative
@@ -47,15 +46,12 @@ class MiniEngine:
         self.versions = {"tinyvllm": str(getattr(tinyvllm, "__version__", "unknown")),
                          "torch": str(torch.__version__), "python": platform.python_version()}
         self.load_s = load.seconds()
-        self.trials_run = 0
 
     def run(self, request: dict[str, Any]) -> dict[str, Any]:
         from tinyvllm.sampling_params import SamplingParams
 
-        index = self.trials_run
-        self.trials_run += 1
+        _, observation = self.begin_trial(request)
         llm = self.llm
-        observation = new_observation(request)
         case = request.get("case") or {}
         sent = {k: v for k, v in (case.get("sampling") or {}).items() if v is not None}
         if "seed" not in sent and request.get("seed") is not None:
@@ -71,7 +67,6 @@ class MiniEngine:
         else:
             params = SamplingParams.from_dict(sent)
             stream = llm.stream(prompt_ids, params)
-        observation["timings"]["load_s"] = self.load_s if index == 0 else 0.0
 
         generate = Stopwatch()
         detector = loop_detector(request.get("loop_guard"))
@@ -93,7 +88,6 @@ class MiniEngine:
         observation["text"] = llm.tokenizer.decode(output_ids)
         observation["top_logprobs"] = top_logprobs if top_k else None
         observation["sampling"] = params.to_dict()
-        observation["versions"] = dict(self.versions)
         observation["extra"]["engine_args"] = {**self.args, "server_mode": self.server_mode,
                                                "override_generation_config": self.override}
         if llm.draft is not None:

@@ -32,13 +32,13 @@ from typing import Any
 from ..common import (
     NEUTRAL_PENALTY,
     Stopwatch,
+    TrialCounter,
     engine_versions,
     loop_detector,
     record_loop,
     run_once,
     top_logprobs_row,
 )
-from ..request import new_observation
 
 DEFAULT_LAUNCHER = ["vllm", "serve", "{model}"]
 HOST = "127.0.0.1"
@@ -334,7 +334,7 @@ def override_check(server: Server, model_id: str, case: dict[str, Any], sent: di
     return results
 
 
-class ServerEngine:
+class ServerEngine(TrialCounter):
     """One vLLM OpenAI server, started for the request's case, that runs trials until `close()`."""
 
     def __init__(self, request: dict[str, Any]) -> None:
@@ -349,22 +349,17 @@ class ServerEngine:
         except BaseException:
             self.server.stop()
             raise
-        self.trials_run = 0
 
     def run(self, request: dict[str, Any]) -> dict[str, Any]:
         """One trial; `server_exit` stays None (known once stopped: `run_case` fills it in)."""
-        index = self.trials_run
-        self.trials_run += 1
+        index, observation = self.begin_trial(request)
         server, model_id = self.server, self.model_id
-        observation = new_observation(request)
-        observation["versions"] = dict(self.versions)
         case = request["case"]
         sent = {key: value for key, value in case.get("sampling", {}).items() if value is not None}
         logits = request.get("logits") or {}
         top_k = int(logits.get("top_k", DEFAULT_TOP_K))
         sent.pop("logprobs", None)  # the probe always asks for top-k logprobs itself
         observation["extra"].update(server_argv=self.argv, server_log=self.log_path)
-        observation["timings"]["load_s"] = self.load_s if index == 0 else 0.0
         if index:
             observation["extra"]["prefix_cache_reset"] = server.reset_prefix_cache()
         path, body = request_body(model_id, case, sent, top_k)

@@ -16,13 +16,13 @@ from typing import Any
 from ..common import (
     SAMPLING_FIELDS,
     Stopwatch,
+    TrialCounter,
     engine_versions,
     loop_detector,
     record_loop,
     run_once,
     top_logprobs_row,
 )
-from ..request import new_observation
 
 DEFAULT_TOP_K = 5
 
@@ -283,7 +283,7 @@ def _reset_prefix_cache(llm: Any) -> bool:
     return reset() is not False  # older vLLMs return None: the reset ran
 
 
-class VllmEngine:
+class VllmEngine(TrialCounter):
     """One `LLM(...)` that runs trials in order, each seeing the engine as a fresh start would.
 
     Between trials the prefix cache is reset (a later trial must not reuse the KV blocks of an
@@ -302,17 +302,12 @@ class VllmEngine:
         self.kwargs = engine_kwargs(request)
         self.llm = LLM(**self.kwargs)
         self.load_s = clock.seconds()
-        self.trials_run = 0
 
     def run(self, request: dict[str, Any]) -> dict[str, Any]:
         from vllm import SamplingParams
 
-        index = self.trials_run
-        self.trials_run += 1
+        index, observation = self.begin_trial(request)
         llm, kwargs = self.llm, self.kwargs
-        observation = new_observation(request)
-        observation["versions"] = dict(self.versions)
-        observation["timings"]["load_s"] = self.load_s if index == 0 else 0.0
         if index:
             observation["extra"]["prefix_cache_reset"] = _reset_prefix_cache(llm)
         case = request["case"]

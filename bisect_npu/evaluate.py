@@ -213,7 +213,10 @@ class Evaluator:
             request["batch"] = [{"trial": n, "seed": probe_request(self.recipe, case, commit, n)["seed"],
                                  "output": ""} for n in numbers]
         out_dir = self.step_dir(commit).resolve()
-        watcher = _ObservationWatcher([observation_path(out_dir, case.id, n) for n in numbers])
+        paths = [observation_path(out_dir, case.id, n) for n in numbers]
+        for stale in paths:  # left by a run killed before the journal took it: not this run's
+            stale.unlink(missing_ok=True)
+        watcher = _ObservationWatcher(paths)
         records: list[TrialRecord] = []
 
         log = self.rel(probe_log_path(out_dir, probe_stem(case.id, numbers[0]))) or ""

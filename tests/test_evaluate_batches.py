@@ -74,3 +74,19 @@ def test_an_interrupted_batch_keeps_the_trials_it_finished(demo_upstream, tmp_pa
     assert 1 <= len(seen) < 30, "the batch was not interrupted"
     assert {Path(r.observation or "").name for r in seen} == written  # nothing finished is lost
     assert [r.trial for r in seen] == list(range(len(seen)))
+
+
+def test_a_stale_observation_is_never_taken_for_a_new_trial(demo_upstream, tmp_path: Path) -> None:
+    """A run killed after the probe wrote a file but before the journal took it leaves the file;
+    the resumed run asks that trial number again and must judge its own output."""
+    evaluator, culprit = _evaluator(demo_upstream, tmp_path)
+    step = tmp_path / "steps" / culprit[:12]
+    step.mkdir(parents=True)
+    (step / "obs-server-default-t0.json").write_text("half a file from a killed run")
+    seen: list[TrialRecord] = []
+    try:
+        evaluator.evaluate(culprit, 2, [], seen.append, judge_each=True)
+    finally:
+        evaluator.close()
+    assert [r.trial for r in seen] == [0, 1]
+    assert all(r.outcome in (VerdictKind.GOOD, VerdictKind.BAD) for r in seen)

@@ -16,6 +16,8 @@ class Progress(Protocol):
 
     def step_started(self, index: int, commit: str, title: str, left: int, steps_left: int) -> None: ...
 
+    def trial_finished(self, index: int, trial: int, outcome: str, done: int, of: int) -> None: ...
+
     def step_finished(self, index: int, commit: str, verdict: Verdict, seconds: float) -> None: ...
 
     def close(self) -> None: ...
@@ -36,6 +38,10 @@ class PlainProgress:
     def step_started(self, index: int, commit: str, title: str, left: int, steps_left: int) -> None:
         self._line(f"testing #{index} {commit[:12]} {title!r} ({left} candidates left, ~{steps_left} steps)")
 
+    def trial_finished(self, index: int, trial: int, outcome: str, done: int, of: int) -> None:
+        if of > 1:  # a one-trial step's own line says it all
+            self._line(f"  #{index} trial {trial}: {outcome} ({done} of {of})")
+
     def step_finished(self, index: int, commit: str, verdict: Verdict, seconds: float) -> None:
         self._line(f"#{index} {commit[:12]}: {verdict.kind.value} in {seconds:.1f}s: {verdict.reason}")
 
@@ -50,6 +56,8 @@ class RichProgress:
 
     def __init__(self, console: Console | None = None) -> None:
         self.console = console or Console(stderr=True)
+        self._step = ""
+        self._bad = 0
         self._status = self.console.status("starting")
         self._status.start()
 
@@ -57,8 +65,14 @@ class RichProgress:
         self.console.log(text)
 
     def step_started(self, index: int, commit: str, title: str, left: int, steps_left: int) -> None:
-        self._status.update(f"[bold]#{index}[/] {commit[:12]} {title[:70]}  "
-                            f"[dim]{left} candidates left, ~{steps_left} steps[/]")
+        self._step = (f"[bold]#{index}[/] {commit[:12]} {title[:70]}  "
+                      f"[dim]{left} candidates left, ~{steps_left} steps[/]")
+        self._bad = 0
+        self._status.update(self._step)
+
+    def trial_finished(self, index: int, trial: int, outcome: str, done: int, of: int) -> None:
+        self._bad += outcome == "bad"
+        self._status.update(f"{self._step}  trials {done}/{of}, {self._bad} bad")
 
     def step_finished(self, index: int, commit: str, verdict: Verdict, seconds: float) -> None:
         colour = self.COLOURS[verdict.kind.value]

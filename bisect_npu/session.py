@@ -8,6 +8,7 @@ session killed at any moment resumes from it without redoing a finished step or 
 from __future__ import annotations
 
 import dataclasses
+import itertools
 import math
 import threading
 from collections.abc import Callable
@@ -381,10 +382,15 @@ class Session:
         noisy = self.mode == "noisy"
         trials = query.trials if noisy else (self.recipe.trials.count if self.recipe else 1)
 
+        pending = self._pending_trials(query.index) if not noisy else []
+        expected = trials * (len(self.recipe.cases) if self.recipe else 1)
+        finished = itertools.count(len(pending) + 1)
+
         def on_trial(record: TrialRecord) -> None:
             self._append({"type": "trial", "index": query.index, "commit": commit, **record.to_json()})
+            outcome = record.outcome.value if record.outcome else "run"
+            self.progress.trial_finished(query.index, record.trial, outcome, next(finished), expected)
 
-        pending = self._pending_trials(query.index) if not noisy else []
         as_reference = query.index == 0 and self._needs_reference()
         first = self._next_trial(query.index) if first_trial is None else first_trial
         result = self.evaluator.evaluate(commit, trials, pending, on_trial, noisy, first, as_reference)

@@ -20,10 +20,11 @@ Two more tables at N = 128 show what the trial count depends on:
                  follows the confidence asked for, i.e. what fewer trials cost
 
 Then the k-slot checks: rounds of the exact search with k = 1, 3, 7 slots against log_{k+1} N,
-and rounds and trials of the noisy search with k slots at 0.8/0.2. Last, engine starts: when
-starting the engine (loading the model) costs L trials, the tool told L (a recipe's
-``trials.load_cost``, measured by default) asks several trials per query; against the same
-search asking one trial per query, on the same seeded cases (cost = trials + L x starts).
+and rounds and trials of the noisy search with k slots at 0.8/0.2. Last, costs: when starting
+the engine (loading the model) costs L trials and building a new commit B trials, the tool told
+L (a recipe's ``trials.load_cost``, measured by default) asks several trials per query, and told
+B too (``trials.build_cost``) prefers commits it has built; against the same search asking one
+trial per query, on the same seeded cases (cost = trials + L x starts + B x builds).
 
     .venv/bin/python bench/noisy_bench.py            # 1,000 runs per cell
     .venv/bin/python bench/noisy_bench.py --quick    # 40 runs per cell, a smoke test
@@ -51,7 +52,9 @@ BAYESECT_TRIAL_CAP = 3000
 EARLIER = (10, 20, 40)
 CALIBRATION = (0.9, 0.95, 0.97, 0.99)
 DETAIL_N = 128
-LOAD_COSTS = (2.0, 10.0, 50.0)
+# (L, B): an engine start and a build, in trials. A 30-minute build and 3-minute trials: B = 10;
+# a 2-minute model load and 20-second trials: L = 6.
+COSTS = ((2.0, 0.0), (10.0, 0.0), (50.0, 0.0), (2.0, 20.0), (10.0, 100.0))
 LOAD_RATES = ((0.95, 0.05), (0.8, 0.2), (0.2, 0.0))
 
 
@@ -183,43 +186,61 @@ def noisy_rounds_check(runs: int) -> list[str]:
     base = 0.0
     for k in (1, 3, 7):
         summary = simulate(DETAIL_N, DETAIL_N // 2, bad_rate=0.8, good_rate=0.2, slots=k, mode="noisy",
-                           runs=runs, seed=1)
+                           runs=runs, seed=1, build_cost_min=0.0, run_cost_min=1.0)
         base = base or summary.mean_rounds
         lines.append(f"| {k} | {summary.accuracy:.1%} | {summary.mean_rounds:.1f} | {summary.mean_trials:.1f} | "
                      f"{summary.mean_rounds / base:.2f} |")
     return lines
 
 
-StartJob = tuple[float, float, float, bool, int]
+CostJob = tuple[float, float, float, float, float, float, int]
+CostCell = tuple[float, float, float, float, float]
 
 
-def run_start_cell(args: StartJob) -> tuple[float, float, float, float]:
-    """Accuracy, mean trials, mean engine starts and mean cost of one engine-start cell."""
-    p, q, load_cost, told, runs = args
-    rng = np.random.default_rng([7, int(p * 100), int(q * 100), int(load_cost)])
-    problem = SearchProblem(n=DETAIL_N, mode="noisy", load_cost=load_cost if told else 0.0)
+def run_cost_cell(args: CostJob) -> CostCell:
+    """Accuracy, mean trials, engine starts, builds and cost of one cell: the search is told
+    ``told_load`` and ``told_build``; the cost counts the true ``load`` and ``build``."""
+    p, q, load, build, told_load, told_build, runs = args
+    rng = np.random.default_rng([7, int(p * 100), int(q * 100), int(load), int(build)])
+    problem = SearchProblem(n=DETAIL_N, mode="noisy", load_cost=told_load, build_cost=told_build)
     outcomes = [simulate_one(problem, int(rng.integers(1, DETAIL_N + 1)), bad_rate=p, good_rate=q, build_fail=0.0,
-                             rng=rng, build_key_of=str, build_cost_min=0.0, run_cost_min=1.0,
-                             load_cost_min=load_cost) for _ in range(runs)]
+                             rng=rng, build_key_of=str, build_cost_min=build, run_cost_min=1.0,
+                             load_cost_min=load) for _ in range(runs)]
     trials = np.array([o.trials for o in outcomes], dtype=float)
     starts = np.array([o.loads for o in outcomes], dtype=float)
+    builds = np.array([o.builds for o in outcomes], dtype=float)
     return (float(np.mean([o.correct for o in outcomes])), float(trials.mean()), float(starts.mean()),
-            float((trials + load_cost * starts).mean()))
+            float(builds.mean()), float((trials + load * starts + build * builds).mean()))
 
 
-def engine_start_check(runs: int, workers: int) -> list[str]:
-    """One trial per query against batches sized by the engine-start cost L, N = DETAIL_N."""
-    jobs = [(p, q, cost, told, runs) for p, q in LOAD_RATES for cost in LOAD_COSTS for told in (False, True)]
+def cost_check(runs: int, workers: int) -> list[str]:
+    """The search told nothing (one trial per query), told the engine-start cost L, and told L and
+    the build cost B, on the same seeded cases, N = DETAIL_N."""
+    variants = {"one trial per query": lambda load, build: (0.0, 0.0), "told L": lambda load, build: (load, 0.0),
+                "told L and B": lambda load, build: (load, build)}
+    jobs = {(p, q, load, build, name): (p, q, load, build, *told(load, build), runs)
+            for p, q in LOAD_RATES for load, build in COSTS for name, told in variants.items()
+            if build or name != "told L and B"}
     with ProcessPoolExecutor(max_workers=workers) as pool:
-        results = dict(zip(jobs, pool.map(run_start_cell, jobs), strict=True))
-    lines = ["| bad/good | L | one trial per query: accuracy / trials / starts / cost | "
-             "batched by cost: accuracy / trials / starts / cost | cost ratio |", "|---|---|---|---|---|"]
+        results = dict(zip(jobs, pool.map(run_cost_cell, jobs.values()), strict=True))
+    lines = ["| bad/good | L | B | " + " | ".join(f"{name}: accuracy / trials / starts / builds / cost"
+                                                   for name in variants) + " | best cost ratio |",
+             "|---|---|---|---|---|---|---|"]
     for p, q in LOAD_RATES:
-        for cost in LOAD_COSTS:
-            single, batched = (results[(p, q, cost, told, runs)] for told in (False, True))
-            cells = [f"{a:.1%} / {t:.1f} / {s:.1f} / {c:.0f}" for a, t, s, c in (single, batched)]
-            lines.append(f"| {p}/{q} | {cost:g} | {cells[0]} | {cells[1]} | {batched[3] / single[3]:.2f} |")
+        for load, build in COSTS:
+            shown = [results.get((p, q, load, build, name)) for name in variants]
+            cells = [_cost_cell(r) for r in shown]
+            baseline = results[(p, q, load, build, "one trial per query")][4]
+            best = min(r[4] for r in shown if r) / baseline
+            lines.append(f"| {p}/{q} | {load:g} | {build:g} | " + " | ".join(cells) + f" | {best:.2f} |")
     return lines
+
+
+def _cost_cell(cell: CostCell | None) -> str:
+    if cell is None:
+        return "-"
+    accuracy, trials, starts, builds, cost = cell
+    return f"{accuracy:.1%} / {trials:.1f} / {starts:.1f} / {builds:.1f} / {cost:.0f}"
 
 
 def main() -> None:
@@ -307,10 +328,11 @@ def main() -> None:
     for line in noisy_rounds_check(max(runs // 5, 20)):
         print(line)
     print()
-    start_runs = max(runs // 10, 20)
-    print(f"Engine starts costing L trials, N = {DETAIL_N} ({start_runs} runs per cell; cost = trials + L x starts):")
+    cost_runs = max(runs // 10, 20)
+    print(f"Engine starts costing L trials and builds costing B, N = {DETAIL_N} ({cost_runs} runs per cell; "
+          "cost = trials + L x starts + B x builds):")
     print()
-    for line in engine_start_check(start_runs, args.workers):
+    for line in cost_check(cost_runs, args.workers):
         print(line)
     print()
     print(f"total {time.perf_counter() - start:.0f} s on {args.workers} workers")

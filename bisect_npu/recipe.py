@@ -137,6 +137,9 @@ class TrialsSpec(_Strict):
     load_cost: Literal["auto"] | Annotated[float, Field(ge=0)] = Field(
         "auto", description="noisy mode: what an engine start costs, in trials; auto: measured from this "
                             "session's trials; 0: one trial per query")
+    build_cost: Literal["auto"] | Annotated[float, Field(ge=0)] = Field(
+        "auto", description="noisy mode: what building a commit not tested yet costs, in trials; auto: "
+                            "measured from this session's builds; 0: builds are free to the search")
 
 
 class ReferenceSpec(_Strict):

@@ -80,7 +80,9 @@ class SearchProblem:
     trials spent at any one position. ``earlier_runs`` (noisy mode) are the ends' runs made
     before the session. ``load_cost`` (noisy mode) is what starting the engine for a query costs,
     in trials: 0 asks one trial per query (the posterior steers every trial); above 0 a query may
-    ask several trials of one commit, which share one engine start.
+    ask several trials of one commit, which share one engine start. ``build_cost`` (noisy mode) is
+    what building a commit not tested yet costs, in trials: above 0 the search weighs a new
+    commit's information against its build and prefers commits it has built already.
     """
 
     n: int
@@ -92,6 +94,7 @@ class SearchProblem:
     sandwich_confidence: float = 0.95
     earlier_runs: EarlierRuns | None = None
     load_cost: float = 0.0
+    build_cost: float = 0.0
 
 
 @dataclass(frozen=True)
@@ -152,8 +155,9 @@ def _validate(problem: SearchProblem, evidence: Mapping[int, Evidence]) -> None:
         raise ValueError("confidence levels must lie in (0.5, 1)")
     if problem.max_trials_per_query < 1:
         raise ValueError("max_trials_per_query must be >= 1")
-    if not 0.0 <= problem.load_cost < float("inf"):
-        raise ValueError(f"load_cost must be a finite number >= 0, got {problem.load_cost}")
+    for name in ("load_cost", "build_cost"):
+        if not 0.0 <= getattr(problem, name) < float("inf"):
+            raise ValueError(f"{name} must be a finite number >= 0, got {getattr(problem, name)}")
     runs = problem.earlier_runs
     if runs is not None and not (0 <= runs.bad_failed <= runs.bad_runs and 0 <= runs.good_failed <= runs.good_runs):
         raise ValueError(f"earlier runs need 0 <= failed <= runs at each end, got {runs}")

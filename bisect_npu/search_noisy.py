@@ -33,7 +33,10 @@ start, so a query of m trials costs load_cost + m. A search query then takes the
 m that give the most information per cost, I(failures in m trials; c) / (load_cost + m); an end
 or sandwich query takes the m that makes it likeliest per cost that the step gets what it waits
 for (the end shows its side; the culprit and parent separate). With load_cost 0 every query
-asks one trial, as above.
+asks one trial, as above. Builds (``SearchProblem.build_cost`` > 0, in trials): a commit not
+tested yet costs its build on top, so a search query divides by load_cost + build_cost + m
+there and by load_cost + m at a commit already built; the search then re-tests built commits
+where that is worth more per cost, and amortises a new build over more trials.
 Earlier runs of the ends (``SearchProblem.earlier_runs``, from the bug report) are added to the
 ends' trials for the posterior and the ends' change test, exactly as trials; what this session
 must still run (its own ends, the sandwich, the per-position cap) follows its own trials only.
@@ -475,15 +478,20 @@ def _search_picks(
     for i, ev in evidence.items():
         room[i] = 0 if ev.skipped else max(0, problem.max_trials_per_query - ev.trials)
     counts = {i: (float(ev.good), float(ev.bad)) for i, ev in counted.items() if ev.trials}
+    fixed = np.full(n + 1, problem.load_cost + problem.build_cost)  # what a query costs besides its trials
+    for i, ev in evidence.items():
+        if ev.trials or ev.skipped:
+            fixed[i] = problem.load_cost
     picks: list[Query] = []
     for query in [*taken, *[None] * count]:
         if query is None:
-            query = _best_query(mass, mean_q, mean_p, room, problem.load_cost)
+            query = _best_query(mass, mean_q, mean_p, room, fixed)
             if query is None:
                 break
             picks.append(query)
         x = query.index
         room[x] -= query.trials
+        fixed[x] = problem.load_cost
         if len(picks) == count:
             break
         failing = float(failure_probability(mass, mean_q, mean_p)[x]) * query.trials
@@ -494,23 +502,25 @@ def _search_picks(
 
 
 def _best_query(
-    mass: np.ndarray, mean_q: np.ndarray, mean_p: np.ndarray, room: np.ndarray, load_cost: float
+    mass: np.ndarray, mean_q: np.ndarray, mean_p: np.ndarray, room: np.ndarray, fixed: np.ndarray
 ) -> Query | None:
-    """The position (and, when engine starts cost something, the trial count) with the most
-    expected information per cost; None when every position is capped or skipped."""
+    """The position and trial count with the most expected information per cost, a query at x
+    of m trials costing fixed[x] + m (engine start, and the build where x is not built yet);
+    one trial at the most informative position when nothing costs more than its trials. None
+    when every position is capped or skipped."""
     gain = np.where(room > 0, information_gain(mass, mean_q, mean_p), -np.inf)
     if not np.isfinite(gain).any():
         return None
-    best = Query(int(np.argmax(gain)))
-    if load_cost == 0:
-        return best
-    best_score = float(gain[best.index]) / (load_cost + 1)
+    if not fixed.any():
+        return Query(int(np.argmax(gain)))
+    per_cost = gain / (fixed + 1)
+    best = Query(int(np.argmax(per_cost)))
+    best_score = float(per_cost[best.index])
     for m in range(2, min(int(room.max()), MAX_BATCH) + 1):
-        gain_m = np.where(room >= m, batch_information_gain(mass, mean_q, mean_p, m), -np.inf)
-        x = int(np.argmax(gain_m))
-        score = float(gain_m[x]) / (load_cost + m)
-        if score > best_score:
-            best, best_score = Query(x, m), score
+        per_cost = np.where(room >= m, batch_information_gain(mass, mean_q, mean_p, m), -np.inf) / (fixed + m)
+        x = int(np.argmax(per_cost))
+        if float(per_cost[x]) > best_score:
+            best, best_score = Query(x, m), float(per_cost[x])
     return best
 
 

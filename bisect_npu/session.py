@@ -208,7 +208,7 @@ class Session:
         earlier = self.earlier_runs.for_search(find_fix=self.options.find_fix) if self.earlier_runs else None
         return search.SearchProblem(n=self.n, mode=self.mode, check_ends=self.options.check_ends,
                                     slots=max(1, self.options.slots), confidence=confidence, earlier_runs=earlier,
-                                    load_cost=self.load_cost())
+                                    load_cost=self.load_cost(), build_cost=self.build_cost())
 
     def load_cost(self) -> float:
         """What an engine start costs, in trials (noisy mode sizes its queries by it): the recipe's
@@ -219,12 +219,32 @@ class Session:
             return 0.0
         if self.recipe.trials.load_cost != "auto":
             return float(self.recipe.trials.load_cost)
-        measured = [e for e in self.journal.entries if e["type"] == "trial" and e.get("observation")]
-        startups = [e["startup_s"] for e in measured if e.get("startup_s", 0.0) > 0]
-        runs = [e["seconds"] - e.get("startup_s", 0.0) for e in measured]
-        if not startups or sum(runs) <= 0:
+        startups = [e["startup_s"] for e in self._measured_trials() if e.get("startup_s", 0.0) > 0]
+        return self._in_trials(startups)
+
+    def build_cost(self) -> float:
+        """What building a commit not tested yet costs, in trials (noisy mode weighs a new commit's
+        information against it): the recipe's ``trials.build_cost``, or measured from the journal
+        (the seconds of the session's fresh builds, full or overlay, over trial seconds)."""
+        setting = self.recipe.trials.build_cost if self.recipe else "auto"
+        if setting != "auto":
+            return float(setting)
+        builds = [e["build"]["seconds"] for e in self.journal.entries
+                  if e["type"] == "step" and (e.get("build") or {}).get("how") in ("built", "overlay")
+                  and e["build"].get("seconds")]
+        return self._in_trials(builds)
+
+    def _measured_trials(self) -> list[dict[str, Any]]:
+        """Journaled trials that ran to an outcome: probe trials with an observation, commands."""
+        return [e for e in self.journal.entries if e["type"] == "trial"
+                and (e.get("observation") or (e.get("case_id") == "command" and e.get("outcome") != "skip"))]
+
+    def _in_trials(self, seconds: list[float]) -> float:
+        """Mean `seconds` over the mean seconds of one trial (startup excluded); 0 until both exist."""
+        runs = [e["seconds"] - e.get("startup_s", 0.0) for e in self._measured_trials()]
+        if not seconds or sum(runs) <= 0:
             return 0.0
-        return round((sum(startups) / len(startups)) / max(sum(runs) / len(runs), 1e-3), 2)
+        return round((sum(seconds) / len(seconds)) / max(sum(runs) / len(runs), 1e-3), 2)
 
     def _search_term(self, kind: str) -> Literal["good", "bad", "skip"]:
         """The oracle says whether the symptom shows; with --find-fix the search looks for where it

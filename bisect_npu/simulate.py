@@ -143,12 +143,14 @@ def simulate(
 
     ``build_key_of`` maps a position to its build key (positions sharing a key share one
     build); by default every position is its own build. The search is told what an engine
-    start costs against a trial (``load_cost_min / run_cost_min``), as a session measures it.
+    start and a build cost against a trial (``load_cost_min / run_cost_min``,
+    ``build_cost_min / run_cost_min``), as a session measures them.
     """
     if not 1 <= culprit <= n:
         raise ValueError(f"culprit must be one of the candidates 1..{n}, got {culprit}")
+    per_trial = run_cost_min if run_cost_min > 0 else float("inf")
     problem = SearchProblem(n=n, mode=mode, slots=slots, confidence=confidence,
-                            load_cost=load_cost_min / run_cost_min if run_cost_min > 0 else 0.0)
+                            load_cost=load_cost_min / per_trial, build_cost=build_cost_min / per_trial)
     key_of = build_key_of or str
     rng = np.random.default_rng(seed)
     outcomes = [

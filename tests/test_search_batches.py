@@ -1,4 +1,5 @@
-"""Noisy mode when an engine start costs something: several trials per query, sized by cost."""
+"""Noisy mode when engine starts and builds cost something: trials per query and commits chosen
+by information per cost."""
 
 from __future__ import annotations
 
@@ -73,21 +74,24 @@ def test_more_trials_at_a_position_never_tell_less(counts):
     skipped=st.sets(st.integers(1, 29), max_size=4),
     slots=st.integers(1, 6),
     load_cost=st.sampled_from([0.0, 0.5, 3.0, 40.0]),
+    build_cost=st.sampled_from([0.0, 5.0, 200.0]),
 )
-def test_queries_respect_the_cap_and_ask_one_trial_when_starts_are_free(counts, skipped, slots, load_cost):
+def test_queries_respect_the_cap_and_ask_one_trial_when_starts_are_free(counts, skipped, slots, load_cost,
+                                                                        build_cost):
     evidence = {i: Evidence(good, bad) for i, (good, bad) in counts.items()}
     for i in skipped:
         evidence[i] = Evidence(*counts.get(i, (0, 0)), skipped=True)
     evidence[0] = Evidence(4, 0)
     evidence[30] = Evidence(0, 4)
-    problem = SearchProblem(n=30, mode="noisy", slots=slots, max_trials_per_query=12, load_cost=load_cost)
+    problem = SearchProblem(n=30, mode="noisy", slots=slots, max_trials_per_query=12, load_cost=load_cost,
+                            build_cost=build_cost)
     decision = decide(problem, evidence)
     if not isinstance(decision, Next):
         return
     asked: Counter[int] = Counter()
     for query in decision.queries:
         assert 1 <= query.trials <= MAX_BATCH
-        if load_cost == 0:
+        if load_cost == build_cost == 0:
             assert query.trials == 1
         asked[query.index] += query.trials
     for index, trials in asked.items():
@@ -119,23 +123,40 @@ def test_the_sandwich_asks_a_batch_of_the_member_short_of_trials():
     assert costly.queries[0].index == 20 and costly.queries[0].trials > 1
 
 
-def _cost_and_accuracy(load_cost: float, aware: bool, runs: int = 60) -> tuple[float, float, float]:
+def _costs(load_cost: float, build_cost: float, told: tuple[float, float], runs: int = 60) -> dict[str, float]:
     rng = np.random.default_rng(11)
-    problem = SearchProblem(n=32, mode="noisy", load_cost=load_cost if aware else 0.0)
-    costs, right, starts = [], [], []
-    for _ in range(runs):
-        outcome = simulate_one(problem, int(rng.integers(1, 33)), bad_rate=0.8, good_rate=0.2, build_fail=0.0,
-                               rng=rng, build_key_of=str, build_cost_min=0.0, run_cost_min=1.0,
-                               load_cost_min=load_cost)
-        costs.append(outcome.trials + load_cost * outcome.loads)
-        right.append(outcome.correct)
-        starts.append(outcome.loads / outcome.trials)
-    return float(np.mean(costs)), float(np.mean(right)), float(np.mean(starts))
+    problem = SearchProblem(n=32, mode="noisy", load_cost=told[0], build_cost=told[1])
+    outcomes = [simulate_one(problem, int(rng.integers(1, 33)), bad_rate=0.8, good_rate=0.2, build_fail=0.0,
+                             rng=rng, build_key_of=str, build_cost_min=build_cost, run_cost_min=1.0,
+                             load_cost_min=load_cost) for _ in range(runs)]
+    return {
+        "cost": float(np.mean([o.trials + load_cost * o.loads + build_cost * o.builds for o in outcomes])),
+        "right": float(np.mean([o.correct for o in outcomes])),
+        "starts_per_trial": float(np.mean([o.loads / o.trials for o in outcomes])),
+        "builds": float(np.mean([o.builds for o in outcomes])),
+    }
 
 
 def test_batches_cut_the_cost_of_a_bisection_when_starts_are_dear():
-    one_by_one, right_single, starts_single = _cost_and_accuracy(10.0, aware=False)
-    batched, right_batched, starts_batched = _cost_and_accuracy(10.0, aware=True)
-    assert starts_single == 1.0 and starts_batched < 0.3
-    assert batched <= 0.5 * one_by_one
-    assert right_single >= 0.98 and right_batched >= 0.98
+    one_by_one = _costs(10.0, 0.0, told=(0.0, 0.0))
+    batched = _costs(10.0, 0.0, told=(10.0, 0.0))
+    assert one_by_one["starts_per_trial"] == 1.0 and batched["starts_per_trial"] < 0.3
+    assert batched["cost"] <= 0.5 * one_by_one["cost"]
+    assert one_by_one["right"] >= 0.98 and batched["right"] >= 0.98
+
+
+def test_a_search_told_the_build_cost_builds_fewer_commits():
+    starts_only = _costs(2.0, 50.0, told=(2.0, 0.0))
+    builds_too = _costs(2.0, 50.0, told=(2.0, 50.0))
+    assert builds_too["builds"] <= starts_only["builds"] - 1.0
+    assert builds_too["cost"] < starts_only["cost"]
+    assert builds_too["right"] >= 0.98
+
+
+def test_a_dear_build_sends_the_next_query_to_a_built_commit():
+    evidence = {0: Evidence(4, 0), 64: Evidence(0, 4), 32: Evidence(3, 1)}
+    free = decide(SearchProblem(n=64, mode="noisy"), evidence)
+    dear = decide(SearchProblem(n=64, mode="noisy", build_cost=1000.0), evidence)
+    assert isinstance(free, Next) and isinstance(dear, Next)
+    assert free.queries[0].index not in evidence  # the most informative commit is a new one
+    assert dear.queries[0].index in evidence  # one more trial where it is built already

@@ -6,6 +6,7 @@ import json
 import os
 import random
 import signal
+import statistics
 import subprocess
 import sys
 import time
@@ -13,6 +14,8 @@ from pathlib import Path
 
 import pytest
 from gitrepo import GOOD_CMD, make_linear_repo
+
+from bisect_npu.session import Session
 
 CLI = [sys.executable, "-m", "bisect_npu"]
 
@@ -52,6 +55,19 @@ def test_noisy_mode_finds_a_flaky_culprit(tmp_path: Path, flaky: str) -> None:
     assert len(trials) == len(set(trials)), "a trial number was reused at one commit"
     end = next(e for e in journal(tmp_path / "s") if e["type"] == "end")
     assert end["confidence"] >= 0.99
+    # What the search was told a build and an engine start cost, from the journal alone.
+    session = Session.resume(tmp_path / "s")
+    try:
+        problem = session.problem()
+    finally:
+        session.evaluator.close()
+        session.journal.close()
+    entries = journal(tmp_path / "s")
+    builds = [e["build"]["seconds"] for e in entries if e["type"] == "step" and e["build"]["how"] == "built"]
+    runs = [e["seconds"] for e in entries if e["type"] == "trial"]
+    assert problem.load_cost == 0.0  # a command starts afresh for every trial: nothing to share
+    assert problem.build_cost == pytest.approx(statistics.mean(builds) / statistics.mean(runs), abs=0.01)
+    assert problem.build_cost > 0
 
 
 def test_noisy_slots_share_commits_without_sharing_trial_numbers(tmp_path: Path, flaky: str) -> None:

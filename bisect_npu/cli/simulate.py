@@ -21,7 +21,8 @@ import click
 @click.option("--slots", type=click.IntRange(1), default=1, show_default=True,
               help="Candidates tested at once (devices or executors).")
 @click.option("--runs", type=click.IntRange(1), default=200, show_default=True, help="Bisections to simulate.")
-@click.option("--build-cost-min", type=float, default=30.0, show_default=True, help="Minutes per full build.")
+@click.option("--build-cost-min", type=click.FloatRange(0), default=30.0, show_default=True,
+              help="Minutes per build of a commit not built yet (noisy mode weighs it, as a session does).")
 @click.option("--run-cost-min", type=float, default=5.0, show_default=True,
               help="Minutes per trial once the engine runs.")
 @click.option("--load-cost-min", type=click.FloatRange(0), default=0.0, show_default=True,

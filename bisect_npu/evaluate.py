@@ -21,6 +21,8 @@ from bisect_npu.recipe import CaseSpec, Recipe
 # The `git bisect run` protocol: 0 good, 125 skip, 1..127 bad, above 127 abort.
 SKIP_EXIT = 125
 ABORT_ABOVE = 127
+# The case id of a user command's trials (a recipe's cases have their own ids).
+COMMAND_CASE = "command"
 
 
 @dataclass(frozen=True)
@@ -48,6 +50,16 @@ class TrialRecord:
         return cls(raw["case_id"], raw["trial"], raw.get("observation"), raw.get("seconds", 0.0),
                    raw.get("log", ""), VerdictKind(outcome) if outcome else None, raw.get("reason", ""),
                    raw.get("startup_s", 0.0))
+
+
+def trial_seconds(entries: list[dict[str, Any]]) -> tuple[list[float], list[float]]:
+    """From a session's journal entries: the startup seconds of each engine start, and the run
+    seconds (startup excluded) of each trial that ran to an outcome (a probe trial with an
+    observation, a command that was not skipped). What a session's costs are measured by."""
+    ran = [e for e in entries if e["type"] == "trial"
+           and (e.get("observation") or (e.get("case_id") == COMMAND_CASE and e.get("outcome") != "skip"))]
+    startups = [e["startup_s"] for e in ran if e.get("startup_s", 0.0) > 0]
+    return startups, [e["seconds"] - e.get("startup_s", 0.0) for e in ran]
 
 
 @dataclass
@@ -177,7 +189,7 @@ class Evaluator:
             result = self.executor.run_command(env, self.command, log_path, self.timeout_s,
                                                {"BISECT_NPU_COMMIT": commit, "BISECT_NPU_TRIAL": str(trial)})
             verdict = command_verdict(result)
-            record = TrialRecord("command", trial, None, result.seconds, self.rel(result.log_path) or "",
+            record = TrialRecord(COMMAND_CASE, trial, None, result.seconds, self.rel(result.log_path) or "",
                                  verdict.kind, verdict.reason)
             on_trial(record)
             records.append(record)
@@ -210,8 +222,7 @@ class Evaluator:
         assert self.recipe is not None
         request = probe_request(self.recipe, case, commit, numbers[0])
         if len(numbers) > 1:
-            request["batch"] = [{"trial": n, "seed": probe_request(self.recipe, case, commit, n)["seed"],
-                                 "output": ""} for n in numbers]
+            request["batch"] = [{"trial": n, "seed": trial_seed(case, n), "output": ""} for n in numbers]
         out_dir = self.step_dir(commit).resolve()
         paths = [observation_path(out_dir, case.id, n) for n in numbers]
         for stale in paths:  # left by a run killed before the journal took it: not this run's
@@ -290,23 +301,21 @@ class _ObservationWatcher:
 
     A file's modification time is when the probe finished writing it (written whole, then
     renamed), so the seconds between two files are the later trial's cost however late the
-    host looks."""
+    host looks. One thread asks at a time: the poller while the probe runs, then the caller."""
 
     def __init__(self, paths: list[Path]) -> None:
         self.paths = paths
         self.seen = 0
         self.last = time.time()
-        self.lock = threading.Lock()
 
     def arrived(self) -> list[tuple[int, Path, float]]:
         """(index, path, seconds since the previous file) for each file new since the last call."""
         found: list[tuple[int, Path, float]] = []
-        with self.lock:
-            while self.seen < len(self.paths) and self.paths[self.seen].exists():
-                written = self.paths[self.seen].stat().st_mtime
-                found.append((self.seen, self.paths[self.seen], max(0.0, written - self.last)))
-                self.last = max(self.last, written)
-                self.seen += 1
+        while self.seen < len(self.paths) and self.paths[self.seen].exists():
+            written = self.paths[self.seen].stat().st_mtime
+            found.append((self.seen, self.paths[self.seen], max(0.0, written - self.last)))
+            self.last = max(self.last, written)
+            self.seen += 1
         return found
 
 
@@ -315,12 +324,18 @@ def _poll(collect: Callable[[], None], stop: threading.Event, every_s: float = 0
         collect()
 
 
+def trial_seed(case: CaseSpec, trial: int) -> int | None:
+    """The case's seed moved on by the trial number: repeated trials must differ, yet be
+    reproducible. None when the case leaves the seed to the engine."""
+    seed = case.sampling.to_request().get("seed")
+    return None if seed is None else seed + trial
+
+
 def probe_request(recipe: Recipe, case: CaseSpec, commit: str, trial: int) -> dict[str, Any]:
     """The JSON the probe reads (format: bisect_npu/probe/request.py)."""
     sampling = case.sampling.to_request()
-    seed = sampling.get("seed")
-    if seed is not None:
-        sampling["seed"] = seed + trial  # repeated trials must differ, yet be reproducible
+    if sampling.get("seed") is not None:
+        sampling["seed"] = trial_seed(case, trial)
     rep = recipe.oracle.repetition
     loop_guard = None
     if "repetition" in recipe.oracle.kinds and rep.stop_early:

@@ -22,7 +22,7 @@ from pydantic import ValidationError
 
 from bisect_npu import __version__, history, search
 from bisect_npu.build.base import Builder
-from bisect_npu.evaluate import Evaluator, StepResult, TrialRecord
+from bisect_npu.evaluate import Evaluator, StepResult, TrialRecord, trial_seconds
 from bisect_npu.execute.base import Executor
 from bisect_npu.journal import Journal, latest_session, new_session_dir
 from bisect_npu.models import Observation, UsageError, Verdict
@@ -74,6 +74,13 @@ class RunOptions:
     def from_json(cls, raw: dict[str, Any]) -> RunOptions:
         known = {f.name for f in dataclasses.fields(cls)}
         return cls(**{k: v for k, v in raw.items() if k in known})
+
+
+def _in_trials(seconds: list[float], runs: list[float]) -> float:
+    """Mean `seconds` over the mean run seconds of one trial; 0 until both exist."""
+    if not seconds or sum(runs) <= 0:
+        return 0.0
+    return round((sum(seconds) / len(seconds)) / max(sum(runs) / len(runs), 1e-3), 2)
 
 
 def earlier_runs_spec(options: RunOptions, recipe: Recipe | None) -> EarlierRunsSpec | None:
@@ -219,8 +226,8 @@ class Session:
             return 0.0
         if self.recipe.trials.load_cost != "auto":
             return float(self.recipe.trials.load_cost)
-        startups = [e["startup_s"] for e in self._measured_trials() if e.get("startup_s", 0.0) > 0]
-        return self._in_trials(startups)
+        startups, runs = trial_seconds(self.journal.entries)
+        return _in_trials(startups, runs)
 
     def build_cost(self) -> float:
         """What building a commit not tested yet costs, in trials (noisy mode weighs a new commit's
@@ -232,19 +239,7 @@ class Session:
         builds = [e["build"]["seconds"] for e in self.journal.entries
                   if e["type"] == "step" and (e.get("build") or {}).get("how") in ("built", "overlay")
                   and e["build"].get("seconds")]
-        return self._in_trials(builds)
-
-    def _measured_trials(self) -> list[dict[str, Any]]:
-        """Journaled trials that ran to an outcome: probe trials with an observation, commands."""
-        return [e for e in self.journal.entries if e["type"] == "trial"
-                and (e.get("observation") or (e.get("case_id") == "command" and e.get("outcome") != "skip"))]
-
-    def _in_trials(self, seconds: list[float]) -> float:
-        """Mean `seconds` over the mean seconds of one trial (startup excluded); 0 until both exist."""
-        runs = [e["seconds"] - e.get("startup_s", 0.0) for e in self._measured_trials()]
-        if not seconds or sum(runs) <= 0:
-            return 0.0
-        return round((sum(seconds) / len(seconds)) / max(sum(runs) / len(runs), 1e-3), 2)
+        return _in_trials(builds, trial_seconds(self.journal.entries)[1])
 
     def _search_term(self, kind: str) -> Literal["good", "bad", "skip"]:
         """The oracle says whether the symptom shows; with --find-fix the search looks for where it

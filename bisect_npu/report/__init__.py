@@ -14,6 +14,7 @@ from typing import Any
 import jinja2
 
 from bisect_npu import __version__
+from bisect_npu.evaluate import trial_seconds
 from bisect_npu.journal import JOURNAL_FILE, Journal
 from bisect_npu.models import Observation, UsageError
 
@@ -112,12 +113,11 @@ def load_view(session_dir: Path) -> SessionView:
 def engine_starts(entries: list[dict[str, Any]]) -> dict[str, Any] | None:
     """How the probe runs went: trials, engine starts (trials of one commit share one when the
     recipe batches), and the mean seconds of a start and of a trial; None without probe trials."""
-    trials = [e for e in entries if e["type"] == "trial" and e.get("observation")]
-    starts = [e["startup_s"] for e in trials if e.get("startup_s", 0.0) > 0]
-    if not trials or not starts:
+    starts, runs = trial_seconds(entries)
+    if not starts:
         return None
-    return {"trials": len(trials), "starts": len(starts), "start_s": round(sum(starts) / len(starts), 1),
-            "trial_s": round(sum(e["seconds"] - e.get("startup_s", 0.0) for e in trials) / len(trials), 1)}
+    return {"trials": len(runs), "starts": len(starts), "start_s": round(sum(starts) / len(starts), 1),
+            "trial_s": round(sum(runs) / len(runs), 1)}
 
 
 def _engine_facts(session_dir: Path, entries: list[dict[str, Any]]) -> tuple[dict[str, str], dict[str, Any]]:

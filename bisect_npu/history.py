@@ -48,11 +48,17 @@ def open_repo(path_or_url: str, cache_dir: Path | None = None) -> git.Repo:
     if _URL_LIKE.match(path_or_url):
         return _cached_clone(path_or_url, cache_dir or default_cache_dir())
     try:
-        return git.Repo(path_or_url, search_parent_directories=True)
+        repo = git.Repo(path_or_url, search_parent_directories=True)
     except (git.InvalidGitRepositoryError, git.NoSuchPathError):
         raise UsageError(
             f"{path_or_url} is not a git repository; pass --repo with a clone of vllm-ascend"
         ) from None
+    try:  # GitPython reads some directories git itself refuses (a bare copy without its config)
+        repo.git.rev_parse("--git-dir")
+    except git.GitCommandError as exc:
+        raise UsageError(f"git cannot read the repository at {path_or_url} ({git_error_line(exc)}); "
+                         "check `git -C PATH status` there, or clone it again") from None
+    return repo
 
 
 def _cached_clone(url: str, cache_dir: Path) -> git.Repo:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import shutil
 from collections import defaultdict
 from pathlib import Path
 
@@ -117,6 +118,18 @@ def test_not_a_repository(tmp_path: Path) -> None:
         with pytest.raises(UsageError) as err:
             history.open_repo(str(path))
         assert str(err.value) == f"{path} is not a git repository; pass --repo with a clone of vllm-ascend"
+
+
+def test_a_repository_git_cannot_read_says_so_instead_of_unknown_refs(tmp_path: Path) -> None:
+    # A bare copy without its config file (as some mirrors keep them): GitPython opens it and
+    # finds the tags, git refuses it, and every ref looked "unknown" with itself as nearest tag.
+    make_linear_repo(tmp_path / "work", 3, tags={0: "v0.9.0rc1"})
+    bare = tmp_path / "mirror"
+    shutil.copytree(tmp_path / "work" / ".git", bare)
+    (bare / "config").unlink()
+    with pytest.raises(UsageError, match=r"git cannot read the repository at .*mirror \(.*not a git repository.*\); "
+                                         r"check `git -C PATH status` there, or clone it again"):
+        history.open_repo(str(bare))
 
 
 def test_url_is_cloned_into_the_cache_and_fetched_again(

@@ -62,6 +62,21 @@ def trial_seconds(entries: list[dict[str, Any]]) -> tuple[list[float], list[floa
     return startups, [e["seconds"] - e.get("startup_s", 0.0) for e in ran]
 
 
+def step_seconds(entries: list[dict[str, Any]]) -> list[float]:
+    """From a session's journal entries: the probe seconds of each finished step that ran
+    trials (engine starts included), what one exact-mode step costs besides its build."""
+    ran: dict[int, float] = {}
+    seconds: list[float] = []
+    for entry in entries:
+        index = entry.get("index")
+        if entry["type"] == "trial" and (entry.get("observation") or (
+                entry.get("case_id") == COMMAND_CASE and entry.get("outcome") != "skip")):
+            ran[index] = ran.get(index, 0.0) + entry["seconds"]
+        elif entry["type"] == "step" and index in ran:
+            seconds.append(ran.pop(index))
+    return seconds
+
+
 @dataclass
 class StepResult:
     """A finished evaluation of one commit: its build, its trials and the verdict."""

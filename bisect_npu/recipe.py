@@ -138,8 +138,11 @@ class TrialsSpec(_Strict):
         "auto", description="noisy mode: what an engine start costs, in trials; auto: measured from this "
                             "session's trials; 0: one trial per query")
     build_cost: Literal["auto"] | Annotated[float, Field(ge=0)] = Field(
-        "auto", description="noisy mode: what building a commit not tested yet costs, in trials; auto: "
+        "auto", description="what a full build costs, in trials (noisy mode) or steps (exact mode); auto: "
                             "measured from this session's builds; 0: builds are free to the search")
+    overlay_cost: Literal["auto"] | Annotated[float, Field(ge=0)] = Field(
+        "auto", description="what a python overlay on a built key's image costs (docker builds), in the "
+                            "unit of build_cost; auto: measured from this session's overlays")
 
 
 class ReferenceSpec(_Strict):

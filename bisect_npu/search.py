@@ -27,7 +27,7 @@ Two modes:
 from __future__ import annotations
 
 from bisect import bisect_left
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Literal
 
@@ -83,6 +83,13 @@ class SearchProblem:
     ask several trials of one commit, which share one engine start. ``build_cost`` (noisy mode) is
     what building a commit not tested yet costs, in trials: above 0 the search weighs a new
     commit's information against its build and prefers commits it has built already.
+
+    ``build_groups`` gives each position 0..n the id of its build key: positions sharing one
+    share a compiled image, so once one of them is tested the others cost only ``overlay_cost``
+    (a python overlay) instead of ``build_cost`` (a full build); None: every position is its own
+    build. Both costs are in trials in noisy mode and in steps (one query's trials) in exact
+    mode, where the single-slot search then picks the pivot of least expected cost
+    (bisect_npu/search_costs.py) instead of the midpoint.
     """
 
     n: int
@@ -95,6 +102,8 @@ class SearchProblem:
     earlier_runs: EarlierRuns | None = None
     load_cost: float = 0.0
     build_cost: float = 0.0
+    build_groups: tuple[int, ...] | None = None
+    overlay_cost: float = 0.0
 
 
 @dataclass(frozen=True)
@@ -155,7 +164,9 @@ def _validate(problem: SearchProblem, evidence: Mapping[int, Evidence]) -> None:
         raise ValueError("confidence levels must lie in (0.5, 1)")
     if problem.max_trials_per_query < 1:
         raise ValueError("max_trials_per_query must be >= 1")
-    for name in ("load_cost", "build_cost"):
+    if problem.build_groups is not None and len(problem.build_groups) != problem.n + 1:
+        raise ValueError(f"build_groups needs one group per position 0..{problem.n}, got {len(problem.build_groups)}")
+    for name in ("load_cost", "build_cost", "overlay_cost"):
         if not 0.0 <= getattr(problem, name) < float("inf"):
             raise ValueError(f"{name} must be a finite number >= 0, got {getattr(problem, name)}")
     runs = problem.earlier_runs
@@ -215,13 +226,42 @@ def _decide_exact(problem: SearchProblem, evidence: Mapping[int, Evidence]) -> D
     queries = ends[: problem.slots]
     spare = problem.slots - len(queries)
     if spare > 0 and untested:
-        queries += spread_picks(lo, hi, untested, spare)
+        pivot = _cheapest_pivot(problem, evidence, lo, hi, untested) if problem.slots == 1 else None
+        queries += [pivot] if pivot is not None else spread_picks(lo, hi, untested, spare)
     if queries:
         return Next(tuple(Query(i) for i in queries))
     tested = float(len(verdicts))
     if hi - lo == 1:
         return Found(hi, figures={"tested": tested})
     return Narrowed(lo, hi, figures={"tested": tested})
+
+
+def group_ids(keys: Sequence[str]) -> tuple[int, ...]:
+    """Build keys as small integers for ``SearchProblem.build_groups``: one id per distinct key."""
+    ids: dict[str, int] = {}
+    return tuple(ids.setdefault(key, len(ids)) for key in keys)
+
+
+def built_groups(problem: SearchProblem, evidence: Mapping[int, Evidence]) -> set[int]:
+    """The build groups with a tested position: their other positions need only an overlay.
+
+    A position that was only skipped does not count: its build may be what failed."""
+    groups = problem.build_groups
+    if groups is None:
+        return {i for i, ev in evidence.items() if ev.trials}
+    return {groups[i] for i, ev in evidence.items() if ev.trials}
+
+
+def _cheapest_pivot(problem: SearchProblem, evidence: Mapping[int, Evidence], lo: int, hi: int,
+                    untested: list[int]) -> int | None:
+    """The least-expected-cost pivot when full builds cost more than overlays, else None (midpoint)."""
+    groups = problem.build_groups
+    if groups is None or problem.build_cost <= problem.overlay_cost:
+        return None
+    from bisect_npu.search_costs import cheapest_pivot
+
+    return cheapest_pivot(lo, hi, tuple(untested), tuple(groups[i] for i in (lo, *untested, hi)),
+                          frozenset(built_groups(problem, evidence)), problem.build_cost, problem.overlay_cost)
 
 
 def spread_picks(lo: int, hi: int, untested: list[int], count: int) -> list[int]:

@@ -36,7 +36,9 @@ for (the end shows its side; the culprit and parent separate). With load_cost 0 
 asks one trial, as above. Builds (``SearchProblem.build_cost`` > 0, in trials): a commit not
 tested yet costs its build on top, so a search query divides by load_cost + build_cost + m
 there and by load_cost + m at a commit already built; the search then re-tests built commits
-where that is worth more per cost, and amortises a new build over more trials.
+where that is worth more per cost, and amortises a new build over more trials. With
+``build_groups`` an untested commit whose group has a tested commit costs ``overlay_cost``
+instead (its compiled image exists).
 Earlier runs of the ends (``SearchProblem.earlier_runs``, from the bug report) are added to the
 ends' trials for the posterior and the ends' change test, exactly as trials; what this session
 must still run (its own ends, the sandwich, the per-position cap) follows its own trials only.
@@ -64,6 +66,7 @@ from bisect_npu.search import (
     Next,
     Query,
     SearchProblem,
+    built_groups,
 )
 
 SLAB_POINTS = 40
@@ -478,10 +481,8 @@ def _search_picks(
     for i, ev in evidence.items():
         room[i] = 0 if ev.skipped else max(0, problem.max_trials_per_query - ev.trials)
     counts = {i: (float(ev.good), float(ev.bad)) for i, ev in counted.items() if ev.trials}
-    fixed = np.full(n + 1, problem.load_cost + problem.build_cost)  # what a query costs besides its trials
-    for i, ev in evidence.items():
-        if ev.trials or ev.skipped:
-            fixed[i] = problem.load_cost
+    fixed = _fixed_costs(problem, evidence)
+    groups = np.array(problem.build_groups) if problem.build_groups is not None else None
     picks: list[Query] = []
     for query in [*taken, *[None] * count]:
         if query is None:
@@ -491,6 +492,8 @@ def _search_picks(
             picks.append(query)
         x = query.index
         room[x] -= query.trials
+        if groups is not None:
+            fixed = np.minimum(fixed, np.where(groups == groups[x], problem.load_cost + problem.overlay_cost, np.inf))
         fixed[x] = problem.load_cost
         if len(picks) == count:
             break
@@ -499,6 +502,20 @@ def _search_picks(
         counts[x] = (good + query.trials - failing, bad + failing)
         mass, mean_q, mean_p = position_mass(posterior_of_counts(n, counts))
     return picks
+
+
+def _fixed_costs(problem: SearchProblem, evidence: Mapping[int, Evidence]) -> np.ndarray:
+    """What a query at each position costs besides its trials: the engine start, plus a full
+    build where its build group has no tested position yet, an overlay where it has."""
+    n = problem.n
+    fixed = np.full(n + 1, problem.load_cost + problem.build_cost)
+    if problem.build_groups is not None:
+        done = np.isin(np.array(problem.build_groups), list(built_groups(problem, evidence)))
+        fixed[done] = problem.load_cost + problem.overlay_cost
+    for i, ev in evidence.items():
+        if ev.trials or ev.skipped:
+            fixed[i] = problem.load_cost
+    return fixed
 
 
 def _best_query(

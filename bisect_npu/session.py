@@ -8,6 +8,7 @@ session killed at any moment resumes from it without redoing a finished step or 
 from __future__ import annotations
 
 import dataclasses
+import functools
 import itertools
 import math
 import threading
@@ -22,7 +23,7 @@ from pydantic import ValidationError
 
 from bisect_npu import __version__, history, search
 from bisect_npu.build.base import Builder
-from bisect_npu.evaluate import Evaluator, StepResult, TrialRecord, trial_seconds
+from bisect_npu.evaluate import Evaluator, StepResult, TrialRecord, step_seconds, trial_seconds
 from bisect_npu.execute.base import Executor
 from bisect_npu.journal import Journal, latest_session, new_session_dir
 from bisect_npu.models import Observation, UsageError, Verdict
@@ -76,11 +77,11 @@ class RunOptions:
         return cls(**{k: v for k, v in raw.items() if k in known})
 
 
-def _in_trials(seconds: list[float], runs: list[float]) -> float:
-    """Mean `seconds` over the mean run seconds of one trial; 0 until both exist."""
-    if not seconds or sum(runs) <= 0:
+def _in_units(seconds: list[float], units: list[float]) -> float:
+    """Mean `seconds` over the mean seconds of one unit (a trial, a step); 0 until both exist."""
+    if not seconds or sum(units) <= 0:
         return 0.0
-    return round((sum(seconds) / len(seconds)) / max(sum(runs) / len(runs), 1e-3), 2)
+    return round((sum(seconds) / len(seconds)) / max(sum(units) / len(units), 1e-3), 2)
 
 
 def earlier_runs_spec(options: RunOptions, recipe: Recipe | None) -> EarlierRunsSpec | None:
@@ -215,7 +216,8 @@ class Session:
         earlier = self.earlier_runs.for_search(find_fix=self.options.find_fix) if self.earlier_runs else None
         return search.SearchProblem(n=self.n, mode=self.mode, check_ends=self.options.check_ends,
                                     slots=max(1, self.options.slots), confidence=confidence, earlier_runs=earlier,
-                                    load_cost=self.load_cost(), build_cost=self.build_cost())
+                                    load_cost=self.load_cost(), build_cost=self.build_cost(),
+                                    build_groups=self.build_groups, overlay_cost=self.overlay_cost())
 
     def load_cost(self) -> float:
         """What an engine start costs, in trials (noisy mode sizes its queries by it): the recipe's
@@ -227,19 +229,45 @@ class Session:
         if self.recipe.trials.load_cost != "auto":
             return float(self.recipe.trials.load_cost)
         startups, runs = trial_seconds(self.journal.entries)
-        return _in_trials(startups, runs)
+        return _in_units(startups, runs)
+
+    @functools.cached_property
+    def build_groups(self) -> tuple[int, ...] | None:
+        """Each position's build group, where the builder shares compiled images between commits
+        (a full build for the first commit of a key, an overlay for the others); else None."""
+        keys = [self.evaluator.builder.build_key(self.commit_at(i)) for i in range(self.n + 1)]
+        if any(key is None for key in keys):
+            return None
+        return search.group_ids([key for key in keys if key is not None])
 
     def build_cost(self) -> float:
-        """What building a commit not tested yet costs, in trials (noisy mode weighs a new commit's
-        information against it): the recipe's ``trials.build_cost``, or measured from the journal
-        (the seconds of the session's fresh builds, full or overlay, over trial seconds)."""
+        """What a full build costs in the search's unit (a trial in noisy mode, a step in exact
+        mode), which weighs a commit's information against its build: the recipe's
+        ``trials.build_cost``, or measured from the journal (the session's full builds, or every
+        fresh build where each commit is its own, over the seconds of one unit)."""
         setting = self.recipe.trials.build_cost if self.recipe else "auto"
         if setting != "auto":
             return float(setting)
-        builds = [e["build"]["seconds"] for e in self.journal.entries
-                  if e["type"] == "step" and (e.get("build") or {}).get("how") in ("built", "overlay")
-                  and e["build"].get("seconds")]
-        return _in_trials(builds, trial_seconds(self.journal.entries)[1])
+        return _in_units(self._build_seconds(("built",) if self.build_groups else ("built", "overlay")),
+                         self._unit_seconds())
+
+    def overlay_cost(self) -> float:
+        """What an overlay on a built key's image costs, in the same unit; 0 without build groups."""
+        if not self.build_groups:
+            return 0.0
+        setting = self.recipe.trials.overlay_cost if self.recipe else "auto"
+        if setting != "auto":
+            return float(setting)
+        return _in_units(self._build_seconds(("overlay",)), self._unit_seconds())
+
+    def _build_seconds(self, hows: tuple[str, ...]) -> list[float]:
+        return [e["build"]["seconds"] for e in self.journal.entries
+                if e["type"] == "step" and (e.get("build") or {}).get("how") in hows and e["build"].get("seconds")]
+
+    def _unit_seconds(self) -> list[float]:
+        if self.mode == "noisy":
+            return trial_seconds(self.journal.entries)[1]
+        return step_seconds(self.journal.entries)
 
     def _search_term(self, kind: str) -> Literal["good", "bad", "skip"]:
         """The oracle says whether the symptom shows; with --find-fix the search looks for where it

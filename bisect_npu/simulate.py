@@ -3,15 +3,17 @@
 The same ``decide`` a session calls is driven here by a seeded random oracle: a trial at a
 position at or after the culprit fails with the bad rate, before it with the good rate, and a
 candidate's build fails (the position is skipped) with the build-fail rate. The ends never fail
-to build: the user has run them already to know that one is good and the other bad. Each query
-starts the engine once (``load_cost_min``) and then runs its trials (``run_cost_min`` each).
+to build: the user has run them already to know that one is good and the other bad. The first
+commit tested with a build key costs a full build (``build_cost_min``), other commits with that
+key an overlay (``overlay_cost_min``), a commit tested before nothing. Each query starts the
+engine once (``load_cost_min``) and then runs its trials (``run_cost_min`` each).
 
 Used by `bisect-npu simulate` (planning on a real history) and by bench/noisy_bench.py.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import Literal
 
@@ -27,6 +29,7 @@ from bisect_npu.search import (
     Next,
     SearchProblem,
     decide,
+    group_ids,
 )
 
 
@@ -38,6 +41,7 @@ class RunOutcome:
     trials: int
     rounds: int
     builds: int
+    overlays: int
     loads: int
     wall_minutes: float
     culprit: int
@@ -57,8 +61,10 @@ class SimulationSummary:
     ends_wrong: float
     mean_trials: float
     p95_trials: float
+    max_trials: int
     mean_rounds: float
     mean_builds: float
+    mean_overlays: float
     mean_loads: float
     mean_machine_hours: float
     mean_wall_hours: float
@@ -76,6 +82,7 @@ def simulate_one(
     build_cost_min: float = 30.0,
     run_cost_min: float = 5.0,
     load_cost_min: float = 0.0,
+    overlay_cost_min: float = 0.0,
     max_rounds: int = 100_000,
     earlier_runs: int = 0,
 ) -> RunOutcome:
@@ -91,18 +98,19 @@ def simulate_one(
     evidence: dict[int, Evidence] = {}
     builds: set[str] = set()
     build_ok: dict[int, bool] = {0: True, problem.n: True}
-    trials = rounds = loads = 0
+    trials = rounds = loads = overlays = 0
     wall = 0.0
     for _ in range(max_rounds):
         decision = decide(problem, evidence)
         if not isinstance(decision, Next):
-            return RunOutcome(decision, trials, rounds, len(builds), loads, wall, culprit)
+            return RunOutcome(decision, trials, rounds, len(builds), overlays, loads, wall, culprit)
         rounds += 1
         slowest = 0.0
         for query in decision.queries:
             i = query.index
             key = build_key_of(i)
-            cost = 0.0 if key in builds else build_cost_min
+            cost = 0.0 if i in evidence else overlay_cost_min if key in builds else build_cost_min
+            overlays += i not in evidence and key in builds
             builds.add(key)
             if i not in build_ok:
                 build_ok[i] = bool(rng.random() >= build_fail)
@@ -123,7 +131,7 @@ def simulate_one(
 
 def simulate(
     n: int,
-    culprit: int,
+    culprit: int | Sequence[int],
     *,
     bad_rate: float,
     good_rate: float,
@@ -136,27 +144,37 @@ def simulate(
     build_cost_min: float = 30.0,
     run_cost_min: float = 5.0,
     load_cost_min: float = 0.0,
+    overlay_cost_min: float = 0.0,
     confidence: float = 0.99,
     earlier_runs: int = 0,
+    tell_build_groups: bool = True,
 ) -> SimulationSummary:
-    """Summary of ``runs`` seeded bisections of positions 0..n with the culprit at ``culprit``.
+    """Summary of ``runs`` seeded bisections of positions 0..n with the culprit at ``culprit``
+    (``runs`` per culprit when several are given: a planning figure over where it might be).
 
     ``build_key_of`` maps a position to its build key (positions sharing a key share one
     build); by default every position is its own build. The search is told what an engine
-    start and a build cost against a trial (``load_cost_min / run_cost_min``,
-    ``build_cost_min / run_cost_min``), as a session measures them.
+    start, a full build and an overlay cost against its unit (a trial in noisy mode, a step of
+    one trial in exact mode), as a session measures them, and, with ``build_key_of`` and
+    ``tell_build_groups``, which positions share a build (as a session with a keyed builder).
     """
-    if not 1 <= culprit <= n:
-        raise ValueError(f"culprit must be one of the candidates 1..{n}, got {culprit}")
-    per_trial = run_cost_min if run_cost_min > 0 else float("inf")
-    problem = SearchProblem(n=n, mode=mode, slots=slots, confidence=confidence,
-                            load_cost=load_cost_min / per_trial, build_cost=build_cost_min / per_trial)
+    culprits = [culprit] if isinstance(culprit, int) else list(culprit)
+    wrong = [c for c in culprits if not 1 <= c <= n]
+    if wrong or not culprits:
+        raise ValueError(f"a culprit must be one of the candidates 1..{n}, got {wrong or 'none'}")
+    unit = run_cost_min + (load_cost_min if mode == "exact" else 0.0)
+    per_unit = unit if unit > 0 else float("inf")
     key_of = build_key_of or str
+    groups = group_ids([key_of(i) for i in range(n + 1)]) if build_key_of and tell_build_groups else None
+    problem = SearchProblem(n=n, mode=mode, slots=slots, confidence=confidence,
+                            load_cost=load_cost_min / per_unit if mode == "noisy" else 0.0,
+                            build_cost=build_cost_min / per_unit, build_groups=groups,
+                            overlay_cost=overlay_cost_min / per_unit if groups else 0.0)
     rng = np.random.default_rng(seed)
     outcomes = [
         simulate_one(
             problem,
-            culprit,
+            position,
             bad_rate=bad_rate,
             good_rate=good_rate,
             build_fail=build_fail,
@@ -165,18 +183,21 @@ def simulate(
             build_cost_min=build_cost_min,
             run_cost_min=run_cost_min,
             load_cost_min=load_cost_min,
+            overlay_cost_min=overlay_cost_min,
             earlier_runs=earlier_runs,
         )
+        for position in culprits
         for _ in range(runs)
     ]
-    return summarise(outcomes, build_cost_min, run_cost_min, load_cost_min)
+    return summarise(outcomes, build_cost_min, run_cost_min, load_cost_min, overlay_cost_min)
 
 
 def summarise(outcomes: list[RunOutcome], build_cost_min: float, run_cost_min: float,
-              load_cost_min: float = 0.0) -> SimulationSummary:
+              load_cost_min: float = 0.0, overlay_cost_min: float = 0.0) -> SimulationSummary:
     trials = np.array([o.trials for o in outcomes], dtype=float)
     builds = np.array([o.builds for o in outcomes], dtype=float)
     loads = np.array([o.loads for o in outcomes], dtype=float)
+    overlays = np.array([o.overlays for o in outcomes], dtype=float)
     return SimulationSummary(
         runs=len(outcomes),
         accuracy=float(np.mean([o.correct for o in outcomes])),
@@ -184,11 +205,13 @@ def summarise(outcomes: list[RunOutcome], build_cost_min: float, run_cost_min: f
         ends_wrong=float(np.mean([isinstance(o.answer, EndsWrong) for o in outcomes])),
         mean_trials=float(trials.mean()),
         p95_trials=float(np.percentile(trials, 95)),
+        max_trials=int(trials.max()),
         mean_rounds=float(np.mean([o.rounds for o in outcomes])),
         mean_builds=float(builds.mean()),
+        mean_overlays=float(overlays.mean()),
         mean_loads=float(loads.mean()),
-        mean_machine_hours=float((builds * build_cost_min + loads * load_cost_min + trials * run_cost_min).mean()
-                                 / 60.0),
+        mean_machine_hours=float((builds * build_cost_min + overlays * overlay_cost_min + loads * load_cost_min
+                                  + trials * run_cost_min).mean() / 60.0),
         mean_wall_hours=float(np.mean([o.wall_minutes for o in outcomes]) / 60.0),
     )
 
@@ -203,7 +226,8 @@ def describe(summary: SimulationSummary) -> Mapping[str, str]:
         "trials (runs), mean": f"{summary.mean_trials:.1f}",
         "trials (runs), p95": f"{summary.p95_trials:.0f}",
         "rounds, mean": f"{summary.mean_rounds:.1f}",
-        "distinct builds, mean": f"{summary.mean_builds:.1f}",
+        "full builds, mean": f"{summary.mean_builds:.1f}",
+        "overlays, mean": f"{summary.mean_overlays:.1f}",
         "engine starts, mean": f"{summary.mean_loads:.1f}",
         "machine hours, mean": f"{summary.mean_machine_hours:.1f}",
         "wall-clock hours, mean": f"{summary.mean_wall_hours:.1f}",

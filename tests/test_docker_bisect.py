@@ -68,10 +68,39 @@ def test_demo_bisects_in_containers_with_build_avoidance(docker_client, demo_bas
     assert set(by_how) <= {"built", "failed", "overlay"}
     assert len(by_how.get("overlay", [])) == len(steps) - len(full_builds) > 0
 
+    # The search was told the build groups and what a full build and an overlay cost against a
+    # step, measured from this journal alone (resume decides the same).
+    session = Session.resume(session_dir, builder=DockerBuilder(repo, docker_client), executor=executor)
+    try:
+        problem = session.problem()
+    finally:
+        session.evaluator.close()
+        session.journal.close()
+    digests = [keys.key(session.commit_at(i)).digest for i in range(session.n + 1)]
+    groups = problem.build_groups
+    assert groups is not None and len(set(groups)) == len(set(digests)) > 1
+    assert all((groups[i] == groups[j]) == (digests[i] == digests[j]) for i in range(len(digests)) for j in range(i))
+    step_probe = [sum(t["seconds"] for t in entries_of(session_dir, s["index"])) for s in ran_steps(steps)]
+    built_s = [s["build"]["seconds"] for s in steps if s["build"]["how"] == "built"]
+    overlay_s = [s["build"]["seconds"] for s in steps if s["build"]["how"] == "overlay"]
+    unit = sum(step_probe) / len(step_probe)
+    assert problem.build_cost == pytest.approx(sum(built_s) / len(built_s) / unit, abs=0.01)
+    assert problem.overlay_cost == pytest.approx(sum(overlay_s) / len(overlay_s) / unit, abs=0.01)
+    assert problem.build_cost > problem.overlay_cost
+
     ran = [s for s in steps if s["build"]["how"] != "failed"]
     images = sorted((e.get("Actor", {}).get("Attributes") or {}).get("image", "") for e in created)
     assert len(created) == len(ran)  # one container per candidate run (one trial each)
     assert all(any(s["commit"][:12] in image for image in images) for s in ran)
+
+
+def ran_steps(steps: list[dict]) -> list[dict]:
+    return [s for s in steps if s["build"]["how"] != "failed" and s.get("trials")]
+
+
+def entries_of(session_dir: Path, index: int) -> list[dict]:
+    lines = (session_dir / "journal.jsonl").read_text().splitlines()
+    return [e for e in map(json.loads, lines) if e["type"] == "trial" and e.get("index") == index]
 
 
 DRIVER = """

@@ -55,3 +55,7 @@ class Builder(Protocol):
 
     def close(self) -> None:
         """Free everything still held (cached worktrees, background builds) at the end of a run."""
+
+    def build_key(self, commit: str) -> str | None:
+        """The key of the compiled image `commit` shares with other commits (the first of them
+        pays a full build, the rest an overlay); None when every commit is its own build."""

@@ -108,6 +108,9 @@ class DockerBuilder:
         with self._git_lock:
             return self._keys.key(commit)
 
+    def build_key(self, commit: str) -> str | None:
+        return self.key(commit).digest
+
     def acquire(self, commit: str, log_dir: Path) -> Environment:
         with self._git_lock:
             commit = self.repo.commit(commit).hexsha

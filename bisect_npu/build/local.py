@@ -128,6 +128,10 @@ class LocalBuilder:
             if old.path:
                 self._remove_worktree(Path(old.path))
 
+    def build_key(self, commit: str) -> str | None:
+        """None: every commit gets its own worktree and build command."""
+        return None
+
     def close(self) -> None:
         with self._lock:
             kept, self._kept = list(self._kept.values()), OrderedDict()

@@ -96,6 +96,9 @@ class Prefetcher:
     def seconds_saved(self) -> float:
         return round(sum(record.saved_s for record in self.records.values()), 3)
 
+    def build_key(self, commit: str) -> str | None:
+        return self.builder.build_key(commit)
+
     def close(self) -> None:
         """Cancel what has not started, wait for the rest, then close the wrapped builder."""
         with self._lock:

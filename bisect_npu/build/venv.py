@@ -120,6 +120,10 @@ class VenvBuilder:
     def release(self, env: Environment) -> None:
         """Nothing to free: the venv stays cached for later sessions (pruned by size)."""
 
+    def build_key(self, commit: str) -> str | None:
+        """None: every published version is its own install."""
+        return None
+
     def close(self) -> None:
         """Nothing held between candidates: venvs are cached on disk, locks taken per acquire."""
 

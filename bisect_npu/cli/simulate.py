@@ -22,7 +22,10 @@ import click
               help="Candidates tested at once (devices or executors).")
 @click.option("--runs", type=click.IntRange(1), default=200, show_default=True, help="Bisections to simulate.")
 @click.option("--build-cost-min", type=click.FloatRange(0), default=30.0, show_default=True,
-              help="Minutes per build of a commit not built yet (noisy mode weighs it, as a session does).")
+              help="Minutes per full build: the first commit tested with a build key (the search weighs "
+                   "it, as a session does).")
+@click.option("--overlay-cost-min", type=click.FloatRange(0), default=2.0, show_default=True,
+              help="Minutes per python overlay: a commit whose build key has a built image.")
 @click.option("--run-cost-min", type=float, default=5.0, show_default=True,
               help="Minutes per trial once the engine runs.")
 @click.option("--load-cost-min", type=click.FloatRange(0), default=0.0, show_default=True,
@@ -35,7 +38,8 @@ import click
 @click.option("--mode", type=click.Choice(["exact", "noisy"]), default=None,
               help="Search mode; default: exact for a perfect test (rates 1/0), else noisy.")
 def simulate(repo: str, good: str, bad: str, culprit: str, bad_rate: float, good_rate: float,
-             build_fail: float, slots: int, runs: int, build_cost_min: float, run_cost_min: float,
+             build_fail: float, slots: int, runs: int, build_cost_min: float, overlay_cost_min: float,
+             run_cost_min: float,
              load_cost_min: float, earlier_runs: int, seed: int, mode: str | None) -> None:
     """Expected runs, builds, accuracy and hours of bisecting GOOD..BAD when CULPRIT is the answer."""
     from bisect_npu import history
@@ -60,7 +64,8 @@ def simulate(repo: str, good: str, bad: str, culprit: str, bad_rate: float, good
     summary = run_simulation(
         len(brange.candidates), position, bad_rate=bad_rate, good_rate=good_rate, build_fail=build_fail,
         slots=slots, mode=chosen, runs=runs, seed=seed, build_key_of=keys.__getitem__,
-        build_cost_min=build_cost_min, run_cost_min=run_cost_min, load_cost_min=load_cost_min,
+        build_cost_min=build_cost_min, overlay_cost_min=overlay_cost_min, run_cost_min=run_cost_min,
+        load_cost_min=load_cost_min,
         earlier_runs=earlier_runs,
     )
     heading = (f"{len(brange.candidates)} candidates, culprit at position {position}, "

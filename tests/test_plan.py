@@ -1,0 +1,76 @@
+"""`bisect-npu plan`: a range resolved and priced on a real repository, nothing run."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from gitrepo import make_linear_repo
+
+N = 120
+COMPILED_AT = range(7, N, 13)  # a new compiled key every 13 commits, as on vllm-ascend (1 in ~17)
+
+
+@pytest.fixture(scope="module")
+def repo(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    path = tmp_path_factory.mktemp("plan") / "repo"
+    make_linear_repo(path, N + 1, culprit=60, tags={0: "good", N: "bad"},
+                     files=lambda i: {"csrc/kernel.cpp": f"// {i}\n"} if i in COMPILED_AT else {})
+    return path
+
+
+def plan(repo: Path, *args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "bisect_npu", "plan", "--repo", str(repo), *args],
+                          capture_output=True, text=True, check=False, timeout=300)
+
+
+def midpoint_figures(build_min: float, overlay_min: float, run_min: float,
+                     culprits: list[int]) -> tuple[float, float]:
+    """Plain bisection over the same history, counted by hand: mean full builds and hours."""
+    def key(i: int) -> int:
+        return sum(1 for c in COMPILED_AT if c <= i)
+
+    builds, minutes = [], []
+    for culprit in culprits:
+        built = {key(0), key(N)}
+        cost = len(built) * build_min + 2 * run_min
+        lo, hi = 0, N
+        while hi - lo > 1:
+            x = (lo + hi) // 2
+            cost += run_min + (overlay_min if key(x) in built else build_min)
+            built.add(key(x))
+            lo, hi = (lo, x) if x >= culprit else (x, hi)
+        builds.append(len(built))
+        minutes.append(cost)
+    return sum(builds) / len(builds), sum(minutes) / len(minutes) / 60
+
+
+def test_plan_prices_the_range_and_beats_the_midpoint(repo: Path) -> None:
+    done = plan(repo, "--good", "good", "--bad", "bad", "--json", "--build-minutes", "40")
+    assert done.returncode == 0, done.stderr
+    summary = json.loads(done.stdout)
+    assert summary["candidates"] == N
+    assert summary["build_keys"] == len(COMPILED_AT) + 1
+    assert sum(group["commits"] for group in summary["build_groups"]) == N
+    midpoint = summary["midpoint"]
+    assert summary["expected"]["culprits"] == midpoint["culprits"] == 64
+    spread = sorted({1 + (i * (N - 1)) // 63 for i in range(64)})  # 64 culprits spread over 1..N
+    builds, hours = midpoint_figures(40, 2, 5, spread)
+    assert midpoint["full_builds"] == pytest.approx(builds, abs=0.01)
+    assert midpoint["hours"] == pytest.approx(hours, abs=0.01)
+    expected = summary["expected"]
+    assert expected["full_builds"] < midpoint["full_builds"]
+    assert expected["hours"] < midpoint["hours"]
+
+
+def test_plan_text_and_a_bad_ref(repo: Path) -> None:
+    done = plan(repo, "--good", "good", "--bad", "bad")
+    assert done.returncode == 0, done.stderr
+    assert f"candidates: {N} first-parent commits" in done.stdout
+    assert "plain midpoint bisection:" in done.stdout and "full builds" in done.stdout
+    wrong = plan(repo, "--good", "v0.9.0", "--bad", "bad")
+    assert wrong.returncode == 2
+    assert "v0.9.0" in wrong.stderr

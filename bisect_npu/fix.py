@@ -66,6 +66,8 @@ _REVERTS_COMMIT = re.compile(r"This reverts commit ([0-9a-f]{7,40})", re.IGNOREC
 _CHERRY_PICKED = re.compile(r"cherry picked from commit ([0-9a-f]{7,40})", re.IGNORECASE)
 _HEX_WORD = re.compile(r"(?<![0-9a-zA-Z])[0-9a-f]{7,40}(?![0-9a-zA-Z])")
 _TEST_PATH = re.compile(r"(?:^|/)tests?/|(?:^|/)test_[^/]*$|_test\.\w+$")
+# Test files whose added lines can name a module or function (not the data files tests keep).
+_TEST_SOURCE = re.compile(r"\.(?:py|pyi|c|cc|cpp|h|hpp|sh|ya?ml|json|toml)$")
 _VLLM_TAG = re.compile(r"^\s*ARG\s+VLLM_TAG\s*=\s*(\S+)")
 _REQ_PIN = re.compile(r"""^\s*["']?([A-Za-z0-9][A-Za-z0-9._-]*)(?:\[[^\]]*\])?\s*(==|~=|>=|<=|<|>)\s*([^"',;\s]+)""")
 _DEPENDENCY_FILE = re.compile(r"(?:^|/)(?:Dockerfile[^/]*|requirements[^/]*\.txt|pyproject\.toml)$")
@@ -220,7 +222,15 @@ _COMMON = ("-c", "core.quotePath=false")
 
 
 def _git(repo: git.Repo, *args: str) -> str:
-    return repo.git.execute(["git", *_COMMON, *args], strip_newline_in_stdout=False)
+    """Run a read-only git command; a failure is the clone's (objects a partial or shallow clone
+    never fetched), said in one line with what to do, not a traceback."""
+    try:
+        return repo.git.execute(["git", *_COMMON, *args], strip_newline_in_stdout=False)
+    except git.GitCommandError as exc:
+        raise InfrastructureError(
+            f"git {args[0]} failed in {repo.git_dir}: {git_error_line(exc)}; if the clone is partial "
+            "(--filter) or shallow, fetch what it lacks (`git fetch --unshallow`, or clone it whole) "
+            "and run again") from None
 
 
 def _parse_meta(text: str) -> list[_Commit]:
@@ -531,7 +541,7 @@ def _refs_containing(repo: git.Repo, sha: str, refs: dict[str, str]) -> list[str
 def _default_branch(repo: git.Repo, refs: dict[str, str]) -> str | None:
     """Short name of the default branch: what origin/HEAD points at, else main, else master."""
     try:
-        target = _git(repo, "symbolic-ref", "--quiet", "refs/remotes/origin/HEAD").strip()
+        target = repo.git.symbolic_ref("--quiet", "refs/remotes/origin/HEAD").strip()
     except git.GitCommandError:
         target = ""
     for ref in (target, "refs/heads/main", "refs/remotes/origin/main", "refs/heads/master",
@@ -692,7 +702,8 @@ def _test_diffs(repo: git.Repo, meta: list[_Commit], paths: set[str]) -> dict[st
     """Diffs of the test files later commits add or change (only those commits, in a few calls)."""
     wanted: dict[str, set[str]] = {}
     for commit in meta:
-        tests = {new for status, _, new in commit.changes if new and status != "D" and _TEST_PATH.search(new)}
+        tests = {new for status, _, new in commit.changes
+                 if new and status != "D" and _TEST_PATH.search(new) and _TEST_SOURCE.search(new)}
         tests -= paths
         if tests:
             wanted[commit.sha] = tests

@@ -7,6 +7,7 @@ import pytest
 from test_fix_support import CULPRIT_TITLE, SAMPLER, add_culprit, base_history
 
 from bisect_npu.fix import STRONG_SIGNALS, SYMPTOM_CAP, WEAK_SIGNALS, WEIGHTS, normalize_title, propose_fixes
+from bisect_npu.models import InfrastructureError
 
 SYMPTOM = ("repetition_penalty", "async")
 
@@ -248,3 +249,29 @@ def test_remote_branches_in_a_clone_and_pr_links(tmp_path):
     assert best.sha_branches == {fix: ["main"], backport: ["origin/v0.9.1-dev"]}
     assert best.shas[0] == fix and best.pr == 90
     assert best.pr_url == "https://github.com/vllm-project/vllm-ascend/pull/90"
+
+
+def drop_object(repo_path, sha: str) -> None:
+    """Delete one loose object, as a partial (--filter) clone never fetched it."""
+    (repo_path / ".git" / "objects" / sha[:2] / sha[2:]).unlink()
+
+
+def test_test_data_a_partial_clone_lacks_is_not_read_and_a_missing_source_is_named(tmp_path):
+    hist = base_history(tmp_path / "up")
+    culprit = add_culprit(hist)
+    text = hist.read(SAMPLER).replace("    history = [t for t in token_ids if t >= 0]\n",
+                                      "    history = backfill(token_ids)\n")
+    fix = hist.commit("Restore the history used by penalties (#50)", {
+        SAMPLER: text,
+        "tests/test_penalties.py": "from sampler import apply_penalties\n\ndef test_apply_penalties(): ...\n",
+        "tests/data/golden_logits.bin": "\x00\x01binary reference logits\x00" * 40,
+    })
+    data_blob = hist.git("rev-parse", f"{fix}:tests/data/golden_logits.bin")
+    drop_object(hist.path, data_blob)
+    best = propose_fixes(git.Repo(hist.path), culprit, symptom=SYMPTOM).proposals[0]
+    assert best.shas == [fix] and "tests" in signals(best)
+
+    drop_object(hist.path, hist.git("rev-parse", f"{fix}:tests/test_penalties.py"))
+    with pytest.raises(InfrastructureError, match=r"git \w+ failed in .*\.git: .*; if the clone is partial "
+                                                  r"\(--filter\) or shallow, fetch what it lacks"):
+        propose_fixes(git.Repo(hist.path), culprit, symptom=SYMPTOM)

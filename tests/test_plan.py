@@ -12,14 +12,29 @@ from gitrepo import make_linear_repo
 
 N = 120
 COMPILED_AT = range(7, N, 13)  # a new compiled key every 13 commits, as on vllm-ascend (1 in ~17)
+CANN_UPGRADE = 59  # one of them moves the Dockerfile to a newer CANN base and vLLM, as #2036 did
+DOCKERFILE = "FROM quay.io/ascend/cann:{cann}-910b-ubuntu22.04-py3.11\nARG VLLM_TAG={vllm}\n"
+
+
+def files(i: int) -> dict[str, str]:
+    if i not in COMPILED_AT:
+        return {}
+    changed = {"csrc/kernel.cpp": f"// {i}\n"}
+    if i in (COMPILED_AT[0], CANN_UPGRADE):
+        cann, vllm = ("8.1.rc1", "v0.9.0") if i < CANN_UPGRADE else ("8.2.rc1", "v0.9.1")
+        changed["Dockerfile"] = DOCKERFILE.format(cann=cann, vllm=vllm)
+    return changed
 
 
 @pytest.fixture(scope="module")
-def repo(tmp_path_factory: pytest.TempPathFactory) -> Path:
+def upstream(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, list[str]]:
     path = tmp_path_factory.mktemp("plan") / "repo"
-    make_linear_repo(path, N + 1, culprit=60, tags={0: "good", N: "bad"},
-                     files=lambda i: {"csrc/kernel.cpp": f"// {i}\n"} if i in COMPILED_AT else {})
-    return path
+    return path, make_linear_repo(path, N + 1, culprit=60, tags={0: "good", N: "bad"}, files=files)
+
+
+@pytest.fixture(scope="module")
+def repo(upstream: tuple[Path, list[str]]) -> Path:
+    return upstream[0]
 
 
 def plan(repo: Path, *args: str) -> subprocess.CompletedProcess[str]:
@@ -64,6 +79,19 @@ def test_plan_prices_the_range_and_beats_the_midpoint(repo: Path) -> None:
     expected = summary["expected"]
     assert expected["full_builds"] < midpoint["full_builds"]
     assert expected["hours"] < midpoint["hours"]
+
+
+def test_plan_names_what_each_build_group_is_made_of(upstream: tuple[Path, list[str]]) -> None:
+    path, shas = upstream
+    summary = json.loads(plan(path, "--good", "good", "--bad", "bad", "--json").stdout)
+    made_of = {shas.index(g["first"]): (g["base_image"], g["vllm_tag"]) for g in summary["build_groups"]}
+    assert made_of[1] == ("", "")  # no Dockerfile yet
+    assert made_of[COMPILED_AT[0]] == ("quay.io/ascend/cann:8.1.rc1-910b-ubuntu22.04-py3.11", "v0.9.0")
+    assert made_of[CANN_UPGRADE] == ("quay.io/ascend/cann:8.2.rc1-910b-ubuntu22.04-py3.11", "v0.9.1")
+    assert made_of[max(made_of)] == made_of[CANN_UPGRADE]
+    text = plan(path, "--good", "good", "--bad", "bad").stdout
+    assert f"commits from {shas[CANN_UPGRADE][:12]} (FROM quay.io/ascend/cann:8.2.rc1" in text
+    assert "VLLM_TAG v0.9.1)" in text
 
 
 def test_plan_text_and_a_bad_ref(repo: Path) -> None:

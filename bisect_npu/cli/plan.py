@@ -35,10 +35,14 @@ def plan(good: str, bad: str, repo: str, build_minutes: float, overlay_minutes: 
     brange = history.resolve_range(git_repo, good, bad)
     n = len(brange.candidates)
     reader = BuildKeyReader(git_repo)
-    keys = [reader.key(sha).digest for sha in (brange.base, *brange.candidates)]
+    build_keys = [reader.key(sha) for sha in (brange.base, *brange.candidates)]
+    keys = [key.digest for key in build_keys]
     groups: dict[str, list[str]] = {}
-    for sha, key in zip(brange.candidates, keys[1:], strict=True):
-        groups.setdefault(key, []).append(sha)
+    inputs: dict[str, dict[str, str]] = {}
+    for sha, key in zip(brange.candidates, build_keys[1:], strict=True):
+        groups.setdefault(key.digest, []).append(sha)
+        inputs.setdefault(key.digest, {"base_image": key.inputs.get("base_image", ""),
+                                       "vllm_tag": key.inputs.get("vllm_tag", "")})
     costs = {"build_cost_min": build_minutes, "overlay_cost_min": overlay_minutes, "run_cost_min": run_minutes}
     expected = {told: _expected(n, keys, told, costs) for told in (True, False)}
     facts = history.commits_facts(git_repo, [brange.candidates[0], brange.candidates[-1]])
@@ -48,7 +52,8 @@ def plan(good: str, bad: str, repo: str, build_minutes: float, overlay_minutes: 
         "first": {"sha": facts[0].sha, "title": facts[0].title},
         "last": {"sha": facts[-1].sha, "title": facts[-1].title},
         "build_keys": len(groups),
-        "build_groups": [{"key": key, "commits": len(shas), "first": shas[0]} for key, shas in groups.items()],
+        "build_groups": [{"key": key, "commits": len(shas), "first": shas[0], **inputs[key]}
+                         for key, shas in groups.items()],
         "expected": expected[True], "midpoint": expected[False],
         "minutes": {"build": build_minutes, "overlay": overlay_minutes, "run": run_minutes},
     }
@@ -62,7 +67,10 @@ def plan(good: str, bad: str, repo: str, build_minutes: float, overlay_minutes: 
     click.echo(f"  newest: {facts[-1].sha[:12]} {facts[-1].title}")
     click.echo(f"distinct build keys: {len(groups)} (the other candidates reuse a compiled image + python overlay)")
     for group in summary["build_groups"]:
-        click.echo(f"  key {group['key']}: {group['commits']} commits from {group['first'][:12]}")
+        made_of = ", ".join(f"{label} {group[name]}" for name, label in (("base_image", "FROM"),
+                                                                           ("vllm_tag", "VLLM_TAG")) if group[name])
+        click.echo(f"  key {group['key']}: {group['commits']} commits from {group['first'][:12]}"
+                   + (f" ({made_of})" if made_of else ""))
     for label, figures in (("expected", expected[True]), ("plain midpoint bisection", expected[False])):
         click.echo(f"{label}: {figures['steps']:.1f} steps (end checks included, at most {figures['max_steps']}), "
                    f"{figures['full_builds']:.1f} full builds, {figures['overlays']:.1f} overlays, "

@@ -84,6 +84,15 @@ def _in_units(seconds: list[float], units: list[float]) -> float:
     return round((sum(seconds) / len(seconds)) / max(sum(units) / len(units), 1e-3), 2)
 
 
+def told_costs(problem: search.SearchProblem) -> dict[str, float]:
+    """What the search weighed its choice by (journaled with each step, shown in the report):
+    the costs above 0, in its unit, and the number of build groups it knew."""
+    told = {"load_cost": problem.load_cost, "build_cost": problem.build_cost, "overlay_cost": problem.overlay_cost}
+    if problem.build_groups is not None:
+        told["build_groups"] = float(len(set(problem.build_groups)))
+    return {name: value for name, value in told.items() if value}
+
+
 def earlier_runs_spec(options: RunOptions, recipe: Recipe | None) -> EarlierRunsSpec | None:
     """The ends' earlier runs: --earlier-runs, else the recipe's ``trials.earlier_runs``."""
     if not options.earlier_runs:
@@ -125,6 +134,7 @@ class Session:
         self.candidates: list[str] = list(header_range["candidates"])
         self.titles: dict[str, str] = header_range.get("titles", {})
         self._lock = threading.Lock()
+        self._told: dict[str, float] = {}  # the costs the search was told for the round being run
         self.earlier_runs = earlier_runs_spec(options, recipe)
         if recipe is not None and recipe.reference.kind == "golden":
             evaluator.reference = load_golden(recipe)
@@ -329,10 +339,12 @@ class Session:
             self.progress.note("session already finished; re-rendering the report only")
             return self._result_from_end(ended)
         while True:
-            decision = search.decide(self.problem(), self.evidence())
+            problem = self.problem()
+            decision = search.decide(problem, self.evidence())
             if not isinstance(decision, search.Next):
                 break
-            self._prefetch_next(decision.queries)
+            self._told = told_costs(problem)
+            self._prefetch_next(problem, decision.queries)
             self._run_queries(decision.queries)
         result = self._finish(decision)
         if result.status != "found" or not result.culprit:
@@ -367,13 +379,13 @@ class Session:
         write_reports(self.journal.session_dir)  # the release level's report, with its commit-level answer
         return result
 
-    def _prefetch_next(self, queries: tuple[search.Query, ...]) -> None:
+    def _prefetch_next(self, problem: search.SearchProblem, queries: tuple[search.Query, ...]) -> None:
         """Start building what the search will ask next, whatever verdicts these queries get."""
         from bisect_npu.build.prefetch import Prefetcher, speculative_queries
 
         builder = self.evaluator.builder
         if isinstance(builder, Prefetcher):
-            wanted = speculative_queries(self.problem(), self.evidence(), [q.index for q in queries])
+            wanted = speculative_queries(problem, self.evidence(), [q.index for q in queries])
             builder.prefetch([self.commit_at(i) for i in wanted])
 
     def _prefetch_saved(self) -> float | None:
@@ -443,7 +455,8 @@ class Session:
         self._append({"type": "step", "index": index, "commit": result.commit,
                       "title": self.titles.get(result.commit, ""), "build": result.build,
                       "verdict": result.verdict.model_dump(mode="json"),
-                      "trials": [t.to_json() for t in result.trials], "seconds": result.seconds})
+                      "trials": [t.to_json() for t in result.trials], "seconds": result.seconds,
+                      **({"told": self._told} if self._told else {})})
         self.progress.step_finished(index, result.commit, result.verdict, result.seconds)
 
     def _append(self, record: dict[str, Any]) -> None:

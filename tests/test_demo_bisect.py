@@ -89,3 +89,14 @@ def test_noisy_presence_penalty_case(demo_upstream: DemoUpstream, tmp_path: Path
         assert len(numbers) == len(set(numbers))  # never a repeated seed
     report = json.loads((session / "report.json").read_text())
     assert (report["engine_starts"]["trials"], report["engine_starts"]["starts"]) == (len(trials), len(runs))
+    # The last step journals what its choice weighed: the engine start measured from the trials
+    # journaled before that choice (one slot: everything before the previous step's line).
+    steps = [i for i, e in enumerate(entries) if e["type"] == "step"]
+    before = [e for e in entries[:steps[-2] + 1] if e["type"] == "trial" and e.get("observation")]
+    startups = [e["startup_s"] for e in before if e["startup_s"] > 0]
+    runs_s = [e["seconds"] - e["startup_s"] for e in before]
+    measured = round((sum(startups) / len(startups)) / (sum(runs_s) / len(runs_s)), 2)
+    assert entries[steps[-1]]["told"]["load_cost"] == measured > 0
+    assert report["search_told"] == entries[steps[-1]]["told"]
+    assert f"| search costs | the last choice weighed an engine start at {measured} trials" in (
+        session / "report.md").read_text()

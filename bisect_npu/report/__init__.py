@@ -55,6 +55,7 @@ class SessionView:
     versions: dict[str, str] = field(default_factory=dict)
     sampling: dict[str, Any] = field(default_factory=dict)
     engine_starts: dict[str, Any] | None = None
+    told: dict[str, float] = field(default_factory=dict)
 
     @property
     def range(self) -> dict[str, Any]:
@@ -82,6 +83,7 @@ def load_view(session_dir: Path) -> SessionView:
     steps: list[StepView] = []
     end = fix = next_level = None
     fix_verify = None
+    view_told: dict[str, float] = {}  # what the search weighed its last choice by
     for entry in journal.entries:
         kind = entry["type"]
         if kind == "step":
@@ -90,6 +92,7 @@ def load_view(session_dir: Path) -> SessionView:
             logs = [t["log"] for t in entry.get("trials", []) if t.get("log")]
             if build.get("log"):
                 logs.insert(0, build["log"])
+            view_told = entry.get("told") or view_told
             steps.append(StepView(len(steps) + 1, entry["index"], entry["commit"], entry.get("title", ""),
                                   verdict["kind"], verdict["reason"], entry.get("seconds", 0.0),
                                   build.get("how", ""), build.get("seconds") or 0.0, verdict.get("trials", 1),
@@ -107,6 +110,7 @@ def load_view(session_dir: Path) -> SessionView:
     view = SessionView(session_dir, journal.header, steps, end, fix, fix_verify, next_level)
     view.versions, view.sampling = _engine_facts(session_dir, journal.entries)
     view.engine_starts = engine_starts(journal.entries)
+    view.told = view_told
     return view
 
 
@@ -183,7 +187,7 @@ def render_json(view: SessionView) -> dict[str, Any]:
         "fix": view.fix, "fix_verify": view.fix_verify,
         "level": view.range.get("kind", "commits"), "package": view.range.get("package"),
         "next_level": view.next_level, "parent_session": view.header.get("parent_session"),
-        "versions": view.versions, "engine_starts": view.engine_starts,
+        "versions": view.versions, "engine_starts": view.engine_starts, "search_told": view.told,
     }
 
 

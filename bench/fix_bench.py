@@ -10,7 +10,15 @@ Baselines measured in the same run, both finding the commits that touch the culp
   - per-commit diff scanning: one `git show -U0` per later commit, parsed in Python
     (with --sample N only N commits are timed and the figure is extrapolated, and says so).
 
-    .venv/bin/python bench/fix_bench.py [--commits 5000] [--sample 0]
+    .venv/bin/python bench/fix_bench.py [--commits 5000] [--sample 0] [--repo PATH --culprit SHA ...]
+
+With ``--repo`` and ``--culprit`` it also times ``propose_fixes`` on a real repository (for
+instance a clone of vllm-ascend, whose main has 4,700 first-parent commits) for each culprit.
+With ``--repo`` and ``--reverts BRANCH`` it scores the ranking on the repository's own history:
+every first-parent ``Revert "..."`` on BRANCH whose reverted commit is named in its message
+("This reverts commit <sha>") or is the latest earlier commit with the quoted title is a known
+(culprit, fix) pair; it prints where the revert ranks
+among the proposals, against the baseline "the next commit that touches the culprit's files".
 """
 
 from __future__ import annotations
@@ -110,6 +118,9 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--commits", type=int, default=5000)
     parser.add_argument("--sample", type=int, default=0, help="time only N commits of the per-commit baseline")
+    parser.add_argument("--repo", help="a real repository to time propose_fixes on as well")
+    parser.add_argument("--culprit", action="append", default=[], help="a culprit in --repo (repeatable)")
+    parser.add_argument("--reverts", metavar="BRANCH", help="score the ranking on BRANCH's reverts in --repo")
     args = parser.parse_args()
 
     import git as gitpython
@@ -144,8 +155,62 @@ def main() -> None:
         estimate = scan * total / max(timed, 1)
         label = "" if timed == total else f" (timed {timed} of {total}, extrapolated)"
         print(f"baseline per-commit git show -U0 scan: {estimate:.2f} s{label} -> {estimate / ours:.1f}x ours")
-        if not ok:
-            sys.exit(1)
+    for sha in args.culprit if args.repo else []:
+        repo = gitpython.Repo(args.repo)
+        start = time.perf_counter()
+        report = propose_fixes(repo, sha)
+        best = report.proposals[0] if report.proposals else None
+        print(f"real repository, culprit {sha[:10]}: propose_fixes {time.perf_counter() - start:.2f} s, "
+              f"{len(report.proposals)} proposals" + (f", best {best.shas[0][:10]} {best.title[:60]}" if best else ""))
+    if args.repo and args.reverts:
+        revert_ranks(gitpython.Repo(args.repo), args.reverts)
+    if not ok:
+        sys.exit(1)
+
+
+def revert_ranks(repo, branch: str) -> None:
+    """Rank of each revert among the proposals for the commit it reverts, and the baseline's hit."""
+    import re
+
+    import gitdb.exc
+
+    from bisect_npu.fix import propose_fixes
+
+    log = repo.git.log("--first-parent", "--reverse", "--format=%H%x1f%s%x1f%b%x1e", branch)
+    records = [[*r.split("\x1f", 2), "", ""][:3] for r in (r.strip() for r in log.split("\x1e")) if r]
+    pairs = []
+    for at, (sha, title, body) in enumerate(records):
+        if not title.startswith("Revert"):
+            continue
+        named = re.search(r"This reverts commit ([0-9a-f]{7,40})", body)
+        quoted = re.match(r'Revert "(.+)"', title)
+        if named:
+            try:
+                pairs.append((repo.commit(named.group(1)).hexsha, sha, title))
+            except (ValueError, gitdb.exc.ODBError) as exc:  # a sha the clone does not hold
+                print(f"  skipped {title[:60]}: {exc}")
+        elif quoted:  # else the latest earlier commit with the quoted title (GitHub cuts long ones with …)
+            inner = quoted.group(1).removesuffix("…")
+            earlier = [s for s, t, _ in records[:at] if t == inner or (quoted.group(1).endswith("…")
+                                                                        and t.startswith(inner))]
+            if earlier:
+                pairs.append((earlier[-1], sha, title))
+    ranks, baseline_hits, seconds = [], 0, 0.0
+    for culprit, revert, title in pairs:
+        start = time.perf_counter()
+        shas = [p.shas for p in propose_fixes(repo, culprit, top=0).proposals]
+        seconds += time.perf_counter() - start
+        rank = next((i + 1 for i, group in enumerate(shas) if revert in group), None)
+        ranks.append(rank)
+        files = repo.git.show("--format=", "--name-only", culprit).split()
+        nxt = repo.git.log("--first-parent", "--reverse", "--format=%H", f"{culprit}..{branch}", "--", *files).split()
+        baseline_hits += bool(nxt) and nxt[0] == revert
+        print(f"  revert ranked {rank or '-'} of {len(shas)}: {title[:80]}", flush=True)
+    first = sum(r == 1 for r in ranks)
+    print(f"reverts on {branch}: {len(pairs)}; ranked first {first} ({first / max(len(pairs), 1):.0%}), "
+          f"in the top 3 {sum(r is not None and r <= 3 for r in ranks)}; baseline (next commit touching the "
+          f"culprit's files) right {baseline_hits} ({baseline_hits / max(len(pairs), 1):.0%}); "
+          f"{seconds / max(len(pairs), 1):.1f} s per culprit")
 
 
 if __name__ == "__main__":

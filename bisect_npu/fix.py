@@ -66,6 +66,7 @@ _REVERTS_COMMIT = re.compile(r"This reverts commit ([0-9a-f]{7,40})", re.IGNOREC
 _CHERRY_PICKED = re.compile(r"cherry picked from commit ([0-9a-f]{7,40})", re.IGNORECASE)
 _HEX_WORD = re.compile(r"(?<![0-9a-zA-Z])[0-9a-f]{7,40}(?![0-9a-zA-Z])")
 _TEST_PATH = re.compile(r"(?:^|/)tests?/|(?:^|/)test_[^/]*$|_test\.\w+$")
+_WORD = re.compile(r"\w+")
 # Test files whose added lines can name a module or function (not the data files tests keep).
 _TEST_SOURCE = re.compile(r"\.(?:py|pyi|c|cc|cpp|h|hpp|sh|ya?ml|json|toml)$")
 _VLLM_TAG = re.compile(r"^\s*ARG\s+VLLM_TAG\s*=\s*(\S+)")
@@ -479,7 +480,10 @@ def propose_fixes(
     for proposal in proposals:
         proposal.missing_on = [_short(r) for r in all_anchor_refs if _short(r) not in proposal.branches]
         proposal.pr_url = f"{base}/pull/{proposal.pr}" if base and proposal.pr else None
-    proposals.sort(key=lambda p: (-p.score, p.date, p.shas[0]))
+    # Ties: a fix on a branch holding the commit the user named before one only on a twin's branch
+    # (each branch's revert of its own copy scores the same), then the older fix.
+    own = {_short(r) for r in anchors[0].refs}
+    proposals.sort(key=lambda p: (-p.score, not own & set(p.branches), p.date, p.shas[0]))
     proposals = proposals[:top] if top > 0 else proposals
 
     twins = [
@@ -728,8 +732,9 @@ def _test_mentions(files: list[_FileDiff], modules: set[str], functions: set[str
     if not text:
         return []
     names = [m for m in sorted(modules) if m and m in text]
+    words = set(_WORD.findall(text))  # one pass over the text, not one regex per name (big culprits)
     names += [f for f in sorted(functions) if f not in _GENERIC_FUNCTIONS and len(f) >= 4
-              and re.search(rf"\b{re.escape(f)}\b", text)]
+              and (f in words if _WORD.fullmatch(f) else re.search(rf"\b{re.escape(f)}\b", text))]
     return names
 
 

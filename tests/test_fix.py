@@ -275,3 +275,28 @@ def test_test_data_a_partial_clone_lacks_is_not_read_and_a_missing_source_is_nam
     with pytest.raises(InfrastructureError, match=r"git \w+ failed in .*\.git: .*; if the clone is partial "
                                                   r"\(--filter\) or shallow, fetch what it lacks"):
         propose_fixes(git.Repo(hist.path), culprit, symptom=SYMPTOM)
+
+
+def test_equal_fixes_of_the_culprit_and_of_its_release_twin_put_the_named_commits_fix_first(tmp_path):
+    # As #5761 on vllm-ascend's main and its cherry-pick #5809 on releases/v0.13.0: each reverted
+    # on its own branch, the two reverts score the same; the one that reverts the commit the user
+    # named comes first, the older one does not win the tie just by being older.
+    hist = base_history(tmp_path / "up")
+    fork = hist.head()
+    culprit = add_culprit(hist)
+    hist.branch("v0.9.1-dev", fork)
+    hist.checkout("v0.9.1-dev")
+    hist.filler(1, "Release")
+    backport = hist.read(SAMPLER).replace("    history = backfill(token_ids)\n",
+                                          "    history = [t for t in token_ids if t >= 0]\n")
+    twin = hist.commit("[0.9.1]" + CULPRIT_TITLE.replace("(#12)", "(#13)"),  # adapted on the way: own patch
+                       {SAMPLER: backport, "vllm_ascend/release_compat.py": "ASYNC_BACKFILL = False\n"})
+    release_revert = hist.revert(twin)
+    hist.checkout("main")
+    hist.filler(1)
+    main_revert = hist.revert(culprit)
+    repo = git.Repo(hist.path)
+    for named, first, second in ((culprit, main_revert, release_revert), (twin, release_revert, main_revert)):
+        proposals = propose_fixes(repo, named).proposals
+        assert [p.shas for p in proposals[:2]] == [[first], [second]]
+        assert proposals[0].score == proposals[1].score

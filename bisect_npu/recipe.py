@@ -158,6 +158,18 @@ class BuildSpec(_Strict):
     docker_args: dict[str, str] = Field(
         default_factory=dict, description="build args for the candidate's own Dockerfile (--executor docker): "
                                           "PIP_INDEX_URL, COMPILE_CUSTOM_KERNELS, VLLM_REPO; part of the build key")
+    dockerfile: str = Field(
+        "Dockerfile", description="which of the candidate's Dockerfiles builds its image (--executor docker): "
+                                  "Dockerfile (Atlas 800I A2), Dockerfile.a3, Dockerfile.310p, *.openEuler; "
+                                  "part of the build key")
+
+    @field_validator("dockerfile")
+    @classmethod
+    def _inside_the_repository(cls, value: str) -> str:
+        parts = value.split("/")
+        if not value or value.startswith("/") or ".." in parts or "" in parts:
+            raise ValueError(f"{value!r} must be a path inside the repository, such as Dockerfile.a3")
+        return value
 
 
 class InstallPlan(_Strict):

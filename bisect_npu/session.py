@@ -164,6 +164,8 @@ class Session:
         candidates_range = _resolve_candidates(options, repo)
         if options.command:
             _check_command(options.command)
+        if repo is not None and options.package is None and options.executor == "docker" and recipe is not None:
+            _check_dockerfile(repo, recipe.build.dockerfile, candidates_range)
         if options.devices and options.slots > len(options.devices):
             raise UsageError(f"--slots {options.slots} needs at least as many --devices (got {len(options.devices)}); "
                              "give one card or more per slot")
@@ -568,6 +570,26 @@ def _resolve_candidates(options: RunOptions, repo: git.Repo | None) -> dict[str,
             "good_ref": options.good, "bad_ref": options.bad, "merge_base_note": brange.merge_base_note,
             "candidates": list(brange.candidates), "titles": {f.sha: f.title for f in facts},
             "prs": {f.sha: f.pr for f in facts if f.pr}}
+
+
+def _check_dockerfile(repo: git.Repo, dockerfile: str, candidates_range: dict[str, Any]) -> None:
+    """Both ends must hold the Dockerfile the images are built from (a recipe's build.dockerfile),
+    or every step would be a skip; say where in the range it first appears."""
+    def has_it(sha: str) -> bool:
+        try:
+            repo.commit(sha).tree / dockerfile
+        except KeyError:
+            return False
+        return True
+
+    for which, sha in (("good", candidates_range["base"]), ("bad", candidates_range["bad"])):
+        if has_it(sha):
+            continue
+        first = next((c for c in candidates_range["candidates"] if has_it(c)), None)
+        where = f"it first appears at {first[:12]} in this range" if first else "no commit of this range has it"
+        raise UsageError(f"the {which} end {candidates_range[f'{which}_ref']} ({sha[:12]}) has no {dockerfile}, "
+                         f"so it cannot be built for that target ({where}); pick ends that have it, or set "
+                         "build.dockerfile to one they have")
 
 
 def load_golden(recipe: Recipe) -> list[Observation]:

@@ -146,3 +146,14 @@ def test_two_threads_acquire_at_once(upstream, docker_client, tmp_path):
     with ThreadPoolExecutor(max_workers=2) as pool:
         overlay, kernel = pool.map(lambda c: builder.acquire(c, tmp_path / c[:6]), [c1, c2], timeout=300)
     assert (overlay.how, kernel.how) == ("overlay", "built")
+
+
+def test_a_dockerfile_the_commit_lacks_is_a_clear_build_failure(upstream, docker_client, tmp_path):
+    path, c0, _, _ = upstream
+    builder = DockerBuilder(git.Repo(path), docker_client, dockerfile="Dockerfile.a3")
+    with pytest.raises(BuildFailed, match=rf"{c0[:12]} has no Dockerfile\.a3: it cannot be built for this target"):
+        builder.acquire(c0, tmp_path / "logs")
+    a3 = add_commit(path, "A3 image (#4)", {"Dockerfile.a3": DOCKERFILE})
+    built = builder.acquire(a3, tmp_path / "logs")
+    assert built.how == "built"
+    assert builder.key(a3).inputs["dockerfile"] == git.Repo(path).commit(a3).tree["Dockerfile.a3"].hexsha

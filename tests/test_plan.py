@@ -102,3 +102,13 @@ def test_plan_text_and_a_bad_ref(repo: Path) -> None:
     wrong = plan(repo, "--good", "v0.9.0", "--bad", "bad")
     assert wrong.returncode == 2
     assert "v0.9.0" in wrong.stderr
+
+
+def test_plan_warns_about_candidates_without_the_dockerfile(upstream: tuple[Path, list[str]]) -> None:
+    path, shas = upstream
+    summary = json.loads(plan(path, "--good", "good", "--bad", "bad", "--json").stdout)
+    assert summary["lacking_dockerfile"] == COMPILED_AT[0] - 1  # the Dockerfile arrives with commit 7
+    a3 = plan(path, "--good", "good", "--bad", "bad", "--dockerfile", "Dockerfile.a3")
+    assert a3.returncode == 0, a3.stderr
+    assert (f"warning: {N} of {N} candidates have no Dockerfile.a3 (from {shas[1][:12]} to {shas[N][:12]})"
+            in a3.stdout)

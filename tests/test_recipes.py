@@ -53,6 +53,7 @@ def test_the_five_real_recipes_are_bundled() -> None:
     (MINIMAL + "trials:\n  earlier_runs:\n    bad_end: 8/10\n    good_end: 11/10\n",
      "trials.earlier_runs.good_end", 10),
     (MINIMAL + "oracle:\n  kinds: [repetition]\n  penalty:\n    expectd: {}\n", "oracle.penalty.expectd", 10),
+    (MINIMAL + "build:\n  dockerfile: ../Dockerfile.a3\n", "build.dockerfile", 8),
 ])
 def test_broken_recipe_names_field_and_line(text: str, field: str, line: int) -> None:
     with pytest.raises(UsageError) as error:

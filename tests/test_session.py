@@ -200,3 +200,17 @@ def test_abort_exit_code_above_127(repo1000: tuple[Path, list[str]], tmp_path: P
     done = bisect("run", "--repo", str(repo), "--good", "v1.0", "--bad", "v2.0", "--cmd", "sh -c 'exit 200'",
                   "--session", str(tmp_path / "s"), cwd=tmp_path, check_code=5)
     assert "above 127" in done.stderr
+
+
+def test_an_end_without_the_recipes_dockerfile_is_refused_before_anything_runs(tmp_path: Path) -> None:
+    # Dockerfile.a3 arrives with commit 4: a good end before it could never be built for A3.
+    repo = tmp_path / "repo"
+    shas = make_linear_repo(repo, 9, culprit=6, files=lambda i: {"Dockerfile.a3": "FROM base\n"} if i == 4 else {})
+    recipe = tmp_path / "a3.yaml"
+    recipe.write_text("name: t\nmodel:\n  path: /models/m\ncases:\n  - id: a\n    prompt: hi\n"
+                      "build:\n  dockerfile: Dockerfile.a3\n")
+    done = bisect("run", "--repo", str(repo), "--good", shas[0], "--bad", shas[8], "--recipe", str(recipe),
+                  "--executor", "docker", "--session", str(tmp_path / "s"), cwd=tmp_path, check_code=2)
+    assert (f"the good end {shas[0]} ({shas[0][:12]}) has no Dockerfile.a3, so it cannot be built for that "
+            f"target (it first appears at {shas[4][:12]} in this range)") in done.stderr
+    assert not (tmp_path / "s").exists()

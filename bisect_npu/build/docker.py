@@ -114,6 +114,9 @@ class DockerBuilder:
     def acquire(self, commit: str, log_dir: Path) -> Environment:
         with self._git_lock:
             commit = self.repo.commit(commit).hexsha
+            if not _has_path(self.repo.commit(commit).tree, self.dockerfile):
+                raise BuildFailed(f"{commit[:12]} has no {self.dockerfile}: it cannot be built for this target "
+                                  f"(older commits may have only Dockerfile); bisect a range where it exists")
             key = self._keys.key(commit)
             source_dir = self._source_dir(commit)
         started = time.monotonic()
@@ -272,6 +275,14 @@ class DockerBuilder:
             raise BuildFailed(f"image build produced no image {tag}", log_path, tail(log_path)) from None
 
 
+def _has_path(tree: git.Tree, path: str) -> bool:
+    try:
+        tree / path
+    except KeyError:
+        return False
+    return True
+
+
 def _git_archive(repo: git.Repo, commit: str) -> IO[bytes]:
     """The commit's tree as a tar (the full build's context), without touching any checkout."""
     done = subprocess.run(["git", "-C", str(repo.git_dir), "archive", "--format=tar", commit],
@@ -349,7 +360,8 @@ def make_docker_environment(options: Any, repo: git.Repo, recipe: Any, session_d
     client = connect_engine()
     cache = ImageCache(client, int(options.cache_size_gb * (1 << 30)))
     build_args = dict(recipe.build.docker_args) if recipe else {}
-    builder = DockerBuilder(repo, client, build_args=build_args, cache=cache)
+    builder = DockerBuilder(repo, client, build_args=build_args, cache=cache,
+                            dockerfile=recipe.build.dockerfile if recipe else "Dockerfile")
     env = dict(recipe.environment) if recipe else {}
     host_model = Path(recipe.model.host_path) if recipe and recipe.model.host_path else None
     model_path = recipe.model.path if recipe else None

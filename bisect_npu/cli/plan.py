@@ -19,9 +19,11 @@ PLAN_CULPRITS = 64  # culprit positions the estimate averages over (all of them 
               help="Cost of a python-only overlay on a built key's image.")
 @click.option("--run-minutes", type=click.FloatRange(0, min_open=True), default=5.0, show_default=True,
               help="Cost of one step's probe run.")
+@click.option("--dockerfile", default="Dockerfile", show_default=True,
+              help="The Dockerfile that builds the images (a recipe's build.dockerfile): Dockerfile.a3, ...")
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
 def plan(good: str, bad: str, repo: str, build_minutes: float, overlay_minutes: float, run_minutes: float,
-         as_json: bool) -> None:
+         dockerfile: str, as_json: bool) -> None:
     """Resolve GOOD..BAD: candidates, merge-base note, build groups, expected steps and cost.
 
     The expected figures replay the real exact-mode search (which picks its pivots by build
@@ -34,7 +36,7 @@ def plan(good: str, bad: str, repo: str, build_minutes: float, overlay_minutes: 
     git_repo = history.open_repo(repo)
     brange = history.resolve_range(git_repo, good, bad)
     n = len(brange.candidates)
-    reader = BuildKeyReader(git_repo)
+    reader = BuildKeyReader(git_repo, dockerfile=dockerfile)
     build_keys = [reader.key(sha) for sha in (brange.base, *brange.candidates)]
     keys = [key.digest for key in build_keys]
     groups: dict[str, list[str]] = {}
@@ -43,6 +45,8 @@ def plan(good: str, bad: str, repo: str, build_minutes: float, overlay_minutes: 
         groups.setdefault(key.digest, []).append(sha)
         inputs.setdefault(key.digest, {"base_image": key.inputs.get("base_image", ""),
                                        "vllm_tag": key.inputs.get("vllm_tag", "")})
+    lacking = [sha for sha, key in zip(brange.candidates, build_keys[1:], strict=True)
+               if key.inputs.get("dockerfile") == "(none)"]
     costs = {"build_cost_min": build_minutes, "overlay_cost_min": overlay_minutes, "run_cost_min": run_minutes}
     expected = {told: _expected(n, keys, told, costs) for told in (True, False)}
     facts = history.commits_facts(git_repo, [brange.candidates[0], brange.candidates[-1]])
@@ -54,6 +58,7 @@ def plan(good: str, bad: str, repo: str, build_minutes: float, overlay_minutes: 
         "build_keys": len(groups),
         "build_groups": [{"key": key, "commits": len(shas), "first": shas[0], **inputs[key]}
                          for key, shas in groups.items()],
+        "dockerfile": dockerfile, "lacking_dockerfile": len(lacking),
         "expected": expected[True], "midpoint": expected[False],
         "minutes": {"build": build_minutes, "overlay": overlay_minutes, "run": run_minutes},
     }
@@ -71,6 +76,10 @@ def plan(good: str, bad: str, repo: str, build_minutes: float, overlay_minutes: 
                                                                            ("vllm_tag", "VLLM_TAG")) if group[name])
         click.echo(f"  key {group['key']}: {group['commits']} commits from {group['first'][:12]}"
                    + (f" ({made_of})" if made_of else ""))
+    if lacking:
+        click.echo(f"warning: {len(lacking)} of {n} candidates have no {dockerfile} (from {lacking[0][:12]}"
+                   f"{f' to {lacking[-1][:12]}' if len(lacking) > 1 else ''}): with --executor docker they "
+                   "cannot be built and are skipped; bisect a range where it exists")
     for label, figures in (("expected", expected[True]), ("plain midpoint bisection", expected[False])):
         click.echo(f"{label}: {figures['steps']:.1f} steps (end checks included, at most {figures['max_steps']}), "
                    f"{figures['full_builds']:.1f} full builds, {figures['overlays']:.1f} overlays, "

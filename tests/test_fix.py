@@ -140,13 +140,19 @@ def test_fix_on_two_branches_is_one_proposal(tmp_path):
     assert "twins" in signals(best) and best.missing_on == []
 
 
-def test_culprit_cherry_picked_to_a_release_branch_without_the_fix(tmp_path):
+def culprit_and_release_branch(tmp_path):
+    """main with the culprit; v0.9.1-dev forked just before it, one release commit on it, checked out."""
     hist = base_history(tmp_path / "up")
     fork = hist.head()
     culprit = add_culprit(hist)
     hist.branch("v0.9.1-dev", fork)
     hist.checkout("v0.9.1-dev")
     hist.filler(1, "Release")
+    return hist, culprit
+
+
+def test_culprit_cherry_picked_to_a_release_branch_without_the_fix(tmp_path):
+    hist, culprit = culprit_and_release_branch(tmp_path)
     twin = hist.cherry_pick(culprit, "[0.9.1]" + CULPRIT_TITLE.replace("(#12)", "(#13)"))
     hist.checkout("main")
     fix = hist.edit("Restore the history used by penalties (#50)", SAMPLER,
@@ -281,12 +287,7 @@ def test_equal_fixes_of_the_culprit_and_of_its_release_twin_put_the_named_commit
     # As #5761 on vllm-ascend's main and its cherry-pick #5809 on releases/v0.13.0: each reverted
     # on its own branch, the two reverts score the same; the one that reverts the commit the user
     # named comes first, the older one does not win the tie just by being older.
-    hist = base_history(tmp_path / "up")
-    fork = hist.head()
-    culprit = add_culprit(hist)
-    hist.branch("v0.9.1-dev", fork)
-    hist.checkout("v0.9.1-dev")
-    hist.filler(1, "Release")
+    hist, culprit = culprit_and_release_branch(tmp_path)
     backport = hist.read(SAMPLER).replace("    history = backfill(token_ids)\n",
                                           "    history = [t for t in token_ids if t >= 0]\n")
     twin = hist.commit("[0.9.1]" + CULPRIT_TITLE.replace("(#12)", "(#13)"),  # adapted on the way: own patch

@@ -228,7 +228,8 @@ class Session:
         earlier = self.earlier_runs.for_search(find_fix=self.options.find_fix) if self.earlier_runs else None
         return search.SearchProblem(n=self.n, mode=self.mode, check_ends=self.options.check_ends,
                                     slots=max(1, self.options.slots), confidence=confidence, earlier_runs=earlier,
-                                    load_cost=self.load_cost(), build_cost=self.build_cost(),
+                                    load_cost=self.load_cost() if self.mode == "noisy" else 0.0,
+                                    build_cost=self.build_cost(),
                                     build_groups=self.build_groups, overlay_cost=self.overlay_cost())
 
     def load_cost(self) -> float:
@@ -672,7 +673,8 @@ def make_environment(options: RunOptions, repo: git.Repo | None, recipe: Recipe 
 
         build_command = recipe.build.local_command if recipe else []
         python_paths = recipe.build.python_paths if recipe else ["."]
-        return (LocalBuilder(repo, workdir.resolve(), build_command, env),
+        return (LocalBuilder(repo, workdir.resolve(), build_command, env,
+                             artifacts_dir=session_dir.resolve() / "build-outputs"),
                 LocalExecutor(env, python_paths))
     from bisect_npu.build.docker import make_docker_environment
 

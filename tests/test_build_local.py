@@ -49,3 +49,52 @@ def test_slots_on_one_commit_share_one_build_until_the_last_releases(tmp_path: P
     finally:
         local.close()
     assert not worktree.exists()
+
+
+BUILD_SH = """set -e
+mkdir -p out
+cat csrc/k.c > out/kernel.bin
+echo "$(basename "$PWD")" > out/built_in
+python3 -c 'import app' 2>/dev/null || true
+echo run >> "$BUILD_RUNS"
+"""
+
+
+def test_commits_sharing_a_build_key_get_the_first_ones_outputs_instead_of_a_build(tmp_path: Path,
+                                                                                monkeypatch) -> None:
+    runs = tmp_path / "runs.log"
+    monkeypatch.setenv("BUILD_RUNS", str(runs))
+    files = {0: {"csrc/k.c": "k1\n", "build.sh": BUILD_SH, "app.py": "V = 0\n", ".gitignore": "out/\n"},
+             1: {"app.py": "V = 1\n"},  # python only: same key
+             2: {"csrc/k.c": "k2\n"},  # compiled input: a new key
+             3: {"build.sh": BUILD_SH + "echo extra > out/extra\n"}}  # what the build command runs: a new key
+    shas = make_linear_repo(tmp_path / "repo", 4, files=lambda i: files[i])
+    local = LocalBuilder(git.Repo(tmp_path / "repo"), tmp_path / "work", ["sh", "build.sh"],
+                         artifacts_dir=tmp_path / "outputs")
+    envs = [local.acquire(sha, tmp_path / "logs") for sha in shas]
+    try:
+        assert [env.how for env in envs] == ["built", "overlay", "built", "built"]
+        assert runs.read_text().count("run") == 3
+        keys = [env.build_key for env in envs]
+        assert keys[0] == keys[1] and len({keys[0], keys[2], keys[3]}) == 3
+        tree = [Path(env.path or "") for env in envs]
+        # The overlay has its own python and the first commit's build outputs, byte for byte.
+        assert (tree[1] / "app.py").read_text() == "V = 1\n"
+        assert (tree[1] / "out" / "kernel.bin").read_text() == "k1\n"
+        assert (tree[1] / "out" / "built_in").read_text() == (tree[0] / "out" / "built_in").read_text()
+        assert list(tree[0].rglob("*.pyc")) and not list(tree[1].rglob("*.pyc"))  # bytecode is per commit
+        assert (tree[2] / "out" / "kernel.bin").read_text() == "k2\n"
+        assert (tree[3] / "out" / "extra").is_file()
+        assert "no build command run" in Path(envs[1].log_path or "").read_text()
+    finally:
+        local.close()
+    assert not (tmp_path / "outputs").exists()
+
+
+def test_without_an_artifacts_directory_every_commit_is_its_own_build(tmp_path: Path) -> None:
+    shas = make_linear_repo(tmp_path / "repo", 2)
+    local = LocalBuilder(git.Repo(tmp_path / "repo"), tmp_path / "work", ["true"])
+    assert local.build_key(shas[1]) is None
+    envs = [local.acquire(sha, tmp_path / "logs") for sha in shas]
+    local.close()
+    assert [env.how for env in envs] == ["built", "built"]

@@ -214,3 +214,26 @@ def test_an_end_without_the_recipes_dockerfile_is_refused_before_anything_runs(t
     assert (f"the good end {shas[0]} ({shas[0][:12]}) has no Dockerfile.a3, so it cannot be built for that "
             f"target (it first appears at {shas[4][:12]} in this range)") in done.stderr
     assert not (tmp_path / "s").exists()
+
+
+def test_a_commit_that_does_not_build_is_skipped_and_stepped_around(tmp_path: Path) -> None:
+    import git as gitpython
+
+    from bisect_npu.build.local import LocalBuilder
+    from bisect_npu.execute.local import LocalExecutor
+    from bisect_npu.session import RunOptions, Session
+
+    # Commit 8 of 16 (the first midpoint) breaks the build; commit 9 repairs it; the culprit is 11.
+    shas = make_linear_repo(tmp_path / "repo", 17, culprit=11,
+                            files=lambda i: {"BROKEN": "x\n"} if i == 8 else {"BROKEN": None} if i == 9 else {})
+    repo = gitpython.Repo(tmp_path / "repo")
+    options = RunOptions(good=shas[0], bad=shas[16], repo=str(tmp_path / "repo"), command=GOOD_CMD,
+                         propose_fix=False)
+    builder = LocalBuilder(repo, tmp_path / "work", ["sh", "-c", "test ! -e BROKEN"])
+    result = Session.start(options, session_dir=tmp_path / "s", builder=builder,
+                           executor=LocalExecutor({}, ["."])).run()
+    assert result.culprit == shas[11]
+    steps = [json.loads(line) for line in (tmp_path / "s" / "journal.jsonl").read_text().splitlines()]
+    broken = [s for s in steps if s["type"] == "step" and s["index"] == 8]
+    assert [(s["build"]["how"], s["verdict"]["kind"]) for s in broken] == [("failed", "skip")]
+    assert "build failed with exit code 1" in broken[0]["verdict"]["reason"]

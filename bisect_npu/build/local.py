@@ -2,10 +2,17 @@
 
 No container: this is what `--executor local` and the demo use. Worktrees live under the
 session (never the user's checkout) and are removed when the candidate is done.
+
+Build avoidance, as DockerBuilder's overlays: commits with the same build key (the compiled
+inputs, bisect_npu/build/key.py, plus the tracked files the build command names, such as
+`tools/build_kernels.py`) compile the same artifacts. The first of a key runs the build command
+and its outputs (every file the build left untracked in the worktree) are kept in
+``artifacts_dir``; the others get their own checkout plus a copy of those outputs ("overlay").
 """
 
 from __future__ import annotations
 
+import hashlib
 import os
 import shutil
 import subprocess
@@ -13,12 +20,28 @@ import threading
 import time
 from collections import OrderedDict
 from pathlib import Path
-from typing import IO
+from typing import IO, Literal
 
 import git
 
 from bisect_npu.build.base import BuildFailed, Environment, tail
+from bisect_npu.build.key import BuildKeyReader
 from bisect_npu.models import UsageError
+
+DONOR_FILE = "donor"  # in a key's artifacts: the commit whose build made them
+
+
+def _copy_tree(source: Path, destination: Path) -> int:
+    """Copy every file under `source` to the same relative place under `destination`."""
+    count = 0
+    for item in sorted(source.rglob("*")):
+        if item.is_dir() and not item.is_symlink():
+            continue
+        target = destination / item.relative_to(source)
+        target.parent.mkdir(parents=True, exist_ok=True)
+        shutil.copy2(item, target, follow_symlinks=False)
+        count += 1
+    return count
 
 
 def check_workdir(workdir: Path) -> None:
@@ -47,10 +70,13 @@ class LocalBuilder:
     """
 
     def __init__(self, repo: git.Repo, workdir: Path, build_command: list[str] | None = None,
-                 env: dict[str, str] | None = None, timeout_s: float = 3600.0, keep: int = 4) -> None:
+                 env: dict[str, str] | None = None, timeout_s: float = 3600.0, keep: int = 4,
+                 artifacts_dir: Path | None = None) -> None:
         self.repo = repo
         self.workdir = workdir
         self.build_command = build_command or []
+        self.artifacts_dir = artifacts_dir if self.build_command else None
+        self._keys = BuildKeyReader(repo)
         self.env = env or {}
         self.timeout_s = timeout_s
         self.keep = keep
@@ -59,6 +85,7 @@ class LocalBuilder:
         self._commit_locks: dict[str, threading.Lock] = {}
         self._lock = threading.Lock()
         self._git_lock = threading.Lock()  # prefetch builds in a thread; git's worktree list is shared
+        self._outputs_lock = threading.Lock()  # two builds of one key (prefetch) replace its outputs in turn
 
     def _worktree_path(self, commit: str) -> Path:
         return self.workdir / commit[:12]
@@ -89,15 +116,45 @@ class LocalBuilder:
         with self._git_lock:
             # Twice --force: a worktree registration left locked by a killed `git worktree add` is overridden.
             self.repo.git.worktree("add", "--detach", "--force", "--force", str(path), commit)
+        key = self.build_key(commit)
+        outputs = self.artifacts_dir / key if self.artifacts_dir is not None and key else None
         log_dir.mkdir(parents=True, exist_ok=True)
         log_path = log_dir / f"build-{commit[:12]}.log"
+        how: Literal["built", "overlay"] = "built"
         with log_path.open("w", encoding="utf-8") as log:
-            log.write(f"$ {' '.join(self.build_command) or '(no build command)'}\n")
-            log.flush()
-            if self.build_command:
-                self._run_build(commit, path, log, log_path)
-        return Environment(kind="worktree", commit=commit, path=str(path), how="built",
+            if outputs is not None and (outputs / DONOR_FILE).is_file():
+                donor = (outputs / DONOR_FILE).read_text().strip()
+                copied = _copy_tree(outputs / "files", path)
+                log.write(f"# overlay: {copied} build output file(s) of {donor[:12]} (key {key}) copied in; "
+                          "no build command run\n")
+                how = "overlay"
+            else:
+                log.write(f"$ {' '.join(self.build_command) or '(no build command)'}\n")
+                log.flush()
+                if self.build_command:
+                    self._run_build(commit, path, log, log_path)
+                if outputs is not None:
+                    self._keep_outputs(commit, path, outputs)
+        return Environment(kind="worktree", commit=commit, build_key=key or "", path=str(path), how=how,
                            seconds=round(time.monotonic() - started, 3), log_path=str(log_path))
+
+    def _keep_outputs(self, commit: str, path: Path, outputs: Path) -> None:
+        """What the build left untracked in the worktree, kept for the other commits of its key
+        (staged, then renamed: a half-copied set is never taken for a whole one)."""
+        with self._git_lock:
+            made = [p for p in git.Repo(path).git.ls_files("--others", "-z").split("\0")
+                    if p and "__pycache__" not in p.split("/") and not p.endswith(".pyc")]  # bytecode: per commit
+        staging = outputs.with_name(f".{outputs.name}-{os.getpid()}-{threading.get_ident()}")
+        shutil.rmtree(staging, ignore_errors=True)
+        for relative in made:
+            target = staging / "files" / relative
+            target.parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy2(path / relative, target, follow_symlinks=False)
+        (staging / "files").mkdir(parents=True, exist_ok=True)
+        (staging / DONOR_FILE).write_text(commit + "\n")
+        with self._outputs_lock:
+            shutil.rmtree(outputs, ignore_errors=True)
+            staging.rename(outputs)
 
     def _run_build(self, commit: str, path: Path, log: IO[str], log_path: Path) -> None:
         env = {**os.environ, **self.env}
@@ -129,8 +186,20 @@ class LocalBuilder:
                 self._remove_worktree(Path(old.path))
 
     def build_key(self, commit: str) -> str | None:
-        """None: every commit gets its own worktree and build command."""
-        return None
+        """The compiled inputs' key plus the tracked files the build command names; None without
+        a build command or an artifacts directory (every commit is then its own build)."""
+        if self.artifacts_dir is None:
+            return None
+        with self._git_lock:
+            tree = self.repo.commit(commit).tree
+            named = []
+            for arg in self.build_command:
+                try:
+                    named.append(f"{arg}={(tree / arg).hexsha}")
+                except KeyError:
+                    continue
+            digest = self._keys.key(commit).digest
+        return hashlib.sha256("\n".join([digest, *named]).encode()).hexdigest()[:16]
 
     def close(self) -> None:
         with self._lock:
@@ -140,6 +209,8 @@ class LocalBuilder:
         for env in kept:
             if env.path:
                 self._remove_worktree(Path(env.path))
+        if self.artifacts_dir is not None:
+            shutil.rmtree(self.artifacts_dir, ignore_errors=True)
 
     def _remove_worktree(self, path: Path) -> None:
         with self._git_lock:

@@ -158,6 +158,10 @@ class BuildSpec(_Strict):
     docker_args: dict[str, str] = Field(
         default_factory=dict, description="build args for the candidate's own Dockerfile (--executor docker): "
                                           "PIP_INDEX_URL, COMPILE_CUSTOM_KERNELS, VLLM_REPO; part of the build key")
+    reuse_outputs: bool = Field(
+        True, description="--executor local: a commit whose build key was built gets that build's outputs (what "
+                          "local_command left untracked in its worktree) instead of running the command; false "
+                          "when the command also writes outside the worktree")
     dockerfile: str = Field(
         "Dockerfile", description="which of the candidate's Dockerfiles builds its image (--executor docker): "
                                   "Dockerfile (Atlas 800I A2), Dockerfile.a3, Dockerfile.310p, *.openEuler; "

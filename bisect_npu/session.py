@@ -673,8 +673,9 @@ def make_environment(options: RunOptions, repo: git.Repo | None, recipe: Recipe 
 
         build_command = recipe.build.local_command if recipe else []
         python_paths = recipe.build.python_paths if recipe else ["."]
+        reuse = recipe.build.reuse_outputs if recipe else True
         return (LocalBuilder(repo, workdir.resolve(), build_command, env,
-                             artifacts_dir=session_dir.resolve() / "build-outputs"),
+                             artifacts_dir=session_dir.resolve() / "build-outputs" if reuse else None),
                 LocalExecutor(env, python_paths))
     from bisect_npu.build.docker import make_docker_environment
 

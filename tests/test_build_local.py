@@ -98,3 +98,18 @@ def test_without_an_artifacts_directory_every_commit_is_its_own_build(tmp_path: 
     envs = [local.acquire(sha, tmp_path / "logs") for sha in shas]
     local.close()
     assert [env.how for env in envs] == ["built", "built"]
+
+
+def test_a_recipe_can_turn_output_reuse_off(tmp_path: Path) -> None:
+    from bisect_npu.recipe import parse_recipe
+    from bisect_npu.session import RunOptions, make_environment
+
+    shas = make_linear_repo(tmp_path / "repo", 2)
+    text = "name: t\nmodel:\n  path: /m\ncases:\n  - id: a\n    prompt: hi\nbuild:\n  local_command: [make]\n"
+    options = RunOptions(good=shas[0], bad=shas[1], repo=str(tmp_path / "repo"))
+    for extra, reused in (("", True), ("  reuse_outputs: false\n", False)):
+        builder, _ = make_environment(options, git.Repo(tmp_path / "repo"), parse_recipe(text + extra), tmp_path / "s",
+                                      tmp_path / "work")
+        assert isinstance(builder, LocalBuilder)
+        assert (builder.build_key(shas[1]) is not None) == reused
+        assert (builder.artifacts_dir == (tmp_path / "s").resolve() / "build-outputs") == reused

@@ -187,6 +187,8 @@ class DockerExecutor:
         timed_out = False
         with _sigterm_as_interrupt(), log_path.open("w", encoding="utf-8") as log:
             container = self._start(spec)
+            log.write(f"# container {container.id[:12]} from {spec.image}\n")  # which run this log is
+            log.flush()
             try:
                 follower = threading.Thread(target=_follow_logs, args=(container, log), daemon=True)
                 follower.start()

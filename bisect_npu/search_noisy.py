@@ -221,13 +221,14 @@ def batch_information_gain(mass: np.ndarray, mean_q: np.ndarray, mean_p: np.ndar
     I(J; c) with J the number of failures: H(J) - sum_c P(c) H(J | c), J | c binomial with the
     bad-side rate when c <= x. For m = 1 this is ``information_gain``.
     """
-    weighted_bad = mass[:, None] * _binomial_rows(mean_p, m)
-    weighted_good = mass[:, None] * _binomial_rows(mean_q, m)
+    rows_bad, rows_good = _binomial_rows(mean_p, m), _binomial_rows(mean_q, m)
+    weighted_bad = mass[:, None] * rows_bad
+    weighted_good = mass[:, None] * rows_good
     zero = np.zeros((1, m + 1))
     mixture = (np.vstack((zero, np.cumsum(weighted_bad, axis=0)))
                + np.vstack((np.cumsum(weighted_good[::-1], axis=0)[::-1], zero)))
-    cond_bad = np.concatenate(([0.0], np.cumsum(mass * _row_entropy(_binomial_rows(mean_p, m)))))
-    cond_good = np.concatenate(((mass * _row_entropy(_binomial_rows(mean_q, m)))[::-1].cumsum()[::-1], [0.0]))
+    cond_bad = np.concatenate(([0.0], np.cumsum(mass * _row_entropy(rows_bad))))
+    cond_good = np.concatenate(((mass * _row_entropy(rows_good))[::-1].cumsum()[::-1], [0.0]))
     return _row_entropy(mixture) - cond_bad - cond_good
 
 

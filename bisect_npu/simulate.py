@@ -148,6 +148,7 @@ def simulate(
     confidence: float = 0.99,
     earlier_runs: int = 0,
     tell_build_groups: bool = True,
+    on_run: Callable[[int, int], None] | None = None,
 ) -> SimulationSummary:
     """Summary of ``runs`` seeded bisections of positions 0..n with the culprit at ``culprit``
     (``runs`` per culprit when several are given: a planning figure over where it might be).
@@ -157,6 +158,7 @@ def simulate(
     start, a full build and an overlay cost against its unit (a trial in noisy mode, a step of
     one trial in exact mode), as a session measures them, and, with ``build_key_of`` and
     ``tell_build_groups``, which positions share a build (as a session with a keyed builder).
+    ``on_run(done, total)`` is called after each bisection (progress for long simulations).
     """
     culprits = [culprit] if isinstance(culprit, int) else list(culprit)
     wrong = [c for c in culprits if not 1 <= c <= n]
@@ -171,8 +173,10 @@ def simulate(
                             build_cost=build_cost_min / per_unit, build_groups=groups,
                             overlay_cost=overlay_cost_min / per_unit if groups else 0.0)
     rng = np.random.default_rng(seed)
-    outcomes = [
-        simulate_one(
+    total = len(culprits) * runs
+    outcomes: list[RunOutcome] = []
+    for position in (p for p in culprits for _ in range(runs)):
+        outcomes.append(simulate_one(
             problem,
             position,
             bad_rate=bad_rate,
@@ -185,10 +189,9 @@ def simulate(
             load_cost_min=load_cost_min,
             overlay_cost_min=overlay_cost_min,
             earlier_runs=earlier_runs,
-        )
-        for position in culprits
-        for _ in range(runs)
-    ]
+        ))
+        if on_run is not None:
+            on_run(len(outcomes), total)
     return summarise(outcomes, build_cost_min, run_cost_min, load_cost_min, overlay_cost_min)
 
 

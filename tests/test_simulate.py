@@ -73,6 +73,13 @@ def test_engine_starts_are_counted_and_priced():
     assert dear.accuracy >= 0.9
 
 
+def test_each_bisection_reports_progress():
+    seen = []
+    simulate(40, [5, 30], bad_rate=1.0, good_rate=0.0, mode="exact", runs=3,
+             on_run=lambda done, total: seen.append((done, total)))
+    assert seen == [(k, 6) for k in range(1, 7)]
+
+
 def test_culprit_outside_the_range_is_rejected():
     with pytest.raises(ValueError):
         simulate(10, 11, bad_rate=1.0, good_rate=0.0)
@@ -92,6 +99,8 @@ def test_cli_on_a_real_repository(tmp_path):
     assert done.returncode == 0, done.stderr
     assert "40 candidates, culprit at position 25, 3 build keys, mode noisy" in done.stdout
     assert "accuracy:" in done.stdout and "full builds, mean:" in done.stdout
+    progress = [line for line in done.stderr.splitlines() if line.startswith("simulated ")]
+    assert progress == [f"simulated {k}/20 bisections" for k in range(2, 21, 2)]  # a line per tenth
     earlier = _cli("simulate", "--repo", str(tmp_path), "--good", shas[0], "--bad", shas[40],
                    "--culprit", shas[25], "--bad-rate", "0.9", "--good-rate", "0.1", "--runs", "20",
                    "--earlier-runs", "30")

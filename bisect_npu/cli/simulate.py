@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import contextlib
 import sys
+from collections.abc import Callable, Iterator
 
 import click
 
@@ -61,13 +63,13 @@ def simulate(repo: str, good: str, bad: str, culprit: str, bad_rate: float, good
     reader = BuildKeyReader(git_repo)
     keys = [reader.key(sha).digest for sha in (brange.base, *brange.candidates)]
     chosen = mode or ("exact" if (bad_rate, good_rate) == (1.0, 0.0) else "noisy")
-    summary = run_simulation(
-        len(brange.candidates), position, bad_rate=bad_rate, good_rate=good_rate, build_fail=build_fail,
-        slots=slots, mode=chosen, runs=runs, seed=seed, build_key_of=keys.__getitem__,
-        build_cost_min=build_cost_min, overlay_cost_min=overlay_cost_min, run_cost_min=run_cost_min,
-        load_cost_min=load_cost_min,
-        earlier_runs=earlier_runs,
-    )
+    with _progress() as on_run:
+        summary = run_simulation(
+            len(brange.candidates), position, bad_rate=bad_rate, good_rate=good_rate, build_fail=build_fail,
+            slots=slots, mode=chosen, runs=runs, seed=seed, build_key_of=keys.__getitem__,
+            build_cost_min=build_cost_min, overlay_cost_min=overlay_cost_min, run_cost_min=run_cost_min,
+            load_cost_min=load_cost_min, earlier_runs=earlier_runs, on_run=on_run,
+        )
     heading = (f"{len(brange.candidates)} candidates, culprit at position {position}, "
                f"{len(set(keys))} build keys, mode {chosen}, rates {bad_rate}/{good_rate}, slots {slots}"
                + (f", {earlier_runs} earlier runs per end" if earlier_runs else ""))
@@ -88,3 +90,25 @@ def simulate(repo: str, good: str, bad: str, culprit: str, bad_rate: float, good
     for label, value in rows.items():
         table.add_row(label, value)
     Console().print(table)
+
+
+@contextlib.contextmanager
+def _progress() -> Iterator[Callable[[int, int], None]]:
+    """Bisections done so far, on stderr: a live bar on a terminal, a line per tenth otherwise
+    (a noisy simulation of a long range takes seconds per bisection)."""
+    if sys.stderr.isatty():
+        from rich.progress import Progress
+
+        with Progress(transient=True) as bar:
+            task = bar.add_task("simulating", total=None)
+            yield lambda done, total: bar.update(task, completed=done, total=total)
+        return
+    shown: set[int] = set()
+
+    def line(done: int, total: int) -> None:
+        tenth = done * 10 // total
+        if tenth not in shown and tenth > 0:
+            shown.add(tenth)
+            click.echo(f"simulated {done}/{total} bisections", err=True)
+
+    yield line

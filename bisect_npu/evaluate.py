@@ -56,10 +56,16 @@ def trial_seconds(entries: list[dict[str, Any]]) -> tuple[list[float], list[floa
     """From a session's journal entries: the startup seconds of each engine start, and the run
     seconds (startup excluded) of each trial that ran to an outcome (a probe trial with an
     observation, a command that was not skipped). What a session's costs are measured by."""
-    ran = [e for e in entries if e["type"] == "trial"
-           and (e.get("observation") or (e.get("case_id") == COMMAND_CASE and e.get("outcome") != "skip"))]
+    ran = [e for e in entries if _ran(e)]
     startups = [e["startup_s"] for e in ran if e.get("startup_s", 0.0) > 0]
     return startups, [e["seconds"] - e.get("startup_s", 0.0) for e in ran]
+
+
+def _ran(entry: dict[str, Any]) -> bool:
+    """A journaled trial that ran to an outcome: a probe trial with an observation, a command
+    that was not skipped."""
+    return entry["type"] == "trial" and bool(entry.get("observation") or (
+        entry.get("case_id") == COMMAND_CASE and entry.get("outcome") != "skip"))
 
 
 def step_seconds(entries: list[dict[str, Any]]) -> list[float]:
@@ -69,8 +75,7 @@ def step_seconds(entries: list[dict[str, Any]]) -> list[float]:
     seconds: list[float] = []
     for entry in entries:
         index = entry.get("index")
-        if entry["type"] == "trial" and (entry.get("observation") or (
-                entry.get("case_id") == COMMAND_CASE and entry.get("outcome") != "skip")):
+        if _ran(entry):
             ran[index] = ran.get(index, 0.0) + entry["seconds"]
         elif entry["type"] == "step" and index in ran:
             seconds.append(ran.pop(index))

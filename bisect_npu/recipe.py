@@ -141,8 +141,9 @@ class TrialsSpec(_Strict):
         "auto", description="what a full build costs, in trials (noisy mode) or steps (exact mode); auto: "
                             "measured from this session's builds; 0: builds are free to the search")
     overlay_cost: Literal["auto"] | Annotated[float, Field(ge=0)] = Field(
-        "auto", description="what a python overlay on a built key's image costs (docker builds), in the "
-                            "unit of build_cost; auto: measured from this session's overlays")
+        "auto", description="what an overlay costs (a commit whose build key was built: docker image or "
+                            "kept local outputs), in the unit of build_cost; auto: measured from this "
+                            "session's overlays")
 
 
 class ReferenceSpec(_Strict):

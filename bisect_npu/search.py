@@ -242,13 +242,10 @@ def group_ids(keys: Sequence[str]) -> tuple[int, ...]:
     return tuple(ids.setdefault(key, len(ids)) for key in keys)
 
 
-def built_groups(problem: SearchProblem, evidence: Mapping[int, Evidence]) -> set[int]:
+def built_groups(groups: Sequence[int], evidence: Mapping[int, Evidence]) -> set[int]:
     """The build groups with a tested position: their other positions need only an overlay.
 
     A position that was only skipped does not count: its build may be what failed."""
-    groups = problem.build_groups
-    if groups is None:
-        return {i for i, ev in evidence.items() if ev.trials}
     return {groups[i] for i, ev in evidence.items() if ev.trials}
 
 
@@ -261,7 +258,7 @@ def _cheapest_pivot(problem: SearchProblem, evidence: Mapping[int, Evidence], lo
     from bisect_npu.search_costs import cheapest_pivot
 
     return cheapest_pivot(lo, hi, tuple(untested), tuple(groups[i] for i in (lo, *untested, hi)),
-                          frozenset(built_groups(problem, evidence)), problem.build_cost, problem.overlay_cost)
+                          frozenset(built_groups(groups, evidence)), problem.build_cost, problem.overlay_cost)
 
 
 def spread_picks(lo: int, hi: int, untested: list[int], count: int) -> list[int]:

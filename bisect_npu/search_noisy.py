@@ -511,7 +511,7 @@ def _fixed_costs(problem: SearchProblem, evidence: Mapping[int, Evidence]) -> np
     n = problem.n
     fixed = np.full(n + 1, problem.load_cost + problem.build_cost)
     if problem.build_groups is not None:
-        done = np.isin(np.array(problem.build_groups), list(built_groups(problem, evidence)))
+        done = np.isin(np.array(problem.build_groups), list(built_groups(problem.build_groups, evidence)))
         fixed[done] = problem.load_cost + problem.overlay_cost
     for i, ev in evidence.items():
         if ev.trials or ev.skipped:

@@ -226,22 +226,26 @@ class Session:
     def problem(self) -> search.SearchProblem:
         confidence = self.options.confidence or (self.recipe.trials.confidence if self.recipe else 0.99)
         earlier = self.earlier_runs.for_search(find_fix=self.options.find_fix) if self.earlier_runs else None
+        # Costs in the search's unit, measured from the journal (one read for all three), so a
+        # resumed session decides exactly as the interrupted one did; each only where it is used.
+        noisy, groups = self.mode == "noisy", self.build_groups
+        startups, units = trial_seconds(self.journal.entries) if noisy else ([], step_seconds(self.journal.entries))
+        builds = self._fresh_build_seconds()
         return search.SearchProblem(n=self.n, mode=self.mode, check_ends=self.options.check_ends,
                                     slots=max(1, self.options.slots), confidence=confidence, earlier_runs=earlier,
-                                    load_cost=self.load_cost() if self.mode == "noisy" else 0.0,
-                                    build_cost=self.build_cost(),
-                                    build_groups=self.build_groups, overlay_cost=self.overlay_cost())
+                                    load_cost=self._load_cost(startups, units) if noisy else 0.0,
+                                    build_cost=self._build_cost(builds, units) if noisy or groups else 0.0,
+                                    build_groups=groups,
+                                    overlay_cost=self._overlay_cost(builds, units) if groups else 0.0)
 
-    def load_cost(self) -> float:
+    def _load_cost(self, startups: list[float], runs: list[float]) -> float:
         """What an engine start costs, in trials (noisy mode sizes its queries by it): the recipe's
-        ``trials.load_cost``, or measured from the journaled trials (startup seconds over trial
-        seconds), so a resumed session decides exactly as the interrupted one did. 0 where trials
+        ``trials.load_cost``, or the mean startup over the mean trial seconds. 0 where trials
         cannot share an engine start (a user command, ``trials.batch: false``)."""
         if self.recipe is None or not self.evaluator.batches:
             return 0.0
         if self.recipe.trials.load_cost != "auto":
             return float(self.recipe.trials.load_cost)
-        startups, runs = trial_seconds(self.journal.entries)
         return _in_units(startups, runs)
 
     @functools.cached_property
@@ -253,34 +257,34 @@ class Session:
             return None
         return search.group_ids([key for key in keys if key is not None])
 
-    def build_cost(self) -> float:
+    def _build_cost(self, builds: dict[str, list[float]], units: list[float]) -> float:
         """What a full build costs in the search's unit (a trial in noisy mode, a step in exact
         mode), which weighs a commit's information against its build: the recipe's
-        ``trials.build_cost``, or measured from the journal (the session's full builds, or every
-        fresh build where each commit is its own, over the seconds of one unit)."""
+        ``trials.build_cost``, or the mean seconds of the session's full builds (of every fresh
+        build where each commit is its own) over the mean seconds of one unit."""
         setting = self.recipe.trials.build_cost if self.recipe else "auto"
         if setting != "auto":
             return float(setting)
-        return _in_units(self._build_seconds(("built",) if self.build_groups else ("built", "overlay")),
-                         self._unit_seconds())
+        fresh = builds["built"] if self.build_groups else builds["built"] + builds["overlay"]
+        return _in_units(fresh, units)
 
-    def overlay_cost(self) -> float:
-        """What an overlay on a built key's image costs, in the same unit; 0 without build groups."""
-        if not self.build_groups:
-            return 0.0
+    def _overlay_cost(self, builds: dict[str, list[float]], units: list[float]) -> float:
+        """What an overlay on a built key's image or outputs costs, in the same unit."""
         setting = self.recipe.trials.overlay_cost if self.recipe else "auto"
         if setting != "auto":
             return float(setting)
-        return _in_units(self._build_seconds(("overlay",)), self._unit_seconds())
+        return _in_units(builds["overlay"], units)
 
-    def _build_seconds(self, hows: tuple[str, ...]) -> list[float]:
-        return [e["build"]["seconds"] for e in self.journal.entries
-                if e["type"] == "step" and (e.get("build") or {}).get("how") in hows and e["build"].get("seconds")]
-
-    def _unit_seconds(self) -> list[float]:
-        if self.mode == "noisy":
-            return trial_seconds(self.journal.entries)[1]
-        return step_seconds(self.journal.entries)
+    def _fresh_build_seconds(self) -> dict[str, list[float]]:
+        """Seconds of the session's full builds and overlays, from the journal's steps."""
+        seconds: dict[str, list[float]] = {"built": [], "overlay": []}
+        for entry in self.journal.entries:
+            if entry["type"] != "step":
+                continue
+            build = entry.get("build") or {}
+            if build.get("how") in seconds and build.get("seconds"):
+                seconds[build["how"]].append(build["seconds"])
+        return seconds
 
     def _search_term(self, kind: str) -> Literal["good", "bad", "skip"]:
         """The oracle says whether the symptom shows; with --find-fix the search looks for where it
@@ -576,17 +580,13 @@ def _resolve_candidates(options: RunOptions, repo: git.Repo | None) -> dict[str,
 def _check_dockerfile(repo: git.Repo, dockerfile: str, candidates_range: dict[str, Any]) -> None:
     """Both ends must hold the Dockerfile the images are built from (a recipe's build.dockerfile),
     or every step would be a skip; say where in the range it first appears."""
-    def has_it(sha: str) -> bool:
-        try:
-            repo.commit(sha).tree / dockerfile
-        except KeyError:
-            return False
-        return True
+    from bisect_npu.build.key import BuildKeyReader
 
+    keys = BuildKeyReader(repo, dockerfile=dockerfile)
     for which, sha in (("good", candidates_range["base"]), ("bad", candidates_range["bad"])):
-        if has_it(sha):
+        if keys.key(sha).has_dockerfile:
             continue
-        first = next((c for c in candidates_range["candidates"] if has_it(c)), None)
+        first = next((c for c in candidates_range["candidates"] if keys.key(c).has_dockerfile), None)
         where = f"it first appears at {first[:12]} in this range" if first else "no commit of this range has it"
         raise UsageError(f"the {which} end {candidates_range[f'{which}_ref']} ({sha[:12]}) has no {dockerfile}, "
                          f"so it cannot be built for that target ({where}); pick ends that have it, or set "

@@ -114,10 +114,10 @@ class DockerBuilder:
     def acquire(self, commit: str, log_dir: Path) -> Environment:
         with self._git_lock:
             commit = self.repo.commit(commit).hexsha
-            if not _has_path(self.repo.commit(commit).tree, self.dockerfile):
+            key = self._keys.key(commit)
+            if not key.has_dockerfile:
                 raise BuildFailed(f"{commit[:12]} has no {self.dockerfile}: it cannot be built for this target "
                                   f"(older commits may have only Dockerfile); bisect a range where it exists")
-            key = self._keys.key(commit)
             source_dir = self._source_dir(commit)
         started = time.monotonic()
         log_dir.mkdir(parents=True, exist_ok=True)
@@ -273,14 +273,6 @@ class DockerBuilder:
             return str(self.client.api.inspect_image(tag)["Id"])
         except docker.errors.ImageNotFound:
             raise BuildFailed(f"image build produced no image {tag}", log_path, tail(log_path)) from None
-
-
-def _has_path(tree: git.Tree, path: str) -> bool:
-    try:
-        tree / path
-    except KeyError:
-        return False
-    return True
 
 
 def _git_archive(repo: git.Repo, commit: str) -> IO[bytes]:

@@ -20,6 +20,7 @@ from bisect_npu.history import DockerfileFacts, parse_dockerfile
 
 KEY_SCHEMA = 1
 DIGEST_CHARS = 16
+NO_DOCKERFILE = "(none)"  # the key input of a commit without the Dockerfile asked for
 
 # Top-level paths whose content goes into the compiled part of a vllm-ascend image.
 COMPILED_PATHS: tuple[str, ...] = ("csrc", "CMakeLists.txt", "cmake", "setup.py")
@@ -39,6 +40,11 @@ class BuildKey:
 
     digest: str
     inputs: Mapping[str, str] = field(default_factory=dict)
+
+    @property
+    def has_dockerfile(self) -> bool:
+        """Whether the commit holds the Dockerfile its image would be built from."""
+        return self.inputs.get("dockerfile") != NO_DOCKERFILE
 
 
 class BuildKeyReader:
@@ -60,7 +66,7 @@ class BuildKeyReader:
         try:
             blob = tree / self.dockerfile
         except KeyError:
-            inputs["dockerfile"] = "(none)"
+            inputs["dockerfile"] = NO_DOCKERFILE
         else:
             # The whole Dockerfile counts (its RUN steps build the image); base image and VLLM_TAG
             # are listed separately because they are what a reader wants to see in the report.

@@ -41,12 +41,13 @@ def plan(good: str, bad: str, repo: str, build_minutes: float, overlay_minutes: 
     keys = [key.digest for key in build_keys]
     groups: dict[str, list[str]] = {}
     inputs: dict[str, dict[str, str]] = {}
+    lacking: list[str] = []
     for sha, key in zip(brange.candidates, build_keys[1:], strict=True):
         groups.setdefault(key.digest, []).append(sha)
         inputs.setdefault(key.digest, {"base_image": key.inputs.get("base_image", ""),
                                        "vllm_tag": key.inputs.get("vllm_tag", "")})
-    lacking = [sha for sha, key in zip(brange.candidates, build_keys[1:], strict=True)
-               if key.inputs.get("dockerfile") == "(none)"]
+        if not key.has_dockerfile:
+            lacking.append(sha)
     costs = {"build_cost_min": build_minutes, "overlay_cost_min": overlay_minutes, "run_cost_min": run_minutes}
     expected = {told: _expected(n, keys, told, costs) for told in (True, False)}
     facts = history.commits_facts(git_repo, [brange.candidates[0], brange.candidates[-1]])

@@ -89,7 +89,9 @@ class SearchProblem:
     (a python overlay) instead of ``build_cost`` (a full build); None: every position is its own
     build. Both costs are in trials in noisy mode and in steps (one query's trials) in exact
     mode, where the single-slot search then picks the pivot of least expected cost
-    (bisect_npu/search_costs.py) instead of the midpoint.
+    (bisect_npu/search_costs.py) instead of the midpoint. ``prebuilt_groups`` are groups whose
+    compiled image exists though none of their positions need have been tested (an earlier
+    session or a prefetch built it): their positions cost an overlay too.
     """
 
     n: int
@@ -104,6 +106,7 @@ class SearchProblem:
     build_cost: float = 0.0
     build_groups: tuple[int, ...] | None = None
     overlay_cost: float = 0.0
+    prebuilt_groups: frozenset[int] = frozenset()
 
 
 @dataclass(frozen=True)
@@ -166,6 +169,8 @@ def _validate(problem: SearchProblem, evidence: Mapping[int, Evidence]) -> None:
         raise ValueError("max_trials_per_query must be >= 1")
     if problem.build_groups is not None and len(problem.build_groups) != problem.n + 1:
         raise ValueError(f"build_groups needs one group per position 0..{problem.n}, got {len(problem.build_groups)}")
+    if problem.prebuilt_groups and not set(problem.prebuilt_groups) <= set(problem.build_groups or ()):
+        raise ValueError(f"prebuilt_groups {sorted(problem.prebuilt_groups)} are not all among build_groups")
     for name in ("load_cost", "build_cost", "overlay_cost"):
         if not 0.0 <= getattr(problem, name) < float("inf"):
             raise ValueError(f"{name} must be a finite number >= 0, got {getattr(problem, name)}")
@@ -242,11 +247,13 @@ def group_ids(keys: Sequence[str]) -> tuple[int, ...]:
     return tuple(ids.setdefault(key, len(ids)) for key in keys)
 
 
-def built_groups(groups: Sequence[int], evidence: Mapping[int, Evidence]) -> set[int]:
-    """The build groups with a tested position: their other positions need only an overlay.
+def built_groups(problem: SearchProblem, evidence: Mapping[int, Evidence]) -> frozenset[int]:
+    """The build groups whose image exists: built before the search, or holding a tested
+    position. Their other positions need only an overlay.
 
     A position that was only skipped does not count: its build may be what failed."""
-    return {groups[i] for i, ev in evidence.items() if ev.trials}
+    groups = problem.build_groups or ()
+    return problem.prebuilt_groups | {groups[i] for i, ev in evidence.items() if ev.trials}
 
 
 def _cheapest_pivot(problem: SearchProblem, evidence: Mapping[int, Evidence], lo: int, hi: int,
@@ -258,7 +265,7 @@ def _cheapest_pivot(problem: SearchProblem, evidence: Mapping[int, Evidence], lo
     from bisect_npu.search_costs import cheapest_pivot
 
     return cheapest_pivot(lo, hi, tuple(untested), tuple(groups[i] for i in (lo, *untested, hi)),
-                          frozenset(built_groups(groups, evidence)), problem.build_cost, problem.overlay_cost)
+                          built_groups(problem, evidence), problem.build_cost, problem.overlay_cost)
 
 
 def spread_picks(lo: int, hi: int, untested: list[int], count: int) -> list[int]:

@@ -37,8 +37,8 @@ asks one trial, as above. Builds (``SearchProblem.build_cost`` > 0, in trials): 
 tested yet costs its build on top, so a search query divides by load_cost + build_cost + m
 there and by load_cost + m at a commit already built; the search then re-tests built commits
 where that is worth more per cost, and amortises a new build over more trials. With
-``build_groups`` an untested commit whose group has a tested commit costs ``overlay_cost``
-instead (its compiled image exists).
+``build_groups`` an untested commit whose group has a tested commit, or an image from an
+earlier session (``prebuilt_groups``), costs ``overlay_cost`` instead (its compiled image exists).
 Earlier runs of the ends (``SearchProblem.earlier_runs``, from the bug report) are added to the
 ends' trials for the posterior and the ends' change test, exactly as trials; what this session
 must still run (its own ends, the sandwich, the per-position cap) follows its own trials only.
@@ -511,7 +511,7 @@ def _fixed_costs(problem: SearchProblem, evidence: Mapping[int, Evidence]) -> np
     n = problem.n
     fixed = np.full(n + 1, problem.load_cost + problem.build_cost)
     if problem.build_groups is not None:
-        done = np.isin(np.array(problem.build_groups), list(built_groups(problem.build_groups, evidence)))
+        done = np.isin(np.array(problem.build_groups), list(built_groups(problem, evidence)))
         fixed[done] = problem.load_cost + problem.overlay_cost
     for i, ev in evidence.items():
         if ev.trials or ev.skipped:

@@ -86,10 +86,12 @@ def _in_units(seconds: list[float], units: list[float]) -> float:
 
 def told_costs(problem: search.SearchProblem) -> dict[str, float]:
     """What the search weighed its choice by (journaled with each step, shown in the report):
-    the costs above 0, in its unit, and the number of build groups it knew."""
+    the costs above 0, in its unit, the number of build groups it knew and how many of them
+    had an image when it chose."""
     told = {"load_cost": problem.load_cost, "build_cost": problem.build_cost, "overlay_cost": problem.overlay_cost}
     if problem.build_groups is not None:
         told["build_groups"] = float(len(set(problem.build_groups)))
+        told["prebuilt_groups"] = float(len(problem.prebuilt_groups))
     return {name: value for name, value in told.items() if value}
 
 
@@ -227,7 +229,8 @@ class Session:
         confidence = self.options.confidence or (self.recipe.trials.confidence if self.recipe else 0.99)
         earlier = self.earlier_runs.for_search(find_fix=self.options.find_fix) if self.earlier_runs else None
         # Costs in the search's unit, measured from the journal (one read for all three), so a
-        # resumed session decides exactly as the interrupted one did; each only where it is used.
+        # resumed session weighs as the interrupted one did; each only where it is used. Which
+        # groups have an image is asked of the builder: those are real, whoever built them.
         noisy, groups = self.mode == "noisy", self.build_groups
         startups, units = trial_seconds(self.journal.entries) if noisy else ([], step_seconds(self.journal.entries))
         builds = self._fresh_build_seconds()
@@ -235,7 +238,7 @@ class Session:
                                     slots=max(1, self.options.slots), confidence=confidence, earlier_runs=earlier,
                                     load_cost=self._load_cost(startups, units) if noisy else 0.0,
                                     build_cost=self._build_cost(builds, units) if noisy or groups else 0.0,
-                                    build_groups=groups,
+                                    build_groups=groups, prebuilt_groups=self.prebuilt_groups(),
                                     overlay_cost=self._overlay_cost(builds, units) if groups else 0.0)
 
     def _load_cost(self, startups: list[float], runs: list[float]) -> float:
@@ -249,13 +252,26 @@ class Session:
         return _in_units(startups, runs)
 
     @functools.cached_property
-    def build_groups(self) -> tuple[int, ...] | None:
-        """Each position's build group, where the builder shares compiled images between commits
+    def build_keys(self) -> list[str] | None:
+        """Each position's build key, where the builder shares compiled images between commits
         (a full build for the first commit of a key, an overlay for the others); else None."""
         keys = [self.evaluator.builder.build_key(self.commit_at(i)) for i in range(self.n + 1)]
         if any(key is None for key in keys):
             return None
-        return search.group_ids([key for key in keys if key is not None])
+        return [key for key in keys if key is not None]
+
+    @functools.cached_property
+    def build_groups(self) -> tuple[int, ...] | None:
+        """``build_keys`` as the search's group ids."""
+        return search.group_ids(self.build_keys) if self.build_keys is not None else None
+
+    def prebuilt_groups(self) -> frozenset[int]:
+        """The groups whose image the builder holds already (asked at each decision: an earlier
+        session's images, and what prefetch has built since)."""
+        if self.build_keys is None or self.build_groups is None:
+            return frozenset()
+        built = self.evaluator.builder.built_keys()
+        return frozenset(group for key, group in zip(self.build_keys, self.build_groups, strict=True) if key in built)
 
     def _build_cost(self, builds: dict[str, list[float]], units: list[float]) -> float:
         """What a full build costs in the search's unit (a trial in noisy mode, a step in exact

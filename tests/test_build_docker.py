@@ -65,8 +65,10 @@ def show(docker_client, env, tmp_path) -> dict[str, str]:
 def test_full_then_overlay_then_full_then_reused(upstream, docker_client, tmp_path):
     path, c0, c1, c2 = upstream
     builder = DockerBuilder(git.Repo(path), docker_client)
+    assert builder.built_keys() == frozenset()
     first = builder.acquire(c0, tmp_path / "logs")
     assert (first.kind, first.how) == ("image", "built")
+    assert builder.built_keys() == {first.build_key}
     image = docker_client.images.get(first.image)
     assert image.labels["org.bisect-npu.commit"] == c0
     assert image.labels["org.bisect-npu.key"] == first.build_key
@@ -89,9 +91,30 @@ def test_full_then_overlay_then_full_then_reused(upstream, docker_client, tmp_pa
     assert show(docker_client, kernel, tmp_path)["kernel"].startswith("k2 ")
 
     later_session = DockerBuilder(git.Repo(path), docker_client)
+    assert later_session.built_keys() == {first.build_key, kernel.build_key}  # the search is told so
+    assert DockerBuilder(git.Repo(path), docker_client, overlays=False).built_keys() == frozenset()
     again = later_session.acquire(c1, tmp_path / "logs2")
     assert again.how == "reused"
     assert docker_client.images.get(again.image).id == docker_client.images.get(overlay.image).id
+
+
+def test_an_image_of_another_repositorys_commit_is_not_a_built_key(upstream, docker_client, tmp_path):
+    # Another clone's commit with the same compiled inputs has the same key, but acquire never lays
+    # a commit over an image of a commit it cannot see, so built_keys must not offer that key.
+    path, c0, _, _ = upstream
+    built = DockerBuilder(git.Repo(path), docker_client).acquire(c0, tmp_path / "logs")
+    nonce = path.name.split("-")[-1]
+    other = tmp_path / "other"
+    make_linear_repo(other, 1, files=lambda i: {
+        "Dockerfile": DOCKERFILE, "tools/build.py": BUILD, "csrc/kernel.c": f"k1 {nonce}\n",
+        "app/__init__.py": "VERSION = 7\n"})
+    stranger = DockerBuilder(git.Repo(other), docker_client)
+    own = git.Repo(other).head.commit.hexsha
+    assert stranger.build_key(own) == built.build_key
+    assert built.build_key not in stranger.built_keys()
+    env = stranger.acquire(own, tmp_path / "logs-other")
+    assert env.how == "built"
+    docker_client.images.remove(env.image, force=True)
 
 
 def test_overlays_off_builds_every_commit(upstream, docker_client, tmp_path):

@@ -19,6 +19,7 @@ from bisect_npu.build.docker import DockerBuilder
 from bisect_npu.build.key import BuildKeyReader
 from bisect_npu.demo.generate import ensure_upstream
 from bisect_npu.execute.docker import SESSION_LABEL, DockerExecutor
+from bisect_npu.report import write_reports
 from bisect_npu.session import RunOptions, Session
 
 pytestmark = pytest.mark.container
@@ -83,6 +84,15 @@ def test_demo_bisects_in_containers_with_build_avoidance(docker_client, demo_bas
     assert problem.build_cost == pytest.approx(sum(built_s) / len(built_s) / unit, abs=0.01)
     assert problem.overlay_cost == pytest.approx(sum(overlay_s) / len(overlay_s) / unit, abs=0.01)
     assert problem.build_cost > problem.overlay_cost
+    # The engine holds the images of the keys this session built, and a later session is told so
+    # (an earlier session's images cost an overlay, not a full build).
+    imaged = {groups[s["index"]] for s in steps if s["build"]["how"] != "failed"}
+    assert problem.prebuilt_groups == imaged and len(imaged) < len(set(groups))
+    markdown, _ = write_reports(session_dir)
+    last_told = [s["told"] for s in steps if s.get("told")][-1]
+    assert last_told["prebuilt_groups"] >= 1
+    assert (f"({len(set(groups))} build groups, {int(last_told['prebuilt_groups'])} with an image)"
+            in markdown.read_text())
 
     # One container per candidate run, of that candidate's image: each run's log names its
     # container first (the engine's event log rotates, so it is no record to count on).

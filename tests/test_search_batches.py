@@ -160,3 +160,17 @@ def test_a_dear_build_sends_the_next_query_to_a_built_commit():
     assert isinstance(free, Next) and isinstance(dear, Next)
     assert free.queries[0].index not in evidence  # the most informative commit is a new one
     assert dear.queries[0].index in evidence  # one more trial where it is built already
+
+
+def test_an_image_from_an_earlier_session_makes_its_group_cheap_to_query():
+    # Every untested commit a full build away except 40..47, whose image an earlier session left:
+    # with builds dear, the next query goes there rather than to another built commit.
+    evidence = {0: Evidence(4, 0), 64: Evidence(0, 4), 32: Evidence(3, 1)}
+    groups = tuple(min(i // 8, 8) for i in range(65))
+    dear = SearchProblem(n=64, mode="noisy", build_cost=1000.0, overlay_cost=1.0, build_groups=groups)
+    kept = SearchProblem(n=64, mode="noisy", build_cost=1000.0, overlay_cost=1.0, build_groups=groups,
+                         prebuilt_groups=frozenset({5}))
+    first, again = decide(dear, evidence), decide(kept, evidence)
+    assert isinstance(first, Next) and isinstance(again, Next)
+    assert first.queries[0].index in {0, 32, 64} or groups[first.queries[0].index] in {0, 4, 8}
+    assert groups[again.queries[0].index] == 5 and again.queries[0].index not in evidence

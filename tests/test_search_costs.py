@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from functools import cache
 
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -22,7 +23,7 @@ def search_cost(problem: SearchProblem, culprit: int,
     """Drive exact mode to its answer with a perfect oracle; the cost of its steps after the ends."""
     groups = problem.build_groups or tuple(range(problem.n + 1))
     evidence = {**ENDS_TESTED, problem.n: Evidence(bad=1)}
-    built = {groups[0], groups[problem.n]}
+    built = {groups[0], groups[problem.n], *problem.prebuilt_groups}
     cost, asked = 0.0, []
     while True:
         decision = decide(problem, evidence)
@@ -39,9 +40,10 @@ def search_cost(problem: SearchProblem, culprit: int,
         evidence[x] = Evidence(bad=1) if x >= culprit else Evidence(good=1)
 
 
-def optimum(groups: tuple[int, ...], build: float, overlay: float) -> float:
+def optimum(groups: tuple[int, ...], build: float, overlay: float, prebuilt: frozenset[int] = frozenset()) -> float:
     """Brute force: the least expected cost of any search strategy, the built set tracked along
-    each path (no contiguity assumed), culprit uniform over 1..n, the ends tested."""
+    each path (no contiguity assumed), culprit uniform over 1..n, the ends tested, the
+    ``prebuilt`` groups' images there from the start."""
     n = len(groups) - 1
 
     @cache
@@ -56,7 +58,7 @@ def optimum(groups: tuple[int, ...], build: float, overlay: float) -> float:
             costs.append(step + left * best(lo, x, now) + (1 - left) * best(x, hi, now))
         return min(costs)
 
-    return best(0, n, frozenset({groups[0], groups[n]}))
+    return best(0, n, frozenset({groups[0], groups[n]}) | prebuilt)
 
 
 @st.composite
@@ -73,6 +75,16 @@ def test_expected_cost_is_the_brute_force_optimum_on_a_linear_history(layout, bu
     problem = SearchProblem(n=n, build_groups=groups, build_cost=build, overlay_cost=overlay)
     mean = sum(search_cost(problem, c)[0] for c in range(1, n + 1)) / n
     assert abs(mean - optimum(groups, build, overlay)) < 1e-6
+
+
+@settings(max_examples=60, deadline=None)
+@given(layouts(), st.data(), st.floats(0.5, 20), st.floats(0, 0.5))
+def test_images_from_an_earlier_session_are_priced_as_built(layout, data, build, overlay) -> None:
+    n, groups = layout
+    prebuilt = data.draw(st.frozensets(st.sampled_from(sorted(set(groups)))))
+    problem = SearchProblem(n=n, build_groups=groups, build_cost=build, overlay_cost=overlay, prebuilt_groups=prebuilt)
+    mean = sum(search_cost(problem, c)[0] for c in range(1, n + 1)) / n
+    assert abs(mean - optimum(groups, build, overlay, prebuilt)) < 1e-6
 
 
 @settings(max_examples=80, deadline=None)
@@ -118,6 +130,20 @@ def test_a_built_group_draws_the_pivot_off_an_unbuilt_midpoint() -> None:
     plain = decide(SearchProblem(n=16), evidence)
     assert plain == Next((Query(12),))
     assert decide(problem, evidence) == Next((Query(11),))
+
+
+def test_an_image_from_an_earlier_session_draws_the_pivot_to_its_group() -> None:
+    # Only the ends' images: the search cuts at 3, the last commit on the good end's image, and
+    # leaves the two unbuilt groups for later. With the image of 12..15 kept from an earlier
+    # session a cut at 12 costs an overlay too, and it splits the range nearer the middle.
+    groups = contiguous_groups(16, [4, 12, 16])
+    evidence = {**ENDS_TESTED, 16: Evidence(bad=1)}
+    fresh = SearchProblem(n=16, build_groups=groups, build_cost=10.0, overlay_cost=0.1)
+    kept = SearchProblem(n=16, build_groups=groups, build_cost=10.0, overlay_cost=0.1, prebuilt_groups=frozenset({2}))
+    assert decide(fresh, evidence) == Next((Query(3),))
+    assert decide(kept, evidence) == Next((Query(12),))
+    with pytest.raises(ValueError, match="prebuilt_groups"):
+        decide(SearchProblem(n=16, prebuilt_groups=frozenset({2})), evidence)
 
 
 def test_costs_less_than_the_midpoint_over_a_vllm_ascend_sized_range() -> None:

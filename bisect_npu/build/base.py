@@ -59,3 +59,8 @@ class Builder(Protocol):
     def build_key(self, commit: str) -> str | None:
         """The key of the compiled image `commit` shares with other commits (the first of them
         pays a full build, the rest an overlay); None when every commit is its own build."""
+
+    def built_keys(self) -> frozenset[str]:
+        """The keys whose compiled image exists already (an earlier session built it): the first
+        commit of such a key here costs an overlay, not a full build. Empty when nothing outlives
+        a session."""

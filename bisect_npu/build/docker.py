@@ -111,6 +111,16 @@ class DockerBuilder:
     def build_key(self, commit: str) -> str | None:
         return self.key(commit).digest
 
+    def built_keys(self) -> frozenset[str]:
+        """Keys with a full image of a commit of this repository in the engine: ``acquire`` lays any
+        commit of those keys over that image. Empty without overlays (every commit builds)."""
+        if not self.overlays:
+            return frozenset()
+        rows = self.client.api.images(filters={"label": f"{LABEL_KIND}=full"})
+        labels = [row.get("Labels") or {} for row in rows]
+        return frozenset(label[LABEL_KEY] for label in labels
+                         if label.get(LABEL_KEY) and self._known(label.get(LABEL_COMMIT, "")))
+
     def acquire(self, commit: str, log_dir: Path) -> Environment:
         with self._git_lock:
             commit = self.repo.commit(commit).hexsha

@@ -201,6 +201,10 @@ class LocalBuilder:
             digest = self._keys.key(commit).digest
         return hashlib.sha256("\n".join([digest, *named]).encode()).hexdigest()[:16]
 
+    def built_keys(self) -> frozenset[str]:
+        """Empty: a key's outputs live in the session's artifacts directory and go with it."""
+        return frozenset()
+
     def close(self) -> None:
         with self._lock:
             kept, self._kept = list(self._kept.values()), OrderedDict()

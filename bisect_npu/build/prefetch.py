@@ -99,6 +99,9 @@ class Prefetcher:
     def build_key(self, commit: str) -> str | None:
         return self.builder.build_key(commit)
 
+    def built_keys(self) -> frozenset[str]:
+        return self.builder.built_keys()
+
     def close(self) -> None:
         """Cancel what has not started, wait for the rest, then close the wrapped builder."""
         with self._lock:

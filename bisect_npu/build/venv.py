@@ -124,6 +124,10 @@ class VenvBuilder:
         """None: every published version is its own install."""
         return None
 
+    def built_keys(self) -> frozenset[str]:
+        """Empty: no version shares a key (cached venvs are reused per version, not overlaid)."""
+        return frozenset()
+
     def close(self) -> None:
         """Nothing held between candidates: venvs are cached on disk, locks taken per acquire."""
 

@@ -18,7 +18,7 @@ import re
 import shutil
 import subprocess
 import uuid
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Collection, Iterable, Sequence
 from dataclasses import asdict, dataclass, field
 from functools import cached_property
 from pathlib import Path
@@ -978,26 +978,35 @@ def _detail_of(verdict: Verdict) -> str:
 
 
 def verify_fixes(repo: git.Repo, bad: str, report: FixReport, evaluate: Callable[[str], Verdict], *,
-                 top: int = 3, workdir: Path) -> list[FixVerification]:
-    """Apply each of the top proposals to `bad`, evaluate the new commit; verified ones first."""
+                 top: int = 3, workdir: Path, done: Collection[str] = (),
+                 on_result: Callable[[FixVerification], None] | None = None) -> list[FixVerification]:
+    """Apply each of the top proposals to `bad`, evaluate the new commit; verified ones first.
+
+    Proposals whose first sha is in ``done`` (verified by an interrupted run) are left out;
+    ``on_result`` hears of each verification the moment it is made, so a caller can keep it.
+    """
     bad_sha = resolve_ref(repo, bad)
-    results = []
+    results: list[FixVerification] = []
     for proposal in report.proposals[:top]:
-        applied = apply_fix(repo, bad_sha, _pick_shas(repo, proposal, bad_sha), workdir)
-        if isinstance(applied, ApplyConflict):
-            results.append(FixVerification(proposal, "conflict", conflict_files=applied.files,
-                                           detail=applied.message))
+        if proposal.shas[0] in done:
             continue
-        if isinstance(applied, AlreadyApplied):
-            results.append(FixVerification(proposal, "already_applied", detail=applied.message))
-            continue
-        try:
-            verdict = evaluate(applied.sha)
-        except BuildFailed as exc:
-            results.append(FixVerification(proposal, "build_failed", applied_sha=applied.sha, detail=str(exc)))
-            continue
-        results.append(FixVerification(proposal, _status_of(verdict), verdict, applied.sha,
-                                       detail=_detail_of(verdict)))
+        results.append(_verify_one(repo, bad_sha, proposal, evaluate, workdir))
+        if on_result is not None:
+            on_result(results[-1])
     order = {"verified": 0}
     results.sort(key=lambda v: order.get(v.status, 1))
     return results
+
+
+def _verify_one(repo: git.Repo, bad_sha: str, proposal: FixProposal, evaluate: Callable[[str], Verdict],
+                workdir: Path) -> FixVerification:
+    applied = apply_fix(repo, bad_sha, _pick_shas(repo, proposal, bad_sha), workdir)
+    if isinstance(applied, ApplyConflict):
+        return FixVerification(proposal, "conflict", conflict_files=applied.files, detail=applied.message)
+    if isinstance(applied, AlreadyApplied):
+        return FixVerification(proposal, "already_applied", detail=applied.message)
+    try:
+        verdict = evaluate(applied.sha)
+    except BuildFailed as exc:
+        return FixVerification(proposal, "build_failed", applied_sha=applied.sha, detail=str(exc))
+    return FixVerification(proposal, _status_of(verdict), verdict, applied.sha, detail=_detail_of(verdict))

@@ -359,8 +359,13 @@ class Session:
             level_done = any(e["type"] == "next_level" for e in self.journal.entries)
             if self.options.package and self.repo is not None and ended["status"] == "found" and not level_done:
                 return self._commit_level(search.Found(ended["index"]))
-            self.progress.note("session already finished; re-rendering the report only")
-            return self._result_from_end(ended)
+            result = self._result_from_end(ended)
+            if self._fix_wanted(result) and not self._fix_done():
+                self.progress.note("session ended before its fix proposal was done; finishing that")
+                self._propose_fix(ended["culprit"])
+            else:
+                self.progress.note("session already finished; re-rendering the report only")
+            return result
         while True:
             problem = self.problem()
             decision = search.decide(problem, self.evidence())
@@ -374,9 +379,17 @@ class Session:
             return result
         if self.options.package:
             return self._commit_level(decision) if self.repo is not None else result
-        if self.options.propose_fix and not self.options.find_fix:
+        if self._fix_wanted(result):
             self._propose_fix(result.culprit)
         return result
+
+    def _fix_wanted(self, result: SessionResult) -> bool:
+        return (result.status == "found" and bool(result.culprit) and not self.options.package
+                and self.options.propose_fix and not self.options.find_fix)
+
+    def _fix_done(self) -> bool:
+        kinds = {e["type"] for e in self.journal.entries}
+        return "fix_verify" in kinds or ("fix" in kinds and not self.options.verify_fix)
 
     def _commit_level(self, decision: search.Decision) -> SessionResult:
         """Release level done: map the two adjacent versions to tags and bisect the commits between
@@ -545,19 +558,29 @@ class Session:
                              message=end.get("message", ""), steps=steps)
 
     def _propose_fix(self, culprit: str) -> None:
+        """Rank the fixes, then verify the top ones, journaling each verification as it ends: an
+        interrupted run's resume ranks again (seconds, the same answer) and verifies only the rest."""
         from bisect_npu import fix
 
+        assert self.repo is not None
         self.progress.note("looking for upstream commits that fix the culprit")
         report = fix.propose_fixes(self.repo, culprit, bad=self.journal.header["range"]["bad"],
                                    symptom=self.recipe.symptom if self.recipe else (), top=max(5, self.options.fix_top))
-        self._append({"type": "fix", "report": to_jsonable(report)})
+        if not any(e["type"] == "fix" for e in self.journal.entries):
+            self._append({"type": "fix", "report": to_jsonable(report)})
         if not self.options.verify_fix or not report.proposals:
             return
-        self.progress.note(f"verifying the top {self.options.fix_top} fix proposals on the bad end")
-        verifications = fix.verify_fixes(self.repo, self.journal.header["range"]["bad"], report,
-                                         self.verdict_of, top=self.options.fix_top,
-                                         workdir=self.journal.session_dir / "fix-worktrees")
-        self._append({"type": "fix_verify", "verifications": to_jsonable(verifications)})
+        kept = [e["verification"] for e in self.journal.entries if e["type"] == "fix_verified"]
+        self.progress.note(f"verifying the top {self.options.fix_top} fix proposals on the bad end"
+                           + (f" ({len(kept)} verified before the interruption)" if kept else ""))
+        fresh = fix.verify_fixes(self.repo, self.journal.header["range"]["bad"], report, self.verdict_of,
+                                 top=self.options.fix_top, workdir=self.journal.session_dir / "fix-worktrees",
+                                 done={v["proposal"]["shas"][0] for v in kept},
+                                 on_result=lambda v: self._append({"type": "fix_verified",
+                                                                   "verification": to_jsonable(v)}))
+        every = [*kept, *to_jsonable(fresh)]
+        every.sort(key=lambda v: v["status"] != "verified")
+        self._append({"type": "fix_verify", "verifications": every})
 
     def verdict_of(self, commit: str) -> Verdict:
         """Evaluate any commit (a fix applied on the bad end) with this session's recipe or command."""

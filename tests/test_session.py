@@ -9,6 +9,7 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -237,3 +238,51 @@ def test_a_commit_that_does_not_build_is_skipped_and_stepped_around(tmp_path: Pa
     broken = [s for s in steps if s["type"] == "step" and s["index"] == 8]
     assert [(s["build"]["how"], s["verdict"]["kind"]) for s in broken] == [("failed", "skip")]
     assert "build failed with exit code 1" in broken[0]["verdict"]["reason"]
+
+
+def _cut_journal(session: Path, keep: Callable[[list[dict]], int]) -> list[dict]:
+    """Drop the journal's lines from index keep(entries) on, as a kill at that moment would have."""
+    lines = (session / "journal.jsonl").read_text().splitlines(keepends=True)
+    cut = keep([json.loads(line) for line in lines])
+    (session / "journal.jsonl").write_text("".join(lines[:cut]))
+    return [json.loads(line) for line in lines[cut:]]
+
+
+def test_a_run_killed_during_fix_verification_resumes_only_the_rest(tmp_path: Path) -> None:
+    repo = tmp_path / "repo"
+    titles = {20: "[Feature] state handling (#20)"}
+    shas = make_linear_repo(repo, 41, culprit=20, tags={0: "good", 40: "bad"},
+                            titles=lambda i: titles.get(i, f"Change {i} (#{1000 + i})"))
+    add_commit(repo, "[BugFix] state back to good (#2000)", {"state": "good\n"})
+    add_commit(repo, "[Misc] state wording (#2001)", {"state": "good\n\n"})
+    add_commit(repo, "[BugFix] state handling, again (#2002)", {"state": "good\n"})
+    session = tmp_path / "s"
+    bisect("run", "--repo", str(repo), "--good", "good", "--bad", "bad", "--cmd", GOOD_CMD_STR, "--verify-fix",
+           "--session", str(session), "--quiet", cwd=tmp_path, check_code=0)
+    whole = journal_lines(session)
+    verified = [e["verification"] for e in whole if e["type"] == "fix_verified"]
+    final = next(e["verifications"] for e in whole if e["type"] == "fix_verify")
+    assert len(verified) == len(final) >= 2 and final[0]["status"] == "verified"
+    assert final[0]["proposal"]["title"] == "[BugFix] state back to good (#2000)"
+
+    # Killed after the first verification was journaled: resume verifies the others only.
+    lost = _cut_journal(session, lambda entries: 1 + next(i for i, e in enumerate(entries)
+                                                          if e["type"] == "fix_verified"))
+    done = bisect("resume", "--session", str(session), "--json", cwd=tmp_path, check_code=0)
+    assert summary(done)["culprit"] == shas[20]
+    again = journal_lines(session)
+    redone = [e["verification"]["proposal"]["shas"] for e in again if e["type"] == "fix_verified"]
+    assert len(redone) == len(verified) and len({s[0] for s in redone}) == len(redone)  # none verified twice
+    assert [e["type"] for e in again].count("fix") == 1
+    assert [(v["proposal"]["shas"], v["status"]) for v in next(e["verifications"] for e in again
+                                                               if e["type"] == "fix_verify")] == \
+        [(v["proposal"]["shas"], v["status"]) for v in final]
+    assert len(lost) == len(verified)  # the later verifications and the summary line were gone
+
+    # Killed after the culprit was journaled, before the fixes were ranked: resume ranks and verifies.
+    _cut_journal(session, lambda entries: next(i for i, e in enumerate(entries) if e["type"] == "fix"))
+    bisect("resume", "--session", str(session), cwd=tmp_path, check_code=0)
+    kinds = [e["type"] for e in journal_lines(session)]
+    assert kinds.count("fix") == 1 and kinds.count("fix_verify") == 1 and kinds.count("fix_verified") == len(verified)
+    report = (session / "report.md").read_text()
+    assert "state back to good" in report

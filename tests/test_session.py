@@ -44,9 +44,10 @@ def repo1000(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, list[str]]
 def test_finds_culprit_in_1000_commits_within_12_runs(repo1000: tuple[Path, list[str]], tmp_path: Path) -> None:
     repo, shas = repo1000
     done = bisect("run", "--repo", str(repo), "--good", "v1.0", "--bad", "v2.0", "--cmd", GOOD_CMD_STR,
-                  "--session", str(tmp_path / "s"), "--json", cwd=tmp_path, check_code=0)
+                  "--session", str(tmp_path / "s"), "--cache-size", "512M", "--json", cwd=tmp_path, check_code=0)
     result = summary(done)
     assert result["culprit"] == shas[637]
+    assert journal_lines(tmp_path / "s")[0]["options"]["cache_size_gb"] == 0.5
     assert result["steps"] <= 12  # ceil(log2 1000) = 10, plus the two end checks
     report = Path(result["report"]).read_text()
     assert shas[637][:12] in report and "First bad commit" in report
@@ -140,6 +141,7 @@ def test_merge_base_is_used_and_reported(tmp_path: Path) -> None:
         (["--good", "v2.0", "--bad", "v2.0"], "same commit", 2),
         (["--good", "v2.0", "--bad", "v1.0"], "newer", 2),
         (["--good", "v1.0", "--bad", "v2.0", "--cmd", "no-such-program-xyz"], "command not found", 2),
+        (["--good", "v1.0", "--bad", "v2.0", "--cache-size", "lots"], "--cache-size 'lots': give a size", 2),
     ],
 )
 def test_bad_input_one_line_error(repo1000: tuple[Path, list[str]], tmp_path: Path, args: list[str], needle: str,

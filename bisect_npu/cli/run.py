@@ -57,6 +57,9 @@ def finish(result: SessionResult, as_json: bool) -> None:
               help="Test that good is good and bad is bad before bisecting.")
 @click.option("--timeout", "timeout_s", type=float, default=3600.0, show_default=True,
               help="Seconds per probe or command run.")
+@click.option("--cache-size", default="200G", show_default=True,
+              help="Most disk the candidate images (docker) or release venvs (--package) may take; the least "
+                   "recently used go first, e.g. 500G, 80GiB.")
 @click.option("--fix/--no-fix", "propose_fix", default=True, show_default=True, help="Propose upstream fixes.")
 @click.option("--verify-fix", is_flag=True, help="Apply the top fixes to the bad end and re-run the oracle.")
 @click.option("--find-fix", is_flag=True, help="Flip the terms: find the first commit where the symptom is gone.")
@@ -67,9 +70,10 @@ def run(good: str, bad: str, repo: str | None, package: str | None, index_url: s
         devices: str | None, slots: int | None, session_dir: Path | None, workdir: Path | None, mode: str | None,
         prefetch: bool | None,
         confidence: float | None, earlier_runs: tuple[str, str] | None, check_ends: bool, timeout_s: float,
-        propose_fix: bool, verify_fix: bool,
+        cache_size: str, propose_fix: bool, verify_fix: bool,
         find_fix: bool, as_json: bool, quiet: bool) -> None:
     """Bisect GOOD..BAD: find the first bad commit, propose its fix, write the report."""
+    from bisect_npu.build.cache import parse_size
     from bisect_npu.execute.ascend import parse_devices
     from bisect_npu.progress import make_progress
     from bisect_npu.session import RunOptions, Session
@@ -82,6 +86,7 @@ def run(good: str, bad: str, repo: str | None, package: str | None, index_url: s
                          index_url=index_url, prereleases=prereleases, recipe=recipe, command=argv, executor=executor,
                          devices=cards, slots=slots or max(1, len(cards)), mode=mode, confidence=confidence,
                          check_ends=check_ends, timeout_s=timeout_s, propose_fix=propose_fix,
+                         cache_size_gb=parse_size(cache_size) / 2**30,
                          verify_fix=verify_fix, find_fix=find_fix, prefetch=prefetch,
                          earlier_runs=list(earlier_runs) if earlier_runs else None,
                          workdir=str(workdir) if workdir else None)

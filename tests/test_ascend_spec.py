@@ -24,7 +24,7 @@ DRIVER = {
 def test_two_cards_field_by_field(tmp_path: Path):
     spec = ascend_container_spec("bisect-npu/vllm-ascend:commit-abc", tmp_path / "out", devices=parse_devices("0,1"),
                                  model_dir=Path("/data/Qwen3-8B"), model_path="/models/Qwen3-8B",
-                                 env={"VLLM_USE_V1": "1"}, deterministic=True)
+                                 env={"VLLM_USE_V1": "1"})
     kwargs = container_create_kwargs(spec)
     assert kwargs["image"] == "bisect-npu/vllm-ascend:commit-abc"
     assert kwargs["devices"] == ["/dev/davinci0:/dev/davinci0:rwm", "/dev/davinci1:/dev/davinci1:rwm", *MANAGEMENT]
@@ -47,19 +47,12 @@ def test_one_card_exposes_only_that_card(tmp_path: Path):
     assert kwargs["devices"][1:] == MANAGEMENT
 
 
-def test_server_port_is_published_on_loopback_only(tmp_path: Path):
-    kwargs = container_create_kwargs(ascend_container_spec("img", tmp_path, devices=[0], server_port=8000))
-    assert kwargs["ports"] == {"8000/tcp": ("127.0.0.1", 8000)}
-    assert kwargs["network_mode"] == "bridge"
-    assert kwargs["privileged"] is False
-
-
-def test_determinism_switches_only_when_asked(tmp_path: Path):
+def test_determinism_switches_always_and_the_recipe_has_the_last_word(tmp_path: Path):
     kwargs = container_create_kwargs(ascend_container_spec("img", tmp_path, devices=[0]))
-    assert not set(DETERMINISM_ENV) & set(kwargs["environment"])
-    recipe_says = container_create_kwargs(ascend_container_spec("img", tmp_path, devices=[0], deterministic=True,
+    assert kwargs["environment"] == DETERMINISM_ENV
+    recipe_says = container_create_kwargs(ascend_container_spec("img", tmp_path, devices=[0],
                                                                 env={"HCCL_DETERMINISTIC": "false"}))
-    assert recipe_says["environment"]["HCCL_DETERMINISTIC"] == "false"  # the recipe's word wins
+    assert recipe_says["environment"] == {**DETERMINISM_ENV, "HCCL_DETERMINISTIC": "false"}
 
 
 @pytest.mark.parametrize(("text", "cards"), [("0-7", list(range(8))), ("0,1", [0, 1]), ("3", [3]),

@@ -3,15 +3,15 @@
 from __future__ import annotations
 
 import json
-from functools import partial
 from pathlib import Path
 
 import pytest
 
 from bisect_npu.build.base import Environment
+from bisect_npu.build.docker import container_spec_factory
 from bisect_npu.cli import main
 from bisect_npu.evaluate import probe_request
-from bisect_npu.execute.ascend import DETERMINISM_ENV, DRIVER_MOUNTS, MANAGEMENT_DEVICES, ascend_container_spec
+from bisect_npu.execute.ascend import DETERMINISM_ENV, DRIVER_MOUNTS, MANAGEMENT_DEVICES
 from bisect_npu.execute.base import RunResult
 from bisect_npu.execute.docker import PROBE_BOOTSTRAP, PROBE_PARENT, ContainerSpec, DockerExecutor, Mount
 from bisect_npu.models import UsageError
@@ -144,9 +144,7 @@ def _spec(recipe_name: str, tmp_path: Path, cards: list[int]) -> tuple[dict, Con
     """Run a bundled recipe's first case through the real executor path; return the request file and spec."""
     recipe = load_recipe(recipe_name)
     request = probe_request(recipe, recipe.cases[0], commit="c0ffee", trial=0)
-    factory = partial(ascend_container_spec, devices=cards, model_dir=Path(recipe.model.host_path),
-                      model_path=recipe.model.path, env=recipe.environment, deterministic=True,
-                      server_port=recipe.engine.port if recipe.engine.backend == "openai" else None)
+    factory = container_spec_factory(RunOptions(good="g", bad="b", executor="docker", devices=cards), recipe)
     executor = NoNpuDockerExecutor(client=None, spec_factory=factory, session_id="s1")
     env = Environment(kind="image", commit="c0ffee", image="bisect-npu/vllm-ascend:c0ffee")
     executor.run_probe(env, request, tmp_path, timeout_s=60.0)
@@ -172,7 +170,7 @@ def test_offline_recipes_on_ascend_field_by_field(name: str, tmp_path: Path) -> 
     assert spec.command == ["python3", "-c", PROBE_BOOTSTRAP, f"/out/request-{recipe.cases[0].id}-t0.json"]
     assert request["output"] == f"/out/obs-{recipe.cases[0].id}-t0.json"  # the path inside the container
     assert spec.devices == [f"/dev/davinci{n}" for n in cards] + list(MANAGEMENT_DEVICES)
-    assert spec.privileged is False and spec.network_mode == "none" and spec.ports == {}
+    assert spec.privileged is False and spec.network_mode == "none"
     assert spec.mounts == [
         *[Mount(source=p, target=p, read_only=True) for p in DRIVER_MOUNTS],
         Mount(source=recipe.model.host_path, target=recipe.model.path, read_only=True),
@@ -207,6 +205,16 @@ def test_mtp_recipe_runs_sampled_and_greedy_with_mtp() -> None:
     assert kwargs["disable_log_stats"] is False  # the acceptance counters come from vLLM's stats
 
 
+def test_a_recipe_without_determinism_switches_still_gets_them_on_ascend(tmp_path: Path) -> None:
+    recipe = parse_recipe(MINIMAL + "environment:\n  VLLM_USE_V1: '1'\n")
+    factory = container_spec_factory(RunOptions(good="g", bad="b", executor="docker", devices=[2]), recipe)
+    spec = factory("img", tmp_path)
+    assert spec.environment == {**DETERMINISM_ENV, "VLLM_USE_V1": "1"}
+    assert spec.devices[0] == "/dev/davinci2"
+    cpu = container_spec_factory(RunOptions(good="g", bad="b", executor="docker"), recipe)("img", tmp_path)
+    assert cpu.devices == [] and cpu.environment == {"VLLM_USE_V1": "1"}  # the CPU demo: no NPU switches
+
+
 def test_presence_penalty_recipe_server_on_ascend(tmp_path: Path) -> None:
     request, spec = _spec("qwen3-moe-presence-penalty-loop", tmp_path, [0, 1, 2, 3])
     argv = server_argv(request, python="python3")
@@ -218,7 +226,7 @@ def test_presence_penalty_recipe_server_on_ascend(tmp_path: Path) -> None:
     assert "presence_penalty" not in request["case"]["sampling"]  # the server default must carry it
     assert request["engine"]["startup_timeout_s"] == 1200
     assert spec.devices == [f"/dev/davinci{n}" for n in range(4)] + list(MANAGEMENT_DEVICES)
-    assert spec.ports == {8000: 8000} and spec.network_mode == "bridge"
+    assert spec.network_mode == "none"  # the probe reaches the server over the container's loopback
     assert spec.environment["HCCL_DETERMINISTIC"] == "true"
 
 

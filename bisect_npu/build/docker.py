@@ -24,7 +24,7 @@ import subprocess
 import tarfile
 import threading
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import IO, Any
@@ -350,34 +350,43 @@ def _python_tree(repo: git.Repo, commit: str, source_dir: str, dockerfile: str) 
 def make_docker_environment(options: Any, repo: git.Repo, recipe: Any, session_dir: Path) -> tuple[Any, Any]:
     """The builder and executor for `--executor docker` (session.make_environment calls this).
 
-    `options` is session.RunOptions (devices, cache_size_gb), `recipe` a Recipe or None. With
-    `--devices` the containers get the NPUs (execute/ascend.py); without, a plain CPU container
-    (the demo). Containers of this session are swept when the process exits.
+    `options` is session.RunOptions (devices, slots, cache_size_gb), `recipe` a Recipe or None.
+    Containers of this session are swept when the process exits.
     """
-    import functools
-
-    from bisect_npu.execute.ascend import ascend_container_spec
-    from bisect_npu.execute.docker import DevicePool, DockerExecutor, Mount, plain_container_spec
+    from bisect_npu.execute.docker import DevicePool, DockerExecutor
 
     client = connect_engine()
     cache = ImageCache(client, int(options.cache_size_gb * (1 << 30)))
     build_args = dict(recipe.build.docker_args) if recipe else {}
     builder = DockerBuilder(repo, client, build_args=build_args, cache=cache,
                             dockerfile=recipe.build.dockerfile if recipe else "Dockerfile")
+    pool = DevicePool(list(options.devices), options.slots) if options.devices and options.slots > 1 else None
+    executor = DockerExecutor(client, container_spec_factory(options, recipe), session_id=session_dir.name,
+                              device_pool=pool)
+    atexit.register(executor.close)
+    return builder, executor
+
+
+def container_spec_factory(options: Any, recipe: Any) -> Callable[..., Any]:
+    """What each candidate's container gets: with `--devices` the NPUs (execute/ascend.py), else
+    a plain CPU container (the demo); the recipe's environment and model mount either way."""
+    import functools
+
+    from bisect_npu.execute.ascend import ascend_container_spec
+    from bisect_npu.execute.docker import Mount, plain_container_spec
+
     env = dict(recipe.environment) if recipe else {}
     host_model = Path(recipe.model.host_path) if recipe and recipe.model.host_path else None
     model_path = recipe.model.path if recipe else None
     if options.devices:
-        spec_factory = functools.partial(ascend_container_spec, devices=list(options.devices),
-                                         model_dir=host_model, model_path=model_path, env=env)
-    else:
-        def spec_factory(image: str, out_dir: Path) -> Any:
-            spec = plain_container_spec(image, out_dir)
-            mounts = list(spec.mounts)
-            if host_model is not None:
-                mounts.append(Mount(source=str(host_model), target=model_path or str(host_model)))
-            return spec.model_copy(update={"environment": env, "mounts": mounts})
-    pool = DevicePool(list(options.devices), options.slots) if options.devices and options.slots > 1 else None
-    executor = DockerExecutor(client, spec_factory, session_id=session_dir.name, device_pool=pool)
-    atexit.register(executor.close)
-    return builder, executor
+        return functools.partial(ascend_container_spec, devices=list(options.devices),
+                                 model_dir=host_model, model_path=model_path, env=env)
+
+    def cpu_spec(image: str, out_dir: Path) -> Any:
+        spec = plain_container_spec(image, out_dir)
+        mounts = list(spec.mounts)
+        if host_model is not None:
+            mounts.append(Mount(source=str(host_model), target=model_path or str(host_model)))
+        return spec.model_copy(update={"environment": env, "mounts": mounts})
+
+    return cpu_spec

@@ -2,7 +2,7 @@
 
 Mirrors the `docker run` that vllm-ascend's quick start documents: one `/dev/davinciN` per card
 plus the three management devices, the driver's libraries and tools mounted read-only, never
-`--privileged`, and no network beyond loopback unless a server port has to be reachable.
+`--privileged`, and no network beyond loopback.
 """
 
 from __future__ import annotations
@@ -50,14 +50,13 @@ def parse_devices(text: str) -> list[int]:
 
 def ascend_container_spec(image: str, out_dir: Path, *, devices: list[int], model_dir: Path | None = None,
                           model_path: str | None = None, env: Mapping[str, str] | None = None,
-                          deterministic: bool = False, server_port: int | None = None,
                           shm_size: str = DEFAULT_SHM_SIZE) -> ContainerSpec:
     """The spec for one candidate on the NPUs `devices`.
 
     `model_dir` (host) is mounted read-only at `model_path` (the recipe's path inside the container;
-    the same path when not given). `deterministic` adds DETERMINISM_ENV under the recipe's `env`.
-    The probe talks to a `vllm serve` inside the same container over loopback, so `server_port` is
-    only for watching the server from the host: it is published on 127.0.0.1 alone.
+    the same path when not given). DETERMINISM_ENV is always set, under the recipe's `env` (whose
+    word wins): a token match or a logits diff means nothing when collectives reorder sums between
+    runs. The probe talks to a `vllm serve` in the same container over loopback: no network.
     """
     if not devices:
         raise UsageError("no NPU selected; pass --devices, e.g. --devices 0")
@@ -65,14 +64,12 @@ def ascend_container_spec(image: str, out_dir: Path, *, devices: list[int], mode
     if model_dir is not None:
         mounts.append(Mount(source=str(model_dir), target=model_path or str(model_dir), read_only=True))
     mounts.append(Mount(source=str(out_dir), target=OUT_DIR, read_only=False))
-    environment = {**(DETERMINISM_ENV if deterministic else {}), **(env or {})}
     return ContainerSpec(
         image=image,
         devices=[f"/dev/davinci{card}" for card in devices] + list(MANAGEMENT_DEVICES),
         mounts=mounts,
-        environment=environment,
-        network_mode="bridge" if server_port else "none",
-        ports={server_port: server_port} if server_port else {},
+        environment={**DETERMINISM_ENV, **(env or {})},
+        network_mode="none",
         privileged=False,
         shm_size=shm_size,
     )

@@ -55,7 +55,6 @@ class ContainerSpec(BaseModel):
     mounts: list[Mount] = Field(default_factory=list)
     working_dir: str | None = None
     network_mode: str = "none"
-    ports: dict[int, int] = Field(default_factory=dict)  # container port -> host port on 127.0.0.1
     labels: dict[str, str] = Field(default_factory=dict)
     user: str | None = None
     privileged: bool = False
@@ -83,8 +82,6 @@ def container_create_kwargs(spec: ContainerSpec) -> dict[str, Any]:
         "privileged": spec.privileged,
         "detach": True,
     }
-    if spec.ports:
-        kwargs["ports"] = {f"{inside}/tcp": ("127.0.0.1", outside) for inside, outside in spec.ports.items()}
     if spec.working_dir:
         kwargs["working_dir"] = spec.working_dir
     if spec.user:

@@ -11,6 +11,7 @@ import dataclasses
 import functools
 import itertools
 import math
+import shlex
 import threading
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
@@ -70,6 +71,29 @@ class RunOptions:
 
     def to_json(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
+
+    def run_argv(self) -> list[str]:
+        """The `bisect-npu run` arguments that give these options again (the report's reproduce
+        line): every option `run` has, where it differs from `run`'s default."""
+        valued: list[tuple[str, object]] = [
+            ("--package", self.package), ("--repo", self.repo), ("--good", self.good), ("--bad", self.bad),
+            ("--index-url", self.index_url), ("--recipe", self.recipe),
+            ("--cmd", shlex.join(self.command) if self.command else None),
+            ("--executor", self.executor if self.executor != "local" else None),
+            ("--devices", ",".join(map(str, self.devices)) or None),
+            ("--slots", self.slots if self.slots != max(1, len(self.devices)) else None),
+            ("--workdir", self.workdir), ("--mode", self.mode),
+            ("--confidence", f"{self.confidence:g}" if self.confidence is not None else None),
+            ("--timeout", f"{self.timeout_s:g}" if self.timeout_s != 3600.0 else None),
+            ("--cache-size", f"{self.cache_size_gb:g}G" if self.cache_size_gb != 200.0 else None),
+        ]
+        argv = [str(arg) for flag, value in valued if value is not None for arg in (flag, value)]
+        if self.earlier_runs:
+            argv += ["--earlier-runs", *self.earlier_runs]
+        flags = {"--pre": self.prereleases, "--prefetch": self.prefetch is True,
+                 "--no-prefetch": self.prefetch is False, "--no-check-ends": not self.check_ends,
+                 "--no-fix": not self.propose_fix, "--verify-fix": self.verify_fix, "--find-fix": self.find_fix}
+        return argv + [flag for flag, wanted in flags.items() if wanted]
 
     @classmethod
     def from_json(cls, raw: dict[str, Any]) -> RunOptions:

@@ -194,24 +194,9 @@ def render_json(view: SessionView) -> dict[str, Any]:
 def reproduce_command(view: SessionView) -> str:
     import shlex
 
-    o = view.options
-    parts = ["bisect-npu", "run"]
-    if o.get("package"):
-        parts += ["--package", o["package"]]
-    if o.get("repo"):
-        parts += ["--repo", o["repo"]]
-    parts += ["--good", o["good"], "--bad", o["bad"]]
-    if o.get("find_fix"):
-        parts += ["--find-fix"]
-    if o.get("recipe"):
-        parts += ["--recipe", o["recipe"]]
-    if o.get("command"):
-        parts += ["--cmd", shlex.join(o["command"])]
-    if o.get("executor") != "local":
-        parts += ["--executor", o["executor"]]
-    if o.get("devices"):
-        parts += ["--devices", ",".join(str(d) for d in o["devices"])]
-    return shlex.join(parts)
+    from bisect_npu.session import RunOptions
+
+    return shlex.join(["bisect-npu", "run", *RunOptions.from_json(view.options).run_argv()])
 
 
 def _build_counts(steps: list[StepView]) -> dict[str, int]:

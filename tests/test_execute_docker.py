@@ -70,6 +70,38 @@ def test_command_runs_in_its_own_container(docker_client, demo_base_image, env, 
     assert session_containers(docker_client, ex.session_id) == []
 
 
+ATB_LIKE_ENTRYPOINT = """FROM {base}
+RUN printf 'export LCCL_DETERMINISTIC=0\\nexport ATB_MATMUL_SHUFFLE_K_ENABLE=1\\n' > /etc/set_env.sh
+ENTRYPOINT ["/bin/bash", "-c", "source /etc/set_env.sh && exec \\"$@\\"", "--"]
+"""
+
+
+def test_the_spec_s_environment_survives_an_entrypoint_that_overwrites_it(docker_client, demo_base_image, tmp_path):
+    # CANN's images source ATB's set_env.sh in their entrypoint, which exports the opposite of the
+    # determinism switches; the command must still see what the spec set.
+    import io
+
+    tag = f"localhost/bisect-npu-test-entrypoint:{uuid.uuid4().hex[:8]}"
+    dockerfile = ATB_LIKE_ENTRYPOINT.format(base=demo_base_image).encode()
+    docker_client.images.build(fileobj=io.BytesIO(dockerfile), tag=tag, rm=True)
+    try:
+        def spec(image: str, out_dir: Path) -> ContainerSpec:
+            return plain_container_spec(image, out_dir).model_copy(
+                update={"environment": {"LCCL_DETERMINISTIC": "1", "ATB_MATMUL_SHUFFLE_K_ENABLE": "0"}})
+
+        ex = DockerExecutor(docker_client, spec, session_id=f"test-{uuid.uuid4().hex[:8]}")
+        show = "import os; print('seen', os.environ['LCCL_DETERMINISTIC'], os.environ['ATB_MATMUL_SHUFFLE_K_ENABLE'])"
+        image_env = Environment(kind="image", commit="c0ffee" * 6 + "beef", image=tag)
+        result = ex.run_command(image_env, ["python3", "-c", show], tmp_path / "cmd.log", timeout_s=120)
+        assert result.returncode == 0, result.log_tail
+        assert "seen 1 0" in Path(result.log_path).read_text()
+        bare = docker_client.containers.run(tag, ["python3", "-c", show], remove=True,
+                                            environment={"LCCL_DETERMINISTIC": "1"})
+        assert b"seen 0 1" in bare  # what the command would see without the shim
+    finally:
+        docker_client.images.remove(tag, force=True)
+
+
 def test_exit_code_comes_back(executor, env, tmp_path):
     result = executor.run_command(env, ["python3", "-c", "import sys; print('bye'); sys.exit(7)"],
                                   tmp_path / "cmd.log", timeout_s=120)

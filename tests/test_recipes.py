@@ -13,7 +13,15 @@ from bisect_npu.cli import main
 from bisect_npu.evaluate import probe_request
 from bisect_npu.execute.ascend import DETERMINISM_ENV, DRIVER_MOUNTS, MANAGEMENT_DEVICES
 from bisect_npu.execute.base import RunResult
-from bisect_npu.execute.docker import PROBE_BOOTSTRAP, PROBE_PARENT, ContainerSpec, DockerExecutor, Mount
+from bisect_npu.execute.docker import (
+    ENV_BOOTSTRAP,
+    ENV_CARRIER,
+    PROBE_BOOTSTRAP,
+    PROBE_PARENT,
+    ContainerSpec,
+    DockerExecutor,
+    Mount,
+)
 from bisect_npu.models import UsageError
 from bisect_npu.probe.backends.openai import override_generation_config, server_argv
 from bisect_npu.probe.backends.vllm import engine_kwargs
@@ -167,7 +175,8 @@ def test_offline_recipes_on_ascend_field_by_field(name: str, tmp_path: Path) -> 
     assert request["backend"] == "vllm"
     assert request["model"] == {"path": recipe.model.path, "dtype": "bfloat16", "tokenizer": None}
     assert spec.image == "bisect-npu/vllm-ascend:c0ffee"
-    assert spec.command == ["python3", "-c", PROBE_BOOTSTRAP, f"/out/request-{recipe.cases[0].id}-t0.json"]
+    assert spec.command == ["python3", "-c", ENV_BOOTSTRAP,  # puts back what the CANN entrypoint overwrites
+                            "python3", "-c", PROBE_BOOTSTRAP, f"/out/request-{recipe.cases[0].id}-t0.json"]
     assert request["output"] == f"/out/obs-{recipe.cases[0].id}-t0.json"  # the path inside the container
     assert spec.devices == [f"/dev/davinci{n}" for n in cards] + list(MANAGEMENT_DEVICES)
     assert spec.privileged is False and spec.network_mode == "none"
@@ -178,7 +187,8 @@ def test_offline_recipes_on_ascend_field_by_field(name: str, tmp_path: Path) -> 
         Mount(source=str(Path(__file__).resolve().parent.parent / "bisect_npu" / "probe"),
               target=f"{PROBE_PARENT}/bisect_npu_probe", read_only=True),
     ]
-    assert spec.environment == {**DETERMINISM_ENV, **recipe.environment, "PYTHONDONTWRITEBYTECODE": "1"}
+    wanted = {**DETERMINISM_ENV, **recipe.environment, "PYTHONDONTWRITEBYTECODE": "1"}
+    assert spec.environment == {**wanted, ENV_CARRIER: json.dumps(wanted)}
     assert kwargs == {"model": recipe.model.path, "dtype": "bfloat16", "seed": recipe.cases[0].sampling.seed,
                       **recipe.engine.args, **({"disable_log_stats": False}
                                                if "speculative_config" in recipe.engine.args else {}),

@@ -34,6 +34,13 @@ OUT_DIR = "/out"
 # `python -m bisect_npu_probe REQUEST` without touching the image's PYTHONPATH (CANN images set one).
 PROBE_BOOTSTRAP = (f"import runpy, sys; sys.path.insert(0, {PROBE_PARENT!r}); "
                    f"runpy.run_module({PROBE_PACKAGE!r}, run_name='__main__', alter_sys=True)")
+# An image's entrypoint may overwrite the container's environment before our command starts: every
+# CANN base image sources ATB's set_env.sh, which exports LCCL_DETERMINISTIC=0 and
+# ATB_MATMUL_SHUFFLE_K_ENABLE=1. So each command starts under this shim, which puts back what the
+# spec asked for (carried in ENV_CARRIER, which no script touches) and then execs the command.
+ENV_CARRIER = "BISECT_NPU_ENV"
+ENV_BOOTSTRAP = (f"import json, os, sys; os.environ.update(json.loads(os.environ.pop({ENV_CARRIER!r}))); "
+                 "os.execvp(sys.argv[1], sys.argv[1:])")
 LOG_TAIL_LINES = 15
 
 
@@ -162,7 +169,7 @@ class DockerExecutor:
     def spec_for(self, env: Environment, command: list[str], out_dir: Path, devices: list[int] | None = None,
                  extra_env: dict[str, str] | None = None) -> ContainerSpec:
         """The spec of one run: the factory's (on `devices` when a slot leased some), plus the probe
-        mount, the command, `extra_env` and our labels."""
+        mount, the command (under ENV_BOOTSTRAP), `extra_env` and our labels."""
         if not env.image:
             raise InfrastructureError(f"candidate {env.commit[:12]} has no image; use the docker builder "
                                       "with --executor docker")
@@ -171,8 +178,10 @@ class DockerExecutor:
         environment = {**spec.environment, **(extra_env or {}), "PYTHONDONTWRITEBYTECODE": "1"}
         labels = {**spec.labels, SESSION_LABEL: self.session_id, "org.bisect-npu.commit": env.commit,
                   "org.bisect-npu.tool-version": __version__}
-        return spec.model_copy(update={"command": command, "mounts": [*spec.mounts, probe],
-                                       "environment": environment, "labels": labels})
+        return spec.model_copy(update={"command": [self.python, "-c", ENV_BOOTSTRAP, *command],
+                                       "mounts": [*spec.mounts, probe],
+                                       "environment": {**environment, ENV_CARRIER: json.dumps(environment)},
+                                       "labels": labels})
 
     def _run(self, env: Environment, command: list[str], out_dir: Path, log_path: Path,
              timeout_s: float, extra_env: dict[str, str] | None = None) -> RunResult:

@@ -20,13 +20,23 @@ ARG VLLM_TAG=v0.9.1
 RUN git clone --depth 1 $VLLM_REPO --branch $VLLM_TAG /vllm-workspace/vllm
 """
 
+PYPROJECT = """[build-system]
+requires = ["setuptools>=64", "torch-npu==2.5.1.post1"]
+build-backend = "setuptools.build_meta"
+
+[tool.ruff]
+exclude = ["a"]
+"""
+
+
 
 @pytest.fixture()
 def repo(tmp_path: Path) -> tuple[Path, git.Repo, str]:
     path = tmp_path / "vllm-ascend"
     make_linear_repo(path, 1, files=lambda i: {
         "Dockerfile": DOCKERFILE, "csrc/kernels/add.cpp": "int add();\n", "CMakeLists.txt": "project(x)\n",
-        "setup.py": "setup()\n", "requirements.txt": "torch\n", "vllm_ascend/worker.py": "A = 1\n"})
+        "setup.py": "setup()\n", "requirements.txt": "torch\n", "vllm_ascend/worker.py": "A = 1\n",
+        "pyproject.toml": PYPROJECT})
     return path, git.Repo(path), git.Repo(path).head.commit.hexsha
 
 
@@ -36,7 +46,8 @@ def commit(path: Path, files: dict[str, str | None]) -> str:
 
 def test_python_only_change_keeps_the_key(repo):
     path, r, first = repo
-    second = commit(path, {"vllm_ascend/worker.py": "A = 2\n", "vllm_ascend/new.py": "B = 1\n", "README.md": "x\n"})
+    second = commit(path, {"vllm_ascend/worker.py": "A = 2\n", "vllm_ascend/new.py": "B = 1\n", "README.md": "x\n",
+                           "pyproject.toml": PYPROJECT.replace('exclude = ["a"]', 'exclude = ["a", "b"]')})
     assert build_key(r, first).digest == build_key(r, second).digest
 
 
@@ -50,6 +61,8 @@ def test_python_only_change_keeps_the_key(repo):
     {"requirements-dev.txt": "pytest\n"},
     {"Dockerfile": DOCKERFILE.replace("cann:8.1.rc1-910b-ubuntu22.04-py3.10", "cann:8.2.rc1-910b-ubuntu22.04-py3.11")},
     {"Dockerfile": DOCKERFILE.replace("VLLM_TAG=v0.9.1", "VLLM_TAG=v0.9.2")},
+    {".gitmodules": '[submodule "catlass"]\n\tpath = csrc/third_party/catlass\n\turl = https://x/other.git\n'},
+    {"pyproject.toml": PYPROJECT.replace("torch-npu==2.5.1.post1", "torch-npu==2.7.1")},
 ])
 def test_compiled_or_dockerfile_change_moves_the_key(repo, change):
     path, r, first = repo
@@ -94,6 +107,7 @@ def test_commit_without_dockerfile_has_a_key(tmp_path):
     ("csrc/a.cpp", True), ("cmake/x.cmake", True), ("CMakeLists.txt", True), ("setup.py", True),
     ("requirements-lint.txt", True), ("Dockerfile", True), ("docs/requirements-docs.txt", False),
     ("vllm_ascend/setup.py", False), ("vllm_ascend/ops/csrc.py", False), ("Dockerfile.a3", False),
+    (".gitmodules", True), ("pyproject.toml", False),
 ])
 def test_is_compiled_input(path, compiled):
     assert is_compiled_input(path) is compiled

@@ -286,12 +286,59 @@ class DockerBuilder:
 
 
 def _git_archive(repo: git.Repo, commit: str) -> IO[bytes]:
-    """The commit's tree as a tar (the full build's context), without touching any checkout."""
-    done = subprocess.run(["git", "-C", str(repo.git_dir), "archive", "--format=tar", commit],
+    """The commit's tree as a tar (the build's context), without touching any checkout, with the
+    content of every submodule at the commit it pins (`git archive` leaves them empty, and
+    vllm-ascend's kernel build needs csrc/third_party/catlass since #3532)."""
+    out = io.BytesIO()
+    with tarfile.open(fileobj=out, mode="w") as archive:
+        _archive_into(archive, Path(repo.git_dir), commit, prefix="", top=commit)
+    out.seek(0)
+    return out
+
+
+def _archive_into(archive: tarfile.TarFile, git_dir: Path, commit: str, prefix: str, top: str) -> None:
+    done = subprocess.run(["git", "--git-dir", str(git_dir), "archive", "--format=tar", f"--prefix={prefix}", commit],
                           capture_output=True, check=False)
     if done.returncode != 0:
         raise BuildFailed(f"git archive {commit[:12]} failed: {done.stderr.decode(errors='replace').strip()}")
-    return io.BytesIO(done.stdout)
+    with tarfile.open(fileobj=io.BytesIO(done.stdout), mode="r:") as source:
+        for member in source:
+            if member.type != tarfile.XGLTYPE:
+                archive.addfile(member, source.extractfile(member) if member.isfile() else None)
+    for path, pinned in _gitlinks(git_dir, commit):
+        module = git_dir / "modules" / _submodule_name(git_dir, commit, path)
+        found = subprocess.run(["git", "--git-dir", str(module), "cat-file", "-e", f"{pinned}^{{commit}}"],
+                               capture_output=True, check=False) if module.is_dir() else None
+        if found is None or found.returncode != 0:
+            raise InfrastructureError(
+                f"{top[:12]} pins submodule {prefix}{path} at {pinned[:12]}, which this clone does not have; "
+                "run `git submodule update --init --recursive` in the repository (a clone with "
+                "--recurse-submodules has them), then resume")
+        _archive_into(archive, module, pinned, f"{prefix}{path}/", top)
+
+
+def _gitlinks(git_dir: Path, commit: str) -> list[tuple[str, str]]:
+    """(path, pinned commit) of each submodule in the commit's tree."""
+    listing = subprocess.run(["git", "--git-dir", str(git_dir), "ls-tree", "-r", "-z", commit],
+                             capture_output=True, check=True).stdout.decode()
+    links = []
+    for entry in filter(None, listing.split("\0")):
+        meta, path = entry.split("\t", 1)
+        _mode, kind, sha = meta.split()
+        if kind == "commit":
+            links.append((path, sha))
+    return links
+
+
+def _submodule_name(git_dir: Path, commit: str, path: str) -> str:
+    """The submodule's name for `path` in the commit's .gitmodules (git keeps it under modules/<name>)."""
+    done = subprocess.run(["git", "--git-dir", str(git_dir), "config", "--blob", f"{commit}:.gitmodules",
+                           "--get-regexp", r"^submodule\..*\.path$"], capture_output=True, check=False)
+    for line in done.stdout.decode().splitlines():
+        key, _, value = line.partition(" ")
+        if value == path:
+            return key[len("submodule."):-len(".path")]
+    return path
 
 
 def _labelled_context(context: IO[bytes], dockerfile: str, labels: Mapping[str, str]) -> IO[bytes]:

@@ -11,6 +11,7 @@ from __future__ import annotations
 import fnmatch
 import hashlib
 import json
+import tomllib
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 
@@ -18,12 +19,13 @@ import git
 
 from bisect_npu.history import DockerfileFacts, parse_dockerfile
 
-KEY_SCHEMA = 1
+KEY_SCHEMA = 2
 DIGEST_CHARS = 16
 NO_DOCKERFILE = "(none)"  # the key input of a commit without the Dockerfile asked for
 
-# Top-level paths whose content goes into the compiled part of a vllm-ascend image.
-COMPILED_PATHS: tuple[str, ...] = ("csrc", "CMakeLists.txt", "cmake", "setup.py")
+# Top-level paths whose content goes into the compiled part of a vllm-ascend image (.gitmodules:
+# where csrc/'s submodules come from; their pinned commits are in csrc's tree already).
+COMPILED_PATHS: tuple[str, ...] = ("csrc", "CMakeLists.txt", "cmake", "setup.py", ".gitmodules")
 REQUIREMENTS_PATTERN = "requirements*.txt"
 
 
@@ -63,6 +65,10 @@ class BuildKeyReader:
         for entry in tree:
             if entry.name in COMPILED_PATHS or fnmatch.fnmatchcase(entry.name, REQUIREMENTS_PATTERN):
                 inputs[f"{entry.type}:{entry.name}"] = entry.hexsha
+        if "pyproject.toml" in tree:
+            # Only its build requirements (the torch-npu the kernels compile against under build
+            # isolation): lint settings and metadata change far more often and compile nothing.
+            inputs["pyproject:build-system"] = _build_system(tree / "pyproject.toml")
         try:
             blob = tree / self.dockerfile
         except KeyError:
@@ -84,6 +90,16 @@ class BuildKeyReader:
             text = blob.data_stream.read().decode("utf-8", errors="replace")
             self._facts_by_blob[blob.hexsha] = parse_dockerfile(text)
         return self._facts_by_blob[blob.hexsha]
+
+
+def _build_system(blob: git.Blob) -> str:
+    """A digest of pyproject.toml's [build-system] table; of the whole file when it does not parse."""
+    data = blob.data_stream.read()
+    try:
+        table = tomllib.loads(data.decode("utf-8")).get("build-system", {})
+    except (UnicodeDecodeError, tomllib.TOMLDecodeError):
+        return hashlib.sha256(data).hexdigest()[:DIGEST_CHARS]
+    return hashlib.sha256(json.dumps(table, sort_keys=True).encode()).hexdigest()[:DIGEST_CHARS]
 
 
 def build_key(repo: git.Repo, sha: str, build_args: Mapping[str, str] | None = None,

@@ -1,0 +1,64 @@
+"""The full build's context: the commit's tree plus its submodules at their pinned commits."""
+
+from __future__ import annotations
+
+import subprocess
+import tarfile
+from pathlib import Path
+
+import git
+import pytest
+from gitrepo import add_commit, make_linear_repo
+
+from bisect_npu.build.docker import _git_archive
+from bisect_npu.models import InfrastructureError
+
+
+def _git(path: Path, *args: str) -> str:
+    return subprocess.run(["git", "-C", str(path), "-c", "protocol.file.allow=always", *args],
+                          capture_output=True, text=True, check=True).stdout.strip()
+
+
+def context_files(repo: Path, commit: str) -> dict[str, bytes]:
+    with tarfile.open(fileobj=_git_archive(git.Repo(repo), commit), mode="r:") as tar:
+        return {m.name: tar.extractfile(m).read() for m in tar if m.isfile()}  # type: ignore[union-attr]
+
+
+@pytest.fixture()
+def with_submodule(tmp_path: Path) -> tuple[Path, Path, str, str, str]:
+    """An upstream whose csrc/third_party/catlass is a submodule, pinned at v1 then at v2."""
+    lib = tmp_path / "catlass"
+    make_linear_repo(lib, 1, files=lambda i: {"include/catlass.h": "v1\n"})
+    v1 = _git(lib, "rev-parse", "HEAD")
+    upstream = tmp_path / "upstream"
+    make_linear_repo(upstream, 1, files=lambda i: {"csrc/kernel.cpp": "k\n", "Dockerfile": "FROM x\n"})
+    _git(upstream, "submodule", "add", "--name", "catlass", str(lib), "csrc/third_party/catlass")
+    _git(upstream, "commit", "-qm", "Add catlass (#3532)")
+    first = _git(upstream, "rev-parse", "HEAD")
+    v2 = add_commit(lib, "v2", {"include/catlass.h": "v2\n"})
+    _git(upstream / "csrc" / "third_party" / "catlass", "fetch", "-q", "origin")
+    _git(upstream / "csrc" / "third_party" / "catlass", "checkout", "-q", v2)
+    _git(upstream, "commit", "-qam", "Bump catlass (#3600)")
+    second = _git(upstream, "rev-parse", "HEAD")
+    assert v1 != v2
+    return upstream, lib, first, second, v1
+
+
+def test_submodule_content_at_each_commit_s_pin(with_submodule) -> None:
+    upstream, _, first, second, _ = with_submodule
+    before, after = context_files(upstream, first), context_files(upstream, second)
+    assert before["csrc/third_party/catlass/include/catlass.h"] == b"v1\n"
+    assert after["csrc/third_party/catlass/include/catlass.h"] == b"v2\n"
+    assert before["csrc/kernel.cpp"] == b"k\n" and ".gitmodules" in before
+
+
+def test_a_clone_without_its_submodules_names_the_command_that_fetches_them(with_submodule, tmp_path) -> None:
+    upstream, _, first, second, _ = with_submodule
+    bare = tmp_path / "plain-clone"
+    _git(tmp_path, "clone", "-q", str(upstream), str(bare))
+    with pytest.raises(InfrastructureError, match=r"pins submodule csrc/third_party/catlass at .*"
+                                                  r"git submodule update --init --recursive"):
+        _git_archive(git.Repo(bare), second)
+    _git(bare, "submodule", "update", "--init", "--recursive")
+    assert context_files(bare, second)["csrc/third_party/catlass/include/catlass.h"] == b"v2\n"
+    assert context_files(bare, first)["csrc/third_party/catlass/include/catlass.h"] == b"v1\n"

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pytest
@@ -15,6 +16,7 @@ from bisect_npu.probe.backends.vllm import (
     sampling_kwargs,
     spec_decode_counters,
     use_engine_guard,
+    whole_vocabulary,
 )
 from bisect_npu.probe.common import ascend_versions, engine_versions, loop_detector
 from bisect_npu.probe.request import trial_requests
@@ -175,3 +177,18 @@ def test_batch_trial_equals_a_fresh_start(spread_model: Path, tmp_path: Path) ->
     assert [obs.extra["batch"] for obs in (first, second)] == [{"index": 0, "size": 2}, {"index": 1, "size": 2}]
     assert second.extra["prefix_cache_reset"] is True and "prefix_cache_reset" not in first.extra
     assert "batch" not in alone.extra
+
+
+def test_the_whole_vocabulary_is_minus_one_from_vllm_0_10_1_and_its_size_before(tmp_path) -> None:
+    (tmp_path / "config.json").write_text(json.dumps({"vocab_size": 151936}))
+    assert whole_vocabulary(str(tmp_path), "0.10.1") == -1
+    assert whole_vocabulary(str(tmp_path), "0.32.0+cpu") == -1
+    assert whole_vocabulary(str(tmp_path), "0.9.1") == 151936  # v0.9.1 refuses logprobs=-1
+    assert whole_vocabulary(str(tmp_path), "0.10.0") == 151936
+    request = {"model": {"path": str(tmp_path)}, "logits": {"full_logits": True}, "case": {"sampling": {}}}
+    assert engine_kwargs(request, 151936)["max_logprobs"] == 151936
+    assert sampling_kwargs(request, {}, 151936)[0]["logprobs"] == 151936
+    (tmp_path / "config.json").write_text(json.dumps({"text_config": {"vocab_size": 7}}))
+    assert whole_vocabulary(str(tmp_path), "0.9.1") == 7
+    with pytest.raises(ValueError, match=r"needs the vocabulary size.*vLLM >= 0\.10\.1"):
+        whole_vocabulary(str(tmp_path / "missing"), "0.9.1")

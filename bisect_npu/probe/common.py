@@ -94,8 +94,9 @@ def loop_detector(loop_guard: dict[str, Any] | None) -> StreamingLoopDetector | 
 
 
 def record_loop(observation: dict[str, Any], hit: LoopHit, detected_by: str) -> None:
-    """Mark an observation as stopped by a loop guard, the same way vLLM's own guard does."""
-    observation["finish_reason"] = "stop"
+    """Mark an observation as stopped by a loop guard, the same way vLLM's own guard does (finish
+    reason ``repetition`` since vLLM 0.27, stop reason ``repetition_detected``)."""
+    observation["finish_reason"] = "repetition"
     observation["stop_reason"] = "repetition_detected"
     observation["extra"]["loop"] = {**hit.to_dict(), "detected_by": detected_by}
 

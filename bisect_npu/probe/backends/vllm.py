@@ -11,6 +11,7 @@ from __future__ import annotations
 import fnmatch
 import json
 import os
+import re
 from typing import Any
 
 from ..common import (
@@ -27,8 +28,30 @@ from ..common import (
 DEFAULT_TOP_K = 5
 
 
-def engine_kwargs(request: dict[str, Any]) -> dict[str, Any]:
-    """`LLM(...)` keyword arguments: the model, then the recipe's engine args verbatim."""
+# vLLM takes -1 for "logprobs of the whole vocabulary" from 0.10.1 on; before, it refuses negative
+# values (v0.9.x, the vLLM of vllm-ascend 0.9) and needs the vocabulary's size instead.
+WHOLE_VOCABULARY_SINCE = (0, 10, 1)
+
+
+def whole_vocabulary(model_path: str, vllm_version: str | None) -> int:
+    """The `logprobs`/`max_logprobs` value that asks for every token's logprob on this vLLM."""
+    numbers = [int(part) for part in re.findall(r"\d+", (vllm_version or "").split("+")[0])[:3]]
+    if not numbers or tuple(numbers) >= WHOLE_VOCABULARY_SINCE:
+        return -1
+    config = os.path.join(model_path, "config.json")
+    try:
+        with open(config, encoding="utf-8") as handle:
+            data = json.load(handle)
+        return int(data.get("vocab_size") or data["text_config"]["vocab_size"])
+    except (OSError, ValueError, KeyError, TypeError) as exc:
+        raise ValueError(f"logits.full_logits on vLLM {vllm_version} needs the vocabulary size, read from "
+                         f"{config} ({exc}); use a local model directory or upgrade to vLLM >= 0.10.1") from None
+
+
+def engine_kwargs(request: dict[str, Any], whole_vocab: int = -1) -> dict[str, Any]:
+    """`LLM(...)` keyword arguments: the model, then the recipe's engine args verbatim.
+
+    ``whole_vocab`` is ``whole_vocabulary``'s answer, for a request that captures full logits."""
     model = request["model"]
     kwargs: dict[str, Any] = {"model": model["path"]}
     if model.get("dtype") and model["dtype"] != "auto":
@@ -40,7 +63,7 @@ def engine_kwargs(request: dict[str, Any]) -> dict[str, Any]:
     kwargs.update(request.get("engine", {}).get("args", {}))
     logits = request.get("logits") or {}
     if logits.get("full_logits"):
-        kwargs.setdefault("max_logprobs", -1)  # the whole vocabulary per step
+        kwargs.setdefault("max_logprobs", whole_vocab)  # the whole vocabulary per step
     if logits.get("layers"):
         kwargs["enforce_eager"] = True  # forward hooks see every layer only outside compiled graphs
     if "speculative_config" in kwargs:
@@ -52,8 +75,11 @@ class LayerDump:
     """Forward hooks that write layer outputs in MindStudio Probe's dump layout.
 
     `step{N}/rank{R}/dump.json` plus `dump_tensor_data/<name>.output.<i>.pt`, one step per forward
-    pass of the whole model (step 0 is the prefill). Picklable, so `LLM.apply_model` can ship it
-    to worker processes; each worker writes its own rank directory.
+    pass of the whole model (step 0 is the prefill). `LLM.apply_model` reaches the model only with
+    the engine in this process (vLLM 0.9: `VLLM_ENABLE_V1_MULTIPROCESSING=0`; later versions would
+    otherwise ship this object to the engine process through msgpack), so the engine sets that for
+    a request with layers unless the recipe's environment says otherwise; under tensor parallelism
+    each worker writes its own rank directory.
     """
 
     def __init__(self, dump_dir: str, patterns: list[str], steps: list[int] | None) -> None:
@@ -145,7 +171,8 @@ def server_defaults(llm: Any) -> dict[str, Any]:
     return dict(getter()) if getter else {}
 
 
-def sampling_kwargs(request: dict[str, Any], defaults: dict[str, Any]) -> tuple[dict[str, Any], dict[str, str]]:
+def sampling_kwargs(request: dict[str, Any], defaults: dict[str, Any],
+                    whole_vocab: int = -1) -> tuple[dict[str, Any], dict[str, str]]:
     """Keyword arguments for `SamplingParams`: the engine's defaults, then what the case sets.
 
     Returns the kwargs and where each came from ("request" or "default"), so a dropped default
@@ -160,7 +187,7 @@ def sampling_kwargs(request: dict[str, Any], defaults: dict[str, Any]) -> tuple[
             sources[key] = "request"
     logits = request.get("logits") or {}
     if logits.get("full_logits"):
-        kwargs["logprobs"] = -1
+        kwargs["logprobs"] = whole_vocab
     elif "logprobs" not in kwargs:
         kwargs["logprobs"] = int(logits.get("top_k", DEFAULT_TOP_K))
     if kwargs.get("seed") is None and request.get("seed") is not None:
@@ -295,11 +322,15 @@ class VllmEngine(TrialCounter):
         if trials > 1 and (request.get("logits") or {}).get("layers"):
             raise ValueError("logits.layers registers layer-dump hooks that stay for the engine's life: "
                              f"such a request runs one trial per engine start, not a batch of {trials}")
+        if (request.get("logits") or {}).get("layers"):
+            os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")  # see LayerDump
         from vllm import LLM
 
         self.versions = engine_versions()
+        full = bool((request.get("logits") or {}).get("full_logits"))
+        self.whole_vocab = whole_vocabulary(request["model"]["path"], self.versions.get("vllm")) if full else -1
         clock = Stopwatch()
-        self.kwargs = engine_kwargs(request)
+        self.kwargs = engine_kwargs(request, self.whole_vocab)
         self.llm = LLM(**self.kwargs)
         self.load_s = clock.seconds()
 
@@ -315,7 +346,7 @@ class VllmEngine(TrialCounter):
         top_k = int(logits.get("top_k", DEFAULT_TOP_K))
 
         defaults = server_defaults(llm)
-        sampling, sources = sampling_kwargs(request, defaults)
+        sampling, sources = sampling_kwargs(request, defaults, self.whole_vocab)
         guard = request.get("loop_guard")
         detection_cls = native_repetition_detection()
         use_native = use_engine_guard(request, detection_cls)

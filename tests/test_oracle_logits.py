@@ -170,3 +170,30 @@ def test_dump_written_by_real_msprobe(tmp_path: Path) -> None:
     torch.save(-torch.load(weight, weights_only=True), weight)
     first = compare_dumps(copy, REAL_MSPROBE_DUMP, LogitsConfig()).first_divergent
     assert first is not None and first.name == "Module.l.1.Linear.forward.0.parameters.weight"
+
+
+def _single(tmp_path: Path, ref: np.ndarray, cand: np.ndarray) -> str | None:
+    write_dump(tmp_path / "r", [("model.layers.0.output", ref)])
+    write_dump(tmp_path / "c", [("model.layers.0.output", cand)])
+    result = compare_dumps(tmp_path / "c", tmp_path / "r", LogitsConfig())
+    return result.first_divergent.problem if result.first_divergent else None
+
+
+def test_msprobe_pass_rule(tmp_path: Path) -> None:
+    rng = np.random.default_rng(3)
+    base = rng.standard_normal((8, 64)).astype(np.float32)
+    noise = rng.standard_normal((8, 64)).astype(np.float32)
+    # A near-zero tensor: cosine 0.98 with errors far below 0.001 passes (msprobe needs both) ...
+    tiny = base * 1e-5
+    assert _single(tmp_path / "a", tiny, tiny + 0.2e-5 * noise) is None
+    # ... but a cosine below 0.9 fails whatever the errors.
+    assert "cosine" in (_single(tmp_path / "b", tiny, tiny + 1e-5 * noise) or "")
+    # Cosine 0.98 with real errors fails; an absolute error above 1 fails at cosine ~1.
+    assert "cosine" in (_single(tmp_path / "c", base, base + 0.2 * noise) or "")
+    big = base * 100
+    spiked = big.copy()
+    spiked[0, 0] += 2.0
+    assert "max_abs_error" in (_single(tmp_path / "d", big, spiked) or "")
+    # One bf16 ulp everywhere (4e-3 relative): outside 1/1000 for every element, and still a pass.
+    ulp = (torch.from_numpy(base).to(torch.bfloat16).float().numpy() * (1 + 2**-7)).astype(np.float32)
+    assert _single(tmp_path / "e", base, ulp) is None

@@ -297,7 +297,9 @@ def _problem(metrics: dict[str, float], cfg: LogitsConfig) -> str | None:
     if metrics["nonfinite_candidate"] > metrics["nonfinite_reference"]:
         return f"{int(metrics['nonfinite_candidate'])} NaN/Inf values (reference has " \
                f"{int(metrics['nonfinite_reference'])})"
-    lines = [("cosine", cfg.min_cosine, "<"), ("max_abs_error", cfg.max_abs_error, ">"),
+    cosine_line = cfg.min_cosine if metrics.get("max_abs_error", float("inf")) > cfg.cosine_abs_floor \
+        else cfg.min_cosine_always
+    lines = [("cosine", cosine_line, "<"), ("max_abs_error", cfg.max_abs_error, ">"),
              ("max_rel_error", cfg.max_rel_error, ">"), ("within_1e3", cfg.min_within_1e3, "<"),
              ("within_5e3", cfg.min_within_5e3, "<"), ("kl", cfg.max_kl, ">")]
     for key, line, broken_when in lines:

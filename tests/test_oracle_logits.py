@@ -159,8 +159,8 @@ def test_dump_written_by_real_msprobe(tmp_path: Path) -> None:
     import shutil
 
     parts = open_dump(REAL_MSPROBE_DUMP)
-    assert list(parts) == ["step0/proc"]
-    names = [e.name for e in parts["step0/proc"]]
+    assert list(parts) == ["step0/rank0"]  # it wrote step0/proc{PID}
+    names = [e.name for e in parts["step0/rank0"]]
     assert names[:4] == ["Module.l.0.Linear.forward.0.input.0", "Module.l.0.Linear.forward.0.parameters.weight",
                          "Module.l.0.Linear.forward.0.parameters.bias", "Module.l.0.Linear.forward.0.output.0"]
     assert compare_dumps(REAL_MSPROBE_DUMP, REAL_MSPROBE_DUMP, LogitsConfig()).first_divergent is None
@@ -170,6 +170,16 @@ def test_dump_written_by_real_msprobe(tmp_path: Path) -> None:
     torch.save(-torch.load(weight, weights_only=True), weight)
     first = compare_dumps(copy, REAL_MSPROBE_DUMP, LogitsConfig()).first_divergent
     assert first is not None and first.name == "Module.l.1.Linear.forward.0.parameters.weight"
+
+
+def test_undistributed_and_one_rank_dumps_line_up(tmp_path: Path) -> None:
+    tensors = model_tensors()
+    write_msprobe_dump(tmp_path / "undistributed", tensors)
+    (tmp_path / "undistributed" / "step0" / "rank0").rename(tmp_path / "undistributed" / "step0" / "rank")
+    write_msprobe_dump(tmp_path / "one-rank", tensors)
+    assert list(open_dump(tmp_path / "undistributed")) == ["step0/rank0"]
+    result = compare_dumps(tmp_path / "undistributed", tmp_path / "one-rank", LogitsConfig())
+    assert result.first_divergent is None and len(result.rows) == len(tensors)
 
 
 def _single(tmp_path: Path, ref: np.ndarray, cand: np.ndarray) -> str | None:

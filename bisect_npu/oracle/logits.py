@@ -7,7 +7,8 @@ Two dump formats are read:
   "file": "0007.npy", "shape": [512, 1024], "dtype": "float32", "step": 0, "kind": "hidden"}]}`,
   tensors listed in execution order, one `.npy` (preferred: memory-mapped) or `.pt` file each.
   `kind: "logits"` (or a name containing `logits`/`lm_head`) adds KL divergence and top-k overlap.
-* **MindStudio Probe dump**: `step{N}/rank{ID}/dump.json` (or `proc{PID}` when not distributed)
+* **MindStudio Probe dump**: `step{N}/rank{ID}/dump.json` (`rank` or `proc{PID}` when not
+  distributed: read as `rank0`, so they line up with a one-rank distributed dump)
   with `data: {op_name: {input_args, input_kwargs, parameters, output}}` in execution order, each
   tensor a mapping with `dtype`, `shape`, `data_name` (a file in `dump_tensor_data/`). The path
   given may be the dump root, a step/rank directory, or a `dump.json`. Per op we compare
@@ -46,7 +47,9 @@ OWN_FORMAT = "bisect-npu-dump"
 CHUNK = 1 << 20
 _LAYER = re.compile(r"(?:^|\.)layers?\.(\d+)(?:\.|$)")
 _STEP_DIR = re.compile(r"^step(\d+)$")
-_PROC_DIR = re.compile(r"(?<![^/])proc\d+(?![^/])")
+# A run that is not distributed writes `rank` (vllm-ascend's msprobe guide) or `proc{PID}` (what
+# mindstudio-probe 26.2 wrote here) where a distributed one writes `rank{ID}`: all name rank 0.
+_SINGLE_PROCESS_DIR = re.compile(r"(?<![^/])(?:proc\d+|rank)(?![^/])")
 
 
 @dataclass(frozen=True)
@@ -184,8 +187,7 @@ def open_dump(path: str | Path) -> dict[str, list[TensorEntry]]:
     if not found:
         raise UsageError(f"{root}: neither a bisect-npu dump (manifest.json) nor a MindStudio Probe dump "
                          "(step*/rank*/dump.json)")
-    # Undistributed runs write proc{PID}: the pid differs between runs, the part is the same.
-    return {_PROC_DIR.sub("proc", str(p.parent.relative_to(root))): _msprobe_entries(p) for p in found}
+    return {_SINGLE_PROCESS_DIR.sub("rank0", str(p.parent.relative_to(root))): _msprobe_entries(p) for p in found}
 
 
 def load_tensor(entry: TensorEntry) -> np.ndarray:

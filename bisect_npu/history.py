@@ -35,6 +35,11 @@ _LOG_BATCH = 2000  # shas per `git log` call: keeps the argument list far below 
 _log = logging.getLogger(__name__)
 
 
+def is_url(path_or_url: str) -> bool:
+    """A remote to clone (scheme://... or user@host:path), not a local path."""
+    return bool(_URL_LIKE.match(path_or_url))
+
+
 def default_cache_dir() -> Path:
     return cache_root() / "repos"
 
@@ -45,7 +50,7 @@ def open_repo(path_or_url: str, cache_dir: Path | None = None) -> git.Repo:
     A cached clone keeps upstream branches as `origin/<branch>` (like a normal clone), so the
     same refs work whether the user points at their checkout or at the URL.
     """
-    if _URL_LIKE.match(path_or_url):
+    if is_url(path_or_url):
         return _cached_clone(path_or_url, cache_dir or default_cache_dir())
     try:
         repo = git.Repo(path_or_url, search_parent_directories=True)

@@ -183,7 +183,7 @@ class Session:
         if recipe is not None and options.recipe and Path(options.recipe).exists():
             options.recipe = str(Path(options.recipe).resolve())
         repo = history.open_repo(options.repo) if options.repo else None
-        if repo is not None and options.repo and not _is_url(options.repo):
+        if repo is not None and options.repo and not history.is_url(options.repo):
             options.repo = str(repo.working_tree_dir or repo.git_dir)
         if options.package is None and repo is None:
             raise UsageError("give --repo (a clone of the upstream) or --package (bisect published releases)")
@@ -685,10 +685,6 @@ def to_jsonable(value: Any) -> Any:
     if hasattr(value, "value") and not isinstance(value, int | float | str | bool):
         return value.value
     return value
-
-
-def _is_url(value: str) -> bool:
-    return "://" in value or value.startswith("git@")
 
 
 def _check_command(command: list[str]) -> None:

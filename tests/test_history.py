@@ -371,3 +371,15 @@ def test_linear_repo_helper_agrees_with_git_bisect(tmp_path: Path) -> None:
     git(path, "bisect", "start", shas[-1], shas[0])
     out = git(path, "bisect", "run", *GOOD_CMD)
     assert f"{shas[23]} is the first bad commit" in out
+
+
+@pytest.mark.parametrize(("text", "remote"), [
+    ("https://github.com/vllm-project/vllm-ascend.git", True), ("ssh://git@host/r.git", True),
+    ("git@github.com:vllm-project/vllm-ascend.git", True), ("me@gitea.example:org/r.git", True),
+    ("file:///srv/mirror.git", True), ("../vllm-ascend", False), ("/data/vllm-ascend", False),
+    ("vllm-ascend", False), ("dir:with:colons", False),
+])
+def test_is_url_tells_a_remote_from_a_path(text: str, remote: bool) -> None:
+    # One test for the one check that both cloning (history) and the session's stored repo use:
+    # a remote stays a URL in the journal so resume fetches it again.
+    assert history.is_url(text) is remote

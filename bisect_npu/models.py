@@ -26,10 +26,6 @@ class UsageError(BisectError):
     exit_code = 2
 
 
-class PreconditionError(BisectError):
-    exit_code = 4
-
-
 class InfrastructureError(BisectError):
     exit_code = 5
 

@@ -132,7 +132,7 @@ class LocalBuilder:
                 log.write(f"$ {' '.join(self.build_command) or '(no build command)'}\n")
                 log.flush()
                 if self.build_command:
-                    self._run_build(commit, path, log, log_path)
+                    self._run_build(path, log, log_path)
                 if outputs is not None:
                     self._keep_outputs(commit, path, outputs)
         return Environment(kind="worktree", commit=commit, build_key=key or "", path=str(path), how=how,
@@ -156,7 +156,7 @@ class LocalBuilder:
             shutil.rmtree(outputs, ignore_errors=True)
             staging.rename(outputs)
 
-    def _run_build(self, commit: str, path: Path, log: IO[str], log_path: Path) -> None:
+    def _run_build(self, path: Path, log: IO[str], log_path: Path) -> None:
         env = {**os.environ, **self.env}
         try:
             proc = subprocess.run(self.build_command, cwd=path, stdout=log, stderr=subprocess.STDOUT,

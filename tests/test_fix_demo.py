@@ -6,7 +6,6 @@ and the generated demo upstream with its manifest (once bisect_npu.demo.generate
 
 from __future__ import annotations
 
-import importlib.util
 import os
 import subprocess
 import sys
@@ -59,8 +58,6 @@ def test_demo_patches_rank_their_fix_first(tmp_path):
         assert all(unrelated not in p.shas for p in report.proposals), name
 
 
-@pytest.mark.skipif(importlib.util.find_spec("bisect_npu.demo.generate") is None,
-                    reason="the demo generator (bisect_npu.demo.generate) is not in this tree yet")
 def test_generated_demo_manifest_fix_is_ranked_first(tmp_path):
     from bisect_npu.demo import generate
 
@@ -103,8 +100,6 @@ def demo_evaluator(repo_path: Path, scratch: Path):
 
 
 @pytest.mark.slow
-@pytest.mark.skipif(importlib.util.find_spec("bisect_npu.demo.generate") is None,
-                    reason="the demo generator (bisect_npu.demo.generate) is not in this tree yet")
 def test_generated_demo_async_fix_is_verified_and_the_unrelated_bugfix_is_not(tmp_path):
     from bisect_npu.demo import generate
 

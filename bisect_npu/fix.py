@@ -19,10 +19,10 @@ import shutil
 import subprocess
 import uuid
 from collections.abc import Callable, Collection, Iterable, Sequence
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from functools import cached_property
 from pathlib import Path
-from typing import Any, Literal
+from typing import Literal
 
 import git
 
@@ -134,12 +134,6 @@ class FixReport:
     note: str
     twins: list[CulpritTwin] = field(default_factory=list)
     tips: dict[str, str] = field(default_factory=dict)  # branch -> sha searched
-
-    def to_dict(self) -> dict[str, Any]:
-        data = asdict(self)
-        if self.dependency:
-            data["dependency"]["message"] = self.dependency.message
-        return data
 
 
 @dataclass(frozen=True)

@@ -85,6 +85,6 @@ def test_verify_with_a_command_runs_the_session_pipeline(capsys, tmp_path, monke
                              "--bad", shas["bad"], "--verify", "--cmd", f"{sys.executable} check.py", "--json")
     assert code == 0, err
     data = json.loads(out)
-    statuses = {tuple(v["shas"]): v["status"] for v in data["verifications"]}
+    statuses = {tuple(v["proposal"]["shas"]): v["status"] for v in data["verifications"]}  # the journal's shape
     assert statuses == {(shas["fix"],): "verified", (shas["release_fix"],): "conflict"}
     assert data["verifications"][0]["status"] == "verified"

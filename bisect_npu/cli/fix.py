@@ -67,13 +67,10 @@ def _evaluator(repo_path: str, recipe_path: str | None, argv: list[str] | None,
 
 
 def _as_json(report: FixReport, verifications: list[FixVerification]) -> dict[str, Any]:
-    data = report.to_dict()
-    data["verifications"] = [
-        {"shas": v.proposal.shas, "status": v.status, "applied_sha": v.applied_sha, "detail": v.detail,
-         "conflict_files": v.conflict_files, "verdict": v.verdict.model_dump(mode="json") if v.verdict else None}
-        for v in verifications
-    ]
-    return data
+    """The same shapes as a session's journal (`fix` and `fix_verify` lines) and its JSON report."""
+    from bisect_npu.session import to_jsonable
+
+    return {**to_jsonable(report), "verifications": to_jsonable(verifications)}
 
 
 def _print(report: FixReport, verifications: list[FixVerification]) -> None:

@@ -7,13 +7,14 @@ session killed at any moment resumes from it without redoing a finished step or 
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import functools
 import itertools
 import math
 import shlex
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -741,10 +742,12 @@ def make_environment(options: RunOptions, repo: git.Repo | None, recipe: Recipe 
     return make_docker_environment(options, repo, recipe, session_dir)
 
 
+@contextlib.contextmanager
 def make_evaluator(repo_path: str, recipe_path: str | None, command: list[str] | None = None,
                    executor: Literal["local", "docker"] = "local",
-                   session_dir: Path | None = None) -> Callable[[str], Verdict]:
-    """A commit -> Verdict function outside a bisection (used by `bisect-npu fix --verify`)."""
+                   session_dir: Path | None = None) -> Iterator[Callable[[str], Verdict]]:
+    """A commit -> Verdict function outside a bisection (used by `bisect-npu fix --verify`); its
+    worktrees, build outputs and containers go when the ``with`` block ends."""
     repo = history.open_repo(repo_path)
     recipe = load_recipe(recipe_path) if recipe_path else None
     options = RunOptions(good="", bad="", repo=repo_path, recipe=recipe_path, command=command, executor=executor)
@@ -755,4 +758,7 @@ def make_evaluator(repo_path: str, recipe_path: str | None, command: list[str] |
     def evaluate(commit: str) -> Verdict:
         return evaluator.evaluate(commit, recipe.trials.count if recipe else 1, [], lambda r: None, False).verdict
 
-    return evaluate
+    try:
+        yield evaluate
+    finally:
+        evaluator.close()

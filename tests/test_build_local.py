@@ -113,3 +113,29 @@ def test_a_recipe_can_turn_output_reuse_off(tmp_path: Path) -> None:
         assert isinstance(builder, LocalBuilder)
         assert (builder.build_key(shas[1]) is not None) == reused
         assert (builder.artifacts_dir == (tmp_path / "s").resolve() / "build-outputs") == reused
+
+
+def registered_worktrees(repo: Path) -> list[str]:
+    listing = git.Repo(repo).git.worktree("list", "--porcelain")
+    return [line.split(" ", 1)[1] for line in listing.splitlines() if line.startswith("worktree ")][1:]
+
+
+def test_no_worktree_outlives_a_failed_build_or_a_killed_process(tmp_path: Path) -> None:
+    import pytest
+
+    from bisect_npu.build.base import BuildFailed
+
+    repo = tmp_path / "repo"
+    shas = make_linear_repo(repo, 3)
+    failing = LocalBuilder(git.Repo(repo), tmp_path / "work", ["sh", "-c", "exit 3"])
+    with pytest.raises(BuildFailed):
+        failing.acquire(shas[1], tmp_path / "logs")
+    assert registered_worktrees(repo) == [] and not (tmp_path / "work" / shas[1][:12]).exists()
+    # A process killed while holding a worktree leaves it registered; the next builder of the same
+    # session (resume) sweeps it when it closes, with its own.
+    git.Repo(repo).git.worktree("add", "--detach", str(tmp_path / "work" / shas[2][:12]), shas[2])
+    resumed = LocalBuilder(git.Repo(repo), tmp_path / "work", ["true"])
+    resumed.release(resumed.acquire(shas[0], tmp_path / "logs"))
+    assert len(registered_worktrees(repo)) == 2
+    resumed.close()
+    assert registered_worktrees(repo) == [] and list((tmp_path / "work").iterdir()) == []

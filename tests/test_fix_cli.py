@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import sys
 
+import git
 import pytest
 from test_fix_support import SAMPLER, add_culprit, base_history
 
@@ -88,3 +89,6 @@ def test_verify_with_a_command_runs_the_session_pipeline(capsys, tmp_path, monke
     statuses = {tuple(v["proposal"]["shas"]): v["status"] for v in data["verifications"]}  # the journal's shape
     assert statuses == {(shas["fix"],): "verified", (shas["release_fix"],): "conflict"}
     assert data["verifications"][0]["status"] == "verified"
+    worktrees = git.Repo(tmp_path / "up").git.worktree("list", "--porcelain")
+    assert worktrees.count("worktree ") == 1  # the clone itself: the evaluations' worktrees are gone
+    assert not (tmp_path / ".bisect-npu").exists()  # nothing left in the working directory

@@ -288,3 +288,22 @@ def test_a_run_killed_during_fix_verification_resumes_only_the_rest(tmp_path: Pa
     assert kinds.count("fix") == 1 and kinds.count("fix_verify") == 1 and kinds.count("fix_verified") == len(verified)
     report = (session / "report.md").read_text()
     assert "state back to good" in report
+
+
+def test_sigterm_unwinds_like_ctrl_c_and_leaves_no_worktree(tmp_path: Path) -> None:
+    repo = tmp_path / "repo"
+    make_linear_repo(repo, 200, culprit=77, tags={0: "good", 199: "bad"})
+    session = tmp_path / "s"
+    proc = subprocess.Popen([*CLI, "run", "--repo", str(repo), "--good", "good", "--bad", "bad", "--cmd",
+                             f"sh -c 'sleep 2; {GOOD_CMD_STR}'", "--session", str(session), "--quiet"],
+                            cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline and not any((session / "worktrees").glob("*/.git")):
+        time.sleep(0.1)
+    proc.send_signal(signal.SIGTERM)
+    _, err = proc.communicate(timeout=60)
+    assert proc.returncode == 130, err
+    assert "interrupted" in err and "bisect-npu resume" in err
+    assert git(repo, "worktree", "list", "--porcelain").count("worktree ") == 1
+    done = bisect("resume", "--session", str(session), "--json", cwd=tmp_path, check_code=0)
+    assert summary(done)["steps"] >= 2

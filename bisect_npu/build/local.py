@@ -103,7 +103,11 @@ class LocalBuilder:
             if kept is not None and kept.path and Path(kept.path).is_dir():
                 env = kept.model_copy(update={"how": "reused", "seconds": 0.0})
             else:
-                env = self._build(commit, log_dir)
+                try:
+                    env = self._build(commit, log_dir)
+                except BaseException:
+                    self._remove_worktree(self._worktree_path(commit))  # a failed build keeps nothing
+                    raise
             with self._lock:
                 self._active[commit] = (env, 1)
             return env
@@ -213,6 +217,9 @@ class LocalBuilder:
         for env in kept:
             if env.path:
                 self._remove_worktree(Path(env.path))
+        # What an earlier, killed process of this session left: only our worktrees live here.
+        for leftover in sorted(self.workdir.glob("*/.git")) if self.workdir.is_dir() else []:
+            self._remove_worktree(leftover.parent)
         if self.artifacts_dir is not None:
             shutil.rmtree(self.artifacts_dir, ignore_errors=True)
 

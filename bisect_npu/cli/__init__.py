@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import importlib
 import importlib.util
+import signal
 import sys
 
 import click
@@ -48,16 +49,29 @@ def cli() -> None:
     """Find the commit that broke a model's output on Ascend NPUs, and the commit that fixes it."""
 
 
+SESSION_COMMANDS = ("run", "resume", "demo")
+
+
+def _terminate_as_interrupt(signum: int, frame: object) -> None:
+    raise KeyboardInterrupt(f"signal {signum}")
+
+
 def main(argv: list[str] | None = None) -> None:
-    """Console entry point: a BisectError becomes one line on stderr and its exit code."""
+    """Console entry point: a BisectError becomes one line on stderr and its exit code.
+
+    SIGTERM unwinds like Ctrl-C, so worktrees, containers and locks are released either way."""
+    args = sys.argv[1:] if argv is None else argv
+    signal.signal(signal.SIGTERM, _terminate_as_interrupt)
     try:
         # Without standalone mode click returns the code of a `ctx.exit(code)` instead of exiting.
-        returned = cli.main(args=argv, prog_name="bisect-npu", standalone_mode=False)
+        returned = cli.main(args=args, prog_name="bisect-npu", standalone_mode=False)
     except BisectError as exc:
         click.echo(f"bisect-npu: error: {exc}", err=True)
         sys.exit(exc.exit_code)
-    except click.exceptions.Abort:
-        click.echo("bisect-npu: interrupted", err=True)
+    except (click.exceptions.Abort, KeyboardInterrupt):
+        hint = ("; finished steps and trials are kept: `bisect-npu resume` continues the latest session "
+                "(--session DIR for another)") if args and args[0] in SESSION_COMMANDS else ""
+        click.echo(f"bisect-npu: interrupted{hint}", err=True)
         sys.exit(130)
     except click.ClickException as exc:
         exc.show()

@@ -13,10 +13,8 @@ import click
 from bisect_npu.models import UsageError
 
 if TYPE_CHECKING:
-    from collections.abc import Callable
 
     from bisect_npu.fix import FixReport, FixVerification
-    from bisect_npu.models import Verdict
 
 
 @click.command()
@@ -48,22 +46,18 @@ def fix(culprit: str, repo_path: str, bad: str | None, top: int, recipe_path: st
                            top=top)
     verifications: list[FixVerification] = []
     if verify and bad is not None:
-        evaluate = _evaluator(repo_path, recipe_path, argv, executor)
-        with tempfile.TemporaryDirectory(prefix="bisect-npu-fix-") as workdir:
-            verifications = verify_fixes(repo, bad, report, evaluate, top=min(top, 3), workdir=Path(workdir))
+        from bisect_npu.session import make_evaluator
+
+        with tempfile.TemporaryDirectory(prefix="bisect-npu-fix-") as workdir, \
+                make_evaluator(repo_path, None if argv else recipe_path, command=argv,
+                               executor="docker" if executor == "docker" else "local",
+                               session_dir=Path(workdir) / "session") as evaluate:
+            verifications = verify_fixes(repo, bad, report, evaluate, top=min(top, 3),
+                                         workdir=Path(workdir) / "fixes")
     if as_json:
         click.echo(json.dumps(_as_json(report, verifications), indent=2, default=str))
     else:
         _print(report, verifications)
-
-
-def _evaluator(repo_path: str, recipe_path: str | None, argv: list[str] | None,
-               executor: str) -> Callable[[str], Verdict]:
-    """The session's pipeline (build, probe or command, oracle) for one commit."""
-    from bisect_npu.session import make_evaluator
-
-    return make_evaluator(repo_path, None if argv else recipe_path, command=argv,
-                          executor="docker" if executor == "docker" else "local")
 
 
 def _as_json(report: FixReport, verifications: list[FixVerification]) -> dict[str, Any]:

@@ -22,6 +22,7 @@ demo: venv
 
 lint: venv
 	$(VENV)/bin/ruff check .
+	$(VENV)/bin/mypy bisect_npu
 
 engine:
 	BISECT_NPU_PODMAN_SOCKET=$(ENGINE_SOCKET) bash containers/setup-podman.sh

@@ -71,7 +71,7 @@ def _ran(entry: dict[str, Any]) -> bool:
 def step_seconds(entries: list[dict[str, Any]]) -> list[float]:
     """From a session's journal entries: the probe seconds of each finished step that ran
     trials (engine starts included), what one exact-mode step costs besides its build."""
-    ran: dict[int, float] = {}
+    ran: dict[int | None, float] = {}
     seconds: list[float] = []
     for entry in entries:
         index = entry.get("index")

@@ -485,8 +485,9 @@ def propose_fixes(
                     fixed=any(set(map(_short, a.refs)) & set(p.branches) for p in proposals))
         for a in anchors[1:]
     ]
-    tips = {_short(r): refs[r] for r in all_anchor_refs}
-    return FixReport(culprit_sha, proposals, dependency, _note(proposals, dependency, twins, tips), twins, tips)
+    branch_tips = {_short(r): refs[r] for r in all_anchor_refs}
+    return FixReport(culprit_sha, proposals, dependency, _note(proposals, dependency, twins, branch_tips), twins,
+                     branch_tips)
 
 
 def _note(proposals: list[FixProposal], dependency: DependencyNote | None,
@@ -683,6 +684,7 @@ def _line_hits(anchor: _Anchor, meta: list[_Commit], diffs: dict[str, list[_File
             tracked = state.get(fd.old_path) if fd.old_path else None
             if tracked is None:
                 continue
+            assert fd.old_path is not None  # tracked is only found under an old path
             del state[fd.old_path]
             if fd.new_path is None:
                 hit.changed += len(tracked.lines)

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+from collections.abc import Hashable
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
@@ -215,7 +216,7 @@ class _LineLoader(yaml.SafeLoader):
     """Safe loader that remembers the line of every mapping key."""
 
 
-def _construct_mapping(loader: _LineLoader, node: yaml.MappingNode) -> dict[str, Any]:
+def _construct_mapping(loader: _LineLoader, node: yaml.MappingNode) -> dict[Hashable, Any]:
     mapping = yaml.SafeLoader.construct_mapping(loader, node, deep=True)
     lines = {key_node.value: key_node.start_mark.line + 1 for key_node, _ in node.value
              if isinstance(key_node, yaml.ScalarNode)}

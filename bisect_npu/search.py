@@ -207,7 +207,8 @@ def known_bounds(n: int, verdicts: Mapping[int, Verdict]) -> tuple[int, int]:
 def _end_problem(n: int, verdicts: Mapping[int, Verdict], check: bool) -> tuple[EndsWrong | None, list[int]]:
     """A contradicted end (or one that cannot be tested), else the ends still to test, bad first."""
     untested: list[int] = []
-    for position, which, expected in ((n, "bad", "bad"), (0, "good", "good")):
+    ends: tuple[tuple[int, Literal["good", "bad"], Verdict], ...] = ((n, "bad", "bad"), (0, "good", "good"))
+    for position, which, expected in ends:
         verdict = verdicts.get(position)
         if verdict is None:
             if check:

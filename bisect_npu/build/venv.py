@@ -133,7 +133,7 @@ class VenvBuilder:
 
     def cached(self) -> list[CachedVenv]:
         """Complete venvs of this cache, least recently used first."""
-        found = []
+        found: list[CachedVenv] = []
         if not self.cache_dir.is_dir():
             return found
         for entry in self.cache_dir.iterdir():

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import Literal
 
 import click
 
@@ -20,8 +21,8 @@ from bisect_npu.models import UsageError
               show_default=True, help="Where the demo's sessions go.")
 @click.option("--json", "as_json", is_flag=True, help="Print a machine-readable summary as the last line.")
 @click.option("--quiet", is_flag=True, help="Plain log lines even on a terminal.")
-def demo(case_name: str | None, seed: int, executor: str, verify_fix: bool, session_root: Path, as_json: bool,
-         quiet: bool) -> None:
+def demo(case_name: str | None, seed: int, executor: Literal["local", "docker"], verify_fix: bool, session_root: Path,
+         as_json: bool, quiet: bool) -> None:
     """Generate the demo upstream (once), bisect a case with its recipe, write the report."""
     from bisect_npu.demo.generate import ensure_upstream
     from bisect_npu.journal import new_session_dir

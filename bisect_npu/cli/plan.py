@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from typing import Any
 
 import click
 
@@ -51,7 +52,7 @@ def plan(good: str, bad: str, repo: str, build_minutes: float, overlay_minutes: 
     costs = {"build_cost_min": build_minutes, "overlay_cost_min": overlay_minutes, "run_cost_min": run_minutes}
     expected = {told: _expected(n, keys, told, costs) for told in (True, False)}
     facts = history.commits_facts(git_repo, [brange.candidates[0], brange.candidates[-1]])
-    summary = {
+    summary: dict[str, Any] = {
         "good": brange.good, "bad": brange.bad, "base": brange.base,
         "merge_base_note": brange.merge_base_note, "candidates": n,
         "first": {"sha": facts[0].sha, "title": facts[0].title},
@@ -96,7 +97,8 @@ def _expected(n: int, keys: list[str], told: bool, costs: dict[str, float]) -> d
     count = min(n, PLAN_CULPRITS)
     culprits = sorted({1 + (i * (n - 1)) // max(count - 1, 1) for i in range(count)})
     summary = simulate(n, culprits, bad_rate=1.0, good_rate=0.0, mode="exact", runs=1,
-                       build_key_of=keys.__getitem__, tell_build_groups=told, **costs)
+                       build_key_of=keys.__getitem__, tell_build_groups=told, build_cost_min=costs["build_cost_min"],
+                       overlay_cost_min=costs["overlay_cost_min"], run_cost_min=costs["run_cost_min"])
     return {"steps": round(summary.mean_trials, 2), "max_steps": int(summary.max_trials),
             "full_builds": round(summary.mean_builds, 2), "overlays": round(summary.mean_overlays, 2),
             "hours": round(summary.mean_machine_hours, 2), "culprits": len(culprits)}

@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 import shlex
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Literal
 
 import click
 
@@ -66,8 +66,9 @@ def finish(result: SessionResult, as_json: bool) -> None:
 @click.option("--json", "as_json", is_flag=True, help="Print a machine-readable summary as the last line.")
 @click.option("--quiet", is_flag=True, help="Plain log lines even on a terminal.")
 def run(good: str, bad: str, repo: str | None, package: str | None, index_url: str | None, prereleases: bool,
-        recipe: str | None, command: str | None, executor: str,
-        devices: str | None, slots: int | None, session_dir: Path | None, workdir: Path | None, mode: str | None,
+        recipe: str | None, command: str | None, executor: Literal["local", "docker"],
+        devices: str | None, slots: int | None, session_dir: Path | None, workdir: Path | None,
+        mode: Literal["exact", "noisy"] | None,
         prefetch: bool | None,
         confidence: float | None, earlier_runs: tuple[str, str] | None, check_ends: bool, timeout_s: float,
         cache_size: str, propose_fix: bool, verify_fix: bool,

@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 import sys
 from collections.abc import Callable, Iterator
+from typing import Literal
 
 import click
 
@@ -42,7 +43,7 @@ import click
 def simulate(repo: str, good: str, bad: str, culprit: str, bad_rate: float, good_rate: float,
              build_fail: float, slots: int, runs: int, build_cost_min: float, overlay_cost_min: float,
              run_cost_min: float,
-             load_cost_min: float, earlier_runs: int, seed: int, mode: str | None) -> None:
+             load_cost_min: float, earlier_runs: int, seed: int, mode: Literal["exact", "noisy"] | None) -> None:
     """Expected runs, builds, accuracy and hours of bisecting GOOD..BAD when CULPRIT is the answer."""
     from bisect_npu import history
     from bisect_npu.build.key import BuildKeyReader
@@ -62,7 +63,7 @@ def simulate(repo: str, good: str, bad: str, culprit: str, bad_rate: float, good
     position = brange.candidates.index(culprit_sha) + 1
     reader = BuildKeyReader(git_repo)
     keys = [reader.key(sha).digest for sha in (brange.base, *brange.candidates)]
-    chosen = mode or ("exact" if (bad_rate, good_rate) == (1.0, 0.0) else "noisy")
+    chosen: Literal["exact", "noisy"] = mode or ("exact" if (bad_rate, good_rate) == (1.0, 0.0) else "noisy")
     with _progress() as on_run:
         summary = run_simulation(
             len(brange.candidates), position, bad_rate=bad_rate, good_rate=good_rate, build_fail=build_fail,

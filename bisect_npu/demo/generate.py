@@ -145,8 +145,9 @@ def _plan(state: _State) -> None:
     _tag(state, MAIN, "v0.9.0")
     state.files[RELEASE] = dict(state.files[MAIN])
     state.tips[RELEASE] = state.tips[MAIN]
-    assert state.tips[MAIN] is not None
-    state.fork_from[RELEASE] = state.tips[MAIN]
+    fork_tip = state.tips[MAIN]
+    assert fork_tip is not None
+    state.fork_from[RELEASE] = fork_tip
 
     b, m = RELEASE, MAIN
     breaks = P.BUILD_BREAKS

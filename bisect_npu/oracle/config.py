@@ -97,20 +97,30 @@ class PenaltyConfig(_Strict):
     rel_tolerance: float = Field(1e-6, ge=0.0)
 
 
+StageName = Literal["chat_template", "prompt_token_ids", "forward", "sampler", "text"]
+
+
+def _all_stages() -> list[StageName]:
+    return ["chat_template", "prompt_token_ids", "forward", "sampler", "text"]
+
+
 class StagesConfig(_Strict):
     """Precision alignment: compare each stage with the reference's, in pipeline order."""
 
-    stages: list[Literal["chat_template", "prompt_token_ids", "forward", "sampler", "text"]] = Field(
-        default_factory=lambda: ["chat_template", "prompt_token_ids", "forward", "sampler", "text"])
+    stages: list[StageName] = Field(default_factory=_all_stages)
 
 
 OracleKind = Literal["repetition", "tokens", "logits", "stats", "acceptance", "penalty", "stages", "command"]
 
 
+def _default_kinds() -> list[OracleKind]:
+    return ["repetition"]
+
+
 class OracleConfig(_Strict):
     """Which judges run (all must pass), with their thresholds."""
 
-    kinds: list[OracleKind] = Field(default_factory=lambda: ["repetition"])
+    kinds: list[OracleKind] = Field(default_factory=_default_kinds)
     repetition: RepetitionConfig = Field(default_factory=RepetitionConfig)
     tokens: TokenMatchConfig = Field(default_factory=TokenMatchConfig)
     logits: LogitsConfig = Field(default_factory=LogitsConfig)

@@ -40,7 +40,7 @@ def _compare(name: str, cand: Any, ref: Any, logits_cfg: LogitsConfig) -> tuple[
     """(matches, figures, one-line description) for one stage."""
     if name in ("chat_template", "text", "prompt_token_ids"):
         index = _first_diff(cand, ref)
-        figures = {"first_difference": index, "length": len(cand), "reference_length": len(ref)}
+        figures: dict[str, Any] = {"first_difference": index, "length": len(cand), "reference_length": len(ref)}
         if index is None:
             return True, figures, "identical"
         if isinstance(cand, str):

@@ -229,6 +229,13 @@ def _token_id(token: str) -> int | None:
     return int(match.group(1)) if match else None
 
 
+def _candidate_id(token: str) -> int:
+    """A top-logprobs candidate's id: return_tokens_as_token_ids spells every one as token_id:N."""
+    token_id = _token_id(token)
+    assert token_id is not None, token
+    return token_id
+
+
 def request_body(model_id: str, case: dict[str, Any], sampling: dict[str, Any], top_k: int) -> tuple[str, dict]:
     """The endpoint and JSON body: chat for messages, completions for a prompt; sampling as sent."""
     body: dict[str, Any] = {"model": model_id, "stream": True, "return_tokens_as_token_ids": True,
@@ -283,16 +290,16 @@ def _choice_tokens(choice: dict[str, Any], top_k: int) -> tuple[list[int], list[
     """Token ids and best-first logprob rows of one streamed choice (chat or completions shape)."""
     logprobs = choice.get("logprobs") or {}
     rows: list[list[list[Any]]] = []
-    ids: list[int] = []
+    ids: list[int | None] = []
     if "content" in logprobs:  # chat
         for item in logprobs.get("content") or []:
             ids.append(_token_id(item.get("token", "")))
-            rows.append(top_logprobs_row([(_token_id(c["token"]), c["logprob"])
+            rows.append(top_logprobs_row([(_candidate_id(c["token"]), c["logprob"])
                                           for c in item.get("top_logprobs") or []], top_k))
     elif logprobs.get("tokens"):  # completions
         ids = [_token_id(token) for token in logprobs["tokens"]]
         for candidates in logprobs.get("top_logprobs") or []:
-            rows.append(top_logprobs_row([(_token_id(t), lp) for t, lp in (candidates or {}).items()], top_k))
+            rows.append(top_logprobs_row([(_candidate_id(t), lp) for t, lp in (candidates or {}).items()], top_k))
     explicit = choice.get("token_ids") or (choice.get("delta") or {}).get("token_ids")
     tokens = list(explicit) if explicit else [t for t in ids if t is not None]
     return tokens, rows
@@ -302,7 +309,7 @@ def _greedy_tokens(server: Server, model_id: str, case: dict[str, Any], sampling
                    max_tokens: int) -> list[int]:
     check = {**sampling, "temperature": 0.0, "max_tokens": max_tokens}
     path, body = request_body(model_id, case, check, 1)
-    observation = {"extra": {}}
+    observation: dict[str, Any] = {"extra": {}}
     stream_case(server, path, body, None, observation, timeout_s=600.0)
     return observation["output_token_ids"]
 

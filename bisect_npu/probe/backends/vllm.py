@@ -91,7 +91,7 @@ class LayerDump:
         import torch
 
         rank = torch.distributed.get_rank() if torch.distributed.is_initialized() else 0
-        state = {"step": -1, "data": {}, "calls": {}}
+        state: dict[str, Any] = {"step": -1, "data": {}, "calls": {}}
 
         def _dir() -> str:
             return os.path.join(self.dump_dir, f"step{state['step']}", f"rank{rank}")
@@ -351,6 +351,7 @@ class VllmEngine(TrialCounter):
         detection_cls = native_repetition_detection()
         use_native = use_engine_guard(request, detection_cls)
         if use_native:
+            assert guard is not None  # use_engine_guard is False without a loop_guard
             sampling["repetition_detection"] = detection_cls(
                 min_pattern_size=int(guard.get("min_pattern_size", 1)),
                 max_pattern_size=int(guard.get("max_pattern_size", 20)),

@@ -307,3 +307,31 @@ def test_sigterm_unwinds_like_ctrl_c_and_leaves_no_worktree(tmp_path: Path) -> N
     assert git(repo, "worktree", "list", "--porcelain").count("worktree ") == 1
     done = bisect("resume", "--session", str(session), "--json", cwd=tmp_path, check_code=0)
     assert summary(done)["steps"] >= 2
+
+
+def test_trials_of_an_interrupted_noisy_step_are_reported_and_counted(tmp_path: Path) -> None:
+    repo = tmp_path / "repo"
+    shas = make_linear_repo(repo, 33, culprit=20, tags={0: "good", 32: "bad"})
+    session = tmp_path / "s"
+    bisect("run", "--repo", str(repo), "--good", "good", "--bad", "bad", "--cmd", GOOD_CMD_STR, "--mode", "noisy",
+           "--no-fix", "--session", str(session), "--quiet", cwd=tmp_path, check_code=0)
+    # Killed after a trial was journaled and before its step line: cut the journal there.
+    lines = (session / "journal.jsonl").read_text().splitlines(keepends=True)
+    cut = [i for i, line in enumerate(lines) if json.loads(line)["type"] == "step"][4]
+    (session / "journal.jsonl").write_text("".join(lines[:cut]))
+    lost = json.loads(lines[cut - 1])
+    assert lost["type"] == "trial"
+    kept = [json.loads(line) for line in lines[:cut]]
+    last_step = max((i for i, e in enumerate(kept) if e["type"] == "step" and e["index"] == lost["index"]), default=-1)
+    cut_trials = [e for e in kept[last_step + 1:] if e["type"] == "trial" and e["index"] == lost["index"]]
+    done = bisect("resume", "--session", str(session), "--json", cwd=tmp_path, check_code=0)
+    assert summary(done)["culprit"] == shas[20]
+    report = json.loads(bisect("report", "--session", str(session), "--format", "json", cwd=tmp_path,
+                               check_code=0).stdout)
+    rows = report["steps"]
+    cut_short = [r for r in rows if r["verdict"] == "interrupted"]
+    assert len(cut_short) == 1 and cut_short[0]["index"] == lost["index"]
+    assert cut_short[0]["trials"] == len(cut_trials) >= 1
+    trial_lines = [e for e in journal_lines(session) if e["type"] == "trial"]
+    assert sum(r["trials"] for r in rows) == len(trial_lines)  # every trial counted is in a row
+    assert "interrupted" in (session / "report.md").read_text()

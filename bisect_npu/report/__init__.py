@@ -7,6 +7,7 @@ session directory is copied, and it never computes a verdict of its own.
 from __future__ import annotations
 
 import platform
+from collections.abc import Collection
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -84,9 +85,27 @@ def load_view(session_dir: Path) -> SessionView:
     end = fix = next_level = None
     fix_verify = None
     view_told: dict[str, float] = {}  # what the search weighed its last choice by
+    open_trials: dict[int, list[dict[str, Any]]] = {}  # per position: trials no step has recorded yet
+    prs = journal.header["range"].get("prs", {})
+
+    def interrupted(index: int, kept: Collection[tuple[str, int]] = ()) -> None:
+        """Trials of a step that an interruption cut short and no later step took over: noisy
+        mode counts them as evidence, so the report shows them as a row of their own."""
+        orphans = [t for t in open_trials.pop(index, []) if (t["case_id"], t["trial"]) not in kept]
+        if orphans:
+            bad = sum(1 for t in orphans if t.get("outcome") == "bad")
+            steps.append(StepView(len(steps) + 1, index, orphans[0]["commit"], journal.header["range"].get(
+                "titles", {}).get(orphans[0]["commit"], ""), "interrupted",
+                f"{len(orphans)} trial(s) finished before an interruption, {bad} bad; counted as evidence",
+                round(sum(t.get("seconds", 0.0) for t in orphans), 3), "", 0.0, len(orphans), {},
+                [t["log"] for t in orphans if t.get("log")], prs.get(orphans[0]["commit"])))
+
     for entry in journal.entries:
         kind = entry["type"]
-        if kind == "step":
+        if kind == "trial" and entry.get("index") is not None:
+            open_trials.setdefault(entry["index"], []).append(entry)
+        elif kind == "step":
+            interrupted(entry["index"], {(t["case_id"], t["trial"]) for t in entry.get("trials", [])})
             verdict = entry["verdict"]
             build = entry.get("build") or {}
             logs = [t["log"] for t in entry.get("trials", []) if t.get("log")]
@@ -96,8 +115,7 @@ def load_view(session_dir: Path) -> SessionView:
             steps.append(StepView(len(steps) + 1, entry["index"], entry["commit"], entry.get("title", ""),
                                   verdict["kind"], verdict["reason"], entry.get("seconds", 0.0),
                                   build.get("how", ""), build.get("seconds") or 0.0, verdict.get("trials", 1),
-                                  verdict.get("figures", {}), logs, journal.header["range"].get("prs", {}).get(
-                                      entry["commit"])))
+                                  verdict.get("figures", {}), logs, prs.get(entry["commit"])))
         elif kind == "end":
             end = entry
         elif kind == "fix":
@@ -106,6 +124,8 @@ def load_view(session_dir: Path) -> SessionView:
             fix_verify = entry["verifications"]
         elif kind == "next_level":
             next_level = entry
+    for index in list(open_trials):
+        interrupted(index)
     journal.close()
     view = SessionView(session_dir, journal.header, steps, end, fix, fix_verify, next_level)
     view.versions, view.sampling = _engine_facts(session_dir, journal.entries)

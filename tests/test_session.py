@@ -335,3 +335,24 @@ def test_trials_of_an_interrupted_noisy_step_are_reported_and_counted(tmp_path: 
     trial_lines = [e for e in journal_lines(session) if e["type"] == "trial"]
     assert sum(r["trials"] for r in rows) == len(trial_lines)  # every trial counted is in a row
     assert "interrupted" in (session / "report.md").read_text()
+
+
+def test_a_step_whose_trials_were_all_journaled_is_judged_without_building_again(tmp_path: Path) -> None:
+    repo = tmp_path / "repo"
+    make_linear_repo(repo, 65, culprit=40, tags={0: "good", 64: "bad"})
+    session = tmp_path / "s"
+    marker = tmp_path / "runs.log"
+    cmd = f"sh -c 'echo $BISECT_NPU_COMMIT >> {marker}; {GOOD_CMD_STR}'"
+    bisect("run", "--repo", str(repo), "--good", "good", "--bad", "bad", "--cmd", cmd, "--no-fix",
+           "--session", str(session), "--quiet", cwd=tmp_path, check_code=0)
+    lines = (session / "journal.jsonl").read_text().splitlines(keepends=True)
+    cut = [i for i, line in enumerate(lines) if json.loads(line)["type"] == "step"][3]
+    killed_at = json.loads(lines[cut])
+    (session / "journal.jsonl").write_text("".join(lines[:cut]))  # its trial is in, its step line is not
+    runs_before = marker.read_text().splitlines()
+    bisect("resume", "--session", str(session), cwd=tmp_path, check_code=0)
+    again = next(e for e in journal_lines(session) if e["type"] == "step" and e["index"] == killed_at["index"])
+    assert again["build"]["how"] == "journaled" and again["verdict"]["kind"] == killed_at["verdict"]["kind"]
+    assert [t["trial"] for t in again["trials"]] == [t["trial"] for t in killed_at["trials"]]
+    rerun = marker.read_text().splitlines()[len(runs_before):]
+    assert killed_at["commit"] not in rerun  # the command did not run again for that commit

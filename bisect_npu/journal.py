@@ -90,7 +90,11 @@ class Journal:
     @classmethod
     def create(cls, session_dir: Path, header: dict[str, Any]) -> Journal:
         """Start a journal in `session_dir` (created if needed) with its header line."""
-        session_dir.mkdir(parents=True, exist_ok=True)
+        try:
+            session_dir.mkdir(parents=True, exist_ok=True)
+        except OSError as exc:
+            raise UsageError(f"cannot make session directory {session_dir} ({exc.strerror}); "
+                             "pass --session with a writable directory path") from None
         lock_fd = _acquire_lock(session_dir)
         try:
             path = session_dir / JOURNAL_FILE

@@ -142,6 +142,10 @@ def test_merge_base_is_used_and_reported(tmp_path: Path) -> None:
         (["--good", "v2.0", "--bad", "v1.0"], "newer", 2),
         (["--good", "v1.0", "--bad", "v2.0", "--cmd", "no-such-program-xyz"], "command not found", 2),
         (["--good", "v1.0", "--bad", "v2.0", "--cache-size", "lots"], "--cache-size 'lots': give a size", 2),
+        (["--good", "v1.0", "--bad", "v2.0", "--mode", "noisy", "--confidence", "1.5"], "--confidence", 2),
+        (["--good", "v1.0", "--bad", "v2.0", "--slots", "0"], "--slots", 2),
+        (["--good", "v1.0", "--bad", "v2.0", "--timeout", "0"], "--timeout", 2),
+        (["--good", "v1.0", "--bad", "v2.0", "--session", "/proc/no/such"], "cannot make session directory", 2),
     ],
 )
 def test_bad_input_one_line_error(repo1000: tuple[Path, list[str]], tmp_path: Path, args: list[str], needle: str,
@@ -149,8 +153,9 @@ def test_bad_input_one_line_error(repo1000: tuple[Path, list[str]], tmp_path: Pa
     repo, _ = repo1000
     if "--cmd" not in args:
         args = [*args, "--cmd", GOOD_CMD_STR]
-    done = bisect("run", "--repo", str(repo), *args, "--session", str(tmp_path / "s"), cwd=tmp_path,
-                  check_code=code)
+    if "--session" not in args:
+        args = [*args, "--session", str(tmp_path / "s")]
+    done = bisect("run", "--repo", str(repo), *args, cwd=tmp_path, check_code=code)
     lines = done.stderr.strip().splitlines()
     assert len(lines) == 1 and needle in lines[0], done.stderr
     assert not (tmp_path / "s").exists()  # nothing half-made

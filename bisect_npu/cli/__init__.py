@@ -73,9 +73,13 @@ def main(argv: list[str] | None = None) -> None:
                 "(--session DIR for another)") if args and args[0] in SESSION_COMMANDS else ""
         click.echo(f"bisect-npu: interrupted{hint}", err=True)
         sys.exit(130)
+    except click.UsageError as exc:
+        where = exc.ctx.command_path if exc.ctx else "bisect-npu"
+        click.echo(f"bisect-npu: error: {exc.format_message()} (`{where} --help` lists the options)", err=True)
+        sys.exit(2)
     except click.ClickException as exc:
         exc.show()
-        sys.exit(2 if isinstance(exc, click.UsageError) else exc.exit_code)
+        sys.exit(exc.exit_code)
     except click.exceptions.Exit as exc:
         sys.exit(exc.exit_code)
     sys.exit(returned if isinstance(returned, int) else 0)

@@ -7,6 +7,8 @@ from pathlib import Path
 
 import click
 
+from bisect_npu.models import UsageError
+
 
 @click.command()
 @click.option("--session", "session_dir", type=click.Path(path_type=Path),
@@ -22,7 +24,11 @@ def report(session_dir: Path | None, fmt: str, output: Path | None) -> None:
     view = load_view(session_dir or latest_session(DEFAULT_ROOT))
     text = render_markdown(view) if fmt == "md" else json.dumps(render_json(view), indent=2)
     if output:
-        output.write_text(text, encoding="utf-8")
+        try:
+            output.write_text(text, encoding="utf-8")
+        except OSError as exc:
+            raise UsageError(f"cannot write {output} ({exc.strerror}); pass -o with a path in an existing, "
+                             "writable directory") from None
         click.echo(f"wrote {output}", err=True)
     else:
         click.echo(text)

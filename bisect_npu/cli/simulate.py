@@ -29,7 +29,7 @@ import click
                    "it, as a session does).")
 @click.option("--overlay-cost-min", type=click.FloatRange(0), default=2.0, show_default=True,
               help="Minutes per python overlay: a commit whose build key has a built image.")
-@click.option("--run-cost-min", type=float, default=5.0, show_default=True,
+@click.option("--run-cost-min", type=click.FloatRange(0, min_open=True), default=5.0, show_default=True,
               help="Minutes per trial once the engine runs.")
 @click.option("--load-cost-min", type=click.FloatRange(0), default=0.0, show_default=True,
               help="Minutes per engine start (model load); a query's trials share one start, so noisy "

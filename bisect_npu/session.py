@@ -12,6 +12,7 @@ import dataclasses
 import functools
 import itertools
 import math
+import os
 import shlex
 import threading
 from collections.abc import Callable, Iterator
@@ -190,7 +191,8 @@ class Session:
             raise UsageError("give --repo (a clone of the upstream) or --package (bisect published releases)")
         candidates_range = _resolve_candidates(options, repo)
         if options.command:
-            _check_command(options.command)
+            ends = [candidates_range["base"], candidates_range["bad"]] if candidates_range["kind"] == "commits" else []
+            _check_command(options.command, repo, ends)
         if repo is not None and options.package is None and options.executor == "docker" and recipe is not None:
             _check_dockerfile(repo, recipe.build.dockerfile, candidates_range)
         if options.devices and options.slots > len(options.devices):
@@ -688,16 +690,28 @@ def to_jsonable(value: Any) -> Any:
     return value
 
 
-def _check_command(command: list[str]) -> None:
-    """A command on PATH must exist now; a relative path is resolved in each candidate's checkout."""
+def _check_command(command: list[str], repo: git.Repo | None, ends: list[str]) -> None:
+    """A command on PATH must exist now; a relative path runs in each candidate's checkout, which
+    holds only committed files, so it must be tracked at both ends."""
     import shutil
 
     program = command[0]
     if "/" not in program and shutil.which(program) is None:
         raise UsageError(f"command not found: {program}; give a program on PATH or a path relative to "
                          "the repository root (e.g. ./tests/check.sh)")
-    if Path(program).is_absolute() and not Path(program).exists():
-        raise UsageError(f"command not found: {program}")
+    if Path(program).is_absolute():
+        if not Path(program).exists():
+            raise UsageError(f"command not found: {program}")
+        return
+    if "/" in program and repo is not None:
+        relative = os.path.normpath(program)
+        for sha in ends:
+            try:
+                repo.commit(sha).tree / relative
+            except KeyError:
+                raise UsageError(f"{program} is not committed at {sha[:12]}: a relative --cmd runs in each "
+                                 f"candidate's checkout, which holds only committed files; give an absolute "
+                                 f"path (e.g. {Path(program).resolve()}) or commit it") from None
 
 
 def _make_evaluator(options: RunOptions, repo: git.Repo | None, recipe: Recipe | None, session_dir: Path,

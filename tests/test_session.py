@@ -141,6 +141,7 @@ def test_merge_base_is_used_and_reported(tmp_path: Path) -> None:
         (["--good", "v2.0", "--bad", "v2.0"], "same commit", 2),
         (["--good", "v2.0", "--bad", "v1.0"], "newer", 2),
         (["--good", "v1.0", "--bad", "v2.0", "--cmd", "no-such-program-xyz"], "command not found", 2),
+        (["--good", "v1.0", "--bad", "v2.0", "--cmd", "./untracked-check.sh"], "is not committed at", 2),
         (["--good", "v1.0", "--bad", "v2.0", "--cache-size", "lots"], "--cache-size 'lots': give a size", 2),
         (["--good", "v1.0", "--bad", "v2.0", "--mode", "noisy", "--confidence", "1.5"], "--confidence", 2),
         (["--good", "v1.0", "--bad", "v2.0", "--slots", "0"], "--slots", 2),

@@ -111,6 +111,17 @@ class EarlierRunsSpec(_Strict):
             raise ValueError(f"{value!r} counts more runs with the symptom than runs made")
         return text
 
+    @model_validator(mode="after")
+    def _ends_in_order(self) -> EarlierRunsSpec:
+        """The end that shows the symptom must have shown it more often than the other: swapped
+        counts would steer the search to the wrong side with all the weight of real runs."""
+        (bad_shown, bad_runs), (good_shown, good_runs) = self.counts("bad_end"), self.counts("good_end")
+        if bad_runs and good_runs and bad_shown * good_runs <= good_shown * bad_runs:
+            raise ValueError(f"bad_end {self.bad_end} shows the symptom no more often than good_end "
+                             f"{self.good_end}: the first count is the end that shows it (the old end under "
+                             "--find-fix); swap them if they are the wrong way round")
+        return self
+
     def counts(self, name: Literal["bad_end", "good_end"]) -> tuple[int, int]:
         failed, runs = getattr(self, name).split("/")
         return int(failed), int(runs)

@@ -268,3 +268,8 @@ def test_earlier_runs_come_from_the_recipe_unless_given_on_the_command_line() ->
     assert earlier_runs_spec(RunOptions(good="g", bad="b"), parse_recipe(MINIMAL)) is None
     with pytest.raises(UsageError, match="--earlier-runs 3/4 x: 'x' is not 'shown/runs'"):
         earlier_runs_spec(RunOptions(good="g", bad="b", earlier_runs=["3/4", "x"]), recipe)
+    with pytest.raises(UsageError, match=r"--earlier-runs 0/10 8/10: .*shows the symptom no more often.*swap"):
+        earlier_runs_spec(RunOptions(good="g", bad="b", earlier_runs=["0/10", "8/10"]), recipe)
+    with pytest.raises(UsageError, match="no more often"):
+        parse_recipe(MINIMAL + "trials:\n  mode: noisy\n  earlier_runs:\n    bad_end: 2/10\n    good_end: 4/20\n")
+    assert earlier_runs_spec(RunOptions(good="g", bad="b", earlier_runs=["1/10", "0/0"]), recipe) is not None

@@ -95,7 +95,7 @@ def fetch_listing(package: str, index_url: str | None = None, *, offline: bool =
     cached = _read_cache(cache)
     if offline:
         if cached is None:
-            raise UsageError(f"no cached listing of {name} from {index}; run once without --offline")
+            raise UsageError(f"no cached listing of {name} from {index}; run once with the index reachable")
         return cached[1]
     if cached is not None and time.time() - cached[0] < max_age_s:
         return cached[1]
@@ -144,11 +144,11 @@ def _download_listing(index: str, name: str) -> Listing:
     except urllib.error.HTTPError as exc:
         if exc.code == 404:
             raise UsageError(f"package {name} not found on {index}; check the name or pass --index-url") from exc
-        raise InfrastructureError(f"package index {url} answered {exc.code}; retry, or use --offline "
-                                  "with a cached listing") from exc
+        raise InfrastructureError(f"package index {url} answered {exc.code} and no listing of {name} is cached "
+                                  "from an earlier run; retry later or pass another --index-url") from exc
     except (urllib.error.URLError, OSError) as exc:
-        raise InfrastructureError(f"package index {url} unreachable ({exc}); check the network or "
-                                  "--index-url, or use --offline with a cached listing") from exc
+        raise InfrastructureError(f"package index {url} unreachable ({exc}) and no listing of {name} is cached "
+                                  "from an earlier run; check the network or --index-url") from exc
     files = _json_files(body) if "json" in content_type else _html_files(body)
     return listing_from_files(name, files)
 

@@ -982,6 +982,10 @@ def verify_fixes(repo: git.Repo, bad: str, report: FixReport, evaluate: Callable
     ``on_result`` hears of each verification the moment it is made, so a caller can keep it.
     """
     bad_sha = resolve_ref(repo, bad)
+    holders = [report.culprit, *(twin.sha for twin in report.twins)]
+    if not any(repo.is_ancestor(repo.commit(sha), repo.commit(bad_sha)) for sha in holders):
+        raise UsageError(f"{bad} does not contain the culprit {report.culprit[:12]} (nor a cherry-pick of it): "
+                         "a fix applied there proves nothing; give as --bad a commit that shows the symptom")
     results: list[FixVerification] = []
     for proposal in report.proposals[:top]:
         if proposal.shas[0] in done:

@@ -92,3 +92,7 @@ def test_verify_with_a_command_runs_the_session_pipeline(capsys, tmp_path, monke
     worktrees = git.Repo(tmp_path / "up").git.worktree("list", "--porcelain")
     assert worktrees.count("worktree ") == 1  # the clone itself: the evaluations' worktrees are gone
     assert not (tmp_path / ".bisect-npu").exists()  # nothing left in the working directory
+    parent = git.Repo(tmp_path / "up").commit(shas["culprit"]).parents[0].hexsha
+    code, _, err = run_cli(capsys, "--culprit", shas["culprit"], "--repo", str(tmp_path / "up"),
+                           "--bad", parent, "--verify", "--cmd", f"{sys.executable} check.py")
+    assert code == 2 and "does not contain the culprit" in err  # a "verified" there would prove nothing

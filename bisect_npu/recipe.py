@@ -264,11 +264,20 @@ def _line_of(raw: Any, loc: tuple[Any, ...]) -> int | None:
     return line
 
 
+def _yaml_error(source: str, exc: yaml.YAMLError) -> str:
+    """One line, `file:line:column: what`, like the field errors (PyYAML's own text spans lines)."""
+    if isinstance(exc, yaml.MarkedYAMLError) and exc.problem_mark is not None:
+        mark = exc.problem_mark
+        what = " ".join(filter(None, (exc.context, exc.problem)))
+        return f"{source}:{mark.line + 1}:{mark.column + 1}: not valid YAML: {what}"
+    return f"{source}: not valid YAML: {' '.join(str(exc).split())}"
+
+
 def parse_recipe(text: str, source: str = "<recipe>") -> Recipe:
     try:
         raw = yaml.load(text, Loader=_LineLoader)
     except yaml.YAMLError as exc:
-        raise UsageError(f"{source}: not valid YAML: {exc}") from exc
+        raise UsageError(_yaml_error(source, exc)) from exc
     if not isinstance(raw, dict):
         raise UsageError(f"{source}: a recipe is a mapping with at least `name`, `model` and `cases`")
     try:

@@ -80,6 +80,14 @@ def test_validate_exits_2_naming_field_and_line(tmp_path: Path, capsys: pytest.C
     assert f"{bad}:8: field 'cases.0.sampling.temperature'" in err
 
 
+def test_invalid_yaml_is_one_line_with_its_position(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("name: x\ncases: [\n")
+    code, _, err = run_cli(["recipes", "validate", str(bad)], capsys)
+    assert code == 2 and len(err.strip().splitlines()) == 1
+    assert f"{bad}:3:1: not valid YAML:" in err
+
+
 def test_validate_all_bundled_exits_0(capsys: pytest.CaptureFixture[str]) -> None:
     files = [str(p) for p in sorted(BUNDLED_RECIPES.glob("*.yaml"))]
     code, out, _ = run_cli(["recipes", "validate", *files], capsys)

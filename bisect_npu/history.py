@@ -165,7 +165,7 @@ def nearest_tags(repo: git.Repo, ref: str, limit: int = 3) -> list[str]:
     if wanted is not None and versioned:
         # Neighbours by rank, nearest first: the tags just below and just above the wanted version.
         split = sum(1 for v, _ in versioned if v < wanted)
-        ranked = sorted(range(len(versioned)), key=lambda i: (abs(i - split + 0.5), -i))
+        ranked = sorted(range(len(versioned)), key=lambda i: (abs(i - split + 0.5), i))  # below first on a tie
         return [versioned[i][1] for i in ranked[:limit]]
     return difflib.get_close_matches(ref, tags, n=limit, cutoff=0.5)
 

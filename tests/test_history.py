@@ -88,6 +88,7 @@ def test_nearest_tags_by_version_then_spelling(tagged: tuple[gitpython.Repo, lis
     assert history.nearest_tags(repo, "v0.9.1rc") == ["v0.9.1rc1"]
     assert history.nearest_tags(repo, "v0.9.2", limit=2) == ["v0.9.1", "v0.9.1rc1"]
     assert history.nearest_tags(repo, "v0.8.5", limit=1) == ["v0.9.0rc1"]
+    assert history.nearest_tags(repo, "v0.9.0", limit=1) == ["v0.9.0rc1"]
     git(Path(repo.working_dir), "tag", "release-candidate")
     assert history.nearest_tags(repo, "relase-candidate") == ["release-candidate"]
     with pytest.raises(UsageError, match=r"^unknown ref zzz-no-such; pass a tag, branch or commit sha$"):
@@ -383,3 +384,9 @@ def test_is_url_tells_a_remote_from_a_path(text: str, remote: bool) -> None:
     # One test for the one check that both cloning (history) and the session's stored repo use:
     # a remote stays a URL in the journal so resume fetches it again.
     assert history.is_url(text) is remote
+
+
+def test_a_missing_version_between_two_tags_names_the_one_below_first(tmp_path: Path) -> None:
+    make_linear_repo(tmp_path / "r", 3, tags={0: "v0.9.0", 1: "v0.9.1", 2: "v0.10.0rc1"})
+    repo = gitpython.Repo(tmp_path / "r")
+    assert history.nearest_tags(repo, "v0.9.2") == ["v0.9.1", "v0.10.0rc1", "v0.9.0"]

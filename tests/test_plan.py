@@ -112,3 +112,13 @@ def test_plan_warns_about_candidates_without_the_dockerfile(upstream: tuple[Path
     assert a3.returncode == 0, a3.stderr
     assert (f"warning: {N} of {N} candidates have no Dockerfile.a3 (from {shas[1][:12]} to {shas[N][:12]})"
             in a3.stdout)
+
+
+def test_the_library_plan_is_what_the_command_prints(repo: Path) -> None:
+    import git
+
+    from bisect_npu.plan import plan_range
+
+    result = plan_range(git.Repo(repo), "good", "bad", build_minutes=30, overlay_minutes=2, run_minutes=5)
+    assert sum(group.commits for group in result.groups) == N and len(result.groups) == len(COMPILED_AT) + 1
+    assert result.to_json() == json.loads(plan(repo, "--good", "good", "--bad", "bad", "--json").stdout)

@@ -37,17 +37,20 @@ import click
 @click.option("--earlier-runs", type=click.IntRange(0), default=0, show_default=True,
               help="Runs of each end made before the session (noisy mode counts them; a recipe's "
                    "trials.earlier_runs).")
+@click.option("--dockerfile", default="Dockerfile", show_default=True,
+              help="The Dockerfile that builds the images (a recipe's build.dockerfile): it is part of the keys.")
 @click.option("--seed", type=int, default=0, show_default=True)
 @click.option("--mode", type=click.Choice(["exact", "noisy"]), default=None,
               help="Search mode; default: exact for a perfect test (rates 1/0), else noisy.")
 def simulate(repo: str, good: str, bad: str, culprit: str, bad_rate: float, good_rate: float,
              build_fail: float, slots: int, runs: int, build_cost_min: float, overlay_cost_min: float,
              run_cost_min: float,
-             load_cost_min: float, earlier_runs: int, seed: int, mode: Literal["exact", "noisy"] | None) -> None:
+             load_cost_min: float, earlier_runs: int, dockerfile: str, seed: int,
+             mode: Literal["exact", "noisy"] | None) -> None:
     """Expected runs, builds, accuracy and hours of bisecting GOOD..BAD when CULPRIT is the answer."""
     from bisect_npu import history
-    from bisect_npu.build.key import BuildKeyReader
     from bisect_npu.models import UsageError
+    from bisect_npu.plan import range_keys
     from bisect_npu.simulate import describe
     from bisect_npu.simulate import simulate as run_simulation
 
@@ -61,8 +64,7 @@ def simulate(repo: str, good: str, bad: str, culprit: str, bad_rate: float, good
         raise UsageError(f"culprit {culprit} is not one of the {len(brange.candidates)} candidates in "
                          f"{good}..{bad}; pick a commit inside the range")
     position = brange.candidates.index(culprit_sha) + 1
-    reader = BuildKeyReader(git_repo)
-    keys = [reader.key(sha).digest for sha in (brange.base, *brange.candidates)]
+    keys = [key.digest for key in range_keys(git_repo, brange, dockerfile)]
     chosen: Literal["exact", "noisy"] = mode or ("exact" if (bad_rate, good_rate) == (1.0, 0.0) else "noisy")
     with _progress() as on_run:
         summary = run_simulation(

@@ -1,0 +1,107 @@
+"""What bisecting a range would cost, running nothing: `bisect-npu plan` as a library.
+
+The range is resolved as `run` resolves it, each candidate keyed as the docker builder keys it
+(bisect_npu/build/key.py), and the real exact-mode search is replayed with a perfect oracle over
+culprit positions spread across the range, once told the build groups and their costs (what a
+session with container builds does) and once as plain midpoint bisection.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+from typing import Any
+
+import git
+
+from bisect_npu import history
+from bisect_npu.build.key import BuildKey, BuildKeyReader
+
+PLAN_CULPRITS = 64  # culprit positions the estimate averages over (all of them in a smaller range)
+
+
+@dataclass(frozen=True)
+class BuildGroup:
+    """The candidates sharing one build key: one full build, the rest overlays."""
+
+    key: str
+    commits: int
+    first: str
+    base_image: str
+    vllm_tag: str
+
+
+@dataclass(frozen=True)
+class PlanFigures:
+    """Means over the culprit positions (steps include the two end checks)."""
+
+    steps: float
+    max_steps: int
+    full_builds: float
+    overlays: float
+    hours: float
+    culprits: int
+
+
+@dataclass(frozen=True)
+class RangePlan:
+    range: history.BisectRange
+    oldest: history.CommitFacts
+    newest: history.CommitFacts
+    groups: list[BuildGroup]
+    dockerfile: str
+    lacking_dockerfile: list[str]  # candidates without it: skipped by a docker run
+    expected: PlanFigures  # the search told the groups and the costs
+    midpoint: PlanFigures  # plain midpoint bisection of the same range
+    minutes: dict[str, float]
+
+    def to_json(self) -> dict[str, Any]:
+        brange = self.range
+        return {
+            "good": brange.good, "bad": brange.bad, "base": brange.base,
+            "merge_base_note": brange.merge_base_note, "candidates": len(brange.candidates),
+            "first": {"sha": self.oldest.sha, "title": self.oldest.title},
+            "last": {"sha": self.newest.sha, "title": self.newest.title},
+            "build_keys": len(self.groups), "build_groups": [asdict(group) for group in self.groups],
+            "dockerfile": self.dockerfile, "lacking_dockerfile": len(self.lacking_dockerfile),
+            "expected": asdict(self.expected), "midpoint": asdict(self.midpoint), "minutes": dict(self.minutes),
+        }
+
+
+def range_keys(repo: git.Repo, brange: history.BisectRange, dockerfile: str = "Dockerfile") -> list[BuildKey]:
+    """The build key of each position 0..n (the base, then the candidates), as DockerBuilder keys them."""
+    reader = BuildKeyReader(repo, dockerfile=dockerfile)
+    return [reader.key(sha) for sha in (brange.base, *brange.candidates)]
+
+
+def plan_range(repo: git.Repo, good: str, bad: str, *, dockerfile: str = "Dockerfile", build_minutes: float = 30.0,
+               overlay_minutes: float = 2.0, run_minutes: float = 5.0) -> RangePlan:
+    """Resolve GOOD..BAD and price bisecting it: build groups, expected steps, builds and hours."""
+    brange = history.resolve_range(repo, good, bad)
+    keys = range_keys(repo, brange, dockerfile)
+    members: dict[str, list[str]] = {}
+    for sha, key in zip(brange.candidates, keys[1:], strict=True):
+        members.setdefault(key.digest, []).append(sha)
+    first_key = {key.digest: key for key in reversed(keys[1:])}
+    groups = [BuildGroup(digest, len(shas), shas[0], first_key[digest].inputs.get("base_image", ""),
+                         first_key[digest].inputs.get("vllm_tag", "")) for digest, shas in members.items()]
+    lacking = [sha for sha, key in zip(brange.candidates, keys[1:], strict=True) if not key.has_dockerfile]
+    minutes = {"build": build_minutes, "overlay": overlay_minutes, "run": run_minutes}
+    digests = [key.digest for key in keys]
+    oldest, newest = history.commits_facts(repo, [brange.candidates[0], brange.candidates[-1]])
+    return RangePlan(brange, oldest, newest, groups, dockerfile, lacking,
+                     _replay(digests, told=True, minutes=minutes), _replay(digests, told=False, minutes=minutes),
+                     minutes)
+
+
+def _replay(keys: list[str], *, told: bool, minutes: dict[str, float]) -> PlanFigures:
+    """The exact search's figures over culprits spread evenly across 1..n (a perfect oracle)."""
+    from bisect_npu.simulate import simulate
+
+    n = len(keys) - 1
+    count = min(n, PLAN_CULPRITS)
+    culprits = sorted({1 + (i * (n - 1)) // max(count - 1, 1) for i in range(count)})
+    summary = simulate(n, culprits, bad_rate=1.0, good_rate=0.0, mode="exact", runs=1,
+                       build_key_of=keys.__getitem__, tell_build_groups=told, build_cost_min=minutes["build"],
+                       overlay_cost_min=minutes["overlay"], run_cost_min=minutes["run"])
+    return PlanFigures(round(summary.mean_trials, 2), int(summary.max_trials), round(summary.mean_builds, 2),
+                       round(summary.mean_overlays, 2), round(summary.mean_machine_hours, 2), len(culprits))

@@ -276,11 +276,12 @@ def _substitute(value: str, args: dict[str, str]) -> str:
 
 def dockerfile_facts(repo: git.Repo, sha: str, path: str = "Dockerfile") -> DockerfileFacts | None:
     """Facts from the Dockerfile blob at `sha` (no checkout); None when the commit has none."""
-    return _DockerfileReader(repo, path).facts(sha)
+    return DockerfileReader(repo, path).facts(sha)
 
 
-class _DockerfileReader:
-    """Parses each distinct Dockerfile blob once: most commits in a range share one."""
+class DockerfileReader:
+    """Parses each distinct Dockerfile blob once: most commits in a range share one (history's
+    facts and the build keys both read Dockerfiles through one of these)."""
 
     def __init__(self, repo: git.Repo, path: str) -> None:
         self._repo = repo
@@ -288,14 +289,16 @@ class _DockerfileReader:
         self._by_blob: dict[str, DockerfileFacts] = {}
 
     def facts(self, sha: str) -> DockerfileFacts | None:
+        """The facts of the commit's Dockerfile; None when the commit has none."""
         try:
             blob, kind, _ = self._repo.git.get_object_header(f"{sha}:{self._path}")
         except ValueError:  # the commit has no such file
             return None
         blob = blob.decode() if isinstance(blob, bytes) else blob
         kind = kind.decode() if isinstance(kind, bytes) else kind
-        if kind != "blob":
-            return None
+        return self.facts_of_blob(blob) if kind == "blob" else None
+
+    def facts_of_blob(self, blob: str) -> DockerfileFacts:
         if blob not in self._by_blob:
             data = self._repo.git.get_object_data(blob)[3]
             self._by_blob[blob] = parse_dockerfile(data.decode("utf-8", errors="replace"))
@@ -313,7 +316,7 @@ def commits_facts(repo: git.Repo, shas: list[str] | tuple[str, ...]) -> list[Com
     renames count as a deletion plus an addition, so both paths reach the build key.
     """
     unique = list(dict.fromkeys(shas))
-    dockerfiles = _DockerfileReader(repo, "Dockerfile")
+    dockerfiles = DockerfileReader(repo, "Dockerfile")
     by_sha: dict[str, CommitFacts] = {}
     for start in range(0, len(unique), _LOG_BATCH):
         batch = unique[start : start + _LOG_BATCH]

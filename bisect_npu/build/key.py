@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 
 import git
 
-from bisect_npu.history import DockerfileFacts, parse_dockerfile
+from bisect_npu.history import DockerfileReader
 
 KEY_SCHEMA = 2
 DIGEST_CHARS = 16
@@ -57,7 +57,7 @@ class BuildKeyReader:
         self.repo = repo
         self.build_args = dict(build_args or {})
         self.dockerfile = dockerfile
-        self._facts_by_blob: dict[str, DockerfileFacts] = {}
+        self._dockerfiles = DockerfileReader(repo, dockerfile)
 
     def key(self, sha: str) -> BuildKey:
         tree = self.repo.commit(sha).tree
@@ -77,19 +77,13 @@ class BuildKeyReader:
             # The whole Dockerfile counts (its RUN steps build the image); base image and VLLM_TAG
             # are listed separately because they are what a reader wants to see in the report.
             inputs["dockerfile"] = blob.hexsha
-            facts = self._facts(blob)
+            facts = self._dockerfiles.facts_of_blob(blob.hexsha)
             inputs["base_image"] = facts.base_image or ""
             inputs["vllm_tag"] = facts.vllm_tag or ""
         for name, value in sorted(self.build_args.items()):
             inputs[f"arg:{name}"] = value
         canonical = json.dumps(inputs, sort_keys=True, separators=(",", ":"))
         return BuildKey(digest=hashlib.sha256(canonical.encode()).hexdigest()[:DIGEST_CHARS], inputs=inputs)
-
-    def _facts(self, blob: git.Blob) -> DockerfileFacts:
-        if blob.hexsha not in self._facts_by_blob:
-            text = blob.data_stream.read().decode("utf-8", errors="replace")
-            self._facts_by_blob[blob.hexsha] = parse_dockerfile(text)
-        return self._facts_by_blob[blob.hexsha]
 
 
 def _build_system(blob: git.Blob) -> str:

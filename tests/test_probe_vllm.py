@@ -70,6 +70,11 @@ def test_ascend_versions_read_the_installers_files(tmp_path: Path) -> None:
     (tmp_path / "driver" / "version.info").write_text("Version=24.1.rc3\nascendhal_version=7.35.23\n")
     assert ascend_versions(str(tmp_path)) == {"cann": "8.1.RC1", "driver": "24.1.rc3"}
     assert ascend_versions(str(tmp_path / "absent")) == {}
+    newer = tmp_path / "newer"
+    (newer / "8.5.0" / "aarch64-linux").mkdir(parents=True)
+    (newer / "8.5.0" / "aarch64-linux" / "ascend_toolkit_install.info").write_text("version=8.5.0\n")
+    assert ascend_versions(str(newer)) == {"cann": "8.5.0"}  # no ascend-toolkit/latest in that layout
+    assert ascend_versions(str(tmp_path / "absent"), toolkit_home=str(newer / "8.5.0")) == {"cann": "8.5.0"}
 
 
 def test_engine_versions_name_what_is_installed() -> None:

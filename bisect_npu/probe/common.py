@@ -53,11 +53,17 @@ def _key_value_file(path: str) -> dict[str, str]:
     return values
 
 
-def ascend_versions(root: str = ASCEND_ROOT) -> dict[str, str]:
-    """CANN toolkit and NPU driver versions, from the files the Ascend installers leave behind."""
+def ascend_versions(root: str = ASCEND_ROOT, toolkit_home: str | None = None) -> dict[str, str]:
+    """CANN toolkit and NPU driver versions, from the files the Ascend installers leave behind.
+
+    The toolkit is where set_env.sh says (ASCEND_TOOLKIT_HOME), else `ascend-toolkit/latest`
+    (CANN 8.x) or a versioned directory such as `8.5.0` under the root (newer layouts)."""
     versions: dict[str, str] = {}
-    pattern = os.path.join(root, "ascend-toolkit", "latest", "*", "ascend_toolkit_install.info")
-    for info in sorted(glob.glob(pattern)):
+    homes = [toolkit_home or os.environ.get("ASCEND_TOOLKIT_HOME") or "",
+             os.path.join(root, "ascend-toolkit", "latest"), *sorted(glob.glob(os.path.join(root, "[0-9]*")))]
+    infos = [info for home in homes if home
+             for info in sorted(glob.glob(os.path.join(home, "*", "ascend_toolkit_install.info")))]
+    for info in infos:
         version = _key_value_file(info).get("version")
         if version:
             versions["cann"] = version

@@ -35,7 +35,7 @@ def test_two_cards_field_by_field(tmp_path: Path):
     assert kwargs["environment"]["LCCL_DETERMINISTIC"] == "1"
     assert kwargs["environment"]["HCCL_DETERMINISTIC"] == "true"
     assert kwargs["privileged"] is False
-    assert kwargs["network_mode"] == "none"
+    assert kwargs["network_mode"] == "bridge"  # as vllm-ascend's quick start: HCCL wants a real interface
     assert "ports" not in kwargs
     assert kwargs["shm_size"] == "16g"
 

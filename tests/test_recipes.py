@@ -21,6 +21,7 @@ from bisect_npu.execute.docker import (
     ContainerSpec,
     DockerExecutor,
     Mount,
+    container_create_kwargs,
 )
 from bisect_npu.models import UsageError
 from bisect_npu.probe.backends.openai import override_generation_config, server_argv
@@ -187,7 +188,7 @@ def test_offline_recipes_on_ascend_field_by_field(name: str, tmp_path: Path) -> 
                             "python3", "-c", PROBE_BOOTSTRAP, f"/out/request-{recipe.cases[0].id}-t0.json"]
     assert request["output"] == f"/out/obs-{recipe.cases[0].id}-t0.json"  # the path inside the container
     assert spec.devices == [f"/dev/davinci{n}" for n in cards] + list(MANAGEMENT_DEVICES)
-    assert spec.privileged is False and spec.network_mode == "none"
+    assert spec.privileged is False and spec.network_mode == "bridge"
     assert spec.mounts == [
         *[Mount(source=p, target=p, read_only=True) for p in DRIVER_MOUNTS],
         Mount(source=recipe.model.host_path, target=recipe.model.path, read_only=True),
@@ -244,7 +245,7 @@ def test_presence_penalty_recipe_server_on_ascend(tmp_path: Path) -> None:
     assert "presence_penalty" not in request["case"]["sampling"]  # the server default must carry it
     assert request["engine"]["startup_timeout_s"] == 1200
     assert spec.devices == [f"/dev/davinci{n}" for n in range(4)] + list(MANAGEMENT_DEVICES)
-    assert spec.network_mode == "none"  # the probe reaches the server over the container's loopback
+    assert spec.network_mode == "bridge" and "ports" not in container_create_kwargs(spec)  # nothing published
     assert spec.environment["HCCL_DETERMINISTIC"] == "true"
 
 

@@ -2,7 +2,7 @@
 
 Mirrors the `docker run` that vllm-ascend's quick start documents: one `/dev/davinciN` per card
 plus the three management devices, the driver's libraries and tools mounted read-only, never
-`--privileged`, and no network beyond loopback.
+`--privileged`, docker's default bridge network and no published port.
 """
 
 from __future__ import annotations
@@ -56,7 +56,10 @@ def ascend_container_spec(image: str, out_dir: Path, *, devices: list[int], mode
     `model_dir` (host) is mounted read-only at `model_path` (the recipe's path inside the container;
     the same path when not given). DETERMINISM_ENV is always set, under the recipe's `env` (whose
     word wins): a token match or a logits diff means nothing when collectives reorder sums between
-    runs. The probe talks to a `vllm serve` in the same container over loopback: no network.
+    runs. The network is docker's default bridge, as in vllm-ascend's quick start: HCCL and vLLM
+    look for a host address on a real interface, and a loopback-only container is not the setup
+    their multi-card runs are made for (nothing is published; the probe talks to a `vllm serve` in
+    the same container over loopback).
     """
     if not devices:
         raise UsageError("no NPU selected; pass --devices, e.g. --devices 0")
@@ -69,7 +72,7 @@ def ascend_container_spec(image: str, out_dir: Path, *, devices: list[int], mode
         devices=[f"/dev/davinci{card}" for card in devices] + list(MANAGEMENT_DEVICES),
         mounts=mounts,
         environment={**DETERMINISM_ENV, **(env or {})},
-        network_mode="none",
+        network_mode="bridge",
         privileged=False,
         shm_size=shm_size,
     )

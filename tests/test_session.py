@@ -341,6 +341,7 @@ def test_trials_of_an_interrupted_noisy_step_are_reported_and_counted(tmp_path: 
     cut_short = [r for r in rows if r["verdict"] == "interrupted"]
     assert len(cut_short) == 1 and cut_short[0]["index"] == lost["index"]
     assert cut_short[0]["trials"] == len(cut_trials) >= 1
+    assert rows.index(cut_short[0]) == 4  # where it happened: after the four steps journaled before it
     trial_lines = [e for e in journal_lines(session) if e["type"] == "trial"]
     assert sum(r["trials"] for r in rows) == len(trial_lines)  # every trial counted is in a row
     assert "interrupted" in (session / "report.md").read_text()

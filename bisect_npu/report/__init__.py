@@ -7,7 +7,6 @@ session directory is copied, and it never computes a verdict of its own.
 from __future__ import annotations
 
 import platform
-from collections.abc import Collection
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -85,27 +84,17 @@ def load_view(session_dir: Path) -> SessionView:
     end = fix = next_level = None
     fix_verify = None
     view_told: dict[str, float] = {}  # what the search weighed its last choice by
-    open_trials: dict[int, list[dict[str, Any]]] = {}  # per position: trials no step has recorded yet
+    # Trials no step has taken (yet), per position, each with how many steps preceded it.
+    open_trials: dict[int, list[tuple[int, int, dict[str, Any]]]] = {}
     prs = journal.header["range"].get("prs", {})
-
-    def interrupted(index: int, kept: Collection[tuple[str, int]] = ()) -> None:
-        """Trials of a step that an interruption cut short and no later step took over: noisy
-        mode counts them as evidence, so the report shows them as a row of their own."""
-        orphans = [t for t in open_trials.pop(index, []) if (t["case_id"], t["trial"]) not in kept]
-        if orphans:
-            bad = sum(1 for t in orphans if t.get("outcome") == "bad")
-            steps.append(StepView(len(steps) + 1, index, orphans[0]["commit"], journal.header["range"].get(
-                "titles", {}).get(orphans[0]["commit"], ""), "interrupted",
-                f"{len(orphans)} trial(s) finished before an interruption, {bad} bad; counted as evidence",
-                round(sum(t.get("seconds", 0.0) for t in orphans), 3), "", 0.0, len(orphans), {},
-                [t["log"] for t in orphans if t.get("log")], prs.get(orphans[0]["commit"])))
-
-    for entry in journal.entries:
+    for line, entry in enumerate(journal.entries):
         kind = entry["type"]
         if kind == "trial" and entry.get("index") is not None:
-            open_trials.setdefault(entry["index"], []).append(entry)
+            open_trials.setdefault(entry["index"], []).append((len(steps), line, entry))
         elif kind == "step":
-            interrupted(entry["index"], {(t["case_id"], t["trial"]) for t in entry.get("trials", [])})
+            kept = {(t["case_id"], t["trial"]) for t in entry.get("trials", [])}
+            open_trials[entry["index"]] = [(at, line_, t) for at, line_, t in open_trials.get(entry["index"], [])
+                                           if (t["case_id"], t["trial"]) not in kept]
             verdict = entry["verdict"]
             build = entry.get("build") or {}
             logs = [t["log"] for t in entry.get("trials", []) if t.get("log")]
@@ -124,14 +113,38 @@ def load_view(session_dir: Path) -> SessionView:
             fix_verify = entry["verifications"]
         elif kind == "next_level":
             next_level = entry
-    for index in list(open_trials):
-        interrupted(index)
+    steps = _with_interrupted_rows(steps, open_trials, journal.header["range"])
     journal.close()
     view = SessionView(session_dir, journal.header, steps, end, fix, fix_verify, next_level)
     view.versions, view.sampling = _engine_facts(session_dir, journal.entries)
     view.engine_starts = engine_starts(journal.entries)
     view.told = view_told
     return view
+
+
+def _with_interrupted_rows(steps: list[StepView], orphans: dict[int, list[tuple[int, int, dict[str, Any]]]],
+                           candidates: dict[str, Any]) -> list[StepView]:
+    """Trials of a step that an interruption cut short and no later step took over (noisy mode
+    counts them as evidence) as rows of their own, where they happened; steps renumbered."""
+    runs: list[tuple[int, int, int, list[dict[str, Any]]]] = []  # (steps before, journal line, position, trials)
+    for index, cut in orphans.items():
+        for at, line, trial in cut:
+            if runs and (runs[-1][0], runs[-1][2]) == (at, index):
+                runs[-1][3].append(trial)
+            else:
+                runs.append((at, line, index, [trial]))
+    rows = list(steps)
+    for at, _, index, trials in sorted(runs, key=lambda run: run[:2], reverse=True):
+        commit = trials[0]["commit"]
+        bad = sum(1 for t in trials if t.get("outcome") == "bad")
+        rows.insert(at, StepView(0, index, commit, candidates.get("titles", {}).get(commit, ""), "interrupted",
+                                 f"{len(trials)} trial(s) finished before an interruption, {bad} bad; counted as "
+                                 "evidence", round(sum(t.get("seconds", 0.0) for t in trials), 3), "", 0.0,
+                                 len(trials), {}, [t["log"] for t in trials if t.get("log")],
+                                 candidates.get("prs", {}).get(commit)))
+    for order, row in enumerate(rows, 1):
+        row.order = order
+    return rows
 
 
 def engine_starts(entries: list[dict[str, Any]]) -> dict[str, Any] | None:

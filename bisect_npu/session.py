@@ -85,9 +85,9 @@ class RunOptions:
             ("--devices", ",".join(map(str, self.devices)) or None),
             ("--slots", self.slots if self.slots != max(1, len(self.devices)) else None),
             ("--workdir", self.workdir), ("--mode", self.mode),
-            ("--confidence", f"{self.confidence:g}" if self.confidence is not None else None),
-            ("--timeout", f"{self.timeout_s:g}" if self.timeout_s != 3600.0 else None),
-            ("--cache-size", f"{self.cache_size_gb:g}G" if self.cache_size_gb != 200.0 else None),
+            ("--confidence", repr(self.confidence) if self.confidence is not None else None),
+            ("--timeout", repr(self.timeout_s) if self.timeout_s != 3600.0 else None),
+            ("--cache-size", f"{int(self.cache_size_gb * 2**30)}" if self.cache_size_gb != 200.0 else None),
         ]
         argv = [str(arg) for flag, value in valued if value is not None for arg in (flag, value)]
         if self.earlier_runs:

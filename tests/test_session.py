@@ -146,6 +146,7 @@ def test_merge_base_is_used_and_reported(tmp_path: Path) -> None:
         (["--good", "v1.0", "--bad", "v2.0", "--mode", "noisy", "--confidence", "1.5"], "--confidence", 2),
         (["--good", "v1.0", "--bad", "v2.0", "--slots", "0"], "--slots", 2),
         (["--good", "v1.0", "--bad", "v2.0", "--timeout", "0"], "--timeout", 2),
+        (["--good", "v1.0", "--bad", "v2.0", "--timeout", "nan"], "is not a finite number", 2),
         (["--good", "v1.0", "--bad", "v2.0", "--session", "/proc/no/such"], "cannot make session directory", 2),
     ],
 )

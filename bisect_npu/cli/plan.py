@@ -6,16 +6,18 @@ import json
 
 import click
 
+from bisect_npu.cli.params import FiniteRange
+
 
 @click.command()
 @click.option("--good", required=True, help="A ref where the model behaves.")
 @click.option("--bad", required=True, help="A ref where it misbehaves.")
 @click.option("--repo", default=".", show_default=True, help="Path or URL of the upstream repository.")
-@click.option("--build-minutes", type=click.FloatRange(0), default=30.0, show_default=True,
+@click.option("--build-minutes", type=FiniteRange(0), default=30.0, show_default=True,
               help="Cost of one full build (the first commit of a build key).")
-@click.option("--overlay-minutes", type=click.FloatRange(0), default=2.0, show_default=True,
+@click.option("--overlay-minutes", type=FiniteRange(0), default=2.0, show_default=True,
               help="Cost of a python-only overlay on a built key's image.")
-@click.option("--run-minutes", type=click.FloatRange(0, min_open=True), default=5.0, show_default=True,
+@click.option("--run-minutes", type=FiniteRange(0, min_open=True), default=5.0, show_default=True,
               help="Cost of one step's probe run.")
 @click.option("--dockerfile", default="Dockerfile", show_default=True,
               help="The Dockerfile that builds the images (a recipe's build.dockerfile): Dockerfile.a3, ...")

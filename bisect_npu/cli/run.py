@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING, Literal
 
 import click
 
+from bisect_npu.cli.params import FiniteRange
 from bisect_npu.models import BisectError, UsageError
 
 if TYPE_CHECKING:
@@ -68,14 +69,14 @@ def finish(result: SessionResult, as_json: bool) -> None:
 @click.option("--mode", type=click.Choice(["exact", "noisy"]), help="Override the recipe's trials mode.")
 @click.option("--prefetch/--no-prefetch", default=None,
               help="Build the next candidates while one runs [default: on with --devices].")
-@click.option("--confidence", type=click.FloatRange(0.5, 1.0, min_open=True, max_open=True),
+@click.option("--confidence", type=FiniteRange(0.5, 1.0, min_open=True, max_open=True),
               help="Noisy mode: stop when the culprit is this certain (0.5 < c < 1; default 0.99).")
 @click.option("--earlier-runs", nargs=2, metavar="BAD_END GOOD_END",
               help="Noisy mode: runs of the ends made before, as shown/runs, e.g. 8/10 0/10 (counted by the "
                    "search; overrides the recipe's trials.earlier_runs).")
 @click.option("--check-ends/--no-check-ends", default=True, show_default=True,
               help="Test that good is good and bad is bad before bisecting.")
-@click.option("--timeout", "timeout_s", type=click.FloatRange(0, min_open=True), default=3600.0, show_default=True,
+@click.option("--timeout", "timeout_s", type=FiniteRange(0, min_open=True), default=3600.0, show_default=True,
               help="Seconds per probe or command run.")
 @click.option("--cache-size", default="200G", show_default=True,
               help="Most disk the candidate images (docker) or release venvs (--package) may take; the least "

@@ -9,29 +9,31 @@ from typing import Literal
 
 import click
 
+from bisect_npu.cli.params import FiniteRange
+
 
 @click.command()
 @click.option("--repo", default=".", show_default=True, help="Path or URL of the upstream repository.")
 @click.option("--good", required=True, help="A ref where the model behaves.")
 @click.option("--bad", required=True, help="A ref where it misbehaves.")
 @click.option("--culprit", required=True, help="The commit the synthetic oracle treats as the first bad one.")
-@click.option("--bad-rate", type=click.FloatRange(0, 1), default=1.0, show_default=True,
+@click.option("--bad-rate", type=FiniteRange(0, 1), default=1.0, show_default=True,
               help="Failure rate of a trial at or after the culprit.")
-@click.option("--good-rate", type=click.FloatRange(0, 1), default=0.0, show_default=True,
+@click.option("--good-rate", type=FiniteRange(0, 1), default=0.0, show_default=True,
               help="Failure rate of a trial before the culprit.")
-@click.option("--build-fail", type=click.FloatRange(0, 1), default=0.0, show_default=True,
+@click.option("--build-fail", type=FiniteRange(0, 1), default=0.0, show_default=True,
               help="Chance that a candidate does not build (it is skipped).")
 @click.option("--slots", type=click.IntRange(1), default=1, show_default=True,
               help="Candidates tested at once (devices or executors).")
 @click.option("--runs", type=click.IntRange(1), default=200, show_default=True, help="Bisections to simulate.")
-@click.option("--build-cost-min", type=click.FloatRange(0), default=30.0, show_default=True,
+@click.option("--build-cost-min", type=FiniteRange(0), default=30.0, show_default=True,
               help="Minutes per full build: the first commit tested with a build key (the search weighs "
                    "it, as a session does).")
-@click.option("--overlay-cost-min", type=click.FloatRange(0), default=2.0, show_default=True,
+@click.option("--overlay-cost-min", type=FiniteRange(0), default=2.0, show_default=True,
               help="Minutes per python overlay: a commit whose build key has a built image.")
-@click.option("--run-cost-min", type=click.FloatRange(0, min_open=True), default=5.0, show_default=True,
+@click.option("--run-cost-min", type=FiniteRange(0, min_open=True), default=5.0, show_default=True,
               help="Minutes per trial once the engine runs.")
-@click.option("--load-cost-min", type=click.FloatRange(0), default=0.0, show_default=True,
+@click.option("--load-cost-min", type=FiniteRange(0), default=0.0, show_default=True,
               help="Minutes per engine start (model load); a query's trials share one start, so noisy "
                    "mode asks several trials per query when this is above 0.")
 @click.option("--earlier-runs", type=click.IntRange(0), default=0, show_default=True,

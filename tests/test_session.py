@@ -134,6 +134,14 @@ def test_merge_base_is_used_and_reported(tmp_path: Path) -> None:
     assert "merge-base" in report and "release change 3" in report
 
 
+def test_json_ends_stdout_even_on_a_usage_error(repo1000: tuple[Path, list[str]], tmp_path: Path) -> None:
+    repo, _ = repo1000
+    done = bisect("run", "--repo", str(repo), "--good", "v1.0", "--bad", "v2.0", "--cmd", GOOD_CMD_STR,
+                  "--slots", "0", "--json", cwd=tmp_path, check_code=2)
+    last = summary(done)
+    assert (last["status"], last["exit_code"], last["session"]) == ("error", 2, None) and "--slots" in last["message"]
+
+
 @pytest.mark.parametrize(
     ("args", "needle", "code"),
     [
@@ -313,7 +321,7 @@ def test_sigterm_unwinds_like_ctrl_c_and_leaves_no_worktree(tmp_path: Path) -> N
     proc.send_signal(signal.SIGTERM)
     _, err = proc.communicate(timeout=60)
     assert proc.returncode == 130, err
-    assert "interrupted" in err and "bisect-npu resume" in err
+    assert "interrupted" in err and f"bisect-npu resume --session {session}" in err
     assert git(repo, "worktree", "list", "--porcelain").count("worktree ") == 1
     done = bisect("resume", "--session", str(session), "--json", cwd=tmp_path, check_code=0)
     assert summary(done)["steps"] >= 2

@@ -8,8 +8,11 @@ from __future__ import annotations
 
 import importlib
 import importlib.util
+import json
 import signal
 import sys
+from pathlib import Path
+from typing import NoReturn
 
 import click
 
@@ -50,6 +53,13 @@ def cli() -> None:
 
 
 SESSION_COMMANDS = ("run", "resume", "demo")
+JSON_COMMANDS = ("run", "resume")  # their --json promises a summary as the last line of stdout
+_session: list[Path] = []  # the session a command works on, once it has one (for the interrupt's hint)
+
+
+def note_session(session_dir: Path) -> None:
+    """Commands call this once their session exists: a failure or an interrupt names it."""
+    _session[:] = [session_dir]
 
 
 def _terminate_as_interrupt(signum: int, frame: object) -> None:
@@ -59,27 +69,36 @@ def _terminate_as_interrupt(signum: int, frame: object) -> None:
 def main(argv: list[str] | None = None) -> None:
     """Console entry point: a BisectError becomes one line on stderr and its exit code.
 
-    SIGTERM unwinds like Ctrl-C, so worktrees, containers and locks are released either way."""
+    SIGTERM unwinds like Ctrl-C, so worktrees, containers and locks are released either way.
+    For `run`/`resume --json` stdout still ends with a JSON summary when they fail."""
     args = sys.argv[1:] if argv is None else argv
     signal.signal(signal.SIGTERM, _terminate_as_interrupt)
     try:
         # Without standalone mode click returns the code of a `ctx.exit(code)` instead of exiting.
         returned = cli.main(args=args, prog_name="bisect-npu", standalone_mode=False)
     except BisectError as exc:
-        click.echo(f"bisect-npu: error: {exc}", err=True)
-        sys.exit(exc.exit_code)
+        _fail(args, f"bisect-npu: error: {exc}", exc.exit_code, "error", str(exc))
     except (click.exceptions.Abort, KeyboardInterrupt):
-        hint = ("; finished steps and trials are kept: `bisect-npu resume` continues the latest session "
-                "(--session DIR for another)") if args and args[0] in SESSION_COMMANDS else ""
-        click.echo(f"bisect-npu: interrupted{hint}", err=True)
-        sys.exit(130)
+        hint = ""
+        if args and args[0] in SESSION_COMMANDS and _session:
+            hint = (f"; finished steps and trials are kept: `bisect-npu resume --session {_session[0]}` "
+                    "continues")
+        _fail(args, f"bisect-npu: interrupted{hint}", 130, "interrupted", "interrupted")
     except click.UsageError as exc:
         where = exc.ctx.command_path if exc.ctx else "bisect-npu"
-        click.echo(f"bisect-npu: error: {exc.format_message()} (`{where} --help` lists the options)", err=True)
-        sys.exit(2)
+        message = exc.format_message()
+        _fail(args, f"bisect-npu: error: {message} (`{where} --help` lists the options)", 2, "error", message)
     except click.ClickException as exc:
         exc.show()
         sys.exit(exc.exit_code)
     except click.exceptions.Exit as exc:
         sys.exit(exc.exit_code)
     sys.exit(returned if isinstance(returned, int) else 0)
+
+
+def _fail(args: list[str], line: str, code: int, status: str, message: str) -> NoReturn:
+    click.echo(line, err=True)
+    if args and args[0] in JSON_COMMANDS and "--json" in args:
+        click.echo(json.dumps({"status": status, "exit_code": code, "message": message, "culprit": None,
+                               "session": str(_session[0]) if _session else None}))
+    sys.exit(code)

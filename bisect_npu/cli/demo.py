@@ -8,6 +8,7 @@ from typing import Literal
 
 import click
 
+from bisect_npu.cli import note_session
 from bisect_npu.models import UsageError
 
 
@@ -50,6 +51,7 @@ def demo(case_name: str | None, seed: int, executor: Literal["local", "docker"],
         session_root.mkdir(parents=True, exist_ok=True)
         session = Session.start(options, session_dir=new_session_dir(session_root),
                                 progress=make_progress(quiet or as_json))
+        note_session(session.journal.session_dir)
         result = session.run()
         md_path, _ = write_reports(result.session_dir)
         matches = result.culprit == truth.culprit.sha

@@ -2,36 +2,19 @@
 
 from __future__ import annotations
 
-import contextlib
 import json
 import shlex
-from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Literal
 
 import click
 
+from bisect_npu.cli import note_session
 from bisect_npu.cli.params import FiniteRange
-from bisect_npu.models import BisectError, UsageError
+from bisect_npu.models import UsageError
 
 if TYPE_CHECKING:
     from bisect_npu.session import SessionResult
-
-
-@contextlib.contextmanager
-def summary_on_failure(as_json: bool, session_dir: Callable[[], Path | None]) -> Iterator[None]:
-    """With --json, an error or an interrupt still ends stdout with a JSON summary (CI reads the
-    last line); the one-line error on stderr and the exit code stay as without it."""
-    try:
-        yield
-    except (BisectError, KeyboardInterrupt, click.exceptions.Abort) as exc:
-        if as_json:
-            code = exc.exit_code if isinstance(exc, BisectError) else 130
-            where = session_dir()
-            click.echo(json.dumps({"status": "error" if isinstance(exc, BisectError) else "interrupted",
-                                   "exit_code": code, "message": str(exc) if isinstance(exc, BisectError) else "",
-                                   "culprit": None, "session": str(where) if where else None}))
-        raise
 
 
 def finish(result: SessionResult, as_json: bool) -> None:
@@ -112,11 +95,10 @@ def run(good: str, bad: str, repo: str | None, package: str | None, index_url: s
                          verify_fix=verify_fix, find_fix=find_fix, prefetch=prefetch,
                          earlier_runs=list(earlier_runs) if earlier_runs else None,
                          workdir=str(workdir) if workdir else None)
-    made: list[Session] = []
-    with summary_on_failure(as_json, lambda: made[0].journal.session_dir if made else None):
-        made.append(Session.start(options, session_dir=session_dir, progress=make_progress(quiet or as_json)))
-        click.echo(f"session: {made[0].journal.session_dir}", err=True)
-        finish(made[0].run(), as_json)
+    session = Session.start(options, session_dir=session_dir, progress=make_progress(quiet or as_json))
+    note_session(session.journal.session_dir)
+    click.echo(f"session: {session.journal.session_dir}", err=True)
+    finish(session.run(), as_json)
 
 
 @click.command()
@@ -129,8 +111,7 @@ def resume(session_dir: Path | None, as_json: bool, quiet: bool) -> None:
     from bisect_npu.progress import make_progress
     from bisect_npu.session import Session
 
-    made: list[Session] = []
-    with summary_on_failure(as_json, lambda: made[0].journal.session_dir if made else session_dir):
-        made.append(Session.resume(session_dir, progress=make_progress(quiet or as_json)))
-        click.echo(f"session: {made[0].journal.session_dir}", err=True)
-        finish(made[0].run(), as_json)
+    session = Session.resume(session_dir, progress=make_progress(quiet or as_json))
+    note_session(session.journal.session_dir)
+    click.echo(f"session: {session.journal.session_dir}", err=True)
+    finish(session.run(), as_json)

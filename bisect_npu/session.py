@@ -691,27 +691,33 @@ def to_jsonable(value: Any) -> Any:
 
 
 def _check_command(command: list[str], repo: git.Repo | None, ends: list[str]) -> None:
-    """A command on PATH must exist now; a relative path runs in each candidate's checkout, which
-    holds only committed files, so it must be tracked at both ends."""
+    """A command on PATH must exist now. The command runs in each candidate's checkout, which holds
+    only committed files: a relative program, or an argument that names a relative path (`./x`,
+    `../x`, or a file that exists here), must be committed at both ends, a program executable."""
     import shutil
 
     program = command[0]
     if "/" not in program and shutil.which(program) is None:
         raise UsageError(f"command not found: {program}; give a program on PATH or a path relative to "
                          "the repository root (e.g. ./tests/check.sh)")
-    if Path(program).is_absolute():
-        if not Path(program).exists():
-            raise UsageError(f"command not found: {program}")
+    if Path(program).is_absolute() and not Path(program).exists():
+        raise UsageError(f"command not found: {program}")
+    if repo is None:
         return
-    if "/" in program and repo is not None:
-        relative = os.path.normpath(program)
+    relative = [arg for i, arg in enumerate(command)
+                if not Path(arg).is_absolute() and (arg.startswith(("./", "../")) or (i == 0 and "/" in arg)
+                                                     or (i > 0 and Path(arg).is_file()))]
+    for arg in relative:
         for sha in ends:
             try:
-                repo.commit(sha).tree / relative
+                entry = repo.commit(sha).tree / os.path.normpath(arg)
             except KeyError:
-                raise UsageError(f"{program} is not committed at {sha[:12]}: a relative --cmd runs in each "
-                                 f"candidate's checkout, which holds only committed files; give an absolute "
-                                 f"path (e.g. {Path(program).resolve()}) or commit it") from None
+                raise UsageError(f"{arg} is not committed at {sha[:12]}: --cmd runs in each candidate's checkout, "
+                                 f"which holds only committed files; give an absolute path (e.g. "
+                                 f"{Path(arg).resolve()}) or commit it") from None
+            if arg == program and not entry.mode & 0o111:
+                raise UsageError(f"{arg} is not executable at {sha[:12]}; run it through its interpreter "
+                                 f"(e.g. --cmd \"python3 {arg}\") or commit it with the executable bit")
 
 
 def _make_evaluator(options: RunOptions, repo: git.Repo | None, recipe: Recipe | None, session_dir: Path,

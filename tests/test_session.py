@@ -150,6 +150,8 @@ def test_json_ends_stdout_even_on_a_usage_error(repo1000: tuple[Path, list[str]]
         (["--good", "v2.0", "--bad", "v1.0"], "newer", 2),
         (["--good", "v1.0", "--bad", "v2.0", "--cmd", "no-such-program-xyz"], "command not found", 2),
         (["--good", "v1.0", "--bad", "v2.0", "--cmd", "./untracked-check.sh"], "is not committed at", 2),
+        (["--good", "v1.0", "--bad", "v2.0", "--cmd", "sh ./untracked-check.sh"], "is not committed at", 2),
+        (["--good", "v1.0", "--bad", "v2.0", "--cmd", "./state"], "./state is not executable", 2),
         (["--good", "v1.0", "--bad", "v2.0", "--cache-size", "lots"], "--cache-size 'lots': give a size", 2),
         (["--good", "v1.0", "--bad", "v2.0", "--mode", "noisy", "--confidence", "1.5"], "--confidence", 2),
         (["--good", "v1.0", "--bad", "v2.0", "--slots", "0"], "--slots", 2),

@@ -306,4 +306,10 @@ def load_recipe(path_or_name: str | Path) -> Recipe:
         else:
             names = ", ".join(sorted(p.stem for p in BUNDLED_RECIPES.glob("*.yaml"))) or "none"
             raise UsageError(f"recipe not found: {path_or_name}; bundled recipes: {names}")
-    return parse_recipe(path.read_text(encoding="utf-8"), source=str(path))
+    try:
+        text = path.read_text(encoding="utf-8")
+    except UnicodeDecodeError as exc:
+        raise UsageError(f"{path}: not UTF-8 text (byte {exc.start}); a recipe is a YAML file") from None
+    except OSError as exc:
+        raise UsageError(f"{path}: cannot read the recipe ({exc.strerror})") from None
+    return parse_recipe(text, source=str(path))

@@ -89,6 +89,15 @@ def test_invalid_yaml_is_one_line_with_its_position(tmp_path: Path, capsys: pyte
     assert f"{bad}:3:1: not valid YAML:" in err
 
 
+def test_a_recipe_that_is_not_text_is_one_line(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    binary = tmp_path / "bin.yaml"
+    binary.write_bytes(b"\xff\xfe bad")
+    code, _, err = run_cli(["recipes", "validate", str(binary)], capsys)
+    assert code == 2 and f"{binary}: not UTF-8 text" in err and len(err.strip().splitlines()) == 1
+    code, _, err = run_cli(["recipes", "validate", str(tmp_path)], capsys)  # a directory
+    assert code == 2 and "cannot read the recipe" in err
+
+
 def test_validate_all_bundled_exits_0(capsys: pytest.CaptureFixture[str]) -> None:
     files = [str(p) for p in sorted(BUNDLED_RECIPES.glob("*.yaml"))]
     code, out, _ = run_cli(["recipes", "validate", *files], capsys)

@@ -14,11 +14,13 @@ commit to the caller's evaluator (build, probe, oracle), so the proof uses the n
 
 from __future__ import annotations
 
+import contextlib
+import os
 import re
 import shutil
 import subprocess
 import uuid
-from collections.abc import Callable, Collection, Iterable, Sequence
+from collections.abc import Callable, Collection, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from functools import cached_property
 from pathlib import Path
@@ -29,6 +31,7 @@ import git
 from .build.base import BuildFailed
 from .history import git_error_line, github_url, is_ancestor, resolve_ref
 from .models import InfrastructureError, UsageError, Verdict, VerdictKind
+from .paths import cache_root
 
 # Score weights. Strong signals (each alone qualifies a commit) weigh more than all weak signals
 # together (4 + 3 + 1.5 + 1.5 + 1.5 + 3 + 1 = 15.5 < 18), so a tag and keywords never outrank a commit
@@ -880,6 +883,39 @@ def _pins(lines: list[str]) -> dict[str, str] | None:
 # ------------------------------------------------------------------------------ apply and verify
 
 ApplyResult = AppliedFix | ApplyConflict | AlreadyApplied
+
+
+@contextlib.contextmanager
+def verification_scratch(repo: git.Repo) -> Iterator[Path]:
+    """A directory for one `fix --verify` run's worktrees and session, under the cache: each run
+    first sweeps what runs killed before it left (their process is gone), then its own at the end."""
+    from bisect_npu.build.local import sweep_worktrees
+
+    base = cache_root() / "fix-verify"
+    base.mkdir(parents=True, exist_ok=True)
+    for stale in base.iterdir():
+        if not _process_alive(stale.name.split("-", 1)[0]):
+            sweep_worktrees(repo, stale)
+            shutil.rmtree(stale, ignore_errors=True)
+    scratch = base / f"{os.getpid()}-{uuid.uuid4().hex[:8]}"
+    scratch.mkdir()
+    try:
+        yield scratch
+    finally:
+        sweep_worktrees(repo, scratch)
+        shutil.rmtree(scratch, ignore_errors=True)
+
+
+def _process_alive(pid: str) -> bool:
+    if not pid.isdigit():
+        return False
+    try:
+        os.kill(int(pid), 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
 
 
 def apply_fix(repo: git.Repo, bad: str, fix_shas: list[str], workdir: Path) -> ApplyResult:

@@ -376,9 +376,15 @@ class Session:
         try:
             return self._run()
         finally:
-            self.evaluator.close()
-            self.progress.close()
-            self.journal.close()
+            try:
+                self.evaluator.close()
+                if self.repo is not None:  # what a killed fix verification left
+                    from bisect_npu.build.local import sweep_worktrees
+
+                    sweep_worktrees(self.repo, self.journal.session_dir / "fix-worktrees")
+            finally:
+                self.progress.close()
+                self.journal.close()
 
     def _run(self) -> SessionResult:
         ended = next((e for e in self.journal.entries if e["type"] == "end"), None)

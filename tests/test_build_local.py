@@ -139,3 +139,18 @@ def test_no_worktree_outlives_a_failed_build_or_a_killed_process(tmp_path: Path)
     assert len(registered_worktrees(repo)) == 2
     resumed.close()
     assert registered_worktrees(repo) == [] and list((tmp_path / "work").iterdir()) == []
+
+
+def test_sweep_removes_locked_and_half_made_worktrees_under_a_directory_only(tmp_path: Path) -> None:
+    from bisect_npu.build.local import sweep_worktrees
+
+    repo = tmp_path / "repo"
+    shas = make_linear_repo(repo, 3)
+    g = git.Repo(repo)
+    ours, theirs = tmp_path / "session" / "fix-worktrees", tmp_path / "elsewhere"
+    g.git.worktree("add", "--detach", str(ours / "a"), shas[1])
+    g.git.worktree("add", "--detach", "--lock", str(ours / "b"), shas[2])  # as a killed `worktree add` leaves it
+    g.git.worktree("add", "--detach", str(theirs / "c"), shas[2])
+    sweep_worktrees(g, ours)
+    assert registered_worktrees(repo) == [str((theirs / "c").resolve())]
+    assert not (ours / "a").exists() and not (ours / "b").exists()

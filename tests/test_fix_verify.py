@@ -128,3 +128,20 @@ def test_apply_fix_results(tmp_path):
     conflict = apply_fix(repo, shas["bad"], [shas["release_fix"]], tmp_path / "work")
     assert isinstance(conflict, ApplyConflict) and conflict.files == ["calc.py"]
     assert not list((tmp_path / "work").iterdir())
+
+
+def test_a_killed_verification_s_worktrees_are_swept_by_the_next(tmp_path, monkeypatch):
+    import os
+
+    from bisect_npu.fix import verification_scratch
+
+    monkeypatch.setenv("BISECT_NPU_CACHE", str(tmp_path / "cache"))
+    shas = make_upstream(tmp_path / "up")
+    repo = git.Repo(tmp_path / "up")
+    dead = tmp_path / "cache" / "fix-verify" / "999999999-deadbeef"  # no such process
+    repo.git.worktree("add", "--detach", "--lock", str(dead / "fixes" / "apply-x"), shas["bad"])
+    with verification_scratch(repo) as scratch:
+        assert scratch.name.startswith(f"{os.getpid()}-") and not dead.exists()
+        assert repo.git.worktree("list", "--porcelain").count("worktree ") == 1
+        repo.git.worktree("add", "--detach", str(scratch / "fixes" / "apply-y"), shas["bad"])
+    assert repo.git.worktree("list", "--porcelain").count("worktree ") == 1 and not scratch.exists()

@@ -12,6 +12,7 @@ and its outputs (every file the build left untracked in the worktree) are kept i
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import os
 import shutil
@@ -58,6 +59,28 @@ def check_workdir(workdir: Path) -> None:
                              "pass --workdir with an empty directory or remove those files")
     elif not os.access(workdir.parent, os.W_OK):
         raise UsageError(f"worktree location {workdir}: {workdir.parent} is not writable")
+
+
+def sweep_worktrees(repo: git.Repo, directory: Path) -> None:
+    """Remove every worktree of `repo` registered under `directory`, however it was left: a killed
+    process's (still locked by an unfinished `git worktree add`, or half-made) included."""
+    try:
+        listing = repo.git.worktree("list", "--porcelain")
+    except git.GitCommandError:
+        return
+    root = directory.resolve()
+    paths = [Path(line.split(" ", 1)[1]) for line in listing.splitlines() if line.startswith("worktree ")]
+    for path in paths:
+        if root != path.resolve() and root not in path.resolve().parents:
+            continue
+        try:
+            repo.git.worktree("remove", "--force", "--force", str(path))  # twice: locked ones too
+        except git.GitCommandError:
+            with contextlib.suppress(git.GitCommandError):
+                repo.git.worktree("unlock", str(path))
+            shutil.rmtree(path, ignore_errors=True)
+    with contextlib.suppress(git.GitCommandError):
+        repo.git.worktree("prune")
 
 
 class LocalBuilder:
@@ -214,14 +237,20 @@ class LocalBuilder:
             kept, self._kept = list(self._kept.values()), OrderedDict()
             kept += [env for env, _ in self._active.values()]
             self._active = {}
+        interrupted: KeyboardInterrupt | None = None
         for env in kept:
-            if env.path:
-                self._remove_worktree(Path(env.path))
-        # What an earlier, killed process of this session left: only our worktrees live here.
-        for leftover in sorted(self.workdir.glob("*/.git")) if self.workdir.is_dir() else []:
-            self._remove_worktree(leftover.parent)
+            try:
+                if env.path:
+                    self._remove_worktree(Path(env.path))
+            except KeyboardInterrupt as again:  # a second Ctrl-C must not leave the rest behind
+                interrupted = again
+        # And what an earlier, killed process of this session left: only our worktrees live here.
+        with self._git_lock:
+            sweep_worktrees(self.repo, self.workdir)
         if self.artifacts_dir is not None:
             shutil.rmtree(self.artifacts_dir, ignore_errors=True)
+        if interrupted is not None:
+            raise interrupted
 
     def _remove_worktree(self, path: Path) -> None:
         with self._git_lock:

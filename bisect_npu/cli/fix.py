@@ -4,8 +4,6 @@ from __future__ import annotations
 
 import json
 import shlex
-import tempfile
-from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import click
@@ -46,14 +44,14 @@ def fix(culprit: str, repo_path: str, bad: str | None, top: int, recipe_path: st
                            top=top)
     verifications: list[FixVerification] = []
     if verify and bad is not None:
+        from bisect_npu.fix import verification_scratch
         from bisect_npu.session import make_evaluator
 
-        with tempfile.TemporaryDirectory(prefix="bisect-npu-fix-") as workdir, \
+        with verification_scratch(repo) as workdir, \
                 make_evaluator(repo_path, None if argv else recipe_path, command=argv,
                                executor="docker" if executor == "docker" else "local",
-                               session_dir=Path(workdir) / "session") as evaluate:
-            verifications = verify_fixes(repo, bad, report, evaluate, top=min(top, 3),
-                                         workdir=Path(workdir) / "fixes")
+                               session_dir=workdir / "session") as evaluate:
+            verifications = verify_fixes(repo, bad, report, evaluate, top=min(top, 3), workdir=workdir / "fixes")
     if as_json:
         click.echo(json.dumps(_as_json(report, verifications), indent=2, default=str))
     else:

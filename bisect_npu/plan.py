@@ -50,6 +50,7 @@ class RangePlan:
     groups: list[BuildGroup]
     dockerfile: str
     lacking_dockerfile: list[str]  # candidates without it: skipped by a docker run
+    ends_lacking_dockerfile: list[str]  # "good"/"bad": a docker run of the range is refused
     expected: PlanFigures  # the search told the groups and the costs
     midpoint: PlanFigures  # plain midpoint bisection of the same range
     minutes: dict[str, float]
@@ -63,6 +64,7 @@ class RangePlan:
             "last": {"sha": self.newest.sha, "title": self.newest.title},
             "build_keys": len(self.groups), "build_groups": [asdict(group) for group in self.groups],
             "dockerfile": self.dockerfile, "lacking_dockerfile": len(self.lacking_dockerfile),
+            "ends_lacking_dockerfile": list(self.ends_lacking_dockerfile),
             "expected": asdict(self.expected), "midpoint": asdict(self.midpoint), "minutes": dict(self.minutes),
         }
 
@@ -71,6 +73,14 @@ def range_keys(repo: git.Repo, brange: history.BisectRange, dockerfile: str = "D
     """The build key of each position 0..n (the base, then the candidates), as DockerBuilder keys them."""
     reader = BuildKeyReader(repo, dockerfile=dockerfile)
     return [reader.key(sha) for sha in (brange.base, *brange.candidates)]
+
+
+def unbuildable_positions(keys: list[BuildKey]) -> list[int]:
+    """Candidates a docker run skips for lacking the Dockerfile, when the ends have it; when an
+    end lacks it no docker run of the range starts at all (and a local one builds everything)."""
+    if not (keys[0].has_dockerfile and keys[-1].has_dockerfile):
+        return []
+    return [i for i in range(1, len(keys) - 1) if not keys[i].has_dockerfile]
 
 
 def plan_range(repo: git.Repo, good: str, bad: str, *, dockerfile: str = "Dockerfile", build_minutes: float = 30.0,
@@ -85,16 +95,19 @@ def plan_range(repo: git.Repo, good: str, bad: str, *, dockerfile: str = "Docker
     groups = [BuildGroup(digest, len(shas), shas[0], first_key[digest].inputs.get("base_image", ""),
                          first_key[digest].inputs.get("vllm_tag", "")) for digest, shas in members.items()]
     lacking = [sha for sha, key in zip(brange.candidates, keys[1:], strict=True) if not key.has_dockerfile]
+    ends = [end for end, key in (("good", keys[0]), ("bad", keys[-1])) if not key.has_dockerfile]
+    unbuildable = unbuildable_positions(keys)
     minutes = {"build": build_minutes, "overlay": overlay_minutes, "run": run_minutes}
     digests = [key.digest for key in keys]
     oldest, newest = history.commits_facts(repo, [brange.candidates[0], brange.candidates[-1]])
-    return RangePlan(brange, oldest, newest, groups, dockerfile, lacking,
-                     _replay(digests, told=True, minutes=minutes), _replay(digests, told=False, minutes=minutes),
-                     minutes)
+    return RangePlan(brange, oldest, newest, groups, dockerfile, lacking, ends,
+                     _replay(digests, unbuildable, told=True, minutes=minutes),
+                     _replay(digests, unbuildable, told=False, minutes=minutes), minutes)
 
 
-def _replay(keys: list[str], *, told: bool, minutes: dict[str, float]) -> PlanFigures:
-    """The exact search's figures over culprits spread evenly across 1..n (a perfect oracle)."""
+def _replay(keys: list[str], unbuildable: list[int], *, told: bool, minutes: dict[str, float]) -> PlanFigures:
+    """The exact search's figures over culprits spread evenly across 1..n (a perfect oracle);
+    candidates without the Dockerfile are skips, as in a docker run."""
     from bisect_npu.simulate import simulate
 
     n = len(keys) - 1
@@ -102,6 +115,6 @@ def _replay(keys: list[str], *, told: bool, minutes: dict[str, float]) -> PlanFi
     culprits = sorted({1 + (i * (n - 1)) // max(count - 1, 1) for i in range(count)})
     summary = simulate(n, culprits, bad_rate=1.0, good_rate=0.0, mode="exact", runs=1,
                        build_key_of=keys.__getitem__, tell_build_groups=told, build_cost_min=minutes["build"],
-                       overlay_cost_min=minutes["overlay"], run_cost_min=minutes["run"])
+                       overlay_cost_min=minutes["overlay"], run_cost_min=minutes["run"], unbuildable=unbuildable)
     return PlanFigures(round(summary.mean_trials, 2), int(summary.max_trials), round(summary.mean_builds, 2),
                        round(summary.mean_overlays, 2), round(summary.mean_machine_hours, 2), len(culprits))

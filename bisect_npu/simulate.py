@@ -13,7 +13,7 @@ Used by `bisect-npu simulate` (planning on a real history) and by bench/noisy_be
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import Literal
 
@@ -85,8 +85,12 @@ def simulate_one(
     overlay_cost_min: float = 0.0,
     max_rounds: int = 100_000,
     earlier_runs: int = 0,
+    unbuildable: Collection[int] = (),
 ) -> RunOutcome:
     """One bisection: ask ``decide``, run what it asks with the synthetic oracle, repeat.
+
+    ``unbuildable`` positions always fail to build, at once and at no cost (a candidate without
+    the Dockerfile the images are built from), so the search steps around them.
 
     ``earlier_runs`` > 0: each end was run that often before the session (drawn here from the
     true rates, so the search gets honest counts, not the rates) and the problem says so.
@@ -97,7 +101,7 @@ def simulate_one(
         problem = replace(problem, earlier_runs=EarlierRuns(bad_failed, earlier_runs, good_failed, earlier_runs))
     evidence: dict[int, Evidence] = {}
     builds: set[str] = set()
-    build_ok: dict[int, bool] = {0: True, problem.n: True}
+    build_ok: dict[int, bool] = {**{i: False for i in unbuildable}, 0: True, problem.n: True}
     trials = rounds = loads = overlays = 0
     wall = 0.0
     for _ in range(max_rounds):
@@ -108,6 +112,9 @@ def simulate_one(
         slowest = 0.0
         for query in decision.queries:
             i = query.index
+            if i in unbuildable:
+                evidence[i] = evidence.get(i, Evidence()).add("skip")
+                continue
             key = build_key_of(i)
             cost = 0.0 if i in evidence else overlay_cost_min if key in builds else build_cost_min
             overlays += i not in evidence and key in builds
@@ -149,6 +156,7 @@ def simulate(
     earlier_runs: int = 0,
     tell_build_groups: bool = True,
     on_run: Callable[[int, int], None] | None = None,
+    unbuildable: Collection[int] = (),
 ) -> SimulationSummary:
     """Summary of ``runs`` seeded bisections of positions 0..n with the culprit at ``culprit``
     (``runs`` per culprit when several are given: a planning figure over where it might be).
@@ -159,11 +167,14 @@ def simulate(
     one trial in exact mode), as a session measures them, and, with ``build_key_of`` and
     ``tell_build_groups``, which positions share a build (as a session with a keyed builder).
     ``on_run(done, total)`` is called after each bisection (progress for long simulations).
+    ``unbuildable`` candidates (1..n-1) fail to build, as a candidate without the Dockerfile does.
     """
     culprits = [culprit] if isinstance(culprit, int) else list(culprit)
     wrong = [c for c in culprits if not 1 <= c <= n]
     if wrong or not culprits:
         raise ValueError(f"a culprit must be one of the candidates 1..{n}, got {wrong or 'none'}")
+    if any(not 0 < i < n for i in unbuildable):
+        raise ValueError(f"only candidates strictly between the ends can be unbuildable, got {sorted(unbuildable)}")
     unit = run_cost_min + (load_cost_min if mode == "exact" else 0.0)
     per_unit = unit if unit > 0 else float("inf")
     key_of = build_key_of or str
@@ -189,6 +200,7 @@ def simulate(
             load_cost_min=load_cost_min,
             overlay_cost_min=overlay_cost_min,
             earlier_runs=earlier_runs,
+            unbuildable=frozenset(unbuildable),
         ))
         if on_run is not None:
             on_run(len(outcomes), total)

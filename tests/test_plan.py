@@ -112,6 +112,11 @@ def test_plan_warns_about_candidates_without_the_dockerfile(upstream: tuple[Path
     assert a3.returncode == 0, a3.stderr
     assert (f"warning: {N} of {N} candidates have no Dockerfile.a3 (from {shas[1][:12]} to {shas[N][:12]})"
             in a3.stdout)
+    assert "warning: the good end has no Dockerfile.a3: `run --executor docker` refuses this range" in a3.stdout
+    assert summary["ends_lacking_dockerfile"] == ["good"]  # the Dockerfile arrives with commit 7
+    # From commit 7 on both ends have it; a candidate without it would be a skip the search steps around.
+    inside = json.loads(plan(path, "--good", shas[COMPILED_AT[0]], "--bad", "bad", "--json").stdout)
+    assert inside["ends_lacking_dockerfile"] == [] and inside["lacking_dockerfile"] == 0
 
 
 def test_the_library_plan_is_what_the_command_prints(repo: Path) -> None:

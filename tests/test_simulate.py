@@ -126,3 +126,16 @@ def test_cli_rejects_a_culprit_outside_the_range(tmp_path):
                 "--culprit", shas[2])
     assert done.returncode == 2
     assert "not one of the 7 candidates" in done.stderr
+
+
+def test_candidates_that_cannot_be_built_are_stepped_around_at_no_cost():
+    free = simulate(32, list(range(1, 33)), bad_rate=1.0, good_rate=0.0, mode="exact", runs=1)
+    holes = simulate(32, list(range(1, 33)), bad_rate=1.0, good_rate=0.0, mode="exact", runs=1,
+                     unbuildable=[10, 11, 12])
+    assert free.accuracy == 1.0
+    # Culprits 10..13 sit between 9 (testable, good) and 13 (testable, bad) with nothing testable
+    # between: those narrow to (9, 13]; every other culprit is found.
+    assert holes.accuracy == pytest.approx(28 / 32) and holes.narrowed == pytest.approx(4 / 32)
+    assert holes.mean_builds <= free.mean_builds  # a missing Dockerfile costs no build
+    with pytest.raises(ValueError, match="strictly between the ends"):
+        simulate(32, 5, bad_rate=1.0, good_rate=0.0, mode="exact", runs=1, unbuildable=[0])

@@ -51,6 +51,9 @@ def plan(good: str, bad: str, repo: str, build_minutes: float, overlay_minutes: 
                                                                      ("VLLM_TAG", group.vllm_tag)) if value)
         click.echo(f"  key {group.key}: {group.commits} commits from {group.first[:12]}"
                    + (f" ({made_of})" if made_of else ""))
+    for end in result.ends_lacking_dockerfile:
+        click.echo(f"warning: the {end} end has no {dockerfile}: `run --executor docker` refuses this range "
+                   "(pick ends where it exists)")
     if lacking:
         click.echo(f"warning: {len(lacking)} of {n} candidates have no {dockerfile} (from {lacking[0][:12]}"
                    f"{f' to {lacking[-1][:12]}' if len(lacking) > 1 else ''}): with --executor docker they "

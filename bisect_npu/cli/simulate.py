@@ -52,7 +52,7 @@ def simulate(repo: str, good: str, bad: str, culprit: str, bad_rate: float, good
     """Expected runs, builds, accuracy and hours of bisecting GOOD..BAD when CULPRIT is the answer."""
     from bisect_npu import history
     from bisect_npu.models import UsageError
-    from bisect_npu.plan import range_keys
+    from bisect_npu.plan import range_keys, unbuildable_positions
     from bisect_npu.simulate import describe
     from bisect_npu.simulate import simulate as run_simulation
 
@@ -66,18 +66,21 @@ def simulate(repo: str, good: str, bad: str, culprit: str, bad_rate: float, good
         raise UsageError(f"culprit {culprit} is not one of the {len(brange.candidates)} candidates in "
                          f"{good}..{bad}; pick a commit inside the range")
     position = brange.candidates.index(culprit_sha) + 1
-    keys = [key.digest for key in range_keys(git_repo, brange, dockerfile)]
+    build_keys = range_keys(git_repo, brange, dockerfile)
+    keys = [key.digest for key in build_keys]
+    unbuildable = unbuildable_positions(build_keys)
     chosen: Literal["exact", "noisy"] = mode or ("exact" if (bad_rate, good_rate) == (1.0, 0.0) else "noisy")
     with _progress() as on_run:
         summary = run_simulation(
             len(brange.candidates), position, bad_rate=bad_rate, good_rate=good_rate, build_fail=build_fail,
             slots=slots, mode=chosen, runs=runs, seed=seed, build_key_of=keys.__getitem__,
             build_cost_min=build_cost_min, overlay_cost_min=overlay_cost_min, run_cost_min=run_cost_min,
-            load_cost_min=load_cost_min, earlier_runs=earlier_runs, on_run=on_run,
+            load_cost_min=load_cost_min, earlier_runs=earlier_runs, on_run=on_run, unbuildable=unbuildable,
         )
     heading = (f"{len(brange.candidates)} candidates, culprit at position {position}, "
                f"{len(set(keys))} build keys, mode {chosen}, rates {bad_rate}/{good_rate}, slots {slots}"
-               + (f", {earlier_runs} earlier runs per end" if earlier_runs else ""))
+               + (f", {earlier_runs} earlier runs per end" if earlier_runs else "")
+               + (f", {len(unbuildable)} without {dockerfile} (skipped)" if unbuildable else ""))
     if brange.merge_base_note:
         click.echo(brange.merge_base_note)
     rows = describe(summary)

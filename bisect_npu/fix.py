@@ -18,6 +18,7 @@ import contextlib
 import os
 import re
 import shutil
+import socket
 import subprocess
 import uuid
 from collections.abc import Callable, Collection, Iterable, Iterator, Sequence
@@ -893,11 +894,13 @@ def verification_scratch(repo: git.Repo) -> Iterator[Path]:
 
     base = cache_root() / "fix-verify"
     base.mkdir(parents=True, exist_ok=True)
+    # This host's runs only: a cache shared over NFS also holds other machines' live runs.
+    host = re.sub(r"[^\w.]", "_", socket.gethostname()) + "--"
     for stale in base.iterdir():
-        if not _process_alive(stale.name.split("-", 1)[0]):
+        if stale.name.startswith(host) and not _process_alive(stale.name[len(host):].split("-", 1)[0]):
             sweep_worktrees(repo, stale)
             shutil.rmtree(stale, ignore_errors=True)
-    scratch = base / f"{os.getpid()}-{uuid.uuid4().hex[:8]}"
+    scratch = base / f"{host}{os.getpid()}-{uuid.uuid4().hex[:8]}"
     scratch.mkdir()
     try:
         yield scratch
@@ -916,6 +919,9 @@ def _process_alive(pid: str) -> bool:
     except PermissionError:
         return True
     return True
+
+
+APPLY_NAME = re.compile(r"apply-[0-9a-f]{10}-[0-9a-f]{8}")  # apply_fix's worktrees
 
 
 def apply_fix(repo: git.Repo, bad: str, fix_shas: list[str], workdir: Path) -> ApplyResult:

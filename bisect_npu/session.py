@@ -379,9 +379,10 @@ class Session:
             try:
                 self.evaluator.close()
                 if self.repo is not None:  # what a killed fix verification left
+                    from bisect_npu import fix
                     from bisect_npu.build.local import sweep_worktrees
 
-                    sweep_worktrees(self.repo, self.journal.session_dir / "fix-worktrees")
+                    sweep_worktrees(self.repo, self.journal.session_dir / "fix-worktrees", fix.APPLY_NAME)
             finally:
                 self.progress.close()
                 self.journal.close()
@@ -728,7 +729,7 @@ def _check_command(command: list[str], repo: git.Repo | None, ends: list[str]) -
 
 def _make_evaluator(options: RunOptions, repo: git.Repo | None, recipe: Recipe | None, session_dir: Path,
                     builder: Builder | None, executor: Executor | None) -> Evaluator:
-    workdir = Path(options.workdir) if options.workdir else session_dir / "worktrees"
+    workdir = Path(options.workdir) / session_dir.name if options.workdir else session_dir / "worktrees"
     if builder is None or executor is None:
         made_builder, made_executor = make_environment(options, repo, recipe, session_dir, workdir)
         builder = builder or made_builder

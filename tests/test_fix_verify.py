@@ -138,10 +138,16 @@ def test_a_killed_verification_s_worktrees_are_swept_by_the_next(tmp_path, monke
     monkeypatch.setenv("BISECT_NPU_CACHE", str(tmp_path / "cache"))
     shas = make_upstream(tmp_path / "up")
     repo = git.Repo(tmp_path / "up")
-    dead = tmp_path / "cache" / "fix-verify" / "999999999-deadbeef"  # no such process
+    import re
+    import socket
+
+    host = re.sub(r"[^\w.]", "_", socket.gethostname())
+    dead = tmp_path / "cache" / "fix-verify" / f"{host}--999999999-deadbeef"  # no such process here
+    elsewhere = tmp_path / "cache" / "fix-verify" / "other-node--999999999-deadbeef"  # maybe alive there
+    elsewhere.mkdir(parents=True)
     repo.git.worktree("add", "--detach", "--lock", str(dead / "fixes" / "apply-x"), shas["bad"])
     with verification_scratch(repo) as scratch:
-        assert scratch.name.startswith(f"{os.getpid()}-") and not dead.exists()
+        assert scratch.name.startswith(f"{host}--{os.getpid()}-") and not dead.exists() and elsewhere.exists()
         assert repo.git.worktree("list", "--porcelain").count("worktree ") == 1
         repo.git.worktree("add", "--detach", str(scratch / "fixes" / "apply-y"), shas["bad"])
     assert repo.git.worktree("list", "--porcelain").count("worktree ") == 1 and not scratch.exists()

@@ -179,19 +179,33 @@ def test_not_a_git_repository(tmp_path: Path) -> None:
     assert "is not a git repository" in done.stderr and len(done.stderr.strip().splitlines()) == 1
 
 
-@pytest.mark.parametrize("kind", ["dirty", "missing"])
+@pytest.mark.parametrize("kind", ["file", "missing"])
 def test_bad_worktree_location(repo1000: tuple[Path, list[str]], tmp_path: Path, kind: str) -> None:
     repo, _ = repo1000
     workdir = tmp_path / "missing-parent" / "wt"
-    if kind == "dirty":
+    if kind == "file":
         workdir = tmp_path / "wt"
-        workdir.mkdir()
-        (workdir / "notes.txt").write_text("mine")
+        workdir.write_text("mine")
     done = bisect("run", "--repo", str(repo), "--good", "v1.0", "--bad", "v2.0", "--cmd", GOOD_CMD_STR,
                   "--workdir", str(workdir), "--session", str(tmp_path / "s"), cwd=tmp_path, check_code=2)
     assert "worktree location" in done.stderr and len(done.stderr.strip().splitlines()) == 1
-    if kind == "dirty":
-        assert (workdir / "notes.txt").read_text() == "mine"
+
+
+def test_a_workdir_holding_other_things_is_used_and_left_as_it_was(repo1000: tuple[Path, list[str]],
+                                                                   tmp_path: Path) -> None:
+    repo, shas = repo1000
+    workdir = tmp_path / "fast-disk"
+    workdir.mkdir()
+    (workdir / "notes.txt").write_text("mine")
+    git(repo, "worktree", "add", "--detach", str(workdir / shas[5][:12]), shas[5])  # the user's own, sha-named
+    (workdir / shas[5][:12] / "precious.py").write_text("uncommitted work\n")
+    done = bisect("run", "--repo", str(repo), "--good", "v1.0", "--bad", "v2.0", "--cmd", GOOD_CMD_STR,
+                  "--workdir", str(workdir), "--session", str(tmp_path / "s"), "--json", cwd=tmp_path,
+                  check_code=0)
+    assert summary(done)["culprit"] == shas[637]
+    assert sorted(p.name for p in workdir.iterdir()) == sorted(["notes.txt", shas[5][:12]])
+    assert (workdir / shas[5][:12] / "precious.py").read_text() == "uncommitted work\n"
+    git(repo, "worktree", "remove", "--force", str(workdir / shas[5][:12]))
 
 
 def test_resume_refuses_a_session_driven_by_another_process(repo1000: tuple[Path, list[str]],

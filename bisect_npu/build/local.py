@@ -15,6 +15,7 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import os
+import re
 import shutil
 import subprocess
 import threading
@@ -30,6 +31,7 @@ from bisect_npu.build.key import BuildKeyReader
 from bisect_npu.models import UsageError
 
 DONOR_FILE = "donor"  # in a key's artifacts: the commit whose build made them
+WORKTREE_NAME = re.compile(r"[0-9a-f]{12}")  # a candidate's worktree: its commit's short sha
 
 
 def _copy_tree(source: Path, destination: Path) -> int:
@@ -46,24 +48,23 @@ def _copy_tree(source: Path, destination: Path) -> int:
 
 
 def check_workdir(workdir: Path) -> None:
-    """Refuse a worktree location that is missing its parent or already holds foreign files."""
+    """Refuse a --workdir that cannot hold worktrees. Each session works in a subdirectory of its
+    own (named after the session), so whatever else the directory holds is never touched."""
     if not workdir.parent.exists():
         raise UsageError(f"worktree location {workdir}: parent directory does not exist; "
                          "create it or pass --workdir with an existing directory")
-    if workdir.exists():
-        if not workdir.is_dir():
-            raise UsageError(f"worktree location {workdir} is a file; pass --workdir with a directory")
-        foreign = [p.name for p in workdir.iterdir() if not (p / ".git").is_file()]
-        if foreign:
-            raise UsageError(f"worktree location {workdir} is not empty ({', '.join(sorted(foreign)[:3])}); "
-                             "pass --workdir with an empty directory or remove those files")
-    elif not os.access(workdir.parent, os.W_OK):
-        raise UsageError(f"worktree location {workdir}: {workdir.parent} is not writable")
+    if workdir.exists() and not workdir.is_dir():
+        raise UsageError(f"worktree location {workdir} is a file; pass --workdir with a directory")
+    if not os.access(workdir if workdir.exists() else workdir.parent, os.W_OK):
+        raise UsageError(f"worktree location {workdir} is not writable; pass --workdir with a directory you "
+                         "can write to")
 
 
-def sweep_worktrees(repo: git.Repo, directory: Path) -> None:
-    """Remove every worktree of `repo` registered under `directory`, however it was left: a killed
-    process's (still locked by an unfinished `git worktree add`, or half-made) included."""
+def sweep_worktrees(repo: git.Repo, directory: Path, names: re.Pattern[str] | None = None) -> None:
+    """Remove the worktrees of `repo` registered under `directory`, however they were left: a killed
+    process's (still locked by an unfinished `git worktree add`, or half-made) included. With
+    `names`, only its direct entries whose name matches (the directory may hold other things);
+    without, everything below it (a directory that is wholly ours)."""
     try:
         listing = repo.git.worktree("list", "--porcelain")
     except git.GitCommandError:
@@ -71,7 +72,10 @@ def sweep_worktrees(repo: git.Repo, directory: Path) -> None:
     root = directory.resolve()
     paths = [Path(line.split(" ", 1)[1]) for line in listing.splitlines() if line.startswith("worktree ")]
     for path in paths:
-        if root != path.resolve() and root not in path.resolve().parents:
+        where = path.resolve()
+        if names is not None and (where.parent != root or not names.fullmatch(path.name)):
+            continue
+        if names is None and root not in where.parents:
             continue
         try:
             repo.git.worktree("remove", "--force", "--force", str(path))  # twice: locked ones too
@@ -246,7 +250,9 @@ class LocalBuilder:
                 interrupted = again
         # And what an earlier, killed process of this session left: only our worktrees live here.
         with self._git_lock:
-            sweep_worktrees(self.repo, self.workdir)
+            sweep_worktrees(self.repo, self.workdir, WORKTREE_NAME)
+        with contextlib.suppress(OSError):
+            self.workdir.rmdir()  # only when empty: nothing of anyone else's goes
         if self.artifacts_dir is not None:
             shutil.rmtree(self.artifacts_dir, ignore_errors=True)
         if interrupted is not None:

@@ -48,7 +48,9 @@ def finish(result: SessionResult, as_json: bool) -> None:
 @click.option("--slots", type=click.IntRange(min=1),
               help="Candidates tested at once (default: one per device, else 1).")
 @click.option("--session", "session_dir", type=click.Path(path_type=Path), help="Session directory to create.")
-@click.option("--workdir", type=click.Path(path_type=Path), help="Where candidate worktrees go (empty dir).")
+@click.option("--workdir", type=click.Path(path_type=Path),
+              help="Where candidate worktrees go (e.g. a fast disk): in a subdirectory named after the session, "
+                   "removed at the end; nothing else there is touched [default: the session directory].")
 @click.option("--mode", type=click.Choice(["exact", "noisy"]), help="Override the recipe's trials mode.")
 @click.option("--prefetch/--no-prefetch", default=None,
               help="Build the next candidates while one runs [default: on with --devices].")

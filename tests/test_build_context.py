@@ -62,3 +62,25 @@ def test_a_clone_without_its_submodules_names_the_command_that_fetches_them(with
     _git(bare, "submodule", "update", "--init", "--recursive")
     assert context_files(bare, second)["csrc/third_party/catlass/include/catlass.h"] == b"v2\n"
     assert context_files(bare, first)["csrc/third_party/catlass/include/catlass.h"] == b"v1\n"
+
+
+def test_a_clone_bisect_npu_made_of_a_url_fetches_the_pinned_submodules_itself(with_submodule, tmp_path,
+                                                                                 monkeypatch) -> None:
+    from bisect_npu.history import open_repo
+
+    upstream, _, first, second, _ = with_submodule
+    monkeypatch.setenv("BISECT_NPU_CACHE", str(tmp_path / "cache"))
+    cached = open_repo(f"file://{upstream}")  # bare, under the cache, no modules/ of its own
+    assert not (Path(cached.git_dir) / "modules").exists()
+    assert context_files(Path(cached.git_dir), second)["csrc/third_party/catlass/include/catlass.h"] == b"v2\n"
+    assert context_files(Path(cached.git_dir), first)["csrc/third_party/catlass/include/catlass.h"] == b"v1\n"
+
+
+def test_a_submodule_name_that_climbs_out_is_not_a_directory(tmp_path) -> None:
+    from bisect_npu.build.docker import _submodule_name
+
+    repo = tmp_path / "evil"
+    make_linear_repo(repo, 1, files=lambda i: {
+        ".gitmodules": '[submodule "../../../etc"]\n\tpath = csrc/x\n\turl = https://example.invalid/x.git\n'})
+    head = _git(repo, "rev-parse", "HEAD")
+    assert _submodule_name(repo / ".git", head, "csrc/x") == "csrc/x"

@@ -19,6 +19,7 @@ import atexit
 import contextlib
 import io
 import json
+import posixpath
 import re
 import subprocess
 import tarfile
@@ -306,15 +307,55 @@ def _archive_into(archive: tarfile.TarFile, git_dir: Path, commit: str, prefix: 
             if member.type != tarfile.XGLTYPE:
                 archive.addfile(member, source.extractfile(member) if member.isfile() else None)
     for path, pinned in _gitlinks(git_dir, commit):
-        module = git_dir / "modules" / _submodule_name(git_dir, commit, path)
-        found = subprocess.run(["git", "--git-dir", str(module), "cat-file", "-e", f"{pinned}^{{commit}}"],
-                               capture_output=True, check=False) if module.is_dir() else None
-        if found is None or found.returncode != 0:
+        name = _submodule_name(git_dir, commit, path)
+        module = git_dir / "modules" / name
+        if not _has_commit(module, pinned) and _is_cached_clone(git_dir):
+            _fetch_submodule(git_dir, commit, name, module, pinned)
+        if not _has_commit(module, pinned):
             raise InfrastructureError(
                 f"{top[:12]} pins submodule {prefix}{path} at {pinned[:12]}, which this clone does not have; "
-                "run `git submodule update --init --recursive` in the repository (a clone with "
-                "--recurse-submodules has them), then resume")
+                "run `git submodule update --init --recursive` in the repository (for a submodule the "
+                "checked-out commit no longer has, from a commit that has it), or pass --repo as a URL: "
+                "bisect-npu then fetches submodules into its cached clone itself; then resume")
         _archive_into(archive, module, pinned, f"{prefix}{path}/", top)
+
+
+def _has_commit(git_dir: Path, sha: str) -> bool:
+    return git_dir.is_dir() and subprocess.run(
+        ["git", "--git-dir", str(git_dir), "cat-file", "-e", f"{sha}^{{commit}}"], capture_output=True,
+        check=False).returncode == 0
+
+
+def _is_cached_clone(git_dir: Path) -> bool:
+    """A clone bisect-npu made of a --repo URL (or a submodule inside one): ours to fetch into."""
+    from bisect_npu.history import default_cache_dir
+
+    return default_cache_dir().resolve() in git_dir.resolve().parents
+
+
+def _fetch_submodule(git_dir: Path, commit: str, name: str, module: Path, pinned: str) -> None:
+    """Fetch the pinned commit of submodule `name` into `module` (bare), from the URL the commit's
+    .gitmodules gives (a relative URL is relative to the superproject's origin)."""
+    url = _git_text(git_dir, "config", "--blob", f"{commit}:.gitmodules", f"submodule.{name}.url")
+    if not url:
+        return
+    if url.startswith(("./", "../")):
+        origin = _git_text(git_dir, "config", "remote.origin.url").rstrip("/")
+        url = posixpath.normpath(posixpath.join(origin.split("://", 1)[-1], url))
+        url = f"{origin.split('://', 1)[0]}://{url}" if "://" in origin else url
+    if not module.is_dir():
+        subprocess.run(["git", "init", "--quiet", "--bare", str(module)], capture_output=True, check=False)
+    for refspec in ([pinned], ["+refs/heads/*:refs/heads/*", "+refs/tags/*:refs/tags/*"]):
+        # The URL comes from upstream's .gitmodules: never a transport that runs commands.
+        subprocess.run(["git", "-c", "protocol.ext.allow=never", "--git-dir", str(module), "fetch", "--quiet",
+                        "--", url, *refspec], capture_output=True, check=False)
+        if _has_commit(module, pinned):
+            return
+
+
+def _git_text(git_dir: Path, *args: str) -> str:
+    done = subprocess.run(["git", "--git-dir", str(git_dir), *args], capture_output=True, check=False)
+    return done.stdout.decode(errors="replace").strip() if done.returncode == 0 else ""
 
 
 def _gitlinks(git_dir: Path, commit: str) -> list[tuple[str, str]]:
@@ -331,13 +372,15 @@ def _gitlinks(git_dir: Path, commit: str) -> list[tuple[str, str]]:
 
 
 def _submodule_name(git_dir: Path, commit: str, path: str) -> str:
-    """The submodule's name for `path` in the commit's .gitmodules (git keeps it under modules/<name>)."""
-    done = subprocess.run(["git", "--git-dir", str(git_dir), "config", "--blob", f"{commit}:.gitmodules",
+    """The submodule's name for `path` in the commit's .gitmodules (git keeps it under modules/<name>).
+    A name git itself would refuse (`..`, an absolute path) is not used as a directory."""
+    done = subprocess.run(["git", "--git-dir", str(git_dir), "config", "-z", "--blob", f"{commit}:.gitmodules",
                            "--get-regexp", r"^submodule\..*\.path$"], capture_output=True, check=False)
-    for line in done.stdout.decode().splitlines():
-        key, _, value = line.partition(" ")
-        if value == path:
-            return key[len("submodule."):-len(".path")]
+    for record in filter(None, done.stdout.decode(errors="replace").split("\0")):
+        key, _, value = record.partition("\n")
+        name = key[len("submodule."):-len(".path")]
+        if value == path and name and ".." not in Path(name).parts and not name.startswith("/"):
+            return name
     return path
 
 

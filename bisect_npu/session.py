@@ -13,7 +13,9 @@ import functools
 import itertools
 import math
 import os
+import re
 import shlex
+import stat
 import threading
 from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
@@ -697,6 +699,10 @@ def to_jsonable(value: Any) -> Any:
     return value
 
 
+# An argument that is only a path (a shell snippet such as `./x.sh && test -f y` is not).
+_PLAIN_PATH = re.compile(r"[\w./+@%:=,-]+")
+
+
 def _check_command(command: list[str], repo: git.Repo | None, ends: list[str]) -> None:
     """A command on PATH must exist now. The command runs in each candidate's checkout, which holds
     only committed files: a relative program, or an argument that names a relative path (`./x`,
@@ -712,7 +718,8 @@ def _check_command(command: list[str], repo: git.Repo | None, ends: list[str]) -
     if repo is None:
         return
     relative = [arg for i, arg in enumerate(command)
-                if not Path(arg).is_absolute() and (arg.startswith(("./", "../")) or (i == 0 and "/" in arg)
+                if _PLAIN_PATH.fullmatch(arg) and os.path.normpath(arg) not in (".", "..")
+                and not Path(arg).is_absolute() and (arg.startswith(("./", "../")) or (i == 0 and "/" in arg)
                                                      or (i > 0 and Path(arg).is_file()))]
     for arg in relative:
         for sha in ends:
@@ -722,7 +729,7 @@ def _check_command(command: list[str], repo: git.Repo | None, ends: list[str]) -
                 raise UsageError(f"{arg} is not committed at {sha[:12]}: --cmd runs in each candidate's checkout, "
                                  f"which holds only committed files; give an absolute path (e.g. "
                                  f"{Path(arg).resolve()}) or commit it") from None
-            if arg == program and not entry.mode & 0o111:
+            if arg == program and entry.type == "blob" and stat.S_ISREG(entry.mode) and not entry.mode & 0o111:
                 raise UsageError(f"{arg} is not executable at {sha[:12]}; run it through its interpreter "
                                  f"(e.g. --cmd \"python3 {arg}\") or commit it with the executable bit")
 

@@ -391,3 +391,29 @@ def test_a_step_whose_trials_were_all_journaled_is_judged_without_building_again
     assert [t["trial"] for t in again["trials"]] == [t["trial"] for t in killed_at["trials"]]
     rerun = marker.read_text().splitlines()[len(runs_before):]
     assert killed_at["commit"] not in rerun  # the command did not run again for that commit
+
+
+def test_command_paths_are_checked_against_both_ends_and_nothing_else(tmp_path: Path) -> None:
+    import git as gitpython
+
+    from bisect_npu.models import UsageError
+    from bisect_npu.session import _check_command
+
+    repo = tmp_path / "repo"
+    shas = make_linear_repo(repo, 2)
+    (repo / "check.sh").write_text("#!/bin/sh\nexit 0\n")
+    (repo / "check.sh").chmod(0o755)
+    (repo / "run-check").symlink_to("check.sh")
+    git(repo, "add", "check.sh", "run-check")
+    git(repo, "commit", "-qm", "checks")
+    ends = [shas[0], git(repo, "rev-parse", "HEAD")]
+    r = gitpython.Repo(repo)
+    with pytest.raises(UsageError, match=r"\./check\.sh is not committed at"):
+        _check_command(["./check.sh"], r, ends)  # the good end predates it
+    ends[0] = ends[1]
+    _check_command(["./check.sh"], r, ends)
+    _check_command(["./run-check"], r, ends)  # a committed symlink to an executable
+    _check_command(["sh", "-c", "./untracked.sh && test -f x"], r, ends)  # a shell snippet, not a path
+    _check_command(["./check.sh", "./"], r, ends)
+    with pytest.raises(UsageError, match=r"\./missing\.sh is not committed"):
+        _check_command(["sh", "./missing.sh"], r, ends)

@@ -72,6 +72,7 @@ def test_command_runs_in_its_own_container(docker_client, demo_base_image, env, 
 
 ATB_LIKE_ENTRYPOINT = """FROM {base}
 RUN printf 'export LCCL_DETERMINISTIC=0\\nexport ATB_MATMUL_SHUFFLE_K_ENABLE=1\\n' > /etc/set_env.sh
+RUN printf 'export LD_LIBRARY_PATH=/cann/lib:$LD_LIBRARY_PATH\\n' >> /etc/set_env.sh
 ENTRYPOINT ["/bin/bash", "-c", "source /etc/set_env.sh && exec \\"$@\\"", "--"]
 """
 
@@ -87,17 +88,22 @@ def test_the_spec_s_environment_survives_an_entrypoint_that_overwrites_it(docker
     try:
         def spec(image: str, out_dir: Path) -> ContainerSpec:
             return plain_container_spec(image, out_dir).model_copy(
-                update={"environment": {"LCCL_DETERMINISTIC": "1", "ATB_MATMUL_SHUFFLE_K_ENABLE": "0"}})
+                update={"environment": {"LCCL_DETERMINISTIC": "1", "ATB_MATMUL_SHUFFLE_K_ENABLE": "0",
+                                        "LD_LIBRARY_PATH": "/opt/extra/lib"}})
 
         ex = DockerExecutor(docker_client, spec, session_id=f"test-{uuid.uuid4().hex[:8]}")
-        show = "import os; print('seen', os.environ['LCCL_DETERMINISTIC'], os.environ['ATB_MATMUL_SHUFFLE_K_ENABLE'])"
+        show = ("import os; print('seen', os.environ['LCCL_DETERMINISTIC'], os.environ['ATB_MATMUL_SHUFFLE_K_ENABLE'], "
+                "os.environ['LD_LIBRARY_PATH'])")
         image_env = Environment(kind="image", commit="c0ffee" * 6 + "beef", image=tag)
         result = ex.run_command(image_env, ["python3", "-c", show], tmp_path / "cmd.log", timeout_s=120)
         assert result.returncode == 0, result.log_tail
-        assert "seen 1 0" in Path(result.log_path).read_text()
+        # The spec's values win; a *PATH the entrypoint extended keeps its entries after the spec's.
+        assert "seen 1 0 /opt/extra/lib:/cann/lib" in Path(result.log_path).read_text()
+        missing = ex.run_command(image_env, ["no-such-program"], tmp_path / "missing.log", timeout_s=120)
+        assert missing.returncode == 255 and "cannot start no-such-program" in missing.log_tail
         bare = docker_client.containers.run(tag, ["python3", "-c", show], remove=True,
                                             environment={"LCCL_DETERMINISTIC": "1"})
-        assert b"seen 0 1" in bare  # what the command would see without the shim
+        assert b"seen 0 1 /cann/lib:" in bare  # what the command would see without the shim
     finally:
         docker_client.images.remove(tag, force=True)
 

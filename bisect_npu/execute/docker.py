@@ -37,10 +37,25 @@ PROBE_BOOTSTRAP = (f"import runpy, sys; sys.path.insert(0, {PROBE_PARENT!r}); "
 # An image's entrypoint may overwrite the container's environment before our command starts: every
 # CANN base image sources ATB's set_env.sh, which exports LCCL_DETERMINISTIC=0 and
 # ATB_MATMUL_SHUFFLE_K_ENABLE=1. So each command starts under this shim, which puts back what the
-# spec asked for (carried in ENV_CARRIER, which no script touches) and then execs the command.
+# spec asked for (carried in ENV_CARRIER, which no script touches) and then execs the command. A
+# *PATH variable the entrypoint extended keeps the entrypoint's entries after the spec's (CANN's
+# library paths stay reachable). A command that cannot start exits 255: above 127, so the run
+# aborts with its reason instead of judging every candidate bad.
 ENV_CARRIER = "BISECT_NPU_ENV"
-ENV_BOOTSTRAP = (f"import json, os, sys; os.environ.update(json.loads(os.environ.pop({ENV_CARRIER!r}))); "
-                 "os.execvp(sys.argv[1], sys.argv[1:])")
+ENV_EXIT_CANNOT_START = 255
+ENV_BOOTSTRAP = f"""import json, os, sys
+for key, value in json.loads(os.environ.pop({ENV_CARRIER!r})).items():
+    have = os.environ.get(key)
+    if key.endswith("PATH") and have and have != value:
+        ours = value.split(os.pathsep)
+        value = os.pathsep.join(ours + [p for p in have.split(os.pathsep) if p and p not in ours])
+    os.environ[key] = value
+try:
+    os.execvp(sys.argv[1], sys.argv[1:])
+except OSError as exc:
+    sys.stderr.write(f"bisect-npu: cannot start {{sys.argv[1]}} in the container: {{exc}}\\n")
+    sys.exit({ENV_EXIT_CANNOT_START})
+"""
 LOG_TAIL_LINES = 15
 
 

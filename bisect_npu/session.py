@@ -604,7 +604,10 @@ class Session:
                                    symptom=self.recipe.symptom if self.recipe else (), top=max(5, self.options.fix_top))
         if not any(e["type"] == "fix" for e in self.journal.entries):
             self._append({"type": "fix", "report": to_jsonable(report)})
-        if not self.options.verify_fix or not report.proposals:
+        if not self.options.verify_fix:
+            return
+        if not report.proposals:
+            self._append({"type": "fix_verify", "verifications": []})  # nothing to verify: the stage is done
             return
         kept = [e["verification"] for e in self.journal.entries if e["type"] == "fix_verified"]
         self.progress.note(f"verifying the top {self.options.fix_top} fix proposals on the bad end"

@@ -417,3 +417,15 @@ def test_command_paths_are_checked_against_both_ends_and_nothing_else(tmp_path: 
     _check_command(["./check.sh", "./"], r, ends)
     with pytest.raises(UsageError, match=r"\./missing\.sh is not committed"):
         _check_command(["sh", "./missing.sh"], r, ends)
+
+
+def test_a_finished_session_with_nothing_to_verify_is_not_redone_on_resume(repo1000: tuple[Path, list[str]],
+                                                                            tmp_path: Path) -> None:
+    repo, _ = repo1000
+    session = tmp_path / "s"
+    bisect("run", "--repo", str(repo), "--good", "v1.0", "--bad", "v2.0", "--cmd", GOOD_CMD_STR, "--verify-fix",
+           "--session", str(session), "--quiet", cwd=tmp_path, check_code=0)
+    done = bisect("resume", "--session", str(session), cwd=tmp_path, check_code=0)
+    assert "re-rendering the report only" in done.stdout + done.stderr
+    kinds = [e["type"] for e in journal_lines(session)]
+    assert kinds.count("fix") == 1 and kinds.count("fix_verify") == 1

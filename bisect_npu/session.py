@@ -209,6 +209,7 @@ class Session:
             "tool_version": __version__,
             "options": options.to_json(),
             "recipe_digest": recipe.digest() if recipe else None,
+            "mode": options.mode or (recipe.trials.mode if recipe else "exact"),  # what the search ran in
             "earlier_runs": earlier_runs.model_dump() if earlier_runs else None,
             "range": candidates_range,
             "github": history.github_url(repo) if repo is not None and options.package is None else None,

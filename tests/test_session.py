@@ -363,13 +363,13 @@ def test_trials_of_an_interrupted_noisy_step_are_reported_and_counted(tmp_path: 
     report = json.loads(bisect("report", "--session", str(session), "--format", "json", cwd=tmp_path,
                                check_code=0).stdout)
     rows = report["steps"]
-    cut_short = [r for r in rows if r["verdict"] == "interrupted"]
+    cut_short = [r for r in rows if r["verdict"] == "unfinished"]
     assert len(cut_short) == 1 and cut_short[0]["index"] == lost["index"]
     assert cut_short[0]["trials"] == len(cut_trials) >= 1
     assert rows.index(cut_short[0]) == 4  # where it happened: after the four steps journaled before it
     trial_lines = [e for e in journal_lines(session) if e["type"] == "trial"]
     assert sum(r["trials"] for r in rows) == len(trial_lines)  # every trial counted is in a row
-    assert "interrupted" in (session / "report.md").read_text()
+    assert "counted as evidence" in (session / "report.md").read_text()
 
 
 def test_a_step_whose_trials_were_all_journaled_is_judged_without_building_again(tmp_path: Path) -> None:

@@ -113,7 +113,8 @@ def load_view(session_dir: Path) -> SessionView:
             fix_verify = entry["verifications"]
         elif kind == "next_level":
             next_level = entry
-    steps = _with_interrupted_rows(steps, open_trials, journal.header["range"])
+    steps = _with_interrupted_rows(steps, open_trials, journal.header["range"],
+                                   counted=journal.header.get("mode") == "noisy")
     journal.close()
     view = SessionView(session_dir, journal.header, steps, end, fix, fix_verify, next_level)
     view.versions, view.sampling = _engine_facts(session_dir, journal.entries)
@@ -123,9 +124,10 @@ def load_view(session_dir: Path) -> SessionView:
 
 
 def _with_interrupted_rows(steps: list[StepView], orphans: dict[int, list[tuple[int, int, dict[str, Any]]]],
-                           candidates: dict[str, Any]) -> list[StepView]:
-    """Trials of a step that an interruption cut short and no later step took over (noisy mode
-    counts them as evidence) as rows of their own, where they happened; steps renumbered."""
+                           candidates: dict[str, Any], *, counted: bool) -> list[StepView]:
+    """Trials of a step that did not finish (an interruption, or a session still running) and that
+    no later step took over, as `unfinished` rows where they happened; steps renumbered. Noisy
+    mode counts such trials as evidence (`counted`); exact mode judges whole steps only."""
     runs: list[tuple[int, int, int, list[dict[str, Any]]]] = []  # (steps before, journal line, position, trials)
     for index, cut in orphans.items():
         for at, line, trial in cut:
@@ -137,9 +139,10 @@ def _with_interrupted_rows(steps: list[StepView], orphans: dict[int, list[tuple[
     for at, _, index, trials in sorted(runs, key=lambda run: run[:2], reverse=True):
         commit = trials[0]["commit"]
         bad = sum(1 for t in trials if t.get("outcome") == "bad")
-        rows.insert(at, StepView(0, index, commit, candidates.get("titles", {}).get(commit, ""), "interrupted",
-                                 f"{len(trials)} trial(s) finished before an interruption, {bad} bad; counted as "
-                                 "evidence", round(sum(t.get("seconds", 0.0) for t in trials), 3), "", 0.0,
+        reason = (f"{len(trials)} trial(s) of a step that did not finish (interrupted, or still running), {bad} "
+                  f"bad; {'counted as evidence' if counted else 'not judged: exact mode judges whole steps'}")
+        rows.insert(at, StepView(0, index, commit, candidates.get("titles", {}).get(commit, ""), "unfinished",
+                                 reason, round(sum(t.get("seconds", 0.0) for t in trials), 3), "", 0.0,
                                  len(trials), {}, [t["log"] for t in trials if t.get("log")],
                                  candidates.get("prs", {}).get(commit)))
     for order, row in enumerate(rows, 1):
@@ -172,6 +175,7 @@ def _engine_facts(session_dir: Path, entries: list[dict[str, Any]]) -> tuple[dic
 
 def chart_series(steps: list[StepView]) -> tuple[str, list[tuple[str, float]]] | None:
     """The oracle figure to chart per tested commit (in history order), or None if none is numeric."""
+    steps = [s for s in steps if s.verdict != "unfinished"]  # no figures: they would only dilute the chart
     for name in CHART_FIGURES:
         points = [(s, s.figures.get(name)) for s in steps]
         numeric = [(s, float(v)) for s, v in points if isinstance(v, int | float) and not isinstance(v, bool)]

@@ -144,9 +144,12 @@ class Evaluator:
         self.reference: list[Observation] | None = None
 
     def close(self) -> None:
-        """End of the session: free cached environments and anything the executor still runs."""
-        self.builder.close()
-        self.executor.close()
+        """End of the session: free cached environments and anything the executor still runs (the
+        executor even when freeing the environments is interrupted)."""
+        try:
+            self.builder.close()
+        finally:
+            self.executor.close()
 
     def rel(self, path: str | Path | None) -> str | None:
         """Paths in the journal are relative to the session, so a session directory can be moved."""

@@ -381,14 +381,16 @@ class Session:
         finally:
             try:
                 self.evaluator.close()
-                if self.repo is not None:  # what a killed fix verification left
-                    from bisect_npu import fix
-                    from bisect_npu.build.local import sweep_worktrees
+            finally:  # each cleanup runs even when the one before it is interrupted
+                try:
+                    if self.repo is not None:  # what a killed fix verification left
+                        from bisect_npu import fix
+                        from bisect_npu.build.local import sweep_worktrees
 
-                    sweep_worktrees(self.repo, self.journal.session_dir / "fix-worktrees", fix.APPLY_NAME)
-            finally:
-                self.progress.close()
-                self.journal.close()
+                        sweep_worktrees(self.repo, self.journal.session_dir / "fix-worktrees", fix.APPLY_NAME)
+                finally:
+                    self.progress.close()
+                    self.journal.close()
 
     def _run(self) -> SessionResult:
         ended = next((e for e in self.journal.entries if e["type"] == "end"), None)

@@ -96,3 +96,13 @@ def test_verify_with_a_command_runs_the_session_pipeline(capsys, tmp_path, monke
     code, _, err = run_cli(capsys, "--culprit", shas["culprit"], "--repo", str(tmp_path / "up"),
                            "--bad", parent, "--verify", "--cmd", f"{sys.executable} check.py")
     assert code == 2 and "does not contain the culprit" in err  # a "verified" there would prove nothing
+
+
+def test_json_says_what_a_dependency_bump_means(capsys, tmp_path):
+    hist = base_history(tmp_path / "up")
+    hist.commit("[CI] Add requirements (#2)", {"requirements.txt": "torch==2.5.1\n"})
+    pin = hist.commit("Pin torch (#3)", {"requirements.txt": "torch==2.6.0\n"})
+    code, out, _ = run_cli(capsys, "--culprit", pin, "--repo", str(hist.path), "--json")
+    dependency = json.loads(out)["dependency"]
+    assert code == 0 and (dependency["package"], dependency["old"], dependency["new"]) == ("torch", "2.5.1", "2.6.0")
+    assert dependency["message"].startswith("the regression comes from the dependency: bisect torch")

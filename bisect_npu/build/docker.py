@@ -115,9 +115,15 @@ class DockerBuilder:
     def built_keys(self) -> frozenset[str]:
         """Keys with a full image of a commit of this repository in the engine: ``acquire`` lays any
         commit of those keys over that image. Empty without overlays (every commit builds)."""
+        import docker.errors
+        import requests
+
         if not self.overlays:
             return frozenset()
-        rows = self.client.api.images(filters={"label": f"{LABEL_KIND}=full"})
+        try:
+            rows = self.client.api.images(filters={"label": f"{LABEL_KIND}=full"})
+        except (docker.errors.DockerException, requests.exceptions.RequestException):
+            return frozenset()  # a price hint only: the next build meets the engine's error and says it
         labels = [row.get("Labels") or {} for row in rows]
         return frozenset(label[LABEL_KEY] for label in labels
                          if label.get(LABEL_KEY) and self._known(label.get(LABEL_COMMIT, "")))

@@ -62,7 +62,10 @@ def _as_json(report: FixReport, verifications: list[FixVerification]) -> dict[st
     """The same shapes as a session's journal (`fix` and `fix_verify` lines) and its JSON report."""
     from bisect_npu.session import to_jsonable
 
-    return {**to_jsonable(report), "verifications": to_jsonable(verifications)}
+    data = {**to_jsonable(report), "verifications": to_jsonable(verifications)}
+    if report.dependency is not None:
+        data["dependency"]["message"] = report.dependency.message
+    return data
 
 
 def _print(report: FixReport, verifications: list[FixVerification]) -> None:

@@ -190,6 +190,15 @@ class Journal:
         self.close()
 
 
+def require_header(journal: Journal, keys: tuple[str, ...]) -> None:
+    """The header must hold `keys` (mappings) for its reader; else a one-line error, not a KeyError."""
+    missing = [key for key in keys if not isinstance(journal.header.get(key), dict)]
+    if missing:
+        journal.close()
+        raise UsageError(f"{journal.session_dir / JOURNAL_FILE}:1: the header lacks {', '.join(missing)}; the "
+                         "journal is corrupt or not a bisect-npu session's: start a new session")
+
+
 def _parse(path: Path, data: bytes) -> tuple[dict[str, Any], list[dict[str, Any]], int, str | None]:
     """(header, entries, size of the valid prefix, dropped tail text or None)."""
     lines = data.split(b"\n")
@@ -211,6 +220,7 @@ def _parse(path: Path, data: bytes) -> tuple[dict[str, Any], list[dict[str, Any]
         offset += len(raw) + 1
     if not records or records[0].get("type") != "header":
         raise UsageError(f"{path} has no header line; it is not a bisect-npu journal")
+
     dropped_text = dropped.decode("utf-8", errors="replace") if dropped is not None else None
     return records[0], records[1:], offset, dropped_text
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import functools
+import hashlib
 import itertools
 import math
 import os
@@ -30,12 +31,13 @@ from bisect_npu import __version__, history, search
 from bisect_npu.build.base import Builder
 from bisect_npu.evaluate import Evaluator, StepResult, TrialRecord, step_seconds, trial_seconds
 from bisect_npu.execute.base import Executor
-from bisect_npu.journal import Journal, latest_session, new_session_dir
+from bisect_npu.journal import Journal, latest_session, new_session_dir, require_header
 from bisect_npu.models import Observation, UsageError, Verdict
 from bisect_npu.progress import PlainProgress, Progress
 from bisect_npu.recipe import EarlierRunsSpec, InstallPlan, Recipe, load_recipe
 
 DEFAULT_ROOT = Path(".bisect-npu") / "sessions"
+SESSION_HEADER = ("options", "range")  # what resume and the report read from a session's header
 EXIT_FOUND, EXIT_NARROWED, EXIT_ENDS_WRONG = 0, 3, 4
 
 
@@ -203,7 +205,8 @@ class Session:
         if options.workdir:
             from bisect_npu.build.local import check_workdir
 
-            check_workdir(Path(options.workdir).resolve())
+            options.workdir = str(Path(options.workdir).resolve())  # resume may start elsewhere
+            check_workdir(Path(options.workdir))
         session_dir = (session_dir or new_session_dir(root)).resolve()
         header = {
             "tool_version": __version__,
@@ -227,6 +230,7 @@ class Session:
                builder: Builder | None = None, executor: Executor | None = None) -> Session:
         session_dir = (session_dir or latest_session(root)).resolve()
         journal = Journal.open(session_dir)
+        require_header(journal, SESSION_HEADER)
         options = RunOptions.from_json(journal.header["options"])
         recipe = load_recipe(options.recipe) if options.recipe else None
         if recipe is not None and recipe.digest() != journal.header.get("recipe_digest"):
@@ -740,9 +744,16 @@ def _check_command(command: list[str], repo: git.Repo | None, ends: list[str]) -
                                  f"(e.g. --cmd \"python3 {arg}\") or commit it with the executable bit")
 
 
+def session_workdir_name(session_dir: Path) -> str:
+    """The session's own subdirectory of a shared --workdir: its name plus a digest of its full
+    path, so two sessions named alike (a/s and b/s) never share worktrees."""
+    return f"{session_dir.name}-{hashlib.sha256(str(session_dir.resolve()).encode()).hexdigest()[:8]}"
+
+
 def _make_evaluator(options: RunOptions, repo: git.Repo | None, recipe: Recipe | None, session_dir: Path,
                     builder: Builder | None, executor: Executor | None) -> Evaluator:
-    workdir = Path(options.workdir) / session_dir.name if options.workdir else session_dir / "worktrees"
+    workdir = (Path(options.workdir) / session_workdir_name(session_dir) if options.workdir
+               else session_dir / "worktrees")
     if builder is None or executor is None:
         made_builder, made_executor = make_environment(options, repo, recipe, session_dir, workdir)
         builder = builder or made_builder

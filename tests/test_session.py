@@ -179,6 +179,14 @@ def test_not_a_git_repository(tmp_path: Path) -> None:
     assert "is not a git repository" in done.stderr and len(done.stderr.strip().splitlines()) == 1
 
 
+def test_sessions_named_alike_get_their_own_part_of_a_shared_workdir(tmp_path: Path) -> None:
+    from bisect_npu.session import session_workdir_name
+
+    first, second = session_workdir_name(tmp_path / "a" / "s"), session_workdir_name(tmp_path / "b" / "s")
+    assert first != second and first.startswith("s-") and second.startswith("s-")
+    assert session_workdir_name(tmp_path / "a" / "s") == first  # the same session (resumed) finds its own again
+
+
 @pytest.mark.parametrize("kind", ["file", "missing"])
 def test_bad_worktree_location(repo1000: tuple[Path, list[str]], tmp_path: Path, kind: str) -> None:
     repo, _ = repo1000
@@ -200,9 +208,10 @@ def test_a_workdir_holding_other_things_is_used_and_left_as_it_was(repo1000: tup
     git(repo, "worktree", "add", "--detach", str(workdir / shas[5][:12]), shas[5])  # the user's own, sha-named
     (workdir / shas[5][:12] / "precious.py").write_text("uncommitted work\n")
     done = bisect("run", "--repo", str(repo), "--good", "v1.0", "--bad", "v2.0", "--cmd", GOOD_CMD_STR,
-                  "--workdir", str(workdir), "--session", str(tmp_path / "s"), "--json", cwd=tmp_path,
+                  "--workdir", "fast-disk", "--session", str(tmp_path / "s"), "--json", cwd=tmp_path,
                   check_code=0)
     assert summary(done)["culprit"] == shas[637]
+    assert journal_lines(tmp_path / "s")[0]["options"]["workdir"] == str(workdir.resolve())  # resume may run elsewhere
     assert sorted(p.name for p in workdir.iterdir()) == sorted(["notes.txt", shas[5][:12]])
     assert (workdir / shas[5][:12] / "precious.py").read_text() == "uncommitted work\n"
     git(repo, "worktree", "remove", "--force", str(workdir / shas[5][:12]))

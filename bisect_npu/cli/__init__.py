@@ -11,6 +11,7 @@ import importlib.util
 import json
 import signal
 import sys
+import traceback
 from pathlib import Path
 from typing import NoReturn
 
@@ -93,6 +94,10 @@ def main(argv: list[str] | None = None) -> None:
         sys.exit(exc.exit_code)
     except click.exceptions.Exit as exc:
         sys.exit(exc.exit_code)
+    except Exception as exc:  # a bug: its traceback is what a report needs, and --json still ends stdout
+        traceback.print_exc()
+        _fail(args, f"bisect-npu: internal error: {type(exc).__name__}: {exc} (the traceback above is what to "
+              "report; finished steps stay in the session's journal)", 1, "error", f"{type(exc).__name__}: {exc}")
     sys.exit(returned if isinstance(returned, int) else 0)
 
 

@@ -113,6 +113,8 @@ def resume(session_dir: Path | None, as_json: bool, quiet: bool) -> None:
     from bisect_npu.progress import make_progress
     from bisect_npu.session import Session
 
+    if session_dir is not None:
+        note_session(session_dir.resolve())  # named in a failure's summary even if resume cannot start
     session = Session.resume(session_dir, progress=make_progress(quiet or as_json))
     note_session(session.journal.session_dir)
     click.echo(f"session: {session.journal.session_dir}", err=True)

@@ -15,7 +15,7 @@ import jinja2
 
 from bisect_npu import __version__
 from bisect_npu.evaluate import trial_seconds
-from bisect_npu.journal import JOURNAL_FILE, Journal
+from bisect_npu.journal import JOURNAL_FILE, Journal, require_header
 from bisect_npu.models import Observation, UsageError
 
 TEMPLATES = Path(__file__).parent / "templates"
@@ -80,6 +80,7 @@ def load_view(session_dir: Path) -> SessionView:
     if not (session_dir / JOURNAL_FILE).is_file():
         raise UsageError(f"{session_dir} holds no bisect-npu journal; pass --session with a session directory")
     journal = Journal.open(session_dir, read_only=True)
+    require_header(journal, ("options", "range"))
     steps: list[StepView] = []
     end = fix = next_level = None
     fix_verify = None

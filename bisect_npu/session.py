@@ -716,32 +716,56 @@ _PLAIN_PATH = re.compile(r"[\w./+@%:=,-]+")
 def _check_command(command: list[str], repo: git.Repo | None, ends: list[str]) -> None:
     """A command on PATH must exist now. The command runs in each candidate's checkout, which holds
     only committed files: a relative program, or an argument that names a relative path (`./x`,
-    `../x`, or a file that exists here), must be committed at both ends, a program executable."""
+    `../x`, or, run from the repository's root, a file there), must be committed at both ends, a
+    program executable and not a directory."""
     import shutil
 
     program = command[0]
     if "/" not in program and shutil.which(program) is None:
         raise UsageError(f"command not found: {program}; give a program on PATH or a path relative to "
                          "the repository root (e.g. ./tests/check.sh)")
-    if Path(program).is_absolute() and not Path(program).exists():
-        raise UsageError(f"command not found: {program}")
+    if Path(program).is_absolute() and not Path(program).is_file():
+        raise UsageError(f"command not found: {program} is not a file")
     if repo is None:
         return
+    at_root = repo.working_tree_dir is not None and Path.cwd().resolve() == Path(repo.working_tree_dir).resolve()
     relative = [arg for i, arg in enumerate(command)
-                if _PLAIN_PATH.fullmatch(arg) and os.path.normpath(arg) not in (".", "..")
-                and not Path(arg).is_absolute() and (arg.startswith(("./", "../")) or (i == 0 and "/" in arg)
-                                                     or (i > 0 and Path(arg).is_file()))]
+                if _PLAIN_PATH.fullmatch(arg) and not Path(arg).is_absolute()
+                and (arg.startswith(("./", "../")) or (i == 0 and "/" in arg)
+                     or (i > 0 and at_root and Path(arg).is_file()))]
     for arg in relative:
         for sha in ends:
-            try:
-                entry = repo.commit(sha).tree / os.path.normpath(arg)
-            except KeyError:
+            entry = _tree_entry(repo.commit(sha).tree, os.path.normpath(arg))
+            if entry is None:
                 raise UsageError(f"{arg} is not committed at {sha[:12]}: --cmd runs in each candidate's checkout, "
                                  f"which holds only committed files; give an absolute path (e.g. "
-                                 f"{Path(arg).resolve()}) or commit it") from None
-            if arg == program and entry.type == "blob" and stat.S_ISREG(entry.mode) and not entry.mode & 0o111:
+                                 f"{Path(arg).resolve()}) or commit it")
+            if arg != program or entry == "symlink":
+                continue
+            if entry.type == "tree":
+                raise UsageError(f"{arg} is a directory; give the program to run (e.g. {arg.rstrip('/')}/check.sh)")
+            if stat.S_ISREG(entry.mode) and not entry.mode & 0o111:
                 raise UsageError(f"{arg} is not executable at {sha[:12]}; run it through its interpreter "
                                  f"(e.g. --cmd \"python3 {arg}\") or commit it with the executable bit")
+
+
+def _tree_entry(tree: git.Tree, path: str) -> git.Blob | git.Tree | Literal["symlink"] | None:
+    """The entry at `path`, "symlink" where a symlink on the way decides it (git does not follow
+    them; a checkout does), None when the commit has nothing there."""
+    if path in (".", ""):
+        return tree
+    try:
+        return tree / path
+    except KeyError:
+        parts = path.split("/")
+        for depth in range(1, len(parts)):
+            try:
+                on_the_way = tree / "/".join(parts[:depth])
+            except KeyError:
+                return None
+            if on_the_way.type == "blob" and stat.S_ISLNK(on_the_way.mode):
+                return "symlink"
+        return None
 
 
 def session_workdir_name(session_dir: Path) -> str:

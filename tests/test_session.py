@@ -402,7 +402,8 @@ def test_a_step_whose_trials_were_all_journaled_is_judged_without_building_again
     assert killed_at["commit"] not in rerun  # the command did not run again for that commit
 
 
-def test_command_paths_are_checked_against_both_ends_and_nothing_else(tmp_path: Path) -> None:
+def test_command_paths_are_checked_against_both_ends_and_nothing_else(tmp_path: Path,
+                                                                      monkeypatch: pytest.MonkeyPatch) -> None:
     import git as gitpython
 
     from bisect_npu.models import UsageError
@@ -424,6 +425,18 @@ def test_command_paths_are_checked_against_both_ends_and_nothing_else(tmp_path: 
     _check_command(["./run-check"], r, ends)  # a committed symlink to an executable
     _check_command(["sh", "-c", "./untracked.sh && test -f x"], r, ends)  # a shell snippet, not a path
     _check_command(["./check.sh", "./"], r, ends)
+    with pytest.raises(UsageError, match="is a directory"):
+        _check_command(["./"], r, ends)
+    (repo / "tools").mkdir()
+    (repo / "tools" / "x.py").write_text("print(1)\n")
+    (repo / "linked").symlink_to("tools")
+    git(repo, "add", "tools", "linked")
+    git(repo, "commit", "-qm", "a linked directory")
+    ends = [git(repo, "rev-parse", "HEAD")] * 2
+    _check_command(["python3", "./linked/x.py"], r, ends)  # through a committed directory symlink
+    (tmp_path / "1").write_text("")
+    monkeypatch.chdir(tmp_path)
+    _check_command(["test", "1", "=", "1"], r, ends)  # a file of that name here, outside the repository
     with pytest.raises(UsageError, match=r"\./missing\.sh is not committed"):
         _check_command(["sh", "./missing.sh"], r, ends)
 

@@ -890,7 +890,7 @@ ApplyResult = AppliedFix | ApplyConflict | AlreadyApplied
 def verification_scratch(repo: git.Repo) -> Iterator[Path]:
     """A directory for one `fix --verify` run's worktrees and session, under the cache: each run
     first sweeps what runs killed before it left (their process is gone), then its own at the end."""
-    from bisect_npu.build.local import sweep_worktrees
+    from bisect_npu.build.local import sweep_worktrees, sweep_worktrees_of_any_repo
 
     base = cache_root() / "fix-verify"
     base.mkdir(parents=True, exist_ok=True)
@@ -898,6 +898,7 @@ def verification_scratch(repo: git.Repo) -> Iterator[Path]:
     host = re.sub(r"[^\w.]", "_", socket.gethostname()) + "--"
     for stale in base.iterdir():
         if stale.name.startswith(host) and not _process_alive(stale.name[len(host):].split("-", 1)[0]):
+            sweep_worktrees_of_any_repo(stale)  # the killed run may have verified on another clone
             sweep_worktrees(repo, stale)
             shutil.rmtree(stale, ignore_errors=True)
     scratch = base / f"{host}{os.getpid()}-{uuid.uuid4().hex[:8]}"

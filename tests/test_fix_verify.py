@@ -146,8 +146,12 @@ def test_a_killed_verification_s_worktrees_are_swept_by_the_next(tmp_path, monke
     elsewhere = tmp_path / "cache" / "fix-verify" / "other-node--999999999-deadbeef"  # maybe alive there
     elsewhere.mkdir(parents=True)
     repo.git.worktree("add", "--detach", "--lock", str(dead / "fixes" / "apply-x"), shas["bad"])
+    other_shas = make_upstream(tmp_path / "other-clone")  # the killed run was verifying on another clone
+    other = git.Repo(tmp_path / "other-clone")
+    other.git.worktree("add", "--detach", str(dead / "session" / "worktrees" / "abc"), other_shas["bad"])
     with verification_scratch(repo) as scratch:
         assert scratch.name.startswith(f"{host}--{os.getpid()}-") and not dead.exists() and elsewhere.exists()
         assert repo.git.worktree("list", "--porcelain").count("worktree ") == 1
+        assert other.git.worktree("list", "--porcelain").count("worktree ") == 1
         repo.git.worktree("add", "--detach", str(scratch / "fixes" / "apply-y"), shas["bad"])
     assert repo.git.worktree("list", "--porcelain").count("worktree ") == 1 and not scratch.exists()

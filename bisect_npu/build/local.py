@@ -87,6 +87,18 @@ def sweep_worktrees(repo: git.Repo, directory: Path, names: re.Pattern[str] | No
         repo.git.worktree("prune")
 
 
+def sweep_worktrees_of_any_repo(directory: Path) -> None:
+    """`sweep_worktrees` for every repository that has a worktree below `directory` (each worktree's
+    `.git` file names it): a directory left by a run on another clone."""
+    owners: set[Path] = set()
+    for marker in directory.rglob(".git"):
+        if marker.is_file() and (text := marker.read_text(errors="replace").strip()).startswith("gitdir:"):
+            owners.add(Path(text.split(":", 1)[1].strip()).parent.parent)  # <repo>/.git/worktrees/<name>
+    for owner in owners:
+        with contextlib.suppress(git.GitError, OSError):
+            sweep_worktrees(git.Repo(owner), directory)
+
+
 class LocalBuilder:
     """Check out each candidate into its own worktree and run the recipe's build command there.
 

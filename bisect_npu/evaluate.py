@@ -179,12 +179,10 @@ class Evaluator:
         if not judge_each and self._all_done(trials, done):
             # Every trial was journaled before an interruption: judge them, build nothing again.
             records = list(done)
-            if as_reference:
+            if as_reference and self.command is None:
                 self.set_reference(records)
-            verdict = (Verdict(kind=records[0].outcome or VerdictKind.SKIP, reason=records[0].reason)
-                       if self.command is not None else self._judge_step(records))
-            return StepResult(commit, verdict, {"how": "journaled", "seconds": 0.0}, records,
-                              round(time.monotonic() - started, 3))
+            return StepResult(commit, self._verdict(records, judge_each), {"how": "journaled", "seconds": 0.0},
+                              records, round(time.monotonic() - started, 3))
         try:
             env = self.builder.acquire(commit, step_dir)
         except BuildFailed as failure:
@@ -200,15 +198,19 @@ class Evaluator:
                                            as_reference)
                 if as_reference:
                     self.set_reference(records)
-            if judge_each:
-                verdict = tally(records)
-            elif self.command is not None:  # exact mode runs a command once: its exit status is the verdict
-                verdict = Verdict(kind=records[0].outcome or VerdictKind.SKIP, reason=records[0].reason)
-            else:
-                verdict = self._judge_step(records)
+            verdict = self._verdict(records, judge_each)
         finally:
             self.builder.release(env)
         return StepResult(commit, verdict, build_record(env), records, round(time.monotonic() - started, 3))
+
+    def _verdict(self, records: list[TrialRecord], judge_each: bool) -> Verdict:
+        """Noisy mode tallies each trial's verdict; exact mode judges the step's trials together
+        (a command runs once there: its exit status is the verdict)."""
+        if judge_each:
+            return tally(records)
+        if self.command is not None:
+            return Verdict(kind=records[0].outcome or VerdictKind.SKIP, reason=records[0].reason)
+        return self._judge_step(records)
 
     def _all_done(self, trials: int, done: list[TrialRecord]) -> bool:
         """Whether `done` already holds `trials` trials of every case (exact mode's step total)."""

@@ -30,6 +30,7 @@ from typing import Literal
 import git
 
 from .build.base import BuildFailed
+from .build.local import remove_worktree, sweep_worktrees, sweep_worktrees_of_any_repo
 from .history import git_error_line, github_url, is_ancestor, resolve_ref
 from .models import InfrastructureError, UsageError, Verdict, VerdictKind
 from .paths import cache_root
@@ -890,8 +891,6 @@ ApplyResult = AppliedFix | ApplyConflict | AlreadyApplied
 def verification_scratch(repo: git.Repo) -> Iterator[Path]:
     """A directory for one `fix --verify` run's worktrees and session, under the cache: each run
     first sweeps what runs killed before it left (their process is gone), then its own at the end."""
-    from bisect_npu.build.local import sweep_worktrees, sweep_worktrees_of_any_repo
-
     base = cache_root() / "fix-verify"
     base.mkdir(parents=True, exist_ok=True)
     # This host's runs only: a cache shared over NFS also holds other machines' live runs.
@@ -955,11 +954,7 @@ def apply_fix(repo: git.Repo, bad: str, fix_shas: list[str], workdir: Path) -> A
         head = wt.git.rev_parse("HEAD")
     finally:
         wt.close()
-        try:
-            repo.git.worktree("remove", "--force", str(tree))
-        except git.GitCommandError:
-            shutil.rmtree(tree, ignore_errors=True)
-            repo.git.worktree("prune")
+        remove_worktree(repo, tree)
     if head == bad_sha:
         return AlreadyApplied(shas, bad_sha)
     repo.git.update_ref(f"refs/bisect-npu/fixes/{head}", head)
@@ -1026,7 +1021,7 @@ def verify_fixes(repo: git.Repo, bad: str, report: FixReport, evaluate: Callable
     """
     bad_sha = resolve_ref(repo, bad)
     holders = [report.culprit, *(twin.sha for twin in report.twins)]
-    if not any(repo.is_ancestor(repo.commit(sha), repo.commit(bad_sha)) for sha in holders):
+    if not any(is_ancestor(repo, sha, bad_sha) for sha in holders):
         raise UsageError(f"{bad} does not contain the culprit {report.culprit[:12]} (nor a cherry-pick of it): "
                          "a fix applied there proves nothing; give as --bad a commit that shows the symptom")
     results: list[FixVerification] = []

@@ -190,7 +190,10 @@ class Journal:
         self.close()
 
 
-def require_header(journal: Journal, keys: tuple[str, ...]) -> None:
+SESSION_HEADER = ("options", "range")  # what resume and the report read from a session's header
+
+
+def require_header(journal: Journal, keys: tuple[str, ...] = SESSION_HEADER) -> None:
     """The header must hold `keys` (mappings) for its reader; else a one-line error, not a KeyError."""
     missing = [key for key in keys if not isinstance(journal.header.get(key), dict)]
     if missing:
@@ -220,7 +223,6 @@ def _parse(path: Path, data: bytes) -> tuple[dict[str, Any], list[dict[str, Any]
         offset += len(raw) + 1
     if not records or records[0].get("type") != "header":
         raise UsageError(f"{path} has no header line; it is not a bisect-npu journal")
-
     dropped_text = dropped.decode("utf-8", errors="replace") if dropped is not None else None
     return records[0], records[1:], offset, dropped_text
 

@@ -91,9 +91,9 @@ def plan_range(repo: git.Repo, good: str, bad: str, *, dockerfile: str = "Docker
     members: dict[str, list[str]] = {}
     for sha, key in zip(brange.candidates, keys[1:], strict=True):
         members.setdefault(key.digest, []).append(sha)
-    first_key = {key.digest: key for key in reversed(keys[1:])}
-    groups = [BuildGroup(digest, len(shas), shas[0], first_key[digest].inputs.get("base_image", ""),
-                         first_key[digest].inputs.get("vllm_tag", "")) for digest, shas in members.items()]
+    by_digest = {key.digest: key for key in keys[1:]}  # one digest, one set of inputs
+    groups = [BuildGroup(digest, len(shas), shas[0], by_digest[digest].inputs.get("base_image", ""),
+                         by_digest[digest].inputs.get("vllm_tag", "")) for digest, shas in members.items()]
     lacking = [sha for sha, key in zip(brange.candidates, keys[1:], strict=True) if not key.has_dockerfile]
     ends = [end for end, key in (("good", keys[0]), ("bad", keys[-1])) if not key.has_dockerfile]
     unbuildable = unbuildable_positions(keys)

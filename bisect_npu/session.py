@@ -37,7 +37,6 @@ from bisect_npu.progress import PlainProgress, Progress
 from bisect_npu.recipe import EarlierRunsSpec, InstallPlan, Recipe, load_recipe
 
 DEFAULT_ROOT = Path(".bisect-npu") / "sessions"
-SESSION_HEADER = ("options", "range")  # what resume and the report read from a session's header
 EXIT_FOUND, EXIT_NARROWED, EXIT_ENDS_WRONG = 0, 3, 4
 
 
@@ -230,7 +229,7 @@ class Session:
                builder: Builder | None = None, executor: Executor | None = None) -> Session:
         session_dir = (session_dir or latest_session(root)).resolve()
         journal = Journal.open(session_dir)
-        require_header(journal, SESSION_HEADER)
+        require_header(journal)
         options = RunOptions.from_json(journal.header["options"])
         recipe = load_recipe(options.recipe) if options.recipe else None
         if recipe is not None and recipe.digest() != journal.header.get("recipe_digest"):

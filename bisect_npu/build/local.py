@@ -77,12 +77,21 @@ def sweep_worktrees(repo: git.Repo, directory: Path, names: re.Pattern[str] | No
             continue
         if names is None and root not in where.parents:
             continue
+        remove_worktree(repo, path)
+
+
+def remove_worktree(repo: git.Repo, path: Path) -> None:
+    """Remove one worktree of `repo` however it was left: whole, locked (a killed `git worktree
+    add`), or half-made or already deleted (then only its registration is pruned)."""
+    if path.exists():
         try:
             repo.git.worktree("remove", "--force", "--force", str(path))  # twice: locked ones too
+            return
         except git.GitCommandError:
-            with contextlib.suppress(git.GitCommandError):
-                repo.git.worktree("unlock", str(path))
-            shutil.rmtree(path, ignore_errors=True)
+            pass
+    with contextlib.suppress(git.GitCommandError):
+        repo.git.worktree("unlock", str(path))
+    shutil.rmtree(path, ignore_errors=True)
     with contextlib.suppress(git.GitCommandError):
         repo.git.worktree("prune")
 
@@ -272,9 +281,4 @@ class LocalBuilder:
 
     def _remove_worktree(self, path: Path) -> None:
         with self._git_lock:
-            if path.exists():
-                try:
-                    self.repo.git.worktree("remove", "--force", str(path))
-                except git.GitCommandError:
-                    shutil.rmtree(path, ignore_errors=True)
-            self.repo.git.worktree("prune")
+            remove_worktree(self.repo, path)

@@ -80,7 +80,7 @@ def load_view(session_dir: Path) -> SessionView:
     if not (session_dir / JOURNAL_FILE).is_file():
         raise UsageError(f"{session_dir} holds no bisect-npu journal; pass --session with a session directory")
     journal = Journal.open(session_dir, read_only=True)
-    require_header(journal, ("options", "range"))
+    require_header(journal)
     steps: list[StepView] = []
     end = fix = next_level = None
     fix_verify = None

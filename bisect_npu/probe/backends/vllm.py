@@ -319,16 +319,17 @@ class VllmEngine(TrialCounter):
     """
 
     def __init__(self, request: dict[str, Any], trials: int = 1) -> None:
-        if trials > 1 and (request.get("logits") or {}).get("layers"):
-            raise ValueError("logits.layers registers layer-dump hooks that stay for the engine's life: "
-                             f"such a request runs one trial per engine start, not a batch of {trials}")
-        if (request.get("logits") or {}).get("layers"):
+        logits = request.get("logits") or {}
+        if logits.get("layers"):
+            if trials > 1:
+                raise ValueError("logits.layers registers layer-dump hooks that stay for the engine's life: "
+                                 f"such a request runs one trial per engine start, not a batch of {trials}")
             os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")  # see LayerDump
         from vllm import LLM
 
         self.versions = engine_versions()
-        full = bool((request.get("logits") or {}).get("full_logits"))
-        self.whole_vocab = whole_vocabulary(request["model"]["path"], self.versions.get("vllm")) if full else -1
+        self.whole_vocab = (whole_vocabulary(request["model"]["path"], self.versions.get("vllm"))
+                            if logits.get("full_logits") else -1)
         clock = Stopwatch()
         self.kwargs = engine_kwargs(request, self.whole_vocab)
         self.llm = LLM(**self.kwargs)

@@ -1,4 +1,5 @@
-"""The full build's context: the commit's tree plus its submodules at their pinned commits."""
+"""What a build sees: the commit's tree plus its submodules at their pinned commits, as the full
+build's context (a tar) and as a local worktree."""
 
 from __future__ import annotations
 
@@ -10,7 +11,8 @@ import git
 import pytest
 from gitrepo import add_commit, make_linear_repo
 
-from bisect_npu.build.docker import _git_archive
+from bisect_npu.build.local import LocalBuilder
+from bisect_npu.build.submodules import commit_archive
 from bisect_npu.models import InfrastructureError
 
 
@@ -20,7 +22,7 @@ def _git(path: Path, *args: str) -> str:
 
 
 def context_files(repo: Path, commit: str) -> dict[str, bytes]:
-    with tarfile.open(fileobj=_git_archive(git.Repo(repo), commit), mode="r:") as tar:
+    with tarfile.open(fileobj=commit_archive(git.Repo(repo), commit), mode="r:") as tar:
         return {m.name: tar.extractfile(m).read() for m in tar if m.isfile()}  # type: ignore[union-attr]
 
 
@@ -58,7 +60,7 @@ def test_a_clone_without_its_submodules_names_the_command_that_fetches_them(with
     _git(tmp_path, "clone", "-q", str(upstream), str(bare))
     with pytest.raises(InfrastructureError, match=r"pins submodule csrc/third_party/catlass at .*"
                                                   r"git submodule update --init --recursive"):
-        _git_archive(git.Repo(bare), second)
+        commit_archive(git.Repo(bare), second)
     _git(bare, "submodule", "update", "--init", "--recursive")
     assert context_files(bare, second)["csrc/third_party/catlass/include/catlass.h"] == b"v2\n"
     assert context_files(bare, first)["csrc/third_party/catlass/include/catlass.h"] == b"v1\n"
@@ -77,10 +79,36 @@ def test_a_clone_bisect_npu_made_of_a_url_fetches_the_pinned_submodules_itself(w
 
 
 def test_a_submodule_name_that_climbs_out_is_not_a_directory(tmp_path) -> None:
-    from bisect_npu.build.docker import _submodule_name
+    from bisect_npu.build.submodules import submodule_name
 
     repo = tmp_path / "evil"
     make_linear_repo(repo, 1, files=lambda i: {
         ".gitmodules": '[submodule "../../../etc"]\n\tpath = csrc/x\n\turl = https://example.invalid/x.git\n'})
     head = _git(repo, "rev-parse", "HEAD")
-    assert _submodule_name(repo / ".git", head, "csrc/x") == "csrc/x"
+    assert submodule_name(repo / ".git", head, "csrc/x") == "csrc/x"
+
+
+def test_a_local_worktree_builds_with_each_commit_s_submodule_pin(with_submodule, tmp_path) -> None:
+    upstream, _, first, second, _ = with_submodule
+    # The build command reads the submodule's header, as vllm-ascend's kernel build reads catlass.
+    command = ["sh", "-c", "cp csrc/third_party/catlass/include/catlass.h built.txt"]
+    local = LocalBuilder(git.Repo(upstream), tmp_path / "work", command, artifacts_dir=tmp_path / "artifacts")
+    try:
+        envs = {sha: local.acquire(sha, tmp_path / "logs") for sha in (first, second)}
+        for sha, pinned in ((first, "v1\n"), (second, "v2\n")):
+            assert (Path(envs[sha].path or "") / "built.txt").read_text() == pinned
+            assert envs[sha].how == "built"  # the pin is a compiled input: a new key, not an overlay
+            assert "1 submodule(s) checked out" in Path(envs[sha].log_path or "").read_text()
+    finally:
+        local.close()
+
+
+def test_a_local_worktree_of_a_clone_without_submodules_stops_with_the_command(with_submodule, tmp_path) -> None:
+    upstream, _, _, second, _ = with_submodule
+    plain = tmp_path / "plain-clone"
+    _git(tmp_path, "clone", "-q", str(upstream), str(plain))
+    local = LocalBuilder(git.Repo(plain), tmp_path / "work", ["true"])
+    with pytest.raises(InfrastructureError, match="git submodule update --init --recursive"):
+        local.acquire(second, tmp_path / "logs")
+    assert not (tmp_path / "work" / second[:12]).exists()  # the half-made worktree went
+    local.close()

@@ -19,9 +19,7 @@ import atexit
 import contextlib
 import io
 import json
-import posixpath
 import re
-import subprocess
 import tarfile
 import threading
 import time
@@ -36,6 +34,7 @@ from bisect_npu import __version__
 from bisect_npu.build.base import BuildFailed, Environment, tail
 from bisect_npu.build.cache import ImageCache
 from bisect_npu.build.key import BuildKey, BuildKeyReader, is_compiled_input
+from bisect_npu.build.submodules import commit_archive
 from bisect_npu.models import InfrastructureError
 
 LABEL_COMMIT = "org.bisect-npu.commit"
@@ -204,7 +203,7 @@ class DockerBuilder:
         facts_base = key.inputs.get("base_image", "")
         with log_path.open("w", encoding="utf-8") as log:
             log.write(f"# full build of {commit} (key {key.digest})\n# inputs: {json.dumps(dict(key.inputs))}\n")
-            context = _labelled_context(_git_archive(self.repo, commit), self.dockerfile,
+            context = _labelled_context(commit_archive(self.repo, commit), self.dockerfile,
                                         self._labels(commit, key, "full", facts_base))
             image_id = self._build(context, self.dockerfile, self.build_args,
                                    f"{self.repository}:key-{key.digest}", log, log_path)
@@ -292,104 +291,6 @@ class DockerBuilder:
             raise BuildFailed(f"image build produced no image {tag}", log_path, tail(log_path)) from None
 
 
-def _git_archive(repo: git.Repo, commit: str) -> IO[bytes]:
-    """The commit's tree as a tar (the build's context), without touching any checkout, with the
-    content of every submodule at the commit it pins (`git archive` leaves them empty, and
-    vllm-ascend's kernel build needs csrc/third_party/catlass since #3532)."""
-    out = io.BytesIO()
-    with tarfile.open(fileobj=out, mode="w") as archive:
-        _archive_into(archive, Path(repo.git_dir), commit, prefix="", top=commit)
-    out.seek(0)
-    return out
-
-
-def _archive_into(archive: tarfile.TarFile, git_dir: Path, commit: str, prefix: str, top: str) -> None:
-    done = subprocess.run(["git", "--git-dir", str(git_dir), "archive", "--format=tar", f"--prefix={prefix}", commit],
-                          capture_output=True, check=False)
-    if done.returncode != 0:
-        raise BuildFailed(f"git archive {commit[:12]} failed: {done.stderr.decode(errors='replace').strip()}")
-    with tarfile.open(fileobj=io.BytesIO(done.stdout), mode="r:") as source:
-        for member in source:
-            if member.type != tarfile.XGLTYPE:
-                archive.addfile(member, source.extractfile(member) if member.isfile() else None)
-    for path, pinned in _gitlinks(git_dir, commit):
-        name = _submodule_name(git_dir, commit, path)
-        module = git_dir / "modules" / name
-        if not _has_commit(module, pinned) and _is_cached_clone(git_dir):
-            _fetch_submodule(git_dir, commit, name, module, pinned)
-        if not _has_commit(module, pinned):
-            raise InfrastructureError(
-                f"{top[:12]} pins submodule {prefix}{path} at {pinned[:12]}, which this clone does not have; "
-                "run `git submodule update --init --recursive` in the repository (for a submodule the "
-                "checked-out commit no longer has, from a commit that has it), or pass --repo as a URL: "
-                "bisect-npu then fetches submodules into its cached clone itself; then resume")
-        _archive_into(archive, module, pinned, f"{prefix}{path}/", top)
-
-
-def _has_commit(git_dir: Path, sha: str) -> bool:
-    return git_dir.is_dir() and subprocess.run(
-        ["git", "--git-dir", str(git_dir), "cat-file", "-e", f"{sha}^{{commit}}"], capture_output=True,
-        check=False).returncode == 0
-
-
-def _is_cached_clone(git_dir: Path) -> bool:
-    """A clone bisect-npu made of a --repo URL (or a submodule inside one): ours to fetch into."""
-    from bisect_npu.history import default_cache_dir
-
-    return default_cache_dir().resolve() in git_dir.resolve().parents
-
-
-def _fetch_submodule(git_dir: Path, commit: str, name: str, module: Path, pinned: str) -> None:
-    """Fetch the pinned commit of submodule `name` into `module` (bare), from the URL the commit's
-    .gitmodules gives (a relative URL is relative to the superproject's origin)."""
-    url = _git_text(git_dir, "config", "--blob", f"{commit}:.gitmodules", f"submodule.{name}.url")
-    if not url:
-        return
-    if url.startswith(("./", "../")):
-        origin = _git_text(git_dir, "config", "remote.origin.url").rstrip("/")
-        url = posixpath.normpath(posixpath.join(origin.split("://", 1)[-1], url))
-        url = f"{origin.split('://', 1)[0]}://{url}" if "://" in origin else url
-    if not module.is_dir():
-        subprocess.run(["git", "init", "--quiet", "--bare", str(module)], capture_output=True, check=False)
-    for refspec in ([pinned], ["+refs/heads/*:refs/heads/*", "+refs/tags/*:refs/tags/*"]):
-        # The URL comes from upstream's .gitmodules: never a transport that runs commands.
-        subprocess.run(["git", "-c", "protocol.ext.allow=never", "--git-dir", str(module), "fetch", "--quiet",
-                        "--", url, *refspec], capture_output=True, check=False)
-        if _has_commit(module, pinned):
-            return
-
-
-def _git_text(git_dir: Path, *args: str) -> str:
-    done = subprocess.run(["git", "--git-dir", str(git_dir), *args], capture_output=True, check=False)
-    return done.stdout.decode(errors="replace").strip() if done.returncode == 0 else ""
-
-
-def _gitlinks(git_dir: Path, commit: str) -> list[tuple[str, str]]:
-    """(path, pinned commit) of each submodule in the commit's tree."""
-    listing = subprocess.run(["git", "--git-dir", str(git_dir), "ls-tree", "-r", "-z", commit],
-                             capture_output=True, check=True).stdout.decode()
-    links = []
-    for entry in filter(None, listing.split("\0")):
-        meta, path = entry.split("\t", 1)
-        _mode, kind, sha = meta.split()
-        if kind == "commit":
-            links.append((path, sha))
-    return links
-
-
-def _submodule_name(git_dir: Path, commit: str, path: str) -> str:
-    """The submodule's name for `path` in the commit's .gitmodules (git keeps it under modules/<name>).
-    A name git itself would refuse (`..`, an absolute path) is not used as a directory."""
-    done = subprocess.run(["git", "--git-dir", str(git_dir), "config", "-z", "--blob", f"{commit}:.gitmodules",
-                           "--get-regexp", r"^submodule\..*\.path$"], capture_output=True, check=False)
-    for record in filter(None, done.stdout.decode(errors="replace").split("\0")):
-        key, _, value = record.partition("\n")
-        name = key[len("submodule."):-len(".path")]
-        if value == path and name and ".." not in Path(name).parts and not name.startswith("/"):
-            return name
-    return path
-
-
 def _labelled_context(context: IO[bytes], dockerfile: str, labels: Mapping[str, str]) -> IO[bytes]:
     """The build context with our labels appended to the Dockerfile as its last instructions.
 
@@ -432,7 +333,7 @@ def _python_tree(repo: git.Repo, commit: str, source_dir: str, dockerfile: str) 
     """The commit's files minus compiled inputs, as a tar rooted at `/` placing them in `source_dir`."""
     prefix = source_dir.strip("/")
     out = io.BytesIO()
-    with tarfile.open(fileobj=_git_archive(repo, commit), mode="r:") as tree, \
+    with tarfile.open(fileobj=commit_archive(repo, commit), mode="r:") as tree, \
             tarfile.open(fileobj=out, mode="w") as archive:
         for member in tree:
             if member.type == tarfile.XGLTYPE or is_compiled_input(member.name.rstrip("/"), dockerfile):

@@ -1,7 +1,8 @@
 """LocalBuilder: a candidate as a git worktree on the host, built with the recipe's local command.
 
 No container: this is what `--executor local` and the demo use. Worktrees live under the
-session (never the user's checkout) and are removed when the candidate is done.
+session (never the user's checkout) and are removed when the candidate is done; each has its
+submodules' files at the commit's pins (`git worktree add` alone leaves them empty).
 
 Build avoidance, as DockerBuilder's overlays: commits with the same build key (the compiled
 inputs, bisect_npu/build/key.py, plus the tracked files the build command names, such as
@@ -28,6 +29,7 @@ import git
 
 from bisect_npu.build.base import BuildFailed, Environment, tail
 from bisect_npu.build.key import BuildKeyReader
+from bisect_npu.build.submodules import check_out_submodules
 from bisect_npu.models import UsageError
 
 DONOR_FILE = "donor"  # in a key's artifacts: the commit whose build made them
@@ -168,12 +170,15 @@ class LocalBuilder:
         with self._git_lock:
             # Twice --force: a worktree registration left locked by a killed `git worktree add` is overridden.
             self.repo.git.worktree("add", "--detach", "--force", "--force", str(path), commit)
+            submodules = check_out_submodules(self.repo, commit, path)
         key = self.build_key(commit)
         outputs = self.artifacts_dir / key if self.artifacts_dir is not None and key else None
         log_dir.mkdir(parents=True, exist_ok=True)
         log_path = log_dir / f"build-{commit[:12]}.log"
         how: Literal["built", "overlay"] = "built"
         with log_path.open("w", encoding="utf-8") as log:
+            if submodules:
+                log.write(f"# {submodules} submodule(s) checked out at the commit's pins\n")
             if outputs is not None and (outputs / DONOR_FILE).is_file():
                 donor = (outputs / DONOR_FILE).read_text().strip()
                 copied = _copy_tree(outputs / "files", path)

@@ -1,0 +1,141 @@
+"""A commit's tree with its submodules at the commits it pins, for builds that have no checkout.
+
+`git archive` leaves a submodule's directory empty, and a worktree made by `git worktree add`
+does not check submodules out; vllm-ascend's kernel build needs csrc/third_party/catlass (a
+submodule since #3532). Both builders take the submodules' content from the clone's own
+`modules/` store; a clone bisect-npu made of a --repo URL fetches a missing pin itself.
+"""
+
+from __future__ import annotations
+
+import io
+import posixpath
+import subprocess
+import tarfile
+from pathlib import Path
+from typing import IO
+
+import git
+
+from bisect_npu.build.base import BuildFailed
+from bisect_npu.models import InfrastructureError
+
+
+def commit_archive(repo: git.Repo, commit: str) -> IO[bytes]:
+    """The commit's tree as a tar, submodules included, without touching any checkout."""
+    out = io.BytesIO()
+    with tarfile.open(fileobj=out, mode="w") as archive:
+        _archive_into(archive, Path(repo.common_dir), commit, prefix="", top=commit)
+    out.seek(0)
+    return out
+
+
+def check_out_submodules(repo: git.Repo, commit: str, worktree: Path) -> int:
+    """Write each submodule's files, at the commit's pins, into a worktree of `commit`; how many
+    submodules (nested ones included) there were."""
+    git_dir = Path(repo.common_dir)
+    links = _gitlinks(git_dir, commit)
+    if not links:
+        return 0
+    out = io.BytesIO()
+    with tarfile.open(fileobj=out, mode="w") as archive:
+        count = _add_submodules(archive, git_dir, commit, links, prefix="", top=commit)
+    out.seek(0)
+    with tarfile.open(fileobj=out, mode="r:") as archive:
+        # Names come from git trees (no absolute paths, no `..`); the filter refuses them anyway.
+        archive.extractall(worktree, filter="tar")
+    return count
+
+
+def _archive_into(archive: tarfile.TarFile, git_dir: Path, commit: str, prefix: str, top: str) -> int:
+    done = subprocess.run(["git", "--git-dir", str(git_dir), "archive", "--format=tar", f"--prefix={prefix}", commit],
+                          capture_output=True, check=False)
+    if done.returncode != 0:
+        raise BuildFailed(f"git archive {commit[:12]} failed: {done.stderr.decode(errors='replace').strip()}")
+    with tarfile.open(fileobj=io.BytesIO(done.stdout), mode="r:") as source:
+        for member in source:
+            if member.type != tarfile.XGLTYPE:
+                archive.addfile(member, source.extractfile(member) if member.isfile() else None)
+    return _add_submodules(archive, git_dir, commit, _gitlinks(git_dir, commit), prefix, top)
+
+
+def _add_submodules(archive: tarfile.TarFile, git_dir: Path, commit: str, links: list[tuple[str, str]],
+                    prefix: str, top: str) -> int:
+    count = 0
+    for path, pinned in links:
+        name = submodule_name(git_dir, commit, path)
+        module = git_dir / "modules" / name
+        if not _has_commit(module, pinned) and _is_cached_clone(git_dir):
+            _fetch_submodule(git_dir, commit, name, module, pinned)
+        if not _has_commit(module, pinned):
+            raise InfrastructureError(
+                f"{top[:12]} pins submodule {prefix}{path} at {pinned[:12]}, which this clone does not have; "
+                "run `git submodule update --init --recursive` in the repository (for a submodule the "
+                "checked-out commit no longer has, from a commit that has it), or pass --repo as a URL: "
+                "bisect-npu then fetches submodules into its cached clone itself; then resume")
+        count += 1 + _archive_into(archive, module, pinned, f"{prefix}{path}/", top)
+    return count
+
+
+def _has_commit(git_dir: Path, sha: str) -> bool:
+    return git_dir.is_dir() and subprocess.run(
+        ["git", "--git-dir", str(git_dir), "cat-file", "-e", f"{sha}^{{commit}}"], capture_output=True,
+        check=False).returncode == 0
+
+
+def _is_cached_clone(git_dir: Path) -> bool:
+    """A clone bisect-npu made of a --repo URL (or a submodule inside one): ours to fetch into."""
+    from bisect_npu.history import default_cache_dir
+
+    return default_cache_dir().resolve() in git_dir.resolve().parents
+
+
+def _fetch_submodule(git_dir: Path, commit: str, name: str, module: Path, pinned: str) -> None:
+    """Fetch the pinned commit of submodule `name` into `module` (bare), from the URL the commit's
+    .gitmodules gives (a relative URL is relative to the superproject's origin)."""
+    url = _git_text(git_dir, "config", "--blob", f"{commit}:.gitmodules", f"submodule.{name}.url")
+    if not url:
+        return
+    if url.startswith(("./", "../")):
+        origin = _git_text(git_dir, "config", "remote.origin.url").rstrip("/")
+        url = posixpath.normpath(posixpath.join(origin.split("://", 1)[-1], url))
+        url = f"{origin.split('://', 1)[0]}://{url}" if "://" in origin else url
+    if not module.is_dir():
+        subprocess.run(["git", "init", "--quiet", "--bare", str(module)], capture_output=True, check=False)
+    for refspec in ([pinned], ["+refs/heads/*:refs/heads/*", "+refs/tags/*:refs/tags/*"]):
+        # The URL comes from upstream's .gitmodules: never a transport that runs commands.
+        subprocess.run(["git", "-c", "protocol.ext.allow=never", "--git-dir", str(module), "fetch", "--quiet",
+                        "--", url, *refspec], capture_output=True, check=False)
+        if _has_commit(module, pinned):
+            return
+
+
+def _git_text(git_dir: Path, *args: str) -> str:
+    done = subprocess.run(["git", "--git-dir", str(git_dir), *args], capture_output=True, check=False)
+    return done.stdout.decode(errors="replace").strip() if done.returncode == 0 else ""
+
+
+def _gitlinks(git_dir: Path, commit: str) -> list[tuple[str, str]]:
+    """(path, pinned commit) of each submodule in the commit's tree."""
+    listing = subprocess.run(["git", "--git-dir", str(git_dir), "ls-tree", "-r", "-z", commit],
+                             capture_output=True, check=True).stdout.decode()
+    links = []
+    for entry in filter(None, listing.split("\0")):
+        meta, path = entry.split("\t", 1)
+        _mode, kind, sha = meta.split()
+        if kind == "commit":
+            links.append((path, sha))
+    return links
+
+
+def submodule_name(git_dir: Path, commit: str, path: str) -> str:
+    """The submodule's name for `path` in the commit's .gitmodules (git keeps it under modules/<name>).
+    A name git itself would refuse (`..`, an absolute path) is not used as a directory."""
+    done = subprocess.run(["git", "--git-dir", str(git_dir), "config", "-z", "--blob", f"{commit}:.gitmodules",
+                           "--get-regexp", r"^submodule\..*\.path$"], capture_output=True, check=False)
+    for record in filter(None, done.stdout.decode(errors="replace").split("\0")):
+        key, _, value = record.partition("\n")
+        name = key[len("submodule."):-len(".path")]
+        if value == path and name and ".." not in Path(name).parts and not name.startswith("/"):
+            return name
+    return path

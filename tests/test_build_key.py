@@ -117,3 +117,15 @@ def test_context_source_dir_reads_the_copy_of_the_context():
     assert context_source_dir(DOCKERFILE) == "/vllm-workspace/vllm-ascend"
     assert context_source_dir("FROM x\ncopy --chown=1:1 ./ /app\n") == "/app"
     assert context_source_dir("FROM x\nCOPY setup.py /app/\n") is None
+
+
+def test_the_paired_vllm_is_what_the_build_args_make_it(repo):
+    path, r, _ = repo
+    # vllm-ascend main's Dockerfile: VLLM_COMMIT, when set, is fetched instead of the tag.
+    sha = commit(path, {"Dockerfile": DOCKERFILE.replace("ARG VLLM_TAG=v0.9.1\n",
+                                                         'ARG VLLM_TAG=v0.9.1\nARG VLLM_COMMIT=""\n')})
+    assert build_key(r, sha).inputs["vllm_tag"] == "v0.9.1"
+    assert build_key(r, sha, {"VLLM_TAG": "v0.9.2"}).inputs["vllm_tag"] == "v0.9.2"
+    pinned = build_key(r, sha, {"VLLM_COMMIT": "0123abcd"})
+    assert pinned.inputs["vllm_tag"] == "0123abcd"
+    assert pinned.digest != build_key(r, sha).digest

@@ -91,7 +91,7 @@ def test_plan_names_what_each_build_group_is_made_of(upstream: tuple[Path, list[
     assert made_of[max(made_of)] == made_of[CANN_UPGRADE]
     text = plan(path, "--good", "good", "--bad", "bad").stdout
     assert f"commits from {shas[CANN_UPGRADE][:12]} (FROM quay.io/ascend/cann:8.2.rc1" in text
-    assert "VLLM_TAG v0.9.1)" in text
+    assert "vLLM v0.9.1)" in text
 
 
 def test_plan_text_and_a_bad_ref(repo: Path) -> None:

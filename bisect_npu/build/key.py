@@ -79,11 +79,18 @@ class BuildKeyReader:
             inputs["dockerfile"] = blob.hexsha
             facts = self._dockerfiles.facts_of_blob(blob.hexsha)
             inputs["base_image"] = facts.base_image or ""
-            inputs["vllm_tag"] = facts.vllm_tag or ""
+            inputs["vllm_tag"] = paired_vllm({**facts.args, **self.build_args})
         for name, value in sorted(self.build_args.items()):
             inputs[f"arg:{name}"] = value
         canonical = json.dumps(inputs, sort_keys=True, separators=(",", ":"))
         return BuildKey(digest=hashlib.sha256(canonical.encode()).hexdigest()[:DIGEST_CHARS], inputs=inputs)
+
+
+def paired_vllm(args: Mapping[str, str]) -> str:
+    """The vLLM the image is built with, from the Dockerfile's ARGs as the build args set them:
+    `VLLM_COMMIT` (vllm-ascend main's Dockerfile fetches it instead of the tag when set), else
+    `VLLM_TAG`."""
+    return args.get("VLLM_COMMIT") or args.get("VLLM_TAG") or ""
 
 
 def _build_system(blob: git.Blob) -> str:

@@ -48,7 +48,7 @@ def plan(good: str, bad: str, repo: str, build_minutes: float, overlay_minutes: 
                "overlay)")
     for group in result.groups:
         made_of = ", ".join(f"{label} {value}" for label, value in (("FROM", group.base_image),
-                                                                     ("VLLM_TAG", group.vllm_tag)) if value)
+                                                                     ("vLLM", group.vllm_tag)) if value)
         click.echo(f"  key {group.key}: {group.commits} commits from {group.first[:12]}"
                    + (f" ({made_of})" if made_of else ""))
     for end in result.ends_lacking_dockerfile:

@@ -69,6 +69,10 @@ def test_exact_cases_find_the_manifest_culprit(demo_upstream: DemoUpstream, tmp_
     _, manifest = demo_upstream
     result, session = run_case(demo_upstream, name, tmp_path, "--no-fix", *(["--prefetch"] if prefetch else []))
     assert result["culprit"] == manifest.case(name).culprit.sha
+    parent = subprocess.run(["git", "-C", str(demo_upstream[0]), "rev-parse", f"{result['culprit']}^"],
+                            capture_output=True, text=True, check=True).stdout.strip()
+    markdown = (session / "report.md").read_text()
+    assert "**bad** at the culprit (step " in markdown and f"**good** at its parent `{parent[:12]}` (step " in markdown
     saved = json.loads((session / "report.json").read_text())["prefetch_saved_s"]
     if prefetch:  # the next candidates' worktrees and kernel builds were ready before they were asked for
         assert saved > 0

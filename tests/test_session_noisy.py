@@ -105,6 +105,11 @@ def test_earlier_runs_are_counted_and_reported(tmp_path: Path, flaky: str) -> No
     report = (tmp_path / "earlier" / "report.md").read_text()
     assert "| earlier runs | counted by the search, not in the steps: symptom in 70/100 runs" in report
     assert "earlier runs" not in (tmp_path / "plain" / "report.md").read_text()
+    # The evidence behind the answer, in words: the culprit's and its parent's trials, the posterior.
+    evidence = json.loads((tmp_path / "earlier" / "report.json").read_text())["evidence"]
+    parent = round(evidence["parent_rate"] * evidence["parent_trials"])
+    assert (f"its parent `{shas[49][:12]}`: {parent} of {evidence['parent_trials']:.0f} trials bad" in report
+            and "posterior that this is the first bad commit: " in report)
     done = subprocess.run([*CLI, "run", "--repo", str(repo), "--good", "good", "--bad", "bad", "--cmd", flaky,
                            "--mode", "noisy", "--session", str(tmp_path / "bad-input"), "--earlier-runs", "7/5", "0/5"],
                           cwd=tmp_path, capture_output=True, text=True, timeout=600)
@@ -165,6 +170,7 @@ def test_find_fix_flips_the_terms(tmp_path: Path) -> None:
     assert "first fixed commit" in done.stdout
     report = (tmp_path / "s" / "report.md").read_text()
     assert "First fixed commit" in report and "old (broken)" in report
+    assert "**good** at the culprit (step " in report and f"**bad** at its parent `{shas[60][:12]}` (step " in report
     # The ends check is flipped too: a "fixed" old end is a precondition failure.
     done = subprocess.run([*CLI, "run", "--repo", str(repo), "--old", shas[70], "--new", "new", "--cmd",
                            " ".join(GOOD_CMD), "--find-fix", "--session", str(tmp_path / "s2")],

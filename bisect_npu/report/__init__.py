@@ -151,6 +151,56 @@ def _with_interrupted_rows(steps: list[StepView], orphans: dict[int, list[tuple[
     return rows
 
 
+def evidence_summary(view: SessionView) -> list[str]:
+    """The evidence behind the answer in words (the journal keeps the raw figures): in exact mode
+    the steps that bracket the culprit, in noisy mode both rates with their 95% intervals and the
+    posterior."""
+    end = view.end or {}
+    figures = end.get("figures") or {}
+    if end.get("status") != "found":
+        return []
+    if "culprit_trials" in figures:
+        parent = _parent_of(view, end)
+        return [
+            f"culprit: {_rate_phrase(figures, 'culprit')}",
+            f"its parent{f' `{parent[:12]}`' if parent else ''}: {_rate_phrase(figures, 'parent')}",
+            f"P(the culprit fails more often than its parent, from their own trials) = {figures['separation']:.1%}",
+            f"posterior that this is the first {_changed_word(view)} commit: {figures['posterior']:.1%} "
+            f"(range-wide estimates: {figures['bad_rate_estimate']:.0%} of runs fail after the change, "
+            f"{figures['good_rate_estimate']:.0%} before; {figures['trials']:.0f} trials in all)",
+        ]
+    if "posterior" in figures:  # every position capped or skipped: the best guess, with its weight
+        return [f"posterior {figures['posterior']:.1%}: the trial cap was reached before the answer was sure"]
+    at = {s.index: s for s in view.steps if s.verdict in ("good", "bad")}
+    culprit, before = at.get(end.get("index", -1)), at.get(end.get("index", 0) - 1)
+    lines = []
+    if culprit is not None:
+        lines.append(f"**{culprit.verdict}** at the culprit (step {culprit.order})")
+    if before is not None:
+        lines.append(f"**{before.verdict}** at its parent `{before.commit[:12]}` (step {before.order})")
+    if "tested" in figures:
+        lines.append(f"{figures['tested']:.0f} of {len(view.range['candidates'])} candidates tested")
+    return lines
+
+
+def _rate_phrase(figures: dict[str, float], name: str) -> str:
+    trials = round(figures[f"{name}_trials"])
+    bad = round(figures[f"{name}_rate"] * trials)
+    return (f"{bad} of {trials} trials bad ({figures[f'{name}_rate']:.0%}; 95% interval "
+            f"{figures[f'{name}_rate_lo']:.0%}-{figures[f'{name}_rate_hi']:.0%})")
+
+
+def _parent_of(view: SessionView, end: dict[str, Any]) -> str | None:
+    index = end.get("index")
+    if not isinstance(index, int) or index < 1:
+        return None
+    return view.range["base"] if index == 1 else view.range["candidates"][index - 2]
+
+
+def _changed_word(view: SessionView) -> str:
+    return "fixed" if view.options.get("find_fix") else "bad"
+
+
 def engine_starts(entries: list[dict[str, Any]]) -> dict[str, Any] | None:
     """How the probe runs went: trials, engine starts (trials of one commit share one when the
     recipe batches), and the mean seconds of a start and of a trial; None without probe trials."""
@@ -202,6 +252,7 @@ def render_markdown(view: SessionView) -> str:
         reproduce=reproduce_command(view), tool_version=__version__,
         host=f"{platform.node()} ({platform.system()} {platform.machine()}, Python {platform.python_version()})",
         build_counts=_build_counts(view.steps), total_seconds=round(sum(s.seconds for s in view.steps), 1),
+        evidence=evidence_summary(view),
     )
 
 
@@ -215,6 +266,7 @@ def render_json(view: SessionView) -> dict[str, Any]:
         "culprit_title": view.title_of(end["culprit"]) if end.get("culprit") else None,
         "range": [end["lo"], end["hi"]] if end.get("status") == "narrowed" else None,
         "message": end.get("message"),
+        "evidence": end.get("figures"),
         "prefetch_saved_s": end.get("prefetch_saved_s"),
         "good": view.range["good"], "bad": view.range["bad"], "base": view.range["base"],
         "merge_base_note": view.range.get("merge_base_note"),

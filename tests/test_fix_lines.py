@@ -7,10 +7,11 @@ import difflib
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from bisect_npu.fix import _Hunk, _LineHit, _map_through, _Tracked
+from bisect_npu.fix.gitlog import Hunk
+from bisect_npu.fix.lines import _LineHit, _map_through, _Tracked
 
 
-def u0_hunks(old: list[str], new: list[str]) -> list[_Hunk]:
+def u0_hunks(old: list[str], new: list[str]) -> list[Hunk]:
     """The hunks `git diff -U0` would print for old -> new (1-based; an empty side names the line before)."""
     hunks = []
     for tag, i1, i2, j1, j2 in difflib.SequenceMatcher(a=old, b=new, autojunk=False).get_opcodes():
@@ -18,7 +19,7 @@ def u0_hunks(old: list[str], new: list[str]) -> list[_Hunk]:
             continue
         old_start = i1 + 1 if i2 > i1 else i1
         new_start = j1 + 1 if j2 > j1 else j1
-        hunks.append(_Hunk(old_start, i2 - i1, new_start, j2 - j1, ""))
+        hunks.append(Hunk(old_start, i2 - i1, new_start, j2 - j1, ""))
     return hunks
 
 

@@ -1,0 +1,67 @@
+"""Propose the upstream commit that fixes a culprit, with reasons a reviewer can check, and verify it.
+
+Why this shape: in vllm-ascend a fix lands weeks after the culprit, on main or a release branch or
+both, often with a title that does not name the culprit. So candidates are every commit after the
+culprit on every branch that holds it (or a cherry-pick of it), and each is scored on evidence:
+line provenance (it edits the culprit's lines as they have moved since), explicit references,
+locality (file, function, tests), a bug-fix tag and the symptom's keywords. Twins (the same fix
+cherry-picked to several branches) become one proposal. Everything is read with a handful of
+`git log` calls over the whole range, never one call per commit, so 5,000 commits take seconds.
+
+`verify_fixes` cherry-picks a proposal onto the bad end in a throw-away worktree and hands the new
+commit to the caller's evaluator (build, probe, oracle), so the proof uses the normal pipeline.
+
+Modules: `propose` ranks (its signals: `lines` blames forward, `dependency` spots a bare version bump),
+`gitlog` reads and parses git, `verify` applies and evaluates, `results` holds what they return.
+"""
+
+from __future__ import annotations
+
+from bisect_npu.fix.propose import (
+    MIN_TITLE_REFERENCE,
+    STRONG_SIGNALS,
+    SYMPTOM_CAP,
+    WEAK_SIGNALS,
+    WEIGHTS,
+    normalize_title,
+    propose_fixes,
+)
+from bisect_npu.fix.results import (
+    AlreadyApplied,
+    AppliedFix,
+    ApplyConflict,
+    ApplyResult,
+    CulpritTwin,
+    DependencyNote,
+    FixProposal,
+    FixReport,
+    FixStatus,
+    FixVerification,
+    Reason,
+)
+from bisect_npu.fix.verify import APPLY_NAME, apply_fix, verification_scratch, verify_fixes
+
+__all__ = [
+    "APPLY_NAME",
+    "MIN_TITLE_REFERENCE",
+    "STRONG_SIGNALS",
+    "SYMPTOM_CAP",
+    "WEAK_SIGNALS",
+    "WEIGHTS",
+    "AlreadyApplied",
+    "AppliedFix",
+    "ApplyConflict",
+    "ApplyResult",
+    "CulpritTwin",
+    "DependencyNote",
+    "FixProposal",
+    "FixReport",
+    "FixStatus",
+    "FixVerification",
+    "Reason",
+    "apply_fix",
+    "normalize_title",
+    "propose_fixes",
+    "verification_scratch",
+    "verify_fixes",
+]

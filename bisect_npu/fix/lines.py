@@ -1,0 +1,113 @@
+"""Blame forward: carry the culprit's lines through each later commit's -U0 diff and count the commits
+that change them, re-add what it deleted or edit near them (the provenance and proximity signals)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from bisect_npu.fix.gitlog import IGNORABLE_FILE, Commit, FileDiff, Hunk
+
+PROXIMITY_LINES = 3  # a hunk this close to a culprit line is near it (the proximity signal)
+
+
+@dataclass(frozen=True)
+class _Tracked:
+    """The culprit's lines in one file version: line numbers, and gaps where it deleted lines."""
+
+    lines: tuple[int, ...]
+    gaps: tuple[int, ...]  # gap g: between line g and g+1 (the culprit deleted lines there)
+
+    def __bool__(self) -> bool:
+        return bool(self.lines or self.gaps)
+
+
+@dataclass
+class _LineHit:
+    changed: int = 0  # culprit lines this commit changed or deleted
+    restored: int = 0  # culprit deletion gaps this commit inserted lines into
+    near: int = 0  # hunks within PROXIMITY_LINES of a culprit line
+
+
+def _culprit_tracked(diffs: list[FileDiff]) -> dict[str, _Tracked]:
+    tracked: dict[str, _Tracked] = {}
+    for diff in diffs:
+        if diff.new_path is None or IGNORABLE_FILE.search(diff.new_path):
+            continue  # a later edit of the same docs or CI line says nothing about the regression
+        lines: list[int] = []
+        gaps: list[int] = []
+        for hunk in diff.hunks:
+            if hunk.new_len:
+                lines.extend(range(hunk.new_start, hunk.new_start + hunk.new_len))
+            elif hunk.old_len:
+                gaps.append(hunk.new_start)
+        if lines or gaps:
+            tracked[diff.new_path] = _Tracked(tuple(lines), tuple(gaps))
+    return tracked
+
+
+def _map_through(tracked: _Tracked, hunks: list[Hunk], hit: _LineHit) -> _Tracked:
+    """Move the culprit's lines through one diff (-U0 hunks), counting the ones it touches."""
+    shifts = []  # (threshold, delta): lines >= threshold move by delta
+    removed: list[tuple[int, int]] = []
+    for h in hunks:
+        if h.old_len:
+            removed.append((h.old_start, h.old_start + h.old_len))
+            shifts.append((h.old_start + h.old_len, h.new_len - h.old_len))
+        else:
+            shifts.append((h.old_start + 1, h.new_len))
+
+    def moved(line: int) -> int:
+        return line + sum(delta for threshold, delta in shifts if line >= threshold)
+
+    lines = []
+    for line in tracked.lines:
+        if any(lo <= line < hi for lo, hi in removed):
+            hit.changed += 1
+        else:
+            lines.append(moved(line))
+    gaps = []
+    for gap in tracked.gaps:
+        if any(h.old_len == 0 and h.old_start == gap for h in hunks) or any(lo <= gap < hi - 1 for lo, hi in removed):
+            hit.restored += 1
+        else:
+            gaps.append(moved(gap))
+    if not hit.changed and not hit.restored:
+        positions = list(tracked.lines) + list(tracked.gaps)
+        for h in hunks:
+            lo, hi = h.old_start - PROXIMITY_LINES, h.old_start + max(h.old_len, 1) + PROXIMITY_LINES
+            if any(lo <= p <= hi for p in positions):
+                hit.near += 1
+    return _Tracked(tuple(lines), tuple(gaps))
+
+
+def line_hits(culprit: Commit, culprit_diffs: list[FileDiff], meta: list[Commit],
+              diffs: dict[str, list[FileDiff]]) -> dict[str, _LineHit]:
+    """Blame forward: carry the culprit's lines through every later commit (parents first)."""
+    start = _culprit_tracked(culprit_diffs)
+    states: dict[str, dict[str, _Tracked]] = {culprit.sha: start}
+    hits: dict[str, _LineHit] = {}
+    for commit in meta:
+        parent = next((p for p in commit.parents if p in states), None)
+        base = states[parent] if parent else {}
+        file_diffs = diffs.get(commit.sha) if parent == (commit.parents[0] if commit.parents else None) else None
+        if not file_diffs or not base:
+            states[commit.sha] = base
+            continue
+        state = dict(base)
+        hit = _LineHit()
+        for fd in file_diffs:
+            tracked = state.get(fd.old_path) if fd.old_path else None
+            if tracked is None:
+                continue
+            assert fd.old_path is not None  # tracked is only found under an old path
+            del state[fd.old_path]
+            if fd.new_path is None:
+                hit.changed += len(tracked.lines)
+                continue
+            moved = _map_through(tracked, fd.hunks, hit)
+            if moved:
+                state[fd.new_path] = moved
+        states[commit.sha] = state
+        if hit.changed or hit.restored or hit.near:
+            hits[commit.sha] = hit
+    return hits

@@ -1,0 +1,435 @@
+"""Rank the later commits that fix a culprit, strongest evidence first: every commit after it on every
+branch that holds it (or a twin) is scored on signals a reviewer can check (WEIGHTS)."""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+from functools import cached_property
+
+import git
+
+from bisect_npu.fix.dependency import dependency_note
+from bisect_npu.fix.gitlog import (
+    DIFF_FORMAT,
+    META_FORMAT,
+    Commit,
+    FileDiff,
+    branch_refs,
+    default_branch,
+    parse_diffs,
+    parse_meta,
+    patch_ids,
+    reachable,
+    read_git,
+    refs_containing,
+    short_ref,
+    show_commit,
+)
+from bisect_npu.fix.lines import PROXIMITY_LINES, line_hits
+from bisect_npu.fix.results import CulpritTwin, DependencyNote, FixProposal, FixReport, Reason
+from bisect_npu.history import github_url, resolve_ref
+
+# Score weights. Strong signals (each alone qualifies a commit) weigh more than all weak signals
+# together (4 + 3 + 1.5 + 1.5 + 1.5 + 3 + 1 = 15.5 < 18), so a tag and keywords never outrank a commit
+# that edits the culprit's lines or names it. Documented in readme-fix and checked by a test.
+WEIGHTS: dict[str, float] = {
+    "revert": 30.0,  # Revert "<culprit title>" / This reverts commit <culprit sha>
+    "provenance": 20.0,  # changes or deletes lines the culprit added or changed
+    "reference": 18.0,  # names the culprit's PR (#N), sha or title
+    "proximity": 4.0,  # edits within PROXIMITY_LINES of the culprit's lines, no overlap
+    "same_function": 3.0,  # hunk in a function the culprit changed
+    "same_file": 1.5,  # touches a file the culprit changed
+    "tests": 1.5,  # adds/changes a test that names the touched module or functions
+    "tag": 1.5,  # [BugFix], fix: ... in the title
+    "symptom": 1.0,  # per distinct symptom keyword, at most SYMPTOM_CAP keywords
+    "twins": 1.0,  # present on more than one branch: maintainers thought it worth back-porting
+    "in_bad_end": -10.0,  # already contained in the bad end, which is still bad
+}
+STRONG_SIGNALS = ("revert", "provenance", "reference")
+WEAK_SIGNALS = ("proximity", "same_function", "same_file", "tests", "tag", "symptom", "twins")
+SYMPTOM_CAP = 3
+MIN_TITLE_REFERENCE = 16  # shorter culprit titles are too generic to count as a reference
+_GENERIC_FUNCTIONS = frozenset({"__init__", "main", "forward", "setup", "run", "test", "call", "init"})
+
+_PR_SUFFIX = re.compile(r"\(#(\d+)\)\s*$")
+_FUNC_NAME = re.compile(r"\b(?:def|class|fn|func|function|void|int|auto)\s+([A-Za-z_]\w*)")
+_DEF_LINE = re.compile(r"^\s*(?:async\s+)?(?:def|class)\s+([A-Za-z_]\w*)")
+_TAG = re.compile(r"\[\s*(?:bug\s*-?\s*fix|hot\s*-?\s*fix|fix(?:es|ed)?|bug)\s*\]|^\s*(?:bug|hot)?fix(?:\([^)]*\))?!?:",
+                  re.IGNORECASE)
+_LEADING_TAGS = re.compile(r"^(?:\s*\[[^\]]*\])+\s*")
+_VERSION_TAG = re.compile(r"\[\s*(?:v?\d+(?:\.\d+)+\S*|main|[\w.-]*-dev|release[\w.-]*)\s*\]", re.IGNORECASE)
+_REVERT_TITLE = re.compile(r'^Revert\s+"(.+)"(?:\s*\(#\d+\))?\s*$')
+_REVERTS_COMMIT = re.compile(r"This reverts commit ([0-9a-f]{7,40})", re.IGNORECASE)
+_CHERRY_PICKED = re.compile(r"cherry picked from commit ([0-9a-f]{7,40})", re.IGNORECASE)
+_HEX_WORD = re.compile(r"(?<![0-9a-zA-Z])[0-9a-f]{7,40}(?![0-9a-zA-Z])")
+_TEST_PATH = re.compile(r"(?:^|/)tests?/|(?:^|/)test_[^/]*$|_test\.\w+$")
+_WORD = re.compile(r"\w+")
+# Test files whose added lines can name a module or function (not the data files tests keep).
+_TEST_SOURCE = re.compile(r"\.(?:py|pyi|c|cc|cpp|h|hpp|sh|ya?ml|json|toml)$")
+
+
+@dataclass
+class _Anchor:
+    """The culprit, or one of its cherry-picks, with what the signals compare against."""
+
+    commit: Commit
+    diffs: list[FileDiff]
+    refs: list[str]  # refs (full names) that contain it
+
+    @cached_property
+    def plain_title(self) -> str:
+        return normalize_title(self.commit.title)
+
+    @cached_property
+    def pr(self) -> int | None:
+        return _pr_number(self.commit.title)
+
+    @property
+    def paths(self) -> set[str]:
+        return {p for d in self.diffs for p in (d.old_path, d.new_path) if p}
+
+    @cached_property
+    def functions(self) -> set[str]:
+        """Functions it changed: hunk-header context (`@@ ... @@ def foo`) and definitions it edited."""
+        found: set[str] = set()
+        for hunk in (h for d in self.diffs for h in d.hunks):
+            found.update(_FUNC_NAME.findall(hunk.header))
+            found.update(m[1] for text in hunk.added + hunk.removed if (m := _DEF_LINE.match(text)))
+        return found
+
+
+@dataclass
+class _Candidate:
+    commit: Commit
+    reasons: dict[str, Reason] = field(default_factory=dict)
+
+    def add(self, signal: str, detail: str, weight: float | None = None) -> None:
+        weight = WEIGHTS[signal] if weight is None else weight
+        old = self.reasons.get(signal)
+        if old is None or weight > old.weight:
+            self.reasons[signal] = Reason(signal, detail, weight)
+
+    @property
+    def qualifies(self) -> bool:
+        """Strong evidence, or locality backed by the symptom or a bug-fix tag."""
+        signals = self.reasons.keys()
+        if any(s in signals for s in STRONG_SIGNALS):
+            return True
+        if "proximity" in signals:
+            return "symptom" in signals or "tag" in signals
+        return "same_function" in signals and "symptom" in signals
+
+
+def propose_fixes(
+    repo: git.Repo,
+    culprit: str,
+    *,
+    bad: str | None = None,
+    symptom: Sequence[str] = (),
+    evidence_keywords: Sequence[str] = (),
+    top: int = 5,
+) -> FixReport:
+    """Rank the later commits that fix `culprit`, strongest evidence first (see WEIGHTS)."""
+    culprit_sha = resolve_ref(repo, culprit)
+    bad_sha = resolve_ref(repo, bad) if bad else None
+    keywords = _keywords([*symptom, *evidence_keywords])
+    refs = branch_refs(repo)
+    culprit_commit, culprit_diffs = show_commit(repo, culprit_sha)
+    dependency = dependency_note(culprit_diffs)
+
+    containing = refs_containing(repo, culprit_sha, refs)
+    anchors = [_Anchor(culprit_commit, culprit_diffs, containing)]
+    twin_shas = _find_twins(repo, culprit_commit, culprit_diffs, [r for r in refs if r not in containing])
+    for sha in twin_shas:
+        commit, diffs = show_commit(repo, sha)
+        anchors.append(_Anchor(commit, diffs, refs_containing(repo, sha, refs)))
+    excluded = {culprit_sha, *twin_shas}
+
+    candidates: dict[str, _Candidate] = {}
+    for anchor in anchors:
+        tips = anchor.refs + ([bad_sha] if bad_sha and anchor is anchors[0] and not anchor.refs else [])
+        if not tips:
+            continue
+        for cand in _score_anchor(repo, anchor, anchors, tips, keywords, excluded):
+            known = candidates.setdefault(cand.commit.sha, _Candidate(cand.commit))
+            for reason in cand.reasons.values():
+                known.add(reason.signal, reason.detail, reason.weight)
+
+    qualified = [c for c in candidates.values() if c.qualifies]
+    in_bad = reachable(repo, bad_sha, culprit_sha) if bad_sha else set()
+    proposals = _group_twins(repo, qualified, refs, in_bad, bad)
+    all_anchor_refs = sorted({r for a in anchors for r in a.refs})
+    base = github_url(repo)
+    for proposal in proposals:
+        proposal.missing_on = [short_ref(r) for r in all_anchor_refs if short_ref(r) not in proposal.branches]
+        proposal.pr_url = f"{base}/pull/{proposal.pr}" if base and proposal.pr else None
+    # Ties: a fix on a branch holding the commit the user named before one only on a twin's branch
+    # (each branch's revert of its own copy scores the same), then the older fix.
+    own = {short_ref(r) for r in anchors[0].refs}
+    proposals.sort(key=lambda p: (-p.score, not own & set(p.branches), p.date, p.shas[0]))
+    proposals = proposals[:top] if top > 0 else proposals
+
+    twins = [
+        CulpritTwin(a.commit.sha, [short_ref(r) for r in a.refs],
+                    fixed=any(set(map(short_ref, a.refs)) & set(p.branches) for p in proposals))
+        for a in anchors[1:]
+    ]
+    branch_tips = {short_ref(r): refs[r] for r in all_anchor_refs}
+    return FixReport(culprit_sha, proposals, dependency, _note(proposals, dependency, twins, branch_tips), twins,
+                     branch_tips)
+
+
+def _note(proposals: list[FixProposal], dependency: DependencyNote | None,
+          twins: list[CulpritTwin], tips: dict[str, str]) -> str:
+    parts = [dependency.message] if dependency else []
+    if proposals:
+        best = proposals[0]
+        parts.append(f"{len(proposals)} proposal(s); best: {best.shas[0][:10]} {best.title} "
+                     f"(score {best.score:g}, on {', '.join(best.branches) or 'no branch'})")
+    else:
+        as_of = ", ".join(f"{name}@{sha[:10]}" for name, sha in sorted(tips.items())) or "no branch holds it"
+        parts.append(f"no later commit touches the culprit's lines or names it; "
+                     f"no fix found upstream as of {as_of}")
+    for twin in twins:
+        if not twin.fixed:
+            parts.append(f"the culprit was cherry-picked to {', '.join(twin.branches)} as {twin.sha[:10]}: "
+                         f"the fix is needed there too")
+    return "; ".join(parts)
+
+
+def _keywords(words: Iterable[str]) -> list[tuple[str, re.Pattern[str]]]:
+    seen: dict[str, re.Pattern[str]] = {}
+    for word in words:
+        word = word.strip().lower()
+        if len(word) >= 3 and word not in seen:
+            seen[word] = re.compile(rf"(?<![a-z0-9]){re.escape(word)}(?![a-z0-9])", re.IGNORECASE)
+    return list(seen.items())
+
+
+def normalize_title(title: str) -> str:
+    """Title without branch tags, a leading tag block and `(#N)`: equal across cherry-picks."""
+    title = _PR_SUFFIX.sub("", _VERSION_TAG.sub("", title))
+    title = _LEADING_TAGS.sub("", title)
+    return re.sub(r"\s+", " ", title).strip().lower()
+
+
+def _find_twins(repo: git.Repo, culprit: Commit, diffs: list[FileDiff], other_refs: list[str]) -> list[str]:
+    """Cherry-picks of the culprit on branches that do not contain it: same title, patch-id or -x line."""
+    if not other_refs:
+        return []
+    # No date filter: a back-port is often a new PR, so the original on main can be the older commit.
+    meta = parse_meta(read_git(repo, "log", "--name-status", "-M", f"--format={META_FORMAT}",
+                               *other_refs, "--not", culprit.sha))
+    wanted_title = normalize_title(culprit.title)
+    culprit_paths = {d.new_path or d.old_path for d in diffs}
+    twins = []
+    same_paths = []
+    for commit in meta:
+        picked = [m for m in _CHERRY_PICKED.findall(commit.message) if culprit.sha.startswith(m)]
+        if picked or (wanted_title and normalize_title(commit.title) == wanted_title):
+            twins.append(commit.sha)
+        elif {new or old for _, old, new in commit.changes} == culprit_paths:
+            same_paths.append(commit.sha)
+    if same_paths:
+        ids = patch_ids(repo, [culprit.sha, *same_paths])
+        twins += [sha for sha in same_paths if ids.get(culprit.sha) and ids.get(sha) == ids[culprit.sha]]
+    return twins
+
+
+def _score_anchor(repo: git.Repo, anchor: _Anchor, anchors: list[_Anchor], tips: list[str],
+                  keywords: list[tuple[str, re.Pattern[str]]], excluded: set[str]) -> list[_Candidate]:
+    """Score every commit after `anchor` on `tips` against it (and name references to any anchor)."""
+    meta = parse_meta(read_git(repo, "log", "--reverse", "--topo-order", "-M", "--name-status",
+                               f"--format={META_FORMAT}", *tips, "--not", anchor.commit.sha))
+    meta = [c for c in meta if c.sha not in excluded]
+    paths = _follow_renames(anchor.paths, meta)
+    diffs = parse_diffs(read_git(repo, "log", "--reverse", "--topo-order", "-M", "--full-history",
+                                 "--diff-merges=first-parent", "-U0", f"--format={DIFF_FORMAT}",
+                                 *tips, "--not", anchor.commit.sha, "--", *sorted(paths))) if paths else {}
+    test_diffs = _test_diffs(repo, meta, paths)
+    hits = line_hits(anchor.commit, anchor.diffs, meta, diffs)
+    all_functions = anchor.functions
+    modules = {_module_name(p) for p in anchor.paths if p.endswith(".py")}
+
+    candidates = []
+    for commit in meta:
+        cand = _Candidate(commit)
+        _reference_signals(cand, anchors)
+        hit = hits.get(commit.sha)
+        if hit and (hit.changed or hit.restored):
+            what = []
+            if hit.changed:
+                what.append(f"changes {hit.changed} line(s) the culprit wrote")
+            if hit.restored:
+                what.append(f"re-adds lines where the culprit deleted {hit.restored} block(s)")
+            cand.add("provenance", "; ".join(what) + f" (blamed forward from {anchor.commit.sha[:10]})")
+        elif hit and hit.near:
+            cand.add("proximity", f"edits within {PROXIMITY_LINES} lines of the culprit's lines "
+                                  f"({hit.near} hunk(s))")
+        touched = sorted({p for _, old, new in commit.changes for p in (old, new) if p and p in paths})
+        if touched:
+            cand.add("same_file", f"touches {', '.join(touched[:3])}")
+        same_funcs = sorted({name for fd in diffs.get(commit.sha, []) for h in fd.hunks
+                             for name in _FUNC_NAME.findall(h.header) if name in all_functions})
+        if same_funcs:
+            cand.add("same_function", f"changes {', '.join(same_funcs[:3])}, which the culprit changed")
+        mentioned = _test_mentions(test_diffs.get(commit.sha, []), modules, all_functions)
+        if mentioned:
+            cand.add("tests", f"adds tests naming {', '.join(mentioned[:3])}")
+        if _TAG.search(commit.title):
+            cand.add("tag", f"bug-fix tag in the title: {commit.title[:60]!r}")
+        found = _symptom_hits(commit, diffs.get(commit.sha, []) + test_diffs.get(commit.sha, []), keywords)
+        if found:
+            cand.add("symptom", f"mentions {', '.join(found)}",
+                     WEIGHTS["symptom"] * min(len(found), SYMPTOM_CAP))
+        if cand.reasons:
+            candidates.append(cand)
+    return candidates
+
+
+def _follow_renames(paths: set[str], meta: list[Commit]) -> set[str]:
+    followed = set(paths)
+    for commit in meta:
+        for status, old, new in commit.changes:
+            if status in "RC" and old in followed and new:
+                followed.add(new)
+    return followed
+
+
+def _test_diffs(repo: git.Repo, meta: list[Commit], paths: set[str]) -> dict[str, list[FileDiff]]:
+    """Diffs of the test files later commits add or change (only those commits, in a few calls)."""
+    wanted: dict[str, set[str]] = {}
+    for commit in meta:
+        tests = {new for status, _, new in commit.changes
+                 if new and status != "D" and _TEST_PATH.search(new) and _TEST_SOURCE.search(new)}
+        tests -= paths
+        if tests:
+            wanted[commit.sha] = tests
+    result: dict[str, list[FileDiff]] = {}
+    shas = list(wanted)
+    for start in range(0, len(shas), 500):
+        batch = shas[start:start + 500]
+        test_paths = sorted({p for sha in batch for p in wanted[sha]})
+        out = read_git(repo, "show", "-U0", "--diff-merges=first-parent", f"--format={DIFF_FORMAT}",
+                       *batch, "--", *test_paths)
+        for sha, files in parse_diffs(out).items():
+            result[sha] = [f for f in files if (f.new_path or "") in wanted.get(sha, ())]
+    return result
+
+
+def _module_name(path: str) -> str:
+    return path.removesuffix(".py").removesuffix("/__init__").replace("/", ".")
+
+
+def _test_mentions(files: list[FileDiff], modules: set[str], functions: set[str]) -> list[str]:
+    text = "\n".join(line for f in files for h in f.hunks for line in h.added)
+    if not text:
+        return []
+    names = [m for m in sorted(modules) if m and m in text]
+    words = set(_WORD.findall(text))  # one pass over the text, not one regex per name (big culprits)
+    names += [f for f in sorted(functions) if f not in _GENERIC_FUNCTIONS and len(f) >= 4
+              and (f in words if _WORD.fullmatch(f) else re.search(rf"\b{re.escape(f)}\b", text))]
+    return names
+
+
+def _symptom_hits(commit: Commit, diffs: list[FileDiff],
+                  keywords: list[tuple[str, re.Pattern[str]]]) -> list[str]:
+    if not keywords:
+        return []
+    diff_text = "\n".join(line for f in diffs for h in f.hunks for line in (h.header, *h.added, *h.removed))
+    text = commit.message + "\n" + diff_text
+    return [word for word, pattern in keywords if pattern.search(text)]
+
+
+def _reference_signals(cand: _Candidate, anchors: list[_Anchor]) -> None:
+    """Revert and reference signals; cheap substring checks first, since this runs for every commit."""
+    message = cand.commit.message
+    lowered = message.lower()
+    revert = _REVERT_TITLE.match(cand.commit.title)
+    reverted = normalize_title(revert[1]) if revert else None
+    reverts_shas = _REVERTS_COMMIT.findall(message) if "reverts commit" in lowered else []
+    hex_words = _HEX_WORD.findall(lowered)
+    own_title = normalize_title(cand.commit.title)
+    for anchor in anchors:
+        target, short, plain = anchor.commit, anchor.commit.sha[:10], anchor.plain_title
+        if reverted is not None and reverted == plain:
+            cand.add("revert", f'reverts "{target.title}" ({short})')
+        for sha in reverts_shas:
+            if target.sha.startswith(sha.lower()):
+                cand.add("revert", f"says 'This reverts commit {sha}' ({short})")
+        pr = anchor.pr
+        if pr is not None and str(pr) in message:
+            fixes = re.search(rf"(?:fix(?:es|ed)?|close[sd]?|resolve[sd]?)\s*:?\s*#{pr}\b", message, re.IGNORECASE)
+            if fixes:
+                cand.add("reference", f"says {fixes[0]!r} (the culprit's PR)")
+            elif re.search(rf"(?<![\w/])#{pr}\b|/pull/{pr}\b", message):
+                cand.add("reference", f"names the culprit's PR #{pr}")
+        if any(target.sha.startswith(word) for word in hex_words):
+            cand.add("reference", f"names the culprit's sha {short}")
+        if (len(plain) >= MIN_TITLE_REFERENCE and revert is None and own_title != plain
+                and plain[:MIN_TITLE_REFERENCE] in lowered and plain in re.sub(r"\s+", " ", lowered)):
+            cand.add("reference", f'quotes the culprit\'s title "{target.title}"')
+
+
+def _pr_number(title: str) -> int | None:
+    match = _PR_SUFFIX.search(title)
+    return int(match[1]) if match else None
+
+
+def _group_twins(repo: git.Repo, qualified: list[_Candidate], refs: dict[str, str],
+                 in_bad: set[str], bad: str | None) -> list[FixProposal]:
+    """One proposal per change: candidates with the same normalized title or patch-id merge."""
+    parent = {c.commit.sha: c.commit.sha for c in qualified}
+
+    def root(sha: str) -> str:
+        while parent[sha] != sha:
+            sha = parent[sha]
+        return sha
+
+    by_key: dict[tuple[str, str], str] = {}
+    ids = patch_ids(repo, [c.commit.sha for c in qualified]) if len(qualified) > 1 else {}
+    for cand in qualified:
+        keys = [("title", normalize_title(cand.commit.title))]
+        pid = ids.get(cand.commit.sha)
+        if pid:
+            keys.append(("patch", pid))
+        for key in keys:
+            if not key[1]:
+                continue
+            if key in by_key:
+                parent[root(cand.commit.sha)] = root(by_key[key])
+            else:
+                by_key[key] = cand.commit.sha
+    groups: dict[str, list[_Candidate]] = {}
+    for cand in qualified:
+        groups.setdefault(root(cand.commit.sha), []).append(cand)
+
+    default = default_branch(repo, refs)
+    proposals = []
+    for members in groups.values():
+        members.sort(key=lambda c: (c.commit.time, c.commit.sha))
+        best: dict[str, Reason] = {}
+        for member in members:
+            for signal, reason in member.reasons.items():
+                if signal not in best or reason.weight > best[signal].weight:
+                    best[signal] = reason
+        where = {m.commit.sha: sorted(short_ref(r) for r in refs_containing(repo, m.commit.sha, refs)) for m in members}
+        branches = sorted({b for names in where.values() for b in names})
+        if len(branches) > 1 and len(members) > 1:
+            best["twins"] = Reason("twins", f"the same change is on {len(branches)} branches: "
+                                            f"{', '.join(branches)}", WEIGHTS["twins"])
+        if in_bad and all(m.commit.sha in in_bad for m in members):
+            best["in_bad_end"] = Reason("in_bad_end", f"already contained in the bad end {bad}, "
+                                                      f"which is still bad: at most a partial fix",
+                                        WEIGHTS["in_bad_end"])
+        reasons = sorted(best.values(), key=lambda r: (-r.weight, r.signal))
+        # Name the change by its upstream PR (the member on the default branch) when it has one.
+        named = next((m.commit for m in members if default in where[m.commit.sha]), members[0].commit)
+        proposals.append(FixProposal(
+            shas=[named.sha] + [m.commit.sha for m in members if m.commit is not named],
+            branches=branches, title=named.title,
+            pr=_pr_number(named.title), score=round(sum(r.weight for r in reasons), 3),
+            reasons=reasons, date=members[0].commit.time, sha_branches=where))
+    return proposals

@@ -255,7 +255,7 @@ def _acquire_lock(session_dir: Path) -> int:
         os.close(fd)
         raise UsageError(
             f"session {session_dir} is being driven by another bisect-npu process (pid {holder}); "
-            "wait for it or pass --session for a new one"
+            "wait for it or stop it (a new bisection needs a --session of its own)"
         ) from None
     os.ftruncate(fd, 0)
     os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)

@@ -9,7 +9,7 @@ import hashlib
 import json
 from collections.abc import Hashable
 from pathlib import Path
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any, Literal, get_args
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
@@ -290,10 +290,34 @@ def parse_recipe(text: str, source: str = "<recipe>") -> Recipe:
         where = f"{source}:{line}" if line else source
         msg = first["msg"]
         if first["type"] == "extra_forbidden":
-            msg = "unknown field (check the spelling; `bisect-npu recipes show` lists the fields)"
+            known = _fields_at(Recipe, loc[:-1])
+            msg = "unknown field (check the spelling" + (f"; known here: {', '.join(known)})" if known else ")")
         raise UsageError(f"{where}: field {field!r}: {msg}") from exc
     recipe.source = source
     return recipe
+
+
+def _fields_at(model: type[BaseModel], path: tuple[Any, ...]) -> list[str]:
+    """The fields a recipe may have at `path` (list indices skipped), for an unknown-field error."""
+    for part in path:
+        if isinstance(part, int):
+            continue
+        field = model.model_fields.get(str(part))
+        inner = _model_in(field.annotation) if field is not None else None
+        if inner is None:
+            return []
+        model = inner
+    return list(model.model_fields)
+
+
+def _model_in(annotation: Any) -> type[BaseModel] | None:
+    """The model inside an annotation such as `Sub`, `Sub | None` or `list[Sub]`."""
+    if isinstance(annotation, type) and issubclass(annotation, BaseModel):
+        return annotation
+    for arg in get_args(annotation):
+        if (found := _model_in(arg)) is not None:
+            return found
+    return None
 
 
 def load_recipe(path_or_name: str | Path) -> Recipe:

@@ -158,7 +158,7 @@ def test_a_second_process_cannot_drive_the_session(tmp_path: Path) -> None:
                 Journal.open(tmp_path)
             assert str(err.value) == (
                 f"session {tmp_path} is being driven by another bisect-npu process (pid {child.pid}); "
-                "wait for it or pass --session for a new one"
+                "wait for it or stop it (a new bisection needs a --session of its own)"
             )
             with pytest.raises(UsageError, match="being driven"):
                 Journal.create(tmp_path / ".." / tmp_path.name, HEADER)

@@ -105,3 +105,4 @@ def test_real_console_script(tmp_path: Path) -> None:
                           check=False, timeout=120)
     assert done.returncode == 1, done.stderr
     assert "2 of 3 trials bad" in done.stdout
+    assert [line for line in done.stdout.splitlines() if line.startswith("trials:")] == ["trials: 3"]

@@ -71,6 +71,17 @@ def test_broken_recipe_names_field_and_line(text: str, field: str, line: int) ->
     assert repr(field) in str(error.value)
 
 
+@pytest.mark.parametrize(("text", "known"), [
+    (MINIMAL + "    sampling:\n      temprature: 0\n", "known here: temperature, top_p,"),
+    (MINIMAL + "oracle:\n  kinds: [repetition]\n  penalty:\n    expectd: {}\n", "known here: expected"),
+    (MINIMAL + "modle: x\n", "known here: name, description,"),
+])
+def test_an_unknown_field_lists_the_fields_known_where_it_stands(text: str, known: str) -> None:
+    with pytest.raises(UsageError, match="unknown field") as error:
+        parse_recipe(text, source="bad.yaml")
+    assert known in str(error.value)
+
+
 def test_validate_exits_2_naming_field_and_line(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     bad = tmp_path / "bad.yaml"
     bad.write_text(MINIMAL + "    sampling:\n      temperature: hot\n")

@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from bisect_npu.models import UsageError
+from bisect_npu.paths import cache_root
 
 KIND_LABEL = "org.bisect-npu.kind"
 PARENT_LABEL = "org.bisect-npu.parent"
@@ -36,7 +37,7 @@ def parse_size(text: str) -> int:
 
 
 def default_state_path() -> Path:
-    return Path.home() / ".cache" / "bisect-npu" / "image-cache.json"
+    return cache_root() / "image-cache.json"
 
 
 class ImageCache:

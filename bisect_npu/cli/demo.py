@@ -9,6 +9,7 @@ from typing import Literal
 import click
 
 from bisect_npu.cli import note_session
+from bisect_npu.journal import DEFAULT_ROOT
 from bisect_npu.models import UsageError
 
 
@@ -18,8 +19,8 @@ from bisect_npu.models import UsageError
 @click.option("--executor", type=click.Choice(["local", "docker"]), default="local", show_default=True)
 @click.option("--verify-fix/--no-verify-fix", default=True, show_default=True,
               help="Apply the top fix proposals to the bad end and re-run the oracle.")
-@click.option("--session-root", type=click.Path(path_type=Path), default=Path(".bisect-npu") / "demo",
-              show_default=True, help="Where the demo's sessions go.")
+@click.option("--session-root", type=click.Path(path_type=Path), default=DEFAULT_ROOT, show_default=True,
+              help="Where the demo's sessions go (by default beside `run`'s, so `report` and `resume` find them).")
 @click.option("--json", "as_json", is_flag=True, help="Print a machine-readable summary as the last line.")
 @click.option("--quiet", is_flag=True, help="Plain log lines even on a terminal.")
 def demo(case_name: str | None, seed: int, executor: Literal["local", "docker"], verify_fix: bool, session_root: Path,

@@ -58,7 +58,8 @@ def judge(recipe_path: str, references: tuple[str, ...], as_json: bool, observat
         click.echo(f"reason: {verdict.reason}")
         click.echo(f"trials: {verdict.trials}")
         for name, value in _flat(verdict.figures):
-            click.echo(f"{name}: {value}")
+            if (name, value) != ("trials", str(verdict.trials)):  # a stats verdict's figures repeat the line above
+                click.echo(f"{name}: {value}")
     # SystemExit, not click's Exit: click returns Exit codes from main(standalone_mode=False) instead of
     # exiting, and the exit code is this command's answer (the `git bisect run` protocol).
     sys.exit(EXIT_CODES[verdict.kind.value])

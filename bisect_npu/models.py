@@ -6,6 +6,7 @@ The probe writes observations with the standard library; this module validates t
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from enum import StrEnum
 from pathlib import Path
@@ -92,3 +93,20 @@ class Observation(BaseModel):
             first = exc.errors()[0]
             field = ".".join(str(p) for p in first["loc"]) or "<root>"
             raise UsageError(f"{path}: field {field!r}: {first['msg']}") from exc
+
+
+def to_jsonable(value: Any) -> Any:
+    """Dataclasses, pydantic models, enums and paths as plain JSON values."""
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        return {f.name: to_jsonable(getattr(value, f.name)) for f in dataclasses.fields(value)}
+    if hasattr(value, "model_dump"):
+        return value.model_dump(mode="json")
+    if isinstance(value, dict):
+        return {str(k): to_jsonable(v) for k, v in value.items()}
+    if isinstance(value, list | tuple | set):
+        return [to_jsonable(v) for v in value]
+    if isinstance(value, Path):
+        return str(value)
+    if hasattr(value, "value") and not isinstance(value, int | float | str | bool):
+        return value.value
+    return value

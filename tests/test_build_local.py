@@ -101,8 +101,9 @@ def test_without_an_artifacts_directory_every_commit_is_its_own_build(tmp_path: 
 
 
 def test_a_recipe_can_turn_output_reuse_off(tmp_path: Path) -> None:
+    from bisect_npu.environment import make_environment
+    from bisect_npu.options import RunOptions
     from bisect_npu.recipe import parse_recipe
-    from bisect_npu.session import RunOptions, make_environment
 
     shas = make_linear_repo(tmp_path / "repo", 2)
     text = "name: t\nmodel:\n  path: /m\ncases:\n  - id: a\n    prompt: hi\nbuild:\n  local_command: [make]\n"

@@ -19,8 +19,9 @@ from bisect_npu.build.docker import DockerBuilder
 from bisect_npu.build.key import BuildKeyReader
 from bisect_npu.demo.generate import ensure_upstream
 from bisect_npu.execute.docker import SESSION_LABEL, DockerExecutor
+from bisect_npu.options import RunOptions
 from bisect_npu.report import write_reports
-from bisect_npu.session import RunOptions, Session
+from bisect_npu.session import Session
 
 pytestmark = pytest.mark.container
 REPO_ROOT = Path(__file__).resolve().parent.parent

@@ -13,10 +13,11 @@ from pathlib import Path
 import git
 import pytest
 
+from bisect_npu.environment import make_environment
 from bisect_npu.evaluate import Evaluator, TrialRecord
 from bisect_npu.models import VerdictKind
+from bisect_npu.options import RunOptions
 from bisect_npu.recipe import load_recipe
-from bisect_npu.session import RunOptions, make_environment
 
 
 def _evaluator(demo_upstream, tmp_path: Path, **trials: object) -> tuple[Evaluator, str]:

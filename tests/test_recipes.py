@@ -24,11 +24,11 @@ from bisect_npu.execute.docker import (
     container_create_kwargs,
 )
 from bisect_npu.models import UsageError
+from bisect_npu.options import RunOptions, earlier_runs_spec
 from bisect_npu.probe.backends.openai import override_generation_config, server_argv
 from bisect_npu.probe.backends.vllm import engine_kwargs
 from bisect_npu.recipe import BUNDLED_RECIPES, load_recipe, parse_recipe
 from bisect_npu.search import EarlierRuns
-from bisect_npu.session import RunOptions, earlier_runs_spec
 
 REAL_RECIPES = ["qwen3-repetition-penalty-async", "deepseek-r1-longseq-rope", "deepseek-r1-mtp-temperature",
                 "qwen3-moe-presence-penalty-loop", "precision-alignment"]

@@ -9,7 +9,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from bisect_npu.cli import main
-from bisect_npu.session import RunOptions, Session
+from bisect_npu.options import RunOptions
+from bisect_npu.session import Session
 
 
 class Captured(BaseException):  # not an Exception: the CLI turns those into an internal error

@@ -180,7 +180,7 @@ def test_not_a_git_repository(tmp_path: Path) -> None:
 
 
 def test_sessions_named_alike_get_their_own_part_of_a_shared_workdir(tmp_path: Path) -> None:
-    from bisect_npu.session import session_workdir_name
+    from bisect_npu.environment import session_workdir_name
 
     first, second = session_workdir_name(tmp_path / "a" / "s"), session_workdir_name(tmp_path / "b" / "s")
     assert first != second and first.startswith("s-") and second.startswith("s-")
@@ -267,7 +267,8 @@ def test_a_commit_that_does_not_build_is_skipped_and_stepped_around(tmp_path: Pa
 
     from bisect_npu.build.local import LocalBuilder
     from bisect_npu.execute.local import LocalExecutor
-    from bisect_npu.session import RunOptions, Session
+    from bisect_npu.options import RunOptions
+    from bisect_npu.session import Session
 
     # Commit 8 of 16 (the first midpoint) breaks the build; commit 9 repairs it; the culprit is 11.
     shas = make_linear_repo(tmp_path / "repo", 17, culprit=11,
@@ -407,7 +408,7 @@ def test_command_paths_are_checked_against_both_ends_and_nothing_else(tmp_path: 
     import git as gitpython
 
     from bisect_npu.models import UsageError
-    from bisect_npu.session import _check_command
+    from bisect_npu.preflight import check_command
 
     repo = tmp_path / "repo"
     shas = make_linear_repo(repo, 2)
@@ -419,26 +420,26 @@ def test_command_paths_are_checked_against_both_ends_and_nothing_else(tmp_path: 
     ends = [shas[0], git(repo, "rev-parse", "HEAD")]
     r = gitpython.Repo(repo)
     with pytest.raises(UsageError, match=r"\./check\.sh is not committed at"):
-        _check_command(["./check.sh"], r, ends)  # the good end predates it
+        check_command(["./check.sh"], r, ends)  # the good end predates it
     ends[0] = ends[1]
-    _check_command(["./check.sh"], r, ends)
-    _check_command(["./run-check"], r, ends)  # a committed symlink to an executable
-    _check_command(["sh", "-c", "./untracked.sh && test -f x"], r, ends)  # a shell snippet, not a path
-    _check_command(["./check.sh", "./"], r, ends)
+    check_command(["./check.sh"], r, ends)
+    check_command(["./run-check"], r, ends)  # a committed symlink to an executable
+    check_command(["sh", "-c", "./untracked.sh && test -f x"], r, ends)  # a shell snippet, not a path
+    check_command(["./check.sh", "./"], r, ends)
     with pytest.raises(UsageError, match="is a directory"):
-        _check_command(["./"], r, ends)
+        check_command(["./"], r, ends)
     (repo / "tools").mkdir()
     (repo / "tools" / "x.py").write_text("print(1)\n")
     (repo / "linked").symlink_to("tools")
     git(repo, "add", "tools", "linked")
     git(repo, "commit", "-qm", "a linked directory")
     ends = [git(repo, "rev-parse", "HEAD")] * 2
-    _check_command(["python3", "./linked/x.py"], r, ends)  # through a committed directory symlink
+    check_command(["python3", "./linked/x.py"], r, ends)  # through a committed directory symlink
     (tmp_path / "1").write_text("")
     monkeypatch.chdir(tmp_path)
-    _check_command(["test", "1", "=", "1"], r, ends)  # a file of that name here, outside the repository
+    check_command(["test", "1", "=", "1"], r, ends)  # a file of that name here, outside the repository
     with pytest.raises(UsageError, match=r"\./missing\.sh is not committed"):
-        _check_command(["sh", "./missing.sh"], r, ends)
+        check_command(["sh", "./missing.sh"], r, ends)
 
 
 def test_a_finished_session_with_nothing_to_verify_is_not_redone_on_resume(repo1000: tuple[Path, list[str]],

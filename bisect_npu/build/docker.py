@@ -345,9 +345,9 @@ def _python_tree(repo: git.Repo, commit: str, source_dir: str, dockerfile: str) 
 
 
 def make_docker_environment(options: Any, repo: git.Repo, recipe: Any, session_dir: Path) -> tuple[Any, Any]:
-    """The builder and executor for `--executor docker` (session.make_environment calls this).
+    """The builder and executor for `--executor docker` (environment.make_environment calls this).
 
-    `options` is session.RunOptions (devices, slots, cache_size_gb), `recipe` a Recipe or None.
+    `options` is options.RunOptions (devices, slots, cache_size_gb), `recipe` a Recipe or None.
     Containers of this session are swept when the process exits.
     """
     from bisect_npu.execute.docker import DevicePool, DockerExecutor

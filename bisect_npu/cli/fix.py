@@ -44,8 +44,8 @@ def fix(culprit: str, repo_path: str, bad: str | None, top: int, recipe_path: st
                            top=top)
     verifications: list[FixVerification] = []
     if verify and bad is not None:
+        from bisect_npu.environment import make_evaluator
         from bisect_npu.fix import verification_scratch
-        from bisect_npu.session import make_evaluator
 
         with verification_scratch(repo) as workdir, \
                 make_evaluator(repo_path, None if argv else recipe_path, command=argv,
@@ -60,7 +60,7 @@ def fix(culprit: str, repo_path: str, bad: str | None, top: int, recipe_path: st
 
 def _as_json(report: FixReport, verifications: list[FixVerification]) -> dict[str, Any]:
     """The same shapes as a session's journal (`fix` and `fix_verify` lines) and its JSON report."""
-    from bisect_npu.session import to_jsonable
+    from bisect_npu.models import to_jsonable
 
     data = {**to_jsonable(report), "verifications": to_jsonable(verifications)}
     if report.dependency is not None:

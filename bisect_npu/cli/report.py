@@ -17,9 +17,8 @@ from bisect_npu.models import UsageError
 @click.option("--output", "-o", type=click.Path(path_type=Path), help="Write here instead of stdout.")
 def report(session_dir: Path | None, fmt: str, output: Path | None) -> None:
     """Render the Markdown (or JSON) report of a session."""
-    from bisect_npu.journal import latest_session
+    from bisect_npu.journal import DEFAULT_ROOT, latest_session
     from bisect_npu.report import load_view, render_json, render_markdown
-    from bisect_npu.session import DEFAULT_ROOT
 
     view = load_view(session_dir or latest_session(DEFAULT_ROOT))
     text = render_markdown(view) if fmt == "md" else json.dumps(render_json(view), indent=2)

@@ -82,8 +82,9 @@ def run(good: str, bad: str, repo: str | None, package: str | None, index_url: s
     """Bisect GOOD..BAD: find the first bad commit, propose its fix, write the report."""
     from bisect_npu.build.cache import parse_size
     from bisect_npu.execute.ascend import parse_devices
+    from bisect_npu.options import RunOptions
     from bisect_npu.progress import make_progress
-    from bisect_npu.session import RunOptions, Session
+    from bisect_npu.session import Session
 
     argv = shlex.split(command) if command else None
     if command is not None and not argv:

@@ -284,7 +284,7 @@ def render_json(view: SessionView) -> dict[str, Any]:
 def reproduce_command(view: SessionView) -> str:
     import shlex
 
-    from bisect_npu.session import RunOptions
+    from bisect_npu.options import RunOptions
 
     return shlex.join(["bisect-npu", "run", *RunOptions.from_json(view.options).run_argv()])
 

@@ -1,0 +1,108 @@
+"""What a session evaluates candidates with, made from its options and recipe: the builder,
+executor and Evaluator (also outside a bisection, for `fix --verify`) and a golden reference."""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Literal
+
+import git
+
+from bisect_npu import history
+from bisect_npu.build.base import Builder
+from bisect_npu.evaluate import Evaluator
+from bisect_npu.execute.base import Executor
+from bisect_npu.journal import DEFAULT_ROOT, new_session_dir
+from bisect_npu.models import Observation, UsageError, Verdict
+from bisect_npu.options import RunOptions
+from bisect_npu.recipe import InstallPlan, Recipe, load_recipe
+
+
+def session_evaluator(options: RunOptions, repo: git.Repo | None, recipe: Recipe | None, session_dir: Path,
+                      builder: Builder | None, executor: Executor | None) -> Evaluator:
+    """A session's Evaluator: the builder and executor given (tests, the demo) or made for the
+    options, the builder wrapped to prefetch where that is asked or --devices are given."""
+    workdir = (Path(options.workdir) / session_workdir_name(session_dir) if options.workdir
+               else session_dir / "worktrees")
+    if builder is None or executor is None:
+        made_builder, made_executor = make_environment(options, repo, recipe, session_dir, workdir)
+        builder = builder or made_builder
+        executor = executor or made_executor
+    if options.prefetch if options.prefetch is not None else bool(options.devices):
+        from bisect_npu.build.prefetch import Prefetcher
+
+        builder = Prefetcher(builder, session_dir / "prefetch")
+    return Evaluator(builder, executor, session_dir, recipe=recipe, command=options.command,
+                     timeout_s=options.timeout_s)
+
+
+def make_environment(options: RunOptions, repo: git.Repo | None, recipe: Recipe | None, session_dir: Path,
+                     workdir: Path) -> tuple[Builder, Executor]:
+    """The builder and executor for `--executor local|docker`."""
+    env = dict(recipe.environment) if recipe else {}
+    if options.package:
+        from bisect_npu.build.venv import VenvBuilder, default_venv_cache
+        from bisect_npu.execute.local import LocalExecutor
+
+        plan = recipe.install if recipe else InstallPlan()
+        return (VenvBuilder(options.package, plan, default_venv_cache(), int(options.cache_size_gb * 2**30)),
+                LocalExecutor(env, []))
+    assert repo is not None
+    if options.executor == "local":
+        from bisect_npu.build.local import LocalBuilder
+        from bisect_npu.execute.local import LocalExecutor
+
+        build_command = recipe.build.local_command if recipe else []
+        python_paths = recipe.build.python_paths if recipe else ["."]
+        reuse = recipe.build.reuse_outputs if recipe else True
+        return (LocalBuilder(repo, workdir.resolve(), build_command, env,
+                             artifacts_dir=session_dir.resolve() / "build-outputs" if reuse else None),
+                LocalExecutor(env, python_paths))
+    from bisect_npu.build.docker import make_docker_environment
+
+    return make_docker_environment(options, repo, recipe, session_dir)
+
+
+@contextlib.contextmanager
+def make_evaluator(repo_path: str, recipe_path: str | None, command: list[str] | None = None,
+                   executor: Literal["local", "docker"] = "local",
+                   session_dir: Path | None = None) -> Iterator[Callable[[str], Verdict]]:
+    """A commit -> Verdict function outside a bisection (used by `bisect-npu fix --verify`); its
+    worktrees, build outputs and containers go when the ``with`` block ends."""
+    repo = history.open_repo(repo_path)
+    recipe = load_recipe(recipe_path) if recipe_path else None
+    options = RunOptions(good="", bad="", repo=repo_path, recipe=recipe_path, command=command, executor=executor)
+    session_dir = session_dir or new_session_dir(DEFAULT_ROOT)
+    session_dir.mkdir(parents=True, exist_ok=True)
+    evaluator = session_evaluator(options, repo, recipe, session_dir, None, None)
+
+    def evaluate(commit: str) -> Verdict:
+        return evaluator.evaluate(commit, recipe.trials.count if recipe else 1, [], lambda r: None, False).verdict
+
+    try:
+        yield evaluate
+    finally:
+        evaluator.close()
+
+
+def session_workdir_name(session_dir: Path) -> str:
+    """The session's own subdirectory of a shared --workdir: its name plus a digest of its full
+    path, so two sessions named alike (a/s and b/s) never share worktrees."""
+    return f"{session_dir.name}-{hashlib.sha256(str(session_dir.resolve()).encode()).hexdigest()[:8]}"
+
+
+def load_golden(recipe: Recipe) -> list[Observation]:
+    """A golden reference: one observation file, or a directory of them (paths relative to the recipe)."""
+    if not recipe.reference.path:
+        raise UsageError(f"recipe {recipe.name}: reference.kind golden needs reference.path "
+                         "(an observation JSON or a directory of them)")
+    path = Path(recipe.reference.path)
+    if not path.is_absolute() and recipe.source:
+        path = Path(recipe.source).resolve().parent / path
+    files = sorted(path.glob("*.json")) if path.is_dir() else [path]
+    if not files or not all(f.exists() for f in files):
+        raise UsageError(f"recipe {recipe.name}: golden reference {path} not found or empty")
+    return [Observation.load(f) for f in files]

@@ -1,0 +1,92 @@
+"""What `bisect-npu run` was asked, kept apart from the session that runs it: the journal header
+stores it, resume reads it back, and the report turns it into a reproduce line."""
+
+from __future__ import annotations
+
+import dataclasses
+import shlex
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+from pydantic import ValidationError
+
+from bisect_npu.models import UsageError
+from bisect_npu.recipe import EarlierRunsSpec, Recipe
+
+
+@dataclass
+class RunOptions:
+    """Everything `bisect-npu run` was asked; stored in the journal header so resume needs nothing else."""
+
+    good: str
+    bad: str
+    repo: str | None = "."
+    # Release level: candidates are published versions of this package instead of commits.
+    package: str | None = None
+    index_url: str | None = None
+    prereleases: bool = False
+    recipe: str | None = None
+    command: list[str] | None = None
+    executor: Literal["local", "docker"] = "local"
+    devices: list[int] = field(default_factory=list)
+    slots: int = 1
+    mode: Literal["exact", "noisy"] | None = None
+    confidence: float | None = None
+    check_ends: bool = True
+    timeout_s: float = 3600.0
+    propose_fix: bool = True
+    verify_fix: bool = False
+    fix_top: int = 3
+    workdir: str | None = None
+    cache_size_gb: float = 200.0
+    # --find-fix: the old end shows the symptom and the new end does not; find the first fixed one.
+    find_fix: bool = False
+    # Build what the next step can need while the current candidate runs (default: with --devices,
+    # where runs use the NPUs and builds the CPUs; on a CPU-only host they would compete).
+    prefetch: bool | None = None
+    # --earlier-runs: ends' runs made before the session, "shown/runs" at the bad end and the good
+    # end; the noisy search counts them (overrides the recipe's trials.earlier_runs).
+    earlier_runs: list[str] | None = None
+
+    def to_json(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+    def run_argv(self) -> list[str]:
+        """The `bisect-npu run` arguments that give these options again (the report's reproduce
+        line): every option `run` has, where it differs from `run`'s default."""
+        valued: list[tuple[str, object]] = [
+            ("--package", self.package), ("--repo", self.repo), ("--good", self.good), ("--bad", self.bad),
+            ("--index-url", self.index_url), ("--recipe", self.recipe),
+            ("--cmd", shlex.join(self.command) if self.command else None),
+            ("--executor", self.executor if self.executor != "local" else None),
+            ("--devices", ",".join(map(str, self.devices)) or None),
+            ("--slots", self.slots if self.slots != max(1, len(self.devices)) else None),
+            ("--workdir", self.workdir), ("--mode", self.mode),
+            ("--confidence", repr(self.confidence) if self.confidence is not None else None),
+            ("--timeout", repr(self.timeout_s) if self.timeout_s != 3600.0 else None),
+            ("--cache-size", f"{int(self.cache_size_gb * 2**30)}" if self.cache_size_gb != 200.0 else None),
+        ]
+        argv = [str(arg) for flag, value in valued if value is not None for arg in (flag, value)]
+        if self.earlier_runs:
+            argv += ["--earlier-runs", *self.earlier_runs]
+        flags = {"--pre": self.prereleases, "--prefetch": self.prefetch is True,
+                 "--no-prefetch": self.prefetch is False, "--no-check-ends": not self.check_ends,
+                 "--no-fix": not self.propose_fix, "--verify-fix": self.verify_fix, "--find-fix": self.find_fix}
+        return argv + [flag for flag, wanted in flags.items() if wanted]
+
+    @classmethod
+    def from_json(cls, raw: dict[str, Any]) -> RunOptions:
+        known = {f.name for f in dataclasses.fields(cls)}
+        return cls(**{k: v for k, v in raw.items() if k in known})
+
+
+def earlier_runs_spec(options: RunOptions, recipe: Recipe | None) -> EarlierRunsSpec | None:
+    """The ends' earlier runs: --earlier-runs, else the recipe's ``trials.earlier_runs``."""
+    if not options.earlier_runs:
+        return recipe.trials.earlier_runs if recipe else None
+    bad_end, good_end = options.earlier_runs
+    try:
+        return EarlierRunsSpec(bad_end=bad_end, good_end=good_end)
+    except ValidationError as exc:
+        reason = exc.errors()[0]["msg"].removeprefix("Value error, ")
+        raise UsageError(f"--earlier-runs {bad_end} {good_end}: {reason}") from exc

@@ -1,0 +1,163 @@
+"""Everything that can be wrong with a run's inputs, found before its journal is created: the
+candidate range, the recipe or command, the Dockerfile at both ends, --slots and --workdir."""
+
+from __future__ import annotations
+
+import os
+import re
+import stat
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Literal
+
+import git
+
+from bisect_npu import history
+from bisect_npu.models import UsageError
+from bisect_npu.options import RunOptions, earlier_runs_spec
+from bisect_npu.recipe import EarlierRunsSpec, Recipe, load_recipe
+
+
+@dataclass(frozen=True)
+class RunInputs:
+    """What a run's options resolved to: the journal header's `range` and what a session is made of."""
+
+    recipe: Recipe | None
+    repo: git.Repo | None
+    earlier_runs: EarlierRunsSpec | None
+    candidates_range: dict[str, Any]
+
+
+def check_run(options: RunOptions) -> RunInputs:
+    """Resolve and check everything that can be wrong before the journal is created; settles
+    `options` in place (the mode, and absolute paths: resume may start elsewhere)."""
+    if (options.recipe is None) == (options.command is None):
+        raise UsageError("give either --recipe FILE or --cmd COMMAND (the oracle for each candidate)")
+    recipe = load_recipe(options.recipe) if options.recipe else None
+    options.mode = options.mode or (recipe.trials.mode if recipe else "exact")
+    earlier_runs = earlier_runs_spec(options, recipe)
+    if options.earlier_runs and options.mode != "noisy":
+        raise UsageError("--earlier-runs counts only in noisy mode; add --mode noisy (or trials.mode: noisy "
+                         "in the recipe), or drop it: exact mode takes one verdict per commit")
+    if recipe is not None and options.recipe and Path(options.recipe).exists():
+        options.recipe = str(Path(options.recipe).resolve())
+    repo = history.open_repo(options.repo) if options.repo else None
+    if repo is not None and options.repo and not history.is_url(options.repo):
+        options.repo = str(repo.working_tree_dir or repo.git_dir)
+    if options.package is None and repo is None:
+        raise UsageError("give --repo (a clone of the upstream) or --package (bisect published releases)")
+    candidates_range = resolve_candidates(options, repo)
+    if options.command:
+        ends = [candidates_range["base"], candidates_range["bad"]] if candidates_range["kind"] == "commits" else []
+        check_command(options.command, repo, ends)
+    if repo is not None and options.package is None and options.executor == "docker" and recipe is not None:
+        check_dockerfile(repo, recipe.build.dockerfile, candidates_range)
+    if options.devices and options.slots > len(options.devices):
+        raise UsageError(f"--slots {options.slots} needs at least as many --devices (got {len(options.devices)}); "
+                         "give one card or more per slot")
+    if options.workdir:
+        from bisect_npu.build.local import check_workdir
+
+        options.workdir = str(Path(options.workdir).resolve())  # resume may start elsewhere
+        check_workdir(Path(options.workdir))
+    return RunInputs(recipe, repo, earlier_runs, candidates_range)
+
+
+def resolve_candidates(options: RunOptions, repo: git.Repo | None) -> dict[str, Any]:
+    """The journal header's `range`: commits of a repository, or published versions of a package."""
+    if options.package:
+        from bisect_npu import versions
+
+        vrange = versions.resolve_version_range(options.package, options.good, options.bad,
+                                                include_prereleases=options.prereleases,
+                                                index_url=options.index_url)
+        candidates = [*vrange.candidates, vrange.bad]
+        titles = {**vrange.titles, vrange.good: f"{options.package} {vrange.good}",
+                  vrange.bad: f"{options.package} {vrange.bad}"}
+        return {"kind": "versions", "package": options.package, "good": vrange.good, "bad": vrange.bad,
+                "base": vrange.good, "good_ref": options.good, "bad_ref": options.bad, "merge_base_note": None,
+                "candidates": candidates, "titles": titles, "prs": {}, "groups": vrange.groups}
+    assert repo is not None
+    brange = history.resolve_range(repo, options.good, options.bad)
+    if not brange.candidates:
+        raise UsageError(f"nothing to bisect between {options.good} and {options.bad}")
+    facts = history.commits_facts(repo, [brange.base, *brange.candidates])
+    return {"kind": "commits", "good": brange.good, "bad": brange.bad, "base": brange.base,
+            "good_ref": options.good, "bad_ref": options.bad, "merge_base_note": brange.merge_base_note,
+            "candidates": list(brange.candidates), "titles": {f.sha: f.title for f in facts},
+            "prs": {f.sha: f.pr for f in facts if f.pr}}
+
+
+def check_dockerfile(repo: git.Repo, dockerfile: str, candidates_range: dict[str, Any]) -> None:
+    """Both ends must hold the Dockerfile the images are built from (a recipe's build.dockerfile),
+    or every step would be a skip; say where in the range it first appears."""
+    from bisect_npu.build.key import BuildKeyReader
+
+    keys = BuildKeyReader(repo, dockerfile=dockerfile)
+    for which, sha in (("good", candidates_range["base"]), ("bad", candidates_range["bad"])):
+        if keys.key(sha).has_dockerfile:
+            continue
+        first = next((c for c in candidates_range["candidates"] if keys.key(c).has_dockerfile), None)
+        where = f"it first appears at {first[:12]} in this range" if first else "no commit of this range has it"
+        raise UsageError(f"the {which} end {candidates_range[f'{which}_ref']} ({sha[:12]}) has no {dockerfile}, "
+                         f"so it cannot be built for that target ({where}); pick ends that have it, or set "
+                         "build.dockerfile to one they have")
+
+
+# An argument that is only a path (a shell snippet such as `./x.sh && test -f y` is not).
+_PLAIN_PATH = re.compile(r"[\w./+@%:=,-]+")
+
+
+def check_command(command: list[str], repo: git.Repo | None, ends: list[str]) -> None:
+    """A command on PATH must exist now. The command runs in each candidate's checkout, which holds
+    only committed files: a relative program, or an argument that names a relative path (`./x`,
+    `../x`, or, run from the repository's root, a file there), must be committed at both ends, a
+    program executable and not a directory."""
+    import shutil
+
+    program = command[0]
+    if "/" not in program and shutil.which(program) is None:
+        raise UsageError(f"command not found: {program}; give a program on PATH or a path relative to "
+                         "the repository root (e.g. ./tests/check.sh)")
+    if Path(program).is_absolute() and not Path(program).is_file():
+        raise UsageError(f"command not found: {program} is not a file")
+    if repo is None:
+        return
+    at_root = repo.working_tree_dir is not None and Path.cwd().resolve() == Path(repo.working_tree_dir).resolve()
+    relative = [arg for i, arg in enumerate(command)
+                if _PLAIN_PATH.fullmatch(arg) and not Path(arg).is_absolute()
+                and (arg.startswith(("./", "../")) or (i == 0 and "/" in arg)
+                     or (i > 0 and at_root and Path(arg).is_file()))]
+    for arg in relative:
+        for sha in ends:
+            entry = _tree_entry(repo.commit(sha).tree, os.path.normpath(arg))
+            if entry is None:
+                raise UsageError(f"{arg} is not committed at {sha[:12]}: --cmd runs in each candidate's checkout, "
+                                 f"which holds only committed files; give an absolute path (e.g. "
+                                 f"{Path(arg).resolve()}) or commit it")
+            if arg != program or entry == "symlink":
+                continue
+            if entry.type == "tree":
+                raise UsageError(f"{arg} is a directory; give the program to run (e.g. {arg.rstrip('/')}/check.sh)")
+            if stat.S_ISREG(entry.mode) and not entry.mode & 0o111:
+                raise UsageError(f"{arg} is not executable at {sha[:12]}; run it through its interpreter "
+                                 f"(e.g. --cmd \"python3 {arg}\") or commit it with the executable bit")
+
+
+def _tree_entry(tree: git.Tree, path: str) -> git.Blob | git.Tree | Literal["symlink"] | None:
+    """The entry at `path`, "symlink" where a symlink on the way decides it (git does not follow
+    them; a checkout does), None when the commit has nothing there."""
+    if path in (".", ""):
+        return tree
+    try:
+        return tree / path
+    except KeyError:
+        parts = path.split("/")
+        for depth in range(1, len(parts)):
+            try:
+                on_the_way = tree / "/".join(parts[:depth])
+            except KeyError:
+                return None
+            if on_the_way.type == "blob" and stat.S_ISLNK(on_the_way.mode):
+                return "symlink"
+        return None

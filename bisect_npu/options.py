@@ -29,7 +29,9 @@ class RunOptions:
     command: list[str] | None = None
     executor: Literal["local", "docker"] = "local"
     devices: list[int] = field(default_factory=list)
-    slots: int = 1
+    # Candidates tested at once; None until the run starts (preflight.check_run): as many as
+    # --devices holds cards for the recipe's parallel size, else 1.
+    slots: int | None = None
     mode: Literal["exact", "noisy"] | None = None
     confidence: float | None = None
     check_ends: bool = True
@@ -60,7 +62,7 @@ class RunOptions:
             ("--cmd", shlex.join(self.command) if self.command else None),
             ("--executor", self.executor if self.executor != "local" else None),
             ("--devices", ",".join(map(str, self.devices)) or None),
-            ("--slots", self.slots if self.slots != max(1, len(self.devices)) else None),
+            ("--slots", self.slots if self.devices or (self.slots or 1) != 1 else None),
             ("--workdir", self.workdir), ("--mode", self.mode),
             ("--confidence", repr(self.confidence) if self.confidence is not None else None),
             ("--timeout", repr(self.timeout_s) if self.timeout_s != 3600.0 else None),

@@ -52,15 +52,30 @@ def check_run(options: RunOptions) -> RunInputs:
         check_command(options.command, repo, ends)
     if repo is not None and options.package is None and options.executor == "docker" and recipe is not None:
         check_dockerfile(repo, recipe.build.dockerfile, candidates_range)
-    if options.devices and options.slots > len(options.devices):
-        raise UsageError(f"--slots {options.slots} needs at least as many --devices (got {len(options.devices)}); "
-                         "give one card or more per slot")
+    settle_slots(options, recipe.cards_per_run() if recipe else 1)
     if options.workdir:
         from bisect_npu.build.local import check_workdir
 
         options.workdir = str(Path(options.workdir).resolve())  # resume may start elsewhere
         check_workdir(Path(options.workdir))
     return RunInputs(recipe, repo, earlier_runs, candidates_range)
+
+
+def settle_slots(options: RunOptions, cards_per_run: int) -> None:
+    """Decide `options.slots`: each slot's share of --devices must hold one engine (the recipe's
+    tensor x pipeline x data parallel size); by default as many slots as the cards allow."""
+    cards = len(options.devices)
+    if not cards:
+        options.slots = options.slots or 1
+        return
+    if cards < cards_per_run:
+        raise UsageError(f"the recipe's engine runs on {cards_per_run} cards (tensor x pipeline x data parallel) "
+                         f"but --devices gives {cards}; give at least {cards_per_run}")
+    options.slots = options.slots or cards // cards_per_run
+    if cards // options.slots < cards_per_run:
+        raise UsageError(f"--slots {options.slots} over {cards} card(s) leaves {cards // options.slots} per slot, and "
+                         f"the recipe's engine needs {cards_per_run}; use --slots {cards // cards_per_run} or fewer, "
+                         "or give more --devices")
 
 
 def resolve_candidates(options: RunOptions, repo: git.Repo | None) -> dict[str, Any]:

@@ -21,6 +21,9 @@ from bisect_npu.search import EarlierRuns
 BUNDLED_RECIPES = Path(__file__).resolve().parent.parent / "recipes"
 
 
+PARALLEL_SIZES = ("tensor_parallel_size", "pipeline_parallel_size", "data_parallel_size")  # engine args
+
+
 class _Strict(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
@@ -216,6 +219,14 @@ class Recipe(_Strict):
     build: BuildSpec = Field(default_factory=BuildSpec)
     install: InstallPlan = Field(default_factory=InstallPlan)
     source: str | None = Field(None, exclude=True)
+
+    def cards_per_run(self) -> int:
+        """NPU cards one engine needs: the product of its tensor, pipeline and data parallel sizes."""
+        cards = 1
+        for name in PARALLEL_SIZES:
+            size = self.engine.args.get(name, 1)
+            cards *= size if isinstance(size, int) and not isinstance(size, bool) and size > 0 else 1
+        return cards
 
     def digest(self) -> str:
         """Stable content hash, recorded in the session header so resume refuses a changed recipe."""

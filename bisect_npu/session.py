@@ -118,6 +118,11 @@ class Session:
     # -- state from the journal -----------------------------------------------------------------
 
     @property
+    def slots(self) -> int:
+        """Candidates tested at once (settled when the run started)."""
+        return max(1, self.options.slots or 1)
+
+    @property
     def n(self) -> int:
         return len(self.candidates)
 
@@ -141,7 +146,7 @@ class Session:
             self.journal.entries, self.recipe.trials if self.recipe else None, noisy=self.mode == "noisy",
             batches=self.evaluator.batches, grouped=bool(groups))
         return search.SearchProblem(n=self.n, mode=self.mode, check_ends=self.options.check_ends,
-                                    slots=max(1, self.options.slots), confidence=confidence, earlier_runs=earlier,
+                                    slots=self.slots, confidence=confidence, earlier_runs=earlier,
                                     load_cost=load_cost, build_cost=build_cost, build_groups=groups,
                                     prebuilt_groups=self.prebuilt_groups(), overlay_cost=overlay_cost)
 
@@ -308,7 +313,7 @@ class Session:
         ordered = sorted(queries, key=lambda q: q.index != 0)  # the good end first: it is the reference
         if self._needs_reference() and ordered and ordered[0].index == 0:
             self._run_query(ordered.pop(0))
-        if len(ordered) <= 1 or self.options.slots <= 1:
+        if len(ordered) <= 1 or self.slots <= 1:
             for query in ordered:
                 self._run_query(query)
             return
@@ -320,7 +325,7 @@ class Session:
             first = following.get(query.index, self._next_trial(query.index))
             firsts.append(first)
             following[query.index] = first + query.trials
-        with ThreadPoolExecutor(max_workers=self.options.slots) as pool:
+        with ThreadPoolExecutor(max_workers=self.slots) as pool:
             for future in [pool.submit(self._run_query, q, f) for q, f in zip(ordered, firsts, strict=True)]:
                 future.result()
 
@@ -403,14 +408,16 @@ class Session:
             assert isinstance(decision, search.EndsWrong)
             ref = self.options.good if decision.which == "good" else self.options.bad
             end_index = 0 if decision.which == "good" else self.n
+            # --find-fix names the ends old (broken) and new (fixed), as the user gave them.
+            name = ("old" if decision.which == "good" else "new") if self.options.find_fix else decision.which
             if self.evidence().get(end_index, search.Evidence()).skipped:
                 reason = next((e["verdict"]["reason"] for e in reversed(self._finished_steps())
                                if e["index"] == end_index), "")
-                message = (f"precondition failed: the {decision.which} end {ref} could not be tested ({reason}); "
+                message = (f"precondition failed: the {name} end {ref} could not be tested ({reason}); "
                            "fix the build or the recipe for that commit, or choose another end")
             elif self.options.find_fix:
                 state = "does not show the symptom" if decision.which == "good" else "still shows the symptom"
-                message = (f"precondition failed: the old end {ref} {state}; with --find-fix the old end must "
+                message = (f"precondition failed: the {name} end {ref} {state}; with --find-fix the old end must "
                            f"be broken and the new end fixed (or pass --no-check-ends)")
             else:
                 opposite = "bad" if decision.which == "good" else "good"

@@ -3,16 +3,22 @@
 from __future__ import annotations
 
 import functools
+import subprocess
+import sys
 import threading
 import time
 from pathlib import Path
 
 import pytest
+from gitrepo import make_linear_repo
 
 from bisect_npu.build.base import Environment
 from bisect_npu.execute.ascend import ascend_container_spec
 from bisect_npu.execute.docker import DevicePool, DockerExecutor, container_create_kwargs
 from bisect_npu.models import UsageError
+from bisect_npu.options import RunOptions
+from bisect_npu.preflight import settle_slots
+from bisect_npu.recipe import load_recipe
 
 
 def cards_of(kwargs: dict) -> list[str]:
@@ -68,3 +74,48 @@ def test_each_container_spec_gets_only_the_leased_cards(tmp_path: Path) -> None:
     assert not kwargs.get("privileged")
     whole = container_create_kwargs(executor.spec_for(env, ["true"], tmp_path))
     assert cards_of(whole) == [f"/dev/davinci{i}" for i in range(8)]
+
+
+@pytest.mark.parametrize(("devices", "slots", "per_run", "settled"), [
+    ([], None, 16, 1),                   # no cards: one candidate at a time
+    (list(range(8)), None, 1, 8),        # one card per engine: a slot per card
+    (list(range(8)), None, 2, 4),
+    (list(range(16)), None, 16, 1),      # DeepSeek-R1 at TP 16: all sixteen cards in one container
+    (list(range(8)), 2, 4, 2),
+    (list(range(8)), 1, 1, 1),           # asked for: kept
+])
+def test_slots_default_to_as_many_engines_as_the_cards_hold(devices, slots, per_run, settled) -> None:
+    options = RunOptions(good="g", bad="b", devices=devices, slots=slots)
+    settle_slots(options, per_run)
+    assert options.slots == settled
+    if devices:
+        pool = DevicePool(devices, settled)
+        with pool.lease() as cards:
+            assert len(cards) >= per_run
+
+
+@pytest.mark.parametrize(("devices", "slots", "per_run", "message"), [
+    (list(range(8)), None, 16, "runs on 16 cards .* --devices gives 8; give at least 16"),
+    (list(range(8)), 4, 4, "--slots 4 over 8 card.* leaves 2 per slot.* needs 4; use --slots 2 or fewer"),
+    ([0, 1], 3, 1, "--slots 3 over 2 card.* leaves 0 per slot"),
+])
+def test_slots_that_leave_an_engine_short_of_cards_are_a_usage_error(devices, slots, per_run, message) -> None:
+    with pytest.raises(UsageError, match=message):
+        settle_slots(RunOptions(good="g", bad="b", devices=devices, slots=slots), per_run)
+
+
+def test_cards_per_run_is_the_recipe_s_parallel_size() -> None:
+    assert load_recipe("deepseek-r1-longseq-rope").cards_per_run() == 16
+    assert load_recipe("qwen3-moe-presence-penalty-loop").cards_per_run() == 4
+    assert load_recipe("qwen3-repetition-penalty-async").cards_per_run() == 1
+
+
+def test_run_refuses_too_few_cards_for_the_recipe_before_anything_runs(tmp_path: Path) -> None:
+    repo = tmp_path / "repo"
+    make_linear_repo(repo, 4, tags={0: "good", 3: "bad"})
+    done = subprocess.run([sys.executable, "-m", "bisect_npu", "run", "--repo", str(repo), "--good", "good", "--bad",
+                           "bad", "--recipe", "deepseek-r1-longseq-rope", "--devices", "0-7", "--session",
+                           str(tmp_path / "s")], capture_output=True, text=True, timeout=120, check=False)
+    assert done.returncode == 2
+    assert "runs on 16 cards (tensor x pipeline x data parallel) but --devices gives 8" in done.stderr
+    assert not (tmp_path / "s").exists()  # nothing started

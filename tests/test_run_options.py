@@ -10,6 +10,7 @@ from hypothesis import strategies as st
 
 from bisect_npu.cli import main
 from bisect_npu.options import RunOptions
+from bisect_npu.preflight import settle_slots
 from bisect_npu.session import Session
 
 
@@ -61,9 +62,12 @@ options_strategy = st.builds(
 @settings(max_examples=60, deadline=None)
 @given(options_strategy, st.sampled_from([None, 2]))
 def test_the_reproduce_line_gives_the_same_options(options: RunOptions, slots: int | None) -> None:
-    options = dataclasses.replace(options, slots=slots or max(1, len(options.devices)))
+    options = dataclasses.replace(options, slots=slots or max(1, len(options.devices)))  # settled, one card each
     with pytest.MonkeyPatch.context() as monkeypatch:
-        assert parsed_by_run(options.run_argv(), monkeypatch) == options
+        parsed = parsed_by_run(options.run_argv(), monkeypatch)
+    if parsed.slots is None:  # left to the start of the run, which settles it the same way
+        settle_slots(parsed, cards_per_run=1)
+    assert parsed == options
 
 
 def test_a_release_bisection_reproduces_its_package_options(monkeypatch: pytest.MonkeyPatch) -> None:

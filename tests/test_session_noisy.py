@@ -175,4 +175,9 @@ def test_find_fix_flips_the_terms(tmp_path: Path) -> None:
     done = subprocess.run([*CLI, "run", "--repo", str(repo), "--old", shas[70], "--new", "new", "--cmd",
                            " ".join(GOOD_CMD), "--find-fix", "--session", str(tmp_path / "s2")],
                           cwd=tmp_path, capture_output=True, text=True, timeout=600)
-    assert done.returncode == 4 and "old end" in done.stdout
+    assert done.returncode == 4 and f"the old end {shas[70]} does not show the symptom" in done.stdout
+    # A new end that still shows the symptom is named as the new end.
+    done = subprocess.run([*CLI, "run", "--repo", str(repo), "--old", "old", "--new", shas[40], "--cmd",
+                           " ".join(GOOD_CMD), "--find-fix", "--session", str(tmp_path / "s3")],
+                          cwd=tmp_path, capture_output=True, text=True, timeout=600)
+    assert done.returncode == 4 and f"the new end {shas[40]} still shows the symptom" in done.stdout

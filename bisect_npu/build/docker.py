@@ -357,7 +357,8 @@ def make_docker_environment(options: Any, repo: git.Repo, recipe: Any, session_d
     build_args = dict(recipe.build.docker_args) if recipe else {}
     builder = DockerBuilder(repo, client, build_args=build_args, cache=cache,
                             dockerfile=recipe.build.dockerfile if recipe else "Dockerfile")
-    pool = DevicePool(list(options.devices), options.slots) if options.devices and options.slots > 1 else None
+    slots = options.slots or 1
+    pool = DevicePool(list(options.devices), slots) if options.devices and slots > 1 else None
     executor = DockerExecutor(client, container_spec_factory(options, recipe), session_id=session_dir.name,
                               device_pool=pool)
     atexit.register(executor.close)

@@ -44,9 +44,10 @@ def finish(result: SessionResult, as_json: bool) -> None:
 @click.option("--recipe", help="Recipe file or bundled recipe name (the bad case and its oracle).")
 @click.option("--cmd", "command", help="Oracle command instead of a recipe: exit 0 good, 125 skip, 1-127 bad.")
 @click.option("--executor", type=click.Choice(["local", "docker"]), default="local", show_default=True)
-@click.option("--devices", help="NPU cards for the container, e.g. 0,1 or 0-7 (one slot per card).")
+@click.option("--devices", help="NPU cards for the containers, e.g. 0,1 or 0-7.")
 @click.option("--slots", type=click.IntRange(min=1),
-              help="Candidates tested at once (default: one per device, else 1).")
+              help="Candidates tested at once, each on its share of --devices (default: as many as the cards "
+                   "hold engines of the recipe's tensor x pipeline x data parallel size; without --devices 1).")
 @click.option("--session", "session_dir", type=click.Path(path_type=Path), help="Session directory to create.")
 @click.option("--workdir", type=click.Path(path_type=Path),
               help="Where candidate worktrees go (e.g. a fast disk): in a subdirectory named after the session, "
@@ -92,7 +93,7 @@ def run(good: str, bad: str, repo: str | None, package: str | None, index_url: s
     cards = parse_devices(devices) if devices else []
     options = RunOptions(good=good, bad=bad, repo=repo or (None if package else "."), package=package,
                          index_url=index_url, prereleases=prereleases, recipe=recipe, command=argv, executor=executor,
-                         devices=cards, slots=slots or max(1, len(cards)), mode=mode, confidence=confidence,
+                         devices=cards, slots=slots, mode=mode, confidence=confidence,
                          check_ends=check_ends, timeout_s=timeout_s, propose_fix=propose_fix,
                          cache_size_gb=parse_size(cache_size) / 2**30,
                          verify_fix=verify_fix, find_fix=find_fix, prefetch=prefetch,

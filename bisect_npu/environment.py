@@ -31,6 +31,7 @@ def session_evaluator(options: RunOptions, repo: git.Repo | None, recipe: Recipe
         made_builder, made_executor = make_environment(options, repo, recipe, session_dir, workdir)
         builder = builder or made_builder
         executor = executor or made_executor
+    executor.sweep()  # a resumed session's killed predecessor may have left a probe running
     if options.prefetch if options.prefetch is not None else bool(options.devices):
         from bisect_npu.build.prefetch import Prefetcher
 
@@ -49,18 +50,19 @@ def make_environment(options: RunOptions, repo: git.Repo | None, recipe: Recipe 
 
         plan = recipe.install if recipe else InstallPlan()
         return (VenvBuilder(options.package, plan, default_venv_cache(), int(options.cache_size_gb * 2**30)),
-                LocalExecutor(env, []))
+                LocalExecutor(env, [], owner=str(session_dir.resolve())))
     assert repo is not None
     if options.executor == "local":
         from bisect_npu.build.local import LocalBuilder
-        from bisect_npu.execute.local import LocalExecutor
+        from bisect_npu.execute.local import OWNER_ENV, LocalExecutor
 
         build_command = recipe.build.local_command if recipe else []
         python_paths = recipe.build.python_paths if recipe else ["."]
         reuse = recipe.build.reuse_outputs if recipe else True
-        return (LocalBuilder(repo, workdir.resolve(), build_command, env,
+        owner = str(session_dir.resolve())
+        return (LocalBuilder(repo, workdir.resolve(), build_command, {**env, OWNER_ENV: owner},  # builds too
                              artifacts_dir=session_dir.resolve() / "build-outputs" if reuse else None),
-                LocalExecutor(env, python_paths))
+                LocalExecutor(env, python_paths, owner=owner))
     from bisect_npu.build.docker import make_docker_environment
 
     return make_docker_environment(options, repo, recipe, session_dir)

@@ -195,3 +195,26 @@ def test_signal_to_the_driving_process_removes_its_container(docker_client, demo
             child.kill()
         for container in session_containers(docker_client, session_id):
             container.remove(force=True)
+
+
+def test_a_sigkilled_driver_s_container_goes_when_its_session_resumes(docker_client, demo_base_image, tmp_path):
+    """SIGKILL leaves no chance to clean up: the container runs on (on an NPU host, holding its
+    cards); the executor a resumed session makes sweeps it before running anything."""
+    session_id = f"test-{uuid.uuid4().hex[:8]}"
+    child = subprocess.Popen([sys.executable, "-c", DRIVER, session_id, demo_base_image, str(tmp_path / "cmd.log")],
+                             cwd=REPO_ROOT, env={**os.environ})
+    try:
+        deadline = time.monotonic() + 90
+        while not [c for c in session_containers(docker_client, session_id) if c.status == "running"]:
+            assert time.monotonic() < deadline and child.poll() is None, "the container never started"
+            time.sleep(0.3)
+        child.kill()
+        child.wait(timeout=60)
+        assert [c.status for c in session_containers(docker_client, session_id)] == ["running"]
+        assert DockerExecutor(docker_client, session_id=session_id).sweep() == 1
+        assert session_containers(docker_client, session_id) == []
+    finally:
+        if child.poll() is None:
+            child.kill()
+        for container in session_containers(docker_client, session_id):
+            container.remove(force=True)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import random
@@ -452,3 +453,48 @@ def test_a_finished_session_with_nothing_to_verify_is_not_redone_on_resume(repo1
     assert "re-rendering the report only" in done.stdout + done.stderr
     kinds = [e["type"] for e in journal_lines(session)]
     assert kinds.count("fix") == 1 and kinds.count("fix_verify") == 1
+
+
+def _running(pid: int) -> bool:
+    """Alive and not a zombie waiting for its (adopted) parent to reap it."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] not in ("Z", "X")
+    except (FileNotFoundError, IndexError):
+        return False
+
+
+def test_resume_stops_what_a_sigkilled_run_left_running(tmp_path: Path) -> None:
+    """A SIGKILLed run cannot stop its oracle command (its own process group, on an NPU host it
+    holds the cards): the resumed session finds it by its mark and kills it, descendants too,
+    before running anything; another session's processes are left alone."""
+    repo = tmp_path / "repo"
+    shas = make_linear_repo(repo, 9, culprit=5, tags={0: "good", 8: "bad"})
+    hold, pids = tmp_path / "hold", tmp_path / "pids"
+    hold.touch()
+    command = (f"sh -c 'if [ -f {hold} ]; then sleep 600 & echo $$ $! >> {pids}; wait; fi; {GOOD_CMD_STR}'")
+    session = tmp_path / "s"
+    proc = subprocess.Popen([*CLI, "run", "--repo", str(repo), "--good", "good", "--bad", "bad", "--cmd", command,
+                             "--session", str(session), "--no-fix", "--quiet"], cwd=tmp_path,
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    bystander = subprocess.Popen(["sleep", "600"], env={**os.environ, "BISECT_NPU_OWNER": str(tmp_path / "other")})
+    try:
+        deadline = time.monotonic() + 60
+        while not (pids.exists() and pids.read_text().strip()):
+            assert time.monotonic() < deadline and proc.poll() is None, "the command never started"
+            time.sleep(0.1)
+        proc.kill()  # the driving process only, as the kernel's OOM killer or `kill -9 PID` would
+        proc.wait(timeout=30)
+        left = [int(pid) for pid in pids.read_text().split()]
+        assert all(_running(pid) for pid in left), "nothing was left running: the test shows nothing"
+        hold.unlink()
+        done = bisect("resume", "--session", str(session), "--json", cwd=tmp_path, check_code=0)
+        assert summary(done)["culprit"] == shas[5]
+        assert not any(_running(pid) for pid in left)
+        assert _running(bystander.pid)
+    finally:
+        bystander.kill()
+        if proc.poll() is None:
+            proc.kill()
+        for pid in (int(p) for p in pids.read_text().split()) if pids.exists() else ():
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)

@@ -61,3 +61,8 @@ class Executor(Protocol):
 
     def close(self) -> None:
         """Stop and remove whatever this executor still runs (containers, servers)."""
+
+    def sweep(self) -> int:
+        """Stop what an earlier, killed process of this session left running (its containers, its
+        probe or command processes), before this one runs anything: a resumed run on an NPU host
+        would otherwise share the cards with them. Returns how many went."""

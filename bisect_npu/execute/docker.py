@@ -250,6 +250,9 @@ class DockerExecutor:
         """Remove every container this executor's session still has (a sweep by label)."""
         remove_session_containers(self.client, self.session_id)
 
+    def sweep(self) -> int:
+        return remove_session_containers(self.client, self.session_id)
+
     def __enter__(self) -> DockerExecutor:
         return self
 

@@ -16,15 +16,19 @@ from bisect_npu.build.base import Environment, tail
 from bisect_npu.execute.base import RunResult, probe_log_path, with_outputs
 from bisect_npu.models import UsageError
 
+OWNER_ENV = "BISECT_NPU_OWNER"  # in every child's environment: which session (directory) started it
+
 
 class LocalExecutor:
-    """Subprocesses in their own process group, so a timeout or Ctrl-C kills the whole tree."""
+    """Subprocesses in their own process group, so a timeout or Ctrl-C kills the whole tree; each
+    carries its session's mark (`OWNER_ENV`), so what a SIGKILLed run left behind can be found."""
 
     def __init__(self, env: dict[str, str] | None = None, python_paths: list[str] | None = None,
-                 python: str = sys.executable) -> None:
+                 python: str = sys.executable, owner: str | None = None) -> None:
         self.env = env or {}
         self.python_paths = python_paths or ["."]
         self.python = python
+        self.owner = owner
 
     def _environ(self, env: Environment) -> dict[str, str]:
         worktree = Path(env.path or ".")
@@ -33,6 +37,8 @@ class LocalExecutor:
         environ = {**os.environ, **self.env, "PYTHONPATH": os.pathsep.join(paths + ([existing] if existing else []))}
         if env.python:  # a version's venv: its console scripts come first for user commands too
             environ["PATH"] = os.pathsep.join([str(Path(env.python).parent), environ.get("PATH", "")])
+        if self.owner:
+            environ[OWNER_ENV] = self.owner
         return environ
 
     def run_probe(self, env: Environment, request: dict[str, Any], out_dir: Path, timeout_s: float) -> RunResult:
@@ -49,6 +55,9 @@ class LocalExecutor:
 
     def close(self) -> None:
         """Nothing outlives a run: every subprocess is waited for (or killed) before `_run` returns."""
+
+    def sweep(self) -> int:
+        return kill_owned_processes(self.owner) if self.owner else 0
 
     def run_command(self, env: Environment, argv: list[str], log_path: Path, timeout_s: float,
                     extra_env: dict[str, str] | None = None) -> RunResult:
@@ -88,3 +97,29 @@ class LocalExecutor:
 def _kill_group(proc: subprocess.Popen[bytes]) -> None:
     with contextlib.suppress(ProcessLookupError):
         os.killpg(proc.pid, signal.SIGKILL)
+
+
+def kill_owned_processes(owner: str) -> int:
+    """SIGKILL every process whose environment marks it as started for `owner` (a session
+    directory) or for a directory below it: a probe, server or command that a killed run left
+    running, with their descendants, who inherit the mark. Reads /proc (Linux); elsewhere none."""
+    proc = Path("/proc")
+    if not proc.is_dir():
+        return 0
+    prefix = owner.rstrip("/") + "/"
+    killed = 0
+    for entry in proc.iterdir():
+        if not entry.name.isdigit() or int(entry.name) == os.getpid():
+            continue
+        try:
+            environ = (entry / "environ").read_bytes().split(b"\0")
+        except OSError:  # gone, or another user's
+            continue
+        for item in environ:
+            name, _, value = item.decode(errors="replace").partition("=")
+            if name == OWNER_ENV and (value == owner or value.startswith(prefix)):
+                with contextlib.suppress(ProcessLookupError, PermissionError):
+                    os.kill(int(entry.name), signal.SIGKILL)
+                    killed += 1
+                break
+    return killed

@@ -16,6 +16,7 @@ import git
 
 from bisect_npu.build.base import BuildFailed
 from bisect_npu.build.local import remove_worktree, sweep_worktrees, sweep_worktrees_of_any_repo
+from bisect_npu.execute.local import kill_owned_processes
 from bisect_npu.fix.results import (
     AlreadyApplied,
     AppliedFix,
@@ -41,6 +42,7 @@ def verification_scratch(repo: git.Repo) -> Iterator[Path]:
     host = re.sub(r"[^\w.]", "_", socket.gethostname()) + "--"
     for stale in base.iterdir():
         if stale.name.startswith(host) and not _process_alive(stale.name[len(host):].split("-", 1)[0]):
+            kill_owned_processes(str(stale.resolve()))  # its probe or oracle command, if still running
             sweep_worktrees_of_any_repo(stale)  # the killed run may have verified on another clone
             sweep_worktrees(repo, stale)
             shutil.rmtree(stale, ignore_errors=True)

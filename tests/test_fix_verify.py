@@ -149,7 +149,14 @@ def test_a_killed_verification_s_worktrees_are_swept_by_the_next(tmp_path, monke
     other_shas = make_upstream(tmp_path / "other-clone")  # the killed run was verifying on another clone
     other = git.Repo(tmp_path / "other-clone")
     other.git.worktree("add", "--detach", str(dead / "session" / "worktrees" / "abc"), other_shas["bad"])
+    import subprocess
+
+    # The killed run's oracle command, still running under its mark; and a live run's on another node.
+    orphan = subprocess.Popen(["sleep", "600"], env={**os.environ, "BISECT_NPU_OWNER": str(dead / "session")})
+    alive = subprocess.Popen(["sleep", "600"], env={**os.environ, "BISECT_NPU_OWNER": str(elsewhere / "session")})
     with verification_scratch(repo) as scratch:
+        assert orphan.wait(timeout=10) == -9 and alive.poll() is None
+        alive.kill()
         assert scratch.name.startswith(f"{host}--{os.getpid()}-") and not dead.exists() and elsewhere.exists()
         assert repo.git.worktree("list", "--porcelain").count("worktree ") == 1
         assert other.git.worktree("list", "--porcelain").count("worktree ") == 1

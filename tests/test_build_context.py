@@ -112,3 +112,36 @@ def test_a_local_worktree_of_a_clone_without_submodules_stops_with_the_command(w
         local.acquire(second, tmp_path / "logs")
     assert not (tmp_path / "work" / second[:12]).exists()  # the half-made worktree went
     local.close()
+
+
+def test_without_a_build_command_a_missing_submodule_stays_empty_and_is_logged(with_submodule, tmp_path) -> None:
+    upstream, _, _, second, _ = with_submodule
+    plain = tmp_path / "plain-clone"
+    _git(tmp_path, "clone", "-q", str(upstream), str(plain))
+    local = LocalBuilder(git.Repo(plain), tmp_path / "work", [])  # a --cmd oracle on Python code: no build
+    try:
+        env = local.acquire(second, tmp_path / "logs")
+        assert not any((Path(env.path or "") / "csrc" / "third_party" / "catlass").iterdir())
+        assert "submodule csrc/third_party/catlass: not in this clone" in Path(env.log_path or "").read_text()
+    finally:
+        local.close()
+
+
+def test_submodules_initialised_in_a_linked_worktree_are_found(with_submodule, tmp_path) -> None:
+    upstream, _, first, second, _ = with_submodule
+    plain = tmp_path / "plain-clone"
+    _git(tmp_path, "clone", "-q", str(upstream), str(plain))
+    linked = tmp_path / "linked"
+    _git(plain, "worktree", "add", "-q", str(linked), second)
+    _git(linked, "submodule", "update", "--init", "--recursive")  # into .git/worktrees/linked/modules
+    assert not (plain / ".git" / "modules").exists()
+    assert context_files(linked, second)["csrc/third_party/catlass/include/catlass.h"] == b"v2\n"
+
+
+def test_a_gitlink_that_gitmodules_does_not_map_is_left_out_as_git_does(tmp_path) -> None:
+    repo = tmp_path / "orphan"
+    make_linear_repo(repo, 1, files=lambda i: {"a.txt": "a\n"})
+    _git(repo, "update-index", "--add", "--cacheinfo", f"160000,{'1' * 40},vendor/lost")
+    _git(repo, "commit", "-qm", "A gitlink without .gitmodules")
+    head = _git(repo, "rev-parse", "HEAD")
+    assert "a.txt" in (files := context_files(repo, head)) and not any(f.startswith("vendor") for f in files)

@@ -12,6 +12,7 @@ import io
 import posixpath
 import subprocess
 import tarfile
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO
 
@@ -25,56 +26,87 @@ def commit_archive(repo: git.Repo, commit: str) -> IO[bytes]:
     """The commit's tree as a tar, submodules included, without touching any checkout."""
     out = io.BytesIO()
     with tarfile.open(fileobj=out, mode="w") as archive:
-        _archive_into(archive, Path(repo.common_dir), commit, prefix="", top=commit)
+        _Assembly(archive, commit, missing_ok=False).tree(_git_dirs(repo), commit, prefix="")
     out.seek(0)
     return out
 
 
-def check_out_submodules(repo: git.Repo, commit: str, worktree: Path) -> int:
-    """Write each submodule's files, at the commit's pins, into a worktree of `commit`; how many
-    submodules (nested ones included) there were."""
-    git_dir = Path(repo.common_dir)
-    links = _gitlinks(git_dir, commit)
-    if not links:
-        return 0
+def check_out_submodules(repo: git.Repo, commit: str, worktree: Path, missing_ok: bool = False
+                         ) -> tuple[int, list[str]]:
+    """Write each submodule's files, at the commit's pins, into a worktree of `commit`: how many
+    submodules (nested ones included) were written, and with `missing_ok` the paths of those the
+    clone lacks (left empty, as `git worktree add` leaves them) instead of an error."""
     out = io.BytesIO()
     with tarfile.open(fileobj=out, mode="w") as archive:
-        count = _add_submodules(archive, git_dir, commit, links, prefix="", top=commit)
-    out.seek(0)
-    with tarfile.open(fileobj=out, mode="r:") as archive:
-        # Names come from git trees (no absolute paths, no `..`); the filter refuses them anyway.
-        archive.extractall(worktree, filter="tar")
-    return count
+        assembly = _Assembly(archive, commit, missing_ok)
+        assembly.submodules(_git_dirs(repo), commit, prefix="")
+    if assembly.count:
+        out.seek(0)
+        with tarfile.open(fileobj=out, mode="r:") as tar:
+            # Names come from git trees (no absolute paths, no `..`); the filter refuses them anyway.
+            safe = {"filter": "tar"} if hasattr(tarfile, "tar_filter") else {}  # Python >= 3.11.4
+            tar.extractall(worktree, **safe)  # type: ignore[arg-type]
+    return assembly.count, assembly.missing
 
 
-def _archive_into(archive: tarfile.TarFile, git_dir: Path, commit: str, prefix: str, top: str) -> int:
-    done = subprocess.run(["git", "--git-dir", str(git_dir), "archive", "--format=tar", f"--prefix={prefix}", commit],
-                          capture_output=True, check=False)
-    if done.returncode != 0:
-        raise BuildFailed(f"git archive {commit[:12]} failed: {done.stderr.decode(errors='replace').strip()}")
-    with tarfile.open(fileobj=io.BytesIO(done.stdout), mode="r:") as source:
-        for member in source:
-            if member.type != tarfile.XGLTYPE:
-                archive.addfile(member, source.extractfile(member) if member.isfile() else None)
-    return _add_submodules(archive, git_dir, commit, _gitlinks(git_dir, commit), prefix, top)
+def _git_dirs(repo: git.Repo) -> tuple[Path, ...]:
+    """Where a clone keeps its submodules (`modules/`): a linked worktree's own git dir first (a
+    submodule initialised there lives in it), then the repository's common one."""
+    own, common = Path(repo.git_dir), Path(repo.common_dir)
+    return (own, common) if own.resolve() != common.resolve() else (common,)
 
 
-def _add_submodules(archive: tarfile.TarFile, git_dir: Path, commit: str, links: list[tuple[str, str]],
-                    prefix: str, top: str) -> int:
-    count = 0
-    for path, pinned in links:
-        name = submodule_name(git_dir, commit, path)
-        module = git_dir / "modules" / name
-        if not _has_commit(module, pinned) and _is_cached_clone(git_dir):
-            _fetch_submodule(git_dir, commit, name, module, pinned)
-        if not _has_commit(module, pinned):
-            raise InfrastructureError(
-                f"{top[:12]} pins submodule {prefix}{path} at {pinned[:12]}, which this clone does not have; "
-                "run `git submodule update --init --recursive` in the repository (for a submodule the "
-                "checked-out commit no longer has, from a commit that has it), or pass --repo as a URL: "
-                "bisect-npu then fetches submodules into its cached clone itself; then resume")
-        count += 1 + _archive_into(archive, module, pinned, f"{prefix}{path}/", top)
-    return count
+@dataclass
+class _Assembly:
+    """One tar being assembled for the commit `top`, and the submodules its clone lacked."""
+
+    archive: tarfile.TarFile
+    top: str
+    missing_ok: bool
+    count: int = 0
+    missing: list[str] = field(default_factory=list)
+
+    def tree(self, git_dirs: tuple[Path, ...], commit: str, prefix: str) -> None:
+        done = subprocess.run(["git", "--git-dir", str(git_dirs[0]), "archive", "--format=tar", f"--prefix={prefix}",
+                               commit], capture_output=True, check=False)
+        if done.returncode != 0:
+            raise BuildFailed(f"git archive {commit[:12]} failed: {done.stderr.decode(errors='replace').strip()}")
+        with tarfile.open(fileobj=io.BytesIO(done.stdout), mode="r:") as source:
+            for member in source:
+                if member.type != tarfile.XGLTYPE:
+                    self.archive.addfile(member, source.extractfile(member) if member.isfile() else None)
+        self.submodules(git_dirs, commit, prefix)
+
+    def submodules(self, git_dirs: tuple[Path, ...], commit: str, prefix: str) -> None:
+        for path, pinned in _gitlinks(git_dirs[0], commit):
+            name = submodule_name(git_dirs[0], commit, path)
+            if name is None:  # a gitlink .gitmodules does not map: git does not check it out either
+                continue
+            module = _module_store(git_dirs, commit, name, pinned)
+            if module is None and self.missing_ok:
+                self.missing.append(f"{prefix}{path}")
+                continue
+            if module is None:
+                raise InfrastructureError(
+                    f"{self.top[:12]} pins submodule {prefix}{path} at {pinned[:12]}, which this clone does not "
+                    "have; run `git submodule update --init --recursive` in the repository (for a submodule the "
+                    "checked-out commit no longer has, from a commit that has it), or pass --repo as a URL: "
+                    "bisect-npu then fetches submodules into its cached clone itself; then resume")
+            self.count += 1
+            self.tree((module,), pinned, f"{prefix}{path}/")
+
+
+def _module_store(git_dirs: tuple[Path, ...], commit: str, name: str, pinned: str) -> Path | None:
+    """The git dir of submodule `name` that holds `pinned`; a cached clone fetches it first."""
+    for git_dir in git_dirs:
+        if _has_commit(git_dir / "modules" / name, pinned):
+            return git_dir / "modules" / name
+    common = git_dirs[-1]
+    if _is_cached_clone(common):
+        _fetch_submodule(common, commit, name, common / "modules" / name, pinned)
+        if _has_commit(common / "modules" / name, pinned):
+            return common / "modules" / name
+    return None
 
 
 def _has_commit(git_dir: Path, sha: str) -> bool:
@@ -102,6 +134,9 @@ def _fetch_submodule(git_dir: Path, commit: str, name: str, module: Path, pinned
         url = f"{origin.split('://', 1)[0]}://{url}" if "://" in origin else url
     if not module.is_dir():
         subprocess.run(["git", "init", "--quiet", "--bare", str(module)], capture_output=True, check=False)
+        # Its own submodules' relative URLs are relative to this one's origin, as in a clone.
+        subprocess.run(["git", "--git-dir", str(module), "config", "remote.origin.url", url], capture_output=True,
+                       check=False)
     for refspec in ([pinned], ["+refs/heads/*:refs/heads/*", "+refs/tags/*:refs/tags/*"]):
         # The URL comes from upstream's .gitmodules: never a transport that runs commands.
         subprocess.run(["git", "-c", "protocol.ext.allow=never", "--git-dir", str(module), "fetch", "--quiet",
@@ -128,14 +163,15 @@ def _gitlinks(git_dir: Path, commit: str) -> list[tuple[str, str]]:
     return links
 
 
-def submodule_name(git_dir: Path, commit: str, path: str) -> str:
-    """The submodule's name for `path` in the commit's .gitmodules (git keeps it under modules/<name>).
-    A name git itself would refuse (`..`, an absolute path) is not used as a directory."""
+def submodule_name(git_dir: Path, commit: str, path: str) -> str | None:
+    """The submodule's name for `path` in the commit's .gitmodules (git keeps it under modules/<name>),
+    None when .gitmodules does not map the path. A name git itself would refuse (`..`, an absolute
+    path) is not used as a directory: the path stands in for it."""
     done = subprocess.run(["git", "--git-dir", str(git_dir), "config", "-z", "--blob", f"{commit}:.gitmodules",
                            "--get-regexp", r"^submodule\..*\.path$"], capture_output=True, check=False)
     for record in filter(None, done.stdout.decode(errors="replace").split("\0")):
         key, _, value = record.partition("\n")
         name = key[len("submodule."):-len(".path")]
-        if value == path and name and ".." not in Path(name).parts and not name.startswith("/"):
-            return name
-    return path
+        if value == path:
+            return name if name and ".." not in Path(name).parts and not name.startswith("/") else path
+    return None

@@ -128,7 +128,7 @@ def test_without_a_build_command_a_missing_submodule_stays_empty_and_is_logged(w
 
 
 def test_submodules_initialised_in_a_linked_worktree_are_found(with_submodule, tmp_path) -> None:
-    upstream, _, first, second, _ = with_submodule
+    upstream, _, _, second, _ = with_submodule
     plain = tmp_path / "plain-clone"
     _git(tmp_path, "clone", "-q", str(upstream), str(plain))
     linked = tmp_path / "linked"

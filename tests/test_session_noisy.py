@@ -108,7 +108,8 @@ def test_earlier_runs_are_counted_and_reported(tmp_path: Path, flaky: str) -> No
     # The evidence behind the answer, in words: the culprit's and its parent's trials, the posterior.
     evidence = json.loads((tmp_path / "earlier" / "report.json").read_text())["evidence"]
     parent = round(evidence["parent_rate"] * evidence["parent_trials"])
-    assert (f"its parent `{shas[49][:12]}`: {parent} of {evidence['parent_trials']:.0f} trials bad" in report
+    assert (f"its parent `{shas[49][:12]}`: the symptom in {parent} of {evidence['parent_trials']:.0f} trials"
+            in report
             and "posterior that this is the first bad commit: " in report)
     done = subprocess.run([*CLI, "run", "--repo", str(repo), "--good", "good", "--bad", "bad", "--cmd", flaky,
                            "--mode", "noisy", "--session", str(tmp_path / "bad-input"), "--earlier-runs", "7/5", "0/5"],

@@ -153,52 +153,61 @@ def _with_interrupted_rows(steps: list[StepView], orphans: dict[int, list[tuple[
 
 def evidence_summary(view: SessionView) -> list[str]:
     """The evidence behind the answer in words (the journal keeps the raw figures): in exact mode
-    the steps that bracket the culprit, in noisy mode both rates with their 95% intervals and the
-    posterior."""
+    the steps that bracket the culprit, in noisy mode both commits' trials with 95% intervals and
+    the posterior. Noisy figures count the search's "bad" runs, which with --find-fix are the runs
+    without the symptom; the words always count runs that show it."""
     end = view.end or {}
     figures = end.get("figures") or {}
     if end.get("status") != "found":
         return []
+    flipped = bool(view.options.get("find_fix"))
     if "culprit_trials" in figures:
         parent = _parent_of(view, end)
+        more = "less" if flipped else "more"
+        after, before = figures["bad_rate_estimate"], figures["good_rate_estimate"]
+        if flipped:
+            after, before = 1 - after, 1 - before
         return [
-            f"culprit: {_rate_phrase(figures, 'culprit')}",
-            f"its parent{f' `{parent[:12]}`' if parent else ''}: {_rate_phrase(figures, 'parent')}",
-            f"P(the culprit fails more often than its parent, from their own trials) = {figures['separation']:.1%}",
-            f"posterior that this is the first {_changed_word(view)} commit: {figures['posterior']:.1%} "
-            f"(range-wide estimates: {figures['bad_rate_estimate']:.0%} of runs fail after the change, "
-            f"{figures['good_rate_estimate']:.0%} before; {figures['trials']:.0f} trials in all)",
+            f"culprit: {_symptom_share(figures, 'culprit', flipped)}",
+            f"its parent{f' `{parent[:12]}`' if parent else ''}: {_symptom_share(figures, 'parent', flipped)}",
+            f"P(the culprit shows the symptom {more} often than its parent, from their own trials) = "
+            f"{figures['separation']:.1%}",
+            f"posterior that this is the first {'fixed' if flipped else 'bad'} commit: {figures['posterior']:.1%} "
+            f"(range-wide estimates: the symptom in {after:.0%} of runs after the change, {before:.0%} before; "
+            f"{figures['trials']:.0f} trials in all)",
         ]
     if "posterior" in figures:  # every position capped or skipped: the best guess, with its weight
-        return [f"posterior {figures['posterior']:.1%}: the trial cap was reached before the answer was sure"]
+        return [f"posterior {figures['posterior']:.1%}: the commits around it reached the trial cap or were "
+                "skipped before the answer was sure"]
     at = {s.index: s for s in view.steps if s.verdict in ("good", "bad")}
-    culprit, before = at.get(end.get("index", -1)), at.get(end.get("index", 0) - 1)
+    culprit, before_step = at.get(end.get("index", -1)), at.get(end.get("index", 0) - 1)
     lines = []
     if culprit is not None:
         lines.append(f"**{culprit.verdict}** at the culprit (step {culprit.order})")
-    if before is not None:
-        lines.append(f"**{before.verdict}** at its parent `{before.commit[:12]}` (step {before.order})")
+    if before_step is not None:
+        lines.append(f"**{before_step.verdict}** at its parent `{before_step.commit[:12]}` (step {before_step.order})")
     if "tested" in figures:
-        lines.append(f"{figures['tested']:.0f} of {len(view.range['candidates'])} candidates tested")
+        lines.append(f"{figures['tested']:.0f} commits tested, the ends included, for "
+                     f"{len(view.range['candidates'])} candidates")
     return lines
 
 
-def _rate_phrase(figures: dict[str, float], name: str) -> str:
+def _symptom_share(figures: dict[str, float], name: str, flipped: bool) -> str:
+    """How many of a commit's trials showed the symptom, with the 95% interval of the share."""
     trials = round(figures[f"{name}_trials"])
-    bad = round(figures[f"{name}_rate"] * trials)
-    return (f"{bad} of {trials} trials bad ({figures[f'{name}_rate']:.0%}; 95% interval "
-            f"{figures[f'{name}_rate_lo']:.0%}-{figures[f'{name}_rate_hi']:.0%})")
+    rate, low, high = figures[f"{name}_rate"], figures[f"{name}_rate_lo"], figures[f"{name}_rate_hi"]
+    if flipped:  # the figures count runs without the symptom
+        rate, low, high = 1 - rate, 1 - high, 1 - low
+    return (f"the symptom in {round(rate * trials)} of {trials} trials ({rate:.0%}; 95% interval "
+            f"{low:.0%}-{high:.0%})")
 
 
 def _parent_of(view: SessionView, end: dict[str, Any]) -> str | None:
+    """The candidate (or the base) just before the culprit's position."""
     index = end.get("index")
     if not isinstance(index, int) or index < 1:
         return None
     return view.range["base"] if index == 1 else view.range["candidates"][index - 2]
-
-
-def _changed_word(view: SessionView) -> str:
-    return "fixed" if view.options.get("find_fix") else "bad"
 
 
 def engine_starts(entries: list[dict[str, Any]]) -> dict[str, Any] | None:

@@ -1,0 +1,50 @@
+"""The report's evidence sentences: what the culprit's and its parent's trials showed, in words."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from bisect_npu.report import SessionView, StepView, evidence_summary
+
+NOISY = {"posterior": 0.995, "culprit_rate": 0.9, "culprit_rate_lo": 0.6, "culprit_rate_hi": 0.98,
+         "culprit_trials": 10.0, "parent_rate": 0.1, "parent_rate_lo": 0.02, "parent_rate_hi": 0.4,
+         "parent_trials": 10.0, "separation": 0.999, "bad_rate_estimate": 0.8, "good_rate_estimate": 0.25,
+         "trials": 60.0}
+
+
+def view(figures: dict, *, find_fix: bool = False, steps: list[StepView] | None = None) -> SessionView:
+    header = {"range": {"base": "b" * 40, "candidates": ["1" * 40, "2" * 40, "3" * 40]},
+              "options": {"find_fix": find_fix}}
+    end = {"status": "found", "culprit": "2" * 40, "index": 2, "figures": figures}
+    return SessionView(Path("."), header, steps or [], end, None, None)
+
+
+def test_noisy_evidence_counts_the_runs_that_show_the_symptom() -> None:
+    lines = evidence_summary(view(NOISY))
+    assert lines[0] == "culprit: the symptom in 9 of 10 trials (90%; 95% interval 60%-98%)"
+    assert lines[1] == f"its parent `{'1' * 12}`: the symptom in 1 of 10 trials (10%; 95% interval 2%-40%)"
+    assert "shows the symptom more often than its parent" in lines[2] and "99.9%" in lines[2]
+    assert "first bad commit: 99.5%" in lines[3]
+    assert "the symptom in 80% of runs after the change, 25% before" in lines[3]
+
+
+def test_with_find_fix_the_figures_count_runs_without_the_symptom_and_the_words_say_so() -> None:
+    """--find-fix searches for the first commit without the symptom: the search's "bad" runs are
+    the clean ones, so 9 of 10 "bad" at the fixed commit is the symptom in 1 of 10."""
+    lines = evidence_summary(view(NOISY, find_fix=True))
+    assert lines[0] == "culprit: the symptom in 1 of 10 trials (10%; 95% interval 2%-40%)"
+    assert lines[1] == f"its parent `{'1' * 12}`: the symptom in 9 of 10 trials (90%; 95% interval 60%-98%)"
+    assert "shows the symptom less often than its parent" in lines[2]
+    assert "first fixed commit" in lines[3] and "the symptom in 20% of runs after the change, 75% before" in lines[3]
+
+
+@pytest.mark.parametrize("tested", [2, 5])
+def test_exact_evidence_names_the_bracketing_steps(tested: int) -> None:
+    steps = [StepView(1, 3, "3" * 40, "", "bad", "", 0.0, "", 0.0, 1, {}, []),
+             StepView(2, 2, "2" * 40, "", "bad", "", 0.0, "", 0.0, 1, {}, []),
+             StepView(3, 1, "1" * 40, "", "good", "", 0.0, "", 0.0, 1, {}, [])]
+    lines = evidence_summary(view({"tested": float(tested)}, steps=steps))
+    assert lines[:2] == ["**bad** at the culprit (step 2)", f"**good** at its parent `{'1' * 12}` (step 3)"]
+    assert lines[2] == f"{tested} commits tested, the ends included, for 3 candidates"

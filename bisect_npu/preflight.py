@@ -34,6 +34,7 @@ def check_run(options: RunOptions) -> RunInputs:
     if (options.recipe is None) == (options.command is None):
         raise UsageError("give either --recipe FILE or --cmd COMMAND (the oracle for each candidate)")
     recipe = load_recipe(options.recipe) if options.recipe else None
+    settle_slots(options, recipe.cards_per_run() if recipe else 1)  # before any clone or index query
     options.mode = options.mode or (recipe.trials.mode if recipe else "exact")
     earlier_runs = earlier_runs_spec(options, recipe)
     if options.earlier_runs and options.mode != "noisy":
@@ -52,7 +53,6 @@ def check_run(options: RunOptions) -> RunInputs:
         check_command(options.command, repo, ends)
     if repo is not None and options.package is None and options.executor == "docker" and recipe is not None:
         check_dockerfile(repo, recipe.build.dockerfile, candidates_range)
-    settle_slots(options, recipe.cards_per_run() if recipe else 1)
     if options.workdir:
         from bisect_npu.build.local import check_workdir
 

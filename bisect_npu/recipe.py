@@ -222,9 +222,11 @@ class Recipe(_Strict):
 
     def cards_per_run(self) -> int:
         """NPU cards one engine needs: the product of its tensor, pipeline and data parallel sizes."""
+        args = {str(key).replace("-", "_"): value for key, value in self.engine.args.items()}
         cards = 1
         for name in PARALLEL_SIZES:
-            size = self.engine.args.get(name, 1)
+            size = args.get(name, 1)
+            size = int(size) if isinstance(size, str) and size.isdigit() else size
             cards *= size if isinstance(size, int) and not isinstance(size, bool) and size > 0 else 1
         return cards
 
@@ -318,7 +320,7 @@ def _fields_at(model: type[BaseModel], path: tuple[Any, ...]) -> list[str]:
         if inner is None:
             return []
         model = inner
-    return list(model.model_fields)
+    return [name for name, field in model.model_fields.items() if not field.exclude]
 
 
 def _model_in(annotation: Any) -> type[BaseModel] | None:

@@ -28,7 +28,7 @@ from bisect_npu.execute.base import Executor
 from bisect_npu.journal import DEFAULT_ROOT, Journal, latest_session, new_session_dir, require_header
 from bisect_npu.models import UsageError, Verdict, to_jsonable
 from bisect_npu.options import RunOptions, earlier_runs_spec
-from bisect_npu.preflight import check_run
+from bisect_npu.preflight import check_run, settle_slots
 from bisect_npu.progress import PlainProgress, Progress
 from bisect_npu.recipe import Recipe, load_recipe
 
@@ -112,6 +112,13 @@ class Session:
         progress = progress or PlainProgress()
         if journal.dropped_tail:
             progress.note("dropped a torn last journal line (the previous run was killed mid-write)")
+        per_run = recipe.cards_per_run() if recipe else 1
+        if options.devices and len(options.devices) // (options.slots or 1) < per_run:
+            # A session started before slots followed the engine's size: one card per slot.
+            options.slots = None
+            settle_slots(options, per_run)
+            progress.note(f"{options.slots} slot(s): the recipe's engine needs {per_run} of the "
+                          f"{len(options.devices)} cards")
         evaluator = session_evaluator(options, repo, recipe, session_dir, builder, executor)
         return cls(journal, options, repo, recipe, evaluator, progress)
 

@@ -129,3 +129,9 @@ def test_the_paired_vllm_is_what_the_build_args_make_it(repo):
     pinned = build_key(r, sha, {"VLLM_COMMIT": "0123abcd"})
     assert pinned.inputs["vllm_tag"] == "0123abcd"
     assert pinned.digest != build_key(r, sha).digest
+    # An arg the Dockerfile does not declare is ignored by docker, and so here.
+    assert build_key(r, first_of(r), {"VLLM_COMMIT": "0123abcd"}).inputs["vllm_tag"] == "v0.9.1"
+
+
+def first_of(r: git.Repo) -> str:
+    return next(r.iter_commits(rev="HEAD", reverse=True)).hexsha

@@ -18,7 +18,7 @@ from bisect_npu.execute.docker import DevicePool, DockerExecutor, container_crea
 from bisect_npu.models import UsageError
 from bisect_npu.options import RunOptions
 from bisect_npu.preflight import settle_slots
-from bisect_npu.recipe import load_recipe
+from bisect_npu.recipe import load_recipe, parse_recipe
 
 
 def cards_of(kwargs: dict) -> list[str]:
@@ -108,6 +108,9 @@ def test_cards_per_run_is_the_recipe_s_parallel_size() -> None:
     assert load_recipe("deepseek-r1-longseq-rope").cards_per_run() == 16
     assert load_recipe("qwen3-moe-presence-penalty-loop").cards_per_run() == 4
     assert load_recipe("qwen3-repetition-penalty-async").cards_per_run() == 1
+    spelled = parse_recipe("name: t\nmodel: {path: /m}\ncases: [{id: a, prompt: hi}]\nengine:\n  args:\n"
+                           "    tensor-parallel-size: '2'\n    pipeline_parallel_size: 2\n", source="t.yaml")
+    assert spelled.cards_per_run() == 4  # the openai backend's dashed flags and quoted numbers count too
 
 
 def test_run_refuses_too_few_cards_for_the_recipe_before_anything_runs(tmp_path: Path) -> None:
@@ -119,3 +122,30 @@ def test_run_refuses_too_few_cards_for_the_recipe_before_anything_runs(tmp_path:
     assert done.returncode == 2
     assert "runs on 16 cards (tensor x pipeline x data parallel) but --devices gives 8" in done.stderr
     assert not (tmp_path / "s").exists()  # nothing started
+
+
+def test_a_session_from_before_slots_followed_the_engine_size_is_resettled_on_resume(tmp_path: Path) -> None:
+    """Older runs took one slot per card: resuming one with a TP 4 recipe on 8 cards gives 2 slots."""
+    import json
+
+    from bisect_npu.session import Session
+
+    repo = tmp_path / "repo"
+    make_linear_repo(repo, 4, tags={0: "good", 3: "bad"})
+    options = RunOptions(good="good", bad="bad", repo=str(repo), recipe="qwen3-moe-presence-penalty-loop",
+                         devices=list(range(8)))
+    session = Session.start(options, session_dir=tmp_path / "s")
+    assert session.slots == 2
+    session.evaluator.close()
+    session.journal.close()
+    journal = tmp_path / "s" / "journal.jsonl"
+    lines = journal.read_text().splitlines()
+    header = json.loads(lines[0])
+    header["options"]["slots"] = 8  # what that version wrote
+    journal.write_text("\n".join([json.dumps(header), *lines[1:]]) + "\n")
+    resumed = Session.resume(tmp_path / "s")
+    try:
+        assert resumed.slots == 2
+    finally:
+        resumed.evaluator.close()
+        resumed.journal.close()

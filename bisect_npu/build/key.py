@@ -79,7 +79,9 @@ class BuildKeyReader:
             inputs["dockerfile"] = blob.hexsha
             facts = self._dockerfiles.facts_of_blob(blob.hexsha)
             inputs["base_image"] = facts.base_image or ""
-            inputs["vllm_tag"] = paired_vllm({**facts.args, **self.build_args})
+            # A build arg counts only for an ARG the Dockerfile declares (docker ignores the others).
+            inputs["vllm_tag"] = paired_vllm({**facts.args, **{name: value for name, value in self.build_args.items()
+                                                               if name in facts.args}})
         for name, value in sorted(self.build_args.items()):
             inputs[f"arg:{name}"] = value
         canonical = json.dumps(inputs, sort_keys=True, separators=(",", ":"))

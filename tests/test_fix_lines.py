@@ -8,7 +8,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from bisect_npu.fix.gitlog import Hunk
-from bisect_npu.fix.lines import _LineHit, _map_through, _Tracked
+from bisect_npu.fix.lines import LineHit, TrackedLines, _map_through
 
 
 def u0_hunks(old: list[str], new: list[str]) -> list[Hunk]:
@@ -43,8 +43,8 @@ def edits(draw):
 @given(edits())
 def test_tracked_lines_keep_their_text_or_count_as_changed(case):
     old, new, tracked = case
-    hit = _LineHit()
-    moved = _map_through(_Tracked(tuple(tracked), ()), u0_hunks(old, new), hit)
+    hit = LineHit()
+    moved = _map_through(TrackedLines(tuple(tracked), ()), u0_hunks(old, new), hit)
     assert hit.changed + len(moved.lines) == len(tracked)
     kept = [old[line - 1] for line in tracked if old[line - 1] in new]
     assert [new[line - 1] for line in moved.lines] == kept

@@ -20,6 +20,8 @@ IGNORABLE_FILE = re.compile(r"^\.github/|^docs?/|\.md$|\.rst$")
 
 @dataclass
 class Hunk:
+    """One -U0 hunk of a file diff: where it sits before and after, and the lines it swaps."""
+
     old_start: int
     old_len: int
     new_start: int
@@ -31,13 +33,17 @@ class Hunk:
 
 @dataclass
 class FileDiff:
+    """One file's change in a commit (renames followed), as hunks."""
+
     old_path: str | None  # None: file created
     new_path: str | None  # None: file deleted
     hunks: list[Hunk] = field(default_factory=list)
 
 
 @dataclass
-class Commit:
+class LoggedCommit:
+    """A commit as `git log --name-status` gives it: enough to rank it, without a GitPython object."""
+
     sha: str
     parents: list[str]
     time: int
@@ -66,11 +72,12 @@ def read_git(repo: git.Repo, *args: str) -> str:
             "and run again") from None
 
 
-def parse_meta(text: str) -> list[Commit]:
+def parse_meta(text: str) -> list[LoggedCommit]:
+    """Commits from `git log --name-status --format=META_FORMAT` output."""
     commits = []
     for record in text.split("\x1e")[1:]:
         sha, parents, ctime, message, rest = record.split("\x1f", 4)
-        commit = Commit(sha, parents.split(), int(ctime), message.strip())
+        commit = LoggedCommit(sha, parents.split(), int(ctime), message.strip())
         for line in rest.splitlines():
             parts = line.split("\t")
             if len(parts) < 2 or not parts[0]:
@@ -159,6 +166,7 @@ def branch_refs(repo: git.Repo) -> dict[str, str]:
 
 
 def refs_containing(repo: git.Repo, sha: str, refs: dict[str, str]) -> list[str]:
+    """Which of `refs` (branches, local and remote) hold `sha`."""
     out = read_git(repo, "for-each-ref", "--contains", sha, "--format=%(refname)", "refs/heads", "refs/remotes")
     return sorted(name for name in out.split() if name in refs)
 
@@ -177,16 +185,19 @@ def default_branch(repo: git.Repo, refs: dict[str, str]) -> str | None:
 
 
 def short_ref(ref: str) -> str:
+    """A branch as people write it: `main`, `origin/v0.9.1-dev`."""
     return ref.removeprefix("refs/heads/").removeprefix("refs/remotes/")
 
 
-def show_commit(repo: git.Repo, sha: str) -> tuple[Commit, list[FileDiff]]:
+def show_commit(repo: git.Repo, sha: str) -> tuple[LoggedCommit, list[FileDiff]]:
+    """One commit's metadata and its -U0 diff."""
     meta = parse_meta(read_git(repo, "log", "-1", "-M", "--name-status", f"--format={META_FORMAT}", sha))[0]
     diffs = parse_diffs(read_git(repo, "log", "-1", "-M", "-U0", f"--format={DIFF_FORMAT}", sha))
     return meta, diffs.get(sha, [])
 
 
 def reachable(repo: git.Repo, tip: str, exclude: str) -> set[str]:
+    """Commits reachable from `tip` but not from `exclude`."""
     return set(read_git(repo, "rev-list", tip, "--not", exclude).split())
 
 

@@ -5,13 +5,13 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from bisect_npu.fix.gitlog import IGNORABLE_FILE, Commit, FileDiff, Hunk
+from bisect_npu.fix.gitlog import IGNORABLE_FILE, FileDiff, Hunk, LoggedCommit
 
 PROXIMITY_LINES = 3  # a hunk this close to a culprit line is near it (the proximity signal)
 
 
 @dataclass(frozen=True)
-class _Tracked:
+class TrackedLines:
     """The culprit's lines in one file version: line numbers, and gaps where it deleted lines."""
 
     lines: tuple[int, ...]
@@ -22,14 +22,16 @@ class _Tracked:
 
 
 @dataclass
-class _LineHit:
+class LineHit:
+    """What one later commit did to the culprit's lines in one file (the provenance evidence)."""
+
     changed: int = 0  # culprit lines this commit changed or deleted
     restored: int = 0  # culprit deletion gaps this commit inserted lines into
     near: int = 0  # hunks within PROXIMITY_LINES of a culprit line
 
 
-def _culprit_tracked(diffs: list[FileDiff]) -> dict[str, _Tracked]:
-    tracked: dict[str, _Tracked] = {}
+def _culprit_tracked(diffs: list[FileDiff]) -> dict[str, TrackedLines]:
+    tracked: dict[str, TrackedLines] = {}
     for diff in diffs:
         if diff.new_path is None or IGNORABLE_FILE.search(diff.new_path):
             continue  # a later edit of the same docs or CI line says nothing about the regression
@@ -41,11 +43,11 @@ def _culprit_tracked(diffs: list[FileDiff]) -> dict[str, _Tracked]:
             elif hunk.old_len:
                 gaps.append(hunk.new_start)
         if lines or gaps:
-            tracked[diff.new_path] = _Tracked(tuple(lines), tuple(gaps))
+            tracked[diff.new_path] = TrackedLines(tuple(lines), tuple(gaps))
     return tracked
 
 
-def _map_through(tracked: _Tracked, hunks: list[Hunk], hit: _LineHit) -> _Tracked:
+def _map_through(tracked: TrackedLines, hunks: list[Hunk], hit: LineHit) -> TrackedLines:
     """Move the culprit's lines through one diff (-U0 hunks), counting the ones it touches."""
     shifts = []  # (threshold, delta): lines >= threshold move by delta
     removed: list[tuple[int, int]] = []
@@ -77,15 +79,15 @@ def _map_through(tracked: _Tracked, hunks: list[Hunk], hit: _LineHit) -> _Tracke
             lo, hi = h.old_start - PROXIMITY_LINES, h.old_start + max(h.old_len, 1) + PROXIMITY_LINES
             if any(lo <= p <= hi for p in positions):
                 hit.near += 1
-    return _Tracked(tuple(lines), tuple(gaps))
+    return TrackedLines(tuple(lines), tuple(gaps))
 
 
-def line_hits(culprit: Commit, culprit_diffs: list[FileDiff], meta: list[Commit],
-              diffs: dict[str, list[FileDiff]]) -> dict[str, _LineHit]:
+def line_hits(culprit: LoggedCommit, culprit_diffs: list[FileDiff], meta: list[LoggedCommit],
+              diffs: dict[str, list[FileDiff]]) -> dict[str, LineHit]:
     """Blame forward: carry the culprit's lines through every later commit (parents first)."""
     start = _culprit_tracked(culprit_diffs)
-    states: dict[str, dict[str, _Tracked]] = {culprit.sha: start}
-    hits: dict[str, _LineHit] = {}
+    states: dict[str, dict[str, TrackedLines]] = {culprit.sha: start}
+    hits: dict[str, LineHit] = {}
     for commit in meta:
         parent = next((p for p in commit.parents if p in states), None)
         base = states[parent] if parent else {}
@@ -94,7 +96,7 @@ def line_hits(culprit: Commit, culprit_diffs: list[FileDiff], meta: list[Commit]
             states[commit.sha] = base
             continue
         state = dict(base)
-        hit = _LineHit()
+        hit = LineHit()
         for fd in file_diffs:
             tracked = state.get(fd.old_path) if fd.old_path else None
             if tracked is None:

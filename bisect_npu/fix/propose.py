@@ -14,8 +14,8 @@ from bisect_npu.fix.dependency import dependency_note
 from bisect_npu.fix.gitlog import (
     DIFF_FORMAT,
     META_FORMAT,
-    Commit,
     FileDiff,
+    LoggedCommit,
     branch_refs,
     default_branch,
     parse_diffs,
@@ -74,7 +74,7 @@ _TEST_SOURCE = re.compile(r"\.(?:py|pyi|c|cc|cpp|h|hpp|sh|ya?ml|json|toml)$")
 class _Anchor:
     """The culprit, or one of its cherry-picks, with what the signals compare against."""
 
-    commit: Commit
+    commit: LoggedCommit
     diffs: list[FileDiff]
     refs: list[str]  # refs (full names) that contain it
 
@@ -102,7 +102,7 @@ class _Anchor:
 
 @dataclass
 class _Candidate:
-    commit: Commit
+    commit: LoggedCommit
     reasons: dict[str, Reason] = field(default_factory=dict)
 
     def add(self, signal: str, detail: str, weight: float | None = None) -> None:
@@ -215,7 +215,7 @@ def normalize_title(title: str) -> str:
     return re.sub(r"\s+", " ", title).strip().lower()
 
 
-def _find_twins(repo: git.Repo, culprit: Commit, diffs: list[FileDiff], other_refs: list[str]) -> list[str]:
+def _find_twins(repo: git.Repo, culprit: LoggedCommit, diffs: list[FileDiff], other_refs: list[str]) -> list[str]:
     """Cherry-picks of the culprit on branches that do not contain it: same title, patch-id or -x line."""
     if not other_refs:
         return []
@@ -289,7 +289,7 @@ def _score_anchor(repo: git.Repo, anchor: _Anchor, anchors: list[_Anchor], tips:
     return candidates
 
 
-def _follow_renames(paths: set[str], meta: list[Commit]) -> set[str]:
+def _follow_renames(paths: set[str], meta: list[LoggedCommit]) -> set[str]:
     followed = set(paths)
     for commit in meta:
         for status, old, new in commit.changes:
@@ -298,7 +298,7 @@ def _follow_renames(paths: set[str], meta: list[Commit]) -> set[str]:
     return followed
 
 
-def _test_diffs(repo: git.Repo, meta: list[Commit], paths: set[str]) -> dict[str, list[FileDiff]]:
+def _test_diffs(repo: git.Repo, meta: list[LoggedCommit], paths: set[str]) -> dict[str, list[FileDiff]]:
     """Diffs of the test files later commits add or change (only those commits, in a few calls)."""
     wanted: dict[str, set[str]] = {}
     for commit in meta:
@@ -334,7 +334,7 @@ def _test_mentions(files: list[FileDiff], modules: set[str], functions: set[str]
     return names
 
 
-def _symptom_hits(commit: Commit, diffs: list[FileDiff],
+def _symptom_hits(commit: LoggedCommit, diffs: list[FileDiff],
                   keywords: list[tuple[str, re.Pattern[str]]]) -> list[str]:
     if not keywords:
         return []

@@ -46,15 +46,14 @@ def make_environment(options: RunOptions, repo: git.Repo | None, recipe: Recipe 
     env = dict(recipe.environment) if recipe else {}
     if options.package:
         from bisect_npu.build.venv import VenvBuilder, default_venv_cache
-        from bisect_npu.execute.local import LocalExecutor
 
         plan = recipe.install if recipe else InstallPlan()
         return (VenvBuilder(options.package, plan, default_venv_cache(), int(options.cache_size_gb * 2**30)),
-                LocalExecutor(env, [], owner=str(session_dir.resolve())))
+                _local_executor(options, env, [], session_dir))
     assert repo is not None
     if options.executor == "local":
         from bisect_npu.build.local import LocalBuilder
-        from bisect_npu.execute.local import OWNER_ENV, LocalExecutor
+        from bisect_npu.execute.local import OWNER_ENV
 
         build_command = recipe.build.local_command if recipe else []
         python_paths = recipe.build.python_paths if recipe else ["."]
@@ -62,10 +61,24 @@ def make_environment(options: RunOptions, repo: git.Repo | None, recipe: Recipe 
         owner = str(session_dir.resolve())
         return (LocalBuilder(repo, workdir.resolve(), build_command, {**env, OWNER_ENV: owner},  # builds too
                              artifacts_dir=session_dir.resolve() / "build-outputs" if reuse else None),
-                LocalExecutor(env, python_paths, owner=owner))
+                _local_executor(options, env, python_paths, session_dir))
     from bisect_npu.build.docker import make_docker_environment
 
     return make_docker_environment(options, repo, recipe, session_dir)
+
+
+def _local_executor(options: RunOptions, env: dict[str, str], python_paths: list[str], session_dir: Path) -> Executor:
+    """Processes on this host, marked as the session's; with --devices (an NPU host without a
+    container engine) each run sees its slot's cards and the determinism switches are on, as
+    in an Ascend container (the recipe's environment has the last word)."""
+    from bisect_npu.execute.ascend import DETERMINISM_ENV
+    from bisect_npu.execute.devices import DevicePool
+    from bisect_npu.execute.local import LocalExecutor
+
+    slots = options.slots or 1
+    pool = DevicePool(list(options.devices), slots) if options.devices and slots > 1 else None
+    return LocalExecutor({**DETERMINISM_ENV, **env} if options.devices else env, python_paths,
+                         owner=str(session_dir.resolve()), devices=list(options.devices), device_pool=pool)
 
 
 @contextlib.contextmanager

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import functools
+import json
 import subprocess
 import sys
 import threading
@@ -14,7 +15,8 @@ from gitrepo import make_linear_repo
 
 from bisect_npu.build.base import Environment
 from bisect_npu.execute.ascend import ascend_container_spec
-from bisect_npu.execute.docker import DevicePool, DockerExecutor, container_create_kwargs
+from bisect_npu.execute.devices import DevicePool
+from bisect_npu.execute.docker import DockerExecutor, container_create_kwargs
 from bisect_npu.models import UsageError
 from bisect_npu.options import RunOptions
 from bisect_npu.preflight import settle_slots
@@ -126,8 +128,6 @@ def test_run_refuses_too_few_cards_for_the_recipe_before_anything_runs(tmp_path:
 
 def test_a_session_from_before_slots_followed_the_engine_size_is_resettled_on_resume(tmp_path: Path) -> None:
     """Older runs took one slot per card: resuming one with a TP 4 recipe on 8 cards gives 2 slots."""
-    import json
-
     from bisect_npu.session import Session
 
     repo = tmp_path / "repo"
@@ -149,3 +149,22 @@ def test_a_session_from_before_slots_followed_the_engine_size_is_resettled_on_re
     finally:
         resumed.evaluator.close()
         resumed.journal.close()
+
+
+def test_local_runs_on_an_npu_host_see_only_their_slot_s_cards(tmp_path: Path) -> None:
+    """No container engine (CANN on the host): `--executor local --devices 0-3 --slots 2` gives each
+    run ASCEND_RT_VISIBLE_DEVICES of its own share, and the determinism switches as in a container
+    (the recipe's environment still wins). Real processes; what cannot exist here is only the NPU."""
+    repo = tmp_path / "repo"
+    shas = make_linear_repo(repo, 17, culprit=9, tags={0: "good", 16: "bad"})
+    seen = tmp_path / "seen"
+    command = (f"sh -c 'echo $ASCEND_RT_VISIBLE_DEVICES $LCCL_DETERMINISTIC >> {seen}; sleep 0.3; "
+               f"grep -qx good state'")
+    done = subprocess.run([sys.executable, "-m", "bisect_npu", "run", "--repo", str(repo), "--good", "good", "--bad",
+                           "bad", "--cmd", command, "--devices", "0-3", "--slots", "2", "--no-fix", "--session",
+                           str(tmp_path / "s"), "--json"], capture_output=True, text=True, timeout=300, check=False)
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert json.loads(done.stdout.strip().splitlines()[-1])["culprit"] == shas[9]
+    lines = seen.read_text().splitlines()
+    assert {line.split()[0] for line in lines} == {"0,1", "2,3"}  # both shares used, never all four cards
+    assert {line.split()[1] for line in lines} == {"1"}

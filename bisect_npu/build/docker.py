@@ -350,7 +350,8 @@ def make_docker_environment(options: Any, repo: git.Repo, recipe: Any, session_d
     `options` is options.RunOptions (devices, slots, cache_size_gb), `recipe` a Recipe or None.
     Containers of this session are swept when the process exits.
     """
-    from bisect_npu.execute.docker import DevicePool, DockerExecutor
+    from bisect_npu.execute.devices import DevicePool
+    from bisect_npu.execute.docker import DockerExecutor
 
     client = connect_engine()
     cache = ImageCache(client, int(options.cache_size_gb * (1 << 30)))

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import contextlib
 import json
-import queue
 import signal
 import threading
 import time
@@ -25,7 +24,8 @@ from pydantic import BaseModel, ConfigDict, Field
 from bisect_npu import __version__
 from bisect_npu.build.base import Environment
 from bisect_npu.execute.base import RunResult, probe_log_path, with_outputs
-from bisect_npu.models import InfrastructureError, UsageError
+from bisect_npu.execute.devices import DevicePool
+from bisect_npu.models import InfrastructureError
 
 SESSION_LABEL = "org.bisect-npu.session"
 PROBE_PACKAGE = "bisect_npu_probe"
@@ -126,28 +126,6 @@ def remove_session_containers(client: Any, session_id: str) -> int:
             container.remove(force=True, v=True)
             removed += 1
     return removed
-
-
-class DevicePool:
-    """Parallel slots on one host: `--devices 0-7 --slots 4` gives each running candidate its own
-    two cards, leased for the length of one container run."""
-
-    def __init__(self, devices: list[int], slots: int) -> None:
-        if not 1 <= slots <= len(devices):
-            raise UsageError(f"--slots {slots} needs at least as many --devices (got {len(devices)}); "
-                             "give one card or more per slot")
-        size = len(devices) // slots
-        self._free: queue.Queue[list[int]] = queue.Queue()
-        for slot in range(slots):
-            self._free.put(devices[slot * size:(slot + 1) * size])
-
-    @contextlib.contextmanager
-    def lease(self) -> Iterator[list[int]]:
-        cards = self._free.get()
-        try:
-            yield cards
-        finally:
-            self._free.put(cards)
 
 
 class DockerExecutor:

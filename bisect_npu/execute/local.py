@@ -14,6 +14,7 @@ from typing import Any
 
 from bisect_npu.build.base import Environment, tail
 from bisect_npu.execute.base import RunResult, probe_log_path, with_outputs
+from bisect_npu.execute.devices import VISIBLE_DEVICES_ENV, DevicePool
 from bisect_npu.models import UsageError
 
 OWNER_ENV = "BISECT_NPU_OWNER"  # in every child's environment: which session (directory) started it
@@ -24,11 +25,16 @@ class LocalExecutor:
     carries its session's mark (`OWNER_ENV`), so what a SIGKILLed run left behind can be found."""
 
     def __init__(self, env: dict[str, str] | None = None, python_paths: list[str] | None = None,
-                 python: str = sys.executable, owner: str | None = None) -> None:
+                 python: str = sys.executable, owner: str | None = None, devices: list[int] | None = None,
+                 device_pool: DevicePool | None = None) -> None:
         self.env = env or {}
         self.python_paths = python_paths or ["."]
         self.python = python
         self.owner = owner
+        # On an NPU host without containers: a run sees only its slot's share of `devices` (or all
+        # of them with one slot), through the CANN runtime's visible-devices variable.
+        self.devices = devices or []
+        self.device_pool = device_pool
 
     def _environ(self, env: Environment) -> dict[str, str]:
         worktree = Path(env.path or ".")
@@ -68,12 +74,18 @@ class LocalExecutor:
         worktree = Path(env.path or ".")
         log_path = log_path.resolve()
         log_path.parent.mkdir(parents=True, exist_ok=True)
+        with self.device_pool.lease() if self.device_pool else contextlib.nullcontext(self.devices) as cards:
+            visible = {VISIBLE_DEVICES_ENV: ",".join(map(str, cards))} if cards else {}
+            return self._run_on(argv, worktree, {**self._environ(env), **visible, **(extra_env or {})}, log_path,
+                                timeout_s)
+
+    def _run_on(self, argv: list[str], worktree: Path, environ: dict[str, str], log_path: Path,
+                timeout_s: float) -> RunResult:
         started = time.monotonic()
         timed_out = False
         with log_path.open("w", encoding="utf-8") as log:
             try:
-                proc = subprocess.Popen(argv, cwd=worktree, stdout=log, stderr=subprocess.STDOUT,
-                                        env={**self._environ(env), **(extra_env or {})},
+                proc = subprocess.Popen(argv, cwd=worktree, stdout=log, stderr=subprocess.STDOUT, env=environ,
                                         start_new_session=True)
             except FileNotFoundError as exc:
                 raise UsageError(f"command not found: {argv[0]}; give a program on PATH or a path "

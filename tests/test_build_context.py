@@ -103,10 +103,17 @@ def test_a_local_worktree_builds_with_each_commit_s_submodule_pin(with_submodule
         local.close()
 
 
-def test_a_local_worktree_of_a_clone_without_submodules_stops_with_the_command(with_submodule, tmp_path) -> None:
-    upstream, _, _, second, _ = with_submodule
+@pytest.fixture()
+def plain_clone(with_submodule, tmp_path: Path) -> Path:
+    """A clone of the upstream made without --recurse-submodules: no modules/ of its own."""
     plain = tmp_path / "plain-clone"
-    _git(tmp_path, "clone", "-q", str(upstream), str(plain))
+    _git(tmp_path, "clone", "-q", str(with_submodule[0]), str(plain))
+    return plain
+
+
+def test_a_local_worktree_of_a_clone_without_submodules_stops_with_the_command(with_submodule, plain_clone,
+                                                                                 tmp_path) -> None:
+    second, plain = with_submodule[3], plain_clone
     local = LocalBuilder(git.Repo(plain), tmp_path / "work", ["true"])
     with pytest.raises(InfrastructureError, match="git submodule update --init --recursive"):
         local.acquire(second, tmp_path / "logs")
@@ -114,10 +121,9 @@ def test_a_local_worktree_of_a_clone_without_submodules_stops_with_the_command(w
     local.close()
 
 
-def test_without_a_build_command_a_missing_submodule_stays_empty_and_is_logged(with_submodule, tmp_path) -> None:
-    upstream, _, _, second, _ = with_submodule
-    plain = tmp_path / "plain-clone"
-    _git(tmp_path, "clone", "-q", str(upstream), str(plain))
+def test_without_a_build_command_a_missing_submodule_stays_empty_and_is_logged(with_submodule, plain_clone,
+                                                                               tmp_path) -> None:
+    second, plain = with_submodule[3], plain_clone
     local = LocalBuilder(git.Repo(plain), tmp_path / "work", [])  # a --cmd oracle on Python code: no build
     try:
         env = local.acquire(second, tmp_path / "logs")
@@ -127,10 +133,8 @@ def test_without_a_build_command_a_missing_submodule_stays_empty_and_is_logged(w
         local.close()
 
 
-def test_submodules_initialised_in_a_linked_worktree_are_found(with_submodule, tmp_path) -> None:
-    upstream, _, _, second, _ = with_submodule
-    plain = tmp_path / "plain-clone"
-    _git(tmp_path, "clone", "-q", str(upstream), str(plain))
+def test_submodules_initialised_in_a_linked_worktree_are_found(with_submodule, plain_clone, tmp_path) -> None:
+    second, plain = with_submodule[3], plain_clone
     linked = tmp_path / "linked"
     _git(plain, "worktree", "add", "-q", str(linked), second)
     _git(linked, "submodule", "update", "--init", "--recursive")  # into .git/worktrees/linked/modules

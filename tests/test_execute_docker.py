@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -9,6 +10,7 @@ import subprocess
 import sys
 import time
 import uuid
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -171,50 +173,39 @@ except KeyboardInterrupt:
 """
 
 
-@pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM])
-def test_signal_to_the_driving_process_removes_its_container(docker_client, demo_base_image, tmp_path, signum):
+@contextlib.contextmanager
+def driving_a_container(docker_client, image: str, tmp_path: Path) -> Iterator[tuple[subprocess.Popen, str]]:
+    """A process running DRIVER (its own session id), once its container runs; cleaned up after."""
     session_id = f"test-{uuid.uuid4().hex[:8]}"
-    child = subprocess.Popen([sys.executable, "-c", DRIVER, session_id, demo_base_image, str(tmp_path / "cmd.log")],
-                             preexec_fn=interruptible,
-                             cwd=REPO_ROOT, env={**os.environ})
-    try:
-        deadline = time.monotonic() + 90
-        while time.monotonic() < deadline:
-            running = [c for c in session_containers(docker_client, session_id) if c.status == "running"]
-            if running:
-                break
-            assert child.poll() is None, "the driver exited before its container ran"
-            time.sleep(0.3)
-        else:
-            pytest.fail("the container never started")
-        child.send_signal(signum)
-        assert child.wait(timeout=60) == 130
-        assert session_containers(docker_client, session_id) == []
-    finally:
-        if child.poll() is None:
-            child.kill()
-        for container in session_containers(docker_client, session_id):
-            container.remove(force=True)
-
-
-def test_a_sigkilled_driver_s_container_goes_when_its_session_resumes(docker_client, demo_base_image, tmp_path):
-    """SIGKILL leaves no chance to clean up: the container runs on (on an NPU host, holding its
-    cards); the executor a resumed session makes sweeps it before running anything."""
-    session_id = f"test-{uuid.uuid4().hex[:8]}"
-    child = subprocess.Popen([sys.executable, "-c", DRIVER, session_id, demo_base_image, str(tmp_path / "cmd.log")],
-                             cwd=REPO_ROOT, env={**os.environ})
+    child = subprocess.Popen([sys.executable, "-c", DRIVER, session_id, image, str(tmp_path / "cmd.log")],
+                             preexec_fn=interruptible, cwd=REPO_ROOT, env={**os.environ})
     try:
         deadline = time.monotonic() + 90
         while not [c for c in session_containers(docker_client, session_id) if c.status == "running"]:
             assert time.monotonic() < deadline and child.poll() is None, "the container never started"
             time.sleep(0.3)
-        child.kill()
-        child.wait(timeout=60)
-        assert [c.status for c in session_containers(docker_client, session_id)] == ["running"]
-        assert DockerExecutor(docker_client, session_id=session_id).sweep() == 1
-        assert session_containers(docker_client, session_id) == []
+        yield child, session_id
     finally:
         if child.poll() is None:
             child.kill()
         for container in session_containers(docker_client, session_id):
             container.remove(force=True)
+
+
+@pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM])
+def test_signal_to_the_driving_process_removes_its_container(docker_client, demo_base_image, tmp_path, signum):
+    with driving_a_container(docker_client, demo_base_image, tmp_path) as (child, session_id):
+        child.send_signal(signum)
+        assert child.wait(timeout=60) == 130
+        assert session_containers(docker_client, session_id) == []
+
+
+def test_a_sigkilled_driver_s_container_goes_when_its_session_resumes(docker_client, demo_base_image, tmp_path):
+    """SIGKILL leaves no chance to clean up: the container runs on (on an NPU host, holding its
+    cards); the executor a resumed session makes sweeps it before running anything."""
+    with driving_a_container(docker_client, demo_base_image, tmp_path) as (child, session_id):
+        child.kill()
+        child.wait(timeout=60)
+        assert [c.status for c in session_containers(docker_client, session_id)] == ["running"]
+        assert DockerExecutor(docker_client, session_id=session_id).sweep() == 1
+        assert session_containers(docker_client, session_id) == []

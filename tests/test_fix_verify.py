@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import contextlib
 import subprocess
 import sys
 from pathlib import Path
 
 import git
+import pytest
 from test_fix_support import History
 
 from bisect_npu.fix import (
@@ -162,3 +164,31 @@ def test_a_killed_verification_s_worktrees_are_swept_by_the_next(tmp_path, monke
         assert other.git.worktree("list", "--porcelain").count("worktree ") == 1
         repo.git.worktree("add", "--detach", str(scratch / "fixes" / "apply-y"), shas["bad"])
     assert repo.git.worktree("list", "--porcelain").count("worktree ") == 1 and not scratch.exists()
+
+
+@pytest.mark.container
+def test_a_killed_docker_verification_s_containers_go_with_its_scratch(docker_client, demo_base_image, tmp_path,
+                                                                        monkeypatch):
+    """`fix --verify --executor docker` SIGKILLed mid-run leaves its container running; the next
+    run on this host removes it by the dead run's session label before verifying anything."""
+    import re
+    import socket
+
+    from bisect_npu.cli.fix import _stale_containers_remover
+    from bisect_npu.execute.docker import SESSION_LABEL
+    from bisect_npu.fix import verification_scratch, verification_session
+
+    monkeypatch.setenv("BISECT_NPU_CACHE", str(tmp_path / "cache"))
+    make_upstream(tmp_path / "up")
+    host = re.sub(r"[^\w.]", "_", socket.gethostname())
+    dead = tmp_path / "cache" / "fix-verify" / f"{host}--999999999-c0ffee00"
+    dead.mkdir(parents=True)
+    label = {SESSION_LABEL: verification_session(dead).name}
+    left = docker_client.containers.run(demo_base_image, ["sleep", "300"], detach=True, labels=label)
+    try:
+        with verification_scratch(git.Repo(tmp_path / "up"), _stale_containers_remover("docker")):
+            wanted = {"label": f"{SESSION_LABEL}={label[SESSION_LABEL]}"}
+            assert docker_client.containers.list(all=True, filters=wanted) == []
+    finally:
+        with contextlib.suppress(Exception):
+            left.remove(force=True)

@@ -11,6 +11,8 @@ import click
 from bisect_npu.models import UsageError
 
 if TYPE_CHECKING:
+    from collections.abc import Callable
+    from pathlib import Path
 
     from bisect_npu.fix import FixReport, FixVerification
 
@@ -45,12 +47,12 @@ def fix(culprit: str, repo_path: str, bad: str | None, top: int, recipe_path: st
     verifications: list[FixVerification] = []
     if verify and bad is not None:
         from bisect_npu.environment import make_evaluator
-        from bisect_npu.fix import verification_scratch
+        from bisect_npu.fix import verification_scratch, verification_session
 
-        with verification_scratch(repo) as workdir, \
+        with verification_scratch(repo, _stale_containers_remover(executor)) as workdir, \
                 make_evaluator(repo_path, None if argv else recipe_path, command=argv,
                                executor="docker" if executor == "docker" else "local",
-                               session_dir=workdir / f"session-{workdir.name}") as evaluate:
+                               session_dir=verification_session(workdir)) as evaluate:
             verifications = verify_fixes(repo, bad, report, evaluate, top=min(top, 3), workdir=workdir / "fixes")
     if as_json:
         click.echo(json.dumps(_as_json(report, verifications), indent=2, default=str))
@@ -101,3 +103,16 @@ def _print(report: FixReport, verifications: list[FixVerification]) -> None:
             click.echo(f"   {reason.weight:+g} {reason.signal}: {reason.detail}")
         if proposal.missing_on:
             click.echo(f"   not yet on: {', '.join(proposal.missing_on)}")
+
+
+def _stale_containers_remover(executor: str) -> Callable[[Path], object] | None:
+    """With containers, a killed verification's are removed by its session label before this one
+    starts (a SIGKILLed run could not; on an NPU host they would hold the cards)."""
+    if executor != "docker":
+        return None
+    from bisect_npu.build.docker import connect_engine
+    from bisect_npu.execute.docker import remove_session_containers
+    from bisect_npu.fix import verification_session
+
+    client = connect_engine()
+    return lambda stale: remove_session_containers(client, verification_session(stale).name)

@@ -39,7 +39,7 @@ from bisect_npu.fix.results import (
     FixVerification,
     Reason,
 )
-from bisect_npu.fix.verify import APPLY_NAME, apply_fix, verification_scratch, verify_fixes
+from bisect_npu.fix.verify import APPLY_NAME, apply_fix, verification_scratch, verification_session, verify_fixes
 
 __all__ = [
     "APPLY_NAME",
@@ -63,5 +63,6 @@ __all__ = [
     "normalize_title",
     "propose_fixes",
     "verification_scratch",
+    "verification_session",
     "verify_fixes",
 ]

@@ -33,15 +33,18 @@ from bisect_npu.paths import cache_root
 
 
 @contextlib.contextmanager
-def verification_scratch(repo: git.Repo) -> Iterator[Path]:
+def verification_scratch(repo: git.Repo, on_stale: Callable[[Path], object] | None = None) -> Iterator[Path]:
     """A directory for one `fix --verify` run's worktrees and session, under the cache: each run
-    first sweeps what runs killed before it left (their process is gone), then its own at the end."""
+    first sweeps what runs killed before it left (their process is gone; `on_stale` gets each of
+    their directories first, e.g. to remove their containers), then its own at the end."""
     base = cache_root() / "fix-verify"
     base.mkdir(parents=True, exist_ok=True)
     # This host's runs only: a cache shared over NFS also holds other machines' live runs.
     host = re.sub(r"[^\w.]", "_", socket.gethostname()) + "--"
     for stale in base.iterdir():
         if stale.name.startswith(host) and not _process_alive(stale.name[len(host):].split("-", 1)[0]):
+            if on_stale is not None:
+                on_stale(stale)
             kill_owned_processes(str(stale.resolve()))  # its probe or oracle command, if still running
             sweep_worktrees_of_any_repo(stale)  # the killed run may have verified on another clone
             sweep_worktrees(repo, stale)
@@ -53,6 +56,11 @@ def verification_scratch(repo: git.Repo) -> Iterator[Path]:
     finally:
         sweep_worktrees(repo, scratch)
         shutil.rmtree(scratch, ignore_errors=True)
+
+
+def verification_session(scratch: Path) -> Path:
+    """The session directory of a verification run (its containers carry this name as their label)."""
+    return scratch / f"session-{scratch.name}"
 
 
 def _process_alive(pid: str) -> bool:

@@ -4,7 +4,6 @@ executor and Evaluator (also outside a bisection, for `fix --verify`) and a gold
 from __future__ import annotations
 
 import contextlib
-import hashlib
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Literal
@@ -15,7 +14,7 @@ from bisect_npu import history
 from bisect_npu.build.base import Builder
 from bisect_npu.evaluate import Evaluator
 from bisect_npu.execute.base import Executor
-from bisect_npu.journal import DEFAULT_ROOT, new_session_dir
+from bisect_npu.journal import DEFAULT_ROOT, new_session_dir, session_id
 from bisect_npu.models import Observation, UsageError, Verdict
 from bisect_npu.options import RunOptions
 from bisect_npu.recipe import InstallPlan, Recipe, load_recipe
@@ -25,7 +24,7 @@ def session_evaluator(options: RunOptions, repo: git.Repo | None, recipe: Recipe
                       builder: Builder | None, executor: Executor | None) -> Evaluator:
     """A session's Evaluator: the builder and executor given (tests, the demo) or made for the
     options, the builder wrapped to prefetch where that is asked or --devices are given."""
-    workdir = (Path(options.workdir) / session_workdir_name(session_dir) if options.workdir
+    workdir = (Path(options.workdir) / session_id(session_dir) if options.workdir
                else session_dir / "worktrees")
     if builder is None or executor is None:
         made_builder, made_executor = make_environment(options, repo, recipe, session_dir, workdir)
@@ -101,12 +100,6 @@ def make_evaluator(repo_path: str, recipe_path: str | None, command: list[str] |
         yield evaluate
     finally:
         evaluator.close()
-
-
-def session_workdir_name(session_dir: Path) -> str:
-    """The session's own subdirectory of a shared --workdir: its name plus a digest of its full
-    path, so two sessions named alike (a/s and b/s) never share worktrees."""
-    return f"{session_dir.name}-{hashlib.sha256(str(session_dir.resolve()).encode()).hexdigest()[:8]}"
 
 
 def load_golden(recipe: Recipe) -> list[Observation]:

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import errno
 import fcntl
+import hashlib
 import json
 import os
 import secrets
@@ -41,6 +42,12 @@ def new_session_dir(root: Path = DEFAULT_ROOT) -> Path:
         break
     _write_atomically(root / LATEST_FILE, session_id + "\n")
     return session_dir
+
+
+def session_id(session_dir: Path) -> str:
+    """A session's name on this host: its directory's name plus a digest of its full path, so two
+    sessions named alike (a/s and b/s) never share worktrees or containers."""
+    return f"{session_dir.name}-{hashlib.sha256(str(session_dir.resolve()).encode()).hexdigest()[:8]}"
 
 
 def latest_session(root: Path = DEFAULT_ROOT) -> Path:

@@ -209,3 +209,38 @@ def test_a_sigkilled_driver_s_container_goes_when_its_session_resumes(docker_cli
         assert [c.status for c in session_containers(docker_client, session_id)] == ["running"]
         assert DockerExecutor(docker_client, session_id=session_id).sweep() == 1
         assert session_containers(docker_client, session_id) == []
+
+
+def test_a_container_removed_under_a_run_is_an_infrastructure_error_not_a_verdict(docker_client, executor, env,
+                                                                                 tmp_path):
+    """Podman answers a wait on a container someone removed with exit status 0 and an error: that
+    must never read as "the command passed"."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    from bisect_npu.models import InfrastructureError
+
+    with ThreadPoolExecutor(1) as pool:
+        run = pool.submit(executor.run_command, env, ["sleep", "120"], tmp_path / "cmd.log", 300)
+        deadline = time.monotonic() + 90
+        while not (running := [c for c in session_containers(docker_client, executor.session_id)
+                               if c.status == "running"]):
+            assert time.monotonic() < deadline, "the container never started"
+            time.sleep(0.3)
+        running[0].remove(force=True)
+        with pytest.raises(InfrastructureError, match="went away during the run"):
+            run.result(timeout=120)
+
+
+def test_a_spec_the_engine_refuses_is_an_infrastructure_error_naming_why(docker_client, demo_base_image, tmp_path):
+    """An Ascend spec on a host without the cards: the engine's refusal comes back in one line (exit 5
+    through the CLI), not as a traceback."""
+    from bisect_npu.models import InfrastructureError
+
+    def spec(image: str, out_dir: Path) -> ContainerSpec:
+        return plain_container_spec(image, out_dir).model_copy(update={"devices": ["/dev/davinci-not-here"]})
+
+    ex = DockerExecutor(docker_client, spec, session_id=f"test-{uuid.uuid4().hex[:8]}")
+    env = Environment(kind="image", commit="c0ffee" * 6 + "beef", image=demo_base_image)
+    with pytest.raises(InfrastructureError, match=r"refused a container of .* with devices /dev/davinci-not-here"):
+        ex.run_command(env, ["true"], tmp_path / "cmd.log", 60)
+    assert session_containers(docker_client, ex.session_id) == []

@@ -177,13 +177,14 @@ def test_a_killed_docker_verification_s_containers_go_with_its_scratch(docker_cl
     from bisect_npu.cli.fix import _stale_containers_remover
     from bisect_npu.execute.docker import SESSION_LABEL
     from bisect_npu.fix import verification_scratch, verification_session
+    from bisect_npu.journal import session_id
 
     monkeypatch.setenv("BISECT_NPU_CACHE", str(tmp_path / "cache"))
     make_upstream(tmp_path / "up")
     host = re.sub(r"[^\w.]", "_", socket.gethostname())
     dead = tmp_path / "cache" / "fix-verify" / f"{host}--999999999-c0ffee00"
     dead.mkdir(parents=True)
-    label = {SESSION_LABEL: verification_session(dead).name}
+    label = {SESSION_LABEL: session_id(verification_session(dead))}
     left = docker_client.containers.run(demo_base_image, ["sleep", "300"], detach=True, labels=label)
     try:
         with verification_scratch(git.Repo(tmp_path / "up"), _stale_containers_remover("docker")):

@@ -113,6 +113,7 @@ def _stale_containers_remover(executor: str) -> Callable[[Path], object] | None:
     from bisect_npu.build.docker import connect_engine
     from bisect_npu.execute.docker import remove_session_containers
     from bisect_npu.fix import verification_session
+    from bisect_npu.journal import session_id
 
     client = connect_engine()
-    return lambda stale: remove_session_containers(client, verification_session(stale).name)
+    return lambda stale: remove_session_containers(client, session_id(verification_session(stale)))

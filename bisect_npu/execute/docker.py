@@ -182,6 +182,8 @@ class DockerExecutor:
             return self._run_on(self.spec_for(env, command, out_dir, cards, extra_env), log_path, timeout_s)
 
     def _run_on(self, spec: ContainerSpec, log_path: Path, timeout_s: float) -> RunResult:
+        import docker.errors
+
         started = time.monotonic()
         timed_out = False
         with _sigterm_as_interrupt(), log_path.open("w", encoding="utf-8") as log:
@@ -192,8 +194,16 @@ class DockerExecutor:
                 follower = threading.Thread(target=_follow_logs, args=(container, log), daemon=True)
                 follower.start()
                 try:
-                    returncode = int(container.wait(timeout=timeout_s)["StatusCode"])
+                    waited = container.wait(timeout=timeout_s)
+                    error = waited.get("Error") or {}
+                    if not isinstance(error, dict) or error.get("Message"):  # podman: gone under us, status 0
+                        raise _went_away(container, error)
+                    returncode = int(waited["StatusCode"])
+                except InfrastructureError:
+                    raise
                 except Exception as exc:  # the engine's read timeout: requests raises its own types
+                    if isinstance(exc, docker.errors.NotFound):  # docker's answer to the same
+                        raise _went_away(container, exc) from exc
                     if not _is_timeout(exc):
                         raise
                     timed_out = True
@@ -207,14 +217,21 @@ class DockerExecutor:
                          log_path=str(log_path), timed_out=timed_out, log_tail=_tail(log_path))
 
     def _start(self, spec: ContainerSpec) -> Any:
+        """Create and start the container; an engine that refuses the spec (a device or mount this
+        host lacks) is an infrastructure error with its own words."""
         import docker.errors
 
         try:
             container = self.client.containers.create(**container_create_kwargs(spec))
         except docker.errors.ImageNotFound as exc:
             raise InfrastructureError(f"image {spec.image} is gone from the engine; rerun to rebuild it") from exc
+        except docker.errors.APIError as exc:
+            raise _refused(spec, exc) from exc
         try:
             container.start()
+        except docker.errors.APIError as exc:
+            self._remove(container)
+            raise _refused(spec, exc) from exc
         except BaseException:
             self._remove(container)
             raise
@@ -250,6 +267,18 @@ def _inside_paths(request: dict[str, Any], out_dir: Path) -> dict[str, Any]:
         return value
 
     return inside(request)
+
+
+def _refused(spec: ContainerSpec, exc: Any) -> InfrastructureError:
+    devices = f" with devices {', '.join(spec.devices)}" if spec.devices else ""
+    return InfrastructureError(f"the container engine refused a container of {spec.image}{devices}: "
+                               f"{exc.explanation or exc}; check the host has what the spec names (`bisect-npu "
+                               "doctor`), then resume the session")
+
+
+def _went_away(container: Any, why: object) -> InfrastructureError:
+    return InfrastructureError(f"container {container.id[:12]} went away during the run ({why}); nothing may remove "
+                               "this session's containers while it runs; resume the session")
 
 
 def _follow_logs(container: Any, log: Any) -> None:

@@ -135,3 +135,18 @@ def test_the_paired_vllm_is_what_the_build_args_make_it(repo):
 
 def first_of(r: git.Repo) -> str:
     return next(r.iter_commits(rev="HEAD", reverse=True)).hexsha
+
+
+def test_a_submodule_at_the_top_of_the_tree_is_read_not_a_crash(tmp_path: Path) -> None:
+    """GitPython cannot give a top-level gitlink's `name`; the key reads paths."""
+    import subprocess
+
+    lib = tmp_path / "lib"
+    make_linear_repo(lib, 1, files=lambda i: {"lib.h": "v1\n"})
+    top = tmp_path / "top"
+    make_linear_repo(top, 1, files=lambda i: {"Dockerfile": DOCKERFILE})
+    subprocess.run(["git", "-C", str(top), "-c", "protocol.file.allow=always", "submodule", "add", "-q", str(lib),
+                    "sub"], check=True)
+    sha = commit(top, {"CMakeLists.txt": "project(x)\n"})
+    key = build_key(git.Repo(top), sha)
+    assert "blob:CMakeLists.txt" in key.inputs and "blob:.gitmodules" in key.inputs

@@ -73,9 +73,9 @@ def settle_slots(options: RunOptions, cards_per_run: int) -> None:
                          f"but --devices gives {cards}; give at least {cards_per_run}")
     options.slots = options.slots or cards // cards_per_run
     if cards // options.slots < cards_per_run:
+        needs = f"the recipe's engine needs {cards_per_run}" if cards_per_run > 1 else "each slot needs a card"
         raise UsageError(f"--slots {options.slots} over {cards} card(s) leaves {cards // options.slots} per slot, and "
-                         f"the recipe's engine needs {cards_per_run}; use --slots {cards // cards_per_run} or fewer, "
-                         "or give more --devices")
+                         f"{needs}; use --slots {cards // cards_per_run} or fewer, or give more --devices")
 
 
 def resolve_candidates(options: RunOptions, repo: git.Repo | None) -> dict[str, Any]:

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import math
 from collections.abc import Hashable
 from pathlib import Path
 from typing import Annotated, Any, Literal, get_args
@@ -22,6 +23,21 @@ BUNDLED_RECIPES = Path(__file__).resolve().parent.parent / "recipes"
 
 
 PARALLEL_SIZES = ("tensor_parallel_size", "pipeline_parallel_size", "data_parallel_size")  # engine args
+PARALLEL_FLAGS = {"--tensor-parallel-size": "tensor_parallel_size", "-tp": "tensor_parallel_size",
+                  "--pipeline-parallel-size": "pipeline_parallel_size", "-pp": "pipeline_parallel_size",
+                  "--data-parallel-size": "data_parallel_size", "-dp": "data_parallel_size"}  # `vllm serve`
+
+
+def _whole_count(value: object, where: str) -> int:
+    """A parallel size as vLLM's argument parser would take it: 4, "4", " 4", 4.0."""
+    if not isinstance(value, bool) and isinstance(value, int | float | str):
+        try:
+            number = float(str(value).strip())
+        except ValueError:
+            number = 0.0
+        if number.is_integer() and number >= 1:
+            return int(number)
+    raise ValueError(f"{where}: {value!r} is not a positive whole number of cards")
 
 
 class _Strict(BaseModel):
@@ -47,6 +63,34 @@ class EngineSpec(_Strict):
         "engine", description="who stops a loop early: vLLM's repetition_detection when it has it, or the probe")
     port: int = Field(8000, ge=1, le=65535)
     startup_timeout_s: float = Field(600.0, gt=0)
+
+    @model_validator(mode="after")
+    def _parallel_sizes_are_counts(self) -> EngineSpec:
+        self.parallel_sizes()
+        return self
+
+    def parallel_sizes(self) -> dict[str, int]:
+        """The tensor, pipeline and data parallel sizes the engine is given, from `args` (either
+        spelling) and `server_flags` (`--tensor-parallel-size 4`, `-tp=4`, ...); a size that is
+        not a positive whole number, or two places that disagree, is an error."""
+        found: dict[str, tuple[str, int]] = {}
+
+        def put(name: str, where: str, value: object) -> None:
+            size = _whole_count(value, where)
+            if name in found and found[name][1] != size:
+                raise ValueError(f"{found[name][0]} and {where} disagree ({found[name][1]} vs {size})")
+            found[name] = (where, size)
+
+        for key, value in self.args.items():
+            if (name := str(key).replace("-", "_")) in PARALLEL_SIZES:
+                put(name, f"args.{key}", value)
+        for index, flag in enumerate(self.server_flags):
+            option, inline, value = flag.partition("=")
+            if option in PARALLEL_FLAGS:
+                given = value if inline else (self.server_flags[index + 1] if index + 1 < len(self.server_flags)
+                                              else None)
+                put(PARALLEL_FLAGS[option], f"server_flags {option}", given)
+        return {name: size for name, (_, size) in found.items()}
 
 
 class SamplingSpec(_Strict):
@@ -222,13 +266,7 @@ class Recipe(_Strict):
 
     def cards_per_run(self) -> int:
         """NPU cards one engine needs: the product of its tensor, pipeline and data parallel sizes."""
-        args = {str(key).replace("-", "_"): value for key, value in self.engine.args.items()}
-        cards = 1
-        for name in PARALLEL_SIZES:
-            size = args.get(name, 1)
-            size = int(size) if isinstance(size, str) and size.isdigit() else size
-            cards *= size if isinstance(size, int) and not isinstance(size, bool) and size > 0 else 1
-        return cards
+        return math.prod(self.engine.parallel_sizes().values())
 
     def digest(self) -> str:
         """Stable content hash, recorded in the session header so resume refuses a changed recipe."""
@@ -301,7 +339,7 @@ def parse_recipe(text: str, source: str = "<recipe>") -> Recipe:
         field = ".".join(str(p) for p in loc) or "<root>"
         line = _line_of(raw, loc)
         where = f"{source}:{line}" if line else source
-        msg = first["msg"]
+        msg = first["msg"].removeprefix("Value error, ")
         if first["type"] == "extra_forbidden":
             known = _fields_at(Recipe, loc[:-1])
             msg = "unknown field (check the spelling" + (f"; known here: {', '.join(known)})" if known else ")")

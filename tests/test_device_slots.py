@@ -99,7 +99,7 @@ def test_slots_default_to_as_many_engines_as_the_cards_hold(devices, slots, per_
 @pytest.mark.parametrize(("devices", "slots", "per_run", "message"), [
     (list(range(8)), None, 16, "runs on 16 cards .* --devices gives 8; give at least 16"),
     (list(range(8)), 4, 4, "--slots 4 over 8 card.* leaves 2 per slot.* needs 4; use --slots 2 or fewer"),
-    ([0, 1], 3, 1, "--slots 3 over 2 card.* leaves 0 per slot"),
+    ([0, 1], 3, 1, "--slots 3 over 2 card.* leaves 0 per slot, and each slot needs a card; use --slots 2"),
 ])
 def test_slots_that_leave_an_engine_short_of_cards_are_a_usage_error(devices, slots, per_run, message) -> None:
     with pytest.raises(UsageError, match=message):
@@ -113,6 +113,23 @@ def test_cards_per_run_is_the_recipe_s_parallel_size() -> None:
     spelled = parse_recipe("name: t\nmodel: {path: /m}\ncases: [{id: a, prompt: hi}]\nengine:\n  args:\n"
                            "    tensor-parallel-size: '2'\n    pipeline_parallel_size: 2\n", source="t.yaml")
     assert spelled.cards_per_run() == 4  # the openai backend's dashed flags and quoted numbers count too
+    flags = parse_recipe("name: t\nmodel: {path: /m}\ncases: [{id: a, prompt: hi}]\nengine:\n  backend: openai\n"
+                         "  server_flags: [--tensor-parallel-size, ' 4', -dp=2.0]\n", source="t.yaml")
+    assert flags.cards_per_run() == 8  # what `vllm serve` is told on its command line counts as well
+
+
+@pytest.mark.parametrize(("engine", "message"), [
+    ("  args: {tensor_parallel_size: 0}\n", "args.tensor_parallel_size: 0 is not a positive whole number"),
+    ("  args: {tensor_parallel_size: true}\n", "True is not a positive whole number"),
+    ("  args: {tensor-parallel-size: 2.5}\n", "2.5 is not a positive whole number"),
+    ("  args: {tensor_parallel_size: 2}\n  server_flags: [-tp, '4']\n",
+     "args.tensor_parallel_size and server_flags -tp disagree \\(2 vs 4\\)"),
+    ("  server_flags: [--pipeline-parallel-size]\n", "server_flags --pipeline-parallel-size: None is not"),
+])
+def test_a_parallel_size_that_is_no_card_count_is_a_recipe_error(engine: str, message: str) -> None:
+    with pytest.raises(UsageError, match=f"t.yaml:4: field 'engine': .*{message}"):
+        parse_recipe(f"name: t\nmodel: {{path: /m}}\ncases: [{{id: a, prompt: hi}}]\nengine:\n{engine}",
+                     source="t.yaml")
 
 
 def test_run_refuses_too_few_cards_for_the_recipe_before_anything_runs(tmp_path: Path) -> None:

@@ -64,8 +64,9 @@ class BuildKeyReader:
         inputs: dict[str, str] = {"schema": str(KEY_SCHEMA)}
         for entry in tree:
             # `path`, not `name`: GitPython cannot name a top-level submodule entry (a gitlink).
-            if entry.path in COMPILED_PATHS or fnmatch.fnmatchcase(entry.path, REQUIREMENTS_PATTERN):
-                inputs[f"{entry.type}:{entry.path}"] = entry.hexsha
+            path = str(entry.path)
+            if path in COMPILED_PATHS or fnmatch.fnmatchcase(path, REQUIREMENTS_PATTERN):
+                inputs[f"{entry.type}:{path}"] = entry.hexsha
         if "pyproject.toml" in tree:
             # Only its build requirements (the torch-npu the kernels compile against under build
             # isolation): lint settings and metadata change far more often and compile nothing.

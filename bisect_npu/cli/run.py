@@ -90,7 +90,7 @@ def run(good: str, bad: str, repo: str | None, package: str | None, index_url: s
     argv = shlex.split(command) if command else None
     if command is not None and not argv:
         raise UsageError("--cmd is empty; give the command that judges a checkout")
-    cards = parse_devices(devices) if devices else []
+    cards = parse_devices(devices) if devices is not None else []  # `--devices ""` is an error, not "none"
     options = RunOptions(good=good, bad=bad, repo=repo or (None if package else "."), package=package,
                          index_url=index_url, prereleases=prereleases, recipe=recipe, command=argv, executor=executor,
                          devices=cards, slots=slots, mode=mode, confidence=confidence,

@@ -33,6 +33,8 @@ def check_run(options: RunOptions) -> RunInputs:
     `options` in place (the mode, and absolute paths: resume may start elsewhere)."""
     if (options.recipe is None) == (options.command is None):
         raise UsageError("give either --recipe FILE or --cmd COMMAND (the oracle for each candidate)")
+    if options.command:
+        refuse_shell_syntax(options.command)
     recipe = load_recipe(options.recipe) if options.recipe else None
     settle_slots(options, recipe.cards_per_run() if recipe else 1)  # before any clone or index query
     options.mode = options.mode or (recipe.trials.mode if recipe else "exact")
@@ -121,6 +123,18 @@ def check_dockerfile(repo: git.Repo, dockerfile: str, candidates_range: dict[str
 
 # An argument that is only a path (a shell snippet such as `./x.sh && test -f y` is not).
 _PLAIN_PATH = re.compile(r"[\w./+@%:=,-]+")
+
+
+_SHELL_WORDS = frozenset({"|", "||", "&&", ";", ";;", "&", "|&", "{", "}", "(", ")", "!", "then", "fi", "do", "done"})
+
+
+def refuse_shell_syntax(command: list[str]) -> None:
+    """--cmd runs its words as one program's arguments, with no shell (nothing of a commit title or
+    ref ever reaches one): `a || b` would hand `||` to `a` and read its failure as a verdict."""
+    for word in command[1:]:
+        if word in _SHELL_WORDS or word.endswith(";") or word.startswith((">", "<", "2>", "&>", "$(")):
+            raise UsageError(f"--cmd has shell syntax ({word!r}) but runs without a shell; wrap it: "
+                             f"--cmd \"sh -c '...'\" (the whole script as one argument)")
 
 
 def check_command(command: list[str], repo: git.Repo | None, ends: list[str]) -> None:

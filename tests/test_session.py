@@ -498,3 +498,13 @@ def test_resume_stops_what_a_sigkilled_run_left_running(tmp_path: Path) -> None:
         for pid in (int(p) for p in pids.read_text().split()) if pids.exists() else ():
             with contextlib.suppress(ProcessLookupError):
                 os.kill(pid, signal.SIGKILL)
+
+
+@pytest.mark.parametrize("command", ["grep -qx good state || exit 1", "make check && ./run.sh", "cat state > out",
+                                     "test -f x; grep -qx good state", "echo $(date)"])
+def test_shell_syntax_in_cmd_is_refused_before_anything_runs(command: str, tmp_path: Path) -> None:
+    """--cmd has no shell: `a || b` would hand `||` to `a`, whose failure then reads as "bad"."""
+    done = bisect("run", "--repo", str(tmp_path), "--good", "a", "--bad", "b", "--cmd", command, cwd=tmp_path,
+                  check_code=2)
+    assert "--cmd has shell syntax" in done.stderr and "sh -c" in done.stderr
+    assert not (tmp_path / ".bisect-npu").exists()

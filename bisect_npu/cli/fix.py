@@ -38,6 +38,10 @@ def fix(culprit: str, repo_path: str, bad: str | None, top: int, recipe_path: st
 
     recipe = load_recipe(recipe_path) if recipe_path else None
     argv = shlex.split(command) if command else None
+    if argv:
+        from bisect_npu.preflight import refuse_shell_syntax
+
+        refuse_shell_syntax(argv)
     if verify and ((recipe is None and not argv) or bad is None):
         raise UsageError("--verify needs --recipe or --cmd (the bad case to re-run) and --bad "
                          "(where to apply the fix)")

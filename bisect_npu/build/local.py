@@ -170,9 +170,7 @@ class LocalBuilder:
         with self._git_lock:
             # Twice --force: a worktree registration left locked by a killed `git worktree add` is overridden.
             self.repo.git.worktree("add", "--detach", "--force", "--force", str(path), commit)
-            # Without a build command nothing compiles: a submodule the clone lacks stays empty, as
-            # `git worktree add` leaves it; a build needs them all (else exit 5 with the command).
-            submodules, lacking = check_out_submodules(self.repo, commit, path, missing_ok=not self.build_command)
+            submodules = check_out_submodules(self.repo, commit, path)
         key = self.build_key(commit)
         outputs = self.artifacts_dir / key if self.artifacts_dir is not None and key else None
         log_dir.mkdir(parents=True, exist_ok=True)
@@ -181,8 +179,6 @@ class LocalBuilder:
         with log_path.open("w", encoding="utf-8") as log:
             if submodules:
                 log.write(f"# {submodules} submodule(s) checked out at the commit's pins\n")
-            for missing in lacking:
-                log.write(f"# submodule {missing}: not in this clone, left empty (no build command needs it)\n")
             if outputs is not None and (outputs / DONOR_FILE).is_file():
                 donor = (outputs / DONOR_FILE).read_text().strip()
                 copied = _copy_tree(outputs / "files", path)

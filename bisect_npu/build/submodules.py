@@ -12,7 +12,7 @@ import io
 import posixpath
 import subprocess
 import tarfile
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import IO
 
@@ -26,19 +26,18 @@ def commit_archive(repo: git.Repo, commit: str) -> IO[bytes]:
     """The commit's tree as a tar, submodules included, without touching any checkout."""
     out = io.BytesIO()
     with tarfile.open(fileobj=out, mode="w") as archive:
-        _Assembly(archive, commit, missing_ok=False).tree(_git_dirs(repo), commit, prefix="")
+        _Assembly(archive, commit).tree(_git_dirs(repo), commit, prefix="")
     out.seek(0)
     return out
 
 
-def check_out_submodules(repo: git.Repo, commit: str, worktree: Path, missing_ok: bool = False
-                         ) -> tuple[int, list[str]]:
-    """Write each submodule's files, at the commit's pins, into a worktree of `commit`: how many
-    submodules (nested ones included) were written, and with `missing_ok` the paths of those the
-    clone lacks (left empty, as `git worktree add` leaves them) instead of an error."""
+def check_out_submodules(repo: git.Repo, commit: str, worktree: Path) -> int:
+    """Write each submodule's files, at the commit's pins, into a worktree of `commit`; how many
+    submodules (nested ones included) were written. One the clone lacks is an error even when no
+    build needs it: an oracle that reads it would judge an empty directory."""
     out = io.BytesIO()
     with tarfile.open(fileobj=out, mode="w") as archive:
-        assembly = _Assembly(archive, commit, missing_ok)
+        assembly = _Assembly(archive, commit)
         assembly.submodules(_git_dirs(repo), commit, prefix="")
     if assembly.count:
         out.seek(0)
@@ -46,7 +45,7 @@ def check_out_submodules(repo: git.Repo, commit: str, worktree: Path, missing_ok
             # Names come from git trees (no absolute paths, no `..`); the filter refuses them anyway.
             safe = {"filter": "tar"} if hasattr(tarfile, "tar_filter") else {}  # Python >= 3.11.4
             tar.extractall(worktree, **safe)  # type: ignore[arg-type]
-    return assembly.count, assembly.missing
+    return assembly.count
 
 
 def _git_dirs(repo: git.Repo) -> tuple[Path, ...]:
@@ -58,13 +57,11 @@ def _git_dirs(repo: git.Repo) -> tuple[Path, ...]:
 
 @dataclass
 class _Assembly:
-    """One tar being assembled for the commit `top`, and the submodules its clone lacked."""
+    """One tar being assembled for the commit `top`, and how many submodules went into it."""
 
     archive: tarfile.TarFile
     top: str
-    missing_ok: bool
     count: int = 0
-    missing: list[str] = field(default_factory=list)
 
     def tree(self, git_dirs: tuple[Path, ...], commit: str, prefix: str) -> None:
         done = subprocess.run(["git", "--git-dir", str(git_dirs[0]), "archive", "--format=tar", f"--prefix={prefix}",
@@ -83,9 +80,6 @@ class _Assembly:
             if name is None:  # a gitlink .gitmodules does not map: git does not check it out either
                 continue
             module = _module_store(git_dirs, commit, name, pinned)
-            if module is None and self.missing_ok:
-                self.missing.append(f"{prefix}{path}")
-                continue
             if module is None:
                 raise InfrastructureError(
                     f"{self.top[:12]} pins submodule {prefix}{path} at {pinned[:12]}, which this clone does not "

@@ -115,8 +115,11 @@ def tally(records: list[TrialRecord]) -> Verdict:
     bad = sum(1 for r in records if r.outcome == VerdictKind.BAD)
     good = sum(1 for r in records if r.outcome == VerdictKind.GOOD)
     kind = VerdictKind.BAD if bad else VerdictKind.GOOD if good else VerdictKind.SKIP
-    return Verdict(kind=kind, reason=f"{bad} of {bad + good} trials bad", figures={"bad": bad, "good": good},
-                   trials=len(records))
+    reason = f"{bad} of {bad + good} trials bad"
+    if kind == VerdictKind.SKIP:  # say why: the first trial's own reason (a probe error, exit 125, ...)
+        why = next((r.reason for r in records if r.reason), "")
+        reason = f"no trial could be judged ({len(records)} run): {why}" if why else reason
+    return Verdict(kind=kind, reason=reason, figures={"bad": bad, "good": good}, trials=len(records))
 
 
 def build_record(env: Environment | None, failure: BuildFailed | None = None) -> dict[str, Any]:

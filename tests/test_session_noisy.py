@@ -182,3 +182,13 @@ def test_find_fix_flips_the_terms(tmp_path: Path) -> None:
                            " ".join(GOOD_CMD), "--find-fix", "--session", str(tmp_path / "s3")],
                           cwd=tmp_path, capture_output=True, text=True, timeout=600)
     assert done.returncode == 4 and f"the new end {shas[40]} still shows the symptom" in done.stdout
+
+
+def test_a_step_whose_trials_were_all_skipped_says_why(tmp_path: Path) -> None:
+    repo = tmp_path / "repo"
+    make_linear_repo(repo, 5, tags={0: "good", 4: "bad"})
+    done = subprocess.run([*CLI, "run", "--repo", str(repo), "--good", "good", "--bad", "bad", "--cmd",
+                           "sh -c 'exit 125'", "--mode", "noisy", "--no-fix", "--session", str(tmp_path / "s")],
+                          cwd=tmp_path, capture_output=True, text=True, timeout=600)
+    assert done.returncode == 4, done.stdout + done.stderr
+    assert "could not be tested (no trial could be judged (1 run): command exited 125 (skip))" in done.stdout

@@ -10,22 +10,29 @@ from bisect_npu.report import SessionView, StepView, evidence_summary
 
 NOISY = {"posterior": 0.995, "culprit_rate": 0.9, "culprit_rate_lo": 0.6, "culprit_rate_hi": 0.98,
          "culprit_trials": 10.0, "parent_rate": 0.1, "parent_rate_lo": 0.02, "parent_rate_hi": 0.4,
-         "parent_trials": 10.0, "separation": 0.999, "bad_rate_estimate": 0.8, "good_rate_estimate": 0.25,
+         "parent_trials": 10.0, "separation": 0.99965, "bad_rate_estimate": 0.8, "good_rate_estimate": 0.25,
          "trials": 60.0}
 
 
-def view(figures: dict, *, find_fix: bool = False, steps: list[StepView] | None = None) -> SessionView:
+def view(figures: dict, *, find_fix: bool = False, steps: list[StepView] | None = None, status: str = "found",
+         index: int = 2) -> SessionView:
     header = {"range": {"base": "b" * 40, "candidates": ["1" * 40, "2" * 40, "3" * 40]},
               "options": {"find_fix": find_fix}}
-    end = {"status": "found", "culprit": "2" * 40, "index": 2, "figures": figures}
+    end = {"status": status, "culprit": "2" * 40, "index": index, "figures": figures}
     return SessionView(Path("."), header, steps or [], end, None, None)
+
+
+def step(order: int, index: int, verdict: str) -> StepView:
+    return StepView(order, index, str(index) * 40, "", verdict, "", 0.0, "", 0.0, 1, {}, [])
 
 
 def test_noisy_evidence_counts_the_runs_that_show_the_symptom() -> None:
     lines = evidence_summary(view(NOISY))
-    assert lines[0] == "culprit: the symptom in 9 of 10 trials (90%; 95% interval 60%-98%)"
+    assert lines[0] == "the culprit: the symptom in 9 of 10 trials (90%; 95% interval 60%-98%)"
     assert lines[1] == f"its parent `{'1' * 12}`: the symptom in 1 of 10 trials (10%; 95% interval 2%-40%)"
-    assert "shows the symptom more often than its parent" in lines[2] and "99.9%" in lines[2]
+    # 0.99965 is not certainty: never rounded up to 100.0%.
+    assert lines[2] == ("P(the culprit shows the symptom more often than its parent, from their own trials) "
+                        "= >99.9%")
     assert "first bad commit: 99.5%" in lines[3]
     assert "the symptom in 80% of runs after the change, 25% before" in lines[3]
 
@@ -34,17 +41,30 @@ def test_with_find_fix_the_figures_count_runs_without_the_symptom_and_the_words_
     """--find-fix searches for the first commit without the symptom: the search's "bad" runs are
     the clean ones, so 9 of 10 "bad" at the fixed commit is the symptom in 1 of 10."""
     lines = evidence_summary(view(NOISY, find_fix=True))
-    assert lines[0] == "culprit: the symptom in 1 of 10 trials (10%; 95% interval 2%-40%)"
+    assert lines[0] == "the fix: the symptom in 1 of 10 trials (10%; 95% interval 2%-40%)"
     assert lines[1] == f"its parent `{'1' * 12}`: the symptom in 9 of 10 trials (90%; 95% interval 60%-98%)"
-    assert "shows the symptom less often than its parent" in lines[2]
+    assert "P(the fix shows the symptom less often than its parent" in lines[2]
     assert "first fixed commit" in lines[3] and "the symptom in 20% of runs after the change, 75% before" in lines[3]
 
 
 @pytest.mark.parametrize("tested", [2, 5])
 def test_exact_evidence_names_the_bracketing_steps(tested: int) -> None:
-    steps = [StepView(1, 3, "3" * 40, "", "bad", "", 0.0, "", 0.0, 1, {}, []),
-             StepView(2, 2, "2" * 40, "", "bad", "", 0.0, "", 0.0, 1, {}, []),
-             StepView(3, 1, "1" * 40, "", "good", "", 0.0, "", 0.0, 1, {}, [])]
+    steps = [step(1, 3, "bad"), step(2, 2, "bad"), step(3, 1, "good")]
     lines = evidence_summary(view({"tested": float(tested)}, steps=steps))
-    assert lines[:2] == ["**bad** at the culprit (step 2)", f"**good** at its parent `{'1' * 12}` (step 3)"]
-    assert lines[2] == f"{tested} commits tested, the ends included, for 3 candidates"
+    assert lines == ["**bad** at the culprit (step 2)", f"**good** at its parent `{'1' * 12}` (step 3)",
+                     f"{tested} commits tested for 3 candidates"]
+
+
+def test_an_untested_parent_is_said_to_be_an_end_taken_as_given() -> None:
+    lines = evidence_summary(view({"tested": 2.0}, steps=[step(1, 1, "bad")], index=1))
+    assert lines[1] == f"its parent `{'b' * 12}` is an end taken as given, not tested (--no-check-ends)"
+
+
+def test_ends_judged_wrong_in_noisy_mode_say_what_each_end_showed() -> None:
+    figures = {"good_end_rate": 0.0, "good_end_rate_lo": 0.0, "good_end_rate_hi": 0.06, "good_end_trials": 64.0,
+               "bad_end_rate": 0.0, "bad_end_rate_lo": 0.0, "bad_end_rate_hi": 0.06, "bad_end_trials": 64.0,
+               "change_probability": 0.0004}
+    lines = evidence_summary(view(figures, status="ends_wrong"))
+    assert lines == ["the good end: the symptom in 0 of 64 trials (0%; 95% interval 0%-6%)",
+                     "the bad end: the symptom in 0 of 64 trials (0%; 95% interval 0%-6%)",
+                     "P(the two ends differ) = <0.1%"]

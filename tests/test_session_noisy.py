@@ -171,7 +171,7 @@ def test_find_fix_flips_the_terms(tmp_path: Path) -> None:
     assert "first fixed commit" in done.stdout
     report = (tmp_path / "s" / "report.md").read_text()
     assert "First fixed commit" in report and "old (broken)" in report
-    assert "**good** at the culprit (step " in report and f"**bad** at its parent `{shas[60][:12]}` (step " in report
+    assert "**good** at the fix (step " in report and f"**bad** at its parent `{shas[60][:12]}` (step " in report
     # The ends check is flipped too: a "fixed" old end is a precondition failure.
     done = subprocess.run([*CLI, "run", "--repo", str(repo), "--old", shas[70], "--new", "new", "--cmd",
                            " ".join(GOOD_CMD), "--find-fix", "--session", str(tmp_path / "s2")],

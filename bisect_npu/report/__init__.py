@@ -154,13 +154,20 @@ def _with_interrupted_rows(steps: list[StepView], orphans: dict[int, list[tuple[
 def evidence_summary(view: SessionView) -> list[str]:
     """The evidence behind the answer in words (the journal keeps the raw figures): in exact mode
     the steps that bracket the culprit, in noisy mode both commits' trials with 95% intervals and
-    the posterior. Noisy figures count the search's "bad" runs, which with --find-fix are the runs
-    without the symptom; the words always count runs that show it."""
+    the posterior, and for ends judged wrong in noisy mode what each end showed. Noisy figures count
+    the search's "bad" runs, which with --find-fix are the runs without the symptom; the words
+    always count runs that show it."""
     end = view.end or {}
     figures = end.get("figures") or {}
+    flipped = bool(view.options.get("find_fix"))
+    if end.get("status") == "ends_wrong" and "good_end_trials" in figures:
+        old, new = ("the old end", "the new end") if flipped else ("the good end", "the bad end")
+        return [f"{old}: {_symptom_share(figures, 'good_end', flipped)}",
+                f"{new}: {_symptom_share(figures, 'bad_end', flipped)}",
+                f"P(the two ends differ) = {_percent(figures['change_probability'])}"]
     if end.get("status") != "found":
         return []
-    flipped = bool(view.options.get("find_fix"))
+    found = "the fix" if flipped else "the culprit"
     if "culprit_trials" in figures:
         parent = _parent_of(view, end)
         more = "less" if flipped else "more"
@@ -168,28 +175,38 @@ def evidence_summary(view: SessionView) -> list[str]:
         if flipped:
             after, before = 1 - after, 1 - before
         return [
-            f"culprit: {_symptom_share(figures, 'culprit', flipped)}",
+            f"{found}: {_symptom_share(figures, 'culprit', flipped)}",
             f"its parent{f' `{parent[:12]}`' if parent else ''}: {_symptom_share(figures, 'parent', flipped)}",
-            f"P(the culprit shows the symptom {more} often than its parent, from their own trials) = "
-            f"{figures['separation']:.1%}",
-            f"posterior that this is the first {'fixed' if flipped else 'bad'} commit: {figures['posterior']:.1%} "
-            f"(range-wide estimates: the symptom in {after:.0%} of runs after the change, {before:.0%} before; "
-            f"{figures['trials']:.0f} trials in all)",
+            f"P({found} shows the symptom {more} often than its parent, from their own trials) = "
+            f"{_percent(figures['separation'])}",
+            f"posterior that this is the first {'fixed' if flipped else 'bad'} commit: "
+            f"{_percent(figures['posterior'])} (range-wide estimates: the symptom in {after:.0%} of runs after the "
+            f"change, {before:.0%} before; {figures['trials']:.0f} trials in all)",
         ]
     if "posterior" in figures:  # every position capped or skipped: the best guess, with its weight
-        return [f"posterior {figures['posterior']:.1%}: the commits around it reached the trial cap or were "
-                "skipped before the answer was sure"]
+        return [f"posterior {_percent(figures['posterior'])}: the commits around it reached the trial cap or "
+                "were skipped before the answer was sure"]
     at = {s.index: s for s in view.steps if s.verdict in ("good", "bad")}
     culprit, before_step = at.get(end.get("index", -1)), at.get(end.get("index", 0) - 1)
     lines = []
     if culprit is not None:
-        lines.append(f"**{culprit.verdict}** at the culprit (step {culprit.order})")
+        lines.append(f"**{culprit.verdict}** at {found} (step {culprit.order})")
     if before_step is not None:
         lines.append(f"**{before_step.verdict}** at its parent `{before_step.commit[:12]}` (step {before_step.order})")
+    elif (parent := _parent_of(view, end)) is not None:
+        lines.append(f"its parent `{parent[:12]}` is an end taken as given, not tested (--no-check-ends)")
     if "tested" in figures:
-        lines.append(f"{figures['tested']:.0f} commits tested, the ends included, for "
-                     f"{len(view.range['candidates'])} candidates")
+        lines.append(f"{figures['tested']:.0f} commits tested for {len(view.range['candidates'])} candidates")
     return lines
+
+
+def _percent(p: float) -> str:
+    """A probability as a percentage that never rounds a doubt away: 0.99965 is ">99.9%", not 100.0%."""
+    if 0.999 < p < 1:
+        return ">99.9%"
+    if 0 < p < 0.001:
+        return "<0.1%"
+    return f"{p:.1%}"
 
 
 def _symptom_share(figures: dict[str, float], name: str, flipped: bool) -> str:
@@ -276,6 +293,8 @@ def render_json(view: SessionView) -> dict[str, Any]:
         "range": [end["lo"], end["hi"]] if end.get("status") == "narrowed" else None,
         "message": end.get("message"),
         "evidence": end.get("figures"),
+        # What the noisy figures' rates count: the search's "bad" runs, clean ones under --find-fix.
+        "evidence_counts": "runs without the symptom" if view.options.get("find_fix") else "runs with the symptom",
         "prefetch_saved_s": end.get("prefetch_saved_s"),
         "good": view.range["good"], "bad": view.range["bad"], "base": view.range["base"],
         "merge_base_note": view.range.get("merge_base_note"),

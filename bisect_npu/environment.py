@@ -30,7 +30,6 @@ def session_evaluator(options: RunOptions, repo: git.Repo | None, recipe: Recipe
         made_builder, made_executor = make_environment(options, repo, recipe, session_dir, workdir)
         builder = builder or made_builder
         executor = executor or made_executor
-    executor.sweep()  # a resumed session's killed predecessor may have left a probe running
     if options.prefetch if options.prefetch is not None else bool(options.devices):
         from bisect_npu.build.prefetch import Prefetcher
 

@@ -48,6 +48,13 @@ class SessionResult:
     steps: int = 0
 
 
+def _stop_leftovers(evaluator: Evaluator, progress: Progress) -> None:
+    """What a killed earlier process of this session left running goes before anything runs (on
+    an NPU host it would hold the cards); the user hears how much."""
+    if stopped := evaluator.executor.sweep():
+        progress.note(f"stopped {stopped} leftover container(s) or process(es) of a killed earlier run")
+
+
 class Session:
     """One bisection over a resolved range, driven step by step from the journal."""
 
@@ -94,6 +101,7 @@ class Session:
         if candidates_range["merge_base_note"]:
             progress.note(candidates_range["merge_base_note"])
         evaluator = session_evaluator(options, repo, recipe, session_dir, builder, executor)
+        _stop_leftovers(evaluator, progress)
         return cls(journal, options, repo, recipe, evaluator, progress)
 
     @classmethod
@@ -120,6 +128,7 @@ class Session:
             progress.note(f"{options.slots} slot(s): the recipe's engine needs {per_run} of the "
                           f"{len(options.devices)} cards")
         evaluator = session_evaluator(options, repo, recipe, session_dir, builder, executor)
+        _stop_leftovers(evaluator, progress)
         return cls(journal, options, repo, recipe, evaluator, progress)
 
     # -- state from the journal -----------------------------------------------------------------

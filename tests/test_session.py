@@ -490,6 +490,7 @@ def test_resume_stops_what_a_sigkilled_run_left_running(tmp_path: Path) -> None:
         done = bisect("resume", "--session", str(session), "--json", cwd=tmp_path, check_code=0)
         assert summary(done)["culprit"] == shas[5]
         assert not any(_running(pid) for pid in left)
+        assert "stopped 2 leftover container(s) or process(es) of a killed earlier run" in done.stdout + done.stderr
         assert _running(bystander.pid)
     finally:
         bystander.kill()

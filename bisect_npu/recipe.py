@@ -334,7 +334,9 @@ def parse_recipe(text: str, source: str = "<recipe>") -> Recipe:
     try:
         recipe = Recipe.model_validate(_strip_lines(raw))
     except ValidationError as exc:
-        first = exc.errors()[0]
+        errors = exc.errors()
+        # A misspelled key fails twice (unknown here, the right one missing): name the misspelling.
+        first = next((e for e in errors if e["type"] == "extra_forbidden"), errors[0])
         loc = tuple(first["loc"])
         field = ".".join(str(p) for p in loc) or "<root>"
         line = _line_of(raw, loc)

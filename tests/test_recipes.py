@@ -75,6 +75,8 @@ def test_broken_recipe_names_field_and_line(text: str, field: str, line: int) ->
     (MINIMAL + "    sampling:\n      temprature: 0\n", "known here: temperature, top_p,"),
     (MINIMAL + "oracle:\n  kinds: [repetition]\n  penalty:\n    expectd: {}\n", "known here: expected"),
     (MINIMAL + "modle: x\n", "known here: name, description,"),
+    (MINIMAL + "trials:\n  mode: noisy\n  earlier_runs:\n    bad_endd: 8/10\n    good_end: 0/10\n",
+     "'trials.earlier_runs.bad_endd': unknown field (check the spelling; known here: bad_end, good_end)"),
 ])
 def test_an_unknown_field_lists_the_fields_known_where_it_stands(text: str, known: str) -> None:
     with pytest.raises(UsageError, match="unknown field") as error:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import os
 import re
+import shlex
 import stat
 from dataclasses import dataclass
 from pathlib import Path
@@ -33,8 +34,6 @@ def check_run(options: RunOptions) -> RunInputs:
     `options` in place (the mode, and absolute paths: resume may start elsewhere)."""
     if (options.recipe is None) == (options.command is None):
         raise UsageError("give either --recipe FILE or --cmd COMMAND (the oracle for each candidate)")
-    if options.command:
-        refuse_shell_syntax(options.command)
     recipe = load_recipe(options.recipe) if options.recipe else None
     settle_slots(options, recipe.cards_per_run() if recipe else 1)  # before any clone or index query
     options.mode = options.mode or (recipe.trials.mode if recipe else "exact")
@@ -125,16 +124,30 @@ def check_dockerfile(repo: git.Repo, dockerfile: str, candidates_range: dict[str
 _PLAIN_PATH = re.compile(r"[\w./+@%:=,-]+")
 
 
-_SHELL_WORDS = frozenset({"|", "||", "&&", ";", ";;", "&", "|&", "{", "}", "(", ")", "!", "then", "fi", "do", "done"})
+_OPERATOR = re.compile(r"[;&|<>()]+")  # what a shell would read as control or redirection
+_FIND_EXEC = frozenset({"-exec", "-execdir", "-ok", "-okdir"})  # whose `\;` ends find's own argument list
 
 
-def refuse_shell_syntax(command: list[str]) -> None:
-    """--cmd runs its words as one program's arguments, with no shell (nothing of a commit title or
-    ref ever reaches one): `a || b` would hand `||` to `a` and read its failure as a verdict."""
-    for word in command[1:]:
-        if word in _SHELL_WORDS or word.endswith(";") or word.startswith((">", "<", "2>", "&>", "$(")):
-            raise UsageError(f"--cmd has shell syntax ({word!r}) but runs without a shell; wrap it: "
-                             f"--cmd \"sh -c '...'\" (the whole script as one argument)")
+def command_words(text: str) -> list[str]:
+    """The words of a `--cmd` string, which runs as one program with no shell (nothing of a commit
+    title or ref ever reaches one): `a || b`, `a; b`, `a | b`, `a > log`, `$(...)` outside quotes
+    are refused, since `a` would get them as arguments and its failure would read as a verdict.
+    Inside quotes (`sh -c '...'`, `pytest -k "a or b"`) they are the program's own business."""
+    if not text.strip():
+        raise UsageError("--cmd is empty; give the command that judges a checkout")
+    lexer = shlex.shlex(text, posix=True, punctuation_chars=True)
+    lexer.whitespace_split = True
+    try:
+        tokens = list(lexer)
+    except ValueError as exc:
+        raise UsageError(f"--cmd {text!r}: {exc} (check its quotes)") from None
+    for index, token in enumerate(tokens):
+        if token == ";" and _FIND_EXEC.intersection(tokens[:index]):
+            continue
+        if _OPERATOR.fullmatch(token):
+            raise UsageError(f"--cmd has shell syntax ({token!r}) but runs without a shell; wrap it: "
+                             f"--cmd \"sh -c '...'\" (the whole script as one quoted argument)")
+    return shlex.split(text)
 
 
 def check_command(command: list[str], repo: git.Repo | None, ends: list[str]) -> None:

@@ -502,10 +502,28 @@ def test_resume_stops_what_a_sigkilled_run_left_running(tmp_path: Path) -> None:
 
 
 @pytest.mark.parametrize("command", ["grep -qx good state || exit 1", "make check && ./run.sh", "cat state > out",
-                                     "test -f x; grep -qx good state", "echo $(date)"])
+                                     "test -f x; grep -qx good state", "echo $(date)", "pytest x|tee log",
+                                     "make&&pytest", "pytest 1>/dev/null"])
 def test_shell_syntax_in_cmd_is_refused_before_anything_runs(command: str, tmp_path: Path) -> None:
     """--cmd has no shell: `a || b` would hand `||` to `a`, whose failure then reads as "bad"."""
     done = bisect("run", "--repo", str(tmp_path), "--good", "a", "--bad", "b", "--cmd", command, cwd=tmp_path,
                   check_code=2)
     assert "--cmd has shell syntax" in done.stderr and "sh -c" in done.stderr
     assert not (tmp_path / ".bisect-npu").exists()
+
+
+@pytest.mark.parametrize(("command", "words"), [
+    ("sh -c 'make || exit 1;'", ["sh", "-c", "make || exit 1;"]),
+    ("bash -c 'set -e; make; pytest;'", ["bash", "-c", "set -e; make; pytest;"]),
+    ("python -c \"print(1 > 0)\"", ["python", "-c", "print(1 > 0)"]),
+    ("pytest -k 'a or b'", ["pytest", "-k", "a or b"]),
+    ("test ! -e build/broken", ["test", "!", "-e", "build/broken"]),
+    ("grep -q done log.txt", ["grep", "-q", "done", "log.txt"]),
+    ("find . -name '*.so' -exec false {} \\;", ["find", ".", "-name", "*.so", "-exec", "false", "{}", ";"]),
+    ("python check.py '<none>'", ["python", "check.py", "<none>"]),
+    ("env A=1 make -j4", ["env", "A=1", "make", "-j4"]),
+])
+def test_shell_syntax_inside_quotes_is_the_program_s_own(command: str, words: list[str]) -> None:
+    from bisect_npu.preflight import command_words
+
+    assert command_words(command) == words

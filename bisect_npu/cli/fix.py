@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import shlex
 from typing import TYPE_CHECKING, Any
 
 import click
@@ -34,14 +33,11 @@ def fix(culprit: str, repo_path: str, bad: str | None, top: int, recipe_path: st
     """Rank the later commits that fix CULPRIT, with the evidence for each."""
     from bisect_npu.fix import propose_fixes, verify_fixes
     from bisect_npu.history import open_repo
+    from bisect_npu.preflight import command_words
     from bisect_npu.recipe import load_recipe
 
     recipe = load_recipe(recipe_path) if recipe_path else None
-    argv = shlex.split(command) if command else None
-    if argv:
-        from bisect_npu.preflight import refuse_shell_syntax
-
-        refuse_shell_syntax(argv)
+    argv = command_words(command) if command else None
     if verify and ((recipe is None and not argv) or bad is None):
         raise UsageError("--verify needs --recipe or --cmd (the bad case to re-run) and --bad "
                          "(where to apply the fix)")

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import shlex
 from pathlib import Path
 from typing import TYPE_CHECKING, Literal
 
@@ -11,7 +10,6 @@ import click
 
 from bisect_npu.cli import note_session
 from bisect_npu.cli.params import FiniteRange
-from bisect_npu.models import UsageError
 
 if TYPE_CHECKING:
     from bisect_npu.session import SessionResult
@@ -84,12 +82,11 @@ def run(good: str, bad: str, repo: str | None, package: str | None, index_url: s
     from bisect_npu.build.cache import parse_size
     from bisect_npu.execute.ascend import parse_devices
     from bisect_npu.options import RunOptions
+    from bisect_npu.preflight import command_words
     from bisect_npu.progress import make_progress
     from bisect_npu.session import Session
 
-    argv = shlex.split(command) if command else None
-    if command is not None and not argv:
-        raise UsageError("--cmd is empty; give the command that judges a checkout")
+    argv = command_words(command) if command is not None else None
     cards = parse_devices(devices) if devices is not None else []  # `--devices ""` is an error, not "none"
     options = RunOptions(good=good, bad=bad, repo=repo or (None if package else "."), package=package,
                          index_url=index_url, prereleases=prereleases, recipe=recipe, command=argv, executor=executor,

@@ -198,6 +198,7 @@ class DockerExecutor:
                     error = waited.get("Error") or {}
                     if not isinstance(error, dict) or error.get("Message"):  # podman: gone under us, status 0
                         raise _went_away(container, error)
+                    container.reload()  # still there? podman may also answer a removal with 137, no error
                     returncode = int(waited["StatusCode"])
                 except InfrastructureError:
                     raise
@@ -243,9 +244,10 @@ class DockerExecutor:
 
     def close(self) -> None:
         """Remove every container this executor's session still has (a sweep by label)."""
-        remove_session_containers(self.client, self.session_id)
+        self.sweep()
 
     def sweep(self) -> int:
+        """Remove this session's containers, a killed earlier process's included (by label)."""
         return remove_session_containers(self.client, self.session_id)
 
     def __enter__(self) -> DockerExecutor:
@@ -273,12 +275,13 @@ def _refused(spec: ContainerSpec, exc: Any) -> InfrastructureError:
     devices = f" with devices {', '.join(spec.devices)}" if spec.devices else ""
     return InfrastructureError(f"the container engine refused a container of {spec.image}{devices}: "
                                f"{exc.explanation or exc}; check the host has what the spec names (`bisect-npu "
-                               "doctor`), then resume the session")
+                               "doctor`), then run again (`bisect-npu resume` for a session)")
 
 
 def _went_away(container: Any, why: object) -> InfrastructureError:
-    return InfrastructureError(f"container {container.id[:12]} went away during the run ({why}); nothing may remove "
-                               "this session's containers while it runs; resume the session")
+    return InfrastructureError(f"container {container.id[:12]} went away during the run ({why}): something removed "
+                               "it (`docker rm`, a prune, another sweep); run again (`bisect-npu resume` for a "
+                               "session)")
 
 
 def _follow_logs(container: Any, log: Any) -> None:

@@ -170,11 +170,10 @@ def test_a_killed_verification_s_worktrees_are_swept_by_the_next(tmp_path, monke
 def test_a_killed_docker_verification_s_containers_go_with_its_scratch(docker_client, demo_base_image, tmp_path,
                                                                         monkeypatch):
     """`fix --verify --executor docker` SIGKILLed mid-run leaves its container running; the next
-    run on this host removes it by the dead run's session label before verifying anything."""
+    run on this host, whichever executor it uses, removes it by the dead run's label first."""
     import re
     import socket
 
-    from bisect_npu.cli.fix import _stale_containers_remover
     from bisect_npu.execute.docker import SESSION_LABEL
     from bisect_npu.fix import verification_scratch, verification_session
     from bisect_npu.journal import session_id
@@ -184,12 +183,32 @@ def test_a_killed_docker_verification_s_containers_go_with_its_scratch(docker_cl
     host = re.sub(r"[^\w.]", "_", socket.gethostname())
     dead = tmp_path / "cache" / "fix-verify" / f"{host}--999999999-c0ffee00"
     dead.mkdir(parents=True)
+    (dead / "executor").write_text("docker\n")  # as the killed run wrote it
     label = {SESSION_LABEL: session_id(verification_session(dead))}
     left = docker_client.containers.run(demo_base_image, ["sleep", "300"], detach=True, labels=label)
     try:
-        with verification_scratch(git.Repo(tmp_path / "up"), _stale_containers_remover("docker")):
+        with verification_scratch(git.Repo(tmp_path / "up"), "local") as scratch:
             wanted = {"label": f"{SESSION_LABEL}={label[SESSION_LABEL]}"}
-            assert docker_client.containers.list(all=True, filters=wanted) == []
+            assert docker_client.containers.list(all=True, filters=wanted) == [] and not dead.exists()
+            assert (scratch / "executor").read_text() == "local\n"
     finally:
         with contextlib.suppress(Exception):
             left.remove(force=True)
+
+
+def test_a_killed_docker_verification_is_kept_while_the_engine_is_out_of_reach(tmp_path, monkeypatch):
+    """Its containers can only be found through its directory: with no engine to ask, it stays."""
+    import re
+    import socket
+
+    from bisect_npu.fix import verification_scratch
+
+    monkeypatch.setenv("BISECT_NPU_CACHE", str(tmp_path / "cache"))
+    monkeypatch.setenv("DOCKER_HOST", f"unix://{tmp_path}/no-engine.sock")
+    make_upstream(tmp_path / "up")
+    host = re.sub(r"[^\w.]", "_", socket.gethostname())
+    dead = tmp_path / "cache" / "fix-verify" / f"{host}--999999999-c0ffee01"
+    dead.mkdir(parents=True)
+    (dead / "executor").write_text("docker\n")
+    with verification_scratch(git.Repo(tmp_path / "up")):
+        assert dead.is_dir()

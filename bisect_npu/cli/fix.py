@@ -10,9 +10,6 @@ import click
 from bisect_npu.models import UsageError
 
 if TYPE_CHECKING:
-    from collections.abc import Callable
-    from pathlib import Path
-
     from bisect_npu.fix import FixReport, FixVerification
 
 
@@ -49,7 +46,7 @@ def fix(culprit: str, repo_path: str, bad: str | None, top: int, recipe_path: st
         from bisect_npu.environment import make_evaluator
         from bisect_npu.fix import verification_scratch, verification_session
 
-        with verification_scratch(repo, _stale_containers_remover(executor)) as workdir, \
+        with verification_scratch(repo, executor) as workdir, \
                 make_evaluator(repo_path, None if argv else recipe_path, command=argv,
                                executor="docker" if executor == "docker" else "local",
                                session_dir=verification_session(workdir)) as evaluate:
@@ -104,16 +101,3 @@ def _print(report: FixReport, verifications: list[FixVerification]) -> None:
         if proposal.missing_on:
             click.echo(f"   not yet on: {', '.join(proposal.missing_on)}")
 
-
-def _stale_containers_remover(executor: str) -> Callable[[Path], object] | None:
-    """With containers, a killed verification's are removed by its session label before this one
-    starts (a SIGKILLed run could not; on an NPU host they would hold the cards)."""
-    if executor != "docker":
-        return None
-    from bisect_npu.build.docker import connect_engine
-    from bisect_npu.execute.docker import remove_session_containers
-    from bisect_npu.fix import verification_session
-    from bisect_npu.journal import session_id
-
-    client = connect_engine()
-    return lambda stale: remove_session_containers(client, session_id(verification_session(stale)))

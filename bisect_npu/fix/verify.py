@@ -33,24 +33,26 @@ from bisect_npu.paths import cache_root
 
 
 @contextlib.contextmanager
-def verification_scratch(repo: git.Repo, on_stale: Callable[[Path], object] | None = None) -> Iterator[Path]:
+def verification_scratch(repo: git.Repo, executor: str = "local") -> Iterator[Path]:
     """A directory for one `fix --verify` run's worktrees and session, under the cache: each run
-    first sweeps what runs killed before it left (their process is gone; `on_stale` gets each of
-    their directories first, e.g. to remove their containers), then its own at the end."""
+    first sweeps what runs killed before it left (their process is gone: their processes, their
+    containers when they used any, their worktrees), then its own at the end."""
     base = cache_root() / "fix-verify"
     base.mkdir(parents=True, exist_ok=True)
     # This host's runs only: a cache shared over NFS also holds other machines' live runs.
     host = re.sub(r"[^\w.]", "_", socket.gethostname()) + "--"
     for stale in base.iterdir():
         if stale.name.startswith(host) and not _process_alive(stale.name[len(host):].split("-", 1)[0]):
-            if on_stale is not None:
-                on_stale(stale)
+            if (stale / EXECUTOR_FILE).is_file() and (stale / EXECUTOR_FILE).read_text().strip() == "docker" \
+                    and not _remove_containers_of(stale):
+                continue  # the engine is unreachable now: kept, so a later run still finds them
             kill_owned_processes(str(stale.resolve()))  # its probe or oracle command, if still running
             sweep_worktrees_of_any_repo(stale)  # the killed run may have verified on another clone
             sweep_worktrees(repo, stale)
             shutil.rmtree(stale, ignore_errors=True)
     scratch = base / f"{host}{os.getpid()}-{uuid.uuid4().hex[:8]}"
     scratch.mkdir()
+    (scratch / EXECUTOR_FILE).write_text(executor + "\n")  # what a sweep of this run, if killed, must look for
     try:
         yield scratch
     finally:
@@ -59,8 +61,23 @@ def verification_scratch(repo: git.Repo, on_stale: Callable[[Path], object] | No
 
 
 def verification_session(scratch: Path) -> Path:
-    """The session directory of a verification run (its containers carry this name as their label)."""
+    """The session directory of a verification run (its containers' label is made from it)."""
     return scratch / f"session-{scratch.name}"
+
+
+def _remove_containers_of(stale: Path) -> bool:
+    """Remove a killed verification's containers by its session label; False if the engine is
+    out of reach (nothing removed)."""
+    from bisect_npu.build.docker import connect_engine
+    from bisect_npu.execute.docker import remove_session_containers
+    from bisect_npu.journal import session_id
+
+    try:
+        client = connect_engine()
+    except InfrastructureError:
+        return False
+    remove_session_containers(client, session_id(verification_session(stale)))
+    return True
 
 
 def _process_alive(pid: str) -> bool:
@@ -75,6 +92,7 @@ def _process_alive(pid: str) -> bool:
     return True
 
 
+EXECUTOR_FILE = "executor"  # in a verification's scratch: `local` or `docker`
 APPLY_NAME = re.compile(r"apply-[0-9a-f]{10}-[0-9a-f]{8}")  # apply_fix's worktrees
 
 

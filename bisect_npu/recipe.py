@@ -29,14 +29,13 @@ PARALLEL_FLAGS = {"--tensor-parallel-size": "tensor_parallel_size", "-tp": "tens
 
 
 def _whole_count(value: object, where: str) -> int:
-    """A parallel size as vLLM's argument parser would take it: 4, "4", " 4", 4.0."""
-    if not isinstance(value, bool) and isinstance(value, int | float | str):
-        try:
-            number = float(str(value).strip())
-        except ValueError:
-            number = 0.0
-        if number.is_integer() and number >= 1:
-            return int(number)
+    """A parallel size as vLLM takes it: an int, or text `int()` reads (4, "4", " 4"; not 4.0)."""
+    if value is None:
+        raise ValueError(f"{where} has no value")
+    if isinstance(value, int) and not isinstance(value, bool) and value >= 1:
+        return value
+    if isinstance(value, str) and value.strip().isdigit() and int(value) >= 1:
+        return int(value)
     raise ValueError(f"{where}: {value!r} is not a positive whole number of cards")
 
 
@@ -84,11 +83,12 @@ class EngineSpec(_Strict):
         for key, value in self.args.items():
             if (name := str(key).replace("-", "_")) in PARALLEL_SIZES:
                 put(name, f"args.{key}", value)
-        for index, flag in enumerate(self.server_flags):
+        flags = self.server_flags if self.backend == "openai" else []  # the others start no server
+        for index, flag in enumerate(flags):
             option, inline, value = flag.partition("=")
+            option = "--" + option[2:].replace("_", "-") if option.startswith("--") else option  # as vLLM's parser
             if option in PARALLEL_FLAGS:
-                given = value if inline else (self.server_flags[index + 1] if index + 1 < len(self.server_flags)
-                                              else None)
+                given = value if inline else (flags[index + 1] if index + 1 < len(flags) else None)
                 put(PARALLEL_FLAGS[option], f"server_flags {option}", given)
         return {name: size for name, (_, size) in found.items()}
 

@@ -114,17 +114,22 @@ def test_cards_per_run_is_the_recipe_s_parallel_size() -> None:
                            "    tensor-parallel-size: '2'\n    pipeline_parallel_size: 2\n", source="t.yaml")
     assert spelled.cards_per_run() == 4  # the openai backend's dashed flags and quoted numbers count too
     flags = parse_recipe("name: t\nmodel: {path: /m}\ncases: [{id: a, prompt: hi}]\nengine:\n  backend: openai\n"
-                         "  server_flags: [--tensor-parallel-size, ' 4', -dp=2.0]\n", source="t.yaml")
+                         "  server_flags: [--tensor_parallel_size, ' 4', -dp=2]\n", source="t.yaml")
     assert flags.cards_per_run() == 8  # what `vllm serve` is told on its command line counts as well
+    offline = parse_recipe("name: t\nmodel: {path: /m}\ncases: [{id: a, prompt: hi}]\nengine:\n  backend: vllm\n"
+                           "  server_flags: [-tp, '4']\n", source="t.yaml")
+    assert offline.cards_per_run() == 1  # no server, no flags read
 
 
 @pytest.mark.parametrize(("engine", "message"), [
     ("  args: {tensor_parallel_size: 0}\n", "args.tensor_parallel_size: 0 is not a positive whole number"),
     ("  args: {tensor_parallel_size: true}\n", "True is not a positive whole number"),
     ("  args: {tensor-parallel-size: 2.5}\n", "2.5 is not a positive whole number"),
-    ("  args: {tensor_parallel_size: 2}\n  server_flags: [-tp, '4']\n",
+    ("  backend: openai\n  args: {tensor_parallel_size: 2}\n  server_flags: [-tp, '4']\n",
      "args.tensor_parallel_size and server_flags -tp disagree \\(2 vs 4\\)"),
-    ("  server_flags: [--pipeline-parallel-size]\n", "server_flags --pipeline-parallel-size: None is not"),
+    ("  backend: openai\n  server_flags: [--pipeline-parallel-size]\n",
+     "server_flags --pipeline-parallel-size has no value"),
+    ("  args: {tensor_parallel_size: '4.0'}\n", "'4.0' is not a positive whole number"),
 ])
 def test_a_parallel_size_that_is_no_card_count_is_a_recipe_error(engine: str, message: str) -> None:
     with pytest.raises(UsageError, match=f"t.yaml:4: field 'engine': .*{message}"):

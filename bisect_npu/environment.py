@@ -14,7 +14,7 @@ from bisect_npu import history
 from bisect_npu.build.base import Builder
 from bisect_npu.evaluate import Evaluator
 from bisect_npu.execute.base import Executor
-from bisect_npu.journal import DEFAULT_ROOT, new_session_dir, session_id
+from bisect_npu.journal import DEFAULT_ROOT, new_session_dir, session_label
 from bisect_npu.models import Observation, UsageError, Verdict
 from bisect_npu.options import RunOptions
 from bisect_npu.recipe import InstallPlan, Recipe, load_recipe
@@ -24,7 +24,7 @@ def session_evaluator(options: RunOptions, repo: git.Repo | None, recipe: Recipe
                       builder: Builder | None, executor: Executor | None) -> Evaluator:
     """A session's Evaluator: the builder and executor given (tests, the demo) or made for the
     options, the builder wrapped to prefetch where that is asked or --devices are given."""
-    workdir = (Path(options.workdir) / session_id(session_dir) if options.workdir
+    workdir = (Path(options.workdir) / session_label(session_dir) if options.workdir
                else session_dir / "worktrees")
     if builder is None or executor is None:
         made_builder, made_executor = make_environment(options, repo, recipe, session_dir, workdir)

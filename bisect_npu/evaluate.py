@@ -118,7 +118,8 @@ def tally(records: list[TrialRecord]) -> Verdict:
     reason = f"{bad} of {bad + good} trials bad"
     if kind == VerdictKind.SKIP:  # say why: the first trial's own reason (a probe error, exit 125, ...)
         why = next((r.reason for r in records if r.reason), "")
-        reason = f"no trial could be judged ({len(records)} run): {why}" if why else reason
+        runs = f"{len(records)} run{'s' if len(records) != 1 else ''}"
+        reason = f"no trial could be judged ({runs}): {why}" if why else reason
     return Verdict(kind=kind, reason=reason, figures={"bad": bad, "good": good}, trials=len(records))
 
 

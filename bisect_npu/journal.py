@@ -44,7 +44,7 @@ def new_session_dir(root: Path = DEFAULT_ROOT) -> Path:
     return session_dir
 
 
-def session_id(session_dir: Path) -> str:
+def session_label(session_dir: Path) -> str:
     """A session's name on this host: its directory's name plus a digest of its full path, so two
     sessions named alike (a/s and b/s) never share worktrees or containers."""
     return f"{session_dir.name}-{hashlib.sha256(str(session_dir.resolve()).encode()).hexdigest()[:8]}"

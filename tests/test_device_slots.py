@@ -190,3 +190,9 @@ def test_local_runs_on_an_npu_host_see_only_their_slot_s_cards(tmp_path: Path) -
     lines = seen.read_text().splitlines()
     assert {line.split()[0] for line in lines} == {"0,1", "2,3"}  # both shares used, never all four cards
     assert {line.split()[1] for line in lines} == {"1"}
+
+
+def test_an_empty_devices_list_is_a_usage_error_not_no_devices(tmp_path: Path) -> None:
+    done = subprocess.run([sys.executable, "-m", "bisect_npu", "run", "--good", "a", "--bad", "b", "--cmd", "true",
+                           "--devices", ""], cwd=tmp_path, capture_output=True, text=True, timeout=120, check=False)
+    assert done.returncode == 2 and "--devices '': expected card numbers" in done.stderr

@@ -19,7 +19,7 @@ from bisect_npu.build.docker import DockerBuilder
 from bisect_npu.build.key import BuildKeyReader
 from bisect_npu.demo.generate import ensure_upstream
 from bisect_npu.execute.docker import SESSION_LABEL, DockerExecutor
-from bisect_npu.journal import session_id as journal_session_id
+from bisect_npu.journal import session_label
 from bisect_npu.options import RunOptions
 from bisect_npu.report import write_reports
 from bisect_npu.session import Session
@@ -136,7 +136,7 @@ def test_sigint_in_the_middle_of_a_step_leaves_no_container(docker_client, demo_
         while time.monotonic() < deadline and not session_id:
             assert child.poll() is None, child.stderr.read().decode()[-2000:] if child.stderr else ""
             for session_dir in root.glob("*") if root.exists() else []:
-                labelled = journal_session_id(session_dir)
+                labelled = session_label(session_dir)
                 if any(c.status == "running" for c in session_containers(docker_client, labelled)):
                     session_id = labelled
             time.sleep(0.3)

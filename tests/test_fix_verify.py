@@ -176,7 +176,7 @@ def test_a_killed_docker_verification_s_containers_go_with_its_scratch(docker_cl
 
     from bisect_npu.execute.docker import SESSION_LABEL
     from bisect_npu.fix import verification_scratch, verification_session
-    from bisect_npu.journal import session_id
+    from bisect_npu.journal import session_label
 
     monkeypatch.setenv("BISECT_NPU_CACHE", str(tmp_path / "cache"))
     make_upstream(tmp_path / "up")
@@ -184,7 +184,7 @@ def test_a_killed_docker_verification_s_containers_go_with_its_scratch(docker_cl
     dead = tmp_path / "cache" / "fix-verify" / f"{host}--999999999-c0ffee00"
     dead.mkdir(parents=True)
     (dead / "executor").write_text("docker\n")  # as the killed run wrote it
-    label = {SESSION_LABEL: session_id(verification_session(dead))}
+    label = {SESSION_LABEL: session_label(verification_session(dead))}
     left = docker_client.containers.run(demo_base_image, ["sleep", "300"], detach=True, labels=label)
     try:
         with verification_scratch(git.Repo(tmp_path / "up"), "local") as scratch:

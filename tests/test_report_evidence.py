@@ -52,7 +52,7 @@ def test_exact_evidence_names_the_bracketing_steps(tested: int) -> None:
     steps = [step(1, 3, "bad"), step(2, 2, "bad"), step(3, 1, "good")]
     lines = evidence_summary(view({"tested": float(tested)}, steps=steps))
     assert lines == ["**bad** at the culprit (step 2)", f"**good** at its parent `{'1' * 12}` (step 3)",
-                     f"{tested} commits tested for 3 candidates"]
+                     f"{tested} of 4 commits tested (the candidates and the good end)"]
 
 
 def test_an_untested_parent_is_said_to_be_an_end_taken_as_given() -> None:

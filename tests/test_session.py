@@ -181,11 +181,11 @@ def test_not_a_git_repository(tmp_path: Path) -> None:
 
 
 def test_sessions_named_alike_get_their_own_part_of_a_shared_workdir(tmp_path: Path) -> None:
-    from bisect_npu.journal import session_id
+    from bisect_npu.journal import session_label
 
-    first, second = session_id(tmp_path / "a" / "s"), session_id(tmp_path / "b" / "s")
+    first, second = session_label(tmp_path / "a" / "s"), session_label(tmp_path / "b" / "s")
     assert first != second and first.startswith("s-") and second.startswith("s-")
-    assert session_id(tmp_path / "a" / "s") == first  # the same session (resumed) finds its own again
+    assert session_label(tmp_path / "a" / "s") == first  # the same session (resumed) finds its own again
 
 
 @pytest.mark.parametrize("kind", ["file", "missing"])

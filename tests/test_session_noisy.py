@@ -106,7 +106,9 @@ def test_earlier_runs_are_counted_and_reported(tmp_path: Path, flaky: str) -> No
     assert "| earlier runs | counted by the search, not in the steps: symptom in 70/100 runs" in report
     assert "earlier runs" not in (tmp_path / "plain" / "report.md").read_text()
     # The evidence behind the answer, in words: the culprit's and its parent's trials, the posterior.
-    evidence = json.loads((tmp_path / "earlier" / "report.json").read_text())["evidence"]
+    as_json = json.loads((tmp_path / "earlier" / "report.json").read_text())
+    evidence = as_json["evidence"]
+    assert as_json["evidence_counts"] == "runs with the symptom"
     parent = round(evidence["parent_rate"] * evidence["parent_trials"])
     assert (f"its parent `{shas[49][:12]}`: the symptom in {parent} of {evidence['parent_trials']:.0f} trials"
             in report

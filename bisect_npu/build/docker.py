@@ -352,7 +352,7 @@ def make_docker_environment(options: Any, repo: git.Repo, recipe: Any, session_d
     """
     from bisect_npu.execute.devices import DevicePool
     from bisect_npu.execute.docker import DockerExecutor
-    from bisect_npu.journal import session_id
+    from bisect_npu.journal import session_label
 
     client = connect_engine()
     cache = ImageCache(client, int(options.cache_size_gb * (1 << 30)))
@@ -361,7 +361,7 @@ def make_docker_environment(options: Any, repo: git.Repo, recipe: Any, session_d
                             dockerfile=recipe.build.dockerfile if recipe else "Dockerfile")
     slots = options.slots or 1
     pool = DevicePool(list(options.devices), slots) if options.devices and slots > 1 else None
-    executor = DockerExecutor(client, container_spec_factory(options, recipe), session_id=session_id(session_dir),
+    executor = DockerExecutor(client, container_spec_factory(options, recipe), session_id=session_label(session_dir),
                               device_pool=pool)
     atexit.register(executor.close)
     return builder, executor

@@ -70,13 +70,13 @@ def _remove_containers_of(stale: Path) -> bool:
     out of reach (nothing removed)."""
     from bisect_npu.build.docker import connect_engine
     from bisect_npu.execute.docker import remove_session_containers
-    from bisect_npu.journal import session_id
+    from bisect_npu.journal import session_label
 
     try:
         client = connect_engine()
     except InfrastructureError:
         return False
-    remove_session_containers(client, session_id(verification_session(stale)))
+    remove_session_containers(client, session_label(verification_session(stale)))
     return True
 
 

@@ -196,7 +196,8 @@ def evidence_summary(view: SessionView) -> list[str]:
     elif (parent := _parent_of(view, end)) is not None:
         lines.append(f"its parent `{parent[:12]}` is an end taken as given, not tested (--no-check-ends)")
     if "tested" in figures:
-        lines.append(f"{figures['tested']:.0f} commits tested for {len(view.range['candidates'])} candidates")
+        lines.append(f"{figures['tested']:.0f} of {len(view.range['candidates']) + 1} commits tested (the "
+                     "candidates and the good end)")
     return lines
 
 
@@ -294,7 +295,8 @@ def render_json(view: SessionView) -> dict[str, Any]:
         "message": end.get("message"),
         "evidence": end.get("figures"),
         # What the noisy figures' rates count: the search's "bad" runs, clean ones under --find-fix.
-        "evidence_counts": "runs without the symptom" if view.options.get("find_fix") else "runs with the symptom",
+        "evidence_counts": (("runs without the symptom" if view.options.get("find_fix") else "runs with the symptom")
+                            if any(name.endswith("_rate") for name in end.get("figures") or {}) else None),
         "prefetch_saved_s": end.get("prefetch_saved_s"),
         "good": view.range["good"], "bad": view.range["bad"], "base": view.range["base"],
         "merge_base_note": view.range.get("merge_base_note"),

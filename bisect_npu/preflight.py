@@ -54,6 +54,11 @@ def check_run(options: RunOptions) -> RunInputs:
         check_command(options.command, repo, ends)
     if repo is not None and options.package is None and options.executor == "docker" and recipe is not None:
         check_dockerfile(repo, recipe.build.dockerfile, candidates_range)
+    if repo is not None and candidates_range["kind"] == "commits":
+        from bisect_npu.build.submodules import check_submodule_pins
+
+        for end in (candidates_range["base"], candidates_range["bad"]):
+            check_submodule_pins(repo, end)  # a clone without its submodules stops here, not at step one
     if options.workdir:
         from bisect_npu.build.local import check_workdir
 

@@ -4,6 +4,7 @@ build's context (a tar) and as a local worktree."""
 from __future__ import annotations
 
 import subprocess
+import sys
 import tarfile
 from pathlib import Path
 
@@ -140,3 +141,14 @@ def test_a_gitlink_that_gitmodules_does_not_map_is_left_out_as_git_does(tmp_path
     _git(repo, "commit", "-qm", "A gitlink without .gitmodules")
     head = _git(repo, "rev-parse", "HEAD")
     assert "a.txt" in (files := context_files(repo, head)) and not any(f.startswith("vendor") for f in files)
+
+
+def test_run_from_a_clone_without_submodules_stops_before_its_session_exists(with_submodule, plain_clone,
+                                                                              tmp_path) -> None:
+    first, second = with_submodule[2], with_submodule[3]
+    done = subprocess.run([sys.executable, "-m", "bisect_npu", "run", "--repo", str(plain_clone), "--good", first,
+                           "--bad", second, "--cmd", "true", "--session", str(tmp_path / "s")],
+                          capture_output=True, text=True, timeout=120, check=False)
+    assert done.returncode == 5, done.stdout + done.stderr
+    assert "pins submodule csrc/third_party/catlass" in done.stderr and "git submodule update --init" in done.stderr
+    assert not (tmp_path / "s").exists()

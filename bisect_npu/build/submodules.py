@@ -12,6 +12,7 @@ import io
 import posixpath
 import subprocess
 import tarfile
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import IO
@@ -75,19 +76,35 @@ class _Assembly:
         self.submodules(git_dirs, commit, prefix)
 
     def submodules(self, git_dirs: tuple[Path, ...], commit: str, prefix: str) -> None:
-        for path, pinned in _gitlinks(git_dirs[0], commit):
-            name = submodule_name(git_dirs[0], commit, path)
-            if name is None:  # a gitlink .gitmodules does not map: git does not check it out either
-                continue
-            module = _module_store(git_dirs, commit, name, pinned)
-            if module is None:
-                raise InfrastructureError(
-                    f"{self.top[:12]} pins submodule {prefix}{path} at {pinned[:12]}, which this clone does not "
-                    "have; run `git submodule update --init --recursive` in the repository (for a submodule the "
-                    "checked-out commit no longer has, from a commit that has it), or pass --repo as a URL: "
-                    "bisect-npu then fetches submodules into its cached clone itself; then resume")
+        for sub_prefix, module, pinned in _pinned_modules(git_dirs, commit, prefix, self.top):
             self.count += 1
-            self.tree((module,), pinned, f"{prefix}{path}/")
+            self.tree((module,), pinned, sub_prefix)
+
+
+def check_submodule_pins(repo: git.Repo, commit: str) -> None:
+    """Every submodule `commit` pins (nested ones too) is in this clone, or an InfrastructureError
+    that says how to get it: checked at a run's ends before its session exists."""
+    pending = [(_git_dirs(repo), commit, "")]
+    while pending:
+        git_dirs, sha, prefix = pending.pop()
+        for sub_prefix, module, pinned in _pinned_modules(git_dirs, sha, prefix, commit):
+            pending.append(((module,), pinned, sub_prefix))
+
+
+def _pinned_modules(git_dirs: tuple[Path, ...], commit: str, prefix: str, top: str) -> Iterator[tuple[str, Path, str]]:
+    """(its prefix in the tree, its git dir, the pinned commit) of each submodule `commit` pins."""
+    for path, pinned in _gitlinks(git_dirs[0], commit):
+        name = submodule_name(git_dirs[0], commit, path)
+        if name is None:  # a gitlink .gitmodules does not map: git does not check it out either
+            continue
+        module = _module_store(git_dirs, commit, name, pinned)
+        if module is None:
+            raise InfrastructureError(
+                f"{top[:12]} pins submodule {prefix}{path} at {pinned[:12]}, which this clone does not have; run "
+                "`git submodule update --init --recursive` in the repository (for a submodule the checked-out "
+                "commit no longer has, from a commit that has it), or pass --repo as a URL: bisect-npu then "
+                "fetches submodules into its cached clone itself; then run again")
+        yield f"{prefix}{path}/", module, pinned
 
 
 def _module_store(git_dirs: tuple[Path, ...], commit: str, name: str, pinned: str) -> Path | None:

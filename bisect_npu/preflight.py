@@ -130,29 +130,38 @@ _PLAIN_PATH = re.compile(r"[\w./+@%:=,-]+")
 
 
 _OPERATOR = re.compile(r"[;&|<>()]+")  # what a shell would read as control or redirection
-_FIND_EXEC = frozenset({"-exec", "-execdir", "-ok", "-okdir"})  # whose `\;` ends find's own argument list
+_EXPANSION = re.compile(r"`|\$[({A-Za-z_]")  # command substitution, ${...}, $NAME
 
 
 def command_words(text: str) -> list[str]:
     """The words of a `--cmd` string, which runs as one program with no shell (nothing of a commit
-    title or ref ever reaches one): `a || b`, `a; b`, `a | b`, `a > log`, `$(...)` outside quotes
-    are refused, since `a` would get them as arguments and its failure would read as a verdict.
-    Inside quotes (`sh -c '...'`, `pytest -k "a or b"`) they are the program's own business."""
+    title or ref ever reaches one). What only a shell would act on is refused, since the program
+    would get it as arguments and its failure would read as a verdict: `||`, `&&`, `;`, `|`, `>`,
+    `<` outside quotes, `$(...)`, backticks and `$NAME` outside single quotes, a leading `~`, a `#`
+    comment, a line break. Quoted (`sh -c '...'`, `grep -q '|'`) or escaped (`find ... \\;`), they
+    are the program's own words."""
     if not text.strip():
         raise UsageError("--cmd is empty; give the command that judges a checkout")
-    lexer = shlex.shlex(text, posix=True, punctuation_chars=True)
-    lexer.whitespace_split = True
     try:
-        tokens = list(lexer)
+        words = shlex.split(text)
     except ValueError as exc:
         raise UsageError(f"--cmd {text!r}: {exc} (check its quotes)") from None
+    lexer = shlex.shlex(text, posix=False, punctuation_chars=True)  # keeps the quotes: tells '|' from |
+    lexer.whitespace_split = True
+    lexer.commenters = ""
+    tokens = list(lexer)
     for index, token in enumerate(tokens):
-        if token == ";" and _FIND_EXEC.intersection(tokens[:index]):
+        escaped = index > 0 and tokens[index - 1] == "\\"
+        if token.startswith("'"):
             continue
-        if _OPERATOR.fullmatch(token):
+        if (_OPERATOR.fullmatch(token) and not (escaped and len(token) == 1)) or _EXPANSION.search(token) \
+                or (not token.startswith('"') and token.startswith(("~", "#"))):
             raise UsageError(f"--cmd has shell syntax ({token!r}) but runs without a shell; wrap it: "
                              f"--cmd \"sh -c '...'\" (the whole script as one quoted argument)")
-    return shlex.split(text)
+    if "\n" in text and not any("\n" in token for token in tokens):
+        raise UsageError("--cmd has a line break outside quotes, which only a shell would read as a second "
+                         "command; wrap it: --cmd \"sh -c '...'\"")
+    return words
 
 
 def check_command(command: list[str], repo: git.Repo | None, ends: list[str]) -> None:

@@ -106,3 +106,14 @@ def test_json_says_what_a_dependency_bump_means(capsys, tmp_path):
     dependency = json.loads(out)["dependency"]
     assert code == 0 and (dependency["package"], dependency["old"], dependency["new"]) == ("torch", "2.5.1", "2.6.0")
     assert dependency["message"].startswith("the regression comes from the dependency: bisect torch")
+
+
+def test_verify_refuses_a_bad_end_the_oracle_judges_good(capsys, tmp_path, monkeypatch):
+    """`true` passes everywhere: with no symptom at --bad, every fix would read as verified."""
+    from test_fix_verify import make_upstream
+
+    shas = make_upstream(tmp_path / "up")
+    monkeypatch.chdir(tmp_path)
+    code, _, err = run_cli(capsys, "--culprit", shas["culprit"], "--repo", str(tmp_path / "up"),
+                           "--bad", shas["bad"], "--verify", "--cmd", "true")
+    assert code == 2 and f"--bad {shas['bad']} is judged good by this oracle (command exited 0)" in err

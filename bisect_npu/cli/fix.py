@@ -50,7 +50,8 @@ def fix(culprit: str, repo_path: str, bad: str | None, top: int, recipe_path: st
                 make_evaluator(repo_path, None if argv else recipe_path, command=argv,
                                executor="docker" if executor == "docker" else "local",
                                session_dir=verification_session(workdir)) as evaluate:
-            verifications = verify_fixes(repo, bad, report, evaluate, top=min(top, 3), workdir=workdir / "fixes")
+            verifications = verify_fixes(repo, bad, report, evaluate, top=min(top, 3), workdir=workdir / "fixes",
+                                         check_bad=True)
     if as_json:
         click.echo(json.dumps(_as_json(report, verifications), indent=2, default=str))
     else:

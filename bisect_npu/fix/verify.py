@@ -185,17 +185,24 @@ def _detail_of(verdict: Verdict) -> str:
 
 def verify_fixes(repo: git.Repo, bad: str, report: FixReport, evaluate: Callable[[str], Verdict], *,
                  top: int = 3, workdir: Path, done: Collection[str] = (),
-                 on_result: Callable[[FixVerification], None] | None = None) -> list[FixVerification]:
+                 on_result: Callable[[FixVerification], None] | None = None,
+                 check_bad: bool = False) -> list[FixVerification]:
     """Apply each of the top proposals to `bad`, evaluate the new commit; verified ones first.
 
     Proposals whose first sha is in ``done`` (verified by an interrupted run) are left out;
     ``on_result`` hears of each verification the moment it is made, so a caller can keep it.
+    With ``check_bad`` (a bad end not judged before, as in `bisect-npu fix --verify`) the bad end
+    itself is evaluated first: a fix "verified" on a commit that never showed the symptom proves
+    nothing.
     """
     bad_sha = resolve_ref(repo, bad)
     holders = [report.culprit, *(twin.sha for twin in report.twins)]
     if not any(is_ancestor(repo, sha, bad_sha) for sha in holders):
         raise UsageError(f"{bad} does not contain the culprit {report.culprit[:12]} (nor a cherry-pick of it): "
                          "a fix applied there proves nothing; give as --bad a commit that shows the symptom")
+    if check_bad and (baseline := evaluate(bad_sha)).kind is not VerdictKind.BAD:
+        raise UsageError(f"--bad {bad} is judged {baseline.kind.value} by this oracle ({baseline.reason}): without "
+                         "the symptom there a fix applied to it proves nothing; give a --bad that shows it")
     results: list[FixVerification] = []
     for proposal in report.proposals[:top]:
         if proposal.shas[0] in done:

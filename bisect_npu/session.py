@@ -300,7 +300,8 @@ class Session:
         if (root / "latest").exists():  # interrupted during the commit level: continue that session
             child = Session.resume(root=root, progress=self.progress)
         else:
-            options = dataclasses.replace(self.options, package=None, good=good_tag, bad=bad_tag)
+            options = dataclasses.replace(self.options, package=None, index_url=None, prereleases=False,
+                                          good=good_tag, bad=bad_tag)  # the package's options end here
             child = Session.start(options, root=root, progress=self.progress, parent=self.journal.session_dir)
         result = child.run()
         from bisect_npu.report import write_reports
@@ -407,14 +408,16 @@ class Session:
         if isinstance(decision, search.Found):
             culprit = self.commit_at(decision.index)
             title = self.titles.get(culprit, "")
-            message = f"first {'fixed' if self.options.find_fix else 'bad'} commit: {culprit[:12]} {title}"
+            what = "release" if self.options.package else "commit"
+            message = f"first {'fixed' if self.options.find_fix else 'bad'} {what}: {culprit[:12]} {title}"
             end = {"status": "found", "culprit": culprit, "index": decision.index,
                    "confidence": decision.confidence, "figures": decision.figures}
             result = SessionResult("found", EXIT_FOUND, self.journal.session_dir, culprit=culprit,
                                    message=message, steps=steps)
         elif isinstance(decision, search.Narrowed):
             lo, hi = self.commit_at(decision.lo), self.commit_at(decision.hi)
-            message = (f"the culprit is one of {decision.hi - decision.lo} commits in ({lo[:12]}, {hi[:12]}]: "
+            sought = "fix" if self.options.find_fix else "culprit"
+            message = (f"the {sought} is one of {decision.hi - decision.lo} commits in ({lo[:12]}, {hi[:12]}]: "
                        "the commits between could not be tested (skipped)")
             end = {"status": "narrowed", "lo": lo, "hi": hi, "lo_index": decision.lo, "hi_index": decision.hi,
                    "figures": decision.figures}

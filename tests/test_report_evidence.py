@@ -68,3 +68,9 @@ def test_ends_judged_wrong_in_noisy_mode_say_what_each_end_showed() -> None:
     assert lines == ["the good end: the symptom in 0 of 64 trials (0%; 95% interval 0%-6%)",
                      "the bad end: the symptom in 0 of 64 trials (0%; 95% interval 0%-6%)",
                      "P(the two ends differ) = <0.1%"]
+
+
+def test_an_untested_culprit_is_said_to_be_the_bad_end_taken_as_given() -> None:
+    lines = evidence_summary(view({"tested": 1.0}, steps=[step(1, 1, "good")], index=2))
+    assert lines[0] == "the culprit is the bad end, taken as given, not tested (--no-check-ends)"
+    assert lines[1] == f"**good** at its parent `{'1' * 12}` (step 1)"

@@ -6,6 +6,7 @@ import contextlib
 import json
 import os
 import random
+import shlex
 import signal
 import subprocess
 import sys
@@ -491,6 +492,8 @@ def test_resume_stops_what_a_sigkilled_run_left_running(tmp_path: Path) -> None:
         assert summary(done)["culprit"] == shas[5]
         assert not any(_running(pid) for pid in left)
         assert "stopped 2 leftover container(s) or process(es) of a killed earlier run" in done.stdout + done.stderr
+        # The report gives the oracle command as it would be typed again, quotes and all.
+        assert f"oracle command: `{shlex.join(shlex.split(command))}`" in (session / "report.md").read_text()
         assert _running(bystander.pid)
     finally:
         bystander.kill()

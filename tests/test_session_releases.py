@@ -42,12 +42,15 @@ def test_release_level_then_commit_level(tmp_path: Path, env: dict[str, str]) ->
     shas = make_linear_repo(repo, 31, culprit=24, tags={0: "v2.8.0", 10: "v2.8.1", 20: "v2.8.2", 30: "v2.9.0"})
     session = tmp_path / "s"
     done = subprocess.run([*CLI, "run", "--package", "python-dateutil", "--good", "2.8.0", "--bad", "2.9.0.post0",
-                           "--repo", str(repo), "--cmd", f"python {tmp_path / 'check.py'}", "--session",
-                           str(session), "--json"], cwd=tmp_path, env=env, capture_output=True, text=True,
-                          timeout=900)
+                           "--index-url", "https://pypi.org/simple", "--repo", str(repo), "--cmd",
+                           f"python {tmp_path / 'check.py'}", "--session", str(session), "--json"], cwd=tmp_path,
+                          env=env, capture_output=True, text=True, timeout=900)
     assert done.returncode == 0, done.stdout + done.stderr[-3000:]
     result = json.loads(done.stdout.strip().splitlines()[-1])
     assert result["culprit"] == shas[24]  # the commit level's answer
+    # The package's options end at the release level: the commit level's reproduce line has none.
+    commit_level = json.loads((Path(result["session"]) / "journal.jsonl").read_text().splitlines()[0])["options"]
+    assert commit_level["package"] is None and commit_level["index_url"] is None
     releases = json.loads((session / "report.json").read_text())
     assert releases["level"] == "versions" and releases["culprit"] == "2.9.0.post0"  # 2.9.0 grouped with it
     assert releases["next_level"]["good"] == "v2.8.2" and releases["next_level"]["bad"] == "v2.9.0"

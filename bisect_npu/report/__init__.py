@@ -7,6 +7,7 @@ session directory is copied, and it never computes a verdict of its own.
 from __future__ import annotations
 
 import platform
+import shlex
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -179,7 +180,8 @@ def evidence_summary(view: SessionView) -> list[str]:
             f"its parent{f' `{parent[:12]}`' if parent else ''}: {_symptom_share(figures, 'parent', flipped)}",
             f"P({found} shows the symptom {more} often than its parent, from their own trials) = "
             f"{_percent(figures['separation'])}",
-            f"posterior that this is the first {'fixed' if flipped else 'bad'} commit: "
+            f"posterior that this is the first {'fixed' if flipped else 'bad'} "
+            f"{'release' if view.range.get('kind') == 'versions' else 'commit'}: "
             f"{_percent(figures['posterior'])} (range-wide estimates: the symptom in {after:.0%} of runs after the "
             f"change, {before:.0%} before; {figures['trials']:.0f} trials in all)",
         ]
@@ -191,13 +193,16 @@ def evidence_summary(view: SessionView) -> list[str]:
     lines = []
     if culprit is not None:
         lines.append(f"**{culprit.verdict}** at {found} (step {culprit.order})")
+    else:
+        lines.append(f"{found} is the {'new' if flipped else 'bad'} end, taken as given, not tested (--no-check-ends)")
     if before_step is not None:
         lines.append(f"**{before_step.verdict}** at its parent `{before_step.commit[:12]}` (step {before_step.order})")
     elif (parent := _parent_of(view, end)) is not None:
         lines.append(f"its parent `{parent[:12]}` is an end taken as given, not tested (--no-check-ends)")
     if "tested" in figures:
-        lines.append(f"{figures['tested']:.0f} of {len(view.range['candidates']) + 1} commits tested (the "
-                     "candidates and the good end)")
+        what = "releases" if view.range.get("kind") == "versions" else "commits"
+        lines.append(f"{figures['tested']:.0f} of {len(view.range['candidates']) + 1} {what} tested (the "
+                     f"candidates and the {'old' if flipped else 'good'} end)")
     return lines
 
 
@@ -268,6 +273,7 @@ def _environment() -> jinja2.Environment:
                              trim_blocks=True, lstrip_blocks=True, keep_trailing_newline=True,
                              undefined=jinja2.ChainableUndefined)
     env.filters["short"] = lambda sha: (sha or "")[:12]
+    env.filters["shell_join"] = shlex.join  # a command as it would be typed again
     env.filters["cell"] = lambda text: str(text).replace("|", "\\|").replace("\n", " ")[:160]
     return env
 
@@ -312,8 +318,6 @@ def render_json(view: SessionView) -> dict[str, Any]:
 
 
 def reproduce_command(view: SessionView) -> str:
-    import shlex
-
     from bisect_npu.options import RunOptions
 
     return shlex.join(["bisect-npu", "run", *RunOptions.from_json(view.options).run_argv()])

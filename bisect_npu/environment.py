@@ -81,13 +81,19 @@ def _local_executor(options: RunOptions, env: dict[str, str], python_paths: list
 
 @contextlib.contextmanager
 def make_evaluator(repo_path: str, recipe_path: str | None, command: list[str] | None = None,
-                   executor: Literal["local", "docker"] = "local",
-                   session_dir: Path | None = None) -> Iterator[Callable[[str], Verdict]]:
-    """A commit -> Verdict function outside a bisection (used by `bisect-npu fix --verify`); its
-    worktrees, build outputs and containers go when the ``with`` block ends."""
+                   executor: Literal["local", "docker"] = "local", session_dir: Path | None = None,
+                   devices: list[int] | None = None) -> Iterator[Callable[[str], Verdict]]:
+    """A commit -> Verdict function outside a bisection (used by `bisect-npu fix --verify`), on the
+    NPUs `devices` (all of them for each run); its worktrees, build outputs and containers go when
+    the ``with`` block ends."""
     repo = history.open_repo(repo_path)
     recipe = load_recipe(recipe_path) if recipe_path else None
-    options = RunOptions(good="", bad="", repo=repo_path, recipe=recipe_path, command=command, executor=executor)
+    options = RunOptions(good="", bad="", repo=repo_path, recipe=recipe_path, command=command, executor=executor,
+                         devices=list(devices or []), slots=1)
+    if options.devices:
+        from bisect_npu.preflight import settle_slots
+
+        settle_slots(options, recipe.cards_per_run() if recipe else 1)  # one run at a time: enough cards?
     session_dir = session_dir or new_session_dir(DEFAULT_ROOT)
     session_dir.mkdir(parents=True, exist_ok=True)
     evaluator = session_evaluator(options, repo, recipe, session_dir, None, None)

@@ -196,3 +196,20 @@ def test_an_empty_devices_list_is_a_usage_error_not_no_devices(tmp_path: Path) -
     done = subprocess.run([sys.executable, "-m", "bisect_npu", "run", "--good", "a", "--bad", "b", "--cmd", "true",
                            "--devices", ""], cwd=tmp_path, capture_output=True, text=True, timeout=120, check=False)
     assert done.returncode == 2 and "--devices '': expected card numbers" in done.stderr
+
+
+def test_fix_verification_runs_on_the_devices_it_is_given(tmp_path: Path) -> None:
+    """`fix --verify --devices 0-1`: each verification sees those cards (local: the visible-devices
+    variable), as a session's runs do; too few for the recipe's engine is refused."""
+    from bisect_npu.environment import make_evaluator
+
+    repo = tmp_path / "repo"
+    shas = make_linear_repo(repo, 2)
+    seen = tmp_path / "seen"
+    command = ["sh", "-c", f"echo $ASCEND_RT_VISIBLE_DEVICES $HCCL_DETERMINISTIC > {seen}"]
+    with make_evaluator(str(repo), None, command=command, session_dir=tmp_path / "v", devices=[0, 1]) as evaluate:
+        assert evaluate(shas[1]).kind.value == "good"
+    assert seen.read_text().split() == ["0,1", "true"]
+    with pytest.raises(UsageError, match="runs on 16 cards"), \
+            make_evaluator(str(repo), "deepseek-r1-longseq-rope", session_dir=tmp_path / "w", devices=[0, 1]):
+        pass

@@ -24,10 +24,13 @@ if TYPE_CHECKING:
 @click.option("--verify", is_flag=True, help="Apply the top proposals to the bad end and re-run the recipe.")
 @click.option("--executor", type=click.Choice(["local", "docker"]), default="local", show_default=True,
               help="Where --verify runs the bad case.")
+@click.option("--devices", help="With --verify: NPU cards each verification runs on, e.g. 0-7 (as `run`).")
 @click.option("--json", "as_json", is_flag=True, help="Print the report as JSON.")
 def fix(culprit: str, repo_path: str, bad: str | None, top: int, recipe_path: str | None,
-        keywords: tuple[str, ...], command: str | None, verify: bool, executor: str, as_json: bool) -> None:
+        keywords: tuple[str, ...], command: str | None, verify: bool, executor: str, devices: str | None,
+        as_json: bool) -> None:
     """Rank the later commits that fix CULPRIT, with the evidence for each."""
+    from bisect_npu.execute.ascend import parse_devices
     from bisect_npu.fix import propose_fixes, verify_fixes
     from bisect_npu.history import open_repo
     from bisect_npu.preflight import command_words
@@ -35,6 +38,7 @@ def fix(culprit: str, repo_path: str, bad: str | None, top: int, recipe_path: st
 
     recipe = load_recipe(recipe_path) if recipe_path else None
     argv = command_words(command) if command else None
+    cards = parse_devices(devices) if devices is not None else []
     if verify and ((recipe is None and not argv) or bad is None):
         raise UsageError("--verify needs --recipe or --cmd (the bad case to re-run) and --bad "
                          "(where to apply the fix)")
@@ -49,7 +53,7 @@ def fix(culprit: str, repo_path: str, bad: str | None, top: int, recipe_path: st
         with verification_scratch(repo, executor) as workdir, \
                 make_evaluator(repo_path, None if argv else recipe_path, command=argv,
                                executor="docker" if executor == "docker" else "local",
-                               session_dir=verification_session(workdir)) as evaluate:
+                               session_dir=verification_session(workdir), devices=cards) as evaluate:
             verifications = verify_fixes(repo, bad, report, evaluate, top=min(top, 3), workdir=workdir / "fixes",
                                          check_bad=True)
     if as_json:

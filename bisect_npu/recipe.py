@@ -68,6 +68,16 @@ class EngineSpec(_Strict):
         self.parallel_sizes()
         return self
 
+    @field_validator("server_flags")
+    @classmethod
+    def _one_word_per_item(cls, flags: list[str]) -> list[str]:
+        for flag in flags:
+            if flag.startswith("-") and len(flag.split()) > 1 and "=" not in flag.split()[0]:  # `--x={"a": 1}` is fine
+                option, value = flag.split(None, 1)
+                raise ValueError(f"{flag!r} is a flag and its value in one item; the server gets each item as "
+                                 f"one argument: write [{option}, {value!r}] (or {option}={value})")
+        return flags
+
     def parallel_sizes(self) -> dict[str, int]:
         """The tensor, pipeline and data parallel sizes the engine is given, from `args` (either
         spelling) and `server_flags` (`--tensor-parallel-size 4`, `-tp=4`, ...); a size that is

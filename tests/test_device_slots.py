@@ -213,3 +213,13 @@ def test_fix_verification_runs_on_the_devices_it_is_given(tmp_path: Path) -> Non
     with pytest.raises(UsageError, match="runs on 16 cards"), \
             make_evaluator(str(repo), "deepseek-r1-longseq-rope", session_dir=tmp_path / "w", devices=[0, 1]):
         pass
+
+
+def test_a_flag_and_its_value_in_one_server_flags_item_is_a_recipe_error() -> None:
+    """The server would get `--tensor-parallel-size 4` as one argument (and refuse it)."""
+    with pytest.raises(UsageError, match=r"t.yaml:6: field 'engine.server_flags': .* write \[--tensor-parallel-size"):
+        parse_recipe("name: t\nmodel: {path: /m}\ncases: [{id: a, prompt: hi}]\nengine:\n  backend: openai\n"
+                     "  server_flags: ['--tensor-parallel-size 4']\n", source="t.yaml")
+    ok = parse_recipe("name: t\nmodel: {path: /m}\ncases: [{id: a, prompt: hi}]\nengine:\n  backend: openai\n"
+                      "  server_flags: ['--override-generation-config={\"presence_penalty\": 1.5}']\n", source="t.yaml")
+    assert ok.engine.server_flags == ['--override-generation-config={"presence_penalty": 1.5}']

@@ -69,13 +69,13 @@ def check_run(options: RunOptions) -> RunInputs:
 
 def settle_slots(options: RunOptions, cards_per_run: int) -> None:
     """Decide `options.slots`: each slot's share of --devices must hold one engine (the recipe's
-    tensor x pipeline x data parallel size); by default as many slots as the cards allow."""
+    tensor x pipeline x prefill-context x data parallel size); by default as many slots as the cards allow."""
     cards = len(options.devices)
     if not cards:
         options.slots = options.slots or 1
         return
     if cards < cards_per_run:
-        raise UsageError(f"the recipe's engine runs on {cards_per_run} cards (tensor x pipeline x data parallel) "
+        raise UsageError(f"the recipe's engine runs on {cards_per_run} cards (its parallel sizes multiplied) "
                          f"but --devices gives {cards}; give at least {cards_per_run}")
     options.slots = options.slots or cards // cards_per_run
     if cards // options.slots < cards_per_run:

@@ -22,9 +22,14 @@ from bisect_npu.search import EarlierRuns
 BUNDLED_RECIPES = Path(__file__).resolve().parent.parent / "recipes"
 
 
-PARALLEL_SIZES = ("tensor_parallel_size", "pipeline_parallel_size", "data_parallel_size")  # engine args
+# vLLM's world size is pipeline x tensor x prefill-context parallel, times data parallel across
+# replicas (vllm/config/parallel.py); decode context parallel reuses the tensor-parallel ranks.
+PARALLEL_SIZES = ("tensor_parallel_size", "pipeline_parallel_size", "prefill_context_parallel_size",
+                  "data_parallel_size")  # engine args
 PARALLEL_FLAGS = {"--tensor-parallel-size": "tensor_parallel_size", "-tp": "tensor_parallel_size",
                   "--pipeline-parallel-size": "pipeline_parallel_size", "-pp": "pipeline_parallel_size",
+                  "--prefill-context-parallel-size": "prefill_context_parallel_size",
+                  "-pcp": "prefill_context_parallel_size",
                   "--data-parallel-size": "data_parallel_size", "-dp": "data_parallel_size"}  # `vllm serve`
 
 
@@ -79,7 +84,7 @@ class EngineSpec(_Strict):
         return flags
 
     def parallel_sizes(self) -> dict[str, int]:
-        """The tensor, pipeline and data parallel sizes the engine is given, from `args` (either
+        """The parallel sizes (PARALLEL_SIZES) the engine is given, from `args` (either
         spelling) and `server_flags` (`--tensor-parallel-size 4`, `-tp=4`, ...); a size that is
         not a positive whole number, or two places that disagree, is an error."""
         found: dict[str, tuple[str, int]] = {}
@@ -275,7 +280,7 @@ class Recipe(_Strict):
     source: str | None = Field(None, exclude=True)
 
     def cards_per_run(self) -> int:
-        """NPU cards one engine needs: the product of its tensor, pipeline and data parallel sizes."""
+        """NPU cards one engine needs: the product of its parallel sizes (PARALLEL_SIZES)."""
         return math.prod(self.engine.parallel_sizes().values())
 
     def digest(self) -> str:

@@ -114,8 +114,8 @@ def test_cards_per_run_is_the_recipe_s_parallel_size() -> None:
                            "    tensor-parallel-size: '2'\n    pipeline_parallel_size: 2\n", source="t.yaml")
     assert spelled.cards_per_run() == 4  # the openai backend's dashed flags and quoted numbers count too
     flags = parse_recipe("name: t\nmodel: {path: /m}\ncases: [{id: a, prompt: hi}]\nengine:\n  backend: openai\n"
-                         "  server_flags: [--tensor_parallel_size, ' 4', -dp=2]\n", source="t.yaml")
-    assert flags.cards_per_run() == 8  # what `vllm serve` is told on its command line counts as well
+                         "  server_flags: [--tensor_parallel_size, ' 4', -dp=2, -pcp, '2']\n", source="t.yaml")
+    assert flags.cards_per_run() == 16  # what `vllm serve` is told on its command line counts as well
     offline = parse_recipe("name: t\nmodel: {path: /m}\ncases: [{id: a, prompt: hi}]\nengine:\n  backend: vllm\n"
                            "  server_flags: [-tp, '4']\n", source="t.yaml")
     assert offline.cards_per_run() == 1  # no server, no flags read
@@ -144,7 +144,7 @@ def test_run_refuses_too_few_cards_for_the_recipe_before_anything_runs(tmp_path:
                            "bad", "--recipe", "deepseek-r1-longseq-rope", "--devices", "0-7", "--session",
                            str(tmp_path / "s")], capture_output=True, text=True, timeout=120, check=False)
     assert done.returncode == 2
-    assert "runs on 16 cards (tensor x pipeline x data parallel) but --devices gives 8" in done.stderr
+    assert "runs on 16 cards (its parallel sizes multiplied) but --devices gives 8" in done.stderr
     assert not (tmp_path / "s").exists()  # nothing started
 
 

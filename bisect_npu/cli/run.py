@@ -45,7 +45,8 @@ def finish(result: SessionResult, as_json: bool) -> None:
 @click.option("--devices", help="NPU cards for the containers, e.g. 0,1 or 0-7.")
 @click.option("--slots", type=click.IntRange(min=1),
               help="Candidates tested at once, each on its share of --devices (default: as many as the cards "
-                   "hold engines of the recipe's tensor x pipeline x data parallel size; without --devices 1).")
+                   "hold engines of the recipe's parallel size, tensor x pipeline x prefill-context x data; "
+                   "without --devices 1).")
 @click.option("--session", "session_dir", type=click.Path(path_type=Path), help="Session directory to create.")
 @click.option("--workdir", type=click.Path(path_type=Path),
               help="Where candidate worktrees go (e.g. a fast disk): in a subdirectory named after the session, "

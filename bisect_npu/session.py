@@ -440,8 +440,16 @@ class Session:
                            f"be broken and the new end fixed (or pass --no-check-ends)")
             else:
                 opposite = "bad" if decision.which == "good" else "good"
-                message = (f"precondition failed: the {decision.which} end {ref} was judged {opposite}; "
-                           f"check the recipe reproduces the problem at {self.options.bad} and not at "
+                oracle = "recipe" if self.recipe is not None else "command"
+                figures = decision.figures
+                if self.mode == "exact":
+                    judged = f"was judged {opposite}"
+                elif decision.which == "bad" and not figures.get("bad_end_rate"):
+                    judged = f"never showed the symptom in {figures.get('bad_end_trials', 0):.0f} trials"
+                else:
+                    judged = "showed the symptom about as often as the bad end (the report's evidence has the counts)"
+                message = (f"precondition failed: the {decision.which} end {ref} {judged}; "
+                           f"check the {oracle} reproduces the problem at {self.options.bad} and not at "
                            f"{self.options.good}, or pass --no-check-ends")
             end = {"status": "ends_wrong", "which": decision.which, "figures": decision.figures}
             result = SessionResult("ends_wrong", EXIT_ENDS_WRONG, self.journal.session_dir, message=message,

@@ -194,3 +194,14 @@ def test_a_step_whose_trials_were_all_skipped_says_why(tmp_path: Path) -> None:
                           cwd=tmp_path, capture_output=True, text=True, timeout=600)
     assert done.returncode == 4, done.stdout + done.stderr
     assert "could not be tested (no trial could be judged (1 run): command exited 125 (skip))" in done.stdout
+
+
+def test_a_bad_end_that_never_shows_the_symptom_is_said_so_in_noisy_mode(tmp_path: Path) -> None:
+    repo = tmp_path / "repo"
+    make_linear_repo(repo, 5, tags={0: "good", 4: "bad"})
+    done = subprocess.run([*CLI, "run", "--repo", str(repo), "--good", "good", "--bad", "bad", "--cmd", "true",
+                           "--mode", "noisy", "--no-fix", "--session", str(tmp_path / "s")],
+                          cwd=tmp_path, capture_output=True, text=True, timeout=600)
+    assert done.returncode == 4, done.stdout + done.stderr
+    assert "the bad end bad never showed the symptom in " in done.stdout
+    assert "check the command reproduces the problem at bad" in done.stdout

@@ -114,6 +114,53 @@ def test_reset_prefix_cache_asks_again_while_blocks_are_held(reset_answers) -> N
     assert server.reset_prefix_cache(limit_s=0.1) is False  # still held when the time is up
 
 
+def test_a_loop_found_mid_chunk_keeps_tokens_and_logprob_rows_aligned() -> None:
+    """A server under load streams several tokens per chunk: the detector fires on the fourth
+    token, inside the second chunk of three; the observation keeps four tokens and four rows."""
+    from bisect_npu.probe.backends.openai import stream_case
+    from bisect_npu.probe.loop import LoopHit
+
+    def chunk(ids: list[int]) -> bytes:
+        content = [{"token": f"token_id:{i}", "logprob": -0.1, "top_logprobs": [{"token": f"token_id:{i}",
+                                                                                  "logprob": -0.1}]} for i in ids]
+        choice = {"index": 0, "delta": {"content": "x" * len(ids)}, "logprobs": {"content": content}}
+        return f"data: {json.dumps({'choices': [choice]})}\n\n".encode()
+
+    class Handler(BaseHTTPRequestHandler):
+        def do_POST(self) -> None:
+            self.rfile.read(int(self.headers["Content-Length"]))
+            self.send_response(200)
+            self.send_header("Content-Type", "text/event-stream")
+            self.end_headers()
+            for ids in ([1, 2], [3, 4, 5], [6]):
+                self.wfile.write(chunk(ids))
+            self.wfile.write(b"data: [DONE]\n\n")
+
+        def log_message(self, *args: object) -> None:
+            pass
+
+    class FiresOnTheFourth:
+        def __init__(self) -> None:
+            self.seen = 0
+
+        def push(self, token: int) -> LoopHit | None:
+            self.seen += 1
+            return LoopHit(start=0, period=1, count=4, covered_tokens=4, end=4) if self.seen == 4 else None
+
+    httpd = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    threading.Thread(target=httpd.serve_forever, daemon=True).start()
+    try:
+        observation: dict = {"extra": {}}
+        stream_case(Server([], "unused.log", httpd.server_address[1]), "/v1/chat/completions",
+                    {"logprobs": True, "top_logprobs": 1}, FiresOnTheFourth(), observation, timeout_s=30)
+    finally:
+        httpd.shutdown()
+        httpd.server_close()
+    assert observation["output_token_ids"] == [1, 2, 3, 4]
+    assert [row[0][0] for row in observation["top_logprobs"]] == [1, 2, 3, 4]
+    assert observation["stop_reason"] == "repetition_detected"
+
+
 def test_reset_prefix_cache_without_dev_mode_is_reported(reset_answers) -> None:
     server, answers, _ = reset_answers
     answers.append((404, b'{"detail": "Not Found"}'))

@@ -268,17 +268,20 @@ def stream_case(server: Server, path: str, body: dict[str, Any], detector: Any, 
                 if choice.get("prompt_token_ids"):
                     observation["prompt_token_ids"] = list(choice["prompt_token_ids"])
                 text.append((choice.get("delta") or {}).get("content") or choice.get("text") or "")
-                rows.extend(new_rows)
                 if choice.get("finish_reason"):
                     observation["finish_reason"] = choice["finish_reason"]
                     stop = choice.get("stop_reason")
                     observation["stop_reason"] = stop if stop is None or isinstance(stop, str) else str(stop)
-                for token in new_tokens:
+                # Token by token with its logprob row: a server under load sends several tokens in
+                # one chunk, and a loop found mid-chunk keeps the two lists the same length.
+                for index, token in enumerate(new_tokens):
                     tokens.append(token)
+                    rows.extend(new_rows[index:index + 1])
                     hit = detector.push(token) if detector is not None else None
                     if hit is not None:
                         record_loop(observation, hit, detected_by="probe")
                         return
+                rows.extend(new_rows[len(new_tokens):])
     finally:
         conn.close()  # an early close is the cancellation: vLLM aborts a request whose client left
         observation["output_token_ids"] = tokens

@@ -70,13 +70,12 @@ def _local_executor(options: RunOptions, env: dict[str, str], python_paths: list
     container engine) each run sees its slot's cards and the determinism switches are on, as
     in an Ascend container (the recipe's environment has the last word)."""
     from bisect_npu.execute.ascend import DETERMINISM_ENV
-    from bisect_npu.execute.devices import DevicePool
+    from bisect_npu.execute.devices import device_pool
     from bisect_npu.execute.local import LocalExecutor
 
-    slots = options.slots or 1
-    pool = DevicePool(list(options.devices), slots) if options.devices and slots > 1 else None
     return LocalExecutor({**DETERMINISM_ENV, **env} if options.devices else env, python_paths,
-                         owner=str(session_dir.resolve()), devices=list(options.devices), device_pool=pool)
+                         owner=str(session_dir.resolve()), devices=list(options.devices),
+                         device_pool=device_pool(options.devices, options.slots))
 
 
 @contextlib.contextmanager

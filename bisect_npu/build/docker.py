@@ -350,7 +350,7 @@ def make_docker_environment(options: Any, repo: git.Repo, recipe: Any, session_d
     `options` is options.RunOptions (devices, slots, cache_size_gb), `recipe` a Recipe or None.
     Containers of this session are swept when the process exits.
     """
-    from bisect_npu.execute.devices import DevicePool
+    from bisect_npu.execute.devices import device_pool
     from bisect_npu.execute.docker import DockerExecutor
     from bisect_npu.journal import session_label
 
@@ -359,10 +359,8 @@ def make_docker_environment(options: Any, repo: git.Repo, recipe: Any, session_d
     build_args = dict(recipe.build.docker_args) if recipe else {}
     builder = DockerBuilder(repo, client, build_args=build_args, cache=cache,
                             dockerfile=recipe.build.dockerfile if recipe else "Dockerfile")
-    slots = options.slots or 1
-    pool = DevicePool(list(options.devices), slots) if options.devices and slots > 1 else None
     executor = DockerExecutor(client, container_spec_factory(options, recipe), session_id=session_label(session_dir),
-                              device_pool=pool)
+                              device_pool=device_pool(options.devices, options.slots))
     atexit.register(executor.close)
     return builder, executor
 

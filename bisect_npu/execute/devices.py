@@ -12,6 +12,11 @@ from bisect_npu.models import UsageError
 VISIBLE_DEVICES_ENV = "ASCEND_RT_VISIBLE_DEVICES"  # the CANN runtime's CUDA_VISIBLE_DEVICES
 
 
+def device_pool(devices: list[int], slots: int | None) -> DevicePool | None:
+    """The pool that shares --devices among `slots` runs; None when one run has them all."""
+    return DevicePool(list(devices), slots) if devices and slots and slots > 1 else None
+
+
 class DevicePool:
     """`--devices 0-7 --slots 4` gives each running candidate its own two cards, leased for the
     length of one run."""

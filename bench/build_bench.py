@@ -21,8 +21,8 @@ from pathlib import Path
 import docker.errors
 import git
 
-from bisect_npu.build.docker import LABEL_COMMIT, LABEL_KEY, DockerBuilder, connect_engine
-from bisect_npu.build.key import distinct_keys
+from bisect_npu.builders.docker import LABEL_COMMIT, LABEL_KEY, DockerBuilder, connect_engine
+from bisect_npu.builders.key import distinct_keys
 from bisect_npu.demo.generate import ensure_upstream
 
 REPEATS = 3
@@ -85,9 +85,9 @@ def bisect_once(client, repo: git.Repo, case, overlays: bool, prefetch: bool, ro
     here, so the prefetcher can be told what the next step may need (speculative_queries).
     """
     from bisect_npu import history
-    from bisect_npu.build.prefetch import Prefetcher, speculative_queries
-    from bisect_npu.evaluate import Evaluator
+    from bisect_npu.builders.prefetch import Prefetcher, speculative_queries
     from bisect_npu.execute.docker import DockerExecutor
+    from bisect_npu.orchestration.evaluate import Evaluator
     from bisect_npu.recipe import load_recipe
     from bisect_npu.search import Evidence, Found, Next, SearchProblem, decide
 

@@ -114,7 +114,7 @@ def noisy_table(layouts: int, each: int) -> None:
 
 def repo_keys(path: str, good: str, bad: str) -> tuple[str, list[str]]:
     from bisect_npu import history
-    from bisect_npu.build.key import BuildKeyReader
+    from bisect_npu.builders.key import BuildKeyReader
 
     repo = history.open_repo(path)
     brange = history.resolve_range(repo, good, bad)

@@ -20,7 +20,8 @@ from pathlib import Path
 import git
 from packaging.version import InvalidVersion, Version
 
-from .models import UsageError
+from bisect_npu.errors import UsageError
+
 from .paths import cache_root
 
 _HEX_PREFIX = re.compile(r"[0-9a-fA-F]{4,40}")

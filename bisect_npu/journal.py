@@ -21,7 +21,7 @@ from pathlib import Path
 from types import TracebackType
 from typing import Any
 
-from .models import InfrastructureError, UsageError
+from bisect_npu.errors import InfrastructureError, UsageError
 
 JOURNAL_FILE = "journal.jsonl"
 LOCK_FILE = "lock"

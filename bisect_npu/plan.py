@@ -1,7 +1,7 @@
 """What bisecting a range would cost, running nothing: `bisect-npu plan` as a library.
 
 The range is resolved as `run` resolves it, each candidate keyed as the docker builder keys it
-(bisect_npu/build/key.py), and the real exact-mode search is replayed with a perfect oracle over
+(bisect_npu/builders/key.py), and the real exact-mode search is replayed with a perfect oracle over
 culprit positions spread across the range, once told the build groups and their costs (what a
 session with container builds does) and once as plain midpoint bisection.
 """
@@ -14,7 +14,7 @@ from typing import Any
 import git
 
 from bisect_npu import history
-from bisect_npu.build.key import BuildKey, BuildKeyReader
+from bisect_npu.builders.key import BuildKey, BuildKeyReader
 
 PLAN_CULPRITS = 64  # culprit positions the estimate averages over (all of them in a smaller range)
 

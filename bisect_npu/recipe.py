@@ -15,7 +15,7 @@ from typing import Annotated, Any, Literal, get_args
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
-from bisect_npu.models import UsageError
+from bisect_npu.errors import UsageError
 from bisect_npu.oracle.config import OracleConfig
 from bisect_npu.search import EarlierRuns
 

@@ -36,8 +36,8 @@ from packaging.utils import (
 )
 from packaging.version import InvalidVersion, Version
 
+from bisect_npu.errors import InfrastructureError, UsageError
 from bisect_npu.history import resolve_ref
-from bisect_npu.models import InfrastructureError, UsageError
 from bisect_npu.paths import cache_root
 
 DEFAULT_INDEX = "https://pypi.org/simple"

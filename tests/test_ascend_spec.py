@@ -6,9 +6,9 @@ from pathlib import Path
 
 import pytest
 
+from bisect_npu.errors import UsageError
 from bisect_npu.execute.ascend import DETERMINISM_ENV, ascend_container_spec, parse_devices
 from bisect_npu.execute.docker import container_create_kwargs
-from bisect_npu.models import UsageError
 
 MANAGEMENT = ["/dev/davinci_manager:/dev/davinci_manager:rwm", "/dev/devmm_svm:/dev/devmm_svm:rwm",
               "/dev/hisi_hdc:/dev/hisi_hdc:rwm"]

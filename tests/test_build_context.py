@@ -12,9 +12,9 @@ import git
 import pytest
 from gitrepo import add_commit, make_linear_repo
 
-from bisect_npu.build.local import LocalBuilder
-from bisect_npu.build.submodules import commit_archive
-from bisect_npu.models import InfrastructureError
+from bisect_npu.builders.local import LocalBuilder
+from bisect_npu.builders.submodules import commit_archive
+from bisect_npu.errors import InfrastructureError
 
 
 def _git(path: Path, *args: str) -> str:
@@ -80,7 +80,7 @@ def test_a_clone_bisect_npu_made_of_a_url_fetches_the_pinned_submodules_itself(w
 
 
 def test_a_submodule_name_that_climbs_out_is_not_a_directory(tmp_path) -> None:
-    from bisect_npu.build.submodules import submodule_name
+    from bisect_npu.builders.submodules import submodule_name
 
     repo = tmp_path / "evil"
     make_linear_repo(repo, 1, files=lambda i: {

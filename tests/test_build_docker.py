@@ -11,9 +11,9 @@ import pytest
 from gitrepo import add_commit, make_linear_repo
 
 from bisect_npu import __version__
-from bisect_npu.build.base import BuildFailed
-from bisect_npu.build.cache import ImageCache
-from bisect_npu.build.docker import DockerBuilder
+from bisect_npu.builders.base import BuildFailed
+from bisect_npu.builders.cache import ImageCache
+from bisect_npu.builders.docker import DockerBuilder
 from bisect_npu.execute.docker import DockerExecutor
 
 pytestmark = pytest.mark.container

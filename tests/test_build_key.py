@@ -8,8 +8,8 @@ import git
 import pytest
 from gitrepo import add_commit, make_linear_repo
 
-from bisect_npu.build.docker import context_source_dir
-from bisect_npu.build.key import build_key, distinct_keys, is_compiled_input
+from bisect_npu.builders.docker import context_source_dir
+from bisect_npu.builders.key import build_key, distinct_keys, is_compiled_input
 
 DOCKERFILE = """FROM quay.io/ascend/cann:8.1.rc1-910b-ubuntu22.04-py3.10
 ARG PIP_INDEX_URL=https://pypi.org/simple

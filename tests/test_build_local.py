@@ -8,7 +8,7 @@ from pathlib import Path
 import git
 from gitrepo import make_linear_repo
 
-from bisect_npu.build.local import LocalBuilder
+from bisect_npu.builders.local import LocalBuilder
 
 
 def test_slots_on_one_commit_share_one_build_until_the_last_releases(tmp_path: Path) -> None:
@@ -101,8 +101,8 @@ def test_without_an_artifacts_directory_every_commit_is_its_own_build(tmp_path: 
 
 
 def test_a_recipe_can_turn_output_reuse_off(tmp_path: Path) -> None:
-    from bisect_npu.environment import make_environment
-    from bisect_npu.options import RunOptions
+    from bisect_npu.orchestration.options import RunOptions
+    from bisect_npu.orchestration.wiring import make_environment
     from bisect_npu.recipe import parse_recipe
 
     shas = make_linear_repo(tmp_path / "repo", 2)
@@ -124,7 +124,7 @@ def registered_worktrees(repo: Path) -> list[str]:
 def test_no_worktree_outlives_a_failed_build_or_a_killed_process(tmp_path: Path) -> None:
     import pytest
 
-    from bisect_npu.build.base import BuildFailed
+    from bisect_npu.builders.base import BuildFailed
 
     repo = tmp_path / "repo"
     shas = make_linear_repo(repo, 3)
@@ -143,7 +143,7 @@ def test_no_worktree_outlives_a_failed_build_or_a_killed_process(tmp_path: Path)
 
 
 def test_sweep_removes_locked_and_half_made_worktrees_under_a_directory_only(tmp_path: Path) -> None:
-    from bisect_npu.build.local import sweep_worktrees
+    from bisect_npu.builders.local import sweep_worktrees
 
     repo = tmp_path / "repo"
     shas = make_linear_repo(repo, 3)

@@ -8,9 +8,9 @@ import git
 import pytest
 from gitrepo import make_linear_repo
 
-from bisect_npu.build.base import BuildFailed
-from bisect_npu.build.local import LocalBuilder
-from bisect_npu.build.prefetch import Prefetcher, speculative_queries
+from bisect_npu.builders.base import BuildFailed
+from bisect_npu.builders.local import LocalBuilder
+from bisect_npu.builders.prefetch import Prefetcher, speculative_queries
 from bisect_npu.search import Evidence, SearchProblem, decide
 
 BUILD_S = 0.6

@@ -12,8 +12,8 @@ from pathlib import Path
 
 import pytest
 
-from bisect_npu.build.base import BuildFailed
-from bisect_npu.build.venv import COMPLETE_MARKER, VenvBuilder, host_root
+from bisect_npu.builders.base import BuildFailed
+from bisect_npu.builders.venv import COMPLETE_MARKER, VenvBuilder, host_root
 from bisect_npu.recipe import InstallPlan, parse_recipe
 
 PACKAGE = "python-dateutil"

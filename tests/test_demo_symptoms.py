@@ -14,9 +14,9 @@ from pathlib import Path
 
 import pytest
 
-from bisect_npu.evaluate import probe_request
-from bisect_npu.models import Observation, VerdictKind
+from bisect_npu.contracts import Observation, VerdictKind
 from bisect_npu.oracle import judge, judge_observation
+from bisect_npu.orchestration.evaluate import probe_request
 from bisect_npu.recipe import Recipe, load_recipe
 
 REPO_ROOT = Path(__file__).resolve().parent.parent

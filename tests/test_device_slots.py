@@ -13,13 +13,13 @@ from pathlib import Path
 import pytest
 from gitrepo import make_linear_repo
 
-from bisect_npu.build.base import Environment
+from bisect_npu.builders.base import Environment
+from bisect_npu.errors import UsageError
 from bisect_npu.execute.ascend import ascend_container_spec
 from bisect_npu.execute.devices import DevicePool
 from bisect_npu.execute.docker import DockerExecutor, container_create_kwargs
-from bisect_npu.models import UsageError
-from bisect_npu.options import RunOptions
-from bisect_npu.preflight import settle_slots
+from bisect_npu.orchestration.options import RunOptions
+from bisect_npu.orchestration.preflight import settle_slots
 from bisect_npu.recipe import load_recipe, parse_recipe
 
 
@@ -150,7 +150,7 @@ def test_run_refuses_too_few_cards_for_the_recipe_before_anything_runs(tmp_path:
 
 def test_a_session_from_before_slots_followed_the_engine_size_is_resettled_on_resume(tmp_path: Path) -> None:
     """Older runs took one slot per card: resuming one with a TP 4 recipe on 8 cards gives 2 slots."""
-    from bisect_npu.session import Session
+    from bisect_npu.orchestration.session import Session
 
     repo = tmp_path / "repo"
     make_linear_repo(repo, 4, tags={0: "good", 3: "bad"})
@@ -201,7 +201,7 @@ def test_an_empty_devices_list_is_a_usage_error_not_no_devices(tmp_path: Path) -
 def test_fix_verification_runs_on_the_devices_it_is_given(tmp_path: Path) -> None:
     """`fix --verify --devices 0-1`: each verification sees those cards (local: the visible-devices
     variable), as a session's runs do; too few for the recipe's engine is refused."""
-    from bisect_npu.environment import make_evaluator
+    from bisect_npu.orchestration.wiring import make_evaluator
 
     repo = tmp_path / "repo"
     shas = make_linear_repo(repo, 2)

@@ -15,14 +15,14 @@ import git
 import pytest
 from signals import interruptible
 
-from bisect_npu.build.docker import DockerBuilder
-from bisect_npu.build.key import BuildKeyReader
+from bisect_npu.builders.docker import DockerBuilder
+from bisect_npu.builders.key import BuildKeyReader
 from bisect_npu.demo.generate import ensure_upstream
 from bisect_npu.execute.docker import SESSION_LABEL, DockerExecutor
 from bisect_npu.journal import session_label
-from bisect_npu.options import RunOptions
+from bisect_npu.orchestration.options import RunOptions
+from bisect_npu.orchestration.session import Session
 from bisect_npu.report import write_reports
-from bisect_npu.session import Session
 
 pytestmark = pytest.mark.container
 REPO_ROOT = Path(__file__).resolve().parent.parent

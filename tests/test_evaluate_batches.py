@@ -13,10 +13,10 @@ from pathlib import Path
 import git
 import pytest
 
-from bisect_npu.environment import make_environment
-from bisect_npu.evaluate import Evaluator, TrialRecord
-from bisect_npu.models import VerdictKind
-from bisect_npu.options import RunOptions
+from bisect_npu.contracts import VerdictKind
+from bisect_npu.orchestration.evaluate import Evaluator, TrialRecord
+from bisect_npu.orchestration.options import RunOptions
+from bisect_npu.orchestration.wiring import make_environment
 from bisect_npu.recipe import load_recipe
 
 

@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 from signals import interruptible
 
-from bisect_npu.build.base import Environment
+from bisect_npu.builders.base import Environment
 from bisect_npu.execute.docker import (
     SESSION_LABEL,
     ContainerSpec,
@@ -162,7 +162,7 @@ DRIVER = """
 import sys
 from pathlib import Path
 import docker
-from bisect_npu.build.base import Environment
+from bisect_npu.builders.base import Environment
 from bisect_npu.execute.docker import DockerExecutor
 ex = DockerExecutor(docker.from_env(timeout=600), session_id=sys.argv[1])
 env = Environment(kind="image", commit="0" * 40, image=sys.argv[2])
@@ -217,7 +217,7 @@ def test_a_container_removed_under_a_run_is_an_infrastructure_error_not_a_verdic
     must never read as "the command passed"."""
     from concurrent.futures import ThreadPoolExecutor
 
-    from bisect_npu.models import InfrastructureError
+    from bisect_npu.errors import InfrastructureError
 
     with ThreadPoolExecutor(1) as pool:
         run = pool.submit(executor.run_command, env, ["sleep", "120"], tmp_path / "cmd.log", 300)
@@ -234,7 +234,7 @@ def test_a_container_removed_under_a_run_is_an_infrastructure_error_not_a_verdic
 def test_a_spec_the_engine_refuses_is_an_infrastructure_error_naming_why(docker_client, demo_base_image, tmp_path):
     """An Ascend spec on a host without the cards: the engine's refusal comes back in one line (exit 5
     through the CLI), not as a traceback."""
-    from bisect_npu.models import InfrastructureError
+    from bisect_npu.errors import InfrastructureError
 
     def spec(image: str, out_dir: Path) -> ContainerSpec:
         return plain_container_spec(image, out_dir).model_copy(update={"devices": ["/dev/davinci-not-here"]})

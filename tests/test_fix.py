@@ -6,8 +6,8 @@ import git
 import pytest
 from test_fix_support import CULPRIT_TITLE, SAMPLER, add_culprit, base_history
 
+from bisect_npu.errors import InfrastructureError
 from bisect_npu.fix import STRONG_SIGNALS, SYMPTOM_CAP, WEAK_SIGNALS, WEIGHTS, normalize_title, propose_fixes
-from bisect_npu.models import InfrastructureError
 
 SYMPTOM = ("repetition_penalty", "async")
 

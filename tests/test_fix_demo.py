@@ -15,9 +15,9 @@ import git
 import pytest
 from test_fix_support import History
 
+from bisect_npu.contracts import Verdict, VerdictKind
 from bisect_npu.demo import patches
 from bisect_npu.fix import FixProposal, propose_fixes, verify_fixes
-from bisect_npu.models import Verdict, VerdictKind
 
 UPSTREAM = Path(patches.__file__).parent / "upstream"
 CASES = {

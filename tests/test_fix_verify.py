@@ -11,6 +11,7 @@ import git
 import pytest
 from test_fix_support import History
 
+from bisect_npu.contracts import Verdict, VerdictKind
 from bisect_npu.fix import (
     AlreadyApplied,
     AppliedFix,
@@ -21,7 +22,6 @@ from bisect_npu.fix import (
     propose_fixes,
     verify_fixes,
 )
-from bisect_npu.models import Verdict, VerdictKind
 
 CALC = '''def penalty(history, value):
     return [h * value for h in history]

@@ -11,7 +11,7 @@ import pytest
 from gitrepo import GOOD_CMD, add_commit, git, make_linear_repo
 
 from bisect_npu import history
-from bisect_npu.models import UsageError
+from bisect_npu.errors import UsageError
 
 TAGS = {1: "v0.9.0rc1", 3: "v0.9.0rc2", 5: "v0.9.1rc1", 7: "v0.9.1"}
 

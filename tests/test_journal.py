@@ -16,8 +16,8 @@ from pathlib import Path
 
 import pytest
 
+from bisect_npu.errors import UsageError
 from bisect_npu.journal import JOURNAL_FILE, Journal, latest_session, new_session_dir
-from bisect_npu.models import UsageError
 
 HEADER = {"good": "v0.9.0rc1", "bad": "v0.9.1", "recipe_digest": "abc", "tool": "0.1.0"}
 
@@ -242,7 +242,7 @@ FILL_TO_LIMIT = """
     import resource, signal, sys
     from pathlib import Path
     from bisect_npu.journal import Journal
-    from bisect_npu.models import InfrastructureError
+    from bisect_npu.errors import InfrastructureError
     signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
     journal = Journal.open(Path(sys.argv[1]))
     size = journal.path.stat().st_size

@@ -9,7 +9,8 @@ import numpy as np
 import pytest
 import torch
 
-from bisect_npu.models import Observation, UsageError, VerdictKind
+from bisect_npu.contracts import Observation, VerdictKind
+from bisect_npu.errors import UsageError
 from bisect_npu.oracle.config import LogitsConfig
 from bisect_npu.oracle.logits import compare_dumps, judge_logits, open_dump, write_dump
 

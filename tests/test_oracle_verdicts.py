@@ -6,7 +6,7 @@ from pathlib import Path
 
 import numpy as np
 
-from bisect_npu.models import Observation, Verdict, VerdictKind
+from bisect_npu.contracts import Observation, Verdict, VerdictKind
 from bisect_npu.oracle.acceptance import judge_acceptance
 from bisect_npu.oracle.config import (
     AcceptanceConfig,

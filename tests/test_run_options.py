@@ -9,9 +9,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from bisect_npu.cli import main
-from bisect_npu.options import RunOptions
-from bisect_npu.preflight import settle_slots
-from bisect_npu.session import Session
+from bisect_npu.orchestration.options import RunOptions
+from bisect_npu.orchestration.preflight import settle_slots
+from bisect_npu.orchestration.session import Session
 
 
 class Captured(BaseException):  # not an Exception: the CLI turns those into an internal error

@@ -267,10 +267,10 @@ def test_an_end_without_the_recipes_dockerfile_is_refused_before_anything_runs(t
 def test_a_commit_that_does_not_build_is_skipped_and_stepped_around(tmp_path: Path) -> None:
     import git as gitpython
 
-    from bisect_npu.build.local import LocalBuilder
+    from bisect_npu.builders.local import LocalBuilder
     from bisect_npu.execute.local import LocalExecutor
-    from bisect_npu.options import RunOptions
-    from bisect_npu.session import Session
+    from bisect_npu.orchestration.options import RunOptions
+    from bisect_npu.orchestration.session import Session
 
     # Commit 8 of 16 (the first midpoint) breaks the build; commit 9 repairs it; the culprit is 11.
     shas = make_linear_repo(tmp_path / "repo", 17, culprit=11,
@@ -409,8 +409,8 @@ def test_command_paths_are_checked_against_both_ends_and_nothing_else(tmp_path: 
                                                                       monkeypatch: pytest.MonkeyPatch) -> None:
     import git as gitpython
 
-    from bisect_npu.models import UsageError
-    from bisect_npu.preflight import check_command
+    from bisect_npu.errors import UsageError
+    from bisect_npu.orchestration.preflight import check_command
 
     repo = tmp_path / "repo"
     shas = make_linear_repo(repo, 2)
@@ -536,6 +536,6 @@ def test_shell_syntax_in_cmd_is_refused_before_anything_runs(command: str, tmp_p
     ("sh -c 'a\nb'", ["sh", "-c", "a\nb"]),
 ])
 def test_shell_syntax_inside_quotes_is_the_program_s_own(command: str, words: list[str]) -> None:
-    from bisect_npu.preflight import command_words
+    from bisect_npu.orchestration.preflight import command_words
 
     assert command_words(command) == words

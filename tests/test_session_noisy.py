@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 from gitrepo import GOOD_CMD, make_linear_repo
 
-from bisect_npu.session import Session
+from bisect_npu.orchestration.session import Session
 
 CLI = [sys.executable, "-m", "bisect_npu"]
 

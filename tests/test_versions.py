@@ -15,7 +15,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from packaging.version import Version
 
-from bisect_npu.models import InfrastructureError, UsageError
+from bisect_npu.errors import InfrastructureError, UsageError
 from bisect_npu.versions import (
     fetch_listing,
     group_key,

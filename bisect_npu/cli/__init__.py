@@ -18,7 +18,7 @@ from typing import NoReturn
 import click
 
 from bisect_npu import __version__
-from bisect_npu.models import BisectError
+from bisect_npu.errors import BisectError
 
 COMMANDS: dict[str, str] = {
     "run": "bisect_npu.cli.run:run",

@@ -9,8 +9,8 @@ from typing import Literal
 import click
 
 from bisect_npu.cli import note_session
+from bisect_npu.errors import UsageError
 from bisect_npu.journal import DEFAULT_ROOT
-from bisect_npu.models import UsageError
 
 
 @click.command()
@@ -28,10 +28,10 @@ def demo(case_name: str | None, seed: int, executor: Literal["local", "docker"],
     """Generate the demo upstream (once), bisect a case with its recipe, write the report."""
     from bisect_npu.demo.generate import ensure_upstream
     from bisect_npu.journal import new_session_dir
-    from bisect_npu.options import RunOptions
+    from bisect_npu.orchestration.options import RunOptions
+    from bisect_npu.orchestration.session import Session
     from bisect_npu.progress import make_progress
     from bisect_npu.report import write_reports
-    from bisect_npu.session import Session
 
     click.echo("preparing the demo upstream (generated once, then cached)...", err=True)
     repo, manifest = ensure_upstream(seed)

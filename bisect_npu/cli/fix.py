@@ -7,7 +7,7 @@ from typing import TYPE_CHECKING, Any
 
 import click
 
-from bisect_npu.models import UsageError
+from bisect_npu.errors import UsageError
 
 if TYPE_CHECKING:
     from bisect_npu.fix import FixReport, FixVerification
@@ -33,7 +33,7 @@ def fix(culprit: str, repo_path: str, bad: str | None, top: int, recipe_path: st
     from bisect_npu.execute.ascend import parse_devices
     from bisect_npu.fix import propose_fixes, verify_fixes
     from bisect_npu.history import open_repo
-    from bisect_npu.preflight import command_words
+    from bisect_npu.orchestration.preflight import command_words
     from bisect_npu.recipe import load_recipe
 
     recipe = load_recipe(recipe_path) if recipe_path else None
@@ -47,8 +47,8 @@ def fix(culprit: str, repo_path: str, bad: str | None, top: int, recipe_path: st
                            top=top)
     verifications: list[FixVerification] = []
     if verify and bad is not None:
-        from bisect_npu.environment import make_evaluator
         from bisect_npu.fix import verification_scratch, verification_session
+        from bisect_npu.orchestration.wiring import make_evaluator
 
         with verification_scratch(repo, executor) as workdir, \
                 make_evaluator(repo_path, None if argv else recipe_path, command=argv,
@@ -64,7 +64,7 @@ def fix(culprit: str, repo_path: str, bad: str | None, top: int, recipe_path: st
 
 def _as_json(report: FixReport, verifications: list[FixVerification]) -> dict[str, Any]:
     """The same shapes as a session's journal (`fix` and `fix_verify` lines) and its JSON report."""
-    from bisect_npu.models import to_jsonable
+    from bisect_npu.contracts import to_jsonable
 
     data = {**to_jsonable(report), "verifications": to_jsonable(verifications)}
     if report.dependency is not None:

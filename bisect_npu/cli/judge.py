@@ -31,7 +31,7 @@ def _flat(figures: dict[str, Any], prefix: str = "") -> list[tuple[str, str]]:
 def judge(recipe_path: str, references: tuple[str, ...], as_json: bool, observations: tuple[str, ...]) -> None:
     """Judge OBSERVATIONS with the recipe's oracle: exit 0 good, 1 bad, 125 undecided or skip."""
     from bisect_npu import oracle
-    from bisect_npu.models import Observation
+    from bisect_npu.contracts import Observation
     from bisect_npu.recipe import load_recipe
 
     recipe = load_recipe(recipe_path)

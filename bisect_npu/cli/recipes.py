@@ -20,7 +20,7 @@ def recipes() -> None:
               help="Also list the recipes in this directory (repeatable).")
 def list_recipes(dirs: tuple[Path, ...]) -> None:
     """Name, backend, oracle kinds and description of each recipe."""
-    from bisect_npu.models import UsageError
+    from bisect_npu.errors import UsageError
     from bisect_npu.recipe import BUNDLED_RECIPES, load_recipe
 
     rows = []
@@ -50,7 +50,7 @@ def list_recipes(dirs: tuple[Path, ...]) -> None:
 @click.argument("files", nargs=-1, required=True, type=click.Path(path_type=Path))
 def validate(files: tuple[Path, ...]) -> None:
     """Check recipe files; exit 2 with the first error (field and line) of each bad one."""
-    from bisect_npu.models import UsageError
+    from bisect_npu.errors import UsageError
     from bisect_npu.recipe import load_recipe
 
     errors = []
@@ -84,7 +84,7 @@ def show(recipe: str, fmt: str) -> None:
 
 def run_plan(recipe: Any) -> dict[str, Any]:
     """The recipe as the probe will see it: engine call or server command line, cases as sent."""
-    from bisect_npu.evaluate import probe_request
+    from bisect_npu.orchestration.evaluate import probe_request
     from bisect_npu.probe.backends.openai import server_argv
     from bisect_npu.probe.backends.vllm import engine_kwargs
 

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import click
 
-from bisect_npu.models import UsageError
+from bisect_npu.errors import UsageError
 
 
 @click.command()

@@ -12,7 +12,7 @@ from bisect_npu.cli import note_session
 from bisect_npu.cli.params import FiniteRange
 
 if TYPE_CHECKING:
-    from bisect_npu.session import SessionResult
+    from bisect_npu.orchestration.session import SessionResult
 
 
 def finish(result: SessionResult, as_json: bool) -> None:
@@ -80,12 +80,12 @@ def run(good: str, bad: str, repo: str | None, package: str | None, index_url: s
         cache_size: str, propose_fix: bool, verify_fix: bool,
         find_fix: bool, as_json: bool, quiet: bool) -> None:
     """Bisect GOOD..BAD: find the first bad commit, propose its fix, write the report."""
-    from bisect_npu.build.cache import parse_size
+    from bisect_npu.builders.cache import parse_size
     from bisect_npu.execute.ascend import parse_devices
-    from bisect_npu.options import RunOptions
-    from bisect_npu.preflight import command_words
+    from bisect_npu.orchestration.options import RunOptions
+    from bisect_npu.orchestration.preflight import command_words
+    from bisect_npu.orchestration.session import Session
     from bisect_npu.progress import make_progress
-    from bisect_npu.session import Session
 
     argv = command_words(command) if command is not None else None
     cards = parse_devices(devices) if devices is not None else []  # `--devices ""` is an error, not "none"
@@ -110,8 +110,8 @@ def run(good: str, bad: str, repo: str | None, package: str | None, index_url: s
 @click.option("--quiet", is_flag=True, help="Plain log lines even on a terminal.")
 def resume(session_dir: Path | None, as_json: bool, quiet: bool) -> None:
     """Continue an interrupted session without redoing a finished step."""
+    from bisect_npu.orchestration.session import Session
     from bisect_npu.progress import make_progress
-    from bisect_npu.session import Session
 
     if session_dir is not None:
         note_session(session_dir.resolve())  # named in a failure's summary even if resume cannot start

@@ -51,7 +51,7 @@ def simulate(repo: str, good: str, bad: str, culprit: str, bad_rate: float, good
              mode: Literal["exact", "noisy"] | None) -> None:
     """Expected runs, builds, accuracy and hours of bisecting GOOD..BAD when CULPRIT is the answer."""
     from bisect_npu import history
-    from bisect_npu.models import UsageError
+    from bisect_npu.errors import UsageError
     from bisect_npu.plan import range_keys, unbuildable_positions
     from bisect_npu.simulate import describe
     from bisect_npu.simulate import simulate as run_simulation

@@ -17,7 +17,7 @@ from pathlib import Path
 
 from bisect_npu.demo import patches as P
 from bisect_npu.demo.manifest import CaseTruth, CommitRef, CompiledTouch, Manifest
-from bisect_npu.models import InfrastructureError
+from bisect_npu.errors import InfrastructureError
 from bisect_npu.paths import cache_root
 
 GENERATOR_VERSION = "2"

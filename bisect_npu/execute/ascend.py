@@ -11,8 +11,8 @@ import re
 from collections.abc import Mapping
 from pathlib import Path
 
+from bisect_npu.errors import UsageError
 from bisect_npu.execute.docker import OUT_DIR, ContainerSpec, Mount
-from bisect_npu.models import UsageError
 
 MANAGEMENT_DEVICES = ("/dev/davinci_manager", "/dev/devmm_svm", "/dev/hisi_hdc")
 DRIVER_MOUNTS = (

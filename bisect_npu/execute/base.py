@@ -7,7 +7,7 @@ from typing import Any, Protocol
 
 from pydantic import BaseModel
 
-from bisect_npu.build.base import Environment
+from bisect_npu.builders.base import Environment
 
 
 class RunResult(BaseModel):

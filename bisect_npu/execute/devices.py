@@ -7,7 +7,7 @@ import contextlib
 import queue
 from collections.abc import Iterator
 
-from bisect_npu.models import UsageError
+from bisect_npu.errors import UsageError
 
 VISIBLE_DEVICES_ENV = "ASCEND_RT_VISIBLE_DEVICES"  # the CANN runtime's CUDA_VISIBLE_DEVICES
 

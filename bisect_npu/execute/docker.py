@@ -22,10 +22,10 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, Field
 
 from bisect_npu import __version__
-from bisect_npu.build.base import Environment
+from bisect_npu.builders.base import Environment
+from bisect_npu.errors import InfrastructureError
 from bisect_npu.execute.base import RunResult, probe_log_path, with_outputs
 from bisect_npu.execute.devices import DevicePool
-from bisect_npu.models import InfrastructureError
 
 SESSION_LABEL = "org.bisect-npu.session"
 PROBE_PACKAGE = "bisect_npu_probe"

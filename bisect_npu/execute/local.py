@@ -12,10 +12,10 @@ import time
 from pathlib import Path
 from typing import Any
 
-from bisect_npu.build.base import Environment, tail
+from bisect_npu.builders.base import Environment, tail
+from bisect_npu.errors import UsageError
 from bisect_npu.execute.base import RunResult, probe_log_path, with_outputs
 from bisect_npu.execute.devices import VISIBLE_DEVICES_ENV, DevicePool
-from bisect_npu.models import UsageError
 
 OWNER_ENV = "BISECT_NPU_OWNER"  # in every child's environment: which session (directory) started it
 

@@ -10,8 +10,8 @@ from dataclasses import dataclass, field
 
 import git
 
+from bisect_npu.errors import InfrastructureError
 from bisect_npu.history import git_error_line
-from bisect_npu.models import InfrastructureError
 
 _HUNK = re.compile(r"^@@@* -(\d+)(?:,(\d+))? \+(\d+)(?:,(\d+))? @@@*(.*)$")
 # Docs and CI: a change there says nothing about a regression (nor makes a culprit more than a pin bump).

@@ -6,7 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Literal
 
-from bisect_npu.models import Verdict
+from bisect_npu.contracts import Verdict
 
 
 @dataclass(frozen=True)

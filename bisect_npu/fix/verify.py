@@ -14,8 +14,10 @@ from pathlib import Path
 
 import git
 
-from bisect_npu.build.base import BuildFailed
-from bisect_npu.build.local import remove_worktree, sweep_worktrees, sweep_worktrees_of_any_repo
+from bisect_npu.builders.base import BuildFailed
+from bisect_npu.builders.local import remove_worktree, sweep_worktrees, sweep_worktrees_of_any_repo
+from bisect_npu.contracts import Verdict, VerdictKind
+from bisect_npu.errors import InfrastructureError, UsageError
 from bisect_npu.execute.local import kill_owned_processes
 from bisect_npu.fix.results import (
     AlreadyApplied,
@@ -28,7 +30,6 @@ from bisect_npu.fix.results import (
     FixVerification,
 )
 from bisect_npu.history import git_error_line, is_ancestor, resolve_ref
-from bisect_npu.models import InfrastructureError, UsageError, Verdict, VerdictKind
 from bisect_npu.paths import cache_root
 
 
@@ -68,7 +69,7 @@ def verification_session(scratch: Path) -> Path:
 def _remove_containers_of(stale: Path) -> bool:
     """Remove a killed verification's containers by its session label; False if the engine is
     out of reach (nothing removed)."""
-    from bisect_npu.build.docker import connect_engine
+    from bisect_npu.builders.docker import connect_engine
     from bisect_npu.execute.docker import remove_session_containers
     from bisect_npu.journal import session_label
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
-from bisect_npu.models import Observation, Verdict, VerdictKind
+from bisect_npu.contracts import Observation, Verdict, VerdictKind
 from bisect_npu.oracle.config import OracleConfig
 from bisect_npu.oracle.stats import Undecided, judge_trials
 

@@ -39,7 +39,8 @@ from typing import Any
 
 import numpy as np
 
-from bisect_npu.models import Observation, UsageError, Verdict, VerdictKind
+from bisect_npu.contracts import Observation, Verdict, VerdictKind
+from bisect_npu.errors import UsageError
 from bisect_npu.oracle.config import LogitsConfig
 from bisect_npu.oracle.ptfile import PtFormatError, load_pt
 

@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from statistics import NormalDist
 from typing import Any
 
-from bisect_npu.models import Verdict, VerdictKind
+from bisect_npu.contracts import Verdict, VerdictKind
 from bisect_npu.oracle.config import StatsConfig
 
 RATE_FLOOR = 1e-3

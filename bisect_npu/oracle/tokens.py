@@ -18,7 +18,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from bisect_npu.models import Observation, Verdict, VerdictKind
+from bisect_npu.contracts import Observation, Verdict, VerdictKind
 from bisect_npu.oracle.config import TokenMatchConfig
 
 

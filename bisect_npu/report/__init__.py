@@ -15,9 +15,10 @@ from typing import Any
 import jinja2
 
 from bisect_npu import __version__
-from bisect_npu.evaluate import trial_seconds
+from bisect_npu.contracts import Observation
+from bisect_npu.errors import UsageError
 from bisect_npu.journal import JOURNAL_FILE, Journal, require_header
-from bisect_npu.models import Observation, UsageError
+from bisect_npu.orchestration.evaluate import trial_seconds
 
 TEMPLATES = Path(__file__).parent / "templates"
 # Figures worth charting, most telling first; the first one that most steps carry is drawn.
@@ -318,7 +319,7 @@ def render_json(view: SessionView) -> dict[str, Any]:
 
 
 def reproduce_command(view: SessionView) -> str:
-    from bisect_npu.options import RunOptions
+    from bisect_npu.orchestration.options import RunOptions
 
     return shlex.join(["bisect-npu", "run", *RunOptions.from_json(view.options).run_argv()])
 

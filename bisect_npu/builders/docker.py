@@ -31,11 +31,11 @@ from typing import IO, Any
 import git
 
 from bisect_npu import __version__
-from bisect_npu.build.base import BuildFailed, Environment, tail
-from bisect_npu.build.cache import ImageCache
-from bisect_npu.build.key import BuildKey, BuildKeyReader, is_compiled_input
-from bisect_npu.build.submodules import commit_archive
-from bisect_npu.models import InfrastructureError
+from bisect_npu.builders.base import BuildFailed, Environment, tail
+from bisect_npu.builders.cache import ImageCache
+from bisect_npu.builders.key import BuildKey, BuildKeyReader, is_compiled_input
+from bisect_npu.builders.submodules import commit_archive
+from bisect_npu.errors import InfrastructureError
 
 LABEL_COMMIT = "org.bisect-npu.commit"
 LABEL_KEY = "org.bisect-npu.key"

@@ -19,8 +19,8 @@ from typing import IO
 
 import git
 
-from bisect_npu.build.base import BuildFailed
-from bisect_npu.models import InfrastructureError
+from bisect_npu.builders.base import BuildFailed
+from bisect_npu.errors import InfrastructureError
 
 
 def commit_archive(repo: git.Repo, commit: str) -> IO[bytes]:

@@ -5,7 +5,7 @@ session (never the user's checkout) and are removed when the candidate is done; 
 submodules' files at the commit's pins (`git worktree add` alone leaves them empty).
 
 Build avoidance, as DockerBuilder's overlays: commits with the same build key (the compiled
-inputs, bisect_npu/build/key.py, plus the tracked files the build command names, such as
+inputs, bisect_npu/builders/key.py, plus the tracked files the build command names, such as
 `tools/build_kernels.py`) compile the same artifacts. The first of a key runs the build command
 and its outputs (every file the build left untracked in the worktree) are kept in
 ``artifacts_dir``; the others get their own checkout plus a copy of those outputs ("overlay").
@@ -27,10 +27,10 @@ from typing import IO, Literal
 
 import git
 
-from bisect_npu.build.base import BuildFailed, Environment, tail
-from bisect_npu.build.key import BuildKeyReader
-from bisect_npu.build.submodules import check_out_submodules
-from bisect_npu.models import UsageError
+from bisect_npu.builders.base import BuildFailed, Environment, tail
+from bisect_npu.builders.key import BuildKeyReader
+from bisect_npu.builders.submodules import check_out_submodules
+from bisect_npu.errors import UsageError
 
 DONOR_FILE = "donor"  # in a key's artifacts: the commit whose build made them
 WORKTREE_NAME = re.compile(r"[0-9a-f]{12}")  # a candidate's worktree: its commit's short sha

@@ -10,7 +10,7 @@ from typing import Any, Literal
 
 from pydantic import ValidationError
 
-from bisect_npu.models import UsageError
+from bisect_npu.errors import UsageError
 from bisect_npu.recipe import EarlierRunsSpec, Recipe
 
 

@@ -20,15 +20,16 @@ from typing import Any, Literal
 import git
 
 from bisect_npu import __version__, history, search
-from bisect_npu.build.base import Builder
-from bisect_npu.costs import measured_costs, told_costs
-from bisect_npu.environment import load_golden, session_evaluator
-from bisect_npu.evaluate import Evaluator, StepResult, TrialRecord
+from bisect_npu.builders.base import Builder
+from bisect_npu.contracts import Verdict, to_jsonable
+from bisect_npu.errors import UsageError
 from bisect_npu.execute.base import Executor
 from bisect_npu.journal import DEFAULT_ROOT, Journal, latest_session, new_session_dir, require_header
-from bisect_npu.models import UsageError, Verdict, to_jsonable
-from bisect_npu.options import RunOptions, earlier_runs_spec
-from bisect_npu.preflight import check_run, settle_slots
+from bisect_npu.orchestration.costs import measured_costs, told_costs
+from bisect_npu.orchestration.evaluate import Evaluator, StepResult, TrialRecord
+from bisect_npu.orchestration.options import RunOptions, earlier_runs_spec
+from bisect_npu.orchestration.preflight import check_run, settle_slots
+from bisect_npu.orchestration.wiring import load_golden, session_evaluator
 from bisect_npu.progress import PlainProgress, Progress
 from bisect_npu.recipe import Recipe, load_recipe
 
@@ -241,7 +242,7 @@ class Session:
                 try:
                     if self.repo is not None:  # what a killed fix verification left
                         from bisect_npu import fix
-                        from bisect_npu.build.local import sweep_worktrees
+                        from bisect_npu.builders.local import sweep_worktrees
 
                         sweep_worktrees(self.repo, self.journal.session_dir / "fix-worktrees", fix.APPLY_NAME)
                 finally:
@@ -313,7 +314,7 @@ class Session:
 
     def _prefetch_next(self, problem: search.SearchProblem, queries: tuple[search.Query, ...]) -> None:
         """Start building what the search will ask next, whatever verdicts these queries get."""
-        from bisect_npu.build.prefetch import Prefetcher, speculative_queries
+        from bisect_npu.builders.prefetch import Prefetcher, speculative_queries
 
         builder = self.evaluator.builder
         if isinstance(builder, Prefetcher):
@@ -321,7 +322,7 @@ class Session:
             builder.prefetch([self.commit_at(i) for i in wanted])
 
     def _prefetch_saved(self) -> float | None:
-        from bisect_npu.build.prefetch import Prefetcher
+        from bisect_npu.builders.prefetch import Prefetcher
 
         builder = self.evaluator.builder
         return builder.seconds_saved() if isinstance(builder, Prefetcher) else None

@@ -14,21 +14,11 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
+from bisect_npu.errors import UsageError
+
 OBSERVATION_SCHEMA_VERSION = 1
 
 
-class BisectError(Exception):
-    """An error a user can act on: the message names the cause and the next step."""
-
-    exit_code = 2
-
-
-class UsageError(BisectError):
-    exit_code = 2
-
-
-class InfrastructureError(BisectError):
-    exit_code = 5
 
 
 class VerdictKind(StrEnum):

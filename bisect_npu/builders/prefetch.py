@@ -28,7 +28,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
 
-from bisect_npu.build.base import Builder, Environment
+from bisect_npu.builders.base import Builder, Environment
 from bisect_npu.search import Evidence, Next, SearchProblem, decide
 
 

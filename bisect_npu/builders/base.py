@@ -7,7 +7,7 @@ from typing import Literal, Protocol
 
 from pydantic import BaseModel
 
-from bisect_npu.models import BisectError
+from bisect_npu.errors import BisectError
 
 LOG_TAIL_LINES = 30
 

@@ -7,7 +7,7 @@ from __future__ import annotations
 from typing import Any
 
 from bisect_npu import search
-from bisect_npu.evaluate import step_seconds, trial_seconds
+from bisect_npu.orchestration.evaluate import step_seconds, trial_seconds
 from bisect_npu.recipe import TrialsSpec
 
 

@@ -29,8 +29,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import bisect_npu
-from bisect_npu.build.base import BuildFailed, Environment, tail
-from bisect_npu.models import UsageError
+from bisect_npu.builders.base import BuildFailed, Environment, tail
+from bisect_npu.errors import UsageError
 from bisect_npu.paths import cache_root
 from bisect_npu.recipe import InstallPlan
 

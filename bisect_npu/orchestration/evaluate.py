@@ -13,9 +13,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from bisect_npu.build.base import Builder, BuildFailed, Environment
+from bisect_npu.builders.base import Builder, BuildFailed, Environment
+from bisect_npu.contracts import Observation, Verdict, VerdictKind
+from bisect_npu.errors import InfrastructureError
 from bisect_npu.execute.base import Executor, RunResult, observation_path, probe_log_path, probe_stem
-from bisect_npu.models import InfrastructureError, Observation, Verdict, VerdictKind
 from bisect_npu.recipe import CaseSpec, Recipe
 
 # The `git bisect run` protocol: 0 good, 125 skip, 1..127 bad, above 127 abort.

@@ -14,8 +14,8 @@ from typing import Any, Literal
 import git
 
 from bisect_npu import history
-from bisect_npu.models import UsageError
-from bisect_npu.options import RunOptions, earlier_runs_spec
+from bisect_npu.errors import UsageError
+from bisect_npu.orchestration.options import RunOptions, earlier_runs_spec
 from bisect_npu.recipe import EarlierRunsSpec, Recipe, load_recipe
 
 
@@ -55,12 +55,12 @@ def check_run(options: RunOptions) -> RunInputs:
     if repo is not None and options.package is None and options.executor == "docker" and recipe is not None:
         check_dockerfile(repo, recipe.build.dockerfile, candidates_range)
     if repo is not None and candidates_range["kind"] == "commits":
-        from bisect_npu.build.submodules import check_submodule_pins
+        from bisect_npu.builders.submodules import check_submodule_pins
 
         for end in (candidates_range["base"], candidates_range["bad"]):
             check_submodule_pins(repo, end)  # a clone without its submodules stops here, not at step one
     if options.workdir:
-        from bisect_npu.build.local import check_workdir
+        from bisect_npu.builders.local import check_workdir
 
         options.workdir = str(Path(options.workdir).resolve())  # resume may start elsewhere
         check_workdir(Path(options.workdir))
@@ -112,7 +112,7 @@ def resolve_candidates(options: RunOptions, repo: git.Repo | None) -> dict[str, 
 def check_dockerfile(repo: git.Repo, dockerfile: str, candidates_range: dict[str, Any]) -> None:
     """Both ends must hold the Dockerfile the images are built from (a recipe's build.dockerfile),
     or every step would be a skip; say where in the range it first appears."""
-    from bisect_npu.build.key import BuildKeyReader
+    from bisect_npu.builders.key import BuildKeyReader
 
     keys = BuildKeyReader(repo, dockerfile=dockerfile)
     for which, sha in (("good", candidates_range["base"]), ("bad", candidates_range["bad"])):

@@ -11,12 +11,13 @@ from typing import Literal
 import git
 
 from bisect_npu import history
-from bisect_npu.build.base import Builder
-from bisect_npu.evaluate import Evaluator
+from bisect_npu.builders.base import Builder
+from bisect_npu.contracts import Observation, Verdict
+from bisect_npu.errors import UsageError
 from bisect_npu.execute.base import Executor
 from bisect_npu.journal import DEFAULT_ROOT, new_session_dir, session_label
-from bisect_npu.models import Observation, UsageError, Verdict
-from bisect_npu.options import RunOptions
+from bisect_npu.orchestration.evaluate import Evaluator
+from bisect_npu.orchestration.options import RunOptions
 from bisect_npu.recipe import InstallPlan, Recipe, load_recipe
 
 
@@ -31,7 +32,7 @@ def session_evaluator(options: RunOptions, repo: git.Repo | None, recipe: Recipe
         builder = builder or made_builder
         executor = executor or made_executor
     if options.prefetch if options.prefetch is not None else bool(options.devices):
-        from bisect_npu.build.prefetch import Prefetcher
+        from bisect_npu.builders.prefetch import Prefetcher
 
         builder = Prefetcher(builder, session_dir / "prefetch")
     return Evaluator(builder, executor, session_dir, recipe=recipe, command=options.command,
@@ -43,14 +44,14 @@ def make_environment(options: RunOptions, repo: git.Repo | None, recipe: Recipe 
     """The builder and executor for `--executor local|docker`."""
     env = dict(recipe.environment) if recipe else {}
     if options.package:
-        from bisect_npu.build.venv import VenvBuilder, default_venv_cache
+        from bisect_npu.builders.venv import VenvBuilder, default_venv_cache
 
         plan = recipe.install if recipe else InstallPlan()
         return (VenvBuilder(options.package, plan, default_venv_cache(), int(options.cache_size_gb * 2**30)),
                 _local_executor(options, env, [], session_dir))
     assert repo is not None
     if options.executor == "local":
-        from bisect_npu.build.local import LocalBuilder
+        from bisect_npu.builders.local import LocalBuilder
         from bisect_npu.execute.local import OWNER_ENV
 
         build_command = recipe.build.local_command if recipe else []
@@ -60,7 +61,7 @@ def make_environment(options: RunOptions, repo: git.Repo | None, recipe: Recipe 
         return (LocalBuilder(repo, workdir.resolve(), build_command, {**env, OWNER_ENV: owner},  # builds too
                              artifacts_dir=session_dir.resolve() / "build-outputs" if reuse else None),
                 _local_executor(options, env, python_paths, session_dir))
-    from bisect_npu.build.docker import make_docker_environment
+    from bisect_npu.builders.docker import make_docker_environment
 
     return make_docker_environment(options, repo, recipe, session_dir)
 
@@ -90,7 +91,7 @@ def make_evaluator(repo_path: str, recipe_path: str | None, command: list[str] |
     options = RunOptions(good="", bad="", repo=repo_path, recipe=recipe_path, command=command, executor=executor,
                          devices=list(devices or []), slots=1)
     if options.devices:
-        from bisect_npu.preflight import settle_slots
+        from bisect_npu.orchestration.preflight import settle_slots
 
         settle_slots(options, recipe.cards_per_run() if recipe else 1)  # one run at a time: enough cards?
     session_dir = session_dir or new_session_dir(DEFAULT_ROOT)

@@ -19,7 +19,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from bisect_npu.models import UsageError
+from bisect_npu.errors import UsageError
 from bisect_npu.paths import cache_root
 
 KIND_LABEL = "org.bisect-npu.kind"

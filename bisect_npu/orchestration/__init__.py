@@ -1,0 +1,1 @@
+"""Orchestration: ties the rooms together for one run (options, wiring, sessions, levels)."""

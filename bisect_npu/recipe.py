@@ -51,12 +51,14 @@ class _Strict(BaseModel):
 class ModelSpec(_Strict):
     path: str = Field(..., description="model directory inside the environment (container or host)")
     host_path: str | None = Field(None, description="host directory mounted read-only at `path`")
-    dtype: str = "auto"
-    tokenizer: str | None = None
+    dtype: str = Field("auto", description="dtype the engine loads the weights in (vLLM's `dtype`)")
+    tokenizer: str | None = Field(None, description="tokenizer path or name when it is not the model's own")
 
 
 class EngineSpec(_Strict):
-    backend: Literal["mini", "vllm", "openai"] = "vllm"
+    backend: Literal["mini", "vllm", "openai"] = Field(
+        "vllm", description="probe backend: vllm (offline `LLM`), openai (a `vllm serve` server streamed over "
+                            "HTTP), mini (the demo engine)")
     args: dict[str, Any] = Field(default_factory=dict, description="engine args: async_scheduling, enforce_eager, ...")
     server_flags: list[str] = Field(default_factory=list, description="extra `vllm serve` flags (openai backend)")
     launcher: list[str] = Field(
@@ -65,8 +67,9 @@ class EngineSpec(_Strict):
                     "wheel needs ['{python}', '-m', 'vllm.entrypoints.openai.api_server', '--model', '{model}']")
     loop_guard: Literal["engine", "probe"] = Field(
         "engine", description="who stops a loop early: vLLM's repetition_detection when it has it, or the probe")
-    port: int = Field(8000, ge=1, le=65535)
-    startup_timeout_s: float = Field(600.0, gt=0)
+    port: int = Field(8000, ge=1, le=65535, description="port of the openai backend's server, on 127.0.0.1")
+    startup_timeout_s: float = Field(600.0, gt=0, description="seconds the openai backend waits for the "
+                                                                "server's /health")
 
     @model_validator(mode="after")
     def _parallel_sizes_are_counts(self) -> EngineSpec:
@@ -111,31 +114,36 @@ class EngineSpec(_Strict):
 class SamplingSpec(_Strict):
     """Sampling parameters; None means "do not send", so server defaults apply."""
 
-    temperature: float | None = Field(None, ge=0.0)
-    top_p: float | None = Field(None, gt=0.0, le=1.0)
-    top_k: int | None = None
-    min_p: float | None = Field(None, ge=0.0, le=1.0)
-    repetition_penalty: float | None = Field(None, gt=0.0)
-    presence_penalty: float | None = None
-    frequency_penalty: float | None = None
-    max_tokens: int = Field(256, ge=1)
-    seed: int | None = None
-    logprobs: int | None = Field(5, ge=0)
+    temperature: float | None = Field(None, ge=0.0, description="unset: the engine's default")
+    top_p: float | None = Field(None, gt=0.0, le=1.0, description="unset: the engine's default")
+    top_k: int | None = Field(None, description="unset: the engine's default")
+    min_p: float | None = Field(None, ge=0.0, le=1.0, description="unset: the engine's default")
+    repetition_penalty: float | None = Field(None, gt=0.0, description="unset: the engine's default")
+    presence_penalty: float | None = Field(None, description="unset: the engine's default (with `vllm serve`, "
+                                                             "--override-generation-config's)")
+    frequency_penalty: float | None = Field(None, description="unset: the engine's default")
+    max_tokens: int = Field(256, ge=1, description="most tokens generated per trial")
+    seed: int | None = Field(None, description="sampling seed; trial N sends seed + N (repeated trials differ, "
+                                                  "reproducibly); unset: left to the engine")
+    logprobs: int | None = Field(5, ge=0, description="logprobs asked of the engine per generated token")
 
     def to_request(self) -> dict[str, Any]:
         return {k: v for k, v in self.model_dump().items() if v is not None}
 
 
 class Message(_Strict):
-    role: Literal["system", "user", "assistant"]
-    content: str
+    role: Literal["system", "user", "assistant"] = Field(..., description="chat role of the message")
+    content: str = Field(..., description="text of the message")
 
 
 class CaseSpec(_Strict):
-    id: str = "default"
-    prompt: str | None = None
-    messages: list[Message] | None = None
-    sampling: SamplingSpec = Field(default_factory=SamplingSpec)
+    id: str = Field("default", description="names the case in observations, logs and the report")
+    prompt: str | None = Field(None, description="plain prompt (`LLM.generate`, /v1/completions); exactly one "
+                                                "of prompt or messages")
+    messages: list[Message] | None = Field(None, description="chat messages (`LLM.chat`, /v1/chat/completions), "
+                                                           "rendered with the model's chat template")
+    sampling: SamplingSpec = Field(default_factory=SamplingSpec, description="sent as given; unset fields are "
+                                                                             "left to the engine's defaults")
 
     @model_validator(mode="after")
     def _one_input(self) -> CaseSpec:
@@ -147,8 +155,9 @@ class CaseSpec(_Strict):
 class CaptureSpec(_Strict):
     """What the probe records beyond tokens: top-k logprobs always; full logits or layer dumps on ask."""
 
-    top_k: int = Field(5, ge=1, le=20)
-    full_logits: bool = False
+    top_k: int = Field(5, ge=1, le=20, description="top logprobs kept per step (the tokens oracle's ties)")
+    full_logits: bool = Field(False, description="a [steps, vocab] log-prob tensor under full_logits/ "
+                                                 "(vllm backend; read by the logits oracle)")
     layers: list[str] = Field(default_factory=list, description="module name patterns to dump (fnmatch)")
     steps: list[int] = Field(default_factory=lambda: [0], description="forward passes to dump; 0 is the prefill")
 
@@ -202,10 +211,13 @@ class TrialsSpec(_Strict):
     `noisy`: each trial is a vote; the search picks commits and trial counts until it reaches
     `confidence` (for failures that show in only some runs)."""
 
-    mode: Literal["exact", "noisy"] = "exact"
-    count: int = Field(1, ge=1)
-    confidence: float = Field(0.99, gt=0.5, lt=1.0)
-    earlier_runs: EarlierRunsSpec | None = None
+    mode: Literal["exact", "noisy"] = Field("exact", description="exact: one verdict per commit; noisy: each "
+                                                                 "trial a vote (--mode overrides)")
+    count: int = Field(1, ge=1, description="exact mode: trials per commit, judged together")
+    confidence: float = Field(0.99, gt=0.5, lt=1.0, description="noisy mode: stop when one commit holds this "
+                                                                "share of the posterior (--confidence overrides)")
+    earlier_runs: EarlierRunsSpec | None = Field(None, description="noisy mode: runs of the ends made before the "
+                                                                   "session (--earlier-runs overrides)")
     batch: bool = Field(True, description="a case's trials at one commit share one engine start (one probe run); "
                                           "false: a fresh engine per trial")
     load_cost: Literal["auto"] | Annotated[float, Field(ge=0)] = Field(
@@ -221,15 +233,21 @@ class TrialsSpec(_Strict):
 
 
 class ReferenceSpec(_Strict):
-    kind: Literal["good_end", "golden", "none"] = "none"
-    path: str | None = None
+    kind: Literal["good_end", "golden", "none"] = Field(
+        "none", description="good_end: the good end's observations (it is tested first); golden: observation "
+                            "files at `path`; none: the oracle needs no reference")
+    path: str | None = Field(None, description="golden: an observation JSON or a directory of them, relative "
+                                               "to the recipe")
 
 
 class BuildSpec(_Strict):
     """How a candidate checkout becomes runnable without a container (LocalBuilder)."""
 
-    local_command: list[str] = Field(default_factory=list)
-    python_paths: list[str] = Field(default_factory=lambda: ["."])
+    local_command: list[str] = Field(
+        default_factory=list, description="--executor local: build command run in each worktree (no shell), "
+                                          "e.g. [python, tools/build_kernels.py]; empty: no build")
+    python_paths: list[str] = Field(default_factory=lambda: ["."], description="--executor local: worktree "
+                                                                              "directories put on PYTHONPATH")
     docker_args: dict[str, str] = Field(
         default_factory=dict, description="build args for the candidate's own Dockerfile (--executor docker): "
                                           "PIP_INDEX_URL, COMPILE_CUSTOM_KERNELS, VLLM_REPO; part of the build key")
@@ -264,19 +282,24 @@ class InstallPlan(_Strict):
 
 
 class Recipe(_Strict):
-    name: str
-    description: str = ""
+    name: str = Field(..., description="the name `recipes list` shows and `--recipe` takes for a bundled one")
+    description: str = Field("", description="one line for `recipes list`")
     symptom: list[str] = Field(default_factory=list, description="keywords for fix ranking")
-    model: ModelSpec
-    engine: EngineSpec = Field(default_factory=EngineSpec)
-    environment: dict[str, str] = Field(default_factory=dict)
-    cases: list[CaseSpec] = Field(..., min_length=1)
-    oracle: OracleConfig = Field(default_factory=OracleConfig)
-    trials: TrialsSpec = Field(default_factory=TrialsSpec)
-    capture: CaptureSpec = Field(default_factory=CaptureSpec)
-    reference: ReferenceSpec = Field(default_factory=ReferenceSpec)
-    build: BuildSpec = Field(default_factory=BuildSpec)
-    install: InstallPlan = Field(default_factory=InstallPlan)
+    model: ModelSpec = Field(..., description="the weights the engine loads")
+    engine: EngineSpec = Field(default_factory=EngineSpec, description="how the engine starts")
+    environment: dict[str, str] = Field(
+        default_factory=dict, description="environment of every run, set after the determinism switches (its "
+                                          "word wins)")
+    cases: list[CaseSpec] = Field(..., min_length=1, description="the bad case: one or more requests per trial")
+    oracle: OracleConfig = Field(default_factory=OracleConfig, description="which judges run, with their "
+                                                                           "thresholds")
+    trials: TrialsSpec = Field(default_factory=TrialsSpec, description="exact or noisy, and what a trial costs")
+    capture: CaptureSpec = Field(default_factory=CaptureSpec, description="what the probe records beyond tokens")
+    reference: ReferenceSpec = Field(default_factory=ReferenceSpec, description="what the oracle compares "
+                                                                                "against")
+    build: BuildSpec = Field(default_factory=BuildSpec, description="how a commit becomes runnable")
+    install: InstallPlan = Field(default_factory=InstallPlan, description="how a published version becomes a "
+                                                                          "venv (--package)")
     source: str | None = Field(None, exclude=True)
 
     def cards_per_run(self) -> int:

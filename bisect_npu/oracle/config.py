@@ -17,34 +17,34 @@ class _Strict(BaseModel):
 class RepetitionConfig(_Strict):
     """Exact loops (vLLM's rule, extended to long periods) and near-loops."""
 
-    min_pattern_size: int = Field(1, ge=1)
-    max_pattern_size: int = Field(20, ge=1)
-    min_count: int = Field(3, ge=2)
-    # Offline judge only: longest period searched over a whole observation.
-    offline_max_period: int = Field(2048, ge=1)
-    # Minimum tokens a loop must cover to count (short legit repeats are fine); 0 is vLLM's rule exactly.
-    min_loop_tokens: int = Field(32, ge=0)
-    # Near-repetition: windowed distinct-n-gram ratio below this is a loop.
-    ngram: int = Field(4, ge=1)
-    window: int = Field(256, ge=8)
-    min_distinct_ratio: float = Field(0.2, ge=0.0, le=1.0)
-    # Near-repetition: best-period share of positions equal to the token one period back, at or above this.
-    max_periodic_share: float = Field(0.6, ge=0.0, le=1.0)
-    # Consecutive half-overlapping windows that must look loop-like before a near-loop counts.
-    near_min_windows: int = Field(2, ge=1)
-    # Only call a loop bad when the output also ran out of tokens (finish_reason=length).
-    require_length_finish: bool = False
-    # Stream detector inside the probe stops generation early when it fires.
-    stop_early: bool = True
+    min_pattern_size: int = Field(1, ge=1, description="shortest loop period (vLLM's repetition_detection)")
+    max_pattern_size: int = Field(20, ge=1, description="longest loop period the streaming guard watches")
+    min_count: int = Field(3, ge=2, description="repetitions of the period that make a loop")
+    offline_max_period: int = Field(2048, ge=1, description="offline judge only: longest period searched over "
+                                                            "a whole observation")
+    min_loop_tokens: int = Field(32, ge=0, description="fewest tokens a loop must cover to count (short legit "
+                                                       "repeats are fine); 0 is vLLM's rule exactly")
+    ngram: int = Field(4, ge=1, description="near-loop: n-gram size of the distinct-n-gram ratio")
+    window: int = Field(256, ge=8, description="near-loop: tokens per window")
+    min_distinct_ratio: float = Field(0.2, ge=0.0, le=1.0, description="near-loop: a window's distinct-n-gram "
+                                                                      "ratio below this looks loop-like")
+    max_periodic_share: float = Field(0.6, ge=0.0, le=1.0, description="near-loop: best-period share of positions "
+                                                                      "equal to the token one period back, at or "
+                                                                      "above this, looks loop-like")
+    near_min_windows: int = Field(2, ge=1, description="consecutive half-overlapping windows that must look "
+                                                      "loop-like before a near-loop counts")
+    require_length_finish: bool = Field(False, description="call a loop bad only when the output also ran out "
+                                                         "of tokens (finish_reason=length)")
+    stop_early: bool = Field(True, description="the probe's streaming detector stops generation when it fires")
 
 
 class TokenMatchConfig(_Strict):
     """Deterministic token match against a reference observation."""
 
-    min_match_rate: float = Field(1.0, ge=0.0, le=1.0)
-    # A first mismatch where the reference's top-2 logprobs are within this margin is a tie.
-    tie_margin: float = Field(0.05, ge=0.0)
-    compare_tokens: int | None = Field(None, ge=1)
+    min_match_rate: float = Field(1.0, ge=0.0, le=1.0, description="share of tokens that must match the reference")
+    tie_margin: float = Field(0.05, ge=0.0, description="a first mismatch where the reference's top logprobs are "
+                                                        "within this margin is a numerical tie")
+    compare_tokens: int | None = Field(None, ge=1, description="compare only the first N tokens; unset: all")
 
 
 class LogitsConfig(_Strict):
@@ -60,43 +60,53 @@ class LogitsConfig(_Strict):
     ``min_within_1e3`` flags harmless reorderings; set it only for fp32 dumps.
     """
 
-    min_cosine: float = Field(0.99, ge=-1.0, le=1.0)
-    cosine_abs_floor: float = Field(0.001, ge=0.0)
-    min_cosine_always: float = Field(0.9, ge=-1.0, le=1.0)
-    max_abs_error: float | None = None
-    max_rel_error: float | None = None
-    min_within_1e3: float | None = Field(None, ge=0.0, le=1.0)
-    min_within_5e3: float | None = Field(None, ge=0.0, le=1.0)
-    max_kl: float | None = Field(None, ge=0.0)
-    top_k: int = Field(5, ge=1)
-    workers: int = Field(2, ge=1)
+    min_cosine: float = Field(0.99, ge=-1.0, le=1.0, description="a cosine below this fails when the max "
+                                                                 "absolute error is above cosine_abs_floor")
+    cosine_abs_floor: float = Field(0.001, ge=0.0, description="max absolute error under which a low cosine "
+                                                               "passes (a near-zero tensor)")
+    min_cosine_always: float = Field(0.9, ge=-1.0, le=1.0, description="a cosine below this fails whatever the "
+                                                                       "errors")
+    max_abs_error: float | None = Field(None, description="msprobe's absolute line (1); unset: off")
+    max_rel_error: float | None = Field(None, description="largest relative error; unset: off")
+    min_within_1e3: float | None = Field(None, ge=0.0, le=1.0, description="share of elements within 1/1000; "
+                                                                           "set only for fp32 dumps")
+    min_within_5e3: float | None = Field(None, ge=0.0, le=1.0, description="share of elements within 5/1000; "
+                                                                           "unset: off")
+    max_kl: float | None = Field(None, ge=0.0, description="largest KL divergence of the logits; unset: off")
+    top_k: int = Field(5, ge=1, description="k of the top-k overlap figure of logits tensors")
+    workers: int = Field(2, ge=1, description="threads comparing tensor pairs")
 
 
 class StatsConfig(_Strict):
     """Verdict over repeated trials."""
 
-    trials: int = Field(5, ge=1)
-    max_trials: int = Field(40, ge=1)
-    confidence: float = Field(0.95, gt=0.5, lt=1.0)
-    # Rate of bad trials at the good end when not measured; the bad end's when not measured.
-    good_rate: float = Field(0.0, ge=0.0, le=1.0)
-    bad_rate: float = Field(0.2, ge=0.0, le=1.0)
-    method: Literal["sprt", "doubling"] = "sprt"
+    trials: int = Field(5, ge=1, description="trials asked before the first decision")
+    max_trials: int = Field(40, ge=1, description="at this many trials an undecided test is settled by the rate")
+    confidence: float = Field(0.95, gt=0.5, lt=1.0, description="confidence of the test and of the Wilson interval")
+    good_rate: float = Field(0.0, ge=0.0, le=1.0, description="rate of bad trials at the good end when not "
+                                                             "measured")
+    bad_rate: float = Field(0.2, ge=0.0, le=1.0, description="rate of bad trials at the bad end when not "
+                                                            "measured")
+    method: Literal["sprt", "doubling"] = Field(
+        "sprt", description="sprt: Wald's test between the good-end and the bad-end rate; doubling: twice the "
+                            "trials until the Wilson interval separates the two")
 
 
 class AcceptanceConfig(_Strict):
     """Speculative decoding: share of proposed draft tokens the target model accepted."""
 
-    min_acceptance_rate: float = Field(0.3, ge=0.0, le=1.0)
-    # Also require token agreement with the reference run (greedy, temperature 0) at this rate.
-    min_token_agreement: float | None = Field(None, ge=0.0, le=1.0)
+    min_acceptance_rate: float = Field(0.3, ge=0.0, le=1.0, description="draft acceptance rate below this is bad")
+    min_token_agreement: float | None = Field(None, ge=0.0, le=1.0, description="also require token agreement "
+                                                                               "with the reference run at this "
+                                                                               "rate")
 
 
 class PenaltyConfig(_Strict):
     """Effective sampling parameters: what the engine applied must equal what the case expects."""
 
-    expected: dict[str, float | int | str | bool | None] = Field(default_factory=dict)
-    rel_tolerance: float = Field(1e-6, ge=0.0)
+    expected: dict[str, float | int | str | bool | None] = Field(
+        default_factory=dict, description="sampling parameters the engine must apply, e.g. {presence_penalty: 1.5}")
+    rel_tolerance: float = Field(1e-6, ge=0.0, description="relative tolerance of a numeric comparison")
 
 
 StageName = Literal["chat_template", "prompt_token_ids", "forward", "sampler", "text"]
@@ -109,7 +119,7 @@ def _all_stages() -> list[StageName]:
 class StagesConfig(_Strict):
     """Precision alignment: compare each stage with the reference's, in pipeline order."""
 
-    stages: list[StageName] = Field(default_factory=_all_stages)
+    stages: list[StageName] = Field(default_factory=_all_stages, description="stages compared, in pipeline order")
 
 
 OracleKind = Literal["repetition", "tokens", "logits", "stats", "acceptance", "penalty", "stages", "command"]
@@ -122,7 +132,8 @@ def _default_kinds() -> list[OracleKind]:
 class OracleConfig(_Strict):
     """Which judges run (all must pass), with their thresholds."""
 
-    kinds: list[OracleKind] = Field(default_factory=_default_kinds)
+    kinds: list[OracleKind] = Field(default_factory=_default_kinds, description="judges that run; every "
+                                                                             "per-trial kind must pass")
     repetition: RepetitionConfig = Field(default_factory=RepetitionConfig)
     tokens: TokenMatchConfig = Field(default_factory=TokenMatchConfig)
     logits: LogitsConfig = Field(default_factory=LogitsConfig)

@@ -4,7 +4,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: venv demo test lint bench engine
+.PHONY: venv demo test lint bench engine docs
 
 # The container tests talk to podman's Docker-compatible API (containers/setup-podman.sh).
 ENGINE_SOCKET ?= /run/bisect-npu-podman.sock
@@ -28,7 +28,11 @@ engine:
 	BISECT_NPU_PODMAN_SOCKET=$(ENGINE_SOCKET) bash containers/setup-podman.sh
 	bash containers/make-base-image.sh
 
-test: venv lint engine
+# The docs site, built with --strict so a broken link or a page missing from the nav fails; into site/.
+docs: venv
+	$(VENV)/bin/mkdocs build --strict --quiet --site-dir site
+
+test: venv lint docs engine
 	DOCKER_HOST=unix://$(ENGINE_SOCKET) $(PY) -m pytest -q
 
 # Real vLLM on the CPU (../shared/VLLM_CPU.md): the `vllm` and `openai` probe backends against

@@ -41,7 +41,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from bisect_npu.search import Evidence, Found, Next, SearchProblem, decide
-from bisect_npu.search_noisy import information_gain
+from bisect_npu.search.noisy import information_gain
 from bisect_npu.simulate import simulate, simulate_one
 
 SIZES = (32, 128, 1000)

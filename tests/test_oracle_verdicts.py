@@ -7,6 +7,7 @@ from pathlib import Path
 import numpy as np
 
 from bisect_npu.contracts import Observation, Verdict, VerdictKind
+from bisect_npu.intervals import wilson_interval
 from bisect_npu.oracle.acceptance import judge_acceptance
 from bisect_npu.oracle.config import (
     AcceptanceConfig,
@@ -19,7 +20,7 @@ from bisect_npu.oracle.config import (
 from bisect_npu.oracle.logits import write_dump
 from bisect_npu.oracle.penalty import judge_penalty
 from bisect_npu.oracle.stages import judge_stages
-from bisect_npu.oracle.stats import Undecided, judge_trials, wilson_interval
+from bisect_npu.oracle.stats import Undecided, judge_trials
 from bisect_npu.oracle.tokens import judge_tokens
 
 

@@ -11,7 +11,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from bisect_npu.search import Evidence, Next, SearchProblem, decide
-from bisect_npu.search_noisy import (
+from bisect_npu.search.noisy import (
     MAX_BATCH,
     batch_information_gain,
     information_gain,

@@ -1,4 +1,4 @@
-"""Exact mode with build groups: the pivot of least expected cost (bisect_npu/search_costs.py)."""
+"""Exact mode with build groups: the pivot of least expected cost (bisect_npu/search/costs.py)."""
 
 from __future__ import annotations
 

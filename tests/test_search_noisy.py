@@ -9,9 +9,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from bisect_npu.oracle.stats import wilson_interval
+from bisect_npu.intervals import wilson_interval
 from bisect_npu.search import EarlierRuns, EndsWrong, Evidence, Found, Narrowed, Next, Query, SearchProblem, decide
-from bisect_npu.search_noisy import separation
+from bisect_npu.search.noisy import separation
 from bisect_npu.simulate import simulate_one
 
 

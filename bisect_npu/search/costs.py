@@ -1,30 +1,40 @@
-"""Exact mode's pivot when builds cost different amounts: the least expected cost, not the midpoint.
+"""What a step costs when builds differ: build groups, and exact mode's pivot of least expected cost.
 
 On vllm-ascend about one commit in 17 changes what is compiled, so a range falls into a few
-build groups: the first commit tested in a group pays a full build (``build_cost``, in steps),
-the rest of the group only a python overlay (``overlay_cost``). The midpoint ignores that and
-often lands in a group nobody has built. Here the pivot minimises the expected cost of the
-whole remaining search, culprit uniform over (lo, hi], by dynamic programming over the
-sub-ranges a search can reach: cost(a, b) = min over pivots k in (a, b) of
-step(k) + P(culprit <= k) cost(a, k) + P(culprit > k) cost(k, b), where step(k) is one step
-plus its build. Inside (a, b) a group counts as built when it is built already or holds a or b
-(the pivots that led there), which is exact while groups are contiguous runs of commits, as
-keys are on a linear history (a revert that restores an older key makes it an estimate).
-
-The table has O(m^2) entries of O(m) choices for m untested candidates, so above
-``MAX_CANDIDATES`` the caller keeps the midpoint until the range is small enough (at most a
-step or two, and the expensive part of a range is its end: few groups, many overlays). Ties go
-to the pivot nearest the middle, so a range of one group bisects exactly as plain bisection.
+build groups: the first commit tested in a group pays a full build, the rest of the group only a
+python overlay. The midpoint ignores that and often lands in a group nobody has built; here the
+pivot minimises the expected cost of the whole remaining search, by dynamic programming over the
+sub-ranges a search can reach (docs/design/search.md, "Build groups").
 """
 
 from __future__ import annotations
 
+from collections.abc import Mapping, Sequence
 from functools import lru_cache
 
 import numpy as np
 
+from bisect_npu.search.types import Evidence, SearchProblem
+
+# The table is O(m^3) for m untested candidates: above this the midpoint is kept until the range
+# is small enough (a step or two; the expensive part of a range is its end: few groups, many overlays).
 MAX_CANDIDATES = 300
 _TIE = 1e-9  # far below any real cost difference: only breaks exact ties, towards the middle
+
+
+def group_ids(keys: Sequence[str]) -> tuple[int, ...]:
+    """Build keys as small integers for ``SearchProblem.build_groups``: one id per distinct key."""
+    ids: dict[str, int] = {}
+    return tuple(ids.setdefault(key, len(ids)) for key in keys)
+
+
+def built_groups(problem: SearchProblem, evidence: Mapping[int, Evidence]) -> frozenset[int]:
+    """The build groups whose image exists: built before the search, or holding a tested
+    position. Their other positions need only an overlay.
+
+    A position that was only skipped does not count: its build may be what failed."""
+    groups = problem.build_groups or ()
+    return problem.prebuilt_groups | {groups[i] for i, ev in evidence.items() if ev.trials}
 
 
 @lru_cache(maxsize=4096)
@@ -35,6 +45,10 @@ def cheapest_pivot(lo: int, hi: int, untested: tuple[int, ...], groups: tuple[in
     ``groups`` holds the build group of lo, of each untested position, then of hi; ``built``
     the groups built already. None when the midpoint is as good (one group only) or the range
     is too large for the table.
+
+    cost(a, b) = min over k in (a, b) of step(k) + P(c <= k) cost(a, k) + P(c > k) cost(k, b), the
+    culprit c uniform over (a, b], step(k) one step plus a build, or an overlay where k's group
+    is built, holds a or b (the pivots that led there). Ties go to the pivot nearest the middle.
     """
     if not untested or len(untested) > MAX_CANDIDATES or len(set(groups[1:-1])) < 2:
         return None

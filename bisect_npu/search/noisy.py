@@ -1,50 +1,10 @@
-"""Noisy bisection: a Bayesian search over the change point when one run proves nothing.
+"""Noisy mode: a Bayesian search over the change point when one run proves nothing.
 
-Model. The culprit c is one of 1..n (uniform prior). A trial at position i fails with rate q
-when i < c (the good side) and with rate p when i >= c (the bad side), p > q. The two rates are
-unknown and integrated out over a grid prior that puts a twentieth of each rate's mass on the
-extreme a deterministic test has (q = 0, p = 1) and spreads the rest evenly over (0, 1). The
-extremes let the search recognise a perfect test after a few trials and make one failure
-conclusive when the good side never fails (the "loop in 1 run of 5" case). The share trades
-trials against calibration (seeded bisections at confidence 0.99, 200 to 1,000 per setting):
-at 0.2 each, 0.8/0.2 tests were 97.6% right at N = 128 (runs whose good side happens not to
-fail yet look like q = 0, so evidence looks stronger than it is); at 0.1, 98.9% at N = 32; at
-0.05, 99.7% at N = 32 and 99.3% at N = 128 with 4-5% fewer trials than at 0.1, for 8% more
-trials at 0.2/0.0 (bench/noisy_bench.py has the full table).
-A prior favouring well-separated rates (weight (p - q)^k) saves trials at 0.8/0.2 only by
-being overconfident: k = 2 was 82.5% right at 0.2/0.0 (a rare symptom then looks commoner than
-it is), k = 8 was 95.5% right at 0.8/0.2 for 41 trials.
-
-The likelihood only changes where a position was tested, so the posterior is computed per
-segment between tested positions: O(segments x grid) per decision, no matter how long the range.
-
-Steps of a decision:
-1. Ends: trial the bad end until it has failed once and the good end until it has passed once,
-   and until the end data favour "a rate changed" over "one rate everywhere"; EndsWrong when
-   "one rate everywhere" reaches the confidence or an end hits the trial cap.
-2. Stop when one block (a position, or skipped positions plus the next testable one, which no
-   trial can split) holds ``confidence`` of the posterior mass, and its sandwich passes.
-3. Otherwise query the position whose next trial is expected to reduce the entropy of the
-   change-point posterior the most (one trial per query, so the posterior steers every trial).
-   With k slots the round's picks are made one by one, each given the expected outcomes of the
-   picks before it (fractional counts), so a commit may take several slots in one round.
-Engine starts (``SearchProblem.load_cost`` > 0, in trials): a query's trials share one engine
-start, so a query of m trials costs load_cost + m. A search query then takes the position and
-m that give the most information per cost, I(failures in m trials; c) / (load_cost + m); an end
-or sandwich query takes the m that makes it likeliest per cost that the step gets what it waits
-for (the end shows its side; the culprit and parent separate). With load_cost 0 every query
-asks one trial, as above. Builds (``SearchProblem.build_cost`` > 0, in trials): a commit not
-tested yet costs its build on top, so a search query divides by load_cost + build_cost + m
-there and by load_cost + m at a commit already built; the search then re-tests built commits
-where that is worth more per cost, and amortises a new build over more trials. With
-``build_groups`` an untested commit whose group has a tested commit, or an image from an
-earlier session (``prebuilt_groups``), costs ``overlay_cost`` instead (its compiled image exists).
-Earlier runs of the ends (``SearchProblem.earlier_runs``, from the bug report) are added to the
-ends' trials for the posterior and the ends' change test, exactly as trials; what this session
-must still run (its own ends, the sandwich, the per-position cap) follows its own trials only.
-Sandwich (Pinpoint): the culprit's and its parent's own trials alone must show that the culprit
-fails more often, P(rate(culprit) > rate(parent)) >= ``sandwich_confidence`` under Jeffreys
-priors; until then they get more trials, which also feed the posterior.
+A trial fails with an unknown rate q before the culprit and a higher one p from it on; both
+rates are integrated out over a grid prior, so the search names a culprit only when the posterior
+is as sure as asked, and only after the culprit's and its parent's own trials show the step (the
+sandwich). Each query is where the next trials tell the most about the culprit per cost (engine
+start, build). docs/design/search.md gives the model, the steps and how the prior was calibrated.
 """
 
 from __future__ import annotations
@@ -56,8 +16,9 @@ from typing import Literal
 
 import numpy as np
 
-from bisect_npu.oracle.stats import wilson_interval
-from bisect_npu.search import (
+from bisect_npu.intervals import wilson_interval
+from bisect_npu.search.costs import built_groups
+from bisect_npu.search.types import (
     Decision,
     EndsWrong,
     Evidence,
@@ -66,10 +27,11 @@ from bisect_npu.search import (
     Next,
     Query,
     SearchProblem,
-    built_groups,
 )
 
 SLAB_POINTS = 40
+# A twentieth of each rate's prior on the extreme a deterministic test has (q = 0, p = 1): the
+# calibration in docs/design/search.md chose it.
 EXTREME_WEIGHT = 0.05
 # The most trials one query asks when engine starts cost something: bounds the batch search
 # (the gain per cost flattens long before; bench/noisy_bench.py shows the batches chosen).

@@ -1,0 +1,148 @@
+"""The search's data: what it is asked (SearchProblem), what it was told (Evidence) and what it
+answers (a Decision). Plain frozen values, so a decision depends on nothing but them."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Literal
+
+Outcome = Literal["good", "bad", "skip"]
+
+
+@dataclass(frozen=True)
+class Evidence:
+    """Everything observed at one position: trial counts and whether it was skipped."""
+
+    good: int = 0
+    bad: int = 0
+    skipped: bool = False
+
+    def add(self, outcome: Outcome) -> Evidence:
+        if outcome == "good":
+            return Evidence(self.good + 1, self.bad, self.skipped)
+        if outcome == "bad":
+            return Evidence(self.good, self.bad + 1, self.skipped)
+        return Evidence(self.good, self.bad, True)
+
+    @property
+    def trials(self) -> int:
+        return self.good + self.bad
+
+
+@dataclass(frozen=True)
+class EarlierRuns:
+    """Runs of the two ends made before the session: how the user knows the failure is flaky
+    ("loops in 8 of 10 runs on the bad release, 0 of 10 on the good one").
+
+    The noisy search counts them as trials of the ends it did not have to pay for, so it starts
+    out knowing the two rates roughly; bench/noisy_bench.py shows the trials this saves. They
+    must be real counts: figures claimed over more runs than were made make the search
+    overconfident. The session still runs each end itself, and the sandwich check uses only
+    the culprit's and its parent's own trials. "bad" is the side the search hunts for.
+    """
+
+    bad_failed: int
+    bad_runs: int
+    good_failed: int
+    good_runs: int
+
+
+@dataclass(frozen=True)
+class SearchProblem:
+    """What is searched and how sure the answer must be.
+
+    ``confidence`` is the posterior mass the noisy mode needs on one culprit;
+    ``sandwich_confidence`` is how sure the culprit's and its parent's own trials must make us
+    that the culprit fails more often than its parent. ``max_trials_per_query`` caps the
+    trials spent at any one position. ``earlier_runs`` (noisy mode) are the ends' runs made
+    before the session. ``load_cost`` (noisy mode) is what starting the engine for a query costs,
+    in trials: 0 asks one trial per query (the posterior steers every trial); above 0 a query may
+    ask several trials of one commit, which share one engine start. ``build_cost`` (noisy mode) is
+    what building a commit not tested yet costs, in trials: above 0 the search weighs a new
+    commit's information against its build and prefers commits it has built already.
+
+    ``build_groups`` gives each position 0..n the id of its build key: positions sharing one
+    share a compiled image, so once one of them is tested the others cost only ``overlay_cost``
+    (a python overlay) instead of ``build_cost`` (a full build); None: every position is its own
+    build. Both costs are in trials in noisy mode and in steps (one query's trials) in exact
+    mode, where the single-slot search then picks the pivot of least expected cost
+    (bisect_npu/search/costs.py) instead of the midpoint. ``prebuilt_groups`` are groups whose
+    compiled image exists though none of their positions need have been tested (an earlier
+    session or a prefetch built it): their positions cost an overlay too.
+    """
+
+    n: int
+    mode: Literal["exact", "noisy"] = "exact"
+    check_ends: bool = True
+    slots: int = 1
+    confidence: float = 0.99
+    max_trials_per_query: int = 64
+    sandwich_confidence: float = 0.95
+    earlier_runs: EarlierRuns | None = None
+    load_cost: float = 0.0
+    build_cost: float = 0.0
+    build_groups: tuple[int, ...] | None = None
+    overlay_cost: float = 0.0
+    prebuilt_groups: frozenset[int] = frozenset()
+
+
+@dataclass(frozen=True)
+class Query:
+    index: int
+    trials: int = 1
+
+
+@dataclass(frozen=True)
+class Next:
+    queries: tuple[Query, ...]
+
+
+@dataclass(frozen=True)
+class Found:
+    index: int
+    confidence: float = 1.0
+    figures: dict[str, float] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class Narrowed:
+    lo: int
+    hi: int
+    figures: dict[str, float] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class EndsWrong:
+    which: Literal["good", "bad"]
+    figures: dict[str, float] = field(default_factory=dict)
+
+
+Decision = Next | Found | Narrowed | EndsWrong
+
+
+def validate(problem: SearchProblem, evidence: Mapping[int, Evidence]) -> None:
+    """Programming errors of the caller, not user errors: fail loudly."""
+    if problem.n < 1:
+        raise ValueError(f"a search needs at least one candidate, got n={problem.n}")
+    if problem.slots < 1:
+        raise ValueError(f"slots must be >= 1, got {problem.slots}")
+    if problem.mode not in ("exact", "noisy"):
+        raise ValueError(f"unknown search mode {problem.mode!r}")
+    if not 0.5 < problem.confidence < 1.0 or not 0.5 < problem.sandwich_confidence < 1.0:
+        raise ValueError("confidence levels must lie in (0.5, 1)")
+    if problem.max_trials_per_query < 1:
+        raise ValueError("max_trials_per_query must be >= 1")
+    if problem.build_groups is not None and len(problem.build_groups) != problem.n + 1:
+        raise ValueError(f"build_groups needs one group per position 0..{problem.n}, got {len(problem.build_groups)}")
+    if problem.prebuilt_groups and not set(problem.prebuilt_groups) <= set(problem.build_groups or ()):
+        raise ValueError(f"prebuilt_groups {sorted(problem.prebuilt_groups)} are not all among build_groups")
+    for name in ("load_cost", "build_cost", "overlay_cost"):
+        if not 0.0 <= getattr(problem, name) < float("inf"):
+            raise ValueError(f"{name} must be a finite number >= 0, got {getattr(problem, name)}")
+    runs = problem.earlier_runs
+    if runs is not None and not (0 <= runs.bad_failed <= runs.bad_runs and 0 <= runs.good_failed <= runs.good_runs):
+        raise ValueError(f"earlier runs need 0 <= failed <= runs at each end, got {runs}")
+    outside = [i for i in evidence if not 0 <= i <= problem.n]
+    if outside:
+        raise ValueError(f"evidence at positions outside 0..{problem.n}: {sorted(outside)[:5]}")

@@ -17,7 +17,6 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 
 from bisect_npu.errors import UsageError
 from bisect_npu.oracle.config import OracleConfig
-from bisect_npu.search import EarlierRuns
 
 BUNDLED_RECIPES = Path(__file__).resolve().parent.parent / "recipes"
 
@@ -194,16 +193,9 @@ class EarlierRunsSpec(_Strict):
         return self
 
     def counts(self, name: Literal["bad_end", "good_end"]) -> tuple[int, int]:
+        """(runs showing the symptom, runs made) at one end."""
         failed, runs = getattr(self, name).split("/")
         return int(failed), int(runs)
-
-    def for_search(self, *, find_fix: bool) -> EarlierRuns:
-        """The counts in the search's terms: "bad" is the side the search hunts for. With
-        --find-fix that is the side without the symptom, so the ends swap and passes count."""
-        (bad_failed, bad_runs), (good_failed, good_runs) = self.counts("bad_end"), self.counts("good_end")
-        if find_fix:
-            return EarlierRuns(good_runs - good_failed, good_runs, bad_runs - bad_failed, bad_runs)
-        return EarlierRuns(bad_failed, bad_runs, good_failed, good_runs)
 
 
 class TrialsSpec(_Strict):

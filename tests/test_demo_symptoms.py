@@ -61,8 +61,8 @@ def test_deterministic_case_flips_at_the_culprit(case_name, demo_upstream, trees
     parent = run_probe(trees(case.culprit_parent), recipe, 0, tmp_path)
     culprit = run_probe(trees(case.culprit.sha), recipe, 0, tmp_path)
     reference = parent if recipe.reference.kind == "good_end" else None
-    assert judge_observation(recipe, parent, reference).kind == VerdictKind.GOOD
-    verdict = judge_observation(recipe, culprit, reference)
+    assert judge_observation(recipe.oracle, parent, reference).kind == VerdictKind.GOOD
+    verdict = judge_observation(recipe.oracle, culprit, reference)
     assert verdict.kind == VerdictKind.BAD, verdict.reason
     if case_name == "async-penalty":
         assert culprit.stop_reason == "repetition_detected" and parent.stop_reason is None
@@ -92,9 +92,9 @@ def test_presence_penalty_loops_only_over_trials(demo_upstream, trees, tmp_path)
     culprit = [run_probe(trees(case.culprit.sha), recipe, t, tmp_path) for t in range(trials)]
     assert {o.sampling["presence_penalty"] for o in parent} == {1.5}
     assert {o.sampling["presence_penalty"] for o in culprit} == {0.0}
-    parent_loops = sum(judge_observation(recipe, o, None).kind == VerdictKind.BAD for o in parent)
-    culprit_loops = sum(judge_observation(recipe, o, None).kind == VerdictKind.BAD for o in culprit)
+    parent_loops = sum(judge_observation(recipe.oracle, o, None).kind == VerdictKind.BAD for o in parent)
+    culprit_loops = sum(judge_observation(recipe.oracle, o, None).kind == VerdictKind.BAD for o in culprit)
     assert parent_loops == 0
     assert 2 <= culprit_loops < trials  # a rate, not every run
-    assert judge(recipe, parent, None).kind == VerdictKind.GOOD
-    assert judge(recipe, culprit, None).kind == VerdictKind.BAD
+    assert judge(recipe.oracle, parent, None, trials_per_case=recipe.trials.count).kind == VerdictKind.GOOD
+    assert judge(recipe.oracle, culprit, None, trials_per_case=recipe.trials.count).kind == VerdictKind.BAD

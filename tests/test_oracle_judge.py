@@ -56,20 +56,21 @@ def write(tmp_path: Path, name: str, obs: Observation) -> str:
 
 def test_judge_observation_needs_every_kind_and_pairs_references_by_case() -> None:
     recipe = parse_recipe(RECIPE)
-    verdict = oracle.judge_observation(recipe, looping(), None)
+    verdict = oracle.judge_observation(recipe.oracle, looping(), None)
     assert verdict.kind == VerdictKind.BAD and verdict.figures["oracles"] == {"repetition": "bad", "tokens": "skip"}
     assert verdict.figures["loop_tokens"] == 420
-    good = oracle.judge(recipe, [clean()], [clean(), Observation(case_id="other")])
+    good = oracle.judge(recipe.oracle, [clean()], [clean(), Observation(case_id="other")],
+                        trials_per_case=recipe.trials.count)
     assert good.kind == VerdictKind.GOOD and good.figures["match_rate"] == 1.0
 
 
 def test_stats_over_trials_one_in_five() -> None:
     recipe = parse_recipe(STATS_RECIPE)
     trials = [clean(0), clean(1), looping(2), clean(3), clean(4)]
-    verdict = oracle.judge(recipe, trials, [clean(i) for i in range(20)])
+    verdict = oracle.judge(recipe.oracle, trials, [clean(i) for i in range(20)], trials_per_case=recipe.trials.count)
     assert verdict.kind == VerdictKind.BAD and verdict.trials == 5
     assert verdict.figures["bad_trials"] == 1 and verdict.figures["reference_rate"] == 0.001
-    unsure = oracle.judge(recipe, [clean(i) for i in range(5)], None)
+    unsure = oracle.judge(recipe.oracle, [clean(i) for i in range(5)], None, trials_per_case=recipe.trials.count)
     assert unsure.kind == VerdictKind.GOOD and unsure.figures["forced_at_max_trials"] is True
     assert "not significant" in unsure.reason
 

@@ -24,7 +24,7 @@ from bisect_npu.execute.docker import (
     container_create_kwargs,
 )
 from bisect_npu.orchestration.evaluate import probe_request
-from bisect_npu.orchestration.options import RunOptions, earlier_runs_spec
+from bisect_npu.orchestration.options import RunOptions, earlier_runs_for_search, earlier_runs_spec
 from bisect_npu.probe.backends.openai import override_generation_config, server_argv
 from bisect_npu.probe.backends.vllm import engine_kwargs
 from bisect_npu.recipe import BUNDLED_RECIPES, load_recipe, parse_recipe
@@ -285,9 +285,11 @@ def test_earlier_runs_in_the_search_s_terms() -> None:
     recipe = parse_recipe(MINIMAL + "trials:\n  mode: noisy\n  earlier_runs:\n    bad_end: 8/10\n    good_end: 1/20\n")
     spec = recipe.trials.earlier_runs
     assert spec is not None
-    assert spec.for_search(find_fix=False) == EarlierRuns(bad_failed=8, bad_runs=10, good_failed=1, good_runs=20)
+    assert earlier_runs_for_search(spec, find_fix=False) == EarlierRuns(bad_failed=8, bad_runs=10, good_failed=1,
+                                                                        good_runs=20)
     # --find-fix hunts for the side without the symptom: the symptom-free runs of the fixed end count as "bad".
-    assert spec.for_search(find_fix=True) == EarlierRuns(bad_failed=19, bad_runs=20, good_failed=2, good_runs=10)
+    assert earlier_runs_for_search(spec, find_fix=True) == EarlierRuns(bad_failed=19, bad_runs=20, good_failed=2,
+                                                                       good_runs=10)
 
 
 def test_earlier_runs_come_from_the_recipe_unless_given_on_the_command_line() -> None:

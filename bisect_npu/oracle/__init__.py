@@ -1,22 +1,21 @@
 """Oracles: observations (and a reference) in, a good/bad/skip Verdict with its figures out.
 
-`judge_observation` judges one trial with every kind the recipe lists (all must pass);
-`judge` judges a commit: per-trial verdicts, then the stats oracle over trials when the recipe
-repeats trials. Kinds: repetition, tokens, logits, acceptance, penalty, stages (per trial) and
-stats (over trials). The "command" kind (a user command's exit code) is judged by the session.
+`judge_observation` judges one trial with every kind the config lists (all must pass);
+`judge` judges a commit: per-trial verdicts, then the stats oracle over trials when trials
+repeat. Both take the recipe's `oracle` section (an OracleConfig), not the recipe: the oracles
+know nothing of recipes, sessions or the search. Kinds: repetition, tokens, logits, acceptance,
+penalty, stages (per trial) and stats (over trials). The "command" kind (a user command's exit
+code) is judged by the session.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from bisect_npu.contracts import Observation, Verdict, VerdictKind
 from bisect_npu.oracle.config import OracleConfig
 from bisect_npu.oracle.stats import Undecided, judge_trials
-
-if TYPE_CHECKING:
-    from bisect_npu.recipe import Recipe
 
 __all__ = ["judge", "judge_observation", "judge_trials"]
 
@@ -51,9 +50,8 @@ def _chart_figures(kind: str, figures: dict[str, Any]) -> dict[str, Any]:
     return extra
 
 
-def judge_observation(recipe: Recipe, obs: Observation, reference: Observation | None) -> Verdict:
+def judge_observation(cfg: OracleConfig, obs: Observation, reference: Observation | None) -> Verdict:
     """One trial: every per-trial kind must pass; kinds that cannot judge it are listed, not failed."""
-    cfg = recipe.oracle
     judges = _judges()
     kinds = [k for k in cfg.kinds if k not in NOT_PER_TRIAL]
     verdicts = {kind: judges[kind](obs, reference, cfg) for kind in kinds}
@@ -95,26 +93,28 @@ def _all_cases(per_case: list[Verdict]) -> Verdict:
     return per_case[0].model_copy(update={"trials": len(per_case)})
 
 
-def judge(recipe: Recipe, observations: list[Observation], reference: list[Observation] | None) -> Verdict:
-    """A commit: per-trial verdicts, then a sequential verdict over trials when trials repeat."""
+def judge(cfg: OracleConfig, observations: list[Observation], reference: list[Observation] | None, *,
+          trials_per_case: int) -> Verdict:
+    """A commit: per-trial verdicts, then a sequential verdict over trials when trials repeat
+    (``trials_per_case`` > 1, the recipe's ``trials.count``) or the config asks for stats."""
     if not observations:
         return Verdict(kind=VerdictKind.SKIP, reason="no observations to judge", trials=0)
-    per_trial = [judge_observation(recipe, obs, reference_for(obs, reference)) for obs in observations]
-    if recipe.trials.count == 1 and "stats" not in recipe.oracle.kinds:
+    per_trial = [judge_observation(cfg, obs, reference_for(obs, reference)) for obs in observations]
+    if trials_per_case == 1 and "stats" not in cfg.kinds:
         return _all_cases(per_trial)
     usable = [v for v in per_trial if v.kind != VerdictKind.SKIP]
     if not usable:
         return Verdict(kind=VerdictKind.SKIP, trials=len(per_trial),
                        reason=f"no usable trial of {len(per_trial)}: {per_trial[0].reason}")
     reference_rate = None
-    if reference and "stats" in recipe.oracle.kinds:
-        ref_verdicts = [judge_observation(recipe, ref, None) for ref in reference]
+    if reference and "stats" in cfg.kinds:
+        ref_verdicts = [judge_observation(cfg, ref, None) for ref in reference]
         ref_usable = [v for v in ref_verdicts if v.kind != VerdictKind.SKIP]
         if ref_usable:
             reference_rate = sum(v.kind == VerdictKind.BAD for v in ref_usable) / len(ref_usable)
     # The trials given are all there will be (the session runs the recipe's count), so an undecided
     # sequential test is settled here by the rate; figures say when that happened.
-    stats_cfg = recipe.oracle.stats.model_copy(update={"max_trials": len(usable)})
+    stats_cfg = cfg.stats.model_copy(update={"max_trials": len(usable)})
     result = judge_trials([v.kind == VerdictKind.BAD for v in usable], stats_cfg, reference_rate)
     assert not isinstance(result, Undecided)  # max_trials reached: judge_trials always decides
     example = next((v for v in usable if v.kind == VerdictKind.BAD), usable[0])

@@ -321,9 +321,9 @@ class Evaluator:
 
         assert self.recipe is not None
         if len(observations) == 1:
-            return oracle.judge_observation(self.recipe, observations[0],
+            return oracle.judge_observation(self.recipe.oracle, observations[0],
                                             oracle.reference_for(observations[0], self.reference))
-        return oracle.judge(self.recipe, observations, self.reference)
+        return oracle.judge(self.recipe.oracle, observations, self.reference, trials_per_case=self.recipe.trials.count)
 
     def _judge_step(self, records: list[TrialRecord]) -> Verdict:
         usable = [r for r in records if r.observation]

@@ -12,6 +12,7 @@ from pydantic import ValidationError
 
 from bisect_npu.errors import UsageError
 from bisect_npu.recipe import EarlierRunsSpec, Recipe
+from bisect_npu.search import EarlierRuns
 
 
 @dataclass
@@ -92,3 +93,12 @@ def earlier_runs_spec(options: RunOptions, recipe: Recipe | None) -> EarlierRuns
     except ValidationError as exc:
         reason = exc.errors()[0]["msg"].removeprefix("Value error, ")
         raise UsageError(f"--earlier-runs {bad_end} {good_end}: {reason}") from exc
+
+
+def earlier_runs_for_search(spec: EarlierRunsSpec, *, find_fix: bool) -> EarlierRuns:
+    """The recipe's counts in the search's terms: "bad" is the side the search hunts for. With
+    --find-fix that is the side without the symptom, so the ends swap and passes count."""
+    (bad_failed, bad_runs), (good_failed, good_runs) = spec.counts("bad_end"), spec.counts("good_end")
+    if find_fix:
+        return EarlierRuns(good_runs - good_failed, good_runs, bad_runs - bad_failed, bad_runs)
+    return EarlierRuns(bad_failed, bad_runs, good_failed, good_runs)

@@ -27,7 +27,7 @@ from bisect_npu.execute.base import Executor
 from bisect_npu.journal import DEFAULT_ROOT, Journal, latest_session, new_session_dir, require_header
 from bisect_npu.orchestration.costs import measured_costs, told_costs
 from bisect_npu.orchestration.evaluate import Evaluator, StepResult, TrialRecord
-from bisect_npu.orchestration.options import RunOptions, earlier_runs_spec
+from bisect_npu.orchestration.options import RunOptions, earlier_runs_for_search, earlier_runs_spec
 from bisect_npu.orchestration.preflight import check_run, settle_slots
 from bisect_npu.orchestration.wiring import load_golden, session_evaluator
 from bisect_npu.progress import PlainProgress, Progress
@@ -154,7 +154,8 @@ class Session:
 
     def problem(self) -> search.SearchProblem:
         confidence = self.options.confidence or (self.recipe.trials.confidence if self.recipe else 0.99)
-        earlier = self.earlier_runs.for_search(find_fix=self.options.find_fix) if self.earlier_runs else None
+        earlier = (earlier_runs_for_search(self.earlier_runs, find_fix=self.options.find_fix)
+                   if self.earlier_runs else None)
         # Costs in the search's unit, measured from the journal, so a resumed session weighs as
         # the interrupted one did. Which groups have an image is asked of the builder: those are
         # real, whoever built them.

@@ -25,13 +25,16 @@ from bisect_npu.errors import UsageError
 from .paths import cache_root
 
 _HEX_PREFIX = re.compile(r"[0-9a-fA-F]{4,40}")
-_PR_SUFFIX = re.compile(r"\(#(\d+)\)\s*$")
+# A squash-merged title ends with its pull request: "[BugFix] fix the kernel (#123)".
+PR_SUFFIX = re.compile(r"\(#(\d+)\)\s*$")
 _URL_LIKE = re.compile(r"^[a-z][a-z0-9+.-]*://|^[\w.-]+@[\w.-]+:")
 _GITHUB_REMOTE = re.compile(
     r"^(?:https?://(?:[^@/]+@)?|ssh://(?:[^@/]+@)?|git://|[^@/]+@)github\.com[:/]"
     r"(?P<owner>[\w.-]+)/(?P<name>[\w.-]+?)(?:\.git)?/?$"
 )
-_LOG_FIELDS = "%x1e%H%x1f%h%x1f%aI%x1f%an%x1f%s"
+# What `git log -z --name-status` prints per commit for parse_log: sha, short sha, parents,
+# committer time, author date, author, subject, message, then the changed paths.
+LOG_FORMAT = "%x1e%H%x1f%h%x1f%P%x1f%ct%x1f%aI%x1f%an%x1f%s%x1f%B%x1f"
 _LOG_BATCH = 2000  # shas per `git log` call: keeps the argument list far below ARG_MAX
 _log = logging.getLogger(__name__)
 
@@ -204,6 +207,63 @@ class CommitFacts:
     dockerfile: DockerfileFacts | None
 
 
+Change = tuple[str, str | None, str | None]  # status letter, old path (None: added), new path (None: deleted)
+
+
+@dataclass(frozen=True)
+class LoggedCommit:
+    """A commit as `git log --format=LOG_FORMAT -z --name-status` gives it: what the builders and
+    the fix ranking read of a commit, for a whole range in one git call (no GitPython object each)."""
+
+    sha: str
+    short: str
+    parents: tuple[str, ...]
+    time: int  # committer time, seconds since the epoch
+    author_date: str  # ISO 8601
+    author: str
+    subject: str  # git's %s: the first paragraph of the message, on one line
+    message: str
+    changes: tuple[Change, ...]
+
+    @property
+    def title(self) -> str:
+        """The message's first line (what `git revert` quotes)."""
+        return self.message.split("\n", 1)[0].strip()
+
+
+def pr_number(title: str) -> int | None:
+    """The pull request a title names at its end ("... (#123)"), else None."""
+    match = PR_SUFFIX.search(title)
+    return int(match[1]) if match else None
+
+
+def parse_log(text: str) -> list[LoggedCommit]:
+    """Commits from `git log -z --name-status --format=LOG_FORMAT` output, in git's order.
+
+    With -z paths come verbatim, NUL-separated: a rename or copy (R100, C75) has two paths, every
+    other status one."""
+    commits = []
+    for record in text.split("\x1e")[1:]:
+        sha, short, parents, ctime, author_date, author, subject, message, rest = record.split("\x1f", 8)
+        tokens = rest.lstrip("\0\n").split("\0")
+        changes: list[Change] = []
+        at = 0
+        while at < len(tokens):
+            status = tokens[at][:1]
+            if not status:
+                at += 1
+            elif status in "RC":
+                changes.append((status, tokens[at + 1], tokens[at + 2]))
+                at += 3
+            else:
+                path = tokens[at + 1]
+                changes.append((status, None if status == "A" else path, None if status == "D" else path))
+                at += 2
+        commits.append(LoggedCommit(sha, short, tuple(parents.split()), int(ctime), author_date, author, subject,
+                                    message.strip(), tuple(changes)))
+    return commits
+
+
 def parse_dockerfile(text: str) -> DockerfileFacts:
     """Read ARG defaults and the first FROM image from Dockerfile text.
 
@@ -321,27 +381,23 @@ def commits_facts(repo: git.Repo, shas: list[str] | tuple[str, ...]) -> list[Com
     by_sha: dict[str, CommitFacts] = {}
     for start in range(0, len(unique), _LOG_BATCH):
         batch = unique[start : start + _LOG_BATCH]
-        out = repo.git.log(
+        logged = parse_log(repo.git.log(
             # Explicit flags for what user config could change (log.showRoot, log.showSignature).
-            "--no-walk=unsorted", "--name-only", "-z", "--no-renames", "--diff-merges=first-parent",
-            "--root", "--no-show-signature", f"--format={_LOG_FIELDS}", *batch, "--",
-        )
-        records = [r for r in out.split("\x1e") if r]
-        if len(records) != len(batch):
-            raise RuntimeError(f"git log returned {len(records)} commits for {len(batch)} requested")
-        for requested, record in zip(batch, records, strict=True):
-            header, _, changed = record.partition("\0")
-            sha, short, date, author, title = header.split("\x1f", 4)
-            pr = _PR_SUFFIX.search(title)
+            "--no-walk=unsorted", "-z", "--name-status", "--no-renames", "--diff-merges=first-parent",
+            "--root", "--no-show-signature", f"--format={LOG_FORMAT}", *batch, "--",
+        ))
+        if len(logged) != len(batch):
+            raise RuntimeError(f"git log returned {len(logged)} commits for {len(batch)} requested")
+        for requested, commit in zip(batch, logged, strict=True):
             by_sha[requested] = CommitFacts(
-                sha=sha,
-                short=short,
-                title=title,
-                pr=int(pr.group(1)) if pr else None,
-                author_date=date,
-                author=author,
-                paths=tuple(p for p in changed.lstrip("\n").split("\0") if p),
-                dockerfile=dockerfiles.facts(sha),
+                sha=commit.sha,
+                short=commit.short,
+                title=commit.subject,
+                pr=pr_number(commit.subject),
+                author_date=commit.author_date,
+                author=commit.author,
+                paths=tuple(path for _, old, new in commit.changes if (path := new or old)),
+                dockerfile=dockerfiles.facts(commit.sha),
             )
     return [by_sha[s] for s in shas]
 

@@ -333,6 +333,26 @@ def test_commit_facts_without_checkout(tmp_path: Path) -> None:
     assert history.dockerfile_facts(repo, shas[1], path="Dockerfile.a3") is None
 
 
+
+def test_one_log_parser_reads_renames_odd_paths_and_subjects(tmp_path: Path) -> None:
+    """The commit facts (renames as a deletion plus an addition) and the fix ranking's commits
+    (renames followed) come from the same `git log -z` parser; paths with a tab or a newline
+    come through verbatim."""
+    odd = "dir/tab\there\nnewline.py"
+    shas = make_linear_repo(tmp_path / "log", 2, files=lambda i: {"old.py": "x = 1\n" * 20} if i == 0 else {})
+    path = tmp_path / "log"
+    git(path, "mv", "old.py", "new.py")
+    renamed = add_commit(path, "move old to new\nacross two lines (#7)\n\nbody", {odd: "y\n"})
+    repo = gitpython.Repo(path)
+    facts = history.commit_facts(repo, renamed)
+    assert facts.title == "move old to new across two lines (#7)" and facts.pr == 7  # git's %s
+    assert set(facts.paths) == {"old.py", "new.py", odd}
+    (logged,) = history.parse_log(repo.git.log("-1", "-z", "-M", "--name-status",
+                                               f"--format={history.LOG_FORMAT}", renamed))
+    assert logged.title == "move old to new" and logged.parents == (shas[1],)
+    assert set(logged.changes) == {("R", "old.py", "new.py"), ("A", None, odd)}
+    assert logged.message.endswith("\n\nbody")
+
 @pytest.mark.parametrize(
     ("url", "expected"),
     [

@@ -1,5 +1,6 @@
 """Read history from git in a handful of calls over a whole range, never one per commit: `git log` output
-parsed into commits, file diffs and -U0 hunks, and the refs and patch-ids the proposals compare."""
+parsed into commits (history.parse_log), file diffs and -U0 hunks, and the refs and patch-ids the proposals
+compare."""
 
 from __future__ import annotations
 
@@ -11,7 +12,7 @@ from dataclasses import dataclass, field
 import git
 
 from bisect_npu.errors import InfrastructureError
-from bisect_npu.history import git_error_line
+from bisect_npu.history import LOG_FORMAT, LoggedCommit, git_error_line, parse_log
 
 _HUNK = re.compile(r"^@@@* -(\d+)(?:,(\d+))? \+(\d+)(?:,(\d+))? @@@*(.*)$")
 # Docs and CI: a change there says nothing about a regression (nor makes a culprit more than a pin bump).
@@ -40,22 +41,6 @@ class FileDiff:
     hunks: list[Hunk] = field(default_factory=list)
 
 
-@dataclass
-class LoggedCommit:
-    """A commit as `git log --name-status` gives it: enough to rank it, without a GitPython object."""
-
-    sha: str
-    parents: list[str]
-    time: int
-    message: str
-    changes: list[tuple[str, str | None, str | None]] = field(default_factory=list)  # status, old, new
-
-    @property
-    def title(self) -> str:
-        return self.message.split("\n", 1)[0].strip()
-
-
-META_FORMAT = "%x1e%H%x1f%P%x1f%ct%x1f%B%x1f"
 DIFF_FORMAT = "%x1e%H"
 _COMMON = ("-c", "core.quotePath=false")
 
@@ -72,27 +57,9 @@ def read_git(repo: git.Repo, *args: str) -> str:
             "and run again") from None
 
 
-def parse_meta(text: str) -> list[LoggedCommit]:
-    """Commits from `git log --name-status --format=META_FORMAT` output."""
-    commits = []
-    for record in text.split("\x1e")[1:]:
-        sha, parents, ctime, message, rest = record.split("\x1f", 4)
-        commit = LoggedCommit(sha, parents.split(), int(ctime), message.strip())
-        for line in rest.splitlines():
-            parts = line.split("\t")
-            if len(parts) < 2 or not parts[0]:
-                continue
-            status = parts[0][0]
-            if status in "RC" and len(parts) >= 3:
-                commit.changes.append((status, parts[1], parts[2]))
-            elif status == "A":
-                commit.changes.append((status, None, parts[1]))
-            elif status == "D":
-                commit.changes.append((status, parts[1], None))
-            else:
-                commit.changes.append((status, parts[1], parts[1]))
-        commits.append(commit)
-    return commits
+def logged_commits(repo: git.Repo, *args: str) -> list[LoggedCommit]:
+    """`git log ARGS` as commits with their changed paths (renames followed where ARGS say -M)."""
+    return parse_log(read_git(repo, "log", "-z", "--name-status", f"--format={LOG_FORMAT}", *args))
 
 
 def parse_diffs(text: str) -> dict[str, list[FileDiff]]:
@@ -191,7 +158,7 @@ def short_ref(ref: str) -> str:
 
 def show_commit(repo: git.Repo, sha: str) -> tuple[LoggedCommit, list[FileDiff]]:
     """One commit's metadata and its -U0 diff."""
-    meta = parse_meta(read_git(repo, "log", "-1", "-M", "--name-status", f"--format={META_FORMAT}", sha))[0]
+    meta = logged_commits(repo, "-1", "-M", sha)[0]
     diffs = parse_diffs(read_git(repo, "log", "-1", "-M", "-U0", f"--format={DIFF_FORMAT}", sha))
     return meta, diffs.get(sha, [])
 

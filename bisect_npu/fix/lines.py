@@ -5,7 +5,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from bisect_npu.fix.gitlog import IGNORABLE_FILE, FileDiff, Hunk, LoggedCommit
+from bisect_npu.fix.gitlog import IGNORABLE_FILE, FileDiff, Hunk
+from bisect_npu.history import LoggedCommit
 
 PROXIMITY_LINES = 3  # a hunk this close to a culprit line is near it (the proximity signal)
 

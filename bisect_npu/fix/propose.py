@@ -13,13 +13,11 @@ import git
 from bisect_npu.fix.dependency import dependency_note
 from bisect_npu.fix.gitlog import (
     DIFF_FORMAT,
-    META_FORMAT,
     FileDiff,
-    LoggedCommit,
     branch_refs,
     default_branch,
+    logged_commits,
     parse_diffs,
-    parse_meta,
     patch_ids,
     reachable,
     read_git,
@@ -29,7 +27,7 @@ from bisect_npu.fix.gitlog import (
 )
 from bisect_npu.fix.lines import PROXIMITY_LINES, line_hits
 from bisect_npu.fix.results import CulpritTwin, DependencyNote, FixProposal, FixReport, Reason
-from bisect_npu.history import github_url, resolve_ref
+from bisect_npu.history import PR_SUFFIX, LoggedCommit, github_url, pr_number, resolve_ref
 
 # Score weights. Strong signals (each alone qualifies a commit) weigh more than all weak signals
 # together (4 + 3 + 1.5 + 1.5 + 1.5 + 3 + 1 = 15.5 < 18), so a tag and keywords never outrank a commit
@@ -53,7 +51,6 @@ SYMPTOM_CAP = 3
 MIN_TITLE_REFERENCE = 16  # shorter culprit titles are too generic to count as a reference
 _GENERIC_FUNCTIONS = frozenset({"__init__", "main", "forward", "setup", "run", "test", "call", "init"})
 
-_PR_SUFFIX = re.compile(r"\(#(\d+)\)\s*$")
 _FUNC_NAME = re.compile(r"\b(?:def|class|fn|func|function|void|int|auto)\s+([A-Za-z_]\w*)")
 _DEF_LINE = re.compile(r"^\s*(?:async\s+)?(?:def|class)\s+([A-Za-z_]\w*)")
 _TAG = re.compile(r"\[\s*(?:bug\s*-?\s*fix|hot\s*-?\s*fix|fix(?:es|ed)?|bug)\s*\]|^\s*(?:bug|hot)?fix(?:\([^)]*\))?!?:",
@@ -84,7 +81,7 @@ class _Anchor:
 
     @cached_property
     def pr(self) -> int | None:
-        return _pr_number(self.commit.title)
+        return pr_number(self.commit.title)
 
     @property
     def paths(self) -> set[str]:
@@ -210,7 +207,7 @@ def _keywords(words: Iterable[str]) -> list[tuple[str, re.Pattern[str]]]:
 
 def normalize_title(title: str) -> str:
     """Title without branch tags, a leading tag block and `(#N)`: equal across cherry-picks."""
-    title = _PR_SUFFIX.sub("", _VERSION_TAG.sub("", title))
+    title = PR_SUFFIX.sub("", _VERSION_TAG.sub("", title))
     title = _LEADING_TAGS.sub("", title)
     return re.sub(r"\s+", " ", title).strip().lower()
 
@@ -220,8 +217,7 @@ def _find_twins(repo: git.Repo, culprit: LoggedCommit, diffs: list[FileDiff], ot
     if not other_refs:
         return []
     # No date filter: a back-port is often a new PR, so the original on main can be the older commit.
-    meta = parse_meta(read_git(repo, "log", "--name-status", "-M", f"--format={META_FORMAT}",
-                               *other_refs, "--not", culprit.sha))
+    meta = logged_commits(repo, "-M", *other_refs, "--not", culprit.sha)
     wanted_title = normalize_title(culprit.title)
     culprit_paths = {d.new_path or d.old_path for d in diffs}
     twins = []
@@ -241,8 +237,7 @@ def _find_twins(repo: git.Repo, culprit: LoggedCommit, diffs: list[FileDiff], ot
 def _score_anchor(repo: git.Repo, anchor: _Anchor, anchors: list[_Anchor], tips: list[str],
                   keywords: list[tuple[str, re.Pattern[str]]], excluded: set[str]) -> list[_Candidate]:
     """Score every commit after `anchor` on `tips` against it (and name references to any anchor)."""
-    meta = parse_meta(read_git(repo, "log", "--reverse", "--topo-order", "-M", "--name-status",
-                               f"--format={META_FORMAT}", *tips, "--not", anchor.commit.sha))
+    meta = logged_commits(repo, "--reverse", "--topo-order", "-M", *tips, "--not", anchor.commit.sha)
     meta = [c for c in meta if c.sha not in excluded]
     paths = _follow_renames(anchor.paths, meta)
     diffs = parse_diffs(read_git(repo, "log", "--reverse", "--topo-order", "-M", "--full-history",
@@ -373,11 +368,6 @@ def _reference_signals(cand: _Candidate, anchors: list[_Anchor]) -> None:
             cand.add("reference", f'quotes the culprit\'s title "{target.title}"')
 
 
-def _pr_number(title: str) -> int | None:
-    match = _PR_SUFFIX.search(title)
-    return int(match[1]) if match else None
-
-
 def _group_twins(repo: git.Repo, qualified: list[_Candidate], refs: dict[str, str],
                  in_bad: set[str], bad: str | None) -> list[FixProposal]:
     """One proposal per change: candidates with the same normalized title or patch-id merge."""
@@ -430,6 +420,6 @@ def _group_twins(repo: git.Repo, qualified: list[_Candidate], refs: dict[str, st
         proposals.append(FixProposal(
             shas=[named.sha] + [m.commit.sha for m in members if m.commit is not named],
             branches=branches, title=named.title,
-            pr=_pr_number(named.title), score=round(sum(r.weight for r in reasons), 3),
+            pr=pr_number(named.title), score=round(sum(r.weight for r in reasons), 3),
             reasons=reasons, date=members[0].commit.time, sha_branches=where))
     return proposals

@@ -30,6 +30,7 @@ import git
 from bisect_npu.builders.base import BuildFailed, Environment, tail
 from bisect_npu.builders.key import BuildKeyReader
 from bisect_npu.builders.submodules import check_out_submodules
+from bisect_npu.defaults import TRIAL_TIMEOUT_S
 from bisect_npu.errors import UsageError
 
 DONOR_FILE = "donor"  # in a key's artifacts: the commit whose build made them
@@ -120,7 +121,7 @@ class LocalBuilder:
     """
 
     def __init__(self, repo: git.Repo, workdir: Path, build_command: list[str] | None = None,
-                 env: dict[str, str] | None = None, timeout_s: float = 3600.0, keep: int = 4,
+                 env: dict[str, str] | None = None, timeout_s: float = TRIAL_TIMEOUT_S, keep: int = 4,
                  artifacts_dir: Path | None = None) -> None:
         self.repo = repo
         self.workdir = workdir

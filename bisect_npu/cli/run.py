@@ -10,6 +10,7 @@ import click
 
 from bisect_npu.cli import note_session
 from bisect_npu.cli.params import FiniteRange
+from bisect_npu.defaults import CACHE_SIZE_GIB, TRIAL_TIMEOUT_S
 
 if TYPE_CHECKING:
     from bisect_npu.orchestration.session import SessionResult
@@ -61,9 +62,9 @@ def finish(result: SessionResult, as_json: bool) -> None:
                    "search; overrides the recipe's trials.earlier_runs).")
 @click.option("--check-ends/--no-check-ends", default=True, show_default=True,
               help="Test that good is good and bad is bad before bisecting.")
-@click.option("--timeout", "timeout_s", type=FiniteRange(0, min_open=True), default=3600.0, show_default=True,
+@click.option("--timeout", "timeout_s", type=FiniteRange(0, min_open=True), default=TRIAL_TIMEOUT_S, show_default=True,
               help="Seconds per probe or command run.")
-@click.option("--cache-size", default="200G", show_default=True,
+@click.option("--cache-size", default=f"{CACHE_SIZE_GIB}G", show_default=True,
               help="Most disk the candidate images (docker) or release venvs (--package) may take; the least "
                    "recently used go first, e.g. 500G, 80GiB.")
 @click.option("--fix/--no-fix", "propose_fix", default=True, show_default=True, help="Propose upstream fixes.")

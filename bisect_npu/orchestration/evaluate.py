@@ -15,6 +15,7 @@ from typing import Any
 
 from bisect_npu.builders.base import Builder, BuildFailed, Environment
 from bisect_npu.contracts import Observation, Verdict, VerdictKind
+from bisect_npu.defaults import TRIAL_TIMEOUT_S
 from bisect_npu.errors import InfrastructureError
 from bisect_npu.execute.base import Executor, RunResult, observation_path, probe_log_path, probe_stem
 from bisect_npu.recipe import CaseSpec, Recipe
@@ -137,7 +138,7 @@ class Evaluator:
 
     def __init__(self, builder: Builder, executor: Executor, session_dir: Path, *,
                  recipe: Recipe | None = None, command: list[str] | None = None,
-                 timeout_s: float = 3600.0) -> None:
+                 timeout_s: float = TRIAL_TIMEOUT_S) -> None:
         if (recipe is None) == (command is None):
             raise ValueError("an Evaluator needs exactly one of a recipe or a command")
         self.builder = builder

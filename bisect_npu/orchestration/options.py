@@ -10,6 +10,7 @@ from typing import Any, Literal
 
 from pydantic import ValidationError
 
+from bisect_npu.defaults import CACHE_SIZE_GIB, TRIAL_TIMEOUT_S
 from bisect_npu.errors import UsageError
 from bisect_npu.recipe import EarlierRunsSpec, Recipe
 from bisect_npu.search import EarlierRuns
@@ -36,12 +37,12 @@ class RunOptions:
     mode: Literal["exact", "noisy"] | None = None
     confidence: float | None = None
     check_ends: bool = True
-    timeout_s: float = 3600.0
+    timeout_s: float = TRIAL_TIMEOUT_S
     propose_fix: bool = True
     verify_fix: bool = False
     fix_top: int = 3
     workdir: str | None = None
-    cache_size_gb: float = 200.0
+    cache_size_gb: float = float(CACHE_SIZE_GIB)
     # --find-fix: the old end shows the symptom and the new end does not; find the first fixed one.
     find_fix: bool = False
     # Build what the next step can need while the current candidate runs (default: with --devices,
@@ -66,8 +67,8 @@ class RunOptions:
             ("--slots", self.slots if self.devices or (self.slots or 1) != 1 else None),
             ("--workdir", self.workdir), ("--mode", self.mode),
             ("--confidence", repr(self.confidence) if self.confidence is not None else None),
-            ("--timeout", repr(self.timeout_s) if self.timeout_s != 3600.0 else None),
-            ("--cache-size", f"{int(self.cache_size_gb * 2**30)}" if self.cache_size_gb != 200.0 else None),
+            ("--timeout", repr(self.timeout_s) if self.timeout_s != TRIAL_TIMEOUT_S else None),
+            ("--cache-size", f"{int(self.cache_size_gb * 2**30)}" if self.cache_size_gb != CACHE_SIZE_GIB else None),
         ]
         argv = [str(arg) for flag, value in valued if value is not None for arg in (flag, value)]
         if self.earlier_runs:

@@ -20,9 +20,11 @@ venv: $(STAMP)
 demo: venv
 	$(VENV)/bin/bisect-npu demo
 
+# lint-imports checks the import contracts in pyproject.toml ([tool.importlinter]): the layering and no cycles.
 lint: venv
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/mypy bisect_npu
+	$(VENV)/bin/lint-imports
 
 engine:
 	BISECT_NPU_PODMAN_SOCKET=$(ENGINE_SOCKET) bash containers/setup-podman.sh

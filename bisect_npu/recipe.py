@@ -9,6 +9,8 @@ import hashlib
 import json
 import math
 from collections.abc import Hashable
+from importlib import resources
+from importlib.resources.abc import Traversable
 from pathlib import Path
 from typing import Annotated, Any, Literal, get_args
 
@@ -18,7 +20,13 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 from bisect_npu.errors import UsageError
 from bisect_npu.oracle.config import OracleConfig
 
-BUNDLED_RECIPES = Path(__file__).resolve().parent.parent / "recipes"
+
+def bundled_recipes() -> dict[str, Traversable]:
+    """The recipes shipped inside the package, by name; read through importlib.resources so an
+    installed wheel finds them as the checkout does (`recipes/` at the top is a link to them)."""
+    folder = resources.files("bisect_npu") / "recipes"
+    found = (item for item in folder.iterdir() if item.is_file() and item.name.endswith(".yaml"))
+    return {item.name.removesuffix(".yaml"): item for item in sorted(found, key=lambda item: item.name)}
 
 
 # vLLM's world size is pipeline x tensor x prefill-context parallel, times data parallel across
@@ -403,16 +411,14 @@ def _model_in(annotation: Any) -> type[BaseModel] | None:
     return None
 
 
-def load_recipe(path_or_name: str | Path) -> Recipe:
-    """Load a recipe file, or a bundled recipe by name (`qwen3-repetition-penalty-async`)."""
-    path = Path(path_or_name)
-    if not path.exists():
-        bundled = BUNDLED_RECIPES / f"{path_or_name}.yaml"
-        if bundled.exists():
-            path = bundled
-        else:
-            names = ", ".join(sorted(p.stem for p in BUNDLED_RECIPES.glob("*.yaml"))) or "none"
-            raise UsageError(f"recipe not found: {path_or_name}; bundled recipes: {names}")
+def load_recipe(path_or_name: str | Path | Traversable) -> Recipe:
+    """Load a recipe file, or a bundled recipe by name (`qwen3-repetition-penalty-async`) or resource."""
+    path = Path(path_or_name) if isinstance(path_or_name, str) else path_or_name
+    if isinstance(path, Path) and not path.exists():
+        bundled = bundled_recipes()
+        if str(path_or_name) not in bundled:
+            raise UsageError(f"recipe not found: {path_or_name}; bundled recipes: {', '.join(bundled) or 'none'}")
+        path = bundled[str(path_or_name)]
     try:
         text = path.read_text(encoding="utf-8")
     except UnicodeDecodeError as exc:

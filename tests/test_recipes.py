@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+from importlib import resources
+from importlib.resources.abc import Traversable
 from pathlib import Path
 
 import pytest
@@ -27,7 +29,7 @@ from bisect_npu.orchestration.evaluate import probe_request
 from bisect_npu.orchestration.options import RunOptions, earlier_runs_for_search, earlier_runs_spec
 from bisect_npu.probe.backends.openai import override_generation_config, server_argv
 from bisect_npu.probe.backends.vllm import engine_kwargs
-from bisect_npu.recipe import BUNDLED_RECIPES, load_recipe, parse_recipe
+from bisect_npu.recipe import bundled_recipes, load_recipe, parse_recipe
 from bisect_npu.search import EarlierRuns
 
 REAL_RECIPES = ["qwen3-repetition-penalty-async", "deepseek-r1-longseq-rope", "deepseek-r1-mtp-temperature",
@@ -42,14 +44,21 @@ def run_cli(args: list[str], capsys: pytest.CaptureFixture[str]) -> tuple[int, s
     return exit_info.value.code, captured.out, captured.err
 
 
-@pytest.mark.parametrize("path", sorted(BUNDLED_RECIPES.glob("*.yaml")), ids=lambda p: p.stem)
-def test_every_bundled_recipe_validates(path: Path) -> None:
-    recipe = load_recipe(path)
-    assert recipe.name == path.stem  # `load_recipe(name)` finds it by the same name
+@pytest.mark.parametrize(("name", "resource"), sorted(bundled_recipes().items()), ids=sorted(bundled_recipes()))
+def test_every_bundled_recipe_validates(name: str, resource: Traversable) -> None:
+    recipe = load_recipe(resource)
+    assert recipe.name == name  # `load_recipe(name)` finds it by the same name
 
 
 def test_the_five_real_recipes_are_bundled() -> None:
-    assert {p.stem for p in BUNDLED_RECIPES.glob("*.yaml")} >= set(REAL_RECIPES)
+    assert set(bundled_recipes()) >= set(REAL_RECIPES)
+
+
+def test_the_top_level_recipes_folder_is_the_bundled_one() -> None:
+    """Users look in `recipes/` of the checkout; the package ships the same files."""
+    top = Path(__file__).resolve().parents[1] / "recipes"
+    assert {path.stem for path in top.glob("*.yaml")} == set(bundled_recipes())
+    assert top.resolve() == Path(str(resources.files("bisect_npu") / "recipes")).resolve()
 
 
 @pytest.mark.parametrize(("text", "field", "line"), [
@@ -87,7 +96,7 @@ def test_an_unknown_field_lists_the_fields_known_where_it_stands(text: str, know
 def test_validate_exits_2_naming_field_and_line(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     bad = tmp_path / "bad.yaml"
     bad.write_text(MINIMAL + "    sampling:\n      temperature: hot\n")
-    good = BUNDLED_RECIPES / "qwen3-repetition-penalty-async.yaml"
+    good = bundled_recipes()["qwen3-repetition-penalty-async"]
     code, out, err = run_cli(["recipes", "validate", str(good), str(bad)], capsys)
     assert code == 2
     assert f"ok  {good}" in out
@@ -112,7 +121,7 @@ def test_a_recipe_that_is_not_text_is_one_line(tmp_path: Path, capsys: pytest.Ca
 
 
 def test_validate_all_bundled_exits_0(capsys: pytest.CaptureFixture[str]) -> None:
-    files = [str(p) for p in sorted(BUNDLED_RECIPES.glob("*.yaml"))]
+    files = [str(resource) for resource in bundled_recipes().values()]
     code, out, _ = run_cli(["recipes", "validate", *files], capsys)
     assert code == 0
     assert out.count("ok  ") == len(files)
@@ -147,7 +156,7 @@ def test_show_prints_what_will_run(capsys: pytest.CaptureFixture[str]) -> None:
 
 
 def test_show_json_for_a_file_lists_engine_kwargs(capsys: pytest.CaptureFixture[str]) -> None:
-    path = BUNDLED_RECIPES / "deepseek-r1-longseq-rope.yaml"
+    path = bundled_recipes()["deepseek-r1-longseq-rope"]
     code, out, _ = run_cli(["recipes", "show", str(path), "--format", "json"], capsys)
     plan = json.loads(out)
     assert code == 0

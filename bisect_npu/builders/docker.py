@@ -25,6 +25,7 @@ import threading
 import time
 from collections.abc import Callable, Mapping
 from concurrent.futures import ThreadPoolExecutor
+from importlib import resources
 from pathlib import Path
 from typing import IO, Any
 
@@ -42,9 +43,14 @@ LABEL_KEY = "org.bisect-npu.key"
 LABEL_TOOL_VERSION = "org.bisect-npu.tool-version"
 LABEL_KIND = "org.bisect-npu.kind"  # full | overlay
 LABEL_PARENT = "org.bisect-npu.parent"  # the image it was built on, for the cache's size accounting
-CONTAINERS_DIR = Path(__file__).resolve().parents[2] / "containers"
 OVERLAY_HELPER_DIR = "/tmp/bisect-npu-overlay"
 _CONTEXT_COPY = re.compile(r"^\s*(?:COPY|ADD)\s+(?:--\S+\s+)*\.\/?\s+(/\S*)\s*$", re.IGNORECASE | re.MULTILINE)
+
+
+def overlay_helper() -> bytes:
+    """The stdlib-only script an overlay container runs to remove deleted files: shipped inside the
+    package and read through importlib.resources, so an installed wheel can build overlays too."""
+    return (resources.files("bisect_npu.builders") / "overlay_apply.py").read_bytes()
 
 
 def connect_engine(timeout_s: int = 3600) -> Any:
@@ -239,11 +245,10 @@ class DockerBuilder:
         return image_id
 
     def _delete_in(self, container: str, source_dir: str, deleted: list[str], log: IO[str], log_path: Path) -> None:
-        """Remove the files the candidate no longer has, with containers/overlay_apply.py inside."""
+        """Remove the files the candidate no longer has, with the overlay helper (overlay_apply.py) inside."""
         api = self.client.api
         plan = json.dumps({"source_dir": source_dir, "delete": deleted}).encode()
-        helper = (CONTAINERS_DIR / "overlay_apply.py").read_bytes()
-        api.put_archive(container, "/", _tar({f"{OVERLAY_HELPER_DIR[1:]}/apply.py": helper,
+        api.put_archive(container, "/", _tar({f"{OVERLAY_HELPER_DIR[1:]}/apply.py": overlay_helper(),
                                               f"{OVERLAY_HELPER_DIR[1:]}/plan.json": plan}))
         api.start(container)
         status = int(api.wait(container, timeout=600)["StatusCode"])

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import json
 import shlex
+from collections.abc import Mapping
+from importlib.resources.abc import Traversable
 from pathlib import Path
 from typing import Any
 
@@ -21,18 +23,20 @@ def recipes() -> None:
 def list_recipes(dirs: tuple[Path, ...]) -> None:
     """Name, backend, oracle kinds and description of each recipe."""
     from bisect_npu.errors import UsageError
-    from bisect_npu.recipe import BUNDLED_RECIPES, load_recipe
+    from bisect_npu.recipe import bundled_recipes, load_recipe
 
-    rows = []
-    for directory in (BUNDLED_RECIPES, *dirs):
+    sources: list[tuple[str, Mapping[str, Traversable]]] = [("bundled", bundled_recipes())]
+    for directory in dirs:
         if not directory.is_dir():
             raise UsageError(f"--dir {directory}: not a directory")
-        for path in sorted(directory.glob("*.yaml")):
-            origin = "bundled" if directory == BUNDLED_RECIPES else str(directory)
+        sources.append((str(directory), {path.stem: path for path in sorted(directory.glob("*.yaml"))}))
+    rows = []
+    for origin, files in sources:
+        for stem, file in files.items():
             try:
-                recipe = load_recipe(path)
+                recipe = load_recipe(file)
             except UsageError as exc:
-                rows.append((path.stem, "-", "-", f"INVALID: {exc}", origin))
+                rows.append((stem, "-", "-", f"INVALID: {exc}", origin))
                 continue
             rows.append((recipe.name, recipe.engine.backend, ",".join(recipe.oracle.kinds),
                          recipe.description, origin))

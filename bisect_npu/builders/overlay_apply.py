@@ -1,5 +1,8 @@
 """Runs inside the overlay container (stdlib only) before the new tree is copied in.
 
+Never imported: `docker.overlay_helper()` reads this file's bytes and copies it into the container,
+whose Python has no `bisect_npu`, so it must import nothing but the standard library.
+
 Removes the files the candidate no longer has (and the bytecode caches, so no stale .pyc is ever
 imported), then deletes itself. The plan is JSON: {"source_dir": "/abs/dir", "delete": ["rel/path", ...]}.
 """

@@ -19,6 +19,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 
 from bisect_npu.errors import UsageError
 from bisect_npu.oracle.config import OracleConfig
+from bisect_npu.probe.backends import BackendName
 
 
 def bundled_recipes() -> dict[str, Traversable]:
@@ -63,7 +64,7 @@ class ModelSpec(_Strict):
 
 
 class EngineSpec(_Strict):
-    backend: Literal["mini", "vllm", "openai"] = Field(
+    backend: BackendName = Field(
         "vllm", description="probe backend: vllm (offline `LLM`), openai (a `vllm serve` server streamed over "
                             "HTTP), mini (the demo engine)")
     args: dict[str, Any] = Field(default_factory=dict, description="engine args: async_scheduling, enforce_eager, ...")

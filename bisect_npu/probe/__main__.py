@@ -9,15 +9,12 @@ observations written before stay, the later trials are not run. Exit 2: usage er
 
 from __future__ import annotations
 
-import importlib
 import sys
 import traceback
-from types import ModuleType
 from typing import Any
 
+from .backends import ProbeBackend, UnknownBackend, load_backend
 from .request import read_request, trial_requests, write_json_atomic
-
-BACKENDS = {"mini": "mini", "vllm": "vllm", "openai": "openai"}
 
 
 def main(argv: list[str]) -> int:
@@ -30,15 +27,15 @@ def main(argv: list[str]) -> int:
     except ValueError as exc:
         print(exc, file=sys.stderr)
         return 2
-    backend = BACKENDS.get(request.get("backend", ""))
-    if backend is None:
-        print(f"unknown probe backend {request.get('backend')!r}; known: {', '.join(BACKENDS)}", file=sys.stderr)
-        return 2
-    module = importlib.import_module(f".backends.{backend}", __package__)
-    if "batch" in request:
-        return _run_batch(module, trials)
     try:
-        observation = module.run_case(request)
+        backend = load_backend(str(request.get("backend", "")))
+    except UnknownBackend as exc:
+        print(exc, file=sys.stderr)
+        return 2
+    if "batch" in request:
+        return _run_batch(backend, trials)
+    try:
+        observation = backend.run_case(request)
     except Exception:  # the host reads the tail of stderr into the skip reason
         traceback.print_exc()
         return 3
@@ -46,10 +43,10 @@ def main(argv: list[str]) -> int:
     return 0
 
 
-def _run_batch(module: ModuleType, trials: list[dict[str, Any]]) -> int:
+def _run_batch(backend: ProbeBackend, trials: list[dict[str, Any]]) -> int:
     """One engine start for all trials; each observation lands on disk as soon as it exists."""
     try:
-        engine = module.open_engine(trials[0], trials=len(trials))
+        engine = backend.open_engine(trials[0], trials=len(trials))
     except Exception:
         traceback.print_exc()
         return 3

@@ -54,6 +54,13 @@ def check_run(options: RunOptions) -> RunInputs:
         check_command(options.command, repo, ends)
     if repo is not None and options.package is None and options.executor == "docker" and recipe is not None:
         check_dockerfile(repo, recipe.build.dockerfile, candidates_range)
+    if repo is not None and recipe is not None and candidates_range["kind"] == "commits":
+        from bisect_npu.recipe_check import check_recipe_at_ends, check_support, range_ends
+
+        named_ends = range_ends(options.good, options.bad, candidates_range["good"], candidates_range["base"],
+                              candidates_range["bad"])
+        check_support(recipe, repo, named_ends)
+        check_recipe_at_ends(recipe, repo, named_ends)  # a recipe the candidate refuses: an error, not a range of skips
     if repo is not None and candidates_range["kind"] == "commits":
         from bisect_npu.builders.submodules import check_submodule_pins
 

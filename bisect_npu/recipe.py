@@ -8,6 +8,7 @@ from __future__ import annotations
 import hashlib
 import json
 import math
+import re
 from collections.abc import Hashable
 from importlib import resources
 from importlib.resources.abc import Traversable
@@ -15,6 +16,7 @@ from pathlib import Path
 from typing import Annotated, Any, Literal, get_args
 
 import yaml
+from packaging.specifiers import InvalidSpecifier, SpecifierSet
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from bisect_npu.errors import UsageError
@@ -282,6 +284,48 @@ class InstallPlan(_Strict):
     python: str | None = Field(None, description="interpreter that creates the venv; default: the host's")
 
 
+_VERSION_PREFIX = re.compile(r"(?<=[<>=!~])\s*v(?=\d)")  # ">=v0.11.0rc0": the tag spelling
+
+
+def version_specifier(text: str) -> SpecifierSet:
+    """A PEP 440 specifier that may spell versions as vllm-ascend's tags do (`>=v0.11.0rc0`)."""
+    try:
+        return SpecifierSet(_VERSION_PREFIX.sub("", text))
+    except InvalidSpecifier:
+        raise ValueError(f"{text!r} is not a version specifier; write e.g. '>=v0.11.0rc0' or "
+                         "'>=v0.10.0rc1,<v0.12.0rc1'") from None
+
+
+class SupportSpec(_Strict):
+    """The vllm-ascend versions the case means something on: a range with an end outside them
+    is refused before it starts (a good end that predates the feature never ran it)."""
+
+    vllm_ascend: str | None = Field(None, description="versions of vllm-ascend the case runs on, as a version "
+                                                      "specifier with tag spellings: '>=v0.11.0rc0'")
+    features: dict[str, str] = Field(
+        default_factory=dict, description="per feature the case exercises, the versions that have it: "
+                                          "{async_scheduling: '>=v0.11.0rc0'}; each narrows vllm_ascend")
+
+    @field_validator("vllm_ascend")
+    @classmethod
+    def _specifier(cls, value: str | None) -> str | None:
+        if value is not None:
+            version_specifier(value)
+        return value
+
+    @field_validator("features")
+    @classmethod
+    def _specifiers(cls, value: dict[str, str]) -> dict[str, str]:
+        for spec in value.values():
+            version_specifier(spec)
+        return value
+
+    def requirements(self) -> list[tuple[str, str]]:
+        """(what needs it, specifier) for the whole case and each feature."""
+        whole = [("the case", self.vllm_ascend)] if self.vllm_ascend else []
+        return whole + list(self.features.items())
+
+
 class Recipe(_Strict):
     name: str = Field(..., description="the name `recipes list` shows and `--recipe` takes for a bundled one")
     description: str = Field("", description="one line for `recipes list`")
@@ -301,6 +345,9 @@ class Recipe(_Strict):
     build: BuildSpec = Field(default_factory=BuildSpec, description="how a commit becomes runnable")
     install: InstallPlan = Field(default_factory=InstallPlan, description="how a published version becomes a "
                                                                           "venv (--package)")
+    supports: SupportSpec = Field(default_factory=SupportSpec, description="the vllm-ascend versions the case "
+                                                                           "means something on (plan and run "
+                                                                           "refuse ends outside them)")
     source: str | None = Field(None, exclude=True)
 
     def cards_per_run(self) -> int:
@@ -309,7 +356,8 @@ class Recipe(_Strict):
 
     def digest(self) -> str:
         """Stable content hash, recorded in the session header so resume refuses a changed recipe."""
-        payload = json.dumps(self.model_dump(mode="json"), sort_keys=True).encode()
+        # `supports` changes no run (it only gates which ranges start), and sessions from before it resume.
+        payload = json.dumps(self.model_dump(mode="json", exclude={"supports"}), sort_keys=True).encode()
         return hashlib.sha256(payload).hexdigest()[:16]
 
 

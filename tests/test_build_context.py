@@ -152,3 +152,18 @@ def test_run_from_a_clone_without_submodules_stops_before_its_session_exists(wit
     assert done.returncode == 5, done.stdout + done.stderr
     assert "pins submodule csrc/third_party/catlass" in done.stderr and "git submodule update --init" in done.stderr
     assert not (tmp_path / "s").exists()
+
+
+def test_the_version_arg_is_declared_before_the_candidates_install_only() -> None:
+    from bisect_npu.builders.docker import declare_version_arg
+
+    # vllm-ascend v0.11.0's order: the source is copied first, vLLM (also setuptools_scm) installed after.
+    dockerfile = ("FROM base\nCOPY . /vllm-workspace/vllm-ascend/\nRUN apt-get update\n"
+                  "RUN pip install -e /vllm-workspace/vllm/ && \\\n    echo done\n"
+                  "RUN export X=1 && \\\n    pip install -e /vllm-workspace/vllm-ascend/\nRUN echo after\n")
+    lines = declare_version_arg(dockerfile, "/vllm-workspace/vllm-ascend").splitlines()
+    assert lines.index("ARG SETUPTOOLS_SCM_PRETEND_VERSION") == lines.index("RUN export X=1 && \\") - 1
+    assert lines.count("ARG SETUPTOOLS_SCM_PRETEND_VERSION") == 1
+    without_install = declare_version_arg("FROM base\nCOPY . /app\nCMD x\n", "/app").splitlines()
+    assert without_install == ["FROM base", "COPY . /app", "ARG SETUPTOOLS_SCM_PRETEND_VERSION", "CMD x"]
+    assert declare_version_arg("FROM base\nRUN x\n", "/app") == "FROM base\nRUN x\n"

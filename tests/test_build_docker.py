@@ -180,3 +180,51 @@ def test_a_dockerfile_the_commit_lacks_is_a_clear_build_failure(upstream, docker
     built = builder.acquire(a3, tmp_path / "logs")
     assert built.how == "built"
     assert builder.key(a3).inputs["dockerfile"] == git.Repo(path).commit(a3).tree["Dockerfile.a3"].hexsha
+
+
+# vllm-ascend's shape: its setup.py takes the version from setuptools_scm, which reads
+# SETUPTOOLS_SCM_PRETEND_VERSION when there is no .git (a `git archive` context has none). The
+# demo base has no setuptools_scm, so this setup.py reads the variable the same way.
+VERSIONED_DOCKERFILE = """FROM localhost/bisect-npu-demo-base:py311
+COPY . /vllm-workspace/vllm-ascend/
+RUN python3 -c "print('an earlier step')"
+RUN pip install -q --no-build-isolation --no-index --no-deps -e /vllm-workspace/vllm-ascend/
+"""
+VERSIONED_SETUP = """import os
+from setuptools import setup
+setup(name="vllm_ascend", version=os.environ.get("SETUPTOOLS_SCM_PRETEND_VERSION", "0.0.0"),
+      packages=["vllm_ascend"])
+"""
+REPORT_VERSION = "import importlib.metadata as m; print('version', m.version('vllm_ascend'))"
+
+
+def test_full_builds_and_overlays_report_the_candidates_git_describe(tmp_path, docker_client, demo_base_image):
+    nonce = uuid.uuid4().hex[:8]
+    path = tmp_path / f"versioned-{nonce}"
+    make_linear_repo(path, 1, files=lambda i: {
+        "Dockerfile": VERSIONED_DOCKERFILE, "setup.py": VERSIONED_SETUP, "csrc/k.c": f"{nonce}\n",
+        "pyproject.toml": '[build-system]\nrequires = ["setuptools>=64"]\nbuild-backend = "setuptools.build_meta"\n',
+        "vllm_ascend/__init__.py": "A = 0\n", "vllm_ascend/old.py": "B = 0\n"}, tags={0: "v0.11.0rc0"})
+    c0 = git.Repo(path).head.commit.hexsha
+    c1 = add_commit(path, "python only (#2)", {"vllm_ascend/__init__.py": "A = 1\n"})
+    c2 = add_commit(path, "python only, a deletion (#3)", {"vllm_ascend/old.py": None})
+    repo = git.Repo(path)
+    builder = DockerBuilder(repo, docker_client)
+    try:
+        reported = {}
+        for sha in (c0, c1, c2):
+            env = builder.acquire(sha, tmp_path / "logs")
+            with DockerExecutor(docker_client) as ex:
+                result = ex.run_command(env, ["python3", "-c", REPORT_VERSION], tmp_path / f"v-{sha[:6]}.log", 120)
+            assert result.returncode == 0, result.log_tail
+            reported[sha] = (env.how, Path(result.log_path).read_text().split("version ", 1)[1].strip())
+        described = {sha: repo.git.describe("--tags", "--long", "--abbrev=12", sha) for sha in (c1, c2)}
+        assert reported[c0] == ("built", "0.11.0rc0")
+        assert described[c1] == f"v0.11.0rc0-1-g{c1[:12]}"
+        assert reported[c1] == ("overlay", f"0.11.0rc0+1.g{c1[:12]}")
+        assert reported[c2] == ("overlay", f"0.11.0rc0+2.g{c2[:12]}")
+        assert docker_client.images.get(builder.tag(c1)).labels["org.bisect-npu.candidate-version"] == reported[c1][1]
+    finally:
+        for image in docker_client.images.list(filters={"label": "org.bisect-npu.kind"}):
+            if image.labels.get("org.bisect-npu.commit") in (c0, c1, c2):
+                docker_client.images.remove(image.id, force=True)

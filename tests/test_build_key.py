@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import git
@@ -150,3 +151,58 @@ def test_a_submodule_at_the_top_of_the_tree_is_read_not_a_crash(tmp_path: Path) 
     sha = commit(top, {"CMakeLists.txt": "project(x)\n"})
     key = build_key(git.Repo(top), sha)
     assert "blob:CMakeLists.txt" in key.inputs and "blob:.gitmodules" in key.inputs
+
+
+SETUP_LOADING_ENVS = '''import os
+ROOT_DIR = os.path.dirname(__file__)
+envs = load_module_from_path("envs",
+                             os.path.join(ROOT_DIR, "vllm_ascend", "envs.py"))
+hardware = load_module_from_path(
+    "vllm_ascend_hardware",
+    os.path.join(ROOT_DIR, "vllm_ascend", "device", "hardware.py"),
+)
+build_info = os.path.join(ROOT_DIR, "vllm_ascend", "_build_info.py")
+install_path = os.path.join(ROOT_DIR, "vllm_ascend")
+'''
+
+
+def test_files_setup_py_loads_are_in_the_key(tmp_path: Path) -> None:
+    """vllm-ascend's setup.py loads vllm_ascend/envs.py (the build defaults) and, on main,
+    vllm_ascend/device/hardware.py: a commit changing only one of them needs a full build."""
+    path = tmp_path / "vllm-ascend"
+    make_linear_repo(path, 1, files=lambda i: {
+        "Dockerfile": DOCKERFILE, "setup.py": SETUP_LOADING_ENVS, "csrc/a.cpp": "int a();\n",
+        "vllm_ascend/envs.py": 'COMPILE_CUSTOM_KERNELS = "1"\n', "vllm_ascend/device/hardware.py": "A2 = 1\n",
+        "vllm_ascend/worker.py": "A = 1\n"})
+    r = git.Repo(path)
+    first = r.head.commit.hexsha
+    envs_only = commit(path, {"vllm_ascend/envs.py": 'COMPILE_CUSTOM_KERNELS = "0"\n'})
+    hardware_only = commit(path, {"vllm_ascend/device/hardware.py": "A2 = 2\n"})
+    python_only = commit(path, {"vllm_ascend/worker.py": "A = 2\n"})
+    keys = [build_key(r, sha) for sha in (first, envs_only, hardware_only, python_only)]
+    assert keys[0].digest != keys[1].digest != keys[2].digest
+    assert keys[2].digest == keys[3].digest
+    assert sorted(k for k in keys[0].inputs if k.startswith("setup:")) == [
+        "setup:vllm_ascend/device/hardware.py", "setup:vllm_ascend/envs.py"]  # not _build_info.py, not the package
+    assert not is_compiled_input("vllm_ascend/envs.py")  # the overlay still lays it in: the candidate imports it
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not os.environ.get("BISECT_NPU_VLLM_ASCEND"), reason="BISECT_NPU_VLLM_ASCEND names no clone")
+def test_the_key_changes_where_only_envs_py_changed_on_the_real_history() -> None:
+    """On vllm-ascend's own history (BISECT_NPU_VLLM_ASCEND=CLONE, run by hand): every first-parent
+    commit of v0.9.1..v0.11.0 that changed vllm_ascend/envs.py and nothing else has its own key,
+    and envs.py is the only key input that differs from its parent's."""
+    from bisect_npu import history
+    from bisect_npu.builders.key import BuildKeyReader
+
+    repo = history.open_repo(os.environ["BISECT_NPU_VLLM_ASCEND"])
+    reader = BuildKeyReader(repo)
+    envs_only = [sha for sha in repo.git.log("--first-parent", "--format=%H", "v0.9.1rc1..v0.11.0", "--",
+                                             "vllm_ascend/envs.py").split()
+                 if repo.git.show("--name-only", "--format=", sha).split() == ["vllm_ascend/envs.py"]]
+    assert envs_only
+    for sha in envs_only:
+        before, after = reader.key(f"{sha}^"), reader.key(sha)
+        assert before.digest != after.digest, sha
+        assert {k for k in after.inputs if after.inputs[k] != before.inputs.get(k)} == {"setup:vllm_ascend/envs.py"}

@@ -36,6 +36,7 @@ from bisect_npu.builders.base import BuildFailed, Environment, tail
 from bisect_npu.builders.cache import ImageCache
 from bisect_npu.builders.key import BuildKey, BuildKeyReader, is_compiled_input
 from bisect_npu.builders.submodules import commit_archive
+from bisect_npu.builders.version import SCM_VERSION_ARG, candidate_version
 from bisect_npu.errors import InfrastructureError
 
 LABEL_COMMIT = "org.bisect-npu.commit"
@@ -43,6 +44,7 @@ LABEL_KEY = "org.bisect-npu.key"
 LABEL_TOOL_VERSION = "org.bisect-npu.tool-version"
 LABEL_KIND = "org.bisect-npu.kind"  # full | overlay
 LABEL_PARENT = "org.bisect-npu.parent"  # the image it was built on, for the cache's size accounting
+LABEL_VERSION = "org.bisect-npu.candidate-version"  # the version the candidate's package reports
 OVERLAY_HELPER_DIR = "/tmp/bisect-npu-overlay"
 _CONTEXT_COPY = re.compile(r"^\s*(?:COPY|ADD)\s+(?:--\S+\s+)*\.\/?\s+(/\S*)\s*$", re.IGNORECASE | re.MULTILINE)
 
@@ -141,6 +143,7 @@ class DockerBuilder:
                 raise BuildFailed(f"{commit[:12]} has no {self.dockerfile}: it cannot be built for this target "
                                   f"(older commits may have only Dockerfile); bisect a range where it exists")
             source_dir = self._source_dir(commit)
+            version = candidate_version(self.repo, commit)
         started = time.monotonic()
         log_dir.mkdir(parents=True, exist_ok=True)
         log_path = log_dir / f"build-{commit[:12]}.log"
@@ -154,9 +157,9 @@ class DockerBuilder:
             if mine:
                 image_id, how = self._reuse(commit, mine[0], log_path), "reused"
             elif full and self.overlays and source_dir is not None:
-                image_id, how = self._overlay(commit, key, full[0], source_dir, log_path), "overlay"
+                image_id, how = self._overlay(commit, key, full[0], source_dir, version, log_path), "overlay"
             else:
-                image_id, how = self._full_build(commit, key, log_path), "built"
+                image_id, how = self._full_build(commit, key, source_dir, version, log_path), "built"
         if self.cache is not None:
             self.cache.use(image_id, pin=True)
             self.cache.prune()
@@ -201,40 +204,43 @@ class DockerBuilder:
             return None
         return context_source_dir(blob.data_stream.read().decode("utf-8", errors="replace"))
 
-    def _labels(self, commit: str, key: BuildKey, kind: str, parent: str) -> dict[str, str]:
+    def _labels(self, commit: str, key: BuildKey, kind: str, parent: str, version: str) -> dict[str, str]:
         return {LABEL_COMMIT: commit, LABEL_KEY: key.digest, LABEL_TOOL_VERSION: __version__,
-                LABEL_KIND: kind, LABEL_PARENT: parent}
+                LABEL_KIND: kind, LABEL_PARENT: parent, LABEL_VERSION: version}
 
-    def _full_build(self, commit: str, key: BuildKey, log_path: Path) -> str:
+    def _full_build(self, commit: str, key: BuildKey, source_dir: str | None, version: str, log_path: Path) -> str:
         facts_base = key.inputs.get("base_image", "")
         with log_path.open("w", encoding="utf-8") as log:
-            log.write(f"# full build of {commit} (key {key.digest})\n# inputs: {json.dumps(dict(key.inputs))}\n")
+            log.write(f"# full build of {commit} (key {key.digest}, version {version})\n"
+                      f"# inputs: {json.dumps(dict(key.inputs))}\n")
             context = _labelled_context(commit_archive(self.repo, commit), self.dockerfile,
-                                        self._labels(commit, key, "full", facts_base))
-            image_id = self._build(context, self.dockerfile, self.build_args,
+                                        self._labels(commit, key, "full", facts_base, version), source_dir)
+            # Not in self.build_args: those are part of the key, and every commit has its own version.
+            build_args = {**self.build_args, SCM_VERSION_ARG: version} if source_dir else self.build_args
+            image_id = self._build(context, self.dockerfile, build_args,
                                    f"{self.repository}:key-{key.digest}", log, log_path)
         self.client.api.tag(image_id, self.repository, f"commit-{commit[:12]}")
         return image_id
 
-    def _overlay(self, commit: str, key: BuildKey, base: Mapping[str, Any], source_dir: str, log_path: Path) -> str:
-        """Lay the commit's Python tree over `base` in one new layer: create a container, copy the
-        tree in, commit it. No build step: a second or less, where a Dockerfile build is several."""
+    def _overlay(self, commit: str, key: BuildKey, base: Mapping[str, Any], source_dir: str, version: str,
+                 log_path: Path) -> str:
+        """Lay the commit's Python tree over `base` in one new layer: create a container, let the
+        helper remove deleted files and set the package's version, copy the tree in, commit it.
+        No build step: a second or two, where a Dockerfile build is several minutes."""
         api = self.client.api
         base_commit = (base.get("Labels") or {}).get(LABEL_COMMIT, "")
         deleted = self._deleted_paths(base_commit, commit)
         with log_path.open("w", encoding="utf-8") as log:
             log.write(f"# overlay of {commit} on {base_commit} (key {key.digest}, image {base['Id']}): "
-                      f"python tree -> {source_dir}, {len(deleted)} file(s) deleted\n")
+                      f"python tree -> {source_dir}, {len(deleted)} file(s) deleted, version {version}\n")
             command = [self.python, f"{OVERLAY_HELPER_DIR}/apply.py", f"{OVERLAY_HELPER_DIR}/plan.json"]
             container = api.create_container(
-                base["Id"], command=command if deleted else None,
-                labels=self._labels(commit, key, "overlay", base["Id"]),
+                base["Id"], command=command, labels=self._labels(commit, key, "overlay", base["Id"], version),
                 host_config=api.create_host_config(network_mode="none"))["Id"]
             try:
-                if deleted:
-                    self._delete_in(container, source_dir, deleted, log, log_path)
+                self._apply_plan_in(container, source_dir, deleted, version, log, log_path)
                 api.put_archive(container, "/", _python_tree(self.repo, commit, source_dir, self.dockerfile))
-                cmd = api.inspect_image(base["Id"])["Config"].get("Cmd") if deleted else None
+                cmd = api.inspect_image(base["Id"])["Config"].get("Cmd")
                 changes = f"CMD {json.dumps(cmd)}" if cmd else None  # undo the helper's command
                 image_id = str(api.commit(container, repository=self.repository, tag=f"commit-{commit[:12]}",
                                           changes=changes)["Id"])
@@ -244,10 +250,12 @@ class DockerBuilder:
             log.write(f"committed {self.tag(commit)} ({image_id})\n")
         return image_id
 
-    def _delete_in(self, container: str, source_dir: str, deleted: list[str], log: IO[str], log_path: Path) -> None:
-        """Remove the files the candidate no longer has, with the overlay helper (overlay_apply.py) inside."""
+    def _apply_plan_in(self, container: str, source_dir: str, deleted: list[str], version: str, log: IO[str],
+                       log_path: Path) -> None:
+        """Remove the files the candidate no longer has and give the package installed from
+        `source_dir` the candidate's version, with the overlay helper (overlay_apply.py) inside."""
         api = self.client.api
-        plan = json.dumps({"source_dir": source_dir, "delete": deleted}).encode()
+        plan = json.dumps({"source_dir": source_dir, "delete": deleted, "version": version}).encode()
         api.put_archive(container, "/", _tar({f"{OVERLAY_HELPER_DIR[1:]}/apply.py": overlay_helper(),
                                               f"{OVERLAY_HELPER_DIR[1:]}/plan.json": plan}))
         api.start(container)
@@ -255,7 +263,8 @@ class DockerBuilder:
         log.write(api.logs(container, stdout=True, stderr=True).decode("utf-8", errors="replace"))
         log.flush()
         if status != 0:
-            raise BuildFailed(f"overlay could not remove deleted files (exit {status})", log_path, tail(log_path))
+            raise BuildFailed(f"overlay could not apply its plan (remove deleted files, set the version; exit "
+                              f"{status})", log_path, tail(log_path))
 
     def _deleted_paths(self, base_commit: str, commit: str) -> list[str]:
         """Files the base commit has and the candidate does not (renames count as deletions)."""
@@ -296,8 +305,35 @@ class DockerBuilder:
             raise BuildFailed(f"image build produced no image {tag}", log_path, tail(log_path)) from None
 
 
-def _labelled_context(context: IO[bytes], dockerfile: str, labels: Mapping[str, str]) -> IO[bytes]:
-    """The build context with our labels appended to the Dockerfile as its last instructions.
+def declare_version_arg(text: str, source_dir: str) -> str:
+    """The Dockerfile with `ARG SETUPTOOLS_SCM_PRETEND_VERSION` declared just before the first RUN
+    that names `source_dir` (the candidate's install), else after its COPY: a declared ARG is in
+    the RUN's environment, where setuptools_scm reads it instead of the missing `.git`. Not at the
+    top: every RUN after the declaration would rebuild for each version, and an earlier RUN that
+    installs another setuptools_scm package (vLLM) would take the candidate's version."""
+    lines = text.split("\n")
+    declaration = f"ARG {SCM_VERSION_ARG}"
+    copy_at = None
+    for index, line in enumerate(lines):
+        if copy_at is None and _CONTEXT_COPY.match(line):
+            copy_at = index
+        if copy_at is not None and line.lstrip().upper().startswith("RUN"):
+            instruction = [line]
+            for continued in lines[index + 1:]:
+                if not instruction[-1].rstrip().endswith("\\"):
+                    break
+                instruction.append(continued)
+            if source_dir.rstrip("/") in "\n".join(instruction):
+                return "\n".join([*lines[:index], declaration, *lines[index:]])
+    if copy_at is None:
+        return text
+    return "\n".join([*lines[:copy_at + 1], declaration, *lines[copy_at + 1:]])
+
+
+def _labelled_context(context: IO[bytes], dockerfile: str, labels: Mapping[str, str],
+                      source_dir: str | None = None) -> IO[bytes]:
+    """The build context with our labels appended to the Dockerfile as its last instructions (and,
+    with `source_dir`, the candidate's version declared: declare_version_arg).
 
     Not the build API's `labels`: podman puts those on every intermediate layer image too, so a
     failed build would leave a half-built image that looks finished.
@@ -310,6 +346,8 @@ def _labelled_context(context: IO[bytes], dockerfile: str, labels: Mapping[str, 
             data = source.extractfile(member) if member.isfile() else None
             if member.name == dockerfile and data is not None:
                 text = data.read().decode("utf-8", errors="replace").rstrip("\n") + "\n"
+                if source_dir:
+                    text = declare_version_arg(text, source_dir)
                 text += "LABEL " + " ".join(f"{json.dumps(k)}={json.dumps(v)}" for k, v in labels.items()) + "\n"
                 member.size = len(text.encode())
                 data = io.BytesIO(text.encode())

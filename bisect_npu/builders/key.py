@@ -11,6 +11,7 @@ from __future__ import annotations
 import fnmatch
 import hashlib
 import json
+import re
 import tomllib
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
@@ -19,7 +20,7 @@ import git
 
 from bisect_npu.history import DockerfileReader
 
-KEY_SCHEMA = 2
+KEY_SCHEMA = 3
 DIGEST_CHARS = 16
 NO_DOCKERFILE = "(none)"  # the key input of a commit without the Dockerfile asked for
 
@@ -27,10 +28,23 @@ NO_DOCKERFILE = "(none)"  # the key input of a commit without the Dockerfile ask
 # where csrc/'s submodules come from; their pinned commits are in csrc's tree already).
 COMPILED_PATHS: tuple[str, ...] = ("csrc", "CMakeLists.txt", "cmake", "setup.py", ".gitmodules")
 REQUIREMENTS_PATTERN = "requirements*.txt"
+# A file setup.py loads by its path in the repository, `os.path.join(ROOT_DIR, "vllm_ascend", "envs.py")`:
+# envs.py's build defaults (COMPILE_CUSTOM_KERNELS, SOC_VERSION, MAX_JOBS) and, on main,
+# vllm_ascend/device/hardware.py (which chip the build targets).
+_SETUP_READS = re.compile(r"os\.path\.join\(\s*ROOT_DIR\s*,\s*((?:[\"'][^\"'\n]+[\"']\s*,?\s*)+)\)")
+_LITERAL = re.compile(r"[\"']([^\"'\n]+)[\"']")
+
+
+def setup_reads(setup_py: str) -> list[str]:
+    """Repository paths setup.py names with literal parts under ROOT_DIR (files and folders alike;
+    the key keeps the files that exist)."""
+    return sorted({"/".join(_LITERAL.findall(match.group(1))) for match in _SETUP_READS.finditer(setup_py)})
 
 
 def is_compiled_input(path: str, dockerfile: str = "Dockerfile") -> bool:
-    """True for a repository path that feeds the full build (and so the key), not the overlay."""
+    """True for a repository path that only the full build reads, so the overlay leaves it out
+    (the files setup.py loads, such as vllm_ascend/envs.py, are in the key but are Python the
+    candidate also imports: the overlay keeps them)."""
     top = path.split("/", 1)[0]
     return (top in COMPILED_PATHS or path == dockerfile
             or ("/" not in path and fnmatch.fnmatchcase(path, REQUIREMENTS_PATTERN)))
@@ -58,6 +72,28 @@ class BuildKeyReader:
         self.build_args = dict(build_args or {})
         self.dockerfile = dockerfile
         self._dockerfiles = DockerfileReader(repo, dockerfile)
+        self._setup_reads: dict[str, list[str]] = {}  # setup.py blob -> the paths it names
+
+    def _setup_inputs(self, tree: git.Tree) -> dict[str, str]:
+        """{path: blob id} of the files the commit's setup.py loads (not folders: setup.py's own
+        outputs and install targets are named the same way)."""
+        try:
+            setup = tree / "setup.py"
+        except KeyError:
+            return {}
+        paths = self._setup_reads.get(setup.hexsha)
+        if paths is None:
+            paths = setup_reads(setup.data_stream.read().decode("utf-8", errors="replace"))
+            self._setup_reads[setup.hexsha] = paths
+        found = {}
+        for path in paths:
+            try:
+                entry = tree / path
+            except KeyError:
+                continue
+            if entry.type == "blob":
+                found[path] = entry.hexsha
+        return found
 
     def key(self, sha: str) -> BuildKey:
         tree = self.repo.commit(sha).tree
@@ -67,6 +103,8 @@ class BuildKeyReader:
             path = str(entry.path)
             if path in COMPILED_PATHS or fnmatch.fnmatchcase(path, REQUIREMENTS_PATTERN):
                 inputs[f"{entry.type}:{path}"] = entry.hexsha
+        for path, blob_sha in self._setup_inputs(tree).items():
+            inputs[f"setup:{path}"] = blob_sha
         if "pyproject.toml" in tree:
             # Only its build requirements (the torch-npu the kernels compile against under build
             # isolation): lint settings and metadata change far more often and compile nothing.

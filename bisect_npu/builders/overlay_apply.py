@@ -4,13 +4,39 @@ Never imported: `docker.overlay_helper()` reads this file's bytes and copies it 
 whose Python has no `bisect_npu`, so it must import nothing but the standard library.
 
 Removes the files the candidate no longer has (and the bytecode caches, so no stale .pyc is ever
-imported), then deletes itself. The plan is JSON: {"source_dir": "/abs/dir", "delete": ["rel/path", ...]}.
+imported), gives the package installed from the source directory the candidate's version (the
+base image's metadata names the base commit's), then deletes itself. The plan is JSON:
+{"source_dir": "/abs/dir", "delete": ["rel/path", ...], "version": "0.11.0rc0+12.gabc"}.
 """
 
+import glob
+import importlib.metadata
 import json
 import os
+import re
 import shutil
 import sys
+
+
+def installed_from(root):
+    """Metadata files of the packages installed (editable) from `root`: a dist-info whose
+    direct_url.json points at it, or an egg-info inside it."""
+    found = []
+    for dist in importlib.metadata.distributions():
+        url = json.loads(dist.read_text("direct_url.json") or "{}").get("url", "")
+        path = getattr(dist, "_path", None)  # PathDistribution's folder: the only way to its files
+        if path is not None and url.startswith("file://") and os.path.realpath(url[len("file://"):]) == root:
+            found.append(os.path.join(str(path), "METADATA"))
+    found += glob.glob(os.path.join(root, "*.egg-info", "PKG-INFO"))
+    return [path for path in found if os.path.isfile(path)]
+
+
+def set_version(metadata_file, version):
+    with open(metadata_file, encoding="utf-8") as fh:
+        text = fh.read()
+    with open(metadata_file, "w", encoding="utf-8") as fh:
+        fh.write(re.sub(r"^Version: .*$", f"Version: {version}", text, count=1, flags=re.MULTILINE))
+    print(f"overlay: {metadata_file} says version {version}")
 
 
 def main(plan_path: str) -> int:
@@ -29,6 +55,9 @@ def main(plan_path: str) -> int:
             shutil.rmtree(target)
         elif os.path.lexists(target):
             os.unlink(target)
+    if plan.get("version"):
+        for metadata_file in installed_from(root):
+            set_version(metadata_file, plan["version"])
     for directory, subdirs, _ in os.walk(root):
         if "__pycache__" in subdirs:
             shutil.rmtree(os.path.join(directory, "__pycache__"))

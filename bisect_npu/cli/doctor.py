@@ -69,6 +69,18 @@ def check_npu_smi(path: str = NPU_SMI) -> Check:
     return Check("npu-smi", True, path)
 
 
+def check_host(npu_smi: str = NPU_SMI) -> Check:
+    from bisect_npu.execute.host import detect_host
+
+    host = detect_host(npu_smi)
+    if host is None:
+        return Check("NPU host", False, "npu-smi info lists no NPU", "install the Ascend driver; check `npu-smi info`")
+    if host.kind is None:
+        return Check("NPU host", False, host.describe(), "set build.dockerfile in the recipe to the image variant "
+                     "for this chip")
+    return Check("NPU host", True, host.describe())
+
+
 def check_driver_version(path: Path = DRIVER_VERSION_FILE) -> Check:
     try:
         text = path.read_text(encoding="utf-8", errors="replace")
@@ -105,7 +117,7 @@ def run_checks(executor: str, npu: bool = True) -> list[Check]:
     checks = [check_git()]
     engine = check_engine()
     checks.append(Check(engine.name, engine.ok, engine.detail, engine.fix, needed=docker_needed))
-    for npu_check in (check_npu_devices(), check_npu_smi(), check_driver_version()):
+    for npu_check in (check_npu_devices(), check_npu_smi(), check_host(), check_driver_version()):
         checks.append(Check(npu_check.name, npu_check.ok, npu_check.detail, npu_check.fix,
                             needed=docker_needed and npu))
     disk = check_disk(engine_storage())

@@ -19,11 +19,14 @@ from bisect_npu.cli.params import FiniteRange
               help="Cost of a python-only overlay on a built key's image.")
 @click.option("--run-minutes", type=FiniteRange(0, min_open=True), default=5.0, show_default=True,
               help="Cost of one step's probe run.")
-@click.option("--dockerfile", default="Dockerfile", show_default=True,
-              help="The Dockerfile that builds the images (a recipe's build.dockerfile): Dockerfile.a3, ...")
+@click.option("--dockerfile",
+              help="The Dockerfile that builds the images: Dockerfile.a3, ... [default: the recipe's "
+                   "build.dockerfile, else Dockerfile]")
+@click.option("--recipe", help="Recipe file or bundled name: its supported versions and its engine args are "
+                               "checked at both ends, as `run` does.")
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
 def plan(good: str, bad: str, repo: str, build_minutes: float, overlay_minutes: float, run_minutes: float,
-         dockerfile: str, as_json: bool) -> None:
+         dockerfile: str | None, recipe: str | None, as_json: bool) -> None:
     """Resolve GOOD..BAD: candidates, merge-base note, build groups, expected steps and cost.
 
     The expected figures replay the real exact-mode search (which picks its pivots by build
@@ -32,9 +35,18 @@ def plan(good: str, bad: str, repo: str, build_minutes: float, overlay_minutes: 
     """
     from bisect_npu import history
     from bisect_npu.plan import plan_range
+    from bisect_npu.recipe import load_recipe
+    from bisect_npu.recipe_check import check_recipe_at_ends, check_support, range_ends
 
-    result = plan_range(history.open_repo(repo), good, bad, dockerfile=dockerfile, build_minutes=build_minutes,
+    loaded = load_recipe(recipe) if recipe else None
+    dockerfile = dockerfile or (loaded.build.dockerfile if loaded else "Dockerfile")
+    clone = history.open_repo(repo)
+    result = plan_range(clone, good, bad, dockerfile=dockerfile, build_minutes=build_minutes,
                         overlay_minutes=overlay_minutes, run_minutes=run_minutes)
+    if loaded is not None:
+        ends = range_ends(good, bad, result.range.good, result.range.base, result.range.bad)
+        check_support(loaded, clone, ends)
+        check_recipe_at_ends(loaded, clone, ends)
     if as_json:
         click.echo(json.dumps(result.to_json()))
         return

@@ -1,4 +1,4 @@
-"""`bisect-npu recipes list/show/validate`: the bundled and user recipes, and what they will run."""
+"""`bisect-npu recipes list/show/validate/check`: the bundled and user recipes, and what they will run."""
 
 from __future__ import annotations
 
@@ -69,6 +69,36 @@ def validate(files: tuple[Path, ...]) -> None:
         for error in errors[:-1]:
             click.echo(f"bisect-npu: error: {error}", err=True)
         raise UsageError(errors[-1])
+
+
+@recipes.command("check")
+@click.argument("recipe")
+@click.option("--repo", required=True, help="Path or URL of the candidate repository (a vllm-ascend clone).")
+@click.option("--at", "refs", multiple=True, required=True,
+              help="A ref to check the recipe at (repeatable): a tag, branch or sha, e.g. both ends of a range.")
+def check(recipe: str, repo: str, refs: tuple[str, ...]) -> None:
+    """Check RECIPE's engine args against the candidate's own source at each --at ref; exit 2
+    naming the field, the constraint, the upstream file and the fix when the candidate would
+    refuse to start."""
+    from bisect_npu import history
+    from bisect_npu.errors import UsageError
+    from bisect_npu.recipe import load_recipe
+    from bisect_npu.recipe_check import RULES, check_recipe
+
+    loaded = load_recipe(recipe)
+    clone = history.open_repo(repo)
+    failed = []
+    for ref in refs:
+        sha = history.resolve_ref(clone, ref)
+        findings = check_recipe(loaded, clone, sha)
+        if not findings:
+            click.echo(f"ok    {loaded.name} at {ref} ({sha[:12]}): {len(RULES)} rules")
+        for finding in findings:
+            failed.append(f"{loaded.name} at {ref} ({sha[:12]}): [{finding.rule}] {finding.describe()}")
+    if failed:
+        for line in failed[:-1]:
+            click.echo(f"bisect-npu: error: {line}", err=True)
+        raise UsageError(failed[-1])
 
 
 @recipes.command("show")

@@ -51,6 +51,9 @@ class RunOptions:
     # --earlier-runs: ends' runs made before the session, "shown/runs" at the bad end and the good
     # end; the noisy search counts them (overrides the recipe's trials.earlier_runs).
     earlier_runs: list[str] | None = None
+    # The Atlas host type found at the start (A2, A3, 310P; None without npu-smi): which Dockerfile
+    # variant and dtype the run uses (execute/host.py recipe_for_host); resume keeps it.
+    host: str | None = None
 
     def to_json(self) -> dict[str, Any]:
         return dataclasses.asdict(self)

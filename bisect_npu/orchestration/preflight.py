@@ -35,7 +35,16 @@ def check_run(options: RunOptions) -> RunInputs:
     if (options.recipe is None) == (options.command is None):
         raise UsageError("give either --recipe FILE or --cmd COMMAND (the oracle for each candidate)")
     recipe = load_recipe(options.recipe) if options.recipe else None
-    settle_slots(options, recipe.cards_per_run() if recipe else 1)  # before any clone or index query
+    per_run = recipe.cards_per_run() if recipe else 1
+    from bisect_npu.execute.host import check_devices_on_host, check_slot_shares, detect_host
+
+    host = detect_host() if options.devices else None
+    options.host = host.kind if host else None
+    if host is not None:
+        per_run = check_devices_on_host(host, options.devices, per_run)  # whole A3 NPUs per slot
+    settle_slots(options, per_run)  # before any clone or index query
+    if host is not None and options.slots:
+        check_slot_shares(host, options.devices, options.slots)
     options.mode = options.mode or (recipe.trials.mode if recipe else "exact")
     earlier_runs = earlier_runs_spec(options, recipe)
     if options.earlier_runs and options.mode != "noisy":
@@ -53,7 +62,16 @@ def check_run(options: RunOptions) -> RunInputs:
         ends = [candidates_range["base"], candidates_range["bad"]] if candidates_range["kind"] == "commits" else []
         check_command(options.command, repo, ends)
     if repo is not None and options.package is None and options.executor == "docker" and recipe is not None:
-        check_dockerfile(repo, recipe.build.dockerfile, candidates_range)
+        from bisect_npu.execute.host import recipe_for_host
+
+        check_dockerfile(repo, recipe_for_host(recipe, options.host).build.dockerfile, candidates_range)
+    if repo is not None and recipe is not None and candidates_range["kind"] == "commits":
+        from bisect_npu.recipe_check import check_recipe_at_ends, check_support, range_ends
+
+        named_ends = range_ends(options.good, options.bad, candidates_range["good"], candidates_range["base"],
+                              candidates_range["bad"])
+        check_support(recipe, repo, named_ends)
+        check_recipe_at_ends(recipe, repo, named_ends)  # a recipe the candidate refuses: an error, not a range of skips
     if repo is not None and candidates_range["kind"] == "commits":
         from bisect_npu.builders.submodules import check_submodule_pins
 

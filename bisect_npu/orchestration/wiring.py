@@ -25,6 +25,9 @@ def session_evaluator(options: RunOptions, repo: git.Repo | None, recipe: Recipe
                       builder: Builder | None, executor: Executor | None) -> Evaluator:
     """A session's Evaluator: the builder and executor given (tests, the demo) or made for the
     options, the builder wrapped to prefetch where that is asked or --devices are given."""
+    from bisect_npu.execute.host import recipe_for_host
+
+    recipe = recipe_for_host(recipe, options.host) if recipe else None  # the host's image variant and dtype
     workdir = (Path(options.workdir) / session_label(session_dir) if options.workdir
                else session_dir / "worktrees")
     if builder is None or executor is None:

@@ -236,7 +236,7 @@ def _parse(path: Path, data: bytes) -> tuple[HeaderRecord, list[JournalRecord], 
             entry = parse_record(raw_entry)
         except ValidationError as exc:
             raise UsageError(f"{path}:{number}: a {raw_entry['type']} record this bisect-npu cannot read "
-                             f"({_first_error(exc)}); the journal is corrupt") from None
+                             f"({_first_error(exc, within_union=True)}); the journal is corrupt") from None
         if entry is not None:
             entries.append(entry)
     dropped_text = dropped.decode("utf-8", errors="replace") if dropped is not None else None
@@ -254,9 +254,11 @@ def _header(path: Path, raw: dict[str, Any]) -> HeaderRecord:
                          "session's: start a new session") from None
 
 
-def _first_error(exc: ValidationError) -> str:
+def _first_error(exc: ValidationError, *, within_union: bool = False) -> str:
+    """The first problem as "field.path: message" (a union's errors start with the record's type: dropped)."""
     first = exc.errors()[0]
-    return f"{'.'.join(str(part) for part in first['loc']) or 'the line'}: {first['msg']}"
+    loc = first["loc"][1:] if within_union else first["loc"]
+    return f"{'.'.join(str(part) for part in loc) or 'the line'}: {first['msg']}"
 
 
 def _decode(raw: bytes) -> dict[str, Any] | None:

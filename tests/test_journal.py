@@ -314,3 +314,31 @@ def test_default_root_is_relative_to_the_current_directory(
     session = new_session_dir()
     assert session.parent.resolve() == (tmp_path / ".bisect-npu" / "sessions").resolve()
 
+
+
+def test_what_a_newer_writer_adds_is_left_out_and_a_record_that_does_not_fit_is_named(tmp_path: Path) -> None:
+    with Journal.create(tmp_path, HEADER) as journal:
+        journal.append(trial(0))
+    path = tmp_path / JOURNAL_FILE
+    with path.open("a") as raw:  # a newer writer: a field and a record type this version does not know
+        raw.write(json.dumps({**_lines(tmp_path)[1], "trial": 1, "gpu_temperature": 71}) + "\n")
+        raw.write(json.dumps({"type": "dependency_level", "package": "torch"}) + "\n")
+    with Journal.open(tmp_path) as journal:
+        assert [e.trial for e in journal.entries] == [0, 1]
+        assert not hasattr(journal.entries[1], "gpu_temperature")
+        journal.append(trial(2))
+    assert [line.get("trial") for line in _lines(tmp_path)] == [None, 0, 1, None, 2]  # the file keeps every line
+    with path.open("a") as raw:
+        raw.write(json.dumps({"type": "step", "index": "three"}) + "\n")
+    with pytest.raises(UsageError, match=rf"^{re.escape(str(path))}:6: a step record this bisect-npu cannot read "
+                                         r"\(index: .*\); the journal is corrupt$"):
+        Journal.open(tmp_path, read_only=True)
+
+
+def test_a_journal_of_a_newer_schema_is_read_but_not_appended_to(tmp_path: Path) -> None:
+    Journal.create(tmp_path, HEADER.model_copy(update={"schema_version": 2})).close()
+    with Journal.open(tmp_path, read_only=True) as journal:
+        assert journal.header.schema_version == 2
+    with pytest.raises(UsageError, match="written by a newer bisect-npu \\(journal schema version 2; this one "
+                                         "writes 1\\): resume it with that version"):
+        Journal.open(tmp_path)

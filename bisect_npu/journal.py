@@ -171,6 +171,7 @@ class Journal:
         line = _encode(record)
         with self._append_lock:
             self._write_line(line)
+            self.entries.append(type(record).model_validate_json(line))  # as a reader of the file sees it
 
     def _write_line(self, line: bytes) -> None:
         if self._fd is None:
@@ -189,9 +190,6 @@ class Journal:
                 ) from exc
             raise
         self._size += len(line)
-        entry = parse_record(json.loads(line))  # what a reader of the file will see (paths as text)
-        if entry is not None:
-            self.entries.append(entry)
 
     def close(self) -> None:
         for fd in (self._fd, self._lock_fd):

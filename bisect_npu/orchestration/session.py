@@ -33,6 +33,7 @@ from bisect_npu.orchestration.wiring import load_golden, session_evaluator
 from bisect_npu.progress import PlainProgress, Progress
 from bisect_npu.recipe import Recipe, load_recipe
 from bisect_npu.records import (
+    JOURNAL_SCHEMA_VERSION,
     EarlierRunsCounts,
     EndRecord,
     FixRecord,
@@ -101,6 +102,7 @@ class Session:
         recipe, repo, candidates_range = inputs.recipe, inputs.repo, inputs.candidates_range
         session_dir = (session_dir or new_session_dir(root)).resolve()
         header = HeaderRecord(
+            schema_version=JOURNAL_SCHEMA_VERSION,
             tool_version=__version__,
             options=options.to_header(),
             recipe_digest=recipe.digest() if recipe else None,

@@ -7,13 +7,15 @@ and `fix_verify` (the verification stage done). Each line's `type` names its mod
 
 Schema version: the header's `schema_version`; absent means 1, the shapes bisect-npu 0.1.0
 wrote, and every record here keeps them (a writer may spell out a default 0.1.0 left out, such
-as an empty `told`; the reader takes both alike). A change of a field's shape raises it, so a
-reader can tell which shapes a journal holds.
+as an empty `told`; the reader takes both alike). A change of a field's shape bumps it, so a
+reader can tell which shapes a journal holds; `Journal.open` reads a newer version's journal but
+does not append to it.
 
 Extra fields are ignored (pydantic's `extra="ignore"`), deliberately: a field added by a newer
 writer must not stop an older reader from resuming or reporting (`"forbid"` would), and a record's
-attributes stay exactly the fields declared here (`"allow"` would carry fields this version does
-not understand into what it writes, such as `fix_verify`'s copies of the `fix_verified` lines).
+attributes stay exactly the fields declared here (`"allow"` would keep fields this version does not
+understand and write them out again, as `fix_verify` copies the `fix_verified` lines, under
+shapes it cannot vouch for).
 Nothing is lost: the journal file is never rewritten. For the same reason a line of a type this
 version does not know is left out of the entries (`parse_record`).
 """
@@ -268,11 +270,10 @@ def parse_record(raw: dict[str, Any]) -> JournalRecord | None:
     return _JOURNAL_RECORD.validate_python(raw)
 
 
-def _ran(entry: Record) -> bool:
+def _ran(trial: TrialRecord) -> bool:
     """A journaled trial that ran to an outcome: a probe trial with an observation, a command
     that was not skipped."""
-    return isinstance(entry, TrialRecord) and bool(entry.observation or (
-        entry.case_id == COMMAND_CASE and entry.outcome != VerdictKind.SKIP))
+    return bool(trial.observation or (trial.case_id == COMMAND_CASE and trial.outcome != VerdictKind.SKIP))
 
 
 def trial_seconds(entries: Iterable[Record]) -> tuple[list[float], list[float]]:

@@ -1,4 +1,4 @@
-"""Data contracts shared by the rooms: observations, verdicts, journal steps.
+"""Data contracts shared by the rooms: observations, verdicts, fix proposals and their verifications.
 
 These are the only shapes that cross room boundaries (DESIGN.md, "Data contracts").
 The probe writes observations with the standard library; this module validates them on the host.
@@ -8,9 +8,10 @@ from __future__ import annotations
 
 import dataclasses
 import json
+from dataclasses import dataclass, field
 from enum import StrEnum
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
@@ -100,3 +101,78 @@ def to_jsonable(value: Any) -> Any:
     if hasattr(value, "value") and not isinstance(value, int | float | str | bool):
         return value.value
     return value
+
+
+# -- fix proposals: what `fix` ranks and verifies, journaled by the session and shown by the report --
+
+
+@dataclass(frozen=True)
+class Reason:
+    """One piece of evidence for a proposal, in words a reviewer can check."""
+
+    signal: str
+    detail: str
+    weight: float
+
+
+@dataclass
+class FixProposal:
+    """One fix, possibly cherry-picked to several branches (all its shas and branches listed)."""
+
+    shas: list[str]
+    branches: list[str]
+    title: str
+    pr: int | None
+    score: float
+    reasons: list[Reason]
+    pr_url: str | None = None
+    date: int = 0  # commit time (epoch seconds) of the earliest sha: the tie-breaker
+    missing_on: list[str] = field(default_factory=list)  # branches with the culprit but not this fix
+    sha_branches: dict[str, list[str]] = field(default_factory=dict)  # each twin sha -> branches holding it
+
+
+@dataclass(frozen=True)
+class DependencyNote:
+    """The culprit only bumps a dependency: the regression lives in that dependency's range."""
+
+    package: str
+    old: str
+    new: str
+    files: list[str]
+
+    @property
+    def message(self) -> str:
+        return (f"the regression comes from the dependency: bisect {self.package} "
+                f"between {self.old} and {self.new} next")
+
+
+@dataclass(frozen=True)
+class CulpritTwin:
+    """A cherry-pick of the culprit on a branch that does not hold the culprit itself."""
+
+    sha: str
+    branches: list[str]
+    fixed: bool  # some proposal reaches this twin's branches
+
+
+@dataclass
+class FixReport:
+    culprit: str
+    proposals: list[FixProposal]
+    dependency: DependencyNote | None
+    note: str
+    twins: list[CulpritTwin] = field(default_factory=list)
+    tips: dict[str, str] = field(default_factory=dict)  # branch -> sha searched
+
+
+FixStatus = Literal["verified", "not_verified", "conflict", "already_applied", "build_failed"]
+
+
+@dataclass
+class FixVerification:
+    proposal: FixProposal
+    status: FixStatus
+    verdict: Verdict | None = None
+    applied_sha: str | None = None
+    conflict_files: list[str] = field(default_factory=list)
+    detail: str = ""

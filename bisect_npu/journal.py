@@ -3,8 +3,8 @@
 The journal is the session's only state: resume and report read nothing else. So every line is
 written with a single `os.write` to an O_APPEND descriptor and fsync'd before the step counts
 as done; a process killed mid-write leaves at most a torn last line, which `Journal.open`
-drops and truncates away before anything is appended after it. Record types ("step", "trial",
-"build", "end") belong to the session; only the first line, "header", is special here.
+drops and truncates away before anything is appended after it. Lines are typed records
+(`bisect_npu.records`): the header first, then what the session appends.
 """
 
 from __future__ import annotations
@@ -19,14 +19,18 @@ import threading
 import time
 from pathlib import Path
 from types import TracebackType
-from typing import Any
+from typing import Any, TypeVar
+
+from pydantic import BaseModel, ValidationError
 
 from bisect_npu.errors import InfrastructureError, UsageError
+from bisect_npu.records import JOURNAL_SCHEMA_VERSION, HeaderRecord, JournalRecord, Record, parse_record
 
 JOURNAL_FILE = "journal.jsonl"
 LOCK_FILE = "lock"
 LATEST_FILE = "latest"
 DEFAULT_ROOT = Path(".bisect-npu") / "sessions"
+R = TypeVar("R", bound=Record)
 
 
 def new_session_dir(root: Path = DEFAULT_ROOT) -> Path:
@@ -77,8 +81,8 @@ class Journal:
     def __init__(
         self,
         session_dir: Path,
-        header: dict[str, Any],
-        entries: list[dict[str, Any]],
+        header: HeaderRecord,
+        entries: list[JournalRecord],
         dropped_tail: str | None,
         fd: int | None,
         lock_fd: int | None,
@@ -94,8 +98,12 @@ class Journal:
         self._size = size
         self._append_lock = threading.Lock()  # one line at a time: a rollback must not cut another's
 
+    def records(self, kind: type[R]) -> list[R]:
+        """The entries of one record type, in journal order."""
+        return [entry for entry in self.entries if isinstance(entry, kind)]
+
     @classmethod
-    def create(cls, session_dir: Path, header: dict[str, Any]) -> Journal:
+    def create(cls, session_dir: Path, header: HeaderRecord) -> Journal:
         """Start a journal in `session_dir` (created if needed) with its header line."""
         try:
             session_dir.mkdir(parents=True, exist_ok=True)
@@ -110,23 +118,22 @@ class Journal:
                     f"session {session_dir} already holds a journal; continue it with "
                     f"`bisect-npu resume --session {session_dir}` or pick a new directory"
                 )
-            record = {"type": "header", **header}
-            record.setdefault("t", time.time())
-            line = _encode(record)
+            line = _encode(header)
             # Header first to a temporary file, then renamed: a journal never exists without one.
             _write_atomically(path, line.decode("utf-8"))
             fd = os.open(path, os.O_WRONLY | os.O_APPEND)
         except BaseException:
             os.close(lock_fd)
             raise
-        return cls(session_dir, record, [], None, fd, lock_fd, len(line))
+        return cls(session_dir, header, [], None, fd, lock_fd, len(line))
 
     @classmethod
     def open(cls, session_dir: Path, read_only: bool = False) -> Journal:
         """Read a journal; unless `read_only`, lock it and cut a torn last line off for appending.
 
         `read_only` is for looking at a session another process may be driving (a report while
-        a run goes on): no lock, nothing changed on disk, `append` refused.
+        a run goes on): no lock, nothing changed on disk, `append` refused. A session whose journal a
+        newer bisect-npu wrote (a higher schema version) is read, never appended to.
         """
         path = session_dir / JOURNAL_FILE
         if not path.is_file():
@@ -139,6 +146,10 @@ class Journal:
             header, entries, good_size, dropped_tail = _parse(path, data)
             fd = None
             if not read_only:
+                if header.schema_version > JOURNAL_SCHEMA_VERSION:
+                    raise UsageError(f"{path} was written by a newer bisect-npu (journal schema version "
+                                     f"{header.schema_version}; this one writes {JOURNAL_SCHEMA_VERSION}): "
+                                     "resume it with that version (`bisect-npu report` reads it here)")
                 fd = os.open(path, os.O_WRONLY | os.O_APPEND)
                 if good_size < len(data):
                     os.ftruncate(fd, good_size)
@@ -149,19 +160,18 @@ class Journal:
             raise
         return cls(session_dir, header, entries, dropped_tail, fd, lock_fd, good_size)
 
-    def append(self, record: dict[str, Any]) -> None:
-        """Write one record as one line and fsync it; it adds `"t"` (unix time) when missing.
+    def append(self, record: JournalRecord) -> None:
+        """Write one record as one line and fsync it.
 
-        Values must be JSON or os.PathLike (stored as text); anything else is a TypeError
-        raised before a byte is written. Safe to call from several threads.
+        Free-form values (a verdict's figures) must be JSON or os.PathLike (stored as text);
+        anything else is a TypeError raised before a byte is written. Safe to call from several threads.
         """
-        if record.get("type") == "header":
+        if isinstance(record, HeaderRecord):
             raise ValueError("only Journal.create writes the header")
-        record = dict(record)
-        record.setdefault("t", time.time())
         line = _encode(record)
         with self._append_lock:
             self._write_line(line)
+            self.entries.append(type(record).model_validate_json(line))  # as a reader of the file sees it
 
     def _write_line(self, line: bytes) -> None:
         if self._fd is None:
@@ -180,7 +190,6 @@ class Journal:
                 ) from exc
             raise
         self._size += len(line)
-        self.entries.append(json.loads(line))  # what a reader of the file will see (paths as text)
 
     def close(self) -> None:
         for fd in (self._fd, self._lock_fd):
@@ -197,23 +206,11 @@ class Journal:
         self.close()
 
 
-SESSION_HEADER = ("options", "range")  # what resume and the report read from a session's header
-
-
-def require_header(journal: Journal, keys: tuple[str, ...] = SESSION_HEADER) -> None:
-    """The header must hold `keys` (mappings) for its reader; else a one-line error, not a KeyError."""
-    missing = [key for key in keys if not isinstance(journal.header.get(key), dict)]
-    if missing:
-        journal.close()
-        raise UsageError(f"{journal.session_dir / JOURNAL_FILE}:1: the header lacks {', '.join(missing)}; the "
-                         "journal is corrupt or not a bisect-npu session's: start a new session")
-
-
-def _parse(path: Path, data: bytes) -> tuple[dict[str, Any], list[dict[str, Any]], int, str | None]:
+def _parse(path: Path, data: bytes) -> tuple[HeaderRecord, list[JournalRecord], int, str | None]:
     """(header, entries, size of the valid prefix, dropped tail text or None)."""
     lines = data.split(b"\n")
     tail = lines.pop()  # bytes after the last newline: empty unless a write was torn
-    records: list[dict[str, Any]] = []
+    raws: list[dict[str, Any]] = []
     offset = 0
     dropped: bytes | None = tail or None
     for number, raw in enumerate(lines, start=1):
@@ -226,12 +223,40 @@ def _parse(path: Path, data: bytes) -> tuple[dict[str, Any], list[dict[str, Any]
                 f"{path}:{number}: not a valid journal line (corrupted, not a torn write); "
                 "fix or delete that line, then resume"
             )
-        records.append(record)
+        raws.append(record)
         offset += len(raw) + 1
-    if not records or records[0].get("type") != "header":
+    if not raws or raws[0].get("type") != "header":
         raise UsageError(f"{path} has no header line; it is not a bisect-npu journal")
+    header = _header(path, raws[0])
+    entries: list[JournalRecord] = []
+    for number, raw_entry in enumerate(raws[1:], start=2):
+        try:
+            entry = parse_record(raw_entry)
+        except ValidationError as exc:
+            raise UsageError(f"{path}:{number}: a {raw_entry['type']} record this bisect-npu cannot read "
+                             f"({_first_error(exc, within_union=True)}); the journal is corrupt") from None
+        if entry is not None:
+            entries.append(entry)
     dropped_text = dropped.decode("utf-8", errors="replace") if dropped is not None else None
-    return records[0], records[1:], offset, dropped_text
+    return header, entries, offset, dropped_text
+
+
+def _header(path: Path, raw: dict[str, Any]) -> HeaderRecord:
+    """The header line as its record; what it lacks, in one line rather than a validation trace."""
+    try:
+        return HeaderRecord.model_validate(raw)
+    except ValidationError as exc:
+        missing = [str(e["loc"][0]) for e in exc.errors() if e["type"] == "missing" and len(e["loc"]) == 1]
+        what = f"lacks {', '.join(missing)}" if missing else f"cannot be read ({_first_error(exc)})"
+        raise UsageError(f"{path}:1: the header {what}; the journal is corrupt or not a bisect-npu "
+                         "session's: start a new session") from None
+
+
+def _first_error(exc: ValidationError, *, within_union: bool = False) -> str:
+    """The first problem as "field.path: message" (a union's errors start with the record's type: dropped)."""
+    first = exc.errors()[0]
+    loc = first["loc"][1:] if within_union else first["loc"]
+    return f"{'.'.join(str(part) for part in loc) or 'the line'}: {first['msg']}"
 
 
 def _decode(raw: bytes) -> dict[str, Any] | None:
@@ -242,8 +267,8 @@ def _decode(raw: bytes) -> dict[str, Any] | None:
     return value if isinstance(value, dict) else None
 
 
-def _encode(record: dict[str, Any]) -> bytes:
-    text = json.dumps(record, ensure_ascii=False, separators=(",", ":"), default=_jsonable)
+def _encode(record: BaseModel) -> bytes:
+    text = json.dumps(record.model_dump(), ensure_ascii=False, separators=(",", ":"), default=_jsonable)
     return (text + "\n").encode("utf-8")
 
 

@@ -14,10 +14,11 @@ import git
 import pytest
 
 from bisect_npu.contracts import VerdictKind
-from bisect_npu.orchestration.evaluate import Evaluator, TrialRecord
+from bisect_npu.orchestration.evaluate import Evaluator
 from bisect_npu.orchestration.options import RunOptions
 from bisect_npu.orchestration.wiring import make_environment
 from bisect_npu.recipe import load_recipe
+from bisect_npu.records import TrialRun
 
 
 def _evaluator(demo_upstream, tmp_path: Path, **trials: object) -> tuple[Evaluator, str]:
@@ -32,7 +33,7 @@ def _evaluator(demo_upstream, tmp_path: Path, **trials: object) -> tuple[Evaluat
 
 def test_trials_share_one_engine_start_and_are_judged_one_by_one(demo_upstream, tmp_path: Path) -> None:
     evaluator, culprit = _evaluator(demo_upstream, tmp_path)
-    seen: list[TrialRecord] = []
+    seen: list[TrialRun] = []
     try:
         result = evaluator.evaluate(culprit, 4, [], seen.append, judge_each=True, first_trial=3)
     finally:
@@ -47,7 +48,7 @@ def test_trials_share_one_engine_start_and_are_judged_one_by_one(demo_upstream, 
 
 def test_without_batches_every_trial_starts_its_engine(demo_upstream, tmp_path: Path) -> None:
     evaluator, culprit = _evaluator(demo_upstream, tmp_path, batch=False)
-    seen: list[TrialRecord] = []
+    seen: list[TrialRun] = []
     try:
         evaluator.evaluate(culprit, 2, [], seen.append, judge_each=True)
     finally:
@@ -57,9 +58,9 @@ def test_without_batches_every_trial_starts_its_engine(demo_upstream, tmp_path: 
 
 def test_an_interrupted_batch_keeps_the_trials_it_finished(demo_upstream, tmp_path: Path) -> None:
     evaluator, culprit = _evaluator(demo_upstream, tmp_path)
-    seen: list[TrialRecord] = []
+    seen: list[TrialRun] = []
 
-    def on_trial(record: TrialRecord) -> None:
+    def on_trial(record: TrialRun) -> None:
         seen.append(record)
         if len(seen) == 1:  # Ctrl-C while the probe is still on the next trials
             os.kill(os.getpid(), signal.SIGINT)
@@ -84,7 +85,7 @@ def test_a_stale_observation_is_never_taken_for_a_new_trial(demo_upstream, tmp_p
     step = tmp_path / "steps" / culprit[:12]
     step.mkdir(parents=True)
     (step / "obs-server-default-t0.json").write_text("half a file from a killed run")
-    seen: list[TrialRecord] = []
+    seen: list[TrialRun] = []
     try:
         evaluator.evaluate(culprit, 2, [], seen.append, judge_each=True)
     finally:

@@ -16,10 +16,28 @@ from pathlib import Path
 
 import pytest
 
+from bisect_npu.contracts import Verdict, VerdictKind
 from bisect_npu.errors import UsageError
 from bisect_npu.journal import JOURNAL_FILE, Journal, latest_session, new_session_dir
+from bisect_npu.records import (
+    CandidateRange,
+    EndRecord,
+    HeaderOptions,
+    HeaderRecord,
+    StepRecord,
+    TrialRecord,
+    TrialRun,
+    parse_record,
+)
 
-HEADER = {"good": "v0.9.0rc1", "bad": "v0.9.1", "recipe_digest": "abc", "tool": "0.1.0"}
+HEADER = HeaderRecord(options=HeaderOptions(good="v0.9.0rc1", bad="v0.9.1"), recipe_digest="abc", tool_version="0.1.0",
+                      range=CandidateRange(kind="commits", good="a" * 40, bad="b" * 40, base="a" * 40,
+                                           good_ref="v0.9.0rc1", bad_ref="v0.9.1", candidates=["b" * 40]))
+
+
+def trial(n: int, *, index: int = 0, commit: str = "abc", reason: str = "") -> TrialRecord:
+    """A small record numbered `n` (its trial number), for the tests of the file's mechanics."""
+    return TrialRecord(index=index, commit=commit, case_id="c", trial=n, reason=reason)
 
 
 def _child(code: str, *args: str) -> subprocess.Popen[str]:
@@ -40,15 +58,16 @@ def _lines(session: Path) -> list[dict[str, object]]:
 def test_roundtrip(tmp_path: Path) -> None:
     session = tmp_path / "s"
     with Journal.create(session, HEADER) as journal:
-        journal.append({"type": "step", "commit": "abc", "log": tmp_path / "x.log", "text": "重复"})
-        journal.append({"type": "end", "t": 5.0})
-    assert journal.entries[0]["log"] == str(tmp_path / "x.log")
+        journal.append(StepRecord(index=1, commit="abc", verdict=Verdict(kind=VerdictKind.BAD, reason="重复"),
+                                  trials=[TrialRun(case_id="c", trial=0, log=tmp_path / "x.log")]))
+        journal.append(EndRecord(status="found", t=5.0))
+    assert journal.entries[0].trials[0].log == str(tmp_path / "x.log")
     with Journal.open(session) as again:
-        assert again.header["type"] == "header" and again.header["good"] == "v0.9.0rc1"
-        assert isinstance(again.header["t"], float)
+        assert again.header.type == "header" and again.header.options.good == "v0.9.0rc1"
+        assert isinstance(again.header.t, float)
         assert again.entries == journal.entries
-        assert [e["type"] for e in again.entries] == ["step", "end"]
-        assert again.entries[1]["t"] == 5.0 and isinstance(again.entries[0]["t"], float)
+        assert [e.type for e in again.entries] == ["step", "end"]
+        assert again.entries[1].t == 5.0 and isinstance(again.entries[0].t, float)
         assert again.dropped_tail is None
     assert len(_lines(session)) == 3
 
@@ -62,13 +81,14 @@ def test_create_refuses_a_directory_that_holds_a_journal(tmp_path: Path) -> None
 def test_append_refuses_what_json_cannot_hold_and_writes_nothing(tmp_path: Path) -> None:
     with Journal.create(tmp_path, HEADER) as journal:
         with pytest.raises(TypeError, match="not set"):
-            journal.append({"type": "step", "bad": {1, 2}})
+            journal.append(StepRecord(index=1, commit="abc",
+                                      verdict=Verdict(kind=VerdictKind.BAD, reason="", figures={"bad": {1, 2}})))
         with pytest.raises(ValueError, match="header"):
-            journal.append({"type": "header"})
-        journal.append({"type": "step"})
+            journal.append(HEADER)  # type: ignore[arg-type]
+        journal.append(trial(0))
     assert len(_lines(tmp_path)) == 2
     with pytest.raises(ValueError, match="closed"):
-        journal.append({"type": "step"})
+        journal.append(trial(1))
 
 
 def test_appends_from_several_threads_stay_whole_lines(tmp_path: Path) -> None:
@@ -76,50 +96,50 @@ def test_appends_from_several_threads_stay_whole_lines(tmp_path: Path) -> None:
 
         def write(worker: int) -> None:
             for n in range(15):
-                journal.append({"type": "trial", "worker": worker, "n": n, "pad": "y" * 5000})
+                journal.append(trial(n, index=worker, reason="y" * 5000))
 
         with ThreadPoolExecutor(max_workers=6) as pool:
             list(pool.map(write, range(6)))
-    on_disk = _lines(tmp_path)[1:]
+    on_disk = [parse_record(line) for line in _lines(tmp_path)[1:]]
     assert on_disk == journal.entries and len(on_disk) == 90
     for worker in range(6):
-        assert [e["n"] for e in on_disk if e["worker"] == worker] == list(range(15))
+        assert [e.trial for e in on_disk if e.index == worker] == list(range(15))
 
 
 @pytest.mark.parametrize("tail", [b'{"type": "step", "com', b'{"type": "st\n', b"\0\0\0\0"])
 def test_torn_last_line_is_dropped_and_cut_before_the_next_append(tmp_path: Path, tail: bytes) -> None:
     with Journal.create(tmp_path, HEADER) as journal:
-        journal.append({"type": "step", "n": 1})
+        journal.append(trial(1))
     path = tmp_path / JOURNAL_FILE
     good_size = path.stat().st_size
     with path.open("ab") as raw:
         raw.write(tail)
     with Journal.open(tmp_path) as journal:
         assert journal.dropped_tail == tail.decode().rstrip("\n")
-        assert [e["n"] for e in journal.entries] == [1]
+        assert [e.trial for e in journal.entries] == [1]
         assert path.stat().st_size == good_size  # cut at open, before any append
-        journal.append({"type": "step", "n": 2})
-    assert [line.get("n") for line in _lines(tmp_path)] == [None, 1, 2]
+        journal.append(trial(2))
+    assert [line.get("trial") for line in _lines(tmp_path)] == [None, 1, 2]
     with Journal.open(tmp_path) as journal:
         assert journal.dropped_tail is None
 
 
 def test_read_only_open_leaves_the_file_and_the_lock_alone(tmp_path: Path) -> None:
     with Journal.create(tmp_path, HEADER) as driver:
-        driver.append({"type": "step", "n": 1})
+        driver.append(trial(1))
         with (tmp_path / JOURNAL_FILE).open("ab") as raw:
             raw.write(b'{"torn')
         with Journal.open(tmp_path, read_only=True) as viewer:
-            assert [e["n"] for e in viewer.entries] == [1] and viewer.dropped_tail == '{"torn'
+            assert [e.trial for e in viewer.entries] == [1] and viewer.dropped_tail == '{"torn'
             assert (tmp_path / JOURNAL_FILE).read_bytes().endswith(b'{"torn')
             with pytest.raises(ValueError, match="read-only"):
-                viewer.append({"type": "step"})
+                viewer.append(trial(2))
 
 
 def test_corruption_in_the_middle_names_file_and_line(tmp_path: Path) -> None:
     with Journal.create(tmp_path, HEADER) as journal:
         for n in range(3):
-            journal.append({"type": "step", "n": n})
+            journal.append(trial(n))
     path = tmp_path / JOURNAL_FILE
     lines = path.read_bytes().split(b"\n")
     lines[2] = b"{not json"
@@ -142,10 +162,11 @@ HOLD_LOCK = """
     import sys
     from pathlib import Path
     from bisect_npu.journal import Journal
+    from bisect_npu.records import TrialRecord
     journal = Journal.open(Path(sys.argv[1]))
     print("locked", flush=True)
     sys.stdin.read()
-    journal.append({"type": "step", "by": "child"})
+    journal.append(TrialRecord(index=0, commit="child", case_id="c", trial=0))
 """
 
 
@@ -168,7 +189,7 @@ def test_a_second_process_cannot_drive_the_session(tmp_path: Path) -> None:
         finally:
             child.kill()
     with Journal.open(tmp_path) as journal:
-        assert journal.entries[-1]["by"] == "child"
+        assert journal.entries[-1].commit == "child"
 
 
 def test_sigkill_releases_the_lock(tmp_path: Path) -> None:
@@ -197,7 +218,7 @@ def _fork_appender(session: Path) -> tuple[int, int]:
             rng = random.Random(seq)
             os.write(write_end, b"1" if journal.dropped_tail is not None else b"0")
             while True:
-                journal.append({"type": "step", "seq": seq, "pad": "x" * rng.randrange(10, 120_000)})
+                journal.append(trial(seq, reason="x" * rng.randrange(10, 120_000)))
                 seq += 1
         finally:
             os._exit(1)
@@ -229,10 +250,10 @@ def test_sigkill_at_random_moments_never_leaves_an_unreadable_journal(tmp_path: 
             os.waitpid(pid, 0)
             os.close(ready)
         with Journal.open(tmp_path, read_only=True) as journal:
-            assert [e["seq"] for e in journal.entries] == list(range(len(journal.entries)))
+            assert [e.trial for e in journal.entries] == list(range(len(journal.entries)))
     with Journal.open(tmp_path) as journal:
         survivors = len(journal.entries)
-        assert [e["seq"] for e in journal.entries] == list(range(survivors))
+        assert [e.trial for e in journal.entries] == list(range(survivors))
     assert survivors > 0
     assert len(_lines(tmp_path)) == survivors + 1  # every line on disk is valid JSON
     print(f"{survivors} records survived 20 kills; {torn_seen} torn tails recovered")
@@ -243,15 +264,16 @@ FILL_TO_LIMIT = """
     from pathlib import Path
     from bisect_npu.journal import Journal
     from bisect_npu.errors import InfrastructureError
+    from bisect_npu.records import TrialRecord
     signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
     journal = Journal.open(Path(sys.argv[1]))
     size = journal.path.stat().st_size
     resource.setrlimit(resource.RLIMIT_FSIZE, (size + 300, resource.RLIM_INFINITY))
     try:
-        journal.append({"type": "step", "pad": "x" * 1000})
+        journal.append(TrialRecord(index=0, commit="c", case_id="c", trial=0, reason="x" * 1000))
     except InfrastructureError as exc:
         print("refused", journal.path.stat().st_size == size, exc, flush=True)
-    journal.append({"type": "step", "small": 1})
+    journal.append(TrialRecord(index=0, commit="small", case_id="c", trial=1))
 """
 
 
@@ -263,7 +285,7 @@ def test_a_write_that_does_not_fit_is_rolled_back(tmp_path: Path) -> None:
     assert child.returncode == 0
     with Journal.open(tmp_path) as journal:
         assert journal.dropped_tail is None
-        assert journal.entries[-1]["small"] == 1 and len(journal.entries) == 1
+        assert journal.entries[-1].commit == "small" and len(journal.entries) == 1
 
 
 def test_new_and_latest_sessions(tmp_path: Path) -> None:
@@ -292,3 +314,31 @@ def test_default_root_is_relative_to_the_current_directory(
     session = new_session_dir()
     assert session.parent.resolve() == (tmp_path / ".bisect-npu" / "sessions").resolve()
 
+
+
+def test_what_a_newer_writer_adds_is_left_out_and_a_record_that_does_not_fit_is_named(tmp_path: Path) -> None:
+    with Journal.create(tmp_path, HEADER) as journal:
+        journal.append(trial(0))
+    path = tmp_path / JOURNAL_FILE
+    with path.open("a") as raw:  # a newer writer: a field and a record type this version does not know
+        raw.write(json.dumps({**_lines(tmp_path)[1], "trial": 1, "gpu_temperature": 71}) + "\n")
+        raw.write(json.dumps({"type": "dependency_level", "package": "torch"}) + "\n")
+    with Journal.open(tmp_path) as journal:
+        assert [e.trial for e in journal.entries] == [0, 1]
+        assert not hasattr(journal.entries[1], "gpu_temperature")
+        journal.append(trial(2))
+    assert [line.get("trial") for line in _lines(tmp_path)] == [None, 0, 1, None, 2]  # the file keeps every line
+    with path.open("a") as raw:
+        raw.write(json.dumps({"type": "step", "index": "three"}) + "\n")
+    with pytest.raises(UsageError, match=rf"^{re.escape(str(path))}:6: a step record this bisect-npu cannot read "
+                                         r"\(index: .*\); the journal is corrupt$"):
+        Journal.open(tmp_path, read_only=True)
+
+
+def test_a_journal_of_a_newer_schema_is_read_but_not_appended_to(tmp_path: Path) -> None:
+    Journal.create(tmp_path, HEADER.model_copy(update={"schema_version": 2})).close()
+    with Journal.open(tmp_path, read_only=True) as journal:
+        assert journal.header.schema_version == 2
+    with pytest.raises(UsageError, match="written by a newer bisect-npu \\(journal schema version 2; this one "
+                                         "writes 1\\): resume it with that version"):
+        Journal.open(tmp_path)

@@ -6,6 +6,7 @@ from pathlib import Path
 
 import pytest
 
+from bisect_npu.records import CandidateRange, EndRecord, HeaderOptions, HeaderRecord
 from bisect_npu.report import SessionView, StepView, evidence_summary
 
 NOISY = {"posterior": 0.995, "culprit_rate": 0.9, "culprit_rate_lo": 0.6, "culprit_rate_hi": 0.98,
@@ -16,9 +17,11 @@ NOISY = {"posterior": 0.995, "culprit_rate": 0.9, "culprit_rate_lo": 0.6, "culpr
 
 def view(figures: dict, *, find_fix: bool = False, steps: list[StepView] | None = None, status: str = "found",
          index: int = 2) -> SessionView:
-    header = {"range": {"base": "b" * 40, "candidates": ["1" * 40, "2" * 40, "3" * 40]},
-              "options": {"find_fix": find_fix}}
-    end = {"status": status, "culprit": "2" * 40, "index": index, "figures": figures}
+    header = HeaderRecord(range=CandidateRange(kind="commits", good="b" * 40, bad="3" * 40, base="b" * 40,
+                                               good_ref="good", bad_ref="bad",
+                                               candidates=["1" * 40, "2" * 40, "3" * 40]),
+                          options=HeaderOptions(good="good", bad="bad", find_fix=find_fix))
+    end = EndRecord(status=status, culprit="2" * 40, index=index, figures=figures)
     return SessionView(Path("."), header, steps or [], end, None, None)
 
 

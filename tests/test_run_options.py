@@ -12,6 +12,7 @@ from bisect_npu.cli import main
 from bisect_npu.orchestration.options import RunOptions
 from bisect_npu.orchestration.preflight import settle_slots
 from bisect_npu.orchestration.session import Session
+from bisect_npu.records import HeaderOptions
 
 
 class Captured(BaseException):  # not an Exception: the CLI turns those into an internal error
@@ -102,3 +103,14 @@ def test_a_journal_whose_header_is_not_a_session_s_is_one_line(tmp_path, capsys:
         err = capsys.readouterr().err
         assert exit_info.value.code == 2 and "the header lacks options, range" in err
         assert len(err.strip().splitlines()) == 1
+
+
+@settings(max_examples=30, deadline=None)
+@given(options_strategy)
+def test_the_journal_header_keeps_every_option(options: RunOptions) -> None:
+    """The header's `HeaderOptions` mirrors RunOptions field for field: resume gets the same options
+    back, and the report's reproduce line is RunOptions' own."""
+    assert {f.name for f in dataclasses.fields(RunOptions)} == set(HeaderOptions.model_fields)
+    header = options.to_header()
+    assert RunOptions.from_header(HeaderOptions.model_validate_json(header.model_dump_json())) == options
+    assert header.run_argv() == options.run_argv()

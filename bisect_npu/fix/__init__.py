@@ -12,11 +12,21 @@ cherry-picked to several branches) become one proposal. Everything is read with 
 commit to the caller's evaluator (build, probe, oracle), so the proof uses the normal pipeline.
 
 Modules: `propose` ranks (its signals: `lines` blames forward, `dependency` spots a bare version bump),
-`gitlog` reads and parses git, `verify` applies and evaluates, `results` holds what they return.
+`gitlog` reads and parses git, `verify` applies and evaluates, `results` holds what applying returns;
+the proposals, the report and the verifications are data contracts (`bisect_npu.contracts`).
 """
 
 from __future__ import annotations
 
+from bisect_npu.contracts import (
+    CulpritTwin,
+    DependencyNote,
+    FixProposal,
+    FixReport,
+    FixStatus,
+    FixVerification,
+    Reason,
+)
 from bisect_npu.fix.propose import (
     MIN_TITLE_REFERENCE,
     STRONG_SIGNALS,
@@ -26,19 +36,7 @@ from bisect_npu.fix.propose import (
     normalize_title,
     propose_fixes,
 )
-from bisect_npu.fix.results import (
-    AlreadyApplied,
-    AppliedFix,
-    ApplyConflict,
-    ApplyResult,
-    CulpritTwin,
-    DependencyNote,
-    FixProposal,
-    FixReport,
-    FixStatus,
-    FixVerification,
-    Reason,
-)
+from bisect_npu.fix.results import AlreadyApplied, AppliedFix, ApplyConflict, ApplyResult
 from bisect_npu.fix.verify import APPLY_NAME, apply_fix, verification_scratch, verification_session, verify_fixes
 
 __all__ = [

@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import re
 
+from bisect_npu.contracts import DependencyNote
 from bisect_npu.fix.gitlog import IGNORABLE_FILE, FileDiff
-from bisect_npu.fix.results import DependencyNote
 
 _VLLM_TAG = re.compile(r"^\s*ARG\s+VLLM_TAG\s*=\s*(\S+)")
 _REQ_PIN = re.compile(r"""^\s*["']?([A-Za-z0-9][A-Za-z0-9._-]*)(?:\[[^\]]*\])?\s*(==|~=|>=|<=|<|>)\s*([^"',;\s]+)""")

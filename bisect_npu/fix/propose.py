@@ -10,6 +10,7 @@ from functools import cached_property
 
 import git
 
+from bisect_npu.contracts import CulpritTwin, DependencyNote, FixProposal, FixReport, Reason
 from bisect_npu.fix.dependency import dependency_note
 from bisect_npu.fix.gitlog import (
     DIFF_FORMAT,
@@ -26,7 +27,6 @@ from bisect_npu.fix.gitlog import (
     show_commit,
 )
 from bisect_npu.fix.lines import PROXIMITY_LINES, line_hits
-from bisect_npu.fix.results import CulpritTwin, DependencyNote, FixProposal, FixReport, Reason
 from bisect_npu.history import PR_SUFFIX, LoggedCommit, github_url, pr_number, resolve_ref
 
 # Score weights. Strong signals (each alone qualifies a commit) weigh more than all weak signals

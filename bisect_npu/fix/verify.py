@@ -16,19 +16,10 @@ import git
 
 from bisect_npu.builders.base import BuildFailed
 from bisect_npu.builders.local import remove_worktree, sweep_worktrees, sweep_worktrees_of_any_repo
-from bisect_npu.contracts import Verdict, VerdictKind
+from bisect_npu.contracts import FixProposal, FixReport, FixStatus, FixVerification, Verdict, VerdictKind
 from bisect_npu.errors import InfrastructureError, UsageError
 from bisect_npu.execute.local import kill_owned_processes
-from bisect_npu.fix.results import (
-    AlreadyApplied,
-    AppliedFix,
-    ApplyConflict,
-    ApplyResult,
-    FixProposal,
-    FixReport,
-    FixStatus,
-    FixVerification,
-)
+from bisect_npu.fix.results import AlreadyApplied, AppliedFix, ApplyConflict, ApplyResult
 from bisect_npu.history import git_error_line, is_ancestor, resolve_ref
 from bisect_npu.paths import cache_root
 

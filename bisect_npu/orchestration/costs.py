@@ -4,14 +4,14 @@ of the journal's entries, so a resumed session weighs its choices as the interru
 
 from __future__ import annotations
 
-from typing import Any
+from collections.abc import Sequence
 
 from bisect_npu import search
-from bisect_npu.orchestration.evaluate import step_seconds, trial_seconds
 from bisect_npu.recipe import TrialsSpec
+from bisect_npu.records import Record, StepRecord, step_seconds, trial_seconds
 
 
-def measured_costs(entries: list[dict[str, Any]], trials: TrialsSpec | None, *, noisy: bool, batches: bool,
+def measured_costs(entries: Sequence[Record], trials: TrialsSpec | None, *, noisy: bool, batches: bool,
                  grouped: bool) -> tuple[float, float, float]:
     """The load, build and overlay costs a search is told, each only where it is used: an engine
     start in noisy mode, a full build in noisy mode or where builds are grouped by key (``grouped``),
@@ -63,15 +63,13 @@ def _overlay_cost(trials: TrialsSpec | None, builds: dict[str, list[float]], uni
     return _in_units(builds["overlay"], units)
 
 
-def _fresh_build_seconds(entries: list[dict[str, Any]]) -> dict[str, list[float]]:
+def _fresh_build_seconds(entries: Sequence[Record]) -> dict[str, list[float]]:
     """Seconds of the session's full builds and overlays, from the journal's steps."""
     seconds: dict[str, list[float]] = {"built": [], "overlay": []}
     for entry in entries:
-        if entry["type"] != "step":
-            continue
-        build = entry.get("build") or {}
-        if build.get("how") in seconds and build.get("seconds"):
-            seconds[build["how"]].append(build["seconds"])
+        build = entry.build if isinstance(entry, StepRecord) else None
+        if build is not None and build.how in seconds and build.seconds:
+            seconds[build.how].append(build.seconds)
     return seconds
 
 

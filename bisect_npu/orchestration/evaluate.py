@@ -19,70 +19,11 @@ from bisect_npu.defaults import TRIAL_TIMEOUT_S
 from bisect_npu.errors import InfrastructureError
 from bisect_npu.execute.base import Executor, RunResult, observation_path, probe_log_path, probe_stem
 from bisect_npu.recipe import CaseSpec, Recipe
+from bisect_npu.records import COMMAND_CASE, BuildInfo, TrialRun
 
 # The `git bisect run` protocol: 0 good, 125 skip, 1..127 bad, above 127 abort.
 SKIP_EXIT = 125
 ABORT_ABOVE = 127
-# The case id of a user command's trials (a recipe's cases have their own ids).
-COMMAND_CASE = "command"
-
-
-@dataclass(frozen=True)
-class TrialRecord:
-    """One finished probe run (what a `trial` journal line holds)."""
-
-    case_id: str
-    trial: int
-    observation: str | None
-    seconds: float
-    log: str
-    outcome: VerdictKind | None = None
-    reason: str = ""
-    startup_s: float = 0.0
-
-    def to_json(self) -> dict[str, Any]:
-        return {"case_id": self.case_id, "trial": self.trial, "observation": self.observation,
-                "seconds": self.seconds, "log": self.log,
-                "outcome": self.outcome.value if self.outcome else None, "reason": self.reason,
-                "startup_s": self.startup_s}
-
-    @classmethod
-    def from_json(cls, raw: dict[str, Any]) -> TrialRecord:
-        outcome = raw.get("outcome")
-        return cls(raw["case_id"], raw["trial"], raw.get("observation"), raw.get("seconds", 0.0),
-                   raw.get("log", ""), VerdictKind(outcome) if outcome else None, raw.get("reason", ""),
-                   raw.get("startup_s", 0.0))
-
-
-def trial_seconds(entries: list[dict[str, Any]]) -> tuple[list[float], list[float]]:
-    """From a session's journal entries: the startup seconds of each engine start, and the run
-    seconds (startup excluded) of each trial that ran to an outcome (a probe trial with an
-    observation, a command that was not skipped). What a session's costs are measured by."""
-    ran = [e for e in entries if _ran(e)]
-    startups = [e["startup_s"] for e in ran if e.get("startup_s", 0.0) > 0]
-    return startups, [e["seconds"] - e.get("startup_s", 0.0) for e in ran]
-
-
-def _ran(entry: dict[str, Any]) -> bool:
-    """A journaled trial that ran to an outcome: a probe trial with an observation, a command
-    that was not skipped."""
-    return entry["type"] == "trial" and bool(entry.get("observation") or (
-        entry.get("case_id") == COMMAND_CASE and entry.get("outcome") != "skip"))
-
-
-def step_seconds(entries: list[dict[str, Any]]) -> list[float]:
-    """From a session's journal entries: the probe seconds of each finished step that ran
-    trials (engine starts included), what one exact-mode step costs besides its build."""
-    ran: dict[int | None, float] = {}
-    seconds: list[float] = []
-    for entry in entries:
-        index = entry.get("index")
-        if _ran(entry):
-            ran[index] = ran.get(index, 0.0) + entry["seconds"]
-        elif entry["type"] == "step" and index in ran:
-            seconds.append(ran.pop(index))
-    return seconds
-
 
 @dataclass
 class StepResult:
@@ -90,8 +31,8 @@ class StepResult:
 
     commit: str
     verdict: Verdict
-    build: dict[str, Any]
-    trials: list[TrialRecord] = field(default_factory=list)
+    build: BuildInfo
+    trials: list[TrialRun] = field(default_factory=list)
     seconds: float = 0.0
 
 
@@ -111,7 +52,7 @@ def command_verdict(result: RunResult) -> Verdict:
                               f"`git bisect run` does; see {result.log_path}, fix it, then `bisect-npu resume`")
 
 
-def tally(records: list[TrialRecord]) -> Verdict:
+def tally(records: list[TrialRun]) -> Verdict:
     """Trials judged one by one (noisy mode) as one step verdict: bad if any trial was bad, good if
     some were good and none bad, skip if no trial could be judged."""
     bad = sum(1 for r in records if r.outcome == VerdictKind.BAD)
@@ -125,12 +66,11 @@ def tally(records: list[TrialRecord]) -> Verdict:
     return Verdict(kind=kind, reason=reason, figures={"bad": bad, "good": good}, trials=len(records))
 
 
-def build_record(env: Environment | None, failure: BuildFailed | None = None) -> dict[str, Any]:
+def build_record(env: Environment | None, failure: BuildFailed | None = None) -> BuildInfo:
     if failure is not None:
-        return {"how": "failed", "log": str(failure.log_path) if failure.log_path else None,
-                "log_tail": failure.log_tail, "error": str(failure)}
+        return BuildInfo(how="failed", log=failure.log_path, log_tail=failure.log_tail, error=str(failure))
     assert env is not None
-    return {"how": env.how, "key": env.build_key, "image": env.image, "seconds": env.seconds, "log": env.log_path}
+    return BuildInfo(how=env.how, key=env.build_key, image=env.image, seconds=env.seconds, log=env.log_path)
 
 
 class Evaluator:
@@ -172,8 +112,8 @@ class Evaluator:
     def step_dir(self, commit: str) -> Path:
         return self.session_dir / "steps" / commit[:12]
 
-    def evaluate(self, commit: str, trials: int, done: list[TrialRecord],
-                 on_trial: Callable[[TrialRecord], None], judge_each: bool, first_trial: int = 0,
+    def evaluate(self, commit: str, trials: int, done: list[TrialRun],
+                 on_trial: Callable[[TrialRun], None], judge_each: bool, first_trial: int = 0,
                  as_reference: bool = False) -> StepResult:
         """Evaluate `commit`: `trials` new trials per case (exact mode: up to `trials` in all,
         re-using `done`), numbered from `first_trial` so repeated trials of one commit never share a
@@ -187,7 +127,7 @@ class Evaluator:
             records = list(done)
             if as_reference and self.command is None:
                 self.set_reference(records)
-            return StepResult(commit, self._verdict(records, judge_each), {"how": "journaled", "seconds": 0.0},
+            return StepResult(commit, self._verdict(records, judge_each), BuildInfo(how="journaled", seconds=0.0),
                               records, round(time.monotonic() - started, 3))
         try:
             env = self.builder.acquire(commit, step_dir)
@@ -209,7 +149,7 @@ class Evaluator:
             self.builder.release(env)
         return StepResult(commit, verdict, build_record(env), records, round(time.monotonic() - started, 3))
 
-    def _verdict(self, records: list[TrialRecord], judge_each: bool) -> Verdict:
+    def _verdict(self, records: list[TrialRun], judge_each: bool) -> Verdict:
         """Noisy mode tallies each trial's verdict; exact mode judges the step's trials together
         (a command runs once there: its exit status is the verdict)."""
         if judge_each:
@@ -218,15 +158,15 @@ class Evaluator:
             return Verdict(kind=records[0].outcome or VerdictKind.SKIP, reason=records[0].reason)
         return self._judge_step(records)
 
-    def _all_done(self, trials: int, done: list[TrialRecord]) -> bool:
+    def _all_done(self, trials: int, done: list[TrialRun]) -> bool:
         """Whether `done` already holds `trials` trials of every case (exact mode's step total)."""
         if not done:
             return False
         cases = [COMMAND_CASE] if self.recipe is None else [case.id for case in self.recipe.cases]
         return all(sum(1 for r in done if r.case_id == case) >= trials for case in cases)
 
-    def _run_commands(self, commit: str, env: Environment, trials: int, done: list[TrialRecord],
-                      on_trial: Callable[[TrialRecord], None], judge_each: bool, first_trial: int) -> list[TrialRecord]:
+    def _run_commands(self, commit: str, env: Environment, trials: int, done: list[TrialRun],
+                      on_trial: Callable[[TrialRun], None], judge_each: bool, first_trial: int) -> list[TrialRun]:
         """The user command once per trial; each exit status is that trial's verdict."""
         assert self.command is not None
         records = list(done)
@@ -236,15 +176,15 @@ class Evaluator:
             result = self.executor.run_command(env, self.command, log_path, self.timeout_s,
                                                {"BISECT_NPU_COMMIT": commit, "BISECT_NPU_TRIAL": str(trial)})
             verdict = command_verdict(result)
-            record = TrialRecord(COMMAND_CASE, trial, None, result.seconds, self.rel(result.log_path) or "",
-                                 verdict.kind, verdict.reason)
+            record = TrialRun(case_id=COMMAND_CASE, trial=trial, seconds=result.seconds,
+                              log=self.rel(result.log_path) or "", outcome=verdict.kind, reason=verdict.reason)
             on_trial(record)
             records.append(record)
         return records
 
-    def _run_trials(self, commit: str, env: Environment, trials: int, done: list[TrialRecord],
-                    on_trial: Callable[[TrialRecord], None], judge_each: bool, first_trial: int,
-                    as_reference: bool) -> list[TrialRecord]:
+    def _run_trials(self, commit: str, env: Environment, trials: int, done: list[TrialRun],
+                    on_trial: Callable[[TrialRun], None], judge_each: bool, first_trial: int,
+                    as_reference: bool) -> list[TrialRun]:
         assert self.recipe is not None
         records = list(done)
         for case in self.recipe.cases:
@@ -263,7 +203,7 @@ class Evaluator:
         return bool(self.recipe and self.recipe.trials.batch and not self.recipe.capture.layers)
 
     def _run_group(self, commit: str, env: Environment, case: CaseSpec, numbers: list[int],
-                   on_trial: Callable[[TrialRecord], None], judge_each: bool, as_reference: bool) -> list[TrialRecord]:
+                   on_trial: Callable[[TrialRun], None], judge_each: bool, as_reference: bool) -> list[TrialRun]:
         """One probe run for the trials `numbers` of `case`; each trial is judged and reported as
         soon as its observation file appears, so an interrupted batch keeps its finished trials."""
         assert self.recipe is not None
@@ -275,7 +215,7 @@ class Evaluator:
         for stale in paths:  # left by a run killed before the journal took it: not this run's
             stale.unlink(missing_ok=True)
         watcher = _ObservationWatcher(paths)
-        records: list[TrialRecord] = []
+        records: list[TrialRun] = []
 
         log = self.rel(probe_log_path(out_dir, probe_stem(case.id, numbers[0]))) or ""
 
@@ -298,13 +238,14 @@ class Evaluator:
             why = "timed out" if result.timed_out else f"probe exited {result.returncode}"
             tail = result.log_tail.strip().splitlines()[-1:] or [""]
             for n in numbers[len(records):]:
-                missing = TrialRecord(case.id, n, None, 0.0, log, VerdictKind.SKIP, f"{why}: {tail[0][:200]}")
+                missing = TrialRun(case_id=case.id, trial=n, log=log, outcome=VerdictKind.SKIP,
+                                   reason=f"{why}: {tail[0][:200]}")
                 on_trial(missing)
                 records.append(missing)
         return records
 
     def _record(self, case: CaseSpec, trial: int, path: Path, seconds: float, starts_engine: bool, log: str,
-                judge_each: bool, as_reference: bool) -> TrialRecord:
+                judge_each: bool, as_reference: bool) -> TrialRun:
         """A trial whose observation arrived `seconds` after the previous one (after the probe
         started, for the first): its startup share is what the engine start cost."""
         observation = Observation.load(path)
@@ -315,7 +256,8 @@ class Evaluator:
                 self.reference = [*(self.reference or []), observation]
             verdict = self._judge_observations([observation])
             outcome, reason = verdict.kind, verdict.reason
-        return TrialRecord(case.id, trial, self.rel(path), round(seconds, 3), log, outcome, reason, startup)
+        return TrialRun(case_id=case.id, trial=trial, observation=self.rel(path), seconds=round(seconds, 3), log=log,
+                        outcome=outcome, reason=reason, startup_s=startup)
 
     def _judge_observations(self, observations: list[Observation]) -> Verdict:
         from bisect_npu import oracle
@@ -326,7 +268,7 @@ class Evaluator:
                                             oracle.reference_for(observations[0], self.reference))
         return oracle.judge(self.recipe.oracle, observations, self.reference, trials_per_case=self.recipe.trials.count)
 
-    def _judge_step(self, records: list[TrialRecord]) -> Verdict:
+    def _judge_step(self, records: list[TrialRun]) -> Verdict:
         usable = [r for r in records if r.observation]
         if not usable:
             reasons = "; ".join(sorted({r.reason for r in records}))[:300]
@@ -338,7 +280,7 @@ class Evaluator:
             verdict = verdict.model_copy(update={"figures": figures})
         return verdict
 
-    def set_reference(self, records: list[TrialRecord]) -> None:
+    def set_reference(self, records: list[TrialRun]) -> None:
         """The good end's observations become the reference for token matching."""
         self.reference = [Observation.load(self.abs(r.observation)) for r in records if r.observation]
 

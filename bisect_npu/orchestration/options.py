@@ -1,10 +1,10 @@
 """What `bisect-npu run` was asked, kept apart from the session that runs it: the journal header
-stores it, resume reads it back, and the report turns it into a reproduce line."""
+stores it (as `records.HeaderOptions`), resume reads it back, and the report turns it into a
+reproduce line."""
 
 from __future__ import annotations
 
 import dataclasses
-import shlex
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
@@ -13,6 +13,7 @@ from pydantic import ValidationError
 from bisect_npu.defaults import CACHE_SIZE_GIB, TRIAL_TIMEOUT_S
 from bisect_npu.errors import UsageError
 from bisect_npu.recipe import EarlierRunsSpec, Recipe
+from bisect_npu.records import HeaderOptions
 from bisect_npu.search import EarlierRuns
 
 
@@ -58,28 +59,16 @@ class RunOptions:
     def to_json(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
 
+    def to_header(self) -> HeaderOptions:
+        return HeaderOptions(**self.to_json())
+
+    @classmethod
+    def from_header(cls, header: HeaderOptions) -> RunOptions:
+        return cls.from_json(header.model_dump())
+
     def run_argv(self) -> list[str]:
-        """The `bisect-npu run` arguments that give these options again (the report's reproduce
-        line): every option `run` has, where it differs from `run`'s default."""
-        valued: list[tuple[str, object]] = [
-            ("--package", self.package), ("--repo", self.repo), ("--good", self.good), ("--bad", self.bad),
-            ("--index-url", self.index_url), ("--recipe", self.recipe),
-            ("--cmd", shlex.join(self.command) if self.command else None),
-            ("--executor", self.executor if self.executor != "local" else None),
-            ("--devices", ",".join(map(str, self.devices)) or None),
-            ("--slots", self.slots if self.devices or (self.slots or 1) != 1 else None),
-            ("--workdir", self.workdir), ("--mode", self.mode),
-            ("--confidence", repr(self.confidence) if self.confidence is not None else None),
-            ("--timeout", repr(self.timeout_s) if self.timeout_s != TRIAL_TIMEOUT_S else None),
-            ("--cache-size", f"{int(self.cache_size_gb * 2**30)}" if self.cache_size_gb != CACHE_SIZE_GIB else None),
-        ]
-        argv = [str(arg) for flag, value in valued if value is not None for arg in (flag, value)]
-        if self.earlier_runs:
-            argv += ["--earlier-runs", *self.earlier_runs]
-        flags = {"--pre": self.prereleases, "--prefetch": self.prefetch is True,
-                 "--no-prefetch": self.prefetch is False, "--no-check-ends": not self.check_ends,
-                 "--no-fix": not self.propose_fix, "--verify-fix": self.verify_fix, "--find-fix": self.find_fix}
-        return argv + [flag for flag, wanted in flags.items() if wanted]
+        """The `bisect-npu run` arguments that give these options again (the report's reproduce line)."""
+        return self.to_header().run_argv()
 
     @classmethod
     def from_json(cls, raw: dict[str, Any]) -> RunOptions:

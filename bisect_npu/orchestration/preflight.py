@@ -9,7 +9,7 @@ import shlex
 import stat
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Literal
+from typing import Literal
 
 import git
 
@@ -17,6 +17,7 @@ from bisect_npu import history
 from bisect_npu.errors import UsageError
 from bisect_npu.orchestration.options import RunOptions, earlier_runs_spec
 from bisect_npu.recipe import EarlierRunsSpec, Recipe, load_recipe
+from bisect_npu.records import CandidateRange
 
 
 @dataclass(frozen=True)
@@ -26,7 +27,7 @@ class RunInputs:
     recipe: Recipe | None
     repo: git.Repo | None
     earlier_runs: EarlierRunsSpec | None
-    candidates_range: dict[str, Any]
+    candidates_range: CandidateRange
 
 
 def check_run(options: RunOptions) -> RunInputs:
@@ -59,23 +60,23 @@ def check_run(options: RunOptions) -> RunInputs:
         raise UsageError("give --repo (a clone of the upstream) or --package (bisect published releases)")
     candidates_range = resolve_candidates(options, repo)
     if options.command:
-        ends = [candidates_range["base"], candidates_range["bad"]] if candidates_range["kind"] == "commits" else []
+        ends = [candidates_range.base, candidates_range.bad] if candidates_range.kind == "commits" else []
         check_command(options.command, repo, ends)
     if repo is not None and options.package is None and options.executor == "docker" and recipe is not None:
         from bisect_npu.execute.host import recipe_for_host
 
         check_dockerfile(repo, recipe_for_host(recipe, options.host).build.dockerfile, candidates_range)
-    if repo is not None and recipe is not None and candidates_range["kind"] == "commits":
+    if repo is not None and recipe is not None and candidates_range.kind == "commits":
         from bisect_npu.recipe_check import check_recipe_at_ends, check_support, range_ends
 
-        named_ends = range_ends(options.good, options.bad, candidates_range["good"], candidates_range["base"],
-                              candidates_range["bad"])
+        named_ends = range_ends(options.good, options.bad, candidates_range.good, candidates_range.base,
+                              candidates_range.bad)
         check_support(recipe, repo, named_ends)
         check_recipe_at_ends(recipe, repo, named_ends)  # a recipe the candidate refuses: an error, not a range of skips
-    if repo is not None and candidates_range["kind"] == "commits":
+    if repo is not None and candidates_range.kind == "commits":
         from bisect_npu.builders.submodules import check_submodule_pins
 
-        for end in (candidates_range["base"], candidates_range["bad"]):
+        for end in (candidates_range.base, candidates_range.bad):
             check_submodule_pins(repo, end)  # a clone without its submodules stops here, not at step one
     if options.workdir:
         from bisect_npu.builders.local import check_workdir
@@ -102,7 +103,7 @@ def settle_slots(options: RunOptions, cards_per_run: int) -> None:
                          f"{needs}; use --slots {cards // cards_per_run} or fewer, or give more --devices")
 
 
-def resolve_candidates(options: RunOptions, repo: git.Repo | None) -> dict[str, Any]:
+def resolve_candidates(options: RunOptions, repo: git.Repo | None) -> CandidateRange:
     """The journal header's `range`: commits of a repository, or published versions of a package."""
     if options.package:
         from bisect_npu import versions
@@ -113,32 +114,34 @@ def resolve_candidates(options: RunOptions, repo: git.Repo | None) -> dict[str, 
         candidates = [*vrange.candidates, vrange.bad]
         titles = {**vrange.titles, vrange.good: f"{options.package} {vrange.good}",
                   vrange.bad: f"{options.package} {vrange.bad}"}
-        return {"kind": "versions", "package": options.package, "good": vrange.good, "bad": vrange.bad,
-                "base": vrange.good, "good_ref": options.good, "bad_ref": options.bad, "merge_base_note": None,
-                "candidates": candidates, "titles": titles, "prs": {}, "groups": vrange.groups}
+        return CandidateRange(kind="versions", package=options.package, good=vrange.good, bad=vrange.bad,
+                              base=vrange.good, good_ref=options.good, bad_ref=options.bad, candidates=candidates,
+                              titles=titles, groups=vrange.groups)
     assert repo is not None
     brange = history.resolve_range(repo, options.good, options.bad)
     if not brange.candidates:
         raise UsageError(f"nothing to bisect between {options.good} and {options.bad}")
     facts = history.commits_facts(repo, [brange.base, *brange.candidates])
-    return {"kind": "commits", "good": brange.good, "bad": brange.bad, "base": brange.base,
-            "good_ref": options.good, "bad_ref": options.bad, "merge_base_note": brange.merge_base_note,
-            "candidates": list(brange.candidates), "titles": {f.sha: f.title for f in facts},
-            "prs": {f.sha: f.pr for f in facts if f.pr}}
+    return CandidateRange(kind="commits", good=brange.good, bad=brange.bad, base=brange.base, good_ref=options.good,
+                          bad_ref=options.bad, merge_base_note=brange.merge_base_note,
+                          candidates=list(brange.candidates), titles={f.sha: f.title for f in facts},
+                          prs={f.sha: f.pr for f in facts if f.pr})
 
 
-def check_dockerfile(repo: git.Repo, dockerfile: str, candidates_range: dict[str, Any]) -> None:
+def check_dockerfile(repo: git.Repo, dockerfile: str, candidates_range: CandidateRange) -> None:
     """Both ends must hold the Dockerfile the images are built from (a recipe's build.dockerfile),
     or every step would be a skip; say where in the range it first appears."""
     from bisect_npu.builders.key import BuildKeyReader
 
     keys = BuildKeyReader(repo, dockerfile=dockerfile)
-    for which, sha in (("good", candidates_range["base"]), ("bad", candidates_range["bad"])):
+    ends = (("good", candidates_range.base, candidates_range.good_ref),
+            ("bad", candidates_range.bad, candidates_range.bad_ref))
+    for which, sha, ref in ends:
         if keys.key(sha).has_dockerfile:
             continue
-        first = next((c for c in candidates_range["candidates"] if keys.key(c).has_dockerfile), None)
+        first = next((c for c in candidates_range.candidates if keys.key(c).has_dockerfile), None)
         where = f"it first appears at {first[:12]} in this range" if first else "no commit of this range has it"
-        raise UsageError(f"the {which} end {candidates_range[f'{which}_ref']} ({sha[:12]}) has no {dockerfile}, "
+        raise UsageError(f"the {which} end {ref} ({sha[:12]}) has no {dockerfile}, "
                          f"so it cannot be built for that target ({where}); pick ends that have it, or set "
                          "build.dockerfile to one they have")
 

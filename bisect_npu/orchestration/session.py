@@ -15,23 +15,37 @@ import threading
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Literal
+from typing import Literal
 
 import git
 
 from bisect_npu import __version__, history, search
 from bisect_npu.builders.base import Builder
-from bisect_npu.contracts import Verdict, to_jsonable
+from bisect_npu.contracts import Verdict
 from bisect_npu.errors import UsageError
 from bisect_npu.execute.base import Executor
-from bisect_npu.journal import DEFAULT_ROOT, Journal, latest_session, new_session_dir, require_header
+from bisect_npu.journal import DEFAULT_ROOT, Journal, latest_session, new_session_dir
 from bisect_npu.orchestration.costs import measured_costs, told_costs
-from bisect_npu.orchestration.evaluate import Evaluator, StepResult, TrialRecord
+from bisect_npu.orchestration.evaluate import Evaluator, StepResult
 from bisect_npu.orchestration.options import RunOptions, earlier_runs_for_search, earlier_runs_spec
 from bisect_npu.orchestration.preflight import check_run, settle_slots
 from bisect_npu.orchestration.wiring import load_golden, session_evaluator
 from bisect_npu.progress import PlainProgress, Progress
 from bisect_npu.recipe import Recipe, load_recipe
+from bisect_npu.records import (
+    JOURNAL_SCHEMA_VERSION,
+    EarlierRunsCounts,
+    EndRecord,
+    FixRecord,
+    FixVerifiedRecord,
+    FixVerifyRecord,
+    HeaderRecord,
+    JournalRecord,
+    NextLevelRecord,
+    StepRecord,
+    TrialRecord,
+    TrialRun,
+)
 
 EXIT_FOUND, EXIT_NARROWED, EXIT_ENDS_WRONG = 0, 3, 4
 
@@ -67,10 +81,10 @@ class Session:
         self.recipe = recipe
         self.evaluator = evaluator
         self.progress = progress
-        header_range = journal.header["range"]
-        self.base: str = header_range["base"]
-        self.candidates: list[str] = list(header_range["candidates"])
-        self.titles: dict[str, str] = header_range.get("titles", {})
+        header_range = journal.header.range
+        self.base = header_range.base
+        self.candidates = list(header_range.candidates)
+        self.titles = header_range.titles
         self._lock = threading.Lock()
         self._told: dict[str, float] = {}  # the costs the search was told for the round being run
         self.earlier_runs = earlier_runs_spec(options, recipe)
@@ -87,20 +101,21 @@ class Session:
         inputs = check_run(options)
         recipe, repo, candidates_range = inputs.recipe, inputs.repo, inputs.candidates_range
         session_dir = (session_dir or new_session_dir(root)).resolve()
-        header = {
-            "tool_version": __version__,
-            "options": options.to_json(),
-            "recipe_digest": recipe.digest() if recipe else None,
-            "mode": options.mode or (recipe.trials.mode if recipe else "exact"),  # what the search ran in
-            "earlier_runs": inputs.earlier_runs.model_dump() if inputs.earlier_runs else None,
-            "range": candidates_range,
-            "github": history.github_url(repo) if repo is not None and options.package is None else None,
-            "parent_session": str(parent) if parent else None,
-        }
+        header = HeaderRecord(
+            schema_version=JOURNAL_SCHEMA_VERSION,
+            tool_version=__version__,
+            options=options.to_header(),
+            recipe_digest=recipe.digest() if recipe else None,
+            mode=options.mode or (recipe.trials.mode if recipe else "exact"),  # what the search ran in
+            earlier_runs=EarlierRunsCounts(**inputs.earlier_runs.model_dump()) if inputs.earlier_runs else None,
+            range=candidates_range,
+            github=history.github_url(repo) if repo is not None and options.package is None else None,
+            parent_session=str(parent) if parent else None,
+        )
         journal = Journal.create(session_dir, header)
         progress = progress or PlainProgress()
-        if candidates_range["merge_base_note"]:
-            progress.note(candidates_range["merge_base_note"])
+        if candidates_range.merge_base_note:
+            progress.note(candidates_range.merge_base_note)
         evaluator = session_evaluator(options, repo, recipe, session_dir, builder, executor)
         _stop_leftovers(evaluator, progress)
         return cls(journal, options, repo, recipe, evaluator, progress)
@@ -110,10 +125,9 @@ class Session:
                builder: Builder | None = None, executor: Executor | None = None) -> Session:
         session_dir = (session_dir or latest_session(root)).resolve()
         journal = Journal.open(session_dir)
-        require_header(journal)
-        options = RunOptions.from_json(journal.header["options"])
+        options = RunOptions.from_header(journal.header.options)
         recipe = load_recipe(options.recipe) if options.recipe else None
-        if recipe is not None and recipe.digest() != journal.header.get("recipe_digest"):
+        if recipe is not None and recipe.digest() != journal.header.recipe_digest:
             journal.close()
             raise UsageError(f"recipe {options.recipe} changed since the session started; "
                              "start a new session with `bisect-npu run` (results would mix two bad cases)")
@@ -200,36 +214,32 @@ class Session:
     def evidence(self) -> dict[int, search.Evidence]:
         evidence: dict[int, search.Evidence] = {}
         for entry in self.journal.entries:
-            index = entry.get("index")
-            if index is None:
-                continue
-            current = evidence.get(index, search.Evidence())
-            if self.mode == "noisy" and entry["type"] == "trial" and entry.get("outcome"):
-                evidence[index] = current.add(self._search_term(entry["outcome"]))
-            elif entry["type"] == "step" and (self.mode == "exact" or (entry["verdict"]["kind"] == "skip"
-                                              and not entry.get("trials"))):
-                evidence[index] = current.add(self._search_term(entry["verdict"]["kind"]))
+            if isinstance(entry, TrialRecord) and self.mode == "noisy" and entry.outcome:
+                current = evidence.get(entry.index, search.Evidence())
+                evidence[entry.index] = current.add(self._search_term(entry.outcome.value))
+            elif isinstance(entry, StepRecord) and (self.mode == "exact" or (entry.verdict.kind == "skip"
+                                                    and not entry.trials)):
+                current = evidence.get(entry.index, search.Evidence())
+                evidence[entry.index] = current.add(self._search_term(entry.verdict.kind.value))
         return evidence
 
-    def _pending_trials(self, index: int) -> list[TrialRecord]:
+    def _pending_trials(self, index: int) -> list[TrialRun]:
         """Trials of `index` journaled after its last finished step: an interrupted step's work."""
-        pending: list[TrialRecord] = []
+        pending: list[TrialRun] = []
         for entry in self.journal.entries:
-            if entry.get("index") != index:
-                continue
-            if entry["type"] == "trial":
-                pending.append(TrialRecord.from_json(entry))
-            elif entry["type"] == "step":
+            if isinstance(entry, TrialRecord) and entry.index == index:
+                pending.append(entry)
+            elif isinstance(entry, StepRecord) and entry.index == index:
                 pending = []
         return pending
 
     def _next_trial(self, index: int) -> int:
         """Trial numbers keep growing per position, so a repeated query never repeats a seed."""
-        numbers = [e["trial"] for e in self.journal.entries if e["type"] == "trial" and e.get("index") == index]
+        numbers = [e.trial for e in self.journal.records(TrialRecord) if e.index == index]
         return max(numbers, default=-1) + 1
 
-    def _finished_steps(self) -> list[dict[str, Any]]:
-        return [e for e in self.journal.entries if e["type"] == "step"]
+    def _finished_steps(self) -> list[StepRecord]:
+        return self.journal.records(StepRecord)
 
     # -- the loop -------------------------------------------------------------------------------
 
@@ -251,15 +261,17 @@ class Session:
                     self.journal.close()
 
     def _run(self) -> SessionResult:
-        ended = next((e for e in self.journal.entries if e["type"] == "end"), None)
+        ended = next(iter(self.journal.records(EndRecord)), None)
         if ended is not None:
-            level_done = any(e["type"] == "next_level" for e in self.journal.entries)
-            if self.options.package and self.repo is not None and ended["status"] == "found" and not level_done:
-                return self._commit_level(search.Found(ended["index"]))
+            level_done = bool(self.journal.records(NextLevelRecord))
+            if self.options.package and self.repo is not None and ended.status == "found" and not level_done:
+                assert ended.index is not None
+                return self._commit_level(search.Found(ended.index))
             result = self._result_from_end(ended)
             if self._fix_wanted(result) and not self._fix_done():
+                assert result.culprit is not None
                 self.progress.note("session ended before its fix proposal was done; finishing that")
-                self._propose_fix(ended["culprit"])
+                self._propose_fix(result.culprit)
             else:
                 self.progress.note("session already finished; re-rendering the report only")
             return result
@@ -285,8 +297,9 @@ class Session:
                 and self.options.propose_fix and not self.options.find_fix)
 
     def _fix_done(self) -> bool:
-        kinds = {e["type"] for e in self.journal.entries}
-        return "fix_verify" in kinds or ("fix" in kinds and not self.options.verify_fix)
+        if self.journal.records(FixVerifyRecord):
+            return True
+        return bool(self.journal.records(FixRecord)) and not self.options.verify_fix
 
     def _commit_level(self, decision: search.Decision) -> SessionResult:
         """Release level done: map the two adjacent versions to tags and bisect the commits between
@@ -308,8 +321,8 @@ class Session:
         result = child.run()
         from bisect_npu.report import write_reports
 
-        self._append({"type": "next_level", "session": str(result.session_dir), "status": result.status,
-                      "culprit": result.culprit, "message": result.message, "good": good_tag, "bad": bad_tag})
+        self._append(NextLevelRecord(session=str(result.session_dir), status=result.status, culprit=result.culprit,
+                                     message=result.message, good=good_tag, bad=bad_tag))
         write_reports(self.journal.session_dir)  # the release level's report, with its commit-level answer
         return result
 
@@ -354,12 +367,11 @@ class Session:
     def _ensure_reference(self) -> None:
         if not self._needs_reference() or self.evaluator.reference is not None:
             return
-        good_steps = [e for e in self._finished_steps() if e["index"] == 0]
+        good_steps = [e for e in self._finished_steps() if e.index == 0]
         if not good_steps:
             self._run_query(search.Query(0, self.recipe.trials.count if self.recipe else 1))
-            good_steps = [e for e in self._finished_steps() if e["index"] == 0]
-        records = [TrialRecord.from_json(t) for s in good_steps for t in s.get("trials", [])]
-        self.evaluator.set_reference(records)
+            good_steps = [e for e in self._finished_steps() if e.index == 0]
+        self.evaluator.set_reference([t for s in good_steps for t in s.trials])
 
     def _run_query(self, query: search.Query, first_trial: int | None = None) -> None:
         if query.index != 0:
@@ -375,8 +387,8 @@ class Session:
         expected = trials * (len(self.recipe.cases) if self.recipe else 1)
         finished = itertools.count(len(pending) + 1)
 
-        def on_trial(record: TrialRecord) -> None:
-            self._append({"type": "trial", "index": query.index, "commit": commit, **record.to_json()})
+        def on_trial(record: TrialRun) -> None:
+            self._append(TrialRecord(index=query.index, commit=commit, **record.model_dump()))
             outcome = record.outcome.value if record.outcome else "run"
             self.progress.trial_finished(query.index, record.trial, outcome, next(finished), expected)
 
@@ -386,14 +398,12 @@ class Session:
         self._record_step(query.index, result)
 
     def _record_step(self, index: int, result: StepResult) -> None:
-        self._append({"type": "step", "index": index, "commit": result.commit,
-                      "title": self.titles.get(result.commit, ""), "build": result.build,
-                      "verdict": result.verdict.model_dump(mode="json"),
-                      "trials": [t.to_json() for t in result.trials], "seconds": result.seconds,
-                      **({"told": self._told} if self._told else {})})
+        self._append(StepRecord(index=index, commit=result.commit, title=self.titles.get(result.commit, ""),
+                                build=result.build, verdict=result.verdict, trials=result.trials,
+                                seconds=result.seconds, told=self._told))
         self.progress.step_finished(index, result.commit, result.verdict, result.seconds)
 
-    def _append(self, record: dict[str, Any]) -> None:
+    def _append(self, record: JournalRecord) -> None:
         with self._lock:
             self.journal.append(record)
 
@@ -412,8 +422,8 @@ class Session:
             title = self.titles.get(culprit, "")
             what = "release" if self.options.package else "commit"
             message = f"first {'fixed' if self.options.find_fix else 'bad'} {what}: {culprit[:12]} {title}"
-            end = {"status": "found", "culprit": culprit, "index": decision.index,
-                   "confidence": decision.confidence, "figures": decision.figures}
+            end = EndRecord(status="found", culprit=culprit, index=decision.index, confidence=decision.confidence,
+                            figures=decision.figures)
             result = SessionResult("found", EXIT_FOUND, self.journal.session_dir, culprit=culprit,
                                    message=message, steps=steps)
         elif isinstance(decision, search.Narrowed):
@@ -421,8 +431,8 @@ class Session:
             sought = "fix" if self.options.find_fix else "culprit"
             message = (f"the {sought} is one of {decision.hi - decision.lo} commits in ({lo[:12]}, {hi[:12]}]: "
                        "the commits between could not be tested (skipped)")
-            end = {"status": "narrowed", "lo": lo, "hi": hi, "lo_index": decision.lo, "hi_index": decision.hi,
-                   "figures": decision.figures}
+            end = EndRecord(status="narrowed", lo=lo, hi=hi, lo_index=decision.lo, hi_index=decision.hi,
+                            figures=decision.figures)
             result = SessionResult("narrowed", EXIT_NARROWED, self.journal.session_dir, range=(lo, hi),
                                    message=message, steps=steps)
         else:
@@ -432,8 +442,8 @@ class Session:
             # --find-fix names the ends old (broken) and new (fixed), as the user gave them.
             name = ("old" if decision.which == "good" else "new") if self.options.find_fix else decision.which
             if self.evidence().get(end_index, search.Evidence()).skipped:
-                reason = next((e["verdict"]["reason"] for e in reversed(self._finished_steps())
-                               if e["index"] == end_index), "")
+                reason = next((e.verdict.reason for e in reversed(self._finished_steps())
+                               if e.index == end_index), "")
                 message = (f"precondition failed: the {name} end {ref} could not be tested ({reason}); "
                            "fix the build or the recipe for that commit, or choose another end")
             elif self.options.find_fix:
@@ -453,19 +463,18 @@ class Session:
                 message = (f"precondition failed: the {decision.which} end {ref} {judged}; "
                            f"check the {oracle} reproduces the problem at {self.options.bad} and not at "
                            f"{self.options.good}, or pass --no-check-ends")
-            end = {"status": "ends_wrong", "which": decision.which, "figures": decision.figures}
+            end = EndRecord(status="ends_wrong", which=decision.which, figures=decision.figures)
             result = SessionResult("ends_wrong", EXIT_ENDS_WRONG, self.journal.session_dir, message=message,
                                    steps=steps)
-        self._append({"type": "end", **end, "message": message, "prefetch_saved_s": self._prefetch_saved()})
+        self._append(end.model_copy(update={"message": message, "prefetch_saved_s": self._prefetch_saved()}))
         return result
 
-    def _result_from_end(self, end: dict[str, Any]) -> SessionResult:
+    def _result_from_end(self, end: EndRecord) -> SessionResult:
         steps = len(self._finished_steps())
-        status = end["status"]
-        code = {"found": EXIT_FOUND, "narrowed": EXIT_NARROWED, "ends_wrong": EXIT_ENDS_WRONG}[status]
-        rng = (end["lo"], end["hi"]) if status == "narrowed" else None
-        return SessionResult(status, code, self.journal.session_dir, culprit=end.get("culprit"), range=rng,
-                             message=end.get("message", ""), steps=steps)
+        code = {"found": EXIT_FOUND, "narrowed": EXIT_NARROWED, "ends_wrong": EXIT_ENDS_WRONG}[end.status]
+        rng = (end.lo, end.hi) if end.status == "narrowed" and end.lo and end.hi else None
+        return SessionResult(end.status, code, self.journal.session_dir, culprit=end.culprit, range=rng,
+                             message=end.message, steps=steps)
 
     def _propose_fix(self, culprit: str) -> None:
         """Rank the fixes, then verify the top ones, journaling each verification as it ends: an
@@ -474,26 +483,24 @@ class Session:
 
         assert self.repo is not None
         self.progress.note("looking for upstream commits that fix the culprit")
-        report = fix.propose_fixes(self.repo, culprit, bad=self.journal.header["range"]["bad"],
+        report = fix.propose_fixes(self.repo, culprit, bad=self.journal.header.range.bad,
                                    symptom=self.recipe.symptom if self.recipe else (), top=max(5, self.options.fix_top))
-        if not any(e["type"] == "fix" for e in self.journal.entries):
-            self._append({"type": "fix", "report": to_jsonable(report)})
+        if not self.journal.records(FixRecord):
+            self._append(FixRecord(report=report))
         if not self.options.verify_fix:
             return
         if not report.proposals:
-            self._append({"type": "fix_verify", "verifications": []})  # nothing to verify: the stage is done
+            self._append(FixVerifyRecord(verifications=[]))  # nothing to verify: the stage is done
             return
-        kept = [e["verification"] for e in self.journal.entries if e["type"] == "fix_verified"]
+        kept = [e.verification for e in self.journal.records(FixVerifiedRecord)]
         self.progress.note(f"verifying the top {self.options.fix_top} fix proposals on the bad end"
                            + (f" ({len(kept)} verified before the interruption)" if kept else ""))
-        fresh = fix.verify_fixes(self.repo, self.journal.header["range"]["bad"], report, self.verdict_of,
+        fresh = fix.verify_fixes(self.repo, self.journal.header.range.bad, report, self.verdict_of,
                                  top=self.options.fix_top, workdir=self.journal.session_dir / "fix-worktrees",
-                                 done={v["proposal"]["shas"][0] for v in kept},
-                                 on_result=lambda v: self._append({"type": "fix_verified",
-                                                                   "verification": to_jsonable(v)}))
-        every = [*kept, *to_jsonable(fresh)]
-        every.sort(key=lambda v: v["status"] != "verified")
-        self._append({"type": "fix_verify", "verifications": every})
+                                 done={v.proposal.shas[0] for v in kept},
+                                 on_result=lambda v: self._append(FixVerifiedRecord(verification=v)))
+        every = sorted([*kept, *fresh], key=lambda v: v.status != "verified")
+        self._append(FixVerifyRecord(verifications=every))
 
     def verdict_of(self, commit: str) -> Verdict:
         """Evaluate any commit (a fix applied on the bad end) with this session's recipe or command."""

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import platform
 import shlex
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -15,10 +16,22 @@ from typing import Any
 import jinja2
 
 from bisect_npu import __version__
-from bisect_npu.contracts import Observation
+from bisect_npu.contracts import FixReport, FixVerification, Observation, to_jsonable
 from bisect_npu.errors import UsageError
-from bisect_npu.journal import JOURNAL_FILE, Journal, require_header
-from bisect_npu.orchestration.evaluate import trial_seconds
+from bisect_npu.journal import JOURNAL_FILE, Journal
+from bisect_npu.records import (
+    CandidateRange,
+    EndRecord,
+    FixRecord,
+    FixVerifyRecord,
+    HeaderOptions,
+    HeaderRecord,
+    NextLevelRecord,
+    Record,
+    StepRecord,
+    TrialRecord,
+    trial_seconds,
+)
 
 TEMPLATES = Path(__file__).parent / "templates"
 # Figures worth charting, most telling first; the first one that most steps carry is drawn.
@@ -48,76 +61,74 @@ class SessionView:
     """Everything a report shows, derived from the journal alone."""
 
     session_dir: Path
-    header: dict[str, Any]
+    header: HeaderRecord
     steps: list[StepView]
-    end: dict[str, Any] | None
-    fix: dict[str, Any] | None
-    fix_verify: list[dict[str, Any]] | None
-    next_level: dict[str, Any] | None = None
+    end: EndRecord | None
+    fix: FixReport | None
+    fix_verify: list[FixVerification] | None
+    next_level: NextLevelRecord | None = None
     versions: dict[str, str] = field(default_factory=dict)
     sampling: dict[str, Any] = field(default_factory=dict)
     engine_starts: dict[str, Any] | None = None
     told: dict[str, float] = field(default_factory=dict)
 
     @property
-    def range(self) -> dict[str, Any]:
-        return self.header["range"]
+    def range(self) -> CandidateRange:
+        return self.header.range
 
     @property
-    def options(self) -> dict[str, Any]:
-        return self.header["options"]
+    def options(self) -> HeaderOptions:
+        return self.header.options
 
     @property
     def github(self) -> str | None:
-        return self.header.get("github")
+        return self.header.github
 
     def title_of(self, sha: str) -> str:
-        return self.range.get("titles", {}).get(sha, "")
+        return self.range.title_of(sha)
 
     def pr_of(self, sha: str) -> int | None:
-        return self.range.get("prs", {}).get(sha)
+        return self.range.pr_of(sha)
 
 
 def load_view(session_dir: Path) -> SessionView:
     if not (session_dir / JOURNAL_FILE).is_file():
         raise UsageError(f"{session_dir} holds no bisect-npu journal; pass --session with a session directory")
     journal = Journal.open(session_dir, read_only=True)
-    require_header(journal)
     steps: list[StepView] = []
-    end = fix = next_level = None
-    fix_verify = None
+    end: EndRecord | None = None
+    fix: FixReport | None = None
+    fix_verify: list[FixVerification] | None = None
+    next_level: NextLevelRecord | None = None
     view_told: dict[str, float] = {}  # what the search weighed its last choice by
     # Trials no step has taken (yet), per position, each with how many steps preceded it.
-    open_trials: dict[int, list[tuple[int, int, dict[str, Any]]]] = {}
-    prs = journal.header["range"].get("prs", {})
+    open_trials: dict[int, list[tuple[int, int, TrialRecord]]] = {}
+    candidates = journal.header.range
     for line, entry in enumerate(journal.entries):
-        kind = entry["type"]
-        if kind == "trial" and entry.get("index") is not None:
-            open_trials.setdefault(entry["index"], []).append((len(steps), line, entry))
-        elif kind == "step":
-            kept = {(t["case_id"], t["trial"]) for t in entry.get("trials", [])}
-            open_trials[entry["index"]] = [(at, line_, t) for at, line_, t in open_trials.get(entry["index"], [])
-                                           if (t["case_id"], t["trial"]) not in kept]
-            verdict = entry["verdict"]
-            build = entry.get("build") or {}
-            logs = [t["log"] for t in entry.get("trials", []) if t.get("log")]
-            if build.get("log"):
-                logs.insert(0, build["log"])
-            view_told = entry.get("told") or view_told
-            steps.append(StepView(len(steps) + 1, entry["index"], entry["commit"], entry.get("title", ""),
-                                  verdict["kind"], verdict["reason"], entry.get("seconds", 0.0),
-                                  build.get("how", ""), build.get("seconds") or 0.0, verdict.get("trials", 1),
-                                  verdict.get("figures", {}), logs, prs.get(entry["commit"])))
-        elif kind == "end":
+        if isinstance(entry, TrialRecord):
+            open_trials.setdefault(entry.index, []).append((len(steps), line, entry))
+        elif isinstance(entry, StepRecord):
+            kept = {(t.case_id, t.trial) for t in entry.trials}
+            open_trials[entry.index] = [(at, line_, t) for at, line_, t in open_trials.get(entry.index, [])
+                                        if (t.case_id, t.trial) not in kept]
+            verdict, build = entry.verdict, entry.build
+            logs = [t.log for t in entry.trials if t.log]
+            if build is not None and build.log:
+                logs.insert(0, build.log)
+            view_told = entry.told or view_told
+            steps.append(StepView(len(steps) + 1, entry.index, entry.commit, entry.title, verdict.kind.value,
+                                  verdict.reason, entry.seconds, build.how if build else "",
+                                  (build.seconds if build else None) or 0.0, verdict.trials, verdict.figures, logs,
+                                  candidates.pr_of(entry.commit)))
+        elif isinstance(entry, EndRecord):
             end = entry
-        elif kind == "fix":
-            fix = entry["report"]
-        elif kind == "fix_verify":
-            fix_verify = entry["verifications"]
-        elif kind == "next_level":
+        elif isinstance(entry, FixRecord):
+            fix = entry.report
+        elif isinstance(entry, FixVerifyRecord):
+            fix_verify = entry.verifications
+        elif isinstance(entry, NextLevelRecord):
             next_level = entry
-    steps = _with_interrupted_rows(steps, open_trials, journal.header["range"],
-                                   counted=journal.header.get("mode") == "noisy")
+    steps = _with_interrupted_rows(steps, open_trials, candidates, counted=journal.header.mode == "noisy")
     journal.close()
     view = SessionView(session_dir, journal.header, steps, end, fix, fix_verify, next_level)
     view.versions, view.sampling = _engine_facts(session_dir, journal.entries)
@@ -126,12 +137,12 @@ def load_view(session_dir: Path) -> SessionView:
     return view
 
 
-def _with_interrupted_rows(steps: list[StepView], orphans: dict[int, list[tuple[int, int, dict[str, Any]]]],
-                           candidates: dict[str, Any], *, counted: bool) -> list[StepView]:
+def _with_interrupted_rows(steps: list[StepView], orphans: dict[int, list[tuple[int, int, TrialRecord]]],
+                           candidates: CandidateRange, *, counted: bool) -> list[StepView]:
     """Trials of a step that did not finish (an interruption, or a session still running) and that
     no later step took over, as `unfinished` rows where they happened; steps renumbered. Noisy
     mode counts such trials as evidence (`counted`); exact mode judges whole steps only."""
-    runs: list[tuple[int, int, int, list[dict[str, Any]]]] = []  # (steps before, journal line, position, trials)
+    runs: list[tuple[int, int, int, list[TrialRecord]]] = []  # (steps before, journal line, position, trials)
     for index, cut in orphans.items():
         for at, line, trial in cut:
             if runs and (runs[-1][0], runs[-1][2]) == (at, index):
@@ -140,14 +151,13 @@ def _with_interrupted_rows(steps: list[StepView], orphans: dict[int, list[tuple[
                 runs.append((at, line, index, [trial]))
     rows = list(steps)
     for at, _, index, trials in sorted(runs, key=lambda run: run[:2], reverse=True):
-        commit = trials[0]["commit"]
-        bad = sum(1 for t in trials if t.get("outcome") == "bad")
+        commit = trials[0].commit
+        bad = sum(1 for t in trials if t.outcome == "bad")
         reason = (f"{len(trials)} trial(s) of a step that did not finish (interrupted, or still running), {bad} "
                   f"bad; {'counted as evidence' if counted else 'not judged: exact mode judges whole steps'}")
-        rows.insert(at, StepView(0, index, commit, candidates.get("titles", {}).get(commit, ""), "unfinished",
-                                 reason, round(sum(t.get("seconds", 0.0) for t in trials), 3), "", 0.0,
-                                 len(trials), {}, [t["log"] for t in trials if t.get("log")],
-                                 candidates.get("prs", {}).get(commit)))
+        rows.insert(at, StepView(0, index, commit, candidates.title_of(commit), "unfinished", reason,
+                                 round(sum(t.seconds for t in trials), 3), "", 0.0, len(trials), {},
+                                 [t.log for t in trials if t.log], candidates.pr_of(commit)))
     for order, row in enumerate(rows, 1):
         row.order = order
     return rows
@@ -159,15 +169,17 @@ def evidence_summary(view: SessionView) -> list[str]:
     the posterior, and for ends judged wrong in noisy mode what each end showed. Noisy figures count
     the search's "bad" runs, which with --find-fix are the runs without the symptom; the words
     always count runs that show it."""
-    end = view.end or {}
-    figures = end.get("figures") or {}
-    flipped = bool(view.options.get("find_fix"))
-    if end.get("status") == "ends_wrong" and "good_end_trials" in figures:
+    end = view.end
+    if end is None:
+        return []
+    figures = end.figures
+    flipped = view.options.find_fix
+    if end.status == "ends_wrong" and "good_end_trials" in figures:
         old, new = ("the old end", "the new end") if flipped else ("the good end", "the bad end")
         return [f"{old}: {_symptom_share(figures, 'good_end', flipped)}",
                 f"{new}: {_symptom_share(figures, 'bad_end', flipped)}",
                 f"P(the two ends differ) = {_percent(figures['change_probability'])}"]
-    if end.get("status") != "found":
+    if end.status != "found":
         return []
     found = "the fix" if flipped else "the culprit"
     if "culprit_trials" in figures:
@@ -182,7 +194,7 @@ def evidence_summary(view: SessionView) -> list[str]:
             f"P({found} shows the symptom {more} often than its parent, from their own trials) = "
             f"{_percent(figures['separation'])}",
             f"posterior that this is the first {'fixed' if flipped else 'bad'} "
-            f"{'release' if view.range.get('kind') == 'versions' else 'commit'}: "
+            f"{'release' if view.range.kind == 'versions' else 'commit'}: "
             f"{_percent(figures['posterior'])} (range-wide estimates: the symptom in {after:.0%} of runs after the "
             f"change, {before:.0%} before; {figures['trials']:.0f} trials in all)",
         ]
@@ -190,7 +202,8 @@ def evidence_summary(view: SessionView) -> list[str]:
         return [f"posterior {_percent(figures['posterior'])}: the commits around it reached the trial cap or "
                 "were skipped before the answer was sure"]
     at = {s.index: s for s in view.steps if s.verdict in ("good", "bad")}
-    culprit, before_step = at.get(end.get("index", -1)), at.get(end.get("index", 0) - 1)
+    culprit_index = end.index if end.index is not None else -1
+    culprit, before_step = at.get(culprit_index), at.get(culprit_index - 1)
     lines = []
     if culprit is not None:
         lines.append(f"**{culprit.verdict}** at {found} (step {culprit.order})")
@@ -201,8 +214,8 @@ def evidence_summary(view: SessionView) -> list[str]:
     elif (parent := _parent_of(view, end)) is not None:
         lines.append(f"its parent `{parent[:12]}` is an end taken as given, not tested (--no-check-ends)")
     if "tested" in figures:
-        what = "releases" if view.range.get("kind") == "versions" else "commits"
-        lines.append(f"{figures['tested']:.0f} of {len(view.range['candidates']) + 1} {what} tested (the "
+        what = "releases" if view.range.kind == "versions" else "commits"
+        lines.append(f"{figures['tested']:.0f} of {len(view.range.candidates) + 1} {what} tested (the "
                      f"candidates and the {'old' if flipped else 'good'} end)")
     return lines
 
@@ -226,15 +239,15 @@ def _symptom_share(figures: dict[str, float], name: str, flipped: bool) -> str:
             f"{low:.0%}-{high:.0%})")
 
 
-def _parent_of(view: SessionView, end: dict[str, Any]) -> str | None:
+def _parent_of(view: SessionView, end: EndRecord) -> str | None:
     """The candidate (or the base) just before the culprit's position."""
-    index = end.get("index")
-    if not isinstance(index, int) or index < 1:
+    index = end.index
+    if index is None or index < 1:
         return None
-    return view.range["base"] if index == 1 else view.range["candidates"][index - 2]
+    return view.range.base if index == 1 else view.range.candidates[index - 2]
 
 
-def engine_starts(entries: list[dict[str, Any]]) -> dict[str, Any] | None:
+def engine_starts(entries: Sequence[Record]) -> dict[str, Any] | None:
     """How the probe runs went: trials, engine starts (trials of one commit share one when the
     recipe batches), and the mean seconds of a start and of a trial; None without probe trials."""
     starts, runs = trial_seconds(entries)
@@ -244,10 +257,10 @@ def engine_starts(entries: list[dict[str, Any]]) -> dict[str, Any] | None:
             "trial_s": round(sum(runs) / len(runs), 1)}
 
 
-def _engine_facts(session_dir: Path, entries: list[dict[str, Any]]) -> tuple[dict[str, str], dict[str, Any]]:
+def _engine_facts(session_dir: Path, entries: Sequence[Record]) -> tuple[dict[str, str], dict[str, Any]]:
     """Versions and effective sampling parameters from the last observation the session kept."""
     for entry in reversed(entries):
-        path = entry.get("observation") if entry["type"] == "trial" else None
+        path = entry.observation if isinstance(entry, TrialRecord) else None
         if path and (session_dir / path).exists():
             try:
                 obs = Observation.load(session_dir / path)
@@ -282,7 +295,7 @@ def _environment() -> jinja2.Environment:
 def render_markdown(view: SessionView) -> str:
     chart = chart_series(view.steps)
     return _environment().get_template("report.md.j2").render(
-        v=view, r=view.range, o=view.options, end=view.end or {}, chart=chart,
+        v=view, r=view.range, o=view.options, end=view.end, chart=chart,
         reproduce=reproduce_command(view), tool_version=__version__,
         host=f"{platform.node()} ({platform.system()} {platform.machine()}, Python {platform.python_version()})",
         build_counts=_build_counts(view.steps), total_seconds=round(sum(s.seconds for s in view.steps), 1),
@@ -291,37 +304,37 @@ def render_markdown(view: SessionView) -> str:
 
 
 def render_json(view: SessionView) -> dict[str, Any]:
-    end = view.end or {}
+    end = view.end
+    figures = end.figures if end is not None else None
     return {
         "tool_version": __version__,
         "session": str(view.session_dir),
-        "status": end.get("status", "running"),
-        "culprit": end.get("culprit"),
-        "culprit_title": view.title_of(end["culprit"]) if end.get("culprit") else None,
-        "range": [end["lo"], end["hi"]] if end.get("status") == "narrowed" else None,
-        "message": end.get("message"),
-        "evidence": end.get("figures"),
+        "status": end.status if end is not None else "running",
+        "culprit": end.culprit if end is not None else None,
+        "culprit_title": view.title_of(end.culprit) if end is not None and end.culprit else None,
+        "range": [end.lo, end.hi] if end is not None and end.status == "narrowed" else None,
+        "message": end.message if end is not None else None,
+        "evidence": figures,
         # What the noisy figures' rates count: the search's "bad" runs, clean ones under --find-fix.
-        "evidence_counts": (("runs without the symptom" if view.options.get("find_fix") else "runs with the symptom")
-                            if any(name.endswith("_rate") for name in end.get("figures") or {}) else None),
-        "prefetch_saved_s": end.get("prefetch_saved_s"),
-        "good": view.range["good"], "bad": view.range["bad"], "base": view.range["base"],
-        "merge_base_note": view.range.get("merge_base_note"),
-        "candidates": len(view.range["candidates"]),
+        "evidence_counts": (("runs without the symptom" if view.options.find_fix else "runs with the symptom")
+                            if any(name.endswith("_rate") for name in figures or {}) else None),
+        "prefetch_saved_s": end.prefetch_saved_s if end is not None else None,
+        "good": view.range.good, "bad": view.range.bad, "base": view.range.base,
+        "merge_base_note": view.range.merge_base_note,
+        "candidates": len(view.range.candidates),
         "steps": [{"index": s.index, "commit": s.commit, "title": s.title, "verdict": s.verdict,
                    "reason": s.reason, "seconds": s.seconds, "build": s.build_how, "trials": s.trials,
                    "figures": s.figures} for s in view.steps],
-        "fix": view.fix, "fix_verify": view.fix_verify,
-        "level": view.range.get("kind", "commits"), "package": view.range.get("package"),
-        "next_level": view.next_level, "parent_session": view.header.get("parent_session"),
+        "fix": to_jsonable(view.fix), "fix_verify": to_jsonable(view.fix_verify),
+        "level": view.range.kind, "package": view.range.package,
+        "next_level": view.next_level.model_dump(mode="json") if view.next_level is not None else None,
+        "parent_session": view.header.parent_session,
         "versions": view.versions, "engine_starts": view.engine_starts, "search_told": view.told,
     }
 
 
 def reproduce_command(view: SessionView) -> str:
-    from bisect_npu.orchestration.options import RunOptions
-
-    return shlex.join(["bisect-npu", "run", *RunOptions.from_json(view.options).run_argv()])
+    return shlex.join(["bisect-npu", "run", *view.options.run_argv()])
 
 
 def _build_counts(steps: list[StepView]) -> dict[str, int]:

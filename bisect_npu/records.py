@@ -1,0 +1,297 @@
+"""The journal's records: one pydantic model per line type, read through the union `JournalRecord`.
+
+A journal is a header line, then records appended as a session goes: `trial` (one probe or command
+run), `step` (a commit judged), `end` (the search's answer), `next_level` (a release level's
+commit-level answer), `fix` (the ranked fix proposals), `fix_verified` (one proposal verified)
+and `fix_verify` (the verification stage done). Each line's `type` names its model.
+
+Schema version: the header's `schema_version`; absent means 1, the shapes bisect-npu 0.1.0
+wrote, and every record here keeps them (a writer may spell out a default 0.1.0 left out, such
+as an empty `told`; the reader takes both alike). A change of a field's shape bumps it, so a
+reader can tell which shapes a journal holds; `Journal.open` reads a newer version's journal but
+does not append to it.
+
+Extra fields are ignored (pydantic's `extra="ignore"`), deliberately: a field added by a newer
+writer must not stop an older reader from resuming or reporting (`"forbid"` would), and a record's
+attributes stay exactly the fields declared here (`"allow"` would keep fields this version does not
+understand and write them out again, as `fix_verify` copies the `fix_verified` lines, under
+shapes it cannot vouch for).
+Nothing is lost: the journal file is never rewritten. For the same reason a line of a type this
+version does not know is left out of the entries (`parse_record`).
+"""
+
+from __future__ import annotations
+
+import os
+import shlex
+import time
+from collections.abc import Iterable
+from typing import Annotated, Any, Literal
+
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, TypeAdapter
+
+from bisect_npu.contracts import FixReport, FixVerification, Verdict, VerdictKind
+from bisect_npu.defaults import CACHE_SIZE_GIB, TRIAL_TIMEOUT_S
+
+JOURNAL_SCHEMA_VERSION = 1
+# The case id of a user command's trials (a recipe's cases have their own ids).
+COMMAND_CASE = "command"
+
+
+def _path_text(value: object) -> object:
+    return os.fspath(value) if isinstance(value, os.PathLike) else value
+
+
+PathText = Annotated[str, BeforeValidator(_path_text)]  # a path, kept as text (relative to the session or absolute)
+
+
+class _Shape(BaseModel):
+    model_config = ConfigDict(extra="ignore", frozen=True)
+
+
+class Record(_Shape):
+    """A journal line: `t` is when it was made (unix time)."""
+
+    t: float = Field(default_factory=time.time)
+
+
+class HeaderOptions(_Shape):
+    """What `bisect-npu run` was asked, as the header keeps it: the fields of
+    `orchestration.options.RunOptions` (which converts to and from this), so a report can give
+    the reproduce line and resume can start again without the orchestration's types."""
+
+    good: str
+    bad: str
+    repo: str | None = "."
+    package: str | None = None
+    index_url: str | None = None
+    prereleases: bool = False
+    recipe: str | None = None
+    command: list[str] | None = None
+    executor: Literal["local", "docker"] = "local"
+    devices: list[int] = Field(default_factory=list)
+    slots: int | None = None
+    mode: Literal["exact", "noisy"] | None = None
+    confidence: float | None = None
+    check_ends: bool = True
+    timeout_s: float = TRIAL_TIMEOUT_S
+    propose_fix: bool = True
+    verify_fix: bool = False
+    fix_top: int = 3
+    workdir: str | None = None
+    cache_size_gb: float = float(CACHE_SIZE_GIB)
+    find_fix: bool = False
+    prefetch: bool | None = None
+    earlier_runs: list[str] | None = None
+
+    def run_argv(self) -> list[str]:
+        """The `bisect-npu run` arguments that give these options again (the report's reproduce
+        line): every option `run` has, where it differs from `run`'s default."""
+        valued: list[tuple[str, object]] = [
+            ("--package", self.package), ("--repo", self.repo), ("--good", self.good), ("--bad", self.bad),
+            ("--index-url", self.index_url), ("--recipe", self.recipe),
+            ("--cmd", shlex.join(self.command) if self.command else None),
+            ("--executor", self.executor if self.executor != "local" else None),
+            ("--devices", ",".join(map(str, self.devices)) or None),
+            ("--slots", self.slots if self.devices or (self.slots or 1) != 1 else None),
+            ("--workdir", self.workdir), ("--mode", self.mode),
+            ("--confidence", repr(self.confidence) if self.confidence is not None else None),
+            ("--timeout", repr(self.timeout_s) if self.timeout_s != TRIAL_TIMEOUT_S else None),
+            ("--cache-size", f"{int(self.cache_size_gb * 2**30)}" if self.cache_size_gb != CACHE_SIZE_GIB else None),
+        ]
+        argv = [str(arg) for flag, value in valued if value is not None for arg in (flag, value)]
+        if self.earlier_runs:
+            argv += ["--earlier-runs", *self.earlier_runs]
+        flags = {"--pre": self.prereleases, "--prefetch": self.prefetch is True,
+                 "--no-prefetch": self.prefetch is False, "--no-check-ends": not self.check_ends,
+                 "--no-fix": not self.propose_fix, "--verify-fix": self.verify_fix, "--find-fix": self.find_fix}
+        return argv + [flag for flag, wanted in flags.items() if wanted]
+
+
+class CandidateRange(_Shape):
+    """What is bisected: the commits of a repository in (base, bad], or published versions of a
+    package (`kind` "versions"), oldest first, with their titles (and pull requests)."""
+
+    kind: Literal["commits", "versions"]
+    good: str
+    bad: str
+    base: str  # the good end as tested: the merge base where the good end is not an ancestor
+    good_ref: str
+    bad_ref: str
+    merge_base_note: str | None = None
+    candidates: list[str]
+    titles: dict[str, str] = Field(default_factory=dict)
+    prs: dict[str, int] = Field(default_factory=dict)
+    package: str | None = None  # kind "versions"
+    groups: dict[str, list[str]] = Field(default_factory=dict)  # kind "versions": representative -> rebuilds
+
+    def title_of(self, sha: str) -> str:
+        return self.titles.get(sha, "")
+
+    def pr_of(self, sha: str) -> int | None:
+        return self.prs.get(sha)
+
+
+class EarlierRunsCounts(_Shape):
+    """The ends' runs made before the session ("shown/runs"), as the noisy search counted them."""
+
+    bad_end: str
+    good_end: str
+
+
+class HeaderRecord(Record):
+    """The journal's first line: what the session bisects and how; resume needs nothing else."""
+
+    type: Literal["header"] = "header"
+    schema_version: int = 1  # absent in 0.1.0's journals, whose shapes are version 1
+    tool_version: str = ""
+    options: HeaderOptions
+    recipe_digest: str | None = None
+    mode: Literal["exact", "noisy"] = "exact"  # what the search ran in
+    earlier_runs: EarlierRunsCounts | None = None
+    range: CandidateRange
+    github: str | None = None
+    parent_session: str | None = None  # the release-level session of a commit-level one
+
+
+class TrialRun(_Shape):
+    """One finished run of the bad case at a commit: a probe trial, or one run of a user command."""
+
+    case_id: str
+    trial: int
+    observation: PathText | None = None
+    seconds: float = 0.0
+    log: PathText = ""
+    outcome: VerdictKind | None = None  # judged alone (noisy mode, a command); None: judged with its step
+    reason: str = ""
+    startup_s: float = 0.0  # the engine start's share of `seconds` (its first trial carries it)
+
+
+class TrialRecord(Record, TrialRun):
+    """A trial journaled as soon as it finished, so an interrupted step never runs it again."""
+
+    type: Literal["trial"] = "trial"
+    index: int
+    commit: str
+
+
+class BuildInfo(_Shape):
+    """How a step's commit was made runnable: "built", "overlay", "reused", "journaled" (every
+    trial was journaled before an interruption: nothing built) or "failed"."""
+
+    how: str
+    key: str | None = None
+    image: str | None = None
+    seconds: float | None = None
+    log: PathText | None = None
+    log_tail: str | None = None  # "failed"
+    error: str | None = None  # "failed"
+
+
+class StepRecord(Record):
+    """A commit judged: its build, its trials and the verdict; `told` is what the search weighed
+    its choice by (its costs, in its unit)."""
+
+    type: Literal["step"] = "step"
+    index: int
+    commit: str
+    title: str = ""
+    build: BuildInfo | None = None
+    verdict: Verdict
+    trials: list[TrialRun] = Field(default_factory=list)
+    seconds: float = 0.0
+    told: dict[str, float] = Field(default_factory=dict)
+
+
+class EndRecord(Record):
+    """The search's answer: a culprit (`found`), a range it could not narrow past skipped commits
+    (`narrowed`), or an end that does not behave as given (`ends_wrong`)."""
+
+    type: Literal["end"] = "end"
+    status: Literal["found", "narrowed", "ends_wrong"]
+    message: str = ""
+    figures: dict[str, float] = Field(default_factory=dict)
+    prefetch_saved_s: float | None = None
+    culprit: str | None = None  # found
+    index: int | None = None  # found: the culprit's position
+    confidence: float | None = None  # found
+    lo: str | None = None  # narrowed: the answer is in (lo, hi]
+    hi: str | None = None
+    lo_index: int | None = None
+    hi_index: int | None = None
+    which: Literal["good", "bad"] | None = None  # ends_wrong
+
+
+class NextLevelRecord(Record):
+    """A release level's answer bisected commit by commit, in a session of its own."""
+
+    type: Literal["next_level"] = "next_level"
+    session: str
+    status: str
+    culprit: str | None = None
+    message: str = ""
+    good: str = ""  # the two releases' tags
+    bad: str = ""
+
+
+class FixRecord(Record):
+    type: Literal["fix"] = "fix"
+    report: FixReport
+
+
+class FixVerifiedRecord(Record):
+    """One fix proposal verified (journaled as each ends, so a resume verifies only the rest)."""
+
+    type: Literal["fix_verified"] = "fix_verified"
+    verification: FixVerification
+
+
+class FixVerifyRecord(Record):
+    """The verification stage done: every proposal verified, the verified ones first."""
+
+    type: Literal["fix_verify"] = "fix_verify"
+    verifications: list[FixVerification] = Field(default_factory=list)
+
+
+JournalRecord = Annotated[
+    TrialRecord | StepRecord | EndRecord | NextLevelRecord | FixRecord | FixVerifiedRecord | FixVerifyRecord,
+    Field(discriminator="type"),
+]
+_JOURNAL_RECORD: TypeAdapter[JournalRecord] = TypeAdapter(JournalRecord)
+RECORD_TYPES = frozenset(model.model_fields["type"].default for model in (
+    TrialRecord, StepRecord, EndRecord, NextLevelRecord, FixRecord, FixVerifiedRecord, FixVerifyRecord))
+
+
+def parse_record(raw: dict[str, Any]) -> JournalRecord | None:
+    """A journal line (not the header) as its record; None for a type this version does not know
+    (a newer writer's). A known type that does not fit its model is a pydantic ValidationError."""
+    if raw.get("type") not in RECORD_TYPES:
+        return None
+    return _JOURNAL_RECORD.validate_python(raw)
+
+
+def _ran(trial: TrialRecord) -> bool:
+    """A journaled trial that ran to an outcome: a probe trial with an observation, a command
+    that was not skipped."""
+    return bool(trial.observation or (trial.case_id == COMMAND_CASE and trial.outcome != VerdictKind.SKIP))
+
+
+def trial_seconds(entries: Iterable[Record]) -> tuple[list[float], list[float]]:
+    """The startup seconds of each engine start, and the run seconds (startup excluded) of each
+    trial that ran to an outcome. What a session's costs are measured by."""
+    ran = [e for e in entries if isinstance(e, TrialRecord) and _ran(e)]
+    return [e.startup_s for e in ran if e.startup_s > 0], [e.seconds - e.startup_s for e in ran]
+
+
+def step_seconds(entries: Iterable[Record]) -> list[float]:
+    """The probe seconds of each finished step that ran trials (engine starts included), what one
+    exact-mode step costs besides its build."""
+    ran: dict[int, float] = {}
+    seconds: list[float] = []
+    for entry in entries:
+        if isinstance(entry, TrialRecord) and _ran(entry):
+            ran[entry.index] = ran.get(entry.index, 0.0) + entry.seconds
+        elif isinstance(entry, StepRecord) and entry.index in ran:
+            seconds.append(ran.pop(entry.index))
+    return seconds
+

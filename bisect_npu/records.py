@@ -83,6 +83,7 @@ class HeaderOptions(_Shape):
     find_fix: bool = False
     prefetch: bool | None = None
     earlier_runs: list[str] | None = None
+    host: str | None = None  # the Atlas host type found at the start; not a `run` option
 
     def run_argv(self) -> list[str]:
         """The `bisect-npu run` arguments that give these options again (the report's reproduce

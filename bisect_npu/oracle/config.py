@@ -58,6 +58,11 @@ class LogitsConfig(_Strict):
     hidden states carry outliers that large, so it flags harmless rounding. The shares within
     1/1000 and 5/1000 are a trend in msprobe, not a pass line: one bf16 ulp is 4e-3 relative, so
     ``min_within_1e3`` flags harmless reorderings; set it only for fp32 dumps.
+
+    Relative rules (``relative``) judge a module's output against its inputs (or the output before
+    it): msprobe's amplification rule (``msprobe_rule``: inputs within 1/1000 > 0.9, output < 0.1),
+    and the cosine distance growing ``amplification`` times, above a floor set by the dtype's
+    precision. ``chunk_elements`` bounds what one worker reads at a time.
     """
 
     min_cosine: float = Field(0.99, ge=-1.0, le=1.0, description="a cosine below this fails when the max "
@@ -74,7 +79,16 @@ class LogitsConfig(_Strict):
                                                                            "unset: off")
     max_kl: float | None = Field(None, ge=0.0, description="largest KL divergence of the logits; unset: off")
     top_k: int = Field(5, ge=1, description="k of the top-k overlap figure of logits tensors")
-    workers: int = Field(2, ge=1, description="threads comparing tensor pairs")
+    workers: int = Field(2, ge=1, description="threads comparing tensor pairs (a tensor larger than 8 chunks "
+                                              "is shared between them)")
+    relative: bool = Field(True, description="judge each module's output against its inputs (or the output "
+                                             "before it): msprobe's amplification rule and the cosine distance's")
+    msprobe_rule: bool = Field(True, description="msprobe's rule: the inputs' share within 1/1000 above 0.9 and "
+                                                 "the output's below 0.1")
+    amplification: float = Field(5.0, gt=1.0, description="times the input's cosine distance an output's must "
+                                                          "reach (above the dtype's floor) to diverge")
+    chunk_elements: int = Field(1 << 20, ge=1, description="elements one worker reads at a time (whole "
+                                                           "vocabulary rows for logits); bounds peak memory")
 
 
 class StatsConfig(_Strict):

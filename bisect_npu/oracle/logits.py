@@ -17,12 +17,27 @@ Two dump formats are read:
 
 Metrics follow msprobe's compare: cosine similarity, max absolute error, max relative error
 (|a - b| / (|b| + eps), b the reference), shares of elements with relative error below 1/1000 and
-5/1000. A tensor diverges when it breaks a pass line from LogitsConfig, has a different shape or
-dtype, is missing, or holds NaN/Inf where the reference does not.
+5/1000; plus the share within the dumped dtype's own precision (`within_tol`: one bf16 ulp, 2**-7
+relative, for bf16; 1/1000 for fp16 and fp32, msprobe's line), which rounding alone never leaves.
 
-Why streamed: real dumps hold hundreds of tensors; we load one pair at a time (memory-mapped for
-.npy), reduce it in fixed-size chunks, and keep `workers` pairs in flight (numpy releases the GIL),
-so memory stays near the largest tensor and both cores work.
+A tensor diverges when it has a different shape or dtype, is missing, holds NaN/Inf where the
+reference does not, or breaks a rule:
+* absolute: a pass line of LogitsConfig (msprobe's cosine rule and the optional lines);
+* relative (a module's output against what its inputs explain, msprobe's amplification rule
+  generalised): the output agrees far worse than the module's inputs (input_args, input_kwargs,
+  parameters) or, for a dump without inputs, than the output before it in execution order.
+  Three forms: msprobe's own (inputs within 1/1000 > 0.9, output < 0.1); the share outside the
+  dtype's tolerance `amplification` times the input's and at least `min_drift_share`; the cosine
+  distance `amplification` times the input's and at least the dtype's tolerance squared. All
+  need a max absolute error above `cosine_abs_floor` (near-zero tensors say little), and a
+  baseline: the first tensor of a dump without inputs has nothing to be relative to.
+The first divergent tensor in execution order is where the drift enters; the outputs after it
+that still show drift without a rule of their own are its carriers.
+
+Why streamed: real dumps hold hundreds of tensors and a 152K-vocabulary logits tensor. Each file
+is indexed (`ptfile.open_pt` / `open_npy`) and read `chunk_elements` at a time by positioned
+reads; large tensors are split into segments so `workers` threads (numpy releases the GIL) share
+one tensor too. Peak memory is a few chunks per worker, whatever the largest tensor.
 """
 
 from __future__ import annotations
@@ -42,20 +57,30 @@ import numpy as np
 from bisect_npu.contracts import Observation, Verdict, VerdictKind
 from bisect_npu.errors import UsageError
 from bisect_npu.oracle.config import LogitsConfig
-from bisect_npu.oracle.ptfile import PtFormatError, load_pt
+from bisect_npu.oracle.ptfile import PtFormatError, TensorFile, open_npy, open_pt
 
 OWN_FORMAT = "bisect-npu-dump"
-CHUNK = 1 << 20
+# Chunks per unit of work: a tensor larger than this is shared between the workers.
+SEGMENT_CHUNKS = 8
 _LAYER = re.compile(r"(?:^|\.)layers?\.(\d+)(?:\.|$)")
 _STEP_DIR = re.compile(r"^step(\d+)$")
 # A run that is not distributed writes `rank` (vllm-ascend's msprobe guide) or `proc{PID}` (what
 # mindstudio-probe 26.2 wrote here) where a distributed one writes `rank{ID}`: all name rank 0.
 _SINGLE_PROCESS_DIR = re.compile(r"(?<![^/])(?:proc\d+|rank)(?![^/])")
+_EPS32 = np.float32(np.finfo(np.float32).eps)
+# Relative spacing of the dumped dtype's values (one ulp at the top of a binade).
+_DTYPE_EPS = {"bfloat16": 2.0**-7, "float16": 2.0**-10, "float32": 2.0**-23, "float64": 2.0**-52}
+INPUT, OUTPUT = "input", "output"
+
+
+def dtype_tolerance(dtype: str | None) -> float:
+    """Relative error that rounding to `dtype` explains: one ulp, never tighter than msprobe's 1/1000."""
+    return max(1e-3, _DTYPE_EPS.get(dtype or "", 0.0))
 
 
 @dataclass(frozen=True)
 class TensorEntry:
-    """One tensor of a dump: where it lives and what its manifest says it is."""
+    """One tensor of a dump: where it lives, what its index says it is, and which module it belongs to."""
 
     name: str
     file: Path
@@ -63,6 +88,8 @@ class TensorEntry:
     dtype: str | None
     step: int = 0
     kind: str = "hidden"
+    module: str | None = None
+    role: str = OUTPUT
 
     @property
     def layer(self) -> int | None:
@@ -76,18 +103,30 @@ class TensorEntry:
 
 @dataclass
 class TensorDiff:
-    """Comparison of one tensor pair; `problem` is set when it diverges."""
+    """Comparison of one tensor pair; `problem` is set when it diverges, `rule` says which rule fired and
+    `baseline` holds what it was measured against (the module's inputs or the neighbour before it)."""
 
     name: str
     index: int
     step: int
     layer: int | None
+    module: str | None = None
+    role: str = OUTPUT
+    dtype: str | None = None
     metrics: dict[str, float] = field(default_factory=dict)
     problem: str | None = None
+    rule: str | None = None
+    baseline: dict[str, Any] | None = None
 
     def to_dict(self) -> dict[str, Any]:
-        return {"name": self.name, "index": self.index, "step": self.step, "layer": self.layer,
-                "problem": self.problem, **{k: _round(v) for k, v in self.metrics.items()}}
+        out: dict[str, Any] = {"name": self.name, "index": self.index, "step": self.step, "layer": self.layer,
+                               "problem": self.problem, "rule": self.rule,
+                               **{k: _round(v) for k, v in self.metrics.items()}}
+        if self.module is not None:
+            out["module"] = self.module
+        if self.baseline is not None:
+            out["baseline"] = {k: _round(v) if isinstance(v, float) else v for k, v in self.baseline.items()}
+        return out
 
 
 @dataclass
@@ -95,6 +134,7 @@ class DumpComparison:
     rows: list[TensorDiff]
     seconds: float
     bytes_read: int
+    largest_read: int = 0
 
     @property
     def first_divergent(self) -> TensorDiff | None:
@@ -104,6 +144,18 @@ class DumpComparison:
     def worst_cosine(self) -> TensorDiff | None:
         scored = [row for row in self.rows if "cosine" in row.metrics]
         return min(scored, key=lambda row: row.metrics["cosine"], default=None)
+
+    def after_first(self) -> tuple[list[TensorDiff], list[TensorDiff]]:
+        """(carriers, also divergent) after the first divergent tensor: outputs that still show drift
+        without a rule of their own, and tensors where a rule fires again (a second source, or a
+        module enclosing the first one)."""
+        first = self.first_divergent
+        if first is None:
+            return [], []
+        later = self.rows[first.index + 1:]
+        also = [row for row in later if row.problem is not None]
+        carriers = [row for row in later if row.problem is None and row.role == OUTPUT and _drifts(row)]
+        return carriers, also
 
 
 def _round(value: float) -> float:
@@ -131,10 +183,12 @@ def _own_entries(manifest_path: Path) -> list[TensorEntry]:
         if not isinstance(item, dict) or "name" not in item or "file" not in item:
             raise UsageError(f"{manifest_path}: tensors[{i}] needs `name` and `file`")
         shape = item.get("shape")
-        entries.append(TensorEntry(name=str(item["name"]), file=manifest_path.parent / str(item["file"]),
+        name = str(item["name"])
+        entries.append(TensorEntry(name=name, file=manifest_path.parent / str(item["file"]),
                                    shape=tuple(shape) if shape is not None else None,
                                    dtype=item.get("dtype"), step=int(item.get("step", 0)),
-                                   kind=str(item.get("kind", "hidden"))))
+                                   kind=str(item.get("kind", "hidden")), module=str(item.get("module", name)),
+                                   role=INPUT if item.get("role") == INPUT else OUTPUT))
     return entries
 
 
@@ -169,7 +223,8 @@ def _msprobe_entries(dump_json: Path) -> list[TensorEntry]:
                                            file=data_dir / data_name,
                                            shape=tuple(shape) if shape is not None else None,
                                            dtype=dtype, step=step,
-                                           kind="logits" if "lm_head" in op_name else "hidden"))
+                                           kind="logits" if "lm_head" in op_name else "hidden",
+                                           module=str(op_name), role=OUTPUT if section == "output" else INPUT))
     return entries
 
 
@@ -191,17 +246,27 @@ def open_dump(path: str | Path) -> dict[str, list[TensorEntry]]:
     return {_SINGLE_PROCESS_DIR.sub("rank0", str(p.parent.relative_to(root))): _msprobe_entries(p) for p in found}
 
 
-def load_tensor(entry: TensorEntry) -> np.ndarray:
-    """One tensor as a numpy array: .npy memory-mapped, .pt read without torch (bfloat16 -> float32)."""
+def _corrupt(entry: TensorEntry, exc: Exception) -> UsageError:
+    return UsageError(f"{entry.file}: cannot read tensor {entry.name!r} ({exc}); the dump is corrupt or truncated")
+
+
+def open_tensor(entry: TensorEntry) -> TensorFile:
+    """Index one tensor's file (.npy or .pt) without reading its elements."""
     try:
-        if entry.file.suffix == ".npy":
-            return np.load(entry.file, mmap_mode="r", allow_pickle=False)
-        return load_pt(entry.file)
+        return open_npy(entry.file) if entry.file.suffix == ".npy" else open_pt(entry.file)
     except FileNotFoundError as exc:
         raise UsageError(f"{entry.file}: file of tensor {entry.name!r} is missing from the dump") from exc
     except (PtFormatError, ValueError, OSError, EOFError) as exc:
-        raise UsageError(f"{entry.file}: cannot read tensor {entry.name!r} ({exc}); the dump is corrupt or "
-                         "truncated") from exc
+        raise _corrupt(entry, exc) from exc
+
+
+def load_tensor(entry: TensorEntry) -> np.ndarray:
+    """One whole tensor as a numpy array (bfloat16 widened to float32)."""
+    tensor = open_tensor(entry)
+    try:
+        return tensor.read_all()
+    except (PtFormatError, OSError) as exc:
+        raise _corrupt(entry, exc) from exc
 
 
 def write_dump(directory: str | Path, tensors: list[tuple[str, np.ndarray]], step: int = 0,
@@ -224,79 +289,144 @@ def write_dump(directory: str | Path, tensors: list[tuple[str, np.ndarray]], ste
 # ---------------------------------------------------------------- metrics
 
 
-def _chunked_metrics(cand: np.ndarray, ref: np.ndarray) -> dict[str, float]:
-    """Cosine, errors and relative-error shares over the elements finite in both, chunk by chunk.
+@dataclass
+class ChunkSums:
+    """What the metrics need, summed or maxed over chunks; two halves of a tensor merge into its whole."""
 
-    float32 with BLAS dot products per chunk, summed in Python floats: float64 copies cost more time
-    than the comparison itself, and cosine to 1e-6 is far finer than any pass line.
-    """
-    flat_c, flat_r = cand.reshape(-1), ref.reshape(-1)
-    eps = np.float32(np.finfo(np.float32).eps)
-    dot = norm_c = norm_r = 0.0
-    max_abs = max_rel = 0.0
-    within_1e3 = within_5e3 = 0
-    nonfinite_c = nonfinite_r = 0
-    for start in range(0, flat_c.size, CHUNK):
-        c = np.asarray(flat_c[start:start + CHUNK], dtype=np.float32)
-        r = np.asarray(flat_r[start:start + CHUNK], dtype=np.float32)
-        sums = (float(c @ r), float(c @ c), float(r @ r))
-        if not all(math.isfinite(x) for x in sums):  # NaN/Inf somewhere (or float32 overflow): mask, widen
+    size: int = 0
+    cand_sq: float = 0.0
+    ref_sq: float = 0.0
+    diff_sq: float = 0.0
+    max_abs: float = 0.0
+    max_rel: float = 0.0
+    within_1e3: int = 0
+    within_5e3: int = 0
+    within_tol: int = 0
+    nonfinite_c: int = 0
+    nonfinite_r: int = 0
+    kl: float = 0.0
+    overlap: float = 0.0
+    rows: int = 0
+    largest_read: int = 0
+
+    def merge(self, other: ChunkSums) -> None:
+        for name in ("size", "cand_sq", "ref_sq", "diff_sq", "within_1e3", "within_5e3", "within_tol",
+                     "nonfinite_c", "nonfinite_r", "kl", "overlap", "rows"):
+            setattr(self, name, getattr(self, name) + getattr(other, name))
+        self.max_abs = max(self.max_abs, other.max_abs)
+        self.max_rel = max(self.max_rel, other.max_rel)
+        self.largest_read = max(self.largest_read, other.largest_read)
+
+    def add_elements(self, c: np.ndarray, r: np.ndarray, tolerance: float) -> bool:
+        """Fold one chunk in; False when it holds NaN/Inf (the sums then cover the finite pairs only)."""
+        self.size += c.size
+        diff = np.subtract(c, r)
+        sums = (float(c @ c), float(r @ r), float(diff @ diff))
+        finite = all(math.isfinite(x) for x in sums)
+        if not finite:  # NaN/Inf somewhere (or float32 overflow): mask, widen
             fin_c, fin_r = np.isfinite(c), np.isfinite(r)
-            nonfinite_c += int(c.size - np.count_nonzero(fin_c))
-            nonfinite_r += int(r.size - np.count_nonzero(fin_r))
+            self.nonfinite_c += int(c.size - np.count_nonzero(fin_c))
+            self.nonfinite_r += int(r.size - np.count_nonzero(fin_r))
             both = fin_c & fin_r
             c, r = c[both].astype(np.float64), r[both].astype(np.float64)
-            sums = (float(c @ r), float(c @ c), float(r @ r))
-        dot, norm_c, norm_r = dot + sums[0], norm_c + sums[1], norm_r + sums[2]
-        if c.size:
-            diff = np.subtract(c, r)
+            diff = c - r
+            sums = (float(c @ c), float(r @ r), float(diff @ diff))
+        self.cand_sq += sums[0]
+        self.ref_sq += sums[1]
+        self.diff_sq += sums[2]
+        if diff.size:
             np.abs(diff, out=diff)
-            max_abs = max(max_abs, float(diff.max()))
+            self.max_abs = max(self.max_abs, float(diff.max()))
             denom = np.abs(r)
-            denom += eps
+            denom += _EPS32
             np.divide(diff, denom, out=diff)
-            max_rel = max(max_rel, float(diff.max()))
-            within_1e3 += int(np.count_nonzero(diff < 1e-3))
-            within_5e3 += int(np.count_nonzero(diff < 5e-3))
-    size = max(1, flat_c.size)
-    if norm_c == 0.0 and norm_r == 0.0:
-        cosine = 1.0
-    elif norm_c == 0.0 or norm_r == 0.0:
-        cosine = 0.0
-    else:
-        cosine = min(1.0, dot / math.sqrt(norm_c * norm_r))
-    return {"cosine": cosine, "max_abs_error": max_abs, "max_rel_error": max_rel,
-            "within_1e3": within_1e3 / size, "within_5e3": within_5e3 / size,
-            "nonfinite_candidate": float(nonfinite_c), "nonfinite_reference": float(nonfinite_r)}
+            self.max_rel = max(self.max_rel, float(diff.max()))
+            self.within_1e3 += int(np.count_nonzero(diff < 1e-3))
+            self.within_5e3 += int(np.count_nonzero(diff < 5e-3))
+            self.within_tol += int(np.count_nonzero(diff <= tolerance))
+        return finite
+
+    def add_rows(self, c: np.ndarray, r: np.ndarray, top_k: int) -> None:
+        """KL(reference || candidate) and top-k overlap of rows over the vocabulary (finite rows only).
+
+        float32 exponentials with float64 row sums: KL of identical rows stays exactly 0.
+        """
+        shift_r = r - r.max(axis=1, keepdims=True)
+        shift_c = c - c.max(axis=1, keepdims=True)
+        exp_r = np.exp(shift_r)
+        sum_r = exp_r.sum(axis=1, dtype=np.float64)
+        sum_c = np.exp(shift_c).sum(axis=1, dtype=np.float64)
+        shift_r -= shift_c
+        expected = np.einsum("ij,ij->i", exp_r, shift_r, dtype=np.float64) / sum_r
+        self.kl += float((expected + np.log(sum_c) - np.log(sum_r)).sum())
+        k = min(top_k, r.shape[1])
+        top_r, top_c = top_k_indices(r, k), top_k_indices(c, k)
+        self.overlap += float((top_r[:, :, None] == top_c[:, None, :]).any(axis=2).sum()) / k
+        self.rows += r.shape[0]
+
+    def metrics(self, logits: bool) -> dict[str, float]:
+        size = max(1, self.size)
+        if self.cand_sq == 0.0 and self.ref_sq == 0.0:
+            cosine = 1.0
+        elif self.cand_sq == 0.0 or self.ref_sq == 0.0:
+            cosine = 0.0
+        else:  # 1 - cos from the squared difference: exact near 1, where c.r / |c||r| loses digits
+            norm_c, norm_r = math.sqrt(self.cand_sq), math.sqrt(self.ref_sq)
+            distance = (self.diff_sq - (norm_c - norm_r) ** 2) / (2 * norm_c * norm_r)
+            cosine = min(1.0, max(-1.0, 1.0 - distance))
+        out = {"cosine": cosine, "max_abs_error": self.max_abs, "max_rel_error": self.max_rel,
+               "within_1e3": self.within_1e3 / size, "within_5e3": self.within_5e3 / size,
+               "within_tol": self.within_tol / size,
+               "nonfinite_candidate": float(self.nonfinite_c), "nonfinite_reference": float(self.nonfinite_r)}
+        if logits and self.rows and not (self.nonfinite_c or self.nonfinite_r):
+            out["kl"] = self.kl / self.rows
+            out["top_k_overlap"] = self.overlap / self.rows
+        return out
 
 
-def _log_softmax(x: np.ndarray) -> np.ndarray:
-    x = x - x.max(axis=-1, keepdims=True)
-    return x - np.log(np.exp(x).sum(axis=-1, keepdims=True))
+def top_k_indices(rows: np.ndarray, k: int, block: int = 64) -> np.ndarray:
+    """Indices of each row's k largest values (in no order).
+
+    Why blocks: a full partition of a 152K-vocabulary row costs ~1 ms; the k largest values lie in
+    the k blocks with the largest maxima, so one max-reduction and a partition of k blocks suffice.
+    """
+    n_rows, vocab = rows.shape
+    n_blocks = vocab // block
+    if n_blocks < 4 * k:
+        return np.argpartition(rows, vocab - k, axis=1)[:, vocab - k:]
+    head = rows[:, :n_blocks * block].reshape(n_rows, n_blocks, block)
+    best = np.argpartition(head.max(axis=2), n_blocks - k, axis=1)[:, n_blocks - k:]
+    candidates = (best[:, :, None] * block + np.arange(block)).reshape(n_rows, -1)
+    if vocab > n_blocks * block:
+        tail = np.broadcast_to(np.arange(n_blocks * block, vocab), (n_rows, vocab - n_blocks * block))
+        candidates = np.concatenate([candidates, tail], axis=1)
+    values = np.take_along_axis(rows, candidates, axis=1)
+    pick = np.argpartition(values, values.shape[1] - k, axis=1)[:, values.shape[1] - k:]
+    return np.take_along_axis(candidates, pick, axis=1)
 
 
-def _logits_metrics(cand: np.ndarray, ref: np.ndarray, top_k: int) -> dict[str, float]:
-    """Mean KL(reference || candidate) over rows (last axis = vocabulary) and top-k overlap."""
-    vocab = ref.shape[-1] if ref.ndim else 1
-    rows_c = np.asarray(cand, dtype=np.float64).reshape(-1, vocab)
-    rows_r = np.asarray(ref, dtype=np.float64).reshape(-1, vocab)
-    if not (np.isfinite(rows_c).all() and np.isfinite(rows_r).all()):
-        return {}
-    k = min(top_k, vocab)
-    kl_sum, overlap_sum = 0.0, 0.0
-    step = max(1, CHUNK // vocab)
-    for s in range(0, len(rows_r), step):
-        lp_r, lp_c = _log_softmax(rows_r[s:s + step]), _log_softmax(rows_c[s:s + step])
-        kl_sum += float((np.exp(lp_r) * (lp_r - lp_c)).sum())
-        top_r = np.argpartition(-rows_r[s:s + step], k - 1, axis=-1)[:, :k]
-        top_c = np.argpartition(-rows_c[s:s + step], k - 1, axis=-1)[:, :k]
-        overlap_sum += sum(len(np.intersect1d(a, b)) for a, b in zip(top_r, top_c, strict=True)) / k
-    n_rows = max(1, len(rows_r))
-    return {"kl": kl_sum / n_rows, "top_k_overlap": overlap_sum / n_rows}
+def segment_sums(cand: TensorFile, ref: TensorFile, start: int, stop: int, chunk: int, tolerance: float,
+                 vocab: int | None, top_k: int) -> ChunkSums:
+    """Elements [start, stop) of a pair, `chunk` at a time (whole rows of `vocab` for logits)."""
+    sums = ChunkSums()
+    rows_finite = True
+    for at in range(start, stop, chunk):
+        count = min(chunk, stop - at)
+        c = np.asarray(cand.read(at, count), dtype=np.float32)
+        r = np.asarray(ref.read(at, count), dtype=np.float32)
+        sums.largest_read = max(sums.largest_read, count * max(cand.stored.itemsize, ref.stored.itemsize))
+        finite = sums.add_elements(c, r, tolerance)
+        rows_finite = rows_finite and finite
+        if vocab and rows_finite:
+            sums.add_rows(c.reshape(-1, vocab), r.reshape(-1, vocab), top_k)
+    return sums
+
+
+# ---------------------------------------------------------------- rules
 
 
 def _problem(metrics: dict[str, float], cfg: LogitsConfig) -> str | None:
-    """The first pass line a tensor breaks, in words, or None."""
+    """The first absolute pass line a tensor breaks, in words, or None."""
     if metrics["nonfinite_candidate"] > metrics["nonfinite_reference"]:
         return f"{int(metrics['nonfinite_candidate'])} NaN/Inf values (reference has " \
                f"{int(metrics['nonfinite_reference'])})"
@@ -314,24 +444,103 @@ def _problem(metrics: dict[str, float], cfg: LogitsConfig) -> str | None:
     return None
 
 
-def compare_pair(index: int, cand: TensorEntry, ref: TensorEntry, cfg: LogitsConfig) -> tuple[TensorDiff, int]:
-    """Compare one tensor pair; returns the diff and the bytes read."""
-    row = TensorDiff(name=ref.name, index=index, step=ref.step, layer=ref.layer)
-    if cand.shape is not None and ref.shape is not None and cand.shape != ref.shape:
+def _drifts(row: TensorDiff) -> bool:
+    """Agreement worse than rounding to the row's dtype explains."""
+    if not row.metrics:
+        return False
+    tolerance = dtype_tolerance(row.dtype)
+    return 1.0 - row.metrics["cosine"] >= tolerance ** 2 or 1.0 - row.metrics["within_tol"] >= 0.01
+
+
+def _baseline(rows: list[TensorDiff]) -> dict[str, Any] | None:
+    """The worst agreement among `rows`, metric by metric (None when none was measured)."""
+    measured = [row for row in rows if row.metrics]
+    if not measured:
+        return None
+    return {"tensors": [row.name for row in measured],
+            "cosine": min(row.metrics["cosine"] for row in measured),
+            "within_1e3": min(row.metrics["within_1e3"] for row in measured),
+            "within_tol": min(row.metrics["within_tol"] for row in measured),
+            "max_rel_error": max(row.metrics["max_rel_error"] for row in measured)}
+
+
+def _relative_problem(row: TensorDiff, base: dict[str, Any], cfg: LogitsConfig) -> tuple[str, str] | None:
+    """(rule, problem) when the output agrees far worse than its baseline explains."""
+    out = row.metrics
+    if out["max_abs_error"] <= cfg.cosine_abs_floor:
+        return None
+    if cfg.msprobe_rule and base["within_1e3"] > 0.9 and out["within_1e3"] < 0.1:
+        return "msprobe_amplification", (f"within_1e3 {out['within_1e3']:.4g} while its input's is "
+                                         f"{base['within_1e3']:.4g} (msprobe: input > 0.9, output < 0.1)")
+    tolerance = dtype_tolerance(row.dtype)
+    distance, distance_in = 1.0 - out["cosine"], 1.0 - base["cosine"]
+    if distance >= (tolerance / 2) ** 2 and distance >= cfg.amplification * distance_in:
+        return "cosine_amplification", (f"cosine distance {distance:.4g} vs {distance_in:.4g} of its input's "
+                                        f"(cosine {out['cosine']:.7g} vs {base['cosine']:.7g})")
+    return None
+
+
+def apply_relative_rules(rows: list[TensorDiff], cfg: LogitsConfig) -> None:
+    """Judge each output not already divergent against its module's inputs, or the output before it."""
+    inputs: dict[tuple[int, str | None], list[TensorDiff]] = {}
+    previous_output: TensorDiff | None = None
+    for row in rows:
+        if row.role == INPUT:
+            inputs.setdefault((row.step, row.module), []).append(row)
+            continue
+        base_rows = inputs.get((row.step, row.module)) or ([previous_output] if previous_output else [])
+        base = _baseline(base_rows)
+        if row.problem is None and row.metrics and base is not None and cfg.relative:
+            fired = _relative_problem(row, base, cfg)
+            if fired is not None:
+                row.rule, row.problem = fired
+                row.baseline = base
+        if row.problem is not None and row.baseline is None and base is not None:
+            row.baseline = base
+        previous_output = row
+
+
+# ---------------------------------------------------------------- comparing
+
+
+@dataclass
+class _Pair:
+    row: TensorDiff
+    cand: TensorFile | None = None
+    ref: TensorFile | None = None
+    logits: bool = False
+    sums: ChunkSums = field(default_factory=ChunkSums)
+
+
+def _prepare(index: int, cand: TensorEntry | None, ref: TensorEntry) -> _Pair:
+    row = TensorDiff(name=ref.name, index=index, step=ref.step, layer=ref.layer, module=ref.module, role=ref.role,
+                     dtype=ref.dtype)
+    pair = _Pair(row)
+    if cand is None:
+        row.problem = "missing from the candidate dump"
+    elif cand.shape is not None and ref.shape is not None and cand.shape != ref.shape:
         row.problem = f"shape {list(cand.shape)} vs reference {list(ref.shape)}"
-        return row, 0
-    if cand.dtype and ref.dtype and cand.dtype != ref.dtype:
+    elif cand.dtype and ref.dtype and cand.dtype != ref.dtype:
         row.problem = f"dtype {cand.dtype} vs reference {ref.dtype}"
-        return row, 0
-    a, b = load_tensor(cand), load_tensor(ref)
-    if a.shape != b.shape:
-        row.problem = f"shape {list(a.shape)} (file) vs reference {list(b.shape)}"
-        return row, 0
-    row.metrics = _chunked_metrics(a, b)
-    if ref.is_logits and b.ndim:
-        row.metrics.update(_logits_metrics(a, b, cfg.top_k))
-    row.problem = _problem(row.metrics, cfg)
-    return row, int(a.nbytes + b.nbytes)
+    else:
+        pair.cand, pair.ref = open_tensor(cand), open_tensor(ref)
+        if pair.cand.shape != pair.ref.shape:
+            row.problem = f"shape {list(pair.cand.shape)} (file) vs reference {list(pair.ref.shape)}"
+            pair.cand = pair.ref = None
+        else:
+            pair.logits = ref.is_logits and len(pair.ref.shape) > 0 and pair.ref.shape[-1] > 0
+            if row.dtype is None:
+                row.dtype = "bfloat16" if pair.ref.bfloat16 else str(pair.ref.stored)
+    return pair
+
+
+def _segments(ref: TensorFile, logits: bool, cfg: LogitsConfig) -> list[tuple[int, int, int, int | None]]:
+    """(start, stop, chunk, vocab) units of work; chunks of whole rows for logits."""
+    size = ref.size
+    vocab = ref.shape[-1] if logits else None
+    chunk = max(1, cfg.chunk_elements // vocab) * vocab if vocab else cfg.chunk_elements
+    step = chunk * SEGMENT_CHUNKS
+    return [(start, min(size, start + step), chunk, vocab) for start in range(0, max(size, 1), step)]
 
 
 def compare_dumps(candidate: str | Path, reference: str | Path, cfg: LogitsConfig) -> DumpComparison:
@@ -340,31 +549,45 @@ def compare_dumps(candidate: str | Path, reference: str | Path, cfg: LogitsConfi
     cand_parts, ref_parts = open_dump(candidate), open_dump(reference)
     if set(cand_parts) != set(ref_parts) and len(cand_parts) == len(ref_parts) == 1:
         cand_parts = dict(zip(ref_parts, cand_parts.values(), strict=True))
-    rows: list[TensorDiff] = []
-    pending: list[tuple[int, Future[tuple[TensorDiff, int]]]] = []
-    bytes_read = 0
-    index = 0
+    pairs: list[_Pair] = []
+    for part, ref_entries in ref_parts.items():
+        cand_by_name = {e.name: e for e in cand_parts.get(part, [])}
+        for ref_entry in ref_entries:
+            pairs.append(_prepare(len(pairs), cand_by_name.get(ref_entry.name), ref_entry))
+    pending: list[tuple[_Pair, Future[ChunkSums]]] = []
+
+    def settle(limit: int) -> None:
+        while len(pending) > limit:
+            pair, future = pending.pop(0)
+            try:
+                pair.sums.merge(future.result())
+            except (PtFormatError, OSError) as exc:
+                files = f"{pair.cand.path if pair.cand else ''} or {pair.ref.path if pair.ref else ''}"
+                raise UsageError(f"{files}: cannot read tensor {pair.row.name!r} ({exc}); the dump is corrupt or "
+                                 "truncated") from exc
+
     with ThreadPoolExecutor(max_workers=cfg.workers) as pool:
-        for part, ref_entries in ref_parts.items():
-            cand_by_name = {e.name: e for e in cand_parts.get(part, [])}
-            for ref_entry in ref_entries:
-                cand_entry = cand_by_name.get(ref_entry.name)
-                if cand_entry is None:
-                    rows.append(TensorDiff(name=ref_entry.name, index=index, step=ref_entry.step,
-                                           layer=ref_entry.layer, problem="missing from the candidate dump"))
-                else:
-                    pending.append((len(rows), pool.submit(compare_pair, index, cand_entry, ref_entry, cfg)))
-                    rows.append(TensorDiff(name=ref_entry.name, index=index, step=ref_entry.step,
-                                           layer=ref_entry.layer))
-                index += 1
-                while len(pending) > cfg.workers:
-                    slot, future = pending.pop(0)
-                    rows[slot], nbytes = future.result()
-                    bytes_read += nbytes
-        for slot, future in pending:
-            rows[slot], nbytes = future.result()
-            bytes_read += nbytes
-    return DumpComparison(rows=rows, seconds=time.perf_counter() - started, bytes_read=bytes_read)
+        for pair in pairs:
+            if pair.cand is None or pair.ref is None:
+                continue
+            tolerance = dtype_tolerance(pair.row.dtype)
+            for start, stop, chunk, vocab in _segments(pair.ref, pair.logits, cfg):
+                pending.append((pair, pool.submit(segment_sums, pair.cand, pair.ref, start, stop, chunk,
+                                                  tolerance, vocab, cfg.top_k)))
+                settle(2 * cfg.workers)
+        settle(0)
+    for pair in pairs:
+        if pair.cand is not None:
+            pair.row.metrics = pair.sums.metrics(pair.logits)
+            pair.row.problem = _problem(pair.row.metrics, cfg)
+            if pair.row.problem is not None:
+                pair.row.rule = "absolute"
+    rows = [pair.row for pair in pairs]
+    apply_relative_rules(rows, cfg)
+    read = [(pair.cand, pair.ref, pair.sums) for pair in pairs if pair.cand is not None and pair.ref is not None]
+    return DumpComparison(rows=rows, seconds=time.perf_counter() - started,
+                          bytes_read=sum(cand.nbytes + ref.nbytes for cand, ref, _ in read),
+                          largest_read=max((sums.largest_read for _, _, sums in read), default=0))
 
 
 def judge_logits(obs: Observation, reference: Observation | None, cfg: LogitsConfig) -> Verdict:
@@ -377,6 +600,8 @@ def judge_logits(obs: Observation, reference: Observation | None, cfg: LogitsCon
 
 
 def verdict_from_comparison(result: DumpComparison) -> Verdict:
+    """Names the first divergent tensor, the rule that fired, its metrics next to its input's, and what
+    carried the drift after it."""
     first = result.first_divergent
     worst = result.worst_cosine
     figures: dict[str, Any] = {"tensors_compared": len(result.rows), "seconds": round(result.seconds, 3)}
@@ -386,8 +611,12 @@ def verdict_from_comparison(result: DumpComparison) -> Verdict:
     if first is None:
         return Verdict(kind=VerdictKind.GOOD, figures=figures,
                        reason=f"all {len(result.rows)} tensors within the pass lines")
+    carriers, also = result.after_first()
     figures["first_divergent"] = first.to_dict()
+    figures["carried_by"] = {"count": len(carriers), "tensors": [row.name for row in carriers[:10]]}
+    figures["also_divergent"] = {"count": len(also), "tensors": [row.name for row in also[:10]]}
     where = f"layer {first.layer}, " if first.layer is not None else ""
+    carried = f"; {len(carriers)} later outputs carry the drift" if carriers else ""
     return Verdict(kind=VerdictKind.BAD, figures=figures,
                    reason=f"first divergent tensor #{first.index} {first.name} ({where}step {first.step}): "
-                          f"{first.problem}")
+                          f"{first.problem} [{first.rule or 'mismatch'} rule]{carried}")

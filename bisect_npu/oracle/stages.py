@@ -61,8 +61,10 @@ def _compare(name: str, cand: Any, ref: Any, logits_cfg: LogitsConfig) -> tuple[
                "worst_cosine": worst.metrics["cosine"] if worst else None}
     if first is None:
         return True, figures, "all tensors within the pass lines"
+    carriers, _ = result.after_first()
     figures["first_divergent"] = first.to_dict()
-    return False, figures, f"first divergent tensor {first.name}: {first.problem}"
+    figures["carried_by"] = len(carriers)
+    return False, figures, f"first divergent tensor {first.name}: {first.problem} [{first.rule or 'mismatch'} rule]"
 
 
 def judge_stages(obs: Observation, reference: Observation | None, cfg: StagesConfig,

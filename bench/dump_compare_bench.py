@@ -273,6 +273,15 @@ def detection_cases(layers: int) -> list[Case]:
     return cases
 
 
+def machine() -> str:
+    """CPU model, cores and memory, from /proc."""
+    cpu = next((line.split(":", 1)[1].strip() for line in Path("/proc/cpuinfo").read_text().splitlines()
+                if line.startswith("model name")), platform.machine())
+    kib = next((int(line.split()[1]) for line in Path("/proc/meminfo").read_text().splitlines()
+                if line.startswith("MemTotal:")), 0)
+    return f"{os.cpu_count()} cores of {cpu}, {kib / 2**20:.0f} GiB"
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--msprobe", type=Path, default=ROOT / ".venv-msprobe" / "bin" / "msprobe")
@@ -290,9 +299,9 @@ def main() -> None:
         raise SystemExit(f"{args.msprobe} not found: install mindstudio-probe into .venv-msprobe (see --help)")
     shutil.rmtree(args.work, ignore_errors=True)
     args.work.mkdir(parents=True)
-    lines = [f"Measured {date.today().isoformat()} on {os.cpu_count()} CPU cores ({platform.processor() or 'x86_64'}), "
-             f"Python {sys.version.split()[0]}, mindstudio-probe 26.2.0 (default rules). Reproduce with "
-             "`.venv/bin/python bench/dump_compare_bench.py`.", ""]
+    lines = [f"Measured {date.today().isoformat()} on {machine()}, Python {sys.version.split()[0]}, "
+             "mindstudio-probe 26.2.0 (default rules), both tools as processes in turn on the same pairs. "
+             "Reproduce with `.venv/bin/python bench/dump_compare_bench.py`.", ""]
     try:
         if args.only != "speed":
             detection(args, lines)

@@ -251,10 +251,6 @@ def open_dump(path: str | Path) -> dict[str, list[TensorEntry]]:
     return {_SINGLE_PROCESS_DIR.sub("rank0", str(p.parent.relative_to(root))): _msprobe_entries(p) for p in found}
 
 
-def _corrupt(entry: TensorEntry, exc: Exception) -> UsageError:
-    return UsageError(f"{entry.file}: cannot read tensor {entry.name!r} ({exc}); the dump is corrupt or truncated")
-
-
 def open_tensor(entry: TensorEntry) -> TensorFile:
     """Index one tensor's file (.npy or .pt) without reading its elements."""
     try:
@@ -262,16 +258,8 @@ def open_tensor(entry: TensorEntry) -> TensorFile:
     except FileNotFoundError as exc:
         raise UsageError(f"{entry.file}: file of tensor {entry.name!r} is missing from the dump") from exc
     except (PtFormatError, ValueError, OSError, EOFError) as exc:
-        raise _corrupt(entry, exc) from exc
-
-
-def load_tensor(entry: TensorEntry) -> np.ndarray:
-    """One whole tensor as a numpy array (bfloat16 widened to float32)."""
-    tensor = open_tensor(entry)
-    try:
-        return tensor.read_all()
-    except (PtFormatError, OSError) as exc:
-        raise _corrupt(entry, exc) from exc
+        raise UsageError(f"{entry.file}: cannot read tensor {entry.name!r} ({exc}); the dump is corrupt or "
+                         "truncated") from exc
 
 
 def write_dump(directory: str | Path, tensors: list[tuple[str, np.ndarray]], step: int = 0,
@@ -312,11 +300,12 @@ class ChunkSums:
     kl: float = 0.0
     overlap: float = 0.0
     rows: int = 0
+    rows_skipped: int = 0
     largest_read: int = 0
 
     def merge(self, other: ChunkSums) -> None:
         for name in ("size", "cand_sq", "ref_sq", "diff_sq", "within_1e3", "within_5e3", "within_tol",
-                     "nonfinite_c", "nonfinite_r", "kl", "overlap", "rows"):
+                     "nonfinite_c", "nonfinite_r", "kl", "overlap", "rows", "rows_skipped"):
             setattr(self, name, getattr(self, name) + getattr(other, name))
         self.max_abs = max(self.max_abs, other.max_abs)
         self.max_rel = max(self.max_rel, other.max_rel)
@@ -385,7 +374,7 @@ class ChunkSums:
                "within_1e3": self.within_1e3 / size, "within_5e3": self.within_5e3 / size,
                "within_tol": self.within_tol / size,
                "nonfinite_candidate": float(self.nonfinite_c), "nonfinite_reference": float(self.nonfinite_r)}
-        if logits and self.rows and not (self.nonfinite_c or self.nonfinite_r):
+        if logits and self.rows and not self.rows_skipped:
             out["kl"] = self.kl / self.rows
             out["top_k_overlap"] = self.overlap / self.rows
         return out
@@ -417,16 +406,16 @@ def segment_sums(cand: TensorFile, ref: TensorFile, start: int, stop: int, chunk
                  vocab: int | None, top_k: int) -> ChunkSums:
     """Elements [start, stop) of a pair, `chunk` at a time (whole rows of `vocab` for logits)."""
     sums = ChunkSums()
-    rows_finite = True
     for at in range(start, stop, chunk):
         count = min(chunk, stop - at)
         c = np.asarray(cand.read(at, count), dtype=np.float32)
         r = np.asarray(ref.read(at, count), dtype=np.float32)
         sums.largest_read = max(sums.largest_read, count * max(cand.stored.itemsize, ref.stored.itemsize))
         finite = sums.add_elements(c, r, tolerance)
-        rows_finite = rows_finite and finite
-        if vocab and rows_finite:
+        if vocab and finite:
             sums.add_rows(c.reshape(-1, vocab), r.reshape(-1, vocab), top_k)
+        elif vocab:  # KL over NaN/Inf says nothing: no KL for the tensor
+            sums.rows_skipped += 1
     return sums
 
 

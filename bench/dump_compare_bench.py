@@ -183,19 +183,23 @@ def tree_rss_kib(pid: int) -> int:
     return total
 
 
-def run_measured(argv: list[str], cwd: Path) -> tuple[float, int, str]:
-    """(wall seconds from start to exit, peak tree RSS in KiB, stdout)."""
+def run_measured(argv: list[str], cwd: Path, pythonpath: Path = ROOT) -> tuple[float, int, float, str]:
+    """(wall seconds from start to exit, peak tree RSS in KiB, CPU seconds of the tree, stdout)."""
     started = time.perf_counter()
     out_path = cwd / "stdout.txt"
     with out_path.open("w") as out:
         proc = subprocess.Popen(argv, cwd=cwd, stdout=out, stderr=subprocess.STDOUT,
-                                env={**os.environ, "PYTHONPATH": str(ROOT)})
+                                env={**os.environ, "PYTHONPATH": str(pythonpath)})
         peak = 0
-        while proc.poll() is None:
+        while True:  # wait4, not poll: its rusage holds the CPU time of the child and what it reaped
+            pid, _, usage = os.wait4(proc.pid, os.WNOHANG)
+            if pid:
+                break
             peak = max(peak, tree_rss_kib(proc.pid))
             time.sleep(0.02)
+        proc.returncode = 0
     seconds = time.perf_counter() - started
-    return seconds, peak, out_path.read_text(errors="replace")
+    return seconds, peak, usage.ru_utime + usage.ru_stime, out_path.read_text(errors="replace")
 
 
 RECIPE = """name: dump-compare-bench
@@ -208,7 +212,7 @@ oracle:
 """
 
 
-def run_ours(cand: Path, ref: Path, work: Path) -> tuple[float, int, str | None, str | None]:
+def run_ours(cand: Path, ref: Path, work: Path, code: Path = ROOT) -> tuple[float, int, float, str | None, str | None]:
     work.mkdir(parents=True, exist_ok=True)
     recipe = work / "recipe.yaml"
     recipe.write_text(RECIPE.format(), encoding="utf-8")
@@ -216,15 +220,15 @@ def run_ours(cand: Path, ref: Path, work: Path) -> tuple[float, int, str | None,
         (work / name).write_text(json.dumps({"logits_dump": str(dump)}), encoding="utf-8")
     argv = [sys.executable, "-m", "bisect_npu", "judge", "--recipe", str(recipe), "--reference",
             str(work / "ref.json"), str(work / "cand.json"), "--json"]
-    seconds, peak, stdout = run_measured(argv, work)
+    seconds, peak, cpu, stdout = run_measured(argv, work, code)
     start = stdout.find("{")
     if start < 0:
         raise SystemExit(f"bisect-npu judge gave no verdict:\n{stdout[-3000:]}")
     verdict = json.loads(stdout[start:])
     first = verdict["figures"].get("first_divergent")
     if first is None:
-        return seconds, peak, None, None
-    return seconds, peak, first.get("module") or first["name"], first.get("rule")
+        return seconds, peak, cpu, None, None
+    return seconds, peak, cpu, first.get("module") or module_of(first["name"]), first.get("rule")
 
 
 def module_of(tensor_name: str) -> str:
@@ -234,19 +238,19 @@ def module_of(tensor_name: str) -> str:
     return tensor_name
 
 
-def run_msprobe(msprobe: Path, cand: Path, ref: Path, work: Path) -> tuple[float, int, str | None, str | None]:
+def run_msprobe(msprobe: Path, cand: Path, ref: Path, work: Path) -> tuple[float, int, float, str | None, str | None]:
     work.mkdir(parents=True, exist_ok=True)
     out = work / "out"
     argv = [str(msprobe), "compare", "-tp", str(cand / "step0"), "-gp", str(ref / "step0"), "-o", str(out)]
-    seconds, peak, stdout = run_measured(argv, work)
+    seconds, peak, cpu, stdout = run_measured(argv, work)
     results = sorted(out.rglob("compare_result*.csv"))
     if not results:
         raise SystemExit(f"msprobe compare wrote no result:\n{stdout[-3000:]}")
     with results[0].open(newline="", encoding="utf-8") as handle:
         for row in csv.DictReader(handle):
             if row.get("Result") in ("error", "warning"):
-                return seconds, peak, module_of(row["NPU Name"]), row.get("Err_message")
-    return seconds, peak, None, None
+                return seconds, peak, cpu, module_of(row["NPU Name"]), row.get("Err_message")
+    return seconds, peak, cpu, None, None
 
 
 # ---------------------------------------------------------------- the bench
@@ -293,6 +297,9 @@ def main() -> None:
     parser.add_argument("--hidden", type=int, default=1024)
     parser.add_argument("--only", choices=["detection", "speed"], default=None)
     parser.add_argument("--cases", default="", help="only the detection pairs whose name contains this")
+    parser.add_argument("--previous", type=Path, default=None,
+                        help="a directory holding a previous bisect_npu package, measured on the speed pair too "
+                             "(e.g. git archive 21bcfa8 bisect_npu | tar -x -C /tmp/previous)")
     parser.add_argument("--out", type=Path, default=None, help="also write the figures (Markdown) here")
     args = parser.parse_args()
     if not args.msprobe.exists():
@@ -335,8 +342,8 @@ def detection(args: argparse.Namespace, lines: list[str]) -> None:
         cand = args.work / "cand"
         shutil.rmtree(cand, ignore_errors=True)
         write_msprobe_dump(cand, models[case.dtype], case, candidate=True)
-        _, _, theirs, _ = run_msprobe(args.msprobe, cand, refs[case.dtype], args.work / "ms")
-        _, _, ours, rule = run_ours(cand, refs[case.dtype], args.work / "ours")
+        theirs = run_msprobe(args.msprobe, cand, refs[case.dtype], args.work / "ms")[3]
+        _, _, _, ours, rule = run_ours(cand, refs[case.dtype], args.work / "ours")
         shutil.rmtree(args.work / "ms", ignore_errors=True)
         if case.place is None:
             clean_fp["pairs"] += 1
@@ -367,17 +374,23 @@ def speed(args: argparse.Namespace, lines: list[str]) -> None:
     total = write_msprobe_dump(ref, model, case, candidate=False)
     total += write_msprobe_dump(cand, model, case, candidate=True)
     mb = total / 1e6
-    theirs = run_msprobe(args.msprobe, cand, ref, args.work / "speed-ms")
-    ours = run_ours(cand, ref, args.work / "speed-ours")
+    runs = [("msprobe compare", run_msprobe(args.msprobe, cand, ref, args.work / "speed-ms"))]
+    if args.previous:
+        runs.append(("bisect-npu judge, previous", run_ours(cand, ref, args.work / "speed-previous", args.previous)))
+    runs.append(("bisect-npu judge", run_ours(cand, ref, args.work / "speed-ours")))
     lines += [f"### End to end on the real-shaped pair: {args.layers} decoder layers' inputs and outputs "
               f"[1, {args.tokens}, {args.hidden}] and the lm_head logits [1, {args.tokens}, {VOCAB}], bf16, "
               f"{mb:.0f} MB over both sides; 5% error at {short(place)}'s output, not propagated", "",
-              "| tool | wall, start to verdict | throughput | peak RSS (process tree) | first flagged module |",
-              "|---|---|---|---|---|"]
-    for name, (seconds, peak, first, _) in (("msprobe compare", theirs), ("bisect-npu judge", ours)):
-        lines.append(f"| {name} | {seconds:.2f} s | {mb / seconds:.0f} MB/s | {peak / 1024:.0f} MiB | {short(first)} |")
-    lines += ["", f"Ours: {theirs[0] / ours[0]:.1f}x msprobe's throughput, {ours[1] / theirs[1]:.2f} of its peak "
-              "memory.", ""]
+              f"Load average while it ran: {os.getloadavg()[0]:.1f} on {os.cpu_count()} cores.", "",
+              "| tool | wall, start to verdict | throughput | CPU time (process tree) | peak RSS (process tree) "
+              "| first flagged module |",
+              "|---|---|---|---|---|---|"]
+    for name, (seconds, peak, cpu, first, _) in runs:
+        lines.append(f"| {name} | {seconds:.2f} s | {mb / seconds:.0f} MB/s | {cpu:.1f} s | {peak / 1024:.0f} MiB "
+                     f"| {short(first)} |")
+    theirs, ours = runs[0][1], runs[-1][1]
+    lines += ["", f"Ours: {theirs[0] / ours[0]:.1f}x msprobe's throughput end to end ({theirs[2] / ours[2]:.1f}x in "
+              f"CPU time), {ours[1] / theirs[1]:.2f} of its peak memory.", ""]
 
 
 if __name__ == "__main__":

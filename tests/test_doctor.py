@@ -57,11 +57,13 @@ def test_reachable_engine_reports_its_version(docker_client):
 
 def test_npu_device_files(tmp_path):
     assert not check_npu_devices(tmp_path).ok
+    dev = tmp_path / "dev"
+    dev.mkdir()
     for name in ("davinci0", "davinci1", "davinci_manager", "devmm_svm"):
-        (tmp_path / name).touch()
+        (dev / name).touch()
     missing = check_npu_devices(tmp_path)
     assert not missing.ok and "/dev/hisi_hdc" in missing.detail
-    (tmp_path / "hisi_hdc").touch()
+    (dev / "hisi_hdc").touch()
     present = check_npu_devices(tmp_path)
     assert present.ok and present.detail == "2 card(s): davinci0, davinci1"
 

@@ -15,6 +15,9 @@ from pathlib import Path
 
 import click
 
+from bisect_npu.execute.ascend import DRIVER_MOUNTS, MANAGEMENT_DEVICES
+from bisect_npu.execute.host_devices import HOST_ROOT, missing_paths
+
 DRIVER_VERSION_FILE = Path("/usr/local/Ascend/driver/version.info")
 NPU_SMI = "/usr/local/bin/npu-smi"
 MIN_FREE_BYTES = 50 << 30  # a vllm-ascend image is 10-20 GB; a bisection keeps a few
@@ -54,13 +57,24 @@ def check_engine() -> Check:
                  f"(API {version.get('ApiVersion', '?')}) at {where}")
 
 
-def check_npu_devices(dev: Path = Path("/dev")) -> Check:
+def check_npu_devices(root: Path = HOST_ROOT) -> Check:
+    """The cards under `root`/dev and the management devices every NPU container is given."""
+    dev = root / "dev"
     cards = sorted(glob.glob(str(dev / "davinci[0-9]*")), key=lambda p: int(p.rsplit("davinci", 1)[1]))
-    missing = [name for name in ("davinci_manager", "devmm_svm", "hisi_hdc") if not (dev / name).exists()]
+    missing = missing_paths(MANAGEMENT_DEVICES, root)
     if not cards or missing:
-        what = "no /dev/davinciN" if not cards else f"missing {', '.join('/dev/' + m for m in missing)}"
+        what = "no /dev/davinciN" if not cards else f"missing {', '.join(missing)}"
         return Check("NPU devices", False, what, "install the Ascend driver (HDK) and check `npu-smi info`")
     return Check("NPU devices", True, f"{len(cards)} card(s): {', '.join(Path(c).name for c in cards)}")
+
+
+def check_driver_mounts(root: Path = HOST_ROOT) -> Check:
+    """The driver's files an NPU container mounts (the same list `run --devices` checks)."""
+    missing = missing_paths(DRIVER_MOUNTS, root)
+    if missing:
+        return Check("driver mounts", False, f"missing {', '.join(missing)}",
+                     "install the Ascend driver (HDK); NPU containers mount these read-only")
+    return Check("driver mounts", True, f"{len(DRIVER_MOUNTS)} path(s) present")
 
 
 def check_npu_smi(path: str = NPU_SMI) -> Check:
@@ -117,7 +131,8 @@ def run_checks(executor: str, npu: bool = True) -> list[Check]:
     checks = [check_git()]
     engine = check_engine()
     checks.append(Check(engine.name, engine.ok, engine.detail, engine.fix, needed=docker_needed))
-    for npu_check in (check_npu_devices(), check_npu_smi(), check_host(), check_driver_version()):
+    for npu_check in (check_npu_devices(), check_driver_mounts(), check_npu_smi(), check_host(),
+                      check_driver_version()):
         checks.append(Check(npu_check.name, npu_check.ok, npu_check.detail, npu_check.fix,
                             needed=docker_needed and npu))
     disk = check_disk(engine_storage())

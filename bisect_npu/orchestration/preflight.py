@@ -30,9 +30,10 @@ class RunInputs:
     candidates_range: CandidateRange
 
 
-def check_run(options: RunOptions) -> RunInputs:
+def check_run(options: RunOptions, host_root: Path = Path("/")) -> RunInputs:
     """Resolve and check everything that can be wrong before the journal is created; settles
-    `options` in place (the mode, and absolute paths: resume may start elsewhere)."""
+    `options` in place (the mode, and absolute paths: resume may start elsewhere). `host_root` is
+    where the NPU device and driver files are looked up (a directory of fake ones in a test)."""
     if (options.recipe is None) == (options.command is None):
         raise UsageError("give either --recipe FILE or --cmd COMMAND (the oracle for each candidate)")
     recipe = load_recipe(options.recipe) if options.recipe else None
@@ -46,6 +47,10 @@ def check_run(options: RunOptions) -> RunInputs:
     settle_slots(options, per_run)  # before any clone or index query
     if host is not None and options.slots:
         check_slot_shares(host, options.devices, options.slots)
+    if options.devices and options.executor == "docker":
+        from bisect_npu.execute.host_devices import check_host_devices
+
+        check_host_devices(options.devices, host_root)  # the NPU containers' devices and driver files
     options.mode = options.mode or (recipe.trials.mode if recipe else "exact")
     earlier_runs = earlier_runs_spec(options, recipe)
     if options.earlier_runs and options.mode != "noisy":

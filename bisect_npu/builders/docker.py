@@ -34,6 +34,7 @@ import git
 from bisect_npu import __version__
 from bisect_npu.builders.base import BuildFailed, Environment, tail
 from bisect_npu.builders.cache import ImageCache
+from bisect_npu.builders.failures import classify_build_failure
 from bisect_npu.builders.key import BuildKey, BuildKeyReader, is_compiled_input
 from bisect_npu.builders.submodules import commit_archive
 from bisect_npu.builders.version import SCM_VERSION_ARG, candidate_version
@@ -297,6 +298,9 @@ class DockerBuilder:
             log.write(f"ERROR: {error}\n")
         log.flush()
         if error:
+            environment = classify_build_failure(error, log_path.read_text(encoding="utf-8", errors="replace"))
+            if environment is not None:  # not the commit's fault: a skip would misread as a verdict
+                raise InfrastructureError(environment.message(log_path))
             raise BuildFailed(f"image build failed: {error.splitlines()[-1] if error else 'unknown error'}",
                               log_path, tail(log_path))
         try:

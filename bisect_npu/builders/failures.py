@@ -1,0 +1,190 @@
+"""Whose fault is a failed image build: the commit's, or the host's surroundings?
+
+A commit's own breakage (a compile error, a file its Dockerfile copies and no longer has) is a
+`skip`: the search steps around it. A base image that cannot be pulled, a package index or git
+host the build cannot reach, a full disk say nothing about the commit: as a `skip` they would
+turn every candidate into one and end with "the ends are wrong". They are infrastructure errors
+(exit 5) instead, naming the cause and what to do, and `bisect-npu resume` goes on afterwards.
+
+Read from the engine's error (a pull fails before any step runs) and from the output of the
+build step that failed (Docker's `Step N/M :` and podman's `STEP N/M:` headers split the log).
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+RESUME = "then `bisect-npu resume` continues the session"
+
+_DISK_FULL = re.compile(r"no space left on device|disk quota exceeded", re.IGNORECASE)
+
+# A pull of the base image that failed: the engine's wording (podman, Docker's classic builder,
+# BuildKit) of an unreachable, refusing or incomplete registry.
+_PULL_SIGNS = re.compile(
+    r"pinging container registry|initializing source docker://|failed to resolve source metadata|"
+    r"pull access denied|manifest unknown|manifest for \S+ not found|toomanyrequests|"
+    r"server gave HTTP response to HTTPS client|error pulling image|unable to copy from source docker://|"
+    r"(?:Get|Head) \"?https?://[^/\s\"]+/v2/", re.IGNORECASE)
+_PULLED_IMAGE = re.compile(
+    r"(?:initializing source docker://|unable to copy from source docker://|failed to resolve source metadata for "
+    r"|manifest for |pull access denied for |error pulling image \"?)(?P<image>[^\s,\"]+?)(?=: |[\s,\"]|$)",
+    re.IGNORECASE)
+_REGISTRY_HOST = re.compile(r"pinging container registry (?P<host>[^\s:]+(?::\d+)?)|https?://(?P<url>[^/\s\"']+)/v2/")
+_FROM_STEP = re.compile(r"^\s*step\s+1/\d+\s*:?\s*FROM\s+(?:--\S+\s+)*(?P<image>\S+)", re.IGNORECASE | re.MULTILINE)
+
+# The network failing inside a RUN step: pip, git, apt, curl, wget.
+_NETWORK_LINES: tuple[tuple[re.Pattern[str], str], ...] = (
+    (re.compile(r"HTTPS?ConnectionPool\(host='(?P<host>[^']+)'[^)]*\): Max retries exceeded.*?"
+                r"(?P<what>NewConnectionError|ConnectTimeoutError|ReadTimeoutError|ProxyError|SSLError|"
+                r"Temporary failure in name resolution|Name or service not known)"), "pip"),
+    (re.compile(r"Retrying \(Retry\(.*?(?P<what>NewConnectionError|ConnectTimeoutError|ReadTimeoutError|ProxyError)"
+                r".*?(?:host='(?P<host>[^']+)'|/simple/)?"), "pip"),
+    (re.compile(r"fatal: unable to access '(?P<url>[^']+)': (?P<what>Could not resolve host|Failed to connect|"
+                r"Connection timed out|gnutls_handshake\(\) failed|Recv failure|OpenSSL SSL_connect)"), "git"),
+    (re.compile(r"ssh: (?P<what>Could not resolve hostname) (?P<host>[^:\s]+)"), "git"),
+    (re.compile(r"fatal: (?P<what>unable to look up) (?P<host>\S+)"), "git"),
+    (re.compile(r"(?P<what>Temporary failure resolving|Could not resolve) '(?P<host>[^']+)'"), "apt"),
+    (re.compile(r"Failed to fetch (?P<url>\S+)\s+(?P<what>Could not connect|Connection failed|Unable to connect)"),
+     "apt"),
+    (re.compile(r"curl: \((?:6|7|28|35)\) (?P<what>Could not resolve host|Failed to connect to|"
+                r"Connection timed out|Resolving timed out)[: ]*(?P<host>[^\s:]+)?"), "curl"),
+    (re.compile(r"wget: (?P<what>unable to resolve host address) '?(?P<host>[^'\s]+)"), "wget"),
+    (re.compile(r"Connecting to (?P<host>[^\s|]+)[^\n]*(?P<what>failed: (?:Connection refused|Connection timed out|"
+                r"Temporary failure in name resolution|No route to host|Network is unreachable))"), "wget"),
+)
+# pip giving up after its retries: with a network line above it is the index, not the pin.
+_PIP_NO_VERSIONS = re.compile(r"Could not find a version that satisfies the requirement (?P<req>\S+) "
+                              r"\(from versions: none\)")
+# The commit's own breakage wins over retried network warnings earlier in the same step.
+_OWN_BREAKAGE = re.compile(
+    r"^[^\s:]+\.(?:c|cc|cpp|cxx|h|hpp|cu|f90|rs|go):\d+(?::\d+)?: (?:fatal )?error:|"
+    r"^\s*(?:\S+: )?error: (?:command '[^']+' failed|subprocess-exited-with-error)|"
+    r"^make(?:\[\d+\])?: \*\*\* |^CMake Error|COPY failed|no such file or directory.*(?:stat|COPY|ADD)|"
+    r"^(?:E|ERROR): (?:Failed building wheel|Cannot install)|SyntaxError:|ModuleNotFoundError:",
+    re.IGNORECASE | re.MULTILINE)
+_STEP_HEADER = re.compile(r"^\s*(?:STEP|Step) \d+/\d+\s*:?", re.MULTILINE)
+
+
+@dataclass(frozen=True)
+class EnvironmentFailure:
+    """A build that failed for a reason outside the commit: the cause and the next step."""
+
+    cause: str
+    next_step: str
+
+    def message(self, log_path: object | None = None) -> str:
+        where = f" (build log: {log_path})" if log_path else ""
+        return f"{self.cause}{where}; {self.next_step}, {RESUME}"
+
+
+def classify_build_failure(error: str, log_text: str = "") -> EnvironmentFailure | None:
+    """The environment failure behind a failed build, or None when the commit itself is at fault.
+
+    `error` is the engine's error message, `log_text` the build's whole output."""
+    last_step = _last_step(log_text)
+    if _DISK_FULL.search(error) or _DISK_FULL.search(last_step):
+        return EnvironmentFailure(
+            "the disk is full (no space left on device) during an image build",
+            "free space in the engine's storage (`podman system prune` / `docker system prune`, or a smaller "
+            "--cache-size)")
+    pull = _pull_failure(error, log_text)
+    if pull is not None:
+        return pull
+    if _OWN_BREAKAGE.search(last_step) and not _PIP_NO_VERSIONS.search(last_step):
+        return None
+    return _network_failure(last_step)
+
+
+def registry_of(image: str) -> str:
+    """The registry an image reference is pulled from: its first path component when that names a
+    host (has a dot or a port, or is localhost), else Docker Hub."""
+    first, _, rest = image.partition("/")
+    if rest and ("." in first or ":" in first or first == "localhost"):
+        return first
+    return "docker.io"
+
+
+def _last_step(log_text: str) -> str:
+    """The output of the last build step that started (where the build failed)."""
+    headers = list(_STEP_HEADER.finditer(log_text))
+    return log_text[headers[-1].start():] if headers else log_text
+
+
+def _pull_failure(error: str, log_text: str) -> EnvironmentFailure | None:
+    text = error if _PULL_SIGNS.search(error) else ""
+    if not text:
+        tail = _last_step(log_text)
+        # A pull that failed inside the FROM step: podman writes the reason into the log.
+        if _PULL_SIGNS.search(tail) and re.search(r"FROM\s", tail[:400]):
+            text = tail
+    if not text:
+        return None
+    named = _PULLED_IMAGE.search(text)
+    from_step = _FROM_STEP.search(log_text)
+    image = named.group("image") if named else (from_step.group("image") if from_step else "")
+    host_match = _REGISTRY_HOST.search(text)
+    registry = (host_match.group("host") or host_match.group("url")) if host_match else registry_of(image) if image \
+        else "its registry"
+    if registry == "registry-1.docker.io":
+        registry = "docker.io"
+    reason = _pull_reason(text)
+    what = f"the base image {image}" if image else "a base image"
+    advice = (f"check that this host reaches {registry}, or map it to a mirror that holds the image: "
+              f"--base-image-map {registry}=MIRROR/{registry} (or build.base_image_map in the recipe); "
+              "`bisect-npu plan --pull` fetches every base image of a range ahead")
+    if "HTTP response to HTTPS client" in text:
+        advice = (f"{registry} speaks plain HTTP: list it as insecure for the engine (registries.conf "
+                  "`[[registry]] location=... insecure=true`, or Docker's daemon.json `insecure-registries`)")
+    return EnvironmentFailure(f"{what} could not be pulled from {registry} ({reason})", advice)
+
+
+def _pull_reason(text: str) -> str:
+    for pattern, reason in (
+            (r"no such host|Could not resolve|name resolution|Name or service not known|server misbehaving",
+             "the name does not resolve"),
+            (r"connection refused", "connection refused"),
+            (r"i/o timeout|timed out|deadline exceeded", "timed out"),
+            (r"network is unreachable|no route to host", "network unreachable"),
+            (r"toomanyrequests", "rate limited"),
+            (r"unauthorized|authentication required|pull access denied|denied", "access denied"),
+            (r"manifest unknown|not found", "no such image or tag there"),
+            (r"HTTP response to HTTPS client", "the registry answers plain HTTP")):
+        if re.search(pattern, text, re.IGNORECASE):
+            return reason
+    line = text.strip().splitlines()[-1] if text.strip() else "unknown error"
+    return line[:160]
+
+
+def _network_failure(step: str) -> EnvironmentFailure | None:
+    for pattern, tool in _NETWORK_LINES:
+        match = pattern.search(step)
+        if match is None:
+            continue
+        groups = match.groupdict()
+        host = groups.get("host") or _host_of(groups.get("url") or "") or _index_host(step) or "a host"
+        what = (groups.get("what") or "unreachable").strip()
+        return EnvironmentFailure(
+            f"the build could not reach {host} ({tool}: {what}): a network or mirror problem, not the commit",
+            "check this host's network and proxy, or point the recipe's build.docker_args at mirrors it reaches "
+            "(vllm-ascend: PIP_INDEX_URL, PYTORCH_INDEX_URL, ASCEND_INDEX_URL, VLLM_REPO, APTMIRROR, GIT_PROXY)")
+    if _PIP_NO_VERSIONS.search(step) and re.search(r"WARNING: Retrying|ERROR: Could not install packages due to an "
+                                                    r"OSError", step):
+        host = _index_host(step) or "the package index"
+        return EnvironmentFailure(f"pip could not reach {host} during the build (no versions found after retries)",
+                                  "check the network, or set PIP_INDEX_URL in the recipe's build.docker_args to "
+                                  "an index this host reaches")
+    return None
+
+
+def _host_of(url: str) -> str:
+    match = re.match(r"^[a-z+]+://(?:[^@/]+@)?([^/:]+(?::\d+)?)", url)
+    return match.group(1) if match else ""
+
+
+def _index_host(step: str) -> str:
+    match = re.search(r"Looking in indexes: (\S+)", step) or re.search(r"host='([^']+)'", step)
+    if not match:
+        return ""
+    value = match.group(1).rstrip(",")
+    return _host_of(value) or value

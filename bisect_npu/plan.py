@@ -8,6 +8,7 @@ session with container builds does) and once as plain midpoint bisection.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from typing import Any
 
@@ -28,6 +29,7 @@ class BuildGroup:
     first: str
     base_image: str
     vllm_tag: str
+    pull: str = ""  # where the base image is pulled from when a mirror map changes it
 
 
 @dataclass(frozen=True)
@@ -54,6 +56,12 @@ class RangePlan:
     expected: PlanFigures  # the search told the groups and the costs
     midpoint: PlanFigures  # plain midpoint bisection of the same range
     minutes: dict[str, float]
+    good_base: str = ""  # the good end's base image as pulled (the end check builds it too)
+
+    def base_images(self) -> list[str]:
+        """Each base image the range's builds start from, as pulled (through the mirror map)."""
+        return sorted({group.pull or group.base_image for group in self.groups if group.base_image} |
+                      ({self.good_base} if self.good_base else set()))
 
     def to_json(self) -> dict[str, Any]:
         brange = self.range
@@ -65,13 +73,15 @@ class RangePlan:
             "build_keys": len(self.groups), "build_groups": [asdict(group) for group in self.groups],
             "dockerfile": self.dockerfile, "lacking_dockerfile": len(self.lacking_dockerfile),
             "ends_lacking_dockerfile": list(self.ends_lacking_dockerfile),
+            "base_images": self.base_images(),
             "expected": asdict(self.expected), "midpoint": asdict(self.midpoint), "minutes": dict(self.minutes),
         }
 
 
-def range_keys(repo: git.Repo, brange: history.BisectRange, dockerfile: str = "Dockerfile") -> list[BuildKey]:
+def range_keys(repo: git.Repo, brange: history.BisectRange, dockerfile: str = "Dockerfile",
+               base_images: Callable[[str], str] | None = None) -> list[BuildKey]:
     """The build key of each position 0..n (the base, then the candidates), as DockerBuilder keys them."""
-    reader = BuildKeyReader(repo, dockerfile=dockerfile)
+    reader = BuildKeyReader(repo, dockerfile=dockerfile, base_images=base_images)
     return [reader.key(sha) for sha in (brange.base, *brange.candidates)]
 
 
@@ -84,25 +94,29 @@ def unbuildable_positions(keys: list[BuildKey]) -> list[int]:
 
 
 def plan_range(repo: git.Repo, good: str, bad: str, *, dockerfile: str = "Dockerfile", build_minutes: float = 30.0,
-               overlay_minutes: float = 2.0, run_minutes: float = 5.0) -> RangePlan:
+               overlay_minutes: float = 2.0, run_minutes: float = 5.0,
+               base_images: Callable[[str], str] | None = None) -> RangePlan:
     """Resolve GOOD..BAD and price bisecting it: build groups, expected steps, builds and hours."""
     brange = history.resolve_range(repo, good, bad)
-    keys = range_keys(repo, brange, dockerfile)
+    keys = range_keys(repo, brange, dockerfile, base_images)
     members: dict[str, list[str]] = {}
     for sha, key in zip(brange.candidates, keys[1:], strict=True):
         members.setdefault(key.digest, []).append(sha)
     by_digest = {key.digest: key for key in keys[1:]}  # one digest, one set of inputs
-    groups = [BuildGroup(digest, len(shas), shas[0], by_digest[digest].inputs.get("base_image", ""),
-                         by_digest[digest].inputs.get("vllm_tag", "")) for digest, shas in members.items()]
+    groups = [BuildGroup(digest, len(shas), shas[0], *(by_digest[digest].inputs.get(name, "") for name in
+                                                       ("base_image", "vllm_tag", "base_image_pulled")))
+              for digest, shas in members.items()]
     lacking = [sha for sha, key in zip(brange.candidates, keys[1:], strict=True) if not key.has_dockerfile]
     ends = [end for end, key in (("good", keys[0]), ("bad", keys[-1])) if not key.has_dockerfile]
     unbuildable = unbuildable_positions(keys)
     minutes = {"build": build_minutes, "overlay": overlay_minutes, "run": run_minutes}
     digests = [key.digest for key in keys]
     oldest, newest = history.commits_facts(repo, [brange.candidates[0], brange.candidates[-1]])
+    good_inputs = keys[0].inputs
     return RangePlan(brange, oldest, newest, groups, dockerfile, lacking, ends,
                      _replay(digests, unbuildable, told=True, minutes=minutes),
-                     _replay(digests, unbuildable, told=False, minutes=minutes), minutes)
+                     _replay(digests, unbuildable, told=False, minutes=minutes), minutes,
+                     good_inputs.get("base_image_pulled") or good_inputs.get("base_image", ""))
 
 
 def _replay(keys: list[str], unbuildable: list[int], *, told: bool, minutes: dict[str, float]) -> PlanFigures:

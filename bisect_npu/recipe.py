@@ -254,6 +254,11 @@ class BuildSpec(_Strict):
     docker_args: dict[str, str] = Field(
         default_factory=dict, description="build args for the candidate's own Dockerfile (--executor docker): "
                                           "PIP_INDEX_URL, COMPILE_CUSTOM_KERNELS, VLLM_REPO; part of the build key")
+    base_image_map: dict[str, str] = Field(
+        default_factory=dict, description="--executor docker: image-name prefix -> mirror, applied to the FROM "
+                                          "lines of each candidate's Dockerfile before it builds (in the build "
+                                          "context, never in git), e.g. {quay.io: mirror.example/quay.io}; "
+                                          "--base-image-map adds to it; part of the build key")
     reuse_outputs: bool = Field(
         True, description="--executor local: a commit whose build key was built gets that build's outputs (what "
                           "local_command left untracked in its worktree) instead of running the command; false "

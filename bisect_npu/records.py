@@ -84,6 +84,7 @@ class HeaderOptions(_Shape):
     prefetch: bool | None = None
     earlier_runs: list[str] | None = None
     host: str | None = None  # the Atlas host type found at the start; not a `run` option
+    base_image_map: list[str] = Field(default_factory=list)
 
     def run_argv(self) -> list[str]:
         """The `bisect-npu run` arguments that give these options again (the report's reproduce
@@ -103,6 +104,7 @@ class HeaderOptions(_Shape):
         argv = [str(arg) for flag, value in valued if value is not None for arg in (flag, value)]
         if self.earlier_runs:
             argv += ["--earlier-runs", *self.earlier_runs]
+        argv += [arg for entry in self.base_image_map for arg in ("--base-image-map", entry)]
         flags = {"--pre": self.prereleases, "--prefetch": self.prefetch is True,
                  "--no-prefetch": self.prefetch is False, "--no-check-ends": not self.check_ends,
                  "--no-fix": not self.propose_fix, "--verify-fix": self.verify_fix, "--find-fix": self.find_fix}

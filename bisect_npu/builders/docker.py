@@ -36,6 +36,7 @@ from bisect_npu.builders.base import BuildFailed, Environment, tail
 from bisect_npu.builders.cache import ImageCache
 from bisect_npu.builders.failures import classify_build_failure
 from bisect_npu.builders.key import BuildKey, BuildKeyReader, is_compiled_input
+from bisect_npu.builders.registry import BaseImageMap
 from bisect_npu.builders.submodules import commit_archive
 from bisect_npu.builders.version import SCM_VERSION_ARG, candidate_version
 from bisect_npu.errors import InfrastructureError
@@ -93,16 +94,18 @@ class DockerBuilder:
 
     def __init__(self, repo: git.Repo, client: Any, build_args: Mapping[str, str] | None = None,
                  cache: ImageCache | None = None, dockerfile: str = "Dockerfile",
-                 python: str = "python3", overlays: bool = True) -> None:
+                 python: str = "python3", overlays: bool = True, base_images: BaseImageMap | None = None) -> None:
         self.repo = repo
         self.client = client
         self.build_args = dict(build_args or {})
+        self.base_images = base_images or BaseImageMap()
         self.cache = cache
         self.dockerfile = dockerfile
         self.python = python
         self.overlays = overlays
         self.repository = image_repository(repo)
-        self._keys = BuildKeyReader(repo, self.build_args, dockerfile)
+        self._keys = BuildKeyReader(repo, self.build_args, dockerfile,
+                                    self.base_images.apply if self.base_images else None)
         self._git_lock = threading.Lock()  # GitPython's object readers are not thread-safe (prefetch, slots)
         self._locks: dict[str, threading.Lock] = {}
         self._locks_guard = threading.Lock()
@@ -214,8 +217,11 @@ class DockerBuilder:
         with log_path.open("w", encoding="utf-8") as log:
             log.write(f"# full build of {commit} (key {key.digest}, version {version})\n"
                       f"# inputs: {json.dumps(dict(key.inputs))}\n")
+            if self.base_images:
+                log.write(f"# base image map: {' '.join(self.base_images.entries())}\n")
             context = _labelled_context(commit_archive(self.repo, commit), self.dockerfile,
-                                        self._labels(commit, key, "full", facts_base, version), source_dir)
+                                        self._labels(commit, key, "full", facts_base, version), source_dir,
+                                        lambda text: self.base_images.rewrite_dockerfile(text, self.build_args))
             # Not in self.build_args: those are part of the key, and every commit has its own version.
             build_args = {**self.build_args, SCM_VERSION_ARG: version} if source_dir else self.build_args
             image_id = self._build(context, self.dockerfile, build_args,
@@ -335,9 +341,10 @@ def declare_version_arg(text: str, source_dir: str) -> str:
 
 
 def _labelled_context(context: IO[bytes], dockerfile: str, labels: Mapping[str, str],
-                      source_dir: str | None = None) -> IO[bytes]:
+                      source_dir: str | None = None, rewrite: Callable[[str], str] | None = None) -> IO[bytes]:
     """The build context with our labels appended to the Dockerfile as its last instructions (and,
-    with `source_dir`, the candidate's version declared: declare_version_arg).
+    with `source_dir`, the candidate's version declared: declare_version_arg; its FROM lines
+    through `rewrite`, the lab's mirror map).
 
     Not the build API's `labels`: podman puts those on every intermediate layer image too, so a
     failed build would leave a half-built image that looks finished.
@@ -350,6 +357,7 @@ def _labelled_context(context: IO[bytes], dockerfile: str, labels: Mapping[str, 
             data = source.extractfile(member) if member.isfile() else None
             if member.name == dockerfile and data is not None:
                 text = data.read().decode("utf-8", errors="replace").rstrip("\n") + "\n"
+                text = rewrite(text) if rewrite else text
                 if source_dir:
                     text = declare_version_arg(text, source_dir)
                 text += "LABEL " + " ".join(f"{json.dumps(k)}={json.dumps(v)}" for k, v in labels.items()) + "\n"

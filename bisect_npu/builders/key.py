@@ -13,7 +13,7 @@ import hashlib
 import json
 import re
 import tomllib
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 
 import git
@@ -67,10 +67,11 @@ class BuildKeyReader:
     """Computes keys for many commits of one repository, parsing each Dockerfile blob once."""
 
     def __init__(self, repo: git.Repo, build_args: Mapping[str, str] | None = None,
-                 dockerfile: str = "Dockerfile") -> None:
+                 dockerfile: str = "Dockerfile", base_images: Callable[[str], str] | None = None) -> None:
         self.repo = repo
         self.build_args = dict(build_args or {})
         self.dockerfile = dockerfile
+        self.base_images = base_images  # the lab's mirror map (builders/registry.py), if any
         self._dockerfiles = DockerfileReader(repo, dockerfile)
         self._setup_reads: dict[str, list[str]] = {}  # setup.py blob -> the paths it names
 
@@ -119,6 +120,9 @@ class BuildKeyReader:
             inputs["dockerfile"] = blob.hexsha
             facts = self._dockerfiles.facts_of_blob(blob.hexsha)
             inputs["base_image"] = facts.base_image or ""
+            pulled = self.base_images(facts.base_image) if self.base_images and facts.base_image else None
+            if pulled and pulled != facts.base_image:
+                inputs["base_image_pulled"] = pulled  # where a mirror map fetches it from
             # A build arg counts only for an ARG the Dockerfile declares (docker ignores the others).
             inputs["vllm_tag"] = paired_vllm({**facts.args, **{name: value for name, value in self.build_args.items()
                                                                if name in facts.args}})

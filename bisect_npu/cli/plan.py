@@ -24,9 +24,16 @@ from bisect_npu.cli.params import FiniteRange
                    "build.dockerfile, else Dockerfile]")
 @click.option("--recipe", help="Recipe file or bundled name: its supported versions and its engine args are "
                                "checked at both ends, as `run` does.")
+@click.option("--base-image-map", "base_image_map", multiple=True, metavar="PREFIX=MIRROR",
+              help="Base images through a mirror, as `run --base-image-map` (repeatable; adds to the recipe's "
+                   "build.base_image_map).")
+@click.option("--pull", is_flag=True,
+              help="Pull every base image the range's builds need (through --base-image-map) into the container "
+                   "engine now, before a long run: a registry that cannot be reached shows here (exit 5).")
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
 def plan(good: str, bad: str, repo: str, build_minutes: float, overlay_minutes: float, run_minutes: float,
-         dockerfile: str | None, recipe: str | None, as_json: bool) -> None:
+         dockerfile: str | None, recipe: str | None, base_image_map: tuple[str, ...], pull: bool,
+         as_json: bool) -> None:
     """Resolve GOOD..BAD: candidates, merge-base note, build groups, expected steps and cost.
 
     The expected figures replay the real exact-mode search (which picks its pivots by build
@@ -34,22 +41,28 @@ def plan(good: str, bad: str, repo: str, build_minutes: float, overlay_minutes: 
     to plain midpoint bisection of the same range.
     """
     from bisect_npu import history
+    from bisect_npu.builders.registry import BaseImageMap
     from bisect_npu.plan import plan_range
     from bisect_npu.recipe import load_recipe
     from bisect_npu.recipe_check import check_recipe_at_ends, check_support, range_ends
 
     loaded = load_recipe(recipe) if recipe else None
     dockerfile = dockerfile or (loaded.build.dockerfile if loaded else "Dockerfile")
+    base_images = BaseImageMap.parse(base_image_map, loaded.build.base_image_map if loaded else None)
     clone = history.open_repo(repo)
     result = plan_range(clone, good, bad, dockerfile=dockerfile, build_minutes=build_minutes,
-                        overlay_minutes=overlay_minutes, run_minutes=run_minutes)
+                        overlay_minutes=overlay_minutes, run_minutes=run_minutes,
+                        base_images=base_images.apply if base_images else None)
     if loaded is not None:
         ends = range_ends(good, bad, result.range.good, result.range.base, result.range.bad)
         check_support(loaded, clone, ends)
         check_recipe_at_ends(loaded, clone, ends)
+    pulled = pull_base_images(result.base_images()) if pull else {}
     if as_json:
-        click.echo(json.dumps(result.to_json()))
+        click.echo(json.dumps({**result.to_json(), **({"pulled": pulled} if pull else {})}))
         return
+    for image, image_id in pulled.items():
+        click.echo(f"pulled {image} ({image_id.removeprefix('sha256:')[:12]})")
     brange, n, lacking = result.range, len(result.range.candidates), result.lacking_dockerfile
     if brange.merge_base_note:
         click.echo(f"note: {brange.merge_base_note}")
@@ -62,7 +75,7 @@ def plan(good: str, bad: str, repo: str, build_minutes: float, overlay_minutes: 
         made_of = ", ".join(f"{label} {value}" for label, value in (("FROM", group.base_image),
                                                                      ("vLLM", group.vllm_tag)) if value)
         click.echo(f"  key {group.key}: {group.commits} commits from {group.first[:12]}"
-                   + (f" ({made_of})" if made_of else ""))
+                   + (f" ({made_of})" if made_of else "") + (f", pulled from {group.pull}" if group.pull else ""))
     for end in result.ends_lacking_dockerfile:
         click.echo(f"warning: the {end} end has no {dockerfile}: `run --executor docker` refuses this range "
                    "(pick ends where it exists)")
@@ -75,3 +88,13 @@ def plan(good: str, bad: str, repo: str, build_minutes: float, overlay_minutes: 
                    f"{figures.full_builds:.1f} full builds, {figures.overlays:.1f} overlays, {figures.hours:.2f} h")
     click.echo(f"  at {build_minutes:g} min/build, {overlay_minutes:g} min/overlay, {run_minutes:g} min/run, "
                f"averaged over {result.expected.culprits} culprit positions")
+
+
+def pull_base_images(images: list[str]) -> dict[str, str]:
+    """Pull each image into the engine DOCKER_HOST names: {image: id}; the first that fails is an
+    InfrastructureError naming its registry."""
+    from bisect_npu.builders.docker import connect_engine
+    from bisect_npu.builders.registry import pull_image
+
+    client = connect_engine()
+    return {image: pull_image(client, image) for image in images}

@@ -55,6 +55,8 @@ class RunOptions:
     # The Atlas host type found at the start (A2, A3, 310P; None without npu-smi): which Dockerfile
     # variant and dtype the run uses (execute/host.py recipe_for_host); resume keeps it.
     host: str | None = None
+    # --base-image-map PREFIX=MIRROR entries (over the recipe's build.base_image_map), docker builds.
+    base_image_map: list[str] = field(default_factory=list)
 
     def to_json(self) -> dict[str, Any]:
         return dataclasses.asdict(self)

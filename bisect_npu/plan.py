@@ -9,13 +9,14 @@ session with container builds does) and once as plain midpoint bisection.
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from typing import Any
 
 import git
 
 from bisect_npu import history
 from bisect_npu.builders.key import BuildKey, BuildKeyReader
+from bisect_npu.builders.releases import ReleaseImage, ReleaseImages
 
 PLAN_CULPRITS = 64  # culprit positions the estimate averages over (all of them in a smaller range)
 
@@ -57,6 +58,9 @@ class RangePlan:
     midpoint: PlanFigures  # plain midpoint bisection of the same range
     minutes: dict[str, float]
     good_base: str = ""  # the good end's base image as pulled (the end check builds it too)
+    # {build key: release image}: keys of the range a published release image can stand for
+    # (--release-images), when that image exists: no full build for them.
+    released: dict[str, ReleaseImage] = field(default_factory=dict)
 
     def base_images(self) -> list[str]:
         """Each base image the range's builds start from, as pulled (through the mirror map)."""
@@ -74,6 +78,7 @@ class RangePlan:
             "dockerfile": self.dockerfile, "lacking_dockerfile": len(self.lacking_dockerfile),
             "ends_lacking_dockerfile": list(self.ends_lacking_dockerfile),
             "base_images": self.base_images(),
+            "release_images": {key: asdict(release) for key, release in self.released.items()},
             "expected": asdict(self.expected), "midpoint": asdict(self.midpoint), "minutes": dict(self.minutes),
         }
 
@@ -95,10 +100,15 @@ def unbuildable_positions(keys: list[BuildKey]) -> list[int]:
 
 def plan_range(repo: git.Repo, good: str, bad: str, *, dockerfile: str = "Dockerfile", build_minutes: float = 30.0,
                overlay_minutes: float = 2.0, run_minutes: float = 5.0,
-               base_images: Callable[[str], str] | None = None) -> RangePlan:
+               base_images: Callable[[str], str] | None = None, release_images: str | None = None) -> RangePlan:
     """Resolve GOOD..BAD and price bisecting it: build groups, expected steps, builds and hours."""
     brange = history.resolve_range(repo, good, bad)
     keys = range_keys(repo, brange, dockerfile, base_images)
+    released: dict[str, ReleaseImage] = {}
+    if release_images:
+        reader = BuildKeyReader(repo, dockerfile=dockerfile, base_images=base_images)
+        releases = ReleaseImages(repo, release_images, lambda sha: reader.key(sha).digest, base_images)
+        released = {key.digest: found[-1] for key in keys if (found := releases.for_key(key.digest))}
     members: dict[str, list[str]] = {}
     for sha, key in zip(brange.candidates, keys[1:], strict=True):
         members.setdefault(key.digest, []).append(sha)
@@ -116,7 +126,7 @@ def plan_range(repo: git.Repo, good: str, bad: str, *, dockerfile: str = "Docker
     return RangePlan(brange, oldest, newest, groups, dockerfile, lacking, ends,
                      _replay(digests, unbuildable, told=True, minutes=minutes),
                      _replay(digests, unbuildable, told=False, minutes=minutes), minutes,
-                     good_inputs.get("base_image_pulled") or good_inputs.get("base_image", ""))
+                     good_inputs.get("base_image_pulled") or good_inputs.get("base_image", ""), released)
 
 
 def _replay(keys: list[str], unbuildable: list[int], *, told: bool, minutes: dict[str, float]) -> PlanFigures:

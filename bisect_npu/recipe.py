@@ -259,6 +259,11 @@ class BuildSpec(_Strict):
                                           "lines of each candidate's Dockerfile before it builds (in the build "
                                           "context, never in git), e.g. {quay.io: mirror.example/quay.io}; "
                                           "--base-image-map adds to it; part of the build key")
+    release_images: str | None = Field(
+        None, description="--executor docker: the images published for release tags, with {tag}, e.g. "
+                          "quay.io/ascend/vllm-ascend:{tag}: where a candidate's build key is a release tag's, "
+                          "that image (through base_image_map, verified by the commit it records) is the key's "
+                          "full build; --release-images overrides it")
     reuse_outputs: bool = Field(
         True, description="--executor local: a commit whose build key was built gets that build's outputs (what "
                           "local_command left untracked in its worktree) instead of running the command; false "

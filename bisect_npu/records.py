@@ -85,6 +85,7 @@ class HeaderOptions(_Shape):
     earlier_runs: list[str] | None = None
     host: str | None = None  # the Atlas host type found at the start; not a `run` option
     base_image_map: list[str] = Field(default_factory=list)
+    release_images: str | None = None
 
     def run_argv(self) -> list[str]:
         """The `bisect-npu run` arguments that give these options again (the report's reproduce
@@ -96,7 +97,7 @@ class HeaderOptions(_Shape):
             ("--executor", self.executor if self.executor != "local" else None),
             ("--devices", ",".join(map(str, self.devices)) or None),
             ("--slots", self.slots if self.devices or (self.slots or 1) != 1 else None),
-            ("--workdir", self.workdir), ("--mode", self.mode),
+            ("--workdir", self.workdir), ("--release-images", self.release_images), ("--mode", self.mode),
             ("--confidence", repr(self.confidence) if self.confidence is not None else None),
             ("--timeout", repr(self.timeout_s) if self.timeout_s != TRIAL_TIMEOUT_S else None),
             ("--cache-size", f"{int(self.cache_size_gb * 2**30)}" if self.cache_size_gb != CACHE_SIZE_GIB else None),

@@ -3,7 +3,8 @@
 Per candidate, the cheapest of three ways (Environment.how):
 
 - `reused`: an image labelled with this commit and key is already in the engine (a later
-  session reuses what an earlier one built);
+  session reuses what an earlier one built), or the commit is a release tag whose published
+  image (builders/releases.py) stands for its key;
 - `overlay`: a full image with the same BuildKey exists, so only the candidate's Python tree is
   laid over it as one committed layer (no build step), a second instead of a compile;
 - `built`: the candidate's own Dockerfile on a `git archive` of the commit, with the recipe's
@@ -37,6 +38,7 @@ from bisect_npu.builders.cache import ImageCache
 from bisect_npu.builders.failures import classify_build_failure
 from bisect_npu.builders.key import BuildKey, BuildKeyReader, is_compiled_input
 from bisect_npu.builders.registry import BaseImageMap
+from bisect_npu.builders.releases import ReleaseImages, fetch_release
 from bisect_npu.builders.submodules import commit_archive
 from bisect_npu.builders.version import SCM_VERSION_ARG, candidate_version
 from bisect_npu.errors import InfrastructureError
@@ -94,7 +96,8 @@ class DockerBuilder:
 
     def __init__(self, repo: git.Repo, client: Any, build_args: Mapping[str, str] | None = None,
                  cache: ImageCache | None = None, dockerfile: str = "Dockerfile",
-                 python: str = "python3", overlays: bool = True, base_images: BaseImageMap | None = None) -> None:
+                 python: str = "python3", overlays: bool = True, base_images: BaseImageMap | None = None,
+                 release_images: str | None = None) -> None:
         self.repo = repo
         self.client = client
         self.build_args = dict(build_args or {})
@@ -107,6 +110,8 @@ class DockerBuilder:
         self._keys = BuildKeyReader(repo, self.build_args, dockerfile,
                                     self.base_images.apply if self.base_images else None)
         self._git_lock = threading.Lock()  # GitPython's object readers are not thread-safe (prefetch, slots)
+        self.releases = (ReleaseImages(repo, release_images, lambda sha: self._keys.key(sha).digest,
+                                       self.base_images.apply) if release_images else None)
         self._locks: dict[str, threading.Lock] = {}
         self._locks_guard = threading.Lock()
         self._reaper = ThreadPoolExecutor(max_workers=1, thread_name_prefix="bisect-npu-reaper")
@@ -155,6 +160,8 @@ class DockerBuilder:
             # Low-level API calls throughout: the SDK's objects re-inspect every image, and on an
             # overlay (a second) those extra round trips would be most of the time.
             same_key = self.client.api.images(filters={"label": f"{LABEL_KEY}={key.digest}"})
+            if not same_key and self._adopt_release(key, log_path):  # a published release is this key's build
+                same_key = self.client.api.images(filters={"label": f"{LABEL_KEY}={key.digest}"})
             mine = [row for row in same_key if (row.get("Labels") or {}).get(LABEL_COMMIT) == commit]
             full = [row for row in same_key if (row.get("Labels") or {}).get(LABEL_KIND) == "full"
                     and self._known((row.get("Labels") or {}).get(LABEL_COMMIT, ""))]
@@ -189,8 +196,33 @@ class DockerBuilder:
         tags = {re.sub(r"^(docker\.io|localhost)/", "", t) for t in row.get("RepoTags") or []}
         if self.tag(commit) not in tags:
             self.client.api.tag(row["Id"], self.repository, f"commit-{commit[:12]}")
-        log_path.write_text(f"reused image {row['Id']} ({', '.join(sorted(tags))})\n", encoding="utf-8")
+        with log_path.open("a", encoding="utf-8") as log:
+            log.write(f"reused image {row['Id']} ({', '.join(sorted(tags))})\n")
         return str(row["Id"])
+
+    def _adopt_release(self, key: BuildKey, log_path: Path) -> bool:
+        """Make a published release image of this key the key's full image (builders/releases.py):
+        pulled, checked against its tag's commit, labelled as ours. False when none can be."""
+        if self.releases is None:
+            return False
+        with self._git_lock:
+            releases = self.releases.for_key(key.digest)
+        for release in reversed(releases):
+            image_id, note = fetch_release(self.client, release, LABEL_COMMIT)
+            with log_path.open("a", encoding="utf-8") as log:
+                log.write(f"# {note}\n")
+                if image_id is None:
+                    continue
+                with self._git_lock:
+                    version = candidate_version(self.repo, release.commit)
+                labels = self._labels(release.commit, key, "full", release.image, version)
+                context = _labelled_context(io.BytesIO(_tar({"Dockerfile": f"FROM {release.image}\n".encode()})),
+                                            "Dockerfile", labels)
+                labelled = self._build(context, "Dockerfile", {}, f"{self.repository}:key-{key.digest}", log,
+                                       log_path)
+            self.client.api.tag(labelled, self.repository, f"commit-{release.commit[:12]}")
+            return True
+        return False
 
     def _known(self, commit: str) -> bool:
         """Is `commit` in this repository? (An image of the same key may come from another clone.)"""
@@ -412,8 +444,10 @@ def make_docker_environment(options: Any, repo: git.Repo, recipe: Any, session_d
     client = connect_engine()
     cache = ImageCache(client, int(options.cache_size_gb * (1 << 30)))
     build_args = dict(recipe.build.docker_args) if recipe else {}
+    base_images = BaseImageMap.parse(options.base_image_map, recipe.build.base_image_map if recipe else None)
     builder = DockerBuilder(repo, client, build_args=build_args, cache=cache,
-                            dockerfile=recipe.build.dockerfile if recipe else "Dockerfile")
+                            dockerfile=recipe.build.dockerfile if recipe else "Dockerfile", base_images=base_images,
+                            release_images=options.release_images or (recipe.build.release_images if recipe else None))
     executor = DockerExecutor(client, container_spec_factory(options, recipe), session_id=session_label(session_dir),
                               device_pool=device_pool(options.devices, options.slots))
     atexit.register(executor.close)

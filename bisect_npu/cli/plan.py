@@ -3,10 +3,14 @@
 from __future__ import annotations
 
 import json
+from typing import TYPE_CHECKING
 
 import click
 
 from bisect_npu.cli.params import FiniteRange
+
+if TYPE_CHECKING:
+    from bisect_npu.plan import RangePlan
 
 
 @click.command()
@@ -27,13 +31,17 @@ from bisect_npu.cli.params import FiniteRange
 @click.option("--base-image-map", "base_image_map", multiple=True, metavar="PREFIX=MIRROR",
               help="Base images through a mirror, as `run --base-image-map` (repeatable; adds to the recipe's "
                    "build.base_image_map).")
+@click.option("--release-images", metavar="TEMPLATE",
+              help="Images published for release tags, e.g. quay.io/ascend/vllm-ascend:{tag}: count the keys a "
+                   "release image stands for (no full build where it exists; --pull pulls them) [default: the "
+                   "recipe's build.release_images].")
 @click.option("--pull", is_flag=True,
               help="Pull every base image the range's builds need (through --base-image-map) into the container "
                    "engine now, before a long run: a registry that cannot be reached shows here (exit 5).")
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
 def plan(good: str, bad: str, repo: str, build_minutes: float, overlay_minutes: float, run_minutes: float,
-         dockerfile: str | None, recipe: str | None, base_image_map: tuple[str, ...], pull: bool,
-         as_json: bool) -> None:
+         dockerfile: str | None, recipe: str | None, base_image_map: tuple[str, ...], release_images: str | None,
+         pull: bool, as_json: bool) -> None:
     """Resolve GOOD..BAD: candidates, merge-base note, build groups, expected steps and cost.
 
     The expected figures replay the real exact-mode search (which picks its pivots by build
@@ -42,6 +50,7 @@ def plan(good: str, bad: str, repo: str, build_minutes: float, overlay_minutes: 
     """
     from bisect_npu import history
     from bisect_npu.builders.registry import BaseImageMap
+    from bisect_npu.builders.releases import check_template
     from bisect_npu.plan import plan_range
     from bisect_npu.recipe import load_recipe
     from bisect_npu.recipe_check import check_recipe_at_ends, check_support, range_ends
@@ -49,20 +58,25 @@ def plan(good: str, bad: str, repo: str, build_minutes: float, overlay_minutes: 
     loaded = load_recipe(recipe) if recipe else None
     dockerfile = dockerfile or (loaded.build.dockerfile if loaded else "Dockerfile")
     base_images = BaseImageMap.parse(base_image_map, loaded.build.base_image_map if loaded else None)
+    release_images = release_images or (loaded.build.release_images if loaded else None)
     clone = history.open_repo(repo)
     result = plan_range(clone, good, bad, dockerfile=dockerfile, build_minutes=build_minutes,
                         overlay_minutes=overlay_minutes, run_minutes=run_minutes,
-                        base_images=base_images.apply if base_images else None)
+                        base_images=base_images.apply if base_images else None,
+                        release_images=check_template(release_images) if release_images else None)
     if loaded is not None:
         ends = range_ends(good, bad, result.range.good, result.range.base, result.range.bad)
         check_support(loaded, clone, ends)
         check_recipe_at_ends(loaded, clone, ends)
     pulled = pull_base_images(result.base_images()) if pull else {}
+    published = pull_release_images(result) if pull else {}
     if as_json:
-        click.echo(json.dumps({**result.to_json(), **({"pulled": pulled} if pull else {})}))
+        click.echo(json.dumps({**result.to_json(), **({"pulled": pulled, "published": published} if pull else {})}))
         return
     for image, image_id in pulled.items():
         click.echo(f"pulled {image} ({image_id.removeprefix('sha256:')[:12]})")
+    for image, note in published.items():
+        click.echo(f"{'pulled' if note.startswith('sha256:') else 'not used'} {image}: {note}")
     brange, n, lacking = result.range, len(result.range.candidates), result.lacking_dockerfile
     if brange.merge_base_note:
         click.echo(f"note: {brange.merge_base_note}")
@@ -76,6 +90,11 @@ def plan(good: str, bad: str, repo: str, build_minutes: float, overlay_minutes: 
                                                                      ("vLLM", group.vllm_tag)) if value)
         click.echo(f"  key {group.key}: {group.commits} commits from {group.first[:12]}"
                    + (f" ({made_of})" if made_of else "") + (f", pulled from {group.pull}" if group.pull else ""))
+    if release_images:
+        click.echo(f"release images: {len(result.released)} of the range's keys are a release's build "
+                   "(no full build where its image exists)")
+        for key, release in result.released.items():
+            click.echo(f"  key {key}: {release.image} ({release.tag})")
     for end in result.ends_lacking_dockerfile:
         click.echo(f"warning: the {end} end has no {dockerfile}: `run --executor docker` refuses this range "
                    "(pick ends where it exists)")
@@ -98,3 +117,16 @@ def pull_base_images(images: list[str]) -> dict[str, str]:
 
     client = connect_engine()
     return {image: pull_image(client, image) for image in images}
+
+
+def pull_release_images(result: RangePlan) -> dict[str, str]:
+    """Pull the release images the plan counts: {image: its id, or why it cannot stand for its key}."""
+    from bisect_npu.builders.docker import LABEL_COMMIT, connect_engine
+    from bisect_npu.builders.releases import fetch_release
+
+    client = connect_engine() if result.released else None
+    notes: dict[str, str] = {}
+    for release in result.released.values():
+        image_id, note = fetch_release(client, release, LABEL_COMMIT)
+        notes[release.image] = image_id or note
+    return notes

@@ -48,6 +48,10 @@ def finish(result: SessionResult, as_json: bool) -> None:
               help="Pull the candidates' base images from a mirror: each Dockerfile FROM starting with PREFIX "
                    "is rewritten (in the build context) to MIRROR, e.g. quay.io=mirror.example/quay.io. Repeatable; "
                    "adds to the recipe's build.base_image_map.")
+@click.option("--release-images", metavar="TEMPLATE",
+              help="Images published for release tags, e.g. quay.io/ascend/vllm-ascend:{tag}: a candidate whose "
+                   "build key is a release tag's uses that image (through --base-image-map) instead of a full "
+                   "build [default: the recipe's build.release_images].")
 @click.option("--slots", type=click.IntRange(min=1),
               help="Candidates tested at once, each on its share of --devices (default: as many as the cards "
                    "hold engines of the recipe's parallel size, tensor x pipeline x prefill-context x data; "
@@ -78,8 +82,8 @@ def finish(result: SessionResult, as_json: bool) -> None:
 @click.option("--quiet", is_flag=True, help="Plain log lines even on a terminal.")
 def run(good: str, bad: str, repo: str | None, package: str | None, index_url: str | None, prereleases: bool,
         recipe: str | None, command: str | None, executor: Literal["local", "docker"],
-        devices: str | None, base_image_map: tuple[str, ...], slots: int | None, session_dir: Path | None,
-        workdir: Path | None,
+        devices: str | None, base_image_map: tuple[str, ...], release_images: str | None, slots: int | None,
+        session_dir: Path | None, workdir: Path | None,
         mode: Literal["exact", "noisy"] | None,
         prefetch: bool | None,
         confidence: float | None, earlier_runs: tuple[str, str] | None, check_ends: bool, timeout_s: float,
@@ -88,6 +92,7 @@ def run(good: str, bad: str, repo: str | None, package: str | None, index_url: s
     """Bisect GOOD..BAD: find the first bad commit, propose its fix, write the report."""
     from bisect_npu.builders.cache import parse_size
     from bisect_npu.builders.registry import BaseImageMap
+    from bisect_npu.builders.releases import check_template
     from bisect_npu.execute.ascend import parse_devices
     from bisect_npu.orchestration.options import RunOptions
     from bisect_npu.orchestration.preflight import command_words
@@ -97,6 +102,8 @@ def run(good: str, bad: str, repo: str | None, package: str | None, index_url: s
     argv = command_words(command) if command is not None else None
     cards = parse_devices(devices) if devices is not None else []  # `--devices ""` is an error, not "none"
     BaseImageMap.parse(base_image_map)  # a malformed entry is a usage error now, not at the first build
+    if release_images is not None:
+        check_template(release_images)
     options = RunOptions(good=good, bad=bad, repo=repo or (None if package else "."), package=package,
                          index_url=index_url, prereleases=prereleases, recipe=recipe, command=argv, executor=executor,
                          devices=cards, slots=slots, mode=mode, confidence=confidence,
@@ -104,7 +111,8 @@ def run(good: str, bad: str, repo: str | None, package: str | None, index_url: s
                          cache_size_gb=parse_size(cache_size) / 2**30,
                          verify_fix=verify_fix, find_fix=find_fix, prefetch=prefetch,
                          earlier_runs=list(earlier_runs) if earlier_runs else None,
-                         workdir=str(workdir) if workdir else None, base_image_map=list(base_image_map))
+                         workdir=str(workdir) if workdir else None, base_image_map=list(base_image_map),
+                         release_images=release_images)
     session = Session.start(options, session_dir=session_dir, progress=make_progress(quiet or as_json))
     note_session(session.journal.session_dir)
     click.echo(f"session: {session.journal.session_dir}", err=True)

@@ -57,6 +57,8 @@ class RunOptions:
     host: str | None = None
     # --base-image-map PREFIX=MIRROR entries (over the recipe's build.base_image_map), docker builds.
     base_image_map: list[str] = field(default_factory=list)
+    # --release-images: published images of release tags ({tag}), reused as full builds of their keys.
+    release_images: str | None = None
 
     def to_json(self) -> dict[str, Any]:
         return dataclasses.asdict(self)

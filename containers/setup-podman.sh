@@ -24,6 +24,11 @@ if ! command -v podman >/dev/null || ! command -v runc >/dev/null || ! command -
     apt-get install -y -qq --no-install-recommends podman runc curl uidmap iptables netavark aardvark-dns \
         fuse-overlayfs ca-certificates >/dev/null
 fi
+# The mirror-registry tests start Debian's registry (distribution) on a loopback port.
+if ! command -v docker-registry >/dev/null; then
+    say "installing docker-registry (apt)"
+    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends docker-registry >/dev/null
+fi
 
 want_conf=$'[containers]\ndefault_ulimits = []\n[engine]\nruntime = "runc"\n'
 if [ ! -f "$CONF" ] || [ "$(cat "$CONF")" != "${want_conf%$'\n'}" ]; then

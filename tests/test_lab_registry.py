@@ -14,7 +14,7 @@ import sys
 import time
 import urllib.request
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import git
@@ -32,6 +32,7 @@ class Mirror:
     address: str  # 127.0.0.1:PORT
     docker_host: str  # an engine that pulls from it over plain HTTP
     prefix: str  # where the demo base image lives there: PREFIX/bisect-npu-demo-base:py311
+    keys: set[str] = field(default_factory=set)  # build keys of the tests' images (unique to this port)
 
     @property
     def image_map(self) -> str:
@@ -87,6 +88,7 @@ def mirror(tmp_path_factory, docker_client, demo_base_image) -> Iterator[Mirror]
     (root / "registries.conf").write_text(f'unqualified-search-registries = []\n[[registry]]\nlocation = "{address}"\n'
                                           "insecure = true\n")
     socket_path = root / "podman.sock"
+    result = Mirror(address, f"unix://{socket_path}", f"{address}/lab-mirror/localhost")
     registry = subprocess.Popen(["docker-registry", "serve", str(root / "registry.yml")], stdout=subprocess.DEVNULL,
                                 stderr=(root / "registry.log").open("w"))
     engine = subprocess.Popen(["podman", "system", "service", "--time=0", f"unix://{socket_path}"],
@@ -95,7 +97,6 @@ def mirror(tmp_path_factory, docker_client, demo_base_image) -> Iterator[Mirror]
     try:
         _wait("the registry", lambda: _answers(f"http://{address}/v2/"))
         _wait("the podman service", socket_path.exists)
-        result = Mirror(address, f"unix://{socket_path}", f"{address}/lab-mirror/localhost")
         subprocess.run(["podman", "push", "--tls-verify=false", "--compression-format", "zstd", "--quiet",
                         demo_base_image, result.base_image], check=True, capture_output=True, timeout=300)
         forget(result.base_image)
@@ -103,6 +104,11 @@ def mirror(tmp_path_factory, docker_client, demo_base_image) -> Iterator[Mirror]
     finally:
         _stop(engine)
         _stop(registry)
+        forget_keys(docker_client, result.keys)
+        for row in docker_client.api.images():  # what was pulled from the mirror
+            for tag in row.get("RepoTags") or []:
+                if tag.startswith(address + "/"):
+                    forget(tag)
 
 
 def forget(image: str) -> None:
@@ -155,7 +161,8 @@ def test_the_demo_bisects_with_its_base_image_from_the_mirror(mirror, docker_cli
     repo_path, manifest = ensure_upstream()
     culprit = manifest.case(manifest.default_case).culprit.sha
     good, bad = f"{culprit}~2", culprit
-    forget_keys(docker_client, set(range_keys(repo_path, good, bad, [mirror.image_map])))
+    mirror.keys.update(range_keys(repo_path, good, bad, [mirror.image_map]))
+    forget_keys(docker_client, mirror.keys)
     forget(mirror.base_image)
     done = bisect_npu(mirror, "run", "--repo", str(repo_path), "--good", good, "--bad", bad, "--cmd", ORACLE,
                       "--executor", "docker", "--no-fix", "--quiet", "--json",
@@ -204,6 +211,7 @@ def test_a_published_release_image_spares_its_keys_full_build(mirror, docker_cli
     good, bad = "v0.9.0", "v0.9.1"
     maps = [mirror.image_map, f"quay.io={mirror.address}/lab-mirror/quay.io"]
     keys = range_keys(repo_path, good, bad, maps)
+    mirror.keys.update(keys)
     forget_keys(docker_client, set(keys))
     image = publish_release(mirror, repo_path, good, tmp_path)
 

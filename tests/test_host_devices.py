@@ -82,3 +82,13 @@ def test_run_on_a_host_without_npus_stops_before_any_clone_or_build(tmp_path):
     assert "lacks /dev/davinci0, /dev/davinci1, " in done.stderr and "`bisect-npu doctor`" in done.stderr
     assert "clon" not in done.stderr.lower() and not (tmp_path / "s").exists()
     assert set(MANAGEMENT_DEVICES) <= set(device_files([0]))
+
+
+@pytest.mark.skipif(Path("/dev/davinci0").exists(), reason="this host has NPUs")
+def test_fix_verify_on_npus_checks_the_host_too(tmp_path):
+    shas = make_linear_repo(tmp_path / "repo", 4, culprit=2)
+    done = subprocess.run([sys.executable, "-m", "bisect_npu", "fix", "--repo", str(tmp_path / "repo"), "--culprit",
+                           shas[2], "--bad", shas[3], "--verify", "--cmd", " ".join(GOOD_CMD), "--executor", "docker",
+                           "--devices", "0"], cwd=tmp_path, capture_output=True, text=True, timeout=120, check=False)
+    assert done.returncode == 5, done.stdout + done.stderr
+    assert "--devices 0: this host lacks /dev/davinci0, " in done.stderr

@@ -10,7 +10,6 @@ from pathlib import Path
 import pytest
 
 from bisect_npu.builders.base import Environment
-from bisect_npu.builders.docker import container_spec_factory
 from bisect_npu.cli import main
 from bisect_npu.errors import UsageError
 from bisect_npu.execute.ascend import DETERMINISM_ENV, DRIVER_MOUNTS, MANAGEMENT_DEVICES
@@ -27,6 +26,7 @@ from bisect_npu.execute.docker import (
 )
 from bisect_npu.orchestration.evaluate import probe_request
 from bisect_npu.orchestration.options import RunOptions, earlier_runs_for_search, earlier_runs_spec
+from bisect_npu.orchestration.wiring import container_spec_factory
 from bisect_npu.probe.backends.openai import override_generation_config, server_argv
 from bisect_npu.probe.backends.vllm import engine_kwargs
 from bisect_npu.recipe import bundled_recipes, load_recipe, parse_recipe

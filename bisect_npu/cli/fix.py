@@ -47,15 +47,11 @@ def fix(culprit: str, repo_path: str, bad: str | None, top: int, recipe_path: st
                            top=top)
     verifications: list[FixVerification] = []
     if verify and bad is not None:
-        from bisect_npu.fix import verification_scratch, verification_session
-        from bisect_npu.orchestration.wiring import make_evaluator
+        from bisect_npu.orchestration.wiring import fix_verifier
 
-        with verification_scratch(repo, executor) as workdir, \
-                make_evaluator(repo_path, None if argv else recipe_path, command=argv,
-                               executor="docker" if executor == "docker" else "local",
-                               session_dir=verification_session(workdir), devices=cards) as evaluate:
-            verifications = verify_fixes(repo, bad, report, evaluate, top=min(top, 3), workdir=workdir / "fixes",
-                                         check_bad=True)
+        with fix_verifier(repo_path, None if argv else recipe_path, command=argv,
+                          executor="docker" if executor == "docker" else "local", devices=cards) as (evaluate, fixes):
+            verifications = verify_fixes(repo, bad, report, evaluate, top=min(top, 3), workdir=fixes, check_bad=True)
     if as_json:
         click.echo(json.dumps(_as_json(report, verifications), indent=2, default=str))
     else:

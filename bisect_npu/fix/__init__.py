@@ -37,7 +37,7 @@ from bisect_npu.fix.propose import (
     propose_fixes,
 )
 from bisect_npu.fix.results import AlreadyApplied, AppliedFix, ApplyConflict, ApplyResult
-from bisect_npu.fix.verify import APPLY_NAME, apply_fix, verification_scratch, verification_session, verify_fixes
+from bisect_npu.fix.verify import APPLY_NAME, apply_fix, verify_fixes
 
 __all__ = [
     "APPLY_NAME",
@@ -60,7 +60,5 @@ __all__ = [
     "apply_fix",
     "normalize_title",
     "propose_fixes",
-    "verification_scratch",
-    "verification_session",
     "verify_fixes",
 ]

@@ -3,88 +3,20 @@ the caller's evaluator, so the proof goes through the normal build, probe and or
 
 from __future__ import annotations
 
-import contextlib
-import os
 import re
-import shutil
-import socket
 import uuid
-from collections.abc import Callable, Collection, Iterator
+from collections.abc import Callable, Collection
 from pathlib import Path
 
 import git
 
 from bisect_npu.builders.base import BuildFailed
-from bisect_npu.builders.local import remove_worktree, sweep_worktrees, sweep_worktrees_of_any_repo
+from bisect_npu.builders.local import remove_worktree
 from bisect_npu.contracts import FixProposal, FixReport, FixStatus, FixVerification, Verdict, VerdictKind
 from bisect_npu.errors import InfrastructureError, UsageError
-from bisect_npu.execute.local import kill_owned_processes
 from bisect_npu.fix.results import AlreadyApplied, AppliedFix, ApplyConflict, ApplyResult
 from bisect_npu.history import git_error_line, is_ancestor, resolve_ref
-from bisect_npu.paths import cache_root
 
-
-@contextlib.contextmanager
-def verification_scratch(repo: git.Repo, executor: str = "local") -> Iterator[Path]:
-    """A directory for one `fix --verify` run's worktrees and session, under the cache: each run
-    first sweeps what runs killed before it left (their process is gone: their processes, their
-    containers when they used any, their worktrees), then its own at the end."""
-    base = cache_root() / "fix-verify"
-    base.mkdir(parents=True, exist_ok=True)
-    # This host's runs only: a cache shared over NFS also holds other machines' live runs.
-    host = re.sub(r"[^\w.]", "_", socket.gethostname()) + "--"
-    for stale in base.iterdir():
-        if stale.name.startswith(host) and not _process_alive(stale.name[len(host):].split("-", 1)[0]):
-            if (stale / EXECUTOR_FILE).is_file() and (stale / EXECUTOR_FILE).read_text().strip() == "docker" \
-                    and not _remove_containers_of(stale):
-                continue  # the engine is unreachable now: kept, so a later run still finds them
-            kill_owned_processes(str(stale.resolve()))  # its probe or oracle command, if still running
-            sweep_worktrees_of_any_repo(stale)  # the killed run may have verified on another clone
-            sweep_worktrees(repo, stale)
-            shutil.rmtree(stale, ignore_errors=True)
-    scratch = base / f"{host}{os.getpid()}-{uuid.uuid4().hex[:8]}"
-    scratch.mkdir()
-    (scratch / EXECUTOR_FILE).write_text(executor + "\n")  # what a sweep of this run, if killed, must look for
-    try:
-        yield scratch
-    finally:
-        sweep_worktrees(repo, scratch)
-        shutil.rmtree(scratch, ignore_errors=True)
-
-
-def verification_session(scratch: Path) -> Path:
-    """The session directory of a verification run (its containers' label is made from it)."""
-    return scratch / f"session-{scratch.name}"
-
-
-def _remove_containers_of(stale: Path) -> bool:
-    """Remove a killed verification's containers by its session label; False if the engine is
-    out of reach (nothing removed)."""
-    from bisect_npu.builders.docker import connect_engine
-    from bisect_npu.execute.docker import remove_session_containers
-    from bisect_npu.journal import session_label
-
-    try:
-        client = connect_engine()
-    except InfrastructureError:
-        return False
-    remove_session_containers(client, session_label(verification_session(stale)))
-    return True
-
-
-def _process_alive(pid: str) -> bool:
-    if not pid.isdigit():
-        return False
-    try:
-        os.kill(int(pid), 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
-
-
-EXECUTOR_FILE = "executor"  # in a verification's scratch: `local` or `docker`
 APPLY_NAME = re.compile(r"apply-[0-9a-f]{10}-[0-9a-f]{8}")  # apply_fix's worktrees
 
 

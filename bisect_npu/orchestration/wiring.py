@@ -1,24 +1,36 @@
 """What a session evaluates candidates with, made from its options and recipe: the builder,
-executor and Evaluator (also outside a bisection, for `fix --verify`) and a golden reference."""
+executor and Evaluator (also outside a bisection, for `fix --verify`, with the scratch that run
+works in) and a golden reference. The one place that reads RunOptions to make them: the builders
+and executors take plain arguments."""
 
 from __future__ import annotations
 
+import atexit
 import contextlib
+import functools
+import os
+import re
+import shutil
+import socket
+import uuid
 from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Literal
+from typing import TYPE_CHECKING, Literal
 
 import git
 
 from bisect_npu import history
 from bisect_npu.builders.base import Builder
 from bisect_npu.contracts import Observation, Verdict
-from bisect_npu.errors import UsageError
+from bisect_npu.errors import InfrastructureError, UsageError
 from bisect_npu.execute.base import Executor
 from bisect_npu.journal import DEFAULT_ROOT, new_session_dir, session_label
 from bisect_npu.orchestration.evaluate import Evaluator
 from bisect_npu.orchestration.options import RunOptions
 from bisect_npu.recipe import InstallPlan, Recipe, load_recipe
+
+if TYPE_CHECKING:
+    from bisect_npu.execute.docker import ContainerSpec
 
 
 def session_evaluator(options: RunOptions, repo: git.Repo | None, recipe: Recipe | None, session_dir: Path,
@@ -64,9 +76,53 @@ def make_environment(options: RunOptions, repo: git.Repo | None, recipe: Recipe 
         return (LocalBuilder(repo, workdir.resolve(), build_command, {**env, OWNER_ENV: owner},  # builds too
                              artifacts_dir=session_dir.resolve() / "build-outputs" if reuse else None),
                 _local_executor(options, env, python_paths, session_dir))
-    from bisect_npu.builders.docker import make_docker_environment
+    return _docker_environment(options, repo, recipe, session_dir)
 
-    return make_docker_environment(options, repo, recipe, session_dir)
+
+def _docker_environment(options: RunOptions, repo: git.Repo, recipe: Recipe | None,
+                        session_dir: Path) -> tuple[Builder, Executor]:
+    """The builder and executor for `--executor docker`; the session's containers are swept
+    when the process exits."""
+    from bisect_npu.builders.cache import ImageCache
+    from bisect_npu.builders.docker import DockerBuilder, connect_engine
+    from bisect_npu.builders.registry import BaseImageMap
+    from bisect_npu.execute.devices import device_pool
+    from bisect_npu.execute.docker import DockerExecutor
+
+    client = connect_engine()
+    cache = ImageCache(client, int(options.cache_size_gb * (1 << 30)))
+    build_args = dict(recipe.build.docker_args) if recipe else {}
+    base_images = BaseImageMap.parse(options.base_image_map, recipe.build.base_image_map if recipe else None)
+    builder = DockerBuilder(repo, client, build_args=build_args, cache=cache,
+                            dockerfile=recipe.build.dockerfile if recipe else "Dockerfile", base_images=base_images,
+                            release_images=options.release_images or (recipe.build.release_images if recipe else None))
+    executor = DockerExecutor(client, container_spec_factory(options, recipe), session_id=session_label(session_dir),
+                              device_pool=device_pool(options.devices, options.slots))
+    atexit.register(executor.close)
+    return builder, executor
+
+
+def container_spec_factory(options: RunOptions, recipe: Recipe | None) -> Callable[[str, Path], ContainerSpec]:
+    """What each candidate's container gets: with `--devices` the NPUs (execute/ascend.py), else
+    a plain CPU container (the demo); the recipe's environment and model mount either way."""
+    from bisect_npu.execute.ascend import ascend_container_spec
+    from bisect_npu.execute.docker import Mount, plain_container_spec
+
+    env = dict(recipe.environment) if recipe else {}
+    host_model = Path(recipe.model.host_path) if recipe and recipe.model.host_path else None
+    model_path = recipe.model.path if recipe else None
+    if options.devices:
+        return functools.partial(ascend_container_spec, devices=list(options.devices),
+                                 model_dir=host_model, model_path=model_path, env=env)
+
+    def cpu_spec(image: str, out_dir: Path) -> ContainerSpec:
+        spec = plain_container_spec(image, out_dir)
+        mounts = list(spec.mounts)
+        if host_model is not None:
+            mounts.append(Mount(source=str(host_model), target=model_path or str(host_model)))
+        return spec.model_copy(update={"environment": env, "mounts": mounts})
+
+    return cpu_spec
 
 
 def _local_executor(options: RunOptions, env: dict[str, str], python_paths: list[str], session_dir: Path) -> Executor:
@@ -112,6 +168,99 @@ def make_evaluator(repo_path: str, recipe_path: str | None, command: list[str] |
         yield evaluate
     finally:
         evaluator.close()
+
+
+@contextlib.contextmanager
+def fix_verifier(repo_path: str, recipe_path: str | None, command: list[str] | None = None,
+                 executor: Literal["local", "docker"] = "local",
+                 devices: list[int] | None = None) -> Iterator[tuple[Callable[[str], Verdict], Path]]:
+    """`bisect-npu fix --verify`'s commit -> Verdict function and the directory for its fixes'
+    worktrees, both in a verification scratch (`verification_scratch`) that goes at the end."""
+    repo = history.open_repo(repo_path)
+    with verification_scratch(repo, executor) as scratch, \
+            make_evaluator(repo_path, recipe_path, command=command, executor=executor,
+                           session_dir=verification_session(scratch), devices=devices) as evaluate:
+        yield evaluate, scratch / "fixes"
+
+
+EXECUTOR_FILE = "executor"  # in a verification's scratch: `local` or `docker`
+
+
+@contextlib.contextmanager
+def verification_scratch(repo: git.Repo, executor: str = "local") -> Iterator[Path]:
+    """A directory for one `fix --verify` run's worktrees and session, under the cache: each run
+    first sweeps what runs killed before it left (their process is gone: their processes, their
+    containers when they used any, their worktrees), then its own at the end."""
+    from bisect_npu.builders.local import sweep_worktrees, sweep_worktrees_of_any_repo
+    from bisect_npu.execute.local import kill_owned_processes
+    from bisect_npu.paths import cache_root
+
+    base = cache_root() / "fix-verify"
+    base.mkdir(parents=True, exist_ok=True)
+    # This host's runs only: a cache shared over NFS also holds other machines' live runs.
+    host = re.sub(r"[^\w.]", "_", socket.gethostname()) + "--"
+    for stale in base.iterdir():
+        if stale.name.startswith(host) and not _process_alive(stale.name[len(host):].split("-", 1)[0]):
+            if (stale / EXECUTOR_FILE).is_file() and (stale / EXECUTOR_FILE).read_text().strip() == "docker" \
+                    and not _remove_containers_of(stale):
+                continue  # the engine is unreachable now: kept, so a later run still finds them
+            kill_owned_processes(str(stale.resolve()))  # its probe or oracle command, if still running
+            sweep_worktrees_of_any_repo(stale)  # the killed run may have verified on another clone
+            sweep_worktrees(repo, stale)
+            shutil.rmtree(stale, ignore_errors=True)
+    scratch = base / f"{host}{os.getpid()}-{uuid.uuid4().hex[:8]}"
+    scratch.mkdir()
+    (scratch / EXECUTOR_FILE).write_text(executor + "\n")  # what a sweep of this run, if killed, must look for
+    try:
+        yield scratch
+    finally:
+        sweep_worktrees(repo, scratch)
+        shutil.rmtree(scratch, ignore_errors=True)
+
+
+def verification_session(scratch: Path) -> Path:
+    """The session directory of a verification run (its containers' label is made from it)."""
+    return scratch / f"session-{scratch.name}"
+
+
+def _remove_containers_of(stale: Path) -> bool:
+    """Remove a killed verification's containers by its session label; False if the engine is
+    out of reach (nothing removed)."""
+    from bisect_npu.builders.docker import connect_engine
+    from bisect_npu.execute.docker import remove_session_containers
+
+    try:
+        client = connect_engine()
+    except InfrastructureError:
+        return False
+    remove_session_containers(client, session_label(verification_session(stale)))
+    return True
+
+
+def _process_alive(pid: str) -> bool:
+    if not pid.isdigit():
+        return False
+    try:
+        os.kill(int(pid), 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def sweep_fix_worktrees(repo: git.Repo | None, session_dir: Path) -> None:
+    """What a killed fix verification of a session left: its applied fixes' worktrees."""
+    if repo is not None:
+        from bisect_npu.builders.local import sweep_worktrees
+        from bisect_npu.fix import APPLY_NAME
+
+        sweep_worktrees(repo, fix_worktrees(session_dir), APPLY_NAME)
+
+
+def fix_worktrees(session_dir: Path) -> Path:
+    """Where a session's fix stage applies fixes."""
+    return session_dir / "fix-worktrees"
 
 
 def load_golden(recipe: Recipe) -> list[Observation]:

@@ -87,7 +87,7 @@ def bisect_once(client, repo: git.Repo, case, overlays: bool, prefetch: bool, ro
     from bisect_npu import history
     from bisect_npu.builders.prefetch import Prefetcher, speculative_queries
     from bisect_npu.execute.docker import DockerExecutor
-    from bisect_npu.orchestration.evaluate import Evaluator
+    from bisect_npu.orchestration.evaluate import EvaluationRequest, Evaluator
     from bisect_npu.recipe import load_recipe
     from bisect_npu.search import Evidence, Found, Next, SearchProblem, decide
 
@@ -106,7 +106,7 @@ def bisect_once(client, repo: git.Repo, case, overlays: bool, prefetch: bool, ro
             index = decision.queries[0].index
             if prefetch:
                 builder.prefetch([positions[j] for j in speculative_queries(problem, evidence, [index])])
-            verdict = evaluator.evaluate(positions[index], recipe.trials.count, [], lambda r: None, False).verdict
+            verdict = evaluator.evaluate(EvaluationRequest(positions[index], recipe.trials.count)).verdict
             evidence[index] = evidence.get(index, Evidence()).add(verdict.kind.value)
             steps += 1
     builder.close()

@@ -14,7 +14,7 @@ import git
 import pytest
 
 from bisect_npu.contracts import VerdictKind
-from bisect_npu.orchestration.evaluate import Evaluator
+from bisect_npu.orchestration.evaluate import EvaluationRequest, Evaluator
 from bisect_npu.orchestration.options import RunOptions
 from bisect_npu.orchestration.wiring import make_environment
 from bisect_npu.recipe import load_recipe
@@ -35,7 +35,7 @@ def test_trials_share_one_engine_start_and_are_judged_one_by_one(demo_upstream, 
     evaluator, culprit = _evaluator(demo_upstream, tmp_path)
     seen: list[TrialRun] = []
     try:
-        result = evaluator.evaluate(culprit, 4, [], seen.append, judge_each=True, first_trial=3)
+        result = evaluator.evaluate(EvaluationRequest(culprit, 4, on_trial=seen.append, judge_each=True, first_trial=3))
     finally:
         evaluator.close()
     assert [r.trial for r in seen] == [3, 4, 5, 6] and result.trials == seen
@@ -50,7 +50,7 @@ def test_without_batches_every_trial_starts_its_engine(demo_upstream, tmp_path: 
     evaluator, culprit = _evaluator(demo_upstream, tmp_path, batch=False)
     seen: list[TrialRun] = []
     try:
-        evaluator.evaluate(culprit, 2, [], seen.append, judge_each=True)
+        evaluator.evaluate(EvaluationRequest(culprit, 2, on_trial=seen.append, judge_each=True))
     finally:
         evaluator.close()
     assert len({r.log for r in seen}) == 2 and all(r.startup_s > 0 for r in seen)
@@ -68,7 +68,7 @@ def test_an_interrupted_batch_keeps_the_trials_it_finished(demo_upstream, tmp_pa
     previous = signal.signal(signal.SIGINT, signal.default_int_handler)  # also when started under nohup
     try:
         with pytest.raises(KeyboardInterrupt):
-            evaluator.evaluate(culprit, 30, [], on_trial, judge_each=True)
+            evaluator.evaluate(EvaluationRequest(culprit, 30, on_trial=on_trial, judge_each=True))
     finally:
         signal.signal(signal.SIGINT, previous)
         evaluator.close()
@@ -87,7 +87,7 @@ def test_a_stale_observation_is_never_taken_for_a_new_trial(demo_upstream, tmp_p
     (step / "obs-server-default-t0.json").write_text("half a file from a killed run")
     seen: list[TrialRun] = []
     try:
-        evaluator.evaluate(culprit, 2, [], seen.append, judge_each=True)
+        evaluator.evaluate(EvaluationRequest(culprit, 2, on_trial=seen.append, judge_each=True))
     finally:
         evaluator.close()
     assert [r.trial for r in seen] == [0, 1]

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -24,6 +24,31 @@ from bisect_npu.records import COMMAND_CASE, BuildInfo, TrialRun
 # The `git bisect run` protocol: 0 good, 125 skip, 1..127 bad, above 127 abort.
 SKIP_EXIT = 125
 ABORT_ABOVE = 127
+
+
+@dataclass(frozen=True)
+class EvaluationRequest:
+    """What one evaluation of a commit is asked to do."""
+
+    commit: str
+    # New trials per case (noisy mode); in exact mode the step's total, `done` included.
+    trials: int
+    # Trials journaled before an interruption: re-used, never run again (exact mode).
+    done: Sequence[TrialRun] = ()
+    # Hears of each trial the moment it finishes (the session journals it).
+    on_trial: Callable[[TrialRun], None] | None = None
+    # Noisy mode: judge each trial alone and tally them; else judge the step's trials together.
+    judge_each: bool = False
+    # Where trial numbers start, so repeated trials of one commit never share a seed.
+    first_trial: int = 0
+    # The good end of a recipe whose reference is the good end: its own observations become the
+    # reference before they are judged (token matching holds trivially; the other oracles judge).
+    as_reference: bool = False
+
+    def report(self, record: TrialRun) -> None:
+        if self.on_trial is not None:
+            self.on_trial(record)
+
 
 @dataclass
 class StepResult:
@@ -112,39 +137,33 @@ class Evaluator:
     def step_dir(self, commit: str) -> Path:
         return self.session_dir / "steps" / commit[:12]
 
-    def evaluate(self, commit: str, trials: int, done: list[TrialRun],
-                 on_trial: Callable[[TrialRun], None], judge_each: bool, first_trial: int = 0,
-                 as_reference: bool = False) -> StepResult:
-        """Evaluate `commit`: `trials` new trials per case (exact mode: up to `trials` in all,
-        re-using `done`), numbered from `first_trial` so repeated trials of one commit never share a
-        seed, each reported through `on_trial` as soon as it finishes. With `as_reference` (the good
-        end of a recipe whose reference is the good end) its own observations become the reference
-        before they are judged, so token matching holds trivially and the other oracles still judge."""
+    def evaluate(self, request: EvaluationRequest) -> StepResult:
+        """Evaluate the request's commit (what each field asks: EvaluationRequest)."""
+        commit = request.commit
         started = time.monotonic()
         step_dir = self.step_dir(commit)
-        if not judge_each and self._all_done(trials, done):
+        if not request.judge_each and self._all_done(request.trials, request.done):
             # Every trial was journaled before an interruption: judge them, build nothing again.
-            records = list(done)
-            if as_reference and self.command is None:
+            records = list(request.done)
+            if request.as_reference and self.command is None:
                 self.set_reference(records)
-            return StepResult(commit, self._verdict(records, judge_each), BuildInfo(how="journaled", seconds=0.0),
-                              records, round(time.monotonic() - started, 3))
+            return StepResult(commit, self._verdict(records, request.judge_each),
+                              BuildInfo(how="journaled", seconds=0.0), records, round(time.monotonic() - started, 3))
         try:
             env = self.builder.acquire(commit, step_dir)
         except BuildFailed as failure:
             verdict = Verdict(kind=VerdictKind.SKIP, reason=f"build failed: {failure}",
                               figures={"log_tail": failure.log_tail[-2000:]}, trials=0)
-            return StepResult(commit, verdict, build_record(None, failure), list(done),
+            return StepResult(commit, verdict, build_record(None, failure), list(request.done),
                               round(time.monotonic() - started, 3))
         try:
             if self.command is not None:
-                records = self._run_commands(commit, env, trials, done, on_trial, judge_each, first_trial)
+                records = self._run_commands(request, env)
             else:
-                records = self._run_trials(commit, env, trials, done, on_trial, judge_each, first_trial,
-                                           as_reference)
-                if as_reference:
+                records = self._run_trials(request, env)
+                if request.as_reference:
                     self.set_reference(records)
-            verdict = self._verdict(records, judge_each)
+            verdict = self._verdict(records, request.judge_each)
         finally:
             self.builder.release(env)
         return StepResult(commit, verdict, build_record(env), records, round(time.monotonic() - started, 3))
@@ -158,42 +177,40 @@ class Evaluator:
             return Verdict(kind=records[0].outcome or VerdictKind.SKIP, reason=records[0].reason)
         return self._judge_step(records)
 
-    def _all_done(self, trials: int, done: list[TrialRun]) -> bool:
+    def _all_done(self, trials: int, done: Sequence[TrialRun]) -> bool:
         """Whether `done` already holds `trials` trials of every case (exact mode's step total)."""
         if not done:
             return False
         cases = [COMMAND_CASE] if self.recipe is None else [case.id for case in self.recipe.cases]
         return all(sum(1 for r in done if r.case_id == case) >= trials for case in cases)
 
-    def _run_commands(self, commit: str, env: Environment, trials: int, done: list[TrialRun],
-                      on_trial: Callable[[TrialRun], None], judge_each: bool, first_trial: int) -> list[TrialRun]:
+    def _run_commands(self, request: EvaluationRequest, env: Environment) -> list[TrialRun]:
         """The user command once per trial; each exit status is that trial's verdict."""
         assert self.command is not None
-        records = list(done)
-        wanted = trials if judge_each else max(0, trials - len(done))
-        for trial in range(first_trial, first_trial + wanted):
+        commit = request.commit
+        records = list(request.done)
+        wanted = request.trials if request.judge_each else max(0, request.trials - len(request.done))
+        for trial in range(request.first_trial, request.first_trial + wanted):
             log_path = self.step_dir(commit) / f"command-t{trial}.log"
             result = self.executor.run_command(env, self.command, log_path, self.timeout_s,
                                                {"BISECT_NPU_COMMIT": commit, "BISECT_NPU_TRIAL": str(trial)})
             verdict = command_verdict(result)
             record = TrialRun(case_id=COMMAND_CASE, trial=trial, seconds=result.seconds,
                               log=self.rel(result.log_path) or "", outcome=verdict.kind, reason=verdict.reason)
-            on_trial(record)
+            request.report(record)
             records.append(record)
         return records
 
-    def _run_trials(self, commit: str, env: Environment, trials: int, done: list[TrialRun],
-                    on_trial: Callable[[TrialRun], None], judge_each: bool, first_trial: int,
-                    as_reference: bool) -> list[TrialRun]:
+    def _run_trials(self, request: EvaluationRequest, env: Environment) -> list[TrialRun]:
         assert self.recipe is not None
-        records = list(done)
+        records = list(request.done)
         for case in self.recipe.cases:
-            already = sum(1 for r in done if r.case_id == case.id)
-            wanted = trials if judge_each else max(0, trials - already)
-            numbers = list(range(first_trial, first_trial + wanted))
+            already = sum(1 for r in request.done if r.case_id == case.id)
+            wanted = request.trials if request.judge_each else max(0, request.trials - already)
+            numbers = list(range(request.first_trial, request.first_trial + wanted))
             groups = [numbers] if self.batches and numbers else [[n] for n in numbers]
             for group in groups:
-                records += self._run_group(commit, env, case, group, on_trial, judge_each, as_reference)
+                records += self._run_group(request, env, case, group)
         return records
 
     @property
@@ -202,15 +219,15 @@ class Evaluator:
         dumps hook the model for good, so they need an engine per trial."""
         return bool(self.recipe and self.recipe.trials.batch and not self.recipe.capture.layers)
 
-    def _run_group(self, commit: str, env: Environment, case: CaseSpec, numbers: list[int],
-                   on_trial: Callable[[TrialRun], None], judge_each: bool, as_reference: bool) -> list[TrialRun]:
+    def _run_group(self, request: EvaluationRequest, env: Environment, case: CaseSpec,
+                   numbers: list[int]) -> list[TrialRun]:
         """One probe run for the trials `numbers` of `case`; each trial is judged and reported as
         soon as its observation file appears, so an interrupted batch keeps its finished trials."""
         assert self.recipe is not None
-        request = probe_request(self.recipe, case, commit, numbers[0])
+        probe = probe_request(self.recipe, case, request.commit, numbers[0])
         if len(numbers) > 1:
-            request["batch"] = [{"trial": n, "seed": trial_seed(case, n), "output": ""} for n in numbers]
-        out_dir = self.step_dir(commit).resolve()
+            probe["batch"] = [{"trial": n, "seed": trial_seed(case, n), "output": ""} for n in numbers]
+        out_dir = self.step_dir(request.commit).resolve()
         paths = [observation_path(out_dir, case.id, n) for n in numbers]
         for stale in paths:  # left by a run killed before the journal took it: not this run's
             stale.unlink(missing_ok=True)
@@ -222,14 +239,14 @@ class Evaluator:
         def collect() -> None:
             for index, path, seconds in watcher.arrived():
                 records.append(self._record(case, numbers[index], path, seconds, index == 0, log,
-                                            judge_each, as_reference))
-                on_trial(records[-1])
+                                            request.judge_each, request.as_reference))
+                request.report(records[-1])
 
         stop = threading.Event()
         thread = threading.Thread(target=_poll, args=(collect, stop), daemon=True)
         thread.start()
         try:
-            result = self.executor.run_probe(env, request, out_dir, self.timeout_s * len(numbers))
+            result = self.executor.run_probe(env, probe, out_dir, self.timeout_s * len(numbers))
         finally:
             stop.set()
             thread.join()
@@ -240,7 +257,7 @@ class Evaluator:
             for n in numbers[len(records):]:
                 missing = TrialRun(case_id=case.id, trial=n, log=log, outcome=VerdictKind.SKIP,
                                    reason=f"{why}: {tail[0][:200]}")
-                on_trial(missing)
+                request.report(missing)
                 records.append(missing)
         return records
 

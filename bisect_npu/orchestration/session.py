@@ -26,7 +26,7 @@ from bisect_npu.errors import UsageError
 from bisect_npu.execute.base import Executor
 from bisect_npu.journal import DEFAULT_ROOT, Journal, latest_session, new_session_dir
 from bisect_npu.orchestration.costs import measured_costs, told_costs
-from bisect_npu.orchestration.evaluate import Evaluator, StepResult
+from bisect_npu.orchestration.evaluate import EvaluationRequest, Evaluator, StepResult
 from bisect_npu.orchestration.options import RunOptions, earlier_runs_for_search, earlier_runs_spec
 from bisect_npu.orchestration.preflight import check_run, settle_slots
 from bisect_npu.orchestration.wiring import load_golden, session_evaluator
@@ -394,7 +394,8 @@ class Session:
 
         as_reference = query.index == 0 and self._needs_reference()
         first = self._next_trial(query.index) if first_trial is None else first_trial
-        result = self.evaluator.evaluate(commit, trials, pending, on_trial, noisy, first, as_reference)
+        result = self.evaluator.evaluate(EvaluationRequest(commit, trials, tuple(pending), on_trial, judge_each=noisy,
+                                                           first_trial=first, as_reference=as_reference))
         self._record_step(query.index, result)
 
     def _record_step(self, index: int, result: StepResult) -> None:
@@ -507,6 +508,6 @@ class Session:
         self._ensure_reference()
         trials = self.recipe.trials.count if self.recipe else 1
         if self.mode == "noisy" and self.recipe is not None:
-            return self.evaluator.evaluate(commit, max(trials, 10), [], lambda record: None, judge_each=True).verdict
-        return self.evaluator.evaluate(commit, trials, [], lambda record: None, judge_each=False).verdict
+            return self.evaluator.evaluate(EvaluationRequest(commit, max(trials, 10), judge_each=True)).verdict
+        return self.evaluator.evaluate(EvaluationRequest(commit, trials)).verdict
 

@@ -25,7 +25,7 @@ from bisect_npu.contracts import Observation, Verdict
 from bisect_npu.errors import InfrastructureError, UsageError
 from bisect_npu.execute.base import Executor
 from bisect_npu.journal import DEFAULT_ROOT, new_session_dir, session_label
-from bisect_npu.orchestration.evaluate import Evaluator
+from bisect_npu.orchestration.evaluate import EvaluationRequest, Evaluator
 from bisect_npu.orchestration.options import RunOptions
 from bisect_npu.recipe import InstallPlan, Recipe, load_recipe
 
@@ -162,7 +162,7 @@ def make_evaluator(repo_path: str, recipe_path: str | None, command: list[str] |
     evaluator = session_evaluator(options, repo, recipe, session_dir, None, None)
 
     def evaluate(commit: str) -> Verdict:
-        return evaluator.evaluate(commit, recipe.trials.count if recipe else 1, [], lambda r: None, False).verdict
+        return evaluator.evaluate(EvaluationRequest(commit, recipe.trials.count if recipe else 1)).verdict
 
     try:
         yield evaluate

@@ -86,6 +86,7 @@ class HeaderOptions(_Shape):
     host: str | None = None  # the Atlas host type found at the start; not a `run` option
     base_image_map: list[str] = Field(default_factory=list)
     release_images: str | None = None
+    python_oracle: str | None = None  # a Python callable's `module:qualname` (bisect_npu.api); not a `run` option
 
     def run_argv(self) -> list[str]:
         """The `bisect-npu run` arguments that give these options again (the report's reproduce

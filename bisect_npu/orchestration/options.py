@@ -59,6 +59,9 @@ class RunOptions:
     base_image_map: list[str] = field(default_factory=list)
     # --release-images: published images of release tags ({tag}), reused as full builds of their keys.
     release_images: str | None = None
+    # The oracle is a Python callable (bisect_npu.api), named `module:qualname`; the journal cannot
+    # hold the callable itself, so only the API resumes such a session, given it again.
+    python_oracle: str | None = None
 
     def to_json(self) -> dict[str, Any]:
         return dataclasses.asdict(self)

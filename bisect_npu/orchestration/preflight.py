@@ -34,7 +34,7 @@ def check_run(options: RunOptions, host_root: Path = Path("/")) -> RunInputs:
     """Resolve and check everything that can be wrong before the journal is created; settles
     `options` in place (the mode, and absolute paths: resume may start elsewhere). `host_root` is
     where the NPU device and driver files are looked up (a directory of fake ones in a test)."""
-    if (options.recipe is None) == (options.command is None):
+    if [options.recipe, options.command, options.python_oracle].count(None) != 2:
         raise UsageError("give either --recipe FILE or --cmd COMMAND (the oracle for each candidate)")
     recipe = load_recipe(options.recipe) if options.recipe else None
     per_run = recipe.cards_per_run() if recipe else 1

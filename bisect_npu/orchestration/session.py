@@ -24,6 +24,7 @@ from bisect_npu.builders.base import Builder
 from bisect_npu.contracts import Verdict
 from bisect_npu.errors import UsageError
 from bisect_npu.execute.base import Executor
+from bisect_npu.execute.inprocess import Oracle
 from bisect_npu.journal import DEFAULT_ROOT, Journal, latest_session, new_session_dir
 from bisect_npu.orchestration.costs import measured_costs, told_costs
 from bisect_npu.orchestration.evaluate import EvaluationRequest, Evaluator, StepResult
@@ -96,8 +97,9 @@ class Session:
     @classmethod
     def start(cls, options: RunOptions, session_dir: Path | None = None, root: Path = DEFAULT_ROOT,
               progress: Progress | None = None, builder: Builder | None = None,
-              executor: Executor | None = None, parent: Path | None = None) -> Session:
-        """Check the options before anything is made (`preflight`), then create the journal and the evaluator."""
+              executor: Executor | None = None, parent: Path | None = None, oracle: Oracle | None = None) -> Session:
+        """Check the options before anything is made (`preflight`), then create the journal and the
+        evaluator (`oracle`: the Python callable of a session started through bisect_npu.api)."""
         inputs = check_run(options)
         recipe, repo, candidates_range = inputs.recipe, inputs.repo, inputs.candidates_range
         session_dir = (session_dir or new_session_dir(root)).resolve()
@@ -116,13 +118,14 @@ class Session:
         progress = progress or PlainProgress()
         if candidates_range.merge_base_note:
             progress.note(candidates_range.merge_base_note)
-        evaluator = session_evaluator(options, repo, recipe, session_dir, builder, executor)
+        evaluator = session_evaluator(options, repo, recipe, session_dir, builder, executor, oracle)
         _stop_leftovers(evaluator, progress)
         return cls(journal, options, repo, recipe, evaluator, progress)
 
     @classmethod
     def resume(cls, session_dir: Path | None = None, root: Path = DEFAULT_ROOT, progress: Progress | None = None,
-               builder: Builder | None = None, executor: Executor | None = None) -> Session:
+               builder: Builder | None = None, executor: Executor | None = None,
+               oracle: Oracle | None = None) -> Session:
         session_dir = (session_dir or latest_session(root)).resolve()
         journal = Journal.open(session_dir)
         options = RunOptions.from_header(journal.header.options)
@@ -142,7 +145,7 @@ class Session:
             settle_slots(options, per_run)
             progress.note(f"{options.slots} slot(s): the recipe's engine needs {per_run} of the "
                           f"{len(options.devices)} cards")
-        evaluator = session_evaluator(options, repo, recipe, session_dir, builder, executor)
+        evaluator = session_evaluator(options, repo, recipe, session_dir, builder, executor, oracle)
         _stop_leftovers(evaluator, progress)
         return cls(journal, options, repo, recipe, evaluator, progress)
 

@@ -31,32 +31,37 @@ from bisect_npu.recipe import InstallPlan, Recipe, load_recipe
 
 if TYPE_CHECKING:
     from bisect_npu.execute.docker import ContainerSpec
+    from bisect_npu.execute.inprocess import Oracle
 
 
 def session_evaluator(options: RunOptions, repo: git.Repo | None, recipe: Recipe | None, session_dir: Path,
-                      builder: Builder | None, executor: Executor | None) -> Evaluator:
+                      builder: Builder | None, executor: Executor | None, oracle: Oracle | None = None) -> Evaluator:
     """A session's Evaluator: the builder and executor given (tests, the demo) or made for the
-    options, the builder wrapped to prefetch where that is asked or --devices are given."""
+    options, the builder wrapped to prefetch where that is asked or --devices are given. `oracle`
+    is the Python callable a session started through bisect_npu.api judges with."""
     from bisect_npu.execute.host import recipe_for_host
 
     recipe = recipe_for_host(recipe, options.host) if recipe else None  # the host's image variant and dtype
     workdir = (Path(options.workdir) / session_label(session_dir) if options.workdir
                else session_dir / "worktrees")
     if builder is None or executor is None:
-        made_builder, made_executor = make_environment(options, repo, recipe, session_dir, workdir)
+        made_builder, made_executor = make_environment(options, repo, recipe, session_dir, workdir, oracle)
         builder = builder or made_builder
         executor = executor or made_executor
     if options.prefetch if options.prefetch is not None else bool(options.devices):
         from bisect_npu.builders.prefetch import Prefetcher
 
         builder = Prefetcher(builder, session_dir / "prefetch")
-    return Evaluator(builder, executor, session_dir, recipe=recipe, command=options.command,
-                     timeout_s=options.timeout_s)
+    # A Python oracle goes the way of a command; its executor logs the name given as the argv.
+    command = [options.python_oracle] if options.python_oracle else options.command
+    return Evaluator(builder, executor, session_dir, recipe=recipe, command=command, timeout_s=options.timeout_s)
 
 
 def make_environment(options: RunOptions, repo: git.Repo | None, recipe: Recipe | None, session_dir: Path,
-                     workdir: Path) -> tuple[Builder, Executor]:
-    """The builder and executor for `--executor local|docker`."""
+                     workdir: Path, oracle: Oracle | None = None) -> tuple[Builder, Executor]:
+    """The builder and executor for `--executor local|docker`, or for a Python oracle."""
+    if options.python_oracle:
+        return _python_oracle_environment(options, repo, session_dir, workdir, oracle)
     env = dict(recipe.environment) if recipe else {}
     if options.package:
         from bisect_npu.builders.venv import VenvBuilder, default_venv_cache
@@ -123,6 +128,24 @@ def container_spec_factory(options: RunOptions, recipe: Recipe | None) -> Callab
         return spec.model_copy(update={"environment": env, "mounts": mounts})
 
     return cpu_spec
+
+
+def _python_oracle_environment(options: RunOptions, repo: git.Repo | None, session_dir: Path, workdir: Path,
+                               oracle: Oracle | None) -> tuple[Builder, Executor]:
+    """A checkout per candidate (nothing built) and the callable judging it in this process."""
+    from bisect_npu.builders.local import LocalBuilder
+    from bisect_npu.execute.inprocess import CallableExecutor
+
+    if oracle is None:
+        name = options.python_oracle or ""
+        raise UsageError(f"session {session_dir} was judged by the Python callable {name} (given through "
+                         "bisect_npu.api), which a journal cannot hold, so `bisect-npu resume` cannot continue it; "
+                         f"call bisect_npu.api.bisect(..., oracle={name.rpartition(':')[2]}, "
+                         f"session_dir={str(session_dir)!r}) with the callable again")
+    if options.executor != "local" or repo is None:
+        raise UsageError("a Python oracle judges a local checkout of each commit: use executor='local' and a "
+                         "repository")
+    return LocalBuilder(repo, workdir.resolve()), CallableExecutor(oracle)
 
 
 def _local_executor(options: RunOptions, env: dict[str, str], python_paths: list[str], session_dir: Path) -> Executor:

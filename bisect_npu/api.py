@@ -84,8 +84,8 @@ def bisect(repo: str | Path, good: str, bad: str, *, oracle: OracleSpec, session
     `mode` defaults to the recipe's trials.mode (exact for a command or a callable). A callable
     runs in this process on a local checkout (executor "local"), without a timeout. Progress
     lines go to stderr unless `quiet`."""
+    from bisect_npu.orchestration.levels import Bisection
     from bisect_npu.orchestration.options import RunOptions
-    from bisect_npu.orchestration.session import Session
     from bisect_npu.progress import PlainProgress
     from bisect_npu.report import write_reports
 
@@ -93,15 +93,15 @@ def bisect(repo: str | Path, good: str, bad: str, *, oracle: OracleSpec, session
     recipe, command, function = _oracle_parts(oracle)
     path = Path(session_dir).resolve() if session_dir is not None else None
     if path is not None and (path / JOURNAL_FILE).exists():
-        session = Session.resume(path, progress=progress, oracle=function)
-        _check_resumed(session.options, good, bad, function)
+        bisection = Bisection.resume(path, progress=progress, oracle=function)
+        _check_resumed(bisection.session.options, good, bad, function)
     else:
         options = RunOptions(good=good, bad=bad, repo=str(repo), recipe=recipe, command=command,
                              python_oracle=oracle_name(function) if function else None, executor=executor,
                              devices=list(devices), mode=mode, confidence=confidence, check_ends=check_ends,
                              timeout_s=timeout_s, propose_fix=propose_fix, verify_fix=verify_fix, find_fix=find_fix)
-        session = Session.start(options, session_dir=path, progress=progress, oracle=function)
-    outcome = session.run()
+        bisection = Bisection.start(options, session_dir=path, progress=progress, oracle=function)
+    outcome = bisection.run()
     md_path, json_path = write_reports(outcome.session_dir)
     return Result(outcome.status, outcome.exit_code, outcome.culprit, outcome.range, outcome.message, outcome.steps,
                   outcome.session_dir, md_path, json_path)

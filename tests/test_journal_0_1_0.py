@@ -66,7 +66,7 @@ def test_the_0_1_0_journal_loads_into_typed_records_and_renders_its_report(sessi
 def test_a_0_1_0_session_killed_after_its_fourth_step_resumes_without_redoing_a_step(
         session: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     from bisect_npu.demo.generate import ensure_upstream
-    from bisect_npu.orchestration.session import Session
+    from bisect_npu.orchestration.levels import Bisection
 
     monkeypatch.setenv("BISECT_NPU_CACHE", str(tmp_path / "cache"))  # a private upstream: verification adds refs
     upstream, _ = ensure_upstream(seed=0)  # the seed fixes the shas, so the header's range names its commits
@@ -84,7 +84,7 @@ def test_a_0_1_0_session_killed_after_its_fourth_step_resumes_without_redoing_a_
         done_before = [s.commit for s in cut.records(StepRecord)]
     assert len(done_before) == 4
 
-    result = Session.resume(session).run()
+    result = Bisection.resume(session).run()
 
     assert (result.status, result.culprit) == ("found", CULPRIT)
     with Journal.open(session, read_only=True) as journal:

@@ -7,6 +7,7 @@ import json
 import os
 import subprocess
 import sys
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -57,6 +58,31 @@ def test_release_level_then_commit_level(tmp_path: Path, env: dict[str, str]) ->
     assert "Commit level" in (session / "report.md").read_text()
     tested = {s["commit"] for s in releases["steps"]}
     assert "2.9.0" not in tested  # a rebuild group is one candidate
+
+    # Killed during the commit level (its last steps and the release level's `next_level` line
+    # not journaled yet): resume continues that commit-level session, then notes its answer.
+    child = Path(result["session"])
+    _cut(session, lambda entries: next(i for i, e in enumerate(entries) if e["type"] == "next_level"))
+    child_steps = sum(1 for e in _entries(child) if e["type"] == "step")
+    _cut(child, lambda entries: [i for i, e in enumerate(entries) if e["type"] == "step"][-2])
+    done = subprocess.run([*CLI, "resume", "--session", str(session), "--json"], cwd=tmp_path, env=env,
+                          capture_output=True, text=True, timeout=900)
+    assert done.returncode == 0, done.stdout + done.stderr[-3000:]
+    assert json.loads(done.stdout.strip().splitlines()[-1])["culprit"] == shas[24]
+    assert "release level done: 2.8.2 -> 2.9.0.post0; bisecting commits v2.8.2..v2.9.0" in done.stderr
+    assert sum(1 for e in _entries(child) if e["type"] == "step") == child_steps  # only the two lost ones again
+    assert [e["type"] for e in _entries(session)].count("next_level") == 1
+    assert not (child / "commit-level").exists()
+
+
+def _entries(session: Path) -> list[dict]:
+    return [json.loads(line) for line in (session / "journal.jsonl").read_text().splitlines()]
+
+
+def _cut(session: Path, keep: Callable[[list[dict]], int]) -> None:
+    """Drop the journal's lines from index keep(entries) on, as a kill at that moment would have."""
+    lines = (session / "journal.jsonl").read_text().splitlines(keepends=True)
+    (session / "journal.jsonl").write_text("".join(lines[:keep([json.loads(line) for line in lines])]))
 
 
 def test_commit_level_keeps_the_mode_and_earlier_runs(tmp_path: Path, env: dict[str, str]) -> None:

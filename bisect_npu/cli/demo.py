@@ -28,8 +28,8 @@ def demo(case_name: str | None, seed: int, executor: Literal["local", "docker"],
     """Generate the demo upstream (once), bisect a case with its recipe, write the report."""
     from bisect_npu.demo.generate import ensure_upstream
     from bisect_npu.journal import new_session_dir
+    from bisect_npu.orchestration.levels import Bisection
     from bisect_npu.orchestration.options import RunOptions
-    from bisect_npu.orchestration.session import Session
     from bisect_npu.progress import make_progress
     from bisect_npu.report import write_reports
 
@@ -51,10 +51,10 @@ def demo(case_name: str | None, seed: int, executor: Literal["local", "docker"],
         options = RunOptions(good=truth.good_ref, bad=truth.bad_ref, repo=str(repo), recipe=truth.recipe,
                              executor=executor, verify_fix=verify_fix)
         session_root.mkdir(parents=True, exist_ok=True)
-        session = Session.start(options, session_dir=new_session_dir(session_root),
-                                progress=make_progress(quiet or as_json))
-        note_session(session.journal.session_dir)
-        result = session.run()
+        bisection = Bisection.start(options, session_dir=new_session_dir(session_root),
+                                    progress=make_progress(quiet or as_json))
+        note_session(bisection.session_dir)
+        result = bisection.run()
         md_path, _ = write_reports(result.session_dir)
         matches = result.culprit == truth.culprit.sha
         click.echo(result.message)

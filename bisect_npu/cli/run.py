@@ -94,9 +94,9 @@ def run(good: str, bad: str, repo: str | None, package: str | None, index_url: s
     from bisect_npu.builders.registry import BaseImageMap
     from bisect_npu.builders.releases import check_template
     from bisect_npu.execute.ascend import parse_devices
+    from bisect_npu.orchestration.levels import Bisection
     from bisect_npu.orchestration.options import RunOptions
     from bisect_npu.orchestration.preflight import command_words
-    from bisect_npu.orchestration.session import Session
     from bisect_npu.progress import make_progress
 
     argv = command_words(command) if command is not None else None
@@ -113,10 +113,10 @@ def run(good: str, bad: str, repo: str | None, package: str | None, index_url: s
                          earlier_runs=list(earlier_runs) if earlier_runs else None,
                          workdir=str(workdir) if workdir else None, base_image_map=list(base_image_map),
                          release_images=release_images)
-    session = Session.start(options, session_dir=session_dir, progress=make_progress(quiet or as_json))
-    note_session(session.journal.session_dir)
-    click.echo(f"session: {session.journal.session_dir}", err=True)
-    finish(session.run(), as_json)
+    bisection = Bisection.start(options, session_dir=session_dir, progress=make_progress(quiet or as_json))
+    note_session(bisection.session_dir)
+    click.echo(f"session: {bisection.session_dir}", err=True)
+    finish(bisection.run(), as_json)
 
 
 @click.command()
@@ -126,12 +126,12 @@ def run(good: str, bad: str, repo: str | None, package: str | None, index_url: s
 @click.option("--quiet", is_flag=True, help="Plain log lines even on a terminal.")
 def resume(session_dir: Path | None, as_json: bool, quiet: bool) -> None:
     """Continue an interrupted session without redoing a finished step."""
-    from bisect_npu.orchestration.session import Session
+    from bisect_npu.orchestration.levels import Bisection
     from bisect_npu.progress import make_progress
 
     if session_dir is not None:
         note_session(session_dir.resolve())  # named in a failure's summary even if resume cannot start
-    session = Session.resume(session_dir, progress=make_progress(quiet or as_json))
-    note_session(session.journal.session_dir)
-    click.echo(f"session: {session.journal.session_dir}", err=True)
-    finish(session.run(), as_json)
+    bisection = Bisection.resume(session_dir, progress=make_progress(quiet or as_json))
+    note_session(bisection.session_dir)
+    click.echo(f"session: {bisection.session_dir}", err=True)
+    finish(bisection.run(), as_json)

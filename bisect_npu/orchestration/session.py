@@ -1,13 +1,14 @@
-"""A bisection session: ties history, search, evaluation, journal and fix proposal together.
+"""A bisection session: the search over one level's candidates (releases or commits), their
+evaluation, and the journal of both.
 
-Nothing else lives here: `options`, `preflight`, `environment` and `costs` are rooms of their own,
-as are `search`, `evaluate`, `oracle`, `journal` and `report`. The journal is the only state: a
-session killed at any moment resumes from it without redoing a finished step or trial.
+Nothing else lives here: `levels` runs the sessions of a bisection's levels and its fix stage;
+`options`, `preflight`, `wiring` and `costs` are rooms of their own, as are `search`, `evaluate`,
+`oracle`, `journal` and `report`. The journal is the only state: a session killed at any moment
+resumes from it without redoing a finished step or trial.
 """
 
 from __future__ import annotations
 
-import dataclasses
 import functools
 import itertools
 import math
@@ -37,12 +38,8 @@ from bisect_npu.records import (
     JOURNAL_SCHEMA_VERSION,
     EarlierRunsCounts,
     EndRecord,
-    FixRecord,
-    FixVerifiedRecord,
-    FixVerifyRecord,
     HeaderRecord,
     JournalRecord,
-    NextLevelRecord,
     StepRecord,
     TrialRecord,
     TrialRun,
@@ -247,37 +244,33 @@ class Session:
     # -- the loop -------------------------------------------------------------------------------
 
     def run(self) -> SessionResult:
+        """Bisect this level alone (levels.Bisection runs the levels and the fix stage), then close."""
         try:
-            return self._run()
+            return self.bisect()
+        finally:
+            self.close()
+
+    def close(self) -> None:
+        """Free the evaluator's environments and what its executor runs, then the progress display
+        and the journal; each cleanup runs even when the one before it is interrupted."""
+        try:
+            self.evaluator.close()
         finally:
             try:
-                self.evaluator.close()
-            finally:  # each cleanup runs even when the one before it is interrupted
-                try:
-                    if self.repo is not None:  # what a killed fix verification left
-                        from bisect_npu import fix
-                        from bisect_npu.builders.local import sweep_worktrees
+                self.progress.close()
+            finally:
+                self.journal.close()
 
-                        sweep_worktrees(self.repo, self.journal.session_dir / "fix-worktrees", fix.APPLY_NAME)
-                finally:
-                    self.progress.close()
-                    self.journal.close()
+    def ended(self) -> EndRecord | None:
+        """How this level's search ended, if it has (the journal's `end` record)."""
+        return next(iter(self.journal.records(EndRecord)), None)
 
-    def _run(self) -> SessionResult:
-        ended = next(iter(self.journal.records(EndRecord)), None)
+    def bisect(self) -> SessionResult:
+        """Search until the culprit is found, narrowed down or an end is judged wrong, and journal
+        how it ended; a session that ended already answers from its journal."""
+        ended = self.ended()
         if ended is not None:
-            level_done = bool(self.journal.records(NextLevelRecord))
-            if self.options.package and self.repo is not None and ended.status == "found" and not level_done:
-                assert ended.index is not None
-                return self._commit_level(search.Found(ended.index))
-            result = self._result_from_end(ended)
-            if self._fix_wanted(result) and not self._fix_done():
-                assert result.culprit is not None
-                self.progress.note("session ended before its fix proposal was done; finishing that")
-                self._propose_fix(result.culprit)
-            else:
-                self.progress.note("session already finished; re-rendering the report only")
-            return result
+            return self._result_from_end(ended)
         while True:
             problem = self.problem()
             decision = search.decide(problem, self.evidence())
@@ -286,48 +279,7 @@ class Session:
             self._told = told_costs(problem)
             self._prefetch_next(problem, decision.queries)
             self._run_queries(decision.queries)
-        result = self._finish(decision)
-        if result.status != "found" or not result.culprit:
-            return result
-        if self.options.package:
-            return self._commit_level(decision) if self.repo is not None else result
-        if self._fix_wanted(result):
-            self._propose_fix(result.culprit)
-        return result
-
-    def _fix_wanted(self, result: SessionResult) -> bool:
-        return (result.status == "found" and bool(result.culprit) and not self.options.package
-                and self.options.propose_fix and not self.options.find_fix)
-
-    def _fix_done(self) -> bool:
-        if self.journal.records(FixVerifyRecord):
-            return True
-        return bool(self.journal.records(FixRecord)) and not self.options.verify_fix
-
-    def _commit_level(self, decision: search.Decision) -> SessionResult:
-        """Release level done: map the two adjacent versions to tags and bisect the commits between
-        them in a session of their own, like mozregression's switch from nightlies to builds."""
-        from bisect_npu import versions
-
-        assert isinstance(decision, search.Found) and self.repo is not None
-        older, newer = self.commit_at(decision.index - 1), self.commit_at(decision.index)
-        good_tag = versions.tag_for_version(self.repo, older)
-        bad_tag = versions.tag_for_version(self.repo, newer)
-        self.progress.note(f"release level done: {older} -> {newer}; bisecting commits {good_tag}..{bad_tag}")
-        root = self.journal.session_dir / "commit-level"
-        if (root / "latest").exists():  # interrupted during the commit level: continue that session
-            child = Session.resume(root=root, progress=self.progress)
-        else:
-            options = dataclasses.replace(self.options, package=None, index_url=None, prereleases=False,
-                                          good=good_tag, bad=bad_tag)  # the package's options end here
-            child = Session.start(options, root=root, progress=self.progress, parent=self.journal.session_dir)
-        result = child.run()
-        from bisect_npu.report import write_reports
-
-        self._append(NextLevelRecord(session=str(result.session_dir), status=result.status, culprit=result.culprit,
-                                     message=result.message, good=good_tag, bad=bad_tag))
-        write_reports(self.journal.session_dir)  # the release level's report, with its commit-level answer
-        return result
+        return self._finish(decision)
 
     def _prefetch_next(self, problem: search.SearchProblem, queries: tuple[search.Query, ...]) -> None:
         """Start building what the search will ask next, whatever verdicts these queries get."""
@@ -391,7 +343,7 @@ class Session:
         finished = itertools.count(len(pending) + 1)
 
         def on_trial(record: TrialRun) -> None:
-            self._append(TrialRecord(index=query.index, commit=commit, **record.model_dump()))
+            self.append(TrialRecord(index=query.index, commit=commit, **record.model_dump()))
             outcome = record.outcome.value if record.outcome else "run"
             self.progress.trial_finished(query.index, record.trial, outcome, next(finished), expected)
 
@@ -402,12 +354,12 @@ class Session:
         self._record_step(query.index, result)
 
     def _record_step(self, index: int, result: StepResult) -> None:
-        self._append(StepRecord(index=index, commit=result.commit, title=self.titles.get(result.commit, ""),
+        self.append(StepRecord(index=index, commit=result.commit, title=self.titles.get(result.commit, ""),
                                 build=result.build, verdict=result.verdict, trials=result.trials,
                                 seconds=result.seconds, told=self._told))
         self.progress.step_finished(index, result.commit, result.verdict, result.seconds)
 
-    def _append(self, record: JournalRecord) -> None:
+    def append(self, record: JournalRecord) -> None:
         with self._lock:
             self.journal.append(record)
 
@@ -470,7 +422,7 @@ class Session:
             end = EndRecord(status="ends_wrong", which=decision.which, figures=decision.figures)
             result = SessionResult("ends_wrong", EXIT_ENDS_WRONG, self.journal.session_dir, message=message,
                                    steps=steps)
-        self._append(end.model_copy(update={"message": message, "prefetch_saved_s": self._prefetch_saved()}))
+        self.append(end.model_copy(update={"message": message, "prefetch_saved_s": self._prefetch_saved()}))
         return result
 
     def _result_from_end(self, end: EndRecord) -> SessionResult:
@@ -479,32 +431,6 @@ class Session:
         rng = (end.lo, end.hi) if end.status == "narrowed" and end.lo and end.hi else None
         return SessionResult(end.status, code, self.journal.session_dir, culprit=end.culprit, range=rng,
                              message=end.message, steps=steps)
-
-    def _propose_fix(self, culprit: str) -> None:
-        """Rank the fixes, then verify the top ones, journaling each verification as it ends: an
-        interrupted run's resume ranks again (seconds, the same answer) and verifies only the rest."""
-        from bisect_npu import fix
-
-        assert self.repo is not None
-        self.progress.note("looking for upstream commits that fix the culprit")
-        report = fix.propose_fixes(self.repo, culprit, bad=self.journal.header.range.bad,
-                                   symptom=self.recipe.symptom if self.recipe else (), top=max(5, self.options.fix_top))
-        if not self.journal.records(FixRecord):
-            self._append(FixRecord(report=report))
-        if not self.options.verify_fix:
-            return
-        if not report.proposals:
-            self._append(FixVerifyRecord(verifications=[]))  # nothing to verify: the stage is done
-            return
-        kept = [e.verification for e in self.journal.records(FixVerifiedRecord)]
-        self.progress.note(f"verifying the top {self.options.fix_top} fix proposals on the bad end"
-                           + (f" ({len(kept)} verified before the interruption)" if kept else ""))
-        fresh = fix.verify_fixes(self.repo, self.journal.header.range.bad, report, self.verdict_of,
-                                 top=self.options.fix_top, workdir=self.journal.session_dir / "fix-worktrees",
-                                 done={v.proposal.shas[0] for v in kept},
-                                 on_result=lambda v: self._append(FixVerifiedRecord(verification=v)))
-        every = sorted([*kept, *fresh], key=lambda v: v.status != "verified")
-        self._append(FixVerifyRecord(verifications=every))
 
     def verdict_of(self, commit: str) -> Verdict:
         """Evaluate any commit (a fix applied on the bad end) with this session's recipe or command."""

@@ -1,0 +1,209 @@
+"""A bisection through its levels, above `Session`: a session per level, the switch from a found
+culprit to the finer level that bisects it (published releases -> the commits between the two
+releases' tags, as mozregression goes from nightlies to builds), and the fix stage after a culprit
+at the last level.
+
+A `Level` says what a found culprit leads to next; a new one (a dependency's commits under a
+culprit that moved its pin) is a `Level` whose `descent` names the finer session. What has been
+done is read back from the journals (the parent's `next_level` line, the `fix`, `fix_verified`
+and `fix_verify` lines of the session that found the culprit), so a run killed at any point
+resumes where it was.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Protocol
+
+from bisect_npu.builders.base import Builder
+from bisect_npu.execute.base import Executor
+from bisect_npu.execute.inprocess import Oracle
+from bisect_npu.journal import DEFAULT_ROOT, LATEST_FILE
+from bisect_npu.orchestration.options import RunOptions
+from bisect_npu.orchestration.session import Session, SessionResult
+from bisect_npu.orchestration.wiring import fix_worktrees, sweep_fix_worktrees
+from bisect_npu.progress import Progress
+from bisect_npu.records import FixRecord, FixVerifiedRecord, FixVerifyRecord, NextLevelRecord
+
+
+@dataclass(frozen=True)
+class Descent:
+    """A culprit handed down to a finer level: that level's options, the directory below the
+    session where its session lives, the two ends it bisects between (the parent journal's
+    `next_level` line names them) and what the user is told on the way down."""
+
+    options: RunOptions
+    directory: str
+    good: str
+    bad: str
+    note: str
+
+
+class Level(Protocol):
+    """One granularity of candidates a session bisects."""
+
+    # Whether a culprit found at this level gets the fix stage (upstream commits that fix it).
+    proposes_fix: bool
+
+    def descent(self, session: Session, found: SessionResult) -> Descent | None:
+        """Where the culprit `found` is bisected next; None when this level is the last."""
+
+
+class ReleaseLevel:
+    """Published versions of a package (`--package`): the culprit release and the one before it
+    are mapped to tags of the repository, whose commits between are bisected next."""
+
+    proposes_fix = False
+
+    def descent(self, session: Session, found: SessionResult) -> Descent | None:
+        from bisect_npu import versions
+
+        end = session.ended()
+        if session.repo is None or end is None or end.index is None:
+            return None  # no repository to descend into: the release is the answer
+        older, newer = session.commit_at(end.index - 1), session.commit_at(end.index)
+        good_tag = versions.tag_for_version(session.repo, older)
+        bad_tag = versions.tag_for_version(session.repo, newer)
+        options = dataclasses.replace(session.options, package=None, index_url=None, prereleases=False,
+                                      good=good_tag, bad=bad_tag)  # the package's options end here
+        return Descent(options, "commit-level", good_tag, bad_tag,
+                       f"release level done: {older} -> {newer}; bisecting commits {good_tag}..{bad_tag}")
+
+
+class CommitLevel:
+    """Commits of a repository: the last level; its culprit gets the fix stage."""
+
+    proposes_fix = True
+
+    def descent(self, session: Session, found: SessionResult) -> Descent | None:
+        return None
+
+
+def level_of(options: RunOptions) -> Level:
+    return ReleaseLevel() if options.package else CommitLevel()
+
+
+class Bisection:
+    """Runs one session's level, then the finer level or the fix stage its culprit leads to."""
+
+    def __init__(self, session: Session, oracle: Oracle | None = None) -> None:
+        self.session = session
+        self.level = level_of(session.options)
+        self.oracle = oracle  # a Python oracle (bisect_npu.api): finer levels judge with it too
+
+    @classmethod
+    def start(cls, options: RunOptions, session_dir: Path | None = None, root: Path = DEFAULT_ROOT,
+              progress: Progress | None = None, builder: Builder | None = None, executor: Executor | None = None,
+              parent: Path | None = None, oracle: Oracle | None = None) -> Bisection:
+        return cls(Session.start(options, session_dir=session_dir, root=root, progress=progress, builder=builder,
+                                 executor=executor, parent=parent, oracle=oracle), oracle)
+
+    @classmethod
+    def resume(cls, session_dir: Path | None = None, root: Path = DEFAULT_ROOT, progress: Progress | None = None,
+               builder: Builder | None = None, executor: Executor | None = None,
+               oracle: Oracle | None = None) -> Bisection:
+        return cls(Session.resume(session_dir, root=root, progress=progress, builder=builder, executor=executor,
+                                  oracle=oracle), oracle)
+
+    @property
+    def session_dir(self) -> Path:
+        return self.session.journal.session_dir
+
+    def run(self) -> SessionResult:
+        """The answer of the finest level reached (a resumed finished session: its own answer)."""
+        try:
+            return self._run()
+        finally:
+            try:
+                self.session.close()
+            finally:
+                sweep_fix_worktrees(self.session.repo, self.session_dir)  # what a killed fix verification left
+
+    def _run(self) -> SessionResult:
+        session = self.session
+        finished_before = session.ended() is not None
+        result = session.bisect()
+        descent = self.level.descent(session, result) if result.status == "found" and result.culprit else None
+        if descent is not None and not session.journal.records(NextLevelRecord):
+            return self._descend(descent)
+        fix = FixStage(session)
+        wanted = self.level.proposes_fix and fix.wanted(result)
+        if finished_before:
+            if wanted and not fix.done():
+                session.progress.note("session ended before its fix proposal was done; finishing that")
+            else:
+                session.progress.note("session already finished; re-rendering the report only")
+                return result
+        if wanted and result.culprit:
+            fix.run(result.culprit)
+        return result
+
+    def _descend(self, descent: Descent) -> SessionResult:
+        """Bisect the finer level in a session of its own below this one (resumed if a killed run
+        had started it), then note its answer in this session's journal and report."""
+        from bisect_npu.report import write_reports
+
+        session = self.session
+        session.progress.note(descent.note)
+        root = self.session_dir / descent.directory
+        if (root / LATEST_FILE).exists():  # interrupted during the finer level: continue that session
+            child = Bisection.resume(root=root, progress=session.progress, oracle=self.oracle)
+        else:
+            child = Bisection.start(descent.options, root=root, progress=session.progress, parent=self.session_dir,
+                                    oracle=self.oracle)
+        result = child.run()
+        session.append(NextLevelRecord(session=str(result.session_dir), status=result.status, culprit=result.culprit,
+                                       message=result.message, good=descent.good, bad=descent.bad))
+        write_reports(self.session_dir)  # this level's report, with the finer level's answer
+        return result
+
+
+class FixStage:
+    """Rank the upstream fixes of a session's culprit, then verify the top ones on its bad end,
+    journaling each verification as it ends: an interrupted run's resume ranks again (seconds,
+    the same answer) and verifies only the rest."""
+
+    def __init__(self, session: Session) -> None:
+        self.session = session
+        self.options = session.options
+
+    def wanted(self, result: SessionResult) -> bool:
+        return (result.status == "found" and bool(result.culprit) and self.options.propose_fix
+                and not self.options.find_fix)
+
+    def done(self) -> bool:
+        journal = self.session.journal
+        return bool(journal.records(FixVerifyRecord)) or (bool(journal.records(FixRecord))
+                                                          and not self.options.verify_fix)
+
+    def run(self, culprit: str) -> None:
+        from bisect_npu import fix
+
+        session = self.session
+        assert session.repo is not None
+        bad = session.journal.header.range.bad
+        session.progress.note("looking for upstream commits that fix the culprit")
+        report = fix.propose_fixes(session.repo, culprit, bad=bad,
+                                   symptom=session.recipe.symptom if session.recipe else (),
+                                   top=max(5, self.options.fix_top))
+        if not session.journal.records(FixRecord):
+            session.append(FixRecord(report=report))
+        if not self.options.verify_fix:
+            return
+        if not report.proposals:
+            session.append(FixVerifyRecord(verifications=[]))  # nothing to verify: the stage is done
+            return
+        kept = [e.verification for e in session.journal.records(FixVerifiedRecord)]
+        session.progress.note(f"verifying the top {self.options.fix_top} fix proposals on the bad end"
+                              + (f" ({len(kept)} verified before the interruption)" if kept else ""))
+        fresh = fix.verify_fixes(session.repo, bad, report, session.verdict_of, top=self.options.fix_top,
+                                 workdir=fix_worktrees(self.session_dir), done={v.proposal.shas[0] for v in kept},
+                                 on_result=lambda v: session.append(FixVerifiedRecord(verification=v)))
+        every = sorted([*kept, *fresh], key=lambda v: v.status != "verified")
+        session.append(FixVerifyRecord(verifications=every))
+
+    @property
+    def session_dir(self) -> Path:
+        return self.session.journal.session_dir

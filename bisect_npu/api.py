@@ -25,6 +25,7 @@ from pathlib import Path
 from typing import Literal
 
 from bisect_npu.contracts import Observation, Verdict, VerdictKind
+from bisect_npu.defaults import TRIAL_TIMEOUT_S
 from bisect_npu.errors import BisectError, InfrastructureError, UsageError
 from bisect_npu.execute.inprocess import Oracle, OracleAnswer, oracle_name
 from bisect_npu.fix import FixReport
@@ -74,7 +75,7 @@ class Result:
 
 def bisect(repo: str | Path, good: str, bad: str, *, oracle: OracleSpec, session_dir: str | Path | None = None,
            executor: Literal["local", "docker"] = "local", mode: Literal["exact", "noisy"] | None = None,
-           confidence: float | None = None, check_ends: bool = True, timeout_s: float = 3600.0,
+           confidence: float | None = None, check_ends: bool = True, timeout_s: float = TRIAL_TIMEOUT_S,
            devices: Sequence[int] = (), propose_fix: bool = True, verify_fix: bool = False,
            find_fix: bool = False, quiet: bool = False) -> Result:
     """Find the first commit of `repo` between `good` and `bad` that the oracle judges bad (with
@@ -163,7 +164,8 @@ def judge(recipe: Recipe | str | Path, observations: Sequence[Observation | str 
 
     loaded = recipe if isinstance(recipe, Recipe) else load_recipe(recipe)
     observed = [o if isinstance(o, Observation) else Observation.load(Path(o)) for o in observations]
-    return oracle.judge(loaded, observed, list(reference) if reference is not None else None)
+    return oracle.judge(loaded.oracle, observed, list(reference) if reference is not None else None,
+                        trials_per_case=loaded.trials.count)
 
 
 def propose_fixes(repo: str | Path, culprit: str, *, bad: str | None = None, symptom: Sequence[str] = (),

@@ -47,6 +47,10 @@ def test_a_python_function_finds_the_culprit(tmp_path: Path) -> None:
     assert header["options"]["python_oracle"] == "test_api:StateOracle"
     assert shas[23][:12] in result.report.read_text()
     assert json.loads(result.report_json.read_text())["culprit"] == shas[23]
+    plan = api.plan_range(tmp_path / "repo", shas[0], shas[39])
+    assert len(plan.range.candidates) == 39 and plan.expected.max_steps >= len(steps)
+    fixes = api.propose_fixes(tmp_path / "repo", shas[23])
+    assert fixes.culprit == shas[23]
 
 
 def test_answers_other_than_a_bool(tmp_path: Path) -> None:
@@ -87,3 +91,13 @@ def test_a_failed_run_resumes_through_the_api_only(tmp_path: Path) -> None:
     assert not set(failing.judged) & set(again.judged)  # no finished step judged twice
     with pytest.raises(api.UsageError, match="not by test_api:test_a_failed_run"):
         api.bisect(tmp_path / "repo", shas[0], shas[39], oracle=lambda checkout, commit: True, session_dir=session)
+
+
+def test_judge_gives_a_session_s_verdicts_again() -> None:
+    """Observations a 0.1.0 demo session journaled, judged again through the API alone."""
+    session = Path(__file__).parent / "data" / "journals" / "demo-0.1.0"
+    steps = [e for e in journal(session) if e["type"] == "step"]
+    for step in steps:
+        verdict = api.judge("demo-async-penalty", [session / t["observation"] for t in step["trials"]])
+        assert verdict.kind.value == step["verdict"]["kind"]
+    assert {s["verdict"]["kind"] for s in steps} == {"good", "bad"}

@@ -5,6 +5,7 @@ Loaded with a safe YAML loader and validated; every error names the field and it
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 import math
@@ -365,10 +366,42 @@ class Recipe(_Strict):
         return math.prod(self.engine.parallel_sizes().values())
 
     def digest(self) -> str:
-        """Stable content hash, recorded in the session header so resume refuses a changed recipe."""
-        # `supports` changes no run (it only gates which ranges start), and sessions from before it resume.
-        payload = json.dumps(self.model_dump(mode="json", exclude={"supports"}), sort_keys=True).encode()
+        """Stable content hash, recorded in the session header so resume refuses a changed recipe.
+
+        A field added after 0.1.0 enters the hash only when set away from its default, so a field
+        added in a later version leaves the digest of every recipe that does not use it (and the
+        sessions recorded with it) as it was. `supports` never enters: it gates which ranges start
+        and changes no run."""
+        dumped = self.model_dump(mode="json", exclude={"supports"})
+        payload = json.dumps(_without_new_defaults(self, dumped, ""), sort_keys=True).encode()
         return hashlib.sha256(payload).hexdigest()[:16]
+
+
+@functools.cache
+def _fields_of_0_1_0() -> frozenset[str]:
+    text = (resources.files("bisect_npu") / "recipe_fields_0_1_0.txt").read_text()
+    return frozenset(line for line in text.splitlines() if line and not line.startswith("#"))
+
+
+def _without_new_defaults(value: Any, dumped: Any, prefix: str) -> Any:
+    """`dumped` (value's JSON dump) less the fields unknown to 0.1.0 that hold their defaults."""
+    if isinstance(value, BaseModel):
+        known = _fields_of_0_1_0()
+        kept = {}
+        for name, field in type(value).model_fields.items():
+            if name not in dumped:
+                continue
+            path = prefix + name
+            attr = getattr(value, name)
+            if path not in known and not field.is_required() and attr == field.get_default(call_default_factory=True):
+                continue
+            kept[name] = _without_new_defaults(attr, dumped[name], path + ".")
+        return kept
+    if isinstance(value, list | tuple) and isinstance(dumped, list):
+        return [_without_new_defaults(item, raw, prefix) for item, raw in zip(value, dumped, strict=True)]
+    if isinstance(value, dict) and isinstance(dumped, dict):
+        return {key: _without_new_defaults(value.get(key, raw), raw, prefix) for key, raw in dumped.items()}
+    return dumped
 
 
 class _LineLoader(yaml.SafeLoader):

@@ -315,3 +315,26 @@ def test_earlier_runs_come_from_the_recipe_unless_given_on_the_command_line() ->
     with pytest.raises(UsageError, match="no more often"):
         parse_recipe(MINIMAL + "trials:\n  mode: noisy\n  earlier_runs:\n    bad_end: 2/10\n    good_end: 4/20\n")
     assert earlier_runs_spec(RunOptions(good="g", bad="b", earlier_runs=["1/10", "0/0"]), recipe) is not None
+
+
+# Digests bisect-npu 0.1.0 recorded for the bundled recipes that have not changed since: sessions
+# it started must resume under this version (tests/data/journals/demo-0.1.0 is one of them).
+DIGESTS_OF_0_1_0 = {"demo-async-penalty": "65c77bcf4d6e7cbf", "demo-presence-penalty": "88eed1135e55bf5e",
+                    "demo-rope-longseq": "7c3c318e04e88f84", "demo-spec-decode": "7a0163c2f1e28b4a",
+                    "precision-alignment": "55d9f1e83221fd20"}
+
+
+@pytest.mark.parametrize("name", sorted(DIGESTS_OF_0_1_0))
+def test_a_recipe_unchanged_since_0_1_0_keeps_its_digest(name: str) -> None:
+    assert load_recipe(name).digest() == DIGESTS_OF_0_1_0[name]
+
+
+def test_a_field_added_since_0_1_0_changes_the_digest_only_when_set() -> None:
+    recipe = load_recipe("demo-async-penalty")
+    at_default = recipe.model_copy(update={"build": recipe.build.model_copy(update={"base_image_map": {}})})
+    mapped = recipe.model_copy(update={"build": recipe.build.model_copy(
+        update={"base_image_map": {"quay.io": "mirror.example/quay.io"}})})
+    assert at_default.digest() == recipe.digest()
+    assert mapped.digest() != recipe.digest()
+    older_field = recipe.model_copy(update={"build": recipe.build.model_copy(update={"reuse_outputs": False})})
+    assert older_field.digest() != recipe.digest()

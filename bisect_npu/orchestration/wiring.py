@@ -118,7 +118,7 @@ def container_spec_factory(options: RunOptions, recipe: Recipe | None) -> Callab
     model_path = recipe.model.path if recipe else None
     if options.devices:
         return functools.partial(ascend_container_spec, devices=list(options.devices),
-                                 model_dir=host_model, model_path=model_path, env=env)
+                                 model_dir=host_model, model_path=model_path, env=env, host=options.host)
 
     def cpu_spec(image: str, out_dir: Path) -> ContainerSpec:
         spec = plain_container_spec(image, out_dir)
@@ -151,12 +151,12 @@ def _python_oracle_environment(options: RunOptions, repo: git.Repo | None, sessi
 def _local_executor(options: RunOptions, env: dict[str, str], python_paths: list[str], session_dir: Path) -> Executor:
     """Processes on this host, marked as the session's; with --devices (an NPU host without a
     container engine) each run sees its slot's cards and the determinism switches are on, as
-    in an Ascend container (the recipe's environment has the last word)."""
-    from bisect_npu.execute.ascend import DETERMINISM_ENV
+    in an Ascend container, with the host type's (the recipe's environment has the last word)."""
+    from bisect_npu.execute.ascend import npu_run_env
     from bisect_npu.execute.devices import device_pool
     from bisect_npu.execute.local import LocalExecutor
 
-    return LocalExecutor({**DETERMINISM_ENV, **env} if options.devices else env, python_paths,
+    return LocalExecutor({**npu_run_env(options.host), **env} if options.devices else env, python_paths,
                          owner=str(session_dir.resolve()), devices=list(options.devices),
                          device_pool=device_pool(options.devices, options.slots))
 

@@ -220,6 +220,14 @@ def evidence_summary(view: SessionView) -> list[str]:
     return lines
 
 
+def host_line(view: SessionView) -> str | None:
+    """The NPU host type the session ran on and the recipe fields it changed (310P: float16)."""
+    if not view.options.host:
+        return None
+    changes = ", ".join(f"`{name}: {value}`" for name, value in view.header.host_changes.items())
+    return f"NPU host type: {view.options.host}" + (f"; the recipe as this host ran it: {changes}" if changes else "")
+
+
 def _percent(p: float) -> str:
     """A probability as a percentage that never rounds a doubt away: 0.99965 is ">99.9%", not 100.0%."""
     if 0.999 < p < 1:
@@ -299,7 +307,7 @@ def render_markdown(view: SessionView) -> str:
         reproduce=reproduce_command(view), tool_version=__version__,
         host=f"{platform.node()} ({platform.system()} {platform.machine()}, Python {platform.python_version()})",
         build_counts=_build_counts(view.steps), total_seconds=round(sum(s.seconds for s in view.steps), 1),
-        evidence=evidence_summary(view),
+        evidence=evidence_summary(view), host_line=host_line(view),
     )
 
 
@@ -325,6 +333,7 @@ def render_json(view: SessionView) -> dict[str, Any]:
         "steps": [{"index": s.index, "commit": s.commit, "title": s.title, "verdict": s.verdict,
                    "reason": s.reason, "seconds": s.seconds, "build": s.build_how, "trials": s.trials,
                    "figures": s.figures} for s in view.steps],
+        "host": view.options.host, "host_changes": view.header.host_changes,
         "fix": to_jsonable(view.fix), "fix_verify": to_jsonable(view.fix_verify),
         "level": view.range.kind, "package": view.range.package,
         "next_level": view.next_level.model_dump(mode="json") if view.next_level is not None else None,

@@ -193,6 +193,7 @@ class BuildInfo(_Shape):
     log: PathText | None = None
     log_tail: str | None = None  # "failed"
     error: str | None = None  # "failed"
+    run_env: dict[str, str] = Field(default_factory=dict)  # the candidate's own switches its runs got
 
 
 class StepRecord(Record):

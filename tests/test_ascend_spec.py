@@ -96,3 +96,18 @@ def test_the_run_options_host_reaches_the_container_and_the_local_runs(tmp_path:
     local = RunOptions(good="g", bad="b", executor="local", command=["true"], devices=[0, 1], slots=1, host="A3")
     _, executor = make_environment(local, repo, None, tmp_path / "s", tmp_path / "w")
     assert executor.env == {**DETERMINISM_ENV, "HCCL_OP_EXPANSION_MODE": "AIV"}  # type: ignore[attr-defined]
+
+
+def test_a_candidates_own_switches_go_under_the_spec_environment(tmp_path: Path) -> None:
+    import functools
+
+    from bisect_npu.builders.base import Environment
+    from bisect_npu.execute.docker import DockerExecutor
+
+    factory = functools.partial(ascend_container_spec, devices=[0], env={"VLLM_USE_V1": "1"})
+    executor = DockerExecutor(client=None, spec_factory=factory)
+    candidate = Environment(kind="image", commit="c" * 40, image="img",
+                            run_env={"VLLM_BATCH_INVARIANT": "1", "VLLM_USE_V1": "0"})
+    spec = executor.spec_for(candidate, ["true"], tmp_path)
+    assert spec.environment["VLLM_BATCH_INVARIANT"] == "1"
+    assert spec.environment["VLLM_USE_V1"] == "1"  # the recipe's word wins over the candidate's

@@ -37,7 +37,8 @@ if TYPE_CHECKING:
 def session_evaluator(options: RunOptions, repo: git.Repo | None, recipe: Recipe | None, session_dir: Path,
                       builder: Builder | None, executor: Executor | None, oracle: Oracle | None = None) -> Evaluator:
     """A session's Evaluator: the builder and executor given (tests, the demo) or made for the
-    options, the builder wrapped to prefetch where that is asked or --devices are given. `oracle`
+    options, the builder wrapped to give runs on the NPUs their candidate's own switches
+    (builders/switches.py) and to prefetch where that is asked or --devices are given. `oracle`
     is the Python callable a session started through bisect_npu.api judges with."""
     from bisect_npu.execute.host import recipe_for_host
 
@@ -48,6 +49,10 @@ def session_evaluator(options: RunOptions, repo: git.Repo | None, recipe: Recipe
         made_builder, made_executor = make_environment(options, repo, recipe, session_dir, workdir, oracle)
         builder = builder or made_builder
         executor = executor or made_executor
+    if options.devices and repo is not None and options.package is None:
+        from bisect_npu.builders.switches import SwitchingBuilder
+
+        builder = SwitchingBuilder(builder, repo, options.host, recipe.environment if recipe else None)
     if options.prefetch if options.prefetch is not None else bool(options.devices):
         from bisect_npu.builders.prefetch import Prefetcher
 

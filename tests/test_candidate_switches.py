@@ -5,6 +5,7 @@ to the runs on the NPUs, journaled per step and shown in the report."""
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 
 import git as gitpython
@@ -98,3 +99,16 @@ def test_the_recipe_environment_has_the_last_word(history: tuple[Path, list[str]
     told = SwitchingBuilder(builder, repo, "A2", recipe_env={"VLLM_BATCH_INVARIANT": "0"})
     assert told.acquire(shas[-1], tmp_path / "logs").run_env == {}  # the run gets the recipe's 0, and says so
     switched.close()
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not os.environ.get("BISECT_NPU_VLLM_ASCEND"), reason="BISECT_NPU_VLLM_ASCEND names no clone")
+def test_on_the_real_history() -> None:
+    """vllm-ascend's worker starts batch-invariant mode from v0.13.0rc2 (#5517) on (run by hand:
+    BISECT_NPU_VLLM_ASCEND=CLONE pytest -m slow ...)."""
+    repo = gitpython.Repo(os.environ["BISECT_NPU_VLLM_ASCEND"])
+    for tag in ("v0.11.0", "v0.12.0rc1", "v0.13.0rc1"):
+        assert candidate_switches(repo, repo.commit(tag).hexsha, "A2") == {}, tag
+    for tag in ("v0.13.0rc2", "v0.13.0"):
+        assert batch_invariance_caller(repo, repo.commit(tag).hexsha) == "vllm_ascend/worker/worker.py", tag
+        assert candidate_switches(repo, repo.commit(tag).hexsha, "A3") == {"VLLM_BATCH_INVARIANT": "1"}, tag

@@ -162,3 +162,28 @@ def test_the_report_shows_the_host_type_and_the_dtype_it_forced(tmp_path: Path,
             "`model.dtype: float16`\n") in render_markdown(view)
     assert render_json(view)["host"] == "310P"
     assert render_json(view)["host_changes"]["model.dtype"] == "float16"
+
+
+def test_fix_verify_detects_the_host_as_run_does(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """`fix --verify --devices`: an A3's runs get its switches, and what `run` refuses on a host
+    (an engine larger than it, one die of an A3 NPU) is refused here too."""
+    from gitrepo import make_linear_repo
+
+    from bisect_npu.orchestration.wiring import make_evaluator
+
+    repo = tmp_path / "repo"
+    shas = make_linear_repo(repo, 2)
+    seen = tmp_path / "seen"
+    command = ["sh", "-c", f"echo $HCCL_OP_EXPANSION_MODE > {seen}"]
+    monkeypatch.setattr(host_module, "NPU_SMI", fake_npu_smi(tmp_path, A3))
+    with make_evaluator(str(repo), None, command=command, session_dir=tmp_path / "v", devices=[0, 1]) as evaluate:
+        assert evaluate(shas[1]).kind.value == "good"
+    assert seen.read_text().split() == ["AIV"]
+    with pytest.raises(UsageError, match="takes one die of the A3 NPU"), \
+            make_evaluator(str(repo), None, command=command, session_dir=tmp_path / "w", devices=[0]):
+        pass
+    monkeypatch.setattr(host_module, "NPU_SMI", fake_npu_smi(tmp_path, A2))
+    with pytest.raises(UsageError, match=r"needs 16 dies .* this host has 8"), \
+            make_evaluator(str(repo), "deepseek-r1-mtp-temperature", session_dir=tmp_path / "x",
+                           devices=list(range(8))):
+        pass

@@ -171,16 +171,17 @@ def make_evaluator(repo_path: str, recipe_path: str | None, command: list[str] |
                    executor: Literal["local", "docker"] = "local", session_dir: Path | None = None,
                    devices: list[int] | None = None) -> Iterator[Callable[[str], Verdict]]:
     """A commit -> Verdict function outside a bisection (used by `bisect-npu fix --verify`), on the
-    NPUs `devices` (all of them for each run); its worktrees, build outputs and containers go when
+    NPUs `devices` (all of them for each run) of a host type detected as `run` detects it (its
+    image variant, dtype and switches follow); its worktrees, build outputs and containers go when
     the ``with`` block ends."""
     repo = history.open_repo(repo_path)
     recipe = load_recipe(recipe_path) if recipe_path else None
     options = RunOptions(good="", bad="", repo=repo_path, recipe=recipe_path, command=command, executor=executor,
                          devices=list(devices or []), slots=1)
     if options.devices:
-        from bisect_npu.orchestration.preflight import settle_slots
+        from bisect_npu.orchestration.preflight import settle_devices
 
-        settle_slots(options, recipe.cards_per_run() if recipe else 1)  # one run at a time: enough cards?
+        settle_devices(options, recipe.cards_per_run() if recipe else 1)  # as `run`: the host type, enough cards?
         if executor == "docker":
             from bisect_npu.execute.host_devices import check_host_devices
 

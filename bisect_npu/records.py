@@ -157,6 +157,8 @@ class HeaderRecord(Record):
     range: CandidateRange
     github: str | None = None
     parent_session: str | None = None  # the release-level session of a commit-level one
+    # The recipe fields the host type (options.host) changed, by path: {"model.dtype": "float16"} on 310P.
+    host_changes: dict[str, str] = Field(default_factory=dict)
 
 
 class TrialRun(_Shape):
@@ -191,6 +193,7 @@ class BuildInfo(_Shape):
     log: PathText | None = None
     log_tail: str | None = None  # "failed"
     error: str | None = None  # "failed"
+    run_env: dict[str, str] = Field(default_factory=dict)  # the candidate's own switches its runs got
 
 
 class StepRecord(Record):

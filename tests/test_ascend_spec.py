@@ -70,3 +70,44 @@ def test_parse_devices_rejects(text):
 def test_no_device_is_a_usage_error(tmp_path: Path):
     with pytest.raises(UsageError, match="--devices"):
         ascend_container_spec("img", tmp_path, devices=[])
+
+
+@pytest.mark.parametrize(("host", "extra"), [("A3", {"HCCL_OP_EXPANSION_MODE": "AIV"}), ("A2", {}), ("310P", {}),
+                                             (None, {})])
+def test_an_a3_expands_collectives_on_the_vector_cores(tmp_path: Path, host: str | None,
+                                                       extra: dict[str, str]) -> None:
+    kwargs = container_create_kwargs(ascend_container_spec("img", tmp_path, devices=[0, 1], host=host))
+    assert kwargs["environment"] == {**DETERMINISM_ENV, **extra}
+    recipe_says = ascend_container_spec("img", tmp_path, devices=[0, 1], host=host,
+                                        env={"HCCL_OP_EXPANSION_MODE": "AI_CPU"})
+    assert recipe_says.environment["HCCL_OP_EXPANSION_MODE"] == "AI_CPU"
+
+
+def test_the_run_options_host_reaches_the_container_and_the_local_runs(tmp_path: Path) -> None:
+    import git
+
+    from bisect_npu.orchestration.options import RunOptions
+    from bisect_npu.orchestration.wiring import container_spec_factory, make_environment
+
+    options = RunOptions(good="g", bad="b", executor="docker", devices=[0, 1], slots=1, host="A3")
+    assert container_spec_factory(options, None)("img", tmp_path).environment == {
+        **DETERMINISM_ENV, "HCCL_OP_EXPANSION_MODE": "AIV"}
+    repo = git.Repo.init(tmp_path / "repo")
+    local = RunOptions(good="g", bad="b", executor="local", command=["true"], devices=[0, 1], slots=1, host="A3")
+    _, executor = make_environment(local, repo, None, tmp_path / "s", tmp_path / "w")
+    assert executor.env == {**DETERMINISM_ENV, "HCCL_OP_EXPANSION_MODE": "AIV"}  # type: ignore[attr-defined]
+
+
+def test_a_candidates_own_switches_go_under_the_spec_environment(tmp_path: Path) -> None:
+    import functools
+
+    from bisect_npu.builders.base import Environment
+    from bisect_npu.execute.docker import DockerExecutor
+
+    factory = functools.partial(ascend_container_spec, devices=[0], env={"VLLM_USE_V1": "1"})
+    executor = DockerExecutor(client=None, spec_factory=factory)
+    candidate = Environment(kind="image", commit="c" * 40, image="img",
+                            run_env={"VLLM_BATCH_INVARIANT": "1", "VLLM_USE_V1": "0"})
+    spec = executor.spec_for(candidate, ["true"], tmp_path)
+    assert spec.environment["VLLM_BATCH_INVARIANT"] == "1"
+    assert spec.environment["VLLM_USE_V1"] == "1"  # the recipe's word wins over the candidate's

@@ -14,6 +14,7 @@ from bisect_npu.execute.host import (
     check_devices_on_host,
     check_slot_shares,
     detect_host,
+    host_changes,
     parse_npu_smi_info,
     recipe_for_host,
 )
@@ -129,3 +130,60 @@ def test_a_session_on_a_310p_evaluates_the_float16_recipe(tmp_path: Path) -> Non
                                   executor=object())  # type: ignore[arg-type]
     assert evaluator.recipe is not None and evaluator.recipe.model.dtype == "float16"
     assert recipe.model.dtype == "bfloat16"
+
+
+def test_host_changes_name_the_recipe_fields_the_host_changed() -> None:
+    qwen = load_recipe("qwen3-repetition-penalty-async")
+    assert host_changes(qwen, "310P") == {"build.dockerfile": "Dockerfile.310p", "model.dtype": "float16"}
+    assert host_changes(qwen, "A3") == {"build.dockerfile": "Dockerfile.a3"}
+    assert host_changes(qwen, "A2") == {} and host_changes(qwen, None) == {}  # the recipe as written
+    assert host_changes(load_recipe("deepseek-r1-mtp-temperature"), "A3") == {}  # names its Dockerfile
+
+
+def test_the_report_shows_the_host_type_and_the_dtype_it_forced(tmp_path: Path,
+                                                                 monkeypatch: pytest.MonkeyPatch) -> None:
+    from gitrepo import make_linear_repo
+
+    from bisect_npu.orchestration.session import Session
+    from bisect_npu.report import load_view, render_json, render_markdown
+
+    monkeypatch.setattr(host_module, "NPU_SMI", fake_npu_smi(tmp_path, P310))
+    shas = make_linear_repo(tmp_path / "repo", 3)
+    recipe = tmp_path / "recipe.yaml"
+    recipe.write_text("name: t\nmodel:\n  path: /m\n  dtype: bfloat16\ncases:\n  - id: a\n    prompt: hi\n")
+    options = RunOptions(good=shas[0], bad=shas[-1], repo=str(tmp_path / "repo"), recipe=str(recipe),
+                         devices=[0, 1], propose_fix=False)
+    session = Session.start(options, session_dir=tmp_path / "s")
+    session.evaluator.close()
+    session.journal.close()
+    view = load_view(tmp_path / "s")
+    assert view.header.host_changes == {"build.dockerfile": "Dockerfile.310p", "model.dtype": "float16"}
+    assert ("- NPU host type: 310P; the recipe as this host ran it: `build.dockerfile: Dockerfile.310p`, "
+            "`model.dtype: float16`\n") in render_markdown(view)
+    assert render_json(view)["host"] == "310P"
+    assert render_json(view)["host_changes"]["model.dtype"] == "float16"
+
+
+def test_fix_verify_detects_the_host_as_run_does(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """`fix --verify --devices`: an A3's runs get its switches, and what `run` refuses on a host
+    (an engine larger than it, one die of an A3 NPU) is refused here too."""
+    from gitrepo import make_linear_repo
+
+    from bisect_npu.orchestration.wiring import make_evaluator
+
+    repo = tmp_path / "repo"
+    shas = make_linear_repo(repo, 2)
+    seen = tmp_path / "seen"
+    command = ["sh", "-c", f"echo $HCCL_OP_EXPANSION_MODE > {seen}"]
+    monkeypatch.setattr(host_module, "NPU_SMI", fake_npu_smi(tmp_path, A3))
+    with make_evaluator(str(repo), None, command=command, session_dir=tmp_path / "v", devices=[0, 1]) as evaluate:
+        assert evaluate(shas[1]).kind.value == "good"
+    assert seen.read_text().split() == ["AIV"]
+    with pytest.raises(UsageError, match="takes one die of the A3 NPU"), \
+            make_evaluator(str(repo), None, command=command, session_dir=tmp_path / "w", devices=[0]):
+        pass
+    monkeypatch.setattr(host_module, "NPU_SMI", fake_npu_smi(tmp_path, A2))
+    with pytest.raises(UsageError, match=r"needs 16 dies .* this host has 8"), \
+            make_evaluator(str(repo), "deepseek-r1-mtp-temperature", session_dir=tmp_path / "x",
+                           devices=list(range(8))):
+        pass

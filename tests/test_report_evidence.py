@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 
 from bisect_npu.records import CandidateRange, EndRecord, HeaderOptions, HeaderRecord
-from bisect_npu.report import SessionView, StepView, evidence_summary
+from bisect_npu.report import SessionView, StepView, evidence_summary, host_line, switch_lines
 
 NOISY = {"posterior": 0.995, "culprit_rate": 0.9, "culprit_rate_lo": 0.6, "culprit_rate_hi": 0.98,
          "culprit_trials": 10.0, "parent_rate": 0.1, "parent_rate_lo": 0.02, "parent_rate_hi": 0.4,
@@ -77,3 +77,26 @@ def test_an_untested_culprit_is_said_to_be_the_bad_end_taken_as_given() -> None:
     lines = evidence_summary(view({"tested": 1.0}, steps=[step(1, 1, "good")], index=2))
     assert lines[0] == "the culprit is the bad end, taken as given, not tested (--no-check-ends)"
     assert lines[1] == f"**good** at its parent `{'1' * 12}` (step 1)"
+
+
+def ran(index: int, how: str, run_env: dict[str, str]) -> StepView:
+    return StepView(index, index, str(index) * 40, "", "good", "", 0.0, how, 0.0, 1, {}, [], run_env=run_env)
+
+
+def test_a_switch_on_in_every_step_is_said_once_and_a_mixed_one_is_a_warning() -> None:
+    on = {"VLLM_BATCH_INVARIANT": "1"}
+    assert switch_lines([ran(1, "built", on), ran(2, "overlay", on), ran(3, "failed", {})]) == [
+        "`VLLM_BATCH_INVARIANT=1` (the candidate's own switch) in the runs of 2 of 2 steps"]
+    mixed = switch_lines([ran(1, "built", on), ran(2, "reused", {}), ran(3, "journaled", {})])
+    assert mixed[0].startswith("`VLLM_BATCH_INVARIANT=1` (the candidate's own switch) in the runs of 1 of 2 steps; ")
+    assert "may be the switch, not a regression" in mixed[0]
+    assert switch_lines([ran(1, "built", {})]) == []
+
+
+def test_the_host_line_names_the_host_type_and_what_it_changed() -> None:
+    plain = view({})
+    assert host_line(plain) is None  # no --devices, no npu-smi: nothing to say
+    header = plain.header.model_copy(update={"options": plain.options.model_copy(update={"host": "A3"}),
+                                             "host_changes": {"build.dockerfile": "Dockerfile.a3"}})
+    a3 = SessionView(Path("."), header, [], None, None, None)
+    assert host_line(a3) == "NPU host type: A3; the recipe as this host ran it: `build.dockerfile: Dockerfile.a3`"

@@ -5,7 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Literal, Protocol
 
-from pydantic import BaseModel
+from pydantic import BaseModel, Field
 
 from bisect_npu.errors import BisectError
 
@@ -44,6 +44,9 @@ class Environment(BaseModel):
     how: Literal["built", "overlay", "reused"] = "built"
     seconds: float = 0.0
     log_path: str | None = None
+    # Variables the candidate's own source offers and its runs get (builders/switches.py), under
+    # the recipe's environment: VLLM_BATCH_INVARIANT where the candidate has batch-invariant mode.
+    run_env: dict[str, str] = Field(default_factory=dict)
 
 
 class Builder(Protocol):

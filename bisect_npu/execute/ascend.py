@@ -28,6 +28,11 @@ DETERMINISM_ENV = {
     "ATB_MATMUL_SHUFFLE_K_ENABLE": "0",
     "ATB_LLM_LCOC_ENABLE": "0",
 }
+# Per host type, beside the determinism switches. A3: HCCL expands its collectives on the vector
+# cores (AIV), as vllm-ascend's A3 tutorials (DeepSeek-R1, DeepSeek-V3.1) and its tuning guide set it;
+# CANN's HCCL_DETERMINISTIC reference says that on A3 with AIV, `true` makes AllReduce and
+# ReduceScatter (the two that are not deterministic there) deterministic, so runs stay comparable.
+HOST_ENV: dict[str, dict[str, str]] = {"A3": {"HCCL_OP_EXPANSION_MODE": "AIV"}}
 DEFAULT_SHM_SIZE = "16g"  # vLLM's workers share tensors through /dev/shm; docker's 64 MB default is too small
 MAX_DEVICE = 63
 _PART = re.compile(r"^(\d+)(?:-(\d+))?$")
@@ -48,18 +53,24 @@ def parse_devices(text: str) -> list[int]:
     return sorted(cards)
 
 
+def npu_run_env(host: str | None) -> dict[str, str]:
+    """What every run on the NPUs gets before the recipe's environment: the determinism switches
+    and those of the host type (`host`: A2, A3, 310P or None when unknown)."""
+    return {**DETERMINISM_ENV, **HOST_ENV.get(host or "", {})}
+
+
 def ascend_container_spec(image: str, out_dir: Path, *, devices: list[int], model_dir: Path | None = None,
                           model_path: str | None = None, env: Mapping[str, str] | None = None,
-                          shm_size: str = DEFAULT_SHM_SIZE) -> ContainerSpec:
+                          shm_size: str = DEFAULT_SHM_SIZE, host: str | None = None) -> ContainerSpec:
     """The spec for one candidate on the NPUs `devices`.
 
     `model_dir` (host) is mounted read-only at `model_path` (the recipe's path inside the container;
-    the same path when not given). DETERMINISM_ENV is always set, under the recipe's `env` (whose
-    word wins): a token match or a logits diff means nothing when collectives reorder sums between
-    runs. The network is docker's default bridge, as in vllm-ascend's quick start: HCCL and vLLM
-    look for a host address on a real interface, and a loopback-only container is not the setup
-    their multi-card runs are made for (nothing is published; the probe talks to a `vllm serve` in
-    the same container over loopback).
+    the same path when not given). DETERMINISM_ENV is always set, with the `host` type's HOST_ENV,
+    under the recipe's `env` (whose word wins): a token match or a logits diff means nothing when
+    collectives reorder sums between runs. The network is docker's default bridge, as in
+    vllm-ascend's quick start: HCCL and vLLM look for a host address on a real interface, and a
+    loopback-only container is not the setup their multi-card runs are made for (nothing is
+    published; the probe talks to a `vllm serve` in the same container over loopback).
     """
     if not devices:
         raise UsageError("no NPU selected; pass --devices, e.g. --devices 0")
@@ -71,7 +82,7 @@ def ascend_container_spec(image: str, out_dir: Path, *, devices: list[int], mode
         image=image,
         devices=[f"/dev/davinci{card}" for card in devices] + list(MANAGEMENT_DEVICES),
         mounts=mounts,
-        environment={**DETERMINISM_ENV, **(env or {})},
+        environment={**npu_run_env(host), **(env or {})},
         network_mode="bridge",
         privileged=False,
         shm_size=shm_size,

@@ -162,13 +162,14 @@ class DockerExecutor:
     def spec_for(self, env: Environment, command: list[str], out_dir: Path, devices: list[int] | None = None,
                  extra_env: dict[str, str] | None = None) -> ContainerSpec:
         """The spec of one run: the factory's (on `devices` when a slot leased some), plus the probe
-        mount, the command (under ENV_BOOTSTRAP), `extra_env` and our labels."""
+        mount, the command (under ENV_BOOTSTRAP), the candidate's `run_env` (under the factory's
+        environment), `extra_env` and our labels."""
         if not env.image:
             raise InfrastructureError(f"candidate {env.commit[:12]} has no image; use the docker builder "
                                       "with --executor docker")
         spec = self.spec_factory(env.image, out_dir, **({"devices": devices} if devices is not None else {}))
         probe = Mount(source=str(probe_source_dir()), target=f"{PROBE_PARENT}/{PROBE_PACKAGE}", read_only=True)
-        environment = {**spec.environment, **(extra_env or {}), "PYTHONDONTWRITEBYTECODE": "1"}
+        environment = {**env.run_env, **spec.environment, **(extra_env or {}), "PYTHONDONTWRITEBYTECODE": "1"}
         labels = {**spec.labels, SESSION_LABEL: self.session_id, "org.bisect-npu.commit": env.commit,
                   "org.bisect-npu.tool-version": __version__}
         return spec.model_copy(update={"command": [self.python, "-c", ENV_BOOTSTRAP, *command],

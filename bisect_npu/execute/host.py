@@ -165,14 +165,27 @@ def check_slot_shares(host: NpuHost, devices: list[int], slots: int) -> None:
                          f"two dies between slots; use --slots {' or '.join(map(str, fitting[-3:]))}")
 
 
+def host_changes(recipe: Recipe, kind: str | None) -> dict[str, str]:
+    """The recipe fields a host of `kind` changes, by their path (`model.dtype`: float16 on 310P),
+    with their new values: what the journal header keeps so the report can say so."""
+    changes: dict[str, str] = {}
+    if kind is None:
+        return changes
+    if ("dockerfile" not in recipe.build.model_fields_set and kind in DOCKERFILES
+            and recipe.build.dockerfile != DOCKERFILES[kind]):
+        changes["build.dockerfile"] = DOCKERFILES[kind]
+    if kind in DTYPES and recipe.model.dtype != DTYPES[kind]:
+        changes["model.dtype"] = DTYPES[kind]
+    return changes
+
+
 def recipe_for_host(recipe: Recipe, kind: str | None) -> Recipe:
     """The recipe as it runs on a host of `kind`: the host's Dockerfile variant unless the recipe
     names one, and the one dtype the chip runs (310P: float16)."""
-    if kind is None:
-        return recipe
+    changes = host_changes(recipe, kind)
     update: dict[str, object] = {}
-    if "dockerfile" not in recipe.build.model_fields_set and kind in DOCKERFILES:
-        update["build"] = recipe.build.model_copy(update={"dockerfile": DOCKERFILES[kind]})
-    if kind in DTYPES and recipe.model.dtype != DTYPES[kind]:
-        update["model"] = recipe.model.model_copy(update={"dtype": DTYPES[kind]})
+    if "build.dockerfile" in changes:
+        update["build"] = recipe.build.model_copy(update={"dockerfile": changes["build.dockerfile"]})
+    if "model.dtype" in changes:
+        update["model"] = recipe.model.model_copy(update={"dtype": changes["model.dtype"]})
     return recipe.model_copy(update=update) if update else recipe

@@ -40,7 +40,8 @@ class LocalExecutor:
         worktree = Path(env.path or ".")
         paths = [str((worktree / p).resolve()) for p in self.python_paths]
         existing = os.environ.get("PYTHONPATH")
-        environ = {**os.environ, **self.env, "PYTHONPATH": os.pathsep.join(paths + ([existing] if existing else []))}
+        environ = {**os.environ, **env.run_env, **self.env,  # the candidate's switches under the recipe's word
+                   "PYTHONPATH": os.pathsep.join(paths + ([existing] if existing else []))}
         if env.python:  # a version's venv: its console scripts come first for user commands too
             environ["PATH"] = os.pathsep.join([str(Path(env.python).parent), environ.get("PATH", "")])
         if self.owner:

@@ -37,16 +37,7 @@ def check_run(options: RunOptions, host_root: Path = Path("/")) -> RunInputs:
     if [options.recipe, options.command, options.python_oracle].count(None) != 2:
         raise UsageError("give either --recipe FILE or --cmd COMMAND (the oracle for each candidate)")
     recipe = load_recipe(options.recipe) if options.recipe else None
-    per_run = recipe.cards_per_run() if recipe else 1
-    from bisect_npu.execute.host import check_devices_on_host, check_slot_shares, detect_host
-
-    host = detect_host() if options.devices else None
-    options.host = host.kind if host else None
-    if host is not None:
-        per_run = check_devices_on_host(host, options.devices, per_run)  # whole A3 NPUs per slot
-    settle_slots(options, per_run)  # before any clone or index query
-    if host is not None and options.slots:
-        check_slot_shares(host, options.devices, options.slots)
+    settle_devices(options, recipe.cards_per_run() if recipe else 1)  # before any clone or index query
     if options.devices and options.executor == "docker":
         from bisect_npu.execute.host_devices import check_host_devices
 
@@ -89,6 +80,21 @@ def check_run(options: RunOptions, host_root: Path = Path("/")) -> RunInputs:
         options.workdir = str(Path(options.workdir).resolve())  # resume may start elsewhere
         check_workdir(Path(options.workdir))
     return RunInputs(recipe, repo, earlier_runs, candidates_range)
+
+
+def settle_devices(options: RunOptions, cards_per_run: int) -> None:
+    """With --devices, the host type (`options.host`, from npu-smi) and the host's refusals (an
+    engine larger than the host, devices it lacks, an A3 NPU's dies split), then the slots: what
+    `run` and `fix --verify` check alike before anything is built."""
+    from bisect_npu.execute.host import check_devices_on_host, check_slot_shares, detect_host
+
+    host = detect_host() if options.devices else None
+    options.host = host.kind if host else None
+    if host is not None:
+        cards_per_run = check_devices_on_host(host, options.devices, cards_per_run)  # whole A3 NPUs per slot
+    settle_slots(options, cards_per_run)
+    if host is not None and options.slots:
+        check_slot_shares(host, options.devices, options.slots)
 
 
 def settle_slots(options: RunOptions, cards_per_run: int) -> None:

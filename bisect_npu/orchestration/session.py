@@ -25,6 +25,7 @@ from bisect_npu.builders.base import Builder
 from bisect_npu.contracts import Verdict
 from bisect_npu.errors import UsageError
 from bisect_npu.execute.base import Executor
+from bisect_npu.execute.host import host_changes
 from bisect_npu.execute.inprocess import Oracle
 from bisect_npu.journal import DEFAULT_ROOT, Journal, latest_session, new_session_dir
 from bisect_npu.orchestration.costs import measured_costs, told_costs
@@ -110,6 +111,7 @@ class Session:
             range=candidates_range,
             github=history.github_url(repo) if repo is not None and options.package is None else None,
             parent_session=str(parent) if parent else None,
+            host_changes=host_changes(recipe, options.host) if recipe else {},
         )
         journal = Journal.create(session_dir, header)
         progress = progress or PlainProgress()

@@ -37,7 +37,8 @@ if TYPE_CHECKING:
 def session_evaluator(options: RunOptions, repo: git.Repo | None, recipe: Recipe | None, session_dir: Path,
                       builder: Builder | None, executor: Executor | None, oracle: Oracle | None = None) -> Evaluator:
     """A session's Evaluator: the builder and executor given (tests, the demo) or made for the
-    options, the builder wrapped to prefetch where that is asked or --devices are given. `oracle`
+    options, the builder wrapped to give runs on the NPUs their candidate's own switches
+    (builders/switches.py) and to prefetch where that is asked or --devices are given. `oracle`
     is the Python callable a session started through bisect_npu.api judges with."""
     from bisect_npu.execute.host import recipe_for_host
 
@@ -48,6 +49,10 @@ def session_evaluator(options: RunOptions, repo: git.Repo | None, recipe: Recipe
         made_builder, made_executor = make_environment(options, repo, recipe, session_dir, workdir, oracle)
         builder = builder or made_builder
         executor = executor or made_executor
+    if options.devices and repo is not None and options.package is None:
+        from bisect_npu.builders.switches import SwitchingBuilder
+
+        builder = SwitchingBuilder(builder, repo, options.host, recipe.environment if recipe else None)
     if options.prefetch if options.prefetch is not None else bool(options.devices):
         from bisect_npu.builders.prefetch import Prefetcher
 
@@ -118,7 +123,7 @@ def container_spec_factory(options: RunOptions, recipe: Recipe | None) -> Callab
     model_path = recipe.model.path if recipe else None
     if options.devices:
         return functools.partial(ascend_container_spec, devices=list(options.devices),
-                                 model_dir=host_model, model_path=model_path, env=env)
+                                 model_dir=host_model, model_path=model_path, env=env, host=options.host)
 
     def cpu_spec(image: str, out_dir: Path) -> ContainerSpec:
         spec = plain_container_spec(image, out_dir)
@@ -151,12 +156,12 @@ def _python_oracle_environment(options: RunOptions, repo: git.Repo | None, sessi
 def _local_executor(options: RunOptions, env: dict[str, str], python_paths: list[str], session_dir: Path) -> Executor:
     """Processes on this host, marked as the session's; with --devices (an NPU host without a
     container engine) each run sees its slot's cards and the determinism switches are on, as
-    in an Ascend container (the recipe's environment has the last word)."""
-    from bisect_npu.execute.ascend import DETERMINISM_ENV
+    in an Ascend container, with the host type's (the recipe's environment has the last word)."""
+    from bisect_npu.execute.ascend import npu_run_env
     from bisect_npu.execute.devices import device_pool
     from bisect_npu.execute.local import LocalExecutor
 
-    return LocalExecutor({**DETERMINISM_ENV, **env} if options.devices else env, python_paths,
+    return LocalExecutor({**npu_run_env(options.host), **env} if options.devices else env, python_paths,
                          owner=str(session_dir.resolve()), devices=list(options.devices),
                          device_pool=device_pool(options.devices, options.slots))
 
@@ -166,16 +171,17 @@ def make_evaluator(repo_path: str, recipe_path: str | None, command: list[str] |
                    executor: Literal["local", "docker"] = "local", session_dir: Path | None = None,
                    devices: list[int] | None = None) -> Iterator[Callable[[str], Verdict]]:
     """A commit -> Verdict function outside a bisection (used by `bisect-npu fix --verify`), on the
-    NPUs `devices` (all of them for each run); its worktrees, build outputs and containers go when
+    NPUs `devices` (all of them for each run) of a host type detected as `run` detects it (its
+    image variant, dtype and switches follow); its worktrees, build outputs and containers go when
     the ``with`` block ends."""
     repo = history.open_repo(repo_path)
     recipe = load_recipe(recipe_path) if recipe_path else None
     options = RunOptions(good="", bad="", repo=repo_path, recipe=recipe_path, command=command, executor=executor,
                          devices=list(devices or []), slots=1)
     if options.devices:
-        from bisect_npu.orchestration.preflight import settle_slots
+        from bisect_npu.orchestration.preflight import settle_devices
 
-        settle_slots(options, recipe.cards_per_run() if recipe else 1)  # one run at a time: enough cards?
+        settle_devices(options, recipe.cards_per_run() if recipe else 1)  # as `run`: the host type, enough cards?
         if executor == "docker":
             from bisect_npu.execute.host_devices import check_host_devices
 

@@ -54,6 +54,7 @@ class StepView:
     figures: dict[str, Any]
     logs: list[str]
     pr: int | None = None
+    run_env: dict[str, str] = field(default_factory=dict)  # the candidate's own switches its runs got
 
 
 @dataclass
@@ -119,7 +120,7 @@ def load_view(session_dir: Path) -> SessionView:
             steps.append(StepView(len(steps) + 1, entry.index, entry.commit, entry.title, verdict.kind.value,
                                   verdict.reason, entry.seconds, build.how if build else "",
                                   (build.seconds if build else None) or 0.0, verdict.trials, verdict.figures, logs,
-                                  candidates.pr_of(entry.commit)))
+                                  candidates.pr_of(entry.commit), dict(build.run_env) if build else {}))
         elif isinstance(entry, EndRecord):
             end = entry
         elif isinstance(entry, FixRecord):
@@ -220,6 +221,34 @@ def evidence_summary(view: SessionView) -> list[str]:
     return lines
 
 
+def host_line(view: SessionView) -> str | None:
+    """The NPU host type the session ran on and the recipe fields it changed (310P: float16)."""
+    if not view.options.host:
+        return None
+    changes = ", ".join(f"`{name}: {value}`" for name, value in view.header.host_changes.items())
+    return f"NPU host type: {view.options.host}" + (f"; the recipe as this host ran it: {changes}" if changes else "")
+
+
+# Steps whose runs used an environment this session made (not a failed build, not trials journaled earlier).
+_RAN_HERE = ("built", "overlay", "reused")
+
+
+def switch_lines(steps: list[StepView]) -> list[str]:
+    """Each switch the candidates' own source offered (VLLM_BATCH_INVARIANT=1) and in how many steps'
+    runs it was on; where only some had it, the steps ran different kernels, and the report says so."""
+    ran = [s for s in steps if s.build_how in _RAN_HERE]
+    switches = sorted({item for s in ran for item in s.run_env.items()})
+    lines = []
+    for name, value in switches:
+        on = sum(1 for s in ran if s.run_env.get(name) == value)
+        line = f"`{name}={value}` (the candidate's own switch) in the runs of {on} of {len(ran)} steps"
+        if on < len(ran):
+            line += ("; the others' source lacks it and ran other kernels: a culprit where it first appears may be "
+                     "the switch, not a regression")
+        lines.append(line)
+    return lines
+
+
 def _percent(p: float) -> str:
     """A probability as a percentage that never rounds a doubt away: 0.99965 is ">99.9%", not 100.0%."""
     if 0.999 < p < 1:
@@ -299,7 +328,7 @@ def render_markdown(view: SessionView) -> str:
         reproduce=reproduce_command(view), tool_version=__version__,
         host=f"{platform.node()} ({platform.system()} {platform.machine()}, Python {platform.python_version()})",
         build_counts=_build_counts(view.steps), total_seconds=round(sum(s.seconds for s in view.steps), 1),
-        evidence=evidence_summary(view),
+        evidence=evidence_summary(view), host_line=host_line(view), switches=switch_lines(view.steps),
     )
 
 
@@ -324,7 +353,8 @@ def render_json(view: SessionView) -> dict[str, Any]:
         "candidates": len(view.range.candidates),
         "steps": [{"index": s.index, "commit": s.commit, "title": s.title, "verdict": s.verdict,
                    "reason": s.reason, "seconds": s.seconds, "build": s.build_how, "trials": s.trials,
-                   "figures": s.figures} for s in view.steps],
+                   "figures": s.figures, "run_env": s.run_env} for s in view.steps],
+        "host": view.options.host, "host_changes": view.header.host_changes,
         "fix": to_jsonable(view.fix), "fix_verify": to_jsonable(view.fix_verify),
         "level": view.range.kind, "package": view.range.package,
         "next_level": view.next_level.model_dump(mode="json") if view.next_level is not None else None,

@@ -4,7 +4,8 @@ A fix qualifies when its message cites its culprit: `Revert "<title>"` or "This 
 or a trigger phrase ("introduced by", "caused by", "regression from", "broken by", ...) followed
 closely by the culprit's PR number (`#N`, `.../pull/N` of this repository, not vLLM's) or sha. The
 culprit must be an ancestor of the fix (the cited PR itself, or its cherry-pick on the fix's
-branch). The bad end is the first tag that holds the culprit and not the fix, else the fix's parent:
+branch). The bad end is the first tag on the fix's branch that holds the culprit and not the fix, else
+the fix's parent:
 what a user would have run.
 
     .venv/bin/python bench/mine_fix_pairs.py --repo CLONE [--out bench/data/fix_pairs.tsv]
@@ -115,8 +116,9 @@ def citations(commit: Commit) -> list[tuple[str, str]]:
     return found
 
 
-def first_tag_between(repo: Path, culprit: str, fix: str) -> str | None:
-    out = git(repo, "tag", "--contains", culprit, "--no-contains", fix, "--sort=creatordate")
+def first_tag_between(repo: Path, branch: str, culprit: str, fix: str) -> str | None:
+    """The oldest tag on the fix's branch that holds the culprit and not the fix: a release the user ran."""
+    out = git(repo, "tag", "--merged", branch, "--contains", culprit, "--no-contains", fix, "--sort=creatordate")
     tags = out.split()
     return tags[0] if tags else None
 
@@ -162,7 +164,7 @@ def main() -> None:
                     continue
                 seen_pairs.add(key)
                 seen_fix.add(commit.sha)
-                bad = first_tag_between(repo, culprit, commit.sha) or git(repo, "rev-parse", f"{commit.sha}^").strip()
+                bad = first_tag_between(repo, branch, culprit, commit.sha) or git(repo, "rev-parse", f"{commit.sha}^").strip()
                 when = datetime.fromtimestamp(commit.time, UTC)
                 old = kept.get(commit.sha, {})
                 rows.append({

@@ -164,7 +164,8 @@ def main() -> None:
                     continue
                 seen_pairs.add(key)
                 seen_fix.add(commit.sha)
-                bad = first_tag_between(repo, branch, culprit, commit.sha) or git(repo, "rev-parse", f"{commit.sha}^").strip()
+                bad = (first_tag_between(repo, branch, culprit, commit.sha)
+                       or git(repo, "rev-parse", f"{commit.sha}^").strip())
                 when = datetime.fromtimestamp(commit.time, UTC)
                 old = kept.get(commit.sha, {})
                 rows.append({

@@ -129,6 +129,9 @@ class FixProposal:
     date: int = 0  # commit time (epoch seconds) of the earliest sha: the tie-breaker
     missing_on: list[str] = field(default_factory=list)  # branches with the culprit but not this fix
     sha_branches: dict[str, list[str]] = field(default_factory=dict)  # each twin sha -> branches holding it
+    confidence: float = 0.0  # P(this is the fix), from the fitted model (bisect_npu.fix.model): the order
+    model_score: float = 0.0  # the model's score (log-odds scale) before the softmax over candidates
+    features: dict[str, float] = field(default_factory=dict)  # the evidence the model read
 
 
 @dataclass(frozen=True)
@@ -163,6 +166,7 @@ class FixReport:
     note: str
     twins: list[CulpritTwin] = field(default_factory=list)
     tips: dict[str, str] = field(default_factory=dict)  # branch -> sha searched
+    confident: bool = False  # the best proposal's confidence reaches fix.model.CONFIDENT: else leads only
 
 
 FixStatus = Literal["verified", "not_verified", "conflict", "already_applied", "build_failed"]

@@ -100,7 +100,7 @@ def demo_evaluator(repo_path: Path, scratch: Path):
 
 
 @pytest.mark.slow
-def test_generated_demo_async_fix_is_verified_and_the_unrelated_bugfix_is_not(tmp_path):
+def test_generated_demo_async_fix_is_verified_when_ranked_below_the_unrelated_bugfix(tmp_path):
     from bisect_npu.demo import generate
 
     manifest = generate.generate_upstream(tmp_path / "upstream", seed=0)
@@ -109,7 +109,7 @@ def test_generated_demo_async_fix_is_verified_and_the_unrelated_bugfix_is_not(tm
     report = propose_fixes(repo, case.culprit.sha, bad=case.bad_sha)
     unrelated = FixProposal(shas=[manifest.unrelated_bugfix.sha], branches=[manifest.unrelated_bugfix.branch],
                             title=manifest.unrelated_bugfix.title, pr=None, score=0.0, reasons=[])
-    report.proposals = [*report.proposals[:1], unrelated]
+    report.proposals = [unrelated, *report.proposals[:1]]  # the wrong one ranked above: the walk goes on
     results = verify_fixes(repo, case.bad_sha, report, demo_evaluator(Path(manifest.repo), tmp_path),
                            workdir=tmp_path / "work")
     assert [r.status for r in results] == ["verified", "not_verified"], [r.detail for r in results]

@@ -89,6 +89,8 @@ def test_verify_flips_the_real_fix_and_reports_the_conflict(tmp_path):
     evaluate = real_evaluator(tmp_path / "up", tmp_path)
     assert evaluate(shas["bad"]).kind is VerdictKind.BAD  # the bad case really fails at the bad end
 
+    # The release variant, which does not apply to main's bad end, ranked first: the walk goes on past it.
+    report.proposals.sort(key=lambda p: p.shas[0] != shas["release_fix"])
     results = verify_fixes(repo, shas["bad"], report, evaluate, workdir=tmp_path / "work")
     by_status = {r.status: r for r in results}
     assert results[0].status == "verified" and results[0].proposal.shas == [shas["fix"]]
@@ -102,6 +104,29 @@ def test_verify_flips_the_real_fix_and_reports_the_conflict(tmp_path):
     # The user's checkout is untouched and no worktree is left behind.
     assert repo.head.commit.hexsha == head_before and not repo.is_dirty(untracked_files=True)
     assert len(repo.git.worktree("list").splitlines()) == 1
+
+
+def test_the_walk_stops_at_the_first_verified_fix_even_when_a_wrong_one_ranks_above(tmp_path):
+    shas = make_upstream(tmp_path / "up")
+    repo = git.Repo(tmp_path / "up")
+    proposed = propose_fixes(repo, shas["culprit"], bad=shas["bad"]).proposals
+    right = next(p for p in proposed if p.shas[0] == shas["fix"])
+    wrong = FixProposal(shas=[shas["unrelated"]], branches=["main"], title="[BugFix] Fix async crash", pr=4,
+                        score=1.5, reasons=[])
+    after = FixProposal(shas=[shas["release_fix"]], branches=["v1-dev"], title="release", pr=7, score=1.0, reasons=[])
+    report = FixReport(shas["culprit"], [wrong, right, after], None, "")
+    evaluate = real_evaluator(tmp_path / "up", tmp_path)
+    tried: list[str] = []
+    results = verify_fixes(repo, shas["bad"], report, evaluate, workdir=tmp_path / "work",
+                           on_result=lambda v: tried.append(v.status))
+    assert tried == ["not_verified", "verified"]  # the third proposal is never tried
+    assert [r.status for r in results] == ["verified", "not_verified"]
+    assert results[0].proposal.shas == [shas["fix"]] and results[1].proposal.shas == [shas["unrelated"]]
+    # Within --verify-top 1 only the wrong one is tried; a resumed run skips what it already tried.
+    assert [r.status for r in verify_fixes(repo, shas["bad"], report, evaluate, top=1,
+                                           workdir=tmp_path / "work")] == ["not_verified"]
+    resumed = verify_fixes(repo, shas["bad"], report, evaluate, workdir=tmp_path / "work", done={shas["unrelated"]})
+    assert [r.proposal.shas[0] for r in resumed] == [shas["fix"]]
 
 
 def test_unrelated_bugfix_is_not_verified(tmp_path):

@@ -79,7 +79,8 @@ def _print(report: FixReport, verifications: list[FixVerification]) -> None:
     rows = []
     for rank, proposal in enumerate(ordered, 1):
         row = [str(rank), " ".join(s[:10] for s in proposal.shas), ", ".join(proposal.branches),
-               f"{proposal.score:g}", proposal.pr_url or (f"#{proposal.pr}" if proposal.pr else "-"), proposal.title]
+               f"{proposal.confidence:.0%}", f"{proposal.score:g}",
+               proposal.pr_url or (f"#{proposal.pr}" if proposal.pr else "-"), proposal.title]
         if verifications:
             checked = status.get(tuple(proposal.shas))
             row.append(f"{checked.status}: {checked.detail}" if checked else "not tried")
@@ -87,7 +88,8 @@ def _print(report: FixReport, verifications: list[FixVerification]) -> None:
     console = Console(highlight=False)
     if rows and console.is_terminal:
         table = Table()
-        for column in ("rank", "sha(s)", "branches", "score", "PR", "title", "verification")[:len(rows[0])]:
+        for column in ("rank", "sha(s)", "branches", "confidence", "score", "PR", "title",
+                       "verification")[:len(rows[0])]:
             table.add_column(column, overflow="fold")
         for row in rows:
             table.add_row(*row)

@@ -17,9 +17,12 @@ class TrackedLines:
 
     lines: tuple[int, ...]
     gaps: tuple[int, ...]  # gap g: between line g and g+1 (the culprit deleted lines there)
+    # Lines that later commits wrote in place of the culprit's: a fix that lands after a rewrite (a
+    # typo fix, a reformat, a move) still edits what the culprit wrote, in its new words.
+    rewritten: tuple[int, ...] = ()
 
     def __bool__(self) -> bool:
-        return bool(self.lines or self.gaps)
+        return bool(self.lines or self.gaps or self.rewritten)
 
 
 @dataclass
@@ -27,6 +30,7 @@ class LineHit:
     """What one later commit did to the culprit's lines in one file (the provenance evidence)."""
 
     changed: int = 0  # culprit lines this commit changed or deleted
+    rewritten: int = 0  # lines it changed that an earlier commit wrote in place of culprit lines
     restored: int = 0  # culprit deletion gaps this commit inserted lines into
     near: int = 0  # hunks within PROXIMITY_LINES of a culprit line
 
@@ -63,24 +67,38 @@ def _map_through(tracked: TrackedLines, hunks: list[Hunk], hit: LineHit) -> Trac
         return line + sum(delta for threshold, delta in shifts if line >= threshold)
 
     lines = []
+    carried: set[int] = set()
     for line in tracked.lines:
         if any(lo <= line < hi for lo, hi in removed):
             hit.changed += 1
+            carried.update(_replacement(hunks, line))
         else:
             lines.append(moved(line))
+    for line in tracked.rewritten:
+        if any(lo <= line < hi for lo, hi in removed):
+            hit.rewritten += 1
+            carried.update(_replacement(hunks, line))
+        else:
+            carried.add(moved(line))
     gaps = []
     for gap in tracked.gaps:
         if any(h.old_len == 0 and h.old_start == gap for h in hunks) or any(lo <= gap < hi - 1 for lo, hi in removed):
             hit.restored += 1
         else:
             gaps.append(moved(gap))
-    if not hit.changed and not hit.restored:
-        positions = list(tracked.lines) + list(tracked.gaps)
+    if not hit.changed and not hit.restored and not hit.rewritten:
+        positions = list(tracked.lines) + list(tracked.gaps) + list(tracked.rewritten)
         for h in hunks:
             lo, hi = h.old_start - PROXIMITY_LINES, h.old_start + max(h.old_len, 1) + PROXIMITY_LINES
             if any(lo <= p <= hi for p in positions):
                 hit.near += 1
-    return TrackedLines(tuple(lines), tuple(gaps))
+    return TrackedLines(tuple(lines), tuple(gaps), tuple(sorted(carried)))
+
+
+def _replacement(hunks: list[Hunk], line: int) -> range:
+    """The new lines of the hunk that replaced `line` (none when it only deleted it)."""
+    hunk = next(h for h in hunks if h.old_len and h.old_start <= line < h.old_start + h.old_len)
+    return range(hunk.new_start, hunk.new_start + hunk.new_len)
 
 
 def line_hits(culprit: LoggedCommit, culprit_diffs: list[FileDiff], meta: list[LoggedCommit],
@@ -111,6 +129,6 @@ def line_hits(culprit: LoggedCommit, culprit_diffs: list[FileDiff], meta: list[L
             if moved:
                 state[fd.new_path] = moved
         states[commit.sha] = state
-        if hit.changed or hit.restored or hit.near:
+        if hit.changed or hit.restored or hit.rewritten or hit.near:
             hits[commit.sha] = hit
     return hits

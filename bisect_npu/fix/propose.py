@@ -1,10 +1,13 @@
-"""Rank the later commits that fix a culprit, strongest evidence first: every commit after it on every
-branch that holds it (or a twin) is scored on signals a reviewer can check (WEIGHTS)."""
+"""Rank the later commits that fix a culprit: every commit after it on every branch that holds it (or a
+twin) gets evidence a reviewer can check (its reasons, tallied in points by WEIGHTS) and a confidence
+from the fitted model (fix/model.py) over that evidence, which orders the proposals."""
 
 from __future__ import annotations
 
+import math
 import re
-from collections.abc import Iterable, Sequence
+from collections import Counter
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from functools import cached_property
 
@@ -12,8 +15,18 @@ import git
 
 from bisect_npu.contracts import CulpritTwin, DependencyNote, FixProposal, FixReport, Reason
 from bisect_npu.fix.dependency import dependency_note
+from bisect_npu.fix.evidence import (
+    BM25,
+    COSMETIC_TITLE,
+    changed_names,
+    hide_citation,
+    keeps_behaviour,
+    touched_names,
+    words,
+)
 from bisect_npu.fix.gitlog import (
     DIFF_FORMAT,
+    IGNORABLE_FILE,
     FileDiff,
     branch_refs,
     default_branch,
@@ -26,12 +39,15 @@ from bisect_npu.fix.gitlog import (
     short_ref,
     show_commit,
 )
-from bisect_npu.fix.lines import PROXIMITY_LINES, line_hits
+from bisect_npu.fix.lines import PROXIMITY_LINES, LineHit, line_hits
+from bisect_npu.fix.model import CONFIDENT, RankModel, load_model
 from bisect_npu.history import PR_SUFFIX, LoggedCommit, github_url, pr_number, resolve_ref
 
 # Score weights. Strong signals (each alone qualifies a commit) weigh more than all weak signals
-# together (4 + 3 + 1.5 + 1.5 + 1.5 + 3 + 1 = 15.5 < 18), so a tag and keywords never outrank a commit
-# that edits the culprit's lines or names it. Documented in readme-fix and checked by a test.
+
+# Points per reason: the tally a reviewer reads (FixProposal.score). Strong signals (each alone
+# qualifies a commit) weigh more than all weak signals together (4 + 3 + 1.5 + 2 + 1.5 + 1.5 + 3 + 1 =
+# 17.5 < 18). The order of the proposals is the fitted model's (fix/model.py), not these points.
 WEIGHTS: dict[str, float] = {
     "revert": 30.0,  # Revert "<culprit title>" / This reverts commit <culprit sha>
     "provenance": 20.0,  # changes or deletes lines the culprit added or changed
@@ -39,6 +55,7 @@ WEIGHTS: dict[str, float] = {
     "proximity": 4.0,  # edits within PROXIMITY_LINES of the culprit's lines, no overlap
     "same_function": 3.0,  # hunk in a function the culprit changed
     "same_file": 1.5,  # touches a file the culprit changed
+    "names": 2.0,  # changes or names functions, attributes, config keys the culprit introduced or changed
     "tests": 1.5,  # adds/changes a test that names the touched module or functions
     "tag": 1.5,  # [BugFix], fix: ... in the title
     "symptom": 1.0,  # per distinct symptom keyword, at most SYMPTOM_CAP keywords
@@ -46,9 +63,12 @@ WEIGHTS: dict[str, float] = {
     "in_bad_end": -10.0,  # already contained in the bad end, which is still bad
 }
 STRONG_SIGNALS = ("revert", "provenance", "reference")
-WEAK_SIGNALS = ("proximity", "same_function", "same_file", "tests", "tag", "symptom", "twins")
+WEAK_SIGNALS = ("proximity", "same_function", "same_file", "names", "tests", "tag", "symptom", "twins")
 SYMPTOM_CAP = 3
 MIN_TITLE_REFERENCE = 16  # shorter culprit titles are too generic to count as a reference
+RARE_NAME_SHARE = 0.05  # a culprit name on more of the candidates' diffs than this is too common to tie them
+MAX_TEXT_LINES = 2000  # changed lines of a candidate read for the symptom: a 10,000-line commit is not 5x as relevant
+MAX_GROUPED = 80  # candidates (best first) whose twins are looked for; the rest stay single
 _GENERIC_FUNCTIONS = frozenset({"__init__", "main", "forward", "setup", "run", "test", "call", "init"})
 
 _FUNC_NAME = re.compile(r"\b(?:def|class|fn|func|function|void|int|auto)\s+([A-Za-z_]\w*)")
@@ -74,6 +94,7 @@ class _Anchor:
     commit: LoggedCommit
     diffs: list[FileDiff]
     refs: list[str]  # refs (full names) that contain it
+    hidden: bool = False  # its citations are hidden from the signals (hide_citation_of)
 
     @cached_property
     def plain_title(self) -> str:
@@ -96,11 +117,30 @@ class _Anchor:
             found.update(m[1] for text in hunk.added + hunk.removed if (m := _DEF_LINE.match(text)))
         return found
 
+    @cached_property
+    def names(self) -> set[str]:
+        """Functions, attributes, config keys it introduced or changed."""
+        return changed_names(self.diffs)
+
+    @cached_property
+    def tracked_lines(self) -> int:
+        return sum(h.new_len for d in self.diffs for h in d.hunks if d.new_path) or 1
+
+    def visible(self, message: str) -> str:
+        """`message` as the signals may read it: without this anchor's citation when it is hidden."""
+        if not self.hidden:
+            return message
+        return hide_citation(message, self.commit.sha, self.commit.title, self.pr, self.plain_title)
+
 
 @dataclass
 class _Candidate:
     commit: LoggedCommit
     reasons: dict[str, Reason] = field(default_factory=dict)
+    features: dict[str, float] = field(default_factory=dict)
+    text: str = ""  # message (citations hidden as asked) and changed lines: what BM25 reads
+    names: set[str] = field(default_factory=set)  # names on its changed lines (the culprit's files)
+    cosmetic: bool = False  # changes no behaviour: a typo, format or rename commit
 
     def add(self, signal: str, detail: str, weight: float | None = None) -> None:
         weight = WEIGHTS[signal] if weight is None else weight
@@ -108,14 +148,21 @@ class _Candidate:
         if old is None or weight > old.weight:
             self.reasons[signal] = Reason(signal, detail, weight)
 
+    def feature(self, name: str, value: float) -> None:
+        self.features[name] = max(self.features.get(name, 0.0), value)
+
     @property
     def qualifies(self) -> bool:
-        """Strong evidence, or locality backed by the symptom or a bug-fix tag."""
+        """Strong evidence, or locality backed by the symptom or a bug-fix tag; never a change that keeps
+        behaviour (a typo fix or a rename editing the culprit's lines repairs nothing)."""
         signals = self.reasons.keys()
+        if self.cosmetic and not ({"revert", "reference"} & signals):
+            return False
         if any(s in signals for s in STRONG_SIGNALS):
             return True
-        if "proximity" in signals:
-            return "symptom" in signals or "tag" in signals
+        backed = "symptom" in signals or "tag" in signals
+        if "proximity" in signals or "names" in signals:
+            return backed
         return "same_function" in signals and "symptom" in signals
 
 
@@ -127,11 +174,19 @@ def propose_fixes(
     symptom: Sequence[str] = (),
     evidence_keywords: Sequence[str] = (),
     top: int = 5,
+    hide_citation_of: str | None = None,
+    model: RankModel | None = None,
 ) -> FixReport:
-    """Rank the later commits that fix `culprit`, strongest evidence first (see WEIGHTS)."""
+    """Rank the later commits that fix `culprit`, most likely first (the fitted model over the evidence).
+
+    `hide_citation_of` (the culprit, or a twin of it) makes the signals blind to what cites that commit:
+    its PR number, sha and title in a message, and the revert relation. It measures what the ranking
+    knows when a fix does not cite its culprit (bench/fix_eval.py); the repository is never changed.
+    """
+    model = model or load_model()
     culprit_sha = resolve_ref(repo, culprit)
     bad_sha = resolve_ref(repo, bad) if bad else None
-    keywords = _keywords([*symptom, *evidence_keywords])
+    hidden_sha = resolve_ref(repo, hide_citation_of) if hide_citation_of else None
     refs = branch_refs(repo)
     culprit_commit, culprit_diffs = show_commit(repo, culprit_sha)
     dependency = dependency_note(culprit_diffs)
@@ -142,6 +197,11 @@ def propose_fixes(
     for sha in twin_shas:
         commit, diffs = show_commit(repo, sha)
         anchors.append(_Anchor(commit, diffs, refs_containing(repo, sha, refs)))
+    for twin in anchors[1:]:
+        twin.names = anchors[0].names  # the same change: its names are the culprit's, whatever the back-port adds
+    if hidden_sha in {a.commit.sha for a in anchors}:
+        for anchor in anchors:
+            anchor.hidden = True  # a twin cites the same change: hiding one citation hides them all
     excluded = {culprit_sha, *twin_shas}
 
     candidates: dict[str, _Candidate] = {}
@@ -149,23 +209,34 @@ def propose_fixes(
         tips = anchor.refs + ([bad_sha] if bad_sha and anchor is anchors[0] and not anchor.refs else [])
         if not tips:
             continue
-        for cand in _score_anchor(repo, anchor, anchors, tips, keywords, excluded):
-            known = candidates.setdefault(cand.commit.sha, _Candidate(cand.commit))
+        for cand in _score_anchor(repo, anchor, anchors, tips, excluded):
+            known = candidates.setdefault(cand.commit.sha, _Candidate(cand.commit, text=cand.text))
             for reason in cand.reasons.values():
                 known.add(reason.signal, reason.detail, reason.weight)
+            for name, value in cand.features.items():
+                known.feature(name, value)
+            known.names |= cand.names
+            known.cosmetic = known.cosmetic or cand.cosmetic
+            known.text = max(known.text, cand.text, key=len)
 
-    qualified = [c for c in candidates.values() if c.qualifies]
+    pool = list(candidates.values())
+    _symptom_relevance(pool, [*symptom, *evidence_keywords])
+    qualified = [c for c in pool if c.qualifies]
     in_bad = reachable(repo, bad_sha, culprit_sha) if bad_sha else set()
-    proposals = _group_twins(repo, qualified, refs, in_bad, bad)
+    membership = _branch_members(repo, refs, culprit_sha)
+    proposals = _group_twins(repo, qualified, refs, membership, in_bad, bad, model, culprit_commit.time)
     all_anchor_refs = sorted({r for a in anchors for r in a.refs})
     base = github_url(repo)
     for proposal in proposals:
         proposal.missing_on = [short_ref(r) for r in all_anchor_refs if short_ref(r) not in proposal.branches]
         proposal.pr_url = f"{base}/pull/{proposal.pr}" if base and proposal.pr else None
+    confidences = model.confidences([p.model_score for p in proposals])
+    for proposal, confidence in zip(proposals, confidences, strict=True):
+        proposal.confidence = round(confidence, 4)
     # Ties: a fix on a branch holding the commit the user named before one only on a twin's branch
     # (each branch's revert of its own copy scores the same), then the older fix.
     own = {short_ref(r) for r in anchors[0].refs}
-    proposals.sort(key=lambda p: (-p.score, not own & set(p.branches), p.date, p.shas[0]))
+    proposals.sort(key=lambda p: (-p.model_score, -p.score, not own & set(p.branches), p.date, p.shas[0]))
     proposals = proposals[:top] if top > 0 else proposals
 
     twins = [
@@ -174,17 +245,22 @@ def propose_fixes(
         for a in anchors[1:]
     ]
     branch_tips = {short_ref(r): refs[r] for r in all_anchor_refs}
-    return FixReport(culprit_sha, proposals, dependency, _note(proposals, dependency, twins, branch_tips), twins,
-                     branch_tips)
+    confident = bool(proposals) and proposals[0].confidence >= CONFIDENT
+    return FixReport(culprit_sha, proposals, dependency, _note(proposals, dependency, twins, branch_tips, confident),
+                     twins, branch_tips, confident)
 
 
 def _note(proposals: list[FixProposal], dependency: DependencyNote | None,
-          twins: list[CulpritTwin], tips: dict[str, str]) -> str:
+          twins: list[CulpritTwin], tips: dict[str, str], confident: bool) -> str:
     parts = [dependency.message] if dependency else []
-    if proposals:
+    if proposals and confident:
         best = proposals[0]
         parts.append(f"{len(proposals)} proposal(s); best: {best.shas[0][:10]} {best.title} "
-                     f"(score {best.score:g}, on {', '.join(best.branches) or 'no branch'})")
+                     f"(confidence {best.confidence:.0%}, on {', '.join(best.branches) or 'no branch'})")
+    elif proposals:
+        best = proposals[0]
+        parts.append(f"no confident fix upstream: {len(proposals)} lead(s), the best {best.shas[0][:10]} "
+                     f"{best.title} (confidence {best.confidence:.0%}); check them before applying one")
     else:
         as_of = ", ".join(f"{name}@{sha[:10]}" for name, sha in sorted(tips.items())) or "no branch holds it"
         parts.append(f"no later commit touches the culprit's lines or names it; "
@@ -194,15 +270,6 @@ def _note(proposals: list[FixProposal], dependency: DependencyNote | None,
             parts.append(f"the culprit was cherry-picked to {', '.join(twin.branches)} as {twin.sha[:10]}: "
                          f"the fix is needed there too")
     return "; ".join(parts)
-
-
-def _keywords(words: Iterable[str]) -> list[tuple[str, re.Pattern[str]]]:
-    seen: dict[str, re.Pattern[str]] = {}
-    for word in words:
-        word = word.strip().lower()
-        if len(word) >= 3 and word not in seen:
-            seen[word] = re.compile(rf"(?<![a-z0-9]){re.escape(word)}(?![a-z0-9])", re.IGNORECASE)
-    return list(seen.items())
 
 
 def normalize_title(title: str) -> str:
@@ -235,7 +302,7 @@ def _find_twins(repo: git.Repo, culprit: LoggedCommit, diffs: list[FileDiff], ot
 
 
 def _score_anchor(repo: git.Repo, anchor: _Anchor, anchors: list[_Anchor], tips: list[str],
-                  keywords: list[tuple[str, re.Pattern[str]]], excluded: set[str]) -> list[_Candidate]:
+                  excluded: set[str]) -> list[_Candidate]:
     """Score every commit after `anchor` on `tips` against it (and name references to any anchor)."""
     meta = logged_commits(repo, "--reverse", "--topo-order", "-M", *tips, "--not", anchor.commit.sha)
     meta = [c for c in meta if c.sha not in excluded]
@@ -243,45 +310,126 @@ def _score_anchor(repo: git.Repo, anchor: _Anchor, anchors: list[_Anchor], tips:
     diffs = parse_diffs(read_git(repo, "log", "--reverse", "--topo-order", "-M", "--full-history",
                                  "--diff-merges=first-parent", "-U0", f"--format={DIFF_FORMAT}",
                                  *tips, "--not", anchor.commit.sha, "--", *sorted(paths))) if paths else {}
-    test_diffs = _test_diffs(repo, meta, paths)
     hits = line_hits(anchor.commit, anchor.diffs, meta, diffs)
     all_functions = anchor.functions
     modules = {_module_name(p) for p in anchor.paths if p.endswith(".py")}
 
-    candidates = []
+    located = []
     for commit in meta:
         cand = _Candidate(commit)
         _reference_signals(cand, anchors)
-        hit = hits.get(commit.sha)
-        if hit and (hit.changed or hit.restored):
-            what = []
-            if hit.changed:
-                what.append(f"changes {hit.changed} line(s) the culprit wrote")
-            if hit.restored:
-                what.append(f"re-adds lines where the culprit deleted {hit.restored} block(s)")
-            cand.add("provenance", "; ".join(what) + f" (blamed forward from {anchor.commit.sha[:10]})")
-        elif hit and hit.near:
-            cand.add("proximity", f"edits within {PROXIMITY_LINES} lines of the culprit's lines "
-                                  f"({hit.near} hunk(s))")
-        touched = sorted({p for _, old, new in commit.changes for p in (old, new) if p and p in paths})
-        if touched:
-            cand.add("same_file", f"touches {', '.join(touched[:3])}")
-        same_funcs = sorted({name for fd in diffs.get(commit.sha, []) for h in fd.hunks
-                             for name in _FUNC_NAME.findall(h.header) if name in all_functions})
-        if same_funcs:
-            cand.add("same_function", f"changes {', '.join(same_funcs[:3])}, which the culprit changed")
+        own = diffs.get(commit.sha, [])
+        _locality_signals(cand, anchor, hits.get(commit.sha), own, paths)
+        if cand.reasons:
+            located.append(cand)
+    test_diffs = _test_diffs(repo, [c.commit for c in located], paths)
+    for cand in located:
+        commit = cand.commit
+        own = diffs.get(commit.sha, [])
         mentioned = _test_mentions(test_diffs.get(commit.sha, []), modules, all_functions)
         if mentioned:
             cand.add("tests", f"adds tests naming {', '.join(mentioned[:3])}")
+            cand.feature("tests", 1.0)
         if _TAG.search(commit.title):
             cand.add("tag", f"bug-fix tag in the title: {commit.title[:60]!r}")
-        found = _symptom_hits(commit, diffs.get(commit.sha, []) + test_diffs.get(commit.sha, []), keywords)
+            cand.feature("tag", 1.0)
+        if COSMETIC_TITLE.search(normalize_title(anchor.visible(commit.title))):
+            cand.feature("cosmetic_title", 1.0)
+        message = anchor.visible(commit.message)
+        changed = [line for f in own + test_diffs.get(commit.sha, []) for h in f.hunks
+                   for line in (h.header, *h.added, *h.removed)]
+        cand.text = message + "\n" + "\n".join(changed[:MAX_TEXT_LINES])
+        named = sorted(n for n in anchor.names & set(_WORD.findall(message)) if len(n) >= 6)
+        if named:
+            cand.feature("names_in_message", 1.0)
+            cand.add("names", f"its message names {', '.join(named[:3])}, which the culprit changed")
+        cand.feature("days", _days_feature(commit.time - anchor.commit.time))
+    _name_signals(located, anchor)
+    return located
+
+
+def _days_feature(seconds: int) -> float:
+    """Whole days after the culprit, log-scaled: a fix a week later and one a year later differ, two
+    fixes an hour apart do not."""
+    return math.log1p(max(seconds, 0) // 86400) / 6
+
+
+def _locality_signals(cand: _Candidate, anchor: _Anchor, hit: LineHit | None, own: list[FileDiff],
+                      paths: set[str]) -> None:
+    """Where the commit edits relative to the culprit: its lines, next to them, its functions, its files."""
+    commit = cand.commit
+    if hit and (hit.changed or hit.restored or hit.rewritten):
+        what = []
+        if hit.changed:
+            what.append(f"changes {hit.changed} line(s) the culprit wrote")
+        if hit.rewritten:
+            what.append(f"changes {hit.rewritten} line(s) written since in place of the culprit's")
+        if hit.restored:
+            what.append(f"re-adds lines where the culprit deleted {hit.restored} block(s)")
+        removed = sum(h.old_len for f in own for h in f.hunks) + sum(1 for f in own for h in f.hunks if not h.old_len)
+        explained = min(1.0, (hit.changed + hit.restored + hit.rewritten) / max(removed, 1))
+        cand.add("provenance", "; ".join(what) + f" (blamed forward from {anchor.commit.sha[:10]}; "
+                               f"{explained:.0%} of its edits there)")
+        cand.feature("provenance", 1.0)
+        cand.feature("explained", explained)
+        cand.feature("coverage", min(1.0, hit.changed / anchor.tracked_lines))
+    elif hit and hit.near:
+        cand.add("proximity", f"edits within {PROXIMITY_LINES} lines of the culprit's lines ({hit.near} hunk(s))")
+        cand.feature("proximity", 1.0)
+    code_files = {p for _, old, new in commit.changes for p in (new or old,) if p and not IGNORABLE_FILE.search(p)}
+    touched = sorted(p for p in code_files if p in paths)
+    if touched:
+        cand.add("same_file", f"touches {', '.join(touched[:3])}")
+        cand.feature("file_share", len(touched) / len(code_files))
+    same_funcs = sorted({name for fd in own for h in fd.hunks for name in _FUNC_NAME.findall(h.header)
+                         if name in anchor.functions})
+    if same_funcs:
+        cand.add("same_function", f"changes {', '.join(same_funcs[:3])}, which the culprit changed")
+        cand.feature("same_function", 1.0)
+    if own:
+        cand.names = touched_names(own)
+        only_culprit_files = all(p in paths for p in code_files)
+        cand.cosmetic = only_culprit_files and keeps_behaviour(own)
+
+
+def _name_signals(candidates: list[_Candidate], anchor: _Anchor) -> None:
+    """The culprit's names a candidate's changed lines touch, counting only names rare among the
+    candidates (a name on every later diff of the file ties nothing to the culprit)."""
+    if not candidates or not anchor.names:
+        return
+    frequency: Counter[str] = Counter()
+    for cand in candidates:
+        frequency.update(cand.names & anchor.names)
+    limit = max(2, RARE_NAME_SHARE * len(candidates))
+    for cand in candidates:
+        shared = sorted(n for n in cand.names & anchor.names if frequency[n] <= limit)
+        if not shared:
+            continue
+        cand.feature("names", math.log1p(len(shared)))
+        cand.feature("names_share", len(shared) / max(len(cand.names), 1))
+        cand.add("names", f"changes {', '.join(shared[:4])}, which the culprit introduced or changed")
+
+
+def _symptom_relevance(candidates: list[_Candidate], keywords: Sequence[str]) -> None:
+    """BM25 of each candidate's message and changed lines against the symptom words, as a share of the
+    best candidate's (the scale of raw BM25 depends on the corpus); a keyword is mentioned when all
+    its words are."""
+    phrases = {k.strip(): words(k) for k in keywords if len(k.strip()) >= 3}
+    query = [w for parts in phrases.values() for w in parts]
+    if not candidates or not query:
+        return
+    index = BM25([words(c.text) for c in candidates])
+    scores = index.scores(query)
+    best = max(scores)
+    for at, (cand, score) in enumerate(zip(candidates, scores, strict=True)):
+        if score <= 0:
+            continue
+        cand.feature("symptom", score / best)
+        cand.feature("symptom_any", 1.0)
+        present = set(index.matched(at, query))
+        found = [k for k, parts in phrases.items() if parts and all(p in present for p in parts)]
         if found:
-            cand.add("symptom", f"mentions {', '.join(found)}",
-                     WEIGHTS["symptom"] * min(len(found), SYMPTOM_CAP))
-        if cand.reasons:
-            candidates.append(cand)
-    return candidates
+            cand.add("symptom", f"mentions {', '.join(found)}", WEIGHTS["symptom"] * min(len(found), SYMPTOM_CAP))
 
 
 def _follow_renames(paths: set[str], meta: list[LoggedCommit]) -> set[str]:
@@ -323,23 +471,15 @@ def _test_mentions(files: list[FileDiff], modules: set[str], functions: set[str]
     if not text:
         return []
     names = [m for m in sorted(modules) if m and m in text]
-    words = set(_WORD.findall(text))  # one pass over the text, not one regex per name (big culprits)
+    words_found = set(_WORD.findall(text))  # one pass over the text, not one regex per name (big culprits)
     names += [f for f in sorted(functions) if f not in _GENERIC_FUNCTIONS and len(f) >= 4
-              and (f in words if _WORD.fullmatch(f) else re.search(rf"\b{re.escape(f)}\b", text))]
+              and (f in words_found if _WORD.fullmatch(f) else re.search(rf"\b{re.escape(f)}\b", text))]
     return names
 
 
-def _symptom_hits(commit: LoggedCommit, diffs: list[FileDiff],
-                  keywords: list[tuple[str, re.Pattern[str]]]) -> list[str]:
-    if not keywords:
-        return []
-    diff_text = "\n".join(line for f in diffs for h in f.hunks for line in (h.header, *h.added, *h.removed))
-    text = commit.message + "\n" + diff_text
-    return [word for word, pattern in keywords if pattern.search(text)]
-
-
 def _reference_signals(cand: _Candidate, anchors: list[_Anchor]) -> None:
-    """Revert and reference signals; cheap substring checks first, since this runs for every commit."""
+    """Revert and reference signals; cheap substring checks first, since this runs for every commit.
+    An anchor whose citation is hidden is neither reverted nor referenced, whatever the message says."""
     message = cand.commit.message
     lowered = message.lower()
     revert = _REVERT_TITLE.match(cand.commit.title)
@@ -348,6 +488,8 @@ def _reference_signals(cand: _Candidate, anchors: list[_Anchor]) -> None:
     hex_words = _HEX_WORD.findall(lowered)
     own_title = normalize_title(cand.commit.title)
     for anchor in anchors:
+        if anchor.hidden:
+            continue
         target, short, plain = anchor.commit, anchor.commit.sha[:10], anchor.plain_title
         if reverted is not None and reverted == plain:
             cand.add("revert", f'reverts "{target.title}" ({short})')
@@ -366,11 +508,21 @@ def _reference_signals(cand: _Candidate, anchors: list[_Anchor]) -> None:
         if (len(plain) >= MIN_TITLE_REFERENCE and revert is None and own_title != plain
                 and plain[:MIN_TITLE_REFERENCE] in lowered and plain in re.sub(r"\s+", " ", lowered)):
             cand.add("reference", f'quotes the culprit\'s title "{target.title}"')
+    for signal in ("revert", "reference"):
+        if signal in cand.reasons:
+            cand.feature(signal, 1.0)
 
 
-def _group_twins(repo: git.Repo, qualified: list[_Candidate], refs: dict[str, str],
-                 in_bad: set[str], bad: str | None) -> list[FixProposal]:
-    """One proposal per change: candidates with the same normalized title or patch-id merge."""
+def _branch_members(repo: git.Repo, refs: dict[str, str], culprit: str) -> dict[str, set[str]]:
+    """Each branch's commits newer than the culprit's ancestry: one rev-list per branch, instead of a
+    `--contains` walk per candidate (minutes on a big history without a commit-graph)."""
+    return {ref: set(read_git(repo, "rev-list", sha, "--not", culprit).split()) for ref, sha in refs.items()}
+
+
+def _group_twins(repo: git.Repo, qualified: list[_Candidate], refs: dict[str, str], membership: dict[str, set[str]],
+                 in_bad: set[str], bad: str | None, model: RankModel, culprit_time: int) -> list[FixProposal]:
+    """One proposal per change: candidates with the same normalized title or patch-id merge (patch-ids
+    of the MAX_GROUPED most likely only: a twin carries the same evidence, so it ranks near its pair)."""
     parent = {c.commit.sha: c.commit.sha for c in qualified}
 
     def root(sha: str) -> str:
@@ -379,7 +531,8 @@ def _group_twins(repo: git.Repo, qualified: list[_Candidate], refs: dict[str, st
         return sha
 
     by_key: dict[tuple[str, str], str] = {}
-    ids = patch_ids(repo, [c.commit.sha for c in qualified]) if len(qualified) > 1 else {}
+    likely = sorted(qualified, key=lambda c: -model.score(c.features))[:MAX_GROUPED]
+    ids = patch_ids(repo, [c.commit.sha for c in likely]) if len(likely) > 1 else {}
     for cand in qualified:
         keys = [("title", normalize_title(cand.commit.title))]
         pid = ids.get(cand.commit.sha)
@@ -401,19 +554,26 @@ def _group_twins(repo: git.Repo, qualified: list[_Candidate], refs: dict[str, st
     for members in groups.values():
         members.sort(key=lambda c: (c.commit.time, c.commit.sha))
         best: dict[str, Reason] = {}
+        features: dict[str, float] = {}
         for member in members:
             for signal, reason in member.reasons.items():
                 if signal not in best or reason.weight > best[signal].weight:
                     best[signal] = reason
-        where = {m.commit.sha: sorted(short_ref(r) for r in refs_containing(repo, m.commit.sha, refs)) for m in members}
+            for name, value in member.features.items():
+                features[name] = max(features.get(name, 0.0), value)
+        features["days"] = _days_feature(members[0].commit.time - culprit_time)
+        where = {m.commit.sha: sorted(short_ref(r) for r, shas in membership.items() if m.commit.sha in shas)
+                 for m in members}
         branches = sorted({b for names in where.values() for b in names})
         if len(branches) > 1 and len(members) > 1:
             best["twins"] = Reason("twins", f"the same change is on {len(branches)} branches: "
                                             f"{', '.join(branches)}", WEIGHTS["twins"])
+            features["twins"] = 1.0
         if in_bad and all(m.commit.sha in in_bad for m in members):
             best["in_bad_end"] = Reason("in_bad_end", f"already contained in the bad end {bad}, "
                                                       f"which is still bad: at most a partial fix",
                                         WEIGHTS["in_bad_end"])
+            features["in_bad_end"] = 1.0
         reasons = sorted(best.values(), key=lambda r: (-r.weight, r.signal))
         # Name the change by its upstream PR (the member on the default branch) when it has one.
         named = next((m.commit for m in members if default in where[m.commit.sha]), members[0].commit)
@@ -421,5 +581,6 @@ def _group_twins(repo: git.Repo, qualified: list[_Candidate], refs: dict[str, st
             shas=[named.sha] + [m.commit.sha for m in members if m.commit is not named],
             branches=branches, title=named.title,
             pr=pr_number(named.title), score=round(sum(r.weight for r in reasons), 3),
-            reasons=reasons, date=members[0].commit.time, sha_branches=where))
+            reasons=reasons, date=members[0].commit.time, sha_branches=where,
+            model_score=round(model.score(features), 6), features=features))
     return proposals

@@ -107,17 +107,23 @@ def _detail_of(verdict: Verdict) -> str:
     return f"{verdict.kind.value} with the fix applied: {verdict.reason}"
 
 
+VERIFY_TOP = 5  # proposals `fix --verify` and `run --verify-fix` try at most (--verify-top)
+
+
 def verify_fixes(repo: git.Repo, bad: str, report: FixReport, evaluate: Callable[[str], Verdict], *,
-                 top: int = 3, workdir: Path, done: Collection[str] = (),
+                 top: int = VERIFY_TOP, workdir: Path, done: Collection[str] = (),
                  on_result: Callable[[FixVerification], None] | None = None,
                  check_bad: bool = False) -> list[FixVerification]:
-    """Apply each of the top proposals to `bad`, evaluate the new commit; verified ones first.
+    """Walk the ranking: apply each proposal in turn to `bad` and evaluate the new commit, until one
+    turns the bad end good or `top` proposals were tried; the verified one first, then the others in
+    the order tried (len(result) is how many were tried in this call).
 
-    Proposals whose first sha is in ``done`` (verified by an interrupted run) are left out;
-    ``on_result`` hears of each verification the moment it is made, so a caller can keep it.
-    With ``check_bad`` (a bad end not judged before, as in `bisect-npu fix --verify`) the bad end
-    itself is evaluated first: a fix "verified" on a commit that never showed the symptom proves
-    nothing.
+    A wrong proposal ranked above the right one costs one evaluation, not the fix. Proposals whose
+    first sha is in ``done`` (tried by an interrupted run, which did not find the fix) are skipped but
+    count towards ``top``; ``on_result`` hears of each verification the moment it is made, so a caller
+    can keep it. With ``check_bad`` (a bad end not judged before, as in `bisect-npu fix --verify`) the
+    bad end itself is evaluated first: a fix "verified" on a commit that never showed the symptom
+    proves nothing.
     """
     bad_sha = resolve_ref(repo, bad)
     holders = [report.culprit, *(twin.sha for twin in report.twins)]
@@ -134,8 +140,9 @@ def verify_fixes(repo: git.Repo, bad: str, report: FixReport, evaluate: Callable
         results.append(_verify_one(repo, bad_sha, proposal, evaluate, workdir))
         if on_result is not None:
             on_result(results[-1])
-    order = {"verified": 0}
-    results.sort(key=lambda v: order.get(v.status, 1))
+        if results[-1].status == "verified":
+            break
+    results.sort(key=lambda v: v.status != "verified")
     return results
 
 

@@ -1,0 +1,104 @@
+"""The ranking model: a conditional logit over one culprit's candidates, weights fitted on real history.
+
+Each candidate is a vector of evidence (FEATURES); its score is a weighted sum, and its confidence the
+softmax of the scores over all candidates plus a "none of them" option (the fitted `null_score`), so
+confidences of one culprit sum to at most 1 and a lone weak candidate is not called certain. The
+weights are data (`weights.json` beside this module), refit by `bench/fit_fix_weights.py` on the
+train split of `bench/data/fix_pairs.tsv`, never tuned by hand.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from importlib import resources
+from typing import Any
+
+import numpy as np
+
+FEATURES = (
+    "revert",  # 1: reverts the culprit (by title or sha)
+    "reference",  # 1: names the culprit's PR, sha or title
+    "provenance",  # 1: changes lines the culprit wrote
+    "explained",  # share of the fix's removed lines (in the culprit's files) that the culprit wrote
+    "coverage",  # share of the culprit's lines the fix changes: small for one fix of a 60-file culprit
+    "proximity",  # 1: edits next to the culprit's lines
+    "same_function",  # 1: edits a function the culprit changed
+    "file_share",  # share of the fix's code files the culprit changed
+    "names",  # log(1 + culprit names the fix's changed lines touch), names rare among the candidates
+    "names_share",  # share of the fix's changed names that the culprit introduced or changed
+    "names_in_message",  # 1: the fix's message names something the culprit changed
+    "tests",  # 1: the fix adds tests naming the culprit's module or functions
+    "tag",  # 1: a bug-fix tag in the title
+    "symptom",  # BM25 of message and diff against the symptom words, over the best candidate's
+    "symptom_any",  # 1: some symptom word matches
+    "days",  # log(1 + days after the culprit) / 6
+    "twins",  # 1: the same change on several branches
+    "in_bad_end",  # 1: already in the bad end, which is still bad
+    "cosmetic_title",  # 1: the title says typo, refactor, rename, format
+)
+CONFIDENT = 0.5  # below this the best proposal is a lead, not a fix
+
+
+@dataclass(frozen=True)
+class RankModel:
+    """Weights per feature and the score of "no candidate is the fix"."""
+
+    weights: Mapping[str, float]
+    null_score: float
+    trained_on: str = ""
+
+    def score(self, features: Mapping[str, float]) -> float:
+        return float(sum(self.weights.get(name, 0.0) * value for name, value in features.items()))
+
+    def confidences(self, scores: Sequence[float]) -> list[float]:
+        """Softmax over the candidates and the null option: P(this candidate is the fix)."""
+        if not scores:
+            return []
+        values = np.array([*scores, self.null_score], dtype=float)
+        exp = np.exp(values - values.max())
+        return [float(p) for p in (exp / exp.sum())[:-1]]
+
+    def contributions(self, features: Mapping[str, float]) -> dict[str, float]:
+        return {name: self.weights.get(name, 0.0) * value for name, value in features.items() if value}
+
+
+def load_model() -> RankModel:
+    """The shipped weights (bisect_npu/fix/weights.json)."""
+    data: dict[str, Any] = json.loads(resources.files("bisect_npu.fix").joinpath("weights.json").read_text())
+    return RankModel({k: float(v) for k, v in data["weights"].items()}, float(data["null_score"]),
+                     data.get("trained_on", ""))
+
+
+def fit(queries: Sequence[tuple[np.ndarray, int | None]], *, l2: float = 0.05, steps: int = 3000,
+        rate: float = 0.05) -> tuple[np.ndarray, float]:
+    """Fit a conditional logit: per query, a matrix of candidate features (rows) and the row of the
+    true fix (None when the fix is not among them: then "none" is the answer). Returns (weights,
+    null score), by full-batch gradient descent with Adam on the mean negative log-likelihood."""
+    width = len(FEATURES)
+    theta = np.zeros(width + 1)  # weights, then the null score
+    m = np.zeros_like(theta)
+    v = np.zeros_like(theta)
+    for step in range(1, steps + 1):
+        grad = np.zeros_like(theta)
+        for matrix, answer in queries:
+            scores = np.append(matrix @ theta[:width], theta[width]) if len(matrix) else np.array([theta[width]])
+            exp = np.exp(scores - scores.max())
+            prob = exp / exp.sum()
+            rows = np.vstack([matrix, np.zeros(width)]) if len(matrix) else np.zeros((1, width))
+            target = np.zeros(len(scores))
+            target[len(scores) - 1 if answer is None else answer] = 1.0
+            diff = prob - target
+            grad[:width] += rows.T @ diff
+            grad[width] += diff[-1]
+        grad /= max(len(queries), 1)
+        grad[:width] += l2 * theta[:width]
+        m = 0.9 * m + 0.1 * grad
+        v = 0.999 * v + 0.001 * grad ** 2
+        theta -= rate * (m / (1 - 0.9 ** step)) / (np.sqrt(v / (1 - 0.999 ** step)) + 1e-8)
+    return theta[:width], float(theta[width])
+
+
+def vector(features: Mapping[str, float]) -> np.ndarray:
+    return np.array([features.get(name, 0.0) for name in FEATURES], dtype=float)

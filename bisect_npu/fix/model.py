@@ -27,7 +27,6 @@ FEATURES = (
     "same_function",  # 1: edits a function the culprit changed
     "file_share",  # share of the fix's code files the culprit changed
     "names",  # log(1 + culprit names the fix's changed lines touch), names rare among the candidates
-    "names_share",  # share of the fix's changed names that the culprit introduced or changed
     "names_in_message",  # 1: the fix's message names something the culprit changed
     "tests",  # 1: the fix adds tests naming the culprit's module or functions
     "tag",  # 1: a bug-fix tag in the title

@@ -197,8 +197,6 @@ def propose_fixes(
     for sha in twin_shas:
         commit, diffs = show_commit(repo, sha)
         anchors.append(_Anchor(commit, diffs, refs_containing(repo, sha, refs)))
-    for twin in anchors[1:]:
-        twin.names = anchors[0].names  # the same change: its names are the culprit's, whatever the back-port adds
     if hidden_sha in {a.commit.sha for a in anchors}:
         for anchor in anchors:
             anchor.hidden = True  # a twin cites the same change: hiding one citation hides them all
@@ -406,7 +404,6 @@ def _name_signals(candidates: list[_Candidate], anchor: _Anchor) -> None:
         if not shared:
             continue
         cand.feature("names", math.log1p(len(shared)))
-        cand.feature("names_share", len(shared) / max(len(cand.names), 1))
         cand.add("names", f"changes {', '.join(shared[:4])}, which the culprit introduced or changed")
 
 

@@ -124,8 +124,10 @@ def test_a_lone_weak_lead_is_not_a_confident_fix(tmp_path):
     assert report.proposals[0].confidence < CONFIDENT and not report.confident
     assert report.note.startswith("no confident fix upstream: 1 lead(s)")
 
-    hist.revert(culprit)
-    sure = propose_fixes(git.Repo(hist.path), culprit)
+    other = base_history(tmp_path / "other")
+    reverted = add_culprit(other)
+    other.revert(reverted)
+    sure = propose_fixes(git.Repo(other.path), reverted)
     assert sure.confident and sure.proposals[0].confidence >= CONFIDENT
     assert sum(p.confidence for p in sure.proposals) <= 1.0
 

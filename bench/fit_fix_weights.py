@@ -6,7 +6,7 @@ the evidence of every proposal kept: per query a matrix of features and the row 
 conditional logit is fitted on those queries (bisect_npu.fix.model.fit); test pairs are never read.
 
     .venv/bin/python bench/fit_fix_weights.py --repo CLONE [--pairs bench/data/fix_pairs.tsv]
-        [--cache FILE] [--l2 0.05]
+        [--cache FILE] [--l2 0.05 | --cv 4]
 
 `--cache` keeps the collected evidence in FILE (JSON) and reuses it when it exists, so changing
 only the regularisation does not re-read the history (delete it after changing a signal).
@@ -49,12 +49,40 @@ def collect(repo_path: str, pairs: list[dict[str, str]]) -> list[dict[str, objec
     return queries
 
 
+L2_GRID = (1.0, 0.3, 0.1, 0.03, 0.01, 0.003)
+
+
+def choose_l2(queries: list[dict[str, object]], data: list[tuple[np.ndarray, int | None]], folds: int) -> float:
+    """The regularisation with the best held-out top-1 (then top-3): pairs, with both their queries,
+    split into `folds` groups by order; each group ranked by weights fitted on the others."""
+    pairs = sorted({str(q["fix"]) for q in queries})
+    fold_of = {fix: i % folds for i, fix in enumerate(pairs)}
+    best = (-1.0, -1.0, L2_GRID[0])
+    for l2 in L2_GRID:
+        hits1 = hits3 = 0
+        for fold in range(folds):
+            train = [d for q, d in zip(queries, data, strict=True) if fold_of[str(q["fix"])] != fold]
+            weights, _ = fit(train, l2=l2)
+            for q, (matrix, answer) in zip(queries, data, strict=True):
+                if fold_of[str(q["fix"])] != fold or answer is None:
+                    continue
+                scores = matrix @ weights
+                rank = int((scores > scores[answer]).sum()) + 1
+                hits1 += rank == 1
+                hits3 += rank <= 3
+        print(f"l2 {l2:<6} held-out top-1 {hits1}/{len(queries)}, top-3 {hits3}/{len(queries)}", flush=True)
+        best = max(best, (hits1, hits3, l2))
+    return best[2]
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--repo", help="a full clone of vllm-ascend (needed unless --cache exists)")
     parser.add_argument("--pairs", type=Path, default=PAIRS)
     parser.add_argument("--cache", type=Path)
     parser.add_argument("--l2", type=float, default=0.05)
+    parser.add_argument("--cv", type=int, default=0, metavar="K",
+                        help="choose --l2 by K-fold cross-validation over the train pairs (top-1, then top-3)")
     parser.add_argument("--out", type=Path, default=WEIGHTS)
     args = parser.parse_args()
     train = [p for p in load_pairs(args.pairs) if p["split"] == "train"]
@@ -67,13 +95,16 @@ def main() -> None:
         if args.cache:
             args.cache.write_text(json.dumps(queries))
     data = [(np.array([vector(r) for r in q["rows"]]).reshape(-1, len(FEATURES)), q["answer"]) for q in queries]
+    if args.cv:
+        args.l2 = choose_l2(queries, data, args.cv)
     weights, null_score = fit(data, l2=args.l2)
     found = sum(q["answer"] is not None for q in queries)
+    chosen = f"l2 {args.l2}" + (f" (by {args.cv}-fold cross-validation)" if args.cv else "")
     args.out.write_text(json.dumps({
         "weights": {name: round(float(w), 4) for name, w in zip(FEATURES, weights, strict=True)},
         "null_score": round(null_score, 4),
         "trained_on": f"{len(train)} train pairs of {args.pairs.name} ({len(queries)} queries, the fix among "
-                      f"the proposals in {found}), l2 {args.l2}, fitted {date.today().isoformat()}",
+                      f"the proposals in {found}), {chosen}, fitted {date.today().isoformat()}",
     }, indent=1) + "\n")
     for name, w in sorted(zip(FEATURES, weights, strict=True), key=lambda x: -abs(x[1])):
         print(f"{name:18} {w:+.3f}")

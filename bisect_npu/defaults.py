@@ -5,3 +5,5 @@ RunOptions (and the reproduce line it writes) and the builders cannot disagree."
 TRIAL_TIMEOUT_S = 3600.0
 # Disk the candidate images (docker) or release venvs (--package) may take, in GiB (--cache-size).
 CACHE_SIZE_GIB = 200
+# Fix proposals `fix --verify` and `run --verify-fix` try at most, best first, until one works (--verify-top).
+VERIFY_TOP = 5

@@ -31,7 +31,7 @@ from typing import Annotated, Any, Literal
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, TypeAdapter
 
 from bisect_npu.contracts import FixReport, FixVerification, Verdict, VerdictKind
-from bisect_npu.defaults import CACHE_SIZE_GIB, TRIAL_TIMEOUT_S
+from bisect_npu.defaults import CACHE_SIZE_GIB, TRIAL_TIMEOUT_S, VERIFY_TOP
 
 JOURNAL_SCHEMA_VERSION = 1
 # The case id of a user command's trials (a recipe's cases have their own ids).
@@ -77,7 +77,7 @@ class HeaderOptions(_Shape):
     timeout_s: float = TRIAL_TIMEOUT_S
     propose_fix: bool = True
     verify_fix: bool = False
-    fix_top: int = 3
+    fix_top: int = VERIFY_TOP
     workdir: str | None = None
     cache_size_gb: float = float(CACHE_SIZE_GIB)
     find_fix: bool = False
@@ -110,7 +110,8 @@ class HeaderOptions(_Shape):
         flags = {"--pre": self.prereleases, "--prefetch": self.prefetch is True,
                  "--no-prefetch": self.prefetch is False, "--no-check-ends": not self.check_ends,
                  "--no-fix": not self.propose_fix, "--verify-fix": self.verify_fix, "--find-fix": self.find_fix}
-        return argv + [flag for flag, wanted in flags.items() if wanted]
+        argv += [flag for flag, wanted in flags.items() if wanted]
+        return argv + (["--verify-top", str(self.fix_top)] if self.fix_top != VERIFY_TOP else [])
 
 
 class CandidateRange(_Shape):

@@ -55,7 +55,7 @@ options_strategy = st.builds(
     index_url=st.just(None),
     package=st.just(None),
     prereleases=st.just(False),
-    fix_top=st.just(3),
+    fix_top=st.sampled_from([3, 5]),
     slots=st.just(1),
 ).filter(lambda o: o.recipe is not None or o.command is not None)
 

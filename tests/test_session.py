@@ -310,10 +310,13 @@ def test_a_run_killed_during_fix_verification_resumes_only_the_rest(tmp_path: Pa
     whole = journal_lines(session)
     verified = [e["verification"] for e in whole if e["type"] == "fix_verified"]
     final = next(e["verifications"] for e in whole if e["type"] == "fix_verify")
-    assert len(verified) == len(final) >= 2 and final[0]["status"] == "verified"
+    assert len(verified) == len(final) and final[0]["status"] == "verified"
     assert final[0]["proposal"]["title"] == "[BugFix] state back to good (#2000)"
+    # The walk stops at the first proposal that works: the ones ranked below it are never tried.
+    assert all(v["status"] != "verified" for v in final[1:])
 
-    # Killed after the first verification was journaled: resume verifies the others only.
+    # Killed after the first verification was journaled: resume verifies only what was not tried, and
+    # nothing when the fix was already found.
     lost = _cut_journal(session, lambda entries: 1 + next(i for i, e in enumerate(entries)
                                                           if e["type"] == "fix_verified"))
     done = bisect("resume", "--session", str(session), "--json", cwd=tmp_path, check_code=0)
@@ -334,6 +337,7 @@ def test_a_run_killed_during_fix_verification_resumes_only_the_rest(tmp_path: Pa
     assert kinds.count("fix") == 1 and kinds.count("fix_verify") == 1 and kinds.count("fix_verified") == len(verified)
     report = (session / "report.md").read_text()
     assert "state back to good" in report
+    assert f"found after trying {len(final)} proposal(s) in ranking order" in report
 
 
 def test_sigterm_unwinds_like_ctrl_c_and_leaves_no_worktree(tmp_path: Path) -> None:

@@ -7,6 +7,7 @@ from typing import TYPE_CHECKING, Any
 
 import click
 
+from bisect_npu.defaults import VERIFY_TOP
 from bisect_npu.errors import UsageError
 
 if TYPE_CHECKING:
@@ -21,13 +22,17 @@ if TYPE_CHECKING:
 @click.option("--recipe", "recipe_path", help="Recipe: its symptom keywords rank fixes; --verify runs its bad case.")
 @click.option("--keyword", "keywords", multiple=True, help="Extra symptom keyword (repeatable).")
 @click.option("--cmd", "command", help="With --verify: oracle command instead of a recipe (exit 0 good).")
-@click.option("--verify", is_flag=True, help="Apply the top proposals to the bad end and re-run the recipe.")
+@click.option("--verify", is_flag=True,
+              help="Apply the proposals to the bad end, best first, re-running the bad case until one works.")
+@click.option("--verify-top", "verify_top", default=VERIFY_TOP, show_default=True, type=click.IntRange(min=1),
+              help="With --verify: proposals tried at most.")
 @click.option("--executor", type=click.Choice(["local", "docker"]), default="local", show_default=True,
               help="Where --verify runs the bad case.")
 @click.option("--devices", help="With --verify: NPU cards each verification runs on, e.g. 0-7 (as `run`).")
 @click.option("--json", "as_json", is_flag=True, help="Print the report as JSON.")
 def fix(culprit: str, repo_path: str, bad: str | None, top: int, recipe_path: str | None,
-        keywords: tuple[str, ...], command: str | None, verify: bool, executor: str, devices: str | None,
+        keywords: tuple[str, ...], command: str | None, verify: bool, verify_top: int, executor: str,
+        devices: str | None,
         as_json: bool) -> None:
     """Rank the later commits that fix CULPRIT, with the evidence for each."""
     from bisect_npu.execute.ascend import parse_devices
@@ -44,14 +49,15 @@ def fix(culprit: str, repo_path: str, bad: str | None, top: int, recipe_path: st
                          "(where to apply the fix)")
     repo = open_repo(repo_path)
     report = propose_fixes(repo, culprit, bad=bad, symptom=[*(recipe.symptom if recipe else []), *keywords],
-                           top=top)
+                           top=max(top, verify_top if verify else 0))
     verifications: list[FixVerification] = []
     if verify and bad is not None:
         from bisect_npu.orchestration.wiring import fix_verifier
 
         with fix_verifier(repo_path, None if argv else recipe_path, command=argv,
                           executor="docker" if executor == "docker" else "local", devices=cards) as (evaluate, fixes):
-            verifications = verify_fixes(repo, bad, report, evaluate, top=min(top, 3), workdir=fixes, check_bad=True)
+            verifications = verify_fixes(repo, bad, report, evaluate, top=verify_top, workdir=fixes,
+                                         check_bad=True)
     if as_json:
         click.echo(json.dumps(_as_json(report, verifications), indent=2, default=str))
     else:

@@ -10,7 +10,7 @@ import click
 
 from bisect_npu.cli import note_session
 from bisect_npu.cli.params import FiniteRange
-from bisect_npu.defaults import CACHE_SIZE_GIB, TRIAL_TIMEOUT_S
+from bisect_npu.defaults import CACHE_SIZE_GIB, TRIAL_TIMEOUT_S, VERIFY_TOP
 
 if TYPE_CHECKING:
     from bisect_npu.orchestration.session import SessionResult
@@ -76,7 +76,10 @@ def finish(result: SessionResult, as_json: bool) -> None:
               help="Most disk the candidate images (docker) or release venvs (--package) may take; the least "
                    "recently used go first, e.g. 500G, 80GiB.")
 @click.option("--fix/--no-fix", "propose_fix", default=True, show_default=True, help="Propose upstream fixes.")
-@click.option("--verify-fix", is_flag=True, help="Apply the top fixes to the bad end and re-run the oracle.")
+@click.option("--verify-fix", is_flag=True,
+              help="Apply the fix proposals to the bad end, best first, re-running the oracle until one works.")
+@click.option("--verify-top", "verify_top", default=VERIFY_TOP, show_default=True, type=click.IntRange(min=1),
+              help="With --verify-fix: proposals tried at most.")
 @click.option("--find-fix", is_flag=True, help="Flip the terms: find the first commit where the symptom is gone.")
 @click.option("--json", "as_json", is_flag=True, help="Print a machine-readable summary as the last line.")
 @click.option("--quiet", is_flag=True, help="Plain log lines even on a terminal.")
@@ -87,7 +90,7 @@ def run(good: str, bad: str, repo: str | None, package: str | None, index_url: s
         mode: Literal["exact", "noisy"] | None,
         prefetch: bool | None,
         confidence: float | None, earlier_runs: tuple[str, str] | None, check_ends: bool, timeout_s: float,
-        cache_size: str, propose_fix: bool, verify_fix: bool,
+        cache_size: str, propose_fix: bool, verify_fix: bool, verify_top: int,
         find_fix: bool, as_json: bool, quiet: bool) -> None:
     """Bisect GOOD..BAD: find the first bad commit, propose its fix, write the report."""
     from bisect_npu.builders.cache import parse_size
@@ -109,7 +112,7 @@ def run(good: str, bad: str, repo: str | None, package: str | None, index_url: s
                          devices=cards, slots=slots, mode=mode, confidence=confidence,
                          check_ends=check_ends, timeout_s=timeout_s, propose_fix=propose_fix,
                          cache_size_gb=parse_size(cache_size) / 2**30,
-                         verify_fix=verify_fix, find_fix=find_fix, prefetch=prefetch,
+                         verify_fix=verify_fix, fix_top=verify_top, find_fix=find_fix, prefetch=prefetch,
                          earlier_runs=list(earlier_runs) if earlier_runs else None,
                          workdir=str(workdir) if workdir else None, base_image_map=list(base_image_map),
                          release_images=release_images)

@@ -31,6 +31,7 @@ from bisect_npu.contracts import (
     FixVerification,
     Reason,
 )
+from bisect_npu.defaults import VERIFY_TOP
 from bisect_npu.fix.propose import (
     MIN_TITLE_REFERENCE,
     STRONG_SIGNALS,
@@ -41,7 +42,7 @@ from bisect_npu.fix.propose import (
     propose_fixes,
 )
 from bisect_npu.fix.results import AlreadyApplied, AppliedFix, ApplyConflict, ApplyResult
-from bisect_npu.fix.verify import APPLY_NAME, VERIFY_TOP, apply_fix, verify_fixes
+from bisect_npu.fix.verify import APPLY_NAME, apply_fix, verify_fixes
 
 __all__ = [
     "APPLY_NAME",

@@ -13,6 +13,7 @@ import git
 from bisect_npu.builders.base import BuildFailed
 from bisect_npu.builders.local import remove_worktree
 from bisect_npu.contracts import FixProposal, FixReport, FixStatus, FixVerification, Verdict, VerdictKind
+from bisect_npu.defaults import VERIFY_TOP
 from bisect_npu.errors import InfrastructureError, UsageError
 from bisect_npu.fix.results import AlreadyApplied, AppliedFix, ApplyConflict, ApplyResult
 from bisect_npu.history import git_error_line, is_ancestor, resolve_ref
@@ -105,9 +106,6 @@ def _detail_of(verdict: Verdict) -> str:
     if verdict.kind is VerdictKind.GOOD:
         return "the bad case passes with the fix applied"
     return f"{verdict.kind.value} with the fix applied: {verdict.reason}"
-
-
-VERIFY_TOP = 5  # proposals `fix --verify` and `run --verify-fix` try at most (--verify-top)
 
 
 def verify_fixes(repo: git.Repo, bad: str, report: FixReport, evaluate: Callable[[str], Verdict], *,

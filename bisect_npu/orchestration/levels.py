@@ -196,11 +196,14 @@ class FixStage:
             session.append(FixVerifyRecord(verifications=[]))  # nothing to verify: the stage is done
             return
         kept = [e.verification for e in session.journal.records(FixVerifiedRecord)]
-        session.progress.note(f"verifying the top {self.options.fix_top} fix proposals on the bad end"
-                              + (f" ({len(kept)} verified before the interruption)" if kept else ""))
-        fresh = fix.verify_fixes(session.repo, bad, report, session.verdict_of, top=self.options.fix_top,
-                                 workdir=fix_worktrees(self.session_dir), done={v.proposal.shas[0] for v in kept},
-                                 on_result=lambda v: session.append(FixVerifiedRecord(verification=v)))
+        session.progress.note(f"verifying the fix proposals on the bad end, best first, until one works "
+                              f"(at most {self.options.fix_top})"
+                              + (f"; {len(kept)} tried before the interruption" if kept else ""))
+        # The walk stops at the first verified fix: an interrupted run that had found it is done.
+        fresh = [] if any(v.status == "verified" for v in kept) else fix.verify_fixes(
+            session.repo, bad, report, session.verdict_of, top=self.options.fix_top,
+            workdir=fix_worktrees(self.session_dir), done={v.proposal.shas[0] for v in kept},
+            on_result=lambda v: session.append(FixVerifiedRecord(verification=v)))
         every = sorted([*kept, *fresh], key=lambda v: v.status != "verified")
         session.append(FixVerifyRecord(verifications=every))
 

@@ -10,7 +10,7 @@ from typing import Any, Literal
 
 from pydantic import ValidationError
 
-from bisect_npu.defaults import CACHE_SIZE_GIB, TRIAL_TIMEOUT_S
+from bisect_npu.defaults import CACHE_SIZE_GIB, TRIAL_TIMEOUT_S, VERIFY_TOP
 from bisect_npu.errors import UsageError
 from bisect_npu.recipe import EarlierRunsSpec, Recipe
 from bisect_npu.records import HeaderOptions
@@ -41,7 +41,7 @@ class RunOptions:
     timeout_s: float = TRIAL_TIMEOUT_S
     propose_fix: bool = True
     verify_fix: bool = False
-    fix_top: int = 3
+    fix_top: int = VERIFY_TOP  # --verify-top: proposals tried at most, best first, until one works
     workdir: str | None = None
     cache_size_gb: float = float(CACHE_SIZE_GIB)
     # --find-fix: the old end shows the symptom and the new end does not; find the first fixed one.

@@ -95,7 +95,7 @@ def test_cli_exit_codes(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> N
     truncated = tmp_path / "cut.json"
     truncated.write_text(Path(bad).read_text()[:50], encoding="utf-8")
     code, out, err = run_cli(["judge", "--recipe", str(recipe), str(truncated)], capsys)
-    assert code == 2 and "cut.json: not valid JSON" in err and len(err.strip().splitlines()) == 1
+    assert code == 128 and "cut.json: not valid JSON" in err and len(err.strip().splitlines()) == 1
 
 
 def test_real_console_script(tmp_path: Path) -> None:

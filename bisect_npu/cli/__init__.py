@@ -54,6 +54,10 @@ def cli() -> None:
 
 
 SESSION_COMMANDS = ("run", "resume", "demo")
+# Commands whose exit code another bisector reads as a verdict (`git bisect run`: 0 good, 125 skip,
+# 1-127 bad, >= 128 abort): anything that is not a verdict must end >= 128, or git would blame a commit.
+VERDICT_COMMANDS = ("judge",)
+NOT_A_VERDICT_EXIT = 128
 JSON_COMMANDS = ("run", "resume")  # their --json promises a summary as the last line of stdout
 _session: list[Path] = []  # the session a command works on, once it has one (for the interrupt's hint)
 
@@ -91,7 +95,7 @@ def main(argv: list[str] | None = None) -> None:
         _fail(args, f"bisect-npu: error: {message} (`{where} --help` lists the options)", 2, "error", message)
     except click.ClickException as exc:
         exc.show()
-        sys.exit(exc.exit_code)
+        sys.exit(_no_verdict(args, exc.exit_code))
     except click.exceptions.Exit as exc:
         sys.exit(exc.exit_code)
     except Exception as exc:  # a bug: its traceback is what a report needs, and --json still ends stdout
@@ -101,9 +105,14 @@ def main(argv: list[str] | None = None) -> None:
     sys.exit(returned if isinstance(returned, int) else 0)
 
 
+def _no_verdict(args: list[str], code: int) -> int:
+    """The exit code of a failure: a verdict command's ends >= 128 (130 stays the interrupt's)."""
+    return max(code, NOT_A_VERDICT_EXIT) if args and args[0] in VERDICT_COMMANDS else code
+
+
 def _fail(args: list[str], line: str, code: int, status: str, message: str) -> NoReturn:
     click.echo(line, err=True)
     if args and args[0] in JSON_COMMANDS and "--json" in args:
         click.echo(json.dumps({"status": status, "exit_code": code, "message": message, "culprit": None,
                                "session": str(_session[0]) if _session else None}))
-    sys.exit(code)
+    sys.exit(_no_verdict(args, code))

@@ -29,7 +29,8 @@ def _flat(figures: dict[str, Any], prefix: str = "") -> list[tuple[str, str]]:
 @click.option("--json", "as_json", is_flag=True, help="Print the verdict as JSON.")
 @click.argument("observations", nargs=-1, required=True, type=click.Path(dir_okay=False))
 def judge(recipe_path: str, references: tuple[str, ...], as_json: bool, observations: tuple[str, ...]) -> None:
-    """Judge OBSERVATIONS with the recipe's oracle: exit 0 good, 1 bad, 125 undecided or skip."""
+    """Judge OBSERVATIONS with the recipe's oracle: exit 0 good, 1 bad, 125 undecided or skip; 128 when
+    there is no verdict (unreadable input, unknown recipe, internal error), so `git bisect run` aborts."""
     from bisect_npu import oracle
     from bisect_npu.contracts import Observation
     from bisect_npu.recipe import load_recipe

@@ -11,15 +11,16 @@ import json
 from dataclasses import dataclass, field
 from enum import StrEnum
 from pathlib import Path
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from bisect_npu.errors import UsageError
 
 OBSERVATION_SCHEMA_VERSION = 1
-
-
+# A token id as vocabularies have them: a whole number that fits the int32 arrays the oracles use
+# (a JSON 10**30 would overflow them; `true` is not a token).
+TokenId = Annotated[int, Field(strict=True, ge=0, lt=2**31)]
 
 
 class VerdictKind(StrEnum):
@@ -49,14 +50,14 @@ class Observation(BaseModel):
 
     model_config = ConfigDict(extra="allow")
 
-    schema_version: int = OBSERVATION_SCHEMA_VERSION
+    schema_version: int = Field(OBSERVATION_SCHEMA_VERSION, strict=True, ge=1)
     commit: str = ""
     recipe: str = ""
     case_id: str = "default"
     trial: int = 0
     seed: int | None = None
-    prompt_token_ids: list[int] = Field(default_factory=list)
-    output_token_ids: list[int] = Field(default_factory=list)
+    prompt_token_ids: list[TokenId] = Field(default_factory=list)
+    output_token_ids: list[TokenId] = Field(default_factory=list)
     text: str = ""
     finish_reason: str | None = None
     stop_reason: str | None = None
@@ -64,9 +65,17 @@ class Observation(BaseModel):
     sampling: dict[str, Any] = Field(default_factory=dict)
     versions: dict[str, str] = Field(default_factory=dict)
     # Per generated token: the top candidates as [[token_id, logprob], ...], best first.
-    top_logprobs: list[list[tuple[int, float]]] | None = None
+    top_logprobs: list[list[tuple[TokenId, float]]] | None = None
     logits_dump: str | None = None
     extra: dict[str, Any] = Field(default_factory=dict)
+
+    @field_validator("schema_version")
+    @classmethod
+    def _known_schema(cls, version: int) -> int:
+        if version > OBSERVATION_SCHEMA_VERSION:
+            raise ValueError(f"schema {version} is newer than this bisect-npu reads ({OBSERVATION_SCHEMA_VERSION}); "
+                             "upgrade bisect-npu or judge it with the version whose probe wrote it")
+        return version
 
     @classmethod
     def load(cls, path: str | Path) -> Observation:
@@ -76,10 +85,18 @@ class Observation(BaseModel):
             raw = json.loads(path.read_text(encoding="utf-8"))
         except FileNotFoundError as exc:
             raise UsageError(f"observation file not found: {path}") from exc
+        except IsADirectoryError as exc:
+            raise UsageError(f"{path}: a directory, not an observation file") from exc
+        except OSError as exc:
+            raise UsageError(f"{path}: cannot read the observation ({exc.strerror})") from exc
         except (json.JSONDecodeError, UnicodeDecodeError) as exc:
             raise UsageError(f"{path}: not valid JSON ({exc}); the probe was probably interrupted") from exc
+        except RecursionError as exc:
+            raise UsageError(f"{path}: JSON nested too deeply to be an observation") from exc
         try:
             return cls.model_validate(raw)
+        except RecursionError as exc:
+            raise UsageError(f"{path}: JSON nested too deeply to be an observation") from exc
         except ValidationError as exc:
             first = exc.errors()[0]
             field = ".".join(str(p) for p in first["loc"]) or "<root>"

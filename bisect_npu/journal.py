@@ -262,7 +262,7 @@ def _first_error(exc: ValidationError, *, within_union: bool = False) -> str:
 def _decode(raw: bytes) -> dict[str, Any] | None:
     try:
         value = json.loads(raw)
-    except (json.JSONDecodeError, UnicodeDecodeError):
+    except (json.JSONDecodeError, UnicodeDecodeError, RecursionError):  # nested past the parser's stack
         return None
     return value if isinstance(value, dict) else None
 

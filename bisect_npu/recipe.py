@@ -78,7 +78,8 @@ class EngineSpec(_Strict):
                     "wheel needs ['{python}', '-m', 'vllm.entrypoints.openai.api_server', '--model', '{model}']")
     loop_guard: Literal["engine", "probe"] = Field(
         "engine", description="who stops a loop early: vLLM's repetition_detection when it has it, or the probe")
-    port: int = Field(8000, ge=1, le=65535, description="port of the openai backend's server, on 127.0.0.1")
+    port: int = Field(8000, strict=True, ge=1, le=65535,
+                      description="port of the openai backend's server, on 127.0.0.1")
     startup_timeout_s: float = Field(600.0, gt=0, description="seconds the openai backend waits for the "
                                                                 "server's /health")
 
@@ -127,16 +128,17 @@ class SamplingSpec(_Strict):
 
     temperature: float | None = Field(None, ge=0.0, description="unset: the engine's default")
     top_p: float | None = Field(None, gt=0.0, le=1.0, description="unset: the engine's default")
-    top_k: int | None = Field(None, description="unset: the engine's default")
+    top_k: int | None = Field(None, strict=True, description="unset: the engine's default")
     min_p: float | None = Field(None, ge=0.0, le=1.0, description="unset: the engine's default")
     repetition_penalty: float | None = Field(None, gt=0.0, description="unset: the engine's default")
     presence_penalty: float | None = Field(None, description="unset: the engine's default (with `vllm serve`, "
                                                              "--override-generation-config's)")
     frequency_penalty: float | None = Field(None, description="unset: the engine's default")
-    max_tokens: int = Field(256, ge=1, description="most tokens generated per trial")
-    seed: int | None = Field(None, description="sampling seed; trial N sends seed + N (repeated trials differ, "
-                                                  "reproducibly); unset: left to the engine")
-    logprobs: int | None = Field(5, ge=0, description="logprobs asked of the engine per generated token")
+    max_tokens: int = Field(256, strict=True, ge=1, description="most tokens generated per trial")
+    seed: int | None = Field(None, strict=True,
+                             description="sampling seed; trial N sends seed + N (repeated trials differ, "
+                                         "reproducibly); unset: left to the engine")
+    logprobs: int | None = Field(5, strict=True, ge=0, description="logprobs asked of the engine per generated token")
 
     def to_request(self) -> dict[str, Any]:
         return {k: v for k, v in self.model_dump().items() if v is not None}
@@ -166,11 +168,12 @@ class CaseSpec(_Strict):
 class CaptureSpec(_Strict):
     """What the probe records beyond tokens: top-k logprobs always; full logits or layer dumps on ask."""
 
-    top_k: int = Field(5, ge=1, le=20, description="top logprobs kept per step (the tokens oracle's ties)")
+    top_k: int = Field(5, strict=True, ge=1, le=20, description="top logprobs kept per step (the tokens oracle's ties)")
     full_logits: bool = Field(False, description="a [steps, vocab] log-prob tensor under full_logits/ "
                                                  "(vllm backend; read by the logits oracle)")
     layers: list[str] = Field(default_factory=list, description="module name patterns to dump (fnmatch)")
-    steps: list[int] = Field(default_factory=lambda: [0], description="forward passes to dump; 0 is the prefill")
+    steps: list[Annotated[int, Field(strict=True, ge=0)]] = Field(
+        default_factory=lambda: [0], description="forward passes to dump; 0 is the prefill")
 
 
 class EarlierRunsSpec(_Strict):
@@ -217,7 +220,7 @@ class TrialsSpec(_Strict):
 
     mode: Literal["exact", "noisy"] = Field("exact", description="exact: one verdict per commit; noisy: each "
                                                                  "trial a vote (--mode overrides)")
-    count: int = Field(1, ge=1, description="exact mode: trials per commit, judged together")
+    count: int = Field(1, strict=True, ge=1, description="exact mode: trials per commit, judged together")
     confidence: float = Field(0.99, gt=0.5, lt=1.0, description="noisy mode: stop when one commit holds this "
                                                                 "share of the posterior (--confidence overrides)")
     earlier_runs: EarlierRunsSpec | None = Field(None, description="noisy mode: runs of the ends made before the "
@@ -404,11 +407,58 @@ def _without_new_defaults(value: Any, dumped: Any, prefix: str) -> Any:
     return dumped
 
 
+# Bounds on what a recipe may be, so a hostile file ends in one line instead of gigabytes: real
+# recipes are a few KB, a few levels deep, with an anchor or two.
+MAX_RECIPE_BYTES = 256 * 1024
+MAX_DEPTH = 40
+MAX_EXPANDED_NODES = 20_000  # nodes once every alias is expanded (what validation walks)
+
+
 class _LineLoader(yaml.SafeLoader):
-    """Safe loader that remembers the line of every mapping key."""
+    """Safe loader that remembers the line of every mapping key, refuses duplicate keys, and
+    bounds nesting and alias expansion (a 1 KB alias bomb expands to billions of nodes)."""
+
+    def __init__(self, stream: str) -> None:
+        super().__init__(stream)
+        self._depth = 0
+        self._expanded: dict[int, int] = {}  # id(node) -> its size with aliases expanded
+
+    def compose_node(self, parent: yaml.Node | None, index: object) -> yaml.Node:
+        if self.check_event(yaml.AliasEvent):
+            mark = self.peek_event().start_mark
+            node = super().compose_node(parent, index)
+            if id(node) not in self._expanded:
+                raise yaml.composer.ComposerError(None, None, "an alias refers to the node that contains it", mark)
+            return node
+        self._depth += 1
+        if self._depth > MAX_DEPTH:
+            raise yaml.composer.ComposerError(None, None, f"nested deeper than {MAX_DEPTH} levels",
+                                              self.peek_event().start_mark)
+        node = super().compose_node(parent, index)
+        self._depth -= 1
+        children: list[yaml.Node] = []
+        if isinstance(node, yaml.SequenceNode):
+            children = list(node.value)
+        elif isinstance(node, yaml.MappingNode):
+            children = [part for pair in node.value for part in pair]
+        size = 1 + sum(self._expanded.get(id(child), 1) for child in children)
+        if size > MAX_EXPANDED_NODES:
+            raise yaml.composer.ComposerError(None, None, f"more than {MAX_EXPANDED_NODES} values once its "
+                                              "aliases are expanded (a recipe is a few hundred)", node.start_mark)
+        self._expanded[id(node)] = size
+        return node
 
 
 def _construct_mapping(loader: _LineLoader, node: yaml.MappingNode) -> dict[Hashable, Any]:
+    first_line: dict[Any, int] = {}
+    for key_node, _ in node.value:
+        if isinstance(key_node, yaml.ScalarNode) and key_node.tag != "tag:yaml.org,2002:merge":
+            key = loader.construct_object(key_node)
+            if key in first_line:
+                raise yaml.constructor.ConstructorError(
+                    None, None, f"duplicate key {key!r} (first at line {first_line[key]}); one of them would be "
+                    "silently lost", key_node.start_mark)
+            first_line[key] = key_node.start_mark.line + 1
     mapping = yaml.SafeLoader.construct_mapping(loader, node, deep=True)
     lines = {key_node.value: key_node.start_mark.line + 1 for key_node, _ in node.value
              if isinstance(key_node, yaml.ScalarNode)}
@@ -455,6 +505,8 @@ def _yaml_error(source: str, exc: yaml.YAMLError) -> str:
 
 
 def parse_recipe(text: str, source: str = "<recipe>") -> Recipe:
+    if len(text) > MAX_RECIPE_BYTES:
+        raise UsageError(f"{source}: {len(text)} characters; a recipe is at most {MAX_RECIPE_BYTES // 1024} KB")
     try:
         raw = yaml.load(text, Loader=_LineLoader)
     except yaml.YAMLError as exc:
@@ -512,7 +564,11 @@ def load_recipe(path_or_name: str | Path | Traversable) -> Recipe:
             raise UsageError(f"recipe not found: {path_or_name}; bundled recipes: {', '.join(bundled) or 'none'}")
         path = bundled[str(path_or_name)]
     try:
-        text = path.read_text(encoding="utf-8")
+        with path.open("rb") as stream:
+            data = stream.read(MAX_RECIPE_BYTES + 1)
+        if len(data) > MAX_RECIPE_BYTES:
+            raise UsageError(f"{path}: larger than {MAX_RECIPE_BYTES // 1024} KB; a recipe is a few KB of YAML")
+        text = data.decode("utf-8")
     except UnicodeDecodeError as exc:
         raise UsageError(f"{path}: not UTF-8 text (byte {exc.start}); a recipe is a YAML file") from None
     except OSError as exc:

@@ -66,18 +66,21 @@ def test_git_bisect_run_finds_the_culprit_when_every_observation_reads(tmp_path:
     assert done.returncode == 0 and f"{shas[10]} is the first bad commit" in done.stdout, done.stdout + done.stderr
 
 
-@pytest.mark.parametrize("case", ["unknown recipe", "missing file", "unknown option", "a directory"])
+@pytest.mark.parametrize("case", ["unknown recipe", "missing file", "unknown option", "a directory", "newer schema"])
 def test_no_verdict_ends_above_127_with_one_line(case: str, tmp_path: Path,
                                                  capsys: pytest.CaptureFixture[str]) -> None:
     recipe = tmp_path / "recipe.yaml"
     recipe.write_text(RECIPE, encoding="utf-8")
     good = tmp_path / "good.json"
     good.write_text(CLEAN, encoding="utf-8")
+    newer = tmp_path / "newer.json"
+    newer.write_text(CLEAN.replace('"schema_version":1', '"schema_version":999'), encoding="utf-8")
     argv, needle = {
         "unknown recipe": (["--recipe", "no-such-recipe", str(good)], "recipe not found: no-such-recipe"),
         "missing file": (["--recipe", str(recipe), str(tmp_path / "gone.json")], "observation file not found"),
         "unknown option": (["--recipe", str(recipe), "--no-such-option", str(good)], "No such option"),
         "a directory": (["--recipe", str(recipe), str(tmp_path)], "is a directory"),
+        "newer schema": (["--recipe", str(recipe), str(newer)], "schema 999 is newer than this bisect-npu reads"),
     }[case]
     code, err = run_judge(argv, capsys)
     assert code == NOT_A_VERDICT_EXIT and needle in err, err

@@ -13,8 +13,15 @@ from bisect_npu.errors import UsageError
 from bisect_npu.journal import DEFAULT_ROOT
 
 
+def _case_name(ctx: click.Context, param: click.Parameter, value: str | None) -> str | None:
+    if value is not None and not value.strip():
+        raise click.BadParameter("is empty; name a demo case, or `all` (leave the option out for the default case)")
+    return value
+
+
 @click.command()
-@click.option("--case", "case_name", default=None, help="Demo case name, or `all` (default: the manifest's default).")
+@click.option("--case", "case_name", default=None, callback=_case_name,
+              help="Demo case name, or `all` (default: the manifest's default).")
 @click.option("--seed", type=int, default=0, show_default=True, help="Seed of the generated upstream.")
 @click.option("--executor", type=click.Choice(["local", "docker"]), default="local", show_default=True)
 @click.option("--verify-fix/--no-verify-fix", default=True, show_default=True,

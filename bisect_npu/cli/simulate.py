@@ -41,7 +41,8 @@ from bisect_npu.cli.params import FiniteRange
                    "trials.earlier_runs).")
 @click.option("--dockerfile", default="Dockerfile", show_default=True,
               help="The Dockerfile that builds the images (a recipe's build.dockerfile): it is part of the keys.")
-@click.option("--seed", type=int, default=0, show_default=True)
+@click.option("--seed", type=click.IntRange(0), default=0, show_default=True,
+              help="Seed of the simulated trials (a whole number >= 0).")
 @click.option("--mode", type=click.Choice(["exact", "noisy"]), default=None,
               help="Search mode; default: exact for a perfect test (rates 1/0), else noisy.")
 def simulate(repo: str, good: str, bad: str, culprit: str, bad_rate: float, good_rate: float,

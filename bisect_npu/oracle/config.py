@@ -17,22 +17,26 @@ class _Strict(BaseModel):
 class RepetitionConfig(_Strict):
     """Exact loops (vLLM's rule, extended to long periods) and near-loops."""
 
-    min_pattern_size: int = Field(1, ge=1, description="shortest loop period (vLLM's repetition_detection)")
-    max_pattern_size: int = Field(20, ge=1, description="longest loop period the streaming guard watches")
-    min_count: int = Field(3, ge=2, description="repetitions of the period that make a loop")
-    offline_max_period: int = Field(2048, ge=1, description="offline judge only: longest period searched over "
-                                                            "a whole observation")
-    min_loop_tokens: int = Field(32, ge=0, description="fewest tokens a loop must cover to count (short legit "
-                                                       "repeats are fine); 0 is vLLM's rule exactly")
-    ngram: int = Field(4, ge=1, description="near-loop: n-gram size of the distinct-n-gram ratio")
-    window: int = Field(256, ge=8, description="near-loop: tokens per window")
+    min_pattern_size: int = Field(1, strict=True, ge=1,
+                                  description="shortest loop period (vLLM's repetition_detection)")
+    max_pattern_size: int = Field(20, strict=True, ge=1, description="longest loop period the streaming guard watches")
+    min_count: int = Field(3, strict=True, ge=2, description="repetitions of the period that make a loop")
+    offline_max_period: int = Field(2048, strict=True, ge=1,
+                                    description="offline judge only: longest period searched over "
+                                                "a whole observation")
+    min_loop_tokens: int = Field(32, strict=True, ge=0,
+                                 description="fewest tokens a loop must cover to count (short legit "
+                                             "repeats are fine); 0 is vLLM's rule exactly")
+    ngram: int = Field(4, strict=True, ge=1, description="near-loop: n-gram size of the distinct-n-gram ratio")
+    window: int = Field(256, strict=True, ge=8, description="near-loop: tokens per window")
     min_distinct_ratio: float = Field(0.2, ge=0.0, le=1.0, description="near-loop: a window's distinct-n-gram "
                                                                       "ratio below this looks loop-like")
     max_periodic_share: float = Field(0.6, ge=0.0, le=1.0, description="near-loop: best-period share of positions "
                                                                       "equal to the token one period back, at or "
                                                                       "above this, looks loop-like")
-    near_min_windows: int = Field(2, ge=1, description="consecutive half-overlapping windows that must look "
-                                                      "loop-like before a near-loop counts")
+    near_min_windows: int = Field(2, strict=True, ge=1,
+                                  description="consecutive half-overlapping windows that must look "
+                                              "loop-like before a near-loop counts")
     require_length_finish: bool = Field(False, description="call a loop bad only when the output also ran out "
                                                          "of tokens (finish_reason=length)")
     stop_early: bool = Field(True, description="the probe's streaming detector stops generation when it fires")
@@ -44,7 +48,8 @@ class TokenMatchConfig(_Strict):
     min_match_rate: float = Field(1.0, ge=0.0, le=1.0, description="share of tokens that must match the reference")
     tie_margin: float = Field(0.05, ge=0.0, description="a first mismatch where the reference's top logprobs are "
                                                         "within this margin is a numerical tie")
-    compare_tokens: int | None = Field(None, ge=1, description="compare only the first N tokens; unset: all")
+    compare_tokens: int | None = Field(None, strict=True, ge=1,
+                                       description="compare only the first N tokens; unset: all")
 
 
 class LogitsConfig(_Strict):
@@ -78,24 +83,27 @@ class LogitsConfig(_Strict):
     min_within_5e3: float | None = Field(None, ge=0.0, le=1.0, description="share of elements within 5/1000; "
                                                                            "unset: off")
     max_kl: float | None = Field(None, ge=0.0, description="largest KL divergence of the logits; unset: off")
-    top_k: int = Field(5, ge=1, description="k of the top-k overlap figure of logits tensors")
-    workers: int = Field(2, ge=1, description="threads comparing tensor pairs (a tensor larger than 8 chunks "
-                                              "is shared between them)")
+    top_k: int = Field(5, strict=True, ge=1, description="k of the top-k overlap figure of logits tensors")
+    workers: int = Field(2, strict=True, ge=1,
+                         description="threads comparing tensor pairs (a tensor larger than 8 chunks is shared "
+                                     "between them)")
     relative: bool = Field(True, description="judge each module's output against its inputs (or the output "
                                              "before it): msprobe's amplification rule and the cosine distance's")
     msprobe_rule: bool = Field(True, description="msprobe's rule: the inputs' share within 1/1000 above 0.9 and "
                                                  "the output's below 0.1")
     amplification: float = Field(5.0, gt=1.0, description="times the input's cosine distance an output's must "
                                                           "reach (above the dtype's floor) to diverge")
-    chunk_elements: int = Field(1 << 20, ge=1, description="elements one worker reads at a time (whole "
-                                                           "vocabulary rows for logits); bounds peak memory")
+    chunk_elements: int = Field(1 << 20, strict=True, ge=1,
+                                description="elements one worker reads at a time (whole vocabulary rows for "
+                                            "logits); bounds peak memory")
 
 
 class StatsConfig(_Strict):
     """Verdict over repeated trials."""
 
-    trials: int = Field(5, ge=1, description="trials asked before the first decision")
-    max_trials: int = Field(40, ge=1, description="at this many trials an undecided test is settled by the rate")
+    trials: int = Field(5, strict=True, ge=1, description="trials asked before the first decision")
+    max_trials: int = Field(40, strict=True, ge=1,
+                            description="at this many trials an undecided test is settled by the rate")
     confidence: float = Field(0.95, gt=0.5, lt=1.0, description="confidence of the test and of the Wilson interval")
     good_rate: float = Field(0.0, ge=0.0, le=1.0, description="rate of bad trials at the good end when not "
                                                              "measured")

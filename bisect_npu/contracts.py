@@ -21,6 +21,10 @@ OBSERVATION_SCHEMA_VERSION = 1
 # A token id as vocabularies have them: a whole number that fits the int32 arrays the oracles use
 # (a JSON 10**30 would overflow them; `true` is not a token).
 TokenId = Annotated[int, Field(strict=True, ge=0, lt=2**31)]
+# What a trial that runs past --timeout says about its commit. Skip by default: a timeout is more
+# often a slow host, a stuck download or a busy card than the regression, and a skip costs a step
+# where a wrong bad verdict costs the answer; `bad` is for regressions that are hangs.
+TimeoutIs = Literal["bad", "skip"]
 
 
 class VerdictKind(StrEnum):

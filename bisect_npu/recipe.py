@@ -20,6 +20,7 @@ import yaml
 from packaging.specifiers import InvalidSpecifier, SpecifierSet
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
+from bisect_npu.contracts import TimeoutIs
 from bisect_npu.errors import UsageError
 from bisect_npu.oracle.config import OracleConfig
 from bisect_npu.probe.backends import BackendName
@@ -225,6 +226,10 @@ class TrialsSpec(_Strict):
                                                                 "share of the posterior (--confidence overrides)")
     earlier_runs: EarlierRunsSpec | None = Field(None, description="noisy mode: runs of the ends made before the "
                                                                    "session (--earlier-runs overrides)")
+    timeout_is: TimeoutIs | None = Field(
+        None, description="a trial past --timeout makes its commit `bad` (the regression is a hang) or `skip`; "
+                          "unset: skip (a timeout is more often a slow host than the regression); "
+                          "--timeout-is overrides")
     batch: bool = Field(True, description="a case's trials at one commit share one engine start (one probe run); "
                                           "false: a fresh engine per trial")
     load_cost: Literal["auto"] | Annotated[float, Field(ge=0)] = Field(

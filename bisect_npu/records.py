@@ -30,7 +30,7 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, TypeAdapter
 
-from bisect_npu.contracts import FixReport, FixVerification, Verdict, VerdictKind
+from bisect_npu.contracts import FixReport, FixVerification, TimeoutIs, Verdict, VerdictKind
 from bisect_npu.defaults import CACHE_SIZE_GIB, TRIAL_TIMEOUT_S, VERIFY_TOP
 
 JOURNAL_SCHEMA_VERSION = 1
@@ -75,6 +75,7 @@ class HeaderOptions(_Shape):
     confidence: float | None = None
     check_ends: bool = True
     timeout_s: float = TRIAL_TIMEOUT_S
+    timeout_is: TimeoutIs | None = None
     propose_fix: bool = True
     verify_fix: bool = False
     fix_top: int = VERIFY_TOP
@@ -101,6 +102,7 @@ class HeaderOptions(_Shape):
             ("--workdir", self.workdir), ("--release-images", self.release_images), ("--mode", self.mode),
             ("--confidence", repr(self.confidence) if self.confidence is not None else None),
             ("--timeout", repr(self.timeout_s) if self.timeout_s != TRIAL_TIMEOUT_S else None),
+            ("--timeout-is", self.timeout_is),
             ("--cache-size", f"{int(self.cache_size_gb * 2**30)}" if self.cache_size_gb != CACHE_SIZE_GIB else None),
         ]
         argv = [str(arg) for flag, value in valued if value is not None for arg in (flag, value)]

@@ -45,6 +45,7 @@ options_strategy = st.builds(
     confidence=st.sampled_from([None, 0.9, 0.999, 0.9999999]),
     check_ends=st.booleans(),
     timeout_s=st.sampled_from([3600.0, 90.0, 1.5, 1234567.89]),
+    timeout_is=st.sampled_from([None, "bad", "skip"]),
     propose_fix=st.booleans(),
     verify_fix=st.booleans(),
     workdir=st.sampled_from([None, "/tmp/wt"]),

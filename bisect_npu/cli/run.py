@@ -72,6 +72,11 @@ def finish(result: SessionResult, as_json: bool) -> None:
               help="Test that good is good and bad is bad before bisecting.")
 @click.option("--timeout", "timeout_s", type=FiniteRange(0, min_open=True), default=TRIAL_TIMEOUT_S, show_default=True,
               help="Seconds per probe or command run.")
+@click.option("--timeout-is", "timeout_is", type=click.Choice(["bad", "skip"]),
+              help="What a run past --timeout says about its commit: bad (the regression is a hang) or skip "
+                   "[default: the recipe's trials.timeout_is, else skip: a timeout is more often a slow host, a "
+                   "stuck download or a busy card than the regression, and a skip costs one more step where a "
+                   "wrong bad costs the answer].")
 @click.option("--cache-size", default=f"{CACHE_SIZE_GIB}G", show_default=True,
               help="Most disk the candidate images (docker) or release venvs (--package) may take; the least "
                    "recently used go first, e.g. 500G, 80GiB.")
@@ -90,6 +95,7 @@ def run(good: str, bad: str, repo: str | None, package: str | None, index_url: s
         mode: Literal["exact", "noisy"] | None,
         prefetch: bool | None,
         confidence: float | None, earlier_runs: tuple[str, str] | None, check_ends: bool, timeout_s: float,
+        timeout_is: Literal["bad", "skip"] | None,
         cache_size: str, propose_fix: bool, verify_fix: bool, verify_top: int,
         find_fix: bool, as_json: bool, quiet: bool) -> None:
     """Bisect GOOD..BAD: find the first bad commit, propose its fix, write the report."""
@@ -110,7 +116,7 @@ def run(good: str, bad: str, repo: str | None, package: str | None, index_url: s
     options = RunOptions(good=good, bad=bad, repo=repo or (None if package else "."), package=package,
                          index_url=index_url, prereleases=prereleases, recipe=recipe, command=argv, executor=executor,
                          devices=cards, slots=slots, mode=mode, confidence=confidence,
-                         check_ends=check_ends, timeout_s=timeout_s, propose_fix=propose_fix,
+                         check_ends=check_ends, timeout_s=timeout_s, timeout_is=timeout_is, propose_fix=propose_fix,
                          cache_size_gb=parse_size(cache_size) / 2**30,
                          verify_fix=verify_fix, fix_top=verify_top, find_fix=find_fix, prefetch=prefetch,
                          earlier_runs=list(earlier_runs) if earlier_runs else None,

@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from bisect_npu.builders.base import Builder, BuildFailed, Environment
-from bisect_npu.contracts import Observation, Verdict, VerdictKind
+from bisect_npu.contracts import Observation, TimeoutIs, Verdict, VerdictKind
 from bisect_npu.defaults import TRIAL_TIMEOUT_S
 from bisect_npu.errors import InfrastructureError
 from bisect_npu.execute.base import Executor, RunResult, observation_path, probe_log_path, probe_stem
@@ -24,6 +24,7 @@ from bisect_npu.records import COMMAND_CASE, BuildInfo, TrialRun
 # The `git bisect run` protocol: 0 good, 125 skip, 1..127 bad, above 127 abort.
 SKIP_EXIT = 125
 ABORT_ABOVE = 127
+TIMEOUT_IS_BAD_NOTE = ", counted bad (--timeout-is bad)"
 
 
 @dataclass(frozen=True)
@@ -61,12 +62,14 @@ class StepResult:
     seconds: float = 0.0
 
 
-def command_verdict(result: RunResult) -> Verdict:
-    """Map a user command's exit status to a verdict (the `git bisect run` protocol)."""
+def command_verdict(result: RunResult, timeout_is: TimeoutIs = "skip") -> Verdict:
+    """Map a user command's exit status to a verdict (the `git bisect run` protocol); a run past
+    --timeout is `timeout_is` (skip unless the regression is a hang)."""
     code = result.returncode
     figures = {"exit_code": code, "log": result.log_path}
     if result.timed_out:
-        return Verdict(kind=VerdictKind.SKIP, reason=f"command timed out after {result.seconds:.0f}s", figures=figures)
+        return Verdict(kind=VerdictKind(timeout_is), reason=f"command timed out after {result.seconds:.0f}s"
+                       f"{TIMEOUT_IS_BAD_NOTE if timeout_is == 'bad' else ''}", figures=figures)
     if code == 0:
         return Verdict(kind=VerdictKind.GOOD, reason="command exited 0", figures=figures)
     if code == SKIP_EXIT:
@@ -104,7 +107,7 @@ class Evaluator:
 
     def __init__(self, builder: Builder, executor: Executor, session_dir: Path, *,
                  recipe: Recipe | None = None, command: list[str] | None = None,
-                 timeout_s: float = TRIAL_TIMEOUT_S) -> None:
+                 timeout_s: float = TRIAL_TIMEOUT_S, timeout_is: TimeoutIs | None = None) -> None:
         if (recipe is None) == (command is None):
             raise ValueError("an Evaluator needs exactly one of a recipe or a command")
         self.builder = builder
@@ -113,6 +116,8 @@ class Evaluator:
         self.recipe = recipe
         self.command = command
         self.timeout_s = timeout_s
+        # A trial past the timeout: the option's word, else the recipe's, else skip.
+        self.timeout_is: TimeoutIs = timeout_is or (recipe.trials.timeout_is if recipe else None) or "skip"
         self.reference: list[Observation] | None = None
 
     def close(self) -> None:
@@ -195,7 +200,7 @@ class Evaluator:
             log_path = self.step_dir(commit) / f"command-t{trial}.log"
             result = self.executor.run_command(env, self.command, log_path, self.timeout_s,
                                                {"BISECT_NPU_COMMIT": commit, "BISECT_NPU_TRIAL": str(trial)})
-            verdict = command_verdict(result)
+            verdict = command_verdict(result, self.timeout_is)
             record = TrialRun(case_id=COMMAND_CASE, trial=trial, seconds=result.seconds,
                               log=self.rel(result.log_path) or "", outcome=verdict.kind, reason=verdict.reason)
             request.report(record)
@@ -253,10 +258,13 @@ class Evaluator:
             thread.join()
             collect()
         if len(records) < len(numbers):
+            hung = result.timed_out and self.timeout_is == "bad"
             why = "timed out" if result.timed_out else f"probe exited {result.returncode}"
+            why += TIMEOUT_IS_BAD_NOTE if hung else ""
             tail = result.log_tail.strip().splitlines()[-1:] or [""]
             for n in numbers[len(records):]:
-                missing = TrialRun(case_id=case.id, trial=n, log=log, outcome=VerdictKind.SKIP,
+                missing = TrialRun(case_id=case.id, trial=n, log=log,
+                                   outcome=VerdictKind.BAD if hung else VerdictKind.SKIP,
                                    reason=f"{why}: {tail[0][:200]}")
                 request.report(missing)
                 records.append(missing)
@@ -288,6 +296,9 @@ class Evaluator:
 
     def _judge_step(self, records: list[TrialRun]) -> Verdict:
         usable = [r for r in records if r.observation]
+        hung = next((r for r in records if not r.observation and r.outcome == VerdictKind.BAD), None)
+        if hung is not None:  # a trial past --timeout under --timeout-is bad: the commit hangs
+            return Verdict(kind=VerdictKind.BAD, reason=hung.reason, trials=len(records))
         if not usable:
             reasons = "; ".join(sorted({r.reason for r in records}))[:300]
             return Verdict(kind=VerdictKind.SKIP, reason=f"no usable observation ({reasons})", trials=len(records))

@@ -10,6 +10,7 @@ from typing import Any, Literal
 
 from pydantic import ValidationError
 
+from bisect_npu.contracts import TimeoutIs
 from bisect_npu.defaults import CACHE_SIZE_GIB, TRIAL_TIMEOUT_S, VERIFY_TOP
 from bisect_npu.errors import UsageError
 from bisect_npu.recipe import EarlierRunsSpec, Recipe
@@ -39,6 +40,8 @@ class RunOptions:
     confidence: float | None = None
     check_ends: bool = True
     timeout_s: float = TRIAL_TIMEOUT_S
+    # --timeout-is: what a trial past the timeout says (None: the recipe's trials.timeout_is, else skip).
+    timeout_is: TimeoutIs | None = None
     propose_fix: bool = True
     verify_fix: bool = False
     fix_top: int = VERIFY_TOP  # --verify-top: proposals tried at most, best first, until one works

@@ -59,7 +59,8 @@ def session_evaluator(options: RunOptions, repo: git.Repo | None, recipe: Recipe
         builder = Prefetcher(builder, session_dir / "prefetch")
     # A Python oracle goes the way of a command; its executor logs the name given as the argv.
     command = [options.python_oracle] if options.python_oracle else options.command
-    return Evaluator(builder, executor, session_dir, recipe=recipe, command=command, timeout_s=options.timeout_s)
+    return Evaluator(builder, executor, session_dir, recipe=recipe, command=command, timeout_s=options.timeout_s,
+                     timeout_is=options.timeout_is)
 
 
 def make_environment(options: RunOptions, repo: git.Repo | None, recipe: Recipe | None, session_dir: Path,

@@ -264,7 +264,8 @@ def _decode(raw: bytes) -> dict[str, Any] | None:
         value = json.loads(raw)
     except (json.JSONDecodeError, UnicodeDecodeError, RecursionError):  # nested past the parser's stack
         return None
-    return value if isinstance(value, dict) else None
+    # Every line is a mapping that names its type; anything else is corrupt, not a newer writer's record.
+    return value if isinstance(value, dict) and isinstance(value.get("type"), str) else None
 
 
 def _encode(record: BaseModel) -> bytes:

@@ -16,7 +16,7 @@ from hypothesis import strategies as st
 
 from bisect_npu.cli import NOT_A_VERDICT_EXIT, main
 from bisect_npu.errors import BisectError
-from bisect_npu.journal import Journal, require_header
+from bisect_npu.journal import Journal
 from bisect_npu.recipe import bundled_recipes, parse_recipe
 
 SECONDS = 2.0
@@ -148,22 +148,36 @@ def test_judge_answers_a_verdict_or_one_line(observed: str, reference: str, tmp_
     bounded(attempt)
 
 
+HEADER = {"type": "header", "options": {"good": "a", "bad": "b"},
+          "range": {"kind": "commits", "good": "a", "bad": "b", "base": "a", "good_ref": "a", "bad_ref": "b",
+                    "candidates": ["b"]}}
+RECORD_FIELDS = {"index": st.integers(-(10**30), 10**30) | JSON_VALUES, "commit": st.just("b") | JSON_VALUES,
+                 "verdict": st.fixed_dictionaries({"kind": st.sampled_from(["good", "bad", "skip"]) | JSON_VALUES,
+                                                   "reason": st.text(max_size=5) | JSON_VALUES}) | JSON_VALUES,
+                 "trials": st.lists(st.fixed_dictionaries({"case_id": st.just("c"), "trial": JSON_VALUES}),
+                                    max_size=2) | JSON_VALUES,
+                 "case_id": st.just("c") | JSON_VALUES, "trial": st.integers() | JSON_VALUES,
+                 "culprit": JSON_VALUES, "status": st.sampled_from(["found", "narrowed"]) | JSON_VALUES}
 JOURNAL_LINES = (st.text(max_size=80) | JSON_VALUES.map(json.dumps)
                  | (st.integers(1, 3000) | st.just(100_000)).map(lambda depth: '{"a": ' + nested(depth, "[", "]") + "}")
-                 | st.fixed_dictionaries({"type": st.sampled_from(["header", "step", "trial", "end"]) | JSON_VALUES},
-                                         optional={"options": JSON_VALUES, "range": JSON_VALUES,
-                                                   "commit": JSON_VALUES}).map(json.dumps))
+                 | st.fixed_dictionaries({"type": st.sampled_from(["step", "trial", "end", "fix", "next_level"])
+                                          | JSON_VALUES}, optional=RECORD_FIELDS).map(json.dumps))
+HEADERS = (st.just(HEADER) | st.fixed_dictionaries({"type": st.just("header")}, optional={
+    "options": st.just(HEADER["options"]) | JSON_VALUES, "range": st.just(HEADER["range"]) | JSON_VALUES,
+    "schema_version": st.integers(-5, 10**30) | JSON_VALUES})).map(json.dumps)
 
 
-@given(lines=st.lists(JOURNAL_LINES, min_size=1, max_size=8), torn=st.booleans())
+@given(header=HEADERS, lines=st.lists(JOURNAL_LINES, max_size=8), torn=st.booleans())
 @FUZZ
-def test_journals_read_or_are_refused_in_one_line(lines: list[str], torn: bool, tmp_path: Path) -> None:
-    text = "\n".join(line.replace("\n", " ") for line in lines) + ("" if torn else "\n")
+def test_journals_read_or_are_refused_in_one_line(header: str, lines: list[str], torn: bool, tmp_path: Path) -> None:
+    """The typed reader (records.py) under every line: read, or one line naming the file."""
+    text = "\n".join(line.replace("\n", " ") for line in [header, *lines]) + ("" if torn else "\n")
     (tmp_path / "journal.jsonl").write_text(text, encoding="utf-8")
+
     def attempt() -> None:
         try:
-            require_header(Journal.open(tmp_path, read_only=True))
+            Journal.open(tmp_path, read_only=True).close()
         except BisectError as exc:
-            assert "\n" not in str(exc)
+            assert "\n" not in str(exc) and "journal.jsonl" in str(exc)
 
     bounded(attempt)

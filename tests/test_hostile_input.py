@@ -11,6 +11,7 @@ import pytest
 from bisect_npu.cli import NOT_A_VERDICT_EXIT, main
 from bisect_npu.contracts import Observation
 from bisect_npu.errors import UsageError
+from bisect_npu.journal import Journal
 from bisect_npu.recipe import MAX_DEPTH, MAX_RECIPE_BYTES, load_recipe, parse_recipe
 
 HEAD = "name: hostile\nmodel: {path: /m}\ncases: [{prompt: p}]\n"
@@ -114,3 +115,13 @@ def test_options_out_of_range_are_usage_errors(argv: list[str], needle: str,
                                                capsys: pytest.CaptureFixture[str]) -> None:
     code, err = run_cli(argv, capsys)
     assert code == 2 and needle in err and "Traceback" not in err
+
+
+def test_a_journal_line_whose_type_is_not_text_is_corrupt(tmp_path: Path) -> None:
+    """Found by the fuzz test: `{"type": []}` reached a set lookup and ended in a TypeError."""
+    header = {"type": "header", "options": {"good": "a", "bad": "b"},
+              "range": {"kind": "commits", "good": "a", "bad": "b", "base": "a", "good_ref": "a", "bad_ref": "b",
+                        "candidates": ["b"]}}
+    (tmp_path / "journal.jsonl").write_text(json.dumps(header) + '\n{"type": []}\n{"type": "end"}\n', encoding="utf-8")
+    with pytest.raises(UsageError, match=r"journal\.jsonl:2: not a valid journal line"):
+        Journal.open(tmp_path, read_only=True)

@@ -48,20 +48,22 @@ def default_cache_dir() -> Path:
     return cache_root() / "repos"
 
 
-def open_repo(path_or_url: str, cache_dir: Path | None = None) -> git.Repo:
+RUN_REMEDY = "pass --repo with a clone of the upstream (or run from inside one)"
+
+
+def open_repo(path_or_url: str, cache_dir: Path | None = None, remedy: str = RUN_REMEDY) -> git.Repo:
     """Open a local clone, or clone/fetch a URL into a bare cache under `cache_dir`.
 
     A cached clone keeps upstream branches as `origin/<branch>` (like a normal clone), so the
-    same refs work whether the user points at their checkout or at the URL.
+    same refs work whether the user points at their checkout or at the URL. `remedy` ends the
+    error when the path is not a repository: what the command that asked can do about it.
     """
     if is_url(path_or_url):
         return _cached_clone(path_or_url, cache_dir or default_cache_dir())
     try:
         repo = git.Repo(path_or_url, search_parent_directories=True)
     except (git.InvalidGitRepositoryError, git.NoSuchPathError):
-        raise UsageError(
-            f"{path_or_url} is not a git repository; pass --repo with a clone of vllm-ascend"
-        ) from None
+        raise UsageError(f"{path_or_url} is not a git repository; {remedy}") from None
     try:  # GitPython reads some directories git itself refuses (a bare copy without its config)
         repo.git.rev_parse("--git-dir")
     except git.GitCommandError as exc:
@@ -411,6 +413,10 @@ class BisectRange:
     candidates: tuple[str, ...]
 
 
+def _is_shallow(repo: git.Repo) -> bool:
+    return Path(repo.git_dir, "shallow").is_file()
+
+
 def resolve_range(repo: git.Repo, good_ref: str, bad_ref: str) -> BisectRange:
     """The commits to bisect: first-parent commits of `bad` not contained in the good end.
 
@@ -429,7 +435,8 @@ def resolve_range(repo: git.Repo, good_ref: str, bad_ref: str) -> BisectRange:
     if is_ancestor(repo, bad, good):
         raise UsageError(
             f"good {good_ref} is newer than bad {bad_ref} (bad is an ancestor of good); "
-            "swap --good and --bad"
+            "swap --good and --bad, or, if the newer end is the one that works (you are looking for "
+            "the fix), add --find-fix"
         )
     notes: list[str] = []
     if is_ancestor(repo, good, bad):
@@ -438,6 +445,11 @@ def resolve_range(repo: git.Repo, good_ref: str, bad_ref: str) -> BisectRange:
         try:
             base = repo.git.merge_base(good, bad)
         except git.GitCommandError:
+            if _is_shallow(repo):  # a shallow clone cuts the history that joins them
+                raise UsageError(
+                    f"{good_ref} and {bad_ref} share no history in this shallow clone (no merge-base "
+                    "within its depth); run `git fetch --unshallow` in the repository, then start again"
+                ) from None
             raise UsageError(
                 f"{good_ref} and {bad_ref} share no history (no merge-base); pick a good commit that "
                 f"is an ancestor of {bad_ref}"
@@ -448,6 +460,9 @@ def resolve_range(repo: git.Repo, good_ref: str, bad_ref: str) -> BisectRange:
         )
     candidates = tuple(repo.git.rev_list("--first-parent", "--reverse", f"{base}..{bad}", "--").split())
     oldest = repo.commit(candidates[0])
+    if not oldest.parents and _is_shallow(repo):
+        raise UsageError(f"{bad_ref}'s history in this shallow clone ends at {oldest.hexsha[:10]}, before it reaches "
+                         f"{good_ref}; run `git fetch --unshallow` in the repository, then start again")
     if not oldest.parents:
         raise UsageError(
             f"{good_ref} is not on {bad_ref}'s first-parent line and shares no first-parent ancestor "

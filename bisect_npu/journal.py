@@ -34,8 +34,12 @@ R = TypeVar("R", bound=Record)
 
 
 def new_session_dir(root: Path = DEFAULT_ROOT) -> Path:
-    """Create `root/<YYYYmmdd-HHMMSS-xxxxxx>/` and point `root/latest` at it."""
+    """Create `root/<YYYYmmdd-HHMMSS-xxxxxx>/` and point `root/latest` at it. The root holds a
+    `.gitignore` of `*`: sessions are made inside the user's checkout and are none of its changes."""
     root.mkdir(parents=True, exist_ok=True)
+    ignore = root / ".gitignore"
+    if not ignore.exists():
+        _write_atomically(ignore, "# bisect-npu's sessions: not part of the repository\n*\n")
     while True:
         session_id = f"{time.strftime('%Y%m%d-%H%M%S', time.gmtime())}-{secrets.token_hex(3)}"
         session_dir = root / session_id

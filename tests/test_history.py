@@ -118,7 +118,8 @@ def test_not_a_repository(tmp_path: Path) -> None:
     for path in (tmp_path, tmp_path / "missing"):
         with pytest.raises(UsageError) as err:
             history.open_repo(str(path))
-        assert str(err.value) == f"{path} is not a git repository; pass --repo with a clone of vllm-ascend"
+        assert str(err.value) == (f"{path} is not a git repository; pass --repo with a clone of the upstream "
+                                  "(or run from inside one)")
 
 
 def test_a_repository_git_cannot_read_says_so_instead_of_unknown_refs(tmp_path: Path) -> None:

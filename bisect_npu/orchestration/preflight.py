@@ -163,6 +163,7 @@ _PLAIN_PATH = re.compile(r"[\w./+@%:=,-]+")
 
 _OPERATOR = re.compile(r"[;&|<>()]+")  # what a shell would read as control or redirection
 _EXPANSION = re.compile(r"`|\$[({A-Za-z_]")  # command substitution, ${...}, $NAME
+_ASSIGNMENT = re.compile(r"[A-Za-z_][A-Za-z0-9_]*=")  # `VAR=x cmd`: a shell's environment prefix
 
 
 def command_words(text: str) -> list[str]:
@@ -193,6 +194,9 @@ def command_words(text: str) -> list[str]:
     if "\n" in text and not any("\n" in token for token in tokens):
         raise UsageError("--cmd has a line break outside quotes, which only a shell would read as a second "
                          "command; wrap it: --cmd \"sh -c '...'\"")
+    if _ASSIGNMENT.match(words[0]):
+        raise UsageError(f"--cmd starts with {words[0]!r}, a variable setting only a shell reads, and runs without "
+                         f"a shell; put `env` first: --cmd {shlex.join(['env', *words])!r}")
     return words
 
 

@@ -133,7 +133,9 @@ class Session:
             journal.close()
             raise UsageError(f"recipe {options.recipe} changed since the session started; "
                              "start a new session with `bisect-npu run` (results would mix two bad cases)")
-        repo = history.open_repo(options.repo) if options.repo else None
+        repo = history.open_repo(options.repo, remedy=(
+            "the session's repository was moved or removed; put it back there to resume, or start a new "
+            "session with `bisect-npu run`")) if options.repo else None
         progress = progress or PlainProgress()
         if journal.dropped_tail:
             progress.note("dropped a torn last journal line (the previous run was killed mid-write)")

@@ -59,3 +59,15 @@ test-vllm: venv $(VLLM_STAMP)
 .PHONY: test-releases
 test-releases: venv
 	$(PY) -m pytest -q -s -m slow --timeout=7200 tests/test_releases_cpu.py
+
+# --executor ray on a real three-node Ray cluster made inside the tests (fake NPU resources; about
+# 1.4 GB of memory). Installs the ray extra into the same venv.
+RAY_STAMP := $(VENV)/.installed-ray
+.PHONY: test-ray
+
+$(RAY_STAMP): $(STAMP)
+	$(PY) -m pip install -q -e '.[demo,test,ray]'
+	touch $(RAY_STAMP)
+
+test-ray: venv $(RAY_STAMP)
+	$(PY) -m pytest -q -m ray tests/test_ray_executor.py

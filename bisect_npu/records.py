@@ -68,7 +68,8 @@ class HeaderOptions(_Shape):
     prereleases: bool = False
     recipe: str | None = None
     command: list[str] | None = None
-    executor: Literal["local", "docker"] = "local"
+    executor: Literal["local", "docker", "ray"] = "local"
+    ray_address: str | None = None  # --executor ray: the cluster joined (None: RAY_ADDRESS, else a local one)
     devices: list[int] = Field(default_factory=list)
     slots: int | None = None
     mode: Literal["exact", "noisy"] | None = None
@@ -97,6 +98,7 @@ class HeaderOptions(_Shape):
             ("--index-url", self.index_url), ("--recipe", self.recipe),
             ("--cmd", shlex.join(self.command) if self.command else None),
             ("--executor", self.executor if self.executor != "local" else None),
+            ("--ray-address", self.ray_address),
             ("--devices", ",".join(map(str, self.devices)) or None),
             ("--slots", self.slots if self.devices or (self.slots or 1) != 1 else None),
             ("--workdir", self.workdir), ("--release-images", self.release_images), ("--mode", self.mode),

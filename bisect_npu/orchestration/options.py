@@ -31,7 +31,9 @@ class RunOptions:
     prereleases: bool = False
     recipe: str | None = None
     command: list[str] | None = None
-    executor: Literal["local", "docker"] = "local"
+    executor: Literal["local", "docker", "ray"] = "local"
+    # --executor ray: the cluster to join (None: the RAY_ADDRESS environment, else a local cluster).
+    ray_address: str | None = None
     devices: list[int] = field(default_factory=list)
     # Candidates tested at once; None until the run starts (preflight.check_run): as many as
     # --devices holds cards for the recipe's parallel size, else 1.

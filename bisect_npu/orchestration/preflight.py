@@ -37,7 +37,10 @@ def check_run(options: RunOptions, host_root: Path = Path("/")) -> RunInputs:
     if [options.recipe, options.command, options.python_oracle].count(None) != 2:
         raise UsageError("give either --recipe FILE or --cmd COMMAND (the oracle for each candidate)")
     recipe = load_recipe(options.recipe) if options.recipe else None
-    settle_devices(options, recipe.cards_per_run() if recipe else 1)  # before any clone or index query
+    if options.executor == "ray":
+        settle_ray_slots(options, recipe.cards_per_run() if recipe else 1)
+    else:
+        settle_devices(options, recipe.cards_per_run() if recipe else 1)  # before any clone or index query
     if options.devices and options.executor == "docker":
         from bisect_npu.execute.host_devices import check_host_devices
 
@@ -112,6 +115,21 @@ def settle_slots(options: RunOptions, cards_per_run: int) -> None:
         needs = f"the recipe's engine needs {cards_per_run}" if cards_per_run > 1 else "each slot needs a card"
         raise UsageError(f"--slots {options.slots} over {cards} card(s) leaves {cards // options.slots} per slot, and "
                          f"{needs}; use --slots {cards // cards_per_run} or fewer, or give more --devices")
+
+
+def settle_ray_slots(options: RunOptions, cards_per_run: int) -> None:
+    """`--executor ray`: a recipe's probe on the cluster's nodes; slots default to the engines
+    the cluster holds, and an engine larger than every node is refused here, before any run."""
+    if options.command is not None or options.package is not None or options.devices:
+        raise UsageError("--executor ray runs a recipe on a clone's commits, on the cards Ray hands out: drop "
+                         "--cmd, --package and --devices (or use --executor local or docker)")
+    import importlib.util
+
+    if importlib.util.find_spec("ray") is None:
+        raise UsageError("--executor ray needs Ray on this host and every node: pip install 'bisect-npu[ray]'")
+    from bisect_npu.execute.ray import settle_slots as settle_on_cluster
+
+    options.slots = settle_on_cluster(options.ray_address, cards_per_run, options.slots)
 
 
 def resolve_candidates(options: RunOptions, repo: git.Repo | None) -> CandidateRange:

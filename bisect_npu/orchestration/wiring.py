@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import atexit
 import contextlib
+import dataclasses
 import functools
 import os
 import re
@@ -76,6 +77,8 @@ def make_environment(options: RunOptions, repo: git.Repo | None, recipe: Recipe 
         return (VenvBuilder(options.package, plan, default_venv_cache(), int(options.cache_size_gb * 2**30)),
                 _local_executor(options, env, [], session_dir))
     assert repo is not None
+    if options.executor == "ray":
+        return ray_environment(options, repo, recipe, session_dir, workdir)
     if options.executor == "local":
         from bisect_npu.builders.local import LocalBuilder
         from bisect_npu.execute.local import OWNER_ENV
@@ -152,6 +155,39 @@ def _python_oracle_environment(options: RunOptions, repo: git.Repo | None, sessi
         raise UsageError("a Python oracle judges a local checkout of each commit: use executor='local' and a "
                          "repository")
     return LocalBuilder(repo, workdir.resolve()), CallableExecutor(oracle)
+
+
+def ray_environment(options: RunOptions, repo: git.Repo, recipe: Recipe | None, session_dir: Path,
+                    workdir: Path) -> tuple[Builder, Executor]:
+    """`--executor ray`: each node builds in its own part of the session and runs the probe as
+    `--executor local` does, on the cards Ray gave the batch (made there by the factories below)."""
+    from bisect_npu.execute.ray import RayExecutor, RemoteBuilds
+
+    on_nodes = dataclasses.replace(options, executor="local", devices=[], slots=1)
+    keys, _ = make_environment(on_nodes, repo, recipe, session_dir, workdir)
+    return (RemoteBuilds(keys),
+            RayExecutor(options.ray_address, recipe.cards_per_run() if recipe else 1, session_label(session_dir),
+                        functools.partial(node_builder, on_nodes, session_dir, workdir),
+                        functools.partial(node_executor, on_nodes, session_dir, workdir)))
+
+
+def node_builder(options: RunOptions, session_dir: Path, workdir: Path, node_id: str) -> Builder:
+    """A Ray node's builder: worktrees and build outputs in the node's own directories."""
+    from bisect_npu.execute.host import recipe_for_host
+
+    recipe = recipe_for_host(load_recipe(options.recipe), options.host) if options.recipe else None
+    node = node_id[:12]
+    return make_environment(options, history.open_repo(options.repo or "."), recipe, session_dir / "nodes" / node,
+                            workdir / node)[0]
+
+
+def node_executor(options: RunOptions, session_dir: Path, workdir: Path, cards: list[int]) -> Executor:
+    """An executor on a Ray node, on the cards Ray gave one batch (none: to sweep the session)."""
+    from bisect_npu.execute.host import recipe_for_host
+
+    recipe = recipe_for_host(load_recipe(options.recipe), options.host) if options.recipe else None
+    on_cards = dataclasses.replace(options, devices=cards)
+    return make_environment(on_cards, history.open_repo(options.repo or "."), recipe, session_dir, workdir)[1]
 
 
 def _local_executor(options: RunOptions, env: dict[str, str], python_paths: list[str], session_dir: Path) -> Executor:

@@ -1,0 +1,317 @@
+"""RayExecutor: one bisection over several Ascend hosts, each candidate trial batch a Ray task.
+
+A batch asks Ray for the recipe's engine size in `NPU` (and no CPU): Ray picks a node that has
+the cards free and hands the task their ids. On that node the task builds or reuses the
+candidate through the node's own builder (a named actor per node and session, holding the
+worktrees or the images there) and runs the probe with the same single-host executor as
+`--executor local|docker`, on the cards Ray gave it. The observations and the probe log come back
+as bytes and the driver writes them into the session: only the driver writes the journal.
+
+Locality: a candidate's later batches go to the node that ran it first (soft affinity: another
+node when that one is gone). Faults: a node lost mid-batch fails the task as a system failure and
+Ray reruns it elsewhere (`max_retries`); nothing of the lost attempt reaches the session, so no
+trial is lost or doubled. `close()` cancels what runs and sweeps every node; `sweep()` stops what
+a SIGKILLed earlier driver of this session left (its processes and containers, by the session's
+mark), on every node.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import tempfile
+import threading
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from bisect_npu.builders.base import Builder, BuildFailed, Environment
+from bisect_npu.errors import InfrastructureError, UsageError
+from bisect_npu.execute.base import Executor, RunResult, probe_log_path, probe_stem
+
+RESOURCE = "NPU"  # the resource name Ray gives Ascend cards (ray/_private/accelerators/npu.py)
+TASK_RETRIES = 3  # reruns of a batch whose node (or worker) died under it
+BUILD_FAILED_EXIT = 125  # a candidate its node could not build: every trial of the batch is a skip
+
+# What a node makes its builder and its executors with (wiring.py's, pickled by reference).
+BuilderFactory = Callable[[str], Builder]  # node id -> that node's builder
+ExecutorFactory = Callable[[list[int]], Executor]  # the cards of one run -> an executor on them
+
+
+@dataclass(frozen=True)
+class NodeEngines:
+    """One node of the cluster and how many engines of one size its cards hold."""
+
+    node_id: str
+    address: str
+    npus: int
+    engines: int
+
+
+def engines_per_node(npus: dict[str, int], per_run: int) -> dict[str, int]:
+    """How many engines of `per_run` cards each node holds (an engine never spans two nodes)."""
+    return {node: count // per_run for node, count in npus.items()}
+
+
+def check_engines(npus: dict[str, int], per_run: int) -> int:
+    """The engines the whole cluster holds; refuses a cluster where no node holds one engine."""
+    if not npus:
+        raise UsageError(f"the Ray cluster has no node with {RESOURCE} resources; start each Ascend host's "
+                         f"Ray node so that it sees its cards (`ray start ... --resources '{{\"{RESOURCE}\": 8}}'` "
+                         "where Ray cannot count them), or check `bisect-npu doctor --executor ray`")
+    engines = sum(engines_per_node(npus, per_run).values())
+    if not engines:
+        raise UsageError(f"the recipe's engine runs on {per_run} cards (its parallel sizes multiplied) but the "
+                         f"largest node of the Ray cluster has {max(npus.values())} {RESOURCE}; an engine never "
+                         "spans two nodes: add a node with enough cards or shrink the engine")
+    return engines
+
+
+def connect(address: str | None) -> None:
+    """Join the cluster at `address` (else RAY_ADDRESS, else a local one) once per process."""
+    import ray
+
+    if not ray.is_initialized():
+        ray.init(address=address or os.environ.get("RAY_ADDRESS") or None, log_to_driver=False,
+                 include_dashboard=False if not (address or os.environ.get("RAY_ADDRESS")) else None)
+
+
+def cluster_nodes(per_run: int) -> list[NodeEngines]:
+    """The alive nodes with their NPUs and the engines of `per_run` cards each holds."""
+    import ray
+
+    nodes = []
+    for node in ray.nodes():
+        if not node.get("Alive"):
+            continue
+        npus = int(node.get("Resources", {}).get(RESOURCE, 0))
+        nodes.append(NodeEngines(node["NodeID"], node.get("NodeManagerAddress", ""), npus, npus // per_run))
+    return nodes
+
+
+def settle_slots(address: str | None, per_run: int, slots: int | None) -> int:
+    """Slots for `--executor ray`: by default the engines the cluster holds; never more engines
+    than that, never an engine larger than every node (refused before anything runs)."""
+    connect(address)
+    engines = check_engines({n.node_id: n.npus for n in cluster_nodes(per_run) if n.npus}, per_run)
+    if slots and slots > engines:
+        raise UsageError(f"--slots {slots} but the Ray cluster holds {engines} engine(s) of {per_run} card(s); "
+                         f"use --slots {engines} or fewer")
+    return slots or engines
+
+
+@dataclass(frozen=True)
+class BatchOutcome:
+    """What one batch sends back to the driver: where it ran and its small output files."""
+
+    node_id: str
+    cards: list[int]
+    result: RunResult
+    files: dict[str, tuple[bytes, float]]  # file name -> (content, modification time)
+    build: dict[str, Any]
+
+
+class NodeBuilds:
+    """The builder of one node for one session (a Ray actor on that node): worktrees or images
+    stay on the node between the batches of a candidate."""
+
+    def __init__(self, builder_factory: BuilderFactory, node_id: str) -> None:
+        self.builder = builder_factory(node_id)
+
+    def acquire(self, commit: str, log_dir: str) -> Environment:
+        return self.builder.acquire(commit, Path(log_dir))
+
+    def release(self, env: Environment) -> None:
+        self.builder.release(env)
+
+    def close(self) -> None:
+        self.builder.close()
+
+
+def actor_name(session_id: str, node_id: str) -> str:
+    return f"bisect-npu-{session_id}-{node_id[:16]}"
+
+
+def node_builds(session_id: str, node_id: str, builder_factory: BuilderFactory) -> Any:
+    """This session's builder actor on `node_id`, made on first use."""
+    import ray
+    from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+
+    actor = ray.remote(NodeBuilds).options(
+        name=actor_name(session_id, node_id), get_if_exists=True, num_cpus=0, max_concurrency=16,
+        scheduling_strategy=NodeAffinitySchedulingStrategy(node_id, soft=False))
+    return actor.remote(builder_factory, node_id)
+
+
+def run_batch(commit: str, request: dict[str, Any], timeout_s: float, session_id: str,
+              builder_factory: BuilderFactory, executor_factory: ExecutorFactory) -> BatchOutcome:
+    """The Ray task: build or reuse `commit` on this node, run the probe on the cards Ray gave
+    this task, send the output files back. Runs on the node, never on the driver."""
+    import ray
+
+    context = ray.get_runtime_context()
+    node_id = context.get_node_id()
+    cards = sorted(int(card) for card in context.get_accelerator_ids().get(RESOURCE, []))
+    builds = node_builds(session_id, node_id, builder_factory)
+    with tempfile.TemporaryDirectory(prefix="bisect-npu-") as scratch:
+        out_dir = Path(scratch)
+        try:
+            env = ray.get(builds.acquire.remote(commit, str(out_dir / "build")))
+        except BuildFailed as failure:
+            log = probe_log_path(out_dir, probe_stem(request.get("case_id", "default"), request.get("trial", 0)))
+            log.write_text(f"build failed on this node: {failure}\n{failure.log_tail}\n", encoding="utf-8")
+            result = RunResult(returncode=BUILD_FAILED_EXIT, seconds=0.0, log_path=str(log),
+                               log_tail=f"build failed: {failure}")
+            return BatchOutcome(node_id, cards, result, _small_files(out_dir), {"how": "failed", "error": str(failure)})
+        try:
+            result = executor_factory(cards).run_probe(env, request, out_dir, timeout_s)
+        finally:
+            builds.release.remote(env)
+        build = {"how": env.how, "key": env.build_key, "image": env.image, "seconds": env.seconds}
+        return BatchOutcome(node_id, cards, result, _small_files(out_dir), build)
+
+
+def sweep_node(executor_factory: ExecutorFactory) -> int:
+    """The Ray task that stops, on its node, what this session left running there."""
+    return executor_factory([]).sweep()
+
+
+def _small_files(out_dir: Path) -> dict[str, tuple[bytes, float]]:
+    """The observations and logs of a batch (the request is the driver's own)."""
+    return {path.name: (path.read_bytes(), path.stat().st_mtime) for path in sorted(out_dir.glob("*"))
+            if path.is_file() and path.name.startswith(("obs-", "probe-"))}
+
+
+class RemoteBuilds:
+    """The driver's side of building: the candidate is built on the node that runs it, so
+    `acquire` only names it; build keys (what the search weighs) are read here, from the repository."""
+
+    def __init__(self, keys: Builder) -> None:
+        self.keys = keys
+
+    def acquire(self, commit: str, log_dir: Path) -> Environment:
+        return Environment(kind="worktree", commit=commit, build_key=self.keys.build_key(commit) or "", how="reused")
+
+    def release(self, env: Environment) -> None:
+        """Nothing held here: each node's builder keeps its own worktrees or images."""
+
+    def close(self) -> None:
+        self.keys.close()
+
+    def build_key(self, commit: str) -> str | None:
+        return self.keys.build_key(commit)
+
+    def built_keys(self) -> frozenset[str]:
+        return frozenset()
+
+
+class RayExecutor:
+    """Runs each batch as a Ray task on a node with `per_run` NPUs free (see the module text)."""
+
+    def __init__(self, address: str | None, per_run: int, session_id: str, builder_factory: BuilderFactory,
+                 executor_factory: ExecutorFactory) -> None:
+        connect(address)
+        self.per_run = per_run
+        self.session_id = session_id
+        self.builder_factory = builder_factory
+        self.executor_factory = executor_factory
+        self._home: dict[str, str] = {}  # commit -> the node that holds its build
+        self._running: set[Any] = set()
+        self._lock = threading.Lock()
+
+    def run_probe(self, env: Environment, request: dict[str, Any], out_dir: Path, timeout_s: float) -> RunResult:
+        import ray
+
+        out_dir = out_dir.resolve()
+        out_dir.mkdir(parents=True, exist_ok=True)
+        task = ray.remote(run_batch).options(num_cpus=0, resources={RESOURCE: self.per_run},
+                                             max_retries=TASK_RETRIES, retry_exceptions=False,
+                                             scheduling_strategy=self._placement(env.commit))
+        ref = task.remote(env.commit, request, timeout_s, self.session_id, self.builder_factory,
+                          self.executor_factory)
+        with self._tracked(ref):
+            try:
+                outcome: BatchOutcome = ray.get(ref)
+            except (ray.exceptions.TaskCancelledError, ray.exceptions.WorkerCrashedError) as exc:
+                raise InfrastructureError(f"the Ray task of {env.commit[:12]} ended without a result ({exc}); "
+                                          "run again (`bisect-npu resume`)") from exc
+        with self._lock:
+            self._home.setdefault(env.commit, outcome.node_id)
+        return self._land(outcome, request, out_dir)
+
+    def _placement(self, commit: str) -> Any:
+        from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+
+        with self._lock:
+            home = self._home.get(commit)
+        return NodeAffinitySchedulingStrategy(home, soft=True) if home else "SPREAD"
+
+    @contextlib.contextmanager
+    def _tracked(self, ref: Any) -> Iterator[None]:
+        with self._lock:
+            self._running.add(ref)
+        try:
+            yield
+        finally:
+            with self._lock:
+                self._running.discard(ref)
+
+    def _land(self, outcome: BatchOutcome, request: dict[str, Any], out_dir: Path) -> RunResult:
+        """Write the batch's files into the session (keeping their times: the evaluator measures
+        trials by them); the probe log starts with the node and cards it ran on."""
+        stem = probe_stem(request.get("case_id", "default"), request.get("trial", 0))
+        log = probe_log_path(out_dir, stem)
+        header = (f"# ray node {outcome.node_id} cards {','.join(map(str, outcome.cards))} "
+                  f"build {outcome.build.get('how')}\n").encode()
+        files = dict(outcome.files)
+        content, _ = files.pop(log.name, (b"", 0.0))
+        log.write_bytes(header + content)
+        observations = []
+        for name, (data, written) in files.items():  # each whole, then renamed: never seen half-written
+            staged = out_dir / f".{name}.part"
+            staged.write_bytes(data)
+            os.utime(staged, (written, written))
+            observations.append((staged, out_dir / name))
+        for staged, final in sorted(observations, key=lambda pair: pair[1].name):
+            staged.replace(final)
+        observation = None
+        if outcome.result.observation:
+            landed = out_dir / Path(outcome.result.observation).name
+            observation = str(landed) if landed.exists() else None
+        return outcome.result.model_copy(update={"log_path": str(log), "observation": observation})
+
+    def run_command(self, env: Environment, argv: list[str], log_path: Path, timeout_s: float,
+                    extra_env: dict[str, str] | None = None) -> RunResult:
+        raise UsageError("--executor ray runs recipes (the probe); a --cmd runs with --executor local or docker")
+
+    def close(self) -> None:
+        """Cancel every batch still running, stop what it started on its node, drop the builders."""
+        import ray
+
+        with self._lock:
+            running, self._running = list(self._running), set()
+        for ref in running:
+            with contextlib.suppress(Exception):
+                ray.cancel(ref, force=True)
+        self.sweep()
+        for node in cluster_nodes(self.per_run):
+            with contextlib.suppress(Exception):  # no builder there, or its node went
+                actor = ray.get_actor(actor_name(self.session_id, node.node_id))
+                ray.get(actor.close.remote(), timeout=120)
+                ray.kill(actor)
+
+    def sweep(self) -> int:
+        """On every alive node: stop this session's probe processes and containers (a killed
+        earlier driver's included, by the session's mark)."""
+        import ray
+        from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+
+        task = ray.remote(sweep_node)
+        refs = [task.options(num_cpus=0, scheduling_strategy=NodeAffinitySchedulingStrategy(node.node_id, soft=False))
+                .remote(self.executor_factory) for node in cluster_nodes(self.per_run)]
+        stopped = 0
+        for ref in refs:
+            with contextlib.suppress(ray.exceptions.RayError):
+                stopped += ray.get(ref, timeout=120)
+        return stopped

@@ -1,0 +1,215 @@
+"""`--executor ray` on a real Ray cluster of three nodes made in this process (fake NPU resources
+8, 8 and 16): the demo bisected with k-ary search over the nodes, a node removed mid-batch, the
+engine sizes each node holds. Marked `ray` (`make test-ray`); without Ray they fail under CI=true
+and skip elsewhere. The cluster is shut down through its API: never `ray stop`, which would kill
+every Ray process on the machine.
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from bisect_npu.demo.manifest import Manifest
+from bisect_npu.errors import UsageError
+from bisect_npu.execute.local import OWNER_ENV
+
+pytestmark = pytest.mark.ray
+
+NODE_NPUS = (8, 8, 16)
+CLI = [sys.executable, "-m", "bisect_npu"]
+
+
+def _ray_missing(reason: str) -> None:
+    if os.environ.get("CI", "").lower() == "true":
+        pytest.fail(f"Ray required in CI: {reason} (make test-ray installs the ray extra)")
+    pytest.skip(f"no Ray: {reason}; pip install -e '.[ray]'")
+
+
+@pytest.fixture(scope="module")
+def cluster() -> Iterator[Any]:
+    """Three Ray nodes in this process: a head and two more, each with its fake NPUs."""
+    try:
+        import ray
+        from ray.cluster_utils import Cluster
+    except ImportError as exc:
+        _ray_missing(str(exc))
+    tmp = Path(tempfile.mkdtemp(prefix="rt", dir="/tmp"))  # short: Unix socket paths have a length limit
+    (tmp / "ray").mkdir()
+    saved = os.environ.get("RAY_TMPDIR")
+    os.environ["RAY_TMPDIR"] = str(tmp)
+    node_args: dict[str, Any] = {"num_cpus": 1, "object_store_memory": 80 << 20}
+    made = Cluster(initialize_head=True, head_node_args={**node_args, "include_dashboard": False,
+                                                         "resources": {"NPU": NODE_NPUS[0]}})
+    try:
+        for npus in NODE_NPUS[1:]:
+            made.add_node(**node_args, resources={"NPU": npus})
+        made.wait_for_nodes()
+        ray.init(address=made.address, log_to_driver=False)
+        yield made
+    finally:
+        ray.shutdown()
+        made.shutdown()
+        if saved is None:
+            os.environ.pop("RAY_TMPDIR", None)
+        else:
+            os.environ["RAY_TMPDIR"] = saved
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+@pytest.fixture(scope="module")
+def demo_upstream(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Manifest]:
+    from bisect_npu.demo.generate import generate_upstream
+
+    repo = tmp_path_factory.mktemp("ray-demo") / "upstream"
+    return repo, generate_upstream(repo, seed=0)
+
+
+def bisect_argv(demo_upstream: tuple[Path, Manifest], name: str, session: Path, *extra: str) -> list[str]:
+    repo, manifest = demo_upstream
+    truth = manifest.case(name)
+    return [*CLI, "run", "--repo", str(repo), "--good", truth.good_ref, "--bad", truth.bad_ref, "--recipe",
+            truth.recipe, "--session", str(session), "--executor", "ray", "--no-fix", "--json", *extra]
+
+
+def cli_env(cluster: Any) -> dict[str, str]:
+    return {**os.environ, "RAY_ADDRESS": cluster.address}
+
+
+def journal(session: Path) -> list[dict[str, Any]]:
+    return [json.loads(line) for line in (session / "journal.jsonl").read_text().splitlines()]
+
+
+def nodes_of_runs(session: Path, entries: list[dict[str, Any]]) -> set[str]:
+    """The node of each probe run, from the first line of its log (`# ray node ID cards ...`)."""
+    heads = {(session / e["log"]).read_text().splitlines()[0] for e in entries if e["type"] == "trial"}
+    assert all(head.startswith("# ray node ") for head in heads), heads
+    return {head.split()[3] for head in heads}
+
+
+def assert_no_trial_doubled(entries: list[dict[str, Any]]) -> None:
+    trials = [(e["index"], e["case_id"], e["trial"]) for e in entries if e["type"] == "trial"]
+    assert trials and len(trials) == len(set(trials))
+
+
+def test_engines_per_node_never_span_two_nodes() -> None:
+    from bisect_npu.execute.ray import check_engines, engines_per_node
+
+    with pytest.raises(UsageError, match=r"runs on 16 cards .* largest node of the Ray cluster has 8 NPU"):
+        check_engines({"a": 8, "b": 8, "c": 8}, 16)
+    assert engines_per_node({"a": 16, "b": 16}, 16) == {"a": 1, "b": 1}
+    assert check_engines({"a": 16, "b": 16}, 16) == 2
+    assert engines_per_node({"a": 8, "b": 8, "c": 16}, 8) == {"a": 1, "b": 1, "c": 2}
+    with pytest.raises(UsageError, match="no node with NPU"):
+        check_engines({}, 1)
+
+
+def test_cluster_engines_follow_each_nodes_cards(cluster: Any) -> None:
+    from bisect_npu.execute.ray import cluster_nodes, settle_slots
+
+    assert sorted(n.npus for n in cluster_nodes(16)) == sorted(NODE_NPUS)
+    assert sorted(n.engines for n in cluster_nodes(16)) == [0, 0, 1]  # a TP 16 engine: only the 16-card node
+    assert settle_slots(cluster.address, 16, None) == 1
+    assert settle_slots(cluster.address, 1, None) == sum(NODE_NPUS)
+    with pytest.raises(UsageError, match="--slots 3 but the Ray cluster holds 1 engine"):
+        settle_slots(cluster.address, 16, 3)
+
+
+def test_engine_larger_than_every_node_is_refused_before_anything_runs(
+        cluster: Any, demo_upstream: tuple[Path, Manifest], tmp_path: Path) -> None:
+    from bisect_npu.recipe import load_recipe
+
+    _, manifest = demo_upstream
+    recipe = yaml.safe_load(Path(load_recipe(manifest.case("rope-longseq").recipe).source or "").read_text())
+    recipe["engine"]["args"] = {"tensor_parallel_size": 32}
+    wide = tmp_path / "tp32.yaml"
+    wide.write_text(yaml.safe_dump(recipe))
+    argv = bisect_argv(demo_upstream, "rope-longseq", tmp_path / "session")
+    argv[argv.index("--recipe") + 1] = str(wide)
+    done = subprocess.run(argv, cwd=tmp_path, capture_output=True, text=True, timeout=300, env=cli_env(cluster))
+    assert done.returncode == 2, done.stdout + done.stderr[-2000:]
+    assert "runs on 32 cards" in done.stderr and "largest node of the Ray cluster has 16 NPU" in done.stderr
+    assert not (tmp_path / "session" / "journal.jsonl").exists()
+
+
+def test_demo_bisected_over_the_nodes_finds_the_manifest_culprit(
+        cluster: Any, demo_upstream: tuple[Path, Manifest], tmp_path: Path) -> None:
+    _, manifest = demo_upstream
+    session = tmp_path / "session"
+    done = subprocess.run(bisect_argv(demo_upstream, "rope-longseq", session, "--slots", "3"), cwd=tmp_path,
+                          capture_output=True, text=True, timeout=900, env=cli_env(cluster))
+    assert done.returncode == 0, done.stdout + done.stderr[-3000:]
+    result = json.loads(done.stdout.strip().splitlines()[-1])
+    assert result["culprit"] == manifest.case("rope-longseq").culprit.sha
+    entries = journal(session)
+    assert entries[0]["options"]["executor"] == "ray" and entries[0]["options"]["slots"] == 3
+    assert_no_trial_doubled(entries)
+    assert len(nodes_of_runs(session, entries)) >= 2  # spread over the nodes
+    spans = sorted((e["t"] - e["seconds"], e["t"]) for e in entries if e["type"] == "step")
+    assert any(later[0] < earlier[1] for earlier, later in itertools.pairwise(spans))  # k-ary: candidates at once
+
+
+def _probe_node(owner: str, raylets: dict[int, Any]) -> tuple[Any, dict[str, Any]] | None:
+    """A running probe of session `owner` on a worker node: that node and the probe's request."""
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            environ = (entry / "environ").read_bytes().split(b"\0")
+            cmdline = (entry / "cmdline").read_bytes()
+        except OSError:
+            continue
+        if f"{OWNER_ENV}={owner}".encode() not in environ or b"bisect_npu.probe" not in cmdline:
+            continue
+        pid = int(entry.name)
+        while pid > 1:
+            if pid in raylets:
+                try:
+                    return raylets[pid], json.loads(Path(cmdline.split(b"\0")[3].decode()).read_text())
+                except (OSError, IndexError, ValueError):
+                    return None
+            try:
+                pid = int((Path("/proc") / str(pid) / "stat").read_text().rsplit(")", 1)[1].split()[1])
+            except (OSError, IndexError, ValueError):
+                break
+    return None
+
+
+def test_node_lost_mid_batch_reruns_elsewhere(cluster: Any, demo_upstream: tuple[Path, Manifest],
+                                              tmp_path: Path) -> None:
+    """Last in the module: it takes a node away for good."""
+    _, manifest = demo_upstream
+    session = tmp_path / "session"
+    raylets = {node.all_processes["raylet"][0].process.pid: node for node in cluster.worker_nodes}
+    with subprocess.Popen(bisect_argv(demo_upstream, "rope-longseq", session, "--slots", "3"), cwd=tmp_path,
+                          stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=cli_env(cluster)) as proc:
+        found = None
+        deadline = time.monotonic() + 600
+        while found is None and proc.poll() is None and time.monotonic() < deadline:
+            found = _probe_node(str(session.resolve()), raylets)
+            if found is None:
+                time.sleep(0.05)
+        assert found is not None, "no probe ran on a worker node"
+        lost, request = found
+        cluster.remove_node(lost, allow_graceful=False)
+        stdout, stderr = proc.communicate(timeout=900)
+    assert proc.returncode == 0, stdout + stderr[-3000:]
+    assert json.loads(stdout.strip().splitlines()[-1])["culprit"] == manifest.case("rope-longseq").culprit.sha
+    entries = journal(session)
+    assert_no_trial_doubled(entries)
+    rerun = [e for e in entries if e["type"] == "trial" and e["case_id"] == request["case_id"]
+             and e["trial"] == request["trial"] and e["log"].startswith(f"steps/{request['commit'][:12]}/")]
+    assert len(rerun) == 1 and rerun[0]["observation"]  # the interrupted batch ran again, once, to the end
+    assert nodes_of_runs(session, rerun) != {lost.node_id}

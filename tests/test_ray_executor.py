@@ -11,6 +11,7 @@ import itertools
 import json
 import os
 import shutil
+import signal
 import subprocess
 import sys
 import tempfile
@@ -185,6 +186,77 @@ def _probe_node(owner: str, raylets: dict[int, Any]) -> tuple[Any, dict[str, Any
             except (OSError, IndexError, ValueError):
                 break
     return None
+
+
+def _owned_pids(owner: str) -> list[int]:
+    """The processes a session marked as its own (probes, and builds: under the session), on any
+    node of this machine."""
+    mark, below = f"{OWNER_ENV}={owner}".encode(), f"{OWNER_ENV}={owner}/".encode()
+    pids = []
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                environ = (entry / "environ").read_bytes().split(b"\0")
+            except OSError:
+                continue
+            if any(item == mark or item.startswith(below) for item in environ):
+                pids.append(int(entry.name))
+    return pids
+
+
+def _start_and_wait_for_a_probe(argv: list[str], cwd: Path, cluster: Any, session: Path) -> subprocess.Popen[str]:
+    proc = subprocess.Popen(argv, cwd=cwd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            env=cli_env(cluster))
+    deadline = time.monotonic() + 600
+    while not _owned_pids(str(session.resolve())):
+        assert proc.poll() is None and time.monotonic() < deadline, "no probe started"
+        time.sleep(0.05)
+    return proc
+
+
+def _assert_nothing_left(session: Path, repo: Path) -> None:
+    """No process of the session, no task holding cards, no builder actor, no worktree."""
+    import ray
+
+    total = ray.cluster_resources()["NPU"]
+    deadline = time.monotonic() + 60
+    while (_owned_pids(str(session.resolve())) or ray.available_resources().get("NPU", 0) < total) \
+            and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert not _owned_pids(str(session.resolve()))
+    assert ray.available_resources().get("NPU", 0) == total
+    assert not [a for a in ray.util.list_named_actors(all_namespaces=True) if "bisect-npu" in str(a)]
+    listing = subprocess.run(["git", "-C", str(repo), "worktree", "list"], capture_output=True, text=True).stdout
+    assert str(session.resolve()) not in listing
+
+
+def test_ctrl_c_cancels_the_tasks_and_leaves_nothing(cluster: Any, demo_upstream: tuple[Path, Manifest],
+                                                   tmp_path: Path) -> None:
+    session = tmp_path / "session"
+    proc = _start_and_wait_for_a_probe(bisect_argv(demo_upstream, "rope-longseq", session, "--slots", "3"),
+                                       tmp_path, cluster, session)
+    proc.send_signal(signal.SIGINT)
+    _, stderr = proc.communicate(timeout=120)
+    assert proc.returncode == 130, stderr[-2000:]
+    assert "interrupted" in stderr
+    _assert_nothing_left(session, demo_upstream[0])
+
+
+def test_sigkilled_driver_then_resume_finds_the_culprit(cluster: Any, demo_upstream: tuple[Path, Manifest],
+                                                        tmp_path: Path) -> None:
+    """The killed driver's probes outlive it on their nodes; resume stops them, then finishes."""
+    _, manifest = demo_upstream
+    session = tmp_path / "session"
+    proc = _start_and_wait_for_a_probe(bisect_argv(demo_upstream, "rope-longseq", session, "--slots", "3"),
+                                       tmp_path, cluster, session)
+    proc.kill()
+    proc.communicate(timeout=60)
+    done = subprocess.run([*CLI, "resume", "--session", str(session), "--json"], cwd=tmp_path, capture_output=True,
+                          text=True, timeout=900, env=cli_env(cluster))
+    assert done.returncode == 0, done.stdout + done.stderr[-3000:]
+    assert json.loads(done.stdout.strip().splitlines()[-1])["culprit"] == manifest.case("rope-longseq").culprit.sha
+    assert_no_trial_doubled(journal(session))
+    _assert_nothing_left(session, demo_upstream[0])
 
 
 def test_node_lost_mid_batch_reruns_elsewhere(cluster: Any, demo_upstream: tuple[Path, Manifest],

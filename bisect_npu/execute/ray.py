@@ -30,6 +30,7 @@ from bisect_npu.builders.base import Builder, BuildFailed, Environment
 from bisect_npu.errors import InfrastructureError, UsageError
 from bisect_npu.execute.base import Executor, RunResult, probe_log_path, probe_stem
 
+NAMESPACE = "bisect-npu"  # the driver's and its builder actors' (named actors are found per namespace)
 RESOURCE = "NPU"  # the resource name Ray gives Ascend cards (ray/_private/accelerators/npu.py)
 TASK_RETRIES = 3  # reruns of a batch whose node (or worker) died under it
 BUILD_FAILED_EXIT = 125  # a candidate its node could not build: every trial of the batch is a skip
@@ -73,7 +74,7 @@ def connect(address: str | None) -> None:
     import ray
 
     if not ray.is_initialized():
-        ray.init(address=address or os.environ.get("RAY_ADDRESS") or None, log_to_driver=False,
+        ray.init(address=address or os.environ.get("RAY_ADDRESS") or None, namespace=NAMESPACE, log_to_driver=False,
                  include_dashboard=False if not (address or os.environ.get("RAY_ADDRESS")) else None)
 
 
@@ -118,14 +119,31 @@ class NodeBuilds:
 
     def __init__(self, builder_factory: BuilderFactory, node_id: str) -> None:
         self.builder = builder_factory(node_id)
+        self._building = 0
+        self._closed = False
+        self._idle = threading.Condition()
 
     def acquire(self, commit: str, log_dir: str) -> Environment:
-        return self.builder.acquire(commit, Path(log_dir))
+        with self._idle:
+            if self._closed:
+                raise InfrastructureError("the session is closing: no more builds on this node")
+            self._building += 1
+        try:
+            return self.builder.acquire(commit, Path(log_dir))
+        finally:
+            with self._idle:
+                self._building -= 1
+                self._idle.notify_all()
 
     def release(self, env: Environment) -> None:
         self.builder.release(env)
 
     def close(self) -> None:
+        """After the builds under way (their batch was cancelled; the build is not): a worktree
+        made after the close would outlive the session."""
+        with self._idle:
+            self._closed = True
+            self._idle.wait_for(lambda: self._building == 0)
         self.builder.close()
 
 
@@ -134,12 +152,13 @@ def actor_name(session_id: str, node_id: str) -> str:
 
 
 def node_builds(session_id: str, node_id: str, builder_factory: BuilderFactory) -> Any:
-    """This session's builder actor on `node_id`, made on first use."""
+    """This session's builder actor on `node_id`, made on first use (the driver makes one on
+    every node it sees at the start, so they live as long as the driver, not as a task)."""
     import ray
     from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
     actor = ray.remote(NodeBuilds).options(
-        name=actor_name(session_id, node_id), get_if_exists=True, num_cpus=0, max_concurrency=16,
+        name=actor_name(session_id, node_id), namespace=NAMESPACE, get_if_exists=True, num_cpus=0, max_concurrency=16,
         scheduling_strategy=NodeAffinitySchedulingStrategy(node_id, soft=False))
     return actor.remote(builder_factory, node_id)
 
@@ -219,6 +238,8 @@ class RayExecutor:
         self._home: dict[str, str] = {}  # commit -> the node that holds its build
         self._running: set[Any] = set()
         self._lock = threading.Lock()
+        self._builders = [node_builds(session_id, node.node_id, builder_factory)  # held: they live as we do
+                          for node in cluster_nodes(per_run) if node.engines]
 
     def run_probe(self, env: Environment, request: dict[str, Any], out_dir: Path, timeout_s: float) -> RunResult:
         import ray
@@ -236,6 +257,9 @@ class RayExecutor:
             except (ray.exceptions.TaskCancelledError, ray.exceptions.WorkerCrashedError) as exc:
                 raise InfrastructureError(f"the Ray task of {env.commit[:12]} ended without a result ({exc}); "
                                           "run again (`bisect-npu resume`)") from exc
+            except KeyboardInterrupt:  # Ctrl-C (or SIGTERM) while this thread waits: stop the batch
+                ray.cancel(ref, force=True)
+                raise
         with self._lock:
             self._home.setdefault(env.commit, outcome.node_id)
         return self._land(outcome, request, out_dir)
@@ -297,7 +321,7 @@ class RayExecutor:
         self.sweep()
         for node in cluster_nodes(self.per_run):
             with contextlib.suppress(Exception):  # no builder there, or its node went
-                actor = ray.get_actor(actor_name(self.session_id, node.node_id))
+                actor = ray.get_actor(actor_name(self.session_id, node.node_id), namespace=NAMESPACE)
                 ray.get(actor.close.remote(), timeout=120)
                 ray.kill(actor)
 

@@ -317,8 +317,13 @@ class Session:
             firsts.append(first)
             following[query.index] = first + query.trials
         with ThreadPoolExecutor(max_workers=self.slots) as pool:
-            for future in [pool.submit(self._run_query, q, f) for q, f in zip(ordered, firsts, strict=True)]:
-                future.result()
+            futures = [pool.submit(self._run_query, q, f) for q, f in zip(ordered, firsts, strict=True)]
+            try:
+                for future in futures:
+                    future.result()
+            except KeyboardInterrupt:  # stop the other slots' runs now: the pool waits for them
+                self.evaluator.executor.close()
+                raise
 
     def _needs_reference(self) -> bool:
         return bool(self.recipe and self.recipe.reference.kind == "good_end")

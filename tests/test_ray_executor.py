@@ -162,6 +162,21 @@ def test_demo_bisected_over_the_nodes_finds_the_manifest_culprit(
     assert any(later[0] < earlier[1] for earlier, later in itertools.pairwise(spans))  # k-ary: candidates at once
 
 
+def test_doctor_lists_the_nodes_their_npus_engines_and_container_engines(cluster: Any, tmp_path: Path) -> None:
+    from bisect_npu.recipe import bundled_recipes, load_recipe
+
+    done = subprocess.run([*CLI, "doctor", "--executor", "ray"], cwd=tmp_path, capture_output=True, text=True,
+                          timeout=300, env=cli_env(cluster))
+    assert done.returncode == 0, done.stdout + done.stderr[-2000:]
+    assert f"ray cluster: 3 node(s), {sum(NODE_NPUS)} NPU(s)" in done.stdout
+    nodes = [line for line in done.stdout.splitlines() if "engines per recipe" in line]
+    assert sorted(int(line.split("NPU(s)")[0].split()[-1]) for line in nodes) == sorted(NODE_NPUS)
+    size = load_recipe(bundled_recipes()["demo-rope-longseq"]).cards_per_run()
+    assert all(f"demo-rope-longseq {int(line.split('NPU(s)')[0].split()[-1]) // size}" in line for line in nodes)
+    assert sum("container engine:" in line for line in done.stdout.splitlines()) == 3
+    assert "ready for --executor ray" in done.stdout
+
+
 def _probe_node(owner: str, raylets: dict[int, Any]) -> tuple[Any, dict[str, Any]] | None:
     """A running probe of session `owner` on a worker node: that node and the probe's request."""
     for entry in Path("/proc").iterdir():

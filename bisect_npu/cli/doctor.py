@@ -140,14 +140,49 @@ def run_checks(executor: str, npu: bool = True) -> list[Check]:
     return checks
 
 
+def ray_checks(address: str | None) -> list[Check]:
+    """`--executor ray`: the cluster, then per node its NPUs, the engines of each bundled recipe
+    it holds and its container engine (asked on the node)."""
+    import importlib.util
+
+    if importlib.util.find_spec("ray") is None:
+        return [Check("ray", False, "not installed", "pip install 'bisect-npu[ray]' here and on every node")]
+    from bisect_npu.execute.ray import cluster_nodes, connect, node_engines
+    from bisect_npu.recipe import bundled_recipes, load_recipe
+
+    try:
+        connect(address)
+    except Exception as exc:  # Ray's own errors for an address with no cluster behind it
+        return [Check("ray cluster", False, f"not reachable ({str(exc).splitlines()[0][:150]})",
+                      "start it (`ray start --head` on one host, `ray start --address HEAD:6379` on the others) "
+                      "and pass --ray-address or set RAY_ADDRESS")]
+    nodes = cluster_nodes(1)
+    with_npus = [node for node in nodes if node.npus]
+    checks = [Check("ray cluster", bool(with_npus), f"{len(nodes)} node(s), {sum(n.npus for n in nodes)} NPU(s)",
+                    "start each Ascend host's node where it sees its cards (`ray start ... --resources "
+                    "'{\"NPU\": 8}'` where Ray cannot count them)")]
+    sizes = {name: load_recipe(text).cards_per_run() for name, text in bundled_recipes().items()}
+    engines = node_engines()
+    for node in nodes:
+        per_recipe = ", ".join(f"{name} {node.npus // size}" for name, size in sorted(sizes.items()))
+        checks.append(Check(f"node {node.node_id[:12]} ({node.address})", True,
+                            f"{node.npus} NPU(s); engines per recipe: {per_recipe}", needed=False))
+        engine = engines.get(node.node_id, "unknown")
+        checks.append(Check(f"node {node.node_id[:12]} container engine", not engine.startswith(("none", "unknown")),
+                            engine, "run containers/setup-podman.sh on that host (or start Docker) for container "
+                            "builds there", needed=False))
+    return checks
+
+
 @click.command()
-@click.option("--executor", type=click.Choice(["docker", "local"]), default="docker", show_default=True,
-              help="Check what this executor needs (local: only git).")
+@click.option("--executor", type=click.Choice(["docker", "local", "ray"]), default="docker", show_default=True,
+              help="Check what this executor needs (local: only git; ray: the cluster and each of its nodes).")
 @click.option("--npu/--no-npu", default=True, show_default=True,
               help="--no-npu: containers on the CPU (the demo), so NPU devices and driver are not needed.")
-def doctor(executor: str, npu: bool) -> None:
+@click.option("--ray-address", help="The Ray cluster for --executor ray [default: RAY_ADDRESS, else a local one].")
+def doctor(executor: str, npu: bool, ray_address: str | None) -> None:
     """Check the container engine, NPUs, driver, disk and git; print a fix for each problem."""
-    checks = run_checks(executor, npu)
+    checks = [check_git(), *ray_checks(ray_address)] if executor == "ray" else run_checks(executor, npu)
     for check in checks:
         status = "OK" if check.ok else ("MISSING" if check.needed else "missing (not needed)")
         line = f"{status:<21} {check.name}: {check.detail}"

@@ -102,6 +102,36 @@ def settle_slots(address: str | None, per_run: int, slots: int | None) -> int:
     return slots or engines
 
 
+def node_engine() -> str:
+    """The Ray task that names its node's container engine (the docker SDK's DOCKER_HOST), or why
+    there is none: a node runs `--executor docker`-style batches only with one."""
+    import docker
+
+    try:
+        version = docker.from_env(timeout=10).version()
+    except Exception as exc:  # any failure to reach it is the answer
+        return f"none ({str(exc).splitlines()[0][:100] if str(exc) else type(exc).__name__})"
+    name = next((c.get("Name", "") for c in version.get("Components", []) if c.get("Name")), "engine")
+    return f"{name} {version.get('Version', '?')} at {os.environ.get('DOCKER_HOST', 'the default socket')}"
+
+
+def node_engines() -> dict[str, str]:
+    """Each alive node's container engine, asked on the node itself."""
+    import ray
+    from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+
+    task = ray.remote(node_engine)
+    refs = {node.node_id: task.options(num_cpus=0, scheduling_strategy=NodeAffinitySchedulingStrategy(
+        node.node_id, soft=False)).remote() for node in cluster_nodes(1)}
+    answers = {}
+    for node_id, ref in refs.items():
+        try:
+            answers[node_id] = ray.get(ref, timeout=120)
+        except ray.exceptions.RayError as exc:
+            answers[node_id] = f"unknown (the node did not answer: {type(exc).__name__})"
+    return answers
+
+
 @dataclass(frozen=True)
 class BatchOutcome:
     """What one batch sends back to the driver: where it ran and its small output files."""

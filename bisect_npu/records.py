@@ -177,6 +177,7 @@ class TrialRun(_Shape):
     outcome: VerdictKind | None = None  # judged alone (noisy mode, a command); None: judged with its step
     reason: str = ""
     startup_s: float = 0.0  # the engine start's share of `seconds` (its first trial carries it)
+    node: str | None = None  # --executor ray: the cluster node that ran it
 
 
 class TrialRecord(Record, TrialRun):

@@ -94,10 +94,11 @@ def journal(session: Path) -> list[dict[str, Any]]:
 
 
 def nodes_of_runs(session: Path, entries: list[dict[str, Any]]) -> set[str]:
-    """The node of each probe run, from the first line of its log (`# ray node ID cards ...`)."""
-    heads = {(session / e["log"]).read_text().splitlines()[0] for e in entries if e["type"] == "trial"}
-    assert all(head.startswith("# ray node ") for head in heads), heads
-    return {head.split()[3] for head in heads}
+    """The node of each trial as the journal records it, which its probe log's first line names too."""
+    trials = [e for e in entries if e["type"] == "trial"]
+    for trial in trials:
+        assert trial["node"] and (session / trial["log"]).read_text().startswith(f"# ray node {trial['node']} cards ")
+    return {trial["node"] for trial in trials}
 
 
 def assert_no_trial_doubled(entries: list[dict[str, Any]]) -> None:

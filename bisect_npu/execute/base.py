@@ -32,6 +32,12 @@ def probe_log_path(out_dir: Path, stem: str) -> Path:
     return out_dir / f"probe-{stem}.log"
 
 
+def run_node_path(out_dir: Path, stem: str) -> Path:
+    """Where an executor that runs probes on other machines names the machine of one probe run
+    (one line); written before the run's observations land, so each trial's record can carry it."""
+    return out_dir / f"node-{stem}.txt"
+
+
 def probe_stem(case_id: str, trial: int) -> str:
     """Names a probe run's request and log files after its case and first trial."""
     return f"{case_id}-t{trial}"

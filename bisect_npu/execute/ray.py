@@ -28,7 +28,7 @@ from typing import Any
 
 from bisect_npu.builders.base import Builder, BuildFailed, Environment
 from bisect_npu.errors import InfrastructureError, UsageError
-from bisect_npu.execute.base import Executor, RunResult, probe_log_path, probe_stem
+from bisect_npu.execute.base import Executor, RunResult, probe_log_path, probe_stem, run_node_path
 
 NAMESPACE = "bisect-npu"  # the driver's and its builder actors' (named actors are found per namespace)
 RESOURCE = "NPU"  # the resource name Ray gives Ascend cards (ray/_private/accelerators/npu.py)
@@ -318,6 +318,7 @@ class RayExecutor:
         log = probe_log_path(out_dir, stem)
         header = (f"# ray node {outcome.node_id} cards {','.join(map(str, outcome.cards))} "
                   f"build {outcome.build.get('how')}\n").encode()
+        run_node_path(out_dir, stem).write_text(outcome.node_id + "\n", encoding="utf-8")  # before the observations
         files = dict(outcome.files)
         content, _ = files.pop(log.name, (b"", 0.0))
         log.write_bytes(header + content)

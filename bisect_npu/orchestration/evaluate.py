@@ -17,7 +17,7 @@ from bisect_npu.builders.base import Builder, BuildFailed, Environment
 from bisect_npu.contracts import Observation, TimeoutIs, Verdict, VerdictKind
 from bisect_npu.defaults import TRIAL_TIMEOUT_S
 from bisect_npu.errors import InfrastructureError
-from bisect_npu.execute.base import Executor, RunResult, observation_path, probe_log_path, probe_stem
+from bisect_npu.execute.base import Executor, RunResult, observation_path, probe_log_path, probe_stem, run_node_path
 from bisect_npu.recipe import CaseSpec, Recipe
 from bisect_npu.records import COMMAND_CASE, BuildInfo, TrialRun
 
@@ -235,7 +235,8 @@ class Evaluator:
             probe["batch"] = [{"trial": n, "seed": trial_seed(case, n), "output": ""} for n in numbers]
         out_dir = self.step_dir(request.commit).resolve()
         paths = [observation_path(out_dir, case.id, n) for n in numbers]
-        for stale in paths:  # left by a run killed before the journal took it: not this run's
+        node_file = run_node_path(out_dir, probe_stem(case.id, numbers[0]))
+        for stale in [*paths, node_file]:  # left by a run killed before the journal took it: not this run's
             stale.unlink(missing_ok=True)
         watcher = _ObservationWatcher(paths)
         records: list[TrialRun] = []
@@ -244,8 +245,9 @@ class Evaluator:
 
         def collect() -> None:
             for index, path, seconds in watcher.arrived():
-                records.append(self._record(case, numbers[index], path, seconds, index == 0, log,
-                                            request.judge_each, request.as_reference))
+                record = self._record(case, numbers[index], path, seconds, index == 0, log, request.judge_each,
+                                      request.as_reference)
+                records.append(record.model_copy(update={"node": _node_named(node_file)}))
                 request.report(records[-1])
 
         stop = threading.Event()
@@ -265,7 +267,7 @@ class Evaluator:
             for n in numbers[len(records):]:
                 missing = TrialRun(case_id=case.id, trial=n, log=log,
                                    outcome=VerdictKind.BAD if hung else VerdictKind.SKIP,
-                                   reason=f"{why}: {tail[0][:200]}")
+                                   reason=f"{why}: {tail[0][:200]}", node=_node_named(node_file))
                 request.report(missing)
                 records.append(missing)
         return records
@@ -312,6 +314,14 @@ class Evaluator:
     def set_reference(self, records: list[TrialRun]) -> None:
         """The good end's observations become the reference for token matching."""
         self.reference = [Observation.load(self.abs(r.observation)) for r in records if r.observation]
+
+
+def _node_named(path: Path) -> str | None:
+    """The machine an executor says a probe run went to (`run_node_path`); None on this host."""
+    try:
+        return path.read_text(encoding="utf-8").strip() or None
+    except FileNotFoundError:
+        return None
 
 
 class _ObservationWatcher:

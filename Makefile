@@ -69,5 +69,5 @@ $(RAY_STAMP): $(STAMP)
 	$(PY) -m pip install -q -e '.[demo,test,ray]'
 	touch $(RAY_STAMP)
 
-test-ray: venv $(RAY_STAMP)
-	$(PY) -m pytest -q -m ray tests/test_ray_executor.py
+test-ray: venv engine $(RAY_STAMP)
+	DOCKER_HOST=unix://$(ENGINE_SOCKET) $(PY) -m pytest -q -m ray tests/test_ray_executor.py

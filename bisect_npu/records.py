@@ -70,6 +70,7 @@ class HeaderOptions(_Shape):
     command: list[str] | None = None
     executor: Literal["local", "docker", "ray"] = "local"
     ray_address: str | None = None  # --executor ray: the cluster joined (None: RAY_ADDRESS, else a local one)
+    node_executor: Literal["local", "docker"] = "local"  # --executor ray: how each node builds and runs
     devices: list[int] = Field(default_factory=list)
     slots: int | None = None
     mode: Literal["exact", "noisy"] | None = None
@@ -99,6 +100,7 @@ class HeaderOptions(_Shape):
             ("--cmd", shlex.join(self.command) if self.command else None),
             ("--executor", self.executor if self.executor != "local" else None),
             ("--ray-address", self.ray_address),
+            ("--node-executor", self.node_executor if self.node_executor != "local" else None),
             ("--devices", ",".join(map(str, self.devices)) or None),
             ("--slots", self.slots if self.devices or (self.slots or 1) != 1 else None),
             ("--workdir", self.workdir), ("--release-images", self.release_images), ("--mode", self.mode),

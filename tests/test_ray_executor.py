@@ -178,6 +178,30 @@ def test_doctor_lists_the_nodes_their_npus_engines_and_container_engines(cluster
     assert "ready for --executor ray" in done.stdout
 
 
+@pytest.mark.container
+def test_demo_bisected_in_each_nodes_containers(cluster: Any, demo_upstream: tuple[Path, Manifest], tmp_path: Path,
+                                                docker_client: Any, demo_base_image: str) -> None:
+    """--node-executor docker: each node builds the candidate's image with its own engine (here
+    all talk to the local podman API, DOCKER_HOST) and runs the probe in a container of it."""
+    from bisect_npu.execute.docker import SESSION_LABEL
+    from bisect_npu.journal import session_label
+
+    _, manifest = demo_upstream
+    session = tmp_path / "session"
+    done = subprocess.run(bisect_argv(demo_upstream, "rope-longseq", session, "--slots", "3", "--node-executor",
+                                      "docker"), cwd=tmp_path, capture_output=True, text=True, timeout=900,
+                          env=cli_env(cluster))
+    assert done.returncode == 0, done.stdout + done.stderr[-3000:]
+    assert json.loads(done.stdout.strip().splitlines()[-1])["culprit"] == manifest.case("rope-longseq").culprit.sha
+    entries = journal(session)
+    assert_no_trial_doubled(entries)
+    assert len(nodes_of_runs(session, entries)) >= 2
+    logs = {(session / e["log"]).read_text().splitlines()[1] for e in entries if e["type"] == "trial"}
+    assert all(line.startswith("# container ") for line in logs)  # DockerExecutor's own first line
+    label = f"{SESSION_LABEL}={session_label(session)}"
+    assert docker_client.containers.list(all=True, filters={"label": label}) == []
+
+
 def _probe_node(owner: str, raylets: dict[int, Any]) -> tuple[Any, dict[str, Any]] | None:
     """A running probe of session `owner` on a worker node: that node and the probe's request."""
     for entry in Path("/proc").iterdir():

@@ -45,6 +45,9 @@ def finish(result: SessionResult, as_json: bool) -> None:
 @click.option("--executor", type=click.Choice(["local", "docker", "ray"]), default="local", show_default=True,
               help="Where candidates run: this host (local, docker) or the nodes of a Ray cluster (ray).")
 @click.option("--ray-address", help="The Ray cluster for --executor ray [default: RAY_ADDRESS, else a local one].")
+@click.option("--node-executor", type=click.Choice(["local", "docker"]), default="local", show_default=True,
+              help="With --executor ray: how each node builds and runs a candidate (a worktree, or an image built "
+                   "by the node's own container engine).")
 @click.option("--devices", help="NPU cards for the containers, e.g. 0,1 or 0-7.")
 @click.option("--base-image-map", "base_image_map", multiple=True, metavar="PREFIX=MIRROR",
               help="Pull the candidates' base images from a mirror: each Dockerfile FROM starting with PREFIX "
@@ -92,8 +95,9 @@ def finish(result: SessionResult, as_json: bool) -> None:
 @click.option("--quiet", is_flag=True, help="Plain log lines even on a terminal.")
 def run(good: str, bad: str, repo: str | None, package: str | None, index_url: str | None, prereleases: bool,
         recipe: str | None, command: str | None, executor: Literal["local", "docker", "ray"],
-        ray_address: str | None, devices: str | None, base_image_map: tuple[str, ...], release_images: str | None,
-        slots: int | None, session_dir: Path | None, workdir: Path | None,
+        ray_address: str | None, node_executor: Literal["local", "docker"], devices: str | None,
+        base_image_map: tuple[str, ...], release_images: str | None, slots: int | None, session_dir: Path | None,
+        workdir: Path | None,
         mode: Literal["exact", "noisy"] | None,
         prefetch: bool | None,
         confidence: float | None, earlier_runs: tuple[str, str] | None, check_ends: bool, timeout_s: float,
@@ -117,7 +121,7 @@ def run(good: str, bad: str, repo: str | None, package: str | None, index_url: s
         check_template(release_images)
     options = RunOptions(good=good, bad=bad, repo=repo or (None if package else "."), package=package,
                          index_url=index_url, prereleases=prereleases, recipe=recipe, command=argv, executor=executor,
-                         ray_address=ray_address,
+                         ray_address=ray_address, node_executor=node_executor,
                          devices=cards, slots=slots, mode=mode, confidence=confidence,
                          check_ends=check_ends, timeout_s=timeout_s, timeout_is=timeout_is, propose_fix=propose_fix,
                          cache_size_gb=parse_size(cache_size) / 2**30,

@@ -34,6 +34,8 @@ class RunOptions:
     executor: Literal["local", "docker", "ray"] = "local"
     # --executor ray: the cluster to join (None: the RAY_ADDRESS environment, else a local cluster).
     ray_address: str | None = None
+    # --executor ray: how each node builds and runs a candidate (a worktree, or its own container engine).
+    node_executor: Literal["local", "docker"] = "local"
     devices: list[int] = field(default_factory=list)
     # Candidates tested at once; None until the run starts (preflight.check_run): as many as
     # --devices holds cards for the recipe's parallel size, else 1.

@@ -61,7 +61,8 @@ def check_run(options: RunOptions, host_root: Path = Path("/")) -> RunInputs:
     if options.command:
         ends = [candidates_range.base, candidates_range.bad] if candidates_range.kind == "commits" else []
         check_command(options.command, repo, ends)
-    if repo is not None and options.package is None and options.executor == "docker" and recipe is not None:
+    builds_images = options.executor == "docker" or (options.executor == "ray" and options.node_executor == "docker")
+    if repo is not None and options.package is None and builds_images and recipe is not None:
         from bisect_npu.execute.host import recipe_for_host
 
         check_dockerfile(repo, recipe_for_host(recipe, options.host).build.dockerfile, candidates_range)

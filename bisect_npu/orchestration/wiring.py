@@ -9,6 +9,7 @@ import atexit
 import contextlib
 import dataclasses
 import functools
+import glob
 import os
 import re
 import shutil
@@ -159,11 +160,12 @@ def _python_oracle_environment(options: RunOptions, repo: git.Repo | None, sessi
 
 def ray_environment(options: RunOptions, repo: git.Repo, recipe: Recipe | None, session_dir: Path,
                     workdir: Path) -> tuple[Builder, Executor]:
-    """`--executor ray`: each node builds in its own part of the session and runs the probe as
-    `--executor local` does, on the cards Ray gave the batch (made there by the factories below)."""
+    """`--executor ray`: each node builds in its own part of the session (a worktree, or an image
+    of its own engine with --node-executor docker) and runs the probe as `--executor local|docker`
+    does, on the cards Ray gave the batch (made there by the factories below)."""
     from bisect_npu.execute.ray import RayExecutor, RemoteBuilds
 
-    on_nodes = dataclasses.replace(options, executor="local", devices=[], slots=1)
+    on_nodes = dataclasses.replace(options, executor=options.node_executor, devices=[], slots=1)
     keys, _ = make_environment(on_nodes, repo, recipe, session_dir, workdir)
     return (RemoteBuilds(keys),
             RayExecutor(options.ray_address, recipe.cards_per_run() if recipe else 1, session_label(session_dir),
@@ -182,10 +184,21 @@ def node_builder(options: RunOptions, session_dir: Path, workdir: Path, node_id:
 
 
 def node_executor(options: RunOptions, session_dir: Path, workdir: Path, cards: list[int]) -> Executor:
-    """An executor on a Ray node, on the cards Ray gave one batch (none: to sweep the session)."""
+    """An executor on a Ray node, on the cards Ray gave one batch (none: to sweep the session):
+    a process in the node's worktree, or a container of the node's engine."""
     from bisect_npu.execute.host import recipe_for_host
 
     recipe = recipe_for_host(load_recipe(options.recipe), options.host) if options.recipe else None
+    if options.executor == "docker":
+        from bisect_npu.builders.docker import connect_engine
+        from bisect_npu.execute.docker import DockerExecutor
+
+        if not glob.glob("/dev/davinci[0-9]*"):
+            cards = []  # a node without NPU device files (fake NPU resources): a plain CPU container
+        # Made here, not by _docker_environment: its sweep at exit would reach the session's
+        # containers that other workers of this node still run.
+        return DockerExecutor(connect_engine(), container_spec_factory(dataclasses.replace(options, devices=cards),
+                                                                       recipe), session_id=session_label(session_dir))
     on_cards = dataclasses.replace(options, devices=cards)
     return make_environment(on_cards, history.open_repo(options.repo or "."), recipe, session_dir, workdir)[1]
 

@@ -78,6 +78,12 @@ def test_a_release_bisection_reproduces_its_package_options(monkeypatch: pytest.
     assert parsed_by_run(options.run_argv(), monkeypatch) == options
 
 
+def test_a_ray_bisection_reproduces_its_cluster_options(monkeypatch: pytest.MonkeyPatch) -> None:
+    options = RunOptions(good="v0.9.0rc1", bad="v0.9.1", recipe="r.yaml", executor="ray", ray_address="head:6379",
+                         node_executor="docker", slots=4)
+    assert parsed_by_run(options.run_argv(), monkeypatch) == options
+
+
 def test_an_internal_error_still_ends_json_output_with_a_summary(monkeypatch: pytest.MonkeyPatch,
                                                                  capsys: pytest.CaptureFixture[str]) -> None:
     import json

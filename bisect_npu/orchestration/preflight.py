@@ -121,7 +121,8 @@ def settle_slots(options: RunOptions, cards_per_run: int) -> None:
 def settle_ray_slots(options: RunOptions, cards_per_run: int) -> None:
     """`--executor ray`: a recipe's probe on the cluster's nodes; slots default to the engines
     the cluster holds, and an engine larger than every node is refused here, before any run."""
-    if options.command is not None or options.package is not None or options.devices:
+    if options.command is not None or options.python_oracle is not None or options.package is not None \
+            or options.devices:
         raise UsageError("--executor ray runs a recipe on a clone's commits, on the cards Ray hands out: drop "
                          "--cmd, --package and --devices (or use --executor local or docker)")
     import importlib.util

@@ -14,11 +14,13 @@ and its outputs (every file the build left untracked in the worktree) are kept i
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import hashlib
 import os
 import re
 import shutil
 import subprocess
+import tempfile
 import threading
 import time
 from collections import OrderedDict
@@ -111,6 +113,38 @@ def sweep_worktrees_of_any_repo(directory: Path) -> None:
             sweep_worktrees(git.Repo(owner), directory)
 
 
+class RepositoryLock:
+    """Turns at a clone's worktree list for this process's threads and for other processes on
+    this host (another session, the builders of several Ray nodes on one machine): two
+    `git worktree add` at once in one clone can fail. An flock on a file in the temporary
+    directory named after the clone, so the clone itself gets no file of ours."""
+
+    def __init__(self, repo: git.Repo) -> None:
+        digest = hashlib.sha256(str(Path(repo.common_dir).resolve()).encode()).hexdigest()[:16]
+        self.path = Path(tempfile.gettempdir()) / f"bisect-npu-worktrees-{digest}.lock"
+        self._threads = threading.Lock()
+        self._file: IO[str] | None = None
+
+    def __enter__(self) -> None:
+        self._threads.acquire()
+        try:
+            self._file = self.path.open("a")
+            fcntl.flock(self._file, fcntl.LOCK_EX)
+        except BaseException:
+            if self._file is not None:
+                self._file.close()
+            self._threads.release()
+            raise
+
+    def __exit__(self, *exc_info: object) -> None:
+        assert self._file is not None
+        try:
+            self._file.close()  # closing releases the flock
+        finally:
+            self._file = None
+            self._threads.release()
+
+
 class LocalBuilder:
     """Check out each candidate into its own worktree and run the recipe's build command there.
 
@@ -135,7 +169,7 @@ class LocalBuilder:
         self._active: dict[str, tuple[Environment, int]] = {}  # commit -> (worktree, holders)
         self._commit_locks: dict[str, threading.Lock] = {}
         self._lock = threading.Lock()
-        self._git_lock = threading.Lock()  # prefetch builds in a thread; git's worktree list is shared
+        self._git_lock = RepositoryLock(repo)  # prefetch builds in a thread; git's worktree list is shared
         self._outputs_lock = threading.Lock()  # two builds of one key (prefetch) replace its outputs in turn
 
     def _worktree_path(self, commit: str) -> Path:

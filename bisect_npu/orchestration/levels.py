@@ -12,7 +12,6 @@ resumes where it was.
 
 from __future__ import annotations
 
-import dataclasses
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Protocol
@@ -66,8 +65,9 @@ class ReleaseLevel:
         older, newer = session.commit_at(end.index - 1), session.commit_at(end.index)
         good_tag = versions.tag_for_version(session.repo, older)
         bad_tag = versions.tag_for_version(session.repo, newer)
-        options = dataclasses.replace(session.options, package=None, index_url=None, prereleases=False,
-                                      good=good_tag, bad=bad_tag)  # the package's options end here
+        # the package's options end here
+        options = session.options.model_copy(update={"package": None, "index_url": None, "prereleases": False,
+                                                     "good": good_tag, "bad": bad_tag})
         return Descent(options, "commit-level", good_tag, bad_tag,
                        f"release level done: {older} -> {newer}; bisecting commits {good_tag}..{bad_tag}")
 

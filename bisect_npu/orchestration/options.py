@@ -4,90 +4,36 @@ reproduce line."""
 
 from __future__ import annotations
 
-import dataclasses
-from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import Any
 
-from pydantic import ValidationError
+from pydantic import ConfigDict, ValidationError
 
-from bisect_npu.contracts import TimeoutIs
-from bisect_npu.defaults import CACHE_SIZE_GIB, TRIAL_TIMEOUT_S, VERIFY_TOP
 from bisect_npu.errors import UsageError
 from bisect_npu.recipe import EarlierRunsSpec, Recipe
 from bisect_npu.records import HeaderOptions
 from bisect_npu.search import EarlierRuns
 
 
-@dataclass
-class RunOptions:
-    """Everything `bisect-npu run` was asked; stored in the journal header so resume needs nothing else."""
+class RunOptions(HeaderOptions):
+    """Everything `bisect-npu run` was asked: the journal header's options (`records.HeaderOptions`,
+    where each field is declared once), which the run settles in place before it starts (the
+    recipe's mode, resolved paths, the host type, the slots)."""
 
-    good: str
-    bad: str
-    repo: str | None = "."
-    # Release level: candidates are published versions of this package instead of commits.
-    package: str | None = None
-    index_url: str | None = None
-    prereleases: bool = False
-    recipe: str | None = None
-    command: list[str] | None = None
-    executor: Literal["local", "docker", "ray"] = "local"
-    # --executor ray: the cluster to join (None: the RAY_ADDRESS environment, else a local cluster).
-    ray_address: str | None = None
-    # --executor ray: how each node builds and runs a candidate (a worktree, or its own container engine).
-    node_executor: Literal["local", "docker"] = "local"
-    devices: list[int] = field(default_factory=list)
-    # Candidates tested at once; None until the run starts (preflight.check_run): as many as
-    # --devices holds cards for the recipe's parallel size, else 1.
-    slots: int | None = None
-    mode: Literal["exact", "noisy"] | None = None
-    confidence: float | None = None
-    check_ends: bool = True
-    timeout_s: float = TRIAL_TIMEOUT_S
-    # --timeout-is: what a trial past the timeout says (None: the recipe's trials.timeout_is, else skip).
-    timeout_is: TimeoutIs | None = None
-    propose_fix: bool = True
-    verify_fix: bool = False
-    fix_top: int = VERIFY_TOP  # --verify-top: proposals tried at most, best first, until one works
-    workdir: str | None = None
-    cache_size_gb: float = float(CACHE_SIZE_GIB)
-    # --find-fix: the old end shows the symptom and the new end does not; find the first fixed one.
-    find_fix: bool = False
-    # Build what the next step can need while the current candidate runs (default: with --devices,
-    # where runs use the NPUs and builds the CPUs; on a CPU-only host they would compete).
-    prefetch: bool | None = None
-    # --earlier-runs: ends' runs made before the session, "shown/runs" at the bad end and the good
-    # end; the noisy search counts them (overrides the recipe's trials.earlier_runs).
-    earlier_runs: list[str] | None = None
-    # The Atlas host type found at the start (A2, A3, 310P; None without npu-smi): which Dockerfile
-    # variant and dtype the run uses (execute/host.py recipe_for_host); resume keeps it.
-    host: str | None = None
-    # --base-image-map PREFIX=MIRROR entries (over the recipe's build.base_image_map), docker builds.
-    base_image_map: list[str] = field(default_factory=list)
-    # --release-images: published images of release tags ({tag}), reused as full builds of their keys.
-    release_images: str | None = None
-    # The oracle is a Python callable (bisect_npu.api), named `module:qualname`; the journal cannot
-    # hold the callable itself, so only the API resumes such a session, given it again.
-    python_oracle: str | None = None
+    model_config = ConfigDict(frozen=False)
 
     def to_json(self) -> dict[str, Any]:
-        return dataclasses.asdict(self)
+        return self.model_dump()
 
     def to_header(self) -> HeaderOptions:
-        return HeaderOptions(**self.to_json())
+        return HeaderOptions.model_validate(self.model_dump())
 
     @classmethod
     def from_header(cls, header: HeaderOptions) -> RunOptions:
-        return cls.from_json(header.model_dump())
-
-    def run_argv(self) -> list[str]:
-        """The `bisect-npu run` arguments that give these options again (the report's reproduce line)."""
-        return self.to_header().run_argv()
+        return cls.model_validate(header.model_dump())
 
     @classmethod
     def from_json(cls, raw: dict[str, Any]) -> RunOptions:
-        known = {f.name for f in dataclasses.fields(cls)}
-        return cls(**{k: v for k, v in raw.items() if k in known})
+        return cls.model_validate(raw)
 
 
 def earlier_runs_spec(options: RunOptions, recipe: Recipe | None) -> EarlierRunsSpec | None:

@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import atexit
 import contextlib
-import dataclasses
 import functools
 import glob
 import os
@@ -165,7 +164,7 @@ def ray_environment(options: RunOptions, repo: git.Repo, recipe: Recipe | None, 
     does, on the cards Ray gave the batch (made there by the factories below)."""
     from bisect_npu.execute.ray import RayExecutor, RemoteBuilds
 
-    on_nodes = dataclasses.replace(options, executor=options.node_executor, devices=[], slots=1)
+    on_nodes = options.model_copy(update={"executor": options.node_executor, "devices": [], "slots": 1})
     keys, _ = make_environment(on_nodes, repo, recipe, session_dir, workdir)
     return (RemoteBuilds(keys),
             RayExecutor(options.ray_address, recipe.cards_per_run() if recipe else 1, session_label(session_dir),
@@ -197,9 +196,9 @@ def node_executor(options: RunOptions, session_dir: Path, workdir: Path, cards: 
             cards = []  # a node without NPU device files (fake NPU resources): a plain CPU container
         # Made here, not by _docker_environment: its sweep at exit would reach the session's
         # containers that other workers of this node still run.
-        return DockerExecutor(connect_engine(), container_spec_factory(dataclasses.replace(options, devices=cards),
+        return DockerExecutor(connect_engine(), container_spec_factory(options.model_copy(update={"devices": cards}),
                                                                        recipe), session_id=session_label(session_dir))
-    on_cards = dataclasses.replace(options, devices=cards)
+    on_cards = options.model_copy(update={"devices": cards})
     return make_environment(on_cards, history.open_repo(options.repo or "."), recipe, session_dir, workdir)[1]
 
 

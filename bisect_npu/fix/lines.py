@@ -66,16 +66,19 @@ def _map_through(tracked: TrackedLines, hunks: list[Hunk], hit: LineHit) -> Trac
     def moved(line: int) -> int:
         return line + sum(delta for threshold, delta in shifts if line >= threshold)
 
+    def removed_here(line: int) -> bool:
+        return any(lo <= line < hi for lo, hi in removed)
+
     lines = []
     carried: set[int] = set()
     for line in tracked.lines:
-        if any(lo <= line < hi for lo, hi in removed):
+        if removed_here(line):
             hit.changed += 1
             carried.update(_replacement(hunks, line))
         else:
             lines.append(moved(line))
     for line in tracked.rewritten:
-        if any(lo <= line < hi for lo, hi in removed):
+        if removed_here(line):
             hit.rewritten += 1
             carried.update(_replacement(hunks, line))
         else:

@@ -40,11 +40,7 @@ def check_run(options: RunOptions, host_root: Path = Path("/")) -> RunInputs:
     if options.executor == "ray":
         settle_ray_slots(options, recipe.cards_per_run() if recipe else 1)
     else:
-        settle_devices(options, recipe.cards_per_run() if recipe else 1)  # before any clone or index query
-    if options.devices and options.executor == "docker":
-        from bisect_npu.execute.host_devices import check_host_devices
-
-        check_host_devices(options.devices, host_root)  # the NPU containers' devices and driver files
+        settle_devices(options, recipe.cards_per_run() if recipe else 1, host_root)  # before any clone or index query
     options.mode = options.mode or (recipe.trials.mode if recipe else "exact")
     earlier_runs = earlier_runs_spec(options, recipe)
     if options.earlier_runs and options.mode != "noisy":
@@ -86,10 +82,11 @@ def check_run(options: RunOptions, host_root: Path = Path("/")) -> RunInputs:
     return RunInputs(recipe, repo, earlier_runs, candidates_range)
 
 
-def settle_devices(options: RunOptions, cards_per_run: int) -> None:
+def settle_devices(options: RunOptions, cards_per_run: int, host_root: Path = Path("/")) -> None:
     """With --devices, the host type (`options.host`, from npu-smi) and the host's refusals (an
-    engine larger than the host, devices it lacks, an A3 NPU's dies split), then the slots: what
-    `run` and `fix --verify` check alike before anything is built."""
+    engine larger than the host, devices it lacks, an A3 NPU's dies split), then the slots, and for
+    containers the device and driver files they mount (under `host_root`): what `run` and
+    `fix --verify` check alike before anything is built."""
     from bisect_npu.execute.host import check_devices_on_host, check_slot_shares, detect_host
 
     host = detect_host() if options.devices else None
@@ -99,6 +96,10 @@ def settle_devices(options: RunOptions, cards_per_run: int) -> None:
     settle_slots(options, cards_per_run)
     if host is not None and options.slots:
         check_slot_shares(host, options.devices, options.slots)
+    if options.devices and options.executor == "docker":
+        from bisect_npu.execute.host_devices import check_host_devices
+
+        check_host_devices(options.devices, host_root)  # the NPU containers' devices and driver files
 
 
 def settle_slots(options: RunOptions, cards_per_run: int) -> None:

@@ -230,11 +230,7 @@ def make_evaluator(repo_path: str, recipe_path: str | None, command: list[str] |
     if options.devices:
         from bisect_npu.orchestration.preflight import settle_devices
 
-        settle_devices(options, recipe.cards_per_run() if recipe else 1)  # as `run`: the host type, enough cards?
-        if executor == "docker":
-            from bisect_npu.execute.host_devices import check_host_devices
-
-            check_host_devices(options.devices)  # before the first build, as `run` does
+        settle_devices(options, recipe.cards_per_run() if recipe else 1)  # as `run`: host type, cards, device files
     session_dir = session_dir or new_session_dir(DEFAULT_ROOT)
     session_dir.mkdir(parents=True, exist_ok=True)
     evaluator = session_evaluator(options, repo, recipe, session_dir, None, None)

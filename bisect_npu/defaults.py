@@ -7,3 +7,5 @@ TRIAL_TIMEOUT_S = 3600.0
 CACHE_SIZE_GIB = 200
 # Fix proposals `fix --verify` and `run --verify-fix` try at most, best first, until one works (--verify-top).
 VERIFY_TOP = 5
+# `--good last-good`: the newest commit on the bad end's first-parent line the verdict store holds judged good.
+LAST_GOOD = "last-good"

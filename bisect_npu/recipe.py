@@ -373,6 +373,20 @@ class Recipe(_Strict):
         """NPU cards one engine needs: the product of its parallel sizes (PARALLEL_SIZES)."""
         return math.prod(self.engine.parallel_sizes().values())
 
+    def golden_files(self) -> list[Path]:
+        """The observation files of a golden reference: one file, or a directory of them (paths
+        relative to the recipe)."""
+        if not self.reference.path:
+            raise UsageError(f"recipe {self.name}: reference.kind golden needs reference.path "
+                             "(an observation JSON or a directory of them)")
+        path = Path(self.reference.path)
+        if not path.is_absolute() and self.source:
+            path = Path(self.source).resolve().parent / path
+        files = sorted(path.glob("*.json")) if path.is_dir() else [path]
+        if not files or not all(f.exists() for f in files):
+            raise UsageError(f"recipe {self.name}: golden reference {path} not found or empty")
+        return files
+
     def digest(self) -> str:
         """Stable content hash, recorded in the session header so resume refuses a changed recipe.
 

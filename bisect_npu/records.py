@@ -32,6 +32,7 @@ from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, TypeAdapter
 
 from bisect_npu.contracts import FixReport, FixVerification, TimeoutIs, Verdict, VerdictKind
 from bisect_npu.defaults import CACHE_SIZE_GIB, TRIAL_TIMEOUT_S, VERIFY_TOP
+from bisect_npu.paths import default_verdict_store
 
 JOURNAL_SCHEMA_VERSION = 1
 # The case id of a user command's trials (a recipe's cases have their own ids).
@@ -90,6 +91,7 @@ class HeaderOptions(_Shape):
     base_image_map: list[str] = Field(default_factory=list)
     release_images: str | None = None
     python_oracle: str | None = None  # a Python callable's `module:qualname` (bisect_npu.api); not a `run` option
+    verdict_store: str | None = None  # the verdict store's file (bisect_npu.store); None: verdicts are not shared
 
     def run_argv(self) -> list[str]:
         """The `bisect-npu run` arguments that give these options again (the report's reproduce
@@ -113,6 +115,10 @@ class HeaderOptions(_Shape):
         if self.earlier_runs:
             argv += ["--earlier-runs", *self.earlier_runs]
         argv += [arg for entry in self.base_image_map for arg in ("--base-image-map", entry)]
+        if self.verdict_store is None:
+            argv.append("--no-verdict-store")
+        elif self.verdict_store != str(default_verdict_store()):
+            argv += ["--verdict-store", self.verdict_store]
         flags = {"--pre": self.prereleases, "--prefetch": self.prefetch is True,
                  "--no-prefetch": self.prefetch is False, "--no-check-ends": not self.check_ends,
                  "--no-fix": not self.propose_fix, "--verify-fix": self.verify_fix, "--find-fix": self.find_fix}
@@ -192,7 +198,8 @@ class TrialRecord(Record, TrialRun):
 
 class BuildInfo(_Shape):
     """How a step's commit was made runnable: "built", "overlay", "reused", "journaled" (every
-    trial was journaled before an interruption: nothing built) or "failed"."""
+    trial was journaled before an interruption: nothing built), "stored" (the verdict store had
+    its verdict: nothing built or run) or "failed"."""
 
     how: str
     key: str | None = None
@@ -204,9 +211,19 @@ class BuildInfo(_Shape):
     run_env: dict[str, str] = Field(default_factory=dict)  # the candidate's own switches its runs got
 
 
+class StoredFrom(_Shape):
+    """Where a step's verdict came from when the verdict store had it (nothing ran): the sessions
+    that judged the commit before, and their trials' tally (noisy mode counts them as evidence)."""
+
+    sessions: list[str]
+    good: int = 0
+    bad: int = 0
+
+
 class StepRecord(Record):
     """A commit judged: its build, its trials and the verdict; `told` is what the search weighed
-    its choice by (its costs, in its unit)."""
+    its choice by (its costs, in its unit). `stored`: the verdict was reused from the verdict
+    store (`build.how` "stored"), not judged here."""
 
     type: Literal["step"] = "step"
     index: int
@@ -217,6 +234,7 @@ class StepRecord(Record):
     trials: list[TrialRun] = Field(default_factory=list)
     seconds: float = 0.0
     told: dict[str, float] = Field(default_factory=dict)
+    stored: StoredFrom | None = None
 
 
 class EndRecord(Record):

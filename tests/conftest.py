@@ -22,6 +22,15 @@ def _engine_missing(reason: str) -> None:
     pytest.skip(f"no container engine: {reason}; run containers/setup-podman.sh and export DOCKER_HOST")
 
 
+@pytest.fixture(autouse=True)
+def own_verdict_store(tmp_path_factory: pytest.TempPathFactory, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """Each test's `run` keeps and reuses verdicts in a store of its own: tests bisect the same
+    generated histories (the same shas), and one test's verdicts must not answer another's steps."""
+    path = tmp_path_factory.mktemp("store") / "verdicts.sqlite"
+    monkeypatch.setenv("BISECT_NPU_VERDICT_STORE", str(path))
+    return path
+
+
 @pytest.fixture(scope="session")
 def docker_client():
     """A docker SDK client for DOCKER_HOST's engine (podman here)."""

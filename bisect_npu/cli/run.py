@@ -33,7 +33,9 @@ def finish(result: SessionResult, as_json: bool) -> None:
 
 @click.command()
 @click.option("--good", "--old", "good", required=True,
-              help="The old end: a ref where the model behaves (with --find-fix: where it is broken).")
+              help="The old end: a ref where the model behaves (with --find-fix: where it is broken); `last-good`: "
+                   "the newest commit on the bad end's first-parent line the verdict store holds judged good for "
+                   "this recipe or command and environment.")
 @click.option("--bad", "--new", "bad", required=True,
               help="The new end: a ref where it misbehaves (with --find-fix: where it is fixed).")
 @click.option("--repo", help="Path or URL of the upstream repository [default: . unless --package].")
@@ -91,6 +93,12 @@ def finish(result: SessionResult, as_json: bool) -> None:
 @click.option("--verify-top", "verify_top", default=VERIFY_TOP, show_default=True, type=click.IntRange(min=1),
               help="With --verify-fix: proposals tried at most.")
 @click.option("--find-fix", is_flag=True, help="Flip the terms: find the first commit where the symptom is gone.")
+@click.option("--verdict-store", "verdict_store", type=click.Path(dir_okay=False, path_type=Path),
+              help="The verdict store sessions share: a commit judged before under the same recipe or command and "
+                   "environment is not tested again [default: $BISECT_NPU_VERDICT_STORE, else verdicts.sqlite in "
+                   "the cache directory].")
+@click.option("--no-verdict-store", "no_verdict_store", is_flag=True,
+              help="Neither reuse stored verdicts nor keep this session's.")
 @click.option("--json", "as_json", is_flag=True, help="Print a machine-readable summary as the last line.")
 @click.option("--quiet", is_flag=True, help="Plain log lines even on a terminal.")
 def run(good: str, bad: str, repo: str | None, package: str | None, index_url: str | None, prereleases: bool,
@@ -103,7 +111,7 @@ def run(good: str, bad: str, repo: str | None, package: str | None, index_url: s
         confidence: float | None, earlier_runs: tuple[str, str] | None, check_ends: bool, timeout_s: float,
         timeout_is: Literal["bad", "skip"] | None,
         cache_size: str, propose_fix: bool, verify_fix: bool, verify_top: int,
-        find_fix: bool, as_json: bool, quiet: bool) -> None:
+        find_fix: bool, verdict_store: Path | None, no_verdict_store: bool, as_json: bool, quiet: bool) -> None:
     """Bisect GOOD..BAD: find the first bad commit, propose its fix, write the report."""
     from bisect_npu.builders.cache import parse_size
     from bisect_npu.builders.registry import BaseImageMap
@@ -112,6 +120,7 @@ def run(good: str, bad: str, repo: str | None, package: str | None, index_url: s
     from bisect_npu.orchestration.levels import Bisection
     from bisect_npu.orchestration.options import RunOptions
     from bisect_npu.orchestration.preflight import command_words
+    from bisect_npu.paths import default_verdict_store
     from bisect_npu.progress import make_progress
 
     argv = command_words(command) if command is not None else None
@@ -119,6 +128,9 @@ def run(good: str, bad: str, repo: str | None, package: str | None, index_url: s
     BaseImageMap.parse(base_image_map)  # a malformed entry is a usage error now, not at the first build
     if release_images is not None:
         check_template(release_images)
+    if verdict_store is not None and no_verdict_store:
+        raise click.UsageError("--verdict-store and --no-verdict-store contradict each other; give one")
+    store = None if no_verdict_store else str((verdict_store or default_verdict_store()).resolve())
     options = RunOptions(good=good, bad=bad, repo=repo or (None if package else "."), package=package,
                          index_url=index_url, prereleases=prereleases, recipe=recipe, command=argv, executor=executor,
                          ray_address=ray_address, node_executor=node_executor,
@@ -128,7 +140,7 @@ def run(good: str, bad: str, repo: str | None, package: str | None, index_url: s
                          verify_fix=verify_fix, fix_top=verify_top, find_fix=find_fix, prefetch=prefetch,
                          earlier_runs=list(earlier_runs) if earlier_runs else None,
                          workdir=str(workdir) if workdir else None, base_image_map=list(base_image_map),
-                         release_images=release_images)
+                         release_images=release_images, verdict_store=store)
     bisection = Bisection.start(options, session_dir=session_dir, progress=make_progress(quiet or as_json))
     note_session(bisection.session_dir)
     click.echo(f"session: {bisection.session_dir}", err=True)

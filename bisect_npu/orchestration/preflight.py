@@ -14,7 +14,9 @@ from typing import Literal
 import git
 
 from bisect_npu import history
+from bisect_npu.defaults import LAST_GOOD
 from bisect_npu.errors import UsageError
+from bisect_npu.orchestration.memory import resolve_last_good
 from bisect_npu.orchestration.options import RunOptions, earlier_runs_spec
 from bisect_npu.recipe import EarlierRunsSpec, Recipe, load_recipe
 from bisect_npu.records import CandidateRange
@@ -28,6 +30,7 @@ class RunInputs:
     repo: git.Repo | None
     earlier_runs: EarlierRunsSpec | None
     candidates_range: CandidateRange
+    last_good_note: str | None = None  # `--good last-good`: which commit the verdict store gave
 
 
 def check_run(options: RunOptions, host_root: Path = Path("/")) -> RunInputs:
@@ -53,7 +56,14 @@ def check_run(options: RunOptions, host_root: Path = Path("/")) -> RunInputs:
         options.repo = str(repo.working_tree_dir or repo.git_dir)
     if options.package is None and repo is None:
         raise UsageError("give --repo (a clone of the upstream) or --package (bisect published releases)")
+    last_good_note = None
+    if options.good == LAST_GOOD:
+        if repo is None or options.package:
+            raise UsageError("--good last-good picks a commit of --repo; with --package name the good release")
+        options.good, last_good_note = resolve_last_good(options, recipe, repo)
     candidates_range = resolve_candidates(options, repo)
+    if last_good_note:
+        candidates_range = candidates_range.model_copy(update={"good_ref": LAST_GOOD})
     if options.command:
         ends = [candidates_range.base, candidates_range.bad] if candidates_range.kind == "commits" else []
         check_command(options.command, repo, ends)
@@ -79,7 +89,7 @@ def check_run(options: RunOptions, host_root: Path = Path("/")) -> RunInputs:
 
         options.workdir = str(Path(options.workdir).resolve())  # resume may start elsewhere
         check_workdir(Path(options.workdir))
-    return RunInputs(recipe, repo, earlier_runs, candidates_range)
+    return RunInputs(recipe, repo, earlier_runs, candidates_range, last_good_note)
 
 
 def settle_devices(options: RunOptions, cards_per_run: int, host_root: Path = Path("/")) -> None:

@@ -22,7 +22,7 @@ import git
 
 from bisect_npu import __version__, history, search
 from bisect_npu.builders.base import Builder
-from bisect_npu.contracts import Verdict
+from bisect_npu.contracts import Verdict, VerdictKind
 from bisect_npu.errors import UsageError
 from bisect_npu.execute.base import Executor
 from bisect_npu.execute.host import host_changes
@@ -30,6 +30,7 @@ from bisect_npu.execute.inprocess import Oracle
 from bisect_npu.journal import DEFAULT_ROOT, Journal, latest_session, new_session_dir
 from bisect_npu.orchestration.costs import measured_costs, told_costs
 from bisect_npu.orchestration.evaluate import EvaluationRequest, Evaluator, StepResult
+from bisect_npu.orchestration.memory import Memory, open_memory
 from bisect_npu.orchestration.options import RunOptions, earlier_runs_for_search, earlier_runs_spec
 from bisect_npu.orchestration.preflight import check_run, settle_slots
 from bisect_npu.orchestration.wiring import load_golden, session_evaluator
@@ -37,6 +38,7 @@ from bisect_npu.progress import PlainProgress, Progress
 from bisect_npu.recipe import Recipe, load_recipe
 from bisect_npu.records import (
     JOURNAL_SCHEMA_VERSION,
+    BuildInfo,
     EarlierRunsCounts,
     EndRecord,
     HeaderRecord,
@@ -62,6 +64,12 @@ class SessionResult:
     steps: int = 0
 
 
+def _reference(recipe: Recipe | None, base: str) -> str:
+    """What a recipe's verdicts are relative to, for the verdict store: the good end where the
+    oracle compares against the good end's own runs, else nothing."""
+    return base if recipe is not None and recipe.reference.kind == "good_end" else ""
+
+
 def _stop_leftovers(evaluator: Evaluator, progress: Progress) -> None:
     """What a killed earlier process of this session left running goes before anything runs (on
     an NPU host it would hold the cards); the user hears how much."""
@@ -73,8 +81,9 @@ class Session:
     """One bisection over a resolved range, driven step by step from the journal."""
 
     def __init__(self, journal: Journal, options: RunOptions, repo: git.Repo | None, recipe: Recipe | None,
-                 evaluator: Evaluator, progress: Progress) -> None:
+                 evaluator: Evaluator, progress: Progress, memory: Memory | None = None) -> None:
         self.journal = journal
+        self.memory = memory
         self.options = options
         self.repo = repo
         self.recipe = recipe
@@ -85,6 +94,7 @@ class Session:
         self.candidates = list(header_range.candidates)
         self.titles = header_range.titles
         self._lock = threading.Lock()
+        self._store_lock = threading.Lock()  # one slot at a time reads or writes a position's stored verdict
         self._told: dict[str, float] = {}  # the costs the search was told for the round being run
         self.earlier_runs = earlier_runs_spec(options, recipe)
         if recipe is not None and recipe.reference.kind == "golden":
@@ -101,6 +111,10 @@ class Session:
         inputs = check_run(options)
         recipe, repo, candidates_range = inputs.recipe, inputs.repo, inputs.candidates_range
         session_dir = (session_dir or new_session_dir(root)).resolve()
+        progress = progress or PlainProgress()
+        memory = open_memory(options, recipe, session_dir, _reference(recipe, candidates_range.base), progress)
+        if inputs.last_good_note:
+            progress.note(inputs.last_good_note)
         header = HeaderRecord(
             schema_version=JOURNAL_SCHEMA_VERSION,
             tool_version=__version__,
@@ -114,12 +128,11 @@ class Session:
             host_changes=host_changes(recipe, options.host) if recipe else {},
         )
         journal = Journal.create(session_dir, header)
-        progress = progress or PlainProgress()
         if candidates_range.merge_base_note:
             progress.note(candidates_range.merge_base_note)
         evaluator = session_evaluator(options, repo, recipe, session_dir, builder, executor, oracle)
         _stop_leftovers(evaluator, progress)
-        return cls(journal, options, repo, recipe, evaluator, progress)
+        return cls(journal, options, repo, recipe, evaluator, progress, memory)
 
     @classmethod
     def resume(cls, session_dir: Path | None = None, root: Path = DEFAULT_ROOT, progress: Progress | None = None,
@@ -137,6 +150,11 @@ class Session:
             "the session's repository was moved or removed; put it back there to resume, or start a new "
             "session with `bisect-npu run`")) if options.repo else None
         progress = progress or PlainProgress()
+        try:
+            memory = open_memory(options, recipe, session_dir, _reference(recipe, journal.header.range.base), progress)
+        except UsageError:
+            journal.close()
+            raise
         if journal.dropped_tail:
             progress.note("dropped a torn last journal line (the previous run was killed mid-write)")
         per_run = recipe.cards_per_run() if recipe else 1
@@ -148,7 +166,7 @@ class Session:
                           f"{len(options.devices)} cards")
         evaluator = session_evaluator(options, repo, recipe, session_dir, builder, executor, oracle)
         _stop_leftovers(evaluator, progress)
-        return cls(journal, options, repo, recipe, evaluator, progress)
+        return cls(journal, options, repo, recipe, evaluator, progress, memory)
 
     # -- state from the journal -----------------------------------------------------------------
 
@@ -221,6 +239,12 @@ class Session:
             if isinstance(entry, TrialRecord) and self.mode == "noisy" and entry.outcome:
                 current = evidence.get(entry.index, search.Evidence())
                 evidence[entry.index] = current.add(self._search_term(entry.outcome.value))
+            elif isinstance(entry, StepRecord) and self.mode == "noisy" and entry.stored is not None:
+                current = evidence.get(entry.index, search.Evidence())
+                for kind, count in (("good", entry.stored.good), ("bad", entry.stored.bad)):
+                    for _ in range(count):
+                        current = current.add(self._search_term(kind))
+                evidence[entry.index] = current
             elif isinstance(entry, StepRecord) and (self.mode == "exact" or (entry.verdict.kind == "skip"
                                                     and not entry.trials)):
                 current = evidence.get(entry.index, search.Evidence())
@@ -341,6 +365,8 @@ class Session:
         if query.index != 0:
             self._ensure_reference()
         commit = self.commit_at(query.index)
+        if self._reuse(query.index, commit):
+            return
         left = self._candidates_left()
         self.progress.step_started(query.index, commit, self.titles.get(commit, ""), left,
                                    max(1, math.ceil(math.log2(left + 1))))
@@ -361,6 +387,47 @@ class Session:
         result = self.evaluator.evaluate(EvaluationRequest(commit, trials, tuple(pending), on_trial, judge_each=noisy,
                                                            first_trial=first, as_reference=as_reference))
         self._record_step(query.index, result)
+        self._keep(query.index, result)
+
+    def _build_key(self, index: int) -> str:
+        """The position's build key as the verdict store keys it ("" where every commit is its own build)."""
+        return self.build_keys[index] if self.build_keys is not None else ""
+
+    def _reuse(self, index: int, commit: str) -> bool:
+        """Journal the verdict store's verdict of `commit` instead of testing it, once per position
+        (noisy mode: the search asks for more trials there if it wants them). The good end of a
+        recipe whose reference is the good end always runs: its observations are the reference."""
+        if self.memory is None or (index == 0 and self._needs_reference()):
+            return False
+        key = self._build_key(index)
+        with self._store_lock:
+            if any(step.index == index and step.stored for step in self._finished_steps()):
+                return False
+            reused = self.memory.recall(commit, key)
+            if reused is None:
+                return False
+            self.append(StepRecord(index=index, commit=commit, title=self.titles.get(commit, ""),
+                                   build=BuildInfo(how="stored", key=key or None), verdict=reused.verdict,
+                                   told=self._told, stored=reused.stored))
+        self.progress.step_finished(index, commit, reused.verdict, 0.0)
+        return True
+
+    def _keep(self, index: int, result: StepResult) -> None:
+        """Keep this session's verdict of the commit in the verdict store: in noisy mode with the
+        tally of every trial this session ran there (not the ones it reused)."""
+        if self.memory is None:
+            return
+        key = self._build_key(index)
+        with self._store_lock:  # the tally counted and kept at once: a slot's later count is never overwritten
+            if self.mode == "noisy":
+                outcomes = [e.outcome for e in self.journal.records(TrialRecord) if e.index == index and e.outcome]
+                good, bad = outcomes.count(VerdictKind.GOOD), outcomes.count(VerdictKind.BAD)
+                kind = VerdictKind.BAD if bad else VerdictKind.GOOD if good else VerdictKind.SKIP
+                verdict = result.verdict.model_copy(update={"kind": kind})
+            else:
+                verdict = result.verdict
+                good, bad = int(verdict.kind == VerdictKind.GOOD), int(verdict.kind == VerdictKind.BAD)
+            self.memory.keep(result.commit, key, verdict, good, bad)
 
     def _record_step(self, index: int, result: StepResult) -> None:
         self.append(StepRecord(index=index, commit=result.commit, title=self.titles.get(result.commit, ""),

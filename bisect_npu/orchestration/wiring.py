@@ -339,13 +339,4 @@ def fix_worktrees(session_dir: Path) -> Path:
 
 def load_golden(recipe: Recipe) -> list[Observation]:
     """A golden reference: one observation file, or a directory of them (paths relative to the recipe)."""
-    if not recipe.reference.path:
-        raise UsageError(f"recipe {recipe.name}: reference.kind golden needs reference.path "
-                         "(an observation JSON or a directory of them)")
-    path = Path(recipe.reference.path)
-    if not path.is_absolute() and recipe.source:
-        path = Path(recipe.source).resolve().parent / path
-    files = sorted(path.glob("*.json")) if path.is_dir() else [path]
-    if not files or not all(f.exists() for f in files):
-        raise UsageError(f"recipe {recipe.name}: golden reference {path} not found or empty")
-    return [Observation.load(f) for f in files]
+    return [Observation.load(f) for f in recipe.golden_files()]

@@ -328,6 +328,7 @@ def render_markdown(view: SessionView) -> str:
         reproduce=reproduce_command(view), tool_version=__version__,
         host=f"{platform.node()} ({platform.system()} {platform.machine()}, Python {platform.python_version()})",
         build_counts=_build_counts(view.steps), total_seconds=round(sum(s.seconds for s in view.steps), 1),
+        reused=reused_count(view.steps),
         evidence=evidence_summary(view), host_line=host_line(view), switches=switch_lines(view.steps),
     )
 
@@ -348,7 +349,9 @@ def render_json(view: SessionView) -> dict[str, Any]:
         "evidence_counts": (("runs without the symptom" if view.options.find_fix else "runs with the symptom")
                             if any(name.endswith("_rate") for name in figures or {}) else None),
         "prefetch_saved_s": end.prefetch_saved_s if end is not None else None,
+        "ends_wrong": end.which if end is not None and end.status == "ends_wrong" else None,  # the end judged wrong
         "good": view.range.good, "bad": view.range.bad, "base": view.range.base,
+        "good_ref": view.range.good_ref, "bad_ref": view.range.bad_ref,
         "merge_base_note": view.range.merge_base_note,
         "candidates": len(view.range.candidates),
         "steps": [{"index": s.index, "commit": s.commit, "title": s.title, "verdict": s.verdict,
@@ -360,6 +363,7 @@ def render_json(view: SessionView) -> dict[str, Any]:
         "next_level": view.next_level.model_dump(mode="json") if view.next_level is not None else None,
         "parent_session": view.header.parent_session,
         "versions": view.versions, "engine_starts": view.engine_starts, "search_told": view.told,
+        "reused_verdicts": reused_count(view.steps), "verdict_store": view.options.verdict_store,
     }
 
 
@@ -367,10 +371,18 @@ def reproduce_command(view: SessionView) -> str:
     return shlex.join(["bisect-npu", "run", *view.options.run_argv()])
 
 
+STORED = "stored"  # a step whose verdict the verdict store had: nothing built or run
+
+
+def reused_count(steps: list[StepView]) -> int:
+    """Steps whose verdict came from the verdict store (earlier sessions judged the commit)."""
+    return sum(1 for step in steps if step.build_how == STORED)
+
+
 def _build_counts(steps: list[StepView]) -> dict[str, int]:
     counts: dict[str, int] = {}
     for step in steps:
-        if step.build_how:
+        if step.build_how and step.build_how != STORED:
             counts[step.build_how] = counts.get(step.build_how, 0) + 1
     return counts
 

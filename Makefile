@@ -21,10 +21,12 @@ demo: venv
 	$(VENV)/bin/bisect-npu demo
 
 # lint-imports checks the import contracts in pyproject.toml ([tool.importlinter]): the layering and no cycles.
+# actionlint checks the GitHub Actions workflow and, through it, the composite action (action.yml).
 lint: venv
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/mypy bisect_npu
 	$(VENV)/bin/lint-imports
+	$(VENV)/bin/actionlint
 
 engine:
 	BISECT_NPU_PODMAN_SOCKET=$(ENGINE_SOCKET) bash containers/setup-podman.sh

@@ -31,6 +31,7 @@ COMMANDS: dict[str, str] = {
     "recipes": "bisect_npu.cli.recipes:recipes",
     "doctor": "bisect_npu.cli.doctor:doctor",
     "demo": "bisect_npu.cli.demo:demo",
+    "ci": "bisect_npu.cli.ci:ci",
 }
 
 

@@ -115,15 +115,15 @@ class HeaderOptions(_Shape):
         if self.earlier_runs:
             argv += ["--earlier-runs", *self.earlier_runs]
         argv += [arg for entry in self.base_image_map for arg in ("--base-image-map", entry)]
-        if self.verdict_store is None:
-            argv.append("--no-verdict-store")
-        elif self.verdict_store != str(default_verdict_store()):
-            argv += ["--verdict-store", self.verdict_store]
         flags = {"--pre": self.prereleases, "--prefetch": self.prefetch is True,
                  "--no-prefetch": self.prefetch is False, "--no-check-ends": not self.check_ends,
                  "--no-fix": not self.propose_fix, "--verify-fix": self.verify_fix, "--find-fix": self.find_fix}
         argv += [flag for flag, wanted in flags.items() if wanted]
-        return argv + (["--verify-top", str(self.fix_top)] if self.fix_top != VERIFY_TOP else [])
+        argv += ["--verify-top", str(self.fix_top)] if self.fix_top != VERIFY_TOP else []
+        if self.verdict_store is None:
+            return [*argv, "--no-verdict-store"]
+        return argv + (["--verdict-store", self.verdict_store]
+                       if self.verdict_store != str(default_verdict_store()) else [])
 
 
 class CandidateRange(_Shape):

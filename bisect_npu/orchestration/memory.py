@@ -111,14 +111,23 @@ class Memory:
         self.scope = scope
         self.session = session
         self.progress = progress
+        self.failed = False  # the store failed once: the session goes on without it, told once
+
+    def _fail(self, exc: InfrastructureError) -> None:
+        if not self.failed:
+            self.progress.note(f"the verdict store failed ({exc}); this session goes on without it: it tests every "
+                               "commit and keeps no verdict")
+        self.failed = True
 
     def recall(self, commit: str, build_key: str) -> Reused | None:
         """The store's verdict of `commit`: in exact mode the one every session gave (sessions that
         disagree are tested again), in noisy mode the sum of their trials."""
+        if self.failed:
+            return None
         try:
             rows = self.store.get(self.scope, commit, build_key, besides=self.session)
         except InfrastructureError as exc:
-            self.progress.note(f"could not read the verdict store ({exc}); testing {commit[:12]}")
+            self._fail(exc)
             return None
         if not rows:
             return None
@@ -143,14 +152,13 @@ class Memory:
         """Keep this session's verdict of `commit` (a good or bad one: a skip may be the host's
         passing trouble); `good`/`bad` count its own trials there (noisy mode). A store that cannot
         be written to costs the reuse, not the bisection."""
-        if verdict.kind == VerdictKind.SKIP:
+        if verdict.kind == VerdictKind.SKIP or self.failed:
             return
         try:
             self.store.put(self.scope, StoredVerdict(commit, build_key, self.session, verdict.kind, good, bad,
                                                      verdict.reason, time.time()))
         except InfrastructureError as exc:
-            self.progress.note(f"could not keep {commit[:12]}'s verdict in the verdict store {self.store.path} "
-                               f"({exc}); later sessions will test it again")
+            self._fail(exc)
 
 
 def open_memory(options: RunOptions, recipe: Recipe | None, session_dir: Path, reference: str,

@@ -11,7 +11,7 @@ import keyword
 import math
 import re
 from collections import Counter
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 
 from bisect_npu.fix.gitlog import IGNORABLE_FILE, FileDiff
 
@@ -41,14 +41,27 @@ def words(text: str) -> list[str]:
     so `repetition_penalty` matches "repetition penalty" and `AscendMetadata` matches "metadata"."""
     found: list[str] = []
     for token in _TOKEN.findall(text):
-        parts = _PARTS.get(token)
-        if parts is None:
-            lowered = token.lower()
-            split = [p for p in re.split(r"_+", _CAMEL.sub("_", token).lower()) if p] if (
-                "_" in token or not token.islower()) else []
-            parts = _PARTS[token] = (lowered, *split) if len(split) > 1 else (lowered,)
-        found.extend(parts)
+        found.extend(_parts(token))
     return found
+
+
+def word_counts(text: str) -> Counter[str]:
+    """`words(text)` counted: each distinct token split once (a diff repeats its tokens many times)."""
+    counts: Counter[str] = Counter()
+    for token, count in Counter(_TOKEN.findall(text)).items():
+        for part in _parts(token):
+            counts[part] += count
+    return counts
+
+
+def _parts(token: str) -> tuple[str, ...]:
+    parts = _PARTS.get(token)
+    if parts is None:
+        lowered = token.lower()
+        split = [p for p in re.split(r"_+", _CAMEL.sub("_", token).lower()) if p] if (
+            "_" in token or not token.islower()) else []
+        parts = _PARTS[token] = (lowered, *split) if len(split) > 1 else (lowered,)
+    return parts
 
 
 _TOKEN = re.compile(r"[A-Za-z_][A-Za-z0-9_]*|\d+")
@@ -59,10 +72,11 @@ class BM25:
     """Okapi BM25 over a small corpus (the candidates of one culprit): the query's words scored by how
     rare they are among the candidates, saturating with repeats and normalised by document length."""
 
-    def __init__(self, documents: Sequence[Sequence[str]], k1: float = 1.2, b: float = 0.75) -> None:
+    def __init__(self, documents: Sequence[Sequence[str] | Counter[str]], k1: float = 1.2, b: float = 0.75) -> None:
+        """`documents`: each a list of words, or their counts (word_counts)."""
         self.k1, self.b = k1, b
-        self.counts = [Counter(doc) for doc in documents]
-        self.lengths = [len(doc) for doc in documents]
+        self.counts = [doc if isinstance(doc, Counter) else Counter(doc) for doc in documents]
+        self.lengths = [sum(counts.values()) for counts in self.counts]
         self.average = sum(self.lengths) / len(documents) if documents else 0.0
         frequency: Counter[str] = Counter()
         for counts in self.counts:
@@ -98,12 +112,8 @@ def _code_lines(diffs: Iterable[FileDiff]) -> tuple[list[str], list[str]]:
 
 def names_in(lines: Iterable[str]) -> set[str]:
     """Identifiers on code lines (and config keys in string literals), common ones left out."""
-    found: set[str] = set()
-    for line in lines:
-        for name in _IDENTIFIER.findall(line):
-            if len(name) >= MIN_NAME and name not in _COMMON_NAMES:
-                found.add(name)
-    return found
+    found = set(_IDENTIFIER.findall("\n".join(lines)))  # one scan: a name never spans two lines
+    return {name for name in found if len(name) >= MIN_NAME and name not in _COMMON_NAMES}
 
 
 def specific(name: str) -> bool:
@@ -169,18 +179,40 @@ def hide_citation(message: str, sha: str, title: str, pr: int | None, normalized
     """`message` without what cites the culprit: its PR number, its sha (any prefix of 7+) and its title,
     and a revert's `Revert "..."`/`This reverts commit` lines. What remains is what a fix that does
     not cite its culprit would say."""
-    lines = []
-    for line in message.split("\n"):
-        if re.match(r'\s*Revert\s+"', line) or re.search(r"This reverts commit", line, re.IGNORECASE):
-            line = re.sub(r'Revert\s+"[^"]*"?', "", line)
-            line = re.sub(r"This reverts commit\s+[0-9a-f]{7,40}\.?", "", line, flags=re.IGNORECASE)
-        lines.append(line)
-    text = "\n".join(lines)
-    if title:
-        text = text.replace(title, "")
-    if normalized_title and len(normalized_title) >= 8:
-        text = re.sub(re.escape(normalized_title).replace(r"\ ", r"\s+"), "", text, flags=re.IGNORECASE)
-    text = re.sub(r"\b[0-9a-f]{7,40}\b", lambda m: "" if sha.startswith(m[0].lower()) else m[0], text)
-    if pr is not None:
-        text = re.sub(rf"(?:[\w.-]+/[\w.-]+)?#{pr}\b|/pull/{pr}\b|\bPR\s*{pr}\b", "", text, flags=re.IGNORECASE)
-    return text
+    return citation_hider(sha, title, pr, normalized_title)(message)
+
+
+def citation_hider(sha: str, title: str, pr: int | None, normalized_title: str) -> Callable[[str], str]:
+    """hide_citation for one culprit, its patterns compiled once: it reads every later commit's message."""
+    title_pattern = re.compile(re.escape(normalized_title).replace(r"\ ", r"\s+"), re.IGNORECASE) if (
+        normalized_title and len(normalized_title) >= 8) else None
+    pr_pattern = re.compile(rf"(?:[\w.-]+/[\w.-]+)?#{pr}\b|/pull/{pr}\b|\bPR\s*{pr}\b", re.IGNORECASE) if (
+        pr is not None) else None
+
+    def hide(message: str) -> str:
+        text = message
+        if "Revert" in message or _REVERTS_COMMIT.search(message):
+            lines = []
+            for line in message.split("\n"):
+                if _REVERT_LINE.match(line) or _REVERTS_COMMIT.search(line):
+                    line = _REVERT_TITLE_TEXT.sub("", line)
+                    line = _REVERTS_COMMIT_SHA.sub("", line)
+                lines.append(line)
+            text = "\n".join(lines)
+        if title:
+            text = text.replace(title, "")
+        if title_pattern is not None:
+            text = title_pattern.sub("", text)
+        text = _HEX.sub(lambda m: "" if sha.startswith(m[0].lower()) else m[0], text)
+        if pr_pattern is not None:
+            text = pr_pattern.sub("", text)
+        return text
+
+    return hide
+
+
+_REVERT_LINE = re.compile(r'\s*Revert\s+"')
+_REVERTS_COMMIT = re.compile(r"This reverts commit", re.IGNORECASE)
+_REVERT_TITLE_TEXT = re.compile(r'Revert\s+"[^"]*"?')
+_REVERTS_COMMIT_SHA = re.compile(r"This reverts commit\s+[0-9a-f]{7,40}\.?", re.IGNORECASE)
+_HEX = re.compile(r"\b[0-9a-f]{7,40}\b")

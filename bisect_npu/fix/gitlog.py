@@ -72,6 +72,14 @@ def parse_diffs(text: str) -> dict[str, list[FileDiff]]:
         current: FileDiff | None = None
         hunk: Hunk | None = None
         for line in lines[1:]:
+            if hunk is not None:  # most lines are a hunk's: one test each, not the header tests below
+                first = line[:1]
+                if first == "+":
+                    hunk.added.append(line[1:])
+                    continue
+                if first == "-":
+                    hunk.removed.append(line[1:])
+                    continue
             if line.startswith("diff --git ") or line.startswith("diff --cc "):
                 current, hunk = FileDiff(None, None), None
                 files.append(current)
@@ -97,10 +105,6 @@ def parse_diffs(text: str) -> dict[str, list[FileDiff]]:
                     new_len = 1 if match[4] is None else int(match[4])
                     hunk = Hunk(int(match[1]), old_len, int(match[3]), new_len, match[5].strip())
                     current.hunks.append(hunk)
-            elif hunk is not None and line.startswith("-"):
-                hunk.removed.append(line[1:])
-            elif hunk is not None and line.startswith("+"):
-                hunk.added.append(line[1:])
     return result
 
 

@@ -24,6 +24,7 @@ import argparse
 import csv
 import json
 import re
+import resource
 import sys
 import time
 from collections.abc import Sequence
@@ -59,7 +60,15 @@ def rank_pair(repo: git.Repo, pair: dict[str, str], mode: str, model: RankModel 
 
 
 def rank_of(report: FixReport, fix: str) -> int | None:
-    return next((i + 1 for i, p in enumerate(report.proposals) if fix in p.shas), None)
+    """Rank of the proposal named by the fix: a proposal that lists the fix only as a twin on another
+    branch (named by a commit on the user's branch that is not the fix) does not count."""
+    return next((i + 1 for i, p in enumerate(report.proposals) if p.shas[0] == fix), None)
+
+
+def cpu_seconds() -> float:
+    """CPU time of this process and the git processes it waited for: what a query costs on a loaded machine."""
+    me, children = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
+    return me.ru_utime + me.ru_stime + children.ru_utime + children.ru_stime
 
 
 def baseline_rank(repo: git.Repo, pair: dict[str, str]) -> int | None:
@@ -123,6 +132,8 @@ def main() -> None:
             rank = rescored_rank(record, model)
             ranks.setdefault(key, []).append(rank)
             seconds[record["mode"]].append(record["seconds"])
+            if "cpu_seconds" in record:
+                seconds.setdefault(f"{record['mode']} CPU", []).append(record["cpu_seconds"])
             if args.verbose:
                 print(f"{record['split']:5} {record['mode']:6} rank {rank or '-':>3} of {len(record['rows']):4} "
                       f"{record['fix'][:10]} {record['title'][:60]}")
@@ -135,28 +146,32 @@ def main() -> None:
 
     ranks = {}
     seconds = {m: [] for m in MODES}
+    cpu = {f"{m} CPU": [] for m in MODES}
     dumped: list[dict[str, object]] = []
     for pair in pairs:
         for mode in MODES:
-            start = time.perf_counter()
+            start, start_cpu = time.perf_counter(), cpu_seconds()
             result = rank_pair(repo, pair, mode)
             seconds[mode].append(time.perf_counter() - start)
+            cpu[f"{mode} CPU"].append(cpu_seconds() - start_cpu)
             rank = rank_of(result, pair["fix"])
             ranks.setdefault((pair["split"], mode), []).append(rank)
             dumped.append({"split": pair["split"], "mode": mode, "fix": pair["fix"], "title": pair["fix_title"],
-                           "seconds": seconds[mode][-1], "rows": [p.features for p in result.proposals],
+                           "seconds": seconds[mode][-1], "cpu_seconds": cpu[f"{mode} CPU"][-1],
+                           "rows": [p.features for p in result.proposals],
                            "answer": None if rank is None else rank - 1})
             if args.verbose:
                 best = result.proposals[0] if result.proposals else None
                 print(f"{pair['split']:5} {mode:6} rank {rank or '-':>3} of {len(result.proposals):4} "
                       f"conf {best.confidence if best else 0:.2f} {seconds[mode][-1]:5.1f}s "
+                      f"(CPU {cpu[f'{mode} CPU'][-1]:4.1f}s) "
                       f"{pair['fix'][:10]} {pair['fix_title'][:60]}", flush=True)
         base = baseline_rank(repo, pair)
         ranks.setdefault((pair["split"], "baseline"), []).append(base)
         dumped.append({"split": pair["split"], "mode": "baseline", "fix": pair["fix"], "rank": base})
         if args.dump:
             args.dump.write_text(json.dumps(dumped))
-    report(ranks, seconds)
+    report(ranks, {**seconds, **cpu})
 
 
 def report(ranks: dict[tuple[str, str], list[int | None]], seconds: dict[str, list[float]]) -> None:
@@ -167,7 +182,7 @@ def report(ranks: dict[tuple[str, str], list[int | None]], seconds: dict[str, li
             if got:
                 print(f"{split:6} {mode:9} {len(got):5}  {recall(got, 1):>10}  {recall(got, 3):>10}  "
                       f"{recall(got, 10):>10}")
-    for mode in MODES:
+    for mode in seconds:
         times = sorted(seconds[mode])
         if times:
             print(f"seconds per query ({mode}): mean {sum(times) / len(times):.1f}, "

@@ -154,6 +154,12 @@ class FixProposal:
     model_score: float = 0.0  # the model's score (log-odds scale) before the softmax over candidates
     features: dict[str, float] = field(default_factory=dict)  # the evidence the model read
 
+    @property
+    def also_on(self) -> list[str]:
+        """The same change's other commits (shas[0] is the one on the user's branch), with their branches."""
+        return [f"also on {', '.join(self.sha_branches.get(sha) or ['no branch'])} as {sha[:10]}"
+                for sha in self.shas[1:]]
+
 
 @dataclass(frozen=True)
 class DependencyNote:

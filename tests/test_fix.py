@@ -214,6 +214,8 @@ def test_ranking_is_deterministic_and_ties_go_to_the_older_commit(tmp_path):
     ("[v0.9.1][BugFix] Fix rope scaling (#3)", "fix rope scaling"),
     ("[BugFix] Fix rope scaling (#2)", "fix rope scaling"),
     ("[0.9.1] Fix  rope scaling", "fix rope scaling"),
+    ("[Cherry-pick][releases/v0.23.0][Misc] Fix rope scaling (from #11713) (#11867)", "fix rope scaling"),
+    ("[Revert][releases/v0.23.0] Restore PA ops (reverts #11867) (#12172)", "restore pa ops"),
 ])
 def test_normalize_title_ignores_branch_tags_and_pr(title, expected):
     assert normalize_title(title) == expected
@@ -283,10 +285,10 @@ def test_test_data_a_partial_clone_lacks_is_not_read_and_a_missing_source_is_nam
         propose_fixes(git.Repo(hist.path), culprit, symptom=SYMPTOM)
 
 
-def test_equal_fixes_of_the_culprit_and_of_its_release_twin_put_the_named_commits_fix_first(tmp_path):
-    # As #5761 on vllm-ascend's main and its cherry-pick #5809 on releases/v0.13.0: each reverted
-    # on its own branch, the two reverts score the same; the one that reverts the commit the user
-    # named comes first, the older one does not win the tie just by being older.
+def test_reverts_of_the_culprit_and_of_its_release_twin_are_one_proposal_named_on_the_users_branch(tmp_path):
+    # As #5761 on vllm-ascend's main and its cherry-pick #5809 on releases/v0.13.0: each reverted on
+    # its own branch (#5965, #5966). They are one change: one proposal, named by the revert of the commit
+    # the user named (the one to apply on that branch), the other listed as also on its branch.
     hist, culprit = culprit_and_release_branch(tmp_path)
     backport = hist.read(SAMPLER).replace("    history = backfill(token_ids)\n",
                                           "    history = [t for t in token_ids if t >= 0]\n")
@@ -297,7 +299,50 @@ def test_equal_fixes_of_the_culprit_and_of_its_release_twin_put_the_named_commit
     hist.filler(1)
     main_revert = hist.revert(culprit)
     repo = git.Repo(hist.path)
-    for named, first, second in ((culprit, main_revert, release_revert), (twin, release_revert, main_revert)):
+    for named, first, second, branch in ((culprit, main_revert, release_revert, "v0.9.1-dev"),
+                                         (twin, release_revert, main_revert, "main")):
         proposals = propose_fixes(repo, named).proposals
-        assert [p.shas for p in proposals[:2]] == [[first], [second]]
-        assert proposals[0].score == proposals[1].score
+        assert proposals[0].shas == [first, second]
+        assert proposals[0].also_on == [f"also on {branch} as {second[:10]}"]
+        assert "twins" in signals(proposals[0])
+
+
+def test_a_fix_and_its_back_port_are_named_by_the_commit_on_the_bad_ends_branch(tmp_path):
+    # The back-port's title adds branch tags and "(from #90)" (as #11867 "(from #11713)" did): the same
+    # change. The user's bad end decides which commit names it: the one to apply on that branch.
+    hist = base_history(tmp_path / "up")
+    culprit = add_culprit(hist)
+    hist.branch("v0.9.1-dev", hist.head())
+    hist.filler(1)
+    fix = hist.edit("[BugFix] Restore async back-fill for penalties (#90)", SAMPLER,
+                    "    history = [t for t in token_ids if t >= 0]\n", "    history = backfill(token_ids)\n")
+    main_bad = hist.git("rev-parse", "HEAD~1")
+    hist.checkout("v0.9.1-dev")
+    release_bad = hist.filler(1, "Release")[0]
+    backport = hist.commit("[Cherry-pick][releases/v0.9.1][BugFix] Restore async back-fill for penalties "
+                           "(from #90) (#95)", {SAMPLER: hist.read(SAMPLER).replace(
+                               "    history = [t for t in token_ids if t >= 0]\n",
+                               "    history = backfill(token_ids)  # back-port\n")})
+    hist.checkout("main")
+    repo = git.Repo(hist.path)
+    on_release = propose_fixes(repo, culprit, bad=release_bad).proposals
+    assert len(on_release) == 1
+    assert on_release[0].shas == [backport, fix] and on_release[0].also_on == [f"also on main as {fix[:10]}"]
+    on_main = propose_fixes(repo, culprit, bad=main_bad).proposals
+    assert on_main[0].shas == [fix, backport]
+    # Without a bad end, the branch of the commit the user named (both hold the culprit): the default one.
+    assert propose_fixes(repo, culprit).proposals[0].shas == [fix, backport]
+
+
+def test_a_commit_that_says_it_is_a_cherry_pick_of_the_culprit_does_not_reference_it(tmp_path):
+    # As #12137 on releases/v0.23.0, "cherry-pick from #11980" (#11980 is main's copy of the culprit):
+    # it names the culprit as the change it copies, not as the one it repairs.
+    hist = base_history(tmp_path / "up")
+    culprit = add_culprit(hist)
+    copy = hist.commit("[Performance] Merge outputs with All2All (#60)", {"vllm_ascend/ops/merge.py": "X = 1\n"},
+                       body="cherry-pick from #12")
+    cause = hist.commit("[Misc] Guard the placeholder ids (#61)", {"vllm_ascend/ops/guard.py": "Y = 1\n"},
+                        body="The crash was introduced by #12.")
+    by_sha = {p.shas[0]: p for p in propose_fixes(git.Repo(hist.path), culprit).proposals}
+    assert copy not in by_sha
+    assert "reference" in signals(by_sha[cause]) and by_sha[cause].features["cites_cause"] == 1.0

@@ -58,6 +58,19 @@ def test_text_output_lists_the_reasons(capsys, upstream):
     assert fix[:10] in out and "proximity" in out and "Back-fill async placeholders" in out
 
 
+def test_text_output_names_the_back_port_on_the_bad_ends_branch_and_the_other_as_also_on(capsys, upstream):
+    hist, culprit, fix = upstream
+    hist.branch("v0.9.1-dev", culprit)
+    hist.checkout("v0.9.1-dev")
+    bad = hist.filler(1, "Release")[0]
+    backport = hist.cherry_pick(fix, "[v0.9.1][BugFix] Back-fill async placeholders before repetition_penalty "
+                                     "(from #60) (#61)")
+    hist.checkout("main")
+    code, out, _ = run_cli(capsys, "--culprit", culprit, "--repo", str(hist.path), "--bad", bad)
+    assert code == 0
+    assert f"1. {backport[:10]} [v0.9.1][BugFix]" in out and f"also on main as {fix[:10]}" in out
+
+
 def test_no_fix_is_said_plainly(capsys, tmp_path):
     hist = base_history(tmp_path / "up")
     culprit = add_culprit(hist)
@@ -87,7 +100,11 @@ def test_verify_with_a_command_runs_the_session_pipeline(capsys, tmp_path, monke
     assert code == 0, err
     data = json.loads(out)
     statuses = {tuple(v["proposal"]["shas"]): v["status"] for v in data["verifications"]}  # the journal's shape
-    assert statuses == {(shas["fix"],): "verified", (shas["release_fix"],): "conflict"}
+    # The walk stops at the verified fix; the release variant, tried only when the fitted weights rank it
+    # first, does not apply to main's bad end (the walk past it: test_fix_verify).
+    assert statuses[(shas["fix"],)] == "verified" and data["verifications"][-1]["status"] == "verified"
+    assert set(statuses.values()) <= {"verified", "conflict"} and set(statuses) <= {(shas["fix"],),
+                                                                                     (shas["release_fix"],)}
     assert data["verifications"][0]["status"] == "verified"
     worktrees = git.Repo(tmp_path / "up").git.worktree("list", "--porcelain")
     assert worktrees.count("worktree ") == 1  # the clone itself: the evaluations' worktrees are gone

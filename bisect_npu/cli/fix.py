@@ -107,6 +107,8 @@ def _print(report: FixReport, verifications: list[FixVerification]) -> None:
         click.echo(f"{rank}. {proposal.shas[0][:10]} {proposal.title}")
         for reason in proposal.reasons:
             click.echo(f"   {reason.weight:+g} {reason.signal}: {reason.detail}")
+        for line in proposal.also_on:
+            click.echo(f"   {line}")
         if proposal.missing_on:
             click.echo(f"   not yet on: {', '.join(proposal.missing_on)}")
 

@@ -7,7 +7,7 @@ from __future__ import annotations
 import math
 import re
 from collections import Counter
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from functools import cached_property
 
@@ -19,9 +19,10 @@ from bisect_npu.fix.evidence import (
     BM25,
     COSMETIC_TITLE,
     changed_names,
-    hide_citation,
+    citation_hider,
     keeps_behaviour,
     touched_names,
+    word_counts,
     words,
 )
 from bisect_npu.fix.gitlog import (
@@ -76,11 +77,23 @@ _DEF_LINE = re.compile(r"^\s*(?:async\s+)?(?:def|class)\s+([A-Za-z_]\w*)")
 _TAG = re.compile(r"\[\s*(?:bug\s*-?\s*fix|hot\s*-?\s*fix|fix(?:es|ed)?|bug)\s*\]|^\s*(?:bug|hot)?fix(?:\([^)]*\))?!?:",
                   re.IGNORECASE)
 _LEADING_TAGS = re.compile(r"^(?:\s*\[[^\]]*\])+\s*")
-_VERSION_TAG = re.compile(r"\[\s*(?:v?\d+(?:\.\d+)+\S*|main|[\w.-]*-dev|release[\w.-]*)\s*\]", re.IGNORECASE)
+_VERSION_TAG = re.compile(r"\[\s*(?:v?\d+(?:\.\d+)+\S*|main|[\w.-]*-dev|releases?(?:/[\w.-]+|[\w.-]*))\s*\]",
+                          re.IGNORECASE)
+# Trailing parentheses that cite PRs, `(#N)`, `(from #N)`, `(reverts #N)`: a back-port's title adds them.
+_CITING_SUFFIX = re.compile(r"(?:\s*\([^()]*#\d+\))+\s*$")
 _REVERT_TITLE = re.compile(r'^Revert\s+"(.+)"(?:\s*\(#\d+\))?\s*$')
 _REVERTS_COMMIT = re.compile(r"This reverts commit ([0-9a-f]{7,40})", re.IGNORECASE)
 _CHERRY_PICKED = re.compile(r"cherry picked from commit ([0-9a-f]{7,40})", re.IGNORECASE)
 _HEX_WORD = re.compile(r"(?<![0-9a-zA-Z])[0-9a-f]{7,40}(?![0-9a-zA-Z])")
+# How a message cites a commit decides what it says of it: a cause ("introduced by #N", "reverts #N") or
+# a copy ("cherry-pick from #N": the commit IS that change on another branch, not a fix of it).
+_CAUSE_WORDS = re.compile(r"introduc|caus|regress|brok|break|revert|restor|roll\s*-?\s*back|\bfix|\bbug|mistake|wrong|"
+                          r"error|fail|crash", re.IGNORECASE)
+_COPY_PHRASE = re.compile(r"(?:cherry[\s-]*pick(?:ed)?|back[\s-]*port(?:ed)?|port(?:ed)?|picked)\s+(?:from|of)\s*:?\s*$"
+                          r"|\(\s*from\s*$", re.IGNORECASE)
+# A change that builds on the culprit rather than repairing it.
+FOLLOW_UP = re.compile(r"follow[\s-]*ups?|based\s+on|continu\w*|part\s+\d|\[\d+/\w+\]|\b\d+/n\b|optimi[sz]\w*|"
+                       r"perf(?:ormance)?\b|\bsupports?\b|\bfeat(?:ure)?\b|refactor\w*|\benable\w*", re.IGNORECASE)
 _TEST_PATH = re.compile(r"(?:^|/)tests?/|(?:^|/)test_[^/]*$|_test\.\w+$")
 _WORD = re.compile(r"\w+")
 # Test files whose added lines can name a module or function (not the data files tests keep).
@@ -130,7 +143,11 @@ class _Anchor:
         """`message` as the signals may read it: without this anchor's citation when it is hidden."""
         if not self.hidden:
             return message
-        return hide_citation(message, self.commit.sha, self.commit.title, self.pr, self.plain_title)
+        return self.hider(message)
+
+    @cached_property
+    def hider(self) -> Callable[[str], str]:
+        return citation_hider(self.commit.sha, self.commit.title, self.pr, self.plain_title)
 
 
 @dataclass
@@ -141,6 +158,7 @@ class _Candidate:
     text: str = ""  # message (citations hidden as asked) and changed lines: what BM25 reads
     names: set[str] = field(default_factory=set)  # names on its changed lines (the culprit's files)
     cosmetic: bool = False  # changes no behaviour: a typo, format or rename commit
+    reverts: set[str] = field(default_factory=set)  # the anchors (culprit, twins) it reverts
 
     def add(self, signal: str, detail: str, weight: float | None = None) -> None:
         weight = WEIGHTS[signal] if weight is None else weight
@@ -214,6 +232,7 @@ def propose_fixes(
             for name, value in cand.features.items():
                 known.feature(name, value)
             known.names |= cand.names
+            known.reverts |= cand.reverts
             known.cosmetic = known.cosmetic or cand.cosmetic
             known.text = max(known.text, cand.text, key=len)
 
@@ -222,7 +241,10 @@ def propose_fixes(
     qualified = [c for c in pool if c.qualifies]
     in_bad = reachable(repo, bad_sha, culprit_sha) if bad_sha else set()
     membership = _branch_members(repo, refs, culprit_sha)
-    proposals = _group_twins(repo, qualified, refs, membership, in_bad, bad, model, culprit_commit.time)
+    # The user's own branches: those holding the bad end (else the culprit). A change on several
+    # branches is named by its commit there, the one a fix on the user's branch would be.
+    own = {short_ref(r) for r in (refs_containing(repo, bad_sha, refs) if bad_sha else []) or anchors[0].refs}
+    proposals = _group_twins(repo, qualified, refs, membership, in_bad, bad, model, culprit_commit.time, own)
     all_anchor_refs = sorted({r for a in anchors for r in a.refs})
     base = github_url(repo)
     for proposal in proposals:
@@ -231,9 +253,7 @@ def propose_fixes(
     confidences = model.confidences([p.model_score for p in proposals])
     for proposal, confidence in zip(proposals, confidences, strict=True):
         proposal.confidence = round(confidence, 4)
-    # Ties: a fix on a branch holding the commit the user named before one only on a twin's branch
-    # (each branch's revert of its own copy scores the same), then the older fix.
-    own = {short_ref(r) for r in anchors[0].refs}
+    # Ties: a fix on the user's branch before one only on a twin's branch, then the older fix.
     proposals.sort(key=lambda p: (-p.model_score, -p.score, not own & set(p.branches), p.date, p.shas[0]))
     proposals = proposals[:top] if top > 0 else proposals
 
@@ -271,8 +291,9 @@ def _note(proposals: list[FixProposal], dependency: DependencyNote | None,
 
 
 def normalize_title(title: str) -> str:
-    """Title without branch tags, a leading tag block and `(#N)`: equal across cherry-picks."""
-    title = PR_SUFFIX.sub("", _VERSION_TAG.sub("", title))
+    """Title without branch tags, a leading tag block and trailing PR citations (`(#N)`, `(from #N)`):
+    equal across cherry-picks."""
+    title = _CITING_SUFFIX.sub("", PR_SUFFIX.sub("", _VERSION_TAG.sub("", title)))
     title = _LEADING_TAGS.sub("", title)
     return re.sub(r"\s+", " ", title).strip().lower()
 
@@ -335,6 +356,8 @@ def _score_anchor(repo: git.Repo, anchor: _Anchor, anchors: list[_Anchor], tips:
             cand.feature("tag", 1.0)
         if COSMETIC_TITLE.search(normalize_title(anchor.visible(commit.title))):
             cand.feature("cosmetic_title", 1.0)
+        if FOLLOW_UP.search(re.sub(r'"[^"]*"?', "", anchor.visible(commit.title))):
+            cand.feature("follow_up", 1.0)
         message = anchor.visible(commit.message)
         changed = [line for f in own + test_diffs.get(commit.sha, []) for h in f.hunks
                    for line in (h.header, *h.added, *h.removed)]
@@ -417,7 +440,7 @@ def _symptom_relevance(candidates: list[_Candidate], keywords: Sequence[str]) ->
     query = [w for parts in phrases.values() for w in parts]
     if not candidates or not query:
         return
-    index = BM25([words(c.text) for c in candidates])
+    index = BM25([word_counts(c.text) for c in candidates])
     scores = index.scores(query)
     best = max(scores)
     for at, (cand, score) in enumerate(zip(candidates, scores, strict=True)):
@@ -486,30 +509,51 @@ def _reference_signals(cand: _Candidate, anchors: list[_Anchor]) -> None:
     reverts_shas = _REVERTS_COMMIT.findall(message) if "reverts commit" in lowered else []
     hex_words = _HEX_WORD.findall(lowered)
     own_title = normalize_title(cand.commit.title)
+    by_title: set[str] = set()
+    by_sha: set[str] = set()  # the precise one: copies of the culprit often share its title
     for anchor in anchors:
         if anchor.hidden:
             continue
         target, short, plain = anchor.commit, anchor.commit.sha[:10], anchor.plain_title
         if reverted is not None and reverted == plain:
             cand.add("revert", f'reverts "{target.title}" ({short})')
+            by_title.add(target.sha)
         for sha in reverts_shas:
             if target.sha.startswith(sha.lower()):
                 cand.add("revert", f"says 'This reverts commit {sha}' ({short})")
+                by_sha.add(target.sha)
         pr = anchor.pr
         if pr is not None and str(pr) in message:
             fixes = re.search(rf"(?:fix(?:es|ed)?|close[sd]?|resolve[sd]?)\s*:?\s*#{pr}\b", message, re.IGNORECASE)
             if fixes:
                 cand.add("reference", f"says {fixes[0]!r} (the culprit's PR)")
-            elif re.search(rf"(?<![\w/])#{pr}\b|/pull/{pr}\b", message):
-                cand.add("reference", f"names the culprit's PR #{pr}")
+                cand.feature("cites_cause", 1.0)
+            else:
+                _cite(cand, message, re.compile(rf"(?<![\w/])#{pr}\b|/pull/{pr}\b"), f"the culprit's PR #{pr}")
         if any(target.sha.startswith(word) for word in hex_words):
-            cand.add("reference", f"names the culprit's sha {short}")
+            _cite(cand, message, re.compile(rf"(?<![0-9a-zA-Z]){target.sha[:7]}[0-9a-f]*", re.IGNORECASE),
+                  f"the culprit's sha {short}")
         if (len(plain) >= MIN_TITLE_REFERENCE and revert is None and own_title != plain
                 and plain[:MIN_TITLE_REFERENCE] in lowered and plain in re.sub(r"\s+", " ", lowered)):
             cand.add("reference", f'quotes the culprit\'s title "{target.title}"')
+    cand.reverts = by_sha or by_title
     for signal in ("revert", "reference"):
         if signal in cand.reasons:
             cand.feature(signal, 1.0)
+
+
+def _cite(cand: _Candidate, message: str, pattern: re.Pattern[str], what: str) -> None:
+    """A reference where the message names `what`, unless it names it as the change it copies ("cherry-pick
+    from #N"); cites_cause when the line around it speaks of a bug or a revert, not of building on it."""
+    for match in pattern.finditer(message):
+        before = message[message.rfind("\n", 0, match.start()) + 1:match.start()]
+        if _COPY_PHRASE.search(before):
+            continue
+        end = message.find("\n", match.end())
+        line = before + message[match.start():end if end >= 0 else len(message)]
+        cand.add("reference", f"names {what}")
+        if _CAUSE_WORDS.search(line):
+            cand.feature("cites_cause", 1.0)
 
 
 def _branch_members(repo: git.Repo, refs: dict[str, str], culprit: str) -> dict[str, set[str]]:
@@ -519,9 +563,12 @@ def _branch_members(repo: git.Repo, refs: dict[str, str], culprit: str) -> dict[
 
 
 def _group_twins(repo: git.Repo, qualified: list[_Candidate], refs: dict[str, str], membership: dict[str, set[str]],
-                 in_bad: set[str], bad: str | None, model: RankModel, culprit_time: int) -> list[FixProposal]:
+                 in_bad: set[str], bad: str | None, model: RankModel, culprit_time: int,
+                 own: set[str]) -> list[FixProposal]:
     """One proposal per change: candidates with the same normalized title or patch-id merge (patch-ids
-    of the MAX_GROUPED most likely only: a twin carries the same evidence, so it ranks near its pair)."""
+    of the MAX_GROUPED most likely only: a twin carries the same evidence, so it ranks near its pair), and
+    so do the reverts of the culprit and of its twins (each branch reverting its own copy). A proposal is
+    named by its member on the user's `own` branches, the others listed as also on their branches."""
     parent = {c.commit.sha: c.commit.sha for c in qualified}
 
     def root(sha: str) -> str:
@@ -544,6 +591,15 @@ def _group_twins(repo: git.Repo, qualified: list[_Candidate], refs: dict[str, st
                 parent[root(cand.commit.sha)] = root(by_key[key])
             else:
                 by_key[key] = cand.commit.sha
+    # The first revert of each copy of the culprit (each branch reverting its own copy) is one change.
+    first_reverts: dict[str, _Candidate] = {}
+    for cand in sorted(qualified, key=lambda c: (c.commit.time, c.commit.sha)):
+        for anchor in sorted(cand.reverts):
+            first_reverts.setdefault(anchor, cand)
+    chain = list(dict.fromkeys(c.commit.sha for c in first_reverts.values()))
+    for sha in chain[1:]:
+        if root(sha) != root(chain[0]):
+            parent[root(sha)] = root(chain[0])
     groups: dict[str, list[_Candidate]] = {}
     for cand in qualified:
         groups.setdefault(root(cand.commit.sha), []).append(cand)
@@ -574,8 +630,11 @@ def _group_twins(repo: git.Repo, qualified: list[_Candidate], refs: dict[str, st
                                         WEIGHTS["in_bad_end"])
             features["in_bad_end"] = 1.0
         reasons = sorted(best.values(), key=lambda r: (-r.weight, r.signal))
-        # Name the change by its upstream PR (the member on the default branch) when it has one.
-        named = next((m.commit for m in members if default in where[m.commit.sha]), members[0].commit)
+        # Name the change by its member on the user's branch (the commit to apply there; one already in
+        # the bad end applies nothing), else by its upstream PR (the member on the default branch), else
+        # by the oldest.
+        named = min(members, key=lambda m: (m.commit.sha in in_bad, not own & set(where[m.commit.sha]),
+                                            default not in where[m.commit.sha], m.commit.time, m.commit.sha)).commit
         proposals.append(FixProposal(
             shas=[named.sha] + [m.commit.sha for m in members if m.commit is not named],
             branches=branches, title=named.title,

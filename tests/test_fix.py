@@ -343,10 +343,13 @@ def test_a_commit_that_says_it_is_a_cherry_pick_of_the_culprit_does_not_referenc
                        body="cherry-pick from #12")
     cause = hist.commit("[Misc] Guard the placeholder ids (#61)", {"vllm_ascend/ops/guard.py": "Y = 1\n"},
                         body="The crash was introduced by #12.")
+    qualified = hist.commit("[Misc] Drop the placeholder copy (#63)", {"vllm_ascend/ops/copy.py": "W = 1\n"},
+                            body="It was re-introduced by vllm-project/vllm-ascend#12.")
     follow = hist.commit("[Perf] Follow-up: cache the placeholder ids (#62)", {"vllm_ascend/ops/cache.py": "Z = 1\n"},
                          body="Builds on #12 to cache them.")
     by_sha = {p.shas[0]: p for p in propose_fixes(git.Repo(hist.path), culprit).proposals}
     assert copy not in by_sha
     assert "reference" in signals(by_sha[cause]) and by_sha[cause].features["cites_cause"] == 1.0
+    assert by_sha[qualified].features["cites_cause"] == 1.0  # owner/repo#N: as hide_citation reads it
     assert "cites_cause" not in by_sha[follow].features and by_sha[follow].features["follow_up"] == 1.0
     assert by_sha[cause].confidence > by_sha[follow].confidence  # the fitted weights read the difference

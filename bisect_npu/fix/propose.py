@@ -529,7 +529,9 @@ def _reference_signals(cand: _Candidate, anchors: list[_Anchor]) -> None:
                 cand.add("reference", f"says {fixes[0]!r} (the culprit's PR)")
                 cand.feature("cites_cause", 1.0)
             else:
-                _cite(cand, message, re.compile(rf"(?<![\w/])#{pr}\b|/pull/{pr}\b"), f"the culprit's PR #{pr}")
+                # `owner/repo#N` too: what hide_citation removes is what a reference reads.
+                _cite(cand, message, re.compile(rf"(?<![\w/])(?:[\w.-]+/[\w.-]+)?#{pr}\b|/pull/{pr}\b"),
+                      f"the culprit's PR #{pr}")
         if any(target.sha.startswith(word) for word in hex_words):
             _cite(cand, message, re.compile(rf"(?<![0-9a-zA-Z]){target.sha[:7]}[0-9a-f]*", re.IGNORECASE),
                   f"the culprit's sha {short}")

@@ -6,10 +6,13 @@ the evidence of every proposal kept: per query a matrix of features and the row 
 conditional logit is fitted on those queries (bisect_npu.fix.model.fit); test pairs are never read.
 
     .venv/bin/python bench/fit_fix_weights.py --repo CLONE [--pairs bench/data/fix_pairs.tsv]
-        [--cache FILE] [--l2 0.05 | --cv 4]
+        [--cache FILE | --from-dump FILE] [--l2 0.05 | --cv 4]
 
 `--cache` keeps the collected evidence in FILE (JSON) and reuses it when it exists, so changing
 only the regularisation does not re-read the history (delete it after changing a signal).
+`--from-dump FILE` fits on the train queries of a `bench/fix_eval.py --dump FILE` run instead (the same
+evidence, one pass over the history for both; then `bench/fix_eval.py --rescore FILE` re-ranks that run
+with the new weights).
 """
 
 from __future__ import annotations
@@ -26,7 +29,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "bench"))
 
-from fix_eval import MODES, PAIRS, load_pairs, rank_pair  # noqa: E402
+from fix_eval import MODES, PAIRS, load_pairs, rank_of, rank_pair  # noqa: E402
 
 from bisect_npu.fix.model import FEATURES, fit, vector  # noqa: E402
 
@@ -42,7 +45,8 @@ def collect(repo_path: str, pairs: list[dict[str, str]]) -> list[dict[str, objec
         for mode in MODES:
             report = rank_pair(repo, pair, mode)
             rows = [p.features for p in report.proposals]
-            answer = next((i for i, p in enumerate(report.proposals) if pair["fix"] in p.shas), None)
+            rank = rank_of(report, pair["fix"])  # as bench/fix_eval.py counts it: the proposal the fix names
+            answer = None if rank is None else rank - 1
             queries.append({"fix": pair["fix"], "mode": mode, "rows": rows, "answer": answer})
             print(f"{mode:6} {len(rows):4} proposals, fix at {answer if answer is None else answer + 1} "
                   f"{pair['fix_title'][:60]}", flush=True)
@@ -80,13 +84,17 @@ def main() -> None:
     parser.add_argument("--repo", help="a full clone of vllm-ascend (needed unless --cache exists)")
     parser.add_argument("--pairs", type=Path, default=PAIRS)
     parser.add_argument("--cache", type=Path)
+    parser.add_argument("--from-dump", type=Path, help="the evidence of a `bench/fix_eval.py --dump` file's train "
+                                                        "queries (its test queries are not read), not the history")
     parser.add_argument("--l2", type=float, default=0.05)
     parser.add_argument("--cv", type=int, default=0, metavar="K",
                         help="choose --l2 by K-fold cross-validation over the train pairs (top-1, then top-3)")
     parser.add_argument("--out", type=Path, default=WEIGHTS)
     args = parser.parse_args()
     train = [p for p in load_pairs(args.pairs) if p["split"] == "train"]
-    if args.cache and args.cache.exists():
+    if args.from_dump:
+        queries = [q for q in json.loads(args.from_dump.read_text()) if q["split"] == "train" and q["mode"] in MODES]
+    elif args.cache and args.cache.exists():
         queries = json.loads(args.cache.read_text())
     else:
         if not args.repo:

@@ -34,4 +34,19 @@ def test_fix_eval_prints_recall_for_shown_and_hidden_citations_and_the_baseline(
     # The baseline's most recent bug-fix-tagged commit on the culprit's file is the later [BugFix]: the
     # revert has no tag at all, so the baseline misses it.
     assert table[("test", "baseline")][:2] == ["1", "0/1"]
-    assert "seconds per query (hidden)" in done.stdout
+    assert "seconds per query (hidden)" in done.stdout and "seconds per query (hidden CPU)" in done.stdout
+
+
+def test_a_fix_counts_only_where_it_names_its_proposal():
+    sys.path.insert(0, str(ROOT / "bench"))
+    from fix_eval import rank_of
+
+    from bisect_npu.contracts import FixProposal, FixReport
+
+    def proposal(*shas: str) -> FixProposal:
+        return FixProposal(shas=list(shas), branches=[], title="t", pr=None, score=0.0, reasons=[])
+
+    # The release branch's revert named first (the user's branch), main's listed as its twin: main's
+    # revert is not what this proposal tells the user to apply.
+    report = FixReport("c", [proposal("other"), proposal("release_revert", "main_revert")], None, "")
+    assert rank_of(report, "release_revert") == 2 and rank_of(report, "main_revert") is None

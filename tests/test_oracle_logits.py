@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 
 import numpy as np
@@ -356,6 +357,23 @@ def test_top_k_indices_match_a_full_sort() -> None:
     assert [set(r) for r in got] == [set(r) for r in want]
 
 
+@settings(max_examples=80, deadline=None)
+@given(rows=st.integers(1, 3), vocab=st.integers(1, 70_000), k=st.integers(1, 8), levels=st.integers(2, 60000),
+       block=st.sampled_from([64, 2048]), seed=st.integers(0, 1000))
+def test_top_k_values_are_the_k_largest(rows: int, vocab: int, k: int, levels: int, block: int, seed: int) -> None:
+    """Any width (a tail after the last whole block included), ties (few distinct values) and block size:
+    the values at the indices found are the k largest, each index once."""
+    from bisect_npu.oracle.logits import top_k_indices
+
+    k = min(k, vocab)
+    values = np.random.default_rng(seed).integers(0, levels, (rows, vocab)).astype(np.float32)
+    got = top_k_indices(values, k, block)
+    assert got.shape == (rows, k)
+    for row, picked in zip(values, got, strict=True):
+        assert len(set(picked.tolist())) == k
+        np.testing.assert_array_equal(np.sort(row[picked]), np.sort(row)[vocab - k:])
+
+
 def test_reads_are_bounded_by_the_chunk_not_the_logits_tensor(tmp_path: Path) -> None:
     """A [1, 128, 151936] bf16 logits pair (78 MB) compared in one-row chunks: no read larger than a row,
     and Python-side allocations far below one tensor (the old reader widened each whole tensor)."""
@@ -394,3 +412,41 @@ def test_tensor_files_read_any_run_of_elements(tmp_path: Path) -> None:
         assert tensor.array is None  # indexed, not loaded
         np.testing.assert_array_equal(tensor.read(3, 11), want[3:14])
         np.testing.assert_array_equal(tensor.read(0, tensor.size), want)
+
+
+def test_reads_into_reused_buffers_give_float32_of_any_stored_dtype(tmp_path: Path) -> None:
+    """The workers' path: the same two buffers for every chunk, whatever was stored (bf16 shifted into
+    place, float32 read straight into the output, others cast; a strided tensor held in memory)."""
+    from bisect_npu.oracle.ptfile import PtFormatError, open_npy, open_pt
+
+    array = (np.arange(6 * 7, dtype=np.float32).reshape(6, 7) - 20) / 3
+    np.save(tmp_path / "f16.npy", array.astype(np.float16))
+    np.save(tmp_path / "f32.npy", array)
+    torch.save(torch.from_numpy(array).to(torch.bfloat16), tmp_path / "bf16.pt")
+    torch.save(torch.from_numpy(array).t(), tmp_path / "strided.pt")
+    out, raw = np.full(64, np.nan, np.float32), np.zeros(64 * 8, np.uint8)
+    cases = [(open_npy(tmp_path / "f16.npy"), array.astype(np.float16).astype(np.float32).reshape(-1)),
+             (open_npy(tmp_path / "f32.npy"), array.reshape(-1)),
+             (open_pt(tmp_path / "bf16.pt"), bf16(array).reshape(-1)),
+             (open_pt(tmp_path / "strided.pt"), array.T.reshape(-1))]
+    for tensor, want in cases:
+        fd = tensor.open()
+        try:
+            for start, count in ((0, 42), (5, 9), (40, 10)):
+                got = tensor.read_into(fd, start, count, out, raw)
+                assert got.dtype == np.float32 and np.shares_memory(got, out)
+                np.testing.assert_array_equal(got, want[start:start + count])
+        finally:
+            if fd is not None:
+                os.close(fd)
+    cut = tmp_path / "cut.npy"
+    cut.write_bytes((tmp_path / "f32.npy").read_bytes())
+    tensor = open_npy(cut)
+    with open(cut, "r+b") as handle:
+        handle.truncate(cut.stat().st_size - 8)
+    fd = tensor.open()
+    try:
+        with pytest.raises(PtFormatError, match="8 bytes early"):
+            tensor.read_into(fd, 0, 42, out, raw)
+    finally:
+        os.close(fd)

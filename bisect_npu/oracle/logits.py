@@ -45,7 +45,9 @@ from __future__ import annotations
 
 import json
 import math
+import os
 import re
+import threading
 import time
 from collections.abc import Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -311,13 +313,14 @@ class ChunkSums:
         self.max_rel = max(self.max_rel, other.max_rel)
         self.largest_read = max(self.largest_read, other.largest_read)
 
-    def add_elements(self, c: np.ndarray, r: np.ndarray, tolerance: float) -> bool:
-        """Fold one chunk in; False when it holds NaN/Inf (the sums then cover the finite pairs only)."""
+    def add_chunk(self, c: np.ndarray, r: np.ndarray, tolerance: float, vocab: int | None, top_k: int,
+                  scratch: Scratch) -> None:
+        """Fold one chunk in (rows of `vocab` for logits); the NaN/Inf pairs are counted, the sums cover the
+        finite ones, and a tensor with such a chunk gets no KL (over NaN/Inf it says nothing)."""
         self.size += c.size
-        diff = np.subtract(c, r)
+        diff = np.subtract(c, r, out=scratch.d[:c.size])
         sums = (float(c @ c), float(r @ r), float(diff @ diff))
-        finite = all(math.isfinite(x) for x in sums)
-        if not finite:  # NaN/Inf somewhere (or float32 overflow): mask, widen
+        if not all(math.isfinite(x) for x in sums):  # NaN/Inf somewhere (or float32 overflow): mask, widen
             fin_c, fin_r = np.isfinite(c), np.isfinite(r)
             self.nonfinite_c += int(c.size - np.count_nonzero(fin_c))
             self.nonfinite_r += int(r.size - np.count_nonzero(fin_r))
@@ -325,36 +328,44 @@ class ChunkSums:
             c, r = c[both].astype(np.float64), r[both].astype(np.float64)
             diff = c - r
             sums = (float(c @ c), float(r @ r), float(diff @ diff))
+            self.rows_skipped += vocab is not None
+            vocab, denom, mask = None, np.empty_like(r), np.empty(r.size, np.bool_)
+        else:
+            denom, mask = scratch.t[:c.size], scratch.mask[:c.size]
         self.cand_sq += sums[0]
         self.ref_sq += sums[1]
         self.diff_sq += sums[2]
-        if diff.size:
-            np.abs(diff, out=diff)
-            self.max_abs = max(self.max_abs, float(diff.max()))
-            denom = np.abs(r)
-            denom += _EPS32
-            np.divide(diff, denom, out=diff)
-            self.max_rel = max(self.max_rel, float(diff.max()))
-            self.within_1e3 += int(np.count_nonzero(diff < 1e-3))
-            self.within_5e3 += int(np.count_nonzero(diff < 5e-3))
-            self.within_tol += int(np.count_nonzero(diff <= tolerance))
-        return finite
+        if vocab:
+            self.add_rows(c.reshape(-1, vocab), r.reshape(-1, vocab), diff.reshape(-1, vocab), top_k, denom)
+        if not diff.size:
+            return
+        np.abs(diff, out=diff)
+        self.max_abs = max(self.max_abs, float(diff.max()))
+        np.abs(r, out=denom)
+        denom += _EPS32
+        np.divide(diff, denom, out=diff)
+        self.max_rel = max(self.max_rel, float(diff.max()))
+        self.within_1e3 += int(np.count_nonzero(np.less(diff, 1e-3, out=mask)))
+        self.within_5e3 += int(np.count_nonzero(np.less(diff, 5e-3, out=mask)))
+        self.within_tol += int(np.count_nonzero(np.less_equal(diff, tolerance, out=mask)))
 
-    def add_rows(self, c: np.ndarray, r: np.ndarray, top_k: int) -> None:
-        """KL(reference || candidate) and top-k overlap of rows over the vocabulary (finite rows only).
+    def add_rows(self, c: np.ndarray, r: np.ndarray, diff: np.ndarray, top_k: int, scratch: np.ndarray) -> None:
+        """KL(reference || candidate) and top-k overlap of rows over the vocabulary; `diff` is c - r.
 
-        float32 throughout, one BLAS dot per row: KL of identical rows stays exactly 0, and float32
-        sums of a 152K-vocabulary row are far finer than any pass line on KL.
+        float32 throughout, one exp and one BLAS dot per row and side, in `scratch` (a row's worth):
+        KL = log(sum_c / sum_r) - (exp_r . diff) / sum_r - (max_r - max_c), with exp_x = e^(x - max_x)
+        and sum_x its sum. KL of identical rows stays exactly 0, and float32 sums of a 152K-vocabulary
+        row are far finer than any pass line on KL.
         """
-        shift_r = r - r.max(axis=1, keepdims=True)
-        shift_c = c - c.max(axis=1, keepdims=True)
-        exp_r = np.exp(shift_r)
-        sum_r = exp_r.sum(axis=1)
-        sum_c = np.exp(shift_c).sum(axis=1)
-        shift_r -= shift_c
+        max_r, max_c = r.max(axis=1), c.max(axis=1)
+        work = scratch[:r.shape[1]]
         for row in range(r.shape[0]):
-            expected = float(exp_r[row] @ shift_r[row]) / float(sum_r[row])
-            self.kl += expected + math.log(float(sum_c[row])) - math.log(float(sum_r[row]))
+            np.exp(np.subtract(r[row], max_r[row], out=work), out=work)
+            sum_r, moved = float(work.sum()), float(work @ diff[row])
+            np.exp(np.subtract(c[row], max_c[row], out=work), out=work)
+            sum_c = float(work.sum())
+            self.kl += (math.log(sum_c) - math.log(sum_r) - moved / sum_r
+                        - (float(max_r[row]) - float(max_c[row])))
         k = min(top_k, r.shape[1])
         top_r, top_c = top_k_indices(r, k), top_k_indices(c, k)
         self.overlap += float((top_r[:, :, None] == top_c[:, None, :]).any(axis=2).sum()) / k
@@ -384,38 +395,72 @@ def top_k_indices(rows: np.ndarray, k: int, block: int = 2048) -> np.ndarray:
     """Indices of each row's k largest values (in no order).
 
     Why blocks: a full partition of a 152K-vocabulary row costs ~1 ms; the k largest values lie in
-    the k blocks with the largest maxima, so one max-reduction and a partition of k blocks suffice
-    (blocks of 2,048 keep the reduction contiguous and fast).
+    the k blocks with the largest maxima, so one max-reduction finds those blocks, and the same
+    search within them (blocks of 64) leaves a few hundred values to partition.
     """
     n_rows, vocab = rows.shape
     n_blocks = vocab // block
-    if n_blocks < 4 * k:
+    if n_blocks < 4 * k or vocab <= 1024:
         return np.argpartition(rows, vocab - k, axis=1)[:, vocab - k:]
-    head = rows[:, :n_blocks * block].reshape(n_rows, n_blocks, block)
+    whole = n_blocks * block
+    head = rows[:, :whole].reshape(n_rows, n_blocks, block)
     best = np.argpartition(head.max(axis=2), n_blocks - k, axis=1)[:, n_blocks - k:]
+    line = np.arange(n_rows)[:, None]
+    values = head[line, best].reshape(n_rows, -1)
     candidates = (best[:, :, None] * block + np.arange(block)).reshape(n_rows, -1)
-    if vocab > n_blocks * block:
-        tail = np.broadcast_to(np.arange(n_blocks * block, vocab), (n_rows, vocab - n_blocks * block))
-        candidates = np.concatenate([candidates, tail], axis=1)
-    values = np.take_along_axis(rows, candidates, axis=1)
-    pick = np.argpartition(values, values.shape[1] - k, axis=1)[:, values.shape[1] - k:]
-    return np.take_along_axis(candidates, pick, axis=1)
+    if vocab > whole:
+        values = np.concatenate([values, rows[:, whole:]], axis=1)
+        candidates = np.concatenate([candidates, np.tile(np.arange(whole, vocab), (n_rows, 1))], axis=1)
+    return candidates[line, top_k_indices(values, k, max(1, block // 32))]
+
+
+class Scratch:
+    """One worker's buffers for a chunk, reused for every chunk it reads (see `TensorFile.read_into`)."""
+
+    def __init__(self, elements: int, itemsize: int) -> None:
+        self.c, self.r, self.d, self.t = (np.empty(elements, np.float32) for _ in range(4))
+        self.mask = np.empty(elements, np.bool_)
+        self.raw = np.empty(elements * itemsize, np.uint8)
+
+    def fits(self, elements: int, itemsize: int) -> bool:
+        return self.c.size >= elements and self.raw.size >= elements * itemsize
+
+
+_worker = threading.local()
+
+
+def _scratch(elements: int, itemsize: int) -> Scratch:
+    """This thread's buffers, grown when a chunk needs more (a worker thread's die with it)."""
+    scratch: Scratch | None = getattr(_worker, "scratch", None)
+    if scratch is None or not scratch.fits(elements, itemsize):
+        if scratch is not None:
+            elements, itemsize = max(elements, scratch.c.size), max(itemsize, scratch.raw.size // scratch.c.size)
+        scratch = _worker.scratch = Scratch(elements, itemsize)
+    return scratch
 
 
 def segment_sums(cand: TensorFile, ref: TensorFile, start: int, stop: int, chunk: int, tolerance: float,
                  vocab: int | None, top_k: int) -> ChunkSums:
     """Elements [start, stop) of a pair, `chunk` at a time (whole rows of `vocab` for logits)."""
     sums = ChunkSums()
-    for at in range(start, stop, chunk):
-        count = min(chunk, stop - at)
-        c = np.asarray(cand.read(at, count), dtype=np.float32)
-        r = np.asarray(ref.read(at, count), dtype=np.float32)
-        sums.largest_read = max(sums.largest_read, count * max(cand.stored.itemsize, ref.stored.itemsize))
-        finite = sums.add_elements(c, r, tolerance)
-        if vocab and finite:
-            sums.add_rows(c.reshape(-1, vocab), r.reshape(-1, vocab), top_k)
-        elif vocab:  # KL over NaN/Inf says nothing: no KL for the tensor
-            sums.rows_skipped += 1
+    itemsize = max(cand.stored.itemsize, ref.stored.itemsize)
+    scratch = _scratch(min(chunk, stop - start), itemsize)
+    fd_c = cand.open()
+    try:
+        fd_r = ref.open()
+        try:
+            for at in range(start, stop, chunk):
+                count = min(chunk, stop - at)
+                c = cand.read_into(fd_c, at, count, scratch.c, scratch.raw)
+                r = ref.read_into(fd_r, at, count, scratch.r, scratch.raw)
+                sums.largest_read = max(sums.largest_read, count * itemsize)
+                sums.add_chunk(c, r, tolerance, vocab, top_k, scratch)
+        finally:
+            if fd_r is not None:
+                os.close(fd_r)
+    finally:
+        if fd_c is not None:
+            os.close(fd_c)
     return sums
 
 
@@ -542,11 +587,11 @@ def compare_dumps(candidate: str | Path, reference: str | Path, cfg: LogitsConfi
     cand_parts, ref_parts = open_dump(candidate), open_dump(reference)
     if set(cand_parts) != set(ref_parts) and len(cand_parts) == len(ref_parts) == 1:
         cand_parts = dict(zip(ref_parts, cand_parts.values(), strict=True))
-    pairs: list[_Pair] = []
+    entries: list[tuple[TensorEntry | None, TensorEntry]] = []
     for part, ref_entries in ref_parts.items():
         cand_by_name = {e.name: e for e in cand_parts.get(part, [])}
-        for ref_entry in ref_entries:
-            pairs.append(_prepare(len(pairs), cand_by_name.get(ref_entry.name), ref_entry))
+        entries += [(cand_by_name.get(ref_entry.name), ref_entry) for ref_entry in ref_entries]
+    pairs: list[_Pair] = []
     pending: list[tuple[_Pair, Future[ChunkSums]]] = []
 
     def settle(limit: int) -> None:
@@ -560,7 +605,9 @@ def compare_dumps(candidate: str | Path, reference: str | Path, cfg: LogitsConfi
                                  "truncated") from exc
 
     with ThreadPoolExecutor(max_workers=cfg.workers) as pool:
-        for pair in pairs:
+        for cand_entry, ref_entry in entries:  # each file indexed while the workers compare earlier ones
+            pair = _prepare(len(pairs), cand_entry, ref_entry)
+            pairs.append(pair)
             if pair.cand is None or pair.ref is None:
                 continue
             tolerance = dtype_tolerance(pair.row.dtype)

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import collections
 import io
+import math
 import os
 import pickle
 import struct
@@ -112,7 +113,7 @@ class TensorFile:
 
     @property
     def size(self) -> int:
-        return int(np.prod(self.shape, dtype=np.int64))
+        return math.prod(self.shape)
 
     @property
     def nbytes(self) -> int:
@@ -135,6 +136,31 @@ class TensorFile:
 
     def read_all(self) -> np.ndarray:
         return self.read(0, self.size).reshape(self.shape)
+
+    def open(self) -> int | None:
+        """A descriptor for `read_into` (None for a tensor held in memory); the caller closes it."""
+        return None if self.array is not None else os.open(self.path, os.O_RDONLY)
+
+    def read_into(self, fd: int | None, start: int, count: int, out: np.ndarray, raw: np.ndarray) -> np.ndarray:
+        """Elements [start, start + count) as float32 in `out[:count]`, read through `raw` (bytes, at
+        least count * itemsize) unless stored as float32: the same buffers chunk after chunk, since
+        fresh multi-megabyte arrays cost more in page faults than the arithmetic done on them."""
+        count = max(0, min(count, self.size - start))
+        dest = out[:count]
+        if fd is None:
+            np.copyto(dest, self.read(start, count), casting="unsafe")
+            return dest
+        nbytes = count * self.stored.itemsize
+        direct = self.stored == np.dtype("<f4")
+        target = dest.view(np.uint8) if direct else raw[:nbytes]
+        got = os.preadv(fd, [target.data], self.data_offset + start * self.stored.itemsize)
+        if got != nbytes:
+            raise PtFormatError(f"file ends {nbytes - got} bytes early (truncated)")
+        if self.bfloat16:  # bfloat16 is the top half of a float32: shift it into place
+            np.left_shift(target.view(np.uint16), 16, out=dest.view(np.uint32), dtype=np.uint32)
+        elif not direct:
+            np.copyto(dest, target.view(self.stored), casting="unsafe")
+        return dest
 
 
 def _member_offset(path: Path, info: zipfile.ZipInfo) -> int:

@@ -302,6 +302,7 @@ def main() -> None:
                              "(e.g. git archive 21bcfa8 bisect_npu | tar -x -C /tmp/previous)")
     parser.add_argument("--out", type=Path, default=None, help="also write the figures (Markdown) here")
     args = parser.parse_args()
+    args.msprobe = args.msprobe.absolute()  # it runs in the work directory
     if not args.msprobe.exists():
         raise SystemExit(f"{args.msprobe} not found: install mindstudio-probe into .venv-msprobe (see --help)")
     shutil.rmtree(args.work, ignore_errors=True)

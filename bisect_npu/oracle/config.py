@@ -93,9 +93,10 @@ class LogitsConfig(_Strict):
                                                  "the output's below 0.1")
     amplification: float = Field(5.0, gt=1.0, description="times the input's cosine distance an output's must "
                                                           "reach (above the dtype's floor) to diverge")
-    chunk_elements: int = Field(1 << 20, strict=True, ge=1,
+    chunk_elements: int = Field(1 << 17, strict=True, ge=1,
                                 description="elements one worker reads at a time (whole vocabulary rows for "
-                                            "logits); bounds peak memory")
+                                            "logits); bounds peak memory, and the default keeps a chunk's "
+                                            "buffers in a core's cache")
 
 
 class StatsConfig(_Strict):

@@ -36,9 +36,13 @@ The first divergent tensor in execution order is where the drift enters; the out
 whose drift its input did not have, without a rule of their own, are its carriers.
 
 Why streamed: real dumps hold hundreds of tensors and a 152K-vocabulary logits tensor. Each file
-is indexed (`ptfile.open_pt` / `open_npy`) and read `chunk_elements` at a time by positioned
-reads; large tensors are split into segments so `workers` threads (numpy releases the GIL) share
-one tensor too. Peak memory is a few chunks per worker, whatever the largest tensor.
+is indexed (`ptfile.open_pt` / `open_npy`, while the workers compare the tensors before it) and
+read `chunk_elements` at a time by positioned reads; large tensors are split into segments so
+`workers` threads (numpy releases the GIL) share one tensor too. Peak memory is a few chunks per
+worker, whatever the largest tensor. Why buffers: each worker reads every chunk into the same
+arrays and computes every metric in place (`out=`); fresh arrays per chunk cost more in page
+faults than the arithmetic done on them (the allocator hands multi-megabyte blocks back to the
+kernel), and a chunk of the default size keeps them in a core's cache.
 """
 
 from __future__ import annotations

@@ -11,7 +11,8 @@ Why byte ranges: a dump's largest tensor (the logits of a 152K vocabulary over 5
 in bf16) would otherwise set the peak memory. torch stores each storage uncompressed, so
 `open_pt` reads only the pickle and the member's position in the archive, and
 `TensorFile.read` then fetches any run of elements with one positioned read (`os.pread`, not
-mmap: mapped pages count as resident memory until the kernel drops them).
+mmap: mapped pages count as resident memory until the kernel drops them); `read_into` does the
+same into buffers the caller keeps from chunk to chunk.
 """
 
 from __future__ import annotations

@@ -157,8 +157,10 @@ class TensorFile:
         got = os.preadv(fd, [target.data], self.data_offset + start * self.stored.itemsize)
         if got != nbytes:
             raise PtFormatError(f"file ends {nbytes - got} bytes early (truncated)")
-        if self.bfloat16:  # bfloat16 is the top half of a float32: shift it into place
-            np.left_shift(target.view(np.uint16), 16, out=dest.view(np.uint32), dtype=np.uint32)
+        if self.bfloat16:  # bfloat16 is the top half of a float32: widen, then shift it into place
+            wide = dest.view(np.uint32)
+            np.copyto(wide, target.view(np.uint16))
+            wide <<= 16
         elif not direct:
             np.copyto(dest, target.view(self.stored), casting="unsafe")
         return dest

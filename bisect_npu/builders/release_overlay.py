@@ -27,6 +27,7 @@ import os
 import shutil
 import subprocess
 import tarfile
+import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -133,6 +134,7 @@ class ReleaseOverlayBuilder:
         self.import_timeout_s = import_timeout_s
         self.key = f"{package}=={version}"
         self._release_ref: str | None = None
+        self._lock = threading.Lock()
 
     def acquire(self, commit: str, log_dir: Path) -> Environment:
         started = time.monotonic()
@@ -153,13 +155,14 @@ class ReleaseOverlayBuilder:
         overlay = self.root / hashlib.sha256(f"{self.key}|{tree_ids}".encode()).hexdigest()[:20]
         log_path = log_dir / f"overlay-{sha[:12]}.log"
         how: Literal["overlay", "reused"] = "reused"
-        if not (overlay / COMPLETE).exists():
-            how = "overlay"
-            try:
-                self._make(overlay, sha, paths, part, base.python or "python", log_path, marked)
-            except BuildFailed:
-                shutil.rmtree(overlay, ignore_errors=True)
-                raise
+        with self._lock:  # a prefetching thread may ask for the same tree
+            if not (overlay / COMPLETE).exists():
+                how = "overlay"
+                try:
+                    self._make(overlay, sha, paths, part, base.python or "python", log_path, marked)
+                except BuildFailed:
+                    shutil.rmtree(overlay, ignore_errors=True)
+                    raise
         return Environment(kind="venv", commit=sha, build_key=self.key, path=str(overlay), python=base.python,
                            how=how, seconds=round(time.monotonic() - started, 3),
                            log_path=str(log_path) if log_path.exists() else None, compiled_changes=changed)

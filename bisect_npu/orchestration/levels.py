@@ -52,7 +52,8 @@ class Level(Protocol):
 
 class ReleaseLevel:
     """Published versions of a package (`--package`): the culprit release and the one before it
-    are mapped to tags of the repository, whose commits between are bisected next."""
+    are mapped to tags of the repository, whose commits between are bisected next, each as an
+    overlay on the older release's venv where the repository holds its Python packages."""
 
     proposes_fix = False
 

@@ -255,3 +255,18 @@ def test_package_run_descends_into_commits_by_overlay(upstream: dict[str, str], 
     report_md = (Path(result["session"]) / "report.md").read_text()
     marked = [s for s in steps.values() if s["build"].get("compiled_changes")]
     assert marked and report_md.count("(compiled inputs changed since the release)") == len(marked)
+
+
+@pytest.mark.parametrize(("extra", "says"), [
+    (["--overlay-on-release", "fakepkg-cpu==9.9.9"], "no tag for version 9.9.9"),
+    (["--overlay-on-release", "fakepkg-cpu==1.0.0", "--executor", "docker"], "use --executor local"),
+    (["--overlay-on-release", "fakepkg-cpu>=1.0.0"], "expected PACKAGE==VERSION"),
+])
+def test_overlay_on_release_refused_before_anything_runs(upstream: dict[str, str], tmp_path: Path,
+                                                         extra: list[str], says: str) -> None:
+    done = subprocess.run([sys.executable, "-m", "bisect_npu", "run", "--repo", upstream["path"], "--good", "v1.0.0",
+                           "--bad", "v1.1.0", "--cmd", "true", "--session", str(tmp_path / "s"), *extra],
+                          cwd=tmp_path, env={**os.environ, "BISECT_NPU_CACHE": str(tmp_path / "cache")},
+                          capture_output=True, text=True, timeout=300)
+    assert done.returncode == 2 and says in done.stderr, done.stderr[-2000:]
+    assert not (tmp_path / "cache" / "venvs").exists()  # nothing installed

@@ -256,6 +256,23 @@ def test_package_run_descends_into_commits_by_overlay(upstream: dict[str, str], 
     marked = [s for s in steps.values() if s["build"].get("compiled_changes")]
     assert marked and report_md.count("(compiled inputs changed since the release)") == len(marked)
 
+    # Killed after the commit level's second step (its overlays gone with the process): resume
+    # makes the overlays again from the journal's options and ends at the same commit.
+    journal = Path(result["session"]) / "journal.jsonl"
+    lines = journal.read_text().splitlines(keepends=True)
+    second = [i for i, line in enumerate(lines) if json.loads(line)["type"] == "step"][1]
+    journal.write_text("".join(lines[:second + 1]))
+    parent = session / "journal.jsonl"
+    parent.write_text("".join(line for line in parent.read_text().splitlines(keepends=True)
+                              if json.loads(line)["type"] != "next_level"))
+    done = subprocess.run([sys.executable, "-m", "bisect_npu", "resume", "--session", str(session), "--json"],
+                          cwd=tmp_path, env=env, capture_output=True, text=True, timeout=900)
+    assert done.returncode == 0, done.stdout + done.stderr[-3000:]
+    assert json.loads(done.stdout.strip().splitlines()[-1])["culprit"] == upstream["regression"]
+    resumed = [json.loads(line) for line in journal.read_text().splitlines()]
+    assert sum(1 for e in resumed if e["type"] == "step") == len(steps)
+    assert {e["build"]["how"] for e in resumed if e["type"] == "step"} <= {"overlay", "reused", "failed"}
+
 
 @pytest.mark.parametrize(("extra", "says"), [
     (["--overlay-on-release", "fakepkg-cpu==9.9.9"], "no tag for version 9.9.9"),

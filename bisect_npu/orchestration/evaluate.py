@@ -99,7 +99,7 @@ def build_record(env: Environment | None, failure: BuildFailed | None = None) ->
         return BuildInfo(how="failed", log=failure.log_path, log_tail=failure.log_tail, error=str(failure))
     assert env is not None
     return BuildInfo(how=env.how, key=env.build_key, image=env.image, seconds=env.seconds, log=env.log_path,
-                     run_env=env.run_env)
+                     run_env=env.run_env, compiled_changes=env.compiled_changes)
 
 
 class Evaluator:

@@ -22,7 +22,7 @@ from bisect_npu.execute.inprocess import Oracle
 from bisect_npu.journal import DEFAULT_ROOT, LATEST_FILE
 from bisect_npu.orchestration.options import RunOptions
 from bisect_npu.orchestration.session import Session, SessionResult
-from bisect_npu.orchestration.wiring import fix_worktrees, sweep_fix_worktrees
+from bisect_npu.orchestration.wiring import fix_worktrees, overlay_release_for, sweep_fix_worktrees
 from bisect_npu.progress import Progress
 from bisect_npu.records import FixRecord, FixVerifiedRecord, FixVerifyRecord, NextLevelRecord
 
@@ -52,7 +52,8 @@ class Level(Protocol):
 
 class ReleaseLevel:
     """Published versions of a package (`--package`): the culprit release and the one before it
-    are mapped to tags of the repository, whose commits between are bisected next."""
+    are mapped to tags of the repository, whose commits between are bisected next, each as an
+    overlay on the older release's venv where the repository holds its Python packages."""
 
     proposes_fix = False
 
@@ -65,11 +66,16 @@ class ReleaseLevel:
         older, newer = session.commit_at(end.index - 1), session.commit_at(end.index)
         good_tag = versions.tag_for_version(session.repo, older)
         bad_tag = versions.tag_for_version(session.repo, newer)
-        # the package's options end here
+        # The package's options end here; its commits run as overlays on the older release's venv
+        # where the repository holds the release's Python packages (no build per commit).
+        overlay = overlay_release_for(session.options, session.recipe, session.repo, older, bad_tag,
+                                      session.journal.session_dir / "steps" / older[:12])
         options = session.options.model_copy(update={"package": None, "index_url": None, "prereleases": False,
-                                                     "good": good_tag, "bad": bad_tag})
+                                                     "good": good_tag, "bad": bad_tag,
+                                                     "overlay_on_release": overlay})
+        how = f", each as an overlay on {older}'s venv (no builds)" if overlay else ""
         return Descent(options, "commit-level", good_tag, bad_tag,
-                       f"release level done: {older} -> {newer}; bisecting commits {good_tag}..{bad_tag}")
+                       f"release level done: {older} -> {newer}; bisecting commits {good_tag}..{bad_tag}{how}")
 
 
 class CommitLevel:

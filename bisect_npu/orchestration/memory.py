@@ -81,6 +81,9 @@ def environment_facts(options: RunOptions, recipe: Recipe | None) -> dict[str, o
         "package": options.package,
         "index_url": options.index_url,
         "environment": os.environ.get(ENVIRONMENT_VARIABLE, ""),
+        # Commits run on a release's compiled part, not built (named only when set: the digests
+        # of the verdicts stored before this fact existed stay as they were).
+        **({"overlay_on_release": options.overlay_on_release} if options.overlay_on_release else {}),
     }
 
 

@@ -56,6 +56,8 @@ def check_run(options: RunOptions, host_root: Path = Path("/")) -> RunInputs:
         options.repo = str(repo.working_tree_dir or repo.git_dir)
     if options.package is None and repo is None:
         raise UsageError("give --repo (a clone of the upstream) or --package (bisect published releases)")
+    if options.overlay_on_release:
+        check_overlay_on_release(options, repo)
     last_good_note = None
     if options.good == LAST_GOOD:
         if repo is None or options.package:
@@ -90,6 +92,22 @@ def check_run(options: RunOptions, host_root: Path = Path("/")) -> RunInputs:
         options.workdir = str(Path(options.workdir).resolve())  # resume may start elsewhere
         check_workdir(Path(options.workdir))
     return RunInputs(recipe, repo, earlier_runs, candidates_range, last_good_note)
+
+
+def check_overlay_on_release(options: RunOptions, repo: git.Repo | None) -> None:
+    """`--overlay-on-release`: a commit-level run of this host's processes, on a clone holding the
+    release's tag (the compiled inputs each commit changed are counted from it)."""
+    from bisect_npu.builders.release_overlay import parse_release
+    from bisect_npu.versions import tag_for_version
+
+    assert options.overlay_on_release is not None
+    _package, version = parse_release(options.overlay_on_release)
+    if options.package is not None or repo is None:
+        raise UsageError("--overlay-on-release runs a clone's commits on a release: give --repo and drop --package "
+                         "(`--package --repo` overlays the commits below the release level by itself)")
+    if options.executor != "local":
+        raise UsageError("--overlay-on-release runs each commit as a process on this host: use --executor local")
+    tag_for_version(repo, version)
 
 
 def settle_devices(options: RunOptions, cards_per_run: int, host_root: Path = Path("/")) -> None:

@@ -71,12 +71,11 @@ def make_environment(options: RunOptions, repo: git.Repo | None, recipe: Recipe 
         return _python_oracle_environment(options, repo, session_dir, workdir, oracle)
     env = dict(recipe.environment) if recipe else {}
     if options.package:
-        from bisect_npu.builders.venv import VenvBuilder, default_venv_cache
-
-        plan = recipe.install if recipe else InstallPlan()
-        return (VenvBuilder(options.package, plan, default_venv_cache(), int(options.cache_size_gb * 2**30)),
-                _local_executor(options, env, [], session_dir))
+        return release_venvs(options.package, options, recipe), _local_executor(options, env, [], session_dir)
     assert repo is not None
+    if options.overlay_on_release:
+        return (release_overlay_builder(options, repo, recipe, workdir),
+                _local_executor(options, env, ["."], session_dir))  # "." is the overlay: first on PYTHONPATH
     if options.executor == "ray":
         return ray_environment(options, repo, recipe, session_dir, workdir)
     if options.executor == "local":
@@ -91,6 +90,41 @@ def make_environment(options: RunOptions, repo: git.Repo | None, recipe: Recipe 
                              artifacts_dir=session_dir.resolve() / "build-outputs" if reuse else None),
                 _local_executor(options, env, python_paths, session_dir))
     return _docker_environment(options, repo, recipe, session_dir)
+
+
+def release_venvs(package: str, options: RunOptions, recipe: Recipe | None) -> Builder:
+    """The cached venvs of a package's releases (`--package`, and what overlays stand on)."""
+    from bisect_npu.builders.venv import VenvBuilder, default_venv_cache
+
+    plan = recipe.install if recipe else InstallPlan()
+    return VenvBuilder(package, plan, default_venv_cache(), int(options.cache_size_gb * 2**30))
+
+
+def release_overlay_builder(options: RunOptions, repo: git.Repo, recipe: Recipe | None, workdir: Path) -> Builder:
+    """`--overlay-on-release PACKAGE==VERSION`: each commit's Python tree over that release's venv."""
+    from bisect_npu.builders.release_overlay import ReleaseOverlayBuilder, parse_release
+
+    assert options.overlay_on_release is not None
+    package, version = parse_release(options.overlay_on_release)
+    return ReleaseOverlayBuilder(repo, release_venvs(package, options, recipe), package, version, workdir.resolve(),
+                                 env=dict(recipe.environment) if recipe else {})
+
+
+def overlay_release_for(options: RunOptions, recipe: Recipe | None, repo: git.Repo, version: str, ref: str,
+                        log_dir: Path) -> str | None:
+    """`PACKAGE==VERSION` when the commits below the release level can run as overlays on
+    `version`'s venv (cached by the release level): the repository holds the release's import
+    packages at `ref`. None otherwise (a repository of something else): the commits are built."""
+    from bisect_npu.builders.base import BuildFailed
+    from bisect_npu.builders.release_overlay import package_paths, release_part
+
+    assert options.package is not None
+    try:
+        venv = release_venvs(options.package, options, recipe).acquire(version, log_dir)
+        part = release_part(Path(venv.path or ""), options.package)
+    except BuildFailed:
+        return None
+    return f"{options.package}=={version}" if package_paths(repo, ref, part.packages) else None
 
 
 def _docker_environment(options: RunOptions, repo: git.Repo, recipe: Recipe | None,

@@ -55,6 +55,8 @@ class StepView:
     logs: list[str]
     pr: int | None = None
     run_env: dict[str, str] = field(default_factory=dict)  # the candidate's own switches its runs got
+    # An overlay on a release: the compiled inputs the commit changed since it (its verdict may not hold).
+    compiled_changes: list[str] = field(default_factory=list)
 
 
 @dataclass
@@ -120,7 +122,8 @@ def load_view(session_dir: Path) -> SessionView:
             steps.append(StepView(len(steps) + 1, entry.index, entry.commit, entry.title, verdict.kind.value,
                                   verdict.reason, entry.seconds, build.how if build else "",
                                   (build.seconds if build else None) or 0.0, verdict.trials, verdict.figures, logs,
-                                  candidates.pr_of(entry.commit), dict(build.run_env) if build else {}))
+                                  candidates.pr_of(entry.commit), dict(build.run_env) if build else {},
+                                  list(build.compiled_changes) if build else []))
         elif isinstance(entry, EndRecord):
             end = entry
         elif isinstance(entry, FixRecord):
@@ -356,7 +359,8 @@ def render_json(view: SessionView) -> dict[str, Any]:
         "candidates": len(view.range.candidates),
         "steps": [{"index": s.index, "commit": s.commit, "title": s.title, "verdict": s.verdict,
                    "reason": s.reason, "seconds": s.seconds, "build": s.build_how, "trials": s.trials,
-                   "figures": s.figures, "run_env": s.run_env} for s in view.steps],
+                   "figures": s.figures, "run_env": s.run_env, "compiled_changes": s.compiled_changes}
+                  for s in view.steps],
         "host": view.options.host, "host_changes": view.header.host_changes,
         "fix": to_jsonable(view.fix), "fix_verify": to_jsonable(view.fix_verify),
         "level": view.range.kind, "package": view.range.package,

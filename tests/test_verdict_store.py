@@ -10,6 +10,7 @@ import multiprocessing
 import sqlite3
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -269,7 +270,8 @@ def test_any_stored_verdicts_give_the_same_culprit_without_running_them(tmp_path
 
     culprit = data.draw(st.integers(1, n), label="culprit")
     known = data.draw(st.sets(st.integers(0, n)), label="stored positions")
-    work = tmp_path / f"{n}-{culprit}-{'-'.join(map(str, sorted(known)))}"
+    # hypothesis may draw the same example twice within one test's tmp_path: a fresh directory each time
+    work = Path(tempfile.mkdtemp(prefix=f"{n}-{culprit}-", dir=tmp_path))
     shas = make_linear_repo(work / "repo", n + 1, culprit=culprit)
     script, runs = work / "check.py", work / "runs.txt"
     script.write_text(CHECK)

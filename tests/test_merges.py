@@ -185,7 +185,23 @@ def test_a_run_killed_inside_the_merge_resumes_there(tmp_path: Path) -> None:
                         propose_fix=False)
     assert result.culprit == shas[19]
     assert len(calls) == len(set(calls)) == uninterrupted  # nothing judged twice, nothing more than whole
-    assert sum(len(steps_of(s)) for s in levels(tmp_path / "s")) == uninterrupted
+    assert sum(len(steps_of(s)) for s in levels(tmp_path / "s")) == uninterrupted == result.steps
+    again = api.bisect(repo, shas[0], "main", oracle=oracle, session_dir=tmp_path / "s", quiet=True,
+                       propose_fix=False)  # a finished run answers with its finest level's culprit, not the merge
+    assert (again.culprit, again.session_dir, again.steps) == (shas[19], result.session_dir, uninterrupted)
+    assert len(calls) == uninterrupted
+
+
+def test_find_fix_descends_into_the_merge_that_brought_the_fix(tmp_path: Path) -> None:
+    """The same levels with the terms flipped: the first commit where the symptom is gone."""
+    repo = tmp_path / "repo"
+    shas = make_merge_repo(repo, RELEASE_SHAPE, culprit=19)
+    symptom_gone = ["test", "-e", "bug"]  # here the file is the fix: the symptom shows without it
+    result = api.bisect(repo, shas[0], "main", oracle=symptom_gone, session_dir=tmp_path / "s", quiet=True,
+                        find_fix=True, propose_fix=False)
+    assert result.culprit == shas[19]
+    assert result.message.startswith(f"first fixed commit: {shas[19][:12]}")
+    assert "came in through merge" in result.message
 
 
 def test_the_fix_search_finds_a_revert_of_a_culprit_reached_through_a_merge(tmp_path: Path) -> None:

@@ -46,12 +46,13 @@ def line_search(repo: git.Repo, line: list[str], base: str, weights: dict[str, i
     return line[decision.index - 1], len(evidence)
 
 
-def bisect_npu_steps(repo: git.Repo, good: str, bad: str, culprit: str, weighed: bool) -> tuple[str, int]:
+def bisect_npu_steps(repo: git.Repo, good: str, bad: str, culprit: str, weighed: bool) -> tuple[str, int, int]:
+    """The first bad commit, the steps to it and how many merge levels were descended."""
     brange = history.resolve_range(repo, good, bad)
     line, base = list(brange.candidates), brange.base
     scope_goods = weight_goods = [brange.good]  # as MergeLevel hands them down
     merge: str | None = None
-    steps = 0
+    steps = descended = 0
     while True:
         candidates = line[:-1] if merge else line
         weights = history.brought_in(repo, candidates, weight_goods) if weighed else None
@@ -59,7 +60,8 @@ def bisect_npu_steps(repo: git.Repo, good: str, bad: str, culprit: str, weighed:
         steps += taken
         parents = history.parents_of(repo, found)
         if len(parents) != 2 or found == merge:
-            return found, steps
+            return found, steps, descended
+        descended += 1
         if merge is not None:
             scope_goods = [*scope_goods, base]
         merge, base = found, parents[0]
@@ -91,8 +93,8 @@ def main(path: Path, good: str, bad: str) -> None:
         diffs = collections.Counter[int]()
         for culprit in culprits:
             first, git_runs = git_bisect_run(clone, good, bad, culprit)
-            ours, weighted = bisect_npu_steps(repo, good, bad, culprit, weighed=True)
-            plain_found, plain = bisect_npu_steps(repo, good, bad, culprit, weighed=False)
+            ours, weighted, _ = bisect_npu_steps(repo, good, bad, culprit, weighed=True)
+            plain_found, plain, _ = bisect_npu_steps(repo, good, bad, culprit, weighed=False)
             assert first == ours == plain_found == culprit, (culprit, first, ours, plain_found)
             totals.update(git=git_runs, weighted=weighted, plain=plain)
             diffs[weighted - git_runs] += 1

@@ -499,16 +499,30 @@ def merged_line(repo: git.Repo, merge: str, goods: list[str]) -> tuple[str, ...]
 
 
 def brought_in(repo: git.Repo, line: tuple[str, ...] | list[str], goods: list[str]) -> dict[str, int]:
-    """How many commits each merge of a first-parent `line` brings in (itself included) that
-    `goods` do not hold: what the culprit is as likely to be any one of, so what the search weighs
-    that position by. Plain commits bring in one and are left out."""
+    """How many commits each merge of a first-parent `line` (oldest first) brings in, itself
+    included, that `goods` do not hold (`git rev-list --count M --not M^1 GOODS`): what the culprit
+    is as likely to be any one of, so what the search weighs that position by. Plain commits bring
+    in one and are left out. One `git rev-list` for the whole range: walking the line oldest first,
+    a commit is brought in by the first line commit that reaches it."""
+    if not line:
+        return {}
+    parents: dict[str, list[str]] = {}
+    for row in repo.git.rev_list("--parents", line[-1], "--not", *goods, "--").splitlines():
+        sha, *of = row.split()
+        parents[sha] = of
+    seen: set[str] = set()
     weights: dict[str, int] = {}
-    for start in range(0, len(line), _LOG_BATCH):
-        batch = line[start : start + _LOG_BATCH]
-        for row in repo.git.rev_list("--no-walk=unsorted", "--parents", *batch, "--").splitlines():
-            sha, *parents = row.split()
-            if len(parents) > 1:
-                weights[sha] = int(repo.git.rev_list("--count", sha, "--not", parents[0], *goods, "--"))
+    for commit in line:
+        seen.add(commit)
+        todo, count = list(parents.get(commit, [])[1:]), 1
+        while todo:
+            sha = todo.pop()
+            if sha in parents and sha not in seen:
+                seen.add(sha)
+                count += 1
+                todo.extend(parents[sha])
+        if count > 1 or len(parents.get(commit, [])) > 1:
+            weights[commit] = count
     return weights
 
 

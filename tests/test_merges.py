@@ -11,12 +11,13 @@ import subprocess
 import sys
 from pathlib import Path
 
+import git as gitpython
 import pytest
 from gitrepo import BUG_CMD, git, make_merge_repo
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from bisect_npu import api, search
+from bisect_npu import api, history, search
 from bisect_npu.errors import InfrastructureError
 from bisect_npu.search.exact import weighted_pivot
 
@@ -231,8 +232,25 @@ def commits_in(shape: list) -> int:
     return sum(1 if item == "c" else 1 + commits_in(item[1]) for item in shape)
 
 
+@given(st.lists(ITEMS, min_size=1, max_size=8))
+@settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+def test_brought_in_counts_what_git_counts(tmp_path_factory: pytest.TempPathFactory, shape: list) -> None:
+    """One walk over the range gives each merge of the line `git rev-list --count M --not M^1 GOOD`,
+    and the line's positions share out the range's commits exactly."""
+    repo_path = tmp_path_factory.mktemp("history") / "repo"
+    shas = make_merge_repo(repo_path, shape, culprit=1)
+    repo = gitpython.Repo(repo_path)
+    line = history.resolve_range(repo, shas[0], "main").candidates
+    weights = history.brought_in(repo, line, [shas[0]])
+    for commit in line:
+        parents = history.parents_of(repo, commit)
+        expected = int(git(repo_path, "rev-list", "--count", commit, "--not", parents[0], shas[0]))
+        assert weights.get(commit, 1) == expected
+    assert sum(weights.get(c, 1) for c in line) == len(shas) - 1
+
+
 @given(st.lists(ITEMS, min_size=1, max_size=8), st.data())
-@settings(max_examples=15, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture,
+@settings(max_examples=10, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture,
                                                                   HealthCheck.too_slow])
 def test_random_merge_histories_give_gits_culprit(tmp_path_factory: pytest.TempPathFactory, shape: list,
                                                    data: st.DataObject) -> None:

@@ -77,13 +77,14 @@ def bisect(repo: str | Path, good: str, bad: str, *, oracle: OracleSpec, session
            executor: Literal["local", "docker"] = "local", mode: Literal["exact", "noisy"] | None = None,
            confidence: float | None = None, check_ends: bool = True, timeout_s: float = TRIAL_TIMEOUT_S,
            devices: Sequence[int] = (), propose_fix: bool = True, verify_fix: bool = False,
-           find_fix: bool = False, quiet: bool = False) -> Result:
+           find_fix: bool = False, first_parent_only: bool = False, quiet: bool = False) -> Result:
     """Find the first commit of `repo` between `good` and `bad` that the oracle judges bad (with
     `find_fix`, the first where it no longer does), write the journal and the reports, return how
     it ended. `repo` is a clone or a URL; `session_dir` is where the session goes (default: a new
     one under .bisect-npu/sessions); when it holds a session already, that session is resumed.
     `mode` defaults to the recipe's trials.mode (exact for a command or a callable). A callable
-    runs in this process on a local checkout (executor "local"), without a timeout. Progress
+    runs in this process on a local checkout (executor "local"), without a timeout. A culprit that
+    is a merge is descended into (the commits it brought in) unless `first_parent_only`. Progress
     lines go to stderr unless `quiet`."""
     from bisect_npu.orchestration.levels import Bisection
     from bisect_npu.orchestration.options import RunOptions
@@ -100,7 +101,8 @@ def bisect(repo: str | Path, good: str, bad: str, *, oracle: OracleSpec, session
         options = RunOptions(good=good, bad=bad, repo=str(repo), recipe=recipe, command=command,
                              python_oracle=oracle_name(function) if function else None, executor=executor,
                              devices=list(devices), mode=mode, confidence=confidence, check_ends=check_ends,
-                             timeout_s=timeout_s, propose_fix=propose_fix, verify_fix=verify_fix, find_fix=find_fix)
+                             timeout_s=timeout_s, propose_fix=propose_fix, verify_fix=verify_fix, find_fix=find_fix,
+                             first_parent_only=first_parent_only)
         bisection = Bisection.start(options, session_dir=path, progress=progress, oracle=function)
     outcome = bisection.run()
     md_path, json_path = write_reports(outcome.session_dir)

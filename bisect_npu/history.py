@@ -483,6 +483,49 @@ def resolve_range(repo: git.Repo, good_ref: str, bad_ref: str) -> BisectRange:
     )
 
 
+def parents_of(repo: git.Repo, sha: str) -> tuple[str, ...]:
+    """The commit's parents, first parent first (two or more: a merge)."""
+    return tuple(repo.git.rev_list("--no-walk", "--parents", sha, "--").split()[1:])
+
+
+def merged_line(repo: git.Repo, merge: str, goods: list[str]) -> tuple[str, ...]:
+    """The candidates of a merge level, oldest first: the first-parent line of the merge's second
+    parent down to what the first parent and `goods` already hold (git bisect's candidates are the
+    commits of neither: ancestors of a good commit are good), then the merge itself, bad when each
+    side is good alone (a conflict resolved badly, two changes that break only together)."""
+    first, second = parents_of(repo, merge)
+    line = repo.git.rev_list("--first-parent", "--reverse", second, "--not", first, *goods, "--").split()
+    return (*line, merge)
+
+
+def brought_in(repo: git.Repo, line: tuple[str, ...] | list[str], goods: list[str]) -> dict[str, int]:
+    """How many commits each merge of a first-parent `line` (oldest first) brings in, itself
+    included, that `goods` do not hold (`git rev-list --count M --not M^1 GOODS`): what the culprit
+    is as likely to be any one of, so what the search weighs that position by. Plain commits bring
+    in one and are left out. One `git rev-list` for the whole range: walking the line oldest first,
+    a commit is brought in by the first line commit that reaches it."""
+    if not line:
+        return {}
+    parents: dict[str, list[str]] = {}
+    for row in repo.git.rev_list("--parents", line[-1], "--not", *goods, "--").splitlines():
+        sha, *of = row.split()
+        parents[sha] = of
+    seen: set[str] = set()
+    weights: dict[str, int] = {}
+    for commit in line:
+        seen.add(commit)
+        todo, count = list(parents.get(commit, [])[1:]), 1
+        while todo:
+            sha = todo.pop()
+            if sha in parents and sha not in seen:
+                seen.add(sha)
+                count += 1
+                todo.extend(parents[sha])
+        if count > 1 or len(parents.get(commit, [])) > 1:
+            weights[commit] = count
+    return weights
+
+
 def is_ancestor(repo: git.Repo, older: str, newer: str) -> bool:
     """Whether `older` is reachable from `newer`; git failures other than "no" are raised."""
     try:

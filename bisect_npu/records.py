@@ -1,8 +1,8 @@
 """The journal's records: one pydantic model per line type, read through the union `JournalRecord`.
 
 A journal is a header line, then records appended as a session goes: `trial` (one probe or command
-run), `step` (a commit judged), `end` (the search's answer), `next_level` (a release level's
-commit-level answer), `fix` (the ranked fix proposals), `fix_verified` (one proposal verified)
+run), `step` (a commit judged), `end` (the search's answer), `next_level` (a finer level's
+answer: a release's commits or a merge's), `fix` (the ranked fix proposals), `fix_verified` (one proposal verified)
 and `fix_verify` (the verification stage done). Each line's `type` names its model.
 
 Schema version: the header's `schema_version`; absent means 1, the shapes bisect-npu 0.1.0
@@ -56,6 +56,18 @@ class Record(_Shape):
     t: float = Field(default_factory=time.time)
 
 
+class MergeScope(_Shape):
+    """A merge level's session: its candidates are the commits the merge `merges[-1]` (the
+    session's bad end; its first parent is the good end) brought in, reached through `merges`
+    (outermost first). `goods` are the commits known good above it (the run's good end, each outer
+    merge's first parent): by git's rule their ancestors are good, so they are no candidates.
+    `bad` is the run's own bad end, where the fix search looks from."""
+
+    merges: list[str]
+    goods: list[str] = Field(default_factory=list)
+    bad: str
+
+
 class HeaderOptions(_Shape):
     """What `bisect-npu run` was asked, as the header keeps it: the fields of
     `orchestration.options.RunOptions` (which converts to and from this), so a report can give
@@ -94,6 +106,8 @@ class HeaderOptions(_Shape):
     overlay_on_release: str | None = None
     python_oracle: str | None = None  # a Python callable's `module:qualname` (bisect_npu.api); not a `run` option
     verdict_store: str | None = None  # the verdict store's file (bisect_npu.store); None: verdicts are not shared
+    first_parent_only: bool = False  # a culprit that is a merge is the answer; the merged commits are not bisected
+    merge_scope: MergeScope | None = None  # a merge level's session (levels.MergeLevel); not a `run` option
 
     def run_argv(self) -> list[str]:
         """The `bisect-npu run` arguments that give these options again (the report's reproduce
@@ -120,7 +134,8 @@ class HeaderOptions(_Shape):
         argv += [arg for entry in self.base_image_map for arg in ("--base-image-map", entry)]
         flags = {"--pre": self.prereleases, "--prefetch": self.prefetch is True,
                  "--no-prefetch": self.prefetch is False, "--no-check-ends": not self.check_ends,
-                 "--no-fix": not self.propose_fix, "--verify-fix": self.verify_fix, "--find-fix": self.find_fix}
+                 "--no-fix": not self.propose_fix, "--verify-fix": self.verify_fix, "--find-fix": self.find_fix,
+                 "--first-parent-only": self.first_parent_only}
         argv += [flag for flag, wanted in flags.items() if wanted]
         argv += ["--verify-top", str(self.fix_top)] if self.fix_top != VERIFY_TOP else []
         if self.verdict_store is None:
@@ -145,6 +160,9 @@ class CandidateRange(_Shape):
     prs: dict[str, int] = Field(default_factory=dict)
     package: str | None = None  # kind "versions"
     groups: dict[str, list[str]] = Field(default_factory=dict)  # kind "versions": representative -> rebuilds
+    # kind "commits": the merges among the candidates -> how many commits each brings in (itself
+    # included), which the search weighs them by; empty with --first-parent-only
+    brought_in: dict[str, int] = Field(default_factory=dict)
 
     def title_of(self, sha: str) -> str:
         return self.titles.get(sha, "")
@@ -262,15 +280,19 @@ class EndRecord(Record):
 
 
 class NextLevelRecord(Record):
-    """A release level's answer bisected commit by commit, in a session of its own."""
+    """A finer level's answer, from a session of its own: a release level's culprit bisected commit
+    by commit, or a merge's brought-in commits bisected (`merge`, with how many there were)."""
 
     type: Literal["next_level"] = "next_level"
     session: str
     status: str
     culprit: str | None = None
     message: str = ""
-    good: str = ""  # the two releases' tags
+    good: str = ""  # the two releases' tags, or the merge's first parent and the merge
     bad: str = ""
+    merge: str | None = None  # a merge level: the merge descended into
+    merged: int = 0  # a merge level: the commits it brought in (the candidates)
+    steps: int = 0  # the steps of the finer levels, all together
 
 
 class FixRecord(Record):

@@ -154,3 +154,66 @@ def add_commit(
         env={**_git_env(), "GIT_AUTHOR_DATE": stamp, "GIT_COMMITTER_DATE": stamp},
     )
     return git(path, "rev-parse", "HEAD")
+
+
+MergeShape = list  # of items: "c" (a commit) or (fork_back, MergeShape): a side branch, then its merge
+
+
+def make_merge_repo(path: Path, shape: MergeShape, culprit: int) -> list[str]:
+    """A repository whose `main` is built from `shape` (one `git fast-import` run); return the shas in
+    the order they were made, index 0 = the root.
+
+    Each item of a line is a commit ("c") or a side branch `(fork_back, items)`: it forks from the
+    line's commit `fork_back` commits before the tip (0: the tip; clamped to the line's start),
+    holds `items` (side branches of its own included), and is then merged into the line. The commit
+    made `culprit`-th (1-based; a merge too) adds the file `bug`, so every commit that contains it
+    has it: `BUG_CMD` (`test ! -e bug`) is a `git bisect run` oracle whose first bad commit is
+    `shas[culprit]`. Every commit adds its own file `c<N>`, so merges never conflict.
+    """
+    path.mkdir(parents=True, exist_ok=True)
+    git(path, "init", "-q", "-b", "main")
+    files: list[frozenset[str]] = []
+    chunks: list[bytes] = []
+
+    def commit(parents: list[int]) -> int:
+        mark = len(files) + 1
+        own = {f"c{mark}"} | ({"bug"} if mark - 1 == culprit else set())
+        have = frozenset().union(*(files[p - 1] for p in parents), own)
+        files.append(have)
+        when = f"{BASE_TIME + 60 * mark} +0000"
+        message = f"{'Merge side' if len(parents) > 1 else 'Change'} {mark}\n".encode()
+        chunks.append(f"commit refs/heads/main\nmark :{mark}\nauthor {AUTHOR} {when}\ncommitter {AUTHOR} {when}\n"
+                      f"data {len(message)}\n".encode() + message)
+        if parents:
+            chunks.append(f"from :{parents[0]}\n".encode())
+        chunks.extend(f"merge :{p}\n".encode() for p in parents[1:])
+        new = have - (files[parents[0] - 1] if parents else frozenset())
+        for name in sorted(new):
+            data = f"{name}\n".encode()
+            chunks.append(f"M 100644 inline {name}\ndata {len(data)}\n".encode() + data + b"\n")
+        chunks.append(b"\n")
+        return mark
+
+    def build(items: MergeShape, start: int) -> int:
+        line = [start]
+        for item in items:
+            if item == "c":
+                line.append(commit([line[-1]]))
+            else:
+                fork_back, side = item
+                side_tip = build(side, line[max(0, len(line) - 1 - fork_back)])
+                line.append(commit([line[-1], side_tip]))
+        return line[-1]
+
+    tip = build(shape, commit([]))
+    chunks.append(f"reset refs/heads/main\nfrom :{tip}\n\n".encode())
+    marks = path / ".git" / "test-marks"
+    subprocess.run(["git", "-C", str(path), "fast-import", "--quiet", f"--export-marks={marks}"],
+                   input=b"".join(chunks), check=True, capture_output=True, env=_git_env())
+    by_mark = dict(line.split(" ", 1) for line in marks.read_text().splitlines())
+    marks.unlink()
+    git(path, "reset", "-q", "--hard", "main")
+    return [by_mark[f":{i + 1}"] for i in range(len(files))]
+
+
+BUG_CMD = ["test", "!", "-e", "bug"]  # make_merge_repo's oracle: exit 0 without the culprit's file

@@ -97,6 +97,9 @@ def finish(result: SessionResult, as_json: bool) -> None:
 @click.option("--verify-top", "verify_top", default=VERIFY_TOP, show_default=True, type=click.IntRange(min=1),
               help="With --verify-fix: proposals tried at most.")
 @click.option("--find-fix", is_flag=True, help="Flip the terms: find the first commit where the symptom is gone.")
+@click.option("--first-parent-only", is_flag=True,
+              help="Stop at the first-parent line: a culprit that is a merge is the answer [default: descend into "
+                   "the commits the merge brought in, as git bisect does].")
 @click.option("--verdict-store", "verdict_store", type=click.Path(dir_okay=False, path_type=Path),
               help="The verdict store sessions share: a commit judged before under the same recipe or command and "
                    "environment is not tested again [default: $BISECT_NPU_VERDICT_STORE, else verdicts.sqlite in "
@@ -116,7 +119,8 @@ def run(good: str, bad: str, repo: str | None, package: str | None, index_url: s
         confidence: float | None, earlier_runs: tuple[str, str] | None, check_ends: bool, timeout_s: float,
         timeout_is: Literal["bad", "skip"] | None,
         cache_size: str, propose_fix: bool, verify_fix: bool, verify_top: int,
-        find_fix: bool, verdict_store: Path | None, no_verdict_store: bool, as_json: bool, quiet: bool) -> None:
+        find_fix: bool, first_parent_only: bool, verdict_store: Path | None, no_verdict_store: bool,
+        as_json: bool, quiet: bool) -> None:
     """Bisect GOOD..BAD: find the first bad commit, propose its fix, write the report."""
     from bisect_npu.builders.cache import parse_size
     from bisect_npu.builders.registry import BaseImageMap
@@ -146,6 +150,7 @@ def run(good: str, bad: str, repo: str | None, package: str | None, index_url: s
                          check_ends=check_ends, timeout_s=timeout_s, timeout_is=timeout_is, propose_fix=propose_fix,
                          cache_size_gb=parse_size(cache_size) / 2**30,
                          verify_fix=verify_fix, fix_top=verify_top, find_fix=find_fix, prefetch=prefetch,
+                         first_parent_only=first_parent_only,
                          earlier_runs=list(earlier_runs) if earlier_runs else None,
                          workdir=str(workdir) if workdir else None, base_image_map=list(base_image_map),
                          release_images=release_images, verdict_store=store,

@@ -1,6 +1,7 @@
 """A bisection through its levels, above `Session`: a session per level, the switch from a found
 culprit to the finer level that bisects it (published releases -> the commits between the two
-releases' tags, as mozregression goes from nightlies to builds), and the fix stage after a culprit
+releases' tags, as mozregression goes from nightlies to builds; a merge on the first-parent line ->
+the commits it brought in, as git bisect would look inside it), and the fix stage after a culprit
 at the last level.
 
 A `Level` says what a found culprit leads to next; a new one (a dependency's commits under a
@@ -12,6 +13,7 @@ resumes where it was.
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Protocol
@@ -21,10 +23,17 @@ from bisect_npu.execute.base import Executor
 from bisect_npu.execute.inprocess import Oracle
 from bisect_npu.journal import DEFAULT_ROOT, LATEST_FILE
 from bisect_npu.orchestration.options import RunOptions
-from bisect_npu.orchestration.session import Session, SessionResult
+from bisect_npu.orchestration.session import EXIT_ENDS_WRONG, EXIT_FOUND, EXIT_NARROWED, Session, SessionResult
 from bisect_npu.orchestration.wiring import fix_worktrees, overlay_release_for, sweep_fix_worktrees
 from bisect_npu.progress import Progress
-from bisect_npu.records import FixRecord, FixVerifiedRecord, FixVerifyRecord, NextLevelRecord
+from bisect_npu.records import (
+    FixRecord,
+    FixVerifiedRecord,
+    FixVerifyRecord,
+    MergeScope,
+    NextLevelRecord,
+    StepRecord,
+)
 
 
 @dataclass(frozen=True)
@@ -38,6 +47,8 @@ class Descent:
     good: str
     bad: str
     note: str
+    merge: str | None = None  # a merge level: the merge whose brought-in commits are bisected
+    merged: int = 0  # ... and how many commits it brought in
 
 
 class Level(Protocol):
@@ -79,7 +90,8 @@ class ReleaseLevel:
 
 
 class CommitLevel:
-    """Commits of a repository: the last level; its culprit gets the fix stage."""
+    """Commits of a repository's first-parent line (`--first-parent-only`): the last level; its
+    culprit, a merge or not, gets the fix stage."""
 
     proposes_fix = True
 
@@ -87,8 +99,49 @@ class CommitLevel:
         return None
 
 
+class MergeLevel:
+    """Commits of a first-parent line whose culprit, when it is a merge, leads to the commits that
+    merge brought in: its first parent is the good end, its second parent's first-parent line and
+    the merge itself the candidates (`history.merged_line`), and a merge among those is descended
+    into again. That is git bisect's answer (the first bad commit whose parents are good) reached
+    line by line; the merges' weights (`history.brought_in`) keep the steps near git's. A culprit
+    that is not a merge, or is the merge whose commits were bisected (each side good alone), gets
+    the fix stage."""
+
+    proposes_fix = True
+
+    def descent(self, session: Session, found: SessionResult) -> Descent | None:
+        from bisect_npu import history
+
+        culprit, scope, repo = found.culprit, session.options.merge_scope, session.repo
+        if repo is None or culprit is None or (scope is not None and culprit == scope.merges[-1]):
+            return None
+        parents = history.parents_of(repo, culprit)
+        if len(parents) != 2:
+            if len(parents) > 2:
+                session.progress.note(f"the culprit {culprit[:12]} is an octopus merge of {len(parents)} branches; "
+                                      "its merged commits are not bisected (bisect each branch's merge by hand)")
+            return None
+        header = session.journal.header.range
+        goods = [*(scope.goods if scope else []), header.good]
+        merged = int(repo.git.rev_list("--count", culprit, "--not", parents[0], *goods, "--"))
+        options = session.options.model_copy(update={
+            "good": parents[0], "bad": culprit,
+            "merge_scope": MergeScope(merges=[*(scope.merges if scope else []), culprit], goods=goods,
+                                      bad=scope.bad if scope else header.bad),
+            # Both ends were judged here (the first parent good, the merge bad); noisy mode tries
+            # them again, since its rates come from the ends' own trials.
+            "check_ends": session.options.check_ends and session.mode == "noisy"})
+        title = header.title_of(culprit)
+        return Descent(options, f"merge-{culprit[:12]}", parents[0], culprit,
+                       f"the culprit came in through merge {culprit[:12]} {title}; descending into the {merged} "
+                       "commits it brought in", merge=culprit, merged=merged)
+
+
 def level_of(options: RunOptions) -> Level:
-    return ReleaseLevel() if options.package else CommitLevel()
+    if options.package:
+        return ReleaseLevel()
+    return CommitLevel() if options.first_parent_only else MergeLevel()
 
 
 class Bisection:
@@ -132,8 +185,12 @@ class Bisection:
         finished_before = session.ended() is not None
         result = session.bisect()
         descent = self.level.descent(session, result) if result.status == "found" and result.culprit else None
-        if descent is not None and not session.journal.records(NextLevelRecord):
-            return self._descend(descent)
+        if descent is not None:
+            finer = session.journal.records(NextLevelRecord)
+            if not finer:
+                return self._descend(descent)
+            session.progress.note("session already finished; re-rendering the report only")
+            return self._finer_answer(finer[-1])
         fix = FixStage(session)
         wanted = self.level.proposes_fix and fix.wanted(result)
         if finished_before:
@@ -148,7 +205,8 @@ class Bisection:
 
     def _descend(self, descent: Descent) -> SessionResult:
         """Bisect the finer level in a session of its own below this one (resumed if a killed run
-        had started it), then note its answer in this session's journal and report."""
+        had started it), then note its answer in this session's journal and report; the answer's
+        steps count every level's."""
         from bisect_npu.report import write_reports
 
         session = self.session
@@ -161,9 +219,18 @@ class Bisection:
                                     oracle=self.oracle)
         result = child.run()
         session.append(NextLevelRecord(session=str(result.session_dir), status=result.status, culprit=result.culprit,
-                                       message=result.message, good=descent.good, bad=descent.bad))
+                                       message=result.message, good=descent.good, bad=descent.bad,
+                                       merge=descent.merge, merged=descent.merged, steps=result.steps))
         write_reports(self.session_dir)  # this level's report, with the finer level's answer
-        return result
+        return dataclasses.replace(result, steps=result.steps + len(session.journal.records(StepRecord)))
+
+    def _finer_answer(self, finer: NextLevelRecord) -> SessionResult:
+        """A finished session's answer is its finest level's, as its `next_level` line keeps it."""
+        codes = {"found": EXIT_FOUND, "narrowed": EXIT_NARROWED, "ends_wrong": EXIT_ENDS_WRONG}
+        status = finer.status if finer.status in codes else "ends_wrong"
+        return SessionResult(status, codes[status], Path(finer.session), culprit=finer.culprit,  # type: ignore[arg-type]
+                             message=finer.message,
+                             steps=finer.steps + len(self.session.journal.records(StepRecord)))
 
 
 class FixStage:
@@ -189,7 +256,8 @@ class FixStage:
 
         session = self.session
         assert session.repo is not None
-        bad = session.journal.header.range.bad
+        scope = self.options.merge_scope  # a culprit inside a merge: fixes are looked for from the run's bad end
+        bad = scope.bad if scope else session.journal.header.range.bad
         session.progress.note("looking for upstream commits that fix the culprit")
         report = fix.propose_fixes(session.repo, culprit, bad=bad,
                                    symptom=session.recipe.symptom if session.recipe else (),

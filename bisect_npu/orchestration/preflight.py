@@ -178,14 +178,32 @@ def resolve_candidates(options: RunOptions, repo: git.Repo | None) -> CandidateR
                               base=vrange.good, good_ref=options.good, bad_ref=options.bad, candidates=candidates,
                               titles=titles, groups=vrange.groups)
     assert repo is not None
+    if options.merge_scope is not None:
+        return _merged_candidates(options, repo)
     brange = history.resolve_range(repo, options.good, options.bad)
     if not brange.candidates:
         raise UsageError(f"nothing to bisect between {options.good} and {options.bad}")
     facts = history.commits_facts(repo, [brange.base, *brange.candidates])
+    weights = {} if options.first_parent_only else history.brought_in(repo, brange.candidates, [brange.good])
     return CandidateRange(kind="commits", good=brange.good, bad=brange.bad, base=brange.base, good_ref=options.good,
                           bad_ref=options.bad, merge_base_note=brange.merge_base_note,
                           candidates=list(brange.candidates), titles={f.sha: f.title for f in facts},
-                          prs={f.sha: f.pr for f in facts if f.pr})
+                          prs={f.sha: f.pr for f in facts if f.pr}, brought_in=weights)
+
+
+def _merged_candidates(options: RunOptions, repo: git.Repo) -> CandidateRange:
+    """A merge level's range: the merge's first parent as the good end, what it brought in as the
+    candidates (`history.merged_line`), the merge itself last; merges among them weighed."""
+    scope = options.merge_scope
+    assert scope is not None
+    merge, first = scope.merges[-1], options.good
+    goods = [first, *scope.goods]
+    line = history.merged_line(repo, merge, scope.goods)
+    facts = history.commits_facts(repo, [first, *line, *scope.merges[:-1]])
+    return CandidateRange(kind="commits", good=first, bad=merge, base=first, good_ref=options.good,
+                          bad_ref=options.bad, candidates=list(line), titles={f.sha: f.title for f in facts},
+                          prs={f.sha: f.pr for f in facts if f.pr},
+                          brought_in=history.brought_in(repo, line[:-1], goods))
 
 
 def check_dockerfile(repo: git.Repo, dockerfile: str, candidates_range: CandidateRange) -> None:

@@ -202,7 +202,16 @@ class Session:
         return search.SearchProblem(n=self.n, mode=self.mode, check_ends=self.options.check_ends,
                                     slots=self.slots, confidence=confidence, earlier_runs=earlier,
                                     load_cost=load_cost, build_cost=build_cost, build_groups=groups,
-                                    prebuilt_groups=self.prebuilt_groups(), overlay_cost=overlay_cost)
+                                    prebuilt_groups=self.prebuilt_groups(), overlay_cost=overlay_cost,
+                                    weights=self.weights)
+
+    @property
+    def weights(self) -> tuple[int, ...] | None:
+        """Each position's commits brought in (merges weigh more), where the range has merges."""
+        brought_in = self.journal.header.range.brought_in
+        if not brought_in:
+            return None
+        return tuple(brought_in.get(self.commit_at(i), 1) for i in range(self.n + 1))
 
     @functools.cached_property
     def build_keys(self) -> list[str] | None:
@@ -466,6 +475,9 @@ class Session:
             title = self.titles.get(culprit, "")
             what = "release" if self.options.package else "commit"
             message = f"first {'fixed' if self.options.find_fix else 'bad'} {what}: {culprit[:12]} {title}"
+            if (scope := self.options.merge_scope) is not None:
+                message += (" (the merge itself: each side is good without the other)" if culprit == scope.merges[-1]
+                            else f" (came in through merge {' -> '.join(m[:12] for m in scope.merges)})")
             end = EndRecord(status="found", culprit=culprit, index=decision.index, confidence=decision.confidence,
                             figures=decision.figures)
             result = SessionResult("found", EXIT_FOUND, self.journal.session_dir, culprit=culprit,

@@ -209,14 +209,18 @@ def evidence_summary(view: SessionView) -> list[str]:
     culprit_index = end.index if end.index is not None else -1
     culprit, before_step = at.get(culprit_index), at.get(culprit_index - 1)
     lines = []
+    # A merge level's ends were judged in the level above (the merge, and its first parent).
+    given = "judged in the level above" if view.options.merge_scope else "taken as given, not tested (--no-check-ends)"
     if culprit is not None:
         lines.append(f"**{culprit.verdict}** at {found} (step {culprit.order})")
     else:
-        lines.append(f"{found} is the {'new' if flipped else 'bad'} end, taken as given, not tested (--no-check-ends)")
+        lines.append(f"{found} is the {'new' if flipped else 'bad'} end, {given}")
     if before_step is not None:
         lines.append(f"**{before_step.verdict}** at its parent `{before_step.commit[:12]}` (step {before_step.order})")
+    elif view.options.merge_scope and culprit_index == 1:
+        lines.append(f"its parent is in the history of the merge's first parent `{view.range.base[:12]}`, {given}")
     elif (parent := _parent_of(view, end)) is not None:
-        lines.append(f"its parent `{parent[:12]}` is an end taken as given, not tested (--no-check-ends)")
+        lines.append(f"its parent `{parent[:12]}` is an end {given}")
     if "tested" in figures:
         what = "releases" if view.range.kind == "versions" else "commits"
         lines.append(f"{figures['tested']:.0f} of {len(view.range.candidates) + 1} {what} tested (the "

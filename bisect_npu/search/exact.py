@@ -3,7 +3,8 @@
 Binary search between the highest known-good and the lowest known-bad position, k-ary with k
 slots; skipped commits are stepped around, and when only skipped commits are left the answer is
 git's range. With build groups the single-slot search takes the pivot of least expected cost
-(costs.py) instead of the midpoint. docs/design/search.md says how the picks are made.
+(costs.py) instead of the midpoint; with weights (merges that bring in many commits) the pivot
+that splits the open commits most evenly. docs/design/search.md says how the picks are made.
 """
 
 from __future__ import annotations
@@ -77,7 +78,11 @@ def decide_exact(problem: SearchProblem, evidence: Mapping[int, Evidence]) -> De
     queries = ends[: problem.slots]
     spare = problem.slots - len(queries)
     if spare > 0 and untested:
-        pivot = _cheapest_pivot(problem, evidence, lo, hi, untested) if problem.slots == 1 else None
+        pivot = None
+        if problem.slots == 1:
+            pivot = _cheapest_pivot(problem, evidence, lo, hi, untested)
+            if pivot is None and problem.weights is not None:
+                pivot = weighted_pivot(lo, hi, untested, problem.weights)
         queries += [pivot] if pivot is not None else spread_picks(lo, hi, untested, spare)
     if queries:
         return Next(tuple(Query(i) for i in queries))
@@ -95,6 +100,19 @@ def _cheapest_pivot(problem: SearchProblem, evidence: Mapping[int, Evidence], lo
         return None
     return cheapest_pivot(lo, hi, tuple(untested), tuple(groups[i] for i in (lo, *untested, hi)),
                           built_groups(problem, evidence), problem.build_cost, problem.overlay_cost)
+
+
+def weighted_pivot(lo: int, hi: int, untested: list[int], weights: tuple[int, ...]) -> int:
+    """The untested position p whose answer leaves the least weight in the worse case: bad keeps
+    (lo, p], good keeps (p, hi]. Ties go to the position nearer the midpoint, then the lower one,
+    so equal weights pick what the midpoint bisection picks."""
+    below = 0  # weight of (lo, p]
+    before: dict[int, int] = {}
+    for position in range(lo + 1, hi + 1):
+        below += weights[position]
+        before[position] = below
+    total = below
+    return max(untested, key=lambda p: (min(before[p], total - before[p]), -abs(2 * p - lo - hi), -p))
 
 
 def spread_picks(lo: int, hi: int, untested: list[int], count: int) -> list[int]:

@@ -70,6 +70,12 @@ class SearchProblem:
     (bisect_npu/search/costs.py) instead of the midpoint. ``prebuilt_groups`` are groups whose
     compiled image exists though none of their positions need have been tested (an earlier
     session or a prefetch built it): their positions cost an overlay too.
+
+    ``weights`` (exact mode, one slot) gives each position 0..n the number of commits it brings
+    into the range: 1 for a plain commit, more for a merge of a side branch. The culprit is as
+    likely to be any of those commits, so the pivot is the position that splits the weight of the
+    open positions most evenly (git bisect's rule over the commit graph) instead of the midpoint;
+    None: every position weighs 1.
     """
 
     n: int
@@ -85,6 +91,7 @@ class SearchProblem:
     build_groups: tuple[int, ...] | None = None
     overlay_cost: float = 0.0
     prebuilt_groups: frozenset[int] = frozenset()
+    weights: tuple[int, ...] | None = None
 
 
 @dataclass(frozen=True)
@@ -135,6 +142,8 @@ def validate(problem: SearchProblem, evidence: Mapping[int, Evidence]) -> None:
         raise ValueError("max_trials_per_query must be >= 1")
     if problem.build_groups is not None and len(problem.build_groups) != problem.n + 1:
         raise ValueError(f"build_groups needs one group per position 0..{problem.n}, got {len(problem.build_groups)}")
+    if problem.weights is not None and (len(problem.weights) != problem.n + 1 or min(problem.weights) < 1):
+        raise ValueError(f"weights needs one weight >= 1 per position 0..{problem.n}, got {problem.weights[:5]}...")
     if problem.prebuilt_groups and not set(problem.prebuilt_groups) <= set(problem.build_groups or ()):
         raise ValueError(f"prebuilt_groups {sorted(problem.prebuilt_groups)} are not all among build_groups")
     for name in ("load_cost", "build_cost", "overlay_cost"):

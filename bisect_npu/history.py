@@ -518,3 +518,12 @@ def describe(repo: git.Repo, sha: str) -> str:
     except git.GitCommandError:
         return repo.git.rev_parse("--short", sha)
     return name.removeprefix("tags/").removesuffix("^0")
+
+
+def first_tag_containing(repo: git.Repo, sha: str) -> str | None:
+    """The earliest tag (by its date) whose commit holds `sha`: the first release with a fix."""
+    try:
+        tags = repo.git.tag("--contains", sha, "--sort=creatordate").split()
+    except git.GitCommandError:
+        return None
+    return tags[0] if tags else None

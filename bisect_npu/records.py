@@ -1,9 +1,10 @@
 """The journal's records: one pydantic model per line type, read through the union `JournalRecord`.
 
 A journal is a header line, then records appended as a session goes: `trial` (one probe or command
-run), `step` (a commit judged), `end` (the search's answer), `next_level` (a release level's
-commit-level answer), `fix` (the ranked fix proposals), `fix_verified` (one proposal verified)
-and `fix_verify` (the verification stage done). Each line's `type` names its model.
+run), `step` (a commit judged), `end` (the search's answer), `next_level` (a finer level's
+answer: a release level's commits, a culprit's dependency commits), `dependency_move` (the culprit
+moved a declared dependency's pin), `fix` (the ranked fix proposals), `fix_verified` (one proposal
+verified) and `fix_verify` (the verification stage done). Each line's `type` names its model.
 
 Schema version: the header's `schema_version`; absent means 1, the shapes bisect-npu 0.1.0
 wrote, and every record here keeps them (a writer may spell out a default 0.1.0 left out, such
@@ -56,6 +57,17 @@ class Record(_Shape):
     t: float = Field(default_factory=time.time)
 
 
+class HeldUpstream(_Shape):
+    """A dependency-level session's fixed side: the upstream clone and commit every candidate (a
+    commit of the dependency) is laid into, and which declared dependency it is."""
+
+    repo: str
+    commit: str
+    dependency: str
+    old_pin: str = ""  # the pins the upstream culprit moved between, as written
+    new_pin: str = ""
+
+
 class HeaderOptions(_Shape):
     """What `bisect-npu run` was asked, as the header keeps it: the fields of
     `orchestration.options.RunOptions` (which converts to and from this), so a report can give
@@ -92,6 +104,10 @@ class HeaderOptions(_Shape):
     release_images: str | None = None
     python_oracle: str | None = None  # a Python callable's `module:qualname` (bisect_npu.api); not a `run` option
     verdict_store: str | None = None  # the verdict store's file (bisect_npu.store); None: verdicts are not shared
+    dependencies: list[str] = Field(default_factory=list)  # --dependency declarations, beside the recipe's
+    dep_repos: list[str] = Field(default_factory=list)  # --dep-repo NAME=PATH_OR_URL
+    cross_dependencies: bool = True  # --no-dependency: a culprit that moves a pin is the answer
+    held: HeldUpstream | None = None  # a dependency-level session (the child of a commit level); not a `run` option
 
     def run_argv(self) -> list[str]:
         """The `bisect-npu run` arguments that give these options again (the report's reproduce
@@ -115,9 +131,12 @@ class HeaderOptions(_Shape):
         if self.earlier_runs:
             argv += ["--earlier-runs", *self.earlier_runs]
         argv += [arg for entry in self.base_image_map for arg in ("--base-image-map", entry)]
+        argv += [arg for entry in self.dependencies for arg in ("--dependency", entry)]
+        argv += [arg for entry in self.dep_repos for arg in ("--dep-repo", entry)]
         flags = {"--pre": self.prereleases, "--prefetch": self.prefetch is True,
                  "--no-prefetch": self.prefetch is False, "--no-check-ends": not self.check_ends,
-                 "--no-fix": not self.propose_fix, "--verify-fix": self.verify_fix, "--find-fix": self.find_fix}
+                 "--no-fix": not self.propose_fix, "--verify-fix": self.verify_fix, "--find-fix": self.find_fix,
+                 "--no-dependency": not self.cross_dependencies}
         argv += [flag for flag, wanted in flags.items() if wanted]
         argv += ["--verify-top", str(self.fix_top)] if self.fix_top != VERIFY_TOP else []
         if self.verdict_store is None:
@@ -264,13 +283,30 @@ class NextLevelRecord(Record):
     status: str
     culprit: str | None = None
     message: str = ""
-    good: str = ""  # the two releases' tags
+    good: str = ""  # the two releases' tags (a dependency level: the two pins' commits)
     bad: str = ""
+    dependency: str | None = None  # a dependency level: its name
+
+
+class DependencyMoveRecord(Record):
+    """The culprit moved a declared dependency's pin (`old` -> `new`, as written where `where`
+    says); `crossed`: its own commits are bisected next (a Python-only one, unless
+    --no-dependency), else `note` says why not."""
+
+    type: Literal["dependency_move"] = "dependency_move"
+    name: str
+    old: str
+    new: str
+    where: str = ""
+    culprit: str = ""
+    crossed: bool = False
+    note: str = ""
 
 
 class FixRecord(Record):
     type: Literal["fix"] = "fix"
     report: FixReport
+    first_tags: dict[str, str] = Field(default_factory=dict)  # a dependency level: fix sha -> first tag holding it
 
 
 class FixVerifiedRecord(Record):
@@ -288,12 +324,14 @@ class FixVerifyRecord(Record):
 
 
 JournalRecord = Annotated[
-    TrialRecord | StepRecord | EndRecord | NextLevelRecord | FixRecord | FixVerifiedRecord | FixVerifyRecord,
+    TrialRecord | StepRecord | EndRecord | NextLevelRecord | FixRecord | FixVerifiedRecord | FixVerifyRecord
+    | DependencyMoveRecord,
     Field(discriminator="type"),
 ]
 _JOURNAL_RECORD: TypeAdapter[JournalRecord] = TypeAdapter(JournalRecord)
 RECORD_TYPES = frozenset(model.model_fields["type"].default for model in (
-    TrialRecord, StepRecord, EndRecord, NextLevelRecord, FixRecord, FixVerifiedRecord, FixVerifyRecord))
+    TrialRecord, StepRecord, EndRecord, NextLevelRecord, FixRecord, FixVerifiedRecord, FixVerifyRecord,
+    DependencyMoveRecord))
 
 
 def parse_record(raw: dict[str, Any]) -> JournalRecord | None:

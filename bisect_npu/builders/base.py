@@ -47,6 +47,9 @@ class Environment(BaseModel):
     # Variables the candidate's own source offers and its runs get (builders/switches.py), under
     # the recipe's environment: VLLM_BATCH_INVARIANT where the candidate has batch-invariant mode.
     run_env: dict[str, str] = Field(default_factory=dict)
+    # Directories put before the worktree's on PYTHONPATH (kind == worktree): a dependency's tree
+    # at another commit (builders/dependency.py) shadows the one installed.
+    python_paths_first: list[str] = Field(default_factory=list)
 
 
 class Builder(Protocol):

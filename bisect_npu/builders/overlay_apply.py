@@ -6,9 +6,12 @@ whose Python has no `bisect_npu`, so it must import nothing but the standard lib
 Removes the files the candidate no longer has (and the bytecode caches, so no stale .pyc is ever
 imported), gives the package installed from the source directory the candidate's version (the
 base image's metadata names the base commit's), then deletes itself. The plan is JSON:
-{"source_dir": "/abs/dir", "delete": ["rel/path", ...], "version": "0.11.0rc0+12.gabc"}.
+{"source_dir": "/abs/dir", "delete": ["rel/path", ...], "version": "0.11.0rc0+12.gabc"}, and
+optionally "clear": [{"dir": "rel/dir", "keep": ["_version.py"]}] (a dependency's tree replaced
+whole: builders/dependency.py).
 """
 
+import fnmatch
 import glob
 import importlib.metadata
 import json
@@ -39,6 +42,23 @@ def set_version(metadata_file, version):
     print(f"overlay: {metadata_file} says version {version}")
 
 
+def clear_tree(root, relative, keep):
+    """Remove every file under root/relative but those whose name matches a `keep` pattern (a
+    dependency's generated _version.py): the tree copied in next replaces the rest."""
+    directory = os.path.realpath(os.path.join(root, relative))
+    if directory != root and not directory.startswith(root + os.sep):
+        print(f"overlay: refusing to clear {relative!r} outside {root}", file=sys.stderr)
+        return 1
+    removed = 0
+    for current, _, files in os.walk(directory):
+        for name in files:
+            if not any(fnmatch.fnmatchcase(name, pattern) for pattern in keep):
+                os.unlink(os.path.join(current, name))
+                removed += 1
+    print(f"overlay: cleared {removed} file(s) under {directory}")
+    return 0
+
+
 def main(plan_path: str) -> int:
     with open(plan_path, encoding="utf-8") as fh:
         plan = json.load(fh)
@@ -55,6 +75,10 @@ def main(plan_path: str) -> int:
             shutil.rmtree(target)
         elif os.path.lexists(target):
             os.unlink(target)
+    for clear in plan.get("clear", []):
+        status = clear_tree(root, clear["dir"], clear.get("keep", []))
+        if status:
+            return status
     if plan.get("version"):
         for metadata_file in installed_from(root):
             set_version(metadata_file, plan["version"])

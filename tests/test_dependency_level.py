@@ -1,0 +1,241 @@
+"""Crossing into a dependency: a culprit that moves a declared dependency's pin is bisected into
+the dependency's own commits with the upstream held fixed. Real git repositories made here (a
+tiny upstream that pins a tiny dependency in its Dockerfile), the real `run` path, local executor."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import git as gitpython
+import pytest
+from gitrepo import add_commit, git, make_linear_repo
+
+from bisect_npu.builders.dependency import materialize, read_pin, resolve_pin
+from bisect_npu.errors import UsageError
+from bisect_npu.recipe import DependencySpec, parse_dependency_option
+
+CLI = [sys.executable, "-m", "bisect_npu"]
+DEP_CULPRIT, DEP_FIX = 7, 15
+TAGS = {3: "v0.1", 12: "v0.2", 18: "v0.3"}
+SPEC = "name=minidep,pin=Dockerfile:DEP_COMMIT/DEP_TAG,package_dir=minidep,installed_by_image=false"
+# The bad case: the dependency's `core.BAD` (cwd: the upstream's worktree; the dependency's tree
+# is first on PYTHONPATH). An upstream `api` file names the dependency API it calls.
+CHECK = """\
+import importlib, pathlib, sys
+api = pathlib.Path("api").read_text().strip() if pathlib.Path("api").exists() else "core"
+try:
+    module = importlib.import_module("minidep." + api)
+except ImportError as exc:
+    print(exc)
+    sys.exit(125)  # cannot run: a skip, as the probe makes of an engine that fails to import
+sys.exit(1 if module.BAD else 0)
+"""
+
+
+def _dep_files(i: int) -> dict[str, str | None]:
+    files: dict[str, str | None] = {"minidep/__init__.py": "", "minidep/util.py": f"STEP = {i}\n"}
+    if i == 0:
+        files["minidep/core.py"] = "BAD = False\n"
+        files["minidep/v1.py"] = "BAD = False\n"
+    if i == DEP_CULPRIT:
+        files["minidep/core.py"] = "BAD = True\n"
+    if i == 9:
+        files["minidep/v1.py"] = None  # the old API goes
+    if i == 10:
+        files["minidep/v2.py"] = "from minidep.core import BAD\n"  # the new API arrives
+    if i == DEP_FIX:
+        files["minidep/core.py"] = "BAD = False\n"
+    return files
+
+
+def _dep_title(i: int) -> str:
+    if i == DEP_CULPRIT:
+        return "Drop the presence penalty default in core (#2007)"
+    if i == DEP_FIX:
+        return "Restore core's presence penalty default, fixing #2007 (#2015)"
+    return f"Dependency change {i} (#{2000 + i})"
+
+
+def make_dependency(path: Path, tags: dict[int, str] | None = None) -> list[str]:
+    return make_linear_repo(path, 20, titles=_dep_title, files=_dep_files, tags=TAGS if tags is None else tags)
+
+
+def make_upstream(path: Path, moves_at: int = 6, api_change: bool = False) -> list[str]:
+    """10 commits; `moves_at` moves the pin v0.1 -> v0.2 (with `api_change`, it also switches the
+    upstream to the dependency's new API, which v0.1 lacks; its parent uses the old one, which
+    v0.2 has dropped)."""
+    def files(i: int) -> dict[str, str | None]:
+        tag = "v0.2" if i >= moves_at else "v0.1"
+        out: dict[str, str | None] = {"Dockerfile": f"FROM scratch\nARG DEP_COMMIT=\"\"\nARG DEP_TAG={tag}\n",
+                                      "check.py": CHECK}
+        if api_change:
+            out["api"] = "v2\n" if i >= moves_at else "v1\n"
+        return files_at(i, out)
+
+    def files_at(i: int, out: dict[str, str | None]) -> dict[str, str | None]:
+        return out if i in (0, moves_at) else {}
+
+    def title(i: int) -> str:
+        return f"Move minidep to v0.2 (#{100 + i})" if i == moves_at else f"Upstream change {i} (#{100 + i})"
+
+    return make_linear_repo(path, 10, titles=title, files=files)
+
+
+@pytest.fixture()
+def env(tmp_path: Path) -> dict[str, str]:
+    return {**os.environ, "BISECT_NPU_CACHE": str(tmp_path / "cache")}
+
+
+def _run(tmp_path: Path, env: dict[str, str], upstream: Path, good: str, bad: str, *extra: str,
+         session: str = "s") -> subprocess.CompletedProcess[str]:
+    return subprocess.run([*CLI, "run", "--repo", str(upstream), "--good", good, "--bad", bad,
+                           "--cmd", f"{sys.executable} check.py", "--session", str(tmp_path / session), "--json",
+                           "--quiet", *extra], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=600)
+
+
+def test_culprit_moving_the_pin_is_bisected_into_the_dependency(tmp_path: Path, env: dict[str, str]) -> None:
+    deps = make_dependency(tmp_path / "minidep")
+    ups = make_upstream(tmp_path / "upstream")
+    done = _run(tmp_path, env, tmp_path / "upstream", ups[0], ups[-1], "--dependency", SPEC,
+                "--dep-repo", f"minidep={tmp_path / 'minidep'}")
+    assert done.returncode == 0, done.stdout + done.stderr[-3000:]
+    result = json.loads(done.stdout.strip().splitlines()[-1])
+    assert result["culprit"] == deps[DEP_CULPRIT]  # the finest level's answer: the dependency's commit
+    message = done.stdout
+    assert f"{ups[6][:12]} moved minidep v0.1 -> v0.2" in message
+    assert f"first bad minidep commit: {deps[DEP_CULPRIT][:12]}" in message
+    assert f"fixed in minidep by {deps[DEP_FIX][:12]}" in message
+    assert f"move the pin to >= v0.3, or cherry-pick {deps[DEP_FIX][:12]}" in message
+
+    upstream_session = tmp_path / "s"
+    journal = [json.loads(line) for line in (upstream_session / "journal.jsonl").read_text().splitlines()]
+    move = next(r for r in journal if r.get("type") == "dependency_move")
+    assert (move["name"], move["old"], move["new"], move["crossed"]) == ("minidep", "v0.1", "v0.2", True)
+    assert move["culprit"] == ups[6] and move["where"] == "Dockerfile ARG DEP_COMMIT/DEP_TAG"
+    level = next(r for r in journal if r.get("type") == "next_level")
+    assert level["dependency"] == "minidep" and level["good"] == deps[3] and level["bad"] == deps[12]
+
+    child = Path(level["session"])
+    assert child.parent == upstream_session / "dependency-minidep"
+    child_journal = [json.loads(line) for line in (child / "journal.jsonl").read_text().splitlines()]
+    header = child_journal[0]
+    assert header["options"]["held"]["commit"] == ups[6]  # the upstream held at the culprit
+    assert header["range"]["candidates"] == deps[4:13]  # first-parent commits old pin..new pin
+    steps = [r for r in child_journal if r.get("type") == "step"]
+    by_index = {s["index"]: s["verdict"]["kind"] for s in steps}
+    assert by_index[0] == "good" and by_index[9] == "bad"  # the pair: culprit + old pin good, + new pin bad
+    fix = next(r for r in child_journal if r.get("type") == "fix")
+    assert fix["report"]["proposals"][0]["shas"][0] == deps[DEP_FIX]
+    assert fix["first_tags"][deps[DEP_FIX]] == "v0.3"
+    # The upstream's report shows the chain; the dependency's names its level.
+    upstream_report = (upstream_session / "report.md").read_text()
+    assert "moved minidep v0.1 -> v0.2" in upstream_report and "Dependency level" in upstream_report
+    assert f"held at {ups[6][:12]}" in (child / "report.md").read_text()
+
+
+def test_no_dependency_stops_at_the_upstream_commit(tmp_path: Path, env: dict[str, str]) -> None:
+    make_dependency(tmp_path / "minidep")
+    ups = make_upstream(tmp_path / "upstream")
+    done = _run(tmp_path, env, tmp_path / "upstream", ups[0], ups[-1], "--dependency", SPEC,
+                "--dep-repo", f"minidep={tmp_path / 'minidep'}", "--no-dependency", "--no-fix")
+    assert done.returncode == 0, done.stdout + done.stderr[-3000:]
+    assert json.loads(done.stdout.strip().splitlines()[-1])["culprit"] == ups[6]
+    journal = [json.loads(line) for line in (tmp_path / "s" / "journal.jsonl").read_text().splitlines()]
+    move = next(r for r in journal if r.get("type") == "dependency_move")
+    assert move["crossed"] is False and "--no-dependency" in move["note"]
+    assert not [r for r in journal if r.get("type") == "next_level"]
+    assert "not crossed (--no-dependency)" in (tmp_path / "s" / "report.md").read_text()
+
+
+def test_neither_combination_runs_is_an_honest_answer(tmp_path: Path, env: dict[str, str]) -> None:
+    """The pin move also switches the upstream to the dependency's new API: the culprit cannot
+    import with the old pin, nor its parent with the new one."""
+    make_dependency(tmp_path / "minidep")
+    ups = make_upstream(tmp_path / "upstream", api_change=True)
+    done = _run(tmp_path, env, tmp_path / "upstream", ups[0], ups[-1], "--dependency", SPEC,
+                "--dep-repo", f"minidep={tmp_path / 'minidep'}")
+    assert done.returncode == 4, done.stdout + done.stderr[-3000:]  # precondition failed (exit-codes table)
+    result = json.loads(done.stdout.strip().splitlines()[-1])
+    assert result["status"] == "ends_wrong"
+    assert "no clean good/bad pair" in done.stdout
+    assert f"{ups[6][:12]} with minidep v0.1: skip" in done.stdout  # the culprit with the old pin
+    assert f"{ups[5][:12]} with minidep v0.2: skip" in done.stdout  # its parent with the new pin
+    assert (tmp_path / "s" / "dependency-minidep-at-parent").is_dir()
+
+
+def test_a_pin_the_clone_lacks_is_an_error_before_anything_runs(tmp_path: Path, env: dict[str, str]) -> None:
+    make_dependency(tmp_path / "minidep", tags={3: "v0.1"})  # no v0.2
+    ups = make_upstream(tmp_path / "upstream")
+    done = _run(tmp_path, env, tmp_path / "upstream", ups[0], ups[-1], "--dependency", SPEC,
+                "--dep-repo", f"minidep={tmp_path / 'minidep'}")
+    assert done.returncode == 2, done.stdout + done.stderr[-3000:]
+    error = json.loads(done.stdout.strip().splitlines()[-1])["message"]
+    assert "has no v0.2" in error and f"git -C {tmp_path / 'minidep'} fetch origin tag v0.2" in error
+    assert not (tmp_path / "s").exists()  # nothing ran, no session made
+
+
+def test_an_unknown_dependency_is_an_error(tmp_path: Path, env: dict[str, str]) -> None:
+    ups = make_upstream(tmp_path / "upstream")
+    done = _run(tmp_path, env, tmp_path / "upstream", ups[0], ups[-1], "--dep-repo", f"vllm={tmp_path}")
+    assert done.returncode == 2
+    assert "no dependency named 'vllm' is declared (none)" in done.stdout
+
+
+def test_pins_read_from_a_dockerfile_and_requirements(tmp_path: Path) -> None:
+    repo_path = tmp_path / "up"
+    repo_path.mkdir()
+    git(repo_path, "init", "-q", "-b", "main")
+    sha = add_commit(repo_path, "pins", {
+        "Dockerfile": 'FROM x\nARG VLLM_TAG=v0.11.0\nARG VLLM_COMMIT=""\n',
+        "requirements.txt": "torch==2.13.0\nvllm==0.11.0  # pinned\n",
+        "requirements-git.txt": "vllm @ git+https://github.com/vllm-project/vllm.git@abc1234\n"})
+    repo = gitpython.Repo(repo_path)
+    tag = parse_dependency_option("name=vllm,pin=Dockerfile:VLLM_COMMIT/VLLM_TAG,package_dir=vllm")
+    assert read_pin(repo, sha, tag) == "v0.11.0"  # VLLM_COMMIT empty: the tag
+    assert read_pin(repo, sha, tag, build_args={"VLLM_COMMIT": "deadbeef", "OTHER": "x"}) == "deadbeef"
+    req = parse_dependency_option("name=vllm,pin=requirements.txt:vllm==,package_dir=vllm")
+    assert read_pin(repo, sha, req) == "0.11.0"
+    url = DependencySpec.model_validate({"name": "vllm", "package_dir": "vllm",
+                                         "pin": {"file": "requirements-git.txt", "requirement": "vllm"}})
+    assert read_pin(repo, sha, url) == "abc1234"
+    missing = DependencySpec.model_validate({"name": "x", "package_dir": "x", "pin": {"arg": "NOPE"}})
+    assert read_pin(repo, sha, missing) is None
+
+
+def test_resolve_and_materialize(tmp_path: Path) -> None:
+    deps = make_dependency(tmp_path / "minidep")
+    repo = gitpython.Repo(tmp_path / "minidep")
+    spec = parse_dependency_option(SPEC)
+    assert resolve_pin(repo, spec, "0.2", "requirements.txt") == deps[12]  # `v` added as tags spell it
+    assert resolve_pin(repo, spec, deps[7][:10], "x") == deps[7]
+    with pytest.raises(UsageError, match=r"has no deadbeef0 .*fetch origin deadbeef0$"):
+        resolve_pin(repo, spec, "deadbeef0", "Dockerfile ARG DEP_TAG at abc")
+    tree = materialize(repo, deps[12], "minidep", tmp_path / "trees")
+    assert tree == tmp_path / "trees" / deps[12]
+    assert sorted(p.name for p in (tree / "minidep").iterdir()) == ["__init__.py", "core.py", "util.py", "v2.py"]
+    assert (tree / "minidep" / "core.py").read_text() == "BAD = True\n"
+    assert materialize(repo, deps[12], "minidep", tmp_path / "trees") == tree  # once per commit
+
+
+def test_declaration_in_a_recipe(tmp_path: Path) -> None:
+    from bisect_npu.recipe import load_recipe, parse_recipe
+
+    base = load_recipe("qwen3-moe-presence-penalty-loop")
+    vllm = base.dependency("vllm")
+    assert vllm is not None and vllm.pin.arg == ["VLLM_COMMIT", "VLLM_TAG"]
+    assert vllm.image_path == "/vllm-workspace/vllm" and vllm.package_dir == "vllm" and vllm.python_only
+    # An image-installed dependency does not enter the digest (sessions of the recipe before it
+    # was declared resume); one laid into every candidate does.
+    text = Path(str(base.source)).read_text()
+    bare = parse_recipe(text.split("dependencies:")[0])
+    assert bare.digest() == base.digest()
+    laid = parse_recipe(text.replace("installed_by_image: true", "installed_by_image: false"))
+    assert laid.digest() != base.digest()
+    with pytest.raises(UsageError, match="either `arg`"):
+        parse_recipe(text.replace("arg: [VLLM_COMMIT, VLLM_TAG]", "arg: []"))
+    with pytest.raises(UsageError, match="--dependency 'name=x': pin"):
+        parse_dependency_option("name=x")

@@ -507,6 +507,11 @@ def github_url(repo: git.Repo) -> str | None:
         url = repo.git.remote("get-url", "origin")
     except git.GitCommandError:
         return None
+    return github_base(url)
+
+
+def github_base(url: str) -> str | None:
+    """https://github.com/OWNER/NAME of a clone URL, or None when it is not GitHub."""
     match = _GITHUB_REMOTE.match(url.strip())
     return f"https://github.com/{match['owner']}/{match['name']}" if match else None
 

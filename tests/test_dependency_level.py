@@ -21,7 +21,7 @@ from bisect_npu.recipe import DependencySpec, parse_dependency_option
 CLI = [sys.executable, "-m", "bisect_npu"]
 DEP_CULPRIT, DEP_FIX = 7, 15
 TAGS = {3: "v0.1", 12: "v0.2", 18: "v0.3"}
-SPEC = "name=minidep,pin=Dockerfile:DEP_COMMIT/DEP_TAG,package_dir=minidep,installed_by_image=false"
+SPEC = "name=minidep,url=https://github.com/example/minidep.git,pin=Dockerfile:DEP_COMMIT/DEP_TAG,package_dir=minidep,installed_by_image=false"
 # The bad case: the dependency's `core.BAD` (cwd: the upstream's worktree; the dependency's tree
 # is first on PYTHONPATH). An upstream `api` file names the dependency API it calls.
 CHECK = """\
@@ -107,8 +107,10 @@ def test_culprit_moving_the_pin_is_bisected_into_the_dependency(tmp_path: Path, 
     assert result["culprit"] == deps[DEP_CULPRIT]  # the finest level's answer: the dependency's commit
     message = done.stdout
     assert f"{ups[6][:12]} moved minidep v0.1 -> v0.2" in message
-    assert f"first bad minidep commit: {deps[DEP_CULPRIT][:12]}" in message
+    assert (f"first bad minidep commit: {deps[DEP_CULPRIT][:12]} Drop the presence penalty default in core (#2007) "
+            "(https://github.com/example/minidep/pull/2007)") in message  # its PR, in the dependency's repository
     assert f"fixed in minidep by {deps[DEP_FIX][:12]}" in message
+    assert "(https://github.com/example/minidep/pull/2015)" in message
     assert f"move the pin to >= v0.3, or cherry-pick {deps[DEP_FIX][:12]}" in message
 
     upstream_session = tmp_path / "s"
@@ -133,7 +135,8 @@ def test_culprit_moving_the_pin_is_bisected_into_the_dependency(tmp_path: Path, 
     assert fix["first_tags"][deps[DEP_FIX]] == "v0.3"
     # The upstream's report shows the chain; the dependency's names its level.
     upstream_report = (upstream_session / "report.md").read_text()
-    assert "moved minidep v0.1 -> v0.2" in upstream_report and "Dependency level" in upstream_report
+    assert "moved minidep `v0.1` -> `v0.2`" in upstream_report and "Dependency level" in upstream_report
+    assert "the fix is searched in minidep's history" in upstream_report
     assert f"held at {ups[6][:12]}" in (child / "report.md").read_text()
 
 

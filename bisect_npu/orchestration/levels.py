@@ -300,19 +300,23 @@ def _dependency_answer(ran: list[tuple[Descent, SessionResult]]) -> SessionResul
         return replace(result, message=message, exit_code=EXIT_ENDS_WRONG)
     if result.status != "found" or result.culprit is None:
         return replace(result, message=f"{moved}; {result.message}")
-    message = f"{moved}; first bad {held.dependency} commit: {result.message.split(': ', 1)[-1]}"
     journal = Journal.open(result.session_dir, read_only=True)
     try:
         fix = next(iter(journal.records(FixRecord)), None)
+        github, pr = journal.header.github, journal.header.range.pr_of(result.culprit)
     finally:
         journal.close()
+    message = f"{moved}; first bad {held.dependency} commit: {result.message.split(': ', 1)[-1]}"
+    if github and pr:
+        message += f" ({github}/pull/{pr})"
     if fix is not None and fix.report.proposals:
         best = fix.report.proposals[0]
         sha = best.shas[0]
         tag = fix.first_tags.get(sha)
         advice = (f"move the pin to >= {tag}, or cherry-pick {sha[:12]}" if tag
                   else f"no tag holds it yet: cherry-pick {sha[:12]}")
-        message += f"; fixed in {held.dependency} by {sha[:12]} {best.title}: {advice}"
+        link = best.pr_url or (f"{github}/pull/{best.pr}" if github and best.pr else None)
+        message += f"; fixed in {held.dependency} by {sha[:12]} {best.title}{f' ({link})' if link else ''}: {advice}"
     elif fix is not None:
         message += f"; no later {held.dependency} commit fixes it yet"
     return replace(result, message=message)

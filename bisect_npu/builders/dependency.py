@@ -238,7 +238,8 @@ class DependencyBuilder:
         except BaseException:
             self.inner.release(env)
             raise
-        how = env.how if env.how == "built" else "overlay"
+        # "built" when the upstream's build ran for it; "reused" when its layer image was made before.
+        how = "built" if env.how == "built" else ("reused" if made.how == "reused" else "overlay")
         made = made.model_copy(update={"commit": commit, "build_key": key, "how": how,
                                        "seconds": round(env.seconds + time.monotonic() - started, 3)})
         with self._lock:

@@ -124,3 +124,82 @@ def test_run_with_the_docker_executor_crosses_into_the_dependency(repos, tmp_pat
     steps = [json.loads(line) for line in (Path(level["session"]) / "journal.jsonl").read_text().splitlines()
              if '"type": "step"' in line or '"type":"step"' in line]
     assert steps and all(s["build"]["how"] in ("overlay", "reused") for s in steps)  # no build at this level
+
+
+# A vllm-ascend image as far as the overlay is concerned: vLLM's repository at /vllm-workspace/vllm
+# (the build's generated `_version.py` and a compiled `.so` in its package), the plugin at
+# /vllm-workspace/vllm-ascend. Made from git here: a real one needs the NPU toolchain to build.
+ASCEND_DOCKERFILE = """FROM localhost/bisect-npu-demo-base:py311
+ARG VLLM_TAG=v0.30.0
+ARG VLLM_COMMIT=""
+COPY vendor/ /vllm-workspace/vllm/
+ENV PYTHONPATH=/vllm-workspace/vllm
+COPY . /vllm-workspace/vllm-ascend/
+"""
+VLLM_SHOW = ("import os, vllm\n"
+             "root = '/vllm-workspace/vllm/vllm/'\n"
+             "print('fixed', vllm.PRESENCE_PENALTY_FIXED)\n"
+             "print('from', vllm.__file__)\n"
+             "print('kept', sorted(n for n in ('_version.py', '_C.abi3.so') if os.path.exists(root + n)))\n"
+             "print('old', os.path.exists(root + 'old.py'))\n")
+
+
+def test_vllm_laid_into_a_vllm_ascend_image_and_its_ascend_container(tmp_path, docker_client, demo_base_image):
+    """The bundled recipe's vLLM declaration on an image laid out as vllm-ascend's: the layer
+    replaces /vllm-workspace/vllm/vllm (keeping what the install generated or compiled), and the
+    candidate's container on an Ascend host is checked field by field up to its creation."""
+    from bisect_npu.execute.ascend import DETERMINISM_ENV, MANAGEMENT_DEVICES
+    from bisect_npu.execute.docker import container_create_kwargs
+    from bisect_npu.orchestration.options import RunOptions
+    from bisect_npu.orchestration.wiring import container_spec_factory
+    from bisect_npu.recipe import load_recipe
+
+    nonce = uuid.uuid4().hex[:8]
+    vllm = tmp_path / "vllm"
+    vllm_shas = make_linear_repo(vllm, 3, files=lambda i: {
+        "vllm/__init__.py": f"PRESENCE_PENALTY_FIXED = {i == 2}\n", "setup.py": "# compiled part\n",
+        **({"vllm/old.py": "OLD = 1\n"} if i == 0 else {"vllm/old.py": None} if i == 1 else {})},
+        tags={0: "v0.30.0", 2: "v0.31.0"})
+    ascend = tmp_path / f"dep-level-vllm-ascend-{nonce}"
+    make_linear_repo(ascend, 1, files=lambda i: {
+        "Dockerfile": ASCEND_DOCKERFILE, "vllm_ascend/__init__.py": f"NONCE = {nonce!r}\n",
+        "vendor/vllm/__init__.py": "PRESENCE_PENALTY_FIXED = False\n", "vendor/vllm/old.py": "OLD = 1\n",
+        "vendor/vllm/_version.py": "__version__ = '0.30.0'\n", "vendor/vllm/_C.abi3.so": "compiled\n"})
+    recipe = load_recipe("qwen3-moe-presence-penalty-loop")
+    spec = recipe.dependency("vllm")
+    assert spec is not None
+    inner = DockerBuilder(git.Repo(ascend), docker_client)
+    held = git.Repo(ascend).head.commit.hexsha
+    builder = DependencyBuilder(inner, spec, git.Repo(vllm), lambda _: held, lambda c: c, tmp_path / "trees",
+                                inner.lay_over)
+    try:
+        env = builder.acquire(vllm_shas[2], tmp_path / "logs")
+        with DockerExecutor(docker_client) as ex:
+            result = ex.run_command(env, ["python3", "-c", VLLM_SHOW], tmp_path / "show.log", 120)
+        assert result.returncode == 0, result.log_tail
+        shown = dict(line.split(" ", 1) for line in Path(result.log_path).read_text().splitlines()
+                     if " " in line and not line.startswith("#"))
+        assert shown == {"fixed": "True", "from": "/vllm-workspace/vllm/vllm/__init__.py",
+                         "kept": "['_C.abi3.so', '_version.py']", "old": "False"}
+
+        options = RunOptions(good="a", bad="b", recipe="qwen3-moe-presence-penalty-loop", executor="docker",
+                             devices=[0, 1, 2, 3], host="A2")
+        executor = DockerExecutor(docker_client, container_spec_factory(options, recipe), session_id="dep-level")
+        kwargs = container_create_kwargs(executor.spec_for(env, ["python3", "-m", "probe"], tmp_path / "out"))
+        assert kwargs["image"] == env.image and env.image.startswith(f"bisect-npu/{ascend.name}:dep-")
+        assert kwargs["devices"] == [*(f"/dev/davinci{i}:/dev/davinci{i}:rwm" for i in range(4)),
+                                     *(f"{d}:{d}:rwm" for d in MANAGEMENT_DEVICES)]
+        volumes = kwargs["volumes"]
+        assert volumes["/data/models/Qwen3-30B-A3B"] == {"bind": "/models/Qwen3-30B-A3B", "mode": "ro"}
+        assert volumes[str(tmp_path / "out")] == {"bind": "/out", "mode": "rw"}
+        assert volumes["/usr/local/Ascend/driver/lib64/"] == {"bind": "/usr/local/Ascend/driver/lib64/", "mode": "ro"}
+        assert not [v for v in volumes.values() if v["bind"].startswith("/vllm-workspace")]  # in the image, not mounted
+        assert {k: kwargs["environment"][k] for k in DETERMINISM_ENV} == DETERMINISM_ENV
+        assert kwargs["privileged"] is False and kwargs["network_mode"] == "bridge" and kwargs["shm_size"] == "16g"
+        assert kwargs["labels"]["org.bisect-npu.commit"] == vllm_shas[2]  # the container says which vLLM commit
+        builder.release(env)
+    finally:
+        builder.close()
+        for image in docker_client.images.list(filters={"label": "org.bisect-npu.kind"}):
+            if any(tag.split("/")[-1].startswith(ascend.name) for tag in image.tags):
+                docker_client.images.remove(image.id, force=True)

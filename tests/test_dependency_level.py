@@ -242,3 +242,43 @@ def test_declaration_in_a_recipe(tmp_path: Path) -> None:
         parse_recipe(text.replace("arg: [VLLM_COMMIT, VLLM_TAG]", "arg: []"))
     with pytest.raises(UsageError, match="--dependency 'name=x': pin"):
         parse_dependency_option("name=x")
+
+
+KILLER = """\
+import os, signal, pathlib
+marker = pathlib.Path(os.environ["KILL_MARKER"])
+import minidep.util
+if minidep.util.STEP not in (3, 12) and marker.exists():  # a dependency commit inside the range
+    marker.unlink()
+    shell = pathlib.Path(f"/proc/{os.getppid()}/stat").read_text()
+    os.kill(int(shell.rsplit(")", 1)[1].split()[1]), signal.SIGKILL)  # the shell's parent: bisect-npu, mid-level
+"""
+
+
+def test_a_run_killed_in_the_dependency_level_resumes_there(tmp_path: Path, env: dict[str, str]) -> None:
+    deps = make_dependency(tmp_path / "minidep")
+    ups = make_upstream(tmp_path / "upstream")
+    (tmp_path / "killer.py").write_text(KILLER)
+    (tmp_path / "kill-once").touch()
+    env = {**env, "KILL_MARKER": str(tmp_path / "kill-once")}
+    cmd = f"sh -c '{sys.executable} {tmp_path / 'killer.py'} && exec {sys.executable} check.py'"
+    args = ["--dependency", SPEC, "--dep-repo", f"minidep={tmp_path / 'minidep'}"]
+    killed = subprocess.run([*CLI, "run", "--repo", str(tmp_path / "upstream"), "--good", ups[0], "--bad", ups[-1],
+                             "--cmd", cmd, "--session", str(tmp_path / "s"), "--quiet", *args],
+                            cwd=tmp_path, env=env, capture_output=True, text=True, timeout=600)
+    assert killed.returncode == -9, killed.stdout + killed.stderr[-2000:]
+    child_root = tmp_path / "s" / "dependency-minidep"
+    assert (child_root / "latest").exists()
+    done = subprocess.run([*CLI, "resume", "--session", str(tmp_path / "s"), "--json", "--quiet"], cwd=tmp_path,
+                          env=env, capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stdout + done.stderr[-3000:]
+    result = json.loads(done.stdout.strip().splitlines()[-1])
+    assert result["culprit"] == deps[DEP_CULPRIT]
+    sessions = [p for p in child_root.iterdir() if p.is_dir()]
+    assert len(sessions) == 1  # the dependency session was resumed, not started again
+    steps = [json.loads(line) for line in (sessions[0] / "journal.jsonl").read_text().splitlines()
+             if '"type": "step"' in line or '"type":"step"' in line]
+    assert sorted(s["index"] for s in steps if s["index"] in (0, 9)) == [0, 9]  # the ends judged once
+    journal = [json.loads(line) for line in (tmp_path / "s" / "journal.jsonl").read_text().splitlines()]
+    assert len([r for r in journal if r.get("type") == "dependency_move"]) == 1
+    assert [r["culprit"] for r in journal if r.get("type") == "next_level"] == [deps[DEP_CULPRIT]]

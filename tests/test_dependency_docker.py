@@ -203,3 +203,37 @@ def test_vllm_laid_into_a_vllm_ascend_image_and_its_ascend_container(tmp_path, d
         for image in docker_client.images.list(filters={"label": "org.bisect-npu.kind"}):
             if any(tag.split("/")[-1].startswith(ascend.name) for tag in image.tags):
                 docker_client.images.remove(image.id, force=True)
+
+
+def test_a_dependency_the_image_does_not_install_is_laid_in_at_the_pin(tmp_path, docker_client, demo_base_image):
+    """installed_by_image: false (the demo's minivllm): the upstream's image has no trace of the
+    dependency; each candidate gets its pinned tree as a layer, importable."""
+    from bisect_npu.builders.dependency import PinnedCommit
+
+    nonce = uuid.uuid4().hex[:8]
+    deps = make_dependency(tmp_path / "minidep")
+    path = tmp_path / f"dep-level-bare-{nonce}"
+    ups = make_linear_repo(path, 2, files=lambda i: {
+        "Dockerfile": f"FROM localhost/bisect-npu-demo-base:py311\nARG DEP_TAG={'v0.1' if i == 0 else 'v0.2'}\n"
+                      f"WORKDIR /workspace/app\nCOPY . /workspace/app\n", "check.py": CHECK, "nonce": nonce})
+    spec = parse_dependency_option(SPEC + ",installed_by_image=false")
+    inner = DockerBuilder(git.Repo(path), docker_client)
+    clone = git.Repo(tmp_path / "minidep")
+    builder = DependencyBuilder(inner, spec, clone, lambda c: c,
+                                PinnedCommit(git.Repo(path), clone, spec, "Dockerfile", {}), tmp_path / "trees",
+                                inner.lay_over)
+    try:
+        codes = {}
+        for sha in ups:
+            env = builder.acquire(sha, tmp_path / "logs")
+            assert env.build_key.endswith(f"+minidep@{(deps[3] if sha == ups[0] else deps[12])[:12]}")
+            with DockerExecutor(docker_client) as ex:
+                codes[sha] = ex.run_command(env, ["python3", "check.py"], tmp_path / f"check-{sha[:6]}.log",
+                                            120).returncode
+            builder.release(env)
+        assert codes == {ups[0]: 0, ups[1]: 1}  # v0.1 good, v0.2 bad: the pinned tree is what runs
+    finally:
+        builder.close()
+        for image in docker_client.images.list(filters={"label": "org.bisect-npu.kind"}):
+            if any(tag.split("/")[-1].startswith(path.name) for tag in image.tags):
+                docker_client.images.remove(image.id, force=True)

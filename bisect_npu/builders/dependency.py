@@ -161,10 +161,12 @@ def tree_tar(tree: Path, package_dir: str, image_path: str) -> bytes:
 
 def layer_plan(spec: DependencySpec) -> dict[str, object]:
     """What the overlay helper does in the image before the tree is copied in: clear the
-    installed `package_dir` (its generated and compiled files kept), leave the version alone."""
+    installed `package_dir` (its generated and compiled files kept), leave the version alone; for
+    a dependency the image does not install, make `image_path` and put it on the import path."""
     assert spec.image_path is not None
     return {"source_dir": spec.image_path, "delete": [], "version": "",
-            "clear": [{"dir": spec.package_dir, "keep": list(KEPT_IN_IMAGE)}]}
+            "clear": [{"dir": spec.package_dir, "keep": list(KEPT_IN_IMAGE)}],
+            "import_path": not spec.installed_by_image}
 
 
 class PinnedCommit:

@@ -8,7 +8,8 @@ imported), gives the package installed from the source directory the candidate's
 base image's metadata names the base commit's), then deletes itself. The plan is JSON:
 {"source_dir": "/abs/dir", "delete": ["rel/path", ...], "version": "0.11.0rc0+12.gabc"}, and
 optionally "clear": [{"dir": "rel/dir", "keep": ["_version.py"]}] (a dependency's tree replaced
-whole: builders/dependency.py).
+whole: builders/dependency.py) and "import_path": true (source_dir made and put on the import path,
+for a dependency the image never installed).
 """
 
 import fnmatch
@@ -19,6 +20,7 @@ import os
 import re
 import shutil
 import sys
+import sysconfig
 
 
 def installed_from(root):
@@ -59,10 +61,22 @@ def clear_tree(root, relative, keep):
     return 0
 
 
+def add_import_path(root):
+    """A dependency the image never installed: its directory made, and put on the interpreter's
+    path by a .pth file in site-packages (the tree copied in next is then importable)."""
+    os.makedirs(root, exist_ok=True)
+    name = "bisect_npu_" + re.sub(r"[^A-Za-z0-9_]", "_", root.strip("/")) + ".pth"
+    with open(os.path.join(sysconfig.get_paths()["purelib"], name), "w", encoding="utf-8") as fh:
+        fh.write(root + "\n")
+    print(f"overlay: {root} on the import path ({name})")
+
+
 def main(plan_path: str) -> int:
     with open(plan_path, encoding="utf-8") as fh:
         plan = json.load(fh)
     root = os.path.realpath(plan["source_dir"])
+    if plan.get("import_path"):
+        add_import_path(root)
     if not os.path.isdir(root):
         print(f"overlay: {root} is not a directory in the base image", file=sys.stderr)
         return 1

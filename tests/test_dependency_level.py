@@ -137,7 +137,10 @@ def test_culprit_moving_the_pin_is_bisected_into_the_dependency(tmp_path: Path, 
     upstream_report = (upstream_session / "report.md").read_text()
     assert "moved minidep `v0.1` -> `v0.2`" in upstream_report and "Dependency level" in upstream_report
     assert "the fix is searched in minidep's history" in upstream_report
-    assert f"held at {ups[6][:12]}" in (child / "report.md").read_text()
+    child_report = (child / "report.md").read_text()
+    assert f"held at {ups[6][:12]}" in child_report
+    # Its reproduce line is the upstream run's: the held commit comes from that run's culprit.
+    assert f"bisect-npu run --repo {tmp_path / 'upstream'} --good {ups[0]} --bad {ups[-1]}" in child_report
 
 
 def test_no_dependency_stops_at_the_upstream_commit(tmp_path: Path, env: dict[str, str]) -> None:
@@ -282,3 +285,16 @@ def test_a_run_killed_in_the_dependency_level_resumes_there(tmp_path: Path, env:
     journal = [json.loads(line) for line in (tmp_path / "s" / "journal.jsonl").read_text().splitlines()]
     assert len([r for r in journal if r.get("type") == "dependency_move"]) == 1
     assert [r["culprit"] for r in journal if r.get("type") == "next_level"] == [deps[DEP_CULPRIT]]
+
+
+def test_noisy_mode_and_slots_carry_into_the_dependency_level(tmp_path: Path, env: dict[str, str]) -> None:
+    deps = make_dependency(tmp_path / "minidep")
+    ups = make_upstream(tmp_path / "upstream")
+    done = _run(tmp_path, env, tmp_path / "upstream", ups[0], ups[-1], "--dependency", SPEC,
+                "--dep-repo", f"minidep={tmp_path / 'minidep'}", "--mode", "noisy", "--slots", "2", "--no-fix")
+    assert done.returncode == 0, done.stdout + done.stderr[-3000:]
+    result = json.loads(done.stdout.strip().splitlines()[-1])
+    assert result["culprit"] == deps[DEP_CULPRIT]
+    header = json.loads((Path(result["session"]) / "journal.jsonl").read_text().splitlines()[0])
+    assert header["mode"] == "noisy" and header["options"]["slots"] == 2
+    assert "no later minidep commit" not in done.stdout  # --no-fix: no fix search claimed

@@ -374,7 +374,15 @@ def render_json(view: SessionView) -> dict[str, Any]:
 
 
 def reproduce_command(view: SessionView) -> str:
-    return shlex.join(["bisect-npu", "run", *view.options.run_argv()])
+    """The `run` that gives this session again; a dependency level's is its upstream session's
+    (it has no `run` line of its own: the held upstream commit comes from that run's culprit)."""
+    options = view.options
+    parent = Path(view.header.parent_session) if view.header.parent_session else None
+    if options.held is not None and parent is not None and (parent / JOURNAL_FILE).is_file():
+        journal = Journal.open(parent, read_only=True)
+        options = journal.header.options
+        journal.close()
+    return shlex.join(["bisect-npu", "run", *options.run_argv()])
 
 
 STORED = "stored"  # a step whose verdict the verdict store had: nothing built or run

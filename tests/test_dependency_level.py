@@ -15,7 +15,7 @@ import pytest
 from gitrepo import add_commit, git, make_linear_repo
 
 from bisect_npu.builders.dependency import materialize, read_pin, resolve_pin
-from bisect_npu.errors import UsageError
+from bisect_npu.errors import InfrastructureError, UsageError
 from bisect_npu.recipe import DependencySpec, parse_dependency_option
 
 CLI = [sys.executable, "-m", "bisect_npu"]
@@ -298,3 +298,25 @@ def test_noisy_mode_and_slots_carry_into_the_dependency_level(tmp_path: Path, en
     header = json.loads((Path(result["session"]) / "journal.jsonl").read_text().splitlines()[0])
     assert header["mode"] == "noisy" and header["options"]["slots"] == 2
     assert "no later minidep commit" not in done.stdout  # --no-fix: no fix search claimed
+
+
+def test_the_declared_url_is_cloned_once_into_the_cache(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from bisect_npu.builders.dependency import clone_cache, open_dependency_clone
+
+    monkeypatch.setenv("BISECT_NPU_CACHE", str(tmp_path / "cache"))
+    deps = make_dependency(tmp_path / "minidep")
+    url = f"file://{tmp_path / 'minidep'}"
+    spec = parse_dependency_option(f"name=minidep,url={url},pin=Dockerfile:DEP_TAG,package_dir=minidep")
+    clone = open_dependency_clone(spec, None)
+    assert Path(clone.git_dir) == clone_cache(spec, url) and str(clone_cache(spec, url)).startswith(str(tmp_path))
+    assert resolve_pin(clone, spec, "v0.2", "x") == deps[12]
+    add_commit(tmp_path / "minidep", "after the clone", {"later": "1\n"})
+    again = open_dependency_clone(spec, None)  # made once, never fetched again
+    assert again.git_dir == clone.git_dir and again.commit("main").hexsha == deps[-1]
+    assert open_dependency_clone(spec, str(tmp_path / "minidep")).commit("main").hexsha != deps[-1]  # --dep-repo PATH
+    nowhere = parse_dependency_option("name=nowhere,url=file:///no/such/repo,pin=Dockerfile:X,package_dir=x")
+    with pytest.raises(InfrastructureError, match=r"cannot clone file:///no/such/repo .*--dep-repo nowhere=PATH"):
+        open_dependency_clone(nowhere, None)
+    bare = parse_dependency_option("name=bare,pin=Dockerfile:X,package_dir=x")
+    with pytest.raises(UsageError, match="pass --dep-repo bare=PATH_OR_URL"):
+        open_dependency_clone(bare, None)

@@ -112,6 +112,7 @@ def test_culprit_moving_the_pin_is_bisected_into_the_dependency(tmp_path: Path, 
     assert f"fixed in minidep by {deps[DEP_FIX][:12]}" in message
     assert "(https://github.com/example/minidep/pull/2015)" in message
     assert f"move the pin to >= v0.3, or cherry-pick {deps[DEP_FIX][:12]}" in message
+    assert "(verified" not in message  # no --verify-fix: nothing claimed
 
     upstream_session = tmp_path / "s"
     journal = [json.loads(line) for line in (upstream_session / "journal.jsonl").read_text().splitlines()]
@@ -141,6 +142,22 @@ def test_culprit_moving_the_pin_is_bisected_into_the_dependency(tmp_path: Path, 
     assert f"held at {ups[6][:12]}" in child_report
     # Its reproduce line is the upstream run's: the held commit comes from that run's culprit.
     assert f"bisect-npu run --repo {tmp_path / 'upstream'} --good {ups[0]} --bad {ups[-1]}" in child_report
+
+
+def test_a_dependency_fix_that_does_not_apply_is_not_claimed_verified(tmp_path: Path, env: dict[str, str]) -> None:
+    """--verify-fix at the dependency level applies the fix to the dependency's bad end (here
+    every commit rewrites `counter`, so it conflicts): the chain claims nothing it did not see.
+    A fix that applies is verified on the held upstream (the demo's dependency case shows it)."""
+    deps = make_dependency(tmp_path / "minidep")
+    ups = make_upstream(tmp_path / "upstream")
+    done = _run(tmp_path, env, tmp_path / "upstream", ups[0], ups[-1], "--dependency", SPEC,
+                "--dep-repo", f"minidep={tmp_path / 'minidep'}", "--verify-fix")
+    assert done.returncode == 0, done.stdout + done.stderr[-3000:]
+    assert f"fixed in minidep by {deps[DEP_FIX][:12]}" in done.stdout and "(verified" not in done.stdout
+    session = Path(json.loads(done.stdout.strip().splitlines()[-1])["session"])
+    verified = [json.loads(line)["verification"] for line in (session / "journal.jsonl").read_text().splitlines()
+                if '"fix_verified"' in line]
+    assert verified[0]["proposal"]["shas"][0] == deps[DEP_FIX] and verified[0]["status"] == "conflict"
 
 
 def test_no_dependency_stops_at_the_upstream_commit(tmp_path: Path, env: dict[str, str]) -> None:

@@ -303,6 +303,8 @@ def _dependency_answer(ran: list[tuple[Descent, SessionResult]]) -> SessionResul
     journal = Journal.open(result.session_dir, read_only=True)
     try:
         fix = next(iter(journal.records(FixRecord)), None)
+        verified = {r.verification.proposal.shas[0] for r in journal.records(FixVerifiedRecord)
+                    if r.verification.status == "verified"}
         github, pr = journal.header.github, journal.header.range.pr_of(result.culprit)
     finally:
         journal.close()
@@ -316,7 +318,9 @@ def _dependency_answer(ran: list[tuple[Descent, SessionResult]]) -> SessionResul
         advice = (f"move the pin to >= {tag}, or cherry-pick {sha[:12]}" if tag
                   else f"no tag holds it yet: cherry-pick {sha[:12]}")
         link = best.pr_url or (f"{github}/pull/{best.pr}" if github and best.pr else None)
-        message += f"; fixed in {held.dependency} by {sha[:12]} {best.title}{f' ({link})' if link else ''}: {advice}"
+        checked = " (verified: the bad case passes with it)" if sha in verified else ""
+        message += (f"; fixed in {held.dependency} by {sha[:12]} {best.title}{f' ({link})' if link else ''}{checked}: "
+                    f"{advice}")
     elif fix is not None:
         message += f"; no later {held.dependency} commit fixes it yet"
     return replace(result, message=message)

@@ -141,6 +141,9 @@ def dependency_descent(session: Session, found: SessionResult) -> Descent | None
                     "commits are not crossed: compare the two versions' changes by hand")
         elif not options.cross_dependencies:
             note = f"the culprit moved {spec.name} {old} -> {new} ({where}); not crossed (--no-dependency)"
+        elif options.executor == "ray":
+            note = (f"the culprit moved {spec.name} {old} -> {new} ({where}); not crossed with --executor ray (its "
+                    "nodes build the upstream's commits only): run again with --executor local or docker to cross")
         else:
             note = ""
         if spec.name not in journaled:

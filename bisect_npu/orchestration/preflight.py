@@ -107,6 +107,9 @@ def check_laid_in_pins(options: RunOptions, recipe: Recipe | None, repo: git.Rep
     for spec in declared_dependencies(options, recipe):
         if spec.installed_by_image:
             continue
+        if options.executor == "ray":
+            raise UsageError(f"dependency {spec.name} is laid into every candidate (installed_by_image: false), which "
+                             "--executor ray's nodes do not do; use --executor local or docker")
         clone = open_dependency_clone(spec, dep_repo_of(options, spec.name))
         pinned = PinnedCommit(repo, clone, spec, recipe.build.dockerfile if recipe else "Dockerfile",
                               recipe.build.docker_args if recipe else {})

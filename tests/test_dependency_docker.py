@@ -14,8 +14,8 @@ from pathlib import Path
 
 import git
 import pytest
+from gitrepo import add_commit, make_linear_repo
 from gitrepo import git as run_git
-from gitrepo import make_linear_repo
 from test_dependency_level import CHECK, DEP_CULPRIT, DEP_FIX, make_dependency
 
 from bisect_npu.builders.dependency import DependencyBuilder
@@ -232,6 +232,12 @@ def test_a_dependency_the_image_does_not_install_is_laid_in_at_the_pin(tmp_path,
                                             120).returncode
             builder.release(env)
         assert codes == {ups[0]: 0, ups[1]: 1}  # v0.1 good, v0.2 bad: the pinned tree is what runs
+        # Two upstream commits of one build key, the same pin: each its own layer (their Python differs).
+        third = add_commit(path, "python only (#3)", {"check.py": CHECK.replace("sys.exit(1 if", "sys.exit(3 if")})
+        env = builder.acquire(third, tmp_path / "logs")
+        assert env.how == "overlay" and env.image != builder.acquire(ups[1], tmp_path / "logs").image
+        with DockerExecutor(docker_client) as ex:
+            assert ex.run_command(env, ["python3", "check.py"], tmp_path / "check-3.log", 120).returncode == 3
     finally:
         builder.close()
         for image in docker_client.images.list(filters={"label": "org.bisect-npu.kind"}):

@@ -228,8 +228,11 @@ class DependencyBuilder:
                 if self.lay_over is None or self.spec.image_path is None:
                     raise UsageError(f"dependency {self.spec.name}: give it an image_path (where its repository "
                                      "sits in the image) to lay its tree into an image")
+                # The layer's identity: this upstream commit (not its build key: commits of one key differ
+                # in their Python files) with this dependency commit.
                 made = self.lay_over(env, tree_tar(tree, self.spec.package_dir, self.spec.image_path),
-                                     layer_plan(self.spec), key, log_dir / f"build-{commit[:12]}-{self.spec.name}.log")
+                                     layer_plan(self.spec), f"{upstream[:16]}-{self.spec.name}-{dep_sha[:16]}",
+                                     log_dir / f"build-{commit[:12]}-{self.spec.name}.log")
             elif env.kind == "worktree":
                 made = env.model_copy(update={"python_paths_first": [str(tree), *env.python_paths_first]})
                 if env.log_path:

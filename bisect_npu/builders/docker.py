@@ -282,8 +282,8 @@ class DockerBuilder:
                  log_path: Path) -> Environment:
         """`env`'s image with one more layer: the overlay helper runs `plan` (clearing the tree
         being replaced), then `tree` (a tar rooted at `/`) is copied in and committed, tagged by
-        `key` (builders/dependency.py: a dependency's tree at another commit). An image of that key
-        made before is reused."""
+        `key` (builders/dependency.py: an upstream commit with a dependency's tree at one of its
+        commits). An image of that key made before is reused."""
         assert env.image is not None
         tag = "dep-" + re.sub(r"[^A-Za-z0-9_.-]+", "-", key)[:120]
         api = self.client.api

@@ -41,11 +41,14 @@ def main() -> None:
               if s.get("build") and s["build"]["how"] in ("overlay", "reused")]
     step_s = [s["seconds"] for s in dependency]
     candidates = len(header["range"]["candidates"])
-    print(f"upstream level: {len(upstream)} steps, full builds {len(built)} (median {statistics.median(built):.2f} s)")
-    print(f"dependency level: {len(dependency)} steps over {candidates} commits, builds: 0; laying a tree in: "
+    full = f"median {statistics.median(built):.2f} s" if built else "none: every image was in the engine already"
+    print(f"upstream level: {len(upstream)} steps, full builds {len(built)} ({full})")
+    print(f"dependency level: {len(dependency)} steps over {candidates} commits, full builds "
+          f"{sum(1 for s in dependency if s.get('build') and s['build']['how'] == 'built')}; laying a tree in: "
           f"median {statistics.median(layers):.2f} s (max {max(layers):.2f}); a whole step median "
           f"{statistics.median(step_s):.2f} s")
-    print(f"full build / dependency layer: {statistics.median(built) / max(statistics.median(layers), 1e-3):.1f}x")
+    if built:
+        print(f"full build / dependency layer: {statistics.median(built) / max(statistics.median(layers), 1e-3):.1f}x")
     print(f"projection for vllm-ascend (build {args.build_min:g} min, overlay {args.overlay_min:g} min, "
           f"run {args.run_min:g} min per step):")
     for n in (50, 200, 800):

@@ -406,6 +406,13 @@ class DependencySpec(_Strict):
                                                        "false: every candidate gets the tree at its pin laid in "
                                                        "by bisect-npu (a dependency the build does not fetch)")
 
+    @model_validator(mode="after")
+    def _laid_in_only_when_python(self) -> DependencySpec:
+        if not self.installed_by_image and not self.python_only:
+            raise ValueError("installed_by_image: false lays the dependency's tree into every candidate, which only a "
+                             "python_only dependency allows")
+        return self
+
     @field_validator("name")
     @classmethod
     def _a_name(cls, value: str) -> str:

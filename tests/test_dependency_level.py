@@ -337,3 +337,29 @@ def test_the_declared_url_is_cloned_once_into_the_cache(tmp_path: Path, monkeypa
     bare = parse_dependency_option("name=bare,pin=Dockerfile:X,package_dir=x")
     with pytest.raises(UsageError, match="pass --dep-repo bare=PATH_OR_URL"):
         open_dependency_clone(bare, None)
+
+
+def test_a_dependency_that_is_not_python_only_is_named_not_crossed(tmp_path: Path, env: dict[str, str]) -> None:
+    """The upstream vendors the dependency at its pin (as an image installs a compiled one): the
+    culprit that moves it is the answer, and the report names the two versions."""
+    deps_path = tmp_path / "minidep"
+    make_dependency(deps_path)
+
+    def tree(tag: str) -> dict[str, str | None]:
+        names = git(deps_path, "ls-tree", "-r", "--name-only", tag, "--", "minidep").split()
+        return {name: git(deps_path, "show", f"{tag}:{name}") + "\n" for name in names}
+
+    old, new = tree("v0.1"), tree("v0.2")
+    ups = make_linear_repo(tmp_path / "upstream", 6, files=lambda i: (
+        {"Dockerfile": "FROM x\nARG DEP_TAG=v0.1\n", "check.py": CHECK, **old} if i == 0 else
+        {"Dockerfile": "FROM x\nARG DEP_TAG=v0.2\n", **new, **{n: None for n in old if n not in new}} if i == 3
+        else {}))
+    compiled = "name=minidep,pin=Dockerfile:DEP_TAG,package_dir=minidep,python_only=false"
+    done = _run(tmp_path, env, tmp_path / "upstream", ups[0], ups[-1], "--dependency", compiled, "--no-fix")
+    assert done.returncode == 0, done.stdout + done.stderr[-3000:]
+    assert json.loads(done.stdout.strip().splitlines()[-1])["culprit"] == ups[3]
+    report = (tmp_path / "s" / "report.md").read_text()
+    assert "moved minidep v0.1 -> v0.2 (Dockerfile ARG DEP_TAG); minidep is not Python-only" in report
+    assert not (tmp_path / "s" / "dependency-minidep").exists()
+    with pytest.raises(UsageError, match="only a python_only dependency"):
+        parse_dependency_option(compiled + ",installed_by_image=false")

@@ -138,6 +138,13 @@ def test_culprit_moving_the_pin_is_bisected_into_the_dependency(tmp_path: Path, 
     upstream_report = (upstream_session / "report.md").read_text()
     assert "moved minidep `v0.1` -> `v0.2`" in upstream_report and "Dependency level" in upstream_report
     assert "the fix is searched in minidep's history" in upstream_report
+    # Resuming the finished run answers with the chain again; the upstream gets no fix stage of its own.
+    again = subprocess.run([*CLI, "resume", "--session", str(upstream_session), "--json", "--quiet"], cwd=tmp_path,
+                           env=env, capture_output=True, text=True, timeout=300)
+    assert again.returncode == 0 and json.loads(again.stdout.strip().splitlines()[-1])["culprit"] == deps[DEP_CULPRIT]
+    assert "first bad minidep commit" in again.stdout
+    assert '"type": "fix"' not in (upstream_session / "journal.jsonl").read_text().replace('"type":"fix"',
+                                                                                          '"type": "fix"')
     child_report = (child / "report.md").read_text()
     assert f"held at {ups[6][:12]}" in child_report
     # Its reproduce line is the upstream run's: the held commit comes from that run's culprit.

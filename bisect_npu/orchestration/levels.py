@@ -23,7 +23,7 @@ from bisect_npu.execute.base import Executor
 from bisect_npu.execute.inprocess import Oracle
 from bisect_npu.journal import DEFAULT_ROOT, LATEST_FILE, Journal
 from bisect_npu.orchestration.options import RunOptions, declared_dependencies, dep_repo_of
-from bisect_npu.orchestration.session import EXIT_ENDS_WRONG, Session, SessionResult
+from bisect_npu.orchestration.session import EXIT_ENDS_WRONG, EXIT_FOUND, EXIT_NARROWED, Session, SessionResult
 from bisect_npu.orchestration.wiring import fix_worktrees, sweep_fix_worktrees
 from bisect_npu.progress import Progress
 from bisect_npu.records import (
@@ -210,6 +210,10 @@ class Bisection:
         session = self.session
         finished_before = session.ended() is not None
         result = session.bisect()
+        crossed = [r for r in session.journal.records(NextLevelRecord) if r.dependency]
+        if crossed:  # the culprit's dependency level is done: its chain is the answer, no upstream fix stage
+            session.progress.note("session already finished; re-rendering the report only")
+            return _result_of(crossed[-1])
         descent = self.level.descent(session, result) if result.status == "found" and result.culprit else None
         if descent is not None and not session.journal.records(NextLevelRecord):
             return self._descend(descent)
@@ -257,6 +261,15 @@ class Bisection:
             child = Bisection.start(descent.options, root=root, progress=session.progress, parent=self.session_dir,
                                     oracle=self.oracle)
         return child.run()
+
+
+def _result_of(level: NextLevelRecord) -> SessionResult:
+    """A finished finer level's answer, as its `next_level` line keeps it."""
+    if level.status == "found":
+        return SessionResult("found", EXIT_FOUND, Path(level.session), culprit=level.culprit, message=level.message)
+    if level.status == "narrowed":
+        return SessionResult("narrowed", EXIT_NARROWED, Path(level.session), message=level.message)
+    return SessionResult("ends_wrong", EXIT_ENDS_WRONG, Path(level.session), message=level.message)
 
 
 def _end_wrong(result: SessionResult) -> str | None:

@@ -64,7 +64,7 @@ def make_dependency(path: Path, tags: dict[int, str] | None = None) -> list[str]
     return make_linear_repo(path, 20, titles=_dep_title, files=_dep_files, tags=TAGS if tags is None else tags)
 
 
-def make_upstream(path: Path, moves_at: int = 6, api_change: bool = False) -> list[str]:
+def make_upstream(path: Path, moves_at: int = 6, api_change: bool = False, old_api: str = "v1") -> list[str]:
     """10 commits; `moves_at` moves the pin v0.1 -> v0.2 (with `api_change`, it also switches the
     upstream to the dependency's new API, which v0.1 lacks; its parent uses the old one, which
     v0.2 has dropped)."""
@@ -73,7 +73,7 @@ def make_upstream(path: Path, moves_at: int = 6, api_change: bool = False) -> li
         out: dict[str, str | None] = {"Dockerfile": f"FROM scratch\nARG DEP_COMMIT=\"\"\nARG DEP_TAG={tag}\n",
                                       "check.py": CHECK}
         if api_change:
-            out["api"] = "v2\n" if i >= moves_at else "v1\n"
+            out["api"] = "v2\n" if i >= moves_at else f"{old_api}\n"
         return files_at(i, out)
 
     def files_at(i: int, out: dict[str, str | None]) -> dict[str, str | None]:
@@ -195,6 +195,23 @@ def test_neither_combination_runs_is_an_honest_answer(tmp_path: Path, env: dict[
     assert f"{ups[6][:12]} with minidep v0.1: skip" in done.stdout  # the culprit with the old pin
     assert f"{ups[5][:12]} with minidep v0.2: skip" in done.stdout  # its parent with the new pin
     assert (tmp_path / "s" / "dependency-minidep-at-parent").is_dir()
+
+
+def test_the_parent_is_held_when_the_culprit_needs_the_new_pin(tmp_path: Path, env: dict[str, str]) -> None:
+    """The pin move also switches the upstream to the new API (the culprit cannot run with the
+    old pin); its parent runs on both, so the dependency is bisected under the parent."""
+    deps = make_dependency(tmp_path / "minidep")
+    ups = make_upstream(tmp_path / "upstream", api_change=True, old_api="core")
+    done = _run(tmp_path, env, tmp_path / "upstream", ups[0], ups[-1], "--dependency", SPEC,
+                "--dep-repo", f"minidep={tmp_path / 'minidep'}", "--no-fix")
+    assert done.returncode == 0, done.stdout + done.stderr[-3000:]
+    result = json.loads(done.stdout.strip().splitlines()[-1])
+    assert result["culprit"] == deps[DEP_CULPRIT]
+    assert Path(result["session"]).parent == tmp_path / "s" / "dependency-minidep-at-parent"
+    assert (f"(bisected on its parent {ups[5][:12]}: {ups[6][:12]} could not be judged good with minidep v0.1)"
+            in done.stdout)
+    header = json.loads((Path(result["session"]) / "journal.jsonl").read_text().splitlines()[0])
+    assert header["options"]["held"]["commit"] == ups[5]
 
 
 def test_a_pin_the_clone_lacks_is_an_error_before_anything_runs(tmp_path: Path, env: dict[str, str]) -> None:

@@ -325,6 +325,9 @@ def _dependency_answer(ran: list[tuple[Descent, SessionResult]]) -> SessionResul
     finally:
         journal.close()
     message = f"{moved}; first bad {held.dependency} commit: {result.message.split(': ', 1)[-1]}"
+    if held.commit != culprit:
+        message += (f" (bisected on its parent {held.commit[:12]}: {culprit[:12]} could not be judged good with "
+                    f"{held.dependency} {held.old_pin})")
     if github and pr:
         message += f" ({github}/pull/{pr})"
     if fix is not None and fix.report.proposals:

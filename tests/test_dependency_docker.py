@@ -18,6 +18,7 @@ from gitrepo import add_commit, make_linear_repo
 from gitrepo import git as run_git
 from test_dependency_level import CHECK, DEP_CULPRIT, DEP_FIX, make_dependency
 
+from bisect_npu.builders.cache import ImageCache
 from bisect_npu.builders.dependency import DependencyBuilder
 from bisect_npu.builders.docker import DockerBuilder
 from bisect_npu.execute.docker import DockerExecutor
@@ -85,10 +86,11 @@ def _show(docker_client, env, tmp_path) -> dict[str, str]:
 
 def test_the_dependency_tree_is_a_layer_over_the_upstream_image(repos, docker_client, tmp_path):
     path, ups, deps = repos
-    inner = DockerBuilder(git.Repo(path), docker_client)
+    cache = ImageCache(docker_client, max_bytes=1 << 40, state_path=tmp_path / "cache.json")
+    inner = DockerBuilder(git.Repo(path), docker_client, cache=cache)
     spec = parse_dependency_option(SPEC)
     builder = DependencyBuilder(inner, spec, git.Repo(tmp_path / "minidep"), lambda _: ups[6], lambda c: c,
-                                tmp_path / "trees", inner.lay_over)
+                                tmp_path / "trees", inner)
     bad = builder.acquire(deps[12], tmp_path / "logs")  # v0.2 itself, over the image that installed v0.2
     assert (bad.kind, bad.commit) == ("image", deps[12])
     assert bad.build_key.endswith(f"+minidep@{deps[12][:12]}") and bad.image.split(":")[-1].startswith("dep-")
@@ -103,8 +105,11 @@ def test_the_dependency_tree_is_a_layer_over_the_upstream_image(repos, docker_cl
     assert image.labels["org.bisect-npu.commit"] == ups[6]  # the upstream commit it was laid over
     again = builder.acquire(deps[3], tmp_path / "logs")
     assert again.how == "reused" and docker_client.images.get(again.image).id == image.id
+    layers = {docker_client.api.inspect_image(env.image)["Id"] for env in (bad, good)}
+    assert layers <= cache._pinned  # held while their candidates run: a prune must not take them
     for env in (bad, good, again):
         builder.release(env)
+    assert not layers & cache._pinned
     builder.close()
 
 
@@ -171,7 +176,7 @@ def test_vllm_laid_into_a_vllm_ascend_image_and_its_ascend_container(tmp_path, d
     inner = DockerBuilder(git.Repo(ascend), docker_client)
     held = git.Repo(ascend).head.commit.hexsha
     builder = DependencyBuilder(inner, spec, git.Repo(vllm), lambda _: held, lambda c: c, tmp_path / "trees",
-                                inner.lay_over)
+                                inner)
     try:
         env = builder.acquire(vllm_shas[2], tmp_path / "logs")
         with DockerExecutor(docker_client) as ex:
@@ -221,7 +226,7 @@ def test_a_dependency_the_image_does_not_install_is_laid_in_at_the_pin(tmp_path,
     clone = git.Repo(tmp_path / "minidep")
     builder = DependencyBuilder(inner, spec, clone, lambda c: c,
                                 PinnedCommit(git.Repo(path), clone, spec, "Dockerfile", {}), tmp_path / "trees",
-                                inner.lay_over)
+                                inner)
     try:
         codes = {}
         for sha in ups:

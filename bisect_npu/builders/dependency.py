@@ -22,6 +22,7 @@ import threading
 import time
 from collections.abc import Callable, Mapping
 from pathlib import Path
+from typing import Protocol, runtime_checkable
 
 import git
 from packaging.requirements import InvalidRequirement, Requirement
@@ -169,6 +170,17 @@ def layer_plan(spec: DependencySpec) -> dict[str, object]:
             "import_path": not spec.installed_by_image}
 
 
+@runtime_checkable
+class Layers(Protocol):
+    """What lays a tree into an image as one more layer, and lets that image go when its candidate
+    is done (DockerBuilder)."""
+
+    def lay_over(self, env: Environment, tree: bytes, plan: dict[str, object], key: str,
+                 log_path: Path) -> Environment: ...
+
+    def unpin_layer(self, env: Environment) -> None: ...
+
+
 class PinnedCommit:
     """The dependency commit an upstream commit pins (for a dependency the upstream's build does
     not install: every candidate gets it laid in)."""
@@ -202,15 +214,14 @@ class DependencyBuilder:
 
     def __init__(self, inner: Builder, spec: DependencySpec, repo: git.Repo,
                  upstream: Callable[[str], str], dependency: Callable[[str], str], trees: Path,
-                 lay_over: Callable[[Environment, bytes, dict[str, object], str, Path], Environment] | None = None
-                 ) -> None:
+                 layers: Layers | None = None) -> None:
         self.inner = inner
         self.spec = spec
         self.repo = repo
         self.upstream = upstream
         self.dependency = dependency
         self.trees = trees
-        self.lay_over = lay_over  # images: commits the tree as a layer (DockerBuilder.lay_over)
+        self.layers = layers  # images: the tree as a layer (DockerBuilder)
         self._held: dict[str, list[Environment]] = {}  # candidate -> the upstream environments it holds
         self._lock = threading.Lock()
         self._git_lock = threading.Lock()
@@ -225,12 +236,12 @@ class DependencyBuilder:
             key = f"{env.build_key or upstream[:12]}+{self.spec.name}@{dep_sha[:12]}"
             note = f"# {self.spec.name} {self.spec.package_dir}/ at {dep_sha} laid over {upstream[:12]}"
             if env.kind == "image":
-                if self.lay_over is None or self.spec.image_path is None:
+                if self.layers is None or self.spec.image_path is None:
                     raise UsageError(f"dependency {self.spec.name}: give it an image_path (where its repository "
                                      "sits in the image) to lay its tree into an image")
                 # The layer's identity: this upstream commit (not its build key: commits of one key differ
                 # in their Python files) with this dependency commit.
-                made = self.lay_over(env, tree_tar(tree, self.spec.package_dir, self.spec.image_path),
+                made = self.layers.lay_over(env, tree_tar(tree, self.spec.package_dir, self.spec.image_path),
                                      layer_plan(self.spec), f"{upstream[:16]}-{self.spec.name}-{dep_sha[:16]}",
                                      log_dir / f"build-{commit[:12]}-{self.spec.name}.log")
             elif env.kind == "worktree":
@@ -257,6 +268,8 @@ class DependencyBuilder:
             inner = held.pop() if held else None
         if inner is not None:
             self.inner.release(inner)
+        if env.kind == "image" and self.layers is not None:
+            self.layers.unpin_layer(env)
 
     def close(self) -> None:
         self.inner.close()

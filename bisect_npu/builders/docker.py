@@ -293,6 +293,7 @@ class DockerBuilder:
             if made:
                 image_id = str(made[0]["Id"])
                 log.write(f"reused {self.repository}:{tag} ({image_id})\n")
+                self._pin_layer(f"{self.repository}:{tag}")
                 return env.model_copy(update={"image": f"{self.repository}:{tag}", "how": "reused",
                                               "log_path": str(log_path)})
             base = str(api.inspect_image(env.image)["Id"])
@@ -301,9 +302,22 @@ class DockerBuilder:
             log.write(f"# {key}: tree laid over {env.image} ({base}); plan {json.dumps(plan)}\n")
             image_id = self._commit_layer(base, plan, tree, labels, tag, log, log_path)
             log.write(f"committed {self.repository}:{tag} ({image_id})\n")
-        if self.cache is not None:
-            self.cache.use(image_id)
+        self._pin_layer(f"{self.repository}:{tag}")
         return env.model_copy(update={"image": f"{self.repository}:{tag}", "how": "overlay", "log_path": str(log_path)})
+
+    def _pin_layer(self, image: str) -> None:
+        """Held until unpin_layer (by the id inspect gives, as unpin_layer finds it): a prune must
+        not take a layer while its candidate runs."""
+        if self.cache is not None:
+            self.cache.use(str(self.client.api.inspect_image(image)["Id"]), pin=True)
+
+    def unpin_layer(self, env: Environment) -> None:
+        """A layer's candidate is done: its image may be pruned later."""
+        if self.cache is not None and env.image:
+            import docker.errors
+
+            with contextlib.suppress(docker.errors.ImageNotFound):
+                self.cache.unpin(self.client.api.inspect_image(env.image)["Id"])
 
     def _commit_layer(self, base: str, plan: Mapping[str, object], tree: bytes, labels: Mapping[str, str],
                       tag: str, log: IO[str], log_path: Path) -> str:

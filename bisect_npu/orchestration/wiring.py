@@ -71,12 +71,12 @@ def with_dependencies(options: RunOptions, repo: git.Repo | None, recipe: Recipe
     """`builder` with the declared dependencies' trees laid in (builders/dependency.py): at a
     dependency level, the candidate's tree into the held upstream commit's build; at an upstream
     level, each candidate's pinned tree for a dependency its build does not install."""
-    from bisect_npu.builders.dependency import DependencyBuilder, PinnedCommit, open_dependency_clone
+    from bisect_npu.builders.dependency import DependencyBuilder, Layers, PinnedCommit, open_dependency_clone
     from bisect_npu.orchestration.options import declared_dependencies, dep_repo_of
     from bisect_npu.paths import cache_root
 
     declared = declared_dependencies(options, recipe)
-    lay_over = getattr(builder, "lay_over", None)  # a DockerBuilder's: a layer on the upstream's image
+    layers = builder if isinstance(builder, Layers) else None  # a DockerBuilder: a layer on the upstream's image
     trees = cache_root() / "dependency-trees"
     if options.held is not None:
         held = options.held
@@ -85,7 +85,7 @@ def with_dependencies(options: RunOptions, repo: git.Repo | None, recipe: Recipe
             raise UsageError(f"session of dependency {held.dependency}: the recipe no longer declares it; resume "
                              "with the recipe the session started with")
         return DependencyBuilder(builder, spec, repo, lambda _: held.commit, lambda commit: commit, trees / spec.name,
-                                 lay_over)
+                                 layers)
     if repo is None or options.package:
         return builder
     dockerfile = recipe.build.dockerfile if recipe else "Dockerfile"
@@ -95,7 +95,7 @@ def with_dependencies(options: RunOptions, repo: git.Repo | None, recipe: Recipe
             clone = open_dependency_clone(spec, dep_repo_of(options, spec.name))
             builder = DependencyBuilder(builder, spec, clone, lambda commit: commit,
                                         PinnedCommit(repo, clone, spec, dockerfile, build_args), trees / spec.name,
-                                        lay_over)
+                                        layers)
     return builder
 
 

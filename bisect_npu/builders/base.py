@@ -50,6 +50,9 @@ class Environment(BaseModel):
     # An overlay on a release's compiled part (builders/release_overlay.py): the compiled inputs
     # (csrc/, CMakeLists.txt, ...) the commit changed since that release, so its verdict may not hold.
     compiled_changes: list[str] = Field(default_factory=list)
+    # Directories put before the worktree's on PYTHONPATH (kind == worktree): a dependency's tree
+    # at another commit (builders/dependency.py) shadows the one installed.
+    python_paths_first: list[str] = Field(default_factory=list)
 
 
 class Builder(Protocol):

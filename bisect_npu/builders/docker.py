@@ -266,37 +266,83 @@ class DockerBuilder:
         """Lay the commit's Python tree over `base` in one new layer: create a container, let the
         helper remove deleted files and set the package's version, copy the tree in, commit it.
         No build step: a second or two, where a Dockerfile build is several minutes."""
-        api = self.client.api
         base_commit = (base.get("Labels") or {}).get(LABEL_COMMIT, "")
         deleted = self._deleted_paths(base_commit, commit)
         with log_path.open("w", encoding="utf-8") as log:
             log.write(f"# overlay of {commit} on {base_commit} (key {key.digest}, image {base['Id']}): "
                       f"python tree -> {source_dir}, {len(deleted)} file(s) deleted, version {version}\n")
-            command = [self.python, f"{OVERLAY_HELPER_DIR}/apply.py", f"{OVERLAY_HELPER_DIR}/plan.json"]
-            container = api.create_container(
-                base["Id"], command=command, labels=self._labels(commit, key, "overlay", base["Id"], version),
-                host_config=api.create_host_config(network_mode="none"))["Id"]
-            try:
-                self._apply_plan_in(container, source_dir, deleted, version, log, log_path)
-                api.put_archive(container, "/", _python_tree(self.repo, commit, source_dir, self.dockerfile))
-                cmd = api.inspect_image(base["Id"])["Config"].get("Cmd")
-                changes = f"CMD {json.dumps(cmd)}" if cmd else None  # undo the helper's command
-                image_id = str(api.commit(container, repository=self.repository, tag=f"commit-{commit[:12]}",
-                                          changes=changes)["Id"])
-            finally:
-                # Never started, so nothing runs in it: removing it (0.1-0.2 s) need not delay the run.
-                self._reaper.submit(_remove_container, api, container)
+            image_id = self._commit_layer(
+                base["Id"], {"source_dir": source_dir, "delete": deleted, "version": version},
+                _python_tree(self.repo, commit, source_dir, self.dockerfile),
+                self._labels(commit, key, "overlay", base["Id"], version), f"commit-{commit[:12]}", log, log_path)
             log.write(f"committed {self.tag(commit)} ({image_id})\n")
         return image_id
 
-    def _apply_plan_in(self, container: str, source_dir: str, deleted: list[str], version: str, log: IO[str],
-                       log_path: Path) -> None:
-        """Remove the files the candidate no longer has and give the package installed from
-        `source_dir` the candidate's version, with the overlay helper (overlay_apply.py) inside."""
+    def lay_over(self, env: Environment, tree: bytes, plan: dict[str, object], key: str,
+                 log_path: Path) -> Environment:
+        """`env`'s image with one more layer: the overlay helper runs `plan` (clearing the tree
+        being replaced), then `tree` (a tar rooted at `/`) is copied in and committed, tagged by
+        `key` (builders/dependency.py: an upstream commit with a dependency's tree at one of its
+        commits). An image of that key made before is reused."""
+        assert env.image is not None
+        tag = "dep-" + re.sub(r"[^A-Za-z0-9_.-]+", "-", key)[:120]
         api = self.client.api
-        plan = json.dumps({"source_dir": source_dir, "delete": deleted, "version": version}).encode()
+        made = api.images(filters={"label": f"{LABEL_KEY}={key}"})
+        log_path.parent.mkdir(parents=True, exist_ok=True)
+        with log_path.open("w", encoding="utf-8") as log:
+            if made:
+                image_id = str(made[0]["Id"])
+                log.write(f"reused {self.repository}:{tag} ({image_id})\n")
+                self._pin_layer(f"{self.repository}:{tag}")
+                return env.model_copy(update={"image": f"{self.repository}:{tag}", "how": "reused",
+                                              "log_path": str(log_path)})
+            base = str(api.inspect_image(env.image)["Id"])
+            labels = {LABEL_COMMIT: env.commit, LABEL_KEY: key, LABEL_TOOL_VERSION: __version__,
+                      LABEL_KIND: "dependency", LABEL_PARENT: base}
+            log.write(f"# {key}: tree laid over {env.image} ({base}); plan {json.dumps(plan)}\n")
+            image_id = self._commit_layer(base, plan, tree, labels, tag, log, log_path)
+            log.write(f"committed {self.repository}:{tag} ({image_id})\n")
+        self._pin_layer(f"{self.repository}:{tag}")
+        return env.model_copy(update={"image": f"{self.repository}:{tag}", "how": "overlay", "log_path": str(log_path)})
+
+    def _pin_layer(self, image: str) -> None:
+        """Held until unpin_layer (by the id inspect gives, as unpin_layer finds it): a prune must
+        not take a layer while its candidate runs."""
+        if self.cache is not None:
+            self.cache.use(str(self.client.api.inspect_image(image)["Id"]), pin=True)
+
+    def unpin_layer(self, env: Environment) -> None:
+        """A layer's candidate is done: its image may be pruned later."""
+        if self.cache is not None and env.image:
+            import docker.errors
+
+            with contextlib.suppress(docker.errors.ImageNotFound):
+                self.cache.unpin(self.client.api.inspect_image(env.image)["Id"])
+
+    def _commit_layer(self, base: str, plan: Mapping[str, object], tree: bytes, labels: Mapping[str, str],
+                      tag: str, log: IO[str], log_path: Path) -> str:
+        """A container of `base` that runs the overlay helper's `plan`, gets `tree` copied in and
+        is committed as `self.repository:tag`."""
+        api = self.client.api
+        command = [self.python, f"{OVERLAY_HELPER_DIR}/apply.py", f"{OVERLAY_HELPER_DIR}/plan.json"]
+        container = api.create_container(base, command=command, labels=dict(labels),
+                                         host_config=api.create_host_config(network_mode="none"))["Id"]
+        try:
+            self._apply_plan_in(container, plan, log, log_path)
+            api.put_archive(container, "/", tree)
+            cmd = api.inspect_image(base)["Config"].get("Cmd")
+            changes = f"CMD {json.dumps(cmd)}" if cmd else None  # undo the helper's command
+            return str(api.commit(container, repository=self.repository, tag=tag, changes=changes)["Id"])
+        finally:
+            # Never started, so nothing runs in it: removing it (0.1-0.2 s) need not delay the run.
+            self._reaper.submit(_remove_container, api, container)
+
+    def _apply_plan_in(self, container: str, plan: Mapping[str, object], log: IO[str], log_path: Path) -> None:
+        """Remove the files the candidate no longer has and give the package installed from the
+        plan's `source_dir` the candidate's version, with the overlay helper (overlay_apply.py) inside."""
+        api = self.client.api
         api.put_archive(container, "/", _tar({f"{OVERLAY_HELPER_DIR[1:]}/apply.py": overlay_helper(),
-                                              f"{OVERLAY_HELPER_DIR[1:]}/plan.json": plan}))
+                                              f"{OVERLAY_HELPER_DIR[1:]}/plan.json": json.dumps(plan).encode()}))
         api.start(container)
         status = int(api.wait(container, timeout=600)["StatusCode"])
         log.write(api.logs(container, stdout=True, stderr=True).decode("utf-8", errors="replace"))

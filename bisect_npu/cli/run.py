@@ -106,6 +106,17 @@ def finish(result: SessionResult, as_json: bool) -> None:
                    "the cache directory].")
 @click.option("--no-verdict-store", "no_verdict_store", is_flag=True,
               help="Neither reuse stored verdicts nor keep this session's.")
+@click.option("--dependency", "dependencies", multiple=True, metavar="SPEC",
+              help="Declare a dependency the upstream pins, beside the recipe's `dependencies`, e.g. "
+                   "name=vllm,url=https://github.com/vllm-project/vllm.git,pin=Dockerfile:VLLM_COMMIT/VLLM_TAG,"
+                   "package_dir=vllm,image_path=/vllm-workspace/vllm (pin=requirements.txt:vllm== for a "
+                   "requirements line). Repeatable.")
+@click.option("--dep-repo", "dep_repos", multiple=True, metavar="NAME=PATH_OR_URL",
+              help="The clone (or URL) to bisect the dependency NAME in when the culprit moves its pin "
+                   "[default: a clone of its declared url, made once into the cache]. Repeatable.")
+@click.option("--dependency-level/--no-dependency", "cross_dependencies", default=True, show_default=True,
+              help="When the culprit moves a declared Python-only dependency's pin, bisect that dependency's "
+                   "commits between the two pins with the upstream held fixed.")
 @click.option("--json", "as_json", is_flag=True, help="Print a machine-readable summary as the last line.")
 @click.option("--quiet", is_flag=True, help="Plain log lines even on a terminal.")
 def run(good: str, bad: str, repo: str | None, package: str | None, index_url: str | None, prereleases: bool,
@@ -120,7 +131,8 @@ def run(good: str, bad: str, repo: str | None, package: str | None, index_url: s
         timeout_is: Literal["bad", "skip"] | None,
         cache_size: str, propose_fix: bool, verify_fix: bool, verify_top: int,
         find_fix: bool, first_parent_only: bool, verdict_store: Path | None, no_verdict_store: bool,
-        as_json: bool, quiet: bool) -> None:
+        dependencies: tuple[str, ...], dep_repos: tuple[str, ...], cross_dependencies: bool, as_json: bool,
+        quiet: bool) -> None:
     """Bisect GOOD..BAD: find the first bad commit, propose its fix, write the report."""
     from bisect_npu.builders.cache import parse_size
     from bisect_npu.builders.registry import BaseImageMap
@@ -154,7 +166,8 @@ def run(good: str, bad: str, repo: str | None, package: str | None, index_url: s
                          earlier_runs=list(earlier_runs) if earlier_runs else None,
                          workdir=str(workdir) if workdir else None, base_image_map=list(base_image_map),
                          release_images=release_images, verdict_store=store,
-                         overlay_on_release=overlay_on_release)
+                         overlay_on_release=overlay_on_release, dependencies=list(dependencies),
+                         dep_repos=list(dep_repos), cross_dependencies=cross_dependencies)
     bisection = Bisection.start(options, session_dir=session_dir, progress=make_progress(quiet or as_json))
     note_session(bisection.session_dir)
     click.echo(f"session: {bisection.session_dir}", err=True)

@@ -38,7 +38,7 @@ class LocalExecutor:
 
     def _environ(self, env: Environment) -> dict[str, str]:
         worktree = Path(env.path or ".")
-        paths = [str((worktree / p).resolve()) for p in self.python_paths]
+        paths = [*env.python_paths_first, *(str((worktree / p).resolve()) for p in self.python_paths)]
         existing = os.environ.get("PYTHONPATH")
         environ = {**os.environ, **env.run_env, **self.env,  # the candidate's switches under the recipe's word
                    "PYTHONPATH": os.pathsep.join(paths + ([existing] if existing else []))}

@@ -4,8 +4,9 @@ releases' tags, as mozregression goes from nightlies to builds; a merge on the f
 the commits it brought in, as git bisect would look inside it), and the fix stage after a culprit
 at the last level.
 
-A `Level` says what a found culprit leads to next; a new one (a dependency's commits under a
-culprit that moved its pin) is a `Level` whose `descent` names the finer session. What has been
+A `Level` says what a found culprit leads to next: a release level leads to commits, a commit
+whose change moved a declared dependency's pin to that dependency's own commits with the
+upstream held fixed (`dependency_descent`; the finer session is a `DependencyLevel`). What has been
 done is read back from the journals (the parent's `next_level` line, the `fix`, `fix_verified`
 and `fix_verify` lines of the session that found the culprit), so a run killed at any point
 resumes where it was.
@@ -13,23 +14,26 @@ resumes where it was.
 
 from __future__ import annotations
 
-import dataclasses
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Protocol
 
+from bisect_npu import history
 from bisect_npu.builders.base import Builder
 from bisect_npu.execute.base import Executor
 from bisect_npu.execute.inprocess import Oracle
-from bisect_npu.journal import DEFAULT_ROOT, LATEST_FILE
-from bisect_npu.orchestration.options import RunOptions
+from bisect_npu.journal import DEFAULT_ROOT, LATEST_FILE, Journal
+from bisect_npu.orchestration.options import RunOptions, declared_dependencies, dep_repo_of
 from bisect_npu.orchestration.session import EXIT_ENDS_WRONG, EXIT_FOUND, EXIT_NARROWED, Session, SessionResult
 from bisect_npu.orchestration.wiring import fix_worktrees, overlay_release_for, sweep_fix_worktrees
 from bisect_npu.progress import Progress
 from bisect_npu.records import (
+    DependencyMoveRecord,
+    EndRecord,
     FixRecord,
     FixVerifiedRecord,
     FixVerifyRecord,
+    HeldUpstream,
     MergeScope,
     NextLevelRecord,
     StepRecord,
@@ -49,6 +53,9 @@ class Descent:
     note: str
     merge: str | None = None  # a merge level: the merge whose brought-in commits are bisected
     merged: int = 0  # ... and how many commits it brought in
+    # A dependency level: the session to try when this one's good end is not good (the culprit's
+    # parent held, with the new pin as the bad end).
+    fallback: Descent | None = None
 
 
 class Level(Protocol):
@@ -90,8 +97,19 @@ class ReleaseLevel:
 
 
 class CommitLevel:
-    """Commits of a repository's first-parent line (`--first-parent-only`): the last level; its
-    culprit, a merge or not, gets the fix stage."""
+    """Commits of a repository's first-parent line (`--first-parent-only`); a culprit that moved a
+    declared dependency's pin leads to that dependency's commits (`dependency_descent`), any other,
+    a merge or not, gets the fix stage."""
+
+    proposes_fix = True
+
+    def descent(self, session: Session, found: SessionResult) -> Descent | None:
+        return dependency_descent(session, found)
+
+
+class DependencyLevel:
+    """Commits of a dependency between the two pins, the upstream held at one commit
+    (options.held): the last level; its culprit gets the fix stage in the dependency's history."""
 
     proposes_fix = True
 
@@ -105,14 +123,16 @@ class MergeLevel:
     the merge itself the candidates (`history.merged_line`), and a merge among those is descended
     into again. That is git bisect's answer (the first bad commit whose parents are good) reached
     line by line; the merges' weights (`history.brought_in`) keep the steps near git's. A culprit
-    that is not a merge, or is the merge whose commits were bisected (each side good alone), gets
-    the fix stage."""
+    that is not a merge, or is the merge whose commits were bisected (each side good alone), goes
+    on as at the commit level: into a dependency whose pin it moved, else to the fix stage."""
 
     proposes_fix = True
 
     def descent(self, session: Session, found: SessionResult) -> Descent | None:
-        from bisect_npu import history
+        return self._into_merge(session, found) or dependency_descent(session, found)
 
+    @staticmethod
+    def _into_merge(session: Session, found: SessionResult) -> Descent | None:
         culprit, scope, repo = found.culprit, session.options.merge_scope, session.repo
         if repo is None or culprit is None or (scope is not None and culprit == scope.merges[-1]):
             return None
@@ -141,7 +161,68 @@ class MergeLevel:
 def level_of(options: RunOptions) -> Level:
     if options.package:
         return ReleaseLevel()
+    if options.held is not None:
+        return DependencyLevel()
     return CommitLevel() if options.first_parent_only else MergeLevel()
+
+
+def dependency_descent(session: Session, found: SessionResult) -> Descent | None:
+    """When the culprit moved the pin of a declared Python-only dependency (and --no-dependency
+    was not given): that dependency's first-parent commits old pin..new pin, the upstream held at
+    the culprit, falling back to its parent when the culprit cannot run with the old pin. Every
+    pin move found is journaled (`dependency_move`), crossed or not, for the report."""
+    from bisect_npu.builders.dependency import open_dependency_clone, read_pin, resolve_pin
+
+    options, repo, recipe, culprit = session.options, session.repo, session.recipe, found.culprit
+    if options.held is not None or repo is None or culprit is None or options.find_fix:
+        return None
+    declared = declared_dependencies(options, recipe)
+    parents = repo.commit(culprit).parents if declared else ()
+    if not parents:
+        return None
+    parent = parents[0].hexsha
+    dockerfile = recipe.build.dockerfile if recipe else "Dockerfile"
+    build_args = recipe.build.docker_args if recipe else {}
+    journaled = {r.name for r in session.journal.records(DependencyMoveRecord)}
+    for spec in declared:
+        old = read_pin(repo, parent, spec, dockerfile, build_args)
+        new = read_pin(repo, culprit, spec, dockerfile, build_args)
+        if old is None or new is None or old == new:
+            continue
+        where = spec.pin.describe(dockerfile)
+        if not spec.python_only:
+            note = (f"the culprit moved {spec.name} {old} -> {new} ({where}); {spec.name} is not Python-only, so its "
+                    "commits are not crossed: compare the two versions' changes by hand")
+        elif not options.cross_dependencies:
+            note = f"the culprit moved {spec.name} {old} -> {new} ({where}); not crossed (--no-dependency)"
+        elif options.executor == "ray":
+            note = (f"the culprit moved {spec.name} {old} -> {new} ({where}); not crossed with --executor ray (its "
+                    "nodes build the upstream's commits only): run again with --executor local or docker to cross")
+        else:
+            note = ""
+        if spec.name not in journaled:
+            session.append(DependencyMoveRecord(name=spec.name, old=old, new=new, where=where, culprit=culprit,
+                                                crossed=not note, note=note))
+        if note:
+            session.progress.note(note)
+            continue
+        clone = open_dependency_clone(spec, dep_repo_of(options, spec.name))
+        old_sha = resolve_pin(clone, spec, old, f"{where} at {parent[:12]}")
+        new_sha = resolve_pin(clone, spec, new, f"{where} at {culprit[:12]}")
+        update = {"repo": str(clone.working_tree_dir or clone.git_dir), "good": old_sha, "bad": new_sha,
+                  "check_ends": True, "earlier_runs": None, "package": None, "index_url": None,
+                  "merge_scope": None}
+        at_culprit, at_parent_options = (options.model_copy(update={**update, "held": HeldUpstream(
+            repo=str(options.repo), commit=commit, dependency=spec.name, old_pin=old, new_pin=new)})
+            for commit in (culprit, parent))
+        at_parent = Descent(at_parent_options, f"dependency-{spec.name}-at-parent", old_sha, new_sha,
+                            f"{culprit[:12]} with {spec.name} {old} could not be judged good; holding its parent "
+                            f"{parent[:12]} instead, with {spec.name} {new} as the bad end")
+        return Descent(at_culprit, f"dependency-{spec.name}", old_sha, new_sha,
+                       f"the culprit {culprit[:12]} moved {spec.name} {old} -> {new}; bisecting {spec.name}'s "
+                       f"commits {old}..{new} with the upstream held at the culprit (its old pin first: it must "
+                       "show the good behaviour)", fallback=at_parent)
+    return None
 
 
 class Bisection:
@@ -184,13 +265,13 @@ class Bisection:
         session = self.session
         finished_before = session.ended() is not None
         result = session.bisect()
-        descent = self.level.descent(session, result) if result.status == "found" and result.culprit else None
-        if descent is not None:
-            finer = session.journal.records(NextLevelRecord)
-            if not finer:
-                return self._descend(descent)
+        finer = session.journal.records(NextLevelRecord)
+        if finer:  # the finer level is done: its answer (a dependency level's: the chain) is this run's
             session.progress.note("session already finished; re-rendering the report only")
             return self._finer_answer(finer[-1])
+        descent = self.level.descent(session, result) if result.status == "found" and result.culprit else None
+        if descent is not None:
+            return self._descend(descent)
         fix = FixStage(session)
         wanted = self.level.proposes_fix and fix.wanted(result)
         if finished_before:
@@ -206,9 +287,29 @@ class Bisection:
     def _descend(self, descent: Descent) -> SessionResult:
         """Bisect the finer level in a session of its own below this one (resumed if a killed run
         had started it), then note its answer in this session's journal and report; the answer's
-        steps count every level's."""
+        steps count every level's. A dependency level whose held culprit is not good with the old
+        pin tries its fallback (the parent held); when neither gives a clean good/bad pair the
+        answer says which combinations ran."""
         from bisect_npu.report import write_reports
 
+        session = self.session
+        result = self._child(descent)
+        ran = [(descent, result)]
+        if descent.fallback is not None and result.status == "ends_wrong" and _end_wrong(result) == "good":
+            result = self._child(descent.fallback)
+            ran.append((descent.fallback, result))
+        held = descent.options.held
+        if held is not None:
+            result = _dependency_answer(ran)
+        steps = sum(r.steps for _, r in ran)
+        session.append(NextLevelRecord(session=str(result.session_dir), status=result.status, culprit=result.culprit,
+                                       message=result.message, good=descent.good, bad=descent.bad,
+                                       merge=descent.merge, merged=descent.merged, steps=steps,
+                                       dependency=held.dependency if held else None))
+        write_reports(self.session_dir)  # this level's report, with the finer level's answer
+        return replace(result, steps=steps + len(session.journal.records(StepRecord)))
+
+    def _child(self, descent: Descent) -> SessionResult:
         session = self.session
         session.progress.note(descent.note)
         root = self.session_dir / descent.directory
@@ -217,12 +318,7 @@ class Bisection:
         else:
             child = Bisection.start(descent.options, root=root, progress=session.progress, parent=self.session_dir,
                                     oracle=self.oracle)
-        result = child.run()
-        session.append(NextLevelRecord(session=str(result.session_dir), status=result.status, culprit=result.culprit,
-                                       message=result.message, good=descent.good, bad=descent.bad,
-                                       merge=descent.merge, merged=descent.merged, steps=result.steps))
-        write_reports(self.session_dir)  # this level's report, with the finer level's answer
-        return dataclasses.replace(result, steps=result.steps + len(session.journal.records(StepRecord)))
+        return child.run()
 
     def _finer_answer(self, finer: NextLevelRecord) -> SessionResult:
         """A finished session's answer is its finest level's, as its `next_level` line keeps it."""
@@ -231,6 +327,79 @@ class Bisection:
         return SessionResult(status, codes[status], Path(finer.session), culprit=finer.culprit,  # type: ignore[arg-type]
                              message=finer.message,
                              steps=finer.steps + len(self.session.journal.records(StepRecord)))
+
+
+def _end_wrong(result: SessionResult) -> str | None:
+    """Which end of a finished session was judged wrong (its `end` record)."""
+    journal = Journal.open(result.session_dir, read_only=True)
+    try:
+        end = next(iter(journal.records(EndRecord)), None)
+    finally:
+        journal.close()
+    return end.which if end is not None else None
+
+
+def _ends_ran(session_dir: Path, held: HeldUpstream) -> list[str]:
+    """What the ends of a dependency-level session (the held upstream commit with the old and the
+    new pin) were judged, from its journal: "abc123 with vllm v0.11.0: skip (import failed)"."""
+    journal = Journal.open(session_dir, read_only=True)
+    try:
+        last = len(journal.header.range.candidates)
+        ran = []
+        for step in journal.records(StepRecord):
+            if step.index in (0, last):
+                pin = held.old_pin if step.index == 0 else held.new_pin
+                reason = f" ({step.verdict.reason})" if step.verdict.reason else ""
+                ran.append(f"{held.commit[:12]} with {held.dependency} {pin}: {step.verdict.kind.value}{reason}")
+        return ran
+    finally:
+        journal.close()
+
+
+def _dependency_answer(ran: list[tuple[Descent, SessionResult]]) -> SessionResult:
+    """The dependency level's answer as the chain the user reads: the upstream commit that moved
+    the pin, the dependency's culprit, and its fix (the later dependency commit and the first tag
+    holding it); or, with no clean good/bad pair, which combinations ran and what they showed."""
+    descent, result = ran[-1]
+    held = descent.options.held
+    assert held is not None
+    culprit = ran[0][0].options.held.commit if ran[0][0].options.held else held.commit
+    moved = f"{culprit[:12]} moved {held.dependency} {held.old_pin} -> {held.new_pin}"
+    if result.status == "ends_wrong":
+        combos = [line for d, r in ran if d.options.held for line in _ends_ran(r.session_dir, d.options.held)]
+        message = (f"{moved}, but no clean good/bad pair holds the upstream fixed: " + "; ".join(combos)
+                   + ". The pin move and the upstream's own change cannot be told apart here: bisect "
+                   f"{held.dependency} {held.old_pin}..{held.new_pin} by hand on an upstream commit that runs on both")
+        return replace(result, message=message, exit_code=EXIT_ENDS_WRONG)
+    if result.status != "found" or result.culprit is None:
+        return replace(result, message=f"{moved}; {result.message}")
+    journal = Journal.open(result.session_dir, read_only=True)
+    try:
+        fix = next(iter(journal.records(FixRecord)), None)
+        verified = {r.verification.proposal.shas[0] for r in journal.records(FixVerifiedRecord)
+                    if r.verification.status == "verified"}
+        github, pr = journal.header.github, journal.header.range.pr_of(result.culprit)
+    finally:
+        journal.close()
+    message = f"{moved}; first bad {held.dependency} commit: {result.message.split(': ', 1)[-1]}"
+    if held.commit != culprit:
+        message += (f" (bisected on its parent {held.commit[:12]}: {culprit[:12]} could not be judged good with "
+                    f"{held.dependency} {held.old_pin})")
+    if github and pr:
+        message += f" ({github}/pull/{pr})"
+    if fix is not None and fix.report.proposals:
+        best = fix.report.proposals[0]
+        sha = best.shas[0]
+        tag = fix.first_tags.get(sha)
+        advice = (f"move the pin to >= {tag}, or cherry-pick {sha[:12]}" if tag
+                  else f"no tag holds it yet: cherry-pick {sha[:12]}")
+        link = best.pr_url or (f"{github}/pull/{best.pr}" if github and best.pr else None)
+        checked = " (verified: the bad case passes with it)" if sha in verified else ""
+        message += (f"; fixed in {held.dependency} by {sha[:12]} {best.title}{f' ({link})' if link else ''}{checked}: "
+                    f"{advice}")
+    elif fix is not None:
+        message += f"; no later {held.dependency} commit fixes it yet"
+    return replace(result, message=message)
 
 
 class FixStage:
@@ -263,7 +432,10 @@ class FixStage:
                                    symptom=session.recipe.symptom if session.recipe else (),
                                    top=max(5, self.options.fix_top))
         if not session.journal.records(FixRecord):
-            session.append(FixRecord(report=report))
+            # A dependency's fix is taken by moving the pin: the first tag holding each proposal.
+            tags = {p.shas[0]: tag for p in report.proposals if self.options.held
+                    and (tag := history.first_tag_containing(session.repo, p.shas[0]))}
+            session.append(FixRecord(report=report, first_tags=tags))
         if not self.options.verify_fix:
             return
         if not report.proposals:

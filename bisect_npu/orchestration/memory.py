@@ -66,8 +66,10 @@ def oracle_digest(options: RunOptions, recipe: Recipe | None) -> str | None:
 
 
 def environment_facts(options: RunOptions, recipe: Recipe | None) -> dict[str, object]:
-    """The facts of this host and run that change what a run of a commit shows."""
-    return {
+    """The facts of this host and run that change what a run of a commit shows (at a dependency
+    level, the upstream commit its candidates are laid into: the same dependency commit under
+    another upstream commit is another run)."""
+    facts: dict[str, object] = {
         "bisect_npu": __version__,
         "executor": options.executor,
         "node_executor": options.node_executor if options.executor == "ray" else None,
@@ -85,6 +87,9 @@ def environment_facts(options: RunOptions, recipe: Recipe | None) -> dict[str, o
         # of the verdicts stored before this fact existed stay as they were).
         **({"overlay_on_release": options.overlay_on_release} if options.overlay_on_release else {}),
     }
+    if options.held is not None:  # only then: the other sessions' scopes stay as they were
+        facts["held"] = options.held.model_dump(mode="json")
+    return facts
 
 
 def scope_of(options: RunOptions, recipe: Recipe | None, reference: str = "") -> Scope | None:

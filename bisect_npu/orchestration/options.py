@@ -9,7 +9,7 @@ from typing import Any
 from pydantic import ConfigDict, ValidationError
 
 from bisect_npu.errors import UsageError
-from bisect_npu.recipe import EarlierRunsSpec, Recipe
+from bisect_npu.recipe import DependencySpec, EarlierRunsSpec, Recipe, parse_dependency_option
 from bisect_npu.records import HeaderOptions
 from bisect_npu.search import EarlierRuns
 
@@ -55,3 +55,36 @@ def earlier_runs_for_search(spec: EarlierRunsSpec, *, find_fix: bool) -> Earlier
     if find_fix:
         return EarlierRuns(good_runs - good_failed, good_runs, bad_runs - bad_failed, bad_runs)
     return EarlierRuns(bad_failed, bad_runs, good_failed, good_runs)
+
+
+def declared_dependencies(options: RunOptions, recipe: Recipe | None) -> list[DependencySpec]:
+    """The recipe's `dependencies`, then the --dependency ones (which replace a recipe's of the
+    same name)."""
+    given = [parse_dependency_option(text) for text in options.dependencies]
+    names = {spec.name for spec in given}
+    return [*(spec for spec in (recipe.dependencies if recipe else []) if spec.name not in names), *given]
+
+
+def dep_repo_of(options: RunOptions, name: str) -> str | None:
+    """What --dep-repo NAME=PATH_OR_URL names for the dependency `name`."""
+    for entry in options.dep_repos:
+        key, _, value = entry.partition("=")
+        if key.strip() == name:
+            return value.strip()
+    return None
+
+
+def check_dependency_options(options: RunOptions, recipe: Recipe | None) -> list[DependencySpec]:
+    """The declared dependencies; a --dep-repo that is not NAME=PATH_OR_URL or names none of
+    them is an error."""
+    declared = declared_dependencies(options, recipe)
+    known = [spec.name for spec in declared]
+    for entry in options.dep_repos:
+        key, sep, value = entry.partition("=")
+        if not sep or not key.strip() or not value.strip():
+            raise UsageError(f"--dep-repo {entry!r}: write NAME=PATH_OR_URL, e.g. --dep-repo vllm=~/src/vllm")
+        if key.strip() not in known:
+            raise UsageError(f"--dep-repo {entry!r}: no dependency named {key.strip()!r} is declared "
+                             f"({', '.join(known) or 'none'}); declare it in the recipe's `dependencies` or with "
+                             "--dependency")
+    return declared

@@ -17,7 +17,7 @@ from bisect_npu import history
 from bisect_npu.defaults import LAST_GOOD
 from bisect_npu.errors import UsageError
 from bisect_npu.orchestration.memory import resolve_last_good
-from bisect_npu.orchestration.options import RunOptions, earlier_runs_spec
+from bisect_npu.orchestration.options import RunOptions, check_dependency_options, earlier_runs_spec
 from bisect_npu.recipe import EarlierRunsSpec, Recipe, load_recipe
 from bisect_npu.records import CandidateRange
 
@@ -63,9 +63,12 @@ def check_run(options: RunOptions, host_root: Path = Path("/")) -> RunInputs:
         if repo is None or options.package:
             raise UsageError("--good last-good picks a commit of --repo; with --package name the good release")
         options.good, last_good_note = resolve_last_good(options, recipe, repo)
+    check_dependency_options(options, recipe)
     candidates_range = resolve_candidates(options, repo)
     if last_good_note:
         candidates_range = candidates_range.model_copy(update={"good_ref": LAST_GOOD})
+    if options.held is not None:  # a dependency level: its clone is not the upstream the checks below are for
+        return RunInputs(recipe, repo, earlier_runs, candidates_range, last_good_note)
     if options.command:
         ends = [candidates_range.base, candidates_range.bad] if candidates_range.kind == "commits" else []
         check_command(options.command, repo, ends)
@@ -83,6 +86,8 @@ def check_run(options: RunOptions, host_root: Path = Path("/")) -> RunInputs:
         check_recipe_at_ends(recipe, repo, named_ends)  # a recipe the candidate refuses: an error, not a range of skips
     if repo is not None and candidates_range.kind == "commits":
         from bisect_npu.builders.submodules import check_submodule_pins
+
+        check_laid_in_pins(options, recipe, repo, (candidates_range.base, candidates_range.bad))
 
         for end in (candidates_range.base, candidates_range.bad):
             check_submodule_pins(repo, end)  # a clone without its submodules stops here, not at step one
@@ -108,6 +113,28 @@ def check_overlay_on_release(options: RunOptions, repo: git.Repo | None) -> None
     if options.executor != "local":
         raise UsageError("--overlay-on-release runs each commit as a process on this host: use --executor local")
     tag_for_version(repo, version)
+def check_laid_in_pins(options: RunOptions, recipe: Recipe | None, repo: git.Repo, ends: tuple[str, str]) -> None:
+    """A dependency the upstream's build does not install is laid into every candidate at its
+    pin: both ends' pins must be in its clone (made now, once) before anything runs."""
+    from bisect_npu.builders.base import BuildFailed
+    from bisect_npu.builders.dependency import PinnedCommit, open_dependency_clone
+    from bisect_npu.orchestration.options import declared_dependencies, dep_repo_of
+
+    for spec in declared_dependencies(options, recipe):
+        if spec.installed_by_image:
+            continue
+        if options.executor == "ray":
+            raise UsageError(f"dependency {spec.name} is laid into every candidate (installed_by_image: false), which "
+                             "--executor ray's nodes do not do; use --executor local or docker")
+        clone = open_dependency_clone(spec, dep_repo_of(options, spec.name))
+        pinned = PinnedCommit(repo, clone, spec, recipe.build.dockerfile if recipe else "Dockerfile",
+                              recipe.build.docker_args if recipe else {})
+        for end in ends:
+            try:
+                pinned(end)
+            except BuildFailed as exc:
+                raise UsageError(f"{exc}; the range's ends must pin {spec.name}, which every candidate is given "
+                                 "at its pin (installed_by_image: false)") from None
 
 
 def settle_devices(options: RunOptions, cards_per_run: int, host_root: Path = Path("/")) -> None:

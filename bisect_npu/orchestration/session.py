@@ -77,6 +77,20 @@ def _stop_leftovers(evaluator: Evaluator, progress: Progress) -> None:
         progress.note(f"stopped {stopped} leftover container(s) or process(es) of a killed earlier run")
 
 
+def _github_of(options: RunOptions, recipe: Recipe | None, repo: git.Repo | None) -> str | None:
+    """Where the report links commits and pull requests: the clone's GitHub remote; for a
+    dependency level on a clone without one, the dependency's declared url."""
+    from bisect_npu.orchestration.options import declared_dependencies
+
+    if repo is None or options.package is not None:
+        return None
+    found = history.github_url(repo)
+    if found is None and options.held is not None:
+        spec = next((d for d in declared_dependencies(options, recipe) if d.name == options.held.dependency), None)
+        found = history.github_base(spec.url) if spec is not None and spec.url else None
+    return found
+
+
 class Session:
     """One bisection over a resolved range, driven step by step from the journal."""
 
@@ -123,7 +137,7 @@ class Session:
             mode=options.mode or (recipe.trials.mode if recipe else "exact"),  # what the search ran in
             earlier_runs=EarlierRunsCounts(**inputs.earlier_runs.model_dump()) if inputs.earlier_runs else None,
             range=candidates_range,
-            github=history.github_url(repo) if repo is not None and options.package is None else None,
+            github=_github_of(options, recipe, repo),
             parent_session=str(parent) if parent else None,
             host_changes=host_changes(recipe, options.host) if recipe else {},
         )

@@ -47,9 +47,12 @@ def session_evaluator(options: RunOptions, repo: git.Repo | None, recipe: Recipe
     workdir = (Path(options.workdir) / session_label(session_dir) if options.workdir
                else session_dir / "worktrees")
     if builder is None or executor is None:
-        made_builder, made_executor = make_environment(options, repo, recipe, session_dir, workdir, oracle)
+        # A dependency-level session builds the held upstream commit; its candidates are the dependency's.
+        build_repo = history.open_repo(options.held.repo) if options.held else repo
+        made_builder, made_executor = make_environment(options, build_repo, recipe, session_dir, workdir, oracle)
         builder = builder or made_builder
         executor = executor or made_executor
+    builder = with_dependencies(options, repo, recipe, builder)
     if options.devices and repo is not None and options.package is None:
         from bisect_npu.builders.switches import SwitchingBuilder
 
@@ -62,6 +65,38 @@ def session_evaluator(options: RunOptions, repo: git.Repo | None, recipe: Recipe
     command = [options.python_oracle] if options.python_oracle else options.command
     return Evaluator(builder, executor, session_dir, recipe=recipe, command=command, timeout_s=options.timeout_s,
                      timeout_is=options.timeout_is)
+
+
+def with_dependencies(options: RunOptions, repo: git.Repo | None, recipe: Recipe | None, builder: Builder) -> Builder:
+    """`builder` with the declared dependencies' trees laid in (builders/dependency.py): at a
+    dependency level, the candidate's tree into the held upstream commit's build; at an upstream
+    level, each candidate's pinned tree for a dependency its build does not install."""
+    from bisect_npu.builders.dependency import DependencyBuilder, Layers, PinnedCommit, open_dependency_clone
+    from bisect_npu.orchestration.options import declared_dependencies, dep_repo_of
+    from bisect_npu.paths import cache_root
+
+    declared = declared_dependencies(options, recipe)
+    layers = builder if isinstance(builder, Layers) else None  # a DockerBuilder: a layer on the upstream's image
+    trees = cache_root() / "dependency-trees"
+    if options.held is not None:
+        held = options.held
+        spec = next((d for d in declared if d.name == held.dependency), None)
+        if spec is None or repo is None:
+            raise UsageError(f"session of dependency {held.dependency}: the recipe no longer declares it; resume "
+                             "with the recipe the session started with")
+        return DependencyBuilder(builder, spec, repo, lambda _: held.commit, lambda commit: commit, trees / spec.name,
+                                 layers)
+    if repo is None or options.package:
+        return builder
+    dockerfile = recipe.build.dockerfile if recipe else "Dockerfile"
+    build_args = recipe.build.docker_args if recipe else {}
+    for spec in declared:
+        if not spec.installed_by_image:
+            clone = open_dependency_clone(spec, dep_repo_of(options, spec.name))
+            builder = DependencyBuilder(builder, spec, clone, lambda commit: commit,
+                                        PinnedCommit(repo, clone, spec, dockerfile, build_args), trees / spec.name,
+                                        layers)
+    return builder
 
 
 def make_environment(options: RunOptions, repo: git.Repo | None, recipe: Recipe | None, session_dir: Path,

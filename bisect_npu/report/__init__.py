@@ -21,6 +21,7 @@ from bisect_npu.errors import UsageError
 from bisect_npu.journal import JOURNAL_FILE, Journal
 from bisect_npu.records import (
     CandidateRange,
+    DependencyMoveRecord,
     EndRecord,
     FixRecord,
     FixVerifyRecord,
@@ -70,6 +71,7 @@ class SessionView:
     fix: FixReport | None
     fix_verify: list[FixVerification] | None
     next_level: NextLevelRecord | None = None
+    dependency_moves: list[DependencyMoveRecord] = field(default_factory=list)
     versions: dict[str, str] = field(default_factory=dict)
     sampling: dict[str, Any] = field(default_factory=dict)
     engine_starts: dict[str, Any] | None = None
@@ -103,6 +105,7 @@ def load_view(session_dir: Path) -> SessionView:
     fix: FixReport | None = None
     fix_verify: list[FixVerification] | None = None
     next_level: NextLevelRecord | None = None
+    moves: list[DependencyMoveRecord] = []
     view_told: dict[str, float] = {}  # what the search weighed its last choice by
     # Trials no step has taken (yet), per position, each with how many steps preceded it.
     open_trials: dict[int, list[tuple[int, int, TrialRecord]]] = {}
@@ -132,9 +135,11 @@ def load_view(session_dir: Path) -> SessionView:
             fix_verify = entry.verifications
         elif isinstance(entry, NextLevelRecord):
             next_level = entry
+        elif isinstance(entry, DependencyMoveRecord):
+            moves.append(entry)
     steps = _with_interrupted_rows(steps, open_trials, candidates, counted=journal.header.mode == "noisy")
     journal.close()
-    view = SessionView(session_dir, journal.header, steps, end, fix, fix_verify, next_level)
+    view = SessionView(session_dir, journal.header, steps, end, fix, fix_verify, next_level, moves)
     view.versions, view.sampling = _engine_facts(session_dir, journal.entries)
     view.engine_starts = engine_starts(journal.entries)
     view.told = view_told
@@ -369,6 +374,7 @@ def render_json(view: SessionView) -> dict[str, Any]:
         "fix": to_jsonable(view.fix), "fix_verify": to_jsonable(view.fix_verify),
         "level": view.range.kind, "package": view.range.package,
         "next_level": view.next_level.model_dump(mode="json") if view.next_level is not None else None,
+        "dependency_moves": [move.model_dump(mode="json") for move in view.dependency_moves],
         "parent_session": view.header.parent_session,
         "versions": view.versions, "engine_starts": view.engine_starts, "search_told": view.told,
         "reused_verdicts": reused_count(view.steps), "verdict_store": view.options.verdict_store,
@@ -376,7 +382,15 @@ def render_json(view: SessionView) -> dict[str, Any]:
 
 
 def reproduce_command(view: SessionView) -> str:
-    return shlex.join(["bisect-npu", "run", *view.options.run_argv()])
+    """The `run` that gives this session again; a dependency level's is its upstream session's
+    (it has no `run` line of its own: the held upstream commit comes from that run's culprit)."""
+    options = view.options
+    parent = Path(view.header.parent_session) if view.header.parent_session else None
+    if options.held is not None and parent is not None and (parent / JOURNAL_FILE).is_file():
+        journal = Journal.open(parent, read_only=True)
+        options = journal.header.options
+        journal.close()
+    return shlex.join(["bisect-npu", "run", *options.run_argv()])
 
 
 STORED = "stored"  # a step whose verdict the verdict store had: nothing built or run

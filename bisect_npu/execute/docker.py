@@ -339,7 +339,7 @@ def _refused(spec: ContainerSpec, exc: Any) -> InfrastructureError:
     devices = f" with devices {', '.join(spec.devices)}" if spec.devices else ""
     return InfrastructureError(f"the container engine refused a container of {spec.image}{devices}: "
                                f"{exc.explanation or exc}; check the host has what the spec names (`bisect-npu "
-                               "doctor`), then run again (`bisect-npu resume` for a session)")
+                               "doctor --executor docker`), then run again (`bisect-npu resume` for a session)")
 
 
 def _went_away(container: Any, why: object) -> InfrastructureError:

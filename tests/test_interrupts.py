@@ -159,3 +159,24 @@ def test_a_run_that_left_a_server_behind_has_it_stopped_when_it_ends(tmp_path: P
     assert owned_processes(tmp_path) == []
     if ready.exists():  # the server got as far as listening before it was stopped
         assert not any(running(pid) for pid in json.loads(ready.read_text()).values())
+
+
+@pytest.mark.parametrize("prefetch", ["--no-prefetch", "--prefetch"])
+def test_sigterm_during_a_local_build_stops_the_build_s_processes(tmp_path: Path, prefetch: str) -> None:
+    """A recipe's `build.local_command` (a compile that runs for minutes), in the main thread or a
+    prefetch thread: SIGTERM must not wait for it, nor leave its processes running."""
+    ready = tmp_path / "ready.json"
+    recipe = tmp_path / "slow-build.yaml"
+    recipe.write_text(f"""name: slow-build
+model: {{path: {tmp_path / "model"}}}
+build:
+  local_command: ["{sys.executable}", "{SERVER}", launch, --ready, "{ready}"]
+cases: [{{id: c, prompt: hi}}]
+trials: {{mode: exact, count: 1}}
+""")
+    proc, session = start_run(tmp_path, ["--recipe", str(recipe), prefetch])
+    try:
+        took = stop_and_check(proc, signal.SIGTERM, session, wait_for(ready, proc))
+    finally:
+        proc.kill()
+    assert took < 30

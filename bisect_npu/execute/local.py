@@ -75,12 +75,16 @@ class LocalExecutor:
 
     def close(self) -> None:
         """Stop every run still going (other slots' threads, when one slot is interrupted): each
-        waiting thread then unwinds as interrupted instead of returning a result."""
+        waiting thread then unwinds as interrupted instead of returning a result. Then whatever
+        else of the session runs (a build a prefetch thread started, its compilers): the session
+        is over."""
         with self._lock:
             live = dict(self._live)
             self._stopped.update(live)
         for mark, proc in live.items():
             stop_run(proc, mark, self.stop_grace_s)
+        if self.owner:
+            kill_owned_processes(self.owner)
 
     def sweep(self) -> int:
         return kill_owned_processes(self.owner) if self.owner else 0

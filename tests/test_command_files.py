@@ -86,28 +86,34 @@ def test_a_refused_host_file_stops_run_before_anything_runs(tmp_path: Path) -> N
     assert not session.exists()
 
 
-@pytest.mark.container
-@pytest.mark.parametrize("where", ["absolute", "relative"])
-def test_a_host_script_judges_every_container(docker_client, demo_base_image, tmp_path: Path, where: str) -> None:
-    """`--executor docker --cmd "python3 /abs/check.py"` (or `check.py` beside the clone, run from
-    there): the same culprit as `--executor local`, the host's script seen by every container."""
-    repo = tmp_path / "host-cmd-files"  # the images' name: bisect-npu/host-cmd-files, removed at the end
+@pytest.fixture(scope="module")
+def host_cmd_repo(docker_client, demo_base_image, tmp_path_factory: pytest.TempPathFactory):
+    """A repository whose Dockerfile copies it into the image; its images (named after it:
+    bisect-npu/host-cmd-files) are built once for both tests and removed at the end."""
+    import docker.errors
+
+    repo = tmp_path_factory.mktemp("cmd-files") / "host-cmd-files"
     shas = make_linear_repo(repo, 9, culprit=5, tags={0: "good", 8: "bad"},
                             files=lambda i: {"Dockerfile": DOCKERFILE} if i == 0 else {})
+    yield repo, shas
+    for image in docker_client.images.list(name="bisect-npu/host-cmd-files"):
+        with contextlib.suppress(docker.errors.APIError):  # gone already
+            docker_client.images.remove(image.id, force=True)
+
+
+@pytest.mark.container
+@pytest.mark.parametrize("where", ["absolute", "relative"])
+def test_a_host_script_judges_every_container(host_cmd_repo, tmp_path: Path, where: str) -> None:
+    """`--executor docker --cmd "python3 /abs/check.py"` (or `check.py` beside the clone, run from
+    there): the same culprit as `--executor local`, the host's script seen by every container."""
+    repo, shas = host_cmd_repo
     script = tmp_path / "check.py"
     script.write_text(CHECK)
-    session = tmp_path / f"session-{where}"
-    try:
-        done = subprocess.run([*CLI, "run", "--repo", str(repo), "--good", "good", "--bad", "bad", "--executor",
-                               "docker", "--cmd", f"python3 {script if where == 'absolute' else 'check.py'}",
-                               "--no-fix", "--session", str(session), "--json", "--quiet"],
-                              cwd=tmp_path, capture_output=True, text=True, timeout=1200, check=False)
-    finally:
-        import docker.errors
-
-        for image in docker_client.images.list(name="bisect-npu/host-cmd-files"):
-            with contextlib.suppress(docker.errors.APIError):  # removed already, by the other variant's end
-                docker_client.images.remove(image.id, force=True)
+    session = tmp_path / "session"
+    done = subprocess.run([*CLI, "run", "--repo", str(repo), "--good", "good", "--bad", "bad", "--executor", "docker",
+                           "--cmd", f"python3 {script if where == 'absolute' else 'check.py'}", "--no-fix",
+                           "--session", str(session), "--json", "--quiet"],
+                          cwd=tmp_path, capture_output=True, text=True, timeout=1200, check=False)
     assert done.returncode == 0, done.stdout + done.stderr[-3000:]
     assert json.loads(done.stdout.splitlines()[-1])["culprit"] == shas[5]
     header = json.loads((session / "journal.jsonl").read_text().splitlines()[0])

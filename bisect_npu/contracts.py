@@ -136,6 +136,16 @@ class Reason:
     weight: float
 
 
+BRANCHES_SHOWN = 3  # a fix line names this many branches, then "and N more" (release branches add up)
+
+
+def some_branches(names: list[str], shown: int = BRANCHES_SHOWN) -> str:
+    """`a, b, c and 11 more`: a fix cherry-picked to every release branch made lines of 14-19 names."""
+    if len(names) <= shown + 1:  # "and 1 more" is no shorter than the name
+        return ", ".join(names)
+    return f"{', '.join(names[:shown])} and {len(names) - shown} more"
+
+
 @dataclass
 class FixProposal:
     """One fix, possibly cherry-picked to several branches (all its shas and branches listed)."""

@@ -33,9 +33,22 @@ DEFAULT_ROOT = Path(".bisect-npu") / "sessions"
 R = TypeVar("R", bound=Record)
 
 
+def sessions_root(root: Path = DEFAULT_ROOT) -> Path:
+    """`root`, except that the default is taken at the top of the git checkout the current
+    directory is in: one `.bisect-npu/` per checkout, whichever subdirectory a command runs from
+    (it scattered into each of them), and `resume` finds the sessions from anywhere in it."""
+    if root != DEFAULT_ROOT:
+        return root
+    here = Path.cwd().resolve()
+    top = next((d for d in (here, *here.parents) if (d / ".git").exists()), here)
+    return root if top == here else top / root
+
+
 def new_session_dir(root: Path = DEFAULT_ROOT) -> Path:
-    """Create `root/<YYYYmmdd-HHMMSS-xxxxxx>/` and point `root/latest` at it. The root holds a
-    `.gitignore` of `*`: sessions are made inside the user's checkout and are none of its changes."""
+    """Create `root/<YYYYmmdd-HHMMSS-xxxxxx>/` (the default root: `sessions_root`) and point
+    `root/latest` at it. The root holds a `.gitignore` of `*`: sessions are made inside the
+    user's checkout and are none of its changes."""
+    root = sessions_root(root)
     root.mkdir(parents=True, exist_ok=True)
     ignore = root / ".gitignore"
     if not ignore.exists():
@@ -59,7 +72,9 @@ def session_label(session_dir: Path) -> str:
 
 
 def latest_session(root: Path = DEFAULT_ROOT) -> Path:
-    """The session `root/latest` names, else the newest session directory holding a journal."""
+    """The session `root/latest` names, else the newest session directory holding a journal (the
+    default root: `sessions_root`)."""
+    root = sessions_root(root)
     try:
         named = root / (root / LATEST_FILE).read_text().strip()
         if (named / JOURNAL_FILE).is_file():

@@ -9,7 +9,7 @@ session with container builds does) and once as plain midpoint bisection.
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
 import git
@@ -41,7 +41,7 @@ class PlanFigures:
     max_steps: int
     full_builds: float
     overlays: float
-    hours: float
+    hours: float | None  # None: no run time was declared (a command's time is not known beforehand)
     culprits: int
 
 
@@ -61,6 +61,7 @@ class RangePlan:
     # {build key: release image}: keys of the range a published release image can stand for
     # (--release-images), when that image exists: no full build for them.
     released: dict[str, ReleaseImage] = field(default_factory=dict)
+    executor: str = "docker"  # "local": each candidate a checkout, nothing built (a --cmd run by default)
 
     def base_images(self) -> list[str]:
         """Each base image the range's builds start from, as pulled (through the mirror map)."""
@@ -80,6 +81,7 @@ class RangePlan:
             "base_images": self.base_images(),
             "release_images": {key: asdict(release) for key, release in self.released.items()},
             "expected": asdict(self.expected), "midpoint": asdict(self.midpoint), "minutes": dict(self.minutes),
+            "executor": self.executor,
         }
 
 
@@ -99,10 +101,17 @@ def unbuildable_positions(keys: list[BuildKey]) -> list[int]:
 
 
 def plan_range(repo: git.Repo, good: str, bad: str, *, dockerfile: str = "Dockerfile", build_minutes: float = 30.0,
-               overlay_minutes: float = 2.0, run_minutes: float = 5.0,
-               base_images: Callable[[str], str] | None = None, release_images: str | None = None) -> RangePlan:
-    """Resolve GOOD..BAD and price bisecting it: build groups, expected steps, builds and hours."""
+               overlay_minutes: float = 2.0, run_minutes: float | None = 5.0,
+               base_images: Callable[[str], str] | None = None, release_images: str | None = None,
+               executor: str = "docker") -> RangePlan:
+    """Resolve GOOD..BAD and price bisecting it: build groups, expected steps, builds and hours.
+
+    With `executor="local"` each candidate is a checkout (no image, no build key): the figures
+    are steps and runs alone, in hours only when `run_minutes` is given (else None)."""
     brange = history.resolve_range(repo, good, bad)
+    if executor == "local":
+        return _checkout_plan(repo, brange, dockerfile, run_minutes)
+    assert run_minutes is not None, "an image plan prices its runs"
     keys = range_keys(repo, brange, dockerfile, base_images)
     released: dict[str, ReleaseImage] = {}
     if release_images:
@@ -127,6 +136,18 @@ def plan_range(repo: git.Repo, good: str, bad: str, *, dockerfile: str = "Docker
                      _replay(digests, unbuildable, told=True, minutes=minutes),
                      _replay(digests, unbuildable, told=False, minutes=minutes), minutes,
                      good_inputs.get("base_image_pulled") or good_inputs.get("base_image", ""), released)
+
+
+def _checkout_plan(repo: git.Repo, brange: history.BisectRange, dockerfile: str,
+                   run_minutes: float | None) -> RangePlan:
+    """A plan for candidates checked out, not built: one key per commit, at no cost."""
+    positions = [brange.base, *brange.candidates]
+    minutes = {"build": 0.0, "overlay": 0.0, "run": run_minutes or 0.0}
+    replayed = _replay(positions, [], told=False, minutes=minutes)  # its "builds" are checkouts: none counted
+    figures = replace(replayed, full_builds=0.0, overlays=0.0, hours=replayed.hours if run_minutes else None)
+    oldest, newest = history.commits_facts(repo, [brange.candidates[0], brange.candidates[-1]])
+    return RangePlan(brange, oldest, newest, [], dockerfile, [], [], figures, figures,
+                     {"run": run_minutes} if run_minutes is not None else {}, executor="local")
 
 
 def _replay(keys: list[str], unbuildable: list[int], *, told: bool, minutes: dict[str, float]) -> PlanFigures:

@@ -55,7 +55,9 @@ class RichProgress:
     COLOURS: ClassVar[dict[str, str]] = {"good": "green", "bad": "red", "skip": "yellow"}
 
     def __init__(self, console: Console | None = None) -> None:
-        self.console = console or Console(stderr=True)
+        # No log path: rich would end every line with this module's `progress.py:NN`, a fact about
+        # this tool's code, not the user's run.
+        self.console = console or Console(stderr=True, log_path=False)
         self._step = ""
         self._bad = 0
         self._status = self.console.status("starting")

@@ -26,8 +26,21 @@ def test_local_executor_needs_only_git():
     done = doctor("--executor", "local", docker_host="unix:///nonexistent/engine.sock")
     assert done.returncode == 0, done.stdout + done.stderr
     assert done.stdout.splitlines()[0].startswith("OK")
-    assert "missing (not needed)  container engine" in done.stdout
     assert "ready for --executor local" in done.stdout
+
+
+def test_doctor_checks_what_run_s_default_executor_needs_and_nothing_else():
+    """`run` defaults to local: a plain `doctor` must not ask for Docker or NPUs it will not use."""
+    done = doctor(docker_host="unix:///nonexistent/engine.sock")
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert [line.split(":")[0].split()[-1] for line in done.stdout.splitlines()[:-1]] == ["git"]
+    assert "container engine" not in done.stdout and "NPU" not in done.stdout and "disk" not in done.stdout
+    assert done.stdout.splitlines()[-1] == "ready for --executor local"
+    if Path("/dev/davinci_manager").exists():
+        pytest.skip("this host has NPUs")
+    npus = doctor("--npu", docker_host="unix:///nonexistent/engine.sock")  # run --executor local --devices
+    assert npus.returncode == 5 and "MISSING               NPU devices: no /dev/davinciN" in npus.stdout
+    assert "container engine" not in npus.stdout and "driver mounts" not in npus.stdout
 
 
 def test_unreachable_engine_is_missing_with_a_fix_and_exit_5():

@@ -134,3 +134,24 @@ def test_verify_refuses_a_bad_end_the_oracle_judges_good(capsys, tmp_path, monke
     code, _, err = run_cli(capsys, "--culprit", shas["culprit"], "--repo", str(tmp_path / "up"),
                            "--bad", shas["bad"], "--verify", "--cmd", "true")
     assert code == 2 and f"--bad {shas['bad']} is judged good by this oracle (command exited 0)" in err
+
+
+def test_a_fix_on_many_branches_names_a_few_and_counts_the_rest(capsys, upstream):
+    """A fix cherry-picked to every release branch made each line list 14-19 branch names."""
+    hist, culprit, fix = upstream
+    for n in range(12):
+        hist.git("branch", f"releases/v0.{n}.x", fix)
+    code, out, _ = run_cli(capsys, "--culprit", culprit, "--repo", str(hist.path), "--keyword", "async")
+    assert code == 0
+    row = next(line for line in out.splitlines() if line.startswith(f"1  {fix[:10]}"))
+    assert "main, releases/v0.0.x, releases/v0.1.x and 10 more" in row
+    assert "releases/v0.11.x" not in out  # in no line: the note, the table and the reasons alike
+    code, out, _ = run_cli(capsys, "--culprit", culprit, "--repo", str(hist.path), "--keyword", "async", "--json")
+    assert len(json.loads(out)["proposals"][0]["branches"]) == 13  # the data keeps every one
+
+
+def test_some_branches_names_all_when_one_more_would_be_counted() -> None:
+    from bisect_npu.contracts import some_branches
+
+    assert some_branches([]) == "" and some_branches(["a", "b", "c", "d"]) == "a, b, c, d"
+    assert some_branches(["a", "b", "c", "d", "e"]) == "a, b, c and 2 more"

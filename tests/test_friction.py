@@ -64,3 +64,39 @@ def test_a_shallow_clone_says_it_is_shallow(tmp_path: Path) -> None:
     git(clone, "fetch", "-q", "--depth", "1", "origin", "tag", "v1.0")
     with pytest.raises(UsageError, match=r"shallow clone .*run `git fetch --unshallow`"):
         history.resolve_range(gitpython.Repo(clone), "v1.0", "v2.0")
+
+
+def test_ends_judged_wrong_show_the_run_s_output_and_its_log(tmp_path: Path) -> None:
+    """"good end judged bad" alone sent users digging: the answer is usually in the command's output."""
+    repo = tmp_path / "repo"
+    make_linear_repo(repo, 9, culprit=5, tags={0: "good", 8: "bad"})
+    command = "python3 -c \"import sys; print('check.py: no such file'); sys.exit(2)\""
+    done = bisect("run", "--good", "good", "--bad", "bad", "--cmd", command, "--no-fix", "--session",
+                  str(tmp_path / "s"), cwd=repo)
+    assert done.returncode == 4, done.stderr
+    lines = done.stdout.splitlines()
+    assert "precondition failed: the good end good was judged bad" in lines[0]
+    log = Path(lines[0].rsplit("(its run's log: ", 1)[1].rstrip(")"))
+    assert log.is_file() and "check.py: no such file" in log.read_text()
+    assert lines[1:3] == ["its last lines of output:", "    check.py: no such file"]
+    again = bisect("resume", "--session", str(tmp_path / "s"), cwd=repo)  # an ended session answers the same
+    assert again.returncode == 4 and again.stdout.splitlines()[:3] == lines[:3]
+
+
+def test_sessions_go_to_one_root_at_the_checkout_s_top_from_any_subdirectory(tmp_path: Path) -> None:
+    """Run from `docs/`, resumed from `tests/`: one `.bisect-npu/` at the top, none in the
+    subdirectories, nothing in `git status`."""
+    repo = tmp_path / "repo"
+    shas = make_linear_repo(repo, 9, culprit=5, tags={0: "good", 8: "bad"},
+                            files=lambda i: {"docs/index.md": "docs\n", "tests/t.txt": "t\n"} if i == 0 else {})
+    done = bisect("run", "--good", "good", "--bad", "bad", "--cmd", "grep -qx good state", "--no-fix", "--json",
+                  cwd=repo / "docs")
+    assert done.returncode == 0, done.stderr
+    session = Path(json.loads(done.stdout.splitlines()[-1])["session"])
+    assert session.parent == (repo / ".bisect-npu" / "sessions").resolve()
+    assert not (repo / "docs" / ".bisect-npu").exists()
+    again = bisect("resume", "--json", cwd=repo / "tests")  # the latest session, found from elsewhere in the checkout
+    assert again.returncode == 0, again.stderr
+    assert json.loads(again.stdout.splitlines()[-1])["culprit"] == shas[5]
+    assert not (repo / "tests" / ".bisect-npu").exists()
+    assert git(repo, "status", "--porcelain", "--untracked-files=all") == ""

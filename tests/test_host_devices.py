@@ -43,7 +43,7 @@ def test_the_check_covers_what_the_container_spec_mounts(tmp_path):
 def test_fake_device_files_pass_and_each_missing_one_is_named(tmp_path):
     fake_host(tmp_path, [0, 1])
     check_host_devices([0, 1], tmp_path)
-    with pytest.raises(InfrastructureError, match=r"lacks /dev/davinci2, .*`bisect-npu doctor`"):
+    with pytest.raises(InfrastructureError, match=r"lacks /dev/davinci2, .*`bisect-npu doctor --executor docker`"):
         check_host_devices([0, 1, 2], tmp_path)
     (tmp_path / "dev" / "hisi_hdc").unlink()
     (tmp_path / "etc" / "ascend_install.info").unlink()
@@ -79,7 +79,8 @@ def test_run_on_a_host_without_npus_stops_before_any_clone_or_build(tmp_path):
                            "--session", str(tmp_path / "s")],
                           cwd=tmp_path, capture_output=True, text=True, timeout=120, check=False)
     assert done.returncode == 5, done.stderr
-    assert "lacks /dev/davinci0, /dev/davinci1, " in done.stderr and "`bisect-npu doctor`" in done.stderr
+    assert "lacks /dev/davinci0, /dev/davinci1, " in done.stderr
+    assert "`bisect-npu doctor --executor docker`" in done.stderr
     assert "clon" not in done.stderr.lower() and not (tmp_path / "s").exists()
     assert set(MANAGEMENT_DEVICES) <= set(device_files([0]))
 

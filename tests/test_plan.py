@@ -127,3 +127,27 @@ def test_the_library_plan_is_what_the_command_prints(repo: Path) -> None:
     result = plan_range(git.Repo(repo), "good", "bad", build_minutes=30, overlay_minutes=2, run_minutes=5)
     assert sum(group.commits for group in result.groups) == N and len(result.groups) == len(COMPILED_AT) + 1
     assert result.to_json() == json.loads(plan(repo, "--good", "good", "--bad", "bad", "--json").stdout)
+
+
+def test_a_command_run_is_planned_as_checkouts_without_builds_or_made_up_costs(repo: Path) -> None:
+    """A 4-second `--cmd` run was priced as image builds at 30 min each (hours for seconds of work)."""
+    text = plan(repo, "--good", "good", "--bad", "bad", "--cmd", "grep -qx good state")
+    assert text.returncode == 0, text.stderr
+    assert f"candidates: {N} first-parent commits" in text.stdout
+    assert "nothing is built" in text.stdout and "give --run-minutes for hours" in text.stdout
+    assert "key " not in text.stdout and "build keys" not in text.stdout
+    assert "min/build" not in text.stdout and " h " not in text.stdout
+    summary = json.loads(plan(repo, "--good", "good", "--bad", "bad", "--cmd", "grep -qx good state",
+                              "--json").stdout)
+    assert summary["executor"] == "local" and summary["build_keys"] == 0 and summary["build_groups"] == []
+    assert summary["expected"]["full_builds"] == 0 and summary["expected"]["hours"] is None
+    assert summary["expected"]["steps"] <= 2 + 7 + 1  # the two end checks and about log2(120) steps
+    declared = json.loads(plan(repo, "--good", "good", "--bad", "bad", "--cmd", "grep -qx good state",
+                               "--run-minutes", "0.1", "--json").stdout)
+    assert declared["expected"]["hours"] == pytest.approx(declared["expected"]["steps"] * 0.1 / 60, abs=0.01)
+    # In containers the images are what costs: the build keys are back.
+    docker = json.loads(plan(repo, "--good", "good", "--bad", "bad", "--cmd", "python3 check.py", "--executor",
+                             "docker", "--json").stdout)
+    assert docker["executor"] == "docker" and docker["build_keys"] == len(COMPILED_AT) + 1
+    shell = plan(repo, "--good", "good", "--bad", "bad", "--cmd", "make && pytest")
+    assert shell.returncode == 2 and "runs without a shell" in shell.stderr

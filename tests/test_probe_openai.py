@@ -3,14 +3,22 @@
 from __future__ import annotations
 
 import json
+import signal
+import subprocess
+import sys
 import threading
+import time
+import urllib.error
+import urllib.request
 from collections.abc import Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 import pytest
+from gitrepo import make_linear_repo
+from signals import owned_processes
 from tiny_qwen3 import write_tiny_qwen3
-from vllm_tier import base_request, batch_request, run_probe, run_probe_batch
+from vllm_tier import TIMINGS, VLLM_ENV, base_request, batch_request, require_vllm, run_probe, run_probe_batch
 
 from bisect_npu.probe.backends.openai import (
     Server,
@@ -232,6 +240,62 @@ def test_batch_trial_equals_a_fresh_server(tiny_model: Path, tmp_path: Path) -> 
     assert first.extra["server_exit"] is None and second.extra["server_exit"] is None
     assert alone.extra["server_exit"] is not None and "batch" not in alone.extra
     assert first.extra["server_log"] == second.extra["server_log"]  # one server, one log
+
+
+@pytest.mark.vllm
+def test_sigterm_to_run_while_the_server_is_up_leaves_no_process(tiny_model: Path, tmp_path: Path) -> None:
+    """What CI does when it cancels a job: SIGTERM to `bisect-npu run` while the probe's vLLM
+    server (a session of its own) and its engine core process serve a request. Nothing the run
+    started may be left: no process carries the session's mark afterwards."""
+    port = 18435
+    environment = {**VLLM_ENV, "VLLM_ENABLE_V1_MULTIPROCESSING": "1"}  # the engine core in a process of its own
+    recipe = tmp_path / "sigterm.yaml"
+    recipe.write_text(json.dumps({
+        "name": "vllm-tier-sigterm", "model": {"path": str(tiny_model), "dtype": "float32"},
+        "engine": {"backend": "openai", "port": port, "startup_timeout_s": 900,
+                   "launcher": [str(require_vllm()), "-m", "vllm.entrypoints.openai.api_server", "--model", "{model}"],
+                   "args": {"max_model_len": 2048, "enforce_eager": True}},
+        "environment": environment,
+        "cases": [{"id": "long", "messages": [{"role": "user", "content": "count to one thousand"}],
+                   "sampling": {"temperature": 1.0, "max_tokens": 1900}}],
+        "trials": {"mode": "exact", "count": 1}}))
+    repo = tmp_path / "repo"
+    make_linear_repo(repo, 5, tags={0: "good", 4: "bad"})
+    session = tmp_path / "session"
+    run = subprocess.Popen([sys.executable, "-m", "bisect_npu", "run", "--repo", str(repo), "--good", "good",
+                            "--bad", "bad", "--recipe", str(recipe), "--session", str(session), "--quiet"],
+                           cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        deadline = time.monotonic() + 900
+        while not _healthy(port):
+            assert run.poll() is None, run.communicate()
+            assert time.monotonic() < deadline, "the server never answered /health"
+            time.sleep(1)
+        time.sleep(3)  # the probe's request is streaming
+        before = owned_processes(session)
+        assert any("EngineCore" in line for line in before), before
+        sent = time.monotonic()
+        run.send_signal(signal.SIGTERM)
+        _, err = run.communicate(timeout=120)
+        stop_s = round(time.monotonic() - sent, 2)
+    finally:
+        run.kill()
+    left = owned_processes(session)
+    TIMINGS.parent.mkdir(parents=True, exist_ok=True)
+    with TIMINGS.open("a", encoding="utf-8") as fh:
+        fh.write(json.dumps({"run": "SIGTERM to run with the openai server up", "stop_s": stop_s,
+                             "processes_before": len(before), "processes_left": len(left)}) + "\n")
+    assert run.returncode == 130 and "bisect-npu: interrupted" in err, err
+    assert left == [], left
+    assert not _healthy(port)
+
+
+def _healthy(port: int) -> bool:
+    try:
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=2) as response:
+            return response.status == 200
+    except (urllib.error.URLError, ConnectionError, TimeoutError, OSError):
+        return False
 
 
 def _assert_cancelled_early(obs) -> None:

@@ -36,3 +36,21 @@ def test_rich_progress_counts_trials_and_bad_ones_in_the_status_line() -> None:
         assert str(progress._status.status).endswith("trials 1/2, 0 bad")  # counts restart per step
     finally:
         progress.close()
+
+
+def test_rich_log_lines_do_not_end_with_this_module_s_path(monkeypatch) -> None:
+    import sys
+
+    err = io.StringIO()
+    monkeypatch.setattr(sys, "stderr", err)
+    monkeypatch.setenv("COLUMNS", "200")
+    progress = RichProgress()
+    try:
+        progress.note("resuming session s")
+        progress.step_finished(5, "b" * 40, Verdict(kind=VerdictKind.BAD, reason="exit 1"), 1.5)
+    finally:
+        progress.close()
+    lines = [line for line in err.getvalue().splitlines() if line.strip()]
+    assert any(line.rstrip().endswith("resuming session s") for line in lines), lines
+    assert any(line.rstrip().endswith("(1.5s) exit 1") for line in lines), lines
+    assert "progress.py" not in err.getvalue()

@@ -1,7 +1,9 @@
 """`bisect-npu doctor`: is this host ready to bisect? One line per check, with the fix when not.
 
-Exit 0 when everything the chosen executor needs is there, 5 (infrastructure) otherwise.
-NPU checks are informational for `--executor local` (the demo runs on the CPU).
+Exit 0 when everything the chosen executor needs is there, 5 (infrastructure) otherwise. Only
+what it needs is checked: `--executor local` (run's default) needs git, and the NPUs only with
+`--npu` (`run --executor local --devices` on a host without containers); `docker` needs the
+engine, its disk and, unless `--no-npu`, the NPUs.
 """
 
 from __future__ import annotations
@@ -126,17 +128,18 @@ def engine_storage() -> Path:
     return Path.home()
 
 
-def run_checks(executor: str, npu: bool = True) -> list[Check]:
-    docker_needed = executor == "docker"
+def run_checks(executor: str, npu: bool | None = None) -> list[Check]:
+    """The checks `executor` needs, nothing else: the NPUs for docker unless `npu` is False, for
+    local only when it is True."""
     checks = [check_git()]
-    engine = check_engine()
-    checks.append(Check(engine.name, engine.ok, engine.detail, engine.fix, needed=docker_needed))
-    for npu_check in (check_npu_devices(), check_driver_mounts(), check_npu_smi(), check_host(),
-                      check_driver_version()):
-        checks.append(Check(npu_check.name, npu_check.ok, npu_check.detail, npu_check.fix,
-                            needed=docker_needed and npu))
-    disk = check_disk(engine_storage())
-    checks.append(Check(disk.name, disk.ok, disk.detail, disk.fix, needed=docker_needed))
+    if executor == "docker":
+        checks.append(check_engine())
+    if npu if npu is not None else executor == "docker":
+        checks += [check_npu_devices(), check_npu_smi(), check_host()]
+        if executor == "docker":  # what the containers mount; CANN on the host finds its own
+            checks += [check_driver_mounts(), check_driver_version()]
+    if executor == "docker":
+        checks.append(check_disk(engine_storage()))
     return checks
 
 
@@ -175,12 +178,14 @@ def ray_checks(address: str | None) -> list[Check]:
 
 
 @click.command()
-@click.option("--executor", type=click.Choice(["docker", "local", "ray"]), default="docker", show_default=True,
-              help="Check what this executor needs (local: only git; ray: the cluster and each of its nodes).")
-@click.option("--npu/--no-npu", default=True, show_default=True,
-              help="--no-npu: containers on the CPU (the demo), so NPU devices and driver are not needed.")
+@click.option("--executor", type=click.Choice(["local", "docker", "ray"]), default="local", show_default=True,
+              help="Check what this executor needs, as `run` would use it (local: git; docker: the container "
+                   "engine, disk and NPUs; ray: the cluster and each of its nodes).")
+@click.option("--npu/--no-npu", default=None,
+              help="Check the NPUs, driver and npu-smi [default: with --executor docker; --no-npu for containers on "
+                   "the CPU (the demo), --npu for `run --executor local --devices`].")
 @click.option("--ray-address", help="The Ray cluster for --executor ray [default: RAY_ADDRESS, else a local one].")
-def doctor(executor: str, npu: bool, ray_address: str | None) -> None:
+def doctor(executor: str, npu: bool | None, ray_address: str | None) -> None:
     """Check the container engine, NPUs, driver, disk and git; print a fix for each problem."""
     checks = [check_git(), *ray_checks(ray_address)] if executor == "ray" else run_checks(executor, npu)
     for check in checks:

@@ -79,12 +79,14 @@ def _print(report: FixReport, verifications: list[FixVerification]) -> None:
     from rich.console import Console
     from rich.table import Table
 
+    from bisect_npu.contracts import some_branches
+
     status = {tuple(v.proposal.shas): v for v in verifications}
     ordered = [v.proposal for v in verifications] + [p for p in report.proposals if tuple(p.shas) not in status]
     click.echo(f"culprit {report.culprit[:10]}: {report.note}")
     rows = []
     for rank, proposal in enumerate(ordered, 1):
-        row = [str(rank), " ".join(s[:10] for s in proposal.shas), ", ".join(proposal.branches),
+        row = [str(rank), " ".join(s[:10] for s in proposal.shas), some_branches(proposal.branches),
                f"{proposal.confidence:.0%}", f"{proposal.score:g}",
                proposal.pr_url or (f"#{proposal.pr}" if proposal.pr else "-"), proposal.title]
         if verifications:
@@ -110,5 +112,5 @@ def _print(report: FixReport, verifications: list[FixVerification]) -> None:
         for line in proposal.also_on:
             click.echo(f"   {line}")
         if proposal.missing_on:
-            click.echo(f"   not yet on: {', '.join(proposal.missing_on)}")
+            click.echo(f"   not yet on: {some_branches(proposal.missing_on)}")
 

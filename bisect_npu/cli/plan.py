@@ -21,8 +21,14 @@ if TYPE_CHECKING:
               help="Cost of one full build (the first commit of a build key).")
 @click.option("--overlay-minutes", type=FiniteRange(0), default=2.0, show_default=True,
               help="Cost of a python-only overlay on a built key's image.")
-@click.option("--run-minutes", type=FiniteRange(0, min_open=True), default=5.0, show_default=True,
-              help="Cost of one step's probe run.")
+@click.option("--run-minutes", type=FiniteRange(0, min_open=True),
+              help="Cost of one step's probe or command run [default: 5 for images; none with --cmd: the "
+                   "hours are shown only when the command's time is given].")
+@click.option("--cmd", "command", help="Plan a run with this oracle command (as `run --cmd`): candidates are "
+                                       "checked out, nothing is built, unless --executor docker.")
+@click.option("--executor", type=click.Choice(["local", "docker"]),
+              help="How the run would test candidates: checkouts (local) or images (docker) [default: local with "
+                   "--cmd, as `run`; else docker, whose build keys and costs are the plan's subject].")
 @click.option("--dockerfile",
               help="The Dockerfile that builds the images: Dockerfile.a3, ... [default: the recipe's "
                    "build.dockerfile, else Dockerfile]")
@@ -39,9 +45,9 @@ if TYPE_CHECKING:
               help="Pull every base image the range's builds need (through --base-image-map) into the container "
                    "engine now, before a long run: a registry that cannot be reached shows here (exit 5).")
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
-def plan(good: str, bad: str, repo: str, build_minutes: float, overlay_minutes: float, run_minutes: float,
-         dockerfile: str | None, recipe: str | None, base_image_map: tuple[str, ...], release_images: str | None,
-         pull: bool, as_json: bool) -> None:
+def plan(good: str, bad: str, repo: str, build_minutes: float, overlay_minutes: float, run_minutes: float | None,
+         command: str | None, executor: str | None, dockerfile: str | None, recipe: str | None,
+         base_image_map: tuple[str, ...], release_images: str | None, pull: bool, as_json: bool) -> None:
     """Resolve GOOD..BAD: candidates, merge-base note, build groups, expected steps and cost.
 
     The expected figures replay the real exact-mode search (which picks its pivots by build
@@ -55,11 +61,22 @@ def plan(good: str, bad: str, repo: str, build_minutes: float, overlay_minutes: 
     from bisect_npu.recipe import load_recipe
     from bisect_npu.recipe_check import check_recipe_at_ends, check_support, range_ends
 
+    if command is not None and recipe is not None:
+        raise click.UsageError("give either --recipe or --cmd (the oracle the run would use)")
+    if command is not None:
+        from bisect_npu.orchestration.preflight import command_words
+
+        command_words(command)  # refused here as `run` would refuse it
+    executor = executor or ("local" if command is not None else "docker")
+    if executor == "local":
+        _plan_checkouts(good, bad, repo, run_minutes, as_json)
+        return
     loaded = load_recipe(recipe) if recipe else None
     dockerfile = dockerfile or (loaded.build.dockerfile if loaded else "Dockerfile")
     base_images = BaseImageMap.parse(base_image_map, loaded.build.base_image_map if loaded else None)
     release_images = release_images or (loaded.build.release_images if loaded else None)
     clone = history.open_repo(repo)
+    run_minutes = 5.0 if run_minutes is None else run_minutes
     result = plan_range(clone, good, bad, dockerfile=dockerfile, build_minutes=build_minutes,
                         overlay_minutes=overlay_minutes, run_minutes=run_minutes,
                         base_images=base_images.apply if base_images else None,
@@ -107,6 +124,31 @@ def plan(good: str, bad: str, repo: str, build_minutes: float, overlay_minutes: 
                    f"{figures.full_builds:.1f} full builds, {figures.overlays:.1f} overlays, {figures.hours:.2f} h")
     click.echo(f"  at {build_minutes:g} min/build, {overlay_minutes:g} min/overlay, {run_minutes:g} min/run, "
                f"averaged over {result.expected.culprits} culprit positions")
+
+
+def _plan_checkouts(good: str, bad: str, repo: str, run_minutes: float | None, as_json: bool) -> None:
+    """A run that checks candidates out (`--cmd`, `--executor local`): no image, no build key;
+    steps, and hours only from a declared run time."""
+    from bisect_npu import history
+    from bisect_npu.plan import plan_range
+
+    result = plan_range(history.open_repo(repo), good, bad, run_minutes=run_minutes, executor="local")
+    if as_json:
+        click.echo(json.dumps(result.to_json()))
+        return
+    brange, figures = result.range, result.expected
+    if brange.merge_base_note:
+        click.echo(f"note: {brange.merge_base_note}")
+    click.echo(f"candidates: {len(brange.candidates)} first-parent commits in ({brange.base[:12]}, {brange.bad[:12]}]")
+    click.echo(f"  oldest: {result.oldest.sha[:12]} {result.oldest.title}")
+    click.echo(f"  newest: {result.newest.sha[:12]} {result.newest.title}")
+    click.echo(f"expected: {figures.steps:.1f} steps (end checks included, at most {figures.max_steps}), each a "
+               "checkout of the candidate and one run; nothing is built")
+    if figures.hours is None:
+        click.echo("  time: steps x the command's own time (give --run-minutes for hours)")
+    else:
+        click.echo(f"  time: {figures.hours:.2f} h at {run_minutes:g} min/run, averaged over {figures.culprits} "
+                   "culprit positions")
 
 
 def pull_base_images(images: list[str]) -> dict[str, str]:

@@ -22,6 +22,8 @@ def finish(result: SessionResult, as_json: bool) -> None:
 
     md_path, json_path = write_reports(result.session_dir)
     click.echo(result.message)
+    if result.output_tail:
+        click.echo("its last lines of output:\n" + "\n".join(f"    {line}" for line in result.output_tail.splitlines()))
     click.echo(f"report: {md_path}")
     if as_json:
         summary = {"status": result.status, "exit_code": result.exit_code, "culprit": result.culprit,

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import os
 import signal
 import threading
 import time
@@ -23,7 +24,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from bisect_npu import __version__
 from bisect_npu.builders.base import Environment
-from bisect_npu.errors import InfrastructureError
+from bisect_npu.errors import InfrastructureError, UsageError
 from bisect_npu.execute.base import RunResult, probe_log_path, with_outputs
 from bisect_npu.execute.devices import DevicePool
 
@@ -31,6 +32,12 @@ SESSION_LABEL = "org.bisect-npu.session"
 PROBE_PACKAGE = "bisect_npu_probe"
 PROBE_PARENT = "/opt/bisect-npu"  # the probe lands at /opt/bisect-npu/bisect_npu_probe, read-only
 OUT_DIR = "/out"
+# A `--cmd` argument naming a host file or directory (`python3 /home/me/check.py`) is mounted
+# read-only at COMMAND_FILES/<argument's position>/<its name> and the argument rewritten to that path.
+COMMAND_FILES = "/opt/bisect-npu/cmd"
+# Absolute paths under these are the image's own (its interpreter, its libraries): never mounted.
+IMAGE_DIRS = ("/usr", "/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32", "/etc", "/proc", "/sys", "/dev",
+              "/run", "/var", "/boot", PROBE_PARENT, OUT_DIR)
 # `python -m bisect_npu_probe REQUEST` without touching the image's PYTHONPATH (CANN images set one).
 PROBE_BOOTSTRAP = (f"import runpy, sys; sys.path.insert(0, {PROBE_PARENT!r}); "
                    f"runpy.run_module({PROBE_PACKAGE!r}, run_name='__main__', alter_sys=True)")
@@ -113,6 +120,57 @@ def container_create_kwargs(spec: ContainerSpec) -> dict[str, Any]:
     return kwargs
 
 
+def host_paths(argv: list[str]) -> list[tuple[int, Path]]:
+    """The arguments of a command that name a file or directory of this host, by position: an
+    absolute path that exists here and is outside IMAGE_DIRS (an option's `--x=/path` is not
+    looked into). Relative paths are the candidate's (the image's working directory)."""
+    found = []
+    for index, arg in enumerate(argv):
+        if not arg.startswith("/") or any(arg == d or arg.startswith(d + "/") for d in IMAGE_DIRS):
+            continue
+        if Path(arg).exists():
+            found.append((index, Path(arg)))
+    return found
+
+
+def command_in_container(argv: list[str]) -> tuple[list[str], list[Mount]]:
+    """The command as the container runs it, and the read-only mounts that bring the host files
+    it names in (`host_paths`): each such argument becomes COMMAND_FILES/<position>/<name>, so two
+    files of one name never meet. Still an argument list: nothing goes through a shell."""
+    rewritten = list(argv)
+    mounts = []
+    for index, path in host_paths(argv):
+        target = f"{COMMAND_FILES}/{index}/{path.name or 'root'}"
+        mounts.append(Mount(source=str(path.resolve()), target=target, read_only=True))
+        rewritten[index] = target
+    return rewritten, mounts
+
+
+def check_command_mounts(argv: list[str]) -> None:
+    """Refuse, before anything runs, a host path the container could not be given as the command
+    names it: a path with `:` (the engine's mount syntax splits there), or a program that is a
+    host file without the executable bit or a binary built for this host (either would fail in every
+    container, each time read as a verdict)."""
+    for index, path in host_paths(argv):
+        if ":" in str(path.resolve()):
+            raise UsageError(f"--cmd names {path}, which has a ':' that a container mount cannot take; copy it to "
+                             "a path without one")
+        if index == 0 and path.is_file() and not os.access(path, os.X_OK):
+            raise UsageError(f"--cmd runs {path}, which is not executable; run it through its interpreter "
+                             f"(e.g. --cmd \"python3 {path}\") or chmod +x it")
+        if index == 0 and path.is_dir():
+            raise UsageError(f"--cmd runs {path}, which is a directory; give the program to run")
+        if index == 0 and path.is_file() and _is_binary(path):
+            raise UsageError(f"--cmd runs {path}, a program of this host (a binary, or a venv's interpreter) that the "
+                             "candidate's image does not have; give the image's own (e.g. --cmd \"python3 "
+                             "/path/check.py\"), the script comes in read-only")
+
+
+def _is_binary(path: Path) -> bool:
+    with path.open("rb") as fh:
+        return fh.read(4) == b"\x7fELF"
+
+
 def probe_source_dir() -> Path:
     """The host's probe package: mounted into every container under another package name."""
     return Path(__file__).resolve().parent.parent / "probe"
@@ -155,15 +213,17 @@ class DockerExecutor:
 
     def run_command(self, env: Environment, argv: list[str], log_path: Path, timeout_s: float,
                     extra_env: dict[str, str] | None = None) -> RunResult:
+        """A user command; the host files it names come in read-only (`command_in_container`)."""
         out_dir = log_path.parent.resolve()
         out_dir.mkdir(parents=True, exist_ok=True)
-        return self._run(env, argv, out_dir, log_path, timeout_s, extra_env)
+        command, mounts = command_in_container(argv)
+        return self._run(env, command, out_dir, log_path, timeout_s, extra_env, mounts)
 
     def spec_for(self, env: Environment, command: list[str], out_dir: Path, devices: list[int] | None = None,
-                 extra_env: dict[str, str] | None = None) -> ContainerSpec:
+                 extra_env: dict[str, str] | None = None, mounts: list[Mount] | None = None) -> ContainerSpec:
         """The spec of one run: the factory's (on `devices` when a slot leased some), plus the probe
-        mount, the command (under ENV_BOOTSTRAP), the candidate's `run_env` (under the factory's
-        environment), `extra_env` and our labels."""
+        mount and `mounts`, the command (under ENV_BOOTSTRAP), the candidate's `run_env` (under the
+        factory's environment), `extra_env` and our labels."""
         if not env.image:
             raise InfrastructureError(f"candidate {env.commit[:12]} has no image; use the docker builder "
                                       "with --executor docker")
@@ -173,14 +233,14 @@ class DockerExecutor:
         labels = {**spec.labels, SESSION_LABEL: self.session_id, "org.bisect-npu.commit": env.commit,
                   "org.bisect-npu.tool-version": __version__}
         return spec.model_copy(update={"command": [self.python, "-c", ENV_BOOTSTRAP, *command],
-                                       "mounts": [*spec.mounts, probe],
+                                       "mounts": [*spec.mounts, probe, *(mounts or [])],
                                        "environment": {**environment, ENV_CARRIER: json.dumps(environment)},
                                        "labels": labels})
 
     def _run(self, env: Environment, command: list[str], out_dir: Path, log_path: Path,
-             timeout_s: float, extra_env: dict[str, str] | None = None) -> RunResult:
+             timeout_s: float, extra_env: dict[str, str] | None = None, mounts: list[Mount] | None = None) -> RunResult:
         with self.device_pool.lease() if self.device_pool else contextlib.nullcontext(None) as cards:
-            return self._run_on(self.spec_for(env, command, out_dir, cards, extra_env), log_path, timeout_s)
+            return self._run_on(self.spec_for(env, command, out_dir, cards, extra_env, mounts), log_path, timeout_s)
 
     def _run_on(self, spec: ContainerSpec, log_path: Path, timeout_s: float) -> RunResult:
         import docker.errors
@@ -190,6 +250,9 @@ class DockerExecutor:
         with _sigterm_as_interrupt(), log_path.open("w", encoding="utf-8") as log:
             container = self._start(spec)
             log.write(f"# container {container.id[:12]} from {spec.image}\n")  # which run this log is
+            for mount in spec.mounts:
+                if mount.target.startswith(COMMAND_FILES + "/"):
+                    log.write(f"# host {mount.source} at {mount.target} (read-only)\n")
             log.flush()
             try:
                 follower = threading.Thread(target=_follow_logs, args=(container, log), daemon=True)
@@ -276,7 +339,7 @@ def _refused(spec: ContainerSpec, exc: Any) -> InfrastructureError:
     devices = f" with devices {', '.join(spec.devices)}" if spec.devices else ""
     return InfrastructureError(f"the container engine refused a container of {spec.image}{devices}: "
                                f"{exc.explanation or exc}; check the host has what the spec names (`bisect-npu "
-                               "doctor`), then run again (`bisect-npu resume` for a session)")
+                               "doctor --executor docker`), then run again (`bisect-npu resume` for a session)")
 
 
 def _went_away(container: Any, why: object) -> InfrastructureError:

@@ -30,11 +30,11 @@ def missing_paths(paths: list[str] | tuple[str, ...], root: Path = HOST_ROOT) ->
 
 def check_host_devices(cards: list[int], root: Path = HOST_ROOT) -> None:
     """Every device file and driver mount the Ascend container spec for `cards` needs exists, or
-    an InfrastructureError naming what is missing and `bisect-npu doctor`."""
+    an InfrastructureError naming what is missing and `bisect-npu doctor --executor docker`."""
     missing = missing_paths([*device_files(cards), *DRIVER_MOUNTS], root)
     if missing:
         shown = ", ".join(missing[:6]) + (f" and {len(missing) - 6} more" if len(missing) > 6 else "")
         raise InfrastructureError(
             f"--devices {','.join(map(str, cards))}: this host lacks {shown}, which the NPU containers need; "
-            "`bisect-npu doctor` checks the host (install the Ascend driver, pick cards that exist, or drop "
-            "--devices to run the containers on the CPU)")
+            "`bisect-npu doctor --executor docker` checks the host (install the Ascend driver, pick cards that "
+            "exist, or drop --devices to run the containers on the CPU)")

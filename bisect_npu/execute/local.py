@@ -8,9 +8,12 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 import time
+import uuid
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
+from typing import Any, TextIO
 
 from bisect_npu.builders.base import Environment, tail
 from bisect_npu.errors import UsageError
@@ -18,11 +21,17 @@ from bisect_npu.execute.base import RunResult, probe_log_path, with_outputs
 from bisect_npu.execute.devices import VISIBLE_DEVICES_ENV, DevicePool
 
 OWNER_ENV = "BISECT_NPU_OWNER"  # in every child's environment: which session (directory) started it
+# In every process of one run: a probe's server in a session of its own still carries it, so a
+# timeout, an interrupt or `close()` stops that run's whole tree without touching other slots' runs.
+RUN_ENV = "BISECT_NPU_RUN"
+STOP_GRACE_S = 5.0  # from SIGTERM to SIGKILL: time for a server to let go of its cards and ports
 
 
 class LocalExecutor:
-    """Subprocesses in their own process group, so a timeout or Ctrl-C kills the whole tree; each
-    carries its session's mark (`OWNER_ENV`), so what a SIGKILLed run left behind can be found."""
+    """Subprocesses in their own process group, each process marked with its run (`RUN_ENV`) and
+    its session (`OWNER_ENV`): a timeout, Ctrl-C, SIGTERM or `close()` stops every process of a
+    run, servers the probe started in their own sessions included, and what a SIGKILLed run left
+    behind can be found by the next one."""
 
     def __init__(self, env: dict[str, str] | None = None, python_paths: list[str] | None = None,
                  python: str = sys.executable, owner: str | None = None, devices: list[int] | None = None,
@@ -35,6 +44,10 @@ class LocalExecutor:
         # of them with one slot), through the CANN runtime's visible-devices variable.
         self.devices = devices or []
         self.device_pool = device_pool
+        self.stop_grace_s = STOP_GRACE_S
+        self._lock = threading.Lock()
+        self._live: dict[str, subprocess.Popen[bytes]] = {}  # run mark -> its process, while it runs
+        self._stopped: set[str] = set()  # runs `close()` stopped: their threads unwind, nothing is judged
 
     def _environ(self, env: Environment) -> dict[str, str]:
         worktree = Path(env.path or ".")
@@ -61,7 +74,17 @@ class LocalExecutor:
         return result
 
     def close(self) -> None:
-        """Nothing outlives a run: every subprocess is waited for (or killed) before `_run` returns."""
+        """Stop every run still going (other slots' threads, when one slot is interrupted): each
+        waiting thread then unwinds as interrupted instead of returning a result. Then whatever
+        else of the session runs (a build a prefetch thread started, its compilers): the session
+        is over."""
+        with self._lock:
+            live = dict(self._live)
+            self._stopped.update(live)
+        for mark, proc in live.items():
+            stop_run(proc, mark, self.stop_grace_s)
+        if self.owner:
+            kill_owned_processes(self.owner)
 
     def sweep(self) -> int:
         return kill_owned_processes(self.owner) if self.owner else 0
@@ -84,43 +107,92 @@ class LocalExecutor:
                 timeout_s: float) -> RunResult:
         started = time.monotonic()
         timed_out = False
-        with log_path.open("w", encoding="utf-8") as log:
-            try:
-                proc = subprocess.Popen(argv, cwd=worktree, stdout=log, stderr=subprocess.STDOUT, env=environ,
-                                        start_new_session=True)
-            except FileNotFoundError as exc:
-                raise UsageError(f"command not found: {argv[0]}; give a program on PATH or a path "
-                                 "relative to the repository root") from exc
-            except PermissionError as exc:
-                raise UsageError(f"command is not executable: {argv[0]}; chmod +x it") from exc
+        mark = uuid.uuid4().hex
+        with log_path.open("w", encoding="utf-8") as log, self._running(argv, worktree, {**environ, RUN_ENV: mark},
+                                                                        log, mark) as proc:
             try:
                 returncode = proc.wait(timeout=timeout_s)
             except subprocess.TimeoutExpired:
                 timed_out = True
-                _kill_group(proc)
+                stop_run(proc, mark, self.stop_grace_s)
                 returncode = proc.wait()
             except BaseException:
-                _kill_group(proc)
-                proc.wait()
+                stop_run(proc, mark, self.stop_grace_s)
                 raise
+        if mark in self._stopped:
+            raise KeyboardInterrupt("the executor was closed during the run")
         return RunResult(returncode=returncode, seconds=round(time.monotonic() - started, 3),
                          log_path=str(log_path), timed_out=timed_out, log_tail=tail(log_path, 15))
 
+    @contextlib.contextmanager
+    def _running(self, argv: list[str], worktree: Path, environ: dict[str, str], log: TextIO,
+                 mark: str) -> Iterator[subprocess.Popen[bytes]]:
+        """The run's process, known to `close()` while it runs; whatever of the run outlives it (a
+        server the probe left in its own session) is stopped when it ends."""
+        try:
+            proc = subprocess.Popen(argv, cwd=worktree, stdout=log, stderr=subprocess.STDOUT, env=environ,
+                                    start_new_session=True)
+        except FileNotFoundError as exc:
+            raise UsageError(f"command not found: {argv[0]}; give a program on PATH or a path "
+                             "relative to the repository root") from exc
+        except PermissionError as exc:
+            raise UsageError(f"command is not executable: {argv[0]}; chmod +x it") from exc
+        with self._lock:
+            self._live[mark] = proc
+        try:
+            yield proc
+        finally:
+            with self._lock:
+                self._live.pop(mark, None)
+            if _alive(proc) or marked_processes(RUN_ENV, mark):
+                stop_run(proc, mark, self.stop_grace_s)
 
-def _kill_group(proc: subprocess.Popen[bytes]) -> None:
-    with contextlib.suppress(ProcessLookupError):
-        os.killpg(proc.pid, signal.SIGKILL)
+
+def stop_run(proc: subprocess.Popen[bytes], mark: str, grace_s: float = STOP_GRACE_S) -> None:
+    """Stop every process of one run at once: SIGTERM to its process group and to each process
+    carrying its mark (a server in its own session or group), SIGKILL to what is still there after
+    `grace_s`. Returns once none is left (processes that clear their environment excepted)."""
+    _signal_run(proc.pid, mark, signal.SIGTERM)
+    deadline = time.monotonic() + grace_s
+    while time.monotonic() < deadline and (_alive(proc) or marked_processes(RUN_ENV, mark)):
+        time.sleep(0.05)
+    for _ in range(50):  # a process may fork while it is being killed: until none is left
+        if not _signal_run(proc.pid, mark, signal.SIGKILL) and not _alive(proc):
+            break
+        time.sleep(0.05)
+    proc.wait()
 
 
-def kill_owned_processes(owner: str) -> int:
-    """SIGKILL every process whose environment marks it as started for `owner` (a session
-    directory) or for a directory below it: a probe, server or command that a killed run left
-    running, with their descendants, who inherit the mark. Reads /proc (Linux); elsewhere none."""
+def _alive(proc: subprocess.Popen[bytes]) -> bool:
+    """Whether the run's own process still runs (a zombie does not): from /proc, because another
+    thread may be waiting on it, and then `poll()` cannot tell."""
+    try:
+        stat = Path(f"/proc/{proc.pid}/stat").read_text(encoding="utf-8", errors="replace")
+    except OSError:  # reaped, or no /proc
+        return proc.poll() is None
+    return stat.rpartition(")")[2].split()[0] not in ("Z", "X")
+
+
+def _signal_run(group: int, mark: str, signum: int) -> int:
+    """Send `signum` to the run's process group and its marked processes; how many were marked."""
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(group, signum)
+    pids = marked_processes(RUN_ENV, mark)
+    for pid in pids:
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.kill(pid, signum)
+    return len(pids)
+
+
+def marked_processes(name: str, value: str, below: bool = False) -> list[int]:
+    """Processes (not this one) whose environment sets `name` to `value` (or, with `below`, to a
+    path under it). Reads /proc (Linux); elsewhere none. A zombie's environment reads empty."""
     proc = Path("/proc")
     if not proc.is_dir():
-        return 0
-    prefix = owner.rstrip("/") + "/"
-    killed = 0
+        return []
+    wanted = f"{name}={value}".encode()
+    prefix = f"{name}={value.rstrip('/')}/".encode() if below else None
+    found = []
     for entry in proc.iterdir():
         if not entry.name.isdigit() or int(entry.name) == os.getpid():
             continue
@@ -128,11 +200,18 @@ def kill_owned_processes(owner: str) -> int:
             environ = (entry / "environ").read_bytes().split(b"\0")
         except OSError:  # gone, or another user's
             continue
-        for item in environ:
-            name, _, value = item.decode(errors="replace").partition("=")
-            if name == OWNER_ENV and (value == owner or value.startswith(prefix)):
-                with contextlib.suppress(ProcessLookupError, PermissionError):
-                    os.kill(int(entry.name), signal.SIGKILL)
-                    killed += 1
-                break
+        if wanted in environ or (prefix and any(item.startswith(prefix) for item in environ)):
+            found.append(int(entry.name))
+    return found
+
+
+def kill_owned_processes(owner: str) -> int:
+    """SIGKILL every process whose environment marks it as started for `owner` (a session
+    directory) or for a directory below it: a probe, server or command that a killed run left
+    running, with their descendants, who inherit the mark."""
+    killed = 0
+    for pid in marked_processes(OWNER_ENV, owner.rstrip("/"), below=True):
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.kill(pid, signal.SIGKILL)
+            killed += 1
     return killed

@@ -13,7 +13,7 @@ from functools import cached_property
 
 import git
 
-from bisect_npu.contracts import CulpritTwin, DependencyNote, FixProposal, FixReport, Reason
+from bisect_npu.contracts import CulpritTwin, DependencyNote, FixProposal, FixReport, Reason, some_branches
 from bisect_npu.fix.dependency import dependency_note
 from bisect_npu.fix.evidence import (
     BM25,
@@ -274,18 +274,18 @@ def _note(proposals: list[FixProposal], dependency: DependencyNote | None,
     if proposals and confident:
         best = proposals[0]
         parts.append(f"{len(proposals)} proposal(s); best: {best.shas[0][:10]} {best.title} "
-                     f"(confidence {best.confidence:.0%}, on {', '.join(best.branches) or 'no branch'})")
+                     f"(confidence {best.confidence:.0%}, on {some_branches(best.branches) or 'no branch'})")
     elif proposals:
         best = proposals[0]
         parts.append(f"no confident fix upstream: {len(proposals)} lead(s), the best {best.shas[0][:10]} "
                      f"{best.title} (confidence {best.confidence:.0%}); check them before applying one")
     else:
-        as_of = ", ".join(f"{name}@{sha[:10]}" for name, sha in sorted(tips.items())) or "no branch holds it"
+        as_of = some_branches([f"{name}@{sha[:10]}" for name, sha in sorted(tips.items())]) or "no branch holds it"
         parts.append(f"no later commit touches the culprit's lines or names it; "
                      f"no fix found upstream as of {as_of}")
     for twin in twins:
         if not twin.fixed:
-            parts.append(f"the culprit was cherry-picked to {', '.join(twin.branches)} as {twin.sha[:10]}: "
+            parts.append(f"the culprit was cherry-picked to {some_branches(twin.branches)} as {twin.sha[:10]}: "
                          f"the fix is needed there too")
     return "; ".join(parts)
 
@@ -624,7 +624,7 @@ def _group_twins(repo: git.Repo, qualified: list[_Candidate], refs: dict[str, st
         branches = sorted({b for names in where.values() for b in names})
         if len(branches) > 1 and len(members) > 1:
             best["twins"] = Reason("twins", f"the same change is on {len(branches)} branches: "
-                                            f"{', '.join(branches)}", WEIGHTS["twins"])
+                                            f"{some_branches(branches)}", WEIGHTS["twins"])
             features["twins"] = 1.0
         if in_bad and all(m.commit.sha in in_bad for m in members):
             best["in_bad_end"] = Reason("in_bad_end", f"already contained in the bad end {bad}, "

@@ -121,12 +121,14 @@ class Evaluator:
         self.reference: list[Observation] | None = None
 
     def close(self) -> None:
-        """End of the session: free cached environments and anything the executor still runs (the
-        executor even when freeing the environments is interrupted)."""
+        """End of the session: stop anything the executor still runs, then free the cached
+        environments (even when stopping is interrupted). In that order: a builder waits for the
+        builds its prefetch threads run, which the executor's stop ends (an interrupt would
+        otherwise wait for a compile to finish), and worktrees go once nothing runs in them."""
         try:
-            self.builder.close()
-        finally:
             self.executor.close()
+        finally:
+            self.builder.close()
 
     def rel(self, path: str | Path | None) -> str | None:
         """Paths in the journal are relative to the session, so a session directory can be moved."""

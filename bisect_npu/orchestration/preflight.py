@@ -71,7 +71,7 @@ def check_run(options: RunOptions, host_root: Path = Path("/")) -> RunInputs:
         return RunInputs(recipe, repo, earlier_runs, candidates_range, last_good_note)
     if options.command:
         ends = [candidates_range.base, candidates_range.bad] if candidates_range.kind == "commits" else []
-        check_command(options.command, repo, ends)
+        options.command = check_command(options.command, repo, ends, options.executor == "docker")
     builds_images = options.executor == "docker" or (options.executor == "ray" and options.node_executor == "docker")
     if repo is not None and options.package is None and builds_images and recipe is not None:
         from bisect_npu.execute.host import recipe_for_host
@@ -294,21 +294,30 @@ def command_words(text: str) -> list[str]:
     return words
 
 
-def check_command(command: list[str], repo: git.Repo | None, ends: list[str]) -> None:
+def check_command(command: list[str], repo: git.Repo | None, ends: list[str], in_container: bool = False) -> list[str]:
     """A command on PATH must exist now. The command runs in each candidate's checkout, which holds
     only committed files: a relative program, or an argument that names a relative path (`./x`,
     `../x`, or, run from the repository's root, a file there), must be committed at both ends, a
-    program executable and not a directory."""
+    program executable and not a directory. Returns the command to run.
+
+    In a container (`in_container`) the image has its own PATH and files, so neither is looked up
+    here; a relative path committed at neither end but a file here is this host's: it is made
+    absolute, and the executor mounts it read-only (`check_command_mounts` says what cannot be)."""
     import shutil
 
     program = command[0]
-    if "/" not in program and shutil.which(program) is None:
+    if not in_container and "/" not in program and shutil.which(program) is None:
         raise UsageError(f"command not found: {program}; give a program on PATH or a path relative to "
                          "the repository root (e.g. ./tests/check.sh)")
-    if Path(program).is_absolute() and not Path(program).is_file():
+    if not in_container and Path(program).is_absolute() and not Path(program).is_file():
         raise UsageError(f"command not found: {program} is not a file")
+    command = [_host_file(arg, repo, ends) if in_container else arg for arg in command]
+    if in_container:
+        from bisect_npu.execute.docker import check_command_mounts
+
+        check_command_mounts(command)
     if repo is None:
-        return
+        return command
     at_root = repo.working_tree_dir is not None and Path.cwd().resolve() == Path(repo.working_tree_dir).resolve()
     relative = [arg for i, arg in enumerate(command)
                 if _PLAIN_PATH.fullmatch(arg) and not Path(arg).is_absolute()
@@ -328,6 +337,21 @@ def check_command(command: list[str], repo: git.Repo | None, ends: list[str]) ->
             if stat.S_ISREG(entry.mode) and not entry.mode & 0o111:
                 raise UsageError(f"{arg} is not executable at {sha[:12]}; run it through its interpreter "
                                  f"(e.g. --cmd \"python3 {arg}\") or commit it with the executable bit")
+    return command
+
+
+def _host_file(arg: str, repo: git.Repo | None, ends: list[str]) -> str:
+    """`arg` made absolute when it is a relative path to a file of this host that no end commits
+    (a check script kept beside the clone): in a container it is mounted from here. A committed
+    one stays the candidate's own."""
+    if Path(arg).is_absolute() or not _PLAIN_PATH.fullmatch(arg) or arg.startswith("-") or not Path(arg).is_file():
+        return arg
+    if repo is not None and repo.working_tree_dir is not None:
+        inside = Path(arg).resolve().is_relative_to(Path(repo.working_tree_dir).resolve())
+        where = os.path.relpath(Path(arg).resolve(), Path(repo.working_tree_dir).resolve()) if inside else None
+        if where is not None and any(_tree_entry(repo.commit(sha).tree, where) is not None for sha in ends):
+            return arg
+    return str(Path(arg).resolve())
 
 
 def _tree_entry(tree: git.Tree, path: str) -> git.Blob | git.Tree | Literal["symlink"] | None:

@@ -21,7 +21,7 @@ from typing import Literal
 import git
 
 from bisect_npu import __version__, history, search
-from bisect_npu.builders.base import Builder
+from bisect_npu.builders.base import Builder, tail
 from bisect_npu.contracts import Verdict, VerdictKind
 from bisect_npu.errors import UsageError
 from bisect_npu.execute.base import Executor
@@ -62,6 +62,10 @@ class SessionResult:
     range: tuple[str, str] | None = None
     message: str = ""
     steps: int = 0
+    output_tail: str = ""  # ends judged wrong: the last lines of that end's last run (its log is in `message`)
+
+
+END_OUTPUT_LINES = 10  # what an end judged wrong shows of its run's output
 
 
 def _reference(recipe: Recipe | None, base: str) -> str:
@@ -533,9 +537,11 @@ class Session:
                 message = (f"precondition failed: the {decision.which} end {ref} {judged}; "
                            f"check the {oracle} reproduces the problem at {self.options.bad} and not at "
                            f"{self.options.good}, or pass --no-check-ends")
+            log, output = self._end_run(end_index)
+            message += f" (its run's log: {log})" if log else ""
             end = EndRecord(status="ends_wrong", which=decision.which, figures=decision.figures)
             result = SessionResult("ends_wrong", EXIT_ENDS_WRONG, self.journal.session_dir, message=message,
-                                   steps=steps)
+                                   steps=steps, output_tail=output)
         self.append(end.model_copy(update={"message": message, "prefetch_saved_s": self._prefetch_saved()}))
         return result
 
@@ -543,8 +549,18 @@ class Session:
         steps = len(self._finished_steps())
         code = {"found": EXIT_FOUND, "narrowed": EXIT_NARROWED, "ends_wrong": EXIT_ENDS_WRONG}[end.status]
         rng = (end.lo, end.hi) if end.status == "narrowed" and end.lo and end.hi else None
+        output = self._end_run(0 if end.which == "good" else self.n)[1] if end.status == "ends_wrong" else ""
         return SessionResult(end.status, code, self.journal.session_dir, culprit=end.culprit, range=rng,
-                             message=end.message, steps=steps)
+                             message=end.message, steps=steps, output_tail=output)
+
+    def _end_run(self, end_index: int) -> tuple[Path | None, str]:
+        """The log of the last run at an end and the last lines of its output: where a user finds
+        why the end was judged as it was (a missing file, a traceback, the wrong interpreter)."""
+        step = next((e for e in reversed(self._finished_steps()) if e.index == end_index and e.trials), None)
+        if step is None or not step.trials[-1].log:
+            return None, ""
+        log = self.evaluator.abs(step.trials[-1].log)
+        return log, tail(log, END_OUTPUT_LINES)
 
     def verdict_of(self, commit: str) -> Verdict:
         """Evaluate any commit (a fix applied on the bad end) with this session's recipe or command."""

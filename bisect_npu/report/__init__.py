@@ -16,7 +16,7 @@ from typing import Any
 import jinja2
 
 from bisect_npu import __version__
-from bisect_npu.contracts import FixReport, FixVerification, Observation, to_jsonable
+from bisect_npu.contracts import FixReport, FixVerification, Observation, some_branches, to_jsonable
 from bisect_npu.errors import UsageError
 from bisect_npu.journal import JOURNAL_FILE, Journal
 from bisect_npu.records import (
@@ -328,6 +328,7 @@ def _environment() -> jinja2.Environment:
                              trim_blocks=True, lstrip_blocks=True, keep_trailing_newline=True,
                              undefined=jinja2.ChainableUndefined)
     env.filters["short"] = lambda sha: (sha or "")[:12]
+    env.filters["some_branches"] = some_branches
     env.filters["shell_join"] = shlex.join  # a command as it would be typed again
     env.filters["cell"] = lambda text: str(text).replace("|", "\\|").replace("\n", " ")[:160]
     return env

@@ -28,6 +28,22 @@ _SIZE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([kmgt]?)i?b?\s*$", re.IGNORECASE)
 _UNITS = {"": 1, "k": 1 << 10, "m": 1 << 20, "g": 1 << 30, "t": 1 << 40}
 
 
+def list_images(api: Any, filters: dict[str, str], attempts: int = 5) -> list[dict[str, Any]]:
+    """The engine's images matching `filters`. Podman answers a listing with 500 "image not known"
+    when another process removes an image while it is listed (sessions share one store), so that
+    answer is asked again, a few times, before it counts."""
+    import docker.errors
+
+    for attempt in range(attempts - 1):
+        try:
+            return list(api.images(filters=filters))
+        except docker.errors.APIError as exc:
+            if "image not known" not in str(exc).lower():
+                raise
+            time.sleep(0.2 * (attempt + 1))
+    return list(api.images(filters=filters))
+
+
 def parse_size(text: str) -> int:
     """Bytes from `--cache-size` text: `200G`, `512MiB`, `1.5t`, `1048576`."""
     match = _SIZE.match(text)
@@ -66,7 +82,7 @@ class ImageCache:
 
     def images(self) -> list[tuple[str, int, float]]:
         """(id, bytes it adds, last use) of every bisect-npu image in the engine."""
-        rows = self.client.api.images(filters={"label": KIND_LABEL})
+        rows = list_images(self.client.api, {"label": KIND_LABEL})
         sizes = {row["Id"]: int(row.get("Size") or 0) for row in rows}
         state = self._load()
         result = []

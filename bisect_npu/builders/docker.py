@@ -34,7 +34,7 @@ import git
 
 from bisect_npu import __version__
 from bisect_npu.builders.base import BuildFailed, Environment, tail
-from bisect_npu.builders.cache import ImageCache
+from bisect_npu.builders.cache import ImageCache, list_images
 from bisect_npu.builders.failures import classify_build_failure
 from bisect_npu.builders.key import BuildKey, BuildKeyReader, is_compiled_input
 from bisect_npu.builders.registry import BaseImageMap
@@ -137,7 +137,7 @@ class DockerBuilder:
         if not self.overlays:
             return frozenset()
         try:
-            rows = self.client.api.images(filters={"label": f"{LABEL_KIND}=full"})
+            rows = list_images(self.client.api, {"label": f"{LABEL_KIND}=full"})
         except (docker.errors.DockerException, requests.exceptions.RequestException):
             return frozenset()  # a price hint only: the next build meets the engine's error and says it
         labels = [row.get("Labels") or {} for row in rows]
@@ -159,9 +159,9 @@ class DockerBuilder:
         with self._lock_for(key.digest):
             # Low-level API calls throughout: the SDK's objects re-inspect every image, and on an
             # overlay (a second) those extra round trips would be most of the time.
-            same_key = self.client.api.images(filters={"label": f"{LABEL_KEY}={key.digest}"})
+            same_key = list_images(self.client.api, {"label": f"{LABEL_KEY}={key.digest}"})
             if not same_key and self._adopt_release(key, log_path):  # a published release is this key's build
-                same_key = self.client.api.images(filters={"label": f"{LABEL_KEY}={key.digest}"})
+                same_key = list_images(self.client.api, {"label": f"{LABEL_KEY}={key.digest}"})
             mine = [row for row in same_key if (row.get("Labels") or {}).get(LABEL_COMMIT) == commit]
             full = [row for row in same_key if (row.get("Labels") or {}).get(LABEL_KIND) == "full"
                     and self._known((row.get("Labels") or {}).get(LABEL_COMMIT, ""))]
@@ -287,7 +287,7 @@ class DockerBuilder:
         assert env.image is not None
         tag = "dep-" + re.sub(r"[^A-Za-z0-9_.-]+", "-", key)[:120]
         api = self.client.api
-        made = api.images(filters={"label": f"{LABEL_KEY}={key}"})
+        made = list_images(api, {"label": f"{LABEL_KEY}={key}"})
         log_path.parent.mkdir(parents=True, exist_ok=True)
         with log_path.open("w", encoding="utf-8") as log:
             if made:

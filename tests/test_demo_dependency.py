@@ -14,6 +14,7 @@ import git
 import pytest
 
 from bisect_npu.contracts import Observation, VerdictKind
+from bisect_npu.demo.generate import GENERATOR_VERSION
 from bisect_npu.demo.manifest import Manifest
 from bisect_npu.fix import propose_fixes
 from bisect_npu.oracle import judge_observation
@@ -169,3 +170,64 @@ def test_manifest_round_trips_with_its_dependency(demo_upstream, tmp_path):
     assert Manifest.load(path) == manifest
     with pytest.raises(KeyError, match="unknown demo dependency 'vllm'; known: minivllm"):
         manifest.dependency("vllm")
+
+
+def demo_dependency_case(tmp_path: Path, *extra: str) -> tuple[dict, Path]:
+    """`bisect-npu demo --case dependency` on a private cache (fix verification adds refs to the
+    clones it verifies in); its JSON summary and its top session directory."""
+    root = tmp_path / "sessions"
+    env = {**os.environ, "BISECT_NPU_CACHE": str(tmp_path / "cache")}
+    done = subprocess.run([sys.executable, "-m", "bisect_npu", "demo", "--case", "dependency", "--json", "--quiet",
+                           "--session-root", str(root), *extra], cwd=tmp_path, env=env, capture_output=True,
+                          text=True, timeout=1500)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    for line in ("manifest pin move: v0.2.0 -> v0.3.0 -> MATCH", "manifest minivllm fix tag: v0.3.1 -> MATCH"):
+        assert line in done.stdout
+    summary = json.loads(done.stdout.strip().splitlines()[-1])
+    return summary, Path(summary["report"]).parent
+
+
+def dependency_steps(session: Path) -> tuple[Path, list[dict]]:
+    """The dependency level's session (the top journal's `next_level` names it) and its steps."""
+    top = [json.loads(line) for line in (session / "journal.jsonl").read_text().splitlines()]
+    (below,) = [Path(e["session"]) for e in top if e.get("type") == "next_level" and e["dependency"] == "minivllm"]
+    lines = map(json.loads, (below / "journal.jsonl").read_text().splitlines())
+    return below, [e for e in lines if e.get("type") == "step"]
+
+
+def assert_the_chain(summary: dict, session: Path, manifest: Manifest) -> None:
+    case = manifest.case("dependency")
+    truth = case.dependency
+    assert truth is not None
+    assert summary["match"] is True and summary["culprit"] == case.culprit.sha
+    assert {k: v["found"] for k, v in summary["dependency"].items()} == {
+        "culprit": case.culprit.sha, "pin_move": "v0.2.0 -> v0.3.0", "minivllm_culprit": truth.culprit.sha,
+        "minivllm_fix": truth.fix.sha, "minivllm_fix_tag": truth.fix_tag}
+    markdown = (session / "report.md").read_text()
+    assert f"first bad minivllm commit: {truth.culprit.sha[:12]}" in markdown
+    assert f"move the pin to >= {truth.fix_tag}, or cherry-pick {truth.fix.sha[:12]}" in markdown
+
+
+def test_demo_dependency_case_names_the_whole_chain_locally(tmp_path):
+    summary, session = demo_dependency_case(tmp_path)
+    manifest = Manifest.load(tmp_path / "cache" / "demo" / f"v{GENERATOR_VERSION}" / "seed-0" / "manifest.json")
+    assert_the_chain(summary, session, manifest)
+    below, steps = dependency_steps(session)
+    # The held upstream commit is built once; every dependency candidate is its tree on PYTHONPATH.
+    assert [s["build"]["how"] for s in steps].count("built") <= 1
+    assert all(s["build"]["how"] in ("built", "overlay") for s in steps)
+    fix_verify = [json.loads(line) for line in (below / "journal.jsonl").read_text().splitlines()][-1]
+    assert fix_verify["type"] == "fix_verify" and fix_verify["verifications"][0]["status"] == "verified"
+
+
+@pytest.mark.container
+def test_demo_dependency_case_names_the_whole_chain_in_containers(docker_client, demo_base_image, tmp_path):
+    summary, session = demo_dependency_case(tmp_path, "--executor", "docker", "--no-verify-fix")
+    manifest = Manifest.load(tmp_path / "cache" / "demo" / f"v{GENERATOR_VERSION}" / "seed-0" / "manifest.json")
+    assert_the_chain(summary, session, manifest)
+    _, steps = dependency_steps(session)
+    # Zero builds at the dependency level: each candidate is one layer over the held culprit's image.
+    assert steps and {s["build"]["how"] for s in steps} == {"overlay"}
+    layers = docker_client.api.images(filters={"label": "org.bisect-npu.kind=dependency"})
+    laid = {row["Labels"]["org.bisect-npu.key"].rsplit("@", 1)[1] for row in layers}
+    assert {s["commit"][:12] for s in steps} <= laid

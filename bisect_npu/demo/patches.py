@@ -336,11 +336,12 @@ MINIVLLM_IMAGE_PATH = "/vllm-workspace/minivllm"
 def minivllm_adoption(tag: str) -> Change:
     """tinyvllm's server starts taking its defaults from minivllm, pinned at `tag`."""
     dockerfile = (f"{_DOCKERFILE_VLLM}\n"
-                  "# minivllm is pure Python and not installed here: its tree at MINIVLLM_TAG lies at\n"
+                  "# minivllm is pure Python and not installed here: its tree at MINIVLLM_TAG is laid into\n"
                   f"# {MINIVLLM_IMAGE_PATH} (vllm-ascend's image puts vLLM's at /vllm-workspace/vllm),\n"
                   "# first on the path. Nothing of it compiles.\n"
                   f"ARG {MINIVLLM_PIN_ARG}={tag}\n"
-                  f"ENV TINYVLLM_PAIRED_MINIVLLM=${{{MINIVLLM_PIN_ARG}}} PYTHONPATH={MINIVLLM_IMAGE_PATH}\n")
+                  f"ENV TINYVLLM_PAIRED_MINIVLLM=${{{MINIVLLM_PIN_ARG}}} PYTHONPATH={MINIVLLM_IMAGE_PATH}\n"
+                  f"RUN mkdir -p {MINIVLLM_IMAGE_PATH}\n")
     return Change(
         "[Refactor] Take the server's sampling defaults from minivllm",
         (Patch("tinyvllm/server.py", _SERVER_IMPORTS, _SERVER_MINIVLLM_IMPORTS),

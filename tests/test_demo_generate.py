@@ -31,9 +31,13 @@ def test_same_seed_same_repository(demo_upstream, tmp_path):
     repo, manifest = demo_upstream
     again = generate_upstream(tmp_path / "again", seed=0)
     assert refs(tmp_path / "again") == refs(repo)
-    assert again.model_dump(exclude={"repo"}) == manifest.model_dump(exclude={"repo"})
+    assert refs(Path(again.dependency("minivllm").repo)) == refs(Path(manifest.dependency("minivllm").repo))
+    assert again.model_dump(exclude={"repo", "dependencies"}) == manifest.model_dump(exclude={"repo", "dependencies"})
+    assert [d.model_dump(exclude={"repo"}) for d in again.dependencies] == [
+        d.model_dump(exclude={"repo"}) for d in manifest.dependencies]
     other = generate_upstream(tmp_path / "other", seed=1)
     assert other.branches != manifest.branches
+    assert other.dependency("minivllm").branches != manifest.dependency("minivllm").branches
 
 
 def test_history_looks_like_vllm_ascend(demo_upstream):
@@ -57,7 +61,8 @@ def first_parent_range(repo: Path, good: str, bad: str) -> list[str]:
 
 def test_manifest_matches_the_repository(demo_upstream):
     repo, manifest = demo_upstream
-    assert {c.name for c in manifest.cases} == {"async-penalty", "rope-longseq", "spec-decode", "presence-penalty"}
+    assert {c.name for c in manifest.cases} == {"async-penalty", "rope-longseq", "spec-decode", "presence-penalty",
+                                                "dependency"}
     for case in manifest.cases:
         candidates = first_parent_range(repo, case.good_ref, case.bad_ref)
         assert case.culprit.sha in candidates, case.name
@@ -101,6 +106,9 @@ def test_ensure_upstream_generates_once(tmp_path, monkeypatch):
     repo, manifest = ensure_upstream(seed=0)
     assert repo == tmp_path / "cache" / "demo" / f"v{GENERATOR_VERSION}" / "seed-0" / "upstream"
     assert Manifest.load(repo.parent / "manifest.json") == manifest
+    dependency = repo.parent / "minivllm"
+    assert manifest.dependency("minivllm").repo == str(dependency)
+    assert git(dependency, "rev-parse", "main").strip() == manifest.dependency("minivllm").branches["main"]
     marker = repo / ".git" / "still-here"
     marker.write_text("")
     again, _ = ensure_upstream(seed=0)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Literal
+from typing import Any, Literal
 
 import click
 
@@ -33,6 +33,7 @@ def _case_name(ctx: click.Context, param: click.Parameter, value: str | None) ->
 def demo(case_name: str | None, seed: int, executor: Literal["local", "docker"], verify_fix: bool, session_root: Path,
          as_json: bool, quiet: bool) -> None:
     """Generate the demo upstream (once), bisect a case with its recipe, write the report."""
+    from bisect_npu.demo.check import check_case
     from bisect_npu.demo.generate import ensure_upstream
     from bisect_npu.journal import new_session_dir
     from bisect_npu.orchestration.levels import Bisection
@@ -55,21 +56,31 @@ def demo(case_name: str | None, seed: int, executor: Literal["local", "docker"],
         truth = manifest.case(name)
         click.echo(f"\n== case {name}: {truth.symptom}\n   bisecting {truth.good_ref}..{truth.bad_ref} "
                    f"with recipe {truth.recipe}", err=True)
+        # A case whose culprit moves a dependency's pin crosses into the generated dependency's clone.
+        dep_repos = [f"{truth.dependency.name}={manifest.dependency(truth.dependency.name).repo}"] if (
+            truth.dependency) else []
         options = RunOptions(good=truth.good_ref, bad=truth.bad_ref, repo=str(repo), recipe=truth.recipe,
-                             executor=executor, verify_fix=verify_fix)
+                             executor=executor, verify_fix=verify_fix, dep_repos=dep_repos)
         session_root.mkdir(parents=True, exist_ok=True)
         bisection = Bisection.start(options, session_dir=new_session_dir(session_root),
                                     progress=make_progress(quiet or as_json))
         note_session(bisection.session_dir)
         result = bisection.run()
-        md_path, _ = write_reports(result.session_dir)
-        matches = result.culprit == truth.culprit.sha
+        write_reports(result.session_dir)  # the finest level's (a dependency level's), as `run` writes it
+        md_path, _ = write_reports(bisection.session_dir)  # the top level's, which shows the finer level's answer
+        check = check_case(truth, bisection.session_dir)
+        matches = check.match
         click.echo(result.message)
         click.echo(f"manifest culprit: {truth.culprit.sha[:12]} {truth.culprit.title} -> "
-                   f"{'MATCH' if matches else 'MISMATCH'}")
+                   f"{'MATCH' if check.links[0][1] == truth.culprit.sha else 'MISMATCH'}")
+        for line in check.lines()[1:]:
+            click.echo(line)
         click.echo(f"report: {md_path}")
-        summaries.append({"case": name, "status": result.status, "culprit": result.culprit,
-                          "expected": truth.culprit.sha, "match": matches, "report": str(md_path)})
+        summary: dict[str, Any] = {"case": name, "status": result.status, "culprit": check.links[0][1],
+                                   "expected": truth.culprit.sha, "match": matches, "report": str(md_path)}
+        if truth.dependency:
+            summary["dependency"] = check.summary()
+        summaries.append(summary)
         worst = max(worst, result.exit_code if matches else 1)
     if as_json:
         click.echo(json.dumps(summaries if len(summaries) > 1 else summaries[0]))

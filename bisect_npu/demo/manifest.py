@@ -15,6 +15,23 @@ class CommitRef(BaseModel):
     branch: str
 
 
+class DependencyTruth(BaseModel):
+    """The dependency side of a case whose upstream culprit only moves a pin: the dependency's own
+    culprit between the two pins, and its later fix."""
+
+    name: str
+    pin_file: str
+    pin_arg: str
+    old_pin: str
+    new_pin: str
+    old_sha: str
+    new_sha: str
+    culprit: CommitRef
+    culprit_parent: str
+    fix: CommitRef
+    fix_tag: str = Field(description="the first dependency tag that contains the fix")
+
+
 class CaseTruth(BaseModel):
     """One seeded regression: bisecting good_ref..bad_ref with `recipe` must find `culprit`."""
 
@@ -28,6 +45,19 @@ class CaseTruth(BaseModel):
     culprit: CommitRef
     culprit_parent: str
     fixes: list[CommitRef]
+    dependency: DependencyTruth | None = None
+
+
+class DependencyRepo(BaseModel):
+    """A generated dependency of the upstream (its own repository, next to the upstream's)."""
+
+    name: str
+    repo: str = Field(description="path of the generated repository")
+    commit_count: int
+    branches: dict[str, str] = Field(description="branch name -> tip sha")
+    tags: dict[str, str] = Field(description="tag name -> sha")
+    import_failing: list[CommitRef] = Field(description="commits at which the upstream cannot import it")
+    unrelated_bugfix: CommitRef
 
 
 class CompiledTouch(BaseModel):
@@ -51,12 +81,19 @@ class Manifest(BaseModel):
     build_failing: list[CommitRef]
     compiled_touching: list[CompiledTouch]
     build_command: list[str]
+    dependencies: list[DependencyRepo] = Field(default_factory=list)
 
     def case(self, name: str) -> CaseTruth:
         for case in self.cases:
             if case.name == name:
                 return case
         raise KeyError(f"unknown demo case {name!r}; known: {', '.join(c.name for c in self.cases)}")
+
+    def dependency(self, name: str) -> DependencyRepo:
+        for dependency in self.dependencies:
+            if dependency.name == name:
+                return dependency
+        raise KeyError(f"unknown demo dependency {name!r}; known: {', '.join(d.name for d in self.dependencies)}")
 
     @classmethod
     def load(cls, path: str | Path) -> Manifest:

@@ -7,6 +7,7 @@ once, so a plan that drifts from the templates fails loudly at generation time.
 from __future__ import annotations
 
 import random
+from collections.abc import Callable
 from dataclasses import dataclass
 
 
@@ -220,12 +221,22 @@ _HELPER_SOURCE = {
 }
 
 
-class FillerMaker:
-    """Believable, harmless commits; deterministic for a given rng."""
+def _tinyvllm_example(name: str, count: int) -> str:
+    return ('"""Example: ' + name.replace("_", " ") + '."""\n\nfrom tinyvllm.engine import LLM\n'
+            "from tinyvllm.sampling_params import SamplingParams\n\n"
+            f'llm = LLM("seed:{count}")\n'
+            f'print(llm.generate("hello {name}", SamplingParams(temperature=0, max_tokens=8)))\n')
 
-    def __init__(self, rng: random.Random) -> None:
+
+class FillerMaker:
+    """Believable, harmless commits in `package`'s repository; deterministic for a given rng."""
+
+    def __init__(self, rng: random.Random, package: str = "tinyvllm",
+                 example: Callable[[str, int], str] = _tinyvllm_example) -> None:
         self.rng = rng
         self.count = 0
+        self.package = package
+        self.example = example
 
     def make(self, files: dict[str, str]) -> Change:
         self.count += 1
@@ -249,29 +260,100 @@ class FillerMaker:
         return Change(title, (self._append(files, ".github/workflows/ci.yaml", step),))
 
     def _env(self, files: dict[str, str]) -> Change:
-        name = f"TINYVLLM_{self.rng.choice(_ENV_WORDS)}_{self.count}"
+        name = f"{self.package.upper()}_{self.rng.choice(_ENV_WORDS)}_{self.count}"
         marker = "    # new variables go above this line\n"
         return Change(f"[Misc] Add the {name} environment variable",
-                      (Patch("tinyvllm/envs.py", marker, f'    "{name}": "0",\n' + marker),))
+                      (Patch(f"{self.package}/envs.py", marker, f'    "{name}": "0",\n' + marker),))
 
     def _example(self, files: dict[str, str]) -> Change:
         name = f"{self.rng.choice(_EXAMPLES)}_{self.count}"
-        source = ('"""Example: ' + name.replace("_", " ") + '."""\n\nfrom tinyvllm.engine import LLM\n'
-                  "from tinyvllm.sampling_params import SamplingParams\n\n"
-                  f'llm = LLM("seed:{self.count}")\n'
-                  f'print(llm.generate("hello {name}", SamplingParams(temperature=0, max_tokens=8)))\n')
         return Change(f"[Doc] Add an example for {name.rsplit('_', 1)[0].replace('_', ' ')}",
-                      (Patch(f"examples/{name}.py", None, source),))
+                      (Patch(f"examples/{name}.py", None, self.example(name, self.count)),))
 
     def _helper(self, files: dict[str, str]) -> Change:
         name = self.rng.choice(_HELPERS)
         suffix = f"_v{self.count}"
         source = _HELPER_SOURCE[name].replace(f"def {name}(", f"def {name}{suffix}(", 1)
-        header = files.get("tinyvllm/utils.py", '"""Small helpers."""\n')
-        return Change(f"[Misc] Add a {name} helper to utils",
-                      (Patch("tinyvllm/utils.py", None, header + "\n\n" + source),))
+        path = f"{self.package}/utils.py"
+        header = files.get(path, '"""Small helpers."""\n')
+        return Change(f"[Misc] Add a {name} helper to utils", (Patch(path, None, header + "\n\n" + source),))
 
     def _release_note(self, files: dict[str, str]) -> Change:
         line = f"- Improvement {self.count}: {self.rng.choice(_TOPICS)}.\n"
         return Change("[Doc] Update the release notes",
                       (self._append(files, "docs/source/release_notes.md", line),))
+
+
+# 5. The dependency: the server takes its sampling defaults from minivllm (a pure-Python library
+#    pinned by `ARG MINIVLLM_TAG`, like vLLM under vllm-ascend); a later pin move brings in
+#    minivllm's own regression (bisect_npu.demo.dependency).
+_SERVER_OWN_DEFAULTS = '''# Generation-config names -> SamplingParams fields.
+_GENERATION_CONFIG_TO_SAMPLING = {
+    "temperature": "temperature",
+    "top_p": "top_p",
+    "top_k": "top_k",
+    "min_p": "min_p",
+    "repetition_penalty": "repetition_penalty",
+    "presence_penalty": "presence_penalty",
+    "frequency_penalty": "frequency_penalty",
+    "max_new_tokens": "max_tokens",
+}
+
+
+def default_sampling_params(override_generation_config: dict[str, Any] | None) -> dict[str, Any]:
+    """The server's defaults from the override (unknown keys are ignored, like vLLM)."""
+    defaults: dict[str, Any] = {}
+    for key, value in (override_generation_config or {}).items():
+        field = _GENERATION_CONFIG_TO_SAMPLING.get(key)
+        if field is not None:
+            defaults[field] = value
+    return defaults
+
+
+'''
+_SERVER_OWN_RESOLVE = '''        self.defaults = default_sampling_params(override_generation_config)
+
+    def sampling_params(self, request: dict[str, Any]) -> SamplingParams:
+        """The effective parameters: the request's fields over the server defaults."""
+        sent = {k: v for k, v in request.items() if v is not None}
+        return SamplingParams.from_dict({**self.defaults, **sent})
+'''
+_SERVER_MINIVLLM_RESOLVE = '''        self.defaults = get_diff_sampling_param(None, override_generation_config)
+
+    def sampling_params(self, request: dict[str, Any]) -> SamplingParams:
+        """The effective parameters: the request's fields, else the server defaults, else OpenAI's."""
+        return SamplingParams.from_dict(to_sampling_params(request, self.defaults))
+'''
+_SERVER_IMPORTS = "from typing import Any\n\nfrom .engine import LLM, TokenOutput\n"
+_SERVER_MINIVLLM_IMPORTS = ("from typing import Any\n\nfrom minivllm.config import get_diff_sampling_param\n"
+                            "from minivllm.protocol import to_sampling_params\n\n"
+                            "from .engine import LLM, TokenOutput\n")
+_DOCKERFILE_VLLM = "ENV TINYVLLM_PAIRED_VLLM=${VLLM_TAG}\n"
+MINIVLLM_PIN_ARG = "MINIVLLM_TAG"
+MINIVLLM_IMAGE_PATH = "/vllm-workspace/minivllm"
+
+
+def minivllm_adoption(tag: str) -> Change:
+    """tinyvllm's server starts taking its defaults from minivllm, pinned at `tag`."""
+    dockerfile = (f"{_DOCKERFILE_VLLM}\n"
+                  "# minivllm is pure Python and not installed here: its tree at MINIVLLM_TAG is laid into\n"
+                  f"# {MINIVLLM_IMAGE_PATH} (vllm-ascend's image puts vLLM's at /vllm-workspace/vllm),\n"
+                  "# first on the path. Nothing of it compiles.\n"
+                  f"ARG {MINIVLLM_PIN_ARG}={tag}\n"
+                  f"ENV TINYVLLM_PAIRED_MINIVLLM=${{{MINIVLLM_PIN_ARG}}} PYTHONPATH={MINIVLLM_IMAGE_PATH}\n"
+                  f"RUN mkdir -p {MINIVLLM_IMAGE_PATH}\n")
+    return Change(
+        "[Refactor] Take the server's sampling defaults from minivllm",
+        (Patch("tinyvllm/server.py", _SERVER_IMPORTS, _SERVER_MINIVLLM_IMPORTS),
+         Patch("tinyvllm/server.py", _SERVER_OWN_DEFAULTS, ""),
+         Patch("tinyvllm/server.py", _SERVER_OWN_RESOLVE, _SERVER_MINIVLLM_RESOLVE),
+         Patch("Dockerfile", _DOCKERFILE_VLLM, dockerfile)),
+        "minivllm's get_diff_sampling_param and request defaults replace our own copy, as vLLM's do "
+        f"for vllm-ascend. Pinned by ARG {MINIVLLM_PIN_ARG} in the Dockerfile.",
+    )
+
+
+def minivllm_pin_move(old: str, new: str) -> Change:
+    """The pin-only commit that moves minivllm from `old` to `new`."""
+    return Change(f"[Misc] Upgrade minivllm to {new}",
+                  (Patch("Dockerfile", f"ARG {MINIVLLM_PIN_ARG}={old}\n", f"ARG {MINIVLLM_PIN_ARG}={new}\n"),))

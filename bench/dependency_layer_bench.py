@@ -15,7 +15,7 @@ Measured on the demo (`--executor docker`, the engine's API), then projected for
 Needs the engine (containers/setup-podman.sh; DOCKER_HOST exported) and the demo base image
 (containers/make-base-image.sh). It removes the demo dependency case's images (to build afresh):
 do not run it beside a `demo --case dependency --executor docker`. Usage:
-`.venv/bin/python bench/dependency_bench.py [--vllm-tree .venv-vllm/lib/python3.11/site-packages/vllm]`.
+`.venv/bin/python bench/dependency_layer_bench.py [--vllm-tree .venv-vllm/lib/python3.11/site-packages/vllm]`.
 """
 
 from __future__ import annotations

@@ -194,6 +194,13 @@ def test_dependency_culprit_gives_the_versions_to_bisect_next(tmp_path):
     pin = hist.commit("Pin torch (#4)", {"requirements.txt": "numpy<2\ntorch==2.6.0\n"})
     dep = propose_fixes(git.Repo(hist.path), pin).dependency
     assert dep is not None and (dep.package, dep.old, dep.new) == ("torch", "2.5.1", "2.6.0")
+    moved = hist.commit("Move minivllm to v0.3.0 (#5)", {
+        "Dockerfile": docker.replace("v0.9.0", "v0.9.1") + "ARG MINIVLLM_TAG=v0.2.0\n"})
+    assert propose_fixes(git.Repo(hist.path), moved).dependency is None  # a new pin is a change, not a move
+    moved = hist.commit("Move minivllm to v0.3.0 (#6)", {
+        "Dockerfile": docker.replace("v0.9.0", "v0.9.1") + "ARG MINIVLLM_TAG=v0.3.0\n"})
+    dep = propose_fixes(git.Repo(hist.path), moved).dependency
+    assert dep is not None and (dep.package, dep.old, dep.new) == ("minivllm", "v0.2.0", "v0.3.0")
     code = propose_fixes(git.Repo(hist.path), add_culprit(hist))
     assert code.dependency is None
 

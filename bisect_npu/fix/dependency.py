@@ -8,7 +8,8 @@ import re
 from bisect_npu.contracts import DependencyNote
 from bisect_npu.fix.gitlog import IGNORABLE_FILE, FileDiff
 
-_VLLM_TAG = re.compile(r"^\s*ARG\s+VLLM_TAG\s*=\s*(\S+)")
+# A Dockerfile build argument that pins a dependency by its name: VLLM_TAG, VLLM_COMMIT, MINIVLLM_TAG ...
+_PIN_ARG = re.compile(r"^\s*ARG\s+([A-Za-z][A-Za-z0-9_]*?)_(?:TAG|COMMIT|VERSION|REF)\s*=\s*(\S+)")
 _REQ_PIN = re.compile(r"""^\s*["']?([A-Za-z0-9][A-Za-z0-9._-]*)(?:\[[^\]]*\])?\s*(==|~=|>=|<=|<|>)\s*([^"',;\s]+)""")
 _DEPENDENCY_FILE = re.compile(r"(?:^|/)(?:Dockerfile[^/]*|requirements[^/]*\.txt|pyproject\.toml)$")
 
@@ -42,9 +43,9 @@ def _pins(lines: list[str]) -> dict[str, str] | None:
     for line in lines:
         if not line.strip() or line.lstrip().startswith("#"):
             continue
-        tag = _VLLM_TAG.match(line)
-        if tag:
-            pins["vllm"] = tag[1].strip("\"'")
+        arg = _PIN_ARG.match(line)
+        if arg:
+            pins[arg[1].lower().replace("_", "-")] = arg[2].strip("\"'")
             continue
         pin = _REQ_PIN.match(line)
         if not pin:

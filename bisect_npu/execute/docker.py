@@ -267,7 +267,9 @@ class DockerExecutor:
                 except InfrastructureError:
                     raise
                 except Exception as exc:  # the engine's read timeout: requests raises its own types
-                    if isinstance(exc, docker.errors.NotFound):  # docker's answer to the same
+                    if isinstance(exc, docker.errors.NotFound) or (  # docker's answer to the same;
+                            isinstance(exc, docker.errors.APIError)  # podman's is a 500 that says so
+                            and "no such container" in str(exc).lower()):
                         raise _went_away(container, exc) from exc
                     if not _is_timeout(exc):
                         raise

@@ -23,6 +23,7 @@ import git
 import pytest
 from conftest import DEMO_BASE_IMAGE, _engine_missing
 
+from bisect_npu.builders.cache import list_images
 from bisect_npu.demo.generate import ensure_upstream
 
 pytestmark = pytest.mark.container
@@ -107,7 +108,7 @@ def mirror(tmp_path_factory, docker_client, demo_base_image) -> Iterator[Mirror]
         _stop(engine)
         _stop(registry)
         forget_keys(docker_client, result.keys)
-        for row in images(docker_client):  # what was pulled from the mirror
+        for row in list_images(docker_client.api):  # what was pulled from the mirror
             for tag in row.get("RepoTags") or []:
                 if tag.startswith(address + "/"):
                     forget(tag)
@@ -137,24 +138,11 @@ ORACLE = ("python3 -c 'import sys; text = open(\"/vllm-workspace/tinyvllm/tinyvl
 
 def forget_keys(client, keys: set[str]) -> None:
     """Remove the images of these build keys (overlays first), so the run starts from none."""
-    for row in sorted(images(client, {"label": "org.bisect-npu.kind"}),
+    for row in sorted(list_images(client.api, {"label": "org.bisect-npu.kind"}),
                       key=lambda r: r["Labels"]["org.bisect-npu.kind"] != "overlay"):
         if row["Labels"].get("org.bisect-npu.key") in keys:
             with contextlib.suppress(docker.errors.NotFound):
                 client.images.remove(row["Id"], force=True)
-
-
-def images(client, filters: dict | None = None) -> list[dict]:
-    """The engine's image list; podman 4.3 fails a listing that races another session's removal
-    ("image not known"), so it is asked again."""
-    for _ in range(5):
-        try:
-            return client.api.images(filters=filters)
-        except docker.errors.APIError as exc:
-            if "image not known" not in str(exc):
-                raise
-            time.sleep(1)
-    return client.api.images(filters=filters)
 
 
 def range_keys(repo_path: Path, good: str, bad: str, image_map: list[str]) -> list[str]:

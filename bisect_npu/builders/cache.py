@@ -28,7 +28,7 @@ _SIZE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([kmgt]?)i?b?\s*$", re.IGNORECASE)
 _UNITS = {"": 1, "k": 1 << 10, "m": 1 << 20, "g": 1 << 30, "t": 1 << 40}
 
 
-def list_images(api: Any, filters: dict[str, str], attempts: int = 5) -> list[dict[str, Any]]:
+def list_images(api: Any, filters: dict[str, str] | None = None, attempts: int = 5) -> list[dict[str, Any]]:
     """The engine's images matching `filters`. Podman answers a listing with 500 "image not known"
     when another process removes an image while it is listed (sessions share one store), so that
     answer is asked again, a few times, before it counts."""

@@ -50,9 +50,12 @@ def test_release_level_then_commit_level(tmp_path: Path, env: dict[str, str]) ->
     result = json.loads(done.stdout.strip().splitlines()[-1])
     assert result["culprit"] == shas[24]  # the commit level's answer
     # The package's options end at the release level: the commit level's reproduce line has none.
-    commit_level = json.loads((Path(result["session"]) / "journal.jsonl").read_text().splitlines()[0])["options"]
-    assert commit_level["package"] is None and commit_level["index_url"] is None
-    assert commit_level["overlay_on_release"] is None  # the clone holds no `dateutil` package: commits as usual
+    commit_level = json.loads((Path(result["session"]) / "journal.jsonl").read_text().splitlines()[0])
+    commits = commit_level["request"]["range"]
+    assert commits["package"] is None and commits["index_url"] is None
+    # The clone holds no `dateutil` package: commits as usual.
+    assert commits["overlay_on_release"] is None and commit_level["level"] == {"kind": "commits",
+                                                                               "overlay_on_release": None}
     releases = json.loads((session / "report.json").read_text())
     assert releases["level"] == "versions" and releases["culprit"] == "2.9.0.post0"  # 2.9.0 grouped with it
     assert releases["next_level"]["good"] == "v2.8.2" and releases["next_level"]["bad"] == "v2.9.0"

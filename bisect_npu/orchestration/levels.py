@@ -34,6 +34,7 @@ from bisect_npu.level import (
     held_of,
     scope_of,
 )
+from bisect_npu.orchestration import sentences
 from bisect_npu.orchestration.options import SessionSpec, declared_dependencies, dep_repo_of
 from bisect_npu.orchestration.session import EXIT_ENDS_WRONG, EXIT_FOUND, EXIT_NARROWED, Session, SessionResult
 from bisect_npu.orchestration.wiring import fix_worktrees, overlay_release_for, sweep_fix_worktrees
@@ -346,67 +347,33 @@ def _end_wrong(result: SessionResult) -> str | None:
 
 
 def _ends_ran(session_dir: Path, held: HeldUpstream) -> list[str]:
-    """What the ends of a dependency-level session (the held upstream commit with the old and the
-    new pin) were judged, from its journal: "abc123 with vllm v0.11.0: skip (import failed)"."""
-    journal = Journal.open(session_dir, read_only=True)
-    try:
-        last = len(journal.header.range.candidates)
-        ran = []
-        for step in journal.records(StepRecord):
-            if step.index in (0, last):
-                pin = held.old_pin if step.index == 0 else held.new_pin
-                reason = f" ({step.verdict.reason})" if step.verdict.reason else ""
-                ran.append(f"{held.commit[:12]} with {held.dependency} {pin}: {step.verdict.kind.value}{reason}")
-        return ran
-    finally:
-        journal.close()
+    """What the ends of a dependency-level session were judged, from its journal."""
+    with Journal.open(session_dir, read_only=True) as journal:
+        steps = [(s.index, s.verdict.kind.value, s.verdict.reason) for s in journal.records(StepRecord)]
+        return sentences.ends_ran(held, len(journal.header.range.candidates), steps)
 
 
 def _dependency_answer(ran: list[tuple[Descent, SessionResult]]) -> SessionResult:
-    """The dependency level's answer as the chain the user reads: the upstream commit that moved
-    the pin, the dependency's culprit, and its fix (the later dependency commit and the first tag
-    holding it); or, with no clean good/bad pair, which combinations ran and what they showed."""
+    """The dependency level's answer as the chain the user reads (`sentences.dependency_found`);
+    or, with no clean good/bad pair, which combinations ran and what they showed."""
     descent, result = ran[-1]
     held = held_of(descent.level)
     assert held is not None
     first = held_of(ran[0][0].level)
     culprit = first.commit if first else held.commit
-    moved = f"{culprit[:12]} moved {held.dependency} {held.old_pin} -> {held.new_pin}"
     if result.status == "ends_wrong":
         combos = [line for d, r in ran if (ran_held := held_of(d.level)) for line in _ends_ran(r.session_dir, ran_held)]
-        message = (f"{moved}, but no clean good/bad pair holds the upstream fixed: " + "; ".join(combos)
-                   + ". The pin move and the upstream's own change cannot be told apart here: bisect "
-                   f"{held.dependency} {held.old_pin}..{held.new_pin} by hand on an upstream commit that runs on both")
-        return replace(result, message=message, exit_code=EXIT_ENDS_WRONG)
+        return replace(result, message=sentences.dependency_unresolved(held, culprit, combos),
+                       exit_code=EXIT_ENDS_WRONG)
     if result.status != "found" or result.culprit is None:
-        return replace(result, message=f"{moved}; {result.message}")
-    journal = Journal.open(result.session_dir, read_only=True)
-    try:
+        return replace(result, message=f"{sentences.dependency_moved(held, culprit)}; {result.message}")
+    with Journal.open(result.session_dir, read_only=True) as journal:
         fix = next(iter(journal.records(FixRecord)), None)
         verified = {r.verification.proposal.shas[0] for r in journal.records(FixVerifiedRecord)
                     if r.verification.status == "verified"}
         github, pr = journal.header.github, journal.header.range.pr_of(result.culprit)
-    finally:
-        journal.close()
-    message = f"{moved}; first bad {held.dependency} commit: {result.message.split(': ', 1)[-1]}"
-    if held.commit != culprit:
-        message += (f" (bisected on its parent {held.commit[:12]}: {culprit[:12]} could not be judged good with "
-                    f"{held.dependency} {held.old_pin})")
-    if github and pr:
-        message += f" ({github}/pull/{pr})"
-    if fix is not None and fix.report.proposals:
-        best = fix.report.proposals[0]
-        sha = best.shas[0]
-        tag = fix.first_tags.get(sha)
-        advice = (f"move the pin to >= {tag}, or cherry-pick {sha[:12]}" if tag
-                  else f"no tag holds it yet: cherry-pick {sha[:12]}")
-        link = best.pr_url or (f"{github}/pull/{best.pr}" if github and best.pr else None)
-        checked = " (verified: the bad case passes with it)" if sha in verified else ""
-        message += (f"; fixed in {held.dependency} by {sha[:12]} {best.title}{f' ({link})' if link else ''}{checked}: "
-                    f"{advice}")
-    elif fix is not None:
-        message += f"; no later {held.dependency} commit fixes it yet"
-    return replace(result, message=message)
+    return replace(result, message=sentences.dependency_found(held, culprit, result.message, fix=fix, verified=verified,
+                                                              github=github, pr=pr))
 
 
 class FixStage:

@@ -1,10 +1,12 @@
 """A bisection session: the search over one level's candidates (releases or commits), their
 evaluation, and the journal of both.
 
-Nothing else lives here: `levels` runs the sessions of a bisection's levels and its fix stage;
-`options` (the session's request and level), `preflight`, `wiring` and `costs` are rooms of their
-own, as are `search`, `evaluate`, `oracle`, `journal` and `report`. The journal is the only state:
-a session killed at any moment resumes from it without redoing a finished step or trial.
+The loop lives here: decide, run the round, journal. `state` keeps what the journal says as it
+grows, `slots` runs a round over the slots, `sentences` says how it ended; `levels` runs the
+sessions of a bisection's levels and its fix stage; `options` (the session's request and level),
+`preflight`, `wiring`, `memory` and `costs` are rooms of their own, as are `search`, `evaluate`,
+`oracle`, `journal` and `report`. The journal is the only state that outlives a process: a session
+killed at any moment resumes from it without redoing a finished step or trial.
 """
 
 from __future__ import annotations
@@ -13,7 +15,6 @@ import functools
 import itertools
 import math
 import threading
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
@@ -29,11 +30,14 @@ from bisect_npu.execute.host import host_changes
 from bisect_npu.execute.inprocess import Oracle
 from bisect_npu.journal import DEFAULT_ROOT, Journal, latest_session, new_session_dir
 from bisect_npu.level import held_of, scope_of
+from bisect_npu.orchestration import sentences
 from bisect_npu.orchestration.costs import measured_costs, told_costs
 from bisect_npu.orchestration.evaluate import EvaluationRequest, Evaluator, StepResult
 from bisect_npu.orchestration.memory import Memory, open_memory
 from bisect_npu.orchestration.options import SessionSpec, earlier_runs_for_search, earlier_runs_spec
 from bisect_npu.orchestration.preflight import check_run, settle_slots
+from bisect_npu.orchestration.slots import run_in_slots
+from bisect_npu.orchestration.state import SessionState
 from bisect_npu.orchestration.wiring import load_golden, session_evaluator
 from bisect_npu.progress import PlainProgress, Progress
 from bisect_npu.recipe import Recipe, load_recipe
@@ -116,6 +120,7 @@ class Session:
         self._store_lock = threading.Lock()  # one slot at a time reads or writes a position's stored verdict
         self._told: dict[str, float] = {}  # the costs the search was told for the round being run
         self.earlier_runs = earlier_runs_spec(spec, recipe)
+        self.state = SessionState(self.mode == "noisy", spec.search.find_fix, journal.entries)
         if recipe is not None and recipe.reference.kind == "golden":
             evaluator.reference = load_golden(recipe)
 
@@ -261,48 +266,11 @@ class Session:
         built = self.evaluator.builder.built_keys()
         return frozenset(group for key, group in zip(self.build_keys, self.build_groups, strict=True) if key in built)
 
-    def _search_term(self, kind: str) -> Literal["good", "bad", "skip"]:
-        """The oracle says whether the symptom shows; with --find-fix the search looks for where it
-        stops showing, so "symptom" is the old state (good) and "no symptom" the new one (bad)."""
-        if self.spec.search.find_fix and kind != "skip":
-            return "good" if kind == "bad" else "bad"
-        return kind  # type: ignore[return-value]
-
     def evidence(self) -> dict[int, search.Evidence]:
-        evidence: dict[int, search.Evidence] = {}
-        for entry in self.journal.entries:
-            if isinstance(entry, TrialRecord) and self.mode == "noisy" and entry.outcome:
-                current = evidence.get(entry.index, search.Evidence())
-                evidence[entry.index] = current.add(self._search_term(entry.outcome.value))
-            elif isinstance(entry, StepRecord) and self.mode == "noisy" and entry.stored is not None:
-                current = evidence.get(entry.index, search.Evidence())
-                for kind, count in (("good", entry.stored.good), ("bad", entry.stored.bad)):
-                    for _ in range(count):
-                        current = current.add(self._search_term(kind))
-                evidence[entry.index] = current
-            elif isinstance(entry, StepRecord) and (self.mode == "exact" or (entry.verdict.kind == "skip"
-                                                    and not entry.trials)):
-                current = evidence.get(entry.index, search.Evidence())
-                evidence[entry.index] = current.add(self._search_term(entry.verdict.kind.value))
-        return evidence
-
-    def _pending_trials(self, index: int) -> list[TrialRun]:
-        """Trials of `index` journaled after its last finished step: an interrupted step's work."""
-        pending: list[TrialRun] = []
-        for entry in self.journal.entries:
-            if isinstance(entry, TrialRecord) and entry.index == index:
-                pending.append(entry)
-            elif isinstance(entry, StepRecord) and entry.index == index:
-                pending = []
-        return pending
-
-    def _next_trial(self, index: int) -> int:
-        """Trial numbers keep growing per position, so a repeated query never repeats a seed."""
-        numbers = [e.trial for e in self.journal.records(TrialRecord) if e.index == index]
-        return max(numbers, default=-1) + 1
+        return self.state.evidence()
 
     def _finished_steps(self) -> list[StepRecord]:
-        return self.journal.records(StepRecord)
+        return self.state.steps()
 
     # -- the loop -------------------------------------------------------------------------------
 
@@ -364,26 +332,7 @@ class Session:
         ordered = sorted(queries, key=lambda q: q.index != 0)  # the good end first: it is the reference
         if self._needs_reference() and ordered and ordered[0].index == 0:
             self._run_query(ordered.pop(0))
-        if len(ordered) <= 1 or self.slots <= 1:
-            for query in ordered:
-                self._run_query(query)
-            return
-        # Noisy rounds may put several slots on one commit: hand out their trial numbers now, so
-        # concurrent queries never share a number (and a seed).
-        firsts: list[int] = []
-        following: dict[int, int] = {}
-        for query in ordered:
-            first = following.get(query.index, self._next_trial(query.index))
-            firsts.append(first)
-            following[query.index] = first + query.trials
-        with ThreadPoolExecutor(max_workers=self.slots) as pool:
-            futures = [pool.submit(self._run_query, q, f) for q, f in zip(ordered, firsts, strict=True)]
-            try:
-                for future in futures:
-                    future.result()
-            except KeyboardInterrupt:  # stop the other slots' runs now: the pool waits for them
-                self.evaluator.executor.close()
-                raise
+        run_in_slots(ordered, self.slots, self.state.next_trial, self._run_query, self.evaluator.executor.close)
 
     def _needs_reference(self) -> bool:
         return bool(self.recipe and self.recipe.reference.kind == "good_end")
@@ -409,7 +358,7 @@ class Session:
         noisy = self.mode == "noisy"
         trials = query.trials if noisy else (self.recipe.trials.count if self.recipe else 1)
 
-        pending = self._pending_trials(query.index) if not noisy else []
+        pending = self.state.pending_trials(query.index) if not noisy else []
         expected = trials * (len(self.recipe.cases) if self.recipe else 1)
         finished = itertools.count(len(pending) + 1)
 
@@ -419,7 +368,7 @@ class Session:
             self.progress.trial_finished(query.index, record.trial, outcome, next(finished), expected)
 
         as_reference = query.index == 0 and self._needs_reference()
-        first = self._next_trial(query.index) if first_trial is None else first_trial
+        first = self.state.next_trial(query.index) if first_trial is None else first_trial
         result = self.evaluator.evaluate(EvaluationRequest(commit, trials, tuple(pending), on_trial, judge_each=noisy,
                                                            first_trial=first, as_reference=as_reference))
         self._record_step(query.index, result)
@@ -467,7 +416,7 @@ class Session:
         key = self._build_key(index)
         with self._store_lock:  # the tally counted and kept at once: a slot's later count is never overwritten
             if self.mode == "noisy":
-                outcomes = [e.outcome for e in self.journal.records(TrialRecord) if e.index == index and e.outcome]
+                outcomes = self.state.outcomes(index)
                 good, bad = outcomes.count(VerdictKind.GOOD), outcomes.count(VerdictKind.BAD)
                 kind = VerdictKind.BAD if bad else VerdictKind.GOOD if good else VerdictKind.SKIP
                 verdict = result.verdict.model_copy(update={"kind": kind})
@@ -485,12 +434,10 @@ class Session:
     def append(self, record: JournalRecord) -> None:
         with self._lock:
             self.journal.append(record)
+            self.state.apply(record)
 
     def _candidates_left(self) -> int:
-        evidence = self.evidence()
-        good = max((i for i, e in evidence.items() if e.good and not e.bad), default=0)
-        bad = min((i for i, e in evidence.items() if e.bad and i > good), default=self.n)
-        return max(1, bad - good)
+        return self.state.candidates_left(self.n)
 
     # -- the end --------------------------------------------------------------------------------
 
@@ -498,55 +445,31 @@ class Session:
         steps = len(self._finished_steps())
         if isinstance(decision, search.Found):
             culprit = self.commit_at(decision.index)
-            title = self.titles.get(culprit, "")
-            what = self.spec.level.name
-            message = f"first {'fixed' if self.spec.search.find_fix else 'bad'} {what}: {culprit[:12]} {title}"
-            if (scope := scope_of(self.spec.level)) is not None:
-                message += (" (the merge itself: each side is good without the other)" if culprit == scope.merges[-1]
-                            else f" (came in through merge {' -> '.join(m[:12] for m in scope.merges)})")
+            message = sentences.found(self.spec.level.name, culprit, self.titles.get(culprit, ""),
+                                      find_fix=self.spec.search.find_fix, scope=scope_of(self.spec.level))
             end = EndRecord(status="found", culprit=culprit, index=decision.index, confidence=decision.confidence,
                             figures=decision.figures)
             result = SessionResult("found", EXIT_FOUND, self.journal.session_dir, culprit=culprit,
                                    message=message, steps=steps)
         elif isinstance(decision, search.Narrowed):
             lo, hi = self.commit_at(decision.lo), self.commit_at(decision.hi)
-            sought = "fix" if self.spec.search.find_fix else "culprit"
-            message = (f"the {sought} is one of {decision.hi - decision.lo} commits in ({lo[:12]}, {hi[:12]}]: "
-                       "the commits between could not be tested (skipped)")
+            message = sentences.narrowed(lo, hi, decision.hi - decision.lo, find_fix=self.spec.search.find_fix)
             end = EndRecord(status="narrowed", lo=lo, hi=hi, lo_index=decision.lo, hi_index=decision.hi,
                             figures=decision.figures)
             result = SessionResult("narrowed", EXIT_NARROWED, self.journal.session_dir, range=(lo, hi),
                                    message=message, steps=steps)
         else:
             assert isinstance(decision, search.EndsWrong)
-            ref = self.spec.range.good if decision.which == "good" else self.spec.range.bad
             end_index = 0 if decision.which == "good" else self.n
-            # --find-fix names the ends old (broken) and new (fixed), as the user gave them.
-            name = ("old" if decision.which == "good" else "new") if self.spec.search.find_fix else decision.which
+            untested = None
             if self.evidence().get(end_index, search.Evidence()).skipped:
-                reason = next((e.verdict.reason for e in reversed(self._finished_steps())
-                               if e.index == end_index), "")
-                message = (f"precondition failed: the {name} end {ref} could not be tested ({reason}); "
-                           "fix the build or the recipe for that commit, or choose another end")
-            elif self.spec.search.find_fix:
-                state = "does not show the symptom" if decision.which == "good" else "still shows the symptom"
-                message = (f"precondition failed: the {name} end {ref} {state}; with --find-fix the old end must "
-                           f"be broken and the new end fixed (or pass --no-check-ends)")
-            else:
-                opposite = "bad" if decision.which == "good" else "good"
-                oracle = "recipe" if self.recipe is not None else "command"
-                figures = decision.figures
-                if self.mode == "exact":
-                    judged = f"was judged {opposite}"
-                elif decision.which == "bad" and not figures.get("bad_end_rate"):
-                    judged = f"never showed the symptom in {figures.get('bad_end_trials', 0):.0f} trials"
-                else:
-                    judged = "showed the symptom about as often as the bad end (the report's evidence has the counts)"
-                message = (f"precondition failed: the {decision.which} end {ref} {judged}; "
-                           f"check the {oracle} reproduces the problem at {self.spec.range.bad} and not at "
-                           f"{self.spec.range.good}, or pass --no-check-ends")
+                untested = next((e.verdict.reason for e in reversed(self._finished_steps()) if e.index == end_index),
+                                "")
             log, output = self._end_run(end_index)
-            message += f" (its run's log: {log})" if log else ""
+            message = sentences.ends_wrong(decision.which, self.spec.range.good, self.spec.range.bad,
+                                           find_fix=self.spec.search.find_fix, untested=untested,
+                                           noisy=self.mode == "noisy", figures=decision.figures,
+                                           oracle="recipe" if self.recipe is not None else "command", log=log)
             end = EndRecord(status="ends_wrong", which=decision.which, figures=decision.figures)
             result = SessionResult("ends_wrong", EXIT_ENDS_WRONG, self.journal.session_dir, message=message,
                                    steps=steps, output_tail=output)

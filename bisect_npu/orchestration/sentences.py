@@ -1,0 +1,101 @@
+"""The sentences a user reads at the end of a session (kept in the `end` and `next_level` records'
+`message`, printed by `run` and the report): pure functions of typed records and facts, no I/O."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Literal
+
+from bisect_npu.level import HeldUpstream, MergeScope
+from bisect_npu.records import FixRecord
+
+
+def found(what: str, culprit: str, title: str, *, find_fix: bool, scope: MergeScope | None) -> str:
+    """The culprit (`what`: a release or a commit), and the merges it came in through."""
+    message = f"first {'fixed' if find_fix else 'bad'} {what}: {culprit[:12]} {title}"
+    if scope is not None:
+        message += (" (the merge itself: each side is good without the other)" if culprit == scope.merges[-1]
+                    else f" (came in through merge {' -> '.join(m[:12] for m in scope.merges)})")
+    return message
+
+
+def narrowed(lo: str, hi: str, commits: int, *, find_fix: bool) -> str:
+    return (f"the {'fix' if find_fix else 'culprit'} is one of {commits} commits in ({lo[:12]}, {hi[:12]}]: "
+            "the commits between could not be tested (skipped)")
+
+
+def ends_wrong(which: Literal["good", "bad"], good: str, bad: str, *, find_fix: bool, untested: str | None,
+               noisy: bool, figures: dict[str, float], oracle: str, log: Path | None) -> str:
+    """Which end did not behave as given and what to do; `untested`: the reason that end could not
+    be tested (None: it was judged), `oracle`: "recipe" or "command", `log`: its last run's log."""
+    ref = good if which == "good" else bad
+    # --find-fix names the ends old (broken) and new (fixed), as the user gave them.
+    name = ("old" if which == "good" else "new") if find_fix else which
+    if untested is not None:
+        message = (f"precondition failed: the {name} end {ref} could not be tested ({untested}); "
+                   "fix the build or the recipe for that commit, or choose another end")
+    elif find_fix:
+        state = "does not show the symptom" if which == "good" else "still shows the symptom"
+        message = (f"precondition failed: the {name} end {ref} {state}; with --find-fix the old end must "
+                   f"be broken and the new end fixed (or pass --no-check-ends)")
+    else:
+        opposite = "bad" if which == "good" else "good"
+        if not noisy:
+            judged = f"was judged {opposite}"
+        elif which == "bad" and not figures.get("bad_end_rate"):
+            judged = f"never showed the symptom in {figures.get('bad_end_trials', 0):.0f} trials"
+        else:
+            judged = "showed the symptom about as often as the bad end (the report's evidence has the counts)"
+        message = (f"precondition failed: the {which} end {ref} {judged}; check the {oracle} reproduces the "
+                   f"problem at {bad} and not at {good}, or pass --no-check-ends")
+    return message + (f" (its run's log: {log})" if log else "")
+
+
+def dependency_moved(held: HeldUpstream, culprit: str) -> str:
+    return f"{culprit[:12]} moved {held.dependency} {held.old_pin} -> {held.new_pin}"
+
+
+def dependency_unresolved(held: HeldUpstream, culprit: str, combinations: list[str]) -> str:
+    """No clean good/bad pair with the upstream held: which combinations ran and what they showed."""
+    return (f"{dependency_moved(held, culprit)}, but no clean good/bad pair holds the upstream fixed: "
+            + "; ".join(combinations) + ". The pin move and the upstream's own change cannot be told apart here: "
+            f"bisect {held.dependency} {held.old_pin}..{held.new_pin} by hand on an upstream commit that runs on both")
+
+
+def dependency_found(held: HeldUpstream, culprit: str, found_message: str, *, fix: FixRecord | None,
+                     verified: set[str], github: str | None, pr: int | None) -> str:
+    """The chain: the upstream commit that moved the pin, the dependency's culprit (`found_message`:
+    its level's `found` sentence), and its fix (the later dependency commit and the first tag
+    holding it)."""
+    message = (f"{dependency_moved(held, culprit)}; first bad {held.dependency} commit: "
+               f"{found_message.split(': ', 1)[-1]}")
+    if held.commit != culprit:
+        message += (f" (bisected on its parent {held.commit[:12]}: {culprit[:12]} could not be judged good with "
+                    f"{held.dependency} {held.old_pin})")
+    if github and pr:
+        message += f" ({github}/pull/{pr})"
+    if fix is not None and fix.report.proposals:
+        best = fix.report.proposals[0]
+        sha = best.shas[0]
+        tag = fix.first_tags.get(sha)
+        advice = (f"move the pin to >= {tag}, or cherry-pick {sha[:12]}" if tag
+                  else f"no tag holds it yet: cherry-pick {sha[:12]}")
+        link = best.pr_url or (f"{github}/pull/{best.pr}" if github and best.pr else None)
+        checked = " (verified: the bad case passes with it)" if sha in verified else ""
+        message += (f"; fixed in {held.dependency} by {sha[:12]} {best.title}{f' ({link})' if link else ''}{checked}: "
+                    f"{advice}")
+    elif fix is not None:
+        message += f"; no later {held.dependency} commit fixes it yet"
+    return message
+
+
+def ends_ran(held: HeldUpstream, last: int, steps: list[tuple[int, str, str]]) -> list[str]:
+    """What the ends of a dependency-level session (positions 0 and `last`: the held upstream
+    commit with the old and the new pin) were judged, from its steps (position, verdict, reason):
+    "abc123 with vllm v0.11.0: skip (import failed)"."""
+    ran = []
+    for index, kind, reason in steps:
+        if index in (0, last):
+            pin = held.old_pin if index == 0 else held.new_pin
+            ran.append(f"{held.commit[:12]} with {held.dependency} {pin}: {kind}{f' ({reason})' if reason else ''}")
+    return ran

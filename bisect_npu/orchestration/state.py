@@ -1,0 +1,102 @@
+"""What a session knows, kept from its journal's records as they are appended: the search's
+evidence per position, the finished steps, the trials of a step an interruption cut short, the
+trial numbers used. Built once from the journal a session opens with, then one record at a time,
+so a decision never rereads the journal; a resumed session builds the same state from the same
+records (in any order of positions), hence the same decisions.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Iterable
+from typing import Literal
+
+from bisect_npu import search
+from bisect_npu.contracts import VerdictKind
+from bisect_npu.records import Record, StepRecord, TrialRecord, TrialRun
+
+Term = Literal["good", "bad", "skip"]
+
+
+def search_term(kind: str, find_fix: bool) -> Term:
+    """The oracle says whether the symptom shows; with --find-fix the search looks for where it
+    stops showing, so "symptom" is the old state (good) and "no symptom" the new one (bad)."""
+    if find_fix and kind != "skip":
+        return "good" if kind == "bad" else "bad"
+    return "skip" if kind == "skip" else "good" if kind == "good" else "bad"
+
+
+class SessionState:
+    """The records a session's decisions read, applied in journal order (`apply`); thread-safe:
+    the slots of a round append while the progress asks how many candidates are left."""
+
+    def __init__(self, noisy: bool, find_fix: bool, entries: Iterable[Record] = ()) -> None:
+        self.noisy = noisy
+        self.find_fix = find_fix
+        self._lock = threading.Lock()
+        self._evidence: dict[int, search.Evidence] = {}
+        self._steps: list[StepRecord] = []
+        self._pending: dict[int, list[TrialRun]] = {}
+        self._last_trial: dict[int, int] = {}
+        self._outcomes: dict[int, list[VerdictKind]] = {}  # the outcomes of the trials this session ran
+        for entry in entries:
+            self.apply(entry)
+
+    def apply(self, entry: Record) -> None:
+        with self._lock:
+            if isinstance(entry, TrialRecord):
+                self._apply_trial(entry)
+            elif isinstance(entry, StepRecord):
+                self._apply_step(entry)
+
+    def _apply_trial(self, trial: TrialRecord) -> None:
+        self._pending.setdefault(trial.index, []).append(trial)
+        self._last_trial[trial.index] = max(self._last_trial.get(trial.index, -1), trial.trial)
+        if trial.outcome:
+            self._outcomes.setdefault(trial.index, []).append(trial.outcome)
+            if self.noisy:
+                self._add(trial.index, trial.outcome.value)
+
+    def _apply_step(self, step: StepRecord) -> None:
+        self._steps.append(step)
+        self._pending[step.index] = []
+        if self.noisy and step.stored is not None:
+            for kind, count in (("good", step.stored.good), ("bad", step.stored.bad)):
+                for _ in range(count):
+                    self._add(step.index, kind)
+        elif not self.noisy or (step.verdict.kind == "skip" and not step.trials):
+            self._add(step.index, step.verdict.kind.value)
+
+    def _add(self, index: int, kind: str) -> None:
+        self._evidence[index] = self._evidence.get(index, search.Evidence()).add(search_term(kind, self.find_fix))
+
+    def evidence(self) -> dict[int, search.Evidence]:
+        with self._lock:
+            return dict(self._evidence)
+
+    def steps(self) -> list[StepRecord]:
+        """The finished steps, in journal order."""
+        with self._lock:
+            return list(self._steps)
+
+    def pending_trials(self, index: int) -> list[TrialRun]:
+        """Trials of `index` journaled after its last finished step: an interrupted step's work."""
+        with self._lock:
+            return list(self._pending.get(index, []))
+
+    def next_trial(self, index: int) -> int:
+        """Trial numbers keep growing per position, so a repeated query never repeats a seed."""
+        with self._lock:
+            return self._last_trial.get(index, -1) + 1
+
+    def outcomes(self, index: int) -> list[VerdictKind]:
+        """The outcomes of every trial journaled at `index` (the trials judged alone)."""
+        with self._lock:
+            return list(self._outcomes.get(index, []))
+
+    def candidates_left(self, n: int) -> int:
+        """Commits still between the highest good and the lowest bad position the evidence holds."""
+        evidence = self.evidence()
+        good = max((i for i, e in evidence.items() if e.good and not e.bad), default=0)
+        bad = min((i for i, e in evidence.items() if e.bad and i > good), default=n)
+        return max(1, bad - good)

@@ -161,14 +161,14 @@ def _ends(problem: SettingsProblem, evidence: Mapping[Configuration, Evidence]) 
     if problem.mode == "exact":
         sides: tuple[tuple[Configuration, Evidence, Literal["good", "bad"]], ...] = (
             (problem.bad, bad, "bad"), (problem.good, good, "good"))
-        for configuration, seen, which in sides:
+        for configuration, seen, side in sides:
             verdict = _exact_reading(seen)
             if verdict is None:
                 return Ask(configuration)
             if verdict == "skip":
-                return EndsWrong(which, {"skipped": 1.0})
-            if verdict != which:
-                return EndsWrong(which)
+                return EndsWrong(side, {"skipped": 1.0})
+            if verdict != side:
+                return EndsWrong(side)
         return None
     if bad.skipped and not bad.trials:
         return EndsWrong("bad", {"skipped": 1.0})

@@ -95,7 +95,7 @@ def _schema_keys(model: type[BaseModel], prefix: str, free: Mapping[str, Any] | 
 def known_keys(recipe: Recipe) -> list[str]:
     """The keys a settings search of `recipe` can vary (the free mappings' keys as the recipe has them)."""
     dumped = recipe.model_dump(mode="json")
-    keys = [f"model.{k}" for k in recipe.model.model_fields]
+    keys = [f"model.{k}" for k in type(recipe.model).model_fields]
     keys += _schema_keys(type(recipe.engine), "engine.", dumped["engine"])
     keys += ["environment", *(f"environment.{k}" for k in recipe.environment)]
     for selector in (ALL_CASES, *(case.id for case in recipe.cases)):

@@ -151,7 +151,7 @@ class SettingsJournal:
             entries = [_ENTRY.validate_python(raw) for raw in raws[1:] if raw.get("type") in _TYPES]
         except (ValidationError, IndexError) as exc:
             os.close(lock_fd)
-            raise UsageError(f"{path}: not a settings journal ({exc.__class__.__name__}); start a new session") from None
+            raise UsageError(f"{path}: not a settings journal ({type(exc).__name__}); start a new session") from None
         fd = os.open(path, os.O_WRONLY | os.O_APPEND)
         if good_size < len(data):
             os.ftruncate(fd, good_size)

@@ -200,14 +200,14 @@ class SettingsSearch:
         for entry in self.journal.entries:
             if isinstance(entry, ConfigurationTrial) and noisy and entry.outcome:
                 key = frozenset(entry.configuration)
-                evidence[key] = evidence.get(key, Evidence()).add(entry.outcome.value)  # type: ignore[arg-type]
+                evidence[key] = evidence.get(key, Evidence()).add(entry.outcome.value)
             elif isinstance(entry, ConfigurationRecord) and entry.value_check is None:
                 key = frozenset(entry.configuration)
                 seen = evidence.get(key, Evidence())
                 if entry.stored is not None and noisy:
                     seen = Evidence(seen.good + entry.stored.good, seen.bad + entry.stored.bad, seen.skipped)
                 elif not noisy or (entry.verdict.kind == VerdictKind.SKIP and not entry.trials):
-                    seen = seen.add(entry.verdict.kind.value)  # type: ignore[arg-type]
+                    seen = seen.add(entry.verdict.kind.value)
                 evidence[key] = seen
         return evidence
 

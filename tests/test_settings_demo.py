@@ -27,12 +27,17 @@ def demo_upstream(tmp_path_factory: pytest.TempPathFactory) -> DemoUpstream:
 
 
 def search(demo_upstream: DemoUpstream, name: str, session: Path, *extra: str,
-           good_set: dict[str, object] | None = None) -> subprocess.CompletedProcess[str]:
+           good_set: dict[str, object] | None = None, vary: dict[str, str] | None = None,
+           ) -> subprocess.CompletedProcess[str]:
+    """The CLI at the case's bad end; `vary` keys go as --vary KEY=VALUES instead of --good-set."""
     repo, manifest = demo_upstream
     truth = manifest.case(name)
     assert truth.settings is not None
     given = truth.settings.good_set if good_set is None else good_set
-    sets = [part for key, value in given.items() for part in ("--good-set", f"{key}={show(value)}")]
+    vary = vary or {}
+    sets = [part for key, value in given.items() if key not in vary
+            for part in ("--good-set", f"{key}={show(value)}")]
+    sets += [part for key, values in vary.items() for part in ("--vary", f"{key}={values}")]
     return subprocess.run([*CLI, "--repo", str(repo), "--at", truth.bad_ref, "--recipe", truth.recipe, *sets,
                            "--session", str(session), "--json", *extra],
                           cwd=session.parent, capture_output=True, text=True, timeout=900)
@@ -44,9 +49,11 @@ def summary(done: subprocess.CompletedProcess[str]) -> dict[str, object]:
 
 @pytest.mark.parametrize("name", ["spec-decode", "presence-penalty"])
 def test_the_search_names_the_manifest_trigger(demo_upstream: DemoUpstream, tmp_path: Path, name: str) -> None:
-    """An exact case (acceptance at temperature 0.6) and a noisy one (a loop in some runs, decided by
-    batched trials: each configuration's trials share one engine start)."""
-    done = search(demo_upstream, name, tmp_path / "session", "--no-verdict-store")
+    """An exact case (acceptance at temperature 0.6, asked as an open question with a further value
+    to check) and a noisy one (a loop in some runs, decided by batched trials: each configuration's
+    trials share one engine start)."""
+    vary = {"cases[*].sampling.temperature": "0.0,0.3"} if name == "spec-decode" else None
+    done = search(demo_upstream, name, tmp_path / "session", "--no-verdict-store", vary=vary)
     assert done.returncode == 0, done.stdout + done.stderr[-3000:]
     truth = demo_upstream[1].case(name).settings
     assert truth is not None
@@ -56,6 +63,10 @@ def test_the_search_names_the_manifest_trigger(demo_upstream: DemoUpstream, tmp_
     assert needed == truth.trigger and len(report["keys"]) == len(truth.good_set)
     trials = [json.loads(line) for line in (tmp_path / "session" / "settings.jsonl").read_text().splitlines()
               if '"configuration_trial"' in line]
+    if name == "spec-decode":  # 0.3 in place of the bad 0.6: no draft accepted either
+        check = report["configurations"][-1]
+        assert check["keys_at_bad"] == "the trigger, with cases[*].sampling.temperature=0.3"
+        assert check["verdict"] == "bad"
     if name == "presence-penalty":
         runs = {(t["digest"], t["log"]) for t in trials}
         assert len(runs) < len(trials) / 5  # ten trials per engine start

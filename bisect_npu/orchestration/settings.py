@@ -95,18 +95,18 @@ def plan_differences(recipe: Recipe, request: SettingsRequest) -> tuple[list[Dif
     """The differing keys (in the search's order) and the --vary keys' further values."""
     good: dict[str, Any] = {}
     further: dict[str, list[Any]] = {}
-    for text in request.good_set:
-        key, value = parse_assignment(text, "--good-set")
-        if key in good:
-            raise UsageError(f"--good-set {key} is given twice; give each key once")
-        good[key] = value
-    for text in request.vary:
+    for text in request.vary:  # the open questions first: the keys the user suspects
         key, values = parse_vary(text)
         check_key(recipe, key, "--vary")
         if key in good:
-            raise UsageError(f"--vary {key} is also a --good-set key; give each key once")
+            raise UsageError(f"--vary {key} is given twice; give each key once")
         good[key] = values[0]
         further[key] = values[1:]
+    for text in request.good_set:
+        key, value = parse_assignment(text, "--good-set")
+        if key in good:
+            raise UsageError(f"--good-set {key} is given twice (or also as --vary); give each key once")
+        good[key] = value
     found = differences_from_settings(recipe, good) if good else []
     if request.good_recipe:
         known = {d.key for d in found}

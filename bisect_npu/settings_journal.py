@@ -55,6 +55,7 @@ class SettingsHeader(Record):
     batch: int = 1
     max_trials: int = 64
     executor: Literal["local", "docker"] = "local"
+    devices: list[int] = Field(default_factory=list)
     timeout_s: float = 0.0
     verdict_store: str | None = None
     after_session: str | None = None  # the commit session whose culprit this search runs at

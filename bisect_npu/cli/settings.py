@@ -32,6 +32,7 @@ from bisect_npu.defaults import TRIAL_TIMEOUT_S
               help="Noisy mode: how sure each configuration's verdict must be [default: the recipe's].")
 @click.option("--executor", type=click.Choice(["local", "docker"]), default="local", show_default=True,
               help="Where the commit is built and run: a git worktree or a container image (built once).")
+@click.option("--devices", help="NPU cards every configuration's engine runs on, e.g. 0-1 (one at a time).")
 @click.option("--timeout", "timeout_s", type=FiniteRange(0.0, min_open=True), default=TRIAL_TIMEOUT_S,
               show_default=True, help="Seconds one trial may run.")
 @click.option("--session", "session_dir", type=click.Path(file_okay=False, path_type=Path),
@@ -48,7 +49,7 @@ from bisect_npu.defaults import TRIAL_TIMEOUT_S
                                                       "configurations, session, report.")
 def settings(repo: str | None, ref: str | None, recipe: str | None, good_set: tuple[str, ...],
              good_recipe: str | None, vary: tuple[str, ...], mode: Literal["exact", "noisy"] | None,
-             confidence: float | None, executor: Literal["local", "docker"], timeout_s: float,
+             confidence: float | None, executor: Literal["local", "docker"], devices: str | None, timeout_s: float,
              session_dir: Path | None, after: Path | None, verdict_store: Path | None, no_verdict_store: bool,
              as_json: bool) -> None:
     """Find the smallest set of settings that turns the good variant bad at one commit.
@@ -59,6 +60,7 @@ def settings(repo: str | None, ref: str | None, recipe: str | None, good_set: tu
     the good variant is not good there, 2 for a bad key or value.
     """
     from bisect_npu.errors import UsageError
+    from bisect_npu.execute.ascend import parse_devices
     from bisect_npu.journal import DEFAULT_ROOT, new_session_dir
     from bisect_npu.orchestration.settings import SettingsRequest, SettingsSearch
     from bisect_npu.paths import default_verdict_store
@@ -76,7 +78,8 @@ def settings(repo: str | None, ref: str | None, recipe: str | None, good_set: tu
     note_session(session_dir)
     click.echo(f"session: {session_dir}", err=True)
     request = SettingsRequest(repo=repo or ".", recipe=recipe, ref=ref, good_set=good_set, good_recipe=good_recipe,
-                              vary=vary, mode=mode, confidence=confidence, executor=executor, timeout_s=timeout_s,
+                              vary=vary, mode=mode, confidence=confidence, executor=executor,
+                              devices=parse_devices(devices) if devices is not None else [], timeout_s=timeout_s,
                               verdict_store=store, after_session=after.resolve() if after else None)
     search = SettingsSearch.start(request, session_dir)
     try:

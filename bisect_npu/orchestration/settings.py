@@ -42,7 +42,7 @@ from bisect_npu.recipe_settings import (
 )
 from bisect_npu.records import BuildInfo, TrialRun
 from bisect_npu.search import EndsWrong, Evidence
-from bisect_npu.search.ddmin import Ask, Configuration, SettingsProblem, Trigger, decide_ddmin, reading
+from bisect_npu.search.ddmin import Ask, Configuration, SettingsProblem, Trigger, decide_ddmin, read_trials
 from bisect_npu.settings_journal import (
     ConfigurationRecord,
     ConfigurationTrial,
@@ -68,6 +68,7 @@ class SettingsRequest:
     mode: Literal["exact", "noisy"] | None = None
     confidence: float | None = None
     executor: Literal["local", "docker"] = "local"
+    devices: Sequence[int] = ()
     timeout_s: float = TRIAL_TIMEOUT_S
     verdict_store: str | None = None
     after_session: Path | None = None
@@ -151,16 +152,30 @@ class SettingsSearch:
                 journal.close()
                 raise UsageError(f"recipe {request.recipe} changed since settings search {session_dir} started; "
                                  "start a new one with another --session")
+            given = [d.key for d in plan_differences(recipe, request)[0]] if cls._asks_variant(request) else None
+            if given is not None and given != [d.key for d in journal.header.differences]:
+                journal.close()
+                raise UsageError(f"settings search {session_dir} searches other keys "
+                                 f"({', '.join(d.key for d in journal.header.differences)}); continue it with the "
+                                 "good variant it started with, or start a new one with another --session")
             progress.note(f"continuing the settings search in {session_dir}")
         else:
             journal = SettingsJournal.create(session_dir, cls._header(request, recipe))
         header = journal.header
         options = RunOptions(good=header.commit, bad=header.commit, repo=header.repo, recipe=header.recipe,
                              executor=header.executor, mode=header.mode, timeout_s=header.timeout_s,
-                             verdict_store=header.verdict_store, slots=1)
+                             verdict_store=header.verdict_store, devices=list(header.devices), slots=1)
+        if options.devices:  # as `run` does: the host type, its refusals, the containers' device files
+            from bisect_npu.orchestration.preflight import settle_devices
+
+            settle_devices(options, recipe.cards_per_run())
         repo = history.open_repo(header.repo)
         base = session_evaluator(options, repo, recipe, session_dir, builder, executor)
         return cls(journal, recipe, base, options, header.repo, progress)
+
+    @staticmethod
+    def _asks_variant(request: SettingsRequest) -> bool:
+        return bool(request.good_set or request.good_recipe or request.vary)
 
     @staticmethod
     def _header(request: SettingsRequest, recipe: Recipe) -> SettingsHeader:
@@ -174,7 +189,7 @@ class SettingsSearch:
         noisy = mode == "noisy"
         return SettingsHeader(
             tool_version=__version__, repo=str(Path(request.repo).resolve()), ref=ref, commit=commit,
-            title=repo.commit(commit).summary if isinstance(repo.commit(commit).summary, str) else "",
+            title=str(repo.commit(commit).summary),
             recipe=str(Path(request.recipe).resolve()) if Path(request.recipe).exists() else request.recipe,
             recipe_digest=recipe.digest(), good_given=[*request.good_set, *request.vary] + (
                 [f"--good-recipe {request.good_recipe}"] if request.good_recipe else []),
@@ -182,6 +197,7 @@ class SettingsSearch:
             mode=mode, confidence=request.confidence or recipe.trials.confidence,
             batch=recipe.trials.count if noisy else 1,
             max_trials=recipe.oracle.stats.max_trials if noisy else 1, executor=request.executor,
+            devices=list(request.devices),
             timeout_s=request.timeout_s, verdict_store=request.verdict_store,
             after_session=str(request.after_session) if request.after_session else None)
 
@@ -192,7 +208,9 @@ class SettingsSearch:
         return {d.key: d.bad if i in configuration else d.good for i, d in enumerate(self.differences)}
 
     def recipe_of(self, configuration: Configuration, extra: dict[str, Any] | None = None) -> Recipe:
-        return recipe_for_host(apply(self.recipe, {**self.settings_of(configuration), **(extra or {})}), None)
+        """The configuration's recipe, as this host runs it (its image variant and dtype)."""
+        return recipe_for_host(apply(self.recipe, {**self.settings_of(configuration), **(extra or {})}),
+                               self.options.host)
 
     def evidence(self) -> dict[Configuration, Evidence]:
         evidence: dict[Configuration, Evidence] = {}
@@ -364,9 +382,7 @@ class SettingsSearch:
         trials = [t for r in records for t in r.trials if t.outcome]
         seen = Evidence(good=sum(t.outcome == VerdictKind.GOOD for t in trials),
                         bad=sum(t.outcome == VerdictKind.BAD for t in trials))
-        placeholder = frozenset({-1})
-        evidence = {**self.evidence(), placeholder: seen}
-        return reading(self.problem, evidence, placeholder) if trials else "skip"
+        return read_trials(self.problem, self.evidence(), seen) if trials else "skip"
 
     # -- the end ------------------------------------------------------------------------------
 

@@ -19,7 +19,6 @@ from bisect_npu import __version__
 from bisect_npu.contracts import FixReport, FixVerification, Observation, some_branches, to_jsonable
 from bisect_npu.errors import UsageError
 from bisect_npu.journal import JOURNAL_FILE, Journal
-from bisect_npu.report.settings import SETTINGS_DIR, settings_json, settings_markdown
 from bisect_npu.records import (
     CandidateRange,
     DependencyMoveRecord,
@@ -34,6 +33,7 @@ from bisect_npu.records import (
     TrialRecord,
     trial_seconds,
 )
+from bisect_npu.report.settings import SETTINGS_DIR, settings_json, settings_markdown
 
 TEMPLATES = Path(__file__).parent / "templates"
 # Figures worth charting, most telling first; the first one that most steps carry is drawn.

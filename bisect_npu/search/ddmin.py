@@ -200,11 +200,9 @@ def _exact_reading(seen: Evidence) -> Outcome | None:
     return None
 
 
-def bad_probability(problem: SettingsProblem, evidence: Mapping[Configuration, Evidence],
-                    configuration: Configuration) -> float:
-    """P(the configuration fails at the bad case's rate rather than the good variant's | its
-    trials), each rate's posterior from that end's trials on the noisy search's grid prior."""
-    seen = evidence.get(configuration, Evidence())
+def bad_probability(problem: SettingsProblem, evidence: Mapping[Configuration, Evidence], seen: Evidence) -> float:
+    """P(trials `seen` fail at the bad case's rate rather than the good variant's), each rate's
+    posterior from that end's trials in `evidence` on the noisy search's grid prior."""
     bad_end, good_end = evidence.get(problem.bad, Evidence()), evidence.get(problem.good, Evidence())
     likelihood = seen.bad * LOG_R + seen.good * LOG_1MR
 
@@ -224,13 +222,19 @@ def bad_probability(problem: SettingsProblem, evidence: Mapping[Configuration, E
 def reading(problem: SettingsProblem, evidence: Mapping[Configuration, Evidence],
             configuration: Configuration) -> Outcome | None:
     """What the search reads from a configuration's evidence: good, bad, skip, or None (run it, or
-    run more trials). Noisy mode decides at ``confidence`` and, at the trial cap, by the likelier side."""
-    seen = evidence.get(configuration, Evidence())
+    run more trials)."""
+    return read_trials(problem, evidence, evidence.get(configuration, Evidence()))
+
+
+def read_trials(problem: SettingsProblem, evidence: Mapping[Configuration, Evidence], seen: Evidence) -> Outcome | None:
+    """The reading of trials `seen` given the ends in `evidence` (also of a configuration outside
+    the search, such as a further --vary value). Noisy mode decides at ``confidence`` and, at the
+    trial cap, by the likelier side."""
     if problem.mode == "exact":
         return _exact_reading(seen)
     if not seen.trials:
         return "skip" if seen.skipped else None
-    p_bad = bad_probability(problem, evidence, configuration)
+    p_bad = bad_probability(problem, evidence, seen)
     if p_bad >= problem.confidence:
         return "bad"
     if p_bad <= 1.0 - problem.confidence:

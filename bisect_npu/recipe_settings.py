@@ -173,16 +173,17 @@ def apply(recipe: Recipe, settings: Mapping[str, Any], option: str = "--good-set
     for key, value in settings.items():
         selector, parts = _split(key)
         for target in _targets(data, selector):
-            node = target
+            nodes = [target]
             for part in parts[:-1]:
-                child = node.get(part)
+                child = nodes[-1].get(part)
                 if not isinstance(child, dict):
-                    child = node[part] = {}
-                node = child
+                    child = nodes[-1][part] = {}
+                nodes.append(child)
             if value is None and _is_free(key):
-                node.pop(parts[-1], None)
+                nodes[-1].pop(parts[-1], None)
+                _prune(nodes, parts)
             else:
-                node[parts[-1]] = value
+                nodes[-1][parts[-1]] = value
     try:
         changed = Recipe.model_validate(data)
     except ValidationError as exc:
@@ -192,6 +193,15 @@ def apply(recipe: Recipe, settings: Mapping[str, Any], option: str = "--good-set
         raise UsageError(f"{option} {given}: {where}: {first['msg'].removeprefix('Value error, ')}") from None
     changed.source = recipe.source
     return changed
+
+
+def _prune(nodes: list[dict[str, Any]], parts: list[str]) -> None:
+    """Drop the mappings an unset key left empty inside engine args (`override_generation_config: {}`
+    is not the same engine as no override at all); `engine.args` and `environment` themselves stay."""
+    for depth in range(len(nodes) - 1, 2 if parts[0] == "engine" else 1, -1):
+        if nodes[depth]:
+            break
+        nodes[depth - 1].pop(parts[depth - 1], None)
 
 
 def _is_free(key: str) -> bool:
@@ -240,7 +250,8 @@ def differences_between(bad: Recipe, good: Recipe) -> list[Difference]:
     if [c.id for c in bad.cases] != [c.id for c in good.cases]:
         raise UsageError(f"--good-recipe {good.source}: its cases ({', '.join(c.id for c in good.cases)}) are not "
                          f"the recipe's ({', '.join(c.id for c in bad.cases)}); give both the same case ids")
-    judged = [name for name in Recipe.model_fields if name not in (*SETTING_ROOTS, "name", "description", "symptom")
+    judged = [name for name, field in Recipe.model_fields.items()
+              if not field.exclude and name not in (*SETTING_ROOTS, "name", "description", "symptom")
               and getattr(bad, name) != getattr(good, name)]
     if judged:
         raise UsageError(f"--good-recipe {good.source}: it differs in {', '.join(judged)}, which is how the case is "

@@ -43,6 +43,9 @@ def test_values_are_yaml_and_null_unsets(recipe) -> None:
     assert changed.engine.args["override_generation_config"] == {"presence_penalty": 0.0}
     assert [c.sampling.repetition_penalty for c in changed.cases] == [1.3, None]
     assert changed.digest() != recipe.digest() and apply(recipe, {}).digest() == recipe.digest()
+    # Unsetting the override's last key drops the override: an empty one still selects the server layer.
+    unset = apply(recipe, {"engine.args.override_generation_config.presence_penalty": None})
+    assert unset.engine.args == {"async_scheduling": True}
 
 
 @pytest.mark.parametrize(("key", "message"), [

@@ -85,10 +85,10 @@ def test_exact_search_resumes_and_reuses_the_verdict_store(demo_upstream: DemoUp
     assert "**Smallest triggering difference**: `engine.args.async_scheduling: true`" in markdown
     assert "| `cases[*].sampling.top_p` | unset | 0.9 | not needed |" in markdown
 
-    # Cut the journal after the second configuration (a kill), and continue it.
+    # Cut the journal after the third configuration (a kill), and continue it.
     journal = session / "settings.jsonl"
     lines = journal.read_text().splitlines(keepends=True)
-    kept = [i for i, line in enumerate(lines) if '"type":"configuration"' in line][1]
+    kept = [i for i, line in enumerate(lines) if '"type":"configuration"' in line][2]
     journal.write_text("".join(lines[: kept + 1]) + '{"type":"configuration_tri')  # and a torn line
     resumed = search(demo_upstream, "async-penalty", session, "--no-verdict-store")
     assert resumed.returncode == 0, resumed.stdout + resumed.stderr[-3000:]

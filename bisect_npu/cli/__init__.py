@@ -60,7 +60,7 @@ SESSION_COMMANDS = ("run", "resume", "demo", "settings")
 # 1-127 bad, >= 128 abort): anything that is not a verdict must end >= 128, or git would blame a commit.
 VERDICT_COMMANDS = ("judge",)
 NOT_A_VERDICT_EXIT = 128
-JSON_COMMANDS = ("run", "resume")  # their --json promises a summary as the last line of stdout
+JSON_COMMANDS = ("run", "resume", "settings")  # their --json promises a summary as the last line of stdout
 _session: list[Path] = []  # the session a command works on, once it has one (for the interrupt's hint)
 
 

@@ -56,6 +56,7 @@ class SettingsHeader(Record):
     max_trials: int = 64
     executor: Literal["local", "docker"] = "local"
     devices: list[int] = Field(default_factory=list)
+    dep_repos: list[str] = Field(default_factory=list)  # --dep-repo NAME=PATH_OR_URL
     timeout_s: float = 0.0
     verdict_store: str | None = None
     after_session: str | None = None  # the commit session whose culprit this search runs at

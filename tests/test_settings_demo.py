@@ -47,13 +47,16 @@ def summary(done: subprocess.CompletedProcess[str]) -> dict[str, object]:
     return json.loads(done.stdout.strip().splitlines()[-1])
 
 
-@pytest.mark.parametrize("name", ["spec-decode", "presence-penalty"])
+@pytest.mark.parametrize("name", ["spec-decode", "presence-penalty",
+                                  pytest.param("dependency", marks=pytest.mark.slow)])
 def test_the_search_names_the_manifest_trigger(demo_upstream: DemoUpstream, tmp_path: Path, name: str) -> None:
     """An exact case (acceptance at temperature 0.6, asked as an open question with a further value
-    to check) and a noisy one (a loop in some runs, decided by batched trials: each configuration's
-    trials share one engine start)."""
+    to check), a noisy one (a loop in some runs, decided by batched trials: each configuration's
+    trials share one engine start), and (heavier tier) the dependency's, minivllm laid in at its pin."""
     vary = {"cases[*].sampling.temperature": "0.0,0.3"} if name == "spec-decode" else None
-    done = search(demo_upstream, name, tmp_path / "session", "--no-verdict-store", vary=vary)
+    dependency = demo_upstream[1].dependency("minivllm").repo
+    extra = ["--dep-repo", f"minivllm={dependency}"] if name == "dependency" else []
+    done = search(demo_upstream, name, tmp_path / "session", "--no-verdict-store", *extra, vary=vary)
     assert done.returncode == 0, done.stdout + done.stderr[-3000:]
     truth = demo_upstream[1].case(name).settings
     assert truth is not None

@@ -33,6 +33,8 @@ from bisect_npu.defaults import TRIAL_TIMEOUT_S
 @click.option("--executor", type=click.Choice(["local", "docker"]), default="local", show_default=True,
               help="Where the commit is built and run: a git worktree or a container image (built once).")
 @click.option("--devices", help="NPU cards every configuration's engine runs on, e.g. 0-1 (one at a time).")
+@click.option("--dep-repo", "dep_repos", multiple=True, metavar="NAME=PATH_OR_URL",
+              help="A clone of a dependency the recipe declares, laid into the build at the commit's pin.")
 @click.option("--timeout", "timeout_s", type=FiniteRange(0.0, min_open=True), default=TRIAL_TIMEOUT_S,
               show_default=True, help="Seconds one trial may run.")
 @click.option("--session", "session_dir", type=click.Path(file_okay=False, path_type=Path),
@@ -49,7 +51,8 @@ from bisect_npu.defaults import TRIAL_TIMEOUT_S
                                                       "configurations, session, report.")
 def settings(repo: str | None, ref: str | None, recipe: str | None, good_set: tuple[str, ...],
              good_recipe: str | None, vary: tuple[str, ...], mode: Literal["exact", "noisy"] | None,
-             confidence: float | None, executor: Literal["local", "docker"], devices: str | None, timeout_s: float,
+             confidence: float | None, executor: Literal["local", "docker"], devices: str | None,
+             dep_repos: tuple[str, ...], timeout_s: float,
              session_dir: Path | None, after: Path | None, verdict_store: Path | None, no_verdict_store: bool,
              as_json: bool) -> None:
     """Find the smallest set of settings that turns the good variant bad at one commit.
@@ -79,7 +82,8 @@ def settings(repo: str | None, ref: str | None, recipe: str | None, good_set: tu
     click.echo(f"session: {session_dir}", err=True)
     request = SettingsRequest(repo=repo or ".", recipe=recipe, ref=ref, good_set=good_set, good_recipe=good_recipe,
                               vary=vary, mode=mode, confidence=confidence, executor=executor,
-                              devices=parse_devices(devices) if devices is not None else [], timeout_s=timeout_s,
+                              devices=parse_devices(devices) if devices is not None else [], dep_repos=dep_repos,
+                              timeout_s=timeout_s,
                               verdict_store=store, after_session=after.resolve() if after else None)
     search = SettingsSearch.start(request, session_dir)
     try:

@@ -60,6 +60,11 @@ SETTINGS: dict[str, tuple[dict[str, object], list[str]]] = {
     "presence-penalty": ({"cases[*].sampling.presence_penalty": 1.5, "cases[*].sampling.logprobs": 3,
                           "environment.TINYVLLM_LOGGING_LEVEL": "WARNING", "engine.args.num_threads": 1},
                          ["cases[*].sampling.presence_penalty"]),
+    # Both server defaults are dropped, but the loop needs only one of them missing: sending
+    # presence_penalty alone still loops (from token 47), sending frequency_penalty alone does not.
+    "dependency": ({"cases[*].sampling.presence_penalty": 1.5, "cases[*].sampling.frequency_penalty": 1.0,
+                    "cases[*].sampling.logprobs": 3, "environment.TINYVLLM_LOGGING_LEVEL": "WARNING"},
+                   ["cases[*].sampling.frequency_penalty"]),
 }
 
 

@@ -27,7 +27,7 @@ from bisect_npu.execute.base import Executor
 from bisect_npu.execute.host import recipe_for_host
 from bisect_npu.orchestration.evaluate import EvaluationRequest, Evaluator, StepResult
 from bisect_npu.orchestration.memory import Memory, open_memory
-from bisect_npu.orchestration.options import RunOptions
+from bisect_npu.orchestration.options import RunOptions, check_dependency_options
 from bisect_npu.orchestration.wiring import load_golden, make_environment, session_evaluator
 from bisect_npu.progress import PlainProgress, Progress
 from bisect_npu.recipe import Recipe, load_recipe
@@ -69,6 +69,7 @@ class SettingsRequest:
     confidence: float | None = None
     executor: Literal["local", "docker"] = "local"
     devices: Sequence[int] = ()
+    dep_repos: Sequence[str] = ()  # --dep-repo NAME=PATH_OR_URL: a dependency laid into the build (its pin's tree)
     timeout_s: float = TRIAL_TIMEOUT_S
     verdict_store: str | None = None
     after_session: Path | None = None
@@ -164,7 +165,9 @@ class SettingsSearch:
         header = journal.header
         options = RunOptions(good=header.commit, bad=header.commit, repo=header.repo, recipe=header.recipe,
                              executor=header.executor, mode=header.mode, timeout_s=header.timeout_s,
-                             verdict_store=header.verdict_store, devices=list(header.devices), slots=1)
+                             verdict_store=header.verdict_store, devices=list(header.devices), slots=1,
+                             dep_repos=list(header.dep_repos))
+        check_dependency_options(options, recipe)
         if options.devices:  # as `run` does: the host type, its refusals, the containers' device files
             from bisect_npu.orchestration.preflight import settle_devices
 
@@ -197,7 +200,7 @@ class SettingsSearch:
             mode=mode, confidence=request.confidence or recipe.trials.confidence,
             batch=recipe.trials.count if noisy else 1,
             max_trials=recipe.oracle.stats.max_trials if noisy else 1, executor=request.executor,
-            devices=list(request.devices),
+            devices=list(request.devices), dep_repos=list(request.dep_repos),
             timeout_s=request.timeout_s, verdict_store=request.verdict_store,
             after_session=str(request.after_session) if request.after_session else None)
 

@@ -131,3 +131,20 @@ def test_bad_input_is_one_line_before_anything_runs(demo_upstream: DemoUpstream,
     error = [line for line in done.stderr.splitlines() if line.startswith("bisect-npu: error:")]
     assert len(error) == 1 and expected in error[0]
     assert not (tmp_path / "session" / "configurations").exists()
+
+
+def test_a_recipe_judged_against_the_good_end_is_judged_against_the_good_variant(demo_upstream: DemoUpstream,
+                                                                                  tmp_path: Path) -> None:
+    """rope-longseq compares tokens with the good end's output: at one commit that is the good
+    variant's, run first. A difference that changes no token leaves the recipe good: exit 4."""
+    repo, manifest = demo_upstream
+    truth = manifest.case("rope-longseq")
+    session = tmp_path / "session"
+    done = subprocess.run([*CLI, "--repo", str(repo), "--at", truth.bad_ref, "--recipe", truth.recipe,
+                           "--good-set", "cases[*].sampling.logprobs=3", "--session", str(session),
+                           "--no-verdict-store", "--json"], cwd=tmp_path, capture_output=True, text=True, timeout=600)
+    assert done.returncode == 4, done.stdout + done.stderr[-3000:]
+    assert "precondition failed: the recipe is not bad at" in done.stdout
+    rows = json.loads((session / "report.json").read_text())["configurations"]
+    assert [row["keys_at_bad"] for row in rows] == ["none (the good variant)", "all (the bad case)"]
+    assert "first mismatch" not in rows[1]["evidence"] and rows[1]["verdict"] == "good"

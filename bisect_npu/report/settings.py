@@ -117,9 +117,12 @@ def settings_markdown(session_dir: Path, after_commit_search: bool = False) -> s
     else:
         trigger = [header.differences[i] for i in end.trigger]
         parts = ", ".join(f"`{d.key}: {show(d.bad)}`" for d in trigger)
-        lines.append(f"**Smallest triggering difference**: {parts}. The good variant with "
-                     f"{'this value' if len(trigger) == 1 else 'these values'} is bad; setting any one of them "
-                     "back to the good variant's value makes it good.")
+        if len(trigger) == 1:
+            tail = "The good variant with this value is bad, with its own value good."
+        else:
+            tail = ("The good variant with these values is bad, and good again as soon as any one of them is "
+                    "set back to its own value: the keys act together.")
+        lines.append(f"**Smallest triggering difference**: {parts}. {tail}")
         if after_commit_search and (sentence := needs_sentence(header, end)):
             lines += ["", f"The culprit {sentence}."]
     lines += ["", "| key | bad | good | answer |", "|---|---|---|---|"]
@@ -150,12 +153,20 @@ def settings_json(session_dir: Path) -> dict[str, Any] | None:
     }
 
 
+def settings_report_markdown(session_dir: Path) -> str | None:
+    """The report of a settings search's own session (no commit journal beside it), else None."""
+    if (session_dir / "journal.jsonl").is_file():
+        return None
+    markdown = settings_markdown(session_dir)
+    return None if markdown is None else f"# Settings search\n\n{markdown.removeprefix('## Settings').lstrip()}"
+
+
 def write_settings_reports(session_dir: Path) -> tuple[Path, Path]:
     """report.md and report.json of a settings search's own session."""
-    markdown = settings_markdown(session_dir)
+    markdown = settings_report_markdown(session_dir)
     figures = settings_json(session_dir)
     assert markdown is not None and figures is not None
     md_path, json_path = session_dir / "report.md", session_dir / "report.json"
-    md_path.write_text(f"# Settings search\n\n{markdown.removeprefix('## Settings').lstrip()}", encoding="utf-8")
+    md_path.write_text(markdown, encoding="utf-8")
     json_path.write_text(json.dumps(figures, indent=2, default=str), encoding="utf-8")
     return md_path, json_path

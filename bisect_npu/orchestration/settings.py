@@ -162,7 +162,18 @@ class SettingsSearch:
             progress.note(f"continuing the settings search in {session_dir}")
         else:
             journal = SettingsJournal.create(session_dir, cls._header(request, recipe))
-        header = journal.header
+        try:
+            options, base = cls._environment(journal.header, recipe, session_dir, builder, executor)
+        except BaseException:
+            journal.close()
+            raise
+        return cls(journal, recipe, base, options, journal.header.repo, progress)
+
+    @staticmethod
+    def _environment(header: SettingsHeader, recipe: Recipe, session_dir: Path, builder: Builder | None,
+                     executor: Executor | None) -> tuple[RunOptions, Evaluator]:
+        """The options a commit's run would have, and the evaluator whose builder every
+        configuration shares (the builder and executor given, or made as `run` makes them)."""
         options = RunOptions(good=header.commit, bad=header.commit, repo=header.repo, recipe=header.recipe,
                              executor=header.executor, mode=header.mode, timeout_s=header.timeout_s,
                              verdict_store=header.verdict_store, devices=list(header.devices), slots=1,
@@ -173,8 +184,7 @@ class SettingsSearch:
 
             settle_devices(options, recipe.cards_per_run())
         repo = history.open_repo(header.repo)
-        base = session_evaluator(options, repo, recipe, session_dir, builder, executor)
-        return cls(journal, recipe, base, options, header.repo, progress)
+        return options, session_evaluator(options, repo, recipe, session_dir, builder, executor)
 
     @staticmethod
     def _asks_variant(request: SettingsRequest) -> bool:

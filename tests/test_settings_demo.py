@@ -123,12 +123,16 @@ def test_a_good_variant_that_is_also_bad_exits_4(demo_upstream: DemoUpstream, tm
     ("engine.args.async_scheduling=true", "the recipe has that value already"),
 ])
 def test_bad_input_is_one_line_before_anything_runs(demo_upstream: DemoUpstream, tmp_path: Path, setting: str,
-                                                    expected: str) -> None:
-    key, _, value = setting.partition("=")
-    done = search(demo_upstream, "async-penalty", tmp_path / "session", "--no-verdict-store",
-                  good_set={key: value})
-    assert done.returncode == 2, done.stdout + done.stderr
-    error = [line for line in done.stderr.splitlines() if line.startswith("bisect-npu: error:")]
+                                                    expected: str, capsys: pytest.CaptureFixture[str]) -> None:
+    from bisect_npu.cli import main
+
+    repo, manifest = demo_upstream
+    truth = manifest.case("async-penalty")
+    with pytest.raises(SystemExit) as exited:
+        main(["settings", "--repo", str(repo), "--at", truth.bad_ref, "--recipe", truth.recipe, "--good-set", setting,
+              "--session", str(tmp_path / "session"), "--no-verdict-store"])
+    assert exited.value.code == 2
+    error = [line for line in capsys.readouterr().err.splitlines() if line.startswith("bisect-npu: error:")]
     assert len(error) == 1 and expected in error[0]
     assert not (tmp_path / "session" / "configurations").exists()
 

@@ -79,8 +79,17 @@ def test_default_case_finds_culprit_and_verifies_its_fix(demo_upstream: DemoUpst
 def test_exact_cases_find_the_manifest_culprit(demo_upstream: DemoUpstream, tmp_path: Path, name: str,
                                                prefetch: bool) -> None:
     _, manifest = demo_upstream
-    result, session = run_case(demo_upstream, name, tmp_path, "--no-fix", *(["--prefetch"] if prefetch else []))
+    # spec-decode also asks which setting its culprit needs: temperature (0.0 is good), not logprobs.
+    settings = ["--settings", "cases[*].sampling.temperature=0.0", "--settings", "cases[*].sampling.logprobs=3"]
+    result, session = run_case(demo_upstream, name, tmp_path, "--no-fix",
+                               *(["--prefetch", *settings] if prefetch else []))
     assert result["culprit"] == manifest.case(name).culprit.sha
+    found = json.loads((session / "report.json").read_text())["settings"]
+    if prefetch:
+        assert found["commit"] == result["culprit"] and found["trigger"] == ["cases[*].sampling.temperature"]
+        assert found["configurations"][0]["build"] == "stored"  # the culprit's own step, from the verdict store
+    else:
+        assert found is None
     parent = subprocess.run(["git", "-C", str(demo_upstream[0]), "rev-parse", f"{result['culprit']}^"],
                             capture_output=True, text=True, check=True).stdout.strip()
     markdown = (session / "report.md").read_text()

@@ -115,5 +115,5 @@ def _from_session(after: Path, repo: str | None, ref: str | None,
     end = next((e for e in reversed(journal.entries) if isinstance(e, EndRecord)), None)
     if ref is None and (end is None or end.status != "found" or end.culprit is None):
         raise UsageError(f"--after {after}: the session named no culprit; give --at REF for the commit to search at")
-    options = journal.header.options
-    return repo or options.repo, ref or (end.culprit if end else None), recipe or options.recipe
+    request = journal.header.request
+    return repo or request.range.repo, ref or (end.culprit if end else None), recipe or request.judge.recipe

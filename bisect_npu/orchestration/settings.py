@@ -13,10 +13,11 @@ digest.
 from __future__ import annotations
 
 import itertools
+import json
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 from bisect_npu import __version__, history
 from bisect_npu.builders.base import Builder
@@ -25,9 +26,10 @@ from bisect_npu.defaults import TRIAL_TIMEOUT_S
 from bisect_npu.errors import UsageError
 from bisect_npu.execute.base import Executor
 from bisect_npu.execute.host import recipe_for_host
+from bisect_npu.level import SettingsLevel
 from bisect_npu.orchestration.evaluate import EvaluationRequest, Evaluator, StepResult
 from bisect_npu.orchestration.memory import Memory, open_memory
-from bisect_npu.orchestration.options import RunOptions, check_dependency_options
+from bisect_npu.orchestration.options import SessionSpec, check_dependency_options
 from bisect_npu.orchestration.wiring import load_golden, make_environment, session_evaluator
 from bisect_npu.progress import PlainProgress, Progress
 from bisect_npu.recipe import Recipe, load_recipe
@@ -41,6 +43,7 @@ from bisect_npu.recipe_settings import (
     show,
 )
 from bisect_npu.records import BuildInfo, TrialRun
+from bisect_npu.request import ExecutorSpec, JudgeSpec, RangeSpec, RunRequest, SearchSpec, StoreSpec
 from bisect_npu.search import EndsWrong, Evidence
 from bisect_npu.search.ddmin import Ask, Configuration, SettingsProblem, Trigger, decide_ddmin, read_trials
 from bisect_npu.settings_journal import (
@@ -51,6 +54,9 @@ from bisect_npu.settings_journal import (
     SettingsHeader,
     SettingsJournal,
 )
+
+if TYPE_CHECKING:
+    from bisect_npu.orchestration.session import Session
 
 EXIT_FOUND, EXIT_ENDS_WRONG = 0, 4
 
@@ -122,13 +128,13 @@ def plan_differences(recipe: Recipe, request: SettingsRequest) -> tuple[list[Dif
 class SettingsSearch:
     """One settings search, driven step by step from its journal."""
 
-    def __init__(self, journal: SettingsJournal, recipe: Recipe, base: Evaluator, options: RunOptions,
+    def __init__(self, journal: SettingsJournal, recipe: Recipe, base: Evaluator, spec: SessionSpec,
                  repo_path: str, progress: Progress) -> None:
         self.journal = journal
         self.header = journal.header
         self.recipe = recipe
         self.base = base
-        self.options = options
+        self.spec = spec
         self.repo_path = repo_path
         self.progress = progress
         self.differences = [Difference(d.key, d.bad, d.good) for d in self.header.differences]
@@ -163,28 +169,32 @@ class SettingsSearch:
         else:
             journal = SettingsJournal.create(session_dir, cls._header(request, recipe))
         try:
-            options, base = cls._environment(journal.header, recipe, session_dir, builder, executor)
+            spec, base = cls._environment(journal.header, recipe, session_dir, builder, executor)
         except BaseException:
             journal.close()
             raise
-        return cls(journal, recipe, base, options, journal.header.repo, progress)
+        return cls(journal, recipe, base, spec, journal.header.repo, progress)
 
     @staticmethod
     def _environment(header: SettingsHeader, recipe: Recipe, session_dir: Path, builder: Builder | None,
-                     executor: Executor | None) -> tuple[RunOptions, Evaluator]:
-        """The options a commit's run would have, and the evaluator whose builder every
+                     executor: Executor | None) -> tuple[SessionSpec, Evaluator]:
+        """The session a run of the one commit would be, and the evaluator whose builder every
         configuration shares (the builder and executor given, or made as `run` makes them)."""
-        options = RunOptions(good=header.commit, bad=header.commit, repo=header.repo, recipe=header.recipe,
-                             executor=header.executor, mode=header.mode, timeout_s=header.timeout_s,
-                             verdict_store=header.verdict_store, devices=list(header.devices), slots=1,
-                             dep_repos=list(header.dep_repos))
-        check_dependency_options(options, recipe)
-        if options.devices:  # as `run` does: the host type, its refusals, the containers' device files
+        request = RunRequest(
+            range=RangeSpec(good=header.commit, bad=header.commit, repo=header.repo),
+            judge=JudgeSpec(recipe=header.recipe, timeout_s=header.timeout_s),
+            executor=ExecutorSpec(executor=header.executor, devices=list(header.devices), slots=1),
+            search=SearchSpec(mode=header.mode, dep_repos=list(header.dep_repos)),
+            store=StoreSpec(verdict_store=header.verdict_store))
+        good_set = [f"{d.key}={json.dumps(d.good)}" for d in header.differences]  # JSON values are YAML
+        spec = SessionSpec(request, SettingsLevel(commit=header.commit, good_set=good_set))
+        check_dependency_options(spec, recipe)
+        if spec.executor.devices:  # as `run` does: the host type, its refusals, the containers' device files
             from bisect_npu.orchestration.preflight import settle_devices
 
-            settle_devices(options, recipe.cards_per_run())
+            settle_devices(spec, recipe.cards_per_run())
         repo = history.open_repo(header.repo)
-        return options, session_evaluator(options, repo, recipe, session_dir, builder, executor)
+        return spec, session_evaluator(spec, repo, recipe, session_dir, builder, executor)
 
     @staticmethod
     def _asks_variant(request: SettingsRequest) -> bool:
@@ -223,7 +233,7 @@ class SettingsSearch:
     def recipe_of(self, configuration: Configuration, extra: dict[str, Any] | None = None) -> Recipe:
         """The configuration's recipe, as this host runs it (its image variant and dtype)."""
         return recipe_for_host(apply(self.recipe, {**self.settings_of(configuration), **(extra or {})}),
-                               self.options.host)
+                               self.spec.context.host)
 
     def evidence(self) -> dict[Configuration, Evidence]:
         evidence: dict[Configuration, Evidence] = {}
@@ -282,7 +292,7 @@ class SettingsSearch:
         key = tuple(sorted(recipe.environment.items()))
         if key not in self._executors:
             repo = history.open_repo(self.repo_path)
-            self._executors[key] = make_environment(self.options, repo, recipe, self.journal.session_dir,
+            self._executors[key] = make_environment(self.spec, repo, recipe, self.journal.session_dir,
                                                     self.journal.session_dir / "worktrees")[1]
         return self._executors[key]
 
@@ -292,7 +302,7 @@ class SettingsSearch:
         digest = recipe.digest()
         if digest not in self._memories:
             reference = self.recipe_of(frozenset()).digest() if self.recipe.reference.kind == "good_end" else ""
-            self._memories[digest] = open_memory(self.options, recipe, self.journal.session_dir, reference,
+            self._memories[digest] = open_memory(self.spec, recipe, self.journal.session_dir, reference,
                                                  self.progress)
         return self._memories[digest]
 
@@ -452,3 +462,33 @@ class _ConfigurationEvaluator(Evaluator):
 
     def step_dir(self, commit: str) -> Path:
         return self.session_dir / "configurations" / self.digest
+
+
+def search_at_culprit(session: Session, level: SettingsLevel) -> SettingsResult:
+    """`run --settings`: the settings search at a commit session's culprit, with its repository,
+    recipe, executor, store and search options, in the session's `settings/` (continued where a
+    killed run left it). The user hears the trigger; its report section is the session's."""
+    from bisect_npu.report.settings import SETTINGS_DIR, write_settings_reports
+
+    spec = session.spec
+    if spec.executor.executor == "ray":
+        session.progress.note("--settings is not searched with --executor ray (it runs at one commit on this host): "
+                              "run `bisect-npu settings --after` with --executor local or docker")
+        return SettingsResult("ends_wrong", EXIT_ENDS_WRONG, session.journal.session_dir, "not searched")
+    executor: Literal["local", "docker"] = "docker" if spec.executor.executor == "docker" else "local"
+    request = SettingsRequest(
+        repo=spec.range.repo or ".", recipe=spec.judge.recipe or "", ref=level.commit, good_set=level.good_set,
+        mode=spec.search.mode, confidence=spec.search.confidence, executor=executor,
+        devices=spec.executor.devices, dep_repos=spec.search.dep_repos, timeout_s=spec.judge.timeout_s,
+        verdict_store=spec.store.verdict_store, after_session=session.journal.session_dir)
+    directory = session.journal.session_dir / SETTINGS_DIR
+    session.progress.note(f"searching the settings the culprit {level.commit[:12]} needs ({len(level.good_set)} "
+                          "given by --settings)")
+    search = SettingsSearch.start(request, directory, session.progress)
+    try:
+        result = search.run()
+    finally:
+        search.close()
+    write_settings_reports(directory)
+    session.progress.note(result.message)
+    return result

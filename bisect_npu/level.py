@@ -6,7 +6,9 @@ level's. A kind is one class here (and in the union) plus one handler there.
 - `commits`: a repository's first-parent commits, each built, or laid over a release's venv
   (`overlay_on_release`);
 - `merge`: the commits a merge on the line above brought in (`scope`);
-- `dependency`: a declared dependency's commits between two pins, the upstream held (`held`).
+- `dependency`: a declared dependency's commits between two pins, the upstream held (`held`);
+- `settings`: the settings at one commit (a culprit, `commit`) between the recipe and a good
+  variant (`good_set`): searched by delta debugging (orchestration/settings.py), not bisected.
 
 Nothing of the package is imported here: a level is data.
 """
@@ -97,7 +99,20 @@ class DependencyLevel(_Level):
         return True
 
 
-LevelSpec = Annotated[ReleasesLevel | CommitsLevel | MergeLevel | DependencyLevel, Field(discriminator="kind")]
+class SettingsLevel(_Level):
+    """The settings at one commit: the keys the recipe (bad) and its good variant (`good_set`,
+    KEY=VALUE as `--settings` gives them) differ in, searched for the smallest set that turns the
+    good variant bad. Its candidates are configurations, not commits; it leads nowhere finer."""
+
+    kind: Literal["settings"] = "settings"
+    name: ClassVar[str] = "configuration"
+    commit: str
+    good_set: list[str]
+    takes_earlier_runs: ClassVar[bool] = False
+
+
+LevelSpec = Annotated[ReleasesLevel | CommitsLevel | MergeLevel | DependencyLevel | SettingsLevel,
+                      Field(discriminator="kind")]
 LEVEL_SPEC: TypeAdapter[LevelSpec] = TypeAdapter(LevelSpec)
 
 

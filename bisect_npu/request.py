@@ -209,6 +209,11 @@ class SearchSpec(_Part):
         "--dependency-level/--no-dependency", show_default=True,
         help="When the culprit moves a declared Python-only dependency's pin, bisect that dependency's commits "
              "between the two pins with the upstream held fixed.")] = True
+    settings: Annotated[list[str], flag(
+        "--settings", metavar="KEY=VALUE",
+        help="After the culprit is found, search which settings it needs: the good variant is the recipe with KEY "
+             "set to VALUE (as `bisect-npu settings --good-set`), e.g. engine.args.async_scheduling=false. "
+             "Repeatable; the report's Settings section gives the trigger.")] = Field(default_factory=list)
 
 
 class FixSpec(_Part):

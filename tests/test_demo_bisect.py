@@ -62,13 +62,34 @@ def test_default_case_finds_culprit_and_verifies_its_fix(demo_upstream: DemoUpst
     markdown = (session / "report.md").read_text()
     assert truth.culprit.title in markdown and "verified" in markdown
 
+    # Which setting the culprit needs: a settings search at it, in the session's own report.
+    done = subprocess.run([*CLI, "settings", "--after", str(session), "--good-set", "cases[*].sampling.logprobs=3",
+                           "--good-set", "engine.args.async_scheduling=false", "--json"],
+                          cwd=tmp_path, capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stdout + done.stderr[-3000:]
+    assert json.loads(done.stdout.strip().splitlines()[-1])["trigger"] == ["engine.args.async_scheduling"]
+    settings = json.loads((session / "report.json").read_text())["settings"]
+    assert settings["commit"] == truth.culprit.sha and settings["trigger"] == ["engine.args.async_scheduling"]
+    assert settings["configurations"][0]["build"] == "stored"  # the culprit's own verdict from the commit search
+    markdown = (session / "report.md").read_text()
+    assert "## Settings" in markdown and "The culprit shows the symptom only with async_scheduling: true." in markdown
+
 
 @pytest.mark.parametrize(("name", "prefetch"), [("rope-longseq", False), ("spec-decode", True)])
 def test_exact_cases_find_the_manifest_culprit(demo_upstream: DemoUpstream, tmp_path: Path, name: str,
                                                prefetch: bool) -> None:
     _, manifest = demo_upstream
-    result, session = run_case(demo_upstream, name, tmp_path, "--no-fix", *(["--prefetch"] if prefetch else []))
+    # spec-decode also asks which setting its culprit needs: temperature (0.0 is good), not logprobs.
+    settings = ["--settings", "cases[*].sampling.temperature=0.0", "--settings", "cases[*].sampling.logprobs=3"]
+    result, session = run_case(demo_upstream, name, tmp_path, "--no-fix",
+                               *(["--prefetch", *settings] if prefetch else []))
     assert result["culprit"] == manifest.case(name).culprit.sha
+    found = json.loads((session / "report.json").read_text())["settings"]
+    if prefetch:
+        assert found["commit"] == result["culprit"] and found["trigger"] == ["cases[*].sampling.temperature"]
+        assert found["configurations"][0]["build"] == "stored"  # the culprit's own step, from the verdict store
+    else:
+        assert found is None
     parent = subprocess.run(["git", "-C", str(demo_upstream[0]), "rev-parse", f"{result['culprit']}^"],
                             capture_output=True, text=True, check=True).stdout.strip()
     markdown = (session / "report.md").read_text()

@@ -32,6 +32,7 @@ COMMANDS: dict[str, str] = {
     "doctor": "bisect_npu.cli.doctor:doctor",
     "demo": "bisect_npu.cli.demo:demo",
     "ci": "bisect_npu.cli.ci:ci",
+    "settings": "bisect_npu.cli.settings:settings",
 }
 
 
@@ -56,12 +57,12 @@ def cli() -> None:
     """Find the commit that broke a model's output on Ascend NPUs, and the commit that fixes it."""
 
 
-SESSION_COMMANDS = ("run", "resume", "demo")
+SESSION_COMMANDS = ("run", "resume", "demo", "settings")
 # Commands whose exit code another bisector reads as a verdict (`git bisect run`: 0 good, 125 skip,
 # 1-127 bad, >= 128 abort): anything that is not a verdict must end >= 128, or git would blame a commit.
 VERDICT_COMMANDS = ("judge",)
 NOT_A_VERDICT_EXIT = 128
-JSON_COMMANDS = ("run", "resume")  # their --json promises a summary as the last line of stdout
+JSON_COMMANDS = ("run", "resume", "settings")  # their --json promises a summary as the last line of stdout
 _session: list[Path] = []  # the session a command works on, once it has one (for the interrupt's hint)
 
 
@@ -89,8 +90,9 @@ def main(argv: list[str] | None = None) -> None:
     except (click.exceptions.Abort, KeyboardInterrupt):
         hint = ""
         if args and args[0] in SESSION_COMMANDS and _session:
-            hint = (f"; finished steps and trials are kept: `bisect-npu resume --session {_session[0]}` "
-                    "continues")
+            again = ("the same `bisect-npu settings` command with --session {}" if args[0] == "settings"
+                     else "`bisect-npu resume --session {}`").format(_session[0])
+            hint = f"; finished steps and trials are kept: {again} continues"
         _fail(args, f"bisect-npu: interrupted{hint}", 130, "interrupted", "interrupted")
     except click.UsageError as exc:
         where = exc.ctx.command_path if exc.ctx else "bisect-npu"

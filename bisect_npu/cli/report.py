@@ -19,9 +19,13 @@ def report(session_dir: Path | None, fmt: str, output: Path | None) -> None:
     """Render the Markdown (or JSON) report of a session."""
     from bisect_npu.journal import DEFAULT_ROOT, latest_session
     from bisect_npu.report import load_view, render_json, render_markdown
+    from bisect_npu.report.settings import settings_json, settings_report_markdown
 
-    view = load_view(session_dir or latest_session(DEFAULT_ROOT))
-    text = render_markdown(view) if fmt == "md" else json.dumps(render_json(view), indent=2)
+    if session_dir is not None and (markdown := settings_report_markdown(session_dir)) is not None:
+        text = markdown if fmt == "md" else json.dumps(settings_json(session_dir), indent=2, default=str)
+    else:
+        view = load_view(session_dir or latest_session(DEFAULT_ROOT))
+        text = render_markdown(view) if fmt == "md" else json.dumps(render_json(view), indent=2)
     if output:
         try:
             output.write_text(text, encoding="utf-8")

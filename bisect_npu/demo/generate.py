@@ -15,7 +15,7 @@ from pathlib import Path
 
 from bisect_npu.demo import dependency as D
 from bisect_npu.demo import patches as P
-from bisect_npu.demo.manifest import CaseTruth, CommitRef, CompiledTouch, DependencyTruth, Manifest
+from bisect_npu.demo.manifest import CaseTruth, CommitRef, CompiledTouch, DependencyTruth, Manifest, SettingsTruth
 from bisect_npu.demo.writer import Commit, History, templates
 from bisect_npu.paths import cache_root
 
@@ -47,6 +47,25 @@ CASES = {
                    "v0.10.0rc2", "v0.10.0rc3"),
 }
 DEFAULT_CASE = "async-penalty"
+# name -> (the good variant at the bad end, as --good-set takes it, the keys that trigger the symptom).
+# Besides the trigger each holds differences that change nothing there: the loop guard's tokens, a
+# logging variable the engine reads, its thread count at the default, a sampling knob greedy ignores.
+SETTINGS: dict[str, tuple[dict[str, object], list[str]]] = {
+    "async-penalty": ({"cases[*].sampling.logprobs": 3, "engine.args.async_scheduling": False,
+                       "environment.TINYVLLM_LOGGING_LEVEL": "WARNING", "cases[*].sampling.top_p": 0.9},
+                      ["engine.args.async_scheduling"]),
+    "spec-decode": ({"cases[*].sampling.temperature": 0.0, "cases[*].sampling.logprobs": 3,
+                     "engine.args.num_threads": 1, "environment.TINYVLLM_LOGGING_LEVEL": "WARNING"},
+                    ["cases[*].sampling.temperature"]),
+    "presence-penalty": ({"cases[*].sampling.presence_penalty": 1.5, "cases[*].sampling.logprobs": 3,
+                          "environment.TINYVLLM_LOGGING_LEVEL": "WARNING", "engine.args.num_threads": 1},
+                         ["cases[*].sampling.presence_penalty"]),
+    # Both server defaults are dropped, but the loop needs only one of them missing: sending
+    # presence_penalty alone still loops (from token 47), sending frequency_penalty alone does not.
+    "dependency": ({"cases[*].sampling.presence_penalty": 1.5, "cases[*].sampling.frequency_penalty": 1.0,
+                    "cases[*].sampling.logprobs": 3, "environment.TINYVLLM_LOGGING_LEVEL": "WARNING"},
+                   ["cases[*].sampling.frequency_penalty"]),
+}
 
 
 def _fillers(state: History, branch: str, count: int, maker: P.FillerMaker) -> None:
@@ -167,7 +186,9 @@ def _manifest(dest: Path, seed: int, state: History, sha_of: dict[int, str],
                                good_sha=tags[good], bad_sha=tags[bad], culprit=ref(culprit),
                                culprit_parent=sha_of[culprit.parent],
                                fixes=[ref(c) for c in by_role.get(f"fix:{name}", [])],
-                               dependency=dependency_truths.get(name)))
+                               dependency=dependency_truths.get(name),
+                               settings=SettingsTruth(good_set=SETTINGS[name][0], trigger=SETTINGS[name][1])
+                               if name in SETTINGS else None))
     compiled = [CompiledTouch(sha=sha_of[c.mark], paths=[p for p in c.paths if p.startswith(_COMPILED_PREFIXES)])
                 for c in state.commits if any(p.startswith(_COMPILED_PREFIXES) for p in c.paths)]
     return Manifest(generator_version=GENERATOR_VERSION, seed=seed, repo=str(dest), commit_count=len(state.commits),

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 from pydantic import BaseModel, Field
 
@@ -32,6 +33,15 @@ class DependencyTruth(BaseModel):
     fix_tag: str = Field(description="the first dependency tag that contains the fix")
 
 
+class SettingsTruth(BaseModel):
+    """A settings search of the case at its bad end (`bisect-npu settings --at BAD_REF`): the good
+    variant `good_set` (what `--good-set KEY=VALUE` gives, in that order) holds the trigger's good
+    values and differences that change nothing; the search must name exactly `trigger`."""
+
+    good_set: dict[str, Any]
+    trigger: list[str]
+
+
 class CaseTruth(BaseModel):
     """One seeded regression: bisecting good_ref..bad_ref with `recipe` must find `culprit`."""
 
@@ -46,6 +56,7 @@ class CaseTruth(BaseModel):
     culprit_parent: str
     fixes: list[CommitRef]
     dependency: DependencyTruth | None = None
+    settings: SettingsTruth | None = None
 
 
 class DependencyRepo(BaseModel):

@@ -31,6 +31,7 @@ from bisect_npu.level import (
     MergeLevel,
     MergeScope,
     ReleasesLevel,
+    SettingsLevel,
     held_of,
     scope_of,
 )
@@ -162,9 +163,21 @@ class Dependency:
         return None
 
 
+class Settings:
+    """The settings at a culprit (`run --settings`): a search of configurations at one commit,
+    run after the culprit's fix stage by `Bisection` (orchestration/settings.py), never bisected:
+    it leads nowhere finer and proposes no fix."""
+
+    proposes_fix = False
+
+    def descent(self, session: Session, found: SessionResult) -> Descent | None:
+        return None
+
+
 # The handler of each kind of level.
 HANDLERS: dict[type[LevelSpec], Level] = {
     ReleasesLevel: Releases(), CommitsLevel: Commits(), MergeLevel: Commits(), DependencyLevel: Dependency(),
+    SettingsLevel: Settings(),
 }
 
 
@@ -289,10 +302,25 @@ class Bisection:
                 session.progress.note("session ended before its fix proposal was done; finishing that")
             else:
                 session.progress.note("session already finished; re-rendering the report only")
+                self._search_settings(result)
                 return result
         if wanted and result.culprit:
             fix.run(result.culprit)
+        self._search_settings(result)
         return result
+
+    def _search_settings(self, result: SessionResult) -> None:
+        """`--settings`: the settings the culprit of a commit level needs, searched at it in the
+        session's `settings/` (an interrupted search continues, a finished one is read back); the
+        report's Settings section gives the answer, which leaves the run's own answer as it is."""
+        session = self.session
+        spec = session.spec
+        if (not spec.search.settings or result.status != "found" or result.culprit is None
+                or not isinstance(spec.level, CommitsLevel) or session.recipe is None):
+            return
+        from bisect_npu.orchestration.settings import search_at_culprit
+
+        search_at_culprit(session, SettingsLevel(commit=result.culprit, good_set=list(spec.search.settings)))
 
     def _descend(self, descent: Descent) -> SessionResult:
         """Bisect the finer level in a session of its own below this one (resumed if a killed run

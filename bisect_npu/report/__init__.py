@@ -33,6 +33,7 @@ from bisect_npu.records import (
     TrialRecord,
     trial_seconds,
 )
+from bisect_npu.report.settings import SETTINGS_DIR, settings_json, settings_markdown
 from bisect_npu.request import RunRequest
 
 TEMPLATES = Path(__file__).parent / "templates"
@@ -347,6 +348,7 @@ def render_markdown(view: SessionView) -> str:
         build_counts=_build_counts(view.steps), total_seconds=round(sum(s.seconds for s in view.steps), 1),
         reused=reused_count(view.steps),
         evidence=evidence_summary(view), host_line=host_line(view), switches=switch_lines(view.steps),
+        settings=settings_markdown(view.session_dir / SETTINGS_DIR, after_commit_search=True),
     )
 
 
@@ -383,6 +385,7 @@ def render_json(view: SessionView) -> dict[str, Any]:
         "parent_session": view.header.parent_session,
         "versions": view.versions, "engine_starts": view.engine_starts, "search_told": view.told,
         "reused_verdicts": reused_count(view.steps), "verdict_store": view.request.store.verdict_store,
+        "settings": settings_json(view.session_dir / SETTINGS_DIR),  # a settings search at the culprit
     }
 
 

@@ -1,0 +1,494 @@
+"""Which setting breaks it: the settings search at one commit, driven from its journal.
+
+Given a bad recipe and a good variant (`--good-set KEY=VALUE`, a second recipe, or `--vary`),
+the keys they differ in are searched with ddmin (search/ddmin.py) for the smallest set whose bad
+values turn the good variant bad. Every configuration runs on the one build of the commit (the
+builder keeps its worktree or image), its engine starts once per configuration, and its trials are
+batched as a commit's are (orchestration/evaluate.py). Each trial and each configuration's verdict
+is journaled (settings_journal.py), so an interrupted search resumes without running a
+configuration again, and verdicts go to the verdict store under the configuration's own recipe
+digest.
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Literal
+
+from bisect_npu import __version__, history
+from bisect_npu.builders.base import Builder
+from bisect_npu.contracts import Observation, VerdictKind
+from bisect_npu.defaults import TRIAL_TIMEOUT_S
+from bisect_npu.errors import UsageError
+from bisect_npu.execute.base import Executor
+from bisect_npu.execute.host import recipe_for_host
+from bisect_npu.level import SettingsLevel
+from bisect_npu.orchestration.evaluate import EvaluationRequest, Evaluator, StepResult
+from bisect_npu.orchestration.memory import Memory, open_memory
+from bisect_npu.orchestration.options import SessionSpec, check_dependency_options
+from bisect_npu.orchestration.wiring import load_golden, make_environment, session_evaluator
+from bisect_npu.progress import PlainProgress, Progress
+from bisect_npu.recipe import Recipe, load_recipe
+from bisect_npu.recipe_settings import (
+    Difference,
+    apply,
+    check_key,
+    differences_between,
+    differences_from_settings,
+    parse_assignment,
+    show,
+)
+from bisect_npu.records import BuildInfo, TrialRun
+from bisect_npu.request import ExecutorSpec, JudgeSpec, RangeSpec, RunRequest, SearchSpec, StoreSpec
+from bisect_npu.search import EndsWrong, Evidence
+from bisect_npu.search.ddmin import Ask, Configuration, SettingsProblem, Trigger, decide_ddmin, read_trials
+from bisect_npu.settings_journal import (
+    ConfigurationRecord,
+    ConfigurationTrial,
+    DifferenceRecord,
+    SettingsEnd,
+    SettingsHeader,
+    SettingsJournal,
+)
+
+if TYPE_CHECKING:
+    from bisect_npu.orchestration.session import Session
+
+EXIT_FOUND, EXIT_ENDS_WRONG = 0, 4
+
+
+@dataclass(frozen=True)
+class SettingsRequest:
+    """What `bisect-npu settings` was asked."""
+
+    repo: str
+    recipe: str
+    ref: str | None = None  # None: the culprit of `after_session`
+    good_set: Sequence[str] = ()
+    good_recipe: str | None = None
+    vary: Sequence[str] = ()
+    mode: Literal["exact", "noisy"] | None = None
+    confidence: float | None = None
+    executor: Literal["local", "docker"] = "local"
+    devices: Sequence[int] = ()
+    dep_repos: Sequence[str] = ()  # --dep-repo NAME=PATH_OR_URL: a dependency laid into the build (its pin's tree)
+    timeout_s: float = TRIAL_TIMEOUT_S
+    verdict_store: str | None = None
+    after_session: Path | None = None
+
+
+@dataclass(frozen=True)
+class SettingsResult:
+    status: Literal["found", "ends_wrong"]
+    exit_code: int
+    session_dir: Path
+    message: str
+    trigger: list[Difference] = field(default_factory=list)
+    configurations: int = 0
+
+
+def parse_vary(text: str) -> tuple[str, list[Any]]:
+    """`KEY=V1,V2,...`: the first value is the good variant's, the others are checked alone."""
+    key, values = parse_assignment(text, "--vary")
+    raw = text.partition("=")[2]
+    parsed = [parse_assignment(f"{key}={part}", "--vary")[1] for part in raw.split(",")] if "," in raw else [values]
+    return key, parsed
+
+
+def plan_differences(recipe: Recipe, request: SettingsRequest) -> tuple[list[Difference], dict[str, list[Any]]]:
+    """The differing keys (in the search's order) and the --vary keys' further values."""
+    good: dict[str, Any] = {}
+    further: dict[str, list[Any]] = {}
+    for text in request.vary:  # the open questions first: the keys the user suspects
+        key, values = parse_vary(text)
+        check_key(recipe, key, "--vary")
+        if key in good:
+            raise UsageError(f"--vary {key} is given twice; give each key once")
+        good[key] = values[0]
+        further[key] = values[1:]
+    for text in request.good_set:
+        key, value = parse_assignment(text, "--good-set")
+        if key in good:
+            raise UsageError(f"--good-set {key} is given twice (or also as --vary); give each key once")
+        good[key] = value
+    found = differences_from_settings(recipe, good) if good else []
+    if request.good_recipe:
+        known = {d.key for d in found}
+        found += [d for d in differences_between(recipe, load_recipe(request.good_recipe)) if d.key not in known]
+    if not found:
+        raise UsageError("a settings search needs a good variant that differs from the recipe: --good-set KEY=VALUE, "
+                         "--good-recipe FILE or --vary KEY=V1,V2")
+    return found, further
+
+
+class SettingsSearch:
+    """One settings search, driven step by step from its journal."""
+
+    def __init__(self, journal: SettingsJournal, recipe: Recipe, base: Evaluator, spec: SessionSpec,
+                 repo_path: str, progress: Progress) -> None:
+        self.journal = journal
+        self.header = journal.header
+        self.recipe = recipe
+        self.base = base
+        self.spec = spec
+        self.repo_path = repo_path
+        self.progress = progress
+        self.differences = [Difference(d.key, d.bad, d.good) for d in self.header.differences]
+        self.problem = SettingsProblem(len(self.differences), mode=self.header.mode, confidence=self.header.confidence,
+                                       batch=self.header.batch, max_trials=self.header.max_trials)
+        self._executors: dict[tuple[tuple[str, str], ...], Executor] = {}
+        self._memories: dict[str, Memory | None] = {}
+        self.reference: list[Observation] | None = load_golden(recipe) if recipe.reference.kind == "golden" else None
+
+    # -- construction -------------------------------------------------------------------------
+
+    @classmethod
+    def start(cls, request: SettingsRequest, session_dir: Path, progress: Progress | None = None,
+              builder: Builder | None = None, executor: Executor | None = None) -> SettingsSearch:
+        """A new search (its inputs checked before anything is made), or the one `session_dir` holds."""
+        progress = progress or PlainProgress()
+        session_dir = session_dir.resolve()
+        recipe = load_recipe(request.recipe)
+        if SettingsJournal.exists(session_dir):
+            journal = SettingsJournal.open(session_dir)
+            if journal.header.recipe_digest != recipe.digest():
+                journal.close()
+                raise UsageError(f"recipe {request.recipe} changed since settings search {session_dir} started; "
+                                 "start a new one with another --session")
+            given = [d.key for d in plan_differences(recipe, request)[0]] if cls._asks_variant(request) else None
+            if given is not None and given != [d.key for d in journal.header.differences]:
+                journal.close()
+                raise UsageError(f"settings search {session_dir} searches other keys "
+                                 f"({', '.join(d.key for d in journal.header.differences)}); continue it with the "
+                                 "good variant it started with, or start a new one with another --session")
+            progress.note(f"continuing the settings search in {session_dir}")
+        else:
+            journal = SettingsJournal.create(session_dir, cls._header(request, recipe))
+        try:
+            spec, base = cls._environment(journal.header, recipe, session_dir, builder, executor)
+        except BaseException:
+            journal.close()
+            raise
+        return cls(journal, recipe, base, spec, journal.header.repo, progress)
+
+    @staticmethod
+    def _environment(header: SettingsHeader, recipe: Recipe, session_dir: Path, builder: Builder | None,
+                     executor: Executor | None) -> tuple[SessionSpec, Evaluator]:
+        """The session a run of the one commit would be, and the evaluator whose builder every
+        configuration shares (the builder and executor given, or made as `run` makes them)."""
+        request = RunRequest(
+            range=RangeSpec(good=header.commit, bad=header.commit, repo=header.repo),
+            judge=JudgeSpec(recipe=header.recipe, timeout_s=header.timeout_s),
+            executor=ExecutorSpec(executor=header.executor, devices=list(header.devices), slots=1),
+            search=SearchSpec(mode=header.mode, dep_repos=list(header.dep_repos)),
+            store=StoreSpec(verdict_store=header.verdict_store))
+        good_set = [f"{d.key}={json.dumps(d.good)}" for d in header.differences]  # JSON values are YAML
+        spec = SessionSpec(request, SettingsLevel(commit=header.commit, good_set=good_set))
+        check_dependency_options(spec, recipe)
+        if spec.executor.devices:  # as `run` does: the host type, its refusals, the containers' device files
+            from bisect_npu.orchestration.preflight import settle_devices
+
+            settle_devices(spec, recipe.cards_per_run())
+        repo = history.open_repo(header.repo)
+        return spec, session_evaluator(spec, repo, recipe, session_dir, builder, executor)
+
+    @staticmethod
+    def _asks_variant(request: SettingsRequest) -> bool:
+        return bool(request.good_set or request.good_recipe or request.vary)
+
+    @staticmethod
+    def _header(request: SettingsRequest, recipe: Recipe) -> SettingsHeader:
+        repo = history.open_repo(request.repo)
+        ref = request.ref
+        if ref is None:
+            raise UsageError("a settings search runs at one commit: give --at REF (or --after SESSION)")
+        commit = history.resolve_ref(repo, ref)
+        differences, further = plan_differences(recipe, request)
+        mode = request.mode or recipe.trials.mode
+        noisy = mode == "noisy"
+        return SettingsHeader(
+            tool_version=__version__, repo=str(Path(request.repo).resolve()), ref=ref, commit=commit,
+            title=str(repo.commit(commit).summary),
+            recipe=str(Path(request.recipe).resolve()) if Path(request.recipe).exists() else request.recipe,
+            recipe_digest=recipe.digest(), good_given=[*request.good_set, *request.vary] + (
+                [f"--good-recipe {request.good_recipe}"] if request.good_recipe else []),
+            differences=[DifferenceRecord(key=d.key, bad=d.bad, good=d.good) for d in differences], vary=further,
+            mode=mode, confidence=request.confidence or recipe.trials.confidence,
+            batch=recipe.trials.count if noisy else 1,
+            max_trials=recipe.oracle.stats.max_trials if noisy else 1, executor=request.executor,
+            devices=list(request.devices), dep_repos=list(request.dep_repos),
+            timeout_s=request.timeout_s, verdict_store=request.verdict_store,
+            after_session=str(request.after_session) if request.after_session else None)
+
+    # -- configurations -----------------------------------------------------------------------
+
+    def settings_of(self, configuration: Configuration) -> dict[str, Any]:
+        """Every differing key -> its value in the configuration (bad where the key is in it)."""
+        return {d.key: d.bad if i in configuration else d.good for i, d in enumerate(self.differences)}
+
+    def recipe_of(self, configuration: Configuration, extra: dict[str, Any] | None = None) -> Recipe:
+        """The configuration's recipe, as this host runs it (its image variant and dtype)."""
+        return recipe_for_host(apply(self.recipe, {**self.settings_of(configuration), **(extra or {})}),
+                               self.spec.context.host)
+
+    def evidence(self) -> dict[Configuration, Evidence]:
+        evidence: dict[Configuration, Evidence] = {}
+        noisy = self.problem.mode == "noisy"
+        for entry in self.journal.entries:
+            if isinstance(entry, ConfigurationTrial) and noisy and entry.outcome:
+                key = frozenset(entry.configuration)
+                evidence[key] = evidence.get(key, Evidence()).add(entry.outcome.value)
+            elif isinstance(entry, ConfigurationRecord) and entry.value_check is None:
+                key = frozenset(entry.configuration)
+                seen = evidence.get(key, Evidence())
+                if entry.stored is not None and noisy:
+                    seen = Evidence(seen.good + entry.stored.good, seen.bad + entry.stored.bad, seen.skipped)
+                elif not noisy or (entry.verdict.kind == VerdictKind.SKIP and not entry.trials):
+                    seen = seen.add(entry.verdict.kind.value)
+                evidence[key] = seen
+        return evidence
+
+    def run(self) -> SettingsResult:
+        """Search until the trigger is named or the ends are wrong; journal the answer."""
+        end = next((e for e in self.journal.entries if isinstance(e, SettingsEnd)), None)
+        if end is not None:
+            return self._result(end)
+        while True:
+            decision = decide_ddmin(self.problem, self.evidence())
+            if isinstance(decision, Ask):
+                self._ensure_reference()
+                self._run_configuration(decision.configuration, decision.trials)
+                continue
+            break
+        if isinstance(decision, EndsWrong):
+            return self._finish_wrong(decision)
+        self._check_values(decision)
+        return self._finish_found(decision)
+
+    def _ensure_reference(self) -> None:
+        """A recipe judged against the good end's output is judged here against the good variant's."""
+        if self.recipe.reference.kind != "good_end" or self.reference is not None:
+            return
+        good = self._records(frozenset())
+        if not good:
+            self._run_configuration(frozenset(), self.recipe.trials.count, as_reference=True)
+            good = self._records(frozenset())
+        self.reference = [Observation.load(self.base.abs(t.observation))
+                          for r in good for t in r.trials if t.observation]
+
+    def _records(self, configuration: Configuration) -> list[ConfigurationRecord]:
+        return [e for e in self.journal.entries if isinstance(e, ConfigurationRecord)
+                and frozenset(e.configuration) == configuration and e.value_check is None]
+
+    def _executor_for(self, recipe: Recipe) -> Executor:
+        """The base executor where the configuration's environment is the recipe's; else one with
+        its environment (the build stays the one shared build)."""
+        if recipe.environment == self.recipe.environment:
+            return self.base.executor
+        key = tuple(sorted(recipe.environment.items()))
+        if key not in self._executors:
+            repo = history.open_repo(self.repo_path)
+            self._executors[key] = make_environment(self.spec, repo, recipe, self.journal.session_dir,
+                                                    self.journal.session_dir / "worktrees")[1]
+        return self._executors[key]
+
+    def _memory(self, recipe: Recipe) -> Memory | None:
+        """The verdict store under this configuration's recipe digest (with the good variant as the
+        reference where the oracle compares against it)."""
+        digest = recipe.digest()
+        if digest not in self._memories:
+            reference = self.recipe_of(frozenset()).digest() if self.recipe.reference.kind == "good_end" else ""
+            self._memories[digest] = open_memory(self.spec, recipe, self.journal.session_dir, reference,
+                                                 self.progress)
+        return self._memories[digest]
+
+    def _run_configuration(self, configuration: Configuration, trials: int, as_reference: bool = False,
+                           extra: dict[str, Any] | None = None) -> ConfigurationRecord:
+        recipe = self.recipe_of(configuration, extra)
+        digest = recipe.digest()
+        check = ", ".join(f"{k}={show(v)}" for k, v in (extra or {}).items()) or None
+        settings = {**self.settings_of(configuration), **(extra or {})}
+        noisy = self.problem.mode == "noisy"
+        commit = self.header.commit
+        build_key = self.base.builder.build_key(commit) or ""
+        memory = self._memory(recipe) if not as_reference else None
+        tried_store = any(isinstance(e, ConfigurationRecord) and e.digest == digest and e.stored
+                          for e in self.journal.entries)
+        if memory is not None and not tried_store and (stored := memory.recall(commit, build_key)) is not None:
+            record = ConfigurationRecord(configuration=sorted(configuration), digest=digest, settings=settings,
+                                         build=BuildInfo(how="stored", key=build_key or None),
+                                         verdict=stored.verdict, stored=stored.stored, value_check=check)
+            self.journal.append(record)
+            self.progress.note(f"configuration {self._label(configuration, check)}: {stored.verdict.reason}")
+            return record
+        evaluator = _ConfigurationEvaluator(digest, self.base.builder, self._executor_for(recipe),
+                                            self.journal.session_dir, recipe=recipe, timeout_s=self.header.timeout_s)
+        evaluator.reference = self.reference
+        pending = self._pending(digest) if not noisy else []
+        number = itertools.count(self._next_trial(digest))
+
+        def on_trial(run: TrialRun) -> None:
+            self.journal.append(ConfigurationTrial(configuration=sorted(configuration), digest=digest,
+                                                   **run.model_dump()))
+
+        self.progress.note(f"configuration {self._label(configuration, check)}: running {trials} trial(s)")
+        result: StepResult = evaluator.evaluate(EvaluationRequest(
+            commit, trials if noisy else recipe.trials.count, tuple(pending), on_trial, judge_each=noisy,
+            first_trial=next(number), as_reference=as_reference))
+        record = ConfigurationRecord(configuration=sorted(configuration), digest=digest, settings=settings,
+                                     build=result.build, verdict=result.verdict, trials=result.trials,
+                                     seconds=result.seconds, value_check=check)
+        self.journal.append(record)
+        self.progress.note(f"configuration {self._label(configuration, check)}: {result.verdict.kind.value} "
+                           f"({result.verdict.reason})")
+        if memory is not None:
+            self._keep(memory, digest, result, build_key)
+        return record
+
+    def _keep(self, memory: Memory, digest: str, result: StepResult, build_key: str) -> None:
+        """This search's verdict of the configuration, with its trials' tally in noisy mode."""
+        outcomes = [e.outcome for e in self.journal.entries
+                    if isinstance(e, ConfigurationTrial) and e.digest == digest and e.outcome]
+        good, bad = outcomes.count(VerdictKind.GOOD), outcomes.count(VerdictKind.BAD)
+        if self.problem.mode == "exact":
+            good, bad = int(result.verdict.kind == VerdictKind.GOOD), int(result.verdict.kind == VerdictKind.BAD)
+        memory.keep(self.header.commit, build_key, result.verdict, good, bad)
+
+    def _pending(self, digest: str) -> list[TrialRun]:
+        """Trials of the configuration journaled after its last record: an interrupted run's work."""
+        pending: list[TrialRun] = []
+        for entry in self.journal.entries:
+            if isinstance(entry, ConfigurationTrial) and entry.digest == digest:
+                pending.append(TrialRun.model_validate(entry.model_dump()))
+            elif isinstance(entry, ConfigurationRecord) and entry.digest == digest:
+                pending = []
+        return pending
+
+    def _next_trial(self, digest: str) -> int:
+        """Trial numbers grow per configuration, so more trials never repeat a seed."""
+        numbers = [e.trial for e in self.journal.entries if isinstance(e, ConfigurationTrial) and e.digest == digest]
+        return max(numbers, default=-1) + 1 if self.problem.mode == "noisy" else 0
+
+    def _label(self, configuration: Configuration, check: str | None = None) -> str:
+        if check:
+            return f"[trigger, {check}]"
+        if not configuration:
+            return "[good variant]"
+        if len(configuration) == len(self.differences):
+            return "[bad case]"
+        return "[" + ", ".join(self.differences[i].key for i in sorted(configuration)) + "]"
+
+    # -- the further values of --vary ---------------------------------------------------------
+
+    def _check_values(self, trigger: Trigger) -> None:
+        """Each further --vary value of a trigger key, in place of its bad value: does it avoid the
+        failure as the good variant's value does?"""
+        for key, values in self.header.vary.items():
+            index = next(i for i, d in enumerate(self.differences) if d.key == key)
+            if index not in trigger.keys:
+                continue
+            for value in values:
+                check = f"{key}={show(value)}"
+                while self._value_reading(trigger.keys, check) is None:
+                    self._run_configuration(trigger.keys, self.problem.batch, extra={key: value})
+
+    def _value_reading(self, configuration: Configuration, check: str) -> str | None:
+        records = [e for e in self.journal.entries if isinstance(e, ConfigurationRecord) and e.value_check == check]
+        if not records:
+            return None
+        if self.problem.mode == "exact":
+            return records[-1].verdict.kind.value
+        trials = [t for r in records for t in r.trials if t.outcome]
+        seen = Evidence(good=sum(t.outcome == VerdictKind.GOOD for t in trials),
+                        bad=sum(t.outcome == VerdictKind.BAD for t in trials))
+        return read_trials(self.problem, self.evidence(), seen) if trials else "skip"
+
+    # -- the end ------------------------------------------------------------------------------
+
+    def _finish_found(self, trigger: Trigger) -> SettingsResult:
+        keys = [self.differences[i] for i in sorted(trigger.keys)]
+        tried = len({e.digest for e in self.journal.entries if isinstance(e, ConfigurationRecord)})
+        parts = "; ".join(f"{d.key}: {show(d.bad)} (good with {show(d.good)})" for d in keys)
+        message = (f"trigger at {self.header.commit[:12]}: {parts}; {len(self.differences) - len(keys)} other "
+                   f"difference(s) not needed ({tried} configuration(s) tried)")
+        end = SettingsEnd(status="found", trigger=sorted(trigger.keys), message=message)
+        self.journal.append(end)
+        return self._result(end)
+
+    def _finish_wrong(self, wrong: EndsWrong) -> SettingsResult:
+        given = ", ".join(f"{d.key}={show(d.good)}" for d in self.differences)
+        at = f"{self.header.commit[:12]} ({self.header.ref})"
+        if wrong.figures.get("skipped"):
+            side = "the good variant" if wrong.which == "good" else "the bad recipe"
+            message = (f"precondition failed: {side} could not be run at {at}; see its log under "
+                       f"{self.journal.session_dir / 'configurations'}, fix the recipe or the build")
+        elif wrong.which == "good":
+            message = (f"precondition failed: the good variant ({given}) is also bad at {at}; give a variant that "
+                       "passes (more keys set back, or another value)")
+        else:
+            message = (f"precondition failed: the recipe is not bad at {at}; check that it reproduces the problem "
+                       "there before searching its settings")
+        end = SettingsEnd(status="ends_wrong", which=wrong.which, message=message,
+                          figures={k: float(v) for k, v in wrong.figures.items()})
+        self.journal.append(end)
+        return self._result(end)
+
+    def _result(self, end: SettingsEnd) -> SettingsResult:
+        tried = len({e.digest for e in self.journal.entries if isinstance(e, ConfigurationRecord)})
+        trigger = [self.differences[i] for i in end.trigger]
+        code = EXIT_FOUND if end.status == "found" else EXIT_ENDS_WRONG
+        return SettingsResult(end.status, code, self.journal.session_dir, end.message, trigger, tried)
+
+    def close(self) -> None:
+        try:
+            for executor in self._executors.values():
+                executor.close()
+            self.base.close()
+        finally:
+            self.journal.close()
+
+
+class _ConfigurationEvaluator(Evaluator):
+    """An Evaluator whose runs of the commit lie in the configuration's own directory (the commit
+    is the same for every configuration; the observations must not be)."""
+
+    def __init__(self, digest: str, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.digest = digest
+
+    def step_dir(self, commit: str) -> Path:
+        return self.session_dir / "configurations" / self.digest
+
+
+def search_at_culprit(session: Session, level: SettingsLevel) -> SettingsResult:
+    """`run --settings`: the settings search at a commit session's culprit, with its repository,
+    recipe, executor, store and search options, in the session's `settings/` (continued where a
+    killed run left it). The user hears the trigger; its report section is the session's."""
+    from bisect_npu.report.settings import SETTINGS_DIR, write_settings_reports
+
+    spec = session.spec
+    if spec.executor.executor == "ray":
+        session.progress.note("--settings is not searched with --executor ray (it runs at one commit on this host): "
+                              "run `bisect-npu settings --after` with --executor local or docker")
+        return SettingsResult("ends_wrong", EXIT_ENDS_WRONG, session.journal.session_dir, "not searched")
+    executor: Literal["local", "docker"] = "docker" if spec.executor.executor == "docker" else "local"
+    request = SettingsRequest(
+        repo=spec.range.repo or ".", recipe=spec.judge.recipe or "", ref=level.commit, good_set=level.good_set,
+        mode=spec.search.mode, confidence=spec.search.confidence, executor=executor,
+        devices=spec.executor.devices, dep_repos=spec.search.dep_repos, timeout_s=spec.judge.timeout_s,
+        verdict_store=spec.store.verdict_store, after_session=session.journal.session_dir)
+    directory = session.journal.session_dir / SETTINGS_DIR
+    session.progress.note(f"searching the settings the culprit {level.commit[:12]} needs ({len(level.good_set)} "
+                          "given by --settings)")
+    search = SettingsSearch.start(request, directory, session.progress)
+    try:
+        result = search.run()
+    finally:
+        search.close()
+    write_settings_reports(directory)
+    session.progress.note(result.message)
+    return result

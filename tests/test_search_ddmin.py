@@ -1,0 +1,149 @@
+"""The settings search (ddmin over differing keys): a 1-minimal failing set for any oracle, never
+the same configuration twice, within ddmin's bound, resumable; noisy readings from trial counts."""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Callable
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from bisect_npu.search import EndsWrong, Evidence
+from bisect_npu.search.ddmin import (
+    Ask,
+    Configuration,
+    SettingsProblem,
+    Trigger,
+    decide_ddmin,
+    reading,
+    worst_case_tests,
+)
+
+Oracle = Callable[[Configuration], str]
+
+
+def drive(problem: SettingsProblem, oracle: Oracle) -> tuple[Trigger | EndsWrong, dict[Configuration, Evidence]]:
+    """The caller's loop: ask, run, feed back; a configuration asked again must be one still undecided."""
+    evidence: dict[Configuration, Evidence] = {}
+    for _ in range(10_000):
+        decision = decide_ddmin(problem, evidence)
+        if not isinstance(decision, Ask):
+            return decision, evidence
+        if problem.mode == "exact":
+            assert decision.configuration not in evidence, "asked the same configuration twice"
+        seen = evidence.get(decision.configuration, Evidence())
+        for _ in range(decision.trials):
+            seen = seen.add(oracle(decision.configuration))  # type: ignore[arg-type]
+        evidence[decision.configuration] = seen
+    raise AssertionError("the search never ended")
+
+
+def hashed_oracle(keys: int, seed: int, bad_share: float, skip_share: float) -> Oracle:
+    """Any oracle at all (non-monotone): each configuration's verdict drawn once from its own seed;
+    the good variant is good and the bad case bad, as the ends must be."""
+    full = frozenset(range(keys))
+
+    def oracle(configuration: Configuration) -> str:
+        if configuration == full:
+            return "bad"
+        if not configuration:
+            return "good"
+        draw = random.Random(f"{seed}-{sorted(configuration)}").random()
+        return "bad" if draw < bad_share else "skip" if draw < bad_share + skip_share else "good"
+
+    return oracle
+
+
+@settings(max_examples=300, deadline=None)
+@given(keys=st.integers(1, 9), seed=st.integers(0, 10**6), bad_share=st.floats(0.0, 1.0),
+       skip_share=st.floats(0.0, 0.3))
+def test_any_oracle_gives_a_one_minimal_failing_set_within_the_bound(keys: int, seed: int, bad_share: float,
+                                                                    skip_share: float) -> None:
+    oracle = hashed_oracle(keys, seed, bad_share, skip_share)
+    answer, evidence = drive(SettingsProblem(keys), oracle)
+    assert isinstance(answer, Trigger)
+    assert answer.keys and oracle(answer.keys) == "bad"
+    for key in answer.keys:  # 1-minimal: setting any one key back leaves it not failing
+        assert oracle(answer.keys - {key}) != "bad"
+    assert len(evidence) <= worst_case_tests(keys)
+    assert set(answer.readings) == set(evidence)
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.data())
+def test_a_monotone_oracle_gives_its_trigger(data: st.DataObject) -> None:
+    keys = data.draw(st.integers(1, 16))
+    trigger = frozenset(data.draw(st.sets(st.integers(0, keys - 1), min_size=1, max_size=min(keys, 3))))
+    answer, evidence = drive(SettingsProblem(keys), lambda c: "bad" if trigger <= c else "good")
+    assert isinstance(answer, Trigger) and answer.keys == trigger
+    assert len(evidence) <= worst_case_tests(keys)
+
+
+@settings(max_examples=100, deadline=None)
+@given(keys=st.integers(2, 10), seed=st.integers(0, 10**6), order=st.randoms())
+def test_evidence_in_any_order_gives_the_same_decisions(keys: int, seed: int, order: random.Random) -> None:
+    """A resumed search rebuilds the evidence from its journal: the order must not matter."""
+    oracle = hashed_oracle(keys, seed, 0.4, 0.1)
+    problem = SettingsProblem(keys)
+    answer, evidence = drive(problem, oracle)
+    items = list(evidence.items())
+    order.shuffle(items)
+    assert decide_ddmin(problem, dict(items)) == answer
+    partial = dict(items[: len(items) // 2])
+    again = decide_ddmin(problem, partial)
+    assert not isinstance(again, Ask) or again.configuration not in partial
+
+
+def test_the_ends_come_first_and_a_bad_good_variant_is_refused() -> None:
+    problem = SettingsProblem(3)
+    assert decide_ddmin(problem, {}) == Ask(problem.bad)
+    assert decide_ddmin(problem, {problem.bad: Evidence(bad=1)}) == Ask(problem.good)
+    assert decide_ddmin(problem, {problem.bad: Evidence(bad=1), problem.good: Evidence(bad=1)}) == EndsWrong("good")
+    assert decide_ddmin(problem, {problem.bad: Evidence(good=1)}) == EndsWrong("bad")
+    skipped = decide_ddmin(problem, {problem.bad: Evidence(skipped=True)})
+    assert isinstance(skipped, EndsWrong) and skipped.which == "bad" and skipped.figures["skipped"] == 1.0
+
+
+def rated_oracle(trigger: Configuration, bad_rate: float, good_rate: float, rng: np.random.Generator) -> Oracle:
+    def oracle(configuration: Configuration) -> str:
+        rate = bad_rate if trigger <= configuration else good_rate
+        return "bad" if rng.random() < rate else "good"
+
+    return oracle
+
+
+@pytest.mark.parametrize(("bad_rate", "good_rate"), [(0.4, 0.0), (0.9, 0.1), (1.0, 0.0)])
+def test_noisy_readings_find_the_trigger(bad_rate: float, good_rate: float) -> None:
+    """Repeated trials decide each configuration; the search names the trigger nearly always."""
+    rng = np.random.default_rng(7)
+    problem = SettingsProblem(6, mode="noisy", confidence=0.99, batch=4, max_trials=48)
+    right = 0
+    for run in range(40):
+        trigger = frozenset({run % 6, (run * 5 + 1) % 6}) if run % 3 == 0 else frozenset({run % 6})
+        answer, evidence = drive(problem, rated_oracle(trigger, bad_rate, good_rate, rng))
+        assert isinstance(answer, Trigger)
+        assert len(evidence) <= worst_case_tests(6)
+        assert all(seen.trials <= problem.max_trials for seen in evidence.values())
+        right += answer.keys == trigger
+    assert right >= 38
+
+
+def test_noisy_ends_with_one_rate_are_refused() -> None:
+    """A good variant that fails as often as the bad case: exit 4, as for commit ends."""
+    rng = np.random.default_rng(3)
+    problem = SettingsProblem(4, mode="noisy", confidence=0.95, batch=8, max_trials=64)
+    answer, _ = drive(problem, lambda c: "bad" if rng.random() < 0.5 else "good")
+    assert isinstance(answer, EndsWrong)
+
+
+def test_a_noisy_reading_waits_for_enough_trials() -> None:
+    problem = SettingsProblem(2, mode="noisy", confidence=0.99, batch=5, max_trials=20)
+    ends = {problem.bad: Evidence(good=6, bad=4), problem.good: Evidence(good=10)}
+    # The good variant's 10 passes leave room for a low rate: one failure is not conclusive, a few are.
+    assert reading(problem, {**ends, frozenset({0}): Evidence(bad=1)}, frozenset({0})) is None
+    assert reading(problem, {**ends, frozenset({0}): Evidence(bad=5)}, frozenset({0})) == "bad"
+    assert reading(problem, {**ends, frozenset({0}): Evidence(good=2)}, frozenset({0})) is None
+    assert reading(problem, {**ends, frozenset({0}): Evidence(good=20)}, frozenset({0})) == "good"

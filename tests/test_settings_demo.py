@@ -1,0 +1,154 @@
+"""`bisect-npu settings` on the demo upstream: at each seeded regression's bad end, a good variant that
+carries the trigger's good value and several differences that change nothing; the search must name
+exactly the manifest's trigger. Real worktrees, one kernel build per commit, real forward passes."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from bisect_npu.demo.manifest import Manifest
+from bisect_npu.recipe_settings import show
+
+DemoUpstream = tuple[Path, Manifest]
+CLI = [sys.executable, "-m", "bisect_npu", "settings"]
+
+
+@pytest.fixture(scope="module")
+def demo_upstream(tmp_path_factory: pytest.TempPathFactory) -> DemoUpstream:
+    from bisect_npu.demo.generate import generate_upstream
+
+    repo = tmp_path_factory.mktemp("demo-settings") / "upstream"
+    return repo, generate_upstream(repo, seed=0)
+
+
+def search(demo_upstream: DemoUpstream, name: str, session: Path, *extra: str,
+           good_set: dict[str, object] | None = None, vary: dict[str, str] | None = None,
+           ) -> subprocess.CompletedProcess[str]:
+    """The CLI at the case's bad end; `vary` keys go as --vary KEY=VALUES instead of --good-set."""
+    repo, manifest = demo_upstream
+    truth = manifest.case(name)
+    assert truth.settings is not None
+    given = truth.settings.good_set if good_set is None else good_set
+    vary = vary or {}
+    sets = [part for key, value in given.items() if key not in vary
+            for part in ("--good-set", f"{key}={show(value)}")]
+    sets += [part for key, values in vary.items() for part in ("--vary", f"{key}={values}")]
+    return subprocess.run([*CLI, "--repo", str(repo), "--at", truth.bad_ref, "--recipe", truth.recipe, *sets,
+                           "--session", str(session), "--json", *extra],
+                          cwd=session.parent, capture_output=True, text=True, timeout=900)
+
+
+def summary(done: subprocess.CompletedProcess[str]) -> dict[str, object]:
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+@pytest.mark.parametrize("name", ["spec-decode", "presence-penalty",
+                                  pytest.param("dependency", marks=pytest.mark.slow)])
+def test_the_search_names_the_manifest_trigger(demo_upstream: DemoUpstream, tmp_path: Path, name: str) -> None:
+    """An exact case (acceptance at temperature 0.6, asked as an open question with a further value
+    to check), a noisy one (a loop in some runs, decided by batched trials: each configuration's
+    trials share one engine start), and (heavier tier) the dependency's, minivllm laid in at its pin."""
+    vary = {"cases[*].sampling.temperature": "0.0,0.3"} if name == "spec-decode" else None
+    dependency = demo_upstream[1].dependency("minivllm").repo
+    extra = ["--dep-repo", f"minivllm={dependency}"] if name == "dependency" else []
+    done = search(demo_upstream, name, tmp_path / "session", "--no-verdict-store", *extra, vary=vary)
+    assert done.returncode == 0, done.stdout + done.stderr[-3000:]
+    truth = demo_upstream[1].case(name).settings
+    assert truth is not None
+    assert summary(done)["trigger"] == truth.trigger
+    report = json.loads((tmp_path / "session" / "report.json").read_text())
+    needed = [row["key"] for row in report["keys"] if row["answer"] == "needed"]
+    assert needed == truth.trigger and len(report["keys"]) == len(truth.good_set)
+    trials = [json.loads(line) for line in (tmp_path / "session" / "settings.jsonl").read_text().splitlines()
+              if '"configuration_trial"' in line]
+    if name == "spec-decode":  # 0.3 in place of the bad 0.6: no draft accepted either
+        check = report["configurations"][-1]
+        assert check["keys_at_bad"] == "the trigger, with cases[*].sampling.temperature=0.3"
+        assert check["verdict"] == "bad"
+    if name == "presence-penalty":
+        runs = {(t["digest"], t["log"]) for t in trials}
+        assert len(runs) < len(trials) / 5  # ten trials per engine start
+        assert sum(t["startup_s"] > 0 for t in trials) == len(runs)
+
+
+def test_exact_search_resumes_and_reuses_the_verdict_store(demo_upstream: DemoUpstream, tmp_path: Path) -> None:
+    """The default case: the trigger, then an interrupted search continued without running a
+    finished configuration again, then a second session that takes every verdict from the store."""
+    store = tmp_path / "verdicts.sqlite"
+    session = tmp_path / "first"
+    done = search(demo_upstream, "async-penalty", session, "--verdict-store", str(store))
+    assert done.returncode == 0, done.stdout + done.stderr[-3000:]
+    assert summary(done)["trigger"] == ["engine.args.async_scheduling"]
+    markdown = (session / "report.md").read_text()
+    assert "**Smallest triggering difference**: `engine.args.async_scheduling: true`" in markdown
+    assert "| `cases[*].sampling.top_p` | unset | 0.9 | not needed |" in markdown
+
+    # Cut the journal after the third configuration (a kill), and continue it.
+    journal = session / "settings.jsonl"
+    lines = journal.read_text().splitlines(keepends=True)
+    kept = [i for i, line in enumerate(lines) if '"type":"configuration"' in line][2]
+    journal.write_text("".join(lines[: kept + 1]) + '{"type":"configuration_tri')  # and a torn line
+    resumed = search(demo_upstream, "async-penalty", session, "--no-verdict-store")
+    assert resumed.returncode == 0, resumed.stdout + resumed.stderr[-3000:]
+    assert summary(resumed)["trigger"] == ["engine.args.async_scheduling"]
+    records = [json.loads(line) for line in journal.read_text().splitlines()]
+    digests = [r["digest"] for r in records if r["type"] == "configuration"]
+    assert len(digests) == len(set(digests)) == summary(done)["configurations"]
+
+    again = search(demo_upstream, "async-penalty", tmp_path / "second", "--verdict-store", str(store))
+    assert again.returncode == 0, again.stdout + again.stderr[-3000:]
+    report = json.loads((tmp_path / "second" / "report.json").read_text())
+    assert {row["build"] for row in report["configurations"]} == {"stored"}
+    assert summary(again)["trigger"] == ["engine.args.async_scheduling"]
+
+
+def test_a_good_variant_that_is_also_bad_exits_4(demo_upstream: DemoUpstream, tmp_path: Path) -> None:
+    done = search(demo_upstream, "async-penalty", tmp_path / "session", "--no-verdict-store",
+                  good_set={"cases[*].sampling.top_p": 0.9, "cases[*].sampling.logprobs": 3})
+    assert done.returncode == 4, done.stdout + done.stderr[-3000:]
+    assert "precondition failed: the good variant (cases[*].sampling.top_p=0.9, cases[*].sampling.logprobs=3) " \
+           "is also bad" in done.stdout
+
+
+@pytest.mark.parametrize(("setting", "expected"), [
+    ("cases[*].sampling.temprature=0.0", "no such key in the recipe schema; nearest: cases[*].sampling.temperature"),
+    ("engine.arg.async_scheduling=false", "no such key in the recipe schema; nearest: engine.args"),
+    ("cases[*].sampling.max_tokens=many", "cases.0.sampling.max_tokens: Input should be a valid integer"),
+    ("oracle.kinds=[tokens]", "how the case is judged or built"),
+    ("engine.args.async_scheduling=true", "the recipe has that value already"),
+])
+def test_bad_input_is_one_line_before_anything_runs(demo_upstream: DemoUpstream, tmp_path: Path, setting: str,
+                                                    expected: str, capsys: pytest.CaptureFixture[str]) -> None:
+    from bisect_npu.cli import main
+
+    repo, manifest = demo_upstream
+    truth = manifest.case("async-penalty")
+    with pytest.raises(SystemExit) as exited:
+        main(["settings", "--repo", str(repo), "--at", truth.bad_ref, "--recipe", truth.recipe, "--good-set", setting,
+              "--session", str(tmp_path / "session"), "--no-verdict-store"])
+    assert exited.value.code == 2
+    error = [line for line in capsys.readouterr().err.splitlines() if line.startswith("bisect-npu: error:")]
+    assert len(error) == 1 and expected in error[0]
+    assert not (tmp_path / "session" / "configurations").exists()
+
+
+def test_a_recipe_judged_against_the_good_end_is_judged_against_the_good_variant(demo_upstream: DemoUpstream,
+                                                                                  tmp_path: Path) -> None:
+    """rope-longseq compares tokens with the good end's output: at one commit that is the good
+    variant's, run first. A difference that changes no token leaves the recipe good: exit 4."""
+    repo, manifest = demo_upstream
+    truth = manifest.case("rope-longseq")
+    session = tmp_path / "session"
+    done = subprocess.run([*CLI, "--repo", str(repo), "--at", truth.bad_ref, "--recipe", truth.recipe,
+                           "--good-set", "cases[*].sampling.logprobs=3", "--session", str(session),
+                           "--no-verdict-store", "--json"], cwd=tmp_path, capture_output=True, text=True, timeout=600)
+    assert done.returncode == 4, done.stdout + done.stderr[-3000:]
+    assert "precondition failed: the recipe is not bad at" in done.stdout
+    rows = json.loads((session / "report.json").read_text())["configurations"]
+    assert [row["keys_at_bad"] for row in rows] == ["none (the good variant)", "all (the bad case)"]
+    assert "first mismatch" not in rows[1]["evidence"] and rows[1]["verdict"] == "good"

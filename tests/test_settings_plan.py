@@ -1,0 +1,50 @@
+"""What a settings search is asked, checked before anything runs: the differences and --vary values."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import yaml
+
+from bisect_npu.errors import UsageError
+from bisect_npu.orchestration.settings import SettingsRequest, parse_vary, plan_differences
+from bisect_npu.recipe import load_recipe
+from bisect_npu.recipe_settings import Difference
+
+BAD = "demo-async-penalty"
+
+
+def plan(**given: object) -> tuple[list[Difference], dict[str, list[object]]]:
+    return plan_differences(load_recipe(BAD), SettingsRequest(repo=".", recipe=BAD, **given))  # type: ignore[arg-type]
+
+
+def test_vary_keys_come_first_with_their_further_values() -> None:
+    assert parse_vary("cases[*].sampling.temperature=0.0,0.3,1") == ("cases[*].sampling.temperature", [0.0, 0.3, 1])
+    differences, further = plan(good_set=["cases[*].sampling.logprobs=3"],
+                                vary=["engine.args.async_scheduling=false,true"])
+    assert differences == [Difference("engine.args.async_scheduling", True, False),
+                           Difference("cases[*].sampling.logprobs", 5, 3)]
+    assert further == {"engine.args.async_scheduling": [True]}
+
+
+def test_a_good_recipe_adds_the_keys_it_differs_in(tmp_path: Path) -> None:
+    raw = yaml.safe_load(Path(load_recipe(BAD).source or "").read_text())
+    raw["engine"]["args"]["async_scheduling"] = False
+    raw["cases"][0]["sampling"]["repetition_penalty"] = 1.0
+    good = tmp_path / "good.yaml"
+    good.write_text(yaml.safe_dump(raw))
+    differences, _ = plan(good_recipe=str(good), good_set=["cases[*].sampling.logprobs=3"])
+    assert [d.key for d in differences] == ["cases[*].sampling.logprobs", "engine.args.async_scheduling",
+                                            "cases[repeat-story].sampling.repetition_penalty"]
+
+
+@pytest.mark.parametrize(("given", "message"), [
+    ({}, "needs a good variant that differs from the recipe"),
+    ({"good_set": ["cases[*].sampling.seed=1", "cases[*].sampling.seed=2"]}, "given twice"),
+    ({"good_set": ["temperature"]}, "write KEY=VALUE"),
+    ({"vary": ["cases[*].sampling.tempreature=0,1"]}, "nearest: cases[*].sampling.temperature"),
+])
+def test_what_cannot_be_searched_is_one_line(given: dict[str, object], message: str) -> None:
+    with pytest.raises(UsageError, match=message.replace("[", r"\[").replace("]", r"\]").replace("*", r"\*")):
+        plan(**given)

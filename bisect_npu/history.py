@@ -279,11 +279,11 @@ def parse_dockerfile(text: str) -> DockerfileFacts:
             for word in _split_words(rest):
                 name, sep, value = word.partition("=")
                 if sep and name not in args:
-                    args[name] = _substitute(value, args)
+                    args[name] = substitute_args(value, args)
         elif instruction == "FROM" and base_image is None:
             words = [w for w in _split_words(rest) if not w.startswith("--")]
             if words:
-                base_image = _substitute(words[0], args)
+                base_image = substitute_args(words[0], args)
     return DockerfileFacts(base_image=base_image, vllm_tag=args.get("VLLM_TAG"), args=args)
 
 
@@ -324,7 +324,10 @@ def _split_words(rest: str) -> list[str]:
 _VARIABLE = re.compile(r"\$(?:\{(?P<braced>\w+)(?::(?P<op>[-+])(?P<word>[^}]*))?\}|(?P<plain>\w+))")
 
 
-def _substitute(value: str, args: dict[str, str]) -> str:
+def substitute_args(value: str, args: dict[str, str]) -> str:
+    """`value` with its `$NAME`, `${NAME}`, `${NAME:-word}` and `${NAME:+word}` expanded from the
+    Dockerfile's `args`, as docker expands them (an unknown name is empty)."""
+
     def replace(match: re.Match[str]) -> str:
         name = match.group("braced") or match.group("plain")
         current = args.get(name, "")

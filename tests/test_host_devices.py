@@ -12,8 +12,8 @@ from gitrepo import GOOD_CMD, make_linear_repo
 
 from bisect_npu.cli.doctor import check_driver_mounts
 from bisect_npu.errors import InfrastructureError
-from bisect_npu.execute.ascend import DRIVER_MOUNTS, MANAGEMENT_DEVICES, ascend_container_spec
-from bisect_npu.execute.host_devices import check_host_devices, device_files
+from bisect_npu.execute.ascend import DRIVER_MOUNTS, MANAGEMENT_DEVICES, ascend_container_spec, device_files
+from bisect_npu.execute.host_devices import check_host_devices, host_cards
 from bisect_npu.orchestration.options import RunOptions
 from bisect_npu.orchestration.preflight import check_run
 
@@ -51,6 +51,13 @@ def test_fake_device_files_pass_and_each_missing_one_is_named(tmp_path):
         check_host_devices([0, 1], tmp_path)
     assert "lacks /dev/hisi_hdc, /etc/ascend_install.info," in str(raised.value)
     assert raised.value.exit_code == 5
+
+
+def test_host_cards_are_the_numbered_device_files_in_order(tmp_path):
+    assert host_cards(tmp_path) == []
+    fake_host(tmp_path, [10, 2, 0])
+    (tmp_path / "dev" / "davinci3x").touch()  # not a card: the name must be davinci and a number
+    assert host_cards(tmp_path) == [0, 2, 10]
 
 
 def test_doctor_checks_the_same_driver_paths(tmp_path):

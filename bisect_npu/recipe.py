@@ -519,9 +519,9 @@ class Recipe(StrictModel):
     def digest(self) -> str:
         """Stable content hash, recorded in the session header so resume refuses a changed recipe.
 
-        A field added after 0.1.0 enters the hash only when set away from its default, so a field
-        added in a later version leaves the digest of every recipe that does not use it (and the
-        sessions recorded with it) as it was. `supports` never enters: it gates which ranges start
+        A field 0.1.0 did not have (recipe_fields_0_1_0.txt lists those it had) enters the hash only
+        when set away from its default, so a field added in 0.2.0 or later leaves the digest of every
+        recipe that does not use it (and the sessions recorded with it) as it was. `supports` never enters: it gates which ranges start
         and changes no run; nor does a dependency the image installs itself (it changes no candidate
         of the recipe's own session, only where a culprit leads next)."""
         hashed = self.model_copy(update={"dependencies": [d for d in self.dependencies if not d.installed_by_image]})
@@ -532,6 +532,7 @@ class Recipe(StrictModel):
 
 @functools.cache
 def _fields_of_0_1_0() -> frozenset[str]:
+    """The recipe fields of bisect-npu 0.1.0, the first release, as dotted paths."""
     text = (resources.files("bisect_npu") / "recipe_fields_0_1_0.txt").read_text()
     return frozenset(line for line in text.splitlines() if line and not line.startswith("#"))
 

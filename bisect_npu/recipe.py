@@ -1,4 +1,4 @@
-"""Recipes: the bad case as data (DESIGN.md, "Recipes").
+"""Recipes: the bad case as data (docs/guide/recipes.md; every field: docs/reference/recipe.md).
 
 Loaded with a safe YAML loader and validated; every error names the field and its line.
 """
@@ -521,9 +521,10 @@ class Recipe(StrictModel):
 
         A field 0.1.0 did not have (recipe_fields_0_1_0.txt lists those it had) enters the hash only
         when set away from its default, so a field added in 0.2.0 or later leaves the digest of every
-        recipe that does not use it (and the sessions recorded with it) as it was. `supports` never enters: it gates which ranges start
-        and changes no run; nor does a dependency the image installs itself (it changes no candidate
-        of the recipe's own session, only where a culprit leads next)."""
+        recipe that does not use it (and the sessions recorded with it) as it was. `supports` never
+        enters: it gates which ranges start and changes no run; nor does a dependency the image
+        installs itself (it changes no candidate of the recipe's own session, only where a culprit
+        leads next)."""
         hashed = self.model_copy(update={"dependencies": [d for d in self.dependencies if not d.installed_by_image]})
         dumped = hashed.model_dump(mode="json", exclude={"supports"})
         payload = json.dumps(_without_new_defaults(hashed, dumped, ""), sort_keys=True).encode()

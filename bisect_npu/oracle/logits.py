@@ -398,9 +398,9 @@ class ChunkSums:
 def top_k_indices(rows: np.ndarray, k: int, block: int = 2048) -> np.ndarray:
     """Indices of each row's k largest values (in no order).
 
-    Why blocks: a full partition of a 152K-vocabulary row costs ~1 ms; the k largest values lie in
-    the k blocks with the largest maxima, so one max-reduction finds those blocks, and the same
-    search within them (blocks of 64) leaves a few hundred values to partition.
+    Why blocks: partitioning every whole row of a large vocabulary is the slow part; the k largest
+    values lie in the k blocks with the largest maxima, so one max-reduction finds those blocks,
+    and the same search within them (blocks of 64) leaves a few hundred values to partition.
     """
     n_rows, vocab = rows.shape
     n_blocks = vocab // block

@@ -185,7 +185,7 @@ def _parse_version(text: str) -> Version | None:
 
 def _version_key(tag: str) -> tuple[int, Version | str]:
     version = _parse_version(tag)
-    return (0, version) if version is not None else (1, tag)  # type: ignore[return-value]
+    return (0, version) if version is not None else (1, tag)
 
 
 @dataclass(frozen=True)
@@ -565,9 +565,9 @@ def github_base(url: str) -> str | None:
 def describe(repo: git.Repo, sha: str) -> str:
     """Short human name for reports: the nearest tag that contains it (`v0.9.1~3`), or short sha."""
     try:
-        name = repo.git.name_rev("--tags", "--name-only", "--no-undefined", sha)
+        name = str(repo.git.name_rev("--tags", "--name-only", "--no-undefined", sha))
     except git.GitCommandError:
-        return repo.git.rev_parse("--short", sha)
+        return str(repo.git.rev_parse("--short", sha))
     return name.removeprefix("tags/").removesuffix("^0")
 
 

@@ -566,7 +566,7 @@ MAX_DEPTH = 40
 MAX_EXPANDED_NODES = 20_000  # nodes once every alias is expanded (what validation walks)
 
 
-class _LineLoader(yaml.SafeLoader):
+class _LineLoader(yaml.SafeLoader):  # type: ignore[misc]  # PyYAML ships no types
     """Safe loader that remembers the line of every mapping key, refuses duplicate keys, and
     bounds nesting and alias expansion (a 1 KB alias bomb expands to billions of nodes)."""
 
@@ -616,7 +616,7 @@ def _construct_mapping(loader: _LineLoader, node: yaml.MappingNode) -> dict[Hash
              if isinstance(key_node, yaml.ScalarNode)}
     mapping["__lines__"] = lines
     mapping["__line__"] = node.start_mark.line + 1
-    return mapping
+    return dict(mapping)
 
 
 _LineLoader.add_constructor(yaml.resolver.BaseResolver.DEFAULT_MAPPING_TAG, _construct_mapping)

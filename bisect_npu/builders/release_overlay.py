@@ -31,7 +31,7 @@ import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Literal
+from typing import Literal, TextIO
 
 import git
 from packaging.utils import canonicalize_name
@@ -173,7 +173,8 @@ class ReleaseOverlayBuilder:
 
         if self._release_ref is None:
             self._release_ref = tag_for_version(self.repo, self.version)
-        names = self.repo.git.diff("--name-only", self._release_ref, sha, "--", *self.compiled_inputs).splitlines()
+        names: list[str] = self.repo.git.diff("--name-only", self._release_ref, sha, "--",
+                                              *self.compiled_inputs).splitlines()
         return names[:MARKED_PATHS_MAX] + ([f"(+{len(names) - MARKED_PATHS_MAX} more)"]
                                            if len(names) > MARKED_PATHS_MAX else [])
 
@@ -229,7 +230,7 @@ class ReleaseOverlayBuilder:
             raise BuildFailed(f"the overlay of {sha[:12]} has {count} files under {path}, git has {expected}")
         return count
 
-    def _check_imports(self, overlay: Path, python: str, packages: tuple[str, ...], log, log_path: Path,
+    def _check_imports(self, overlay: Path, python: str, packages: tuple[str, ...], log: TextIO, log_path: Path,
                        sha: str, marked: str) -> None:
         """Import each package as the probe will (the overlay first on the path): a tree that does
         not import fails here with its reason; the bytecode written stays for the probe."""

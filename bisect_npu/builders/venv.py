@@ -27,6 +27,7 @@ import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TextIO
 
 import bisect_npu
 from bisect_npu.builders.base import BuildFailed, Environment, tail
@@ -199,7 +200,7 @@ class VenvBuilder:
         marker_tmp.write_text(json.dumps(info), encoding="utf-8")
         os.replace(marker_tmp, venv / COMPLETE_MARKER)
 
-    def _step(self, argv: list[str], log, log_path: Path, what: str) -> None:
+    def _step(self, argv: list[str], log: TextIO, log_path: Path, what: str) -> None:
         log.write("$ " + " ".join(argv) + "\n")
         log.flush()
         try:

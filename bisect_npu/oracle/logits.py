@@ -415,7 +415,8 @@ def top_k_indices(rows: np.ndarray, k: int, block: int = 2048) -> np.ndarray:
     if vocab > whole:
         values = np.concatenate([values, rows[:, whole:]], axis=1)
         candidates = np.concatenate([candidates, np.tile(np.arange(whole, vocab), (n_rows, 1))], axis=1)
-    return candidates[line, top_k_indices(values, k, max(1, block // 32))]
+    chosen: np.ndarray = candidates[line, top_k_indices(values, k, max(1, block // 32))]
+    return chosen
 
 
 class Scratch:

@@ -175,7 +175,7 @@ def _member_offset(path: Path, info: zipfile.ZipInfo) -> int:
     if len(header) != 30 or header[:4] != b"PK\x03\x04":
         raise PtFormatError("bad local header in the archive")
     name_len, extra_len = struct.unpack("<HH", header[26:30])
-    return info.header_offset + 30 + name_len + extra_len
+    return int(info.header_offset + 30 + name_len + extra_len)
 
 
 def open_pt(path: str | Path) -> TensorFile:

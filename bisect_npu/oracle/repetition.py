@@ -252,7 +252,8 @@ def distinct_ngram_ratios(a: np.ndarray, window: int, ngram: int) -> np.ndarray:
     n_windows = len(padded) // half - 1
     windows = np.sort(windows[:n_windows], axis=1)
     distinct = 1 + (windows[:, 1:] != windows[:, :-1]).sum(axis=1)
-    return distinct / span
+    ratio: np.ndarray = distinct / span
+    return ratio
 
 
 def find_near_loop(tokens: list[int] | np.ndarray, cfg: RepetitionConfig) -> NearLoop | None:

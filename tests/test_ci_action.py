@@ -20,6 +20,9 @@ from gitrepo import make_linear_repo
 
 from bisect_npu.ci import Actions, IssueInputs, issue_step, marker
 
+# Each test runs the action's steps end to end (bisect-npu sessions on a generated history).
+pytestmark = pytest.mark.e2e
+
 ROOT = Path(__file__).resolve().parent.parent
 FAKE_GH = Path(__file__).resolve().parent / "fake_gh.py"
 CULPRIT = 21

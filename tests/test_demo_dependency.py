@@ -21,6 +21,9 @@ from bisect_npu.oracle import judge_observation
 from bisect_npu.orchestration.evaluate import probe_request
 from bisect_npu.recipe import load_recipe
 
+# Each test runs bisect-npu end to end (sessions, the command line, the demo's model).
+pytestmark = pytest.mark.e2e
+
 REPO_ROOT = Path(__file__).resolve().parent.parent
 PIN = re.compile(r"^ARG MINIVLLM_TAG=(\S+)$", re.MULTILINE)
 
@@ -221,6 +224,7 @@ def test_demo_dependency_case_names_the_whole_chain_locally(tmp_path):
 
 
 @pytest.mark.container
+@pytest.mark.heavy
 def test_demo_dependency_case_names_the_whole_chain_in_containers(docker_client, demo_base_image, tmp_path):
     summary, session = demo_dependency_case(tmp_path, "--executor", "docker", "--no-verify-fix")
     manifest = Manifest.load(tmp_path / "cache" / "demo" / f"v{GENERATOR_VERSION}" / "seed-0" / "manifest.json")

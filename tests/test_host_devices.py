@@ -77,6 +77,7 @@ def test_check_run_looks_under_the_host_root_it_is_given(tmp_path):
     assert check_run(options, host_root=tmp_path / "host").candidates_range.bad == shas[3]
 
 
+@pytest.mark.e2e
 @pytest.mark.skipif(Path("/dev/davinci0").exists(), reason="this host has NPUs")
 def test_run_on_a_host_without_npus_stops_before_any_clone_or_build(tmp_path):
     # The URL is never fetched: the device check comes first (this machine has no network either).
@@ -92,6 +93,7 @@ def test_run_on_a_host_without_npus_stops_before_any_clone_or_build(tmp_path):
     assert set(MANAGEMENT_DEVICES) <= set(device_files([0]))
 
 
+@pytest.mark.e2e
 @pytest.mark.skipif(Path("/dev/davinci0").exists(), reason="this host has NPUs")
 def test_fix_verify_on_npus_checks_the_host_too(tmp_path):
     shas = make_linear_repo(tmp_path / "repo", 4, culprit=2)

@@ -17,6 +17,9 @@ from pathlib import Path
 import pytest
 from gitrepo import GOOD_CMD, add_commit, git, make_linear_repo
 
+# Each test runs bisect-npu end to end (sessions, the command line, the demo's model).
+pytestmark = pytest.mark.e2e
+
 CLI = [sys.executable, "-m", "bisect_npu"]
 GOOD_CMD_STR = " ".join(GOOD_CMD)
 

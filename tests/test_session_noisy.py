@@ -17,6 +17,9 @@ from gitrepo import GOOD_CMD, make_linear_repo
 
 from bisect_npu.orchestration.session import Session
 
+# Each test runs bisect-npu end to end (sessions, the command line, the demo's model).
+pytestmark = pytest.mark.e2e
+
 CLI = [sys.executable, "-m", "bisect_npu"]
 
 # Fails in 70% of trials on bad commits, never on good ones; deterministic per (commit, trial), so

@@ -21,6 +21,8 @@ import pytest
 from bisect_npu import __version__
 from bisect_npu.recipe import bundled_recipes
 
+# A wheel built, a venv made and the package installed with its dependencies: minutes.
+pytestmark = [pytest.mark.e2e, pytest.mark.heavy]
 REPO_ROOT = Path(__file__).resolve().parent.parent
 
 

@@ -146,6 +146,7 @@ def gh_state(env: dict[str, str]) -> dict:
     return json.loads(Path(env["FAKE_GH_STATE"]).read_text())
 
 
+@pytest.mark.heavy  # the action's whole flow twice, a retried job
 def test_a_retried_job_resumes_and_a_culprit_gets_one_issue(job, tmp_path: Path) -> None:
     _, shas, check_dir, env, inputs = job
     inputs = {**inputs, "good": shas[0], "bad": shas[24]}

@@ -306,6 +306,7 @@ if minidep.util.STEP not in (3, 12) and marker.exists():  # a dependency commit 
 """
 
 
+@pytest.mark.heavy  # the resume tests' variant inside a dependency level
 def test_a_run_killed_in_the_dependency_level_resumes_there(tmp_path: Path, env: dict[str, str]) -> None:
     deps = make_dependency(tmp_path / "minidep")
     ups = make_upstream(tmp_path / "upstream")

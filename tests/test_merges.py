@@ -235,6 +235,7 @@ def commits_in(shape: list) -> int:
     return sum(1 if item == "c" else 1 + commits_in(item[1]) for item in shape)
 
 
+@pytest.mark.heavy  # random merge histories, each counted by git too
 @given(st.lists(ITEMS, min_size=1, max_size=8))
 @settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 def test_brought_in_counts_what_git_counts(tmp_path_factory: pytest.TempPathFactory, shape: list) -> None:

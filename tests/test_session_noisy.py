@@ -128,6 +128,7 @@ def test_earlier_runs_are_counted_and_reported(tmp_path: Path, flaky: str) -> No
     assert done.returncode == 2 and "--earlier-runs counts only in noisy mode" in done.stderr
 
 
+@pytest.mark.heavy  # the resume tests' variant for a noisy session
 def test_noisy_session_killed_mid_trial_resumes_without_losing_trials(tmp_path: Path, flaky: str) -> None:
     repo = tmp_path / "repo"
     shas = make_linear_repo(repo, 65, culprit=40, tags={0: "good", 64: "bad"})

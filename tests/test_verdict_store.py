@@ -264,6 +264,7 @@ def test_a_recipe_rerun_makes_no_probe_run_for_a_known_commit(demo_upstream, tmp
     assert all(step["stored"] for step in again if step["index"] != 0 or not reference_runs)
 
 
+@pytest.mark.heavy  # a property over many sessions
 @settings(max_examples=12, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(n=st.integers(2, 24), data=st.data())
 def test_any_stored_verdicts_give_the_same_culprit_without_running_them(tmp_path: Path, n: int,

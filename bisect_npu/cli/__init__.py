@@ -45,7 +45,8 @@ class LazyGroup(click.Group):
         if target is None:
             return None
         module_name, attr = target.split(":")
-        command: click.Command = getattr(importlib.import_module(module_name), attr)
+        command = getattr(importlib.import_module(module_name), attr)
+        assert isinstance(command, click.Command)
         return command
 
 

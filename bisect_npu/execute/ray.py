@@ -82,8 +82,9 @@ def cluster_nodes(per_run: int) -> list[NodeEngines]:
     """The alive nodes with their NPUs and the engines of `per_run` cards each holds."""
     import ray
 
+    list_nodes: Callable[[], list[dict[str, Any]]] = ray.nodes  # untyped in Ray
     nodes = []
-    for node in ray.nodes():
+    for node in list_nodes():
         if not node.get("Alive"):
             continue
         npus = int(node.get("Resources", {}).get(RESOURCE, 0))

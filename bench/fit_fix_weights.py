@@ -3,7 +3,7 @@
 Every train pair is ranked twice, with the citation shown and hidden (as bench/fix_eval.py does), and
 the evidence of every proposal kept: per query a matrix of features and the row of the true fix
 (none when the fix is not among the proposals, which teaches the model's "none of them" score). A
-conditional logit is fitted on those queries (bisect_npu.fix.model.fit); test pairs are never read.
+conditional logit is fitted on those queries (bench/fix_logit.py); test pairs are never read.
 
     .venv/bin/python bench/fit_fix_weights.py --repo CLONE [--pairs bench/data/fix_pairs.tsv]
         [--cache FILE | --from-dump FILE] [--l2 0.05 | --cv 4]
@@ -30,8 +30,9 @@ sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "bench"))
 
 from fix_eval import MODES, PAIRS, load_pairs, rank_of, rank_pair  # noqa: E402
+from fix_logit import fit, vector  # noqa: E402
 
-from bisect_npu.fix.model import FEATURES, fit, vector  # noqa: E402
+from bisect_npu.fix.model import FEATURES  # noqa: E402
 
 WEIGHTS = ROOT / "bisect_npu" / "fix" / "weights.json"
 

@@ -4,4 +4,4 @@ This module stays import-light on purpose: the probe package runs inside candida
 environments that have only the standard library and the engine.
 """
 
-__version__ = "0.1.0"
+__version__ = "0.2.0"  # pyproject reads it; CHANGELOG.md says what each version changed

@@ -1,6 +1,6 @@
 """Data contracts shared by the rooms: observations, verdicts, fix proposals and their verifications.
 
-These are the only shapes that cross room boundaries (DESIGN.md, "Data contracts").
+These are the only shapes that cross room boundaries (docs/design/flow.md, "Data between the rooms").
 The probe writes observations with the standard library; this module validates them on the host.
 """
 
@@ -27,10 +27,24 @@ TokenId = Annotated[int, Field(strict=True, ge=0, lt=2**31)]
 TimeoutIs = Literal["bad", "skip"]
 
 
+class StrictModel(BaseModel):
+    """A section of a file the user writes (a recipe, its oracle settings): an unknown key is an
+    error naming it, never a setting silently ignored."""
+
+    model_config = ConfigDict(extra="forbid")
+
+
 class VerdictKind(StrEnum):
     GOOD = "good"
     BAD = "bad"
     SKIP = "skip"
+
+
+# The `git bisect run` protocol: the exit status a verdict stands for; a command's 1..127 all read
+# bad, and above 127 the bisection aborts.
+VERDICT_EXIT: dict[VerdictKind, int] = {VerdictKind.GOOD: 0, VerdictKind.BAD: 1, VerdictKind.SKIP: 125}
+SKIP_EXIT = VERDICT_EXIT[VerdictKind.SKIP]
+ABORT_ABOVE = 127
 
 
 class Verdict(BaseModel):

@@ -185,7 +185,7 @@ def _parse_version(text: str) -> Version | None:
 
 def _version_key(tag: str) -> tuple[int, Version | str]:
     version = _parse_version(tag)
-    return (0, version) if version is not None else (1, tag)  # type: ignore[return-value]
+    return (0, version) if version is not None else (1, tag)
 
 
 @dataclass(frozen=True)
@@ -279,11 +279,11 @@ def parse_dockerfile(text: str) -> DockerfileFacts:
             for word in _split_words(rest):
                 name, sep, value = word.partition("=")
                 if sep and name not in args:
-                    args[name] = _substitute(value, args)
+                    args[name] = substitute_args(value, args)
         elif instruction == "FROM" and base_image is None:
             words = [w for w in _split_words(rest) if not w.startswith("--")]
             if words:
-                base_image = _substitute(words[0], args)
+                base_image = substitute_args(words[0], args)
     return DockerfileFacts(base_image=base_image, vllm_tag=args.get("VLLM_TAG"), args=args)
 
 
@@ -324,7 +324,10 @@ def _split_words(rest: str) -> list[str]:
 _VARIABLE = re.compile(r"\$(?:\{(?P<braced>\w+)(?::(?P<op>[-+])(?P<word>[^}]*))?\}|(?P<plain>\w+))")
 
 
-def _substitute(value: str, args: dict[str, str]) -> str:
+def substitute_args(value: str, args: dict[str, str]) -> str:
+    """`value` with its `$NAME`, `${NAME}`, `${NAME:-word}` and `${NAME:+word}` expanded from the
+    Dockerfile's `args`, as docker expands them (an unknown name is empty)."""
+
     def replace(match: re.Match[str]) -> str:
         name = match.group("braced") or match.group("plain")
         current = args.get(name, "")
@@ -562,9 +565,9 @@ def github_base(url: str) -> str | None:
 def describe(repo: git.Repo, sha: str) -> str:
     """Short human name for reports: the nearest tag that contains it (`v0.9.1~3`), or short sha."""
     try:
-        name = repo.git.name_rev("--tags", "--name-only", "--no-undefined", sha)
+        name = str(repo.git.name_rev("--tags", "--name-only", "--no-undefined", sha))
     except git.GitCommandError:
-        return repo.git.rev_parse("--short", sha)
+        return str(repo.git.rev_parse("--short", sha))
     return name.removeprefix("tags/").removesuffix("^0")
 
 

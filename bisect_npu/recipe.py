@@ -1,4 +1,4 @@
-"""Recipes: the bad case as data (DESIGN.md, "Recipes").
+"""Recipes: the bad case as data (docs/guide/recipes.md; every field: docs/reference/recipe.md).
 
 Loaded with a safe YAML loader and validated; every error names the field and its line.
 """
@@ -18,9 +18,9 @@ from typing import Annotated, Any, Literal, get_args
 
 import yaml
 from packaging.specifiers import InvalidSpecifier, SpecifierSet
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import BaseModel, Field, ValidationError, field_validator, model_validator
 
-from bisect_npu.contracts import TimeoutIs
+from bisect_npu.contracts import StrictModel, TimeoutIs
 from bisect_npu.errors import UsageError
 from bisect_npu.oracle.config import OracleConfig
 from bisect_npu.probe.backends import BackendName
@@ -56,18 +56,22 @@ def _whole_count(value: object, where: str) -> int:
     raise ValueError(f"{where}: {value!r} is not a positive whole number of cards")
 
 
-class _Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+def inside_the_repository(value: str) -> str:
+    """`value` when it is a relative path that stays inside the repository, else a ValueError."""
+    parts = value.split("/")
+    if not value or value.startswith("/") or ".." in parts or "" in parts:
+        raise ValueError(f"{value!r} must be a path inside the repository, such as Dockerfile.a3")
+    return value
 
 
-class ModelSpec(_Strict):
+class ModelSpec(StrictModel):
     path: str = Field(..., description="model directory inside the environment (container or host)")
     host_path: str | None = Field(None, description="host directory mounted read-only at `path`")
     dtype: str = Field("auto", description="dtype the engine loads the weights in (vLLM's `dtype`)")
     tokenizer: str | None = Field(None, description="tokenizer path or name when it is not the model's own")
 
 
-class EngineSpec(_Strict):
+class EngineSpec(StrictModel):
     backend: BackendName = Field(
         "vllm", description="probe backend: vllm (offline `LLM`), openai (a `vllm serve` server streamed over "
                             "HTTP), mini (the demo engine)")
@@ -124,7 +128,7 @@ class EngineSpec(_Strict):
         return {name: size for name, (_, size) in found.items()}
 
 
-class SamplingSpec(_Strict):
+class SamplingSpec(StrictModel):
     """Sampling parameters; None means "do not send", so server defaults apply."""
 
     temperature: float | None = Field(None, ge=0.0, description="unset: the engine's default")
@@ -145,12 +149,12 @@ class SamplingSpec(_Strict):
         return {k: v for k, v in self.model_dump().items() if v is not None}
 
 
-class Message(_Strict):
+class Message(StrictModel):
     role: Literal["system", "user", "assistant"] = Field(..., description="chat role of the message")
     content: str = Field(..., description="text of the message")
 
 
-class CaseSpec(_Strict):
+class CaseSpec(StrictModel):
     id: str = Field("default", description="names the case in observations, logs and the report")
     prompt: str | None = Field(None, description="plain prompt (`LLM.generate`, /v1/completions); exactly one "
                                                 "of prompt or messages")
@@ -166,7 +170,7 @@ class CaseSpec(_Strict):
         return self
 
 
-class CaptureSpec(_Strict):
+class CaptureSpec(StrictModel):
     """What the probe records beyond tokens: top-k logprobs always; full logits or layer dumps on ask."""
 
     top_k: int = Field(5, strict=True, ge=1, le=20, description="top logprobs kept per step (the tokens oracle's ties)")
@@ -177,7 +181,7 @@ class CaptureSpec(_Strict):
         default_factory=lambda: [0], description="forward passes to dump; 0 is the prefill")
 
 
-class EarlierRunsSpec(_Strict):
+class EarlierRunsSpec(StrictModel):
     """Runs of the two ends made before bisecting, as "symptom shown/runs" ("8/10"): the noisy
     search counts them as trials it did not have to pay for. Give real counts only.
     ``bad_end`` is the end that shows the symptom (the old end under --find-fix)."""
@@ -214,7 +218,7 @@ class EarlierRunsSpec(_Strict):
         return int(failed), int(runs)
 
 
-class TrialsSpec(_Strict):
+class TrialsSpec(StrictModel):
     """`exact`: every trial of a commit is judged together into one verdict per commit.
     `noisy`: each trial is a vote; the search picks commits and trial counts until it reaches
     `confidence` (for failures that show in only some runs)."""
@@ -244,7 +248,7 @@ class TrialsSpec(_Strict):
                             "session's overlays")
 
 
-class ReferenceSpec(_Strict):
+class ReferenceSpec(StrictModel):
     kind: Literal["good_end", "golden", "none"] = Field(
         "none", description="good_end: the good end's observations (it is tested first); golden: observation "
                             "files at `path`; none: the oracle needs no reference")
@@ -252,7 +256,7 @@ class ReferenceSpec(_Strict):
                                                "to the recipe")
 
 
-class BuildSpec(_Strict):
+class BuildSpec(StrictModel):
     """How a candidate checkout becomes runnable without a container (LocalBuilder)."""
 
     local_command: list[str] = Field(
@@ -285,13 +289,10 @@ class BuildSpec(_Strict):
     @field_validator("dockerfile")
     @classmethod
     def _inside_the_repository(cls, value: str) -> str:
-        parts = value.split("/")
-        if not value or value.startswith("/") or ".." in parts or "" in parts:
-            raise ValueError(f"{value!r} must be a path inside the repository, such as Dockerfile.a3")
-        return value
+        return inside_the_repository(value)
 
 
-class InstallPlan(_Strict):
+class InstallPlan(StrictModel):
     """How one published version of a package becomes a virtual environment (VenvBuilder)."""
 
     pins: list[str] = Field(default_factory=list, description="requirements installed with the package: torch==2.13.0")
@@ -315,7 +316,7 @@ def version_specifier(text: str) -> SpecifierSet:
                          "'>=v0.10.0rc1,<v0.12.0rc1'") from None
 
 
-class SupportSpec(_Strict):
+class SupportSpec(StrictModel):
     """The vllm-ascend versions the case means something on: a range with an end outside them
     is refused before it starts (a good end that predates the feature never ran it)."""
 
@@ -348,7 +349,7 @@ class SupportSpec(_Strict):
 _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
 
 
-class PinSpec(_Strict):
+class PinSpec(StrictModel):
     """Where the upstream names the dependency's version at each of its commits: a Dockerfile ARG
     (vllm-ascend: `ARG VLLM_TAG`, with `VLLM_COMMIT` taking over when set) or a requirements line."""
 
@@ -370,7 +371,7 @@ class PinSpec(_Strict):
         if bool(self.arg) == (self.requirement is not None):
             raise ValueError("a pin is either `arg` (Dockerfile ARGs) or `requirement` (a requirements line)")
         if self.file is not None:
-            BuildSpec._inside_the_repository(self.file)
+            inside_the_repository(self.file)
         return self
 
     def where(self, dockerfile: str = "Dockerfile") -> str:
@@ -383,7 +384,7 @@ class PinSpec(_Strict):
         return f"{self.where(dockerfile)} {what}"
 
 
-class DependencySpec(_Strict):
+class DependencySpec(StrictModel):
     """A dependency the upstream pins and the image carries as a source tree (vLLM under
     vllm-ascend): when the culprit moves its pin, bisect-npu bisects the dependency's own commits
     with the upstream held fixed, each candidate the upstream's build with the dependency's
@@ -423,7 +424,7 @@ class DependencySpec(_Strict):
     @field_validator("package_dir")
     @classmethod
     def _relative(cls, value: str) -> str:
-        return BuildSpec._inside_the_repository(value)
+        return inside_the_repository(value)
 
     @field_validator("image_path")
     @classmethod
@@ -460,7 +461,7 @@ def parse_dependency_option(text: str) -> DependencySpec:
         raise UsageError(f"--dependency {text!r}: {where_}: {first['msg'].removeprefix('Value error, ')}") from exc
 
 
-class Recipe(_Strict):
+class Recipe(StrictModel):
     name: str = Field(..., description="the name `recipes list` shows and `--recipe` takes for a bundled one")
     description: str = Field("", description="one line for `recipes list`")
     symptom: list[str] = Field(default_factory=list, description="keywords for fix ranking")
@@ -518,11 +519,12 @@ class Recipe(_Strict):
     def digest(self) -> str:
         """Stable content hash, recorded in the session header so resume refuses a changed recipe.
 
-        A field added after 0.1.0 enters the hash only when set away from its default, so a field
-        added in a later version leaves the digest of every recipe that does not use it (and the
-        sessions recorded with it) as it was. `supports` never enters: it gates which ranges start
-        and changes no run; nor does a dependency the image installs itself (it changes no candidate
-        of the recipe's own session, only where a culprit leads next)."""
+        A field 0.1.0 did not have (recipe_fields_0_1_0.txt lists those it had) enters the hash only
+        when set away from its default, so a field added in 0.2.0 or later leaves the digest of every
+        recipe that does not use it (and the sessions recorded with it) as it was. `supports` never
+        enters: it gates which ranges start and changes no run; nor does a dependency the image
+        installs itself (it changes no candidate of the recipe's own session, only where a culprit
+        leads next)."""
         hashed = self.model_copy(update={"dependencies": [d for d in self.dependencies if not d.installed_by_image]})
         dumped = hashed.model_dump(mode="json", exclude={"supports"})
         payload = json.dumps(_without_new_defaults(hashed, dumped, ""), sort_keys=True).encode()
@@ -531,6 +533,7 @@ class Recipe(_Strict):
 
 @functools.cache
 def _fields_of_0_1_0() -> frozenset[str]:
+    """The recipe fields of bisect-npu 0.1.0, the first release, as dotted paths."""
     text = (resources.files("bisect_npu") / "recipe_fields_0_1_0.txt").read_text()
     return frozenset(line for line in text.splitlines() if line and not line.startswith("#"))
 
@@ -563,7 +566,7 @@ MAX_DEPTH = 40
 MAX_EXPANDED_NODES = 20_000  # nodes once every alias is expanded (what validation walks)
 
 
-class _LineLoader(yaml.SafeLoader):
+class _LineLoader(yaml.SafeLoader):  # type: ignore[misc]  # PyYAML ships no types
     """Safe loader that remembers the line of every mapping key, refuses duplicate keys, and
     bounds nesting and alias expansion (a 1 KB alias bomb expands to billions of nodes)."""
 
@@ -613,7 +616,7 @@ def _construct_mapping(loader: _LineLoader, node: yaml.MappingNode) -> dict[Hash
              if isinstance(key_node, yaml.ScalarNode)}
     mapping["__lines__"] = lines
     mapping["__line__"] = node.start_mark.line + 1
-    return mapping
+    return dict(mapping)
 
 
 _LineLoader.add_constructor(yaml.resolver.BaseResolver.DEFAULT_MAPPING_TAG, _construct_mapping)

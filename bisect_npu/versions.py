@@ -1,4 +1,4 @@
-"""Published versions of a package as bisection candidates (release-level bisection, issue 9).
+"""Published versions of a package as bisection candidates (release-level bisection, docs/guide/releases-first.md).
 
 A release-level step costs a `pip install` instead of a build, so the search first walks the
 versions a package index publishes. The listing comes from the index's simple API (PEP 691 JSON,

@@ -13,6 +13,9 @@ from gitrepo import make_linear_repo
 
 from bisect_npu import api
 
+# Bisections end to end through the library API, and a session's verdicts judged again.
+pytestmark = pytest.mark.e2e
+
 
 class StateOracle:
     """Good while the checkout's `state` file says so; remembers what it judged, and raises on

@@ -143,6 +143,7 @@ def test_a_gitlink_that_gitmodules_does_not_map_is_left_out_as_git_does(tmp_path
     assert "a.txt" in (files := context_files(repo, head)) and not any(f.startswith("vendor") for f in files)
 
 
+@pytest.mark.e2e
 def test_run_from_a_clone_without_submodules_stops_before_its_session_exists(with_submodule, plain_clone,
                                                                               tmp_path) -> None:
     first, second = with_submodule[2], with_submodule[3]

@@ -6,6 +6,7 @@ import threading
 from pathlib import Path
 
 import git
+import pytest
 from gitrepo import make_linear_repo
 
 from bisect_npu.builders.local import LocalBuilder
@@ -60,6 +61,7 @@ echo run >> "$BUILD_RUNS"
 """
 
 
+@pytest.mark.e2e
 def test_commits_sharing_a_build_key_get_the_first_ones_outputs_instead_of_a_build(tmp_path: Path,
                                                                                 monkeypatch) -> None:
     runs = tmp_path / "runs.log"

@@ -16,6 +16,9 @@ from bisect_npu.builders.base import BuildFailed
 from bisect_npu.builders.venv import COMPLETE_MARKER, VenvBuilder, host_root
 from bisect_npu.recipe import InstallPlan, parse_recipe
 
+# Each test makes a venv with pip (a release's environment).
+pytestmark = pytest.mark.e2e
+
 PACKAGE = "python-dateutil"
 PLAN = InstallPlan(remove_after=["six"])  # dateutil pulls six in; the plan takes it out again
 NO_CAP = 10**12

@@ -20,6 +20,9 @@ from gitrepo import make_linear_repo
 
 from bisect_npu.ci import Actions, IssueInputs, issue_step, marker
 
+# Each test runs the action's steps end to end (bisect-npu sessions on a generated history).
+pytestmark = pytest.mark.e2e
+
 ROOT = Path(__file__).resolve().parent.parent
 FAKE_GH = Path(__file__).resolve().parent / "fake_gh.py"
 CULPRIT = 21
@@ -143,6 +146,7 @@ def gh_state(env: dict[str, str]) -> dict:
     return json.loads(Path(env["FAKE_GH_STATE"]).read_text())
 
 
+@pytest.mark.heavy  # the action's whole flow twice, a retried job
 def test_a_retried_job_resumes_and_a_culprit_gets_one_issue(job, tmp_path: Path) -> None:
     _, shas, check_dir, env, inputs = job
     inputs = {**inputs, "good": shas[0], "bad": shas[24]}

@@ -71,6 +71,7 @@ def test_a_relative_host_file_no_end_commits_is_made_absolute(tmp_path: Path, mo
         ["pytest", "-x", "/somewhere/in/the/image"]  # neither PATH nor files of this host are asked for
 
 
+@pytest.mark.e2e
 def test_a_refused_host_file_stops_run_before_anything_runs(tmp_path: Path) -> None:
     repo = tmp_path / "repo"
     make_linear_repo(repo, 3, tags={0: "good", 2: "bad"})
@@ -102,7 +103,7 @@ def host_cmd_repo(docker_client, demo_base_image, tmp_path_factory: pytest.TempP
 
 
 @pytest.mark.container
-@pytest.mark.parametrize("where", ["absolute", "relative"])
+@pytest.mark.parametrize("where", ["absolute", pytest.param("relative", marks=pytest.mark.heavy)])
 def test_a_host_script_judges_every_container(host_cmd_repo, tmp_path: Path, where: str) -> None:
     """`--executor docker --cmd "python3 /abs/check.py"` (or `check.py` beside the clone, run from
     there): the same culprit as `--executor local`, the host's script seen by every container."""

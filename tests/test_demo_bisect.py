@@ -16,6 +16,9 @@ import pytest
 
 from bisect_npu.demo.manifest import Manifest
 
+# Each test runs bisect-npu end to end (sessions, the command line, the demo's model).
+pytestmark = pytest.mark.e2e
+
 DemoUpstream = tuple[Path, Manifest]
 
 
@@ -75,6 +78,7 @@ def test_default_case_finds_culprit_and_verifies_its_fix(demo_upstream: DemoUpst
     assert "## Settings" in markdown and "The culprit shows the symptom only with async_scheduling: true." in markdown
 
 
+@pytest.mark.heavy
 @pytest.mark.parametrize(("name", "prefetch"), [("rope-longseq", False), ("spec-decode", True)])
 def test_exact_cases_find_the_manifest_culprit(demo_upstream: DemoUpstream, tmp_path: Path, name: str,
                                                prefetch: bool) -> None:
@@ -101,6 +105,7 @@ def test_exact_cases_find_the_manifest_culprit(demo_upstream: DemoUpstream, tmp_
         assert saved is None
 
 
+@pytest.mark.heavy
 def test_noisy_presence_penalty_case(demo_upstream: DemoUpstream, tmp_path: Path) -> None:
     """Visible only as a loop rate over trials: the noisy search must still name the culprit."""
     _, manifest = demo_upstream

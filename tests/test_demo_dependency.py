@@ -21,6 +21,9 @@ from bisect_npu.oracle import judge_observation
 from bisect_npu.orchestration.evaluate import probe_request
 from bisect_npu.recipe import load_recipe
 
+# Each test runs bisect-npu end to end (sessions, the command line, the demo's model).
+pytestmark = pytest.mark.e2e
+
 REPO_ROOT = Path(__file__).resolve().parent.parent
 PIN = re.compile(r"^ARG MINIVLLM_TAG=(\S+)$", re.MULTILINE)
 
@@ -136,6 +139,7 @@ def observe(upstream: Path, dependency: Path, out: Path) -> Observation:
     return Observation.load(out / f"obs-{upstream.name}-{dependency.name}.json")
 
 
+@pytest.mark.heavy  # the demo's model on every candidate around the pin move
 def test_the_regression_flips_at_the_dependency_culprit_under_the_pin_move(demo_upstream, trees, tmp_path):
     _, manifest = demo_upstream
     case = manifest.case("dependency")
@@ -208,6 +212,7 @@ def assert_the_chain(summary: dict, session: Path, manifest: Manifest) -> None:
     assert f"move the pin to >= {truth.fix_tag}, or cherry-pick {truth.fix.sha[:12]}" in markdown
 
 
+@pytest.mark.heavy  # the whole demo dependency case: two levels bisected on the demo's model
 def test_demo_dependency_case_names_the_whole_chain_locally(tmp_path):
     summary, session = demo_dependency_case(tmp_path)
     manifest = Manifest.load(tmp_path / "cache" / "demo" / f"v{GENERATOR_VERSION}" / "seed-0" / "manifest.json")
@@ -221,6 +226,7 @@ def test_demo_dependency_case_names_the_whole_chain_locally(tmp_path):
 
 
 @pytest.mark.container
+@pytest.mark.heavy
 def test_demo_dependency_case_names_the_whole_chain_in_containers(docker_client, demo_base_image, tmp_path):
     summary, session = demo_dependency_case(tmp_path, "--executor", "docker", "--no-verify-fix")
     manifest = Manifest.load(tmp_path / "cache" / "demo" / f"v{GENERATOR_VERSION}" / "seed-0" / "manifest.json")

@@ -13,6 +13,9 @@ import pytest
 from bisect_npu.demo.generate import GENERATOR_VERSION, ensure_upstream, generate_upstream
 from bisect_npu.demo.manifest import Manifest
 
+# The demo upstream generated and its commits built: the demo's model end to end.
+pytestmark = pytest.mark.e2e
+
 
 def git(repo: Path, *args: str) -> str:
     return subprocess.run(["git", "-C", str(repo), *args], capture_output=True, text=True, check=True).stdout

@@ -9,6 +9,9 @@ from pathlib import Path
 import pytest
 import torch
 
+# The demo's model runs (and transformers loads its weights).
+pytestmark = pytest.mark.e2e
+
 UPSTREAM = Path(__file__).resolve().parent.parent / "bisect_npu" / "demo" / "upstream"
 
 

@@ -19,6 +19,9 @@ from bisect_npu.oracle import judge, judge_observation
 from bisect_npu.orchestration.evaluate import probe_request
 from bisect_npu.recipe import Recipe, load_recipe
 
+# Each test runs bisect-npu end to end (sessions, the command line, the demo's model).
+pytestmark = pytest.mark.e2e
+
 REPO_ROOT = Path(__file__).resolve().parent.parent
 
 

@@ -113,6 +113,7 @@ def test_the_dependency_tree_is_a_layer_over_the_upstream_image(repos, docker_cl
     builder.close()
 
 
+@pytest.mark.heavy
 def test_run_with_the_docker_executor_crosses_into_the_dependency(repos, tmp_path):
     path, ups, deps = repos
     env = {**os.environ, "BISECT_NPU_CACHE": str(tmp_path / "cache")}

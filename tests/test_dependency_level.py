@@ -18,6 +18,9 @@ from bisect_npu.builders.dependency import materialize, read_pin, resolve_pin
 from bisect_npu.errors import InfrastructureError, UsageError
 from bisect_npu.recipe import DependencySpec, parse_dependency_option
 
+# Each test runs bisect-npu end to end (sessions, the command line, the demo's model).
+pytestmark = pytest.mark.e2e
+
 CLI = [sys.executable, "-m", "bisect_npu"]
 DEP_CULPRIT, DEP_FIX = 7, 15
 TAGS = {3: "v0.1", 12: "v0.2", 18: "v0.3"}
@@ -303,6 +306,7 @@ if minidep.util.STEP not in (3, 12) and marker.exists():  # a dependency commit 
 """
 
 
+@pytest.mark.heavy  # the resume tests' variant inside a dependency level
 def test_a_run_killed_in_the_dependency_level_resumes_there(tmp_path: Path, env: dict[str, str]) -> None:
     deps = make_dependency(tmp_path / "minidep")
     ups = make_upstream(tmp_path / "upstream")

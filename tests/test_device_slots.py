@@ -22,6 +22,9 @@ from bisect_npu.execute.docker import DockerExecutor, container_create_kwargs
 from bisect_npu.orchestration.preflight import settle_slots
 from bisect_npu.recipe import load_recipe, parse_recipe
 
+# Each test runs bisect-npu end to end (sessions, the command line, the demo's model).
+pytestmark = pytest.mark.e2e
+
 
 def cards_of(kwargs: dict) -> list[str]:
     return sorted(d.split(":")[0] for d in kwargs["devices"] if d.split(":")[0].removeprefix("/dev/davinci").isdigit())

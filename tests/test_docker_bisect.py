@@ -41,6 +41,7 @@ def forget_demo_images(client, repo: git.Repo) -> None:
         client.images.remove(row["Id"], force=True)
 
 
+@pytest.mark.heavy
 def test_demo_bisects_in_containers_with_build_avoidance(docker_client, demo_base_image, tmp_path):
     repo_path, manifest = ensure_upstream()
     truth = manifest.case(manifest.default_case)

@@ -11,10 +11,12 @@ from types import ModuleType
 
 import pytest
 
+from bisect_npu import __version__
 from bisect_npu.recipe import EngineSpec
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 README = REPO_ROOT / "README.md"
+CHANGELOG = REPO_ROOT / "CHANGELOG.md"
 
 # A measured figure: a number with a time, size, speed-up or share unit ("5.15 s", "1.0 GB", "27.1x", "99.3%").
 FIGURE = re.compile(r"\b\d[\d.,]*\s*(?:(?:ms|µs|s|min|h|GB|GiB|MB|MiB|x)\b|%)")
@@ -92,3 +94,9 @@ def test_readme_prose_lines_fit_and_its_links_resolve() -> None:
     assert local, "the README links into docs/"
     for target in local:
         assert (REPO_ROOT / target).is_file(), target
+
+
+def test_the_changelog_opens_with_the_package_version() -> None:
+    versions = re.findall(r"^## (\d+\.\d+\.\d+)\b", CHANGELOG.read_text(encoding="utf-8"), re.MULTILINE)
+    assert versions and versions[0] == __version__, "a new version gets its CHANGELOG.md section first"
+    assert versions == sorted(versions, key=lambda v: tuple(map(int, v.split("."))), reverse=True)

@@ -20,6 +20,9 @@ from bisect_npu.orchestration.wiring import make_environment
 from bisect_npu.recipe import load_recipe
 from bisect_npu.records import TrialRun
 
+# Each test runs bisect-npu end to end (sessions, the command line, the demo's model).
+pytestmark = pytest.mark.e2e
+
 
 def _evaluator(demo_upstream, tmp_path: Path, **trials: object) -> tuple[Evaluator, str]:
     repo_path, manifest = demo_upstream

@@ -19,6 +19,9 @@ from bisect_npu.contracts import Verdict, VerdictKind
 from bisect_npu.demo import patches
 from bisect_npu.fix import FixProposal, propose_fixes, verify_fixes
 
+# Each test runs bisect-npu end to end (sessions, the command line, the demo's model).
+pytestmark = pytest.mark.e2e
+
 UPSTREAM = Path(patches.__file__).parent / "upstream"
 CASES = {
     "async": (patches.ASYNC_CULPRIT, patches.ASYNC_FIX),

@@ -3,13 +3,17 @@ that keep behaviour, hidden citations and the confidence that turns proposals in
 
 from __future__ import annotations
 
+import sys
+from pathlib import Path
+
 import git
+import numpy as np
 from test_fix_support import CULPRIT_TITLE, SAMPLER, add_culprit, base_history
 
 from bisect_npu.fix import propose_fixes
 from bisect_npu.fix.evidence import BM25, hide_citation, keeps_behaviour, words
 from bisect_npu.fix.gitlog import FileDiff, Hunk
-from bisect_npu.fix.model import CONFIDENT, FEATURES, RankModel, fit, load_model, vector
+from bisect_npu.fix.model import CONFIDENT, FEATURES, RankModel, load_model
 
 SYMPTOM = ("repetition_penalty", "async")
 RESTORE = ("    history = [t for t in token_ids if t >= 0]\n", "    history = backfill(token_ids)\n")
@@ -140,6 +144,12 @@ def test_the_shipped_weights_are_fitted_and_cover_every_feature():
 
 
 def test_fit_learns_which_feature_marks_the_fix_and_when_none_is():
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "bench"))
+    from fix_logit import fit, vector
+
+    def vector_matrix(rows):
+        return np.array([vector(r) for r in rows])
+
     rng_rows = [{"provenance": 1.0, "tag": 1.0}, {"tag": 1.0}, {"symptom": 0.2}]
     queries = [(vector_matrix(rng_rows), 0) for _ in range(6)] + [(vector_matrix([{"tag": 1.0}]), None)] * 3
     weights, null_score = fit(queries, steps=600)
@@ -148,8 +158,3 @@ def test_fit_learns_which_feature_marks_the_fix_and_when_none_is():
     confident, weak = model.confidences([model.score(rng_rows[0]), model.score(rng_rows[1])])
     assert confident > 0.5 > weak
 
-
-def vector_matrix(rows):
-    import numpy as np
-
-    return np.array([vector(r) for r in rows])

@@ -14,6 +14,9 @@ from gitrepo import GOOD_CMD, git, make_linear_repo
 from bisect_npu import history
 from bisect_npu.errors import UsageError
 
+# Each test runs bisect-npu end to end (sessions, the command line, the demo's model).
+pytestmark = pytest.mark.e2e
+
 CLI = [sys.executable, "-m", "bisect_npu"]
 
 

@@ -13,8 +13,8 @@ from gitrepo import GOOD_CMD, make_linear_repo
 
 from bisect_npu.cli.doctor import check_driver_mounts
 from bisect_npu.errors import InfrastructureError
-from bisect_npu.execute.ascend import DRIVER_MOUNTS, MANAGEMENT_DEVICES, ascend_container_spec
-from bisect_npu.execute.host_devices import check_host_devices, device_files
+from bisect_npu.execute.ascend import DRIVER_MOUNTS, MANAGEMENT_DEVICES, ascend_container_spec, device_files
+from bisect_npu.execute.host_devices import check_host_devices, host_cards
 from bisect_npu.orchestration.preflight import check_run
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
@@ -53,6 +53,13 @@ def test_fake_device_files_pass_and_each_missing_one_is_named(tmp_path):
     assert raised.value.exit_code == 5
 
 
+def test_host_cards_are_the_numbered_device_files_in_order(tmp_path):
+    assert host_cards(tmp_path) == []
+    fake_host(tmp_path, [10, 2, 0])
+    (tmp_path / "dev" / "davinci3x").touch()  # not a card: the name must be davinci and a number
+    assert host_cards(tmp_path) == [0, 2, 10]
+
+
 def test_doctor_checks_the_same_driver_paths(tmp_path):
     assert check_driver_mounts(tmp_path).detail == f"missing {', '.join(DRIVER_MOUNTS)}"
     fake_host(tmp_path, [0])
@@ -70,6 +77,7 @@ def test_check_run_looks_under_the_host_root_it_is_given(tmp_path):
     assert check_run(options, host_root=tmp_path / "host").candidates_range.bad == shas[3]
 
 
+@pytest.mark.e2e
 @pytest.mark.skipif(Path("/dev/davinci0").exists(), reason="this host has NPUs")
 def test_run_on_a_host_without_npus_stops_before_any_clone_or_build(tmp_path):
     # The URL is never fetched: the device check comes first (this machine has no network either).
@@ -85,6 +93,7 @@ def test_run_on_a_host_without_npus_stops_before_any_clone_or_build(tmp_path):
     assert set(MANAGEMENT_DEVICES) <= set(device_files([0]))
 
 
+@pytest.mark.e2e
 @pytest.mark.skipif(Path("/dev/davinci0").exists(), reason="this host has NPUs")
 def test_fix_verify_on_npus_checks_the_host_too(tmp_path):
     shas = make_linear_repo(tmp_path / "repo", 4, culprit=2)

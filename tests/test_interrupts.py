@@ -25,6 +25,9 @@ from signals import interruptible, owned_processes, running
 from bisect_npu.builders.base import Environment
 from bisect_npu.execute.local import LocalExecutor
 
+# Each test runs bisect-npu end to end (sessions, the command line, the demo's model).
+pytestmark = pytest.mark.e2e
+
 CLI = [sys.executable, "-m", "bisect_npu"]
 SERVER = Path(__file__).resolve().with_name("slow_to_stop_server.py")
 LAUNCH = f"{sys.executable} {SERVER} launch --ready"

@@ -25,6 +25,9 @@ from bisect_npu.records import (
 )
 from bisect_npu.report import load_view, render_json, render_markdown
 
+# A 0.1.0 session read, reported and resumed end to end.
+pytestmark = pytest.mark.e2e
+
 SESSION_0_1_0 = Path(__file__).parent / "data" / "journals" / "demo-0.1.0"
 CULPRIT = "c2c849e90b307099bec315c73809730189b0951a"
 

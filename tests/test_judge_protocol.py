@@ -14,6 +14,9 @@ from bisect_npu import oracle
 from bisect_npu.cli import NOT_A_VERDICT_EXIT, main
 from bisect_npu.contracts import Observation
 
+# `git bisect run` drives `bisect-npu judge` end to end.
+pytestmark = pytest.mark.e2e
+
 BIN = Path(sys.executable).parent / "bisect-npu"
 
 RECIPE = """

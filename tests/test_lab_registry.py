@@ -26,7 +26,7 @@ from conftest import DEMO_BASE_IMAGE, _engine_missing
 from bisect_npu.builders.cache import list_images
 from bisect_npu.demo.generate import ensure_upstream
 
-pytestmark = pytest.mark.container
+pytestmark = [pytest.mark.container, pytest.mark.heavy]  # a registry, pulls and builds: minutes
 REPO_ROOT = Path(__file__).resolve().parent.parent
 
 

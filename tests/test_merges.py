@@ -21,6 +21,9 @@ from bisect_npu import api, history, search
 from bisect_npu.errors import InfrastructureError
 from bisect_npu.search.exact import weighted_pivot
 
+# Each test bisects a history with merges end to end, or checks against git on random ones.
+pytestmark = pytest.mark.e2e
+
 CLI = [sys.executable, "-m", "bisect_npu"]
 
 # The shape in small: a line of pull-request merges, then a release merge whose branch holds
@@ -232,6 +235,7 @@ def commits_in(shape: list) -> int:
     return sum(1 if item == "c" else 1 + commits_in(item[1]) for item in shape)
 
 
+@pytest.mark.heavy  # random merge histories, each counted by git too
 @given(st.lists(ITEMS, min_size=1, max_size=8))
 @settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 def test_brought_in_counts_what_git_counts(tmp_path_factory: pytest.TempPathFactory, shape: list) -> None:
@@ -249,6 +253,7 @@ def test_brought_in_counts_what_git_counts(tmp_path_factory: pytest.TempPathFact
     assert sum(weights.get(c, 1) for c in line) == len(shas) - 1
 
 
+@pytest.mark.heavy  # ten random histories, each bisected by git and by bisect-npu
 @given(st.lists(ITEMS, min_size=1, max_size=8), st.data())
 @settings(max_examples=10, deadline=None, derandomize=True,
           suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])

@@ -10,6 +10,9 @@ from pathlib import Path
 import pytest
 from gitrepo import make_linear_repo
 
+# Each test plans a generated history through the command line or the library.
+pytestmark = pytest.mark.e2e
+
 N = 120
 COMPILED_AT = range(7, N, 13)  # a new compiled key every 13 commits, as on vllm-ascend (1 in ~17)
 CANN_UPGRADE = 59  # one of them moves the Dockerfile to a newer CANN base and vLLM, as #2036 did

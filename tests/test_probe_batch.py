@@ -19,6 +19,9 @@ import pytest
 from bisect_npu.probe.__main__ import main
 from bisect_npu.probe.request import trial_requests
 
+# The probe runs the demo's model in a subprocess.
+pytestmark = pytest.mark.e2e
+
 REPO = Path(__file__).resolve().parent.parent
 UPSTREAM = REPO / "bisect_npu" / "demo" / "upstream"
 SEEDS = (7, 8, 9)

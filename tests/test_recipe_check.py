@@ -95,7 +95,7 @@ def as_recipe(raw: dict[str, Any]) -> Recipe:
 
 
 def mtp_as_it_was() -> dict[str, Any]:
-    """deepseek-r1-mtp-temperature before issue 23's mend: graph mode, the Ascend scheduler on."""
+    """deepseek-r1-mtp-temperature as it was before its fix: graph mode, the Ascend scheduler on."""
     raw = bundled("deepseek-r1-mtp-temperature")
     del raw["engine"]["args"]["enforce_eager"]
     raw["engine"]["args"]["additional_config"] = {"ascend_scheduler_config": {"enabled": True}}
@@ -257,7 +257,7 @@ def test_supports_does_not_change_the_recipe_digest() -> None:
 
 
 REAL_CLONE = os.environ.get("BISECT_NPU_VLLM_ASCEND")
-# The failures issue 23 names, on the recipes as they were: (recipe, tag, rule).
+# The failures the bundled recipes had before their fix, on the recipes as they were: (recipe, tag, rule).
 ISSUE_FAILURES = [
     ("mtp", "v0.9.1rc1", "deepseek-acl-graph"), ("mtp", "v0.9.1", "deepseek-acl-graph"),
     ("mtp", "v0.10.2rc1", "deepseek-acl-graph"), ("mtp", "v0.12.0rc1", "ignored-additional-config"),

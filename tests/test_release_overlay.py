@@ -32,6 +32,9 @@ from bisect_npu.execute.local import LocalExecutor
 from bisect_npu.orchestration.evaluate import EvaluationRequest, Evaluator
 from bisect_npu.recipe import InstallPlan
 
+# Each test runs bisect-npu end to end (sessions, the command line, the demo's model).
+pytestmark = pytest.mark.e2e
+
 # The source as git holds it: no _version.py, no .so; the version asked of the metadata by the
 # import package's name, as vLLM's platform detection does (it dies without it).
 INIT = '''\

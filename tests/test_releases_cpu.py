@@ -46,7 +46,7 @@ engine:
   server_flags: [--override-generation-config, '{{"presence_penalty": 1.5}}']
   port: 18461
   startup_timeout_s: 900
-environment:  # VLLM_CPU.md: offline, a small KV cache, the engine in the server's process
+environment:  # offline, a small KV cache, the engine in the server's process
   HF_HUB_OFFLINE: "1"
   VLLM_CPU_KVCACHE_SPACE: "1"
   VLLM_ENABLE_V1_MULTIPROCESSING: "0"

@@ -7,6 +7,7 @@ import math
 from collections import Counter
 
 import numpy as np
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -137,6 +138,7 @@ def _costs(load_cost: float, build_cost: float, told: tuple[float, float], runs:
     }
 
 
+@pytest.mark.heavy  # a calibration run: many simulated bisections
 def test_batches_cut_the_cost_of_a_bisection_when_starts_are_dear():
     one_by_one = _costs(10.0, 0.0, told=(0.0, 0.0))
     batched = _costs(10.0, 0.0, told=(10.0, 0.0))
@@ -145,6 +147,7 @@ def test_batches_cut_the_cost_of_a_bisection_when_starts_are_dear():
     assert one_by_one["right"] >= 0.98 and batched["right"] >= 0.98
 
 
+@pytest.mark.heavy  # a calibration run: many simulated bisections
 def test_a_search_told_the_build_cost_builds_fewer_commits():
     starts_only = _costs(2.0, 50.0, told=(2.0, 0.0))
     builds_too = _costs(2.0, 50.0, told=(2.0, 50.0))

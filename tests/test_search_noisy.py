@@ -38,6 +38,7 @@ def test_perfect_test_is_always_exact_and_cheap():
             assert outcome.trials <= np.ceil(np.log2(max(n, 2))) + 12
 
 
+@pytest.mark.heavy  # a calibration run: many simulated bisections
 def test_flaky_test_is_right_at_least_99_percent():
     """0.8/0.2: the good side fails too; the prior's q = 0 atom must not make that look conclusive."""
     rng = np.random.default_rng(2)
@@ -46,6 +47,7 @@ def test_flaky_test_is_right_at_least_99_percent():
     assert all(isinstance(o.answer, Found) for o in outcomes)
 
 
+@pytest.mark.heavy  # a calibration run: many simulated bisections
 def test_rare_failure_on_bad_side_only_is_right_at_least_99_percent():
     """0.2/0.0 (a loop in 1 run of 5): one failure is conclusive, a pass says little; still right."""
     rng = np.random.default_rng(3)
@@ -203,6 +205,7 @@ def test_earlier_runs_do_not_replace_the_session_s_own_ends():
     assert isinstance(verdict, EndsWrong) and verdict.which == "bad"
 
 
+@pytest.mark.heavy  # a calibration run: many simulated bisections
 def test_earlier_runs_save_trials_without_losing_accuracy():
     rng = np.random.default_rng(11)
     culprits = rng.integers(1, 65, size=80)

@@ -17,6 +17,9 @@ from pathlib import Path
 import pytest
 from gitrepo import GOOD_CMD, add_commit, git, make_linear_repo
 
+# Each test runs bisect-npu end to end (sessions, the command line, the demo's model).
+pytestmark = pytest.mark.e2e
+
 CLI = [sys.executable, "-m", "bisect_npu"]
 GOOD_CMD_STR = " ".join(GOOD_CMD)
 
@@ -61,6 +64,7 @@ def test_finds_culprit_in_1000_commits_within_12_runs(repo1000: tuple[Path, list
     assert (repo / "state").read_text() == "bad\n"
 
 
+@pytest.mark.heavy  # kills at many moments, each resumed: the resume tests' heaviest variant
 def test_kill_at_random_moments_then_resume(tmp_path: Path) -> None:
     """SIGKILL `run`/`resume` 20 times; resume always reaches the same culprit, never redoes a step."""
     repo = tmp_path / "repo"
@@ -341,6 +345,7 @@ def test_a_run_killed_during_fix_verification_resumes_only_the_rest(tmp_path: Pa
     assert f"found after trying {len(final)} proposal(s) in ranking order" in report
 
 
+@pytest.mark.heavy  # the Ctrl-C test's variant for SIGTERM
 def test_sigterm_unwinds_like_ctrl_c_and_leaves_no_worktree(tmp_path: Path) -> None:
     repo = tmp_path / "repo"
     make_linear_repo(repo, 200, culprit=77, tags={0: "good", 199: "bad"})

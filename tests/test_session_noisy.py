@@ -17,6 +17,9 @@ from gitrepo import GOOD_CMD, make_linear_repo
 
 from bisect_npu.orchestration.session import Session
 
+# Each test runs bisect-npu end to end (sessions, the command line, the demo's model).
+pytestmark = pytest.mark.e2e
+
 CLI = [sys.executable, "-m", "bisect_npu"]
 
 # Fails in 70% of trials on bad commits, never on good ones; deterministic per (commit, trial), so
@@ -125,6 +128,7 @@ def test_earlier_runs_are_counted_and_reported(tmp_path: Path, flaky: str) -> No
     assert done.returncode == 2 and "--earlier-runs counts only in noisy mode" in done.stderr
 
 
+@pytest.mark.heavy  # the resume tests' variant for a noisy session
 def test_noisy_session_killed_mid_trial_resumes_without_losing_trials(tmp_path: Path, flaky: str) -> None:
     repo = tmp_path / "repo"
     shas = make_linear_repo(repo, 65, culprit=40, tags={0: "good", 64: "bad"})

@@ -13,6 +13,9 @@ from pathlib import Path
 import pytest
 from gitrepo import make_linear_repo
 
+# Each test runs bisect-npu end to end (sessions, the command line, the demo's model).
+pytestmark = pytest.mark.e2e
+
 CLI = [sys.executable, "-m", "bisect_npu"]
 
 # The bad case: dateutil >= 2.9 at release level (cwd is the version's venv, `python` its

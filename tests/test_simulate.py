@@ -90,6 +90,7 @@ def _cli(*args: str) -> subprocess.CompletedProcess[str]:
                           check=False)
 
 
+@pytest.mark.e2e
 def test_cli_on_a_real_repository(tmp_path):
     # Commits 10 and 30 touch csrc/: three build keys over the range.
     shas = make_linear_repo(tmp_path, 41, culprit=25,

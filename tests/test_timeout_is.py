@@ -18,6 +18,9 @@ from bisect_npu.orchestration.evaluate import EvaluationRequest, Evaluator
 from bisect_npu.orchestration.wiring import make_environment
 from bisect_npu.recipe import load_recipe
 
+# Each test runs bisect-npu end to end (a hang bisected through the command line).
+pytestmark = pytest.mark.e2e
+
 CLI = [sys.executable, "-m", "bisect_npu"]
 HANGS_FROM_THE_CULPRIT = "sh -c 'grep -qx good state || sleep 60'"  # exits 0 before the culprit, hangs from it on
 

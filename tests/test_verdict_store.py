@@ -24,6 +24,9 @@ from bisect_npu.orchestration.memory import Memory
 from bisect_npu.progress import PlainProgress
 from bisect_npu.store import Scope, StoredVerdict, VerdictStore
 
+# Each test runs bisect-npu end to end (sessions, the command line, the demo's model).
+pytestmark = pytest.mark.e2e
+
 CLI = [sys.executable, "-m", "bisect_npu"]
 CULPRIT = 21
 # Writes the position it judged (the `counter` file of make_linear_repo) to the file named by its
@@ -236,7 +239,10 @@ def test_a_noisy_rerun_counts_the_stored_trials_as_evidence(tmp_path: Path) -> N
     assert len(judged_again) < len(judged), (judged, judged_again)
 
 
-@pytest.mark.parametrize(("case", "reference_runs"), [("async-penalty", False), ("rope-longseq", True)])
+@pytest.mark.parametrize(("case", "reference_runs"), [
+    ("async-penalty", False),
+    pytest.param("rope-longseq", True, marks=pytest.mark.heavy),  # the good-end reference variant, the heavier
+])
 def test_a_recipe_rerun_makes_no_probe_run_for_a_known_commit(demo_upstream, tmp_path: Path, case: str,
                                                               reference_runs: bool) -> None:
     """The demo's real probe runs: the second session runs no trial, except the good end of a recipe
@@ -258,6 +264,7 @@ def test_a_recipe_rerun_makes_no_probe_run_for_a_known_commit(demo_upstream, tmp
     assert all(step["stored"] for step in again if step["index"] != 0 or not reference_runs)
 
 
+@pytest.mark.heavy  # a property over many sessions
 @settings(max_examples=12, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(n=st.integers(2, 24), data=st.data())
 def test_any_stored_verdicts_give_the_same_culprit_without_running_them(tmp_path: Path, n: int,

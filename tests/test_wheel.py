@@ -18,8 +18,11 @@ from pathlib import Path
 
 import pytest
 
+from bisect_npu import __version__
 from bisect_npu.recipe import bundled_recipes
 
+# A wheel built, a venv made and the package installed with its dependencies: minutes.
+pytestmark = [pytest.mark.e2e, pytest.mark.heavy]
 REPO_ROOT = Path(__file__).resolve().parent.parent
 
 
@@ -79,6 +82,12 @@ def installed(tmp_path_factory: pytest.TempPathFactory) -> Installed:
 def test_the_wheel_holds_every_tracked_package_file(installed: Installed) -> None:
     names = set(zipfile.ZipFile(installed.wheel).namelist())
     assert sorted(set(_git_files("--cached", "--others", "--exclude-standard", "bisect_npu")) - names) == []
+
+
+def test_the_wheel_and_its_metadata_carry_the_package_version(installed: Installed) -> None:
+    assert installed.wheel.name.startswith(f"bisect_npu-{__version__}-")
+    done = _run([installed.scripts / "bisect-npu", "--version"], installed.cwd, installed.env)
+    assert done.stdout.strip() == f"bisect-npu, version {__version__}"
 
 
 def test_the_installed_package_is_the_venvs_own(installed: Installed) -> None:

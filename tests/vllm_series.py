@@ -1,5 +1,5 @@
 """A git history of vLLM made from its published source distributions (vLLM's own history is too
-large to fetch here; ../shared/VLLM_OVERLAY.md): v0.30.0, then the 0.30.0 -> 0.31.0 difference
+large to fetch here): v0.30.0, then the 0.30.0 -> 0.31.0 difference
 split into commits by path, in which the two halves of the presence_penalty fix (vLLM PR #50769)
 land apart, among unrelated changes; the last commit is tagged v0.31.0 and holds 0.31.0's tree.
 

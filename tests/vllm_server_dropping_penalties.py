@@ -1,6 +1,6 @@
 """Real vLLM OpenAI server with regression 4 put back: server-side penalty defaults never arrive.
 
-The historical bug (DESIGN.md, "A server-side default that never arrives"): the defaults built
+The historical bug (docs/design/field.md, "A server-side default that never arrives"): the defaults built
 from `--override-generation-config` lost `presence_penalty`/`frequency_penalty` without a warning.
 This launcher drops them at the same place, in the server's own process, then runs the stock
 server module, so the probe can be tested on a server that really behaves like the broken one.

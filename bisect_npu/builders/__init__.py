@@ -1,1 +1,1 @@
-"""Acquire a runnable environment for a candidate commit (DESIGN.md, `build/`)."""
+"""Acquire a runnable environment for a candidate commit (docs/design/build-keys.md)."""

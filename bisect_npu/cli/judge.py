@@ -8,8 +8,6 @@ from typing import Any
 
 import click
 
-EXIT_CODES = {"good": 0, "bad": 1, "skip": 125}
-
 
 def _flat(figures: dict[str, Any], prefix: str = "") -> list[tuple[str, str]]:
     rows: list[tuple[str, str]] = []
@@ -32,7 +30,7 @@ def judge(recipe_path: str, references: tuple[str, ...], as_json: bool, observat
     """Judge OBSERVATIONS with the recipe's oracle: exit 0 good, 1 bad, 125 undecided or skip; 128 when
     there is no verdict (unreadable input, unknown recipe, internal error), so `git bisect run` aborts."""
     from bisect_npu import oracle
-    from bisect_npu.contracts import Observation
+    from bisect_npu.contracts import VERDICT_EXIT, Observation
     from bisect_npu.recipe import load_recipe
 
     recipe = load_recipe(recipe_path)
@@ -63,4 +61,4 @@ def judge(recipe_path: str, references: tuple[str, ...], as_json: bool, observat
                 click.echo(f"{name}: {value}")
     # SystemExit, not click's Exit: click returns Exit codes from main(standalone_mode=False) instead of
     # exiting, and the exit code is this command's answer (the `git bisect run` protocol).
-    sys.exit(EXIT_CODES[verdict.kind.value])
+    sys.exit(VERDICT_EXIT[verdict.kind])

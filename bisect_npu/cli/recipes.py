@@ -65,9 +65,16 @@ def validate(files: tuple[Path, ...]) -> None:
             errors.append(str(exc))
             continue
         click.echo(f"ok  {path}  ({recipe.name}: {len(recipe.cases)} case(s), oracle {','.join(recipe.oracle.kinds)})")
+    _fail_on(errors)
+
+
+def _fail_on(errors: list[str]) -> None:
+    """Every error but the last printed, the last raised: the CLI prints it and exits 2."""
+    from bisect_npu.errors import UsageError
+
+    for error in errors[:-1]:
+        click.echo(f"bisect-npu: error: {error}", err=True)
     if errors:
-        for error in errors[:-1]:
-            click.echo(f"bisect-npu: error: {error}", err=True)
         raise UsageError(errors[-1])
 
 
@@ -81,7 +88,6 @@ def check(recipe: str, repo: str, refs: tuple[str, ...]) -> None:
     naming the field, the constraint, the upstream file and the fix when the candidate would
     refuse to start."""
     from bisect_npu import history
-    from bisect_npu.errors import UsageError
     from bisect_npu.recipe import load_recipe
     from bisect_npu.recipe_check import RULES, check_recipe
 
@@ -95,10 +101,7 @@ def check(recipe: str, repo: str, refs: tuple[str, ...]) -> None:
             click.echo(f"ok    {loaded.name} at {ref} ({sha[:12]}): {len(RULES)} rules")
         for finding in findings:
             failed.append(f"{loaded.name} at {ref} ({sha[:12]}): [{finding.rule}] {finding.describe()}")
-    if failed:
-        for line in failed[:-1]:
-            click.echo(f"bisect-npu: error: {line}", err=True)
-        raise UsageError(failed[-1])
+    _fail_on(failed)
 
 
 @recipes.command("show")

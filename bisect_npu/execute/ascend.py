@@ -53,6 +53,12 @@ def parse_devices(text: str) -> list[int]:
     return sorted(cards)
 
 
+def device_files(cards: list[int]) -> list[str]:
+    """The device files a container on `cards` is given: one `/dev/davinciN` per card, then the
+    management devices."""
+    return [f"/dev/davinci{card}" for card in cards] + list(MANAGEMENT_DEVICES)
+
+
 def npu_run_env(host: str | None) -> dict[str, str]:
     """What every run on the NPUs gets before the recipe's environment: the determinism switches
     and those of the host type (`host`: A2, A3, 310P or None when unknown)."""
@@ -80,7 +86,7 @@ def ascend_container_spec(image: str, out_dir: Path, *, devices: list[int], mode
     mounts.append(Mount(source=str(out_dir), target=OUT_DIR, read_only=False))
     return ContainerSpec(
         image=image,
-        devices=[f"/dev/davinci{card}" for card in devices] + list(MANAGEMENT_DEVICES),
+        devices=device_files(devices),
         mounts=mounts,
         environment={**npu_run_env(host), **(env or {})},
         network_mode="bridge",

@@ -334,7 +334,8 @@ def _inside_paths(request: dict[str, Any], out_dir: Path) -> dict[str, Any]:
             return [inside(v) for v in value]
         return value
 
-    return inside(request)
+    rewritten: dict[str, Any] = inside(request)
+    return rewritten
 
 
 def _refused(spec: ContainerSpec, exc: Any) -> InfrastructureError:

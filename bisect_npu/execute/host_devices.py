@@ -9,18 +9,19 @@ fake device files in a test.
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 from bisect_npu.errors import InfrastructureError
-from bisect_npu.execute.ascend import DRIVER_MOUNTS, MANAGEMENT_DEVICES
+from bisect_npu.execute.ascend import DRIVER_MOUNTS, device_files
 
 HOST_ROOT = Path("/")
 
 
-def device_files(cards: list[int]) -> list[str]:
-    """The device files a container on `cards` is given: one `/dev/davinciN` per card, then the
-    management devices."""
-    return [f"/dev/davinci{card}" for card in cards] + list(MANAGEMENT_DEVICES)
+def host_cards(root: Path = HOST_ROOT) -> list[int]:
+    """The cards whose `/dev/davinciN` exists under `root`, in ascending order."""
+    found = (re.fullmatch(r"davinci(\d+)", path.name) for path in (root / "dev").glob("davinci*"))
+    return sorted(int(match.group(1)) for match in found if match)
 
 
 def missing_paths(paths: list[str] | tuple[str, ...], root: Path = HOST_ROOT) -> list[str]:

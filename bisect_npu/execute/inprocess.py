@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any, Literal, Protocol, runtime_checkable
 
 from bisect_npu.builders.base import Environment, tail
-from bisect_npu.contracts import Verdict, VerdictKind
+from bisect_npu.contracts import VERDICT_EXIT, Verdict, VerdictKind
 from bisect_npu.errors import InfrastructureError, UsageError
 from bisect_npu.execute.base import RunResult
 
@@ -28,10 +28,6 @@ class Oracle(Protocol):
     when it shows the symptom, "skip" when it cannot be judged (or a Verdict of those kinds)."""
 
     def __call__(self, checkout: Path, commit: str) -> OracleAnswer: ...
-
-
-# The exit status each answer stands for, as a `git bisect run` command would give it.
-_EXIT = {VerdictKind.GOOD: 0, VerdictKind.BAD: 1, VerdictKind.SKIP: 125}
 
 
 def oracle_name(oracle: Oracle) -> str:
@@ -78,7 +74,7 @@ class CallableExecutor:
         kind = answer_kind(answer)
         reason = f": {answer.reason}" if isinstance(answer, Verdict) and answer.reason else ""
         log_path.write_text(f"oracle {self.name} answered {kind.value}{reason}\n", encoding="utf-8")
-        return RunResult(returncode=_EXIT[kind], seconds=round(time.monotonic() - started, 3),
+        return RunResult(returncode=VERDICT_EXIT[kind], seconds=round(time.monotonic() - started, 3),
                          log_path=str(log_path), log_tail=tail(log_path, 15))
 
     def run_probe(self, env: Environment, request: dict[str, Any], out_dir: Path, timeout_s: float) -> RunResult:

@@ -27,13 +27,13 @@ from pathlib import Path
 from typing import Any
 
 from bisect_npu.builders.base import Builder, BuildFailed, Environment
+from bisect_npu.contracts import SKIP_EXIT
 from bisect_npu.errors import InfrastructureError, UsageError
 from bisect_npu.execute.base import Executor, RunResult, probe_log_path, probe_stem, run_node_path
 
 NAMESPACE = "bisect-npu"  # the driver's and its builder actors' (named actors are found per namespace)
 RESOURCE = "NPU"  # the resource name Ray gives Ascend cards (ray/_private/accelerators/npu.py)
 TASK_RETRIES = 3  # reruns of a batch whose node (or worker) died under it
-BUILD_FAILED_EXIT = 125  # a candidate its node could not build: every trial of the batch is a skip
 
 # What a node makes its builder and its executors with (wiring.py's, pickled by reference).
 BuilderFactory = Callable[[str], Builder]  # node id -> that node's builder
@@ -82,8 +82,9 @@ def cluster_nodes(per_run: int) -> list[NodeEngines]:
     """The alive nodes with their NPUs and the engines of `per_run` cards each holds."""
     import ray
 
+    list_nodes: Callable[[], list[dict[str, Any]]] = ray.nodes  # untyped in Ray
     nodes = []
-    for node in ray.nodes():
+    for node in list_nodes():
         if not node.get("Alive"):
             continue
         npus = int(node.get("Resources", {}).get(RESOURCE, 0))
@@ -210,7 +211,8 @@ def run_batch(commit: str, request: dict[str, Any], timeout_s: float, session_id
         except BuildFailed as failure:
             log = probe_log_path(out_dir, probe_stem(request.get("case_id", "default"), request.get("trial", 0)))
             log.write_text(f"build failed on this node: {failure}\n{failure.log_tail}\n", encoding="utf-8")
-            result = RunResult(returncode=BUILD_FAILED_EXIT, seconds=0.0, log_path=str(log),
+            # A candidate its node could not build: every trial of the batch is a skip.
+            result = RunResult(returncode=SKIP_EXIT, seconds=0.0, log_path=str(log),
                                log_tail=f"build failed: {failure}")
             return BatchOutcome(node_id, cards, result, _small_files(out_dir), {"how": "failed", "error": str(failure)})
         try:

@@ -3,8 +3,9 @@
 Each candidate is a vector of evidence (FEATURES); its score is a weighted sum, and its confidence the
 softmax of the scores over all candidates plus a "none of them" option (the fitted `null_score`), so
 confidences of one culprit sum to at most 1 and a lone weak candidate is not called certain. The
-weights are data (`weights.json` beside this module), refit by `bench/fit_fix_weights.py` on the
-train split of `bench/data/fix_pairs.tsv`, never tuned by hand.
+weights are data (`weights.json` beside this module), refit by `bench/fit_fix_weights.py` (the fitting lives in
+`bench/fix_logit.py`: nothing at run time trains) on the train split of `bench/data/fix_pairs.tsv`,
+never tuned by hand.
 """
 
 from __future__ import annotations
@@ -70,36 +71,3 @@ def load_model() -> RankModel:
     data: dict[str, Any] = json.loads(resources.files("bisect_npu.fix").joinpath("weights.json").read_text())
     return RankModel({k: float(v) for k, v in data["weights"].items()}, float(data["null_score"]),
                      data.get("trained_on", ""))
-
-
-def fit(queries: Sequence[tuple[np.ndarray, int | None]], *, l2: float = 0.05, steps: int = 3000,
-        rate: float = 0.05) -> tuple[np.ndarray, float]:
-    """Fit a conditional logit: per query, a matrix of candidate features (rows) and the row of the
-    true fix (None when the fix is not among them: then "none" is the answer). Returns (weights,
-    null score), by full-batch gradient descent with Adam on the mean negative log-likelihood."""
-    width = len(FEATURES)
-    theta = np.zeros(width + 1)  # weights, then the null score
-    m = np.zeros_like(theta)
-    v = np.zeros_like(theta)
-    for step in range(1, steps + 1):
-        grad = np.zeros_like(theta)
-        for matrix, answer in queries:
-            scores = np.append(matrix @ theta[:width], theta[width]) if len(matrix) else np.array([theta[width]])
-            exp = np.exp(scores - scores.max())
-            prob = exp / exp.sum()
-            rows = np.vstack([matrix, np.zeros(width)]) if len(matrix) else np.zeros((1, width))
-            target = np.zeros(len(scores))
-            target[len(scores) - 1 if answer is None else answer] = 1.0
-            diff = prob - target
-            grad[:width] += rows.T @ diff
-            grad[width] += diff[-1]
-        grad /= max(len(queries), 1)
-        grad[:width] += l2 * theta[:width]
-        m = 0.9 * m + 0.1 * grad
-        v = 0.999 * v + 0.001 * grad ** 2
-        theta -= rate * (m / (1 - 0.9 ** step)) / (np.sqrt(v / (1 - 0.999 ** step)) + 1e-8)
-    return theta[:width], float(theta[width])
-
-
-def vector(features: Mapping[str, float]) -> np.ndarray:
-    return np.array([features.get(name, 0.0) for name in FEATURES], dtype=float)

@@ -7,14 +7,12 @@ from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import Field
+
+from bisect_npu.contracts import StrictModel
 
 
-class _Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-
-
-class RepetitionConfig(_Strict):
+class RepetitionConfig(StrictModel):
     """Exact loops (vLLM's rule, extended to long periods) and near-loops."""
 
     min_pattern_size: int = Field(1, strict=True, ge=1,
@@ -42,7 +40,7 @@ class RepetitionConfig(_Strict):
     stop_early: bool = Field(True, description="the probe's streaming detector stops generation when it fires")
 
 
-class TokenMatchConfig(_Strict):
+class TokenMatchConfig(StrictModel):
     """Deterministic token match against a reference observation."""
 
     min_match_rate: float = Field(1.0, ge=0.0, le=1.0, description="share of tokens that must match the reference")
@@ -52,7 +50,7 @@ class TokenMatchConfig(_Strict):
                                        description="compare only the first N tokens; unset: all")
 
 
-class LogitsConfig(_Strict):
+class LogitsConfig(StrictModel):
     """Dump diff pass lines (MindStudio Probe compare conventions).
 
     msprobe's own rule: a tensor fails when its cosine is below 0.99 *and* its max absolute error
@@ -99,7 +97,7 @@ class LogitsConfig(_Strict):
                                             "buffers in a core's cache")
 
 
-class StatsConfig(_Strict):
+class StatsConfig(StrictModel):
     """Verdict over repeated trials."""
 
     trials: int = Field(5, strict=True, ge=1, description="trials asked before the first decision")
@@ -115,7 +113,7 @@ class StatsConfig(_Strict):
                             "trials until the Wilson interval separates the two")
 
 
-class AcceptanceConfig(_Strict):
+class AcceptanceConfig(StrictModel):
     """Speculative decoding: share of proposed draft tokens the target model accepted."""
 
     min_acceptance_rate: float = Field(0.3, ge=0.0, le=1.0, description="draft acceptance rate below this is bad")
@@ -124,7 +122,7 @@ class AcceptanceConfig(_Strict):
                                                                                "rate")
 
 
-class PenaltyConfig(_Strict):
+class PenaltyConfig(StrictModel):
     """Effective sampling parameters: what the engine applied must equal what the case expects."""
 
     expected: dict[str, float | int | str | bool | None] = Field(
@@ -139,7 +137,7 @@ def _all_stages() -> list[StageName]:
     return ["chat_template", "prompt_token_ids", "forward", "sampler", "text"]
 
 
-class StagesConfig(_Strict):
+class StagesConfig(StrictModel):
     """Precision alignment: compare each stage with the reference's, in pipeline order."""
 
     stages: list[StageName] = Field(default_factory=_all_stages, description="stages compared, in pipeline order")
@@ -152,7 +150,7 @@ def _default_kinds() -> list[OracleKind]:
     return ["repetition"]
 
 
-class OracleConfig(_Strict):
+class OracleConfig(StrictModel):
     """Which judges run (all must pass), with their thresholds."""
 
     kinds: list[OracleKind] = Field(default_factory=_default_kinds, description="judges that run; every "

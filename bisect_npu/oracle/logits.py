@@ -398,9 +398,9 @@ class ChunkSums:
 def top_k_indices(rows: np.ndarray, k: int, block: int = 2048) -> np.ndarray:
     """Indices of each row's k largest values (in no order).
 
-    Why blocks: a full partition of a 152K-vocabulary row costs ~1 ms; the k largest values lie in
-    the k blocks with the largest maxima, so one max-reduction finds those blocks, and the same
-    search within them (blocks of 64) leaves a few hundred values to partition.
+    Why blocks: partitioning every whole row of a large vocabulary is the slow part; the k largest
+    values lie in the k blocks with the largest maxima, so one max-reduction finds those blocks,
+    and the same search within them (blocks of 64) leaves a few hundred values to partition.
     """
     n_rows, vocab = rows.shape
     n_blocks = vocab // block
@@ -415,7 +415,8 @@ def top_k_indices(rows: np.ndarray, k: int, block: int = 2048) -> np.ndarray:
     if vocab > whole:
         values = np.concatenate([values, rows[:, whole:]], axis=1)
         candidates = np.concatenate([candidates, np.tile(np.arange(whole, vocab), (n_rows, 1))], axis=1)
-    return candidates[line, top_k_indices(values, k, max(1, block // 32))]
+    chosen: np.ndarray = candidates[line, top_k_indices(values, k, max(1, block // 32))]
+    return chosen
 
 
 class Scratch:

@@ -16,10 +16,10 @@ from bisect_npu.oracle.config import PenaltyConfig
 
 def same_value(expected: Any, effective: Any, rel_tolerance: float) -> bool:
     if isinstance(expected, bool) or isinstance(effective, bool):
-        return expected == effective
+        return bool(expected == effective)
     if isinstance(expected, int | float) and isinstance(effective, int | float):
         return math.isclose(float(expected), float(effective), rel_tol=rel_tolerance, abs_tol=rel_tolerance)
-    return expected == effective
+    return bool(expected == effective)
 
 
 def judge_penalty(obs: Observation, cfg: PenaltyConfig) -> Verdict:

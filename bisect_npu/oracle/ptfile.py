@@ -1,14 +1,14 @@
 """Read a tensor saved by `torch.save` without importing torch.
 
-Why: importing torch costs ~300 MB of resident memory and seconds of start-up, more than the
-tensors of a whole layer; the dump diff only needs the numbers. A `.pt` file (torch >= 1.6) is a
-zip archive: `<name>/data.pkl` pickles a call to `torch._utils._rebuild_tensor_v2` whose storage
-is a persistent reference to `<name>/data/<key>` (raw little-endian bytes). We unpickle with an
+Why: importing torch costs more resident memory and start-up time than the tensors of a whole
+layer; the dump diff only needs the numbers. A `.pt` file (torch >= 1.6) is a zip archive:
+`<name>/data.pkl` pickles a call to `torch._utils._rebuild_tensor_v2` whose storage is a
+persistent reference to `<name>/data/<key>` (raw little-endian bytes). We unpickle with an
 allow-list of exactly those globals and map the storage to numpy; bfloat16 becomes float32.
 Anything else (legacy non-zip files, other pickled objects) raises PtFormatError.
 
-Why byte ranges: a dump's largest tensor (the logits of a 152K vocabulary over 512 tokens, 155 MB
-in bf16) would otherwise set the peak memory. torch stores each storage uncompressed, so
+Why byte ranges: a dump's largest tensor (the logits of a whole vocabulary over every token)
+would otherwise set the peak memory. torch stores each storage uncompressed, so
 `open_pt` reads only the pickle and the member's position in the archive, and
 `TensorFile.read` then fetches any run of elements with one positioned read (`os.pread`, not
 mmap: mapped pages count as resident memory until the kernel drops them); `read_into` does the
@@ -175,7 +175,7 @@ def _member_offset(path: Path, info: zipfile.ZipInfo) -> int:
     if len(header) != 30 or header[:4] != b"PK\x03\x04":
         raise PtFormatError("bad local header in the archive")
     name_len, extra_len = struct.unpack("<HH", header[26:30])
-    return info.header_offset + 30 + name_len + extra_len
+    return int(info.header_offset + 30 + name_len + extra_len)
 
 
 def open_pt(path: str | Path) -> TensorFile:

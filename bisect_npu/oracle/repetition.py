@@ -228,7 +228,7 @@ def periodic_shares(a: np.ndarray, window: int) -> tuple[np.ndarray, np.ndarray,
     for period in range(1, half + 1):
         eq[:period] = False
         np.equal(padded[period:], padded[:-period], out=eq[period:])
-        # Bit-packing then popcount is ~5x faster than counting a bool matrix along an axis.
+        # Bit-packing then popcount: cheaper than counting a bool matrix along an axis.
         packed = np.packbits(eq.reshape(n_blocks, half), axis=1)
         counts[:, period] = np.bitwise_count(packed).sum(axis=1, dtype=np.int64)
     per_window = counts[:-1] + counts[1:]
@@ -252,7 +252,8 @@ def distinct_ngram_ratios(a: np.ndarray, window: int, ngram: int) -> np.ndarray:
     n_windows = len(padded) // half - 1
     windows = np.sort(windows[:n_windows], axis=1)
     distinct = 1 + (windows[:, 1:] != windows[:, :-1]).sum(axis=1)
-    return distinct / span
+    ratio: np.ndarray = distinct / span
+    return ratio
 
 
 def find_near_loop(tokens: list[int] | np.ndarray, cfg: RepetitionConfig) -> NearLoop | None:

@@ -41,7 +41,7 @@ OBSERVATION_SCHEMA_VERSION = 1
 
 def read_request(path: str) -> dict[str, Any]:
     with open(path, encoding="utf-8") as fh:
-        request = json.load(fh)
+        request: dict[str, Any] = json.load(fh)
     if request.get("schema_version") != REQUEST_SCHEMA_VERSION:
         raise ValueError(f"{path}: probe request schema {request.get('schema_version')!r}, "
                          f"this probe reads {REQUEST_SCHEMA_VERSION}")

@@ -51,11 +51,13 @@ ORDERED_MASS = float(sum(PRIOR_Q[a] * PRIOR_P[a + 1 :].sum() for a in range(len(
 
 def _log_lik(bad: np.ndarray, good: np.ndarray) -> np.ndarray:
     """log r^bad (1-r)^good for every count row and every grid rate (rows x grid)."""
-    return np.outer(bad, LOG_R) + np.outer(good, LOG_1MR)
+    rows: np.ndarray = np.outer(bad, LOG_R) + np.outer(good, LOG_1MR)
+    return rows
 
 
 def _row_max(m: np.ndarray) -> np.ndarray:
-    return m.max(axis=1, keepdims=True)
+    rows: np.ndarray = m.max(axis=1, keepdims=True)
+    return rows
 
 
 @dataclass(frozen=True)
@@ -141,7 +143,8 @@ def position_mass(post: SegmentPosterior) -> tuple[np.ndarray, np.ndarray, np.nd
 
 def _entropy(p: np.ndarray) -> np.ndarray:
     p = np.clip(p, 1e-12, 1 - 1e-12)
-    return -(p * np.log(p) + (1 - p) * np.log(1 - p))
+    entropy: np.ndarray = -(p * np.log(p) + (1 - p) * np.log(1 - p))
+    return entropy
 
 
 def failure_probability(mass: np.ndarray, mean_q: np.ndarray, mean_p: np.ndarray) -> np.ndarray:
@@ -149,7 +152,8 @@ def failure_probability(mass: np.ndarray, mean_q: np.ndarray, mean_p: np.ndarray
     zero = np.zeros(1)
     bad_side = np.concatenate((zero, np.cumsum(mass * mean_p)))
     good_side = np.concatenate(((mass * mean_q)[::-1].cumsum()[::-1], zero))
-    return bad_side + good_side
+    probability: np.ndarray = bad_side + good_side
+    return probability
 
 
 def information_gain(mass: np.ndarray, mean_q: np.ndarray, mean_p: np.ndarray) -> np.ndarray:
@@ -161,7 +165,8 @@ def information_gain(mass: np.ndarray, mean_q: np.ndarray, mean_p: np.ndarray) -
     zero = np.zeros(1)
     cond_bad = np.concatenate((zero, np.cumsum(mass * _entropy(mean_p))))
     cond_good = np.concatenate(((mass * _entropy(mean_q))[::-1].cumsum()[::-1], zero))
-    return _entropy(failure_probability(mass, mean_q, mean_p)) - cond_bad - cond_good
+    gain: np.ndarray = _entropy(failure_probability(mass, mean_q, mean_p)) - cond_bad - cond_good
+    return gain
 
 
 def _binomial_rows(rates: np.ndarray, m: int) -> np.ndarray:
@@ -169,12 +174,14 @@ def _binomial_rows(rates: np.ndarray, m: int) -> np.ndarray:
     j = np.arange(m + 1)
     coefficients = np.array([math.comb(m, k) for k in j], dtype=float)
     r = rates[:, None]
-    return coefficients * np.power(r, j) * np.power(1.0 - r, m - j)
+    rows: np.ndarray = coefficients * np.power(r, j) * np.power(1.0 - r, m - j)
+    return rows
 
 
 def _row_entropy(p: np.ndarray) -> np.ndarray:
     safe = np.where(p > 0, p, 1.0)
-    return -(p * np.log(safe)).sum(axis=-1)
+    entropy: np.ndarray = -(p * np.log(safe)).sum(axis=-1)
+    return entropy
 
 
 def batch_information_gain(mass: np.ndarray, mean_q: np.ndarray, mean_p: np.ndarray, m: int) -> np.ndarray:
@@ -341,7 +348,8 @@ def _rate_posterior(ev: Evidence) -> np.ndarray:
     """Jeffreys Beta(1/2, 1/2) posterior of one position's failure rate, on a grid."""
     g = _SEPARATION_GRID
     w = np.exp((ev.bad - 0.5) * np.log(g) + (ev.good - 0.5) * np.log1p(-g))
-    return w / w.sum()
+    posterior: np.ndarray = w / w.sum()
+    return posterior
 
 
 def separation(culprit: Evidence, parent: Evidence) -> float:

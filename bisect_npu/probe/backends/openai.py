@@ -89,10 +89,14 @@ def server_argv(request: dict[str, Any], python: str = sys.executable) -> list[s
 def override_generation_config(argv: list[str]) -> dict[str, Any]:
     """The JSON given to `--override-generation-config` on a command line, or {}."""
     for index, arg in enumerate(argv):
+        given = None
         if arg.startswith("--override-generation-config="):
-            return json.loads(arg.split("=", 1)[1])
-        if arg == "--override-generation-config" and index + 1 < len(argv):
-            return json.loads(argv[index + 1])
+            given = arg.split("=", 1)[1]
+        elif arg == "--override-generation-config" and index + 1 < len(argv):
+            given = argv[index + 1]
+        if given is not None:
+            config: dict[str, Any] = json.loads(given)
+            return config
     return {}
 
 
@@ -167,7 +171,8 @@ class Server:
         data = json.dumps(body).encode()
         req = urllib.request.Request(self.base + path, data=data, headers={"Content-Type": "application/json"})
         with urllib.request.urlopen(req, timeout=timeout_s) as response:
-            return json.loads(response.read())
+            answer: dict[str, Any] = json.loads(response.read())
+        return answer
 
     def reset_prefix_cache(self, limit_s: float = 30.0) -> bool:
         """Drop the KV blocks earlier requests left for reuse; False where the server cannot.
@@ -209,7 +214,7 @@ class Server:
 
     def model_id(self) -> str:
         with urllib.request.urlopen(self.base + "/v1/models", timeout=30) as response:
-            return json.loads(response.read())["data"][0]["id"]
+            return str(json.loads(response.read())["data"][0]["id"])
 
 
 def sse_events(lines: Iterator[bytes]) -> Iterator[dict[str, Any]]:
@@ -236,7 +241,8 @@ def _candidate_id(token: str) -> int:
     return token_id
 
 
-def request_body(model_id: str, case: dict[str, Any], sampling: dict[str, Any], top_k: int) -> tuple[str, dict]:
+def request_body(model_id: str, case: dict[str, Any], sampling: dict[str, Any],
+                 top_k: int) -> tuple[str, dict[str, Any]]:
     """The endpoint and JSON body: chat for messages, completions for a prompt; sampling as sent."""
     body: dict[str, Any] = {"model": model_id, "stream": True, "return_tokens_as_token_ids": True,
                             "return_token_ids": True, **sampling}
@@ -314,7 +320,7 @@ def _greedy_tokens(server: Server, model_id: str, case: dict[str, Any], sampling
     path, body = request_body(model_id, case, check, 1)
     observation: dict[str, Any] = {"extra": {}}
     stream_case(server, path, body, None, observation, timeout_s=600.0)
-    return observation["output_token_ids"]
+    return [int(token) for token in observation["output_token_ids"]]
 
 
 def override_check(server: Server, model_id: str, case: dict[str, Any], sent: dict[str, Any],

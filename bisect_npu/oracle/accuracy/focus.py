@@ -17,10 +17,11 @@ from bisect_npu.oracle.config import AccuracyConfig, FocusConfig
 
 
 def discordant_ids(good: Sequence[SampleOutcome], bad: Sequence[SampleOutcome]) -> list[str]:
-    """Samples both ends ran whose correctness rates differ, largest difference first."""
+    """Samples both ends ran whose correctness rates differ, largest difference first (ties in
+    the dataset's order)."""
     b = {s.id: s for s in bad}
     diffs = [(abs(s.correct - b[s.id].correct), s.id) for s in good if s.id in b and s.correct != b[s.id].correct]
-    return [i for _, i in sorted(diffs, key=lambda t: (-t[0], t[1]))]
+    return [i for _, i in sorted(diffs, key=lambda t: -t[0])]
 
 
 def _draw(commit: str, sample_id: str) -> str:

@@ -219,13 +219,48 @@ class BaselineCheck:
     alpha: float
 
 
+def _binomial_cdf(k: int, n: int, p: float) -> float:
+    """P(X <= k), X ~ Binomial(n, p), summed in log space (n in the thousands is fine)."""
+    if p <= 0.0:
+        return 1.0
+    if p >= 1.0:
+        return 1.0 if k >= n else 0.0
+    log_p, log_q = math.log(p), math.log1p(-p)
+    terms = [math.lgamma(n + 1) - math.lgamma(j + 1) - math.lgamma(n - j + 1) + j * log_p + (n - j) * log_q
+             for j in range(k + 1)]
+    top = max(terms)
+    return min(1.0, math.exp(top) * sum(math.exp(t - top) for t in terms))
+
+
+def clopper_pearson(correct: int, n: int, alpha: float) -> tuple[float, float]:
+    """Exact one-sided bounds at level alpha each: the rates whose binomial tail at `correct` is alpha."""
+    def solve(tail_above: bool) -> float:
+        lo, hi = 0.0, 1.0
+        for _ in range(60):
+            mid = (lo + hi) / 2
+            tail = 1 - _binomial_cdf(correct - 1, n, mid) if tail_above else _binomial_cdf(correct, n, mid)
+            if (tail < alpha) == tail_above:
+                lo = mid
+            else:
+                hi = mid
+        return (lo + hi) / 2
+
+    low = 0.0 if correct == 0 else solve(tail_above=True)
+    high = 1.0 if correct == n else solve(tail_above=False)
+    return low, high
+
+
 def baseline_check(samples: Sequence[SampleOutcome], baseline: float, threshold: float, confidence: float,
                    rounds_planned: int = 1) -> BaselineCheck:
     """Bad when the score's upper bound is below ``baseline - threshold``, good when its lower bound
     is at or above it, each one-sided at `confidence` with alpha spent evenly over the planned
-    rounds (so looking after every round keeps the error rate); otherwise undecided."""
+    rounds (so looking after every round keeps the error rate); otherwise undecided. One run per
+    sample: exact (Clopper-Pearson) bounds; rates: the normal bounds of `score`."""
     alpha = (1 - confidence) / rounds_planned
     s = score(samples, 1 - 2 * alpha)  # a two-sided (1 - 2 alpha) interval: each side one-sided at 1 - alpha
+    if samples and all(x.runs == 1 for x in samples):
+        low, high = clopper_pearson(round(sum(x.correct for x in samples)), len(samples), alpha)
+        s = Score(s.accuracy, 100 * low, 100 * high, s.samples, s.runs)
     line = baseline - threshold
     verdict = "bad" if s.high < line else "good" if s.low >= line else None
     return BaselineCheck(verdict, line, s, alpha)

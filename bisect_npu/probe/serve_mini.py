@@ -83,7 +83,7 @@ class MiniServer:
             return list(prompt)
         if not isinstance(prompt, str):
             raise BadRequest(f"prompt must be a string or a list of token ids, got {type(prompt).__name__}")
-        return self.llm.tokenizer.encode(prompt)
+        return [int(token) for token in self.llm.tokenizer.encode(prompt)]
 
     def token_text(self, token_id: int) -> str:
         word = self.llm.tokenizer.decode([token_id])
@@ -271,10 +271,7 @@ class Handler(BaseHTTPRequestHandler):
         with self.engine.lock:
             for index, one in enumerate(prompts):
                 ids = self.engine.encode(one)
-                tokens: list[tuple[int, str, float, list[tuple[int, float]]]] = []
-                generation = Generation()
-                for generation, new in self.engine.generate(ids, params, extra, top_k):
-                    tokens.extend(new)
+                tokens, generation = _run_to_end(self.engine.generate(ids, params, extra, top_k))
                 choice: dict[str, Any] = {"index": index, "text": generation.text,
                                           "logprobs": _completion_logprobs(self.engine, tokens, as_ids) if top_k
                                           else None, "finish_reason": generation.finish_reason,
@@ -299,11 +296,8 @@ class Handler(BaseHTTPRequestHandler):
         if body.get("stream"):
             self._stream(body, ids, params, extra, top_k, chat=True)
             return
-        tokens: list[tuple[int, str, float, list[tuple[int, float]]]] = []
-        generation = Generation()
         with self.engine.lock:
-            for generation, new in self.engine.generate(ids, params, extra, top_k):
-                tokens.extend(new)
+            tokens, generation = _run_to_end(self.engine.generate(ids, params, extra, top_k))
         choice: dict[str, Any] = {"index": 0, "message": {"role": "assistant", "content": generation.text},
                                   "logprobs": _chat_logprobs(self.engine, tokens, bool(
                                       body.get("return_tokens_as_token_ids"))) if extra["logprobs"] else None,
@@ -345,7 +339,8 @@ class Handler(BaseHTTPRequestHandler):
                       "finish_reason": None}, **({"prompt_token_ids": ids} if with_ids else {}))
             sent_prompt_ids = chat
             generation = first[0]
-            for generation, new in _chain(first, steps):
+            for step in _chain(first, steps):
+                generation, new = step
                 for token, piece, logprob, candidates in new:
                     choice: dict[str, Any] = {"index": 0, "finish_reason": None}
                     entry = [(token, piece, logprob, candidates)]
@@ -362,7 +357,10 @@ class Handler(BaseHTTPRequestHandler):
                             sent_prompt_ids = True
                     send(choice)
             final: dict[str, Any] = {"index": 0, "finish_reason": generation.finish_reason, "stop_reason": None}
-            final.update({"delta": {}} if chat else {"text": ""})
+            if chat:
+                final["delta"] = {}
+            else:
+                final["text"] = ""
             send(final)
             if include_usage:
                 event = {"id": request_id, "object": kind, "created": created, "model": self.engine.model_name,
@@ -370,6 +368,18 @@ class Handler(BaseHTTPRequestHandler):
                 self.wfile.write(b"data: " + json.dumps(event).encode() + b"\n\n")
             self.wfile.write(b"data: [DONE]\n\n")
             self.wfile.flush()
+
+
+Token = tuple[int, str, float, list[tuple[int, float]]]
+
+
+def _run_to_end(steps: Iterator[tuple[Generation, list[Token]]]) -> tuple[list[Token], Generation]:
+    """A whole generation (non-streaming): every token and the finished generation."""
+    tokens: list[Token] = []
+    generation = Generation()
+    for generation, new in steps:  # noqa: B007 (the last step's generation is the finished one)
+        tokens.extend(new)
+    return tokens, generation
 
 
 def _chain(first: Any, rest: Iterator[Any]) -> Iterator[Any]:

@@ -340,3 +340,23 @@ def test_real_harness_scores_per_sample(trees, tmp_path, name):
     assert observation.extra["harness"] == recipe.accuracy.harness
     flipped = next(s for s in observation.samples or [] if s.id == focus[0])
     assert flipped.prompt and flipped.output and flipped.target and flipped.output.strip() != flipped.target
+
+
+@pytest.mark.harness
+@pytest.mark.parametrize("harness", ["lm_eval", "aisbench"])
+def test_demo_accuracy_case_finds_the_manifests_culprit(harness, tmp_path):
+    """`bisect-npu demo --case accuracy` end to end, scored by the real harness: the culprit is the
+    manifest's, the ends ran the whole dataset and the candidates only the focused samples."""
+    harness_executable(harness)
+    env = {**os.environ, "BISECT_NPU_CACHE": str(tmp_path / "cache"), "PYTHONPATH": str(REPO_ROOT)}
+    done = subprocess.run([sys.executable, "-m", "bisect_npu", "demo", "--case", "accuracy", "--harness", harness,
+                           "--no-verify-fix", "--quiet", "--session-root", str(tmp_path / "sessions"), "--json"],
+                          cwd=tmp_path, env=env, capture_output=True, text=True, timeout=1800, check=False)
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-3000:]
+    summary = json.loads(done.stdout.strip().splitlines()[-1])
+    assert summary["match"] is True and summary["culprit"] == summary["expected"]
+    runs = [Observation.load(path) for path in (tmp_path / "sessions").glob("*/steps/*/obs-accuracy-*.json")]
+    sizes = sorted(len(o.samples or []) for o in runs)
+    total = len(read_dataset())
+    assert sizes.count(total) >= 2 and sizes[0] < total  # both ends whole, candidates focused
+    assert all(o.extra["harness"] == harness for o in runs)

@@ -19,6 +19,7 @@ from bisect_npu.defaults import TRIAL_TIMEOUT_S
 from bisect_npu.errors import InfrastructureError
 from bisect_npu.execute.base import Executor, RunResult, observation_path, probe_log_path, probe_stem, run_node_path
 from bisect_npu.orchestration.accuracy import AccuracySteps, load_from, role_of
+from bisect_npu.probe.harness import HARNESS_FAILED_EXIT
 from bisect_npu.recipe import CaseSpec, Recipe
 from bisect_npu.records import COMMAND_CASE, BuildInfo, TrialRun
 
@@ -284,6 +285,11 @@ class Evaluator:
             stop.set()
             thread.join()
             collect()
+        if len(records) < len(numbers) and result.returncode == HARNESS_FAILED_EXIT and not result.timed_out:
+            # The accuracy harness (or its dataset, or its output) failed, not the candidate.
+            lines = [line for line in result.log_tail.strip().splitlines() if line.strip()]
+            raise InfrastructureError(f"{(lines[-1] if lines else 'the accuracy harness failed')[:600]} "
+                                      f"(probe log {log})")
         if len(records) < len(numbers):
             hung = result.timed_out and self.timeout_is == "bad"
             why = "timed out" if result.timed_out else f"probe exited {result.returncode}"
@@ -398,10 +404,16 @@ def accuracy_request(recipe: Recipe, sample_ids: Sequence[str] | None) -> dict[s
     if recipe.accuracy is None:
         return None
     spec = recipe.accuracy
-    return {**spec.model_dump(mode="json", include={"harness", "lm_eval", "aisbench", "command", "limit", "metric",
-                                                    "repeats"}),
-            "dataset": str(spec.dataset_path(recipe.source)),
-            "sample_ids": None if sample_ids is None else list(sample_ids)}
+    request = {**spec.model_dump(mode="json", include={"harness", "lm_eval", "aisbench", "command", "limit", "metric",
+                                                       "repeats"}),
+               "dataset": str(spec.dataset_path(recipe.source)),
+               "sample_ids": None if sample_ids is None else list(sample_ids)}
+    # A task YAML or dataset config given as a file is relative to the recipe, as the dataset is.
+    for section, key, suffixes in (("lm_eval", "task", (".yaml", ".yml")), ("aisbench", "dataset_conf", (".py",))):
+        value = (request.get(section) or {}).get(key)
+        if isinstance(value, str) and value.endswith(suffixes):
+            request[section][key] = str(spec.model_copy(update={"dataset": value}).dataset_path(recipe.source))
+    return request
 
 
 def probe_request(recipe: Recipe, case: CaseSpec, commit: str, trial: int,

@@ -280,14 +280,21 @@ class Session:
                                                     and not entry.trials)):
                 current = evidence.get(entry.index, search.Evidence())
                 evidence[entry.index] = current.add(self._search_term(entry.verdict.kind.value)).weigh(
-                    self._log_lr(entry.verdict.figures.get("log_likelihood_ratio")))
+                    self._log_lr(entry))
         return evidence
 
-    def _log_lr(self, value: object) -> float:
+    def _log_lr(self, step: StepRecord) -> float:
         """A step's likelihood ratio (accuracy oracle) in the search's terms: under --find-fix the
-        symptom's side is the good one, so the ratio changes sign; 0 when the step has none."""
+        symptom's side is the good one, so the ratio changes sign. A verdict without one (the
+        verdict store keeps the kind, not the figures) weighs what a step decided at the recipe's
+        confidence at least said; other oracles' steps carry none (0)."""
+        value = step.verdict.figures.get("log_likelihood_ratio")
         if not isinstance(value, int | float) or not math.isfinite(value):
-            return 0.0
+            if self.recipe is None or self.recipe.accuracy is None or step.verdict.kind == "skip" or step.index in (
+                    0, self.n):
+                return 0.0
+            bound = math.log(self.recipe.accuracy.confidence / (1 - self.recipe.accuracy.confidence))
+            value = bound if step.verdict.kind == "bad" else -bound
         return -float(value) if self.options.find_fix else float(value)
 
     def _pending_trials(self, index: int) -> list[TrialRun]:

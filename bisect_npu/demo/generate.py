@@ -19,7 +19,7 @@ from bisect_npu.demo.manifest import CaseTruth, CommitRef, CompiledTouch, Depend
 from bisect_npu.demo.writer import Commit, History, templates
 from bisect_npu.paths import cache_root
 
-GENERATOR_VERSION = "3"
+GENERATOR_VERSION = "4"
 TEMPLATE_DIR = Path(__file__).resolve().parent / "upstream"
 BUILD_COMMAND = ["python", "tools/build_kernels.py"]
 MAIN, RELEASE = "main", "v0.9.1-dev"
@@ -45,7 +45,12 @@ CASES = {
     "dependency": ("demo-dependency",
                    "a minivllm upgrade drops the server's penalty defaults; greedy runs loop",
                    "v0.10.0rc2", "v0.10.0rc3"),
+    "accuracy": ("demo-accuracy", "a QA set's accuracy falls from 100% to 60%: long prompts answered wrongly",
+                 "v0.9.0", "v0.10.0rc1"),
 }
+# A case that shows another case's regression another way: its culprit and fixes are that case's
+# commits (the history is not changed for it, so no sha moves).
+SAME_REGRESSION = {"accuracy": "rope-longseq"}
 DEFAULT_CASE = "async-penalty"
 # name -> (the good variant at the bad end, as --good-set takes it, the keys that trigger the symptom).
 # Besides the trigger each holds differences that change nothing there: the loop guard's tokens, a
@@ -180,12 +185,13 @@ def _manifest(dest: Path, seed: int, state: History, sha_of: dict[int, str],
     tags = {name: sha_of[mark] for name, mark in state.tags.items()}
     cases = []
     for name, (recipe, symptom, good, bad) in CASES.items():
-        (culprit,) = by_role[f"culprit:{name}"]
+        role = SAME_REGRESSION.get(name, name)
+        (culprit,) = by_role[f"culprit:{role}"]
         assert culprit.parent is not None
         cases.append(CaseTruth(name=name, recipe=recipe, symptom=symptom, good_ref=good, bad_ref=bad,
                                good_sha=tags[good], bad_sha=tags[bad], culprit=ref(culprit),
                                culprit_parent=sha_of[culprit.parent],
-                               fixes=[ref(c) for c in by_role.get(f"fix:{name}", [])],
+                               fixes=[ref(c) for c in by_role.get(f"fix:{role}", [])],
                                dependency=dependency_truths.get(name),
                                settings=SettingsTruth(good_set=SETTINGS[name][0], trigger=SETTINGS[name][1])
                                if name in SETTINGS else None))

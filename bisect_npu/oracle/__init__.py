@@ -4,8 +4,9 @@
 `judge` judges a commit: per-trial verdicts, then the stats oracle over trials when trials
 repeat. Both take the recipe's `oracle` section (an OracleConfig), not the recipe: the oracles
 know nothing of recipes, sessions or the search. Kinds: repetition, tokens, logits, acceptance,
-penalty, stages (per trial) and stats (over trials). The "command" kind (a user command's exit
-code) is judged by the session.
+penalty, stages (per trial), stats (over trials) and accuracy (a harness run's per-sample results
+against the two ends: `oracle.accuracy`). The "command" kind (a user command's exit code) is
+judged by the session.
 """
 
 from __future__ import annotations
@@ -14,12 +15,13 @@ from collections.abc import Callable
 from typing import Any
 
 from bisect_npu.contracts import Observation, Verdict, VerdictKind
-from bisect_npu.oracle.config import OracleConfig
+from bisect_npu.oracle.accuracy.judge import judge_accuracy
+from bisect_npu.oracle.config import AccuracyConfig, OracleConfig
 from bisect_npu.oracle.stats import Undecided, judge_trials
 
-__all__ = ["judge", "judge_observation", "judge_trials"]
+__all__ = ["judge", "judge_accuracy", "judge_observation", "judge_trials"]
 
-NOT_PER_TRIAL = ("stats", "command")
+NOT_PER_TRIAL = ("stats", "command", "accuracy")
 
 
 def _judges() -> dict[str, Callable[[Observation, Observation | None, OracleConfig], Verdict]]:
@@ -74,6 +76,16 @@ def judge_observation(cfg: OracleConfig, obs: Observation, reference: Observatio
     return Verdict(kind=VerdictKind.GOOD, reason=reason, figures=figures)
 
 
+def _accuracy_alone(cfg: AccuracyConfig, observations: list[Observation],
+                    reference: list[Observation] | None) -> Verdict:
+    if reference:
+        return judge_accuracy(cfg, observations, reference, None, role="bad_end", final=True)
+    if cfg.reference == "good_end":
+        return Verdict(kind=VerdictKind.SKIP, trials=len(observations),
+                       reason="accuracy with reference good_end needs the good end's observations (--reference)")
+    return judge_accuracy(cfg, observations, None, None, role="good_end", final=True)
+
+
 def reference_for(obs: Observation, reference: list[Observation] | None) -> Observation | None:
     """The reference observation of the same case (the same trial number when there are several)."""
     same_case = [r for r in reference or [] if r.case_id == obs.case_id]
@@ -94,11 +106,20 @@ def _all_cases(per_case: list[Verdict]) -> Verdict:
 
 
 def judge(cfg: OracleConfig, observations: list[Observation], reference: list[Observation] | None, *,
-          trials_per_case: int) -> Verdict:
+          trials_per_case: int, accuracy: AccuracyConfig | None = None) -> Verdict:
     """A commit: per-trial verdicts, then a sequential verdict over trials when trials repeat
-    (``trials_per_case`` > 1, the recipe's ``trials.count``) or the config asks for stats."""
+    (``trials_per_case`` > 1, the recipe's ``trials.count``) or the config asks for stats.
+
+    Kind accuracy, on its own (`bisect-npu judge`, the library's judge): the observations are all
+    the rounds there are; with a reference (the good end's rounds) bad when they score lower than
+    it by the paired test, without one the baseline test alone. A session judges its accuracy
+    steps against both ends instead (`judge_accuracy`, roles)."""
     if not observations:
         return Verdict(kind=VerdictKind.SKIP, reason="no observations to judge", trials=0)
+    if "accuracy" in cfg.kinds:
+        if accuracy is None:
+            raise ValueError("oracle kind accuracy needs the recipe's accuracy settings")
+        return _accuracy_alone(accuracy, observations, reference)
     per_trial = [judge_observation(cfg, obs, reference_for(obs, reference)) for obs in observations]
     if trials_per_case == 1 and "stats" not in cfg.kinds:
         return _all_cases(per_trial)

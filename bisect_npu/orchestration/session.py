@@ -120,7 +120,7 @@ class Session:
         self._store_lock = threading.Lock()  # one slot at a time reads or writes a position's stored verdict
         self._told: dict[str, float] = {}  # the costs the search was told for the round being run
         self.earlier_runs = earlier_runs_spec(spec, recipe)
-        self.state = SessionState(self.mode == "noisy", spec.search.find_fix, journal.entries)
+        self.state = SessionState(self.mode == "noisy", spec.search.find_fix, journal.entries, weigh=self._log_lr)
         if recipe is not None and recipe.reference.kind == "golden":
             evaluator.reference = load_golden(recipe)
 
@@ -215,6 +215,8 @@ class Session:
 
     @property
     def mode(self) -> Literal["exact", "noisy"]:
+        if self.recipe is not None and self.recipe.accuracy is not None:
+            return "exact"  # one verdict per step: its own sequential test (the search weighs its likelihood ratio)
         if self.spec.search.mode:
             return self.spec.search.mode
         return self.recipe.trials.mode if self.recipe else "exact"
@@ -230,7 +232,9 @@ class Session:
         load_cost, build_cost, overlay_cost = measured_costs(
             self.journal.entries, self.recipe.trials if self.recipe else None, noisy=self.mode == "noisy",
             batches=self.evaluator.batches, grouped=bool(groups))
-        return search.SearchProblem(n=self.n, mode=self.mode, check_ends=self.check_ends,
+        # An accuracy recipe's steps are measurements: the search weighs each one's likelihood ratio.
+        mode = "likelihood" if self.recipe is not None and self.recipe.accuracy is not None else self.mode
+        return search.SearchProblem(n=self.n, mode=mode, check_ends=self.check_ends,
                                     slots=self.slots, confidence=confidence, earlier_runs=earlier,
                                     load_cost=load_cost, build_cost=build_cost, build_groups=groups,
                                     prebuilt_groups=self.prebuilt_groups(), overlay_cost=overlay_cost,
@@ -268,6 +272,20 @@ class Session:
 
     def evidence(self) -> dict[int, search.Evidence]:
         return self.state.evidence()
+
+    def _log_lr(self, step: StepRecord) -> float:
+        """A step's likelihood ratio (accuracy oracle) in the search's terms: under --find-fix the
+        symptom's side is the good one, so the ratio changes sign. A verdict without one (the
+        verdict store keeps the kind, not the figures) weighs what a step decided at the recipe's
+        confidence at least said; other oracles' steps carry none (0)."""
+        value = step.verdict.figures.get("log_likelihood_ratio")
+        if not isinstance(value, int | float) or not math.isfinite(value):
+            if self.recipe is None or self.recipe.accuracy is None or step.verdict.kind == "skip" or step.index in (
+                    0, self.n):
+                return 0.0
+            bound = math.log(self.recipe.accuracy.confidence / (1 - self.recipe.accuracy.confidence))
+            value = bound if step.verdict.kind == "bad" else -bound
+        return -float(value) if self.spec.search.find_fix else float(value)
 
     def _finished_steps(self) -> list[StepRecord]:
         return self.state.steps()
@@ -345,6 +363,9 @@ class Session:
             self._run_query(search.Query(0, self.recipe.trials.count if self.recipe else 1))
             good_steps = [e for e in self._finished_steps() if e.index == 0]
         self.evaluator.set_reference([t for s in good_steps for t in s.trials])
+        bad_steps = [e for e in self._finished_steps() if e.index == self.n]
+        if bad_steps and self.evaluator.accuracy is not None and self.evaluator.accuracy.bad_end is None:
+            self.evaluator.set_bad_reference([t for s in bad_steps for t in s.trials])
 
     def _run_query(self, query: search.Query, first_trial: int | None = None) -> None:
         if query.index != 0:
@@ -370,7 +391,8 @@ class Session:
         as_reference = query.index == 0 and self._needs_reference()
         first = self.state.next_trial(query.index) if first_trial is None else first_trial
         result = self.evaluator.evaluate(EvaluationRequest(commit, trials, tuple(pending), on_trial, judge_each=noisy,
-                                                           first_trial=first, as_reference=as_reference))
+                                                           first_trial=first, as_reference=as_reference,
+                                                           as_bad_end=query.index == self.n))
         self._record_step(query.index, result)
         self._keep(query.index, result)
 

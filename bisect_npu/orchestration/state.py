@@ -8,7 +8,7 @@ records (in any order of positions), hence the same decisions.
 from __future__ import annotations
 
 import threading
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from typing import Literal
 
 from bisect_npu import search
@@ -30,9 +30,11 @@ class SessionState:
     """The records a session's decisions read, applied in journal order (`apply`); thread-safe:
     the slots of a round append while the progress asks how many candidates are left."""
 
-    def __init__(self, noisy: bool, find_fix: bool, entries: Iterable[Record] = ()) -> None:
+    def __init__(self, noisy: bool, find_fix: bool, entries: Iterable[Record] = (),
+                 weigh: Callable[[StepRecord], float] | None = None) -> None:
         self.noisy = noisy
         self.find_fix = find_fix
+        self._weigh = weigh  # a step's log likelihood ratio in the search's terms (accuracy steps)
         self._lock = threading.Lock()
         self._evidence: dict[int, search.Evidence] = {}
         self._steps: list[StepRecord] = []
@@ -66,6 +68,8 @@ class SessionState:
                     self._add(step.index, kind)
         elif not self.noisy or (step.verdict.kind == "skip" and not step.trials):
             self._add(step.index, step.verdict.kind.value)
+            if self._weigh is not None:
+                self._evidence[step.index] = self._evidence[step.index].weigh(self._weigh(step))
 
     def _add(self, index: int, kind: str) -> None:
         self._evidence[index] = self._evidence.get(index, search.Evidence()).add(search_term(kind, self.find_fix))

@@ -4,7 +4,9 @@ A request without ``batch`` is one trial: exit 0 with its observation written. A
 ``batch`` runs its trials in order on one engine start and writes each observation the moment
 its trial finishes; exit 0 once all are written. Exit 3 when the engine could not start or a
 trial raised (the host turns that into a ``skip``; the last lines of stderr explain why): the
-observations written before stay, the later trials are not run. Exit 2: usage errors.
+observations written before stay, the later trials are not run. Exit 4 (``HARNESS_FAILED_EXIT``)
+when an accuracy harness failed (missing, exited non-zero, wrote nothing or nonsense, a missing
+or empty dataset): the host stops the run as an infrastructure error. Exit 2: usage errors.
 """
 
 from __future__ import annotations
@@ -14,6 +16,7 @@ import traceback
 from typing import Any
 
 from .backends import ProbeBackend, UnknownBackend, load_backend
+from .harness import HARNESS_FAILED_EXIT, HarnessError
 from .request import read_request, trial_requests, write_json_atomic
 
 
@@ -36,6 +39,9 @@ def main(argv: list[str]) -> int:
         return _run_batch(backend, trials)
     try:
         observation = backend.run_case(request)
+    except HarnessError as exc:
+        print(f"accuracy harness failed: {exc}", file=sys.stderr)
+        return HARNESS_FAILED_EXIT
     except Exception:  # the host reads the tail of stderr into the skip reason
         traceback.print_exc()
         return 3
@@ -55,6 +61,9 @@ def _run_batch(backend: ProbeBackend, trials: list[dict[str, Any]]) -> int:
             observation = engine.run(trial)
             observation["extra"]["batch"] = {"index": index, "size": len(trials)}
             write_json_atomic(trial["output"], observation)
+    except HarnessError as exc:
+        print(f"accuracy harness failed: {exc}", file=sys.stderr)
+        return HARNESS_FAILED_EXIT
     except Exception:
         traceback.print_exc()
         return 3

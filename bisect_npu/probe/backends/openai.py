@@ -52,6 +52,9 @@ _DEFAULTS_LINES = (
 )
 _GENERATION_COUNTER = re.compile(r"^vllm:generation_tokens(?:_total)?(?:\{[^}]*\})? ([0-9.eE+-]+)$", re.MULTILINE)
 _TOKEN_ID = re.compile(r"^token_id:(-?\d+)$")
+# The probe's own package as the candidate imports it (bisect_npu.probe here, another name in an
+# image): a launcher's `{probe}`, e.g. `["{python}", "-m", "{probe}.serve_mini", "{model}"]`.
+PROBE_PACKAGE = __package__.rsplit(".", 1)[0] if __package__ else "bisect_npu.probe"
 # Dev mode adds only the dev endpoints (and error stacks in the log): /reset_prefix_cache among them.
 SERVER_ENV = {"VLLM_SERVER_DEV_MODE": "1"}
 
@@ -73,7 +76,7 @@ def server_argv(request: dict[str, Any], python: str = sys.executable) -> list[s
     model = request["model"]
     port = str(engine.get("port", 8000))
     launcher = engine.get("launcher") or DEFAULT_LAUNCHER
-    argv = [part.format(model=model["path"], python=python, port=port) for part in launcher]
+    argv = [part.format(model=model["path"], python=python, port=port, probe=PROBE_PACKAGE) for part in launcher]
     argv += ["--host", HOST, "--port", port]
     if model.get("dtype") and model["dtype"] != "auto":
         argv += ["--dtype", model["dtype"]]
@@ -368,6 +371,8 @@ class ServerEngine(TrialCounter):
 
     def run(self, request: dict[str, Any]) -> dict[str, Any]:
         """One trial; `server_exit` stays None (known once stopped: `run_case` fills it in)."""
+        if request.get("accuracy") is not None:
+            return self.run_accuracy(request)
         index, observation = self.begin_trial(request)
         server, model_id = self.server, self.model_id
         case = request["case"]
@@ -404,6 +409,20 @@ class ServerEngine(TrialCounter):
             "chat_template": observation["extra"].get("rendered_prompt"),
             "prompt_token_ids": observation["prompt_token_ids"], "sampler": observation["sampling"],
             "text": observation["text"]}
+        return observation
+
+    def run_accuracy(self, request: dict[str, Any]) -> dict[str, Any]:
+        """One trial of an accuracy recipe: the harness scores this server; its samples are the observation's."""
+        from ..accuracy import run_accuracy
+
+        _, observation = self.begin_trial(request)
+        clock = Stopwatch()
+        samples = run_accuracy(request, HOST, self.server.port, self.model_id)
+        observation["timings"]["generate_s"] = clock.seconds()
+        observation["samples"] = samples
+        observation["sampling"] = {k: v for k, v in request["case"].get("sampling", {}).items() if v is not None}
+        observation["extra"].update(server_argv=self.argv, server_log=self.log_path, server_exit=None,
+                                    harness=request["accuracy"].get("harness"), samples_run=len(samples))
         return observation
 
     def close(self) -> int | None:

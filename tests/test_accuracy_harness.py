@@ -360,3 +360,14 @@ def test_demo_accuracy_case_finds_the_manifests_culprit(harness, tmp_path):
     total = len(read_dataset())
     assert sizes.count(total) >= 2 and sizes[0] < total  # both ends whole, candidates focused
     assert all(o.extra["harness"] == harness for o in runs)
+
+
+def test_make_targets_install_the_pinned_harnesses():
+    """The Makefile's harness venvs are the ones the probe looks for, with the same pins."""
+    makefile = (REPO_ROOT / "Makefile").read_text()
+    for install in INSTALLS.values():
+        assert f"$(HARNESS_HOME)/{install.venv_name}\n" in makefile, install
+        assert f"{install.package}=={install.version}" in makefile or (
+            f"{install.package}[api]=={install.version}" in makefile), install
+        assert f"{install.make_target}:" in makefile
+    assert "torch==2.13.0" in makefile.split("AISBENCH_VENV)/.installed:")[1].split("touch")[0]

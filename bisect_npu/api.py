@@ -167,7 +167,7 @@ def judge(recipe: Recipe | str | Path, observations: Sequence[Observation | str 
     loaded = recipe if isinstance(recipe, Recipe) else load_recipe(recipe)
     observed = [o if isinstance(o, Observation) else Observation.load(Path(o)) for o in observations]
     return oracle.judge(loaded.oracle, observed, list(reference) if reference is not None else None,
-                        trials_per_case=loaded.trials.count)
+                        trials_per_case=loaded.trials.count, accuracy=loaded.accuracy)
 
 
 def propose_fixes(repo: str | Path, culprit: str, *, bad: str | None = None, symptom: Sequence[str] = (),

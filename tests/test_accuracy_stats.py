@@ -218,3 +218,18 @@ def test_clopper_pearson_bounds_hold_their_tails(n: int, data: st.DataObject) ->
     assert 0.0 <= low <= k / n <= high <= 1.0
     if k < n:
         assert stats._binomial_cdf(k, n, high) == pytest.approx(0.05, abs=1e-6)
+
+
+def test_judge_on_its_own_pairs_against_the_reference_given() -> None:
+    """`bisect-npu judge --recipe ACC --reference good.json obs.json`: bad when it scores lower."""
+    from bisect_npu import oracle
+    from bisect_npu.recipe import parse_recipe
+
+    recipe = parse_recipe("name: a\nmodel: {path: m}\noracle: {kinds: [accuracy]}\n"
+                          "accuracy: {harness: command, dataset: d, command: {argv: [x]}}\n")
+    good = observe(outcomes([1] * 40))
+    worse = observe(outcomes([0] * 15 + [1] * 25))
+    verdict = oracle.judge(recipe.oracle, [worse], [good], trials_per_case=1, accuracy=recipe.accuracy)
+    assert verdict.kind == VerdictKind.BAD
+    alone = oracle.judge(recipe.oracle, [worse], None, trials_per_case=1, accuracy=recipe.accuracy)
+    assert alone.kind == VerdictKind.SKIP and "--reference" in alone.reason

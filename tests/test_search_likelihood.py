@@ -69,3 +69,11 @@ def test_a_skipped_commit_joins_the_next_into_a_range() -> None:
                 2: Evidence(skipped=True)}
     decision = decide(problem(3), evidence)
     assert isinstance(decision, Narrowed) and (decision.lo, decision.hi) == (1, 3)
+
+
+def test_with_the_mass_on_one_commit_its_weakly_judged_parent_is_asked() -> None:
+    """The culprit's own step was decisive, its parent's barely: asking the culprit again tells
+    nothing (P(c <= culprit) is 1 already); asking the parent does."""
+    evidence = {0: Evidence(good=1), 20: Evidence(bad=1), 10: Evidence(good=1, log_lr=-30.0),
+                13: Evidence(good=1, log_lr=-4.9), 14: Evidence(bad=1, log_lr=30.0)}
+    assert decide(problem(20), evidence) == Next((Query(13),))

@@ -38,7 +38,8 @@ def judge(recipe_path: str, references: tuple[str, ...], as_json: bool, observat
     recipe = load_recipe(recipe_path)
     observed = [Observation.load(path) for path in observations]
     reference = [Observation.load(path) for path in references] or None
-    verdict = oracle.judge(recipe.oracle, observed, reference, trials_per_case=recipe.trials.count)
+    verdict = oracle.judge(recipe.oracle, observed, reference, trials_per_case=recipe.trials.count,
+                           accuracy=recipe.accuracy)
     if as_json:
         click.echo(json.dumps(verdict.model_dump(mode="json"), indent=2))
     elif sys.stdout.isatty():

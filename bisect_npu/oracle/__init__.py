@@ -15,7 +15,7 @@ from collections.abc import Callable
 from typing import Any
 
 from bisect_npu.contracts import Observation, Verdict, VerdictKind
-from bisect_npu.oracle.accuracy.judge import Role, judge_accuracy
+from bisect_npu.oracle.accuracy.judge import judge_accuracy
 from bisect_npu.oracle.config import AccuracyConfig, OracleConfig
 from bisect_npu.oracle.stats import Undecided, judge_trials
 
@@ -76,6 +76,16 @@ def judge_observation(cfg: OracleConfig, obs: Observation, reference: Observatio
     return Verdict(kind=VerdictKind.GOOD, reason=reason, figures=figures)
 
 
+def _accuracy_alone(cfg: AccuracyConfig, observations: list[Observation],
+                    reference: list[Observation] | None) -> Verdict:
+    if reference:
+        return judge_accuracy(cfg, observations, reference, None, role="bad_end", final=True)
+    if cfg.reference == "good_end":
+        return Verdict(kind=VerdictKind.SKIP, trials=len(observations),
+                       reason="accuracy with reference good_end needs the good end's observations (--reference)")
+    return judge_accuracy(cfg, observations, None, None, role="good_end", final=True)
+
+
 def reference_for(obs: Observation, reference: list[Observation] | None) -> Observation | None:
     """The reference observation of the same case (the same trial number when there are several)."""
     same_case = [r for r in reference or [] if r.case_id == obs.case_id]
@@ -96,18 +106,20 @@ def _all_cases(per_case: list[Verdict]) -> Verdict:
 
 
 def judge(cfg: OracleConfig, observations: list[Observation], reference: list[Observation] | None, *,
-          trials_per_case: int, accuracy: AccuracyConfig | None = None,
-          bad_end: list[Observation] | None = None, role: Role = "candidate") -> Verdict:
+          trials_per_case: int, accuracy: AccuracyConfig | None = None) -> Verdict:
     """A commit: per-trial verdicts, then a sequential verdict over trials when trials repeat
-    (``trials_per_case`` > 1, the recipe's ``trials.count``) or the config asks for stats. Kind
-    accuracy judges the commit's rounds in its ``role`` against ``reference`` (the good end's
-    rounds) and ``bad_end``, with the recipe's ``accuracy`` settings."""
+    (``trials_per_case`` > 1, the recipe's ``trials.count``) or the config asks for stats.
+
+    Kind accuracy, on its own (`bisect-npu judge`, the library's judge): the observations are all
+    the rounds there are; with a reference (the good end's rounds) bad when they score lower than
+    it by the paired test, without one the baseline test alone. A session judges its accuracy
+    steps against both ends instead (`judge_accuracy`, roles)."""
     if not observations:
         return Verdict(kind=VerdictKind.SKIP, reason="no observations to judge", trials=0)
     if "accuracy" in cfg.kinds:
         if accuracy is None:
             raise ValueError("oracle kind accuracy needs the recipe's accuracy settings")
-        return judge_accuracy(accuracy, observations, reference, bad_end, role=role)
+        return _accuracy_alone(accuracy, observations, reference)
     per_trial = [judge_observation(cfg, obs, reference_for(obs, reference)) for obs in observations]
     if trials_per_case == 1 and "stats" not in cfg.kinds:
         return _all_cases(per_trial)

@@ -202,6 +202,8 @@ class Session:
 
     @property
     def mode(self) -> Literal["exact", "noisy"]:
+        if self.recipe is not None and self.recipe.accuracy is not None:
+            return "exact"  # one verdict per step: its own sequential test (the search weighs its likelihood ratio)
         if self.options.mode:
             return self.options.mode
         return self.recipe.trials.mode if self.recipe else "exact"

@@ -86,8 +86,8 @@ def decide_likelihood(problem: SearchProblem, evidence: Mapping[int, Evidence]) 
 
 def _quantile_picks(problem: SearchProblem, evidence: Mapping[int, Evidence], post: np.ndarray) -> list[int]:
     """Positions at the posterior's k/(k+1) quantiles (k slots): a step at x tells c <= x from c > x,
-    so the quantiles split the mass evenly. A position that cannot be asked (skipped, or at
-    ``MAX_STEPS``) gives way to the nearest one that can."""
+    so the quantiles split the mass evenly. Positions that cannot be asked (skipped, or at
+    ``MAX_STEPS``) are left out."""
     n = problem.n
     cumulative = np.cumsum(post)[:-1]  # P(c <= x) for x = 1..n-1
     askable = [x for x in range(1, n)
@@ -97,12 +97,14 @@ def _quantile_picks(problem: SearchProblem, evidence: Mapping[int, Evidence], po
     picks: list[int] = []
     for k in range(1, problem.slots + 1):
         target = k / (problem.slots + 1)
-        x = int(np.searchsorted(cumulative, target) + 1)
-        choice = min((a for a in askable if a not in picks), key=lambda a: (abs(a - x), a), default=None)
+        # The askable position whose P(c <= x) is nearest the quantile: with the mass on one commit
+        # that is its parent (P small), not the commit itself (P = 1 tells nothing).
+        choice = min((a for a in askable if a not in picks),
+                     key=lambda a: (abs(float(cumulative[a - 1]) - target), a), default=None)
         if choice is None:
             break
         picks.append(choice)
-    return sorted(set(picks))
+    return sorted(picks)
 
 
 def _answer(blocks: np.ndarray, block_mass: np.ndarray, best: int, evidence: Mapping[int, Evidence]) -> Decision:

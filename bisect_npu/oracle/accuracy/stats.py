@@ -155,8 +155,10 @@ def _clip_mean(m: float) -> float:
 def fit_prior(good: Sequence[SampleOutcome], bad: Sequence[SampleOutcome]) -> EndsPrior:
     """Empirical Bayes from the two ends' full runs. With repeats, rho by moments: the spread of
     per-sample rates is m(1-m)(1 + (R-1) rho)/R. With one run each, from how often the ends agree
-    on a sample, 1 - 2 m(1-m)(1-rho) for an unchanged sample; the samples the regression changed
-    lower the agreement, which only lowers rho (weaker, safer evidence)."""
+    on a sample, 1 - 2 m(1-m)(1-rho) for an unchanged sample, after taking away the samples the
+    regression must have changed (at least the difference of the two accuracies): the regression
+    as a drop that only breaks samples, the common case; one that also mends some leaves more
+    disagreement, which only lowers rho (weaker, safer evidence)."""
     g, b = by_id(good), by_id(bad)
     shared = [i for i in g if i in b]
     good_mean = _clip_mean(sum(g[i].correct for i in shared) / len(shared)) if shared else 0.5
@@ -169,9 +171,12 @@ def fit_prior(good: Sequence[SampleOutcome], bad: Sequence[SampleOutcome]) -> En
             spread = sum((end[i].correct - m) ** 2 for i in shared) / max(1, len(shared) - 1)
             estimates.append((spread * r / (m * (1 - m)) - 1) / (r - 1))
     if not estimates and shared:
+        # The regression itself changed at least |good_mean - bad_mean| of the samples; the rest of
+        # the disagreement is the noise of single runs.
         m = (good_mean + bad_mean) / 2
         agree = sum((g[i].correct >= 0.5) == (b[i].correct >= 0.5) for i in shared) / len(shared)
-        estimates.append(1 - (1 - agree) / (2 * m * (1 - m)))
+        noise = max(0.0, (1 - agree) - abs(good_mean - bad_mean))
+        estimates.append(1 - noise / (2 * m * (1 - m)))
     rho = sum(estimates) / len(estimates) if estimates else 0.5
     return EndsPrior(good_mean, bad_mean, min(MAX_RHO, max(MIN_RHO, rho)))
 

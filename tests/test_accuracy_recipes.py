@@ -6,13 +6,13 @@ import json
 from pathlib import Path
 
 import pytest
+from asked import spec_of
 
 from bisect_npu.builders.base import Environment
 from bisect_npu.execute.ascend import MANAGEMENT_DEVICES
 from bisect_npu.execute.base import RunResult
 from bisect_npu.execute.docker import ContainerSpec, DockerExecutor
 from bisect_npu.orchestration.evaluate import probe_request
-from bisect_npu.orchestration.options import RunOptions
 from bisect_npu.orchestration.wiring import container_spec_factory
 from bisect_npu.probe.backends.openai import server_argv
 from bisect_npu.recipe import load_recipe
@@ -40,7 +40,7 @@ def test_an_accuracy_recipe_reaches_the_container_with_its_harness(name: str, ca
     assert recipe.accuracy is not None and recipe.oracle.kinds == ["accuracy"]
     assert recipe.cards_per_run() == cards
     request = probe_request(recipe, recipe.cases[0], commit="c0ffee", trial=0, sample_ids=["7"])
-    factory = container_spec_factory(RunOptions(good="g", bad="b", executor="docker", devices=list(range(cards))),
+    factory = container_spec_factory(spec_of(good="g", bad="b", executor="docker", devices=list(range(cards))),
                                      recipe)
     executor = SpecOnly(client=None, spec_factory=factory, session_id="s1")
     executor.run_probe(Environment(kind="image", commit="c0ffee", image="img"), request, tmp_path, timeout_s=60.0)

@@ -5,8 +5,10 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from bisect_npu.records import CandidateRange, EndRecord, HeaderOptions, HeaderRecord
+from bisect_npu.level import CommitsLevel
+from bisect_npu.records import CandidateRange, EndRecord, HeaderRecord
 from bisect_npu.report import SessionView, StepView, accuracy_view, evidence_summary, render_markdown
+from bisect_npu.request import RunRequest
 
 
 def write_obs(tmp: Path, name: str, samples: list[dict]) -> str:
@@ -31,7 +33,7 @@ def test_the_report_shows_scores_samples_run_and_what_flipped_at_the_culprit(tmp
     header = HeaderRecord(range=CandidateRange(kind="commits", good="0" * 40, bad="3" * 40, base="0" * 40,
                                                good_ref="good", bad_ref="bad",
                                                candidates=["1" * 40, "2" * 40, "3" * 40]),
-                          options=HeaderOptions(good="good", bad="bad"))
+                          request=RunRequest.of(good="good", bad="bad"), level=CommitsLevel())
     end = EndRecord(status="found", culprit="2" * 40, index=2,
                     figures={"posterior": 0.995, "culprit_log_lr": 9.2, "parent_log_lr": -8.1, "steps": 4.0})
     view = SessionView(tmp_path, header, steps, end, None, None)
@@ -41,7 +43,7 @@ def test_the_report_shows_scores_samples_run_and_what_flipped_at_the_culprit(tmp
     assert [f["id"] for f in acc["flipped"]] == ["q7"]
     assert acc["flipped"][0]["parent"] == "1" * 40  # the tested commit right below the culprit
     page = render_markdown(view)
-    assert "## Accuracy" in page and "| 6 / 30 |" in page and "[72.0, 86.0]" in page
+    assert "## Accuracy" in page and "| 6 / 30 |" in page and "[72.0, 86.0]" in page and "| 80.0 |" in page
     assert "xychart-beta" in page and "line [72.0, 72.0, 58.0, 59.0]" in page
     assert "**q7** (1.0 -> 0.0 correct, finished `length`): What is 2+2?" in page
     assert "after: 5 5 5 5" in page

@@ -105,7 +105,8 @@ def _judge_good_end(cfg: AccuracyConfig, mine: list[SampleOutcome], figures: dic
     figures = {**figures, **_baseline_figures(check), "log_likelihood_ratio": 0.0}
     text = f"accuracy {_points(figures['accuracy'])} on {len(mine)} samples"
     if check is None:
-        return Verdict(kind=VerdictKind.GOOD, reason=f"the reference: {text}", figures=figures, trials=rounds)
+        return Verdict(kind=VerdictKind.GOOD, reason=f"the reference: {text}", trials=rounds,
+                       figures={**figures, "rounds": rounds, "more_rounds": False})
     kind = {"good": VerdictKind.GOOD, "bad": VerdictKind.BAD, None: None}[check.verdict]
     lean = VerdictKind.GOOD if check.score.accuracy >= check.line else VerdictKind.BAD
     where = "below" if lean == VerdictKind.BAD else "not below"

@@ -79,7 +79,8 @@ class EngineSpec(StrictModel):
     server_flags: list[str] = Field(default_factory=list, description="extra `vllm serve` flags (openai backend)")
     launcher: list[str] = Field(
         default_factory=lambda: ["vllm", "serve", "{model}"],
-        description="server command before the flags ({model}, {python}, {port} filled in); vLLM's CPU "
+        description="server command before the flags ({model}, {python}, {port}, {probe} filled in; {probe} is "
+                    "the probe's package, for the demo engine's `{probe}.serve_mini`); vLLM's CPU "
                     "wheel needs ['{python}', '-m', 'vllm.entrypoints.openai.api_server', '--model', '{model}']")
     loop_guard: Literal["engine", "probe"] = Field(
         "engine", description="who stops a loop early: vLLM's repetition_detection when it has it, or the probe")

@@ -360,3 +360,60 @@ def test_demo_accuracy_case_finds_the_manifests_culprit(harness, tmp_path):
     total = len(read_dataset())
     assert sizes.count(total) >= 2 and sizes[0] < total  # both ends whole, candidates focused
     assert all(o.extra["harness"] == harness for o in runs)
+
+
+def test_make_targets_install_the_pinned_harnesses():
+    """The Makefile's harness venvs are the ones the probe looks for, with the same pins."""
+    makefile = (REPO_ROOT / "Makefile").read_text()
+    for install in INSTALLS.values():
+        assert f"$(HARNESS_HOME)/{install.venv_name}\n" in makefile, install
+        assert f"{install.package}=={install.version}" in makefile or (
+            f"{install.package}[api]=={install.version}" in makefile), install
+        assert f"{install.make_target}:" in makefile
+    assert "torch==2.13.0" in makefile.split("AISBENCH_VENV)/.installed:")[1].split("touch")[0]
+
+
+def test_harness_outputs_that_do_not_parse_are_errors(tmp_path):
+    """lm-eval's and AISBench's own per-sample files: read when sound, an error naming the file
+    when broken, and an aggregate without per-sample details is never taken for a score."""
+    from bisect_npu.probe.harness import HarnessError, aisbench, lm_eval
+
+    samples = tmp_path / "lm" / "output" / "model" / "samples_task_2026.jsonl"
+    samples.parent.mkdir(parents=True)
+    line = {"doc_id": 0, "doc": {"id": "qa-01"}, "target": "a b", "filtered_resps": ["a b"], "metrics": ["exact_match"],
+            "exact_match": 1.0, "arguments": {"gen_args_0": {"arg_0": "q"}}}
+    second = {**line, "doc_id": 1, "doc": {}, "exact_match": 0.0}
+    samples.write_text(json.dumps(line) + "\n" + json.dumps(second) + "\n")
+    assert [(s["id"], s["correct"]) for s in lm_eval.read_samples(str(tmp_path / "lm"), ["qa-01", "qa-02"])] == [
+        ("qa-01", 1.0), ("qa-02", 0.0)]
+    samples.write_text(json.dumps(line) + "\n{not json\n")
+    with pytest.raises(HarnessError, match=r"samples_task_2026.jsonl:2: not a JSON line"):
+        lm_eval.read_samples(str(tmp_path / "lm"), None)
+    samples.write_text(json.dumps({**line, "exact_match": "yes"}) + "\n")
+    with pytest.raises(HarnessError, match=r"no per-sample 0\.\.1 score"):
+        lm_eval.read_samples(str(tmp_path / "lm"), None)
+    with pytest.raises(HarnessError, match="wrote no samples file"):
+        lm_eval.read_samples(str(tmp_path / "nothing"), None)
+
+    run = tmp_path / "ais" / "20261202_000000"
+    (run / "results" / "candidate").mkdir(parents=True)
+    (run / "predictions" / "candidate").mkdir(parents=True)
+    result = run / "results" / "candidate" / "demo_qa.json"
+    result.write_text(json.dumps({"accuracy": 50.0, "details": [
+        {"example_abbr": "demo_qa_test_0", "is_correct": [True]},
+        {"example_abbr": "demo_qa_test_1", "is_correct": [False]}]}))
+    (run / "predictions" / "candidate" / "demo_qa.jsonl").write_text(
+        json.dumps({"id": 1, "prediction": " x y", "gold": "a b", "origin_prompt": "q"}) + "\n")
+    outcomes = aisbench.read_samples(str(tmp_path / "ais"), ["qa-05", "qa-09"])
+    assert [(s["id"], s["correct"]) for s in outcomes] == [("qa-05", 1.0), ("qa-09", 0.0)]
+    assert outcomes[1]["output"] == " x y" and outcomes[1]["target"] == "a b"
+    result.write_text(json.dumps({"accuracy": 50.0}))
+    with pytest.raises(HarnessError, match="no per-sample details"):
+        aisbench.read_samples(str(tmp_path / "ais"), None)
+    result.write_text("{")
+    with pytest.raises(HarnessError, match="cannot read AISBench's"):
+        aisbench.read_samples(str(tmp_path / "ais"), None)
+    (run / "predictions" / "candidate" / "demo_qa_failed.jsonl").write_text(
+        json.dumps({"id": 0, "error_info": "Connection refused"}) + "\n")
+    with pytest.raises(HarnessError, match="requests to the server failed for 1 samples"):
+        aisbench.read_samples(str(tmp_path / "ais"), None)

@@ -16,6 +16,7 @@ from typing import Any
 from bisect_npu.contracts import Observation, Verdict, VerdictKind
 from bisect_npu.oracle.config import OracleConfig
 from bisect_npu.oracle.stats import Undecided, judge_trials
+from bisect_npu.oracle.throughput import ThroughputConfig
 
 __all__ = ["judge", "judge_observation", "judge_trials"]
 
@@ -28,6 +29,7 @@ def _judges() -> dict[str, Callable[[Observation, Observation | None, OracleConf
     from bisect_npu.oracle.penalty import judge_penalty
     from bisect_npu.oracle.repetition import judge_repetition
     from bisect_npu.oracle.stages import judge_stages
+    from bisect_npu.oracle.throughput import judge_throughput
     from bisect_npu.oracle.tokens import judge_tokens
 
     return {
@@ -37,7 +39,13 @@ def _judges() -> dict[str, Callable[[Observation, Observation | None, OracleConf
         "acceptance": lambda obs, ref, cfg: judge_acceptance(obs, ref, cfg.acceptance),
         "penalty": lambda obs, ref, cfg: judge_penalty(obs, cfg.penalty),
         "stages": lambda obs, ref, cfg: judge_stages(obs, ref, cfg.stages, cfg.logits),
+        "throughput": lambda obs, ref, cfg: judge_throughput(_throughput(cfg), [obs], [ref] if ref else None),
     }
+
+
+def _throughput(cfg: OracleConfig) -> ThroughputConfig:
+    assert cfg.throughput is not None  # OracleConfig requires the section with the kind
+    return cfg.throughput
 
 
 def _chart_figures(kind: str, figures: dict[str, Any]) -> dict[str, Any]:
@@ -99,6 +107,10 @@ def judge(cfg: OracleConfig, observations: list[Observation], reference: list[Ob
     (``trials_per_case`` > 1, the recipe's ``trials.count``) or the config asks for stats."""
     if not observations:
         return Verdict(kind=VerdictKind.SKIP, reason="no observations to judge", trials=0)
+    if "throughput" in cfg.kinds:  # a figure over the trials, not a per-trial pass
+        from bisect_npu.oracle.throughput import judge_throughput
+
+        return judge_throughput(_throughput(cfg), observations, reference)
     per_trial = [judge_observation(cfg, obs, reference_for(obs, reference)) for obs in observations]
     if trials_per_case == 1 and "stats" not in cfg.kinds:
         return _all_cases(per_trial)

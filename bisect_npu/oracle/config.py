@@ -7,7 +7,9 @@ from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+from bisect_npu.oracle.throughput import ThroughputConfig
 
 
 class _Strict(BaseModel):
@@ -145,7 +147,8 @@ class StagesConfig(_Strict):
     stages: list[StageName] = Field(default_factory=_all_stages, description="stages compared, in pipeline order")
 
 
-OracleKind = Literal["repetition", "tokens", "logits", "stats", "acceptance", "penalty", "stages", "command"]
+OracleKind = Literal["repetition", "tokens", "logits", "stats", "acceptance", "penalty", "stages", "command",
+                     "throughput"]
 
 
 def _default_kinds() -> list[OracleKind]:
@@ -164,3 +167,12 @@ class OracleConfig(_Strict):
     acceptance: AcceptanceConfig = Field(default_factory=AcceptanceConfig)
     penalty: PenaltyConfig = Field(default_factory=PenaltyConfig)
     stages: StagesConfig = Field(default_factory=StagesConfig)
+    throughput: ThroughputConfig | None = Field(None, description="kind throughput: the line a commit's output token "
+                                                                  "throughput must reach")
+
+    @model_validator(mode="after")
+    def _throughput_line(self) -> OracleConfig:
+        if "throughput" in self.kinds and self.throughput is None:
+            raise ValueError("oracle.kinds lists throughput but oracle.throughput is unset (baseline: TOKENS_PER_S, "
+                             "threshold: 0.97)")
+        return self

@@ -49,6 +49,39 @@ class Timings(BaseModel):
     generate_s: float = 0.0
 
 
+class SampleOutcome(BaseModel):
+    """One dataset sample's result in an accuracy evaluation (the `accuracy` oracle's input).
+
+    ``correct`` is the share of the sample's runs that were correct: 0 or 1 for one run, a rate
+    when a sampled evaluation repeats the sample (``runs`` > 1). The text excerpts are for the
+    report's "samples that flipped at the culprit"; the statistics read only id, correct, runs.
+    """
+
+    model_config = ConfigDict(extra="allow")
+
+    id: str = Field(..., min_length=1, description="the sample's id in its dataset, stable across commits")
+    correct: float = Field(..., ge=0.0, le=1.0, allow_inf_nan=False,
+                           description="share of the runs that were correct (0 or 1 for one run)")
+    runs: int = Field(1, strict=True, ge=1, description="runs of this sample behind `correct`")
+    prompt: str | None = Field(None, description="excerpt of the prompt, for the report")
+    output: str | None = Field(None, description="excerpt of the (first) answer, for the report")
+    target: str | None = Field(None, description="the reference answer, for the report")
+    finish_reason: str | None = Field(None, description="how the (first) run ended: stop, length, ...")
+
+    @field_validator("id", mode="before")
+    @classmethod
+    def _id_as_text(cls, value: Any) -> Any:
+        """Datasets number their samples as often as they name them: 7 and "7" are one id."""
+        if isinstance(value, int) and not isinstance(value, bool):
+            return str(value)
+        return value
+
+    @property
+    def correct_runs(self) -> float:
+        """Correct runs (a whole number when `correct` came from counts)."""
+        return self.correct * self.runs
+
+
 class Observation(BaseModel):
     """One probe run of one case and trial (written by `bisect_npu.probe`)."""
 
@@ -71,6 +104,9 @@ class Observation(BaseModel):
     # Per generated token: the top candidates as [[token_id, logprob], ...], best first.
     top_logprobs: list[list[tuple[TokenId, float]]] | None = None
     logits_dump: str | None = None
+    # An accuracy evaluation (oracle kind `accuracy`): one outcome per dataset sample run in this
+    # trial. None for every other kind; an observation written before this field reads as None.
+    samples: list[SampleOutcome] | None = None
     extra: dict[str, Any] = Field(default_factory=dict)
 
     @field_validator("schema_version")

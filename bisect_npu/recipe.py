@@ -22,7 +22,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 
 from bisect_npu.contracts import TimeoutIs
 from bisect_npu.errors import UsageError
-from bisect_npu.oracle.config import OracleConfig
+from bisect_npu.oracle.config import AccuracyConfig, OracleConfig
 from bisect_npu.probe.backends import BackendName
 
 
@@ -291,6 +291,95 @@ class BuildSpec(_Strict):
         return value
 
 
+class LmEvalSpec(_Strict):
+    """`lm-eval` against the candidate's server (`--model local-completions` or `local-chat-completions`)."""
+
+    task: str = Field(..., min_length=1, description="an lm-eval task name (gsm8k) or the path of a task YAML "
+                                                     "whose data is local (relative to the recipe)")
+    model: Literal["local-completions", "local-chat-completions"] = Field(
+        "local-chat-completions", description="lm-eval's model type: /v1/completions or /v1/chat/completions")
+    num_fewshot: int | None = Field(None, strict=True, ge=0, description="--num_fewshot; unset: the task's own")
+    extra_args: list[str] = Field(default_factory=list, description="further lm-eval arguments, one per item")
+
+
+class AisBenchSpec(_Strict):
+    """AISBench (`ais_bench`, package ais-bench-benchmark) as vllm-ascend's nightly runs it; the names
+    are the nightly configs' own."""
+
+    request_conf: str = Field(..., description="AISBench model config of the vllm_api_* kind pointed at the "
+                                               "candidate's server, e.g. vllm_api_general_chat")
+    dataset_conf: str = Field(..., min_length=1, description="AISBench dataset config, e.g. "
+                                                             "aime2024/aime2024_gen_0_shot_chat_prompt")
+    batch_size: int = Field(1, strict=True, ge=1, description="concurrent requests AISBench sends")
+    extra_args: list[str] = Field(default_factory=list, description="further ais_bench arguments, one per item")
+
+    @field_validator("request_conf")
+    @classmethod
+    def _served_model_config(cls, value: str) -> str:
+        if not value.startswith("vllm_api_"):
+            raise ValueError(f"{value!r} is not a model config of the vllm_api_* kind (e.g. vllm_api_general_chat, "
+                             "vllm_api_stream_chat): the harness talks to the candidate's server over HTTP")
+        return value
+
+
+class CommandHarnessSpec(_Strict):
+    """An in-house harness: a program that writes one JSON line per sample (docs: oracles, accuracy)."""
+
+    argv: list[str] = Field(..., min_length=1, description="the program and its arguments, no shell; {base_url}, "
+                                                          "{model}, {dataset}, {output}, {sample_ids} and {repeats} "
+                                                          "are filled in")
+
+
+class AccuracySpec(AccuracyConfig):
+    """An accuracy evaluation as the bad case (`oracle.kinds: [accuracy]`): a harness scores each
+    candidate's server on a local dataset, sample by sample, and the oracle decides with paired
+    statistics (the decision fields are AccuracyConfig's)."""
+
+    harness: Literal["aisbench", "lm_eval", "command"] = Field(
+        ..., description="aisbench (ais_bench), lm_eval (lm-eval), or command (your own program); its section "
+                         "below holds its settings")
+    dataset: str = Field(..., min_length=1, description="local path of the dataset (file or directory, relative "
+                                                        "to the recipe); nothing is downloaded at run time")
+    lm_eval: LmEvalSpec | None = Field(None, description="harness lm_eval: the task and model type")
+    aisbench: AisBenchSpec | None = Field(None, description="harness aisbench: the model and dataset configs")
+    command: CommandHarnessSpec | None = Field(None, description="harness command: the program")
+    sampling: SamplingSpec = Field(default_factory=SamplingSpec, description="what the harness sends with every "
+                                                                             "request (temperature, top_p, "
+                                                                             "max_tokens: the output budget)")
+    limit: int | None = Field(None, strict=True, ge=1, description="score only the first N samples of the dataset; "
+                                                                   "unset: all")
+
+    @field_validator("dataset")
+    @classmethod
+    def _local_path(cls, value: str) -> str:
+        if "://" in value:
+            raise ValueError(f"{value!r} is a URL; give a local path: nothing is downloaded at run time")
+        return value
+
+    @model_validator(mode="after")
+    def _the_harness_section(self) -> AccuracySpec:
+        sections = {"aisbench": self.aisbench, "lm_eval": self.lm_eval, "command": self.command}
+        if sections[self.harness] is None:
+            example = {"aisbench": "aisbench: {request_conf: vllm_api_general_chat, dataset_conf: ...}",
+                       "lm_eval": "lm_eval: {task: gsm8k}", "command": "command: {argv: [...]}"}[self.harness]
+            raise ValueError(f"harness {self.harness} needs its section `{self.harness}` ({example})")
+        others = [name for name, section in sections.items() if section is not None and name != self.harness]
+        if others:
+            raise ValueError(f"section `{others[0]}` is set but harness is {self.harness}: remove it or change "
+                             "`harness`")
+        return self
+
+    def dataset_path(self, source: str | None) -> Path:
+        """The dataset as a path, relative to the recipe's own file."""
+        path = Path(self.dataset).expanduser()
+        if not path.is_absolute() and source and not source.startswith("<"):
+            path = Path(source).resolve().parent / path
+        return path
+
+
+ACCURACY_CASE = "accuracy"  # the one case of an accuracy recipe: a trial is one harness run
+
+
 class InstallPlan(_Strict):
     """How one published version of a package becomes a virtual environment (VenvBuilder)."""
 
@@ -469,7 +558,11 @@ class Recipe(_Strict):
     environment: dict[str, str] = Field(
         default_factory=dict, description="environment of every run, set after the determinism switches (its "
                                           "word wins)")
-    cases: list[CaseSpec] = Field(..., min_length=1, description="the bad case: one or more requests per trial")
+    cases: list[CaseSpec] = Field(default_factory=list, description="the bad case: one or more requests per trial "
+                                                                    "(at least one; an accuracy recipe has one, "
+                                                                    "`accuracy`, made from its `accuracy` section)")
+    accuracy: AccuracySpec | None = Field(None, description="oracle kind accuracy: the harness, the dataset and "
+                                                            "the decision (Accuracy from a score)")
     oracle: OracleConfig = Field(default_factory=OracleConfig, description="which judges run, with their "
                                                                            "thresholds")
     trials: TrialsSpec = Field(default_factory=TrialsSpec, description="exact or noisy, and what a trial costs")
@@ -486,6 +579,36 @@ class Recipe(_Strict):
         default_factory=list, description="dependencies the upstream pins whose own commits a culprit that moves "
                                           "the pin is bisected into (Crossing into a dependency)")
     source: str | None = Field(None, exclude=True)
+
+    @model_validator(mode="after")
+    def _cases_or_accuracy(self) -> Recipe:
+        """An accuracy recipe's one case is the harness run (its sampling is what the harness sends);
+        every other recipe lists its requests."""
+        wants_accuracy = "accuracy" in self.oracle.kinds
+        if wants_accuracy != (self.accuracy is not None):
+            raise ValueError("oracle.kinds lists accuracy but the recipe has no `accuracy` section" if wants_accuracy
+                             else "an `accuracy` section needs oracle.kinds: [accuracy]")
+        if self.accuracy is None:
+            if not self.cases:
+                raise ValueError("`cases` needs at least one request (a prompt or messages)")
+            return self
+        if others := [kind for kind in self.oracle.kinds if kind != "accuracy"]:
+            raise ValueError(f"oracle.kinds: accuracy judges a whole evaluation and is listed alone (remove "
+                             f"{', '.join(others)})")
+        made = [CaseSpec(id=ACCURACY_CASE, prompt="", sampling=self.accuracy.sampling)]
+        if self.cases and self.cases != made:  # `made` again: a recipe validated twice (dumped, then loaded)
+            raise ValueError("an accuracy recipe has no `cases`: the harness sends the dataset's prompts, with "
+                             "`accuracy.sampling`")
+        if self.trials.mode != "exact":
+            raise ValueError("trials.mode noisy does not apply to an accuracy recipe: its own sequential test "
+                             "decides each step (accuracy.repeats, accuracy.max_rounds)")
+        self.cases = made
+        if self.accuracy.reference in ("good_end", "both") and self.reference.kind == "none":
+            self.reference = ReferenceSpec(kind="good_end")
+        elif self.accuracy.reference in ("good_end", "both") and self.reference.kind != "good_end":
+            raise ValueError(f"accuracy.reference {self.accuracy.reference} pairs against the good end: "
+                             "reference.kind must be good_end (or unset)")
+        return self
 
     @model_validator(mode="after")
     def _distinct_dependencies(self) -> Recipe:

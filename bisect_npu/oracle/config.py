@@ -5,9 +5,10 @@ Defaults are the field's usual pass lines (cosine > 0.99, vLLM's repetition_dete
 
 from __future__ import annotations
 
+import math
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from bisect_npu.oracle.throughput import ThroughputConfig
 
@@ -147,8 +148,73 @@ class StagesConfig(_Strict):
     stages: list[StageName] = Field(default_factory=_all_stages, description="stages compared, in pipeline order")
 
 
+class FocusConfig(_Strict):
+    """Focusing: after the two ends ran the whole dataset, a candidate runs only the samples whose
+    results differ between the ends, plus a random control set of samples the ends agree on (it
+    catches a candidate broken in another way)."""
+
+    enabled: bool = Field(True, description="candidates run the discordant samples plus the control set; false: "
+                                            "every step runs the whole dataset")
+    control: float = Field(0.1, ge=0.0, allow_inf_nan=False,
+                           description="control samples (the ends agree on them) each candidate also runs: a "
+                                       "count (10), or a share of the agreeing samples below 1 (0.1)")
+    min_discordant: int = Field(8, strict=True, ge=1,
+                                description="fewer discordant samples than this cannot decide a step: candidates "
+                                            "then run the whole dataset")
+
+    @field_validator("control")
+    @classmethod
+    def _count_or_share(cls, value: float) -> float:
+        if value >= 1 and value != int(value):
+            raise ValueError(f"{value} is neither a count (a whole number) nor a share (below 1)")
+        return value
+
+    def control_count(self, agreeing: int) -> int:
+        """How many of `agreeing` samples the control set holds (a share rounds up: never 0 of a share)."""
+        wanted = int(self.control) if self.control >= 1 else math.ceil(self.control * agreeing)
+        return min(agreeing, wanted)
+
+
+class AccuracyConfig(_Strict):
+    """How the `accuracy` oracle decides: per-sample results paired against the good end, a
+    one-sample test against a published baseline, or both (the recipe's `accuracy:` section)."""
+
+    metric: Literal["accuracy", "loop_rate"] = Field(
+        "accuracy", description="accuracy: a sample is correct when the harness scores it so; loop_rate: when "
+                                "it finishes with `stop` inside its token budget and the loop detector finds no "
+                                "loop (the share of looping runs is the figure)")
+    repeats: int = Field(1, strict=True, ge=1,
+                         description="runs of every sample per round (a sampled evaluation, temperature > 0): a "
+                                     "sample's correctness is then the share of its runs that were correct")
+    max_rounds: int = Field(3, strict=True, ge=1,
+                            description="a candidate the sequential test cannot settle after one round runs "
+                                        "another `repeats` runs of the same samples, up to this many rounds; then "
+                                        "the likelier side decides")
+    reference: Literal["good_end", "baseline", "both"] = Field(
+        "good_end", description="good_end: paired per sample against the good end (and the bad end, which "
+                                "focusing needs); baseline: a one-sample test against `baseline` - `threshold`; "
+                                "both: bad when either says bad")
+    baseline: float | None = Field(None, ge=0.0, le=100.0, allow_inf_nan=False,
+                                   description="published score in points (0-100), as vllm-ascend's nightly "
+                                               "configs write it; needed by reference baseline and both")
+    threshold: float = Field(1.0, ge=0.0, le=100.0, allow_inf_nan=False,
+                             description="points below `baseline` a score may fall and still pass (the nightly "
+                                         "configs' `threshold`; their default is 1)")
+    confidence: float = Field(0.99, gt=0.5, lt=1.0,
+                              description="confidence of each step's verdict: the sequential tests stop when the "
+                                          "evidence reaches it, and the intervals are drawn at it")
+    focus: FocusConfig = Field(default_factory=FocusConfig, description="which samples a candidate runs")
+
+    @model_validator(mode="after")
+    def _baseline_when_asked(self) -> AccuracyConfig:
+        if self.reference in ("baseline", "both") and self.baseline is None:
+            raise ValueError(f"reference {self.reference} needs `baseline`, the published score in points "
+                             "(e.g. baseline: 80.0)")
+        return self
+
+
 OracleKind = Literal["repetition", "tokens", "logits", "stats", "acceptance", "penalty", "stages", "command",
-                     "throughput"]
+                     "accuracy", "throughput"]
 
 
 def _default_kinds() -> list[OracleKind]:

@@ -361,7 +361,20 @@ def trial_seed(case: CaseSpec, trial: int) -> int | None:
     return None if seed is None else seed + trial
 
 
-def probe_request(recipe: Recipe, case: CaseSpec, commit: str, trial: int) -> dict[str, Any]:
+def accuracy_request(recipe: Recipe, sample_ids: Sequence[str] | None) -> dict[str, Any] | None:
+    """The probe request's `accuracy` key (docs/reference/oracles.md, "The probe request"): the
+    harness settings, the dataset resolved against the recipe, and the samples to run (None: all)."""
+    if recipe.accuracy is None:
+        return None
+    spec = recipe.accuracy
+    return {**spec.model_dump(mode="json", include={"harness", "lm_eval", "aisbench", "command", "limit", "metric",
+                                                    "repeats"}),
+            "dataset": str(spec.dataset_path(recipe.source)),
+            "sample_ids": None if sample_ids is None else list(sample_ids)}
+
+
+def probe_request(recipe: Recipe, case: CaseSpec, commit: str, trial: int,
+                  sample_ids: Sequence[str] | None = None) -> dict[str, Any]:
     """The JSON the probe reads (format: bisect_npu/probe/request.py)."""
     sampling = case.sampling.to_request()
     if sampling.get("seed") is not None:
@@ -388,4 +401,5 @@ def probe_request(recipe: Recipe, case: CaseSpec, commit: str, trial: int) -> di
         "logits": {**recipe.capture.model_dump(), "top_k": case.sampling.logprobs or recipe.capture.top_k,
                    "dump_dir": None},
         "output": "",
+        **({"accuracy": accuracy_request(recipe, sample_ids)} if recipe.accuracy is not None else {}),
     }

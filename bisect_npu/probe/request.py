@@ -11,6 +11,11 @@ Written by the host (`bisect_npu.execute`), read here with the standard library.
 - ``loop_guard``: ``{"min_pattern_size", "max_pattern_size", "min_count"}`` or ``None``
 - ``logits``: ``{"top_k": int, "dump_dir": str | None}``
 - ``output``: path where the observation JSON goes
+- ``accuracy`` (only for oracle kind ``accuracy``): the harness run, ``{"harness", "dataset",
+  "lm_eval" | "aisbench" | "command", "limit", "metric", "repeats", "sample_ids"}``; ``sample_ids``
+  is ``None`` for the whole dataset, else the ids to run (focusing). The observation then carries
+  ``samples``, one ``{"id", "correct", "runs", ...}`` per sample run (docs/reference/oracles.md,
+  "Accuracy"); the case's ``sampling`` is what the harness sends.
 - ``batch`` (optional): ``[{"trial": int, "seed": int | None, "output": str}, ...]``, several trials of
   this case at this commit for ONE engine start (a model load takes minutes on Ascend, a trial
   seconds). The top-level ``trial``/``seed``/``output`` equal the first entry's. The host numbers

@@ -124,13 +124,15 @@ class HeaderOptions(_Shape):
     dep_repos: list[str] = Field(default_factory=list)  # --dep-repo NAME=PATH_OR_URL
     cross_dependencies: bool = True  # --no-dependency: a culprit that moves a pin is the answer
     held: HeldUpstream | None = None  # a dependency-level session (the child of a commit level); not a `run` option
+    nightly_case: str | None = None  # --nightly-case FILE::CASE[::BENCHMARK]: each candidate's recipe from its own file
 
     def run_argv(self) -> list[str]:
         """The `bisect-npu run` arguments that give these options again (the report's reproduce
         line): every option `run` has, where it differs from `run`'s default."""
         valued: list[tuple[str, object]] = [
             ("--package", self.package), ("--repo", self.repo), ("--good", self.good), ("--bad", self.bad),
-            ("--index-url", self.index_url), ("--recipe", self.recipe),
+            ("--index-url", self.index_url), ("--recipe", None if self.nightly_case else self.recipe),
+            ("--nightly-case", self.nightly_case),
             ("--cmd", shlex.join(self.command) if self.command else None),
             ("--executor", self.executor if self.executor != "local" else None),
             ("--ray-address", self.ray_address),

@@ -50,6 +50,21 @@ def finish(result: SessionResult, as_json: bool) -> None:
                    "`--package --repo` does this itself below the release level.")
 @click.option("--recipe", help="Recipe file or bundled recipe name (the bad case and its oracle).")
 @click.option("--cmd", "command", help="Oracle command instead of a recipe: exit 0 good, 125 skip, 1-127 bad.")
+@click.option("--nightly-case", "nightly_case", metavar="FILE[::CASE[::BENCHMARK]]",
+              help="A vllm-ascend nightly case file (a path in --repo, e.g. tests/e2e/nightly/single_node/models/"
+                   "configs/X.yaml) as the recipe, read at each candidate's own commit; BENCHMARK defaults to the "
+                   "case's first accuracy benchmark, else its first performance one.")
+@click.option("--good-table", "good_table", type=click.Path(dir_okay=False, path_type=Path),
+              help="With --good last-good: the good end is the newest successful row of the nightly's "
+                   "good_table.csv matching --name, --config-yaml, --soc and --scene.")
+@click.option("--name", "case_name", help="--good-table: the row's `name` [default: --nightly-case's CASE].")
+@click.option("--config-yaml", "config_yaml",
+              help="--good-table: the row's `yaml/path` (suffix or file name) [default: --nightly-case's FILE].")
+@click.option("--soc", help="--good-table: the row's `soc` (a2, a3).")
+@click.option("--scene", type=click.Choice(["single_node", "multi_node"]), default="single_node", show_default=True,
+              help="--good-table: the row's `scene`.")
+@click.option("--frequency", type=click.Choice(["nightly", "weekly"]),
+              help="--good-table: which pipeline's table it must be (a path under nightly/ or weekly/ is checked).")
 @click.option("--executor", type=click.Choice(["local", "docker", "ray"]), default="local", show_default=True,
               help="Where candidates run: this host (local, docker) or the nodes of a Ray cluster (ray).")
 @click.option("--ray-address", help="The Ray cluster for --executor ray [default: RAY_ADDRESS, else a local one].")
@@ -134,8 +149,20 @@ def run(good: str, bad: str, repo: str | None, package: str | None, index_url: s
         cache_size: str, propose_fix: bool, verify_fix: bool, verify_top: int,
         find_fix: bool, first_parent_only: bool, verdict_store: Path | None, no_verdict_store: bool,
         dependencies: tuple[str, ...], dep_repos: tuple[str, ...], cross_dependencies: bool, as_json: bool,
-        quiet: bool) -> None:
+        quiet: bool, nightly_case: str | None = None, good_table: Path | None = None, case_name: str | None = None,
+        config_yaml: str | None = None, soc: str | None = None, scene: str = "single_node",
+        frequency: Literal["nightly", "weekly"] | None = None) -> None:
     """Bisect GOOD..BAD: find the first bad commit, propose its fix, write the report."""
+    if nightly_case is not None or good_table is not None:
+        from bisect_npu.nightly.at_commit import settle_run
+
+        if nightly_case is not None and (recipe is not None or command is not None):
+            raise click.UsageError("--nightly-case is the recipe: drop --recipe/--cmd")
+        settled = settle_run(repo or ".", bad, good, nightly_case, good_table, case_name, config_yaml, soc, scene,
+                             frequency)
+        recipe, good = settled.recipe or recipe, settled.good
+        for line in settled.notes:
+            click.echo(line, err=True)
     from bisect_npu.builders.cache import parse_size
     from bisect_npu.builders.registry import BaseImageMap
     from bisect_npu.builders.release_overlay import parse_release
@@ -169,7 +196,7 @@ def run(good: str, bad: str, repo: str | None, package: str | None, index_url: s
                          workdir=str(workdir) if workdir else None, base_image_map=list(base_image_map),
                          release_images=release_images, verdict_store=store,
                          overlay_on_release=overlay_on_release, dependencies=list(dependencies),
-                         dep_repos=list(dep_repos), cross_dependencies=cross_dependencies)
+                         dep_repos=list(dep_repos), cross_dependencies=cross_dependencies, nightly_case=nightly_case)
     bisection = Bisection.start(options, session_dir=session_dir, progress=make_progress(quiet or as_json))
     note_session(bisection.session_dir)
     click.echo(f"session: {bisection.session_dir}", err=True)

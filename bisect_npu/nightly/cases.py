@@ -49,7 +49,8 @@ class CaseRef:
             raise UsageError(f"--nightly-case {text!r}: write FILE, FILE::CASE or FILE::CASE::BENCHMARK, e.g. "
                              "tests/e2e/nightly/single_node/models/configs/Qwen3-32B-Int8.yaml::"
                              "Qwen3-32B-W8A8-single-a3::acc")
-        return cls(parts[0], *(parts[1:] + [None, None])[:2])
+        case = parts[1] if len(parts) > 1 else None
+        return cls(parts[0], case, parts[2] if len(parts) > 2 else None)
 
     def __str__(self) -> str:
         return "::".join(p for p in (self.file, self.case, self.benchmark) if p)

@@ -63,8 +63,14 @@ def session_evaluator(options: RunOptions, repo: git.Repo | None, recipe: Recipe
         builder = Prefetcher(builder, session_dir / "prefetch")
     # A Python oracle goes the way of a command; its executor logs the name given as the argv.
     command = [options.python_oracle] if options.python_oracle else options.command
-    return Evaluator(builder, executor, session_dir, recipe=recipe, command=command, timeout_s=options.timeout_s,
-                     timeout_is=options.timeout_is)
+    evaluator = Evaluator(builder, executor, session_dir, recipe=recipe, command=command,
+                          timeout_s=options.timeout_s, timeout_is=options.timeout_is)
+    if options.nightly_case and repo is not None and options.held is None:
+        from bisect_npu.nightly.cases import CaseRef
+        from bisect_npu.orchestration.nightly import NightlyEvaluator
+
+        return NightlyEvaluator(evaluator, repo, CaseRef.parse(options.nightly_case))
+    return evaluator
 
 
 def with_dependencies(options: RunOptions, repo: git.Repo | None, recipe: Recipe | None, builder: Builder) -> Builder:

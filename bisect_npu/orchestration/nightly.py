@@ -1,0 +1,40 @@
+"""`run --nightly-case`: each candidate runs the nightly case as its own commit has the file
+(the case file changes along history: flags, baselines and benchmarks move with the code)."""
+
+from __future__ import annotations
+
+import copy
+import time
+
+import git
+
+from bisect_npu.contracts import Verdict, VerdictKind
+from bisect_npu.errors import UsageError
+from bisect_npu.nightly.at_commit import recipe_at
+from bisect_npu.nightly.cases import CaseRef
+from bisect_npu.orchestration.evaluate import EvaluationRequest, Evaluator, StepResult
+from bisect_npu.records import BuildInfo
+
+
+class NightlyEvaluator(Evaluator):
+    """An Evaluator whose recipe is imported from the case file at each candidate's commit; a
+    commit whose file lacks the case (or cannot be read) is a skip naming why."""
+
+    def __init__(self, base: Evaluator, repo: git.Repo, case: CaseRef) -> None:
+        self.__dict__.update(base.__dict__)
+        self.repo = repo
+        self.case = case
+
+    def evaluate(self, request: EvaluationRequest) -> StepResult:
+        started = time.monotonic()
+        try:
+            recipe = recipe_at(self.repo, request.commit, self.case)
+        except UsageError as exc:
+            verdict = Verdict(kind=VerdictKind.SKIP, reason=f"nightly case at this commit: {exc}", trials=0)
+            return StepResult(request.commit, verdict, BuildInfo(how="failed", error=str(exc)), list(request.done),
+                              round(time.monotonic() - started, 3))
+        view = copy.copy(self)  # this commit's recipe, the session's builder, executor and reference
+        view.recipe = recipe
+        result = Evaluator.evaluate(view, request)
+        self.reference = view.reference
+        return result

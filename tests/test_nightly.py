@@ -1,0 +1,284 @@
+"""vllm-ascend's nightly as inputs: case files as recipes (read at each commit), the good table as
+the good end, the throughput oracle; the slow test imports every case file of a real clone
+(BISECT_NPU_VLLM_ASCEND=CLONE) at a 2026-07 commit and at the tip and reports the counts."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from bisect_npu.contracts import Observation, Timings, VerdictKind
+from bisect_npu.errors import UsageError
+from bisect_npu.nightly.at_commit import good_from_table, recipe_at, recipe_dump, settle_run
+from bisect_npu.nightly.cases import CaseRef, NightlyRefused, import_case, read_case_file, survey
+from bisect_npu.nightly.good_table import Lookup, last_good, read_rows
+from bisect_npu.oracle import judge
+from bisect_npu.oracle.config import OracleConfig
+from bisect_npu.oracle.throughput import ThroughputConfig, judge_throughput, t_quantile
+from bisect_npu.recipe import parse_recipe
+from tests.gitrepo import git, make_linear_repo
+
+CASE_PATH = "tests/e2e/nightly/single_node/models/configs/Tiny-A2.yaml"
+CASE_FILE = """\
+_envs: &envs
+  TASK_QUEUE_ENABLE: "1"
+  SERVER_PORT: "DEFAULT_PORT"
+  BLOCK: "128"
+_server_cmd: &server_cmd
+  - "--tensor-parallel-size"
+  - "2"
+  - "--port"
+  - "$SERVER_PORT"
+  - "--block-size"
+  - "${BLOCK}"
+test_cases:
+  - name: "tiny-aclgraph"
+    model: "vllm-ascend/Tiny"
+    envs:
+      <<: *envs
+    server_cmd: *server_cmd
+    server_cmd_extra: ["--compilation-config", '{"cudagraph_mode": "FULL_DECODE_ONLY"}']
+    benchmarks:
+      perf:
+        case_type: performance
+        dataset_path: vllm-ascend/GSM8K-in3500-bs400
+        request_conf: vllm_api_stream_chat
+        dataset_conf: gsm8k/gsm8k_gen_0_shot_cot_str_perf
+        num_prompts: 304
+        max_out_len: 1500
+        batch_size: 76
+        baseline: 1249.018
+        threshold: 0.97
+      acc:
+        case_type: accuracy
+        dataset_path: vllm-ascend/gsm8k-lite
+        request_conf: vllm_api_general_chat
+        dataset_conf: gsm8k/gsm8k_gen_0_shot_noncot_chat_prompt
+        max_out_len: 10240
+        batch_size: 32
+        baseline: 96
+        threshold: 4
+  - name: "tiny-eager"
+    model: "vllm-ascend/Tiny"
+    envs:
+      <<: *envs
+    server_cmd: *server_cmd
+    benchmarks:
+"""
+TABLE_HEADER = ("name,yaml/path,link,status,vLLM Git information,vLLM-Ascend Git information,soc,scene,time\n")
+
+
+def _obs(tokens: int, seconds: float, trial: int = 0) -> Observation:
+    return Observation(case_id="perf", trial=trial, output_token_ids=list(range(tokens)),
+                       timings=Timings(generate_s=seconds))
+
+
+# -- the throughput oracle ------------------------------------------------------------------------
+
+def test_t_quantile_matches_the_table() -> None:
+    for p, df, table in [(0.95, 4, 2.132), (0.95, 10, 1.812), (0.975, 5, 2.571), (0.95, 1, 6.314),
+                         (0.95, 2, 2.920)]:
+        assert t_quantile(p, df) == pytest.approx(table, abs=0.01)
+
+
+def test_throughput_against_the_baseline_line() -> None:
+    cfg = ThroughputConfig(baseline=100.0, threshold=0.97)
+    steady = [_obs(1000, 1000.0 / rate) for rate in (100.0, 101.0, 99.5, 100.5, 100.2)]
+    assert judge_throughput(cfg, steady).kind == VerdictKind.GOOD
+    slow = [_obs(1000, 1000.0 / rate) for rate in (90.0, 91.0, 89.5, 90.5, 90.2)]
+    verdict = judge_throughput(cfg, slow)
+    assert verdict.kind == VerdictKind.BAD and verdict.figures["line"] == pytest.approx(97.0)
+    assert verdict.figures["bounds"][1] < 97.0 and "not_significant" not in verdict.figures
+
+
+def test_one_low_run_among_noisy_ones_is_not_significant_and_flagged() -> None:
+    cfg = ThroughputConfig(baseline=100.0, threshold=0.97)
+    noisy = [_obs(1000, 1000.0 / rate) for rate in (110.0, 84.0, 96.0, 103.0, 88.0)]  # mean 96.2, spread 10
+    verdict = judge_throughput(cfg, noisy)
+    assert verdict.figures["not_significant"] is True and verdict.kind == VerdictKind.BAD
+    assert "more trials would settle it" in verdict.reason
+
+
+def test_throughput_against_the_good_end_and_the_harness_figure() -> None:
+    cfg = ThroughputConfig(threshold=0.9, reference="good_end")
+    reference = [_obs(100, 1.0), _obs(100, 1.02), _obs(100, 0.98)]
+    measured = [Observation(case_id="perf", extra={"output_token_throughput": v}) for v in (70.0, 71.0, 69.0)]
+    assert judge_throughput(cfg, measured, reference).kind == VerdictKind.BAD
+    assert judge_throughput(cfg, reference, reference).kind == VerdictKind.GOOD
+    assert judge_throughput(cfg, measured, None).kind == VerdictKind.SKIP
+
+
+def test_throughput_kind_through_the_oracle_entry() -> None:
+    with pytest.raises(ValueError, match="oracle.throughput is unset"):
+        OracleConfig(kinds=["throughput"])
+    cfg = OracleConfig(kinds=["throughput"], throughput=ThroughputConfig(baseline=50.0))
+    assert judge(cfg, [_obs(100, 1.0, t) for t in range(3)], None, trials_per_case=3).kind == VerdictKind.GOOD
+    assert judge(cfg, [_obs(10, 1.0)], None, trials_per_case=1).kind == VerdictKind.BAD
+    assert judge(cfg, [Observation()], None, trials_per_case=1).kind == VerdictKind.SKIP
+
+
+# -- case files as recipes ------------------------------------------------------------------------
+
+def test_a_case_becomes_the_nightly_server_and_its_benchmark() -> None:
+    raw = read_case_file(CASE_FILE, CASE_PATH)
+    accuracy = import_case(raw, CASE_PATH, "tiny-aclgraph")  # the accuracy benchmark comes first
+    assert accuracy.oracle.kinds == ["accuracy"] and accuracy.accuracy is not None
+    assert (accuracy.accuracy.baseline, accuracy.accuracy.threshold) == (96.0, 4.0)
+    assert accuracy.accuracy.aisbench is not None and accuracy.accuracy.aisbench.batch_size == 32
+    assert accuracy.engine.backend == "openai" and accuracy.model.path == "vllm-ascend/Tiny"
+    # $SERVER_PORT's flag is the backend's own; ${BLOCK} is filled from envs; the extra flags follow
+    assert accuracy.engine.server_flags == ["--tensor-parallel-size", "2", "--block-size", "128",
+                                            "--compilation-config", '{"cudagraph_mode": "FULL_DECODE_ONLY"}']
+    assert accuracy.environment == {"TASK_QUEUE_ENABLE": "1", "BLOCK": "128"} and accuracy.cards_per_run() == 2
+    perf = import_case(raw, CASE_PATH, "tiny-aclgraph", "perf")
+    assert perf.oracle.throughput == ThroughputConfig(baseline=1249.018, threshold=0.97, reference="good_end")
+    assert perf.trials.count == 5 and perf.reference.kind == "good_end"
+    assert parse_recipe(recipe_dump(perf)).digest() == perf.digest()  # written out, read back the same
+    assert parse_recipe(recipe_dump(accuracy)).digest() == accuracy.digest()
+
+
+def test_refusals_say_what_is_missing() -> None:
+    raw = read_case_file(CASE_FILE, CASE_PATH)
+    with pytest.raises(NightlyRefused, match="no accuracy or performance benchmark with a baseline"):
+        import_case(raw, CASE_PATH, "tiny-eager")
+    multi = "num_nodes: 2\nnpu_per_node: 16\nmodel: m\ndeployment:\n  - {server_cmd: 'vllm serve m'}\n" \
+            "  - {server_cmd: 'vllm serve m'}\n"
+    with pytest.raises(NightlyRefused, match=r"multi-node case \(num_nodes 2 x 16 NPUs\).*missing: a launcher"):
+        import_case(read_case_file(multi, "tests/e2e/nightly/multi_node/x.yaml"), "tests/e2e/nightly/multi_node/x.yaml")
+    epd = "test_cases:\n  - {name: e, model: m, envs: {}, service_mode: epd, benchmarks: {}}\n"
+    with pytest.raises(NightlyRefused, match="service_mode epd"):
+        import_case(read_case_file(epd, "e.yaml"), "e.yaml")
+    found = survey(CASE_FILE, CASE_PATH)
+    assert found.imported == ["tiny-aclgraph-acc"] and len(found.refused) == 1
+    assert "\n" not in found.refused[0]
+
+
+def test_bad_input_is_one_line_each(tmp_path: Path) -> None:
+    with pytest.raises(UsageError) as not_yaml:
+        read_case_file("test_cases:\n  - name: [unclosed\n", "broken.yaml")
+    assert str(not_yaml.value).startswith("broken.yaml:3: not valid YAML") and "\n" not in str(not_yaml.value)
+    with pytest.raises(UsageError, match=r"no case named 'tiny-fp8'; its cases: tiny-aclgraph, tiny-eager"):
+        import_case(read_case_file(CASE_FILE, CASE_PATH), CASE_PATH, "tiny-fp8")
+    with pytest.raises(UsageError, match="no benchmark 'latency'; its benchmarks: perf, acc"):
+        import_case(read_case_file(CASE_FILE, CASE_PATH), CASE_PATH, "tiny-aclgraph", "latency")
+    with pytest.raises(UsageError, match="FILE::CASE"):
+        CaseRef.parse("a.yaml::::x")
+    junk = tmp_path / "junk.yaml"
+    junk.write_text("{{{ not: yaml")
+    done = subprocess.run([sys.executable, "-m", "bisect_npu", "recipes", "import-nightly", str(junk)],
+                          capture_output=True, text=True, env={**os.environ, "PYTHONPATH": str(Path.cwd())})
+    assert done.returncode == 2 and len(done.stderr.strip().splitlines()) == 1
+    assert "not valid YAML" in done.stderr
+
+
+def test_each_commit_runs_the_case_as_its_own_file_has_it(tmp_path: Path) -> None:
+    later = CASE_FILE.replace('"--block-size"', '"--max-num-seqs"')
+
+    def files(i: int) -> dict[str, str | None]:
+        return {CASE_PATH: CASE_FILE} if i == 1 else {CASE_PATH: later} if i == 3 else {}
+
+    shas = make_linear_repo(tmp_path / "up", 4, files=files)
+    from bisect_npu import history
+
+    repo = history.open_repo(str(tmp_path / "up"))
+    ref = CaseRef.parse(f"{CASE_PATH}::tiny-aclgraph")
+    assert "--block-size" in recipe_at(repo, shas[2], ref).engine.server_flags
+    assert "--max-num-seqs" in recipe_at(repo, shas[3], ref).engine.server_flags
+    with pytest.raises(UsageError, match=f"does not exist at {shas[0][:12]}"):
+        recipe_at(repo, shas[0], ref)
+
+
+# -- the good table -------------------------------------------------------------------------------
+
+def _table(rows: list[str]) -> list:  # type: ignore[type-arg]
+    return read_rows(TABLE_HEADER + "\n".join(rows) + "\n", "good_table.csv")
+
+
+def test_the_newest_success_on_the_soc_and_scene_wins_legacy_rows_after() -> None:
+    rows = _table([
+        f"tiny-aclgraph,{CASE_PATH},l,success,v1,aaa1,a2,single_node,2026-06-15 03:40:00 +08:00",
+        f"tiny-aclgraph,{CASE_PATH},l,success,v1,aaa2,a2,single_node,2026-06-16 03:40:00 +08:00",
+        f"tiny-aclgraph,{CASE_PATH},l,failure,v1,aaa3,a2,single_node,2026-06-17 03:40:00 +08:00",
+        f"tiny-aclgraph,{CASE_PATH},l,success,v1,aaa4,a3,single_node,2026-06-18 03:40:00 +08:00",
+    ])
+    assert last_good(rows, Lookup("a2", "single_node", "tiny-aclgraph"), "t").vllm_ascend_commit == "aaa2"
+    assert last_good(rows, Lookup("a3", "single_node", None, "Tiny-A2.yaml"), "t").vllm_ascend_commit == "aaa4"
+    legacy = read_rows("name,yaml/path,link,status,vLLM Git information,vLLM-Ascend Git information,time\n"
+                       f"tiny-aclgraph,{CASE_PATH},l,success,v0,bbb1,2026-06-01 00:00:00\n", "legacy.csv")
+    assert last_good(legacy + rows, Lookup("a2", "single_node", "tiny-aclgraph"), "t").vllm_ascend_commit == "aaa2"
+    assert last_good(legacy, Lookup("a2", "single_node", "tiny-aclgraph"), "t").vllm_ascend_commit == "bbb1"
+
+
+def test_no_matching_row_names_the_dimension() -> None:
+    rows = _table([f"tiny-aclgraph,{CASE_PATH},l,success,v1,aaa1,a2,single_node,2026-06-15 03:40:00",
+                   f"tiny-eager,{CASE_PATH},l,failure,v1,aaa2,a2,single_node,2026-06-15 03:40:00"])
+    cases = [(Lookup("a2", "single_node", "tiny-fp8"), "no row matches name"),
+             (Lookup("a2", "single_node", None, "Other.yaml"), "no row matches yaml/path"),
+             (Lookup("a2", "single_node", "tiny-eager"), "none with status success.*status: failure"),
+             (Lookup("a3", "single_node", "tiny-aclgraph"), "matches soc a3 .its socs: a2"),
+             (Lookup("a2", "multi_node", "tiny-aclgraph"), "matches scene multi_node .its scenes: single_node")]
+    for lookup, message in cases:
+        with pytest.raises(UsageError, match=message) as caught:
+            last_good(rows, lookup, "good_table.csv")
+        assert "\n" not in str(caught.value)
+
+
+def test_the_row_commit_must_be_in_the_clone_and_its_vllm_is_checked(tmp_path: Path) -> None:
+    shas = make_linear_repo(tmp_path / "up", 3, files=lambda i: {"Dockerfile": "FROM x\nARG VLLM_TAG=v0.9.1\n",
+                                                               ".github/vllm-release-tag.commit": "a" * 40 + "\n"})
+    from bisect_npu import history
+
+    repo = history.open_repo(str(tmp_path / "up"))
+    table = tmp_path / "nightly" / "good_table.csv"
+    table.parent.mkdir()
+    table.write_text(TABLE_HEADER + f"tiny-aclgraph,{CASE_PATH},l,success,{'b' * 40},{shas[1]},a2,single_node,"
+                                    "2026-06-15 03:40:00\n")
+    end = good_from_table(repo, table, Lookup("a2", "single_node", "tiny-aclgraph"), "nightly")
+    assert end.sha == shas[1] and f"ran vLLM {'b' * 12} but the commit pins vLLM {'a' * 12}" in end.note
+    with pytest.raises(UsageError, match="is the nightly table and --frequency is weekly"):
+        good_from_table(repo, table, Lookup("a2", "single_node", "tiny-aclgraph"), "weekly")
+    missing = "c" * 40
+    table.write_text(TABLE_HEADER + f"tiny-aclgraph,{CASE_PATH},l,success,,{missing},a2,single_node,2026-06-15\n")
+    with pytest.raises(UsageError, match=f"good_table.csv:2: .*records vllm-ascend {missing}, which is not in .*"
+                                         "git fetch origin"):
+        good_from_table(repo, table, Lookup("a2", "single_node", "tiny-aclgraph"), None)
+    with pytest.raises(UsageError, match="pass --good last-good"):
+        settle_run(str(tmp_path / "up"), "HEAD", shas[0], None, table, "tiny-aclgraph", None, "a2", "single_node",
+                   None)
+    git(tmp_path / "up", "status")  # the clone is left as it was
+
+
+# -- the real clone -------------------------------------------------------------------------------
+
+REAL_CLONE = os.environ.get("BISECT_NPU_VLLM_ASCEND")
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not REAL_CLONE, reason="BISECT_NPU_VLLM_ASCEND names no vllm-ascend clone")
+def test_every_nightly_case_file_of_the_real_clone(capsys: pytest.CaptureFixture[str]) -> None:
+    """At the last first-parent commit before 2026-07-20 and at the tip, every case file under
+    tests/e2e/nightly/ is imported or refused with a one-line reason (run by hand:
+    BISECT_NPU_VLLM_ASCEND=CLONE pytest -m slow tests/test_nightly.py -s)."""
+    clone = Path(str(REAL_CLONE))
+    july = git(clone, "log", "--first-parent", "--before=2026-07-20", "--after=2026-07-01", "-1", "--format=%H")
+    assert july, "the clone has no first-parent commit in 2026-07"
+    for sha in (july, git(clone, "rev-parse", "HEAD")):
+        files = [p for p in git(clone, "ls-tree", "-r", "--name-only", sha, "tests/e2e/nightly").splitlines()
+                 if p.endswith((".yaml", ".yml"))]
+        assert files
+        imported = refused = refused_files = 0
+        for path in files:
+            found = survey(git(clone, "show", f"{sha}:{path}"), path)
+            assert found.imported or found.refused, path
+            assert all(reason and "\n" not in reason for reason in found.refused), path
+            imported += len(found.imported)
+            refused += len(found.refused)
+            refused_files += not found.imported
+        with capsys.disabled():
+            print(f"\n{sha[:12]}: {len(files)} case files, {imported} cases imported, {refused} refused "
+                  f"({refused_files} files with none imported)")
+        assert imported > 0

@@ -282,3 +282,38 @@ def test_every_nightly_case_file_of_the_real_clone(capsys: pytest.CaptureFixture
             print(f"\n{sha[:12]}: {len(files)} case files, {imported} cases imported, {refused} refused "
                   f"({refused_files} files with none imported)")
         assert imported > 0
+
+
+# -- the /bisect comment --------------------------------------------------------------------------
+
+def test_a_bisect_comment_is_parsed_word_by_word() -> None:
+    from bisect_npu.nightly.comment import parse_comment
+
+    asked = parse_comment("Thanks!\n/bisect tiny-aclgraph --good v0.9.0 --bad main\nmore text")
+    assert (asked.case, asked.good, asked.bad) == ("tiny-aclgraph", "v0.9.0", "main")
+    assert parse_comment(f"/bisect {CASE_PATH}::tiny-aclgraph").good == "last-good"
+    for body, message in [("no command here", "no /bisect line"), ("/bisect", "no case named"),
+                          ("/bisect x --good --cmd", "is not a ref"), ("/bisect x --cmd 'rm -rf /'", "unexpected"),
+                          ("/bisect x; touch /tmp/p", "unexpected"), ("/bisect $(id)", "unexpected"),
+                          ("/bisect ../../etc/passwd", "unexpected"), ("/bisect 'unclosed", "cannot split")]:
+        with pytest.raises(UsageError, match=message):
+            parse_comment(body)
+
+
+def test_a_bare_case_name_is_found_in_the_bad_ends_files(tmp_path: Path) -> None:
+    from bisect_npu import history
+    from bisect_npu.ci import Actions, BisectInputs, bisect_argv
+    from bisect_npu.nightly.at_commit import locate_case
+
+    shas = make_linear_repo(tmp_path / "up", 2, files=lambda i: {CASE_PATH: CASE_FILE})
+    repo = history.open_repo(str(tmp_path / "up"))
+    assert locate_case(repo, shas[1], "tiny-eager") == f"{CASE_PATH}::tiny-eager"
+    with pytest.raises(UsageError, match="no nightly case file has a case named 'tiny-fp8'"):
+        locate_case(repo, shas[1], "tiny-fp8")
+    inputs = BisectInputs(good="last-good", bad="main", args=f"--nightly-case {CASE_PATH}::tiny-eager")
+    argv = bisect_argv(inputs, tmp_path / "s", Actions.from_environ({}))
+    assert "--recipe" not in argv and "--cmd" not in argv and argv[-2:] == ["--nightly-case",
+                                                                            f"{CASE_PATH}::tiny-eager"]
+    with pytest.raises(UsageError, match="one of `recipe`, `cmd` or `args: --nightly-case CASE`"):
+        bisect_argv(BisectInputs(good="g", bad="b", recipe="r", args="--nightly-case x"), tmp_path / "s",
+                    Actions.from_environ({}))

@@ -123,3 +123,26 @@ def settle_run(repo_path: str, bad: str, good: str, nightly_case: str | None, go
                     config_yaml=config_yaml or (ref.file if ref else None))
     end = good_from_table(repo, good_table, lookup, frequency)
     return NightlyRun(recipe_file, end.sha, [*notes, end.note])
+
+
+NIGHTLY_DIR = "tests/e2e/nightly"
+
+
+def locate_case(repo: git.Repo, sha: str, case: str) -> str:
+    """`FILE[::CASE]` as given, or a bare case name found in the commit's nightly case files."""
+    if "::" in case or case.endswith((".yaml", ".yml")):
+        return case
+    paths = [p for p in str(repo.git.ls_tree("-r", "--name-only", sha, NIGHTLY_DIR)).splitlines()
+             if p.endswith((".yaml", ".yml"))]
+    found = []
+    for path in paths:
+        try:
+            raw = read_case_file(case_text_at(repo, sha, path), path)
+        except UsageError:
+            continue
+        names = [str(c.get("name")) for c in raw.get("test_cases") or [] if isinstance(c, dict)]
+        found += [f"{path}::{case}"] if case in names else []
+    if len(found) != 1:
+        what = "no nightly case file has" if not found else f"{len(found)} case files have"
+        raise UsageError(f"{what} a case named {case!r} at {sha[:12]}; name it as FILE::CASE")
+    return found[0]

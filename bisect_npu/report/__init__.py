@@ -335,7 +335,15 @@ def _environment() -> jinja2.Environment:
 
 
 def render_markdown(view: SessionView) -> str:
+    from bisect_npu.report.nightly import nightly_section
+
     chart = chart_series(view.steps)
+    nightly = nightly_section(view)
+    tail = _environment().get_template("nightly.md.j2").render(n=nightly, github=view.github) if nightly else ""
+    return _main_report(view, chart) + tail  # the nightly-shaped section beside our own, after it
+
+
+def _main_report(view: SessionView, chart: tuple[str, list[tuple[str, float]]] | None) -> str:
     return _environment().get_template("report.md.j2").render(
         v=view, r=view.range, o=view.options, end=view.end, chart=chart,
         reproduce=reproduce_command(view), tool_version=__version__,
@@ -379,7 +387,19 @@ def render_json(view: SessionView) -> dict[str, Any]:
         "parent_session": view.header.parent_session,
         "versions": view.versions, "engine_starts": view.engine_starts, "search_told": view.told,
         "reused_verdicts": reused_count(view.steps), "verdict_store": view.options.verdict_store,
+        "nightly": _nightly_json(view),
     }
+
+
+def _nightly_json(view: SessionView) -> dict[str, Any] | None:
+    from dataclasses import asdict
+
+    from bisect_npu.report.nightly import nightly_section
+
+    section = nightly_section(view)
+    if section is None:
+        return None
+    return {**section, "steps": [{**step, "rows": [asdict(row) for row in step["rows"]]} for step in section["steps"]]}
 
 
 def reproduce_command(view: SessionView) -> str:

@@ -13,7 +13,14 @@ import pytest
 
 from bisect_npu.contracts import Observation, Timings, VerdictKind
 from bisect_npu.errors import UsageError
-from bisect_npu.nightly.at_commit import good_from_table, recipe_at, recipe_dump, settle_run
+from bisect_npu.nightly.at_commit import (
+    CaseAbsent,
+    good_from_table,
+    newest_recipe_at,
+    recipe_at,
+    recipe_dump,
+    settle_run,
+)
 from bisect_npu.nightly.cases import CaseRef, NightlyRefused, import_case, read_case_file, survey
 from bisect_npu.nightly.good_table import Lookup, last_good, read_rows
 from bisect_npu.oracle import judge
@@ -113,7 +120,7 @@ def test_throughput_against_the_good_end_and_the_harness_figure() -> None:
 
 
 def test_throughput_kind_through_the_oracle_entry() -> None:
-    with pytest.raises(ValueError, match="oracle.throughput is unset"):
+    with pytest.raises(ValueError, match=r"oracle\.throughput is unset"):
         OracleConfig(kinds=["throughput"])
     cfg = OracleConfig(kinds=["throughput"], throughput=ThroughputConfig(baseline=50.0))
     assert judge(cfg, [_obs(100, 1.0, t) for t in range(3)], None, trials_per_case=3).kind == VerdictKind.GOOD
@@ -188,8 +195,13 @@ def test_each_commit_runs_the_case_as_its_own_file_has_it(tmp_path: Path) -> Non
     ref = CaseRef.parse(f"{CASE_PATH}::tiny-aclgraph")
     assert "--block-size" in recipe_at(repo, shas[2], ref).engine.server_flags
     assert "--max-num-seqs" in recipe_at(repo, shas[3], ref).engine.server_flags
-    with pytest.raises(UsageError, match=f"does not exist at {shas[0][:12]}"):
+    with pytest.raises(CaseAbsent, match=f"does not exist at {shas[0][:12]}"):
         recipe_at(repo, shas[0], ref)
+    # a commit older than the case runs the newest file, HEAD's (the nightly's, when it failed)
+    recipe, read_at = newest_recipe_at(repo, shas[0], ref)
+    assert read_at == shas[3] and "--max-num-seqs" in recipe.engine.server_flags
+    with pytest.raises(CaseAbsent, match="has no case 'tiny-new' yet"):
+        newest_recipe_at(repo, shas[2], CaseRef(CASE_PATH, "tiny-new"))
 
 
 # -- the good table -------------------------------------------------------------------------------

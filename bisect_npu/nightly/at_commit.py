@@ -12,27 +12,46 @@ import yaml
 
 from bisect_npu import history
 from bisect_npu.errors import UsageError
-from bisect_npu.nightly.cases import CaseRef, import_case, read_case_file
+from bisect_npu.nightly.cases import CaseRef, case_names, import_case, read_case_file
 from bisect_npu.nightly.good_table import Frequency, GoodRow, Lookup, frequency_of, last_good, read_rows
 from bisect_npu.paths import cache_root
 from bisect_npu.recipe import Recipe
 
 
+class CaseAbsent(UsageError):
+    """The commit predates the case file (or the case in it)."""
+
+
 def case_text_at(repo: git.Repo, sha: str, path: str) -> str:
-    """The case file as the commit has it; a commit without it is a UsageError saying so."""
+    """The case file as the commit has it; a commit without it is a CaseAbsent saying so."""
     try:
         return str(repo.git.show(f"{sha}:{path}"))
     except git.GitCommandError:
-        raise UsageError(f"{path} does not exist at {sha[:12]}: the nightly case was added later or moved; "
+        raise CaseAbsent(f"{path} does not exist at {sha[:12]}: the nightly case was added later or moved; "
                          "give a path the commit has") from None
 
 
 def recipe_at(repo: git.Repo, sha: str, ref: CaseRef) -> Recipe:
     """The recipe of `ref` as the case file reads at `sha`."""
     raw = read_case_file(case_text_at(repo, sha, ref.file), f"{ref.file}@{sha[:12]}")
+    if ref.case is not None and ref.case not in case_names(raw) and "test_cases" in raw:
+        raise CaseAbsent(f"{ref.file} at {sha[:12]} has no case {ref.case!r} yet (its cases: "
+                         f"{', '.join(case_names(raw))})")
     recipe = import_case(raw, ref.file, ref.case, ref.benchmark)
     recipe.source = f"{ref}@{sha[:12]}"
     return recipe
+
+
+def newest_recipe_at(repo: git.Repo, sha: str, ref: CaseRef) -> tuple[Recipe, str]:
+    """The case at `sha`, else (a case added after the regression, as most are) the clone's
+    HEAD's: (recipe, the commit read)."""
+    try:
+        return recipe_at(repo, sha, ref), sha
+    except CaseAbsent:
+        head = repo.head.commit.hexsha
+        if head == sha:
+            raise
+        return recipe_at(repo, head, ref), head
 
 
 def recipe_dump(recipe: Recipe) -> str:
@@ -43,7 +62,7 @@ def recipe_dump(recipe: Recipe) -> str:
 
 def write_recipe_at(repo: git.Repo, sha: str, ref: CaseRef) -> Path:
     """The bad end's recipe written where resume finds it again (named by its digest)."""
-    recipe = recipe_at(repo, sha, ref)
+    recipe, _ = newest_recipe_at(repo, sha, ref)
     folder = cache_root() / "nightly-recipes"
     folder.mkdir(parents=True, exist_ok=True)
     path = folder / f"{recipe.name}-{recipe.digest()}.yaml"

@@ -174,6 +174,7 @@ def test_bad_input_is_one_line_each(tmp_path: Path) -> None:
         import_case(read_case_file(CASE_FILE, CASE_PATH), CASE_PATH, "tiny-aclgraph", "latency")
     with pytest.raises(UsageError, match="FILE::CASE"):
         CaseRef.parse("a.yaml::::x")
+    assert CaseRef.parse("Tiny-A2.yaml::tiny-eager") == CaseRef(CASE_PATH, "tiny-eager")  # as --config-yaml names it
     junk = tmp_path / "junk.yaml"
     junk.write_text("{{{ not: yaml")
     done = subprocess.run([sys.executable, "-m", "bisect_npu", "recipes", "import-nightly", str(junk)],

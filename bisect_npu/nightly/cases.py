@@ -23,6 +23,7 @@ from pydantic import ValidationError
 from bisect_npu.errors import UsageError
 from bisect_npu.recipe import Recipe
 
+SINGLE_NODE_CONFIGS = "tests/e2e/nightly/single_node/models/configs"  # the nightly's CONFIG_BASE_PATH default
 PORT_KEYS = ("SERVER_PORT", "ENCODE_PORT", "PD_PORT", "PROXY_PORT")  # the nightly fills these with a free port
 _PLACEHOLDER = re.compile(r"\$(\w+)|\$\{(\w+)\}")  # single_node_config.py's `_expand_values`
 PERF_TRIALS = 5  # throughput samples per commit: enough for a t bound to see a 3% drop on a quiet card
@@ -50,7 +51,8 @@ class CaseRef:
                              "tests/e2e/nightly/single_node/models/configs/Qwen3-32B-Int8.yaml::"
                              "Qwen3-32B-W8A8-single-a3::acc")
         case = parts[1] if len(parts) > 1 else None
-        return cls(parts[0], case, parts[2] if len(parts) > 2 else None)
+        file = parts[0] if "/" in parts[0] else f"{SINGLE_NODE_CONFIGS}/{parts[0]}"  # as --config-yaml names it
+        return cls(file, case, parts[2] if len(parts) > 2 else None)
 
     def __str__(self) -> str:
         return "::".join(p for p in (self.file, self.case, self.benchmark) if p)

@@ -330,3 +330,78 @@ def test_a_bare_case_name_is_found_in_the_bad_ends_files(tmp_path: Path) -> None
     with pytest.raises(UsageError, match="one of `recipe`, `cmd` or `args: --nightly-case CASE`"):
         bisect_argv(BisectInputs(good="g", bad="b", recipe="r", args="--nightly-case x"), tmp_path / "s",
                     Actions.from_environ({}))
+
+
+# -- a whole run ----------------------------------------------------------------------------------
+
+def _speed_case(threshold: float) -> str:
+    """A nightly case file whose server is tests/nightly_server.py (slow where `state` is bad)."""
+    server = Path(__file__).resolve().parent / "nightly_server.py"
+    return f"""\
+test_cases:
+  - name: "speed-a2"
+    model: "tiny"
+    envs: {{SERVER_PORT: "DEFAULT_PORT", TASK_QUEUE_ENABLE: "1"}}
+    launcher: ["{{python}}", "{server}", "{{model}}"]
+    server_cmd: ["--port", "$SERVER_PORT", "--max-num-seqs", "4"]
+    benchmarks:
+      acc:
+        case_type: accuracy
+        dataset_path: vllm-ascend/gsm8k-lite
+        request_conf: vllm_api_general_chat
+        dataset_conf: gsm8k/gsm8k_gen_0_shot_noncot_chat_prompt
+        max_out_len: 64
+        batch_size: 4
+        baseline: 90
+        threshold: 5
+      perf:
+        case_type: performance
+        dataset_path: vllm-ascend/GSM8K-in3500-bs400
+        request_conf: vllm_api_stream_chat
+        dataset_conf: gsm8k/gsm8k_gen_0_shot_cot_str_perf
+        num_prompts: 8
+        max_out_len: 48
+        batch_size: 4
+        baseline: 800
+        threshold: {threshold}
+"""
+
+
+def test_run_bisects_a_nightly_case_from_the_good_tables_row(tmp_path: Path) -> None:
+    """`run --nightly-case FILE::CASE::perf --good last-good --good-table` on a real repository and a
+    real server: the case file appears after the culprit (older commits run HEAD's) and changes
+    once (each commit runs its own); the good end is the table's row; the report has the nightly's
+    section with a throughput row per tested commit."""
+    path = "tests/e2e/nightly/single_node/models/configs/Speed-A2.yaml"
+    culprit = 4
+
+    def files(i: int) -> dict[str, str | None]:
+        return {path: _speed_case(0.5)} if i == 5 else {path: _speed_case(0.45)} if i == 7 else {}
+
+    shas = make_linear_repo(tmp_path / "up", 9, culprit=culprit, files=files)
+    table = tmp_path / "nightly" / "good_table.csv"
+    table.parent.mkdir()
+    table.write_text(TABLE_HEADER + "\n".join([
+        f"speed-a2,{path},l,success,,{shas[1]},a2,single_node,2026-06-14 03:40:00 +08:00",
+        f"speed-a2,{path},l,success,,{shas[0]},a3,single_node,2026-06-15 03:40:00 +08:00",
+        f"speed-a2,{path},l,failure,,{shas[8]},a2,single_node,2026-06-16 03:40:00 +08:00",
+        f"other,{path},l,success,,{shas[3]},a2,single_node,2026-06-17 03:40:00 +08:00"]) + "\n")
+    session = tmp_path / "session"
+    env = {**os.environ, "PYTHONPATH": str(Path.cwd()), "BISECT_NPU_CACHE": str(tmp_path / "cache")}
+    done = subprocess.run([sys.executable, "-m", "bisect_npu", "run", "--repo", str(tmp_path / "up"), "--bad", "main",
+                           "--nightly-case", f"{path}::speed-a2::perf", "--good", "last-good", "--good-table",
+                           str(table), "--soc", "a2", "--frequency", "nightly", "--no-fix", "--quiet", "--json",
+                           "--session", str(session), "--timeout", "120"],
+                          capture_output=True, text=True, env=env, timeout=900)
+    assert done.returncode == 0, done.stderr[-3000:] + done.stdout[-2000:]
+    assert f"--good last-good: {shas[1][:12]} from {table}:2" in done.stderr
+    assert f"first bad commit: {shas[culprit][:12]}" in done.stdout
+    report = (session / "report.md").read_text()
+    assert "## As the nightly reports it: tiny" in report and "| Output_Token_Throughput(OTT) |" in report
+    assert f"{shas[culprit][:12]}" in report.split("## As the nightly reports it")[1]
+    assert "--nightly-case" in report and "this commit predates it" in report
+    import json
+
+    summary = json.loads((session / "report.json").read_text())
+    assert summary["culprit"] == shas[culprit] and summary["good"] == shas[1]
+    assert summary["nightly"]["parallel"] == "TP1" and summary["nightly"]["execution"] == "ACLGraph"

@@ -8,6 +8,11 @@ output tokens/s (`tools/aisbench.py`). Here one benchmark of one case becomes on
 same server through the `openai` backend, accuracy judged by the accuracy oracle against the
 baseline, performance by the throughput oracle over repeated trials. Multi-node cases need one
 server per host and are refused with what is missing.
+
+One key is bisect-npu's own: a case's `launcher` (a list: the server command before its flags,
+as a recipe's `engine.launcher`) replaces `vllm serve MODEL`, for a server that is not vLLM's
+(the demo engine's, a test's). The nightly's loader keeps unknown case keys as attributes and
+ignores them.
 """
 
 from __future__ import annotations
@@ -180,7 +185,8 @@ def _number(bench: dict[str, Any], key: str, where: str, default: float | None =
 def _benchmark_section(key: str, bench: dict[str, Any], case: dict[str, Any], where: str) -> dict[str, Any]:
     kind = bench.get("case_type")
     if kind == "accuracy":
-        sampling = {name: bench[name] for name in ("temperature", "top_p", "top_k", "seed") if bench.get(name)}
+        sampling = {name: bench[name] for name in ("temperature", "top_p", "top_k", "seed")
+                    if bench.get(name) is not None}
         sampling.setdefault("temperature", 0.6)  # tools/aisbench.py's accuracy default
         sampling["max_tokens"] = int(bench.get("max_out_len", 1024))
         return {"oracle": {"kinds": ["accuracy"]},
@@ -252,7 +258,9 @@ def import_case(raw: dict[str, Any], path: str, case_name: str | None = None,
         "description": f"vllm-ascend nightly {where}::{key} ({bench.get('case_type')})",
         "symptom": [str(bench.get("case_type"))],
         "model": {"path": str(case["model"])},
-        "engine": {"backend": "openai", "server_flags": flags, "startup_timeout_s": 3600.0},
+        "engine": {"backend": "openai", "server_flags": flags, "startup_timeout_s": 3600.0,
+                   **({"launcher": [str(w) for w in case["launcher"]]} if isinstance(case.get("launcher"), list)
+                      else {})},
         "environment": environment,
         **_benchmark_section(key, bench, case, f"{where}::{key}"),
     }

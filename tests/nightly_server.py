@@ -29,7 +29,7 @@ def _delay() -> float:
 class Handler(BaseHTTPRequestHandler):
     model = "model"
 
-    def log_message(self, format: str, *args: Any) -> None:  # noqa: A002 - the base class's name
+    def log_message(self, format: str, *args: Any) -> None:
         sys.stderr.write((format % args) + "\n")
 
     def _json(self, body: dict[str, Any]) -> None:
@@ -40,7 +40,7 @@ class Handler(BaseHTTPRequestHandler):
         self.end_headers()
         self.wfile.write(data)
 
-    def do_GET(self) -> None:  # noqa: N802 - http.server's name
+    def do_GET(self) -> None:
         if self.path == "/health":
             self._json({})
         elif self.path == "/v1/models":
@@ -54,7 +54,7 @@ class Handler(BaseHTTPRequestHandler):
         else:
             self.send_error(404)
 
-    def do_POST(self) -> None:  # noqa: N802 - http.server's name
+    def do_POST(self) -> None:
         length = int(self.headers.get("Content-Length") or 0)
         body = json.loads(self.rfile.read(length) or b"{}")
         if self.path == "/tokenize":

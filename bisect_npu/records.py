@@ -125,6 +125,7 @@ class HeaderOptions(_Shape):
     cross_dependencies: bool = True  # --no-dependency: a culprit that moves a pin is the answer
     held: HeldUpstream | None = None  # a dependency-level session (the child of a commit level); not a `run` option
     nightly_case: str | None = None  # --nightly-case FILE::CASE[::BENCHMARK]: each candidate's recipe from its own file
+    nightly_datasets: str | None = None  # --nightly-datasets DIR: where the case's relative dataset paths lie
 
     def run_argv(self) -> list[str]:
         """The `bisect-npu run` arguments that give these options again (the report's reproduce
@@ -132,7 +133,7 @@ class HeaderOptions(_Shape):
         valued: list[tuple[str, object]] = [
             ("--package", self.package), ("--repo", self.repo), ("--good", self.good), ("--bad", self.bad),
             ("--index-url", self.index_url), ("--recipe", None if self.nightly_case else self.recipe),
-            ("--nightly-case", self.nightly_case),
+            ("--nightly-case", self.nightly_case), ("--nightly-datasets", self.nightly_datasets),
             ("--cmd", shlex.join(self.command) if self.command else None),
             ("--executor", self.executor if self.executor != "local" else None),
             ("--ray-address", self.ray_address),

@@ -405,3 +405,72 @@ def test_run_bisects_a_nightly_case_from_the_good_tables_row(tmp_path: Path) -> 
     summary = json.loads((session / "report.json").read_text())
     assert summary["culprit"] == shas[culprit] and summary["good"] == shas[1]
     assert summary["nightly"]["parallel"] == "TP1" and summary["nightly"]["execution"] == "ACLGraph"
+
+
+# -- the demo -------------------------------------------------------------------------------------
+
+# The demo's tags before the nightly case was added to its history: the new commits come last.
+DEMO_TAGS_SEED_0 = {"v0.9.0": "e68223ff02810b02353a0b85560f373c4ca01513",
+                    "v0.9.1": "cc37f87c04f0a87307e2cd59b46bb7d905c22b6b",
+                    "v0.10.0rc1": "1b07bfddc20339401e6e61abef622b1f08354ab9",
+                    "v0.10.0rc2": "ad905cbc33d4369e72182066a1e3c38846b13801",
+                    "v0.10.0rc3": "9603aefe5bbb2af92f269395606df6cd1fc83846"}
+DEMO_RELEASE_TIP_SEED_0 = "127a8fb2b90731df3b8138b165b1d7cdfc09f081"
+
+
+def test_the_demo_upstream_has_a_nightly_case_and_a_good_table(tmp_path: Path) -> None:
+    from bisect_npu import history
+    from bisect_npu.demo import nightly as demo_nightly
+    from bisect_npu.demo.generate import generate_upstream
+
+    manifest = generate_upstream(tmp_path / "up", seed=0)
+    assert manifest.tags == DEMO_TAGS_SEED_0 and manifest.branches["v0.9.1-dev"] == DEMO_RELEASE_TIP_SEED_0
+    repo = history.open_repo(str(tmp_path / "up"))
+    ref = CaseRef.parse(f"{demo_nightly.CASE_PATH}::{demo_nightly.CASE_NAME}")
+    truth = manifest.case(demo_nightly.DEMO_CASE)
+    with pytest.raises(CaseAbsent):
+        recipe_at(repo, truth.bad_sha, ref)
+    recipe, read_at = newest_recipe_at(repo, truth.bad_sha, ref, "/data/sets")
+    assert read_at == manifest.branches["main"] and recipe.accuracy is not None
+    assert (recipe.accuracy.baseline, recipe.accuracy.threshold, recipe.accuracy.harness) == (100.0, 10.0, "aisbench")
+    assert recipe.accuracy.dataset == "/data/sets/demo-accuracy/qa.jsonl"
+    assert recipe.accuracy.aisbench is not None
+    assert recipe.accuracy.aisbench.dataset_conf == "/data/sets/demo-accuracy/demo_qa_aisbench.py"
+    assert recipe.accuracy.sampling.temperature == 0.0 and recipe.build.local_command[-1] == "tools/build_kernels.py"
+    assert recipe.engine.launcher[-2:] == ["{probe}.serve_mini", "{model}"]
+    assert recipe.engine.server_flags == ["--max-model-len", "2048"]
+    perf = recipe_at(repo, manifest.branches["main"], CaseRef(ref.file, ref.case, "perf"))
+    assert perf.oracle.throughput is not None and perf.oracle.throughput.threshold == 0.5
+    table = demo_nightly.write_good_table(manifest, tmp_path / "tables")
+    end = good_from_table(repo, table, Lookup(demo_nightly.SOC, demo_nightly.SCENE, demo_nightly.CASE_NAME,
+                                              "Tiny-Qwen3-A2.yaml"), "nightly")
+    assert end.sha == truth.good_sha and "the commit pins vLLM v0.9.0 from Dockerfile" in end.note
+
+
+DEMO_DATASETS = Path(__file__).resolve().parent.parent / "bisect_npu" / "recipes" / "data"
+
+
+@pytest.mark.skipif(not (Path(__file__).resolve().parent.parent / "bisect_npu" / "probe" / "serve_mini.py").exists()
+                    or not (DEMO_DATASETS / "demo-accuracy" / "qa.jsonl").exists(),
+                    reason="needs the demo engine's HTTP server and the demo QA set (branch accuracy-harness)")
+def test_the_demo_nightly_case_names_the_manifests_culprit(tmp_path: Path) -> None:
+    """`run --nightly-case ... --good last-good --good-table ...` on the demo upstream: the case
+    file at HEAD (the range predates it), the good end from the generated table, the accuracy
+    benchmark through AISBench on the demo engine's server; the manifest's culprit is the answer."""
+    from bisect_npu.demo import nightly as demo_nightly
+    from bisect_npu.demo.generate import generate_upstream
+
+    manifest = generate_upstream(tmp_path / "up", seed=0)
+    truth = manifest.case(demo_nightly.DEMO_CASE)
+    table = demo_nightly.write_good_table(manifest, tmp_path / "tables")
+    session = tmp_path / "session"
+    env = {**os.environ, "PYTHONPATH": str(Path.cwd()), "BISECT_NPU_CACHE": str(tmp_path / "cache")}
+    done = subprocess.run([sys.executable, "-m", "bisect_npu", "run", "--repo", str(tmp_path / "up"),
+                           "--bad", truth.bad_ref, "--nightly-case",
+                           f"{demo_nightly.CASE_PATH}::{demo_nightly.CASE_NAME}", "--good", "last-good",
+                           "--good-table", str(table), "--soc", demo_nightly.SOC, "--nightly-datasets",
+                           str(DEMO_DATASETS), "--no-fix", "--quiet", "--json", "--session", str(session)],
+                          capture_output=True, text=True, env=env, timeout=1800)
+    assert done.returncode == 0, done.stderr[-3000:] + done.stdout[-2000:]
+    assert f"first bad commit: {truth.culprit.sha[:12]}" in done.stdout
+    assert "| accuracy |" in (session / "report.md").read_text().split("## As the nightly reports it")[1]

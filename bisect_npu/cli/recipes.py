@@ -189,8 +189,10 @@ def render_plan(plan: dict[str, Any]) -> str:
 @click.option("--benchmark", help="The benchmark of the case [default: its first accuracy one, else performance].")
 @click.option("--out", type=click.Path(dir_okay=False, path_type=Path), help="Write the recipe here [default: stdout].")
 @click.option("--list", "list_only", is_flag=True, help="List the file's cases: imported, or refused and why.")
+@click.option("--datasets", type=click.Path(file_okay=False, path_type=Path),
+              help="Where the benchmarks' relative dataset paths lie [default: as written].")
 def import_nightly(file: Path, case_name: str | None, benchmark: str | None, out: Path | None,
-                   list_only: bool) -> None:
+                   list_only: bool, datasets: Path | None) -> None:
     """A vllm-ascend nightly case file (tests/e2e/nightly/**/*.yaml) as a recipe."""
     from bisect_npu.errors import UsageError
     from bisect_npu.nightly.at_commit import recipe_dump
@@ -208,7 +210,8 @@ def import_nightly(file: Path, case_name: str | None, benchmark: str | None, out
         for reason in found.refused:
             click.echo(f"refused   {reason}")
         return
-    recipe = import_case(read_case_file(text, path), path, case_name, benchmark)
+    recipe = import_case(read_case_file(text, path), path, case_name, benchmark,
+                         str(datasets.resolve()) if datasets else None)
     body = f"# imported by bisect-npu recipes import-nightly from {path}\n" + recipe_dump(recipe)
     if out is None:
         click.echo(body, nl=False)

@@ -54,6 +54,9 @@ def finish(result: SessionResult, as_json: bool) -> None:
               help="A vllm-ascend nightly case file (a path in --repo, e.g. tests/e2e/nightly/single_node/models/"
                    "configs/X.yaml) as the recipe, read at each candidate's own commit; BENCHMARK defaults to the "
                    "case's first accuracy benchmark, else its first performance one.")
+@click.option("--nightly-datasets", "nightly_datasets", type=click.Path(file_okay=False, path_type=Path),
+              help="Where the nightly case's relative dataset_path entries (and a .py dataset_conf) lie, as the "
+                   "nightly's lie under its dataset cache [default: as written].")
 @click.option("--good-table", "good_table", type=click.Path(dir_okay=False, path_type=Path),
               help="With --good last-good: the good end is the newest successful row of the nightly's "
                    "good_table.csv matching --name, --config-yaml, --soc and --scene.")
@@ -151,15 +154,16 @@ def run(good: str, bad: str, repo: str | None, package: str | None, index_url: s
         dependencies: tuple[str, ...], dep_repos: tuple[str, ...], cross_dependencies: bool, as_json: bool,
         quiet: bool, nightly_case: str | None = None, good_table: Path | None = None, case_name: str | None = None,
         config_yaml: str | None = None, soc: str | None = None, scene: str = "single_node",
-        frequency: Literal["nightly", "weekly"] | None = None) -> None:
+        frequency: Literal["nightly", "weekly"] | None = None, nightly_datasets: Path | None = None) -> None:
     """Bisect GOOD..BAD: find the first bad commit, propose its fix, write the report."""
     if nightly_case is not None or good_table is not None:
         from bisect_npu.nightly.at_commit import settle_run
 
         if nightly_case is not None and (recipe is not None or command is not None):
             raise click.UsageError("--nightly-case is the recipe: drop --recipe/--cmd")
+        datasets = str(nightly_datasets.resolve()) if nightly_datasets else None
         settled = settle_run(repo or ".", bad, good, nightly_case, good_table, case_name, config_yaml, soc, scene,
-                             frequency)
+                             frequency, datasets)
         recipe, good = settled.recipe or recipe, settled.good
         for line in settled.notes:
             click.echo(line, err=True)
@@ -196,7 +200,8 @@ def run(good: str, bad: str, repo: str | None, package: str | None, index_url: s
                          workdir=str(workdir) if workdir else None, base_image_map=list(base_image_map),
                          release_images=release_images, verdict_store=store,
                          overlay_on_release=overlay_on_release, dependencies=list(dependencies),
-                         dep_repos=list(dep_repos), cross_dependencies=cross_dependencies, nightly_case=nightly_case)
+                         dep_repos=list(dep_repos), cross_dependencies=cross_dependencies, nightly_case=nightly_case,
+                         nightly_datasets=str(nightly_datasets.resolve()) if nightly_datasets else None)
     bisection = Bisection.start(options, session_dir=session_dir, progress=make_progress(quiet or as_json))
     note_session(bisection.session_dir)
     click.echo(f"session: {bisection.session_dir}", err=True)

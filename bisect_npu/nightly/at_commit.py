@@ -31,27 +31,27 @@ def case_text_at(repo: git.Repo, sha: str, path: str) -> str:
                          "give a path the commit has") from None
 
 
-def recipe_at(repo: git.Repo, sha: str, ref: CaseRef) -> Recipe:
-    """The recipe of `ref` as the case file reads at `sha`."""
+def recipe_at(repo: git.Repo, sha: str, ref: CaseRef, datasets: str | None = None) -> Recipe:
+    """The recipe of `ref` as the case file reads at `sha` (datasets: import_case's)."""
     raw = read_case_file(case_text_at(repo, sha, ref.file), f"{ref.file}@{sha[:12]}")
     if ref.case is not None and ref.case not in case_names(raw) and "test_cases" in raw:
         raise CaseAbsent(f"{ref.file} at {sha[:12]} has no case {ref.case!r} yet (its cases: "
                          f"{', '.join(case_names(raw))})")
-    recipe = import_case(raw, ref.file, ref.case, ref.benchmark)
+    recipe = import_case(raw, ref.file, ref.case, ref.benchmark, datasets)
     recipe.source = f"{ref}@{sha[:12]}"
     return recipe
 
 
-def newest_recipe_at(repo: git.Repo, sha: str, ref: CaseRef) -> tuple[Recipe, str]:
+def newest_recipe_at(repo: git.Repo, sha: str, ref: CaseRef, datasets: str | None = None) -> tuple[Recipe, str]:
     """The case at `sha`, else (a case added after the regression, as most are) the clone's
     HEAD's: (recipe, the commit read)."""
     try:
-        return recipe_at(repo, sha, ref), sha
+        return recipe_at(repo, sha, ref, datasets), sha
     except CaseAbsent:
         head = repo.head.commit.hexsha
         if head == sha:
             raise
-        return recipe_at(repo, head, ref), head
+        return recipe_at(repo, head, ref, datasets), head
 
 
 def recipe_dump(recipe: Recipe) -> str:
@@ -60,9 +60,9 @@ def recipe_dump(recipe: Recipe) -> str:
     return str(yaml.safe_dump(body, sort_keys=False, allow_unicode=True, width=120))
 
 
-def write_recipe_at(repo: git.Repo, sha: str, ref: CaseRef) -> Path:
+def write_recipe_at(repo: git.Repo, sha: str, ref: CaseRef, datasets: str | None = None) -> Path:
     """The bad end's recipe written where resume finds it again (named by its digest)."""
-    recipe, _ = newest_recipe_at(repo, sha, ref)
+    recipe, _ = newest_recipe_at(repo, sha, ref, datasets)
     folder = cache_root() / "nightly-recipes"
     folder.mkdir(parents=True, exist_ok=True)
     path = folder / f"{recipe.name}-{recipe.digest()}.yaml"
@@ -120,7 +120,7 @@ class NightlyRun:
 
 def settle_run(repo_path: str, bad: str, good: str, nightly_case: str | None, good_table: Path | None,
                name: str | None, config_yaml: str | None, soc: str | None, scene: str,
-               frequency: Frequency | None) -> NightlyRun:
+               frequency: Frequency | None, datasets: str | None = None) -> NightlyRun:
     """--nightly-case: the bad end's recipe, written out; --good-table: the good end (the
     dimensions default to the case's name and file)."""
     repo = history.open_repo(repo_path)
@@ -129,7 +129,7 @@ def settle_run(repo_path: str, bad: str, good: str, nightly_case: str | None, go
     recipe_file = None
     if ref is not None:
         bad_sha = history.resolve_ref(repo, bad)
-        recipe_file = str(write_recipe_at(repo, bad_sha, ref))
+        recipe_file = str(write_recipe_at(repo, bad_sha, ref, datasets))
         notes.append(f"--nightly-case {ref}: the bad end's recipe is {recipe_file}; each candidate runs the case "
                      "as its own commit has the file")
     if good_table is None:

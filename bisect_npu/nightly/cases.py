@@ -9,10 +9,11 @@ same server through the `openai` backend, accuracy judged by the accuracy oracle
 baseline, performance by the throughput oracle over repeated trials. Multi-node cases need one
 server per host and are refused with what is missing.
 
-One key is bisect-npu's own: a case's `launcher` (a list: the server command before its flags,
+Two case keys are bisect-npu's own: `launcher` (a list: the server command before its flags,
 as a recipe's `engine.launcher`) replaces `vllm serve MODEL`, for a server that is not vLLM's
-(the demo engine's, a test's). The nightly's loader keeps unknown case keys as attributes and
-ignores them.
+(the demo engine's, a test's); `local_build` (a list) is the recipe's `build.local_command` for
+`--executor local` (the nightly runs in a built image). The nightly's loader keeps unknown case
+keys as attributes and ignores them.
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ from __future__ import annotations
 import re
 import shlex
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import yaml
@@ -182,17 +184,25 @@ def _number(bench: dict[str, Any], key: str, where: str, default: float | None =
         raise NightlyRefused(f"{where}: {key} {value!r} is not a number") from None
 
 
-def _benchmark_section(key: str, bench: dict[str, Any], case: dict[str, Any], where: str) -> dict[str, Any]:
+def _under(root: str | None, path: str) -> str:
+    """A benchmark's relative path under the datasets root (as the nightly's are under its
+    dataset cache); as written without a root."""
+    return str(Path(root).expanduser() / path) if root and path and not Path(path).is_absolute() else path
+
+
+def _benchmark_section(key: str, bench: dict[str, Any], case: dict[str, Any], where: str,
+                       datasets: str | None) -> dict[str, Any]:
     kind = bench.get("case_type")
     if kind == "accuracy":
+        conf = str(bench.get("dataset_conf", ""))
         sampling = {name: bench[name] for name in ("temperature", "top_p", "top_k", "seed")
                     if bench.get(name) is not None}
         sampling.setdefault("temperature", 0.6)  # tools/aisbench.py's accuracy default
         sampling["max_tokens"] = int(bench.get("max_out_len", 1024))
         return {"oracle": {"kinds": ["accuracy"]},
-                "accuracy": {"harness": "aisbench", "dataset": str(bench.get("dataset_path", "")),
+                "accuracy": {"harness": "aisbench", "dataset": _under(datasets, str(bench.get("dataset_path", ""))),
                              "aisbench": {"request_conf": str(bench.get("request_conf", "vllm_api_general_chat")),
-                                          "dataset_conf": str(bench.get("dataset_conf", "")),
+                                          "dataset_conf": _under(datasets, conf) if conf.endswith(".py") else conf,
                                           "batch_size": int(bench.get("batch_size", 1))},
                              "sampling": sampling, "reference": "baseline",
                              "baseline": _number(bench, "baseline", where),
@@ -224,9 +234,10 @@ def _refusal_of_case(case: dict[str, Any], where: str) -> str | None:
 
 
 def import_case(raw: dict[str, Any], path: str, case_name: str | None = None,
-                benchmark: str | None = None) -> Recipe:
+                benchmark: str | None = None, datasets: str | None = None) -> Recipe:
     """One benchmark of one case of the file as a recipe (see the module's docstring); a file
-    or case this cannot run is a NightlyRefused naming what is missing."""
+    or case this cannot run is a NightlyRefused naming what is missing. `datasets` is the root the
+    benchmarks' relative `dataset_path` (and a `.py` `dataset_conf`) lie under."""
     if (reason := _multi_node_reason(raw, path)) is not None:
         raise NightlyRefused(f"{path}: {reason}")
     cases = [c for c in raw.get("test_cases") or [] if isinstance(c, dict)]
@@ -262,7 +273,9 @@ def import_case(raw: dict[str, Any], path: str, case_name: str | None = None,
                    **({"launcher": [str(w) for w in case["launcher"]]} if isinstance(case.get("launcher"), list)
                       else {})},
         "environment": environment,
-        **_benchmark_section(key, bench, case, f"{where}::{key}"),
+        **({"build": {"local_command": [str(w) for w in case["local_build"]]}}
+           if isinstance(case.get("local_build"), list) else {}),
+        **_benchmark_section(key, bench, case, f"{where}::{key}", datasets),
     }
     try:
         return Recipe.model_validate(body)

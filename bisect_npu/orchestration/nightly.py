@@ -20,15 +20,16 @@ class NightlyEvaluator(Evaluator):
     """An Evaluator whose recipe is imported from the case file at each candidate's commit (at
     HEAD's where the commit predates the case); a case the file cannot give is a skip naming why."""
 
-    def __init__(self, base: Evaluator, repo: git.Repo, case: CaseRef) -> None:
+    def __init__(self, base: Evaluator, repo: git.Repo, case: CaseRef, datasets: str | None = None) -> None:
         self.__dict__.update(base.__dict__)
         self.repo = repo
         self.case = case
+        self.datasets = datasets
 
     def evaluate(self, request: EvaluationRequest) -> StepResult:
         started = time.monotonic()
         try:
-            recipe, read_at = newest_recipe_at(self.repo, request.commit, self.case)
+            recipe, read_at = newest_recipe_at(self.repo, request.commit, self.case, self.datasets)
         except UsageError as exc:
             verdict = Verdict(kind=VerdictKind.SKIP, reason=f"nightly case at this commit: {exc}", trials=0)
             return StepResult(request.commit, verdict, BuildInfo(how="failed", error=str(exc)), list(request.done),

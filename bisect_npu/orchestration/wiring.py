@@ -69,7 +69,7 @@ def session_evaluator(options: RunOptions, repo: git.Repo | None, recipe: Recipe
         from bisect_npu.nightly.cases import CaseRef
         from bisect_npu.orchestration.nightly import NightlyEvaluator
 
-        return NightlyEvaluator(evaluator, repo, CaseRef.parse(options.nightly_case))
+        return NightlyEvaluator(evaluator, repo, CaseRef.parse(options.nightly_case), options.nightly_datasets)
     return evaluator
 
 

@@ -603,11 +603,13 @@ class Recipe(_Strict):
             raise ValueError("trials.mode noisy does not apply to an accuracy recipe: its own sequential test "
                              "decides each step (accuracy.repeats, accuracy.max_rounds)")
         self.cases = made
-        if self.accuracy.reference in ("good_end", "both") and self.reference.kind == "none":
+        # The good end's per-sample results are what every candidate is paired against (and what
+        # focusing compares the bad end with), whatever decides the verdict.
+        if self.reference.kind == "none":
             self.reference = ReferenceSpec(kind="good_end")
-        elif self.accuracy.reference in ("good_end", "both") and self.reference.kind != "good_end":
-            raise ValueError(f"accuracy.reference {self.accuracy.reference} pairs against the good end: "
-                             "reference.kind must be good_end (or unset)")
+        elif self.reference.kind != "good_end":
+            raise ValueError("an accuracy recipe pairs every commit against the good end: reference.kind must be "
+                             "good_end (or unset)")
         return self
 
     @model_validator(mode="after")

@@ -132,6 +132,8 @@ def run_plan(recipe: Any) -> dict[str, Any]:
         engine["args"] = recipe.engine.args
     kinds = recipe.oracle.kinds
     oracle = {kind: getattr(recipe.oracle, kind).model_dump() for kind in kinds if hasattr(recipe.oracle, kind)}
+    if recipe.accuracy is not None:
+        oracle["accuracy"] = recipe.accuracy.model_dump(mode="json", exclude={"sampling"})
     return {
         "name": recipe.name,
         "source": recipe.source,
@@ -164,7 +166,7 @@ def render_plan(plan: dict[str, Any]) -> str:
         lines.append(f"env      {key}={value}")
     for case in plan["cases"]:
         lines.append(f"case     {case['id']}")
-        if "prompt" in case:
+        if "prompt" in case and plan["oracle"]["kinds"] != ["accuracy"]:  # accuracy: the harness sends the dataset
             lines.append(f"  prompt   {case['prompt']!r}")
         for message in case.get("messages", []):
             lines.append(f"  {message['role']:<9}{message['content']!r}")

@@ -4,8 +4,9 @@
 `judge` judges a commit: per-trial verdicts, then the stats oracle over trials when trials
 repeat. Both take the recipe's `oracle` section (an OracleConfig), not the recipe: the oracles
 know nothing of recipes, sessions or the search. Kinds: repetition, tokens, logits, acceptance,
-penalty, stages (per trial) and stats (over trials). The "command" kind (a user command's exit
-code) is judged by the session.
+penalty, stages (per trial), stats (over trials) and accuracy (a harness run's per-sample results
+against the two ends: `oracle.accuracy`). The "command" kind (a user command's exit code) is
+judged by the session.
 """
 
 from __future__ import annotations
@@ -14,13 +15,14 @@ from collections.abc import Callable
 from typing import Any
 
 from bisect_npu.contracts import Observation, Verdict, VerdictKind
-from bisect_npu.oracle.config import OracleConfig
+from bisect_npu.oracle.accuracy.judge import Role, judge_accuracy
+from bisect_npu.oracle.config import AccuracyConfig, OracleConfig
 from bisect_npu.oracle.stats import Undecided, judge_trials
 from bisect_npu.oracle.throughput import ThroughputConfig
 
-__all__ = ["judge", "judge_observation", "judge_trials"]
+__all__ = ["judge", "judge_accuracy", "judge_observation", "judge_trials"]
 
-NOT_PER_TRIAL = ("stats", "command")
+NOT_PER_TRIAL = ("stats", "command", "accuracy")
 
 
 def _judges() -> dict[str, Callable[[Observation, Observation | None, OracleConfig], Verdict]]:
@@ -102,15 +104,22 @@ def _all_cases(per_case: list[Verdict]) -> Verdict:
 
 
 def judge(cfg: OracleConfig, observations: list[Observation], reference: list[Observation] | None, *,
-          trials_per_case: int) -> Verdict:
+          trials_per_case: int, accuracy: AccuracyConfig | None = None,
+          bad_end: list[Observation] | None = None, role: Role = "candidate") -> Verdict:
     """A commit: per-trial verdicts, then a sequential verdict over trials when trials repeat
-    (``trials_per_case`` > 1, the recipe's ``trials.count``) or the config asks for stats."""
+    (``trials_per_case`` > 1, the recipe's ``trials.count``) or the config asks for stats. Kind
+    accuracy judges the commit's rounds in its ``role`` against ``reference`` (the good end's
+    rounds) and ``bad_end``, with the recipe's ``accuracy`` settings."""
     if not observations:
         return Verdict(kind=VerdictKind.SKIP, reason="no observations to judge", trials=0)
     if "throughput" in cfg.kinds:  # a figure over the trials, not a per-trial pass
         from bisect_npu.oracle.throughput import judge_throughput
 
         return judge_throughput(_throughput(cfg), observations, reference)
+    if "accuracy" in cfg.kinds:
+        if accuracy is None:
+            raise ValueError("oracle kind accuracy needs the recipe's accuracy settings")
+        return judge_accuracy(accuracy, observations, reference, bad_end, role=role)
     per_trial = [judge_observation(cfg, obs, reference_for(obs, reference)) for obs in observations]
     if trials_per_case == 1 and "stats" not in cfg.kinds:
         return _all_cases(per_trial)

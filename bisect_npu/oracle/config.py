@@ -155,12 +155,16 @@ class FocusConfig(_Strict):
 
     enabled: bool = Field(True, description="candidates run the discordant samples plus the control set; false: "
                                             "every step runs the whole dataset")
-    control: float = Field(0.1, ge=0.0, allow_inf_nan=False,
+    control: float = Field(0.05, ge=0.0, allow_inf_nan=False,
                            description="control samples (the ends agree on them) each candidate also runs: a "
                                        "count (10), or a share of the agreeing samples below 1 (0.1)")
-    min_discordant: int = Field(8, strict=True, ge=1,
+    min_discordant: int = Field(4, strict=True, ge=1,
                                 description="fewer discordant samples than this cannot decide a step: candidates "
                                             "then run the whole dataset")
+    batch: int = Field(8, strict=True, ge=0,
+                       description="discordant samples per round of a candidate, most telling first (its share "
+                                   "of control samples rides along): the sequential test stops after the first "
+                                   "round that settles it; 0: all of them in one round")
 
     @field_validator("control")
     @classmethod

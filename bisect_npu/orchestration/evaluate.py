@@ -18,6 +18,7 @@ from bisect_npu.contracts import Observation, TimeoutIs, Verdict, VerdictKind
 from bisect_npu.defaults import TRIAL_TIMEOUT_S
 from bisect_npu.errors import InfrastructureError
 from bisect_npu.execute.base import Executor, RunResult, observation_path, probe_log_path, probe_stem, run_node_path
+from bisect_npu.orchestration.accuracy import AccuracySteps, load_from, role_of
 from bisect_npu.recipe import CaseSpec, Recipe
 from bisect_npu.records import COMMAND_CASE, BuildInfo, TrialRun
 
@@ -45,6 +46,8 @@ class EvaluationRequest:
     # The good end of a recipe whose reference is the good end: its own observations become the
     # reference before they are judged (token matching holds trivially; the other oracles judge).
     as_reference: bool = False
+    # The bad end of an accuracy recipe: its per-sample results are the other half of the reference.
+    as_bad_end: bool = False
 
     def report(self, record: TrialRun) -> None:
         if self.on_trial is not None:
@@ -119,6 +122,7 @@ class Evaluator:
         # A trial past the timeout: the option's word, else the recipe's, else skip.
         self.timeout_is: TimeoutIs = timeout_is or (recipe.trials.timeout_is if recipe else None) or "skip"
         self.reference: list[Observation] | None = None
+        self.accuracy = AccuracySteps(recipe) if recipe is not None and recipe.accuracy is not None else None
 
     def close(self) -> None:
         """End of the session: stop anything the executor still runs, then free the cached
@@ -150,7 +154,7 @@ class Evaluator:
         commit = request.commit
         started = time.monotonic()
         step_dir = self.step_dir(commit)
-        if not request.judge_each and self._all_done(request.trials, request.done):
+        if not request.judge_each and self.accuracy is None and self._all_done(request.trials, request.done):
             # Every trial was journaled before an interruption: judge them, build nothing again.
             records = list(request.done)
             if request.as_reference and self.command is None:
@@ -167,11 +171,14 @@ class Evaluator:
         try:
             if self.command is not None:
                 records = self._run_commands(request, env)
+                verdict = self._verdict(records, request.judge_each)
+            elif self.accuracy is not None:
+                records, verdict = self._run_accuracy(request, env)
             else:
                 records = self._run_trials(request, env)
                 if request.as_reference:
                     self.set_reference(records)
-            verdict = self._verdict(records, request.judge_each)
+                verdict = self._verdict(records, request.judge_each)
         finally:
             self.builder.release(env)
         return StepResult(commit, verdict, build_record(env), records, round(time.monotonic() - started, 3))
@@ -227,12 +234,28 @@ class Evaluator:
         dumps hook the model for good, so they need an engine per trial."""
         return bool(self.recipe and self.recipe.trials.batch and not self.recipe.capture.layers)
 
+    def _run_accuracy(self, request: EvaluationRequest, env: Environment) -> tuple[list[TrialRun], Verdict]:
+        """An accuracy step: rounds (one trial each) until the oracle is clear (orchestration/accuracy.py)."""
+        assert self.accuracy is not None and self.recipe is not None
+        case = self.recipe.cases[0]
+
+        def run_round(trial: int, sample_ids: Sequence[str] | None) -> TrialRun:
+            return self._run_group(request, env, case, [trial], sample_ids)[0]
+
+        records, verdict = self.accuracy.step(request.commit, role_of(request.as_reference, request.as_bad_end),
+                                              request.done, run_round, request.first_trial,
+                                              load_from(self.session_dir))
+        if request.as_reference:
+            self.reference = self.accuracy.good_end
+        return records, verdict
+
     def _run_group(self, request: EvaluationRequest, env: Environment, case: CaseSpec,
-                   numbers: list[int]) -> list[TrialRun]:
+                   numbers: list[int], sample_ids: Sequence[str] | None = None) -> list[TrialRun]:
         """One probe run for the trials `numbers` of `case`; each trial is judged and reported as
-        soon as its observation file appears, so an interrupted batch keeps its finished trials."""
+        soon as its observation file appears, so an interrupted batch keeps its finished trials.
+        An accuracy round runs `sample_ids` (None: the whole dataset)."""
         assert self.recipe is not None
-        probe = probe_request(self.recipe, case, request.commit, numbers[0])
+        probe = probe_request(self.recipe, case, request.commit, numbers[0], sample_ids)
         if len(numbers) > 1:
             probe["batch"] = [{"trial": n, "seed": trial_seed(case, n), "output": ""} for n in numbers]
         out_dir = self.step_dir(request.commit).resolve()
@@ -316,6 +339,14 @@ class Evaluator:
     def set_reference(self, records: list[TrialRun]) -> None:
         """The good end's observations become the reference for token matching."""
         self.reference = [Observation.load(self.abs(r.observation)) for r in records if r.observation]
+        if self.accuracy is not None:
+            self.accuracy.remember("good_end", self.reference)
+
+    def set_bad_reference(self, records: list[TrialRun]) -> None:
+        """An accuracy recipe's bad end, judged before a resume: the other half of the reference."""
+        if self.accuracy is not None:
+            self.accuracy.remember("bad_end", [Observation.load(self.abs(r.observation))
+                                               for r in records if r.observation])
 
 
 def _node_named(path: Path) -> str | None:

@@ -217,7 +217,9 @@ class Session:
         load_cost, build_cost, overlay_cost = measured_costs(
             self.journal.entries, self.recipe.trials if self.recipe else None, noisy=self.mode == "noisy",
             batches=self.evaluator.batches, grouped=bool(groups))
-        return search.SearchProblem(n=self.n, mode=self.mode, check_ends=self.options.check_ends,
+        # An accuracy recipe's steps are measurements: the search weighs each one's likelihood ratio.
+        mode = "likelihood" if self.recipe is not None and self.recipe.accuracy is not None else self.mode
+        return search.SearchProblem(n=self.n, mode=mode, check_ends=self.options.check_ends,
                                     slots=self.slots, confidence=confidence, earlier_runs=earlier,
                                     load_cost=load_cost, build_cost=build_cost, build_groups=groups,
                                     prebuilt_groups=self.prebuilt_groups(), overlay_cost=overlay_cost,
@@ -275,8 +277,16 @@ class Session:
             elif isinstance(entry, StepRecord) and (self.mode == "exact" or (entry.verdict.kind == "skip"
                                                     and not entry.trials)):
                 current = evidence.get(entry.index, search.Evidence())
-                evidence[entry.index] = current.add(self._search_term(entry.verdict.kind.value))
+                evidence[entry.index] = current.add(self._search_term(entry.verdict.kind.value)).weigh(
+                    self._log_lr(entry.verdict.figures.get("log_likelihood_ratio")))
         return evidence
+
+    def _log_lr(self, value: object) -> float:
+        """A step's likelihood ratio (accuracy oracle) in the search's terms: under --find-fix the
+        symptom's side is the good one, so the ratio changes sign; 0 when the step has none."""
+        if not isinstance(value, int | float) or not math.isfinite(value):
+            return 0.0
+        return -float(value) if self.options.find_fix else float(value)
 
     def _pending_trials(self, index: int) -> list[TrialRun]:
         """Trials of `index` journaled after its last finished step: an interrupted step's work."""
@@ -388,6 +398,9 @@ class Session:
             self._run_query(search.Query(0, self.recipe.trials.count if self.recipe else 1))
             good_steps = [e for e in self._finished_steps() if e.index == 0]
         self.evaluator.set_reference([t for s in good_steps for t in s.trials])
+        bad_steps = [e for e in self._finished_steps() if e.index == self.n]
+        if bad_steps and self.evaluator.accuracy is not None and self.evaluator.accuracy.bad_end is None:
+            self.evaluator.set_bad_reference([t for s in bad_steps for t in s.trials])
 
     def _run_query(self, query: search.Query, first_trial: int | None = None) -> None:
         if query.index != 0:
@@ -413,7 +426,8 @@ class Session:
         as_reference = query.index == 0 and self._needs_reference()
         first = self._next_trial(query.index) if first_trial is None else first_trial
         result = self.evaluator.evaluate(EvaluationRequest(commit, trials, tuple(pending), on_trial, judge_each=noisy,
-                                                           first_trial=first, as_reference=as_reference))
+                                                           first_trial=first, as_reference=as_reference,
+                                                           as_bad_end=query.index == self.n))
         self._record_step(query.index, result)
         self._keep(query.index, result)
 

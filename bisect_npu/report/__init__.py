@@ -58,6 +58,7 @@ class StepView:
     run_env: dict[str, str] = field(default_factory=dict)  # the candidate's own switches its runs got
     # An overlay on a release: the compiled inputs the commit changed since it (its verdict may not hold).
     compiled_changes: list[str] = field(default_factory=list)
+    observations: list[str] = field(default_factory=list)  # the step's observation files (session-relative)
 
 
 @dataclass
@@ -126,7 +127,8 @@ def load_view(session_dir: Path) -> SessionView:
                                   verdict.reason, entry.seconds, build.how if build else "",
                                   (build.seconds if build else None) or 0.0, verdict.trials, verdict.figures, logs,
                                   candidates.pr_of(entry.commit), dict(build.run_env) if build else {},
-                                  list(build.compiled_changes) if build else []))
+                                  list(build.compiled_changes) if build else [],
+                                  [t.observation for t in entry.trials if t.observation]))
         elif isinstance(entry, EndRecord):
             end = entry
         elif isinstance(entry, FixRecord):
@@ -207,6 +209,14 @@ def evidence_summary(view: SessionView) -> list[str]:
             f"{_percent(figures['posterior'])} (range-wide estimates: the symptom in {after:.0%} of runs after the "
             f"change, {before:.0%} before; {figures['trials']:.0f} trials in all)",
         ]
+    if "culprit_log_lr" in figures:  # likelihood mode (the accuracy oracle): each step weighed by its ratio
+        parent = _parent_of(view, end)
+        side = "good" if flipped else "bad"
+        return [f"{found}: log likelihood ratio {figures['culprit_log_lr']:+.1f} for the {side} side over its steps",
+                f"its parent{f' `{parent[:12]}`' if parent else ''}: {figures['parent_log_lr']:+.1f} (0 at an end: "
+                "the reference)",
+                f"posterior that this is the first {'fixed' if flipped else 'bad'} commit: "
+                f"{_percent(figures['posterior'])} after {figures['steps']:.0f} steps"]
     if "posterior" in figures:  # every position capped or skipped: the best guess, with its weight
         return [f"posterior {_percent(figures['posterior'])}: the commits around it reached the trial cap or "
                 "were skipped before the answer was sure"]
@@ -323,6 +333,65 @@ def chart_series(steps: list[StepView]) -> tuple[str, list[tuple[str, float]]] |
     return None
 
 
+FLIPPED_SHOWN = 5  # samples listed as "flipped at the culprit"
+EXCERPT_CHARS = 240
+
+
+def _excerpt(text: str | None) -> str:
+    text = " ".join((text or "").split())
+    return text if len(text) <= EXCERPT_CHARS else text[: EXCERPT_CHARS - 1] + "…"
+
+
+def _step_samples(view: SessionView, step: StepView) -> dict[str, dict[str, Any]]:
+    """A step's per-sample outcomes, its rounds pooled: id -> correct (rate), runs and the first texts."""
+    pooled: dict[str, dict[str, Any]] = {}
+    for path in step.observations:
+        try:
+            obs = Observation.load(view.session_dir / path)
+        except UsageError:
+            continue  # a report shows what it can read; the step's figures still say what was judged
+        for sample in obs.samples or []:
+            seen = pooled.setdefault(sample.id, {"correct_runs": 0.0, "runs": 0, "prompt": sample.prompt,
+                                                 "output": sample.output, "target": sample.target,
+                                                 "finish_reason": sample.finish_reason})
+            seen["correct_runs"] += sample.correct_runs
+            seen["runs"] += sample.runs
+    for seen in pooled.values():
+        seen["correct"] = seen["correct_runs"] / seen["runs"]
+    return pooled
+
+
+def accuracy_view(view: SessionView) -> dict[str, Any] | None:
+    """An accuracy session's figures: each tested commit's score with its interval and the samples it
+    ran against the whole set, and the samples that flipped at the culprit (the bad case)."""
+    rows = sorted((s for s in view.steps if "accuracy" in s.figures and s.verdict != "unfinished"),
+                  key=lambda s: (s.index, s.order))
+    if not rows:
+        return None
+    total = max(int(s.figures.get("samples_total") or 0) for s in rows)
+    runs = sum(int(s.figures.get("sample_runs") or 0) for s in rows)
+    flipped: list[dict[str, Any]] = []
+    end = view.end
+    if end is not None and end.status == "found" and end.culprit:
+        culprit = [s for s in rows if s.commit == end.culprit]
+        below = [s for s in rows if culprit and s.index < culprit[0].index]
+        parent = [s for s in below if s.index == max(b.index for b in below)] if below else []
+        mine = {k: v for s in culprit for k, v in _step_samples(view, s).items()}
+        theirs = {k: v for s in parent for k, v in _step_samples(view, s).items()}
+        drops = [(theirs[i]["correct"] - m["correct"], i) for i, m in mine.items()
+                 if i in theirs and theirs[i]["correct"] > m["correct"]]
+        for _, i in sorted(drops, key=lambda d: -d[0])[:FLIPPED_SHOWN]:
+            before, after = theirs[i], mine[i]
+            flipped.append({"id": i, "before": round(before["correct"], 3), "after": round(after["correct"], 3),
+                            "prompt": _excerpt(before["prompt"] or after["prompt"]),
+                            "target": _excerpt(before["target"] or after["target"]),
+                            "before_output": _excerpt(before["output"]), "after_output": _excerpt(after["output"]),
+                            "after_finish": after["finish_reason"], "parent": parent[0].commit if parent else None})
+    return {"rows": rows, "samples_total": total, "sample_runs": runs, "flipped": flipped,
+            "metric": "loop_rate" if any("loop_rate" in s.figures for s in rows) else "accuracy",
+            "full_runs": total * len(rows)}
+
+
 def _environment() -> jinja2.Environment:
     env = jinja2.Environment(loader=jinja2.FileSystemLoader(TEMPLATES), autoescape=False,
                              trim_blocks=True, lstrip_blocks=True, keep_trailing_newline=True,
@@ -351,6 +420,7 @@ def _main_report(view: SessionView, chart: tuple[str, list[tuple[str, float]]] |
         build_counts=_build_counts(view.steps), total_seconds=round(sum(s.seconds for s in view.steps), 1),
         reused=reused_count(view.steps),
         evidence=evidence_summary(view), host_line=host_line(view), switches=switch_lines(view.steps),
+        accuracy=accuracy_view(view),
     )
 
 
@@ -388,6 +458,7 @@ def render_json(view: SessionView) -> dict[str, Any]:
         "versions": view.versions, "engine_starts": view.engine_starts, "search_told": view.told,
         "reused_verdicts": reused_count(view.steps), "verdict_store": view.options.verdict_store,
         "nightly": _nightly_json(view),
+        "accuracy": _accuracy_json(view),
     }
 
 
@@ -400,6 +471,17 @@ def _nightly_json(view: SessionView) -> dict[str, Any] | None:
     if section is None:
         return None
     return {**section, "steps": [{**step, "rows": [asdict(row) for row in step["rows"]]} for step in section["steps"]]}
+
+
+def _accuracy_json(view: SessionView) -> dict[str, Any] | None:
+    acc = accuracy_view(view)
+    if acc is None:
+        return None
+    return {**acc, "rows": [{"index": s.index, "commit": s.commit, "verdict": s.verdict,
+                             **{k: s.figures.get(k) for k in ("accuracy", "accuracy_low", "accuracy_high",
+                                                              "samples_run", "samples_total", "sample_runs",
+                                                              "rounds", "log_likelihood_ratio")}}
+                            for s in acc["rows"]]}
 
 
 def reproduce_command(view: SessionView) -> str:

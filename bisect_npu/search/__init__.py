@@ -9,8 +9,9 @@ one would have got.
 A Decision is ``Next(queries)`` (run these; more than one only when ``problem.slots > 1``; each
 query takes one slot and runs its ``trials`` there), ``Found(index, ...)``, ``Narrowed(lo, hi,
 ...)`` (skips hide the boundary: culprit in (lo, hi]), or ``EndsWrong(which)`` (the good end
-judged bad, or the bad end judged good). Two modes: ``exact`` (exact.py, one verdict per commit)
-and ``noisy`` (noisy.py, trial counts); docs/design/search.md describes both.
+judged bad, or the bad end judged good). Three modes: ``exact`` (exact.py, one verdict per commit),
+``noisy`` (noisy.py, trial counts) and ``likelihood`` (likelihood.py, each step's likelihood ratio,
+from the accuracy oracle); docs/design/search.md describes them.
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ from collections.abc import Mapping
 
 from bisect_npu.search.costs import group_ids
 from bisect_npu.search.exact import decide_exact
+from bisect_npu.search.likelihood import decide_likelihood
 from bisect_npu.search.noisy import decide_noisy
 from bisect_npu.search.types import (
     Decision,
@@ -55,4 +57,6 @@ def decide(problem: SearchProblem, evidence: Mapping[int, Evidence]) -> Decision
     validate(problem, evidence)
     if problem.mode == "noisy":
         return decide_noisy(problem, evidence)
+    if problem.mode == "likelihood":
+        return decide_likelihood(problem, evidence)
     return decide_exact(problem, evidence)

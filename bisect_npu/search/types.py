@@ -3,6 +3,7 @@ answers (a Decision). Plain frozen values, so a decision depends on nothing but 
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Literal
@@ -12,18 +13,28 @@ Outcome = Literal["good", "bad", "skip"]
 
 @dataclass(frozen=True)
 class Evidence:
-    """Everything observed at one position: trial counts and whether it was skipped."""
+    """Everything observed at one position: trial counts and whether it was skipped.
+
+    ``log_lr`` (likelihood mode) is what the position's steps said about its side, as a natural
+    log likelihood ratio: log P(what was measured | the position is on the bad side) minus log
+    P(it | the good side), summed over its steps (independent measurements multiply).
+    """
 
     good: int = 0
     bad: int = 0
     skipped: bool = False
+    log_lr: float = 0.0
 
     def add(self, outcome: Outcome) -> Evidence:
         if outcome == "good":
-            return Evidence(self.good + 1, self.bad, self.skipped)
+            return Evidence(self.good + 1, self.bad, self.skipped, self.log_lr)
         if outcome == "bad":
-            return Evidence(self.good, self.bad + 1, self.skipped)
-        return Evidence(self.good, self.bad, True)
+            return Evidence(self.good, self.bad + 1, self.skipped, self.log_lr)
+        return Evidence(self.good, self.bad, True, self.log_lr)
+
+    def weigh(self, log_lr: float) -> Evidence:
+        """This evidence with one more step's log likelihood ratio."""
+        return Evidence(self.good, self.bad, self.skipped, self.log_lr + log_lr)
 
     @property
     def trials(self) -> int:
@@ -79,7 +90,7 @@ class SearchProblem:
     """
 
     n: int
-    mode: Literal["exact", "noisy"] = "exact"
+    mode: Literal["exact", "noisy", "likelihood"] = "exact"
     check_ends: bool = True
     slots: int = 1
     confidence: float = 0.99
@@ -134,7 +145,7 @@ def validate(problem: SearchProblem, evidence: Mapping[int, Evidence]) -> None:
         raise ValueError(f"a search needs at least one candidate, got n={problem.n}")
     if problem.slots < 1:
         raise ValueError(f"slots must be >= 1, got {problem.slots}")
-    if problem.mode not in ("exact", "noisy"):
+    if problem.mode not in ("exact", "noisy", "likelihood"):
         raise ValueError(f"unknown search mode {problem.mode!r}")
     if not 0.5 < problem.confidence < 1.0 or not 0.5 < problem.sandwich_confidence < 1.0:
         raise ValueError("confidence levels must lie in (0.5, 1)")
@@ -152,6 +163,8 @@ def validate(problem: SearchProblem, evidence: Mapping[int, Evidence]) -> None:
     runs = problem.earlier_runs
     if runs is not None and not (0 <= runs.bad_failed <= runs.bad_runs and 0 <= runs.good_failed <= runs.good_runs):
         raise ValueError(f"earlier runs need 0 <= failed <= runs at each end, got {runs}")
+    if any(not math.isfinite(ev.log_lr) for ev in evidence.values()):
+        raise ValueError("a log likelihood ratio must be finite (clip it where it is computed)")
     outside = [i for i in evidence if not 0 <= i <= problem.n]
     if outside:
         raise ValueError(f"evidence at positions outside 0..{problem.n}: {sorted(outside)[:5]}")

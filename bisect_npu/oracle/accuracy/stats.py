@@ -1,0 +1,301 @@
+"""The accuracy oracle's statistics: pure functions of per-sample outcomes (numpy and math only).
+
+Three questions, each answered at the recipe's confidence:
+
+- Does the bad end score lower than the good end? A paired test on the samples both ran: exact
+  McNemar on the discordant samples when every sample ran once, a paired z test on the
+  per-sample rates when samples repeat.
+- Which side is a candidate on? The log likelihood ratio of its outcomes under "it behaves like
+  the bad end" against "like the good end", each sample predicted by a beta-binomial whose beta
+  is the end's own runs of that sample on top of an empirical-Bayes prior (`EndsPrior`). A
+  likelihood ratio stays valid under optional stopping (Ville's inequality: under the good side
+  the chance it ever reaches 1/alpha is at most alpha), so a step may stop the moment it crosses
+  a Wald bound and the search may multiply the ratios of several steps.
+- Is a score below ``baseline - threshold``? A one-sided interval around the mean of the
+  per-sample rates; with several rounds alpha is spent evenly over them (Bonferroni), so looking
+  after every round keeps the error rate.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from statistics import NormalDist
+
+from bisect_npu.contracts import SampleOutcome
+from bisect_npu.intervals import wilson_interval
+
+# A ratio's share from one sample is clipped here: a sample whose end rates were 0/20 and 20/20 can
+# say a lot, never everything (a mislabelled sample must not decide a step alone).
+MAX_SAMPLE_LOG_LR = 4.0
+# Bounds of the intraclass correlation the prior is fitted to: 0 would make runs of one sample
+# independent coin flips (no sample tells anything), 1 would make every sample deterministic.
+MIN_RHO, MAX_RHO = 0.05, 0.95
+
+
+def wald_bound(confidence: float) -> float:
+    """|log likelihood ratio| at which a sequential test stops at `confidence` (Wald: log((1-b)/a))."""
+    return math.log(confidence / (1.0 - confidence))
+
+
+def by_id(samples: Sequence[SampleOutcome]) -> dict[str, SampleOutcome]:
+    return {s.id: s for s in samples}
+
+
+def pool(*runs: Sequence[SampleOutcome]) -> list[SampleOutcome]:
+    """Several rounds of one commit as one set: each sample's runs added, its rate pooled."""
+    pooled: dict[str, SampleOutcome] = {}
+    for samples in runs:
+        for s in samples:
+            seen = pooled.get(s.id)
+            if seen is None:
+                pooled[s.id] = s
+            else:
+                total = seen.runs + s.runs
+                pooled[s.id] = seen.model_copy(update={"runs": total,
+                                                       "correct": (seen.correct_runs + s.correct_runs) / total})
+    return list(pooled.values())
+
+
+@dataclass(frozen=True)
+class Score:
+    """A commit's accuracy on the samples it ran (in points, 0-100) with its interval."""
+
+    accuracy: float
+    low: float
+    high: float
+    samples: int
+    runs: int
+
+
+def score(samples: Sequence[SampleOutcome], confidence: float) -> Score:
+    """The mean of the per-sample rates with a two-sided interval at `confidence`: Wilson when
+    every sample ran once, else a normal interval from the spread of the per-sample rates (the
+    samples are the unit: runs of one sample are not independent draws of the dataset's score)."""
+    n = len(samples)
+    runs = sum(s.runs for s in samples)
+    if n == 0:
+        return Score(0.0, 0.0, 100.0, 0, 0)
+    rates = [s.correct for s in samples]
+    mean = sum(rates) / n
+    if all(s.runs == 1 for s in samples):
+        low, high = wilson_interval(round(sum(rates)), n, confidence)
+    else:
+        z = NormalDist().inv_cdf(0.5 + confidence / 2)
+        var = sum((r - mean) ** 2 for r in rates) / max(1, n - 1)
+        half = z * math.sqrt(var / n) if n > 1 else 1.0
+        low, high = max(0.0, mean - half), min(1.0, mean + half)
+    return Score(100 * mean, 100 * low, 100 * high, n, runs)
+
+
+def mcnemar_exact(worse: int, better: int) -> float:
+    """One-sided exact McNemar p-value: P(X >= worse), X ~ Binomial(worse + better, 1/2); `worse`
+    counts the samples only the reference got right, `better` those only the other side did."""
+    m = worse + better
+    if m == 0:
+        return 1.0
+    tail = sum(math.comb(m, k) for k in range(worse, m + 1))
+    return min(1.0, tail / 2.0**m)
+
+
+def discordant_counts(candidate: Sequence[SampleOutcome], reference: Sequence[SampleOutcome]) -> tuple[int, int]:
+    """(worse, better) over the shared samples, one run each: reference right and candidate wrong,
+    and the other way round (rates are rounded to whole runs)."""
+    ref = by_id(reference)
+    worse = better = 0
+    for s in candidate:
+        r = ref.get(s.id)
+        if r is None:
+            continue
+        mine, theirs = s.correct >= 0.5, r.correct >= 0.5
+        worse += theirs and not mine
+        better += mine and not theirs
+    return worse, better
+
+
+def paired_rate_p(candidate: Sequence[SampleOutcome], reference: Sequence[SampleOutcome]) -> tuple[float, float]:
+    """(mean rate difference candidate - reference, one-sided p of "candidate lower") on the shared
+    samples: a paired z test on the per-sample rate differences (exact McNemar when all ran once)."""
+    ref = by_id(reference)
+    diffs = [s.correct - ref[s.id].correct for s in candidate if s.id in ref]
+    if not diffs:
+        return 0.0, 1.0
+    mean = sum(diffs) / len(diffs)
+    shared = [s for s in candidate if s.id in ref]
+    if all(s.runs == 1 for s in shared) and all(ref[s.id].runs == 1 for s in shared):
+        worse, better = discordant_counts(shared, reference)
+        return mean, mcnemar_exact(worse, better)
+    var = sum((d - mean) ** 2 for d in diffs) / max(1, len(diffs) - 1)
+    if var == 0:
+        return mean, 0.0 if mean < 0 else 1.0
+    z = mean / math.sqrt(var / len(diffs))
+    return mean, NormalDist().cdf(z)
+
+
+@dataclass(frozen=True)
+class EndsPrior:
+    """The beta prior of a sample's correctness rate at each end: mean the end's accuracy,
+    strength kappa = 1/rho - 1 with rho the intraclass correlation of runs of one sample (how
+    repeatable a sample's result is), fitted from the ends' own data (`fit_prior`)."""
+
+    good_mean: float
+    bad_mean: float
+    rho: float
+
+    @property
+    def kappa(self) -> float:
+        return 1.0 / self.rho - 1.0
+
+
+def _clip_mean(m: float) -> float:
+    return min(0.99, max(0.01, m))
+
+
+def fit_prior(good: Sequence[SampleOutcome], bad: Sequence[SampleOutcome]) -> EndsPrior:
+    """Empirical Bayes from the two ends' full runs. With repeats, rho by moments: the spread of
+    per-sample rates is m(1-m)(1 + (R-1) rho)/R. With one run each, from how often the ends agree
+    on a sample, 1 - 2 m(1-m)(1-rho) for an unchanged sample; the samples the regression changed
+    lower the agreement, which only lowers rho (weaker, safer evidence)."""
+    g, b = by_id(good), by_id(bad)
+    shared = [i for i in g if i in b]
+    good_mean = _clip_mean(sum(g[i].correct for i in shared) / len(shared)) if shared else 0.5
+    bad_mean = _clip_mean(sum(b[i].correct for i in shared) / len(shared)) if shared else 0.5
+    estimates = []
+    for end, m in ((g, good_mean), (b, bad_mean)):
+        runs = [end[i].runs for i in shared]
+        if shared and min(runs) >= 2:
+            r = sum(runs) / len(runs)
+            spread = sum((end[i].correct - m) ** 2 for i in shared) / max(1, len(shared) - 1)
+            estimates.append((spread * r / (m * (1 - m)) - 1) / (r - 1))
+    if not estimates and shared:
+        m = (good_mean + bad_mean) / 2
+        agree = sum((g[i].correct >= 0.5) == (b[i].correct >= 0.5) for i in shared) / len(shared)
+        estimates.append(1 - (1 - agree) / (2 * m * (1 - m)))
+    rho = sum(estimates) / len(estimates) if estimates else 0.5
+    return EndsPrior(good_mean, bad_mean, min(MAX_RHO, max(MIN_RHO, rho)))
+
+
+def _log_beta(a: float, b: float) -> float:
+    return math.lgamma(a) + math.lgamma(b) - math.lgamma(a + b)
+
+
+def _predictive(k: float, n: int, end: SampleOutcome | None, mean: float, kappa: float) -> float:
+    """log P(k of n correct | the end's runs of the sample), beta-binomial (binomial coefficient
+    left out: it cancels in a ratio)."""
+    alpha, beta = mean * kappa, (1 - mean) * kappa
+    if end is not None:
+        alpha += end.correct_runs
+        beta += end.runs - end.correct_runs
+    return _log_beta(alpha + k, beta + n - k) - _log_beta(alpha, beta)
+
+
+def sample_log_lr(candidate: SampleOutcome, good: SampleOutcome | None, bad: SampleOutcome | None,
+                  prior: EndsPrior) -> float:
+    """One sample's log P(outcome | bad side) - log P(outcome | good side), clipped."""
+    k, n = candidate.correct_runs, candidate.runs
+    value = (_predictive(k, n, bad, prior.bad_mean, prior.kappa)
+             - _predictive(k, n, good, prior.good_mean, prior.kappa))
+    return max(-MAX_SAMPLE_LOG_LR, min(MAX_SAMPLE_LOG_LR, value))
+
+
+def log_likelihood_ratio(candidate: Sequence[SampleOutcome], good: Sequence[SampleOutcome],
+                         bad: Sequence[SampleOutcome], prior: EndsPrior | None = None) -> float:
+    """log P(candidate | bad side) - log P(candidate | good side) over the samples it ran: > 0
+    says bad, < 0 good. Samples are independent given the side; a sample neither end ran
+    predicts the same under both and adds nothing."""
+    prior = prior or fit_prior(good, bad)
+    g, b = by_id(good), by_id(bad)
+    return sum(sample_log_lr(s, g.get(s.id), b.get(s.id), prior) for s in candidate)
+
+
+@dataclass(frozen=True)
+class BaselineCheck:
+    """The one-sample test against ``baseline - threshold`` (points)."""
+
+    verdict: str | None  # "good", "bad", or None: not clear yet at this confidence
+    line: float
+    score: Score
+    alpha: float
+
+
+def _binomial_cdf(k: int, n: int, p: float) -> float:
+    """P(X <= k), X ~ Binomial(n, p), summed in log space (n in the thousands is fine)."""
+    if p <= 0.0:
+        return 1.0
+    if p >= 1.0:
+        return 1.0 if k >= n else 0.0
+    log_p, log_q = math.log(p), math.log1p(-p)
+    terms = [math.lgamma(n + 1) - math.lgamma(j + 1) - math.lgamma(n - j + 1) + j * log_p + (n - j) * log_q
+             for j in range(k + 1)]
+    top = max(terms)
+    return min(1.0, math.exp(top) * sum(math.exp(t - top) for t in terms))
+
+
+def clopper_pearson(correct: int, n: int, alpha: float) -> tuple[float, float]:
+    """Exact one-sided bounds at level alpha each: the rates whose binomial tail at `correct` is alpha."""
+    def solve(tail_above: bool) -> float:
+        lo, hi = 0.0, 1.0
+        for _ in range(60):
+            mid = (lo + hi) / 2
+            tail = 1 - _binomial_cdf(correct - 1, n, mid) if tail_above else _binomial_cdf(correct, n, mid)
+            if (tail < alpha) == tail_above:
+                lo = mid
+            else:
+                hi = mid
+        return (lo + hi) / 2
+
+    low = 0.0 if correct == 0 else solve(tail_above=True)
+    high = 1.0 if correct == n else solve(tail_above=False)
+    return low, high
+
+
+def baseline_check(samples: Sequence[SampleOutcome], baseline: float, threshold: float, confidence: float,
+                   rounds_planned: int = 1) -> BaselineCheck:
+    """Bad when the score's upper bound is below ``baseline - threshold``, good when its lower bound
+    is at or above it, each one-sided at `confidence` with alpha spent evenly over the planned
+    rounds (so looking after every round keeps the error rate); otherwise undecided. One run per
+    sample: exact (Clopper-Pearson) bounds; rates: the normal bounds of `score`."""
+    alpha = (1 - confidence) / rounds_planned
+    s = score(samples, 1 - 2 * alpha)  # a two-sided (1 - 2 alpha) interval: each side one-sided at 1 - alpha
+    if samples and all(x.runs == 1 for x in samples):
+        low, high = clopper_pearson(round(sum(x.correct for x in samples)), len(samples), alpha)
+        s = Score(s.accuracy, 100 * low, 100 * high, s.samples, s.runs)
+    line = baseline - threshold
+    verdict = "bad" if s.high < line else "good" if s.low >= line else None
+    return BaselineCheck(verdict, line, s, alpha)
+
+
+def score_log_lr(samples: Sequence[SampleOutcome], good: Sequence[SampleOutcome],
+                 bad: Sequence[SampleOutcome]) -> float:
+    """The aggregate score's log likelihood ratio (bad side over good side), normal with the
+    candidate's own standard error around each end's score: the search's evidence when only the
+    score is judged (reference: baseline) and no per-sample pairing is wanted."""
+    s = score(samples, 0.6826894921370859)  # one standard error each side
+    se = max(0.5, (s.high - s.low) / 2)
+    g, b = score(good, 0.5).accuracy, score(bad, 0.5).accuracy
+    value = (-((s.accuracy - b) ** 2) + (s.accuracy - g) ** 2) / (2 * se * se)
+    return max(-50.0, min(50.0, value))
+
+
+def flipped(good: Mapping[str, SampleOutcome], bad: Mapping[str, SampleOutcome],
+            limit: int = 5) -> list[dict[str, object]]:
+    """The samples the good end got right and the bad end wrong, largest drop first: the bad case
+    for the user, with both answers."""
+    drops = sorted(((g.correct - bad[i].correct, i) for i, g in good.items() if i in bad
+                    and g.correct > bad[i].correct), key=lambda t: (-t[0], t[1]))
+    shown = []
+    for drop, i in drops[:limit]:
+        g, b = good[i], bad[i]
+        shown.append({"id": i, "drop": round(drop, 4), "good_correct": g.correct, "bad_correct": b.correct,
+                      "prompt": _excerpt(g.prompt or b.prompt), "target": _excerpt(g.target or b.target),
+                      "good_output": _excerpt(g.output), "bad_output": _excerpt(b.output),
+                      "bad_finish_reason": b.finish_reason})
+    return shown
+
+
+def _excerpt(text: str | None, chars: int = 300) -> str | None:
+    if text is None:
+        return None
+    text = " ".join(text.split())
+    return text if len(text) <= chars else text[: chars - 1] + "…"

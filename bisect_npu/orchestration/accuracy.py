@@ -1,0 +1,98 @@
+"""One accuracy step: rounds of harness runs at a commit until the accuracy oracle is clear.
+
+The Evaluator hands an accuracy recipe's steps here. A round is one trial (one probe run, one
+harness run over some samples); which samples each round runs comes from the oracle's round plan
+(oracle.accuracy.focus.round_plan): the ends run the whole dataset, a candidate the samples the
+ends disagree on (with a control set), then more. After each round the oracle judges every round
+so far and says whether another is wanted (figure ``more_rounds``). Rounds journaled before an
+interruption are reused in order (the plan is deterministic), so a resumed step runs only the
+rest.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from bisect_npu import oracle
+from bisect_npu.contracts import Observation, Verdict, VerdictKind
+from bisect_npu.oracle.accuracy.focus import round_plan
+from bisect_npu.oracle.accuracy.judge import Role, samples_of
+from bisect_npu.records import TrialRun
+
+if TYPE_CHECKING:
+    from bisect_npu.recipe import Recipe
+
+# Runs one round: (trial number, sample ids or None for all) -> the round's trial record.
+RunRound = Callable[[int, Sequence[str] | None], TrialRun]
+
+
+@dataclass
+class AccuracySteps:
+    """The ends' observations (the reference) and the commits stepped already, for one session."""
+
+    recipe: Recipe
+    good_end: list[Observation] | None = None
+    bad_end: list[Observation] | None = None
+    stepped: set[str] = field(default_factory=set)
+
+    def plan(self, commit: str, role: Role) -> list[list[str] | None]:
+        """The rounds this step may run. A commit stepped before (the search asks again: its first
+        step was not decisive) runs the whole dataset: the fallback to more samples."""
+        spec = self.recipe.accuracy
+        assert spec is not None
+        good, bad = samples_of(self.good_end or []), samples_of(self.bad_end or [])
+        if role != "candidate" or commit in self.stepped or not good or not bad:
+            return [None] * spec.max_rounds
+        return round_plan(spec, good, bad, commit)
+
+    def judge(self, observations: list[Observation], role: Role, final: bool) -> Verdict:
+        spec = self.recipe.accuracy
+        assert spec is not None
+        return oracle.judge_accuracy(spec, observations, self.good_end, self.bad_end, role=role, final=final)
+
+    def step(self, commit: str, role: Role, done: Sequence[TrialRun], run_round: RunRound, first_trial: int,
+             load: Callable[[str], Observation]) -> tuple[list[TrialRun], Verdict]:
+        """Rounds (the journaled `done` first) until the verdict is clear or the plan ends."""
+        plan = self.plan(commit, role)
+        self.stepped.add(commit)
+        records: list[TrialRun] = []
+        observations: list[Observation] = []
+        verdict = Verdict(kind=VerdictKind.SKIP, reason="no round ran", trials=0)
+        trial = first_trial
+        for number, sample_ids in enumerate(plan):
+            record = done[number] if number < len(done) else run_round(trial, sample_ids)
+            trial = max(trial, record.trial) + 1
+            records.append(record)
+            if not record.observation:  # the harness or the engine failed: no verdict from this step
+                return records, Verdict(kind=VerdictKind.SKIP, reason=record.reason or "the round wrote no "
+                                        "observation", trials=len(records))
+            observations.append(load(record.observation))
+            verdict = self.judge(observations, role, final=number == len(plan) - 1)
+            if not verdict.figures.get("more_rounds"):
+                break
+        if role == "good_end" and verdict.kind != VerdictKind.SKIP:
+            self.good_end = observations
+        if role == "bad_end" and verdict.kind != VerdictKind.SKIP:
+            self.bad_end = observations
+        return records, verdict
+
+    def remember(self, role: Role, observations: list[Observation]) -> None:
+        """An end judged before (a resumed session): its observations are the reference again."""
+        if role == "good_end":
+            self.good_end = observations
+        elif role == "bad_end":
+            self.bad_end = observations
+
+
+def role_of(as_reference: bool, as_bad_end: bool) -> Role:
+    return "good_end" if as_reference else "bad_end" if as_bad_end else "candidate"
+
+
+def load_from(session_dir: Path) -> Callable[[str], Observation]:
+    def load(path: str) -> Observation:
+        return Observation.load(path if Path(path).is_absolute() else session_dir / path)
+
+    return load

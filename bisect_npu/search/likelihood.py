@@ -1,0 +1,117 @@
+"""Likelihood mode: a Bayesian search over the change point fed with each step's likelihood ratio.
+
+For oracles that measure rather than vote (the accuracy oracle's paired statistics), a step's
+evidence is a log likelihood ratio, log P(measured | bad side) - log P(measured | good side)
+(``Evidence.log_lr``), not a bare good or bad. With the culprit c uniform over 1..n, a tested
+position i is on the bad side exactly when c <= i, so
+
+    log P(c | evidence) = sum of log_lr_i over the tested i >= c  + constant,
+
+which is exact whatever the ratios' sizes: a weak step moves the posterior a little, a decisive
+one a lot, and steps repeated at one position add up. The next query is probabilistic bisection
+(the posterior's median, quantiles with several slots); a tested position is asked again while
+the posterior is not sure which side it is on (its step was not decisive), up to ``max_steps``.
+The ends come first: each must be judged its own side by its step's verdict (EndsWrong otherwise).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+import numpy as np
+
+from bisect_npu.search.types import Decision, EndsWrong, Evidence, Found, Narrowed, Next, Query, SearchProblem
+
+# Steps one position may take (the first and repeats): a commit that three steps of the sequential
+# test could not place is left to the posterior, which then names a range or a weaker answer.
+MAX_STEPS = 3
+
+
+def change_point_posterior(n: int, evidence: Mapping[int, Evidence]) -> np.ndarray:
+    """P(c = x | evidence) for x = 1..n (index 0 is position 1), from the inner positions' ratios."""
+    log_lr = np.zeros(n + 1)
+    for i, ev in evidence.items():
+        if 0 < i < n:
+            log_lr[i] = ev.log_lr
+    # log P(c = x) = sum over i >= x of log_lr[i], for x = 1..n (the bad end is on the bad side for every c).
+    suffix = np.cumsum(log_lr[::-1])[::-1][1:]
+    post = np.exp(suffix - suffix.max())
+    normalised: np.ndarray = post / post.sum()
+    return normalised
+
+
+def _blocks(n: int, evidence: Mapping[int, Evidence]) -> np.ndarray:
+    """Block id per position 1..n: a skipped position joins the next one (no step can split them)."""
+    starts = np.ones(n, dtype=int)
+    starts[0] = 0
+    for i, ev in evidence.items():
+        if 0 < i < n and ev.skipped and not ev.trials:
+            starts[i] = 0  # position i + 1 continues i's block
+    return np.cumsum(starts)
+
+
+def _steps(ev: Evidence) -> int:
+    return ev.good + ev.bad
+
+
+def decide_likelihood(problem: SearchProblem, evidence: Mapping[int, Evidence]) -> Decision:
+    """The ends, then the posterior's quantiles until one block holds ``confidence``."""
+    n = problem.n
+    e0, en = evidence.get(0, Evidence()), evidence.get(n, Evidence())
+    ends: list[Query] = []
+    if problem.check_ends:
+        for index, ev, which in ((0, e0, "good"), (n, en, "bad")):
+            if ev.skipped and not ev.trials:
+                return EndsWrong(which, {"skipped": 1.0})  # type: ignore[arg-type]
+            wrong = ev.bad if which == "good" else ev.good
+            if 2 * wrong > ev.trials:  # most of its steps put the end on the other side
+                return EndsWrong(which, {"log_likelihood_ratio": ev.log_lr})  # type: ignore[arg-type]
+            if not ev.trials:
+                ends.append(Query(index))
+    if ends:
+        return Next(tuple(ends[: problem.slots]))
+    if n == 1:
+        return Found(1, confidence=1.0, figures={"posterior": 1.0})
+    post = change_point_posterior(n, evidence)
+    blocks = _blocks(n, evidence)
+    block_mass = np.bincount(blocks, weights=post)
+    best = int(np.argmax(block_mass))
+    if block_mass[best] >= problem.confidence:
+        return _answer(blocks, block_mass, best, evidence)
+    picks = _quantile_picks(problem, evidence, post)
+    if not picks:
+        return _answer(blocks, block_mass, best, evidence)
+    return Next(tuple(Query(i) for i in picks))
+
+
+def _quantile_picks(problem: SearchProblem, evidence: Mapping[int, Evidence], post: np.ndarray) -> list[int]:
+    """Positions at the posterior's k/(k+1) quantiles (k slots): a step at x tells c <= x from c > x,
+    so the quantiles split the mass evenly. A position that cannot be asked (skipped, or at
+    ``MAX_STEPS``) gives way to the nearest one that can."""
+    n = problem.n
+    cumulative = np.cumsum(post)[:-1]  # P(c <= x) for x = 1..n-1
+    askable = [x for x in range(1, n)
+               if not evidence.get(x, Evidence()).skipped and _steps(evidence.get(x, Evidence())) < MAX_STEPS]
+    if not askable:
+        return []
+    picks: list[int] = []
+    for k in range(1, problem.slots + 1):
+        target = k / (problem.slots + 1)
+        x = int(np.searchsorted(cumulative, target) + 1)
+        choice = min((a for a in askable if a not in picks), key=lambda a: (abs(a - x), a), default=None)
+        if choice is None:
+            break
+        picks.append(choice)
+    return sorted(set(picks))
+
+
+def _answer(blocks: np.ndarray, block_mass: np.ndarray, best: int, evidence: Mapping[int, Evidence]) -> Decision:
+    members = np.flatnonzero(blocks == best) + 1
+    lo, hi = int(members[0]) - 1, int(members[-1])
+    figures = {"posterior": float(block_mass[best]),
+               "culprit_log_lr": float(evidence.get(hi, Evidence()).log_lr),
+               "parent_log_lr": float(evidence.get(lo, Evidence()).log_lr),
+               "steps": float(sum(_steps(ev) for ev in evidence.values()))}
+    if hi - lo == 1:
+        return Found(hi, confidence=float(block_mass[best]), figures=figures)
+    return Narrowed(lo, hi, figures=figures)

@@ -1,0 +1,220 @@
+"""The accuracy oracle's statistics, focusing and judge, on simulated per-sample results."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from bisect_npu.contracts import Observation, SampleOutcome, VerdictKind
+from bisect_npu.oracle.accuracy import stats
+from bisect_npu.oracle.accuracy.focus import discordant_ids, focus_ids, round_plan
+from bisect_npu.oracle.accuracy.judge import judge_accuracy
+from bisect_npu.oracle.config import AccuracyConfig, FocusConfig
+
+
+def outcomes(counts: np.ndarray | list[int], runs: int = 1, prefix: str = "s") -> list[SampleOutcome]:
+    return [SampleOutcome(id=f"{prefix}{i}", correct=float(k) / runs, runs=runs) for i, k in enumerate(counts)]
+
+
+def observe(samples: list[SampleOutcome]) -> Observation:
+    return Observation(case_id="accuracy", samples=samples)
+
+
+def dataset(rng: np.random.Generator, size: int, good: float, drop: float, rho: float) -> tuple[np.ndarray, np.ndarray]:
+    """Per-sample correctness rates of the good side and of the bad side (a broken subset)."""
+    kappa = 1 / rho - 1
+    good_rates = rng.beta(good * kappa, (1 - good) * kappa, size)
+    bad_rates = good_rates.copy()
+    for i in rng.permutation(size):
+        if (good_rates - bad_rates).sum() >= size * drop:
+            break
+        bad_rates[i] = 0.0
+    return good_rates, bad_rates
+
+
+@given(st.integers(0, 40), st.integers(0, 40))
+def test_mcnemar_is_a_probability_monotone_in_each_count(worse: int, better: int) -> None:
+    p = stats.mcnemar_exact(worse, better)
+    assert 0.0 <= p <= 1.0
+    assert stats.mcnemar_exact(worse + 1, better) <= p  # more samples only the reference got right: stronger
+    assert stats.mcnemar_exact(worse, better + 1) >= p
+
+
+def test_mcnemar_matches_the_binomial_tail() -> None:
+    assert stats.mcnemar_exact(5, 1) == pytest.approx(7 / 64)
+    assert stats.mcnemar_exact(0, 0) == 1.0
+
+
+def test_mcnemar_keeps_its_level_under_the_null() -> None:
+    """Two commits with the same per-sample rates: the one-sided test rejects at most alpha of the time."""
+    rng = np.random.default_rng(7)
+    rejected = 0
+    for _ in range(2000):
+        rates = rng.beta(0.8, 0.2, 30)
+        a, b = rng.random(30) < rates, rng.random(30) < rates
+        rejected += stats.mcnemar_exact(int((b & ~a).sum()), int((a & ~b).sum())) <= 0.05
+    assert rejected / 2000 <= 0.05
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.lists(st.tuples(st.integers(0, 4), st.integers(0, 4), st.integers(0, 4)), min_size=1, max_size=30))
+def test_the_likelihood_ratio_changes_sign_when_the_ends_swap(rows: list[tuple[int, int, int]]) -> None:
+    good = outcomes([g for g, _, _ in rows], 4)
+    bad = outcomes([b for _, b, _ in rows], 4)
+    candidate = outcomes([c for _, _, c in rows], 4)
+    forward = stats.log_likelihood_ratio(candidate, good, bad)
+    backward = stats.log_likelihood_ratio(candidate, bad, good)
+    assert forward == pytest.approx(-backward, abs=1e-9)
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.integers(0, 3))
+def test_a_candidate_more_like_the_good_end_has_a_lower_ratio(correct: int) -> None:
+    """On samples the good end gets right and the bad end wrong, each more correct run says good."""
+    good, bad = outcomes([4] * 6 + [3] * 20, 4), outcomes([0] * 6 + [3] * 20, 4)
+    less = outcomes([correct] * 6 + [3] * 20, 4)
+    more = outcomes([correct + 1] * 6 + [3] * 20, 4)
+    assert stats.log_likelihood_ratio(more, good, bad) < stats.log_likelihood_ratio(less, good, bad)
+
+
+def test_the_prior_fits_how_repeatable_samples_are() -> None:
+    rng = np.random.default_rng(3)
+    for rho in (0.2, 0.6, 0.9):
+        rates, _ = dataset(rng, 2000, 0.7, 0.0, rho)
+        good, bad = outcomes(rng.binomial(8, rates), 8), outcomes(rng.binomial(8, rates), 8)
+        assert stats.fit_prior(good, bad).rho == pytest.approx(rho, abs=0.08)
+
+
+def test_the_baseline_check_keeps_its_level_at_the_line() -> None:
+    """A commit whose true score is exactly baseline - threshold is called bad at most alpha of the time."""
+    rng = np.random.default_rng(11)
+    bad_calls = 0
+    for _ in range(1000):
+        samples = outcomes((rng.random(200) < 0.7).astype(int))
+        check = stats.baseline_check(samples, baseline=80.0, threshold=10.0, confidence=0.95)
+        bad_calls += check.verdict == "bad"
+    assert bad_calls / 1000 <= 0.05
+
+
+def test_a_score_carries_its_interval() -> None:
+    s = stats.score(outcomes([1] * 24 + [0] * 6), 0.95)
+    assert s.accuracy == pytest.approx(80.0)
+    assert s.low < 80.0 < s.high
+    assert (s.samples, s.runs) == (30, 30)
+
+
+def _step(cfg: AccuracyConfig, commit: str, rates: np.ndarray, good: list[SampleOutcome], bad: list[SampleOutcome],
+          rng: np.random.Generator) -> tuple[VerdictKind, float, int]:
+    """A candidate's step as the session runs it: rounds of its plan until the verdict is clear."""
+    plan = round_plan(cfg, good, bad, commit)
+    rounds: list[Observation] = []
+    ran = 0
+    for number, ids in enumerate(plan):
+        chosen = [int(i[1:]) for i in ids] if ids is not None else list(range(len(rates)))
+        ran += len(chosen) * cfg.repeats
+        counts = rng.binomial(cfg.repeats, rates[chosen])
+        rounds.append(observe([SampleOutcome(id=f"s{i}", correct=k / cfg.repeats, runs=cfg.repeats)
+                               for i, k in zip(chosen, counts, strict=True)]))
+        verdict = judge_accuracy(cfg, rounds, [observe(good)], [observe(bad)], role="candidate",
+                                 final=number == len(plan) - 1)
+        if not verdict.figures["more_rounds"]:
+            break
+    return verdict.kind, verdict.figures["log_likelihood_ratio"], ran
+
+
+@pytest.mark.parametrize(("rho", "repeats"), [(0.95, 1), (0.5, 4)])
+def test_sequential_steps_err_less_often_than_the_confidence_allows(rho: float, repeats: int) -> None:
+    """Simulated regressions (500 samples, 95% -> 92%): candidates on either side are put on their
+    side wrongly in at most 1 - confidence of the steps, however early a step stops."""
+    rng = np.random.default_rng(5)
+    cfg = AccuracyConfig(repeats=repeats, confidence=0.95)
+    wrong = steps = 0
+    for case in range(40):
+        good_rates, bad_rates = dataset(rng, 500, 0.95, 0.03, rho)
+        good = outcomes(rng.binomial(repeats, good_rates), repeats)
+        bad = outcomes(rng.binomial(repeats, bad_rates), repeats)
+        for side, rates in (("good", good_rates), ("bad", bad_rates)):
+            kind, _, ran = _step(cfg, f"c{case}{side}", rates, good, bad, rng)
+            wrong += kind.value != side
+            steps += 1
+            assert ran < 500 * repeats  # focused: far fewer than the whole dataset
+    assert wrong / steps <= 0.05
+
+
+def test_a_candidate_broken_elsewhere_is_bad() -> None:
+    """The ends agree on the control samples; a candidate failing them is bad whatever the discordant say."""
+    good = outcomes([1] * 10 + [1] * 90)
+    bad = outcomes([0] * 10 + [1] * 90)
+    cfg = AccuracyConfig(focus=FocusConfig(control=60))
+    ids = focus_ids(cfg.focus, good, bad, "abc") or []
+    mine = [SampleOutcome(id=i, correct=1.0 if int(i[1:]) < 10 else 0.0) for i in ids]
+    verdict = judge_accuracy(cfg, [observe(mine)], [observe(good)], [observe(bad)], role="candidate", final=True)
+    assert verdict.kind == VerdictKind.BAD
+    assert verdict.figures["broken_elsewhere"]
+
+
+def test_focusing_runs_the_discordant_samples_first_then_more() -> None:
+    good = outcomes([1] * 20 + [1] * 180)
+    bad = outcomes([0] * 20 + [1] * 180)
+    cfg = AccuracyConfig(max_rounds=2, focus=FocusConfig(batch=8, control=0.05))
+    plan = round_plan(cfg, good, bad, "abc")
+    assert [len(r or []) for r in plan[:3]] == [8 + 3, 8 + 3, 4 + 3]  # 20 discordant in batches, 9 control
+    assert set(plan[0] or []) >= {f"s{i}" for i in range(8)}
+    assert plan[-1] is None  # the fallback: the whole dataset
+    assert round_plan(cfg, good, bad, "abc") == plan  # the same for one commit (a resume asks the same)
+    assert round_plan(cfg, good, bad, "abd")[0] != plan[0]  # another commit, another control set
+    assert set(discordant_ids(good, bad)) == {f"s{i}" for i in range(20)}
+
+
+def test_too_few_discordant_samples_run_the_whole_dataset() -> None:
+    good, bad = outcomes([1, 1, 1] + [1] * 50), outcomes([0, 0, 0] + [1] * 50)
+    cfg = AccuracyConfig(focus=FocusConfig(min_discordant=4))
+    assert round_plan(cfg, good, bad, "x") == [None] * cfg.max_rounds
+
+
+def test_the_bad_end_must_score_lower_than_the_good_end() -> None:
+    good = outcomes([1] * 25 + [0] * 5)
+    same = judge_accuracy(AccuracyConfig(max_rounds=1), [observe(good)], [observe(good)], None, role="bad_end")
+    assert same.kind == VerdictKind.GOOD and same.figures["forced_at_max_rounds"]
+    worse = outcomes([0] * 12 + [1] * 13 + [0] * 5)
+    verdict = judge_accuracy(AccuracyConfig(), [observe(worse)], [observe(good)], None, role="bad_end")
+    assert verdict.kind == VerdictKind.BAD
+    assert verdict.figures["only_good_right"] == 12
+    assert len(verdict.figures["flipped"]) == 5
+
+
+def test_the_good_end_below_its_baseline_is_bad() -> None:
+    cfg = AccuracyConfig(reference="baseline", baseline=90.0, threshold=5.0, max_rounds=1)
+    low = outcomes([1] * 60 + [0] * 40)
+    verdict = judge_accuracy(cfg, [observe(low)], None, None, role="good_end")
+    assert verdict.kind == VerdictKind.BAD
+    assert verdict.figures["baseline_line"] == 85.0
+
+
+def test_rounds_pool_into_rates() -> None:
+    rounds = [observe(outcomes([1, 0])), observe(outcomes([1, 1]))]
+    verdict = judge_accuracy(AccuracyConfig(), rounds, None, None, role="good_end")
+    assert verdict.figures["accuracy"] == pytest.approx(75.0)
+    assert verdict.figures["sample_runs"] == 4
+
+
+def test_a_round_without_samples_is_skipped() -> None:
+    verdict = judge_accuracy(AccuracyConfig(), [Observation(case_id="accuracy")], None, None, role="candidate")
+    assert verdict.kind == VerdictKind.SKIP
+
+
+def test_wald_bound() -> None:
+    assert stats.wald_bound(0.99) == pytest.approx(math.log(99))
+
+
+@given(st.integers(1, 60), st.data())
+def test_clopper_pearson_bounds_hold_their_tails(n: int, data: st.DataObject) -> None:
+    k = data.draw(st.integers(0, n))
+    low, high = stats.clopper_pearson(k, n, 0.05)
+    assert 0.0 <= low <= k / n <= high <= 1.0
+    if k < n:
+        assert stats._binomial_cdf(k, n, high) == pytest.approx(0.05, abs=1e-6)

@@ -1,0 +1,85 @@
+"""Accuracy steps as the Evaluator runs them: rounds planned by the oracle, journaled rounds reused."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from pathlib import Path
+
+from bisect_npu.contracts import VerdictKind
+from bisect_npu.orchestration.accuracy import AccuracySteps, load_from
+from bisect_npu.recipe import parse_recipe
+from bisect_npu.records import TrialRun
+
+RECIPE = """name: acc
+model: {path: /models/m}
+oracle: {kinds: [accuracy]}
+accuracy: {harness: command, dataset: d.jsonl, command: {argv: [x]}, focus: {batch: 4, control: 2}}
+"""
+GOOD = {f"q{i}": 1.0 for i in range(40)} | {f"q{i}": 0.0 for i in range(40, 50)}
+BAD = GOOD | {f"q{i}": 0.0 for i in range(10)}  # the culprit breaks q0..q9
+
+
+class Harness:
+    """Writes an observation per round from a commit's per-sample correctness; remembers what it ran."""
+
+    def __init__(self, tmp: Path, answers: dict[str, float]) -> None:
+        self.tmp, self.answers, self.asked = tmp, answers, []  # type: ignore[var-annotated]
+
+    def __call__(self, trial: int, sample_ids: Sequence[str] | None) -> TrialRun:
+        ids = list(self.answers) if sample_ids is None else list(sample_ids)
+        self.asked.append(ids)
+        path = self.tmp / f"obs-{id(self)}-{len(self.asked)}.json"
+        path.write_text(json.dumps({"case_id": "accuracy", "trial": trial,
+                                    "samples": [{"id": i, "correct": self.answers[i]} for i in ids]}))
+        return TrialRun(case_id="accuracy", trial=trial, observation=str(path))
+
+
+def steps_with_ends(tmp_path: Path) -> AccuracySteps:
+    steps = AccuracySteps(parse_recipe(RECIPE))
+    load = load_from(tmp_path)
+    _, good = steps.step("good", "good_end", (), Harness(tmp_path, GOOD), 0, load)
+    _, bad = steps.step("bad", "bad_end", (), Harness(tmp_path, BAD), 0, load)
+    assert (good.kind, bad.kind) == (VerdictKind.GOOD, VerdictKind.BAD)
+    return steps
+
+
+def test_a_candidate_runs_a_batch_of_the_discordant_samples_and_stops_when_clear(tmp_path: Path) -> None:
+    steps = steps_with_ends(tmp_path)
+    harness = Harness(tmp_path, BAD)
+    records, verdict = steps.step("cand", "candidate", (), harness, 0, load_from(tmp_path))
+    assert verdict.kind == VerdictKind.BAD
+    assert len(records) == len(harness.asked) == 1  # the first batch settled it
+    assert {i for i in harness.asked[0] if i in {f"q{k}" for k in range(10)}} == {"q0", "q1", "q2", "q3"}
+    assert len(harness.asked[0]) == 4 + 1  # its share of the two control samples
+    assert verdict.figures["samples_total"] == 50
+
+
+def test_a_resumed_step_reuses_its_journaled_rounds(tmp_path: Path) -> None:
+    steps = steps_with_ends(tmp_path)
+    first = Harness(tmp_path, GOOD)
+    records, verdict = steps.step("cand", "candidate", (), first, 0, load_from(tmp_path))
+    fresh = steps_with_ends(tmp_path)
+    again = Harness(tmp_path, GOOD)
+    rerun, second = fresh.step("cand", "candidate", records, again, 0, load_from(tmp_path))
+    assert again.asked == [] and second.kind == verdict.kind == VerdictKind.GOOD
+    assert rerun == records
+
+
+def test_a_commit_asked_again_runs_the_whole_dataset(tmp_path: Path) -> None:
+    steps = steps_with_ends(tmp_path)
+    steps.step("cand", "candidate", (), Harness(tmp_path, GOOD), 0, load_from(tmp_path))
+    harness = Harness(tmp_path, GOOD)
+    records, _ = steps.step("cand", "candidate", (), harness, 5, load_from(tmp_path))
+    assert len(harness.asked[0]) == 50
+    assert records[0].trial == 5
+
+
+def test_a_round_that_wrote_nothing_skips_the_step(tmp_path: Path) -> None:
+    steps = steps_with_ends(tmp_path)
+
+    def broken(trial: int, sample_ids: Sequence[str] | None) -> TrialRun:
+        return TrialRun(case_id="accuracy", trial=trial, reason="probe exited 5: harness failed")
+
+    _, verdict = steps.step("cand", "candidate", (), broken, 0, load_from(tmp_path))
+    assert verdict.kind == VerdictKind.SKIP and "harness failed" in verdict.reason

@@ -1,0 +1,71 @@
+"""The search's likelihood mode: each step's log likelihood ratio moves the change-point posterior."""
+
+from __future__ import annotations
+
+import numpy as np
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from bisect_npu.search import EndsWrong, Evidence, Found, Narrowed, Next, Query, SearchProblem, decide
+from bisect_npu.search.likelihood import MAX_STEPS, change_point_posterior
+
+
+def problem(n: int, slots: int = 1, confidence: float = 0.99) -> SearchProblem:
+    return SearchProblem(n=n, mode="likelihood", slots=slots, confidence=confidence)
+
+
+def test_the_ends_come_first_and_must_be_their_side() -> None:
+    assert decide(problem(16), {}) == Next((Query(0),))
+    assert decide(problem(16, slots=2), {}) == Next((Query(0), Query(16)))
+    assert isinstance(decide(problem(16), {0: Evidence(bad=1), 16: Evidence(bad=1)}), EndsWrong)
+    wrong = decide(problem(16), {0: Evidence(good=1), 16: Evidence(good=1)})
+    assert isinstance(wrong, EndsWrong) and wrong.which == "bad"
+
+
+@settings(max_examples=40, deadline=None)
+@given(st.integers(2, 300), st.data())
+def test_decisive_steps_bisect_to_the_culprit(n: int, data: st.DataObject) -> None:
+    """With every step decisive (|log_lr| = 10) the search is a binary search: ceil(log2 n) steps or so."""
+    culprit = data.draw(st.integers(1, n))
+    evidence = {0: Evidence(good=1), n: Evidence(bad=1)}
+    for _ in range(4 * n):
+        decision = decide(problem(n), evidence)
+        if not isinstance(decision, Next):
+            break
+        for q in decision.queries:
+            bad = q.index >= culprit
+            evidence[q.index] = evidence.get(q.index, Evidence()).add("bad" if bad else "good").weigh(
+                10.0 if bad else -10.0)
+    assert isinstance(decision, Found) and decision.index == culprit
+    assert len(evidence) - 2 <= int(np.ceil(np.log2(n))) + 1
+
+
+def test_a_weak_step_is_asked_again_and_the_ratios_add_up() -> None:
+    evidence = {0: Evidence(good=1), 4: Evidence(bad=1), 2: Evidence(bad=1, log_lr=1.0)}
+    decision = decide(problem(4), evidence)
+    assert isinstance(decision, Next)
+    evidence[1] = Evidence(good=1, log_lr=-9.0)
+    assert decide(problem(4), evidence) == Next((Query(2),))  # 2 holds too little evidence: again
+    evidence[2] = evidence[2].add("bad").weigh(9.0)
+    decision = decide(problem(4), evidence)
+    assert isinstance(decision, Found) and decision.index == 2
+
+
+def test_a_position_asked_max_steps_times_is_left_to_the_posterior() -> None:
+    evidence = {0: Evidence(good=1), 2: Evidence(bad=1), 1: Evidence(good=MAX_STEPS, log_lr=0.1)}
+    decision = decide(problem(2), evidence)
+    assert isinstance(decision, Found | Narrowed)
+    assert decision.figures["posterior"] < 0.99
+
+
+def test_the_posterior_is_the_product_of_the_steps() -> None:
+    post = change_point_posterior(3, {1: Evidence(log_lr=np.log(2.0)), 2: Evidence(log_lr=np.log(3.0))})
+    # c = 1: both 1 and 2 on the bad side (2 * 3); c = 2: only 2 (3); c = 3: neither (1).
+    assert np.allclose(post, np.array([6.0, 3.0, 1.0]) / 10.0)
+
+
+def test_a_skipped_commit_joins_the_next_into_a_range() -> None:
+    evidence = {0: Evidence(good=1), 3: Evidence(bad=1), 1: Evidence(good=1, log_lr=-20.0),
+                2: Evidence(skipped=True)}
+    decision = decide(problem(3), evidence)
+    assert isinstance(decision, Narrowed) and (decision.lo, decision.hi) == (1, 3)

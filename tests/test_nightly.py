@@ -141,6 +141,8 @@ def test_a_case_becomes_the_nightly_server_and_its_benchmark() -> None:
     assert accuracy.engine.server_flags == ["--tensor-parallel-size", "2", "--block-size", "128",
                                             "--compilation-config", '{"cudagraph_mode": "FULL_DECODE_ONLY"}']
     assert accuracy.environment == {"TASK_QUEUE_ENABLE": "1", "BLOCK": "128"} and accuracy.cards_per_run() == 2
+    vllm = accuracy.dependency("vllm")  # the pin each image installs; a culprit that moves it is followed
+    assert vllm is not None and vllm.pin.arg == ["VLLM_COMMIT", "VLLM_TAG"] and vllm.installed_by_image
     perf = import_case(raw, CASE_PATH, "tiny-aclgraph", "perf")
     assert perf.oracle.throughput == ThroughputConfig(baseline=1249.018, threshold=0.97, reference="good_end")
     assert perf.trials.count == 5 and perf.reference.kind == "good_end"
@@ -277,7 +279,9 @@ def test_every_nightly_case_file_of_the_real_clone(capsys: pytest.CaptureFixture
     tests/e2e/nightly/ is imported or refused with a one-line reason (run by hand:
     BISECT_NPU_VLLM_ASCEND=CLONE pytest -m slow tests/test_nightly.py -s)."""
     clone = Path(str(REAL_CLONE))
-    july = git(clone, "log", "--first-parent", "--before=2026-07-20", "--after=2026-07-01", "-1", "--format=%H")
+    # explicit times: a bare date takes its time of day from the clock
+    july = git(clone, "log", "--first-parent", "--before=2026-07-20 00:00:00 +0000",
+               "--after=2026-07-01 00:00:00 +0000", "-1", "--format=%H")
     assert july, "the clone has no first-parent commit in 2026-07"
     for sha in (july, git(clone, "rev-parse", "HEAD")):
         files = [p for p in git(clone, "ls-tree", "-r", "--name-only", sha, "tests/e2e/nightly").splitlines()

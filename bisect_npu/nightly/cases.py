@@ -33,6 +33,11 @@ from bisect_npu.recipe import Recipe
 SINGLE_NODE_CONFIGS = "tests/e2e/nightly/single_node/models/configs"  # the nightly's CONFIG_BASE_PATH default
 PORT_KEYS = ("SERVER_PORT", "ENCODE_PORT", "PD_PORT", "PROXY_PORT")  # the nightly fills these with a free port
 _PLACEHOLDER = re.compile(r"\$(\w+)|\$\{(\w+)\}")  # single_node_config.py's `_expand_values`
+# vLLM as vllm-ascend's image carries it: installed from the Dockerfile's pin (VLLM_COMMIT over
+# VLLM_TAG), a Python tree at /vllm-workspace/vllm; a culprit that moves it is followed into vLLM.
+VLLM_DEPENDENCY = {"name": "vllm", "url": "https://github.com/vllm-project/vllm.git",
+                   "pin": {"arg": ["VLLM_COMMIT", "VLLM_TAG"]}, "package_dir": "vllm",
+                   "image_path": "/vllm-workspace/vllm"}
 PERF_TRIALS = 5  # throughput samples per commit: enough for a t bound to see a 3% drop on a quiet card
 PERF_MAX_TOKENS = 1024
 DEFAULT_PROMPT = "San Francisco is a"  # the nightly's default `prompts`
@@ -275,6 +280,7 @@ def import_case(raw: dict[str, Any], path: str, case_name: str | None = None,
         "environment": environment,
         **({"build": {"local_command": [str(w) for w in case["local_build"]]}}
            if isinstance(case.get("local_build"), list) else {}),
+        **({} if isinstance(case.get("launcher"), list) else {"dependencies": [VLLM_DEPENDENCY]}),
         **_benchmark_section(key, bench, case, f"{where}::{key}", datasets),
     }
     try:

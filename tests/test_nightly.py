@@ -327,6 +327,16 @@ def test_a_bare_case_name_is_found_in_the_bad_ends_files(tmp_path: Path) -> None
     assert locate_case(repo, shas[1], "tiny-eager") == f"{CASE_PATH}::tiny-eager"
     with pytest.raises(UsageError, match="no nightly case file has a case named 'tiny-fp8'"):
         locate_case(repo, shas[1], "tiny-fp8")
+    outputs = tmp_path / "outputs"
+    comment = "LGTM\n/bisect tiny-eager --good v1 --bad main\n"
+    done = subprocess.run([sys.executable, "-m", "bisect_npu", "ci", "comment"], capture_output=True, text=True,
+                          env={**os.environ, "PYTHONPATH": str(Path.cwd()), "BISECT_NPU_CI_COMMENT": comment,
+                               "BISECT_NPU_CI_REPO": str(tmp_path / "up"), "GITHUB_OUTPUT": str(outputs),
+                               "BISECT_NPU_CI_GOOD_TABLE": "/t/good table.csv", "BISECT_NPU_CI_SOC": "a2"})
+    assert done.returncode == 0, done.stderr
+    written = outputs.read_text()
+    assert f"{CASE_PATH}::tiny-eager" in written and "\nv1\n" in written
+    assert "--good-table" not in written  # --good v1 was given: the table is not asked
     inputs = BisectInputs(good="last-good", bad="main", args=f"--nightly-case {CASE_PATH}::tiny-eager")
     argv = bisect_argv(inputs, tmp_path / "s", Actions.from_environ({}))
     assert "--recipe" not in argv and "--cmd" not in argv and argv[-2:] == ["--nightly-case",

@@ -43,7 +43,7 @@ def metric_rows(task: str, figures: dict[str, Any]) -> list[MetricRow]:
 
 
 def _recipe(view: SessionView) -> Recipe | None:
-    path = view.options.recipe
+    path = view.request.judge.recipe
     if not path or not Path(path).is_file():
         return None
     try:
@@ -85,7 +85,7 @@ def _task(recipe: Recipe | None, step: StepView) -> str:
 
 def nightly_section(view: SessionView) -> dict[str, Any] | None:
     """What the nightly-shaped section shows; None when the session ran no nightly case."""
-    if not view.options.nightly_case:
+    if not view.request.judge.nightly_case:
         return None
     recipe = _recipe(view)
     parallel, execution = _modes(recipe)
@@ -93,8 +93,8 @@ def nightly_section(view: SessionView) -> dict[str, Any] | None:
     culprit = view.end.culprit if view.end is not None else None
     steps = [{"commit": s.commit, "title": s.title, "verdict": s.verdict, "culprit": s.commit == culprit,
               "rows": metric_rows(_task(recipe, s), s.figures)} for s in sorted(view.steps, key=lambda s: s.index)]
-    return {"case": view.options.nightly_case, "model": recipe.model.path if recipe else "",
+    return {"case": view.request.judge.nightly_case, "model": recipe.model.path if recipe else "",
             "vllm": versions.get("vllm", "unknown"), "vllm_ascend": versions.get("vllm_ascend", "unknown"),
             "cann": versions.get("cann", "unknown"), "torch": versions.get("torch", "unknown"),
-            "torch_npu": versions.get("torch_npu", "unknown"), "hardware": view.options.host or "unknown",
+            "torch_npu": versions.get("torch_npu", "unknown"), "hardware": view.header.context.host or "unknown",
             "parallel": parallel, "execution": execution, "command": _command(recipe), "steps": steps}

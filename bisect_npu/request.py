@@ -148,7 +148,7 @@ class JudgeSpec(_Part):
              "X.yaml) as the recipe, read at each candidate's own commit; BENCHMARK defaults to the case's first "
              "accuracy benchmark, else its first performance one.")] = None
     nightly_datasets: Annotated[str | None, flag(
-        "--nightly-datasets", kind="file",
+        "--nightly-datasets", kind="file", metavar="DIR",
         help="Where the nightly case's relative dataset_path entries (and a .py dataset_conf) lie, as the nightly's "
              "lie under its dataset cache [default: as written].")] = None
     timeout_s: Annotated[float, flag("--timeout", kind="positive", show_default=True,

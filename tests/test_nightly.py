@@ -464,23 +464,29 @@ def test_the_demo_upstream_has_a_nightly_case_and_a_good_table(tmp_path: Path) -
 DEMO_DATASETS = Path(__file__).resolve().parent.parent / "bisect_npu" / "recipes" / "data"
 
 
+@pytest.mark.timeout(3600)  # each step is a real AISBench run on the CPU (about two minutes)
 @pytest.mark.skipif(not (Path(__file__).resolve().parent.parent / "bisect_npu" / "probe" / "serve_mini.py").exists()
                     or not (DEMO_DATASETS / "demo-accuracy" / "qa.jsonl").exists(),
                     reason="needs the demo engine's HTTP server and the demo QA set (branch accuracy-harness)")
 def test_the_demo_nightly_case_names_the_manifests_culprit(tmp_path: Path) -> None:
     """`run --nightly-case ... --good last-good --good-table ...` on the demo upstream: the case
     file at HEAD (the range predates it), the good end from the generated table, the accuracy
-    benchmark through AISBench on the demo engine's server; the manifest's culprit is the answer."""
+    benchmark through AISBench on the demo engine's server; the manifest's culprit is the answer.
+    The nightly's range: its last success 3 commits before the culprit, the failing run 3 after."""
     from bisect_npu.demo import nightly as demo_nightly
     from bisect_npu.demo.generate import generate_upstream
 
     manifest = generate_upstream(tmp_path / "up", seed=0)
     truth = manifest.case(demo_nightly.DEMO_CASE)
-    table = demo_nightly.write_good_table(manifest, tmp_path / "tables")
+    line = git(tmp_path / "up", "rev-list", "--first-parent", "--reverse", f"{truth.good_sha}..{truth.bad_sha}")
+    commits = [truth.good_sha, *line.split()]
+    at = commits.index(truth.culprit.sha)
+    good, bad = commits[max(0, at - 3)], commits[min(len(commits) - 1, at + 3)]
+    table = demo_nightly.write_good_table(manifest, tmp_path / "tables", good, bad)
     session = tmp_path / "session"
     env = {**os.environ, "PYTHONPATH": str(Path.cwd()), "BISECT_NPU_CACHE": str(tmp_path / "cache")}
     done = subprocess.run([sys.executable, "-m", "bisect_npu", "run", "--repo", str(tmp_path / "up"),
-                           "--bad", truth.bad_ref, "--nightly-case",
+                           "--bad", bad, "--nightly-case",
                            f"{demo_nightly.CASE_PATH}::{demo_nightly.CASE_NAME}", "--good", "last-good",
                            "--good-table", str(table), "--soc", demo_nightly.SOC, "--nightly-datasets",
                            str(DEMO_DATASETS), "--no-fix", "--quiet", "--json", "--session", str(session)],

@@ -86,12 +86,14 @@ COLUMNS = ["name", "yaml/path", "link", "status", "vLLM Git information", "vLLM-
 LINK = "https://github.com/example/tinyvllm/actions/runs/{run}/job/{job}"
 
 
-def good_table(manifest: Manifest, vllm_commit: str = "0" * 40) -> str:
-    """The nightly table for the demo case (CASE_NAME on SOC, SCENE): its newest success is the
-    case's good end; the bad end failed later; a newer success on another SoC, a newer one of
-    another case, and an older legacy row (no soc, no scene) must not be chosen."""
+def good_table(manifest: Manifest, good: str | None = None, bad: str | None = None,
+               vllm_commit: str = "0" * 40) -> str:
+    """The nightly table for the demo case (CASE_NAME on SOC, SCENE): its newest success is `good`
+    (default: the case's good end); `bad` (default: its bad end) failed later; a newer success on
+    another SoC, a newer one of another case, and an older legacy row (no soc, no scene) must not
+    be chosen."""
     truth = manifest.case(DEMO_CASE)
-    good, bad = truth.good_sha, truth.bad_sha
+    good, bad = good or truth.good_sha, bad or truth.bad_sha
 
     def row(run: int, name: str, status: str, sha: str, soc: str, scene: str, day: int) -> list[str]:
         return [name, CASE_PATH, LINK.format(run=run, job=run), status, vllm_commit, sha, soc, scene,
@@ -108,9 +110,9 @@ def good_table(manifest: Manifest, vllm_commit: str = "0" * 40) -> str:
     return out.getvalue()
 
 
-def write_good_table(manifest: Manifest, folder: Path) -> Path:
+def write_good_table(manifest: Manifest, folder: Path, good: str | None = None, bad: str | None = None) -> Path:
     """`<folder>/nightly/good_table.csv`, as the pipeline lays its tables out."""
     path = folder / "nightly" / "good_table.csv"
     path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(good_table(manifest), encoding="utf-8")
+    path.write_text(good_table(manifest, good, bad), encoding="utf-8")
     return path

@@ -69,7 +69,8 @@ def _modes(recipe: Recipe | None) -> tuple[str, str]:
 def _command(recipe: Recipe | None) -> str:
     if recipe is None:
         return ""
-    line = shlex.join(["vllm", "serve", recipe.model.path, *recipe.engine.server_flags])
+    server = [word.replace("{model}", recipe.model.path) for word in recipe.engine.launcher]  # vllm serve MODEL
+    line = shlex.join([*server, *recipe.engine.server_flags])
     acc = recipe.accuracy
     if acc is not None and acc.aisbench is not None:
         line += (f"\nais_bench --models {acc.aisbench.request_conf} --datasets {acc.aisbench.dataset_conf} "

@@ -114,11 +114,12 @@ def bisect_argv(inputs: BisectInputs, session: Path, actions: Actions) -> list[s
     """`bisect-npu` arguments for this attempt: resume the session a failed attempt left, else run."""
     if actions.run_attempt > 1 and (session / JOURNAL_FILE).is_file():
         return ["resume", "--session", str(session), "--json"]
-    if not inputs.bad or bool(inputs.recipe) == bool(inputs.command):
-        raise UsageError("the action needs `bad` and one of `recipe` or `cmd`")
+    nightly = "--nightly-case" in shlex.split(inputs.args)  # the recipe comes from the case file
+    if not inputs.bad or [bool(inputs.recipe), bool(inputs.command), nightly].count(True) != 1:
+        raise UsageError("the action needs `bad` and one of `recipe`, `cmd` or `args: --nightly-case CASE`")
     argv = ["run", "--repo", inputs.repo, "--good", inputs.good or LAST_GOOD, "--bad", inputs.bad,
             "--executor", inputs.executor, "--session", str(session), "--json"]
-    argv += ["--recipe", inputs.recipe] if inputs.recipe else ["--cmd", inputs.command]
+    argv += ["--recipe", inputs.recipe] if inputs.recipe else ["--cmd", inputs.command] if inputs.command else []
     if inputs.devices:
         argv += ["--devices", inputs.devices]
     if inputs.verdict_store:

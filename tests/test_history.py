@@ -411,3 +411,32 @@ def test_a_missing_version_between_two_tags_names_the_one_below_first(tmp_path: 
     make_linear_repo(tmp_path / "r", 3, tags={0: "v0.9.0", 1: "v0.9.1", 2: "v0.10.0rc1"})
     repo = gitpython.Repo(tmp_path / "r")
     assert history.nearest_tags(repo, "v0.9.2") == ["v0.9.1", "v0.10.0rc1", "v0.9.0"]
+
+
+def test_vllm_pin_reads_the_pin_file_else_the_dockerfile(tmp_path: Path) -> None:
+    """vllm-ascend's history in small: a Dockerfile tag, a commit pin (the tag commented out), the
+    pin file added (it wins over the Dockerfile), moved, and a commit without either."""
+    tagged = "FROM base\nARG VLLM_TAG=v0.20.1\nRUN git clone -b $VLLM_TAG vllm\n"
+    by_commit = "FROM base\n# ARG VLLM_TAG=v0.19.1\nARG VLLM_COMMIT=D886C26D4D4FEF7D079696BEB4ECE1CFB4B008A8\n"
+    both = 'FROM base\nARG VLLM_TAG=v0.22.1\nARG VLLM_COMMIT=""\n'
+    changes: dict[int, dict[str, str | None]] = {
+        0: {"Dockerfile": tagged},
+        1: {"Dockerfile": by_commit},
+        2: {"Dockerfile": both},
+        3: {history.PIN_FILE: "v0.23.0\n"},
+        4: {history.PIN_FILE: "# the release CI builds against\nv0.24.0\n", "Dockerfile": tagged},
+        5: {history.PIN_FILE: None, "Dockerfile": None},
+        6: {history.PIN_FILE: "\n", "Dockerfile": "FROM base\nARG VLLM_TAG=\n"},
+    }
+    shas = make_linear_repo(tmp_path / "pins", 7, files=lambda i: changes.get(i, {}))
+    repo = gitpython.Repo(tmp_path / "pins")
+    pins = [history.vllm_pin(repo, sha) for sha in shas]
+    assert pins[0] == history.VllmPin(tag="v0.20.1", commit=None, source="Dockerfile")
+    assert pins[1] == history.VllmPin(tag=None, commit="d886c26d4d4fef7d079696beb4ece1cfb4b008a8", source="Dockerfile")
+    assert pins[2] == history.VllmPin(tag="v0.22.1", commit=None, source="Dockerfile")
+    assert pins[3] == history.VllmPin(tag="v0.23.0", commit=None, source=history.PIN_FILE)
+    assert pins[4] is not None and (pins[4].tag, pins[4].release) == ("v0.24.0", "0.24.0")
+    assert pins[5] is None and pins[6] is None
+    assert str(pins[1]) == "vLLM d886c26d4d4f from Dockerfile"
+    assert str(pins[3]) == f"vLLM v0.23.0 from {history.PIN_FILE}"
+    assert history.vllm_pin(repo, shas[0], dockerfile="Dockerfile.a3") is None

@@ -62,3 +62,33 @@ def issue(report_json: Path, repository: str, label: str) -> None:
         outputs = issue_step(IssueInputs(report_json, repository, label), Actions.from_environ(os.environ),
                              Path(workdir))
     click.echo(f"issue {outputs['issue-action']}: {outputs['issue'] or '-'}")
+
+
+@ci.command("comment")
+@click.option("--body", envvar="BISECT_NPU_CI_COMMENT", required=True, show_envvar=True,
+              help="The comment's text (`/bisect <case> [--good REF] [--bad REF]`).")
+@click.option("--repo", envvar="BISECT_NPU_CI_REPO", default=".", show_default=True, show_envvar=True,
+              help="The clone the case is looked up in (at the bad ref).")
+@click.option("--good-table", "good_table", envvar="BISECT_NPU_CI_GOOD_TABLE", default="", show_envvar=True,
+              help="The runner's nightly good_table.csv: `--good last-good` reads it [default: the verdict store].")
+@click.option("--soc", envvar="BISECT_NPU_CI_SOC", default="", show_envvar=True,
+              help="The runner's SoC for --good-table (a2, a3).")
+def comment(body: str, repo: str, good_table: str, soc: str) -> None:
+    """Parse a `/bisect` comment into the step outputs `good`, `bad`, `case` and `args` (the
+    `bisect-npu run` options for the action's `args`)."""
+    import shlex
+
+    from bisect_npu import history
+    from bisect_npu.ci import Actions
+    from bisect_npu.nightly.at_commit import locate_case
+    from bisect_npu.nightly.comment import parse_comment
+
+    asked = parse_comment(body)
+    clone = history.open_repo(repo)
+    case = locate_case(clone, history.resolve_ref(clone, asked.bad), asked.case)
+    args = ["--nightly-case", case]
+    if good_table and asked.good == "last-good":
+        args += ["--good-table", good_table, *(["--soc", soc] if soc else [])]
+    Actions.from_environ(os.environ).set_outputs({"good": asked.good, "bad": asked.bad, "case": case,
+                                                  "args": shlex.join(args)})
+    click.echo(f"/bisect {case}: good {asked.good}, bad {asked.bad}")

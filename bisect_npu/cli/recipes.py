@@ -186,3 +186,40 @@ def render_plan(plan: dict[str, Any]) -> str:
     reference = plan["reference"]
     lines.append(f"reference {reference['kind']}" + (f" {reference['path']}" if reference.get("path") else ""))
     return "\n".join(lines)
+
+
+@recipes.command("import-nightly")
+@click.argument("file", type=click.Path(dir_okay=False, path_type=Path))
+@click.option("--case", "case_name", help="The case (`test_cases[].name`) [default: the file's only case].")
+@click.option("--benchmark", help="The benchmark of the case [default: its first accuracy one, else performance].")
+@click.option("--out", type=click.Path(dir_okay=False, path_type=Path), help="Write the recipe here [default: stdout].")
+@click.option("--list", "list_only", is_flag=True, help="List the file's cases: imported, or refused and why.")
+@click.option("--datasets", type=click.Path(file_okay=False, path_type=Path),
+              help="Where the benchmarks' relative dataset paths lie [default: as written].")
+def import_nightly(file: Path, case_name: str | None, benchmark: str | None, out: Path | None,
+                   list_only: bool, datasets: Path | None) -> None:
+    """A vllm-ascend nightly case file (tests/e2e/nightly/**/*.yaml) as a recipe."""
+    from bisect_npu.errors import UsageError
+    from bisect_npu.nightly.at_commit import recipe_dump
+    from bisect_npu.nightly.cases import import_case, read_case_file, survey
+
+    try:
+        text = file.read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as exc:
+        raise UsageError(f"{file}: cannot read it as a text file ({exc})") from None
+    path = file.as_posix()
+    if list_only:
+        found = survey(text, path)
+        for name in found.imported:
+            click.echo(f"imported  {name}")
+        for reason in found.refused:
+            click.echo(f"refused   {reason}")
+        return
+    recipe = import_case(read_case_file(text, path), path, case_name, benchmark,
+                         str(datasets.resolve()) if datasets else None)
+    body = f"# imported by bisect-npu recipes import-nightly from {path}\n" + recipe_dump(recipe)
+    if out is None:
+        click.echo(body, nl=False)
+    else:
+        out.write_text(body, encoding="utf-8")
+        click.echo(f"wrote {out} (recipe {recipe.name})", err=True)

@@ -14,6 +14,7 @@ import tempfile
 from pathlib import Path
 
 from bisect_npu.demo import dependency as D
+from bisect_npu.demo import nightly as N
 from bisect_npu.demo import patches as P
 from bisect_npu.demo.manifest import CaseTruth, CommitRef, CompiledTouch, DependencyTruth, Manifest, SettingsTruth
 from bisect_npu.demo.writer import Commit, History, templates
@@ -155,6 +156,11 @@ def _plan(state: History) -> None:
     _fillers(state, m, 3, maker)
     state.commit(m, _version("0.10.0rc2", "0.10.0rc3"))
     state.tag(m, "v0.10.0rc3")
+
+    # Last, after every range (no existing commit changes): the demo model's nightly case file, as
+    # the nightly's case files come after the regressions they catch (bisect_npu/demo/nightly.py).
+    _fillers(state, m, 1, maker)
+    state.commit(m, N.ADD_CASE, "nightly-case")
 
 
 def generate_upstream(dest: Path, seed: int = 0, dependency_dest: Path | None = None) -> Manifest:

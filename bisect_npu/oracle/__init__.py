@@ -18,6 +18,7 @@ from bisect_npu.contracts import Observation, Verdict, VerdictKind
 from bisect_npu.oracle.accuracy.judge import judge_accuracy
 from bisect_npu.oracle.config import AccuracyConfig, OracleConfig
 from bisect_npu.oracle.stats import Undecided, judge_trials
+from bisect_npu.oracle.throughput import ThroughputConfig
 
 __all__ = ["judge", "judge_accuracy", "judge_observation", "judge_trials"]
 
@@ -30,6 +31,7 @@ def _judges() -> dict[str, Callable[[Observation, Observation | None, OracleConf
     from bisect_npu.oracle.penalty import judge_penalty
     from bisect_npu.oracle.repetition import judge_repetition
     from bisect_npu.oracle.stages import judge_stages
+    from bisect_npu.oracle.throughput import judge_throughput
     from bisect_npu.oracle.tokens import judge_tokens
 
     return {
@@ -39,7 +41,13 @@ def _judges() -> dict[str, Callable[[Observation, Observation | None, OracleConf
         "acceptance": lambda obs, ref, cfg: judge_acceptance(obs, ref, cfg.acceptance),
         "penalty": lambda obs, ref, cfg: judge_penalty(obs, cfg.penalty),
         "stages": lambda obs, ref, cfg: judge_stages(obs, ref, cfg.stages, cfg.logits),
+        "throughput": lambda obs, ref, cfg: judge_throughput(_throughput(cfg), [obs], [ref] if ref else None),
     }
+
+
+def _throughput(cfg: OracleConfig) -> ThroughputConfig:
+    assert cfg.throughput is not None  # OracleConfig requires the section with the kind
+    return cfg.throughput
 
 
 def _chart_figures(kind: str, figures: dict[str, Any]) -> dict[str, Any]:
@@ -116,6 +124,10 @@ def judge(cfg: OracleConfig, observations: list[Observation], reference: list[Ob
     steps against both ends instead (`judge_accuracy`, roles)."""
     if not observations:
         return Verdict(kind=VerdictKind.SKIP, reason="no observations to judge", trials=0)
+    if "throughput" in cfg.kinds:  # a figure over the trials, not a per-trial pass
+        from bisect_npu.oracle.throughput import judge_throughput
+
+        return judge_throughput(_throughput(cfg), observations, reference)
     if "accuracy" in cfg.kinds:
         if accuracy is None:
             raise ValueError("oracle kind accuracy needs the recipe's accuracy settings")

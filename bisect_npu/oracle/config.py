@@ -12,6 +12,8 @@ from pydantic import Field, field_validator, model_validator
 
 from bisect_npu.contracts import StrictModel
 
+from bisect_npu.oracle.throughput import ThroughputConfig
+
 
 class RepetitionConfig(StrictModel):
     """Exact loops (vLLM's rule, extended to long periods) and near-loops."""
@@ -214,7 +216,7 @@ class AccuracyConfig(StrictModel):
 
 
 OracleKind = Literal["repetition", "tokens", "logits", "stats", "acceptance", "penalty", "stages", "command",
-                     "accuracy"]
+                     "accuracy", "throughput"]
 
 
 def _default_kinds() -> list[OracleKind]:
@@ -233,3 +235,12 @@ class OracleConfig(StrictModel):
     acceptance: AcceptanceConfig = Field(default_factory=AcceptanceConfig)
     penalty: PenaltyConfig = Field(default_factory=PenaltyConfig)
     stages: StagesConfig = Field(default_factory=StagesConfig)
+    throughput: ThroughputConfig | None = Field(None, description="kind throughput: the line a commit's output token "
+                                                                  "throughput must reach")
+
+    @model_validator(mode="after")
+    def _throughput_line(self) -> OracleConfig:
+        if "throughput" in self.kinds and self.throughput is None:
+            raise ValueError("oracle.kinds lists throughput but oracle.throughput is unset (baseline: TOKENS_PER_S, "
+                             "threshold: 0.97)")
+        return self

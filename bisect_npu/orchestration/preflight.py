@@ -38,6 +38,7 @@ def check_run(spec: SessionSpec, host_root: Path = Path("/")) -> RunInputs:
     """Resolve and check everything that can be wrong before the journal is created; settles
     `options` in place (the mode, and absolute paths: resume may start elsewhere). `host_root` is
     where the NPU device and driver files are looked up (a directory of fake ones in a test)."""
+    nightly_note = settle_nightly(spec) if spec.judge.nightly_case or spec.range.good_table else None
     if [spec.judge.recipe, spec.judge.command, spec.context.python_oracle].count(None) != 2:
         raise UsageError("give either --recipe FILE or --cmd COMMAND (the oracle for each candidate)")
     check_image_options(spec)
@@ -60,7 +61,7 @@ def check_run(spec: SessionSpec, host_root: Path = Path("/")) -> RunInputs:
         raise UsageError("give --repo (a clone of the upstream) or --package (bisect published releases)")
     if spec.range.overlay_on_release:
         check_overlay_on_release(spec, repo)
-    last_good_note = None
+    last_good_note = nightly_note
     if spec.range.good == LAST_GOOD:
         if repo is None or spec.range.package:
             raise UsageError("--good last-good picks a commit of --repo; with --package name the good release")
@@ -114,6 +115,22 @@ def check_image_options(spec: SessionSpec) -> None:
         check_template(spec.executor.release_images)
     if spec.range.overlay_on_release is not None:
         parse_release(spec.range.overlay_on_release)
+
+
+def settle_nightly(spec: SessionSpec) -> str | None:
+    """--nightly-case: the bad end's recipe, written out, becomes the recipe; --good-table: the
+    table's commit becomes the good end. The note says what was read (None without --good-table)."""
+    from bisect_npu.nightly.at_commit import settle_run
+
+    if spec.judge.nightly_case and (spec.judge.recipe or spec.judge.command):
+        raise UsageError("--nightly-case is the recipe: drop --recipe/--cmd")
+    settled = settle_run(spec.range.repo or ".", spec.range.bad, spec.range.good, spec.judge.nightly_case,
+                         Path(spec.range.good_table) if spec.range.good_table else None, spec.range.case_name,
+                         spec.range.config_yaml, spec.range.soc, spec.range.scene, spec.range.frequency,
+                         spec.judge.nightly_datasets)
+    spec.judge.recipe = settled.recipe or spec.judge.recipe
+    spec.range.good = settled.good
+    return "; ".join(settled.notes) if spec.range.good_table else None
 
 
 def check_overlay_on_release(spec: SessionSpec, repo: git.Repo | None) -> None:

@@ -66,8 +66,14 @@ def session_evaluator(spec: SessionSpec, repo: git.Repo | None, recipe: Recipe |
         builder = Prefetcher(builder, session_dir / "prefetch")
     # A Python oracle goes the way of a command; its executor logs the name given as the argv.
     command = [spec.context.python_oracle] if spec.context.python_oracle else spec.judge.command
-    return Evaluator(builder, executor, session_dir, recipe=recipe, command=command, timeout_s=spec.judge.timeout_s,
-                     timeout_is=spec.judge.timeout_is)
+    evaluator = Evaluator(builder, executor, session_dir, recipe=recipe, command=command,
+                          timeout_s=spec.judge.timeout_s, timeout_is=spec.judge.timeout_is)
+    if spec.judge.nightly_case and repo is not None and held_of(spec.level) is None:
+        from bisect_npu.nightly.cases import CaseRef
+        from bisect_npu.orchestration.nightly import NightlyEvaluator
+
+        return NightlyEvaluator(evaluator, repo, CaseRef.parse(spec.judge.nightly_case), spec.judge.nightly_datasets)
+    return evaluator
 
 
 def with_dependencies(spec: SessionSpec, repo: git.Repo | None, recipe: Recipe | None, builder: Builder) -> Builder:

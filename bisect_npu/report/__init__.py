@@ -408,7 +408,15 @@ def _environment() -> jinja2.Environment:
 
 
 def render_markdown(view: SessionView) -> str:
+    from bisect_npu.report.nightly import nightly_section
+
     chart = chart_series(view.steps)
+    nightly = nightly_section(view)
+    tail = _environment().get_template("nightly.md.j2").render(n=nightly, github=view.github) if nightly else ""
+    return _main_report(view, chart) + tail  # the nightly-shaped section beside our own, after it
+
+
+def _main_report(view: SessionView, chart: tuple[str, list[tuple[str, float]]] | None) -> str:
     return _environment().get_template("report.md.j2").render(
         v=view, r=view.range, q=view.request, cx=view.header.context,
         held=held_of(view.header.level), scope=scope_of(view.header.level), end=view.end, chart=chart,
@@ -456,8 +464,20 @@ def render_json(view: SessionView) -> dict[str, Any]:
         "versions": view.versions, "engine_starts": view.engine_starts, "search_told": view.told,
         "reused_verdicts": reused_count(view.steps), "verdict_store": view.request.store.verdict_store,
         "settings": settings_json(view.session_dir / SETTINGS_DIR),  # a settings search at the culprit
+        "nightly": _nightly_json(view),
         "accuracy": _accuracy_json(view),
     }
+
+
+def _nightly_json(view: SessionView) -> dict[str, Any] | None:
+    from dataclasses import asdict
+
+    from bisect_npu.report.nightly import nightly_section
+
+    section = nightly_section(view)
+    if section is None:
+        return None
+    return {**section, "steps": [{**step, "rows": [asdict(row) for row in step["rows"]]} for step in section["steps"]]}
 
 
 def _accuracy_json(view: SessionView) -> dict[str, Any] | None:

@@ -1,0 +1,167 @@
+"""The nightly's inputs read from the upstream's history: a case file at a commit (it changes
+along history, so each candidate runs its own), and the good table's good end checked against
+the clone and the commit's vLLM pin."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+import git
+import yaml
+
+from bisect_npu import history
+from bisect_npu.errors import UsageError
+from bisect_npu.nightly.cases import CaseRef, case_names, import_case, read_case_file
+from bisect_npu.nightly.good_table import Frequency, GoodRow, Lookup, frequency_of, last_good, read_rows
+from bisect_npu.paths import cache_root
+from bisect_npu.recipe import Recipe
+
+
+class CaseAbsent(UsageError):
+    """The commit predates the case file (or the case in it)."""
+
+
+def case_text_at(repo: git.Repo, sha: str, path: str) -> str:
+    """The case file as the commit has it; a commit without it is a CaseAbsent saying so."""
+    try:
+        return str(repo.git.show(f"{sha}:{path}"))
+    except git.GitCommandError:
+        raise CaseAbsent(f"{path} does not exist at {sha[:12]}: the nightly case was added later or moved; "
+                         "give a path the commit has") from None
+
+
+def recipe_at(repo: git.Repo, sha: str, ref: CaseRef, datasets: str | None = None) -> Recipe:
+    """The recipe of `ref` as the case file reads at `sha` (datasets: import_case's)."""
+    raw = read_case_file(case_text_at(repo, sha, ref.file), f"{ref.file}@{sha[:12]}")
+    if ref.case is not None and ref.case not in case_names(raw) and "test_cases" in raw:
+        raise CaseAbsent(f"{ref.file} at {sha[:12]} has no case {ref.case!r} yet (its cases: "
+                         f"{', '.join(case_names(raw))})")
+    recipe = import_case(raw, ref.file, ref.case, ref.benchmark, datasets)
+    recipe.source = f"{ref}@{sha[:12]}"
+    return recipe
+
+
+def newest_recipe_at(repo: git.Repo, sha: str, ref: CaseRef, datasets: str | None = None) -> tuple[Recipe, str]:
+    """The case at `sha`, else (a case added after the regression, as most are) the clone's
+    HEAD's: (recipe, the commit read)."""
+    try:
+        return recipe_at(repo, sha, ref, datasets), sha
+    except CaseAbsent:
+        head = repo.head.commit.hexsha
+        if head == sha:
+            raise
+        return recipe_at(repo, head, ref, datasets), head
+
+
+def recipe_dump(recipe: Recipe) -> str:
+    """The recipe as a YAML file `--recipe` (and `recipes validate`) reads back."""
+    body = recipe.model_dump(mode="json", exclude_defaults=True)
+    return str(yaml.safe_dump(body, sort_keys=False, allow_unicode=True, width=120))
+
+
+def write_recipe_at(repo: git.Repo, sha: str, ref: CaseRef, datasets: str | None = None) -> Path:
+    """The bad end's recipe written where resume finds it again (named by its digest)."""
+    recipe, _ = newest_recipe_at(repo, sha, ref, datasets)
+    folder = cache_root() / "nightly-recipes"
+    folder.mkdir(parents=True, exist_ok=True)
+    path = folder / f"{recipe.name}-{recipe.digest()}.yaml"
+    path.write_text(f"# imported by bisect-npu from {ref} at {sha}\n" + recipe_dump(recipe), encoding="utf-8")
+    return path
+
+
+@dataclass(frozen=True)
+class GoodEnd:
+    sha: str
+    row: GoodRow
+    note: str
+
+
+def good_from_table(repo: git.Repo, table: Path, lookup: Lookup, frequency: Frequency | None) -> GoodEnd:
+    """`--good last-good --good-table FILE`: the matching row's vllm-ascend commit, which must be
+    in the clone; the note says how its recorded vLLM stands against the commit's own pin."""
+    try:
+        text = table.read_text(encoding="utf-8-sig")
+    except OSError as exc:
+        raise UsageError(f"--good-table {table}: cannot read it ({exc.strerror})") from None
+    kind = frequency_of(str(table.resolve()))
+    if frequency is not None and kind is not None and kind != frequency:
+        raise UsageError(f"--good-table {table} is the {kind} table and --frequency is {frequency}: nightly and "
+                         "weekly keep their own good commits; pass the other table")
+    row = last_good(read_rows(text, str(table)), lookup, str(table))
+    try:
+        sha = history.resolve_ref(repo, row.vllm_ascend_commit)
+    except UsageError:
+        raise UsageError(f"{table}:{row.line}: the good row ({row.name}, {row.time}) records vllm-ascend "
+                         f"{row.vllm_ascend_commit}, which is not in {repo.working_tree_dir}: fetch it (git fetch "
+                         f"origin {row.vllm_ascend_commit}) or pass --good REF") from None
+    pin = history.vllm_pin(repo, sha)
+    note = f"--good last-good: {sha[:12]} from {table}:{row.line} ({row.name}, {row.status}, {row.time})"
+    if row.vllm_commit and pin is not None:
+        recorded = row.vllm_commit.lower()
+        if pin.commit and not (pin.commit.startswith(recorded) or recorded.startswith(pin.commit)):
+            note += (f"; the row ran vLLM {recorded[:12]} but the commit pins {pin}: each candidate runs at its "
+                     "own pin")
+        elif pin.commit is None:
+            note += f"; the row ran vLLM {recorded[:12]}, the commit pins {pin} (each candidate runs at its own pin)"
+        else:
+            note += f"; its vLLM {recorded[:12]} is the commit's pin"
+    return GoodEnd(sha, row, note)
+
+
+@dataclass(frozen=True)
+class NightlyRun:
+    """What `run --nightly-case/--good-table` settle before the run starts."""
+
+    recipe: str | None  # the bad end's imported recipe file, when --nightly-case
+    good: str  # the good ref (the table's commit for `--good last-good --good-table`)
+    notes: list[str]
+
+
+def settle_run(repo_path: str, bad: str, good: str, nightly_case: str | None, good_table: Path | None,
+               name: str | None, config_yaml: str | None, soc: str | None, scene: str,
+               frequency: Frequency | None, datasets: str | None = None) -> NightlyRun:
+    """--nightly-case: the bad end's recipe, written out; --good-table: the good end (the
+    dimensions default to the case's name and file)."""
+    repo = history.open_repo(repo_path)
+    ref = CaseRef.parse(nightly_case) if nightly_case else None
+    notes: list[str] = []
+    recipe_file = None
+    if ref is not None:
+        bad_sha = history.resolve_ref(repo, bad)
+        recipe_file = str(write_recipe_at(repo, bad_sha, ref, datasets))
+        notes.append(f"--nightly-case {ref}: the bad end's recipe is {recipe_file}; each candidate runs the case "
+                     "as its own commit has the file")
+    if good_table is None:
+        return NightlyRun(recipe_file, good, notes)
+    if good != "last-good":
+        raise UsageError("--good-table gives the good end: pass --good last-good with it (or drop --good-table)")
+    if not soc:
+        raise UsageError("--good-table needs --soc, the hardware generation of the table's rows (a2, a3)")
+    lookup = Lookup(soc=soc.strip(), scene=scene, name=name or (ref.case if ref else None),
+                    config_yaml=config_yaml or (ref.file if ref else None))
+    end = good_from_table(repo, good_table, lookup, frequency)
+    return NightlyRun(recipe_file, end.sha, [*notes, end.note])
+
+
+NIGHTLY_DIR = "tests/e2e/nightly"
+
+
+def locate_case(repo: git.Repo, sha: str, case: str) -> str:
+    """`FILE[::CASE]` as given, or a bare case name found in the commit's nightly case files."""
+    if "::" in case or case.endswith((".yaml", ".yml")):
+        return case
+    paths = [p for p in str(repo.git.ls_tree("-r", "--name-only", sha, NIGHTLY_DIR)).splitlines()
+             if p.endswith((".yaml", ".yml"))]
+    found = []
+    for path in paths:
+        try:
+            raw = read_case_file(case_text_at(repo, sha, path), path)
+        except UsageError:
+            continue
+        names = [str(c.get("name")) for c in raw.get("test_cases") or [] if isinstance(c, dict)]
+        found += [f"{path}::{case}"] if case in names else []
+    if len(found) != 1:
+        what = "no nightly case file has" if not found else f"{len(found)} case files have"
+        raise UsageError(f"{what} a case named {case!r} at {sha[:12]}; name it as FILE::CASE")
+    return found[0]

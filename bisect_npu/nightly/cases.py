@@ -1,0 +1,319 @@
+"""A nightly case file as recipes: `tests/e2e/nightly/**/configs/*.yaml` of vllm-ascend.
+
+The nightly's single-node entry (`tests/e2e/nightly/single_node/models/scripts/`) starts
+`vllm serve MODEL` + `server_cmd` + `server_cmd_extra`, with `$VAR`/`${VAR}` filled from the
+case's `envs` (the port keys set to a free port), and runs each benchmark through AISBench:
+accuracy passes within `threshold` points of `baseline`, performance at `threshold` x `baseline`
+output tokens/s (`tools/aisbench.py`). Here one benchmark of one case becomes one recipe: the
+same server through the `openai` backend, accuracy judged by the accuracy oracle against the
+baseline, performance by the throughput oracle over repeated trials. Multi-node cases need one
+server per host and are refused with what is missing.
+
+Two case keys are bisect-npu's own: `launcher` (a list: the server command before its flags,
+as a recipe's `engine.launcher`) replaces `vllm serve MODEL`, for a server that is not vLLM's
+(the demo engine's, a test's); `local_build` (a list) is the recipe's `build.local_command` for
+`--executor local` (the nightly runs in a built image). The nightly's loader keeps unknown case
+keys as attributes and ignores them.
+"""
+
+from __future__ import annotations
+
+import re
+import shlex
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import yaml
+from pydantic import ValidationError
+
+from bisect_npu.errors import UsageError
+from bisect_npu.recipe import Recipe
+
+SINGLE_NODE_CONFIGS = "tests/e2e/nightly/single_node/models/configs"  # the nightly's CONFIG_BASE_PATH default
+PORT_KEYS = ("SERVER_PORT", "ENCODE_PORT", "PD_PORT", "PROXY_PORT")  # the nightly fills these with a free port
+_PLACEHOLDER = re.compile(r"\$(\w+)|\$\{(\w+)\}")  # single_node_config.py's `_expand_values`
+# vLLM as vllm-ascend's image carries it: installed from the Dockerfile's pin (VLLM_COMMIT over
+# VLLM_TAG), a Python tree at /vllm-workspace/vllm; a culprit that moves it is followed into vLLM.
+VLLM_DEPENDENCY = {"name": "vllm", "url": "https://github.com/vllm-project/vllm.git",
+                   "pin": {"arg": ["VLLM_COMMIT", "VLLM_TAG"]}, "package_dir": "vllm",
+                   "image_path": "/vllm-workspace/vllm"}
+PERF_TRIALS = 5  # throughput samples per commit: enough for a t bound to see a 3% drop on a quiet card
+PERF_MAX_TOKENS = 1024
+DEFAULT_PROMPT = "San Francisco is a"  # the nightly's default `prompts`
+
+
+class NightlyRefused(UsageError):
+    """A case (or file) this importer cannot turn into a recipe; the message says what is missing."""
+
+
+@dataclass(frozen=True)
+class CaseRef:
+    """`FILE[::CASE[::BENCHMARK]]` as --nightly-case takes it."""
+
+    file: str
+    case: str | None = None
+    benchmark: str | None = None
+
+    @classmethod
+    def parse(cls, text: str) -> CaseRef:
+        parts = text.split("::")
+        if len(parts) > 3 or not parts[0] or any(not p for p in parts[1:]):
+            raise UsageError(f"--nightly-case {text!r}: write FILE, FILE::CASE or FILE::CASE::BENCHMARK, e.g. "
+                             "tests/e2e/nightly/single_node/models/configs/Qwen3-32B-Int8.yaml::"
+                             "Qwen3-32B-W8A8-single-a3::acc")
+        case = parts[1] if len(parts) > 1 else None
+        file = parts[0] if "/" in parts[0] else f"{SINGLE_NODE_CONFIGS}/{parts[0]}"  # as --config-yaml names it
+        return cls(file, case, parts[2] if len(parts) > 2 else None)
+
+    def __str__(self) -> str:
+        return "::".join(p for p in (self.file, self.case, self.benchmark) if p)
+
+
+def read_case_file(text: str, source: str) -> dict[str, Any]:
+    """The file's mapping (safe loader; YAML merge keys as the nightly's own loader reads them)."""
+    try:
+        raw = yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        where = f"{source}:{mark.line + 1}" if mark is not None else source
+        problem = getattr(exc, "problem", None) or " ".join(str(exc).split())
+        raise UsageError(f"{where}: not valid YAML ({problem}); a nightly case file is the YAML under "
+                         "tests/e2e/nightly/") from None
+    if not isinstance(raw, dict):
+        raise UsageError(f"{source}: not a nightly case file (a mapping with `test_cases`, or `deployment` for "
+                         f"multi-node); got a {type(raw).__name__}")
+    return raw
+
+
+def _multi_node_reason(raw: dict[str, Any], path: str) -> str | None:
+    """Why a multi-node file cannot run as one engine on one host, or None when it can."""
+    nodes = raw.get("num_nodes")
+    deployment = raw.get("deployment")
+    several = (isinstance(nodes, int) and nodes > 1) or (isinstance(deployment, list) and len(deployment) > 1)
+    if not several and "/multi_node/" not in f"/{path}":
+        return None
+    if not several and isinstance(deployment, list) and len(deployment) == 1:
+        return None
+    shape = f"num_nodes {nodes}" if nodes else f"{len(deployment or [])} deployment entries"
+    if raw.get("npu_per_node"):
+        shape += f" x {raw['npu_per_node']} NPUs"
+    if (raw.get("disaggregated_prefill") or {}).get("enabled"):
+        shape += ", disaggregated prefill"
+    return (f"multi-node case ({shape}): its engine spans hosts, and bisect-npu starts one server per candidate "
+            "on one host (the Ray executor places a whole engine on one node); missing: a launcher that starts "
+            "one `vllm serve` per deployment entry across nodes")
+
+
+def case_names(raw: dict[str, Any]) -> list[str]:
+    cases = raw.get("test_cases")
+    return [str(c.get("name")) for c in cases if isinstance(c, dict)] if isinstance(cases, list) else []
+
+
+def _expand(values: list[str], envs: dict[str, Any]) -> list[str]:
+    def fill(match: re.Match[str]) -> str:
+        key = match.group(1) or match.group(2)
+        return str(envs[key]) if key in envs else match.group(0)
+
+    return [_PLACEHOLDER.sub(fill, str(value)) for value in values]
+
+
+def _words(value: Any, where: str) -> list[str]:
+    if value is None:
+        return []
+    if isinstance(value, str):
+        try:
+            return shlex.split(value)  # a `>` block of the multi-node files; never run through a shell
+        except ValueError as exc:
+            raise NightlyRefused(f"{where}: cannot split into arguments ({exc})") from None
+    if isinstance(value, list):
+        return [str(v) for v in value]
+    raise NightlyRefused(f"{where}: a list of arguments or one command line, got {type(value).__name__}")
+
+
+def server_flags(case: dict[str, Any], where: str) -> tuple[list[str], dict[str, str]]:
+    """The server's flags after `vllm serve MODEL` (its own --host/--port dropped: the openai
+    backend binds 127.0.0.1 and its own port) and the environment (less the port keys)."""
+    envs = {str(k): v for k, v in (case.get("envs") or {}).items()}
+    words = _words(case.get("server_cmd"), f"{where} server_cmd") + _words(case.get("server_cmd_extra"),
+                                                                          f"{where} server_cmd_extra")
+    if words[:2] == ["vllm", "serve"]:  # a multi-node style command line: `vllm serve MODEL ...`
+        words = words[3:] if len(words) > 2 and not words[2].startswith("-") else words[2:]
+    words = _expand(words, {k: v for k, v in envs.items() if k not in PORT_KEYS})
+    flags: list[str] = []
+    skip = False
+    for index, word in enumerate(words):
+        if skip:
+            skip = False
+            continue
+        name = word.split("=", 1)[0]
+        if name in ("--port", "--host"):
+            skip = "=" not in word and index + 1 < len(words)
+            continue
+        flags.append(word)
+    environment = {k: _env_text(v) for k, v in envs.items() if k not in PORT_KEYS}
+    return flags, environment
+
+
+def _env_text(value: Any) -> str:
+    return str(value)  # as the nightly hands `envs` to its server process
+
+
+def _slug(text: str) -> str:
+    return re.sub(r"[^A-Za-z0-9._-]+", "-", text).strip("-") or "case"
+
+
+def pick_benchmark(case: dict[str, Any], wanted: str | None, where: str) -> tuple[str, dict[str, Any]]:
+    """The benchmark to bisect: the one named, else the first accuracy one, else the first
+    performance one with a baseline (a warm-up run has baseline 0 and judges nothing)."""
+    benchmarks = {str(k): v for k, v in (case.get("benchmarks") or {}).items() if isinstance(v, dict)}
+    if wanted is not None:
+        if wanted not in benchmarks:
+            raise UsageError(f"{where}: no benchmark {wanted!r}; its benchmarks: {', '.join(benchmarks) or 'none'}")
+        return wanted, benchmarks[wanted]
+    judged = [(k, b) for k, b in benchmarks.items() if b.get("case_type") in ("accuracy", "performance")
+              and b.get("baseline") not in (None, 0, "0")]
+    for kind in ("accuracy", "performance"):
+        for key, bench in judged:
+            if bench.get("case_type") == kind:
+                return key, bench
+    raise NightlyRefused(f"{where}: no accuracy or performance benchmark with a baseline to judge (test_content "
+                         f"{case.get('test_content', ['completion'])} only checks that an answer comes back)")
+
+
+def _number(bench: dict[str, Any], key: str, where: str, default: float | None = None) -> float:
+    value = bench.get(key, default)
+    try:
+        return float(value)  # type: ignore[arg-type]
+    except (TypeError, ValueError):
+        raise NightlyRefused(f"{where}: {key} {value!r} is not a number") from None
+
+
+def _under(root: str | None, path: str) -> str:
+    """A benchmark's relative path under the datasets root (as the nightly's are under its
+    dataset cache); as written without a root."""
+    return str(Path(root).expanduser() / path) if root and path and not Path(path).is_absolute() else path
+
+
+def _benchmark_section(key: str, bench: dict[str, Any], case: dict[str, Any], where: str,
+                       datasets: str | None) -> dict[str, Any]:
+    kind = bench.get("case_type")
+    if kind == "accuracy":
+        conf = str(bench.get("dataset_conf", ""))
+        sampling = {name: bench[name] for name in ("temperature", "top_p", "top_k", "seed")
+                    if bench.get(name) is not None}
+        sampling.setdefault("temperature", 0.6)  # tools/aisbench.py's accuracy default
+        sampling["max_tokens"] = int(bench.get("max_out_len", 1024))
+        return {"oracle": {"kinds": ["accuracy"]},
+                "accuracy": {"harness": "aisbench", "dataset": _under(datasets, str(bench.get("dataset_path", ""))),
+                             "aisbench": {"request_conf": str(bench.get("request_conf", "vllm_api_general_chat")),
+                                          "dataset_conf": _under(datasets, conf) if conf.endswith(".py") else conf,
+                                          "batch_size": int(bench.get("batch_size", 1))},
+                             "sampling": sampling, "reference": "baseline",
+                             "baseline": _number(bench, "baseline", where),
+                             "threshold": _number(bench, "threshold", where, 1.0)}}
+    if kind == "performance":
+        prompts = case.get("prompts") or [DEFAULT_PROMPT]
+        baseline = _number(bench, "baseline", where, 0.0)
+        throughput: dict[str, Any] = {"threshold": _number(bench, "threshold", where, 0.97), "reference": "good_end"}
+        if baseline > 0:
+            throughput["baseline"] = baseline
+        return {"cases": [{"id": _slug(key), "messages": [{"role": "user", "content": str(prompts[0])}],
+                           "sampling": {"temperature": 0.0,
+                                        "max_tokens": min(int(bench.get("max_out_len", PERF_MAX_TOKENS)),
+                                                          PERF_MAX_TOKENS)}}],
+                "trials": {"count": PERF_TRIALS},
+                "oracle": {"kinds": ["throughput"], "throughput": throughput},
+                "reference": {"kind": "good_end"}}
+    raise NightlyRefused(f"{where}: case_type {kind!r} is neither accuracy nor performance")
+
+
+def _refusal_of_case(case: dict[str, Any], where: str) -> str | None:
+    mode = case.get("service_mode", "openai")
+    if mode != "openai":
+        return (f"{where}: service_mode {mode} starts several servers behind a proxy (encode/prefill/decode); "
+                "missing: a launcher for more than one server per candidate")
+    if case.get("kv_pool"):
+        return f"{where}: kv_pool needs the nightly's KV pool service beside the server; missing: its launcher"
+    return None
+
+
+def import_case(raw: dict[str, Any], path: str, case_name: str | None = None,
+                benchmark: str | None = None, datasets: str | None = None) -> Recipe:
+    """One benchmark of one case of the file as a recipe (see the module's docstring); a file
+    or case this cannot run is a NightlyRefused naming what is missing. `datasets` is the root the
+    benchmarks' relative `dataset_path` (and a `.py` `dataset_conf`) lie under."""
+    if (reason := _multi_node_reason(raw, path)) is not None:
+        raise NightlyRefused(f"{path}: {reason}")
+    cases = [c for c in raw.get("test_cases") or [] if isinstance(c, dict)]
+    if not cases and isinstance(raw.get("deployment"), list):  # a one-node multi-node file
+        cases = [{"name": raw.get("test_name") or path.rsplit("/", 1)[-1].removesuffix(".yaml"),
+                  "model": raw.get("model"), **raw["deployment"][0], "benchmarks": raw.get("benchmarks")}]
+    if not cases:
+        raise UsageError(f"{path}: no `test_cases` (nor one `deployment`); not a nightly case file")
+    names = [str(c.get("name")) for c in cases]
+    if case_name is None:
+        if len(cases) > 1:
+            raise UsageError(f"{path} has {len(cases)} cases; name one: {path}::{names[0]} (its cases: "
+                             f"{', '.join(names)})")
+        case = cases[0]
+    else:
+        found = [c for c in cases if str(c.get("name")) == case_name]
+        if not found:
+            raise UsageError(f"{path}: no case named {case_name!r}; its cases: {', '.join(names)}")
+        case = found[0]
+    where = f"{path}::{case.get('name')}"
+    if (reason := _refusal_of_case(case, where)) is not None:
+        raise NightlyRefused(reason)
+    if not case.get("model"):
+        raise NightlyRefused(f"{where}: no `model`")
+    key, bench = pick_benchmark(case, benchmark, where)
+    flags, environment = server_flags(case, where)
+    body: dict[str, Any] = {
+        "name": _slug(f"{case.get('name')}-{key}"),
+        "description": f"vllm-ascend nightly {where}::{key} ({bench.get('case_type')})",
+        "symptom": [str(bench.get("case_type"))],
+        "model": {"path": str(case["model"])},
+        "engine": {"backend": "openai", "server_flags": flags, "startup_timeout_s": 3600.0,
+                   **({"launcher": [str(w) for w in case["launcher"]]} if isinstance(case.get("launcher"), list)
+                      else {})},
+        "environment": environment,
+        **({"build": {"local_command": [str(w) for w in case["local_build"]]}}
+           if isinstance(case.get("local_build"), list) else {}),
+        **({} if isinstance(case.get("launcher"), list) else {"dependencies": [VLLM_DEPENDENCY]}),
+        **_benchmark_section(key, bench, case, f"{where}::{key}", datasets),
+    }
+    try:
+        return Recipe.model_validate(body)
+    except ValidationError as exc:
+        first = exc.errors()[0]
+        field = ".".join(str(p) for p in first["loc"])
+        raise NightlyRefused(f"{where}::{key}: as a recipe, {field}: "
+                             f"{first['msg'].removeprefix('Value error, ')}") from None
+
+
+@dataclass(frozen=True)
+class FileSurvey:
+    """What became of every case of one file: imported recipes and one-line refusals."""
+
+    path: str
+    imported: list[str]
+    refused: list[str]
+
+
+def survey(text: str, path: str) -> FileSurvey:
+    """Import every case of a file (its default benchmark each); refusals as one line each."""
+    try:
+        raw = read_case_file(text, path)
+    except UsageError as exc:
+        return FileSurvey(path, [], [str(exc)])
+    names: list[str | None] = list(case_names(raw)) or [None]
+    if _multi_node_reason(raw, path) is not None:
+        names = [None]
+    imported, refused = [], []
+    for name in names:
+        try:
+            imported.append(import_case(raw, path, name).name)
+        except UsageError as exc:
+            refused.append(str(exc))
+    return FileSurvey(path, imported, refused)

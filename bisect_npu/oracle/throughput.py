@@ -1,0 +1,118 @@
+"""Throughput against a line: vllm-ascend's nightly performance benchmarks pass when the output
+token throughput is at least `threshold` x `baseline` (tools/aisbench.py, `_performance_verify`).
+
+Why statistics: one throughput run on a shared card varies by a few percent, and the nightly's
+line sits 3% under its baseline, so a single run that dips is a false regression and one that
+peaks hides a real one. Here every trial is one sample; the commit is bad when the one-sided
+confidence bound of its mean lies under the line, good when the other bound lies over it, and
+otherwise (too few trials to tell) by its mean, flagged as not significant. The line is the
+published baseline, or (`reference: good_end`) the good end's own mean: a probe that measures
+throughput differently from the nightly's AISBench still compares like with like.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from statistics import NormalDist, fmean, stdev
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+from bisect_npu.contracts import Observation, Verdict, VerdictKind
+
+THROUGHPUT_FIGURE = "output_token_throughput"  # Observation.extra key a harness fills (tokens/s)
+
+
+class ThroughputConfig(BaseModel):
+    """The recipe's `oracle.throughput`: the nightly's `baseline` and `threshold`, and the test."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    baseline: float | None = Field(None, gt=0.0, allow_inf_nan=False,
+                                   description="published output token throughput, tokens/s (the nightly "
+                                               "config's `baseline`); needed by reference baseline")
+    threshold: float = Field(0.97, gt=0.0, le=1.0, allow_inf_nan=False,
+                             description="share of the reference a commit must reach (the nightly's "
+                                         "`threshold`, default 0.97)")
+    reference: Literal["baseline", "good_end"] = Field(
+        "baseline", description="baseline: the line is threshold x baseline; good_end: threshold x the good "
+                                "end's mean throughput (measured the same way as every candidate's)")
+    confidence: float = Field(0.95, gt=0.5, lt=1.0, description="one-sided confidence of each bound")
+
+    @model_validator(mode="after")
+    def _baseline_when_asked(self) -> ThroughputConfig:
+        if self.reference == "baseline" and self.baseline is None:
+            raise ValueError("reference baseline needs `baseline`, the published throughput in tokens/s")
+        return self
+
+
+def sample_of(obs: Observation) -> float | None:
+    """One trial's throughput: the harness's figure when it wrote one, else output tokens over
+    generation seconds (what the probe measured)."""
+    given = obs.extra.get(THROUGHPUT_FIGURE)
+    if isinstance(given, int | float) and not isinstance(given, bool) and math.isfinite(given):
+        return float(given)
+    if obs.output_token_ids and obs.timings.generate_s > 0:
+        return len(obs.output_token_ids) / obs.timings.generate_s
+    return None
+
+
+def t_quantile(p: float, df: float) -> float:
+    """Student's t quantile: exact for 1 and 2 degrees of freedom, Cornish-Fisher above (within
+    0.01 of the table at 3, 0.001 from 5 on: finer than any throughput run's spread)."""
+    if df <= 1:
+        return math.tan(math.pi * (p - 0.5))
+    if df <= 2:
+        return (2 * p - 1) / math.sqrt(2 * p * (1 - p))
+    z = NormalDist().inv_cdf(p)
+    return (z + (z**3 + z) / (4 * df) + (5 * z**5 + 16 * z**3 + 3 * z) / (96 * df**2)
+            + (3 * z**7 + 19 * z**5 + 17 * z**3 - 15 * z) / (384 * df**3))
+
+
+def _spread(values: Sequence[float]) -> float:
+    return stdev(values) if len(values) > 1 else 0.0
+
+
+def judge_throughput(cfg: ThroughputConfig, observations: Sequence[Observation],
+                     reference: Sequence[Observation] | None = None) -> Verdict:
+    """A commit from its trials' throughput samples (see the module's docstring)."""
+    samples = [s for s in map(sample_of, observations) if s is not None]
+    if not samples:
+        return Verdict(kind=VerdictKind.SKIP, trials=len(observations),
+                       reason="no throughput measured (no output tokens, no generation time)")
+    mean, n = fmean(samples), len(samples)
+    var = _spread(samples) ** 2 / n
+    figures: dict[str, Any] = {"throughput_mean": round(mean, 3), "throughput_stderr": round(math.sqrt(var), 3),
+                               "throughput_samples": [round(s, 3) for s in samples], "threshold": cfg.threshold,
+                               "confidence": cfg.confidence, "reference": cfg.reference}
+    df = float(n - 1)
+    if cfg.reference == "good_end":
+        ref = [s for s in map(sample_of, reference or []) if s is not None]
+        if not ref:
+            return Verdict(kind=VerdictKind.SKIP, trials=n, figures=figures,
+                           reason="reference good_end: the good end measured no throughput to compare with")
+        ref_var = (cfg.threshold * _spread(ref)) ** 2 / len(ref)
+        line = cfg.threshold * fmean(ref)
+        if var + ref_var > 0 and len(ref) > 1 and n > 1:  # Welch-Satterthwaite
+            df = (var + ref_var) ** 2 / (var**2 / (n - 1) + ref_var**2 / (len(ref) - 1))
+        var += ref_var
+        figures["reference_mean"] = round(fmean(ref), 3)
+    else:
+        assert cfg.baseline is not None
+        line = cfg.threshold * cfg.baseline
+        figures["baseline"] = cfg.baseline
+    figures["line"] = round(line, 3)
+    half = t_quantile(cfg.confidence, df) * math.sqrt(var) if n > 1 and var > 0 else 0.0
+    low, high = mean - half, mean + half
+    figures["bounds"] = [round(low, 3), round(high, 3)]
+    told = f"{mean:.1f} tokens/s over {n} trial(s) (bounds {low:.1f}-{high:.1f}) against {line:.1f}"
+    if high < line:
+        return Verdict(kind=VerdictKind.BAD, trials=n, figures=figures, reason=f"{told}: under the line")
+    if low >= line:
+        return Verdict(kind=VerdictKind.GOOD, trials=n, figures=figures, reason=f"{told}: at or over the line")
+    figures["not_significant"] = True
+    kind = VerdictKind.BAD if mean < line else VerdictKind.GOOD
+    return Verdict(kind=kind, trials=n, figures=figures,
+                   reason=f"{told}: {kind.value} by its mean (not significant at this confidence: more trials "
+                          "would settle it)")

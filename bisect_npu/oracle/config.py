@@ -11,7 +11,6 @@ from typing import Literal
 from pydantic import Field, field_validator, model_validator
 
 from bisect_npu.contracts import StrictModel
-
 from bisect_npu.oracle.throughput import ThroughputConfig
 
 

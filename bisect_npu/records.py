@@ -124,6 +124,9 @@ class HeaderOptions(_Shape):
     dep_repos: list[str] = Field(default_factory=list)  # --dep-repo NAME=PATH_OR_URL
     cross_dependencies: bool = True  # --no-dependency: a culprit that moves a pin is the answer
     held: HeldUpstream | None = None  # a dependency-level session (the child of a commit level); not a `run` option
+    # --unit-test: vllm-ascend unit tests as the oracle (their runner becomes `command` at the start).
+    unit_tests: list[str] = Field(default_factory=list)
+    unit_test_from: str | None = None  # --unit-test-from: the tests' files as at this commit
 
     def run_argv(self) -> list[str]:
         """The `bisect-npu run` arguments that give these options again (the report's reproduce
@@ -131,7 +134,8 @@ class HeaderOptions(_Shape):
         valued: list[tuple[str, object]] = [
             ("--package", self.package), ("--repo", self.repo), ("--good", self.good), ("--bad", self.bad),
             ("--index-url", self.index_url), ("--recipe", self.recipe),
-            ("--cmd", shlex.join(self.command) if self.command else None),
+            ("--cmd", shlex.join(self.command) if self.command and not self.unit_tests else None),
+            ("--unit-test-from", self.unit_test_from),
             ("--executor", self.executor if self.executor != "local" else None),
             ("--ray-address", self.ray_address),
             ("--node-executor", self.node_executor if self.node_executor != "local" else None),
@@ -150,6 +154,7 @@ class HeaderOptions(_Shape):
         argv += [arg for entry in self.base_image_map for arg in ("--base-image-map", entry)]
         argv += [arg for entry in self.dependencies for arg in ("--dependency", entry)]
         argv += [arg for entry in self.dep_repos for arg in ("--dep-repo", entry)]
+        argv += [arg for entry in self.unit_tests for arg in ("--unit-test", entry)]
         flags = {"--pre": self.prereleases, "--prefetch": self.prefetch is True,
                  "--no-prefetch": self.prefetch is False, "--no-check-ends": not self.check_ends,
                  "--no-fix": not self.propose_fix, "--verify-fix": self.verify_fix, "--find-fix": self.find_fix,

@@ -50,6 +50,13 @@ def finish(result: SessionResult, as_json: bool) -> None:
                    "`--package --repo` does this itself below the release level.")
 @click.option("--recipe", help="Recipe file or bundled recipe name (the bad case and its oracle).")
 @click.option("--cmd", "command", help="Oracle command instead of a recipe: exit 0 good, 125 skip, 1-127 bad.")
+@click.option("--unit-test", "unit_tests", multiple=True, metavar="NODEID",
+              help="vllm-ascend's own CPU unit test as the oracle, e.g. tests/ut/quantization/test_x.py or "
+                   "FILE::test_name: each candidate runs it in the cached venv of its vLLM pin; pass good, fail bad, "
+                   "absent at a commit good. Repeatable.")
+@click.option("--unit-test-from", "unit_test_from", metavar="REF",
+              help="With --unit-test: lay the named test files in as they are at REF (a fix's new test against "
+                   "the commits before it).")
 @click.option("--executor", type=click.Choice(["local", "docker", "ray"]), default="local", show_default=True,
               help="Where candidates run: this host (local, docker) or the nodes of a Ray cluster (ray).")
 @click.option("--ray-address", help="The Ray cluster for --executor ray [default: RAY_ADDRESS, else a local one].")
@@ -123,7 +130,7 @@ def finish(result: SessionResult, as_json: bool) -> None:
 @click.option("--quiet", is_flag=True, help="Plain log lines even on a terminal.")
 def run(good: str, bad: str, repo: str | None, package: str | None, index_url: str | None, prereleases: bool,
         overlay_on_release: str | None, recipe: str | None, command: str | None,
-        executor: Literal["local", "docker", "ray"],
+        unit_tests: tuple[str, ...], unit_test_from: str | None, executor: Literal["local", "docker", "ray"],
         ray_address: str | None, node_executor: Literal["local", "docker"], devices: str | None,
         base_image_map: tuple[str, ...], release_images: str | None, slots: int | None, session_dir: Path | None,
         workdir: Path | None,
@@ -157,6 +164,8 @@ def run(good: str, bad: str, repo: str | None, package: str | None, index_url: s
     store = None if no_verdict_store else str((verdict_store or default_verdict_store()).resolve())
     if overlay_on_release is not None:
         parse_release(overlay_on_release)
+    if unit_test_from is not None and not unit_tests:
+        raise click.UsageError("--unit-test-from REF names where the --unit-test files come from: add --unit-test")
     options = RunOptions(good=good, bad=bad, repo=repo or (None if package else "."), package=package,
                          index_url=index_url, prereleases=prereleases, recipe=recipe, command=argv, executor=executor,
                          ray_address=ray_address, node_executor=node_executor,
@@ -169,7 +178,8 @@ def run(good: str, bad: str, repo: str | None, package: str | None, index_url: s
                          workdir=str(workdir) if workdir else None, base_image_map=list(base_image_map),
                          release_images=release_images, verdict_store=store,
                          overlay_on_release=overlay_on_release, dependencies=list(dependencies),
-                         dep_repos=list(dep_repos), cross_dependencies=cross_dependencies)
+                         dep_repos=list(dep_repos), cross_dependencies=cross_dependencies,
+                         unit_tests=list(unit_tests), unit_test_from=unit_test_from)
     bisection = Bisection.start(options, session_dir=session_dir, progress=make_progress(quiet or as_json))
     note_session(bisection.session_dir)
     click.echo(f"session: {bisection.session_dir}", err=True)

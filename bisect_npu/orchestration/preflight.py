@@ -37,8 +37,9 @@ def check_run(options: RunOptions, host_root: Path = Path("/")) -> RunInputs:
     """Resolve and check everything that can be wrong before the journal is created; settles
     `options` in place (the mode, and absolute paths: resume may start elsewhere). `host_root` is
     where the NPU device and driver files are looked up (a directory of fake ones in a test)."""
-    if [options.recipe, options.command, options.python_oracle].count(None) != 2:
-        raise UsageError("give either --recipe FILE or --cmd COMMAND (the oracle for each candidate)")
+    if [options.recipe, options.command, options.python_oracle, options.unit_tests or None].count(None) != 3:
+        raise UsageError("give either --recipe FILE, --cmd COMMAND or --unit-test NODEID (the oracle for each "
+                         "candidate)")
     recipe = load_recipe(options.recipe) if options.recipe else None
     if options.executor == "ray":
         settle_ray_slots(options, recipe.cards_per_run() if recipe else 1)
@@ -72,6 +73,8 @@ def check_run(options: RunOptions, host_root: Path = Path("/")) -> RunInputs:
     if options.command:
         ends = [candidates_range.base, candidates_range.bad] if candidates_range.kind == "commits" else []
         options.command = check_command(options.command, repo, ends, options.executor == "docker")
+    if options.unit_tests:
+        settle_unit_tests(options, repo, candidates_range)
     builds_images = options.executor == "docker" or (options.executor == "ray" and options.node_executor == "docker")
     if repo is not None and options.package is None and builds_images and recipe is not None:
         from bisect_npu.execute.host import recipe_for_host
@@ -97,6 +100,22 @@ def check_run(options: RunOptions, host_root: Path = Path("/")) -> RunInputs:
         options.workdir = str(Path(options.workdir).resolve())  # resume may start elsewhere
         check_workdir(Path(options.workdir))
     return RunInputs(recipe, repo, earlier_runs, candidates_range, last_good_note)
+
+
+def settle_unit_tests(options: RunOptions, repo: git.Repo | None, candidates: CandidateRange) -> None:
+    """`--unit-test`: the named tests checked at the ends (builders/unit_tests.py) and their runner
+    made the session's command, so resume, the verdict store and the report treat it as one."""
+    from bisect_npu.builders.unit_tests import check_unit_tests, unit_test_command
+
+    if repo is None or options.package or candidates.kind != "commits":
+        raise UsageError("--unit-test runs vllm-ascend's unit tests at a clone's commits: give --repo, drop --package")
+    if options.executor == "docker" or (options.executor == "ray" and options.node_executor == "docker"):
+        raise UsageError("--unit-test runs in a venv per vLLM pin on the host (or each Ray node): drop "
+                         "--executor docker / --node-executor docker")
+    tests_from = history.resolve_ref(repo, options.unit_test_from) if options.unit_test_from else None
+    options.unit_test_from = tests_from
+    present = check_unit_tests(repo, options.unit_tests, candidates.base, candidates.bad, tests_from)
+    options.command = unit_test_command(options.unit_tests, present, tests_from)
 
 
 def check_overlay_on_release(options: RunOptions, repo: git.Repo | None) -> None:

@@ -113,6 +113,8 @@ def make_environment(options: RunOptions, repo: git.Repo | None, recipe: Recipe 
                 _local_executor(options, env, ["."], session_dir))  # "." is the overlay: first on PYTHONPATH
     if options.executor == "ray":
         return ray_environment(options, repo, recipe, session_dir, workdir)
+    if options.unit_tests:
+        return unit_test_builder(options, repo, session_dir, workdir), _local_executor(options, {}, ["."], session_dir)
     if options.executor == "local":
         from bisect_npu.builders.local import LocalBuilder
         from bisect_npu.execute.local import OWNER_ENV
@@ -125,6 +127,17 @@ def make_environment(options: RunOptions, repo: git.Repo | None, recipe: Recipe 
                              artifacts_dir=session_dir.resolve() / "build-outputs" if reuse else None),
                 _local_executor(options, env, python_paths, session_dir))
     return _docker_environment(options, repo, recipe, session_dir)
+
+
+def unit_test_builder(options: RunOptions, repo: git.Repo, session_dir: Path, workdir: Path) -> Builder:
+    """`--unit-test`: each candidate's worktree with its vLLM pin's cached venv (builders/unit_tests.py)."""
+    from bisect_npu.builders.local import LocalBuilder
+    from bisect_npu.builders.pin_venv import PinVenvs, default_pin_venv_cache
+    from bisect_npu.builders.unit_tests import TestsFrom, UnitTestBuilder, file_of
+
+    tests_from = (TestsFrom(options.unit_test_from, tuple(dict.fromkeys(file_of(n) for n in options.unit_tests)))
+                  if options.unit_test_from else None)
+    return UnitTestBuilder(repo, LocalBuilder(repo, workdir.resolve()), PinVenvs(default_pin_venv_cache()), tests_from)
 
 
 def release_venvs(package: str, options: RunOptions, recipe: Recipe | None) -> Builder:

@@ -217,3 +217,20 @@ def test_run_bisects_a_unit_test_to_its_culprit(tmp_path: Path, monkeypatch: pyt
     assert reasons[shas[5]].startswith("command exited 1: tests/ut/quant/test_q.py::test_scale failed")
     assert reasons[shas[0]] == "command exited 0: 1 named test passed"
     assert "--unit-test tests/ut/quant/test_q.py::test_scale" in (session / "report.md").read_text()
+
+
+def test_doctor_shows_the_pin_venvs_with_their_sizes_and_prunes_by_age(tmp_path: Path) -> None:
+    cache = tmp_path / "cache"
+    venvs = pin_venv.default_pin_venv_cache
+    env = {**os.environ, "BISECT_NPU_CACHE": str(cache), "PYTHONPATH": str(ROOT)}
+    old = fake_venv(cache / venvs().name, pin_venv.PinKey("0.21.0", "transformers==5.5.4"))
+    (old / "lib" / "big.bin").write_bytes(b"\0" * (300 << 20))
+    os.utime(old / COMPLETE_MARKER, (time.time() - 30 * 86400,) * 2)
+    fake_venv(cache / venvs().name, pin_venv.PinKey("0.23.0", "transformers==5.5.4"))
+    listed = subprocess.run([sys.executable, "-m", "bisect_npu", "doctor"], env=env, capture_output=True, text=True,
+                            check=False).stdout
+    assert "unit-test venv vllm-0.21.0--transformers-5.5.4: 0.3 GiB, last used 30.0 days ago" in listed
+    pruned = subprocess.run([sys.executable, "-m", "bisect_npu", "doctor", "--prune-venvs", "7"], env=env,
+                            capture_output=True, text=True, check=False).stdout
+    assert "unit-test venvs pruned: 1 unused for over 7 days, 0.3 GiB freed" in pruned
+    assert "vllm-0.21.0" not in pruned.split("freed", 1)[1] and "vllm-0.23.0--transformers-5.5.4" in pruned

@@ -6,7 +6,7 @@ release and the same transformers, so that pair is the venv's key: vLLM as a pur
 built once from its PyPI source distribution with `VLLM_TARGET_DEVICE=empty`, the CPU torch and
 torchvision from the index, and the commit's own `requirements.txt` + `requirements-dev.txt`
 without what needs an NPU, a CUDA build or is only for linting. A venv is built in place under a
-lock and marked complete last (as builders/venv.py does): a killed build is rebuilt from scratch.
+lock and marked complete last (as builders/venv.py does): a killed build goes on where it stopped.
 """
 
 from __future__ import annotations
@@ -32,7 +32,8 @@ from bisect_npu.paths import cache_root
 
 TORCH = ("torch==2.14.1", "torchvision==0.29.1")
 # What vLLM's sdist needs to build without isolation (torch is there already).
-SDIST_BUILD = ("setuptools>=77,<81", "setuptools-scm>=8", "wheel", "packaging>=24.2", "jinja2", "regex")
+SDIST_BUILD = ("setuptools>=77,<81", "setuptools-scm>=8", "setuptools-rust>=1.9", "wheel", "packaging>=24.2", "jinja2",
+               "regex")
 # Requirements of vllm-ascend no CPU unit test needs, or that cannot be installed here: the NPU
 # stack, CUDA-built extras (arctic-inference's isolated build pulls a CUDA torch), lint tools,
 # and the evaluation libraries the unit tests do not import.
@@ -136,9 +137,16 @@ class PinVenvs:
         return PinVenv(venv, key)
 
     def _build(self, key: PinKey, requirements: list[str], venv: Path, log_path: Path) -> None:
-        shutil.rmtree(venv, ignore_errors=True)
+        """Every step is a `pip install` that a second run makes good: a build that stopped half
+        way goes on in the same venv (its torch, 5 GB, is not installed again), unless its
+        interpreter is broken."""
+        python = venv / "bin" / "python"
+        if venv.exists() and subprocess.run([str(python), "-c", "import pip"], capture_output=True,
+                                            check=False).returncode != 0:
+            shutil.rmtree(venv, ignore_errors=True)
         with log_path.open("a", encoding="utf-8") as log:
-            self._step([self.python, "-m", "venv", str(venv)], log, log_path, "creating the venv")
+            if not venv.exists():
+                self._step([self.python, "-m", "venv", str(venv)], log, log_path, "creating the venv")
             pip = [str(venv / "bin" / "python"), "-m", "pip", "install", "--quiet"]
             self._step([*pip, *TORCH, *SDIST_BUILD], log, log_path, "installing torch")
             wheel = self._vllm_wheel(key.vllm, venv, log, log_path)
@@ -146,6 +154,10 @@ class PinVenvs:
                        "vllm-ascend's requirements")
             # vLLM's own requirements may pull another torch; the CPU one the tests need goes back.
             self._step([*pip, *TORCH], log, log_path, "restoring torch")
+            # As vllm-ascend's CI does after installing vLLM: triton does not work for Ascend, and
+            # the unit tests' conftest mocks `triton.runtime`.
+            self._step([str(python), "-m", "pip", "uninstall", "--quiet", "--yes", "triton"], log, log_path,
+                       "removing triton")
         (venv / "bisect-npu-venv.json").write_text(json.dumps(
             {"vllm": key.vllm, "transformers": key.transformers, "requirements": requirements}, indent=1) + "\n")
         (venv / COMPLETE_MARKER).write_text(time.strftime("%Y-%m-%dT%H:%M:%S") + "\n")
@@ -164,7 +176,9 @@ class PinVenvs:
         # (an isolated build would ask for the CUDA torch vLLM's pyproject names).
         download = [python, "-m", "pip", "download", "--no-deps", "--no-binary", ":all:", "--no-build-isolation",
                     "--dest", str(sdists), f"vllm=={version}"]
-        empty = {**os.environ, "VLLM_TARGET_DEVICE": "empty"}
+        # The version as published: without the override the metadata says "0.23.0+empty", and pip
+        # refuses a download whose metadata disagrees with its file name.
+        empty = {**os.environ, "VLLM_TARGET_DEVICE": "empty", "VLLM_VERSION_OVERRIDE": version}
         start = log.tell()
         try:
             self._step(download, log, log_path, f"downloading vLLM {version}'s source distribution", env=empty)

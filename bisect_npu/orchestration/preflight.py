@@ -196,14 +196,16 @@ def settle_slots(options: RunOptions, cards_per_run: int) -> None:
 def settle_ray_slots(options: RunOptions, cards_per_run: int) -> None:
     """`--executor ray`: a recipe's probe on the cluster's nodes; slots default to the engines
     the cluster holds, and an engine larger than every node is refused here, before any run."""
-    if options.command is not None or options.python_oracle is not None or options.package is not None \
-            or options.devices:
-        raise UsageError("--executor ray runs a recipe on a clone's commits, on the cards Ray hands out: drop "
-                         "--cmd, --package and --devices (or use --executor local or docker)")
+    if options.python_oracle is not None or options.package is not None or options.devices:
+        raise UsageError("--executor ray runs a recipe or a command on a clone's commits, on the nodes Ray hands "
+                         "out: drop --package and --devices (or use --executor local or docker)")
     import importlib.util
 
     if importlib.util.find_spec("ray") is None:
         raise UsageError("--executor ray needs Ray on this host and every node: pip install 'bisect-npu[ray]'")
+    if options.command is not None or options.unit_tests:
+        options.slots = options.slots or 1  # a command takes one CPU of a node, no card
+        return
     from bisect_npu.execute.ray import settle_slots as settle_on_cluster
 
     options.slots = settle_on_cluster(options.ray_address, cards_per_run, options.slots)

@@ -100,13 +100,14 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--present-at-good", action="append", default=[], metavar="FILE",
                         help="a named test file the good end has (its import error then counts bad)")
     parser.add_argument("--tests-from", metavar="SHA", help="the commit the test files were laid in from")
+    parser.add_argument("--report", metavar="FILE", help="keep pytest's per-test outcomes (JSON) here")
     parser.add_argument("node_ids", nargs="+")
     args = parser.parse_args(argv)
     node_ids: list[str] = args.node_ids
     present = {file_of(n) for n in node_ids if Path(file_of(n)).is_file()}
     if args.tests_from:
         print(f"bisect-npu unit tests: the test files are as at {args.tests_from}", flush=True)
-    judgement = run(node_ids, present, set(args.present_at_good))
+    judgement = run(node_ids, present, set(args.present_at_good), Path(args.report) if args.report else None)
     print(f"bisect-npu unit tests: {judgement.reason}", flush=True)
     reason_file = os.environ.get(REASON_ENV)
     if reason_file:
@@ -114,7 +115,7 @@ def main(argv: list[str] | None = None) -> int:
     return judgement.code
 
 
-def run(node_ids: list[str], present: set[str], present_at_good: set[str]) -> Judgement:
+def run(node_ids: list[str], present: set[str], present_at_good: set[str], keep: Path | None = None) -> Judgement:
     if not present:
         return judge(node_ids, present, {}, 0, present_at_good)
     env = {**os.environ, **CI_ENV, SELECT_ENV: json.dumps(node_ids)}
@@ -133,6 +134,8 @@ def run(node_ids: list[str], present: set[str], present_at_good: set[str]) -> Ju
         print("$ " + " ".join(argv), flush=True)
         returncode = subprocess.run(argv, env=env, check=False).returncode
         report = json.loads(report_path.read_text(encoding="utf-8")) if report_path.is_file() else None
+        if keep is not None and report is not None:
+            keep.write_text(json.dumps(report, indent=1), encoding="utf-8")
     return judge(node_ids, present, report, returncode, present_at_good)
 
 

@@ -40,6 +40,7 @@ from bisect_npu.builders.unit_tests import (
 ROOT = Path(__file__).resolve().parent.parent
 ROUTING = "bb4d0776ee"  # [CI] Refactor test folder (#9807), 2026-06-02: the CPU routing
 FIXING = re.compile(r"\bfix|\bbug|repair|broken|\bfail", re.I)
+TEST_TITLE = re.compile(r"\bUT\b|\btests?\b|\bCI\b", re.I)
 RANGE_BEFORE = 64  # first-parent commits before the repair's parent where a range starts
 
 
@@ -124,7 +125,8 @@ def candidate_repairs(repo: git.Repo, line: list[str], keys: dict[str, str], wan
             if status == "M" and path.startswith("tests/ut/") and Path(path).name.startswith("test_") \
                     and path.endswith(".py") and npu_refusal(path) is None:
                 found.append((sha, path))
-    return found
+    # Titles that name a unit test or CI first: the likeliest repairs of a test that broke.
+    return sorted(found, key=lambda entry: not TEST_TITLE.search(repo.git.log("-1", "--format=%s", entry[0])))
 
 
 def failing(report: dict[str, object]) -> list[str]:
@@ -168,7 +170,34 @@ def git_bisect(tester: Tester, good: str, bad: str, node_id: str) -> tuple[str, 
     return culprit[1], len(counter.read_text().split()), round(time.monotonic() - started, 1)
 
 
-def mine(clone: Path, out: Path, segment_of: list[str], limit: int, worktree: Path) -> list[Pair]:
+def git_bisect_replayed(clone: Path, good: str, bad: str, culprit: str) -> int:
+    """The runs `git bisect run` takes over the first-parent commits of (good, bad] when its command
+    answers as the test does there (bad from `culprit` on: what the pair's runs showed), replayed
+    without running the test: real git's choice of commits, in a scratch worktree, `--no-checkout`."""
+    repo = git.Repo(clone)
+    with tempfile.TemporaryDirectory(prefix="bisect-npu-replay-") as scratch:
+        worktree = Path(scratch) / "wt"
+        repo.git.worktree("add", "--detach", "--no-checkout", str(worktree), bad)
+        try:
+            counter = Path(scratch) / "runs"
+            script = Path(scratch) / "oracle.sh"
+            script.write_text("#!/bin/sh\necho x >> " + str(counter) + "\n"
+                              "head=$(git rev-parse BISECT_HEAD)\n"
+                              f"git merge-base --is-ancestor {culprit} $head && exit 1\nexit 0\n")
+            script.chmod(0o755)
+            wt = git.Repo(worktree)
+            wt.git.bisect("start", "--first-parent", "--no-checkout", bad, good)
+            out = wt.git.bisect("run", str(script))
+            wt.git.bisect("reset")
+            if f"{culprit} is the first bad commit" not in out:
+                raise RuntimeError(f"the replay ended elsewhere:\n{out[-1500:]}")
+            return len(counter.read_text().split())
+        finally:
+            repo.git.worktree("remove", "--force", str(worktree))
+
+
+def mine(clone: Path, out: Path, segment_of: list[str], limit: int, worktree: Path,
+         with_git_bisect: bool = False) -> list[Pair]:
     tester = Tester(clone, worktree)
     repo = tester.repo
     line = first_parent(repo)
@@ -203,29 +232,46 @@ def mine(clone: Path, out: Path, segment_of: list[str], limit: int, worktree: Pa
         start = max(index[parent] - RANGE_BEFORE, 0)
         while start < index[parent] and keys[line[start]] != keys[parent]:
             start += 1
-        good = line[start]
-        code, reason, _ = tester.run(good, [node])
-        if code != 0:
-            print(f"  fails at {good[:10]} too ({reason}): the culprit is further back; dropped", flush=True)
-            continue
-        culprit, steps, seconds = git_bisect(tester, good, parent, node)
-        culprit_parent = line[index[culprit] - 1]
-        confirm_bad, _, _ = tester.run(culprit, [node])
-        confirm_good, why, _ = tester.run(culprit_parent, [node])
-        if confirm_bad != 1 or confirm_good != 0:
-            print(f"  {culprit[:10]} not confirmed (culprit exit {confirm_bad}, parent exit {confirm_good}: {why})",
-                  flush=True)
-            continue
-        pair = Pair(culprit=culprit, node_id=node, repair=repair, good=good, bad=parent, pin=keys[culprit],
-                    title=repo.git.log("-1", "--format=%s", culprit), repair_title=repo.git.log("-1", "--format=%s",
-                                                                                                    repair),
-                    git_bisect_steps=steps, git_bisect_seconds=seconds,
-                    notes=[] if why.startswith(("1 named", "2 named")) else [f"at the culprit's parent: {why}"])
+        pair = Pair(culprit="", node_id=node, repair=repair, good=line[start], bad=parent, pin=keys[parent],
+                    repair_title=repo.git.log("-1", "--format=%s", repair))
+        if with_git_bisect:
+            code, reason, _ = tester.run(pair.good, [node])
+            if code != 0:
+                print(f"  fails at {pair.good[:10]} too ({reason}): the culprit is further back; dropped", flush=True)
+                continue
+            pair.culprit, pair.git_bisect_steps, pair.git_bisect_seconds = git_bisect(tester, pair.good, parent, node)
+            pair.title = repo.git.log("-1", "--format=%s", pair.culprit)
         pairs.append(pair)
-        print(f"  PAIR {culprit[:10]} {node} repaired by {repair[:10]}; git bisect {steps} runs {seconds}s",
+        print(f"  WINDOW {node} broken at {parent[:10]}, repaired by {repair[:10]}; range from {pair.good[:10]}",
               flush=True)
         out.write_text(json.dumps([asdict(p) for p in pairs], indent=1) + "\n")
     return pairs
+
+
+def diff_evidence(clone: Path, culprit: str, failure: str) -> list[str]:
+    """The names the failure quotes ('get_cache_scale', `fn`) that the culprit's own diff touches:
+    evidence for the culprit that does not come from any bisection."""
+    names = {n for n in re.findall(r"['`\"]([A-Za-z_][\w.]{3,})['`\"]", failure)}
+    diff = git.Repo(clone).git.show("--format=", "-U0", culprit)
+    changed = "\n".join(line for line in diff.splitlines() if line[:1] in "+-" and line[:3] not in ("+++", "---"))
+    return sorted(n for n in names if n.rsplit(".", 1)[-1] in changed)
+
+
+def table(pairs_path: Path, results_path: Path) -> str:
+    """The tier's results as a Markdown table (the last result of each pair)."""
+    pairs = {p["culprit"]: p for p in json.loads(pairs_path.read_text())}
+    results = {}
+    for line in results_path.read_text().splitlines():
+        result = json.loads(line)
+        results[result["culprit"]] = result
+    rows = ["| split | culprit | test | right? | steps (run) | steps (git bisect) | s/step | repair rank |",
+            "|---|---|---|---|---:|---:|---:|---:|"]
+    for culprit, pair in pairs.items():
+        r = results.get(culprit, {})
+        rows.append(f"| {pair['split']} | {culprit[:10]} | `{pair['node_id'].split('/', 2)[-1]}` | "
+                    f"{'yes' if r.get('found') == culprit else ('no' if r else 'not run')} | {r.get('steps', '')} | "
+                    f"{pair['git_bisect_steps']} | {r.get('seconds_per_step', '')} | {r.get('repair_rank') or '-'} |")
+    return "\n".join(rows)
 
 
 def main() -> None:
@@ -237,8 +283,15 @@ def main() -> None:
     mine_cmd.add_argument("--segment-of", action="append", default=[])
     mine_cmd.add_argument("--limit", type=int, default=12)
     mine_cmd.add_argument("--worktree", type=Path, default=Path("/tmp/bisect-npu-mine-wt"))
+    mine_cmd.add_argument("--git-bisect", action="store_true", help="narrow each window with git bisect run too")
+    table_cmd = sub.add_parser("table")
+    table_cmd.add_argument("pairs", type=Path)
+    table_cmd.add_argument("results", type=Path)
     args = parser.parse_args()
-    mine(args.clone, args.out, args.segment_of, args.limit, args.worktree)
+    if args.command == "table":
+        print(table(args.pairs, args.results))
+        return
+    mine(args.clone, args.out, args.segment_of, args.limit, args.worktree, args.git_bisect)
 
 
 if __name__ == "__main__":

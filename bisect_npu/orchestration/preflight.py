@@ -92,7 +92,7 @@ def check_run(options: RunOptions, host_root: Path = Path("/")) -> RunInputs:
 
         check_laid_in_pins(options, recipe, repo, (candidates_range.base, candidates_range.bad))
 
-        for end in (candidates_range.base, candidates_range.bad):
+        for end in (candidates_range.base, candidates_range.bad) if not options.unit_tests else ():
             check_submodule_pins(repo, end)  # a clone without its submodules stops here, not at step one
     if options.workdir:
         from bisect_npu.builders.local import check_workdir

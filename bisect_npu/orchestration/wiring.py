@@ -137,7 +137,9 @@ def unit_test_builder(options: RunOptions, repo: git.Repo, session_dir: Path, wo
 
     tests_from = (TestsFrom(options.unit_test_from, tuple(dict.fromkeys(file_of(n) for n in options.unit_tests)))
                   if options.unit_test_from else None)
-    return UnitTestBuilder(repo, LocalBuilder(repo, workdir.resolve()), PinVenvs(default_pin_venv_cache()), tests_from)
+    # No submodules: they are the C++ ops' sources (csrc/third_party), which no unit test builds.
+    return UnitTestBuilder(repo, LocalBuilder(repo, workdir.resolve(), submodules=False),
+                           PinVenvs(default_pin_venv_cache()), tests_from)
 
 
 def release_venvs(package: str, options: RunOptions, recipe: Recipe | None) -> Builder:

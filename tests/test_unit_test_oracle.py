@@ -126,6 +126,8 @@ def test_checks_before_a_session(tmp_path: Path) -> None:
         check_unit_tests(repo, ["tests/ut/quant/test_nothing.py::test_x"], shas[0], shas[3], None)
     with pytest.raises(UsageError, match="tests under a2/ need NPU cards"):
         check_unit_tests(repo, ["tests/ut/quant/a2/test_q.py"], shas[0], shas[3], None)
+    with pytest.raises(UsageError, match=r"--unit-test-from \w+: tests/ut/quant/test_later.py does not exist there"):
+        check_unit_tests(repo, ["tests/ut/quant/test_later.py"], shas[0], shas[3], shas[1])
     bare = make_linear_repo(tmp_path / "bare", 3, files=lambda i: {"tests/ut/test_t.py": PASSING} if i == 0 else {})
     with pytest.raises(UsageError, match=r"the good end \w+ has neither \.github/vllm-release-tag\.commit nor a "
                                          "Dockerfile with ARG VLLM_TAG"):
@@ -234,3 +236,31 @@ def test_doctor_shows_the_pin_venvs_with_their_sizes_and_prunes_by_age(tmp_path:
                             capture_output=True, text=True, check=False).stdout
     assert "unit-test venvs pruned: 1 unused for over 7 days, 0.3 GiB freed" in pruned
     assert "vllm-0.21.0" not in pruned.split("freed", 1)[1] and "vllm-0.23.0--transformers-5.5.4" in pruned
+
+
+def test_find_fix_with_the_fix_s_own_test_from_its_commit(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                          capsys: pytest.CaptureFixture[str]) -> None:
+    """`--unit-test-from FIX --find-fix`: the test the fix added, laid into each older commit, names
+    the fix as the first commit where it passes."""
+    from bisect_npu.cli import main
+
+    fixed_test = "import vllm_ascend\n\n\ndef test_value():\n    assert vllm_ascend.VALUE == 4\n"
+
+    def files(i: int) -> dict[str, str | None]:
+        if i == 0:
+            return {history.PIN_FILE: "v0.23.0\n", "requirements.txt": "transformers==5.5.4\n", "setup.py": SETUP_PY,
+                    "vllm_ascend/__init__.py": "VALUE = 5\n", "tests/__init__.py": "", "tests/ut/__init__.py": "",
+                    "tests/ut/conftest.py": ROUTED_CONFTEST}
+        if i == 6:
+            return {"vllm_ascend/__init__.py": "VALUE = 4\n", "tests/ut/quant/test_fix.py": fixed_test}
+        return {}
+
+    shas = make_linear_repo(tmp_path / "up", 9, files=files)
+    monkeypatch.setenv("BISECT_NPU_CACHE", str(tmp_path / "cache"))
+    fake_venv(pin_venv.default_pin_venv_cache(), pin_venv.PinKey("0.23.0", "transformers==5.5.4"))
+    with pytest.raises(SystemExit) as exited:
+        main(["run", "--repo", str(tmp_path / "up"), "--old", shas[0], "--new", shas[8], "--find-fix", "--unit-test",
+              "tests/ut/quant/test_fix.py", "--unit-test-from", shas[6], "--session", str(tmp_path / "s"), "--json",
+              "--quiet"])
+    summary = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert exited.value.code == 0 and summary["culprit"] == shas[6]

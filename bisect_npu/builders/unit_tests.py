@@ -77,6 +77,11 @@ def check_unit_tests(repo: git.Repo, node_ids: list[str], good: str, bad: str, t
             raise UsageError(f"the {end} end {sha[:12]} has neither {history.PIN_FILE} nor a Dockerfile with "
                              "ARG VLLM_TAG: its vLLM pin is unknown, so no venv can be made; pass a vllm-ascend "
                              "clone and ends that pin vLLM")
+    if tests_from:
+        for node_id in node_ids:
+            if not has_path(repo, tests_from, file_of(node_id)):
+                raise UsageError(f"--unit-test-from {tests_from[:12]}: {file_of(node_id)} does not exist there; name a "
+                                 "commit that has the test file")
     sources = {"good end": good, "bad end": bad, **({"--unit-test-from": tests_from} if tests_from else {})}
     for node_id in node_ids:
         if not any(has_path(repo, sha, file_of(node_id)) for sha in sources.values()):

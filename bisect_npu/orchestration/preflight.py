@@ -37,7 +37,9 @@ def check_run(options: RunOptions, host_root: Path = Path("/")) -> RunInputs:
     """Resolve and check everything that can be wrong before the journal is created; settles
     `options` in place (the mode, and absolute paths: resume may start elsewhere). `host_root` is
     where the NPU device and driver files are looked up (a directory of fake ones in a test)."""
-    if [options.recipe, options.command, options.python_oracle, options.unit_tests or None].count(None) != 3:
+    # --unit-test's runner is the command once settled: a later level's session starts with both.
+    oracle_command = None if options.unit_tests else options.command
+    if [options.recipe, oracle_command, options.python_oracle, options.unit_tests or None].count(None) != 3:
         raise UsageError("give either --recipe FILE, --cmd COMMAND or --unit-test NODEID (the oracle for each "
                          "candidate)")
     recipe = load_recipe(options.recipe) if options.recipe else None

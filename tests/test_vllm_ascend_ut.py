@@ -93,3 +93,31 @@ def test_refuses_a_node_id_that_matches_nothing_at_either_end(tmp_path: Path) ->
     summary, _, output = bisect(tmp_path, "--good", "HEAD~3", "--bad", "HEAD", "--unit-test",
                                 "tests/ut/no_such_dir/test_nothing.py::test_x")
     assert "exists at neither the good end" in output and not summary
+
+
+@pytest.mark.ray
+def test_one_pair_over_a_three_node_ray_cluster(tmp_path: Path) -> None:
+    """The first train pair through `--executor ray` on a three-node cluster made here (one CPU
+    each): every run a task on some node, the worktree made there and the pin venv taken from
+    that node's cache (one host here, so one cache); the culprit is the pair's."""
+    ray = pytest.importorskip("ray")
+    from ray.cluster_utils import Cluster
+
+    pair = next(p for p in pairs() if p["split"] == "train")
+    made = Cluster(initialize_head=True, head_node_args={"num_cpus": 1, "include_dashboard": False,
+                                                         "resources": {"NPU": 1}})
+    try:
+        for _ in range(2):
+            made.add_node(num_cpus=1, resources={"NPU": 1})
+        made.wait_for_nodes()
+        os.environ["RAY_ADDRESS"] = made.address
+        summary, session, output = bisect(tmp_path, "--good", str(pair["good"]), "--bad", str(pair["bad"]),
+                                          "--unit-test", str(pair["node_id"]), "--executor", "ray", "--no-fix")
+    finally:
+        os.environ.pop("RAY_ADDRESS", None)
+        ray.shutdown()
+        made.shutdown()
+    assert summary.get("culprit") == pair["culprit"], output
+    logs = [p.read_text().splitlines()[0] for p in session.rglob("command-t*.log")]
+    assert logs and all(line.startswith("# ray node ") for line in logs)
+    print(json.dumps({"ray_nodes": sorted({line.split()[3] for line in logs}), "steps": summary.get("steps")}))

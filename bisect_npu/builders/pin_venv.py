@@ -150,8 +150,10 @@ class PinVenvs:
             pip = [str(venv / "bin" / "python"), "-m", "pip", "install", "--quiet"]
             self._step([*pip, *TORCH, *SDIST_BUILD], log, log_path, "installing torch")
             wheel = self._vllm_wheel(key.vllm, venv, log, log_path)
-            self._step([*pip, str(wheel), *requirements], log, log_path, f"installing vLLM {key.vllm} and "
-                       "vllm-ascend's requirements")
+            # In the order of vllm-ascend's Dockerfile: vLLM with its own requirements, then
+            # vllm-ascend's, which win where the two disagree (opencv-python-headless at vLLM 0.19).
+            self._step([*pip, str(wheel)], log, log_path, f"installing vLLM {key.vllm}")
+            self._step([*pip, *requirements], log, log_path, "installing vllm-ascend's requirements")
             # vLLM's own requirements may pull another torch; the CPU one the tests need goes back.
             self._step([*pip, *TORCH], log, log_path, "restoring torch")
             # As vllm-ascend's CI does after installing vLLM: triton does not work for Ascend, and

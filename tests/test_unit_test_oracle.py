@@ -24,7 +24,9 @@ from bisect_npu.probe import unit_tests as runner
 
 ROOT = Path(__file__).resolve().parent.parent
 ROUTED_CONFTEST = 'import sys, types\nsys.modules["torch_npu"] = types.ModuleType("torch_npu")\n'
-OLD_CONFTEST = "import torch_npu  # the real one: no NPU here without bisect-npu's stubs\n"
+OLD_CONFTEST = ("import sys\nfrom unittest.mock import MagicMock\n\n"
+                "import torch_npu  # the real one: no NPU here without bisect-npu's stubs\n\n"
+                "sys.modules['torch_npu'].npu.current_device = MagicMock(return_value=0)\n")
 PASSING = "def test_scale():\n    assert 2 * 2 == 4\n\n\ndef test_other():\n    assert True\n"
 FAILING = "def test_scale():\n    assert 2 * 2 == 5\n\n\ndef test_other():\n    assert True\n"
 SETUP_PY = ('from setuptools import setup\nsetup(name="vllm_ascend", entry_points={\n'

@@ -41,6 +41,9 @@ class _StubLoader(importlib.abc.Loader):
             parent, _, child = spec.name.rpartition(".")
             if parent and parent in sys.modules:
                 setattr(sys.modules[parent], child, module)
+            torch = sys.modules.get("torch")
+            if spec.name == "torch_npu" and torch is not None and "npu" not in vars(torch):
+                torch.npu = module.npu  # type: ignore[attr-defined]  # as the real torch_npu does on import
 
 
 class NpuStubFinder(importlib.abc.MetaPathFinder):

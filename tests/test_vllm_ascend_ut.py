@@ -86,13 +86,13 @@ def test_run_finds_the_mined_culprit(pair: dict[str, object], tmp_path: Path) ->
 def test_refuses_a_test_that_needs_an_npu(tmp_path: Path) -> None:
     summary, _, output = bisect(tmp_path, "--good", "HEAD~3", "--bad", "HEAD", "--unit-test",
                                 "tests/ut/ops/a2/test_anything.py")
-    assert "need NPU cards" in output and not summary
+    assert "need NPU cards" in output and summary.get("exit_code") == 2 and not summary.get("culprit")
 
 
 def test_refuses_a_node_id_that_matches_nothing_at_either_end(tmp_path: Path) -> None:
     summary, _, output = bisect(tmp_path, "--good", "HEAD~3", "--bad", "HEAD", "--unit-test",
                                 "tests/ut/no_such_dir/test_nothing.py::test_x")
-    assert "exists at neither the good end" in output and not summary
+    assert "exists at neither the good end" in output and summary.get("exit_code") == 2
 
 
 @pytest.mark.ray

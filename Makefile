@@ -114,6 +114,15 @@ test-releases: venv
 test-vllm-overlay: venv
 	$(PY) -m pytest -q -s -m slow --timeout=7200 tests/test_release_overlay_vllm.py
 
+# vllm-ascend's own CPU unit tests as the oracle (issue 33): `run --unit-test` bisects breakage pairs
+# mined from a real clone's history (tests/data/vllm_ascend_ut_pairs.json) and names each culprit.
+# Hand-run: BISECT_NPU_VLLM_ASCEND=CLONE; a venv per vLLM pin (~5.5 GB, 10-20 min to build once,
+# ~/.cache/bisect-npu/unit-test-venvs). `python tests/vllm_ascend_ut.py mine CLONE OUT.json` mines again.
+.PHONY: test-vllm-ascend-ut
+test-vllm-ascend-ut: venv
+	@test -n "$(BISECT_NPU_VLLM_ASCEND)" || { echo "set BISECT_NPU_VLLM_ASCEND to a vllm-ascend clone"; exit 2; }
+	$(PY) -m pytest -q -s -m slow --timeout=21600 tests/test_vllm_ascend_ut.py
+
 # --executor ray on a real three-node Ray cluster made inside the tests (fake NPU resources; about
 # 1.4 GB of memory). Installs the ray extra into the same venv.
 RAY_STAMP := $(VENV)/.installed-ray

@@ -141,7 +141,8 @@ class JudgeSpec(_Part):
                                                         "oracle).")] = None
     command: Annotated[list[str] | None, flag("--cmd", kind="command",
                                               help="Oracle command instead of a recipe: exit 0 good, 125 skip, "
-                                                   "1-127 bad.")] = None
+                                                   "1-127 bad.",
+                                              written=lambda request: not request.judge.unit_tests)] = None
     nightly_case: Annotated[str | None, flag(
         "--nightly-case", metavar="FILE[::CASE[::BENCHMARK]]",
         help="A vllm-ascend nightly case file (a path in --repo, e.g. tests/e2e/nightly/single_node/models/configs/"
@@ -151,6 +152,16 @@ class JudgeSpec(_Part):
         "--nightly-datasets", kind="file", metavar="DIR",
         help="Where the nightly case's relative dataset_path entries (and a .py dataset_conf) lie, as the nightly's "
              "lie under its dataset cache [default: as written].")] = None
+    # --unit-test: vllm-ascend's unit tests as the oracle; their runner becomes `command` at the start.
+    unit_tests: Annotated[list[str], flag(
+        "--unit-test", metavar="NODEID",
+        help="vllm-ascend's own CPU unit test as the oracle, e.g. tests/ut/quantization/test_x.py or FILE::test_name: "
+             "each candidate runs it in the cached venv of its vLLM pin; pass good, fail bad, absent at a commit "
+             "good. Repeatable.")] = Field(default_factory=list)
+    unit_test_from: Annotated[str | None, flag(
+        "--unit-test-from", metavar="REF",
+        help="With --unit-test: lay the named test files in as they are at REF (a fix's new test against the "
+             "commits before it).")] = None
     timeout_s: Annotated[float, flag("--timeout", kind="positive", show_default=True,
                                      help="Seconds per probe or command run.")] = TRIAL_TIMEOUT_S
     timeout_is: Annotated[TimeoutIs | None, flag(

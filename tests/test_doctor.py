@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -15,7 +16,8 @@ REPO_ROOT = Path(__file__).resolve().parent.parent
 
 
 def doctor(*args: str, docker_host: str | None = None) -> subprocess.CompletedProcess[str]:
-    env = {**os.environ}
+    # A cache of its own: the host's `run --unit-test` venvs would be listed too.
+    env = {**os.environ, "BISECT_NPU_CACHE": tempfile.mkdtemp(prefix="doctor-cache-")}
     if docker_host is not None:
         env["DOCKER_HOST"] = docker_host
     return subprocess.run([sys.executable, "-m", "bisect_npu", "doctor", *args], capture_output=True, text=True,

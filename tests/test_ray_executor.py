@@ -325,3 +325,19 @@ def test_node_lost_mid_batch_reruns_elsewhere(cluster: Any, demo_upstream: tuple
              and e["trial"] == request["trial"] and e["log"].startswith(f"steps/{request['commit'][:12]}/")]
     assert len(rerun) == 1 and rerun[0]["observation"]  # the interrupted batch ran again, once, to the end
     assert nodes_of_runs(session, rerun) != {lost.node_id}
+
+
+def test_a_command_oracle_runs_on_the_nodes(cluster: Any, tmp_path: Path) -> None:
+    """`--cmd` over the cluster: each run a one-CPU task on some node, its worktree made there;
+    the log comes back with the node named, the verdicts give git bisect's culprit."""
+    from gitrepo import GOOD_CMD, make_linear_repo
+
+    shas = make_linear_repo(tmp_path / "up", 12, culprit=7)
+    session = tmp_path / "session"
+    done = subprocess.run([*CLI, "run", "--repo", str(tmp_path / "up"), "--good", shas[0], "--bad", shas[-1],
+                           "--cmd", " ".join(GOOD_CMD), "--executor", "ray", "--session", str(session), "--no-fix",
+                           "--json"], env=cli_env(cluster), capture_output=True, text=True, timeout=600, check=False)
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
+    assert json.loads(done.stdout.strip().splitlines()[-1])["culprit"] == shas[7]
+    trials = [e for e in journal(session) if e["type"] == "trial"]
+    assert trials and all((session / t["log"]).read_text().startswith("# ray node ") for t in trials)

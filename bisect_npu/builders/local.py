@@ -156,8 +156,9 @@ class LocalBuilder:
 
     def __init__(self, repo: git.Repo, workdir: Path, build_command: list[str] | None = None,
                  env: dict[str, str] | None = None, timeout_s: float = TRIAL_TIMEOUT_S, keep: int = 4,
-                 artifacts_dir: Path | None = None) -> None:
+                 artifacts_dir: Path | None = None, submodules: bool = True) -> None:
         self.repo = repo
+        self.submodules = submodules  # False: the candidate runs no build that needs them (`--unit-test`)
         self.workdir = workdir
         self.build_command = build_command or []
         self.artifacts_dir = artifacts_dir if self.build_command else None
@@ -205,7 +206,7 @@ class LocalBuilder:
         with self._git_lock:
             # Twice --force: a worktree registration left locked by a killed `git worktree add` is overridden.
             self.repo.git.worktree("add", "--detach", "--force", "--force", str(path), commit)
-            submodules = check_out_submodules(self.repo, commit, path)
+            submodules = check_out_submodules(self.repo, commit, path) if self.submodules else 0
         key = self.build_key(commit)
         outputs = self.artifacts_dir / key if self.artifacts_dir is not None and key else None
         log_dir.mkdir(parents=True, exist_ok=True)

@@ -175,6 +175,28 @@ def ray_checks(address: str | None) -> list[Check]:
     return checks
 
 
+def unit_test_venv_checks(prune_days: float | None = None) -> list[Check]:
+    """`run --unit-test`'s venvs, one per vLLM pin (builders/pin_venv.py), with their sizes and last
+    use; with `prune_days`, those unused for longer go first. Informational: none is needed."""
+    import time
+
+    from bisect_npu.builders.pin_venv import PinVenvs, default_pin_venv_cache
+
+    venvs = PinVenvs(default_pin_venv_cache())
+    checks = []
+    if prune_days is not None:
+        gone = venvs.prune(prune_days * 86400)
+        freed = sum(v.bytes for v in gone) / (1 << 30)
+        checks.append(Check("unit-test venvs pruned", True, f"{len(gone)} unused for over {prune_days:g} days, "
+                            f"{freed:.1f} GiB freed", needed=False))
+    now = time.time()
+    for venv in venvs.listing():
+        state = "" if venv.complete else ", unfinished build (goes on at its next use)"
+        checks.append(Check(f"unit-test venv {venv.name}", True, f"{venv.bytes / (1 << 30):.1f} GiB, last used "
+                            f"{(now - venv.last_used) / 86400:.1f} days ago{state} ({venv.path})", needed=False))
+    return checks
+
+
 @click.command()
 @click.option("--executor", type=click.Choice(["local", "docker", "ray"]), default="local", show_default=True,
               help="Check what this executor needs, as `run` would use it (local: git; docker: the container "
@@ -183,9 +205,12 @@ def ray_checks(address: str | None) -> list[Check]:
               help="Check the NPUs, driver and npu-smi [default: with --executor docker; --no-npu for containers on "
                    "the CPU (the demo), --npu for `run --executor local --devices`].")
 @click.option("--ray-address", help="The Ray cluster for --executor ray [default: RAY_ADDRESS, else a local one].")
-def doctor(executor: str, npu: bool | None, ray_address: str | None) -> None:
+@click.option("--prune-venvs", "prune_days", type=click.FloatRange(min=0), metavar="DAYS",
+              help="Remove the `run --unit-test` venvs (one per vLLM pin) not used for DAYS days.")
+def doctor(executor: str, npu: bool | None, ray_address: str | None, prune_days: float | None) -> None:
     """Check the container engine, NPUs, driver, disk and git; print a fix for each problem."""
     checks = [check_git(), *ray_checks(ray_address)] if executor == "ray" else run_checks(executor, npu)
+    checks += unit_test_venv_checks(prune_days)
     for check in checks:
         status = "OK" if check.ok else ("MISSING" if check.needed else "missing (not needed)")
         line = f"{status:<21} {check.name}: {check.detail}"

@@ -223,6 +223,44 @@ def run_batch(commit: str, request: dict[str, Any], timeout_s: float, session_id
         return BatchOutcome(node_id, cards, result, _small_files(out_dir), build)
 
 
+def run_command_batch(commit: str, argv: list[str], timeout_s: float, extra_env: dict[str, str], session_id: str,
+                      builder_factory: BuilderFactory, executor_factory: ExecutorFactory) -> BatchOutcome:
+    """The Ray task of a command (`--cmd`, `--unit-test`): build or reuse `commit` on this node
+    (a `--unit-test` venv is made here, in the node's own cache), run the command there, send its
+    log and its reason line back."""
+    import ray
+
+    node_id = ray.get_runtime_context().get_node_id()
+    builds = node_builds(session_id, node_id, builder_factory)
+    with tempfile.TemporaryDirectory(prefix="bisect-npu-") as scratch:
+        out_dir = Path(scratch)
+        log = out_dir / COMMAND_LOG
+        try:
+            env = ray.get(builds.acquire.remote(commit, str(out_dir / "build")))
+        except BuildFailed as failure:
+            log.write_text(f"build failed on this node: {failure}\n{failure.log_tail}\n", encoding="utf-8")
+            result = RunResult(returncode=SKIP_EXIT, seconds=0.0, log_path=str(log),
+                               log_tail=f"build failed: {failure}")
+            return BatchOutcome(node_id, [], result, _command_files(out_dir), {"how": "failed", "error": str(failure)})
+        here = {**extra_env, **({REASON_FILE: str(out_dir / COMMAND_REASON)} if REASON_FILE in extra_env else {})}
+        try:
+            result = executor_factory([]).run_command(env, argv, log, timeout_s, here)
+        finally:
+            builds.release.remote(env)
+        build = {"how": env.how, "key": env.build_key, "image": env.image, "seconds": env.seconds}
+        return BatchOutcome(node_id, [], result, _command_files(out_dir), build)
+
+
+COMMAND_LOG = "command.log"
+COMMAND_REASON = "command.reason"
+REASON_FILE = "BISECT_NPU_REASON_FILE"  # orchestration/evaluate.py's REASON_FILE_ENV
+
+
+def _command_files(out_dir: Path) -> dict[str, tuple[bytes, float]]:
+    return {name: ((out_dir / name).read_bytes(), (out_dir / name).stat().st_mtime)
+            for name in (COMMAND_LOG, COMMAND_REASON) if (out_dir / name).is_file()}
+
+
 def sweep_node(executor_factory: ExecutorFactory) -> int:
     """The Ray task that stops, on its node, what this session left running there."""
     return executor_factory([]).sweep()
@@ -340,7 +378,32 @@ class RayExecutor:
 
     def run_command(self, env: Environment, argv: list[str], log_path: Path, timeout_s: float,
                     extra_env: dict[str, str] | None = None) -> RunResult:
-        raise UsageError("--executor ray runs recipes (the probe); a --cmd runs with --executor local or docker")
+        """A command's run as a Ray task on one CPU of some node (it needs no card); its log and
+        reason line land where the driver's evaluator reads them."""
+        import ray
+
+        task = ray.remote(run_command_batch).options(num_cpus=1, max_retries=TASK_RETRIES, retry_exceptions=False,
+                                                     scheduling_strategy=self._placement(env.commit))
+        ref = task.remote(env.commit, argv, timeout_s, dict(extra_env or {}), self.session_id, self.builder_factory,
+                          self.executor_factory)
+        with self._tracked(ref):
+            try:
+                outcome: BatchOutcome = ray.get(ref)
+            except (ray.exceptions.TaskCancelledError, ray.exceptions.WorkerCrashedError) as exc:
+                raise InfrastructureError(f"the Ray task of {env.commit[:12]} ended without a result ({exc}); "
+                                          "run again (`bisect-npu resume`)") from exc
+            except KeyboardInterrupt:
+                ray.cancel(ref, force=True)
+                raise
+        with self._lock:
+            self._home.setdefault(env.commit, outcome.node_id)
+        log_path.parent.mkdir(parents=True, exist_ok=True)
+        content, _ = outcome.files.get(COMMAND_LOG, (b"", 0.0))
+        log_path.write_bytes(f"# ray node {outcome.node_id} build {outcome.build.get('how')}\n".encode() + content)
+        reason = (extra_env or {}).get(REASON_FILE)
+        if reason and COMMAND_REASON in outcome.files:
+            Path(reason).write_bytes(outcome.files[COMMAND_REASON][0])
+        return outcome.result.model_copy(update={"log_path": str(log_path)})
 
     def close(self) -> None:
         """Cancel every batch still running, stop what it started on its node, drop the builders."""

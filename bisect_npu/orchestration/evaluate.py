@@ -84,6 +84,21 @@ def command_verdict(result: RunResult, timeout_is: TimeoutIs = "skip") -> Verdic
                               f"`git bisect run` does; see {result.log_path}, fix it, then `bisect-npu resume`")
 
 
+REASON_FILE_ENV = "BISECT_NPU_REASON_FILE"  # a command may write its verdict's reason there, one line
+
+
+def with_command_reason(verdict: Verdict, reason_path: Path) -> Verdict:
+    """The verdict with the line the command wrote to `REASON_FILE_ENV`'s file after its exit
+    status ("command exited 1: tests/ut/x.py::test_y failed"); as it was when it wrote none."""
+    try:
+        line = reason_path.read_text(encoding="utf-8", errors="replace").strip().splitlines()
+    except OSError:
+        return verdict
+    if not line or not line[0].strip():
+        return verdict
+    return verdict.model_copy(update={"reason": f"{verdict.reason}: {line[0].strip()[:500]}"})
+
+
 def tally(records: list[TrialRun]) -> Verdict:
     """Trials judged one by one (noisy mode) as one step verdict: bad if any trial was bad, good if
     some were good and none bad, skip if no trial could be judged."""
@@ -208,9 +223,12 @@ class Evaluator:
         wanted = request.trials if request.judge_each else max(0, request.trials - len(request.done))
         for trial in range(request.first_trial, request.first_trial + wanted):
             log_path = self.step_dir(commit) / f"command-t{trial}.log"
+            reason_path = (self.step_dir(commit) / f"command-t{trial}.reason").resolve()
+            reason_path.unlink(missing_ok=True)
             result = self.executor.run_command(env, self.command, log_path, self.timeout_s,
-                                               {"BISECT_NPU_COMMIT": commit, "BISECT_NPU_TRIAL": str(trial)})
-            verdict = command_verdict(result, self.timeout_is)
+                                               {"BISECT_NPU_COMMIT": commit, "BISECT_NPU_TRIAL": str(trial),
+                                                REASON_FILE_ENV: str(reason_path)})
+            verdict = with_command_reason(command_verdict(result, self.timeout_is), reason_path)
             record = TrialRun(case_id=COMMAND_CASE, trial=trial, seconds=result.seconds,
                               log=self.rel(result.log_path) or "", outcome=verdict.kind, reason=verdict.reason)
             request.report(record)

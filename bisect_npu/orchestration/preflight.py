@@ -39,8 +39,13 @@ def check_run(spec: SessionSpec, host_root: Path = Path("/")) -> RunInputs:
     `options` in place (the mode, and absolute paths: resume may start elsewhere). `host_root` is
     where the NPU device and driver files are looked up (a directory of fake ones in a test)."""
     nightly_note = settle_nightly(spec) if spec.judge.nightly_case or spec.range.good_table else None
-    if [spec.judge.recipe, spec.judge.command, spec.context.python_oracle].count(None) != 2:
-        raise UsageError("give either --recipe FILE or --cmd COMMAND (the oracle for each candidate)")
+    # --unit-test's runner is the command once settled: a later level's session starts with both.
+    oracle_command = None if spec.judge.unit_tests else spec.judge.command
+    if [spec.judge.recipe, oracle_command, spec.context.python_oracle, spec.judge.unit_tests or None].count(None) != 3:
+        raise UsageError("give either --recipe FILE, --cmd COMMAND or --unit-test NODEID (the oracle for each "
+                         "candidate)")
+    if spec.judge.unit_test_from is not None and not spec.judge.unit_tests:
+        raise UsageError("--unit-test-from REF names where the --unit-test files come from: add --unit-test")
     check_image_options(spec)
     recipe = load_recipe(spec.judge.recipe) if spec.judge.recipe else None
     if spec.executor.executor == "ray":
@@ -75,6 +80,8 @@ def check_run(spec: SessionSpec, host_root: Path = Path("/")) -> RunInputs:
     if spec.judge.command:
         ends = [candidates_range.base, candidates_range.bad] if candidates_range.kind == "commits" else []
         spec.judge.command = check_command(spec.judge.command, repo, ends, spec.executor.executor == "docker")
+    if spec.judge.unit_tests:
+        settle_unit_tests(spec, repo, candidates_range)
     builds_images = spec.executor.executor == "docker" or (spec.executor.executor == "ray"
                                                            and spec.executor.node_executor == "docker")
     if repo is not None and spec.range.package is None and builds_images and recipe is not None:
@@ -93,7 +100,7 @@ def check_run(spec: SessionSpec, host_root: Path = Path("/")) -> RunInputs:
 
         check_laid_in_pins(spec, recipe, repo, (candidates_range.base, candidates_range.bad))
 
-        for end in (candidates_range.base, candidates_range.bad):
+        for end in (candidates_range.base, candidates_range.bad) if not spec.judge.unit_tests else ():
             check_submodule_pins(repo, end)  # a clone without its submodules stops here, not at step one
     if spec.executor.workdir:
         from bisect_npu.builders.local import check_workdir
@@ -214,17 +221,36 @@ def settle_slots(spec: SessionSpec, cards_per_run: int) -> None:
 def settle_ray_slots(spec: SessionSpec, cards_per_run: int) -> None:
     """`--executor ray`: a recipe's probe on the cluster's nodes; slots default to the engines
     the cluster holds, and an engine larger than every node is refused here, before any run."""
-    if spec.judge.command is not None or spec.context.python_oracle is not None or spec.range.package is not None \
-            or spec.executor.devices:
-        raise UsageError("--executor ray runs a recipe on a clone's commits, on the cards Ray hands out: drop "
-                         "--cmd, --package and --devices (or use --executor local or docker)")
+    if spec.context.python_oracle is not None or spec.range.package is not None or spec.executor.devices:
+        raise UsageError("--executor ray runs a recipe or a command on a clone's commits, on the nodes Ray hands "
+                         "out: drop --package and --devices (or use --executor local or docker)")
     import importlib.util
 
     if importlib.util.find_spec("ray") is None:
         raise UsageError("--executor ray needs Ray on this host and every node: pip install 'bisect-npu[ray]'")
+    if spec.judge.command is not None or spec.judge.unit_tests:
+        spec.executor.slots = spec.executor.slots or 1  # a command takes one CPU of a node, no card
+        return
     from bisect_npu.execute.ray import settle_slots as settle_on_cluster
 
     spec.executor.slots = settle_on_cluster(spec.executor.ray_address, cards_per_run, spec.executor.slots)
+
+
+def settle_unit_tests(spec: SessionSpec, repo: git.Repo | None, candidates: CandidateRange) -> None:
+    """`--unit-test`: the named tests checked at the ends (builders/unit_tests.py) and their runner
+    made the session's command, so resume, the verdict store and the report treat it as one."""
+    from bisect_npu.builders.unit_tests import check_unit_tests, unit_test_command
+
+    if repo is None or spec.range.package or candidates.kind != "commits":
+        raise UsageError("--unit-test runs vllm-ascend's unit tests at a clone's commits: give --repo, drop --package")
+    if spec.executor.executor == "docker" or (spec.executor.executor == "ray"
+                                              and spec.executor.node_executor == "docker"):
+        raise UsageError("--unit-test runs in a venv per vLLM pin on the host (or each Ray node): drop "
+                         "--executor docker / --node-executor docker")
+    tests_from = history.resolve_ref(repo, spec.judge.unit_test_from) if spec.judge.unit_test_from else None
+    spec.judge.unit_test_from = tests_from
+    present = check_unit_tests(repo, spec.judge.unit_tests, candidates.base, candidates.bad, tests_from)
+    spec.judge.command = unit_test_command(spec.judge.unit_tests, present, tests_from)
 
 
 def resolve_candidates(spec: SessionSpec, repo: git.Repo | None) -> CandidateRange:

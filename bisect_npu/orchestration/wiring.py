@@ -122,6 +122,8 @@ def make_environment(spec: SessionSpec, repo: git.Repo | None, recipe: Recipe | 
                 _local_executor(spec, env, ["."], session_dir))  # "." is the overlay: first on PYTHONPATH
     if spec.executor.executor == "ray":
         return ray_environment(spec, repo, recipe, session_dir, workdir)
+    if spec.judge.unit_tests:
+        return unit_test_builder(spec, repo, workdir), _local_executor(spec, {}, ["."], session_dir)
     if spec.executor.executor == "local":
         from bisect_npu.builders.local import LocalBuilder
         from bisect_npu.execute.local import OWNER_ENV
@@ -134,6 +136,20 @@ def make_environment(spec: SessionSpec, repo: git.Repo | None, recipe: Recipe | 
                              artifacts_dir=session_dir.resolve() / "build-outputs" if reuse else None),
                 _local_executor(spec, env, python_paths, session_dir))
     return _docker_environment(spec, repo, recipe, session_dir)
+
+
+def unit_test_builder(spec: SessionSpec, repo: git.Repo, workdir: Path) -> Builder:
+    """`--unit-test`: each candidate's worktree with its vLLM pin's cached venv (builders/unit_tests.py)."""
+    from bisect_npu.builders.local import LocalBuilder
+    from bisect_npu.builders.pin_venv import PinVenvs, default_pin_venv_cache
+    from bisect_npu.builders.unit_tests import TestsFrom, UnitTestBuilder, file_of
+
+    tests_from = (TestsFrom(spec.judge.unit_test_from,
+                            tuple(dict.fromkeys(file_of(n) for n in spec.judge.unit_tests)))
+                  if spec.judge.unit_test_from else None)
+    # No submodules: they are the C++ ops' sources (csrc/third_party), which no unit test builds.
+    return UnitTestBuilder(repo, LocalBuilder(repo, workdir.resolve(), submodules=False),
+                           PinVenvs(default_pin_venv_cache()), tests_from)
 
 
 def release_venvs(package: str, spec: SessionSpec, recipe: Recipe | None) -> Builder:

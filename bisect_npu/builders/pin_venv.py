@@ -1,0 +1,294 @@
+"""One cached venv per vLLM pin for vllm-ascend's CPU unit tests (`run --unit-test`).
+
+vllm-ascend is never installed (its setup.py builds C++ ops): its checkout goes on PYTHONPATH.
+What its unit tests import around it is the same for every commit that pins the same vLLM
+release and the same transformers, so that pair is the venv's key: vLLM as a pure-Python wheel
+built once from its PyPI source distribution with `VLLM_TARGET_DEVICE=empty`, the CPU torch and
+torchvision from the index, and the commit's own `requirements.txt` + `requirements-dev.txt`
+without what needs an NPU, a CUDA build or is only for linting. A venv is built in place under a
+lock and marked complete last (as builders/venv.py does): a killed build goes on where it stopped.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TextIO
+
+from bisect_npu.builders.base import BuildFailed, tail
+from bisect_npu.builders.venv import COMPLETE_MARKER, host_root, tree_bytes
+from bisect_npu.errors import UsageError
+from bisect_npu.paths import cache_root
+
+TORCH = ("torch==2.14.1", "torchvision==0.29.1")
+# What vLLM's sdist needs to build without isolation (torch is there already).
+SDIST_BUILD = ("setuptools>=77,<81", "setuptools-scm>=8", "setuptools-rust>=1.9", "wheel", "packaging>=24.2", "jinja2",
+               "regex")
+# Requirements of vllm-ascend no CPU unit test needs, or that cannot be installed here: the NPU
+# stack, CUDA-built extras (arctic-inference's isolated build pulls a CUDA torch), lint tools,
+# and the evaluation libraries the unit tests do not import.
+LEFT_OUT = frozenset({
+    "torch", "torch-npu", "torchvision", "torchaudio", "triton-ascend", "triton", "arctic-inference", "lm-eval",
+    "sentence-transformers", "librosa", "jiwer", "mindstudio-probe", "xlite", "uc-manager", "memfabric-hybrid",
+    "memcache-hybrid", "cmake", "ninja", "pybind11", "pip", "setuptools", "setuptools-scm", "wheel", "coverage",
+    "pytest-cov", "pandas-stubs", "types-jsonschema", "types-psutil", "mypy", "ruff", "pre-commit", "codespell",
+    "yapf", "isort", "clang-format", "actionlint", "pymarkdown", "pymarkdownlnt", "types-pyyaml", "types-requests",
+    "types-setuptools", "lm_eval", "modelscope-stubs",
+})
+RENAMED = {"zmq": "pyzmq"}
+REQUIREMENT_FILES = ("requirements.txt", "requirements-dev.txt")
+_NAME = re.compile(r"^\s*([A-Za-z0-9][A-Za-z0-9._-]*)")
+
+
+def normalized(name: str) -> str:
+    return re.sub(r"[-_.]+", "-", name).lower()
+
+
+@dataclass(frozen=True)
+class PinKey:
+    """What a unit-test venv is made of besides the commit: the vLLM release and transformers."""
+
+    vllm: str  # a PyPI version, "0.23.0"
+    transformers: str  # the requirement line as the commit gives it ("transformers==5.5.4"), "" when none
+
+    @property
+    def name(self) -> str:
+        pin = re.sub(r"[^\w.]+", "", self.transformers.removeprefix("transformers")) or "any"
+        return f"vllm-{self.vllm}--transformers-{pin}"
+
+
+def requirement_lines(texts: list[str]) -> list[str]:
+    """The install lines of requirements files: comments, `-r` includes and options dropped (the
+    files included are read by the caller), what no CPU unit test needs left out, aliases renamed."""
+    kept: list[str] = []
+    for text in texts:
+        for raw in text.splitlines():
+            line = raw.split("#", 1)[0].strip()
+            if not line or line.startswith("-"):
+                continue
+            match = _NAME.match(line)
+            if match is None:
+                continue
+            name = normalized(match[1])
+            if name in LEFT_OUT:
+                continue
+            line = RENAMED.get(name, line) if name in RENAMED else line
+            if line not in kept:
+                kept.append(line)
+    return kept
+
+
+def transformers_line(lines: list[str]) -> str:
+    return next((line for line in lines if normalized(_NAME.match(line)[1]) == "transformers"  # type: ignore[index]
+                 ), "")
+
+
+@dataclass(frozen=True)
+class PinVenv:
+    path: Path
+    key: PinKey
+
+    @property
+    def python(self) -> Path:
+        return self.path / "bin" / "python"
+
+
+@dataclass(frozen=True)
+class CachedVenv:
+    """A venv of the cache as `doctor` lists it."""
+
+    name: str
+    path: Path
+    bytes: int
+    last_used: float
+    complete: bool
+
+
+class PinVenvs:
+    """The cache of unit-test venvs, `cache_dir/<key name>/`, and the vLLM wheels they install,
+    `cache_dir/wheels/` (one per release, shared by the transformers pins of one vLLM)."""
+
+    def __init__(self, cache_dir: Path, python: str | None = None, pip_timeout_s: float = 3600.0) -> None:
+        self.cache_dir = cache_dir
+        self.python = python or _base_python()
+        self.pip_timeout_s = pip_timeout_s
+
+    def acquire(self, key: PinKey, requirements: list[str], log_dir: Path) -> PinVenv:
+        """The venv of `key`, built now when the cache has none (under a lock: two sessions, or
+        two slots, wait for one build)."""
+        venv = self.cache_dir / key.name
+        self.cache_dir.mkdir(parents=True, exist_ok=True)
+        with _locked(self.cache_dir / f".{key.name}.lock"):
+            if not (venv / COMPLETE_MARKER).is_file():
+                log_dir.mkdir(parents=True, exist_ok=True)
+                self._build(key, requirements, venv, log_dir / f"venv-{key.name}.log")
+        (venv / COMPLETE_MARKER).touch()  # its age is its last use: what pruning reads
+        _link_host(venv)
+        return PinVenv(venv, key)
+
+    def _build(self, key: PinKey, requirements: list[str], venv: Path, log_path: Path) -> None:
+        """Every step is a `pip install` that a second run makes good: a build that stopped half
+        way goes on in the same venv (its torch, 5 GB, is not installed again), unless its
+        interpreter is broken."""
+        python = venv / "bin" / "python"
+        if venv.exists() and subprocess.run([str(python), "-c", "import pip"], capture_output=True,
+                                            check=False).returncode != 0:
+            shutil.rmtree(venv, ignore_errors=True)
+        with log_path.open("a", encoding="utf-8") as log:
+            if not venv.exists():
+                self._step([self.python, "-m", "venv", str(venv)], log, log_path, "creating the venv")
+            pip = [str(venv / "bin" / "python"), "-m", "pip", "install", "--quiet"]
+            self._step([*pip, *TORCH, *SDIST_BUILD], log, log_path, "installing torch")
+            wheel = self._vllm_wheel(key.vllm, venv, log, log_path)
+            # In the order of vllm-ascend's Dockerfile: vLLM with its own requirements, then
+            # vllm-ascend's, which win where the two disagree (opencv-python-headless at vLLM 0.19).
+            self._step([*pip, str(wheel)], log, log_path, f"installing vLLM {key.vllm}")
+            self._step([*pip, *requirements], log, log_path, "installing vllm-ascend's requirements")
+            # vLLM's own requirements may pull another torch; the CPU one the tests need goes back.
+            self._step([*pip, *TORCH], log, log_path, "restoring torch")
+            # As vllm-ascend's CI does after installing vLLM: triton does not work for Ascend, and
+            # the unit tests' conftest mocks `triton.runtime`.
+            self._step([str(python), "-m", "pip", "uninstall", "--quiet", "--yes", "triton"], log, log_path,
+                       "removing triton")
+        (venv / "bisect-npu-venv.json").write_text(json.dumps(
+            {"vllm": key.vllm, "transformers": key.transformers, "requirements": requirements}, indent=1) + "\n")
+        (venv / COMPLETE_MARKER).write_text(time.strftime("%Y-%m-%dT%H:%M:%S") + "\n")
+
+    def _vllm_wheel(self, version: str, venv: Path, log: TextIO, log_path: Path) -> Path:
+        """vLLM `version` as a pure-Python wheel, built from its sdist once per release."""
+        wheels = self.cache_dir / "wheels"
+        wheels.mkdir(parents=True, exist_ok=True)
+        found = sorted(wheels.glob(f"vllm-{version}-*.whl"))
+        if found:
+            return found[0]
+        sdists = self.cache_dir / "sdists"
+        sdists.mkdir(exist_ok=True)
+        python = str(venv / "bin" / "python")
+        # Without build isolation: the sdist's metadata is prepared here, with this venv's torch
+        # (an isolated build would ask for the CUDA torch vLLM's pyproject names).
+        download = [python, "-m", "pip", "download", "--no-deps", "--no-binary", ":all:", "--no-build-isolation",
+                    "--dest", str(sdists), f"vllm=={version}"]
+        # The version as published: without the override the metadata says "0.23.0+empty", and pip
+        # refuses a download whose metadata disagrees with its file name.
+        empty = {**os.environ, "VLLM_TARGET_DEVICE": "empty", "VLLM_VERSION_OVERRIDE": version}
+        start = log.tell()
+        try:
+            self._step(download, log, log_path, f"downloading vLLM {version}'s source distribution", env=empty)
+        except BuildFailed as exc:
+            log.flush()
+            said = log_path.read_text(encoding="utf-8", errors="replace")[start:]
+            if "No matching distribution" in said or "Could not find a version" in said:
+                raise UsageError(f"vLLM pin {version}: no source distribution of vllm=={version} on "
+                                 f"{index_description(python)}; pass a range whose commits pin a published vLLM "
+                                 "release, or point pip at an index that has it (PIP_INDEX_URL)") from exc
+            raise
+        sdist = next(iter(sorted(sdists.glob(f"vllm-{version}.tar.gz"))), None)
+        if sdist is None:
+            raise UsageError(f"vLLM pin {version}: no source distribution of vllm=={version} on "
+                             f"{index_description(python)} (pip found only a wheel)")
+        build = [python, "-m", "pip", "wheel", "--quiet", "--no-deps", "--no-build-isolation", "--wheel-dir",
+                 str(wheels), str(sdist)]
+        self._step(build, log, log_path, f"building vLLM {version} from its sdist", env=empty)
+        found = sorted(wheels.glob(f"vllm-{version}-*.whl"))
+        if not found:
+            raise BuildFailed(f"building vLLM {version} left no wheel in {wheels}; see {log_path}", log_path,
+                              tail(log_path))
+        return found[0]
+
+    def _step(self, argv: list[str], log: TextIO, log_path: Path, what: str,
+              env: dict[str, str] | None = None) -> None:
+        log.write("$ " + " ".join(argv) + "\n")
+        log.flush()
+        try:
+            proc = subprocess.run(argv, stdout=log, stderr=subprocess.STDOUT, timeout=self.pip_timeout_s,
+                                  check=False, env=env)
+        except subprocess.TimeoutExpired as exc:
+            raise BuildFailed(f"{what}: timed out after {self.pip_timeout_s:.0f}s; see {log_path}", log_path,
+                              tail(log_path)) from exc
+        if proc.returncode != 0:
+            log.flush()
+            raise BuildFailed(f"{what} failed (exit {proc.returncode}); see {log_path}", log_path, tail(log_path))
+
+    def listing(self) -> list[CachedVenv]:
+        """The venvs in the cache, newest use first (a venv without its marker is an unfinished build)."""
+        if not self.cache_dir.is_dir():
+            return []
+        found = []
+        for path in self.cache_dir.iterdir():
+            if not path.is_dir() or path.name in ("wheels", "sdists"):
+                continue
+            marker = path / COMPLETE_MARKER
+            used = marker.stat().st_mtime if marker.is_file() else path.stat().st_mtime
+            found.append(CachedVenv(path.name, path, tree_bytes(path), used, marker.is_file()))
+        return sorted(found, key=lambda v: -v.last_used)
+
+    def prune(self, older_than_s: float, now: float | None = None) -> list[CachedVenv]:
+        """Remove the venvs last used more than `older_than_s` ago (and unfinished builds that
+        old); returns what went."""
+        now = time.time() if now is None else now
+        gone = []
+        for venv in self.listing():
+            if now - venv.last_used > older_than_s:
+                with _locked(self.cache_dir / f".{venv.name}.lock"):
+                    shutil.rmtree(venv.path, ignore_errors=True)
+                gone.append(venv)
+        return gone
+
+
+def index_description(python: str) -> str:
+    """The indexes pip asks, as its environment and configuration name them (for an error line)."""
+    settings: dict[str, str] = {}
+    with contextlib.suppress(OSError, subprocess.SubprocessError):
+        listed = subprocess.run([python, "-m", "pip", "config", "list"], capture_output=True, text=True, timeout=60,
+                                check=False).stdout
+        for line in listed.splitlines():
+            name, _, value = line.partition("=")
+            settings[name.rpartition(".")[2]] = value.strip().strip("'\"")
+    for name in ("index-url", "extra-index-url", "find-links", "no-index"):
+        env = os.environ.get("PIP_" + name.upper().replace("-", "_"))
+        if env:
+            settings[name] = env
+    where = [] if settings.get("no-index", "").lower() in ("1", "true", "yes") else \
+        [settings.get("index-url", "https://pypi.org/simple"), *settings.get("extra-index-url", "").split()]
+    where += [f"links {link}" for link in settings.get("find-links", "").split()]
+    return ", ".join(where) or "no index"
+
+
+def default_pin_venv_cache() -> Path:
+    return cache_root() / "unit-test-venvs"
+
+
+def _base_python() -> str:
+    """The interpreter the venvs are made from: the host's, outside any venv it runs in."""
+    base = Path(sys.base_prefix) / "bin" / f"python{sys.version_info.major}.{sys.version_info.minor}"
+    return str(base) if base.exists() else sys.executable
+
+
+def _link_host(venv: Path) -> None:
+    """A `.pth` that puts the host's `bisect_npu` after the venv's packages: the test runner of
+    bisect_npu/probe runs inside the venv (stdlib only)."""
+    for site in sorted((venv / "lib").glob("python*/site-packages")):
+        pth = site / "bisect_npu_host.pth"
+        wanted = str(host_root()) + "\n"
+        if not pth.exists() or pth.read_text(encoding="utf-8") != wanted:
+            pth.write_text(wanted, encoding="utf-8")
+
+
+@contextlib.contextmanager
+def _locked(path: Path) -> Iterator[None]:
+    with path.open("w") as handle:
+        fcntl.flock(handle, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(handle, fcntl.LOCK_UN)

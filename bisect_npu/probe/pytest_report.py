@@ -1,0 +1,78 @@
+"""A pytest plugin (loaded with `-p bisect_npu.probe.pytest_report`) for `run --unit-test`: keeps
+only the items the named node ids select, and writes what happened to each as JSON.
+
+Runs inside the candidate's venv: stdlib and pytest only. The files are passed to pytest whole
+and narrowed here (not as `file::test` arguments), so a named test the commit does not have yet is
+"matched nothing", not pytest's usage error, and the runner can judge it.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from typing import Any
+
+import pytest
+
+REPORT_ENV = "BISECT_NPU_UT_REPORT"  # where the JSON goes
+SELECT_ENV = "BISECT_NPU_UT_SELECT"  # the node ids, as a JSON list
+
+_state: dict[str, Any] = {"tests": {}, "collect_errors": {}, "matched": {}, "exit": None}
+
+
+def selects(node_id: str, item_id: str) -> bool:
+    """Whether the named `node_id` (a file, a class, a test, a parametrized case) selects `item_id`."""
+    return item_id == node_id or item_id.startswith((node_id + "::", node_id + "["))
+
+
+def _wanted() -> list[str]:
+    return list(json.loads(os.environ.get(SELECT_ENV, "[]")))
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    wanted = _wanted()
+    matched = {node_id: 0 for node_id in wanted}
+    kept: list[pytest.Item] = []
+    dropped: list[pytest.Item] = []
+    for item in items:
+        hits = [node_id for node_id in wanted if selects(node_id, item.nodeid)]
+        for node_id in hits:
+            matched[node_id] += 1
+        (kept if hits else dropped).append(item)
+    _state["matched"] = matched
+    if dropped:
+        config.hook.pytest_deselected(items=dropped)
+    items[:] = kept
+
+
+def pytest_collectreport(report: pytest.CollectReport) -> None:
+    if report.failed:
+        _state["collect_errors"][report.nodeid or "<session>"] = _short(report)
+
+
+def pytest_runtest_logreport(report: pytest.TestReport) -> None:
+    tests = _state["tests"]
+    if report.when == "call" or report.failed or (report.when == "setup" and report.skipped):
+        outcome = "error" if report.failed and report.when != "call" else report.outcome
+        if tests.get(report.nodeid) in ("failed", "error"):
+            return  # a teardown error after a failure: the failure stands
+        tests[report.nodeid] = outcome
+        if report.failed:
+            _state.setdefault("messages", {})[report.nodeid] = _short(report)
+
+
+def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
+    _state["exit"] = int(exitstatus)
+    path = os.environ.get(REPORT_ENV)
+    if path:
+        with open(path, "w", encoding="utf-8") as handle:
+            json.dump(_state, handle, indent=1)
+
+
+def _short(report: pytest.CollectReport | pytest.TestReport) -> str:
+    """The last line that names an exception ("E   ImportError: ..."), else the report's last line."""
+    text = str(report.longrepr or "")
+    lines = [line.strip() for line in text.splitlines() if line.strip()]
+    errors = [line for line in lines if line.startswith("E ")]
+    chosen = errors[-1].removeprefix("E").strip() if errors else (lines[-1] if lines else "")
+    return chosen[:300]

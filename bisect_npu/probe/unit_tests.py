@@ -1,0 +1,145 @@
+"""`run --unit-test`'s command: run the named tests of a vllm-ascend checkout and exit by the
+`git bisect run` protocol, with the reason in the file `BISECT_NPU_REASON_FILE` names.
+
+    python -m bisect_npu.probe.unit_tests [--present-at-good FILE]... NODEID...
+
+Runs in the candidate's worktree with its pin's venv (bisect_npu/builders/unit_tests.py). The
+verdict: every named test that exists passes -> good (0); a named test fails or errors -> bad
+(1); a named test the commit does not have (yet) -> good, said so (the culprit often adds the
+test that fails); a test module that cannot be collected -> bad when it exists at the good end
+(`--present-at-good`), else skip (125): an import error of a module the good end lacks says
+nothing about the regression. Stdlib only.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import subprocess
+import sys
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+
+GOOD, BAD, SKIP = 0, 1, 125
+REASON_ENV = "BISECT_NPU_REASON_FILE"
+REPORT_ENV = "BISECT_NPU_UT_REPORT"
+SELECT_ENV = "BISECT_NPU_UT_SELECT"
+# vllm-ascend's CI environment for its unit tests (.github/workflows: the CPU unit-test job).
+CI_ENV = {
+    "TORCH_DEVICE_BACKEND_AUTOLOAD": "0", "VLLM_WORKER_MULTIPROC_METHOD": "spawn", "VLLM_LOGGING_LEVEL": "ERROR",
+    "VLLM_USE_MODELSCOPE": "True", "HF_HUB_OFFLINE": "1", "SOC_VERSION": "ascend910b1", "COMPILE_CUSTOM_KERNELS": "0",
+}
+CONFTEST = "tests/ut/conftest.py"
+NPU_SITE = Path(__file__).resolve().parent / "npu_site"
+
+
+@dataclass(frozen=True)
+class Judgement:
+    code: int
+    reason: str
+
+
+def file_of(node_id: str) -> str:
+    return node_id.split("::", 1)[0]
+
+
+def mocks_npu_itself(conftest: Path) -> bool:
+    """Whether the checkout's unit-test conftest puts mocks in place of `torch_npu` without an NPU
+    (vllm-ascend since bb4d0776ee, 2026-06-02); before it, bisect-npu's stubs are needed."""
+    try:
+        text = conftest.read_text(encoding="utf-8", errors="replace")
+    except OSError:
+        return False
+    # An assignment, not a use: the conftest of 2026-04 reads sys.modules['torch_npu'].npu (the real one).
+    return re.search(r"""sys\.modules\[['"]torch_npu['"]\]\s*=""", text) is not None
+
+
+def judge(node_ids: list[str], present: set[str], report: dict[str, object] | None, returncode: int,
+          present_at_good: set[str]) -> Judgement:
+    """The verdict of one run from pytest's report (pytest_report.py) and what exists at this commit."""
+    absent_files = [n for n in node_ids if file_of(n) not in present]
+    if report is None:
+        return Judgement(SKIP, f"pytest exited {returncode} without a report (see the log)")
+    errors = {str(k): str(v) for k, v in dict(report.get("collect_errors") or {}).items()}  # type: ignore[call-overload]
+    tests = {str(k): str(v) for k, v in dict(report.get("tests") or {}).items()}  # type: ignore[call-overload]
+    messages = {str(k): str(v) for k, v in dict(report.get("messages") or {}).items()}  # type: ignore[call-overload]
+    matched = {str(k): int(v) for k, v in dict(report.get("matched") or {}).items()}  # type: ignore[call-overload]
+    broken = sorted({file_of(n) for n in node_ids if file_of(n) in present
+                     and any(key == file_of(n) or key.startswith(file_of(n) + "::") for key in errors)})
+    if errors and not broken and "<session>" in errors:
+        broken = sorted({file_of(n) for n in node_ids if file_of(n) in present})
+    if broken:
+        first = broken[0]
+        error = next((v for k, v in errors.items() if k == first or k.startswith(first + "::")),
+                     errors.get("<session>", ""))
+        if first in present_at_good:
+            return Judgement(BAD, f"{first} cannot be collected ({error}); it exists at the good end, counted bad")
+        return Judgement(SKIP, f"{first} cannot be collected ({error}); the good end does not have it, so this "
+                               "says nothing about the regression: skipped")
+    failed = sorted(k for k, v in tests.items() if v in ("failed", "error"))
+    if failed:
+        detail = f" ({messages[failed[0]]})" if messages.get(failed[0]) else ""
+        more = f" and {len(failed) - 1} more" if len(failed) > 1 else ""
+        return Judgement(BAD, f"{failed[0]} {tests[failed[0]]}{detail}{more}")
+    missing = [n for n in node_ids if file_of(n) not in absent_files and not matched.get(n)] + absent_files
+    passed = sum(1 for v in tests.values() if v == "passed")
+    if missing and not passed:
+        return Judgement(GOOD, f"{missing[0]} does not exist at this commit: counted good (a test added by the "
+                               "culprit is absent before it)")
+    if returncode not in (0, 5) and not tests:
+        return Judgement(SKIP, f"pytest exited {returncode} before running a named test (see the log)")
+    note = f"; {missing[0]} does not exist at this commit" if missing else ""
+    skipped = sum(1 for v in tests.values() if v == "skipped")
+    return Judgement(GOOD, f"{passed} named test{'s' if passed != 1 else ''} passed"
+                           f"{f', {skipped} skipped' if skipped else ''}{note}")
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m bisect_npu.probe.unit_tests")
+    parser.add_argument("--present-at-good", action="append", default=[], metavar="FILE",
+                        help="a named test file the good end has (its import error then counts bad)")
+    parser.add_argument("--tests-from", metavar="SHA", help="the commit the test files were laid in from")
+    parser.add_argument("--report", metavar="FILE", help="keep pytest's per-test outcomes (JSON) here")
+    parser.add_argument("node_ids", nargs="+")
+    args = parser.parse_args(argv)
+    node_ids: list[str] = args.node_ids
+    present = {file_of(n) for n in node_ids if Path(file_of(n)).is_file()}
+    if args.tests_from:
+        print(f"bisect-npu unit tests: the test files are as at {args.tests_from}", flush=True)
+    judgement = run(node_ids, present, set(args.present_at_good), Path(args.report) if args.report else None)
+    print(f"bisect-npu unit tests: {judgement.reason}", flush=True)
+    reason_file = os.environ.get(REASON_ENV)
+    if reason_file:
+        Path(reason_file).write_text(judgement.reason + "\n", encoding="utf-8")
+    return judgement.code
+
+
+def run(node_ids: list[str], present: set[str], present_at_good: set[str], keep: Path | None = None) -> Judgement:
+    if not present:
+        return judge(node_ids, present, {}, 0, present_at_good)
+    env = {**os.environ, **CI_ENV, SELECT_ENV: json.dumps(node_ids)}
+    package = __package__ or "bisect_npu.probe"  # the probe package may live under another name
+    plugins = ["-p", f"{package}.pytest_report"]
+    if not mocks_npu_itself(Path(CONFTEST)):
+        plugins += ["-p", f"{package}.npu_stubs"]
+        env["PYTHONPATH"] = os.pathsep.join([str(NPU_SITE), *filter(None, [env.get("PYTHONPATH")])])
+        print("bisect-npu unit tests: this commit's tests/ut/conftest.py does not mock the NPU stack; "
+              "bisect-npu's stubs for torch_npu, acl, mooncake, torchair are loaded", flush=True)
+    with tempfile.TemporaryDirectory(prefix="bisect-npu-ut-") as scratch:
+        report_path = Path(scratch) / "report.json"
+        env[REPORT_ENV] = str(report_path)
+        argv = [sys.executable, "-m", "pytest", "-q", "-rA", "-p", "no:cacheprovider", *plugins,
+                *sorted(present)]
+        print("$ " + " ".join(argv), flush=True)
+        returncode = subprocess.run(argv, env=env, check=False).returncode
+        report = json.loads(report_path.read_text(encoding="utf-8")) if report_path.is_file() else None
+        if keep is not None and report is not None:
+            keep.write_text(json.dumps(report, indent=1), encoding="utf-8")
+    return judge(node_ids, present, report, returncode, present_at_good)
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,272 @@
+"""`run --unit-test`: the runner's verdicts on real pytest runs, the checks before a session, the
+pin venv cache, and a whole bisection of a generated vllm-ascend-shaped history (its venv stood
+in by this interpreter, which has pytest: nothing is installed)."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import git as gitpython
+import pytest
+from gitrepo import make_linear_repo
+
+from bisect_npu import history
+from bisect_npu.builders import pin_venv
+from bisect_npu.builders.unit_tests import check_unit_tests, entry_points_of, npu_refusal, write_package_record
+from bisect_npu.builders.venv import COMPLETE_MARKER
+from bisect_npu.errors import UsageError
+from bisect_npu.probe import unit_tests as runner
+
+ROOT = Path(__file__).resolve().parent.parent
+ROUTED_CONFTEST = 'import sys, types\nsys.modules["torch_npu"] = types.ModuleType("torch_npu")\n'
+OLD_CONFTEST = ("import sys\nfrom unittest.mock import MagicMock\n\n"
+                "import torch_npu  # the real one: no NPU here without bisect-npu's stubs\n\n"
+                "sys.modules['torch_npu'].npu.current_device = MagicMock(return_value=0)\n")
+PASSING = "def test_scale():\n    assert 2 * 2 == 4\n\n\ndef test_other():\n    assert True\n"
+FAILING = "def test_scale():\n    assert 2 * 2 == 5\n\n\ndef test_other():\n    assert True\n"
+SETUP_PY = ('from setuptools import setup\nsetup(name="vllm_ascend", entry_points={\n'
+            '    "vllm.platform_plugins": ["ascend = vllm_ascend:register"],\n'
+            '    "vllm.general_plugins": ["ascend_model = vllm_ascend:register_model"]})\n')
+
+
+def run_runner(checkout: Path, *args: str) -> tuple[int, str, str]:
+    """The runner as a candidate runs it: in the checkout, this interpreter as the venv's."""
+    reason = checkout / "reason.txt"
+    env = {**os.environ, "PYTHONPATH": str(ROOT), runner.REASON_ENV: str(reason)}
+    proc = subprocess.run([sys.executable, "-m", "bisect_npu.probe.unit_tests", *args], cwd=checkout, env=env,
+                          capture_output=True, text=True, check=False, timeout=120)
+    return proc.returncode, reason.read_text().strip() if reason.exists() else "", proc.stdout + proc.stderr
+
+
+def checkout_with(tmp_path: Path, files: dict[str, str]) -> Path:
+    root = tmp_path / "checkout"
+    for name, text in {"tests/__init__.py": "", "tests/ut/__init__.py": "", "tests/ut/conftest.py": ROUTED_CONFTEST,
+                       **files}.items():
+        (root / name).parent.mkdir(parents=True, exist_ok=True)
+        (root / name).write_text(text)
+    return root
+
+
+def test_runner_judges_pass_fail_absent_and_import_errors(tmp_path: Path) -> None:
+    checkout = checkout_with(tmp_path, {"tests/ut/quant/test_a.py": PASSING, "tests/ut/quant/test_b.py": FAILING,
+                                        "tests/ut/quant/test_c.py": "import no_such_module_here\n"})
+    code, reason, _ = run_runner(checkout, "tests/ut/quant/test_a.py")
+    assert (code, reason) == (0, "2 named tests passed")
+    code, reason, _ = run_runner(checkout, "tests/ut/quant/test_b.py::test_other")
+    assert (code, reason) == (0, "1 named test passed")  # the failing test of the file is not named
+    code, reason, _ = run_runner(checkout, "tests/ut/quant/test_b.py::test_scale")
+    assert code == 1 and reason.startswith("tests/ut/quant/test_b.py::test_scale failed (assert (2 * 2) == 5)")
+    code, reason, _ = run_runner(checkout, "tests/ut/quant/test_a.py::test_added_later")
+    assert code == 0 and reason.startswith("tests/ut/quant/test_a.py::test_added_later does not exist at this commit")
+    code, reason, _ = run_runner(checkout, "tests/ut/quant/test_new.py")
+    assert code == 0 and "test_new.py does not exist at this commit" in reason
+    code, reason, _ = run_runner(checkout, "--present-at-good", "tests/ut/quant/test_c.py", "tests/ut/quant/test_c.py")
+    assert code == 1
+    assert "tests/ut/quant/test_c.py cannot be collected (ModuleNotFoundError: No module named " in reason
+    assert reason.endswith("it exists at the good end, counted bad")
+    code, reason, _ = run_runner(checkout, "tests/ut/quant/test_c.py")
+    assert code == 125 and "the good end does not have it" in reason
+
+
+def test_runner_stubs_the_npu_stack_where_the_conftest_does_not(tmp_path: Path) -> None:
+    """Before 2026-06-02 the conftest imports torch_npu itself: the stubs answer it, also in a
+    process the test starts (through sitecustomize)."""
+    child = ("import subprocess, sys\n\n\ndef test_child_imports_acl():\n"
+             "    code = 'import acl.rt, mooncake.engine; acl.rt.memcpy(1); print(\"ok\")'\n"
+             "    out = subprocess.run([sys.executable, '-c', code], capture_output=True, text=True)\n"
+             "    assert out.stdout.strip() == 'ok', out.stderr\n\n\n"
+             "def test_torch_npu_is_a_mock():\n    import torch_npu\n    torch_npu.npu.set_device(0)\n")
+    if importlib.util.find_spec("torch") is not None:  # torch.npu, as the real torch_npu sets it
+        child += ("\n\ndef test_torch_has_npu():\n    import torch\n    import torch_npu\n"
+                  "    assert torch.npu is torch_npu.npu\n")
+    checkout = checkout_with(tmp_path, {"tests/ut/conftest.py": OLD_CONFTEST, "tests/ut/test_old.py": child})
+    code, reason, output = run_runner(checkout, "tests/ut/test_old.py")
+    assert code == 0 and reason.endswith("named tests passed"), output
+    assert "does not mock the NPU stack" in output
+
+
+@pytest.mark.parametrize("report, code, start", [
+    (None, 125, "pytest exited 3 without a report"),
+    ({"collect_errors": {"<session>": "INTERNALERROR"}, "tests": {}}, 1, "tests/ut/t.py cannot be collected"),
+    ({"tests": {"tests/ut/t.py::a": "passed", "tests/ut/t.py::b": "error"}, "messages": {}}, 1,
+     "tests/ut/t.py::b error"),
+    ({"tests": {"tests/ut/t.py::a": "skipped"}, "matched": {"tests/ut/t.py": 1}}, 0, "0 named tests passed, 1 skipped"),
+])
+def test_judge_of_odd_reports(report: dict[str, object] | None, code: int, start: str) -> None:
+    judged = runner.judge(["tests/ut/t.py"], {"tests/ut/t.py"}, report, 3, {"tests/ut/t.py"})
+    assert judged.code == code and judged.reason.startswith(start)
+
+
+def test_npu_tests_are_refused_with_the_reason() -> None:
+    assert npu_refusal("tests/ut/ops/test_rope.py::test_x") is None
+    refused = npu_refusal("tests/ut/ops/a2/test_rope.py::test_x")
+    assert refused is not None and "tests under a2/ need NPU cards" in refused
+    assert "310p/" in (npu_refusal("tests/ut/worker/310p/test_w.py") or "")
+    assert "tests/e2e needs NPU cards" in (npu_refusal("tests/e2e/singlecard/test_x.py") or "")
+
+
+def pinned_history(path: Path, n: int, culprit: int, pin: dict[str, str | None] | None = None) -> list[str]:
+    """A vllm-ascend-shaped history: a pin file, a unit test that breaks at `culprit`."""
+    def files(i: int) -> dict[str, str | None]:
+        if i == 0:
+            return {history.PIN_FILE: "v0.23.0\n", "requirements.txt": "numpy\ntransformers==5.5.4\n",
+                    "setup.py": SETUP_PY, "vllm_ascend/__init__.py": "def register():\n    return None\n",
+                    "tests/__init__.py": "", "tests/ut/__init__.py": "", "tests/ut/conftest.py": ROUTED_CONFTEST,
+                    "tests/ut/quant/test_q.py": PASSING, **(pin or {})}
+        return {"tests/ut/quant/test_q.py": FAILING} if i == culprit else {}
+    return make_linear_repo(path, n, files=files)
+
+
+def test_checks_before_a_session(tmp_path: Path) -> None:
+    shas = pinned_history(tmp_path / "up", 4, 2)
+    repo = gitpython.Repo(tmp_path / "up")
+    assert check_unit_tests(repo, ["tests/ut/quant/test_q.py::test_scale"], shas[0], shas[3], None) == \
+        ["tests/ut/quant/test_q.py"]
+    with pytest.raises(UsageError, match=r"tests/ut/quant/test_nothing.py exists at neither the good end "):
+        check_unit_tests(repo, ["tests/ut/quant/test_nothing.py::test_x"], shas[0], shas[3], None)
+    with pytest.raises(UsageError, match="tests under a2/ need NPU cards"):
+        check_unit_tests(repo, ["tests/ut/quant/a2/test_q.py"], shas[0], shas[3], None)
+    with pytest.raises(UsageError, match=r"--unit-test-from \w+: tests/ut/quant/test_later.py does not exist there"):
+        check_unit_tests(repo, ["tests/ut/quant/test_later.py"], shas[0], shas[3], shas[1])
+    bare = make_linear_repo(tmp_path / "bare", 3, files=lambda i: {"tests/ut/test_t.py": PASSING} if i == 0 else {})
+    with pytest.raises(UsageError, match=r"the good end \w+ has neither \.github/vllm-release-tag\.commit nor a "
+                                         "Dockerfile with ARG VLLM_TAG"):
+        check_unit_tests(gitpython.Repo(tmp_path / "bare"), ["tests/ut/test_t.py"], bare[0], bare[2], None)
+
+
+def test_package_record_gives_vllm_the_plugin_entry_points(tmp_path: Path) -> None:
+    assert entry_points_of(SETUP_PY) == {"vllm.platform_plugins": ["ascend = vllm_ascend:register"],
+                                         "vllm.general_plugins": ["ascend_model = vllm_ascend:register_model"]}
+    assert entry_points_of("setup(entry_points=ENTRY_POINTS)") == {
+        "vllm.platform_plugins": ["ascend = vllm_ascend:register"]}
+    (tmp_path / "setup.py").write_text(SETUP_PY)
+    site = write_package_record(tmp_path, "0.23.0rc1")
+    code = ("import importlib.metadata as m; print(m.version('vllm_ascend'), "
+            "[e.value for e in m.entry_points(group='vllm.general_plugins')])")
+    out = subprocess.run([sys.executable, "-c", code], env={**os.environ, "PYTHONPATH": str(site)},
+                         capture_output=True, text=True, check=True).stdout
+    assert out.strip() == "0.23.0rc1 ['vllm_ascend:register_model']"
+
+
+def test_requirements_leave_out_the_npu_and_cuda_stack() -> None:
+    lines = pin_venv.requirement_lines(["-r requirements-lint.txt\ntorch==2.10.0\ntorch-npu==2.10.0.post4\n"
+                                        "arctic-inference==0.1.1\ntransformers==5.5.4  # pinned\nzmq\nnumpy\n",
+                                        "-r requirements.txt\nnumpy\nlm-eval==0.4.12\npytest >= 6.0,<9.0.0\n"])
+    assert lines == ["transformers==5.5.4", "pyzmq", "numpy", "pytest >= 6.0,<9.0.0"]
+    assert pin_venv.transformers_line(lines) == "transformers==5.5.4"
+    assert pin_venv.PinKey("0.23.0", "transformers==5.5.4").name == "vllm-0.23.0--transformers-5.5.4"
+    assert pin_venv.PinKey("0.23.0", "").name == "vllm-0.23.0--transformers-any"
+
+
+def fake_venv(cache: Path, key: pin_venv.PinKey) -> Path:
+    """A complete venv of the cache whose interpreter is this one (it has pytest)."""
+    venv = cache / key.name
+    (venv / "bin").mkdir(parents=True)
+    (venv / "bin" / "python").symlink_to(sys.executable)
+    (venv / "lib" / "python3.11" / "site-packages").mkdir(parents=True)
+    (venv / COMPLETE_MARKER).write_text("done\n")
+    return venv
+
+
+def test_pin_venvs_are_listed_with_sizes_and_pruned_by_age(tmp_path: Path) -> None:
+    cache = tmp_path / "venvs"
+    venvs = pin_venv.PinVenvs(cache)
+    old = fake_venv(cache, pin_venv.PinKey("0.21.0", "transformers==5.5.4"))
+    (old / "lib" / "big.bin").write_bytes(b"\0" * 100_000)
+    new = fake_venv(cache, pin_venv.PinKey("0.23.0", "transformers==5.5.4"))
+    os.utime(old / COMPLETE_MARKER, (time.time() - 10 * 86400,) * 2)
+    listed = venvs.listing()
+    assert [v.name for v in listed] == [new.name, old.name] and listed[1].bytes >= 100_000
+    gone = venvs.prune(older_than_s=7 * 86400)
+    assert [v.name for v in gone] == [old.name] and not old.exists() and new.exists()
+
+
+def test_a_pin_without_an_sdist_is_one_line_naming_the_pin_and_the_index(tmp_path: Path,
+                                                                         monkeypatch: pytest.MonkeyPatch) -> None:
+    empty = tmp_path / "empty-index"
+    empty.mkdir()
+    monkeypatch.setenv("PIP_NO_INDEX", "1")
+    monkeypatch.setenv("PIP_FIND_LINKS", str(empty))
+    venvs = pin_venv.PinVenvs(tmp_path / "venvs")
+    venv = tmp_path / "venv"
+    (venv / "bin").mkdir(parents=True)
+    (venv / "bin" / "python").symlink_to(sys.executable)
+    with (tmp_path / "log").open("w") as log, pytest.raises(UsageError) as refused:
+        venvs._vllm_wheel("0.0.1", venv, log, tmp_path / "log")
+    message = str(refused.value)
+    assert "\n" not in message
+    assert message.startswith("vLLM pin 0.0.1: no source distribution of vllm==0.0.1 on ")
+    assert str(empty) in message
+
+
+def test_run_bisects_a_unit_test_to_its_culprit(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                capsys: pytest.CaptureFixture[str]) -> None:
+    from bisect_npu.cli import main
+
+    shas = pinned_history(tmp_path / "up", 9, 5)
+    monkeypatch.setenv("BISECT_NPU_CACHE", str(tmp_path / "cache"))
+    fake_venv(pin_venv.default_pin_venv_cache(), pin_venv.PinKey("0.23.0", "transformers==5.5.4"))
+    session = tmp_path / "session"
+    with pytest.raises(SystemExit) as exited:
+        main(["run", "--repo", str(tmp_path / "up"), "--good", shas[0], "--bad", shas[-1], "--unit-test",
+              "tests/ut/quant/test_q.py::test_scale", "--session", str(session), "--no-fix", "--json", "--quiet"])
+    out = capsys.readouterr().out
+    summary = json.loads(out.strip().splitlines()[-1])
+    assert exited.value.code == 0 and summary["culprit"] == shas[5], out
+    steps = [json.loads(line) for line in (session / "journal.jsonl").read_text().splitlines()
+             if '"step"' in line and '"verdict"' in line]
+    reasons = {s["commit"]: s["verdict"]["reason"] for s in steps if "commit" in s and "verdict" in s}
+    assert reasons[shas[5]].startswith("command exited 1: tests/ut/quant/test_q.py::test_scale failed")
+    assert reasons[shas[0]] == "command exited 0: 1 named test passed"
+    assert "--unit-test tests/ut/quant/test_q.py::test_scale" in (session / "report.md").read_text()
+
+
+def test_doctor_shows_the_pin_venvs_with_their_sizes_and_prunes_by_age(tmp_path: Path) -> None:
+    cache = tmp_path / "cache"
+    venvs = pin_venv.default_pin_venv_cache
+    env = {**os.environ, "BISECT_NPU_CACHE": str(cache), "PYTHONPATH": str(ROOT)}
+    old = fake_venv(cache / venvs().name, pin_venv.PinKey("0.21.0", "transformers==5.5.4"))
+    (old / "lib" / "big.bin").write_bytes(b"\0" * (300 << 20))
+    os.utime(old / COMPLETE_MARKER, (time.time() - 30 * 86400,) * 2)
+    fake_venv(cache / venvs().name, pin_venv.PinKey("0.23.0", "transformers==5.5.4"))
+    listed = subprocess.run([sys.executable, "-m", "bisect_npu", "doctor"], env=env, capture_output=True, text=True,
+                            check=False).stdout
+    assert "unit-test venv vllm-0.21.0--transformers-5.5.4: 0.3 GiB, last used 30.0 days ago" in listed
+    pruned = subprocess.run([sys.executable, "-m", "bisect_npu", "doctor", "--prune-venvs", "7"], env=env,
+                            capture_output=True, text=True, check=False).stdout
+    assert "unit-test venvs pruned: 1 unused for over 7 days, 0.3 GiB freed" in pruned
+    assert "vllm-0.21.0" not in pruned.split("freed", 1)[1] and "vllm-0.23.0--transformers-5.5.4" in pruned
+
+
+def test_find_fix_with_the_fix_s_own_test_from_its_commit(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                          capsys: pytest.CaptureFixture[str]) -> None:
+    """`--unit-test-from FIX --find-fix`: the test the fix added, laid into each older commit, names
+    the fix as the first commit where it passes."""
+    from bisect_npu.cli import main
+
+    fixed_test = "import vllm_ascend\n\n\ndef test_value():\n    assert vllm_ascend.VALUE == 4\n"
+
+    def files(i: int) -> dict[str, str | None]:
+        if i == 0:
+            return {history.PIN_FILE: "v0.23.0\n", "requirements.txt": "transformers==5.5.4\n", "setup.py": SETUP_PY,
+                    "vllm_ascend/__init__.py": "VALUE = 5\n", "tests/__init__.py": "", "tests/ut/__init__.py": "",
+                    "tests/ut/conftest.py": ROUTED_CONFTEST}
+        if i == 6:
+            return {"vllm_ascend/__init__.py": "VALUE = 4\n", "tests/ut/quant/test_fix.py": fixed_test}
+        return {}
+
+    shas = make_linear_repo(tmp_path / "up", 9, files=files)
+    monkeypatch.setenv("BISECT_NPU_CACHE", str(tmp_path / "cache"))
+    fake_venv(pin_venv.default_pin_venv_cache(), pin_venv.PinKey("0.23.0", "transformers==5.5.4"))
+    with pytest.raises(SystemExit) as exited:
+        main(["run", "--repo", str(tmp_path / "up"), "--old", shas[0], "--new", shas[8], "--find-fix", "--unit-test",
+              "tests/ut/quant/test_fix.py", "--unit-test-from", shas[6], "--session", str(tmp_path / "s"), "--json",
+              "--quiet"])
+    summary = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert exited.value.code == 0 and summary["culprit"] == shas[6]

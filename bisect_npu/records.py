@@ -118,6 +118,7 @@ class HeaderOptions(_Shape):
     overlay_on_release: str | None = None
     python_oracle: str | None = None  # a Python callable's `module:qualname` (bisect_npu.api); not a `run` option
     verdict_store: str | None = None  # the verdict store's file (bisect_npu.store); None: verdicts are not shared
+    verdict_env: list[str] = Field(default_factory=list)  # --verdict-env: variables a command's verdicts depend on
     first_parent_only: bool = False  # a culprit that is a merge is the answer; the merged commits are not bisected
     merge_scope: MergeScope | None = None  # a merge level's session (levels.MergeLevel); not a `run` option
     dependencies: list[str] = Field(default_factory=list)  # --dependency declarations, beside the recipe's
@@ -150,6 +151,7 @@ class HeaderOptions(_Shape):
         argv += [arg for entry in self.base_image_map for arg in ("--base-image-map", entry)]
         argv += [arg for entry in self.dependencies for arg in ("--dependency", entry)]
         argv += [arg for entry in self.dep_repos for arg in ("--dep-repo", entry)]
+        argv += [arg for name in self.verdict_env for arg in ("--verdict-env", name)]
         flags = {"--pre": self.prereleases, "--prefetch": self.prefetch is True,
                  "--no-prefetch": self.prefetch is False, "--no-check-ends": not self.check_ends,
                  "--no-fix": not self.propose_fix, "--verify-fix": self.verify_fix, "--find-fix": self.find_fix,
@@ -197,6 +199,14 @@ class EarlierRunsCounts(_Shape):
     good_end: str
 
 
+class CommandOracle(_Shape):
+    """A command oracle as the session started with it: the digest of what it could see, and the
+    directory its relative words were looked up from."""
+
+    digest: str
+    cwd: str
+
+
 class HeaderRecord(Record):
     """The journal's first line: what the session bisects and how; resume needs nothing else."""
 
@@ -212,6 +222,9 @@ class HeaderRecord(Record):
     parent_session: str | None = None  # the release-level session of a commit-level one
     # The recipe fields the host type (options.host) changed, by path: {"model.dtype": "float16"} on 310P.
     host_changes: dict[str, str] = Field(default_factory=dict)
+    # What a command oracle could see when the session started (orchestration.memory.command_digest,
+    # from the directory `run` started in): resume refuses a command whose script or data changed.
+    command_oracle: CommandOracle | None = None
 
 
 class TrialRun(_Shape):

@@ -22,6 +22,10 @@ def finish(result: SessionResult, as_json: bool) -> None:
 
     md_path, json_path = write_reports(result.session_dir)
     click.echo(result.message)
+    reused = json.loads(json_path.read_text()).get("reused_verdicts", 0)
+    if reused:
+        click.echo(f"{reused} verdict{'s' if reused != 1 else ''} reused from the store (run fresh with "
+                   "--no-verdict-store)")
     if result.output_tail:
         click.echo("its last lines of output:\n" + "\n".join(f"    {line}" for line in result.output_tail.splitlines()))
     click.echo(f"report: {md_path}")
@@ -108,6 +112,9 @@ def finish(result: SessionResult, as_json: bool) -> None:
                    "the cache directory].")
 @click.option("--no-verdict-store", "no_verdict_store", is_flag=True,
               help="Neither reuse stored verdicts nor keep this session's.")
+@click.option("--verdict-env", "verdict_env", multiple=True, metavar="NAME",
+              help="An environment variable the command's verdicts depend on though no word of it names it (a "
+                   "threshold its script reads): a stored verdict is reused only under the same value. Repeatable.")
 @click.option("--dependency", "dependencies", multiple=True, metavar="SPEC",
               help="Declare a dependency the upstream pins, beside the recipe's `dependencies`, e.g. "
                    "name=vllm,url=https://github.com/vllm-project/vllm.git,pin=Dockerfile:VLLM_COMMIT/VLLM_TAG,"
@@ -133,7 +140,8 @@ def run(good: str, bad: str, repo: str | None, package: str | None, index_url: s
         timeout_is: Literal["bad", "skip"] | None,
         cache_size: str, propose_fix: bool, verify_fix: bool, verify_top: int,
         find_fix: bool, first_parent_only: bool, verdict_store: Path | None, no_verdict_store: bool,
-        dependencies: tuple[str, ...], dep_repos: tuple[str, ...], cross_dependencies: bool, as_json: bool,
+        verdict_env: tuple[str, ...], dependencies: tuple[str, ...], dep_repos: tuple[str, ...],
+        cross_dependencies: bool, as_json: bool,
         quiet: bool) -> None:
     """Bisect GOOD..BAD: find the first bad commit, propose its fix, write the report."""
     from bisect_npu.builders.cache import parse_size
@@ -167,7 +175,7 @@ def run(good: str, bad: str, repo: str | None, package: str | None, index_url: s
                          first_parent_only=first_parent_only,
                          earlier_runs=list(earlier_runs) if earlier_runs else None,
                          workdir=str(workdir) if workdir else None, base_image_map=list(base_image_map),
-                         release_images=release_images, verdict_store=store,
+                         release_images=release_images, verdict_store=store, verdict_env=list(verdict_env),
                          overlay_on_release=overlay_on_release, dependencies=list(dependencies),
                          dep_repos=list(dep_repos), cross_dependencies=cross_dependencies)
     bisection = Bisection.start(options, session_dir=session_dir, progress=make_progress(quiet or as_json))

@@ -2,8 +2,14 @@
 what it keeps, and `--good last-good`.
 
 A verdict is reused only under the same oracle and environment: the oracle is the recipe's digest
-(with its golden reference's files) or the command's words (with the scripts it names by absolute
-path); the environment is every fact of this host and run that changes what a run shows (the
+(with its golden reference's files) or, for a command, what the command can see (`command_view`):
+its words, the content of every file they name (absolute, or relative to the directory `run`
+starts in, the clone, or a directory a `cd` inside a shell string moves to; `sh -c '...'` strings
+are split with shlex, never run), the programs it resolves on PATH, and the environment variables
+its words reference plus those `--verdict-env` declares. What the command reads that none of its
+words names (a script its script calls) is caught after the search: a session that reused a
+verdict runs its culprit and the culprit's parent fresh before it answers (see `Session`). The
+environment is every fact of this host and run that changes what a run shows (the
 executor, the NPU host type, the architecture, the timeout and what a timeout counts as, the base
 image mirrors and release images, the package index, the bisect-npu version). Anything else that
 changes results on a host (a driver or CANN upgrade) goes into `BISECT_NPU_ENVIRONMENT`, which
@@ -13,10 +19,15 @@ enters the environment as it is.
 from __future__ import annotations
 
 import hashlib
+import itertools
 import json
 import os
 import platform
+import re
+import shlex
+import shutil
 import time
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -32,9 +43,13 @@ from bisect_npu.records import StoredFrom
 from bisect_npu.store import Scope, StoredVerdict, VerdictStore
 
 ENVIRONMENT_VARIABLE = "BISECT_NPU_ENVIRONMENT"
-# A host file a command names by absolute path is part of the oracle when it is a program or a script
-# (its content is hashed); data files it writes, such as a log or a counter, are not.
-_SCRIPT_SUFFIXES = (".py", ".sh", ".bash", ".pl", ".rb", ".js", ".yaml", ".yml")
+# Files above this size are keyed on their size and modification time, not read through (a model's
+# weights named on the command line would cost seconds to hash at every start).
+_HASHED_BYTES = 64 * 2**20
+# A `$NAME` or `${NAME}` in a word: the command reads that variable.
+_VARIABLE = re.compile(r"\$\{?([A-Za-z_][A-Za-z0-9_]*)")
+_SHELL_OPERATORS = frozenset(";&|<>()")
+_NESTING = 4  # sh -c "sh -c '...'" at most this deep
 
 
 def _digest(value: object) -> str:
@@ -45,14 +60,104 @@ def _file_digest(path: Path) -> str:
     return hashlib.sha256(path.read_bytes()).hexdigest()
 
 
-def command_digest(command: list[str]) -> str:
-    """A command oracle's digest: its words and the content of the scripts it names by absolute path."""
-    scripts = {}
-    for word in command:
-        path = Path(word)
-        if path.is_absolute() and path.is_file() and (path.suffix in _SCRIPT_SUFFIXES or os.access(path, os.X_OK)):
-            scripts[word] = _file_digest(path)
-    return _digest({"command": command, "scripts": scripts})
+def _content_key(path: Path) -> str:
+    """What a file holds, as a key: its content's digest, or for a large one its size and mtime."""
+    try:
+        facts = path.stat()
+        if facts.st_size > _HASHED_BYTES:
+            return f"size {facts.st_size} mtime {facts.st_mtime_ns}"
+        return _file_digest(path)
+    except OSError as exc:
+        return f"unreadable ({exc.strerror})"
+
+
+def _shell_words(text: str) -> list[str]:
+    """The words of a shell string as a shell would split them (operators as words of their own);
+    a string shlex cannot split (an unclosed quote) by its whitespace."""
+    lexer = shlex.shlex(text, posix=True, punctuation_chars=True)
+    lexer.whitespace_split = True
+    lexer.commenters = ""
+    try:
+        return list(lexer)
+    except ValueError:
+        return text.split()
+
+
+def _all_words(words: list[str], depth: int = 0) -> list[str]:
+    """`words` and, for each word a shell would split further (a `sh -c` script, any word with
+    blanks or operators), its words too, recursively."""
+    found: list[str] = []
+    for word in words:
+        found.append(word)
+        if depth < _NESTING and (any(c.isspace() for c in word) or _SHELL_OPERATORS & set(word)):
+            found += _all_words(_shell_words(word), depth + 1)
+    return found
+
+
+def _path_candidates(word: str) -> list[str]:
+    """The paths a word may name: itself, the value of `--opt=VALUE` / `NAME=VALUE`, and each
+    part of a `a:b` list such as PYTHONPATH's."""
+    if not word or (word.startswith("-") and "=" not in word):
+        return []
+    values = {word, word.partition("=")[2]} if "=" in word else {word}
+    return sorted({part for value in values for part in [value, *value.split(":")] if part})
+
+
+@dataclass(frozen=True)
+class CommandView:
+    """What a command oracle can see on this host, beyond the commit it judges."""
+
+    files: dict[str, str]  # resolved path -> content key
+    programs: dict[str, str]  # a word PATH resolves -> "resolved path content key"
+    variables: dict[str, str | None]  # referenced or declared variable -> its value (None: unset)
+
+    def digest(self, command: list[str]) -> str:
+        return _digest({"command": command, "files": self.files, "programs": self.programs,
+                        "variables": self.variables})
+
+
+def command_view(command: list[str], bases: list[Path], declared: list[str] | None = None,
+                 environ: Mapping[str, str] | None = None) -> CommandView:
+    """Every file the command's words name (absolute, or relative to one of `bases` or to a
+    directory a `cd` in one of its shell strings names), every program a word resolves to on PATH,
+    and every variable a word references or `declared` names, with its value. Nothing is run."""
+    environ = os.environ if environ is None else environ
+    words = _all_words(command)
+    directories = list(bases)
+    for before, after in itertools.pairwise(words):
+        if before in ("cd", "pushd"):
+            target = Path(after)
+            directories += [target] if target.is_absolute() else [base / target for base in bases]
+    files: dict[str, str] = {}
+    programs: dict[str, str] = {}
+    for word in words:
+        for candidate in _path_candidates(word):
+            path = Path(candidate)
+            for place in [path] if path.is_absolute() else [base / path for base in directories]:
+                if place.is_file():
+                    files[str(place.resolve())] = _content_key(place)
+        if "/" not in word and word and not word.startswith("-"):
+            resolved = shutil.which(word, path=environ.get("PATH"))
+            if resolved is not None:
+                programs[word] = f"{Path(resolved).resolve()} {_content_key(Path(resolved))}"
+    names = {match.group(1) for word in words for match in _VARIABLE.finditer(word)} | set(declared or [])
+    return CommandView(files=files, programs=programs, variables={name: environ.get(name) for name in sorted(names)})
+
+
+def command_bases(options: RunOptions, cwd: Path | None = None) -> list[Path]:
+    """Where a command's relative words are looked for on this host: the directory `run` started
+    in (`cwd`, default the current one), and the clone."""
+    bases = [cwd or Path.cwd()]
+    if options.repo:
+        bases.append((bases[0] / options.repo).resolve())
+    return bases
+
+
+def command_digest(command: list[str], options: RunOptions | None = None, cwd: Path | None = None) -> str:
+    """A command oracle's digest: its words and what they let it see (`command_view`)."""
+    bases = command_bases(options, cwd) if options is not None else [cwd or Path.cwd()]
+    declared = options.verdict_env if options is not None else []
+    return command_view(command, bases, declared).digest(command)
 
 
 def oracle_digest(options: RunOptions, recipe: Recipe | None) -> str | None:
@@ -61,7 +166,7 @@ def oracle_digest(options: RunOptions, recipe: Recipe | None) -> str | None:
         golden = [_file_digest(f) for f in recipe.golden_files()] if recipe.reference.kind == "golden" else []
         return _digest({"recipe": recipe.digest(), "golden": golden})
     if options.command:
-        return command_digest(options.command)
+        return command_digest(options.command, options)
     return None
 
 

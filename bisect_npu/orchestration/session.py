@@ -12,6 +12,7 @@ from __future__ import annotations
 import functools
 import itertools
 import math
+import shlex
 import threading
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
@@ -30,7 +31,7 @@ from bisect_npu.execute.inprocess import Oracle
 from bisect_npu.journal import DEFAULT_ROOT, Journal, latest_session, new_session_dir
 from bisect_npu.orchestration.costs import measured_costs, told_costs
 from bisect_npu.orchestration.evaluate import EvaluationRequest, Evaluator, StepResult
-from bisect_npu.orchestration.memory import Memory, open_memory
+from bisect_npu.orchestration.memory import Memory, command_digest, open_memory
 from bisect_npu.orchestration.options import RunOptions, earlier_runs_for_search, earlier_runs_spec
 from bisect_npu.orchestration.preflight import check_run, settle_slots
 from bisect_npu.orchestration.wiring import load_golden, session_evaluator
@@ -39,6 +40,7 @@ from bisect_npu.recipe import Recipe, load_recipe
 from bisect_npu.records import (
     JOURNAL_SCHEMA_VERSION,
     BuildInfo,
+    CommandOracle,
     EarlierRunsCounts,
     EndRecord,
     HeaderRecord,
@@ -72,6 +74,21 @@ def _reference(recipe: Recipe | None, base: str) -> str:
     """What a recipe's verdicts are relative to, for the verdict store: the good end where the
     oracle compares against the good end's own runs, else nothing."""
     return base if recipe is not None and recipe.reference.kind == "good_end" else ""
+
+
+def _command_oracle(options: RunOptions) -> CommandOracle | None:
+    """A command oracle's digest for the journal header, with the directory it was taken from."""
+    if not options.command:
+        return None
+    return CommandOracle(digest=command_digest(options.command, options), cwd=str(Path.cwd()))
+
+
+def _command_changed(options: RunOptions, started: CommandOracle | None) -> bool:
+    """Whether the command now sees other files, programs or variables than when the session
+    started (a journal from before the digest was kept: unknown, not changed)."""
+    if not options.command or started is None:
+        return False
+    return command_digest(options.command, options, Path(started.cwd)) != started.digest
 
 
 def _stop_leftovers(evaluator: Evaluator, progress: Progress) -> None:
@@ -144,6 +161,7 @@ class Session:
             github=_github_of(options, recipe, repo),
             parent_session=str(parent) if parent else None,
             host_changes=host_changes(recipe, options.host) if recipe else {},
+            command_oracle=_command_oracle(options),
         )
         journal = Journal.create(session_dir, header)
         if candidates_range.merge_base_note:
@@ -164,6 +182,11 @@ class Session:
             journal.close()
             raise UsageError(f"recipe {options.recipe} changed since the session started; "
                              "start a new session with `bisect-npu run` (results would mix two bad cases)")
+        if _command_changed(options, journal.header.command_oracle):
+            journal.close()
+            raise UsageError(f"command {shlex.join(options.command or [])!r} changed since the session started (a "
+                             "file it names, a program it runs or a variable it reads); start a new session with "
+                             "`bisect-npu run` (results would mix two oracles)")
         repo = history.open_repo(options.repo, remedy=(
             "the session's repository was moved or removed; put it back there to resume, or start a new "
             "session with `bisect-npu run`")) if options.repo else None
@@ -262,7 +285,10 @@ class Session:
 
     def evidence(self) -> dict[int, search.Evidence]:
         evidence: dict[int, search.Evidence] = {}
+        dropped = self.memory is not None and self.store_dropped()
         for entry in self.journal.entries:
+            if dropped and isinstance(entry, StepRecord) and entry.stored is not None:
+                continue
             if isinstance(entry, TrialRecord) and self.mode == "noisy" and entry.outcome:
                 current = evidence.get(entry.index, search.Evidence())
                 evidence[entry.index] = current.add(self._search_term(entry.outcome.value))
@@ -331,11 +357,67 @@ class Session:
             problem = self.problem()
             decision = search.decide(problem, self.evidence())
             if not isinstance(decision, search.Next):
+                if self._confirm_stored(decision):
+                    continue
                 break
             self._told = told_costs(problem)
             self._prefetch_next(problem, decision.queries)
             self._run_queries(decision.queries)
         return self._finish(decision)
+
+    # -- verdicts from the store, confirmed ------------------------------------------------------
+
+    def _stored_kinds(self) -> dict[int, set[str]]:
+        return self._kinds(stored=True)
+
+    def _kinds(self, *, stored: bool) -> dict[int, set[str]]:
+        """Each position's verdict kinds, from the store's steps or from the ones run here (skips left out)."""
+        kinds: dict[int, set[str]] = {}
+        for step in self._finished_steps():
+            if (step.stored is not None) == stored and step.verdict.kind != VerdictKind.SKIP:
+                kinds.setdefault(step.index, set()).add(step.verdict.kind.value)
+        return kinds
+
+    def store_dropped(self) -> bool:
+        """Whether a commit run fresh here disagreed with the store's verdict of it: then the store's
+        verdicts no longer hold for this session, which neither reuses nor counts them (a fact of
+        the journal, so a resumed session knows it too)."""
+        fresh = self._kinds(stored=False)
+        return any(index in fresh and fresh[index] != kinds for index, kinds in self._stored_kinds().items())
+
+    def _confirm_stored(self, decision: search.Decision) -> bool:
+        """Before answering from evidence that holds a stored verdict, run the positions the answer
+        rests on fresh (a culprit and its parent, a narrowed range's two ends, an end judged wrong)
+        where only the store judged them: a check may read what its key does not see (a script its
+        script calls). True when it ran any, so the search decides again (without the store's
+        verdicts if one disagreed)."""
+        if self.memory is None or self.store_dropped():
+            return False
+        stored = self._stored_kinds()
+        if not stored:
+            return False
+        if isinstance(decision, search.Found):
+            resting = [decision.index - 1, decision.index]
+        elif isinstance(decision, search.Narrowed):
+            resting = [decision.lo, decision.hi]
+        elif isinstance(decision, search.EndsWrong):
+            resting = [0 if decision.which == "good" else self.n]
+        else:
+            return False
+        fresh = self._kinds(stored=False)
+        unconfirmed = [index for index in resting if index in stored and index not in fresh]
+        if not unconfirmed:
+            return False
+        self.progress.note(f"running {len(unconfirmed)} commit(s) the answer rests on fresh: their verdicts came "
+                           "from the verdict store")
+        trials = self.recipe.trials.count if self.recipe else 1
+        for index in unconfirmed:
+            self._run_query(search.Query(index, trials))
+        if self.store_dropped():
+            self.progress.note("a commit run fresh disagrees with the verdict store's verdict of it: this session "
+                               "drops the store's verdicts and searches again (the check reads something its key "
+                               "does not see; --verdict-env names a variable, --no-verdict-store turns reuse off)")
+        return True
 
     def _prefetch_next(self, problem: search.SearchProblem, queries: tuple[search.Query, ...]) -> None:
         """Start building what the search will ask next, whatever verdicts these queries get."""
@@ -436,7 +518,7 @@ class Session:
         """Journal the verdict store's verdict of `commit` instead of testing it, once per position
         (noisy mode: the search asks for more trials there if it wants them). The good end of a
         recipe whose reference is the good end always runs: its observations are the reference."""
-        if self.memory is None or (index == 0 and self._needs_reference()):
+        if self.memory is None or (index == 0 and self._needs_reference()) or self.store_dropped():
             return False
         key = self._build_key(index)
         with self._store_lock:

@@ -391,7 +391,14 @@ def reproduce_command(view: SessionView) -> str:
         journal = Journal.open(parent, read_only=True)
         options = journal.header.options
         journal.close()
-    return shlex.join(["bisect-npu", "run", *options.run_argv()])
+    argv = options.run_argv()
+    if reused_count(view.steps) and "--no-verdict-store" not in argv:
+        # Run again on this host, the same line would take the same verdicts from the store: this one runs them.
+        if "--verdict-store" in argv:
+            at = argv.index("--verdict-store")
+            del argv[at:at + 2]
+        argv.append("--no-verdict-store")
+    return shlex.join(["bisect-npu", "run", *argv])
 
 
 STORED = "stored"  # a step whose verdict the verdict store had: nothing built or run

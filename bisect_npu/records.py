@@ -200,11 +200,13 @@ class EarlierRunsCounts(_Shape):
 
 
 class CommandOracle(_Shape):
-    """A command oracle as the session started with it: the digest of what it could see, and the
+    """A command oracle as the session started with it: the digest of what it could see, each
+    thing seen ("file:PATH", "program:WORD", "variable:NAME") with a digest of it, and the
     directory its relative words were looked up from."""
 
     digest: str
     cwd: str
+    seen: dict[str, str] = Field(default_factory=dict)
 
 
 class HeaderRecord(Record):

@@ -206,3 +206,31 @@ def test_resume_refuses_a_command_whose_script_changed(valued, tmp_path: Path) -
     done = subprocess.run(resume, capture_output=True, text=True, timeout=300, check=False, cwd=tmp_path)
     assert done.returncode == 0, done.stderr
     assert json.loads(done.stdout.strip().splitlines()[-1])["culprit"] == shas[30]
+
+
+def test_what_a_command_writes_is_not_what_it_sees_and_secrets_stay_digests(tmp_path: Path, monkeypatch) -> None:
+    """A redirection's target is the command's output, not its oracle; the header keeps a
+    variable's value as a digest only; resume counts a changed file, not one the runs made or
+    removed (a marker, a log)."""
+    from bisect_npu.orchestration.memory import command_changed, command_oracle, command_view
+    from bisect_npu.orchestration.options import RunOptions
+
+    log, data, marker = tmp_path / "runs.log", tmp_path / "limit.txt", tmp_path / "hold"
+    for path in (log, data, marker):
+        path.write_text("1\n")
+    command = ["sh", "-c", f"echo x >> {log}; test -f {marker}; test $(cat value.txt) -lt $(cat {data}) $TOKEN"]
+    view = command_view(command, [tmp_path])
+    assert str(data) in view.files and str(marker) in view.files and str(log) not in view.files
+    assert "sh" in view.programs and "cat" in view.programs and view.variables == {"TOKEN": None}
+
+    monkeypatch.setenv("TOKEN", "s3cret")
+    monkeypatch.chdir(tmp_path)
+    options = RunOptions(good="a", bad="b", repo=None, command=command)
+    started = command_oracle(options)
+    assert started is not None and "s3cret" not in started.model_dump_json()
+    log.write_text("1\n2\n")
+    marker.unlink()
+    assert command_changed(options, started) == []
+    data.write_text("2\n")
+    monkeypatch.setenv("TOKEN", "other")
+    assert command_changed(options, started) == [f"file:{data}", "variable:TOKEN"]

@@ -160,6 +160,10 @@ def run(good: str, bad: str, repo: str | None, package: str | None, index_url: s
     BaseImageMap.parse(base_image_map)  # a malformed entry is a usage error now, not at the first build
     if release_images is not None:
         check_template(release_images)
+    for name in verdict_env:
+        if not name or "=" in name or "\0" in name:
+            raise click.UsageError(f"--verdict-env {name!r} is not an environment variable name; give NAME alone "
+                                   "(its value is read from the environment)")
     if verdict_store is not None and no_verdict_store:
         raise click.UsageError("--verdict-store and --no-verdict-store contradict each other; give one")
     store = None if no_verdict_store else str((verdict_store or default_verdict_store()).resolve())

@@ -33,13 +33,13 @@ from pathlib import Path
 
 import git
 
-from bisect_npu import __version__
+from bisect_npu import __version__, history
 from bisect_npu.contracts import Verdict, VerdictKind
 from bisect_npu.errors import InfrastructureError, UsageError
 from bisect_npu.orchestration.options import RunOptions
 from bisect_npu.progress import Progress
 from bisect_npu.recipe import Recipe
-from bisect_npu.records import StoredFrom
+from bisect_npu.records import CommandOracle, StoredFrom
 from bisect_npu.store import Scope, StoredVerdict, VerdictStore
 
 ENVIRONMENT_VARIABLE = "BISECT_NPU_ENVIRONMENT"
@@ -50,6 +50,7 @@ _HASHED_BYTES = 64 * 2**20
 _VARIABLE = re.compile(r"\$\{?([A-Za-z_][A-Za-z0-9_]*)")
 _SHELL_OPERATORS = frozenset(";&|<>()")
 _NESTING = 4  # sh -c "sh -c '...'" at most this deep
+_WRITES = frozenset({">", ">>", ">|", "&>", "&>>", ">&"})  # redirections to a file the command writes
 
 
 def _digest(value: object) -> str:
@@ -115,26 +116,41 @@ class CommandView:
         return _digest({"command": command, "files": self.files, "programs": self.programs,
                         "variables": self.variables})
 
+    def seen(self) -> dict[str, str]:
+        """Each thing seen with a digest of it, for the journal header (a variable's value is kept
+        as a digest only: it may be a secret)."""
+        return {**{f"file:{path}": key[:16] for path, key in self.files.items()},
+                **{f"program:{word}": _digest(found) for word, found in self.programs.items()},
+                **{f"variable:{name}": _digest(value) for name, value in self.variables.items()}}
+
 
 def command_view(command: list[str], bases: list[Path], declared: list[str] | None = None,
-                 environ: Mapping[str, str] | None = None) -> CommandView:
+                 environ: Mapping[str, str] | None = None, clone: Path | None = None) -> CommandView:
     """Every file the command's words name (absolute, or relative to one of `bases` or to a
     directory a `cd` in one of its shell strings names), every program a word resolves to on PATH,
-    and every variable a word references or `declared` names, with its value. Nothing is run."""
+    and every variable a word references or `declared` names, with its value. Nothing is run.
+
+    A relative name that lands in `clone` (the upstream's own checkout) is left out: the command
+    runs in each candidate's checkout, where such a file is the commit's own, which the commit's sha
+    keys already (the clone's copy is not what it sees)."""
     environ = os.environ if environ is None else environ
     words = _all_words(command)
     directories = list(bases)
-    for before, after in itertools.pairwise(words):
+    written: set[int] = set()  # the word after `>`, `>>`: what the command writes, not what it reads
+    for at, (before, after) in enumerate(itertools.pairwise(words)):
         if before in ("cd", "pushd"):
             target = Path(after)
             directories += [target] if target.is_absolute() else [base / target for base in bases]
+        if before in _WRITES:
+            written.add(at + 1)
     files: dict[str, str] = {}
     programs: dict[str, str] = {}
-    for word in words:
-        for candidate in _path_candidates(word):
+    for at, word in enumerate(words):
+        for candidate in _path_candidates(word) if at not in written else []:
             path = Path(candidate)
             for place in [path] if path.is_absolute() else [base / path for base in directories]:
-                if place.is_file():
+                if place.is_file() and (path.is_absolute() or clone is None
+                                        or not place.resolve().is_relative_to(clone)):
                     files[str(place.resolve())] = _content_key(place)
         if "/" not in word and word and not word.startswith("-"):
             resolved = shutil.which(word, path=environ.get("PATH"))
@@ -144,20 +160,39 @@ def command_view(command: list[str], bases: list[Path], declared: list[str] | No
     return CommandView(files=files, programs=programs, variables={name: environ.get(name) for name in sorted(names)})
 
 
-def command_bases(options: RunOptions, cwd: Path | None = None) -> list[Path]:
-    """Where a command's relative words are looked for on this host: the directory `run` started
-    in (`cwd`, default the current one), and the clone."""
-    bases = [cwd or Path.cwd()]
-    if options.repo:
-        bases.append((bases[0] / options.repo).resolve())
-    return bases
+def _view_of(command: list[str], options: RunOptions | None, start: Path) -> CommandView:
+    clone = (start / options.repo).resolve() if options is not None and options.repo \
+        and not history.is_url(options.repo) else None
+    declared = options.verdict_env if options is not None else []
+    return command_view(command, [start], declared, clone=clone)
 
 
 def command_digest(command: list[str], options: RunOptions | None = None, cwd: Path | None = None) -> str:
-    """A command oracle's digest: its words and what they let it see (`command_view`)."""
-    bases = command_bases(options, cwd) if options is not None else [cwd or Path.cwd()]
-    declared = options.verdict_env if options is not None else []
-    return command_view(command, bases, declared).digest(command)
+    """A command oracle's digest: its words and what they let it see (`command_view`), relative
+    names looked for from the directory `run` started in (`cwd`, default the current one)."""
+    return _view_of(command, options, cwd or Path.cwd()).digest(command)
+
+
+def command_oracle(options: RunOptions) -> CommandOracle | None:
+    """A command oracle as the journal header keeps it: the digest of what it sees, each thing seen,
+    and the directory its relative names were looked up from."""
+    if not options.command:
+        return None
+    cwd = Path.cwd()
+    view = _view_of(options.command, options, cwd)
+    return CommandOracle(digest=view.digest(options.command), cwd=str(cwd), seen=view.seen())
+
+
+def command_changed(options: RunOptions, started: CommandOracle | None) -> list[str]:
+    """What the command sees now that differs from when the session started: a file whose content
+    changed, a program PATH resolves otherwise, a variable with another value. A file that appeared
+    or went away since is not counted (a marker or log the runs themselves make or remove); a
+    journal from before the header kept this: nothing."""
+    if not options.command or started is None:
+        return []
+    now = _view_of(options.command, options, Path(started.cwd)).seen()
+    return sorted(name for name, digest in now.items() if name in started.seen and started.seen[name] != digest) + \
+        sorted(name for name in {*now, *started.seen} - ({*now} & {*started.seen}) if not name.startswith("file:"))
 
 
 def oracle_digest(options: RunOptions, recipe: Recipe | None) -> str | None:
@@ -297,8 +332,6 @@ def resolve_last_good(options: RunOptions, recipe: Recipe | None, repo: git.Repo
     scope = scope_of(options, recipe)
     if scope is None:
         raise UsageError("--good last-good needs a recipe or a command oracle; name a good ref")
-    from bisect_npu import history
-
     good = VerdictStore(Path(options.verdict_store)).judged_good(scope)
     bad = history.resolve_ref(repo, options.bad)
     if good:

@@ -31,7 +31,7 @@ from bisect_npu.execute.inprocess import Oracle
 from bisect_npu.journal import DEFAULT_ROOT, Journal, latest_session, new_session_dir
 from bisect_npu.orchestration.costs import measured_costs, told_costs
 from bisect_npu.orchestration.evaluate import EvaluationRequest, Evaluator, StepResult
-from bisect_npu.orchestration.memory import Memory, command_digest, open_memory
+from bisect_npu.orchestration.memory import Memory, command_changed, command_oracle, open_memory
 from bisect_npu.orchestration.options import RunOptions, earlier_runs_for_search, earlier_runs_spec
 from bisect_npu.orchestration.preflight import check_run, settle_slots
 from bisect_npu.orchestration.wiring import load_golden, session_evaluator
@@ -40,7 +40,6 @@ from bisect_npu.recipe import Recipe, load_recipe
 from bisect_npu.records import (
     JOURNAL_SCHEMA_VERSION,
     BuildInfo,
-    CommandOracle,
     EarlierRunsCounts,
     EndRecord,
     HeaderRecord,
@@ -74,21 +73,6 @@ def _reference(recipe: Recipe | None, base: str) -> str:
     """What a recipe's verdicts are relative to, for the verdict store: the good end where the
     oracle compares against the good end's own runs, else nothing."""
     return base if recipe is not None and recipe.reference.kind == "good_end" else ""
-
-
-def _command_oracle(options: RunOptions) -> CommandOracle | None:
-    """A command oracle's digest for the journal header, with the directory it was taken from."""
-    if not options.command:
-        return None
-    return CommandOracle(digest=command_digest(options.command, options), cwd=str(Path.cwd()))
-
-
-def _command_changed(options: RunOptions, started: CommandOracle | None) -> bool:
-    """Whether the command now sees other files, programs or variables than when the session
-    started (a journal from before the digest was kept: unknown, not changed)."""
-    if not options.command or started is None:
-        return False
-    return command_digest(options.command, options, Path(started.cwd)) != started.digest
 
 
 def _stop_leftovers(evaluator: Evaluator, progress: Progress) -> None:
@@ -161,7 +145,7 @@ class Session:
             github=_github_of(options, recipe, repo),
             parent_session=str(parent) if parent else None,
             host_changes=host_changes(recipe, options.host) if recipe else {},
-            command_oracle=_command_oracle(options),
+            command_oracle=command_oracle(options),
         )
         journal = Journal.create(session_dir, header)
         if candidates_range.merge_base_note:
@@ -182,14 +166,14 @@ class Session:
             journal.close()
             raise UsageError(f"recipe {options.recipe} changed since the session started; "
                              "start a new session with `bisect-npu run` (results would mix two bad cases)")
-        if _command_changed(options, journal.header.command_oracle):
-            journal.close()
-            raise UsageError(f"command {shlex.join(options.command or [])!r} changed since the session started (a "
-                             "file it names, a program it runs or a variable it reads); start a new session with "
-                             "`bisect-npu run` (results would mix two oracles)")
         repo = history.open_repo(options.repo, remedy=(
             "the session's repository was moved or removed; put it back there to resume, or start a new "
             "session with `bisect-npu run`")) if options.repo else None
+        if changed := command_changed(options, journal.header.command_oracle):
+            journal.close()
+            raise UsageError(f"command {shlex.join(options.command or [])!r} changed since the session started "
+                             f"({', '.join(changed)}); start a new session with `bisect-npu run` (results would mix "
+                             "two oracles)")
         progress = progress or PlainProgress()
         try:
             memory = open_memory(options, recipe, session_dir, _reference(recipe, journal.header.range.base), progress)

@@ -19,38 +19,64 @@ any callable implementing `Oracle`. A session driven by a callable is resumed by
 from __future__ import annotations
 
 import io
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Literal
+from typing import TYPE_CHECKING, Any, Literal
 
+from bisect_npu.builders.cache import parse_size
 from bisect_npu.contracts import Observation, Verdict, VerdictKind
-from bisect_npu.defaults import TRIAL_TIMEOUT_S
 from bisect_npu.errors import BisectError, InfrastructureError, UsageError
+from bisect_npu.execute.ascend import parse_devices
 from bisect_npu.execute.inprocess import Oracle, OracleAnswer, oracle_name
 from bisect_npu.fix import FixReport
 from bisect_npu.journal import JOURNAL_FILE
+from bisect_npu.orchestration.preflight import command_words
 from bisect_npu.plan import RangePlan
+from bisect_npu.progress import Progress
 from bisect_npu.recipe import Recipe, load_recipe
+from bisect_npu.request import (
+    ExecutorSpec,
+    FixSpec,
+    JudgeSpec,
+    RangeSpec,
+    RunRequest,
+    SearchSpec,
+    StoreSpec,
+)
+
+if TYPE_CHECKING:
+    from bisect_npu.orchestration.levels import Bisection
 
 __all__ = [
     "BisectError",
+    "ExecutorSpec",
     "FixReport",
+    "FixSpec",
     "InfrastructureError",
+    "JudgeSpec",
     "Observation",
     "Oracle",
     "OracleAnswer",
     "RangePlan",
+    "RangeSpec",
     "Recipe",
     "Result",
+    "RunRequest",
+    "SearchSpec",
+    "StoreSpec",
     "UsageError",
     "Verdict",
     "VerdictKind",
     "bisect",
+    "command_words",
     "judge",
     "load_recipe",
+    "parse_devices",
+    "parse_size",
     "plan_range",
     "propose_fixes",
+    "resume",
 ]
 
 OracleSpec = Recipe | str | Path | Sequence[str] | Oracle
@@ -60,7 +86,8 @@ OracleSpec = Recipe | str | Path | Sequence[str] | Oracle
 class Result:
     """How a bisection ended. `status`: "found" (exit code 0: `culprit` is the first bad commit),
     "narrowed" (3: `range` (lo, hi] holds it, the commits between could not be tested) or
-    "ends_wrong" (4: an end was not judged as given; `message` says which)."""
+    "ends_wrong" (4: an end was not judged as given; `message` says which, `output_tail` shows the
+    last lines of that end's run)."""
 
     status: Literal["found", "narrowed", "ends_wrong"]
     exit_code: int
@@ -71,43 +98,76 @@ class Result:
     session_dir: Path
     report: Path  # report.md
     report_json: Path
+    output_tail: str = ""
 
 
-def bisect(repo: str | Path, good: str, bad: str, *, oracle: OracleSpec, session_dir: str | Path | None = None,
-           executor: Literal["local", "docker"] = "local", mode: Literal["exact", "noisy"] | None = None,
-           confidence: float | None = None, check_ends: bool = True, timeout_s: float = TRIAL_TIMEOUT_S,
-           devices: Sequence[int] = (), propose_fix: bool = True, verify_fix: bool = False,
-           find_fix: bool = False, first_parent_only: bool = False, quiet: bool = False) -> Result:
-    """Find the first commit of `repo` between `good` and `bad` that the oracle judges bad (with
-    `find_fix`, the first where it no longer does), write the journal and the reports, return how
-    it ended. `repo` is a clone or a URL; `session_dir` is where the session goes (default: a new
-    one under .bisect-npu/sessions); when it holds a session already, that session is resumed.
-    `mode` defaults to the recipe's trials.mode (exact for a command or a callable). A callable
-    runs in this process on a local checkout (executor "local"), without a timeout. A culprit that
-    is a merge is descended into (the commits it brought in) unless `first_parent_only`. Progress
-    lines go to stderr unless `quiet`."""
+def bisect(request: RunRequest | str | Path, good: str | None = None, bad: str | None = None, *,
+           oracle: OracleSpec | None = None, session_dir: str | Path | None = None, quiet: bool = False,
+           live: bool = False, on_session: Callable[[Path], None] | None = None, **fields: Any) -> Result:
+    """Run a bisection and write its journal and reports; return how it ended. The one entry
+    point: `bisect-npu run` calls it too.
+
+    `request` is a `RunRequest`, or a repository (a clone or a URL) with `good`, `bad`, the
+    `oracle` and any request field by name (`RunRequest.of`: `executor`, `mode`, `devices`,
+    `find_fix`, `first_parent_only`, ...), which find the first commit between `good` and `bad`
+    the oracle judges bad (with `find_fix`, the first where it no longer does). `oracle`: with a
+    `RunRequest`, only a callable (a request names its recipe or command itself). `session_dir`
+    is where the session goes (default: a new one under .bisect-npu/sessions); when it holds a
+    session already, that session is resumed. `mode` defaults to the recipe's trials.mode (exact
+    for a command or a callable). A callable runs in this process on a local checkout (executor
+    "local"), without a timeout. A culprit that is a merge is descended into (the commits it
+    brought in) unless `first_parent_only`. Progress lines go to stderr unless `quiet`; `live`: a
+    live display where stderr is a terminal. `on_session` is called with the session directory
+    once it exists, before anything runs."""
     from bisect_npu.orchestration.levels import Bisection
-    from bisect_npu.orchestration.options import RunOptions
-    from bisect_npu.progress import PlainProgress
-    from bisect_npu.report import write_reports
+    from bisect_npu.orchestration.options import SessionSpec
 
-    progress = PlainProgress(io.StringIO() if quiet else None)
-    recipe, command, function = _oracle_parts(oracle)
+    if isinstance(request, RunRequest):
+        if oracle is not None and not callable(oracle):
+            raise UsageError("a RunRequest names its recipe or command itself: give `oracle` only as a callable")
+        function = oracle if callable(oracle) else None
+    else:
+        if good is None or bad is None or oracle is None:
+            raise UsageError("bisect(repo, good, bad, oracle=...): give both ends and the oracle, or a RunRequest")
+        recipe, command, function = _oracle_parts(oracle)
+        request = RunRequest.of(repo=str(request), good=good, bad=bad, recipe=recipe, command=command, **fields)
+    progress = _progress(quiet, live)
     path = Path(session_dir).resolve() if session_dir is not None else None
+    name = oracle_name(function) if function else None
     if path is not None and (path / JOURNAL_FILE).exists():
         bisection = Bisection.resume(path, progress=progress, oracle=function)
-        _check_resumed(bisection.session.options, good, bad, function)
+        _check_resumed(bisection.session.spec.range, bisection.session.spec.context.python_oracle, request, name)
     else:
-        options = RunOptions(good=good, bad=bad, repo=str(repo), recipe=recipe, command=command,
-                             python_oracle=oracle_name(function) if function else None, executor=executor,
-                             devices=list(devices), mode=mode, confidence=confidence, check_ends=check_ends,
-                             timeout_s=timeout_s, propose_fix=propose_fix, verify_fix=verify_fix, find_fix=find_fix,
-                             first_parent_only=first_parent_only)
-        bisection = Bisection.start(options, session_dir=path, progress=progress, oracle=function)
+        bisection = Bisection.start(SessionSpec.of(request, python_oracle=name), session_dir=path, progress=progress,
+                                    oracle=function)
+    return _run(bisection, on_session)
+
+
+def resume(session_dir: str | Path | None = None, *, oracle: Oracle | None = None, quiet: bool = False,
+           live: bool = False, on_session: Callable[[Path], None] | None = None) -> Result:
+    """Continue an interrupted session (default: the latest under .bisect-npu/sessions) without
+    redoing a finished step; `oracle`: the callable a session started through `bisect` judged by."""
+    from bisect_npu.orchestration.levels import Bisection
+
+    path = Path(session_dir).resolve() if session_dir is not None else None
+    return _run(Bisection.resume(path, progress=_progress(quiet, live), oracle=oracle), on_session)
+
+
+def _progress(quiet: bool, live: bool) -> Progress:
+    from bisect_npu.progress import PlainProgress, make_progress
+
+    return make_progress(quiet) if live else PlainProgress(io.StringIO() if quiet else None)
+
+
+def _run(bisection: Bisection, on_session: Callable[[Path], None] | None) -> Result:
+    from bisect_npu.report import report_paths
+
+    if on_session is not None:
+        on_session(bisection.session_dir)
     outcome = bisection.run()
-    md_path, json_path = write_reports(outcome.session_dir)
+    md_path, json_path = report_paths(outcome.session_dir)
     return Result(outcome.status, outcome.exit_code, outcome.culprit, outcome.range, outcome.message, outcome.steps,
-                  outcome.session_dir, md_path, json_path)
+                  outcome.session_dir, md_path, json_path, outcome.output_tail)
 
 
 def _oracle_parts(oracle: OracleSpec) -> tuple[str | None, list[str] | None, Oracle | None]:
@@ -144,17 +204,14 @@ def _names_recipe(text: str) -> bool:
     return True
 
 
-def _check_resumed(options: object, good: str, bad: str, function: Oracle | None) -> None:
+def _check_resumed(resumed: RangeSpec, judged_by: str | None, request: RunRequest, name: str | None) -> None:
     """A resumed session must be the one asked for: the same ends, and a callable where it had one."""
-    from bisect_npu.orchestration.options import RunOptions
-
-    assert isinstance(options, RunOptions)
-    if (options.good, options.bad) != (good, bad):
-        raise UsageError(f"the session given bisects {options.good}..{options.bad}, not {good}..{bad}; give "
-                         "another session_dir for a new bisection")
-    if function is not None and options.python_oracle != oracle_name(function):
-        raise UsageError(f"the session given was judged by {options.python_oracle or 'a recipe or command'}, "
-                         f"not by {oracle_name(function)}")
+    asked = request.range
+    if (resumed.good, resumed.bad) != (asked.good, asked.bad):
+        raise UsageError(f"the session given bisects {resumed.good}..{resumed.bad}, not {asked.good}..{asked.bad}; "
+                         "give another session_dir for a new bisection")
+    if name is not None and judged_by != name:
+        raise UsageError(f"the session given was judged by {judged_by or 'a recipe or command'}, not by {name}")
 
 
 def judge(recipe: Recipe | str | Path, observations: Sequence[Observation | str | Path],

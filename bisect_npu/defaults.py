@@ -1,5 +1,5 @@
 """Defaults the command line shows and the library applies, defined once so that `run --help`,
-RunOptions (and the reproduce line it writes) and the builders cannot disagree."""
+the request (and the reproduce line it writes) and the builders cannot disagree."""
 
 # Seconds one probe or command run may take (--timeout); a local build command gets as long.
 TRIAL_TIMEOUT_S = 3600.0

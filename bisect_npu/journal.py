@@ -294,7 +294,7 @@ def _encode(record: BaseModel) -> bytes:
 
 def _jsonable(value: object) -> str:
     if isinstance(value, os.PathLike):
-        return os.fspath(value)  # type: ignore[return-value]
+        return str(os.fspath(value))
     raise TypeError(f"journal records hold JSON values and paths, not {type(value).__name__}")
 
 

@@ -6,11 +6,12 @@ answer: a release's commits or a merge's, a culprit's dependency commits), `depe
 culprit moved a declared dependency's pin), `fix` (the ranked fix proposals), `fix_verified` (one
 proposal verified) and `fix_verify` (the verification stage done). Each line's `type` names its model.
 
-Schema version: the header's `schema_version`; absent means 1, the shapes bisect-npu 0.1.0
-wrote, and every record here keeps them (a writer may spell out a default 0.1.0 left out, such
-as an empty `told`; the reader takes both alike). A change of a field's shape bumps it, so a
-reader can tell which shapes a journal holds; `Journal.open` reads a newer version's journal but
-does not append to it.
+Schema version: the header's `schema_version`. Absent or 1: the shapes bisect-npu 0.1.x wrote,
+whose header keeps one flat `options` (read into `request`, `level` and `context`: `_from_0_1`);
+every other record keeps 0.1.x's shapes (a writer may spell out a default 0.1.x left out, such
+as an empty `told`; the reader takes both alike). 2: 0.2.0's header, `request` (by part), `level`
+and `context`. A change of a field's shape bumps it, so a reader can tell which shapes a journal
+holds; `Journal.open` reads a newer version's journal but does not append to it.
 
 Extra fields are ignored (pydantic's `extra="ignore"`), deliberately: a field added by a newer
 writer must not stop an older reader from resuming or reporting (`"forbid"` would), and a record's
@@ -24,18 +25,17 @@ version does not know is left out of the entries (`parse_record`).
 from __future__ import annotations
 
 import os
-import shlex
 import time
 from collections.abc import Iterable
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, TypeAdapter
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, TypeAdapter, model_validator
 
-from bisect_npu.contracts import FixReport, FixVerification, TimeoutIs, Verdict, VerdictKind
-from bisect_npu.defaults import CACHE_SIZE_GIB, TRIAL_TIMEOUT_S, VERIFY_TOP
-from bisect_npu.paths import default_verdict_store
+from bisect_npu.contracts import FixReport, FixVerification, Verdict, VerdictKind
+from bisect_npu.level import LevelSpec
+from bisect_npu.request import RunContext, RunRequest, part_types
 
-JOURNAL_SCHEMA_VERSION = 1
+JOURNAL_SCHEMA_VERSION = 2
 # The case id of a user command's trials (a recipe's cases have their own ids).
 COMMAND_CASE = "command"
 
@@ -55,114 +55,6 @@ class Record(_Shape):
     """A journal line: `t` is when it was made (unix time)."""
 
     t: float = Field(default_factory=time.time)
-
-
-class MergeScope(_Shape):
-    """A merge level's session: its candidates are the commits the merge `merges[-1]` (the
-    session's bad end; its first parent is the good end) brought in, reached through `merges`
-    (outermost first). `goods` are the commits known good above it (the run's good end, each outer
-    merge's first parent): by git's rule their ancestors are good, so they are no candidates.
-    `bad` is the run's own bad end, where the fix search looks from."""
-
-    merges: list[str]
-    goods: list[str] = Field(default_factory=list)
-    bad: str
-
-
-class HeldUpstream(_Shape):
-    """A dependency-level session's fixed side: the upstream clone and commit every candidate (a
-    commit of the dependency) is laid into, and which declared dependency it is."""
-
-    repo: str
-    commit: str
-    dependency: str
-    old_pin: str = ""  # the pins the upstream culprit moved between, as written
-    new_pin: str = ""
-
-
-class HeaderOptions(_Shape):
-    """What `bisect-npu run` was asked, as the header keeps it: the fields of
-    `orchestration.options.RunOptions` (which converts to and from this), so a report can give
-    the reproduce line and resume can start again without the orchestration's types."""
-
-    good: str
-    bad: str
-    repo: str | None = "."
-    package: str | None = None
-    index_url: str | None = None
-    prereleases: bool = False
-    recipe: str | None = None
-    command: list[str] | None = None
-    executor: Literal["local", "docker", "ray"] = "local"
-    ray_address: str | None = None  # --executor ray: the cluster joined (None: RAY_ADDRESS, else a local one)
-    node_executor: Literal["local", "docker"] = "local"  # --executor ray: how each node builds and runs
-    devices: list[int] = Field(default_factory=list)
-    slots: int | None = None
-    mode: Literal["exact", "noisy"] | None = None
-    confidence: float | None = None
-    check_ends: bool = True
-    timeout_s: float = TRIAL_TIMEOUT_S
-    timeout_is: TimeoutIs | None = None
-    propose_fix: bool = True
-    verify_fix: bool = False
-    fix_top: int = VERIFY_TOP
-    workdir: str | None = None
-    cache_size_gb: float = float(CACHE_SIZE_GIB)
-    find_fix: bool = False
-    prefetch: bool | None = None
-    earlier_runs: list[str] | None = None
-    host: str | None = None  # the Atlas host type found at the start; not a `run` option
-    base_image_map: list[str] = Field(default_factory=list)
-    release_images: str | None = None
-    # A commit level run on a release's compiled part: `PACKAGE==VERSION` (builders/release_overlay.py).
-    overlay_on_release: str | None = None
-    python_oracle: str | None = None  # a Python callable's `module:qualname` (bisect_npu.api); not a `run` option
-    verdict_store: str | None = None  # the verdict store's file (bisect_npu.store); None: verdicts are not shared
-    verdict_env: list[str] = Field(default_factory=list)  # --verdict-env: variables a command's verdicts depend on
-    first_parent_only: bool = False  # a culprit that is a merge is the answer; the merged commits are not bisected
-    merge_scope: MergeScope | None = None  # a merge level's session (levels.MergeLevel); not a `run` option
-    dependencies: list[str] = Field(default_factory=list)  # --dependency declarations, beside the recipe's
-    dep_repos: list[str] = Field(default_factory=list)  # --dep-repo NAME=PATH_OR_URL
-    cross_dependencies: bool = True  # --no-dependency: a culprit that moves a pin is the answer
-    held: HeldUpstream | None = None  # a dependency-level session (the child of a commit level); not a `run` option
-
-    def run_argv(self) -> list[str]:
-        """The `bisect-npu run` arguments that give these options again (the report's reproduce
-        line): every option `run` has, where it differs from `run`'s default."""
-        valued: list[tuple[str, object]] = [
-            ("--package", self.package), ("--repo", self.repo), ("--good", self.good), ("--bad", self.bad),
-            ("--index-url", self.index_url), ("--recipe", self.recipe),
-            ("--cmd", shlex.join(self.command) if self.command else None),
-            ("--executor", self.executor if self.executor != "local" else None),
-            ("--ray-address", self.ray_address),
-            ("--node-executor", self.node_executor if self.node_executor != "local" else None),
-            ("--devices", ",".join(map(str, self.devices)) or None),
-            ("--slots", self.slots if self.devices or (self.slots or 1) != 1 else None),
-            ("--workdir", self.workdir), ("--release-images", self.release_images),
-            ("--overlay-on-release", self.overlay_on_release), ("--mode", self.mode),
-            ("--confidence", repr(self.confidence) if self.confidence is not None else None),
-            ("--timeout", repr(self.timeout_s) if self.timeout_s != TRIAL_TIMEOUT_S else None),
-            ("--timeout-is", self.timeout_is),
-            ("--cache-size", f"{int(self.cache_size_gb * 2**30)}" if self.cache_size_gb != CACHE_SIZE_GIB else None),
-        ]
-        argv = [str(arg) for flag, value in valued if value is not None for arg in (flag, value)]
-        if self.earlier_runs:
-            argv += ["--earlier-runs", *self.earlier_runs]
-        argv += [arg for entry in self.base_image_map for arg in ("--base-image-map", entry)]
-        argv += [arg for entry in self.dependencies for arg in ("--dependency", entry)]
-        argv += [arg for entry in self.dep_repos for arg in ("--dep-repo", entry)]
-        argv += [arg for name in self.verdict_env for arg in ("--verdict-env", name)]
-        flags = {"--pre": self.prereleases, "--prefetch": self.prefetch is True,
-                 "--no-prefetch": self.prefetch is False, "--no-check-ends": not self.check_ends,
-                 "--no-fix": not self.propose_fix, "--verify-fix": self.verify_fix, "--find-fix": self.find_fix,
-                 "--first-parent-only": self.first_parent_only,
-                 "--no-dependency": not self.cross_dependencies}
-        argv += [flag for flag, wanted in flags.items() if wanted]
-        argv += ["--verify-top", str(self.fix_top)] if self.fix_top != VERIFY_TOP else []
-        if self.verdict_store is None:
-            return [*argv, "--no-verdict-store"]
-        return argv + (["--verdict-store", self.verdict_store]
-                       if self.verdict_store != str(default_verdict_store()) else [])
 
 
 class CandidateRange(_Shape):
@@ -202,7 +94,7 @@ class EarlierRunsCounts(_Shape):
 class CommandOracle(_Shape):
     """A command oracle as the session started with it: the digest of what it could see, each
     thing seen ("file:PATH", "program:WORD", "variable:NAME") with a digest of it, and the
-    directory its relative words were looked up from."""
+    directory its relative words were looked up from (orchestration.memory.command_oracle)."""
 
     digest: str
     cwd: str
@@ -210,23 +102,51 @@ class CommandOracle(_Shape):
 
 
 class HeaderRecord(Record):
-    """The journal's first line: what the session bisects and how; resume needs nothing else."""
+    """The journal's first line: what the session bisects and how; resume needs nothing else.
+    `request` is what the run was asked (the finer levels' sessions: with their own ends), `level`
+    what this session's candidates are, `context` what the run found besides (the host type)."""
 
     type: Literal["header"] = "header"
-    schema_version: int = 1  # absent in 0.1.0's journals, whose shapes are version 1
+    schema_version: int = 1  # absent in 0.1.x's journals, whose shapes are version 1
     tool_version: str = ""
-    options: HeaderOptions
+    request: RunRequest
+    level: LevelSpec
+    context: RunContext = Field(default_factory=RunContext)
     recipe_digest: str | None = None
     mode: Literal["exact", "noisy"] = "exact"  # what the search ran in
     earlier_runs: EarlierRunsCounts | None = None
     range: CandidateRange
     github: str | None = None
     parent_session: str | None = None  # the release-level session of a commit-level one
-    # The recipe fields the host type (options.host) changed, by path: {"model.dtype": "float16"} on 310P.
+    # The recipe fields the host type (context.host) changed, by path: {"model.dtype": "float16"} on 310P.
     host_changes: dict[str, str] = Field(default_factory=dict)
-    # What a command oracle could see when the session started (orchestration.memory.command_digest,
-    # from the directory `run` started in): resume refuses a command whose script or data changed.
+    # What a command oracle could see when the session started: resume refuses a command whose
+    # script or data changed, as it refuses a changed recipe.
     command_oracle: CommandOracle | None = None
+
+    @model_validator(mode="before")
+    @classmethod
+    def _from_0_1(cls, raw: Any) -> Any:
+        """A header written by 0.1.x (schema version 1) keeps one flat `options`: the request's
+        fields, the level's (`merge_scope`, `held`, `package`, `overlay_on_release`) and the
+        context's (`host`, `python_oracle`), read here into the three."""
+        if not isinstance(raw, dict) or "options" not in raw or "request" in raw:
+            return raw
+        options = dict(raw["options"]) if isinstance(raw["options"], dict) else {}
+        context = {name: options.pop(name, None) for name in ("host", "python_oracle")}
+        scope, held = options.pop("merge_scope", None), options.pop("held", None)
+        level: dict[str, Any]
+        if options.get("package"):
+            level = {"kind": "releases"}
+        elif held is not None:
+            level = {"kind": "dependency", "held": held}
+        elif scope is not None:
+            level = {"kind": "merge", "scope": scope, "overlay_on_release": options.get("overlay_on_release")}
+        else:
+            level = {"kind": "commits", "overlay_on_release": options.get("overlay_on_release")}
+        fields = {name: value for name, value in options.items() if name in _REQUEST_FIELDS}
+        migrated = {name: value for name, value in raw.items() if name != "options"}
+        return {**migrated, "request": RunRequest.of(**fields), "level": level, "context": context}
 
 
 class TrialRun(_Shape):
@@ -364,6 +284,8 @@ class FixVerifyRecord(Record):
     type: Literal["fix_verify"] = "fix_verify"
     verifications: list[FixVerification] = Field(default_factory=list)
 
+
+_REQUEST_FIELDS = frozenset(name for _part, model in part_types() for name in model.model_fields)
 
 JournalRecord = Annotated[
     TrialRecord | StepRecord | EndRecord | NextLevelRecord | FixRecord | FixVerifiedRecord | FixVerifyRecord

@@ -44,7 +44,7 @@ def test_a_python_function_finds_the_culprit(tmp_path: Path) -> None:
     assert 2 < len(steps) <= 9  # the two ends, then a binary search over 39 candidates
     assert {s["verdict"]["kind"] for s in steps if s["commit"] == shas[23]} == {"bad"}
     header = journal(tmp_path / "s")[0]
-    assert header["options"]["python_oracle"] == "test_api:StateOracle"
+    assert header["context"]["python_oracle"] == "test_api:StateOracle"
     assert shas[23][:12] in result.report.read_text()
     assert json.loads(result.report_json.read_text())["culprit"] == shas[23]
     plan = api.plan_range(tmp_path / "repo", shas[0], shas[39])

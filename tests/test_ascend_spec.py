@@ -85,15 +85,15 @@ def test_an_a3_expands_collectives_on_the_vector_cores(tmp_path: Path, host: str
 
 def test_the_run_options_host_reaches_the_container_and_the_local_runs(tmp_path: Path) -> None:
     import git
+    from asked import spec_of
 
-    from bisect_npu.orchestration.options import RunOptions
     from bisect_npu.orchestration.wiring import container_spec_factory, make_environment
 
-    options = RunOptions(good="g", bad="b", executor="docker", devices=[0, 1], slots=1, host="A3")
+    options = spec_of(good="g", bad="b", executor="docker", devices=[0, 1], slots=1, host="A3")
     assert container_spec_factory(options, None)("img", tmp_path).environment == {
         **DETERMINISM_ENV, "HCCL_OP_EXPANSION_MODE": "AIV"}
     repo = git.Repo.init(tmp_path / "repo")
-    local = RunOptions(good="g", bad="b", executor="local", command=["true"], devices=[0, 1], slots=1, host="A3")
+    local = spec_of(good="g", bad="b", executor="local", command=["true"], devices=[0, 1], slots=1, host="A3")
     _, executor = make_environment(local, repo, None, tmp_path / "s", tmp_path / "w")
     assert executor.env == {**DETERMINISM_ENV, "HCCL_OP_EXPANSION_MODE": "AIV"}  # type: ignore[attr-defined]
 

@@ -10,7 +10,7 @@ from gitrepo import make_linear_repo
 from bisect_npu.builders.key import BuildKeyReader
 from bisect_npu.builders.registry import BaseImageMap, split_reference
 from bisect_npu.errors import UsageError
-from bisect_npu.orchestration.options import RunOptions
+from bisect_npu.request import RunRequest
 
 MIRROR = BaseImageMap.parse(["quay.io=mirror.lab:5000/quay.io", "quay.io/ascend/cann=cann.lab/cann",
                              "docker.io=hub.lab"])
@@ -75,11 +75,11 @@ def test_the_map_is_part_of_the_build_key_only_where_it_changes_the_base(tmp_pat
 
 
 def test_the_reproduce_line_keeps_the_map():
-    options = RunOptions(good="a", bad="b", executor="docker", base_image_map=MIRROR.entries())
-    argv = options.run_argv()
+    request = RunRequest.of(good="a", bad="b", executor="docker", base_image_map=MIRROR.entries())
+    argv = request.run_argv()
     assert argv[argv.index("--base-image-map") + 1] == "quay.io/ascend/cann=cann.lab/cann"
     assert argv.count("--base-image-map") == 3
-    assert RunOptions.from_json(options.to_json()).base_image_map == MIRROR.entries()
+    assert RunRequest.model_validate_json(request.model_dump_json()).executor.base_image_map == MIRROR.entries()
 
 
 def test_split_reference():

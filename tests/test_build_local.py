@@ -101,13 +101,14 @@ def test_without_an_artifacts_directory_every_commit_is_its_own_build(tmp_path: 
 
 
 def test_a_recipe_can_turn_output_reuse_off(tmp_path: Path) -> None:
-    from bisect_npu.orchestration.options import RunOptions
+    from asked import spec_of
+
     from bisect_npu.orchestration.wiring import make_environment
     from bisect_npu.recipe import parse_recipe
 
     shas = make_linear_repo(tmp_path / "repo", 2)
     text = "name: t\nmodel:\n  path: /m\ncases:\n  - id: a\n    prompt: hi\nbuild:\n  local_command: [make]\n"
-    options = RunOptions(good=shas[0], bad=shas[1], repo=str(tmp_path / "repo"))
+    options = spec_of(good=shas[0], bad=shas[1], repo=str(tmp_path / "repo"))
     for extra, reused in (("", True), ("  reuse_outputs: false\n", False)):
         builder, _ = make_environment(options, git.Repo(tmp_path / "repo"), parse_recipe(text + extra), tmp_path / "s",
                                       tmp_path / "work")

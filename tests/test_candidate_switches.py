@@ -10,10 +10,10 @@ from pathlib import Path
 
 import git as gitpython
 import pytest
+from asked import spec_of
 from gitrepo import make_linear_repo
 
 from bisect_npu.builders.switches import batch_invariance_caller, candidate_switches
-from bisect_npu.orchestration.options import RunOptions
 from bisect_npu.orchestration.session import Session
 from bisect_npu.report import load_view, render_json, render_markdown
 
@@ -70,7 +70,7 @@ def test_each_candidate_runs_with_its_own_switch_the_journal_and_report_say_so(
     variable reaches the runs of the candidates that have it and only those, each step's journal
     line says whether it was on, and the report warns that such a culprit may be the switch."""
     path, shas = history
-    options = RunOptions(good=shas[0], bad=shas[-1], repo=str(path), executor="local", devices=[0],
+    options = spec_of(good=shas[0], bad=shas[-1], repo=str(path), executor="local", devices=[0],
                          command=["sh", "-c", 'test "${VLLM_BATCH_INVARIANT:-0}" != 1'], propose_fix=False)
     session_dir = tmp_path / "session"
     result = Session.start(options, session_dir=session_dir).run()

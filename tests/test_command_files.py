@@ -117,6 +117,6 @@ def test_a_host_script_judges_every_container(host_cmd_repo, tmp_path: Path, whe
     assert done.returncode == 0, done.stdout + done.stderr[-3000:]
     assert json.loads(done.stdout.splitlines()[-1])["culprit"] == shas[5]
     header = json.loads((session / "journal.jsonl").read_text().splitlines()[0])
-    assert header["options"]["command"] == ["python3", str(script)]  # resume mounts the same file
+    assert header["request"]["judge"]["command"] == ["python3", str(script)]  # resume mounts the same file
     logs = list(session.rglob("*.log"))
     assert any(f"# host {script} at {COMMAND_FILES}/1/check.py (read-only)" in log.read_text() for log in logs)

@@ -153,9 +153,10 @@ def test_vllm_laid_into_a_vllm_ascend_image_and_its_ascend_container(tmp_path, d
     """The bundled recipe's vLLM declaration on an image laid out as vllm-ascend's: the layer
     replaces /vllm-workspace/vllm/vllm (keeping what the install generated or compiled), and the
     candidate's container on an Ascend host is checked field by field up to its creation."""
+    from asked import spec_of
+
     from bisect_npu.execute.ascend import DETERMINISM_ENV, MANAGEMENT_DEVICES
     from bisect_npu.execute.docker import container_create_kwargs
-    from bisect_npu.orchestration.options import RunOptions
     from bisect_npu.orchestration.wiring import container_spec_factory
     from bisect_npu.recipe import load_recipe
 
@@ -187,7 +188,7 @@ def test_vllm_laid_into_a_vllm_ascend_image_and_its_ascend_container(tmp_path, d
         assert shown == {"fixed": "True", "from": "/vllm-workspace/vllm/vllm/__init__.py",
                          "kept": "['_C.abi3.so', '_version.py']", "old": "False"}
 
-        options = RunOptions(good="a", bad="b", recipe="qwen3-moe-presence-penalty-loop", executor="docker",
+        options = spec_of(good="a", bad="b", recipe="qwen3-moe-presence-penalty-loop", executor="docker",
                              devices=[0, 1, 2, 3], host="A2")
         executor = DockerExecutor(docker_client, container_spec_factory(options, recipe), session_id="dep-level")
         kwargs = container_create_kwargs(executor.spec_for(env, ["python3", "-m", "probe"], tmp_path / "out"))

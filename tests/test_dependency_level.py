@@ -126,7 +126,7 @@ def test_culprit_moving_the_pin_is_bisected_into_the_dependency(tmp_path: Path, 
     assert child.parent == upstream_session / "dependency-minidep"
     child_journal = [json.loads(line) for line in (child / "journal.jsonl").read_text().splitlines()]
     header = child_journal[0]
-    assert header["options"]["held"]["commit"] == ups[6]  # the upstream held at the culprit
+    assert header["level"]["held"]["commit"] == ups[6]  # the upstream held at the culprit
     assert header["range"]["candidates"] == deps[4:13]  # first-parent commits old pin..new pin
     steps = [r for r in child_journal if r.get("type") == "step"]
     by_index = {s["index"]: s["verdict"]["kind"] for s in steps}
@@ -211,7 +211,7 @@ def test_the_parent_is_held_when_the_culprit_needs_the_new_pin(tmp_path: Path, e
     assert (f"(bisected on its parent {ups[5][:12]}: {ups[6][:12]} could not be judged good with minidep v0.1)"
             in done.stdout)
     lines = [json.loads(line) for line in (Path(result["session"]) / "journal.jsonl").read_text().splitlines()]
-    assert lines[0]["options"]["held"]["commit"] == ups[5]
+    assert lines[0]["level"]["held"]["commit"] == ups[5]
     # The verdict store keeps the two held commits apart: the culprit's session judged v0.2 (bad
     # there too), but under the parent it is another run, tested again.
     steps = [r for r in lines if r.get("type") == "step"]
@@ -341,7 +341,7 @@ def test_noisy_mode_and_slots_carry_into_the_dependency_level(tmp_path: Path, en
     result = json.loads(done.stdout.strip().splitlines()[-1])
     assert result["culprit"] == deps[DEP_CULPRIT]
     header = json.loads((Path(result["session"]) / "journal.jsonl").read_text().splitlines()[0])
-    assert header["mode"] == "noisy" and header["options"]["slots"] == 2
+    assert header["mode"] == "noisy" and header["request"]["executor"]["slots"] == 2
     assert "no later minidep commit" not in done.stdout  # --no-fix: no fix search claimed
 
 

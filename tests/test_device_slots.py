@@ -11,6 +11,7 @@ import time
 from pathlib import Path
 
 import pytest
+from asked import spec_of
 from gitrepo import make_linear_repo
 
 from bisect_npu.builders.base import Environment
@@ -18,7 +19,6 @@ from bisect_npu.errors import UsageError
 from bisect_npu.execute.ascend import ascend_container_spec
 from bisect_npu.execute.devices import DevicePool
 from bisect_npu.execute.docker import DockerExecutor, container_create_kwargs
-from bisect_npu.orchestration.options import RunOptions
 from bisect_npu.orchestration.preflight import settle_slots
 from bisect_npu.recipe import load_recipe, parse_recipe
 
@@ -87,9 +87,9 @@ def test_each_container_spec_gets_only_the_leased_cards(tmp_path: Path) -> None:
     (list(range(8)), 1, 1, 1),           # asked for: kept
 ])
 def test_slots_default_to_as_many_engines_as_the_cards_hold(devices, slots, per_run, settled) -> None:
-    options = RunOptions(good="g", bad="b", devices=devices, slots=slots)
+    options = spec_of(good="g", bad="b", devices=devices, slots=slots)
     settle_slots(options, per_run)
-    assert options.slots == settled
+    assert options.executor.slots == settled
     if devices:
         pool = DevicePool(devices, settled)
         with pool.lease() as cards:
@@ -103,7 +103,7 @@ def test_slots_default_to_as_many_engines_as_the_cards_hold(devices, slots, per_
 ])
 def test_slots_that_leave_an_engine_short_of_cards_are_a_usage_error(devices, slots, per_run, message) -> None:
     with pytest.raises(UsageError, match=message):
-        settle_slots(RunOptions(good="g", bad="b", devices=devices, slots=slots), per_run)
+        settle_slots(spec_of(good="g", bad="b", devices=devices, slots=slots), per_run)
 
 
 def test_cards_per_run_is_the_recipe_s_parallel_size() -> None:
@@ -154,7 +154,7 @@ def test_a_session_from_before_slots_followed_the_engine_size_is_resettled_on_re
 
     repo = tmp_path / "repo"
     make_linear_repo(repo, 4, tags={0: "good", 3: "bad"})
-    options = RunOptions(good="good", bad="bad", repo=str(repo), recipe="qwen3-moe-presence-penalty-loop",
+    options = spec_of(good="good", bad="bad", repo=str(repo), recipe="qwen3-moe-presence-penalty-loop",
                          devices=list(range(8)))
     session = Session.start(options, session_dir=tmp_path / "s")
     assert session.slots == 2
@@ -163,7 +163,7 @@ def test_a_session_from_before_slots_followed_the_engine_size_is_resettled_on_re
     journal = tmp_path / "s" / "journal.jsonl"
     lines = journal.read_text().splitlines()
     header = json.loads(lines[0])
-    header["options"]["slots"] = 8  # what that version wrote
+    header["request"]["executor"]["slots"] = 8  # what that version wrote
     journal.write_text("\n".join([json.dumps(header), *lines[1:]]) + "\n")
     resumed = Session.resume(tmp_path / "s")
     try:

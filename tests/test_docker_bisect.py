@@ -13,6 +13,7 @@ from pathlib import Path
 
 import git
 import pytest
+from asked import spec_of
 from signals import interruptible
 
 from bisect_npu.builders.docker import DockerBuilder
@@ -20,7 +21,6 @@ from bisect_npu.builders.key import BuildKeyReader
 from bisect_npu.demo.generate import ensure_upstream
 from bisect_npu.execute.docker import SESSION_LABEL, DockerExecutor
 from bisect_npu.journal import session_label
-from bisect_npu.orchestration.options import RunOptions
 from bisect_npu.orchestration.session import Session
 from bisect_npu.report import write_reports
 
@@ -47,7 +47,7 @@ def test_demo_bisects_in_containers_with_build_avoidance(docker_client, demo_bas
     repo = git.Repo(repo_path)
     forget_demo_images(docker_client, repo)
     builder = DockerBuilder(repo, docker_client)
-    options = RunOptions(good=truth.good_ref, bad=truth.bad_ref, repo=str(repo_path), recipe=truth.recipe,
+    options = spec_of(good=truth.good_ref, bad=truth.bad_ref, repo=str(repo_path), recipe=truth.recipe,
                          executor="docker", propose_fix=False)
     session_dir = tmp_path / "session"
     with DockerExecutor(docker_client, session_id=session_dir.name + "-" + str(os.getpid())) as executor:

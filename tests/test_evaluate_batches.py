@@ -12,10 +12,10 @@ from pathlib import Path
 
 import git
 import pytest
+from asked import spec_of
 
 from bisect_npu.contracts import VerdictKind
 from bisect_npu.orchestration.evaluate import EvaluationRequest, Evaluator
-from bisect_npu.orchestration.options import RunOptions
 from bisect_npu.orchestration.wiring import make_environment
 from bisect_npu.recipe import load_recipe
 from bisect_npu.records import TrialRun
@@ -26,7 +26,7 @@ def _evaluator(demo_upstream, tmp_path: Path, **trials: object) -> tuple[Evaluat
     truth = manifest.case("presence-penalty")
     recipe = load_recipe(truth.recipe)
     recipe = recipe.model_copy(update={"trials": recipe.trials.model_copy(update=trials)})
-    options = RunOptions(good=truth.good_ref, bad=truth.bad_ref, repo=str(repo_path))
+    options = spec_of(good=truth.good_ref, bad=truth.bad_ref, repo=str(repo_path))
     builder, executor = make_environment(options, git.Repo(repo_path), recipe, tmp_path, tmp_path / "worktrees")
     return Evaluator(builder, executor, tmp_path, recipe=recipe), truth.culprit.sha
 

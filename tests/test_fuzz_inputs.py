@@ -237,8 +237,9 @@ def test_a_recipe_validate_accepts_gets_past_run_s_preflight_or_a_usage_error(ra
     one-line usage error (exit 2), never an OverflowError or a ValueError."""
     import tempfile
 
+    from asked import spec_of
+
     from bisect_npu import search
-    from bisect_npu.orchestration.options import RunOptions
     from bisect_npu.orchestration.session import Session
     from bisect_npu.progress import PlainProgress
 
@@ -249,8 +250,8 @@ def test_a_recipe_validate_accepts_gets_past_run_s_preflight_or_a_usage_error(ra
     if done != 0:
         assert done == 2
         return
-    options = RunOptions(good=shas[0], bad=shas[3], repo=str(repo), recipe=str(path), executor="local",
-                         verdict_store=None, propose_fix=False)
+    options = spec_of(good=shas[0], bad=shas[3], repo=str(repo), recipe=str(path), executor="local",
+                      verdict_store=None, propose_fix=False)
     try:
         session = Session.start(options, session_dir=Path(tempfile.mkdtemp(dir=tmp_path)),
                                 progress=PlainProgress(io.StringIO()))

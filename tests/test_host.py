@@ -6,6 +6,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+from asked import spec_of
 
 from bisect_npu.cli.doctor import check_host
 from bisect_npu.errors import UsageError
@@ -18,7 +19,6 @@ from bisect_npu.execute.host import (
     parse_npu_smi_info,
     recipe_for_host,
 )
-from bisect_npu.orchestration.options import RunOptions
 from bisect_npu.orchestration.preflight import check_run
 from bisect_npu.orchestration.wiring import session_evaluator
 from bisect_npu.recipe import load_recipe, parse_recipe
@@ -116,16 +116,16 @@ def test_the_recipe_runs_with_the_hosts_image_and_dtype_unless_it_names_one() ->
 def test_preflight_records_the_host_and_refuses_a_recipe_too_big_for_it(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(host_module, "NPU_SMI", fake_npu_smi(tmp_path, A2))
-    options = RunOptions(good="a", bad="b", repo=str(tmp_path), recipe="deepseek-r1-mtp-temperature",
+    options = spec_of(good="a", bad="b", repo=str(tmp_path), recipe="deepseek-r1-mtp-temperature",
                          executor="docker", devices=list(range(8)))
     with pytest.raises(UsageError, match=r"needs 16 dies .* this host has 8"):
         check_run(options)
-    assert options.host == "A2"
+    assert options.context.host == "A2"
 
 
 def test_a_session_on_a_310p_evaluates_the_float16_recipe(tmp_path: Path) -> None:
     recipe = parse_recipe("name: t\nmodel:\n  path: /m\n  dtype: bfloat16\ncases:\n  - prompt: hi\n")
-    options = RunOptions(good="a", bad="b", recipe="t", host="310P")
+    options = spec_of(good="a", bad="b", recipe="t", host="310P")
     evaluator = session_evaluator(options, None, recipe, tmp_path, builder=object(),  # type: ignore[arg-type]
                                   executor=object())  # type: ignore[arg-type]
     assert evaluator.recipe is not None and evaluator.recipe.model.dtype == "float16"
@@ -151,7 +151,7 @@ def test_the_report_shows_the_host_type_and_the_dtype_it_forced(tmp_path: Path,
     shas = make_linear_repo(tmp_path / "repo", 3)
     recipe = tmp_path / "recipe.yaml"
     recipe.write_text("name: t\nmodel:\n  path: /m\n  dtype: bfloat16\ncases:\n  - id: a\n    prompt: hi\n")
-    options = RunOptions(good=shas[0], bad=shas[-1], repo=str(tmp_path / "repo"), recipe=str(recipe),
+    options = spec_of(good=shas[0], bad=shas[-1], repo=str(tmp_path / "repo"), recipe=str(recipe),
                          devices=[0, 1], propose_fix=False)
     session = Session.start(options, session_dir=tmp_path / "s")
     session.evaluator.close()

@@ -8,13 +8,13 @@ import sys
 from pathlib import Path
 
 import pytest
+from asked import spec_of
 from gitrepo import GOOD_CMD, make_linear_repo
 
 from bisect_npu.cli.doctor import check_driver_mounts
 from bisect_npu.errors import InfrastructureError
 from bisect_npu.execute.ascend import DRIVER_MOUNTS, MANAGEMENT_DEVICES, ascend_container_spec
 from bisect_npu.execute.host_devices import check_host_devices, device_files
-from bisect_npu.orchestration.options import RunOptions
 from bisect_npu.orchestration.preflight import check_run
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
@@ -62,7 +62,7 @@ def test_doctor_checks_the_same_driver_paths(tmp_path):
 def test_check_run_looks_under_the_host_root_it_is_given(tmp_path):
     repo = tmp_path / "repo"
     shas = make_linear_repo(repo, 4, culprit=2)
-    options = RunOptions(good=shas[0], bad=shas[3], repo=str(repo), command=list(GOOD_CMD), executor="docker",
+    options = spec_of(good=shas[0], bad=shas[3], repo=str(repo), command=list(GOOD_CMD), executor="docker",
                          devices=[0, 1])
     with pytest.raises(InfrastructureError, match="lacks /dev/davinci0"):
         check_run(options, host_root=tmp_path / "empty")

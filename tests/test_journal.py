@@ -19,18 +19,20 @@ import pytest
 from bisect_npu.contracts import Verdict, VerdictKind
 from bisect_npu.errors import UsageError
 from bisect_npu.journal import JOURNAL_FILE, Journal, latest_session, new_session_dir
+from bisect_npu.level import CommitsLevel
 from bisect_npu.records import (
     CandidateRange,
     EndRecord,
-    HeaderOptions,
     HeaderRecord,
     StepRecord,
     TrialRecord,
     TrialRun,
     parse_record,
 )
+from bisect_npu.request import RunRequest
 
-HEADER = HeaderRecord(options=HeaderOptions(good="v0.9.0rc1", bad="v0.9.1"), recipe_digest="abc", tool_version="0.1.0",
+HEADER = HeaderRecord(request=RunRequest.of(good="v0.9.0rc1", bad="v0.9.1"), level=CommitsLevel(), recipe_digest="abc",
+                      tool_version="0.1.0",
                       range=CandidateRange(kind="commits", good="a" * 40, bad="b" * 40, base="a" * 40,
                                            good_ref="v0.9.0rc1", bad_ref="v0.9.1", candidates=["b" * 40]))
 
@@ -63,7 +65,7 @@ def test_roundtrip(tmp_path: Path) -> None:
         journal.append(EndRecord(status="found", t=5.0))
     assert journal.entries[0].trials[0].log == str(tmp_path / "x.log")
     with Journal.open(session) as again:
-        assert again.header.type == "header" and again.header.options.good == "v0.9.0rc1"
+        assert again.header.type == "header" and again.header.request.range.good == "v0.9.0rc1"
         assert isinstance(again.header.t, float)
         assert again.entries == journal.entries
         assert [e.type for e in again.entries] == ["step", "end"]
@@ -336,9 +338,9 @@ def test_what_a_newer_writer_adds_is_left_out_and_a_record_that_does_not_fit_is_
 
 
 def test_a_journal_of_a_newer_schema_is_read_but_not_appended_to(tmp_path: Path) -> None:
-    Journal.create(tmp_path, HEADER.model_copy(update={"schema_version": 2})).close()
+    Journal.create(tmp_path, HEADER.model_copy(update={"schema_version": 3})).close()
     with Journal.open(tmp_path, read_only=True) as journal:
-        assert journal.header.schema_version == 2
-    with pytest.raises(UsageError, match="written by a newer bisect-npu \\(journal schema version 2; this one "
-                                         "writes 1\\): resume it with that version"):
+        assert journal.header.schema_version == 3
+    with pytest.raises(UsageError, match="written by a newer bisect-npu \\(journal schema version 3; this one "
+                                         "writes 2\\): resume it with that version"):
         Journal.open(tmp_path)

@@ -39,7 +39,7 @@ def test_the_0_1_0_journal_loads_into_typed_records_and_renders_its_report(sessi
     with Journal.open(session, read_only=True) as journal:
         assert isinstance(journal.header, HeaderRecord)
         assert journal.header.schema_version == 1  # 0.1.0 wrote none
-        assert journal.header.options.recipe == "demo-async-penalty" and journal.header.range.kind == "commits"
+        assert journal.header.request.judge.recipe == "demo-async-penalty" and journal.header.range.kind == "commits"
         assert [type(e) for e in journal.entries] == [TrialRecord, StepRecord] * 7 + [
             EndRecord, FixRecord, FixVerifiedRecord, FixVerifyRecord]
         end = journal.records(EndRecord)[0]

@@ -117,7 +117,7 @@ def test_a_culprit_inside_nested_merges_is_gits_in_no_more_runs(tmp_path: Path) 
     assert runs <= git_runs + 2, (runs, git_runs)
     chain = levels(tmp_path / "s")
     assert len(chain) == 3  # the first-parent line, the release merge, the merge inside it
-    outer, inner = (json.loads((s / "journal.jsonl").read_text().splitlines()[0])["options"]["bad"]
+    outer, inner = (json.loads((s / "journal.jsonl").read_text().splitlines()[0])["request"]["range"]["bad"]
                     for s in chain[1:])
     assert result.message == (f"first bad commit: {shas[19][:12]} Change 20 (came in through merge "
                               f"{outer[:12]} -> {inner[:12]})")

@@ -156,7 +156,7 @@ def test_demo_bisected_over_the_nodes_finds_the_manifest_culprit(
     result = json.loads(done.stdout.strip().splitlines()[-1])
     assert result["culprit"] == manifest.case("rope-longseq").culprit.sha
     entries = journal(session)
-    assert entries[0]["options"]["executor"] == "ray" and entries[0]["options"]["slots"] == 3
+    assert entries[0]["request"]["executor"]["executor"] == "ray" and entries[0]["request"]["executor"]["slots"] == 3
     assert_no_trial_doubled(entries)
     assert len(nodes_of_runs(session, entries)) >= 2  # spread over the nodes
     spans = sorted((e["t"] - e["seconds"], e["t"]) for e in entries if e["type"] == "step")

@@ -12,12 +12,13 @@ from typing import Any
 import git
 import pytest
 import yaml
+from asked import spec_of
 from gitrepo import add_commit, make_linear_repo
 from gitrepo import git as run_git
 
 from bisect_npu.cli import main
 from bisect_npu.errors import UsageError
-from bisect_npu.orchestration.options import RunOptions
+from bisect_npu.orchestration.options import SessionSpec
 from bisect_npu.orchestration.preflight import check_run
 from bisect_npu.recipe import Recipe, bundled_recipes, parse_recipe
 from bisect_npu.recipe_check import (
@@ -203,8 +204,8 @@ def test_recipes_check_exits_2_naming_field_constraint_file_and_fix(
     assert "ACL Graph does not support deepseek" in err and "set engine.args.enforce_eager: true" in err
 
 
-def run_options(upstream: git.Repo, recipe: Path, good: str, bad: str) -> RunOptions:
-    return RunOptions(good=good, bad=bad, repo=str(upstream.working_tree_dir), recipe=str(recipe))
+def run_options(upstream: git.Repo, recipe: Path, good: str, bad: str) -> SessionSpec:
+    return spec_of(good=good, bad=bad, repo=str(upstream.working_tree_dir), recipe=str(recipe))
 
 
 def test_run_refuses_a_recipe_the_candidate_refuses_at_an_end(upstream: git.Repo, tmp_path: Path) -> None:

@@ -8,6 +8,7 @@ from importlib.resources.abc import Traversable
 from pathlib import Path
 
 import pytest
+from asked import spec_of
 
 from bisect_npu.builders.base import Environment
 from bisect_npu.cli import main
@@ -25,7 +26,7 @@ from bisect_npu.execute.docker import (
     container_create_kwargs,
 )
 from bisect_npu.orchestration.evaluate import probe_request
-from bisect_npu.orchestration.options import RunOptions, earlier_runs_for_search, earlier_runs_spec
+from bisect_npu.orchestration.options import earlier_runs_for_search, earlier_runs_spec
 from bisect_npu.orchestration.wiring import container_spec_factory
 from bisect_npu.probe.backends.openai import override_generation_config, server_argv
 from bisect_npu.probe.backends.vllm import engine_kwargs
@@ -192,7 +193,7 @@ def _spec(recipe_name: str, tmp_path: Path, cards: list[int]) -> tuple[dict, Con
     """Run a bundled recipe's first case through the real executor path; return the request file and spec."""
     recipe = load_recipe(recipe_name)
     request = probe_request(recipe, recipe.cases[0], commit="c0ffee", trial=0)
-    factory = container_spec_factory(RunOptions(good="g", bad="b", executor="docker", devices=cards), recipe)
+    factory = container_spec_factory(spec_of(good="g", bad="b", executor="docker", devices=cards), recipe)
     executor = NoNpuDockerExecutor(client=None, spec_factory=factory, session_id="s1")
     env = Environment(kind="image", commit="c0ffee", image="bisect-npu/vllm-ascend:c0ffee")
     executor.run_probe(env, request, tmp_path, timeout_s=60.0)
@@ -257,11 +258,11 @@ def test_mtp_recipe_runs_sampled_and_greedy_with_mtp() -> None:
 
 def test_a_recipe_without_determinism_switches_still_gets_them_on_ascend(tmp_path: Path) -> None:
     recipe = parse_recipe(MINIMAL + "environment:\n  VLLM_USE_V1: '1'\n")
-    factory = container_spec_factory(RunOptions(good="g", bad="b", executor="docker", devices=[2]), recipe)
+    factory = container_spec_factory(spec_of(good="g", bad="b", executor="docker", devices=[2]), recipe)
     spec = factory("img", tmp_path)
     assert spec.environment == {**DETERMINISM_ENV, "VLLM_USE_V1": "1"}
     assert spec.devices[0] == "/dev/davinci2"
-    cpu = container_spec_factory(RunOptions(good="g", bad="b", executor="docker"), recipe)("img", tmp_path)
+    cpu = container_spec_factory(spec_of(good="g", bad="b", executor="docker"), recipe)("img", tmp_path)
     assert cpu.devices == [] and cpu.environment == {"VLLM_USE_V1": "1"}  # the CPU demo: no NPU switches
 
 
@@ -303,18 +304,18 @@ def test_earlier_runs_in_the_search_s_terms() -> None:
 
 def test_earlier_runs_come_from_the_recipe_unless_given_on_the_command_line() -> None:
     recipe = parse_recipe(MINIMAL + "trials:\n  mode: noisy\n  earlier_runs:\n    bad_end: 8/10\n    good_end: 0/10\n")
-    from_recipe = earlier_runs_spec(RunOptions(good="g", bad="b"), recipe)
+    from_recipe = earlier_runs_spec(spec_of(good="g", bad="b"), recipe)
     assert from_recipe is not None and from_recipe.counts("bad_end") == (8, 10)
-    overridden = earlier_runs_spec(RunOptions(good="g", bad="b", earlier_runs=["3/4", "1/9"]), recipe)
+    overridden = earlier_runs_spec(spec_of(good="g", bad="b", earlier_runs=["3/4", "1/9"]), recipe)
     assert overridden is not None and overridden.counts("good_end") == (1, 9)
-    assert earlier_runs_spec(RunOptions(good="g", bad="b"), parse_recipe(MINIMAL)) is None
+    assert earlier_runs_spec(spec_of(good="g", bad="b"), parse_recipe(MINIMAL)) is None
     with pytest.raises(UsageError, match="--earlier-runs 3/4 x: 'x' is not 'shown/runs'"):
-        earlier_runs_spec(RunOptions(good="g", bad="b", earlier_runs=["3/4", "x"]), recipe)
+        earlier_runs_spec(spec_of(good="g", bad="b", earlier_runs=["3/4", "x"]), recipe)
     with pytest.raises(UsageError, match=r"--earlier-runs 0/10 8/10: .*shows the symptom no more often.*swap"):
-        earlier_runs_spec(RunOptions(good="g", bad="b", earlier_runs=["0/10", "8/10"]), recipe)
+        earlier_runs_spec(spec_of(good="g", bad="b", earlier_runs=["0/10", "8/10"]), recipe)
     with pytest.raises(UsageError, match="no more often"):
         parse_recipe(MINIMAL + "trials:\n  mode: noisy\n  earlier_runs:\n    bad_end: 2/10\n    good_end: 4/20\n")
-    assert earlier_runs_spec(RunOptions(good="g", bad="b", earlier_runs=["1/10", "0/0"]), recipe) is not None
+    assert earlier_runs_spec(spec_of(good="g", bad="b", earlier_runs=["1/10", "0/0"]), recipe) is not None
 
 
 # Digests bisect-npu 0.1.0 recorded for the bundled recipes that have not changed since: sessions

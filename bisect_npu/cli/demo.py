@@ -33,13 +33,10 @@ def _case_name(ctx: click.Context, param: click.Parameter, value: str | None) ->
 def demo(case_name: str | None, seed: int, executor: Literal["local", "docker"], verify_fix: bool, session_root: Path,
          as_json: bool, quiet: bool) -> None:
     """Generate the demo upstream (once), bisect a case with its recipe, write the report."""
+    from bisect_npu import api
     from bisect_npu.demo.check import check_case
     from bisect_npu.demo.generate import ensure_upstream
     from bisect_npu.journal import new_session_dir
-    from bisect_npu.orchestration.levels import Bisection
-    from bisect_npu.orchestration.options import RunOptions
-    from bisect_npu.progress import make_progress
-    from bisect_npu.report import write_reports
 
     click.echo("preparing the demo upstream (generated once, then cached)...", err=True)
     repo, manifest = ensure_upstream(seed)
@@ -59,16 +56,13 @@ def demo(case_name: str | None, seed: int, executor: Literal["local", "docker"],
         # A case whose culprit moves a dependency's pin crosses into the generated dependency's clone.
         dep_repos = [f"{truth.dependency.name}={manifest.dependency(truth.dependency.name).repo}"] if (
             truth.dependency) else []
-        options = RunOptions(good=truth.good_ref, bad=truth.bad_ref, repo=str(repo), recipe=truth.recipe,
-                             executor=executor, verify_fix=verify_fix, dep_repos=dep_repos)
+        request = api.RunRequest.of(good=truth.good_ref, bad=truth.bad_ref, repo=str(repo), recipe=truth.recipe,
+                                    executor=executor, verify_fix=verify_fix, dep_repos=dep_repos)
         session_root.mkdir(parents=True, exist_ok=True)
-        bisection = Bisection.start(options, session_dir=new_session_dir(session_root),
-                                    progress=make_progress(quiet or as_json))
-        note_session(bisection.session_dir)
-        result = bisection.run()
-        write_reports(result.session_dir)  # the finest level's (a dependency level's), as `run` writes it
-        md_path, _ = write_reports(bisection.session_dir)  # the top level's, which shows the finer level's answer
-        check = check_case(truth, bisection.session_dir)
+        top = new_session_dir(session_root).resolve()
+        result = api.bisect(request, session_dir=top, quiet=quiet or as_json, live=True, on_session=note_session)
+        md_path = top / "report.md"  # the top level's, which shows the finer level's answer
+        check = check_case(truth, top)
         matches = check.match
         click.echo(result.message)
         click.echo(f"manifest culprit: {truth.culprit.sha[:12]} {truth.culprit.title} -> "

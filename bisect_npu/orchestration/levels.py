@@ -23,7 +23,18 @@ from bisect_npu.builders.base import Builder
 from bisect_npu.execute.base import Executor
 from bisect_npu.execute.inprocess import Oracle
 from bisect_npu.journal import DEFAULT_ROOT, LATEST_FILE, Journal
-from bisect_npu.orchestration.options import RunOptions, declared_dependencies, dep_repo_of
+from bisect_npu.level import (
+    CommitsLevel,
+    DependencyLevel,
+    HeldUpstream,
+    LevelSpec,
+    MergeLevel,
+    MergeScope,
+    ReleasesLevel,
+    held_of,
+    scope_of,
+)
+from bisect_npu.orchestration.options import SessionSpec, declared_dependencies, dep_repo_of
 from bisect_npu.orchestration.session import EXIT_ENDS_WRONG, EXIT_FOUND, EXIT_NARROWED, Session, SessionResult
 from bisect_npu.orchestration.wiring import fix_worktrees, overlay_release_for, sweep_fix_worktrees
 from bisect_npu.progress import Progress
@@ -33,20 +44,21 @@ from bisect_npu.records import (
     FixRecord,
     FixVerifiedRecord,
     FixVerifyRecord,
-    HeldUpstream,
-    MergeScope,
     NextLevelRecord,
     StepRecord,
 )
+from bisect_npu.request import RangeSpec
 
 
 @dataclass(frozen=True)
 class Descent:
-    """A culprit handed down to a finer level: that level's options, the directory below the
-    session where its session lives, the two ends it bisects between (the parent journal's
-    `next_level` line names them) and what the user is told on the way down."""
+    """A culprit handed down to a finer level: that level (`level`) and the ends it bisects
+    (`range`, which its session's request keeps: its reproduce line), the directory below the
+    session where its session lives, the two ends as the parent journal's `next_level` line names
+    them and what the user is told on the way down."""
 
-    options: RunOptions
+    level: LevelSpec
+    range: RangeSpec
     directory: str
     good: str
     bad: str
@@ -57,9 +69,14 @@ class Descent:
     # parent held, with the new pin as the bad end).
     fallback: Descent | None = None
 
+    def spec_below(self, spec: SessionSpec) -> SessionSpec:
+        """The finer session's: the same request over this descent's range, at its level."""
+        return SessionSpec(spec.request.model_copy(update={"range": self.range}, deep=True), self.level,
+                           spec.context.model_copy())
+
 
 class Level(Protocol):
-    """One granularity of candidates a session bisects."""
+    """What a kind of level does with its culprit (one handler per `LevelSpec` kind)."""
 
     # Whether a culprit found at this level gets the fix stage (upstream commits that fix it).
     proposes_fix: bool
@@ -68,7 +85,7 @@ class Level(Protocol):
         """Where the culprit `found` is bisected next; None when this level is the last."""
 
 
-class ReleaseLevel:
+class Releases:
     """Published versions of a package (`--package`): the culprit release and the one before it
     are mapped to tags of the repository, whose commits between are bisected next, each as an
     overlay on the older release's venv where the repository holds its Python packages."""
@@ -84,56 +101,35 @@ class ReleaseLevel:
         older, newer = session.commit_at(end.index - 1), session.commit_at(end.index)
         good_tag = versions.tag_for_version(session.repo, older)
         bad_tag = versions.tag_for_version(session.repo, newer)
-        # The package's options end here; its commits run as overlays on the older release's venv
-        # where the repository holds the release's Python packages (no build per commit).
-        overlay = overlay_release_for(session.options, session.recipe, session.repo, older, bad_tag,
+        # Its commits run as overlays on the older release's venv where the repository holds the
+        # release's Python packages (no build per commit).
+        overlay = overlay_release_for(session.spec, session.recipe, session.repo, older, bad_tag,
                                       session.journal.session_dir / "steps" / older[:12])
-        options = session.options.model_copy(update={"package": None, "index_url": None, "prereleases": False,
-                                                     "good": good_tag, "bad": bad_tag,
-                                                     "overlay_on_release": overlay})
+        commits = RangeSpec(good=good_tag, bad=bad_tag, repo=session.spec.range.repo, overlay_on_release=overlay)
         how = f", each as an overlay on {older}'s venv (no builds)" if overlay else ""
-        return Descent(options, "commit-level", good_tag, bad_tag,
+        return Descent(CommitsLevel(overlay_on_release=overlay), commits, "commit-level", good_tag, bad_tag,
                        f"release level done: {older} -> {newer}; bisecting commits {good_tag}..{bad_tag}{how}")
 
 
-class CommitLevel:
-    """Commits of a repository's first-parent line (`--first-parent-only`); a culprit that moved a
-    declared dependency's pin leads to that dependency's commits (`dependency_descent`), any other,
-    a merge or not, gets the fix stage."""
+class Commits:
+    """Commits of a repository's first-parent line. A culprit that is a merge leads to the commits
+    it brought in (unless --first-parent-only): its first parent is the good end, its second
+    parent's first-parent line and the merge itself the candidates (`history.merged_line`), and a
+    merge among those is descended into again. That is git bisect's answer (the first bad commit
+    whose parents are good) reached line by line; the merges' weights (`history.brought_in`) keep
+    the steps near git's. A culprit that is not a merge, or is the merge whose commits were
+    bisected (each side good alone), goes into a dependency whose pin it moved
+    (`dependency_descent`), else to the fix stage."""
 
     proposes_fix = True
 
     def descent(self, session: Session, found: SessionResult) -> Descent | None:
-        return dependency_descent(session, found)
-
-
-class DependencyLevel:
-    """Commits of a dependency between the two pins, the upstream held at one commit
-    (options.held): the last level; its culprit gets the fix stage in the dependency's history."""
-
-    proposes_fix = True
-
-    def descent(self, session: Session, found: SessionResult) -> Descent | None:
-        return None
-
-
-class MergeLevel:
-    """Commits of a first-parent line whose culprit, when it is a merge, leads to the commits that
-    merge brought in: its first parent is the good end, its second parent's first-parent line and
-    the merge itself the candidates (`history.merged_line`), and a merge among those is descended
-    into again. That is git bisect's answer (the first bad commit whose parents are good) reached
-    line by line; the merges' weights (`history.brought_in`) keep the steps near git's. A culprit
-    that is not a merge, or is the merge whose commits were bisected (each side good alone), goes
-    on as at the commit level: into a dependency whose pin it moved, else to the fix stage."""
-
-    proposes_fix = True
-
-    def descent(self, session: Session, found: SessionResult) -> Descent | None:
-        return self._into_merge(session, found) or dependency_descent(session, found)
+        into_merge = None if session.spec.search.first_parent_only else self._into_merge(session, found)
+        return into_merge or dependency_descent(session, found)
 
     @staticmethod
     def _into_merge(session: Session, found: SessionResult) -> Descent | None:
-        culprit, scope, repo = found.culprit, session.options.merge_scope, session.repo
+        culprit, scope, repo = found.culprit, scope_of(session.spec.level), session.repo
         if repo is None or culprit is None or (scope is not None and culprit == scope.merges[-1]):
             return None
         parents = history.parents_of(repo, culprit)
@@ -145,25 +141,34 @@ class MergeLevel:
         header = session.journal.header.range
         goods = [*(scope.goods if scope else []), header.good]
         merged = int(repo.git.rev_list("--count", culprit, "--not", parents[0], *goods, "--"))
-        options = session.options.model_copy(update={
-            "good": parents[0], "bad": culprit,
-            "merge_scope": MergeScope(merges=[*(scope.merges if scope else []), culprit], goods=goods,
-                                      bad=scope.bad if scope else header.bad),
-            # Both ends were judged here (the first parent good, the merge bad); noisy mode tries
-            # them again, since its rates come from the ends' own trials.
-            "check_ends": session.options.check_ends and session.mode == "noisy"})
+        level = MergeLevel(scope=MergeScope(merges=[*(scope.merges if scope else []), culprit], goods=goods,
+                                            bad=scope.bad if scope else header.bad),
+                           overlay_on_release=session.spec.level.overlay_on_release
+                           if isinstance(session.spec.level, CommitsLevel) else None)
         title = header.title_of(culprit)
-        return Descent(options, f"merge-{culprit[:12]}", parents[0], culprit,
-                       f"the culprit came in through merge {culprit[:12]} {title}; descending into the {merged} "
-                       "commits it brought in", merge=culprit, merged=merged)
+        return Descent(level, session.spec.range.between(parents[0], culprit), f"merge-{culprit[:12]}", parents[0],
+                       culprit, f"the culprit came in through merge {culprit[:12]} {title}; descending into the "
+                       f"{merged} commits it brought in", merge=culprit, merged=merged)
 
 
-def level_of(options: RunOptions) -> Level:
-    if options.package:
-        return ReleaseLevel()
-    if options.held is not None:
-        return DependencyLevel()
-    return CommitLevel() if options.first_parent_only else MergeLevel()
+class Dependency:
+    """Commits of a dependency between the two pins, the upstream held at one commit: the last
+    level; its culprit gets the fix stage in the dependency's history."""
+
+    proposes_fix = True
+
+    def descent(self, session: Session, found: SessionResult) -> Descent | None:
+        return None
+
+
+# The handler of each kind of level.
+HANDLERS: dict[type[LevelSpec], Level] = {
+    ReleasesLevel: Releases(), CommitsLevel: Commits(), MergeLevel: Commits(), DependencyLevel: Dependency(),
+}
+
+
+def handler_of(level: LevelSpec) -> Level:
+    return HANDLERS[type(level)]
 
 
 def dependency_descent(session: Session, found: SessionResult) -> Descent | None:
@@ -173,10 +178,10 @@ def dependency_descent(session: Session, found: SessionResult) -> Descent | None
     pin move found is journaled (`dependency_move`), crossed or not, for the report."""
     from bisect_npu.builders.dependency import open_dependency_clone, read_pin, resolve_pin
 
-    options, repo, recipe, culprit = session.options, session.repo, session.recipe, found.culprit
-    if options.held is not None or repo is None or culprit is None or options.find_fix:
+    spec, repo, recipe, culprit = session.spec, session.repo, session.recipe, found.culprit
+    if held_of(spec.level) is not None or repo is None or culprit is None or spec.search.find_fix:
         return None
-    declared = declared_dependencies(options, recipe)
+    declared = declared_dependencies(spec, recipe)
     parents = repo.commit(culprit).parents if declared else ()
     if not parents:
         return None
@@ -184,60 +189,59 @@ def dependency_descent(session: Session, found: SessionResult) -> Descent | None
     dockerfile = recipe.build.dockerfile if recipe else "Dockerfile"
     build_args = recipe.build.docker_args if recipe else {}
     journaled = {r.name for r in session.journal.records(DependencyMoveRecord)}
-    for spec in declared:
-        old = read_pin(repo, parent, spec, dockerfile, build_args)
-        new = read_pin(repo, culprit, spec, dockerfile, build_args)
+    for dependency in declared:
+        old = read_pin(repo, parent, dependency, dockerfile, build_args)
+        new = read_pin(repo, culprit, dependency, dockerfile, build_args)
         if old is None or new is None or old == new:
             continue
-        where = spec.pin.describe(dockerfile)
-        if not spec.python_only:
-            note = (f"the culprit moved {spec.name} {old} -> {new} ({where}); {spec.name} is not Python-only, so its "
+        name, where = dependency.name, dependency.pin.describe(dockerfile)
+        if not dependency.python_only:
+            note = (f"the culprit moved {name} {old} -> {new} ({where}); {name} is not Python-only, so its "
                     "commits are not crossed: compare the two versions' changes by hand")
-        elif not options.cross_dependencies:
-            note = f"the culprit moved {spec.name} {old} -> {new} ({where}); not crossed (--no-dependency)"
-        elif options.executor == "ray":
-            note = (f"the culprit moved {spec.name} {old} -> {new} ({where}); not crossed with --executor ray (its "
+        elif not spec.search.cross_dependencies:
+            note = f"the culprit moved {name} {old} -> {new} ({where}); not crossed (--no-dependency)"
+        elif spec.executor.executor == "ray":
+            note = (f"the culprit moved {name} {old} -> {new} ({where}); not crossed with --executor ray (its "
                     "nodes build the upstream's commits only): run again with --executor local or docker to cross")
         else:
             note = ""
-        if spec.name not in journaled:
-            session.append(DependencyMoveRecord(name=spec.name, old=old, new=new, where=where, culprit=culprit,
+        if name not in journaled:
+            session.append(DependencyMoveRecord(name=name, old=old, new=new, where=where, culprit=culprit,
                                                 crossed=not note, note=note))
         if note:
             session.progress.note(note)
             continue
-        clone = open_dependency_clone(spec, dep_repo_of(options, spec.name))
-        old_sha = resolve_pin(clone, spec, old, f"{where} at {parent[:12]}")
-        new_sha = resolve_pin(clone, spec, new, f"{where} at {culprit[:12]}")
-        update = {"repo": str(clone.working_tree_dir or clone.git_dir), "good": old_sha, "bad": new_sha,
-                  "check_ends": True, "earlier_runs": None, "package": None, "index_url": None,
-                  "merge_scope": None}
-        at_culprit, at_parent_options = (options.model_copy(update={**update, "held": HeldUpstream(
-            repo=str(options.repo), commit=commit, dependency=spec.name, old_pin=old, new_pin=new)})
+        clone = open_dependency_clone(dependency, dep_repo_of(spec, name))
+        old_sha = resolve_pin(clone, dependency, old, f"{where} at {parent[:12]}")
+        new_sha = resolve_pin(clone, dependency, new, f"{where} at {culprit[:12]}")
+        pins = RangeSpec(good=old_sha, bad=new_sha, repo=str(clone.working_tree_dir or clone.git_dir))
+        at_culprit, at_parent_level = (DependencyLevel(held=HeldUpstream(
+            repo=str(spec.range.repo), commit=commit, dependency=name, old_pin=old, new_pin=new))
             for commit in (culprit, parent))
-        at_parent = Descent(at_parent_options, f"dependency-{spec.name}-at-parent", old_sha, new_sha,
-                            f"{culprit[:12]} with {spec.name} {old} could not be judged good; holding its parent "
-                            f"{parent[:12]} instead, with {spec.name} {new} as the bad end")
-        return Descent(at_culprit, f"dependency-{spec.name}", old_sha, new_sha,
-                       f"the culprit {culprit[:12]} moved {spec.name} {old} -> {new}; bisecting {spec.name}'s "
-                       f"commits {old}..{new} with the upstream held at the culprit (its old pin first: it must "
-                       "show the good behaviour)", fallback=at_parent)
+        at_parent = Descent(at_parent_level, pins, f"dependency-{name}-at-parent", old_sha, new_sha,
+                            f"{culprit[:12]} with {name} {old} could not be judged good; holding its parent "
+                            f"{parent[:12]} instead, with {name} {new} as the bad end")
+        return Descent(at_culprit, pins, f"dependency-{name}", old_sha, new_sha,
+                       f"the culprit {culprit[:12]} moved {name} {old} -> {new}; bisecting {name}'s commits "
+                       f"{old}..{new} with the upstream held at the culprit (its old pin first: it must show the "
+                       "good behaviour)", fallback=at_parent)
     return None
 
 
 class Bisection:
-    """Runs one session's level, then the finer level or the fix stage its culprit leads to."""
+    """Runs one session's level, then the finer level or the fix stage its culprit leads to, and
+    writes the session's reports (each level's session writes its own)."""
 
     def __init__(self, session: Session, oracle: Oracle | None = None) -> None:
         self.session = session
-        self.level = level_of(session.options)
+        self.level = handler_of(session.spec.level)
         self.oracle = oracle  # a Python oracle (bisect_npu.api): finer levels judge with it too
 
     @classmethod
-    def start(cls, options: RunOptions, session_dir: Path | None = None, root: Path = DEFAULT_ROOT,
+    def start(cls, spec: SessionSpec, session_dir: Path | None = None, root: Path = DEFAULT_ROOT,
               progress: Progress | None = None, builder: Builder | None = None, executor: Executor | None = None,
               parent: Path | None = None, oracle: Oracle | None = None) -> Bisection:
-        return cls(Session.start(options, session_dir=session_dir, root=root, progress=progress, builder=builder,
+        return cls(Session.start(spec, session_dir=session_dir, root=root, progress=progress, builder=builder,
                                  executor=executor, parent=parent, oracle=oracle), oracle)
 
     @classmethod
@@ -252,9 +256,14 @@ class Bisection:
         return self.session.journal.session_dir
 
     def run(self) -> SessionResult:
-        """The answer of the finest level reached (a resumed finished session: its own answer)."""
+        """The answer of the finest level reached (a resumed finished session: its own answer),
+        once this session's reports are written (with the finer level's answer where it has one)."""
+        from bisect_npu.report import write_reports
+
         try:
-            return self._run()
+            result = self._run()
+            write_reports(self.session_dir)
+            return result
         finally:
             try:
                 self.session.close()
@@ -290,15 +299,13 @@ class Bisection:
         steps count every level's. A dependency level whose held culprit is not good with the old
         pin tries its fallback (the parent held); when neither gives a clean good/bad pair the
         answer says which combinations ran."""
-        from bisect_npu.report import write_reports
-
         session = self.session
         result = self._child(descent)
         ran = [(descent, result)]
         if descent.fallback is not None and result.status == "ends_wrong" and _end_wrong(result) == "good":
             result = self._child(descent.fallback)
             ran.append((descent.fallback, result))
-        held = descent.options.held
+        held = held_of(descent.level)
         if held is not None:
             result = _dependency_answer(ran)
         steps = sum(r.steps for _, r in ran)
@@ -306,7 +313,6 @@ class Bisection:
                                        message=result.message, good=descent.good, bad=descent.bad,
                                        merge=descent.merge, merged=descent.merged, steps=steps,
                                        dependency=held.dependency if held else None))
-        write_reports(self.session_dir)  # this level's report, with the finer level's answer
         return replace(result, steps=steps + len(session.journal.records(StepRecord)))
 
     def _child(self, descent: Descent) -> SessionResult:
@@ -316,8 +322,8 @@ class Bisection:
         if (root / LATEST_FILE).exists():  # interrupted during the finer level: continue that session
             child = Bisection.resume(root=root, progress=session.progress, oracle=self.oracle)
         else:
-            child = Bisection.start(descent.options, root=root, progress=session.progress, parent=self.session_dir,
-                                    oracle=self.oracle)
+            child = Bisection.start(descent.spec_below(session.spec), root=root, progress=session.progress,
+                                    parent=self.session_dir, oracle=self.oracle)
         return child.run()
 
     def _finer_answer(self, finer: NextLevelRecord) -> SessionResult:
@@ -361,12 +367,13 @@ def _dependency_answer(ran: list[tuple[Descent, SessionResult]]) -> SessionResul
     the pin, the dependency's culprit, and its fix (the later dependency commit and the first tag
     holding it); or, with no clean good/bad pair, which combinations ran and what they showed."""
     descent, result = ran[-1]
-    held = descent.options.held
+    held = held_of(descent.level)
     assert held is not None
-    culprit = ran[0][0].options.held.commit if ran[0][0].options.held else held.commit
+    first = held_of(ran[0][0].level)
+    culprit = first.commit if first else held.commit
     moved = f"{culprit[:12]} moved {held.dependency} {held.old_pin} -> {held.new_pin}"
     if result.status == "ends_wrong":
-        combos = [line for d, r in ran if d.options.held for line in _ends_ran(r.session_dir, d.options.held)]
+        combos = [line for d, r in ran if (ran_held := held_of(d.level)) for line in _ends_ran(r.session_dir, ran_held)]
         message = (f"{moved}, but no clean good/bad pair holds the upstream fixed: " + "; ".join(combos)
                    + ". The pin move and the upstream's own change cannot be told apart here: bisect "
                    f"{held.dependency} {held.old_pin}..{held.new_pin} by hand on an upstream commit that runs on both")
@@ -409,45 +416,45 @@ class FixStage:
 
     def __init__(self, session: Session) -> None:
         self.session = session
-        self.options = session.options
+        self.spec = session.spec
 
     def wanted(self, result: SessionResult) -> bool:
-        return (result.status == "found" and bool(result.culprit) and self.options.propose_fix
-                and not self.options.find_fix)
+        return (result.status == "found" and bool(result.culprit) and self.spec.fix.propose_fix
+                and not self.spec.search.find_fix)
 
     def done(self) -> bool:
         journal = self.session.journal
         return bool(journal.records(FixVerifyRecord)) or (bool(journal.records(FixRecord))
-                                                          and not self.options.verify_fix)
+                                                          and not self.spec.fix.verify_fix)
 
     def run(self, culprit: str) -> None:
         from bisect_npu import fix
 
         session = self.session
         assert session.repo is not None
-        scope = self.options.merge_scope  # a culprit inside a merge: fixes are looked for from the run's bad end
+        scope = scope_of(self.spec.level)  # a culprit inside a merge: fixes are looked for from the run's bad end
         bad = scope.bad if scope else session.journal.header.range.bad
         session.progress.note("looking for upstream commits that fix the culprit")
         report = fix.propose_fixes(session.repo, culprit, bad=bad,
                                    symptom=session.recipe.symptom if session.recipe else (),
-                                   top=max(5, self.options.fix_top))
+                                   top=max(5, self.spec.fix.fix_top))
         if not session.journal.records(FixRecord):
             # A dependency's fix is taken by moving the pin: the first tag holding each proposal.
-            tags = {p.shas[0]: tag for p in report.proposals if self.options.held
+            tags = {p.shas[0]: tag for p in report.proposals if held_of(self.spec.level)
                     and (tag := history.first_tag_containing(session.repo, p.shas[0]))}
             session.append(FixRecord(report=report, first_tags=tags))
-        if not self.options.verify_fix:
+        if not self.spec.fix.verify_fix:
             return
         if not report.proposals:
             session.append(FixVerifyRecord(verifications=[]))  # nothing to verify: the stage is done
             return
         kept = [e.verification for e in session.journal.records(FixVerifiedRecord)]
         session.progress.note(f"verifying the fix proposals on the bad end, best first, until one works "
-                              f"(at most {self.options.fix_top})"
+                              f"(at most {self.spec.fix.fix_top})"
                               + (f"; {len(kept)} tried before the interruption" if kept else ""))
         # The walk stops at the first verified fix: an interrupted run that had found it is done.
         fresh = [] if any(v.status == "verified" for v in kept) else fix.verify_fixes(
-            session.repo, bad, report, session.verdict_of, top=self.options.fix_top,
+            session.repo, bad, report, session.verdict_of, top=self.spec.fix.fix_top,
             workdir=fix_worktrees(self.session_dir), done={v.proposal.shas[0] for v in kept},
             on_result=lambda v: session.append(FixVerifiedRecord(verification=v)))
         every = sorted([*kept, *fresh], key=lambda v: v.status != "verified")

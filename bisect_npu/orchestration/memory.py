@@ -36,7 +36,8 @@ import git
 from bisect_npu import __version__, history
 from bisect_npu.contracts import Verdict, VerdictKind
 from bisect_npu.errors import InfrastructureError, UsageError
-from bisect_npu.orchestration.options import RunOptions
+from bisect_npu.level import held_of
+from bisect_npu.orchestration.options import SessionSpec
 from bisect_npu.progress import Progress
 from bisect_npu.recipe import Recipe
 from bisect_npu.records import CommandOracle, StoredFrom
@@ -160,85 +161,86 @@ def command_view(command: list[str], bases: list[Path], declared: list[str] | No
     return CommandView(files=files, programs=programs, variables={name: environ.get(name) for name in sorted(names)})
 
 
-def _view_of(command: list[str], options: RunOptions | None, start: Path) -> CommandView:
-    clone = (start / options.repo).resolve() if options is not None and options.repo \
-        and not history.is_url(options.repo) else None
-    declared = options.verdict_env if options is not None else []
+def _view_of(command: list[str], spec: SessionSpec | None, start: Path) -> CommandView:
+    repo = spec.range.repo if spec is not None else None
+    clone = (start / repo).resolve() if repo and not history.is_url(repo) else None
+    declared = spec.store.verdict_env if spec is not None else []
     return command_view(command, [start], declared, clone=clone)
 
 
-def command_digest(command: list[str], options: RunOptions | None = None, cwd: Path | None = None) -> str:
+def command_digest(command: list[str], spec: SessionSpec | None = None, cwd: Path | None = None) -> str:
     """A command oracle's digest: its words and what they let it see (`command_view`), relative
     names looked for from the directory `run` started in (`cwd`, default the current one)."""
-    return _view_of(command, options, cwd or Path.cwd()).digest(command)
+    return _view_of(command, spec, cwd or Path.cwd()).digest(command)
 
 
-def command_oracle(options: RunOptions) -> CommandOracle | None:
+def command_oracle(spec: SessionSpec) -> CommandOracle | None:
     """A command oracle as the journal header keeps it: the digest of what it sees, each thing seen,
     and the directory its relative names were looked up from."""
-    if not options.command:
+    command = spec.judge.command
+    if not command:
         return None
     cwd = Path.cwd()
-    view = _view_of(options.command, options, cwd)
-    return CommandOracle(digest=view.digest(options.command), cwd=str(cwd), seen=view.seen())
+    view = _view_of(command, spec, cwd)
+    return CommandOracle(digest=view.digest(command), cwd=str(cwd), seen=view.seen())
 
 
-def command_changed(options: RunOptions, started: CommandOracle | None) -> list[str]:
+def command_changed(spec: SessionSpec, started: CommandOracle | None) -> list[str]:
     """What the command sees now that differs from when the session started: a file whose content
     changed, a program PATH resolves otherwise, a variable with another value. A file that appeared
     or went away since is not counted (a marker or log the runs themselves make or remove); a
     journal from before the header kept this: nothing."""
-    if not options.command or started is None:
+    if not spec.judge.command or started is None:
         return []
-    now = _view_of(options.command, options, Path(started.cwd)).seen()
+    now = _view_of(spec.judge.command, spec, Path(started.cwd)).seen()
     return sorted(name for name, digest in now.items() if name in started.seen and started.seen[name] != digest) + \
         sorted(name for name in {*now, *started.seen} - ({*now} & {*started.seen}) if not name.startswith("file:"))
 
 
-def oracle_digest(options: RunOptions, recipe: Recipe | None) -> str | None:
+def oracle_digest(spec: SessionSpec, recipe: Recipe | None) -> str | None:
     """What judges a commit, as a digest; None for a Python callable (its code has no stable digest)."""
     if recipe is not None:
         golden = [_file_digest(f) for f in recipe.golden_files()] if recipe.reference.kind == "golden" else []
         return _digest({"recipe": recipe.digest(), "golden": golden})
-    if options.command:
-        return command_digest(options.command, options)
+    if spec.judge.command:
+        return command_digest(spec.judge.command, spec)
     return None
 
 
-def environment_facts(options: RunOptions, recipe: Recipe | None) -> dict[str, object]:
+def environment_facts(spec: SessionSpec, recipe: Recipe | None) -> dict[str, object]:
     """The facts of this host and run that change what a run of a commit shows (at a dependency
     level, the upstream commit its candidates are laid into: the same dependency commit under
     another upstream commit is another run)."""
     facts: dict[str, object] = {
         "bisect_npu": __version__,
-        "executor": options.executor,
-        "node_executor": options.node_executor if options.executor == "ray" else None,
-        "host": options.host,
+        "executor": spec.executor.executor,
+        "node_executor": spec.executor.node_executor if spec.executor.executor == "ray" else None,
+        "host": spec.context.host,
         "machine": platform.machine(),
         "system": platform.system(),
-        "timeout_s": options.timeout_s,
-        "timeout_is": options.timeout_is or (recipe.trials.timeout_is if recipe else None) or "skip",
-        "base_image_map": sorted(options.base_image_map),
-        "release_images": options.release_images,
-        "package": options.package,
-        "index_url": options.index_url,
+        "timeout_s": spec.judge.timeout_s,
+        "timeout_is": spec.judge.timeout_is or (recipe.trials.timeout_is if recipe else None) or "skip",
+        "base_image_map": sorted(spec.executor.base_image_map),
+        "release_images": spec.executor.release_images,
+        "package": spec.range.package,
+        "index_url": spec.range.index_url,
         "environment": os.environ.get(ENVIRONMENT_VARIABLE, ""),
         # Commits run on a release's compiled part, not built (named only when set: the digests
         # of the verdicts stored before this fact existed stay as they were).
-        **({"overlay_on_release": options.overlay_on_release} if options.overlay_on_release else {}),
+        **({"overlay_on_release": spec.range.overlay_on_release} if spec.range.overlay_on_release else {}),
     }
-    if options.held is not None:  # only then: the other sessions' scopes stay as they were
-        facts["held"] = options.held.model_dump(mode="json")
+    if (held := held_of(spec.level)) is not None:  # only then: the other sessions' scopes stay as they were
+        facts["held"] = held.model_dump(mode="json")
     return facts
 
 
-def scope_of(options: RunOptions, recipe: Recipe | None, reference: str = "") -> Scope | None:
+def scope_of(spec: SessionSpec, recipe: Recipe | None, reference: str = "") -> Scope | None:
     """The scope a session's verdicts hold under; None when they cannot be shared."""
-    oracle = oracle_digest(options, recipe)
+    oracle = oracle_digest(spec, recipe)
     if oracle is None:
         return None
-    facts = environment_facts(options, recipe)
-    mode = options.mode or (recipe.trials.mode if recipe else "exact")
+    facts = environment_facts(spec, recipe)
+    mode = spec.search.mode or (recipe.trials.mode if recipe else "exact")
     return Scope(oracle=oracle, environment=_digest(facts), mode=mode, reference=reference,
                  facts=json.dumps(facts, sort_keys=True))
 
@@ -309,37 +311,38 @@ class Memory:
             self._fail(exc)
 
 
-def open_memory(options: RunOptions, recipe: Recipe | None, session_dir: Path, reference: str,
+def open_memory(spec: SessionSpec, recipe: Recipe | None, session_dir: Path, reference: str,
                 progress: Progress) -> Memory | None:
     """The session's Memory, or None without a store (or for an oracle whose verdicts cannot be shared)."""
-    if options.verdict_store is None:
+    if spec.store.verdict_store is None:
         return None
-    scope = scope_of(options, recipe, reference)
+    scope = scope_of(spec, recipe, reference)
     if scope is None:
         return None
-    return Memory(VerdictStore(Path(options.verdict_store)), scope, str(session_dir), progress)
+    return Memory(VerdictStore(Path(spec.store.verdict_store)), scope, str(session_dir), progress)
 
 
-def resolve_last_good(options: RunOptions, recipe: Recipe | None, repo: git.Repo) -> tuple[str, str]:
+def resolve_last_good(spec: SessionSpec, recipe: Recipe | None, repo: git.Repo) -> tuple[str, str]:
     """`--good last-good`: the newest commit on the bad end's first-parent line that the verdict
     store holds judged good under this oracle and environment (any good end it was compared with);
     (sha, the sentence that says where it came from)."""
-    if options.verdict_store is None:
+    if spec.store.verdict_store is None:
         raise UsageError("--good last-good reads the verdict store; drop --no-verdict-store or name a good ref")
-    if options.find_fix:
+    if spec.search.find_fix:
         raise UsageError("--good last-good names a commit without the symptom, and --find-fix's old end has it; "
                          "name the old ref")
-    scope = scope_of(options, recipe)
+    scope = scope_of(spec, recipe)
     if scope is None:
         raise UsageError("--good last-good needs a recipe or a command oracle; name a good ref")
-    good = VerdictStore(Path(options.verdict_store)).judged_good(scope)
-    bad = history.resolve_ref(repo, options.bad)
+
+    good = VerdictStore(Path(spec.store.verdict_store)).judged_good(scope)
+    bad = history.resolve_ref(repo, spec.range.bad)
     if good:
         for sha in repo.git.rev_list("--first-parent", bad).split():
             if sha in good and sha != bad:
                 return sha, (f"--good last-good: {sha[:12]}, judged good in session {good[sha].session} on "
                              f"{time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime(good[sha].t))}")
-    raise UsageError(f"--good last-good: the verdict store {options.verdict_store} holds no commit judged good on "
-                     f"{options.bad}'s first-parent line for this {'recipe' if recipe else 'command'} and environment "
-                     "(a different recipe, command, executor, host type or timeout does not count); name a good ref "
-                     "for the first bisection")
+    raise UsageError(f"--good last-good: the verdict store {spec.store.verdict_store} holds no commit judged good "
+                     f"on {spec.range.bad}'s first-parent line for this {'recipe' if recipe else 'command'} and "
+                     "environment (a different recipe, command, executor, host type or timeout does not count); name a "
+                     "good ref for the first bisection")

@@ -1,46 +1,88 @@
-"""What `bisect-npu run` was asked, kept apart from the session that runs it: the journal header
-stores it (as `records.HeaderOptions`), resume reads it back, and the report turns it into a
-reproduce line."""
+"""What one session runs: the request (`bisect_npu.request`), its level (`bisect_npu.level`) and
+what the run found besides (`RunContext`), together as `SessionSpec`; and the request's facts the
+sessions derive (earlier runs, declared dependencies)."""
 
 from __future__ import annotations
 
+from dataclasses import dataclass, field
 from typing import Any
 
-from pydantic import ConfigDict, ValidationError
+from pydantic import ValidationError
 
 from bisect_npu.errors import UsageError
+from bisect_npu.level import CommitsLevel, LevelSpec, ReleasesLevel
 from bisect_npu.recipe import DependencySpec, EarlierRunsSpec, Recipe, parse_dependency_option
-from bisect_npu.records import HeaderOptions
+from bisect_npu.request import (
+    ExecutorSpec,
+    FixSpec,
+    JudgeSpec,
+    RangeSpec,
+    RunContext,
+    RunRequest,
+    SearchSpec,
+    StoreSpec,
+)
 from bisect_npu.search import EarlierRuns
 
 
-class RunOptions(HeaderOptions):
-    """Everything `bisect-npu run` was asked: the journal header's options (`records.HeaderOptions`,
-    where each field is declared once), which the run settles in place before it starts (the
-    recipe's mode, resolved paths, the host type, the slots)."""
+def first_level(request: RunRequest) -> LevelSpec:
+    """The level a request starts at: its package's releases, else its repository's commits
+    (laid over a release with --overlay-on-release)."""
+    if request.range.package:
+        return ReleasesLevel()
+    return CommitsLevel(overlay_on_release=request.range.overlay_on_release)
 
-    model_config = ConfigDict(frozen=False)
 
-    def to_json(self) -> dict[str, Any]:
-        return self.model_dump()
+@dataclass
+class SessionSpec:
+    """A session's request, level and context. The parts are settled in place before the session
+    starts (the recipe's mode, resolved paths, the host type, the slots)."""
 
-    def to_header(self) -> HeaderOptions:
-        return HeaderOptions.model_validate(self.model_dump())
+    request: RunRequest
+    level: LevelSpec
+    context: RunContext = field(default_factory=RunContext)
 
     @classmethod
-    def from_header(cls, header: HeaderOptions) -> RunOptions:
-        return cls.model_validate(header.model_dump())
+    def of(cls, request: RunRequest, python_oracle: str | None = None) -> SessionSpec:
+        """The first session of a request."""
+        return cls(request, first_level(request), RunContext(python_oracle=python_oracle))
 
-    @classmethod
-    def from_json(cls, raw: dict[str, Any]) -> RunOptions:
-        return cls.model_validate(raw)
+    @property
+    def range(self) -> RangeSpec:
+        return self.request.range
+
+    @property
+    def judge(self) -> JudgeSpec:
+        return self.request.judge
+
+    @property
+    def executor(self) -> ExecutorSpec:
+        return self.request.executor
+
+    @property
+    def search(self) -> SearchSpec:
+        return self.request.search
+
+    @property
+    def fix(self) -> FixSpec:
+        return self.request.fix
+
+    @property
+    def store(self) -> StoreSpec:
+        return self.request.store
+
+    def with_executor(self, **changes: Any) -> SessionSpec:
+        """The same session run another way (a Ray node's executor, one batch's cards)."""
+        request = self.request.model_copy(update={"executor": self.executor.model_copy(update=changes)})
+        return SessionSpec(request, self.level, self.context)
 
 
-def earlier_runs_spec(options: RunOptions, recipe: Recipe | None) -> EarlierRunsSpec | None:
-    """The ends' earlier runs: --earlier-runs, else the recipe's ``trials.earlier_runs``."""
-    if not options.earlier_runs:
+def earlier_runs_spec(spec: SessionSpec, recipe: Recipe | None) -> EarlierRunsSpec | None:
+    """The ends' earlier runs: --earlier-runs (where the level's ends are the ones counted), else
+    the recipe's ``trials.earlier_runs``."""
+    if not spec.search.earlier_runs or not spec.level.takes_earlier_runs:
         return recipe.trials.earlier_runs if recipe else None
-    bad_end, good_end = options.earlier_runs
+    bad_end, good_end = spec.search.earlier_runs
     try:
         return EarlierRunsSpec(bad_end=bad_end, good_end=good_end)
     except ValidationError as exc:
@@ -48,38 +90,39 @@ def earlier_runs_spec(options: RunOptions, recipe: Recipe | None) -> EarlierRuns
         raise UsageError(f"--earlier-runs {bad_end} {good_end}: {reason}") from exc
 
 
-def earlier_runs_for_search(spec: EarlierRunsSpec, *, find_fix: bool) -> EarlierRuns:
+def earlier_runs_for_search(counted: EarlierRunsSpec, *, find_fix: bool) -> EarlierRuns:
     """The recipe's counts in the search's terms: "bad" is the side the search hunts for. With
     --find-fix that is the side without the symptom, so the ends swap and passes count."""
-    (bad_failed, bad_runs), (good_failed, good_runs) = spec.counts("bad_end"), spec.counts("good_end")
+    (bad_failed, bad_runs), (good_failed, good_runs) = counted.counts("bad_end"), counted.counts("good_end")
     if find_fix:
         return EarlierRuns(good_runs - good_failed, good_runs, bad_runs - bad_failed, bad_runs)
     return EarlierRuns(bad_failed, bad_runs, good_failed, good_runs)
 
 
-def declared_dependencies(options: RunOptions, recipe: Recipe | None) -> list[DependencySpec]:
+def declared_dependencies(spec: SessionSpec, recipe: Recipe | None) -> list[DependencySpec]:
     """The recipe's `dependencies`, then the --dependency ones (which replace a recipe's of the
     same name)."""
-    given = [parse_dependency_option(text) for text in options.dependencies]
-    names = {spec.name for spec in given}
-    return [*(spec for spec in (recipe.dependencies if recipe else []) if spec.name not in names), *given]
+    given = [parse_dependency_option(text) for text in spec.search.dependencies]
+    names = {dependency.name for dependency in given}
+    return [*(dependency for dependency in (recipe.dependencies if recipe else []) if dependency.name not in names),
+            *given]
 
 
-def dep_repo_of(options: RunOptions, name: str) -> str | None:
+def dep_repo_of(spec: SessionSpec, name: str) -> str | None:
     """What --dep-repo NAME=PATH_OR_URL names for the dependency `name`."""
-    for entry in options.dep_repos:
+    for entry in spec.search.dep_repos:
         key, _, value = entry.partition("=")
         if key.strip() == name:
             return value.strip()
     return None
 
 
-def check_dependency_options(options: RunOptions, recipe: Recipe | None) -> list[DependencySpec]:
+def check_dependency_options(spec: SessionSpec, recipe: Recipe | None) -> list[DependencySpec]:
     """The declared dependencies; a --dep-repo that is not NAME=PATH_OR_URL or names none of
     them is an error."""
-    declared = declared_dependencies(options, recipe)
-    known = [spec.name for spec in declared]
-    for entry in options.dep_repos:
+    declared = declared_dependencies(spec, recipe)
+    known = [dependency.name for dependency in declared]
+    for entry in spec.search.dep_repos:
         key, sep, value = entry.partition("=")
         if not sep or not key.strip() or not value.strip():
             raise UsageError(f"--dep-repo {entry!r}: write NAME=PATH_OR_URL, e.g. --dep-repo vllm=~/src/vllm")

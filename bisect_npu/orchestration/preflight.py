@@ -16,8 +16,9 @@ import git
 from bisect_npu import history
 from bisect_npu.defaults import LAST_GOOD
 from bisect_npu.errors import UsageError
+from bisect_npu.level import held_of, scope_of
 from bisect_npu.orchestration.memory import resolve_last_good
-from bisect_npu.orchestration.options import RunOptions, check_dependency_options, earlier_runs_spec
+from bisect_npu.orchestration.options import SessionSpec, check_dependency_options, earlier_runs_spec
 from bisect_npu.recipe import EarlierRunsSpec, Recipe, load_recipe
 from bisect_npu.records import CandidateRange
 
@@ -33,152 +34,171 @@ class RunInputs:
     last_good_note: str | None = None  # `--good last-good`: which commit the verdict store gave
 
 
-def check_run(options: RunOptions, host_root: Path = Path("/")) -> RunInputs:
+def check_run(spec: SessionSpec, host_root: Path = Path("/")) -> RunInputs:
     """Resolve and check everything that can be wrong before the journal is created; settles
     `options` in place (the mode, and absolute paths: resume may start elsewhere). `host_root` is
     where the NPU device and driver files are looked up (a directory of fake ones in a test)."""
-    if [options.recipe, options.command, options.python_oracle].count(None) != 2:
+    if [spec.judge.recipe, spec.judge.command, spec.context.python_oracle].count(None) != 2:
         raise UsageError("give either --recipe FILE or --cmd COMMAND (the oracle for each candidate)")
-    recipe = load_recipe(options.recipe) if options.recipe else None
-    if options.executor == "ray":
-        settle_ray_slots(options, recipe.cards_per_run() if recipe else 1)
+    check_image_options(spec)
+    recipe = load_recipe(spec.judge.recipe) if spec.judge.recipe else None
+    if spec.executor.executor == "ray":
+        settle_ray_slots(spec, recipe.cards_per_run() if recipe else 1)
     else:
-        settle_devices(options, recipe.cards_per_run() if recipe else 1, host_root)  # before any clone or index query
-    options.mode = options.mode or (recipe.trials.mode if recipe else "exact")
-    earlier_runs = earlier_runs_spec(options, recipe)
-    if options.earlier_runs and options.mode != "noisy":
+        settle_devices(spec, recipe.cards_per_run() if recipe else 1, host_root)  # before any clone or index query
+    spec.search.mode = spec.search.mode or (recipe.trials.mode if recipe else "exact")
+    earlier_runs = earlier_runs_spec(spec, recipe)
+    if spec.search.earlier_runs and spec.level.takes_earlier_runs and spec.search.mode != "noisy":
         raise UsageError("--earlier-runs counts only in noisy mode; add --mode noisy (or trials.mode: noisy "
                          "in the recipe), or drop it: exact mode takes one verdict per commit")
-    if recipe is not None and options.recipe and Path(options.recipe).exists():
-        options.recipe = str(Path(options.recipe).resolve())
-    repo = history.open_repo(options.repo) if options.repo else None
-    if repo is not None and options.repo and not history.is_url(options.repo):
-        options.repo = str(repo.working_tree_dir or repo.git_dir)
-    if options.package is None and repo is None:
+    if recipe is not None and spec.judge.recipe and Path(spec.judge.recipe).exists():
+        spec.judge.recipe = str(Path(spec.judge.recipe).resolve())
+    repo = history.open_repo(spec.range.repo) if spec.range.repo else None
+    if repo is not None and spec.range.repo and not history.is_url(spec.range.repo):
+        spec.range.repo = str(repo.working_tree_dir or repo.git_dir)
+    if spec.range.package is None and repo is None:
         raise UsageError("give --repo (a clone of the upstream) or --package (bisect published releases)")
-    if options.overlay_on_release:
-        check_overlay_on_release(options, repo)
+    if spec.range.overlay_on_release:
+        check_overlay_on_release(spec, repo)
     last_good_note = None
-    if options.good == LAST_GOOD:
-        if repo is None or options.package:
+    if spec.range.good == LAST_GOOD:
+        if repo is None or spec.range.package:
             raise UsageError("--good last-good picks a commit of --repo; with --package name the good release")
-        options.good, last_good_note = resolve_last_good(options, recipe, repo)
-    check_dependency_options(options, recipe)
-    candidates_range = resolve_candidates(options, repo)
+        spec.range.good, last_good_note = resolve_last_good(spec, recipe, repo)
+    check_dependency_options(spec, recipe)
+    candidates_range = resolve_candidates(spec, repo)
     if last_good_note:
         candidates_range = candidates_range.model_copy(update={"good_ref": LAST_GOOD})
-    if options.held is not None:  # a dependency level: its clone is not the upstream the checks below are for
+    if held_of(spec.level) is not None:  # a dependency level: its clone is not the upstream the checks below are for
         return RunInputs(recipe, repo, earlier_runs, candidates_range, last_good_note)
-    if options.command:
+    if spec.judge.command:
         ends = [candidates_range.base, candidates_range.bad] if candidates_range.kind == "commits" else []
-        options.command = check_command(options.command, repo, ends, options.executor == "docker")
-    builds_images = options.executor == "docker" or (options.executor == "ray" and options.node_executor == "docker")
-    if repo is not None and options.package is None and builds_images and recipe is not None:
+        spec.judge.command = check_command(spec.judge.command, repo, ends, spec.executor.executor == "docker")
+    builds_images = spec.executor.executor == "docker" or (spec.executor.executor == "ray"
+                                                           and spec.executor.node_executor == "docker")
+    if repo is not None and spec.range.package is None and builds_images and recipe is not None:
         from bisect_npu.execute.host import recipe_for_host
 
-        check_dockerfile(repo, recipe_for_host(recipe, options.host).build.dockerfile, candidates_range)
+        check_dockerfile(repo, recipe_for_host(recipe, spec.context.host).build.dockerfile, candidates_range)
     if repo is not None and recipe is not None and candidates_range.kind == "commits":
         from bisect_npu.recipe_check import check_recipe_at_ends, check_support, range_ends
 
-        named_ends = range_ends(options.good, options.bad, candidates_range.good, candidates_range.base,
+        named_ends = range_ends(spec.range.good, spec.range.bad, candidates_range.good, candidates_range.base,
                               candidates_range.bad)
         check_support(recipe, repo, named_ends)
         check_recipe_at_ends(recipe, repo, named_ends)  # a recipe the candidate refuses: an error, not a range of skips
     if repo is not None and candidates_range.kind == "commits":
         from bisect_npu.builders.submodules import check_submodule_pins
 
-        check_laid_in_pins(options, recipe, repo, (candidates_range.base, candidates_range.bad))
+        check_laid_in_pins(spec, recipe, repo, (candidates_range.base, candidates_range.bad))
 
         for end in (candidates_range.base, candidates_range.bad):
             check_submodule_pins(repo, end)  # a clone without its submodules stops here, not at step one
-    if options.workdir:
+    if spec.executor.workdir:
         from bisect_npu.builders.local import check_workdir
 
-        options.workdir = str(Path(options.workdir).resolve())  # resume may start elsewhere
-        check_workdir(Path(options.workdir))
+        spec.executor.workdir = str(Path(spec.executor.workdir).resolve())  # resume may start elsewhere
+        check_workdir(Path(spec.executor.workdir))
     return RunInputs(recipe, repo, earlier_runs, candidates_range, last_good_note)
 
 
-def check_overlay_on_release(options: RunOptions, repo: git.Repo | None) -> None:
+def check_image_options(spec: SessionSpec) -> None:
+    """--base-image-map, --release-images and --overlay-on-release as written: a malformed one is an
+    error now, not at the first build."""
+    from bisect_npu.builders.registry import BaseImageMap
+    from bisect_npu.builders.release_overlay import parse_release
+    from bisect_npu.builders.releases import check_template
+
+    BaseImageMap.parse(spec.executor.base_image_map)
+    if spec.executor.release_images is not None:
+        check_template(spec.executor.release_images)
+    if spec.range.overlay_on_release is not None:
+        parse_release(spec.range.overlay_on_release)
+
+
+def check_overlay_on_release(spec: SessionSpec, repo: git.Repo | None) -> None:
     """`--overlay-on-release`: a commit-level run of this host's processes, on a clone holding the
     release's tag (the compiled inputs each commit changed are counted from it)."""
     from bisect_npu.builders.release_overlay import parse_release
     from bisect_npu.versions import tag_for_version
 
-    assert options.overlay_on_release is not None
-    _package, version = parse_release(options.overlay_on_release)
-    if options.package is not None or repo is None:
+    assert spec.range.overlay_on_release is not None
+    _package, version = parse_release(spec.range.overlay_on_release)
+    if spec.range.package is not None or repo is None:
         raise UsageError("--overlay-on-release runs a clone's commits on a release: give --repo and drop --package "
                          "(`--package --repo` overlays the commits below the release level by itself)")
-    if options.executor != "local":
+    if spec.executor.executor != "local":
         raise UsageError("--overlay-on-release runs each commit as a process on this host: use --executor local")
     tag_for_version(repo, version)
-def check_laid_in_pins(options: RunOptions, recipe: Recipe | None, repo: git.Repo, ends: tuple[str, str]) -> None:
+
+
+def check_laid_in_pins(spec: SessionSpec, recipe: Recipe | None, repo: git.Repo, ends: tuple[str, str]) -> None:
     """A dependency the upstream's build does not install is laid into every candidate at its
     pin: both ends' pins must be in its clone (made now, once) before anything runs."""
     from bisect_npu.builders.base import BuildFailed
     from bisect_npu.builders.dependency import PinnedCommit, open_dependency_clone
     from bisect_npu.orchestration.options import declared_dependencies, dep_repo_of
 
-    for spec in declared_dependencies(options, recipe):
-        if spec.installed_by_image:
+    for dependency in declared_dependencies(spec, recipe):
+        if dependency.installed_by_image:
             continue
-        if options.executor == "ray":
-            raise UsageError(f"dependency {spec.name} is laid into every candidate (installed_by_image: false), which "
-                             "--executor ray's nodes do not do; use --executor local or docker")
-        clone = open_dependency_clone(spec, dep_repo_of(options, spec.name))
-        pinned = PinnedCommit(repo, clone, spec, recipe.build.dockerfile if recipe else "Dockerfile",
+        if spec.executor.executor == "ray":
+            raise UsageError(f"dependency {dependency.name} is laid into every candidate (installed_by_image: false), "
+                             "which --executor ray's nodes do not do; use --executor local or docker")
+        clone = open_dependency_clone(dependency, dep_repo_of(spec, dependency.name))
+        pinned = PinnedCommit(repo, clone, dependency, recipe.build.dockerfile if recipe else "Dockerfile",
                               recipe.build.docker_args if recipe else {})
         for end in ends:
             try:
                 pinned(end)
             except BuildFailed as exc:
-                raise UsageError(f"{exc}; the range's ends must pin {spec.name}, which every candidate is given "
+                raise UsageError(f"{exc}; the range's ends must pin {dependency.name}, which every candidate is given "
                                  "at its pin (installed_by_image: false)") from None
 
 
-def settle_devices(options: RunOptions, cards_per_run: int, host_root: Path = Path("/")) -> None:
-    """With --devices, the host type (`options.host`, from npu-smi) and the host's refusals (an
+def settle_devices(spec: SessionSpec, cards_per_run: int, host_root: Path = Path("/")) -> None:
+    """With --devices, the host type (`spec.context.host`, from npu-smi) and the host's refusals (an
     engine larger than the host, devices it lacks, an A3 NPU's dies split), then the slots, and for
     containers the device and driver files they mount (under `host_root`): what `run` and
     `fix --verify` check alike before anything is built."""
     from bisect_npu.execute.host import check_devices_on_host, check_slot_shares, detect_host
 
-    host = detect_host() if options.devices else None
-    options.host = host.kind if host else None
+    host = detect_host() if spec.executor.devices else None
+    spec.context.host = host.kind if host else None
     if host is not None:
-        cards_per_run = check_devices_on_host(host, options.devices, cards_per_run)  # whole A3 NPUs per slot
-    settle_slots(options, cards_per_run)
-    if host is not None and options.slots:
-        check_slot_shares(host, options.devices, options.slots)
-    if options.devices and options.executor == "docker":
+        cards_per_run = check_devices_on_host(host, spec.executor.devices, cards_per_run)  # whole A3 NPUs per slot
+    settle_slots(spec, cards_per_run)
+    if host is not None and spec.executor.slots:
+        check_slot_shares(host, spec.executor.devices, spec.executor.slots)
+    if spec.executor.devices and spec.executor.executor == "docker":
         from bisect_npu.execute.host_devices import check_host_devices
 
-        check_host_devices(options.devices, host_root)  # the NPU containers' devices and driver files
+        check_host_devices(spec.executor.devices, host_root)  # the NPU containers' devices and driver files
 
 
-def settle_slots(options: RunOptions, cards_per_run: int) -> None:
-    """Decide `options.slots`: each slot's share of --devices must hold one engine (the recipe's
+def settle_slots(spec: SessionSpec, cards_per_run: int) -> None:
+    """Decide `spec.executor.slots`: each slot's share of --devices must hold one engine (the recipe's
     tensor x pipeline x prefill-context x data parallel size); by default as many slots as the cards allow."""
-    cards = len(options.devices)
+    cards = len(spec.executor.devices)
     if not cards:
-        options.slots = options.slots or 1
+        spec.executor.slots = spec.executor.slots or 1
         return
     if cards < cards_per_run:
         raise UsageError(f"the recipe's engine runs on {cards_per_run} cards (its parallel sizes multiplied) "
                          f"but --devices gives {cards}; give at least {cards_per_run}")
-    options.slots = options.slots or cards // cards_per_run
-    if cards // options.slots < cards_per_run:
+    spec.executor.slots = spec.executor.slots or cards // cards_per_run
+    if cards // spec.executor.slots < cards_per_run:
         needs = f"the recipe's engine needs {cards_per_run}" if cards_per_run > 1 else "each slot needs a card"
-        raise UsageError(f"--slots {options.slots} over {cards} card(s) leaves {cards // options.slots} per slot, and "
+        slots = spec.executor.slots
+        raise UsageError(f"--slots {slots} over {cards} card(s) leaves {cards // slots} per slot, and "
                          f"{needs}; use --slots {cards // cards_per_run} or fewer, or give more --devices")
 
 
-def settle_ray_slots(options: RunOptions, cards_per_run: int) -> None:
+def settle_ray_slots(spec: SessionSpec, cards_per_run: int) -> None:
     """`--executor ray`: a recipe's probe on the cluster's nodes; slots default to the engines
     the cluster holds, and an engine larger than every node is refused here, before any run."""
-    if options.command is not None or options.python_oracle is not None or options.package is not None \
-            or options.devices:
+    if spec.judge.command is not None or spec.context.python_oracle is not None or spec.range.package is not None \
+            or spec.executor.devices:
         raise UsageError("--executor ray runs a recipe on a clone's commits, on the cards Ray hands out: drop "
                          "--cmd, --package and --devices (or use --executor local or docker)")
     import importlib.util
@@ -187,48 +207,48 @@ def settle_ray_slots(options: RunOptions, cards_per_run: int) -> None:
         raise UsageError("--executor ray needs Ray on this host and every node: pip install 'bisect-npu[ray]'")
     from bisect_npu.execute.ray import settle_slots as settle_on_cluster
 
-    options.slots = settle_on_cluster(options.ray_address, cards_per_run, options.slots)
+    spec.executor.slots = settle_on_cluster(spec.executor.ray_address, cards_per_run, spec.executor.slots)
 
 
-def resolve_candidates(options: RunOptions, repo: git.Repo | None) -> CandidateRange:
+def resolve_candidates(spec: SessionSpec, repo: git.Repo | None) -> CandidateRange:
     """The journal header's `range`: commits of a repository, or published versions of a package."""
-    if options.package:
+    if spec.range.package:
         from bisect_npu import versions
 
-        vrange = versions.resolve_version_range(options.package, options.good, options.bad,
-                                                include_prereleases=options.prereleases,
-                                                index_url=options.index_url)
+        vrange = versions.resolve_version_range(spec.range.package, spec.range.good, spec.range.bad,
+                                                include_prereleases=spec.range.prereleases,
+                                                index_url=spec.range.index_url)
         candidates = [*vrange.candidates, vrange.bad]
-        titles = {**vrange.titles, vrange.good: f"{options.package} {vrange.good}",
-                  vrange.bad: f"{options.package} {vrange.bad}"}
-        return CandidateRange(kind="versions", package=options.package, good=vrange.good, bad=vrange.bad,
-                              base=vrange.good, good_ref=options.good, bad_ref=options.bad, candidates=candidates,
+        titles = {**vrange.titles, vrange.good: f"{spec.range.package} {vrange.good}",
+                  vrange.bad: f"{spec.range.package} {vrange.bad}"}
+        return CandidateRange(kind="versions", package=spec.range.package, good=vrange.good, bad=vrange.bad,
+                              base=vrange.good, good_ref=spec.range.good, bad_ref=spec.range.bad, candidates=candidates,
                               titles=titles, groups=vrange.groups)
     assert repo is not None
-    if options.merge_scope is not None:
-        return _merged_candidates(options, repo)
-    brange = history.resolve_range(repo, options.good, options.bad)
+    if scope_of(spec.level) is not None:
+        return _merged_candidates(spec, repo)
+    brange = history.resolve_range(repo, spec.range.good, spec.range.bad)
     if not brange.candidates:
-        raise UsageError(f"nothing to bisect between {options.good} and {options.bad}")
+        raise UsageError(f"nothing to bisect between {spec.range.good} and {spec.range.bad}")
     facts = history.commits_facts(repo, [brange.base, *brange.candidates])
-    weights = {} if options.first_parent_only else history.brought_in(repo, brange.candidates, [brange.good])
-    return CandidateRange(kind="commits", good=brange.good, bad=brange.bad, base=brange.base, good_ref=options.good,
-                          bad_ref=options.bad, merge_base_note=brange.merge_base_note,
+    weights = {} if spec.search.first_parent_only else history.brought_in(repo, brange.candidates, [brange.good])
+    return CandidateRange(kind="commits", good=brange.good, bad=brange.bad, base=brange.base, good_ref=spec.range.good,
+                          bad_ref=spec.range.bad, merge_base_note=brange.merge_base_note,
                           candidates=list(brange.candidates), titles={f.sha: f.title for f in facts},
                           prs={f.sha: f.pr for f in facts if f.pr}, brought_in=weights)
 
 
-def _merged_candidates(options: RunOptions, repo: git.Repo) -> CandidateRange:
+def _merged_candidates(spec: SessionSpec, repo: git.Repo) -> CandidateRange:
     """A merge level's range: the merge's first parent as the good end, what it brought in as the
     candidates (`history.merged_line`), the merge itself last; merges among them weighed."""
-    scope = options.merge_scope
+    scope = scope_of(spec.level)
     assert scope is not None
-    merge, first = scope.merges[-1], options.good
+    merge, first = scope.merges[-1], spec.range.good
     goods = [first, *scope.goods]
     line = history.merged_line(repo, merge, scope.goods)
     facts = history.commits_facts(repo, [first, *line, *scope.merges[:-1]])
-    return CandidateRange(kind="commits", good=first, bad=merge, base=first, good_ref=options.good,
-                          bad_ref=options.bad, candidates=list(line), titles={f.sha: f.title for f in facts},
+    return CandidateRange(kind="commits", good=first, bad=merge, base=first, good_ref=spec.range.good,
+                          bad_ref=spec.range.bad, candidates=list(line), titles={f.sha: f.title for f in facts},
                           prs={f.sha: f.pr for f in facts if f.pr},
                           brought_in=history.brought_in(repo, line[:-1], goods))
 

@@ -2,9 +2,9 @@
 evaluation, and the journal of both.
 
 Nothing else lives here: `levels` runs the sessions of a bisection's levels and its fix stage;
-`options`, `preflight`, `wiring` and `costs` are rooms of their own, as are `search`, `evaluate`,
-`oracle`, `journal` and `report`. The journal is the only state: a session killed at any moment
-resumes from it without redoing a finished step or trial.
+`options` (the session's request and level), `preflight`, `wiring` and `costs` are rooms of their
+own, as are `search`, `evaluate`, `oracle`, `journal` and `report`. The journal is the only state:
+a session killed at any moment resumes from it without redoing a finished step or trial.
 """
 
 from __future__ import annotations
@@ -29,10 +29,11 @@ from bisect_npu.execute.base import Executor
 from bisect_npu.execute.host import host_changes
 from bisect_npu.execute.inprocess import Oracle
 from bisect_npu.journal import DEFAULT_ROOT, Journal, latest_session, new_session_dir
+from bisect_npu.level import held_of, scope_of
 from bisect_npu.orchestration.costs import measured_costs, told_costs
 from bisect_npu.orchestration.evaluate import EvaluationRequest, Evaluator, StepResult
 from bisect_npu.orchestration.memory import Memory, command_changed, command_oracle, open_memory
-from bisect_npu.orchestration.options import RunOptions, earlier_runs_for_search, earlier_runs_spec
+from bisect_npu.orchestration.options import SessionSpec, earlier_runs_for_search, earlier_runs_spec
 from bisect_npu.orchestration.preflight import check_run, settle_slots
 from bisect_npu.orchestration.wiring import load_golden, session_evaluator
 from bisect_npu.progress import PlainProgress, Progress
@@ -82,28 +83,28 @@ def _stop_leftovers(evaluator: Evaluator, progress: Progress) -> None:
         progress.note(f"stopped {stopped} leftover container(s) or process(es) of a killed earlier run")
 
 
-def _github_of(options: RunOptions, recipe: Recipe | None, repo: git.Repo | None) -> str | None:
+def _github_of(spec: SessionSpec, recipe: Recipe | None, repo: git.Repo | None) -> str | None:
     """Where the report links commits and pull requests: the clone's GitHub remote; for a
     dependency level on a clone without one, the dependency's declared url."""
     from bisect_npu.orchestration.options import declared_dependencies
 
-    if repo is None or options.package is not None:
+    if repo is None or spec.range.package is not None:
         return None
     found = history.github_url(repo)
-    if found is None and options.held is not None:
-        spec = next((d for d in declared_dependencies(options, recipe) if d.name == options.held.dependency), None)
-        found = history.github_base(spec.url) if spec is not None and spec.url else None
+    if found is None and (held := held_of(spec.level)) is not None:
+        dependency = next((d for d in declared_dependencies(spec, recipe) if d.name == held.dependency), None)
+        found = history.github_base(dependency.url) if dependency is not None and dependency.url else None
     return found
 
 
 class Session:
     """One bisection over a resolved range, driven step by step from the journal."""
 
-    def __init__(self, journal: Journal, options: RunOptions, repo: git.Repo | None, recipe: Recipe | None,
+    def __init__(self, journal: Journal, spec: SessionSpec, repo: git.Repo | None, recipe: Recipe | None,
                  evaluator: Evaluator, progress: Progress, memory: Memory | None = None) -> None:
         self.journal = journal
         self.memory = memory
-        self.options = options
+        self.spec = spec
         self.repo = repo
         self.recipe = recipe
         self.evaluator = evaluator
@@ -115,44 +116,46 @@ class Session:
         self._lock = threading.Lock()
         self._store_lock = threading.Lock()  # one slot at a time reads or writes a position's stored verdict
         self._told: dict[str, float] = {}  # the costs the search was told for the round being run
-        self.earlier_runs = earlier_runs_spec(options, recipe)
+        self.earlier_runs = earlier_runs_spec(spec, recipe)
         if recipe is not None and recipe.reference.kind == "golden":
             evaluator.reference = load_golden(recipe)
 
     # -- construction -------------------------------------------------------------------------
 
     @classmethod
-    def start(cls, options: RunOptions, session_dir: Path | None = None, root: Path = DEFAULT_ROOT,
+    def start(cls, spec: SessionSpec, session_dir: Path | None = None, root: Path = DEFAULT_ROOT,
               progress: Progress | None = None, builder: Builder | None = None,
               executor: Executor | None = None, parent: Path | None = None, oracle: Oracle | None = None) -> Session:
-        """Check the options before anything is made (`preflight`), then create the journal and the
+        """Check the request before anything is made (`preflight`), then create the journal and the
         evaluator (`oracle`: the Python callable of a session started through bisect_npu.api)."""
-        inputs = check_run(options)
+        inputs = check_run(spec)
         recipe, repo, candidates_range = inputs.recipe, inputs.repo, inputs.candidates_range
         session_dir = (session_dir or new_session_dir(root)).resolve()
         progress = progress or PlainProgress()
-        memory = open_memory(options, recipe, session_dir, _reference(recipe, candidates_range.base), progress)
+        memory = open_memory(spec, recipe, session_dir, _reference(recipe, candidates_range.base), progress)
         if inputs.last_good_note:
             progress.note(inputs.last_good_note)
         header = HeaderRecord(
             schema_version=JOURNAL_SCHEMA_VERSION,
             tool_version=__version__,
-            options=options.to_header(),
+            request=spec.request.settled(),
+            level=spec.level,
+            context=spec.context.model_copy(),
             recipe_digest=recipe.digest() if recipe else None,
-            mode=options.mode or (recipe.trials.mode if recipe else "exact"),  # what the search ran in
+            mode=spec.search.mode or (recipe.trials.mode if recipe else "exact"),  # what the search ran in
             earlier_runs=EarlierRunsCounts(**inputs.earlier_runs.model_dump()) if inputs.earlier_runs else None,
             range=candidates_range,
-            github=_github_of(options, recipe, repo),
+            github=_github_of(spec, recipe, repo),
             parent_session=str(parent) if parent else None,
-            host_changes=host_changes(recipe, options.host) if recipe else {},
-            command_oracle=command_oracle(options),
+            host_changes=host_changes(recipe, spec.context.host) if recipe else {},
+            command_oracle=command_oracle(spec),
         )
         journal = Journal.create(session_dir, header)
         if candidates_range.merge_base_note:
             progress.note(candidates_range.merge_base_note)
-        evaluator = session_evaluator(options, repo, recipe, session_dir, builder, executor, oracle)
+        evaluator = session_evaluator(spec, repo, recipe, session_dir, builder, executor, oracle)
         _stop_leftovers(evaluator, progress)
-        return cls(journal, options, repo, recipe, evaluator, progress, memory)
+        return cls(journal, spec, repo, recipe, evaluator, progress, memory)
 
     @classmethod
     def resume(cls, session_dir: Path | None = None, root: Path = DEFAULT_ROOT, progress: Progress | None = None,
@@ -160,45 +163,50 @@ class Session:
                oracle: Oracle | None = None) -> Session:
         session_dir = (session_dir or latest_session(root)).resolve()
         journal = Journal.open(session_dir)
-        options = RunOptions.from_header(journal.header.options)
-        recipe = load_recipe(options.recipe) if options.recipe else None
+        header = journal.header
+        spec = SessionSpec(header.request.settled(), header.level, header.context.model_copy())
+        recipe = load_recipe(spec.judge.recipe) if spec.judge.recipe else None
         if recipe is not None and recipe.digest() != journal.header.recipe_digest:
             journal.close()
-            raise UsageError(f"recipe {options.recipe} changed since the session started; "
+            raise UsageError(f"recipe {spec.judge.recipe} changed since the session started; "
                              "start a new session with `bisect-npu run` (results would mix two bad cases)")
-        repo = history.open_repo(options.repo, remedy=(
+        repo = history.open_repo(spec.range.repo, remedy=(
             "the session's repository was moved or removed; put it back there to resume, or start a new "
-            "session with `bisect-npu run`")) if options.repo else None
-        if changed := command_changed(options, journal.header.command_oracle):
+            "session with `bisect-npu run`")) if spec.range.repo else None
+        if changed := command_changed(spec, journal.header.command_oracle):
             journal.close()
-            raise UsageError(f"command {shlex.join(options.command or [])!r} changed since the session started "
+            raise UsageError(f"command {shlex.join(spec.judge.command or [])!r} changed since the session started "
                              f"({', '.join(changed)}); start a new session with `bisect-npu run` (results would mix "
                              "two oracles)")
         progress = progress or PlainProgress()
         try:
-            memory = open_memory(options, recipe, session_dir, _reference(recipe, journal.header.range.base), progress)
+            memory = open_memory(spec, recipe, session_dir, _reference(recipe, journal.header.range.base), progress)
         except UsageError:
             journal.close()
             raise
         if journal.dropped_tail:
             progress.note("dropped a torn last journal line (the previous run was killed mid-write)")
         per_run = recipe.cards_per_run() if recipe else 1
-        if options.devices and len(options.devices) // (options.slots or 1) < per_run:
+        if spec.executor.devices and len(spec.executor.devices) // (spec.executor.slots or 1) < per_run:
             # A session started before slots followed the engine's size: one card per slot.
-            options.slots = None
-            settle_slots(options, per_run)
-            progress.note(f"{options.slots} slot(s): the recipe's engine needs {per_run} of the "
-                          f"{len(options.devices)} cards")
-        evaluator = session_evaluator(options, repo, recipe, session_dir, builder, executor, oracle)
+            spec.executor.slots = None
+            settle_slots(spec, per_run)
+            progress.note(f"{spec.executor.slots} slot(s): the recipe's engine needs {per_run} of the "
+                          f"{len(spec.executor.devices)} cards")
+        evaluator = session_evaluator(spec, repo, recipe, session_dir, builder, executor, oracle)
         _stop_leftovers(evaluator, progress)
-        return cls(journal, options, repo, recipe, evaluator, progress, memory)
+        return cls(journal, spec, repo, recipe, evaluator, progress, memory)
 
     # -- state from the journal -----------------------------------------------------------------
 
     @property
     def slots(self) -> int:
         """Candidates tested at once (settled when the run started)."""
-        return max(1, self.options.slots or 1)
+        return max(1, self.spec.executor.slots or 1)
+
+    @property
+    def check_ends(self) -> bool:
+        return self.spec.level.checks_ends(self.spec.search.check_ends, noisy=self.mode == "noisy")
 
     @property
     def n(self) -> int:
@@ -209,13 +217,13 @@ class Session:
 
     @property
     def mode(self) -> Literal["exact", "noisy"]:
-        if self.options.mode:
-            return self.options.mode
+        if self.spec.search.mode:
+            return self.spec.search.mode
         return self.recipe.trials.mode if self.recipe else "exact"
 
     def problem(self) -> search.SearchProblem:
-        confidence = self.options.confidence or (self.recipe.trials.confidence if self.recipe else 0.99)
-        earlier = (earlier_runs_for_search(self.earlier_runs, find_fix=self.options.find_fix)
+        confidence = self.spec.search.confidence or (self.recipe.trials.confidence if self.recipe else 0.99)
+        earlier = (earlier_runs_for_search(self.earlier_runs, find_fix=self.spec.search.find_fix)
                    if self.earlier_runs else None)
         # Costs in the search's unit, measured from the journal, so a resumed session weighs as
         # the interrupted one did. Which groups have an image is asked of the builder: those are
@@ -224,7 +232,7 @@ class Session:
         load_cost, build_cost, overlay_cost = measured_costs(
             self.journal.entries, self.recipe.trials if self.recipe else None, noisy=self.mode == "noisy",
             batches=self.evaluator.batches, grouped=bool(groups))
-        return search.SearchProblem(n=self.n, mode=self.mode, check_ends=self.options.check_ends,
+        return search.SearchProblem(n=self.n, mode=self.mode, check_ends=self.check_ends,
                                     slots=self.slots, confidence=confidence, earlier_runs=earlier,
                                     load_cost=load_cost, build_cost=build_cost, build_groups=groups,
                                     prebuilt_groups=self.prebuilt_groups(), overlay_cost=overlay_cost,
@@ -263,7 +271,7 @@ class Session:
     def _search_term(self, kind: str) -> Literal["good", "bad", "skip"]:
         """The oracle says whether the symptom shows; with --find-fix the search looks for where it
         stops showing, so "symptom" is the old state (good) and "no symptom" the new one (bad)."""
-        if self.options.find_fix and kind != "skip":
+        if self.spec.search.find_fix and kind != "skip":
             return "good" if kind == "bad" else "bad"
         return kind  # type: ignore[return-value]
 
@@ -557,9 +565,9 @@ class Session:
         if isinstance(decision, search.Found):
             culprit = self.commit_at(decision.index)
             title = self.titles.get(culprit, "")
-            what = "release" if self.options.package else "commit"
-            message = f"first {'fixed' if self.options.find_fix else 'bad'} {what}: {culprit[:12]} {title}"
-            if (scope := self.options.merge_scope) is not None:
+            what = self.spec.level.name
+            message = f"first {'fixed' if self.spec.search.find_fix else 'bad'} {what}: {culprit[:12]} {title}"
+            if (scope := scope_of(self.spec.level)) is not None:
                 message += (" (the merge itself: each side is good without the other)" if culprit == scope.merges[-1]
                             else f" (came in through merge {' -> '.join(m[:12] for m in scope.merges)})")
             end = EndRecord(status="found", culprit=culprit, index=decision.index, confidence=decision.confidence,
@@ -568,7 +576,7 @@ class Session:
                                    message=message, steps=steps)
         elif isinstance(decision, search.Narrowed):
             lo, hi = self.commit_at(decision.lo), self.commit_at(decision.hi)
-            sought = "fix" if self.options.find_fix else "culprit"
+            sought = "fix" if self.spec.search.find_fix else "culprit"
             message = (f"the {sought} is one of {decision.hi - decision.lo} commits in ({lo[:12]}, {hi[:12]}]: "
                        "the commits between could not be tested (skipped)")
             end = EndRecord(status="narrowed", lo=lo, hi=hi, lo_index=decision.lo, hi_index=decision.hi,
@@ -577,16 +585,16 @@ class Session:
                                    message=message, steps=steps)
         else:
             assert isinstance(decision, search.EndsWrong)
-            ref = self.options.good if decision.which == "good" else self.options.bad
+            ref = self.spec.range.good if decision.which == "good" else self.spec.range.bad
             end_index = 0 if decision.which == "good" else self.n
             # --find-fix names the ends old (broken) and new (fixed), as the user gave them.
-            name = ("old" if decision.which == "good" else "new") if self.options.find_fix else decision.which
+            name = ("old" if decision.which == "good" else "new") if self.spec.search.find_fix else decision.which
             if self.evidence().get(end_index, search.Evidence()).skipped:
                 reason = next((e.verdict.reason for e in reversed(self._finished_steps())
                                if e.index == end_index), "")
                 message = (f"precondition failed: the {name} end {ref} could not be tested ({reason}); "
                            "fix the build or the recipe for that commit, or choose another end")
-            elif self.options.find_fix:
+            elif self.spec.search.find_fix:
                 state = "does not show the symptom" if decision.which == "good" else "still shows the symptom"
                 message = (f"precondition failed: the {name} end {ref} {state}; with --find-fix the old end must "
                            f"be broken and the new end fixed (or pass --no-check-ends)")
@@ -601,8 +609,8 @@ class Session:
                 else:
                     judged = "showed the symptom about as often as the bad end (the report's evidence has the counts)"
                 message = (f"precondition failed: the {decision.which} end {ref} {judged}; "
-                           f"check the {oracle} reproduces the problem at {self.options.bad} and not at "
-                           f"{self.options.good}, or pass --no-check-ends")
+                           f"check the {oracle} reproduces the problem at {self.spec.range.bad} and not at "
+                           f"{self.spec.range.good}, or pass --no-check-ends")
             log, output = self._end_run(end_index)
             message += f" (its run's log: {log})" if log else ""
             end = EndRecord(status="ends_wrong", which=decision.which, figures=decision.figures)

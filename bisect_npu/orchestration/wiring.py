@@ -1,6 +1,6 @@
 """What a session evaluates candidates with, made from its options and recipe: the builder,
 executor and Evaluator (also outside a bisection, for `fix --verify`, with the scratch that run
-works in) and a golden reference. The one place that reads RunOptions to make them: the builders
+works in) and a golden reference. The one place that makes them from a session's spec: the builders
 and executors take plain arguments."""
 
 from __future__ import annotations
@@ -26,16 +26,18 @@ from bisect_npu.contracts import Observation, Verdict
 from bisect_npu.errors import InfrastructureError, UsageError
 from bisect_npu.execute.base import Executor
 from bisect_npu.journal import DEFAULT_ROOT, new_session_dir, session_label
+from bisect_npu.level import held_of, overlay_of
 from bisect_npu.orchestration.evaluate import EvaluationRequest, Evaluator
-from bisect_npu.orchestration.options import RunOptions
+from bisect_npu.orchestration.options import SessionSpec
 from bisect_npu.recipe import InstallPlan, Recipe, load_recipe
+from bisect_npu.request import RunRequest
 
 if TYPE_CHECKING:
     from bisect_npu.execute.docker import ContainerSpec
     from bisect_npu.execute.inprocess import Oracle
 
 
-def session_evaluator(options: RunOptions, repo: git.Repo | None, recipe: Recipe | None, session_dir: Path,
+def session_evaluator(spec: SessionSpec, repo: git.Repo | None, recipe: Recipe | None, session_dir: Path,
                       builder: Builder | None, executor: Executor | None, oracle: Oracle | None = None) -> Evaluator:
     """A session's Evaluator: the builder and executor given (tests, the demo) or made for the
     options, the builder wrapped to give runs on the NPUs their candidate's own switches
@@ -43,31 +45,32 @@ def session_evaluator(options: RunOptions, repo: git.Repo | None, recipe: Recipe
     is the Python callable a session started through bisect_npu.api judges with."""
     from bisect_npu.execute.host import recipe_for_host
 
-    recipe = recipe_for_host(recipe, options.host) if recipe else None  # the host's image variant and dtype
-    workdir = (Path(options.workdir) / session_label(session_dir) if options.workdir
+    recipe = recipe_for_host(recipe, spec.context.host) if recipe else None  # the host's image variant and dtype
+    workdir = (Path(spec.executor.workdir) / session_label(session_dir) if spec.executor.workdir
                else session_dir / "worktrees")
     if builder is None or executor is None:
         # A dependency-level session builds the held upstream commit; its candidates are the dependency's.
-        build_repo = history.open_repo(options.held.repo) if options.held else repo
-        made_builder, made_executor = make_environment(options, build_repo, recipe, session_dir, workdir, oracle)
+        held = held_of(spec.level)
+        build_repo = history.open_repo(held.repo) if held else repo
+        made_builder, made_executor = make_environment(spec, build_repo, recipe, session_dir, workdir, oracle)
         builder = builder or made_builder
         executor = executor or made_executor
-    builder = with_dependencies(options, repo, recipe, builder)
-    if options.devices and repo is not None and options.package is None:
+    builder = with_dependencies(spec, repo, recipe, builder)
+    if spec.executor.devices and repo is not None and spec.range.package is None:
         from bisect_npu.builders.switches import SwitchingBuilder
 
-        builder = SwitchingBuilder(builder, repo, options.host, recipe.environment if recipe else None)
-    if options.prefetch if options.prefetch is not None else bool(options.devices):
+        builder = SwitchingBuilder(builder, repo, spec.context.host, recipe.environment if recipe else None)
+    if spec.executor.prefetch if spec.executor.prefetch is not None else bool(spec.executor.devices):
         from bisect_npu.builders.prefetch import Prefetcher
 
         builder = Prefetcher(builder, session_dir / "prefetch")
     # A Python oracle goes the way of a command; its executor logs the name given as the argv.
-    command = [options.python_oracle] if options.python_oracle else options.command
-    return Evaluator(builder, executor, session_dir, recipe=recipe, command=command, timeout_s=options.timeout_s,
-                     timeout_is=options.timeout_is)
+    command = [spec.context.python_oracle] if spec.context.python_oracle else spec.judge.command
+    return Evaluator(builder, executor, session_dir, recipe=recipe, command=command, timeout_s=spec.judge.timeout_s,
+                     timeout_is=spec.judge.timeout_is)
 
 
-def with_dependencies(options: RunOptions, repo: git.Repo | None, recipe: Recipe | None, builder: Builder) -> Builder:
+def with_dependencies(spec: SessionSpec, repo: git.Repo | None, recipe: Recipe | None, builder: Builder) -> Builder:
     """`builder` with the declared dependencies' trees laid in (builders/dependency.py): at a
     dependency level, the candidate's tree into the held upstream commit's build; at an upstream
     level, each candidate's pinned tree for a dependency its build does not install."""
@@ -75,45 +78,45 @@ def with_dependencies(options: RunOptions, repo: git.Repo | None, recipe: Recipe
     from bisect_npu.orchestration.options import declared_dependencies, dep_repo_of
     from bisect_npu.paths import cache_root
 
-    declared = declared_dependencies(options, recipe)
+    declared = declared_dependencies(spec, recipe)
     layers = builder if isinstance(builder, Layers) else None  # a DockerBuilder: a layer on the upstream's image
     trees = cache_root() / "dependency-trees"
-    if options.held is not None:
-        held = options.held
-        spec = next((d for d in declared if d.name == held.dependency), None)
-        if spec is None or repo is None:
+    if (held := held_of(spec.level)) is not None:
+        dependency = next((d for d in declared if d.name == held.dependency), None)
+        if dependency is None or repo is None:
             raise UsageError(f"session of dependency {held.dependency}: the recipe no longer declares it; resume "
                              "with the recipe the session started with")
-        return DependencyBuilder(builder, spec, repo, lambda _: held.commit, lambda commit: commit, trees / spec.name,
-                                 layers)
-    if repo is None or options.package:
+        commit = held.commit
+        return DependencyBuilder(builder, dependency, repo, lambda _: commit, lambda candidate: candidate,
+                                 trees / dependency.name, layers)
+    if repo is None or spec.range.package:
         return builder
     dockerfile = recipe.build.dockerfile if recipe else "Dockerfile"
     build_args = recipe.build.docker_args if recipe else {}
-    for spec in declared:
-        if not spec.installed_by_image:
-            clone = open_dependency_clone(spec, dep_repo_of(options, spec.name))
-            builder = DependencyBuilder(builder, spec, clone, lambda commit: commit,
-                                        PinnedCommit(repo, clone, spec, dockerfile, build_args), trees / spec.name,
-                                        layers)
+    for dependency in declared:
+        if not dependency.installed_by_image:
+            clone = open_dependency_clone(dependency, dep_repo_of(spec, dependency.name))
+            builder = DependencyBuilder(builder, dependency, clone, lambda commit: commit,
+                                        PinnedCommit(repo, clone, dependency, dockerfile, build_args),
+                                        trees / dependency.name, layers)
     return builder
 
 
-def make_environment(options: RunOptions, repo: git.Repo | None, recipe: Recipe | None, session_dir: Path,
+def make_environment(spec: SessionSpec, repo: git.Repo | None, recipe: Recipe | None, session_dir: Path,
                      workdir: Path, oracle: Oracle | None = None) -> tuple[Builder, Executor]:
     """The builder and executor for `--executor local|docker`, or for a Python oracle."""
-    if options.python_oracle:
-        return _python_oracle_environment(options, repo, session_dir, workdir, oracle)
+    if spec.context.python_oracle:
+        return _python_oracle_environment(spec, repo, session_dir, workdir, oracle)
     env = dict(recipe.environment) if recipe else {}
-    if options.package:
-        return release_venvs(options.package, options, recipe), _local_executor(options, env, [], session_dir)
+    if spec.range.package:
+        return release_venvs(spec.range.package, spec, recipe), _local_executor(spec, env, [], session_dir)
     assert repo is not None
-    if options.overlay_on_release:
-        return (release_overlay_builder(options, repo, recipe, workdir),
-                _local_executor(options, env, ["."], session_dir))  # "." is the overlay: first on PYTHONPATH
-    if options.executor == "ray":
-        return ray_environment(options, repo, recipe, session_dir, workdir)
-    if options.executor == "local":
+    if overlay_of(spec.level):
+        return (release_overlay_builder(spec, repo, recipe, workdir),
+                _local_executor(spec, env, ["."], session_dir))  # "." is the overlay: first on PYTHONPATH
+    if spec.executor.executor == "ray":
+        return ray_environment(spec, repo, recipe, session_dir, workdir)
+    if spec.executor.executor == "local":
         from bisect_npu.builders.local import LocalBuilder
         from bisect_npu.execute.local import OWNER_ENV
 
@@ -123,29 +126,30 @@ def make_environment(options: RunOptions, repo: git.Repo | None, recipe: Recipe 
         owner = str(session_dir.resolve())
         return (LocalBuilder(repo, workdir.resolve(), build_command, {**env, OWNER_ENV: owner},  # builds too
                              artifacts_dir=session_dir.resolve() / "build-outputs" if reuse else None),
-                _local_executor(options, env, python_paths, session_dir))
-    return _docker_environment(options, repo, recipe, session_dir)
+                _local_executor(spec, env, python_paths, session_dir))
+    return _docker_environment(spec, repo, recipe, session_dir)
 
 
-def release_venvs(package: str, options: RunOptions, recipe: Recipe | None) -> Builder:
+def release_venvs(package: str, spec: SessionSpec, recipe: Recipe | None) -> Builder:
     """The cached venvs of a package's releases (`--package`, and what overlays stand on)."""
     from bisect_npu.builders.venv import VenvBuilder, default_venv_cache
 
     plan = recipe.install if recipe else InstallPlan()
-    return VenvBuilder(package, plan, default_venv_cache(), int(options.cache_size_gb * 2**30))
+    return VenvBuilder(package, plan, default_venv_cache(), int(spec.executor.cache_size_gb * 2**30))
 
 
-def release_overlay_builder(options: RunOptions, repo: git.Repo, recipe: Recipe | None, workdir: Path) -> Builder:
+def release_overlay_builder(spec: SessionSpec, repo: git.Repo, recipe: Recipe | None, workdir: Path) -> Builder:
     """`--overlay-on-release PACKAGE==VERSION`: each commit's Python tree over that release's venv."""
     from bisect_npu.builders.release_overlay import ReleaseOverlayBuilder, parse_release
 
-    assert options.overlay_on_release is not None
-    package, version = parse_release(options.overlay_on_release)
-    return ReleaseOverlayBuilder(repo, release_venvs(package, options, recipe), package, version, workdir.resolve(),
+    release = overlay_of(spec.level)
+    assert release is not None
+    package, version = parse_release(release)
+    return ReleaseOverlayBuilder(repo, release_venvs(package, spec, recipe), package, version, workdir.resolve(),
                                  env=dict(recipe.environment) if recipe else {})
 
 
-def overlay_release_for(options: RunOptions, recipe: Recipe | None, repo: git.Repo, version: str, ref: str,
+def overlay_release_for(spec: SessionSpec, recipe: Recipe | None, repo: git.Repo, version: str, ref: str,
                         log_dir: Path) -> str | None:
     """`PACKAGE==VERSION` when the commits below the release level can run as overlays on
     `version`'s venv (cached by the release level): the repository holds the release's import
@@ -153,16 +157,16 @@ def overlay_release_for(options: RunOptions, recipe: Recipe | None, repo: git.Re
     from bisect_npu.builders.base import BuildFailed
     from bisect_npu.builders.release_overlay import package_paths, release_part
 
-    assert options.package is not None
+    assert spec.range.package is not None
     try:
-        venv = release_venvs(options.package, options, recipe).acquire(version, log_dir)
-        part = release_part(Path(venv.path or ""), options.package)
+        venv = release_venvs(spec.range.package, spec, recipe).acquire(version, log_dir)
+        part = release_part(Path(venv.path or ""), spec.range.package)
     except BuildFailed:
         return None
-    return f"{options.package}=={version}" if package_paths(repo, ref, part.packages) else None
+    return f"{spec.range.package}=={version}" if package_paths(repo, ref, part.packages) else None
 
 
-def _docker_environment(options: RunOptions, repo: git.Repo, recipe: Recipe | None,
+def _docker_environment(spec: SessionSpec, repo: git.Repo, recipe: Recipe | None,
                         session_dir: Path) -> tuple[Builder, Executor]:
     """The builder and executor for `--executor docker`; the session's containers are swept
     when the process exits."""
@@ -173,19 +177,20 @@ def _docker_environment(options: RunOptions, repo: git.Repo, recipe: Recipe | No
     from bisect_npu.execute.docker import DockerExecutor
 
     client = connect_engine()
-    cache = ImageCache(client, int(options.cache_size_gb * (1 << 30)))
+    cache = ImageCache(client, int(spec.executor.cache_size_gb * (1 << 30)))
     build_args = dict(recipe.build.docker_args) if recipe else {}
-    base_images = BaseImageMap.parse(options.base_image_map, recipe.build.base_image_map if recipe else None)
+    base_images = BaseImageMap.parse(spec.executor.base_image_map, recipe.build.base_image_map if recipe else None)
     builder = DockerBuilder(repo, client, build_args=build_args, cache=cache,
                             dockerfile=recipe.build.dockerfile if recipe else "Dockerfile", base_images=base_images,
-                            release_images=options.release_images or (recipe.build.release_images if recipe else None))
-    executor = DockerExecutor(client, container_spec_factory(options, recipe), session_id=session_label(session_dir),
-                              device_pool=device_pool(options.devices, options.slots))
+                            release_images=spec.executor.release_images
+                            or (recipe.build.release_images if recipe else None))
+    executor = DockerExecutor(client, container_spec_factory(spec, recipe), session_id=session_label(session_dir),
+                              device_pool=device_pool(spec.executor.devices, spec.executor.slots))
     atexit.register(executor.close)
     return builder, executor
 
 
-def container_spec_factory(options: RunOptions, recipe: Recipe | None) -> Callable[[str, Path], ContainerSpec]:
+def container_spec_factory(spec: SessionSpec, recipe: Recipe | None) -> Callable[[str, Path], ContainerSpec]:
     """What each candidate's container gets: with `--devices` the NPUs (execute/ascend.py), else
     a plain CPU container (the demo); the recipe's environment and model mount either way."""
     from bisect_npu.execute.ascend import ascend_container_spec
@@ -194,9 +199,9 @@ def container_spec_factory(options: RunOptions, recipe: Recipe | None) -> Callab
     env = dict(recipe.environment) if recipe else {}
     host_model = Path(recipe.model.host_path) if recipe and recipe.model.host_path else None
     model_path = recipe.model.path if recipe else None
-    if options.devices:
-        return functools.partial(ascend_container_spec, devices=list(options.devices),
-                                 model_dir=host_model, model_path=model_path, env=env, host=options.host)
+    if spec.executor.devices:
+        return functools.partial(ascend_container_spec, devices=list(spec.executor.devices),
+                                 model_dir=host_model, model_path=model_path, env=env, host=spec.context.host)
 
     def cpu_spec(image: str, out_dir: Path) -> ContainerSpec:
         spec = plain_container_spec(image, out_dir)
@@ -208,56 +213,56 @@ def container_spec_factory(options: RunOptions, recipe: Recipe | None) -> Callab
     return cpu_spec
 
 
-def _python_oracle_environment(options: RunOptions, repo: git.Repo | None, session_dir: Path, workdir: Path,
+def _python_oracle_environment(spec: SessionSpec, repo: git.Repo | None, session_dir: Path, workdir: Path,
                                oracle: Oracle | None) -> tuple[Builder, Executor]:
     """A checkout per candidate (nothing built) and the callable judging it in this process."""
     from bisect_npu.builders.local import LocalBuilder
     from bisect_npu.execute.inprocess import CallableExecutor
 
     if oracle is None:
-        name = options.python_oracle or ""
+        name = spec.context.python_oracle or ""
         raise UsageError(f"session {session_dir} was judged by the Python callable {name} (given through "
                          "bisect_npu.api), which a journal cannot hold, so `bisect-npu resume` cannot continue it; "
                          f"call bisect_npu.api.bisect(..., oracle={name.rpartition(':')[2]}, "
                          f"session_dir={str(session_dir)!r}) with the callable again")
-    if options.executor != "local" or repo is None:
+    if spec.executor.executor != "local" or repo is None:
         raise UsageError("a Python oracle judges a local checkout of each commit: use executor='local' and a "
                          "repository")
     return LocalBuilder(repo, workdir.resolve()), CallableExecutor(oracle)
 
 
-def ray_environment(options: RunOptions, repo: git.Repo, recipe: Recipe | None, session_dir: Path,
+def ray_environment(spec: SessionSpec, repo: git.Repo, recipe: Recipe | None, session_dir: Path,
                     workdir: Path) -> tuple[Builder, Executor]:
     """`--executor ray`: each node builds in its own part of the session (a worktree, or an image
     of its own engine with --node-executor docker) and runs the probe as `--executor local|docker`
     does, on the cards Ray gave the batch (made there by the factories below)."""
     from bisect_npu.execute.ray import RayExecutor, RemoteBuilds
 
-    on_nodes = options.model_copy(update={"executor": options.node_executor, "devices": [], "slots": 1})
+    on_nodes = spec.with_executor(executor=spec.executor.node_executor, devices=[], slots=1)
     keys, _ = make_environment(on_nodes, repo, recipe, session_dir, workdir)
     return (RemoteBuilds(keys),
-            RayExecutor(options.ray_address, recipe.cards_per_run() if recipe else 1, session_label(session_dir),
+            RayExecutor(spec.executor.ray_address, recipe.cards_per_run() if recipe else 1, session_label(session_dir),
                         functools.partial(node_builder, on_nodes, session_dir, workdir),
                         functools.partial(node_executor, on_nodes, session_dir, workdir)))
 
 
-def node_builder(options: RunOptions, session_dir: Path, workdir: Path, node_id: str) -> Builder:
+def node_builder(spec: SessionSpec, session_dir: Path, workdir: Path, node_id: str) -> Builder:
     """A Ray node's builder: worktrees and build outputs in the node's own directories."""
     from bisect_npu.execute.host import recipe_for_host
 
-    recipe = recipe_for_host(load_recipe(options.recipe), options.host) if options.recipe else None
+    recipe = recipe_for_host(load_recipe(spec.judge.recipe), spec.context.host) if spec.judge.recipe else None
     node = node_id[:12]
-    return make_environment(options, history.open_repo(options.repo or "."), recipe, session_dir / "nodes" / node,
+    return make_environment(spec, history.open_repo(spec.range.repo or "."), recipe, session_dir / "nodes" / node,
                             workdir / node)[0]
 
 
-def node_executor(options: RunOptions, session_dir: Path, workdir: Path, cards: list[int]) -> Executor:
+def node_executor(spec: SessionSpec, session_dir: Path, workdir: Path, cards: list[int]) -> Executor:
     """An executor on a Ray node, on the cards Ray gave one batch (none: to sweep the session):
     a process in the node's worktree, or a container of the node's engine."""
     from bisect_npu.execute.host import recipe_for_host
 
-    recipe = recipe_for_host(load_recipe(options.recipe), options.host) if options.recipe else None
-    if options.executor == "docker":
+    recipe = recipe_for_host(load_recipe(spec.judge.recipe), spec.context.host) if spec.judge.recipe else None
+    if spec.executor.executor == "docker":
         from bisect_npu.builders.docker import connect_engine
         from bisect_npu.execute.docker import DockerExecutor
 
@@ -265,13 +270,13 @@ def node_executor(options: RunOptions, session_dir: Path, workdir: Path, cards: 
             cards = []  # a node without NPU device files (fake NPU resources): a plain CPU container
         # Made here, not by _docker_environment: its sweep at exit would reach the session's
         # containers that other workers of this node still run.
-        return DockerExecutor(connect_engine(), container_spec_factory(options.model_copy(update={"devices": cards}),
-                                                                       recipe), session_id=session_label(session_dir))
-    on_cards = options.model_copy(update={"devices": cards})
-    return make_environment(on_cards, history.open_repo(options.repo or "."), recipe, session_dir, workdir)[1]
+        return DockerExecutor(connect_engine(), container_spec_factory(spec.with_executor(devices=cards), recipe),
+                              session_id=session_label(session_dir))
+    on_cards = spec.with_executor(devices=cards)
+    return make_environment(on_cards, history.open_repo(spec.range.repo or "."), recipe, session_dir, workdir)[1]
 
 
-def _local_executor(options: RunOptions, env: dict[str, str], python_paths: list[str], session_dir: Path) -> Executor:
+def _local_executor(spec: SessionSpec, env: dict[str, str], python_paths: list[str], session_dir: Path) -> Executor:
     """Processes on this host, marked as the session's; with --devices (an NPU host without a
     container engine) each run sees its slot's cards and the determinism switches are on, as
     in an Ascend container, with the host type's (the recipe's environment has the last word)."""
@@ -279,9 +284,9 @@ def _local_executor(options: RunOptions, env: dict[str, str], python_paths: list
     from bisect_npu.execute.devices import device_pool
     from bisect_npu.execute.local import LocalExecutor
 
-    return LocalExecutor({**npu_run_env(options.host), **env} if options.devices else env, python_paths,
-                         owner=str(session_dir.resolve()), devices=list(options.devices),
-                         device_pool=device_pool(options.devices, options.slots))
+    return LocalExecutor({**npu_run_env(spec.context.host), **env} if spec.executor.devices else env, python_paths,
+                         owner=str(session_dir.resolve()), devices=list(spec.executor.devices),
+                         device_pool=device_pool(spec.executor.devices, spec.executor.slots))
 
 
 @contextlib.contextmanager
@@ -294,15 +299,15 @@ def make_evaluator(repo_path: str, recipe_path: str | None, command: list[str] |
     the ``with`` block ends."""
     repo = history.open_repo(repo_path)
     recipe = load_recipe(recipe_path) if recipe_path else None
-    options = RunOptions(good="", bad="", repo=repo_path, recipe=recipe_path, command=command, executor=executor,
-                         devices=list(devices or []), slots=1)
-    if options.devices:
+    spec = SessionSpec.of(RunRequest.of(good="", bad="", repo=repo_path, recipe=recipe_path, command=command,
+                                        executor=executor, devices=list(devices or []), slots=1))
+    if spec.executor.devices:
         from bisect_npu.orchestration.preflight import settle_devices
 
-        settle_devices(options, recipe.cards_per_run() if recipe else 1)  # as `run`: host type, cards, device files
+        settle_devices(spec, recipe.cards_per_run() if recipe else 1)  # as `run`: host type, cards, device files
     session_dir = session_dir or new_session_dir(DEFAULT_ROOT)
     session_dir.mkdir(parents=True, exist_ok=True)
-    evaluator = session_evaluator(options, repo, recipe, session_dir, None, None)
+    evaluator = session_evaluator(spec, repo, recipe, session_dir, None, None)
 
     def evaluate(commit: str) -> Verdict:
         return evaluator.evaluate(EvaluationRequest(commit, recipe.trials.count if recipe else 1)).verdict

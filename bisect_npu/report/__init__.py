@@ -19,13 +19,13 @@ from bisect_npu import __version__
 from bisect_npu.contracts import FixReport, FixVerification, Observation, some_branches, to_jsonable
 from bisect_npu.errors import UsageError
 from bisect_npu.journal import JOURNAL_FILE, Journal
+from bisect_npu.level import MergeLevel, held_of, scope_of
 from bisect_npu.records import (
     CandidateRange,
     DependencyMoveRecord,
     EndRecord,
     FixRecord,
     FixVerifyRecord,
-    HeaderOptions,
     HeaderRecord,
     NextLevelRecord,
     Record,
@@ -33,6 +33,7 @@ from bisect_npu.records import (
     TrialRecord,
     trial_seconds,
 )
+from bisect_npu.request import RunRequest
 
 TEMPLATES = Path(__file__).parent / "templates"
 # Figures worth charting, most telling first; the first one that most steps carry is drawn.
@@ -83,8 +84,8 @@ class SessionView:
         return self.header.range
 
     @property
-    def options(self) -> HeaderOptions:
-        return self.header.options
+    def request(self) -> RunRequest:
+        return self.header.request
 
     @property
     def github(self) -> str | None:
@@ -209,7 +210,7 @@ def evidence_summary(view: SessionView) -> list[str]:
     if end is None:
         return []
     figures = end.figures
-    flipped = view.options.find_fix
+    flipped = view.request.search.find_fix
     if end.status == "ends_wrong" and "good_end_trials" in figures:
         old, new = ("the old end", "the new end") if flipped else ("the good end", "the bad end")
         return [f"{old}: {_symptom_share(figures, 'good_end', flipped)}",
@@ -242,14 +243,15 @@ def evidence_summary(view: SessionView) -> list[str]:
     culprit, before_step = at.get(culprit_index), at.get(culprit_index - 1)
     lines = []
     # A merge level's ends were judged in the level above (the merge, and its first parent).
-    given = "judged in the level above" if view.options.merge_scope else "taken as given, not tested (--no-check-ends)"
+    merge_level = isinstance(view.header.level, MergeLevel)
+    given = "judged in the level above" if merge_level else "taken as given, not tested (--no-check-ends)"
     if culprit is not None:
         lines.append(f"**{culprit.verdict}** at {found} (step {culprit.order})")
     else:
         lines.append(f"{found} is the {'new' if flipped else 'bad'} end, {given}")
     if before_step is not None:
         lines.append(f"**{before_step.verdict}** at its parent `{before_step.commit[:12]}` (step {before_step.order})")
-    elif view.options.merge_scope and culprit_index == 1:
+    elif merge_level and culprit_index == 1:
         lines.append(f"its parent is in the history of the merge's first parent `{view.range.base[:12]}`, {given}")
     elif (parent := _parent_of(view, end)) is not None:
         lines.append(f"its parent `{parent[:12]}` is an end {given}")
@@ -262,10 +264,11 @@ def evidence_summary(view: SessionView) -> list[str]:
 
 def host_line(view: SessionView) -> str | None:
     """The NPU host type the session ran on and the recipe fields it changed (310P: float16)."""
-    if not view.options.host:
+    if not view.header.context.host:
         return None
     changes = ", ".join(f"`{name}: {value}`" for name, value in view.header.host_changes.items())
-    return f"NPU host type: {view.options.host}" + (f"; the recipe as this host ran it: {changes}" if changes else "")
+    host = view.header.context.host
+    return f"NPU host type: {host}" + (f"; the recipe as this host ran it: {changes}" if changes else "")
 
 
 # Steps whose runs used an environment this session made (not a failed build, not trials journaled earlier).
@@ -364,7 +367,8 @@ def _environment() -> jinja2.Environment:
 def render_markdown(view: SessionView) -> str:
     chart = chart_series(view.steps)
     return _environment().get_template("report.md.j2").render(
-        v=view, r=view.range, o=view.options, end=view.end, chart=chart,
+        v=view, r=view.range, q=view.request, cx=view.header.context,
+        held=held_of(view.header.level), scope=scope_of(view.header.level), end=view.end, chart=chart,
         reproduce=reproduce_command(view), tool_version=__version__,
         host=f"{platform.node()} ({platform.system()} {platform.machine()}, Python {platform.python_version()})",
         build_counts=_build_counts(view.steps), total_seconds=round(sum(s.seconds for s in view.steps), 1),
@@ -386,7 +390,7 @@ def render_json(view: SessionView) -> dict[str, Any]:
         "message": end.message if end is not None else None,
         "evidence": figures,
         # What the noisy figures' rates count: the search's "bad" runs, clean ones under --find-fix.
-        "evidence_counts": (("runs without the symptom" if view.options.find_fix else "runs with the symptom")
+        "evidence_counts": (("runs without the symptom" if view.request.search.find_fix else "runs with the symptom")
                             if any(name.endswith("_rate") for name in figures or {}) else None),
         "prefetch_saved_s": end.prefetch_saved_s if end is not None else None,
         "ends_wrong": end.which if end is not None and end.status == "ends_wrong" else None,  # the end judged wrong
@@ -398,27 +402,26 @@ def render_json(view: SessionView) -> dict[str, Any]:
                    "reason": s.reason, "seconds": s.seconds, "build": s.build_how, "trials": s.trials,
                    "figures": s.figures, "run_env": s.run_env, "compiled_changes": s.compiled_changes}
                   for s in view.steps],
-        "host": view.options.host, "host_changes": view.header.host_changes,
+        "host": view.header.context.host, "host_changes": view.header.host_changes,
         "fix": to_jsonable(view.fix), "fix_verify": to_jsonable(view.fix_verify),
         "level": view.range.kind, "package": view.range.package,
         "next_level": view.next_level.model_dump(mode="json") if view.next_level is not None else None,
         "dependency_moves": [move.model_dump(mode="json") for move in view.dependency_moves],
         "parent_session": view.header.parent_session,
         "versions": view.versions, "engine_starts": view.engine_starts, "search_told": view.told,
-        "reused_verdicts": reused_count(view.steps), "verdict_store": view.options.verdict_store,
+        "reused_verdicts": reused_count(view.steps), "verdict_store": view.request.store.verdict_store,
     }
 
 
 def reproduce_command(view: SessionView) -> str:
     """The `run` that gives this session again; a dependency level's is its upstream session's
     (it has no `run` line of its own: the held upstream commit comes from that run's culprit)."""
-    options = view.options
+    request = view.request
     parent = Path(view.header.parent_session) if view.header.parent_session else None
-    if options.held is not None and parent is not None and (parent / JOURNAL_FILE).is_file():
-        journal = Journal.open(parent, read_only=True)
-        options = journal.header.options
-        journal.close()
-    argv = options.run_argv()
+    if held_of(view.header.level) is not None and parent is not None and (parent / JOURNAL_FILE).is_file():
+        with Journal.open(parent, read_only=True) as journal:
+            request = journal.header.request
+    argv = request.run_argv()
     if reused_count(view.steps) and "--no-verdict-store" not in argv:
         # Run again on this host, the same line would take the same verdicts from the store: this one runs them.
         if "--verdict-store" in argv:
@@ -444,12 +447,17 @@ def _build_counts(steps: list[StepView]) -> dict[str, int]:
     return counts
 
 
+def report_paths(session_dir: Path) -> tuple[Path, Path]:
+    """Where a session's reports are: (markdown, json), beside the journal."""
+    return session_dir / "report.md", session_dir / "report.json"
+
+
 def write_reports(session_dir: Path) -> tuple[Path, Path]:
     """Render both formats next to the journal; returns (markdown path, json path)."""
     import json
 
     view = load_view(session_dir)
-    md_path, json_path = session_dir / "report.md", session_dir / "report.json"
+    md_path, json_path = report_paths(session_dir)
     md_path.write_text(render_markdown(view), encoding="utf-8")
     json_path.write_text(json.dumps(render_json(view), indent=2), encoding="utf-8")
     return md_path, json_path

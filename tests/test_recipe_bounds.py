@@ -102,8 +102,10 @@ def test_every_number_of_the_recipe_models_has_a_range() -> None:
 def test_a_session_a_bug_stopped_says_so_and_resume_continues(tmp_path: Path, monkeypatch) -> None:
     """A bug (here an OverflowError the search raises on its third decision) ends the run with
     its traceback; the report says the session crashed, not that it is still running."""
-    from bisect_npu import search
+    from bisect_npu import cli, search
     from bisect_npu.cli import main
+
+    monkeypatch.setattr(cli, "_session", [])  # the session main() notes stays this test's
 
     repo = tmp_path / "repo"
     shas = make_linear_repo(repo, 17, culprit=9)

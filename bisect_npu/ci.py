@@ -11,6 +11,7 @@ reached through its `gh` CLI, called with argument lists.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import re
 import secrets
@@ -21,6 +22,7 @@ import sys
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from bisect_npu.defaults import LAST_GOOD
 from bisect_npu.errors import InfrastructureError, UsageError
@@ -86,15 +88,6 @@ class Actions:
             out.write(markdown + "\n")
 
 
-def session_for(actions: Actions, given: str | None) -> Path:
-    """The job's session directory: the one given, else one per repository, run and job under the
-    cache root, which a retried attempt of the job on this runner finds again."""
-    if given:
-        return Path(given).resolve()
-    repository, job = (re.sub(r"[^A-Za-z0-9._-]", "_", name) for name in (actions.repository or "local", actions.job))
-    return cache_root() / "ci-sessions" / repository / f"{actions.run_id}-{job}"
-
-
 @dataclass(frozen=True)
 class BisectInputs:
     """The action's inputs for the bisection (strings as GitHub hands them; empty means not given)."""
@@ -108,13 +101,63 @@ class BisectInputs:
     devices: str = ""
     verdict_store: str = ""
     args: str = ""  # more `bisect-npu run` options, split as a shell would, run as an argument list
+    matrix: str = ""  # the job's matrix values as GitHub's toJSON(matrix) gives them ("" or "null": none)
+
+    def key(self) -> dict[str, object]:
+        """What makes a bisection this one: the two legs of one job's matrix differ here, so they
+        never share a session (a retried leg resumes its own)."""
+        try:
+            matrix = json.loads(self.matrix) if self.matrix.strip() else None
+        except json.JSONDecodeError:
+            matrix = self.matrix
+        return {"good": self.good, "bad": self.bad, "repo": self.repo, "recipe": self.recipe,
+                "command": self.command, "executor": self.executor, "devices": self.devices, "args": self.args,
+                "verdict_store": self.verdict_store, "matrix": matrix}
+
+    def digest(self) -> str:
+        return hashlib.sha256(json.dumps(self.key(), sort_keys=True).encode()).hexdigest()[:12]
+
+
+INPUTS_FILE = "ci-inputs.json"  # in a CI session: the inputs it was started for (a retry checks them)
+
+
+def session_for(actions: Actions, given: str | None, inputs: BisectInputs | None = None) -> Path:
+    """The job's session directory: the one given, else one per repository, run, job and inputs
+    (ends, command or recipe, executor, matrix values) under the cache root, which a retried
+    attempt of the job on this runner finds again."""
+    if given:
+        return Path(given).resolve()
+    repository, job = (re.sub(r"[^A-Za-z0-9._-]", "_", name) for name in (actions.repository or "local", actions.job))
+    leg = f"-{inputs.digest()}" if inputs is not None else ""
+    return cache_root() / "ci-sessions" / repository / f"{actions.run_id}-{job}{leg}"
+
+
+def _check_resumed_inputs(inputs: BisectInputs, session: Path) -> None:
+    """A retry resumes only the session its own inputs started: another leg's (a session given by
+    hand to two legs), or one started with other inputs, is refused."""
+    kept = session / INPUTS_FILE
+    if not kept.is_file():
+        raise UsageError(f"session {session} holds no {INPUTS_FILE}: it was not started by this action's inputs; "
+                         "give each matrix leg its own `session` (or leave it empty)")
+    started = json.loads(kept.read_text())
+    if started != inputs.key():
+        differ = sorted(name for name in {*started, *inputs.key()} if started.get(name) != inputs.key().get(name))
+        raise UsageError(f"session {session} was started for other inputs ({', '.join(differ)} differ): a retry "
+                         "resumes only its own leg's session; give each matrix leg its own `session` (or leave it "
+                         "empty)")
 
 
 def bisect_argv(inputs: BisectInputs, session: Path, actions: Actions) -> list[str]:
-    """`bisect-npu` arguments for this attempt: resume the session a failed attempt left, else run."""
+    """`bisect-npu` arguments for this attempt: resume the session a failed attempt left (started
+    for the same inputs), else run."""
     if actions.run_attempt > 1 and (session / JOURNAL_FILE).is_file():
+        _check_resumed_inputs(inputs, session)
         return ["resume", "--session", str(session), "--json"]
-    nightly = "--nightly-case" in shlex.split(inputs.args)  # the recipe comes from the case file
+    try:
+        more = shlex.split(inputs.args)
+    except ValueError as exc:
+        raise UsageError(f"the `args` input {inputs.args!r} cannot be split ({exc}); check its quotes") from None
+    nightly = "--nightly-case" in more  # the recipe comes from the case file
     if not inputs.bad or [bool(inputs.recipe), bool(inputs.command), nightly].count(True) != 1:
         raise UsageError("the action needs `bad` and one of `recipe`, `cmd` or `args: --nightly-case CASE`")
     argv = ["run", "--repo", inputs.repo, "--good", inputs.good or LAST_GOOD, "--bad", inputs.bad,
@@ -124,16 +167,33 @@ def bisect_argv(inputs: BisectInputs, session: Path, actions: Actions) -> list[s
         argv += ["--devices", inputs.devices]
     if inputs.verdict_store:
         argv += ["--verdict-store", inputs.verdict_store]
-    return argv + shlex.split(inputs.args)
+    return argv + more
+
+
+def _refused(actions: Actions, session: Path, message: str) -> int:
+    """An input error before bisect-npu ran: one line on stderr, the outputs and summary written anyway."""
+    print(f"error: {message}", file=sys.stderr, flush=True)
+    actions.set_outputs({"status": "error", "exit-code": "2", "culprit": "", "culprit-title": "",
+                         "session": str(session), "resumed": "false", "report": "", "report-json": "",
+                         "reused": "0", "message": message})
+    actions.add_summary(f"# bisect-npu: error\n\n{message}\n")
+    return 2
 
 
 def bisect_step(inputs: BisectInputs, actions: Actions, session_given: str | None = None) -> int:
-    """Run (or resume) the bisection; summary and outputs written whatever the outcome. Returns the
-    step's exit code: 0 for an answer, and for a bad end judged good when the good end was
-    `last-good` (nothing regressed since); else bisect-npu's own code."""
-    session = session_for(actions, session_given)
-    argv = bisect_argv(inputs, session, actions)
+    """Run (or resume) the bisection; summary and outputs written whatever the outcome (an input
+    that cannot be used included). Returns the step's exit code: 0 for an answer, and for a bad
+    end judged good when the good end was `last-good` (nothing regressed since); 2 for unusable
+    inputs; else bisect-npu's own code."""
+    session = session_for(actions, session_given, inputs)
+    try:
+        argv = bisect_argv(inputs, session, actions)
+    except UsageError as exc:
+        return _refused(actions, session, str(exc))
     resumed = argv[0] == "resume"
+    if not resumed:
+        session.mkdir(parents=True, exist_ok=True)
+        (session / INPUTS_FILE).write_text(json.dumps(inputs.key(), sort_keys=True) + "\n")
     print(f"bisect-npu {shlex.join(argv)}", file=sys.stderr, flush=True)
     done = subprocess.run([sys.executable, "-m", "bisect_npu", *argv], stdout=subprocess.PIPE, text=True,
                           check=False)
@@ -166,7 +226,7 @@ def bisect_step(inputs: BisectInputs, actions: Actions, session_given: str | Non
     return done.returncode or 1
 
 
-def _last_json_line(stdout: str) -> dict | None:
+def _last_json_line(stdout: str) -> dict[str, Any] | None:
     for line in reversed(stdout.strip().splitlines()):
         try:
             value = json.loads(line)

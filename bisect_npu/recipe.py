@@ -34,6 +34,54 @@ def bundled_recipes() -> dict[str, Traversable]:
     return {item.name.removesuffix(".yaml"): item for item in sorted(found, key=lambda item: item.name)}
 
 
+# The ranges of a recipe's numbers (docs/reference/recipe.md shows each field's): what a run can
+# carry through without an overflow (a C int's vLLM sampling params, a week's timeout), beyond the
+# per-field rules every whole number fits 64 bits and every number is finite.
+INT32_MAX = 2**31 - 1
+INT64 = (-(2**63), 2**63 - 1)
+WEEK_S = 7 * 24 * 3600.0
+TRIALS_MAX = 10_000  # trials per commit
+LOGPROBS_MAX = 20  # vLLM's default max_logprobs
+COST_MAX_S = 1e9  # a told cost in seconds
+CARDS_MAX = 4096  # a parallel size
+EARLIER_RUNS_MAX = 1_000_000
+
+
+def _checked_leaves(value: Any, where: str) -> None:
+    """Refuse, wherever in a recipe, what a run could not carry: a whole number beyond 64 bits, an
+    infinite or NaN number, a NUL byte in a string or a key (no argument, path or environment
+    entry can hold one)."""
+    if isinstance(value, bool) or value is None:
+        return
+    if isinstance(value, int):
+        if not INT64[0] <= value <= INT64[1]:
+            raise ValueError(f"{where or 'a value'}: {value} does not fit in 64 bits; give a number in its "
+                             "range (docs/reference/recipe.md)")
+    elif isinstance(value, float):
+        if not math.isfinite(value):
+            raise ValueError(f"{where or 'a value'}: {value} is not a finite number")
+    elif isinstance(value, str):
+        if "\0" in value:
+            raise ValueError(f"{where or 'a value'}: {value!r} holds a NUL byte, which no argument, path or "
+                             "environment entry can")
+    elif isinstance(value, dict):
+        for key, item in value.items():
+            _checked_leaves(key, where)
+            _checked_leaves(item, f"{where}.{key}" if where else str(key))
+    elif isinstance(value, list):
+        for index, item in enumerate(value):
+            _checked_leaves(item, f"{where}[{index}]")
+
+
+def _environment_entry(name: str, value: str) -> None:
+    """An environment entry as the OS takes it: a name neither empty nor holding `=` (execve would
+    read `A=B=x` as the variable A), no NUL in either."""
+    if not name or "=" in name or "\0" in name:
+        raise ValueError(f"environment: {name!r} is not a variable name (no '=', no NUL, not empty)")
+    if "\0" in value:
+        raise ValueError(f"environment: {name}'s value holds a NUL byte, which no environment entry can")
+
+
 # vLLM's world size is pipeline x tensor x prefill-context parallel, times data parallel across
 # replicas (vllm/config/parallel.py); decode context parallel reuses the tensor-parallel ranks.
 PARALLEL_SIZES = ("tensor_parallel_size", "pipeline_parallel_size", "prefill_context_parallel_size",
@@ -49,11 +97,11 @@ def _whole_count(value: object, where: str) -> int:
     """A parallel size as vLLM takes it: an int, or text `int()` reads (4, "4", " 4"; not 4.0)."""
     if value is None:
         raise ValueError(f"{where} has no value")
-    if isinstance(value, int) and not isinstance(value, bool) and value >= 1:
+    if isinstance(value, int) and not isinstance(value, bool) and 1 <= value <= CARDS_MAX:
         return value
-    if isinstance(value, str) and value.strip().isdigit() and int(value) >= 1:
+    if isinstance(value, str) and value.strip().isdigit() and 1 <= int(value) <= CARDS_MAX:
         return int(value)
-    raise ValueError(f"{where}: {value!r} is not a positive whole number of cards")
+    raise ValueError(f"{where}: {value!r} is not a whole number of cards from 1 to {CARDS_MAX}")
 
 
 def inside_the_repository(value: str) -> str:
@@ -86,7 +134,7 @@ class EngineSpec(StrictModel):
         "engine", description="who stops a loop early: vLLM's repetition_detection when it has it, or the probe")
     port: int = Field(8000, strict=True, ge=1, le=65535,
                       description="port of the openai backend's server, on 127.0.0.1")
-    startup_timeout_s: float = Field(600.0, gt=0, description="seconds the openai backend waits for the "
+    startup_timeout_s: float = Field(600.0, gt=0, le=WEEK_S, description="seconds the openai backend waits for the "
                                                                 "server's /health")
 
     @model_validator(mode="after")
@@ -132,19 +180,22 @@ class EngineSpec(StrictModel):
 class SamplingSpec(StrictModel):
     """Sampling parameters; None means "do not send", so server defaults apply."""
 
-    temperature: float | None = Field(None, ge=0.0, description="unset: the engine's default")
+    temperature: float | None = Field(None, ge=0.0, le=100.0, description="unset: the engine's default")
     top_p: float | None = Field(None, gt=0.0, le=1.0, description="unset: the engine's default")
-    top_k: int | None = Field(None, strict=True, description="unset: the engine's default")
+    top_k: int | None = Field(None, strict=True, ge=-1, le=INT32_MAX, description="unset: the engine's default "
+                              "(-1 or 0: every token)")
     min_p: float | None = Field(None, ge=0.0, le=1.0, description="unset: the engine's default")
-    repetition_penalty: float | None = Field(None, gt=0.0, description="unset: the engine's default")
-    presence_penalty: float | None = Field(None, description="unset: the engine's default (with `vllm serve`, "
-                                                             "--override-generation-config's)")
-    frequency_penalty: float | None = Field(None, description="unset: the engine's default")
-    max_tokens: int = Field(256, strict=True, ge=1, description="most tokens generated per trial")
-    seed: int | None = Field(None, strict=True,
+    repetition_penalty: float | None = Field(None, gt=0.0, le=100.0, description="unset: the engine's default")
+    presence_penalty: float | None = Field(None, ge=-2.0, le=2.0,
+                                           description="unset: the engine's default (with `vllm serve`, "
+                                                       "--override-generation-config's)")
+    frequency_penalty: float | None = Field(None, ge=-2.0, le=2.0, description="unset: the engine's default")
+    max_tokens: int = Field(256, strict=True, ge=1, le=INT32_MAX, description="most tokens generated per trial")
+    seed: int | None = Field(None, strict=True, ge=0, le=INT32_MAX,
                              description="sampling seed; trial N sends seed + N (repeated trials differ, "
                                          "reproducibly); unset: left to the engine")
-    logprobs: int | None = Field(5, strict=True, ge=0, description="logprobs asked of the engine per generated token")
+    logprobs: int | None = Field(5, strict=True, ge=0, le=LOGPROBS_MAX,
+                                 description="logprobs asked of the engine per generated token")
 
     def to_request(self) -> dict[str, Any]:
         return {k: v for k, v in self.model_dump().items() if v is not None}
@@ -178,7 +229,7 @@ class CaptureSpec(StrictModel):
     full_logits: bool = Field(False, description="a [steps, vocab] log-prob tensor under full_logits/ "
                                                  "(vllm backend; read by the logits oracle)")
     layers: list[str] = Field(default_factory=list, description="module name patterns to dump (fnmatch)")
-    steps: list[Annotated[int, Field(strict=True, ge=0)]] = Field(
+    steps: list[Annotated[int, Field(strict=True, ge=0, le=INT32_MAX)]] = Field(
         default_factory=lambda: [0], description="forward passes to dump; 0 is the prefill")
 
 
@@ -200,6 +251,8 @@ class EarlierRunsSpec(StrictModel):
                              "many were made, e.g. 8/10")
         if int(shown) > int(runs):
             raise ValueError(f"{value!r} counts more runs with the symptom than runs made")
+        if int(runs) > EARLIER_RUNS_MAX:
+            raise ValueError(f"{value!r} counts more than {EARLIER_RUNS_MAX} runs; give the runs really made")
         return text
 
     @model_validator(mode="after")
@@ -226,7 +279,8 @@ class TrialsSpec(StrictModel):
 
     mode: Literal["exact", "noisy"] = Field("exact", description="exact: one verdict per commit; noisy: each "
                                                                  "trial a vote (--mode overrides)")
-    count: int = Field(1, strict=True, ge=1, description="exact mode: trials per commit, judged together")
+    count: int = Field(1, strict=True, ge=1, le=TRIALS_MAX,
+                       description="exact mode: trials per commit, judged together")
     confidence: float = Field(0.99, gt=0.5, lt=1.0, description="noisy mode: stop when one commit holds this "
                                                                 "share of the posterior (--confidence overrides)")
     earlier_runs: EarlierRunsSpec | None = Field(None, description="noisy mode: runs of the ends made before the "
@@ -237,13 +291,13 @@ class TrialsSpec(StrictModel):
                           "--timeout-is overrides")
     batch: bool = Field(True, description="a case's trials at one commit share one engine start (one probe run); "
                                           "false: a fresh engine per trial")
-    load_cost: Literal["auto"] | Annotated[float, Field(ge=0)] = Field(
+    load_cost: Literal["auto"] | Annotated[float, Field(ge=0, le=COST_MAX_S)] = Field(
         "auto", description="noisy mode: what an engine start costs, in trials; auto: measured from this "
                             "session's trials; 0: one trial per query")
-    build_cost: Literal["auto"] | Annotated[float, Field(ge=0)] = Field(
+    build_cost: Literal["auto"] | Annotated[float, Field(ge=0, le=COST_MAX_S)] = Field(
         "auto", description="what a full build costs, in trials (noisy mode) or steps (exact mode); auto: "
                             "measured from this session's builds; 0: builds are free to the search")
-    overlay_cost: Literal["auto"] | Annotated[float, Field(ge=0)] = Field(
+    overlay_cost: Literal["auto"] | Annotated[float, Field(ge=0, le=COST_MAX_S)] = Field(
         "auto", description="what an overlay costs (a commit whose build key was built: docker image or "
                             "kept local outputs), in the unit of build_cost; auto: measured from this "
                             "session's overlays")
@@ -581,6 +635,20 @@ class Recipe(StrictModel):
         default_factory=list, description="dependencies the upstream pins whose own commits a culprit that moves "
                                           "the pin is bisected into (Crossing into a dependency)")
     source: str | None = Field(None, exclude=True)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _bounded_leaves(cls, raw: Any) -> Any:
+        if isinstance(raw, dict):
+            _checked_leaves({key: item for key, item in raw.items() if key != "__line__"}, "")
+        return raw
+
+    @field_validator("environment")
+    @classmethod
+    def _os_environment(cls, environment: dict[str, str]) -> dict[str, str]:
+        for name, value in environment.items():
+            _environment_entry(name, value)
+        return environment
 
     @model_validator(mode="after")
     def _cases_or_accuracy(self) -> Recipe:

@@ -91,6 +91,16 @@ class EarlierRunsCounts(_Shape):
     good_end: str
 
 
+class CommandOracle(_Shape):
+    """A command oracle as the session started with it: the digest of what it could see, each
+    thing seen ("file:PATH", "program:WORD", "variable:NAME") with a digest of it, and the
+    directory its relative words were looked up from (orchestration.memory.command_oracle)."""
+
+    digest: str
+    cwd: str
+    seen: dict[str, str] = Field(default_factory=dict)
+
+
 class HeaderRecord(Record):
     """The journal's first line: what the session bisects and how; resume needs nothing else.
     `request` is what the run was asked (the finer levels' sessions: with their own ends), `level`
@@ -110,6 +120,9 @@ class HeaderRecord(Record):
     parent_session: str | None = None  # the release-level session of a commit-level one
     # The recipe fields the host type (context.host) changed, by path: {"model.dtype": "float16"} on 310P.
     host_changes: dict[str, str] = Field(default_factory=dict)
+    # What a command oracle could see when the session started: resume refuses a command whose
+    # script or data changed, as it refuses a changed recipe.
+    command_oracle: CommandOracle | None = None
 
     @model_validator(mode="before")
     @classmethod

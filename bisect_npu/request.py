@@ -18,7 +18,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Annotated, Any, Literal, get_args, get_origin
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 from pydantic.fields import FieldInfo
 
 from bisect_npu.contracts import TimeoutIs
@@ -271,6 +271,20 @@ class StoreSpec(_Part):
         help="The verdict store sessions share: a commit judged before under the same recipe or command and "
              "environment is not tested again [default: $BISECT_NPU_VERDICT_STORE, else verdicts.sqlite in the cache "
              "directory].", off_help="Neither reuse stored verdicts nor keep this session's.")] = None
+    verdict_env: Annotated[list[str], flag(
+        "--verdict-env", metavar="NAME",
+        help="An environment variable the command's verdicts depend on though no word of it names it (a threshold "
+             "its script reads): a stored verdict is reused only under the same value. Repeatable.")] = Field(
+        default_factory=list)
+
+    @field_validator("verdict_env")
+    @classmethod
+    def _variable_names(cls, names: list[str]) -> list[str]:
+        for name in names:
+            if not name or "=" in name or "\0" in name:
+                raise ValueError(f"--verdict-env {name!r} is not an environment variable name; give NAME alone "
+                                 "(its value is read from the environment)")
+        return names
 
 
 class RunRequest(BaseModel):

@@ -31,6 +31,11 @@ INTRO = """\
 A recipe is a YAML file: the bad case (model, engine, requests) and how to judge it. Unknown keys
 are errors that name the field and its line (`bisect-npu recipes validate FILE`). How to write one:
 [Writing recipes](../guide/recipes.md). Each section below is a mapping; `cases[]` is a list of them.
+
+Every number has a range: the one its row gives (`>= 1; <= 10000`), and beyond it every whole
+number fits in 64 bits and every number is finite (`.inf` and `.nan` are refused). Strings hold
+no NUL byte, and `environment` names are what the OS takes (not empty, no `=`): `validate`
+refuses what a run could not carry, so a recipe it accepts never crashes a run.
 """
 
 

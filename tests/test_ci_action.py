@@ -48,6 +48,7 @@ class Run:
     outputs: dict[str, dict[str, str]] = field(default_factory=dict)
     ran: list[str] = field(default_factory=list)
     codes: dict[str, int] = field(default_factory=dict)
+    stderr: dict[str, str] = field(default_factory=dict)
     summary: str = ""
 
 
@@ -94,14 +95,16 @@ def run_action(inputs: dict[str, str], env: dict[str, str], work: Path) -> Run:
             if term == "always()":
                 results.append(True)
                 continue
-            left, right = (side.strip() for side in term.split("=="))
-            results.append(value(left) == right.strip("'"))
+            operator = "!=" if "!=" in term else "=="
+            left, right = (side.strip() for side in term.split(operator))
+            results.append((value(left) == right.strip("'")) == (operator == "=="))
         return all(results) and (not failed or "always()" in text)
 
     for number, step in enumerate(action["runs"]["steps"]):
         name = step.get("id", str(number))
         if not condition(step["if"]) if "if" in step else failed:  # no `if`: success(), as GitHub has it
             continue
+        assert "run" in step, f"step {name} uses {step.get('uses')}: the test runs only `run` steps"
         output = work / f"output-{env['GITHUB_RUN_ATTEMPT']}-{name}"
         step_env = {**os.environ, **env, "GITHUB_OUTPUT": str(output), "GITHUB_STEP_SUMMARY": str(summary)}
         step_env.update({key: EXPRESSION.sub(lambda m: value(m[1]), str(text)) for key, text in step["env"].items()})
@@ -109,6 +112,7 @@ def run_action(inputs: dict[str, str], env: dict[str, str], work: Path) -> Run:
                               capture_output=True, text=True, timeout=600, check=False)
         run.ran.append(name)
         run.codes[name] = done.returncode
+        run.stderr[name] = done.stderr
         run.outputs[name] = read_output_file(output)
         failed = failed or done.returncode != 0
     run.summary = summary.read_text() if summary.exists() else ""
@@ -222,3 +226,48 @@ def test_the_issue_step_dedups_by_culprit(tmp_path: Path, job, monkeypatch: pyte
     issues = gh_state(env)["issues"]
     assert [len(i["comments"]) for i in issues] == [2, 0]
     assert [i["title"] for i in issues] == [f"Regression: {'a' * 12} Change", f"Regression: {'b' * 12} Change"]
+
+
+def test_matrix_legs_of_one_job_never_share_a_session(job, tmp_path: Path) -> None:
+    """Two legs of one job (same run id and job name, other ends): each has its own session, and
+    the failed leg's retry resumes its own, never the other leg's culprit."""
+    _, shas, check_dir, env, inputs = job
+    leg_env = {**env, "GITHUB_RUN_ID": "300"}
+    for attempt in ("a", "b1", "b2"):
+        (tmp_path / attempt).mkdir()
+    culprit_leg = run_action({**inputs, "good": shas[0], "bad": shas[24], "matrix": '{"model": "a"}'},
+                             {**leg_env, "GITHUB_RUN_ATTEMPT": "1"}, tmp_path / "a")
+    assert culprit_leg.outputs["bisect"]["culprit"] == shas[CULPRIT]
+    clean_leg = {**inputs, "good": shas[0], "bad": shas[20], "matrix": '{"model": "b"}'}
+    first = run_action(clean_leg, {**leg_env, "GITHUB_RUN_ATTEMPT": "1"}, tmp_path / "b1")
+    assert first.outputs["bisect"]["session"] != culprit_leg.outputs["bisect"]["session"]
+    assert first.outputs["bisect"]["status"] == "ends_wrong"  # its bad end is good: nothing regressed there
+    retry = run_action(clean_leg, {**leg_env, "GITHUB_RUN_ATTEMPT": "2"}, tmp_path / "b2")
+    out = retry.outputs["bisect"]
+    assert (out["resumed"], out["session"]) == ("true", first.outputs["bisect"]["session"])
+    assert (out["status"], out["culprit"]) == ("ends_wrong", "")
+    runs_of(check_dir)
+
+
+def test_a_retry_refuses_a_session_started_for_other_inputs(job, tmp_path: Path) -> None:
+    _, shas, _, env, inputs = job
+    shared = str(tmp_path / "shared-session")
+    first = run_action({**inputs, "good": shas[0], "bad": shas[24], "session": shared},
+                       {**env, "GITHUB_RUN_ID": "400", "GITHUB_RUN_ATTEMPT": "1"}, tmp_path)
+    assert first.outputs["bisect"]["culprit"] == shas[CULPRIT]
+    other = run_action({**inputs, "good": shas[0], "bad": shas[20], "session": shared},
+                       {**env, "GITHUB_RUN_ID": "400", "GITHUB_RUN_ATTEMPT": "2"}, tmp_path)
+    out = other.outputs["bisect"]
+    assert (other.codes["bisect"], out["status"], out["culprit"]) == (2, "error", "")
+    assert "started for other inputs (bad differ)" in out["message"]
+
+
+def test_args_that_cannot_be_split_are_a_clear_error_with_outputs(job, tmp_path: Path) -> None:
+    _, shas, _, env, inputs = job
+    done = run_action({**inputs, "good": shas[0], "bad": shas[24], "args": "--timeout '5"},
+                      {**env, "GITHUB_RUN_ID": "500", "GITHUB_RUN_ATTEMPT": "1"}, tmp_path)
+    out = done.outputs["bisect"]
+    assert (done.codes["bisect"], out["status"], out["exit-code"]) == (2, "error", "2")
+    assert "the `args` input \"--timeout '5\" cannot be split" in out["message"]
+    assert "check its quotes" in out["message"]
+    assert "check its quotes" in done.summary and "Traceback" not in done.stderr["bisect"]

@@ -3,6 +3,7 @@ a verdict, never a traceback, each within 2 s and 200 MB."""
 
 from __future__ import annotations
 
+import io
 import json
 import time
 import tracemalloc
@@ -181,3 +182,91 @@ def test_journals_read_or_are_refused_in_one_line(header: str, lines: list[str],
             assert "\n" not in str(exc) and "journal.jsonl" in str(exc)
 
     bounded(attempt)
+
+
+def _leaves(value: object, path: tuple = ()) -> list[tuple]:
+    """The paths to every number in a recipe, and to its environment mapping."""
+    if isinstance(value, dict):
+        return [p for key, item in value.items() for p in _leaves(item, (*path, key))]
+    if isinstance(value, list):
+        return [p for index, item in enumerate(value) for p in _leaves(item, (*path, index))]
+    return [path] if isinstance(value, int | float) and not isinstance(value, bool) else []
+
+
+NUMBERS = (st.integers(min_value=-(10**40), max_value=10**40) | st.floats() | st.integers(-3, 3)
+           | st.sampled_from([2**31, 2**31 - 1, 2**63, 2**63 - 1, 10**21, 10**32, 1e21, 1e32]))
+ENV_TEXT = st.text(alphabet=st.sampled_from(list("AB_=\0 x1")), max_size=6)
+BOUNDED_RECIPE = yaml.safe_load(bundled_recipes()["qwen3-repetition-penalty-async"].read_text(encoding="utf-8"))
+PREFLIGHT_FIELDS = {("trials", "count"), ("trials", "load_cost"), ("engine", "port"), ("engine", "startup_timeout_s"),
+                    ("capture", "top_k")}
+
+
+@st.composite
+def bounded_recipes(draw: Callable) -> dict:
+    """A bundled recipe with some of its numbers (or fields that take one), or its environment,
+    replaced by hostile values."""
+    value = json.loads(json.dumps(BOUNDED_RECIPE))
+    paths = _leaves(value) + [(*path, name) for path in [("cases", 0, "sampling")]
+                              for name in ("max_tokens", "seed", "top_k", "presence_penalty", "logprobs")]
+    paths += [tuple(field) for field in sorted(PREFLIGHT_FIELDS)]
+    for path in draw(st.lists(st.sampled_from(paths), min_size=1, max_size=3)):
+        node = value
+        for key in path[:-1]:
+            node = node.setdefault(key, {}) if isinstance(node, dict) else node[key]
+        node[path[-1]] = draw(NUMBERS)
+    if draw(st.booleans()):
+        value["environment"] = draw(st.dictionaries(ENV_TEXT, ENV_TEXT, max_size=3))
+    return value
+
+
+@pytest.fixture(scope="module")
+def preflight_repo(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, list[str]]:
+    from gitrepo import make_linear_repo
+
+    path = tmp_path_factory.mktemp("preflight") / "repo"
+    return path, make_linear_repo(path, 4, culprit=2)
+
+
+@given(raw=bounded_recipes())
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture,
+                                                                  HealthCheck.too_slow])
+def test_a_recipe_validate_accepts_gets_past_run_s_preflight_or_a_usage_error(raw: dict, tmp_path: Path,
+                                                                            preflight_repo) -> None:
+    """`recipes validate` accepting a recipe means `run` does not crash on it: its preflight (the
+    checks, the journal, the evaluator and the search's first decision) passes or ends in a
+    one-line usage error (exit 2), never an OverflowError or a ValueError."""
+    import tempfile
+
+    from asked import spec_of
+
+    from bisect_npu import search
+    from bisect_npu.orchestration.session import Session
+    from bisect_npu.progress import PlainProgress
+
+    repo, shas = preflight_repo
+    path = tmp_path / "hostile.yaml"
+    path.write_text(yaml.safe_dump(raw, allow_unicode=True), encoding="utf-8")
+    done = main_exit(["recipes", "validate", str(path)])
+    if done != 0:
+        assert done == 2
+        return
+    options = spec_of(good=shas[0], bad=shas[3], repo=str(repo), recipe=str(path), executor="local",
+                      verdict_store=None, propose_fix=False)
+    try:
+        session = Session.start(options, session_dir=Path(tempfile.mkdtemp(dir=tmp_path)),
+                                progress=PlainProgress(io.StringIO()))
+    except BisectError as exc:
+        assert exc.exit_code == 2 and "\n" not in str(exc)
+        return
+    try:
+        search.decide(session.problem(), session.evidence())
+    finally:
+        session.close()
+
+
+def main_exit(argv: list[str]) -> int:
+    try:
+        main(argv)
+    except SystemExit as exc:
+        return int(exc.code or 0)
+    return 0

@@ -81,12 +81,14 @@ def test_a_rerun_over_an_overlapping_range_runs_nothing_it_judged(repo, check, t
     judged = ran(runs)
     assert len(judged) == first["steps"] and CULPRIT - 1 in judged
 
-    # The same range again, in a new session: every verdict from the store, not one run.
+    # The same range again, in a new session: every verdict from the store; only the culprit and
+    # its parent, which the answer rests on, run again (fresh, to confirm the stored verdicts).
     code, again, err = bisect(path, tmp_path / "again", shas[0], shas[24], command)
-    assert (code, again["culprit"], ran(runs)) == (0, shas[CULPRIT], []), err
-    assert all(step["build"]["how"] == "stored" and step["stored"] for step in steps(tmp_path / "again"))
+    assert (code, again["culprit"], ran(runs)) == (0, shas[CULPRIT], [CULPRIT - 1, CULPRIT]), err
+    stored = [step for step in steps(tmp_path / "again") if step["stored"]]
+    assert all(step["build"]["how"] == "stored" for step in stored) and len(stored) == again["steps"] - 2
     report = Path(again["report"]).read_text()
-    assert f"{again['steps']} verdicts reused from the store" in report
+    assert f"{len(stored)} verdicts reused from the store" in report
 
     # Newer commits since: last-good is the culprit's parent, the newest commit judged good; the
     # search over (20, 32] runs only commits the first session never judged.
@@ -96,7 +98,7 @@ def test_a_rerun_over_an_overlapping_range_runs_nothing_it_judged(repo, check, t
     header = json.loads((tmp_path / "later" / "journal.jsonl").read_text().splitlines()[0])
     assert (header["range"]["base"], header["range"]["good_ref"]) == (shas[CULPRIT - 1], "last-good")
     judged_later = ran(runs)
-    assert judged_later and not set(judged_later) & set(judged)  # 0 runs of a known commit
+    assert judged_later and set(judged_later) & set(judged) <= {CULPRIT - 1, CULPRIT}  # known: only the confirmation
     reused = [step for step in steps(tmp_path / "later") if step["stored"]]
     assert {step["commit"] for step in reused} >= {shas[CULPRIT - 1], shas[CULPRIT]}
     assert len(reused) + len(judged_later) == later["steps"]
@@ -245,8 +247,9 @@ def test_a_noisy_rerun_counts_the_stored_trials_as_evidence(tmp_path: Path) -> N
 ])
 def test_a_recipe_rerun_makes_no_probe_run_for_a_known_commit(demo_upstream, tmp_path: Path, case: str,
                                                               reference_runs: bool) -> None:
-    """The demo's real probe runs: the second session runs no trial, except the good end of a recipe
-    whose reference is the good end (its observations are what the others are compared with)."""
+    """The demo's real probe runs: the second session runs no trial but at the culprit and its
+    parent (the answer's two commits, confirmed fresh) and the good end of a recipe whose reference
+    is the good end (its observations are what the others are compared with)."""
     repo, manifest = demo_upstream
     truth = manifest.case(case)
     results = []
@@ -259,9 +262,11 @@ def test_a_recipe_rerun_makes_no_probe_run_for_a_known_commit(demo_upstream, tmp
     assert results[0]["culprit"] == results[1]["culprit"] == truth.culprit.sha
     lines = [json.loads(line) for line in (tmp_path / "again" / "journal.jsonl").read_text().splitlines()]
     trials = {line["index"] for line in lines if line["type"] == "trial"}
-    assert trials == ({0} if reference_runs else set())
+    end = next(line for line in lines if line["type"] == "end")
+    confirmed = {end["index"] - 1, end["index"]}
+    assert trials - confirmed == ({0} if reference_runs else set())
     again = steps(tmp_path / "again")
-    assert all(step["stored"] for step in again if step["index"] != 0 or not reference_runs)
+    assert all(step["stored"] for step in again if step["index"] not in trials)
 
 
 @pytest.mark.heavy  # a property over many sessions
@@ -270,7 +275,8 @@ def test_a_recipe_rerun_makes_no_probe_run_for_a_known_commit(demo_upstream, tmp
 def test_any_stored_verdicts_give_the_same_culprit_without_running_them(tmp_path: Path, n: int,
                                                                        data: st.DataObject) -> None:
     """Whatever part of a history earlier sessions judged (truthfully), a session finds the same
-    culprit, runs none of the commits they judged, and journals each of them as reused."""
+    culprit, runs none of the commits they judged but the culprit and its parent (confirmed fresh),
+    and journals each of them as reused."""
     from asked import spec_of
 
     from bisect_npu.orchestration.levels import Bisection
@@ -294,7 +300,7 @@ def test_any_stored_verdicts_give_the_same_culprit_without_running_them(tmp_path
                                        f"exit {int(kind == 'bad')}", 0.0))
     result = Bisection.start(options, session_dir=work / "s", progress=PlainProgress(io.StringIO())).run()
     assert result.culprit == shas[culprit]
-    assert not set(ran(runs)) & known
+    assert set(ran(runs)) & known <= {culprit - 1, culprit}
     assert {step["index"] for step in steps(work / "s") if step["stored"]} == known
 
 

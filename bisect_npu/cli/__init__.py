@@ -105,9 +105,23 @@ def main(argv: list[str] | None = None) -> None:
         sys.exit(exc.exit_code)
     except Exception as exc:  # a bug: its traceback is what a report needs, and --json still ends stdout
         traceback.print_exc()
+        if args and args[0] in SESSION_COMMANDS and _session:
+            _report_crash(_session[0], f"{type(exc).__name__}: {exc}")
         _fail(args, f"bisect-npu: internal error: {type(exc).__name__}: {exc} (the traceback above is what to "
               "report; finished steps stay in the session's journal)", 1, "error", f"{type(exc).__name__}: {exc}")
     sys.exit(returned if isinstance(returned, int) else 0)
+
+
+def _report_crash(session_dir: Path, error: str) -> None:
+    """The session's report says it crashed (not "still running"); a report that cannot be written
+    leaves the traceback as the only word."""
+    from bisect_npu.report import note_crash, write_reports
+
+    try:
+        note_crash(session_dir, error)
+        write_reports(session_dir)
+    except Exception:  # the crash being reported is what the user needs to see, not this one
+        click.echo("bisect-npu: the crashed session's report could not be written", err=True)
 
 
 def _no_verdict(args: list[str], code: int) -> int:

@@ -33,17 +33,20 @@ def ci() -> None:
               help="The verdict store file [default: run's].")
 @click.option("--args", "args", envvar="BISECT_NPU_CI_ARGS", default="", show_envvar=True,
               help="More `bisect-npu run` options, split as a shell would (no shell runs them).")
+@click.option("--matrix", "matrix", envvar="BISECT_NPU_CI_MATRIX", default="", show_envvar=True,
+              help="The job's matrix values (toJSON(matrix)): legs of one job that differ there get sessions of "
+                   "their own.")
 @click.option("--session", "session", envvar="BISECT_NPU_CI_SESSION", default="", show_envvar=True,
               help="Session directory [default: one per repository, run and job under the cache directory, "
                    "which a retried job finds again].")
 def bisect(good: str, bad: str, repo: str, recipe: str, command: str, executor: str, devices: str,
-           verdict_store: str, args: str, session: str) -> None:
+           verdict_store: str, args: str, matrix: str, session: str) -> None:
     """Bisect, or resume the session of a retried job (GITHUB_RUN_ATTEMPT > 1); report to the job
     summary, answer to the step's outputs. Exits 0 for an answer (or no regression since last-good)."""
     from bisect_npu.ci import Actions, BisectInputs, bisect_step
 
     inputs = BisectInputs(good=good, bad=bad, repo=repo, recipe=recipe, command=command, executor=executor,
-                          devices=devices, verdict_store=verdict_store, args=args)
+                          devices=devices, verdict_store=verdict_store, args=args, matrix=matrix)
     sys.exit(bisect_step(inputs, Actions.from_environ(os.environ), session or None))
 
 

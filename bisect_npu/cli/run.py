@@ -113,6 +113,10 @@ def request_from(values: dict[str, Any], request_type: type[RunRequest] = RunReq
 def finish(result: Result, as_json: bool) -> None:
     """Print the answer (and a JSON summary as the last line), exit with its code."""
     click.echo(result.message)
+    reused = json.loads(Path(result.report_json).read_text()).get("reused_verdicts", 0) if result.report_json else 0
+    if reused:
+        click.echo(f"{reused} verdict{'s' if reused != 1 else ''} reused from the store (run fresh with "
+                   "--no-verdict-store)")
     if result.output_tail:
         click.echo("its last lines of output:\n" + "\n".join(f"    {line}" for line in result.output_tail.splitlines()))
     click.echo(f"report: {result.report}")

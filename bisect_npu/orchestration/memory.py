@@ -2,8 +2,14 @@
 what it keeps, and `--good last-good`.
 
 A verdict is reused only under the same oracle and environment: the oracle is the recipe's digest
-(with its golden reference's files) or the command's words (with the scripts it names by absolute
-path); the environment is every fact of this host and run that changes what a run shows (the
+(with its golden reference's files) or, for a command, what the command can see (`command_view`):
+its words, the content of every file they name (absolute, or relative to the directory `run`
+starts in, the clone, or a directory a `cd` inside a shell string moves to; `sh -c '...'` strings
+are split with shlex, never run), the programs it resolves on PATH, and the environment variables
+its words reference plus those `--verdict-env` declares. What the command reads that none of its
+words names (a script its script calls) is caught after the search: a session that reused a
+verdict runs its culprit and the culprit's parent fresh before it answers (see `Session`). The
+environment is every fact of this host and run that changes what a run shows (the
 executor, the NPU host type, the architecture, the timeout and what a timeout counts as, the base
 image mirrors and release images, the package index, the bisect-npu version). Anything else that
 changes results on a host (a driver or CANN upgrade) goes into `BISECT_NPU_ENVIRONMENT`, which
@@ -13,29 +19,39 @@ enters the environment as it is.
 from __future__ import annotations
 
 import hashlib
+import itertools
 import json
 import os
 import platform
+import re
+import shlex
+import shutil
 import time
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
 import git
 
-from bisect_npu import __version__
+from bisect_npu import __version__, history
 from bisect_npu.contracts import Verdict, VerdictKind
 from bisect_npu.errors import InfrastructureError, UsageError
 from bisect_npu.level import held_of
 from bisect_npu.orchestration.options import SessionSpec
 from bisect_npu.progress import Progress
 from bisect_npu.recipe import Recipe
-from bisect_npu.records import StoredFrom
+from bisect_npu.records import CommandOracle, StoredFrom
 from bisect_npu.store import Scope, StoredVerdict, VerdictStore
 
 ENVIRONMENT_VARIABLE = "BISECT_NPU_ENVIRONMENT"
-# A host file a command names by absolute path is part of the oracle when it is a program or a script
-# (its content is hashed); data files it writes, such as a log or a counter, are not.
-_SCRIPT_SUFFIXES = (".py", ".sh", ".bash", ".pl", ".rb", ".js", ".yaml", ".yml")
+# Files above this size are keyed on their size and modification time, not read through (a model's
+# weights named on the command line would cost seconds to hash at every start).
+_HASHED_BYTES = 64 * 2**20
+# A `$NAME` or `${NAME}` in a word: the command reads that variable.
+_VARIABLE = re.compile(r"\$\{?([A-Za-z_][A-Za-z0-9_]*)")
+_SHELL_OPERATORS = frozenset(";&|<>()")
+_NESTING = 4  # sh -c "sh -c '...'" at most this deep
+_WRITES = frozenset({">", ">>", ">|", "&>", "&>>", ">&"})  # redirections to a file the command writes
 
 
 def _digest(value: object) -> str:
@@ -46,14 +62,139 @@ def _file_digest(path: Path) -> str:
     return hashlib.sha256(path.read_bytes()).hexdigest()
 
 
-def command_digest(command: list[str]) -> str:
-    """A command oracle's digest: its words and the content of the scripts it names by absolute path."""
-    scripts = {}
-    for word in command:
-        path = Path(word)
-        if path.is_absolute() and path.is_file() and (path.suffix in _SCRIPT_SUFFIXES or os.access(path, os.X_OK)):
-            scripts[word] = _file_digest(path)
-    return _digest({"command": command, "scripts": scripts})
+def _content_key(path: Path) -> str:
+    """What a file holds, as a key: its content's digest, or for a large one its size and mtime."""
+    try:
+        facts = path.stat()
+        if facts.st_size > _HASHED_BYTES:
+            return f"size {facts.st_size} mtime {facts.st_mtime_ns}"
+        return _file_digest(path)
+    except OSError as exc:
+        return f"unreadable ({exc.strerror})"
+
+
+def _shell_words(text: str) -> list[str]:
+    """The words of a shell string as a shell would split them (operators as words of their own);
+    a string shlex cannot split (an unclosed quote) by its whitespace."""
+    lexer = shlex.shlex(text, posix=True, punctuation_chars=True)
+    lexer.whitespace_split = True
+    lexer.commenters = ""
+    try:
+        return list(lexer)
+    except ValueError:
+        return text.split()
+
+
+def _all_words(words: list[str], depth: int = 0) -> list[str]:
+    """`words` and, for each word a shell would split further (a `sh -c` script, any word with
+    blanks or operators), its words too, recursively."""
+    found: list[str] = []
+    for word in words:
+        found.append(word)
+        if depth < _NESTING and (any(c.isspace() for c in word) or _SHELL_OPERATORS & set(word)):
+            found += _all_words(_shell_words(word), depth + 1)
+    return found
+
+
+def _path_candidates(word: str) -> list[str]:
+    """The paths a word may name: itself, the value of `--opt=VALUE` / `NAME=VALUE`, and each
+    part of a `a:b` list such as PYTHONPATH's."""
+    if not word or (word.startswith("-") and "=" not in word):
+        return []
+    values = {word, word.partition("=")[2]} if "=" in word else {word}
+    return sorted({part for value in values for part in [value, *value.split(":")] if part})
+
+
+@dataclass(frozen=True)
+class CommandView:
+    """What a command oracle can see on this host, beyond the commit it judges."""
+
+    files: dict[str, str]  # resolved path -> content key
+    programs: dict[str, str]  # a word PATH resolves -> "resolved path content key"
+    variables: dict[str, str | None]  # referenced or declared variable -> its value (None: unset)
+
+    def digest(self, command: list[str]) -> str:
+        return _digest({"command": command, "files": self.files, "programs": self.programs,
+                        "variables": self.variables})
+
+    def seen(self) -> dict[str, str]:
+        """Each thing seen with a digest of it, for the journal header (a variable's value is kept
+        as a digest only: it may be a secret)."""
+        return {**{f"file:{path}": key[:16] for path, key in self.files.items()},
+                **{f"program:{word}": _digest(found) for word, found in self.programs.items()},
+                **{f"variable:{name}": _digest(value) for name, value in self.variables.items()}}
+
+
+def command_view(command: list[str], bases: list[Path], declared: list[str] | None = None,
+                 environ: Mapping[str, str] | None = None, clone: Path | None = None) -> CommandView:
+    """Every file the command's words name (absolute, or relative to one of `bases` or to a
+    directory a `cd` in one of its shell strings names), every program a word resolves to on PATH,
+    and every variable a word references or `declared` names, with its value. Nothing is run.
+
+    A relative name that lands in `clone` (the upstream's own checkout) is left out: the command
+    runs in each candidate's checkout, where such a file is the commit's own, which the commit's sha
+    keys already (the clone's copy is not what it sees)."""
+    environ = os.environ if environ is None else environ
+    words = _all_words(command)
+    directories = list(bases)
+    written: set[int] = set()  # the word after `>`, `>>`: what the command writes, not what it reads
+    for at, (before, after) in enumerate(itertools.pairwise(words)):
+        if before in ("cd", "pushd"):
+            target = Path(after)
+            directories += [target] if target.is_absolute() else [base / target for base in bases]
+        if before in _WRITES:
+            written.add(at + 1)
+    files: dict[str, str] = {}
+    programs: dict[str, str] = {}
+    for at, word in enumerate(words):
+        for candidate in _path_candidates(word) if at not in written else []:
+            path = Path(candidate)
+            for place in [path] if path.is_absolute() else [base / path for base in directories]:
+                if place.is_file() and (path.is_absolute() or clone is None
+                                        or not place.resolve().is_relative_to(clone)):
+                    files[str(place.resolve())] = _content_key(place)
+        if "/" not in word and word and not word.startswith("-"):
+            resolved = shutil.which(word, path=environ.get("PATH"))
+            if resolved is not None:
+                programs[word] = f"{Path(resolved).resolve()} {_content_key(Path(resolved))}"
+    names = {match.group(1) for word in words for match in _VARIABLE.finditer(word)} | set(declared or [])
+    return CommandView(files=files, programs=programs, variables={name: environ.get(name) for name in sorted(names)})
+
+
+def _view_of(command: list[str], spec: SessionSpec | None, start: Path) -> CommandView:
+    repo = spec.range.repo if spec is not None else None
+    clone = (start / repo).resolve() if repo and not history.is_url(repo) else None
+    declared = spec.store.verdict_env if spec is not None else []
+    return command_view(command, [start], declared, clone=clone)
+
+
+def command_digest(command: list[str], spec: SessionSpec | None = None, cwd: Path | None = None) -> str:
+    """A command oracle's digest: its words and what they let it see (`command_view`), relative
+    names looked for from the directory `run` started in (`cwd`, default the current one)."""
+    return _view_of(command, spec, cwd or Path.cwd()).digest(command)
+
+
+def command_oracle(spec: SessionSpec) -> CommandOracle | None:
+    """A command oracle as the journal header keeps it: the digest of what it sees, each thing seen,
+    and the directory its relative names were looked up from."""
+    command = spec.judge.command
+    if not command:
+        return None
+    cwd = Path.cwd()
+    view = _view_of(command, spec, cwd)
+    return CommandOracle(digest=view.digest(command), cwd=str(cwd), seen=view.seen())
+
+
+def command_changed(spec: SessionSpec, started: CommandOracle | None) -> list[str]:
+    """What the command sees now that differs from when the session started: a file whose content
+    changed, a program PATH resolves otherwise, a variable with another value. A file that appeared
+    or went away since is not counted (a marker or log the runs themselves make or remove); a
+    journal from before the header kept this: nothing."""
+    if not spec.judge.command or started is None:
+        return []
+    now = _view_of(spec.judge.command, spec, Path(started.cwd)).seen()
+    return sorted(name for name, digest in now.items() if name in started.seen and started.seen[name] != digest) + \
+        sorted(name for name in {*now, *started.seen} - ({*now} & {*started.seen}) if not name.startswith("file:"))
 
 
 def oracle_digest(spec: SessionSpec, recipe: Recipe | None) -> str | None:
@@ -62,7 +203,7 @@ def oracle_digest(spec: SessionSpec, recipe: Recipe | None) -> str | None:
         golden = [_file_digest(f) for f in recipe.golden_files()] if recipe.reference.kind == "golden" else []
         return _digest({"recipe": recipe.digest(), "golden": golden})
     if spec.judge.command:
-        return command_digest(spec.judge.command)
+        return command_digest(spec.judge.command, spec)
     return None
 
 
@@ -193,7 +334,6 @@ def resolve_last_good(spec: SessionSpec, recipe: Recipe | None, repo: git.Repo) 
     scope = scope_of(spec, recipe)
     if scope is None:
         raise UsageError("--good last-good needs a recipe or a command oracle; name a good ref")
-    from bisect_npu import history
 
     good = VerdictStore(Path(spec.store.verdict_store)).judged_good(scope)
     bad = history.resolve_ref(repo, spec.range.bad)

@@ -14,6 +14,7 @@ from __future__ import annotations
 import functools
 import itertools
 import math
+import shlex
 import threading
 from dataclasses import dataclass
 from pathlib import Path
@@ -33,7 +34,7 @@ from bisect_npu.level import held_of, scope_of
 from bisect_npu.orchestration import sentences
 from bisect_npu.orchestration.costs import measured_costs, told_costs
 from bisect_npu.orchestration.evaluate import EvaluationRequest, Evaluator, StepResult
-from bisect_npu.orchestration.memory import Memory, open_memory
+from bisect_npu.orchestration.memory import Memory, command_changed, command_oracle, open_memory
 from bisect_npu.orchestration.options import SessionSpec, earlier_runs_for_search, earlier_runs_spec
 from bisect_npu.orchestration.preflight import check_run, settle_slots
 from bisect_npu.orchestration.slots import run_in_slots
@@ -152,6 +153,7 @@ class Session:
             github=_github_of(spec, recipe, repo),
             parent_session=str(parent) if parent else None,
             host_changes=host_changes(recipe, spec.context.host) if recipe else {},
+            command_oracle=command_oracle(spec),
         )
         journal = Journal.create(session_dir, header)
         if candidates_range.merge_base_note:
@@ -176,6 +178,11 @@ class Session:
         repo = history.open_repo(spec.range.repo, remedy=(
             "the session's repository was moved or removed; put it back there to resume, or start a new "
             "session with `bisect-npu run`")) if spec.range.repo else None
+        if changed := command_changed(spec, journal.header.command_oracle):
+            journal.close()
+            raise UsageError(f"command {shlex.join(spec.judge.command or [])!r} changed since the session started "
+                             f"({', '.join(changed)}); start a new session with `bisect-npu run` (results would mix "
+                             "two oracles)")
         progress = progress or PlainProgress()
         try:
             memory = open_memory(spec, recipe, session_dir, _reference(recipe, journal.header.range.base), progress)
@@ -271,7 +278,8 @@ class Session:
         return frozenset(group for key, group in zip(self.build_keys, self.build_groups, strict=True) if key in built)
 
     def evidence(self) -> dict[int, search.Evidence]:
-        return self.state.evidence()
+        dropped = self.memory is not None and self.store_dropped()
+        return self.state.evidence(without_stored=dropped)
 
     def _log_lr(self, step: StepRecord) -> float:
         """A step's likelihood ratio (accuracy oracle) in the search's terms: under --find-fix the
@@ -325,11 +333,67 @@ class Session:
             problem = self.problem()
             decision = search.decide(problem, self.evidence())
             if not isinstance(decision, search.Next):
+                if self._confirm_stored(decision):
+                    continue
                 break
             self._told = told_costs(problem)
             self._prefetch_next(problem, decision.queries)
             self._run_queries(decision.queries)
         return self._finish(decision)
+
+    # -- verdicts from the store, confirmed ------------------------------------------------------
+
+    def _stored_kinds(self) -> dict[int, set[str]]:
+        return self._kinds(stored=True)
+
+    def _kinds(self, *, stored: bool) -> dict[int, set[str]]:
+        """Each position's verdict kinds, from the store's steps or from the ones run here (skips left out)."""
+        kinds: dict[int, set[str]] = {}
+        for step in self._finished_steps():
+            if (step.stored is not None) == stored and step.verdict.kind != VerdictKind.SKIP:
+                kinds.setdefault(step.index, set()).add(step.verdict.kind.value)
+        return kinds
+
+    def store_dropped(self) -> bool:
+        """Whether a commit run fresh here disagreed with the store's verdict of it: then the store's
+        verdicts no longer hold for this session, which neither reuses nor counts them (a fact of
+        the journal, so a resumed session knows it too)."""
+        fresh = self._kinds(stored=False)
+        return any(index in fresh and fresh[index] != kinds for index, kinds in self._stored_kinds().items())
+
+    def _confirm_stored(self, decision: search.Decision) -> bool:
+        """Before answering from evidence that holds a stored verdict, run the positions the answer
+        rests on fresh (a culprit and its parent, a narrowed range's two ends, an end judged wrong)
+        where only the store judged them: a check may read what its key does not see (a script its
+        script calls). True when it ran any, so the search decides again (without the store's
+        verdicts if one disagreed)."""
+        if self.memory is None or self.store_dropped():
+            return False
+        stored = self._stored_kinds()
+        if not stored:
+            return False
+        if isinstance(decision, search.Found):
+            resting = [decision.index - 1, decision.index]
+        elif isinstance(decision, search.Narrowed):
+            resting = [decision.lo, decision.hi]
+        elif isinstance(decision, search.EndsWrong):
+            resting = [0 if decision.which == "good" else self.n]
+        else:
+            return False
+        fresh = self._kinds(stored=False)
+        unconfirmed = [index for index in resting if index in stored and index not in fresh]
+        if not unconfirmed:
+            return False
+        self.progress.note(f"running {len(unconfirmed)} commit(s) the answer rests on fresh: their verdicts came "
+                           "from the verdict store")
+        trials = self.recipe.trials.count if self.recipe else 1
+        for index in unconfirmed:
+            self._run_query(search.Query(index, trials))
+        if self.store_dropped():
+            self.progress.note("a commit run fresh disagrees with the verdict store's verdict of it: this session "
+                               "drops the store's verdicts and searches again (the check reads something its key "
+                               "does not see; --verdict-env names a variable, --no-verdict-store turns reuse off)")
+        return True
 
     def _prefetch_next(self, problem: search.SearchProblem, queries: tuple[search.Query, ...]) -> None:
         """Start building what the search will ask next, whatever verdicts these queries get."""
@@ -415,7 +479,7 @@ class Session:
         """Journal the verdict store's verdict of `commit` instead of testing it, once per position
         (noisy mode: the search asks for more trials there if it wants them). The good end of a
         recipe whose reference is the good end always runs: its observations are the reference."""
-        if self.memory is None or (index == 0 and self._needs_reference()):
+        if self.memory is None or (index == 0 and self._needs_reference()) or self.store_dropped():
             return False
         key = self._build_key(index)
         with self._store_lock:

@@ -37,6 +37,7 @@ class SessionState:
         self._weigh = weigh  # a step's log likelihood ratio in the search's terms (accuracy steps)
         self._lock = threading.Lock()
         self._evidence: dict[int, search.Evidence] = {}
+        self._fresh: dict[int, search.Evidence] = {}  # the evidence without the verdict store's steps
         self._steps: list[StepRecord] = []
         self._pending: dict[int, list[TrialRun]] = {}
         self._last_trial: dict[int, int] = {}
@@ -57,26 +58,30 @@ class SessionState:
         if trial.outcome:
             self._outcomes.setdefault(trial.index, []).append(trial.outcome)
             if self.noisy:
-                self._add(trial.index, trial.outcome.value)
+                self._add(trial.index, trial.outcome.value, stored=False)
 
     def _apply_step(self, step: StepRecord) -> None:
         self._steps.append(step)
         self._pending[step.index] = []
+        stored = step.stored is not None
         if self.noisy and step.stored is not None:
             for kind, count in (("good", step.stored.good), ("bad", step.stored.bad)):
                 for _ in range(count):
-                    self._add(step.index, kind)
+                    self._add(step.index, kind, stored=True)
         elif not self.noisy or (step.verdict.kind == "skip" and not step.trials):
-            self._add(step.index, step.verdict.kind.value)
-            if self._weigh is not None:
-                self._evidence[step.index] = self._evidence[step.index].weigh(self._weigh(step))
+            self._add(step.index, step.verdict.kind.value, stored=stored,
+                      log_lr=self._weigh(step) if self._weigh is not None else 0.0)
 
-    def _add(self, index: int, kind: str) -> None:
-        self._evidence[index] = self._evidence.get(index, search.Evidence()).add(search_term(kind, self.find_fix))
+    def _add(self, index: int, kind: str, *, stored: bool, log_lr: float = 0.0) -> None:
+        books = (self._evidence,) if stored else (self._evidence, self._fresh)
+        for book in books:
+            book[index] = book.get(index, search.Evidence()).add(search_term(kind, self.find_fix)).weigh(log_lr)
 
-    def evidence(self) -> dict[int, search.Evidence]:
+    def evidence(self, *, without_stored: bool = False) -> dict[int, search.Evidence]:
+        """Each position's evidence; `without_stored`: only what this session ran itself (the
+        verdict store's verdicts dropped, once a commit run fresh disagreed with one)."""
         with self._lock:
-            return dict(self._evidence)
+            return dict(self._fresh if without_stored else self._evidence)
 
     def steps(self) -> list[StepRecord]:
         """The finished steps, in journal order."""

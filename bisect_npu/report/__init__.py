@@ -79,6 +79,7 @@ class SessionView:
     sampling: dict[str, Any] = field(default_factory=dict)
     engine_starts: dict[str, Any] | None = None
     told: dict[str, float] = field(default_factory=dict)
+    crashed: str | None = None  # the internal error that stopped the session, while nothing was journaled since
 
     @property
     def range(self) -> CandidateRange:
@@ -147,7 +148,33 @@ def load_view(session_dir: Path) -> SessionView:
     view.versions, view.sampling = _engine_facts(session_dir, journal.entries)
     view.engine_starts = engine_starts(journal.entries)
     view.told = view_told
+    view.crashed = crash_of(session_dir) if end is None else None
     return view
+
+
+CRASH_FILE = "crashed.json"  # written by the CLI when a bug stopped the session (bisect_npu.cli.main)
+
+
+def note_crash(session_dir: Path, error: str) -> None:
+    """Keep that `error` (a bug) stopped the session, with the journal's size then: a resumed
+    session that journals anything more is no longer the crashed one."""
+    import json
+
+    journal = session_dir / JOURNAL_FILE
+    size = journal.stat().st_size if journal.is_file() else 0
+    (session_dir / CRASH_FILE).write_text(json.dumps({"error": error, "journal_bytes": size}) + "\n")
+
+
+def crash_of(session_dir: Path) -> str | None:
+    """The error that crashed the session, if one did and nothing was journaled since."""
+    import json
+
+    try:
+        crash = json.loads((session_dir / CRASH_FILE).read_text())
+        size = (session_dir / JOURNAL_FILE).stat().st_size
+    except (OSError, ValueError):
+        return None
+    return str(crash.get("error")) if crash.get("journal_bytes") == size else None
 
 
 def _with_interrupted_rows(steps: list[StepView], orphans: dict[int, list[tuple[int, int, TrialRecord]]],
@@ -436,7 +463,7 @@ def render_json(view: SessionView) -> dict[str, Any]:
     return {
         "tool_version": __version__,
         "session": str(view.session_dir),
-        "status": end.status if end is not None else "running",
+        "status": end.status if end is not None else "crashed" if view.crashed else "running",
         "culprit": end.culprit if end is not None else None,
         "culprit_title": view.title_of(end.culprit) if end is not None and end.culprit else None,
         "range": [end.lo, end.hi] if end is not None and end.status == "narrowed" else None,
@@ -499,7 +526,14 @@ def reproduce_command(view: SessionView) -> str:
     if held_of(view.header.level) is not None and parent is not None and (parent / JOURNAL_FILE).is_file():
         with Journal.open(parent, read_only=True) as journal:
             request = journal.header.request
-    return shlex.join(["bisect-npu", "run", *request.run_argv()])
+    argv = request.run_argv()
+    if reused_count(view.steps) and "--no-verdict-store" not in argv:
+        # Run again on this host, the same line would take the same verdicts from the store: this one runs them.
+        if "--verdict-store" in argv:
+            at = argv.index("--verdict-store")
+            del argv[at:at + 2]
+        argv.append("--no-verdict-store")
+    return shlex.join(["bisect-npu", "run", *argv])
 
 
 STORED = "stored"  # a step whose verdict the verdict store had: nothing built or run

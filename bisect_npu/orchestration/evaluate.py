@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from bisect_npu.builders.base import Builder, BuildFailed, Environment
-from bisect_npu.contracts import Observation, TimeoutIs, Verdict, VerdictKind
+from bisect_npu.contracts import ABORT_ABOVE, SKIP_EXIT, Observation, TimeoutIs, Verdict, VerdictKind
 from bisect_npu.defaults import TRIAL_TIMEOUT_S
 from bisect_npu.errors import InfrastructureError
 from bisect_npu.execute.base import Executor, RunResult, observation_path, probe_log_path, probe_stem, run_node_path
@@ -23,9 +23,6 @@ from bisect_npu.probe.harness import HARNESS_FAILED_EXIT
 from bisect_npu.recipe import CaseSpec, Recipe
 from bisect_npu.records import COMMAND_CASE, BuildInfo, TrialRun
 
-# The `git bisect run` protocol: 0 good, 125 skip, 1..127 bad, above 127 abort.
-SKIP_EXIT = 125
-ABORT_ABOVE = 127
 TIMEOUT_IS_BAD_NOTE = ", counted bad (--timeout-is bad)"
 
 

@@ -37,7 +37,7 @@ from bisect_npu.level import (
 )
 from bisect_npu.orchestration import sentences
 from bisect_npu.orchestration.options import SessionSpec, declared_dependencies, dep_repo_of
-from bisect_npu.orchestration.session import EXIT_ENDS_WRONG, EXIT_FOUND, EXIT_NARROWED, Session, SessionResult
+from bisect_npu.orchestration.session import EXIT_CODES, EXIT_ENDS_WRONG, Session, SessionResult
 from bisect_npu.orchestration.wiring import fix_worktrees, overlay_release_for, sweep_fix_worktrees
 from bisect_npu.progress import Progress
 from bisect_npu.records import (
@@ -357,7 +357,7 @@ class Bisection:
 
     def _finer_answer(self, finer: NextLevelRecord) -> SessionResult:
         """A finished session's answer is its finest level's, as its `next_level` line keeps it."""
-        codes = {"found": EXIT_FOUND, "narrowed": EXIT_NARROWED, "ends_wrong": EXIT_ENDS_WRONG}
+        codes = EXIT_CODES
         status = finer.status if finer.status in codes else "ends_wrong"
         return SessionResult(status, codes[status], Path(finer.session), culprit=finer.culprit,  # type: ignore[arg-type]
                              message=finer.message,

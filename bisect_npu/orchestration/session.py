@@ -55,11 +55,12 @@ from bisect_npu.records import (
 )
 
 EXIT_FOUND, EXIT_NARROWED, EXIT_ENDS_WRONG = 0, 3, 4
+EXIT_CODES = {"found": EXIT_FOUND, "narrowed": EXIT_NARROWED, "ends_wrong": EXIT_ENDS_WRONG}  # by EndRecord.status
 
 
 @dataclass(frozen=True)
 class SessionResult:
-    """How a session ended; `exit_code` follows DESIGN.md (0 culprit, 3 range, 4 precondition)."""
+    """How a session ended; `exit_code` as docs/reference/exit-codes.md gives it (0, 3 or 4)."""
 
     status: Literal["found", "narrowed", "ends_wrong"]
     exit_code: int
@@ -564,7 +565,7 @@ class Session:
 
     def _result_from_end(self, end: EndRecord) -> SessionResult:
         steps = len(self._finished_steps())
-        code = {"found": EXIT_FOUND, "narrowed": EXIT_NARROWED, "ends_wrong": EXIT_ENDS_WRONG}[end.status]
+        code = EXIT_CODES[end.status]
         rng = (end.lo, end.hi) if end.status == "narrowed" and end.lo and end.hi else None
         output = self._end_run(0 if end.which == "good" else self.n)[1] if end.status == "ends_wrong" else ""
         return SessionResult(end.status, code, self.journal.session_dir, culprit=end.culprit, range=rng,

@@ -8,7 +8,6 @@ from __future__ import annotations
 import atexit
 import contextlib
 import functools
-import glob
 import os
 import re
 import shutil
@@ -25,6 +24,7 @@ from bisect_npu.builders.base import Builder
 from bisect_npu.contracts import Observation, Verdict
 from bisect_npu.errors import InfrastructureError, UsageError
 from bisect_npu.execute.base import Executor
+from bisect_npu.execute.host_devices import host_cards
 from bisect_npu.journal import DEFAULT_ROOT, new_session_dir, session_label
 from bisect_npu.level import held_of, overlay_of
 from bisect_npu.orchestration.evaluate import EvaluationRequest, Evaluator
@@ -288,7 +288,7 @@ def node_executor(spec: SessionSpec, session_dir: Path, workdir: Path, cards: li
         from bisect_npu.builders.docker import connect_engine
         from bisect_npu.execute.docker import DockerExecutor
 
-        if not glob.glob("/dev/davinci[0-9]*"):
+        if not host_cards():
             cards = []  # a node without NPU device files (fake NPU resources): a plain CPU container
         # Made here, not by _docker_environment: its sweep at exit would reach the session's
         # containers that other workers of this node still run.

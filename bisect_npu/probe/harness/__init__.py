@@ -19,6 +19,7 @@ import json
 import os
 import shutil
 import subprocess
+from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -33,6 +34,21 @@ EXCERPT_CHARS = 400
 
 class HarnessError(RuntimeError):
     """The harness is missing, failed, wrote nothing or wrote what does not parse: infrastructure."""
+
+
+def json_lines(path: str, broken: str, errors: str = "strict") -> Iterator[tuple[str, Any]]:
+    """Each non-blank line of a JSONL file, parsed, with where it stands (`path:N`); a line that
+    does not parse is a HarnessError naming it, ending with `broken` (what that says of the file)."""
+    with open(path, encoding="utf-8", errors=errors) as fh:
+        for number, text in enumerate(fh, start=1):
+            if not text.strip():
+                continue
+            where = f"{path}:{number}"
+            try:
+                value = json.loads(text)
+            except json.JSONDecodeError as exc:
+                raise HarnessError(f"{where}: not a JSON line ({exc}); {broken}") from exc
+            yield where, value
 
 
 @dataclass(frozen=True)

@@ -18,7 +18,7 @@ import os
 import re
 from typing import Any
 
-from . import HarnessError, excerpt, find_executable, run_harness
+from . import HarnessError, excerpt, find_executable, json_lines, run_harness
 
 MODEL_ABBR = "candidate"
 _INDEX = re.compile(r"_(\d+)$")
@@ -91,19 +91,7 @@ def _load_json(path: str) -> Any:
 
 
 def _jsonl(path: str) -> list[dict[str, Any]]:
-    rows = []
-    with open(path, encoding="utf-8") as fh:
-        for number, line in enumerate(fh, start=1):
-            if not line.strip():
-                continue
-            try:
-                row = json.loads(line)
-            except json.JSONDecodeError as exc:
-                raise HarnessError(f"{path}:{number}: not a JSON line ({exc}); AISBench's predictions are "
-                                   "broken") from exc
-            if isinstance(row, dict):
-                rows.append(row)
-    return rows
+    return [row for _, row in json_lines(path, "AISBench's predictions are broken") if isinstance(row, dict)]
 
 
 def _correct(detail: dict[str, Any], where: str) -> float:

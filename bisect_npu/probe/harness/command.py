@@ -12,7 +12,7 @@ import json
 import os
 from typing import Any
 
-from . import HarnessError, excerpt, run_harness
+from . import HarnessError, excerpt, json_lines, run_harness
 
 
 def fill(argv: list[str], values: dict[str, str]) -> list[str]:
@@ -31,30 +31,22 @@ def read_lines(path: str) -> list[dict[str, Any]]:
     if not os.path.exists(path):
         raise HarnessError(f"the harness wrote no per-sample file {path}; see its log")
     outcomes = []
-    with open(path, encoding="utf-8", errors="replace") as fh:
-        for number, text in enumerate(fh, start=1):
-            if not text.strip():
-                continue
-            where = f"{path}:{number}"
-            try:
-                line = json.loads(text)
-            except json.JSONDecodeError as exc:
-                raise HarnessError(f"{where}: not a JSON line ({exc}); one JSON object per sample per line") from exc
-            if not isinstance(line, dict) or line.get("id") in (None, "") or "correct" not in line:
-                raise HarnessError(f"{where}: a sample line is a JSON object with `id` and `correct`")
-            correct = line["correct"]
-            if isinstance(correct, bool):
-                correct = float(correct)
-            if not isinstance(correct, (int, float)) or not 0.0 <= correct <= 1.0:
-                raise HarnessError(f"{where}: `correct` is {line['correct']!r}; 0, 1, true, false or a rate in [0, 1]")
-            runs = line.get("runs", 1)
-            if not isinstance(runs, int) or isinstance(runs, bool) or runs < 1:
-                raise HarnessError(f"{where}: `runs` is {runs!r}; a whole number >= 1")
-            outcome = {**line, "id": str(line["id"]), "correct": float(correct), "runs": runs}
-            for key in ("prompt", "output", "target"):
-                if key in outcome:
-                    outcome[key] = excerpt(outcome[key])
-            outcomes.append(outcome)
+    for where, line in json_lines(path, "one JSON object per sample per line", errors="replace"):
+        if not isinstance(line, dict) or line.get("id") in (None, "") or "correct" not in line:
+            raise HarnessError(f"{where}: a sample line is a JSON object with `id` and `correct`")
+        correct = line["correct"]
+        if isinstance(correct, bool):
+            correct = float(correct)
+        if not isinstance(correct, (int, float)) or not 0.0 <= correct <= 1.0:
+            raise HarnessError(f"{where}: `correct` is {line['correct']!r}; 0, 1, true, false or a rate in [0, 1]")
+        runs = line.get("runs", 1)
+        if not isinstance(runs, int) or isinstance(runs, bool) or runs < 1:
+            raise HarnessError(f"{where}: `runs` is {runs!r}; a whole number >= 1")
+        outcome = {**line, "id": str(line["id"]), "correct": float(correct), "runs": runs}
+        for key in ("prompt", "output", "target"):
+            if key in outcome:
+                outcome[key] = excerpt(outcome[key])
+        outcomes.append(outcome)
     if not outcomes:
         raise HarnessError(f"the harness wrote no sample line to {path}; it scored nothing (an empty dataset?)")
     return outcomes

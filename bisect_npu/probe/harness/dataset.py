@@ -13,7 +13,7 @@ import json
 import os
 from typing import Any
 
-from . import HarnessError
+from . import HarnessError, json_lines
 
 
 def sample_id(row: dict[str, Any], index: int) -> str:
@@ -27,18 +27,10 @@ def read_rows(path: str) -> list[dict[str, Any]]:
         raise HarnessError(f"the dataset {path} does not exist; generate it or fix `accuracy.dataset` in the recipe")
     rows = []
     try:
-        with open(path, encoding="utf-8") as fh:
-            for number, line in enumerate(fh, start=1):
-                if not line.strip():
-                    continue
-                try:
-                    row = json.loads(line)
-                except json.JSONDecodeError as exc:
-                    raise HarnessError(f"{path}:{number}: not a JSON line ({exc}); the dataset is one JSON "
-                                       "object per line") from exc
-                if not isinstance(row, dict):
-                    raise HarnessError(f"{path}:{number}: a dataset line is a JSON object, got {type(row).__name__}")
-                rows.append(row)
+        for where, row in json_lines(path, "the dataset is one JSON object per line"):
+            if not isinstance(row, dict):
+                raise HarnessError(f"{where}: a dataset line is a JSON object, got {type(row).__name__}")
+            rows.append(row)
     except (OSError, UnicodeDecodeError) as exc:
         raise HarnessError(f"cannot read the dataset {path}: {exc}") from exc
     if not rows:

@@ -14,7 +14,7 @@ import json
 import os
 from typing import Any
 
-from . import HarnessError, excerpt, find_executable, run_harness
+from . import HarnessError, excerpt, find_executable, json_lines, run_harness
 
 WRAPPER_TASK = "bisect_npu_accuracy"
 ENDPOINTS = {"local-completions": "/v1/completions", "local-chat-completions": "/v1/chat/completions"}
@@ -97,29 +97,21 @@ def read_samples(work_dir: str, ids: list[str] | None) -> list[dict[str, Any]]:
                            "see its log")
     outcomes: dict[str, dict[str, Any]] = {}
     for path in files:
-        with open(path, encoding="utf-8") as fh:
-            for number, text in enumerate(fh, start=1):
-                if not text.strip():
-                    continue
-                where = f"{path}:{number}"
-                try:
-                    line = json.loads(text)
-                except json.JSONDecodeError as exc:
-                    raise HarnessError(f"{where}: not a JSON line ({exc}); lm-eval's samples file is broken") from exc
-                if not isinstance(line, dict) or "doc_id" not in line:
-                    raise HarnessError(f"{where}: a samples line without doc_id; not lm-eval's format")
-                doc: dict[str, Any] = line["doc"] if isinstance(line.get("doc"), dict) else {}
-                doc_id = int(line["doc_id"])
-                sid = str(doc["id"]) if doc.get("id") is not None else (
-                    ids[doc_id] if ids is not None and doc_id < len(ids) else str(doc_id))
-                if sid in outcomes:
-                    continue
-                resps = line.get("filtered_resps") or line.get("resps") or []
-                while isinstance(resps, list) and resps:
-                    resps = resps[0]
-                outcomes[sid] = {"id": sid, "correct": _metric(line, where), "runs": 1,
-                                 "prompt": excerpt(_prompt(line)), "output": excerpt(resps if resps != [] else ""),
-                                 "target": excerpt(line.get("target"))}
+        for where, line in json_lines(path, "lm-eval's samples file is broken"):
+            if not isinstance(line, dict) or "doc_id" not in line:
+                raise HarnessError(f"{where}: a samples line without doc_id; not lm-eval's format")
+            doc: dict[str, Any] = line["doc"] if isinstance(line.get("doc"), dict) else {}
+            doc_id = int(line["doc_id"])
+            sid = str(doc["id"]) if doc.get("id") is not None else (
+                ids[doc_id] if ids is not None and doc_id < len(ids) else str(doc_id))
+            if sid in outcomes:
+                continue
+            resps = line.get("filtered_resps") or line.get("resps") or []
+            while isinstance(resps, list) and resps:
+                resps = resps[0]
+            outcomes[sid] = {"id": sid, "correct": _metric(line, where), "runs": 1,
+                             "prompt": excerpt(_prompt(line)), "output": excerpt(resps if resps != [] else ""),
+                             "target": excerpt(line.get("target"))}
     if not outcomes:
         raise HarnessError(f"lm-eval's samples files under {work_dir}/output hold no sample; see its log")
     return list(outcomes.values())

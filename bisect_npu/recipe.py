@@ -354,7 +354,8 @@ class LmEvalSpec(StrictModel):
                                                      "whose data is local (relative to the recipe)")
     model: Literal["local-completions", "local-chat-completions"] = Field(
         "local-chat-completions", description="lm-eval's model type: /v1/completions or /v1/chat/completions")
-    num_fewshot: int | None = Field(None, strict=True, ge=0, description="--num_fewshot; unset: the task's own")
+    num_fewshot: int | None = Field(None, strict=True, ge=0, le=1000,
+                                    description="--num_fewshot; unset: the task's own")
     extra_args: list[str] = Field(default_factory=list, description="further lm-eval arguments, one per item")
 
 
@@ -366,7 +367,7 @@ class AisBenchSpec(StrictModel):
                                                "candidate's server, e.g. vllm_api_general_chat")
     dataset_conf: str = Field(..., min_length=1, description="AISBench dataset config, e.g. "
                                                              "aime2024/aime2024_gen_0_shot_chat_prompt")
-    batch_size: int = Field(1, strict=True, ge=1, description="concurrent requests AISBench sends")
+    batch_size: int = Field(1, strict=True, ge=1, le=4096, description="concurrent requests AISBench sends")
     extra_args: list[str] = Field(default_factory=list, description="further ais_bench arguments, one per item")
 
     @field_validator("request_conf")
@@ -402,8 +403,8 @@ class AccuracySpec(AccuracyConfig):
     sampling: SamplingSpec = Field(default_factory=SamplingSpec, description="what the harness sends with every "
                                                                              "request (temperature, top_p, "
                                                                              "max_tokens: the output budget)")
-    limit: int | None = Field(None, strict=True, ge=1, description="score only the first N samples of the dataset; "
-                                                                   "unset: all")
+    limit: int | None = Field(None, strict=True, ge=1, le=INT32_MAX,
+                              description="score only the first N samples of the dataset; unset: all")
 
     @field_validator("dataset")
     @classmethod

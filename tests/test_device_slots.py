@@ -125,14 +125,15 @@ def test_cards_per_run_is_the_recipe_s_parallel_size() -> None:
 
 
 @pytest.mark.parametrize(("engine", "message"), [
-    ("  args: {tensor_parallel_size: 0}\n", "args.tensor_parallel_size: 0 is not a positive whole number"),
-    ("  args: {tensor_parallel_size: true}\n", "True is not a positive whole number"),
-    ("  args: {tensor-parallel-size: 2.5}\n", "2.5 is not a positive whole number"),
+    ("  args: {tensor_parallel_size: 0}\n",
+     "args.tensor_parallel_size: 0 is not a whole number of cards from 1 to 4096"),
+    ("  args: {tensor_parallel_size: true}\n", "True is not a whole number of cards from 1 to 4096"),
+    ("  args: {tensor-parallel-size: 2.5}\n", "2.5 is not a whole number of cards from 1 to 4096"),
     ("  backend: openai\n  args: {tensor_parallel_size: 2}\n  server_flags: [-tp, '4']\n",
      "args.tensor_parallel_size and server_flags -tp disagree \\(2 vs 4\\)"),
     ("  backend: openai\n  server_flags: [--pipeline-parallel-size]\n",
      "server_flags --pipeline-parallel-size has no value"),
-    ("  args: {tensor_parallel_size: '4.0'}\n", "'4.0' is not a positive whole number"),
+    ("  args: {tensor_parallel_size: '4.0'}\n", "'4.0' is not a whole number of cards from 1 to 4096"),
 ])
 def test_a_parallel_size_that_is_no_card_count_is_a_recipe_error(engine: str, message: str) -> None:
     with pytest.raises(UsageError, match=f"t.yaml:4: field 'engine': .*{message}"):

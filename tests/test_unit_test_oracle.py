@@ -9,6 +9,7 @@ import json
 import os
 import subprocess
 import sys
+import sysconfig
 import time
 from pathlib import Path
 
@@ -165,11 +166,17 @@ def test_requirements_leave_out_the_npu_and_cuda_stack() -> None:
 
 
 def fake_venv(cache: Path, key: pin_venv.PinKey) -> Path:
-    """A complete venv of the cache whose interpreter is this one (it has pytest)."""
+    """A complete venv of the cache whose interpreter is this one, seeing this one's packages
+    (pytest) and nothing else of the host's: `bisect_npu` only through the cache's own host link,
+    as in a venv the cache built."""
     venv = cache / key.name
     (venv / "bin").mkdir(parents=True)
     (venv / "bin" / "python").symlink_to(sys.executable)
-    (venv / "lib" / "python3.11" / "site-packages").mkdir(parents=True)
+    site = venv / "lib" / f"python{sys.version_info.major}.{sys.version_info.minor}" / "site-packages"
+    site.mkdir(parents=True)
+    (venv / "pyvenv.cfg").write_text(f"home = {Path(sys.base_prefix) / 'bin'}\ninclude-system-site-packages = false\n")
+    (site / "this_interpreters_packages.pth").write_text(
+        f"import site; site.addsitedir({sysconfig.get_paths()['purelib']!r})\n")
     (venv / COMPLETE_MARKER).write_text("done\n")
     return venv
 

@@ -26,7 +26,7 @@ from pathlib import Path
 from typing import TextIO
 
 from bisect_npu.builders.base import BuildFailed, tail
-from bisect_npu.builders.venv import COMPLETE_MARKER, host_root, tree_bytes
+from bisect_npu.builders.venv import COMPLETE_MARKER, link_host, tree_bytes
 from bisect_npu.errors import UsageError
 from bisect_npu.paths import cache_root
 
@@ -133,7 +133,7 @@ class PinVenvs:
                 log_dir.mkdir(parents=True, exist_ok=True)
                 self._build(key, requirements, venv, log_dir / f"venv-{key.name}.log")
         (venv / COMPLETE_MARKER).touch()  # its age is its last use: what pruning reads
-        _link_host(venv)
+        link_host(venv)
         return PinVenv(venv, key)
 
     def _build(self, key: PinKey, requirements: list[str], venv: Path, log_path: Path) -> None:
@@ -272,16 +272,6 @@ def _base_python() -> str:
     """The interpreter the venvs are made from: the host's, outside any venv it runs in."""
     base = Path(sys.base_prefix) / "bin" / f"python{sys.version_info.major}.{sys.version_info.minor}"
     return str(base) if base.exists() else sys.executable
-
-
-def _link_host(venv: Path) -> None:
-    """A `.pth` that puts the host's `bisect_npu` after the venv's packages: the test runner of
-    bisect_npu/probe runs inside the venv (stdlib only)."""
-    for site in sorted((venv / "lib").glob("python*/site-packages")):
-        pth = site / "bisect_npu_host.pth"
-        wanted = str(host_root()) + "\n"
-        if not pth.exists() or pth.read_text(encoding="utf-8") != wanted:
-            pth.write_text(wanted, encoding="utf-8")
 
 
 @contextlib.contextmanager

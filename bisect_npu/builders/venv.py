@@ -110,7 +110,7 @@ class VenvBuilder:
                     shutil.rmtree(venv, ignore_errors=True)  # gigabytes of a half install help no one
                     raise
                 how = "built"
-            self._link_host(venv)
+            link_host(venv)
             (venv / COMPLETE_MARKER).touch()  # last-used time, for pruning
         self.prune(keep=venv)
         return Environment(kind="venv", commit=version, build_key=f"{self.package}=={version}@{self.digest}",
@@ -193,7 +193,7 @@ class VenvBuilder:
             if self.plan.remove_after:
                 self._step([*pip, "uninstall", "-y", *self.plan.remove_after], log, log_path,
                            f"removing {', '.join(self.plan.remove_after)} after installing {requirement}")
-        self._link_host(venv)
+        link_host(venv)
         info = {"package": self.package, "version": version, "plan": self.plan.model_dump(mode="json"),
                 "bytes": tree_bytes(venv), "built_at": time.time()}
         marker_tmp = venv / (COMPLETE_MARKER + ".tmp")
@@ -217,14 +217,15 @@ class VenvBuilder:
             raise BuildFailed(f"{what} failed (exit {proc.returncode}); see {log_path}", log_path,
                               tail(log_path))
 
-    @staticmethod
-    def _link_host(venv: Path) -> None:
-        """Point the venv at the host's `bisect_npu` (rewritten on every acquire: the checkout may move)."""
-        for site in _site_packages(venv):
-            pth = site / HOST_PTH
-            wanted = str(host_root()) + "\n"
-            if not pth.exists() or pth.read_text(encoding="utf-8") != wanted:
-                pth.write_text(wanted, encoding="utf-8")
+
+def link_host(venv: Path) -> None:
+    """Point the venv at the host's `bisect_npu`, after its own packages (rewritten on every
+    acquire: the checkout may move): the probe runs inside the venv, standard library only."""
+    for site in _site_packages(venv):
+        pth = site / HOST_PTH
+        wanted = str(host_root()) + "\n"
+        if not pth.exists() or pth.read_text(encoding="utf-8") != wanted:
+            pth.write_text(wanted, encoding="utf-8")
 
 
 def _venv_python(venv: Path) -> Path:

@@ -184,10 +184,10 @@ class AccuracyConfig(StrictModel):
         "accuracy", description="accuracy: a sample is correct when the harness scores it so; loop_rate: when "
                                 "it finishes with `stop` inside its token budget and the loop detector finds no "
                                 "loop (the share of looping runs is the figure)")
-    repeats: int = Field(1, strict=True, ge=1,
+    repeats: int = Field(1, strict=True, ge=1, le=1000,
                          description="runs of every sample per round (a sampled evaluation, temperature > 0): a "
                                      "sample's correctness is then the share of its runs that were correct")
-    max_rounds: int = Field(3, strict=True, ge=1,
+    max_rounds: int = Field(3, strict=True, ge=1, le=100,
                             description="a candidate the sequential test cannot settle after one round runs "
                                         "another `repeats` runs of the same samples, up to this many rounds; then "
                                         "the likelier side decides")

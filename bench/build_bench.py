@@ -84,12 +84,12 @@ def bisect_once(client, repo: git.Repo, case, overlays: bool, prefetch: bool, ro
     The real Evaluator (build, probe in a container, oracle) and the real search; only the loop is
     here, so the prefetcher can be told what the next step may need (speculative_queries).
     """
-    from bisect_npu import history
     from bisect_npu.builders.prefetch import Prefetcher, speculative_queries
     from bisect_npu.execute.docker import DockerExecutor
     from bisect_npu.orchestration.evaluate import EvaluationRequest, Evaluator
-    from bisect_npu.recipe import load_recipe
+    from bisect_npu.recipe.loader import load_recipe
     from bisect_npu.search import Evidence, Found, Next, SearchProblem, decide
+    from bisect_npu.upstream import history
 
     remove_images(client, LABEL_COMMIT, {c.hexsha for c in repo.iter_commits("--all")})
     brange = history.resolve_range(repo, case.good_ref, case.bad_ref)

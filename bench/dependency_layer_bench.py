@@ -7,7 +7,7 @@ Measured on the demo (`--executor docker`, the engine's API), then projected for
    dependency commit (extracted from git, one layer committed), for several distinct commits;
 3. with --vllm-tree DIR (an installed `vllm` package directory): the same layer with a tree of
    vLLM's Python files, the size of what vllm-ascend's dependency level lays per candidate;
-4. plan's cost model (bisect_npu.simulate, as `bisect-npu plan` replays the search): a dependency
+4. plan's cost model (bisect_npu.forecast.simulate, as `bisect-npu plan` replays the search): a dependency
    level over N vLLM commits between two pins, every candidate one layer over the held image,
    against a vllm-ascend image build per candidate. Build and run minutes are plan's defaults
    (30 and 5), the overlay minutes the vLLM-sized layer measured in 3 (plan's default 2 without).
@@ -39,8 +39,9 @@ from bisect_npu.builders.dependency import DependencyBuilder
 from bisect_npu.builders.docker import LABEL_COMMIT, LABEL_KEY, LABEL_KIND, DockerBuilder, connect_engine
 from bisect_npu.builders.key import BuildKeyReader
 from bisect_npu.demo.generate import ensure_upstream
-from bisect_npu.recipe import DependencySpec, load_recipe
-from bisect_npu.simulate import simulate
+from bisect_npu.forecast.simulate import simulate
+from bisect_npu.recipe.loader import load_recipe
+from bisect_npu.recipe.schema import DependencySpec
 
 REPEATS = 3
 LAYERS = 4  # distinct dependency commits laid per repeat

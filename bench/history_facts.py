@@ -22,7 +22,7 @@ import git
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
 from gitrepo import make_linear_repo
 
-from bisect_npu import history
+from bisect_npu.upstream import history
 
 DOCKERFILE = "FROM quay.io/ascend/cann:8.1.rc1-910b-ubuntu22.04-py3.10\nARG VLLM_TAG=v0.9.{}\n"
 

@@ -1,6 +1,6 @@
 """Several hosts, one bisection: rounds and hours for 1, 2, 4 and 8 hosts of 8 cards.
 
-The real search (bisect_npu.simulate, the same code a session runs) over a real range of
+The real search (bisect_npu.forecast.simulate, the same code a session runs) over a real range of
 vllm-ascend with its real build keys, exact (a deterministic oracle, rates 1/0) and noisy (0.8/0.2).
 Each host of 8 cards holds 8 // ENGINE engines; `--executor ray` gives a session one slot per
 engine of the whole cluster, so hosts x engines per host slots. Culprits spread evenly over the
@@ -14,9 +14,9 @@ from __future__ import annotations
 import argparse
 import time
 
-from bisect_npu import history
-from bisect_npu.plan import range_keys, unbuildable_positions
-from bisect_npu.simulate import simulate
+from bisect_npu.forecast.plan import range_keys, unbuildable_positions
+from bisect_npu.forecast.simulate import simulate
+from bisect_npu.upstream import history
 
 CARDS_PER_HOST = 8
 HOSTS = (1, 2, 4, 8)

@@ -25,7 +25,8 @@ from pathlib import Path
 
 import git
 
-from bisect_npu import history, search
+from bisect_npu import search
+from bisect_npu.upstream import history
 
 
 def contains(repo: git.Repo, commit: str, culprit: str) -> bool:

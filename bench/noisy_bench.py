@@ -40,9 +40,9 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from bisect_npu.forecast.simulate import simulate, simulate_one
 from bisect_npu.search import Evidence, Found, Next, SearchProblem, decide
 from bisect_npu.search.noisy import information_gain
-from bisect_npu.simulate import simulate, simulate_one
 
 SIZES = (32, 128, 1000)
 RATES = ((1.0, 0.0), (0.95, 0.05), (0.8, 0.2), (0.2, 0.0))

@@ -25,7 +25,7 @@ import time
 
 import numpy as np
 
-from bisect_npu.simulate import SimulationSummary, simulate
+from bisect_npu.forecast.simulate import SimulationSummary, simulate
 
 SIZES = (32, 128, 176, 1000)
 NEW_KEY_SHARE = 1 / 17
@@ -113,8 +113,8 @@ def noisy_table(layouts: int, each: int) -> None:
 
 
 def repo_keys(path: str, good: str, bad: str) -> tuple[str, list[str]]:
-    from bisect_npu import history
     from bisect_npu.builders.key import BuildKeyReader
+    from bisect_npu.upstream import history
 
     repo = history.open_repo(path)
     brange = history.resolve_range(repo, good, bad)

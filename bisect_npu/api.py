@@ -30,11 +30,12 @@ from bisect_npu.errors import BisectError, InfrastructureError, UsageError
 from bisect_npu.execute.ascend import parse_devices
 from bisect_npu.execute.inprocess import Oracle, OracleAnswer, oracle_name
 from bisect_npu.fix import FixReport
+from bisect_npu.forecast.plan import RangePlan
 from bisect_npu.journal import JOURNAL_FILE
 from bisect_npu.orchestration.preflight import command_words
-from bisect_npu.plan import RangePlan
 from bisect_npu.progress import Progress
-from bisect_npu.recipe import Recipe, load_recipe
+from bisect_npu.recipe.loader import load_recipe
+from bisect_npu.recipe.schema import Recipe
 from bisect_npu.request import (
     ExecutorSpec,
     FixSpec,
@@ -231,7 +232,8 @@ def propose_fixes(repo: str | Path, culprit: str, *, bad: str | None = None, sym
                   top: int = 5) -> FixReport:
     """Rank the upstream commits that fix `culprit` (on the branches holding it, or `bad`'s),
     each with the reasons a reviewer can check."""
-    from bisect_npu import fix, history
+    from bisect_npu import fix
+    from bisect_npu.upstream import history
 
     return fix.propose_fixes(history.open_repo(str(repo)), culprit, bad=bad, symptom=symptom, top=top)
 
@@ -239,6 +241,7 @@ def propose_fixes(repo: str | Path, culprit: str, *, bad: str | None = None, sym
 def plan_range(repo: str | Path, good: str, bad: str, *, dockerfile: str = "Dockerfile") -> RangePlan:
     """What bisecting `good`..`bad` would cost, running nothing: candidates, build groups,
     expected steps, full builds and hours."""
-    from bisect_npu import history, plan
+    from bisect_npu.forecast import plan
+    from bisect_npu.upstream import history
 
     return plan.plan_range(history.open_repo(str(repo)), good, bad, dockerfile=dockerfile)

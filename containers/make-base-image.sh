@@ -29,11 +29,18 @@ if [ ! -s "$TARBALL" ]; then
         DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends debootstrap >/dev/null
     }
     work="$(mktemp -d "$CACHE/rootfs.XXXXXX")"
-    trap 'rm -rf "$work"' EXIT
     rootfs="$work/rootfs"
+    # debootstrap mounts /proc (and more) inside the rootfs and can leave it mounted on exit: unmount
+    # whatever is still mounted there, deepest first, before the tarball and before removing it.
+    unmount_inside() {
+        awk -v root="$(realpath -m "$rootfs")" '$2 == root || index($2, root "/") == 1 { print $2 }' /proc/mounts |
+            sort -r | while read -r mnt; do umount -l "$mnt" || true; done
+    }
+    trap 'unmount_inside; rm -rf "$work"' EXIT
     say "debootstrap bookworm ($PACKAGES)"
     debootstrap --variant=minbase --include="$PACKAGES" bookworm "$rootfs" "$MIRROR" >"$work/debootstrap.log" 2>&1 || {
         tail -n 30 "$work/debootstrap.log" >&2; exit 1; }
+    unmount_inside
 
     # Containers get no network: the wheels come from the host's pip (torch from the local file).
     say "pip download $TORCH"

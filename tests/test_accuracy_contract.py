@@ -10,7 +10,8 @@ from bisect_npu.contracts import Observation, SampleOutcome
 from bisect_npu.errors import InfrastructureError, UsageError
 from bisect_npu.oracle.accuracy import SampleFormatError, parse_sample_lines, read_samples_jsonl
 from bisect_npu.orchestration.evaluate import probe_request
-from bisect_npu.recipe import ACCURACY_CASE, Recipe, parse_recipe
+from bisect_npu.recipe.loader import parse_recipe
+from bisect_npu.recipe.schema import ACCURACY_CASE, Recipe
 
 HEAD = "name: acc\nmodel: {path: /models/m}\noracle: {kinds: [accuracy]}\n"
 AISBENCH = HEAD + """accuracy:

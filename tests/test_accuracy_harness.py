@@ -27,7 +27,7 @@ from bisect_npu.contracts import Observation
 from bisect_npu.demo.accuracy import DATASET, generate_dataset, read_dataset
 from bisect_npu.orchestration.evaluate import probe_request
 from bisect_npu.probe.harness import HARNESS_FAILED_EXIT, INSTALLS, harness_home
-from bisect_npu.recipe import load_recipe, parse_recipe
+from bisect_npu.recipe.loader import load_recipe, parse_recipe
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 COMMAND_HARNESS = Path(__file__).resolve().parent / "accuracy_command_harness.py"

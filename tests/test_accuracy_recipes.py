@@ -15,7 +15,7 @@ from bisect_npu.execute.docker import ContainerSpec, DockerExecutor
 from bisect_npu.orchestration.evaluate import probe_request
 from bisect_npu.orchestration.wiring import container_spec_factory
 from bisect_npu.probe.backends.openai import server_argv
-from bisect_npu.recipe import load_recipe
+from bisect_npu.recipe.loader import load_recipe
 
 ACCURACY_RECIPES = {"deepseek-r1-aime2024-accuracy": 16, "deepseek-r1-gpqa-accuracy": 16,
                     "math500-statistical-verification": 4, "qwen3-moe-loop-rate": 4}

@@ -223,7 +223,7 @@ def test_clopper_pearson_bounds_hold_their_tails(n: int, data: st.DataObject) ->
 def test_judge_on_its_own_pairs_against_the_reference_given() -> None:
     """`bisect-npu judge --recipe ACC --reference good.json obs.json`: bad when it scores lower."""
     from bisect_npu import oracle
-    from bisect_npu.recipe import parse_recipe
+    from bisect_npu.recipe.loader import parse_recipe
 
     recipe = parse_recipe("name: a\nmodel: {path: m}\noracle: {kinds: [accuracy]}\n"
                           "accuracy: {harness: command, dataset: d, command: {argv: [x]}}\n")

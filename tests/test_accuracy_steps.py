@@ -8,7 +8,7 @@ from pathlib import Path
 
 from bisect_npu.contracts import VerdictKind
 from bisect_npu.orchestration.accuracy import AccuracySteps, load_from
-from bisect_npu.recipe import parse_recipe
+from bisect_npu.recipe.loader import parse_recipe
 from bisect_npu.records import TrialRun
 
 RECIPE = """name: acc

@@ -69,7 +69,7 @@ def test_a_clone_without_its_submodules_names_the_command_that_fetches_them(with
 
 def test_a_clone_bisect_npu_made_of_a_url_fetches_the_pinned_submodules_itself(with_submodule, tmp_path,
                                                                                  monkeypatch) -> None:
-    from bisect_npu.history import open_repo
+    from bisect_npu.upstream.history import open_repo
 
     upstream, _, first, second, _ = with_submodule
     monkeypatch.setenv("BISECT_NPU_CACHE", str(tmp_path / "cache"))

@@ -193,8 +193,8 @@ def test_the_key_changes_where_only_envs_py_changed_on_the_real_history() -> Non
     """On vllm-ascend's own history (BISECT_NPU_VLLM_ASCEND=CLONE, run by hand): every first-parent
     commit of v0.9.1..v0.11.0 that changed vllm_ascend/envs.py and nothing else has its own key,
     and envs.py is the only key input that differs from its parent's."""
-    from bisect_npu import history
     from bisect_npu.builders.key import BuildKeyReader
+    from bisect_npu.upstream import history
 
     repo = history.open_repo(os.environ["BISECT_NPU_VLLM_ASCEND"])
     reader = BuildKeyReader(repo)

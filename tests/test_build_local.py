@@ -106,7 +106,7 @@ def test_a_recipe_can_turn_output_reuse_off(tmp_path: Path) -> None:
     from asked import spec_of
 
     from bisect_npu.orchestration.wiring import make_environment
-    from bisect_npu.recipe import parse_recipe
+    from bisect_npu.recipe.loader import parse_recipe
 
     shas = make_linear_repo(tmp_path / "repo", 2)
     text = "name: t\nmodel:\n  path: /m\ncases:\n  - id: a\n    prompt: hi\nbuild:\n  local_command: [make]\n"

@@ -14,7 +14,8 @@ import pytest
 
 from bisect_npu.builders.base import BuildFailed
 from bisect_npu.builders.venv import COMPLETE_MARKER, VenvBuilder, host_root
-from bisect_npu.recipe import InstallPlan, parse_recipe
+from bisect_npu.recipe.loader import parse_recipe
+from bisect_npu.recipe.schema import InstallPlan
 
 # Each test makes a venv with pip (a release's environment).
 pytestmark = pytest.mark.e2e

@@ -17,8 +17,8 @@ from gitrepo import make_linear_repo
 
 from bisect_npu.errors import UsageError
 from bisect_npu.execute.docker import COMMAND_FILES, Mount, check_command_mounts, command_in_container
-from bisect_npu.history import open_repo
 from bisect_npu.orchestration.preflight import check_command
+from bisect_npu.upstream.history import open_repo
 
 CLI = [sys.executable, "-m", "bisect_npu"]
 CHECK = "import sys\nsys.exit(0 if open('state').read().strip() == 'good' else 1)\n"

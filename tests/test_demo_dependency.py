@@ -19,7 +19,7 @@ from bisect_npu.demo.manifest import Manifest
 from bisect_npu.fix import propose_fixes
 from bisect_npu.oracle import judge_observation
 from bisect_npu.orchestration.evaluate import probe_request
-from bisect_npu.recipe import load_recipe
+from bisect_npu.recipe.loader import load_recipe
 
 # Each test runs bisect-npu end to end (sessions, the command line, the demo's model).
 pytestmark = pytest.mark.e2e

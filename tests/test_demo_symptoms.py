@@ -17,7 +17,8 @@ import pytest
 from bisect_npu.contracts import Observation, VerdictKind
 from bisect_npu.oracle import judge, judge_observation
 from bisect_npu.orchestration.evaluate import probe_request
-from bisect_npu.recipe import Recipe, load_recipe
+from bisect_npu.recipe.loader import load_recipe
+from bisect_npu.recipe.schema import Recipe
 
 # Each test runs bisect-npu end to end (sessions, the command line, the demo's model).
 pytestmark = pytest.mark.e2e

@@ -16,7 +16,7 @@ from gitrepo import add_commit, git, make_linear_repo
 
 from bisect_npu.builders.dependency import materialize, read_pin, resolve_pin
 from bisect_npu.errors import InfrastructureError, UsageError
-from bisect_npu.recipe import DependencySpec, parse_dependency_option
+from bisect_npu.recipe.schema import DependencySpec, parse_dependency_option
 
 # Each test runs bisect-npu end to end (sessions, the command line, the demo's model).
 pytestmark = pytest.mark.e2e
@@ -276,7 +276,7 @@ def test_resolve_and_materialize(tmp_path: Path) -> None:
 
 
 def test_declaration_in_a_recipe(tmp_path: Path) -> None:
-    from bisect_npu.recipe import load_recipe, parse_recipe
+    from bisect_npu.recipe.loader import load_recipe, parse_recipe
 
     base = load_recipe("qwen3-moe-presence-penalty-loop")
     vllm = base.dependency("vllm")

@@ -20,7 +20,7 @@ from bisect_npu.execute.ascend import ascend_container_spec
 from bisect_npu.execute.devices import DevicePool
 from bisect_npu.execute.docker import DockerExecutor, container_create_kwargs
 from bisect_npu.orchestration.preflight import settle_slots
-from bisect_npu.recipe import load_recipe, parse_recipe
+from bisect_npu.recipe.loader import load_recipe, parse_recipe
 
 # Each test runs bisect-npu end to end (sessions, the command line, the demo's model).
 pytestmark = pytest.mark.e2e

@@ -12,7 +12,7 @@ from types import ModuleType
 import pytest
 
 from bisect_npu import __version__
-from bisect_npu.recipe import EngineSpec
+from bisect_npu.recipe.schema import EngineSpec
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 README = REPO_ROOT / "README.md"

@@ -11,8 +11,8 @@ import git as gitpython
 import pytest
 from gitrepo import GOOD_CMD, git, make_linear_repo
 
-from bisect_npu import history
 from bisect_npu.errors import UsageError
+from bisect_npu.upstream import history
 
 # Each test runs bisect-npu end to end (sessions, the command line, the demo's model).
 pytestmark = pytest.mark.e2e

@@ -18,7 +18,7 @@ from hypothesis import strategies as st
 from bisect_npu.cli import NOT_A_VERDICT_EXIT, main
 from bisect_npu.errors import BisectError
 from bisect_npu.journal import Journal
-from bisect_npu.recipe import bundled_recipes, parse_recipe
+from bisect_npu.recipe.loader import bundled_recipes, parse_recipe
 
 SECONDS = 2.0
 PEAK_BYTES = 200 * 2**20

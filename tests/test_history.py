@@ -1,4 +1,4 @@
-"""history.py against real git repositories built in tmp_path."""
+"""upstream.history and upstream.dockerfile against real git repositories built in tmp_path."""
 
 from __future__ import annotations
 
@@ -10,8 +10,8 @@ import git as gitpython
 import pytest
 from gitrepo import GOOD_CMD, add_commit, git, make_linear_repo
 
-from bisect_npu import history
 from bisect_npu.errors import UsageError
+from bisect_npu.upstream import dockerfile, history
 
 TAGS = {1: "v0.9.0rc1", 3: "v0.9.0rc2", 5: "v0.9.1rc1", 7: "v0.9.1"}
 
@@ -279,7 +279,7 @@ ARG VLLM_TAG=v9.9.9
 
 
 def test_parse_dockerfile_reads_args_and_the_first_from() -> None:
-    facts = history.parse_dockerfile(DOCKERFILE_V1)
+    facts = dockerfile.parse_dockerfile(DOCKERFILE_V1)
     assert facts.base_image == "quay.io/ascend/cann:8.1.rc1-910b-ubuntu22.04-py3.10"
     assert facts.vllm_tag == "v0.9.1"
     assert facts.args == {
@@ -293,11 +293,11 @@ def test_parse_dockerfile_reads_args_and_the_first_from() -> None:
 
 
 def test_parse_dockerfile_defaults_and_missing_parts() -> None:
-    facts = history.parse_dockerfile("ARG PY\nFROM img:${PY:-3.11}-${TAG:+x}end\n")
-    assert facts == history.DockerfileFacts(base_image="img:3.11-end", vllm_tag=None, args={})
-    backtick = history.parse_dockerfile("# escape=`\nFROM a:1\nARG VLLM_TAG=v1 `\n  OTHER=2\n")
+    facts = dockerfile.parse_dockerfile("ARG PY\nFROM img:${PY:-3.11}-${TAG:+x}end\n")
+    assert facts == dockerfile.DockerfileFacts(base_image="img:3.11-end", vllm_tag=None, args={})
+    backtick = dockerfile.parse_dockerfile("# escape=`\nFROM a:1\nARG VLLM_TAG=v1 `\n  OTHER=2\n")
     assert backtick.args == {"VLLM_TAG": "v1", "OTHER": "2"}
-    assert history.parse_dockerfile("RUN true\n").base_image is None
+    assert dockerfile.parse_dockerfile("RUN true\n").base_image is None
 
 
 def test_commit_facts_without_checkout(tmp_path: Path) -> None:
@@ -330,8 +330,8 @@ def test_commit_facts_without_checkout(tmp_path: Path) -> None:
     assert bump.dockerfile.vllm_tag == "v0.9.2"
     assert dropped.dockerfile is None and "Dockerfile" in dropped.paths
     assert history.commit_facts(repo, shas[3]) == bump
-    assert history.dockerfile_facts(repo, shas[1]) == root.dockerfile
-    assert history.dockerfile_facts(repo, shas[1], path="Dockerfile.a3") is None
+    assert dockerfile.dockerfile_facts(repo, shas[1]) == root.dockerfile
+    assert dockerfile.dockerfile_facts(repo, shas[1], path="Dockerfile.a3") is None
 
 
 
@@ -423,20 +423,21 @@ def test_vllm_pin_reads_the_pin_file_else_the_dockerfile(tmp_path: Path) -> None
         0: {"Dockerfile": tagged},
         1: {"Dockerfile": by_commit},
         2: {"Dockerfile": both},
-        3: {history.PIN_FILE: "v0.23.0\n"},
-        4: {history.PIN_FILE: "# the release CI builds against\nv0.24.0\n", "Dockerfile": tagged},
-        5: {history.PIN_FILE: None, "Dockerfile": None},
-        6: {history.PIN_FILE: "\n", "Dockerfile": "FROM base\nARG VLLM_TAG=\n"},
+        3: {dockerfile.PIN_FILE: "v0.23.0\n"},
+        4: {dockerfile.PIN_FILE: "# the release CI builds against\nv0.24.0\n", "Dockerfile": tagged},
+        5: {dockerfile.PIN_FILE: None, "Dockerfile": None},
+        6: {dockerfile.PIN_FILE: "\n", "Dockerfile": "FROM base\nARG VLLM_TAG=\n"},
     }
     shas = make_linear_repo(tmp_path / "pins", 7, files=lambda i: changes.get(i, {}))
     repo = gitpython.Repo(tmp_path / "pins")
-    pins = [history.vllm_pin(repo, sha) for sha in shas]
-    assert pins[0] == history.VllmPin(tag="v0.20.1", commit=None, source="Dockerfile")
-    assert pins[1] == history.VllmPin(tag=None, commit="d886c26d4d4fef7d079696beb4ece1cfb4b008a8", source="Dockerfile")
-    assert pins[2] == history.VllmPin(tag="v0.22.1", commit=None, source="Dockerfile")
-    assert pins[3] == history.VllmPin(tag="v0.23.0", commit=None, source=history.PIN_FILE)
+    pins = [dockerfile.vllm_pin(repo, sha) for sha in shas]
+    assert pins[0] == dockerfile.VllmPin(tag="v0.20.1", commit=None, source="Dockerfile")
+    assert pins[1] == dockerfile.VllmPin(tag=None, commit="d886c26d4d4fef7d079696beb4ece1cfb4b008a8",
+                                         source="Dockerfile")
+    assert pins[2] == dockerfile.VllmPin(tag="v0.22.1", commit=None, source="Dockerfile")
+    assert pins[3] == dockerfile.VllmPin(tag="v0.23.0", commit=None, source=dockerfile.PIN_FILE)
     assert pins[4] is not None and (pins[4].tag, pins[4].release) == ("v0.24.0", "0.24.0")
     assert pins[5] is None and pins[6] is None
     assert str(pins[1]) == "vLLM d886c26d4d4f from Dockerfile"
-    assert str(pins[3]) == f"vLLM v0.23.0 from {history.PIN_FILE}"
-    assert history.vllm_pin(repo, shas[0], dockerfile="Dockerfile.a3") is None
+    assert str(pins[3]) == f"vLLM v0.23.0 from {dockerfile.PIN_FILE}"
+    assert dockerfile.vllm_pin(repo, shas[0], dockerfile="Dockerfile.a3") is None

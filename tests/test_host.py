@@ -21,7 +21,7 @@ from bisect_npu.execute.host import (
 )
 from bisect_npu.orchestration.preflight import check_run
 from bisect_npu.orchestration.wiring import session_evaluator
-from bisect_npu.recipe import load_recipe, parse_recipe
+from bisect_npu.recipe.loader import load_recipe, parse_recipe
 
 SAMPLES = Path(__file__).parent / "data" / "npu-smi"
 A2, A3, P310 = (SAMPLES / name for name in ("a2-atlas-800i-a2.txt", "a3-atlas-800-a3.txt",

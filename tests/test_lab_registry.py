@@ -148,7 +148,7 @@ def forget_keys(client, keys: set[str]) -> None:
 def range_keys(repo_path: Path, good: str, bad: str, image_map: list[str]) -> list[str]:
     from bisect_npu.builders.key import BuildKeyReader
     from bisect_npu.builders.registry import BaseImageMap
-    from bisect_npu.history import resolve_range
+    from bisect_npu.upstream.history import resolve_range
 
     repo = git.Repo(repo_path)
     brange = resolve_range(repo, good, bad)

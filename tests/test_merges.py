@@ -17,9 +17,10 @@ from gitrepo import BUG_CMD, git, make_merge_repo
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from bisect_npu import api, history, search
+from bisect_npu import api, search
 from bisect_npu.errors import InfrastructureError
 from bisect_npu.search.exact import weighted_pivot
+from bisect_npu.upstream import history
 
 # Each test bisects a history with merges end to end, or checks against git on random ones.
 pytestmark = pytest.mark.e2e

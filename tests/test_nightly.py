@@ -26,7 +26,7 @@ from bisect_npu.nightly.good_table import Lookup, last_good, read_rows
 from bisect_npu.oracle import judge
 from bisect_npu.oracle.config import OracleConfig
 from bisect_npu.oracle.throughput import ThroughputConfig, judge_throughput, t_quantile
-from bisect_npu.recipe import parse_recipe
+from bisect_npu.recipe.loader import parse_recipe
 from tests.gitrepo import git, make_linear_repo
 
 CASE_PATH = "tests/e2e/nightly/single_node/models/configs/Tiny-A2.yaml"
@@ -192,7 +192,7 @@ def test_each_commit_runs_the_case_as_its_own_file_has_it(tmp_path: Path) -> Non
         return {CASE_PATH: CASE_FILE} if i == 1 else {CASE_PATH: later} if i == 3 else {}
 
     shas = make_linear_repo(tmp_path / "up", 4, files=files)
-    from bisect_npu import history
+    from bisect_npu.upstream import history
 
     repo = history.open_repo(str(tmp_path / "up"))
     ref = CaseRef.parse(f"{CASE_PATH}::tiny-aclgraph")
@@ -245,7 +245,7 @@ def test_no_matching_row_names_the_dimension() -> None:
 def test_the_row_commit_must_be_in_the_clone_and_its_vllm_is_checked(tmp_path: Path) -> None:
     shas = make_linear_repo(tmp_path / "up", 3, files=lambda i: {"Dockerfile": "FROM x\nARG VLLM_TAG=v0.9.1\n",
                                                                ".github/vllm-release-tag.commit": "a" * 40 + "\n"})
-    from bisect_npu import history
+    from bisect_npu.upstream import history
 
     repo = history.open_repo(str(tmp_path / "up"))
     table = tmp_path / "nightly" / "good_table.csv"
@@ -318,9 +318,9 @@ def test_a_bisect_comment_is_parsed_word_by_word() -> None:
 
 
 def test_a_bare_case_name_is_found_in_the_bad_ends_files(tmp_path: Path) -> None:
-    from bisect_npu import history
     from bisect_npu.ci import Actions, BisectInputs, bisect_argv
     from bisect_npu.nightly.at_commit import locate_case
+    from bisect_npu.upstream import history
 
     shas = make_linear_repo(tmp_path / "up", 2, files=lambda i: {CASE_PATH: CASE_FILE})
     repo = history.open_repo(str(tmp_path / "up"))
@@ -433,9 +433,9 @@ DEMO_RELEASE_TIP_SEED_0 = "127a8fb2b90731df3b8138b165b1d7cdfc09f081"
 
 
 def test_the_demo_upstream_has_a_nightly_case_and_a_good_table(tmp_path: Path) -> None:
-    from bisect_npu import history
     from bisect_npu.demo import nightly as demo_nightly
     from bisect_npu.demo.generate import generate_upstream
+    from bisect_npu.upstream import history
 
     manifest = generate_upstream(tmp_path / "up", seed=0)
     assert manifest.tags == DEMO_TAGS_SEED_0 and manifest.branches["v0.9.1-dev"] == DEMO_RELEASE_TIP_SEED_0

@@ -13,7 +13,7 @@ import pytest
 from bisect_npu import oracle
 from bisect_npu.cli import main
 from bisect_npu.contracts import Observation, VerdictKind
-from bisect_npu.recipe import parse_recipe
+from bisect_npu.recipe.loader import parse_recipe
 
 BIN = Path(sys.executable).parent / "bisect-npu"
 

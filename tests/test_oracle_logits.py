@@ -15,7 +15,7 @@ from hypothesis import strategies as st
 from bisect_npu.contracts import Observation, VerdictKind
 from bisect_npu.errors import UsageError
 from bisect_npu.oracle.config import LogitsConfig
-from bisect_npu.oracle.logits import compare_dumps, judge_logits, open_dump, write_dump
+from bisect_npu.oracle.dumps.compare import compare_dumps, judge_logits, open_dump, write_dump
 
 LAYERS = 6
 
@@ -144,7 +144,7 @@ def test_corrupt_dumps_raise_usage_errors_naming_file_and_tensor(tmp_path: Path)
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16, torch.int64, torch.bool])
 def test_pt_reader_matches_torch_without_importing_it(tmp_path: Path, dtype: torch.dtype) -> None:
-    from bisect_npu.oracle.ptfile import load_pt
+    from bisect_npu.oracle.dumps.formats import load_pt
 
     base = torch.arange(24, dtype=torch.float32).reshape(4, 6) / 7
     tensor = base.to(dtype).t()[1:]  # a non-contiguous view with a storage offset
@@ -312,7 +312,7 @@ def test_clean_bf16_rounding_noise_is_not_flagged(tmp_path: Path, seed: int) -> 
 
 
 def test_dtype_tolerance_is_the_dtypes_precision_never_tighter_than_msprobes() -> None:
-    from bisect_npu.oracle.logits import dtype_tolerance
+    from bisect_npu.oracle.dumps.compare import dtype_tolerance
 
     assert dtype_tolerance("bfloat16") == 2.0**-7
     assert dtype_tolerance("float16") == dtype_tolerance("float32") == dtype_tolerance(None) == 1e-3
@@ -331,8 +331,8 @@ def _pair(shape: tuple[int, ...], seed: int) -> tuple[np.ndarray, np.ndarray]:
        logits=st.booleans(), seed=st.integers(0, 1000))
 def test_chunked_metrics_equal_whole_tensor_metrics(shape: tuple[int, ...], chunk: int, logits: bool,
                                                     seed: int) -> None:
-    from bisect_npu.oracle.logits import ChunkSums, segment_sums
-    from bisect_npu.oracle.ptfile import TensorFile
+    from bisect_npu.oracle.dumps.compare import ChunkSums, segment_sums
+    from bisect_npu.oracle.dumps.formats import TensorFile
 
     cand, ref = _pair(shape, seed)
     files = [TensorFile(Path(), shape, np.dtype(np.float32), False, array=a) for a in (cand, ref)]
@@ -349,7 +349,7 @@ def test_chunked_metrics_equal_whole_tensor_metrics(shape: tuple[int, ...], chun
 
 
 def test_top_k_indices_match_a_full_sort() -> None:
-    from bisect_npu.oracle.logits import top_k_indices
+    from bisect_npu.oracle.dumps.compare import top_k_indices
 
     rows = np.random.default_rng(5).standard_normal((6, 151_936 + 17)).astype(np.float32)
     got = top_k_indices(rows, 5)
@@ -363,7 +363,7 @@ def test_top_k_indices_match_a_full_sort() -> None:
 def test_top_k_values_are_the_k_largest(rows: int, vocab: int, k: int, levels: int, block: int, seed: int) -> None:
     """Any width (a tail after the last whole block included), ties (few distinct values) and block size:
     the values at the indices found are the k largest, each index once."""
-    from bisect_npu.oracle.logits import top_k_indices
+    from bisect_npu.oracle.dumps.compare import top_k_indices
 
     k = min(k, vocab)
     values = np.random.default_rng(seed).integers(0, levels, (rows, vocab)).astype(np.float32)
@@ -400,7 +400,7 @@ def test_reads_are_bounded_by_the_chunk_not_the_logits_tensor(tmp_path: Path) ->
 
 
 def test_tensor_files_read_any_run_of_elements(tmp_path: Path) -> None:
-    from bisect_npu.oracle.ptfile import open_npy, open_pt
+    from bisect_npu.oracle.dumps.formats import open_npy, open_pt
 
     array = np.arange(6 * 7, dtype=np.float32).reshape(6, 7) / 3
     np.save(tmp_path / "a.npy", array)
@@ -417,7 +417,7 @@ def test_tensor_files_read_any_run_of_elements(tmp_path: Path) -> None:
 def test_reads_into_reused_buffers_give_float32_of_any_stored_dtype(tmp_path: Path) -> None:
     """The workers' path: the same two buffers for every chunk, whatever was stored (bf16 shifted into
     place, float32 read straight into the output, others cast; a strided tensor held in memory)."""
-    from bisect_npu.oracle.ptfile import PtFormatError, open_npy, open_pt
+    from bisect_npu.oracle.dumps.formats import PtFormatError, open_npy, open_pt
 
     array = (np.arange(6 * 7, dtype=np.float32).reshape(6, 7) - 20) / 3
     np.save(tmp_path / "f16.npy", array.astype(np.float16))

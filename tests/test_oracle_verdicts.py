@@ -17,7 +17,7 @@ from bisect_npu.oracle.config import (
     StatsConfig,
     TokenMatchConfig,
 )
-from bisect_npu.oracle.logits import write_dump
+from bisect_npu.oracle.dumps.compare import write_dump
 from bisect_npu.oracle.penalty import judge_penalty
 from bisect_npu.oracle.stages import judge_stages
 from bisect_npu.oracle.stats import Undecided, judge_trials

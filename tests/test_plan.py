@@ -125,7 +125,7 @@ def test_plan_warns_about_candidates_without_the_dockerfile(upstream: tuple[Path
 def test_the_library_plan_is_what_the_command_prints(repo: Path) -> None:
     import git
 
-    from bisect_npu.plan import plan_range
+    from bisect_npu.forecast.plan import plan_range
 
     result = plan_range(git.Repo(repo), "good", "bad", build_minutes=30, overlay_minutes=2, run_minutes=5)
     assert sum(group.commits for group in result.groups) == N and len(result.groups) == len(COMPILED_AT) + 1

@@ -14,7 +14,8 @@ import pytest
 
 from bisect_npu.errors import UsageError
 from bisect_npu.probe.backends import BACKENDS, ProbeBackend, UnknownBackend, load_backend
-from bisect_npu.recipe import EngineSpec, parse_recipe
+from bisect_npu.recipe.loader import parse_recipe
+from bisect_npu.recipe.schema import EngineSpec
 
 MINIMAL = "name: t\nmodel:\n  path: /models/m\ncases:\n  - id: a\n    prompt: hi\n"
 

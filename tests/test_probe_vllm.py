@@ -9,7 +9,7 @@ import pytest
 from tiny_qwen3 import write_tiny_qwen3
 from vllm_tier import base_request, batch_request, distinct, run_probe, run_probe_batch
 
-from bisect_npu.oracle.logits import open_dump
+from bisect_npu.oracle.dumps.compare import open_dump
 from bisect_npu.probe.backends.vllm import (
     engine_kwargs,
     open_engine,
@@ -18,8 +18,8 @@ from bisect_npu.probe.backends.vllm import (
     use_engine_guard,
     whole_vocabulary,
 )
-from bisect_npu.probe.common import ascend_versions, engine_versions, loop_detector
 from bisect_npu.probe.request import trial_requests
+from bisect_npu.probe.trials import ascend_versions, engine_versions, loop_detector
 
 GREEDY_200 = {"temperature": 0.0, "max_tokens": 200, "logprobs": 5}
 SAMPLED_48 = {"temperature": 1.0, "top_p": 0.95, "max_tokens": 48, "logprobs": 5}

@@ -131,7 +131,7 @@ def test_cluster_engines_follow_each_nodes_cards(cluster: Any) -> None:
 
 def test_engine_larger_than_every_node_is_refused_before_anything_runs(
         cluster: Any, demo_upstream: tuple[Path, Manifest], tmp_path: Path) -> None:
-    from bisect_npu.recipe import load_recipe
+    from bisect_npu.recipe.loader import load_recipe
 
     _, manifest = demo_upstream
     recipe = yaml.safe_load(Path(load_recipe(manifest.case("rope-longseq").recipe).source or "").read_text())
@@ -164,7 +164,7 @@ def test_demo_bisected_over_the_nodes_finds_the_manifest_culprit(
 
 
 def test_doctor_lists_the_nodes_their_npus_engines_and_container_engines(cluster: Any, tmp_path: Path) -> None:
-    from bisect_npu.recipe import bundled_recipes, load_recipe
+    from bisect_npu.recipe.loader import bundled_recipes, load_recipe
 
     done = subprocess.run([*CLI, "doctor", "--executor", "ray"], cwd=tmp_path, capture_output=True, text=True,
                           timeout=300, env=cli_env(cluster))

@@ -17,8 +17,9 @@ from annotated_types import Ge, Gt, Le, Lt
 from gitrepo import GOOD_CMD, make_linear_repo
 from pydantic import BaseModel
 
-from bisect_npu import recipe as recipe_module
-from bisect_npu.recipe import Recipe, bundled_recipes
+from bisect_npu.recipe import schema as recipe_module
+from bisect_npu.recipe.loader import bundled_recipes
+from bisect_npu.recipe.schema import Recipe
 
 CLI = [sys.executable, "-m", "bisect_npu"]
 BASE = yaml.safe_load(bundled_recipes()["qwen3-repetition-penalty-async"].read_text(encoding="utf-8"))
@@ -84,7 +85,7 @@ def _models(model: type[BaseModel], seen: set[type[BaseModel]]) -> None:
 
 
 def test_every_number_of_the_recipe_models_has_a_range() -> None:
-    """Each int or float field of recipe.py's models is bounded below and above (the page
+    """Each int or float field of the recipe schema's models is bounded below and above (the page
     docs/reference/recipe.md shows both); a new field without them fails here."""
     models: set[type[BaseModel]] = set()
     _models(Recipe, models)

@@ -20,8 +20,7 @@ from bisect_npu.cli import main
 from bisect_npu.errors import UsageError
 from bisect_npu.orchestration.options import SessionSpec
 from bisect_npu.orchestration.preflight import check_run
-from bisect_npu.recipe import Recipe, bundled_recipes, parse_recipe
-from bisect_npu.recipe_check import (
+from bisect_npu.recipe.check import (
     RULES,
     candidate_version,
     check_recipe,
@@ -29,6 +28,8 @@ from bisect_npu.recipe_check import (
     check_support,
     tags_within,
 )
+from bisect_npu.recipe.loader import bundled_recipes, parse_recipe
+from bisect_npu.recipe.schema import Recipe
 
 # The shapes of vllm-ascend's checks (what each rule looks for), not its code.
 ASCEND_CONFIG = '''class AscendConfig:
@@ -273,7 +274,7 @@ ISSUE_FAILURES = [
 def test_on_the_real_history() -> None:
     """Each real recipe passes at both ends of its supported range, and the recipes as they were
     fail where the issue says (run by hand: BISECT_NPU_VLLM_ASCEND=CLONE pytest -m slow ...)."""
-    from bisect_npu import history
+    from bisect_npu.upstream import history
 
     repo = history.open_repo(str(REAL_CLONE))
     for path in bundled_recipes().values():

@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 
 from bisect_npu.errors import UsageError
-from bisect_npu.recipe import load_recipe, parse_recipe
-from bisect_npu.recipe_settings import (
+from bisect_npu.recipe.loader import load_recipe, parse_recipe
+from bisect_npu.recipe.settings import (
     Difference,
     apply,
     check_key,

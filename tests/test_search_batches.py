@@ -11,6 +11,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from bisect_npu.forecast.simulate import simulate_one
 from bisect_npu.search import Evidence, Next, SearchProblem, decide
 from bisect_npu.search.noisy import (
     MAX_BATCH,
@@ -19,7 +20,6 @@ from bisect_npu.search.noisy import (
     position_mass,
     posterior_of_counts,
 )
-from bisect_npu.simulate import simulate_one
 
 counts_strategy = st.dictionaries(st.integers(1, 11), st.tuples(st.integers(0, 4), st.integers(0, 4)), max_size=6)
 

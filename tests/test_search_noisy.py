@@ -9,10 +9,10 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from bisect_npu.forecast.simulate import simulate_one
 from bisect_npu.intervals import wilson_interval
 from bisect_npu.search import EarlierRuns, EndsWrong, Evidence, Found, Narrowed, Next, Query, SearchProblem, decide
 from bisect_npu.search.noisy import separation
-from bisect_npu.simulate import simulate_one
 
 
 def run_noisy(n, culprit, bad_rate, good_rate, seed, slots=1, build_fail=0.0):

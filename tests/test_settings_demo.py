@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from bisect_npu.demo.manifest import Manifest
-from bisect_npu.recipe_settings import show
+from bisect_npu.recipe.settings import show
 
 DemoUpstream = tuple[Path, Manifest]
 CLI = [sys.executable, "-m", "bisect_npu", "settings"]

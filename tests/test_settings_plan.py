@@ -9,8 +9,8 @@ import yaml
 
 from bisect_npu.errors import UsageError
 from bisect_npu.orchestration.settings import SettingsRequest, parse_vary, plan_differences
-from bisect_npu.recipe import load_recipe
-from bisect_npu.recipe_settings import Difference
+from bisect_npu.recipe.loader import load_recipe
+from bisect_npu.recipe.settings import Difference
 
 BAD = "demo-async-penalty"
 

@@ -9,7 +9,7 @@ import sys
 import pytest
 from gitrepo import make_linear_repo
 
-from bisect_npu.simulate import simulate
+from bisect_npu.forecast.simulate import simulate
 
 
 def test_perfect_exact_search_is_right_and_within_log2():

@@ -16,7 +16,7 @@ from gitrepo import make_linear_repo
 from bisect_npu.contracts import VerdictKind
 from bisect_npu.orchestration.evaluate import EvaluationRequest, Evaluator
 from bisect_npu.orchestration.wiring import make_environment
-from bisect_npu.recipe import load_recipe
+from bisect_npu.recipe.loader import load_recipe
 
 # Each test runs bisect-npu end to end (a hang bisected through the command line).
 pytestmark = pytest.mark.e2e

@@ -17,12 +17,12 @@ import git as gitpython
 import pytest
 from gitrepo import make_linear_repo
 
-from bisect_npu import history
 from bisect_npu.builders import pin_venv
 from bisect_npu.builders.unit_tests import check_unit_tests, entry_points_of, npu_refusal, write_package_record
 from bisect_npu.builders.venv import COMPLETE_MARKER
 from bisect_npu.errors import UsageError
 from bisect_npu.probe import unit_tests as runner
+from bisect_npu.upstream import dockerfile
 
 ROOT = Path(__file__).resolve().parent.parent
 ROUTED_CONFTEST = 'import sys, types\nsys.modules["torch_npu"] = types.ModuleType("torch_npu")\n'
@@ -116,7 +116,7 @@ def pinned_history(path: Path, n: int, culprit: int, pin: dict[str, str | None] 
     """A vllm-ascend-shaped history: a pin file, a unit test that breaks at `culprit`."""
     def files(i: int) -> dict[str, str | None]:
         if i == 0:
-            return {history.PIN_FILE: "v0.23.0\n", "requirements.txt": "numpy\ntransformers==5.5.4\n",
+            return {dockerfile.PIN_FILE: "v0.23.0\n", "requirements.txt": "numpy\ntransformers==5.5.4\n",
                     "setup.py": SETUP_PY, "vllm_ascend/__init__.py": "def register():\n    return None\n",
                     "tests/__init__.py": "", "tests/ut/__init__.py": "", "tests/ut/conftest.py": ROUTED_CONFTEST,
                     "tests/ut/quant/test_q.py": PASSING, **(pin or {})}
@@ -261,7 +261,7 @@ def test_find_fix_with_the_fix_s_own_test_from_its_commit(tmp_path: Path, monkey
 
     def files(i: int) -> dict[str, str | None]:
         if i == 0:
-            return {history.PIN_FILE: "v0.23.0\n", "requirements.txt": "transformers==5.5.4\n", "setup.py": SETUP_PY,
+            return {dockerfile.PIN_FILE: "v0.23.0\n", "requirements.txt": "transformers==5.5.4\n", "setup.py": SETUP_PY,
                     "vllm_ascend/__init__.py": "VALUE = 5\n", "tests/__init__.py": "", "tests/ut/__init__.py": "",
                     "tests/ut/conftest.py": ROUTED_CONFTEST}
         if i == 6:

@@ -20,7 +20,7 @@ from hypothesis import strategies as st
 
 from bisect_npu.contracts import Verdict, VerdictKind
 from bisect_npu.errors import InfrastructureError, UsageError
-from bisect_npu.orchestration.memory import Memory
+from bisect_npu.orchestration.verdict_reuse import VerdictReuse
 from bisect_npu.progress import PlainProgress
 from bisect_npu.store import Scope, StoredVerdict, VerdictStore
 
@@ -154,7 +154,7 @@ def test_last_good_is_on_the_bad_end_s_first_parent_line(repo, tmp_path: Path) -
     import git
     from asked import spec_of
 
-    from bisect_npu.orchestration.memory import resolve_last_good, scope_of
+    from bisect_npu.orchestration.verdict_reuse import resolve_last_good, scope_of
 
     path, shas = repo
     options = spec_of(good="last-good", bad=shas[10], repo=str(path), command=["true"], mode="exact",
@@ -175,22 +175,23 @@ def test_sessions_that_disagree_are_tested_again_and_noisy_tallies_add_up(tmp_pa
         store.put(exact, StoredVerdict("c1", "", session, kind, 1, 0, "exit 0", 1.0))
     store.put(exact, StoredVerdict("c2", "", "a", VerdictKind.GOOD, 1, 0, "exit 0", 1.0))
     store.put(exact, StoredVerdict("c2", "", "b", VerdictKind.BAD, 0, 1, "exit 1", 2.0))
-    memory = Memory(store, exact, "now", PlainProgress())
+    memory = VerdictReuse(store, exact, "now", PlainProgress())
     recalled = memory.recall("c1", "")
     assert recalled is not None and recalled.verdict.kind == VerdictKind.GOOD and recalled.stored.sessions == ["a", "b"]
     assert memory.recall("c2", "") is None  # they disagree: run it again
     assert memory.recall("c1", "another-build-key") is None
-    assert Memory(store, exact, "a", PlainProgress()).recall("c2", "").verdict.kind == VerdictKind.BAD  # not its own
+    theirs = VerdictReuse(store, exact, "a", PlainProgress()).recall("c2", "")
+    assert theirs.verdict.kind == VerdictKind.BAD  # not its own
     store.put(noisy, StoredVerdict("c1", "", "a", VerdictKind.BAD, 7, 3, "3 of 10 trials bad", 1.0))
     store.put(noisy, StoredVerdict("c1", "", "b", VerdictKind.GOOD, 5, 0, "0 of 5 trials bad", 2.0))
-    tally = Memory(store, noisy, "c", PlainProgress()).recall("c1", "")
+    tally = VerdictReuse(store, noisy, "c", PlainProgress()).recall("c1", "")
     assert tally is not None and (tally.stored.good, tally.stored.bad, tally.verdict.kind) == (12, 3, VerdictKind.BAD)
     # A session keeps its own tally once, replaced as it grows, never added twice.
-    own = Memory(store, noisy, "d", PlainProgress())
+    own = VerdictReuse(store, noisy, "d", PlainProgress())
     own.keep("c1", "", Verdict(kind=VerdictKind.GOOD, reason="r"), 2, 0)
     own.keep("c1", "", Verdict(kind=VerdictKind.GOOD, reason="r"), 4, 0)
     own.keep("c1", "", Verdict(kind=VerdictKind.SKIP, reason="no trial judged"), 0, 0)  # a skip is not kept
-    assert Memory(store, noisy, "e", PlainProgress()).recall("c1", "").stored.good == 16
+    assert VerdictReuse(store, noisy, "e", PlainProgress()).recall("c1", "").stored.good == 16
 
 
 def _put_many(path: str, worker: int) -> None:
@@ -280,7 +281,7 @@ def test_any_stored_verdicts_give_the_same_culprit_without_running_them(tmp_path
     from asked import spec_of
 
     from bisect_npu.orchestration.levels import Bisection
-    from bisect_npu.orchestration.memory import scope_of
+    from bisect_npu.orchestration.verdict_reuse import scope_of
 
     culprit = data.draw(st.integers(1, n), label="culprit")
     known = data.draw(st.sets(st.integers(0, n)), label="stored positions")
@@ -307,7 +308,7 @@ def test_any_stored_verdicts_give_the_same_culprit_without_running_them(tmp_path
 def test_a_store_that_breaks_under_a_session_is_told_once_and_left_alone(tmp_path: Path) -> None:
     store = VerdictStore(tmp_path / "v.sqlite")
     said = io.StringIO()
-    memory = Memory(store, Scope("o", "e", "exact"), "now", PlainProgress(said))
+    memory = VerdictReuse(store, Scope("o", "e", "exact"), "now", PlainProgress(said))
     (tmp_path / "v.sqlite").write_bytes(b"garbage " * 512)
     for commit in ("c1", "c2", "c3"):
         assert memory.recall(commit, "") is None

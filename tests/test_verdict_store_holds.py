@@ -214,7 +214,7 @@ def test_what_a_command_writes_is_not_what_it_sees_and_secrets_stay_digests(tmp_
     removed (a marker, a log)."""
     from asked import spec_of
 
-    from bisect_npu.orchestration.memory import command_changed, command_oracle, command_view
+    from bisect_npu.orchestration.verdict_reuse import command_changed, command_oracle, command_view
 
     log, data, marker = tmp_path / "runs.log", tmp_path / "limit.txt", tmp_path / "hold"
     for path in (log, data, marker):

@@ -16,7 +16,7 @@ from hypothesis import strategies as st
 from packaging.version import Version
 
 from bisect_npu.errors import InfrastructureError, UsageError
-from bisect_npu.versions import (
+from bisect_npu.upstream.versions import (
     fetch_listing,
     group_key,
     group_versions,

@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 
 from bisect_npu import __version__
-from bisect_npu.recipe import bundled_recipes
+from bisect_npu.recipe.loader import bundled_recipes
 
 # A wheel built, a venv made and the package installed with its dependencies: minutes.
 pytestmark = [pytest.mark.e2e, pytest.mark.heavy]

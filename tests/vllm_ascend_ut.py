@@ -27,7 +27,6 @@ from pathlib import Path
 
 import git
 
-from bisect_npu import history
 from bisect_npu.builders.pin_venv import PinKey, PinVenvs, default_pin_venv_cache, requirement_lines
 from bisect_npu.builders.unit_tests import (
     BUILD_INFO,
@@ -36,6 +35,7 @@ from bisect_npu.builders.unit_tests import (
     npu_refusal,
     write_package_record,
 )
+from bisect_npu.upstream import history
 
 ROOT = Path(__file__).resolve().parent.parent
 ROUTING = "bb4d0776ee"  # [CI] Refactor test folder (#9807), 2026-06-02: the CPU routing

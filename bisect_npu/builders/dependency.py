@@ -27,11 +27,12 @@ from typing import Protocol, runtime_checkable
 import git
 from packaging.requirements import InvalidRequirement, Requirement
 
-from bisect_npu import history
 from bisect_npu.builders.base import Builder, BuildFailed, Environment
 from bisect_npu.errors import InfrastructureError, UsageError
 from bisect_npu.paths import cache_root
-from bisect_npu.recipe import DependencySpec
+from bisect_npu.recipe.schema import DependencySpec
+from bisect_npu.upstream import history
+from bisect_npu.upstream.dockerfile import parse_dockerfile
 
 # Files of the installed tree a replacement keeps: generated at install time (`_version.py`,
 # which git does not hold) or compiled (none in a Python-only tree, kept should one be there).
@@ -51,7 +52,7 @@ def read_pin(repo: git.Repo, commit: str, spec: DependencySpec, dockerfile: str 
         return None
     text = blob.data_stream.read().decode("utf-8", errors="replace")
     if spec.pin.arg:
-        declared = history.parse_dockerfile(text).args
+        declared = parse_dockerfile(text).args
         args = {**declared, **{k: v for k, v in (build_args or {}).items() if k in declared}}
         return next((args[name] for name in spec.pin.arg if args.get(name)), None)
     assert spec.pin.requirement is not None

@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 
 import git
 
-from bisect_npu.history import DockerfileReader
+from bisect_npu.upstream.dockerfile import DockerfileReader
 
 KEY_SCHEMA = 3
 DIGEST_CHARS = 16

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from bisect_npu.errors import InfrastructureError, UsageError
-from bisect_npu.history import parse_dockerfile, substitute_args
+from bisect_npu.upstream.dockerfile import parse_dockerfile, substitute_args
 
 _FROM_LINE = re.compile(r"^(?P<head>\s*FROM\s+(?:--\S+\s+)*)(?P<image>\S+)(?P<tail>.*)$", re.IGNORECASE | re.MULTILINE)
 _STAGE_NAME = re.compile(r"\bAS\s+(\S+)\s*$", re.IGNORECASE)

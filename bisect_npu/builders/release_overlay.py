@@ -169,7 +169,7 @@ class ReleaseOverlayBuilder:
 
     def compiled_changes(self, sha: str) -> list[str]:
         """The compiled inputs `sha` changed since the release's tag (at most MARKED_PATHS_MAX, then a count)."""
-        from bisect_npu.versions import tag_for_version
+        from bisect_npu.upstream.versions import tag_for_version
 
         if self._release_ref is None:
             self._release_ref = tag_for_version(self.repo, self.version)

@@ -128,7 +128,7 @@ def _has_commit(git_dir: Path, sha: str) -> bool:
 
 def _is_cached_clone(git_dir: Path) -> bool:
     """A clone bisect-npu made of a --repo URL (or a submodule inside one): ours to fetch into."""
-    from bisect_npu.history import default_cache_dir
+    from bisect_npu.upstream.history import default_cache_dir
 
     return default_cache_dir().resolve() in git_dir.resolve().parents
 

@@ -17,7 +17,7 @@ from pathlib import Path
 import git
 
 from bisect_npu.builders.base import Builder, Environment
-from bisect_npu.recipe_check import CandidateSource
+from bisect_npu.recipe.check import CandidateSource
 
 BATCH_INVARIANT_ENV = {"VLLM_BATCH_INVARIANT": "1"}
 # A call, indented in a method (the definition is `def init_batch_invariance():` at the left margin).

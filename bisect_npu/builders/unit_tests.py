@@ -16,10 +16,10 @@ from pathlib import Path
 
 import git
 
-from bisect_npu import history
 from bisect_npu.builders.base import Builder, BuildFailed, Environment
 from bisect_npu.builders.pin_venv import REQUIREMENT_FILES, PinKey, PinVenvs, requirement_lines, transformers_line
 from bisect_npu.errors import UsageError
+from bisect_npu.upstream import dockerfile, history
 
 SITE_DIR = ".bisect-npu-site"  # in each worktree: the package record, first on PYTHONPATH
 BUILD_INFO = "vllm_ascend/_build_info.py"
@@ -73,8 +73,8 @@ def check_unit_tests(repo: git.Repo, node_ids: list[str], good: str, bad: str, t
         if refusal:
             raise UsageError(refusal)
     for end, sha in (("good", good), ("bad", bad)):
-        if history.vllm_pin(repo, sha) is None:
-            raise UsageError(f"the {end} end {sha[:12]} has neither {history.PIN_FILE} nor a Dockerfile with "
+        if dockerfile.vllm_pin(repo, sha) is None:
+            raise UsageError(f"the {end} end {sha[:12]} has neither {dockerfile.PIN_FILE} nor a Dockerfile with "
                              "ARG VLLM_TAG: its vLLM pin is unknown, so no venv can be made; pass a vllm-ascend "
                              "clone and ends that pin vLLM")
     if tests_from:
@@ -147,9 +147,9 @@ class UnitTestBuilder:
 
     def pin_key(self, commit: str) -> PinKey:
         """The venv key of `commit`: its vLLM release and its transformers requirement."""
-        pin = history.vllm_pin(self.repo, commit)
+        pin = dockerfile.vllm_pin(self.repo, commit)
         if pin is None:
-            raise BuildFailed(f"{commit[:12]} has neither {history.PIN_FILE} nor a Dockerfile VLLM_TAG: no vLLM pin")
+            raise BuildFailed(f"{commit[:12]} has neither {dockerfile.PIN_FILE} nor a Dockerfile VLLM_TAG: no vLLM pin")
         if pin.release is None:
             raise BuildFailed(f"{commit[:12]} pins {pin} and no release tag: a venv is made of a published vLLM "
                               "release's sdist; this commit cannot be tested on a CPU")

@@ -33,7 +33,7 @@ import bisect_npu
 from bisect_npu.builders.base import BuildFailed, Environment, tail
 from bisect_npu.errors import UsageError
 from bisect_npu.paths import cache_root
-from bisect_npu.recipe import InstallPlan
+from bisect_npu.recipe.schema import InstallPlan
 
 COMPLETE_MARKER = ".bisect-npu-complete"
 HOST_PTH = "bisect_npu_host.pth"

@@ -81,10 +81,10 @@ def comment(body: str, repo: str, good_table: str, soc: str) -> None:
     `bisect-npu run` options for the action's `args`)."""
     import shlex
 
-    from bisect_npu import history
     from bisect_npu.ci import Actions
     from bisect_npu.nightly.at_commit import locate_case
     from bisect_npu.nightly.comment import parse_comment
+    from bisect_npu.upstream import history
 
     asked = parse_comment(body)
     clone = history.open_repo(repo)

@@ -149,7 +149,7 @@ def ray_checks(address: str | None) -> list[Check]:
     if importlib.util.find_spec("ray") is None:
         return [Check("ray", False, "not installed", "pip install 'bisect-npu[ray]' here and on every node")]
     from bisect_npu.execute.ray import cluster_nodes, connect, node_engines
-    from bisect_npu.recipe import bundled_recipes, load_recipe
+    from bisect_npu.recipe.loader import bundled_recipes, load_recipe
 
     try:
         connect(address)

@@ -37,9 +37,9 @@ def fix(culprit: str, repo_path: str, bad: str | None, top: int, recipe_path: st
     """Rank the later commits that fix CULPRIT, with the evidence for each."""
     from bisect_npu.execute.ascend import parse_devices
     from bisect_npu.fix import propose_fixes, verify_fixes
-    from bisect_npu.history import open_repo
     from bisect_npu.orchestration.preflight import command_words
-    from bisect_npu.recipe import load_recipe
+    from bisect_npu.recipe.loader import load_recipe
+    from bisect_npu.upstream.history import open_repo
 
     recipe = load_recipe(recipe_path) if recipe_path else None
     argv = command_words(command) if command else None

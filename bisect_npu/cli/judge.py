@@ -31,7 +31,7 @@ def judge(recipe_path: str, references: tuple[str, ...], as_json: bool, observat
     there is no verdict (unreadable input, unknown recipe, internal error), so `git bisect run` aborts."""
     from bisect_npu import oracle
     from bisect_npu.contracts import VERDICT_EXIT, Observation
-    from bisect_npu.recipe import load_recipe
+    from bisect_npu.recipe.loader import load_recipe
 
     recipe = load_recipe(recipe_path)
     observed = [Observation.load(path) for path in observations]

@@ -10,7 +10,7 @@ import click
 from bisect_npu.cli.params import FiniteRange
 
 if TYPE_CHECKING:
-    from bisect_npu.plan import RangePlan
+    from bisect_npu.forecast.plan import RangePlan
 
 
 @click.command()
@@ -54,12 +54,12 @@ def plan(good: str, bad: str, repo: str, build_minutes: float, overlay_minutes: 
     cost, as a session with container builds does) over culprits spread across the range, next
     to plain midpoint bisection of the same range.
     """
-    from bisect_npu import history
     from bisect_npu.builders.registry import BaseImageMap
     from bisect_npu.builders.releases import check_template
-    from bisect_npu.plan import plan_range
-    from bisect_npu.recipe import load_recipe
-    from bisect_npu.recipe_check import check_recipe_at_ends, check_support, range_ends
+    from bisect_npu.forecast.plan import plan_range
+    from bisect_npu.recipe.check import check_recipe_at_ends, check_support, range_ends
+    from bisect_npu.recipe.loader import load_recipe
+    from bisect_npu.upstream import history
 
     if command is not None and recipe is not None:
         raise click.UsageError("give either --recipe or --cmd (the oracle the run would use)")
@@ -129,8 +129,8 @@ def plan(good: str, bad: str, repo: str, build_minutes: float, overlay_minutes: 
 def _plan_checkouts(good: str, bad: str, repo: str, run_minutes: float | None, as_json: bool) -> None:
     """A run that checks candidates out (`--cmd`, `--executor local`): no image, no build key;
     steps, and hours only from a declared run time."""
-    from bisect_npu import history
-    from bisect_npu.plan import plan_range
+    from bisect_npu.forecast.plan import plan_range
+    from bisect_npu.upstream import history
 
     result = plan_range(history.open_repo(repo), good, bad, run_minutes=run_minutes, executor="local")
     if as_json:

@@ -23,7 +23,7 @@ def recipes() -> None:
 def list_recipes(dirs: tuple[Path, ...]) -> None:
     """Name, backend, oracle kinds and description of each recipe."""
     from bisect_npu.errors import UsageError
-    from bisect_npu.recipe import bundled_recipes, load_recipe
+    from bisect_npu.recipe.loader import bundled_recipes, load_recipe
 
     sources: list[tuple[str, Mapping[str, Traversable]]] = [("bundled", bundled_recipes())]
     for directory in dirs:
@@ -55,7 +55,7 @@ def list_recipes(dirs: tuple[Path, ...]) -> None:
 def validate(files: tuple[Path, ...]) -> None:
     """Check recipe files; exit 2 with the first error (field and line) of each bad one."""
     from bisect_npu.errors import UsageError
-    from bisect_npu.recipe import load_recipe
+    from bisect_npu.recipe.loader import load_recipe
 
     errors = []
     for path in files:
@@ -87,9 +87,9 @@ def check(recipe: str, repo: str, refs: tuple[str, ...]) -> None:
     """Check RECIPE's engine args against the candidate's own source at each --at ref; exit 2
     naming the field, the constraint, the upstream file and the fix when the candidate would
     refuse to start."""
-    from bisect_npu import history
-    from bisect_npu.recipe import load_recipe
-    from bisect_npu.recipe_check import RULES, check_recipe
+    from bisect_npu.recipe.check import RULES, check_recipe
+    from bisect_npu.recipe.loader import load_recipe
+    from bisect_npu.upstream import history
 
     loaded = load_recipe(recipe)
     clone = history.open_repo(repo)
@@ -109,7 +109,7 @@ def check(recipe: str, repo: str, refs: tuple[str, ...]) -> None:
 @click.option("--format", "fmt", type=click.Choice(["text", "json"]), default="text", show_default=True)
 def show(recipe: str, fmt: str) -> None:
     """What RECIPE (a bundled name or a file) will run: model, engine, env, cases as sent, oracle."""
-    from bisect_npu.recipe import load_recipe
+    from bisect_npu.recipe.loader import load_recipe
 
     loaded = load_recipe(recipe)
     plan = run_plan(loaded)

@@ -51,11 +51,11 @@ def simulate(repo: str, good: str, bad: str, culprit: str, bad_rate: float, good
              load_cost_min: float, earlier_runs: int, dockerfile: str, seed: int,
              mode: Literal["exact", "noisy"] | None) -> None:
     """Expected runs, builds, accuracy and hours of bisecting GOOD..BAD when CULPRIT is the answer."""
-    from bisect_npu import history
     from bisect_npu.errors import UsageError
-    from bisect_npu.plan import range_keys, unbuildable_positions
-    from bisect_npu.simulate import describe
-    from bisect_npu.simulate import simulate as run_simulation
+    from bisect_npu.forecast.plan import range_keys, unbuildable_positions
+    from bisect_npu.forecast.simulate import describe
+    from bisect_npu.forecast.simulate import simulate as run_simulation
+    from bisect_npu.upstream import history
 
     if bad_rate <= good_rate:
         raise UsageError(f"--bad-rate ({bad_rate}) must exceed --good-rate ({good_rate}): "

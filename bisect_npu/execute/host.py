@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from typing import Literal
 
 from bisect_npu.errors import UsageError
-from bisect_npu.recipe import Recipe
+from bisect_npu.recipe.schema import Recipe
 
 NPU_SMI = "/usr/local/bin/npu-smi"
 HostKind = Literal["A2", "A3", "310P"]

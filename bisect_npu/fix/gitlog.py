@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 import git
 
 from bisect_npu.errors import InfrastructureError
-from bisect_npu.history import LOG_FORMAT, LoggedCommit, git_error_line, parse_log
+from bisect_npu.upstream.history import LOG_FORMAT, LoggedCommit, git_error_line, parse_log
 
 _HUNK = re.compile(r"^@@@* -(\d+)(?:,(\d+))? \+(\d+)(?:,(\d+))? @@@*(.*)$")
 # Docs and CI: a change there says nothing about a regression (nor makes a culprit more than a pin bump).

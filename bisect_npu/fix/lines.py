@@ -8,7 +8,7 @@ from dataclasses import dataclass
 from itertools import accumulate
 
 from bisect_npu.fix.gitlog import IGNORABLE_FILE, FileDiff, Hunk
-from bisect_npu.history import LoggedCommit
+from bisect_npu.upstream.history import LoggedCommit
 
 PROXIMITY_LINES = 3  # a hunk this close to a culprit line is near it (the proximity signal)
 

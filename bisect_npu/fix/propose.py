@@ -42,7 +42,7 @@ from bisect_npu.fix.gitlog import (
 )
 from bisect_npu.fix.lines import PROXIMITY_LINES, LineHit, line_hits
 from bisect_npu.fix.model import CONFIDENT, RankModel, load_model
-from bisect_npu.history import PR_SUFFIX, LoggedCommit, github_url, pr_number, resolve_ref
+from bisect_npu.upstream.history import PR_SUFFIX, LoggedCommit, github_url, pr_number, resolve_ref
 
 # Score weights. Strong signals (each alone qualifies a commit) weigh more than all weak signals
 

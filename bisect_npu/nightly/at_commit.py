@@ -10,12 +10,12 @@ from pathlib import Path
 import git
 import yaml
 
-from bisect_npu import history
 from bisect_npu.errors import UsageError
 from bisect_npu.nightly.cases import CaseRef, case_names, import_case, read_case_file
 from bisect_npu.nightly.good_table import Frequency, GoodRow, Lookup, frequency_of, last_good, read_rows
 from bisect_npu.paths import cache_root
-from bisect_npu.recipe import Recipe
+from bisect_npu.recipe.schema import Recipe
+from bisect_npu.upstream import dockerfile, history
 
 
 class CaseAbsent(UsageError):
@@ -95,7 +95,7 @@ def good_from_table(repo: git.Repo, table: Path, lookup: Lookup, frequency: Freq
         raise UsageError(f"{table}:{row.line}: the good row ({row.name}, {row.time}) records vllm-ascend "
                          f"{row.vllm_ascend_commit}, which is not in {repo.working_tree_dir}: fetch it (git fetch "
                          f"origin {row.vllm_ascend_commit}) or pass --good REF") from None
-    pin = history.vllm_pin(repo, sha)
+    pin = dockerfile.vllm_pin(repo, sha)
     note = f"--good last-good: {sha[:12]} from {table}:{row.line} ({row.name}, {row.status}, {row.time})"
     if row.vllm_commit and pin is not None:
         recorded = row.vllm_commit.lower()

@@ -28,7 +28,7 @@ import yaml
 from pydantic import ValidationError
 
 from bisect_npu.errors import UsageError
-from bisect_npu.recipe import Recipe
+from bisect_npu.recipe.schema import Recipe
 
 SINGLE_NODE_CONFIGS = "tests/e2e/nightly/single_node/models/configs"  # the nightly's CONFIG_BASE_PATH default
 PORT_KEYS = ("SERVER_PORT", "ENCODE_PORT", "PD_PORT", "PROXY_PORT")  # the nightly fills these with a free port

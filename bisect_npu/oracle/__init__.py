@@ -27,7 +27,7 @@ NOT_PER_TRIAL = ("stats", "command", "accuracy")
 
 def _judges() -> dict[str, Callable[[Observation, Observation | None, OracleConfig], Verdict]]:
     from bisect_npu.oracle.acceptance import judge_acceptance
-    from bisect_npu.oracle.logits import judge_logits
+    from bisect_npu.oracle.dumps.compare import judge_logits
     from bisect_npu.oracle.penalty import judge_penalty
     from bisect_npu.oracle.repetition import judge_repetition
     from bisect_npu.oracle.stages import judge_stages

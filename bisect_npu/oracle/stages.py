@@ -14,7 +14,7 @@ from typing import Any
 
 from bisect_npu.contracts import Observation, Verdict, VerdictKind
 from bisect_npu.oracle.config import LogitsConfig, StagesConfig
-from bisect_npu.oracle.logits import compare_dumps
+from bisect_npu.oracle.dumps.compare import compare_dumps
 from bisect_npu.oracle.penalty import same_value
 
 _FALLBACK = {"prompt_token_ids": "prompt_token_ids", "forward": "logits_dump", "sampler": "sampling",

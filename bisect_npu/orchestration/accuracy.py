@@ -23,7 +23,7 @@ from bisect_npu.oracle.accuracy.judge import Role, samples_of
 from bisect_npu.records import TrialRun
 
 if TYPE_CHECKING:
-    from bisect_npu.recipe import Recipe
+    from bisect_npu.recipe.schema import Recipe
 
 # Runs one round: (trial number, sample ids or None for all) -> the round's trial record.
 RunRound = Callable[[int, Sequence[str] | None], TrialRun]

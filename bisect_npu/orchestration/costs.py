@@ -7,7 +7,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from bisect_npu import search
-from bisect_npu.recipe import TrialsSpec
+from bisect_npu.recipe.schema import TrialsSpec
 from bisect_npu.records import Record, StepRecord, step_seconds, trial_seconds
 
 

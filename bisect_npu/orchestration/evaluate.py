@@ -20,7 +20,7 @@ from bisect_npu.errors import InfrastructureError
 from bisect_npu.execute.base import Executor, RunResult, observation_path, probe_log_path, probe_stem, run_node_path
 from bisect_npu.orchestration.accuracy import AccuracySteps, load_from, role_of
 from bisect_npu.probe.harness import HARNESS_FAILED_EXIT
-from bisect_npu.recipe import CaseSpec, Recipe
+from bisect_npu.recipe.schema import CaseSpec, Recipe
 from bisect_npu.records import COMMAND_CASE, BuildInfo, TrialRun
 
 TIMEOUT_IS_BAD_NOTE = ", counted bad (--timeout-is bad)"

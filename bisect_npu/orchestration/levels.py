@@ -18,7 +18,6 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Protocol
 
-from bisect_npu import history
 from bisect_npu.builders.base import Builder
 from bisect_npu.execute.base import Executor
 from bisect_npu.execute.inprocess import Oracle
@@ -50,6 +49,7 @@ from bisect_npu.records import (
     StepRecord,
 )
 from bisect_npu.request import RangeSpec
+from bisect_npu.upstream import history
 
 
 @dataclass(frozen=True)
@@ -95,7 +95,7 @@ class Releases:
     proposes_fix = False
 
     def descent(self, session: Session, found: SessionResult) -> Descent | None:
-        from bisect_npu import versions
+        from bisect_npu.upstream import versions
 
         end = session.ended()
         if session.repo is None or end is None or end.index is None:

@@ -11,7 +11,7 @@ from pydantic import ValidationError
 
 from bisect_npu.errors import UsageError
 from bisect_npu.level import CommitsLevel, LevelSpec, ReleasesLevel
-from bisect_npu.recipe import DependencySpec, EarlierRunsSpec, Recipe, parse_dependency_option
+from bisect_npu.recipe.schema import DependencySpec, EarlierRunsSpec, Recipe, parse_dependency_option
 from bisect_npu.request import (
     ExecutorSpec,
     FixSpec,

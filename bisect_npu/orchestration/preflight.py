@@ -13,14 +13,15 @@ from typing import Literal
 
 import git
 
-from bisect_npu import history
 from bisect_npu.defaults import LAST_GOOD
 from bisect_npu.errors import UsageError
 from bisect_npu.level import held_of, scope_of
-from bisect_npu.orchestration.memory import resolve_last_good
 from bisect_npu.orchestration.options import SessionSpec, check_dependency_options, earlier_runs_spec
-from bisect_npu.recipe import EarlierRunsSpec, Recipe, load_recipe
+from bisect_npu.orchestration.verdict_reuse import resolve_last_good
+from bisect_npu.recipe.loader import load_recipe
+from bisect_npu.recipe.schema import EarlierRunsSpec, Recipe
 from bisect_npu.records import CandidateRange
+from bisect_npu.upstream import history
 
 
 @dataclass(frozen=True)
@@ -89,7 +90,7 @@ def check_run(spec: SessionSpec, host_root: Path = Path("/")) -> RunInputs:
 
         check_dockerfile(repo, recipe_for_host(recipe, spec.context.host).build.dockerfile, candidates_range)
     if repo is not None and recipe is not None and candidates_range.kind == "commits":
-        from bisect_npu.recipe_check import check_recipe_at_ends, check_support, range_ends
+        from bisect_npu.recipe.check import check_recipe_at_ends, check_support, range_ends
 
         named_ends = range_ends(spec.range.good, spec.range.bad, candidates_range.good, candidates_range.base,
                               candidates_range.bad)
@@ -144,7 +145,7 @@ def check_overlay_on_release(spec: SessionSpec, repo: git.Repo | None) -> None:
     """`--overlay-on-release`: a commit-level run of this host's processes, on a clone holding the
     release's tag (the compiled inputs each commit changed are counted from it)."""
     from bisect_npu.builders.release_overlay import parse_release
-    from bisect_npu.versions import tag_for_version
+    from bisect_npu.upstream.versions import tag_for_version
 
     assert spec.range.overlay_on_release is not None
     _package, version = parse_release(spec.range.overlay_on_release)
@@ -256,7 +257,7 @@ def settle_unit_tests(spec: SessionSpec, repo: git.Repo | None, candidates: Cand
 def resolve_candidates(spec: SessionSpec, repo: git.Repo | None) -> CandidateRange:
     """The journal header's `range`: commits of a repository, or published versions of a package."""
     if spec.range.package:
-        from bisect_npu import versions
+        from bisect_npu.upstream import versions
 
         vrange = versions.resolve_version_range(spec.range.package, spec.range.good, spec.range.bad,
                                                 include_prereleases=spec.range.prereleases,

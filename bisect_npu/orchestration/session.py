@@ -22,7 +22,7 @@ from typing import Literal
 
 import git
 
-from bisect_npu import __version__, history, search
+from bisect_npu import __version__, search
 from bisect_npu.builders.base import Builder, tail
 from bisect_npu.contracts import Verdict, VerdictKind
 from bisect_npu.errors import UsageError
@@ -34,14 +34,15 @@ from bisect_npu.level import held_of, scope_of
 from bisect_npu.orchestration import sentences
 from bisect_npu.orchestration.costs import measured_costs, told_costs
 from bisect_npu.orchestration.evaluate import EvaluationRequest, Evaluator, StepResult
-from bisect_npu.orchestration.memory import Memory, command_changed, command_oracle, open_memory
 from bisect_npu.orchestration.options import SessionSpec, earlier_runs_for_search, earlier_runs_spec
 from bisect_npu.orchestration.preflight import check_run, settle_slots
 from bisect_npu.orchestration.slots import run_in_slots
 from bisect_npu.orchestration.state import SessionState
+from bisect_npu.orchestration.verdict_reuse import VerdictReuse, command_changed, command_oracle, open_verdict_reuse
 from bisect_npu.orchestration.wiring import load_golden, session_evaluator
 from bisect_npu.progress import PlainProgress, Progress
-from bisect_npu.recipe import Recipe, load_recipe
+from bisect_npu.recipe.loader import load_recipe
+from bisect_npu.recipe.schema import Recipe
 from bisect_npu.records import (
     JOURNAL_SCHEMA_VERSION,
     BuildInfo,
@@ -53,6 +54,7 @@ from bisect_npu.records import (
     TrialRecord,
     TrialRun,
 )
+from bisect_npu.upstream import history
 
 EXIT_FOUND, EXIT_NARROWED, EXIT_ENDS_WRONG = 0, 3, 4
 EXIT_CODES = {"found": EXIT_FOUND, "narrowed": EXIT_NARROWED, "ends_wrong": EXIT_ENDS_WRONG}  # by EndRecord.status
@@ -106,7 +108,7 @@ class Session:
     """One bisection over a resolved range, driven step by step from the journal."""
 
     def __init__(self, journal: Journal, spec: SessionSpec, repo: git.Repo | None, recipe: Recipe | None,
-                 evaluator: Evaluator, progress: Progress, memory: Memory | None = None) -> None:
+                 evaluator: Evaluator, progress: Progress, memory: VerdictReuse | None = None) -> None:
         self.journal = journal
         self.memory = memory
         self.spec = spec
@@ -138,7 +140,7 @@ class Session:
         recipe, repo, candidates_range = inputs.recipe, inputs.repo, inputs.candidates_range
         session_dir = (session_dir or new_session_dir(root)).resolve()
         progress = progress or PlainProgress()
-        memory = open_memory(spec, recipe, session_dir, _reference(recipe, candidates_range.base), progress)
+        memory = open_verdict_reuse(spec, recipe, session_dir, _reference(recipe, candidates_range.base), progress)
         if inputs.last_good_note:
             progress.note(inputs.last_good_note)
         header = HeaderRecord(
@@ -186,7 +188,8 @@ class Session:
                              "two oracles)")
         progress = progress or PlainProgress()
         try:
-            memory = open_memory(spec, recipe, session_dir, _reference(recipe, journal.header.range.base), progress)
+            memory = open_verdict_reuse(spec, recipe, session_dir, _reference(recipe, journal.header.range.base),
+                                        progress)
         except UsageError:
             journal.close()
             raise

@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
 
-from bisect_npu import __version__, history
+from bisect_npu import __version__
 from bisect_npu.builders.base import Builder
 from bisect_npu.contracts import Observation, VerdictKind
 from bisect_npu.defaults import TRIAL_TIMEOUT_S
@@ -28,12 +28,13 @@ from bisect_npu.execute.base import Executor
 from bisect_npu.execute.host import recipe_for_host
 from bisect_npu.level import SettingsLevel
 from bisect_npu.orchestration.evaluate import EvaluationRequest, Evaluator, StepResult
-from bisect_npu.orchestration.memory import Memory, open_memory
 from bisect_npu.orchestration.options import SessionSpec, check_dependency_options
+from bisect_npu.orchestration.verdict_reuse import VerdictReuse, open_verdict_reuse
 from bisect_npu.orchestration.wiring import load_golden, make_environment, session_evaluator
 from bisect_npu.progress import PlainProgress, Progress
-from bisect_npu.recipe import Recipe, load_recipe
-from bisect_npu.recipe_settings import (
+from bisect_npu.recipe.loader import load_recipe
+from bisect_npu.recipe.schema import Recipe
+from bisect_npu.recipe.settings import (
     Difference,
     apply,
     check_key,
@@ -54,6 +55,7 @@ from bisect_npu.settings_journal import (
     SettingsHeader,
     SettingsJournal,
 )
+from bisect_npu.upstream import history
 
 if TYPE_CHECKING:
     from bisect_npu.orchestration.session import Session
@@ -141,7 +143,7 @@ class SettingsSearch:
         self.problem = SettingsProblem(len(self.differences), mode=self.header.mode, confidence=self.header.confidence,
                                        batch=self.header.batch, max_trials=self.header.max_trials)
         self._executors: dict[tuple[tuple[str, str], ...], Executor] = {}
-        self._memories: dict[str, Memory | None] = {}
+        self._memories: dict[str, VerdictReuse | None] = {}
         self.reference: list[Observation] | None = load_golden(recipe) if recipe.reference.kind == "golden" else None
 
     # -- construction -------------------------------------------------------------------------
@@ -296,13 +298,13 @@ class SettingsSearch:
                                                     self.journal.session_dir / "worktrees")[1]
         return self._executors[key]
 
-    def _memory(self, recipe: Recipe) -> Memory | None:
+    def _memory(self, recipe: Recipe) -> VerdictReuse | None:
         """The verdict store under this configuration's recipe digest (with the good variant as the
         reference where the oracle compares against it)."""
         digest = recipe.digest()
         if digest not in self._memories:
             reference = self.recipe_of(frozenset()).digest() if self.recipe.reference.kind == "good_end" else ""
-            self._memories[digest] = open_memory(self.spec, recipe, self.journal.session_dir, reference,
+            self._memories[digest] = open_verdict_reuse(self.spec, recipe, self.journal.session_dir, reference,
                                                  self.progress)
         return self._memories[digest]
 
@@ -349,7 +351,7 @@ class SettingsSearch:
             self._keep(memory, digest, result, build_key)
         return record
 
-    def _keep(self, memory: Memory, digest: str, result: StepResult, build_key: str) -> None:
+    def _keep(self, memory: VerdictReuse, digest: str, result: StepResult, build_key: str) -> None:
         """This search's verdict of the configuration, with its trials' tally in noisy mode."""
         outcomes = [e.outcome for e in self.journal.entries
                     if isinstance(e, ConfigurationTrial) and e.digest == digest and e.outcome]

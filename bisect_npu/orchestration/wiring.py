@@ -19,7 +19,6 @@ from typing import TYPE_CHECKING, Literal
 
 import git
 
-from bisect_npu import history
 from bisect_npu.builders.base import Builder
 from bisect_npu.contracts import Observation, Verdict
 from bisect_npu.errors import InfrastructureError, UsageError
@@ -29,8 +28,10 @@ from bisect_npu.journal import DEFAULT_ROOT, new_session_dir, session_label
 from bisect_npu.level import held_of, overlay_of
 from bisect_npu.orchestration.evaluate import EvaluationRequest, Evaluator
 from bisect_npu.orchestration.options import SessionSpec
-from bisect_npu.recipe import InstallPlan, Recipe, load_recipe
+from bisect_npu.recipe.loader import load_recipe
+from bisect_npu.recipe.schema import InstallPlan, Recipe
 from bisect_npu.request import RunRequest
+from bisect_npu.upstream import history
 
 if TYPE_CHECKING:
     from bisect_npu.execute.docker import ContainerSpec

@@ -12,7 +12,8 @@ from statistics import NormalDist
 from typing import TYPE_CHECKING, Any
 
 from bisect_npu.errors import UsageError
-from bisect_npu.recipe import PARALLEL_SIZES, Recipe, load_recipe
+from bisect_npu.recipe.loader import load_recipe
+from bisect_npu.recipe.schema import PARALLEL_SIZES, Recipe
 
 if TYPE_CHECKING:
     from bisect_npu.report import SessionView, StepView

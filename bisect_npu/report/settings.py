@@ -9,7 +9,7 @@ import json
 from pathlib import Path
 from typing import Any
 
-from bisect_npu.recipe_settings import show
+from bisect_npu.recipe.settings import show
 from bisect_npu.settings_journal import (
     ConfigurationRecord,
     ConfigurationTrial,

@@ -9,7 +9,7 @@ from __future__ import annotations
 import platform
 from typing import Any
 
-from ..common import Stopwatch, TrialCounter, loop_detector, record_loop, run_once, top_logprobs_row
+from ..trials import Stopwatch, TrialCounter, loop_detector, record_loop, run_once, top_logprobs_row
 
 # Engine args that select the server layer instead of the offline engine.
 _SERVER_ARGS = ("server", "override_generation_config")

@@ -29,7 +29,7 @@ import urllib.request
 from collections.abc import Iterator
 from typing import Any
 
-from ..common import (
+from ..trials import (
     NEUTRAL_PENALTY,
     Stopwatch,
     TrialCounter,

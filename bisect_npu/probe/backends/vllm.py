@@ -14,7 +14,7 @@ import os
 import re
 from typing import Any
 
-from ..common import (
+from ..trials import (
     SAMPLING_FIELDS,
     Stopwatch,
     TrialCounter,

@@ -1,4 +1,5 @@
-"""Helpers shared by the probe backends that drive real vLLM (standard library only).
+"""What the probe backends that drive real vLLM share: timing, trial counting, loop detection,
+the versions an observation reports (standard library only).
 
 Runs inside the candidate environment: relative imports only, nothing from the host side.
 """

@@ -33,15 +33,16 @@ from pathlib import Path
 
 import git
 
-from bisect_npu import __version__, history
+from bisect_npu import __version__
 from bisect_npu.contracts import Verdict, VerdictKind
 from bisect_npu.errors import InfrastructureError, UsageError
 from bisect_npu.level import held_of
 from bisect_npu.orchestration.options import SessionSpec
 from bisect_npu.progress import Progress
-from bisect_npu.recipe import Recipe
+from bisect_npu.recipe.schema import Recipe
 from bisect_npu.records import CommandOracle, StoredFrom
 from bisect_npu.store import Scope, StoredVerdict, VerdictStore
+from bisect_npu.upstream import history
 
 ENVIRONMENT_VARIABLE = "BISECT_NPU_ENVIRONMENT"
 # Files above this size are keyed on their size and modification time, not read through (a model's
@@ -253,7 +254,7 @@ class Reused:
     stored: StoredFrom
 
 
-class Memory:
+class VerdictReuse:
     """One session's use of the verdict store: recall other sessions' verdicts, keep its own."""
 
     def __init__(self, store: VerdictStore, scope: Scope, session: str, progress: Progress) -> None:
@@ -311,15 +312,15 @@ class Memory:
             self._fail(exc)
 
 
-def open_memory(spec: SessionSpec, recipe: Recipe | None, session_dir: Path, reference: str,
-                progress: Progress) -> Memory | None:
-    """The session's Memory, or None without a store (or for an oracle whose verdicts cannot be shared)."""
+def open_verdict_reuse(spec: SessionSpec, recipe: Recipe | None, session_dir: Path, reference: str,
+                progress: Progress) -> VerdictReuse | None:
+    """The session's VerdictReuse, or None without a store (or for an oracle whose verdicts cannot be shared)."""
     if spec.store.verdict_store is None:
         return None
     scope = scope_of(spec, recipe, reference)
     if scope is None:
         return None
-    return Memory(VerdictStore(Path(spec.store.verdict_store)), scope, str(session_dir), progress)
+    return VerdictReuse(VerdictStore(Path(spec.store.verdict_store)), scope, str(session_dir), progress)
 
 
 def resolve_last_good(spec: SessionSpec, recipe: Recipe | None, repo: git.Repo) -> tuple[str, str]:

@@ -37,8 +37,8 @@ from packaging.utils import (
 from packaging.version import InvalidVersion, Version
 
 from bisect_npu.errors import InfrastructureError, UsageError
-from bisect_npu.history import resolve_ref
 from bisect_npu.paths import cache_root
+from bisect_npu.upstream.history import resolve_ref
 
 DEFAULT_INDEX = "https://pypi.org/simple"
 CACHE_TTL_S = 24 * 3600

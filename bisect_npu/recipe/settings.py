@@ -23,7 +23,8 @@ import yaml
 from pydantic import BaseModel, ValidationError
 
 from bisect_npu.errors import UsageError
-from bisect_npu.recipe import CaseSpec, Recipe, _model_in
+from bisect_npu.recipe.loader import _model_in
+from bisect_npu.recipe.schema import CaseSpec, Recipe
 
 # The parts of a recipe that make the case; the rest (oracle, trials, reference, build, ...) is how
 # it is judged or built, which a settings search holds fixed.

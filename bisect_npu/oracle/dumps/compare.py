@@ -13,7 +13,7 @@ Two dump formats are read:
   tensor a mapping with `dtype`, `shape`, `data_name` (a file in `dump_tensor_data/`). The path
   given may be the dump root, a step/rank directory, or a `dump.json`. Per op we compare
   input_args, input_kwargs, parameters, output, in that order. `.pt` files are read without
-  torch (`oracle/ptfile.py`).
+  torch (`oracle/dumps/formats.py`).
 
 Metrics follow msprobe's compare: cosine similarity, max absolute error, max relative error
 (|a - b| / (|b| + eps), b the reference), shares of elements with relative error below 1/1000 and
@@ -36,7 +36,7 @@ The first divergent tensor in execution order is where the drift enters; the out
 whose drift its input did not have, without a rule of their own, are its carriers.
 
 Why streamed: real dumps hold hundreds of tensors and a 152K-vocabulary logits tensor. Each file
-is indexed (`ptfile.open_pt` / `open_npy`, while the workers compare the tensors before it) and
+is indexed (`formats.open_pt` / `open_npy`, while the workers compare the tensors before it) and
 read `chunk_elements` at a time by positioned reads; large tensors are split into segments so
 `workers` threads (numpy releases the GIL) share one tensor too. Peak memory is a few chunks per
 worker, whatever the largest tensor. Why buffers: each worker reads every chunk into the same
@@ -64,7 +64,7 @@ import numpy as np
 from bisect_npu.contracts import Observation, Verdict, VerdictKind
 from bisect_npu.errors import UsageError
 from bisect_npu.oracle.config import LogitsConfig
-from bisect_npu.oracle.ptfile import PtFormatError, TensorFile, open_npy, open_pt
+from bisect_npu.oracle.dumps.formats import PtFormatError, TensorFile, open_npy, open_pt
 
 OWN_FORMAT = "bisect-npu-dump"
 # Chunks per unit of work: a tensor larger than this is shared between the workers.

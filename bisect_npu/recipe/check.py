@@ -21,7 +21,7 @@ import git
 from packaging.version import InvalidVersion, Version
 
 from bisect_npu.errors import UsageError
-from bisect_npu.recipe import Recipe, version_specifier
+from bisect_npu.recipe.schema import Recipe, version_specifier
 
 PACKAGE_DIR = "vllm_ascend"
 

@@ -1,0 +1,1 @@
+"""Tensor dumps: the file formats read without torch, and the streaming comparison."""

@@ -1,0 +1,1 @@
+"""Recipes: the schema, the line-tracking YAML loader, the digest, the checks against a source."""

@@ -1,0 +1,1 @@
+"""The upstream as git and its files show it: history, Dockerfile facts, release versions."""

@@ -165,3 +165,22 @@ def test_the_demo_cases(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None
     assert {case.recipe for case in every if case.name == "accuracy"} <= {"demo-accuracy-aisbench"}
     with pytest.raises(api.UsageError, match="unknown demo case 'nope'"):
         api.demo_cases(upstream, "nope")
+
+
+@pytest.mark.e2e  # the demo model runs each configuration
+def test_search_settings_names_the_manifest_trigger(tmp_path: Path) -> None:
+    from bisect_npu.demo.generate import generate_upstream
+    from bisect_npu.recipe.settings import show
+
+    manifest = generate_upstream(tmp_path / "upstream", seed=0)
+    truth = manifest.case("spec-decode")
+    assert truth.settings is not None
+    seen: list[Path] = []
+    with pytest.raises(api.UsageError, match="needs --recipe"):
+        api.search_settings(repo=str(tmp_path / "upstream"), ref=truth.bad_ref)
+    result = api.search_settings(repo=str(tmp_path / "upstream"), ref=truth.bad_ref, recipe=truth.recipe,
+                                 good_set=[f"{key}={show(value)}" for key, value in truth.settings.good_set.items()],
+                                 session_dir=tmp_path / "session", no_verdict_store=True, on_session=seen.append)
+    assert (result.status, result.exit_code, result.trigger) == ("found", 0, truth.settings.trigger)
+    assert seen == [result.session_dir] == [(tmp_path / "session").resolve()]
+    assert result.configurations > 2 and result.report.read_text().startswith("#")

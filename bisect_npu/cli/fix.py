@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import json
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Literal
 
 import click
 
@@ -30,15 +30,13 @@ if TYPE_CHECKING:
 @click.option("--devices", help="With --verify: NPU cards each verification runs on, e.g. 0-7 (as `run`).")
 @click.option("--json", "as_json", is_flag=True, help="Print the report as JSON.")
 def fix(culprit: str, repo_path: str, bad: str | None, top: int, recipe_path: str | None,
-        keywords: tuple[str, ...], command: str | None, verify: bool, verify_top: int, executor: str,
-        devices: str | None,
-        as_json: bool) -> None:
+        keywords: tuple[str, ...], command: str | None, verify: bool, verify_top: int,
+        executor: Literal["local", "docker"], devices: str | None, as_json: bool) -> None:
     """Rank the later commits that fix CULPRIT, with the evidence for each."""
     from bisect_npu import api
 
     answer = api.fix(repo_path, culprit, bad=bad, top=top, recipe=recipe_path, keywords=keywords, command=command,
-                     verify=verify, verify_top=verify_top, executor="docker" if executor == "docker" else "local",
-                     devices=devices)
+                     verify=verify, verify_top=verify_top, executor=executor, devices=devices)
     if as_json:
         click.echo(json.dumps(answer.to_json(), indent=2, default=str))
     else:

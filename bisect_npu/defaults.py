@@ -1,6 +1,11 @@
 """Defaults the command line shows and the library applies, defined once so that `run --help`,
 the request (and the reproduce line it writes) and the builders cannot disagree."""
 
+from pathlib import Path
+
+# Where sessions go unless told (`run --session`, `demo --session-root`), relative to the working directory.
+SESSIONS_ROOT = Path(".bisect-npu") / "sessions"
+
 # Seconds one probe or command run may take (--timeout); a local build command gets as long.
 TRIAL_TIMEOUT_S = 3600.0
 # Disk the candidate images (docker) or release venvs (--package) may take, in GiB (--cache-size).

@@ -23,13 +23,14 @@ from typing import Any, TypeVar
 
 from pydantic import BaseModel, ValidationError
 
+from bisect_npu.defaults import SESSIONS_ROOT
 from bisect_npu.errors import InfrastructureError, UsageError
 from bisect_npu.records import JOURNAL_SCHEMA_VERSION, HeaderRecord, JournalRecord, Record, parse_record
 
 JOURNAL_FILE = "journal.jsonl"
 LOCK_FILE = "lock"
 LATEST_FILE = "latest"
-DEFAULT_ROOT = Path(".bisect-npu") / "sessions"
+DEFAULT_ROOT = SESSIONS_ROOT
 R = TypeVar("R", bound=Record)
 
 

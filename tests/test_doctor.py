@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from bisect_npu.cli.doctor import check_disk, check_driver_version, check_npu_devices, check_npu_smi
+from bisect_npu.api.host_checks import check_disk, check_driver_version, check_npu_devices, check_npu_smi
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 

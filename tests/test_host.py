@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 from asked import spec_of
 
-from bisect_npu.cli.doctor import check_host
+from bisect_npu.api.host_checks import check_host
 from bisect_npu.errors import UsageError
 from bisect_npu.execute import host as host_module
 from bisect_npu.execute.host import (

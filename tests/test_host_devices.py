@@ -11,7 +11,7 @@ import pytest
 from asked import spec_of
 from gitrepo import GOOD_CMD, make_linear_repo
 
-from bisect_npu.cli.doctor import check_driver_mounts
+from bisect_npu.api.host_checks import check_driver_mounts
 from bisect_npu.errors import InfrastructureError
 from bisect_npu.execute.ascend import DRIVER_MOUNTS, MANAGEMENT_DEVICES, ascend_container_spec, device_files
 from bisect_npu.execute.host_devices import check_host_devices, host_cards

@@ -71,6 +71,12 @@ def note_session(session_dir: Path) -> None:
     _session[:] = [session_dir]
 
 
+def started(session_dir: Path) -> None:
+    """A session exists: a failure or an interrupt from here on names it, and so does stderr."""
+    note_session(session_dir)
+    click.echo(f"session: {session_dir}", err=True)
+
+
 def _terminate_as_interrupt(signum: int, frame: object) -> None:
     raise KeyboardInterrupt(f"signal {signum}")
 

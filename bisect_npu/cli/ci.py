@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import os
 import sys
-import tempfile
 from pathlib import Path
 
 import click
@@ -43,11 +42,11 @@ def bisect(good: str, bad: str, repo: str, recipe: str, command: str, executor: 
            verdict_store: str, args: str, matrix: str, session: str) -> None:
     """Bisect, or resume the session of a retried job (GITHUB_RUN_ATTEMPT > 1); report to the job
     summary, answer to the step's outputs. Exits 0 for an answer (or no regression since last-good)."""
-    from bisect_npu.ci import Actions, BisectInputs, bisect_step
+    from bisect_npu import api
 
-    inputs = BisectInputs(good=good, bad=bad, repo=repo, recipe=recipe, command=command, executor=executor,
-                          devices=devices, verdict_store=verdict_store, args=args, matrix=matrix)
-    sys.exit(bisect_step(inputs, Actions.from_environ(os.environ), session or None))
+    inputs = api.BisectInputs(good=good, bad=bad, repo=repo, recipe=recipe, command=command, executor=executor,
+                              devices=devices, verdict_store=verdict_store, args=args, matrix=matrix)
+    sys.exit(api.ci_bisect(inputs, os.environ, session or None))
 
 
 @ci.command("issue")
@@ -59,11 +58,9 @@ def bisect(good: str, bad: str, repo: str, recipe: str, command: str, executor: 
               show_envvar=True, help="The label of bisect-npu's issues.")
 def issue(report_json: Path, repository: str, label: str) -> None:
     """Open the culprit's issue, or comment on the one already filed for it (found by its marker)."""
-    from bisect_npu.ci import Actions, IssueInputs, issue_step
+    from bisect_npu import api
 
-    with tempfile.TemporaryDirectory(prefix="bisect-npu-issue-") as workdir:
-        outputs = issue_step(IssueInputs(report_json, repository, label), Actions.from_environ(os.environ),
-                             Path(workdir))
+    outputs = api.ci_issue(report_json, repository, os.environ, label)
     click.echo(f"issue {outputs['issue-action']}: {outputs['issue'] or '-'}")
 
 
@@ -79,19 +76,7 @@ def issue(report_json: Path, repository: str, label: str) -> None:
 def comment(body: str, repo: str, good_table: str, soc: str) -> None:
     """Parse a `/bisect` comment into the step outputs `good`, `bad`, `case` and `args` (the
     `bisect-npu run` options for the action's `args`)."""
-    import shlex
+    from bisect_npu import api
 
-    from bisect_npu.ci import Actions
-    from bisect_npu.nightly.at_commit import locate_case
-    from bisect_npu.nightly.comment import parse_comment
-    from bisect_npu.upstream import history
-
-    asked = parse_comment(body)
-    clone = history.open_repo(repo)
-    case = locate_case(clone, history.resolve_ref(clone, asked.bad), asked.case)
-    args = ["--nightly-case", case]
-    if good_table and asked.good == "last-good":
-        args += ["--good-table", good_table, *(["--soc", soc] if soc else [])]
-    Actions.from_environ(os.environ).set_outputs({"good": asked.good, "bad": asked.bad, "case": case,
-                                                  "args": shlex.join(args)})
-    click.echo(f"/bisect {case}: good {asked.good}, bad {asked.bad}")
+    asked = api.ci_comment(body, os.environ, repo=repo, good_table=good_table, soc=soc)
+    click.echo(f"/bisect {asked.case}: good {asked.good}, bad {asked.bad}")

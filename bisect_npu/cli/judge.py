@@ -29,15 +29,9 @@ def _flat(figures: dict[str, Any], prefix: str = "") -> list[tuple[str, str]]:
 def judge(recipe_path: str, references: tuple[str, ...], as_json: bool, observations: tuple[str, ...]) -> None:
     """Judge OBSERVATIONS with the recipe's oracle: exit 0 good, 1 bad, 125 undecided or skip; 128 when
     there is no verdict (unreadable input, unknown recipe, internal error), so `git bisect run` aborts."""
-    from bisect_npu import oracle
-    from bisect_npu.contracts import VERDICT_EXIT, Observation
-    from bisect_npu.recipe.loader import load_recipe
+    from bisect_npu import api
 
-    recipe = load_recipe(recipe_path)
-    observed = [Observation.load(path) for path in observations]
-    reference = [Observation.load(path) for path in references] or None
-    verdict = oracle.judge(recipe.oracle, observed, reference, trials_per_case=recipe.trials.count,
-                           accuracy=recipe.accuracy)
+    verdict = api.judge(recipe_path, observations, references or None)
     if as_json:
         click.echo(json.dumps(verdict.model_dump(mode="json"), indent=2))
     elif sys.stdout.isatty():
@@ -62,4 +56,4 @@ def judge(recipe_path: str, references: tuple[str, ...], as_json: bool, observat
                 click.echo(f"{name}: {value}")
     # SystemExit, not click's Exit: click returns Exit codes from main(standalone_mode=False) instead of
     # exiting, and the exit code is this command's answer (the `git bisect run` protocol).
-    sys.exit(VERDICT_EXIT[verdict.kind])
+    sys.exit(api.VERDICT_EXIT[verdict.kind])

@@ -3,14 +3,14 @@
 from __future__ import annotations
 
 import json
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Literal
 
 import click
 
 from bisect_npu.cli.params import FiniteRange
 
 if TYPE_CHECKING:
-    from bisect_npu.forecast.plan import RangePlan
+    from bisect_npu.api import Plan
 
 
 @click.command()
@@ -46,7 +46,7 @@ if TYPE_CHECKING:
                    "engine now, before a long run: a registry that cannot be reached shows here (exit 5).")
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
 def plan(good: str, bad: str, repo: str, build_minutes: float, overlay_minutes: float, run_minutes: float | None,
-         command: str | None, executor: str | None, dockerfile: str | None, recipe: str | None,
+         command: str | None, executor: Literal["local", "docker"] | None, dockerfile: str | None, recipe: str | None,
          base_image_map: tuple[str, ...], release_images: str | None, pull: bool, as_json: bool) -> None:
     """Resolve GOOD..BAD: candidates, merge-base note, build groups, expected steps and cost.
 
@@ -54,47 +54,29 @@ def plan(good: str, bad: str, repo: str, build_minutes: float, overlay_minutes: 
     cost, as a session with container builds does) over culprits spread across the range, next
     to plain midpoint bisection of the same range.
     """
-    from bisect_npu.builders.registry import BaseImageMap
-    from bisect_npu.builders.releases import check_template
-    from bisect_npu.forecast.plan import plan_range
-    from bisect_npu.recipe.check import check_recipe_at_ends, check_support, range_ends
-    from bisect_npu.recipe.loader import load_recipe
-    from bisect_npu.upstream import history
+    from bisect_npu import api
 
     if command is not None and recipe is not None:
         raise click.UsageError("give either --recipe or --cmd (the oracle the run would use)")
-    if command is not None:
-        from bisect_npu.orchestration.preflight import command_words
-
-        command_words(command)  # refused here as `run` would refuse it
-    executor = executor or ("local" if command is not None else "docker")
-    if executor == "local":
-        _plan_checkouts(good, bad, repo, run_minutes, as_json)
-        return
-    loaded = load_recipe(recipe) if recipe else None
-    dockerfile = dockerfile or (loaded.build.dockerfile if loaded else "Dockerfile")
-    base_images = BaseImageMap.parse(base_image_map, loaded.build.base_image_map if loaded else None)
-    release_images = release_images or (loaded.build.release_images if loaded else None)
-    clone = history.open_repo(repo)
-    run_minutes = 5.0 if run_minutes is None else run_minutes
-    result = plan_range(clone, good, bad, dockerfile=dockerfile, build_minutes=build_minutes,
-                        overlay_minutes=overlay_minutes, run_minutes=run_minutes,
-                        base_images=base_images.apply if base_images else None,
-                        release_images=check_template(release_images) if release_images else None)
-    if loaded is not None:
-        ends = range_ends(good, bad, result.range.good, result.range.base, result.range.bad)
-        check_support(loaded, clone, ends)
-        check_recipe_at_ends(loaded, clone, ends)
-    pulled = pull_base_images(result.base_images()) if pull else {}
-    published = pull_release_images(result) if pull else {}
+    answer = api.plan(repo, good, bad, build_minutes=build_minutes, overlay_minutes=overlay_minutes,
+                      run_minutes=run_minutes, command=command, executor=executor, dockerfile=dockerfile,
+                      recipe=recipe, base_image_map=base_image_map, release_images=release_images, pull=pull)
     if as_json:
-        click.echo(json.dumps({**result.to_json(), **({"pulled": pulled, "published": published} if pull else {})}))
-        return
-    for image, image_id in pulled.items():
+        click.echo(json.dumps(answer.to_json()))
+    elif answer.executor == "local":
+        _print_checkouts(answer)
+    else:
+        _print_images(answer)
+
+
+def _print_images(answer: Plan) -> None:
+    result = answer.range_plan
+    for image, image_id in (answer.pulled or {}).items():
         click.echo(f"pulled {image} ({image_id.removeprefix('sha256:')[:12]})")
-    for image, note in published.items():
+    for image, note in answer.published.items():
         click.echo(f"{'pulled' if note.startswith('sha256:') else 'not used'} {image}: {note}")
     brange, n, lacking = result.range, len(result.range.candidates), result.lacking_dockerfile
+    dockerfile = result.dockerfile
     if brange.merge_base_note:
         click.echo(f"note: {brange.merge_base_note}")
     click.echo(f"candidates: {n} first-parent commits in ({brange.base[:12]}, {brange.bad[:12]}]")
@@ -107,7 +89,7 @@ def plan(good: str, bad: str, repo: str, build_minutes: float, overlay_minutes: 
                                                                      ("vLLM", group.vllm_tag)) if value)
         click.echo(f"  key {group.key}: {group.commits} commits from {group.first[:12]}"
                    + (f" ({made_of})" if made_of else "") + (f", pulled from {group.pull}" if group.pull else ""))
-    if release_images:
+    if answer.release_images:
         click.echo(f"release images: {len(result.released)} of the range's keys are a release's build "
                    "(no full build where its image exists)")
         for key, release in result.released.items():
@@ -122,20 +104,14 @@ def plan(good: str, bad: str, repo: str, build_minutes: float, overlay_minutes: 
     for label, figures in (("expected", result.expected), ("plain midpoint bisection", result.midpoint)):
         click.echo(f"{label}: {figures.steps:.1f} steps (end checks included, at most {figures.max_steps}), "
                    f"{figures.full_builds:.1f} full builds, {figures.overlays:.1f} overlays, {figures.hours:.2f} h")
-    click.echo(f"  at {build_minutes:g} min/build, {overlay_minutes:g} min/overlay, {run_minutes:g} min/run, "
-               f"averaged over {result.expected.culprits} culprit positions")
+    click.echo(f"  at {answer.build_minutes:g} min/build, {answer.overlay_minutes:g} min/overlay, "
+               f"{answer.run_minutes:g} min/run, averaged over {result.expected.culprits} culprit positions")
 
 
-def _plan_checkouts(good: str, bad: str, repo: str, run_minutes: float | None, as_json: bool) -> None:
+def _print_checkouts(answer: Plan) -> None:
     """A run that checks candidates out (`--cmd`, `--executor local`): no image, no build key;
     steps, and hours only from a declared run time."""
-    from bisect_npu.forecast.plan import plan_range
-    from bisect_npu.upstream import history
-
-    result = plan_range(history.open_repo(repo), good, bad, run_minutes=run_minutes, executor="local")
-    if as_json:
-        click.echo(json.dumps(result.to_json()))
-        return
+    result = answer.range_plan
     brange, figures = result.range, result.expected
     if brange.merge_base_note:
         click.echo(f"note: {brange.merge_base_note}")
@@ -147,28 +123,5 @@ def _plan_checkouts(good: str, bad: str, repo: str, run_minutes: float | None, a
     if figures.hours is None:
         click.echo("  time: steps x the command's own time (give --run-minutes for hours)")
     else:
-        click.echo(f"  time: {figures.hours:.2f} h at {run_minutes:g} min/run, averaged over {figures.culprits} "
-                   "culprit positions")
-
-
-def pull_base_images(images: list[str]) -> dict[str, str]:
-    """Pull each image into the engine DOCKER_HOST names: {image: id}; the first that fails is an
-    InfrastructureError naming its registry."""
-    from bisect_npu.builders.docker import connect_engine
-    from bisect_npu.builders.registry import pull_image
-
-    client = connect_engine()
-    return {image: pull_image(client, image) for image in images}
-
-
-def pull_release_images(result: RangePlan) -> dict[str, str]:
-    """Pull the release images the plan counts: {image: its id, or why it cannot stand for its key}."""
-    from bisect_npu.builders.docker import LABEL_COMMIT, connect_engine
-    from bisect_npu.builders.releases import fetch_release
-
-    client = connect_engine() if result.released else None
-    notes: dict[str, str] = {}
-    for release in result.released.values():
-        image_id, note = fetch_release(client, release, LABEL_COMMIT)
-        notes[release.image] = image_id or note
-    return notes
+        click.echo(f"  time: {figures.hours:.2f} h at {answer.run_minutes:g} min/run, averaged over "
+                   f"{figures.culprits} culprit positions")

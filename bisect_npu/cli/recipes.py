@@ -4,8 +4,6 @@ from __future__ import annotations
 
 import json
 import shlex
-from collections.abc import Mapping
-from importlib.resources.abc import Traversable
 from pathlib import Path
 from typing import Any
 
@@ -22,24 +20,11 @@ def recipes() -> None:
               help="Also list the recipes in this directory (repeatable).")
 def list_recipes(dirs: tuple[Path, ...]) -> None:
     """Name, backend, oracle kinds and description of each recipe."""
-    from bisect_npu.errors import UsageError
-    from bisect_npu.recipe.loader import bundled_recipes, load_recipe
+    from bisect_npu import api
 
-    sources: list[tuple[str, Mapping[str, Traversable]]] = [("bundled", bundled_recipes())]
-    for directory in dirs:
-        if not directory.is_dir():
-            raise UsageError(f"--dir {directory}: not a directory")
-        sources.append((str(directory), {path.stem: path for path in sorted(directory.glob("*.yaml"))}))
-    rows = []
-    for origin, files in sources:
-        for stem, file in files.items():
-            try:
-                recipe = load_recipe(file)
-            except UsageError as exc:
-                rows.append((stem, "-", "-", f"INVALID: {exc}", origin))
-                continue
-            rows.append((recipe.name, recipe.engine.backend, ",".join(recipe.oracle.kinds),
-                         recipe.description, origin))
+    rows = [(entry.name, "-", "-", f"INVALID: {entry.error}", entry.origin) if entry.error is not None else
+            (entry.name, entry.backend, ",".join(entry.oracle), entry.description, entry.origin)
+            for entry in api.list_recipes(dirs)]
     widths = [max(len(row[i]) for row in rows) for i in range(3)] if rows else [0, 0, 0]
     header = ("NAME", "BACKEND", "ORACLE")
     widths = [max(w, len(h)) for w, h in zip(widths, header, strict=True)]
@@ -54,23 +39,22 @@ def list_recipes(dirs: tuple[Path, ...]) -> None:
 @click.argument("files", nargs=-1, required=True, type=click.Path(path_type=Path))
 def validate(files: tuple[Path, ...]) -> None:
     """Check recipe files; exit 2 with the first error (field and line) of each bad one."""
-    from bisect_npu.errors import UsageError
-    from bisect_npu.recipe.loader import load_recipe
+    from bisect_npu import api
 
     errors = []
-    for path in files:
-        try:
-            recipe = load_recipe(path)
-        except UsageError as exc:
-            errors.append(str(exc))
+    for validated in api.validate_recipes(files):
+        if validated.recipe is None:
+            errors.append(str(validated.error))
             continue
-        click.echo(f"ok  {path}  ({recipe.name}: {len(recipe.cases)} case(s), oracle {','.join(recipe.oracle.kinds)})")
+        recipe = validated.recipe
+        click.echo(f"ok  {validated.path}  ({recipe.name}: {len(recipe.cases)} case(s), oracle "
+                   f"{','.join(recipe.oracle.kinds)})")
     _fail_on(errors)
 
 
 def _fail_on(errors: list[str]) -> None:
     """Every error but the last printed, the last raised: the CLI prints it and exits 2."""
-    from bisect_npu.errors import UsageError
+    from bisect_npu.api import UsageError
 
     for error in errors[:-1]:
         click.echo(f"bisect-npu: error: {error}", err=True)
@@ -87,20 +71,14 @@ def check(recipe: str, repo: str, refs: tuple[str, ...]) -> None:
     """Check RECIPE's engine args against the candidate's own source at each --at ref; exit 2
     naming the field, the constraint, the upstream file and the fix when the candidate would
     refuse to start."""
-    from bisect_npu.recipe.check import RULES, check_recipe
-    from bisect_npu.recipe.loader import load_recipe
-    from bisect_npu.upstream import history
+    from bisect_npu import api
 
-    loaded = load_recipe(recipe)
-    clone = history.open_repo(repo)
     failed = []
-    for ref in refs:
-        sha = history.resolve_ref(clone, ref)
-        findings = check_recipe(loaded, clone, sha)
-        if not findings:
-            click.echo(f"ok    {loaded.name} at {ref} ({sha[:12]}): {len(RULES)} rules")
-        for finding in findings:
-            failed.append(f"{loaded.name} at {ref} ({sha[:12]}): [{finding.rule}] {finding.describe()}")
+    for checked in api.check_recipe_at(recipe, repo, refs):
+        where = f"{checked.recipe} at {checked.ref} ({checked.sha[:12]})"
+        if not checked.findings:
+            click.echo(f"ok    {where}: {checked.rules} rules")
+        failed += [f"{where}: [{finding.rule}] {finding.describe()}" for finding in checked.findings]
     _fail_on(failed)
 
 
@@ -109,48 +87,13 @@ def check(recipe: str, repo: str, refs: tuple[str, ...]) -> None:
 @click.option("--format", "fmt", type=click.Choice(["text", "json"]), default="text", show_default=True)
 def show(recipe: str, fmt: str) -> None:
     """What RECIPE (a bundled name or a file) will run: model, engine, env, cases as sent, oracle."""
-    from bisect_npu.recipe.loader import load_recipe
+    from bisect_npu import api
 
-    loaded = load_recipe(recipe)
-    plan = run_plan(loaded)
+    plan = api.recipe_plan(recipe)
     if fmt == "json":
         click.echo(json.dumps(plan, indent=2))
         return
     click.echo(render_plan(plan))
-
-
-def run_plan(recipe: Any) -> dict[str, Any]:
-    """The recipe as the probe will see it: engine call or server command line, cases as sent."""
-    from bisect_npu.orchestration.evaluate import probe_request
-    from bisect_npu.probe.backends.openai import server_argv
-    from bisect_npu.probe.backends.vllm import engine_kwargs
-
-    first = probe_request(recipe, recipe.cases[0], commit="<candidate>", trial=0)
-    engine: dict[str, Any] = {"backend": recipe.engine.backend, "loop_guard": first["loop_guard"]}
-    if recipe.engine.backend == "openai":
-        engine["server_command"] = server_argv(first, python="python3")
-    elif recipe.engine.backend == "vllm":
-        engine["llm_kwargs"] = engine_kwargs(first)
-    else:
-        engine["args"] = recipe.engine.args
-    kinds = recipe.oracle.kinds
-    oracle = {kind: getattr(recipe.oracle, kind).model_dump() for kind in kinds if hasattr(recipe.oracle, kind)}
-    if recipe.accuracy is not None:
-        oracle["accuracy"] = recipe.accuracy.model_dump(mode="json", exclude={"sampling"})
-    return {
-        "name": recipe.name,
-        "source": recipe.source,
-        "description": recipe.description,
-        "model": recipe.model.model_dump(),
-        "engine": engine,
-        "environment": recipe.environment,
-        "capture": recipe.capture.model_dump(),
-        "cases": [{"id": case.id, **{k: v for k, v in probe_request(recipe, case, "<candidate>", 0)["case"].items()}}
-                  for case in recipe.cases],
-        "oracle": {"kinds": kinds, **oracle},
-        "trials": recipe.trials.model_dump(),
-        "reference": recipe.reference.model_dump(),
-    }
 
 
 def render_plan(plan: dict[str, Any]) -> str:
@@ -199,25 +142,17 @@ def render_plan(plan: dict[str, Any]) -> str:
 def import_nightly(file: Path, case_name: str | None, benchmark: str | None, out: Path | None,
                    list_only: bool, datasets: Path | None) -> None:
     """A vllm-ascend nightly case file (tests/e2e/nightly/**/*.yaml) as a recipe."""
-    from bisect_npu.errors import UsageError
-    from bisect_npu.nightly.at_commit import recipe_dump
-    from bisect_npu.nightly.cases import import_case, read_case_file, survey
+    from bisect_npu import api
 
-    try:
-        text = file.read_text(encoding="utf-8")
-    except (OSError, UnicodeDecodeError) as exc:
-        raise UsageError(f"{file}: cannot read it as a text file ({exc})") from None
-    path = file.as_posix()
     if list_only:
-        found = survey(text, path)
+        found = api.survey_nightly(file)
         for name in found.imported:
             click.echo(f"imported  {name}")
         for reason in found.refused:
             click.echo(f"refused   {reason}")
         return
-    recipe = import_case(read_case_file(text, path), path, case_name, benchmark,
-                         str(datasets.resolve()) if datasets else None)
-    body = f"# imported by bisect-npu recipes import-nightly from {path}\n" + recipe_dump(recipe)
+    imported = api.import_nightly(file, case=case_name, benchmark=benchmark, datasets=datasets)
+    recipe, body = imported.recipe, imported.text
     if out is None:
         click.echo(body, nl=False)
     else:

@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Any
 
 import click
 
-from bisect_npu.cli import note_session
+from bisect_npu.cli import note_session, started
 from bisect_npu.cli.params import FiniteRange
 from bisect_npu.request import FlagKind, RunRequest, choices_of, flags
 
@@ -127,12 +127,6 @@ def finish(result: Result, as_json: bool) -> None:
                    "report_json": str(result.report_json)}
         click.echo(json.dumps(summary))
     raise SystemExit(result.exit_code)
-
-
-def started(session_dir: Path) -> None:
-    """The session exists: a failure or an interrupt from here on names it."""
-    note_session(session_dir)
-    click.echo(f"session: {session_dir}", err=True)
 
 
 def run_command(request_type: type[RunRequest] = RunRequest) -> click.Command:

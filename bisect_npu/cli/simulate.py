@@ -51,40 +51,21 @@ def simulate(repo: str, good: str, bad: str, culprit: str, bad_rate: float, good
              load_cost_min: float, earlier_runs: int, dockerfile: str, seed: int,
              mode: Literal["exact", "noisy"] | None) -> None:
     """Expected runs, builds, accuracy and hours of bisecting GOOD..BAD when CULPRIT is the answer."""
-    from bisect_npu.errors import UsageError
-    from bisect_npu.forecast.plan import range_keys, unbuildable_positions
-    from bisect_npu.forecast.simulate import describe
-    from bisect_npu.forecast.simulate import simulate as run_simulation
-    from bisect_npu.upstream import history
+    from bisect_npu import api
 
-    if bad_rate <= good_rate:
-        raise UsageError(f"--bad-rate ({bad_rate}) must exceed --good-rate ({good_rate}): "
-                         "the bad side is the one that fails more often")
-    git_repo = history.open_repo(repo)
-    brange = history.resolve_range(git_repo, good, bad)
-    culprit_sha = history.resolve_ref(git_repo, culprit)
-    if culprit_sha not in brange.candidates:
-        raise UsageError(f"culprit {culprit} is not one of the {len(brange.candidates)} candidates in "
-                         f"{good}..{bad}; pick a commit inside the range")
-    position = brange.candidates.index(culprit_sha) + 1
-    build_keys = range_keys(git_repo, brange, dockerfile)
-    keys = [key.digest for key in build_keys]
-    unbuildable = unbuildable_positions(build_keys)
-    chosen: Literal["exact", "noisy"] = mode or ("exact" if (bad_rate, good_rate) == (1.0, 0.0) else "noisy")
     with _progress() as on_run:
-        summary = run_simulation(
-            len(brange.candidates), position, bad_rate=bad_rate, good_rate=good_rate, build_fail=build_fail,
-            slots=slots, mode=chosen, runs=runs, seed=seed, build_key_of=keys.__getitem__,
-            build_cost_min=build_cost_min, overlay_cost_min=overlay_cost_min, run_cost_min=run_cost_min,
-            load_cost_min=load_cost_min, earlier_runs=earlier_runs, on_run=on_run, unbuildable=unbuildable,
-        )
-    heading = (f"{len(brange.candidates)} candidates, culprit at position {position}, "
-               f"{len(set(keys))} build keys, mode {chosen}, rates {bad_rate}/{good_rate}, slots {slots}"
+        answer = api.simulate(repo, good, bad, culprit, bad_rate=bad_rate, good_rate=good_rate, build_fail=build_fail,
+                              slots=slots, runs=runs, build_cost_min=build_cost_min,
+                              overlay_cost_min=overlay_cost_min, run_cost_min=run_cost_min,
+                              load_cost_min=load_cost_min, earlier_runs=earlier_runs, dockerfile=dockerfile,
+                              seed=seed, mode=mode, on_run=on_run)
+    heading = (f"{answer.candidates} candidates, culprit at position {answer.position}, "
+               f"{answer.build_keys} build keys, mode {answer.mode}, rates {bad_rate}/{good_rate}, slots {slots}"
                + (f", {earlier_runs} earlier runs per end" if earlier_runs else "")
-               + (f", {len(unbuildable)} without {dockerfile} (skipped)" if unbuildable else ""))
-    if brange.merge_base_note:
-        click.echo(brange.merge_base_note)
-    rows = describe(summary)
+               + (f", {answer.unbuildable} without {dockerfile} (skipped)" if answer.unbuildable else ""))
+    if answer.merge_base_note:
+        click.echo(answer.merge_base_note)
+    rows = answer.rows
     if not sys.stdout.isatty():
         click.echo(heading)
         for label, value in rows.items():

@@ -1,20 +1,5 @@
-"""The library surface of bisect-npu: what a Python program may import and rely on. Everything
-else in the package is internal and may change between releases.
-
-    from bisect_npu.api import bisect
-
-    def oracle(checkout: Path, commit: str) -> bool:   # True: good, False: bad
-        return "NaN" not in subprocess.run([...], cwd=checkout, capture_output=True, text=True).stdout
-
-    result = bisect("path/to/clone", "v0.9.0", "main", oracle=oracle)
-    print(result.culprit, result.report)
-
-The oracle is a recipe (its path, a bundled recipe's name, or a loaded Recipe), a command (an
-argument list, or one string split as `--cmd` splits it: exit 0 good, 125 skip, 1-127 bad), or
-any callable implementing `Oracle`. A session driven by a callable is resumed by calling
-`bisect` again with the same `session_dir` and the callable: the journal cannot hold it, so
-`bisect-npu resume` refuses such a session.
-"""
+"""`bisect`, `resume`, `judge`, `propose_fixes` and `plan_range`: a bisection and its parts, as
+`bisect_npu.api` exports them."""
 
 from __future__ import annotations
 
@@ -24,61 +9,19 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
 
-from bisect_npu.builders.cache import parse_size
-from bisect_npu.contracts import Observation, Verdict, VerdictKind
-from bisect_npu.errors import BisectError, InfrastructureError, UsageError
-from bisect_npu.execute.ascend import parse_devices
-from bisect_npu.execute.inprocess import Oracle, OracleAnswer, oracle_name
-from bisect_npu.fix import FixReport
-from bisect_npu.forecast.plan import RangePlan
+from bisect_npu.contracts import Observation, Verdict
+from bisect_npu.errors import UsageError
+from bisect_npu.execute.inprocess import Oracle, oracle_name
 from bisect_npu.journal import JOURNAL_FILE
-from bisect_npu.orchestration.preflight import command_words
 from bisect_npu.progress import Progress
 from bisect_npu.recipe.loader import load_recipe
 from bisect_npu.recipe.schema import Recipe
-from bisect_npu.request import (
-    ExecutorSpec,
-    FixSpec,
-    JudgeSpec,
-    RangeSpec,
-    RunRequest,
-    SearchSpec,
-    StoreSpec,
-)
+from bisect_npu.request import RangeSpec, RunRequest
 
 if TYPE_CHECKING:
+    from bisect_npu.fix import FixReport
+    from bisect_npu.forecast.plan import RangePlan
     from bisect_npu.orchestration.levels import Bisection
-
-__all__ = [
-    "BisectError",
-    "ExecutorSpec",
-    "FixReport",
-    "FixSpec",
-    "InfrastructureError",
-    "JudgeSpec",
-    "Observation",
-    "Oracle",
-    "OracleAnswer",
-    "RangePlan",
-    "RangeSpec",
-    "Recipe",
-    "Result",
-    "RunRequest",
-    "SearchSpec",
-    "StoreSpec",
-    "UsageError",
-    "Verdict",
-    "VerdictKind",
-    "bisect",
-    "command_words",
-    "judge",
-    "load_recipe",
-    "parse_devices",
-    "parse_size",
-    "plan_range",
-    "propose_fixes",
-    "resume",
-]
 
 OracleSpec = Recipe | str | Path | Sequence[str] | Oracle
 
@@ -216,16 +159,20 @@ def _check_resumed(resumed: RangeSpec, judged_by: str | None, request: RunReques
 
 
 def judge(recipe: Recipe | str | Path, observations: Sequence[Observation | str | Path],
-          reference: Sequence[Observation] | None = None) -> Verdict:
+          reference: Sequence[Observation | str | Path] | None = None) -> Verdict:
     """Judge one commit's observations (objects or observation JSON files) with a recipe's
-    oracle, as a session judges a step; `reference` is the good end's observations where the
-    recipe's oracle compares against one."""
+    oracle, as a session judges a step; `reference` is the good end's observations (objects or
+    files) where the recipe's oracle compares against one."""
     from bisect_npu import oracle
 
     loaded = recipe if isinstance(recipe, Recipe) else load_recipe(recipe)
-    observed = [o if isinstance(o, Observation) else Observation.load(Path(o)) for o in observations]
-    return oracle.judge(loaded.oracle, observed, list(reference) if reference is not None else None,
+    return oracle.judge(loaded.oracle, _observations(observations),
+                        _observations(reference) if reference is not None else None,
                         trials_per_case=loaded.trials.count, accuracy=loaded.accuracy)
+
+
+def _observations(given: Sequence[Observation | str | Path]) -> list[Observation]:
+    return [o if isinstance(o, Observation) else Observation.load(Path(o)) for o in given]
 
 
 def propose_fixes(repo: str | Path, culprit: str, *, bad: str | None = None, symptom: Sequence[str] = (),

@@ -1,0 +1,177 @@
+"""The recipes: list them, validate files, check one against a candidate's source, show what one
+runs, import a vllm-ascend nightly case as one; what `bisect-npu recipes` prints."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from importlib.resources.abc import Traversable
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from bisect_npu.errors import UsageError
+
+if TYPE_CHECKING:
+    from bisect_npu.nightly.cases import FileSurvey
+    from bisect_npu.recipe.check import Finding
+    from bisect_npu.recipe.schema import Recipe
+
+
+@dataclass(frozen=True)
+class RecipeEntry:
+    """One recipe file found: its name (the file's stem where it does not load), engine backend,
+    oracle kinds and description, where it lies ("bundled" or the directory), why it is invalid."""
+
+    name: str
+    backend: str
+    oracle: list[str]
+    description: str
+    origin: str
+    error: str | None = None
+
+
+def list_recipes(dirs: Iterable[str | Path] = ()) -> list[RecipeEntry]:
+    """The bundled recipes, then those in each of `dirs` (`*.yaml`, by name)."""
+    from bisect_npu.recipe.loader import bundled_recipes, load_recipe
+
+    sources: list[tuple[str, Mapping[str, Traversable]]] = [("bundled", bundled_recipes())]
+    for directory in map(Path, dirs):
+        if not directory.is_dir():
+            raise UsageError(f"--dir {directory}: not a directory")
+        sources.append((str(directory), {path.stem: path for path in sorted(directory.glob("*.yaml"))}))
+    entries = []
+    for origin, files in sources:
+        for stem, file in files.items():
+            try:
+                recipe = load_recipe(file)
+            except UsageError as exc:
+                entries.append(RecipeEntry(stem, "-", [], "", origin, str(exc)))
+                continue
+            entries.append(RecipeEntry(recipe.name, recipe.engine.backend, list(recipe.oracle.kinds),
+                                       recipe.description, origin))
+    return entries
+
+
+@dataclass(frozen=True)
+class Validation:
+    """One file validated: the recipe it holds, or the first error (field and line)."""
+
+    path: Path
+    recipe: Recipe | None
+    error: str | None = None
+
+
+def validate_recipes(files: Iterable[str | Path]) -> list[Validation]:
+    """Load each file as a recipe; a bad one's first error is kept, not raised."""
+    from bisect_npu.recipe.loader import load_recipe
+
+    validated = []
+    for path in map(Path, files):
+        try:
+            validated.append(Validation(path, load_recipe(path)))
+        except UsageError as exc:
+            validated.append(Validation(path, None, str(exc)))
+    return validated
+
+
+@dataclass(frozen=True)
+class RecipeAtRef:
+    """A recipe's engine args checked against the candidate's source at one ref: what the rules
+    found would make the candidate refuse to start (nothing: it starts)."""
+
+    recipe: str
+    ref: str
+    sha: str
+    rules: int  # rules checked
+    findings: list[Finding]
+
+
+def check_recipe_at(recipe: str | Path | Recipe, repo: str | Path, refs: Iterable[str]) -> list[RecipeAtRef]:
+    """Check `recipe` at each of `refs` of the candidate repository (a clone or a URL)."""
+    from bisect_npu.recipe.check import RULES, check_recipe
+    from bisect_npu.recipe.loader import load_recipe
+    from bisect_npu.recipe.schema import Recipe
+    from bisect_npu.upstream import history
+
+    loaded = recipe if isinstance(recipe, Recipe) else load_recipe(recipe)
+    clone = history.open_repo(str(repo))
+    checked = []
+    for ref in refs:
+        sha = history.resolve_ref(clone, ref)
+        checked.append(RecipeAtRef(loaded.name, ref, sha, len(RULES), check_recipe(loaded, clone, sha)))
+    return checked
+
+
+def recipe_plan(recipe: str | Path | Recipe) -> dict[str, Any]:
+    """What a recipe runs, as the probe will see it: model, engine call or server command line,
+    environment, cases as sent, oracle, trials and reference (`recipes show --format json`)."""
+    from bisect_npu.orchestration.evaluate import probe_request
+    from bisect_npu.probe.backends.openai import server_argv
+    from bisect_npu.probe.backends.vllm import engine_kwargs
+    from bisect_npu.recipe.loader import load_recipe
+    from bisect_npu.recipe.schema import Recipe
+
+    loaded = recipe if isinstance(recipe, Recipe) else load_recipe(recipe)
+    first = probe_request(loaded, loaded.cases[0], commit="<candidate>", trial=0)
+    engine: dict[str, Any] = {"backend": loaded.engine.backend, "loop_guard": first["loop_guard"]}
+    if loaded.engine.backend == "openai":
+        engine["server_command"] = server_argv(first, python="python3")
+    elif loaded.engine.backend == "vllm":
+        engine["llm_kwargs"] = engine_kwargs(first)
+    else:
+        engine["args"] = loaded.engine.args
+    kinds = loaded.oracle.kinds
+    oracle = {kind: getattr(loaded.oracle, kind).model_dump() for kind in kinds if hasattr(loaded.oracle, kind)}
+    if loaded.accuracy is not None:
+        oracle["accuracy"] = loaded.accuracy.model_dump(mode="json", exclude={"sampling"})
+    return {
+        "name": loaded.name,
+        "source": loaded.source,
+        "description": loaded.description,
+        "model": loaded.model.model_dump(),
+        "engine": engine,
+        "environment": loaded.environment,
+        "capture": loaded.capture.model_dump(),
+        "cases": [{"id": case.id, **probe_request(loaded, case, "<candidate>", 0)["case"]} for case in loaded.cases],
+        "oracle": {"kinds": kinds, **oracle},
+        "trials": loaded.trials.model_dump(),
+        "reference": loaded.reference.model_dump(),
+    }
+
+
+@dataclass(frozen=True)
+class ImportedRecipe:
+    """A nightly case imported: the recipe and its YAML text (headed by where it came from)."""
+
+    recipe: Recipe
+    text: str
+
+
+def _read_case_file(file: str | Path) -> tuple[str, str]:
+    try:
+        text = Path(file).read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as exc:
+        raise UsageError(f"{file}: cannot read it as a text file ({exc})") from None
+    return text, Path(file).as_posix()
+
+
+def import_nightly(file: str | Path, *, case: str | None = None, benchmark: str | None = None,
+                   datasets: str | Path | None = None) -> ImportedRecipe:
+    """A vllm-ascend nightly case file (tests/e2e/nightly/**/*.yaml) as a recipe: `case` (its
+    `test_cases[].name`; default: the file's only case), `benchmark` (default: its first accuracy
+    one, else performance), `datasets`: where the benchmarks' relative dataset paths lie."""
+    from bisect_npu.nightly.at_commit import recipe_dump
+    from bisect_npu.nightly.cases import import_case, read_case_file
+
+    text, path = _read_case_file(file)
+    recipe = import_case(read_case_file(text, path), path, case, benchmark,
+                         str(Path(datasets).resolve()) if datasets else None)
+    return ImportedRecipe(recipe, f"# imported by bisect-npu recipes import-nightly from {path}\n"
+                          + recipe_dump(recipe))
+
+
+def survey_nightly(file: str | Path) -> FileSurvey:
+    """A nightly case file's cases: those a recipe can be imported from, and the others with why."""
+    from bisect_npu.nightly.cases import survey
+
+    return survey(*_read_case_file(file))

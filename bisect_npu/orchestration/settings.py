@@ -124,7 +124,25 @@ def plan_differences(recipe: Recipe, request: SettingsRequest) -> tuple[list[Dif
     if not found:
         raise UsageError("a settings search needs a good variant that differs from the recipe: --good-set KEY=VALUE, "
                          "--good-recipe FILE or --vary KEY=V1,V2")
+    check_comparable(recipe, found)
     return found, further
+
+
+def check_comparable(recipe: Recipe, differences: Sequence[Difference]) -> None:
+    """Refuse an output length among the keys of a recipe judged against the good end's output.
+
+    At one commit that reference is the good variant's output, at the good variant's length: an
+    output of another length differs from it in length whatever the commit (a mismatch at the
+    first token past the shorter one), and has no reference tokens at the positions past it, where
+    a long-output regression shows. The search would name the length at a good commit too."""
+    if recipe.reference.kind != "good_end" or recipe.accuracy is not None:
+        return
+    for difference in differences:
+        if difference.key.endswith(".sampling.max_tokens"):
+            raise UsageError(
+                f"{difference.key}: the recipe's output is compared with the good variant's (reference good_end), "
+                f"which at max_tokens {show(difference.good)} has no tokens past that; another length mismatches it "
+                "at any commit: hold the length fixed, or judge by an oracle that needs no reference (repetition)")
 
 
 class SettingsSearch:

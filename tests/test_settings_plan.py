@@ -65,3 +65,35 @@ def test_an_output_length_against_the_good_variants_output_is_refused() -> None:
         "cases[*].sampling.logprobs"]
     async_penalty = plan(good_set=["cases[*].sampling.max_tokens=100"])[0]  # no reference: the length is a key
     assert [d.key for d in async_penalty] == ["cases[*].sampling.max_tokens"]
+
+
+def _one_commit_repo(path: Path) -> Path:
+    import git
+
+    repo = git.Repo.init(path)
+    (path / "README").write_text("x\n")
+    repo.index.add(["README"])
+    repo.index.commit("one")
+    repo.create_tag("v1")
+    return path
+
+
+@pytest.mark.parametrize("argv", [
+    ["settings", "--at", "v1", "--recipe", BAD, "--good-set", "engine.args.async_scheduling=false"],
+    ["run", "--good", "v1", "--bad", "v1", "--recipe", BAD, "--settings", "engine.args.async_scheduling=false"],
+])
+def test_settings_under_ray_is_one_line_naming_the_cause(tmp_path: Path, argv: list[str],
+                                                         capsys: pytest.CaptureFixture[str]) -> None:
+    """Refused before anything runs (Ray need not be installed): the cause and the next step."""
+    from bisect_npu.cli import main
+
+    repo = _one_commit_repo(tmp_path / "repo")
+    with pytest.raises(SystemExit) as exited:
+        main([*argv, "--repo", str(repo), "--executor", "ray", "--session", str(tmp_path / "session"),
+              "--no-verdict-store"])
+    assert exited.value.code == 2
+    error = [line for line in capsys.readouterr().err.splitlines() if line.startswith("bisect-npu: error:")]
+    assert len(error) == 1, error
+    assert "--executor ray: a settings search runs every configuration on one build of its commit" in error[0]
+    assert "search with --executor local or docker" in error[0]
+    assert not (tmp_path / "session" / "journal.jsonl").exists()

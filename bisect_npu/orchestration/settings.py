@@ -29,6 +29,7 @@ from bisect_npu.execute.host import recipe_for_host
 from bisect_npu.level import SettingsLevel
 from bisect_npu.orchestration.evaluate import EvaluationRequest, Evaluator, StepResult
 from bisect_npu.orchestration.options import SessionSpec, check_dependency_options
+from bisect_npu.orchestration.preflight import RAY_REFUSED
 from bisect_npu.orchestration.verdict_reuse import VerdictReuse, open_verdict_reuse
 from bisect_npu.orchestration.wiring import load_golden, make_environment, session_evaluator
 from bisect_npu.progress import PlainProgress, Progress
@@ -75,7 +76,7 @@ class SettingsRequest:
     vary: Sequence[str] = ()
     mode: Literal["exact", "noisy"] | None = None
     confidence: float | None = None
-    executor: Literal["local", "docker"] = "local"
+    executor: Literal["local", "docker", "ray"] = "local"  # ray: refused (RAY_REFUSED)
     devices: Sequence[int] = ()
     dep_repos: Sequence[str] = ()  # --dep-repo NAME=PATH_OR_URL: a dependency laid into the build (its pin's tree)
     timeout_s: float = TRIAL_TIMEOUT_S
@@ -170,6 +171,8 @@ class SettingsSearch:
     def start(cls, request: SettingsRequest, session_dir: Path, progress: Progress | None = None,
               builder: Builder | None = None, executor: Executor | None = None) -> SettingsSearch:
         """A new search (its inputs checked before anything is made), or the one `session_dir` holds."""
+        if request.executor == "ray":
+            raise UsageError(RAY_REFUSED)
         progress = progress or PlainProgress()
         session_dir = session_dir.resolve()
         recipe = load_recipe(request.recipe)
@@ -491,11 +494,9 @@ def search_at_culprit(session: Session, level: SettingsLevel) -> SettingsResult:
     from bisect_npu.report.settings import SETTINGS_DIR, write_settings_reports
 
     spec = session.spec
-    if spec.executor.executor == "ray":
-        session.progress.note("--settings is not searched with --executor ray (it runs at one commit on this host): "
-                              "run `bisect-npu settings --after` with --executor local or docker")
-        return SettingsResult("ends_wrong", EXIT_ENDS_WRONG, session.journal.session_dir, "not searched")
-    executor: Literal["local", "docker"] = "docker" if spec.executor.executor == "docker" else "local"
+    if spec.executor.executor == "ray":  # refused before the run (preflight); a journal could still hold it
+        raise UsageError(f"--settings with {RAY_REFUSED}")
+    executor: Literal["local", "docker"] = spec.executor.executor
     request = SettingsRequest(
         repo=spec.range.repo or ".", recipe=spec.judge.recipe or "", ref=level.commit, good_set=level.good_set,
         mode=spec.search.mode, confidence=spec.search.confidence, executor=executor,

@@ -33,6 +33,7 @@ from bisect_npu.fix import FixReport
 from bisect_npu.forecast.plan import RangePlan
 from bisect_npu.journal import JOURNAL_FILE
 from bisect_npu.orchestration.preflight import command_words
+from bisect_npu.orchestration.settings import SettingsRequest, SettingsResult
 from bisect_npu.progress import Progress
 from bisect_npu.recipe.loader import load_recipe
 from bisect_npu.recipe.schema import Recipe
@@ -65,6 +66,8 @@ __all__ = [
     "Result",
     "RunRequest",
     "SearchSpec",
+    "SettingsRequest",
+    "SettingsResult",
     "StoreSpec",
     "UsageError",
     "Verdict",
@@ -78,6 +81,7 @@ __all__ = [
     "plan_range",
     "propose_fixes",
     "resume",
+    "settings",
 ]
 
 OracleSpec = Recipe | str | Path | Sequence[str] | Oracle
@@ -245,3 +249,38 @@ def plan_range(repo: str | Path, good: str, bad: str, *, dockerfile: str = "Dock
     from bisect_npu.upstream import history
 
     return plan.plan_range(history.open_repo(str(repo)), good, bad, dockerfile=dockerfile)
+
+
+# -- the settings search --------------------------------------------------------------------------
+
+def settings(request: SettingsRequest, *, session_dir: str | Path | None = None, quiet: bool = False,
+             on_session: Callable[[Path], None] | None = None) -> SettingsResult:
+    """Search which settings turn the good variant bad at one commit, and write the reports; the
+    entry point `bisect-npu settings` calls. `session_dir` (default: the `after_session`'s
+    `settings/`, else a new one under .bisect-npu/sessions) continues the search it holds.
+    `on_session` is called with it before anything runs. The result's `report` is the
+    `after_session`'s report (which gains the Settings section) where there is one."""
+    import dataclasses
+
+    from bisect_npu.journal import DEFAULT_ROOT, new_session_dir
+    from bisect_npu.orchestration.settings import SettingsSearch, with_session
+    from bisect_npu.report import write_reports
+    from bisect_npu.report.settings import SETTINGS_DIR, write_settings_reports
+
+    request = with_session(request)
+    after = request.after_session
+    if session_dir is not None:
+        path = Path(session_dir).resolve()
+    else:
+        path = (after / SETTINGS_DIR if after is not None else new_session_dir(DEFAULT_ROOT)).resolve()
+    if on_session is not None:
+        on_session(path)
+    search = SettingsSearch.start(request, path, _progress(quiet, live=False))
+    try:
+        result = search.run()
+    finally:
+        search.close()
+    md_path, json_path = write_settings_reports(path)
+    if after is not None:
+        md_path, json_path = write_reports(after)
+    return dataclasses.replace(result, report=md_path, report_json=json_path)

@@ -174,3 +174,25 @@ def test_rope_longseq_output_length_is_refused_at_either_end(demo_upstream: Demo
     assert len(error) == 1 and "cases[*].sampling.max_tokens: the recipe's output is compared with the good " \
                                "variant's" in error[0]
     assert not (tmp_path / "session" / "configurations").exists()
+
+
+def test_the_library_entry_point_takes_a_typed_request(demo_upstream: DemoUpstream, tmp_path: Path,
+                                                       monkeypatch: pytest.MonkeyPatch) -> None:
+    """`api.settings` is what the command calls: a SettingsRequest in, a SettingsResult with the
+    trigger and the report paths out (no verdict store unless one is named)."""
+    from bisect_npu import api
+
+    monkeypatch.setenv("BISECT_NPU_VERDICT_STORE", str(tmp_path / "verdicts.sqlite"))
+    repo, manifest = demo_upstream
+    truth = manifest.case("spec-decode")
+    assert truth.settings is not None
+    announced: list[Path] = []
+    request = api.SettingsRequest(repo=str(repo), recipe=truth.recipe, ref=truth.bad_ref,
+                                  good_set=[f"{k}={show(v)}" for k, v in truth.settings.good_set.items()])
+    result = api.settings(request, session_dir=tmp_path / "session", quiet=True, on_session=announced.append)
+    assert announced == [(tmp_path / "session").resolve()] == [result.session_dir]
+    assert (result.status, result.exit_code) == ("found", 0)
+    assert [d.key for d in result.trigger] == truth.settings.trigger
+    assert result.report == result.session_dir / "report.md" and result.report.exists()
+    assert result.report_json is not None and json.loads(result.report_json.read_text())["keys"]
+    assert not (tmp_path / "verdicts.sqlite").exists()

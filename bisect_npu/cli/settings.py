@@ -63,58 +63,27 @@ def settings(repo: str | None, ref: str | None, recipe: str | None, good_set: tu
     the case is good), the others are not. Exit 0 with a trigger, 4 when the recipe is not bad or
     the good variant is not good there, 2 for a bad key or value.
     """
-    from bisect_npu.errors import UsageError
-    from bisect_npu.execute.ascend import parse_devices
-    from bisect_npu.journal import DEFAULT_ROOT, new_session_dir
-    from bisect_npu.orchestration.settings import SettingsRequest, SettingsSearch
+    from bisect_npu import api
     from bisect_npu.paths import default_verdict_store
-    from bisect_npu.report.settings import SETTINGS_DIR, write_settings_reports
 
     if verdict_store is not None and no_verdict_store:
         raise click.UsageError("--verdict-store and --no-verdict-store contradict each other; give one")
-    if after is not None:
-        repo, ref, recipe = _from_session(after, repo, ref, recipe)
-        session_dir = session_dir or after / SETTINGS_DIR
-    if recipe is None:
-        raise UsageError("a settings search needs --recipe (the bad case) or --after SESSION")
     store = None if no_verdict_store else str((verdict_store or default_verdict_store()).resolve())
-    session_dir = (session_dir or new_session_dir(DEFAULT_ROOT)).resolve()
-    note_session(session_dir)
-    click.echo(f"session: {session_dir}", err=True)
-    request = SettingsRequest(repo=repo or ".", recipe=recipe, ref=ref, good_set=good_set, good_recipe=good_recipe,
-                              vary=vary, mode=mode, confidence=confidence, executor=executor,
-                              devices=parse_devices(devices) if devices is not None else [], dep_repos=dep_repos,
-                              timeout_s=timeout_s,
-                              verdict_store=store, after_session=after.resolve() if after else None)
-    search = SettingsSearch.start(request, session_dir)
-    try:
-        result = search.run()
-    finally:
-        search.close()
-    md_path, json_path = write_settings_reports(session_dir)
-    if after is not None:
-        from bisect_npu.report import write_reports
+    request = api.SettingsRequest(
+        repo=repo, recipe=recipe, ref=ref, good_set=good_set, good_recipe=good_recipe, vary=vary, mode=mode,
+        confidence=confidence, executor=executor, devices=api.parse_devices(devices) if devices is not None else [],
+        dep_repos=dep_repos, timeout_s=timeout_s, verdict_store=store, after_session=after)
 
-        md_path, json_path = write_reports(after.resolve())
+    def announce(session: Path) -> None:
+        note_session(session)
+        click.echo(f"session: {session}", err=True)
+
+    result = api.settings(request, session_dir=session_dir, on_session=announce)
     click.echo(result.message)
-    click.echo(f"report: {md_path}")
+    click.echo(f"report: {result.report}")
     if as_json:
         click.echo(json.dumps({"status": result.status, "exit_code": result.exit_code,
                                "trigger": [d.key for d in result.trigger], "configurations": result.configurations,
-                               "session": str(session_dir), "report": str(md_path), "report_json": str(json_path)}))
+                               "session": str(result.session_dir), "report": str(result.report),
+                               "report_json": str(result.report_json)}))
     raise SystemExit(result.exit_code)
-
-
-def _from_session(after: Path, repo: str | None, ref: str | None,
-                  recipe: str | None) -> tuple[str | None, str | None, str | None]:
-    """The repository, culprit and recipe of a finished commit session (what is not given already)."""
-    from bisect_npu.errors import UsageError
-    from bisect_npu.journal import Journal
-    from bisect_npu.records import EndRecord
-
-    journal = Journal.open(after, read_only=True)
-    end = next((e for e in reversed(journal.entries) if isinstance(e, EndRecord)), None)
-    if ref is None and (end is None or end.status != "found" or end.culprit is None):
-        raise UsageError(f"--after {after}: the session named no culprit; give --at REF for the commit to search at")
-    request = journal.header.request
-    return repo or request.range.repo, ref or (end.culprit if end else None), recipe or request.judge.recipe

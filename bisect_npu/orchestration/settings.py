@@ -15,7 +15,7 @@ from __future__ import annotations
 import itertools
 import json
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
 
@@ -66,11 +66,14 @@ EXIT_FOUND, EXIT_ENDS_WRONG = 0, 4
 
 @dataclass(frozen=True)
 class SettingsRequest:
-    """What `bisect-npu settings` was asked."""
+    """What `bisect-npu settings` (and `api.settings`) is asked. `repo`, `ref` and `recipe` left
+    None are the `after_session`'s (its repository, culprit and recipe; `with_session`); without
+    one, `repo` is the working directory and `ref` and `recipe` must be given. `verdict_store`
+    None: verdicts are neither reused nor kept."""
 
-    repo: str
-    recipe: str
-    ref: str | None = None  # None: the culprit of `after_session`
+    repo: str | None = None
+    recipe: str | None = None
+    ref: str | None = None
     good_set: Sequence[str] = ()
     good_recipe: str | None = None
     vary: Sequence[str] = ()
@@ -92,6 +95,33 @@ class SettingsResult:
     message: str
     trigger: list[Difference] = field(default_factory=list)
     configurations: int = 0
+    report: Path | None = None  # report.md (of the --after session when there is one); set by api.settings
+    report_json: Path | None = None
+
+
+def with_session(request: SettingsRequest) -> SettingsRequest:
+    """The request with what it leaves unset taken from its finished commit session (its
+    repository, culprit and recipe), or the working directory for the repository."""
+    from bisect_npu.journal import Journal
+    from bisect_npu.records import EndRecord
+
+    after = request.after_session
+    if after is None:
+        if request.recipe is None:
+            raise UsageError("a settings search needs --recipe (the bad case) or --after SESSION")
+        return replace(request, repo=request.repo or ".")
+    if request.repo and request.recipe and request.ref:
+        return replace(request, after_session=after.resolve())
+    journal = Journal.open(after, read_only=True)
+    end = next((e for e in reversed(journal.entries) if isinstance(e, EndRecord)), None)
+    if request.ref is None and (end is None or end.status != "found" or end.culprit is None):
+        raise UsageError(f"--after {after}: the session named no culprit; give --at REF for the commit to search at")
+    asked = journal.header.request
+    recipe = request.recipe or asked.judge.recipe
+    if recipe is None:
+        raise UsageError(f"--after {after}: the session was judged by no recipe; give --recipe (the bad case)")
+    return replace(request, repo=request.repo or asked.range.repo or ".", recipe=recipe,
+                   ref=request.ref or (end.culprit if end else None), after_session=after.resolve())
 
 
 def parse_vary(text: str) -> tuple[str, list[Any]]:
@@ -173,6 +203,8 @@ class SettingsSearch:
         """A new search (its inputs checked before anything is made), or the one `session_dir` holds."""
         if request.executor == "ray":
             raise UsageError(RAY_REFUSED)
+        request = with_session(request)
+        assert request.repo is not None and request.recipe is not None  # with_session's
         progress = progress or PlainProgress()
         session_dir = session_dir.resolve()
         recipe = load_recipe(request.recipe)
@@ -225,6 +257,7 @@ class SettingsSearch:
 
     @staticmethod
     def _header(request: SettingsRequest, recipe: Recipe) -> SettingsHeader:
+        assert request.repo is not None and request.recipe is not None  # with_session's
         repo = history.open_repo(request.repo)
         ref = request.ref
         if ref is None:
@@ -498,7 +531,7 @@ def search_at_culprit(session: Session, level: SettingsLevel) -> SettingsResult:
         raise UsageError(f"--settings with {RAY_REFUSED}")
     executor: Literal["local", "docker"] = spec.executor.executor
     request = SettingsRequest(
-        repo=spec.range.repo or ".", recipe=spec.judge.recipe or "", ref=level.commit, good_set=level.good_set,
+        repo=spec.range.repo or ".", recipe=spec.judge.recipe, ref=level.commit, good_set=level.good_set,
         mode=spec.search.mode, confidence=spec.search.confidence, executor=executor,
         devices=spec.executor.devices, dep_repos=spec.search.dep_repos, timeout_s=spec.judge.timeout_s,
         verdict_store=spec.store.verdict_store, after_session=session.journal.session_dir)

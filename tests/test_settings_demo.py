@@ -152,3 +152,25 @@ def test_a_recipe_judged_against_the_good_end_is_judged_against_the_good_variant
     rows = json.loads((session / "report.json").read_text())["configurations"]
     assert [row["keys_at_bad"] for row in rows] == ["none (the good variant)", "all (the bad case)"]
     assert "first mismatch" not in rows[1]["evidence"] and rows[1]["verdict"] == "good"
+
+
+@pytest.mark.parametrize("end", ["good_ref", "bad_ref"])
+def test_rope_longseq_output_length_is_refused_at_either_end(demo_upstream: DemoUpstream, tmp_path: Path,
+                                                             end: str, capsys: pytest.CaptureFixture[str]) -> None:
+    """rope-longseq's trigger is its output length, but against the good variant's shorter output
+    every longer one mismatches by length: searched, it names max_tokens at the good end as at the
+    bad. It is refused, in one line, before anything runs."""
+    from bisect_npu.cli import main
+
+    repo, manifest = demo_upstream
+    truth = manifest.case("rope-longseq")
+    assert truth.settings is None
+    with pytest.raises(SystemExit) as exited:
+        main(["settings", "--repo", str(repo), "--at", getattr(truth, end), "--recipe", truth.recipe,
+              "--good-set", "cases[*].sampling.max_tokens=100", "--good-set", "cases[*].sampling.logprobs=3",
+              "--session", str(tmp_path / "session"), "--no-verdict-store"])
+    assert exited.value.code == 2
+    error = [line for line in capsys.readouterr().err.splitlines() if line.startswith("bisect-npu: error:")]
+    assert len(error) == 1 and "cases[*].sampling.max_tokens: the recipe's output is compared with the good " \
+                               "variant's" in error[0]
+    assert not (tmp_path / "session" / "configurations").exists()

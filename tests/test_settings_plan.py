@@ -48,3 +48,52 @@ def test_a_good_recipe_adds_the_keys_it_differs_in(tmp_path: Path) -> None:
 def test_what_cannot_be_searched_is_one_line(given: dict[str, object], message: str) -> None:
     with pytest.raises(UsageError, match=message.replace("[", r"\[").replace("]", r"\]").replace("*", r"\*")):
         plan(**given)
+
+
+def test_an_output_length_against_the_good_variants_output_is_refused() -> None:
+    """rope-longseq's trigger is its output length (the drift starts past position 128); its tokens
+    are compared with the good variant's, which at a shorter length ends before the drift and
+    mismatches any longer output by its length alone: the search refuses the key."""
+    recipe = load_recipe("demo-rope-longseq")
+    request = SettingsRequest(repo=".", recipe="demo-rope-longseq",
+                              good_set=["cases[*].sampling.max_tokens=100", "cases[*].sampling.logprobs=3"])
+    with pytest.raises(UsageError, match=r"^cases\[\*\]\.sampling\.max_tokens: the recipe's output is compared with "
+                                         r"the good variant's .* at max_tokens 100 has no tokens past that"):
+        plan_differences(recipe, request)
+    assert [d.key for d in plan_differences(recipe, SettingsRequest(
+        repo=".", recipe="demo-rope-longseq", good_set=["cases[*].sampling.logprobs=3"]))[0]] == [
+        "cases[*].sampling.logprobs"]
+    async_penalty = plan(good_set=["cases[*].sampling.max_tokens=100"])[0]  # no reference: the length is a key
+    assert [d.key for d in async_penalty] == ["cases[*].sampling.max_tokens"]
+
+
+def _one_commit_repo(path: Path) -> Path:
+    import git
+
+    repo = git.Repo.init(path)
+    (path / "README").write_text("x\n")
+    repo.index.add(["README"])
+    repo.index.commit("one")
+    repo.create_tag("v1")
+    return path
+
+
+@pytest.mark.parametrize("argv", [
+    ["settings", "--at", "v1", "--recipe", BAD, "--good-set", "engine.args.async_scheduling=false"],
+    ["run", "--good", "v1", "--bad", "v1", "--recipe", BAD, "--settings", "engine.args.async_scheduling=false"],
+])
+def test_settings_under_ray_is_one_line_naming_the_cause(tmp_path: Path, argv: list[str],
+                                                         capsys: pytest.CaptureFixture[str]) -> None:
+    """Refused before anything runs (Ray need not be installed): the cause and the next step."""
+    from bisect_npu.cli import main
+
+    repo = _one_commit_repo(tmp_path / "repo")
+    with pytest.raises(SystemExit) as exited:
+        main([*argv, "--repo", str(repo), "--executor", "ray", "--session", str(tmp_path / "session"),
+              "--no-verdict-store"])
+    assert exited.value.code == 2
+    error = [line for line in capsys.readouterr().err.splitlines() if line.startswith("bisect-npu: error:")]
+    assert len(error) == 1, error
+    assert "--executor ray: a settings search runs every configuration on one build of its commit" in error[0]
+    assert "search with --executor local or docker" in error[0]
+    assert not (tmp_path / "session" / "journal.jsonl").exists()

@@ -3,6 +3,7 @@ variant differs in); what `bisect-npu settings` runs."""
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -31,7 +32,7 @@ class SettingsOutcome:
 def search_settings(*, repo: str | None = None, ref: str | None = None, recipe: str | None = None,
                     good_set: Sequence[str] = (), good_recipe: str | None = None, vary: Sequence[str] = (),
                     mode: Literal["exact", "noisy"] | None = None, confidence: float | None = None,
-                    executor: Literal["local", "docker"] = "local", devices: str | None = None,
+                    executor: Literal["local", "docker", "ray"] = "local", devices: str | None = None,
                     dep_repos: Sequence[str] = (), timeout_s: float = TRIAL_TIMEOUT_S,
                     session_dir: str | Path | None = None, after: str | Path | None = None,
                     verdict_store: str | Path | None = None, no_verdict_store: bool = False,
@@ -44,27 +45,28 @@ def search_settings(*, repo: str | None = None, ref: str | None = None, recipe: 
     before anything runs."""
     from bisect_npu.execute.ascend import parse_devices
     from bisect_npu.journal import DEFAULT_ROOT, new_session_dir
-    from bisect_npu.orchestration.settings import SettingsRequest, SettingsSearch
+    from bisect_npu.orchestration.preflight import RAY_REFUSED
+    from bisect_npu.orchestration.settings import SettingsRequest, SettingsSearch, with_session
     from bisect_npu.paths import default_verdict_store
     from bisect_npu.report.settings import SETTINGS_DIR, write_settings_reports
 
+    if executor == "ray":
+        raise UsageError(RAY_REFUSED)
     if verdict_store is not None and no_verdict_store:
         raise UsageError("verdict_store and no_verdict_store contradict each other; give one")
-    after_dir = Path(after) if after is not None else None
+    after_dir = Path(after).resolve() if after is not None else None
+    request = with_session(SettingsRequest(
+        repo=repo, recipe=recipe, ref=ref, good_set=tuple(good_set), good_recipe=good_recipe, vary=tuple(vary),
+        mode=mode, confidence=confidence, executor=executor,
+        devices=parse_devices(devices) if devices is not None else [], dep_repos=tuple(dep_repos),
+        timeout_s=timeout_s, after_session=after_dir))
     if after_dir is not None:
-        repo, ref, recipe = _from_session(after_dir, repo, ref, recipe)
         session_dir = session_dir or after_dir / SETTINGS_DIR
-    if recipe is None:
-        raise UsageError("a settings search needs --recipe (the bad case) or --after SESSION")
     store = None if no_verdict_store else str(Path(verdict_store or default_verdict_store()).resolve())
     directory = Path(session_dir or new_session_dir(DEFAULT_ROOT)).resolve()
     if on_session is not None:
         on_session(directory)
-    request = SettingsRequest(repo=repo or ".", recipe=recipe, ref=ref, good_set=tuple(good_set),
-                              good_recipe=good_recipe, vary=tuple(vary), mode=mode, confidence=confidence,
-                              executor=executor, devices=parse_devices(devices) if devices is not None else [],
-                              dep_repos=tuple(dep_repos), timeout_s=timeout_s, verdict_store=store,
-                              after_session=after_dir.resolve() if after_dir else None)
+    request = dataclasses.replace(request, verdict_store=store)
     search = SettingsSearch.start(request, directory)
     try:
         result = search.run()
@@ -74,20 +76,6 @@ def search_settings(*, repo: str | None = None, ref: str | None = None, recipe: 
     if after_dir is not None:
         from bisect_npu.report import write_reports
 
-        md_path, json_path = write_reports(after_dir.resolve())
+        md_path, json_path = write_reports(after_dir)
     return SettingsOutcome(result.status, result.exit_code, result.message, [d.key for d in result.trigger],
                           result.configurations, directory, md_path, json_path)
-
-
-def _from_session(after: Path, repo: str | None, ref: str | None,
-                  recipe: str | None) -> tuple[str | None, str | None, str | None]:
-    """The repository, culprit and recipe of a finished commit session (what is not given already)."""
-    from bisect_npu.journal import Journal
-    from bisect_npu.records import EndRecord
-
-    journal = Journal.open(after, read_only=True)
-    end = next((e for e in reversed(journal.entries) if isinstance(e, EndRecord)), None)
-    if ref is None and (end is None or end.status != "found" or end.culprit is None):
-        raise UsageError(f"--after {after}: the session named no culprit; give --at REF for the commit to search at")
-    request = journal.header.request
-    return repo or request.range.repo, ref or (end.culprit if end else None), recipe or request.judge.recipe

@@ -87,6 +87,7 @@ def main(argv: list[str] | None = None) -> None:
     SIGTERM unwinds like Ctrl-C, so worktrees, containers and locks are released either way.
     For `run`/`resume --json` stdout still ends with a JSON summary when they fail."""
     args = sys.argv[1:] if argv is None else argv
+    _session.clear()  # a session noted by an earlier call in this process is not this one's
     signal.signal(signal.SIGTERM, _terminate_as_interrupt)
     try:
         # Without standalone mode click returns the code of a `ctx.exit(code)` instead of exiting.

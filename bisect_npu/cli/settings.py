@@ -30,8 +30,9 @@ from bisect_npu.defaults import TRIAL_TIMEOUT_S
                                                                     "recipe's trials.mode].")
 @click.option("--confidence", type=FiniteRange(0.5, 1.0, min_open=True, max_open=True),
               help="Noisy mode: how sure each configuration's verdict must be [default: the recipe's].")
-@click.option("--executor", type=click.Choice(["local", "docker"]), default="local", show_default=True,
-              help="Where the commit is built and run: a git worktree or a container image (built once).")
+@click.option("--executor", type=click.Choice(["local", "docker", "ray"]), default="local", show_default=True,
+              help="Where the commit is built and run: a git worktree or a container image (built once); ray is "
+                   "refused (every configuration shares this host's one build).")
 @click.option("--devices", help="NPU cards every configuration's engine runs on, e.g. 0-1 (one at a time).")
 @click.option("--dep-repo", "dep_repos", multiple=True, metavar="NAME=PATH_OR_URL",
               help="A clone of a dependency the recipe declares, laid into the build at the commit's pin.")
@@ -51,7 +52,7 @@ from bisect_npu.defaults import TRIAL_TIMEOUT_S
                                                       "configurations, session, report.")
 def settings(repo: str | None, ref: str | None, recipe: str | None, good_set: tuple[str, ...],
              good_recipe: str | None, vary: tuple[str, ...], mode: Literal["exact", "noisy"] | None,
-             confidence: float | None, executor: Literal["local", "docker"], devices: str | None,
+             confidence: float | None, executor: Literal["local", "docker", "ray"], devices: str | None,
              dep_repos: tuple[str, ...], timeout_s: float,
              session_dir: Path | None, after: Path | None, verdict_store: Path | None, no_verdict_store: bool,
              as_json: bool) -> None:

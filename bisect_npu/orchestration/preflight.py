@@ -23,6 +23,11 @@ from bisect_npu.recipe.schema import EarlierRunsSpec, Recipe
 from bisect_npu.records import CandidateRange
 from bisect_npu.upstream import history
 
+# Why the settings search (`settings`, `run --settings`) does not take --executor ray, and what to do instead.
+RAY_REFUSED = ("--executor ray: a settings search runs every configuration on one build of its commit, kept by "
+               "this host's builder, which Ray's nodes do not share; search with --executor local or docker on a "
+               "host that runs the recipe (after a run: bisect-npu settings --after SESSION)")
+
 
 @dataclass(frozen=True)
 class RunInputs:
@@ -48,6 +53,8 @@ def check_run(spec: SessionSpec, host_root: Path = Path("/")) -> RunInputs:
     if spec.judge.unit_test_from is not None and not spec.judge.unit_tests:
         raise UsageError("--unit-test-from REF names where the --unit-test files come from: add --unit-test")
     check_image_options(spec)
+    if spec.search.settings and spec.executor.executor == "ray":
+        raise UsageError(f"--settings with {RAY_REFUSED}")
     recipe = load_recipe(spec.judge.recipe) if spec.judge.recipe else None
     if spec.executor.executor == "ray":
         settle_ray_slots(spec, recipe.cards_per_run() if recipe else 1)

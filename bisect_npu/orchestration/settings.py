@@ -15,7 +15,7 @@ from __future__ import annotations
 import itertools
 import json
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
 
@@ -29,6 +29,7 @@ from bisect_npu.execute.host import recipe_for_host
 from bisect_npu.level import SettingsLevel
 from bisect_npu.orchestration.evaluate import EvaluationRequest, Evaluator, StepResult
 from bisect_npu.orchestration.options import SessionSpec, check_dependency_options
+from bisect_npu.orchestration.preflight import RAY_REFUSED
 from bisect_npu.orchestration.verdict_reuse import VerdictReuse, open_verdict_reuse
 from bisect_npu.orchestration.wiring import load_golden, make_environment, session_evaluator
 from bisect_npu.progress import PlainProgress, Progress
@@ -65,17 +66,20 @@ EXIT_FOUND, EXIT_ENDS_WRONG = 0, 4
 
 @dataclass(frozen=True)
 class SettingsRequest:
-    """What `bisect-npu settings` was asked."""
+    """What `bisect-npu settings` (and `api.search_settings`) is asked. `repo`, `ref` and `recipe` left
+    None are the `after_session`'s (its repository, culprit and recipe; `with_session`); without
+    one, `repo` is the working directory and `ref` and `recipe` must be given. `verdict_store`
+    None: verdicts are neither reused nor kept."""
 
-    repo: str
-    recipe: str
-    ref: str | None = None  # None: the culprit of `after_session`
+    repo: str | None = None
+    recipe: str | None = None
+    ref: str | None = None
     good_set: Sequence[str] = ()
     good_recipe: str | None = None
     vary: Sequence[str] = ()
     mode: Literal["exact", "noisy"] | None = None
     confidence: float | None = None
-    executor: Literal["local", "docker"] = "local"
+    executor: Literal["local", "docker", "ray"] = "local"  # ray: refused (RAY_REFUSED)
     devices: Sequence[int] = ()
     dep_repos: Sequence[str] = ()  # --dep-repo NAME=PATH_OR_URL: a dependency laid into the build (its pin's tree)
     timeout_s: float = TRIAL_TIMEOUT_S
@@ -91,6 +95,31 @@ class SettingsResult:
     message: str
     trigger: list[Difference] = field(default_factory=list)
     configurations: int = 0
+
+
+def with_session(request: SettingsRequest) -> SettingsRequest:
+    """The request with what it leaves unset taken from its finished commit session (its
+    repository, culprit and recipe), or the working directory for the repository."""
+    from bisect_npu.journal import Journal
+    from bisect_npu.records import EndRecord
+
+    after = request.after_session
+    if after is None:
+        if request.recipe is None:
+            raise UsageError("a settings search needs --recipe (the bad case) or --after SESSION")
+        return replace(request, repo=request.repo or ".")
+    if request.repo and request.recipe and request.ref:
+        return replace(request, after_session=after.resolve())
+    journal = Journal.open(after, read_only=True)
+    end = next((e for e in reversed(journal.entries) if isinstance(e, EndRecord)), None)
+    if request.ref is None and (end is None or end.status != "found" or end.culprit is None):
+        raise UsageError(f"--after {after}: the session named no culprit; give --at REF for the commit to search at")
+    asked = journal.header.request
+    recipe = request.recipe or asked.judge.recipe
+    if recipe is None:
+        raise UsageError(f"--after {after}: the session was judged by no recipe; give --recipe (the bad case)")
+    return replace(request, repo=request.repo or asked.range.repo or ".", recipe=recipe,
+                   ref=request.ref or (end.culprit if end else None), after_session=after.resolve())
 
 
 def parse_vary(text: str) -> tuple[str, list[Any]]:
@@ -124,7 +153,25 @@ def plan_differences(recipe: Recipe, request: SettingsRequest) -> tuple[list[Dif
     if not found:
         raise UsageError("a settings search needs a good variant that differs from the recipe: --good-set KEY=VALUE, "
                          "--good-recipe FILE or --vary KEY=V1,V2")
+    check_comparable(recipe, found)
     return found, further
+
+
+def check_comparable(recipe: Recipe, differences: Sequence[Difference]) -> None:
+    """Refuse an output length among the keys of a recipe judged against the good end's output.
+
+    At one commit that reference is the good variant's output, at the good variant's length: an
+    output of another length differs from it in length whatever the commit (a mismatch at the
+    first token past the shorter one), and has no reference tokens at the positions past it, where
+    a long-output regression shows. The search would name the length at a good commit too."""
+    if recipe.reference.kind != "good_end" or recipe.accuracy is not None:
+        return
+    for difference in differences:
+        if difference.key.endswith(".sampling.max_tokens"):
+            raise UsageError(
+                f"{difference.key}: the recipe's output is compared with the good variant's (reference good_end), "
+                f"which at max_tokens {show(difference.good)} has no tokens past that; another length mismatches it "
+                "at any commit: hold the length fixed, or judge by an oracle that needs no reference (repetition)")
 
 
 class SettingsSearch:
@@ -152,6 +199,10 @@ class SettingsSearch:
     def start(cls, request: SettingsRequest, session_dir: Path, progress: Progress | None = None,
               builder: Builder | None = None, executor: Executor | None = None) -> SettingsSearch:
         """A new search (its inputs checked before anything is made), or the one `session_dir` holds."""
+        if request.executor == "ray":
+            raise UsageError(RAY_REFUSED)
+        request = with_session(request)
+        assert request.repo is not None and request.recipe is not None  # with_session's
         progress = progress or PlainProgress()
         session_dir = session_dir.resolve()
         recipe = load_recipe(request.recipe)
@@ -204,6 +255,7 @@ class SettingsSearch:
 
     @staticmethod
     def _header(request: SettingsRequest, recipe: Recipe) -> SettingsHeader:
+        assert request.repo is not None and request.recipe is not None  # with_session's
         repo = history.open_repo(request.repo)
         ref = request.ref
         if ref is None:
@@ -473,13 +525,11 @@ def search_at_culprit(session: Session, level: SettingsLevel) -> SettingsResult:
     from bisect_npu.report.settings import SETTINGS_DIR, write_settings_reports
 
     spec = session.spec
-    if spec.executor.executor == "ray":
-        session.progress.note("--settings is not searched with --executor ray (it runs at one commit on this host): "
-                              "run `bisect-npu settings --after` with --executor local or docker")
-        return SettingsResult("ends_wrong", EXIT_ENDS_WRONG, session.journal.session_dir, "not searched")
-    executor: Literal["local", "docker"] = "docker" if spec.executor.executor == "docker" else "local"
+    if spec.executor.executor == "ray":  # refused before the run (preflight); a journal could still hold it
+        raise UsageError(f"--settings with {RAY_REFUSED}")
+    executor: Literal["local", "docker"] = spec.executor.executor
     request = SettingsRequest(
-        repo=spec.range.repo or ".", recipe=spec.judge.recipe or "", ref=level.commit, good_set=level.good_set,
+        repo=spec.range.repo or ".", recipe=spec.judge.recipe, ref=level.commit, good_set=level.good_set,
         mode=spec.search.mode, confidence=spec.search.confidence, executor=executor,
         devices=spec.executor.devices, dep_repos=spec.search.dep_repos, timeout_s=spec.judge.timeout_s,
         verdict_store=spec.store.verdict_store, after_session=session.journal.session_dir)

@@ -32,6 +32,7 @@ LOGPROBS_MAX = 20  # vLLM's default max_logprobs
 COST_MAX_S = 1e9  # a told cost in seconds
 CARDS_MAX = 4096  # a parallel size
 EARLIER_RUNS_MAX = 1_000_000
+LOAD_MAX = 4096  # requests in a trial's load
 
 
 def _checked_leaves(value: Any, where: str) -> None:
@@ -106,6 +107,17 @@ class ModelSpec(StrictModel):
     tokenizer: str | None = Field(None, description="tokenizer path or name when it is not the model's own")
 
 
+class LoadSpec(StrictModel):
+    """The load a server is under while the case runs (openai backend): each trial sends the case
+    `requests` times, at most `concurrency` at once (never more than `requests`); the first request
+    is the one observed and judged, the others are the load. The output length is the case's
+    `sampling.max_tokens`."""
+
+    concurrency: int = Field(1, strict=True, ge=1, le=LOAD_MAX, description="requests in flight at once")
+    requests: int = Field(1, strict=True, ge=1, le=LOAD_MAX, description="requests per trial, the observed one "
+                                                                         "included")
+
+
 class EngineSpec(StrictModel):
     backend: BackendName = Field(
         "vllm", description="probe backend: vllm (offline `LLM`), openai (a `vllm serve` server streamed over "
@@ -123,6 +135,15 @@ class EngineSpec(StrictModel):
                       description="port of the openai backend's server, on 127.0.0.1")
     startup_timeout_s: float = Field(600.0, gt=0, le=WEEK_S, description="seconds the openai backend waits for the "
                                                                 "server's /health")
+    load: LoadSpec = Field(default_factory=LoadSpec, description="openai backend: the requests sent with the "
+                                                                 "observed one (concurrency, number of requests)")
+
+    @model_validator(mode="after")
+    def _load_needs_a_server(self) -> EngineSpec:
+        if self.load != LoadSpec() and self.backend != "openai":
+            raise ValueError(f"load is sent by the openai backend's client; the {self.backend} backend runs one "
+                             "request at a time: use backend openai, or drop load")
+        return self
 
     @model_validator(mode="after")
     def _parallel_sizes_are_counts(self) -> EngineSpec:

@@ -6,6 +6,10 @@ seconds. Server-side defaults (`--override-generation-config`) are checked, not 
 server's own log line and, for each overridden penalty the case does not send, a greedy
 comparison against explicit values (`extra["override_check"]`).
 
+A recipe's `engine.load` puts the server under load while the case runs: each trial sends the case
+`requests` times, at most `concurrency` at once; the first request is observed (and judged), the
+others run to their end beside it (`extra["load"]` says how many did, and the most in flight).
+
 A batch of trials shares one server start. Between trials the server's prefix cache is reset
 (`POST /reset_prefix_cache`, a dev-mode endpoint: the probe starts the server with
 VLLM_SERVER_DEV_MODE=1), so a later trial cannot reuse the KV blocks of an earlier one. A sampled
@@ -23,10 +27,12 @@ import re
 import signal
 import subprocess
 import sys
+import threading
 import time
 import urllib.error
 import urllib.request
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 from ..trials import (
@@ -298,6 +304,45 @@ def stream_case(server: Server, path: str, body: dict[str, Any], detector: Any, 
         observation["top_logprobs"] = rows or None
 
 
+def under_load(server: Server, path: str, body: dict[str, Any], load: dict[str, Any], observe: Callable[[], None],
+               timeout_s: float) -> dict[str, Any]:
+    """Run `observe` (the observed request) with `requests - 1` copies of the request beside it,
+    at most `concurrency` in flight; what the load did, for `extra["load"]`."""
+    concurrency, requests = int(load.get("concurrency", 1)), int(load.get("requests", 1))
+    lock = threading.Lock()
+    state = {"in_flight": 0, "max_in_flight": 0, "completed": 0}
+    errors: list[str] = []
+
+    def tracked(work: Callable[[], None]) -> None:
+        with lock:
+            state["in_flight"] += 1
+            state["max_in_flight"] = max(state["max_in_flight"], state["in_flight"])
+        try:
+            work()
+        finally:
+            with lock:
+                state["in_flight"] -= 1
+
+    def one_more() -> None:
+        try:
+            stream_case(server, path, body, None, {"extra": {}}, timeout_s)
+        except (OSError, RuntimeError, http.client.HTTPException) as exc:
+            with lock:
+                errors.append(str(exc)[:500])
+            return
+        with lock:
+            state["completed"] += 1
+
+    with ThreadPoolExecutor(max_workers=concurrency) as pool:
+        observed = pool.submit(tracked, observe)
+        others = [pool.submit(tracked, one_more) for _ in range(requests - 1)]
+        observed.result()
+        for other in others:
+            other.result()
+    return {"concurrency": concurrency, "requests": requests, "completed": state["completed"] + 1,
+            "max_in_flight": state["max_in_flight"], "errors": errors[:3]}
+
+
 def _choice_tokens(choice: dict[str, Any], top_k: int) -> tuple[list[int], list[list[list[Any]]]]:
     """Token ids and best-first logprob rows of one streamed choice (chat or completions shape)."""
     logprobs = choice.get("logprobs") or {}
@@ -386,10 +431,18 @@ class ServerEngine(TrialCounter):
         path, body = request_body(model_id, case, sent, top_k)
         before = server.generated_tokens()
         clock = Stopwatch()
-        stream_case(server, path, body, loop_detector(request.get("loop_guard")), observation,
-                    timeout_s=float(request.get("timeout_s", 3600.0)))
+        timeout_s = float(request.get("timeout_s", 3600.0))
+
+        def observe() -> None:
+            stream_case(server, path, body, loop_detector(request.get("loop_guard")), observation, timeout_s)
+
+        load = request.get("engine", {}).get("load") or {}
+        if int(load.get("requests", 1)) > 1:
+            observation["extra"]["load"] = under_load(server, path, body, load, observe, timeout_s)
+        else:
+            observe()
         observation["timings"]["generate_s"] = clock.seconds()
-        # Tokens the server generated for this request, cancelled or not (its own counter).
+        # Tokens the server generated for this trial's requests, cancelled or not (its own counter).
         observation["extra"]["server_generated_tokens"] = int(server.settled_generated_tokens() - before)
         if not observation["prompt_token_ids"]:
             tokenized = server.post("/tokenize", {"model": model_id, **_tokenize_input(case)})

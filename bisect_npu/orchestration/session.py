@@ -67,9 +67,9 @@ class Session:
         self.state = SessionState(self.mode == "noisy", spec.search.find_fix, journal.entries,
                                   weigh=accuracy_weight(confidence, self.n, find_fix=spec.search.find_fix))
         self.references = References(recipe, evaluator, self.state, self.n)
-        self.verdicts = SessionVerdicts(reuse, self.state, progress, noisy=self.mode == "noisy",
-                                        always_run=frozenset({0} if self.references.from_good_end else ())) \
-            if reuse is not None else None
+        always_run = frozenset({0} if self.references.from_good_end else ())  # the reference's runs
+        self.verdicts = None if reuse is None else SessionVerdicts(reuse, self.state, progress,
+                                                                   noisy=self.mode == "noisy", always_run=always_run)
 
     @classmethod
     def _of(cls, opened: Opened) -> Session:

@@ -33,7 +33,6 @@ from bisect_npu.paths import cache_root
 SUMMARY_LIMIT = 1_000_000
 BODY_LIMIT = 60_000
 ANSWERS = ("found", "narrowed")  # a culprit or a range is an answer; the rest fail the job
-EXIT_NOT_A_REGRESSION = 4
 
 
 def marker(culprit: str) -> str:

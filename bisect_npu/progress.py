@@ -63,6 +63,11 @@ class RichProgress:
         self._status = self.console.status("starting")
         self._status.start()
 
+    @property
+    def status_line(self) -> str:
+        """What the status line shows now (rich markup included)."""
+        return str(self._status.status)
+
     def note(self, text: str) -> None:
         self.console.log(text)
 

@@ -94,7 +94,7 @@ class EarlierRunsCounts(_Shape):
 class CommandOracle(_Shape):
     """A command oracle as the session started with it: the digest of what it could see, each
     thing seen ("file:PATH", "program:WORD", "variable:NAME") with a digest of it, and the
-    directory its relative words were looked up from (orchestration.memory.command_oracle)."""
+    directory its relative words were looked up from (orchestration.verdict_reuse.command_oracle)."""
 
     digest: str
     cwd: str

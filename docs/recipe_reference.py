@@ -19,6 +19,7 @@ from typing import Any
 from pydantic import BaseModel
 from pydantic.fields import FieldInfo
 
+from bisect_npu.recipe.loader import model_in
 from bisect_npu.recipe.schema import Recipe
 
 PAGE = Path(__file__).resolve().parent / "reference" / "recipe.md"
@@ -37,16 +38,6 @@ number fits in 64 bits and every number is finite (`.inf` and `.nan` are refused
 no NUL byte, and `environment` names are what the OS takes (not empty, no `=`): `validate`
 refuses what a run could not carry, so a recipe it accepts never crashes a run.
 """
-
-
-def _model_in(annotation: Any) -> type[BaseModel] | None:
-    """The model inside `Sub`, `Sub | None` or `list[Sub]`, if any."""
-    if isinstance(annotation, type) and issubclass(annotation, BaseModel):
-        return annotation
-    for arg in typing.get_args(annotation):
-        if (found := _model_in(arg)) is not None:
-            return found
-    return None
 
 
 def _type_text(annotation: Any) -> str:
@@ -105,7 +96,7 @@ def _sections(model: type[BaseModel], path: str) -> list[tuple[str, type[BaseMod
     """Every section under `model`, depth first, in field order."""
     found = [(path, model)]
     for name, field in model.model_fields.items():
-        inner = _model_in(field.annotation)
+        inner = model_in(field.annotation)
         if inner is not None and not field.exclude:
             found += _sections(inner, _child_path(path, name, field))
     return found
@@ -123,7 +114,7 @@ def render() -> str:
         for name, field in model.model_fields.items():
             if field.exclude:
                 continue
-            inner = _model_in(field.annotation)
+            inner = model_in(field.annotation)
             description = field.description or (" ".join((inner.__doc__ or "").split()) if inner else "")
             if inner is not None:
                 description = f"{description} (section `{_child_path(path, name, field)}`)".lstrip()

@@ -106,10 +106,10 @@ def test_the_dependency_tree_is_a_layer_over_the_upstream_image(repos, docker_cl
     again = builder.acquire(deps[3], tmp_path / "logs")
     assert again.how == "reused" and docker_client.images.get(again.image).id == image.id
     layers = {docker_client.api.inspect_image(env.image)["Id"] for env in (bad, good)}
-    assert layers <= cache._pinned  # held while their candidates run: a prune must not take them
+    assert layers <= cache.pinned()  # held while their candidates run: a prune must not take them
     for env in (bad, good, again):
         builder.release(env)
-    assert not layers & cache._pinned
+    assert not layers & cache.pinned()
     builder.close()
 
 

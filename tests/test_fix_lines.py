@@ -8,7 +8,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from bisect_npu.fix.gitlog import Hunk
-from bisect_npu.fix.lines import LineHit, TrackedLines, _map_through
+from bisect_npu.fix.lines import LineHit, TrackedLines, map_through
 
 
 def u0_hunks(old: list[str], new: list[str]) -> list[Hunk]:
@@ -44,7 +44,7 @@ def edits(draw):
 def test_tracked_lines_keep_their_text_or_count_as_changed(case):
     old, new, tracked = case
     hit = LineHit()
-    moved = _map_through(TrackedLines(tuple(tracked), ()), u0_hunks(old, new), hit)
+    moved = map_through(TrackedLines(tuple(tracked), ()), u0_hunks(old, new), hit)
     assert hit.changed + len(moved.lines) == len(tracked)
     kept = [old[line - 1] for line in tracked if old[line - 1] in new]
     assert [new[line - 1] for line in moved.lines] == kept

@@ -22,7 +22,7 @@ from vllm_tier import TIMINGS, VLLM_ENV, base_request, batch_request, require_vl
 
 from bisect_npu.probe.backends.openai import (
     Server,
-    _choice_tokens,
+    choice_tokens,
     effective_sampling,
     generation_tokens,
     logged_defaults,
@@ -46,14 +46,14 @@ def test_chat_choice_tokens_from_token_id_strings() -> None:
     choice = {"delta": {"content": "hi"}, "logprobs": {"content": [
         {"token": "token_id:17", "logprob": -0.1,
          "top_logprobs": [{"token": "token_id:4", "logprob": -2.0}, {"token": "token_id:17", "logprob": -0.1}]}]}}
-    assert _choice_tokens(choice, 5) == ([17], [[[17, -0.1], [4, -2.0]]])
-    assert _choice_tokens({**choice, "token_ids": [99]}, 1)[0] == [99]  # explicit ids win
+    assert choice_tokens(choice, 5) == ([17], [[[17, -0.1], [4, -2.0]]])
+    assert choice_tokens({**choice, "token_ids": [99]}, 1)[0] == [99]  # explicit ids win
 
 
 def test_completion_choice_tokens() -> None:
     top = [{"token_id:1": -0.5}, {"token_id:2": -0.2, "token_id:9": -3}]
     choice = {"text": "ab", "logprobs": {"tokens": ["token_id:1", "token_id:2"], "top_logprobs": top}}
-    assert _choice_tokens(choice, 5) == ([1, 2], [[[1, -0.5]], [[2, -0.2], [9, -3.0]]])
+    assert choice_tokens(choice, 5) == ([1, 2], [[[1, -0.5]], [[2, -0.2], [9, -3.0]]])
 
 
 def test_override_generation_config_both_spellings() -> None:

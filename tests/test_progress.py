@@ -30,10 +30,10 @@ def test_rich_progress_counts_trials_and_bad_ones_in_the_status_line() -> None:
         progress.step_started(22, "a" * 40, "[Core] a change", 8, 3)
         progress.trial_finished(22, 7, "bad", 1, 3)
         progress.trial_finished(22, 8, "good", 2, 3)
-        assert str(progress._status.status).endswith("trials 2/3, 1 bad")
+        assert progress.status_line.endswith("trials 2/3, 1 bad")
         progress.step_started(23, "c" * 40, "[Core] next", 4, 2)
         progress.trial_finished(23, 0, "good", 1, 2)
-        assert str(progress._status.status).endswith("trials 1/2, 0 bad")  # counts restart per step
+        assert progress.status_line.endswith("trials 1/2, 0 bad")  # counts restart per step
     finally:
         progress.close()
 

@@ -4,6 +4,7 @@ journal, for the records a real session journals; the sentences say what the use
 
 from __future__ import annotations
 
+import math
 from pathlib import Path
 
 import pytest
@@ -14,7 +15,7 @@ from bisect_npu.contracts import Verdict, VerdictKind
 from bisect_npu.journal import Journal
 from bisect_npu.level import HeldUpstream, MergeScope
 from bisect_npu.orchestration import sentences
-from bisect_npu.orchestration.state import SessionState
+from bisect_npu.orchestration.state import SessionState, accuracy_weight
 from bisect_npu.records import StepRecord, StoredFrom, TrialRecord
 
 
@@ -64,6 +65,29 @@ def test_an_interrupted_step_s_trials_are_pending_until_its_step_and_numbers_kee
     assert [t.trial for t in state.pending_trials(4)] == [0, 1] and state.next_trial(4) == 2
     state.apply(step(4, VerdictKind.GOOD, trials=2))
     assert state.pending_trials(4) == [] and state.next_trial(4) == 2 and state.next_trial(9) == 0
+
+
+def test_a_fresh_verdict_that_contradicts_the_store_s_is_known_as_the_records_come() -> None:
+    stored = StoredFrom(sessions=["earlier"])
+    state = SessionState(False, False, [step(3, VerdictKind.BAD, trials=0, stored=stored),
+                                        step(5, VerdictKind.SKIP, trials=0, stored=stored)])
+    assert state.stored_at(3) and not state.stored_at(4) and state.judged() == {3, 5}
+    assert state.stored_kinds() == {3: {"bad"}} and not state.store_disagreed()  # a skip is no verdict
+    state.apply(step(3, VerdictKind.BAD))
+    assert not state.store_disagreed()  # run fresh, the same verdict
+    state.apply(step(3, VerdictKind.GOOD))
+    assert state.store_disagreed() and state.fresh_kinds() == {3: {"bad", "good"}}
+    assert state.evidence(without_stored=True)[3].good == 1 and 5 not in state.evidence(without_stored=True)
+
+
+def test_an_accuracy_step_weighs_its_likelihood_ratio_or_what_its_verdict_at_the_confidence_said() -> None:
+    weigh = accuracy_weight(0.99, 10, find_fix=False)
+    measured = StepRecord(index=4, commit="c4", verdict=Verdict(kind=VerdictKind.BAD, reason="",
+                                                                figures={"log_likelihood_ratio": 2.5}))
+    assert weigh(measured) == 2.5 and accuracy_weight(0.99, 10, find_fix=True)(measured) == -2.5
+    assert weigh(step(4, VerdictKind.GOOD)) == pytest.approx(-math.log(99))  # from the store: the kind alone
+    assert weigh(step(0, VerdictKind.GOOD)) == 0.0 and weigh(step(10, VerdictKind.BAD)) == 0.0  # the ends
+    assert accuracy_weight(None, 10, find_fix=False)(step(4, VerdictKind.BAD)) == 0.0  # not an accuracy oracle
 
 
 def test_the_sentences_name_the_culprit_the_range_and_the_end_that_misbehaved() -> None:

@@ -205,7 +205,7 @@ def test_a_pin_without_an_sdist_is_one_line_naming_the_pin_and_the_index(tmp_pat
     (venv / "bin").mkdir(parents=True)
     (venv / "bin" / "python").symlink_to(sys.executable)
     with (tmp_path / "log").open("w") as log, pytest.raises(UsageError) as refused:
-        venvs._vllm_wheel("0.0.1", venv, log, tmp_path / "log")
+        venvs.vllm_wheel("0.0.1", venv, log, tmp_path / "log")
     message = str(refused.value)
     assert "\n" not in message
     assert message.startswith("vLLM pin 0.0.1: no source distribution of vllm==0.0.1 on ")

@@ -90,7 +90,7 @@ class Tester:
             log_dir: Path | None = None) -> tuple[int, str, dict[str, object]]:
         """(exit code, reason, pytest's report) of the named tests at `sha`."""
         key = self.key(sha)
-        venv = self.venvs.acquire(key, requirement_lines(self.builder._requirements(sha)),
+        venv = self.venvs.acquire(key, requirement_lines(self.builder.requirements(sha)),
                                   log_dir or Path(tempfile.gettempdir()))
         site = self.checkout(sha)
         self.runs += 1

@@ -80,6 +80,11 @@ class ImageCache:
         with self._lock:
             self._pinned.discard(image_id)
 
+    def pinned(self) -> frozenset[str]:
+        """The images `prune` leaves alone now (pinned by this process)."""
+        with self._lock:
+            return frozenset(self._pinned)
+
     def images(self) -> list[tuple[str, int, float]]:
         """(id, bytes it adds, last use) of every bisect-npu image in the engine."""
         rows = list_images(self.client.api, {"label": KIND_LABEL})

@@ -149,7 +149,7 @@ class PinVenvs:
                 self._step([self.python, "-m", "venv", str(venv)], log, log_path, "creating the venv")
             pip = [str(venv / "bin" / "python"), "-m", "pip", "install", "--quiet"]
             self._step([*pip, *TORCH, *SDIST_BUILD], log, log_path, "installing torch")
-            wheel = self._vllm_wheel(key.vllm, venv, log, log_path)
+            wheel = self.vllm_wheel(key.vllm, venv, log, log_path)
             # In the order of vllm-ascend's Dockerfile: vLLM with its own requirements, then
             # vllm-ascend's, which win where the two disagree (opencv-python-headless at vLLM 0.19).
             self._step([*pip, str(wheel)], log, log_path, f"installing vLLM {key.vllm}")
@@ -164,7 +164,7 @@ class PinVenvs:
             {"vllm": key.vllm, "transformers": key.transformers, "requirements": requirements}, indent=1) + "\n")
         (venv / COMPLETE_MARKER).write_text(time.strftime("%Y-%m-%dT%H:%M:%S") + "\n")
 
-    def _vllm_wheel(self, version: str, venv: Path, log: TextIO, log_path: Path) -> Path:
+    def vllm_wheel(self, version: str, venv: Path, log: TextIO, log_path: Path) -> Path:
         """vLLM `version` as a pure-Python wheel, built from its sdist once per release."""
         wheels = self.cache_dir / "wheels"
         wheels.mkdir(parents=True, exist_ok=True)

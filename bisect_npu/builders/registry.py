@@ -16,6 +16,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from bisect_npu.builders.failures import classify_build_failure
 from bisect_npu.errors import InfrastructureError, UsageError
 from bisect_npu.upstream.dockerfile import parse_dockerfile, substitute_args
 
@@ -91,7 +92,6 @@ def pull_image(client: Any, image: str) -> str:
     import docker.errors
     import requests
 
-    from bisect_npu.builders.failures import classify_build_failure
 
     repository, tag = split_reference(image)
     error = ""

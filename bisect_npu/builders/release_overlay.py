@@ -38,6 +38,7 @@ from packaging.utils import canonicalize_name
 
 from bisect_npu.builders.base import Builder, BuildFailed, Environment, tail
 from bisect_npu.errors import UsageError
+from bisect_npu.upstream.versions import tag_for_version
 
 # What a CPU wheel of vLLM is compiled from; a change there is marked, not refused.
 COMPILED_INPUTS = ("csrc", "CMakeLists.txt", "cmake", "setup.py", "requirements")
@@ -169,8 +170,6 @@ class ReleaseOverlayBuilder:
 
     def compiled_changes(self, sha: str) -> list[str]:
         """The compiled inputs `sha` changed since the release's tag (at most MARKED_PATHS_MAX, then a count)."""
-        from bisect_npu.upstream.versions import tag_for_version
-
         if self._release_ref is None:
             self._release_ref = tag_for_version(self.repo, self.version)
         names: list[str] = self.repo.git.diff("--name-only", self._release_ref, sha, "--",

@@ -20,6 +20,7 @@ from typing import Any
 import git
 from packaging.version import InvalidVersion, Version
 
+from bisect_npu.builders.registry import pull_image
 from bisect_npu.errors import InfrastructureError, UsageError
 
 OCI_REVISION = "org.opencontainers.image.revision"
@@ -91,7 +92,6 @@ def fetch_release(client: Any, release: ReleaseImage, own_label: str) -> tuple[s
     """Pull `release.image` and check the commit it records: (image id or None, what happened)."""
     import docker.errors
 
-    from bisect_npu.builders.registry import pull_image
 
     try:
         image_id = pull_image(client, release.image)

@@ -21,6 +21,7 @@ import git
 
 from bisect_npu.builders.base import BuildFailed
 from bisect_npu.errors import InfrastructureError
+from bisect_npu.upstream.history import default_cache_dir
 
 
 def commit_archive(repo: git.Repo, commit: str) -> IO[bytes]:
@@ -128,8 +129,6 @@ def _has_commit(git_dir: Path, sha: str) -> bool:
 
 def _is_cached_clone(git_dir: Path) -> bool:
     """A clone bisect-npu made of a --repo URL (or a submodule inside one): ours to fetch into."""
-    from bisect_npu.upstream.history import default_cache_dir
-
     return default_cache_dir().resolve() in git_dir.resolve().parents
 
 

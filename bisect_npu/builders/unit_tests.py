@@ -153,9 +153,9 @@ class UnitTestBuilder:
         if pin.release is None:
             raise BuildFailed(f"{commit[:12]} pins {pin} and no release tag: a venv is made of a published vLLM "
                               "release's sdist; this commit cannot be tested on a CPU")
-        return PinKey(pin.release, transformers_line(requirement_lines(self._requirements(commit))))
+        return PinKey(pin.release, transformers_line(requirement_lines(self.requirements(commit))))
 
-    def _requirements(self, commit: str) -> list[str]:
+    def requirements(self, commit: str) -> list[str]:
         texts = []
         for name in REQUIREMENT_FILES:
             try:
@@ -166,7 +166,7 @@ class UnitTestBuilder:
 
     def acquire(self, commit: str, log_dir: Path) -> Environment:
         key = self.pin_key(commit)
-        venv = self.venvs.acquire(key, requirement_lines(self._requirements(commit)), log_dir)
+        venv = self.venvs.acquire(key, requirement_lines(self.requirements(commit)), log_dir)
         env = self.worktrees.acquire(commit, log_dir)
         worktree = Path(env.path or ".")
         build_info = worktree / BUILD_INFO

@@ -321,18 +321,24 @@ class RayExecutor:
                                              scheduling_strategy=self._placement(env.commit))
         ref = task.remote(env.commit, request, timeout_s, self.session_id, self.builder_factory,
                           self.executor_factory)
+        return self._land(self._outcome(env.commit, ref), request, out_dir)
+
+    def _outcome(self, commit: str, ref: Any) -> BatchOutcome:
+        """The task's outcome, its node kept as the commit's home (its build is there)."""
+        import ray
+
         with self._tracked(ref):
             try:
                 outcome: BatchOutcome = ray.get(ref)
             except (ray.exceptions.TaskCancelledError, ray.exceptions.WorkerCrashedError) as exc:
-                raise InfrastructureError(f"the Ray task of {env.commit[:12]} ended without a result ({exc}); "
+                raise InfrastructureError(f"the Ray task of {commit[:12]} ended without a result ({exc}); "
                                           "run again (`bisect-npu resume`)") from exc
             except KeyboardInterrupt:  # Ctrl-C (or SIGTERM) while this thread waits: stop the batch
                 ray.cancel(ref, force=True)
                 raise
         with self._lock:
-            self._home.setdefault(env.commit, outcome.node_id)
-        return self._land(outcome, request, out_dir)
+            self._home.setdefault(commit, outcome.node_id)
+        return outcome
 
     def _placement(self, commit: str) -> Any:
         from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
@@ -386,17 +392,7 @@ class RayExecutor:
                                                      scheduling_strategy=self._placement(env.commit))
         ref = task.remote(env.commit, argv, timeout_s, dict(extra_env or {}), self.session_id, self.builder_factory,
                           self.executor_factory)
-        with self._tracked(ref):
-            try:
-                outcome: BatchOutcome = ray.get(ref)
-            except (ray.exceptions.TaskCancelledError, ray.exceptions.WorkerCrashedError) as exc:
-                raise InfrastructureError(f"the Ray task of {env.commit[:12]} ended without a result ({exc}); "
-                                          "run again (`bisect-npu resume`)") from exc
-            except KeyboardInterrupt:
-                ray.cancel(ref, force=True)
-                raise
-        with self._lock:
-            self._home.setdefault(env.commit, outcome.node_id)
+        outcome = self._outcome(env.commit, ref)
         log_path.parent.mkdir(parents=True, exist_ok=True)
         content, _ = outcome.files.get(COMMAND_LOG, (b"", 0.0))
         log_path.write_bytes(f"# ray node {outcome.node_id} build {outcome.build.get('how')}\n".encode() + content)

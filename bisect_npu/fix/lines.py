@@ -54,7 +54,7 @@ def _culprit_tracked(diffs: list[FileDiff]) -> dict[str, TrackedLines]:
     return tracked
 
 
-def _map_through(tracked: TrackedLines, hunks: list[Hunk], hit: LineHit) -> TrackedLines:
+def map_through(tracked: TrackedLines, hunks: list[Hunk], hit: LineHit) -> TrackedLines:
     """Move the culprit's lines through one diff (-U0 hunks), counting the ones it touches."""
     shifts = []  # (threshold, delta): lines >= threshold move by delta
     removed: list[tuple[int, int]] = []
@@ -139,7 +139,7 @@ def line_hits(culprit: LoggedCommit, culprit_diffs: list[FileDiff], meta: list[L
             if fd.new_path is None:
                 hit.changed += len(tracked.lines)
                 continue
-            moved = _map_through(tracked, fd.hunks, hit)
+            moved = map_through(tracked, fd.hunks, hit)
             if moved:
                 state[fd.new_path] = moved
         states[commit.sha] = state

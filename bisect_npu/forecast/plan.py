@@ -16,6 +16,7 @@ import git
 
 from bisect_npu.builders.key import BuildKey, BuildKeyReader
 from bisect_npu.builders.releases import ReleaseImage, ReleaseImages
+from bisect_npu.forecast.simulate import simulate
 from bisect_npu.upstream import history
 
 PLAN_CULPRITS = 64  # culprit positions the estimate averages over (all of them in a smaller range)
@@ -153,8 +154,6 @@ def _checkout_plan(repo: git.Repo, brange: history.BisectRange, dockerfile: str,
 def _replay(keys: list[str], unbuildable: list[int], *, told: bool, minutes: dict[str, float]) -> PlanFigures:
     """The exact search's figures over culprits spread evenly across 1..n (a perfect oracle);
     candidates without the Dockerfile are skips, as in a docker run."""
-    from bisect_npu.forecast.simulate import simulate
-
     n = len(keys) - 1
     count = min(n, PLAN_CULPRITS)
     culprits = sorted({1 + (i * (n - 1)) // max(count - 1, 1) for i in range(count)})

@@ -15,10 +15,16 @@ from collections.abc import Callable
 from typing import Any
 
 from bisect_npu.contracts import Observation, Verdict, VerdictKind
+from bisect_npu.oracle.acceptance import judge_acceptance
 from bisect_npu.oracle.accuracy.judge import judge_accuracy
 from bisect_npu.oracle.config import AccuracyConfig, OracleConfig
+from bisect_npu.oracle.dumps.compare import judge_logits
+from bisect_npu.oracle.penalty import judge_penalty
+from bisect_npu.oracle.repetition import judge_repetition
+from bisect_npu.oracle.stages import judge_stages
 from bisect_npu.oracle.stats import Undecided, judge_trials
-from bisect_npu.oracle.throughput import ThroughputConfig
+from bisect_npu.oracle.throughput import ThroughputConfig, judge_throughput
+from bisect_npu.oracle.tokens import judge_tokens
 
 __all__ = ["judge", "judge_accuracy", "judge_observation", "judge_trials"]
 
@@ -26,14 +32,6 @@ NOT_PER_TRIAL = ("stats", "command", "accuracy")
 
 
 def _judges() -> dict[str, Callable[[Observation, Observation | None, OracleConfig], Verdict]]:
-    from bisect_npu.oracle.acceptance import judge_acceptance
-    from bisect_npu.oracle.dumps.compare import judge_logits
-    from bisect_npu.oracle.penalty import judge_penalty
-    from bisect_npu.oracle.repetition import judge_repetition
-    from bisect_npu.oracle.stages import judge_stages
-    from bisect_npu.oracle.throughput import judge_throughput
-    from bisect_npu.oracle.tokens import judge_tokens
-
     return {
         "repetition": lambda obs, ref, cfg: judge_repetition(obs, cfg.repetition),
         "tokens": lambda obs, ref, cfg: judge_tokens(obs, ref, cfg.tokens),
@@ -125,7 +123,6 @@ def judge(cfg: OracleConfig, observations: list[Observation], reference: list[Ob
     if not observations:
         return Verdict(kind=VerdictKind.SKIP, reason="no observations to judge", trials=0)
     if "throughput" in cfg.kinds:  # a figure over the trials, not a per-trial pass
-        from bisect_npu.oracle.throughput import judge_throughput
 
         return judge_throughput(_throughput(cfg), observations, reference)
     if "accuracy" in cfg.kinds:

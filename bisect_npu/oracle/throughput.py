@@ -17,17 +17,15 @@ from collections.abc import Sequence
 from statistics import NormalDist, fmean, stdev
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import Field, model_validator
 
-from bisect_npu.contracts import Observation, Verdict, VerdictKind
+from bisect_npu.contracts import Observation, StrictModel, Verdict, VerdictKind
 
 THROUGHPUT_FIGURE = "output_token_throughput"  # Observation.extra key a harness fills (tokens/s)
 
 
-class ThroughputConfig(BaseModel):
+class ThroughputConfig(StrictModel):
     """The recipe's `oracle.throughput`: the nightly's `baseline` and `threshold`, and the test."""
-
-    model_config = ConfigDict(extra="forbid")
 
     baseline: float | None = Field(None, gt=0.0, allow_inf_nan=False,
                                    description="published output token throughput, tokens/s (the nightly "

@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from bisect_npu import oracle
 from bisect_npu.builders.base import Builder, BuildFailed, Environment
 from bisect_npu.contracts import ABORT_ABOVE, SKIP_EXIT, Observation, TimeoutIs, Verdict, VerdictKind
 from bisect_npu.defaults import TRIAL_TIMEOUT_S
@@ -334,8 +335,6 @@ class Evaluator:
                         outcome=outcome, reason=reason, startup_s=startup)
 
     def _judge_observations(self, observations: list[Observation]) -> Verdict:
-        from bisect_npu import oracle
-
         assert self.recipe is not None
         if len(observations) == 1:
             return oracle.judge_observation(self.recipe.oracle, observations[0],

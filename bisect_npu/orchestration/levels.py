@@ -36,7 +36,8 @@ from bisect_npu.level import (
 )
 from bisect_npu.orchestration import sentences
 from bisect_npu.orchestration.options import SessionSpec, declared_dependencies, dep_repo_of
-from bisect_npu.orchestration.session import EXIT_CODES, EXIT_ENDS_WRONG, Session, SessionResult
+from bisect_npu.orchestration.result import EXIT_CODES, EXIT_ENDS_WRONG, SessionResult
+from bisect_npu.orchestration.session import Session
 from bisect_npu.orchestration.wiring import fix_worktrees, overlay_release_for, sweep_fix_worktrees
 from bisect_npu.progress import Progress
 from bisect_npu.records import (

@@ -3,9 +3,11 @@ candidate range, the recipe or command, the Dockerfile at both ends, --slots and
 
 from __future__ import annotations
 
+import importlib.util
 import os
 import re
 import shlex
+import shutil
 import stat
 from dataclasses import dataclass
 from pathlib import Path
@@ -13,15 +15,37 @@ from typing import Literal
 
 import git
 
+from bisect_npu.builders.base import BuildFailed
+from bisect_npu.builders.dependency import PinnedCommit, open_dependency_clone
+from bisect_npu.builders.key import BuildKeyReader
+from bisect_npu.builders.local import check_workdir
+from bisect_npu.builders.registry import BaseImageMap
+from bisect_npu.builders.release_overlay import parse_release
+from bisect_npu.builders.releases import check_template
+from bisect_npu.builders.submodules import check_submodule_pins
+from bisect_npu.builders.unit_tests import check_unit_tests, unit_test_command
 from bisect_npu.defaults import LAST_GOOD
 from bisect_npu.errors import UsageError
+from bisect_npu.execute.docker import check_command_mounts
+from bisect_npu.execute.host import check_devices_on_host, check_slot_shares, detect_host, recipe_for_host
+from bisect_npu.execute.host_devices import check_host_devices
+from bisect_npu.execute.ray import settle_slots as settle_on_cluster
 from bisect_npu.level import held_of, scope_of
-from bisect_npu.orchestration.options import SessionSpec, check_dependency_options, earlier_runs_spec
+from bisect_npu.nightly.at_commit import settle_run
+from bisect_npu.orchestration.options import (
+    SessionSpec,
+    check_dependency_options,
+    declared_dependencies,
+    dep_repo_of,
+    earlier_runs_spec,
+)
 from bisect_npu.orchestration.verdict_reuse import resolve_last_good
+from bisect_npu.recipe.check import check_recipe_at_ends, check_support, range_ends
 from bisect_npu.recipe.loader import load_recipe
 from bisect_npu.recipe.schema import EarlierRunsSpec, Recipe
 from bisect_npu.records import CandidateRange
-from bisect_npu.upstream import history
+from bisect_npu.upstream import history, versions
+from bisect_npu.upstream.versions import tag_for_version
 
 # Why the settings search (`settings`, `run --settings`) does not take --executor ray, and what to do instead.
 RAY_REFUSED = ("--executor ray: a settings search runs every configuration on one build of its commit, kept by "
@@ -93,26 +117,18 @@ def check_run(spec: SessionSpec, host_root: Path = Path("/")) -> RunInputs:
     builds_images = spec.executor.executor == "docker" or (spec.executor.executor == "ray"
                                                            and spec.executor.node_executor == "docker")
     if repo is not None and spec.range.package is None and builds_images and recipe is not None:
-        from bisect_npu.execute.host import recipe_for_host
-
         check_dockerfile(repo, recipe_for_host(recipe, spec.context.host).build.dockerfile, candidates_range)
     if repo is not None and recipe is not None and candidates_range.kind == "commits":
-        from bisect_npu.recipe.check import check_recipe_at_ends, check_support, range_ends
-
         named_ends = range_ends(spec.range.good, spec.range.bad, candidates_range.good, candidates_range.base,
                               candidates_range.bad)
         check_support(recipe, repo, named_ends)
         check_recipe_at_ends(recipe, repo, named_ends)  # a recipe the candidate refuses: an error, not a range of skips
     if repo is not None and candidates_range.kind == "commits":
-        from bisect_npu.builders.submodules import check_submodule_pins
-
         check_laid_in_pins(spec, recipe, repo, (candidates_range.base, candidates_range.bad))
 
         for end in (candidates_range.base, candidates_range.bad) if not spec.judge.unit_tests else ():
             check_submodule_pins(repo, end)  # a clone without its submodules stops here, not at step one
     if spec.executor.workdir:
-        from bisect_npu.builders.local import check_workdir
-
         spec.executor.workdir = str(Path(spec.executor.workdir).resolve())  # resume may start elsewhere
         check_workdir(Path(spec.executor.workdir))
     return RunInputs(recipe, repo, earlier_runs, candidates_range, last_good_note)
@@ -121,10 +137,6 @@ def check_run(spec: SessionSpec, host_root: Path = Path("/")) -> RunInputs:
 def check_image_options(spec: SessionSpec) -> None:
     """--base-image-map, --release-images and --overlay-on-release as written: a malformed one is an
     error now, not at the first build."""
-    from bisect_npu.builders.registry import BaseImageMap
-    from bisect_npu.builders.release_overlay import parse_release
-    from bisect_npu.builders.releases import check_template
-
     BaseImageMap.parse(spec.executor.base_image_map)
     if spec.executor.release_images is not None:
         check_template(spec.executor.release_images)
@@ -135,8 +147,6 @@ def check_image_options(spec: SessionSpec) -> None:
 def settle_nightly(spec: SessionSpec) -> str | None:
     """--nightly-case: the bad end's recipe, written out, becomes the recipe; --good-table: the
     table's commit becomes the good end. The note says what was read (None without --good-table)."""
-    from bisect_npu.nightly.at_commit import settle_run
-
     if spec.judge.nightly_case and (spec.judge.recipe or spec.judge.command):
         raise UsageError("--nightly-case is the recipe: drop --recipe/--cmd")
     settled = settle_run(spec.range.repo or ".", spec.range.bad, spec.range.good, spec.judge.nightly_case,
@@ -151,9 +161,6 @@ def settle_nightly(spec: SessionSpec) -> str | None:
 def check_overlay_on_release(spec: SessionSpec, repo: git.Repo | None) -> None:
     """`--overlay-on-release`: a commit-level run of this host's processes, on a clone holding the
     release's tag (the compiled inputs each commit changed are counted from it)."""
-    from bisect_npu.builders.release_overlay import parse_release
-    from bisect_npu.upstream.versions import tag_for_version
-
     assert spec.range.overlay_on_release is not None
     _package, version = parse_release(spec.range.overlay_on_release)
     if spec.range.package is not None or repo is None:
@@ -167,10 +174,6 @@ def check_overlay_on_release(spec: SessionSpec, repo: git.Repo | None) -> None:
 def check_laid_in_pins(spec: SessionSpec, recipe: Recipe | None, repo: git.Repo, ends: tuple[str, str]) -> None:
     """A dependency the upstream's build does not install is laid into every candidate at its
     pin: both ends' pins must be in its clone (made now, once) before anything runs."""
-    from bisect_npu.builders.base import BuildFailed
-    from bisect_npu.builders.dependency import PinnedCommit, open_dependency_clone
-    from bisect_npu.orchestration.options import declared_dependencies, dep_repo_of
-
     for dependency in declared_dependencies(spec, recipe):
         if dependency.installed_by_image:
             continue
@@ -193,8 +196,6 @@ def settle_devices(spec: SessionSpec, cards_per_run: int, host_root: Path = Path
     engine larger than the host, devices it lacks, an A3 NPU's dies split), then the slots, and for
     containers the device and driver files they mount (under `host_root`): what `run` and
     `fix --verify` check alike before anything is built."""
-    from bisect_npu.execute.host import check_devices_on_host, check_slot_shares, detect_host
-
     host = detect_host() if spec.executor.devices else None
     spec.context.host = host.kind if host else None
     if host is not None:
@@ -203,8 +204,6 @@ def settle_devices(spec: SessionSpec, cards_per_run: int, host_root: Path = Path
     if host is not None and spec.executor.slots:
         check_slot_shares(host, spec.executor.devices, spec.executor.slots)
     if spec.executor.devices and spec.executor.executor == "docker":
-        from bisect_npu.execute.host_devices import check_host_devices
-
         check_host_devices(spec.executor.devices, host_root)  # the NPU containers' devices and driver files
 
 
@@ -232,14 +231,11 @@ def settle_ray_slots(spec: SessionSpec, cards_per_run: int) -> None:
     if spec.context.python_oracle is not None or spec.range.package is not None or spec.executor.devices:
         raise UsageError("--executor ray runs a recipe or a command on a clone's commits, on the nodes Ray hands "
                          "out: drop --package and --devices (or use --executor local or docker)")
-    import importlib.util
-
     if importlib.util.find_spec("ray") is None:
         raise UsageError("--executor ray needs Ray on this host and every node: pip install 'bisect-npu[ray]'")
     if spec.judge.command is not None or spec.judge.unit_tests:
         spec.executor.slots = spec.executor.slots or 1  # a command takes one CPU of a node, no card
         return
-    from bisect_npu.execute.ray import settle_slots as settle_on_cluster
 
     spec.executor.slots = settle_on_cluster(spec.executor.ray_address, cards_per_run, spec.executor.slots)
 
@@ -247,8 +243,6 @@ def settle_ray_slots(spec: SessionSpec, cards_per_run: int) -> None:
 def settle_unit_tests(spec: SessionSpec, repo: git.Repo | None, candidates: CandidateRange) -> None:
     """`--unit-test`: the named tests checked at the ends (builders/unit_tests.py) and their runner
     made the session's command, so resume, the verdict store and the report treat it as one."""
-    from bisect_npu.builders.unit_tests import check_unit_tests, unit_test_command
-
     if repo is None or spec.range.package or candidates.kind != "commits":
         raise UsageError("--unit-test runs vllm-ascend's unit tests at a clone's commits: give --repo, drop --package")
     if spec.executor.executor == "docker" or (spec.executor.executor == "ray"
@@ -264,8 +258,6 @@ def settle_unit_tests(spec: SessionSpec, repo: git.Repo | None, candidates: Cand
 def resolve_candidates(spec: SessionSpec, repo: git.Repo | None) -> CandidateRange:
     """The journal header's `range`: commits of a repository, or published versions of a package."""
     if spec.range.package:
-        from bisect_npu.upstream import versions
-
         vrange = versions.resolve_version_range(spec.range.package, spec.range.good, spec.range.bad,
                                                 include_prereleases=spec.range.prereleases,
                                                 index_url=spec.range.index_url)
@@ -307,8 +299,6 @@ def _merged_candidates(spec: SessionSpec, repo: git.Repo) -> CandidateRange:
 def check_dockerfile(repo: git.Repo, dockerfile: str, candidates_range: CandidateRange) -> None:
     """Both ends must hold the Dockerfile the images are built from (a recipe's build.dockerfile),
     or every step would be a skip; say where in the range it first appears."""
-    from bisect_npu.builders.key import BuildKeyReader
-
     keys = BuildKeyReader(repo, dockerfile=dockerfile)
     ends = (("good", candidates_range.base, candidates_range.good_ref),
             ("bad", candidates_range.bad, candidates_range.bad_ref))
@@ -374,8 +364,6 @@ def check_command(command: list[str], repo: git.Repo | None, ends: list[str], in
     In a container (`in_container`) the image has its own PATH and files, so neither is looked up
     here; a relative path committed at neither end but a file here is this host's: it is made
     absolute, and the executor mounts it read-only (`check_command_mounts` says what cannot be)."""
-    import shutil
-
     program = command[0]
     if not in_container and "/" not in program and shutil.which(program) is None:
         raise UsageError(f"command not found: {program}; give a program on PATH or a path relative to "
@@ -384,8 +372,6 @@ def check_command(command: list[str], repo: git.Repo | None, ends: list[str], in
         raise UsageError(f"command not found: {program} is not a file")
     command = [_host_file(arg, repo, ends) if in_container else arg for arg in command]
     if in_container:
-        from bisect_npu.execute.docker import check_command_mounts
-
         check_command_mounts(command)
     if repo is None:
         return command

@@ -30,6 +30,7 @@ from bisect_npu.level import SettingsLevel
 from bisect_npu.orchestration.evaluate import EvaluationRequest, Evaluator, StepResult
 from bisect_npu.orchestration.options import SessionSpec, check_dependency_options
 from bisect_npu.orchestration.preflight import RAY_REFUSED
+from bisect_npu.orchestration.result import EXIT_ENDS_WRONG, EXIT_FOUND
 from bisect_npu.orchestration.verdict_reuse import VerdictReuse, open_verdict_reuse
 from bisect_npu.orchestration.wiring import load_golden, make_environment, session_evaluator
 from bisect_npu.progress import PlainProgress, Progress
@@ -60,8 +61,6 @@ from bisect_npu.upstream import history
 
 if TYPE_CHECKING:
     from bisect_npu.orchestration.session import Session
-
-EXIT_FOUND, EXIT_ENDS_WRONG = 0, 4
 
 
 @dataclass(frozen=True)

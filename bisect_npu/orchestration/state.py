@@ -7,6 +7,7 @@ records (in any order of positions), hence the same decisions.
 
 from __future__ import annotations
 
+import math
 import threading
 from collections.abc import Callable, Iterable
 from typing import Literal
@@ -26,6 +27,24 @@ def search_term(kind: str, find_fix: bool) -> Term:
     return "skip" if kind == "skip" else "good" if kind == "good" else "bad"
 
 
+def accuracy_weight(confidence: float | None, last: int, *, find_fix: bool) -> Callable[[StepRecord], float]:
+    """A step's likelihood ratio (accuracy oracle) in the search's terms: under --find-fix the
+    symptom's side is the good one, so the ratio changes sign. A verdict without one (the verdict
+    store keeps the kind, not the figures) weighs what a step decided at the recipe's `confidence`
+    at least said; the ends (0 and `last`) and other oracles' steps (`confidence` None) weigh 0."""
+
+    def weigh(step: StepRecord) -> float:
+        value = step.verdict.figures.get("log_likelihood_ratio")
+        if not isinstance(value, int | float) or not math.isfinite(value):
+            if confidence is None or step.verdict.kind == "skip" or step.index in (0, last):
+                return 0.0
+            bound = math.log(confidence / (1 - confidence))
+            value = bound if step.verdict.kind == "bad" else -bound
+        return -float(value) if find_fix else float(value)
+
+    return weigh
+
+
 class SessionState:
     """The records a session's decisions read, applied in journal order (`apply`); thread-safe:
     the slots of a round append while the progress asks how many candidates are left."""
@@ -42,6 +61,7 @@ class SessionState:
         self._pending: dict[int, list[TrialRun]] = {}
         self._last_trial: dict[int, int] = {}
         self._outcomes: dict[int, list[VerdictKind]] = {}  # the outcomes of the trials this session ran
+        self._kinds: dict[bool, dict[int, set[str]]] = {True: {}, False: {}}  # stored or not -> position's kinds
         for entry in entries:
             self.apply(entry)
 
@@ -64,6 +84,8 @@ class SessionState:
         self._steps.append(step)
         self._pending[step.index] = []
         stored = step.stored is not None
+        if step.verdict.kind != VerdictKind.SKIP:
+            self._kinds[stored].setdefault(step.index, set()).add(step.verdict.kind.value)
         if self.noisy and step.stored is not None:
             for kind, count in (("good", step.stored.good), ("bad", step.stored.bad)):
                 for _ in range(count):
@@ -87,6 +109,32 @@ class SessionState:
         """The finished steps, in journal order."""
         with self._lock:
             return list(self._steps)
+
+    def judged(self) -> set[int]:
+        """The positions with a finished step (run here or taken from the verdict store)."""
+        with self._lock:
+            return {step.index for step in self._steps}
+
+    def stored_at(self, index: int) -> bool:
+        """Whether a step at `index` was taken from the verdict store."""
+        with self._lock:
+            return any(step.index == index and step.stored is not None for step in self._steps)
+
+    def stored_kinds(self) -> dict[int, set[str]]:
+        """Each position's verdict kinds from the verdict store's steps (skips left out)."""
+        with self._lock:
+            return {index: set(kinds) for index, kinds in self._kinds[True].items()}
+
+    def fresh_kinds(self) -> dict[int, set[str]]:
+        """Each position's verdict kinds from the steps run here (skips left out)."""
+        with self._lock:
+            return {index: set(kinds) for index, kinds in self._kinds[False].items()}
+
+    def store_disagreed(self) -> bool:
+        """Whether a position run here was judged otherwise than the verdict store judged it."""
+        with self._lock:
+            fresh = self._kinds[False]
+            return any(index in fresh and fresh[index] != kinds for index, kinds in self._kinds[True].items())
 
     def pending_trials(self, index: int) -> list[TrialRun]:
         """Trials of `index` journaled after its last finished step: an interrupted step's work."""

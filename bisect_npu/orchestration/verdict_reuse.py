@@ -8,7 +8,7 @@ starts in, the clone, or a directory a `cd` inside a shell string moves to; `sh 
 are split with shlex, never run), the programs it resolves on PATH, and the environment variables
 its words reference plus those `--verdict-env` declares. What the command reads that none of its
 words names (a script its script calls) is caught after the search: a session that reused a
-verdict runs its culprit and the culprit's parent fresh before it answers (see `Session`). The
+verdict runs its culprit and the culprit's parent fresh before it answers (`SessionVerdicts.confirm`). The
 environment is every fact of this host and run that changes what a run shows (the
 executor, the NPU host type, the architecture, the timeout and what a timeout counts as, the base
 image mirrors and release images, the package index, the bisect-npu version). Anything else that
@@ -26,18 +26,20 @@ import platform
 import re
 import shlex
 import shutil
+import threading
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
 import git
 
-from bisect_npu import __version__
+from bisect_npu import __version__, search
 from bisect_npu.contracts import Verdict, VerdictKind
 from bisect_npu.errors import InfrastructureError, UsageError
 from bisect_npu.level import held_of
 from bisect_npu.orchestration.options import SessionSpec
+from bisect_npu.orchestration.state import SessionState
 from bisect_npu.progress import Progress
 from bisect_npu.recipe.schema import Recipe
 from bisect_npu.records import CommandOracle, StoredFrom
@@ -310,6 +312,95 @@ class VerdictReuse:
                                                      verdict.reason, time.time()))
         except InfrastructureError as exc:
             self._fail(exc)
+
+
+class SessionVerdicts:
+    """The verdict store's part in one session's loop: journal what it holds instead of running it
+    (once per position; never at a position in `always_run`), keep what the session runs, and run
+    fresh what an answer rests on where only the store judged it. Once a position run here is
+    judged otherwise than the store judged it, the store's verdicts no longer hold for this session:
+    it neither reuses nor counts them (a fact of the journal, so a resumed session knows it too)."""
+
+    def __init__(self, reuse: VerdictReuse, state: SessionState, progress: Progress, *, noisy: bool,
+                 always_run: frozenset[int] = frozenset()) -> None:
+        self.reuse = reuse
+        self.state = state
+        self.progress = progress
+        self.noisy = noisy
+        self.always_run = always_run
+        self._lock = threading.Lock()  # one slot at a time reads or writes a position's stored verdict
+
+    def dropped(self) -> bool:
+        return self.state.store_disagreed()
+
+    def recall(self, index: int, commit: str, build_key: str, journal: Callable[[Reused], None]) -> Reused | None:
+        """`journal` the store's verdict of `commit` at `index` instead of testing it, and return it;
+        None where the position must run (noisy mode: the search asks for more trials there if it
+        wants them)."""
+        if index in self.always_run or self.dropped():
+            return None
+        with self._lock:
+            if self.state.stored_at(index):
+                return None
+            reused = self.reuse.recall(commit, build_key)
+            if reused is not None:
+                journal(reused)
+        return reused
+
+    def recall_all(self, last: int, recall: Callable[[int], bool]) -> None:
+        """Before the search decides anything, `recall` every position not judged yet, so the search
+        starts from what earlier sessions judged and spends its runs on the rest (asked one by one,
+        a cost-aware search could wander to commits they never judged)."""
+        judged = self.state.judged()
+        reused = sum(recall(index) for index in range(last + 1) if index not in judged)
+        if reused:
+            self.progress.note(f"{reused} verdict(s) reused from the verdict store {self.reuse.store.path}")
+
+    def keep(self, index: int, commit: str, build_key: str, verdict: Verdict) -> None:
+        """Keep this session's verdict of `commit`: in noisy mode with the tally of every trial this
+        session ran there (not the ones it reused)."""
+        with self._lock:  # the tally counted and kept at once: a slot's later count is never overwritten
+            if self.noisy:
+                outcomes = self.state.outcomes(index)
+                good, bad = outcomes.count(VerdictKind.GOOD), outcomes.count(VerdictKind.BAD)
+                kind = VerdictKind.BAD if bad else VerdictKind.GOOD if good else VerdictKind.SKIP
+                verdict = verdict.model_copy(update={"kind": kind})
+            else:
+                good, bad = int(verdict.kind == VerdictKind.GOOD), int(verdict.kind == VerdictKind.BAD)
+            self.reuse.keep(commit, build_key, verdict, good, bad)
+
+    def confirm(self, decision: search.Decision, last: int, run: Callable[[int], None]) -> bool:
+        """Before answering from evidence that holds a stored verdict, `run` the positions the
+        answer rests on fresh (a culprit and its parent, a narrowed range's two ends, an end judged
+        wrong) where only the store judged them: a check may read what its key does not see (a
+        script its script calls). True when it ran any, so the search decides again (without the
+        store's verdicts if one disagreed)."""
+        if self.dropped():
+            return False
+        stored = self.state.stored_kinds()
+        if not stored:
+            return False
+        if isinstance(decision, search.Found):
+            resting = [decision.index - 1, decision.index]
+        elif isinstance(decision, search.Narrowed):
+            resting = [decision.lo, decision.hi]
+        elif isinstance(decision, search.EndsWrong):
+            resting = [0 if decision.which == "good" else last]
+        else:
+            return False
+        fresh = self.state.fresh_kinds()
+        unconfirmed = [index for index in resting if index in stored and index not in fresh]
+        if not unconfirmed:
+            return False
+        self.progress.note(f"running {len(unconfirmed)} commit(s) the answer rests on fresh: their verdicts came "
+                           "from the verdict store")
+        for index in unconfirmed:
+            run(index)
+        if self.dropped():
+            self.progress.note("a commit run fresh disagrees with the verdict store's verdict of it: this session "
+                               "drops the store's verdicts and searches again (the check reads something its key "
+                               "does not see; --verdict-env names a variable, --no-verdict-store turns reuse off)")
+        return True
 
 
 def open_verdict_reuse(spec: SessionSpec, recipe: Recipe | None, session_dir: Path, reference: str,

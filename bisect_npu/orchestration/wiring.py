@@ -15,27 +15,52 @@ import socket
 import uuid
 from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import TYPE_CHECKING, Literal
+from typing import Literal
 
 import git
 
-from bisect_npu.builders.base import Builder
+from bisect_npu.builders.base import Builder, BuildFailed
+from bisect_npu.builders.cache import ImageCache
+from bisect_npu.builders.dependency import DependencyBuilder, Layers, PinnedCommit, open_dependency_clone
+from bisect_npu.builders.docker import DockerBuilder, connect_engine
+from bisect_npu.builders.local import LocalBuilder, sweep_worktrees, sweep_worktrees_of_any_repo
+from bisect_npu.builders.pin_venv import PinVenvs, default_pin_venv_cache
+from bisect_npu.builders.prefetch import Prefetcher
+from bisect_npu.builders.registry import BaseImageMap
+from bisect_npu.builders.release_overlay import ReleaseOverlayBuilder, package_paths, parse_release, release_part
+from bisect_npu.builders.switches import SwitchingBuilder
+from bisect_npu.builders.unit_tests import TestsFrom, UnitTestBuilder, file_of
+from bisect_npu.builders.venv import VenvBuilder, default_venv_cache
 from bisect_npu.contracts import Observation, Verdict
 from bisect_npu.errors import InfrastructureError, UsageError
+from bisect_npu.execute.ascend import ascend_container_spec, npu_run_env
 from bisect_npu.execute.base import Executor
+from bisect_npu.execute.devices import device_pool
+from bisect_npu.execute.docker import (
+    ContainerSpec,
+    DockerExecutor,
+    Mount,
+    plain_container_spec,
+    remove_session_containers,
+)
+from bisect_npu.execute.host import recipe_for_host
 from bisect_npu.execute.host_devices import host_cards
+from bisect_npu.execute.inprocess import CallableExecutor, Oracle
+from bisect_npu.execute.local import OWNER_ENV, LocalExecutor, kill_owned_processes
+from bisect_npu.execute.ray import RayExecutor, RemoteBuilds
+from bisect_npu.fix import APPLY_NAME
 from bisect_npu.journal import DEFAULT_ROOT, new_session_dir, session_label
 from bisect_npu.level import held_of, overlay_of
+from bisect_npu.nightly.cases import CaseRef
 from bisect_npu.orchestration.evaluate import EvaluationRequest, Evaluator
-from bisect_npu.orchestration.options import SessionSpec
+from bisect_npu.orchestration.nightly import NightlyEvaluator
+from bisect_npu.orchestration.options import SessionSpec, declared_dependencies, dep_repo_of
+from bisect_npu.orchestration.preflight import settle_devices
+from bisect_npu.paths import cache_root
 from bisect_npu.recipe.loader import load_recipe
 from bisect_npu.recipe.schema import InstallPlan, Recipe
 from bisect_npu.request import RunRequest
 from bisect_npu.upstream import history
-
-if TYPE_CHECKING:
-    from bisect_npu.execute.docker import ContainerSpec
-    from bisect_npu.execute.inprocess import Oracle
 
 
 def session_evaluator(spec: SessionSpec, repo: git.Repo | None, recipe: Recipe | None, session_dir: Path,
@@ -44,8 +69,6 @@ def session_evaluator(spec: SessionSpec, repo: git.Repo | None, recipe: Recipe |
     options, the builder wrapped to give runs on the NPUs their candidate's own switches
     (builders/switches.py) and to prefetch where that is asked or --devices are given. `oracle`
     is the Python callable a session started through bisect_npu.api judges with."""
-    from bisect_npu.execute.host import recipe_for_host
-
     recipe = recipe_for_host(recipe, spec.context.host) if recipe else None  # the host's image variant and dtype
     workdir = (Path(spec.executor.workdir) / session_label(session_dir) if spec.executor.workdir
                else session_dir / "worktrees")
@@ -58,21 +81,14 @@ def session_evaluator(spec: SessionSpec, repo: git.Repo | None, recipe: Recipe |
         executor = executor or made_executor
     builder = with_dependencies(spec, repo, recipe, builder)
     if spec.executor.devices and repo is not None and spec.range.package is None:
-        from bisect_npu.builders.switches import SwitchingBuilder
-
         builder = SwitchingBuilder(builder, repo, spec.context.host, recipe.environment if recipe else None)
     if spec.executor.prefetch if spec.executor.prefetch is not None else bool(spec.executor.devices):
-        from bisect_npu.builders.prefetch import Prefetcher
-
         builder = Prefetcher(builder, session_dir / "prefetch")
     # A Python oracle goes the way of a command; its executor logs the name given as the argv.
     command = [spec.context.python_oracle] if spec.context.python_oracle else spec.judge.command
     evaluator = Evaluator(builder, executor, session_dir, recipe=recipe, command=command,
                           timeout_s=spec.judge.timeout_s, timeout_is=spec.judge.timeout_is)
     if spec.judge.nightly_case and repo is not None and held_of(spec.level) is None:
-        from bisect_npu.nightly.cases import CaseRef
-        from bisect_npu.orchestration.nightly import NightlyEvaluator
-
         return NightlyEvaluator(evaluator, repo, CaseRef.parse(spec.judge.nightly_case), spec.judge.nightly_datasets)
     return evaluator
 
@@ -81,10 +97,6 @@ def with_dependencies(spec: SessionSpec, repo: git.Repo | None, recipe: Recipe |
     """`builder` with the declared dependencies' trees laid in (builders/dependency.py): at a
     dependency level, the candidate's tree into the held upstream commit's build; at an upstream
     level, each candidate's pinned tree for a dependency its build does not install."""
-    from bisect_npu.builders.dependency import DependencyBuilder, Layers, PinnedCommit, open_dependency_clone
-    from bisect_npu.orchestration.options import declared_dependencies, dep_repo_of
-    from bisect_npu.paths import cache_root
-
     declared = declared_dependencies(spec, recipe)
     layers = builder if isinstance(builder, Layers) else None  # a DockerBuilder: a layer on the upstream's image
     trees = cache_root() / "dependency-trees"
@@ -126,9 +138,6 @@ def make_environment(spec: SessionSpec, repo: git.Repo | None, recipe: Recipe | 
     if spec.judge.unit_tests:
         return unit_test_builder(spec, repo, workdir), _local_executor(spec, {}, ["."], session_dir)
     if spec.executor.executor == "local":
-        from bisect_npu.builders.local import LocalBuilder
-        from bisect_npu.execute.local import OWNER_ENV
-
         build_command = recipe.build.local_command if recipe else []
         python_paths = recipe.build.python_paths if recipe else ["."]
         reuse = recipe.build.reuse_outputs if recipe else True
@@ -141,10 +150,6 @@ def make_environment(spec: SessionSpec, repo: git.Repo | None, recipe: Recipe | 
 
 def unit_test_builder(spec: SessionSpec, repo: git.Repo, workdir: Path) -> Builder:
     """`--unit-test`: each candidate's worktree with its vLLM pin's cached venv (builders/unit_tests.py)."""
-    from bisect_npu.builders.local import LocalBuilder
-    from bisect_npu.builders.pin_venv import PinVenvs, default_pin_venv_cache
-    from bisect_npu.builders.unit_tests import TestsFrom, UnitTestBuilder, file_of
-
     tests_from = (TestsFrom(spec.judge.unit_test_from,
                             tuple(dict.fromkeys(file_of(n) for n in spec.judge.unit_tests)))
                   if spec.judge.unit_test_from else None)
@@ -155,16 +160,12 @@ def unit_test_builder(spec: SessionSpec, repo: git.Repo, workdir: Path) -> Build
 
 def release_venvs(package: str, spec: SessionSpec, recipe: Recipe | None) -> Builder:
     """The cached venvs of a package's releases (`--package`, and what overlays stand on)."""
-    from bisect_npu.builders.venv import VenvBuilder, default_venv_cache
-
     plan = recipe.install if recipe else InstallPlan()
     return VenvBuilder(package, plan, default_venv_cache(), int(spec.executor.cache_size_gb * 2**30))
 
 
 def release_overlay_builder(spec: SessionSpec, repo: git.Repo, recipe: Recipe | None, workdir: Path) -> Builder:
     """`--overlay-on-release PACKAGE==VERSION`: each commit's Python tree over that release's venv."""
-    from bisect_npu.builders.release_overlay import ReleaseOverlayBuilder, parse_release
-
     release = overlay_of(spec.level)
     assert release is not None
     package, version = parse_release(release)
@@ -177,9 +178,6 @@ def overlay_release_for(spec: SessionSpec, recipe: Recipe | None, repo: git.Repo
     """`PACKAGE==VERSION` when the commits below the release level can run as overlays on
     `version`'s venv (cached by the release level): the repository holds the release's import
     packages at `ref`. None otherwise (a repository of something else): the commits are built."""
-    from bisect_npu.builders.base import BuildFailed
-    from bisect_npu.builders.release_overlay import package_paths, release_part
-
     assert spec.range.package is not None
     try:
         venv = release_venvs(spec.range.package, spec, recipe).acquire(version, log_dir)
@@ -193,12 +191,6 @@ def _docker_environment(spec: SessionSpec, repo: git.Repo, recipe: Recipe | None
                         session_dir: Path) -> tuple[Builder, Executor]:
     """The builder and executor for `--executor docker`; the session's containers are swept
     when the process exits."""
-    from bisect_npu.builders.cache import ImageCache
-    from bisect_npu.builders.docker import DockerBuilder, connect_engine
-    from bisect_npu.builders.registry import BaseImageMap
-    from bisect_npu.execute.devices import device_pool
-    from bisect_npu.execute.docker import DockerExecutor
-
     client = connect_engine()
     cache = ImageCache(client, int(spec.executor.cache_size_gb * (1 << 30)))
     build_args = dict(recipe.build.docker_args) if recipe else {}
@@ -216,9 +208,6 @@ def _docker_environment(spec: SessionSpec, repo: git.Repo, recipe: Recipe | None
 def container_spec_factory(spec: SessionSpec, recipe: Recipe | None) -> Callable[[str, Path], ContainerSpec]:
     """What each candidate's container gets: with `--devices` the NPUs (execute/ascend.py), else
     a plain CPU container (the demo); the recipe's environment and model mount either way."""
-    from bisect_npu.execute.ascend import ascend_container_spec
-    from bisect_npu.execute.docker import Mount, plain_container_spec
-
     env = dict(recipe.environment) if recipe else {}
     host_model = Path(recipe.model.host_path) if recipe and recipe.model.host_path else None
     model_path = recipe.model.path if recipe else None
@@ -239,9 +228,6 @@ def container_spec_factory(spec: SessionSpec, recipe: Recipe | None) -> Callable
 def _python_oracle_environment(spec: SessionSpec, repo: git.Repo | None, session_dir: Path, workdir: Path,
                                oracle: Oracle | None) -> tuple[Builder, Executor]:
     """A checkout per candidate (nothing built) and the callable judging it in this process."""
-    from bisect_npu.builders.local import LocalBuilder
-    from bisect_npu.execute.inprocess import CallableExecutor
-
     if oracle is None:
         name = spec.context.python_oracle or ""
         raise UsageError(f"session {session_dir} was judged by the Python callable {name} (given through "
@@ -259,8 +245,6 @@ def ray_environment(spec: SessionSpec, repo: git.Repo, recipe: Recipe | None, se
     """`--executor ray`: each node builds in its own part of the session (a worktree, or an image
     of its own engine with --node-executor docker) and runs the probe as `--executor local|docker`
     does, on the cards Ray gave the batch (made there by the factories below)."""
-    from bisect_npu.execute.ray import RayExecutor, RemoteBuilds
-
     on_nodes = spec.with_executor(executor=spec.executor.node_executor, devices=[], slots=1)
     keys, _ = make_environment(on_nodes, repo, recipe, session_dir, workdir)
     return (RemoteBuilds(keys),
@@ -271,8 +255,6 @@ def ray_environment(spec: SessionSpec, repo: git.Repo, recipe: Recipe | None, se
 
 def node_builder(spec: SessionSpec, session_dir: Path, workdir: Path, node_id: str) -> Builder:
     """A Ray node's builder: worktrees and build outputs in the node's own directories."""
-    from bisect_npu.execute.host import recipe_for_host
-
     recipe = recipe_for_host(load_recipe(spec.judge.recipe), spec.context.host) if spec.judge.recipe else None
     node = node_id[:12]
     return make_environment(spec, history.open_repo(spec.range.repo or "."), recipe, session_dir / "nodes" / node,
@@ -282,13 +264,8 @@ def node_builder(spec: SessionSpec, session_dir: Path, workdir: Path, node_id: s
 def node_executor(spec: SessionSpec, session_dir: Path, workdir: Path, cards: list[int]) -> Executor:
     """An executor on a Ray node, on the cards Ray gave one batch (none: to sweep the session):
     a process in the node's worktree, or a container of the node's engine."""
-    from bisect_npu.execute.host import recipe_for_host
-
     recipe = recipe_for_host(load_recipe(spec.judge.recipe), spec.context.host) if spec.judge.recipe else None
     if spec.executor.executor == "docker":
-        from bisect_npu.builders.docker import connect_engine
-        from bisect_npu.execute.docker import DockerExecutor
-
         if not host_cards():
             cards = []  # a node without NPU device files (fake NPU resources): a plain CPU container
         # Made here, not by _docker_environment: its sweep at exit would reach the session's
@@ -303,10 +280,6 @@ def _local_executor(spec: SessionSpec, env: dict[str, str], python_paths: list[s
     """Processes on this host, marked as the session's; with --devices (an NPU host without a
     container engine) each run sees its slot's cards and the determinism switches are on, as
     in an Ascend container, with the host type's (the recipe's environment has the last word)."""
-    from bisect_npu.execute.ascend import npu_run_env
-    from bisect_npu.execute.devices import device_pool
-    from bisect_npu.execute.local import LocalExecutor
-
     return LocalExecutor({**npu_run_env(spec.context.host), **env} if spec.executor.devices else env, python_paths,
                          owner=str(session_dir.resolve()), devices=list(spec.executor.devices),
                          device_pool=device_pool(spec.executor.devices, spec.executor.slots))
@@ -325,8 +298,6 @@ def make_evaluator(repo_path: str, recipe_path: str | None, command: list[str] |
     spec = SessionSpec.of(RunRequest.of(good="", bad="", repo=repo_path, recipe=recipe_path, command=command,
                                         executor=executor, devices=list(devices or []), slots=1))
     if spec.executor.devices:
-        from bisect_npu.orchestration.preflight import settle_devices
-
         settle_devices(spec, recipe.cards_per_run() if recipe else 1)  # as `run`: host type, cards, device files
     session_dir = session_dir or new_session_dir(DEFAULT_ROOT)
     session_dir.mkdir(parents=True, exist_ok=True)
@@ -362,10 +333,6 @@ def verification_scratch(repo: git.Repo, executor: str = "local") -> Iterator[Pa
     """A directory for one `fix --verify` run's worktrees and session, under the cache: each run
     first sweeps what runs killed before it left (their process is gone: their processes, their
     containers when they used any, their worktrees), then its own at the end."""
-    from bisect_npu.builders.local import sweep_worktrees, sweep_worktrees_of_any_repo
-    from bisect_npu.execute.local import kill_owned_processes
-    from bisect_npu.paths import cache_root
-
     base = cache_root() / "fix-verify"
     base.mkdir(parents=True, exist_ok=True)
     # This host's runs only: a cache shared over NFS also holds other machines' live runs.
@@ -397,9 +364,6 @@ def verification_session(scratch: Path) -> Path:
 def _remove_containers_of(stale: Path) -> bool:
     """Remove a killed verification's containers by its session label; False if the engine is
     out of reach (nothing removed)."""
-    from bisect_npu.builders.docker import connect_engine
-    from bisect_npu.execute.docker import remove_session_containers
-
     try:
         client = connect_engine()
     except InfrastructureError:
@@ -423,9 +387,6 @@ def _process_alive(pid: str) -> bool:
 def sweep_fix_worktrees(repo: git.Repo | None, session_dir: Path) -> None:
     """What a killed fix verification of a session left: its applied fixes' worktrees."""
     if repo is not None:
-        from bisect_npu.builders.local import sweep_worktrees
-        from bisect_npu.fix import APPLY_NAME
-
         sweep_worktrees(repo, fix_worktrees(session_dir), APPLY_NAME)
 
 

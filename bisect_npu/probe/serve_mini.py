@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import signal
 import sys
 import threading
 import time
@@ -456,7 +457,5 @@ def _interrupt(signum: int, frame: Any) -> None:
 
 
 if __name__ == "__main__":
-    import signal
-
     signal.signal(signal.SIGTERM, _interrupt)
     serve(sys.argv[1:])

@@ -155,19 +155,19 @@ def _fields_at(model: type[BaseModel], path: tuple[Any, ...]) -> list[str]:
         if isinstance(part, int):
             continue
         field = model.model_fields.get(str(part))
-        inner = _model_in(field.annotation) if field is not None else None
+        inner = model_in(field.annotation) if field is not None else None
         if inner is None:
             return []
         model = inner
     return [name for name, field in model.model_fields.items() if not field.exclude]
 
 
-def _model_in(annotation: Any) -> type[BaseModel] | None:
+def model_in(annotation: Any) -> type[BaseModel] | None:
     """The model inside an annotation such as `Sub`, `Sub | None` or `list[Sub]`."""
     if isinstance(annotation, type) and issubclass(annotation, BaseModel):
         return annotation
     for arg in get_args(annotation):
-        if (found := _model_in(arg)) is not None:
+        if (found := model_in(arg)) is not None:
             return found
     return None
 

@@ -23,7 +23,7 @@ import yaml
 from pydantic import BaseModel, ValidationError
 
 from bisect_npu.errors import UsageError
-from bisect_npu.recipe.loader import _model_in
+from bisect_npu.recipe.loader import model_in
 from bisect_npu.recipe.schema import CaseSpec, Recipe
 
 # The parts of a recipe that make the case; the rest (oracle, trials, reference, build, ...) is how
@@ -85,7 +85,7 @@ def _schema_keys(model: type[BaseModel], prefix: str, free: Mapping[str, Any] | 
             continue
         path = f"{prefix}{name}"
         keys.append(path)
-        inner = _model_in(field.annotation)
+        inner = model_in(field.annotation)
         if inner is not None and get_origin(field.annotation) is not list:
             keys += _schema_keys(inner, path + ".")
         elif get_origin(field.annotation) is dict and free is not None:
@@ -131,7 +131,7 @@ def check_key(recipe: Recipe, key: str, option: str) -> None:
         if field is None or field.exclude:
             _unknown(recipe, key, option)
         assert field is not None
-        inner = _model_in(field.annotation)
+        inner = model_in(field.annotation)
         if inner is not None and get_origin(field.annotation) is not list:
             model = inner
         elif get_origin(field.annotation) is dict:

@@ -6,6 +6,7 @@ session directory is copied, and it never computes a verdict of its own.
 
 from __future__ import annotations
 
+import json
 import platform
 import shlex
 from collections.abc import Sequence
@@ -33,6 +34,7 @@ from bisect_npu.records import (
     TrialRecord,
     trial_seconds,
 )
+from bisect_npu.report.nightly import nightly_section
 from bisect_npu.report.settings import SETTINGS_DIR, settings_json, settings_markdown
 from bisect_npu.request import RunRequest
 
@@ -158,8 +160,6 @@ CRASH_FILE = "crashed.json"  # written by the CLI when a bug stopped the session
 def note_crash(session_dir: Path, error: str) -> None:
     """Keep that `error` (a bug) stopped the session, with the journal's size then: a resumed
     session that journals anything more is no longer the crashed one."""
-    import json
-
     journal = session_dir / JOURNAL_FILE
     size = journal.stat().st_size if journal.is_file() else 0
     (session_dir / CRASH_FILE).write_text(json.dumps({"error": error, "journal_bytes": size}) + "\n")
@@ -167,8 +167,6 @@ def note_crash(session_dir: Path, error: str) -> None:
 
 def crash_of(session_dir: Path) -> str | None:
     """The error that crashed the session, if one did and nothing was journaled since."""
-    import json
-
     try:
         crash = json.loads((session_dir / CRASH_FILE).read_text())
         size = (session_dir / JOURNAL_FILE).stat().st_size
@@ -435,8 +433,6 @@ def _environment() -> jinja2.Environment:
 
 
 def render_markdown(view: SessionView) -> str:
-    from bisect_npu.report.nightly import nightly_section
-
     chart = chart_series(view.steps)
     nightly = nightly_section(view)
     tail = _environment().get_template("nightly.md.j2").render(n=nightly, github=view.github) if nightly else ""
@@ -499,7 +495,6 @@ def render_json(view: SessionView) -> dict[str, Any]:
 def _nightly_json(view: SessionView) -> dict[str, Any] | None:
     from dataclasses import asdict
 
-    from bisect_npu.report.nightly import nightly_section
 
     section = nightly_section(view)
     if section is None:
@@ -559,8 +554,6 @@ def report_paths(session_dir: Path) -> tuple[Path, Path]:
 
 def write_reports(session_dir: Path) -> tuple[Path, Path]:
     """Render both formats next to the journal; returns (markdown path, json path)."""
-    import json
-
     view = load_view(session_dir)
     md_path, json_path = report_paths(session_dir)
     md_path.write_text(render_markdown(view), encoding="utf-8")

@@ -24,6 +24,7 @@ from typing import Literal
 
 import numpy as np
 
+from bisect_npu.search.exact import commit_verdict
 from bisect_npu.search.noisy import LOG_1MR, LOG_R, PRIOR_P, PRIOR_Q, ends_change_probability
 from bisect_npu.search.types import EndsWrong, Evidence, Outcome
 
@@ -162,7 +163,7 @@ def _ends(problem: SettingsProblem, evidence: Mapping[Configuration, Evidence]) 
         sides: tuple[tuple[Configuration, Evidence, Literal["good", "bad"]], ...] = (
             (problem.bad, bad, "bad"), (problem.good, good, "good"))
         for configuration, seen, side in sides:
-            verdict = _exact_reading(seen)
+            verdict = commit_verdict(seen)
             if verdict is None:
                 return Ask(configuration)
             if verdict == "skip":
@@ -187,17 +188,6 @@ def _ends(problem: SettingsProblem, evidence: Mapping[Configuration, Evidence]) 
     if room <= 0:
         return EndsWrong(which, figures)
     return Ask(end, min(problem.batch, room))
-
-
-def _exact_reading(seen: Evidence) -> Outcome | None:
-    """One verdict per configuration, as exact mode reads a commit: a tie or a skip is a skip."""
-    if seen.bad > seen.good:
-        return "bad"
-    if seen.good > seen.bad:
-        return "good"
-    if seen.skipped or seen.bad:
-        return "skip"
-    return None
 
 
 def bad_probability(problem: SettingsProblem, evidence: Mapping[Configuration, Evidence], seen: Evidence) -> float:
@@ -231,7 +221,7 @@ def read_trials(problem: SettingsProblem, evidence: Mapping[Configuration, Evide
     the search, such as a further --vary value). Noisy mode decides at ``confidence`` and, at the
     trial cap, by the likelier side."""
     if problem.mode == "exact":
-        return _exact_reading(seen)
+        return commit_verdict(seen)
     if not seen.trials:
         return "skip" if seen.skipped else None
     p_bad = bad_probability(problem, evidence, seen)

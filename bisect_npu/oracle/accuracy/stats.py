@@ -224,7 +224,7 @@ class BaselineCheck:
     alpha: float
 
 
-def _binomial_cdf(k: int, n: int, p: float) -> float:
+def binomial_cdf(k: int, n: int, p: float) -> float:
     """P(X <= k), X ~ Binomial(n, p), summed in log space (n in the thousands is fine)."""
     if p <= 0.0:
         return 1.0
@@ -243,7 +243,7 @@ def clopper_pearson(correct: int, n: int, alpha: float) -> tuple[float, float]:
         lo, hi = 0.0, 1.0
         for _ in range(60):
             mid = (lo + hi) / 2
-            tail = 1 - _binomial_cdf(correct - 1, n, mid) if tail_above else _binomial_cdf(correct, n, mid)
+            tail = 1 - binomial_cdf(correct - 1, n, mid) if tail_above else binomial_cdf(correct, n, mid)
             if (tail < alpha) == tail_above:
                 lo = mid
             else:

@@ -279,7 +279,7 @@ def stream_case(server: Server, path: str, body: dict[str, Any], detector: Any, 
             if event.get("prompt_token_ids"):
                 observation["prompt_token_ids"] = list(event["prompt_token_ids"])
             for choice in event.get("choices", []):
-                new_tokens, new_rows = _choice_tokens(choice, top_k)
+                new_tokens, new_rows = choice_tokens(choice, top_k)
                 if choice.get("prompt_token_ids"):
                     observation["prompt_token_ids"] = list(choice["prompt_token_ids"])
                 text.append((choice.get("delta") or {}).get("content") or choice.get("text") or "")
@@ -343,7 +343,7 @@ def under_load(server: Server, path: str, body: dict[str, Any], load: dict[str, 
             "max_in_flight": state["max_in_flight"], "errors": errors[:3]}
 
 
-def _choice_tokens(choice: dict[str, Any], top_k: int) -> tuple[list[int], list[list[list[Any]]]]:
+def choice_tokens(choice: dict[str, Any], top_k: int) -> tuple[list[int], list[list[list[Any]]]]:
     """Token ids and best-first logprob rows of one streamed choice (chat or completions shape)."""
     logprobs = choice.get("logprobs") or {}
     rows: list[list[list[Any]]] = []

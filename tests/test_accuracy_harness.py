@@ -357,7 +357,9 @@ def test_real_harness_scores_per_sample(trees, tmp_path, name):
 @pytest.mark.timeout(1800)  # a real harness run per step on the CPU
 # AISBench's bisection (about 45 s a step) runs in the heavy tier; its per-sample scoring above runs in make test.
 @pytest.mark.e2e
-@pytest.mark.parametrize("harness", ["lm_eval", pytest.param("aisbench", marks=pytest.mark.heavy)])
+@pytest.mark.heavy  # its lighter siblings stay: the real harnesses per sample here, the command harness's
+# bisection in test_accuracy_session.py
+@pytest.mark.parametrize("harness", ["lm_eval", "aisbench"])
 def test_demo_accuracy_case_finds_the_manifests_culprit(harness, tmp_path):
     """`bisect-npu demo --case accuracy` end to end, scored by the real harness: the culprit is the
     manifest's, the ends ran the whole dataset and the candidates only the focused samples."""

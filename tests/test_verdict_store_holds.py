@@ -151,6 +151,7 @@ _PLACES = ("script", "data", "variable", "hidden-variable", "hidden-script")
 
 
 @pytest.mark.e2e
+@pytest.mark.heavy  # thirty bisections; each place has its own lighter test above
 @settings(max_examples=10, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(n=st.integers(3, 20), data=st.data())
 def test_after_any_edit_the_answer_is_a_fresh_run_s(tmp_path: Path, n: int, data: st.DataObject) -> None:

@@ -6,7 +6,8 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: venv demo check test test-heavy lint bench engine docs harnesses harness-lmeval harness-aisbench
+.PHONY: venv demo check check-lint check-units test test-prerequisites test-heavy lint bench engine docs harnesses \
+	harness-lmeval harness-aisbench
 
 # The container tests talk to podman's Docker-compatible API (containers/setup-podman.sh).
 ENGINE_SOCKET ?= /run/bisect-npu-podman.sock
@@ -34,10 +35,16 @@ lint: venv
 # test (the markers in pyproject.toml). The -m given here replaces addopts' own.
 CHECK_TESTS := not container and not e2e and not heavy and not slow and not vllm and not ray
 
+# The two halves run side by side (mypy on one core, the tests on the other); -O prints each whole.
 check: venv
+	$(MAKE) --no-print-directory -j2 -O check-lint check-units
+
+check-lint: venv
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/mypy bisect_npu
 	$(VENV)/bin/lint-imports
+
+check-units: venv
 	$(PY) -m pytest -q -m "$(CHECK_TESTS)"
 
 engine:
@@ -74,7 +81,12 @@ harness-lmeval: $(LMEVAL_VENV)/.installed
 harness-aisbench: $(AISBENCH_VENV)/.installed
 harnesses: harness-lmeval harness-aisbench
 
-test: venv lint docs engine harnesses
+# What the suite needs is made side by side: the harness installs and the engine's base image wait
+# on the network and the disk while lint and the docs use the cores (-O prints each target whole).
+test-prerequisites: venv lint docs engine harnesses
+
+test:
+	$(MAKE) --no-print-directory -j4 -O test-prerequisites
 	BISECT_NPU_HARNESS_HOME=$(HARNESS_HOME) DOCKER_HOST=unix://$(ENGINE_SOCKET) $(PY) -m pytest -q
 
 # Calibration runs and the heaviest end-to-end variants (marker `heavy`); .ci/run runs it after make test.

@@ -103,6 +103,7 @@ def samples_of(out: Path) -> dict[str, float]:
 
 # --- the dataset -------------------------------------------------------------------------------
 
+@pytest.mark.e2e
 def test_dataset_is_the_good_ends_answers_and_the_drift_breaks_the_long_ones(trees):
     rows = read_dataset()
     assert generate_dataset(trees["good"]) == rows  # the bundled file is what the generator records
@@ -162,6 +163,7 @@ def stream(base: str, path: str, body: dict[str, Any]) -> list[Any]:
     return [json.loads(e) for e in events[:-1]]
 
 
+@pytest.mark.e2e
 def test_server_answers_as_vllm_serves(server):
     row = read_dataset()[0]
     with urllib.request.urlopen(server + "/v1/models", timeout=30) as response:
@@ -188,6 +190,7 @@ def test_server_answers_as_vllm_serves(server):
     assert "".join(c["choices"][0]["text"] for c in chunks) == stopped["choices"][0]["text"]
 
 
+@pytest.mark.e2e
 def test_chat_and_its_stream_agree(server):
     body = {"model": "tiny", "messages": [{"role": "user", "content": "please repeat the story"}],
             "max_tokens": 6, "temperature": 0, "seed": 3}
@@ -202,6 +205,7 @@ def test_chat_and_its_stream_agree(server):
     assert chunks[-1]["usage"]["completion_tokens"] == done["usage"]["completion_tokens"]
 
 
+@pytest.mark.e2e
 def test_server_refuses_bad_requests_with_400(server):
     for body in ({"prompt": "hello", "max_tokens": 100000}, {"prompt": "hello", "n": 2},
                  {"prompt": "hello", "temperature": "hot"}, {"prompt": "hello", "model": "other"}, {}):
@@ -211,6 +215,7 @@ def test_server_refuses_bad_requests_with_400(server):
     assert status == 400
 
 
+@pytest.mark.e2e
 def test_openai_backend_drives_the_demo_engine(trees, tmp_path):
     """The existing openai probe backend streams a case from serve_mini: the greedy tokens are the
     mini backend's (the same engine in-process)."""
@@ -243,6 +248,7 @@ def command_section(behave: str = "ok") -> dict[str, Any]:
                                                       "{dataset}", "{output}", "--behave", behave]}}
 
 
+@pytest.mark.e2e
 def test_command_harness_scores_the_ends_and_a_focus_list(trees, tmp_path):
     recipe = write_recipe(tmp_path, command_section())
     done = probe(trees["good"], recipe, tmp_path / "good")
@@ -265,6 +271,7 @@ def test_command_harness_scores_the_ends_and_a_focus_list(trees, tmp_path):
     ("garbage", "not a JSON line"),
     ("empty", "wrote no sample line"),
 ])
+@pytest.mark.e2e
 def test_a_broken_harness_is_infrastructure(trees, tmp_path, behave, says):
     done = probe(trees["good"], write_recipe(tmp_path, command_section(behave)), tmp_path / behave)
     assert done.returncode == HARNESS_FAILED_EXIT, done.stderr[-2000:]
@@ -272,6 +279,7 @@ def test_a_broken_harness_is_infrastructure(trees, tmp_path, behave, says):
     assert not (tmp_path / behave / "obs.json").exists()
 
 
+@pytest.mark.e2e
 def test_missing_or_empty_dataset_is_infrastructure(trees, tmp_path):
     missing = tmp_path / "nowhere.jsonl"
     done = probe(trees["good"], write_recipe(tmp_path, command_section(), dataset=missing), tmp_path / "missing")
@@ -284,6 +292,7 @@ def test_missing_or_empty_dataset_is_infrastructure(trees, tmp_path):
     assert "has no samples" in done.stderr.strip().splitlines()[-1]
 
 
+@pytest.mark.e2e
 def test_missing_harness_names_its_make_target(trees, tmp_path):
     recipe = write_recipe(tmp_path, {"harness": "lm_eval", "lm_eval": {"task": str(DATASET.parent / "demo_qa.yaml"),
                                                                        "model": "local-completions"}})
@@ -294,6 +303,7 @@ def test_missing_harness_names_its_make_target(trees, tmp_path):
     assert "harness lm_eval is not installed: run `make harness-lmeval`" in last and "lm-eval==0.4.13" in last
 
 
+@pytest.mark.e2e
 def test_a_harness_failure_stops_the_run_with_exit_5(demo_upstream, tmp_path):
     """Through `bisect-npu run`: the good end's harness run fails, and the run ends as an
     infrastructure error (exit 5), not as a verdict about either end."""
@@ -315,6 +325,7 @@ def test_a_harness_failure_stops_the_run_with_exit_5(demo_upstream, tmp_path):
 
 # --- real lm-eval and real AISBench --------------------------------------------------------------
 
+@pytest.mark.e2e
 @pytest.mark.harness
 @pytest.mark.parametrize("name", ["demo-accuracy", "demo-accuracy-aisbench"])
 def test_real_harness_scores_per_sample(trees, tmp_path, name):
@@ -345,7 +356,10 @@ def test_real_harness_scores_per_sample(trees, tmp_path, name):
 @pytest.mark.harness
 @pytest.mark.timeout(1800)  # a real harness run per step on the CPU
 # AISBench's bisection (about 45 s a step) runs in the heavy tier; its per-sample scoring above runs in make test.
-@pytest.mark.parametrize("harness", ["lm_eval", pytest.param("aisbench", marks=pytest.mark.heavy)])
+@pytest.mark.e2e
+@pytest.mark.heavy  # its lighter siblings stay: the real harnesses per sample here, the command harness's
+# bisection in test_accuracy_session.py
+@pytest.mark.parametrize("harness", ["lm_eval", "aisbench"])
 def test_demo_accuracy_case_finds_the_manifests_culprit(harness, tmp_path):
     """`bisect-npu demo --case accuracy` end to end, scored by the real harness: the culprit is the
     manifest's, the ends ran the whole dataset and the candidates only the focused samples."""

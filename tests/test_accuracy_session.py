@@ -10,8 +10,12 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 from bisect_npu.contracts import Observation
 from bisect_npu.demo.accuracy import DATASET, read_dataset
+
+pytestmark = pytest.mark.e2e
 
 HARNESS = Path(__file__).resolve().parent / "accuracy_command_harness.py"
 

@@ -381,6 +381,7 @@ test_cases:
 """
 
 
+@pytest.mark.e2e
 def test_run_bisects_a_nightly_case_from_the_good_tables_row(tmp_path: Path) -> None:
     """`run --nightly-case FILE::CASE::perf --good last-good --good-table` on a real repository and a
     real server: the case file appears after the culprit (older commits run HEAD's) and changes
@@ -464,6 +465,9 @@ def test_the_demo_upstream_has_a_nightly_case_and_a_good_table(tmp_path: Path) -
 DEMO_DATASETS = Path(__file__).resolve().parent.parent / "bisect_npu" / "recipes" / "data"
 
 
+@pytest.mark.e2e
+@pytest.mark.heavy
+@pytest.mark.harness
 @pytest.mark.timeout(3600)  # each step is a real AISBench run on the CPU (about two minutes)
 @pytest.mark.skipif(not (Path(__file__).resolve().parent.parent / "bisect_npu" / "probe" / "serve_mini.py").exists()
                     or not (DEMO_DATASETS / "demo-accuracy" / "qa.jsonl").exists(),

@@ -14,6 +14,8 @@ import pytest
 from bisect_npu.demo.manifest import Manifest
 from bisect_npu.recipe.settings import show
 
+pytestmark = pytest.mark.e2e
+
 DemoUpstream = tuple[Path, Manifest]
 CLI = [sys.executable, "-m", "bisect_npu", "settings"]
 

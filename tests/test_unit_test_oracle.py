@@ -54,6 +54,7 @@ def checkout_with(tmp_path: Path, files: dict[str, str]) -> Path:
     return root
 
 
+@pytest.mark.e2e
 def test_runner_judges_pass_fail_absent_and_import_errors(tmp_path: Path) -> None:
     checkout = checkout_with(tmp_path, {"tests/ut/quant/test_a.py": PASSING, "tests/ut/quant/test_b.py": FAILING,
                                         "tests/ut/quant/test_c.py": "import no_such_module_here\n"})
@@ -75,6 +76,7 @@ def test_runner_judges_pass_fail_absent_and_import_errors(tmp_path: Path) -> Non
     assert code == 125 and "the good end does not have it" in reason
 
 
+@pytest.mark.e2e
 def test_runner_stubs_the_npu_stack_where_the_conftest_does_not(tmp_path: Path) -> None:
     """Before 2026-06-02 the conftest imports torch_npu itself: the stubs answer it, also in a
     process the test starts (through sitecustomize)."""
@@ -194,6 +196,7 @@ def test_pin_venvs_are_listed_with_sizes_and_pruned_by_age(tmp_path: Path) -> No
     assert [v.name for v in gone] == [old.name] and not old.exists() and new.exists()
 
 
+@pytest.mark.e2e
 def test_a_pin_without_an_sdist_is_one_line_naming_the_pin_and_the_index(tmp_path: Path,
                                                                          monkeypatch: pytest.MonkeyPatch) -> None:
     empty = tmp_path / "empty-index"
@@ -212,6 +215,7 @@ def test_a_pin_without_an_sdist_is_one_line_naming_the_pin_and_the_index(tmp_pat
     assert str(empty) in message
 
 
+@pytest.mark.e2e
 def test_run_bisects_a_unit_test_to_its_culprit(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
                                                 capsys: pytest.CaptureFixture[str]) -> None:
     from bisect_npu.cli import main
@@ -234,6 +238,7 @@ def test_run_bisects_a_unit_test_to_its_culprit(tmp_path: Path, monkeypatch: pyt
     assert "--unit-test tests/ut/quant/test_q.py::test_scale" in (session / "report.md").read_text()
 
 
+@pytest.mark.e2e
 def test_doctor_shows_the_pin_venvs_with_their_sizes_and_prunes_by_age(tmp_path: Path) -> None:
     cache = tmp_path / "cache"
     venvs = pin_venv.default_pin_venv_cache
@@ -251,6 +256,7 @@ def test_doctor_shows_the_pin_venvs_with_their_sizes_and_prunes_by_age(tmp_path:
     assert "vllm-0.21.0" not in pruned.split("freed", 1)[1] and "vllm-0.23.0--transformers-5.5.4" in pruned
 
 
+@pytest.mark.e2e
 def test_find_fix_with_the_fix_s_own_test_from_its_commit(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
                                                           capsys: pytest.CaptureFixture[str]) -> None:
     """`--unit-test-from FIX --find-fix`: the test the fix added, laid into each older commit, names

@@ -49,6 +49,7 @@ def culprit_of(shas: list[str], summary: dict) -> int:
     return shas.index(summary["culprit"])
 
 
+@pytest.mark.e2e
 def test_an_edited_threshold_in_the_check_script_is_another_oracle(valued, tmp_path: Path) -> None:
     repo, shas = valued
     check = script(tmp_path / "check.sh", 'test "$(cat value.txt)" -lt 30')
@@ -69,6 +70,7 @@ def test_an_edited_threshold_in_the_check_script_is_another_oracle(valued, tmp_p
     assert "reused from the store" not in out
 
 
+@pytest.mark.e2e
 def test_an_edited_data_file_the_script_reads_is_another_oracle(valued, tmp_path: Path) -> None:
     repo, shas = valued
     check = script(tmp_path / "check3.sh", 'test "$(cat value.txt)" -lt "$(cat "$1")"')
@@ -83,6 +85,7 @@ def test_an_edited_data_file_the_script_reads_is_another_oracle(valued, tmp_path
     assert "reused from the store" not in out
 
 
+@pytest.mark.e2e
 def test_an_environment_variable_the_command_names_is_part_of_the_key(valued, tmp_path: Path) -> None:
     repo, shas = valued
     command = "sh -c 'test $(cat value.txt) -lt $THRESH'"
@@ -93,6 +96,7 @@ def test_an_environment_variable_the_command_names_is_part_of_the_key(valued, tm
     assert "reused from the store" not in out
 
 
+@pytest.mark.e2e
 def test_a_variable_only_the_script_reads_is_declared_or_caught_by_the_fresh_runs(valued, tmp_path: Path) -> None:
     """No word names THRESH: --verdict-env declares it; without it the culprit and its parent are
     run fresh, disagree with the store, and the session searches again without it."""
@@ -114,6 +118,7 @@ def test_a_variable_only_the_script_reads_is_declared_or_caught_by_the_fresh_run
     assert "disagrees with the verdict store" in err
 
 
+@pytest.mark.e2e
 def test_an_edited_program_on_path_is_another_oracle(valued, tmp_path: Path) -> None:
     repo, shas = valued
     bin_dir = tmp_path / "bin"
@@ -127,6 +132,7 @@ def test_an_edited_program_on_path_is_another_oracle(valued, tmp_path: Path) -> 
     assert "reused from the store" not in out
 
 
+@pytest.mark.e2e
 def test_an_edited_script_named_relative_to_a_cd_is_another_oracle(valued, tmp_path: Path) -> None:
     repo, shas = valued
     checks = tmp_path / "checks"
@@ -144,6 +150,8 @@ def test_an_edited_script_named_relative_to_a_cd_is_another_oracle(valued, tmp_p
 _PLACES = ("script", "data", "variable", "hidden-variable", "hidden-script")
 
 
+@pytest.mark.e2e
+@pytest.mark.heavy  # thirty bisections; each place has its own lighter test above
 @settings(max_examples=10, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(n=st.integers(3, 20), data=st.data())
 def test_after_any_edit_the_answer_is_a_fresh_run_s(tmp_path: Path, n: int, data: st.DataObject) -> None:
@@ -187,6 +195,7 @@ def test_after_any_edit_the_answer_is_a_fresh_run_s(tmp_path: Path, n: int, data
     assert (code, edited["culprit"]) == (0, fresh["culprit"]), err
 
 
+@pytest.mark.e2e
 def test_resume_refuses_a_command_whose_script_changed(valued, tmp_path: Path) -> None:
     """An interrupted session resumed after its check was edited would mix two oracles' verdicts;
     the same check resumes (from another directory too: the header keeps where it was looked up)."""

@@ -18,6 +18,7 @@ Three questions, each answered at the recipe's confidence:
 
 from __future__ import annotations
 
+import functools
 import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -224,6 +225,12 @@ class BaselineCheck:
     alpha: float
 
 
+@functools.lru_cache(maxsize=64)
+def _log_choose(n: int) -> tuple[float, ...]:
+    """log C(n, j) for j = 0..n: the bounds' root search asks the same n's coefficients at every p."""
+    return tuple(math.lgamma(n + 1) - math.lgamma(j + 1) - math.lgamma(n - j + 1) for j in range(n + 1))
+
+
 def binomial_cdf(k: int, n: int, p: float) -> float:
     """P(X <= k), X ~ Binomial(n, p), summed in log space (n in the thousands is fine)."""
     if p <= 0.0:
@@ -231,8 +238,8 @@ def binomial_cdf(k: int, n: int, p: float) -> float:
     if p >= 1.0:
         return 1.0 if k >= n else 0.0
     log_p, log_q = math.log(p), math.log1p(-p)
-    terms = [math.lgamma(n + 1) - math.lgamma(j + 1) - math.lgamma(n - j + 1) + j * log_p + (n - j) * log_q
-             for j in range(k + 1)]
+    choose = _log_choose(n)
+    terms = [choose[j] + j * log_p + (n - j) * log_q for j in range(k + 1)]
     top = max(terms)
     return min(1.0, math.exp(top) * sum(math.exp(t - top) for t in terms))
 

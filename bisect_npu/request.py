@@ -162,6 +162,10 @@ class JudgeSpec(_Part):
         "--unit-test-from", metavar="REF",
         help="With --unit-test: lay the named test files in as they are at REF (a fix's new test against the "
              "commits before it).")] = None
+    vllm_repo: Annotated[str | None, flag(
+        "--vllm-repo", kind="file", metavar="DIR",
+        help="With --unit-test: a local vLLM clone, where the venvs of commits that pin a vLLM commit (no release) "
+             "build vLLM from [default: such commits are refused before the run].")] = None
     timeout_s: Annotated[float, flag("--timeout", kind="positive", show_default=True,
                                      help="Seconds per probe or command run.")] = TRIAL_TIMEOUT_S
     timeout_is: Annotated[TimeoutIs | None, flag(

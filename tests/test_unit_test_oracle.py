@@ -167,6 +167,31 @@ def test_requirements_leave_out_the_npu_and_cuda_stack() -> None:
     assert pin_venv.PinKey("0.23.0", "").name == "vllm-0.23.0--transformers-any"
 
 
+@pytest.mark.parametrize("line, slug", [
+    ("transformers==5.5.4", "5.5.4"),
+    ("transformers>=5.5.4", "ge5.5.4"),
+    ("transformers <= 5.5.4", "le5.5.4"),
+    ("transformers~=5.5", "compatible5.5"),
+    ("transformers>=4.56.0,<5", "ge4.56.0-lt5"),
+    ("transformers>=4.56.0, !=4.57.0, <5", "ge4.56.0-ne4.57.0-lt5"),
+    ("transformers", "any"),
+])
+def test_pin_key_names_keep_the_comparison(line: str, slug: str) -> None:
+    assert pin_venv.PinKey("0.23.0", line).name == f"vllm-0.23.0--transformers-{slug}"
+
+
+def test_pin_keys_of_different_requirements_never_share_a_venv() -> None:
+    lines = ["transformers==5.5.4", "transformers>=5.5.4", "transformers<=5.5.4", "transformers>5.5.4",
+             "transformers!=5.5.4", "transformers===5.5.4", "transformers~=5.5.4", "transformers[torch]==5.5.4",
+             "transformers==5.5.4; python_version < '3.12'", "transformers>=5.5.4,<6", "transformers", ""]
+    names = {pin_venv.PinKey("0.23.0", line).name for line in lines}
+    assert len(names) == len(lines) - 1  # "transformers" and no line at all are the same requirement
+    assert pin_venv.PinKey("0.23.0", "transformers  >= 5.5.4").name == pin_venv.PinKey("0.23.0",
+                                                                                       "transformers>=5.5.4").name
+    commit = "35141a7eeda941a60ad5a4956670c60fd5a77029"
+    assert pin_venv.PinKey(commit, "transformers==5.5.4").name == "vllm-commit-35141a7eeda9--transformers-5.5.4"
+
+
 def fake_venv(cache: Path, key: pin_venv.PinKey) -> Path:
     """A complete venv of the cache whose interpreter is this one, seeing this one's packages
     (pytest) and nothing else of the host's: `bisect_npu` only through the cache's own host link,
@@ -208,7 +233,7 @@ def test_a_pin_without_an_sdist_is_one_line_naming_the_pin_and_the_index(tmp_pat
     (venv / "bin").mkdir(parents=True)
     (venv / "bin" / "python").symlink_to(sys.executable)
     with (tmp_path / "log").open("w") as log, pytest.raises(UsageError) as refused:
-        venvs.vllm_wheel("0.0.1", venv, log, tmp_path / "log")
+        venvs.vllm_wheel("0.0.1", str(venv / "bin" / "python"), log, tmp_path / "log")
     message = str(refused.value)
     assert "\n" not in message
     assert message.startswith("vLLM pin 0.0.1: no source distribution of vllm==0.0.1 on ")
@@ -283,3 +308,103 @@ def test_find_fix_with_the_fix_s_own_test_from_its_commit(tmp_path: Path, monkey
               "--quiet"])
     summary = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
     assert exited.value.code == 0 and summary["culprit"] == shas[6]
+
+
+VLLM_SETUP = 'from setuptools import setup\nsetup(name="vllm", version="0.19.1.dev7", packages=["vllm"])\n'
+LAYER_SETUP = 'from setuptools import setup\nsetup(name="layer_torch", version="1.0", py_modules=["layer_torch"])\n'
+
+
+def vllm_clone(path: Path) -> list[str]:
+    """A vLLM-shaped clone: a pure-Python package `vllm` whose value moves between its commits."""
+    return make_linear_repo(path, 3, files=lambda i: {"setup.py": VLLM_SETUP, "vllm/__init__.py": f"AT = {i}\n"})
+
+
+def commit_pinned_history(path: Path, vllm_commit: str) -> list[str]:
+    """vllm-ascend as in 2026-04: a Dockerfile pinning a vLLM commit, no release, in the middle."""
+    pinned = "FROM base\nARG VLLM_TAG=v0.19.0\n"
+
+    def files(i: int) -> dict[str, str | None]:
+        if i == 0:
+            return {"Dockerfile": pinned, "requirements.txt": "transformers==5.5.4\n",
+                    "tests/ut/quant/test_q.py": PASSING}
+        if i == 2:
+            return {"Dockerfile": f"FROM base\n# ARG VLLM_TAG=v0.19.0\nARG VLLM_COMMIT={vllm_commit}\n"}
+        if i == 4:
+            return {"Dockerfile": pinned}
+        return {}
+    return make_linear_repo(path, 6, files=files)
+
+
+def test_a_commit_pin_is_refused_before_the_run_without_a_vllm_clone(tmp_path: Path) -> None:
+    vllm = vllm_clone(tmp_path / "vllm")
+    shas = commit_pinned_history(tmp_path / "up", vllm[1])
+    repo = gitpython.Repo(tmp_path / "up")
+    node = ["tests/ut/quant/test_q.py"]
+    with pytest.raises(UsageError) as refused:
+        check_unit_tests(repo, node, shas[0], shas[5], None, shas[1:])
+    message = str(refused.value)
+    assert "\n" not in message
+    assert message.startswith(f"vLLM pin {vllm[1][:12]} (pinned by {shas[2][:12]}, and 1 more commits of the range): "
+                              "a vLLM commit, not a release")
+    assert "pass --vllm-repo CLONE" in message
+    assert check_unit_tests(repo, node, shas[0], shas[5], None, shas[1:], tmp_path / "vllm") == node
+    other = make_linear_repo(tmp_path / "other-vllm", 2)
+    with pytest.raises(UsageError, match=rf"--vllm-repo \S+other-vllm: it does not have vLLM {vllm[1][:12]}, which "
+                                         rf"{shas[2][:12]} pins; fetch it there"):
+        check_unit_tests(repo, node, shas[0], shas[5], None, shas[1:], tmp_path / "other-vllm")
+    assert other  # the clone exists; only the commit is missing
+    assert check_unit_tests(repo, node, shas[0], shas[1], None, shas[1:1]) == node  # a range of releases only
+
+
+def test_a_commit_pin_is_keyed_and_built_from_the_vllm_clone(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The whole build of a pin venv at the boundary, with small stand-ins for torch: the shared
+    layer (a venv of its own, seen through a .pth, not copied), vLLM's wheel built from the clone at
+    the pinned commit (cached), vllm-ascend's requirements, and the venv's python seeing all three."""
+    from bisect_npu.builders.unit_tests import UnitTestBuilder
+
+    vllm = vllm_clone(tmp_path / "vllm")
+    shas = commit_pinned_history(tmp_path / "up", vllm[1])
+    wheels = tmp_path / "index"
+    (tmp_path / "layer-src" / "layer_torch.py").parent.mkdir()
+    (tmp_path / "layer-src" / "setup.py").write_text(LAYER_SETUP)
+    (tmp_path / "layer-src" / "layer_torch.py").write_text("VERSION = '1.0'\n")
+    subprocess.run([sys.executable, "-m", "pip", "wheel", "--quiet", "--no-deps", "--no-build-isolation", "-w",
+                    str(wheels), str(tmp_path / "layer-src")], check=True, capture_output=True, timeout=300)
+    # `wheel` (what setuptools 65, the base interpreter's, builds wheels with) from pip's own index.
+    subprocess.run([sys.executable, "-m", "pip", "download", "--quiet", "--no-deps", "--only-binary", ":all:", "-d",
+                    str(wheels), "wheel", "packaging"], check=True, capture_output=True, timeout=300)
+    monkeypatch.setenv("PIP_NO_INDEX", "1")
+    monkeypatch.setenv("PIP_FIND_LINKS", str(wheels))
+    monkeypatch.setattr(pin_venv, "TORCH", ("layer_torch==1.0",))
+    monkeypatch.setattr(pin_venv, "SDIST_BUILD", ("wheel",))
+    venvs = pin_venv.PinVenvs(tmp_path / "cache", vllm_repo=tmp_path / "vllm")
+    builder = UnitTestBuilder(gitpython.Repo(tmp_path / "up"), None, venvs)  # type: ignore[arg-type]  # keys only
+    key = builder.pin_key(shas[2])
+    assert key == pin_venv.PinKey(vllm[1], "transformers==5.5.4") and builder.pin_key(shas[0]).vllm == "0.19.0"
+    venv = venvs.acquire(pin_venv.PinKey(vllm[1], ""), [], tmp_path / "logs")
+    assert venv.path.name == f"vllm-commit-{vllm[1][:12]}--transformers-any"
+    code = "import layer_torch, vllm; print(vllm.AT, layer_torch.__file__)"
+    out = subprocess.run([str(venv.python), "-c", code], capture_output=True, text=True, check=True).stdout.split()
+    assert out[0] == "1"  # vLLM as it is at the pinned commit, not at the clone's head
+    assert Path(out[1]).is_relative_to(tmp_path / "cache" / pin_venv.TORCH_LAYER)
+    assert not list(venv.path.rglob("layer_torch.py"))  # seen through the layer, not installed again
+    assert len(list((tmp_path / "cache" / "wheels" / f"commit-{vllm[1]}").glob("vllm-*.whl"))) == 1
+    listed = {v.name for v in venvs.listing()}
+    assert listed == {venv.path.name, pin_venv.TORCH_LAYER}
+
+
+def test_run_refuses_a_commit_pin_naming_it_and_what_to_pass(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                             capsys: pytest.CaptureFixture[str]) -> None:
+    from bisect_npu.cli import main
+
+    vllm = vllm_clone(tmp_path / "vllm")
+    shas = commit_pinned_history(tmp_path / "up", vllm[1])
+    monkeypatch.setenv("BISECT_NPU_CACHE", str(tmp_path / "cache"))
+    with pytest.raises(SystemExit) as exited:
+        main(["run", "--repo", str(tmp_path / "up"), "--good", shas[0], "--bad", shas[5], "--unit-test",
+              "tests/ut/quant/test_q.py", "--session", str(tmp_path / "s"), "--no-fix", "--quiet"])
+    said = capsys.readouterr()
+    assert exited.value.code == 2
+    assert f"vLLM pin {vllm[1][:12]} (pinned by {shas[2][:12]}" in said.err + said.out
+    assert "--vllm-repo CLONE" in said.err + said.out
+    assert not (tmp_path / "cache" / "unit-test-venvs").exists()  # refused before anything was built

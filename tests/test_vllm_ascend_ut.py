@@ -7,7 +7,8 @@ the ground truth, and the steps stand beside `git bisect run`'s on the same rang
 the pair was mined), with seconds per step (the pin's venv cached) and the repair's rank among the
 fix proposals. The train pairs were the ones looked at while the oracle was tuned; the eval pairs
 were not. Hand-run like the other real tiers: BISECT_NPU_VLLM_ASCEND=CLONE (a full clone of
-vllm-ascend), a few GB of disk per vLLM pin venv (~/.cache/bisect-npu/unit-test-venvs).
+vllm-ascend), disk for the venvs in ~/.cache/bisect-npu/unit-test-venvs (the shared torch layer,
+4.6 GiB, and ~1.6 GiB per vLLM pin).
 """
 
 from __future__ import annotations

@@ -57,6 +57,12 @@ class Pair:
     git_bisect_steps: int = 0
     git_bisect_seconds: float = 0.0
     split: str = ""  # "train" or "eval"
+    # Written when the pair is confirmed (its culprit bisected, the flip run on both sides):
+    parent_verdict: str = ""
+    culprit_verdict: str = ""
+    evidence: list[str] = field(default_factory=list)
+    ground_truth: str = ""
+    repair_verified: bool = False
     notes: list[str] = field(default_factory=list)
 
 

@@ -1,24 +1,29 @@
 """One cached venv per vLLM pin for vllm-ascend's CPU unit tests (`run --unit-test`).
 
 vllm-ascend is never installed (its setup.py builds C++ ops): its checkout goes on PYTHONPATH.
-What its unit tests import around it is the same for every commit that pins the same vLLM
-release and the same transformers, so that pair is the venv's key: vLLM as a pure-Python wheel
-built once from its PyPI source distribution with `VLLM_TARGET_DEVICE=empty`, the CPU torch and
-torchvision from the index, and the commit's own `requirements.txt` + `requirements-dev.txt`
-without what needs an NPU, a CUDA build or is only for linting. A venv is built in place under a
-lock and marked complete last (as builders/venv.py does): a killed build goes on where it stopped.
+What its unit tests import around it is the same for every commit that pins the same vLLM and
+the same transformers, so that pair is the venv's key: vLLM as a pure-Python wheel built once with
+`VLLM_TARGET_DEVICE=empty` (from its PyPI source distribution for a release, from a local vLLM
+clone for a commit no release names), and the commit's own `requirements.txt` +
+`requirements-dev.txt` without what needs an NPU, a CUDA build or is only for linting. torch and
+torchvision are one layer shared by every pin venv (a venv of their own, seen through a `.pth`):
+the only torch 2.14.1 the index has is the CUDA build, most of a venv's size. A venv is built in
+place under a lock and marked complete last (as builders/venv.py does): a killed build goes on
+where it stopped.
 """
 
 from __future__ import annotations
 
 import contextlib
 import fcntl
+import hashlib
 import json
 import os
 import re
 import shutil
 import subprocess
 import sys
+import tempfile
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -26,11 +31,16 @@ from pathlib import Path
 from typing import TextIO
 
 from bisect_npu.builders.base import BuildFailed, tail
-from bisect_npu.builders.venv import COMPLETE_MARKER, link_host, tree_bytes
+from bisect_npu.builders.venv import COMPLETE_MARKER, link_host, site_packages, tree_bytes
 from bisect_npu.errors import UsageError
 from bisect_npu.paths import cache_root
 
+# The conftests import torchvision (through vLLM and transformers). The index's torch 2.14.1 is its
+# CUDA build; the one CPU torch there (2.13.0+cpu) has no torchvision that loads on it (0.28.0's
+# `_C` links libtorch_cuda).
 TORCH = ("torch==2.14.1", "torchvision==0.29.1")
+TORCH_LAYER = "torch-2.14.1--torchvision-0.29.1"  # the cache's directory of the shared layer
+LAYER_PTH = "bisect_npu_torch_layer.pth"
 # What vLLM's sdist needs to build without isolation (torch is there already).
 SDIST_BUILD = ("setuptools>=77,<81", "setuptools-scm>=8", "setuptools-rust>=1.9", "wheel", "packaging>=24.2", "jinja2",
                "regex")
@@ -54,17 +64,43 @@ def normalized(name: str) -> str:
     return re.sub(r"[-_.]+", "-", name).lower()
 
 
+_FULL_SHA = re.compile(r"[0-9a-f]{40}")
+_CLAUSE = re.compile(r"(===|~=|==|!=|<=|>=|<|>)([\w.+!]+)")
+_OPERATOR_WORDS = {"===": "arbitrary", "~=": "compatible", "==": "eq", "!=": "ne", "<=": "le", ">=": "ge", "<": "lt",
+                   ">": "gt"}
+
+
 @dataclass(frozen=True)
 class PinKey:
-    """What a unit-test venv is made of besides the commit: the vLLM release and transformers."""
+    """What a unit-test venv is made of besides the commit: the vLLM and the transformers requirement."""
 
-    vllm: str  # a PyPI version, "0.23.0"
+    vllm: str  # a PyPI version ("0.23.0"), or the vLLM commit (40 hex digits) of a pin that names no release
     transformers: str  # the requirement line as the commit gives it ("transformers==5.5.4"), "" when none
 
     @property
+    def vllm_commit(self) -> str | None:
+        return self.vllm if _FULL_SHA.fullmatch(self.vllm) else None
+
+    @property
     def name(self) -> str:
-        pin = re.sub(r"[^\w.]+", "", self.transformers.removeprefix("transformers")) or "any"
-        return f"vllm-{self.vllm}--transformers-{pin}"
+        vllm = f"commit-{self.vllm[:12]}" if self.vllm_commit else self.vllm
+        return f"vllm-{vllm}--transformers-{requirement_slug(self.transformers)}"
+
+
+def requirement_slug(line: str) -> str:
+    """A requirement's specifier as a directory name that tells requirements apart: `==5.5.4` is
+    `5.5.4`, `>=4.56.0,<5` is `ge4.56.0-lt5`, none is `any`; a line with anything else (extras,
+    a marker, a URL) is named by a hash of it as well."""
+    match = _NAME.match(line)
+    spec = "".join(line[match.end():].split()) if match else "".join(line.split())
+    if not spec:
+        return "any"
+    clauses = [_CLAUSE.fullmatch(clause) for clause in spec.split(",")]
+    if all(clauses):
+        if len(clauses) == 1 and clauses[0][1] == "==":  # type: ignore[index]
+            return clauses[0][2]  # type: ignore[index]
+        return "-".join(_OPERATOR_WORDS[c[1]] + c[2] for c in clauses)  # type: ignore[index]
+    return "h" + hashlib.sha256(" ".join(line.split()).encode()).hexdigest()[:10]
 
 
 def requirement_lines(texts: list[str]) -> list[str]:
@@ -115,56 +151,86 @@ class CachedVenv:
 
 
 class PinVenvs:
-    """The cache of unit-test venvs, `cache_dir/<key name>/`, and the vLLM wheels they install,
-    `cache_dir/wheels/` (one per release, shared by the transformers pins of one vLLM)."""
+    """The cache of unit-test venvs, `cache_dir/<key name>/`, the torch layer they share,
+    `cache_dir/TORCH_LAYER/`, and the vLLM wheels they install, `cache_dir/wheels/` (one per release
+    or commit, shared by the transformers pins of one vLLM). `vllm_repo`: a local vLLM clone, where
+    the wheels of commit pins are built from."""
 
-    def __init__(self, cache_dir: Path, python: str | None = None, pip_timeout_s: float = 3600.0) -> None:
+    def __init__(self, cache_dir: Path, python: str | None = None, pip_timeout_s: float = 3600.0,
+                 vllm_repo: Path | None = None) -> None:
         self.cache_dir = cache_dir
         self.python = python or _base_python()
         self.pip_timeout_s = pip_timeout_s
+        self.vllm_repo = vllm_repo
 
     def acquire(self, key: PinKey, requirements: list[str], log_dir: Path) -> PinVenv:
         """The venv of `key`, built now when the cache has none (under a lock: two sessions, or
         two slots, wait for one build)."""
         venv = self.cache_dir / key.name
         self.cache_dir.mkdir(parents=True, exist_ok=True)
+        log_dir.mkdir(parents=True, exist_ok=True)
+        layer = self._torch_layer(log_dir / f"venv-{TORCH_LAYER}.log")
         with _locked(self.cache_dir / f".{key.name}.lock"):
             if not (venv / COMPLETE_MARKER).is_file():
-                log_dir.mkdir(parents=True, exist_ok=True)
-                self._build(key, requirements, venv, log_dir / f"venv-{key.name}.log")
+                self._build(key, requirements, venv, layer, log_dir / f"venv-{key.name}.log")
         (venv / COMPLETE_MARKER).touch()  # its age is its last use: what pruning reads
+        (layer / COMPLETE_MARKER).touch()  # so the layer is never older than a venv on it
         link_host(venv)
         return PinVenv(venv, key)
 
-    def _build(self, key: PinKey, requirements: list[str], venv: Path, log_path: Path) -> None:
-        """Every step is a `pip install` that a second run makes good: a build that stopped half
-        way goes on in the same venv (its torch, 5 GB, is not installed again), unless its
-        interpreter is broken."""
+    def _torch_layer(self, log_path: Path) -> Path:
+        """The venv holding torch and torchvision for every pin venv (built once, under a lock).
+        Without triton, as vllm-ascend's CI removes it: the unit tests' conftest mocks
+        `triton.runtime`."""
+        layer = self.cache_dir / TORCH_LAYER
+        with _locked(self.cache_dir / f".{TORCH_LAYER}.lock"):
+            if (layer / COMPLETE_MARKER).is_file():
+                return layer
+            with log_path.open("a", encoding="utf-8") as log:
+                python = self._fresh_venv(layer, log, log_path)
+                self._step([python, "-m", "pip", "install", "--quiet", *TORCH], log, log_path, "installing torch")
+                self._step([python, "-m", "pip", "uninstall", "--quiet", "--yes", "triton"], log, log_path,
+                           "removing triton")
+            (layer / COMPLETE_MARKER).write_text(time.strftime("%Y-%m-%dT%H:%M:%S") + "\n")
+        return layer
+
+    def _fresh_venv(self, venv: Path, log: TextIO, log_path: Path) -> str:
+        """`venv`'s interpreter, the venv made first where it is missing or broken (a half-built one
+        whose interpreter works is kept: every later step is a `pip install` a second run makes good)."""
         python = venv / "bin" / "python"
         if venv.exists() and subprocess.run([str(python), "-c", "import pip"], capture_output=True,
                                             check=False).returncode != 0:
             shutil.rmtree(venv, ignore_errors=True)
+        if not venv.exists():
+            self._step([self.python, "-m", "venv", str(venv)], log, log_path, "creating the venv")
+        return str(python)
+
+    def _build(self, key: PinKey, requirements: list[str], venv: Path, layer: Path, log_path: Path) -> None:
         with log_path.open("a", encoding="utf-8") as log:
-            if not venv.exists():
-                self._step([self.python, "-m", "venv", str(venv)], log, log_path, "creating the venv")
-            pip = [str(venv / "bin" / "python"), "-m", "pip", "install", "--quiet"]
-            self._step([*pip, *TORCH, *SDIST_BUILD], log, log_path, "installing torch")
-            wheel = self.vllm_wheel(key.vllm, venv, log, log_path)
+            python = self._fresh_venv(venv, log, log_path)
+            # The layer's packages come after the venv's own: pip sees its torch as installed.
+            for site in site_packages(venv):
+                (site / LAYER_PTH).write_text("".join(f"{path}\n" for path in site_packages(layer)),
+                                              encoding="utf-8")
+            pip = [python, "-m", "pip", "install", "--quiet"]
+            self._step([*pip, *SDIST_BUILD], log, log_path, "installing vLLM's build requirements")
+            wheel = (self._vllm_wheel_at(key.vllm, python, log, log_path) if key.vllm_commit
+                     else self.vllm_wheel(key.vllm, python, log, log_path))
             # In the order of vllm-ascend's Dockerfile: vLLM with its own requirements, then
             # vllm-ascend's, which win where the two disagree (opencv-python-headless at vLLM 0.19).
             self._step([*pip, str(wheel)], log, log_path, f"installing vLLM {key.vllm}")
-            self._step([*pip, *requirements], log, log_path, "installing vllm-ascend's requirements")
-            # vLLM's own requirements may pull another torch; the CPU one the tests need goes back.
-            self._step([*pip, *TORCH], log, log_path, "restoring torch")
-            # As vllm-ascend's CI does after installing vLLM: triton does not work for Ascend, and
-            # the unit tests' conftest mocks `triton.runtime`.
-            self._step([str(python), "-m", "pip", "uninstall", "--quiet", "--yes", "triton"], log, log_path,
-                       "removing triton")
+            if requirements:
+                self._step([*pip, *requirements], log, log_path, "installing vllm-ascend's requirements")
+            # A torch or triton that vLLM's requirements put in the venv itself goes (pip leaves
+            # the layer's alone): the layer's CPU-usable torch is the one the tests see.
+            self._step([python, "-m", "pip", "uninstall", "--quiet", "--yes", "torch", "torchvision", "triton"],
+                       log, log_path, "removing a torch of the venv's own")
         (venv / "bisect-npu-venv.json").write_text(json.dumps(
-            {"vllm": key.vllm, "transformers": key.transformers, "requirements": requirements}, indent=1) + "\n")
+            {"vllm": key.vllm, "transformers": key.transformers, "torch_layer": str(layer),
+             "requirements": requirements}, indent=1) + "\n")
         (venv / COMPLETE_MARKER).write_text(time.strftime("%Y-%m-%dT%H:%M:%S") + "\n")
 
-    def vllm_wheel(self, version: str, venv: Path, log: TextIO, log_path: Path) -> Path:
+    def vllm_wheel(self, version: str, python: str, log: TextIO, log_path: Path) -> Path:
         """vLLM `version` as a pure-Python wheel, built from its sdist once per release."""
         wheels = self.cache_dir / "wheels"
         wheels.mkdir(parents=True, exist_ok=True)
@@ -173,7 +239,6 @@ class PinVenvs:
             return found[0]
         sdists = self.cache_dir / "sdists"
         sdists.mkdir(exist_ok=True)
-        python = str(venv / "bin" / "python")
         # Without build isolation: the sdist's metadata is prepared here, with this venv's torch
         # (an isolated build would ask for the CUDA torch vLLM's pyproject names).
         download = [python, "-m", "pip", "download", "--no-deps", "--no-binary", ":all:", "--no-build-isolation",
@@ -196,13 +261,42 @@ class PinVenvs:
         if sdist is None:
             raise UsageError(f"vLLM pin {version}: no source distribution of vllm=={version} on "
                              f"{index_description(python)} (pip found only a wheel)")
+        return self._wheel_of(sdist, wheels, f"vllm-{version}-*.whl", python, empty, log, log_path,
+                              f"building vLLM {version} from its sdist")
+
+    def _vllm_wheel_at(self, commit: str, python: str, log: TextIO, log_path: Path) -> Path:
+        """vLLM at `commit` as a pure-Python wheel, built once from a checkout of the local vLLM
+        clone (with its git history: setuptools-scm names the version, as in vllm-ascend's image)."""
+        wheels = self.cache_dir / "wheels" / f"commit-{commit}"
+        found = sorted(wheels.glob("vllm-*.whl"))
+        if found:
+            return found[0]
+        if self.vllm_repo is None:
+            raise UsageError(commit_pin_refusal(commit))
+        missing = missing_commits(self.vllm_repo, [commit])
+        if missing:
+            raise UsageError(f"vLLM pin {commit[:12]}: the vLLM clone {self.vllm_repo} does not have that commit; "
+                             f"fetch it there (git -C {self.vllm_repo} fetch origin {commit})")
+        wheels.mkdir(parents=True, exist_ok=True)
+        (self.cache_dir / "sdists").mkdir(exist_ok=True)
+        with tempfile.TemporaryDirectory(prefix="vllm-", dir=self.cache_dir / "sdists") as stage:
+            source = Path(stage) / "vllm"
+            self._step(["git", "clone", "--quiet", "--shared", "--no-checkout", str(self.vllm_repo), str(source)],
+                       log, log_path, f"cloning vLLM from {self.vllm_repo}")
+            self._step(["git", "-C", str(source), "checkout", "--quiet", "--detach", commit], log, log_path,
+                       f"checking out vLLM {commit[:12]}")
+            empty = {**os.environ, "VLLM_TARGET_DEVICE": "empty"}
+            return self._wheel_of(source, wheels, "vllm-*.whl", python, empty, log, log_path,
+                                  f"building vLLM {commit[:12]} from {self.vllm_repo}")
+
+    def _wheel_of(self, source: Path, wheels: Path, pattern: str, python: str, env: dict[str, str], log: TextIO,
+                  log_path: Path, what: str) -> Path:
         build = [python, "-m", "pip", "wheel", "--quiet", "--no-deps", "--no-build-isolation", "--wheel-dir",
-                 str(wheels), str(sdist)]
-        self._step(build, log, log_path, f"building vLLM {version} from its sdist", env=empty)
-        found = sorted(wheels.glob(f"vllm-{version}-*.whl"))
+                 str(wheels), str(source)]
+        self._step(build, log, log_path, what, env=env)
+        found = sorted(wheels.glob(pattern))
         if not found:
-            raise BuildFailed(f"building vLLM {version} left no wheel in {wheels}; see {log_path}", log_path,
-                              tail(log_path))
+            raise BuildFailed(f"{what} left no wheel in {wheels}; see {log_path}", log_path, tail(log_path))
         return found[0]
 
     def _step(self, argv: list[str], log: TextIO, log_path: Path, what: str,
@@ -243,6 +337,24 @@ class PinVenvs:
                     shutil.rmtree(venv.path, ignore_errors=True)
                 gone.append(venv)
         return gone
+
+
+def commit_pin_refusal(commit: str, where: str = "") -> str:
+    """Why a commit pin cannot be built without a vLLM clone, and what to pass (one line)."""
+    return (f"vLLM pin {commit[:12]}{where}: a vLLM commit, not a release, so the package index has no source "
+            "distribution of it; pass --vllm-repo CLONE (a local vLLM clone that has the commit) to build it from "
+            "there, or a range whose commits pin a vLLM release")
+
+
+def missing_commits(clone: Path, commits: list[str]) -> list[str]:
+    """The commits of `commits` that the git repository `clone` does not have."""
+    missing = []
+    for commit in commits:
+        proc = subprocess.run(["git", "-C", str(clone), "cat-file", "-e", f"{commit}^{{commit}}"],
+                              capture_output=True, check=False)
+        if proc.returncode != 0:
+            missing.append(commit)
+    return missing
 
 
 def index_description(python: str) -> str:

@@ -17,7 +17,15 @@ from pathlib import Path
 import git
 
 from bisect_npu.builders.base import Builder, BuildFailed, Environment
-from bisect_npu.builders.pin_venv import REQUIREMENT_FILES, PinKey, PinVenvs, requirement_lines, transformers_line
+from bisect_npu.builders.pin_venv import (
+    REQUIREMENT_FILES,
+    PinKey,
+    PinVenvs,
+    commit_pin_refusal,
+    missing_commits,
+    requirement_lines,
+    transformers_line,
+)
 from bisect_npu.errors import UsageError
 from bisect_npu.upstream import dockerfile, history
 
@@ -28,6 +36,8 @@ PLATFORM_ENTRY = {"vllm.platform_plugins": ["ascend = vllm_ascend:register"]}
 # Directories of tests/ut whose tests need NPU cards (vllm-ascend's routing, select_tests.py).
 NPU_DIRS = re.compile(r"^(a2|a2_\d+|a3|a3_\d+|310p|310p_\d+)$")
 RUNNER = "bisect_npu.probe.unit_tests"
+_FULL_SHA = re.compile(r"[0-9a-f]{40}")
+_RELEASE_TAG = re.compile(r"v\d+(\.\d+)+\w*")
 
 
 def npu_refusal(node_id: str) -> str | None:
@@ -52,6 +62,30 @@ def unit_test_command(node_ids: list[str], present_at_good: list[str], tests_fro
             *(["--tests-from", tests_from] if tests_from else []), *node_ids]
 
 
+def pinned_vllm(pin: dockerfile.VllmPin | None) -> str | None:
+    """The vLLM a pin builds, as a venv is keyed on it: the commit where the pin names one (with a
+    tag beside it the tag is only an approximation), else the release ("v0.23.0" -> "0.23.0"; a
+    `VLLM_COMMIT=v0.19.0` is that release)."""
+    if pin is None:
+        return None
+    if pin.commit and _FULL_SHA.fullmatch(pin.commit):
+        return pin.commit
+    if pin.commit and _RELEASE_TAG.fullmatch(pin.commit):
+        return pin.commit.removeprefix("v")
+    return pin.release
+
+
+def commit_pins(repo: git.Repo, commits: list[str]) -> dict[str, list[str]]:
+    """The vLLM commits the given vllm-ascend commits pin (no release named), each with the
+    vllm-ascend commits that pin it, oldest first."""
+    pins: dict[str, list[str]] = {}
+    for sha in commits:
+        vllm = pinned_vllm(dockerfile.vllm_pin(repo, sha))
+        if vllm is not None and _FULL_SHA.fullmatch(vllm):
+            pins.setdefault(vllm, []).append(sha)
+    return pins
+
+
 def file_of(node_id: str) -> str:
     return node_id.split("::", 1)[0]
 
@@ -64,19 +98,34 @@ def has_path(repo: git.Repo, sha: str, path: str) -> bool:
     return bool(kind.strip() == "blob")
 
 
-def check_unit_tests(repo: git.Repo, node_ids: list[str], good: str, bad: str, tests_from: str | None) -> list[str]:
+def check_unit_tests(repo: git.Repo, node_ids: list[str], good: str, bad: str, tests_from: str | None,
+                     candidates: list[str] | None = None, vllm_repo: Path | None = None) -> list[str]:
     """Refuse what cannot be judged before a session starts: a test that needs an NPU, a test file
-    at neither end (nor at --unit-test-from), an end without a vLLM pin. Returns the named files
-    the good end has (their import errors count bad there)."""
+    at neither end (nor at --unit-test-from), an end without a vLLM pin, a commit of the range
+    that pins a vLLM commit when no vLLM clone that has it is given. Returns the named files the
+    good end has (their import errors count bad there)."""
     for node_id in node_ids:
         refusal = npu_refusal(node_id)
         if refusal:
             raise UsageError(refusal)
     for end, sha in (("good", good), ("bad", bad)):
-        if dockerfile.vllm_pin(repo, sha) is None:
+        if pinned_vllm(dockerfile.vllm_pin(repo, sha)) is None:
             raise UsageError(f"the {end} end {sha[:12]} has neither {dockerfile.PIN_FILE} nor a Dockerfile with "
                              "ARG VLLM_TAG: its vLLM pin is unknown, so no venv can be made; pass a vllm-ascend "
                              "clone and ends that pin vLLM")
+    pinned = commit_pins(repo, list(dict.fromkeys([good, *(candidates or []), bad])))
+    if pinned and vllm_repo is None:
+        commit, users = next(iter(pinned.items()))
+        more = sum(len(shas) for shas in pinned.values()) - 1
+        raise UsageError(commit_pin_refusal(commit, f" (pinned by {users[0][:12]}"
+                                                    + (f", and {more} more commits of the range" if more else "")
+                                                    + ")"))
+    missing = missing_commits(vllm_repo, list(pinned)) if pinned and vllm_repo is not None else []
+    if missing:
+        raise UsageError(f"--vllm-repo {vllm_repo}: it does not have vLLM {missing[0][:12]}, which "
+                         f"{pinned[missing[0]][0][:12]} pins" + (f" (and {len(missing) - 1} more pinned commits)"
+                                                                 if len(missing) > 1 else "")
+                         + f"; fetch it there (git -C {vllm_repo} fetch origin {missing[0]})")
     if tests_from:
         for node_id in node_ids:
             if not has_path(repo, tests_from, file_of(node_id)):
@@ -146,14 +195,12 @@ class UnitTestBuilder:
         self.tests_from = tests_from
 
     def pin_key(self, commit: str) -> PinKey:
-        """The venv key of `commit`: its vLLM release and its transformers requirement."""
+        """The venv key of `commit`: the vLLM it builds and its transformers requirement."""
         pin = dockerfile.vllm_pin(self.repo, commit)
-        if pin is None:
+        vllm = pinned_vllm(pin)
+        if vllm is None:
             raise BuildFailed(f"{commit[:12]} has neither {dockerfile.PIN_FILE} nor a Dockerfile VLLM_TAG: no vLLM pin")
-        if pin.release is None:
-            raise BuildFailed(f"{commit[:12]} pins {pin} and no release tag: a venv is made of a published vLLM "
-                              "release's sdist; this commit cannot be tested on a CPU")
-        return PinKey(pin.release, transformers_line(requirement_lines(self.requirements(commit))))
+        return PinKey(vllm, transformers_line(requirement_lines(self.requirements(commit))))
 
     def requirements(self, commit: str) -> list[str]:
         texts = []

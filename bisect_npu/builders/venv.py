@@ -221,7 +221,7 @@ class VenvBuilder:
 def link_host(venv: Path) -> None:
     """Point the venv at the host's `bisect_npu`, after its own packages (rewritten on every
     acquire: the checkout may move): the probe runs inside the venv, standard library only."""
-    for site in _site_packages(venv):
+    for site in site_packages(venv):
         pth = site / HOST_PTH
         wanted = str(host_root()) + "\n"
         if not pth.exists() or pth.read_text(encoding="utf-8") != wanted:
@@ -232,7 +232,7 @@ def _venv_python(venv: Path) -> Path:
     return venv / "bin" / "python"
 
 
-def _site_packages(venv: Path) -> list[Path]:
+def site_packages(venv: Path) -> list[Path]:
     return sorted((venv / "lib").glob("python*/site-packages"))
 
 

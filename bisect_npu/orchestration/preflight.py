@@ -251,7 +251,8 @@ def settle_unit_tests(spec: SessionSpec, repo: git.Repo | None, candidates: Cand
                          "--executor docker / --node-executor docker")
     tests_from = history.resolve_ref(repo, spec.judge.unit_test_from) if spec.judge.unit_test_from else None
     spec.judge.unit_test_from = tests_from
-    present = check_unit_tests(repo, spec.judge.unit_tests, candidates.base, candidates.bad, tests_from)
+    present = check_unit_tests(repo, spec.judge.unit_tests, candidates.base, candidates.bad, tests_from,
+                               candidates.candidates, Path(spec.judge.vllm_repo) if spec.judge.vllm_repo else None)
     spec.judge.command = unit_test_command(spec.judge.unit_tests, present, tests_from)
 
 

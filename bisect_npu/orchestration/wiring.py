@@ -155,7 +155,9 @@ def unit_test_builder(spec: SessionSpec, repo: git.Repo, workdir: Path) -> Build
                   if spec.judge.unit_test_from else None)
     # No submodules: they are the C++ ops' sources (csrc/third_party), which no unit test builds.
     return UnitTestBuilder(repo, LocalBuilder(repo, workdir.resolve(), submodules=False),
-                           PinVenvs(default_pin_venv_cache()), tests_from)
+                           PinVenvs(default_pin_venv_cache(),
+                                    vllm_repo=Path(spec.judge.vllm_repo) if spec.judge.vllm_repo else None),
+                           tests_from)
 
 
 def release_venvs(package: str, spec: SessionSpec, recipe: Recipe | None) -> Builder:

@@ -329,7 +329,7 @@ class DockerBuilder:
                                          host_config=api.create_host_config(network_mode="none"))["Id"]
         try:
             self._apply_plan_in(container, plan, log, log_path)
-            _put_archive(api, container, tree)
+            put_tree(api, container, tree)
             cmd = api.inspect_image(base)["Config"].get("Cmd")
             changes = f"CMD {json.dumps(cmd)}" if cmd else None  # undo the helper's command
             return str(api.commit(container, repository=self.repository, tag=tag, changes=changes)["Id"])
@@ -341,7 +341,7 @@ class DockerBuilder:
         """Remove the files the candidate no longer has and give the package installed from the
         plan's `source_dir` the candidate's version, with the overlay helper (overlay_apply.py) inside."""
         api = self.client.api
-        _put_archive(api, container, _tar({f"{OVERLAY_HELPER_DIR[1:]}/apply.py": overlay_helper(),
+        put_tree(api, container, _tar({f"{OVERLAY_HELPER_DIR[1:]}/apply.py": overlay_helper(),
                                               f"{OVERLAY_HELPER_DIR[1:]}/plan.json": json.dumps(plan).encode()}))
         api.start(container)
         status = int(api.wait(container, timeout=600)["StatusCode"])
@@ -451,7 +451,7 @@ def _remove_container(api: Any, container: str) -> None:
         api.remove_container(container, force=True)
 
 
-def _put_archive(api: Any, container: str, tree: bytes) -> None:
+def put_tree(api: Any, container: str, tree: bytes) -> None:
     """Copy `tree` (a tar rooted at `/`) into `container`, without its record padding: podman's
     copier stops reading at the end-of-archive blocks, and the padding written after them then fails
     with a 500 ("passing bulk input to subprocess: write |1: broken pipe"), more often under load."""

@@ -285,6 +285,7 @@ def test_missing_or_empty_dataset_is_infrastructure(trees, tmp_path):
     done = probe(trees["good"], write_recipe(tmp_path, command_section(), dataset=missing), tmp_path / "missing")
     assert done.returncode == HARNESS_FAILED_EXIT
     assert f"the dataset {missing} does not exist" in done.stderr.strip().splitlines()[-1]
+    assert not (tmp_path / "missing" / "obs.server.log").exists()  # said before the server starts
     empty = tmp_path / "empty.jsonl"
     empty.write_text("\n")
     done = probe(trees["good"], write_recipe(tmp_path, command_section(), dataset=empty), tmp_path / "empty")
@@ -301,6 +302,7 @@ def test_missing_harness_names_its_make_target(trees, tmp_path):
     assert done.returncode == HARNESS_FAILED_EXIT
     last = done.stderr.strip().splitlines()[-1]
     assert "harness lm_eval is not installed: run `make harness-lmeval`" in last and "lm-eval==0.4.13" in last
+    assert not (tmp_path / "out" / "obs.server.log").exists()
 
 
 @pytest.mark.e2e

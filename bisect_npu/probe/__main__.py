@@ -53,6 +53,9 @@ def _run_batch(backend: ProbeBackend, trials: list[dict[str, Any]]) -> int:
     """One engine start for all trials; each observation lands on disk as soon as it exists."""
     try:
         engine = backend.open_engine(trials[0], trials=len(trials))
+    except HarnessError as exc:
+        print(f"accuracy harness failed: {exc}", file=sys.stderr)
+        return HARNESS_FAILED_EXIT
     except Exception:
         traceback.print_exc()
         return 3

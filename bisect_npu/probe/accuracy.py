@@ -13,7 +13,7 @@ from __future__ import annotations
 import os
 from typing import Any
 
-from .harness import HarnessError, aisbench, command, dataset, lm_eval
+from .harness import HarnessError, aisbench, command, dataset, find_executable, lm_eval
 
 DEFAULT_TIMEOUT_S = 3600.0
 
@@ -33,12 +33,23 @@ def _pool(runs: list[list[dict[str, Any]]]) -> list[dict[str, Any]]:
     return list(pooled.values())
 
 
-def run_accuracy(request: dict[str, Any], host: str, port: int, model_id: str) -> list[dict[str, Any]]:
-    """The trial's per-sample outcomes (`SampleOutcome` dicts) against the server at host:port."""
+def check_inputs(request: dict[str, Any]) -> None:
+    """What a trial needs besides the server (a known harness, its executable, the dataset), checked
+    before the server starts: a start can take minutes on an NPU host."""
     spec = request["accuracy"]
     harness = spec.get("harness")
     if harness not in ("lm_eval", "aisbench", "command"):
         raise HarnessError(f"unknown accuracy harness {harness!r}; known: lm_eval, aisbench, command")
+    if harness != "command":
+        find_executable(harness)
+    dataset.check_exists(str(spec["dataset"]))
+
+
+def run_accuracy(request: dict[str, Any], host: str, port: int, model_id: str) -> list[dict[str, Any]]:
+    """The trial's per-sample outcomes (`SampleOutcome` dicts) against the server at host:port."""
+    check_inputs(request)
+    spec = request["accuracy"]
+    harness = spec.get("harness")
     settings = spec.get(harness) or {}
     sampling = {k: v for k, v in ((request.get("case") or {}).get("sampling") or {}).items() if v is not None}
     seed = sampling.get("seed") if sampling.get("seed") is not None else request.get("seed")

@@ -35,6 +35,7 @@ from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
+from ..accuracy import check_inputs, run_accuracy
 from ..trials import (
     NEUTRAL_PENALTY,
     Stopwatch,
@@ -402,6 +403,8 @@ class ServerEngine(TrialCounter):
     """One vLLM OpenAI server, started for the request's case, that runs trials until `close()`."""
 
     def __init__(self, request: dict[str, Any]) -> None:
+        if request.get("accuracy") is not None:
+            check_inputs(request)
         engine = request.get("engine", {})
         self.versions = engine_versions()
         self.argv = server_argv(request)
@@ -466,8 +469,6 @@ class ServerEngine(TrialCounter):
 
     def run_accuracy(self, request: dict[str, Any]) -> dict[str, Any]:
         """One trial of an accuracy recipe: the harness scores this server; its samples are the observation's."""
-        from ..accuracy import run_accuracy
-
         _, observation = self.begin_trial(request)
         clock = Stopwatch()
         samples = run_accuracy(request, HOST, self.server.port, self.model_id)

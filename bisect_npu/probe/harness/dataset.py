@@ -42,17 +42,22 @@ def is_jsonl(path: str) -> bool:
     return os.path.isfile(path) and path.endswith((".jsonl", ".json"))
 
 
+def check_exists(dataset: str) -> None:
+    """HarnessError for a dataset path that is missing or an empty directory."""
+    if not os.path.exists(dataset):
+        raise HarnessError(f"the dataset {dataset} does not exist; generate it or fix `accuracy.dataset` in the recipe")
+    if os.path.isdir(dataset) and not os.listdir(dataset):
+        raise HarnessError(f"the dataset directory {dataset} is empty; an empty dataset cannot be scored")
+
+
 def select(dataset: str, sample_ids: list[str] | None, limit: int | None,
            out_dir: str) -> tuple[str, list[str] | None]:
     """The file the harness runs on and the ids of its rows in order (None: not known, a directory).
 
     A JSONL dataset always yields a file of its own (with every row's `id` set), so the harnesses'
     row numbers map back to ids; ids the dataset lacks are an error naming the first."""
-    if not os.path.exists(dataset):
-        raise HarnessError(f"the dataset {dataset} does not exist; generate it or fix `accuracy.dataset` in the recipe")
+    check_exists(dataset)
     if not is_jsonl(dataset):
-        if os.path.isdir(dataset) and not os.listdir(dataset):
-            raise HarnessError(f"the dataset directory {dataset} is empty; an empty dataset cannot be scored")
         return dataset, None
     rows = read_rows(dataset)
     indexed = [(sample_id(row, index), row) for index, row in enumerate(rows)]

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import sys
+from pathlib import Path
 
 import git
 import pytest
@@ -82,6 +83,14 @@ def test_verify_needs_recipe_and_bad_end(capsys, upstream):
     hist, culprit, _ = upstream
     code, _, err = run_cli(capsys, "--culprit", culprit, "--repo", str(hist.path), "--verify")
     assert code == 2 and "--verify needs --recipe" in err
+
+
+def test_verify_refuses_an_accuracy_recipe_before_building(capsys, upstream):
+    hist, culprit, _ = upstream
+    recipe = str(Path(__file__).parent.parent / "recipes" / "demo-accuracy.yaml")
+    code, _, err = run_cli(capsys, "--culprit", culprit, "--repo", str(hist.path), "--bad", "HEAD", "--recipe",
+                           recipe, "--verify")
+    assert code == 2 and "--verify with the accuracy recipe" in err and "`run --verify-fix`" in err
 
 
 def test_unknown_culprit_is_a_usage_error(capsys, upstream):

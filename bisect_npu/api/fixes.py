@@ -87,6 +87,10 @@ def fix(repo: str | Path, culprit: str, *, bad: str | None = None, top: int = 5,
     if verify and ((loaded is None and not argv) or bad is None):
         raise UsageError("--verify needs --recipe or --cmd (the bad case to re-run) and --bad "
                          "(where to apply the fix)")
+    if verify and loaded is not None and loaded.accuracy is not None:
+        raise UsageError(f"--verify with the accuracy recipe {recipe}: a fixed commit is judged by pairing its "
+                         "samples with the good and the bad end's, which `fix` alone has not run; verify it with "
+                         "`run --verify-fix` (after the commit search, both ends scored), or with --cmd")
     clone = open_repo(str(repo))
     report = propose_fixes(clone, culprit, bad=bad, symptom=[*(loaded.symptom if loaded else []), *keywords],
                            top=max(top, verify_top if verify else 0))

@@ -254,6 +254,8 @@ def test_reference_runs_resume_and_key_the_verdict_store(demo_upstream: DemoUpst
     kept = [i for i, line in enumerate(lines) if '"type":"configuration"' in line][1]
     trial = next(line for line in lines[kept + 1:] if '"type":"reference_trial"' in line)
     journal.write_text("".join(lines[: kept + 1]) + trial + '{"type":"reference_tri')  # killed at the reference
+    elsewhere = search(demo_upstream, "rope-longseq", session, "--no-verdict-store", "--reference-at", "v0.9.1")
+    assert elsewhere.returncode == 2 and "judges against the reference commit" in elsewhere.stderr, elsewhere.stderr
     resumed = search(demo_upstream, "rope-longseq", session, "--no-verdict-store")
     assert resumed.returncode == 0, resumed.stdout + resumed.stderr[-3000:]
     assert summary(resumed)["trigger"] == ["cases[*].sampling.max_tokens"]

@@ -300,7 +300,11 @@ class SettingsSearch:
         started = journal.header.reference_commit
         if request.reference_at is None:
             return
-        asked = history.resolve_ref(history.open_repo(journal.header.repo), request.reference_at)
+        try:
+            asked = history.resolve_ref(history.open_repo(journal.header.repo), request.reference_at)
+        except UsageError as exc:
+            journal.close()
+            raise UsageError(f"--reference-at {request.reference_at}: {exc}") from None
         if asked != started:
             journal.close()
             was = f"the reference commit {started[:12]} ({journal.header.reference_ref})" if started else \

@@ -60,6 +60,10 @@ class SettingsHeader(Record):
     timeout_s: float = 0.0
     verdict_store: str | None = None
     after_session: str | None = None  # the commit session whose culprit this search runs at
+    # The commit where the case is good, at which each configuration's own output is its
+    # reference (None: the good variant's output at `commit` is every configuration's).
+    reference_ref: str | None = None
+    reference_commit: str | None = None
 
 
 class ConfigurationTrial(Record, TrialRun):
@@ -86,6 +90,29 @@ class ConfigurationRecord(Record):
     value_check: str | None = None  # a --vary value checked alone: "KEY=VALUE"
 
 
+class ReferenceTrial(Record, TrialRun):
+    """A trial of a configuration at the reference commit, journaled the moment it finished."""
+
+    type: Literal["reference_trial"] = "reference_trial"
+    configuration: list[int]
+    digest: str
+
+
+class ReferenceRecord(Record):
+    """A configuration run at the reference commit: its trials are the reference its run at the
+    searched commit is judged against; `verdict` is how the oracle judged it there alone (a
+    repetition loop makes it bad: the reference commit is not good for it)."""
+
+    type: Literal["reference"] = "reference"
+    configuration: list[int]
+    digest: str
+    commit: str
+    build: BuildInfo | None = None
+    verdict: Verdict
+    trials: list[TrialRun] = Field(default_factory=list)
+    seconds: float = 0.0
+
+
 class SettingsEnd(Record):
     """The answer: the trigger (`found`), or an end that does not behave as given (`ends_wrong`)."""
 
@@ -97,7 +124,8 @@ class SettingsEnd(Record):
     figures: dict[str, float] = Field(default_factory=dict)
 
 
-SettingsEntry = Annotated[ConfigurationTrial | ConfigurationRecord | SettingsEnd, Field(discriminator="type")]
+SettingsEntry = Annotated[ConfigurationTrial | ConfigurationRecord | ReferenceTrial | ReferenceRecord | SettingsEnd,
+                          Field(discriminator="type")]
 _ENTRY: TypeAdapter[SettingsEntry] = TypeAdapter(SettingsEntry)
 
 
@@ -179,7 +207,7 @@ class SettingsJournal:
         self._fd = self._lock_fd = None
 
 
-_TYPES = frozenset({"configuration_trial", "configuration", "settings_end"})
+_TYPES = frozenset({"configuration_trial", "configuration", "reference_trial", "reference", "settings_end"})
 
 
 def read_settings(session_dir: Path) -> tuple[SettingsHeader, list[SettingsEntry]] | None:

@@ -79,21 +79,24 @@ def test_default_case_finds_culprit_and_verifies_its_fix(demo_upstream: DemoUpst
 
 
 @pytest.mark.heavy
-@pytest.mark.parametrize(("name", "prefetch"), [("rope-longseq", False), ("spec-decode", True)])
+@pytest.mark.parametrize(("name", "prefetch", "trigger"), [("rope-longseq", False, "cases[*].sampling.max_tokens"),
+                                                            ("spec-decode", True, "cases[*].sampling.temperature")])
 def test_exact_cases_find_the_manifest_culprit(demo_upstream: DemoUpstream, tmp_path: Path, name: str,
-                                               prefetch: bool) -> None:
+                                               prefetch: bool, trigger: str) -> None:
+    """Each also asks which setting its culprit needs: spec-decode's temperature (0.0 is good), and
+    rope-longseq's output length, judged against each configuration's own output at the commit
+    search's good end (the default reference commit where a length is a key); not logprobs."""
     _, manifest = demo_upstream
-    # spec-decode also asks which setting its culprit needs: temperature (0.0 is good), not logprobs.
-    settings = ["--settings", "cases[*].sampling.temperature=0.0", "--settings", "cases[*].sampling.logprobs=3"]
-    result, session = run_case(demo_upstream, name, tmp_path, "--no-fix",
-                               *(["--prefetch", *settings] if prefetch else []))
+    good = {"cases[*].sampling.temperature": 0.0} if name == "spec-decode" else {"cases[*].sampling.max_tokens": 100}
+    settings = [part for key, value in {**good, "cases[*].sampling.logprobs": 3}.items()
+                for part in ("--settings", f"{key}={value}")]
+    result, session = run_case(demo_upstream, name, tmp_path, "--no-fix", *(["--prefetch"] if prefetch else []),
+                               *settings)
     assert result["culprit"] == manifest.case(name).culprit.sha
     found = json.loads((session / "report.json").read_text())["settings"]
-    if prefetch:
-        assert found["commit"] == result["culprit"] and found["trigger"] == ["cases[*].sampling.temperature"]
-        assert found["configurations"][0]["build"] == "stored"  # the culprit's own step, from the verdict store
-    else:
-        assert found is None
+    assert found["commit"] == result["culprit"] and found["trigger"] == [trigger]
+    assert found["configurations"][0]["build"] == "stored"  # the culprit's own step, from the verdict store
+    assert found["reference_commit"] == (manifest.case(name).good_sha if name == "rope-longseq" else None)
     parent = subprocess.run(["git", "-C", str(demo_upstream[0]), "rev-parse", f"{result['culprit']}^"],
                             capture_output=True, text=True, check=True).stdout.strip()
     markdown = (session / "report.md").read_text()

@@ -10,8 +10,10 @@ import sys
 from pathlib import Path
 
 import pytest
+import yaml
 
 from bisect_npu.demo.manifest import Manifest
+from bisect_npu.recipe.loader import load_recipe
 from bisect_npu.recipe.settings import show
 
 pytestmark = pytest.mark.e2e
@@ -40,6 +42,8 @@ def search(demo_upstream: DemoUpstream, name: str, session: Path, *extra: str,
     sets = [part for key, value in given.items() if key not in vary
             for part in ("--good-set", f"{key}={show(value)}")]
     sets += [part for key, values in vary.items() for part in ("--vary", f"{key}={values}")]
+    if truth.settings.reference_at and "--reference-at" not in extra:
+        sets += ["--reference-at", truth.settings.reference_at]
     return subprocess.run([*CLI, "--repo", str(repo), "--at", truth.bad_ref, "--recipe", truth.recipe, *sets,
                            "--session", str(session), "--json", *extra],
                           cwd=session.parent, capture_output=True, text=True, timeout=900)
@@ -49,12 +53,14 @@ def summary(done: subprocess.CompletedProcess[str]) -> dict[str, object]:
     return json.loads(done.stdout.strip().splitlines()[-1])
 
 
-@pytest.mark.parametrize("name", ["spec-decode", "presence-penalty",
+@pytest.mark.parametrize("name", ["spec-decode", "presence-penalty", "rope-longseq",
                                   pytest.param("dependency", marks=pytest.mark.slow)])
 def test_the_search_names_the_manifest_trigger(demo_upstream: DemoUpstream, tmp_path: Path, name: str) -> None:
     """An exact case (acceptance at temperature 0.6, asked as an open question with a further value
     to check), a noisy one (a loop in some runs, decided by batched trials: each configuration's
-    trials share one engine start), and (heavier tier) the dependency's, minivllm laid in at its pin."""
+    trials share one engine start), the output length of one judged against the good end's output
+    (each configuration against its own run at the reference commit v0.9.0, built once there), and
+    (heavier tier) the dependency's, minivllm laid in at its pin."""
     vary = {"cases[*].sampling.temperature": "0.0,0.3"} if name == "spec-decode" else None
     dependency = demo_upstream[1].dependency("minivllm").repo
     extra = ["--dep-repo", f"minivllm={dependency}"] if name == "dependency" else []
@@ -76,6 +82,15 @@ def test_the_search_names_the_manifest_trigger(demo_upstream: DemoUpstream, tmp_
         runs = {(t["digest"], t["log"]) for t in trials}
         assert len(runs) < len(trials) / 5  # ten trials per engine start
         assert sum(t["startup_s"] > 0 for t in trials) == len(runs)
+    if name == "rope-longseq":  # once per configuration at v0.9.0, its tokens that configuration's reference
+        entries = [json.loads(line) for line in (tmp_path / "session" / "settings.jsonl").read_text().splitlines()]
+        references = [e for e in entries if e["type"] == "reference"]
+        configurations = {e["digest"] for e in entries if e["type"] == "configuration"}
+        assert sorted(r["digest"] for r in references) == sorted(configurations)
+        assert {r["commit"] for r in references} == {demo_upstream[1].case(name).good_sha}
+        assert [r["build"]["how"] for r in references].count("built") == 1
+        markdown = (tmp_path / "session" / "report.md").read_text()
+        assert "judged against its own output at the reference commit" in markdown
 
 
 def test_exact_search_resumes_and_reuses_the_verdict_store(demo_upstream: DemoUpstream, tmp_path: Path) -> None:
@@ -160,13 +175,13 @@ def test_a_recipe_judged_against_the_good_end_is_judged_against_the_good_variant
 def test_rope_longseq_output_length_is_refused_at_either_end(demo_upstream: DemoUpstream, tmp_path: Path,
                                                              end: str, capsys: pytest.CaptureFixture[str]) -> None:
     """rope-longseq's trigger is its output length, but against the good variant's shorter output
-    every longer one mismatches by length: searched, it names max_tokens at the good end as at the
-    bad. It is refused, in one line, before anything runs."""
+    every longer one mismatches by length: searched without a reference commit, it would name
+    max_tokens at the good end as at the bad. It is refused, in one line naming --reference-at,
+    before anything runs."""
     from bisect_npu.cli import main
 
     repo, manifest = demo_upstream
     truth = manifest.case("rope-longseq")
-    assert truth.settings is None
     with pytest.raises(SystemExit) as exited:
         main(["settings", "--repo", str(repo), "--at", getattr(truth, end), "--recipe", truth.recipe,
               "--good-set", "cases[*].sampling.max_tokens=100", "--good-set", "cases[*].sampling.logprobs=3",
@@ -174,5 +189,90 @@ def test_rope_longseq_output_length_is_refused_at_either_end(demo_upstream: Demo
     assert exited.value.code == 2
     error = [line for line in capsys.readouterr().err.splitlines() if line.startswith("bisect-npu: error:")]
     assert len(error) == 1 and "cases[*].sampling.max_tokens: the recipe's output is compared with the good " \
-                               "variant's" in error[0]
+                               "variant's" in error[0] and "give --reference-at REF" in error[0]
     assert not (tmp_path / "session" / "configurations").exists()
+
+
+@pytest.mark.parametrize(("recipe", "reference", "expected"), [
+    ("demo-rope-longseq", "v0.8.9", "--reference-at v0.8.9: "),
+    ("demo-rope-longseq", "v0.10.0rc1", "is the commit the settings are searched at"),
+    ("demo-async-penalty", "v0.9.0", "compares no output with a good end's (reference.kind none), so it needs no "
+                                     "reference commit; drop --reference-at"),
+])
+def test_a_reference_commit_that_cannot_serve_is_one_line(demo_upstream: DemoUpstream, tmp_path: Path, recipe: str,
+                                                          reference: str, expected: str,
+                                                          capsys: pytest.CaptureFixture[str]) -> None:
+    """A ref that does not exist, the searched commit itself, and a recipe whose oracle compares
+    with no good end (its reference commit would change nothing: refused, not ignored)."""
+    from bisect_npu.cli import main
+
+    repo, _ = demo_upstream
+    with pytest.raises(SystemExit) as exited:
+        main(["settings", "--repo", str(repo), "--at", "v0.10.0rc1", "--recipe", recipe, "--good-set",
+              "cases[*].sampling.max_tokens=100", "--reference-at", reference, "--session", str(tmp_path / "session"),
+              "--no-verdict-store"])
+    assert exited.value.code == 2
+    error = [line for line in capsys.readouterr().err.splitlines() if line.startswith("bisect-npu: error:")]
+    assert len(error) == 1 and expected in error[0], error
+    assert not (tmp_path / "session" / "configurations").exists()
+
+
+def test_a_reference_commit_where_the_good_variant_is_bad_exits_4(demo_upstream: DemoUpstream,
+                                                                    tmp_path: Path) -> None:
+    """async-penalty judged by its loop and against the good end's tokens, with a good variant
+    that drops the penalty: greedy output loops without it at v0.9.0 too, so v0.9.0 is no
+    reference commit for that variant; the search stops as a commit search does for its ends."""
+    raw = yaml.safe_load(Path(load_recipe("demo-async-penalty").source or "").read_text())
+    raw["oracle"]["kinds"] = ["repetition", "tokens"]
+    raw["reference"] = {"kind": "good_end"}
+    recipe = tmp_path / "compared.yaml"
+    recipe.write_text(yaml.safe_dump(raw))
+    repo, _ = demo_upstream
+    done = subprocess.run([*CLI, "--repo", str(repo), "--at", "v0.9.1", "--recipe", str(recipe),
+                           "--good-set", "cases[*].sampling.repetition_penalty=1.0", "--reference-at", "v0.9.0",
+                           "--session", str(tmp_path / "session"), "--no-verdict-store", "--json"],
+                          cwd=tmp_path, capture_output=True, text=True, timeout=600)
+    assert done.returncode == 4, done.stdout + done.stderr[-3000:]
+    assert summary(done)["status"] == "ends_wrong"
+    assert "precondition failed: the good variant (cases[*].sampling.repetition_penalty=1.0) is bad at the " \
+           "reference commit" in done.stdout and "give a --reference-at where it passes" in done.stdout
+    rows = json.loads((tmp_path / "session" / "report.json").read_text())["configurations"]
+    assert [row["verdict"] for row in rows] == ["bad", "skip"]
+
+
+def test_reference_runs_resume_and_key_the_verdict_store(demo_upstream: DemoUpstream, tmp_path: Path) -> None:
+    """rope-longseq against v0.9.0: a search killed mid-way continues without running a
+    configuration again, here or at the reference commit; a second session takes every verdict
+    from the store and runs nothing; one against another reference commit reuses none."""
+    store = tmp_path / "verdicts.sqlite"
+    session = tmp_path / "first"
+    done = search(demo_upstream, "rope-longseq", session, "--verdict-store", str(store))
+    assert done.returncode == 0, done.stdout + done.stderr[-3000:]
+
+    journal = session / "settings.jsonl"
+    lines = journal.read_text().splitlines(keepends=True)
+    kept = [i for i, line in enumerate(lines) if '"type":"configuration"' in line][1]
+    trial = next(line for line in lines[kept + 1:] if '"type":"reference_trial"' in line)
+    journal.write_text("".join(lines[: kept + 1]) + trial + '{"type":"reference_tri')  # killed at the reference
+    elsewhere = search(demo_upstream, "rope-longseq", session, "--no-verdict-store", "--reference-at", "v0.9.1")
+    assert elsewhere.returncode == 2 and "judges against the reference commit" in elsewhere.stderr, elsewhere.stderr
+    resumed = search(demo_upstream, "rope-longseq", session, "--no-verdict-store")
+    assert resumed.returncode == 0, resumed.stdout + resumed.stderr[-3000:]
+    assert summary(resumed)["trigger"] == ["cases[*].sampling.max_tokens"]
+    records = [json.loads(line) for line in journal.read_text().splitlines()]
+    for kind in ("configuration", "reference", "reference_trial"):
+        digests = [r["digest"] for r in records if r["type"] == kind]
+        assert len(digests) == len(set(digests)) == summary(done)["configurations"], kind
+
+    again = search(demo_upstream, "rope-longseq", tmp_path / "second", "--verdict-store", str(store))
+    assert again.returncode == 0, again.stdout + again.stderr[-3000:]
+    report = json.loads((tmp_path / "second" / "report.json").read_text())
+    assert {row["build"] for row in report["configurations"]} == {"stored"}
+    assert '"type":"reference"' not in (tmp_path / "second" / "settings.jsonl").read_text()
+
+    other = search(demo_upstream, "rope-longseq", tmp_path / "third", "--verdict-store", str(store),
+                   "--reference-at", "v0.9.1")
+    assert other.returncode == 0, other.stdout + other.stderr[-3000:]
+    report = json.loads((tmp_path / "third" / "report.json").read_text())
+    assert "stored" not in {row["build"] for row in report["configurations"]}
+    assert report["reference_commit"] == demo_upstream[1].tags["v0.9.1"]

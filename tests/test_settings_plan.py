@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+import re
 from pathlib import Path
 
 import pytest
@@ -58,13 +60,48 @@ def test_an_output_length_against_the_good_variants_output_is_refused() -> None:
     request = SettingsRequest(repo=".", recipe="demo-rope-longseq",
                               good_set=["cases[*].sampling.max_tokens=100", "cases[*].sampling.logprobs=3"])
     with pytest.raises(UsageError, match=r"^cases\[\*\]\.sampling\.max_tokens: the recipe's output is compared with "
-                                         r"the good variant's .* at max_tokens 100 has no tokens past that"):
+                                         r"the good variant's .* at max_tokens 100 has no tokens past that; .*: give "
+                                         r"--reference-at REF \(a commit where the case is good"):
         plan_differences(recipe, request)
+    with_reference = dataclasses.replace(request, reference_at="v0.9.0")  # each configuration against itself there
+    assert [d.key for d in plan_differences(recipe, with_reference)[0]] == ["cases[*].sampling.max_tokens",
+                                                                            "cases[*].sampling.logprobs"]
     assert [d.key for d in plan_differences(recipe, SettingsRequest(
         repo=".", recipe="demo-rope-longseq", good_set=["cases[*].sampling.logprobs=3"]))[0]] == [
         "cases[*].sampling.logprobs"]
     async_penalty = plan(good_set=["cases[*].sampling.max_tokens=100"])[0]  # no reference: the length is a key
     assert [d.key for d in async_penalty] == ["cases[*].sampling.max_tokens"]
+
+
+def throughput_recipe(tmp_path: Path) -> str:
+    """demo-async-penalty served under load, its throughput judged against the good end's."""
+    raw = yaml.safe_load(Path(load_recipe(BAD).source or "").read_text())
+    raw["engine"].update(backend="openai", launcher=["{python}", "-m", "{probe}.serve_mini", "{model}"],
+                         load={"concurrency": 4, "requests": 8})
+    raw["oracle"] = {"kinds": ["throughput"], "throughput": {"reference": "good_end"}}
+    raw["reference"] = {"kind": "good_end"}
+    path = tmp_path / "throughput.yaml"
+    path.write_text(yaml.safe_dump(raw))
+    return str(path)
+
+
+@pytest.mark.parametrize(("setting", "what"), [("engine.load.concurrency=1", "the load"),
+                                               ("engine.load.requests=1", "the load"),
+                                               ("cases[*].sampling.max_tokens=64", "the output length")])
+def test_a_throughput_against_the_good_variants_is_refused_for_load_and_length(tmp_path: Path, setting: str,
+                                                                              what: str) -> None:
+    """A throughput compared with the good end's changes with the load and the output length at any
+    commit: against the good variant at the same commit the search would name the key anywhere."""
+    path = throughput_recipe(tmp_path)
+    request = SettingsRequest(repo=".", recipe=path, good_set=[setting, "engine.args.async_scheduling=false"])
+    key = setting.partition("=")[0]
+    with pytest.raises(UsageError, match=f"^{re.escape(key)}: the recipe's throughput is compared with the good "
+                                         f"variant's .* {what} changes the throughput at any commit: give "
+                                         "--reference-at REF"):
+        plan_differences(load_recipe(path), request)
+    assert len(plan_differences(load_recipe(path), dataclasses.replace(request, reference_at="v0.9.0"))[0]) == 2
+    async_only = SettingsRequest(repo=".", recipe=path, good_set=["engine.args.async_scheduling=false"])
+    assert [d.key for d in plan_differences(load_recipe(path), async_only)[0]] == ["engine.args.async_scheduling"]
 
 
 def _one_commit_repo(path: Path) -> Path:

@@ -36,11 +36,15 @@ def search_settings(*, repo: str | None = None, ref: str | None = None, recipe: 
                     dep_repos: Sequence[str] = (), timeout_s: float = TRIAL_TIMEOUT_S,
                     session_dir: str | Path | None = None, after: str | Path | None = None,
                     verdict_store: str | Path | None = None, no_verdict_store: bool = False,
+                    reference_at: str | None = None,
                     on_session: Callable[[Path], None] | None = None) -> SettingsOutcome:
     """Find the smallest set of settings that turns the good variant bad at `ref`: `recipe` is the
     bad case, `good_set` (KEY=VALUE), `good_recipe` or `vary` (KEY=V1,V2,...) give the good variant.
     `after`: a finished commit session, whose culprit, repository and recipe stand for those not
-    given, whose settings/ holds the search and whose report gains its section. `session_dir`
+    given, whose settings/ holds the search and whose report gains its section. `reference_at`: a
+    commit where the case is good, against whose run of each configuration that configuration is
+    judged (a recipe compared with the good end's output; with `after`, where the keys need one, the
+    default is that session's good end). `session_dir`
     holding a settings search continues it. `on_session` is called with the search's directory
     before anything runs."""
     from bisect_npu.execute.ascend import parse_devices
@@ -59,7 +63,7 @@ def search_settings(*, repo: str | None = None, ref: str | None = None, recipe: 
         repo=repo, recipe=recipe, ref=ref, good_set=tuple(good_set), good_recipe=good_recipe, vary=tuple(vary),
         mode=mode, confidence=confidence, executor=executor,
         devices=parse_devices(devices) if devices is not None else [], dep_repos=tuple(dep_repos),
-        timeout_s=timeout_s, after_session=after_dir))
+        timeout_s=timeout_s, after_session=after_dir, reference_at=reference_at))
     if after_dir is not None:
         session_dir = session_dir or after_dir / SETTINGS_DIR
     store = None if no_verdict_store else str(Path(verdict_store or default_verdict_store()).resolve())

@@ -44,6 +44,11 @@ from bisect_npu.defaults import TRIAL_TIMEOUT_S
 @click.option("--after", "after", type=click.Path(file_okay=False, path_type=Path),
               help="A finished commit session: search the settings at its culprit, with its repository and recipe; "
                    "its report gains the Settings section.")
+@click.option("--reference-at", "reference_at", metavar="REF",
+              help="A commit where the case is good (the commit search's good end): each configuration is judged "
+                   "against its own output there, run once. Needed where the recipe compares with the good end's "
+                   "output and the output length (or, for a throughput, the load) is a key [default with --after, "
+                   "where needed: that session's good end].")
 @click.option("--verdict-store", "verdict_store", type=click.Path(dir_okay=False, path_type=Path),
               help="The verdict store sessions share (a configuration's verdict is kept under its own recipe "
                    "digest) [default: $BISECT_NPU_VERDICT_STORE, else verdicts.sqlite in the cache].")
@@ -54,8 +59,8 @@ def settings(repo: str | None, ref: str | None, recipe: str | None, good_set: tu
              good_recipe: str | None, vary: tuple[str, ...], mode: Literal["exact", "noisy"] | None,
              confidence: float | None, executor: Literal["local", "docker", "ray"], devices: str | None,
              dep_repos: tuple[str, ...], timeout_s: float,
-             session_dir: Path | None, after: Path | None, verdict_store: Path | None, no_verdict_store: bool,
-             as_json: bool) -> None:
+             session_dir: Path | None, after: Path | None, reference_at: str | None, verdict_store: Path | None,
+             no_verdict_store: bool, as_json: bool) -> None:
     """Find the smallest set of settings that turns the good variant bad at one commit.
 
     The recipe is the bad case; --good-set, --good-recipe or --vary give a good variant. Delta
@@ -70,7 +75,8 @@ def settings(repo: str | None, ref: str | None, recipe: str | None, good_set: tu
     result = api.search_settings(repo=repo, ref=ref, recipe=recipe, good_set=good_set, good_recipe=good_recipe,
                                  vary=vary, mode=mode, confidence=confidence, executor=executor, devices=devices,
                                  dep_repos=dep_repos, timeout_s=timeout_s, session_dir=session_dir, after=after,
-                                 verdict_store=verdict_store, no_verdict_store=no_verdict_store, on_session=started)
+                                 verdict_store=verdict_store, no_verdict_store=no_verdict_store,
+                                 reference_at=reference_at, on_session=started)
     click.echo(result.message)
     click.echo(f"report: {result.report}")
     if as_json:

@@ -20,7 +20,7 @@ from bisect_npu.demo.manifest import CaseTruth, CommitRef, CompiledTouch, Depend
 from bisect_npu.demo.writer import Commit, History, templates
 from bisect_npu.paths import cache_root
 
-GENERATOR_VERSION = "4"
+GENERATOR_VERSION = "5"
 TEMPLATE_DIR = Path(__file__).resolve().parent / "upstream"
 BUILD_COMMAND = ["python", "tools/build_kernels.py"]
 MAIN, RELEASE = "main", "v0.9.1-dev"
@@ -56,9 +56,9 @@ DEFAULT_CASE = "async-penalty"
 # name -> (the good variant at the bad end, as --good-set takes it, the keys that trigger the symptom).
 # Besides the trigger each holds differences that change nothing there: the loop guard's tokens, a
 # logging variable the engine reads, its thread count at the default, a sampling knob greedy ignores.
-# rope-longseq has none: its trigger is the output length, and its tokens are judged against the
-# good variant's output, which a longer one mismatches by length at any commit (the search refuses
-# the key: orchestration/settings.py, check_comparable).
+# rope-longseq's trigger is the output length: its tokens are judged against the good end's output,
+# so the search needs a reference commit (SETTINGS_REFERENCE), where each configuration's own
+# output is its reference (a longer output would mismatch the good variant's by length at any commit).
 SETTINGS: dict[str, tuple[dict[str, object], list[str]]] = {
     "async-penalty": ({"cases[*].sampling.logprobs": 3, "engine.args.async_scheduling": False,
                        "environment.TINYVLLM_LOGGING_LEVEL": "WARNING", "cases[*].sampling.top_p": 0.9},
@@ -74,7 +74,13 @@ SETTINGS: dict[str, tuple[dict[str, object], list[str]]] = {
     "dependency": ({"cases[*].sampling.presence_penalty": 1.5, "cases[*].sampling.frequency_penalty": 1.0,
                     "cases[*].sampling.logprobs": 3, "environment.TINYVLLM_LOGGING_LEVEL": "WARNING"},
                    ["cases[*].sampling.frequency_penalty"]),
+    # The drift starts once positions pass 128: 200 tokens show it, 100 end before it.
+    "rope-longseq": ({"cases[*].sampling.max_tokens": 100, "cases[*].sampling.logprobs": 3,
+                      "environment.TINYVLLM_LOGGING_LEVEL": "WARNING", "engine.args.num_threads": 1},
+                     ["cases[*].sampling.max_tokens"]),
 }
+# name -> the reference commit its settings search needs (`--reference-at`): the case's good end.
+SETTINGS_REFERENCE = {"rope-longseq": "v0.9.0"}
 
 
 def _fillers(state: History, branch: str, count: int, maker: P.FillerMaker) -> None:
@@ -202,7 +208,8 @@ def _manifest(dest: Path, seed: int, state: History, sha_of: dict[int, str],
                                culprit_parent=sha_of[culprit.parent],
                                fixes=[ref(c) for c in by_role.get(f"fix:{role}", [])],
                                dependency=dependency_truths.get(name),
-                               settings=SettingsTruth(good_set=SETTINGS[name][0], trigger=SETTINGS[name][1])
+                               settings=SettingsTruth(good_set=SETTINGS[name][0], trigger=SETTINGS[name][1],
+                                                      reference_at=SETTINGS_REFERENCE.get(name))
                                if name in SETTINGS else None))
     compiled = [CompiledTouch(sha=sha_of[c.mark], paths=[p for p in c.paths if p.startswith(_COMPILED_PREFIXES)])
                 for c in state.commits if any(p.startswith(_COMPILED_PREFIXES) for p in c.paths)]

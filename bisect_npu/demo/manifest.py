@@ -36,10 +36,13 @@ class DependencyTruth(BaseModel):
 class SettingsTruth(BaseModel):
     """A settings search of the case at its bad end (`bisect-npu settings --at BAD_REF`): the good
     variant `good_set` (what `--good-set KEY=VALUE` gives, in that order) holds the trigger's good
-    values and differences that change nothing; the search must name exactly `trigger`."""
+    values and differences that change nothing; the search must name exactly `trigger`.
+    `reference_at`: the commit the search judges each configuration against (`--reference-at`),
+    where its recipe compares with the good end's output and the trigger is the output length."""
 
     good_set: dict[str, Any]
     trigger: list[str]
+    reference_at: str | None = None
 
 
 class CaseTruth(BaseModel):

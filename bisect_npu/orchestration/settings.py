@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING, Any, Literal
 
 from bisect_npu import __version__
 from bisect_npu.builders.base import Builder
-from bisect_npu.contracts import Observation, VerdictKind
+from bisect_npu.contracts import Observation, Verdict, VerdictKind
 from bisect_npu.defaults import TRIAL_TIMEOUT_S
 from bisect_npu.errors import UsageError
 from bisect_npu.execute.base import Executor
@@ -45,7 +45,7 @@ from bisect_npu.recipe.settings import (
     parse_assignment,
     show,
 )
-from bisect_npu.records import BuildInfo, TrialRun
+from bisect_npu.records import BuildInfo, HeaderRecord, TrialRun
 from bisect_npu.request import ExecutorSpec, JudgeSpec, RangeSpec, RunRequest, SearchSpec, StoreSpec
 from bisect_npu.search import EndsWrong, Evidence
 from bisect_npu.search.ddmin import Ask, Configuration, SettingsProblem, Trigger, decide_ddmin, read_trials
@@ -53,6 +53,8 @@ from bisect_npu.settings_journal import (
     ConfigurationRecord,
     ConfigurationTrial,
     DifferenceRecord,
+    ReferenceRecord,
+    ReferenceTrial,
     SettingsEnd,
     SettingsHeader,
     SettingsJournal,
@@ -84,6 +86,12 @@ class SettingsRequest:
     timeout_s: float = TRIAL_TIMEOUT_S
     verdict_store: str | None = None
     after_session: Path | None = None
+    # --reference-at: a commit where the case is good; each configuration is judged against its
+    # own output there (a recipe compared with the good end's output only).
+    reference_at: str | None = None
+    # The after_session's good end: the reference commit where the keys need one (reference_cause)
+    # and --reference-at is not given; None where that session names none (find-fix, versions).
+    session_good: str | None = None
 
 
 @dataclass(frozen=True)
@@ -107,9 +115,11 @@ def with_session(request: SettingsRequest) -> SettingsRequest:
         if request.recipe is None:
             raise UsageError("a settings search needs --recipe (the bad case) or --after SESSION")
         return replace(request, repo=request.repo or ".")
+    journal = Journal.open(after, read_only=True)
+    if request.session_good is None:
+        request = replace(request, session_good=good_end_of(journal.header))
     if request.repo and request.recipe and request.ref:
         return replace(request, after_session=after.resolve())
-    journal = Journal.open(after, read_only=True)
     end = next((e for e in reversed(journal.entries) if isinstance(e, EndRecord)), None)
     if request.ref is None and (end is None or end.status != "found" or end.culprit is None):
         raise UsageError(f"--after {after}: the session named no culprit; give --at REF for the commit to search at")
@@ -119,6 +129,14 @@ def with_session(request: SettingsRequest) -> SettingsRequest:
         raise UsageError(f"--after {after}: the session was judged by no recipe; give --recipe (the bad case)")
     return replace(request, repo=request.repo or asked.range.repo or ".", recipe=recipe,
                    ref=request.ref or (end.culprit if end else None), after_session=after.resolve())
+
+
+def good_end_of(header: HeaderRecord) -> str | None:
+    """A commit session's good end, as a settings search's reference commit: none for a search
+    for a fix (its old end has the symptom) or over published versions (no commit of the repository)."""
+    if header.range.kind != "commits" or header.request.search.find_fix:
+        return None
+    return header.range.base
 
 
 def parse_vary(text: str) -> tuple[str, list[Any]]:
@@ -152,25 +170,50 @@ def plan_differences(recipe: Recipe, request: SettingsRequest) -> tuple[list[Dif
     if not found:
         raise UsageError("a settings search needs a good variant that differs from the recipe: --good-set KEY=VALUE, "
                          "--good-recipe FILE or --vary KEY=V1,V2")
-    check_comparable(recipe, found)
+    if request.reference_at is None and request.session_good is None and (cause := reference_cause(recipe, found)):
+        raise UsageError(cause)
     return found, further
 
 
-def check_comparable(recipe: Recipe, differences: Sequence[Difference]) -> None:
-    """Refuse an output length among the keys of a recipe judged against the good end's output.
+LOAD_KEYS = ("engine.load.concurrency", "engine.load.requests")
 
-    At one commit that reference is the good variant's output, at the good variant's length: an
-    output of another length differs from it in length whatever the commit (a mismatch at the
-    first token past the shorter one), and has no reference tokens at the positions past it, where
-    a long-output regression shows. The search would name the length at a good commit too."""
-    if recipe.reference.kind != "good_end" or recipe.accuracy is not None:
-        return
+
+def compares_with_good_end(recipe: Recipe) -> bool:
+    """Whether the oracle compares a run with the good end's output (an accuracy recipe's pairing
+    is its harness's, not a configuration's)."""
+    return recipe.reference.kind == "good_end" and recipe.accuracy is None
+
+
+def reference_cause(recipe: Recipe, differences: Sequence[Difference]) -> str | None:
+    """Why the good variant's output at the searched commit cannot be every configuration's
+    reference, as the error that refuses the search without a reference commit; None where it can.
+
+    An output length: the good variant's output has its length, so another length mismatches it
+    at the first token past the shorter one whatever the commit, and has no reference tokens past
+    it, where a long-output regression shows. A throughput judged against the good end's: the
+    output length and the load change the throughput at any commit. Either way the search would
+    name the key at a good commit too; against the same configuration at a good commit it does not."""
+    if not compares_with_good_end(recipe):
+        return None
+    throughput = recipe.oracle.throughput
+    against_good_end = "throughput" in recipe.oracle.kinds and throughput is not None and \
+        throughput.reference == "good_end"
     for difference in differences:
-        if difference.key.endswith(".sampling.max_tokens"):
-            raise UsageError(
-                f"{difference.key}: the recipe's output is compared with the good variant's (reference good_end), "
-                f"which at max_tokens {show(difference.good)} has no tokens past that; another length mismatches it "
-                "at any commit: hold the length fixed, or judge by an oracle that needs no reference (repetition)")
+        length = difference.key.endswith(".sampling.max_tokens")
+        if against_good_end and (length or difference.key in LOAD_KEYS):
+            return (f"{difference.key}: the recipe's throughput is compared with the good variant's (oracle.throughput."
+                    f"reference good_end), and {'the output length' if length else 'the load'} changes the throughput "
+                    f"at any commit: {_NEXT_STEP}, or hold the key fixed")
+        if length:
+            return (f"{difference.key}: the recipe's output is compared with the good variant's (reference good_end), "
+                    f"which at max_tokens {show(difference.good)} has no tokens past that; another length mismatches "
+                    f"it at any commit: {_NEXT_STEP}, hold the length fixed, or judge by an oracle that needs no "
+                    "reference (repetition)")
+    return None
+
+
+_NEXT_STEP = ("give --reference-at REF (a commit where the case is good, such as the commit search's good end: each "
+              "configuration is then judged against its own output there)")
 
 
 class SettingsSearch:
@@ -191,6 +234,7 @@ class SettingsSearch:
         self._executors: dict[tuple[tuple[str, str], ...], Executor] = {}
         self._memories: dict[str, VerdictReuse | None] = {}
         self.reference: list[Observation] | None = load_golden(recipe) if recipe.reference.kind == "golden" else None
+        self.reference_commit = self.header.reference_commit
 
     # -- construction -------------------------------------------------------------------------
 
@@ -211,6 +255,8 @@ class SettingsSearch:
                 journal.close()
                 raise UsageError(f"recipe {request.recipe} changed since settings search {session_dir} started; "
                                  "start a new one with another --session")
+            cls._check_same_reference(request, journal)
+            request = replace(request, reference_at=journal.header.reference_ref)
             given = [d.key for d in plan_differences(recipe, request)[0]] if cls._asks_variant(request) else None
             if given is not None and given != [d.key for d in journal.header.differences]:
                 journal.close()
@@ -249,6 +295,25 @@ class SettingsSearch:
         return spec, session_evaluator(spec, repo, recipe, session_dir, builder, executor)
 
     @staticmethod
+    def _check_same_reference(request: SettingsRequest, journal: SettingsJournal) -> None:
+        """A search continues against the reference it started with (its verdicts are judged against it)."""
+        started = journal.header.reference_commit
+        if request.reference_at is None:
+            return
+        try:
+            asked = history.resolve_ref(history.open_repo(journal.header.repo), request.reference_at)
+        except UsageError as exc:
+            journal.close()
+            raise UsageError(f"--reference-at {request.reference_at}: {exc}") from None
+        if asked != started:
+            journal.close()
+            was = f"the reference commit {started[:12]} ({journal.header.reference_ref})" if started else \
+                "no reference commit"
+            raise UsageError(f"settings search {journal.session_dir} judges against {was}, not --reference-at "
+                             f"{request.reference_at}; continue it without --reference-at, or start a new one with "
+                             "another --session")
+
+    @staticmethod
     def _asks_variant(request: SettingsRequest) -> bool:
         return bool(request.good_set or request.good_recipe or request.vary)
 
@@ -260,7 +325,23 @@ class SettingsSearch:
         if ref is None:
             raise UsageError("a settings search runs at one commit: give --at REF (or --after SESSION)")
         commit = history.resolve_ref(repo, ref)
+        if request.reference_at is not None and not compares_with_good_end(recipe):
+            raise UsageError(f"--reference-at {request.reference_at}: recipe {recipe.name} compares no output with a "
+                             f"good end's (reference.kind {recipe.reference.kind}"
+                             f"{', an accuracy recipe' if recipe.accuracy is not None else ''}), so it needs no "
+                             "reference commit; drop --reference-at")
         differences, further = plan_differences(recipe, request)
+        reference_ref = request.reference_at or (request.session_good if reference_cause(recipe, differences) else None)
+        reference_commit = None
+        if reference_ref is not None:
+            try:
+                reference_commit = history.resolve_ref(repo, reference_ref)
+            except UsageError as exc:
+                raise UsageError(f"--reference-at {reference_ref}: {exc}") from None
+            if reference_commit == commit:
+                raise UsageError(f"--reference-at {reference_ref} is the commit the settings are searched at "
+                                 f"({commit[:12]}), where every configuration would match itself; give a commit "
+                                 "where the case is good (the commit search's good end)")
         mode = request.mode or recipe.trials.mode
         noisy = mode == "noisy"
         return SettingsHeader(
@@ -275,7 +356,8 @@ class SettingsSearch:
             max_trials=recipe.oracle.stats.max_trials if noisy else 1, executor=request.executor,
             devices=list(request.devices), dep_repos=list(request.dep_repos),
             timeout_s=request.timeout_s, verdict_store=request.verdict_store,
-            after_session=str(request.after_session) if request.after_session else None)
+            after_session=str(request.after_session) if request.after_session else None,
+            reference_ref=reference_ref, reference_commit=reference_commit)
 
     # -- configurations -----------------------------------------------------------------------
 
@@ -324,7 +406,7 @@ class SettingsSearch:
 
     def _ensure_reference(self) -> None:
         """A recipe judged against the good end's output is judged here against the good variant's."""
-        if self.recipe.reference.kind != "good_end" or self.reference is not None:
+        if self.recipe.reference.kind != "good_end" or self.reference is not None or self.reference_commit:
             return
         good = self._records(frozenset())
         if not good:
@@ -350,11 +432,16 @@ class SettingsSearch:
         return self._executors[key]
 
     def _memory(self, recipe: Recipe) -> VerdictReuse | None:
-        """The verdict store under this configuration's recipe digest (with the good variant as the
-        reference where the oracle compares against it)."""
+        """The verdict store under this configuration's recipe digest, relative to what the oracle
+        compares it with: the reference commit (where the configuration itself is the reference,
+        as a commit search's good end is), else the good variant."""
         digest = recipe.digest()
         if digest not in self._memories:
-            reference = self.recipe_of(frozenset()).digest() if self.recipe.reference.kind == "good_end" else ""
+            reference = ""
+            if self.reference_commit:
+                reference = self.reference_commit
+            elif self.recipe.reference.kind == "good_end":
+                reference = self.recipe_of(frozenset()).digest()
             self._memories[digest] = open_verdict_reuse(self.spec, recipe, self.journal.session_dir, reference,
                                                  self.progress)
         return self._memories[digest]
@@ -378,9 +465,23 @@ class SettingsSearch:
             self.journal.append(record)
             self.progress.note(f"configuration {self._label(configuration, check)}: {stored.verdict.reason}")
             return record
-        evaluator = _ConfigurationEvaluator(digest, self.base.builder, self._executor_for(recipe),
-                                            self.journal.session_dir, recipe=recipe, timeout_s=self.header.timeout_s)
+        evaluator = _ConfigurationEvaluator(Path("configurations") / digest, self.base.builder,
+                                            self._executor_for(recipe), self.journal.session_dir, recipe=recipe,
+                                            timeout_s=self.header.timeout_s)
         evaluator.reference = self.reference
+        if self.reference_commit and not as_reference:
+            reference = self._reference_run(configuration, recipe, check)
+            if reference.verdict.kind != VerdictKind.GOOD:
+                record = ConfigurationRecord(
+                    configuration=sorted(configuration), digest=digest, settings=settings, build=reference.build,
+                    verdict=Verdict(kind=VerdictKind.SKIP, trials=0, reason=(
+                        f"{reference.verdict.kind.value} at the reference commit {self._reference_label()}: "
+                        f"{reference.verdict.reason}")), value_check=check)
+                self.journal.append(record)
+                self.progress.note(f"configuration {self._label(configuration, check)}: {record.verdict.reason}")
+                return record
+            evaluator.reference = [Observation.load(self.base.abs(t.observation)) for t in reference.trials
+                                   if t.observation]
         pending = self._pending(digest) if not noisy else []
         number = itertools.count(self._next_trial(digest))
 
@@ -401,6 +502,37 @@ class SettingsSearch:
         if memory is not None:
             self._keep(memory, digest, result, build_key)
         return record
+
+    def _reference_run(self, configuration: Configuration, recipe: Recipe, check: str | None) -> ReferenceRecord:
+        """The configuration at the reference commit: journaled once (an interrupted run's trials
+        kept), so neither the rest of the search nor a resumed one runs it again."""
+        assert self.reference_commit is not None
+        digest = recipe.digest()
+        done = next((e for e in self.journal.entries if isinstance(e, ReferenceRecord) and e.digest == digest), None)
+        if done is not None:
+            return done
+        pending = [TrialRun.model_validate(e.model_dump()) for e in self.journal.entries
+                   if isinstance(e, ReferenceTrial) and e.digest == digest]
+        evaluator = _ConfigurationEvaluator(Path("references") / digest, self.base.builder, self._executor_for(recipe),
+                                            self.journal.session_dir, recipe=recipe, timeout_s=self.header.timeout_s)
+
+        def on_trial(run: TrialRun) -> None:
+            self.journal.append(ReferenceTrial(configuration=sorted(configuration), digest=digest, **run.model_dump()))
+
+        label = self._label(configuration, check)
+        self.progress.note(f"configuration {label} at the reference commit {self._reference_label()}: running "
+                           f"{recipe.trials.count} trial(s)")
+        result = evaluator.evaluate(EvaluationRequest(self.reference_commit, recipe.trials.count, tuple(pending),
+                                                      on_trial, as_reference=True))
+        record = ReferenceRecord(configuration=sorted(configuration), digest=digest, commit=self.reference_commit,
+                                 build=result.build, verdict=result.verdict, trials=result.trials,
+                                 seconds=result.seconds)
+        self.journal.append(record)
+        return record
+
+    def _reference_label(self) -> str:
+        assert self.reference_commit is not None
+        return f"{self.reference_commit[:12]} ({self.header.reference_ref})"
 
     def _keep(self, memory: VerdictReuse, digest: str, result: StepResult, build_key: str) -> None:
         """This search's verdict of the configuration, with its trials' tally in noisy mode."""
@@ -475,7 +607,14 @@ class SettingsSearch:
     def _finish_wrong(self, wrong: EndsWrong) -> SettingsResult:
         given = ", ".join(f"{d.key}={show(d.good)}" for d in self.differences)
         at = f"{self.header.commit[:12]} ({self.header.ref})"
-        if wrong.figures.get("skipped"):
+        side_keys = frozenset() if wrong.which == "good" else frozenset(range(len(self.differences)))
+        reference = next((e for e in self.journal.entries if isinstance(e, ReferenceRecord)
+                          and frozenset(e.configuration) == side_keys and e.verdict.kind != VerdictKind.GOOD), None)
+        if wrong.figures.get("skipped") and reference is not None:
+            side = f"the good variant ({given})" if wrong.which == "good" else "the recipe"
+            message = (f"precondition failed: {side} is {reference.verdict.kind.value} at the reference commit "
+                       f"{self._reference_label()} ({reference.verdict.reason}); give a --reference-at where it passes")
+        elif wrong.figures.get("skipped"):
             side = "the good variant" if wrong.which == "good" else "the bad recipe"
             message = (f"precondition failed: {side} could not be run at {at}; see its log under "
                        f"{self.journal.session_dir / 'configurations'}, fix the recipe or the build")
@@ -506,15 +645,15 @@ class SettingsSearch:
 
 
 class _ConfigurationEvaluator(Evaluator):
-    """An Evaluator whose runs of the commit lie in the configuration's own directory (the commit
-    is the same for every configuration; the observations must not be)."""
+    """An Evaluator whose runs of the commit lie in the configuration's own directory, `step`
+    under the session (the commit is the same for every configuration; the observations must not be)."""
 
-    def __init__(self, digest: str, *args: Any, **kwargs: Any) -> None:
+    def __init__(self, step: Path, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
-        self.digest = digest
+        self.step = step
 
     def step_dir(self, commit: str) -> Path:
-        return self.session_dir / "configurations" / self.digest
+        return self.session_dir / self.step
 
 
 def search_at_culprit(session: Session, level: SettingsLevel) -> SettingsResult:
@@ -531,7 +670,8 @@ def search_at_culprit(session: Session, level: SettingsLevel) -> SettingsResult:
         repo=spec.range.repo or ".", recipe=spec.judge.recipe, ref=level.commit, good_set=level.good_set,
         mode=spec.search.mode, confidence=spec.search.confidence, executor=executor,
         devices=spec.executor.devices, dep_repos=spec.search.dep_repos, timeout_s=spec.judge.timeout_s,
-        verdict_store=spec.store.verdict_store, after_session=session.journal.session_dir)
+        verdict_store=spec.store.verdict_store, after_session=session.journal.session_dir,
+        session_good=good_end_of(session.journal.header))
     directory = session.journal.session_dir / SETTINGS_DIR
     session.progress.note(f"searching the settings the culprit {level.commit[:12]} needs ({len(level.good_set)} "
                           "given by --settings)")

@@ -13,6 +13,7 @@ from bisect_npu.recipe.settings import show
 from bisect_npu.settings_journal import (
     ConfigurationRecord,
     ConfigurationTrial,
+    ReferenceRecord,
     SettingsEnd,
     SettingsEntry,
     SettingsHeader,
@@ -109,6 +110,11 @@ def settings_markdown(session_dir: Path, after_commit_search: bool = False) -> s
     lines.append(f"A settings search at {at} ({'the culprit' if after_commit_search else header.ref}), "
                  f"{header.mode} mode, over {len(header.differences)} difference(s) between the recipe (bad) and "
                  f"the good variant ({', '.join(f'`{g}`' for g in header.good_given)}).")
+    if header.reference_commit:
+        runs = sum(isinstance(e, ReferenceRecord) for e in entries)
+        lines.append(f"Each configuration is judged against its own output at the reference commit "
+                     f"`{header.reference_commit[:12]}` ({header.reference_ref}), where it ran once "
+                     f"({runs} reference run(s)).")
     lines.append("")
     if end is None:
         lines.append("The search has not finished yet.")
@@ -144,6 +150,7 @@ def settings_json(session_dir: Path) -> dict[str, Any] | None:
     end = next((e for e in entries if isinstance(e, SettingsEnd)), None)
     return {
         "commit": header.commit,
+        "reference_commit": header.reference_commit,
         "mode": header.mode,
         "status": end.status if end is not None else "running",
         "message": end.message if end is not None else None,

@@ -12,6 +12,7 @@ from __future__ import annotations
 import http.client
 import json
 import os
+import shutil
 import socket
 import subprocess
 import sys
@@ -435,3 +436,19 @@ def test_harness_outputs_that_do_not_parse_are_errors(tmp_path):
         json.dumps({"id": 0, "error_info": "Connection refused"}) + "\n")
     with pytest.raises(HarnessError, match="requests to the server failed for 1 samples"):
         aisbench.read_samples(str(tmp_path / "ais"), None)
+
+
+def test_a_harness_missing_in_a_candidate_s_container_says_to_install_it_in_the_image(tmp_path):
+    """The probe as `--executor docker` mounts it (the package under another name): the host's
+    `make harness-*` venvs are not the next step there."""
+    from bisect_npu.execute.docker import PROBE_PACKAGE, probe_source_dir
+
+    shutil.copytree(probe_source_dir(), tmp_path / PROBE_PACKAGE)
+    script = f"from {PROBE_PACKAGE}.harness import find_executable\nfind_executable('aisbench')\n"
+    env = {"PATH": "/usr/bin:/bin", "BISECT_NPU_HARNESS_HOME": str(tmp_path / "none")}
+    done = subprocess.run([sys.executable, "-c", script], cwd=tmp_path, env=env, capture_output=True, text=True,
+                          timeout=60, check=False)
+    last = done.stderr.strip().splitlines()[-1]
+    assert "harness aisbench is not installed in the candidate's container" in last
+    assert "ais-bench-benchmark==3.1.20260630 in the image" in last and "$BISECT_NPU_AIS_BENCH" in last
+    assert "make harness" not in last

@@ -77,3 +77,38 @@ def test_the_loop_rate_recipe_repeats_the_prompt() -> None:
     recipe = load_recipe("qwen3-moe-loop-rate")
     assert recipe.accuracy is not None
     assert recipe.accuracy.metric == "loop_rate" and recipe.accuracy.repeats >= 20
+
+
+@pytest.mark.parametrize("cards", [0, 2])
+def test_the_dataset_and_a_task_file_reach_the_container_at_their_paths(cards: int, tmp_path: Path) -> None:
+    """A local dataset and task YAML are mounted read-only where the request names them (with NPUs
+    or without); a path this host lacks (the image may hold it) is not mounted."""
+    (tmp_path / "data").mkdir()
+    (tmp_path / "data" / "qa.jsonl").write_text('{"id": "1", "question": "q", "answer": "a"}\n')
+    (tmp_path / "task.yaml").write_text("task: qa\n")
+    recipe_file = tmp_path / "r.yaml"
+    recipe_file.write_text(RECIPE_WITH_FILES)
+    recipe = load_recipe(str(recipe_file))
+    request = probe_request(recipe, recipe.cases[0], commit="c0ffee", trial=0)
+    spec = container_spec_factory(spec_of(good="g", bad="b", executor="docker", devices=list(range(cards))),
+                                  recipe)("img", tmp_path / "out")
+    mounted = {m.target: (m.source, m.read_only) for m in spec.mounts}
+    dataset, task = request["accuracy"]["dataset"], request["accuracy"]["lm_eval"]["task"]
+    assert dataset == str(tmp_path / "data" / "qa.jsonl") and task == str(tmp_path / "task.yaml")
+    assert mounted[dataset] == (dataset, True) and mounted[task] == (task, True)
+    (tmp_path / "task.yaml").unlink()
+    spec = container_spec_factory(spec_of(good="g", bad="b", executor="docker", devices=list(range(cards))),
+                                  load_recipe(str(recipe_file)))("img", tmp_path / "out")
+    assert task not in {m.target for m in spec.mounts} and dataset in {m.target for m in spec.mounts}
+
+
+RECIPE_WITH_FILES = """
+name: local-files
+model: {path: /models/m}
+engine: {backend: openai, launcher: [vllm, serve, "{model}"]}
+accuracy:
+  harness: lm_eval
+  dataset: data/qa.jsonl
+  lm_eval: {task: task.yaml, model: local-completions}
+oracle: {kinds: [accuracy]}
+"""

@@ -8,7 +8,7 @@ plus the three management devices, the driver's libraries and tools mounted read
 from __future__ import annotations
 
 import re
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 from bisect_npu.errors import UsageError
@@ -67,11 +67,13 @@ def npu_run_env(host: str | None) -> dict[str, str]:
 
 def ascend_container_spec(image: str, out_dir: Path, *, devices: list[int], model_dir: Path | None = None,
                           model_path: str | None = None, env: Mapping[str, str] | None = None,
-                          shm_size: str = DEFAULT_SHM_SIZE, host: str | None = None) -> ContainerSpec:
+                          shm_size: str = DEFAULT_SHM_SIZE, host: str | None = None,
+                          inputs: Sequence[Path] = ()) -> ContainerSpec:
     """The spec for one candidate on the NPUs `devices`.
 
     `model_dir` (host) is mounted read-only at `model_path` (the recipe's path inside the container;
-    the same path when not given). DETERMINISM_ENV is always set, with the `host` type's HOST_ENV,
+    the same path when not given); each of `inputs` (an accuracy trial's dataset and configs) at
+    its own path, read-only. DETERMINISM_ENV is always set, with the `host` type's HOST_ENV,
     under the recipe's `env` (whose word wins): a token match or a logits diff means nothing when
     collectives reorder sums between runs. The network is docker's default bridge, as in
     vllm-ascend's quick start: HCCL and vLLM look for a host address on a real interface, and a
@@ -83,6 +85,7 @@ def ascend_container_spec(image: str, out_dir: Path, *, devices: list[int], mode
     mounts = [Mount(source=path, target=path, read_only=True) for path in DRIVER_MOUNTS]
     if model_dir is not None:
         mounts.append(Mount(source=str(model_dir), target=model_path or str(model_dir), read_only=True))
+    mounts += [Mount(source=str(path), target=str(path), read_only=True) for path in inputs]
     mounts.append(Mount(source=str(out_dir), target=OUT_DIR, read_only=False))
     return ContainerSpec(
         image=image,

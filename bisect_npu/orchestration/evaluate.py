@@ -422,12 +422,29 @@ def accuracy_request(recipe: Recipe, sample_ids: Sequence[str] | None) -> dict[s
                                                        "repeats"}),
                "dataset": str(spec.dataset_path(recipe.source)),
                "sample_ids": None if sample_ids is None else list(sample_ids)}
-    # A task YAML or dataset config given as a file is relative to the recipe, as the dataset is.
-    for section, key, suffixes in (("lm_eval", "task", (".yaml", ".yml")), ("aisbench", "dataset_conf", (".py",))):
-        value = (request.get(section) or {}).get(key)
-        if isinstance(value, str) and value.endswith(suffixes):
-            request[section][key] = str(spec.model_copy(update={"dataset": value}).dataset_path(recipe.source))
+    for section, key, path in _config_files(recipe):
+        request[section][key] = str(path)
     return request
+
+
+def _config_files(recipe: Recipe) -> list[tuple[str, str, Path]]:
+    """A task YAML or dataset config given as a file, resolved against the recipe as the dataset is."""
+    spec = recipe.accuracy
+    if spec is None:
+        return []
+    named = (("lm_eval", "task", spec.lm_eval.task if spec.lm_eval else None, (".yaml", ".yml")),
+             ("aisbench", "dataset_conf", spec.aisbench.dataset_conf if spec.aisbench else None, (".py",)))
+    return [(section, key, spec.model_copy(update={"dataset": value}).dataset_path(recipe.source))
+            for section, key, value, suffixes in named if value is not None and value.endswith(suffixes)]
+
+
+def accuracy_inputs(recipe: Recipe) -> list[Path]:
+    """The host files an accuracy trial reads besides the server (the dataset, a task YAML or a
+    dataset config given as a file), those that exist here: a container gets them at the same path."""
+    if recipe.accuracy is None:
+        return []
+    paths = [recipe.accuracy.dataset_path(recipe.source), *(path for _, _, path in _config_files(recipe))]
+    return [path for path in paths if path.exists()]
 
 
 def probe_request(recipe: Recipe, case: CaseSpec, commit: str, trial: int,

@@ -52,7 +52,7 @@ from bisect_npu.fix import APPLY_NAME
 from bisect_npu.journal import DEFAULT_ROOT, new_session_dir, session_label
 from bisect_npu.level import held_of, overlay_of
 from bisect_npu.nightly.cases import CaseRef
-from bisect_npu.orchestration.evaluate import EvaluationRequest, Evaluator
+from bisect_npu.orchestration.evaluate import EvaluationRequest, Evaluator, accuracy_inputs
 from bisect_npu.orchestration.nightly import NightlyEvaluator
 from bisect_npu.orchestration.options import SessionSpec, declared_dependencies, dep_repo_of
 from bisect_npu.orchestration.preflight import settle_devices
@@ -209,19 +209,23 @@ def _docker_environment(spec: SessionSpec, repo: git.Repo, recipe: Recipe | None
 
 def container_spec_factory(spec: SessionSpec, recipe: Recipe | None) -> Callable[[str, Path], ContainerSpec]:
     """What each candidate's container gets: with `--devices` the NPUs (execute/ascend.py), else
-    a plain CPU container (the demo); the recipe's environment and model mount either way."""
+    a plain CPU container (the demo); the recipe's environment, its model and an accuracy trial's
+    input files (read-only, at their host paths) either way."""
     env = dict(recipe.environment) if recipe else {}
     host_model = Path(recipe.model.host_path) if recipe and recipe.model.host_path else None
     model_path = recipe.model.path if recipe else None
+    inputs = accuracy_inputs(recipe) if recipe else []
     if spec.executor.devices:
         return functools.partial(ascend_container_spec, devices=list(spec.executor.devices),
-                                 model_dir=host_model, model_path=model_path, env=env, host=spec.context.host)
+                                 model_dir=host_model, model_path=model_path, env=env, host=spec.context.host,
+                                 inputs=inputs)
 
     def cpu_spec(image: str, out_dir: Path) -> ContainerSpec:
         spec = plain_container_spec(image, out_dir)
         mounts = list(spec.mounts)
         if host_model is not None:
             mounts.append(Mount(source=str(host_model), target=model_path or str(host_model)))
+        mounts += [Mount(source=str(path), target=str(path), read_only=True) for path in inputs]
         return spec.model_copy(update={"environment": env, "mounts": mounts})
 
     return cpu_spec

@@ -81,6 +81,12 @@ def harness_home() -> str:
                                                                     "harness")
 
 
+def in_candidate_container() -> bool:
+    """Whether the probe runs as the copy `--executor docker` mounts into a candidate's container
+    (package `bisect_npu_probe`), where the host's harness venvs are out of reach."""
+    return not (__package__ or "").startswith("bisect_npu.")
+
+
 def find_executable(name: str) -> str:
     """The harness's executable: `$<env var>`, else its venv under the harness home, else PATH."""
     install = INSTALLS[name]
@@ -96,6 +102,11 @@ def find_executable(name: str) -> str:
     on_path = shutil.which(install.command)
     if on_path:
         return on_path
+    if in_candidate_container():
+        raise HarnessError(f"harness {name} is not installed in the candidate's container (not on its PATH): "
+                           f"install {install.package}=={install.version} in the image (the Dockerfile, or the "
+                           f"base image), or set ${install.env_var} in the recipe's environment to its "
+                           f"{install.command} there; a venv on the host does not reach the container")
     raise HarnessError(f"harness {name} is not installed: run `make {install.make_target}` (installs "
                        f"{install.package}=={install.version} into {os.path.dirname(os.path.dirname(in_venv))}), "
                        f"or set ${install.env_var} to its {install.command}")

@@ -112,6 +112,36 @@ def test_npu_tests_are_refused_with_the_reason() -> None:
     assert refused is not None and "tests under a2/ need NPU cards" in refused
     assert "310p/" in (npu_refusal("tests/ut/worker/310p/test_w.py") or "")
     assert "tests/e2e needs NPU cards" in (npu_refusal("tests/e2e/singlecard/test_x.py") or "")
+    assert "a3_2/" in (npu_refusal("tests/ut/ops/a3_2/test_mc2.py::test_x") or "")
+
+
+def test_the_310p_module_is_not_refused_as_vllm_ascend_runs_it_on_cpu() -> None:
+    """`tests/ut/_310p/` is a module of its own, not a `<module>/310p/` card directory: the CPU
+    job's file list (select_tests.py with `cpu-ut`) names every file under it, at every sampled
+    commit since the CPU routing."""
+    assert npu_refusal("tests/ut/_310p/ops/test_conv_310.py::test_x") is None
+    assert npu_refusal("tests/ut/_310p/attention/test_attention_v1_310.py") is None
+    assert "310p/" in (npu_refusal("tests/ut/_310p/ops/310p/test_conv_310.py") or "")
+
+
+def sample(tests: dict[str, str], files: list[str], errors: dict[str, str] | None = None) -> dict[str, object]:
+    return {"tests": tests, "errors": errors or {}, "files": files,
+            "collected": sorted({t.split("::", 1)[0] for t in tests})}
+
+
+def test_sweep_windows_need_ok_then_fail_then_pass() -> None:
+    from vllm_ascend_ut import sweep_windows
+
+    a, b, c = "tests/ut/a.py::t", "tests/ut/b.py::t", "tests/ut/c.py::t"
+    samples = [
+        sample({a: "passed", b: "failed"}, ["tests/ut/a.py", "tests/ut/b.py"]),  # c's module absent: ok
+        sample({a: "failed", b: "failed", c: "failed"}, ["tests/ut/a.py", "tests/ut/b.py", "tests/ut/c.py"]),
+        sample({}, ["tests/ut/a.py", "tests/ut/b.py", "tests/ut/c.py"], {"tests/ut/a.py": "ImportError"}),
+        sample({a: "passed", b: "passed", c: "failed"}, ["tests/ut/a.py", "tests/ut/b.py", "tests/ut/c.py"]),
+    ]
+    # a: its module not collected at 2 says nothing; it passes again at 3. b failed from the first
+    # sample on (no ok before it). c never passes again.
+    assert sweep_windows(samples) == [(a, 0, 1, 3)]
 
 
 def pinned_history(path: Path, n: int, culprit: int, pin: dict[str, str | None] | None = None) -> list[str]:

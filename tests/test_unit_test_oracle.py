@@ -21,6 +21,7 @@ from bisect_npu.builders import pin_venv
 from bisect_npu.builders.unit_tests import check_unit_tests, entry_points_of, npu_refusal, write_package_record
 from bisect_npu.builders.venv import COMPLETE_MARKER
 from bisect_npu.errors import UsageError
+from bisect_npu.probe import npu_stubs
 from bisect_npu.probe import unit_tests as runner
 from bisect_npu.upstream import dockerfile
 
@@ -92,6 +93,50 @@ def test_runner_stubs_the_npu_stack_where_the_conftest_does_not(tmp_path: Path) 
     code, reason, output = run_runner(checkout, "tests/ut/test_old.py")
     assert code == 0 and reason.endswith("named tests passed"), output
     assert "does not mock the NPU stack" in output
+
+
+# vllm-ascend's patches of 2026-04 reload torchair submodules that the real torchair imports itself.
+PATCHING_PACKAGE = ("import importlib\nimport sys\n\nimport torchair\n\n"
+                    "importlib.reload(sys.modules[\"torchair.fx_summary\"])\n"
+                    "torchair.fx_summary.patched = True\n")
+
+
+@pytest.mark.e2e
+def test_stubs_answer_submodules_the_sources_read_from_sys_modules(tmp_path: Path) -> None:
+    """A package that reads `sys.modules["torchair.fx_summary"]` at import, without importing it,
+    loads from the conftest and in a child process; without the scan the conftest fails."""
+    conftest = OLD_CONFTEST + "\nimport vllm_ascend.patch  # noqa: E402\n"
+    child = ("import subprocess, sys\n\nimport vllm_ascend.patch\n\n\ndef test_patched():\n"
+             "    assert vllm_ascend.patch.torchair.fx_summary.patched is True\n\n\n"
+             "def test_child_imports_the_patch():\n"
+             "    code = 'import vllm_ascend.patch, sys; print(sys.modules[\"torchair.fx_summary\"].patched)'\n"
+             "    out = subprocess.run([sys.executable, '-c', code], capture_output=True, text=True)\n"
+             "    assert out.stdout.strip() == 'True', out.stderr\n")
+    checkout = checkout_with(tmp_path, {"tests/ut/conftest.py": conftest, "tests/ut/test_patch.py": child,
+                                        "vllm_ascend/__init__.py": "", "vllm_ascend/patch.py": PATCHING_PACKAGE})
+    code, reason, output = run_runner(checkout, "tests/ut/test_patch.py")
+    assert (code, reason) == (0, "2 named tests passed"), output
+    assert "with torchair.fx_summary (read from sys.modules by name)" in output
+    unscanned = subprocess.run([sys.executable, "-c", "import sys; sys.path.insert(0, '.'); "
+                                "from bisect_npu.probe import npu_stubs; npu_stubs.install(False); "
+                                "import vllm_ascend.patch"], cwd=checkout, capture_output=True, text=True,
+                               env={**os.environ, "PYTHONPATH": str(ROOT), npu_stubs.SUBMODULES_ENV: ""})
+    assert "KeyError: 'torchair.fx_summary'" in unscanned.stderr
+
+
+def test_lookups_by_name_are_reads_of_stubbed_submodules_only(tmp_path: Path) -> None:
+    files = {
+        "vllm_ascend/a.py": PATCHING_PACKAGE + "x = sys.modules['torch_npu._inductor.config'].value\n",
+        "vllm_ascend/b.py": "import sys\nif sys.modules[\"mooncake.store\"] == None:\n    pass\n",
+        "tests/ut/test_m.py": "import sys\nsys.modules[\"mooncake.engine\"] = object()\n"
+                              "sys.modules['acl.rt'] = None\nsys.modules['torchair'].x\nsys.modules['vllm.x'].y\n",
+        ".hidden/c.py": "import sys\nsys.modules['acl.hidden']\n",
+    }
+    for name, text in files.items():
+        (tmp_path / name).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / name).write_text(text)
+    assert npu_stubs.looked_up_by_name(tmp_path) == ["mooncake.store", "torch_npu._inductor.config",
+                                                     "torchair.fx_summary"]
 
 
 @pytest.mark.parametrize("report, code, start", [

@@ -5,18 +5,47 @@ test folder", #9807) on, the conftest puts mocks in its place itself, as this do
 Loaded as a pytest plugin (`-p bisect_npu.probe.npu_stubs`) and, for the processes the tests
 start (vLLM inspects a model in a child process), through the `sitecustomize.py` beside it in
 `npu_site/`, which the runner puts on PYTHONPATH. Stdlib only: it runs inside the candidate's venv.
+
+A real package imports some of its submodules itself, and vllm-ascend's sources read those from
+`sys.modules` by name (`importlib.reload(sys.modules["torchair.fx_summary"])`), which no import
+hook answers: the runner finds such lookups in the checkout (`looked_up_by_name`) and names them
+in `BISECT_NPU_STUB_SUBMODULES`; each is imported, as a mock, with its top-level package.
 """
 
 from __future__ import annotations
 
+import importlib
 import importlib.abc
 import importlib.machinery
+import os
+import re
 import sys
 import types
 from collections.abc import Sequence
+from pathlib import Path
 from unittest.mock import MagicMock
 
 STUBBED = ("torch_npu", "acl", "mooncake", "torchair")
+SUBMODULES_ENV = "BISECT_NPU_STUB_SUBMODULES"  # comma-separated module names
+# A read of sys.modules["torchair.x"] (not an assignment: tests put their own mocks there).
+_STUBBED_NAME = "|".join(STUBBED)
+_LOOKUP = re.compile(rf"""sys\.modules\[\s*(['"])((?:{_STUBBED_NAME})(?:\.\w+)+)\1\s*\](?!\s*=[^=])""")
+
+
+def looked_up_by_name(root: Path) -> list[str]:
+    """The submodules of the stubbed packages that the Python files under `root` (hidden
+    directories left out) read from `sys.modules` by name, sorted."""
+    names: set[str] = set()
+    for path in root.rglob("*.py"):
+        if any(part.startswith(".") for part in path.relative_to(root).parts[:-1]):
+            continue
+        try:
+            text = path.read_text(encoding="utf-8", errors="replace")
+        except OSError:
+            continue
+        if "sys.modules" in text:
+            names.update(match.group(2) for match in _LOOKUP.finditer(text))
+    return sorted(names)
 
 
 class _MockModule(types.ModuleType):
@@ -44,6 +73,10 @@ class _StubLoader(importlib.abc.Loader):
             torch = sys.modules.get("torch")
             if spec.name == "torch_npu" and torch is not None and "npu" not in vars(torch):
                 torch.npu = module.npu  # type: ignore[attr-defined]  # as the real torch_npu does on import
+            if not parent:
+                for name in os.environ.get(SUBMODULES_ENV, "").split(","):
+                    if name.startswith(spec.name + "."):
+                        importlib.import_module(name)
 
 
 class NpuStubFinder(importlib.abc.MetaPathFinder):
@@ -75,6 +108,3 @@ def install(name_backend: bool = True) -> None:
 def pytest_load_initial_conftests(early_config: object, parser: object, args: object) -> None:
     """Before `tests/ut/conftest.py` imports the NPU stack (a `-p` plugin's hook runs first)."""
     install()
-
-
-install(name_backend=False)

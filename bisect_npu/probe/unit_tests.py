@@ -23,6 +23,8 @@ import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
+from .npu_stubs import STUBBED, SUBMODULES_ENV, looked_up_by_name
+
 GOOD, BAD, SKIP = 0, 1, 125
 REASON_ENV = "BISECT_NPU_REASON_FILE"
 REPORT_ENV = "BISECT_NPU_UT_REPORT"
@@ -126,8 +128,11 @@ def run(node_ids: list[str], present: set[str], present_at_good: set[str], keep:
     if not mocks_npu_itself(Path(CONFTEST)):
         plugins += ["-p", f"{package}.npu_stubs"]
         env["PYTHONPATH"] = os.pathsep.join([str(NPU_SITE), *filter(None, [env.get("PYTHONPATH")])])
+        submodules = looked_up_by_name(Path.cwd())
+        env[SUBMODULES_ENV] = ",".join(submodules)
         print("bisect-npu unit tests: this commit's tests/ut/conftest.py does not mock the NPU stack; "
-              "bisect-npu's stubs for torch_npu, acl, mooncake, torchair are loaded", flush=True)
+              f"bisect-npu's stubs for {', '.join(STUBBED)} are loaded"
+              + (f", with {', '.join(submodules)} (read from sys.modules by name)" if submodules else ""), flush=True)
     with tempfile.TemporaryDirectory(prefix="bisect-npu-ut-") as scratch:
         report_path = Path(scratch) / "report.json"
         env[REPORT_ENV] = str(report_path)

@@ -9,3 +9,4 @@ _spec = importlib.util.spec_from_file_location("bisect_npu_npu_stubs", Path(__fi
 if _spec is not None and _spec.loader is not None:
     _stubs = importlib.util.module_from_spec(_spec)
     _spec.loader.exec_module(_stubs)
+    _stubs.install(name_backend=False)

@@ -9,7 +9,6 @@ from __future__ import annotations
 import importlib
 import importlib.util
 import json
-import signal
 import sys
 import traceback
 from pathlib import Path
@@ -17,7 +16,7 @@ from typing import NoReturn
 
 import click
 
-from bisect_npu import __version__
+from bisect_npu import __version__, interrupts
 from bisect_npu.errors import BisectError
 
 COMMANDS: dict[str, str] = {
@@ -77,18 +76,15 @@ def started(session_dir: Path) -> None:
     click.echo(f"session: {session_dir}", err=True)
 
 
-def _terminate_as_interrupt(signum: int, frame: object) -> None:
-    raise KeyboardInterrupt(f"signal {signum}")
-
-
 def main(argv: list[str] | None = None) -> None:
     """Console entry point: a BisectError becomes one line on stderr and its exit code.
 
-    SIGTERM unwinds like Ctrl-C, so worktrees, containers and locks are released either way.
+    SIGTERM unwinds like Ctrl-C (and neither is lost: `interrupts`), so worktrees, containers and
+    locks are released either way.
     For `run`/`resume --json` stdout still ends with a JSON summary when they fail."""
     args = sys.argv[1:] if argv is None else argv
     _session.clear()  # a session noted by an earlier call in this process is not this one's
-    signal.signal(signal.SIGTERM, _terminate_as_interrupt)
+    interrupts.install()
     try:
         # Without standalone mode click returns the code of a `ctx.exit(code)` instead of exiting.
         returned = cli.main(args=args, prog_name="bisect-npu", standalone_mode=False)

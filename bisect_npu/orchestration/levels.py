@@ -18,6 +18,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Protocol
 
+from bisect_npu import interrupts
 from bisect_npu.builders.base import Builder
 from bisect_npu.execute.base import Executor
 from bisect_npu.execute.inprocess import Oracle
@@ -289,6 +290,7 @@ class Bisection:
         session = self.session
         finished_before = session.ended() is not None
         result = session.bisect()
+        interrupts.raise_if_received()
         finer = session.journal.records(NextLevelRecord)
         if finer:  # the finer level is done: its answer (a dependency level's: the chain) is this run's
             session.progress.note("session already finished; re-rendering the report only")
@@ -307,6 +309,7 @@ class Bisection:
                 return result
         if wanted and result.culprit:
             fix.run(result.culprit)
+            interrupts.raise_if_received()
         self._search_settings(result)
         return result
 

@@ -20,7 +20,7 @@ from typing import Literal
 
 import git
 
-from bisect_npu import search
+from bisect_npu import interrupts, search
 from bisect_npu.builders.base import Builder, tail
 from bisect_npu.builders.prefetch import Prefetcher, speculative_queries
 from bisect_npu.contracts import Verdict
@@ -203,6 +203,7 @@ class Session:
         if self.verdicts is not None:
             self.verdicts.recall_all(self.n, lambda index: self._reuse(index, self.commit_at(index)))
         while True:
+            interrupts.raise_if_received()
             problem = self.problem()
             decision = search.decide(problem, self.evidence())
             if not isinstance(decision, search.Next):
@@ -236,6 +237,7 @@ class Session:
         self._run_query(search.Query(index, self.recipe.trials.count if self.recipe else 1))
 
     def _run_query(self, query: search.Query, first_trial: int | None = None) -> None:
+        interrupts.raise_if_received()
         if query.index != 0:
             self.references.ensure(self._run_query)
         commit = self.commit_at(query.index)

@@ -19,7 +19,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
 
-from bisect_npu import __version__
+from bisect_npu import __version__, interrupts
 from bisect_npu.builders.base import Builder
 from bisect_npu.contracts import Observation, Verdict, VerdictKind
 from bisect_npu.defaults import TRIAL_TIMEOUT_S
@@ -393,6 +393,7 @@ class SettingsSearch:
         if end is not None:
             return self._result(end)
         while True:
+            interrupts.raise_if_received()
             decision = decide_ddmin(self.problem, self.evidence())
             if isinstance(decision, Ask):
                 self._ensure_reference()

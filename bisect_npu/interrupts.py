@@ -31,11 +31,6 @@ def install() -> None:
         signal.signal(signum, _interrupt)
 
 
-def received() -> bool:
-    """Whether an interrupt arrived since `install`."""
-    return _received.is_set()
-
-
 def raise_if_received() -> None:
     """Raise the interrupt again where a session can stop: it may have been dropped where it arrived."""
     if _received.is_set():

@@ -247,9 +247,11 @@ def test_resume_refuses_a_session_driven_by_another_process(repo1000: tuple[Path
 
 def test_abort_exit_code_above_127(repo1000: tuple[Path, list[str]], tmp_path: Path) -> None:
     repo, _ = repo1000
-    done = bisect("run", "--repo", str(repo), "--good", "v1.0", "--bad", "v2.0", "--cmd", "sh -c 'exit 200'",
+    aborting = "sh -c 'echo the oracle cannot judge here > \"$BISECT_NPU_REASON_FILE\"; exit 200'"
+    done = bisect("run", "--repo", str(repo), "--good", "v1.0", "--bad", "v2.0", "--cmd", aborting,
                   "--session", str(tmp_path / "s"), "--json", cwd=tmp_path, check_code=5)
     assert "above 127" in done.stderr
+    assert "aborting as `git bisect run` does (the oracle cannot judge here); see " in done.stderr
     last = summary(done)  # CI still gets its JSON line
     assert (last["status"], last["exit_code"], last["session"]) == ("error", 5, str(tmp_path / "s"))
     assert "above 127" in last["message"]

@@ -18,7 +18,13 @@ import pytest
 from gitrepo import make_linear_repo
 
 from bisect_npu.builders import pin_venv
-from bisect_npu.builders.unit_tests import check_unit_tests, entry_points_of, npu_refusal, write_package_record
+from bisect_npu.builders.unit_tests import (
+    check_unit_tests,
+    entry_points_of,
+    npu_refusal,
+    unit_test_command,
+    write_package_record,
+)
 from bisect_npu.builders.venv import COMPLETE_MARKER
 from bisect_npu.errors import UsageError
 from bisect_npu.probe import npu_stubs
@@ -37,8 +43,10 @@ SETUP_PY = ('from setuptools import setup\nsetup(name="vllm_ascend", entry_point
             '    "vllm.general_plugins": ["ascend_model = vllm_ascend:register_model"]})\n')
 
 
-def run_runner(checkout: Path, *args: str) -> tuple[int, str, str]:
-    """The runner as a candidate runs it: in the checkout, this interpreter as the venv's."""
+def run_runner(checkout: Path, *args: str, rules: list[str] | None = None) -> tuple[int, str, str]:
+    """The runner as a candidate runs it: in the checkout, this interpreter as the venv's, with the
+    command's `--rules` (the product's command, unless `rules` gives other words)."""
+    args = (*(["--rules", str(runner.RULES)] if rules is None else rules), *args)
     reason = checkout / "reason.txt"
     env = {**os.environ, "PYTHONPATH": str(ROOT), runner.REASON_ENV: str(reason)}
     proc = subprocess.run([sys.executable, "-m", "bisect_npu.probe.unit_tests", *args], cwd=checkout, env=env,
@@ -75,6 +83,41 @@ def test_runner_judges_pass_fail_absent_and_import_errors(tmp_path: Path) -> Non
     assert reason.endswith("it exists at the good end, counted bad")
     code, reason, _ = run_runner(checkout, "tests/ut/quant/test_c.py")
     assert code == 125 and "the good end does not have it" in reason
+
+
+
+SKIPPED = ("import pytest\n\n\n@pytest.mark.skip('Execute after the issue is fixed')\ndef test_scale():\n"
+           "    assert 2 * 2 == 5\n\n\ndef test_other():\n    assert True\n")
+
+
+@pytest.mark.e2e
+def test_a_named_test_that_was_only_skipped_skips_the_commit(tmp_path: Path) -> None:
+    """vllm-ascend 4756a9ad6f put `skip` on the tests f81dd51845 broke and be940519a2 lifted it:
+    counted good, the skip would be named as the fix."""
+    checkout = checkout_with(tmp_path, {"tests/ut/quant/test_s.py": SKIPPED})
+    code, reason, _ = run_runner(checkout, "tests/ut/quant/test_s.py::test_scale")
+    assert code == 125
+    assert reason == ("tests/ut/quant/test_s.py::test_scale was skipped at this commit (Execute after the issue is "
+                      "fixed): it says nothing about the regression, so the commit is skipped")
+    code, reason, _ = run_runner(checkout, "tests/ut/quant/test_s.py")
+    assert (code, reason) == (0, "1 named test passed, 1 skipped")  # the file ran: its other test passed
+    code, _, _ = run_runner(checkout, "tests/ut/quant/test_s.py::test_other", "tests/ut/quant/test_s.py::test_scale")
+    assert code == 125
+
+
+
+@pytest.mark.e2e
+def test_a_command_of_other_verdict_rules_aborts_the_run(tmp_path: Path) -> None:
+    """A journal or a stored verdict made before a rule changed carries the old command: it is not
+    run under the new rules (exit 128 stops `git bisect run` and `run`, which quotes the reason)."""
+    checkout = checkout_with(tmp_path, {"tests/ut/quant/test_s.py": SKIPPED})
+    assert unit_test_command(["tests/ut/quant/test_s.py"], [])[:5] == ["python", "-m", runner.__name__, "--rules",
+                                                                       str(runner.RULES)]
+    for words in ([], ["--rules", str(runner.RULES - 1)]):
+        code, reason, _ = run_runner(checkout, "tests/ut/quant/test_s.py::test_scale", rules=words)
+        assert code == 128
+        assert reason.startswith(f"the command was made for the unit-test verdict rules {runner.RULES - 1} and this "
+                                 f"bisect-npu judges by rules {runner.RULES}: start a new session with `run`")
 
 
 @pytest.mark.e2e
@@ -144,7 +187,10 @@ def test_lookups_by_name_are_reads_of_stubbed_submodules_only(tmp_path: Path) ->
     ({"collect_errors": {"<session>": "INTERNALERROR"}, "tests": {}}, 1, "tests/ut/t.py cannot be collected"),
     ({"tests": {"tests/ut/t.py::a": "passed", "tests/ut/t.py::b": "error"}, "messages": {}}, 1,
      "tests/ut/t.py::b error"),
-    ({"tests": {"tests/ut/t.py::a": "skipped"}, "matched": {"tests/ut/t.py": 1}}, 0, "0 named tests passed, 1 skipped"),
+    ({"tests": {"tests/ut/t.py::a": "skipped"}, "matched": {"tests/ut/t.py": 1}}, 125,
+     "tests/ut/t.py was skipped at this commit: it says nothing"),
+    ({"tests": {"tests/ut/t.py::a": "skipped", "tests/ut/t.py::b": "passed"}, "matched": {"tests/ut/t.py": 2}}, 0,
+     "1 named test passed, 1 skipped"),
 ])
 def test_judge_of_odd_reports(report: dict[str, object] | None, code: int, start: str) -> None:
     judged = runner.judge(["tests/ut/t.py"], {"tests/ut/t.py"}, report, 3, {"tests/ut/t.py"})

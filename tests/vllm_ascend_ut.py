@@ -17,7 +17,7 @@ fails at a later one and passes again at a still later one is a window. The culp
 with `git bisect run` between the first two samples, the repair between the last two, and both
 flips are run directly before the pair is written (split "eval").
 
-    python tests/vllm_ascend_ut.py sweep CLONE OUT.json --segment-of SHA [--every K]
+    python tests/vllm_ascend_ut.py sweep CLONE OUT.json --segment-of SHA [--every K] [--offset J]
 """
 
 from __future__ import annotations
@@ -44,7 +44,7 @@ from bisect_npu.builders.unit_tests import (
     npu_refusal,
     write_package_record,
 )
-from bisect_npu.probe.unit_tests import CI_ENV, REPORT_ENV, SELECT_ENV
+from bisect_npu.probe.unit_tests import CI_ENV, REPORT_ENV, RULES, SELECT_ENV
 from bisect_npu.upstream import history
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -114,7 +114,8 @@ class Tester:
         with tempfile.TemporaryDirectory() as scratch:
             report, reason = Path(scratch) / "report.json", Path(scratch) / "reason"
             env = {**os.environ, "PYTHONPATH": f"{site}:{self.worktree}", "BISECT_NPU_REASON_FILE": str(reason)}
-            argv = [str(venv.python), "-m", "bisect_npu.probe.unit_tests", "--report", str(report),
+            argv = [str(venv.python), "-m", "bisect_npu.probe.unit_tests", "--rules", str(RULES),
+                    "--report", str(report),
                     *(a for p in present_at_good or [] for a in ("--present-at-good", p)), *node_ids]
             proc = subprocess.run(argv, cwd=self.worktree, env=env, capture_output=True, text=True, check=False,
                                   timeout=1800)
@@ -324,16 +325,18 @@ def sweep_windows(samples: list[dict[str, object]]) -> list[tuple[str, int, int,
     return windows
 
 
-def sweep(clone: Path, out: Path, segment_of: str, every: int, worktree: Path, limit: int) -> list[Pair]:
+def sweep(clone: Path, out: Path, segment_of: str, every: int, worktree: Path, limit: int,
+          offset: int = 0) -> list[Pair]:
     """Mine pairs from a sweep of one pin segment (see the module's docstring); the samples are
-    kept beside OUT (OUT.sweep.json) so a second call goes on from there."""
+    kept beside OUT (OUT.sweep.json) so a second call goes on from there, and a call with another
+    `offset` adds samples between the first call's: windows are read from all of them in order."""
     tester = Tester(clone, worktree)
     repo = tester.repo
     line = first_parent(repo)
     index = {sha: i for i, sha in enumerate(line)}
     wanted = tester.key(history.resolve_ref(repo, segment_of)).name
     segment = [sha for sha in line if tester.key(sha).name == wanted]
-    shas = list(dict.fromkeys([*segment[::every], segment[-1]]))
+    shas = list(dict.fromkeys([*segment[offset::every], segment[-1]]))
     kept = out.with_suffix(".sweep.json")
     samples: dict[str, dict[str, object]] = json.loads(kept.read_text()) if kept.exists() else {}
     for sha in shas:
@@ -349,6 +352,7 @@ def sweep(clone: Path, out: Path, segment_of: str, every: int, worktree: Path, l
         print(f"{sha[:10]} (#{index[sha]}): {len(tests)} tests, {failed} failing, "
               f"{len(samples[sha]['errors'])} modules not collected, {samples[sha]['seconds']} s", flush=True)  # type: ignore[arg-type]
         kept.write_text(json.dumps(samples))
+    shas = [sha for sha in segment if sha in samples]
     ordered = [samples[sha] for sha in shas]
     pairs: list[Pair] = [Pair(**p) for p in json.loads(out.read_text())] if out.exists() else []
     known = [Pair(**p) for p in json.loads(PAIRS.read_text())] if PAIRS.exists() else []
@@ -450,6 +454,7 @@ def main() -> None:
     sweep_cmd.add_argument("out", type=Path)
     sweep_cmd.add_argument("--segment-of", required=True, help="a commit of the pin segment to sweep")
     sweep_cmd.add_argument("--every", type=int, default=20, help="run the whole set at every K-th commit")
+    sweep_cmd.add_argument("--offset", type=int, default=0, help="start at the segment's K-th commit")
     sweep_cmd.add_argument("--limit", type=int, default=12)
     sweep_cmd.add_argument("--worktree", type=Path, default=Path("/tmp/bisect-npu-mine-wt"))
     table_cmd = sub.add_parser("table")
@@ -460,7 +465,7 @@ def main() -> None:
         print(table(args.pairs, args.results))
         return
     if args.command == "sweep":
-        sweep(args.clone, args.out, args.segment_of, args.every, args.worktree, args.limit)
+        sweep(args.clone, args.out, args.segment_of, args.every, args.worktree, args.limit, args.offset)
         return
     mine(args.clone, args.out, args.segment_of, args.limit, args.worktree, args.git_bisect)
 

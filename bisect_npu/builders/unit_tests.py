@@ -27,6 +27,7 @@ from bisect_npu.builders.pin_venv import (
     transformers_line,
 )
 from bisect_npu.errors import UsageError
+from bisect_npu.probe.unit_tests import RULES
 from bisect_npu.upstream import dockerfile, history
 
 SITE_DIR = ".bisect-npu-site"  # in each worktree: the package record, first on PYTHONPATH
@@ -59,7 +60,8 @@ def unit_test_command(node_ids: list[str], present_at_good: list[str], tests_fro
     """The command each candidate runs: our runner in the candidate's venv (`python` is the venv's:
     the executor puts its bin/ first on PATH). `--tests-from` only names the files' commit, so a
     verdict kept in the store is one of the same test code."""
-    return ["python", "-m", RUNNER, *(arg for path in present_at_good for arg in ("--present-at-good", path)),
+    return ["python", "-m", RUNNER, "--rules", str(RULES),
+            *(arg for path in present_at_good for arg in ("--present-at-good", path)),
             *(["--tests-from", tests_from] if tests_from else []), *node_ids]
 
 

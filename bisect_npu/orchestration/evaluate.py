@@ -64,9 +64,10 @@ class StepResult:
     seconds: float = 0.0
 
 
-def command_verdict(result: RunResult, timeout_is: TimeoutIs = "skip") -> Verdict:
+def command_verdict(result: RunResult, timeout_is: TimeoutIs = "skip", said: str = "") -> Verdict:
     """Map a user command's exit status to a verdict (the `git bisect run` protocol); a run past
-    --timeout is `timeout_is` (skip unless the regression is a hang)."""
+    --timeout is `timeout_is` (skip unless the regression is a hang). `said` is the reason line the
+    command wrote, quoted when it aborts the run."""
     code = result.returncode
     figures = {"exit_code": code, "log": result.log_path}
     if result.timed_out:
@@ -79,22 +80,26 @@ def command_verdict(result: RunResult, timeout_is: TimeoutIs = "skip") -> Verdic
     if 0 < code <= ABORT_ABOVE:
         return Verdict(kind=VerdictKind.BAD, reason=f"command exited {code}", figures=figures)
     raise InfrastructureError(f"command exited {code} (above 127, or killed by a signal): aborting as "
-                              f"`git bisect run` does; see {result.log_path}, fix it, then `bisect-npu resume`")
+                              f"`git bisect run` does{f' ({said})' if said else ''}; see {result.log_path}, "
+                              "fix it, then `bisect-npu resume`")
 
 
 REASON_FILE_ENV = "BISECT_NPU_REASON_FILE"  # a command may write its verdict's reason there, one line
 
 
-def with_command_reason(verdict: Verdict, reason_path: Path) -> Verdict:
-    """The verdict with the line the command wrote to `REASON_FILE_ENV`'s file after its exit
-    status ("command exited 1: tests/ut/x.py::test_y failed"); as it was when it wrote none."""
+def command_reason(reason_path: Path) -> str:
+    """The first line the command wrote to `REASON_FILE_ENV`'s file ("" when it wrote none)."""
     try:
-        line = reason_path.read_text(encoding="utf-8", errors="replace").strip().splitlines()
+        lines = reason_path.read_text(encoding="utf-8", errors="replace").strip().splitlines()
     except OSError:
-        return verdict
-    if not line or not line[0].strip():
-        return verdict
-    return verdict.model_copy(update={"reason": f"{verdict.reason}: {line[0].strip()[:500]}"})
+        return ""
+    return lines[0].strip()[:500] if lines else ""
+
+
+def with_command_reason(verdict: Verdict, said: str) -> Verdict:
+    """The verdict with the command's own reason line after its exit status ("command exited 1:
+    tests/ut/x.py::test_y failed"); as it was when it wrote none."""
+    return verdict.model_copy(update={"reason": f"{verdict.reason}: {said}"}) if said else verdict
 
 
 def tally(records: list[TrialRun]) -> Verdict:
@@ -226,7 +231,8 @@ class Evaluator:
             result = self.executor.run_command(env, self.command, log_path, self.timeout_s,
                                                {"BISECT_NPU_COMMIT": commit, "BISECT_NPU_TRIAL": str(trial),
                                                 REASON_FILE_ENV: str(reason_path)})
-            verdict = with_command_reason(command_verdict(result, self.timeout_is), reason_path)
+            said = command_reason(reason_path)
+            verdict = with_command_reason(command_verdict(result, self.timeout_is, said), said)
             record = TrialRun(case_id=COMMAND_CASE, trial=trial, seconds=result.seconds,
                               log=self.rel(result.log_path) or "", outcome=verdict.kind, reason=verdict.reason)
             request.report(record)

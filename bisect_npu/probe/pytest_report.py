@@ -14,15 +14,12 @@ from typing import Any
 
 import pytest
 
+from .unit_tests import selects
+
 REPORT_ENV = "BISECT_NPU_UT_REPORT"  # where the JSON goes
 SELECT_ENV = "BISECT_NPU_UT_SELECT"  # the node ids, as a JSON list
 
 _state: dict[str, Any] = {"tests": {}, "collect_errors": {}, "matched": {}, "exit": None}
-
-
-def selects(node_id: str, item_id: str) -> bool:
-    """Whether the named `node_id` (a file, a class, a test, a parametrized case) selects `item_id`."""
-    return item_id == node_id or item_id.startswith((node_id + "::", node_id + "["))
 
 
 def _wanted() -> list[str]:
@@ -57,7 +54,7 @@ def pytest_runtest_logreport(report: pytest.TestReport) -> None:
         if tests.get(report.nodeid) in ("failed", "error"):
             return  # a teardown error after a failure: the failure stands
         tests[report.nodeid] = outcome
-        if report.failed:
+        if report.failed or report.skipped:
             _state.setdefault("messages", {})[report.nodeid] = _short(report)
 
 
@@ -71,6 +68,8 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
 
 def _short(report: pytest.CollectReport | pytest.TestReport) -> str:
     """The last line that names an exception ("E   ImportError: ..."), else the report's last line."""
+    if isinstance(report.longrepr, tuple):  # a skip: (file, line, "Skipped: why")
+        return str(report.longrepr[2]).removeprefix("Skipped: ")[:300]
     text = str(report.longrepr or "")
     lines = [line.strip() for line in text.splitlines() if line.strip()]
     errors = [line for line in lines if line.startswith("E ")]

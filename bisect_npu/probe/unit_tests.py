@@ -6,9 +6,10 @@
 Runs in the candidate's worktree with its pin's venv (bisect_npu/builders/unit_tests.py). The
 verdict: every named test that exists passes -> good (0); a named test fails or errors -> bad
 (1); a named test the commit does not have (yet) -> good, said so (the culprit often adds the
-test that fails); a test module that cannot be collected -> bad when it exists at the good end
-(`--present-at-good`), else skip (125): an import error of a module the good end lacks says
-nothing about the regression. Stdlib only.
+test that fails); a named test that was only skipped there (a `skip` mark put on a broken test,
+which a later commit lifts) -> skip (125); a test module that cannot be collected -> bad when it
+exists at the good end (`--present-at-good`), else skip (125): an import error of a module the
+good end lacks says nothing about the regression. Stdlib only.
 """
 
 from __future__ import annotations
@@ -26,6 +27,10 @@ from pathlib import Path
 from .npu_stubs import STUBBED, SUBMODULES_ENV, looked_up_by_name
 
 GOOD, BAD, SKIP = 0, 1, 125
+ABORT = 128  # `git bisect run` stops here instead of blaming the commit
+# The verdict rules' version (2: a named test that was only skipped skips the commit). The command
+# names it, so a verdict stored, or journaled, under other rules is not taken for one of these.
+RULES = 2
 REASON_ENV = "BISECT_NPU_REASON_FILE"
 REPORT_ENV = "BISECT_NPU_UT_REPORT"
 SELECT_ENV = "BISECT_NPU_UT_SELECT"
@@ -46,6 +51,11 @@ class Judgement:
 
 def file_of(node_id: str) -> str:
     return node_id.split("::", 1)[0]
+
+
+def selects(node_id: str, item_id: str) -> bool:
+    """Whether the named `node_id` (a file, a class, a test, a parametrized case) selects `item_id`."""
+    return item_id == node_id or item_id.startswith((node_id + "::", node_id + "["))
 
 
 def mocks_npu_itself(conftest: Path) -> bool:
@@ -86,6 +96,13 @@ def judge(node_ids: list[str], present: set[str], report: dict[str, object] | No
         detail = f" ({messages[failed[0]]})" if messages.get(failed[0]) else ""
         more = f" and {len(failed) - 1} more" if len(failed) > 1 else ""
         return Judgement(BAD, f"{failed[0]} {tests[failed[0]]}{detail}{more}")
+    skipped_only = [n for n in node_ids if (ran := [v for k, v in tests.items() if selects(n, k)])
+                    and all(v == "skipped" for v in ran)]
+    if skipped_only:
+        first = skipped_only[0]
+        why = next((messages[k] for k in tests if selects(first, k) and messages.get(k)), "")
+        return Judgement(SKIP, f"{first} was skipped at this commit{f' ({why})' if why else ''}: it says nothing "
+                               "about the regression, so the commit is skipped")
     missing = [n for n in node_ids if file_of(n) not in absent_files and not matched.get(n)] + absent_files
     passed = sum(1 for v in tests.values() if v == "passed")
     if missing and not passed:
@@ -105,13 +122,22 @@ def main(argv: list[str] | None = None) -> int:
                         help="a named test file the good end has (its import error then counts bad)")
     parser.add_argument("--tests-from", metavar="SHA", help="the commit the test files were laid in from")
     parser.add_argument("--report", metavar="FILE", help="keep pytest's per-test outcomes (JSON) here")
+    parser.add_argument("--rules", type=int, default=1, help="the verdict rules the command was made for")
     parser.add_argument("node_ids", nargs="+")
     args = parser.parse_args(argv)
     node_ids: list[str] = args.node_ids
+    if args.rules != RULES:
+        return _said(Judgement(ABORT, f"the command was made for the unit-test verdict rules {args.rules} and this "
+                                      f"bisect-npu judges by rules {RULES}: start a new session with `run` (a "
+                                      "journal or stored verdict of other rules is not reused)"))
     present = {file_of(n) for n in node_ids if Path(file_of(n)).is_file()}
     if args.tests_from:
         print(f"bisect-npu unit tests: the test files are as at {args.tests_from}", flush=True)
-    judgement = run(node_ids, present, set(args.present_at_good), Path(args.report) if args.report else None)
+    return _said(run(node_ids, present, set(args.present_at_good), Path(args.report) if args.report else None))
+
+
+def _said(judgement: Judgement) -> int:
+    """The judgement's exit code, its reason printed and written where `REASON_ENV` names."""
     print(f"bisect-npu unit tests: {judgement.reason}", flush=True)
     reason_file = os.environ.get(REASON_ENV)
     if reason_file:

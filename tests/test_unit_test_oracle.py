@@ -85,7 +85,6 @@ def test_runner_judges_pass_fail_absent_and_import_errors(tmp_path: Path) -> Non
     assert code == 125 and "the good end does not have it" in reason
 
 
-
 SKIPPED = ("import pytest\n\n\n@pytest.mark.skip('Execute after the issue is fixed')\ndef test_scale():\n"
            "    assert 2 * 2 == 5\n\n\ndef test_other():\n    assert True\n")
 
@@ -103,7 +102,6 @@ def test_a_named_test_that_was_only_skipped_skips_the_commit(tmp_path: Path) -> 
     assert (code, reason) == (0, "1 named test passed, 1 skipped")  # the file ran: its other test passed
     code, _, _ = run_runner(checkout, "tests/ut/quant/test_s.py::test_other", "tests/ut/quant/test_s.py::test_scale")
     assert code == 125
-
 
 
 @pytest.mark.e2e

@@ -42,9 +42,10 @@ from bisect_npu.builders.unit_tests import (
     BUILD_INFO_TEXT,
     UnitTestBuilder,
     npu_refusal,
+    unit_test_command,
     write_package_record,
 )
-from bisect_npu.probe.unit_tests import CI_ENV, REPORT_ENV, RULES, SELECT_ENV
+from bisect_npu.probe.unit_tests import CI_ENV, REPORT_ENV, SELECT_ENV
 from bisect_npu.upstream import history
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -114,9 +115,8 @@ class Tester:
         with tempfile.TemporaryDirectory() as scratch:
             report, reason = Path(scratch) / "report.json", Path(scratch) / "reason"
             env = {**os.environ, "PYTHONPATH": f"{site}:{self.worktree}", "BISECT_NPU_REASON_FILE": str(reason)}
-            argv = [str(venv.python), "-m", "bisect_npu.probe.unit_tests", "--rules", str(RULES),
-                    "--report", str(report),
-                    *(a for p in present_at_good or [] for a in ("--present-at-good", p)), *node_ids]
+            # The product's command (its verdict rules included), with the venv's python.
+            argv = [str(venv.python), *unit_test_command(node_ids, present_at_good or [])[1:], "--report", str(report)]
             proc = subprocess.run(argv, cwd=self.worktree, env=env, capture_output=True, text=True, check=False,
                                   timeout=1800)
             said = reason.read_text().strip() if reason.exists() else proc.stdout[-300:]
@@ -336,10 +336,10 @@ def sweep(clone: Path, out: Path, segment_of: str, every: int, worktree: Path, l
     index = {sha: i for i, sha in enumerate(line)}
     wanted = tester.key(history.resolve_ref(repo, segment_of)).name
     segment = [sha for sha in line if tester.key(sha).name == wanted]
-    shas = list(dict.fromkeys([*segment[offset::every], segment[-1]]))
+    to_run = list(dict.fromkeys([*segment[offset::every], segment[-1]]))
     kept = out.with_suffix(".sweep.json")
     samples: dict[str, dict[str, object]] = json.loads(kept.read_text()) if kept.exists() else {}
-    for sha in shas:
+    for sha in to_run:
         if sha in samples:
             continue
         started = time.monotonic()
@@ -352,7 +352,7 @@ def sweep(clone: Path, out: Path, segment_of: str, every: int, worktree: Path, l
         print(f"{sha[:10]} (#{index[sha]}): {len(tests)} tests, {failed} failing, "
               f"{len(samples[sha]['errors'])} modules not collected, {samples[sha]['seconds']} s", flush=True)  # type: ignore[arg-type]
         kept.write_text(json.dumps(samples))
-    shas = [sha for sha in segment if sha in samples]
+    shas = [sha for sha in segment if sha in samples]  # this call's samples and any earlier call's
     ordered = [samples[sha] for sha in shas]
     pairs: list[Pair] = [Pair(**p) for p in json.loads(out.read_text())] if out.exists() else []
     known = [Pair(**p) for p in json.loads(PAIRS.read_text())] if PAIRS.exists() else []

@@ -383,6 +383,46 @@ def test_run_bisects_a_unit_test_to_its_culprit(tmp_path: Path, monkeypatch: pyt
 
 
 @pytest.mark.e2e
+def test_resume_refuses_a_session_judged_by_older_verdict_rules(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                                capsys: pytest.CaptureFixture[str]) -> None:
+    """A journal whose runner command names no rules (made before they were named) or other rules is
+    refused at once with the way on, before any step runs; as it was, it resumes."""
+    from bisect_npu.cli import main
+
+    shas = pinned_history(tmp_path / "up", 5, 3)
+    monkeypatch.setenv("BISECT_NPU_CACHE", str(tmp_path / "cache"))
+    fake_venv(pin_venv.default_pin_venv_cache(), pin_venv.PinKey("0.23.0", "transformers==5.5.4"))
+    session = tmp_path / "session"
+    with pytest.raises(SystemExit) as exited:
+        main(["run", "--repo", str(tmp_path / "up"), "--good", shas[0], "--bad", shas[-1], "--unit-test",
+              "tests/ut/quant/test_q.py::test_scale", "--session", str(session), "--no-fix", "--json", "--quiet"])
+    assert exited.value.code == 0, capsys.readouterr()
+    journal = session / "journal.jsonl"
+    lines = journal.read_text().splitlines()
+    header = json.loads(lines[0])
+    command = header["request"]["judge"]["command"]
+    at = command.index("--rules")
+    assert command[at + 1] == str(runner.RULES)
+    for older, rules in ((command[:at] + command[at + 2:], 1),
+                         ([*command[:at + 1], str(runner.RULES + 1), *command[at + 2:]], runner.RULES + 1)):
+        header["request"]["judge"]["command"] = older
+        journal.write_text("\n".join([json.dumps(header), *lines[1:]]) + "\n")
+        capsys.readouterr()
+        with pytest.raises(SystemExit) as refused:
+            main(["resume", "--session", str(session), "--json", "--quiet"])
+        err = capsys.readouterr().err
+        assert refused.value.code == 2
+        assert (f"this session's unit tests were judged by the verdict rules {rules} and this bisect-npu "
+                f"judges by rules {runner.RULES}; start a new session with `bisect-npu run`") in err
+    header["request"]["judge"]["command"] = command
+    journal.write_text("\n".join([json.dumps(header), *lines[1:]]) + "\n")
+    with pytest.raises(SystemExit) as resumed:
+        main(["resume", "--session", str(session), "--json", "--quiet"])
+    summary = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert resumed.value.code == 0 and summary["culprit"] == shas[3]
+
+
+@pytest.mark.e2e
 def test_doctor_shows_the_pin_venvs_with_their_sizes_and_prunes_by_age(tmp_path: Path) -> None:
     cache = tmp_path / "cache"
     venvs = pin_venv.default_pin_venv_cache

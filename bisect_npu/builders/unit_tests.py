@@ -10,6 +10,7 @@ transformers pin (builders/pin_venv.py), built the first time a pin is met.
 from __future__ import annotations
 
 import ast
+import itertools
 import re
 from dataclasses import dataclass
 from pathlib import Path
@@ -63,6 +64,14 @@ def unit_test_command(node_ids: list[str], present_at_good: list[str], tests_fro
     return ["python", "-m", RUNNER, "--rules", str(RULES),
             *(arg for path in present_at_good for arg in ("--present-at-good", path)),
             *(["--tests-from", tests_from] if tests_from else []), *node_ids]
+
+
+def command_rules(command: list[str]) -> int:
+    """The verdict rules a runner command was made for (1: made before the command named them)."""
+    for flag, value in itertools.pairwise(command):
+        if flag == "--rules" and value.isdigit():
+            return int(value)
+    return 1
 
 
 def pinned_vllm(pin: dockerfile.VllmPin | None) -> str | None:

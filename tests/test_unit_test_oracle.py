@@ -359,12 +359,13 @@ def test_a_pin_without_an_sdist_is_one_line_naming_the_pin_and_the_index(tmp_pat
     assert str(empty) in message
 
 
-@pytest.mark.e2e
-def test_run_bisects_a_unit_test_to_its_culprit(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
-                                                capsys: pytest.CaptureFixture[str]) -> None:
+def bisected_unit_test(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str],
+                       n: int, culprit: int) -> tuple[list[str], Path]:
+    """`run --unit-test` over a pinned history of n commits (a fake pin venv): its shas and session,
+    once the run named `culprit`."""
     from bisect_npu.cli import main
 
-    shas = pinned_history(tmp_path / "up", 9, 5)
+    shas = pinned_history(tmp_path / "up", n, culprit)
     monkeypatch.setenv("BISECT_NPU_CACHE", str(tmp_path / "cache"))
     fake_venv(pin_venv.default_pin_venv_cache(), pin_venv.PinKey("0.23.0", "transformers==5.5.4"))
     session = tmp_path / "session"
@@ -373,7 +374,14 @@ def test_run_bisects_a_unit_test_to_its_culprit(tmp_path: Path, monkeypatch: pyt
               "tests/ut/quant/test_q.py::test_scale", "--session", str(session), "--no-fix", "--json", "--quiet"])
     out = capsys.readouterr().out
     summary = json.loads(out.strip().splitlines()[-1])
-    assert exited.value.code == 0 and summary["culprit"] == shas[5], out
+    assert exited.value.code == 0 and summary["culprit"] == shas[culprit], out
+    return shas, session
+
+
+@pytest.mark.e2e
+def test_run_bisects_a_unit_test_to_its_culprit(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                capsys: pytest.CaptureFixture[str]) -> None:
+    shas, session = bisected_unit_test(tmp_path, monkeypatch, capsys, 9, 5)
     steps = [json.loads(line) for line in (session / "journal.jsonl").read_text().splitlines()
              if '"step"' in line and '"verdict"' in line]
     reasons = {s["commit"]: s["verdict"]["reason"] for s in steps if "commit" in s and "verdict" in s}
@@ -389,14 +397,7 @@ def test_resume_refuses_a_session_judged_by_older_verdict_rules(tmp_path: Path, 
     refused at once with the way on, before any step runs; as it was, it resumes."""
     from bisect_npu.cli import main
 
-    shas = pinned_history(tmp_path / "up", 5, 3)
-    monkeypatch.setenv("BISECT_NPU_CACHE", str(tmp_path / "cache"))
-    fake_venv(pin_venv.default_pin_venv_cache(), pin_venv.PinKey("0.23.0", "transformers==5.5.4"))
-    session = tmp_path / "session"
-    with pytest.raises(SystemExit) as exited:
-        main(["run", "--repo", str(tmp_path / "up"), "--good", shas[0], "--bad", shas[-1], "--unit-test",
-              "tests/ut/quant/test_q.py::test_scale", "--session", str(session), "--no-fix", "--json", "--quiet"])
-    assert exited.value.code == 0, capsys.readouterr()
+    shas, session = bisected_unit_test(tmp_path, monkeypatch, capsys, 5, 3)
     journal = session / "journal.jsonl"
     lines = journal.read_text().splitlines()
     header = json.loads(lines[0])

@@ -28,7 +28,7 @@ from bisect_npu.builders.pin_venv import (
     transformers_line,
 )
 from bisect_npu.errors import UsageError
-from bisect_npu.probe.unit_tests import RULES
+from bisect_npu.probe.unit_tests import RULES, UNNAMED_RULES
 from bisect_npu.upstream import dockerfile, history
 
 SITE_DIR = ".bisect-npu-site"  # in each worktree: the package record, first on PYTHONPATH
@@ -66,12 +66,16 @@ def unit_test_command(node_ids: list[str], present_at_good: list[str], tests_fro
             *(["--tests-from", tests_from] if tests_from else []), *node_ids]
 
 
-def command_rules(command: list[str]) -> int:
-    """The verdict rules a runner command was made for (1: made before the command named them)."""
-    for flag, value in itertools.pairwise(command):
-        if flag == "--rules" and value.isdigit():
-            return int(value)
-    return 1
+def rules_refusal(command: list[str]) -> str | None:
+    """Why a session whose runner command is `command` cannot go on under this bisect-npu's verdict
+    rules (its verdicts would mix two rules), or None."""
+    rules = next((int(value) for flag, value in itertools.pairwise(command) if flag == "--rules" and value.isdigit()),
+                 UNNAMED_RULES)
+    if rules == RULES:
+        return None
+    return (f"this session's unit tests were judged by the verdict rules {rules} and this bisect-npu judges by "
+            f"rules {RULES}; start a new session with `bisect-npu run` and the same arguments (results would mix "
+            "two rules)")
 
 
 def pinned_vllm(pin: dockerfile.VllmPin | None) -> str | None:

@@ -14,7 +14,7 @@ import git
 
 from bisect_npu import __version__
 from bisect_npu.builders.base import Builder
-from bisect_npu.builders.unit_tests import command_rules
+from bisect_npu.builders.unit_tests import rules_refusal
 from bisect_npu.errors import UsageError
 from bisect_npu.execute.base import Executor
 from bisect_npu.execute.host import host_changes
@@ -27,7 +27,6 @@ from bisect_npu.orchestration.preflight import check_run, settle_slots
 from bisect_npu.orchestration.reference import store_reference
 from bisect_npu.orchestration.verdict_reuse import VerdictReuse, command_changed, command_oracle, open_verdict_reuse
 from bisect_npu.orchestration.wiring import session_evaluator
-from bisect_npu.probe.unit_tests import RULES
 from bisect_npu.progress import PlainProgress, Progress
 from bisect_npu.recipe.loader import load_recipe
 from bisect_npu.recipe.schema import Recipe
@@ -99,11 +98,9 @@ def open_journal(session_dir: Path | None = None, root: Path = DEFAULT_ROOT, pro
     repo = history.open_repo(spec.range.repo, remedy=(
         "the session's repository was moved or removed; put it back there to resume, or start a new "
         "session with `bisect-npu run`")) if spec.range.repo else None
-    if spec.judge.unit_tests and (rules := command_rules(spec.judge.command or [])) != RULES:
+    if spec.judge.unit_tests and (refusal := rules_refusal(spec.judge.command or [])):
         journal.close()
-        raise UsageError(f"this session's unit tests were judged by the verdict rules {rules} and this bisect-npu "
-                         f"judges by rules {RULES}; start a new session with `bisect-npu run` and the same "
-                         "arguments (results would mix two rules)")
+        raise UsageError(refusal)
     if changed := command_changed(spec, journal.header.command_oracle):
         journal.close()
         raise UsageError(f"command {shlex.join(spec.judge.command or [])!r} changed since the session started "

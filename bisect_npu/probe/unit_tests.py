@@ -31,6 +31,7 @@ ABORT = 128  # `git bisect run` stops here instead of blaming the commit
 # The verdict rules' version (2: a named test that was only skipped skips the commit). The command
 # names it, so a verdict stored, or journaled, under other rules is not taken for one of these.
 RULES = 2
+UNNAMED_RULES = 1  # what a command made before commands named their rules was judged by
 REASON_ENV = "BISECT_NPU_REASON_FILE"
 REPORT_ENV = "BISECT_NPU_UT_REPORT"
 SELECT_ENV = "BISECT_NPU_UT_SELECT"
@@ -122,7 +123,7 @@ def main(argv: list[str] | None = None) -> int:
                         help="a named test file the good end has (its import error then counts bad)")
     parser.add_argument("--tests-from", metavar="SHA", help="the commit the test files were laid in from")
     parser.add_argument("--report", metavar="FILE", help="keep pytest's per-test outcomes (JSON) here")
-    parser.add_argument("--rules", type=int, default=1, help="the verdict rules the command was made for")
+    parser.add_argument("--rules", type=int, default=UNNAMED_RULES, help="the verdict rules the command was made for")
     parser.add_argument("node_ids", nargs="+")
     args = parser.parse_args(argv)
     node_ids: list[str] = args.node_ids

@@ -311,10 +311,14 @@ def test_pin_keys_of_different_requirements_never_share_a_venv() -> None:
     assert pin_venv.PinKey(commit, "transformers==5.5.4").name == "vllm-commit-35141a7eeda9--transformers-5.5.4"
 
 
-def fake_venv(cache: Path, key: pin_venv.PinKey) -> Path:
+def fake_venv(cache: Path, key: pin_venv.PinKey, *, layer: bool = False) -> Path:
     """A complete venv of the cache whose interpreter is this one, seeing this one's packages
     (pytest) and nothing else of the host's: `bisect_npu` only through the cache's own host link,
-    as in a venv the cache built."""
+    as in a venv the cache built. `layer`: the cache's torch layer marked built too (empty: the
+    venv does not read it), so a run does not install the real 4.4 GB one for it."""
+    if layer:
+        (cache / pin_venv.TORCH_LAYER).mkdir(parents=True)
+        (cache / pin_venv.TORCH_LAYER / COMPLETE_MARKER).write_text("done\n")
     venv = cache / key.name
     (venv / "bin").mkdir(parents=True)
     (venv / "bin" / "python").symlink_to(sys.executable)
@@ -367,7 +371,7 @@ def bisected_unit_test(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: 
 
     shas = pinned_history(tmp_path / "up", n, culprit)
     monkeypatch.setenv("BISECT_NPU_CACHE", str(tmp_path / "cache"))
-    fake_venv(pin_venv.default_pin_venv_cache(), pin_venv.PinKey("0.23.0", "transformers==5.5.4"))
+    fake_venv(pin_venv.default_pin_venv_cache(), pin_venv.PinKey("0.23.0", "transformers==5.5.4"), layer=True)
     session = tmp_path / "session"
     with pytest.raises(SystemExit) as exited:
         main(["run", "--repo", str(tmp_path / "up"), "--good", shas[0], "--bad", shas[-1], "--unit-test",
@@ -461,7 +465,7 @@ def test_find_fix_with_the_fix_s_own_test_from_its_commit(tmp_path: Path, monkey
 
     shas = make_linear_repo(tmp_path / "up", 9, files=files)
     monkeypatch.setenv("BISECT_NPU_CACHE", str(tmp_path / "cache"))
-    fake_venv(pin_venv.default_pin_venv_cache(), pin_venv.PinKey("0.23.0", "transformers==5.5.4"))
+    fake_venv(pin_venv.default_pin_venv_cache(), pin_venv.PinKey("0.23.0", "transformers==5.5.4"), layer=True)
     with pytest.raises(SystemExit) as exited:
         main(["run", "--repo", str(tmp_path / "up"), "--old", shas[0], "--new", shas[8], "--find-fix", "--unit-test",
               "tests/ut/quant/test_fix.py", "--unit-test-from", shas[6], "--session", str(tmp_path / "s"), "--json",

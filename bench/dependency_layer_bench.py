@@ -39,7 +39,7 @@ from bisect_npu.builders.dependency import DependencyBuilder
 from bisect_npu.builders.docker import LABEL_COMMIT, LABEL_KEY, LABEL_KIND, DockerBuilder, connect_engine
 from bisect_npu.builders.key import BuildKeyReader
 from bisect_npu.demo.generate import ensure_upstream
-from bisect_npu.forecast.simulate import simulate
+from bisect_npu.forecast.simulate import Minutes, simulate
 from bisect_npu.recipe.loader import load_recipe
 from bisect_npu.recipe.schema import DependencySpec
 
@@ -152,10 +152,10 @@ def projection(overlay_min: float) -> None:
     for n in VLLM_COMMITS:
         culprits = sorted({1 + (i * (n - 1)) // 63 for i in range(64)})
         layered = simulate(n, culprits, bad_rate=1.0, good_rate=0.0, mode="exact", runs=1,
-                           build_key_of=lambda _: "held", build_cost_min=PLAN_BUILD_MIN,
-                           overlay_cost_min=overlay_min, run_cost_min=PLAN_RUN_MIN)
+                           build_key_of=lambda _: "held",
+                           costs=Minutes(build=PLAN_BUILD_MIN, overlay=overlay_min, run=PLAN_RUN_MIN))
         rebuilt = simulate(n, culprits, bad_rate=1.0, good_rate=0.0, mode="exact", runs=1,
-                           build_key_of=str, build_cost_min=PLAN_BUILD_MIN, run_cost_min=PLAN_RUN_MIN)
+                           build_key_of=str, costs=Minutes(build=PLAN_BUILD_MIN, run=PLAN_RUN_MIN))
         print(f"  {n:12d} | {layered.mean_trials:5.1f} | {layered.mean_builds:.0f}, {layered.mean_overlays:5.1f}, "
               f"{layered.mean_machine_hours:5.2f} h | {rebuilt.mean_builds:5.1f}, {rebuilt.mean_machine_hours:5.2f} h "
               f"| {rebuilt.mean_machine_hours / layered.mean_machine_hours:4.1f}x")

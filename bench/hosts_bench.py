@@ -15,12 +15,12 @@ import argparse
 import time
 
 from bisect_npu.forecast.plan import range_keys, unbuildable_positions
-from bisect_npu.forecast.simulate import simulate
+from bisect_npu.forecast.simulate import Minutes, simulate
 from bisect_npu.upstream import history
 
 CARDS_PER_HOST = 8
 HOSTS = (1, 2, 4, 8)
-COSTS = {"build_cost_min": 30.0, "overlay_cost_min": 2.0, "run_cost_min": 5.0, "load_cost_min": 3.0}
+COSTS = Minutes(build=30.0, overlay=2.0, run=5.0, load=3.0)
 
 
 def main() -> None:
@@ -50,7 +50,7 @@ def main() -> None:
             started = time.monotonic()
             summary = simulate(n, culprits, bad_rate=rates[0], good_rate=rates[1], slots=hosts * per_host,
                                mode=mode, runs=runs, seed=0, build_key_of=keys.__getitem__,
-                               unbuildable=unbuildable_positions(build_keys), **COSTS)
+                               unbuildable=unbuildable_positions(build_keys), costs=COSTS)
             print(f"| {mode} {rates[0]}/{rates[1]} | {hosts} | {hosts * per_host} | {summary.accuracy:.2f} | "
                   f"{summary.mean_rounds:.1f} | {summary.mean_trials:.1f} | {summary.mean_builds:.1f} | "
                   f"{summary.mean_wall_hours:.1f} | {summary.mean_machine_hours:.1f} |"

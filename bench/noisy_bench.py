@@ -40,7 +40,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from bisect_npu.forecast.simulate import simulate, simulate_one
+from bisect_npu.forecast.simulate import Minutes, simulate, simulate_one
 from bisect_npu.search import Evidence, Found, Next, SearchProblem, decide
 from bisect_npu.search.noisy import information_gain
 
@@ -186,7 +186,7 @@ def noisy_rounds_check(runs: int) -> list[str]:
     base = 0.0
     for k in (1, 3, 7):
         summary = simulate(DETAIL_N, DETAIL_N // 2, bad_rate=0.8, good_rate=0.2, slots=k, mode="noisy",
-                           runs=runs, seed=1, build_cost_min=0.0, run_cost_min=1.0)
+                           runs=runs, seed=1, costs=Minutes(build=0.0, run=1.0))
         base = base or summary.mean_rounds
         lines.append(f"| {k} | {summary.accuracy:.1%} | {summary.mean_rounds:.1f} | {summary.mean_trials:.1f} | "
                      f"{summary.mean_rounds / base:.2f} |")
@@ -204,8 +204,8 @@ def run_cost_cell(args: CostJob) -> CostCell:
     rng = np.random.default_rng([7, int(p * 100), int(q * 100), int(load), int(build)])
     problem = SearchProblem(n=DETAIL_N, mode="noisy", load_cost=told_load, build_cost=told_build)
     outcomes = [simulate_one(problem, int(rng.integers(1, DETAIL_N + 1)), bad_rate=p, good_rate=q, build_fail=0.0,
-                             rng=rng, build_key_of=str, build_cost_min=build, run_cost_min=1.0,
-                             load_cost_min=load) for _ in range(runs)]
+                             rng=rng, build_key_of=str,
+                             costs=Minutes(build=build, run=1.0, load=load)) for _ in range(runs)]
     trials = np.array([o.trials for o in outcomes], dtype=float)
     starts = np.array([o.loads for o in outcomes], dtype=float)
     builds = np.array([o.builds for o in outcomes], dtype=float)

@@ -25,7 +25,7 @@ import time
 
 import numpy as np
 
-from bisect_npu.forecast.simulate import SimulationSummary, simulate
+from bisect_npu.forecast.simulate import Minutes, SimulationSummary, simulate
 
 SIZES = (32, 128, 176, 1000)
 NEW_KEY_SHARE = 1 / 17
@@ -50,8 +50,8 @@ def exact_figures(keys: list[str], culprits: list[int], minutes: tuple[float, fl
                   told: bool) -> SimulationSummary:
     build, overlay, run = minutes
     return simulate(len(keys) - 1, culprits, bad_rate=1.0, good_rate=0.0, mode="exact", runs=1,
-                    build_key_of=keys.__getitem__, build_cost_min=build, overlay_cost_min=overlay,
-                    run_cost_min=run, tell_build_groups=told)
+                    build_key_of=keys.__getitem__, costs=Minutes(build=build, overlay=overlay, run=run),
+                    tell_build_groups=told)
 
 
 def pooled(summaries: list[SimulationSummary]) -> tuple[float, float, float, float]:
@@ -99,8 +99,8 @@ def noisy_table(layouts: int, each: int) -> None:
         cells = []
         for told in (False, True):
             summaries = [simulate(128, spread(128, 8), bad_rate=0.8, good_rate=0.2, mode="noisy", runs=each,
-                                  seed=j, build_key_of=keys.__getitem__, build_cost_min=build,
-                                  overlay_cost_min=overlay, run_cost_min=trial, load_cost_min=2.0 * trial,
+                                  seed=j, build_key_of=keys.__getitem__,
+                                  costs=Minutes(build=build, overlay=overlay, run=trial, load=2.0 * trial),
                                   tell_build_groups=told)
                          for j, keys in enumerate(keys_list)]
             cells.append(tuple(float(np.mean([getattr(s, f) for s in summaries]))

@@ -15,7 +15,7 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
-from bisect_npu.errors import UsageError
+from bisect_npu.errors import UsageError, validation_problem
 
 OBSERVATION_SCHEMA_VERSION = 1
 # A token id as vocabularies have them: a whole number that fits the int32 arrays the oracles use
@@ -152,9 +152,8 @@ class Observation(BaseModel):
         except RecursionError as exc:
             raise UsageError(f"{path}: JSON nested too deeply to be an observation") from exc
         except ValidationError as exc:
-            first = exc.errors()[0]
-            field = ".".join(str(p) for p in first["loc"]) or "<root>"
-            raise UsageError(f"{path}: field {field!r}: {first['msg']}") from exc
+            field, problem = validation_problem(exc)
+            raise UsageError(f"{path}: field {field!r}: {problem}") from exc
 
 
 def to_jsonable(value: Any) -> Any:

@@ -24,7 +24,7 @@ from typing import Any, TypeVar
 from pydantic import BaseModel, ValidationError
 
 from bisect_npu.defaults import SESSIONS_ROOT
-from bisect_npu.errors import InfrastructureError, UsageError
+from bisect_npu.errors import InfrastructureError, UsageError, validation_problem
 from bisect_npu.records import JOURNAL_SCHEMA_VERSION, HeaderRecord, JournalRecord, Record, parse_record
 
 JOURNAL_FILE = "journal.jsonl"
@@ -274,9 +274,8 @@ def _header(path: Path, raw: dict[str, Any]) -> HeaderRecord:
 
 def _first_error(exc: ValidationError, *, within_union: bool = False) -> str:
     """The first problem as "field.path: message" (a union's errors start with the record's type: dropped)."""
-    first = exc.errors()[0]
-    loc = first["loc"][1:] if within_union else first["loc"]
-    return f"{'.'.join(str(part) for part in loc) or 'the line'}: {first['msg']}"
+    where, problem = validation_problem(exc, skip=1 if within_union else 0, root="the line")
+    return f"{where}: {problem}"
 
 
 def _decode(raw: bytes) -> dict[str, Any] | None:

@@ -18,11 +18,12 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Annotated, Any, Literal, get_args, get_origin
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 from pydantic.fields import FieldInfo
 
 from bisect_npu.contracts import TimeoutIs
-from bisect_npu.defaults import CACHE_SIZE_GIB, LAST_GOOD, TRIAL_TIMEOUT_S, VERIFY_TOP
+from bisect_npu.defaults import CACHE_SIZE_GIB, CONFIDENCE, LAST_GOOD, TRIAL_TIMEOUT_S, VERIFY_TOP
+from bisect_npu.errors import UsageError, validation_problem
 from bisect_npu.paths import default_verdict_store
 
 FlagKind = Literal["text", "int>=1", "positive", "confidence", "path", "file", "devices", "command", "size"]
@@ -167,7 +168,8 @@ class JudgeSpec(_Part):
         help="With --unit-test: a local vLLM clone, where the venvs of commits that pin a vLLM commit (no release) "
              "build vLLM from [default: such commits are refused before the run].")] = None
     timeout_s: Annotated[float, flag("--timeout", kind="positive", show_default=True,
-                                     help="Seconds per probe or command run.")] = TRIAL_TIMEOUT_S
+                                     help="Seconds per probe or command run, and per local build command."),
+                         Field(gt=0, allow_inf_nan=False)] = TRIAL_TIMEOUT_S
     timeout_is: Annotated[TimeoutIs | None, flag(
         "--timeout-is", help="What a run past --timeout says about its commit: bad (the regression is a hang) or skip "
         "[default: the recipe's trials.timeout_is, else skip: a timeout is more often a slow host, a stuck download "
@@ -203,7 +205,8 @@ class ExecutorSpec(_Part):
     slots: Annotated[int | None, flag(
         "--slots", kind="int>=1", written=lambda r: bool(r.executor.devices) or (r.executor.slots or 1) != 1,
         help="Candidates tested at once, each on its share of --devices (default: as many as the cards hold engines "
-             "of the recipe's parallel size, tensor x pipeline x prefill-context x data; without --devices 1).")] = None
+             "of the recipe's parallel size, tensor x pipeline x prefill-context x data; without --devices 1)."),
+        Field(ge=1)] = None
     workdir: Annotated[str | None, flag(
         "--workdir", kind="path",
         help="Where candidate worktrees go (e.g. a fast disk): in a subdirectory named after the session, removed at "
@@ -214,7 +217,7 @@ class ExecutorSpec(_Part):
     cache_size_gb: Annotated[float, flag(
         "--cache-size", kind="size", show_default=f"{CACHE_SIZE_GIB}G",
         help="Most disk the candidate images (docker) or release venvs (--package) may take; the least recently used "
-             "go first, e.g. 500G, 80GiB.")] = float(CACHE_SIZE_GIB)
+             "go first, e.g. 500G, 80GiB."), Field(gt=0, allow_inf_nan=False)] = float(CACHE_SIZE_GIB)
 
 
 class SearchSpec(_Part):
@@ -224,7 +227,8 @@ class SearchSpec(_Part):
                                                                           "mode.")] = None
     confidence: Annotated[float | None, flag("--confidence", kind="confidence",
                                              help="Noisy mode: stop when the culprit is this certain (0.5 < c < 1; "
-                                                  "default 0.99).")] = None
+                                                  f"default {CONFIDENCE})."),
+                          Field(gt=0.5, lt=1.0)] = None
     earlier_runs: Annotated[list[str] | None, flag(
         "--earlier-runs", nargs=2, metavar="BAD_END GOOD_END",
         help="Noisy mode: runs of the ends made before, as shown/runs, e.g. 8/10 0/10 (counted by the search; "
@@ -264,7 +268,7 @@ class FixSpec(_Part):
     verify_fix: Annotated[bool, flag("--verify-fix", help="Apply the fix proposals to the bad end, best first, "
                                                           "re-running the oracle until one works.")] = False
     fix_top: Annotated[int, flag("--verify-top", kind="int>=1", show_default=True,
-                                 help="With --verify-fix: proposals tried at most.")] = VERIFY_TOP
+                                 help="With --verify-fix: proposals tried at most."), Field(ge=1)] = VERIFY_TOP
 
 
 class StoreSpec(_Part):
@@ -313,7 +317,20 @@ class RunRequest(BaseModel):
             if name not in owner:
                 raise TypeError(f"RunRequest has no field {name!r}")
             parts[owner[name]][name] = value
-        return cls.model_validate(parts)
+        try:
+            return cls.model_validate(parts)
+        except ValidationError as exc:
+            raise _refused(exc) from None
+
+    def checked(self) -> RunRequest:
+        """This request, each field checked against its range again before a session starts from
+        it (a library caller may have set one after construction): a bad value is a UsageError
+        naming the field, before anything is written."""
+        try:
+            type(self).model_validate(self.model_dump())
+        except ValidationError as exc:
+            raise _refused(exc) from None
+        return self
 
     def settled(self) -> RunRequest:
         """A copy to keep (the journal header): the session goes on settling its own."""
@@ -339,6 +356,12 @@ class RunRequest(BaseModel):
             else:
                 argv += [spec.name, render(spec.kind, value)]
         return argv
+
+
+def _refused(exc: ValidationError) -> UsageError:
+    where, problem = validation_problem(exc, root="the request")
+    return UsageError(f"request field {where}: {problem}; give a value it takes (`bisect-npu run --help` says "
+                      "each option's range)")
 
 
 class RunContext(_Part):

@@ -18,6 +18,7 @@ from typing import Annotated, Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError
 
 from bisect_npu.contracts import Verdict
+from bisect_npu.defaults import CONFIDENCE
 from bisect_npu.errors import InfrastructureError, UsageError
 from bisect_npu.records import BuildInfo, Record, StoredFrom, TrialRun
 
@@ -51,7 +52,7 @@ class SettingsHeader(Record):
     differences: list[DifferenceRecord]
     vary: dict[str, list[Any]] = Field(default_factory=dict)  # --vary keys -> their further values
     mode: Literal["exact", "noisy"] = "exact"
-    confidence: float = 0.99
+    confidence: float = CONFIDENCE
     batch: int = 1
     max_trials: int = 64
     executor: Literal["local", "docker"] = "local"

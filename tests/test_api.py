@@ -104,3 +104,19 @@ def test_judge_gives_a_session_s_verdicts_again() -> None:
         verdict = api.judge("demo-async-penalty", [session / t["observation"] for t in step["trials"]])
         assert verdict.kind.value == step["verdict"]["kind"]
     assert {s["verdict"]["kind"] for s in steps} == {"good", "bad"}
+
+
+@pytest.mark.parametrize("fields", [{"confidence": 1.5}, {"timeout_s": 0.0}, {"slots": 0}, {"fix_top": 0},
+                                    {"cache_size_gb": -1.0}])
+def test_a_request_field_out_of_its_range_is_refused_before_a_journal(tmp_path: Path, fields: dict) -> None:
+    shas = make_linear_repo(tmp_path / "repo", 4, culprit=2)
+    (name, value), = fields.items()
+    with pytest.raises(api.UsageError, match=rf"request field \w+\.{name}: "):
+        api.bisect(tmp_path / "repo", shas[0], shas[3], oracle=StateOracle(), session_dir=tmp_path / "s",
+                   quiet=True, **fields)
+    asked = api.RunRequest.of(repo=str(tmp_path / "repo"), good=shas[0], bad=shas[3], command=["true"])
+    setattr(getattr(asked, "search" if name == "confidence" else "judge" if name == "timeout_s" else
+                    "fix" if name == "fix_top" else "executor"), name, value)  # set after construction
+    with pytest.raises(api.UsageError, match=rf"request field \w+\.{name}: "):
+        api.bisect(asked, session_dir=tmp_path / "s", quiet=True)
+    assert not (tmp_path / "s").exists()

@@ -119,6 +119,25 @@ def test_a_recipe_can_turn_output_reuse_off(tmp_path: Path) -> None:
         assert (builder.artifacts_dir == (tmp_path / "s").resolve() / "build-outputs") == reused
 
 
+def test_run_timeout_bounds_a_local_build(tmp_path: Path) -> None:
+    """--timeout is how long a local build command may take too: a build past it fails as one."""
+    from asked import spec_of
+
+    from bisect_npu.builders.base import BuildFailed
+    from bisect_npu.orchestration.wiring import make_environment
+    from bisect_npu.recipe.loader import parse_recipe
+
+    shas = make_linear_repo(tmp_path / "repo", 2)
+    text = ("name: t\nmodel:\n  path: /m\ncases:\n  - id: a\n    prompt: hi\nbuild:\n"
+            "  local_command: [sh, -c, 'sleep 30']\n")
+    options = spec_of(good=shas[0], bad=shas[1], repo=str(tmp_path / "repo"), timeout_s=0.5)
+    builder, _ = make_environment(options, git.Repo(tmp_path / "repo"), parse_recipe(text), tmp_path / "s",
+                                  tmp_path / "work")
+    with pytest.raises(BuildFailed, match="build timed out after"):
+        builder.acquire(shas[1], tmp_path / "logs")
+    builder.close()
+
+
 def registered_worktrees(repo: Path) -> list[str]:
     listing = git.Repo(repo).git.worktree("list", "--porcelain")
     return [line.split(" ", 1)[1] for line in listing.splitlines() if line.startswith("worktree ")][1:]

@@ -11,7 +11,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from bisect_npu.forecast.simulate import simulate_one
+from bisect_npu.forecast.simulate import Minutes, simulate_one
 from bisect_npu.search import Evidence, Next, SearchProblem, decide
 from bisect_npu.search.noisy import (
     MAX_BATCH,
@@ -128,8 +128,8 @@ def _costs(load_cost: float, build_cost: float, told: tuple[float, float], runs:
     rng = np.random.default_rng(11)
     problem = SearchProblem(n=32, mode="noisy", load_cost=told[0], build_cost=told[1])
     outcomes = [simulate_one(problem, int(rng.integers(1, 33)), bad_rate=0.8, good_rate=0.2, build_fail=0.0,
-                             rng=rng, build_key_of=str, build_cost_min=build_cost, run_cost_min=1.0,
-                             load_cost_min=load_cost) for _ in range(runs)]
+                             rng=rng, build_key_of=str,
+                             costs=Minutes(build=build_cost, run=1.0, load=load_cost)) for _ in range(runs)]
     return {
         "cost": float(np.mean([o.trials + load_cost * o.loads + build_cost * o.builds for o in outcomes])),
         "right": float(np.mean([o.correct for o in outcomes])),

@@ -9,7 +9,7 @@ import sys
 import pytest
 from gitrepo import make_linear_repo
 
-from bisect_npu.forecast.simulate import simulate
+from bisect_npu.forecast.simulate import Minutes, simulate
 
 
 def test_perfect_exact_search_is_right_and_within_log2():
@@ -22,7 +22,7 @@ def test_perfect_exact_search_is_right_and_within_log2():
 def test_shared_build_keys_are_counted_once():
     summary = simulate(64, 40, bad_rate=1.0, good_rate=0.0, mode="exact", runs=3, seed=0,
                        build_key_of=lambda i: "before" if i < 32 else "after",
-                       build_cost_min=60, run_cost_min=6)
+                       costs=Minutes(build=60, run=6))
     assert summary.mean_builds == 2
     assert summary.mean_machine_hours == pytest.approx((2 * 60 + summary.mean_trials * 6) / 60)
 
@@ -35,7 +35,7 @@ def test_told_build_groups_exact_mode_builds_less_and_costs_less():
     figures = {}
     for told in (False, True):
         runs = [simulate(120, culprit, bad_rate=1.0, good_rate=0.0, mode="exact", runs=1, build_key_of=key_of,
-                         build_cost_min=40, overlay_cost_min=2, run_cost_min=5, tell_build_groups=told)
+                         costs=Minutes(build=40, overlay=2, run=5), tell_build_groups=told)
                 for culprit in range(1, 121, 3)]
         assert all(r.accuracy == 1.0 for r in runs)
         figures[told] = [sum(getattr(r, f) for r in runs) / len(runs)
@@ -63,10 +63,10 @@ def test_same_seed_same_summary_and_slots_cut_rounds():
 
 
 def test_engine_starts_are_counted_and_priced():
-    free = simulate(64, 20, bad_rate=0.8, good_rate=0.2, runs=10, seed=4, build_cost_min=0.0, run_cost_min=1.0)
+    free = simulate(64, 20, bad_rate=0.8, good_rate=0.2, runs=10, seed=4, costs=Minutes(build=0.0, run=1.0))
     assert free.mean_loads == free.mean_trials  # one trial per query when starts cost nothing
-    dear = simulate(64, 20, bad_rate=0.8, good_rate=0.2, runs=10, seed=4, build_cost_min=0.0, run_cost_min=1.0,
-                    load_cost_min=10.0)
+    dear = simulate(64, 20, bad_rate=0.8, good_rate=0.2, runs=10, seed=4,
+                    costs=Minutes(build=0.0, run=1.0, load=10.0))
     assert dear.mean_loads < dear.mean_trials / 3
     assert dear.mean_machine_hours == pytest.approx((dear.mean_trials + 10.0 * dear.mean_loads) / 60)
     assert dear.mean_machine_hours < (free.mean_trials * 11.0) / 60 / 2

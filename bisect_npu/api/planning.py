@@ -142,7 +142,7 @@ def simulate(repo: str | Path, good: str, bad: str, culprit: str, *, bad_rate: f
     a trial at or after `culprit` with `bad_rate`, before it with `good_rate`; `mode` defaults to
     exact for a perfect test (rates 1/0), else noisy. `on_run(done, total)` after each bisection."""
     from bisect_npu.forecast.plan import range_keys, unbuildable_positions
-    from bisect_npu.forecast.simulate import describe
+    from bisect_npu.forecast.simulate import Minutes, describe
     from bisect_npu.forecast.simulate import simulate as run_simulation
     from bisect_npu.upstream import history
 
@@ -163,8 +163,8 @@ def simulate(repo: str | Path, good: str, bad: str, culprit: str, *, bad_rate: f
     summary = run_simulation(
         len(brange.candidates), position, bad_rate=bad_rate, good_rate=good_rate, build_fail=build_fail,
         slots=slots, mode=chosen, runs=runs, seed=seed, build_key_of=keys.__getitem__,
-        build_cost_min=build_cost_min, overlay_cost_min=overlay_cost_min, run_cost_min=run_cost_min,
-        load_cost_min=load_cost_min, earlier_runs=earlier_runs, on_run=on_run, unbuildable=unbuildable,
+        costs=Minutes(build=build_cost_min, overlay=overlay_cost_min, run=run_cost_min, load=load_cost_min),
+        earlier_runs=earlier_runs, on_run=on_run, unbuildable=unbuildable,
     )
     return Simulation(len(brange.candidates), position, len(set(keys)), len(unbuildable), chosen,
                       brange.merge_base_note or "", summary, describe(summary))

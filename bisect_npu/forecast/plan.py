@@ -16,7 +16,7 @@ import git
 
 from bisect_npu.builders.key import BuildKey, BuildKeyReader
 from bisect_npu.builders.releases import ReleaseImage, ReleaseImages
-from bisect_npu.forecast.simulate import simulate
+from bisect_npu.forecast.simulate import Minutes, simulate
 from bisect_npu.upstream import history
 
 PLAN_CULPRITS = 64  # culprit positions the estimate averages over (all of them in a smaller range)
@@ -158,7 +158,8 @@ def _replay(keys: list[str], unbuildable: list[int], *, told: bool, minutes: dic
     count = min(n, PLAN_CULPRITS)
     culprits = sorted({1 + (i * (n - 1)) // max(count - 1, 1) for i in range(count)})
     summary = simulate(n, culprits, bad_rate=1.0, good_rate=0.0, mode="exact", runs=1,
-                       build_key_of=keys.__getitem__, tell_build_groups=told, build_cost_min=minutes["build"],
-                       overlay_cost_min=minutes["overlay"], run_cost_min=minutes["run"], unbuildable=unbuildable)
+                       build_key_of=keys.__getitem__, tell_build_groups=told,
+                       costs=Minutes(build=minutes["build"], overlay=minutes["overlay"], run=minutes["run"]),
+                       unbuildable=unbuildable)
     return PlanFigures(round(summary.mean_trials, 2), int(summary.max_trials), round(summary.mean_builds, 2),
                        round(summary.mean_overlays, 2), round(summary.mean_machine_hours, 2), len(culprits))

@@ -4,9 +4,9 @@ The same ``decide`` a session calls is driven here by a seeded random oracle: a 
 position at or after the culprit fails with the bad rate, before it with the good rate, and a
 candidate's build fails (the position is skipped) with the build-fail rate. The ends never fail
 to build: the user has run them already to know that one is good and the other bad. The first
-commit tested with a build key costs a full build (``build_cost_min``), other commits with that
-key an overlay (``overlay_cost_min``), a commit tested before nothing. Each query starts the
-engine once (``load_cost_min``) and then runs its trials (``run_cost_min`` each).
+commit tested with a build key costs a full build (``Minutes.build``), other commits with that
+key an overlay (``Minutes.overlay``), a commit tested before nothing. Each query starts the
+engine once (``Minutes.load``) and then runs its trials (``Minutes.run`` each).
 
 Used by `bisect-npu simulate` (planning on a real history) and by bench/noisy_bench.py.
 """
@@ -19,6 +19,7 @@ from typing import Literal
 
 import numpy as np
 
+from bisect_npu.defaults import CONFIDENCE
 from bisect_npu.search import (
     Decision,
     EarlierRuns,
@@ -31,6 +32,17 @@ from bisect_npu.search import (
     decide,
     group_ids,
 )
+
+
+@dataclass(frozen=True)
+class Minutes:
+    """What each action of a simulated bisection costs, in minutes: one value, so the search's
+    told costs, the wall clock and the summary's machine hours read the same figures."""
+
+    build: float = 30.0
+    run: float = 5.0
+    load: float = 0.0
+    overlay: float = 0.0
 
 
 @dataclass(frozen=True)
@@ -79,10 +91,7 @@ def simulate_one(
     build_fail: float,
     rng: np.random.Generator,
     build_key_of: Callable[[int], str],
-    build_cost_min: float = 30.0,
-    run_cost_min: float = 5.0,
-    load_cost_min: float = 0.0,
-    overlay_cost_min: float = 0.0,
+    costs: Minutes = Minutes(),
     max_rounds: int = 100_000,
     earlier_runs: int = 0,
     unbuildable: Collection[int] = (),
@@ -116,7 +125,7 @@ def simulate_one(
                 evidence[i] = evidence.get(i, Evidence()).add("skip")
                 continue
             key = build_key_of(i)
-            cost = 0.0 if i in evidence else overlay_cost_min if key in builds else build_cost_min
+            cost = 0.0 if i in evidence else costs.overlay if key in builds else costs.build
             overlays += i not in evidence and key in builds
             builds.add(key)
             if i not in build_ok:
@@ -131,7 +140,7 @@ def simulate_one(
             evidence[i] = Evidence(ev.good + query.trials - failures, ev.bad + failures, ev.skipped)
             trials += query.trials
             loads += 1
-            slowest = max(slowest, cost + load_cost_min + query.trials * run_cost_min)
+            slowest = max(slowest, cost + costs.load + query.trials * costs.run)
         wall += slowest
     raise RuntimeError(f"the search did not finish within {max_rounds} rounds")
 
@@ -148,11 +157,8 @@ def simulate(
     runs: int = 200,
     seed: int = 0,
     build_key_of: Callable[[int], str] | None = None,
-    build_cost_min: float = 30.0,
-    run_cost_min: float = 5.0,
-    load_cost_min: float = 0.0,
-    overlay_cost_min: float = 0.0,
-    confidence: float = 0.99,
+    costs: Minutes = Minutes(),
+    confidence: float = CONFIDENCE,
     earlier_runs: int = 0,
     tell_build_groups: bool = True,
     on_run: Callable[[int, int], None] | None = None,
@@ -175,14 +181,14 @@ def simulate(
         raise ValueError(f"a culprit must be one of the candidates 1..{n}, got {wrong or 'none'}")
     if any(not 0 < i < n for i in unbuildable):
         raise ValueError(f"only candidates strictly between the ends can be unbuildable, got {sorted(unbuildable)}")
-    unit = run_cost_min + (load_cost_min if mode == "exact" else 0.0)
+    unit = costs.run + (costs.load if mode == "exact" else 0.0)
     per_unit = unit if unit > 0 else float("inf")
     key_of = build_key_of or str
     groups = group_ids([key_of(i) for i in range(n + 1)]) if build_key_of and tell_build_groups else None
     problem = SearchProblem(n=n, mode=mode, slots=slots, confidence=confidence,
-                            load_cost=load_cost_min / per_unit if mode == "noisy" else 0.0,
-                            build_cost=build_cost_min / per_unit, build_groups=groups,
-                            overlay_cost=overlay_cost_min / per_unit if groups else 0.0)
+                            load_cost=costs.load / per_unit if mode == "noisy" else 0.0,
+                            build_cost=costs.build / per_unit, build_groups=groups,
+                            overlay_cost=costs.overlay / per_unit if groups else 0.0)
     rng = np.random.default_rng(seed)
     total = len(culprits) * runs
     outcomes: list[RunOutcome] = []
@@ -195,20 +201,16 @@ def simulate(
             build_fail=build_fail,
             rng=rng,
             build_key_of=key_of,
-            build_cost_min=build_cost_min,
-            run_cost_min=run_cost_min,
-            load_cost_min=load_cost_min,
-            overlay_cost_min=overlay_cost_min,
+            costs=costs,
             earlier_runs=earlier_runs,
             unbuildable=frozenset(unbuildable),
         ))
         if on_run is not None:
             on_run(len(outcomes), total)
-    return summarise(outcomes, build_cost_min, run_cost_min, load_cost_min, overlay_cost_min)
+    return summarise(outcomes, costs)
 
 
-def summarise(outcomes: list[RunOutcome], build_cost_min: float, run_cost_min: float,
-              load_cost_min: float = 0.0, overlay_cost_min: float = 0.0) -> SimulationSummary:
+def summarise(outcomes: list[RunOutcome], costs: Minutes) -> SimulationSummary:
     trials = np.array([o.trials for o in outcomes], dtype=float)
     builds = np.array([o.builds for o in outcomes], dtype=float)
     loads = np.array([o.loads for o in outcomes], dtype=float)
@@ -225,8 +227,8 @@ def summarise(outcomes: list[RunOutcome], build_cost_min: float, run_cost_min: f
         mean_builds=float(builds.mean()),
         mean_overlays=float(overlays.mean()),
         mean_loads=float(loads.mean()),
-        mean_machine_hours=float((builds * build_cost_min + overlays * overlay_cost_min + loads * load_cost_min
-                                  + trials * run_cost_min).mean() / 60.0),
+        mean_machine_hours=float((builds * costs.build + overlays * costs.overlay + loads * costs.load
+                                  + trials * costs.run).mean() / 60.0),
         mean_wall_hours=float(np.mean([o.wall_minutes for o in outcomes]) / 60.0),
     )
 

@@ -27,7 +27,7 @@ from typing import Any
 import yaml
 from pydantic import ValidationError
 
-from bisect_npu.errors import UsageError
+from bisect_npu.errors import UsageError, validation_problem
 from bisect_npu.recipe.schema import Recipe
 
 SINGLE_NODE_CONFIGS = "tests/e2e/nightly/single_node/models/configs"  # the nightly's CONFIG_BASE_PATH default
@@ -286,10 +286,8 @@ def import_case(raw: dict[str, Any], path: str, case_name: str | None = None,
     try:
         return Recipe.model_validate(body)
     except ValidationError as exc:
-        first = exc.errors()[0]
-        field = ".".join(str(p) for p in first["loc"])
-        raise NightlyRefused(f"{where}::{key}: as a recipe, {field}: "
-                             f"{first['msg'].removeprefix('Value error, ')}") from None
+        field, problem = validation_problem(exc, root="")
+        raise NightlyRefused(f"{where}::{key}: as a recipe, {field}: {problem}") from None
 
 
 @dataclass(frozen=True)

@@ -9,7 +9,7 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from bisect_npu.errors import UsageError
+from bisect_npu.errors import UsageError, validation_problem
 from bisect_npu.level import CommitsLevel, LevelSpec, ReleasesLevel
 from bisect_npu.recipe.schema import DependencySpec, EarlierRunsSpec, Recipe, parse_dependency_option
 from bisect_npu.request import (
@@ -44,8 +44,8 @@ class SessionSpec:
 
     @classmethod
     def of(cls, request: RunRequest, python_oracle: str | None = None) -> SessionSpec:
-        """The first session of a request."""
-        return cls(request, first_level(request), RunContext(python_oracle=python_oracle))
+        """The first session of a request (its fields checked against their ranges first)."""
+        return cls(request.checked(), first_level(request), RunContext(python_oracle=python_oracle))
 
     @property
     def range(self) -> RangeSpec:
@@ -86,7 +86,7 @@ def earlier_runs_spec(spec: SessionSpec, recipe: Recipe | None) -> EarlierRunsSp
     try:
         return EarlierRunsSpec(bad_end=bad_end, good_end=good_end)
     except ValidationError as exc:
-        reason = exc.errors()[0]["msg"].removeprefix("Value error, ")
+        _field, reason = validation_problem(exc)
         raise UsageError(f"--earlier-runs {bad_end} {good_end}: {reason}") from exc
 
 

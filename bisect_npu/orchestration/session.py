@@ -24,6 +24,7 @@ from bisect_npu import interrupts, search
 from bisect_npu.builders.base import Builder, tail
 from bisect_npu.builders.prefetch import Prefetcher, speculative_queries
 from bisect_npu.contracts import Verdict
+from bisect_npu.defaults import CONFIDENCE
 from bisect_npu.execute.base import Executor
 from bisect_npu.execute.inprocess import Oracle
 from bisect_npu.journal import DEFAULT_ROOT, Journal
@@ -117,7 +118,7 @@ class Session:
         return self.recipe.trials.mode if self.recipe else "exact"
 
     def problem(self) -> search.SearchProblem:
-        confidence = self.spec.search.confidence or (self.recipe.trials.confidence if self.recipe else 0.99)
+        confidence = self.spec.search.confidence or (self.recipe.trials.confidence if self.recipe else CONFIDENCE)
         earlier = (earlier_runs_for_search(self.earlier_runs, find_fix=self.spec.search.find_fix)
                    if self.earlier_runs else None)
         # Costs in the search's unit, measured from the journal, so a resumed session weighs as

@@ -143,6 +143,7 @@ def make_environment(spec: SessionSpec, repo: git.Repo | None, recipe: Recipe | 
         reuse = recipe.build.reuse_outputs if recipe else True
         owner = str(session_dir.resolve())
         return (LocalBuilder(repo, workdir.resolve(), build_command, {**env, OWNER_ENV: owner},  # builds too
+                             timeout_s=spec.judge.timeout_s,
                              artifacts_dir=session_dir.resolve() / "build-outputs" if reuse else None),
                 _local_executor(spec, env, python_paths, session_dir))
     return _docker_environment(spec, repo, recipe, session_dir)

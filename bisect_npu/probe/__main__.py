@@ -39,12 +39,8 @@ def main(argv: list[str]) -> int:
         return _run_batch(backend, trials)
     try:
         observation = backend.run_case(request)
-    except HarnessError as exc:
-        print(f"accuracy harness failed: {exc}", file=sys.stderr)
-        return HARNESS_FAILED_EXIT
-    except Exception:  # the host reads the tail of stderr into the skip reason
-        traceback.print_exc()
-        return 3
+    except Exception as exc:
+        return _failed(exc)
     write_json_atomic(request["output"], observation)
     return 0
 
@@ -53,26 +49,29 @@ def _run_batch(backend: ProbeBackend, trials: list[dict[str, Any]]) -> int:
     """One engine start for all trials; each observation lands on disk as soon as it exists."""
     try:
         engine = backend.open_engine(trials[0], trials=len(trials))
-    except HarnessError as exc:
-        print(f"accuracy harness failed: {exc}", file=sys.stderr)
-        return HARNESS_FAILED_EXIT
-    except Exception:
-        traceback.print_exc()
-        return 3
+    except Exception as exc:
+        return _failed(exc)
     try:
         for index, trial in enumerate(trials):
             observation = engine.run(trial)
             observation["extra"]["batch"] = {"index": index, "size": len(trials)}
             write_json_atomic(trial["output"], observation)
-    except HarnessError as exc:
-        print(f"accuracy harness failed: {exc}", file=sys.stderr)
-        return HARNESS_FAILED_EXIT
-    except Exception:
-        traceback.print_exc()
-        return 3
+    except Exception as exc:
+        return _failed(exc)
     finally:
         engine.close()
     return 0
+
+
+def _failed(exc: Exception) -> int:
+    """The exit code of a trial or engine start that raised, its cause on stderr: a failed accuracy
+    harness stops the run (4); anything else is a skip whose reason the host reads from the
+    traceback's last lines (3)."""
+    if isinstance(exc, HarnessError):
+        print(f"accuracy harness failed: {exc}", file=sys.stderr)
+        return HARNESS_FAILED_EXIT
+    traceback.print_exc()  # called inside the except block: the exception being handled
+    return 3
 
 
 if __name__ == "__main__":

@@ -16,7 +16,8 @@ from packaging.specifiers import InvalidSpecifier, SpecifierSet
 from pydantic import Field, ValidationError, field_validator, model_validator
 
 from bisect_npu.contracts import StrictModel, TimeoutIs
-from bisect_npu.errors import UsageError
+from bisect_npu.defaults import CONFIDENCE
+from bisect_npu.errors import UsageError, validation_problem
 from bisect_npu.oracle.config import AccuracyConfig, OracleConfig
 from bisect_npu.probe.backends import BackendName
 from bisect_npu.recipe.digest import without_new_defaults
@@ -289,7 +290,7 @@ class TrialsSpec(StrictModel):
                                                                  "trial a vote (--mode overrides)")
     count: int = Field(1, strict=True, ge=1, le=TRIALS_MAX,
                        description="exact mode: trials per commit, judged together")
-    confidence: float = Field(0.99, gt=0.5, lt=1.0, description="noisy mode: stop when one commit holds this "
+    confidence: float = Field(CONFIDENCE, gt=0.5, lt=1.0, description="noisy mode: stop when one commit holds this "
                                                                 "share of the posterior (--confidence overrides)")
     earlier_runs: EarlierRunsSpec | None = Field(None, description="noisy mode: runs of the ends made before the "
                                                                    "session (--earlier-runs overrides)")
@@ -609,9 +610,8 @@ def parse_dependency_option(text: str) -> DependencySpec:
     try:
         return DependencySpec.model_validate(fields)
     except ValidationError as exc:
-        first = exc.errors()[0]
-        where_ = ".".join(str(p) for p in first["loc"]) or "<root>"
-        raise UsageError(f"--dependency {text!r}: {where_}: {first['msg'].removeprefix('Value error, ')}") from exc
+        where_, problem = validation_problem(exc)
+        raise UsageError(f"--dependency {text!r}: {where_}: {problem}") from exc
 
 
 class Recipe(StrictModel):

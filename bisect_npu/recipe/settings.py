@@ -22,7 +22,7 @@ from typing import Any, get_origin
 import yaml
 from pydantic import BaseModel, ValidationError
 
-from bisect_npu.errors import UsageError
+from bisect_npu.errors import UsageError, validation_problem
 from bisect_npu.recipe.loader import model_in
 from bisect_npu.recipe.schema import CaseSpec, Recipe
 
@@ -188,10 +188,9 @@ def apply(recipe: Recipe, settings: Mapping[str, Any], option: str = "--good-set
     try:
         changed = Recipe.model_validate(data)
     except ValidationError as exc:
-        first = exc.errors()[0]
-        where = ".".join(str(p) for p in first["loc"])
+        where, problem = validation_problem(exc, root="")
         given = ", ".join(f"{k}={show(v)}" for k, v in settings.items())
-        raise UsageError(f"{option} {given}: {where}: {first['msg'].removeprefix('Value error, ')}") from None
+        raise UsageError(f"{option} {given}: {where}: {problem}") from None
     changed.source = recipe.source
     return changed
 

@@ -24,6 +24,7 @@ from typing import Literal
 
 import numpy as np
 
+from bisect_npu.defaults import CONFIDENCE
 from bisect_npu.search.exact import commit_verdict
 from bisect_npu.search.noisy import LOG_1MR, LOG_R, PRIOR_P, PRIOR_Q, ends_change_probability
 from bisect_npu.search.types import EndsWrong, Evidence, Outcome
@@ -39,7 +40,7 @@ class SettingsProblem:
 
     keys: int
     mode: Literal["exact", "noisy"] = "exact"
-    confidence: float = 0.99
+    confidence: float = CONFIDENCE
     batch: int = 1
     max_trials: int = 64
 

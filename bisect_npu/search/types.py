@@ -8,6 +8,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Literal
 
+from bisect_npu.defaults import CONFIDENCE
+
 Outcome = Literal["good", "bad", "skip"]
 
 
@@ -93,7 +95,7 @@ class SearchProblem:
     mode: Literal["exact", "noisy", "likelihood"] = "exact"
     check_ends: bool = True
     slots: int = 1
-    confidence: float = 0.99
+    confidence: float = CONFIDENCE
     max_trials_per_query: int = 64
     sandwich_confidence: float = 0.95
     earlier_runs: EarlierRuns | None = None

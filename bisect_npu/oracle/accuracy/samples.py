@@ -21,7 +21,7 @@ from pathlib import Path
 from pydantic import ValidationError
 
 from bisect_npu.contracts import SampleOutcome
-from bisect_npu.errors import InfrastructureError
+from bisect_npu.errors import InfrastructureError, validation_problem
 
 MAX_LINE_CHARS = 1 << 22  # a line holds one sample's excerpts: 4 Mi characters is far beyond any
 
@@ -39,9 +39,8 @@ def _outcome(raw: object, where: str) -> SampleOutcome:
     try:
         return SampleOutcome.model_validate(raw)
     except ValidationError as exc:
-        first = exc.errors()[0]
-        field = ".".join(str(p) for p in first["loc"]) or "<line>"
-        raise SampleFormatError(f"{where}: field {field!r}: {first['msg']}; fix the harness's output") from exc
+        field, problem = validation_problem(exc, root="<line>")
+        raise SampleFormatError(f"{where}: field {field!r}: {problem}; fix the harness's output") from exc
 
 
 def merge_outcomes(outcomes: Iterable[SampleOutcome]) -> list[SampleOutcome]:

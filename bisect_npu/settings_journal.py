@@ -15,15 +15,18 @@ import os
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError, model_validator
 
 from bisect_npu.contracts import Verdict
-from bisect_npu.defaults import CONFIDENCE
+from bisect_npu.defaults import CONFIDENCE, TRIAL_TIMEOUT_S
 from bisect_npu.errors import InfrastructureError, UsageError
+from bisect_npu.level import SettingsLevel
 from bisect_npu.records import BuildInfo, Record, StoredFrom, TrialRun
+from bisect_npu.request import RunRequest
 
 SETTINGS_FILE = "settings.jsonl"
-SETTINGS_SCHEMA_VERSION = 1
+# 2: the header keeps the run's request and the level (0.2.x wrote 1: the request's fields copied).
+SETTINGS_SCHEMA_VERSION = 2
 
 
 class DifferenceRecord(BaseModel):
@@ -36,17 +39,18 @@ class DifferenceRecord(BaseModel):
 
 
 class SettingsHeader(Record):
-    """What the settings search runs: at which commit, the bad recipe, the differences (key i is
-    the search's key i), and how a configuration is read. Resume needs nothing else."""
+    """What the settings search runs: the request every configuration's run is made under (its
+    repository, recipe, executor, store and search options, as a commit session's header keeps
+    it), the level (the commit and the good variant), the differences (key i is the search's key
+    i) and how a configuration is read. Resume needs nothing else."""
 
     type: Literal["settings_header"] = "settings_header"
     schema_version: int = SETTINGS_SCHEMA_VERSION
     tool_version: str = ""
-    repo: str
+    request: RunRequest
+    level: SettingsLevel
     ref: str
-    commit: str
     title: str = ""
-    recipe: str
     recipe_digest: str
     good_given: list[str] = Field(default_factory=list)  # how the good variant was given, as typed
     differences: list[DifferenceRecord]
@@ -55,16 +59,32 @@ class SettingsHeader(Record):
     confidence: float = CONFIDENCE
     batch: int = 1
     max_trials: int = 64
-    executor: Literal["local", "docker"] = "local"
-    devices: list[int] = Field(default_factory=list)
-    dep_repos: list[str] = Field(default_factory=list)  # --dep-repo NAME=PATH_OR_URL
-    timeout_s: float = 0.0
-    verdict_store: str | None = None
     after_session: str | None = None  # the commit session whose culprit this search runs at
     # The commit where the case is good, at which each configuration's own output is its
     # reference (None: the good variant's output at `commit` is every configuration's).
     reference_ref: str | None = None
     reference_commit: str | None = None
+
+    @property
+    def commit(self) -> str:
+        return self.level.commit
+
+    @model_validator(mode="before")
+    @classmethod
+    def _from_0_2_x(cls, raw: Any) -> Any:
+        """A 0.2.x header (schema 1) copied the request's fields it used; they become its request and level."""
+        if not isinstance(raw, dict) or "request" in raw:
+            return raw
+        old = {key: raw.get(key) for key in ("repo", "commit", "recipe", "executor", "devices", "dep_repos",
+                                             "timeout_s", "verdict_store", "mode", "differences")}
+        good_set = [f"{d['key']}={json.dumps(d.get('good'))}" for d in old["differences"] or []]  # JSON is YAML
+        request = {"range": {"good": old["commit"], "bad": old["commit"], "repo": old["repo"]},
+                   "judge": {"recipe": old["recipe"], "timeout_s": old["timeout_s"] or TRIAL_TIMEOUT_S},
+                   "executor": {"executor": old["executor"] or "local", "devices": old["devices"] or [], "slots": 1},
+                   "search": {"mode": old["mode"], "dep_repos": old["dep_repos"] or []},
+                   "store": {"verdict_store": old["verdict_store"]}}
+        return {**raw, "request": request, "level": {"kind": "settings", "commit": old["commit"],
+                                                     "good_set": good_set}}
 
 
 class ConfigurationTrial(Record, TrialRun):

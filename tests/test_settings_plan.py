@@ -10,7 +10,7 @@ import pytest
 import yaml
 
 from bisect_npu.errors import UsageError
-from bisect_npu.orchestration.settings import SettingsRequest, parse_vary, plan_differences
+from bisect_npu.orchestration.settings import SettingsQuestion, parse_vary, plan_differences
 from bisect_npu.recipe.loader import load_recipe
 from bisect_npu.recipe.settings import Difference
 
@@ -18,7 +18,7 @@ BAD = "demo-async-penalty"
 
 
 def plan(**given: object) -> tuple[list[Difference], dict[str, list[object]]]:
-    return plan_differences(load_recipe(BAD), SettingsRequest(repo=".", recipe=BAD, **given))  # type: ignore[arg-type]
+    return plan_differences(load_recipe(BAD), SettingsQuestion(**given))  # type: ignore[arg-type]
 
 
 def test_vary_keys_come_first_with_their_further_values() -> None:
@@ -57,8 +57,7 @@ def test_an_output_length_against_the_good_variants_output_is_refused() -> None:
     are compared with the good variant's, which at a shorter length ends before the drift and
     mismatches any longer output by its length alone: the search refuses the key."""
     recipe = load_recipe("demo-rope-longseq")
-    request = SettingsRequest(repo=".", recipe="demo-rope-longseq",
-                              good_set=["cases[*].sampling.max_tokens=100", "cases[*].sampling.logprobs=3"])
+    request = SettingsQuestion(good_set=["cases[*].sampling.max_tokens=100", "cases[*].sampling.logprobs=3"])
     with pytest.raises(UsageError, match=r"^cases\[\*\]\.sampling\.max_tokens: the recipe's output is compared with "
                                          r"the good variant's .* at max_tokens 100 has no tokens past that; .*: give "
                                          r"--reference-at REF \(a commit where the case is good"):
@@ -66,8 +65,8 @@ def test_an_output_length_against_the_good_variants_output_is_refused() -> None:
     with_reference = dataclasses.replace(request, reference_at="v0.9.0")  # each configuration against itself there
     assert [d.key for d in plan_differences(recipe, with_reference)[0]] == ["cases[*].sampling.max_tokens",
                                                                             "cases[*].sampling.logprobs"]
-    assert [d.key for d in plan_differences(recipe, SettingsRequest(
-        repo=".", recipe="demo-rope-longseq", good_set=["cases[*].sampling.logprobs=3"]))[0]] == [
+    assert [d.key for d in plan_differences(recipe, SettingsQuestion(
+        good_set=["cases[*].sampling.logprobs=3"]))[0]] == [
         "cases[*].sampling.logprobs"]
     async_penalty = plan(good_set=["cases[*].sampling.max_tokens=100"])[0]  # no reference: the length is a key
     assert [d.key for d in async_penalty] == ["cases[*].sampling.max_tokens"]
@@ -93,14 +92,14 @@ def test_a_throughput_against_the_good_variants_is_refused_for_load_and_length(t
     """A throughput compared with the good end's changes with the load and the output length at any
     commit: against the good variant at the same commit the search would name the key anywhere."""
     path = throughput_recipe(tmp_path)
-    request = SettingsRequest(repo=".", recipe=path, good_set=[setting, "engine.args.async_scheduling=false"])
+    request = SettingsQuestion(good_set=[setting, "engine.args.async_scheduling=false"])
     key = setting.partition("=")[0]
     with pytest.raises(UsageError, match=f"^{re.escape(key)}: the recipe's throughput is compared with the good "
                                          f"variant's .* {what} changes the throughput at any commit: give "
                                          "--reference-at REF"):
         plan_differences(load_recipe(path), request)
     assert len(plan_differences(load_recipe(path), dataclasses.replace(request, reference_at="v0.9.0"))[0]) == 2
-    async_only = SettingsRequest(repo=".", recipe=path, good_set=["engine.args.async_scheduling=false"])
+    async_only = SettingsQuestion(good_set=["engine.args.async_scheduling=false"])
     assert [d.key for d in plan_differences(load_recipe(path), async_only)[0]] == ["engine.args.async_scheduling"]
 
 

@@ -16,7 +16,7 @@ from vllm_tier import REPO, VLLM_ENV, require_vllm
 
 from bisect_npu.builders.base import Environment
 from bisect_npu.execute.local import LocalExecutor
-from bisect_npu.orchestration.settings import SettingsRequest, SettingsSearch
+from bisect_npu.orchestration.settings import SettingsQuestion, SettingsSearch, settings_request
 
 DROPPING_LAUNCHER = ["{python}", str(Path(__file__).resolve().parent / "vllm_server_dropping_penalties.py"),
                      "--model", "{model}"]
@@ -65,9 +65,10 @@ def test_the_search_names_the_default_the_server_drops(tmp_path: Path) -> None:
     make_linear_repo(repo, 1)
     recipe = tmp_path / "recipe.yaml"
     recipe.write_text(recipe_text(model))  # JSON is YAML
-    request = SettingsRequest(repo=str(repo), recipe=str(recipe), ref="HEAD",
-                              good_set=[f"cases[*].sampling.{key}={value}" for key, value in DEFAULTS.items()])
-    search = SettingsSearch.start(request, tmp_path / "session", builder=CheckoutBuilder(),
+    question, request = settings_request(SettingsQuestion(
+        ref="HEAD", good_set=[f"cases[*].sampling.{key}={value}" for key, value in DEFAULTS.items()]),
+        {"repo": str(repo), "recipe": str(recipe)})
+    search = SettingsSearch.start(question, request, tmp_path / "session", builder=CheckoutBuilder(),
                                   executor=LocalExecutor(env=VLLM_ENV, python=str(python)))
     try:
         result = search.run()

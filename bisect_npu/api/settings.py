@@ -3,14 +3,13 @@ variant differs in); what `bisect-npu settings` runs."""
 
 from __future__ import annotations
 
-import dataclasses
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Literal
+from typing import Any, Literal
 
-from bisect_npu.defaults import TRIAL_TIMEOUT_S
 from bisect_npu.errors import UsageError
+from bisect_npu.request import RunRequest, part_types
 
 
 @dataclass(frozen=True)
@@ -29,49 +28,53 @@ class SettingsOutcome:
     report_json: Path
 
 
-def search_settings(*, repo: str | None = None, ref: str | None = None, recipe: str | None = None,
-                    good_set: Sequence[str] = (), good_recipe: str | None = None, vary: Sequence[str] = (),
-                    mode: Literal["exact", "noisy"] | None = None, confidence: float | None = None,
-                    executor: Literal["local", "docker", "ray"] = "local", devices: str | None = None,
-                    dep_repos: Sequence[str] = (), timeout_s: float = TRIAL_TIMEOUT_S,
-                    session_dir: str | Path | None = None, after: str | Path | None = None,
-                    verdict_store: str | Path | None = None, no_verdict_store: bool = False,
-                    reference_at: str | None = None,
-                    on_session: Callable[[Path], None] | None = None) -> SettingsOutcome:
-    """Find the smallest set of settings that turns the good variant bad at `ref`: `recipe` is the
-    bad case, `good_set` (KEY=VALUE), `good_recipe` or `vary` (KEY=V1,V2,...) give the good variant.
+def search_settings(request: RunRequest | None = None, *, ref: str | None = None, good_set: Sequence[str] = (),
+                    good_recipe: str | None = None, vary: Sequence[str] = (), after: str | Path | None = None,
+                    reference_at: str | None = None, session_dir: str | Path | None = None,
+                    no_verdict_store: bool = False, on_session: Callable[[Path], None] | None = None,
+                    **fields: Any) -> SettingsOutcome:
+    """Find the smallest set of settings that turns the good variant bad at `ref`: the recipe is
+    the bad case, `good_set` (KEY=VALUE), `good_recipe` or `vary` (KEY=V1,V2,...) give the good
+    variant. The runs are made under `request` (its bad end is `ref`) or a request of `fields` by
+    name, as `bisect` takes them (`repo`, `recipe`, `executor`, `devices`, `timeout_s`,
+    `base_image_map`, `verdict_store`, ...; without `verdict_store` the shared default store
+    unless `no_verdict_store`): every executor option a commit search honours, this one does.
     `after`: a finished commit session, whose culprit, repository and recipe stand for those not
     given, whose settings/ holds the search and whose report gains its section. `reference_at`: a
     commit where the case is good, against whose run of each configuration that configuration is
     judged (a recipe compared with the good end's output; with `after`, where the keys need one, the
-    default is that session's good end). `session_dir`
-    holding a settings search continues it. `on_session` is called with the search's directory
-    before anything runs."""
-    from bisect_npu.execute.ascend import parse_devices
+    default is that session's good end). `session_dir` holding a settings search continues it.
+    `on_session` is called with the search's directory before anything runs."""
     from bisect_npu.journal import DEFAULT_ROOT, new_session_dir
     from bisect_npu.orchestration.preflight import RAY_REFUSED
-    from bisect_npu.orchestration.settings import SettingsRequest, SettingsSearch, with_session
+    from bisect_npu.orchestration.settings import SettingsQuestion, SettingsSearch, settings_request
     from bisect_npu.paths import default_verdict_store
     from bisect_npu.report.settings import SETTINGS_DIR, write_settings_reports
 
-    if executor == "ray":
-        raise UsageError(RAY_REFUSED)
-    if verdict_store is not None and no_verdict_store:
+    if request is not None:
+        if fields:
+            raise UsageError(f"give the request or its fields by name, not both ({', '.join(sorted(fields))})")
+        fields = {name: getattr(getattr(request, part), name) for part, model in part_types(type(request))
+                  for name in model.model_fields if part != "range" or name == "repo"}
+        ref = ref or request.range.bad
+    elif "verdict_store" in fields and no_verdict_store:
         raise UsageError("verdict_store and no_verdict_store contradict each other; give one")
+    elif not no_verdict_store:
+        fields.setdefault("verdict_store", str(default_verdict_store()))
+    if fields.get("executor") == "ray":
+        raise UsageError(RAY_REFUSED)
     after_dir = Path(after).resolve() if after is not None else None
-    request = with_session(SettingsRequest(
-        repo=repo, recipe=recipe, ref=ref, good_set=tuple(good_set), good_recipe=good_recipe, vary=tuple(vary),
-        mode=mode, confidence=confidence, executor=executor,
-        devices=parse_devices(devices) if devices is not None else [], dep_repos=tuple(dep_repos),
-        timeout_s=timeout_s, after_session=after_dir, reference_at=reference_at))
+    question, asked = settings_request(SettingsQuestion(
+        ref=ref, good_set=tuple(good_set), good_recipe=good_recipe, vary=tuple(vary), after_session=after_dir,
+        reference_at=reference_at), fields)
+    if asked.store.verdict_store is not None:
+        asked.store.verdict_store = str(Path(asked.store.verdict_store).resolve())
     if after_dir is not None:
         session_dir = session_dir or after_dir / SETTINGS_DIR
-    store = None if no_verdict_store else str(Path(verdict_store or default_verdict_store()).resolve())
     directory = Path(session_dir or new_session_dir(DEFAULT_ROOT)).resolve()
     if on_session is not None:
         on_session(directory)
-    request = dataclasses.replace(request, verdict_store=store)
-    search = SettingsSearch.start(request, directory)
+    search = SettingsSearch.start(question, asked, directory)
     try:
         result = search.run()
     finally:

@@ -60,11 +60,17 @@ def param_name(part: str, field: str) -> str:
     return f"{part}__{field}"
 
 
-def request_options(request_type: type[RunRequest] = RunRequest) -> list[click.Option]:
+Taken = Callable[[str, str], bool]  # (part, field) -> whether a command takes the field's option
+
+
+def request_options(request_type: type[RunRequest] = RunRequest, taken: Taken | None = None) -> list[click.Option]:
     """One click option per flagged field of the request (and an `off` flag where the field has
-    one), in the request's order; each option's parameter is named after its part and field."""
+    one), in the request's order; each option's parameter is named after its part and field.
+    `taken`: the fields a command takes (`settings`: those a search at one commit reads), else all."""
     options: list[click.Option] = []
     for part, name, info, spec in flags(request_type):
+        if taken is not None and not taken(part, name):
+            continue
         # A field whose command default differs from its own (`Flag.default`) gets it in request_from.
         default = None if spec.default is not None else info.get_default(call_default_factory=True)
         details: dict[str, Any] = {"help": spec.help, "show_default": spec.show_default, "metavar": spec.metavar}
@@ -92,10 +98,18 @@ def request_options(request_type: type[RunRequest] = RunRequest) -> list[click.O
 
 def request_from(values: dict[str, Any], request_type: type[RunRequest] = RunRequest) -> RunRequest:
     """The request the flags ask for (`values`: click's parameters by name)."""
+    return request_type.model_validate(request_parts(values, request_type))
+
+
+def request_parts(values: dict[str, Any], request_type: type[RunRequest] = RunRequest,
+                  taken: Taken | None = None) -> dict[str, dict[str, Any]]:
+    """The request's fields the flags give, by part (`values`: click's parameters by name)."""
     parts: dict[str, dict[str, Any]] = {part: {} for part in request_type.model_fields}
     for part, name, _info, spec in flags(request_type):
-        value = values[param_name(part, name)]
-        if spec.off is not None and values[f"{param_name(part, name)}__off"]:
+        if taken is not None and not taken(part, name):
+            continue
+        value = values.pop(param_name(part, name))
+        if spec.off is not None and values.pop(f"{param_name(part, name)}__off"):
             if value is not None:
                 raise click.UsageError(f"{spec.name} and {spec.off} contradict each other; give one")
             parts[part][name] = None
@@ -107,7 +121,7 @@ def request_from(values: dict[str, Any], request_type: type[RunRequest] = RunReq
             value = list(value)
         if value is not None:
             parts[part][name] = value
-    return request_type.model_validate(parts)
+    return parts
 
 
 def finish(result: Result, as_json: bool) -> None:

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import itertools
 import json
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
@@ -22,7 +22,6 @@ from typing import TYPE_CHECKING, Any, Literal
 from bisect_npu import __version__, interrupts
 from bisect_npu.builders.base import Builder
 from bisect_npu.contracts import Observation, Verdict, VerdictKind
-from bisect_npu.defaults import TRIAL_TIMEOUT_S
 from bisect_npu.errors import UsageError
 from bisect_npu.execute.base import Executor
 from bisect_npu.execute.host import recipe_for_host
@@ -46,7 +45,7 @@ from bisect_npu.recipe.settings import (
     show,
 )
 from bisect_npu.records import BuildInfo, HeaderRecord, TrialRun
-from bisect_npu.request import ExecutorSpec, JudgeSpec, RangeSpec, RunRequest, SearchSpec, StoreSpec
+from bisect_npu.request import RangeSpec, RunRequest
 from bisect_npu.search import EndsWrong, Evidence
 from bisect_npu.search.ddmin import Ask, Configuration, SettingsProblem, Trigger, decide_ddmin, read_trials
 from bisect_npu.settings_journal import (
@@ -66,31 +65,20 @@ if TYPE_CHECKING:
 
 
 @dataclass(frozen=True)
-class SettingsRequest:
-    """What `bisect-npu settings` (and `api.search_settings`) is asked. `repo`, `ref` and `recipe` left
-    None are the `after_session`'s (its repository, culprit and recipe; `with_session`); without
-    one, `repo` is the working directory and `ref` and `recipe` must be given. `verdict_store`
-    None: verdicts are neither reused nor kept."""
+class SettingsQuestion:
+    """What a settings search asks beyond its runs' request (whose repository, recipe, executor,
+    store and search options it runs under, as a commit search does): the commit (`ref`; None:
+    the `after_session`'s culprit), the good variant (`good_set`, `good_recipe`, `vary`), the
+    finished commit session it follows, the reference commit (`reference_at`) and that session's
+    good end (`session_good`: the reference commit where the keys need one and `reference_at` is
+    not given; None where the session names none: find-fix, versions)."""
 
-    repo: str | None = None
-    recipe: str | None = None
     ref: str | None = None
     good_set: Sequence[str] = ()
     good_recipe: str | None = None
     vary: Sequence[str] = ()
-    mode: Literal["exact", "noisy"] | None = None
-    confidence: float | None = None
-    executor: Literal["local", "docker", "ray"] = "local"  # ray: refused (RAY_REFUSED)
-    devices: Sequence[int] = ()
-    dep_repos: Sequence[str] = ()  # --dep-repo NAME=PATH_OR_URL: a dependency laid into the build (its pin's tree)
-    timeout_s: float = TRIAL_TIMEOUT_S
-    verdict_store: str | None = None
     after_session: Path | None = None
-    # --reference-at: a commit where the case is good; each configuration is judged against its
-    # own output there (a recipe compared with the good end's output only).
     reference_at: str | None = None
-    # The after_session's good end: the reference commit where the keys need one (reference_cause)
-    # and --reference-at is not given; None where that session names none (find-fix, versions).
     session_good: str | None = None
 
 
@@ -104,31 +92,38 @@ class SettingsResult:
     configurations: int = 0
 
 
-def with_session(request: SettingsRequest) -> SettingsRequest:
-    """The request with what it leaves unset taken from its finished commit session (its
-    repository, culprit and recipe), or the working directory for the repository."""
-    from bisect_npu.journal import Journal
-    from bisect_npu.records import EndRecord
-
-    after = request.after_session
+def settings_request(question: SettingsQuestion, fields: Mapping[str, Any]) -> tuple[SettingsQuestion, RunRequest]:
+    """The question with what it leaves unset taken from its finished commit session (its
+    repository, culprit and recipe), and the request its runs are made under: `fields` by name
+    (`RunRequest.of`'s) at the question's commit."""
+    after = question.after_session
+    repo, recipe = fields.get("repo"), fields.get("recipe")
     if after is None:
-        if request.recipe is None:
+        if recipe is None:
             raise UsageError("a settings search needs --recipe (the bad case) or --after SESSION")
-        return replace(request, repo=request.repo or ".")
-    journal = Journal.open(after, read_only=True)
-    if request.session_good is None:
-        request = replace(request, session_good=good_end_of(journal.header))
-    if request.repo and request.recipe and request.ref:
-        return replace(request, after_session=after.resolve())
-    end = next((e for e in reversed(journal.entries) if isinstance(e, EndRecord)), None)
-    if request.ref is None and (end is None or end.status != "found" or end.culprit is None):
-        raise UsageError(f"--after {after}: the session named no culprit; give --at REF for the commit to search at")
-    asked = journal.header.request
-    recipe = request.recipe or asked.judge.recipe
-    if recipe is None:
-        raise UsageError(f"--after {after}: the session was judged by no recipe; give --recipe (the bad case)")
-    return replace(request, repo=request.repo or asked.range.repo or ".", recipe=recipe,
-                   ref=request.ref or (end.culprit if end else None), after_session=after.resolve())
+        repo = repo or "."
+    else:
+        from bisect_npu.journal import Journal
+        from bisect_npu.records import EndRecord
+
+        journal = Journal.open(after, read_only=True)
+        if question.session_good is None:
+            question = replace(question, session_good=good_end_of(journal.header))
+        question = replace(question, after_session=after.resolve())
+        end = next((e for e in reversed(journal.entries) if isinstance(e, EndRecord)), None)
+        if question.ref is None and (end is None or end.status != "found" or end.culprit is None):
+            raise UsageError(f"--after {after}: the session named no culprit; give --at REF for the commit to search "
+                             "at")
+        asked = journal.header.request
+        recipe = recipe or asked.judge.recipe
+        if recipe is None:
+            raise UsageError(f"--after {after}: the session was judged by no recipe; give --recipe (the bad case)")
+        repo = repo or asked.range.repo or "."
+        question = replace(question, ref=question.ref or (end.culprit if end else None))
+    if question.ref is None:
+        raise UsageError("a settings search runs at one commit: give --at REF (or --after SESSION)")
+    return question, RunRequest.of(**{**fields, "repo": repo, "recipe": recipe, "good": question.ref,
+                                      "bad": question.ref})
 
 
 def good_end_of(header: HeaderRecord) -> str | None:
@@ -147,7 +142,7 @@ def parse_vary(text: str) -> tuple[str, list[Any]]:
     return key, parsed
 
 
-def plan_differences(recipe: Recipe, request: SettingsRequest) -> tuple[list[Difference], dict[str, list[Any]]]:
+def plan_differences(recipe: Recipe, request: SettingsQuestion) -> tuple[list[Difference], dict[str, list[Any]]]:
     """The differing keys (in the search's order) and the --vary keys' further values."""
     good: dict[str, Any] = {}
     further: dict[str, list[Any]] = {}
@@ -239,25 +234,28 @@ class SettingsSearch:
     # -- construction -------------------------------------------------------------------------
 
     @classmethod
-    def start(cls, request: SettingsRequest, session_dir: Path, progress: Progress | None = None,
-              builder: Builder | None = None, executor: Executor | None = None) -> SettingsSearch:
-        """A new search (its inputs checked before anything is made), or the one `session_dir` holds."""
-        if request.executor == "ray":
+    def start(cls, question: SettingsQuestion, request: RunRequest, session_dir: Path,
+              progress: Progress | None = None, builder: Builder | None = None,
+              executor: Executor | None = None) -> SettingsSearch:
+        """A new search (its inputs checked before anything is made), or the one `session_dir`
+        holds, which goes on under the request it started with. `request`: the runs' request at
+        the question's commit (`settings_request`)."""
+        if request.executor.executor == "ray":
             raise UsageError(RAY_REFUSED)
-        request = with_session(request)
-        assert request.repo is not None and request.recipe is not None  # with_session's
+        recipe_name = request.judge.recipe
+        assert recipe_name is not None  # settings_request's
         progress = progress or PlainProgress()
         session_dir = session_dir.resolve()
-        recipe = load_recipe(request.recipe)
+        recipe = load_recipe(recipe_name)
         if SettingsJournal.exists(session_dir):
             journal = SettingsJournal.open(session_dir)
             if journal.header.recipe_digest != recipe.digest():
                 journal.close()
-                raise UsageError(f"recipe {request.recipe} changed since settings search {session_dir} started; "
+                raise UsageError(f"recipe {recipe_name} changed since settings search {session_dir} started; "
                                  "start a new one with another --session")
-            cls._check_same_reference(request, journal)
-            request = replace(request, reference_at=journal.header.reference_ref)
-            given = [d.key for d in plan_differences(recipe, request)[0]] if cls._asks_variant(request) else None
+            cls._check_same_reference(question, journal)
+            question = replace(question, reference_at=journal.header.reference_ref)
+            given = [d.key for d in plan_differences(recipe, question)[0]] if cls._asks_variant(question) else None
             if given is not None and given != [d.key for d in journal.header.differences]:
                 journal.close()
                 raise UsageError(f"settings search {session_dir} searches other keys "
@@ -265,73 +263,68 @@ class SettingsSearch:
                                  "good variant it started with, or start a new one with another --session")
             progress.note(f"continuing the settings search in {session_dir}")
         else:
-            journal = SettingsJournal.create(session_dir, cls._header(request, recipe))
+            journal = SettingsJournal.create(session_dir, cls._header(question, request, recipe))
         try:
             spec, base = cls._environment(journal.header, recipe, session_dir, builder, executor)
         except BaseException:
             journal.close()
             raise
-        return cls(journal, recipe, base, spec, journal.header.repo, progress)
+        return cls(journal, recipe, base, spec, spec.range.repo or ".", progress)
 
     @staticmethod
     def _environment(header: SettingsHeader, recipe: Recipe, session_dir: Path, builder: Builder | None,
                      executor: Executor | None) -> tuple[SessionSpec, Evaluator]:
-        """The session a run of the one commit would be, and the evaluator whose builder every
-        configuration shares (the builder and executor given, or made as `run` makes them)."""
-        request = RunRequest(
-            range=RangeSpec(good=header.commit, bad=header.commit, repo=header.repo),
-            judge=JudgeSpec(recipe=header.recipe, timeout_s=header.timeout_s),
-            executor=ExecutorSpec(executor=header.executor, devices=list(header.devices), slots=1),
-            search=SearchSpec(mode=header.mode, dep_repos=list(header.dep_repos)),
-            store=StoreSpec(verdict_store=header.verdict_store))
-        good_set = [f"{d.key}={json.dumps(d.good)}" for d in header.differences]  # JSON values are YAML
-        spec = SessionSpec(request, SettingsLevel(commit=header.commit, good_set=good_set))
+        """The session a run of the one commit is (the header's request at its level), and the
+        evaluator whose builder every configuration shares (the builder and executor given, or
+        made as `run` makes them)."""
+        spec = SessionSpec(header.request.settled(), header.level)
         check_dependency_options(spec, recipe)
         if spec.executor.devices:  # as `run` does: the host type, its refusals, the containers' device files
             from bisect_npu.orchestration.preflight import settle_devices
 
             settle_devices(spec, recipe.cards_per_run())
-        repo = history.open_repo(header.repo)
+        repo = history.open_repo(spec.range.repo or ".")
         return spec, session_evaluator(spec, repo, recipe, session_dir, builder, executor)
 
     @staticmethod
-    def _check_same_reference(request: SettingsRequest, journal: SettingsJournal) -> None:
+    def _check_same_reference(question: SettingsQuestion, journal: SettingsJournal) -> None:
         """A search continues against the reference it started with (its verdicts are judged against it)."""
         started = journal.header.reference_commit
-        if request.reference_at is None:
+        if question.reference_at is None:
             return
         try:
-            asked = history.resolve_ref(history.open_repo(journal.header.repo), request.reference_at)
+            asked = history.resolve_ref(history.open_repo(journal.header.request.range.repo or "."),
+                                        question.reference_at)
         except UsageError as exc:
             journal.close()
-            raise UsageError(f"--reference-at {request.reference_at}: {exc}") from None
+            raise UsageError(f"--reference-at {question.reference_at}: {exc}") from None
         if asked != started:
             journal.close()
             was = f"the reference commit {started[:12]} ({journal.header.reference_ref})" if started else \
                 "no reference commit"
             raise UsageError(f"settings search {journal.session_dir} judges against {was}, not --reference-at "
-                             f"{request.reference_at}; continue it without --reference-at, or start a new one with "
+                             f"{question.reference_at}; continue it without --reference-at, or start a new one with "
                              "another --session")
 
     @staticmethod
-    def _asks_variant(request: SettingsRequest) -> bool:
-        return bool(request.good_set or request.good_recipe or request.vary)
+    def _asks_variant(question: SettingsQuestion) -> bool:
+        return bool(question.good_set or question.good_recipe or question.vary)
 
     @staticmethod
-    def _header(request: SettingsRequest, recipe: Recipe) -> SettingsHeader:
-        assert request.repo is not None and request.recipe is not None  # with_session's
-        repo = history.open_repo(request.repo)
-        ref = request.ref
-        if ref is None:
-            raise UsageError("a settings search runs at one commit: give --at REF (or --after SESSION)")
+    def _header(question: SettingsQuestion, request: RunRequest, recipe: Recipe) -> SettingsHeader:
+        repo_path = str(Path(request.range.repo or ".").resolve())
+        repo = history.open_repo(repo_path)
+        ref = question.ref
+        assert ref is not None  # settings_request's
         commit = history.resolve_ref(repo, ref)
-        if request.reference_at is not None and not compares_with_good_end(recipe):
-            raise UsageError(f"--reference-at {request.reference_at}: recipe {recipe.name} compares no output with a "
-                             f"good end's (reference.kind {recipe.reference.kind}"
+        if question.reference_at is not None and not compares_with_good_end(recipe):
+            raise UsageError(f"--reference-at {question.reference_at}: recipe {recipe.name} compares no output with "
+                             f"a good end's (reference.kind {recipe.reference.kind}"
                              f"{', an accuracy recipe' if recipe.accuracy is not None else ''}), so it needs no "
                              "reference commit; drop --reference-at")
-        differences, further = plan_differences(recipe, request)
-        reference_ref = request.reference_at or (request.session_good if reference_cause(recipe, differences) else None)
+        differences, further = plan_differences(recipe, question)
+        reference_ref = question.reference_at or (question.session_good if reference_cause(recipe, differences)
+                                                  else None)
         reference_commit = None
         if reference_ref is not None:
             try:
@@ -342,21 +335,27 @@ class SettingsSearch:
                 raise UsageError(f"--reference-at {reference_ref} is the commit the settings are searched at "
                                  f"({commit[:12]}), where every configuration would match itself; give a commit "
                                  "where the case is good (the commit search's good end)")
-        mode = request.mode or recipe.trials.mode
+        mode = request.search.mode or recipe.trials.mode
         noisy = mode == "noisy"
+        recipe_name = request.judge.recipe
+        assert recipe_name is not None  # settings_request's
+        settled = request.settled()  # the request every configuration runs under, kept as a commit session keeps it
+        settled.range = RangeSpec(good=commit, bad=commit, repo=repo_path)
+        settled.judge.recipe = str(Path(recipe_name).resolve()) if Path(recipe_name).exists() else recipe_name
+        settled.search.mode = mode
+        settled.executor.slots = settled.executor.slots or 1  # one configuration at a time
         return SettingsHeader(
-            tool_version=__version__, repo=str(Path(request.repo).resolve()), ref=ref, commit=commit,
-            title=str(repo.commit(commit).summary),
-            recipe=str(Path(request.recipe).resolve()) if Path(request.recipe).exists() else request.recipe,
-            recipe_digest=recipe.digest(), good_given=[*request.good_set, *request.vary] + (
-                [f"--good-recipe {request.good_recipe}"] if request.good_recipe else []),
+            tool_version=__version__, request=settled,
+            level=SettingsLevel(commit=commit, good_set=[f"{d.key}={json.dumps(d.good)}"  # JSON values are YAML
+                                                         for d in differences]),
+            ref=ref, title=str(repo.commit(commit).summary), recipe_digest=recipe.digest(),
+            good_given=[*question.good_set, *question.vary] + (
+                [f"--good-recipe {question.good_recipe}"] if question.good_recipe else []),
             differences=[DifferenceRecord(key=d.key, bad=d.bad, good=d.good) for d in differences], vary=further,
-            mode=mode, confidence=request.confidence or recipe.trials.confidence,
+            mode=mode, confidence=request.search.confidence or recipe.trials.confidence,
             batch=recipe.trials.count if noisy else 1,
-            max_trials=recipe.oracle.stats.max_trials if noisy else 1, executor=request.executor,
-            devices=list(request.devices), dep_repos=list(request.dep_repos),
-            timeout_s=request.timeout_s, verdict_store=request.verdict_store,
-            after_session=str(request.after_session) if request.after_session else None,
+            max_trials=recipe.oracle.stats.max_trials if noisy else 1,
+            after_session=str(question.after_session) if question.after_session else None,
             reference_ref=reference_ref, reference_commit=reference_commit)
 
     # -- configurations -----------------------------------------------------------------------
@@ -468,7 +467,7 @@ class SettingsSearch:
             return record
         evaluator = _ConfigurationEvaluator(Path("configurations") / digest, self.base.builder,
                                             self._executor_for(recipe), self.journal.session_dir, recipe=recipe,
-                                            timeout_s=self.header.timeout_s)
+                                            timeout_s=self.spec.judge.timeout_s, timeout_is=self.spec.judge.timeout_is)
         evaluator.reference = self.reference
         if self.reference_commit and not as_reference:
             reference = self._reference_run(configuration, recipe, check)
@@ -515,7 +514,8 @@ class SettingsSearch:
         pending = [TrialRun.model_validate(e.model_dump()) for e in self.journal.entries
                    if isinstance(e, ReferenceTrial) and e.digest == digest]
         evaluator = _ConfigurationEvaluator(Path("references") / digest, self.base.builder, self._executor_for(recipe),
-                                            self.journal.session_dir, recipe=recipe, timeout_s=self.header.timeout_s)
+                                            self.journal.session_dir, recipe=recipe,
+                                            timeout_s=self.spec.judge.timeout_s, timeout_is=self.spec.judge.timeout_is)
 
         def on_trial(run: TrialRun) -> None:
             self.journal.append(ReferenceTrial(configuration=sorted(configuration), digest=digest, **run.model_dump()))
@@ -657,26 +657,32 @@ class _ConfigurationEvaluator(Evaluator):
         return self.session_dir / self.step
 
 
+def culprit_settings(spec: SessionSpec, level: SettingsLevel, session_dir: Path,
+                     session_good: str | None) -> tuple[SettingsQuestion, RunRequest]:
+    """The settings search `run --settings` asks at a commit session's culprit (`level.commit`), and
+    the request its runs are made under: the commit session's own, every option kept, at the culprit."""
+    question = SettingsQuestion(ref=level.commit, good_set=level.good_set, after_session=session_dir.resolve(),
+                                session_good=session_good)
+    request = spec.request.settled()
+    request.range = RangeSpec(good=level.commit, bad=level.commit, repo=spec.range.repo or ".")
+    return question, request
+
+
 def search_at_culprit(session: Session, level: SettingsLevel) -> SettingsResult:
-    """`run --settings`: the settings search at a commit session's culprit, with its repository,
-    recipe, executor, store and search options, in the session's `settings/` (continued where a
-    killed run left it). The user hears the trigger; its report section is the session's."""
+    """`run --settings`: the settings search at a commit session's culprit, under that session's
+    request (its repository, recipe, executor, store and search options), in the session's
+    `settings/` (continued where a killed run left it). The user hears the trigger; its report
+    section is the session's."""
     from bisect_npu.report.settings import SETTINGS_DIR, write_settings_reports
 
-    spec = session.spec
-    if spec.executor.executor == "ray":  # refused before the run (preflight); a journal could still hold it
+    if session.spec.executor.executor == "ray":  # refused before the run (preflight); a journal could still hold it
         raise UsageError(f"--settings with {RAY_REFUSED}")
-    executor: Literal["local", "docker"] = spec.executor.executor
-    request = SettingsRequest(
-        repo=spec.range.repo or ".", recipe=spec.judge.recipe, ref=level.commit, good_set=level.good_set,
-        mode=spec.search.mode, confidence=spec.search.confidence, executor=executor,
-        devices=spec.executor.devices, dep_repos=spec.search.dep_repos, timeout_s=spec.judge.timeout_s,
-        verdict_store=spec.store.verdict_store, after_session=session.journal.session_dir,
-        session_good=good_end_of(session.journal.header))
+    question, request = culprit_settings(session.spec, level, session.journal.session_dir,
+                                         good_end_of(session.journal.header))
     directory = session.journal.session_dir / SETTINGS_DIR
     session.progress.note(f"searching the settings the culprit {level.commit[:12]} needs ({len(level.good_set)} "
                           "given by --settings)")
-    search = SettingsSearch.start(request, directory, session.progress)
+    search = SettingsSearch.start(question, request, directory, session.progress)
     try:
         result = search.run()
     finally:

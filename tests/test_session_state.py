@@ -117,3 +117,18 @@ def test_the_sentences_name_the_culprit_the_range_and_the_end_that_misbehaved() 
                                        verified=set(), github=None, pr=None)
     assert found == ("eeeeeeeeeeee moved vllm v0.1 -> v0.2; first bad vllm commit: 123456789abc Drop it (bisected on "
                      "its parent dddddddddddd: eeeeeeeeeeee could not be judged good with vllm v0.1)")
+
+
+def test_the_settings_sentences_name_the_trigger_and_the_side_that_misbehaved() -> None:
+    from bisect_npu.recipe.settings import Difference
+
+    keys = [Difference("engine.args.async_scheduling", True, False), Difference("cases[*].sampling.top_p", None, 0.9)]
+    assert sentences.settings_found("c" * 40, keys[:1], 3, 5) == (
+        "trigger at cccccccccccc: engine.args.async_scheduling: true (good with false); 3 other difference(s) not "
+        "needed (5 configuration(s) tried)")
+    wrong = {which: sentences.settings_ends_wrong(which, keys, "cccccccccccc (v1)", skipped=skipped, reference=None,
+                                                  reference_label="", log_dir=Path("/s/configurations"))
+             for which, skipped in (("good", False), ("bad", True))}
+    assert wrong["good"].startswith("precondition failed: the good variant (engine.args.async_scheduling=false, "
+                                    "cases[*].sampling.top_p=0.9) is also bad at cccccccccccc (v1)")
+    assert "the bad recipe could not be run at cccccccccccc (v1); see its log under /s/configurations" in wrong["bad"]

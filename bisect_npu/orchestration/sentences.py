@@ -1,5 +1,6 @@
 """The sentences a user reads at the end of a session (kept in the `end` and `next_level` records'
-`message`, printed by `run` and the report): pure functions of typed records and facts, no I/O."""
+`message`, and a settings search's `settings_end`, printed by `run` and the report): pure functions
+of typed records and facts, no I/O."""
 
 from __future__ import annotations
 
@@ -7,7 +8,9 @@ from pathlib import Path
 from typing import Literal
 
 from bisect_npu.level import HeldUpstream, MergeScope
+from bisect_npu.recipe.settings import Difference, show
 from bisect_npu.records import FixRecord
+from bisect_npu.settings_journal import ReferenceRecord
 
 
 def found(what: str, culprit: str, title: str, *, find_fix: bool, scope: MergeScope | None) -> str:
@@ -99,3 +102,31 @@ def ends_ran(held: HeldUpstream, last: int, steps: list[tuple[int, str, str]]) -
             pin = held.old_pin if index == 0 else held.new_pin
             ran.append(f"{held.commit[:12]} with {held.dependency} {pin}: {kind}{f' ({reason})' if reason else ''}")
     return ran
+
+
+def settings_found(commit: str, trigger: list[Difference], others: int, tried: int) -> str:
+    """A settings search's trigger at `commit`: each key's bad value and the good one."""
+    parts = "; ".join(f"{d.key}: {show(d.bad)} (good with {show(d.good)})" for d in trigger)
+    return (f"trigger at {commit[:12]}: {parts}; {others} other difference(s) not needed ({tried} configuration(s) "
+            "tried)")
+
+
+def settings_ends_wrong(which: Literal["good", "bad"], differences: list[Difference], at: str, *, skipped: bool,
+                        reference: ReferenceRecord | None, reference_label: str, log_dir: Path) -> str:
+    """Which side of a settings search (the good variant, the recipe) did not behave as given at
+    `at`, and what to do; `reference`: that side's run at the reference commit where it was not good
+    there, `log_dir`: where the configurations' logs are."""
+    given = ", ".join(f"{d.key}={show(d.good)}" for d in differences)
+    if skipped and reference is not None:
+        side = f"the good variant ({given})" if which == "good" else "the recipe"
+        return (f"precondition failed: {side} is {reference.verdict.kind.value} at the reference commit "
+                f"{reference_label} ({reference.verdict.reason}); give a --reference-at where it passes")
+    if skipped:
+        side = "the good variant" if which == "good" else "the bad recipe"
+        return (f"precondition failed: {side} could not be run at {at}; see its log under {log_dir}, fix the recipe "
+                "or the build")
+    if which == "good":
+        return (f"precondition failed: the good variant ({given}) is also bad at {at}; give a variant that passes "
+                "(more keys set back, or another value)")
+    return (f"precondition failed: the recipe is not bad at {at}; check that it reproduces the problem there before "
+            "searching its settings")

@@ -26,6 +26,7 @@ from bisect_npu.errors import UsageError
 from bisect_npu.execute.base import Executor
 from bisect_npu.execute.host import recipe_for_host
 from bisect_npu.level import SettingsLevel
+from bisect_npu.orchestration import sentences
 from bisect_npu.orchestration.evaluate import EvaluationRequest, Evaluator, StepResult
 from bisect_npu.orchestration.options import SessionSpec, check_dependency_options
 from bisect_npu.orchestration.preflight import RAY_REFUSED
@@ -598,33 +599,20 @@ class SettingsSearch:
     def _finish_found(self, trigger: Trigger) -> SettingsResult:
         keys = [self.differences[i] for i in sorted(trigger.keys)]
         tried = len({e.digest for e in self.journal.entries if isinstance(e, ConfigurationRecord)})
-        parts = "; ".join(f"{d.key}: {show(d.bad)} (good with {show(d.good)})" for d in keys)
-        message = (f"trigger at {self.header.commit[:12]}: {parts}; {len(self.differences) - len(keys)} other "
-                   f"difference(s) not needed ({tried} configuration(s) tried)")
+        message = sentences.settings_found(self.header.commit, keys, len(self.differences) - len(keys), tried)
         end = SettingsEnd(status="found", trigger=sorted(trigger.keys), message=message)
         self.journal.append(end)
         return self._result(end)
 
     def _finish_wrong(self, wrong: EndsWrong) -> SettingsResult:
-        given = ", ".join(f"{d.key}={show(d.good)}" for d in self.differences)
-        at = f"{self.header.commit[:12]} ({self.header.ref})"
         side_keys = frozenset() if wrong.which == "good" else frozenset(range(len(self.differences)))
         reference = next((e for e in self.journal.entries if isinstance(e, ReferenceRecord)
                           and frozenset(e.configuration) == side_keys and e.verdict.kind != VerdictKind.GOOD), None)
-        if wrong.figures.get("skipped") and reference is not None:
-            side = f"the good variant ({given})" if wrong.which == "good" else "the recipe"
-            message = (f"precondition failed: {side} is {reference.verdict.kind.value} at the reference commit "
-                       f"{self._reference_label()} ({reference.verdict.reason}); give a --reference-at where it passes")
-        elif wrong.figures.get("skipped"):
-            side = "the good variant" if wrong.which == "good" else "the bad recipe"
-            message = (f"precondition failed: {side} could not be run at {at}; see its log under "
-                       f"{self.journal.session_dir / 'configurations'}, fix the recipe or the build")
-        elif wrong.which == "good":
-            message = (f"precondition failed: the good variant ({given}) is also bad at {at}; give a variant that "
-                       "passes (more keys set back, or another value)")
-        else:
-            message = (f"precondition failed: the recipe is not bad at {at}; check that it reproduces the problem "
-                       "there before searching its settings")
+        message = sentences.settings_ends_wrong(
+            wrong.which, self.differences, f"{self.header.commit[:12]} ({self.header.ref})",
+            skipped=bool(wrong.figures.get("skipped")), reference=reference,
+            reference_label=self._reference_label() if reference is not None else "",
+            log_dir=self.journal.session_dir / "configurations")
         end = SettingsEnd(status="ends_wrong", which=wrong.which, message=message,
                           figures={k: float(v) for k, v in wrong.figures.items()})
         self.journal.append(end)

@@ -1,5 +1,5 @@
 """What a session's level is, as a value: `LevelSpec`, a union tagged by `kind`. The journal header
-keeps it beside the request; a found culprit's descent (orchestration/levels.py) returns the finer
+keeps it beside the request; a found culprit's descent (orchestration/bisection.py) returns the finer
 level's. A kind is one class here (and in the union) plus one handler there.
 
 - `releases`: published versions of the request's package;
@@ -8,7 +8,7 @@ level's. A kind is one class here (and in the union) plus one handler there.
 - `merge`: the commits a merge on the line above brought in (`scope`);
 - `dependency`: a declared dependency's commits between two pins, the upstream held (`held`);
 - `settings`: the settings at one commit (a culprit, `commit`) between the recipe and a good
-  variant (`good_set`): searched by delta debugging (orchestration/settings.py), not bisected.
+  variant (`good_set`): searched by delta debugging (orchestration/settings_search.py), not bisected.
 
 Nothing of the package is imported here: a level is data.
 """

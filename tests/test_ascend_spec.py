@@ -87,7 +87,7 @@ def test_the_run_options_host_reaches_the_container_and_the_local_runs(tmp_path:
     import git
     from asked import spec_of
 
-    from bisect_npu.orchestration.wiring import container_spec_factory, make_environment
+    from bisect_npu.orchestration.environments import container_spec_factory, make_environment
 
     options = spec_of(good="g", bad="b", executor="docker", devices=[0, 1], slots=1, host="A3")
     assert container_spec_factory(options, None)("img", tmp_path).environment == {

@@ -105,7 +105,7 @@ def test_without_an_artifacts_directory_every_commit_is_its_own_build(tmp_path: 
 def test_a_recipe_can_turn_output_reuse_off(tmp_path: Path) -> None:
     from asked import spec_of
 
-    from bisect_npu.orchestration.wiring import make_environment
+    from bisect_npu.orchestration.environments import make_environment
     from bisect_npu.recipe.loader import parse_recipe
 
     shas = make_linear_repo(tmp_path / "repo", 2)
@@ -124,7 +124,7 @@ def test_run_timeout_bounds_a_local_build(tmp_path: Path) -> None:
     from asked import spec_of
 
     from bisect_npu.builders.base import BuildFailed
-    from bisect_npu.orchestration.wiring import make_environment
+    from bisect_npu.orchestration.environments import make_environment
     from bisect_npu.recipe.loader import parse_recipe
 
     shas = make_linear_repo(tmp_path / "repo", 2)

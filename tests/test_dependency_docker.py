@@ -22,7 +22,7 @@ from bisect_npu.builders.cache import ImageCache
 from bisect_npu.builders.dependency import DependencyBuilder
 from bisect_npu.builders.docker import DockerBuilder
 from bisect_npu.execute.docker import DockerExecutor
-from bisect_npu.recipe.schema import parse_dependency_option
+from bisect_npu.orchestration.session_spec import parse_dependency_option
 
 pytestmark = pytest.mark.container
 
@@ -158,7 +158,7 @@ def test_vllm_laid_into_a_vllm_ascend_image_and_its_ascend_container(tmp_path, d
 
     from bisect_npu.execute.ascend import DETERMINISM_ENV, MANAGEMENT_DEVICES
     from bisect_npu.execute.docker import container_create_kwargs
-    from bisect_npu.orchestration.wiring import container_spec_factory
+    from bisect_npu.orchestration.environments import container_spec_factory
     from bisect_npu.recipe.loader import load_recipe
 
     nonce = uuid.uuid4().hex[:8]

@@ -16,7 +16,8 @@ from gitrepo import add_commit, git, make_linear_repo
 
 from bisect_npu.builders.dependency import materialize, read_pin, resolve_pin
 from bisect_npu.errors import InfrastructureError, UsageError
-from bisect_npu.recipe.schema import DependencySpec, parse_dependency_option
+from bisect_npu.orchestration.session_spec import parse_dependency_option
+from bisect_npu.recipe.schema import DependencySpec
 
 # Each test runs bisect-npu end to end (sessions, the command line, the demo's model).
 pytestmark = pytest.mark.e2e

@@ -205,7 +205,7 @@ def test_an_empty_devices_list_is_a_usage_error_not_no_devices(tmp_path: Path) -
 def test_fix_verification_runs_on_the_devices_it_is_given(tmp_path: Path) -> None:
     """`fix --verify --devices 0-1`: each verification sees those cards (local: the visible-devices
     variable), as a session's runs do; too few for the recipe's engine is refused."""
-    from bisect_npu.orchestration.wiring import make_evaluator
+    from bisect_npu.orchestration.environments import make_evaluator
 
     repo = tmp_path / "repo"
     shas = make_linear_repo(repo, 2)

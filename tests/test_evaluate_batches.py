@@ -15,8 +15,8 @@ import pytest
 from asked import spec_of
 
 from bisect_npu.contracts import VerdictKind
+from bisect_npu.orchestration.environments import make_environment
 from bisect_npu.orchestration.evaluate import EvaluationRequest, Evaluator
-from bisect_npu.orchestration.wiring import make_environment
 from bisect_npu.recipe.loader import load_recipe
 from bisect_npu.records import TrialRun
 

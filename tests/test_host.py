@@ -19,8 +19,8 @@ from bisect_npu.execute.host import (
     parse_npu_smi_info,
     recipe_for_host,
 )
+from bisect_npu.orchestration.environments import session_evaluator
 from bisect_npu.orchestration.preflight import check_run
-from bisect_npu.orchestration.wiring import session_evaluator
 from bisect_npu.recipe.loader import load_recipe, parse_recipe
 
 SAMPLES = Path(__file__).parent / "data" / "npu-smi"
@@ -169,7 +169,7 @@ def test_fix_verify_detects_the_host_as_run_does(tmp_path: Path, monkeypatch: py
     (an engine larger than it, one die of an A3 NPU) is refused here too."""
     from gitrepo import make_linear_repo
 
-    from bisect_npu.orchestration.wiring import make_evaluator
+    from bisect_npu.orchestration.environments import make_evaluator
 
     repo = tmp_path / "repo"
     shas = make_linear_repo(repo, 2)

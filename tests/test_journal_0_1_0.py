@@ -69,7 +69,7 @@ def test_the_0_1_0_journal_loads_into_typed_records_and_renders_its_report(sessi
 def test_a_0_1_0_session_killed_after_its_fourth_step_resumes_without_redoing_a_step(
         session: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     from bisect_npu.demo.generate import ensure_upstream
-    from bisect_npu.orchestration.levels import Bisection
+    from bisect_npu.orchestration.bisection import Bisection
 
     monkeypatch.setenv("BISECT_NPU_CACHE", str(tmp_path / "cache"))  # a private upstream: verification adds refs
     upstream, _ = ensure_upstream(seed=0)  # the seed fixes the shas, so the header's range names its commits

@@ -55,7 +55,7 @@ def steps_of(session: Path) -> Counter[str]:
 
 
 def resumed(session: Path) -> tuple[str, str | None]:
-    from bisect_npu.orchestration.levels import Bisection
+    from bisect_npu.orchestration.bisection import Bisection
 
     result = Bisection.resume(session).run()
     return result.status, result.culprit

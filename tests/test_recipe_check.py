@@ -18,8 +18,8 @@ from gitrepo import git as run_git
 
 from bisect_npu.cli import main
 from bisect_npu.errors import UsageError
-from bisect_npu.orchestration.options import SessionSpec
 from bisect_npu.orchestration.preflight import check_run
+from bisect_npu.orchestration.session_spec import SessionSpec
 from bisect_npu.recipe.check import (
     RULES,
     candidate_version,

@@ -1,5 +1,5 @@
 """A session's state kept record by record (`orchestration/state.py`) and the sentences of its end
-(`orchestration/sentences.py`): the state applied one record at a time is the state of the whole
+(`orchestration/end_messages.py`): the state applied one record at a time is the state of the whole
 journal, for the records a real session journals; the sentences say what the user must know."""
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ from bisect_npu import api, search
 from bisect_npu.contracts import Verdict, VerdictKind
 from bisect_npu.journal import Journal
 from bisect_npu.level import HeldUpstream, MergeScope
-from bisect_npu.orchestration import sentences
+from bisect_npu.orchestration import end_messages
 from bisect_npu.orchestration.state import SessionState, accuracy_weight
 from bisect_npu.records import StepRecord, StoredFrom, TrialRecord
 
@@ -92,28 +92,28 @@ def test_an_accuracy_step_weighs_its_likelihood_ratio_or_what_its_verdict_at_the
 
 def test_the_sentences_name_the_culprit_the_range_and_the_end_that_misbehaved() -> None:
     scope = MergeScope(merges=["a" * 40, "b" * 40], bad="f" * 40)
-    assert sentences.found("commit", "c" * 40, "Fix it", find_fix=False, scope=None) == (
+    assert end_messages.found("commit", "c" * 40, "Fix it", find_fix=False, scope=None) == (
         "first bad commit: cccccccccccc Fix it")
-    assert sentences.found("release", "2.9.0", "pkg 2.9.0", find_fix=True, scope=None) == (
+    assert end_messages.found("release", "2.9.0", "pkg 2.9.0", find_fix=True, scope=None) == (
         "first fixed release: 2.9.0 pkg 2.9.0")
-    assert sentences.found("commit", "c" * 40, "t", find_fix=False, scope=scope).endswith(
+    assert end_messages.found("commit", "c" * 40, "t", find_fix=False, scope=scope).endswith(
         "(came in through merge aaaaaaaaaaaa -> bbbbbbbbbbbb)")
-    assert "the merge itself" in sentences.found("commit", "b" * 40, "t", find_fix=False, scope=scope)
-    assert sentences.narrowed("1" * 40, "2" * 40, 3, find_fix=True).startswith(
+    assert "the merge itself" in end_messages.found("commit", "b" * 40, "t", find_fix=False, scope=scope)
+    assert end_messages.narrowed("1" * 40, "2" * 40, 3, find_fix=True).startswith(
         "the fix is one of 3 commits in (111111111111, 222222222222]")
-    judged = sentences.ends_wrong("good", "v1", "v2", find_fix=False, untested=None, noisy=False, figures={},
-                                  oracle="command", log=Path("/s/steps/x.log"))
+    judged = end_messages.ends_wrong("good", "v1", "v2", find_fix=False, untested=None, noisy=False, figures={},
+                                     oracle="command", log=Path("/s/steps/x.log"))
     assert judged == ("precondition failed: the good end v1 was judged bad; check the command reproduces the problem "
                       "at v2 and not at v1, or pass --no-check-ends (its run's log: /s/steps/x.log)")
-    assert "could not be tested (no Dockerfile)" in sentences.ends_wrong(
+    assert "could not be tested (no Dockerfile)" in end_messages.ends_wrong(
         "bad", "v1", "v2", find_fix=True, untested="no Dockerfile", noisy=False, figures={}, oracle="recipe", log=None)
-    assert "never showed the symptom in 12 trials" in sentences.ends_wrong(
+    assert "never showed the symptom in 12 trials" in end_messages.ends_wrong(
         "bad", "v1", "v2", find_fix=False, untested=None, noisy=True, figures={"bad_end_trials": 12.0},
         oracle="recipe", log=None)
     held = HeldUpstream(repo="/up", commit="d" * 40, dependency="vllm", old_pin="v0.1", new_pin="v0.2")
-    assert sentences.ends_ran(held, 9, [(0, "skip", "import failed"), (4, "bad", ""), (9, "bad", "")]) == [
+    assert end_messages.ends_ran(held, 9, [(0, "skip", "import failed"), (4, "bad", ""), (9, "bad", "")]) == [
         "dddddddddddd with vllm v0.1: skip (import failed)", "dddddddddddd with vllm v0.2: bad"]
-    found = sentences.dependency_found(held, "e" * 40, "first bad commit: 123456789abc Drop it", fix=None,
+    found = end_messages.dependency_found(held, "e" * 40, "first bad commit: 123456789abc Drop it", fix=None,
                                        verified=set(), github=None, pr=None)
     assert found == ("eeeeeeeeeeee moved vllm v0.1 -> v0.2; first bad vllm commit: 123456789abc Drop it (bisected on "
                      "its parent dddddddddddd: eeeeeeeeeeee could not be judged good with vllm v0.1)")
@@ -123,11 +123,11 @@ def test_the_settings_sentences_name_the_trigger_and_the_side_that_misbehaved() 
     from bisect_npu.recipe.settings import Difference
 
     keys = [Difference("engine.args.async_scheduling", True, False), Difference("cases[*].sampling.top_p", None, 0.9)]
-    assert sentences.settings_found("c" * 40, keys[:1], 3, 5) == (
+    assert end_messages.settings_found("c" * 40, keys[:1], 3, 5) == (
         "trigger at cccccccccccc: engine.args.async_scheduling: true (good with false); 3 other difference(s) not "
         "needed (5 configuration(s) tried)")
-    wrong = {which: sentences.settings_ends_wrong(which, keys, "cccccccccccc (v1)", skipped=skipped, reference=None,
-                                                  reference_label="", log_dir=Path("/s/configurations"))
+    wrong = {which: end_messages.settings_ends_wrong(which, keys, "cccccccccccc (v1)", skipped=skipped, reference=None,
+                                                     reference_label="", log_dir=Path("/s/configurations"))
              for which, skipped in (("good", False), ("bad", True))}
     assert wrong["good"].startswith("precondition failed: the good variant (engine.args.async_scheduling=false, "
                                     "cases[*].sampling.top_p=0.9) is also bad at cccccccccccc (v1)")

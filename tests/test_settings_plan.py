@@ -10,7 +10,7 @@ import pytest
 import yaml
 
 from bisect_npu.errors import UsageError
-from bisect_npu.orchestration.settings import SettingsQuestion, parse_vary, plan_differences
+from bisect_npu.orchestration.settings_search import SettingsQuestion, parse_vary, plan_differences
 from bisect_npu.recipe.loader import load_recipe
 from bisect_npu.recipe.settings import Difference
 

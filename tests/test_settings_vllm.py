@@ -16,7 +16,7 @@ from vllm_tier import REPO, VLLM_ENV, require_vllm
 
 from bisect_npu.builders.base import Environment
 from bisect_npu.execute.local import LocalExecutor
-from bisect_npu.orchestration.settings import SettingsQuestion, SettingsSearch, settings_request
+from bisect_npu.orchestration.settings_search import SettingsQuestion, SettingsSearch, settings_request
 
 DROPPING_LAUNCHER = ["{python}", str(Path(__file__).resolve().parent / "vllm_server_dropping_penalties.py"),
                      "--model", "{model}"]

@@ -14,8 +14,8 @@ from asked import spec_of
 from gitrepo import make_linear_repo
 
 from bisect_npu.contracts import VerdictKind
+from bisect_npu.orchestration.environments import make_environment
 from bisect_npu.orchestration.evaluate import EvaluationRequest, Evaluator
-from bisect_npu.orchestration.wiring import make_environment
 from bisect_npu.recipe.loader import load_recipe
 
 # Each test runs bisect-npu end to end (a hang bisected through the command line).

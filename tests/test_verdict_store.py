@@ -280,7 +280,7 @@ def test_any_stored_verdicts_give_the_same_culprit_without_running_them(tmp_path
     and journals each of them as reused."""
     from asked import spec_of
 
-    from bisect_npu.orchestration.levels import Bisection
+    from bisect_npu.orchestration.bisection import Bisection
     from bisect_npu.orchestration.verdict_reuse import scope_of
 
     culprit = data.draw(st.integers(1, n), label="culprit")

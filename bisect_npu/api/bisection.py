@@ -21,7 +21,7 @@ from bisect_npu.request import RangeSpec, RunRequest
 if TYPE_CHECKING:
     from bisect_npu.fix import FixReport
     from bisect_npu.forecast.plan import RangePlan
-    from bisect_npu.orchestration.levels import Bisection
+    from bisect_npu.orchestration.bisection import Bisection
 
 OracleSpec = Recipe | str | Path | Sequence[str] | Oracle
 
@@ -63,8 +63,8 @@ def bisect(request: RunRequest | str | Path, good: str | None = None, bad: str |
     brought in) unless `first_parent_only`. Progress lines go to stderr unless `quiet`; `live`: a
     live display where stderr is a terminal. `on_session` is called with the session directory
     once it exists, before anything runs."""
-    from bisect_npu.orchestration.levels import Bisection
-    from bisect_npu.orchestration.options import SessionSpec
+    from bisect_npu.orchestration.bisection import Bisection
+    from bisect_npu.orchestration.session_spec import SessionSpec
 
     if isinstance(request, RunRequest):
         if oracle is not None and not callable(oracle):
@@ -91,7 +91,7 @@ def resume(session_dir: str | Path | None = None, *, oracle: Oracle | None = Non
            live: bool = False, on_session: Callable[[Path], None] | None = None) -> Result:
     """Continue an interrupted session (default: the latest under .bisect-npu/sessions) without
     redoing a finished step; `oracle`: the callable a session started through `bisect` judged by."""
-    from bisect_npu.orchestration.levels import Bisection
+    from bisect_npu.orchestration.bisection import Bisection
 
     path = Path(session_dir).resolve() if session_dir is not None else None
     return _run(Bisection.resume(path, progress=_progress(quiet, live), oracle=oracle), on_session)

@@ -96,7 +96,7 @@ def fix(repo: str | Path, culprit: str, *, bad: str | None = None, top: int = 5,
                            top=max(top, verify_top if verify else 0))
     verifications: list[FixVerification] = []
     if verify and bad is not None:
-        from bisect_npu.orchestration.wiring import fix_verifier
+        from bisect_npu.orchestration.environments import fix_verifier
 
         with fix_verifier(str(repo), None if argv else str(recipe), command=argv, executor=executor,
                           devices=cards) as (evaluate, fixes):

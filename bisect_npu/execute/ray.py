@@ -35,7 +35,7 @@ NAMESPACE = "bisect-npu"  # the driver's and its builder actors' (named actors a
 RESOURCE = "NPU"  # the resource name Ray gives Ascend cards (ray/_private/accelerators/npu.py)
 TASK_RETRIES = 3  # reruns of a batch whose node (or worker) died under it
 
-# What a node makes its builder and its executors with (wiring.py's, pickled by reference).
+# What a node makes its builder and its executors with (orchestration/environments.py's, pickled by reference).
 BuilderFactory = Callable[[str], Builder]  # node id -> that node's builder
 ExecutorFactory = Callable[[list[int]], Executor]  # the cards of one run -> an executor on them
 

@@ -1,1 +1,1 @@
-"""Orchestration: ties the rooms together for one run (options, wiring, sessions, levels)."""
+"""Orchestration: ties the rooms together for one run (session specs, environments, sessions, bisection levels)."""

@@ -32,7 +32,7 @@ from bisect_npu.execute.host_devices import check_host_devices
 from bisect_npu.execute.ray import settle_slots as settle_on_cluster
 from bisect_npu.level import held_of, scope_of
 from bisect_npu.nightly.at_commit import settle_run
-from bisect_npu.orchestration.options import (
+from bisect_npu.orchestration.session_spec import (
     SessionSpec,
     check_dependency_options,
     declared_dependencies,

@@ -8,9 +8,9 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 
 from bisect_npu import search
+from bisect_npu.orchestration.environments import load_golden
 from bisect_npu.orchestration.evaluate import Evaluator
 from bisect_npu.orchestration.state import SessionState
-from bisect_npu.orchestration.wiring import load_golden
 from bisect_npu.recipe.schema import Recipe
 from bisect_npu.records import StepRecord
 

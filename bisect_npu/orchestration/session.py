@@ -4,7 +4,7 @@ evaluation, and the journal of both.
 The loop lives here: decide, run the round, journal. `opening` starts a session or reopens one
 from its journal, `state` keeps what the journal says as it grows, `slots` runs a round over the
 slots, `reference` keeps what the oracle compares with, `verdict_reuse` is the verdict store's part
-(what it recalls, keeps and confirms), `sentences` says how it ended; `levels` runs the sessions of
+(what it recalls, keeps and confirms), `end_messages` says how it ended; `bisection` runs the sessions of
 a bisection's levels and its fix stage. The journal is the only state that outlives a process: a
 session killed at any moment resumes from it without redoing a finished step or trial.
 """
@@ -29,13 +29,13 @@ from bisect_npu.execute.base import Executor
 from bisect_npu.execute.inprocess import Oracle
 from bisect_npu.journal import DEFAULT_ROOT, Journal
 from bisect_npu.level import scope_of
-from bisect_npu.orchestration import sentences
+from bisect_npu.orchestration import end_messages
 from bisect_npu.orchestration.costs import measured_costs, told_costs
 from bisect_npu.orchestration.evaluate import EvaluationRequest, Evaluator, StepResult
 from bisect_npu.orchestration.opening import Opened, open_journal, open_new
-from bisect_npu.orchestration.options import SessionSpec, earlier_runs_for_search, earlier_runs_spec
 from bisect_npu.orchestration.reference import References
 from bisect_npu.orchestration.result import EXIT_CODES, EXIT_ENDS_WRONG, EXIT_FOUND, EXIT_NARROWED, SessionResult
+from bisect_npu.orchestration.session_spec import SessionSpec, earlier_runs_for_search, earlier_runs_spec
 from bisect_npu.orchestration.slots import run_in_slots
 from bisect_npu.orchestration.state import SessionState, accuracy_weight
 from bisect_npu.orchestration.verdict_reuse import Reused, SessionVerdicts, VerdictReuse
@@ -306,15 +306,15 @@ class Session:
         steps = len(self.state.steps())
         if isinstance(decision, search.Found):
             culprit = self.commit_at(decision.index)
-            message = sentences.found(self.spec.level.name, culprit, self.titles.get(culprit, ""),
-                                      find_fix=self.spec.search.find_fix, scope=scope_of(self.spec.level))
+            message = end_messages.found(self.spec.level.name, culprit, self.titles.get(culprit, ""),
+                                         find_fix=self.spec.search.find_fix, scope=scope_of(self.spec.level))
             end = EndRecord(status="found", culprit=culprit, index=decision.index, confidence=decision.confidence,
                             figures=decision.figures)
             result = SessionResult("found", EXIT_FOUND, self.journal.session_dir, culprit=culprit,
                                    message=message, steps=steps)
         elif isinstance(decision, search.Narrowed):
             lo, hi = self.commit_at(decision.lo), self.commit_at(decision.hi)
-            message = sentences.narrowed(lo, hi, decision.hi - decision.lo, find_fix=self.spec.search.find_fix)
+            message = end_messages.narrowed(lo, hi, decision.hi - decision.lo, find_fix=self.spec.search.find_fix)
             end = EndRecord(status="narrowed", lo=lo, hi=hi, lo_index=decision.lo, hi_index=decision.hi,
                             figures=decision.figures)
             result = SessionResult("narrowed", EXIT_NARROWED, self.journal.session_dir, range=(lo, hi),
@@ -327,10 +327,10 @@ class Session:
                 untested = next((e.verdict.reason for e in reversed(self.state.steps()) if e.index == end_index),
                                 "")
             log, output = self._end_run(end_index)
-            message = sentences.ends_wrong(decision.which, self.spec.range.good, self.spec.range.bad,
-                                           find_fix=self.spec.search.find_fix, untested=untested,
-                                           noisy=self.mode == "noisy", figures=decision.figures,
-                                           oracle="recipe" if self.recipe is not None else "command", log=log)
+            message = end_messages.ends_wrong(decision.which, self.spec.range.good, self.spec.range.bad,
+                                              find_fix=self.spec.search.find_fix, untested=untested,
+                                              noisy=self.mode == "noisy", figures=decision.figures,
+                                              oracle="recipe" if self.recipe is not None else "command", log=log)
             end = EndRecord(status="ends_wrong", which=decision.which, figures=decision.figures)
             result = SessionResult("ends_wrong", EXIT_ENDS_WRONG, self.journal.session_dir, message=message,
                                    steps=steps, output_tail=output)

@@ -38,7 +38,7 @@ from bisect_npu import __version__, search
 from bisect_npu.contracts import Verdict, VerdictKind
 from bisect_npu.errors import InfrastructureError, UsageError
 from bisect_npu.level import held_of
-from bisect_npu.orchestration.options import SessionSpec
+from bisect_npu.orchestration.session_spec import SessionSpec
 from bisect_npu.orchestration.state import SessionState
 from bisect_npu.progress import Progress
 from bisect_npu.recipe.schema import Recipe

@@ -13,11 +13,11 @@ from pathlib import Path
 from typing import Annotated, Any, Literal
 
 from packaging.specifiers import InvalidSpecifier, SpecifierSet
-from pydantic import Field, ValidationError, field_validator, model_validator
+from pydantic import Field, field_validator, model_validator
 
 from bisect_npu.contracts import StrictModel, TimeoutIs
 from bisect_npu.defaults import CONFIDENCE
-from bisect_npu.errors import UsageError, validation_problem
+from bisect_npu.errors import UsageError
 from bisect_npu.oracle.config import AccuracyConfig, OracleConfig
 from bisect_npu.probe.backends import BackendName
 from bisect_npu.recipe.digest import without_new_defaults
@@ -586,32 +586,6 @@ class DependencySpec(StrictModel):
         if value is not None and (not value.startswith("/") or ".." in value.split("/")):
             raise ValueError(f"{value!r} must be an absolute path inside the image, such as /vllm-workspace/vllm")
         return value.rstrip("/") or "/" if value is not None else None
-
-
-def parse_dependency_option(text: str) -> DependencySpec:
-    """`--dependency` as `name=vllm,pin=Dockerfile:VLLM_COMMIT/VLLM_TAG,package_dir=vllm,...`
-    (`pin=requirements.txt:vllm==` for a requirements line)."""
-    fields: dict[str, Any] = {}
-    for part in (p.strip() for p in text.split(",") if p.strip()):
-        key, sep, value = part.partition("=")
-        if not sep:
-            raise UsageError(f"--dependency {text!r}: {part!r} is not KEY=VALUE; write e.g. name=vllm,"
-                             "pin=Dockerfile:VLLM_TAG,package_dir=vllm")
-        fields[key.strip()] = value.strip()
-    pin = str(fields.pop("pin", ""))
-    where, _, what = pin.rpartition(":")
-    if what.endswith("=="):
-        fields["pin"] = {"file": where or None, "requirement": what[:-2]}
-    elif what:
-        fields["pin"] = {"file": where or None, "arg": what.split("/")}
-    for flag in ("python_only", "installed_by_image"):
-        if flag in fields:
-            fields[flag] = str(fields[flag]).lower() in ("1", "true", "yes")
-    try:
-        return DependencySpec.model_validate(fields)
-    except ValidationError as exc:
-        where_, problem = validation_problem(exc)
-        raise UsageError(f"--dependency {text!r}: {where_}: {problem}") from exc
 
 
 class Recipe(StrictModel):

@@ -26,13 +26,13 @@ from bisect_npu.errors import UsageError
 from bisect_npu.execute.base import Executor
 from bisect_npu.execute.host import recipe_for_host
 from bisect_npu.level import SettingsLevel
-from bisect_npu.orchestration import sentences
+from bisect_npu.orchestration import end_messages
+from bisect_npu.orchestration.environments import load_golden, make_environment, session_evaluator
 from bisect_npu.orchestration.evaluate import EvaluationRequest, Evaluator, StepResult
-from bisect_npu.orchestration.options import SessionSpec, check_dependency_options
 from bisect_npu.orchestration.preflight import RAY_REFUSED
 from bisect_npu.orchestration.result import EXIT_ENDS_WRONG, EXIT_FOUND
+from bisect_npu.orchestration.session_spec import SessionSpec, check_dependency_options
 from bisect_npu.orchestration.verdict_reuse import VerdictReuse, open_verdict_reuse
-from bisect_npu.orchestration.wiring import load_golden, make_environment, session_evaluator
 from bisect_npu.progress import PlainProgress, Progress
 from bisect_npu.recipe.loader import load_recipe
 from bisect_npu.recipe.schema import Recipe
@@ -599,7 +599,7 @@ class SettingsSearch:
     def _finish_found(self, trigger: Trigger) -> SettingsResult:
         keys = [self.differences[i] for i in sorted(trigger.keys)]
         tried = len({e.digest for e in self.journal.entries if isinstance(e, ConfigurationRecord)})
-        message = sentences.settings_found(self.header.commit, keys, len(self.differences) - len(keys), tried)
+        message = end_messages.settings_found(self.header.commit, keys, len(self.differences) - len(keys), tried)
         end = SettingsEnd(status="found", trigger=sorted(trigger.keys), message=message)
         self.journal.append(end)
         return self._result(end)
@@ -608,7 +608,7 @@ class SettingsSearch:
         side_keys = frozenset() if wrong.which == "good" else frozenset(range(len(self.differences)))
         reference = next((e for e in self.journal.entries if isinstance(e, ReferenceRecord)
                           and frozenset(e.configuration) == side_keys and e.verdict.kind != VerdictKind.GOOD), None)
-        message = sentences.settings_ends_wrong(
+        message = end_messages.settings_ends_wrong(
             wrong.which, self.differences, f"{self.header.commit[:12]} ({self.header.ref})",
             skipped=bool(wrong.figures.get("skipped")), reference=reference,
             reference_label=self._reference_label() if reference is not None else "",

@@ -35,11 +35,11 @@ from bisect_npu.level import (
     held_of,
     scope_of,
 )
-from bisect_npu.orchestration import sentences
-from bisect_npu.orchestration.options import SessionSpec, declared_dependencies, dep_repo_of
+from bisect_npu.orchestration import end_messages
+from bisect_npu.orchestration.environments import fix_worktrees, overlay_release_for, sweep_fix_worktrees
 from bisect_npu.orchestration.result import EXIT_CODES, EXIT_ENDS_WRONG, SessionResult
 from bisect_npu.orchestration.session import Session
-from bisect_npu.orchestration.wiring import fix_worktrees, overlay_release_for, sweep_fix_worktrees
+from bisect_npu.orchestration.session_spec import SessionSpec, declared_dependencies, dep_repo_of
 from bisect_npu.progress import Progress
 from bisect_npu.records import (
     DependencyMoveRecord,
@@ -167,7 +167,7 @@ class Dependency:
 
 class Settings:
     """The settings at a culprit (`run --settings`): a search of configurations at one commit,
-    run after the culprit's fix stage by `Bisection` (orchestration/settings.py), never bisected:
+    run after the culprit's fix stage by `Bisection` (orchestration/settings_search.py), never bisected:
     it leads nowhere finer and proposes no fix."""
 
     proposes_fix = False
@@ -322,7 +322,7 @@ class Bisection:
         if (not spec.search.settings or result.status != "found" or result.culprit is None
                 or not isinstance(spec.level, CommitsLevel) or session.recipe is None):
             return
-        from bisect_npu.orchestration.settings import search_at_culprit
+        from bisect_npu.orchestration.settings_search import search_at_culprit
 
         search_at_culprit(session, SettingsLevel(commit=result.culprit, good_set=list(spec.search.settings)))
 
@@ -382,7 +382,7 @@ def _ends_ran(session_dir: Path, held: HeldUpstream) -> list[str]:
     """What the ends of a dependency-level session were judged, from its journal."""
     with Journal.open(session_dir, read_only=True) as journal:
         steps = [(s.index, s.verdict.kind.value, s.verdict.reason) for s in journal.records(StepRecord)]
-        return sentences.ends_ran(held, len(journal.header.range.candidates), steps)
+        return end_messages.ends_ran(held, len(journal.header.range.candidates), steps)
 
 
 def _dependency_answer(ran: list[tuple[Descent, SessionResult]]) -> SessionResult:
@@ -395,17 +395,17 @@ def _dependency_answer(ran: list[tuple[Descent, SessionResult]]) -> SessionResul
     culprit = first.commit if first else held.commit
     if result.status == "ends_wrong":
         combos = [line for d, r in ran if (ran_held := held_of(d.level)) for line in _ends_ran(r.session_dir, ran_held)]
-        return replace(result, message=sentences.dependency_unresolved(held, culprit, combos),
+        return replace(result, message=end_messages.dependency_unresolved(held, culprit, combos),
                        exit_code=EXIT_ENDS_WRONG)
     if result.status != "found" or result.culprit is None:
-        return replace(result, message=f"{sentences.dependency_moved(held, culprit)}; {result.message}")
+        return replace(result, message=f"{end_messages.dependency_moved(held, culprit)}; {result.message}")
     with Journal.open(result.session_dir, read_only=True) as journal:
         fix = next(iter(journal.records(FixRecord)), None)
         verified = {r.verification.proposal.shas[0] for r in journal.records(FixVerifiedRecord)
                     if r.verification.status == "verified"}
         github, pr = journal.header.github, journal.header.range.pr_of(result.culprit)
-    return replace(result, message=sentences.dependency_found(held, culprit, result.message, fix=fix, verified=verified,
-                                                              github=github, pr=pr))
+    return replace(result, message=end_messages.dependency_found(held, culprit, result.message, fix=fix,
+                                                                  verified=verified, github=github, pr=pr))
 
 
 class FixStage:

@@ -11,7 +11,7 @@ from pydantic import ValidationError
 
 from bisect_npu.errors import UsageError, validation_problem
 from bisect_npu.level import CommitsLevel, LevelSpec, ReleasesLevel
-from bisect_npu.recipe.schema import DependencySpec, EarlierRunsSpec, Recipe, parse_dependency_option
+from bisect_npu.recipe.schema import DependencySpec, EarlierRunsSpec, Recipe
 from bisect_npu.request import (
     ExecutorSpec,
     FixSpec,
@@ -115,6 +115,32 @@ def dep_repo_of(spec: SessionSpec, name: str) -> str | None:
         if key.strip() == name:
             return value.strip()
     return None
+
+
+def parse_dependency_option(text: str) -> DependencySpec:
+    """`--dependency` as `name=vllm,pin=Dockerfile:VLLM_COMMIT/VLLM_TAG,package_dir=vllm,...`
+    (`pin=requirements.txt:vllm==` for a requirements line)."""
+    fields: dict[str, Any] = {}
+    for part in (p.strip() for p in text.split(",") if p.strip()):
+        key, sep, value = part.partition("=")
+        if not sep:
+            raise UsageError(f"--dependency {text!r}: {part!r} is not KEY=VALUE; write e.g. name=vllm,"
+                             "pin=Dockerfile:VLLM_TAG,package_dir=vllm")
+        fields[key.strip()] = value.strip()
+    pin = str(fields.pop("pin", ""))
+    where, _, what = pin.rpartition(":")
+    if what.endswith("=="):
+        fields["pin"] = {"file": where or None, "requirement": what[:-2]}
+    elif what:
+        fields["pin"] = {"file": where or None, "arg": what.split("/")}
+    for flag in ("python_only", "installed_by_image"):
+        if flag in fields:
+            fields[flag] = str(fields[flag]).lower() in ("1", "true", "yes")
+    try:
+        return DependencySpec.model_validate(fields)
+    except ValidationError as exc:
+        where_, problem = validation_problem(exc)
+        raise UsageError(f"--dependency {text!r}: {where_}: {problem}") from exc
 
 
 def check_dependency_options(spec: SessionSpec, recipe: Recipe | None) -> list[DependencySpec]:

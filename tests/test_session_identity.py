@@ -20,7 +20,9 @@ from bisect_npu.errors import UsageError
 from bisect_npu.journal import Journal
 from bisect_npu.orchestration.opening import open_new, request_difference
 from bisect_npu.orchestration.options import SessionSpec
+from bisect_npu.recipe.loader import load_recipe
 from bisect_npu.request import RunRequest, choices_of, flags
+from bisect_npu.settings_journal import DifferenceRecord, SettingsHeader, SettingsJournal
 
 CHECK = {"check.sh": "grep -qx good state\n"}
 TAGS = {1: "t1", 40: "t40"}
@@ -182,3 +184,51 @@ def test_reusing_a_session_with_one_field_changed_is_refused_or_the_same_run(
 def test_the_request_that_made_a_session_is_the_same_run(kept: tuple[Any, RunRequest, Path, list[str]]) -> None:
     header, request, _repo, _ = kept
     assert request_difference(header, request) is None
+
+
+# -- `settings --session`: the same, for a settings search ------------------------------------------
+
+GOOD_SET = ["--recipe", "demo-async-penalty", "--good-set", "engine.args.async_scheduling=false"]
+
+
+def settings_session(repo: Path, at: str, session: Path) -> None:
+    """A settings search's journal as a search killed before its first configuration left it."""
+    recipe = load_recipe("demo-async-penalty")
+    SettingsJournal.create(session, SettingsHeader(
+        repo=str(repo), ref=at, commit=git(repo, "rev-parse", at), recipe=str(recipe.source),
+        recipe_digest=recipe.digest(), good_given=GOOD_SET[3:],
+        differences=[DifferenceRecord(key="engine.args.async_scheduling", bad=True, good=False)])).close()
+
+
+@pytest.mark.parametrize(("asked", "difference"), [
+    (lambda one, other: ["--repo", str(other), "--at", "t40"], "its repository is {one}, this request's {other}"),
+    (lambda one, other: ["--repo", str(one), "--at", "t1"], "its commit is {t40}, this request's {t1}"),
+])
+def test_settings_on_an_existing_search_with_another_repo_or_commit_is_refused(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str], asked: Any, difference: str) -> None:
+    one, shas, other, _ = two_repos_with_the_same_tags(tmp_path)
+    session = tmp_path / "search"
+    settings_session(one, "t40", session)
+    code, out, err = run_cli(["settings", *asked(one, other), *GOOD_SET, "--session", str(session),
+                              "--no-verdict-store"], capsys)
+    assert code == 2, (out, err)
+    line = err.strip().splitlines()[-1]
+    assert difference.format(one=one, other=other, t40=shas[40][:12], t1=shas[1][:12]) in line
+    assert f"with --session {session.resolve()}" in line
+    assert not (session / "configurations").exists()
+
+
+def test_settings_on_a_commit_search_s_session_names_after_instead_of_crashing(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch) -> None:
+    one, _shas, _other, _ = two_repos_with_the_same_tags(tmp_path)
+    session = tmp_path / "session"
+    monkeypatch.chdir(one)
+    code, _out, err = run_cli(["run", "--repo", str(one), "--good", "t1", "--bad", "t40", "--cmd", "sh check.sh",
+                               "--session", str(session), "--no-fix"], capsys)
+    assert code == 0, err
+    code, _out, err = run_cli(["settings", "--repo", str(one), "--at", "t40", *GOOD_SET, "--session", str(session),
+                               "--no-verdict-store"], capsys)
+    assert code == 2 and "Traceback" not in err
+    assert f"is a commit search's session, not a settings search's; search at its culprit with " \
+           f"`bisect-npu settings --after {session.resolve()}`" in err.strip().splitlines()[-1]
+    assert not (session / "settings.jsonl").exists()

@@ -170,8 +170,8 @@ def first_difference(facts: Iterable[Fact]) -> str | None:
 
 def refuse_other_request(kind: str, session_dir: Path, difference: str, resume: str) -> UsageError:
     """The one-line refusal of a request given for a session that ran another: the difference and
-    the two ways on (`resume`: the command that continues the session as it was)."""
-    return UsageError(f"{kind} {session_dir} is another run: {difference}; continue it as it was with `{resume}`, or "
+    the two ways on (`resume`: what continues the session as it was)."""
+    return UsageError(f"{kind} {session_dir} is another run: {difference}; continue it as it was with {resume}, or "
                       "start a new session (another --session, or none)")
 
 
@@ -180,7 +180,7 @@ def check_same_request(session_dir: Path, asked: RunRequest, python_oracle: str 
     one-line refusal, before anything of the session is opened."""
     journal = Journal.open(session_dir, read_only=True)
     if difference := request_difference(journal.header, asked, python_oracle):
-        raise refuse_other_request("session", session_dir, difference, f"bisect-npu resume --session {session_dir}")
+        raise refuse_other_request("session", session_dir, difference, f"`bisect-npu resume --session {session_dir}`")
 
 
 def request_difference(header: HeaderRecord, asked: RunRequest, python_oracle: str | None = None) -> str | None:

@@ -26,8 +26,10 @@ from bisect_npu.defaults import TRIAL_TIMEOUT_S
 from bisect_npu.errors import UsageError
 from bisect_npu.execute.base import Executor
 from bisect_npu.execute.host import recipe_for_host
+from bisect_npu.journal import JOURNAL_FILE
 from bisect_npu.level import SettingsLevel
 from bisect_npu.orchestration.evaluate import EvaluationRequest, Evaluator, StepResult
+from bisect_npu.orchestration.opening import Fact, first_difference, refuse_other_request
 from bisect_npu.orchestration.options import SessionSpec, check_dependency_options
 from bisect_npu.orchestration.preflight import RAY_REFUSED
 from bisect_npu.orchestration.result import EXIT_ENDS_WRONG, EXIT_FOUND
@@ -129,6 +131,16 @@ def with_session(request: SettingsRequest) -> SettingsRequest:
         raise UsageError(f"--after {after}: the session was judged by no recipe; give --recipe (the bad case)")
     return replace(request, repo=request.repo or asked.range.repo or ".", recipe=recipe,
                    ref=request.ref or (end.culprit if end else None), after_session=after.resolve())
+
+
+def settings_facts(header: SettingsHeader, request: SettingsRequest) -> list[Fact]:
+    """What makes a settings search another one, as `opening.first_difference` compares: its
+    repository and the commit it runs at."""
+    assert request.repo is not None  # with_session's
+    facts: list[Fact] = [("repository", header.repo, str(Path(request.repo).resolve()))]
+    if request.ref is not None:
+        facts.append(("commit", header.commit, history.resolve_ref(history.open_repo(request.repo), request.ref)))
+    return facts
 
 
 def good_end_of(header: HeaderRecord) -> str | None:
@@ -249,8 +261,15 @@ class SettingsSearch:
         progress = progress or PlainProgress()
         session_dir = session_dir.resolve()
         recipe = load_recipe(request.recipe)
+        if (session_dir / JOURNAL_FILE).exists() and not SettingsJournal.exists(session_dir):
+            raise UsageError(f"{session_dir} is a commit search's session, not a settings search's; search at its "
+                             f"culprit with `bisect-npu settings --after {session_dir}`")
         if SettingsJournal.exists(session_dir):
             journal = SettingsJournal.open(session_dir)
+            if difference := first_difference(settings_facts(journal.header, request)):
+                journal.close()
+                raise refuse_other_request("settings search", session_dir, difference, "the `bisect-npu settings` "
+                                           f"command that started it, with --session {session_dir}")
             if journal.header.recipe_digest != recipe.digest():
                 journal.close()
                 raise UsageError(f"recipe {request.recipe} changed since settings search {session_dir} started; "

@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Any
 
 import click
 
-from bisect_npu.cli import note_session, started
+from bisect_npu.cli import note_session, reader_may_leave, started
 from bisect_npu.cli.params import FiniteRange
 from bisect_npu.request import FlagKind, RunRequest, choices_of, flags
 
@@ -112,20 +112,22 @@ def request_from(values: dict[str, Any], request_type: type[RunRequest] = RunReq
 
 def finish(result: Result, as_json: bool) -> None:
     """Print the answer (and a JSON summary as the last line), exit with its code."""
-    click.echo(result.message)
-    reused = json.loads(Path(result.report_json).read_text()).get("reused_verdicts", 0) if result.report_json else 0
-    if reused:
-        click.echo(f"{reused} verdict{'s' if reused != 1 else ''} reused from the store (run fresh with "
-                   "--no-verdict-store)")
-    if result.output_tail:
-        click.echo("its last lines of output:\n" + "\n".join(f"    {line}" for line in result.output_tail.splitlines()))
-    click.echo(f"report: {result.report}")
-    if as_json:
-        summary = {"status": result.status, "exit_code": result.exit_code, "culprit": result.culprit,
-                   "range": list(result.range) if result.range else None, "steps": result.steps,
-                   "session": str(result.session_dir), "report": str(result.report),
-                   "report_json": str(result.report_json)}
-        click.echo(json.dumps(summary))
+    with reader_may_leave():  # the answer's code still, when stdout's reader left
+        click.echo(result.message)
+        reused = json.loads(Path(result.report_json).read_text()).get("reused_verdicts", 0) if result.report_json else 0
+        if reused:
+            click.echo(f"{reused} verdict{'s' if reused != 1 else ''} reused from the store (run fresh with "
+                       "--no-verdict-store)")
+        if result.output_tail:
+            tail = "\n".join(f"    {line}" for line in result.output_tail.splitlines())
+            click.echo(f"its last lines of output:\n{tail}")
+        click.echo(f"report: {result.report}")
+        if as_json:
+            summary = {"status": result.status, "exit_code": result.exit_code, "culprit": result.culprit,
+                       "range": list(result.range) if result.range else None, "steps": result.steps,
+                       "session": str(result.session_dir), "report": str(result.report),
+                       "report_json": str(result.report_json)}
+            click.echo(json.dumps(summary))
     raise SystemExit(result.exit_code)
 
 

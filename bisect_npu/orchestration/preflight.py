@@ -43,6 +43,7 @@ from bisect_npu.orchestration.verdict_reuse import resolve_last_good
 from bisect_npu.recipe.check import check_recipe_at_ends, check_support, range_ends
 from bisect_npu.recipe.loader import load_recipe
 from bisect_npu.recipe.schema import EarlierRunsSpec, Recipe
+from bisect_npu.recipe.settings import differences_from_settings, parse_assignment
 from bisect_npu.records import CandidateRange
 from bisect_npu.upstream import history, versions
 from bisect_npu.upstream.versions import tag_for_version
@@ -104,6 +105,7 @@ def check_run(spec: SessionSpec, host_root: Path = Path("/")) -> RunInputs:
             raise UsageError("--good last-good picks a commit of --repo; with --package name the good release")
         spec.range.good, last_good_note = resolve_last_good(spec, recipe, repo)
     check_dependency_options(spec, recipe)
+    check_settings(spec, recipe)
     candidates_range = resolve_candidates(spec, repo)
     if last_good_note:
         candidates_range = candidates_range.model_copy(update={"good_ref": LAST_GOOD})
@@ -132,6 +134,23 @@ def check_run(spec: SessionSpec, host_root: Path = Path("/")) -> RunInputs:
         spec.executor.workdir = str(Path(spec.executor.workdir).resolve())  # resume may start elsewhere
         check_workdir(Path(spec.executor.workdir))
     return RunInputs(recipe, repo, earlier_runs, candidates_range, last_good_note)
+
+
+def check_settings(spec: SessionSpec, recipe: Recipe | None) -> None:
+    """--settings: each KEY=VALUE checked now as `settings --good-set` checks it (under its own name),
+    not after the whole commit search."""
+    if not spec.search.settings:
+        return
+    if recipe is None:
+        raise UsageError("--settings searches which of a recipe's settings the culprit needs: give --recipe or "
+                         "--nightly-case, or drop --settings")
+    good: dict[str, object] = {}
+    for text in spec.search.settings:
+        key, value = parse_assignment(text, "--settings")
+        if key in good:
+            raise UsageError(f"--settings {key} is given twice; give each key once")
+        good[key] = value
+    differences_from_settings(recipe, good, "--settings")
 
 
 def check_image_options(spec: SessionSpec) -> None:

@@ -46,6 +46,7 @@ from bisect_npu.recipe.settings import (
     differences_from_settings,
     parse_assignment,
     show,
+    value_of,
 )
 from bisect_npu.records import BuildInfo, HeaderRecord, TrialRun
 from bisect_npu.request import ExecutorSpec, JudgeSpec, RangeSpec, RunRequest, SearchSpec, StoreSpec
@@ -159,6 +160,18 @@ def parse_vary(text: str) -> tuple[str, list[Any]]:
     return key, parsed
 
 
+def check_vary_values(recipe: Recipe, key: str, values: Sequence[Any]) -> None:
+    """--vary's values each differ from the recipe's (the bad case, which the search runs anyway)
+    and from each other: a configuration is not run twice."""
+    bad = value_of(recipe, key)
+    if bad in values:
+        raise UsageError(f"--vary {key}: {show(bad)} is the recipe's own value (the bad case, which the search runs "
+                         "anyway); give only values that differ from it")
+    shown = [show(v) for v in values]
+    if len(set(shown)) != len(shown):
+        raise UsageError(f"--vary {key}: a value is given twice ({', '.join(shown)}); give each once")
+
+
 def plan_differences(recipe: Recipe, request: SettingsRequest) -> tuple[list[Difference], dict[str, list[Any]]]:
     """The differing keys (in the search's order) and the --vary keys' further values."""
     good: dict[str, Any] = {}
@@ -166,6 +179,7 @@ def plan_differences(recipe: Recipe, request: SettingsRequest) -> tuple[list[Dif
     for text in request.vary:  # the open questions first: the keys the user suspects
         key, values = parse_vary(text)
         check_key(recipe, key, "--vary")
+        check_vary_values(recipe, key, values)
         if key in good:
             raise UsageError(f"--vary {key} is given twice; give each key once")
         good[key] = values[0]

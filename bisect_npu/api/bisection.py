@@ -90,13 +90,17 @@ def bisect(request: RunRequest | str | Path, good: str | None = None, bad: str |
 
 
 def resume(session_dir: str | Path | None = None, *, oracle: Oracle | None = None, quiet: bool = False,
-           live: bool = False, on_session: Callable[[Path], None] | None = None) -> Result:
+           live: bool = False, on_session: Callable[[Path], None] | None = None,
+           accept_changed_command: bool = False) -> Result:
     """Continue an interrupted session (default: the latest under .bisect-npu/sessions) without
-    redoing a finished step; `oracle`: the callable a session started through `bisect` judged by."""
+    redoing a finished step; `oracle`: the callable a session started through `bisect` judged by.
+    `accept_changed_command`: continue though what the command sees changed since the session
+    started (a fix of the command that aborted it, which judges every commit as before)."""
     from bisect_npu.orchestration.levels import Bisection
 
     path = Path(session_dir).resolve() if session_dir is not None else None
-    return _run(Bisection.resume(path, progress=_progress(quiet, live), oracle=oracle), on_session)
+    return _run(Bisection.resume(path, progress=_progress(quiet, live), oracle=oracle,
+                                 accept_changed_command=accept_changed_command), on_session)
 
 
 def _progress(quiet: bool, live: bool) -> Progress:

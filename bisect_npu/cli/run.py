@@ -160,11 +160,15 @@ run = run_command()
               help="Session directory (default: the latest).")
 @click.option("--json", "as_json", is_flag=True, help="Print a machine-readable summary as the last line.")
 @click.option("--quiet", is_flag=True, help="Plain log lines even on a terminal.")
-def resume(session_dir: Path | None, as_json: bool, quiet: bool) -> None:
+@click.option("--accept-changed-command", is_flag=True,
+              help="Continue though the --cmd script (or what else the command reads) changed since the session "
+                   "started: a fix of the command that aborted the run, which judges every commit as before.")
+def resume(session_dir: Path | None, as_json: bool, quiet: bool, accept_changed_command: bool) -> None:
     """Continue an interrupted session without redoing a finished step."""
     from bisect_npu import api
 
     if session_dir is not None:
         note_session(session_dir.resolve())  # named in a failure's summary even if resume cannot start
-    finish(api.resume(session_dir, quiet=quiet or as_json, live=True, on_session=started), as_json)
+    finish(api.resume(session_dir, quiet=quiet or as_json, live=True, on_session=started,
+                      accept_changed_command=accept_changed_command), as_json)
 

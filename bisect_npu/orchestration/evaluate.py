@@ -81,7 +81,8 @@ def command_verdict(result: RunResult, timeout_is: TimeoutIs = "skip", said: str
         return Verdict(kind=VerdictKind.BAD, reason=f"command exited {code}", figures=figures)
     raise InfrastructureError(f"command exited {code} (above 127, or killed by a signal): aborting as "
                               f"`git bisect run` does{f' ({said})' if said else ''}; see {result.log_path}, "
-                              "fix it, then `bisect-npu resume`")
+                              "fix it, then `bisect-npu resume` (with --accept-changed-command where the fix "
+                              "changed the command's script)")
 
 
 REASON_FILE_ENV = "BISECT_NPU_REASON_FILE"  # a command may write its verdict's reason there, one line

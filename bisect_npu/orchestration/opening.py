@@ -88,8 +88,10 @@ def open_new(spec: SessionSpec, session_dir: Path | None = None, root: Path = DE
 
 def open_journal(session_dir: Path | None = None, root: Path = DEFAULT_ROOT, progress: Progress | None = None,
                  builder: Builder | None = None, executor: Executor | None = None,
-                 oracle: Oracle | None = None) -> Opened:
-    """Open an interrupted session (the newest under `root` by default) from its journal."""
+                 oracle: Oracle | None = None, accept_changed_command: bool = False) -> Opened:
+    """Open an interrupted session (the newest under `root` by default) from its journal.
+    `accept_changed_command`: the user vouches that what the command sees changed without changing
+    its verdicts (a fix of the command that aborted the run)."""
     session_dir = (session_dir or latest_session(root)).resolve()
     journal = Journal.open(session_dir)
     header = journal.header
@@ -105,12 +107,16 @@ def open_journal(session_dir: Path | None = None, root: Path = DEFAULT_ROOT, pro
     if spec.judge.unit_tests and (refusal := rules_refusal(spec.judge.command or [])):
         journal.close()
         raise UsageError(refusal)
-    if changed := command_changed(spec, journal.header.command_oracle):
+    changed = command_changed(spec, journal.header.command_oracle)
+    if changed and not accept_changed_command:
         journal.close()
         raise UsageError(f"command {shlex.join(spec.judge.command or [])!r} changed since the session started "
                          f"({', '.join(changed)}); start a new session with `bisect-npu run` (results would mix "
-                         "two oracles)")
+                         "two oracles), or, where the change fixes what aborted the run and judges every commit as "
+                         f"before, `bisect-npu resume --session {session_dir} --accept-changed-command`")
     progress = progress or PlainProgress()
+    if changed:
+        progress.note(f"resuming with the command changed ({', '.join(changed)}), as --accept-changed-command asks")
     try:
         reuse = open_verdict_reuse(spec, recipe, session_dir, store_reference(recipe, journal.header.range.base),
                                    progress)

@@ -6,7 +6,8 @@ its trial finishes; exit 0 once all are written. Exit 3 when the engine could no
 trial raised (the host turns that into a ``skip``; the last lines of stderr explain why): the
 observations written before stay, the later trials are not run. Exit 4 (``HARNESS_FAILED_EXIT``)
 when an accuracy harness failed (missing, exited non-zero, wrote nothing or nonsense, a missing
-or empty dataset): the host stops the run as an infrastructure error. Exit 2: usage errors.
+or empty dataset) or another process answers on the server's port (``ports.PortHeld``): the
+host stops the run as an infrastructure error. Exit 2: usage errors.
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ from typing import Any
 
 from .backends import ProbeBackend, UnknownBackend, load_backend
 from .harness import HARNESS_FAILED_EXIT, HarnessError
+from .ports import PortHeld
 from .request import read_request, trial_requests, write_json_atomic
 
 
@@ -42,6 +44,9 @@ def main(argv: list[str]) -> int:
     except HarnessError as exc:
         print(f"accuracy harness failed: {exc}", file=sys.stderr)
         return HARNESS_FAILED_EXIT
+    except PortHeld as exc:
+        print(exc, file=sys.stderr)
+        return HARNESS_FAILED_EXIT
     except Exception:  # the host reads the tail of stderr into the skip reason
         traceback.print_exc()
         return 3
@@ -56,6 +61,9 @@ def _run_batch(backend: ProbeBackend, trials: list[dict[str, Any]]) -> int:
     except HarnessError as exc:
         print(f"accuracy harness failed: {exc}", file=sys.stderr)
         return HARNESS_FAILED_EXIT
+    except PortHeld as exc:
+        print(exc, file=sys.stderr)
+        return HARNESS_FAILED_EXIT
     except Exception:
         traceback.print_exc()
         return 3
@@ -66,6 +74,9 @@ def _run_batch(backend: ProbeBackend, trials: list[dict[str, Any]]) -> int:
             write_json_atomic(trial["output"], observation)
     except HarnessError as exc:
         print(f"accuracy harness failed: {exc}", file=sys.stderr)
+        return HARNESS_FAILED_EXIT
+    except PortHeld as exc:
+        print(exc, file=sys.stderr)
         return HARNESS_FAILED_EXIT
     except Exception:
         traceback.print_exc()

@@ -77,6 +77,8 @@ def bisect(request: RunRequest | str | Path, good: str | None = None, bad: str |
             raise UsageError("bisect(repo, good, bad, oracle=...): give both ends and the oracle, or a RunRequest")
         recipe, command, function = _oracle_parts(oracle)
         request = RunRequest.of(repo=str(request), good=good, bad=bad, recipe=recipe, command=command, **fields)
+    if request.judge.unit_tests and request.judge.command:
+        raise UsageError("--unit-test runs vllm-ascend's unit tests as the oracle, --cmd a command: give one of them")
     progress = _progress(quiet, live)
     path = Path(session_dir).resolve() if session_dir is not None else None
     name = oracle_name(function) if function else None

@@ -188,3 +188,14 @@ def test_a_good_table_row_at_the_bad_end_does_not_ask_to_swap_refs(tmp_path: Pat
     assert f"--good-table's newest successful row gives {shas[5][:12]}, which is not older than --bad main" in line
     assert "give an older --bad, or a --good ref" in line
     assert "swap --good and --bad" not in line and "pass two different refs" not in line
+
+
+def test_a_nightly_file_with_two_cases_of_one_name_is_refused(tmp_path: Path,
+                                                              capsys: pytest.CaptureFixture[str]) -> None:
+    case = {"name": "speed", "model": "tiny", "benchmarks": {"perf": {
+        "case_type": "performance", "dataset_path": "d", "request_conf": "c", "dataset_conf": "gsm8k/x",
+        "num_prompts": 4, "max_out_len": 8, "batch_size": 4, "baseline": 800, "threshold": 0.5}}}
+    file = tmp_path / "Speed.yaml"
+    file.write_text(yaml.safe_dump({"test_cases": [case, {**case, "model": "other"}]}))
+    line = refused(["recipes", "import-nightly", str(file), "--case", "speed"], capsys)
+    assert "2 cases are named 'speed'" in line and "give each case a name of its own" in line

@@ -75,7 +75,7 @@ def _speed_recipe(port: int) -> str:
     raw = yaml.safe_load(recipe_dump(recipe))
     raw["engine"]["port"] = port
     raw["trials"]["count"] = 3  # the nightly's 5, fewer: each trial waits 2 s for the server's counter to settle
-    return yaml.safe_dump(raw)
+    return str(yaml.safe_dump(raw))
 
 
 # A launcher whose "server" leaves a process of another session to answer on its port (a race: the

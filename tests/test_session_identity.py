@@ -21,6 +21,7 @@ from bisect_npu.journal import Journal
 from bisect_npu.orchestration.opening import open_new, request_difference
 from bisect_npu.orchestration.options import SessionSpec
 from bisect_npu.recipe.loader import load_recipe
+from bisect_npu.records import HeaderRecord
 from bisect_npu.request import RunRequest, choices_of, flags
 from bisect_npu.settings_journal import DifferenceRecord, SettingsHeader, SettingsJournal
 
@@ -86,12 +87,13 @@ def test_a_new_command_on_an_existing_session_is_refused_not_dropped(
 # -- the property: for each field, a changed value is refused unless it is the same run ------------
 
 FIELDS = {name: (part, info) for part, name, info, _flag in flags()}
+Kept = tuple[HeaderRecord, RunRequest, Path, list[str]]
 # Where and how fast candidates run, and which store is shared: not what a commit's run shows.
 SAME_RUN = {"ray_address", "devices", "slots", "workdir", "prefetch", "cache_size_gb", "verdict_store"}
 
 
 @pytest.fixture(scope="module")
-def kept(tmp_path_factory: pytest.TempPathFactory) -> tuple[Any, RunRequest, Path, list[str]]:
+def kept(tmp_path_factory: pytest.TempPathFactory) -> Kept:
     """One session's header (a command session of 45 commits), the request that made it, its repository."""
     root = tmp_path_factory.mktemp("identity")
     one, _shas, other, _ = two_repos_with_the_same_tags(root)
@@ -141,7 +143,7 @@ def other_value(name: str, current: object, repos: list[str]) -> st.SearchStrate
     return values.filter(lambda value: value != current)
 
 
-def changes_the_answer(name: str, before: object, after: object, repo: Path, header: Any) -> bool:
+def changes_the_answer(name: str, before: object, after: object, repo: Path, header: HeaderRecord) -> bool:
     """Independently of the code under test: whether the changed field asks another run."""
     if name in SAME_RUN:
         return False
@@ -160,7 +162,7 @@ def changes_the_answer(name: str, before: object, after: object, repo: Path, hea
 @settings(max_examples=12, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(data=st.data())
 def test_reusing_a_session_with_one_field_changed_is_refused_or_the_same_run(
-        name: str, data: st.DataObject, kept: tuple[Any, RunRequest, Path, list[str]]) -> None:
+        name: str, data: st.DataObject, kept: Kept) -> None:
     header, request, repo, repos = kept
     part = FIELDS[name][0]
     before = getattr(getattr(request, part), name)
@@ -181,7 +183,7 @@ def test_reusing_a_session_with_one_field_changed_is_refused_or_the_same_run(
         assert difference is None, (name, after, difference)
 
 
-def test_the_request_that_made_a_session_is_the_same_run(kept: tuple[Any, RunRequest, Path, list[str]]) -> None:
+def test_the_request_that_made_a_session_is_the_same_run(kept: Kept) -> None:
     header, request, _repo, _ = kept
     assert request_difference(header, request) is None
 

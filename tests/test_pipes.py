@@ -11,6 +11,9 @@ import pytest
 
 from bisect_npu.contracts import Observation
 
+# The command line in a subprocess, its stdout a real pipe.
+pytestmark = pytest.mark.e2e
+
 BIN = Path(sys.executable).parent / "bisect-npu"
 
 RECIPE = """

@@ -133,3 +133,28 @@ def test_a_server_on_the_recipes_port_does_not_name_the_wrong_culprit(
     assert json.loads(done.stdout.splitlines()[-1])["culprit"] == shas[17]
     logs = "".join(p.read_text(errors="replace") for p in (tmp_path / "session").rglob("*.log"))
     assert f"port {port} is held by pid {_proc.pid}" in logs
+
+
+@pytest.mark.e2e
+def test_a_run_whose_candidate_port_is_answered_by_another_process_stops_with_exit_5(tmp_path: Path) -> None:
+    """Not a verdict: the run stops as an infrastructure failure naming the holder."""
+    launcher = tmp_path / "launcher.py"
+    launcher.write_text(SQUATTER)
+    port = free_port(HOST)
+    raw = yaml.safe_load(_speed_recipe(port))
+    raw["engine"]["launcher"] = ["{python}", str(launcher), "{model}"]
+    recipe = tmp_path / "squatted.yaml"
+    recipe.write_text(yaml.safe_dump(raw))
+    repo = tmp_path / "up"
+    make_linear_repo(repo, 6, culprit=3, tags={0: "good", 5: "bad"})
+    env = {**os.environ, "BISECT_NPU_CACHE": str(tmp_path / "cache")}
+    try:
+        done = subprocess.run([sys.executable, "-m", "bisect_npu", "run", "--repo", str(repo), "--good", "good",
+                               "--bad", "bad", "--recipe", str(recipe), "--no-fix", "--quiet",
+                               "--session", str(tmp_path / "session"), "--timeout", "60"],
+                              capture_output=True, text=True, env=env, timeout=300)
+    finally:
+        for pid in [int(word) for word in holder(port).split()[1:2] if word.isdigit()]:
+            os.kill(pid, 9)
+    assert done.returncode == 5, done.stderr[-3000:]
+    assert f"port {port} is answered by pid " in done.stderr and "squatter" in done.stderr

@@ -92,7 +92,7 @@ def test_a_failed_run_resumes_through_the_api_only(tmp_path: Path) -> None:
     result = api.bisect(tmp_path / "repo", shas[0], shas[39], oracle=again, session_dir=session, quiet=True)
     assert result.culprit == shas[23]
     assert not set(failing.judged) & set(again.judged)  # no finished step judged twice
-    with pytest.raises(api.UsageError, match="not by test_api:test_a_failed_run"):
+    with pytest.raises(api.UsageError, match=r"this request's callable test_api:test_a_failed_run"):
         api.bisect(tmp_path / "repo", shas[0], shas[39], oracle=lambda checkout, commit: True, session_dir=session)
 
 

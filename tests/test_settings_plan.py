@@ -24,10 +24,10 @@ def plan(**given: object) -> tuple[list[Difference], dict[str, list[object]]]:
 def test_vary_keys_come_first_with_their_further_values() -> None:
     assert parse_vary("cases[*].sampling.temperature=0.0,0.3,1") == ("cases[*].sampling.temperature", [0.0, 0.3, 1])
     differences, further = plan(good_set=["cases[*].sampling.logprobs=3"],
-                                vary=["engine.args.async_scheduling=false,true"])
-    assert differences == [Difference("engine.args.async_scheduling", True, False),
+                                vary=["cases[*].sampling.temperature=0.3,1"])
+    assert differences == [Difference("cases[*].sampling.temperature", 0.0, 0.3),
                            Difference("cases[*].sampling.logprobs", 5, 3)]
-    assert further == {"engine.args.async_scheduling": [True]}
+    assert further == {"cases[*].sampling.temperature": [1]}
 
 
 def test_a_good_recipe_adds_the_keys_it_differs_in(tmp_path: Path) -> None:

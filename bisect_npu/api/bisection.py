@@ -16,7 +16,7 @@ from bisect_npu.journal import JOURNAL_FILE
 from bisect_npu.progress import Progress
 from bisect_npu.recipe.loader import load_recipe
 from bisect_npu.recipe.schema import Recipe
-from bisect_npu.request import RangeSpec, RunRequest
+from bisect_npu.request import RunRequest
 
 if TYPE_CHECKING:
     from bisect_npu.fix import FixReport
@@ -57,13 +57,15 @@ def bisect(request: RunRequest | str | Path, good: str | None = None, bad: str |
     the oracle judges bad (with `find_fix`, the first where it no longer does). `oracle`: with a
     `RunRequest`, only a callable (a request names its recipe or command itself). `session_dir`
     is where the session goes (default: a new one under .bisect-npu/sessions); when it holds a
-    session already, that session is resumed. `mode` defaults to the recipe's trials.mode (exact
+    session already, that session is resumed where it is the run asked (else refused, naming the
+    difference). `mode` defaults to the recipe's trials.mode (exact
     for a command or a callable). A callable runs in this process on a local checkout (executor
     "local"), without a timeout. A culprit that is a merge is descended into (the commits it
     brought in) unless `first_parent_only`. Progress lines go to stderr unless `quiet`; `live`: a
     live display where stderr is a terminal. `on_session` is called with the session directory
     once it exists, before anything runs."""
     from bisect_npu.orchestration.bisection import Bisection
+    from bisect_npu.orchestration.opening import check_same_request
     from bisect_npu.orchestration.session_spec import SessionSpec
 
     if isinstance(request, RunRequest):
@@ -75,12 +77,14 @@ def bisect(request: RunRequest | str | Path, good: str | None = None, bad: str |
             raise UsageError("bisect(repo, good, bad, oracle=...): give both ends and the oracle, or a RunRequest")
         recipe, command, function = _oracle_parts(oracle)
         request = RunRequest.of(repo=str(request), good=good, bad=bad, recipe=recipe, command=command, **fields)
+    if request.judge.unit_tests and request.judge.command:
+        raise UsageError("--unit-test runs vllm-ascend's unit tests as the oracle, --cmd a command: give one of them")
     progress = _progress(quiet, live)
     path = Path(session_dir).resolve() if session_dir is not None else None
     name = oracle_name(function) if function else None
     if path is not None and (path / JOURNAL_FILE).exists():
+        check_same_request(path, request, name)
         bisection = Bisection.resume(path, progress=progress, oracle=function)
-        _check_resumed(bisection.session.spec.range, bisection.session.spec.context.python_oracle, request, name)
     else:
         bisection = Bisection.start(SessionSpec.of(request, python_oracle=name), session_dir=path, progress=progress,
                                     oracle=function)
@@ -88,13 +92,17 @@ def bisect(request: RunRequest | str | Path, good: str | None = None, bad: str |
 
 
 def resume(session_dir: str | Path | None = None, *, oracle: Oracle | None = None, quiet: bool = False,
-           live: bool = False, on_session: Callable[[Path], None] | None = None) -> Result:
+           live: bool = False, on_session: Callable[[Path], None] | None = None,
+           accept_changed_command: bool = False) -> Result:
     """Continue an interrupted session (default: the latest under .bisect-npu/sessions) without
-    redoing a finished step; `oracle`: the callable a session started through `bisect` judged by."""
+    redoing a finished step; `oracle`: the callable a session started through `bisect` judged by.
+    `accept_changed_command`: continue though what the command sees changed since the session
+    started (a fix of the command that aborted it, which judges every commit as before)."""
     from bisect_npu.orchestration.bisection import Bisection
 
     path = Path(session_dir).resolve() if session_dir is not None else None
-    return _run(Bisection.resume(path, progress=_progress(quiet, live), oracle=oracle), on_session)
+    return _run(Bisection.resume(path, progress=_progress(quiet, live), oracle=oracle,
+                                 accept_changed_command=accept_changed_command), on_session)
 
 
 def _progress(quiet: bool, live: bool) -> Progress:
@@ -146,16 +154,6 @@ def _names_recipe(text: str) -> bool:
     except UsageError:
         return False
     return True
-
-
-def _check_resumed(resumed: RangeSpec, judged_by: str | None, request: RunRequest, name: str | None) -> None:
-    """A resumed session must be the one asked for: the same ends, and a callable where it had one."""
-    asked = request.range
-    if (resumed.good, resumed.bad) != (asked.good, asked.bad):
-        raise UsageError(f"the session given bisects {resumed.good}..{resumed.bad}, not {asked.good}..{asked.bad}; "
-                         "give another session_dir for a new bisection")
-    if name is not None and judged_by != name:
-        raise UsageError(f"the session given was judged by {judged_by or 'a recipe or command'}, not by {name}")
 
 
 def judge(recipe: Recipe | str | Path, observations: Sequence[Observation | str | Path],

@@ -9,8 +9,12 @@ from __future__ import annotations
 import importlib
 import importlib.util
 import json
+import os
+import select
 import sys
 import traceback
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import NoReturn
 
@@ -49,6 +53,17 @@ class LazyGroup(click.Group):
         assert isinstance(command, click.Command)
         return command
 
+    def invoke(self, ctx: click.Context) -> object:
+        """A command whose stdout's reader left (`| head -1`) ends quietly, with 0 (a verdict
+        command: 128, no verdict), not click's 1 for a broken pipe."""
+        try:
+            return super().invoke(ctx)
+        except BrokenPipeError:
+            if not _stdout_reader_gone():
+                raise
+            _stdout_gone()
+            return _no_verdict([ctx.invoked_subcommand or ""], 0)
+
 
 @click.group(cls=LazyGroup, context_settings={"help_option_names": ["-h", "--help"]})
 @click.version_option(__version__, prog_name="bisect-npu")
@@ -85,6 +100,7 @@ def main(argv: list[str] | None = None) -> None:
     args = sys.argv[1:] if argv is None else argv
     _session.clear()  # a session noted by an earlier call in this process is not this one's
     interrupts.install()
+    _closed_streams_to_devnull()
     try:
         # Without standalone mode click returns the code of a `ctx.exit(code)` instead of exiting.
         returned = cli.main(args=args, prog_name="bisect-npu", standalone_mode=False)
@@ -113,6 +129,49 @@ def main(argv: list[str] | None = None) -> None:
         _fail(args, f"bisect-npu: internal error: {type(exc).__name__}: {exc} (the traceback above is what to "
               "report; finished steps stay in the session's journal)", 1, "error", f"{type(exc).__name__}: {exc}")
     sys.exit(returned if isinstance(returned, int) else 0)
+
+
+@contextmanager
+def reader_may_leave() -> Iterator[None]:
+    """Output whose reader may go away before it ends (`| head -1`): the rest goes nowhere, and the
+    command ends with its own exit code (a verdict's), not a traceback's 1."""
+    try:
+        yield
+    except BrokenPipeError:
+        if not _stdout_reader_gone():
+            raise
+        _stdout_gone()
+
+
+def _stdout_reader_gone() -> bool:
+    """Whether stdout is a pipe nobody reads any more (a broken pipe elsewhere, a probe's socket,
+    is another failure)."""
+    poller = select.poll()
+    poller.register(sys.__stdout__.fileno() if sys.__stdout__ is not None else 1, select.POLLOUT)
+    return any(events & select.POLLERR for _fd, events in poller.poll(0))
+
+
+def _stdout_gone() -> None:
+    """Stdout's pipe is closed: what is still buffered or written later goes to /dev/null, so
+    neither a later write nor the flush at exit fails."""
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    os.dup2(devnull, sys.__stdout__.fileno() if sys.__stdout__ is not None else 1)
+    os.close(devnull)
+
+
+def _closed_streams_to_devnull() -> None:
+    """A command started with stdout or stderr closed (`>&-`) writes them to /dev/null: neither
+    `print` nor a file the command opens next may take the closed descriptor's number (a child
+    would write its output into the journal)."""
+    for fd, name in ((1, "stdout"), (2, "stderr")):
+        try:
+            os.fstat(fd)
+        except OSError:
+            devnull = os.open(os.devnull, os.O_WRONLY)
+            if devnull != fd:
+                os.dup2(devnull, fd)
+                os.close(devnull)
+            setattr(sys, name, open(fd, "w", closefd=False))  # noqa: SIM115 - the process's own stream
 
 
 def _report_crash(session_dir: Path, error: str) -> None:

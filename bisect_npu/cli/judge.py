@@ -30,30 +30,32 @@ def judge(recipe_path: str, references: tuple[str, ...], as_json: bool, observat
     """Judge OBSERVATIONS with the recipe's oracle: exit 0 good, 1 bad, 125 undecided or skip; 128 when
     there is no verdict (unreadable input, unknown recipe, internal error), so `git bisect run` aborts."""
     from bisect_npu import api
+    from bisect_npu.cli import reader_may_leave
 
     verdict = api.judge(recipe_path, observations, references or None)
-    if as_json:
-        click.echo(json.dumps(verdict.model_dump(mode="json"), indent=2))
-    elif sys.stdout.isatty():
-        from rich.console import Console
-        from rich.markup import escape
-        from rich.table import Table
+    with reader_may_leave():  # `judge ... | head -1` still exits with the verdict's code
+        if as_json:
+            click.echo(json.dumps(verdict.model_dump(mode="json"), indent=2))
+        elif sys.stdout.isatty():
+            from rich.console import Console
+            from rich.markup import escape
+            from rich.table import Table
 
-        colour = {"good": "green", "bad": "red", "skip": "yellow"}[verdict.kind.value]
-        console = Console()
-        console.print(f"[bold {colour}]{verdict.kind.value.upper()}[/] {escape(verdict.reason)}", markup=True,
-                      highlight=False)
-        table = Table("figure", "value")
-        for name, value in _flat(verdict.figures):
-            table.add_row(escape(name), escape(value))
-        console.print(table)
-    else:
-        click.echo(f"verdict: {verdict.kind.value}")
-        click.echo(f"reason: {verdict.reason}")
-        click.echo(f"trials: {verdict.trials}")
-        for name, value in _flat(verdict.figures):
-            if (name, value) != ("trials", str(verdict.trials)):  # a stats verdict's figures repeat the line above
-                click.echo(f"{name}: {value}")
+            colour = {"good": "green", "bad": "red", "skip": "yellow"}[verdict.kind.value]
+            console = Console()
+            console.print(f"[bold {colour}]{verdict.kind.value.upper()}[/] {escape(verdict.reason)}", markup=True,
+                          highlight=False)
+            table = Table("figure", "value")
+            for name, value in _flat(verdict.figures):
+                table.add_row(escape(name), escape(value))
+            console.print(table)
+        else:
+            click.echo(f"verdict: {verdict.kind.value}")
+            click.echo(f"reason: {verdict.reason}")
+            click.echo(f"trials: {verdict.trials}")
+            for name, value in _flat(verdict.figures):
+                if (name, value) != ("trials", str(verdict.trials)):  # a stats verdict's figures repeat the line above
+                    click.echo(f"{name}: {value}")
     # SystemExit, not click's Exit: click returns Exit codes from main(standalone_mode=False) instead of
     # exiting, and the exit code is this command's answer (the `git bisect run` protocol).
     sys.exit(api.VERDICT_EXIT[verdict.kind])

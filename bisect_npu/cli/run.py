@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Any
 
 import click
 
-from bisect_npu.cli import note_session, started
+from bisect_npu.cli import note_session, reader_may_leave, started
 from bisect_npu.cli.params import FiniteRange
 from bisect_npu.request import FlagKind, RunRequest, choices_of, flags
 
@@ -126,20 +126,22 @@ def request_parts(values: dict[str, Any], request_type: type[RunRequest] = RunRe
 
 def finish(result: Result, as_json: bool) -> None:
     """Print the answer (and a JSON summary as the last line), exit with its code."""
-    click.echo(result.message)
-    reused = json.loads(Path(result.report_json).read_text()).get("reused_verdicts", 0) if result.report_json else 0
-    if reused:
-        click.echo(f"{reused} verdict{'s' if reused != 1 else ''} reused from the store (run fresh with "
-                   "--no-verdict-store)")
-    if result.output_tail:
-        click.echo("its last lines of output:\n" + "\n".join(f"    {line}" for line in result.output_tail.splitlines()))
-    click.echo(f"report: {result.report}")
-    if as_json:
-        summary = {"status": result.status, "exit_code": result.exit_code, "culprit": result.culprit,
-                   "range": list(result.range) if result.range else None, "steps": result.steps,
-                   "session": str(result.session_dir), "report": str(result.report),
-                   "report_json": str(result.report_json)}
-        click.echo(json.dumps(summary))
+    with reader_may_leave():  # the answer's code still, when stdout's reader left
+        click.echo(result.message)
+        reused = json.loads(Path(result.report_json).read_text()).get("reused_verdicts", 0) if result.report_json else 0
+        if reused:
+            click.echo(f"{reused} verdict{'s' if reused != 1 else ''} reused from the store (run fresh with "
+                       "--no-verdict-store)")
+        if result.output_tail:
+            tail = "\n".join(f"    {line}" for line in result.output_tail.splitlines())
+            click.echo(f"its last lines of output:\n{tail}")
+        click.echo(f"report: {result.report}")
+        if as_json:
+            summary = {"status": result.status, "exit_code": result.exit_code, "culprit": result.culprit,
+                       "range": list(result.range) if result.range else None, "steps": result.steps,
+                       "session": str(result.session_dir), "report": str(result.report),
+                       "report_json": str(result.report_json)}
+            click.echo(json.dumps(summary))
     raise SystemExit(result.exit_code)
 
 
@@ -172,11 +174,15 @@ run = run_command()
               help="Session directory (default: the latest).")
 @click.option("--json", "as_json", is_flag=True, help="Print a machine-readable summary as the last line.")
 @click.option("--quiet", is_flag=True, help="Plain log lines even on a terminal.")
-def resume(session_dir: Path | None, as_json: bool, quiet: bool) -> None:
+@click.option("--accept-changed-command", is_flag=True,
+              help="Continue though the --cmd script (or what else the command reads) changed since the session "
+                   "started: a fix of the command that aborted the run, which judges every commit as before.")
+def resume(session_dir: Path | None, as_json: bool, quiet: bool, accept_changed_command: bool) -> None:
     """Continue an interrupted session without redoing a finished step."""
     from bisect_npu import api
 
     if session_dir is not None:
         note_session(session_dir.resolve())  # named in a failure's summary even if resume cannot start
-    finish(api.resume(session_dir, quiet=quiet or as_json, live=True, on_session=started), as_json)
+    finish(api.resume(session_dir, quiet=quiet or as_json, live=True, on_session=started,
+                      accept_changed_command=accept_changed_command), as_json)
 

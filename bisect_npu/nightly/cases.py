@@ -261,6 +261,9 @@ def import_case(raw: dict[str, Any], path: str, case_name: str | None = None,
         found = [c for c in cases if str(c.get("name")) == case_name]
         if not found:
             raise UsageError(f"{path}: no case named {case_name!r}; its cases: {', '.join(names)}")
+        if len(found) > 1:
+            raise UsageError(f"{path}: {len(found)} cases are named {case_name!r}; which one is meant cannot be told: "
+                             "give each case a name of its own")
         case = found[0]
     where = f"{path}::{case.get('name')}"
     if (reason := _refusal_of_case(case, where)) is not None:
@@ -305,7 +308,7 @@ def survey(text: str, path: str) -> FileSurvey:
         raw = read_case_file(text, path)
     except UsageError as exc:
         return FileSurvey(path, [], [str(exc)])
-    names: list[str | None] = list(case_names(raw)) or [None]
+    names: list[str | None] = list(dict.fromkeys(case_names(raw))) or [None]
     if _multi_node_reason(raw, path) is not None:
         names = [None]
     imported, refused = [], []

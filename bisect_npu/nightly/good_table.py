@@ -60,14 +60,26 @@ class Lookup:
     config_yaml: str | None = None
 
 
-def _when(text: str) -> datetime:
+def _when(row: GoodRow, source: str) -> datetime:
+    """A row's time in UTC: the table's own forms or ISO 8601 (`2026-06-14T03:40:00Z`); a time that
+    is none of them is refused (which row is the newest cannot be told); none at all is the oldest."""
+    text = row.time.strip()
+    if not text:
+        return datetime.min
+    parsed = None
     for fmt in _TIME_FORMATS:
         try:
-            parsed = datetime.strptime(text.strip(), fmt)
+            parsed = datetime.strptime(text, fmt)
+            break
         except ValueError:
             continue
-        return parsed.astimezone(UTC).replace(tzinfo=None) if parsed.tzinfo else parsed
-    return datetime.min  # an unreadable time never shadows a real success
+    if parsed is None:
+        try:
+            parsed = datetime.fromisoformat(text)
+        except ValueError:
+            raise UsageError(f"{source}:{row.line}: time {row.time!r} is not a time (write it as the table does, "
+                             "2026-06-14 03:40:00 +08:00, or ISO 8601); fix the row, or pass --good REF") from None
+    return parsed.astimezone(UTC).replace(tzinfo=None) if parsed.tzinfo else parsed
 
 
 def read_rows(text: str, source: str) -> list[GoodRow]:
@@ -131,4 +143,4 @@ def last_good(rows: list[GoodRow], lookup: Lookup, source: str) -> GoodRow:
     if not exact and not legacy:
         raise UsageError(f"{source}: no successful row for {asked} on soc {lookup.soc} matches scene "
                          f"{lookup.scene} (its scenes: {', '.join(sorted({r.scene for r in on_soc}))})")
-    return max(exact or legacy, key=lambda r: _when(r.time))
+    return max(exact or legacy, key=lambda r: _when(r, source))

@@ -263,9 +263,9 @@ class Bisection:
     @classmethod
     def resume(cls, session_dir: Path | None = None, root: Path = DEFAULT_ROOT, progress: Progress | None = None,
                builder: Builder | None = None, executor: Executor | None = None,
-               oracle: Oracle | None = None) -> Bisection:
+               oracle: Oracle | None = None, accept_changed_command: bool = False) -> Bisection:
         return cls(Session.resume(session_dir, root=root, progress=progress, builder=builder, executor=executor,
-                                  oracle=oracle), oracle)
+                                  oracle=oracle, accept_changed_command=accept_changed_command), oracle)
 
     @property
     def session_dir(self) -> Path:

@@ -36,7 +36,7 @@ def ends_wrong(which: Literal["good", "bad"], good: str, bad: str, *, find_fix: 
     name = ("old" if which == "good" else "new") if find_fix else which
     if untested is not None:
         message = (f"precondition failed: the {name} end {ref} could not be tested ({untested}); "
-                   "fix the build or the recipe for that commit, or choose another end")
+                   f"fix the build or the {oracle} for that commit, or choose another end")
     elif find_fix:
         state = "does not show the symptom" if which == "good" else "still shows the symptom"
         message = (f"precondition failed: the {name} end {ref} {state}; with --find-fix the old end must "

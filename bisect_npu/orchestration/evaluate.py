@@ -64,14 +64,17 @@ class StepResult:
     seconds: float = 0.0
 
 
-def command_verdict(result: RunResult, timeout_is: TimeoutIs = "skip", said: str = "") -> Verdict:
+def command_verdict(result: RunResult, timeout_is: TimeoutIs = "skip", said: str = "",
+                    timeout_s: float | None = None) -> Verdict:
     """Map a user command's exit status to a verdict (the `git bisect run` protocol); a run past
     --timeout is `timeout_is` (skip unless the regression is a hang). `said` is the reason line the
     command wrote, quoted when it aborts the run."""
     code = result.returncode
     figures = {"exit_code": code, "log": result.log_path}
     if result.timed_out:
-        return Verdict(kind=VerdictKind(timeout_is), reason=f"command timed out after {result.seconds:.0f}s"
+        limit = f"ran past --timeout {timeout_s:g}s (stopped after {result.seconds:.0f}s)" if timeout_s else \
+            f"timed out after {result.seconds:.0f}s"
+        return Verdict(kind=VerdictKind(timeout_is), reason=f"command {limit}"
                        f"{TIMEOUT_IS_BAD_NOTE if timeout_is == 'bad' else ''}", figures=figures)
     if code == 0:
         return Verdict(kind=VerdictKind.GOOD, reason="command exited 0", figures=figures)
@@ -81,7 +84,8 @@ def command_verdict(result: RunResult, timeout_is: TimeoutIs = "skip", said: str
         return Verdict(kind=VerdictKind.BAD, reason=f"command exited {code}", figures=figures)
     raise InfrastructureError(f"command exited {code} (above 127, or killed by a signal): aborting as "
                               f"`git bisect run` does{f' ({said})' if said else ''}; see {result.log_path}, "
-                              "fix it, then `bisect-npu resume`")
+                              "fix it, then `bisect-npu resume` (with --accept-changed-command where the fix "
+                              "changed the command's script)")
 
 
 REASON_FILE_ENV = "BISECT_NPU_REASON_FILE"  # a command may write its verdict's reason there, one line
@@ -232,7 +236,7 @@ class Evaluator:
                                                {"BISECT_NPU_COMMIT": commit, "BISECT_NPU_TRIAL": str(trial),
                                                 REASON_FILE_ENV: str(reason_path)})
             said = command_reason(reason_path)
-            verdict = with_command_reason(command_verdict(result, self.timeout_is, said), said)
+            verdict = with_command_reason(command_verdict(result, self.timeout_is, said, self.timeout_s), said)
             record = TrialRun(case_id=COMMAND_CASE, trial=trial, seconds=result.seconds,
                               log=self.rel(result.log_path) or "", outcome=verdict.kind, reason=verdict.reason)
             request.report(record)

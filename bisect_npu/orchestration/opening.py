@@ -1,12 +1,14 @@
 """Opening a session: a new one is checked before anything is made (`preflight`) and its journal
 header written; an interrupted one is read from its journal and refused where its recipe or command
-changed since it started, or its unit tests were judged by other verdict rules. Either way the
+changed since it started, or its unit tests were judged by other verdict rules; a request given again
+for an existing session is refused where it asks another run (`request_difference`). Either way the
 evaluator is made and what a killed earlier process of the session left running is stopped before
 anything runs."""
 
 from __future__ import annotations
 
 import shlex
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -15,6 +17,7 @@ import git
 from bisect_npu import __version__
 from bisect_npu.builders.base import Builder
 from bisect_npu.builders.unit_tests import rules_refusal
+from bisect_npu.defaults import LAST_GOOD
 from bisect_npu.errors import UsageError
 from bisect_npu.execute.base import Executor
 from bisect_npu.execute.host import host_changes
@@ -31,6 +34,7 @@ from bisect_npu.progress import PlainProgress, Progress
 from bisect_npu.recipe.loader import load_recipe
 from bisect_npu.recipe.schema import Recipe
 from bisect_npu.records import JOURNAL_SCHEMA_VERSION, EarlierRunsCounts, HeaderRecord
+from bisect_npu.request import RunRequest, flagged_fields
 from bisect_npu.upstream import history
 
 
@@ -84,8 +88,10 @@ def open_new(spec: SessionSpec, session_dir: Path | None = None, root: Path = DE
 
 def open_journal(session_dir: Path | None = None, root: Path = DEFAULT_ROOT, progress: Progress | None = None,
                  builder: Builder | None = None, executor: Executor | None = None,
-                 oracle: Oracle | None = None) -> Opened:
-    """Open an interrupted session (the newest under `root` by default) from its journal."""
+                 oracle: Oracle | None = None, accept_changed_command: bool = False) -> Opened:
+    """Open an interrupted session (the newest under `root` by default) from its journal.
+    `accept_changed_command`: the user vouches that what the command sees changed without changing
+    its verdicts (a fix of the command that aborted the run)."""
     session_dir = (session_dir or latest_session(root)).resolve()
     journal = Journal.open(session_dir)
     header = journal.header
@@ -101,12 +107,16 @@ def open_journal(session_dir: Path | None = None, root: Path = DEFAULT_ROOT, pro
     if spec.judge.unit_tests and (refusal := rules_refusal(spec.judge.command or [])):
         journal.close()
         raise UsageError(refusal)
-    if changed := command_changed(spec, journal.header.command_oracle):
+    changed = command_changed(spec, journal.header.command_oracle)
+    if changed and not accept_changed_command:
         journal.close()
         raise UsageError(f"command {shlex.join(spec.judge.command or [])!r} changed since the session started "
                          f"({', '.join(changed)}); start a new session with `bisect-npu run` (results would mix "
-                         "two oracles)")
+                         "two oracles), or, where the change fixes what aborted the run and judges every commit as "
+                         f"before, `bisect-npu resume --session {session_dir} --accept-changed-command`")
     progress = progress or PlainProgress()
+    if changed:
+        progress.note(f"resuming with the command changed ({', '.join(changed)}), as --accept-changed-command asks")
     try:
         reuse = open_verdict_reuse(spec, recipe, session_dir, store_reference(recipe, journal.header.range.base),
                                    progress)
@@ -144,3 +154,114 @@ def _github_of(spec: SessionSpec, recipe: Recipe | None, repo: git.Repo | None) 
         dependency = next((d for d in declared_dependencies(spec, recipe) if d.name == held.dependency), None)
         found = history.github_base(dependency.url) if dependency is not None and dependency.url else None
     return found
+
+
+# Request fields that change where and how fast candidates run, not what a commit's run shows:
+# a session asked again with other values of these is the same run.
+NOT_IDENTITY = frozenset({"ray_address", "devices", "slots", "workdir", "prefetch", "cache_size_gb", "verdict_store"})
+# Fields settled at the start (a path made absolute, a ref resolved, the recipe's mode): compared
+# as settled below, not as written.
+_SETTLED = frozenset({"repo", "good", "bad", "recipe", "command", "mode", "unit_test_from"})
+
+Fact = tuple[str, object, object]  # (what, the session's, the request's)
+
+
+def first_difference(facts: Iterable[Fact]) -> str | None:
+    """The first fact whose two values differ, as a phrase naming both; None: the same run."""
+    for what, kept, asked in facts:
+        if kept != asked:
+            return f"its {what} is {_shown(kept)}, this request's {_shown(asked)}"
+    return None
+
+
+def refuse_other_request(kind: str, session_dir: Path, difference: str, resume: str) -> UsageError:
+    """The one-line refusal of a request given for a session that ran another: the difference and
+    the two ways on (`resume`: what continues the session as it was)."""
+    return UsageError(f"{kind} {session_dir} is another run: {difference}; continue it as it was with {resume}, or "
+                      "start a new session (another --session, or none)")
+
+
+def check_same_request(session_dir: Path, asked: RunRequest, python_oracle: str | None = None) -> None:
+    """A request given for a session that exists already must be the run it holds: else the
+    one-line refusal, before anything of the session is opened."""
+    journal = Journal.open(session_dir, read_only=True)
+    if difference := request_difference(journal.header, asked, python_oracle):
+        raise refuse_other_request("session", session_dir, difference, f"`bisect-npu resume --session {session_dir}`")
+
+
+def request_difference(header: HeaderRecord, asked: RunRequest, python_oracle: str | None = None) -> str | None:
+    """What makes `asked` another run than the session `header` opens, or None: its whole request
+    (the repository, the ends as resolved commits, the oracle, the level and every option that
+    changes what a run shows), compared as the session settled its own."""
+    return first_difference(_facts(header, asked, python_oracle))
+
+
+def _facts(header: HeaderRecord, asked: RunRequest, python_oracle: str | None) -> Iterator[Fact]:
+    kept = header.request
+    yield "repository", kept.range.repo, _settled_repo(asked.range.repo)
+    yield "--package", kept.range.package, asked.range.package
+    repo = history.open_repo(asked.range.repo) if asked.range.repo and asked.range.package is None else None
+    yield "good end", *_end(header.range.good_ref, header.range.good, asked.range.good, repo)
+    yield "bad end", *_end(header.range.bad_ref, header.range.bad, asked.range.bad, repo)
+    recipe = load_recipe(asked.judge.recipe) if asked.judge.recipe else None
+    yield "oracle", _kept_oracle(header), _asked_oracle(asked, recipe, python_oracle)
+    settled_mode = kept.search.mode if asked.judge.nightly_case else (recipe.trials.mode if recipe else "exact")
+    yield "mode", kept.search.mode, asked.search.mode or settled_mode
+    yield "--unit-test-from", kept.judge.unit_test_from, (
+        history.resolve_ref(repo, asked.judge.unit_test_from) if repo is not None and asked.judge.unit_test_from
+        else asked.judge.unit_test_from)
+    yield "level", header.level.model_dump(), SessionSpec.of(asked).level.model_dump()
+    for part, name, _info, flag, value in flagged_fields(asked):
+        if name not in NOT_IDENTITY and name not in _SETTLED:
+            yield flag.name, getattr(getattr(kept, part), name), value
+
+
+def _settled_repo(repo: str | None) -> str | None:
+    """A repository as the journal header keeps it: a clone's work tree, or the URL."""
+    if repo is None or history.is_url(repo):
+        return repo
+    opened = history.open_repo(repo)
+    return str(opened.working_tree_dir or opened.git_dir)
+
+
+def _end(kept_ref: str, kept_sha: str, asked: str, repo: git.Repo | None) -> tuple[str, str]:
+    """An end as the commit it names (as written where the session did not resolve it to one:
+    `last-good`, a release)."""
+    if repo is None or kept_ref == LAST_GOOD or asked == LAST_GOOD:
+        return kept_ref, asked
+    return kept_sha, history.resolve_ref(repo, asked)
+
+
+def _kept_oracle(header: HeaderRecord) -> str:
+    judge = header.request.judge
+    if header.context.python_oracle:
+        return f"callable {header.context.python_oracle}"
+    if judge.unit_tests:
+        return f"unit tests {' '.join(judge.unit_tests)}"
+    if judge.nightly_case:
+        return f"nightly case {judge.nightly_case}"
+    if judge.recipe:
+        return f"recipe {judge.recipe} ({(header.recipe_digest or '')[:12]})"
+    return f"command {shlex.join(judge.command or [])}"
+
+
+def _asked_oracle(asked: RunRequest, recipe: Recipe | None, python_oracle: str | None) -> str:
+    judge = asked.judge
+    if python_oracle:
+        return f"callable {python_oracle}"
+    if judge.unit_tests:
+        return f"unit tests {' '.join(judge.unit_tests)}"
+    if judge.nightly_case:
+        return f"nightly case {judge.nightly_case}"
+    if judge.recipe and recipe is not None:
+        path = Path(judge.recipe)
+        return f"recipe {path.resolve() if path.exists() else judge.recipe} ({recipe.digest()[:12]})"
+    return f"command {shlex.join(judge.command or [])}"
+
+
+def _shown(value: object) -> str:
+    if value is None:
+        return "unset"
+    if isinstance(value, str) and len(value) == 40 and all(c in "0123456789abcdef" for c in value):
+        return value[:12]
+    return repr(value) if not isinstance(value, str) else value

@@ -40,9 +40,12 @@ from bisect_npu.orchestration.session_spec import (
     earlier_runs_spec,
 )
 from bisect_npu.orchestration.verdict_reuse import resolve_last_good
+from bisect_npu.probe.harness import HarnessError
+from bisect_npu.probe.harness.dataset import indexed_rows, is_jsonl
 from bisect_npu.recipe.check import check_recipe_at_ends, check_support, range_ends
 from bisect_npu.recipe.loader import load_recipe
 from bisect_npu.recipe.schema import EarlierRunsSpec, Recipe
+from bisect_npu.recipe.settings import differences_from_settings, parse_assignment
 from bisect_npu.records import CandidateRange
 from bisect_npu.upstream import history, versions
 from bisect_npu.upstream.versions import tag_for_version
@@ -68,6 +71,7 @@ def check_run(spec: SessionSpec, host_root: Path = Path("/")) -> RunInputs:
     """Resolve and check everything that can be wrong before the journal is created; settles
     `options` in place (the mode, and absolute paths: resume may start elsewhere). `host_root` is
     where the NPU device and driver files are looked up (a directory of fake ones in a test)."""
+    check_good_table_options(spec)
     nightly_note = settle_nightly(spec) if spec.judge.nightly_case or spec.range.good_table else None
     # --unit-test's runner is the command once settled: a later level's session starts with both.
     oracle_command = None if spec.judge.unit_tests else spec.judge.command
@@ -80,6 +84,9 @@ def check_run(spec: SessionSpec, host_root: Path = Path("/")) -> RunInputs:
     if spec.search.settings and spec.executor.executor == "ray":
         raise UsageError(f"--settings with {RAY_REFUSED}")
     recipe = load_recipe(spec.judge.recipe) if spec.judge.recipe else None
+    if recipe is not None and recipe.accuracy is not None:
+        check_accuracy_options(spec)
+        check_dataset_ids(recipe)
     if spec.executor.executor == "ray":
         settle_ray_slots(spec, recipe.cards_per_run() if recipe else 1)
     else:
@@ -104,7 +111,15 @@ def check_run(spec: SessionSpec, host_root: Path = Path("/")) -> RunInputs:
             raise UsageError("--good last-good picks a commit of --repo; with --package name the good release")
         spec.range.good, last_good_note = resolve_last_good(spec, recipe, repo)
     check_dependency_options(spec, recipe)
-    candidates_range = resolve_candidates(spec, repo)
+    check_settings(spec, recipe)
+    try:
+        candidates_range = resolve_candidates(spec, repo)
+    except UsageError:
+        if spec.range.good_table is None or not last_good_note:
+            raise
+        raise UsageError(f"--good-table's newest successful row gives {spec.range.good[:12]}, which is not older than "
+                         f"--bad {spec.range.bad}: the table says the bad end passed the nightly; give an older --bad, "
+                         "or a --good ref instead of the table's row") from None
     if last_good_note:
         candidates_range = candidates_range.model_copy(update={"good_ref": LAST_GOOD})
     if held_of(spec.level) is not None:  # a dependency level: its clone is not the upstream the checks below are for
@@ -132,6 +147,62 @@ def check_run(spec: SessionSpec, host_root: Path = Path("/")) -> RunInputs:
         spec.executor.workdir = str(Path(spec.executor.workdir).resolve())  # resume may start elsewhere
         check_workdir(Path(spec.executor.workdir))
     return RunInputs(recipe, repo, earlier_runs, candidates_range, last_good_note)
+
+
+# --good-table's row options: each picks a row of the table, so each needs it.
+_ROW_OPTIONS = {"case_name": "--name", "config_yaml": "--config-yaml", "soc": "--soc", "frequency": "--frequency"}
+
+
+def check_good_table_options(spec: SessionSpec) -> None:
+    """--name, --config-yaml, --soc, --frequency and --scene pick --good-table's row: without the
+    table they would do nothing."""
+    if spec.range.good_table is not None:
+        return
+    given = [option for name, option in _ROW_OPTIONS.items() if getattr(spec.range, name) is not None]
+    given += ["--scene"] if spec.range.scene != "single_node" else []
+    if given:
+        raise UsageError(f"{', '.join(given)} pick{'s' if len(given) == 1 else ''} a row of --good-table: add "
+                         "--good-table FILE (with --good last-good), or drop "
+                         f"{'it' if len(given) == 1 else 'them'}")
+
+
+def check_accuracy_options(spec: SessionSpec) -> None:
+    """An accuracy recipe's own sequential test decides each step: noisy mode's options cannot act."""
+    if spec.search.mode == "noisy" or spec.search.earlier_runs or spec.search.confidence is not None:
+        given = [option for option, value in (("--mode noisy", spec.search.mode == "noisy"),
+                                              ("--earlier-runs", bool(spec.search.earlier_runs)),
+                                              ("--confidence", spec.search.confidence is not None)) if value]
+        raise UsageError(f"{', '.join(given)}: an accuracy recipe is not searched in noisy mode (its own sequential "
+                         "test decides each step: accuracy.repeats, accuracy.max_rounds); drop "
+                         f"{'it' if len(given) == 1 else 'them'}")
+
+
+def check_dataset_ids(recipe: Recipe) -> None:
+    """An accuracy recipe's JSONL dataset, where this host can read it: each sample an id of its own."""
+    assert recipe.accuracy is not None
+    path = str(recipe.accuracy.dataset_path(recipe.source))
+    if is_jsonl(path):
+        try:
+            indexed_rows(path)
+        except HarnessError as exc:
+            raise UsageError(str(exc)) from None
+
+
+def check_settings(spec: SessionSpec, recipe: Recipe | None) -> None:
+    """--settings: each KEY=VALUE checked now as `settings --good-set` checks it (under its own name),
+    not after the whole commit search."""
+    if not spec.search.settings:
+        return
+    if recipe is None:
+        raise UsageError("--settings searches which of a recipe's settings the culprit needs: give --recipe or "
+                         "--nightly-case, or drop --settings")
+    good: dict[str, object] = {}
+    for text in spec.search.settings:
+        key, value = parse_assignment(text, "--settings")
+        if key in good:
+            raise UsageError(f"--settings {key} is given twice; give each key once")
+        good[key] = value
+    differences_from_settings(recipe, good, "--settings")
 
 
 def check_image_options(spec: SessionSpec) -> None:

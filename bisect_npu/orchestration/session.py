@@ -87,9 +87,9 @@ class Session:
     @classmethod
     def resume(cls, session_dir: Path | None = None, root: Path = DEFAULT_ROOT, progress: Progress | None = None,
                builder: Builder | None = None, executor: Executor | None = None,
-               oracle: Oracle | None = None) -> Session:
+               oracle: Oracle | None = None, accept_changed_command: bool = False) -> Session:
         """An interrupted session, from its journal (`opening.open_journal`)."""
-        return cls._of(open_journal(session_dir, root, progress, builder, executor, oracle))
+        return cls._of(open_journal(session_dir, root, progress, builder, executor, oracle, accept_changed_command))
 
     # -- what the search is asked -----------------------------------------------------------------
 

@@ -25,10 +25,12 @@ from bisect_npu.contracts import Observation, Verdict, VerdictKind
 from bisect_npu.errors import UsageError
 from bisect_npu.execute.base import Executor
 from bisect_npu.execute.host import recipe_for_host
+from bisect_npu.journal import JOURNAL_FILE
 from bisect_npu.level import SettingsLevel
 from bisect_npu.orchestration import end_messages
 from bisect_npu.orchestration.environments import load_golden, make_environment, session_evaluator
 from bisect_npu.orchestration.evaluate import EvaluationRequest, Evaluator, StepResult
+from bisect_npu.orchestration.opening import Fact, first_difference, refuse_other_request
 from bisect_npu.orchestration.preflight import RAY_REFUSED
 from bisect_npu.orchestration.result import EXIT_ENDS_WRONG, EXIT_FOUND
 from bisect_npu.orchestration.session_spec import SessionSpec, check_dependency_options
@@ -44,6 +46,7 @@ from bisect_npu.recipe.settings import (
     differences_from_settings,
     parse_assignment,
     show,
+    value_of,
 )
 from bisect_npu.records import BuildInfo, HeaderRecord, TrialRun
 from bisect_npu.request import RangeSpec, RunRequest
@@ -127,6 +130,14 @@ def settings_request(question: SettingsQuestion, fields: Mapping[str, Any]) -> t
                                       "bad": question.ref})
 
 
+def settings_facts(header: SettingsHeader, request: RunRequest) -> list[Fact]:
+    """What makes a settings search another one, as `opening.first_difference` compares: its
+    repository and the commit it runs at (`request`: `settings_request`'s, at the question's commit)."""
+    repo = str(Path(request.range.repo or ".").resolve())
+    return [("repository", header.request.range.repo, repo),
+            ("commit", header.commit, history.resolve_ref(history.open_repo(repo), request.range.bad))]
+
+
 def good_end_of(header: HeaderRecord) -> str | None:
     """A commit session's good end, as a settings search's reference commit: none for a search
     for a fix (its old end has the symptom) or over published versions (no commit of the repository)."""
@@ -143,6 +154,18 @@ def parse_vary(text: str) -> tuple[str, list[Any]]:
     return key, parsed
 
 
+def check_vary_values(recipe: Recipe, key: str, values: Sequence[Any]) -> None:
+    """--vary's values each differ from the recipe's (the bad case, which the search runs anyway)
+    and from each other: a configuration is not run twice."""
+    bad = value_of(recipe, key)
+    if bad in values:
+        raise UsageError(f"--vary {key}: {show(bad)} is the recipe's own value (the bad case, which the search runs "
+                         "anyway); give only values that differ from it")
+    shown = [show(v) for v in values]
+    if len(set(shown)) != len(shown):
+        raise UsageError(f"--vary {key}: a value is given twice ({', '.join(shown)}); give each once")
+
+
 def plan_differences(recipe: Recipe, request: SettingsQuestion) -> tuple[list[Difference], dict[str, list[Any]]]:
     """The differing keys (in the search's order) and the --vary keys' further values."""
     good: dict[str, Any] = {}
@@ -150,6 +173,7 @@ def plan_differences(recipe: Recipe, request: SettingsQuestion) -> tuple[list[Di
     for text in request.vary:  # the open questions first: the keys the user suspects
         key, values = parse_vary(text)
         check_key(recipe, key, "--vary")
+        check_vary_values(recipe, key, values)
         if key in good:
             raise UsageError(f"--vary {key} is given twice; give each key once")
         good[key] = values[0]
@@ -248,8 +272,15 @@ class SettingsSearch:
         progress = progress or PlainProgress()
         session_dir = session_dir.resolve()
         recipe = load_recipe(recipe_name)
+        if (session_dir / JOURNAL_FILE).exists() and not SettingsJournal.exists(session_dir):
+            raise UsageError(f"{session_dir} is a commit search's session, not a settings search's; search at its "
+                             f"culprit with `bisect-npu settings --after {session_dir}`")
         if SettingsJournal.exists(session_dir):
             journal = SettingsJournal.open(session_dir)
+            if difference := first_difference(settings_facts(journal.header, request)):
+                journal.close()
+                raise refuse_other_request("settings search", session_dir, difference, "the `bisect-npu settings` "
+                                           f"command that started it, with --session {session_dir}")
             if journal.header.recipe_digest != recipe.digest():
                 journal.close()
                 raise UsageError(f"recipe {recipe_name} changed since settings search {session_dir} started; "

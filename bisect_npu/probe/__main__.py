@@ -6,7 +6,8 @@ its trial finishes; exit 0 once all are written. Exit 3 when the engine could no
 trial raised (the host turns that into a ``skip``; the last lines of stderr explain why): the
 observations written before stay, the later trials are not run. Exit 4 (``HARNESS_FAILED_EXIT``)
 when an accuracy harness failed (missing, exited non-zero, wrote nothing or nonsense, a missing
-or empty dataset): the host stops the run as an infrastructure error. Exit 2: usage errors.
+or empty dataset) or another process answers on the server's port (``ports.PortHeld``): the
+host stops the run as an infrastructure error. Exit 2: usage errors.
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ from typing import Any
 
 from .backends import ProbeBackend, UnknownBackend, load_backend
 from .harness import HARNESS_FAILED_EXIT, HarnessError
+from .ports import PortHeld
 from .request import read_request, trial_requests, write_json_atomic
 
 
@@ -65,10 +67,13 @@ def _run_batch(backend: ProbeBackend, trials: list[dict[str, Any]]) -> int:
 
 def _failed(exc: Exception) -> int:
     """The exit code of a trial or engine start that raised, its cause on stderr: a failed accuracy
-    harness stops the run (4); anything else is a skip whose reason the host reads from the
-    traceback's last lines (3)."""
+    harness or a port another process answers on stops the run (4); anything else is a skip whose
+    reason the host reads from the traceback's last lines (3)."""
     if isinstance(exc, HarnessError):
         print(f"accuracy harness failed: {exc}", file=sys.stderr)
+        return HARNESS_FAILED_EXIT
+    if isinstance(exc, PortHeld):
+        print(exc, file=sys.stderr)
         return HARNESS_FAILED_EXIT
     traceback.print_exc()  # called inside the except block: the exception being handled
     return 3

@@ -61,8 +61,10 @@ def parse_assignment(text: str, option: str) -> tuple[str, Any]:
     key, sep, raw = text.partition("=")
     if not sep or not key.strip():
         raise UsageError(f"{option} {text!r}: write KEY=VALUE, e.g. {option} engine.args.async_scheduling=false")
+    if not raw.strip():
+        raise UsageError(f"{option} {text!r}: give a value after `=` ({key.strip()}=null unsets the key)")
     try:
-        value = yaml.safe_load(raw) if raw.strip() else None
+        value = yaml.safe_load(raw)
     except yaml.YAMLError:
         value = raw
     return key.strip(), value

@@ -119,6 +119,10 @@ def resolve_ref(repo: git.Repo, ref: str) -> str:
     """
     if not ref or ref.startswith("-"):
         raise UsageError(f"invalid ref {ref!r}; pass a tag, branch or commit sha")
+    tag, branch = _rev_parse_commit(repo, f"refs/tags/{ref}"), _rev_parse_commit(repo, f"refs/heads/{ref}")
+    if tag and branch and tag != branch:
+        raise UsageError(f"ref {ref} is both a tag ({tag[:12]}) and a branch ({branch[:12]}); pass tags/{ref} or "
+                         f"heads/{ref}")
     sha = _rev_parse_commit(repo, ref)
     if sha:
         return sha

@@ -36,6 +36,7 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 from ..accuracy import check_inputs, run_accuracy
+from ..ports import check_own_listener, free_port, holder, port_is_free
 from ..trials import (
     NEUTRAL_PENALTY,
     Stopwatch,
@@ -150,6 +151,7 @@ class Server:
             try:
                 with urllib.request.urlopen(self.base + "/health", timeout=5) as response:
                     if response.status == 200:
+                        check_own_listener(self.port, self.proc.pid)  # not a server already listening there
                         return clock.seconds()
             except (urllib.error.URLError, ConnectionError, TimeoutError, http.client.HTTPException):
                 pass
@@ -407,9 +409,14 @@ class ServerEngine(TrialCounter):
             check_inputs(request)
         engine = request.get("engine", {})
         self.versions = engine_versions()
+        port = int(engine.get("port", 8000))
+        if not port_is_free(HOST, port):  # another process's: the candidate's server gets a port of its own
+            held, port = port, free_port(HOST)
+            print(f"port {held} is held by {holder(held)}: the server listens on {port}", file=sys.stderr)
+            request = {**request, "engine": {**engine, "port": port}}
         self.argv = server_argv(request)
         self.log_path = engine.get("server_log") or (os.path.splitext(request["output"])[0] + ".server.log")
-        self.server = Server(self.argv, self.log_path, int(engine.get("port", 8000)))
+        self.server = Server(self.argv, self.log_path, port)
         try:
             self.load_s = self.server.start(float(engine.get("startup_timeout_s", 600.0)))
             self.model_id = self.server.model_id()

@@ -38,6 +38,19 @@ def read_rows(path: str) -> list[dict[str, Any]]:
     return rows
 
 
+def indexed_rows(path: str) -> list[tuple[str, dict[str, Any]]]:
+    """The dataset's samples with their ids; HarnessError for an id two samples share (their outcomes
+    would be pooled as one sample's runs)."""
+    indexed = [(sample_id(row, index), row) for index, row in enumerate(read_rows(path))]
+    first: dict[str, int] = {}
+    for position, (sid, _row) in enumerate(indexed, start=1):
+        if sid in first:
+            raise HarnessError(f"the dataset {path} has sample id {sid!r} twice (samples {first[sid]} and {position}): "
+                               "their outcomes would be pooled as one sample's; give each sample its own id")
+        first[sid] = position
+    return indexed
+
+
 def is_jsonl(path: str) -> bool:
     return os.path.isfile(path) and path.endswith((".jsonl", ".json"))
 
@@ -59,8 +72,7 @@ def select(dataset: str, sample_ids: list[str] | None, limit: int | None,
     check_exists(dataset)
     if not is_jsonl(dataset):
         return dataset, None
-    rows = read_rows(dataset)
-    indexed = [(sample_id(row, index), row) for index, row in enumerate(rows)]
+    indexed = indexed_rows(dataset)
     if limit is not None:
         indexed = indexed[:limit]
     if sample_ids is not None:

@@ -297,6 +297,13 @@ class TrialsSpec(StrictModel):
         None, description="a trial past --timeout makes its commit `bad` (the regression is a hang) or `skip`; "
                           "unset: skip (a timeout is more often a slow host than the regression); "
                           "--timeout-is overrides")
+    retries: int | None = Field(None, strict=True, ge=0, le=20,
+                                description="runs again a probe run that failed on the host (the engine did "
+                                            "not start, was killed, or the harness lost the server) this many "
+                                            "times before its trial is a skip; unset: 3 (--retries overrides)")
+    retry_backoff_s: float = Field(10.0, ge=0, le=COST_MAX_S,
+                                   description="seconds before the first retry, doubled for each next one "
+                                               "(at most 300)")
     batch: bool = Field(True, description="a case's trials at one commit share one engine start (one probe run); "
                                           "false: a fresh engine per trial")
     load_cost: Literal["auto"] | Annotated[float, Field(ge=0, le=COST_MAX_S)] = Field(

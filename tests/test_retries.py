@@ -100,6 +100,10 @@ def test_a_flaky_host_costs_retries_not_the_answer_and_resumes_inside_a_retry(de
     steps = [r for r in entries if r["type"] == "step"]
     assert all(s["verdict"]["kind"] != "skip" for s in steps)  # no step lost to the host
     assert sum(len(s["retries"]) for s in steps) == len(retries)  # each attempt counted at its step
+    summary = json.loads((session / "report.json").read_text())
+    assert sum(step["retries"] for step in summary["steps"]) == len(retries)
+    assert {cause for step in summary["steps"] for cause in step["host_failures"]} == {r["cause"] for r in retries}
+    assert "retried: the card was still busy: RuntimeError: NPU device busy" in (session / "report.md").read_text()
     judged = Counter((t["index"], t["case_id"], t["trial"]) for t in entries if t["type"] == "trial"
                      and t.get("observation"))
     assert set(judged.values()) == {1}  # no trial ran twice across the interrupt

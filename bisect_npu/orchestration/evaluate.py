@@ -510,7 +510,18 @@ def accuracy_request(recipe: Recipe, sample_ids: Sequence[str] | None) -> dict[s
                "sample_ids": None if sample_ids is None else list(sample_ids)}
     for section, key, path in _config_files(recipe):
         request[section][key] = str(path)
+    if request.get("command"):
+        request["command"]["argv"] = [str(_beside_recipe(recipe, word) or word) for word in request["command"]["argv"]]
     return request
+
+
+def _beside_recipe(recipe: Recipe, word: str) -> Path | None:
+    """A command harness's word that names a file relative to the recipe (`my_eval.py`), as a path
+    resolved against the recipe's directory as the dataset is; None for any other word."""
+    if "{" in word or Path(word).is_absolute() or not recipe.source or recipe.source.startswith("<"):
+        return None
+    path = Path(recipe.source).resolve().parent / word
+    return path if path.is_file() else None
 
 
 def _config_files(recipe: Recipe) -> list[tuple[str, str, Path]]:
@@ -526,10 +537,13 @@ def _config_files(recipe: Recipe) -> list[tuple[str, str, Path]]:
 
 def accuracy_inputs(recipe: Recipe) -> list[Path]:
     """The host files an accuracy trial reads besides the server (the dataset, a task YAML or a
-    dataset config given as a file), those that exist here: a container gets them at the same path."""
+    dataset config given as a file, a command harness's own files), those that exist here: a
+    container gets them at the same path."""
     if recipe.accuracy is None:
         return []
-    paths = [recipe.accuracy.dataset_path(recipe.source), *(path for _, _, path in _config_files(recipe))]
+    programs = recipe.accuracy.command.argv if recipe.accuracy.command else []
+    paths = [recipe.accuracy.dataset_path(recipe.source), *(path for _, _, path in _config_files(recipe)),
+             *filter(None, (_beside_recipe(recipe, word) for word in programs))]
     return [path for path in paths if path.exists()]
 
 

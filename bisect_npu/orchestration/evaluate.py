@@ -21,8 +21,10 @@ from bisect_npu.errors import InfrastructureError
 from bisect_npu.execute.base import Executor, RunResult, observation_path, probe_log_path, probe_stem, run_node_path
 from bisect_npu.execute.card_memory import CardWait
 from bisect_npu.orchestration.accuracy import AccuracySteps, load_from, role_of
+from bisect_npu.orchestration.earlier_results import Earlier, control_ids, disagreement, earlier_for
 from bisect_npu.orchestration.infrastructure import InfrastructureFailure, RetryPolicy, classify_run
 from bisect_npu.probe.harness import HARNESS_FAILED_EXIT
+from bisect_npu.probe.request import write_json_atomic
 from bisect_npu.recipe.schema import CaseSpec, Recipe
 from bisect_npu.records import COMMAND_CASE, BuildInfo, RetryRun, TrialRun
 
@@ -276,19 +278,76 @@ class Evaluator:
         return bool(self.recipe and self.recipe.trials.batch and not self.recipe.capture.layers)
 
     def _run_accuracy(self, request: EvaluationRequest, env: Environment) -> tuple[list[TrialRun], Verdict]:
-        """An accuracy step: rounds (one trial each) until the oracle is clear (orchestration/accuracy.py)."""
+        """An accuracy step: rounds (one trial each) until the oracle is clear (orchestration/accuracy.py);
+        at an end with earlier results, their control share first (orchestration/earlier_results.py)."""
         assert self.accuracy is not None and self.recipe is not None
         case = self.recipe.cases[0]
+        role = role_of(request.as_reference, request.as_bad_end)
 
         def run_round(trial: int, sample_ids: Sequence[str] | None) -> TrialRun:
             return self._run_group(request, env, case, [trial], sample_ids)[0]
 
-        records, verdict = self.accuracy.step(request.commit, role_of(request.as_reference, request.as_bad_end),
-                                              request.done, run_round, request.first_trial,
+        earlier = earlier_for(self.recipe, role, request.commit)
+        before: list[TrialRun] = []
+        done, first, aside = list(request.done), request.first_trial, ""
+        if earlier is not None and earlier.samples is not None:
+            taken, aside = self._from_earlier(request, earlier, run_round)
+            if isinstance(taken, tuple):
+                return taken
+            before = [taken]
+            done, first = done[1:], taken.trial + 1
+        elif earlier is not None:
+            aside = f"earlier results {earlier.source} set aside: {earlier.why_not}"
+        records, verdict = self.accuracy.step(request.commit, role, done, run_round, first,
                                               load_from(self.session_dir))
+        if aside:
+            verdict = verdict.model_copy(update={"reason": f"{verdict.reason} ({aside}; the whole dataset ran)"})
         if request.as_reference:
             self.reference = self.accuracy.good_end
-        return records, verdict
+        return before + records, verdict
+
+    def _from_earlier(self, request: EvaluationRequest, earlier: Earlier,
+                      run_round: Callable[[int, Sequence[str] | None], TrialRun],
+                      ) -> tuple[tuple[list[TrialRun], Verdict] | TrialRun, str]:
+        """The end judged from its earlier results once the control share agrees: (records,
+        verdict); else the control round's record (the step goes on over the whole dataset) and why."""
+        assert self.accuracy is not None and self.recipe is not None and self.recipe.accuracy is not None
+        settings = self.recipe.accuracy.earlier_results
+        assert settings is not None and earlier.samples is not None
+        role = role_of(request.as_reference, request.as_bad_end)
+        wanted = control_ids([s.id for s in earlier.samples], settings.control_share, request.commit)
+        load = load_from(self.session_dir)
+        reused = request.done[0] if request.done and request.done[0].observation and \
+            [s.id for s in load(request.done[0].observation).samples or []] == wanted else None
+        control = reused or run_round(request.first_trial, wanted)
+        if not control.observation:
+            return ([control], Verdict(kind=VerdictKind.SKIP, reason=control.reason or "the control round wrote no "
+                                       "observation", trials=1)), ""
+        checked = load(control.observation)
+        differ, of = disagreement(earlier.samples, checked.samples or [])
+        if differ > settings.max_disagreement * of:
+            return control, (f"earlier results {earlier.source} set aside: {differ} of {of} control samples came out "
+                             "otherwise here")
+        kept = request.done[1] if reused is not None and len(request.done) > 1 else None
+        if kept is None or not kept.observation:
+            path = self.step_dir(request.commit).resolve() / f"earlier-{role}.json"
+            observation = Observation(commit=request.commit, recipe=self.recipe.name, case_id=control.case_id,
+                                      trial=control.trial + 1, samples=earlier.samples,
+                                      extra={"earlier_results": earlier.source, "samples_run": 0})
+            path.parent.mkdir(parents=True, exist_ok=True)
+            write_json_atomic(str(path), observation.model_dump(mode="json"))
+            kept = TrialRun(case_id=control.case_id, trial=control.trial + 1, observation=self.rel(path),
+                            reason=f"earlier results {earlier.source}")
+            request.report(kept)
+        assert kept.observation is not None
+        observations = [load(kept.observation), checked]
+        verdict = self.accuracy.judge(observations, role, final=True)
+        self.accuracy.remember(role, observations)
+        if request.as_reference:
+            self.reference = observations
+        reason = (f"from the earlier results {earlier.source} ({differ} of {of} control samples differ): "
+                  f"{verdict.reason}")
+        return ([control, kept], verdict.model_copy(update={"reason": reason})), ""
 
     def _run_group(self, request: EvaluationRequest, env: Environment, case: CaseSpec,
                    numbers: list[int], sample_ids: Sequence[str] | None = None) -> list[TrialRun]:

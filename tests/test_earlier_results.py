@@ -16,7 +16,7 @@ import pytest
 from bisect_npu.contracts import Observation
 from bisect_npu.demo.accuracy import DATASET, read_dataset
 
-pytestmark = pytest.mark.e2e
+pytestmark = [pytest.mark.e2e, pytest.mark.heavy]  # two served accuracy bisections: about 2.5 minutes
 
 HARNESS = Path(__file__).resolve().parent / "accuracy_command_harness.py"
 

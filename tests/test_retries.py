@@ -65,6 +65,7 @@ def failures(path: Path) -> int:
 
 
 @pytest.mark.e2e
+@pytest.mark.heavy  # two sessions of a served accuracy bisection with backoffs: about 2 minutes
 def test_a_flaky_host_costs_retries_not_the_answer_and_resumes_inside_a_retry(demo_upstream, tmp_path):
     repo, manifest = demo_upstream
     case = manifest.case("accuracy")

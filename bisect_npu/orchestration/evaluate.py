@@ -372,7 +372,8 @@ class Evaluator:
             request.report_retry(attempt)
             attempts.append(attempt)
             if len(attempts) > self.retry.retries:
-                return records + self._unjudged(request, case, numbers[len(records):], failure, attempts, log)
+                return records + self._unjudged(request, case, numbers[len(records):], failure, attempts,
+                                                attempt.log)
             time.sleep(self.retry.delay(len(attempts)))
         return records + self._missing(request, case, numbers[len(records):], result, log, node)
 

@@ -165,7 +165,7 @@ def test_every_request_field_with_a_flag_is_an_option_of_run() -> None:
 
 class JudgeWithWarmups(JudgeSpec):
     warmups: Annotated[int, flag("--warmups", kind="int>=1", show_default=True,
-                                 help="Runs of a command before the one that counts.")] = 1
+                                 help="Runs before the counted one.")] = 1
 
 
 class RequestWithWarmups(RunRequest):
@@ -185,5 +185,5 @@ def test_an_option_added_as_one_field_reaches_the_command_the_request_the_reprod
     assert request.run_argv()[-2:] == ["--warmups", "3"]
     assert "--warmups" not in RequestWithWarmups.of(good="a", bad="b").run_argv()  # its default goes unsaid
     docs = "\n".join(make_command_docs("bisect-npu run", command, style="plain"))
-    assert "--warmups" in docs and "Runs of a command before the one that counts." in docs
+    assert "--warmups" in docs and "Runs before the counted one." in docs
     assert len(request_options(RequestWithWarmups)) == len(request_options()) + 1

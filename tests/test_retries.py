@@ -14,12 +14,20 @@ from collections import Counter
 from pathlib import Path
 from typing import Any
 
+import git
 import pytest
+from asked import spec_of
 from signals import interruptible
 
+from bisect_npu.contracts import VerdictKind
 from bisect_npu.demo.accuracy import DATASET
 from bisect_npu.execute.card_memory import CardWait, parse_npu_smi
+from bisect_npu.orchestration.evaluate import EvaluationRequest, Evaluator
 from bisect_npu.orchestration.infrastructure import RetryPolicy, classify
+from bisect_npu.orchestration.wiring import make_environment
+from bisect_npu.recipe.loader import load_recipe
+from bisect_npu.recipe.schema import EngineSpec
+from bisect_npu.records import RetryRun
 
 TESTS = Path(__file__).resolve().parent
 HARNESS = TESTS / "accuracy_command_harness.py"
@@ -213,3 +221,37 @@ def test_the_cards_are_waited_for_until_free_and_the_wait_is_bounded() -> None:
     assert CardWait(FakeNpuSmi(busy_polls=3), cards=[0]).wait(sleep, lambda: now[0]) == ""  # card 1 not watched
     held = CardWait(FakeNpuSmi(busy_polls=100), limit_s=10, poll_s=2).wait(sleep, lambda: now[0])
     assert held == "card memory still held after 10s: card 1 92% used"
+
+
+def never_starting_evaluator(demo_upstream, tmp_path: Path) -> tuple[Evaluator, str]:
+    """The demo's presence-penalty case served over HTTP by a launcher whose every start fails
+    (busy card), one retry, no backoff: a real worktree build and real probe runs."""
+    repo_path, manifest = demo_upstream
+    truth = manifest.case("presence-penalty")
+    recipe = load_recipe(truth.recipe)
+    launcher = [sys.executable, str(FLAKY), "--fail-rate", "1.0", "--seed", "0", "--count",
+                str(tmp_path / "starts.txt"), "--", "{python}", "-m", "{probe}.serve_mini", "{model}"]
+    engine = EngineSpec(backend="openai", launcher=launcher, port=free_port(), startup_timeout_s=60,
+                        args=recipe.engine.args)
+    recipe = recipe.model_copy(update={"engine": engine,
+                                       "trials": recipe.trials.model_copy(update={"retry_backoff_s": 0.0})})
+    options = spec_of(good=truth.good_ref, bad=truth.bad_ref, repo=str(repo_path))
+    builder, executor = make_environment(options, git.Repo(repo_path), recipe, tmp_path, tmp_path / "worktrees")
+    return Evaluator(builder, executor, tmp_path, recipe=recipe, retries=1), truth.culprit.sha
+
+
+@pytest.mark.e2e
+def test_a_candidate_the_host_never_starts_is_a_skip_naming_every_attempt(demo_upstream, tmp_path):
+    evaluator, commit = never_starting_evaluator(demo_upstream, tmp_path)
+    attempts: list[RetryRun] = []
+    try:
+        result = evaluator.evaluate(EvaluationRequest(commit, 1, on_retry=attempts.append))
+    finally:
+        evaluator.close()
+    assert [a.attempt for a in attempts] == [1, 2] and {a.kind for a in attempts} == {"card_busy"}
+    assert result.verdict.kind == VerdictKind.SKIP
+    assert "the card was still busy" in result.verdict.reason and "(2 attempts: 1. card_busy; 2. card_busy)" in \
+        result.verdict.reason
+    kept = sorted(p.name for p in (tmp_path / "steps" / commit[:12]).glob("probe-*.attempt-*.log"))
+    assert kept == ["probe-server-default-t0.attempt-1.log", "probe-server-default-t0.attempt-2.log"]
+    assert all((tmp_path / a.log).is_file() for a in attempts)  # each attempt's own log, journaled by path

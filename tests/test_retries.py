@@ -237,7 +237,8 @@ def never_starting_evaluator(demo_upstream, tmp_path: Path) -> tuple[Evaluator, 
                                        "trials": recipe.trials.model_copy(update={"retry_backoff_s": 0.0})})
     options = spec_of(good=truth.good_ref, bad=truth.bad_ref, repo=str(repo_path))
     builder, executor = make_environment(options, git.Repo(repo_path), recipe, tmp_path, tmp_path / "worktrees")
-    return Evaluator(builder, executor, tmp_path, recipe=recipe, retries=1), truth.culprit.sha
+    cards = CardWait(FakeNpuSmi(busy_polls=10**6), limit_s=0.0, poll_s=0.0)  # card 1 never let go
+    return Evaluator(builder, executor, tmp_path, recipe=recipe, retries=1, cards=cards), truth.culprit.sha
 
 
 @pytest.mark.e2e
@@ -255,3 +256,4 @@ def test_a_candidate_the_host_never_starts_is_a_skip_naming_every_attempt(demo_u
     kept = sorted(p.name for p in (tmp_path / "steps" / commit[:12]).glob("probe-*.attempt-*.log"))
     assert kept == ["probe-server-default-t0.attempt-1.log", "probe-server-default-t0.attempt-2.log"]
     assert all((tmp_path / a.log).is_file() for a in attempts)  # each attempt's own log, journaled by path
+    assert all(a.cause.endswith("(card memory still held after 0s: card 1 92% used)") for a in attempts)

@@ -358,6 +358,7 @@ class Evaluator:
         attempts: list[RetryRun] = []
         while True:
             left = numbers[len(records):]
+            held = self.cards.wait() if self.cards is not None else ""  # before the engine starts on them
             got, result, log, node = self._probe_run(request, env, case, left, sample_ids)
             records += got
             failure = classify_run(result.returncode, result.timed_out, result.log_path) \
@@ -367,7 +368,8 @@ class Evaluator:
             trial = numbers[len(records)]
             earlier = sum(1 for r in request.retried if r.case_id == case.id and r.trial == trial)
             number = earlier + len(attempts) + 1
-            attempt = RetryRun(case_id=case.id, trial=trial, attempt=number, kind=failure.kind, cause=str(failure),
+            cause = f"{failure} ({held})" if held else str(failure)
+            attempt = RetryRun(case_id=case.id, trial=trial, attempt=number, kind=failure.kind, cause=cause,
                                log=self._keep_log(result.log_path, number) or log, seconds=round(result.seconds, 3))
             request.report_retry(attempt)
             attempts.append(attempt)
@@ -411,8 +413,6 @@ class Evaluator:
         An accuracy round runs `sample_ids` (None: the whole dataset). Returns the trials that
         finished, how the run went, its log and the machine it ran on."""
         assert self.recipe is not None
-        if self.cards is not None:
-            self.cards.wait()
         probe = probe_request(self.recipe, case, request.commit, numbers[0], sample_ids)
         if len(numbers) > 1:
             probe["batch"] = [{"trial": n, "seed": trial_seed(case, n), "output": ""} for n in numbers]

@@ -16,6 +16,10 @@ after the drift". A run of a sample is a Bernoulli draw of its rate at the commi
             (bisect_npu.oracle.accuracy) and the likelihood search (bisect_npu.search)
   focused   the same with focusing: candidates run the samples the ends disagree on plus a
             control set (the real focus_ids)
+  earlier   focused, with the ends' results handed over from the runs the user already made
+            (`accuracy.earlier_results`: a free draw of the whole dataset at each end, the
+            recipe's repeats); each end re-runs only its control share (10%, at least 5 samples,
+            the real control_ids), judged with the earlier results as the session does
 
 Samples counted are sample runs (generations), ends included. Seeds: the cases of seeds
 1000-1029 were used to choose the per-scenario repeats (1, 2, 4 tried) and focus.batch (8, 16);
@@ -40,6 +44,7 @@ from bisect_npu.contracts import Observation, SampleOutcome, VerdictKind
 from bisect_npu.oracle.accuracy.focus import round_plan
 from bisect_npu.oracle.accuracy.judge import Role, judge_accuracy
 from bisect_npu.oracle.config import AccuracyConfig
+from bisect_npu.orchestration.earlier_results import control_ids
 from bisect_npu.search import Evidence, Found, Next, SearchProblem, decide
 
 
@@ -63,6 +68,7 @@ SCENARIOS = (
 BROKEN_RATE = 0.05  # a broken sample's rate, as a share of its good rate
 NIGHTLY_THRESHOLD = 10.0
 CONFIDENCE = 0.99
+CONTROL_SHARE = 0.1  # accuracy.earlier_results.control_share's default
 
 
 @dataclass
@@ -131,8 +137,10 @@ def _bisect(n: int, problem: SearchProblem, verdict: Callable[[int], str], culpr
     return False, spent()
 
 
-def run_ours(s: Scenario, case: Case, focused: bool, cfg: AccuracyConfig) -> tuple[bool, int]:
-    """Our oracle and the likelihood search; each step runs rounds until its verdict is clear."""
+def run_ours(s: Scenario, case: Case, focused: bool, cfg: AccuracyConfig, earlier: bool = False) -> tuple[bool, int]:
+    """Our oracle and the likelihood search; each step runs rounds until its verdict is clear.
+    `earlier`: the ends' whole-dataset results come from runs made before (not counted), and each
+    end runs its control share."""
     everything = list(range(s.samples))
     ends: dict[str, list[Observation]] = {}
     stepped: set[int] = set()
@@ -146,6 +154,13 @@ def run_ours(s: Scenario, case: Case, focused: bool, cfg: AccuracyConfig) -> tup
             plan = round_plan(cfg, ends["good"][0].samples or [], ends["bad"][0].samples or [], str(position))
         stepped.add(position)
         rounds: list[Observation] = []
+        if earlier and role != "candidate":
+            given = observation(outcomes(everything, case.runs(position, everything, s.repeats), s.repeats))
+            ids = [int(i) for i in control_ids([str(i) for i in everything], CONTROL_SHARE, str(position))]
+            spent += len(ids) * s.repeats
+            rounds = [given, observation(outcomes(ids, case.runs(position, ids, s.repeats), s.repeats))]
+            v = judge_accuracy(cfg, rounds, ends.get("good"), ends.get("bad"), role=role, final=True)
+            plan = []
         for number, chosen in enumerate(plan):
             ids = everything if chosen is None else [int(i) for i in chosen]
             spent += len(ids) * s.repeats
@@ -197,11 +212,12 @@ def main() -> None:
     for s in SCENARIOS:
         cfg = accuracy_config(s)
         results: dict[str, tuple[float, float]] = {}
-        for method in ("gate", "full", "focused"):
+        for method in ("gate", "full", "focused", "earlier"):
             right, spent = 0, 0
             for k in range(args.runs):
                 case = make_case(s, args.seed + k)
-                ok, cost = (run_gate(s, case) if method == "gate" else run_ours(s, case, method == "focused", cfg))
+                ok, cost = (run_gate(s, case) if method == "gate" else
+                            run_ours(s, case, method != "full", cfg, earlier=method == "earlier"))
                 right += ok
                 spent += cost
             results[method] = (right / args.runs, spent / args.runs)

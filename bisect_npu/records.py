@@ -197,6 +197,27 @@ class StoredFrom(_Shape):
     bad: int = 0
 
 
+class RetryRun(_Shape):
+    """One attempt of a probe run that failed on the host, not on the commit (its engine did not
+    start, was killed, or its harness lost the server): retried, never judged."""
+
+    case_id: str
+    trial: int  # the first trial the attempt did not finish
+    attempt: int  # 1 for the first failed attempt of this trial at this commit
+    kind: str  # orchestration/infrastructure.py's FailureKind
+    cause: str  # what the host did wrong, with the log line that says so
+    log: PathText = ""
+    seconds: float = 0.0
+
+
+class RetryRecord(Record, RetryRun):
+    """A failed attempt journaled the moment it failed, so a resumed session keeps every attempt."""
+
+    type: Literal["retry"] = "retry"
+    index: int
+    commit: str
+
+
 class StepRecord(Record):
     """A commit judged: its build, its trials and the verdict; `told` is what the search weighed
     its choice by (its costs, in its unit). `stored`: the verdict was reused from the verdict
@@ -212,6 +233,7 @@ class StepRecord(Record):
     seconds: float = 0.0
     told: dict[str, float] = Field(default_factory=dict)
     stored: StoredFrom | None = None
+    retries: list[RetryRun] = Field(default_factory=list)  # the step's failed attempts, in order
 
 
 class EndRecord(Record):
@@ -288,14 +310,14 @@ class FixVerifyRecord(Record):
 _REQUEST_FIELDS = frozenset(name for _part, model in part_types() for name in model.model_fields)
 
 JournalRecord = Annotated[
-    TrialRecord | StepRecord | EndRecord | NextLevelRecord | FixRecord | FixVerifiedRecord | FixVerifyRecord
-    | DependencyMoveRecord,
+    TrialRecord | RetryRecord | StepRecord | EndRecord | NextLevelRecord | FixRecord | FixVerifiedRecord
+    | FixVerifyRecord | DependencyMoveRecord,
     Field(discriminator="type"),
 ]
 _JOURNAL_RECORD: TypeAdapter[JournalRecord] = TypeAdapter(JournalRecord)
 RECORD_TYPES = frozenset(model.model_fields["type"].default for model in (
-    TrialRecord, StepRecord, EndRecord, NextLevelRecord, FixRecord, FixVerifiedRecord, FixVerifyRecord,
-    DependencyMoveRecord))
+    TrialRecord, RetryRecord, StepRecord, EndRecord, NextLevelRecord, FixRecord, FixVerifiedRecord,
+    FixVerifyRecord, DependencyMoveRecord))
 
 
 def parse_record(raw: dict[str, Any]) -> JournalRecord | None:

@@ -26,7 +26,7 @@ from bisect_npu.defaults import CACHE_SIZE_GIB, CONFIDENCE, LAST_GOOD, TRIAL_TIM
 from bisect_npu.errors import UsageError, validation_problem
 from bisect_npu.paths import default_verdict_store
 
-FlagKind = Literal["text", "int>=1", "positive", "confidence", "path", "file", "devices", "command", "size"]
+FlagKind = Literal["text", "int>=0", "int>=1", "positive", "confidence", "path", "file", "devices", "command", "size"]
 
 
 @dataclass(frozen=True)
@@ -175,6 +175,10 @@ class JudgeSpec(_Part):
         "[default: the recipe's trials.timeout_is, else skip: a timeout is more often a slow host, a stuck download "
         "or a busy card than the regression, and a skip costs one more step where a wrong bad costs the answer].")] \
         = None
+    retries: Annotated[int | None, flag(
+        "--retries", kind="int>=0", help="Runs again a probe run that failed on the host (its engine did not start, "
+        "was killed, or the harness lost the server) this many times before its trial is a skip; an end still "
+        "unjudged then stops the run (exit 5) [default: the recipe's trials.retries, else 3].")] = Field(None, ge=0)
 
 
 class ExecutorSpec(_Part):

@@ -2,9 +2,11 @@
 /v1/completions for every sample of the dataset, greedy, and writes one line per sample.
 
     python accuracy_command_harness.py BASE_URL MODEL DATASET OUTPUT [--behave ok|exit|nothing|garbage|empty]
+        [--die-rate R --seed S --count FILE]
 
 `--behave` plays a broken harness: exit 3, write no file, write a line that is not JSON, write
-an empty file.
+an empty file. `--die-rate` plays a harness whose connection to the server is reset in a seeded
+share of its runs (tests/flaky_start.py's draw, one line per run in `--count`).
 """
 
 from __future__ import annotations
@@ -13,6 +15,9 @@ import argparse
 import json
 import sys
 import urllib.request
+from pathlib import Path
+
+from flaky_start import draw
 
 
 def main() -> int:
@@ -23,7 +28,13 @@ def main() -> int:
     parser.add_argument("output")
     parser.add_argument("--behave", default="ok", choices=["ok", "exit", "nothing", "garbage", "empty"])
     parser.add_argument("--max-tokens", type=int, default=4)
+    parser.add_argument("--die-rate", type=float, default=0.0)
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--count", type=Path)
     args = parser.parse_args()
+    if args.count is not None and draw(args.count, args.die_rate, args.seed):
+        print("harness: [Errno 104] Connection reset by peer", file=sys.stderr)
+        return 3
     if args.behave == "exit":
         print("harness: cannot reach the scoring service", file=sys.stderr)
         return 3

@@ -14,6 +14,7 @@ import pytest
 
 from bisect_npu.builders.base import BuildFailed
 from bisect_npu.builders.venv import COMPLETE_MARKER, VenvBuilder, host_root
+from bisect_npu.errors import InfrastructureError
 from bisect_npu.recipe.loader import parse_recipe
 from bisect_npu.recipe.schema import InstallPlan
 
@@ -107,6 +108,16 @@ def test_install_failure_is_build_failed_with_pips_tail(tmp_path: Path) -> None:
     assert "No matching distribution found for python-dateutil==0.0.999" in failure.value.log_tail
     assert failure.value.log_path == tmp_path / "logs" / "install-python-dateutil-0.0.999.log"
     assert not builder.venv_dir("0.0.999").exists()  # gigabytes of a half install are not kept
+
+
+def test_an_index_that_cannot_be_reached_stops_the_run_instead_of_skipping_the_release(tmp_path: Path) -> None:
+    """Nothing listens on port 9: pip's connection is refused, which says nothing about the release."""
+    plan = InstallPlan(pip_args=["--isolated", "--index-url", "http://127.0.0.1:9/simple", "--retries", "1",
+                                 "--timeout", "2"])
+    builder = VenvBuilder(PACKAGE, plan, tmp_path / "cache", NO_CAP)
+    with pytest.raises(InfrastructureError, match=r"could not reach 127\.0\.0\.1:9 .*not the commit") as stopped:
+        builder.acquire("2.9.0", tmp_path / "logs")
+    assert stopped.value.exit_code == 5
 
 
 def test_concurrent_acquires_build_once(built: dict) -> None:

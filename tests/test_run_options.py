@@ -163,27 +163,27 @@ def test_every_request_field_with_a_flag_is_an_option_of_run() -> None:
     assert all(name in docs for name in flagged)
 
 
-class JudgeWithRetries(JudgeSpec):
-    retries: Annotated[int, flag("--retries", kind="int>=1", show_default=True,
-                                 help="Runs of a failing command before it counts.")] = 1
+class JudgeWithWarmups(JudgeSpec):
+    warmups: Annotated[int, flag("--warmups", kind="int>=1", show_default=True,
+                                 help="Runs before the counted one.")] = 1
 
 
-class RequestWithRetries(RunRequest):
-    judge: JudgeWithRetries = Field(default_factory=JudgeWithRetries)
+class RequestWithWarmups(RunRequest):
+    judge: JudgeWithWarmups = Field(default_factory=JudgeWithWarmups)
 
 
 def test_an_option_added_as_one_field_reaches_the_command_the_request_the_reproduce_line_and_the_docs(
         monkeypatch: pytest.MonkeyPatch) -> None:
-    command = run_command(RequestWithRetries)
+    command = run_command(RequestWithWarmups)
     capture_start(monkeypatch)
 
     with pytest.raises(Captured) as caught:
-        command.main(["--good", "a", "--bad", "b", "--cmd", "make check", "--retries", "3"], standalone_mode=False)
+        command.main(["--good", "a", "--bad", "b", "--cmd", "make check", "--warmups", "3"], standalone_mode=False)
 
     request = caught.value.spec.request
-    assert isinstance(request, RequestWithRetries) and request.judge.retries == 3
-    assert request.run_argv()[-2:] == ["--retries", "3"]
-    assert "--retries" not in RequestWithRetries.of(good="a", bad="b").run_argv()  # its default goes unsaid
+    assert isinstance(request, RequestWithWarmups) and request.judge.warmups == 3
+    assert request.run_argv()[-2:] == ["--warmups", "3"]
+    assert "--warmups" not in RequestWithWarmups.of(good="a", bad="b").run_argv()  # its default goes unsaid
     docs = "\n".join(make_command_docs("bisect-npu run", command, style="plain"))
-    assert "--retries" in docs and "Runs of a failing command before it counts." in docs
-    assert len(request_options(RequestWithRetries)) == len(request_options()) + 1
+    assert "--warmups" in docs and "Runs before the counted one." in docs
+    assert len(request_options(RequestWithWarmups)) == len(request_options()) + 1

@@ -14,6 +14,9 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass
+from pathlib import Path
+
+from bisect_npu.errors import InfrastructureError
 
 RESUME = "then `bisect-npu resume` continues the session"
 
@@ -94,6 +97,18 @@ def classify_build_failure(error: str, log_text: str = "") -> EnvironmentFailure
     if _OWN_BREAKAGE.search(last_step) and not _PIP_NO_VERSIONS.search(last_step):
         return None
     return _network_failure(last_step)
+
+
+def raise_if_unreachable(log_path: Path, read_bytes: int = 200_000) -> None:
+    """A venv's pip (or git) step that failed because the network or the index could not be
+    reached is the host's failure: InfrastructureError (exit 5) naming it, not the commit's skip."""
+    try:
+        text = log_path.read_bytes()[-read_bytes:].decode("utf-8", errors="replace")
+    except OSError:
+        return
+    failure = classify_build_failure("", text)
+    if failure is not None:
+        raise InfrastructureError(failure.message(log_path))
 
 
 def registry_of(image: str) -> str:

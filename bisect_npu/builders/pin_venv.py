@@ -31,6 +31,8 @@ from pathlib import Path
 from typing import TextIO
 
 from bisect_npu.builders.base import BuildFailed, tail
+from bisect_npu.builders.failures import raise_if_unreachable
+from bisect_npu.builders.locks import LOCKS_DIR, constraint_args, lock_path, record_lock
 from bisect_npu.builders.venv import COMPLETE_MARKER, link_host, site_packages, tree_bytes
 from bisect_npu.errors import UsageError
 from bisect_npu.paths import cache_root
@@ -212,7 +214,9 @@ class PinVenvs:
             for site in site_packages(venv):
                 (site / LAYER_PTH).write_text("".join(f"{path}\n" for path in site_packages(layer)),
                                               encoding="utf-8")
-            pip = [python, "-m", "pip", "install", "--quiet"]
+            # A key built before installs what it resolved to then (builders/locks.py).
+            lock = lock_path(self.cache_dir, key.name)
+            pip = [python, "-m", "pip", "install", "--quiet", *constraint_args(lock)]
             self._step([*pip, *SDIST_BUILD], log, log_path, "installing vLLM's build requirements")
             wheel = (self._vllm_wheel_at(key.vllm, python, log, log_path) if key.vllm_commit
                      else self.vllm_wheel(key.vllm, python, log, log_path))
@@ -225,6 +229,7 @@ class PinVenvs:
             # the layer's alone): the layer's CPU-usable torch is the one the tests see.
             self._step([python, "-m", "pip", "uninstall", "--quiet", "--yes", "torch", "torchvision", "triton"],
                        log, log_path, "removing a torch of the venv's own")
+            record_lock([python, "-m", "pip"], site_packages(venv), lock, leave_out=["vllm"])
         (venv / "bisect-npu-venv.json").write_text(json.dumps(
             {"vllm": key.vllm, "transformers": key.transformers, "torch_layer": str(layer),
              "requirements": requirements}, indent=1) + "\n")
@@ -307,10 +312,13 @@ class PinVenvs:
             proc = subprocess.run(argv, stdout=log, stderr=subprocess.STDOUT, timeout=self.pip_timeout_s,
                                   check=False, env=env)
         except subprocess.TimeoutExpired as exc:
+            log.flush()
+            raise_if_unreachable(log_path)  # an index that stopped answering: the host's, not the commit's
             raise BuildFailed(f"{what}: timed out after {self.pip_timeout_s:.0f}s; see {log_path}", log_path,
                               tail(log_path)) from exc
         if proc.returncode != 0:
             log.flush()
+            raise_if_unreachable(log_path)
             raise BuildFailed(f"{what} failed (exit {proc.returncode}); see {log_path}", log_path, tail(log_path))
 
     def listing(self) -> list[CachedVenv]:
@@ -319,7 +327,7 @@ class PinVenvs:
             return []
         found = []
         for path in self.cache_dir.iterdir():
-            if not path.is_dir() or path.name in ("wheels", "sdists"):
+            if not path.is_dir() or path.name in ("wheels", "sdists", LOCKS_DIR):
                 continue
             marker = path / COMPLETE_MARKER
             used = marker.stat().st_mtime if marker.is_file() else path.stat().st_mtime

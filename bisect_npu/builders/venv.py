@@ -31,6 +31,8 @@ from typing import TextIO
 
 import bisect_npu
 from bisect_npu.builders.base import BuildFailed, Environment, tail
+from bisect_npu.builders.failures import raise_if_unreachable
+from bisect_npu.builders.locks import constraint_args, lock_path, record_lock
 from bisect_npu.errors import UsageError
 from bisect_npu.paths import cache_root
 from bisect_npu.recipe.schema import InstallPlan
@@ -188,11 +190,14 @@ class VenvBuilder:
                        f"creating the venv for {requirement}")
             # The host's pip drives the venv (`pip --python`): no pip is bootstrapped into every venv.
             pip = [sys.executable, "-m", "pip", "--python", str(_venv_python(venv))]
-            self._step([*pip, "install", "--no-input", *self.plan.pip_args, *self.plan.pins, requirement,
-                        *self.plan.extra], log, log_path, f"pip install {requirement}")
+            # A version installed before installs what it resolved to then (builders/locks.py).
+            lock = lock_path(self.cache_dir, venv.name)
+            self._step([*pip, "install", "--no-input", *constraint_args(lock), *self.plan.pip_args, *self.plan.pins,
+                        requirement, *self.plan.extra], log, log_path, f"pip install {requirement}")
             if self.plan.remove_after:
                 self._step([*pip, "uninstall", "-y", *self.plan.remove_after], log, log_path,
                            f"removing {', '.join(self.plan.remove_after)} after installing {requirement}")
+            record_lock(pip, site_packages(venv), lock)
         link_host(venv)
         info = {"package": self.package, "version": version, "plan": self.plan.model_dump(mode="json"),
                 "bytes": tree_bytes(venv), "built_at": time.time()}
@@ -207,6 +212,8 @@ class VenvBuilder:
             proc = subprocess.run(argv, stdout=log, stderr=subprocess.STDOUT, timeout=self.pip_timeout_s,
                                   check=False)
         except subprocess.TimeoutExpired as exc:
+            log.flush()
+            raise_if_unreachable(log_path)  # an index that stopped answering: the host's, not the commit's
             raise BuildFailed(f"{what}: timed out after {self.pip_timeout_s:.0f}s; see {log_path}",
                               log_path, tail(log_path)) from exc
         except FileNotFoundError as exc:
@@ -214,6 +221,7 @@ class VenvBuilder:
                               log_path, "") from exc
         if proc.returncode != 0:
             log.flush()
+            raise_if_unreachable(log_path)
             raise BuildFailed(f"{what} failed (exit {proc.returncode}); see {log_path}", log_path,
                               tail(log_path))
 

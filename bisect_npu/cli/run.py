@@ -45,6 +45,7 @@ class _Parsed(click.ParamType[Any, Any]):
 
 PARAM_TYPES: dict[FlagKind, click.ParamType[Any, Any] | None] = {
     "text": None,
+    "int>=0": click.IntRange(min=0),
     "int>=1": click.IntRange(min=1),
     "positive": FiniteRange(0, min_open=True),
     "confidence": FiniteRange(0.5, 1.0, min_open=True, max_open=True),

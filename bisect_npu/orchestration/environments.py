@@ -35,6 +35,7 @@ from bisect_npu.contracts import Observation, Verdict
 from bisect_npu.errors import InfrastructureError, UsageError
 from bisect_npu.execute.ascend import ascend_container_spec, npu_run_env
 from bisect_npu.execute.base import Executor
+from bisect_npu.execute.card_memory import CardWait, host_card_memory
 from bisect_npu.execute.devices import device_pool
 from bisect_npu.execute.docker import (
     ContainerSpec,
@@ -87,10 +88,20 @@ def session_evaluator(spec: SessionSpec, repo: git.Repo | None, recipe: Recipe |
     # A Python oracle goes the way of a command; its executor logs the name given as the argv.
     command = [spec.context.python_oracle] if spec.context.python_oracle else spec.judge.command
     evaluator = Evaluator(builder, executor, session_dir, recipe=recipe, command=command,
-                          timeout_s=spec.judge.timeout_s, timeout_is=spec.judge.timeout_is)
+                          timeout_s=spec.judge.timeout_s, timeout_is=spec.judge.timeout_is,
+                          retries=spec.judge.retries, cards=card_wait(spec))
     if spec.judge.nightly_case and repo is not None and held_of(spec.level) is None:
         return NightlyEvaluator(evaluator, repo, CaseRef.parse(spec.judge.nightly_case), spec.judge.nightly_datasets)
     return evaluator
+
+
+def card_wait(spec: SessionSpec) -> CardWait | None:
+    """The wait for the cards' memory before each probe run, on a host with npu-smi that runs one
+    candidate at a time (with slots, the other slots' engines hold their cards on purpose)."""
+    memory = host_card_memory()
+    if memory is None or (spec.executor.slots or 1) > 1:
+        return None
+    return CardWait(memory, cards=spec.executor.devices or None)
 
 
 def with_dependencies(spec: SessionSpec, repo: git.Repo | None, recipe: Recipe | None, builder: Builder) -> Builder:

@@ -16,13 +16,17 @@ from typing import Any
 from bisect_npu import oracle
 from bisect_npu.builders.base import Builder, BuildFailed, Environment
 from bisect_npu.contracts import ABORT_ABOVE, SKIP_EXIT, Observation, TimeoutIs, Verdict, VerdictKind
-from bisect_npu.defaults import TRIAL_TIMEOUT_S
+from bisect_npu.defaults import RETRY_BACKOFF_S, TRIAL_RETRIES, TRIAL_TIMEOUT_S
 from bisect_npu.errors import InfrastructureError
 from bisect_npu.execute.base import Executor, RunResult, observation_path, probe_log_path, probe_stem, run_node_path
+from bisect_npu.execute.card_memory import CardWait
 from bisect_npu.orchestration.accuracy import AccuracySteps, load_from, role_of
+from bisect_npu.orchestration.earlier_results import Earlier, control_ids, disagreement, earlier_for
+from bisect_npu.orchestration.infrastructure import InfrastructureFailure, RetryPolicy, classify_run
 from bisect_npu.probe.harness import HARNESS_FAILED_EXIT
+from bisect_npu.probe.request import write_json_atomic
 from bisect_npu.recipe.schema import CaseSpec, Recipe
-from bisect_npu.records import COMMAND_CASE, BuildInfo, TrialRun
+from bisect_npu.records import COMMAND_CASE, BuildInfo, RetryRun, TrialRun
 
 TIMEOUT_IS_BAD_NOTE = ", counted bad (--timeout-is bad)"
 
@@ -47,10 +51,20 @@ class EvaluationRequest:
     as_reference: bool = False
     # The bad end of an accuracy recipe: its per-sample results are the other half of the reference.
     as_bad_end: bool = False
+    # Either end of the range: one that cannot be judged after its retries stops the run (exit 5).
+    at_end: bool = False
+    # Hears of each attempt that failed on the host (the session journals it).
+    on_retry: Callable[[RetryRun], None] | None = None
+    # Attempts journaled before an interruption: the attempt numbers go on from them.
+    retried: Sequence[RetryRun] = ()
 
     def report(self, record: TrialRun) -> None:
         if self.on_trial is not None:
             self.on_trial(record)
+
+    def report_retry(self, retry: RetryRun) -> None:
+        if self.on_retry is not None:
+            self.on_retry(retry)
 
 
 @dataclass
@@ -133,7 +147,8 @@ class Evaluator:
 
     def __init__(self, builder: Builder, executor: Executor, session_dir: Path, *,
                  recipe: Recipe | None = None, command: list[str] | None = None,
-                 timeout_s: float = TRIAL_TIMEOUT_S, timeout_is: TimeoutIs | None = None) -> None:
+                 timeout_s: float = TRIAL_TIMEOUT_S, timeout_is: TimeoutIs | None = None,
+                 retries: int | None = None, cards: CardWait | None = None) -> None:
         if (recipe is None) == (command is None):
             raise ValueError("an Evaluator needs exactly one of a recipe or a command")
         self.builder = builder
@@ -144,6 +159,11 @@ class Evaluator:
         self.timeout_s = timeout_s
         # A trial past the timeout: the option's word, else the recipe's, else skip.
         self.timeout_is: TimeoutIs = timeout_is or (recipe.trials.timeout_is if recipe else None) or "skip"
+        # A run that failed on the host: the option's count, else the recipe's, else the default.
+        count = retries if retries is not None else recipe.trials.retries if recipe else None
+        self.retry = RetryPolicy(TRIAL_RETRIES if count is None else count,
+                                 recipe.trials.retry_backoff_s if recipe else RETRY_BACKOFF_S)
+        self.cards = cards  # an NPU host's cards, waited for before each probe run
         self.reference: list[Observation] | None = None
         self.accuracy = AccuracySteps(recipe) if recipe is not None and recipe.accuracy is not None else None
 
@@ -262,25 +282,140 @@ class Evaluator:
         return bool(self.recipe and self.recipe.trials.batch and not self.recipe.capture.layers)
 
     def _run_accuracy(self, request: EvaluationRequest, env: Environment) -> tuple[list[TrialRun], Verdict]:
-        """An accuracy step: rounds (one trial each) until the oracle is clear (orchestration/accuracy.py)."""
+        """An accuracy step: rounds (one trial each) until the oracle is clear (orchestration/accuracy.py);
+        at an end with earlier results, their control share first (orchestration/earlier_results.py)."""
         assert self.accuracy is not None and self.recipe is not None
         case = self.recipe.cases[0]
+        role = role_of(request.as_reference, request.as_bad_end)
 
         def run_round(trial: int, sample_ids: Sequence[str] | None) -> TrialRun:
             return self._run_group(request, env, case, [trial], sample_ids)[0]
 
-        records, verdict = self.accuracy.step(request.commit, role_of(request.as_reference, request.as_bad_end),
-                                              request.done, run_round, request.first_trial,
+        earlier = earlier_for(self.recipe, role, request.commit)
+        before: list[TrialRun] = []
+        done, first, aside = list(request.done), request.first_trial, ""
+        if earlier is not None and earlier.samples is not None:
+            taken, aside = self._from_earlier(request, earlier, run_round)
+            if isinstance(taken, tuple):
+                return taken
+            before = [taken]
+            done, first = done[1:], taken.trial + 1
+        elif earlier is not None:
+            aside = f"earlier results {earlier.source} set aside: {earlier.why_not}"
+        records, verdict = self.accuracy.step(request.commit, role, done, run_round, first,
                                               load_from(self.session_dir))
+        if aside:
+            verdict = verdict.model_copy(update={"reason": f"{verdict.reason} ({aside}; the whole dataset ran)"})
         if request.as_reference:
             self.reference = self.accuracy.good_end
-        return records, verdict
+        return before + records, verdict
+
+    def _from_earlier(self, request: EvaluationRequest, earlier: Earlier,
+                      run_round: Callable[[int, Sequence[str] | None], TrialRun],
+                      ) -> tuple[tuple[list[TrialRun], Verdict] | TrialRun, str]:
+        """The end judged from its earlier results once the control share agrees: (records,
+        verdict); else the control round's record (the step goes on over the whole dataset) and why."""
+        assert self.accuracy is not None and self.recipe is not None and self.recipe.accuracy is not None
+        settings = self.recipe.accuracy.earlier_results
+        assert settings is not None and earlier.samples is not None
+        role = role_of(request.as_reference, request.as_bad_end)
+        wanted = control_ids([s.id for s in earlier.samples], settings.control_share, request.commit)
+        load = load_from(self.session_dir)
+        reused = request.done[0] if request.done and request.done[0].observation and \
+            [s.id for s in load(request.done[0].observation).samples or []] == wanted else None
+        control = reused or run_round(request.first_trial, wanted)
+        if not control.observation:
+            return ([control], Verdict(kind=VerdictKind.SKIP, reason=control.reason or "the control round wrote no "
+                                       "observation", trials=1)), ""
+        checked = load(control.observation)
+        differ, of = disagreement(earlier.samples, checked.samples or [])
+        if differ > settings.max_disagreement * of:
+            return control, (f"earlier results {earlier.source} set aside: {differ} of {of} control samples came out "
+                             "otherwise here")
+        kept = request.done[1] if reused is not None and len(request.done) > 1 else None
+        if kept is None or not kept.observation:
+            path = self.step_dir(request.commit).resolve() / f"earlier-{role}.json"
+            observation = Observation(commit=request.commit, recipe=self.recipe.name, case_id=control.case_id,
+                                      trial=control.trial + 1, samples=earlier.samples,
+                                      extra={"earlier_results": earlier.source, "samples_run": 0})
+            path.parent.mkdir(parents=True, exist_ok=True)
+            write_json_atomic(str(path), observation.model_dump(mode="json"))
+            kept = TrialRun(case_id=control.case_id, trial=control.trial + 1, observation=self.rel(path),
+                            reason=f"earlier results {earlier.source}")
+            request.report(kept)
+        assert kept.observation is not None
+        observations = [load(kept.observation), checked]
+        verdict = self.accuracy.judge(observations, role, final=True)
+        self.accuracy.remember(role, observations)
+        if request.as_reference:
+            self.reference = observations
+        reason = (f"from the earlier results {earlier.source} ({differ} of {of} control samples differ): "
+                  f"{verdict.reason}")
+        return ([control, kept], verdict.model_copy(update={"reason": reason})), ""
 
     def _run_group(self, request: EvaluationRequest, env: Environment, case: CaseSpec,
                    numbers: list[int], sample_ids: Sequence[str] | None = None) -> list[TrialRun]:
+        """The trials `numbers` of `case` in one probe run, run again (its unfinished trials) while
+        it fails on the host and the retry budget lasts. Spent at an end: InfrastructureError; spent
+        elsewhere: the unfinished trials are skips naming every attempt's cause."""
+        records: list[TrialRun] = []
+        attempts: list[RetryRun] = []
+        while True:
+            left = numbers[len(records):]
+            held = self.cards.wait() if self.cards is not None else ""  # before the engine starts on them
+            got, result, log, node = self._probe_run(request, env, case, left, sample_ids)
+            records += got
+            failure = classify_run(result.returncode, result.timed_out, result.log_path) \
+                if len(records) < len(numbers) else None
+            if failure is None:
+                break
+            trial = numbers[len(records)]
+            earlier = sum(1 for r in request.retried if r.case_id == case.id and r.trial == trial)
+            number = earlier + len(attempts) + 1
+            cause = f"{failure} ({held})" if held else str(failure)
+            attempt = RetryRun(case_id=case.id, trial=trial, attempt=number, kind=failure.kind, cause=cause,
+                               log=self._keep_log(result.log_path, number) or log, seconds=round(result.seconds, 3))
+            request.report_retry(attempt)
+            attempts.append(attempt)
+            if len(attempts) > self.retry.retries:
+                return records + self._unjudged(request, case, numbers[len(records):], failure, attempts,
+                                                attempt.log)
+            time.sleep(self.retry.delay(len(attempts)))
+        return records + self._missing(request, case, numbers[len(records):], result, log, node)
+
+    def _keep_log(self, log_path: str, attempt: int) -> str | None:
+        """A failed attempt's probe log moved aside (`...attempt-N.log`), so the next attempt does
+        not write over it; its path as the journal keeps it (None when it cannot be moved)."""
+        source = Path(log_path)
+        kept = source.with_name(f"{source.stem}.attempt-{attempt}{source.suffix}")
+        try:
+            source.replace(kept)
+        except OSError:
+            return None
+        return self.rel(kept)
+
+    def _unjudged(self, request: EvaluationRequest, case: CaseSpec, numbers: list[int],
+                  failure: InfrastructureFailure, attempts: list[RetryRun], log: str) -> list[TrialRun]:
+        """Trials the host kept from running through every attempt: skips, or at an end the run's stop."""
+        tried = f"{len(attempts)} attempt{'s' if len(attempts) != 1 else ''}"
+        if request.at_end:
+            raise InfrastructureError(
+                f"{request.commit[:12]} (an end of the range) could not be judged, {tried} failed on the host: "
+                f"{failure} (probe log {log}); free the host (cards, ports, the harness's server) or raise "
+                "--retries, then `bisect-npu resume`")
+        reason = f"{failure} ({tried}: " + "; ".join(f"{a.attempt}. {a.kind}" for a in attempts) + ")"
+        skips = [TrialRun(case_id=case.id, trial=n, log=log, outcome=VerdictKind.SKIP, reason=reason[:500])
+                 for n in numbers]
+        for skip in skips:
+            request.report(skip)
+        return skips
+
+    def _probe_run(self, request: EvaluationRequest, env: Environment, case: CaseSpec, numbers: list[int],
+                   sample_ids: Sequence[str] | None) -> tuple[list[TrialRun], RunResult, str, str | None]:
         """One probe run for the trials `numbers` of `case`; each trial is judged and reported as
         soon as its observation file appears, so an interrupted batch keeps its finished trials.
-        An accuracy round runs `sample_ids` (None: the whole dataset)."""
+        An accuracy round runs `sample_ids` (None: the whole dataset). Returns the trials that
+        finished, how the run went, its log and the machine it ran on."""
         assert self.recipe is not None
         probe = probe_request(self.recipe, case, request.commit, numbers[0], sample_ids)
         if len(numbers) > 1:
@@ -311,22 +446,27 @@ class Evaluator:
             stop.set()
             thread.join()
             collect()
-        if len(records) < len(numbers) and result.returncode == HARNESS_FAILED_EXIT and not result.timed_out:
+        return records, result, log, _node_named(node_file)
+
+    def _missing(self, request: EvaluationRequest, case: CaseSpec, numbers: list[int], result: RunResult,
+                 log: str, node: str | None) -> list[TrialRun]:
+        """The trials `numbers` a probe run did not finish for a reason of the commit's (or a
+        harness that cannot run at all: InfrastructureError)."""
+        records: list[TrialRun] = []
+        if numbers and result.returncode == HARNESS_FAILED_EXIT and not result.timed_out:
             # The accuracy harness (or its dataset, or its output) failed, not the candidate.
             lines = [line for line in result.log_tail.strip().splitlines() if line.strip()]
             raise InfrastructureError(f"{(lines[-1] if lines else 'the accuracy harness failed')[:600]} "
                                       f"(probe log {log})")
-        if len(records) < len(numbers):
-            hung = result.timed_out and self.timeout_is == "bad"
-            why = "timed out" if result.timed_out else f"probe exited {result.returncode}"
-            why += TIMEOUT_IS_BAD_NOTE if hung else ""
-            tail = result.log_tail.strip().splitlines()[-1:] or [""]
-            for n in numbers[len(records):]:
-                missing = TrialRun(case_id=case.id, trial=n, log=log,
-                                   outcome=VerdictKind.BAD if hung else VerdictKind.SKIP,
-                                   reason=f"{why}: {tail[0][:200]}", node=_node_named(node_file))
-                request.report(missing)
-                records.append(missing)
+        hung = result.timed_out and self.timeout_is == "bad"
+        why = "timed out" if result.timed_out else f"probe exited {result.returncode}"
+        why += TIMEOUT_IS_BAD_NOTE if hung else ""
+        tail = result.log_tail.strip().splitlines()[-1:] or [""]
+        for n in numbers:
+            missing = TrialRun(case_id=case.id, trial=n, log=log, outcome=VerdictKind.BAD if hung else VerdictKind.SKIP,
+                               reason=f"{why}: {tail[0][:200]}", node=node)
+            request.report(missing)
+            records.append(missing)
         return records
 
     def _record(self, case: CaseSpec, trial: int, path: Path, seconds: float, starts_engine: bool, log: str,
@@ -434,7 +574,18 @@ def accuracy_request(recipe: Recipe, sample_ids: Sequence[str] | None) -> dict[s
                "sample_ids": None if sample_ids is None else list(sample_ids)}
     for section, key, path in _config_files(recipe):
         request[section][key] = str(path)
+    if request.get("command"):
+        request["command"]["argv"] = [str(_beside_recipe(recipe, word) or word) for word in request["command"]["argv"]]
     return request
+
+
+def _beside_recipe(recipe: Recipe, word: str) -> Path | None:
+    """A command harness's word that names a file relative to the recipe (`my_eval.py`), as a path
+    resolved against the recipe's directory as the dataset is; None for any other word."""
+    if "{" in word or Path(word).is_absolute() or not recipe.source or recipe.source.startswith("<"):
+        return None
+    path = Path(recipe.source).resolve().parent / word
+    return path if path.is_file() else None
 
 
 def _config_files(recipe: Recipe) -> list[tuple[str, str, Path]]:
@@ -450,10 +601,13 @@ def _config_files(recipe: Recipe) -> list[tuple[str, str, Path]]:
 
 def accuracy_inputs(recipe: Recipe) -> list[Path]:
     """The host files an accuracy trial reads besides the server (the dataset, a task YAML or a
-    dataset config given as a file), those that exist here: a container gets them at the same path."""
+    dataset config given as a file, a command harness's own files), those that exist here: a
+    container gets them at the same path."""
     if recipe.accuracy is None:
         return []
-    paths = [recipe.accuracy.dataset_path(recipe.source), *(path for _, _, path in _config_files(recipe))]
+    programs = recipe.accuracy.command.argv if recipe.accuracy.command else []
+    paths = [recipe.accuracy.dataset_path(recipe.source), *(path for _, _, path in _config_files(recipe)),
+             *filter(None, (_beside_recipe(recipe, word) for word in programs))]
     return [path for path in paths if path.exists()]
 
 

@@ -41,7 +41,16 @@ from bisect_npu.orchestration.state import SessionState, accuracy_weight
 from bisect_npu.orchestration.verdict_reuse import Reused, SessionVerdicts, VerdictReuse
 from bisect_npu.progress import Progress
 from bisect_npu.recipe.schema import Recipe
-from bisect_npu.records import BuildInfo, EndRecord, JournalRecord, StepRecord, TrialRecord, TrialRun
+from bisect_npu.records import (
+    BuildInfo,
+    EndRecord,
+    JournalRecord,
+    RetryRecord,
+    RetryRun,
+    StepRecord,
+    TrialRecord,
+    TrialRun,
+)
 
 END_OUTPUT_LINES = 10  # what an end judged wrong shows of its run's output
 
@@ -259,11 +268,18 @@ class Session:
             outcome = record.outcome.value if record.outcome else "run"
             self.progress.trial_finished(query.index, record.trial, outcome, next(finished), expected)
 
+        def on_retry(retry: RetryRun) -> None:
+            self.append(RetryRecord(index=query.index, commit=commit, **retry.model_dump()))
+            self.progress.note(f"{commit[:10]}: attempt {retry.attempt} failed on the host ({retry.cause}); "
+                               "retrying")
+
         as_reference = query.index == 0 and self.references.from_good_end
         first = self.state.next_trial(query.index) if first_trial is None else first_trial
         result = self.evaluator.evaluate(EvaluationRequest(commit, trials, tuple(pending), on_trial, judge_each=noisy,
                                                            first_trial=first, as_reference=as_reference,
-                                                           as_bad_end=query.index == self.n))
+                                                           as_bad_end=query.index == self.n,
+                                                           at_end=query.index in (0, self.n), on_retry=on_retry,
+                                                           retried=tuple(self.state.pending_retries(query.index))))
         self._record_step(query.index, result)
         if self.verdicts is not None:
             self.verdicts.keep(query.index, result.commit, self._build_key(query.index), result.verdict)
@@ -292,7 +308,7 @@ class Session:
     def _record_step(self, index: int, result: StepResult) -> None:
         self.append(StepRecord(index=index, commit=result.commit, title=self.titles.get(result.commit, ""),
                                 build=result.build, verdict=result.verdict, trials=result.trials,
-                                seconds=result.seconds, told=self._told))
+                                seconds=result.seconds, told=self._told, retries=self.state.pending_retries(index)))
         self.progress.step_finished(index, result.commit, result.verdict, result.seconds)
 
     def append(self, record: JournalRecord) -> None:

@@ -14,7 +14,7 @@ from typing import Literal
 
 from bisect_npu import search
 from bisect_npu.contracts import VerdictKind
-from bisect_npu.records import Record, StepRecord, TrialRecord, TrialRun
+from bisect_npu.records import Record, RetryRecord, RetryRun, StepRecord, TrialRecord, TrialRun
 
 Term = Literal["good", "bad", "skip"]
 
@@ -59,6 +59,7 @@ class SessionState:
         self._fresh: dict[int, search.Evidence] = {}  # the evidence without the verdict store's steps
         self._steps: list[StepRecord] = []
         self._pending: dict[int, list[TrialRun]] = {}
+        self._retries: dict[int, list[RetryRun]] = {}  # failed attempts since the position's last step
         self._last_trial: dict[int, int] = {}
         self._outcomes: dict[int, list[VerdictKind]] = {}  # the outcomes of the trials this session ran
         self._kinds: dict[bool, dict[int, set[str]]] = {True: {}, False: {}}  # stored or not -> position's kinds
@@ -69,6 +70,9 @@ class SessionState:
         with self._lock:
             if isinstance(entry, TrialRecord):
                 self._apply_trial(entry)
+            elif isinstance(entry, RetryRecord):
+                self._retries.setdefault(entry.index, []).append(RetryRun(**entry.model_dump(include=set(
+                    RetryRun.model_fields))))
             elif isinstance(entry, StepRecord):
                 self._apply_step(entry)
 
@@ -83,6 +87,7 @@ class SessionState:
     def _apply_step(self, step: StepRecord) -> None:
         self._steps.append(step)
         self._pending[step.index] = []
+        self._retries[step.index] = []
         stored = step.stored is not None
         if step.verdict.kind != VerdictKind.SKIP:
             self._kinds[stored].setdefault(step.index, set()).add(step.verdict.kind.value)
@@ -140,6 +145,11 @@ class SessionState:
         """Trials of `index` journaled after its last finished step: an interrupted step's work."""
         with self._lock:
             return list(self._pending.get(index, []))
+
+    def pending_retries(self, index: int) -> list[RetryRun]:
+        """Failed attempts at `index` journaled after its last finished step (kept across a resume)."""
+        with self._lock:
+            return list(self._retries.get(index, []))
 
     def next_trial(self, index: int) -> int:
         """Trial numbers keep growing per position, so a repeated query never repeats a seed."""

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 from typing import Any
 
 import pytest
@@ -19,7 +20,9 @@ from .unit_tests import selects
 REPORT_ENV = "BISECT_NPU_UT_REPORT"  # where the JSON goes
 SELECT_ENV = "BISECT_NPU_UT_SELECT"  # the node ids, as a JSON list
 
-_state: dict[str, Any] = {"tests": {}, "collect_errors": {}, "matched": {}, "exit": None}
+_state: dict[str, Any] = {"tests": {}, "collect_errors": {}, "collect_frames": {}, "matched": {}, "exit": None}
+# A frame of pytest's short traceback: "path/to/file.py:12: in <module>".
+_FRAME = re.compile(r"^(\S.*?\.py):\d+: in ")
 
 
 def _wanted() -> list[str]:
@@ -45,6 +48,7 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
 def pytest_collectreport(report: pytest.CollectReport) -> None:
     if report.failed:
         _state["collect_errors"][report.nodeid or "<session>"] = _short(report)
+        _state["collect_frames"][report.nodeid or "<session>"] = _frames(report)
 
 
 def pytest_runtest_logreport(report: pytest.TestReport) -> None:
@@ -64,6 +68,12 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
     if path:
         with open(path, "w", encoding="utf-8") as handle:
             json.dump(_state, handle, indent=1)
+
+
+def _frames(report: pytest.CollectReport) -> list[str]:
+    """The files of a collection error's traceback, outermost first (where the import failed is last)."""
+    lines = str(report.longrepr or "").splitlines()
+    return [match.group(1) for line in lines if (match := _FRAME.match(line.strip()))]
 
 
 def _short(report: pytest.CollectReport | pytest.TestReport) -> str:

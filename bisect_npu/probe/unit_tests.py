@@ -15,6 +15,7 @@ good end lacks says nothing about the regression. Stdlib only.
 from __future__ import annotations
 
 import argparse
+import importlib.metadata
 import json
 import os
 import re
@@ -41,7 +42,8 @@ CI_ENV = {
     "VLLM_USE_MODELSCOPE": "True", "HF_HUB_OFFLINE": "1", "SOC_VERSION": "ascend910b1", "COMPILE_CUSTOM_KERNELS": "0",
 }
 CONFTEST = "tests/ut/conftest.py"
-NPU_SITE = Path(__file__).resolve().parent / "npu_site"
+PROBE_DIR = Path(__file__).resolve().parent
+NPU_SITE = PROBE_DIR / "npu_site"
 
 
 @dataclass(frozen=True)
@@ -70,6 +72,33 @@ def mocks_npu_itself(conftest: Path) -> bool:
     return re.search(r"""sys\.modules\[['"]torch_npu['"]\]\s*=""", text) is not None
 
 
+def in_installed_package(path: str) -> bool:
+    """Whether a traceback's file lies in an installed package (a venv's site-packages), not the
+    checkout nor this probe (whose NPU stubs stand in for packages the host lacks)."""
+    parts = Path(path).parts
+    return ("site-packages" in parts or "dist-packages" in parts) and PROBE_DIR not in Path(path).resolve().parents
+
+
+def installed_packages(frames: list[str]) -> list[str]:
+    """The installed distributions a traceback passes through, in order, each as "name version"."""
+    found: list[str] = []
+    by_module = importlib.metadata.packages_distributions()
+    for frame in frames:
+        parts = Path(frame).parts
+        where = next((i for i, part in enumerate(parts) if part in ("site-packages", "dist-packages")), None)
+        if where is None or where + 1 >= len(parts) or not in_installed_package(frame):
+            continue
+        module = parts[where + 1].removesuffix(".py")
+        for dist in by_module.get(module, [module]):
+            try:
+                named = f"{dist} {importlib.metadata.version(dist)}"
+            except importlib.metadata.PackageNotFoundError:
+                named = f"{dist} (version unknown)"
+            if named not in found:
+                found.append(named)
+    return found
+
+
 def judge(node_ids: list[str], present: set[str], report: dict[str, object] | None, returncode: int,
           present_at_good: set[str]) -> Judgement:
     """The verdict of one run from pytest's report (pytest_report.py) and what exists at this commit."""
@@ -86,8 +115,15 @@ def judge(node_ids: list[str], present: set[str], report: dict[str, object] | No
         broken = sorted({file_of(n) for n in node_ids if file_of(n) in present})
     if broken:
         first = broken[0]
-        error = next((v for k, v in errors.items() if k == first or k.startswith(first + "::")),
-                     errors.get("<session>", ""))
+        key = next((k for k in errors if k == first or k.startswith(first + "::")), "<session>")
+        error = errors.get(key, "")
+        frames = [str(f) for f in dict(report.get("collect_frames") or {}).get(key) or []]  # type: ignore[call-overload]
+        packages = installed_packages(frames)
+        if frames and packages and in_installed_package(frames[-1]):
+            return Judgement(ABORT, f"the environment is broken, not the commit: importing {first} failed inside "
+                                    f"the installed package {packages[-1]} ({error}); import chain: "
+                                    f"{', '.join(packages)}; rebuild the pin's venv with the versions it was "
+                                    "tested with, then `bisect-npu resume`")
         if first in present_at_good:
             return Judgement(BAD, f"{first} cannot be collected ({error}); it exists at the good end, counted bad")
         return Judgement(SKIP, f"{first} cannot be collected ({error}); the good end does not have it, so this "

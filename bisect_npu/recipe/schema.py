@@ -298,6 +298,13 @@ class TrialsSpec(StrictModel):
         None, description="a trial past --timeout makes its commit `bad` (the regression is a hang) or `skip`; "
                           "unset: skip (a timeout is more often a slow host than the regression); "
                           "--timeout-is overrides")
+    retries: int | None = Field(None, strict=True, ge=0, le=20,
+                                description="runs again a probe run that failed on the host (the engine did "
+                                            "not start, was killed, or the harness lost the server) this many "
+                                            "times before its trial is a skip; unset: 3 (--retries overrides)")
+    retry_backoff_s: float = Field(10.0, ge=0, le=COST_MAX_S,
+                                   description="seconds before the first retry, doubled for each next one "
+                                               "(at most 300)")
     batch: bool = Field(True, description="a case's trials at one commit share one engine start (one probe run); "
                                           "false: a fresh engine per trial")
     load_cost: Literal["auto"] | Annotated[float, Field(ge=0, le=COST_MAX_S)] = Field(
@@ -396,6 +403,35 @@ class CommandHarnessSpec(StrictModel):
                                                           "are filled in")
 
 
+class EarlierEndSpec(StrictModel):
+    """The per-sample results of one end from a harness run made before the session."""
+
+    path: str = Field(..., min_length=1, description="command: the JSONL file it wrote; lm_eval: its samples "
+                                                     "JSONL or the --output_path directory; aisbench: its output "
+                                                     "directory (outputs/default); relative to the recipe")
+    commit: str = Field(..., min_length=7, description="the commit the run was made at (a sha or its first 7+ "
+                                                       "characters); it must be this end's")
+    harness: Literal["aisbench", "lm_eval", "command"] | None = Field(
+        None, description="the harness that wrote it; unset: the recipe's (another one sets the results aside)")
+    sampling: dict[str, float | int | None] | None = Field(
+        None, description="the sampling it ran with (temperature, top_p, max_tokens, ...); compared with "
+                          "accuracy.sampling where given")
+
+
+class EarlierResultsSpec(StrictModel):
+    """The ends' evaluations the user already made (what showed the drop): taken instead of running the
+    whole dataset at each end, once a small control share re-run there agrees with them."""
+
+    good: EarlierEndSpec | None = Field(None, description="the good end's results")
+    bad: EarlierEndSpec | None = Field(None, description="the bad end's results")
+    control_share: float = Field(0.1, gt=0.0, le=1.0, description="the share of the dataset re-run at the end "
+                                                                  "to confirm them (at least 5 samples)")
+    max_disagreement: float = Field(0.25, ge=0.0, le=1.0,
+                                    description="the share of control samples that may come out otherwise than "
+                                                "in the earlier results before they are set aside (sampled "
+                                                "decoding flips some)")
+
+
 class AccuracySpec(AccuracyConfig):
     """An accuracy evaluation as the bad case (`oracle.kinds: [accuracy]`): a harness scores each
     candidate's server on a local dataset, sample by sample, and the oracle decides with paired
@@ -414,6 +450,9 @@ class AccuracySpec(AccuracyConfig):
                                                                              "max_tokens: the output budget)")
     limit: int | None = Field(None, strict=True, ge=1, le=INT32_MAX,
                               description="score only the first N samples of the dataset; unset: all")
+    earlier_results: EarlierResultsSpec | None = Field(
+        None, description="the ends' per-sample results from runs made before the session, confirmed by a "
+                          "control share and used instead of running the whole dataset at each end")
 
     @field_validator("dataset")
     @classmethod

@@ -63,6 +63,7 @@ class StepView:
     # An overlay on a release: the compiled inputs the commit changed since it (its verdict may not hold).
     compiled_changes: list[str] = field(default_factory=list)
     observations: list[str] = field(default_factory=list)  # the step's observation files (session-relative)
+    retries: list[str] = field(default_factory=list)  # each failed attempt: what the host did wrong
 
 
 @dataclass
@@ -133,7 +134,8 @@ def load_view(session_dir: Path) -> SessionView:
                                   (build.seconds if build else None) or 0.0, verdict.trials, verdict.figures, logs,
                                   candidates.pr_of(entry.commit), dict(build.run_env) if build else {},
                                   list(build.compiled_changes) if build else [],
-                                  [t.observation for t in entry.trials if t.observation]))
+                                  [t.observation for t in entry.trials if t.observation],
+                                  [r.cause for r in entry.retries]))
         elif isinstance(entry, EndRecord):
             end = entry
         elif isinstance(entry, FixRecord):
@@ -476,7 +478,8 @@ def render_json(view: SessionView) -> dict[str, Any]:
         "candidates": len(view.range.candidates),
         "steps": [{"index": s.index, "commit": s.commit, "title": s.title, "verdict": s.verdict,
                    "reason": s.reason, "seconds": s.seconds, "build": s.build_how, "trials": s.trials,
-                   "figures": s.figures, "run_env": s.run_env, "compiled_changes": s.compiled_changes}
+                   "figures": s.figures, "run_env": s.run_env, "compiled_changes": s.compiled_changes,
+                   "retries": len(s.retries), "host_failures": s.retries}
                   for s in view.steps],
         "host": view.header.context.host, "host_changes": view.header.host_changes,
         "fix": to_jsonable(view.fix), "fix_verify": to_jsonable(view.fix_verify),

@@ -1,0 +1,86 @@
+"""The ends' evaluations a user already ran stand for the ends once a control share agrees: a real
+accuracy bisection of the demo upstream, served over HTTP and scored by the command harness, run
+once in full, then again with the first run's end results handed over (one end's said to be of
+another commit, so it is set aside and run in full)."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from bisect_npu.contracts import Observation
+from bisect_npu.demo.accuracy import DATASET, read_dataset
+
+pytestmark = [pytest.mark.e2e, pytest.mark.heavy]  # two served accuracy bisections: about 2.5 minutes
+
+HARNESS = Path(__file__).resolve().parent / "accuracy_command_harness.py"
+
+
+def free_port() -> int:
+    import socket
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def bisect(repo: Path, good: str, bad: str, tmp_path: Path, name: str, earlier: dict[str, Any] | None) -> \
+        tuple[dict[str, Any], list[dict[str, Any]]]:
+    accuracy: dict[str, Any] = {
+        "harness": "command", "dataset": str(DATASET),
+        "command": {"argv": [sys.executable, str(HARNESS), "{base_url}", "{model}", "{dataset}", "{output}"]},
+        "sampling": {"temperature": 0.0, "max_tokens": 4, "seed": 0}}
+    if earlier is not None:
+        accuracy["earlier_results"] = earlier
+    recipe = {"name": "earlier-results", "model": {"path": "seed:0", "dtype": "float32"},
+              "engine": {"backend": "openai", "launcher": ["{python}", "-m", "{probe}.serve_mini", "{model}"],
+                         "port": free_port(), "startup_timeout_s": 120},
+              "accuracy": accuracy, "oracle": {"kinds": ["accuracy"]},
+              "build": {"local_command": ["python", "tools/build_kernels.py"]}}
+    path = tmp_path / f"{name}.yaml"
+    path.write_text(json.dumps(recipe))
+    done = subprocess.run([sys.executable, "-m", "bisect_npu", "run", "--repo", str(repo), "--good", good, "--bad", bad,
+                           "--recipe", str(path), "--session", str(tmp_path / name), "--no-fix", "--no-verdict-store",
+                           "--json"], cwd=tmp_path, capture_output=True, text=True, timeout=580, check=False)
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-3000:]
+    entries = [json.loads(line) for line in (tmp_path / name / "journal.jsonl").read_text().splitlines()]
+    return json.loads(done.stdout.strip().splitlines()[-1]), entries
+
+
+def sample_runs(session: Path, step: dict[str, Any]) -> int:
+    """Generations a step ran (an earlier-results observation ran none)."""
+    return sum(len(Observation.load(session / t["observation"]).samples or []) for t in step["trials"]
+               if t.get("observation") and not t["reason"].startswith("earlier results"))
+
+
+def test_the_ends_earlier_results_stand_for_them_once_a_control_share_agrees(demo_upstream, tmp_path):
+    repo, manifest = demo_upstream
+    case = manifest.case("accuracy")
+    summary, first = bisect(repo, case.good_ref, case.bad_ref, tmp_path, "full", None)
+    assert summary["culprit"] == case.culprit.sha
+    steps = {s["index"]: s for s in first if s["type"] == "step"}
+    n = max(steps)
+    files = {}
+    for index, role in ((0, "good"), (n, "bad")):  # the ends' results as the command harness wrote them
+        samples = [s for t in steps[index]["trials"]
+                   for s in Observation.load(tmp_path / "full" / t["observation"]).samples or []]
+        files[role] = tmp_path / f"{role}-end.jsonl"
+        files[role].write_text("".join(json.dumps({"id": s.id, "correct": s.correct, "runs": s.runs}) + "\n"
+                                       for s in samples))
+    earlier = {"good": {"path": str(files["good"]), "commit": steps[0]["commit"]},
+               "bad": {"path": str(files["bad"]), "commit": steps[0]["commit"]},  # said to be the good end's
+               "control_share": 0.2}
+    summary, second = bisect(repo, case.good_ref, case.bad_ref, tmp_path, "earlier", earlier)
+    assert summary["culprit"] == case.culprit.sha
+    ends = {s["index"]: s for s in second if s["type"] == "step" and s["index"] in (0, n)}
+    total = len(read_dataset())
+    assert ends[0]["verdict"]["reason"].startswith(f"from the earlier results {files['good']} (0 of ")
+    assert sample_runs(tmp_path / "earlier", ends[0]) == max(5, -(-total // 5))  # the control share only
+    assert f"set aside: they ran at {steps[0]['commit']}, this end is {steps[n]['commit'][:12]}" in \
+        ends[n]["verdict"]["reason"]
+    assert sample_runs(tmp_path / "earlier", ends[n]) == total  # set aside: the whole dataset ran

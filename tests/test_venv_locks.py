@@ -1,0 +1,66 @@
+"""A pinned environment built again from an empty cache on a later day installs what its key
+resolved to the first time: real venvs, real pip, a local wheel directory (no network) where a
+dependency the requirements leave unpinned gets a newer release between the two builds."""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+import subprocess
+import sys
+import zipfile
+from pathlib import Path
+
+import pytest
+
+from bisect_npu.builders.locks import constraint_args, lock_path, locked_versions, record_lock
+from bisect_npu.builders.venv import site_packages
+
+
+def digest(text: str) -> str:
+    return base64.urlsafe_b64encode(hashlib.sha256(text.encode()).digest()).rstrip(b"=").decode()
+
+
+def make_wheel(wheels: Path, name: str, version: str, requires: tuple[str, ...] = ()) -> None:
+    """A pure-Python wheel as a build backend writes it: the module, METADATA, WHEEL and RECORD."""
+    info = f"{name}-{version}.dist-info"
+    files = {f"{name}/__init__.py": f"VERSION = {version!r}\n",
+             f"{info}/METADATA": "Metadata-Version: 2.1\n" f"Name: {name}\nVersion: {version}\n"
+                                 + "".join(f"Requires-Dist: {r}\n" for r in requires),
+             f"{info}/WHEEL": "Wheel-Version: 1.0\nGenerator: test\nRoot-Is-Purelib: true\nTag: py3-none-any\n"}
+    record = "".join(f"{path},sha256={digest(text)},{len(text.encode())}\n" for path, text in files.items())
+    record += f"{info}/RECORD,,\n"
+    with zipfile.ZipFile(wheels / f"{name}-{version}-py3-none-any.whl", "w") as wheel:
+        for path, text in {**files, f"{info}/RECORD": record}.items():
+            wheel.writestr(path, text)
+
+
+def build(venv: Path, wheels: Path, lock: Path) -> dict[str, str]:
+    """The key's build: a fresh venv, `app` installed from the wheel directory under the key's lock,
+    the lock recorded the first time; what the venv holds, name -> version."""
+    subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True, timeout=300)
+    python = venv / "bin" / "python"
+    subprocess.run([str(python), "-m", "pip", "install", "--quiet", "--no-index", "--find-links", str(wheels),
+                    *constraint_args(lock), "app"], check=True, timeout=300)
+    record_lock([str(python), "-m", "pip"], site_packages(venv), lock)
+    frozen = subprocess.run([str(python), "-m", "pip", "freeze", f"--path={site_packages(venv)[0]}"],
+                            capture_output=True, text=True, check=True).stdout
+    return dict(line.split("==", 1) for line in frozen.splitlines() if "==" in line)
+
+
+@pytest.mark.e2e
+def test_a_key_built_again_from_an_empty_cache_installs_what_it_resolved_first(tmp_path: Path) -> None:
+    wheels = tmp_path / "wheels"
+    wheels.mkdir()
+    make_wheel(wheels, "tinydep", "0.18.0")
+    make_wheel(wheels, "app", "5.5.4", requires=("tinydep",))  # unpinned, as transformers leaves kernels
+    lock = lock_path(tmp_path / "cache", "vllm-0.20.2--transformers-5.5.4")
+    assert build(tmp_path / "cache" / "first", wheels, lock) == {"app": "5.5.4", "tinydep": "0.18.0"}
+    first = locked_versions(lock)
+    assert (first["app"], first["tinydep"]) == ("5.5.4", "0.18.0")
+
+    make_wheel(wheels, "tinydep", "0.19.1")  # a later day: the dependency moved on
+    assert build(tmp_path / "fresh" / "venv", wheels, lock)["tinydep"] == "0.18.0"  # the lock holds it
+    unlocked = build(tmp_path / "fresh" / "unlocked", wheels, tmp_path / "elsewhere" / "none.txt")
+    assert unlocked["tinydep"] == "0.19.1"  # what the same install resolves to today without it
+    assert locked_versions(lock) == first  # written once, never moved on

@@ -22,9 +22,9 @@ from signals import interruptible
 from bisect_npu.contracts import VerdictKind
 from bisect_npu.demo.accuracy import DATASET
 from bisect_npu.execute.card_memory import CardWait, parse_npu_smi
+from bisect_npu.orchestration.environments import make_environment
 from bisect_npu.orchestration.evaluate import EvaluationRequest, Evaluator
 from bisect_npu.orchestration.infrastructure import RetryPolicy, classify
-from bisect_npu.orchestration.wiring import make_environment
 from bisect_npu.recipe.loader import load_recipe
 from bisect_npu.recipe.schema import EngineSpec
 from bisect_npu.records import RetryRun

@@ -9,14 +9,12 @@ import shlex
 from dataclasses import dataclass
 from pathlib import Path
 from statistics import NormalDist
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from bisect_npu.errors import UsageError
 from bisect_npu.recipe.loader import load_recipe
 from bisect_npu.recipe.schema import PARALLEL_SIZES, Recipe
-
-if TYPE_CHECKING:
-    from bisect_npu.report import SessionView, StepView
+from bisect_npu.report.view import SessionView, StepView
 
 
 @dataclass(frozen=True)

@@ -14,9 +14,12 @@ import os
 import platform
 import re
 import shutil
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
+from gitrepo import make_linear_repo
 from markdown_it import MarkdownIt
 
 from bisect_npu import __version__
@@ -174,3 +177,20 @@ def test_a_stopped_session_says_stopped_and_why_in_both_reports(tmp_path: Path, 
     with Journal.open(session) as journal:  # resumed: a step journaled since, the stop no longer holds
         journal.append(StepRecord(index=0, commit="0" * 40, verdict=Verdict(kind=VerdictKind.GOOD, reason="exit 0")))
     assert render_json(load_view(session))["status"] == "running"
+
+
+def test_a_run_aborted_by_its_command_reports_stopped_with_exit_5_and_no_path_of_the_machine(tmp_path: Path) -> None:
+    """`git bisect run` aborts on an exit above 127; so does `run`, and its report says so."""
+    make_linear_repo(tmp_path / "repo", 4)
+    session = tmp_path / "session"
+    done = subprocess.run([sys.executable, "-m", "bisect_npu", "run", "--repo", str(tmp_path / "repo"),
+                           "--good", "HEAD~3", "--bad", "HEAD", "--cmd", "sh -c 'exit 255'", "--session", str(session),
+                           "--no-verdict-store", "--json"], capture_output=True, text=True, timeout=120, check=False)
+    assert done.returncode == 5, done.stderr
+    summary = json.loads((session / "report.json").read_text())
+    assert summary["status"] == "stopped" and summary["stopped"]["exit_code"] == 5
+    assert "command exited 255" in summary["stopped"]["reason"]
+    markdown = (session / "report.md").read_text()
+    assert "**Session stopped (exit 5) before an answer**: command exited 255" in markdown
+    assert "see SESSION/steps/" in markdown
+    assert_no_machine_path(markdown, session)

@@ -42,6 +42,7 @@ def _environment(session_dir: Path) -> jinja2.Environment:
     env.filters["yaml"] = lambda value: value if isinstance(value, str) else json.dumps(value)
     # Another session's directory as seen from this one's: no path of this machine in the page.
     env.filters["beside"] = lambda path: os.path.relpath(path, session_dir) if path else ""
+    env.filters["unplaced"] = lambda text: str(text).replace(str(session_dir), "SESSION").replace(str(Path.home()), "~")
     return env
 
 

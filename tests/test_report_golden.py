@@ -33,7 +33,7 @@ from bisect_npu.request import RunRequest
 DATA = Path(__file__).resolve().parent / "data"
 SESSIONS = DATA / "sessions"
 GOLDEN = DATA / "reports"
-DEMO_CASES = ["loop", "tokens", "acceptance", "loop-settings", "accuracy"]
+DEMO_CASES = ["loop", "tokens", "acceptance", "loop-settings", "accuracy", "nightly"]
 # The sections a maintainer reads, in order (a session shows those it has an answer for).
 ORDER = ["The case", "Bad against good", "Culprit", "Settings", "Fix upstream", "Host", "Reproduce"]
 

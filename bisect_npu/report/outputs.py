@@ -30,6 +30,7 @@ class OutputPair:
     good_tokens: int
     bad_tokens: int
     caret: int  # the column of the first difference in the shown texts
+    figures: list[tuple[str, Any, Any]]  # where the texts are the same: the judge's figures that differ (good, bad)
 
 
 def compared_steps(view: SessionView) -> tuple[StepView, StepView] | None:
@@ -101,8 +102,22 @@ def output_pairs(view: SessionView) -> list[OutputPair]:
         pairs.append(OutputPair(case_id, good_step.commit, bad_step.commit, _cut(good_text, at), _cut(bad_text, at),
                                 at, token, good_obs.finish_reason, bad_obs.finish_reason,
                                 len(good_obs.output_token_ids), len(bad_obs.output_token_ids),
-                                (at > BEFORE_CHARS) + min(at, BEFORE_CHARS) if at is not None else 0))
+                                (at > BEFORE_CHARS) + min(at, BEFORE_CHARS) if at is not None else 0,
+                                _differing(good_step.figures, bad_step.figures) if at is None else []))
     return pairs
+
+
+FIGURES_SHOWN = 6
+
+
+def _differing(good: dict[str, Any], bad: dict[str, Any]) -> list[tuple[str, Any, Any]]:
+    """The numeric figures of two steps that differ (a throughput, a rate): what the judge saw."""
+    rows = []
+    for name in sorted(set(good) & set(bad)):
+        a, b = good[name], bad[name]
+        if isinstance(a, int | float) and isinstance(b, int | float) and not isinstance(a, bool) and a != b:
+            rows.append((name, a, b))
+    return rows[:FIGURES_SHOWN]
 
 
 def first_divergent(view: SessionView) -> dict[str, Any] | None:

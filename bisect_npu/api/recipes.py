@@ -4,7 +4,7 @@ runs, import a vllm-ascend nightly case as one; what `bisect-npu recipes` prints
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from importlib.resources.abc import Traversable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -145,6 +145,7 @@ class ImportedRecipe:
 
     recipe: Recipe
     text: str
+    notes: list[str] = field(default_factory=list)  # what the host still owes before it runs
 
 
 def _read_case_file(file: str | Path) -> tuple[str, str]:
@@ -156,22 +157,29 @@ def _read_case_file(file: str | Path) -> tuple[str, str]:
 
 
 def import_nightly(file: str | Path, *, case: str | None = None, benchmark: str | None = None,
-                   datasets: str | Path | None = None) -> ImportedRecipe:
+                   datasets: str | Path | None = None, model_root: str | Path | None = None) -> ImportedRecipe:
     """A vllm-ascend nightly case file (tests/e2e/nightly/**/*.yaml) as a recipe: `case` (its
     `test_cases[].name`; default: the file's only case), `benchmark` (default: its first accuracy
-    one, else performance), `datasets`: where the benchmarks' relative dataset paths lie."""
+    one, else performance), `datasets`: where the benchmarks' relative dataset paths lie,
+    `model_root`: where the hub's models lie (ORG/NAME under it). The SoC, and so the Dockerfile,
+    is the one the nightly's schedule beside the file names; `notes` say what the host still owes."""
     from bisect_npu.nightly.at_commit import recipe_dump
-    from bisect_npu.nightly.cases import import_case, read_case_file
+    from bisect_npu.nightly.cases import import_case, import_notes, read_case_file
+    from bisect_npu.nightly.soc import schedules_beside, soc_of
 
     text, path = _read_case_file(file)
-    recipe = import_case(read_case_file(text, path), path, case, benchmark,
-                         str(Path(datasets).resolve()) if datasets else None)
+    root = str(Path(datasets).resolve()) if datasets else None
+    recipe = import_case(read_case_file(text, path), path, case, benchmark, root,
+                         soc=soc_of(path, schedules_beside(Path(file))),
+                         model_root=str(model_root) if model_root is not None else None)
     return ImportedRecipe(recipe, f"# imported by bisect-npu recipes import-nightly from {path}\n"
-                          + recipe_dump(recipe))
+                          + recipe_dump(recipe), import_notes(recipe, root))
 
 
 def survey_nightly(file: str | Path) -> FileSurvey:
     """A nightly case file's cases: those a recipe can be imported from, and the others with why."""
     from bisect_npu.nightly.cases import survey
+    from bisect_npu.nightly.soc import schedules_beside, soc_of
 
-    return survey(*_read_case_file(file))
+    text, path = _read_case_file(file)
+    return survey(text, path, soc_of(path, schedules_beside(Path(file))))

@@ -9,6 +9,8 @@ from typing import Any
 
 import click
 
+from bisect_npu.errors import UsageError
+
 
 @click.group()
 def recipes() -> None:
@@ -139,8 +141,10 @@ def render_plan(plan: dict[str, Any]) -> str:
 @click.option("--list", "list_only", is_flag=True, help="List the file's cases: imported, or refused and why.")
 @click.option("--datasets", type=click.Path(file_okay=False, path_type=Path),
               help="Where the benchmarks' relative dataset paths lie [default: as written].")
+@click.option("--model-root", type=click.Path(file_okay=False, path_type=Path),
+              help="Where the hub's models lie on this host, ORG/NAME under it [default: the case's hub id].")
 def import_nightly(file: Path, case_name: str | None, benchmark: str | None, out: Path | None,
-                   list_only: bool, datasets: Path | None) -> None:
+                   list_only: bool, datasets: Path | None, model_root: Path | None) -> None:
     """A vllm-ascend nightly case file (tests/e2e/nightly/**/*.yaml) as a recipe."""
     from bisect_npu import api
 
@@ -151,10 +155,17 @@ def import_nightly(file: Path, case_name: str | None, benchmark: str | None, out
         for reason in found.refused:
             click.echo(f"refused   {reason}")
         return
-    imported = api.import_nightly(file, case=case_name, benchmark=benchmark, datasets=datasets)
+    imported = api.import_nightly(file, case=case_name, benchmark=benchmark, datasets=datasets,
+                                  model_root=model_root)
     recipe, body = imported.recipe, imported.text
     if out is None:
         click.echo(body, nl=False)
     else:
-        out.write_text(body, encoding="utf-8")
+        try:
+            out.parent.mkdir(parents=True, exist_ok=True)
+            out.write_text(body, encoding="utf-8")
+        except OSError as exc:
+            raise UsageError(f"--out {out}: cannot write it ({exc.strerror})") from None
         click.echo(f"wrote {out} (recipe {recipe.name})", err=True)
+    for note in imported.notes:
+        click.echo(f"note: {note}", err=True)

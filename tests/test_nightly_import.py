@@ -146,3 +146,28 @@ def test_a_bad_field_at_one_commit_is_that_commits_skip_with_the_reason(tmp_path
     assert result.verdict.kind == VerdictKind.SKIP
     assert result.verdict.reason.startswith("nightly case at this commit: ")
     assert "max_out_len 'abc' is not a whole number" in result.verdict.reason
+
+
+def test_recipes_show_says_where_each_server_flag_comes_from_and_what_the_verdict_compares_with(
+        tmp_path: Path) -> None:
+    from bisect_npu import api
+    from bisect_npu.recipe.loader import bundled_recipes
+
+    served = [name for name in bundled_recipes() if api.recipe_plan(name)["engine"]["backend"] == "openai"]
+    assert served
+    for name in served:  # the parts, joined, are the line the backend starts
+        engine = api.recipe_plan(name)["engine"]
+        assert [w for part in engine["server_sources"] for w in part["flags"]] == engine["server_command"], name
+    case = checkout(tmp_path / "va", "Tiny-W8A8.yaml")
+    recipe = tmp_path / "r.yaml"
+    assert cli(str(case), "--benchmark", "acc", "--out", str(recipe), cwd=tmp_path).returncode == 0
+    shown = subprocess.run([sys.executable, "-m", "bisect_npu", "recipes", "show", str(recipe)], capture_output=True,
+                           text=True, timeout=120, check=True).stdout
+    assert "  vllm serve vllm-ascend/Tiny-W8A8  <- the default launcher: `vllm serve` of model.path" in shown
+    assert "  --max-num-seqs 4  <- engine.server_flags" in shown
+    assert "reference accuracy.reference baseline: the published 90.0 points less 5.0" in shown
+    assert "harness  ais_bench '<config: models vllm_api_general_chat at the server, datasets " \
+           "gsm8k/gsm8k_gen_0_shot_noncot_chat_prompt, batch_size 4, max_out_len 64>'" in shown
+    seeded = api.recipe_plan("demo-accuracy")["engine"]["server_sources"]  # `--seed 0`: not the user's words
+    assert {"flags": ["--seed", "0"], "from": "bisect-npu: the first trial's seed, from sampling.seed (each trial "
+                                              "its own)"} in seeded

@@ -120,6 +120,8 @@ def recipe_plan(recipe: str | Path | Recipe) -> dict[str, Any]:
         engine["llm_kwargs"] = engine_kwargs(first)
     else:
         engine["args"] = loaded.engine.args
+    if loaded.engine.backend == "openai":
+        engine["server_sources"] = [{"flags": flags, "from": source} for flags, source in server_sources(first, loaded)]
     kinds = loaded.oracle.kinds
     oracle = {kind: getattr(loaded.oracle, kind).model_dump() for kind in kinds if hasattr(loaded.oracle, kind)}
     if loaded.accuracy is not None:
@@ -136,7 +138,79 @@ def recipe_plan(recipe: str | Path | Recipe) -> dict[str, Any]:
         "oracle": {"kinds": kinds, **oracle},
         "trials": loaded.trials.model_dump(),
         "reference": loaded.reference.model_dump(),
+        "effective_reference": effective_reference(loaded),
+        "harness_command": harness_command(loaded),
     }
+
+
+def server_sources(request: dict[str, Any], recipe: Recipe) -> list[tuple[list[str], str]]:
+    """The server command line in parts, each with where it comes from: the recipe's fields, or
+    what bisect-npu adds (the address it binds, the trial's seed). Joined, the parts are the line
+    `server_argv` makes (a test holds them together)."""
+    from bisect_npu.probe.backends.openai import HOST, server_argv
+
+    engine, model = request.get("engine", {}), request["model"]
+    whole = server_argv(request, python="python3")
+    port = str(engine.get("port", 8000))
+    launched = whole[:whole.index("--host")]
+    parts: list[tuple[list[str], str]] = [
+        (launched, "engine.launcher" if "launcher" in recipe.engine.model_fields_set
+         else "the default launcher: `vllm serve` of model.path"),
+        (["--host", HOST, "--port", port], "bisect-npu: the probe talks to the server on this address "
+                                           "(engine.port)")]
+    if model.get("dtype") and model["dtype"] != "auto":
+        parts.append((["--dtype", model["dtype"]], "model.dtype"))
+    if model.get("tokenizer"):
+        parts.append((["--tokenizer", model["tokenizer"]], "model.tokenizer"))
+    if request.get("seed") is not None:
+        parts.append((["--seed", str(request["seed"])], "bisect-npu: the first trial's seed, from sampling.seed "
+                                                        "(each trial its own)"))
+    used = sum(len(flags) for flags, _ in parts)
+    extra = len(list(engine.get("server_flags", [])))
+    if whole[used:len(whole) - extra]:
+        parts.append((whole[used:len(whole) - extra], "engine.args"))
+    if extra:
+        parts.append((whole[len(whole) - extra:], "engine.server_flags"))
+    return parts
+
+
+def effective_reference(recipe: Recipe) -> str:
+    """What the verdicts compare with, in the terms of the section that decides it."""
+    acc, throughput = recipe.accuracy, recipe.oracle.throughput
+    if acc is not None and "accuracy" in recipe.oracle.kinds:
+        published = f"the published {acc.baseline} points less {acc.threshold}"
+        return {"good_end": "accuracy.reference good_end: the good end's score, sample by sample",
+                "baseline": f"accuracy.reference baseline: {published}",
+                "both": f"accuracy.reference both: the good end's score and {published}"}[acc.reference]
+    if throughput is not None and "throughput" in recipe.oracle.kinds:
+        line = f"{throughput.baseline} tokens/s" if throughput.reference == "baseline" else "the good end's"
+        return f"oracle.throughput.reference {throughput.reference}: {throughput.threshold:.0%} of {line}"
+    reference = recipe.reference
+    return f"reference {reference.kind}" + (f" {reference.path}" if reference.path else "")
+
+
+def harness_command(recipe: Recipe) -> list[str] | None:
+    """The accuracy harness's command line as each run starts it (per-run paths as placeholders)."""
+    acc = recipe.accuracy
+    if acc is None:
+        return None
+    sampling = acc.sampling.model_dump(exclude_none=True)
+    if acc.harness == "aisbench" and acc.aisbench is not None:
+        return ["ais_bench", f"<config: models {acc.aisbench.request_conf} at the server, datasets "
+                f"{acc.aisbench.dataset_conf}, batch_size {acc.aisbench.batch_size}, max_out_len "
+                f"{sampling.get('max_tokens')}>", "--work-dir", "<run>/outputs", "--dump-eval-details",
+                "--num-warmups", "0", *acc.aisbench.extra_args]
+    if acc.harness == "lm_eval" and acc.lm_eval is not None:
+        from bisect_npu.probe.harness.lm_eval import argv, is_task_file
+
+        if not is_task_file(acc.lm_eval.task):
+            return argv("lm_eval", acc.lm_eval.model_dump(), "http://127.0.0.1:<port>", recipe.model.path,
+                        acc.dataset, None, None, sampling, int(sampling.get("seed", 0)), "<run>")
+        return ["lm_eval", "run", "--model", acc.lm_eval.model, "--tasks", f"<a task including {acc.lm_eval.task}>",
+                *acc.lm_eval.extra_args]
+    if acc.command is not None:
+        return list(acc.command.argv)
+    return None
 
 
 @dataclass(frozen=True)

@@ -107,6 +107,8 @@ def render_plan(plan: dict[str, Any]) -> str:
     lines.append(f"backend  {engine['backend']}")
     if "server_command" in engine:
         lines.append(f"server   {shlex.join(engine['server_command'])}")
+        for part in engine.get("server_sources", []):
+            lines.append(f"  {shlex.join(part['flags'])}  <- {part['from']}")
     if "llm_kwargs" in engine:
         lines.append(f"engine   LLM(**{json.dumps(engine['llm_kwargs'])})")
     lines.append(f"loop     {json.dumps(engine['loop_guard']) if engine['loop_guard'] else 'no early stop'}")
@@ -128,8 +130,9 @@ def render_plan(plan: dict[str, Any]) -> str:
             lines.append(f"  {kind:<10} {json.dumps(plan['oracle'][kind])}")
     trials = plan["trials"]
     lines.append(f"trials   {trials['count']} ({trials['mode']}, confidence {trials['confidence']})")
-    reference = plan["reference"]
-    lines.append(f"reference {reference['kind']}" + (f" {reference['path']}" if reference.get("path") else ""))
+    lines.append(f"reference {plan['effective_reference']}")
+    if plan.get("harness_command"):
+        lines.append(f"harness  {shlex.join(plan['harness_command'])}")
     return "\n".join(lines)
 
 

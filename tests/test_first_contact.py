@@ -1,0 +1,38 @@
+"""The small things a new user meets first: `plan --find-fix` warns where the search would start
+from a merge-base that may not show the symptom."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+from tests.gitrepo import git, make_linear_repo
+
+
+def bisect_npu(*args: str, cwd: Path) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "bisect_npu", *args], cwd=cwd, capture_output=True, text=True,
+                          timeout=120, check=False)
+
+
+def test_plan_find_fix_warns_when_the_old_end_is_off_the_new_ends_history(tmp_path: Path) -> None:
+    shas = make_linear_repo(tmp_path / "repo", 6)
+    repo = tmp_path / "repo"
+    git(repo, "checkout", "-q", "-b", "release", shas[2])
+    (repo / "hotfix").write_text("x\n")
+    git(repo, "add", "hotfix")
+    git(repo, "commit", "-q", "-m", "release only")
+    git(repo, "tag", "old-broken")
+    git(repo, "checkout", "-q", shas[-1])
+    args = ("plan", "--repo", str(repo), "--old", "old-broken", "--new", shas[-1], "--cmd", "true")
+    found = bisect_npu(*args, "--find-fix", cwd=tmp_path)
+    assert found.returncode == 0, found.stderr
+    assert (f"warning: --find-fix: the old end old-broken is not on the new end's history, so the search starts "
+            f"from their merge-base {shas[2][:12]}") in found.stdout
+    as_json = json.loads(bisect_npu(*args, "--find-fix", "--json", cwd=tmp_path).stdout)
+    assert as_json["find_fix"] and "may predate the regression" in as_json["warning"]
+    assert "warning: --find-fix" not in bisect_npu(*args, cwd=tmp_path).stdout  # a search for the culprit
+    on_history = bisect_npu("plan", "--repo", str(repo), "--old", shas[1], "--new", shas[-1], "--cmd", "true",
+                            "--find-fix", cwd=tmp_path)
+    assert on_history.returncode == 0 and "warning" not in on_history.stdout

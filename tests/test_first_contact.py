@@ -36,3 +36,20 @@ def test_plan_find_fix_warns_when_the_old_end_is_off_the_new_ends_history(tmp_pa
     on_history = bisect_npu("plan", "--repo", str(repo), "--old", shas[1], "--new", shas[-1], "--cmd", "true",
                             "--find-fix", cwd=tmp_path)
     assert on_history.returncode == 0 and "warning" not in on_history.stdout
+
+
+def test_recipes_check_says_which_rules_concern_the_recipe(tmp_path: Path) -> None:
+    shas = make_linear_repo(tmp_path / "repo", 2)
+    plain = bisect_npu("recipes", "check", "demo-async-penalty", "--repo", str(tmp_path / "repo"), "--at", shas[-1],
+                       cwd=tmp_path)
+    assert plain.returncode == 0, plain.stderr
+    assert "no rule concerns this recipe (of the 4), so nothing was checked" in plain.stdout
+    recipe = tmp_path / "configured.yaml"
+    recipe.write_text("name: configured\nmodel: {path: /m}\nengine:\n  backend: vllm\n  args:\n"
+                      "    additional_config: {ascend_scheduler_config: {enabled: true}}\n"
+                      "cases: [{id: a, prompt: hi}]\n")
+    configured = bisect_npu("recipes", "check", str(recipe), "--repo", str(tmp_path / "repo"), "--at", shas[-1],
+                            cwd=tmp_path)
+    assert configured.returncode == 0, configured.stderr
+    assert ("2 of 4 rules concern this recipe (ascend-scheduler-batched-tokens, ignored-additional-config); none "
+            "finds a problem") in configured.stdout

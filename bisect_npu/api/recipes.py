@@ -84,21 +84,24 @@ class RecipeAtRef:
     sha: str
     rules: int  # rules checked
     findings: list[Finding]
+    concerning: list[str] = field(default_factory=list)  # the rules about what the recipe uses, by name
 
 
 def check_recipe_at(recipe: str | Path | Recipe, repo: str | Path, refs: Iterable[str]) -> list[RecipeAtRef]:
     """Check `recipe` at each of `refs` of the candidate repository (a clone or a URL)."""
-    from bisect_npu.recipe.check import RULES, check_recipe
+    from bisect_npu.recipe.check import RULES, EngineFacts, check_recipe
     from bisect_npu.recipe.loader import load_recipe
     from bisect_npu.recipe.schema import Recipe
     from bisect_npu.upstream import history
 
     loaded = recipe if isinstance(recipe, Recipe) else load_recipe(recipe)
     clone = history.open_repo(str(repo))
+    engine = EngineFacts.of(loaded)
+    concerning = [rule.name for rule in RULES if rule.concerns(engine)]
     checked = []
     for ref in refs:
         sha = history.resolve_ref(clone, ref)
-        checked.append(RecipeAtRef(loaded.name, ref, sha, len(RULES), check_recipe(loaded, clone, sha)))
+        checked.append(RecipeAtRef(loaded.name, ref, sha, len(RULES), check_recipe(loaded, clone, sha), concerning))
     return checked
 
 

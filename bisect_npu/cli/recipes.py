@@ -78,8 +78,12 @@ def check(recipe: str, repo: str, refs: tuple[str, ...]) -> None:
     failed = []
     for checked in api.check_recipe_at(recipe, repo, refs):
         where = f"{checked.recipe} at {checked.ref} ({checked.sha[:12]})"
-        if not checked.findings:
-            click.echo(f"ok    {where}: {checked.rules} rules")
+        if not checked.findings and checked.concerning:
+            click.echo(f"ok    {where}: {len(checked.concerning)} of {checked.rules} rules concern this recipe "
+                       f"({', '.join(checked.concerning)}); none finds a problem")
+        elif not checked.findings:
+            click.echo(f"ok    {where}: no rule concerns this recipe (of the {checked.rules}), so nothing was "
+                       "checked against the candidate's source")
         failed += [f"{where}: [{finding.rule}] {finding.describe()}" for finding in checked.findings]
     _fail_on(failed)
 

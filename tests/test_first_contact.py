@@ -53,3 +53,20 @@ def test_recipes_check_says_which_rules_concern_the_recipe(tmp_path: Path) -> No
     assert configured.returncode == 0, configured.stderr
     assert ("2 of 4 rules concern this recipe (ascend-scheduler-batched-tokens, ignored-additional-config); none "
             "finds a problem") in configured.stdout
+
+
+def test_judge_refuses_observations_written_for_another_recipe(tmp_path: Path) -> None:
+    from bisect_npu.contracts import Observation
+
+    def written(name: str, recipe: str) -> Path:
+        path = tmp_path / name
+        path.write_text(Observation(commit="a" * 40, recipe=recipe, case_id="repeat-story", text="one two three",
+                                    output_token_ids=[1, 2, 3], finish_reason="stop").model_dump_json())
+        return path
+
+    other = bisect_npu("judge", "--recipe", "demo-async-penalty", str(written("o.json", "demo-spec-decode")),
+                       cwd=tmp_path)
+    assert other.returncode == 128 and "written for recipe 'demo-spec-decode', not 'demo-async-penalty'" in other.stderr
+    own = bisect_npu("judge", "--recipe", "demo-async-penalty", str(written("m.json", "demo-async-penalty")),
+                     cwd=tmp_path)
+    assert own.returncode == 0, own.stderr

@@ -70,3 +70,13 @@ def test_judge_refuses_observations_written_for_another_recipe(tmp_path: Path) -
     own = bisect_npu("judge", "--recipe", "demo-async-penalty", str(written("m.json", "demo-async-penalty")),
                      cwd=tmp_path)
     assert own.returncode == 0, own.stderr
+
+
+def test_a_usage_error_leaves_no_empty_session_directory(tmp_path: Path) -> None:
+    make_linear_repo(tmp_path / "repo", 2)
+    done = bisect_npu("settings", "--at", "HEAD", "--recipe", "demo-async-penalty", "--good-set",
+                      "cases[*].sampling.temprature=0.5", cwd=tmp_path / "repo")
+    assert done.returncode == 2 and "no such key in the recipe schema" in done.stderr
+    sessions = tmp_path / "repo" / ".bisect-npu" / "sessions"
+    assert [p.name for p in sessions.iterdir() if p.is_dir()] == []
+    assert "nothing was run; the session directory" in done.stderr

@@ -135,12 +135,26 @@ def _report_stop(session_dir: Path, reason: str, exit_code: int) -> None:
     from bisect_npu.report import note_stop, write_reports
 
     if not (session_dir / "journal.jsonl").is_file():
-        return  # stopped before its journal was made: nothing to report on
+        _drop_if_empty(session_dir)  # stopped before anything was journaled: no session to keep
+        return
     try:
         note_stop(session_dir, reason, exit_code)
         write_reports(session_dir)
     except Exception:  # the error being reported is what the user needs to see, not this one
         click.echo("bisect-npu: the stopped session's report could not be written", err=True)
+
+
+def _drop_if_empty(session_dir: Path) -> None:
+    """Remove a session directory the error left with nothing in it (at most its lock)."""
+    try:
+        if not session_dir.is_dir() or {p.name for p in session_dir.iterdir()} - {"lock", "settings.lock"}:
+            return
+        for leftover in session_dir.iterdir():
+            leftover.unlink()
+        session_dir.rmdir()
+    except OSError:
+        return  # another process took it over: it is not empty any more
+    click.echo(f"bisect-npu: nothing was run; the session directory {session_dir} is removed", err=True)
 
 
 def _no_verdict(args: list[str], code: int) -> int:

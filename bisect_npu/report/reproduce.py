@@ -29,11 +29,11 @@ class Reproduce:
 def reproduce(view: SessionView) -> Reproduce:
     """The run line for another host; a dependency level's is its upstream session's (it has no
     `run` line of its own: the held upstream commit comes from that run's culprit)."""
-    request = view.request
+    request, github = view.request, view.github
     parent = Path(view.header.parent_session) if view.header.parent_session else None
     if held_of(view.header.level) is not None and parent is not None and (parent / JOURNAL_FILE).is_file():
         with Journal.open(parent, read_only=True) as journal:
-            request = journal.header.request
+            request, github = journal.header.request, journal.header.github
     argv = request.run_argv()
     out: list[str] = []
     recipe_file = recipe_text = None
@@ -48,8 +48,8 @@ def reproduce(view: SessionView) -> Reproduce:
             continue
         value = argv[at + 1] if at + 1 < len(argv) else None
         if word == "--repo" and value is not None:
-            placeholder = not (view.github or _is_url(value))
-            out += [word, value if _is_url(value) else view.github or UPSTREAM]
+            placeholder = not (github or _is_url(value))
+            out += [word, value if _is_url(value) else github or UPSTREAM]
             skip = 1
         elif word == "--recipe" and request.judge.nightly_case:
             skip = 1  # made from the nightly case at each commit: the case is what the reader runs

@@ -140,6 +140,8 @@ def _report_stop(session_dir: Path, reason: str, exit_code: int) -> None:
     try:
         note_stop(session_dir, reason, exit_code)
         write_reports(session_dir)
+    except BisectError:
+        return  # a journal that cannot be read: the error being reported says so already
     except Exception:  # the error being reported is what the user needs to see, not this one
         click.echo("bisect-npu: the stopped session's report could not be written", err=True)
 

@@ -64,4 +64,4 @@ def test_a_command_harness_bisection_finds_the_manifests_culprit_running_few_sam
             asked = request["accuracy"]["sample_ids"]
             assert [s.id for s in observation.samples or []] == (asked or [r["id"] for r in read_dataset()])
     report = (tmp_path / "s" / "report.md").read_text()
-    assert "## Accuracy" in report and "### Samples that flipped at the culprit" in report
+    assert "## Bad against good" in report and "and wrong at the culprit:" in report

@@ -151,8 +151,10 @@ def test_culprit_moving_the_pin_is_bisected_into_the_dependency(tmp_path: Path, 
                                                                                           '"type": "fix"')
     child_report = (child / "report.md").read_text()
     assert f"held at {ups[6][:12]}" in child_report
-    # Its reproduce line is the upstream run's: the held commit comes from that run's culprit.
-    assert f"bisect-npu run --repo {tmp_path / 'upstream'} --good {ups[0]} --bad {ups[-1]}" in child_report
+    # Its reproduce line is the upstream run's (the held commit comes from that run's culprit), for
+    # another person: the upstream (no GitHub remote here) is their clone, UPSTREAM.
+    assert f"bisect-npu run --repo UPSTREAM --good {ups[0]} --bad {ups[-1]}" in child_report
+    assert str(tmp_path) not in child_report.split("<details>")[0]
 
 
 def test_a_dependency_fix_that_does_not_apply_is_not_claimed_verified(tmp_path: Path, env: dict[str, str]) -> None:

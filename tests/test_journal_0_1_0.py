@@ -55,9 +55,11 @@ def test_the_0_1_0_journal_loads_into_typed_records_and_renders_its_report(sessi
     view = load_view(session)
     markdown = render_markdown(view)
     assert f"**First bad commit: `{CULPRIT[:12]}` [v0.9.1][Perf] Back-fill async placeholders" in markdown
-    assert "bisect-npu run --repo /root/.cache/bisect-npu/demo/v2/seed-0/upstream --good v0.9.0 --bad v0.9.1 " \
+    # Another person's run: the repository is theirs (no path of this machine), the recipe bundled.
+    assert "bisect-npu run --repo UPSTREAM --good v0.9.0 --bad v0.9.1 " \
            "--recipe demo-async-penalty --mode exact --verify-fix" in markdown
-    assert "- verified: `1197a0f93cb3` `68b31e5b55cb` [BugFix] Back-fill async placeholders" in markdown
+    assert "- verified: `1197a0f93cb3` [BugFix] Back-fill async placeholders" in markdown
+    assert "(the same change is also on other branches as `68b31e5b55cb`)" in markdown
     report = render_json(view)
     assert (report["status"], report["culprit"], report["candidates"]) == ("found", CULPRIT, 29)
     assert [s["index"] for s in report["steps"]] == [29, 0, 16, 8, 12, 10, 11]

@@ -43,7 +43,7 @@ def test_the_report_shows_scores_samples_run_and_what_flipped_at_the_culprit(tmp
     assert [f["id"] for f in acc["flipped"]] == ["q7"]
     assert acc["flipped"][0]["parent"] == "1" * 40  # the tested commit right below the culprit
     page = render_markdown(view)
-    assert "## Accuracy" in page and "| 6 / 30 |" in page and "[72.0, 86.0]" in page and "| 80.0 |" in page
+    assert "## Bad against good" in page and "| 6 / 30 |" in page and "[72.0, 86.0]" in page and "| 80.0 |" in page
     assert "xychart-beta" in page and "line [72.0, 72.0, 58.0, 59.0]" in page
     assert "**q7** (1.0 -> 0.0 correct, finished `length`): What is 2+2?" in page
     assert "after: 5 5 5 5" in page

@@ -164,9 +164,14 @@ def judge(recipe: Recipe | str | Path, observations: Sequence[Observation | str 
     from bisect_npu import oracle
 
     loaded = recipe if isinstance(recipe, Recipe) else load_recipe(recipe)
-    return oracle.judge(loaded.oracle, _observations(observations),
-                        _observations(reference) if reference is not None else None,
-                        trials_per_case=loaded.trials.count, accuracy=loaded.accuracy)
+    judged = _observations(observations)
+    references = _observations(reference) if reference is not None else None
+    for obs in [*judged, *(references or [])]:
+        if obs.recipe and obs.recipe != loaded.name:  # another case's output: its verdict would mean nothing
+            raise UsageError(f"an observation of commit {obs.commit[:12] or '?'} (case {obs.case_id}) was written for "
+                             f"recipe {obs.recipe!r}, not {loaded.name!r}: judge it with the recipe that ran it")
+    return oracle.judge(loaded.oracle, judged, references, trials_per_case=loaded.trials.count,
+                        accuracy=loaded.accuracy)
 
 
 def _observations(given: Sequence[Observation | str | Path]) -> list[Observation]:

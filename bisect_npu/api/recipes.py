@@ -4,7 +4,7 @@ runs, import a vllm-ascend nightly case as one; what `bisect-npu recipes` prints
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from importlib.resources.abc import Traversable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -84,21 +84,24 @@ class RecipeAtRef:
     sha: str
     rules: int  # rules checked
     findings: list[Finding]
+    concerning: list[str] = field(default_factory=list)  # the rules about what the recipe uses, by name
 
 
 def check_recipe_at(recipe: str | Path | Recipe, repo: str | Path, refs: Iterable[str]) -> list[RecipeAtRef]:
     """Check `recipe` at each of `refs` of the candidate repository (a clone or a URL)."""
-    from bisect_npu.recipe.check import RULES, check_recipe
+    from bisect_npu.recipe.check import RULES, EngineFacts, check_recipe
     from bisect_npu.recipe.loader import load_recipe
     from bisect_npu.recipe.schema import Recipe
     from bisect_npu.upstream import history
 
     loaded = recipe if isinstance(recipe, Recipe) else load_recipe(recipe)
     clone = history.open_repo(str(repo))
+    engine = EngineFacts.of(loaded)
+    concerning = [rule.name for rule in RULES if rule.concerns(engine)]
     checked = []
     for ref in refs:
         sha = history.resolve_ref(clone, ref)
-        checked.append(RecipeAtRef(loaded.name, ref, sha, len(RULES), check_recipe(loaded, clone, sha)))
+        checked.append(RecipeAtRef(loaded.name, ref, sha, len(RULES), check_recipe(loaded, clone, sha), concerning))
     return checked
 
 
@@ -120,6 +123,8 @@ def recipe_plan(recipe: str | Path | Recipe) -> dict[str, Any]:
         engine["llm_kwargs"] = engine_kwargs(first)
     else:
         engine["args"] = loaded.engine.args
+    if loaded.engine.backend == "openai":
+        engine["server_sources"] = [{"flags": flags, "from": source} for flags, source in server_sources(first, loaded)]
     kinds = loaded.oracle.kinds
     oracle = {kind: getattr(loaded.oracle, kind).model_dump() for kind in kinds if hasattr(loaded.oracle, kind)}
     if loaded.accuracy is not None:
@@ -136,7 +141,79 @@ def recipe_plan(recipe: str | Path | Recipe) -> dict[str, Any]:
         "oracle": {"kinds": kinds, **oracle},
         "trials": loaded.trials.model_dump(),
         "reference": loaded.reference.model_dump(),
+        "effective_reference": effective_reference(loaded),
+        "harness_command": harness_command(loaded),
     }
+
+
+def server_sources(request: dict[str, Any], recipe: Recipe) -> list[tuple[list[str], str]]:
+    """The server command line in parts, each with where it comes from: the recipe's fields, or
+    what bisect-npu adds (the address it binds, the trial's seed). Joined, the parts are the line
+    `server_argv` makes (a test holds them together)."""
+    from bisect_npu.probe.backends.openai import HOST, server_argv
+
+    engine, model = request.get("engine", {}), request["model"]
+    whole = server_argv(request, python="python3")
+    port = str(engine.get("port", 8000))
+    launched = whole[:whole.index("--host")]
+    parts: list[tuple[list[str], str]] = [
+        (launched, "engine.launcher" if "launcher" in recipe.engine.model_fields_set
+         else "the default launcher: `vllm serve` of model.path"),
+        (["--host", HOST, "--port", port], "bisect-npu: the probe talks to the server on this address "
+                                           "(engine.port)")]
+    if model.get("dtype") and model["dtype"] != "auto":
+        parts.append((["--dtype", model["dtype"]], "model.dtype"))
+    if model.get("tokenizer"):
+        parts.append((["--tokenizer", model["tokenizer"]], "model.tokenizer"))
+    if request.get("seed") is not None:
+        parts.append((["--seed", str(request["seed"])], "bisect-npu: the first trial's seed, from sampling.seed "
+                                                        "(each trial its own)"))
+    used = sum(len(flags) for flags, _ in parts)
+    extra = len(list(engine.get("server_flags", [])))
+    if whole[used:len(whole) - extra]:
+        parts.append((whole[used:len(whole) - extra], "engine.args"))
+    if extra:
+        parts.append((whole[len(whole) - extra:], "engine.server_flags"))
+    return parts
+
+
+def effective_reference(recipe: Recipe) -> str:
+    """What the verdicts compare with, in the terms of the section that decides it."""
+    acc, throughput = recipe.accuracy, recipe.oracle.throughput
+    if acc is not None and "accuracy" in recipe.oracle.kinds:
+        published = f"the published {acc.baseline} points less {acc.threshold}"
+        return {"good_end": "accuracy.reference good_end: the good end's score, sample by sample",
+                "baseline": f"accuracy.reference baseline: {published}",
+                "both": f"accuracy.reference both: the good end's score and {published}"}[acc.reference]
+    if throughput is not None and "throughput" in recipe.oracle.kinds:
+        line = f"{throughput.baseline} tokens/s" if throughput.reference == "baseline" else "the good end's"
+        return f"oracle.throughput.reference {throughput.reference}: {throughput.threshold:.0%} of {line}"
+    reference = recipe.reference
+    return f"reference {reference.kind}" + (f" {reference.path}" if reference.path else "")
+
+
+def harness_command(recipe: Recipe) -> list[str] | None:
+    """The accuracy harness's command line as each run starts it (per-run paths as placeholders)."""
+    acc = recipe.accuracy
+    if acc is None:
+        return None
+    sampling = acc.sampling.model_dump(exclude_none=True)
+    if acc.harness == "aisbench" and acc.aisbench is not None:
+        return ["ais_bench", f"<config: models {acc.aisbench.request_conf} at the server, datasets "
+                f"{acc.aisbench.dataset_conf}, batch_size {acc.aisbench.batch_size}, max_out_len "
+                f"{sampling.get('max_tokens')}>", "--work-dir", "<run>/outputs", "--dump-eval-details",
+                "--num-warmups", "0", *acc.aisbench.extra_args]
+    if acc.harness == "lm_eval" and acc.lm_eval is not None:
+        from bisect_npu.probe.harness.lm_eval import argv, is_task_file
+
+        if not is_task_file(acc.lm_eval.task):
+            return argv("lm_eval", acc.lm_eval.model_dump(), "http://127.0.0.1:<port>", recipe.model.path,
+                        acc.dataset, None, None, sampling, int(sampling.get("seed", 0)), "<run>")
+        return ["lm_eval", "run", "--model", acc.lm_eval.model, "--tasks", f"<a task including {acc.lm_eval.task}>",
+                *acc.lm_eval.extra_args]
+    if acc.command is not None:
+        return list(acc.command.argv)
+    return None
 
 
 @dataclass(frozen=True)
@@ -145,6 +222,7 @@ class ImportedRecipe:
 
     recipe: Recipe
     text: str
+    notes: list[str] = field(default_factory=list)  # what the host still owes before it runs
 
 
 def _read_case_file(file: str | Path) -> tuple[str, str]:
@@ -156,22 +234,29 @@ def _read_case_file(file: str | Path) -> tuple[str, str]:
 
 
 def import_nightly(file: str | Path, *, case: str | None = None, benchmark: str | None = None,
-                   datasets: str | Path | None = None) -> ImportedRecipe:
+                   datasets: str | Path | None = None, model_root: str | Path | None = None) -> ImportedRecipe:
     """A vllm-ascend nightly case file (tests/e2e/nightly/**/*.yaml) as a recipe: `case` (its
     `test_cases[].name`; default: the file's only case), `benchmark` (default: its first accuracy
-    one, else performance), `datasets`: where the benchmarks' relative dataset paths lie."""
+    one, else performance), `datasets`: where the benchmarks' relative dataset paths lie,
+    `model_root`: where the hub's models lie (ORG/NAME under it). The SoC, and so the Dockerfile,
+    is the one the nightly's schedule beside the file names; `notes` say what the host still owes."""
     from bisect_npu.nightly.at_commit import recipe_dump
-    from bisect_npu.nightly.cases import import_case, read_case_file
+    from bisect_npu.nightly.cases import import_case, import_notes, read_case_file
+    from bisect_npu.nightly.soc import schedules_beside, soc_of
 
     text, path = _read_case_file(file)
-    recipe = import_case(read_case_file(text, path), path, case, benchmark,
-                         str(Path(datasets).resolve()) if datasets else None)
+    root = str(Path(datasets).resolve()) if datasets else None
+    recipe = import_case(read_case_file(text, path), path, case, benchmark, root,
+                         soc=soc_of(path, schedules_beside(Path(file))),
+                         model_root=str(model_root) if model_root is not None else None)
     return ImportedRecipe(recipe, f"# imported by bisect-npu recipes import-nightly from {path}\n"
-                          + recipe_dump(recipe))
+                          + recipe_dump(recipe), import_notes(recipe, root))
 
 
 def survey_nightly(file: str | Path) -> FileSurvey:
     """A nightly case file's cases: those a recipe can be imported from, and the others with why."""
     from bisect_npu.nightly.cases import survey
+    from bisect_npu.nightly.soc import schedules_beside, soc_of
 
-    return survey(*_read_case_file(file))
+    text, path = _read_case_file(file)
+    return survey(text, path, soc_of(path, schedules_beside(Path(file))))

@@ -105,6 +105,8 @@ def main(argv: list[str] | None = None) -> None:
         # Without standalone mode click returns the code of a `ctx.exit(code)` instead of exiting.
         returned = cli.main(args=args, prog_name="bisect-npu", standalone_mode=False)
     except BisectError as exc:
+        if args and args[0] in SESSION_COMMANDS and _session:
+            _report_stop(_session[0], str(exc), exc.exit_code)
         _fail(args, f"bisect-npu: error: {exc}", exc.exit_code, "error", str(exc))
     except (click.exceptions.Abort, KeyboardInterrupt):
         hint = ""
@@ -112,6 +114,7 @@ def main(argv: list[str] | None = None) -> None:
             again = ("the same `bisect-npu settings` command with --session {}" if args[0] == "settings"
                      else "`bisect-npu resume --session {}`").format(_session[0])
             hint = f"; finished steps and trials are kept: {again} continues"
+            _report_stop(_session[0], "interrupted", 130)
         _fail(args, f"bisect-npu: interrupted{hint}", 130, "interrupted", "interrupted")
     except click.UsageError as exc:
         where = exc.ctx.command_path if exc.ctx else "bisect-npu"
@@ -184,6 +187,35 @@ def _report_crash(session_dir: Path, error: str) -> None:
         write_reports(session_dir)
     except Exception:  # the crash being reported is what the user needs to see, not this one
         click.echo("bisect-npu: the crashed session's report could not be written", err=True)
+
+
+def _report_stop(session_dir: Path, reason: str, exit_code: int) -> None:
+    """The session's report says it stopped and why (not "still running"), as `_report_crash` does."""
+    from bisect_npu.report import note_stop, write_reports
+
+    if not (session_dir / "journal.jsonl").is_file():
+        _drop_if_empty(session_dir)  # stopped before anything was journaled: no session to keep
+        return
+    try:
+        note_stop(session_dir, reason, exit_code)
+        write_reports(session_dir)
+    except BisectError:
+        return  # a journal that cannot be read: the error being reported says so already
+    except Exception:  # the error being reported is what the user needs to see, not this one
+        click.echo("bisect-npu: the stopped session's report could not be written", err=True)
+
+
+def _drop_if_empty(session_dir: Path) -> None:
+    """Remove a session directory the error left with nothing in it (at most its lock)."""
+    try:
+        if not session_dir.is_dir() or {p.name for p in session_dir.iterdir()} - {"lock", "settings.lock"}:
+            return
+        for leftover in session_dir.iterdir():
+            leftover.unlink()
+        session_dir.rmdir()
+    except OSError:
+        return  # another process took it over: it is not empty any more
+    click.echo(f"bisect-npu: nothing was run; the session directory {session_dir} is removed", err=True)
 
 
 def _no_verdict(args: list[str], code: int) -> int:

@@ -59,6 +59,8 @@ def demo(case_name: str | None, seed: int, executor: Literal["local", "docker"],
         click.echo(f"report: {outcome.report}")
         summaries.append(outcome.summary())
         worst = max(worst, outcome.result.exit_code if outcome.match else 1)
-    if as_json:
-        click.echo(json.dumps(summaries if len(summaries) > 1 else summaries[0]))
+    if as_json:  # one JSON object as the last line, as `run --json` ends; several cases under `cases`
+        click.echo(json.dumps(summaries[0] if len(summaries) == 1 else
+                              {"status": "matched" if worst == 0 else "mismatched", "exit_code": worst,
+                               "cases": summaries}))
     raise SystemExit(worst)

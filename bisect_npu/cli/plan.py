@@ -14,8 +14,13 @@ if TYPE_CHECKING:
 
 
 @click.command()
-@click.option("--good", required=True, help="A ref where the model behaves.")
-@click.option("--bad", required=True, help="A ref where it misbehaves.")
+@click.option("--good", "--old", "good", required=True,
+              help="A ref where the model behaves (with --find-fix: the old end, where it misbehaves).")
+@click.option("--bad", "--new", "bad", required=True,
+              help="A ref where it misbehaves (with --find-fix: the new end, where it is fixed).")
+@click.option("--find-fix", is_flag=True, help="Plan a search for the fix (as `run --find-fix`): the old end shows "
+                                               "the symptom, the new end not; warns where the search would start "
+                                               "from a merge-base that may not show it.")
 @click.option("--repo", default=".", show_default=True, help="Path or URL of the upstream repository.")
 @click.option("--build-minutes", type=FiniteRange(0), default=30.0, show_default=True,
               help="Cost of one full build (the first commit of a build key).")
@@ -47,7 +52,8 @@ if TYPE_CHECKING:
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
 def plan(good: str, bad: str, repo: str, build_minutes: float, overlay_minutes: float, run_minutes: float | None,
          command: str | None, executor: Literal["local", "docker"] | None, dockerfile: str | None, recipe: str | None,
-         base_image_map: tuple[str, ...], release_images: str | None, pull: bool, as_json: bool) -> None:
+         base_image_map: tuple[str, ...], release_images: str | None, pull: bool, as_json: bool,
+         find_fix: bool) -> None:
     """Resolve GOOD..BAD: candidates, merge-base note, build groups, expected steps and cost.
 
     The expected figures replay the real exact-mode search (which picks its pivots by build
@@ -61,12 +67,27 @@ def plan(good: str, bad: str, repo: str, build_minutes: float, overlay_minutes: 
     answer = api.plan(repo, good, bad, build_minutes=build_minutes, overlay_minutes=overlay_minutes,
                       run_minutes=run_minutes, command=command, executor=executor, dockerfile=dockerfile,
                       recipe=recipe, base_image_map=base_image_map, release_images=release_images, pull=pull)
+    warning = find_fix_warning(answer, good, bad) if find_fix else None
     if as_json:
-        click.echo(json.dumps(answer.to_json()))
-    elif answer.executor == "local":
+        click.echo(json.dumps({**answer.to_json(), "find_fix": find_fix, "warning": warning}))
+        return
+    if warning:
+        click.echo(f"warning: {warning}")
+    if answer.executor == "local":
         _print_checkouts(answer)
     else:
         _print_images(answer)
+
+
+def find_fix_warning(answer: Plan, old: str, new: str) -> str | None:
+    """With --find-fix the old end must show the symptom; where it is not an ancestor of the new
+    end, the search starts from their merge-base instead, which may predate the regression."""
+    brange = answer.range_plan.range
+    if not brange.merge_base_note:
+        return None
+    return (f"--find-fix: the old end {old} is not on the new end's history, so the search starts from "
+            f"their merge-base {brange.base[:12]}, taken to show the symptom; it may predate the regression (then the "
+            f"answer is wrong): check it shows the symptom, or give an old end on {new}'s history")
 
 
 def _print_images(answer: Plan) -> None:
@@ -82,8 +103,8 @@ def _print_images(answer: Plan) -> None:
     click.echo(f"candidates: {n} first-parent commits in ({brange.base[:12]}, {brange.bad[:12]}]")
     click.echo(f"  oldest: {result.oldest.sha[:12]} {result.oldest.title}")
     click.echo(f"  newest: {result.newest.sha[:12]} {result.newest.title}")
-    click.echo(f"distinct build keys: {len(result.groups)} (the other candidates reuse a compiled image + python "
-               "overlay)")
+    click.echo(f"distinct build keys: {len(result.groups)} of {dockerfile} (the other candidates reuse a compiled "
+               "image + python overlay)")
     for group in result.groups:
         made_of = ", ".join(f"{label} {value}" for label, value in (("FROM", group.base_image),
                                                                      ("vLLM", group.vllm_tag)) if value)

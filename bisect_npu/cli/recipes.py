@@ -9,6 +9,8 @@ from typing import Any
 
 import click
 
+from bisect_npu.errors import UsageError
+
 
 @click.group()
 def recipes() -> None:
@@ -76,8 +78,12 @@ def check(recipe: str, repo: str, refs: tuple[str, ...]) -> None:
     failed = []
     for checked in api.check_recipe_at(recipe, repo, refs):
         where = f"{checked.recipe} at {checked.ref} ({checked.sha[:12]})"
-        if not checked.findings:
-            click.echo(f"ok    {where}: {checked.rules} rules")
+        if not checked.findings and checked.concerning:
+            click.echo(f"ok    {where}: {len(checked.concerning)} of {checked.rules} rules concern this recipe "
+                       f"({', '.join(checked.concerning)}); none finds a problem")
+        elif not checked.findings:
+            click.echo(f"ok    {where}: no rule concerns this recipe (of the {checked.rules}), so nothing was "
+                       "checked against the candidate's source")
         failed += [f"{where}: [{finding.rule}] {finding.describe()}" for finding in checked.findings]
     _fail_on(failed)
 
@@ -105,6 +111,8 @@ def render_plan(plan: dict[str, Any]) -> str:
     lines.append(f"backend  {engine['backend']}")
     if "server_command" in engine:
         lines.append(f"server   {shlex.join(engine['server_command'])}")
+        for part in engine.get("server_sources", []):
+            lines.append(f"  {shlex.join(part['flags'])}  <- {part['from']}")
     if "llm_kwargs" in engine:
         lines.append(f"engine   LLM(**{json.dumps(engine['llm_kwargs'])})")
     lines.append(f"loop     {json.dumps(engine['loop_guard']) if engine['loop_guard'] else 'no early stop'}")
@@ -126,8 +134,9 @@ def render_plan(plan: dict[str, Any]) -> str:
             lines.append(f"  {kind:<10} {json.dumps(plan['oracle'][kind])}")
     trials = plan["trials"]
     lines.append(f"trials   {trials['count']} ({trials['mode']}, confidence {trials['confidence']})")
-    reference = plan["reference"]
-    lines.append(f"reference {reference['kind']}" + (f" {reference['path']}" if reference.get("path") else ""))
+    lines.append(f"reference {plan['effective_reference']}")
+    if plan.get("harness_command"):
+        lines.append(f"harness  {shlex.join(plan['harness_command'])}")
     return "\n".join(lines)
 
 
@@ -139,8 +148,10 @@ def render_plan(plan: dict[str, Any]) -> str:
 @click.option("--list", "list_only", is_flag=True, help="List the file's cases: imported, or refused and why.")
 @click.option("--datasets", type=click.Path(file_okay=False, path_type=Path),
               help="Where the benchmarks' relative dataset paths lie [default: as written].")
+@click.option("--model-root", type=click.Path(file_okay=False, path_type=Path),
+              help="Where the hub's models lie on this host, ORG/NAME under it [default: the case's hub id].")
 def import_nightly(file: Path, case_name: str | None, benchmark: str | None, out: Path | None,
-                   list_only: bool, datasets: Path | None) -> None:
+                   list_only: bool, datasets: Path | None, model_root: Path | None) -> None:
     """A vllm-ascend nightly case file (tests/e2e/nightly/**/*.yaml) as a recipe."""
     from bisect_npu import api
 
@@ -151,10 +162,17 @@ def import_nightly(file: Path, case_name: str | None, benchmark: str | None, out
         for reason in found.refused:
             click.echo(f"refused   {reason}")
         return
-    imported = api.import_nightly(file, case=case_name, benchmark=benchmark, datasets=datasets)
+    imported = api.import_nightly(file, case=case_name, benchmark=benchmark, datasets=datasets,
+                                  model_root=model_root)
     recipe, body = imported.recipe, imported.text
     if out is None:
         click.echo(body, nl=False)
     else:
-        out.write_text(body, encoding="utf-8")
+        try:
+            out.parent.mkdir(parents=True, exist_ok=True)
+            out.write_text(body, encoding="utf-8")
+        except OSError as exc:
+            raise UsageError(f"--out {out}: cannot write it ({exc.strerror})") from None
         click.echo(f"wrote {out} (recipe {recipe.name})", err=True)
+    for note in imported.notes:
+        click.echo(f"note: {note}", err=True)

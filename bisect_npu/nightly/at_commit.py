@@ -11,8 +11,9 @@ import git
 import yaml
 
 from bisect_npu.errors import UsageError
-from bisect_npu.nightly.cases import CaseRef, case_names, import_case, read_case_file
+from bisect_npu.nightly.cases import CaseRef, case_names, import_case, import_notes, read_case_file
 from bisect_npu.nightly.good_table import Frequency, GoodRow, Lookup, frequency_of, last_good, read_rows
+from bisect_npu.nightly.soc import SCHEDULE_CONFIGS, soc_of
 from bisect_npu.paths import cache_root
 from bisect_npu.recipe.schema import Recipe
 from bisect_npu.upstream import dockerfile, history
@@ -37,9 +38,21 @@ def recipe_at(repo: git.Repo, sha: str, ref: CaseRef, datasets: str | None = Non
     if ref.case is not None and ref.case not in case_names(raw) and "test_cases" in raw:
         raise CaseAbsent(f"{ref.file} at {sha[:12]} has no case {ref.case!r} yet (its cases: "
                          f"{', '.join(case_names(raw))})")
-    recipe = import_case(raw, ref.file, ref.case, ref.benchmark, datasets)
+    soc = soc_of(ref.file, schedules_at(repo, sha))
+    recipe = import_case(raw, ref.file, ref.case, ref.benchmark, datasets, soc=soc)
     recipe.source = f"{ref}@{sha[:12]}"
     return recipe
+
+
+def schedules_at(repo: git.Repo, sha: str) -> dict[str, str]:
+    """The nightly's schedule configs as the commit has them, by path (those it has)."""
+    found = {}
+    for path in SCHEDULE_CONFIGS:
+        try:
+            found[path] = str(repo.git.show(f"{sha}:{path}"))
+        except git.GitCommandError:
+            continue
+    return found
 
 
 def newest_recipe_at(repo: git.Repo, sha: str, ref: CaseRef, datasets: str | None = None) -> tuple[Recipe, str]:
@@ -132,6 +145,8 @@ def settle_run(repo_path: str, bad: str, good: str, nightly_case: str | None, go
         recipe_file = str(write_recipe_at(repo, bad_sha, ref, datasets))
         notes.append(f"--nightly-case {ref}: the bad end's recipe is {recipe_file}; each candidate runs the case "
                      "as its own commit has the file")
+        recipe, _ = newest_recipe_at(repo, bad_sha, ref, datasets)
+        notes += [f"--nightly-case {ref}: {note}" for note in import_notes(recipe, datasets)]
     if good_table is None:
         return NightlyRun(recipe_file, good, notes)
     if good != "last-good":

@@ -28,6 +28,7 @@ import yaml
 from pydantic import ValidationError
 
 from bisect_npu.errors import UsageError, validation_problem
+from bisect_npu.nightly.soc import Soc
 from bisect_npu.recipe.schema import Recipe
 
 SINGLE_NODE_CONFIGS = "tests/e2e/nightly/single_node/models/configs"  # the nightly's CONFIG_BASE_PATH default
@@ -189,6 +190,16 @@ def _number(bench: dict[str, Any], key: str, where: str, default: float | None =
         raise NightlyRefused(f"{where}: {key} {value!r} is not a number") from None
 
 
+def _integer(bench: dict[str, Any], key: str, where: str, default: int) -> int:
+    value = bench.get(key, default)
+    if isinstance(value, bool) or not isinstance(value, int | str):
+        raise NightlyRefused(f"{where}: {key} {value!r} is not a whole number")
+    try:
+        return int(value)
+    except ValueError:
+        raise NightlyRefused(f"{where}: {key} {value!r} is not a whole number") from None
+
+
 def _under(root: str | None, path: str) -> str:
     """A benchmark's relative path under the datasets root (as the nightly's are under its
     dataset cache); as written without a root."""
@@ -203,12 +214,12 @@ def _benchmark_section(key: str, bench: dict[str, Any], case: dict[str, Any], wh
         sampling = {name: bench[name] for name in ("temperature", "top_p", "top_k", "seed")
                     if bench.get(name) is not None}
         sampling.setdefault("temperature", 0.6)  # tools/aisbench.py's accuracy default
-        sampling["max_tokens"] = int(bench.get("max_out_len", 1024))
+        sampling["max_tokens"] = _integer(bench, "max_out_len", where, 1024)
         return {"oracle": {"kinds": ["accuracy"]},
                 "accuracy": {"harness": "aisbench", "dataset": _under(datasets, str(bench.get("dataset_path", ""))),
                              "aisbench": {"request_conf": str(bench.get("request_conf", "vllm_api_general_chat")),
                                           "dataset_conf": _under(datasets, conf) if conf.endswith(".py") else conf,
-                                          "batch_size": int(bench.get("batch_size", 1))},
+                                          "batch_size": _integer(bench, "batch_size", where, 1)},
                              "sampling": sampling, "reference": "baseline",
                              "baseline": _number(bench, "baseline", where),
                              "threshold": _number(bench, "threshold", where, 1.0)}}
@@ -220,7 +231,7 @@ def _benchmark_section(key: str, bench: dict[str, Any], case: dict[str, Any], wh
             throughput["baseline"] = baseline
         return {"cases": [{"id": _slug(key), "messages": [{"role": "user", "content": str(prompts[0])}],
                            "sampling": {"temperature": 0.0,
-                                        "max_tokens": min(int(bench.get("max_out_len", PERF_MAX_TOKENS)),
+                                        "max_tokens": min(_integer(bench, "max_out_len", where, PERF_MAX_TOKENS),
                                                           PERF_MAX_TOKENS)}}],
                 "trials": {"count": PERF_TRIALS},
                 "oracle": {"kinds": ["throughput"], "throughput": throughput},
@@ -239,10 +250,13 @@ def _refusal_of_case(case: dict[str, Any], where: str) -> str | None:
 
 
 def import_case(raw: dict[str, Any], path: str, case_name: str | None = None,
-                benchmark: str | None = None, datasets: str | None = None) -> Recipe:
+                benchmark: str | None = None, datasets: str | None = None, *, soc: Soc | None = None,
+                model_root: str | None = None) -> Recipe:
     """One benchmark of one case of the file as a recipe (see the module's docstring); a file
     or case this cannot run is a NightlyRefused naming what is missing. `datasets` is the root the
-    benchmarks' relative `dataset_path` (and a `.py` `dataset_conf`) lie under."""
+    benchmarks' relative `dataset_path` (and a `.py` `dataset_conf`) lie under; `soc` picks the
+    Dockerfile its image builds from; `model_root` is where the hub's models lie on this host
+    (`model_root/ORG/NAME`, mounted at the same path)."""
     if (reason := _multi_node_reason(raw, path)) is not None:
         raise NightlyRefused(f"{path}: {reason}")
     cases = [c for c in raw.get("test_cases") or [] if isinstance(c, dict)]
@@ -274,15 +288,17 @@ def import_case(raw: dict[str, Any], path: str, case_name: str | None = None,
     flags, environment = server_flags(case, where)
     body: dict[str, Any] = {
         "name": _slug(f"{case.get('name')}-{key}"),
-        "description": f"vllm-ascend nightly {where}::{key} ({bench.get('case_type')})",
+        "description": f"vllm-ascend nightly {where}::{key} ({bench.get('case_type')}"
+                       f"{f'; SoC {soc.name}: {soc.how}' if soc is not None else ''})",
         "symptom": [str(bench.get("case_type"))],
-        "model": {"path": str(case["model"])},
+        "model": _model(str(case["model"]), model_root),
         "engine": {"backend": "openai", "server_flags": flags, "startup_timeout_s": 3600.0,
                    **({"launcher": [str(w) for w in case["launcher"]]} if isinstance(case.get("launcher"), list)
                       else {})},
         "environment": environment,
-        **({"build": {"local_command": [str(w) for w in case["local_build"]]}}
-           if isinstance(case.get("local_build"), list) else {}),
+        "build": {**({"local_command": [str(w) for w in case["local_build"]]}
+                      if isinstance(case.get("local_build"), list) else {}),
+                  **({"dockerfile": soc.dockerfile} if soc is not None else {})},
         **({} if isinstance(case.get("launcher"), list) else {"dependencies": [VLLM_DEPENDENCY]}),
         **_benchmark_section(key, bench, case, f"{where}::{key}", datasets),
     }
@@ -291,6 +307,31 @@ def import_case(raw: dict[str, Any], path: str, case_name: str | None = None,
     except ValidationError as exc:
         field, problem = validation_problem(exc, root="")
         raise NightlyRefused(f"{where}::{key}: as a recipe, {field}: {problem}") from None
+
+
+def _model(model: str, root: str | None) -> dict[str, str]:
+    """The model as the recipe mounts it: a hub id under `root` when given, else as the case names it."""
+    if root is None or Path(model).is_absolute():
+        return {"path": model}
+    where = str(Path(root).expanduser().resolve() / model)
+    return {"path": where, "host_path": where}
+
+
+def import_notes(recipe: Recipe, datasets: str | None) -> list[str]:
+    """What an imported recipe still needs from this host before it can run, one line each."""
+    notes = []
+    if recipe.model.host_path is None and not Path(recipe.model.path).is_absolute():
+        notes.append(f"model {recipe.model.path}: a hub id, not a directory here; set model.host_path to where it "
+                     "lies (or import with --model-root DIR, the directory holding ORG/NAME)")
+    acc = recipe.accuracy
+    if acc is not None and datasets is None and not Path(acc.dataset).is_absolute():
+        notes.append(f"dataset {acc.dataset}: relative, as the nightly's dataset cache holds it; it must lie under "
+                     "the directory given as --datasets (import-nightly) or --nightly-datasets (run)")
+    if "SoC" not in recipe.description:
+        notes.append(f"SoC: neither the nightly's schedule nor the file's name says; the image builds from "
+                     f"{recipe.build.dockerfile} (A2): set build.dockerfile for another (Dockerfile.a3, "
+                     "Dockerfile.310p)")
+    return notes
 
 
 @dataclass(frozen=True)
@@ -302,8 +343,16 @@ class FileSurvey:
     refused: list[str]
 
 
-def survey(text: str, path: str) -> FileSurvey:
-    """Import every case of a file (its default benchmark each); refusals as one line each."""
+def benchmark_names(raw: dict[str, Any], case_name: str | None) -> list[str | None]:
+    """A case's benchmarks by key ([None]: the importer's default, when it names none)."""
+    cases = [c for c in raw.get("test_cases") or [] if isinstance(c, dict)
+             and (case_name is None or str(c.get("name")) == case_name)]
+    benchmarks = cases[0].get("benchmarks") if len(cases) == 1 else None
+    return [str(k) for k in benchmarks] if isinstance(benchmarks, dict) and benchmarks else [None]
+
+
+def survey(text: str, path: str, soc: Soc | None = None) -> FileSurvey:
+    """Import every benchmark of every case of a file; refusals as one line each."""
     try:
         raw = read_case_file(text, path)
     except UsageError as exc:
@@ -313,8 +362,9 @@ def survey(text: str, path: str) -> FileSurvey:
         names = [None]
     imported, refused = [], []
     for name in names:
-        try:
-            imported.append(import_case(raw, path, name).name)
-        except UsageError as exc:
-            refused.append(str(exc))
+        for benchmark in benchmark_names(raw, name):
+            try:
+                imported.append(import_case(raw, path, name, benchmark, soc=soc).name)
+            except UsageError as exc:
+                refused.append(str(exc))
     return FileSurvey(path, imported, refused)

@@ -162,6 +162,10 @@ class Rule(ABC):
         return self.upstream if self.upstream in found else found[0]
 
     @abstractmethod
+    def concerns(self, engine: EngineFacts) -> bool:
+        """Whether the recipe uses what the rule is about (a DeepSeek model, the Ascend scheduler, ...)."""
+
+    @abstractmethod
     def check(self, engine: EngineFacts, source: CandidateSource) -> Finding | None:
         """A finding when the candidate has the constraint and the recipe breaks it."""
 
@@ -172,6 +176,9 @@ class DeepseekAclGraph(Rule):
     name = "deepseek-acl-graph"
     upstream = "vllm_ascend/ascend_config.py"
     marker = r"ACL Graph does not support deepseek"
+
+    def concerns(self, engine: EngineFacts) -> bool:
+        return bool(engine.is_deepseek)
 
     def check(self, engine: EngineFacts, source: CandidateSource) -> Finding | None:
         if not engine.is_deepseek or engine.enforce_eager or engine.torchair_graph:
@@ -193,6 +200,9 @@ class AscendSchedulerBatchedTokens(Rule):
     name = "ascend-scheduler-batched-tokens"
     upstream = "vllm_ascend/core/schedule_config.py"
     marker = r"max_num_batched_tokens < self\.max_model_len"
+
+    def concerns(self, engine: EngineFacts) -> bool:
+        return bool(engine.ascend_scheduler)
 
     def check(self, engine: EngineFacts, source: CandidateSource) -> Finding | None:
         batched, model_len = engine.args.get("max_num_batched_tokens"), engine.args.get("max_model_len")
@@ -220,6 +230,9 @@ class MlaGraphHeadsPerRank(Rule):
     name = "mla-graph-heads-per-rank"
     upstream = "vllm_ascend/attention/mla_v1.py"
     marker = r"assert self\.num_queries_per_kv in _ALLOWED_NUM_QUERIES_PER_KV"
+
+    def concerns(self, engine: EngineFacts) -> bool:
+        return bool(engine.is_deepseek and engine.torchair_graph)
 
     def check(self, engine: EngineFacts, source: CandidateSource) -> Finding | None:
         heads = engine.model.attention_heads
@@ -252,6 +265,9 @@ class IgnoredAdditionalConfig(Rule):
     name = "ignored-additional-config"
     upstream = "vllm_ascend/ascend_config.py"
     marker = r"additional_config\.get\("  # AscendConfig reading its sections
+
+    def concerns(self, engine: EngineFacts) -> bool:
+        return bool(engine.additional_config)
 
     def check(self, engine: EngineFacts, source: CandidateSource) -> Finding | None:
         if not engine.additional_config or (reader := self.located(source)) is None:

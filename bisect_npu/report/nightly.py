@@ -9,14 +9,13 @@ import shlex
 from dataclasses import dataclass
 from pathlib import Path
 from statistics import NormalDist
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from bisect_npu.errors import UsageError
 from bisect_npu.recipe.loader import load_recipe
 from bisect_npu.recipe.schema import PARALLEL_SIZES, Recipe
-
-if TYPE_CHECKING:
-    from bisect_npu.report import SessionView, StepView
+from bisect_npu.report.case import portable_model
+from bisect_npu.report.view import SessionView, StepView
 
 
 @dataclass(frozen=True)
@@ -70,7 +69,8 @@ def _modes(recipe: Recipe | None) -> tuple[str, str]:
 def _command(recipe: Recipe | None) -> str:
     if recipe is None:
         return ""
-    server = [word.replace("{model}", recipe.model.path) for word in recipe.engine.launcher]  # vllm serve MODEL
+    model = portable_model(recipe.model.path)  # a directory of this host by its name only
+    server = [word.replace("{model}", model) for word in recipe.engine.launcher]  # vllm serve MODEL
     line = shlex.join([*server, *recipe.engine.server_flags])
     acc = recipe.accuracy
     if acc is not None and acc.aisbench is not None:
@@ -95,7 +95,7 @@ def nightly_section(view: SessionView) -> dict[str, Any] | None:
     culprit = view.end.culprit if view.end is not None else None
     steps = [{"commit": s.commit, "title": s.title, "verdict": s.verdict, "culprit": s.commit == culprit,
               "rows": metric_rows(_task(recipe, s), s.figures)} for s in sorted(view.steps, key=lambda s: s.index)]
-    return {"case": view.request.judge.nightly_case, "model": recipe.model.path if recipe else "",
+    return {"case": view.request.judge.nightly_case, "model": portable_model(recipe.model.path) if recipe else "",
             "vllm": versions.get("vllm", "unknown"), "vllm_ascend": versions.get("vllm_ascend", "unknown"),
             "cann": versions.get("cann", "unknown"), "torch": versions.get("torch", "unknown"),
             "torch_npu": versions.get("torch_npu", "unknown"), "hardware": view.header.context.host or "unknown",

@@ -1,0 +1,136 @@
+"""The evidence behind a session's answer in words, and the run facts a reader weighs it by (the
+NPU host type, the candidates' own switches)."""
+
+from __future__ import annotations
+
+from bisect_npu.level import MergeLevel
+from bisect_npu.records import EndRecord
+from bisect_npu.report.view import SessionView, StepView
+
+
+def evidence_summary(view: SessionView) -> list[str]:
+    """The evidence behind the answer in words (the journal keeps the raw figures): in exact mode
+    the steps that bracket the culprit, in noisy mode both commits' trials with 95% intervals and
+    the posterior, and for ends judged wrong in noisy mode what each end showed. Noisy figures count
+    the search's "bad" runs, which with --find-fix are the runs without the symptom; the words
+    always count runs that show it."""
+    end = view.end
+    if end is None:
+        return []
+    figures = end.figures
+    flipped = view.request.search.find_fix
+    if end.status == "ends_wrong" and "good_end_trials" in figures:
+        old, new = ("the old end", "the new end") if flipped else ("the good end", "the bad end")
+        return [f"{old}: {_symptom_share(figures, 'good_end', flipped)}",
+                f"{new}: {_symptom_share(figures, 'bad_end', flipped)}",
+                f"P(the two ends differ) = {_percent(figures['change_probability'])}"]
+    if end.status != "found":
+        return []
+    found = "the fix" if flipped else "the culprit"
+    if "culprit_trials" in figures:
+        parent = _parent_of(view, end)
+        more = "less" if flipped else "more"
+        after, before = figures["bad_rate_estimate"], figures["good_rate_estimate"]
+        if flipped:
+            after, before = 1 - after, 1 - before
+        return [
+            f"{found}: {_symptom_share(figures, 'culprit', flipped)}",
+            f"its parent{f' `{parent[:12]}`' if parent else ''}: {_symptom_share(figures, 'parent', flipped)}",
+            f"P({found} shows the symptom {more} often than its parent, from their own trials) = "
+            f"{_percent(figures['separation'])}",
+            f"posterior that this is the first {'fixed' if flipped else 'bad'} "
+            f"{'release' if view.range.kind == 'versions' else 'commit'}: "
+            f"{_percent(figures['posterior'])} (range-wide estimates: the symptom in {after:.0%} of runs after the "
+            f"change, {before:.0%} before; {figures['trials']:.0f} trials in all)",
+        ]
+    if "culprit_log_lr" in figures:  # likelihood mode (the accuracy oracle): each step weighed by its ratio
+        parent = _parent_of(view, end)
+        side = "good" if flipped else "bad"
+        return [f"{found}: log likelihood ratio {figures['culprit_log_lr']:+.1f} for the {side} side over its steps",
+                f"its parent{f' `{parent[:12]}`' if parent else ''}: {figures['parent_log_lr']:+.1f} (0 at an end: "
+                "the reference)",
+                f"posterior that this is the first {'fixed' if flipped else 'bad'} commit: "
+                f"{_percent(figures['posterior'])} after {figures['steps']:.0f} steps"]
+    if "posterior" in figures:  # every position capped or skipped: the best guess, with its weight
+        return [f"posterior {_percent(figures['posterior'])}: the commits around it reached the trial cap or "
+                "were skipped before the answer was sure"]
+    at = {s.index: s for s in view.steps if s.verdict in ("good", "bad")}
+    culprit_index = end.index if end.index is not None else -1
+    culprit, before_step = at.get(culprit_index), at.get(culprit_index - 1)
+    lines = []
+    # A merge level's ends were judged in the level above (the merge, and its first parent).
+    merge_level = isinstance(view.header.level, MergeLevel)
+    given = "judged in the level above" if merge_level else "taken as given, not tested (--no-check-ends)"
+    if culprit is not None:
+        lines.append(f"**{culprit.verdict}** at {found} (step {culprit.order})")
+    else:
+        lines.append(f"{found} is the {'new' if flipped else 'bad'} end, {given}")
+    if before_step is not None:
+        lines.append(f"**{before_step.verdict}** at its parent `{before_step.commit[:12]}` (step {before_step.order})")
+    elif merge_level and culprit_index == 1:
+        lines.append(f"its parent is in the history of the merge's first parent `{view.range.base[:12]}`, {given}")
+    elif (parent := _parent_of(view, end)) is not None:
+        lines.append(f"its parent `{parent[:12]}` is an end {given}")
+    if "tested" in figures:
+        what = "releases" if view.range.kind == "versions" else "commits"
+        lines.append(f"{figures['tested']:.0f} of {len(view.range.candidates) + 1} {what} tested (the "
+                     f"candidates and the {'old' if flipped else 'good'} end)")
+    return lines
+
+
+def host_line(view: SessionView) -> str | None:
+    """The NPU host type the session ran on and the recipe fields it changed (310P: float16)."""
+    if not view.header.context.host:
+        return None
+    changes = ", ".join(f"`{name}: {value}`" for name, value in view.header.host_changes.items())
+    host = view.header.context.host
+    return f"NPU host type: {host}" + (f"; the recipe as this host ran it: {changes}" if changes else "")
+
+
+# Steps whose runs used an environment this session made (not a failed build, not trials journaled earlier).
+_RAN_HERE = ("built", "overlay", "reused")
+
+
+def switch_lines(steps: list[StepView]) -> list[str]:
+    """Each switch the candidates' own source offered (VLLM_BATCH_INVARIANT=1) and in how many steps'
+    runs it was on; where only some had it, the steps ran different kernels, and the report says so."""
+    ran = [s for s in steps if s.build_how in _RAN_HERE]
+    switches = sorted({item for s in ran for item in s.run_env.items()})
+    lines = []
+    for name, value in switches:
+        on = sum(1 for s in ran if s.run_env.get(name) == value)
+        line = f"`{name}={value}` (the candidate's own switch) in the runs of {on} of {len(ran)} steps"
+        if on < len(ran):
+            line += ("; the others' source lacks it and ran other kernels: a culprit where it first appears may be "
+                     "the switch, not a regression")
+        lines.append(line)
+    return lines
+
+
+def _percent(p: float) -> str:
+    """A probability as a percentage that never rounds a doubt away: 0.99965 is ">99.9%", not 100.0%."""
+    if 0.999 < p < 1:
+        return ">99.9%"
+    if 0 < p < 0.001:
+        return "<0.1%"
+    return f"{p:.1%}"
+
+
+def _symptom_share(figures: dict[str, float], name: str, flipped: bool) -> str:
+    """How many of a commit's trials showed the symptom, with the 95% interval of the share."""
+    trials = round(figures[f"{name}_trials"])
+    rate, low, high = figures[f"{name}_rate"], figures[f"{name}_rate_lo"], figures[f"{name}_rate_hi"]
+    if flipped:  # the figures count runs without the symptom
+        rate, low, high = 1 - rate, 1 - high, 1 - low
+    return (f"the symptom in {round(rate * trials)} of {trials} trials ({rate:.0%}; 95% interval "
+            f"{low:.0%}-{high:.0%})")
+
+
+def _parent_of(view: SessionView, end: EndRecord) -> str | None:
+    """The candidate (or the base) just before the culprit's position."""
+    index = end.index
+    if index is None or index < 1:
+        return None
+    return view.range.base if index == 1 else view.range.candidates[index - 2]
+
+

@@ -1,0 +1,82 @@
+"""The small things a new user meets first: `plan --find-fix` warns where the search would start
+from a merge-base that may not show the symptom."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+from tests.gitrepo import git, make_linear_repo
+
+
+def bisect_npu(*args: str, cwd: Path) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "bisect_npu", *args], cwd=cwd, capture_output=True, text=True,
+                          timeout=120, check=False)
+
+
+def test_plan_find_fix_warns_when_the_old_end_is_off_the_new_ends_history(tmp_path: Path) -> None:
+    shas = make_linear_repo(tmp_path / "repo", 6)
+    repo = tmp_path / "repo"
+    git(repo, "checkout", "-q", "-b", "release", shas[2])
+    (repo / "hotfix").write_text("x\n")
+    git(repo, "add", "hotfix")
+    git(repo, "commit", "-q", "-m", "release only")
+    git(repo, "tag", "old-broken")
+    git(repo, "checkout", "-q", shas[-1])
+    args = ("plan", "--repo", str(repo), "--old", "old-broken", "--new", shas[-1], "--cmd", "true")
+    found = bisect_npu(*args, "--find-fix", cwd=tmp_path)
+    assert found.returncode == 0, found.stderr
+    assert (f"warning: --find-fix: the old end old-broken is not on the new end's history, so the search starts "
+            f"from their merge-base {shas[2][:12]}") in found.stdout
+    as_json = json.loads(bisect_npu(*args, "--find-fix", "--json", cwd=tmp_path).stdout)
+    assert as_json["find_fix"] and "may predate the regression" in as_json["warning"]
+    assert "warning: --find-fix" not in bisect_npu(*args, cwd=tmp_path).stdout  # a search for the culprit
+    on_history = bisect_npu("plan", "--repo", str(repo), "--old", shas[1], "--new", shas[-1], "--cmd", "true",
+                            "--find-fix", cwd=tmp_path)
+    assert on_history.returncode == 0 and "warning" not in on_history.stdout
+
+
+def test_recipes_check_says_which_rules_concern_the_recipe(tmp_path: Path) -> None:
+    shas = make_linear_repo(tmp_path / "repo", 2)
+    plain = bisect_npu("recipes", "check", "demo-async-penalty", "--repo", str(tmp_path / "repo"), "--at", shas[-1],
+                       cwd=tmp_path)
+    assert plain.returncode == 0, plain.stderr
+    assert "no rule concerns this recipe (of the 4), so nothing was checked" in plain.stdout
+    recipe = tmp_path / "configured.yaml"
+    recipe.write_text("name: configured\nmodel: {path: /m}\nengine:\n  backend: vllm\n  args:\n"
+                      "    additional_config: {ascend_scheduler_config: {enabled: true}}\n"
+                      "cases: [{id: a, prompt: hi}]\n")
+    configured = bisect_npu("recipes", "check", str(recipe), "--repo", str(tmp_path / "repo"), "--at", shas[-1],
+                            cwd=tmp_path)
+    assert configured.returncode == 0, configured.stderr
+    assert ("2 of 4 rules concern this recipe (ascend-scheduler-batched-tokens, ignored-additional-config); none "
+            "finds a problem") in configured.stdout
+
+
+def test_judge_refuses_observations_written_for_another_recipe(tmp_path: Path) -> None:
+    from bisect_npu.contracts import Observation
+
+    def written(name: str, recipe: str) -> Path:
+        path = tmp_path / name
+        path.write_text(Observation(commit="a" * 40, recipe=recipe, case_id="repeat-story", text="one two three",
+                                    output_token_ids=[1, 2, 3], finish_reason="stop").model_dump_json())
+        return path
+
+    other = bisect_npu("judge", "--recipe", "demo-async-penalty", str(written("o.json", "demo-spec-decode")),
+                       cwd=tmp_path)
+    assert other.returncode == 128 and "written for recipe 'demo-spec-decode', not 'demo-async-penalty'" in other.stderr
+    own = bisect_npu("judge", "--recipe", "demo-async-penalty", str(written("m.json", "demo-async-penalty")),
+                     cwd=tmp_path)
+    assert own.returncode == 0, own.stderr
+
+
+def test_a_usage_error_leaves_no_empty_session_directory(tmp_path: Path) -> None:
+    make_linear_repo(tmp_path / "repo", 2)
+    done = bisect_npu("settings", "--at", "HEAD", "--recipe", "demo-async-penalty", "--good-set",
+                      "cases[*].sampling.temprature=0.5", cwd=tmp_path / "repo")
+    assert done.returncode == 2 and "no such key in the recipe schema" in done.stderr
+    sessions = tmp_path / "repo" / ".bisect-npu" / "sessions"
+    assert [p.name for p in sessions.iterdir() if p.is_dir()] == []
+    assert "nothing was run; the session directory" in done.stderr

@@ -42,12 +42,24 @@ class RepetitionConfig(StrictModel):
     stop_early: bool = Field(True, description="the probe's streaming detector stops generation when it fires")
 
 
+# The largest flip of clean greedy outputs (bf16 and fp32, SDPA and eager) on the tune split of
+# bench/token_tie_bench.py, where no correct kernel or precision is called bad.
+FLIP_MARGIN = 1.0
+
+
 class TokenMatchConfig(StrictModel):
     """Deterministic token match against a reference observation."""
 
     min_match_rate: float = Field(1.0, ge=0.0, le=1.0, description="share of tokens that must match the reference")
     tie_margin: float = Field(0.05, ge=0.0, description="a first mismatch where the reference's top logprobs are "
                                                         "within this margin is a numerical tie")
+    flip_margin: float | None = Field(FLIP_MARGIN, ge=0.0,
+                                      description="a first mismatch where both sides have top logprobs is a "
+                                                  "numerical tie when the logprob difference of the two tokens "
+                                                  "moved by at most this between the runs (the reference's "
+                                                  "preference for its token plus the candidate's for its own); "
+                                                  "measured on correct kernels and precisions "
+                                                  "(bench/token_tie_bench.py); unset: tie_margin alone")
     compare_tokens: int | None = Field(None, strict=True, ge=1,
                                        description="compare only the first N tokens; unset: all")
 

@@ -532,10 +532,20 @@ def _baseline(rows: list[TensorDiff]) -> dict[str, Any] | None:
             "norm_change": max(log_ratio(row.metrics.get("norm_ratio", 1.0)) for row in measured)}
 
 
-def _amplification(row: TensorDiff, base: dict[str, Any]) -> float:
-    """log(output's cosine distance / its input's), both floored at one rounding to the row's dtype."""
+def _input_is_exact(row: TensorDiff, base: dict[str, Any]) -> bool:
+    """Whether the module's input agrees to within one rounding (bit-identical, or just cast): its
+    amplification then says nothing, and its output distance is judged against its peers' instead."""
+    return bool(1.0 - base["cosine"] < _cosine_floor(row.dtype))
+
+
+def _distance_statistic(row: TensorDiff, base: dict[str, Any]) -> tuple[str, float]:
+    """("amplification", log(output's cosine distance / its input's)) or, for an exact input,
+    ("distance", log(output's cosine distance)); distances floored at one rounding to the row's dtype."""
     floor = _cosine_floor(row.dtype)
-    return math.log(max(1.0 - row.metrics["cosine"], floor) / max(1.0 - base["cosine"], floor))
+    out = math.log(max(1.0 - row.metrics["cosine"], floor))
+    if _input_is_exact(row, base):
+        return "distance", out
+    return "amplification", out - math.log(max(1.0 - base["cosine"], floor))
 
 
 def _norm_change(row: TensorDiff, base: dict[str, Any]) -> float:
@@ -545,51 +555,66 @@ def _norm_change(row: TensorDiff, base: dict[str, Any]) -> float:
 
 @dataclass
 class PeerLines:
-    """The lines each judged output meets: drawn from its kind's other layers, or the highest of any kind's."""
+    """The lines each output meets, drawn from its kind's other layers (or the highest of any kind's):
+    its amplification's (or, for an exact input, its output distance's) and its norm change's."""
 
-    amplification: dict[int, Line]
+    distance: dict[int, tuple[str, Line]]
     norm: dict[int, Line]
 
     @staticmethod
-    def of(judged: list[tuple[TensorDiff, dict[str, Any]]], cfg: LogitsConfig) -> PeerLines:
+    def of(measured: list[tuple[TensorDiff, dict[str, Any]]], cfg: LogitsConfig) -> PeerLines:
         amp: dict[str, list[tuple[int, float]]] = {}
+        dist: dict[str, list[tuple[int, float]]] = {}
         norm: dict[str, list[tuple[int, float]]] = {}
-        dtypes = {row.index: row.dtype for row, _ in judged}
-        for row, base in judged:
+        floor = math.log(cfg.peer_min_factor)
+        dtypes = {row.index: row.dtype for row, _ in measured}
+        exact = {row.index for row, base in measured if _input_is_exact(row, base)}
+        for row, base in measured:
             kind = module_kind(row.module, row.name)
-            amp.setdefault(kind, []).append((row.index, _amplification(row, base)))
+            statistic, value = _distance_statistic(row, base)
+            (amp if statistic == "amplification" else dist).setdefault(kind, []).append((row.index, value))
+            if statistic == "amplification":  # every output's distance is a peer of an exact-input one
+                dist.setdefault(kind, []).append((row.index, math.log(max(1.0 - row.metrics["cosine"],
+                                                                          _cosine_floor(row.dtype)))))
             change = _norm_change(row, base)
             if math.isfinite(change):
                 norm.setdefault(kind, []).append((row.index, change))
-        lines = PeerLines(leave_one_out_lines(amp, cfg.peer_mads, cfg.min_peers, lambda _: math.log(cfg.peer_min_factor)),
-                          leave_one_out_lines(norm, cfg.peer_mads, cfg.min_peers,
-                                              lambda index: dtype_tolerance(dtypes[index]) / 2))
-        for own, pooled in ((lines.amplification, amp), (lines.norm, norm)):
-            if not own:
-                continue
-            highest = max(own.values(), key=lambda line: line.line)
-            for members in pooled.values():
-                for index, _ in members:
-                    own.setdefault(index, highest)
+        amp_lines = _with_fallback(leave_one_out_lines(amp, cfg.peer_mads, cfg.min_peers, lambda _: floor), amp)
+        dist_lines = _with_fallback(leave_one_out_lines(dist, cfg.peer_mads, cfg.min_peers, lambda _: floor), dist)
+        distance = {index: ("distance", line) for index, line in dist_lines.items() if index in exact}
+        distance.update({index: ("amplification", line) for index, line in amp_lines.items() if index not in exact})
+        norm_lines = leave_one_out_lines(norm, cfg.peer_mads, cfg.min_peers,
+                                         lambda index: dtype_tolerance(dtypes[index]) / 2)
+        return PeerLines(distance, _with_fallback(norm_lines, norm))
+
+
+def _with_fallback(lines: dict[int, Line], kinds: dict[str, list[tuple[int, float]]]) -> dict[int, Line]:
+    """`lines`, and for members of kinds too small for their own, the highest line of any kind."""
+    if not lines:
         return lines
+    highest = max(lines.values(), key=lambda line: line.line)
+    return {index: lines.get(index, highest) for members in kinds.values() for index, _ in members}
 
 
 def _peer_problem(row: TensorDiff, base: dict[str, Any], lines: PeerLines) -> tuple[str, str, dict[str, Any]] | None:
     """(rule, problem, the noise it stood against) when the output stands out from its peers' noise."""
-    line = lines.amplification.get(row.index)
-    if line is not None:
-        value = _amplification(row, base)
+    distance, distance_in = 1.0 - row.metrics["cosine"], 1.0 - base["cosine"]
+    if row.index in lines.distance:
+        statistic, line = lines.distance[row.index]
+        value = _distance_statistic(row, base)[1]
         if value > line.line:
-            distance, distance_in = 1.0 - row.metrics["cosine"], 1.0 - base["cosine"]
-            noise = {"statistic": "amplification", "value": math.exp(value), "peer_median": math.exp(line.median),
+            noise = {"statistic": statistic, "value": math.exp(value), "peer_median": math.exp(line.median),
                      "line": math.exp(line.line), "peers": line.peers, "above_line": math.exp(value - line.line)}
+            peers, reach, median = line.peers, math.exp(line.line), math.exp(line.median)
+            what = (f"amplified x{math.exp(value):.3g} where its {peers} peers' noise reaches x{reach:.3g} (median "
+                    f"x{median:.3g})") if statistic == "amplification" else (
+                f"its input exact, where its {peers} peers' output distance reaches {reach:.3g} (median {median:.3g})")
+            cosine = row.metrics["cosine"]
             return "cosine_amplification", (
-                f"cosine distance {distance:.4g} vs {distance_in:.4g} of its input's (cosine {row.metrics['cosine']:.7g}"
-                f"): amplified x{math.exp(value):.3g} where its {line.peers} peers' noise reaches x"
-                f"{math.exp(line.line):.3g} (median x{math.exp(line.median):.3g}), {math.exp(value - line.line):.3g} "
-                "times the line"), noise
-    line = lines.norm.get(row.index)
-    if line is not None:
+                f"cosine distance {distance:.4g} vs {distance_in:.4g} of its input's (cosine {cosine:.7g}): "
+                f"{what}, {noise['above_line']:.3g} times the line"), noise
+    if row.index in lines.norm:
+        line = lines.norm[row.index]
         value = _norm_change(row, base)
         if value > line.line:
             noise = {"statistic": "norm_change", "value": value, "peer_median": line.median, "line": line.line,
@@ -610,7 +635,7 @@ def _relative_problem(row: TensorDiff, base: dict[str, Any], cfg: LogitsConfig,
     if cfg.msprobe_rule and base["within_1e3"] > 0.9 and out["within_1e3"] < 0.1:
         return "msprobe_amplification", (f"within_1e3 {out['within_1e3']:.4g} while its input's is "
                                          f"{base['within_1e3']:.4g} (msprobe: input > 0.9, output < 0.1)"), None
-    if lines is not None and (row.index in lines.amplification or row.index in lines.norm):
+    if lines is not None and (row.index in lines.distance or row.index in lines.norm):
         return _peer_problem(row, base, lines)
     distance, distance_in = 1.0 - out["cosine"], 1.0 - base["cosine"]
     if distance >= _cosine_floor(row.dtype) and distance >= cfg.amplification * distance_in:
@@ -624,20 +649,20 @@ def apply_relative_rules(rows: list[TensorDiff], cfg: LogitsConfig) -> None:
     its peers' noise (`cfg.noise_from_peers`), else the fixed amplification line."""
     inputs: dict[tuple[int, str | None], list[TensorDiff]] = {}
     previous_output: TensorDiff | None = None
-    judged: list[tuple[TensorDiff, dict[str, Any]]] = []
+    measured: list[tuple[TensorDiff, dict[str, Any]]] = []
     for row in rows:
         if row.role == INPUT:
             inputs.setdefault((row.step, row.module), []).append(row)
             continue
         base_rows = inputs.get((row.step, row.module)) or ([previous_output] if previous_output else [])
         base = _baseline(base_rows)
-        if base is not None:
-            if row.problem is None and row.metrics and cfg.relative:
-                judged.append((row, base))
-            elif row.problem is not None:
-                row.baseline = base
+        if base is not None and row.metrics:
+            measured.append((row, base))
+        if base is not None and row.problem is not None:
+            row.baseline = base
         previous_output = row
-    lines = PeerLines.of(judged, cfg) if cfg.noise_from_peers else None
+    judged = [(row, base) for row, base in measured if row.problem is None] if cfg.relative else []
+    lines = PeerLines.of(measured, cfg) if cfg.noise_from_peers else None
     for row, base in judged:
         fired = _relative_problem(row, base, cfg, lines)
         if fired is not None:

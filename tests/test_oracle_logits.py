@@ -101,10 +101,25 @@ def test_missing_tensor_shape_and_dtype_mismatch_are_divergences(tmp_path: Path)
     write_dump(tmp_path / "shape", reshaped)
     first = compare_dumps(tmp_path / "shape", tmp_path / "ref", LogitsConfig()).first_divergent
     assert first is not None and first.index == 2 and "shape" in (first.problem or "")
-    retyped = [(n, a.astype(np.float16) if i == 1 else a) for i, (n, a) in enumerate(tensors)]
+    retyped = [(n, a.astype(np.int32) if i == 1 else a) for i, (n, a) in enumerate(tensors)]
     write_dump(tmp_path / "dtype", retyped)
     first = compare_dumps(tmp_path / "dtype", tmp_path / "ref", LogitsConfig()).first_divergent
-    assert first is not None and first.index == 1 and "dtype float16" in (first.problem or "")
+    assert first is not None and first.index == 1 and "dtype int32" in (first.problem or "")
+
+
+def test_a_lower_precision_candidate_is_upcast_and_judged_at_its_precision(tmp_path: Path) -> None:
+    tensors = model_tensors()
+    write_dump(tmp_path / "ref", tensors)
+    write_dump(tmp_path / "fp16", [(n, a.astype(np.float16)) for n, a in tensors])
+    result = compare_dumps(tmp_path / "fp16", tmp_path / "ref", LogitsConfig())
+    assert result.first_divergent is None
+    assert all(row.dtype == "float16" and row.candidate_dtype == "float16" and row.metrics for row in result.rows)
+    assert result.rows[0].to_dict()["candidate_dtype"] == "float16"
+    # Upcast is not a pass: an error far above fp16's rounding is still found.
+    broken = model_tensors(broken_layer=2)
+    write_dump(tmp_path / "fp16-broken", [(n, a.astype(np.float16)) for n, a in broken])
+    first = compare_dumps(tmp_path / "fp16-broken", tmp_path / "ref", LogitsConfig()).first_divergent
+    assert first is not None and first.layer == 2
 
 
 def test_nan_in_candidate_diverges(tmp_path: Path) -> None:

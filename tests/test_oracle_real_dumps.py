@@ -18,7 +18,7 @@ from bisect_npu.oracle.config import LogitsConfig
 from bisect_npu.oracle.dumps.compare import compare_dumps, judge_logits
 
 sys.path.insert(0, str(Path(__file__).parent))
-import msprobe_qwen3  # noqa: E402
+import msprobe_qwen3
 
 PREFIX = "report-s-seed2"
 PAIRS = {pair.name: pair for pair in msprobe_qwen3.pairs("report") if pair.name.startswith(PREFIX)}

@@ -53,7 +53,7 @@ class TokenMatchConfig(StrictModel):
     min_match_rate: float = Field(1.0, ge=0.0, le=1.0, description="share of tokens that must match the reference")
     tie_margin: float = Field(0.05, ge=0.0, description="a first mismatch where the reference's top logprobs are "
                                                         "within this margin is a numerical tie")
-    flip_margin: float | None = Field(FLIP_MARGIN, ge=0.0,
+    flip_margin: float | None = Field(FLIP_MARGIN, ge=0.0, le=100.0,
                                       description="a first mismatch where both sides have top logprobs is a "
                                                   "numerical tie when the logprob difference of the two tokens "
                                                   "moved by at most this between the runs (the reference's "
@@ -109,11 +109,11 @@ class LogitsConfig(StrictModel):
                                                      "the same module kind in the other layers of the pair (their "
                                                      "median and MAD: the pair's own noise); off: the fixed "
                                                      "amplification line")
-    peer_mads: float = Field(8.0, gt=0.0, description="robust standard deviations (1.4826 MAD) above its peers' "
+    peer_mads: float = Field(8.0, gt=0.0, le=1000.0, description="robust standard deviations (1.4826 MAD) above its peers' "
                                                       "median a module must stand to diverge")
-    peer_min_factor: float = Field(3.0, gt=1.0, description="times its peers' median amplification a module's must "
+    peer_min_factor: float = Field(3.0, gt=1.0, le=1e6, description="times its peers' median amplification a module's must "
                                                             "also exceed (peers that agree too well have no spread)")
-    min_peers: int = Field(3, strict=True, ge=2, description="other layers a module kind needs for its own noise "
+    min_peers: int = Field(3, strict=True, ge=2, le=10_000, description="other layers a module kind needs for its own noise "
                                                              "line; fewer: the highest line of the other kinds")
     chunk_elements: int = Field(1 << 17, strict=True, ge=1,
                                 description="elements one worker reads at a time (whole vocabulary rows for "

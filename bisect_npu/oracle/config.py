@@ -109,12 +109,15 @@ class LogitsConfig(StrictModel):
                                                      "the same module kind in the other layers of the pair (their "
                                                      "median and MAD: the pair's own noise); off: the fixed "
                                                      "amplification line")
-    peer_mads: float = Field(8.0, gt=0.0, le=1000.0, description="robust standard deviations (1.4826 MAD) above its peers' "
-                                                      "median a module must stand to diverge")
-    peer_min_factor: float = Field(3.0, gt=1.0, le=1e6, description="times its peers' median amplification a module's must "
-                                                            "also exceed (peers that agree too well have no spread)")
-    min_peers: int = Field(3, strict=True, ge=2, le=10_000, description="other layers a module kind needs for its own noise "
-                                                             "line; fewer: the highest line of the other kinds")
+    peer_mads: float = Field(8.0, gt=0.0, le=1000.0,
+                             description="robust standard deviations (1.4826 MAD) above its peers' median a module "
+                                         "must stand to diverge")
+    peer_min_factor: float = Field(3.0, gt=1.0, le=1e6,
+                                   description="times its peers' median amplification a module's must also exceed "
+                                               "(peers that agree too well have no spread)")
+    min_peers: int = Field(3, strict=True, ge=2, le=10_000,
+                           description="other layers a module kind needs for its own noise line; fewer: the highest "
+                                       "line of the other kinds")
     chunk_elements: int = Field(1 << 17, strict=True, ge=1,
                                 description="elements one worker reads at a time (whole vocabulary rows for "
                                             "logits); bounds peak memory, and the default keeps a chunk's "

@@ -465,3 +465,25 @@ def test_reads_into_reused_buffers_give_float32_of_any_stored_dtype(tmp_path: Pa
             tensor.read_into(fd, 0, 42, out, raw)
     finally:
         os.close(fd)
+
+
+def test_a_module_kind_is_its_name_without_layer_index_or_call_count() -> None:
+    from bisect_npu.oracle.dumps.peers import module_kind
+
+    op3, op12 = "Module.model.layers.3.mlp.Qwen3MLP.forward.0", "Module.model.layers.12.mlp.Qwen3MLP.forward.2"
+    three, twelve = module_kind(op3, f"{op3}.output.0"), module_kind(op12, f"{op12}.output.0")
+    assert three == twelve == "Module.model.layers.*.mlp.Qwen3MLP.forward.output.0"
+    assert module_kind("model.layers.3.self_attn.output", "model.layers.3.self_attn.output") != three
+
+
+@given(st.lists(st.floats(-3, 3), min_size=4, max_size=30), st.floats(0.01, 2.0), st.floats(1.0, 10.0))
+def test_a_member_far_outside_its_peers_stands_above_its_line_and_the_others_do_not(
+        values: list[float], min_spread: float, mads: float) -> None:
+    from bisect_npu.oracle.dumps.peers import leave_one_out_lines
+
+    outlier = max(values) + mads * 1.4826 * (max(values) - min(values)) + min_spread + 1.0
+    members = [(i, v) for i, v in enumerate(values)] + [(len(values), outlier)]
+    lines = leave_one_out_lines({"kind": members}, mads, 3, lambda _: min_spread)
+    assert outlier > lines[len(values)].line >= lines[len(values)].median + min_spread
+    assert all(lines[i].line >= lines[i].median + min_spread for i in range(len(values)))
+    assert leave_one_out_lines({"kind": members[:3]}, mads, 3, lambda _: min_spread) == {}

@@ -20,17 +20,20 @@ Metrics follow msprobe's compare: cosine similarity, max absolute error, max rel
 5/1000; plus the share within the dumped dtype's own precision (`within_tol`: one bf16 ulp, 2**-7
 relative, for bf16; 1/1000 for fp16 and fp32, msprobe's line), which rounding alone never leaves.
 
-A tensor diverges when it has a different shape or dtype, is missing, holds NaN/Inf where the
-reference does not, or breaks a rule:
+A tensor diverges when it has a different shape (or a float against a non-float dtype), is
+missing, holds NaN/Inf where the reference does not, or breaks a rule. A lower-precision float
+candidate (bf16/fp16 against an fp32 golden) is upcast and judged at its own precision.
 * absolute: a pass line of LogitsConfig (msprobe's cosine rule and the optional lines);
 * relative (a module's output against what its inputs explain, msprobe's amplification rule
   generalised): the output agrees far worse than the module's inputs (input_args, input_kwargs,
   parameters) or, for a dump without inputs, than the output before it in execution order.
-  Two forms: msprobe's own (inputs within 1/1000 > 0.9, output < 0.1), and the cosine distance
-  `amplification` times the input's and above the dtype's floor (half its tolerance, squared).
+  msprobe's own form (inputs within 1/1000 > 0.9, output < 0.1), then the pair's own noise
+  (`peers`): the cosine-distance amplification, and the norm ratio's change, of a module against
+  the same module kind in the other layers. Without peers (or with `noise_from_peers` off) the
+  fixed line: the cosine distance `amplification` times the input's and above the dtype's floor.
   Element shares are not amplified against the input: one-ulp flips of inputs move outputs near
   zero by many ulps, so a clean bf16 run's shares fall layer after layer without any error.
-  Both need a max absolute error above `cosine_abs_floor` (near-zero tensors say little), and a
+  All need a max absolute error above `cosine_abs_floor` (near-zero tensors say little), and a
   baseline: the first tensor of a dump without inputs has nothing to be relative to.
 The first divergent tensor in execution order is where the drift enters; the outputs after it
 whose drift its input did not have, without a rule of their own, are its carriers.

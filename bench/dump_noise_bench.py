@@ -111,7 +111,6 @@ def main() -> None:
     parser.add_argument("--split", choices=sorted(msprobe_qwen3.SPLITS), default="report")
     parser.add_argument("--only", default="", help="only the pairs whose name starts with this")
     parser.add_argument("--msprobe", default=str(Path(sys.executable).parent / "msprobe"))
-    parser.add_argument("--tools", default=",".join(TOOLS), help=f"comma-separated, of: {', '.join(TOOLS)}")
     parser.add_argument("--judge-once", nargs=4, metavar=("TOOL", "CAND", "REF", "WORK"), help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.judge_once:
@@ -121,14 +120,13 @@ def main() -> None:
     pairs = [pair for pair in msprobe_qwen3.pairs(args.split) if pair.name.startswith(args.only)]
     subprocess.run([sys.executable, str(ROOT / "tests" / "msprobe_qwen3.py"), str(args.work / "dumps"),
                     "--split", args.split, "--only", args.only], check=True, capture_output=True)
-    tools = [tool for tool in TOOLS if tool in args.tools.split(",")]
-    totals = {tool: {"false": 0, "clean": 0, "named": 0, "faults": 0, "seconds": 0.0, "peak": 0} for tool in tools}
-    print("| pair | fault at | " + " | ".join(tools) + " |")
-    print("|---|---|" + "---|" * len(tools))
+    totals = {tool: {"false": 0, "clean": 0, "named": 0, "faults": 0, "seconds": 0.0, "peak": 0} for tool in TOOLS}
+    print("| pair | fault at | " + " | ".join(TOOLS) + " |")
+    print("|---|---|" + "---|" * len(TOOLS))
     for pair in pairs:
         cand, ref = msprobe_qwen3.make_pair(args.work / "dumps", pair)
         cells = []
-        for tool in tools:
+        for tool in TOOLS:
             flagged, seconds, peak = run_tool(tool, cand, ref, args.work, args.msprobe)
             total = totals[tool]
             total["seconds"] += seconds

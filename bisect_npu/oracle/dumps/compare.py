@@ -536,10 +536,9 @@ def _baseline(rows: list[TensorDiff]) -> dict[str, Any] | None:
 
 
 def _input_is_exact(row: TensorDiff, base: dict[str, Any]) -> bool:
-    """Whether the module's input agrees to within one rounding (bit-identical, or just cast: every
-    element within the dtype's tolerance): its amplification then says nothing, and its output
-    distance is judged against its peers' instead."""
-    return bool(base["within_tol"] >= 1.0 or 1.0 - base["cosine"] < _cosine_floor(row.dtype))
+    """Whether the module's input agrees to within one rounding (bit-identical, or just cast): its
+    amplification then says nothing, and its output distance is judged against its peers' instead."""
+    return bool(1.0 - base["cosine"] < _cosine_floor(row.dtype))
 
 
 def _distance_statistic(row: TensorDiff, base: dict[str, Any]) -> tuple[str, float]:

@@ -218,11 +218,11 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("out", type=Path)
     parser.add_argument("--split", choices=sorted(SPLITS), default="report")
-    parser.add_argument("--only", default="", help="only the pairs whose name starts with this")
+    parser.add_argument("--only", default="", help="only the pairs whose name starts with one of these (commas)")
     args = parser.parse_args()
     os.environ.setdefault("MSPROBE_LOG_LEVEL", "3")
     for pair in pairs(args.split):
-        if not pair.name.startswith(args.only):
+        if not pair.name.startswith(tuple(args.only.split(","))):
             continue
         cand, ref = make_pair(args.out, pair)
         print(pair.name, cand, ref)

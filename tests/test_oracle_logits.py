@@ -101,10 +101,25 @@ def test_missing_tensor_shape_and_dtype_mismatch_are_divergences(tmp_path: Path)
     write_dump(tmp_path / "shape", reshaped)
     first = compare_dumps(tmp_path / "shape", tmp_path / "ref", LogitsConfig()).first_divergent
     assert first is not None and first.index == 2 and "shape" in (first.problem or "")
-    retyped = [(n, a.astype(np.float16) if i == 1 else a) for i, (n, a) in enumerate(tensors)]
+    retyped = [(n, a.astype(np.int32) if i == 1 else a) for i, (n, a) in enumerate(tensors)]
     write_dump(tmp_path / "dtype", retyped)
     first = compare_dumps(tmp_path / "dtype", tmp_path / "ref", LogitsConfig()).first_divergent
-    assert first is not None and first.index == 1 and "dtype float16" in (first.problem or "")
+    assert first is not None and first.index == 1 and "dtype int32" in (first.problem or "")
+
+
+def test_a_lower_precision_candidate_is_upcast_and_judged_at_its_precision(tmp_path: Path) -> None:
+    tensors = model_tensors()
+    write_dump(tmp_path / "ref", tensors)
+    write_dump(tmp_path / "fp16", [(n, a.astype(np.float16)) for n, a in tensors])
+    result = compare_dumps(tmp_path / "fp16", tmp_path / "ref", LogitsConfig())
+    assert result.first_divergent is None
+    assert all(row.dtype == "float16" and row.candidate_dtype == "float16" and row.metrics for row in result.rows)
+    assert result.rows[0].to_dict()["candidate_dtype"] == "float16"
+    # Upcast is not a pass: an error far above fp16's rounding is still found.
+    broken = model_tensors(broken_layer=2)
+    write_dump(tmp_path / "fp16-broken", [(n, a.astype(np.float16)) for n, a in broken])
+    first = compare_dumps(tmp_path / "fp16-broken", tmp_path / "ref", LogitsConfig()).first_divergent
+    assert first is not None and first.layer == 2
 
 
 def test_nan_in_candidate_diverges(tmp_path: Path) -> None:
@@ -450,3 +465,25 @@ def test_reads_into_reused_buffers_give_float32_of_any_stored_dtype(tmp_path: Pa
             tensor.read_into(fd, 0, 42, out, raw)
     finally:
         os.close(fd)
+
+
+def test_a_module_kind_is_its_name_without_layer_index_or_call_count() -> None:
+    from bisect_npu.oracle.dumps.peers import module_kind
+
+    op3, op12 = "Module.model.layers.3.mlp.Qwen3MLP.forward.0", "Module.model.layers.12.mlp.Qwen3MLP.forward.2"
+    three, twelve = module_kind(op3, f"{op3}.output.0"), module_kind(op12, f"{op12}.output.0")
+    assert three == twelve == "Module.model.layers.*.mlp.Qwen3MLP.forward.output.0"
+    assert module_kind("model.layers.3.self_attn.output", "model.layers.3.self_attn.output") != three
+
+
+@given(st.lists(st.floats(-3, 3), min_size=4, max_size=30), st.floats(0.01, 2.0), st.floats(1.0, 10.0))
+def test_a_member_far_outside_its_peers_stands_above_its_line_and_the_others_do_not(
+        values: list[float], min_spread: float, mads: float) -> None:
+    from bisect_npu.oracle.dumps.peers import leave_one_out_lines
+
+    outlier = max(values) + mads * 1.4826 * (max(values) - min(values)) + min_spread + 1.0
+    members = [(i, v) for i, v in enumerate(values)] + [(len(values), outlier)]
+    lines = leave_one_out_lines({"kind": members}, mads, 3, lambda _: min_spread)
+    assert outlier > lines[len(values)].line >= lines[len(values)].median + min_spread
+    assert all(lines[i].line >= lines[i].median + min_spread for i in range(len(values)))
+    assert leave_one_out_lines({"kind": members[:3]}, mads, 3, lambda _: min_spread) == {}

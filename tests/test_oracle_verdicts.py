@@ -5,6 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import numpy as np
+import pytest
 
 from bisect_npu.contracts import Observation, Verdict, VerdictKind
 from bisect_npu.intervals import wilson_interval
@@ -122,3 +123,21 @@ def test_stages_name_the_first_differing_stage(tmp_path: Path) -> None:
     verdict = judge_stages(templ, Observation(extra={"stages": base}), StagesConfig(), LogitsConfig())
     assert verdict.figures["first_differing_stage"] == "chat_template"
     assert verdict.figures["skipped_stages"] == ["forward"]
+
+
+def test_a_flip_beyond_the_margin_is_a_real_divergence_even_at_a_small_reference_gap() -> None:
+    """With logprobs on both sides the tie is judged on what moved between the runs, not on the reference alone."""
+    ref = Observation(output_token_ids=REF_TOKENS, top_logprobs=REF_LOGPROBS)  # 7 over 70 by 0.01 at token 2
+    rounding = steps([(5, -0.1)], [(6, -0.2)], [(70, -0.60), (7, -0.75)], [(1, -0.1)], [(4, -0.1)])
+    clean = judge_tokens(Observation(output_token_ids=[5, 6, 70, 1, 4], top_logprobs=rounding), ref,
+                         TokenMatchConfig(flip_margin=0.5))
+    assert clean.kind == VerdictKind.GOOD and clean.figures["tie_at"] == 2
+    assert clean.figures["flip"] == pytest.approx(0.16)
+    faulty = steps([(5, -0.1)], [(6, -0.2)], [(70, -0.1), (7, -2.5)], [(1, -0.1)], [(4, -0.1)])
+    verdict = judge_tokens(Observation(output_token_ids=[5, 6, 70, 1, 4], top_logprobs=faulty), ref,
+                           TokenMatchConfig(flip_margin=0.5))
+    assert verdict.kind == VerdictKind.BAD and verdict.figures["flip"] == pytest.approx(2.41)
+    assert "moved 2.41" in verdict.reason
+    # The reference-gap rule alone (flip_margin unset) calls the same output a tie.
+    assert judge_tokens(Observation(output_token_ids=[5, 6, 70, 1, 4], top_logprobs=faulty), ref,
+                        TokenMatchConfig(flip_margin=None)).kind == VerdictKind.GOOD

@@ -42,12 +42,25 @@ class RepetitionConfig(StrictModel):
     stop_early: bool = Field(True, description="the probe's streaming detector stops generation when it fires")
 
 
+# The largest flip of clean greedy outputs (bf16 and fp32, SDPA and eager) on the tune split of
+# bench/token_tie_bench.py, rounded up to two digits: there no correct kernel or precision is called
+# bad (docs/benchmarks.md has the report split's figures).
+FLIP_MARGIN = 0.1
+
+
 class TokenMatchConfig(StrictModel):
     """Deterministic token match against a reference observation."""
 
     min_match_rate: float = Field(1.0, ge=0.0, le=1.0, description="share of tokens that must match the reference")
     tie_margin: float = Field(0.05, ge=0.0, description="a first mismatch where the reference's top logprobs are "
                                                         "within this margin is a numerical tie")
+    flip_margin: float | None = Field(FLIP_MARGIN, ge=0.0, le=100.0,
+                                      description="a first mismatch where both sides have top logprobs is a "
+                                                  "numerical tie when the logprob difference of the two tokens "
+                                                  "moved by at most this between the runs (the reference's "
+                                                  "preference for its token plus the candidate's for its own); "
+                                                  "measured on correct kernels and precisions "
+                                                  "(bench/token_tie_bench.py); unset: tie_margin alone")
     compare_tokens: int | None = Field(None, strict=True, ge=1,
                                        description="compare only the first N tokens; unset: all")
 
@@ -93,6 +106,19 @@ class LogitsConfig(StrictModel):
                                                  "the output's below 0.1")
     amplification: float = Field(5.0, gt=1.0, description="times the input's cosine distance an output's must "
                                                           "reach (above the dtype's floor) to diverge")
+    noise_from_peers: bool = Field(True, description="judge each module's amplification and norm change against "
+                                                     "the same module kind in the other layers of the pair (their "
+                                                     "median and MAD: the pair's own noise); off: the fixed "
+                                                     "amplification line")
+    peer_mads: float = Field(8.0, gt=0.0, le=1000.0,
+                             description="robust standard deviations (1.4826 MAD) above its peers' median a module "
+                                         "must stand to diverge")
+    peer_min_factor: float = Field(3.0, gt=1.0, le=1e6,
+                                   description="times its peers' median amplification a module's must also exceed "
+                                               "(peers that agree too well have no spread)")
+    min_peers: int = Field(3, strict=True, ge=2, le=10_000,
+                           description="other layers a module kind needs for its own noise line; fewer: the highest "
+                                       "line of the other kinds")
     chunk_elements: int = Field(1 << 17, strict=True, ge=1,
                                 description="elements one worker reads at a time (whole vocabulary rows for "
                                             "logits); bounds peak memory, and the default keeps a chunk's "

@@ -6,6 +6,13 @@ Near ties: NPU and GPU kernels round differently, so where the reference's two b
 within `tie_margin` (logprob difference), either token is a correct greedy choice. A first
 mismatch there is a *numerical tie*, not a regression.
 
+With top logprobs on both sides the tie is judged on what moved between the runs: the *flip*,
+the reference's preference for its token plus the candidate's for its own, is the change of the
+two tokens' logprob difference. Correct kernels and precisions move it by rounding alone; a
+faulty module moves it by more, even where the reference's own gap was small. The flip margin is
+measured on clean pairs (bench/token_tie_bench.py), not chosen; without the candidate's logprobs
+the reference's gap and `tie_margin` decide.
+
 After a tie the two outputs continue from different contexts, so the reference's later tokens say
 nothing about the candidate's. A *later real divergence* is then defined on the candidate alone:
 with its own top_logprobs, every later token must be (within `tie_margin`) the top candidate of
@@ -39,6 +46,21 @@ def _tied_tokens(step: list[tuple[int, float]] | list[list[Any]] | None, margin:
     return tied if len(tied) >= 2 else set()
 
 
+def _logprob(step: list[tuple[int, float]] | list[list[Any]] | None, token: int) -> float | None:
+    return next((float(lp) for tok, lp in step or [] if int(tok) == token), None)
+
+
+def flip(cand_step: list[tuple[int, float]] | list[list[Any]] | None,
+         ref_step: list[tuple[int, float]] | list[list[Any]] | None, cand_token: int, ref_token: int) -> float | None:
+    """How far the two tokens' logprob difference moved between the runs (None: a side lacks one of them)."""
+    values = (_logprob(ref_step, ref_token), _logprob(ref_step, cand_token), _logprob(cand_step, cand_token),
+              _logprob(cand_step, ref_token))
+    if any(v is None for v in values):
+        return None
+    ref_want, ref_got, cand_got, cand_want = (float(v) for v in values if v is not None)
+    return (ref_want - ref_got) + (cand_got - cand_want)
+
+
 def _self_divergence(obs: Observation, start: int, margin: float) -> int | None:
     """First index >= start where the candidate's token is not its own top choice (within margin)."""
     steps = obs.top_logprobs or []
@@ -68,9 +90,17 @@ def judge_tokens(obs: Observation, reference: Observation | None, cfg: TokenMatc
                                "match_rate": round(shared / longer, 6), "compared_tokens": longer}
     if index is None:
         return Verdict(kind=VerdictKind.GOOD, reason=f"all {longer} tokens match the reference", figures=figures)
-    ref_steps = reference.top_logprobs or []
-    tied = _tied_tokens(ref_steps[index] if index < len(ref_steps) else None, cfg.tie_margin)
-    if index < len(cand) and index < len(ref) and cand[index] in tied and ref[index] in tied:
+    ref_steps, cand_steps = reference.top_logprobs or [], obs.top_logprobs or []
+    ref_step = ref_steps[index] if index < len(ref_steps) else None
+    both = index < len(cand) and index < len(ref)
+    moved = flip(cand_steps[index] if index < len(cand_steps) else None, ref_step, cand[index], ref[index]) \
+        if both and cfg.flip_margin is not None else None
+    if moved is not None:
+        figures["flip"] = round(moved, 6)
+        tied = {cand[index], ref[index]} if moved <= (cfg.flip_margin or 0.0) else set()
+    else:
+        tied = _tied_tokens(ref_step, cfg.tie_margin)
+    if both and cand[index] in tied and ref[index] in tied:
         figures["tie_at"] = index
         figures["tie_tokens"] = sorted(tied)
         if not obs.top_logprobs:
@@ -82,8 +112,8 @@ def judge_tokens(obs: Observation, reference: Observation | None, cfg: TokenMatc
         later = _self_divergence(obs, index + 1, cfg.tie_margin)
         if later is None:
             return Verdict(kind=VerdictKind.GOOD, figures=figures,
-                           reason=f"first mismatch at token {index} is a numerical tie; the continuation is "
-                                  "greedy-consistent")
+                           reason=f"first mismatch at token {index} is a numerical tie{_flip_words(figures, cfg)}; "
+                                  "the continuation is greedy-consistent")
         figures["real_divergence_at"] = later
         return Verdict(kind=VerdictKind.BAD, figures=figures,
                        reason=f"tie at token {index}, then a real divergence at token {later}: the candidate "
@@ -95,5 +125,11 @@ def judge_tokens(obs: Observation, reference: Observation | None, cfg: TokenMatc
     got = cand[index] if index < len(cand) else "end of output"
     want = ref[index] if index < len(ref) else "end of output"
     return Verdict(kind=VerdictKind.BAD, figures=figures,
-                   reason=f"first mismatch at token {index} ({got} vs reference {want}); shared prefix "
-                          f"{shared} of {longer}")
+                   reason=f"first mismatch at token {index} ({got} vs reference {want})"
+                          f"{_flip_words(figures, cfg)}; shared prefix {shared} of {longer}")
+
+
+def _flip_words(figures: dict[str, Any], cfg: TokenMatchConfig) -> str:
+    if "flip" not in figures:
+        return ""
+    return f" (the two tokens' logprob difference moved {figures['flip']:.3g}; flip margin {cfg.flip_margin})"

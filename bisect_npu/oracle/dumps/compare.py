@@ -20,17 +20,20 @@ Metrics follow msprobe's compare: cosine similarity, max absolute error, max rel
 5/1000; plus the share within the dumped dtype's own precision (`within_tol`: one bf16 ulp, 2**-7
 relative, for bf16; 1/1000 for fp16 and fp32, msprobe's line), which rounding alone never leaves.
 
-A tensor diverges when it has a different shape or dtype, is missing, holds NaN/Inf where the
-reference does not, or breaks a rule:
+A tensor diverges when it has a different shape (or a float against a non-float dtype), is
+missing, holds NaN/Inf where the reference does not, or breaks a rule. A lower-precision float
+candidate (bf16/fp16 against an fp32 golden) is upcast and judged at its own precision.
 * absolute: a pass line of LogitsConfig (msprobe's cosine rule and the optional lines);
 * relative (a module's output against what its inputs explain, msprobe's amplification rule
   generalised): the output agrees far worse than the module's inputs (input_args, input_kwargs,
   parameters) or, for a dump without inputs, than the output before it in execution order.
-  Two forms: msprobe's own (inputs within 1/1000 > 0.9, output < 0.1), and the cosine distance
-  `amplification` times the input's and above the dtype's floor (half its tolerance, squared).
+  msprobe's own form (inputs within 1/1000 > 0.9, output < 0.1), then the pair's own noise
+  (`peers`): the cosine-distance amplification, and the norm ratio's change, of a module against
+  the same module kind in the other layers. Without peers (or with `noise_from_peers` off) the
+  fixed line: the cosine distance `amplification` times the input's and above the dtype's floor.
   Element shares are not amplified against the input: one-ulp flips of inputs move outputs near
   zero by many ulps, so a clean bf16 run's shares fall layer after layer without any error.
-  Both need a max absolute error above `cosine_abs_floor` (near-zero tensors say little), and a
+  All need a max absolute error above `cosine_abs_floor` (near-zero tensors say little), and a
   baseline: the first tensor of a dump without inputs has nothing to be relative to.
 The first divergent tensor in execution order is where the drift enters; the outputs after it
 whose drift its input did not have, without a rule of their own, are its carriers.
@@ -65,6 +68,7 @@ from bisect_npu.contracts import Observation, Verdict, VerdictKind
 from bisect_npu.errors import UsageError
 from bisect_npu.oracle.config import LogitsConfig
 from bisect_npu.oracle.dumps.formats import PtFormatError, TensorFile, open_npy, open_pt
+from bisect_npu.oracle.dumps.peers import Line, leave_one_out_lines, log_ratio, module_kind, rounding_distance
 
 OWN_FORMAT = "bisect-npu-dump"
 # Chunks per unit of work: a tensor larger than this is shared between the workers.
@@ -83,6 +87,13 @@ INPUT, OUTPUT = "input", "output"
 def dtype_tolerance(dtype: str | None) -> float:
     """Relative error that rounding to `dtype` explains: one ulp, never tighter than msprobe's 1/1000."""
     return max(1e-3, _DTYPE_EPS.get(dtype or "", 0.0))
+
+
+def coarser_dtype(a: str, b: str) -> str | None:
+    """The lower precision of two floating dtypes (the one a pair is judged at), None unless both are floats."""
+    if a not in _DTYPE_EPS or b not in _DTYPE_EPS:
+        return None
+    return a if _DTYPE_EPS[a] >= _DTYPE_EPS[b] else b
 
 
 @dataclass(frozen=True)
@@ -124,6 +135,7 @@ class TensorDiff:
     problem: str | None = None
     rule: str | None = None
     baseline: dict[str, Any] | None = None
+    candidate_dtype: str | None = None
 
     def to_dict(self) -> dict[str, Any]:
         out: dict[str, Any] = {"name": self.name, "index": self.index, "step": self.step, "layer": self.layer,
@@ -131,8 +143,10 @@ class TensorDiff:
                                **{k: _round(v) for k, v in self.metrics.items()}}
         if self.module is not None:
             out["module"] = self.module
+        if self.candidate_dtype is not None:
+            out["dtype"], out["candidate_dtype"] = self.dtype, self.candidate_dtype
         if self.baseline is not None:
-            out["baseline"] = {k: _round(v) if isinstance(v, float) else v for k, v in self.baseline.items()}
+            out["baseline"] = _rounded(self.baseline)
         return out
 
 
@@ -171,6 +185,12 @@ class DumpComparison:
 
 def _round(value: float) -> float:
     return value if not math.isfinite(value) else float(f"{value:.6g}")
+
+
+def _rounded(figures: dict[str, Any]) -> dict[str, Any]:
+    """`figures` with every float (nested mappings too) rounded to six digits."""
+    return {k: _round(v) if isinstance(v, float) else _rounded(v) if isinstance(v, dict) else v
+            for k, v in figures.items()}
 
 
 # ---------------------------------------------------------------- reading dumps
@@ -375,6 +395,12 @@ class ChunkSums:
         self.overlap += float((top_r[:, :, None] == top_c[:, None, :]).any(axis=2).sum()) / k
         self.rows += r.shape[0]
 
+    def norm_ratio(self) -> float:
+        """|candidate| / |reference| (L2): a gain or a lost scale, which cosine cannot see."""
+        if self.ref_sq == 0.0:
+            return 1.0 if self.cand_sq == 0.0 else math.inf
+        return math.sqrt(self.cand_sq / self.ref_sq)
+
     def metrics(self, logits: bool) -> dict[str, float]:
         size = max(1, self.size)
         if self.cand_sq == 0.0 and self.ref_sq == 0.0:
@@ -387,7 +413,7 @@ class ChunkSums:
             cosine = min(1.0, max(-1.0, 1.0 - distance))
         out = {"cosine": cosine, "max_abs_error": self.max_abs, "max_rel_error": self.max_rel,
                "within_1e3": self.within_1e3 / size, "within_5e3": self.within_5e3 / size,
-               "within_tol": self.within_tol / size,
+               "within_tol": self.within_tol / size, "norm_ratio": self.norm_ratio(),
                "nonfinite_candidate": float(self.nonfinite_c), "nonfinite_reference": float(self.nonfinite_r)}
         if logits and self.rows and not self.rows_skipped:
             out["kl"] = self.kl / self.rows
@@ -493,7 +519,7 @@ def _problem(metrics: dict[str, float], cfg: LogitsConfig) -> str | None:
 
 def _cosine_floor(dtype: str | None) -> float:
     """Cosine distance that rounding to `dtype` can leave in one module's output: half its tolerance, squared."""
-    return (dtype_tolerance(dtype) / 2) ** 2
+    return rounding_distance(dtype_tolerance(dtype))
 
 
 def _baseline(rows: list[TensorDiff]) -> dict[str, Any] | None:
@@ -505,42 +531,146 @@ def _baseline(rows: list[TensorDiff]) -> dict[str, Any] | None:
             "cosine": min(row.metrics["cosine"] for row in measured),
             "within_1e3": min(row.metrics["within_1e3"] for row in measured),
             "within_tol": min(row.metrics["within_tol"] for row in measured),
-            "max_rel_error": max(row.metrics["max_rel_error"] for row in measured)}
+            "max_rel_error": max(row.metrics["max_rel_error"] for row in measured),
+            "norm_change": max(log_ratio(row.metrics.get("norm_ratio", 1.0)) for row in measured)}
 
 
-def _relative_problem(row: TensorDiff, base: dict[str, Any], cfg: LogitsConfig) -> tuple[str, str] | None:
-    """(rule, problem) when the output agrees far worse than its baseline explains."""
+def _input_is_exact(row: TensorDiff, base: dict[str, Any]) -> bool:
+    """Whether the module's input agrees to within one rounding (bit-identical, or just cast): its
+    amplification then says nothing, and its output distance is judged against its peers' instead."""
+    return bool(1.0 - base["cosine"] < _cosine_floor(row.dtype))
+
+
+def _distance_statistic(row: TensorDiff, base: dict[str, Any]) -> tuple[str, float]:
+    """("amplification", log(output's cosine distance / its input's)) or, for an exact input,
+    ("distance", log(output's cosine distance)); distances floored at one rounding to the row's dtype."""
+    floor = _cosine_floor(row.dtype)
+    out = math.log(max(1.0 - row.metrics["cosine"], floor))
+    if _input_is_exact(row, base):
+        return "distance", out
+    return "amplification", out - math.log(max(1.0 - base["cosine"], floor))
+
+
+def _norm_change(row: TensorDiff, base: dict[str, Any]) -> float:
+    """How far the output's norm ratio moved from 1 (log), less what its inputs' had moved."""
+    return log_ratio(row.metrics["norm_ratio"]) - float(base["norm_change"])
+
+
+@dataclass
+class PeerLines:
+    """The lines each output meets, drawn from its kind's other layers (or the highest of any kind's):
+    its amplification's (or, for an exact input, its output distance's) and its norm change's."""
+
+    distance: dict[int, tuple[str, Line]]
+    norm: dict[int, Line]
+
+    @staticmethod
+    def of(measured: list[tuple[TensorDiff, dict[str, Any]]], cfg: LogitsConfig) -> PeerLines:
+        amp: dict[str, list[tuple[int, float]]] = {}
+        dist: dict[str, list[tuple[int, float]]] = {}
+        norm: dict[str, list[tuple[int, float]]] = {}
+        floor = math.log(cfg.peer_min_factor)
+        dtypes = {row.index: row.dtype for row, _ in measured}
+        exact = {row.index for row, base in measured if _input_is_exact(row, base)}
+        for row, base in measured:
+            kind = module_kind(row.module, row.name)
+            statistic, value = _distance_statistic(row, base)
+            (amp if statistic == "amplification" else dist).setdefault(kind, []).append((row.index, value))
+            if statistic == "amplification":  # every output's distance is a peer of an exact-input one
+                dist.setdefault(kind, []).append((row.index, math.log(max(1.0 - row.metrics["cosine"],
+                                                                          _cosine_floor(row.dtype)))))
+            change = _norm_change(row, base)
+            if math.isfinite(change):
+                norm.setdefault(kind, []).append((row.index, change))
+        amp_lines = _with_fallback(leave_one_out_lines(amp, cfg.peer_mads, cfg.min_peers, lambda _: floor), amp)
+        dist_lines = _with_fallback(leave_one_out_lines(dist, cfg.peer_mads, cfg.min_peers, lambda _: floor), dist)
+        distance = {index: ("distance", line) for index, line in dist_lines.items() if index in exact}
+        distance.update({index: ("amplification", line) for index, line in amp_lines.items() if index not in exact})
+        norm_lines = leave_one_out_lines(norm, cfg.peer_mads, cfg.min_peers,
+                                         lambda index: dtype_tolerance(dtypes[index]) / 2)
+        return PeerLines(distance, _with_fallback(norm_lines, norm))
+
+
+def _with_fallback(lines: dict[int, Line], kinds: dict[str, list[tuple[int, float]]]) -> dict[int, Line]:
+    """`lines`, and for members of kinds too small for their own, the highest line of any kind."""
+    if not lines:
+        return lines
+    highest = max(lines.values(), key=lambda line: line.line)
+    return {index: lines.get(index, highest) for members in kinds.values() for index, _ in members}
+
+
+def _peer_problem(row: TensorDiff, base: dict[str, Any], lines: PeerLines) -> tuple[str, str, dict[str, Any]] | None:
+    """(rule, problem, the noise it stood against) when the output stands out from its peers' noise."""
+    distance, distance_in = 1.0 - row.metrics["cosine"], 1.0 - base["cosine"]
+    if row.index in lines.distance:
+        statistic, line = lines.distance[row.index]
+        value = _distance_statistic(row, base)[1]
+        if value > line.line:
+            noise = {"statistic": statistic, "value": math.exp(value), "peer_median": math.exp(line.median),
+                     "line": math.exp(line.line), "peers": line.peers, "above_line": math.exp(value - line.line)}
+            peers, reach, median = line.peers, math.exp(line.line), math.exp(line.median)
+            what = (f"amplified x{math.exp(value):.3g} where its {peers} peers' noise reaches x{reach:.3g} (median "
+                    f"x{median:.3g})") if statistic == "amplification" else (
+                f"its input exact, where its {peers} peers' output distance reaches {reach:.3g} (median {median:.3g})")
+            cosine = row.metrics["cosine"]
+            return "cosine_amplification", (
+                f"cosine distance {distance:.4g} vs {distance_in:.4g} of its input's (cosine {cosine:.7g}): "
+                f"{what}, {noise['above_line']:.3g} times the line"), noise
+    if row.index in lines.norm:
+        line = lines.norm[row.index]
+        value = _norm_change(row, base)
+        if value > line.line:
+            noise = {"statistic": "norm_change", "value": value, "peer_median": line.median, "line": line.line,
+                     "peers": line.peers, "above_line": value / line.line if line.line > 0 else math.inf}
+            return "norm_ratio", (
+                f"norm ratio {row.metrics['norm_ratio']:.5g} (its input's moved {base['norm_change']:.3g} in log): "
+                f"moved {value:.4g} where its {line.peers} peers' noise reaches {line.line:.3g} (median "
+                f"{line.median:.3g}), {noise['above_line']:.3g} times the line"), noise
+    return None
+
+
+def _relative_problem(row: TensorDiff, base: dict[str, Any], cfg: LogitsConfig,
+                      lines: PeerLines | None = None) -> tuple[str, str, dict[str, Any] | None] | None:
+    """(rule, problem, noise) when the output agrees far worse than its baseline explains."""
     out = row.metrics
     if out["max_abs_error"] <= cfg.cosine_abs_floor:
         return None
     if cfg.msprobe_rule and base["within_1e3"] > 0.9 and out["within_1e3"] < 0.1:
         return "msprobe_amplification", (f"within_1e3 {out['within_1e3']:.4g} while its input's is "
-                                         f"{base['within_1e3']:.4g} (msprobe: input > 0.9, output < 0.1)")
+                                         f"{base['within_1e3']:.4g} (msprobe: input > 0.9, output < 0.1)"), None
+    if lines is not None and (row.index in lines.distance or row.index in lines.norm):
+        return _peer_problem(row, base, lines)
     distance, distance_in = 1.0 - out["cosine"], 1.0 - base["cosine"]
     if distance >= _cosine_floor(row.dtype) and distance >= cfg.amplification * distance_in:
         return "cosine_amplification", (f"cosine distance {distance:.4g} vs {distance_in:.4g} of its input's "
-                                        f"(cosine {out['cosine']:.7g} vs {base['cosine']:.7g})")
+                                        f"(cosine {out['cosine']:.7g} vs {base['cosine']:.7g})"), None
     return None
 
 
 def apply_relative_rules(rows: list[TensorDiff], cfg: LogitsConfig) -> None:
-    """Judge each output not already divergent against its module's inputs, or the output before it."""
+    """Judge each output not already divergent against its module's inputs, or the output before it: against
+    its peers' noise (`cfg.noise_from_peers`), else the fixed amplification line."""
     inputs: dict[tuple[int, str | None], list[TensorDiff]] = {}
     previous_output: TensorDiff | None = None
+    measured: list[tuple[TensorDiff, dict[str, Any]]] = []
     for row in rows:
         if row.role == INPUT:
             inputs.setdefault((row.step, row.module), []).append(row)
             continue
         base_rows = inputs.get((row.step, row.module)) or ([previous_output] if previous_output else [])
         base = _baseline(base_rows)
-        if row.problem is None and row.metrics and base is not None and cfg.relative:
-            fired = _relative_problem(row, base, cfg)
-            if fired is not None:
-                row.rule, row.problem = fired
-                row.baseline = base
-        if row.problem is not None and row.baseline is None and base is not None:
+        if base is not None and row.metrics:
+            measured.append((row, base))
+        if base is not None and row.problem is not None:
             row.baseline = base
         previous_output = row
+    judged = [(row, base) for row, base in measured if row.problem is None] if cfg.relative else []
+    lines = PeerLines.of(measured, cfg) if cfg.noise_from_peers else None
+    for row, base in judged:
+        fired = _relative_problem(row, base, cfg, lines)
+        if fired is not None:
+            row.rule, row.problem, noise = fired
+            row.baseline = base if noise is None else {**base, "noise": noise}
 
 
 # ---------------------------------------------------------------- comparing
@@ -563,9 +693,11 @@ def _prepare(index: int, cand: TensorEntry | None, ref: TensorEntry) -> _Pair:
         row.problem = "missing from the candidate dump"
     elif cand.shape is not None and ref.shape is not None and cand.shape != ref.shape:
         row.problem = f"shape {list(cand.shape)} vs reference {list(ref.shape)}"
-    elif cand.dtype and ref.dtype and cand.dtype != ref.dtype:
+    elif cand.dtype and ref.dtype and cand.dtype != ref.dtype and coarser_dtype(cand.dtype, ref.dtype) is None:
         row.problem = f"dtype {cand.dtype} vs reference {ref.dtype}"
     else:
+        if cand.dtype and ref.dtype and cand.dtype != ref.dtype:  # upcast, judged at the lower precision
+            row.dtype, row.candidate_dtype = coarser_dtype(cand.dtype, ref.dtype), cand.dtype
         pair.cand, pair.ref = open_tensor(cand), open_tensor(ref)
         if pair.cand.shape != pair.ref.shape:
             row.problem = f"shape {list(pair.cand.shape)} (file) vs reference {list(pair.ref.shape)}"

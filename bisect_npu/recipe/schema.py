@@ -121,7 +121,8 @@ class LoadSpec(StrictModel):
 class EngineSpec(StrictModel):
     backend: BackendName = Field(
         "vllm", description="probe backend: vllm (offline `LLM`), openai (a `vllm serve` server streamed over "
-                            "HTTP), mini (the demo engine)")
+                            "HTTP), mini (the demo engine), transformers (Hugging Face transformers on the host's torch "
+                            "device: the reference for `bisect-npu record`)")
     args: dict[str, Any] = Field(default_factory=dict, description="engine args: async_scheduling, enforce_eager, ...")
     server_flags: list[str] = Field(default_factory=list, description="extra `vllm serve` flags (openai backend)")
     launcher: list[str] = Field(

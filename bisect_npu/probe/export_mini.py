@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import sys
 from pathlib import Path
+from typing import Any
 
 CHAT_TEMPLATE = ("{% for message in messages %}{{ message['role'] }}: {{ message['content'] }}"
                  "{% if not loop.last %}\n{% endif %}{% endfor %}")
@@ -39,7 +40,8 @@ def export(model: str, dest: Path) -> Path:
         rope_parameters={"rope_type": "linear", "factor": cfg.rope_scaling_factor, "rope_theta": cfg.rope_theta},
         attention_bias=False, use_sliding_window=False, eos_token_id=words.eos_token_id, pad_token_id=0,
         bos_token_id=None)
-    hf = Qwen3ForCausalLM(hf_cfg).to(torch.float32).eval()
+    hf: Any = Qwen3ForCausalLM(hf_cfg)
+    hf.to(torch.float32).eval()
     missing, unexpected = hf.load_state_dict(engine_model.w, strict=False)
     if unexpected or set(missing) - {"lm_head.weight"}:
         raise ValueError(f"the demo weights do not fit Qwen3ForCausalLM: missing {sorted(missing)}, "
@@ -50,7 +52,8 @@ def export(model: str, dest: Path) -> Path:
     vocab = Tokenizer(models.WordLevel(vocab=dict(words.ids), unk_token="<unk>"))
     vocab.normalizer = normalizers.Lowercase()
     vocab.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
-    tokenizer = PreTrainedTokenizerFast(tokenizer_object=vocab, eos_token="<eos>", pad_token="<pad>",
+    fast: Any = PreTrainedTokenizerFast  # untyped constructor
+    tokenizer = fast(tokenizer_object=vocab, eos_token="<eos>", pad_token="<pad>",
                                         unk_token="<unk>", bos_token=None, chat_template=CHAT_TEMPLATE)
     tokenizer.add_special_tokens({"additional_special_tokens": list(SPECIAL_TOKENS)})
     tokenizer.save_pretrained(dest)

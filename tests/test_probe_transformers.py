@@ -10,6 +10,8 @@ from pathlib import Path
 
 import pytest
 
+pytestmark = pytest.mark.e2e  # a real model forward pass
+
 torch = pytest.importorskip("torch")
 pytest.importorskip("transformers")
 

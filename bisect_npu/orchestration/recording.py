@@ -1,0 +1,90 @@
+"""Record a reference: run a recipe's cases once each on this host, with the recipe's own backend,
+and keep the observations, layer dumps and where they ran as a record (`bisect_npu.alignment.record`).
+
+The probe runs as a session's does (`LocalExecutor`: its own process group, the timeout, the log),
+in `tree` (a source checkout put on PYTHONPATH: the demo engine's, a vllm-ascend worktree) or in
+the installed packages. The manifest is written before the first case and after each one, and marked
+complete only at the end, so an interrupted record is refused until it is recorded again.
+"""
+
+from __future__ import annotations
+
+import json
+import platform
+import shutil
+import sys
+from pathlib import Path
+from typing import Any
+
+from bisect_npu.alignment.record import FORMAT, MANIFEST, VERSION, Record, is_record, read_record, relative_dumps
+from bisect_npu.builders.base import Environment
+from bisect_npu.errors import InfrastructureError, UsageError
+from bisect_npu.execute.local import LocalExecutor
+from bisect_npu.orchestration.evaluate import probe_request
+from bisect_npu.recipe.schema import Recipe
+
+DEFAULT_TIMEOUT_S = 3600.0
+
+
+def _prepare(out: Path, force: bool) -> None:
+    """Refuse to overwrite anything without `force`, and anything but a record even with it."""
+    if not out.exists() or (out.is_dir() and not any(out.iterdir())):
+        out.mkdir(parents=True, exist_ok=True)
+        return
+    if not is_record(out):
+        raise UsageError(f"{out} exists and is not a record; choose an empty or new --out")
+    if not force:
+        raise UsageError(f"{out} already holds a record; pass --force to overwrite it, or choose another --out")
+    shutil.rmtree(out)
+    out.mkdir(parents=True)
+
+
+def _write_manifest(out: Path, manifest: dict[str, Any]) -> None:
+    tmp = out / f".{MANIFEST}.tmp"
+    tmp.write_text(json.dumps(manifest, indent=1), encoding="utf-8")
+    tmp.replace(out / MANIFEST)
+
+
+def _where(observation: dict[str, Any], recipe: Recipe) -> dict[str, Any]:
+    """Device, dtype, versions and model identity, as the probe reported them."""
+    versions = observation.get("versions") or {}
+    engine_args = observation.get("extra", {}).get("engine_args") or {}
+    device = engine_args.get("device") or ("npu" if "torch_npu" in versions else "cpu"
+                                           if recipe.engine.backend == "mini" else None)
+    return {"device": device, "dtype": engine_args.get("dtype") or recipe.model.dtype, "versions": versions,
+            "model_identity": observation.get("extra", {}).get("model_identity")}
+
+
+def record(recipe: Recipe, out: Path, *, force: bool = False, tree: Path | None = None, commit: str = "",
+           timeout_s: float = DEFAULT_TIMEOUT_S) -> Record:
+    """Run each case of `recipe` once here and write the record to `out`."""
+    out = out.resolve()
+    _prepare(out, force)
+    manifest: dict[str, Any] = {
+        "format": FORMAT, "version": VERSION, "complete": False,
+        "recipe": {"name": recipe.name, "digest": recipe.digest(), "cases_digest": recipe.cases_digest(),
+                   "source": recipe.source},
+        "backend": recipe.engine.backend, "model": recipe.model.model_dump(mode="json", exclude={"host_path"}),
+        "commit": commit, "tree": str(tree) if tree else None,
+        "host": {"node": platform.node(), "machine": platform.machine(), "python": platform.python_version()},
+        "case_ids": [case.id for case in recipe.cases], "cases": {}}
+    _write_manifest(out, manifest)
+    executor = LocalExecutor(python_paths=["."], python=sys.executable)
+    env = Environment(kind="worktree", commit=commit, path=str((tree or Path.cwd()).resolve()))
+    for case in recipe.cases:
+        result = executor.run_probe(env, probe_request(recipe, case, commit, 0), out, timeout_s)
+        if result.observation is None:
+            why = "timed out" if result.timed_out else f"exit {result.returncode}"
+            last = result.log_tail.strip().splitlines()[-1:] or ["no output"]
+            raise InfrastructureError(f"the probe failed on case {case.id} ({why}: {last[0]}); see {result.log_path}, "
+                                      "then record again with --force")
+        path = Path(result.observation)
+        observation = relative_dumps(json.loads(path.read_text(encoding="utf-8")), out)
+        path.write_text(json.dumps(observation), encoding="utf-8")
+        manifest["cases"][case.id] = path.name
+        if len(manifest["cases"]) == 1:
+            manifest.update(_where(observation, recipe))
+        _write_manifest(out, manifest)
+    manifest["complete"] = True
+    _write_manifest(out, manifest)
+    return read_record(out)

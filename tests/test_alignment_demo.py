@@ -23,7 +23,8 @@ from bisect_npu.recipe.loader import load_recipe
 
 pytestmark = pytest.mark.e2e  # the demo's model and transformers run
 
-WORDS = "the of and to a in is it you that he was for on are with as i his they be at one have this".split()
+WORDS = ["the", "of", "and", "to", "a", "in", "is", "it", "you", "that", "he", "was", "for", "on", "are", "with", "as",
+         "i", "his", "they", "be", "at", "one", "have", "this"]
 # 150 vocabulary words: the prefill reaches past max_position_embeddings (128), where the culprit's
 # RoPE cache extension drops the scaling factor.
 LONG_PROMPT = " ".join(WORDS[(i * 7) % len(WORDS)] for i in range(150))
@@ -135,19 +136,19 @@ def test_a_record_is_a_recipes_golden_reference(demo: dict[str, Path]) -> None:
 def test_records_that_cannot_be_aligned_are_refused_with_the_way_on(demo: dict[str, Path], tmp_path: Path) -> None:
     other_cases = write_recipe(tmp_path / "short.yaml", "demo-short", {"backend": "mini"}, "seed:0", prompt="the of")
     api.record(other_cases, tmp_path / "short", tree=demo["good_tree"])
-    with pytest.raises(UsageError, match="the records ran different cases .* record both from recipes with the same"):
+    with pytest.raises(UsageError, match=r"the records ran different cases .* record both from recipes with the same"):
         api.align(demo["golden"], tmp_path / "short")
 
     fewer = write_recipe(tmp_path / "fewer.yaml", "demo-engine", {"backend": "mini"}, "seed:0",
                          layers=["model.layers.*.self_attn"])
     api.record(fewer, tmp_path / "fewer", tree=demo["good_tree"])
-    with pytest.raises(UsageError, match="name different modules .* record both with the same capture.layers"):
+    with pytest.raises(UsageError, match=r"name different modules .* record both with the same capture\.layers"):
         api.align(demo["golden"], tmp_path / "fewer")
 
     other_model = write_recipe(tmp_path / "wide.yaml", "demo-engine", {"backend": "mini"},
                                json.dumps({"hidden_size": 32, "intermediate_size": 96}))
     api.record(other_model, tmp_path / "wide", tree=demo["good_tree"])
-    with pytest.raises(UsageError, match="the records ran different models .*hidden_size 64.*hidden_size 32"):
+    with pytest.raises(UsageError, match=r"the records ran different models .*hidden_size 64.*hidden_size 32"):
         api.align(demo["golden"], tmp_path / "wide")
 
 

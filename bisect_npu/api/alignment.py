@@ -17,9 +17,11 @@ if TYPE_CHECKING:  # the comparison (numpy, the dump diff) is imported when alig
 
 
 def record(recipe: Recipe | str | Path, out: str | Path, *, force: bool = False, tree: str | Path | None = None,
-           commit: str = "", timeout_s: float | None = None) -> Record:
+           commit: str = "", timeout_s: float | None = None, python: str | None = None,
+           env: dict[str, str] | None = None) -> Record:
     """Run each case of `recipe` once on this host (its engine from `tree`, a source checkout, or the
-    installed packages) and write a record to `out`: observations with top logprobs, every alignment
+    installed packages; `python`: another venv's interpreter, `env`: variables it gets) and write a
+    record to `out`: observations with top logprobs, every alignment
     stage, layer dumps (the recipe's capture.layers) and where it ran. Nothing is overwritten
     without `force`, and only a record even then."""
     from bisect_npu.orchestration.recording import DEFAULT_TIMEOUT_S
@@ -27,7 +29,7 @@ def record(recipe: Recipe | str | Path, out: str | Path, *, force: bool = False,
 
     loaded = recipe if isinstance(recipe, Recipe) else load_recipe(recipe)
     return run_record(loaded, Path(out), force=force, tree=Path(tree) if tree else None, commit=commit,
-                      timeout_s=timeout_s or DEFAULT_TIMEOUT_S)
+                      timeout_s=timeout_s or DEFAULT_TIMEOUT_S, python=python, env=env)
 
 
 def align(reference: str | Path | Record, candidate: str | Path | Record | None = None, *,

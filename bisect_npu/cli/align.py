@@ -15,15 +15,18 @@ import click
               help="Directory the record is written to (new or empty).")
 @click.option("--tree", type=click.Path(file_okay=False, exists=True, path_type=Path),
               help="Source checkout to run the engine from (put on PYTHONPATH); default: the installed packages.")
+@click.option("--python", "python", type=click.Path(dir_okay=False, exists=True),
+              help="Interpreter of the venv that holds the engine (vLLM, transformers); default: this one.")
 @click.option("--commit", default="", help="What the tree is checked out at, kept in the manifest.")
 @click.option("--timeout", "timeout_s", type=float, help="Seconds one case may run.  [default: 3600]")
 @click.option("--force", is_flag=True, help="Overwrite the record already at --out.")
-def record(recipe_path: str, out: Path, tree: Path | None, commit: str, timeout_s: float | None, force: bool) -> None:
+def record(recipe_path: str, out: Path, tree: Path | None, python: str | None, commit: str, timeout_s: float | None,
+           force: bool) -> None:
     """Run each case of the recipe once on this host with its backend and keep it as a reference: the
     observations with top logprobs, every alignment stage, layer dumps, and where it ran."""
     from bisect_npu import api
 
-    made = api.record(recipe_path, out, force=force, tree=tree, commit=commit, timeout_s=timeout_s)
+    made = api.record(recipe_path, out, force=force, tree=tree, commit=commit, timeout_s=timeout_s, python=python)
     click.echo(f"recorded {len(made.observations)} case(s) of {made.recipe} on {made.where()}: {made.path}")
 
 

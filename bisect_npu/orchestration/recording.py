@@ -56,8 +56,10 @@ def _where(observation: dict[str, Any], recipe: Recipe) -> dict[str, Any]:
 
 
 def record(recipe: Recipe, out: Path, *, force: bool = False, tree: Path | None = None, commit: str = "",
-           timeout_s: float = DEFAULT_TIMEOUT_S) -> Record:
-    """Run each case of `recipe` once here and write the record to `out`."""
+           timeout_s: float = DEFAULT_TIMEOUT_S, python: str | None = None,
+           env: dict[str, str] | None = None) -> Record:
+    """Run each case of `recipe` once here (with `python`, another venv's interpreter, and `env` added
+    to the environment) and write the record to `out`."""
     out = out.resolve()
     _prepare(out, force)
     manifest: dict[str, Any] = {
@@ -65,14 +67,14 @@ def record(recipe: Recipe, out: Path, *, force: bool = False, tree: Path | None 
         "recipe": {"name": recipe.name, "digest": recipe.digest(), "cases_digest": recipe.cases_digest(),
                    "source": recipe.source},
         "backend": recipe.engine.backend, "model": recipe.model.model_dump(mode="json", exclude={"host_path"}),
-        "commit": commit, "tree": str(tree) if tree else None,
+        "commit": commit, "tree": str(tree) if tree else None, "python": python or sys.executable,
         "host": {"node": platform.node(), "machine": platform.machine(), "python": platform.python_version()},
         "case_ids": [case.id for case in recipe.cases], "cases": {}}
     _write_manifest(out, manifest)
-    executor = LocalExecutor(python_paths=["."], python=sys.executable)
-    env = Environment(kind="worktree", commit=commit, path=str((tree or Path.cwd()).resolve()))
+    executor = LocalExecutor(env=env, python_paths=["."], python=python or sys.executable)
+    where = Environment(kind="worktree", commit=commit, path=str((tree or Path.cwd()).resolve()))
     for case in recipe.cases:
-        result = executor.run_probe(env, probe_request(recipe, case, commit, 0), out, timeout_s)
+        result = executor.run_probe(where, probe_request(recipe, case, commit, 0), out, timeout_s)
         if result.observation is None:
             why = "timed out" if result.timed_out else f"exit {result.returncode}"
             last = result.log_tail.strip().splitlines()[-1:] or ["no output"]

@@ -166,6 +166,11 @@ def test_an_interrupted_record_is_refused_and_nothing_is_overwritten_without_for
 
     with pytest.raises(UsageError, match="already holds a record; pass --force"):
         api.record(demo["engine_recipe"], copy, tree=demo["good_tree"])
+    done = subprocess.run([sys.executable, "-m", "bisect_npu", "record", "--recipe", str(demo["engine_recipe"]),
+                           "--out", str(copy)], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 2
+    assert done.stderr.strip().splitlines()[-1].endswith(
+        "already holds a record; pass --force to overwrite it, or choose another --out")
     (tmp_path / "notes").mkdir()
     (tmp_path / "notes" / "keep.txt").write_text("mine")
     with pytest.raises(UsageError, match="exists and is not a record"):

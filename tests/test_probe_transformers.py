@@ -98,3 +98,13 @@ def test_the_probe_refuses_an_unknown_engine_arg(tiny_model: Path, tmp_path: Pat
                           timeout=120)
     assert done.returncode == 3
     assert "unknown engine args tensor_parallel_size" in done.stderr
+
+
+def test_flat_dumps_drop_the_batch_dimension_as_vllm_modules_see_it(tiny_model: Path, tmp_path: Path) -> None:
+    request = _request(tiny_model, tmp_path, temperature=0.0, max_tokens=1)
+    request["engine"]["args"]["flat_dumps"] = True
+    obs = backend.run_case(request)
+    entries = open_dump(obs["logits_dump"])["step0/rank0"]
+    tokens, config = len(obs["prompt_token_ids"]), json.loads((tiny_model / "config.json").read_text())
+    hidden, vocab = config["hidden_size"], config["vocab_size"]
+    assert [entry.shape for entry in entries] == [(tokens, hidden), (tokens, hidden), (tokens, vocab)]

@@ -10,8 +10,10 @@ Top logprobs are those of the raw distribution, as vLLM reports them.
 
 Engine args (`engine.args`): `device` (`auto`: cuda, else npu, else cpu; or any torch device),
 `attn_implementation` (`sdpa`, `eager`, ...), `ignore_eos` (keep generating past the EOS token,
-as the demo engine does). Layer dumps (`logits.layers`, `logits.steps`) come from forward hooks on
-the modules whose names match, in MindStudio Probe's layout (`..layer_dump`).
+as the demo engine does), `flat_dumps` (dump tensors without their batch dimension of one, as
+vLLM's modules see the batch: `[tokens, hidden]`, so the dumps line up with a vLLM run's).
+Layer dumps (`logits.layers`, `logits.steps`) come from forward hooks on the modules whose names
+match, in MindStudio Probe's layout (`..layer_dump`).
 
 Runs inside the candidate environment: transformers and torch from there, the rest the standard
 library and relative imports.
@@ -34,7 +36,7 @@ _VLLM_DEFAULTS: dict[str, Any] = {"temperature": 1.0, "top_p": 1.0, "top_k": 0, 
                                   "max_tokens": 16, "seed": None, "logprobs": None}
 # The generation-config keys vLLM takes as defaults (`get_diff_sampling_param`).
 _GENERATION_CONFIG_KEYS = ("temperature", "top_p", "top_k", "min_p", "repetition_penalty")
-_ENGINE_ARGS = ("device", "attn_implementation", "ignore_eos")
+_ENGINE_ARGS = ("device", "attn_implementation", "ignore_eos", "flat_dumps")
 _GREEDY_EPS = 1e-5
 
 
@@ -124,6 +126,7 @@ class TransformersEngine(TrialCounter):
             raise ValueError("transformers backend: model.path must name a Hugging Face model directory or id")
         self.device = pick_device(str(args.get("device") or "auto"))
         self.ignore_eos = bool(args.get("ignore_eos", False))
+        self.flat_dumps = bool(args.get("flat_dumps", False))
         kwargs: dict[str, Any] = {"dtype": _torch_dtype(model.get("dtype"))}
         if args.get("attn_implementation"):
             kwargs["attn_implementation"] = str(args["attn_implementation"])
@@ -167,12 +170,21 @@ class TransformersEngine(TrialCounter):
             params["top_k"] = 0
         return params, sources
 
+    def _layout(self, output: Any) -> Any:
+        """A module's output as dumped: with `flat_dumps`, each tensor without its batch dimension of one."""
+        if not self.flat_dumps:
+            return output
+        if isinstance(output, (tuple, list)):
+            return [self._layout(item) for item in output]
+        is_batch_of_one = isinstance(output, self.torch.Tensor) and output.dim() > 1 and output.shape[0] == 1
+        return output[0] if is_batch_of_one else output
+
     def _hooks(self, writer: DumpWriter) -> list[Any]:
         handles = []
         for name, module in self.model.named_modules():
             if writer.wanted(name):
                 handles.append(module.register_forward_hook(
-                    lambda mod, _args, out, name=name: writer.save(name, type(mod).__name__, out)))
+                    lambda mod, _args, out, name=name: writer.save(name, type(mod).__name__, self._layout(out))))
         return handles
 
     def run(self, request: dict[str, Any]) -> dict[str, Any]:
@@ -238,7 +250,7 @@ class TransformersEngine(TrialCounter):
         observation["extra"].update({
             "engine_args": {"device": self.device, "dtype": str(self.model.dtype).removeprefix("torch."),
                             "attn_implementation": getattr(self.model.config, "_attn_implementation", None),
-                            "ignore_eos": self.ignore_eos},
+                            "ignore_eos": self.ignore_eos, "flat_dumps": self.flat_dumps},
             "sampling_sources": sources, "rendered_prompt": rendered, "model_identity": self.identity,
             "stages": {"chat_template": rendered, "prompt_token_ids": prompt_ids,
                        "forward": observation["logits_dump"], "sampler": params, "text": observation["text"]}})

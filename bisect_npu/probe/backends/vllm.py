@@ -14,6 +14,7 @@ import os
 import re
 from typing import Any
 
+from ..identity import model_identity
 from ..trials import (
     SAMPLING_FIELDS,
     Stopwatch,
@@ -216,6 +217,17 @@ def _render(llm: Any, case: dict[str, Any]) -> tuple[str, list[int]]:
     return case["prompt"], list(tokenizer.encode(case["prompt"]))
 
 
+def _model_identity(llm: Any) -> dict[str, Any] | None:
+    """The model's sizes and vocabulary digest (a record's same-model check); None where this vLLM
+    does not expose its model config on the `LLM`."""
+    model_config = getattr(getattr(llm, "llm_engine", None), "model_config", None)
+    config = getattr(model_config, "hf_text_config", None) or getattr(model_config, "hf_config", None)
+    if config is None:
+        return None
+    return model_identity(llm.get_tokenizer().get_vocab(), config.vocab_size, config.hidden_size,
+                          config.num_hidden_layers)
+
+
 def _logprob_rows(step_logprobs: list[Any] | None, k: int) -> list[list[list[Any]]] | None:
     if not step_logprobs:
         return None
@@ -392,6 +404,7 @@ class VllmEngine(TrialCounter):
             "sampling_sources": sources,
             "rendered_prompt": rendered,
             "loop_guard": "vllm" if use_native else ("probe" if guard else None),
+            "model_identity": _model_identity(llm),
         })
         observation["extra"]["stages"] = {
             "chat_template": rendered, "prompt_token_ids": observation["prompt_token_ids"],

@@ -178,3 +178,11 @@ def test_an_interrupted_record_is_refused_and_nothing_is_overwritten_without_for
     assert (tmp_path / "notes" / "keep.txt").read_text() == "mine"
     made = api.record(demo["engine_recipe"], copy, force=True, tree=demo["good_tree"])
     assert made.manifest["complete"] and api.align(demo["golden"], copy).aligned
+
+
+def test_align_runs_a_recipe_here_as_the_candidate(demo: dict[str, Path], tmp_path: Path) -> None:
+    result = api.align(demo["golden"], tmp_path / "candidate", recipe=demo["engine_recipe"], tree=demo["bad_tree"])
+    assert result.first is not None and result.first.first_module == FIRST_ATTENTION
+    assert result.candidate.manifest["complete"] and (tmp_path / "candidate" / MANIFEST).exists()
+    with pytest.raises(UsageError, match="is not empty: give a new directory"):
+        api.align(demo["golden"], tmp_path / "candidate", recipe=demo["engine_recipe"], tree=demo["bad_tree"])

@@ -37,6 +37,7 @@ def test_a_vllm_cpu_record_aligns_with_a_transformers_record_of_the_same_model(t
                           {"backend": "vllm", "args": {"max_model_len": 2048, "enforce_eager": True}})
     candidate = api.record(vllm_recipe, tmp_path / "vllm", python=str(python), env=VLLM_ENV)
     assert "vllm" in candidate.manifest["versions"] and golden.manifest["backend"] == "transformers"
+    assert candidate.manifest["device"] == golden.manifest["device"] == "cpu"
     assert candidate.identity == golden.identity  # the same sizes and vocabulary, read by two engines
 
     result = api.align(golden, candidate)

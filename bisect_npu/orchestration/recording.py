@@ -49,10 +49,10 @@ def _where(observation: dict[str, Any], recipe: Recipe) -> dict[str, Any]:
     """Device, dtype, versions and model identity, as the probe reported them."""
     versions = observation.get("versions") or {}
     engine_args = observation.get("extra", {}).get("engine_args") or {}
-    device = engine_args.get("device") or ("npu" if "torch_npu" in versions else "cpu"
-                                           if recipe.engine.backend == "mini" else None)
+    extra = observation.get("extra") or {}
+    device = engine_args.get("device") or extra.get("device") or ("cpu" if recipe.engine.backend == "mini" else None)
     return {"device": device, "dtype": engine_args.get("dtype") or recipe.model.dtype, "versions": versions,
-            "model_identity": observation.get("extra", {}).get("model_identity")}
+            "model_identity": extra.get("model_identity")}
 
 
 def record(recipe: Recipe, out: Path, *, force: bool = False, tree: Path | None = None, commit: str = "",

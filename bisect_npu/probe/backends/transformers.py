@@ -28,7 +28,16 @@ from typing import Any
 
 from ..identity import model_identity
 from ..layer_dump import DumpWriter
-from ..trials import SAMPLING_FIELDS, Stopwatch, TrialCounter, loop_detector, record_loop, run_once, top_logprobs_row
+from ..trials import (
+    SAMPLING_FIELDS,
+    Stopwatch,
+    TrialCounter,
+    accelerator,
+    loop_detector,
+    record_loop,
+    run_once,
+    top_logprobs_row,
+)
 
 # vLLM's neutral defaults: what a field not sent and not in the model's generation config means.
 _VLLM_DEFAULTS: dict[str, Any] = {"temperature": 1.0, "top_p": 1.0, "top_k": 0, "min_p": 0.0,
@@ -42,16 +51,7 @@ _GREEDY_EPS = 1e-5
 
 def pick_device(name: str) -> str:
     """`auto`: the accelerator the host has (cuda, then npu), else the CPU; anything else as given."""
-    import torch
-
-    if name != "auto":
-        return name
-    if torch.cuda.is_available():
-        return "cuda"
-    npu = getattr(torch, "npu", None)
-    if npu is not None and npu.is_available():
-        return "npu"
-    return "cpu"
+    return accelerator() if name == "auto" else name
 
 
 def _torch_dtype(name: str | None) -> Any:

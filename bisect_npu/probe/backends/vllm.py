@@ -19,6 +19,7 @@ from ..trials import (
     SAMPLING_FIELDS,
     Stopwatch,
     TrialCounter,
+    accelerator,
     engine_versions,
     loop_detector,
     record_loop,
@@ -405,6 +406,7 @@ class VllmEngine(TrialCounter):
             "rendered_prompt": rendered,
             "loop_guard": "vllm" if use_native else ("probe" if guard else None),
             "model_identity": _model_identity(llm),
+            "device": accelerator(),
         })
         observation["extra"]["stages"] = {
             "chat_template": rendered, "prompt_token_ids": observation["prompt_token_ids"],

@@ -160,9 +160,12 @@ def test_an_interrupted_record_is_refused_and_nothing_is_overwritten_without_for
     shutil.copytree(demo["good"], copy)
     manifest = json.loads((copy / MANIFEST).read_text())
     (copy / MANIFEST).write_text(json.dumps({**manifest, "complete": False}))
-    with pytest.raises(UsageError, match=r"is incomplete \(interrupted after 1 of 1 cases\); record it again: "
-                                         r"bisect-npu record --recipe demo-engine --out .* --force"):
+    with pytest.raises(UsageError, match=r"is incomplete \(interrupted after 1 of 1 cases\); finish it with the "
+                                         r"same command: bisect-npu record --recipe demo-engine --out "):
         api.align(demo["golden"], copy)
+    finished = (copy / "obs-long-prompt-t0.json").stat().st_mtime_ns
+    resumed = api.record(demo["engine_recipe"], copy, tree=demo["good_tree"])  # the finished case is kept
+    assert resumed.manifest["complete"] and (copy / "obs-long-prompt-t0.json").stat().st_mtime_ns == finished
 
     with pytest.raises(UsageError, match="already holds a record; pass --force"):
         api.record(demo["engine_recipe"], copy, tree=demo["good_tree"])

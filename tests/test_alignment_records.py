@@ -78,7 +78,7 @@ def test_a_damaged_record_is_refused_in_one_line(tmp_path: Path, damage: Any, me
 
 def test_an_interrupted_record_is_refused(tmp_path: Path) -> None:
     root = make_record(tmp_path / "rec", complete=False)
-    with pytest.raises(UsageError, match=r"incomplete \(interrupted after 1 of 1 cases\); record it again"):
+    with pytest.raises(UsageError, match=r"incomplete \(interrupted after 1 of 1 cases\); finish it with the same "):
         read_record(root)
 
 

@@ -10,7 +10,8 @@ The manifest says which recipe (name, digest, and a digest of its cases alone, w
 recorded with another backend or model shares), the backend, model and dtype, the model identity
 the probe read (sizes and a vocabulary digest), the host and device, the package versions, and
 each case's observation file. It is written first with ``complete: false`` and rewritten with
-``complete: true`` once every case is on disk, so an interrupted record is told apart. Dump paths
+``complete: true`` once every case is on disk, so an interrupted record is told apart (and the same
+`record` command finishes it, keeping the cases already on disk). Dump paths
 are kept relative to DIR, so a record copied from a GPU host reads the same here.
 """
 
@@ -132,8 +133,8 @@ def read_record(path: str | Path) -> Record:
     if not manifest.get("complete"):
         done = [case for case, file in cases.items() if (root / file).exists()]
         raise UsageError(f"record {root} is incomplete (interrupted after {len(done)} of "
-                         f"{len(manifest.get('case_ids') or cases)} cases); record it again: "
-                         f"{_next_step(root, recipe)}")
+                         f"{len(manifest.get('case_ids') or cases)} cases); finish it with the same command: "
+                         f"bisect-npu record --recipe {recipe or 'RECIPE'} --out {root}")
     observations = {}
     for case, file in cases.items():
         if not (root / file).exists():

@@ -12,9 +12,11 @@ import click
 @click.command()
 @click.option("--recipe", "recipe_path", required=True, help="Recipe file or bundled recipe name.")
 @click.option("--out", required=True, type=click.Path(file_okay=False, path_type=Path),
-              help="Directory the record is written to (new or empty).")
+              help="Directory the record is written to: new or empty, or an interrupted record of the same "
+                   "recipe, which is finished.")
 @click.option("--tree", type=click.Path(file_okay=False, exists=True, path_type=Path),
-              help="Source checkout to run the engine from (put on PYTHONPATH); default: the installed packages.")
+              help="Source checkout to run the engine from (put on PYTHONPATH); default: the current "
+                   "directory, then the installed packages.")
 @click.option("--python", "python", type=click.Path(dir_okay=False, exists=True),
               help="Interpreter of the venv that holds the engine (vLLM, transformers); default: this one.")
 @click.option("--commit", default="", help="What the tree is checked out at, kept in the manifest.")

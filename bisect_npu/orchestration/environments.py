@@ -19,6 +19,7 @@ from typing import Literal
 
 import git
 
+from bisect_npu.alignment.record import load_observation
 from bisect_npu.builders.base import Builder, BuildFailed
 from bisect_npu.builders.cache import ImageCache
 from bisect_npu.builders.dependency import DependencyBuilder, Layers, PinnedCommit, open_dependency_clone
@@ -414,5 +415,6 @@ def fix_worktrees(session_dir: Path) -> Path:
 
 
 def load_golden(recipe: Recipe) -> list[Observation]:
-    """A golden reference: one observation file, or a directory of them (paths relative to the recipe)."""
-    return [Observation.load(f) for f in recipe.golden_files()]
+    """A golden reference: one observation file, a directory of them, or a record (paths relative to the
+    recipe; a record's dumps relative to it)."""
+    return [load_observation(f) for f in recipe.golden_files()]

@@ -88,6 +88,18 @@ def engine_versions() -> dict[str, str]:
     return versions
 
 
+def accelerator() -> str:
+    """The torch device kind this process computes on: cuda when torch sees one, else npu, else cpu."""
+    import torch
+
+    if torch.cuda.is_available():
+        return "cuda"
+    npu = getattr(torch, "npu", None)
+    if npu is not None and npu.is_available():
+        return "npu"
+    return "cpu"
+
+
 def loop_detector(loop_guard: dict[str, Any] | None) -> StreamingLoopDetector | None:
     """The probe's own detector for the request's loop guard (None: no guard asked)."""
     if not loop_guard:

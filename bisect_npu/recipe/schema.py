@@ -15,6 +15,7 @@ from typing import Annotated, Any, Literal
 from packaging.specifiers import InvalidSpecifier, SpecifierSet
 from pydantic import Field, field_validator, model_validator
 
+from bisect_npu.alignment.record import cases_digest, golden_observation_files, is_record
 from bisect_npu.contracts import StrictModel, TimeoutIs
 from bisect_npu.defaults import CONFIDENCE
 from bisect_npu.errors import UsageError
@@ -122,7 +123,8 @@ class LoadSpec(StrictModel):
 class EngineSpec(StrictModel):
     backend: BackendName = Field(
         "vllm", description="probe backend: vllm (offline `LLM`), openai (a `vllm serve` server streamed over "
-                            "HTTP), mini (the demo engine)")
+                            "HTTP), mini (the demo engine), transformers (Hugging Face transformers on the host's "
+                            "torch device: the reference for `bisect-npu record`)")
     args: dict[str, Any] = Field(default_factory=dict, description="engine args: async_scheduling, enforce_eager, ...")
     server_flags: list[str] = Field(default_factory=list, description="extra `vllm serve` flags (openai backend)")
     launcher: list[str] = Field(
@@ -323,8 +325,8 @@ class ReferenceSpec(StrictModel):
     kind: Literal["good_end", "golden", "none"] = Field(
         "none", description="good_end: the good end's observations (it is tested first); golden: observation "
                             "files at `path`; none: the oracle needs no reference")
-    path: str | None = Field(None, description="golden: an observation JSON or a directory of them, relative "
-                                               "to the recipe")
+    path: str | None = Field(None, description="golden: an observation JSON, a directory of them, or a record "
+                                               "(`bisect-npu record --out`), relative to the recipe")
 
 
 class BuildSpec(StrictModel):
@@ -727,10 +729,16 @@ class Recipe(StrictModel):
         path = Path(self.reference.path)
         if not path.is_absolute() and self.source:
             path = Path(self.source).resolve().parent / path
+        if is_record(path):  # a `bisect-npu record` directory: complete, and made from these cases
+            return golden_observation_files(path, self.name, self.cases_digest())
         files = sorted(path.glob("*.json")) if path.is_dir() else [path]
         if not files or not all(f.exists() for f in files):
             raise UsageError(f"recipe {self.name}: golden reference {path} not found or empty")
         return files
+
+    def cases_digest(self) -> str:
+        """What a record must share with this recipe to be its reference: the cases alone."""
+        return cases_digest([case.model_dump(mode="json") for case in self.cases])
 
     def digest(self) -> str:
         """Stable content hash, recorded in the session header so resume refuses a changed recipe.

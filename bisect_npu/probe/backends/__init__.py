@@ -13,7 +13,7 @@ import importlib
 from typing import TYPE_CHECKING, Any, Literal, Protocol, get_args, runtime_checkable
 
 # The registry: each name is a module of this package. The recipe schema takes its choices from here.
-BackendName = Literal["mini", "vllm", "openai"]
+BackendName = Literal["mini", "vllm", "openai", "transformers"]
 BACKENDS: tuple[BackendName, ...] = get_args(BackendName)
 
 
@@ -57,6 +57,6 @@ def load_backend(name: str) -> ProbeBackend:
 
 
 if TYPE_CHECKING:  # mypy checks each registered module against the protocol; nothing is imported at run time
-    from . import mini, openai, vllm
+    from . import mini, openai, transformers, vllm
 
-    _REGISTERED: tuple[ProbeBackend, ...] = (mini, vllm, openai)
+    _REGISTERED: tuple[ProbeBackend, ...] = (mini, vllm, openai, transformers)

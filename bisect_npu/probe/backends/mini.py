@@ -6,13 +6,58 @@ the image), everything else is the standard library and relative imports.
 
 from __future__ import annotations
 
+import contextlib
+import os
 import platform
 from typing import Any
 
-from ..trials import Stopwatch, TrialCounter, loop_detector, record_loop, run_once, top_logprobs_row
+from ..identity import model_identity
+from ..layer_dump import DumpWriter
+from ..trials import SAMPLING_FIELDS, Stopwatch, TrialCounter, loop_detector, record_loop, run_once, top_logprobs_row
 
 # Engine args that select the server layer instead of the offline engine.
 _SERVER_ARGS = ("server", "override_generation_config")
+
+
+# What the demo engine's steps can show, under the names Hugging Face's Qwen3ForCausalLM gives the
+# same modules (its weights carry those names): the attention's input (input_layernorm's output),
+# the attention's output, and the logits.
+_DUMPABLE = {"input_layernorm": "Qwen3RMSNorm", "self_attn": "Qwen3Attention"}
+
+
+class MiniDump:
+    """Layer dumps of the demo engine, whose model is plain functions over a weight dict (no modules to
+    hook): its `forward` and `_attention` are wrapped on the model object for one trial, each
+    forward call is a step, and tensors get the batch dimension Hugging Face's modules give them."""
+
+    def __init__(self, model: Any, writer: DumpWriter) -> None:
+        self.model, self.writer = model, writer
+        self.forward, self.attention = model.forward, model._attention
+
+    def __enter__(self) -> MiniDump:
+        writer, forward, attention = self.writer, self.forward, self.attention
+
+        def dumped_forward(token_ids: list[int], cache: Any) -> Any:
+            writer.begin_step()
+            logits = forward(token_ids, cache)
+            if writer.wanted("lm_head"):
+                writer.save("lm_head", "Linear", logits.unsqueeze(0))
+            writer.end_step()
+            return logits
+
+        def dumped_attention(h: Any, positions: Any, cache: Any, layer: int, prefix: str) -> Any:
+            out = attention(h, positions, cache, layer, prefix)
+            for part, value in (("input_layernorm", h), ("self_attn", out)):
+                name = f"{prefix}{part}"
+                if writer.wanted(name):
+                    writer.save(name, _DUMPABLE[part], value.unsqueeze(0))
+            return out
+
+        self.model.forward, self.model._attention = dumped_forward, dumped_attention
+        return self
+
+    def __exit__(self, *_exc: object) -> None:
+        del self.model.forward, self.model._attention  # the class's methods again
 
 
 def _prompt(case: dict[str, Any]) -> str:
@@ -68,19 +113,26 @@ class MiniEngine(TrialCounter):
             params = SamplingParams.from_dict(sent)
             stream = llm.stream(prompt_ids, params)
 
+        logits_spec = request.get("logits") or {}
+        dumping: contextlib.AbstractContextManager[Any] = contextlib.nullcontext()
+        if logits_spec.get("layers"):
+            dump_dir = logits_spec.get("dump_dir") or os.path.splitext(request["output"])[0] + ".dump"
+            dumping = MiniDump(llm.model, DumpWriter(dump_dir, list(logits_spec["layers"]), logits_spec.get("steps")))
+            observation["logits_dump"] = dump_dir
         generate = Stopwatch()
         detector = loop_detector(request.get("loop_guard"))
         output_ids: list[int] = []
         top_logprobs: list[list[Any]] = []
-        for token in stream:
-            output_ids.append(token.token_id)
-            top_logprobs.append(top_logprobs_row(token.top_logprobs, top_k) if top_k else [])
-            hit = detector.push(token.token_id) if detector is not None else None
-            if hit is not None:
-                record_loop(observation, hit, "probe")
-                break
-        else:
-            observation["finish_reason"] = "length"
+        with dumping:
+            for token in stream:
+                output_ids.append(token.token_id)
+                top_logprobs.append(top_logprobs_row(token.top_logprobs, top_k) if top_k else [])
+                hit = detector.push(token.token_id) if detector is not None else None
+                if hit is not None:
+                    record_loop(observation, hit, "probe")
+                    break
+            else:
+                observation["finish_reason"] = "length"
         observation["timings"]["generate_s"] = generate.seconds()
 
         observation["prompt_token_ids"] = prompt_ids
@@ -88,6 +140,13 @@ class MiniEngine(TrialCounter):
         observation["text"] = llm.tokenizer.decode(output_ids)
         observation["top_logprobs"] = top_logprobs if top_k else None
         observation["sampling"] = params.to_dict()
+        config = llm.config
+        observation["extra"]["model_identity"] = model_identity(llm.tokenizer.ids, config.vocab_size,
+                                                                config.hidden_size, config.num_hidden_layers)
+        observation["extra"]["stages"] = {
+            "chat_template": prompt, "prompt_token_ids": prompt_ids, "forward": observation["logits_dump"],
+            "sampler": {key: observation["sampling"].get(key) for key in SAMPLING_FIELDS},
+            "text": observation["text"]}
         observation["extra"]["engine_args"] = {**self.args, "server_mode": self.server_mode,
                                                "override_generation_config": self.override}
         if llm.draft is not None:

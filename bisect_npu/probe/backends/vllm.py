@@ -8,16 +8,18 @@ detector fires: a 32K loop then costs seconds.
 
 from __future__ import annotations
 
-import fnmatch
 import json
 import os
 import re
 from typing import Any
 
+from ..identity import model_identity
+from ..layer_dump import DumpWriter
 from ..trials import (
     SAMPLING_FIELDS,
     Stopwatch,
     TrialCounter,
+    accelerator,
     engine_versions,
     loop_detector,
     record_loop,
@@ -74,8 +76,8 @@ def engine_kwargs(request: dict[str, Any], whole_vocab: int = -1) -> dict[str, A
 class LayerDump:
     """Forward hooks that write layer outputs in MindStudio Probe's dump layout.
 
-    `step{N}/rank{R}/dump.json` plus `dump_tensor_data/<name>.output.<i>.pt`, one step per forward
-    pass of the whole model (step 0 is the prefill). `LLM.apply_model` reaches the model only with
+    `step{N}/rank{R}/dump.json` plus `dump_tensor_data/<name>.output.<i>.pt` (`..layer_dump`), one
+    step per forward pass of the whole model (step 0 is the prefill). `LLM.apply_model` reaches the model only with
     the engine in this process (vLLM 0.9: `VLLM_ENABLE_V1_MULTIPROCESSING=0`; later versions would
     otherwise ship this object to the engine process through msgpack), so the engine sets that for
     a request with layers unless the recipe's environment says otherwise; under tensor parallelism
@@ -91,54 +93,15 @@ class LayerDump:
         import torch
 
         rank = torch.distributed.get_rank() if torch.distributed.is_initialized() else 0
-        state: dict[str, Any] = {"step": -1, "data": {}, "calls": {}}
-
-        def _dir() -> str:
-            return os.path.join(self.dump_dir, f"step{state['step']}", f"rank{rank}")
-
-        def _start_step(_module: Any, _args: Any) -> None:
-            state["step"] += 1
-            state["data"], state["calls"] = {}, {}
-
-        def _finish_step(_module: Any, _args: Any, _output: Any) -> None:
-            if state["step"] in self.steps and state["data"]:
-                summary = {"task": "tensor", "level": "L0", "framework": "pytorch",
-                           "dump_data_dir": os.path.join(_dir(), "dump_tensor_data"), "data": state["data"]}
-                with open(os.path.join(_dir(), "dump.json"), "w", encoding="utf-8") as fh:
-                    json.dump(summary, fh)
-
-        def _hook(name: str) -> Any:
-            def save(module: Any, _args: Any, output: Any) -> None:
-                if state["step"] not in self.steps:
-                    return
-                call = state["calls"].get(name, 0)
-                state["calls"][name] = call + 1
-                key = f"Module.{name}.{type(module).__name__}.forward.{call}"
-                tensors = output if isinstance(output, (tuple, list)) else (output,)
-                data_dir = os.path.join(_dir(), "dump_tensor_data")
-                os.makedirs(data_dir, exist_ok=True)
-                entries = []
-                for index, tensor in enumerate(tensors):
-                    if not isinstance(tensor, torch.Tensor):
-                        continue
-                    data_name = f"{key}.output.{index}.pt"
-                    value = tensor.detach().to("cpu")
-                    torch.save(value.clone(), os.path.join(data_dir, data_name))
-                    stats = value.float()
-                    entries.append({"type": "torch.Tensor", "dtype": str(value.dtype), "shape": list(value.shape),
-                                    "Max": stats.max().item(), "Min": stats.min().item(),
-                                    "Mean": stats.mean().item(), "Norm": stats.norm().item(),
-                                    "data_name": data_name})
-                state["data"][key] = {"output": entries}
-            return save
-
+        writer = DumpWriter(self.dump_dir, self.patterns, sorted(self.steps), rank)
         hooked = 0
         for name, module in model.named_modules():
-            if name and any(fnmatch.fnmatch(name, pattern) for pattern in self.patterns):
-                module.register_forward_hook(_hook(name))
+            if writer.wanted(name):
+                module.register_forward_hook(
+                    lambda mod, _args, output, name=name: writer.save(name, type(mod).__name__, output))
                 hooked += 1
-        model.register_forward_pre_hook(_start_step)
-        model.register_forward_hook(_finish_step)
+        model.register_forward_pre_hook(lambda _module, _args: writer.begin_step())
+        model.register_forward_hook(lambda _module, _args, _output: writer.end_step())
         return hooked
 
 
@@ -214,6 +177,17 @@ def _render(llm: Any, case: dict[str, Any]) -> tuple[str, list[int]]:
         text = tokenizer.apply_chat_template(case["messages"], tokenize=False, add_generation_prompt=True)
         return text, list(tokenizer.encode(text, add_special_tokens=False))
     return case["prompt"], list(tokenizer.encode(case["prompt"]))
+
+
+def _model_identity(llm: Any) -> dict[str, Any] | None:
+    """The model's sizes and vocabulary digest (a record's same-model check); None where this vLLM
+    does not expose its model config on the `LLM`."""
+    model_config = getattr(getattr(llm, "llm_engine", None), "model_config", None)
+    config = getattr(model_config, "hf_text_config", None) or getattr(model_config, "hf_config", None)
+    if config is None:
+        return None
+    return model_identity(llm.get_tokenizer().get_vocab(), config.vocab_size, config.hidden_size,
+                          config.num_hidden_layers)
 
 
 def _logprob_rows(step_logprobs: list[Any] | None, k: int) -> list[list[list[Any]]] | None:
@@ -392,6 +366,8 @@ class VllmEngine(TrialCounter):
             "sampling_sources": sources,
             "rendered_prompt": rendered,
             "loop_guard": "vllm" if use_native else ("probe" if guard else None),
+            "model_identity": _model_identity(llm),
+            "device": accelerator(),
         })
         observation["extra"]["stages"] = {
             "chat_template": rendered, "prompt_token_ids": observation["prompt_token_ids"],

@@ -1,0 +1,160 @@
+"""Align a candidate record with a reference record, stage by stage, case by case.
+
+The field method as one call: rendered chat template -> prompt token ids -> forward pass (the layer
+dumps, first divergent module) -> effective sampler parameters -> text; the first stage that
+differs is where the drift enters (`oracle.stages`). Before comparing, the two records must be
+comparable: the same cases, the same model and tokenizer (the identity each probe read), and
+dumps of the same modules. Anything else is a usage error naming the cause and the next step.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from bisect_npu.alignment.record import Record
+from bisect_npu.contracts import Verdict, VerdictKind
+from bisect_npu.errors import UsageError
+from bisect_npu.oracle.config import LogitsConfig, StagesConfig
+from bisect_npu.oracle.dumps.compare import open_dump
+from bisect_npu.oracle.stages import judge_stages
+
+ALIGNED_EXIT, DIVERGED_EXIT = 0, 1
+
+
+@dataclass(frozen=True)
+class CaseAlignment:
+    case_id: str
+    verdict: Verdict
+
+    @property
+    def first_stage(self) -> str | None:
+        stage = self.verdict.figures.get("first_differing_stage")
+        return str(stage) if stage else None
+
+    @property
+    def first_module(self) -> str | None:
+        forward = self.verdict.figures.get("stages", {}).get("forward", {})
+        first = forward.get("first_divergent") if isinstance(forward, dict) else None
+        return str(first.get("module") or first.get("name")) if isinstance(first, dict) else None
+
+
+@dataclass(frozen=True)
+class Alignment:
+    """The answer of `align`: each case's stage verdict, and where each record ran."""
+
+    reference: Record
+    candidate: Record
+    cases: list[CaseAlignment]
+
+    @property
+    def aligned(self) -> bool:
+        return all(case.verdict.kind != VerdictKind.BAD for case in self.cases)
+
+    @property
+    def first(self) -> CaseAlignment | None:
+        """The first case that diverges."""
+        return next((case for case in self.cases if case.verdict.kind == VerdictKind.BAD), None)
+
+    @property
+    def exit_code(self) -> int:
+        return ALIGNED_EXIT if self.aligned else DIVERGED_EXIT
+
+    def summary(self) -> str:
+        first = self.first
+        if first is None:
+            return f"aligned: every compared stage of {len(self.cases)} case(s) matches the reference"
+        module = f", first divergent module {first.first_module}" if first.first_module else ""
+        return f"diverged: case {first.case_id}, first differing stage {first.first_stage}{module}"
+
+    def to_dict(self) -> dict[str, Any]:
+        def side(record: Record) -> dict[str, Any]:
+            keys = ("recipe", "backend", "device", "dtype", "versions", "model_identity", "commit")
+            return {"path": str(record.path), **{key: record.manifest.get(key) for key in keys}}
+
+        first = self.first
+        return {"aligned": self.aligned, "summary": self.summary(), "exit_code": self.exit_code,
+                "first_case": first.case_id if first else None, "first_stage": first.first_stage if first else None,
+                "first_module": first.first_module if first else None,
+                "reference": side(self.reference), "candidate": side(self.candidate),
+                "cases": [{"case_id": case.case_id, **case.verdict.model_dump(mode="json")} for case in self.cases]}
+
+    def to_markdown(self) -> str:
+        lines = ["# Alignment", "", f"**{self.summary()}**", "",
+                 "| | record | ran on |", "|---|---|---|",
+                 f"| reference | `{self.reference.path}` ({self.reference.recipe}) | {self.reference.where()} |",
+                 f"| candidate | `{self.candidate.path}` ({self.candidate.recipe}) | {self.candidate.where()} |", ""]
+        for case in self.cases:
+            lines += [f"## Case `{case.case_id}`: {case.verdict.kind.value}", "", case.verdict.reason, "",
+                      "| stage | matches | evidence |", "|---|---|---|"]
+            for name, figures in case.verdict.figures.get("stages", {}).items():
+                lines.append(f"| {name} | {'yes' if figures.get('matches') else '**no**'} | {_evidence(figures)} |")
+            skipped = case.verdict.figures.get("skipped_stages") or []
+            if skipped:
+                lines += ["", "Not recorded on both sides: " + ", ".join(skipped)]
+            lines.append("")
+        return "\n".join(lines)
+
+
+def _evidence(figures: dict[str, Any]) -> str:
+    if "first_divergent" in figures:
+        first = figures["first_divergent"]
+        return f"`{first.get('module') or first.get('name')}`: {first.get('problem')} ({first.get('rule')} rule)"
+    if "differing" in figures:
+        return "; ".join(f"{key}: {value['candidate']!r} vs {value['reference']!r}"
+                         for key, value in figures["differing"].items())
+    if figures.get("first_difference") is not None:
+        said = f"first difference at {figures['first_difference']}"
+        if "candidate_excerpt" in figures:
+            said += f": `{figures['candidate_excerpt']!r}` vs `{figures['reference_excerpt']!r}`"
+        return said
+    if "worst_cosine" in figures:
+        return f"{figures.get('tensors_compared')} tensors, worst cosine {figures['worst_cosine']}"
+    return "identical"
+
+
+_SIZES = ("vocab_size", "hidden_size", "num_hidden_layers")
+
+
+def _sizes(identity: dict[str, Any]) -> str:
+    return ", ".join(f"{key} {identity.get(key)}" for key in _SIZES)
+
+
+def _modules(dump: str) -> set[str]:
+    return {entry.module or entry.name for entries in open_dump(dump).values() for entry in entries}
+
+
+def check_comparable(reference: Record, candidate: Record) -> None:
+    """Refuse two records that cannot be aligned: other cases, model, tokenizer, or dumped modules."""
+    if reference.cases_digest != candidate.cases_digest:
+        raise UsageError(f"the records ran different cases (reference {reference.path}: recipe {reference.recipe}; "
+                         f"candidate {candidate.path}: recipe {candidate.recipe}); record both from recipes with "
+                         "the same cases")
+    ref_id, cand_id = reference.identity, candidate.identity
+    if ref_id and cand_id and any(ref_id.get(k) != cand_id.get(k) for k in _SIZES):
+        raise UsageError(f"the records ran different models (reference: {_sizes(ref_id)}; candidate: "
+                         f"{_sizes(cand_id)}); record the reference with the candidate's model")
+    if ref_id and cand_id and ref_id.get("tokenizer") != cand_id.get("tokenizer"):
+        raise UsageError(f"the records used different tokenizers (vocabulary digest {ref_id.get('tokenizer')} vs "
+                         f"{cand_id.get('tokenizer')}); record the reference with the candidate's tokenizer")
+    for case_id, ref_obs in reference.observations.items():
+        cand_obs = candidate.observations.get(case_id)
+        if cand_obs is None or not ref_obs.logits_dump or not cand_obs.logits_dump:
+            continue
+        ref_modules, cand_modules = _modules(ref_obs.logits_dump), _modules(cand_obs.logits_dump)
+        if ref_modules != cand_modules:
+            only_ref = sorted(ref_modules - cand_modules)[:3]
+            only_cand = sorted(cand_modules - ref_modules)[:3]
+            raise UsageError(f"the dumps of case {case_id} name different modules (only in the reference: "
+                             f"{only_ref}; only in the candidate: {only_cand}): a different model, or other "
+                             "capture.layers patterns; record both with the same capture.layers")
+
+
+def align_records(reference: Record, candidate: Record, stages: StagesConfig | None = None,
+                  logits: LogitsConfig | None = None) -> Alignment:
+    """Each case's first differing stage (and module), the candidate against the reference."""
+    check_comparable(reference, candidate)
+    stages_cfg, logits_cfg = stages or StagesConfig(), logits or LogitsConfig()
+    cases = [CaseAlignment(case_id, judge_stages(candidate.observations[case_id], ref_obs, stages_cfg, logits_cfg))
+             for case_id, ref_obs in reference.observations.items() if case_id in candidate.observations]
+    return Alignment(reference, candidate, cases)

@@ -10,8 +10,9 @@ SESSIONS_ROOT = Path(".bisect-npu") / "sessions"
 TRIAL_TIMEOUT_S = 3600.0
 # Disk the candidate images (docker) or release venvs (--package) may take, in GiB (--cache-size).
 CACHE_SIZE_GIB = 200
-# How certain the noisy searches (commits and settings) stop: one commit or configuration holds this
-# share of the posterior (--confidence, the recipe's trials.confidence, the search's problem).
+# How certain a statistical answer must be: the noisy searches (commits and settings) stop when one
+# commit or configuration holds this share of the posterior (--confidence, the recipe's
+# trials.confidence); the accuracy oracle's sequential tests and intervals use it too (accuracy.confidence).
 CONFIDENCE = 0.99
 # Fix proposals `fix --verify` and `run --verify-fix` try at most, best first, until one works (--verify-top).
 VERIFY_TOP = 5

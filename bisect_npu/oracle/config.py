@@ -11,6 +11,7 @@ from typing import Literal
 from pydantic import Field, field_validator, model_validator
 
 from bisect_npu.contracts import StrictModel
+from bisect_npu.defaults import CONFIDENCE
 from bisect_npu.oracle.throughput import ThroughputConfig
 
 
@@ -227,7 +228,7 @@ class AccuracyConfig(StrictModel):
     threshold: float = Field(1.0, ge=0.0, le=100.0, allow_inf_nan=False,
                              description="points below `baseline` a score may fall and still pass (the nightly "
                                          "configs' `threshold`; their default is 1)")
-    confidence: float = Field(0.99, gt=0.5, lt=1.0,
+    confidence: float = Field(CONFIDENCE, gt=0.5, lt=1.0,
                               description="confidence of each step's verdict: the sequential tests stop when the "
                                           "evidence reaches it, and the intervals are drawn at it")
     focus: FocusConfig = Field(default_factory=FocusConfig, description="which samples a candidate runs")

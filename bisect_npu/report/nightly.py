@@ -11,6 +11,7 @@ from pathlib import Path
 from statistics import NormalDist
 from typing import Any
 
+from bisect_npu.defaults import CONFIDENCE
 from bisect_npu.errors import UsageError
 from bisect_npu.recipe.loader import load_recipe
 from bisect_npu.recipe.schema import PARALLEL_SIZES, Recipe
@@ -32,7 +33,7 @@ def metric_rows(task: str, figures: dict[str, Any]) -> list[MetricRow]:
     rows = []
     if isinstance(figures.get("accuracy"), int | float):
         low, high = figures.get("accuracy_low"), figures.get("accuracy_high")
-        z = NormalDist().inv_cdf(0.5 + float(figures.get("confidence", 0.99)) / 2)
+        z = NormalDist().inv_cdf(0.5 + float(figures.get("confidence", CONFIDENCE)) / 2)
         spread = (float(high) - float(low)) / (2 * z) if isinstance(low, int | float) and isinstance(
             high, int | float) else 0.0
         rows.append(MetricRow(task, "accuracy", float(figures["accuracy"]), spread))

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from bisect_npu.probe.harness import INSTALLS, harness_home
+from bisect_npu.probe.harness import INSTALLS, HarnessInstall, harness_home
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 LOCKS = REPO_ROOT / "containers" / "harness-locks"
@@ -28,8 +28,9 @@ def canonical(name: str) -> str:
     return re.sub(r"[-_.]+", "-", name).lower()
 
 
-def lock_of(venv_name: str) -> Path:
-    return LOCKS / f"{venv_name}.txt"
+def lock_of(install: HarnessInstall) -> Path:
+    """The lock the probe names to a user (the one the Makefile must use)."""
+    return REPO_ROOT / install.lock
 
 
 def read_lock(path: Path) -> dict[str, str]:
@@ -66,13 +67,12 @@ def copy_of_the_targets(tmp_path: Path) -> Path:
 def test_every_harness_has_a_lock_of_exact_pins_holding_its_own_version():
     """One lock per pinned harness and no other; every line `name==version`, the harness at the
     version the probe asks for, no local build tag (a host's index picks its torch build)."""
-    assert sorted(path.name for path in LOCKS.glob("*.txt")) == sorted(
-        f"{install.venv_name}.txt" for install in INSTALLS.values())
+    assert sorted(LOCKS.glob("*.txt")) == sorted(lock_of(install) for install in INSTALLS.values())
     for install in INSTALLS.values():
-        pins = read_lock(lock_of(install.venv_name))
+        pins = read_lock(lock_of(install))
         assert pins.get(canonical(install.package)) == install.version, install
         assert not [name for name, version in pins.items() if "+" in version]
-    assert read_lock(lock_of(INSTALLS["aisbench"].venv_name))["torch"] == "2.13.0"
+    assert read_lock(lock_of(INSTALLS["aisbench"]))["torch"] == "2.13.0"
 
 
 def test_harness_targets_install_under_their_lock_and_agree_with_it(tmp_path):
@@ -84,10 +84,10 @@ def test_harness_targets_install_under_their_lock_and_agree_with_it(tmp_path):
         venv = f"{home}/{install.venv_name}/"
         installs = [line for line in commands if line.startswith(venv) and " install " in line]
         assert installs, f"no pip install into {venv} in {commands}"
-        pins = read_lock(lock_of(install.venv_name))
+        pins = read_lock(lock_of(install))
         named: dict[str, str] = {}
         for line in installs:
-            assert f" -c containers/harness-locks/{install.venv_name}.txt " in line, line
+            assert f" -c {install.lock} " in line, line
             named.update((canonical(name), version) for name, version in REQUIREMENT_PIN.findall(line))
         assert named.get(canonical(install.package)) == install.version, installs
         assert {name: pins.get(name) for name in named} == named, installs
@@ -106,7 +106,7 @@ def test_a_changed_lock_rebuilds_only_its_venv(tmp_path):
         stamp = home / install.venv_name / ".installed"
         stamp.parent.mkdir(parents=True)
         stamp.touch()
-        os.utime(work / "containers" / "harness-locks" / f"{install.venv_name}.txt", (1_000_000, 1_000_000))
+        os.utime(work / install.lock, (1_000_000, 1_000_000))
         os.utime(stamp, (2_000_000, 2_000_000))
         stamps[install.name] = stamp
 
@@ -118,7 +118,7 @@ def test_a_changed_lock_rebuilds_only_its_venv(tmp_path):
 
     assert all(up_to_date(stamp) for stamp in stamps.values())
     changed = INSTALLS["lm_eval"]
-    os.utime(work / "containers" / "harness-locks" / f"{changed.venv_name}.txt", (3_000_000, 3_000_000))
+    os.utime(work / changed.lock, (3_000_000, 3_000_000))
     assert not up_to_date(stamps["lm_eval"])
     assert up_to_date(stamps["aisbench"])
 
@@ -139,4 +139,4 @@ def test_an_installed_harness_venv_is_its_lock(tmp_path, name):
     frozen = tmp_path / f"{install.venv_name}.txt"
     subprocess.run(["sh", str(LOCKS / "freeze.sh"), str(venv), str(frozen)], capture_output=True, text=True,
                    timeout=300, check=True)
-    assert read_lock(frozen) == read_lock(lock_of(install.venv_name))
+    assert read_lock(frozen) == read_lock(lock_of(install))

@@ -7,7 +7,7 @@ PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
 .PHONY: venv demo check check-lint check-units test test-prerequisites test-heavy lint bench engine docs harnesses \
-	harness-lmeval harness-aisbench
+	harness-lmeval harness-aisbench harness-locks
 
 # The container tests talk to podman's Docker-compatible API (containers/setup-podman.sh).
 ENGINE_SOCKET ?= /run/bisect-npu-podman.sock
@@ -58,28 +58,42 @@ docs: venv
 # The accuracy harnesses, each in a venv of its own under the harness home (their packages clash
 # with the engine's; every checkout on the host shares them), pinned as bisect_npu/probe/harness
 # says. From nothing: lm-eval ~1 min (0.8 GB), AISBench ~2.5 min (2.2 GB, with the CPU torch).
+# Each installs under its committed lock (pip constraints, containers/harness-locks), so a venv
+# built on any host on any later day has the packages the harness was tested with; a changed lock
+# rebuilds its venv. HARNESS_AFRESH=1 resolves without the locks (refreshing them:
+# docs/guide/accuracy-harnesses.md#the-locks), and `make harness-locks` writes the locks from the
+# venvs under HARNESS_HOME.
 HARNESS_HOME ?= $(HOME)/.cache/bisect-npu/harness
 HARNESS_PYTHON ?= python3.11
+HARNESS_LOCKS := containers/harness-locks
 LMEVAL_VENV := $(HARNESS_HOME)/lm-eval-0.4.13
+LMEVAL_LOCK := $(HARNESS_LOCKS)/lm-eval-0.4.13.txt
 AISBENCH_VENV := $(HARNESS_HOME)/ais-bench-benchmark-3.1.20260630
+AISBENCH_LOCK := $(HARNESS_LOCKS)/ais-bench-benchmark-3.1.20260630.txt
+harness_constraints = $(if $(HARNESS_AFRESH),,-c $(1))
 
-$(LMEVAL_VENV)/.installed:
+$(LMEVAL_VENV)/.installed: $(LMEVAL_LOCK)
 	rm -rf $(LMEVAL_VENV)
 	$(HARNESS_PYTHON) -m venv $(LMEVAL_VENV)
-	$(LMEVAL_VENV)/bin/pip install -q 'lm-eval[api]==0.4.13'
+	$(LMEVAL_VENV)/bin/pip install -q $(call harness_constraints,$(LMEVAL_LOCK)) 'lm-eval[api]==0.4.13'
 	touch $@
 
 # pyarrow 21: the newest that still runs on the numpy<2 AISBench pins (pyarrow 22+ needs numpy 2).
-$(AISBENCH_VENV)/.installed:
+$(AISBENCH_VENV)/.installed: $(AISBENCH_LOCK)
 	rm -rf $(AISBENCH_VENV)
 	$(HARNESS_PYTHON) -m venv $(AISBENCH_VENV)
-	$(AISBENCH_VENV)/bin/pip install -q torch==2.13.0
-	$(AISBENCH_VENV)/bin/pip install -q torch==2.13.0 ais-bench-benchmark==3.1.20260630 pyarrow==21.0.0
+	$(AISBENCH_VENV)/bin/pip install -q $(call harness_constraints,$(AISBENCH_LOCK)) torch==2.13.0
+	$(AISBENCH_VENV)/bin/pip install -q $(call harness_constraints,$(AISBENCH_LOCK)) torch==2.13.0 \
+		ais-bench-benchmark==3.1.20260630 pyarrow==21.0.0
 	touch $@
 
 harness-lmeval: $(LMEVAL_VENV)/.installed
 harness-aisbench: $(AISBENCH_VENV)/.installed
 harnesses: harness-lmeval harness-aisbench
+
+harness-locks:
+	sh $(HARNESS_LOCKS)/freeze.sh $(LMEVAL_VENV) $(LMEVAL_LOCK)
+	sh $(HARNESS_LOCKS)/freeze.sh $(AISBENCH_VENV) $(AISBENCH_LOCK)
 
 # What the suite needs is made side by side: the harness installs and the engine's base image wait
 # on the network and the disk while lint and the docs use the cores (-O prints each target whole).

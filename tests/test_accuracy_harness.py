@@ -451,4 +451,5 @@ def test_a_harness_missing_in_a_candidate_s_container_says_to_install_it_in_the_
     last = done.stderr.strip().splitlines()[-1]
     assert "harness aisbench is not installed in the candidate's container" in last
     assert "ais-bench-benchmark==3.1.20260630 in the image" in last and "$BISECT_NPU_AIS_BENCH" in last
+    assert "pip install -c containers/harness-locks/ais-bench-benchmark-3.1.20260630.txt" in last
     assert "make harness" not in last

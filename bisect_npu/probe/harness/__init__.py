@@ -8,7 +8,8 @@ the contract's `SampleOutcome`). An aggregate score is never read.
 
 Part of the probe: standard library and relative imports only. A harness lives in a venv of its
 own (its packages clash with the engine's), made by a make target under the harness home
-(`$BISECT_NPU_HARNESS_HOME`, default `~/.cache/bisect-npu/harness`); `$BISECT_NPU_LM_EVAL` and
+(`$BISECT_NPU_HARNESS_HOME`, default `~/.cache/bisect-npu/harness`) with its dependencies held at
+the tested versions by a committed lock (pip constraints); `$BISECT_NPU_LM_EVAL` and
 `$BISECT_NPU_AIS_BENCH` name another executable. Nothing is downloaded at run time: the
 harness runs with the Hugging Face hub and datasets offline.
 """
@@ -66,8 +67,14 @@ class HarnessInstall:
     def venv_name(self) -> str:
         return f"{self.package}-{self.version}"
 
+    @property
+    def lock(self) -> str:
+        """The harness's lock in the repository: its venv's every package, as pip constraints."""
+        return f"containers/harness-locks/{self.venv_name}.txt"
 
-# The pinned harness versions; the Makefile's targets install exactly these (a test checks).
+
+# The pinned harness versions; the Makefile's targets install exactly these, each under its lock
+# (tests check).
 INSTALLS = {
     "lm_eval": HarnessInstall("lm_eval", "lm-eval", "0.4.13", "lm_eval", "BISECT_NPU_LM_EVAL", "harness-lmeval"),
     "aisbench": HarnessInstall("aisbench", "ais-bench-benchmark", "3.1.20260630", "ais_bench", "BISECT_NPU_AIS_BENCH",
@@ -105,7 +112,8 @@ def find_executable(name: str) -> str:
     if in_candidate_container():
         raise HarnessError(f"harness {name} is not installed in the candidate's container (not on its PATH): "
                            f"install {install.package}=={install.version} in the image (the Dockerfile, or the "
-                           f"base image), or set ${install.env_var} in the recipe's environment to its "
+                           f"base image; `pip install -c {install.lock}` holds its dependencies at the "
+                           f"tested versions), or set ${install.env_var} in the recipe's environment to its "
                            f"{install.command} there; a venv on the host does not reach the container")
     raise HarnessError(f"harness {name} is not installed: run `make {install.make_target}` (installs "
                        f"{install.package}=={install.version} into {os.path.dirname(os.path.dirname(in_venv))}), "

@@ -80,3 +80,41 @@ def test_a_usage_error_leaves_no_empty_session_directory(tmp_path: Path) -> None
     sessions = tmp_path / "repo" / ".bisect-npu" / "sessions"
     assert [p.name for p in sessions.iterdir() if p.is_dir()] == []
     assert "nothing was run; the session directory" in done.stderr
+
+
+def test_judge_refuses_observations_of_another_version_of_the_recipe(tmp_path: Path) -> None:
+    """The probe copies the recipe's digest from its request into the observation; `judge` with an
+    edited recipe refuses it naming both digests, while an observation without a digest (an older
+    probe's) keeps the name check alone, and a reference (a golden record of another backend's
+    recipe) is checked by name only."""
+    import yaml
+
+    from bisect_npu import api
+    from bisect_npu.orchestration.evaluate import probe_request
+    from bisect_npu.probe.request import new_observation, write_json_atomic
+    from bisect_npu.recipe.loader import bundled_recipes, load_recipe
+
+    body = yaml.safe_load(bundled_recipes()["demo-async-penalty"].read_text())
+    recipe_file = tmp_path / "case.yaml"
+    recipe_file.write_text(yaml.safe_dump(body))
+    ran = load_recipe(recipe_file)
+    observation = new_observation(probe_request(ran, ran.cases[0], "a" * 40, 0))
+    observation.update(text="one two three", output_token_ids=[1, 2, 3], finish_reason="stop")
+    written = tmp_path / "obs.json"
+    write_json_atomic(str(written), observation)
+    assert bisect_npu("judge", "--recipe", str(recipe_file), str(written), cwd=tmp_path).returncode == 0
+
+    body["cases"][0]["sampling"]["max_tokens"] = 64
+    recipe_file.write_text(yaml.safe_dump(body))
+    edited = load_recipe(recipe_file).digest()
+    refused = bisect_npu("judge", "--recipe", str(recipe_file), str(written), cwd=tmp_path)
+    assert refused.returncode == 128
+    assert len(refused.stderr.strip().splitlines()) == 1
+    assert (f"written for recipe 'demo-async-penalty' at digest {ran.digest()}, not this one's {edited}: the recipe "
+            "changed since; judge it with the version that ran it") in refused.stderr
+
+    older = tmp_path / "older.json"
+    write_json_atomic(str(older), {key: value for key, value in observation.items() if key != "recipe_digest"})
+    assert bisect_npu("judge", "--recipe", str(recipe_file), str(older), cwd=tmp_path).returncode == 0
+    assert api.judge(recipe_file, [older], reference=[written]).kind.value == "good"
+

@@ -1,5 +1,7 @@
 """The small things a new user meets first: `plan --find-fix` warns where the search would start
-from a merge-base that may not show the symptom."""
+from a merge-base that may not show the symptom; `recipes check` says which rules concern the
+recipe; `judge` refuses observations of another recipe or of another version of it; `run
+--nightly-case` says what the host owes the case before anything is built."""
 
 from __future__ import annotations
 
@@ -8,7 +10,12 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
+from bisect_npu.orchestration.preflight import check_run
+from tests.asked import spec_of
 from tests.gitrepo import git, make_linear_repo
+from tests.test_nightly import CASE_FILE, CASE_PATH
 
 
 def bisect_npu(*args: str, cwd: Path) -> subprocess.CompletedProcess[str]:
@@ -118,3 +125,42 @@ def test_judge_refuses_observations_of_another_version_of_the_recipe(tmp_path: P
     assert bisect_npu("judge", "--recipe", str(recipe_file), str(older), cwd=tmp_path).returncode == 0
     assert api.judge(recipe_file, [older], reference=[written]).kind.value == "good"
 
+
+def _nightly_upstream(tmp_path: Path, model: str) -> list[str]:
+    """A clone whose commit 1 adds the nightly case file, its case served by `vllm serve MODEL`."""
+    case = CASE_FILE.replace('"vllm-ascend/Tiny"', json.dumps(model))
+    return make_linear_repo(tmp_path / "up", 4, files=lambda i: {CASE_PATH: case} if i == 1 else {})
+
+
+def test_run_nightly_case_refuses_a_model_this_host_lacks_before_building(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("BISECT_NPU_CACHE", str(tmp_path / "cache"))
+    shas = _nightly_upstream(tmp_path, "vllm-ascend/Tiny")
+    session = tmp_path / "session"
+    done = bisect_npu("run", "--repo", str(tmp_path / "up"), "--good", shas[1], "--bad", "main", "--nightly-case",
+                      f"{CASE_PATH}::tiny-aclgraph::acc", "--session", str(session), "--no-fix", cwd=tmp_path)
+    assert done.returncode == 2, done.stderr
+    assert len(done.stderr.strip().splitlines()) == 1, done.stderr
+    assert (f"--nightly-case {CASE_PATH}::tiny-aclgraph::acc: model vllm-ascend/Tiny is not a directory on this host "
+            "and the case sets no model.host_path; import it in the clone with `bisect-npu recipes import-nightly "
+            f"{CASE_PATH} --case tiny-aclgraph --benchmark acc --model-root DIR --out case.yaml` (DIR holding "
+            "vllm-ascend/Tiny)") in done.stderr
+    assert not session.exists()
+
+
+def test_run_nightly_case_with_its_model_on_this_host_says_what_the_host_owes_and_keeps_the_good_end(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A model path that is a directory here as the case gives it proceeds; the dataset's place is
+    said before building, without --good-table; the good end stays the ref given."""
+    monkeypatch.setenv("BISECT_NPU_CACHE", str(tmp_path / "cache"))
+    model = tmp_path / "models" / "Tiny"
+    model.mkdir(parents=True)
+    shas = _nightly_upstream(tmp_path, str(model))
+    inputs = check_run(spec_of(good=shas[1], bad="main", repo=str(tmp_path / "up"),
+                               nightly_case=f"{CASE_PATH}::tiny-aclgraph::acc"))
+    assert inputs.recipe is not None and inputs.recipe.model.path == str(model)
+    assert inputs.owed == (f"--nightly-case {CASE_PATH}::tiny-aclgraph::acc: dataset vllm-ascend/gsm8k-lite: relative, "
+                           "as the nightly's dataset cache holds it; it must lie under the directory given as "
+                           "--datasets (import-nightly) or --nightly-datasets (run)",)
+    assert inputs.last_good_note is None
+    assert inputs.candidates_range.good == shas[1] and inputs.candidates_range.good_ref == shas[1]

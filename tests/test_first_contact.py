@@ -5,6 +5,7 @@ recipe; `judge` refuses observations of another recipe or of another version of 
 
 from __future__ import annotations
 
+import io
 import json
 import subprocess
 import sys
@@ -12,7 +13,8 @@ from pathlib import Path
 
 import pytest
 
-from bisect_npu.orchestration.preflight import check_run
+from bisect_npu.orchestration.opening import open_new
+from bisect_npu.progress import PlainProgress
 from tests.asked import spec_of
 from tests.gitrepo import git, make_linear_repo
 from tests.test_nightly import CASE_FILE, CASE_PATH
@@ -156,11 +158,16 @@ def test_run_nightly_case_with_its_model_on_this_host_says_what_the_host_owes_an
     model = tmp_path / "models" / "Tiny"
     model.mkdir(parents=True)
     shas = _nightly_upstream(tmp_path, str(model))
-    inputs = check_run(spec_of(good=shas[1], bad="main", repo=str(tmp_path / "up"),
-                               nightly_case=f"{CASE_PATH}::tiny-aclgraph::acc"))
-    assert inputs.recipe is not None and inputs.recipe.model.path == str(model)
-    assert inputs.owed == (f"--nightly-case {CASE_PATH}::tiny-aclgraph::acc: dataset vllm-ascend/gsm8k-lite: relative, "
-                           "as the nightly's dataset cache holds it; it must lie under the directory given as "
-                           "--datasets (import-nightly) or --nightly-datasets (run)",)
-    assert inputs.last_good_note is None
-    assert inputs.candidates_range.good == shas[1] and inputs.candidates_range.good_ref == shas[1]
+    said = io.StringIO()
+    opened = open_new(spec_of(good=shas[1], bad="main", repo=str(tmp_path / "up"),
+                              nightly_case=f"{CASE_PATH}::tiny-aclgraph::acc"),
+                      session_dir=tmp_path / "session", progress=PlainProgress(said))
+    opened.journal.close()
+    assert opened.recipe is not None and opened.recipe.model.path == str(model)
+    lines = said.getvalue().splitlines()
+    assert len(lines) == 1 and lines[0].endswith(
+        f"--nightly-case {CASE_PATH}::tiny-aclgraph::acc: dataset vllm-ascend/gsm8k-lite: relative, as the nightly's "
+        "dataset cache holds it; it must lie under the directory given as --datasets (import-nightly) or "
+        "--nightly-datasets (run)"), lines
+    header_range = opened.journal.header.range
+    assert header_range.good == shas[1] and header_range.good_ref == shas[1]

@@ -104,6 +104,8 @@ class Observation(BaseModel):
     schema_version: int = Field(OBSERVATION_SCHEMA_VERSION, strict=True, ge=1)
     commit: str = ""
     recipe: str = ""
+    # The digest of the recipe that ran it ("" where an older probe, or another writer, left it out).
+    recipe_digest: str = ""
     case_id: str = "default"
     trial: int = 0
     seed: int | None = None

@@ -1,14 +1,23 @@
 """The small things a new user meets first: `plan --find-fix` warns where the search would start
-from a merge-base that may not show the symptom."""
+from a merge-base that may not show the symptom; `recipes check` says which rules concern the
+recipe; `judge` refuses observations of another recipe or of another version of it; `run
+--nightly-case` says what the host owes the case before anything is built."""
 
 from __future__ import annotations
 
+import io
 import json
 import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
+from bisect_npu.orchestration.opening import open_new
+from bisect_npu.progress import PlainProgress
+from tests.asked import spec_of
 from tests.gitrepo import git, make_linear_repo
+from tests.test_nightly import CASE_FILE, CASE_PATH
 
 
 def bisect_npu(*args: str, cwd: Path) -> subprocess.CompletedProcess[str]:
@@ -80,3 +89,85 @@ def test_a_usage_error_leaves_no_empty_session_directory(tmp_path: Path) -> None
     sessions = tmp_path / "repo" / ".bisect-npu" / "sessions"
     assert [p.name for p in sessions.iterdir() if p.is_dir()] == []
     assert "nothing was run; the session directory" in done.stderr
+
+
+def test_judge_refuses_observations_of_another_version_of_the_recipe(tmp_path: Path) -> None:
+    """The probe copies the recipe's digest from its request into the observation; `judge` with an
+    edited recipe refuses it naming both digests, while an observation without a digest (an older
+    probe's) keeps the name check alone, and a reference (a golden record of another backend's
+    recipe) is checked by name only."""
+    import yaml
+
+    from bisect_npu import api
+    from bisect_npu.orchestration.evaluate import probe_request
+    from bisect_npu.probe.request import new_observation, write_json_atomic
+    from bisect_npu.recipe.loader import bundled_recipes, load_recipe
+
+    body = yaml.safe_load(bundled_recipes()["demo-async-penalty"].read_text())
+    recipe_file = tmp_path / "case.yaml"
+    recipe_file.write_text(yaml.safe_dump(body))
+    ran = load_recipe(recipe_file)
+    observation = new_observation(probe_request(ran, ran.cases[0], "a" * 40, 0))
+    observation.update(text="one two three", output_token_ids=[1, 2, 3], finish_reason="stop")
+    written = tmp_path / "obs.json"
+    write_json_atomic(str(written), observation)
+    assert bisect_npu("judge", "--recipe", str(recipe_file), str(written), cwd=tmp_path).returncode == 0
+
+    body["cases"][0]["sampling"]["max_tokens"] = 64
+    recipe_file.write_text(yaml.safe_dump(body))
+    edited = load_recipe(recipe_file).digest()
+    refused = bisect_npu("judge", "--recipe", str(recipe_file), str(written), cwd=tmp_path)
+    assert refused.returncode == 128
+    assert len(refused.stderr.strip().splitlines()) == 1
+    assert (f"written for recipe 'demo-async-penalty' at digest {ran.digest()}, not this one's {edited}: the recipe "
+            "changed since; judge it with the version that ran it") in refused.stderr
+
+    older = tmp_path / "older.json"
+    write_json_atomic(str(older), {key: value for key, value in observation.items() if key != "recipe_digest"})
+    assert bisect_npu("judge", "--recipe", str(recipe_file), str(older), cwd=tmp_path).returncode == 0
+    assert api.judge(recipe_file, [older], reference=[written]).kind.value == "good"
+
+
+def _nightly_upstream(tmp_path: Path, model: str) -> list[str]:
+    """A clone whose commit 1 adds the nightly case file, its case served by `vllm serve MODEL`."""
+    case = CASE_FILE.replace('"vllm-ascend/Tiny"', json.dumps(model))
+    return make_linear_repo(tmp_path / "up", 4, files=lambda i: {CASE_PATH: case} if i == 1 else {})
+
+
+def test_run_nightly_case_refuses_a_model_this_host_lacks_before_building(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("BISECT_NPU_CACHE", str(tmp_path / "cache"))
+    shas = _nightly_upstream(tmp_path, "vllm-ascend/Tiny")
+    session = tmp_path / "session"
+    done = bisect_npu("run", "--repo", str(tmp_path / "up"), "--good", shas[1], "--bad", "main", "--nightly-case",
+                      f"{CASE_PATH}::tiny-aclgraph::acc", "--session", str(session), "--no-fix", cwd=tmp_path)
+    assert done.returncode == 2, done.stderr
+    assert len(done.stderr.strip().splitlines()) == 1, done.stderr
+    assert (f"--nightly-case {CASE_PATH}::tiny-aclgraph::acc: model vllm-ascend/Tiny is not a directory on this host "
+            "and the case sets no model.host_path; import it in the clone with `bisect-npu recipes import-nightly "
+            f"{CASE_PATH} --case tiny-aclgraph --benchmark acc --model-root DIR --out case.yaml` (DIR holding "
+            "vllm-ascend/Tiny)") in done.stderr
+    assert not session.exists()
+
+
+def test_run_nightly_case_with_its_model_on_this_host_says_what_the_host_owes_and_keeps_the_good_end(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A model path that is a directory here as the case gives it proceeds; the dataset's place is
+    said before building, without --good-table; the good end stays the ref given."""
+    monkeypatch.setenv("BISECT_NPU_CACHE", str(tmp_path / "cache"))
+    model = tmp_path / "models" / "Tiny"
+    model.mkdir(parents=True)
+    shas = _nightly_upstream(tmp_path, str(model))
+    said = io.StringIO()
+    opened = open_new(spec_of(good=shas[1], bad="main", repo=str(tmp_path / "up"),
+                              nightly_case=f"{CASE_PATH}::tiny-aclgraph::acc"),
+                      session_dir=tmp_path / "session", progress=PlainProgress(said))
+    opened.journal.close()
+    assert opened.recipe is not None and opened.recipe.model.path == str(model)
+    lines = said.getvalue().splitlines()
+    assert len(lines) == 1 and lines[0].endswith(
+        f"--nightly-case {CASE_PATH}::tiny-aclgraph::acc: dataset vllm-ascend/gsm8k-lite: relative, as the nightly's "
+        "dataset cache holds it; it must lie under the directory given as --datasets (import-nightly) or "
+        "--nightly-datasets (run)"), lines
+    header_range = opened.journal.header.range
+    assert header_range.good == shas[1] and header_range.good_ref == shas[1]

@@ -28,7 +28,8 @@ def _flat(figures: dict[str, Any], prefix: str = "") -> list[tuple[str, str]]:
 @click.argument("observations", nargs=-1, required=True, type=click.Path(dir_okay=False))
 def judge(recipe_path: str, references: tuple[str, ...], as_json: bool, observations: tuple[str, ...]) -> None:
     """Judge OBSERVATIONS with the recipe's oracle: exit 0 good, 1 bad, 125 undecided or skip; 128 when
-    there is no verdict (unreadable input, unknown recipe, internal error), so `git bisect run` aborts."""
+    there is no verdict (unreadable input, unknown recipe, observations written for another recipe or
+    another version of it, internal error), so `git bisect run` aborts."""
     from bisect_npu import api
     from bisect_npu.cli import reader_may_leave
 

@@ -4,7 +4,7 @@ the clone and the commit's vLLM pin."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import git
@@ -129,6 +129,7 @@ class NightlyRun:
     recipe: str | None  # the bad end's imported recipe file, when --nightly-case
     good: str  # the good ref (the table's commit for `--good last-good --good-table`)
     notes: list[str]
+    owed: list[str] = field(default_factory=list)  # what the host still owes the case (import_notes), one line each
 
 
 def settle_run(repo_path: str, bad: str, good: str, nightly_case: str | None, good_table: Path | None,
@@ -139,6 +140,7 @@ def settle_run(repo_path: str, bad: str, good: str, nightly_case: str | None, go
     repo = history.open_repo(repo_path)
     ref = CaseRef.parse(nightly_case) if nightly_case else None
     notes: list[str] = []
+    owed: list[str] = []
     recipe_file = None
     if ref is not None:
         bad_sha = history.resolve_ref(repo, bad)
@@ -146,9 +148,9 @@ def settle_run(repo_path: str, bad: str, good: str, nightly_case: str | None, go
         notes.append(f"--nightly-case {ref}: the bad end's recipe is {recipe_file}; each candidate runs the case "
                      "as its own commit has the file")
         recipe, _ = newest_recipe_at(repo, bad_sha, ref, datasets)
-        notes += [f"--nightly-case {ref}: {note}" for note in import_notes(recipe, datasets)]
+        owed = [f"--nightly-case {ref}: {note}" for note in import_notes(recipe, datasets)]
     if good_table is None:
-        return NightlyRun(recipe_file, good, notes)
+        return NightlyRun(recipe_file, good, notes, owed)
     if good != "last-good":
         raise UsageError("--good-table gives the good end: pass --good last-good with it (or drop --good-table)")
     if not soc:
@@ -156,7 +158,7 @@ def settle_run(repo_path: str, bad: str, good: str, nightly_case: str | None, go
     lookup = Lookup(soc=soc.strip(), scene=scene, name=name or (ref.case if ref else None),
                     config_yaml=config_yaml or (ref.file if ref else None))
     end = good_from_table(repo, good_table, lookup, frequency)
-    return NightlyRun(recipe_file, end.sha, [*notes, end.note])
+    return NightlyRun(recipe_file, end.sha, [*notes, end.note], owed)
 
 
 NIGHTLY_DIR = "tests/e2e/nightly"

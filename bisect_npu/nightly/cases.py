@@ -29,7 +29,7 @@ from pydantic import ValidationError
 
 from bisect_npu.errors import UsageError, validation_problem
 from bisect_npu.nightly.soc import Soc
-from bisect_npu.recipe.schema import Recipe
+from bisect_npu.recipe.schema import EngineSpec, Recipe
 
 SINGLE_NODE_CONFIGS = "tests/e2e/nightly/single_node/models/configs"  # the nightly's CONFIG_BASE_PATH default
 PORT_KEYS = ("SERVER_PORT", "ENCODE_PORT", "PD_PORT", "PROXY_PORT")  # the nightly fills these with a free port
@@ -317,11 +317,22 @@ def _model(model: str, root: str | None) -> dict[str, str]:
     return {"path": where, "host_path": where}
 
 
+def model_unplaced(recipe: Recipe) -> bool:
+    """Whether the case's server would load a model this host does not hold: `vllm serve MODEL`
+    (the nightly's runners are offline) on a path that is not a directory here, with no
+    model.host_path to mount. A case with a launcher of its own reads its model word as it likes."""
+    default_launcher = EngineSpec.model_fields["launcher"].get_default(call_default_factory=True)
+    path = Path(recipe.model.path)
+    return (recipe.model.host_path is None and recipe.engine.launcher == default_launcher
+            and not (path.is_absolute() and path.is_dir()))
+
+
 def import_notes(recipe: Recipe, datasets: str | None) -> list[str]:
     """What an imported recipe still needs from this host before it can run, one line each."""
     notes = []
-    if recipe.model.host_path is None and not Path(recipe.model.path).is_absolute():
-        notes.append(f"model {recipe.model.path}: a hub id, not a directory here; set model.host_path to where it "
+    if model_unplaced(recipe):
+        what = "not a directory here" if Path(recipe.model.path).is_absolute() else "a hub id, not a directory here"
+        notes.append(f"model {recipe.model.path}: {what}; set model.host_path to where it "
                      "lies (or import with --model-root DIR, the directory holding ORG/NAME)")
     acc = recipe.accuracy
     if acc is not None and datasets is None and not Path(acc.dataset).is_absolute():

@@ -335,7 +335,8 @@ class Evaluator:
         kept = request.done[1] if reused is not None and len(request.done) > 1 else None
         if kept is None or not kept.observation:
             path = self.step_dir(request.commit).resolve() / f"earlier-{role}.json"
-            observation = Observation(commit=request.commit, recipe=self.recipe.name, case_id=control.case_id,
+            observation = Observation(commit=request.commit, recipe=self.recipe.name,
+                                      recipe_digest=self.recipe.digest(), case_id=control.case_id,
                                       trial=control.trial + 1, samples=earlier.samples,
                                       extra={"earlier_results": earlier.source, "samples_run": 0})
             path.parent.mkdir(parents=True, exist_ok=True)
@@ -626,6 +627,7 @@ def probe_request(recipe: Recipe, case: CaseSpec, commit: str, trial: int,
         "schema_version": 1,
         "commit": commit,
         "recipe": recipe.name,
+        "recipe_digest": recipe.digest(),
         "case_id": case.id,
         "trial": trial,
         "seed": sampling.get("seed"),

@@ -61,6 +61,8 @@ def open_new(spec: SessionSpec, session_dir: Path | None = None, root: Path = DE
     session_dir = (session_dir or new_session_dir(root)).resolve()
     progress = progress or PlainProgress()
     reuse = open_verdict_reuse(spec, recipe, session_dir, store_reference(recipe, candidates_range.base), progress)
+    for line in inputs.owed:
+        progress.note(line)
     if inputs.last_good_note:
         progress.note(inputs.last_good_note)
     header = HeaderRecord(

@@ -32,6 +32,7 @@ from bisect_npu.execute.host_devices import check_host_devices
 from bisect_npu.execute.ray import settle_slots as settle_on_cluster
 from bisect_npu.level import held_of, scope_of
 from bisect_npu.nightly.at_commit import settle_run
+from bisect_npu.nightly.cases import CaseRef, model_unplaced
 from bisect_npu.orchestration.session_spec import (
     SessionSpec,
     check_dependency_options,
@@ -65,6 +66,7 @@ class RunInputs:
     earlier_runs: EarlierRunsSpec | None
     candidates_range: CandidateRange
     last_good_note: str | None = None  # `--good last-good`: which commit the verdict store gave
+    owed: tuple[str, ...] = ()  # --nightly-case: what the host still owes the case (a dataset's place), said first
 
 
 def check_run(spec: SessionSpec, host_root: Path = Path("/")) -> RunInputs:
@@ -72,7 +74,7 @@ def check_run(spec: SessionSpec, host_root: Path = Path("/")) -> RunInputs:
     `options` in place (the mode, and absolute paths: resume may start elsewhere). `host_root` is
     where the NPU device and driver files are looked up (a directory of fake ones in a test)."""
     check_good_table_options(spec)
-    nightly_note = settle_nightly(spec) if spec.judge.nightly_case or spec.range.good_table else None
+    nightly_note, owed = settle_nightly(spec) if spec.judge.nightly_case or spec.range.good_table else (None, [])
     # --unit-test's runner is the command once settled: a later level's session starts with both.
     oracle_command = None if spec.judge.unit_tests else spec.judge.command
     if [spec.judge.recipe, oracle_command, spec.context.python_oracle, spec.judge.unit_tests or None].count(None) != 3:
@@ -84,6 +86,8 @@ def check_run(spec: SessionSpec, host_root: Path = Path("/")) -> RunInputs:
     if spec.search.settings and spec.executor.executor == "ray":
         raise UsageError(f"--settings with {RAY_REFUSED}")
     recipe = load_recipe(spec.judge.recipe) if spec.judge.recipe else None
+    if spec.judge.nightly_case and recipe is not None:
+        check_nightly_model(spec.judge.nightly_case, recipe)
     if recipe is not None and recipe.accuracy is not None:
         check_accuracy_options(spec)
         check_dataset_ids(recipe)
@@ -123,7 +127,7 @@ def check_run(spec: SessionSpec, host_root: Path = Path("/")) -> RunInputs:
     if last_good_note:
         candidates_range = candidates_range.model_copy(update={"good_ref": LAST_GOOD})
     if held_of(spec.level) is not None:  # a dependency level: its clone is not the upstream the checks below are for
-        return RunInputs(recipe, repo, earlier_runs, candidates_range, last_good_note)
+        return RunInputs(recipe, repo, earlier_runs, candidates_range, last_good_note, tuple(owed))
     if spec.judge.command:
         ends = [candidates_range.base, candidates_range.bad] if candidates_range.kind == "commits" else []
         spec.judge.command = check_command(spec.judge.command, repo, ends, spec.executor.executor == "docker")
@@ -146,7 +150,7 @@ def check_run(spec: SessionSpec, host_root: Path = Path("/")) -> RunInputs:
     if spec.executor.workdir:
         spec.executor.workdir = str(Path(spec.executor.workdir).resolve())  # resume may start elsewhere
         check_workdir(Path(spec.executor.workdir))
-    return RunInputs(recipe, repo, earlier_runs, candidates_range, last_good_note)
+    return RunInputs(recipe, repo, earlier_runs, candidates_range, last_good_note, tuple(owed))
 
 
 # --good-table's row options: each picks a row of the table, so each needs it.
@@ -215,9 +219,10 @@ def check_image_options(spec: SessionSpec) -> None:
         parse_release(spec.range.overlay_on_release)
 
 
-def settle_nightly(spec: SessionSpec) -> str | None:
+def settle_nightly(spec: SessionSpec) -> tuple[str | None, list[str]]:
     """--nightly-case: the bad end's recipe, written out, becomes the recipe; --good-table: the
-    table's commit becomes the good end. The note says what was read (None without --good-table)."""
+    table's commit becomes the good end. Returns the note saying what was read (None without
+    --good-table) and what the host still owes the case, one line each."""
     if spec.judge.nightly_case and (spec.judge.recipe or spec.judge.command):
         raise UsageError("--nightly-case is the recipe: drop --recipe/--cmd")
     settled = settle_run(spec.range.repo or ".", spec.range.bad, spec.range.good, spec.judge.nightly_case,
@@ -226,7 +231,22 @@ def settle_nightly(spec: SessionSpec) -> str | None:
                          spec.judge.nightly_datasets)
     spec.judge.recipe = settled.recipe or spec.judge.recipe
     spec.range.good = settled.good
-    return "; ".join(settled.notes) if spec.range.good_table else None
+    return ("; ".join(settled.notes) if spec.range.good_table else None), settled.owed
+
+
+def check_nightly_model(case: str, recipe: Recipe) -> None:
+    """--nightly-case: a case served by `vllm serve MODEL` loads the model from this host's disk
+    (the nightly's runners are offline), so a hub id with no model.host_path stops here, before
+    any build, rather than at each candidate's server start."""
+    if not model_unplaced(recipe):
+        return
+    ref = CaseRef.parse(case)
+    words = ["bisect-npu", "recipes", "import-nightly", ref.file, *(["--case", ref.case] if ref.case else []),
+             *(["--benchmark", ref.benchmark] if ref.benchmark else []), "--model-root", "DIR", "--out", "case.yaml"]
+    raise UsageError(f"--nightly-case {case}: model {recipe.model.path} is not a directory on this host and the case "
+                     f"sets no model.host_path; import it in the clone with `{shlex.join(words)}` (DIR holding "
+                     f"{recipe.model.path}), or set model.host_path in the imported recipe, and run case.yaml with "
+                     "--recipe")
 
 
 def check_overlay_on_release(spec: SessionSpec, repo: git.Repo | None) -> None:

@@ -134,20 +134,40 @@ def _nightly_upstream(tmp_path: Path, model: str) -> list[str]:
     return make_linear_repo(tmp_path / "up", 4, files=lambda i: {CASE_PATH: case} if i == 1 else {})
 
 
-def test_run_nightly_case_refuses_a_model_this_host_lacks_before_building(
+IMPORT_IT = (f"import it in the clone with `bisect-npu recipes import-nightly {CASE_PATH} --case tiny-aclgraph "
+             "--benchmark acc --model-root DIR --out case.yaml` (DIR holding vllm-ascend/Tiny)")
+
+
+def test_run_nightly_case_in_containers_refuses_a_model_this_host_lacks_before_building(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("BISECT_NPU_CACHE", str(tmp_path / "cache"))
     shas = _nightly_upstream(tmp_path, "vllm-ascend/Tiny")
     session = tmp_path / "session"
     done = bisect_npu("run", "--repo", str(tmp_path / "up"), "--good", shas[1], "--bad", "main", "--nightly-case",
-                      f"{CASE_PATH}::tiny-aclgraph::acc", "--session", str(session), "--no-fix", cwd=tmp_path)
+                      f"{CASE_PATH}::tiny-aclgraph::acc", "--executor", "docker", "--session", str(session),
+                      "--no-fix", cwd=tmp_path)
     assert done.returncode == 2, done.stderr
     assert len(done.stderr.strip().splitlines()) == 1, done.stderr
     assert (f"--nightly-case {CASE_PATH}::tiny-aclgraph::acc: model vllm-ascend/Tiny is not a directory on this host "
-            "and the case sets no model.host_path; import it in the clone with `bisect-npu recipes import-nightly "
-            f"{CASE_PATH} --case tiny-aclgraph --benchmark acc --model-root DIR --out case.yaml` (DIR holding "
-            "vllm-ascend/Tiny)") in done.stderr
+            f"and the case sets no model.host_path, so no container can load it; {IMPORT_IT}") in done.stderr
     assert not session.exists()
+
+
+def test_run_nightly_case_on_this_host_says_the_engine_must_find_a_hub_model_in_its_cache(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """On this host the engine may hold a hub id in its own cache: said before building, not refused."""
+    monkeypatch.setenv("BISECT_NPU_CACHE", str(tmp_path / "cache"))
+    shas = _nightly_upstream(tmp_path, "vllm-ascend/Tiny")
+    said = io.StringIO()
+    opened = open_new(spec_of(good=shas[1], bad="main", repo=str(tmp_path / "up"),
+                              nightly_case=f"{CASE_PATH}::tiny-aclgraph::acc"),
+                      session_dir=tmp_path / "session", progress=PlainProgress(said))
+    opened.journal.close()
+    lines = said.getvalue().splitlines()
+    assert any(line.endswith("model vllm-ascend/Tiny is not a directory on this host: the engine must find it in "
+                             "its own cache (offline hosts: HF_HOME / MODELSCOPE_CACHE); to load it from a directory, "
+                             f"{IMPORT_IT}, or set model.host_path in the imported recipe, and run case.yaml with "
+                             "--recipe") for line in lines), lines
 
 
 def test_run_nightly_case_with_its_model_on_this_host_says_what_the_host_owes_and_keeps_the_good_end(

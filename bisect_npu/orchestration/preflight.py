@@ -87,7 +87,7 @@ def check_run(spec: SessionSpec, host_root: Path = Path("/")) -> RunInputs:
         raise UsageError(f"--settings with {RAY_REFUSED}")
     recipe = load_recipe(spec.judge.recipe) if spec.judge.recipe else None
     if spec.judge.nightly_case and recipe is not None:
-        check_nightly_model(spec.judge.nightly_case, recipe)
+        owed = [*owed, *nightly_model_owed(spec.judge.nightly_case, recipe, spec.executor.executor == "docker")]
     if recipe is not None and recipe.accuracy is not None:
         check_accuracy_options(spec)
         check_dataset_ids(recipe)
@@ -234,19 +234,22 @@ def settle_nightly(spec: SessionSpec) -> tuple[str | None, list[str]]:
     return ("; ".join(settled.notes) if spec.range.good_table else None), settled.owed
 
 
-def check_nightly_model(case: str, recipe: Recipe) -> None:
-    """--nightly-case: a case served by `vllm serve MODEL` loads the model from this host's disk
-    (the nightly's runners are offline), so a hub id with no model.host_path stops here, before
-    any build, rather than at each candidate's server start."""
+def nightly_model_owed(case: str, recipe: Recipe, in_container: bool) -> list[str]:
+    """--nightly-case: a case served by `vllm serve MODEL` whose model is a hub id with no
+    model.host_path. In a container nothing would hold it, so that stops here, before any build;
+    on this host the engine may find it in its own cache, so it is a line said before building."""
     if not model_unplaced(recipe):
-        return
+        return []
     ref = CaseRef.parse(case)
     words = ["bisect-npu", "recipes", "import-nightly", ref.file, *(["--case", ref.case] if ref.case else []),
              *(["--benchmark", ref.benchmark] if ref.benchmark else []), "--model-root", "DIR", "--out", "case.yaml"]
-    raise UsageError(f"--nightly-case {case}: model {recipe.model.path} is not a directory on this host and the case "
-                     f"sets no model.host_path; import it in the clone with `{shlex.join(words)}` (DIR holding "
-                     f"{recipe.model.path}), or set model.host_path in the imported recipe, and run case.yaml with "
-                     "--recipe")
+    how = (f"import it in the clone with `{shlex.join(words)}` (DIR holding {recipe.model.path}), or set "
+           "model.host_path in the imported recipe, and run case.yaml with --recipe")
+    if in_container:
+        raise UsageError(f"--nightly-case {case}: model {recipe.model.path} is not a directory on this host and the "
+                         f"case sets no model.host_path, so no container can load it; {how}")
+    return [f"model {recipe.model.path} is not a directory on this host: the engine must find it in its own cache "
+            f"(offline hosts: HF_HOME / MODELSCOPE_CACHE); to load it from a directory, {how}"]
 
 
 def check_overlay_on_release(spec: SessionSpec, repo: git.Repo | None) -> None:

@@ -1,6 +1,7 @@
 """The dump diff on real kernel noise: msprobe compare, the fixed-line rules (git 53b5388) and the peers' noise.
 
     .venv/bin/python bench/dump_noise_bench.py [--work /tmp/dump-noise-bench] [--split report] [--only PREFIX]
+                                               [--tools "peers' noise"]
 
 Pairs are real MindStudio Probe dumps (PrecisionDebugger, task tensor, L0) of HF transformers'
 Qwen3 on the CPU, made by tests/msprobe_qwen3.py: clean pairs of two correct kernels (SDPA vs
@@ -17,7 +18,8 @@ resident memory of that process (os.wait4):
   `git show`, with its default settings;
 * peers' noise: this tree's compare_dumps with its default settings.
 A false alarm is a clean pair flagged; a fault is named when the first flagged module is the one
-the fault sits in.
+the fault sits in. `--tools` runs some of them (commas): the dumps are the same from run to run,
+so a tool whose code did not change need not be measured again.
 """
 
 from __future__ import annotations
@@ -111,22 +113,26 @@ def main() -> None:
     parser.add_argument("--split", choices=sorted(msprobe_qwen3.SPLITS), default="report")
     parser.add_argument("--only", default="", help="only the pairs whose name starts with this")
     parser.add_argument("--msprobe", default=str(Path(sys.executable).parent / "msprobe"))
+    parser.add_argument("--tools", default=",".join(TOOLS), help=f"which of {', '.join(TOOLS)} (commas)")
     parser.add_argument("--judge-once", nargs=4, metavar=("TOOL", "CAND", "REF", "WORK"), help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.judge_once:
         judge_once(*args.judge_once)
         return
+    tools = [tool for tool in TOOLS if tool in args.tools.split(",")]
+    if not tools:
+        raise SystemExit(f"--tools {args.tools!r} names none of: {', '.join(TOOLS)}")
     args.work.mkdir(parents=True, exist_ok=True)
     pairs = [pair for pair in msprobe_qwen3.pairs(args.split) if pair.name.startswith(args.only)]
     subprocess.run([sys.executable, str(ROOT / "tests" / "msprobe_qwen3.py"), str(args.work / "dumps"),
                     "--split", args.split, "--only", args.only], check=True, capture_output=True)
-    totals = {tool: {"false": 0, "clean": 0, "named": 0, "faults": 0, "seconds": 0.0, "peak": 0} for tool in TOOLS}
-    print("| pair | fault at | " + " | ".join(TOOLS) + " |")
-    print("|---|---|" + "---|" * len(TOOLS))
+    totals = {tool: {"false": 0, "clean": 0, "named": 0, "faults": 0, "seconds": 0.0, "peak": 0} for tool in tools}
+    print("| pair | fault at | " + " | ".join(tools) + " |")
+    print("|---|---|" + "---|" * len(tools))
     for pair in pairs:
         cand, ref = msprobe_qwen3.make_pair(args.work / "dumps", pair)
         cells = []
-        for tool in TOOLS:
+        for tool in tools:
             flagged, seconds, peak = run_tool(tool, cand, ref, args.work, args.msprobe)
             total = totals[tool]
             total["seconds"] += seconds

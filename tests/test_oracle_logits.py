@@ -487,3 +487,38 @@ def test_a_member_far_outside_its_peers_stands_above_its_line_and_the_others_do_
     assert outlier > lines[len(values)].line >= lines[len(values)].median + min_spread
     assert all(lines[i].line >= lines[i].median + min_spread for i in range(len(values)))
     assert leave_one_out_lines({"kind": members[:3]}, mads, 3, lambda _: min_spread) == {}
+
+
+def _modules_with_an_auxiliary_input(aux_error: float, broken: int | None, widen: bool,
+                                     layers: int = 8) -> list[tuple[str, list[np.ndarray], np.ndarray]]:
+    """Modules of two inputs, a hidden state [16, 64] and a rotary-like table [16, 8] (`aux_error` relative
+    noise on it), whose output is [16, 64] (or [16, 128] when `widen`); 5% error on layer `broken`'s output."""
+    rng, noise = np.random.default_rng(7), np.random.default_rng(8)
+    modules = []
+    for layer in range(layers):
+        hidden = bf16(rng.standard_normal((16, 64)).astype(np.float32))
+        table = rng.standard_normal((16, 8)).astype(np.float32)
+        table = bf16(table * (1 + aux_error * noise.standard_normal(table.shape).astype(np.float32)))
+        weight = rng.standard_normal((64, 128 if widen else 64)).astype(np.float32) / 8
+        out = np.tanh(hidden @ weight)
+        if layer == broken:
+            err = noise.standard_normal(out.shape).astype(np.float32)
+            out = out + err * (0.05 * np.linalg.norm(out) / np.linalg.norm(err))
+        modules.append((f"model.layers.{layer}.mlp", [hidden, table], bf16(out)))
+    return modules
+
+
+@pytest.mark.parametrize("widen", [False, True])
+def test_a_module_is_judged_against_its_input_shaped_like_its_output(tmp_path: Path, widen: bool) -> None:
+    """The rotary tables of a bf16 model differ from an fp32 golden's while the hidden state is exact: the
+    output is measured against the hidden state alone; with no input of its shape, against every input."""
+    ref = write_module_dump(tmp_path / "ref", _modules_with_an_auxiliary_input(0.0, None, widen))
+    cand = write_module_dump(tmp_path / "cand", _modules_with_an_auxiliary_input(0.01, 3, widen))
+    result = compare_dumps(cand, ref, LogitsConfig())
+    hidden, table = (f"Module.model.layers.3.mlp.Qwen3MLP.forward.0.input.{i}" for i in (0, 1))
+    by_name = {row.name: row for row in result.rows}
+    assert by_name[hidden].metrics["cosine"] == 1.0 > by_name[table].metrics["cosine"]
+    first = result.first_divergent
+    assert first is not None and first.layer == 3 and first.baseline is not None
+    assert first.baseline["tensors"] == ([hidden, table] if widen else [hidden])
+    assert first.baseline["cosine"] == by_name[table if widen else hidden].metrics["cosine"]

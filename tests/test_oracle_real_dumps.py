@@ -24,6 +24,8 @@ PREFIX = "report-s-seed2"
 PAIRS = {pair.name: pair for pair in msprobe_qwen3.pairs("report") if pair.name.startswith(PREFIX)}
 CLEAN = [name for name, pair in PAIRS.items() if pair.fault is None]
 FAULTY = [name for name, pair in PAIRS.items() if pair.fault is not None]
+REPORT = {pair.name: pair for pair in msprobe_qwen3.pairs("report")}
+FP32_GOLDEN = ("report-m-seed2-precision", "report-m-seed2-gain-fp32golden-l2")
 
 
 @pytest.fixture(scope="module")
@@ -36,8 +38,17 @@ def dumps(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return root
 
 
+@pytest.fixture(scope="module")
+def fp32_golden_dumps(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The report split's larger size against the fp32 golden: the clean bf16 candidate and the 2% gain."""
+    root = tmp_path_factory.mktemp("msprobe-qwen3-fp32-golden")
+    subprocess.run([sys.executable, str(Path(msprobe_qwen3.__file__)), str(root), "--split", "report",
+                    "--only", ",".join(FP32_GOLDEN)], check=True, capture_output=True, timeout=300)
+    return root
+
+
 def _judge(dumps: Path, name: str, cfg: LogitsConfig | None = None) -> tuple[msprobe_qwen3.Pair, object]:
-    pair = PAIRS[name]
+    pair = PAIRS.get(name) or REPORT[name]
     cand, ref = msprobe_qwen3.make_pair(dumps, pair)  # already written: only the paths
     return pair, judge_logits(Observation(logits_dump=str(cand)), Observation(logits_dump=str(ref)),
                               cfg or LogitsConfig())
@@ -89,3 +100,21 @@ def test_a_2_percent_gain_cosine_cannot_see_is_found_by_its_norm_against_its_pee
         assert noise["statistic"] == "norm_change" and noise["peers"] >= 3
         assert noise["value"] > noise["line"] > noise["peer_median"]
         assert "peers' noise reaches" in verdict.reason  # type: ignore[attr-defined]
+
+
+def test_a_module_is_not_judged_against_the_rotary_tables_of_another_precision(fp32_golden_dumps: Path) -> None:
+    """In a bf16 model the rotary cos/sin (cast from its own bf16 `inv_freq`) differ from the fp32 golden's
+    more than the hidden state entering layer 0 does (a cast): that layer is measured against its hidden
+    state, the input shaped like its output, so the clean pair is good and the gain after it is named."""
+    clean, gain = FP32_GOLDEN
+    cand, ref = msprobe_qwen3.make_pair(fp32_golden_dumps, REPORT[clean])
+    rows = compare_dumps(cand, ref, LogitsConfig()).rows
+    layer0 = "Module.model.layers.0.Qwen3DecoderLayer.forward.0"
+    cosine = {row.name.removeprefix(layer0 + "."): row.metrics["cosine"] for row in rows
+              if row.module == layer0 and row.metrics}
+    assert max(cosine["kwargs.position_embeddings.0"], cosine["kwargs.position_embeddings.1"]) < cosine["input.0"]
+    _, verdict = _judge(fp32_golden_dumps, clean)
+    assert verdict.kind == VerdictKind.GOOD, verdict.reason  # type: ignore[attr-defined]
+    pair, verdict = _judge(fp32_golden_dumps, gain)
+    first = verdict.figures["first_divergent"]  # type: ignore[attr-defined]
+    assert f".{pair.faulty_module}." in first["module"], verdict.reason  # type: ignore[attr-defined]

@@ -25,8 +25,9 @@ missing, holds NaN/Inf where the reference does not, or breaks a rule. A lower-p
 candidate (bf16/fp16 against an fp32 golden) is upcast and judged at its own precision.
 * absolute: a pass line of LogitsConfig (msprobe's cosine rule and the optional lines);
 * relative (a module's output against what its inputs explain, msprobe's amplification rule
-  generalised): the output agrees far worse than the module's inputs (input_args, input_kwargs,
-  parameters) or, for a dump without inputs, than the output before it in execution order.
+  generalised): the output agrees far worse than the module's inputs shaped like it (the hidden
+  state it transforms; all its input_args, input_kwargs and parameters when none is) or, for a
+  dump without inputs, than the output before it in execution order.
   msprobe's own form (inputs within 1/1000 > 0.9, output < 0.1), then the pair's own noise
   (`peers`): the cosine-distance amplification, and the norm ratio's change, of a module against
   the same module kind in the other layers. Without peers (or with `noise_from_peers` off) the
@@ -136,6 +137,7 @@ class TensorDiff:
     rule: str | None = None
     baseline: dict[str, Any] | None = None
     candidate_dtype: str | None = None
+    shape: tuple[int, ...] | None = None
 
     def to_dict(self) -> dict[str, Any]:
         out: dict[str, Any] = {"name": self.name, "index": self.index, "step": self.step, "layer": self.layer,
@@ -535,6 +537,15 @@ def _baseline(rows: list[TensorDiff]) -> dict[str, Any] | None:
             "norm_change": max(log_ratio(row.metrics.get("norm_ratio", 1.0)) for row in measured)}
 
 
+def _transformed_inputs(row: TensorDiff, inputs: list[TensorDiff]) -> list[TensorDiff]:
+    """The inputs shaped like the output (the hidden state a layer, attention or MLP transforms), or all of
+    them when none is. Why: auxiliary inputs (the rotary cos/sin, position ids, masks) and the weights are
+    not what the module transforms; a bf16 model's rotary tables, cast from its own bf16 `inv_freq`, differ
+    from an fp32 golden's by about one rounding, and an output judged against them looks amplified."""
+    shaped = [item for item in inputs if item.metrics and row.shape is not None and item.shape == row.shape]
+    return shaped or inputs
+
+
 def _input_is_exact(row: TensorDiff, base: dict[str, Any]) -> bool:
     """Whether the module's input agrees to within one rounding (bit-identical, or just cast): its
     amplification then says nothing, and its output distance is judged against its peers' instead."""
@@ -657,7 +668,8 @@ def apply_relative_rules(rows: list[TensorDiff], cfg: LogitsConfig) -> None:
         if row.role == INPUT:
             inputs.setdefault((row.step, row.module), []).append(row)
             continue
-        base_rows = inputs.get((row.step, row.module)) or ([previous_output] if previous_output else [])
+        base_rows = _transformed_inputs(row, inputs.get((row.step, row.module), [])) or (
+            [previous_output] if previous_output else [])
         base = _baseline(base_rows)
         if base is not None and row.metrics:
             measured.append((row, base))
@@ -687,7 +699,7 @@ class _Pair:
 
 def _prepare(index: int, cand: TensorEntry | None, ref: TensorEntry) -> _Pair:
     row = TensorDiff(name=ref.name, index=index, step=ref.step, layer=ref.layer, module=ref.module, role=ref.role,
-                     dtype=ref.dtype)
+                     dtype=ref.dtype, shape=ref.shape)
     pair = _Pair(row)
     if cand is None:
         row.problem = "missing from the candidate dump"
@@ -699,6 +711,7 @@ def _prepare(index: int, cand: TensorEntry | None, ref: TensorEntry) -> _Pair:
         if cand.dtype and ref.dtype and cand.dtype != ref.dtype:  # upcast, judged at the lower precision
             row.dtype, row.candidate_dtype = coarser_dtype(cand.dtype, ref.dtype), cand.dtype
         pair.cand, pair.ref = open_tensor(cand), open_tensor(ref)
+        row.shape = tuple(pair.ref.shape)
         if pair.cand.shape != pair.ref.shape:
             row.problem = f"shape {list(pair.cand.shape)} (file) vs reference {list(pair.ref.shape)}"
             pair.cand = pair.ref = None

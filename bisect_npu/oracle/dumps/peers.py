@@ -8,8 +8,9 @@ same code on the same kind of data, so their spread is the pair's noise, and a m
 outside it is where an error enters.
 
 Two statistics per module output, each a logarithm so that one layer's ratio compares with another's:
-* amplification: the output's cosine distance over its worst input's, both floored at the
-  dtype's rounding (`rounding_distance`: a bit-identical input counts as one rounding of it);
+* amplification: the output's cosine distance over its worst input's (of the inputs shaped like
+  it: the hidden state, not the rotary tables), both floored at the dtype's rounding
+  (`rounding_distance`: a bit-identical input counts as one rounding of it);
 * norm change: how far the output's norm ratio (candidate / reference) moved from 1, beyond its
   inputs' (a gain cosine cannot see: a wrong dequant or norm scale).
 A statistic stands out when it is above its peers' median by more than `peer_mads` robust

@@ -104,8 +104,9 @@ class Observation(BaseModel):
     schema_version: int = Field(OBSERVATION_SCHEMA_VERSION, strict=True, ge=1)
     commit: str = ""
     recipe: str = ""
-    # The digest of the recipe that ran it ("" where an older probe, or another writer, left it out).
-    recipe_digest: str = ""
+    # The run digest of the recipe that ran it (`Recipe.run_digest`: what ran, not how it is judged;
+    # "" where an older probe, or another writer, left it out).
+    run_digest: str = ""
     case_id: str = "default"
     trial: int = 0
     seed: int | None = None

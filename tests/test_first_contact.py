@@ -92,10 +92,10 @@ def test_a_usage_error_leaves_no_empty_session_directory(tmp_path: Path) -> None
 
 
 def test_judge_refuses_observations_of_another_version_of_the_recipe(tmp_path: Path) -> None:
-    """The probe copies the recipe's digest from its request into the observation; `judge` with an
-    edited recipe refuses it naming both digests, while an observation without a digest (an older
-    probe's) keeps the name check alone, and a reference (a golden record of another backend's
-    recipe) is checked by name only."""
+    """The probe copies the recipe's run digest from its request into the observation; `judge` with
+    a recipe whose case changed refuses it naming both digests, a changed oracle rule judges it
+    again, an observation without a digest (an older probe's) keeps the name check alone, and a
+    reference (a golden record of another backend's recipe) is not checked."""
     import yaml
 
     from bisect_npu import api
@@ -115,15 +115,23 @@ def test_judge_refuses_observations_of_another_version_of_the_recipe(tmp_path: P
 
     body["cases"][0]["sampling"]["max_tokens"] = 64
     recipe_file.write_text(yaml.safe_dump(body))
-    edited = load_recipe(recipe_file).digest()
+    edited = load_recipe(recipe_file).run_digest()
     refused = bisect_npu("judge", "--recipe", str(recipe_file), str(written), cwd=tmp_path)
     assert refused.returncode == 128
     assert len(refused.stderr.strip().splitlines()) == 1
-    assert (f"written for recipe 'demo-async-penalty' at digest {ran.digest()}, not this one's {edited}: the recipe "
-            "changed since; judge it with the version that ran it") in refused.stderr
+    assert (f"written for recipe 'demo-async-penalty' at run digest {ran.run_digest()}, not this one's {edited}: "
+            "what the recipe runs changed since; judge it with the version that ran it") in refused.stderr
+
+    body["cases"][0]["sampling"]["max_tokens"] = ran.cases[0].sampling.max_tokens
+    body["description"] = "the same case, judged over more trials"
+    body["trials"] = {**body.get("trials", {}), "count": ran.trials.count + 2}
+    recipe_file.write_text(yaml.safe_dump(body))
+    assert load_recipe(recipe_file).digest() != ran.digest()
+    rejudged = bisect_npu("judge", "--recipe", str(recipe_file), str(written), cwd=tmp_path)
+    assert rejudged.returncode == 0, rejudged.stderr  # the same output judged again: a verdict, not a refusal
 
     older = tmp_path / "older.json"
-    write_json_atomic(str(older), {key: value for key, value in observation.items() if key != "recipe_digest"})
+    write_json_atomic(str(older), {key: value for key, value in observation.items() if key != "run_digest"})
     assert bisect_npu("judge", "--recipe", str(recipe_file), str(older), cwd=tmp_path).returncode == 0
     assert api.judge(recipe_file, [older], reference=[written]).kind.value == "good"
 

@@ -166,27 +166,27 @@ def judge(recipe: Recipe | str | Path, observations: Sequence[Observation | str 
     loaded = recipe if isinstance(recipe, Recipe) else load_recipe(recipe)
     judged = _observations(observations)
     references = _observations(reference) if reference is not None else None
-    digest = loaded.digest()
+    digest = loaded.run_digest()
     for obs in judged:
         _same_recipe(obs, loaded.name, digest)
-    for obs in references or []:
-        _same_recipe(obs, loaded.name, None)
     return oracle.judge(loaded.oracle, judged, references, trials_per_case=loaded.trials.count,
                         accuracy=loaded.accuracy)
 
 
-def _same_recipe(obs: Observation, name: str, digest: str | None) -> None:
-    """Refuse an observation another recipe wrote, or (`digest` given, and the observation carries
-    one) another version of this recipe: its verdict would mean nothing. References are checked by
-    name only: a golden record may come from another backend's recipe of the same cases."""
+def _same_recipe(obs: Observation, name: str, digest: str) -> None:
+    """Refuse an observation another recipe wrote, or (the observation carries a run digest) output
+    of another version of this recipe's case: its verdict would mean nothing. A changed oracle or
+    reference is no such change: judging old output again under a new rule is what `judge` is
+    for. References are not checked: a golden record may come from another backend's recipe of the
+    same cases (the oracle pairs by case)."""
     where = f"an observation of commit {obs.commit[:12] or '?'} (case {obs.case_id})"
     if obs.recipe and obs.recipe != name:  # another case's output
         raise UsageError(f"{where} was written for recipe {obs.recipe!r}, not {name!r}: judge it with the recipe "
                          "that ran it")
-    if digest and obs.recipe_digest and obs.recipe_digest != digest:
-        raise UsageError(f"{where} was written for recipe {name!r} at digest {obs.recipe_digest}, not this one's "
-                         f"{digest}: the recipe changed since; judge it with the version that ran it, or run that "
-                         "commit again with this one")
+    if obs.run_digest and obs.run_digest != digest:
+        raise UsageError(f"{where} was written for recipe {name!r} at run digest {obs.run_digest}, not this one's "
+                         f"{digest}: what the recipe runs changed since; judge it with the version that ran it, or "
+                         "run that commit again with this one")
 
 
 def _observations(given: Sequence[Observation | str | Path]) -> list[Observation]:

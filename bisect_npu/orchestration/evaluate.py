@@ -336,7 +336,7 @@ class Evaluator:
         if kept is None or not kept.observation:
             path = self.step_dir(request.commit).resolve() / f"earlier-{role}.json"
             observation = Observation(commit=request.commit, recipe=self.recipe.name,
-                                      recipe_digest=self.recipe.digest(), case_id=control.case_id,
+                                      run_digest=self.recipe.run_digest(), case_id=control.case_id,
                                       trial=control.trial + 1, samples=earlier.samples,
                                       extra={"earlier_results": earlier.source, "samples_run": 0})
             path.parent.mkdir(parents=True, exist_ok=True)
@@ -627,7 +627,7 @@ def probe_request(recipe: Recipe, case: CaseSpec, commit: str, trial: int,
         "schema_version": 1,
         "commit": commit,
         "recipe": recipe.name,
-        "recipe_digest": recipe.digest(),
+        "run_digest": recipe.run_digest(),
         "case_id": case.id,
         "trial": trial,
         "seed": sampling.get("seed"),

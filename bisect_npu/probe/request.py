@@ -2,8 +2,8 @@
 
 Written by the host (`bisect_npu.execute`), read here with the standard library. Keys:
 
-- ``schema_version`` (1), ``commit``, ``recipe`` (name), ``recipe_digest`` (the recipe's content hash, copied
-  into the observation so that `judge` can tell another version of the recipe), ``case_id``, ``trial``, ``seed``
+- ``schema_version`` (1), ``commit``, ``recipe`` (name), ``run_digest`` (a hash of what the recipe runs, copied
+  into the observation so that `judge` can tell output of another version of the case), ``case_id``, ``trial``, ``seed``
 - ``backend``: ``mini`` | ``vllm`` | ``openai``
 - ``model``: ``{"path", "dtype", "tokenizer"}``
 - ``engine``: ``{"args": {...}, "server_flags": [...], "port", "startup_timeout_s",
@@ -87,7 +87,7 @@ def new_observation(request: dict[str, Any]) -> dict[str, Any]:
         "schema_version": OBSERVATION_SCHEMA_VERSION,
         "commit": request.get("commit", ""),
         "recipe": request.get("recipe", ""),
-        "recipe_digest": request.get("recipe_digest", ""),
+        "run_digest": request.get("run_digest", ""),
         "case_id": request.get("case_id", "default"),
         "trial": request.get("trial", 0),
         "seed": request.get("seed"),

@@ -740,6 +740,22 @@ class Recipe(StrictModel):
         """What a record must share with this recipe to be its reference: the cases alone."""
         return cases_digest([case.model_dump(mode="json") for case in self.cases])
 
+    def run_digest(self) -> str:
+        """A hash of what the probe runs (the model, engine, environment, cases, capture, build, the
+        harness and the loop guard that stops a generation early), leaving out how the output is
+        judged (the other oracle settings, reference, trials) and the words around it: an
+        observation keeps it, so `judge` tells output of another case from output judged again
+        under a changed rule, which stays valid."""
+        ran = self.model_dump(mode="json", include={"model", "engine", "environment", "cases", "capture", "build",
+                                                    "install", "accuracy"})
+        if ran.get("accuracy"):
+            ran["accuracy"] = {k: v for k, v in ran["accuracy"].items() if k in ("harness", "dataset", "lm_eval",
+                                                                                 "aisbench", "command", "sampling",
+                                                                                 "limit", "repeats")}
+        if "repetition" in self.oracle.kinds and self.oracle.repetition.stop_early:
+            ran["loop_guard"] = self.oracle.repetition.model_dump(mode="json")
+        return hashlib.sha256(json.dumps(ran, sort_keys=True).encode()).hexdigest()[:16]
+
     def digest(self) -> str:
         """Stable content hash, recorded in the session header so resume refuses a changed recipe.
 

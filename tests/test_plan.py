@@ -10,6 +10,8 @@ from pathlib import Path
 import pytest
 from gitrepo import make_linear_repo
 
+from bisect_npu import api
+
 # Each test plans a generated history through the command line or the library.
 pytestmark = pytest.mark.e2e
 
@@ -129,7 +131,9 @@ def test_the_library_plan_is_what_the_command_prints(repo: Path) -> None:
 
     result = plan_range(git.Repo(repo), "good", "bad", build_minutes=30, overlay_minutes=2, run_minutes=5)
     assert sum(group.commits for group in result.groups) == N and len(result.groups) == len(COMPILED_AT) + 1
-    assert result.to_json() == json.loads(plan(repo, "--good", "good", "--bad", "bad", "--json").stdout)
+    printed = json.loads(plan(repo, "--good", "good", "--bad", "bad", "--json").stdout)
+    assert api.plan(repo, "good", "bad").to_json() == printed
+    assert {**result.to_json(), "find_fix": False, "warning": None} == printed
 
 
 def test_a_command_run_is_planned_as_checkouts_without_builds_or_made_up_costs(repo: Path) -> None:

@@ -4,7 +4,7 @@
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
 
@@ -29,19 +29,22 @@ class Plan:
     release_images: str | None = None
     pulled: dict[str, str] | None = None  # None: nothing was asked to be pulled
     published: dict[str, str] = field(default_factory=dict)
+    find_fix: bool = False
+    warning: str | None = None  # what may make the run's answer wrong (a find-fix search from a merge-base)
 
     def to_json(self) -> dict[str, Any]:
         """What `bisect-npu plan --json` prints."""
         pulls = {"pulled": self.pulled, "published": self.published} if self.pulled is not None else {}
-        return {**self.range_plan.to_json(), **pulls}
+        return {**self.range_plan.to_json(), **pulls, "find_fix": self.find_fix, "warning": self.warning}
 
 
 def plan(repo: str | Path, good: str, bad: str, *, build_minutes: float = 30.0, overlay_minutes: float = 2.0,
          run_minutes: float | None = None, command: str | None = None,
          executor: Literal["local", "docker"] | None = None, dockerfile: str | None = None,
          recipe: str | Path | None = None, base_image_map: tuple[str, ...] | list[str] = (),
-         release_images: str | None = None, pull: bool = False) -> Plan:
-    """Resolve `good`..`bad` and price bisecting it as `bisect-npu plan` does: the recipe (its
+         release_images: str | None = None, pull: bool = False, find_fix: bool = False) -> Plan:
+    """Resolve `good`..`bad` and price bisecting it as `bisect-npu plan` does (`find_fix`: a search
+    for the fix, warned about when it would start from a merge-base): the recipe (its
     supported versions and engine args checked at both ends, its build settings) or the command
     (as `run --cmd` would take it) says how a run would test candidates; `executor` defaults to
     local with a command (checkouts: steps, and hours only from `run_minutes`), else docker (build
@@ -60,10 +63,26 @@ def plan(repo: str | Path, good: str, bad: str, *, build_minutes: float = 30.0, 
     executor = executor or ("local" if command is not None else "docker")
     if executor == "local":
         result = plan_range(history.open_repo(str(repo)), good, bad, run_minutes=run_minutes, executor="local")
-        return Plan(result, "local", build_minutes, overlay_minutes, run_minutes)
-    return _image_plan(str(repo), good, bad, build_minutes=build_minutes, overlay_minutes=overlay_minutes,
-                       run_minutes=5.0 if run_minutes is None else run_minutes, dockerfile=dockerfile,
-                       recipe=recipe, base_image_map=tuple(base_image_map), release_images=release_images, pull=pull)
+        answer = Plan(result, "local", build_minutes, overlay_minutes, run_minutes)
+    else:
+        answer = _image_plan(str(repo), good, bad, build_minutes=build_minutes, overlay_minutes=overlay_minutes,
+                             run_minutes=5.0 if run_minutes is None else run_minutes, dockerfile=dockerfile,
+                             recipe=recipe, base_image_map=tuple(base_image_map), release_images=release_images,
+                             pull=pull)
+    if not find_fix:
+        return answer
+    return replace(answer, find_fix=True, warning=find_fix_warning(answer.range_plan, good, bad))
+
+
+def find_fix_warning(range_plan: RangePlan, old: str, new: str) -> str | None:
+    """With --find-fix the old end must show the symptom; where it is not an ancestor of the new
+    end, the search starts from their merge-base instead, which may predate the regression."""
+    brange = range_plan.range
+    if not brange.merge_base_note:
+        return None
+    return (f"--find-fix: the old end {old} is not on the new end's history, so the search starts from "
+            f"their merge-base {brange.base[:12]}, taken to show the symptom; it may predate the regression (then the "
+            f"answer is wrong): check it shows the symptom, or give an old end on {new}'s history")
 
 
 def _image_plan(repo: str, good: str, bad: str, *, build_minutes: float, overlay_minutes: float, run_minutes: float,

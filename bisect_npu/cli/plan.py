@@ -66,28 +66,17 @@ def plan(good: str, bad: str, repo: str, build_minutes: float, overlay_minutes: 
         raise click.UsageError("give either --recipe or --cmd (the oracle the run would use)")
     answer = api.plan(repo, good, bad, build_minutes=build_minutes, overlay_minutes=overlay_minutes,
                       run_minutes=run_minutes, command=command, executor=executor, dockerfile=dockerfile,
-                      recipe=recipe, base_image_map=base_image_map, release_images=release_images, pull=pull)
-    warning = find_fix_warning(answer, good, bad) if find_fix else None
+                      recipe=recipe, base_image_map=base_image_map, release_images=release_images, pull=pull,
+                      find_fix=find_fix)
     if as_json:
-        click.echo(json.dumps({**answer.to_json(), "find_fix": find_fix, "warning": warning}))
+        click.echo(json.dumps(answer.to_json()))
         return
-    if warning:
-        click.echo(f"warning: {warning}")
+    if answer.warning:
+        click.echo(f"warning: {answer.warning}")
     if answer.executor == "local":
         _print_checkouts(answer)
     else:
         _print_images(answer)
-
-
-def find_fix_warning(answer: Plan, old: str, new: str) -> str | None:
-    """With --find-fix the old end must show the symptom; where it is not an ancestor of the new
-    end, the search starts from their merge-base instead, which may predate the regression."""
-    brange = answer.range_plan.range
-    if not brange.merge_base_note:
-        return None
-    return (f"--find-fix: the old end {old} is not on the new end's history, so the search starts from "
-            f"their merge-base {brange.base[:12]}, taken to show the symptom; it may predate the regression (then the "
-            f"answer is wrong): check it shows the symptom, or give an old end on {new}'s history")
 
 
 def _print_images(answer: Plan) -> None:

@@ -35,21 +35,12 @@ def tinyvllm(tmp_path_factory):
 def test_logits_match_transformers_qwen3(tinyvllm):
     from tinyvllm.config import ModelConfig
     from tinyvllm.model import Qwen3Model
-    from transformers import Qwen3Config, Qwen3ForCausalLM
+
+    from bisect_npu.probe.export_mini import as_transformers
 
     cfg = ModelConfig(seed=3)
     model = Qwen3Model(cfg)
-    hf_cfg = Qwen3Config(
-        vocab_size=cfg.vocab_size, hidden_size=cfg.hidden_size, intermediate_size=cfg.intermediate_size,
-        num_hidden_layers=cfg.num_hidden_layers, num_attention_heads=cfg.num_attention_heads,
-        num_key_value_heads=cfg.num_key_value_heads, head_dim=cfg.head_dim, rms_norm_eps=cfg.rms_norm_eps,
-        max_position_embeddings=cfg.max_position_embeddings, tie_word_embeddings=True,
-        rope_parameters={"rope_type": "linear", "factor": cfg.rope_scaling_factor, "rope_theta": cfg.rope_theta},
-        attention_bias=False, use_sliding_window=False)
-    hf = Qwen3ForCausalLM(hf_cfg).eval().to(torch.float32)
-    missing, unexpected = hf.load_state_dict(model.w, strict=False)
-    assert not unexpected and set(missing) <= {"lm_head.weight"}
-    hf.tie_weights()
+    hf = as_transformers(model)  # refuses weights that do not fit Qwen3ForCausalLM by name
     # Past max_position_embeddings too: the long-sequence path of the RoPE cache must agree.
     ids = torch.randint(0, cfg.vocab_size, (1, 150), generator=torch.Generator().manual_seed(0))
     with torch.no_grad():

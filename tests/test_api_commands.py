@@ -33,7 +33,8 @@ def test_plan_prices_images_or_checkouts(linear: tuple[Path, list[str]]) -> None
     images = api.plan(repo, "good", "bad")
     assert images.executor == "docker" and images.run_minutes == 5.0 and images.pulled is None
     assert len(images.range_plan.range.candidates) == 30 and len(images.range_plan.groups) == 4
-    assert images.to_json() == images.range_plan.to_json()  # nothing pulled: no pull fields
+    # nothing pulled: no pull fields; no --find-fix: no warning
+    assert images.to_json() == {**images.range_plan.to_json(), "find_fix": False, "warning": None}
     checkouts = api.plan(repo, "good", "bad", command="grep -qx good state")
     assert checkouts.executor == "local" and checkouts.range_plan.groups == []
     assert checkouts.range_plan.expected.hours is None  # no run time declared, no made-up hours

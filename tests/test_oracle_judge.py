@@ -9,9 +9,9 @@ import sys
 from pathlib import Path
 
 import pytest
+from cli_exit import run_cli
 
 from bisect_npu import oracle
-from bisect_npu.cli import main
 from bisect_npu.contracts import Observation, VerdictKind
 from bisect_npu.recipe.loader import parse_recipe
 
@@ -75,11 +75,6 @@ def test_stats_over_trials_one_in_five() -> None:
     assert "not significant" in unsure.reason
 
 
-def run_cli(argv: list[str], capsys: pytest.CaptureFixture[str]) -> tuple[int, str, str]:
-    with pytest.raises(SystemExit) as exc:
-        main(argv)
-    out, err = capsys.readouterr()
-    return int(exc.value.code or 0), out, err
 
 
 def test_cli_exit_codes(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:

@@ -9,9 +9,9 @@ from pathlib import Path
 
 import pytest
 from asked import spec_of
+from cli_exit import run_cli
 
 from bisect_npu.builders.base import Environment
-from bisect_npu.cli import main
 from bisect_npu.errors import UsageError
 from bisect_npu.execute.ascend import DETERMINISM_ENV, DRIVER_MOUNTS, MANAGEMENT_DEVICES
 from bisect_npu.execute.base import RunResult
@@ -38,11 +38,6 @@ REAL_RECIPES = ["qwen3-repetition-penalty-async", "deepseek-r1-longseq-rope", "d
 MINIMAL = "name: t\nmodel:\n  path: /models/m\ncases:\n  - id: a\n    prompt: hi\n"
 
 
-def run_cli(args: list[str], capsys: pytest.CaptureFixture[str]) -> tuple[int, str, str]:
-    with pytest.raises(SystemExit) as exit_info:
-        main(args)
-    captured = capsys.readouterr()
-    return exit_info.value.code, captured.out, captured.err
 
 
 @pytest.mark.parametrize(("name", "resource"), sorted(bundled_recipes().items()), ids=sorted(bundled_recipes()))

@@ -7,16 +7,8 @@ import json
 from pathlib import Path
 
 import pytest
+from cli_exit import run_cli
 from gitrepo import make_linear_repo
-
-from bisect_npu.cli import main
-
-
-def run_cli(argv: list[str], capsys: pytest.CaptureFixture[str]) -> tuple[int, str, str]:
-    with pytest.raises(SystemExit) as exc:
-        main(argv)
-    out, err = capsys.readouterr()
-    return int(exc.value.code or 0), out, err
 
 
 def test_a_command_that_exited_255_is_fixed_and_the_session_resumed(

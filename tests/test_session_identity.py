@@ -10,12 +10,12 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from cli_exit import run_cli
 from gitrepo import git, make_linear_repo
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from pydantic import ValidationError
 
-from bisect_npu.cli import main
 from bisect_npu.errors import UsageError
 from bisect_npu.journal import Journal
 from bisect_npu.level import SettingsLevel
@@ -39,11 +39,6 @@ def two_repos_with_the_same_tags(tmp_path: Path) -> tuple[Path, list[str], Path,
     return one, shas_one, other, shas_other
 
 
-def run_cli(argv: list[str], capsys: pytest.CaptureFixture[str]) -> tuple[int, str, str]:
-    with pytest.raises(SystemExit) as exc:
-        main(argv)
-    out, err = capsys.readouterr()
-    return int(exc.value.code or 0), out, err
 
 
 def test_a_session_reused_from_another_repository_with_the_same_tags_is_refused(

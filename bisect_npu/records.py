@@ -32,6 +32,7 @@ from typing import Annotated, Any, Literal
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, TypeAdapter, model_validator
 
 from bisect_npu.contracts import FixReport, FixVerification, Verdict, VerdictKind
+from bisect_npu.errors import UsageError
 from bisect_npu.level import LevelSpec
 from bisect_npu.request import RunContext, RunRequest, part_types
 
@@ -146,7 +147,11 @@ class HeaderRecord(Record):
             level = {"kind": "commits", "overlay_on_release": options.get("overlay_on_release")}
         fields = {name: value for name, value in options.items() if name in _REQUEST_FIELDS}
         migrated = {name: value for name, value in raw.items() if name != "options"}
-        return {**migrated, "request": RunRequest.of(**fields), "level": level, "context": context}
+        try:
+            request = RunRequest.of(**fields)
+        except UsageError as exc:  # a ValueError is what pydantic reports as this header's own error
+            raise ValueError(f"its options are not a run request's: {exc}") from None
+        return {**migrated, "request": request, "level": level, "context": context}
 
 
 class TrialRun(_Shape):

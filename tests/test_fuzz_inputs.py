@@ -16,7 +16,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from bisect_npu.cli import NOT_A_VERDICT_EXIT, main
-from bisect_npu.errors import BisectError
+from bisect_npu.errors import BisectError, UsageError
 from bisect_npu.journal import Journal
 from bisect_npu.recipe.loader import bundled_recipes, parse_recipe
 
@@ -270,3 +270,13 @@ def main_exit(argv: list[str]) -> int:
     except SystemExit as exc:
         return int(exc.code or 0)
     return 0
+
+
+@pytest.mark.parametrize("options", [None, {}, {"good": "a"}, {"good": "a", "bad": "b", "confidence": 7}])
+def test_an_old_header_whose_options_are_no_request_names_the_journal(options: object, tmp_path: Path) -> None:
+    """A 0.1.x header whose options cannot make a run request: one line naming the file, not the
+    request's own message about a command-line flag."""
+    (tmp_path / "journal.jsonl").write_text(json.dumps({"type": "header", "options": options}) + "\n", encoding="utf-8")
+    with pytest.raises(UsageError) as refused:
+        Journal.open(tmp_path, read_only=True).close()
+    assert "journal.jsonl:1" in str(refused.value) and "\n" not in str(refused.value)

@@ -14,21 +14,27 @@ after the drift". A run of a sample is a Bernoulli draw of its rate at the commi
             once and SKIP when the re-run passes; bisect_npu's exact search (git bisect's rule)
   full      our statistics, the whole dataset every step: the real accuracy oracle
             (bisect_npu.oracle.accuracy) and the likelihood search (bisect_npu.search)
-  focused   the same with focusing: candidates run the samples the ends disagree on plus a
-            control set (the real focus_ids)
+  focused   the same with focusing: candidates run the samples the ends disagree on, most telling
+            first, in batches growing from focus.batch, plus a control set when it is large enough
+            to flag anything (the real round_plan)
   earlier   focused, with the ends' results handed over from the runs the user already made
-            (`accuracy.earlier_results`: a free draw of the whole dataset at each end, the
-            recipe's repeats); each end re-runs only its control share (10%, at least 5 samples,
-            the real control_ids), judged with the earlier results as the session does
+            (`accuracy.earlier_results`: a free draw of the whole dataset at each end with the
+            scenario's repeats, the user's own evaluation); each end re-runs only its control share
+            (10%, at least 5 samples, the real control_ids) and keeps the earlier results when the
+            real disagreement check passes (else it runs the whole dataset, counted), judged as the
+            session does; the session's rounds may repeat less than the earlier evaluation did
 
-Samples counted are sample runs (generations), ends included. Seeds: the cases of seeds
-1000-1029 were used to choose the per-scenario repeats (1, 2, 4 tried) and focus.batch (8, 16);
-the figures are reported on seeds 1.. (--seed), which tuning never saw. Everything else is the
-recipe defaults (confidence 0.99, max_rounds 3, focus control 5%, min_discordant 4).
+Samples counted are sample runs (generations), ends included; harness runs are rounds (one
+harness run, and on a real host one engine start, each). Seeds: the cases of seeds 1000-1199
+(the 30-sample scenarios) and 1000-1029 (the 500-sample ones) were used to choose the
+per-scenario repeats (1, 2, 4 tried), the repeats with earlier results (1, 2, 4; the 30-sample
+sampled scenario) and focus.batch (1, 2, 4, 8); the figures are reported on seeds 1..
+(--seed), which tuning never saw. Everything else is the recipe defaults (confidence 0.99,
+max_rounds 3, focus growth 2, control 5%, min_discordant 4).
 
     .venv/bin/python bench/accuracy_bench.py              # 200 cases per scenario (a few minutes)
     .venv/bin/python bench/accuracy_bench.py --runs 20    # a smoke test
-    .venv/bin/python bench/accuracy_bench.py --seed 1000 --runs 30   # the tuning split
+    .venv/bin/python bench/accuracy_bench.py --seed 1000 --runs 200 --scenarios aime-30  # their tuning split
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Accuracy bisection benchmark: a score regression found three ways, on the same seeded histories.
+"""Accuracy bisection benchmark: a score regression found four ways, on the same seeded histories.
 
 Each case is a dataset of S samples and a history of N commits with one culprit (uniform over
 1..N). A sample's correctness rate at the good side is drawn from a beta of mean `good` and

@@ -3,9 +3,8 @@
 The samples whose results differ between the ends carry all the evidence about which side a
 candidate is on (where the ends agree both sides predict the same); a random control set of the
 agreeing samples, when large enough to flag anything, catches a candidate broken in some other
-way. The control set is drawn from a
-hash of the commit and the sample id: random across commits, the same for one commit every time
-(a resumed session asks for the same samples).
+way. The control set is drawn from a hash of the commit and the sample id: random across
+commits, the same for one commit every time (a resumed session asks for the same samples).
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Accuracy bisection benchmark: a score regression found three ways, on the same seeded histories.
+"""Accuracy bisection benchmark: a score regression found four ways, on the same seeded histories.
 
 Each case is a dataset of S samples and a history of N commits with one culprit (uniform over
 1..N). A sample's correctness rate at the good side is drawn from a beta of mean `good` and
@@ -14,21 +14,27 @@ after the drift". A run of a sample is a Bernoulli draw of its rate at the commi
             once and SKIP when the re-run passes; bisect_npu's exact search (git bisect's rule)
   full      our statistics, the whole dataset every step: the real accuracy oracle
             (bisect_npu.oracle.accuracy) and the likelihood search (bisect_npu.search)
-  focused   the same with focusing: candidates run the samples the ends disagree on plus a
-            control set (the real focus_ids)
+  focused   the same with focusing: candidates run the samples the ends disagree on, most telling
+            first, in batches growing from focus.batch, plus a control set when it is large enough
+            to flag anything (the real round_plan)
   earlier   focused, with the ends' results handed over from the runs the user already made
-            (`accuracy.earlier_results`: a free draw of the whole dataset at each end, the
-            recipe's repeats); each end re-runs only its control share (10%, at least 5 samples,
-            the real control_ids), judged with the earlier results as the session does
+            (`accuracy.earlier_results`: a free draw of the whole dataset at each end with the
+            scenario's repeats, the user's own evaluation); each end re-runs only its control share
+            (10%, at least 5 samples, the real control_ids) and keeps the earlier results when the
+            real disagreement check passes (else it runs the whole dataset, counted), judged as the
+            session does; the session's rounds may repeat less than the earlier evaluation did
 
-Samples counted are sample runs (generations), ends included. Seeds: the cases of seeds
-1000-1029 were used to choose the per-scenario repeats (1, 2, 4 tried) and focus.batch (8, 16);
-the figures are reported on seeds 1.. (--seed), which tuning never saw. Everything else is the
-recipe defaults (confidence 0.99, max_rounds 3, focus control 5%, min_discordant 4).
+Samples counted are sample runs (generations), ends included; harness runs are rounds (one
+harness run, and on a real host one engine start, each). Seeds: the cases of seeds 1000-1199
+(the 30-sample scenarios) and 1000-1029 (the 500-sample ones) were used to choose the
+per-scenario repeats (1, 2, 4 tried), the repeats with earlier results (1, 2, 4; the 30-sample
+sampled scenario) and focus.batch (1, 2, 4, 8); the figures are reported on seeds 1..
+(--seed), which tuning never saw. Everything else is the recipe defaults (confidence 0.99,
+max_rounds 3, focus growth 2, control 5%, min_discordant 4).
 
     .venv/bin/python bench/accuracy_bench.py              # 200 cases per scenario (a few minutes)
     .venv/bin/python bench/accuracy_bench.py --runs 20    # a smoke test
-    .venv/bin/python bench/accuracy_bench.py --seed 1000 --runs 30   # the tuning split
+    .venv/bin/python bench/accuracy_bench.py --seed 1000 --runs 200 --scenarios aime-30  # their tuning split
 """
 
 from __future__ import annotations
@@ -43,8 +49,8 @@ import numpy as np
 from bisect_npu.contracts import Observation, SampleOutcome, VerdictKind
 from bisect_npu.oracle.accuracy.focus import round_plan
 from bisect_npu.oracle.accuracy.judge import Role, judge_accuracy
-from bisect_npu.oracle.config import AccuracyConfig
-from bisect_npu.orchestration.earlier_results import control_ids
+from bisect_npu.oracle.config import AccuracyConfig, FocusConfig
+from bisect_npu.orchestration.earlier_results import control_ids, disagreement
 from bisect_npu.search import Evidence, Found, Next, SearchProblem, decide
 
 
@@ -55,13 +61,15 @@ class Scenario:
     good: float
     bad: float
     rho: float
-    repeats: int  # our methods: runs of every sample per round
+    repeats: int  # our methods: runs of every sample per round; the user's own evaluation of the ends too
+    batch: int = 8  # focus.batch
+    repeats_with_earlier: int = 0  # the recipe's repeats when the ends' results are handed over (0: `repeats`)
     n: int = 128
 
 
 SCENARIOS = (
-    Scenario("aime-30 greedy", 30, 0.80, 0.67, 0.95, 1),
-    Scenario("aime-30 t=0.6", 30, 0.80, 0.67, 0.5, 4),
+    Scenario("aime-30 greedy", 30, 0.80, 0.67, 0.95, 1, batch=2),
+    Scenario("aime-30 t=0.6", 30, 0.80, 0.67, 0.5, 4, batch=2, repeats_with_earlier=2),
     Scenario("math500 greedy", 500, 0.95, 0.92, 0.95, 1),
     Scenario("math500 t=0.6", 500, 0.95, 0.92, 0.5, 2),
 )
@@ -69,6 +77,7 @@ BROKEN_RATE = 0.05  # a broken sample's rate, as a share of its good rate
 NIGHTLY_THRESHOLD = 10.0
 CONFIDENCE = 0.99
 CONTROL_SHARE = 0.1  # accuracy.earlier_results.control_share's default
+MAX_DISAGREEMENT = 0.25  # accuracy.earlier_results.max_disagreement's default
 
 
 @dataclass
@@ -106,48 +115,60 @@ def observation(samples: list[SampleOutcome]) -> Observation:
     return Observation.model_construct(samples=samples, case_id="accuracy", trial=0)
 
 
-def run_gate(s: Scenario, case: Case) -> tuple[bool, int]:
+@dataclass(frozen=True)
+class Outcome:
+    """One bisection: whether it named the culprit, its sample runs and its harness runs (rounds)."""
+
+    right: bool
+    sample_runs: int
+    harness_runs: int
+
+
+def run_gate(s: Scenario, case: Case) -> Outcome:
     """vllm-ascend's rule with git bisect's search: full evaluation, baseline +- threshold, re-run a FAIL."""
     drop = 100 * (s.good - s.bad)
     threshold = NIGHTLY_THRESHOLD if drop > NIGHTLY_THRESHOLD else drop / 2
     everything = list(range(s.samples))
-    spent = 0
+    spent = runs = 0
 
     def verdict(position: int) -> str:
-        nonlocal spent
+        nonlocal spent, runs
         for attempt in range(2):
             spent += s.samples
+            runs += 1
             score = 100 * case.runs(position, everything, 1).mean()
             if abs(score - 100 * s.good) <= threshold:
                 return "good" if attempt == 0 else "skip"
         return "bad"
 
-    return _bisect(s.n, SearchProblem(n=s.n, mode="exact"), verdict, case.culprit, lambda: spent)
+    right = _bisect(s.n, SearchProblem(n=s.n, mode="exact"), verdict, case.culprit)
+    return Outcome(right, spent, runs)
 
 
-def _bisect(n: int, problem: SearchProblem, verdict: Callable[[int], str], culprit: int,
-            spent: Callable[[], int]) -> tuple[bool, int]:
+def _bisect(n: int, problem: SearchProblem, verdict: Callable[[int], str], culprit: int) -> bool:
     evidence: dict[int, Evidence] = {}
     for _ in range(4 * n):
         decision = decide(problem, evidence)
         if not isinstance(decision, Next):
-            return isinstance(decision, Found) and decision.index == culprit, spent()
+            return isinstance(decision, Found) and decision.index == culprit
         for query in decision.queries:
             evidence[query.index] = evidence.get(query.index, Evidence()).add(verdict(query.index))  # type: ignore[arg-type]
-    return False, spent()
+    return False
 
 
-def run_ours(s: Scenario, case: Case, focused: bool, cfg: AccuracyConfig, earlier: bool = False) -> tuple[bool, int]:
+def run_ours(s: Scenario, case: Case, focused: bool, cfg: AccuracyConfig, earlier: bool = False) -> Outcome:
     """Our oracle and the likelihood search; each step runs rounds until its verdict is clear.
     `earlier`: the ends' whole-dataset results come from runs made before (not counted), and each
-    end runs its control share."""
+    end runs its control share (`cfg.repeats` runs a round; the earlier results hold the
+    scenario's `repeats`)."""
     everything = list(range(s.samples))
     ends: dict[str, list[Observation]] = {}
     stepped: set[int] = set()
-    spent = 0
+    repeats = cfg.repeats
+    spent = harness_runs = 0
 
     def step(position: int) -> tuple[VerdictKind, float]:
-        nonlocal spent
+        nonlocal spent, harness_runs
         role: Role = "good_end" if position == 0 else "bad_end" if position == s.n else "candidate"
         plan: list[list[str] | None] = [None] * cfg.max_rounds
         if role == "candidate" and focused and position not in stepped:
@@ -157,14 +178,19 @@ def run_ours(s: Scenario, case: Case, focused: bool, cfg: AccuracyConfig, earlie
         if earlier and role != "candidate":
             given = observation(outcomes(everything, case.runs(position, everything, s.repeats), s.repeats))
             ids = [int(i) for i in control_ids([str(i) for i in everything], CONTROL_SHARE, str(position))]
-            spent += len(ids) * s.repeats
-            rounds = [given, observation(outcomes(ids, case.runs(position, ids, s.repeats), s.repeats))]
-            v = judge_accuracy(cfg, rounds, ends.get("good"), ends.get("bad"), role=role, final=True)
-            plan = []
+            spent += len(ids) * repeats
+            harness_runs += 1
+            control = outcomes(ids, case.runs(position, ids, repeats), repeats)
+            differ, of = disagreement(given.samples or [], control)
+            if differ <= MAX_DISAGREEMENT * of:  # else set aside: the end runs the whole dataset
+                rounds = [given, observation(control)]
+                v = judge_accuracy(cfg, rounds, ends.get("good"), ends.get("bad"), role=role, final=True)
+                plan = []
         for number, chosen in enumerate(plan):
             ids = everything if chosen is None else [int(i) for i in chosen]
-            spent += len(ids) * s.repeats
-            rounds.append(observation(outcomes(ids, case.runs(position, ids, s.repeats), s.repeats)))
+            spent += len(ids) * repeats
+            harness_runs += 1
+            rounds.append(observation(outcomes(ids, case.runs(position, ids, repeats), repeats)))
             v = judge_accuracy(cfg, rounds, ends.get("good"), ends.get("bad"), role=role,
                                final=number == len(plan) - 1)
             if not v.figures.get("more_rounds"):
@@ -181,11 +207,11 @@ def run_ours(s: Scenario, case: Case, focused: bool, cfg: AccuracyConfig, earlie
         decision = decide(problem, evidence)
         if not isinstance(decision, Next):
             right = isinstance(decision, Found) and decision.index == case.culprit
-            return right, spent
+            return Outcome(right, spent, harness_runs)
         for query in decision.queries:
             kind, log_lr = step(query.index)
             evidence[query.index] = evidence.get(query.index, Evidence()).add(kind.value).weigh(log_lr)  # type: ignore[arg-type]
-    return False, spent
+    return Outcome(False, spent, harness_runs)
 
 
 def _pooled(rounds: list[Observation]) -> list[SampleOutcome]:
@@ -194,38 +220,44 @@ def _pooled(rounds: list[Observation]) -> list[SampleOutcome]:
     return pool(*(r.samples or [] for r in rounds))
 
 
-def accuracy_config(s: Scenario) -> AccuracyConfig:
-    """The recipe defaults, but for the scenario's repeats."""
-    return AccuracyConfig(repeats=s.repeats, confidence=CONFIDENCE)
+def accuracy_config(s: Scenario, earlier: bool = False) -> AccuracyConfig:
+    """The recipe defaults, but for the scenario's repeats and focus.batch."""
+    repeats = s.repeats_with_earlier or s.repeats if earlier else s.repeats
+    return AccuracyConfig(repeats=repeats, confidence=CONFIDENCE, focus=FocusConfig(batch=s.batch))
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--runs", type=int, default=200)
     parser.add_argument("--seed", type=int, default=1, help="first seed of the reporting split")
+    parser.add_argument("--scenarios", default="", help="only the scenarios whose name contains this (e.g. aime-30)")
     args = parser.parse_args()
     started = time.monotonic()
     print(f"{args.runs} cases per scenario, seeds {args.seed}..{args.seed + args.runs - 1}, N = {SCENARIOS[0].n}, "
           f"confidence {CONFIDENCE}")
-    print("| scenario | method | right | sample runs per bisection (mean) | vs gate |")
-    print("|---|---|---:|---:|---:|")
+    print("| scenario | method | right | sample runs per bisection (mean) | vs gate | harness runs (mean) |")
+    print("|---|---|---:|---:|---:|---:|")
     for s in SCENARIOS:
-        cfg = accuracy_config(s)
-        results: dict[str, tuple[float, float]] = {}
+        if args.scenarios not in s.name:
+            continue
+        results: dict[str, tuple[float, float, float, int]] = {}
         for method in ("gate", "full", "focused", "earlier"):
-            right, spent = 0, 0
+            cfg = accuracy_config(s, earlier=method == "earlier")
+            right = spent = rounds = 0
             for k in range(args.runs):
                 case = make_case(s, args.seed + k)
-                ok, cost = (run_gate(s, case) if method == "gate" else
-                            run_ours(s, case, method != "full", cfg, earlier=method == "earlier"))
-                right += ok
-                spent += cost
-            results[method] = (right / args.runs, spent / args.runs)
-        for method, (rate, mean) in results.items():
+                got = (run_gate(s, case) if method == "gate" else
+                       run_ours(s, case, method != "full", cfg, earlier=method == "earlier"))
+                right += got.right
+                spent += got.sample_runs
+                rounds += got.harness_runs
+            results[method] = (right / args.runs, spent / args.runs, rounds / args.runs,
+                               1 if method == "gate" else cfg.repeats)
+        for method, (rate, mean, rounds_mean, repeats) in results.items():
             share = mean / results["gate"][1]
             print(f"| {s.name} ({s.samples} samples, {100 * s.good:.0f}% -> {100 * s.bad:.0f}%, "
-                  f"repeats {s.repeats if method != 'gate' else 1}) | {method} | {100 * rate:.1f}% | "
-                  f"{mean:,.0f} | {share:.2f} |")
+                  f"repeats {repeats}) | {method} | {100 * rate:.1f}% | {mean:,.0f} | {share:.2f} | "
+                  f"{rounds_mean:.1f} |")
     print(f"{time.monotonic() - started:.0f} s")
 
 

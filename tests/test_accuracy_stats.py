@@ -150,7 +150,7 @@ def test_a_candidate_broken_elsewhere_is_bad() -> None:
     good = outcomes([1] * 10 + [1] * 90)
     bad = outcomes([0] * 10 + [1] * 90)
     cfg = AccuracyConfig(focus=FocusConfig(control=60))
-    ids = focus_ids(cfg.focus, good, bad, "abc") or []
+    ids = focus_ids(cfg, good, bad, "abc") or []
     mine = [SampleOutcome(id=i, correct=1.0 if int(i[1:]) < 10 else 0.0) for i in ids]
     verdict = judge_accuracy(cfg, [observe(mine)], [observe(good)], [observe(bad)], role="candidate", final=True)
     assert verdict.kind == VerdictKind.BAD
@@ -162,7 +162,7 @@ def test_focusing_runs_the_discordant_samples_first_then_more() -> None:
     bad = outcomes([0] * 20 + [1] * 180)
     cfg = AccuracyConfig(max_rounds=2, focus=FocusConfig(batch=8, control=0.05))
     plan = round_plan(cfg, good, bad, "abc")
-    assert [len(r or []) for r in plan[:3]] == [8 + 3, 8 + 3, 4 + 3]  # 20 discordant in batches, 9 control
+    assert [len(r or []) for r in plan[:3]] == [8 + 4, 12 + 5, 20 + 9]  # batches grow 8, 12; 9 control ride along
     assert set(plan[0] or []) >= {f"s{i}" for i in range(8)}
     assert plan[-1] is None  # the fallback: the whole dataset
     assert round_plan(cfg, good, bad, "abc") == plan  # the same for one commit (a resume asks the same)

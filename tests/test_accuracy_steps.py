@@ -14,7 +14,7 @@ from bisect_npu.records import TrialRun
 RECIPE = """name: acc
 model: {path: /models/m}
 oracle: {kinds: [accuracy]}
-accuracy: {harness: command, dataset: d.jsonl, command: {argv: [x]}, focus: {batch: 4, control: 2}}
+accuracy: {harness: command, dataset: d.jsonl, command: {argv: [x]}, focus: {batch: 4, control: 9}}
 """
 GOOD = {f"q{i}": 1.0 for i in range(40)} | {f"q{i}": 0.0 for i in range(40, 50)}
 BAD = GOOD | {f"q{i}": 0.0 for i in range(10)}  # the culprit breaks q0..q9
@@ -51,7 +51,7 @@ def test_a_candidate_runs_a_batch_of_the_discordant_samples_and_stops_when_clear
     assert verdict.kind == VerdictKind.BAD
     assert len(records) == len(harness.asked) == 1  # the first batch settled it
     assert {i for i in harness.asked[0] if i in {f"q{k}" for k in range(10)}} == {"q0", "q1", "q2", "q3"}
-    assert len(harness.asked[0]) == 4 + 1  # its share of the two control samples
+    assert len(harness.asked[0]) == 4 + 4  # its share (4 of 10) of the nine control samples
     assert verdict.figures["samples_total"] == 50
 
 

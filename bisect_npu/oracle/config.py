@@ -186,9 +186,12 @@ class FocusConfig(StrictModel):
                                 description="fewer discordant samples than this cannot decide a step: candidates "
                                             "then run the whole dataset")
     batch: int = Field(8, strict=True, ge=0,
-                       description="discordant samples per round of a candidate, most telling first (its share "
-                                   "of control samples rides along): the sequential test stops after the first "
-                                   "round that settles it; 0: all of them in one round")
+                       description="discordant samples in a candidate's first round, most telling first (its "
+                                   "share of control samples rides along): the sequential test stops after the "
+                                   "first round that settles it; 0: all of them in one round")
+    growth: float = Field(2.0, ge=1.0, le=16.0, allow_inf_nan=False,
+                          description="each further round of a candidate runs this many times the previous "
+                                      "round's discordant samples (1: every round `batch`)")
 
     @field_validator("control")
     @classmethod

@@ -2,50 +2,81 @@
 
 The samples whose results differ between the ends carry all the evidence about which side a
 candidate is on (where the ends agree both sides predict the same); a random control set of the
-agreeing samples catches a candidate broken in some other way. The control set is drawn from a
-hash of the commit and the sample id: random across commits, the same for one commit every time
-(a resumed session asks for the same samples).
+agreeing samples, when large enough to flag anything, catches a candidate broken in some other
+way. The control set is drawn from a hash of the commit and the sample id: random across
+commits, the same for one commit every time (a resumed session asks for the same samples).
 """
 
 from __future__ import annotations
 
 import hashlib
+import math
 from collections.abc import Sequence
 
 from bisect_npu.contracts import SampleOutcome
-from bisect_npu.oracle.config import AccuracyConfig, FocusConfig
+from bisect_npu.oracle.accuracy.stats import EndsPrior, fit_prior
+from bisect_npu.oracle.config import AccuracyConfig
+
+
+def _one_run_rate(end: SampleOutcome, mean: float, kappa: float) -> float:
+    """The chance one more run of the sample is correct at this end: its runs on the ends' prior."""
+    return (mean * kappa + end.correct_runs) / (kappa + end.runs)
+
+
+def telling(good: SampleOutcome, bad: SampleOutcome, prior: EndsPrior) -> float:
+    """How much one run of a sample tells the sides apart: the Jeffreys divergence of its one-run
+    rates at the two ends (the expected log likelihood ratio under the bad side minus that under
+    the good side). An end's many runs of a sample make its rate, and so this, surer."""
+    pg = _one_run_rate(good, prior.good_mean, prior.kappa)
+    pb = _one_run_rate(bad, prior.bad_mean, prior.kappa)
+    return (pb - pg) * (math.log(pb / pg) - math.log((1 - pb) / (1 - pg)))
 
 
 def discordant_ids(good: Sequence[SampleOutcome], bad: Sequence[SampleOutcome]) -> list[str]:
-    """Samples both ends ran whose correctness rates differ, largest difference first (ties in
-    the dataset's order)."""
+    """Samples both ends ran whose correctness rates differ, the most telling first (`telling`;
+    ties in the dataset's order)."""
     b = {s.id: s for s in bad}
-    diffs = [(abs(s.correct - b[s.id].correct), s.id) for s in good if s.id in b and s.correct != b[s.id].correct]
-    return [i for _, i in sorted(diffs, key=lambda t: -t[0])]
+    pairs = [(s, b[s.id]) for s in good if s.id in b and s.correct != b[s.id].correct]
+    if not pairs:
+        return []
+    prior = fit_prior(good, bad)
+    return [g.id for g, _ in sorted(pairs, key=lambda pair: -telling(pair[0], pair[1], prior))]
 
 
 def _draw(commit: str, sample_id: str) -> str:
     return hashlib.sha256(f"{commit}\0{sample_id}".encode()).hexdigest()
 
 
-def control_ids(cfg: FocusConfig, good: Sequence[SampleOutcome], bad: Sequence[SampleOutcome],
+def smallest_control(cfg: AccuracyConfig) -> int:
+    """The fewest control samples that can flag a candidate broken elsewhere: the judge's paired
+    test reaches its level (1 - confidence over ``max_rounds`` looks) only when at least this many
+    samples the good end got right all fail (exact McNemar: 2^-n <= alpha)."""
+    return math.ceil(math.log2(cfg.max_rounds / (1.0 - cfg.confidence)))
+
+
+def control_ids(cfg: AccuracyConfig, good: Sequence[SampleOutcome], bad: Sequence[SampleOutcome],
                 commit: str) -> list[str]:
-    """The control set: agreeing samples in the commit's own random order."""
+    """The control set: agreeing samples in the commit's own random order; none when the set
+    ``focus.control`` asks for is too small ever to flag a candidate (`smallest_control`): such
+    a set costs runs and cannot tell anything, and its few rates only blur the candidate's."""
     discordant = set(discordant_ids(good, bad))
     shared = {s.id for s in bad}
     agreeing = [s.id for s in good if s.id in shared and s.id not in discordant]
-    return sorted(agreeing, key=lambda i: _draw(commit, i))[: cfg.control_count(len(agreeing))]
+    count = cfg.focus.control_count(len(agreeing))
+    if count < smallest_control(cfg):
+        return []
+    return sorted(agreeing, key=lambda i: _draw(commit, i))[:count]
 
 
-def focus_ids(cfg: FocusConfig, good: Sequence[SampleOutcome], bad: Sequence[SampleOutcome],
+def focus_ids(cfg: AccuracyConfig, good: Sequence[SampleOutcome], bad: Sequence[SampleOutcome],
               commit: str) -> list[str] | None:
     """Every id a focused candidate may run (discordant, most telling first, then the control
     set), or None for the whole dataset: focusing off, or fewer discordant samples than
-    ``min_discordant`` (too few to decide)."""
-    if not cfg.enabled:
+    ``focus.min_discordant`` (too few to decide)."""
+    if not cfg.focus.enabled:
         return None
     discordant = discordant_ids(good, bad)
-    if len(discordant) < cfg.min_discordant:
+    if len(discordant) < cfg.focus.min_discordant:
         return None
     return [*discordant, *control_ids(cfg, good, bad, commit)]
 
@@ -55,20 +86,25 @@ def round_plan(cfg: AccuracyConfig, good: Sequence[SampleOutcome], bad: Sequence
     """The samples of each round a candidate may run, in order (None: the whole dataset); the
     caller runs rounds until the verdict is clear or the plan ends.
 
-    Focused: the discordant samples in batches of ``focus.batch``, each batch with its share of
-    the control set; then the whole focus set again (``max_rounds`` - 1 times: a sampled
-    evaluation's rates sharpen with repeats); then, as the fallback, the whole dataset once.
-    Unfocused: the whole dataset ``max_rounds`` times."""
-    focused = focus_ids(cfg.focus, good, bad, commit)
+    Focused: the discordant samples, most telling first, in batches that start at ``focus.batch``
+    and grow by ``focus.growth`` each round (a clear step stops after a few samples, an unclear
+    one soon runs the rest), the control set riding along in proportion; then the whole focus
+    set again (``max_rounds`` - 1 times: a sampled evaluation's rates sharpen with repeats);
+    then, as the fallback, the whole dataset once. Unfocused: the whole dataset ``max_rounds``
+    times."""
+    focused = focus_ids(cfg, good, bad, commit)
     if focused is None:
         return [None] * cfg.max_rounds
     discordant = discordant_ids(good, bad)
     control = focused[len(discordant):]
-    size = cfg.focus.batch or len(discordant)
-    chunks = max(1, -(-len(discordant) // size))
-    per_chunk = -(-len(control) // chunks) if control else 0
-    plan: list[list[str] | None] = [
-        [*discordant[k * size:(k + 1) * size], *control[k * per_chunk:(k + 1) * per_chunk]] for k in range(chunks)]
+    plan: list[list[str] | None] = []
+    size = float(cfg.focus.batch or len(discordant))
+    start = ridden = 0
+    while start < len(discordant):
+        end = min(len(discordant), start + max(1, round(size)))
+        riding = math.ceil(len(control) * end / len(discordant))  # control run once `end` discordant have
+        plan.append([*discordant[start:end], *control[ridden:riding]])
+        start, ridden, size = end, riding, size * cfg.focus.growth
     plan += [focused] * (cfg.max_rounds - 1)
     plan.append(None)
     return plan

@@ -1,0 +1,81 @@
+"""Focusing's choices: growing batches of the most telling samples, a control set only when it can tell."""
+
+from __future__ import annotations
+
+import itertools
+
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from bisect_npu.contracts import Observation, SampleOutcome, VerdictKind
+from bisect_npu.oracle.accuracy.focus import discordant_ids, round_plan, smallest_control
+from bisect_npu.oracle.accuracy.judge import judge_accuracy
+from bisect_npu.oracle.config import AccuracyConfig, FocusConfig
+
+
+def ends(discordant: int, agreeing: int) -> tuple[list[SampleOutcome], list[SampleOutcome]]:
+    """Good and bad ends (one run each) that differ on the first `discordant` samples."""
+    good = [SampleOutcome(id=f"s{i}", correct=1.0) for i in range(discordant + agreeing)]
+    bad = [SampleOutcome(id=f"s{i}", correct=0.0 if i < discordant else 1.0) for i in range(discordant + agreeing)]
+    return good, bad
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.integers(4, 60), st.integers(0, 300), st.integers(1, 9), st.sampled_from([1.0, 1.5, 2.0, 4.0]))
+def test_batches_grow_and_every_sample_runs_once_before_the_repeats(discordant: int, agreeing: int, batch: int,
+                                                                    growth: float) -> None:
+    good, bad = ends(discordant, agreeing)
+    cfg = AccuracyConfig(focus=FocusConfig(batch=batch, growth=growth, control=0.1))
+    plan = round_plan(cfg, good, bad, "c0ffee")
+    tail = cfg.max_rounds  # the focus set max_rounds - 1 times, then the whole dataset
+    batches = [r or [] for r in plan[:-tail]]
+    wanted = set(discordant_ids(good, bad))
+    sizes = [sum(1 for i in r if i in wanted) for r in batches]
+    assert sizes[0] == min(batch, discordant)
+    assert all(later >= earlier for earlier, later in itertools.pairwise(sizes[:-1]))  # the last: the rest
+    ran = [i for r in batches for i in r]
+    assert len(ran) == len(set(ran))  # no sample twice among the batches
+    assert set(ran) == set(plan[-tail] or [])  # together: the whole focus set
+    assert plan[-1] is None
+
+
+def test_the_most_telling_samples_come_first() -> None:
+    """Where the ends' many runs are sure the sample changed, it goes before one a single run
+    each says changed, and that before a small difference in rates."""
+    good = [SampleOutcome(id="small", correct=0.75, runs=4), SampleOutcome(id="once", correct=1.0, runs=1),
+            SampleOutcome(id="sure", correct=1.0, runs=4), *(SampleOutcome(id=f"a{i}", correct=1.0, runs=4)
+                                                                for i in range(20))]
+    bad = [SampleOutcome(id="small", correct=0.5, runs=4), SampleOutcome(id="once", correct=0.0, runs=1),
+           SampleOutcome(id="sure", correct=0.0, runs=4), *(SampleOutcome(id=f"a{i}", correct=1.0, runs=4)
+                                                              for i in range(20))]
+    assert discordant_ids(good, bad) == ["sure", "once", "small"]
+
+
+def _candidate_failing(control: int, cfg: AccuracyConfig) -> bool:
+    """Whether a candidate that fails `control` samples both ends got right is flagged broken elsewhere."""
+    good, bad = ends(6, 200)
+    mine = [SampleOutcome(id=f"s{i}", correct=1.0) for i in range(6)]
+    mine += [SampleOutcome(id=f"s{6 + i}", correct=0.0) for i in range(control)]
+    verdict = judge_accuracy(cfg, [Observation(case_id="accuracy", samples=mine)],
+                             [Observation(case_id="accuracy", samples=good)],
+                             [Observation(case_id="accuracy", samples=bad)], role="candidate", final=True)
+    return bool(verdict.figures["broken_elsewhere"]) and verdict.kind == VerdictKind.BAD
+
+
+@given(st.sampled_from([0.9, 0.95, 0.99, 0.999]), st.integers(1, 5))
+def test_the_smallest_control_set_is_the_fewest_failures_the_judge_can_flag(confidence: float, rounds: int) -> None:
+    cfg = AccuracyConfig(confidence=confidence, max_rounds=rounds)
+    least = smallest_control(cfg)
+    assert _candidate_failing(least, cfg)
+    assert not _candidate_failing(least - 1, cfg)
+
+
+def test_a_control_set_too_small_to_flag_anything_is_not_run() -> None:
+    good, bad = ends(6, 24)  # 5% of 24 agreeing: 2 control samples, fewer than can ever flag a candidate
+    small = AccuracyConfig(focus=FocusConfig(control=0.05))
+    assert smallest_control(small) == 9  # 0.99 over 3 rounds: 2^-9 <= 0.01 / 3
+    plan = round_plan(small, good, bad, "abc")
+    assert all(i in discordant_ids(good, bad) for r in plan[:-1] for i in r or [])
+    enough = AccuracyConfig(focus=FocusConfig(control=9))
+    controls = [i for i in (round_plan(enough, good, bad, "abc")[-2] or []) if i not in discordant_ids(good, bad)]
+    assert len(controls) == 9

@@ -174,9 +174,13 @@ def read_earlier(harness: str, path: Path, ids: list[str]) -> list[SampleOutcome
     else:  # lm_eval reads `<work>/output/**/samples_*.jsonl`: the file or directory is laid there
         with tempfile.TemporaryDirectory(prefix="bisect-npu-earlier-") as work:
             os.makedirs(os.path.join(work, "output"))
-            os.symlink(path.resolve(), os.path.join(work, "output", "samples_earlier.jsonl" if path.is_file()
-                                                    else "run"))
-            rows = lm_eval.read_samples(work, ids)
+            link = os.path.join(work, "output", "samples_earlier.jsonl" if path.is_file() else "run")
+            os.symlink(path.resolve(), link)
+            try:
+                rows = lm_eval.read_samples(work, ids)
+            except HarnessError as exc:  # said of the path given, not of the link
+                raise HarnessError(str(exc).replace(link, str(path)).replace(os.path.join(work, "output"), str(path))) \
+                    from None
     return pool([SampleOutcome.model_validate(row) for row in rows])
 
 

@@ -21,16 +21,19 @@ from pathlib import Path
 
 from bisect_npu.contracts import SampleOutcome
 from bisect_npu.errors import UsageError
+from bisect_npu.nightly.outputs import aisbench_run, nightly_differences, read_run
 from bisect_npu.oracle.accuracy.samples import SampleFormatError, read_samples_jsonl
 from bisect_npu.oracle.accuracy.stats import pool
-from bisect_npu.probe.harness import HarnessError, aisbench, dataset, lm_eval
+from bisect_npu.probe.harness import HarnessError, dataset, lm_eval
 from bisect_npu.recipe.schema import AccuracySpec, EarlierEndSpec, EarlierResultsSpec, Recipe
 
 MIN_CONTROL = 5  # control samples at least: fewer says nothing
 ROLES = {"good": "good_end", "bad": "bad_end"}  # --earlier-results END: the session's role of that end
 FORM = "END=COMMIT:PATH (END good or bad, COMMIT the sha the run was made at), e.g. good=86797d44a7:runs/good.jsonl"
-WRITES = {"command": "the JSONL file your program wrote", "lm_eval": "lm-eval's samples_*.jsonl or its --output_path "
-          "directory", "aisbench": "AISBench's work directory (outputs/default) or one run's directory in it"}
+WRITES = {"command": "the JSONL file your program wrote",
+          "lm_eval": "lm-eval's samples_*.jsonl or its --output_path directory",
+          "aisbench": "AISBench's run directory (a TIMESTAMP directory with results/ in it), the directory above it, "
+                      "or the vllm-ascend checkout a nightly ran in (its outputs/default and benchmark_results)"}
 _SHA = re.compile(r"[0-9a-fA-F]{7,40}")
 
 
@@ -132,6 +135,8 @@ def earlier_for(recipe: Recipe, role: str, commit: str,
         return None
     path = _beside(recipe, end.path)
     differs = _differences(spec, end, commit)
+    if (end.harness or spec.harness) == "aisbench":
+        differs += nightly_differences(path, recipe, commit)
     if differs:
         return Earlier(None, str(path), "; ".join(differs))
     ids = dataset_ids(recipe)
@@ -170,7 +175,7 @@ def read_earlier(harness: str, path: Path, ids: list[str]) -> list[SampleOutcome
     if not path.exists():
         raise HarnessError(f"{path} does not exist")
     if harness == "aisbench":
-        rows = aisbench.read_samples(str(path), ids)
+        rows = read_run(aisbench_run(path), ids)
     else:  # lm_eval reads `<work>/output/**/samples_*.jsonl`: the file or directory is laid there
         with tempfile.TemporaryDirectory(prefix="bisect-npu-earlier-") as work:
             os.makedirs(os.path.join(work, "output"))

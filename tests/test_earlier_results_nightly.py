@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from cli_exit import run_cli
 
 from bisect_npu.errors import UsageError
 from bisect_npu.nightly.cases import import_case, read_case_file
@@ -55,30 +56,32 @@ def nightly_recipe(tmp_path: Path) -> Recipe:
     return import_case(read_case_file(CASE, path), path, "tiny", "acc", str(data))
 
 
-def nightly_checkout(root: Path, *, commit: str = BAD, max_out_len: int = 64, details: bool = True) -> Path:
+def nightly_checkout(root: Path, *, commit: str = BAD, max_out_len: int = 64, details: bool = True,
+                     rows: list[dict[str, Any]] = ROWS, correct: list[bool] = CORRECT,
+                     model: str = "vllm-ascend/Tiny-W8A8", dataset: str = "gsm8k-lite.jsonl") -> Path:
     """The vllm-ascend checkout a single-node nightly ran in, as it leaves it: the accuracy
-    benchmark's AISBench run (and the performance one's, which has no results/), and the JSON
-    its test writes for the job."""
+    benchmark's AISBench run over `rows` (and the performance one's, which has no results/), and
+    the JSON its test writes for the job."""
     run = root / "outputs" / "default" / RUN
     (run / "results" / MODEL_ABBR).mkdir(parents=True)
     (run / "predictions" / MODEL_ABBR).mkdir(parents=True)
     (run / "summary").mkdir()
-    result: dict[str, Any] = {"accuracy": 100.0 * sum(CORRECT) / len(CORRECT)}
+    result: dict[str, Any] = {"accuracy": 100.0 * sum(correct) / len(correct)}
     if details:
         result["details"] = [{"pred": [str(i) if ok else "0"], "answer": [str(i)], "correct": [ok]}
-                             for i, ok in enumerate(CORRECT)]
+                             for i, ok in enumerate(correct)]
     (run / "results" / MODEL_ABBR / "gsm8k.json").write_text(json.dumps(result))
     (run / "predictions" / MODEL_ABBR / "gsm8k.jsonl").write_text("".join(
-        json.dumps({"id": i, "origin_prompt": row["question"], "prediction": row["answer"] if CORRECT[i] else "0",
-                    "gold": row["answer"]}) + "\n" for i, row in enumerate(ROWS)))
+        json.dumps({"id": i, "origin_prompt": row["question"], "prediction": row["answer"] if correct[i] else "0",
+                    "gold": row["answer"]}) + "\n" for i, row in enumerate(rows)))
     (run / "summary" / f"summary_{RUN}.csv").write_text(f"dataset,version,metric,mode,{MODEL_ABBR}\n"
                                                         f"gsm8k,1d7fe4,accuracy,gen,{result['accuracy']:.2f}\n")
     (root / "outputs" / "default" / "20261203_103000" / "performances" / MODEL_ABBR).mkdir(parents=True)
     (root / "benchmark_results").mkdir()
     (root / "benchmark_results" / "tiny.json").write_text(json.dumps({
-        "model_name": "vllm-ascend/Tiny-W8A8", "hardware": "A3", "dtype": "w8a8", "feature": [],
+        "model_name": model, "hardware": "A3", "dtype": "w8a8", "feature": [],
         "vllm_version": "0.20.2", "vllm_ascend_version": commit,
-        "tasks": [{"name": "gsm8k-lite.jsonl", "metrics": {"accuracy": round(result["accuracy"], 4)},
+        "tasks": [{"name": dataset, "metrics": {"accuracy": round(result["accuracy"], 4)},
                    "test_input": {"max_out_len": max_out_len, "batch_size": 4},
                    "target": {"baseline": 90, "threshold": 5}, "pass_fail": "fail"},
                   {"name": "GSM8K-in3500-bs400", "metrics": {"output_token_throughput": 612.5},
@@ -128,3 +131,30 @@ def test_a_checkout_with_two_accuracy_runs_asks_for_the_one_of_this_benchmark(tm
     with pytest.raises(UsageError, match=rf"holds 2 AISBench runs \({RUN}, 20261203_110000\); give the one of this "
                                          "benchmark, e.g. "):
         check_given([f"bad={BAD[:10]}:{work}"], recipe)
+
+
+DEMO_DATASETS = Path(__file__).resolve().parent.parent / "bisect_npu" / "recipes" / "data"
+
+
+@pytest.mark.e2e
+def test_a_nightly_case_run_takes_the_checkout_and_refuses_one_without_details_before_anything_runs(
+        demo_upstream, tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch) -> None:
+    from bisect_npu.demo import nightly as demo_nightly
+
+    repo, manifest = demo_upstream
+    truth = manifest.case(demo_nightly.DEMO_CASE)
+    rows = [json.loads(line) for line in (DEMO_DATASETS / "demo-accuracy" / "qa.jsonl").read_text().splitlines()
+            if line.strip()]
+    work = nightly_checkout(tmp_path / "vllm-ascend", commit=truth.bad_sha, max_out_len=4, details=False, rows=rows,
+                            correct=[i % 2 == 0 for i in range(len(rows))], model="seed:0", dataset="qa.jsonl")
+    monkeypatch.chdir(tmp_path)
+    code, out, err = run_cli(["run", "--repo", str(repo), "--good", truth.good_sha, "--bad", truth.bad_sha,
+                              "--nightly-case", f"{demo_nightly.CASE_PATH}::{demo_nightly.CASE_NAME}::acc",
+                              "--nightly-datasets", str(DEMO_DATASETS), "--session", str(tmp_path / "s"),
+                              "--earlier-results", f"bad={truth.bad_sha}:vllm-ascend"], capsys)
+    assert code == 2, (out, err)
+    line = err.strip().splitlines()[-1]
+    assert f"--earlier-results bad={truth.bad_sha}:{work}: " in line
+    assert "holds AISBench's aggregate score only (the nightly runs it without --dump-eval-details)" in line
+    assert f"`-m eval --reuse {RUN} --dump-eval-details`" in line
+    assert not (tmp_path / "s").exists()

@@ -137,3 +137,12 @@ def test_earlier_results_given_replace_the_recipes_for_their_end_only(tmp_path: 
     assert good is not None and good.samples is not None and len(good.samples) == len(ROWS)
     no_section = load_recipe(recipe_with(tmp_path, None))
     assert earlier_settings(no_section, given) is not None  # the option alone: the defaults' control share
+
+
+def test_a_dataset_the_end_cannot_read_sets_them_aside_naming_it(tmp_path: Path) -> None:
+    lm_eval_samples(tmp_path / "samples_gsm8k.jsonl", {row["id"]: 1.0 for row in ROWS})
+    recipe = load_recipe(recipe_with(tmp_path, {"good": {"path": "samples_gsm8k.jsonl", "commit": GOOD[:10]}}))
+    (tmp_path / "data.jsonl").unlink()
+    good = earlier_for(recipe, "good_end", GOOD)
+    assert good is not None and good.samples is None
+    assert good.why_not.startswith(f"cannot be read (the dataset {tmp_path / 'data.jsonl'} does not exist")

@@ -139,8 +139,8 @@ def earlier_for(recipe: Recipe, role: str, commit: str,
         differs += nightly_differences(path, recipe, commit)
     if differs:
         return Earlier(None, str(path), "; ".join(differs))
-    ids = dataset_ids(recipe)
     try:
+        ids = dataset_ids(recipe)
         samples = read_earlier(end.harness or spec.harness, path, ids)
     except (SampleFormatError, HarnessError, OSError) as exc:
         return Earlier(None, str(path), f"cannot be read ({exc})")

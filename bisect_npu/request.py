@@ -184,9 +184,10 @@ class JudgeSpec(_Part):
         help="An accuracy recipe's end judged from the per-sample results of a harness run made before (what "
              "showed the drop), e.g. good=86797d44a7:runs/good/samples.jsonl: END good or bad, COMMIT the sha it ran "
              "at, PATH what the recipe's harness wrote (command: its JSONL; lm_eval: its samples JSONL or output "
-             "directory; aisbench: its work directory, a nightly's outputs/default or one run's TIMESTAMP "
-             "directory). Checked against the recipe and confirmed by a control share re-run at the end; replaces "
-             "the recipe's accuracy.earlier_results for that end. Repeatable.")] = Field(default_factory=list)
+             "directory; aisbench: one run's directory, the directory above it, or the vllm-ascend checkout a "
+             "failing nightly ran in). Checked against the recipe and confirmed by a control share re-run at the "
+             "end; replaces the recipe's accuracy.earlier_results for that end. Repeatable.")] = Field(
+        default_factory=list)
 
 
 class ExecutorSpec(_Part):

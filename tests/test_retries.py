@@ -136,6 +136,8 @@ def test_an_end_whose_engine_never_starts_stops_with_exit_5_naming_the_cause(dem
 
 @pytest.mark.e2e
 def test_a_resumed_trial_goes_on_with_the_attempts_journaled_before_the_interrupt(demo_upstream, tmp_path):
+    """Interrupted in its first backoff, then resumed: two more attempts, three in all (the budget
+    of --retries 2), then exit 5; resumed after that, a new budget."""
     repo, manifest = demo_upstream
     case = manifest.case("accuracy")
     recipe = flaky_recipe(tmp_path, 1.0, 0.0, seed=0)
@@ -162,6 +164,11 @@ def test_a_resumed_trial_goes_on_with_the_attempts_journaled_before_the_interrup
     assert [r["attempt"] for r in retries] == [1, 2, 3]  # the budget: a first run and 2 retries, all told
     assert failures(tmp_path / "starts.txt") == 3
     assert "could not be judged, 3 attempts failed on the host" in done.stderr
+    again = subprocess.run([*CLI, "resume", "--session", str(session), "--quiet"], cwd=tmp_path,
+                           capture_output=True, text=True, timeout=300, check=False)
+    assert again.returncode == 5  # the host still busy: a resume after a spent budget gets a new one, and spends it
+    assert [r["attempt"] for r in journal(session) if r["type"] == "retry"] == [1, 2, 3, 4, 5, 6]
+    assert failures(tmp_path / "starts.txt") == 6
 
 
 SERVER_LOG_TAIL = """Traceback (most recent call last):

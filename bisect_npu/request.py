@@ -179,6 +179,15 @@ class JudgeSpec(_Part):
         "--retries", kind="int>=0", help="Runs again a probe run that failed on the host (its engine did not start, "
         "was killed, or the harness lost the server) this many times before its trial is a skip; an end still "
         "unjudged then stops the run (exit 5) [default: the recipe's trials.retries, else 3].")] = Field(None, ge=0)
+    earlier_results: Annotated[list[str], flag(
+        "--earlier-results", metavar="END=COMMIT:PATH",
+        help="An accuracy recipe's end judged from the per-sample results of a harness run made before (what "
+             "showed the drop), e.g. good=86797d44a7:runs/good/samples.jsonl: END good or bad, COMMIT the sha it ran "
+             "at, PATH what the recipe's harness wrote (command: its JSONL; lm_eval: its samples JSONL or output "
+             "directory; aisbench: one run's directory, the directory above it, or the vllm-ascend checkout a "
+             "failing nightly ran in). Checked against the recipe and confirmed by a control share re-run at the "
+             "end; replaces the recipe's accuracy.earlier_results for that end. Repeatable.")] = Field(
+        default_factory=list)
 
 
 class ExecutorSpec(_Part):

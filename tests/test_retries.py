@@ -134,6 +134,43 @@ def test_an_end_whose_engine_never_starts_stops_with_exit_5_naming_the_cause(dem
     assert [r["attempt"] for r in journal(tmp_path / "s") if r["type"] == "retry"] == [1, 2]
 
 
+@pytest.mark.e2e
+def test_a_resumed_trial_goes_on_with_the_attempts_journaled_before_the_interrupt(demo_upstream, tmp_path):
+    """Interrupted in its first backoff, then resumed: two more attempts, three in all (the budget
+    of --retries 2), then exit 5; resumed after that, a new budget."""
+    repo, manifest = demo_upstream
+    case = manifest.case("accuracy")
+    recipe = flaky_recipe(tmp_path, 1.0, 0.0, seed=0)
+    settings = json.loads(recipe.read_text())
+    settings["trials"]["retry_backoff_s"] = 3.0  # the interrupt lands in the first backoff
+    recipe.write_text(json.dumps(settings))
+    session = tmp_path / "s"
+    first = subprocess.Popen([*CLI, "run", "--repo", str(repo), "--good", case.good_ref, "--bad", case.bad_ref,
+                              "--recipe", str(recipe), "--session", str(session), "--no-fix", "--no-verdict-store",
+                              "--retries", "2"], cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                             preexec_fn=interruptible)
+    deadline = time.monotonic() + 240
+    while not any(r["type"] == "retry" for r in journal(session)):
+        assert first.poll() is None and time.monotonic() < deadline, first.communicate()[1][-3000:]
+        time.sleep(0.1)
+    first.send_signal(signal.SIGINT)
+    first.communicate(timeout=120)
+    assert failures(tmp_path / "starts.txt") == 1
+    done = subprocess.run([*CLI, "resume", "--session", str(session), "--quiet"], cwd=tmp_path,
+                          capture_output=True, text=True, timeout=300, check=False)
+    assert done.returncode == 5, done.stdout[-2000:] + done.stderr[-3000:]
+    retries = [r for r in journal(session) if r["type"] == "retry"]
+    assert len({(r["index"], r["trial"]) for r in retries}) == 1  # one trial, at the end that was interrupted
+    assert [r["attempt"] for r in retries] == [1, 2, 3]  # the budget: a first run and 2 retries, all told
+    assert failures(tmp_path / "starts.txt") == 3
+    assert "could not be judged, 3 attempts failed on the host" in done.stderr
+    again = subprocess.run([*CLI, "resume", "--session", str(session), "--quiet"], cwd=tmp_path,
+                           capture_output=True, text=True, timeout=300, check=False)
+    assert again.returncode == 5  # the host still busy: a resume after a spent budget gets a new one, and spends it
+    assert [r["attempt"] for r in journal(session) if r["type"] == "retry"] == [1, 2, 3, 4, 5, 6]
+    assert failures(tmp_path / "starts.txt") == 6
+
+
 SERVER_LOG_TAIL = """Traceback (most recent call last):
   File "probe/__main__.py", line 41, in main
 RuntimeError: server exited with 1 before /health answered; log /s/obs.server.log:

@@ -13,18 +13,28 @@ from __future__ import annotations
 import hashlib
 import math
 import os
+import re
 import tempfile
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
 from bisect_npu.contracts import SampleOutcome
+from bisect_npu.errors import UsageError
+from bisect_npu.nightly.outputs import aisbench_run, nightly_differences, read_run
 from bisect_npu.oracle.accuracy.samples import SampleFormatError, read_samples_jsonl
 from bisect_npu.oracle.accuracy.stats import pool
-from bisect_npu.probe.harness import HarnessError, aisbench, dataset, lm_eval
-from bisect_npu.recipe.schema import AccuracySpec, EarlierEndSpec, Recipe
+from bisect_npu.probe.harness import HarnessError, dataset, lm_eval
+from bisect_npu.recipe.schema import AccuracySpec, EarlierEndSpec, EarlierResultsSpec, Recipe
 
 MIN_CONTROL = 5  # control samples at least: fewer says nothing
+ROLES = {"good": "good_end", "bad": "bad_end"}  # --earlier-results END: the session's role of that end
+FORM = "END=COMMIT:PATH (END good or bad, COMMIT the sha the run was made at), e.g. good=86797d44a7:runs/good.jsonl"
+WRITES = {"command": "the JSONL file your program wrote",
+          "lm_eval": "lm-eval's samples_*.jsonl or its --output_path directory",
+          "aisbench": "AISBench's run directory (a TIMESTAMP directory with results/ in it), the directory above it, "
+                      "or the vllm-ascend checkout a nightly ran in (its outputs/default and benchmark_results)"}
+_SHA = re.compile(r"[0-9a-fA-F]{7,40}")
 
 
 @dataclass(frozen=True)
@@ -36,21 +46,101 @@ class Earlier:
     why_not: str = ""
 
 
-def earlier_for(recipe: Recipe, role: str, commit: str) -> Earlier | None:
-    """The earlier results of the end in `role` at `commit`, checked against the recipe; None when
-    the recipe gives none for that end."""
+def parse_given(text: str) -> tuple[str, EarlierEndSpec]:
+    """One `--earlier-results END=COMMIT:PATH` as (the end's role, its results). A ref name cannot
+    hold a ':', so the path after the first one may hold anything."""
+    end, equals, rest = text.partition("=")
+    commit, colon, path = rest.partition(":")
+    if not equals or not colon or not path.strip():
+        raise UsageError(f"--earlier-results {text}: give {FORM}")
+    if end.strip() not in ROLES:
+        raise UsageError(f"--earlier-results {text}: {end.strip() or 'nothing'} before '=' is not an end; name the "
+                         f"end the results are of, good or bad ({FORM})")
+    if not _SHA.fullmatch(commit.strip()):
+        raise UsageError(f"--earlier-results {text}: {commit.strip() or 'nothing'} is not a commit sha; give the sha "
+                         "(7 to 40 hex digits) the run was made at, as `git rev-parse` prints it")
+    return ROLES[end.strip()], EarlierEndSpec(path=path.strip(), commit=commit.strip().lower())
+
+
+def given_ends(texts: Sequence[str]) -> dict[str, EarlierEndSpec]:
+    """The ends' results `--earlier-results` gives, by role (each end at most once)."""
+    ends: dict[str, EarlierEndSpec] = {}
+    for text in texts:
+        role, end = parse_given(text)
+        if role in ends:
+            raise UsageError(f"--earlier-results names the {role.replace('_', ' ')} twice; give each end once")
+        ends[role] = end
+    return ends
+
+
+def settled_given(texts: Sequence[str]) -> list[str]:
+    """`--earlier-results` as the session keeps it: each path absolute (resume may start elsewhere)."""
+    settled = []
+    for text in texts:
+        role, end = parse_given(text)
+        name = next(name for name, named in ROLES.items() if named == role)
+        settled.append(f"{name}={end.commit}:{Path(end.path).expanduser().resolve()}")
+    return settled
+
+
+def check_given(texts: Sequence[str], recipe: Recipe | None) -> None:
+    """`--earlier-results` before anything runs: an accuracy recipe to judge with, and each path
+    there and readable as the recipe's harness writes it (a UsageError naming the cause). What it
+    says against the session (another commit, other sample ids) is no error: that end runs whole."""
+    ends = given_ends(texts)
+    if not ends:
+        return
+    if recipe is None or recipe.accuracy is None:
+        raise UsageError("--earlier-results gives an accuracy harness's per-sample results: it needs a recipe with "
+                         "an accuracy section (oracle kinds [accuracy]); drop it for this recipe or command")
+    harness = recipe.accuracy.harness
+    try:
+        ids: list[str] | None = dataset_ids(recipe)
+    except (HarnessError, OSError):
+        ids = None  # the dataset is not on this host: the end reads them when it runs
+    for text in texts:
+        path = Path(parse_given(text)[1].path)
+        if not path.exists():
+            raise UsageError(f"--earlier-results {text}: {path} does not exist; give {WRITES[harness]} (harness "
+                             f"{harness}, the recipe's)")
+        if ids is None:
+            continue
+        try:
+            read_earlier(harness, path, ids)
+        except (SampleFormatError, HarnessError, OSError) as exc:
+            raise UsageError(f"--earlier-results {text}: {path} is not what harness {harness} (the recipe's) writes "
+                             f"({exc}); give {WRITES[harness]}") from None
+
+
+def earlier_settings(recipe: Recipe, given: Mapping[str, EarlierEndSpec] | None = None) -> EarlierResultsSpec | None:
+    """The recipe's `accuracy.earlier_results` with each end `given` (by role) in its place."""
     spec = recipe.accuracy
-    if spec is None or spec.earlier_results is None or role not in ("good_end", "bad_end"):
+    if spec is None:
         return None
-    end = spec.earlier_results.good if role == "good_end" else spec.earlier_results.bad
+    if not given:
+        return spec.earlier_results
+    base = spec.earlier_results or EarlierResultsSpec()
+    return base.model_copy(update={"good": given.get("good_end", base.good), "bad": given.get("bad_end", base.bad)})
+
+
+def earlier_for(recipe: Recipe, role: str, commit: str,
+                given: Mapping[str, EarlierEndSpec] | None = None) -> Earlier | None:
+    """The earlier results of the end in `role` at `commit` (`given` by --earlier-results, else the
+    recipe's), checked against the recipe; None when neither gives any for that end."""
+    spec, settings = recipe.accuracy, earlier_settings(recipe, given)
+    if spec is None or settings is None or role not in ("good_end", "bad_end"):
+        return None
+    end = settings.good if role == "good_end" else settings.bad
     if end is None:
         return None
     path = _beside(recipe, end.path)
     differs = _differences(spec, end, commit)
+    if (end.harness or spec.harness) == "aisbench":
+        differs += nightly_differences(path, recipe, commit)
     if differs:
         return Earlier(None, str(path), "; ".join(differs))
-    ids = dataset_ids(recipe)
     try:
+        ids = dataset_ids(recipe)
         samples = read_earlier(end.harness or spec.harness, path, ids)
     except (SampleFormatError, HarnessError, OSError) as exc:
         return Earlier(None, str(path), f"cannot be read ({exc})")
@@ -85,13 +175,17 @@ def read_earlier(harness: str, path: Path, ids: list[str]) -> list[SampleOutcome
     if not path.exists():
         raise HarnessError(f"{path} does not exist")
     if harness == "aisbench":
-        rows = aisbench.read_samples(str(path), ids)
+        rows = read_run(aisbench_run(path), ids)
     else:  # lm_eval reads `<work>/output/**/samples_*.jsonl`: the file or directory is laid there
         with tempfile.TemporaryDirectory(prefix="bisect-npu-earlier-") as work:
             os.makedirs(os.path.join(work, "output"))
-            os.symlink(path.resolve(), os.path.join(work, "output", "samples_earlier.jsonl" if path.is_file()
-                                                    else "run"))
-            rows = lm_eval.read_samples(work, ids)
+            link = os.path.join(work, "output", "samples_earlier.jsonl" if path.is_file() else "run")
+            os.symlink(path.resolve(), link)
+            try:
+                rows = lm_eval.read_samples(work, ids)
+            except HarnessError as exc:  # said of the path given, not of the link
+                raise HarnessError(str(exc).replace(link, str(path)).replace(os.path.join(work, "output"), str(path))) \
+                    from None
     return pool([SampleOutcome.model_validate(row) for row in rows])
 
 

@@ -54,6 +54,7 @@ from bisect_npu.fix import APPLY_NAME
 from bisect_npu.journal import DEFAULT_ROOT, new_session_dir, session_label
 from bisect_npu.level import held_of, overlay_of
 from bisect_npu.nightly.cases import CaseRef
+from bisect_npu.orchestration.earlier_results import given_ends
 from bisect_npu.orchestration.evaluate import EvaluationRequest, Evaluator, accuracy_inputs
 from bisect_npu.orchestration.nightly import NightlyEvaluator
 from bisect_npu.orchestration.preflight import settle_devices
@@ -90,7 +91,8 @@ def session_evaluator(spec: SessionSpec, repo: git.Repo | None, recipe: Recipe |
     command = [spec.context.python_oracle] if spec.context.python_oracle else spec.judge.command
     evaluator = Evaluator(builder, executor, session_dir, recipe=recipe, command=command,
                           timeout_s=spec.judge.timeout_s, timeout_is=spec.judge.timeout_is,
-                          retries=spec.judge.retries, cards=card_wait(spec))
+                          retries=spec.judge.retries, cards=card_wait(spec),
+                          earlier=given_ends(spec.judge.earlier_results) if spec.level.takes_earlier_runs else None)
     if spec.judge.nightly_case and repo is not None and held_of(spec.level) is None:
         return NightlyEvaluator(evaluator, repo, CaseRef.parse(spec.judge.nightly_case), spec.judge.nightly_datasets)
     return evaluator

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -21,11 +21,17 @@ from bisect_npu.errors import InfrastructureError
 from bisect_npu.execute.base import Executor, RunResult, observation_path, probe_log_path, probe_stem, run_node_path
 from bisect_npu.execute.card_memory import CardWait
 from bisect_npu.orchestration.accuracy import AccuracySteps, load_from, role_of
-from bisect_npu.orchestration.earlier_results import Earlier, control_ids, disagreement, earlier_for
+from bisect_npu.orchestration.earlier_results import (
+    Earlier,
+    control_ids,
+    disagreement,
+    earlier_for,
+    earlier_settings,
+)
 from bisect_npu.orchestration.infrastructure import InfrastructureFailure, RetryPolicy, classify_run
 from bisect_npu.probe.harness import HARNESS_FAILED_EXIT
 from bisect_npu.probe.request import write_json_atomic
-from bisect_npu.recipe.schema import CaseSpec, Recipe
+from bisect_npu.recipe.schema import CaseSpec, EarlierEndSpec, Recipe
 from bisect_npu.records import COMMAND_CASE, BuildInfo, RetryRun, TrialRun
 
 TIMEOUT_IS_BAD_NOTE = ", counted bad (--timeout-is bad)"
@@ -148,7 +154,8 @@ class Evaluator:
     def __init__(self, builder: Builder, executor: Executor, session_dir: Path, *,
                  recipe: Recipe | None = None, command: list[str] | None = None,
                  timeout_s: float = TRIAL_TIMEOUT_S, timeout_is: TimeoutIs | None = None,
-                 retries: int | None = None, cards: CardWait | None = None) -> None:
+                 retries: int | None = None, cards: CardWait | None = None,
+                 earlier: Mapping[str, EarlierEndSpec] | None = None) -> None:
         if (recipe is None) == (command is None):
             raise ValueError("an Evaluator needs exactly one of a recipe or a command")
         self.builder = builder
@@ -164,6 +171,7 @@ class Evaluator:
         self.retry = RetryPolicy(TRIAL_RETRIES if count is None else count,
                                  recipe.trials.retry_backoff_s if recipe else RETRY_BACKOFF_S)
         self.cards = cards  # an NPU host's cards, waited for before each probe run
+        self.earlier = dict(earlier or {})  # --earlier-results: an end's results by role, over the recipe's
         self.reference: list[Observation] | None = None
         self.accuracy = AccuracySteps(recipe) if recipe is not None and recipe.accuracy is not None else None
 
@@ -291,7 +299,7 @@ class Evaluator:
         def run_round(trial: int, sample_ids: Sequence[str] | None) -> TrialRun:
             return self._run_group(request, env, case, [trial], sample_ids)[0]
 
-        earlier = earlier_for(self.recipe, role, request.commit)
+        earlier = earlier_for(self.recipe, role, request.commit, self.earlier)
         before: list[TrialRun] = []
         done, first, aside = list(request.done), request.first_trial, ""
         if earlier is not None and earlier.samples is not None:
@@ -316,7 +324,7 @@ class Evaluator:
         """The end judged from its earlier results once the control share agrees: (records,
         verdict); else the control round's record (the step goes on over the whole dataset) and why."""
         assert self.accuracy is not None and self.recipe is not None and self.recipe.accuracy is not None
-        settings = self.recipe.accuracy.earlier_results
+        settings = earlier_settings(self.recipe, self.earlier)
         assert settings is not None and earlier.samples is not None
         role = role_of(request.as_reference, request.as_bad_end)
         wanted = control_ids([s.id for s in earlier.samples], settings.control_share, request.commit)
@@ -358,9 +366,13 @@ class Evaluator:
                    numbers: list[int], sample_ids: Sequence[str] | None = None) -> list[TrialRun]:
         """The trials `numbers` of `case` in one probe run, run again (its unfinished trials) while
         it fails on the host and the retry budget lasts. Spent at an end: InfrastructureError; spent
-        elsewhere: the unfinished trials are skips naming every attempt's cause."""
+        elsewhere: the unfinished trials are skips naming every attempt's cause. Attempts journaled
+        for these trials before an interrupt count against the budget; where they spent it (the run
+        stopped on them, exit 5, and was resumed once the host was freed) a new budget starts."""
         records: list[TrialRun] = []
         attempts: list[RetryRun] = []
+        journaled = sum(1 for r in request.retried if r.case_id == case.id and r.trial in numbers)
+        spent = journaled % (self.retry.retries + 1)
         while True:
             left = numbers[len(records):]
             held = self.cards.wait() if self.cards is not None else ""  # before the engine starts on them
@@ -378,10 +390,10 @@ class Evaluator:
                                log=self._keep_log(result.log_path, number) or log, seconds=round(result.seconds, 3))
             request.report_retry(attempt)
             attempts.append(attempt)
-            if len(attempts) > self.retry.retries:
+            if spent + len(attempts) > self.retry.retries:
                 return records + self._unjudged(request, case, numbers[len(records):], failure, attempts,
-                                                attempt.log)
-            time.sleep(self.retry.delay(len(attempts)))
+                                                attempt.log, spent)
+            time.sleep(self.retry.delay(spent + len(attempts)))
         return records + self._missing(request, case, numbers[len(records):], result, log, node)
 
     def _keep_log(self, log_path: str, attempt: int) -> str | None:
@@ -396,9 +408,12 @@ class Evaluator:
         return self.rel(kept)
 
     def _unjudged(self, request: EvaluationRequest, case: CaseSpec, numbers: list[int],
-                  failure: InfrastructureFailure, attempts: list[RetryRun], log: str) -> list[TrialRun]:
-        """Trials the host kept from running through every attempt: skips, or at an end the run's stop."""
-        tried = f"{len(attempts)} attempt{'s' if len(attempts) != 1 else ''}"
+                  failure: InfrastructureFailure, attempts: list[RetryRun], log: str,
+                  before: int = 0) -> list[TrialRun]:
+        """Trials the host kept from running through every attempt (`before` of them journaled
+        before a resume): skips, or at an end the run's stop."""
+        count = before + len(attempts)
+        tried = f"{count} attempt{'s' if count != 1 else ''}"
         if request.at_end:
             raise InfrastructureError(
                 f"{request.commit[:12]} (an end of the range) could not be judged, {tried} failed on the host: "

@@ -24,6 +24,7 @@ from bisect_npu.execute.host import host_changes
 from bisect_npu.execute.inprocess import Oracle
 from bisect_npu.journal import DEFAULT_ROOT, Journal, latest_session, new_session_dir
 from bisect_npu.level import held_of
+from bisect_npu.orchestration.earlier_results import settled_given
 from bisect_npu.orchestration.environments import session_evaluator
 from bisect_npu.orchestration.evaluate import Evaluator
 from bisect_npu.orchestration.preflight import check_run, settle_slots
@@ -163,7 +164,7 @@ def _github_of(spec: SessionSpec, recipe: Recipe | None, repo: git.Repo | None) 
 NOT_IDENTITY = frozenset({"ray_address", "devices", "slots", "workdir", "prefetch", "cache_size_gb", "verdict_store"})
 # Fields settled at the start (a path made absolute, a ref resolved, the recipe's mode): compared
 # as settled below, not as written.
-_SETTLED = frozenset({"repo", "good", "bad", "recipe", "command", "mode", "unit_test_from"})
+_SETTLED = frozenset({"repo", "good", "bad", "recipe", "command", "mode", "unit_test_from", "earlier_results"})
 
 Fact = tuple[str, object, object]  # (what, the session's, the request's)
 
@@ -213,6 +214,7 @@ def _facts(header: HeaderRecord, asked: RunRequest, python_oracle: str | None) -
         history.resolve_ref(repo, asked.judge.unit_test_from) if repo is not None and asked.judge.unit_test_from
         else asked.judge.unit_test_from)
     yield "level", header.level.model_dump(), SessionSpec.of(asked).level.model_dump()
+    yield "--earlier-results", kept.judge.earlier_results, settled_given(asked.judge.earlier_results)
     for part, name, _info, flag, value in flagged_fields(asked):
         if name not in NOT_IDENTITY and name not in _SETTLED:
             yield flag.name, getattr(getattr(kept, part), name), value

@@ -33,6 +33,7 @@ from bisect_npu.execute.ray import settle_slots as settle_on_cluster
 from bisect_npu.level import held_of, scope_of
 from bisect_npu.nightly.at_commit import settle_run
 from bisect_npu.nightly.cases import CaseRef, model_unplaced
+from bisect_npu.orchestration.earlier_results import check_given, settled_given
 from bisect_npu.orchestration.session_spec import (
     SessionSpec,
     check_dependency_options,
@@ -91,6 +92,9 @@ def check_run(spec: SessionSpec, host_root: Path = Path("/")) -> RunInputs:
     if recipe is not None and recipe.accuracy is not None:
         check_accuracy_options(spec)
         check_dataset_ids(recipe)
+    if spec.judge.earlier_results:
+        spec.judge.earlier_results = settled_given(spec.judge.earlier_results)  # resume may start elsewhere
+        check_given(spec.judge.earlier_results, recipe)
     if spec.executor.executor == "ray":
         settle_ray_slots(spec, recipe.cards_per_run() if recipe else 1)
     else:

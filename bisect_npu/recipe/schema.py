@@ -409,8 +409,9 @@ class EarlierEndSpec(StrictModel):
     """The per-sample results of one end from a harness run made before the session."""
 
     path: str = Field(..., min_length=1, description="command: the JSONL file it wrote; lm_eval: its samples "
-                                                     "JSONL or the --output_path directory; aisbench: its output "
-                                                     "directory (outputs/default); relative to the recipe")
+                                                     "JSONL or the --output_path directory; aisbench: one run's "
+                                                     "directory, the directory above it (outputs/default), or the "
+                                                     "vllm-ascend checkout a nightly ran in; relative to the recipe")
     commit: str = Field(..., min_length=7, description="the commit the run was made at (a sha or its first 7+ "
                                                        "characters); it must be this end's")
     harness: Literal["aisbench", "lm_eval", "command"] | None = Field(

@@ -107,28 +107,35 @@ def _correct(detail: dict[str, Any], where: str) -> float:
                        "per-sample details (AccwithDetailsEvaluator, or one of AISBench's math evaluators)")
 
 
-def read_samples(work_dir: str, ids: list[str] | None) -> list[dict[str, Any]]:
-    """Outcomes from the newest run under `work_dir`: results/<model>/<dataset>.json details joined
-    with predictions/<model>/<dataset>.jsonl by row number."""
-    results = sorted(glob.glob(os.path.join(work_dir, "*", "results", MODEL_ABBR, "*.json")))
-    failed = [p for p in glob.glob(os.path.join(work_dir, "*", "predictions", MODEL_ABBR, "*_failed.jsonl"))
+class NoDetails(HarnessError):
+    """AISBench's results hold only the aggregate: it ran without --dump-eval-details."""
+
+
+def read_samples(work_dir: str, ids: list[str] | None, model: str = MODEL_ABBR, run: str = "*") -> list[dict[str, Any]]:
+    """Outcomes from the runs under `work_dir` (`run`: one run's directory name, a timestamp):
+    results/<model>/<dataset>.json details joined with predictions/<model>/<dataset>.jsonl by row
+    number. `model` "*": whichever model abbreviation the run's config gave (a run not ours)."""
+    run = run if run == "*" else glob.escape(run)
+    results = sorted(glob.glob(os.path.join(work_dir, run, "results", model, "*.json")))
+    failed = [p for p in glob.glob(os.path.join(work_dir, run, "predictions", model, "*_failed.jsonl"))
               if _jsonl(p)]
     if failed:
         rows = _jsonl(failed[0])
         raise HarnessError(f"AISBench's requests to the server failed for {len(rows)} samples ({failed[0]}): "
                            f"{str(rows[0].get('error_info') or 'no reason given')[:200]}")
     if not results:
-        raise HarnessError(f"AISBench wrote no result file under {work_dir}/*/results/{MODEL_ABBR}; see its log")
+        raise HarnessError(f"AISBench wrote no result file under {work_dir}/{run}/results/{model}; see its log")
     outcomes: list[dict[str, Any]] = []
     for path in results:
         result = _load_json(path)
         details = result.get("details") if isinstance(result, dict) else None
         if not details:
-            raise HarnessError(f"{path} has no per-sample details (only the aggregate); run with --dump-eval-details "
-                               "and an evaluator that writes details")
+            raise NoDetails(f"{path} has no per-sample details (only the aggregate); run with --dump-eval-details "
+                            "and an evaluator that writes details")
         entries = list(details.items()) if isinstance(details, dict) else list(enumerate(details))
         prediction_file = os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(path))), "predictions",
-                                       MODEL_ABBR, os.path.basename(path)[:-len(".json")] + ".jsonl")
+                                       os.path.basename(os.path.dirname(path)),
+                                       os.path.basename(path)[:-len(".json")] + ".jsonl")
         predictions = {int(row["id"]): row for row in (_jsonl(prediction_file) if os.path.exists(prediction_file)
                                                        else []) if isinstance(row.get("id"), int)}
         for position, (key, detail) in enumerate(entries):

@@ -33,7 +33,7 @@ from bisect_npu.orchestration import end_messages
 from bisect_npu.orchestration.costs import measured_costs, told_costs
 from bisect_npu.orchestration.evaluate import EvaluationRequest, Evaluator, StepResult
 from bisect_npu.orchestration.opening import Opened, open_journal, open_new
-from bisect_npu.orchestration.reference import References
+from bisect_npu.orchestration.reference import References, step_trials
 from bisect_npu.orchestration.result import EXIT_CODES, EXIT_ENDS_WRONG, EXIT_FOUND, EXIT_NARROWED, SessionResult
 from bisect_npu.orchestration.session_spec import SessionSpec, earlier_runs_for_search, earlier_runs_spec
 from bisect_npu.orchestration.slots import run_in_slots
@@ -53,6 +53,17 @@ from bisect_npu.records import (
 )
 
 END_OUTPUT_LINES = 10  # what an end judged wrong shows of its run's output
+
+
+def search_mode_for(recipe: Recipe | None, asked: Literal["exact", "noisy"] | None = None,
+                    ) -> Literal["exact", "noisy", "likelihood"]:
+    """The search's mode for a recipe: an accuracy recipe's steps are measurements, so the search
+    weighs each one's likelihood ratio; otherwise the mode asked (--mode), else the recipe's."""
+    if recipe is not None and recipe.accuracy is not None:
+        return "likelihood"
+    if asked:
+        return asked
+    return recipe.trials.mode if recipe else "exact"
 
 
 class Session:
@@ -137,8 +148,7 @@ class Session:
         load_cost, build_cost, overlay_cost = measured_costs(
             self.journal.entries, self.recipe.trials if self.recipe else None, noisy=self.mode == "noisy",
             batches=self.evaluator.batches, grouped=bool(groups))
-        # An accuracy recipe's steps are measurements: the search weighs each one's likelihood ratio.
-        mode = "likelihood" if self.recipe is not None and self.recipe.accuracy is not None else self.mode
+        mode = search_mode_for(self.recipe, self.spec.search.mode)
         return search.SearchProblem(n=self.n, mode=mode, check_ends=self.check_ends,
                                     slots=self.slots, confidence=confidence, earlier_runs=earlier,
                                     load_cost=load_cost, build_cost=build_cost, build_groups=groups,
@@ -257,7 +267,8 @@ class Session:
         self.progress.step_started(query.index, commit, self.titles.get(commit, ""), left,
                                    max(1, math.ceil(math.log2(left + 1))))
         noisy = self.mode == "noisy"
-        trials = query.trials if noisy else (self.recipe.trials.count if self.recipe else 1)
+        as_reference = query.index == 0 and self.references.from_good_end
+        trials = query.trials if noisy else step_trials(self.recipe, as_reference)
 
         pending = self.state.pending_trials(query.index) if not noisy else []
         expected = trials * (len(self.recipe.cases) if self.recipe else 1)
@@ -273,7 +284,6 @@ class Session:
             self.progress.note(f"{commit[:10]}: attempt {retry.attempt} failed on the host ({retry.cause}); "
                                "retrying")
 
-        as_reference = query.index == 0 and self.references.from_good_end
         first = self.state.next_trial(query.index) if first_trial is None else first_trial
         result = self.evaluator.evaluate(EvaluationRequest(commit, trials, tuple(pending), on_trial, judge_each=noisy,
                                                            first_trial=first, as_reference=as_reference,

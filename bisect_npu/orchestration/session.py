@@ -23,7 +23,7 @@ import git
 from bisect_npu import interrupts, search
 from bisect_npu.builders.base import Builder, tail
 from bisect_npu.builders.prefetch import Prefetcher, speculative_queries
-from bisect_npu.contracts import Verdict
+from bisect_npu.contracts import Verdict, VerdictKind
 from bisect_npu.defaults import CONFIDENCE
 from bisect_npu.execute.base import Executor
 from bisect_npu.execute.inprocess import Oracle
@@ -340,7 +340,8 @@ class Session:
                                    message=message, steps=steps)
         elif isinstance(decision, search.Narrowed):
             lo, hi = self.commit_at(decision.lo), self.commit_at(decision.hi)
-            message = end_messages.narrowed(lo, hi, decision.hi - decision.lo, find_fix=self.spec.search.find_fix)
+            message = end_messages.narrowed(lo, hi, decision.hi - decision.lo, find_fix=self.spec.search.find_fix,
+                                            skipped=self._skipped_between(decision.lo, decision.hi))
             end = EndRecord(status="narrowed", lo=lo, hi=hi, lo_index=decision.lo, hi_index=decision.hi,
                             figures=decision.figures)
             result = SessionResult("narrowed", EXIT_NARROWED, self.journal.session_dir, range=(lo, hi),
@@ -370,6 +371,12 @@ class Session:
         output = self._end_run(0 if end.which == "good" else self.n)[1] if end.status == "ends_wrong" else ""
         return SessionResult(end.status, code, self.journal.session_dir, culprit=end.culprit, range=rng,
                              message=end.message, steps=steps, output_tail=output)
+
+    def _skipped_between(self, lo: int, hi: int) -> list[tuple[str, str]]:
+        """Each commit strictly between two positions whose last step was a skip, with its reason."""
+        last = {step.index: step for step in self.state.steps() if lo < step.index < hi}
+        return [(self.commit_at(i), last[i].verdict.reason) for i in sorted(last)
+                if last[i].verdict.kind == VerdictKind.SKIP]
 
     def _end_run(self, end_index: int) -> tuple[Path | None, str]:
         """The log of the last run at an end and the last lines of its output: where a user finds

@@ -36,11 +36,11 @@ the focused samples and the verdict of the real accuracy oracle against the ends
 search is the likelihood mode a session runs for an accuracy recipe, weighing each step's
 likelihood ratio as the session does (`orchestration.state.accuracy_weight`). Throughput: each
 step is the recipe's trials judged by `bisect_npu.oracle.throughput` against the good end's mean,
-the good end measured with `oracle.throughput.reference_trials` (`reference_trials`: 4 x the
-recipe's 5, chosen on seeds 1000-1199 among 1, 2, 3, 4 and 6 x: best answers 97.0, 98.5, 99.0,
-99.5 and 100% there, 4 x the fewest clear of 99%; docs/benchmarks.md reports seeds 0-399), in the search mode the session
-runs for a throughput recipe (`orchestration.session.search_mode_for`). A note line gives the
-throughput row with the good end at a candidate's 5 trials, as before, on the same seeds.
+the good end measured with `oracle.throughput.reference_trials` (its default, 4 x the recipe's
+5 trials, was chosen on seeds 1000-1199; docs/benchmarks.md reports seeds 0-399 and the choice),
+in the search mode the session runs for a throughput recipe
+(`orchestration.session.search_mode_for`). A note line gives the throughput row with the good
+end at a candidate's 5 trials, as before, on the same seeds.
 
 A commit whose parent cannot be built (its own code fails to build) cannot be named by any tool:
 the best answer that history allows is the range from the last buildable commit before it to it.
@@ -244,7 +244,7 @@ class Ours:
     def bisect(self) -> Outcome:
         world, recipe = self.world, self.recipe
         steps = AccuracySteps(recipe) if recipe.accuracy is not None else None
-        weigh = accuracy_weight(recipe.trials.confidence, world.n, find_fix=False)
+        weigh = accuracy_weight(recipe.accuracy.confidence if recipe.accuracy else None, world.n, find_fix=False)
         problem = SearchProblem(n=world.n, mode=search_mode_for(recipe), confidence=recipe.trials.confidence)
         evidence: dict[int, Evidence] = {}
 

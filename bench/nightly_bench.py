@@ -3,15 +3,16 @@
     .venv/bin/python bench/nightly_bench.py [--seeds 400] [--first-seed 0] [--candidates 39]
 
 The case is a nightly case file shaped as the demo's: one server, an accuracy benchmark
-(`baseline` 96, `threshold` 4, 100 samples at the nightly's default temperature 0.6) and a
-performance benchmark (`threshold` 0.97). Over many seeded culprits it counts how often each tool
-names the right commit, and how many benchmark runs it spent. Two regressions: the accuracy falls
-(96% -> 88%: the culprit breaks some samples, whose rate drops to a twentieth), or the
+(`threshold` 4, 100 samples at the nightly's default temperature 0.6) and a performance benchmark
+(`threshold` 0.97). Over many seeded culprits it counts how often each tool names the right
+commit, and how many benchmark runs it spent. Two regressions: the accuracy falls 8 points
+(about 96% -> 88%: the culprit breaks some samples, whose rate drops to a twentieth), or the
 throughput does (-7%, run-to-run spread 2%). A sample's rate at the good side is drawn from a
 beta of mean 0.96 and intraclass correlation 0.5 (sampled decoding: a sample's runs agree more
-often than chance, not always). Every run can crash for an infrastructure reason (3%); a
-candidate's build fails at 5%; in the `pin move` rows the vLLM pin moves inside the range (as the
-demo's VLLM_TAG does).
+often than chance, not always); the accuracy's `baseline` is the good side's score on the drawn
+dataset (what the nightly publishes), so the good end sits 4 points over the line. Every run
+can crash for an infrastructure reason (3%); a candidate's build fails at 5%; in the `pin move`
+rows the vLLM pin moves inside the range (as the demo's VLLM_TAG does).
 
 `tools/bisect`'s rules, as its files state them (vllm-ascend `tools/bisect/`, read, not copied):
 - `verdict.py` `evaluate`: a trial is the whole case file; pytest's exit code non-zero is FAIL,
@@ -50,6 +51,7 @@ The table counts both: "culprit named" and "best answer" (the culprit, or exactl
 from __future__ import annotations
 
 import argparse
+import functools
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -68,19 +70,20 @@ from bisect_npu.records import StepRecord, TrialRun
 from bisect_npu.search import Evidence, Found, Narrowed, Next, SearchProblem, decide
 
 SAMPLES = 100
-GOOD_ACC, BAD_ACC, RHO, BROKEN_RATE, BASELINE, THRESHOLD = 0.96, 0.88, 0.5, 0.05, 96.0, 4.0
+GOOD_ACC, BAD_ACC, RHO, BROKEN_RATE, THRESHOLD = 0.96, 0.88, 0.5, 0.05, 4.0
 GOOD_TPUT, BAD_TPUT, TPUT_SD, TPUT_THRESHOLD = 1.00, 0.93, 0.02, 0.97
 CRASH, BUILD_FAIL = 0.03, 0.05
 
-CASE = {"name": "nightly-bench", "model": "seed:0", "launcher": ["serve"],
-        "benchmarks": {"acc": {"case_type": "accuracy", "dataset_path": "qa.jsonl", "dataset_conf": "qa_conf",
-                               "baseline": BASELINE, "threshold": THRESHOLD, "max_out_len": 1024},
-                       "perf": {"case_type": "performance", "baseline": 100, "threshold": TPUT_THRESHOLD}}}
 
 
-def recipe_of(benchmark: str) -> Recipe:
-    """The recipe `run --nightly-case` makes of the case's benchmark."""
-    return import_case({"test_cases": [CASE]}, "nightly-bench.yaml", benchmark=benchmark)
+@functools.cache
+def recipe_of(benchmark: str, baseline: float = 96.0) -> Recipe:
+    """The recipe `run --nightly-case` makes of the case's benchmark (`baseline`: the accuracy's, points)."""
+    case = {"name": "nightly-bench", "model": "seed:0", "launcher": ["serve"],
+            "benchmarks": {"acc": {"case_type": "accuracy", "dataset_path": "qa.jsonl", "dataset_conf": "qa_conf",
+                                   "baseline": baseline, "threshold": THRESHOLD, "max_out_len": 1024},
+                           "perf": {"case_type": "performance", "baseline": 100, "threshold": TPUT_THRESHOLD}}}
+    return import_case({"test_cases": [case]}, "nightly-bench.yaml", benchmark=benchmark)
 
 
 @dataclass(frozen=True)
@@ -95,6 +98,11 @@ class World:
     good_rates: np.ndarray
     bad_rates: np.ndarray
     rng: np.random.Generator
+
+    @property
+    def baseline(self) -> float:
+        """The accuracy's published baseline: the good side's score on this dataset, in points."""
+        return round(100 * float(self.good_rates.mean()), 1)
 
     def bad_at(self, i: int) -> bool:
         return i >= self.culprit
@@ -150,7 +158,7 @@ def theirs(world: World) -> Outcome:
         if outcomes is None or tput is None:
             return "FAIL"  # a crash mid-test: pytest exits non-zero
         acc = 100.0 * float(outcomes.mean())
-        passed = abs(acc - BASELINE) <= THRESHOLD and tput >= TPUT_THRESHOLD * GOOD_TPUT
+        passed = abs(acc - world.baseline) <= THRESHOLD and tput >= TPUT_THRESHOLD * GOOD_TPUT
         return "PASS" if passed else "FAIL"
 
     def judge(i: int) -> str:
@@ -272,8 +280,8 @@ class Ours:
         return Outcome(False, False, self.runs, self.samples)
 
 
-def ours(world: World, recipes: dict[str, Recipe]) -> Outcome:
-    return Ours(world, recipes[world.breaks]).bisect()
+def ours(world: World) -> Outcome:
+    return Ours(world, recipe_of("acc", world.baseline) if world.breaks == "accuracy" else recipe_of("perf")).bisect()
 
 
 def make_world(seed: int, n: int, breaks: str, pin_moves: bool) -> World:
@@ -298,7 +306,6 @@ def main() -> None:
     parser.add_argument("--candidates", type=int, default=39)
     args = parser.parse_args()
     started = time.monotonic()
-    recipes = {"accuracy": recipe_of("acc"), "throughput": recipe_of("perf")}
     seeds = range(args.first_seed, args.first_seed + args.seeds)
     print(f"seeds {seeds.start}-{seeds.stop - 1} ({args.seeds} seeded culprits per row), {args.candidates} candidates")
     print("| regression | vLLM pin | tools/bisect right | its runs (mean) | bisect-npu culprit named | "
@@ -308,7 +315,7 @@ def main() -> None:
     for breaks in ("accuracy", "throughput"):
         # bisect-npu installs each commit's own pin and never reads it: the worlds of both rows are
         # the same but for the pin (drawn last, apart from the runs' stream), so its runs are too.
-        mine = [ours(make_world(seed, args.candidates, breaks, False), recipes) for seed in seeds]
+        mine = [ours(make_world(seed, args.candidates, breaks, False)) for seed in seeds]
         for pin_moves in (False, True):
             worlds = [make_world(seed, args.candidates, breaks, pin_moves) for seed in seeds]
             other = [theirs(w) for w in worlds]
@@ -324,7 +331,7 @@ def main() -> None:
                              f"with the commit before it unbuildable, {sum(not blocked(w) for w in misses)} else; "
                              f"{len(wrong)} answers not the best the builds allow")
     # The good end measured as a candidate is (reference_trials = trials.count, the former default).
-    perf = recipes["throughput"]
+    perf = recipe_of("perf")
     assert perf.oracle.throughput is not None
     alike = perf.oracle.throughput.model_copy(update={"reference_trials": perf.trials.count})
     former = [Ours(make_world(seed, args.candidates, "throughput", False),

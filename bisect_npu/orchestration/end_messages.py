@@ -25,6 +25,15 @@ def found(what: str, culprit: str, title: str, *, find_fix: bool, scope: MergeSc
     return message
 
 
+def short_of(reached: float, asked: float) -> str:
+    """What a found sentence adds when the search answered below the confidence asked (the commits
+    around the culprit reached their steps' cap or were skipped): the answer is its best guess."""
+    if reached >= asked:
+        return ""
+    return (f" (a best guess: {reached:.0%} sure, under the {asked:.0%} asked; the steps around it disagree, the "
+            "report has each one's evidence)")
+
+
 def narrowed(lo: str, hi: str, commits: int, *, find_fix: bool, skipped: Sequence[tuple[str, str]] = ()) -> str:
     """The range skips left, with why each commit between could not be tested (`skipped`: its
     sha and its step's reason, e.g. its own build failure): what the user checks by hand."""

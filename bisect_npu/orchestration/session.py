@@ -137,8 +137,13 @@ class Session:
             return self.spec.search.mode
         return self.recipe.trials.mode if self.recipe else "exact"
 
+    @property
+    def confidence(self) -> float:
+        """The posterior the search must reach (--confidence, else the recipe's)."""
+        return self.spec.search.confidence or (self.recipe.trials.confidence if self.recipe else CONFIDENCE)
+
     def problem(self) -> search.SearchProblem:
-        confidence = self.spec.search.confidence or (self.recipe.trials.confidence if self.recipe else CONFIDENCE)
+        confidence = self.confidence
         earlier = (earlier_runs_for_search(self.earlier_runs, find_fix=self.spec.search.find_fix)
                    if self.earlier_runs else None)
         # Costs in the search's unit, measured from the journal, so a resumed session weighs as
@@ -334,6 +339,7 @@ class Session:
             culprit = self.commit_at(decision.index)
             message = end_messages.found(self.spec.level.name, culprit, self.titles.get(culprit, ""),
                                          find_fix=self.spec.search.find_fix, scope=scope_of(self.spec.level))
+            message += end_messages.short_of(decision.confidence, self.confidence)
             end = EndRecord(status="found", culprit=culprit, index=decision.index, confidence=decision.confidence,
                             figures=decision.figures)
             result = SessionResult("found", EXIT_FOUND, self.journal.session_dir, culprit=culprit,

@@ -1,5 +1,7 @@
-"""A range the skips leave names why each commit between could not be tested: where the parent of
-the culprit cannot be built, the user reads that build failure, not only a range."""
+"""The closing sentences where the answer is less than one sure commit: a range the skips leave
+names why each commit between could not be tested (where the parent of the culprit cannot be
+built, the user reads that build failure, not only a range), and a culprit found below the
+confidence asked says it is a best guess."""
 
 from __future__ import annotations
 
@@ -38,3 +40,9 @@ def test_a_narrowed_sentence_names_at_most_three_skips() -> None:
                     "tested (111111111111: build failed: error 1; 222222222222: build failed: error 2; "
                     "333333333333: build failed: error 3; 2 more in the report)")
     assert end_messages.narrowed("a" * 40, "b" * 40, 2, find_fix=True).endswith("could not be tested (skipped)")
+
+
+def test_a_culprit_found_below_the_confidence_asked_says_so() -> None:
+    assert end_messages.short_of(1.0, 0.99) == end_messages.short_of(0.99, 0.99) == ""
+    assert end_messages.short_of(0.53, 0.99) == (" (a best guess: 53% sure, under the 99% asked; the steps around it "
+                                                  "disagree, the report has each one's evidence)")

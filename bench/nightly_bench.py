@@ -1,13 +1,18 @@
 """vllm-ascend's `tools/bisect` against bisect-npu on the demo-shaped nightly case, simulated.
 
-    .venv/bin/python bench/nightly_bench.py [--seeds 400] [--candidates 39]
+    .venv/bin/python bench/nightly_bench.py [--seeds 400] [--first-seed 0] [--candidates 39]
 
-The case is the demo's nightly case file: one server, an accuracy benchmark (`baseline` 96,
-`threshold` 4, 100 samples) and a performance benchmark (`threshold` 0.97 of its baseline). Over
-many seeded culprits it counts how often each tool names the right commit, and how many
-benchmark runs it spent. Two regressions: the accuracy falls (96% -> 88%), or the throughput
-does (-7%). Every run can crash for an infrastructure reason (3%); a candidate's build fails at
-5%; in the `pin move` rows the vLLM pin moves inside the range (as the demo's VLLM_TAG does).
+The case is a nightly case file shaped as the demo's: one server, an accuracy benchmark
+(`threshold` 4, 100 samples at the nightly's default temperature 0.6) and a performance benchmark
+(`threshold` 0.97). Over many seeded culprits it counts how often each tool names the right
+commit, and how many benchmark runs it spent. Two regressions: the accuracy falls 8 points
+(about 96% -> 88%: the culprit breaks some samples, whose rate drops to a twentieth), or the
+throughput does (-7%, run-to-run spread 2%). A sample's rate at the good side is drawn from a
+beta of mean 0.96 and intraclass correlation 0.5 (sampled decoding: a sample's runs agree more
+often than chance, not always); the accuracy's `baseline` is the good side's score on the drawn
+dataset (what the nightly publishes), so the good end sits 4 points over the line. Every run
+can crash for an infrastructure reason (3%); a candidate's build fails at 5%; in the `pin move`
+rows the vLLM pin moves inside the range (as the demo's VLLM_TAG does).
 
 `tools/bisect`'s rules, as its files state them (vllm-ascend `tools/bisect/`, read, not copied):
 - `verdict.py` `evaluate`: a trial is the whole case file; pytest's exit code non-zero is FAIL,
@@ -22,40 +27,63 @@ does (-7%). Every run can crash for an infrastructure reason (3%); a candidate's
   answer; `_bisect` / `_pick_mid`: binary search over (good, bad], a SKIP stepped around nearest
   the midpoint, the answer `candidates[lo]` (a skipped window leaves only a suspect).
 
-bisect-npu's, with its own code where it has it: the exact search (`bisect_npu.search.decide`)
-with its end checks and skips; only the failing benchmark runs; the vLLM pin is installed at
-each commit (no skip); a crashed run is an infrastructure failure and is run again, up to the
+bisect-npu's, with its own code throughout: each benchmark becomes its recipe by
+`bisect_npu.nightly.cases.import_case` (what `run --nightly-case` does), so every setting is the
+product's default for a nightly case; only the failing benchmark runs; the vLLM pin is installed
+at each commit (no skip); a crashed run is an infrastructure failure and is run again, up to the
 evaluator's default retry budget (`bisect_npu.defaults.TRIAL_RETRIES`), each attempt counted as a
-run; a run still crashed after them is dropped and the step judged on its other runs (a step
-with none is a skip: no verdict from no evidence);
-accuracy by the accuracy oracle's baseline rule (one-sided: bad when the 99% Wilson bound of
-the pooled score lies under `baseline` - `threshold`, good when the other bound lies over it,
-another round of the samples while undecided, 3 rounds at most, then the point estimate;
-re-implemented here over drawn scores), throughput by `bisect_npu.oracle.throughput` itself
-(5 trials, against the good end's measured mean).
+run. Accuracy: each step is `bisect_npu.orchestration.accuracy.AccuracySteps.step` (the rounds,
+the focused samples and the verdict of the real accuracy oracle against the ends), and the
+search is the likelihood mode a session runs for an accuracy recipe, weighing each step's
+likelihood ratio as the session does (`orchestration.state.accuracy_weight`). Throughput: each
+step is the recipe's trials judged by `bisect_npu.oracle.throughput` against the good end's mean,
+the good end measured with `oracle.throughput.reference_trials` (its default, 4 x the recipe's
+5 trials, was chosen on seeds 1000-1199; docs/benchmarks.md reports seeds 0-399 and the choice),
+in the search mode the session runs for a throughput recipe
+(`orchestration.session.search_mode_for`). A note line gives the throughput row with the good
+end at a candidate's 5 trials, as before, on the same seeds.
+
+A commit whose parent cannot be built (its own code fails to build) cannot be named by any tool:
+the best answer that history allows is the range from the last buildable commit before it to it.
+The table counts both: "culprit named" and "best answer" (the culprit, or exactly that range).
 """
 
 from __future__ import annotations
 
 import argparse
-import math
+import functools
 import time
-from collections.abc import Callable
-from dataclasses import dataclass
-from statistics import NormalDist
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
 
 import numpy as np
 
-from bisect_npu.contracts import Observation, Timings, VerdictKind
+from bisect_npu.contracts import Observation, SampleOutcome, Timings, Verdict, VerdictKind
 from bisect_npu.defaults import TRIAL_RETRIES
-from bisect_npu.oracle.throughput import ThroughputConfig, judge_throughput
-from bisect_npu.search import Evidence, Found, Next, SearchProblem, decide
+from bisect_npu.nightly.cases import import_case
+from bisect_npu.oracle.throughput import judge_throughput, reference_trials
+from bisect_npu.orchestration.accuracy import AccuracySteps, role_of
+from bisect_npu.orchestration.session import search_mode_for
+from bisect_npu.orchestration.state import accuracy_weight
+from bisect_npu.recipe.schema import Recipe
+from bisect_npu.records import StepRecord, TrialRun
+from bisect_npu.search import Evidence, Found, Narrowed, Next, SearchProblem, decide
 
 SAMPLES = 100
-GOOD_ACC, BAD_ACC, BASELINE, THRESHOLD = 0.96, 0.88, 96.0, 4.0
+GOOD_ACC, BAD_ACC, RHO, BROKEN_RATE, THRESHOLD = 0.96, 0.88, 0.5, 0.05, 4.0
 GOOD_TPUT, BAD_TPUT, TPUT_SD, TPUT_THRESHOLD = 1.00, 0.93, 0.02, 0.97
 CRASH, BUILD_FAIL = 0.03, 0.05
-CONFIDENCE, MAX_ROUNDS, PERF_TRIALS = 0.99, 3, 5
+
+
+
+@functools.cache
+def recipe_of(benchmark: str, baseline: float = 96.0) -> Recipe:
+    """The recipe `run --nightly-case` makes of the case's benchmark (`baseline`: the accuracy's, points)."""
+    case = {"name": "nightly-bench", "model": "seed:0", "launcher": ["serve"],
+            "benchmarks": {"acc": {"case_type": "accuracy", "dataset_path": "qa.jsonl", "dataset_conf": "qa_conf",
+                                   "baseline": baseline, "threshold": THRESHOLD, "max_out_len": 1024},
+                           "perf": {"case_type": "performance", "baseline": 100, "threshold": TPUT_THRESHOLD}}}
+    return import_case({"test_cases": [case]}, "nightly-bench.yaml", benchmark=benchmark)
 
 
 @dataclass(frozen=True)
@@ -67,17 +95,24 @@ class World:
     breaks: str  # "accuracy" or "throughput"
     pin_move: int | None  # commits before it pin the older vLLM
     unbuildable: frozenset[int]
+    good_rates: np.ndarray
+    bad_rates: np.ndarray
     rng: np.random.Generator
+
+    @property
+    def baseline(self) -> float:
+        """The accuracy's published baseline: the good side's score on this dataset, in points."""
+        return round(100 * float(self.good_rates.mean()), 1)
 
     def bad_at(self, i: int) -> bool:
         return i >= self.culprit
 
-    def accuracy_run(self, i: int) -> float | None:
-        """One accuracy evaluation's score in points, or None when the run crashed."""
+    def accuracy_run(self, i: int, ids: Sequence[int]) -> np.ndarray | None:
+        """One accuracy run's per-sample outcomes (1 correct) for `ids`, or None when the run crashed."""
         if self.rng.random() < CRASH:
             return None
-        acc = BAD_ACC if self.breaks == "accuracy" and self.bad_at(i) else GOOD_ACC
-        return 100.0 * self.rng.binomial(SAMPLES, acc) / SAMPLES
+        rates = self.bad_rates if self.breaks == "accuracy" and self.bad_at(i) else self.good_rates
+        return self.rng.binomial(1, rates[list(ids)])
 
     def throughput_run(self, i: int) -> float | None:
         if self.rng.random() < CRASH:
@@ -85,16 +120,24 @@ class World:
         mean = BAD_TPUT if self.breaks == "throughput" and self.bad_at(i) else GOOD_TPUT
         return float(self.rng.normal(mean, TPUT_SD))
 
+    def best_range(self) -> tuple[int, int]:
+        """The narrowest answer the builds allow: (last buildable commit before the culprit, culprit]."""
+        lo = self.culprit - 1
+        while lo in self.unbuildable:
+            lo -= 1
+        return lo, self.culprit
+
 
 @dataclass
 class Outcome:
-    correct: bool
+    named: bool  # the culprit itself
+    best: bool  # the culprit, or exactly the range its unbuildable parent(s) leave
     runs: int
+    samples: int = 0
 
 
 def blocked(world: World) -> bool:
-    """Whether the commit before the culprit cannot be built: no tool can name the culprit then
-    (the answer is the range), whatever its retries."""
+    """Whether the commit before the culprit cannot be built: no tool can name the culprit then."""
     return world.culprit - 1 in world.unbuildable
 
 
@@ -102,6 +145,7 @@ def blocked(world: World) -> bool:
 
 def theirs(world: World) -> Outcome:
     runs = 0
+    everything = list(range(SAMPLES))
 
     def trial(i: int) -> str:
         nonlocal runs
@@ -110,10 +154,11 @@ def theirs(world: World) -> Outcome:
         if world.pin_move is not None and i < world.pin_move:
             return "SKIP"  # pins another vLLM than the container's (the bad end's)
         runs += 1
-        acc, tput = world.accuracy_run(i), world.throughput_run(i)
-        if acc is None or tput is None:
+        outcomes, tput = world.accuracy_run(i, everything), world.throughput_run(i)
+        if outcomes is None or tput is None:
             return "FAIL"  # a crash mid-test: pytest exits non-zero
-        passed = abs(acc - BASELINE) <= THRESHOLD and tput >= TPUT_THRESHOLD * GOOD_TPUT
+        acc = 100.0 * float(outcomes.mean())
+        passed = abs(acc - world.baseline) <= THRESHOLD and tput >= TPUT_THRESHOLD * GOOD_TPUT
         return "PASS" if passed else "FAIL"
 
     def judge(i: int) -> str:
@@ -123,7 +168,7 @@ def theirs(world: World) -> Outcome:
         return verdict
 
     if judge(world.n) != "FAIL" or judge(0) != "PASS":
-        return Outcome(False, runs)
+        return Outcome(False, False, runs, runs * SAMPLES)
     lo, hi, skipped = 0, world.n - 1, set()  # indices into the candidates 1..n
     while lo < hi:
         mid = (lo + hi) // 2
@@ -138,116 +183,163 @@ def theirs(world: World) -> Outcome:
             lo = pick + 1
         else:
             skipped.add(pick)
-    return Outcome(lo + 1 == world.culprit, runs)
+    right = lo + 1 == world.culprit
+    return Outcome(right, right, runs, runs * SAMPLES)
 
 
 # -- bisect-npu ---------------------------------------------------------------------------------
 
-def _wilson(k: int, n: int, z: float) -> tuple[float, float]:
-    p = k / n
-    centre = (p + z * z / (2 * n)) / (1 + z * z / n)
-    half = z * math.sqrt(p * (1 - p) / n + z * z / (4 * n * n)) / (1 + z * z / n)
-    return centre - half, centre + half
+@dataclass
+class Ours:
+    """One bisection with bisect-npu's code; `runs` counts every attempt (retries included)."""
 
+    world: World
+    recipe: Recipe
+    runs: int = 0
+    samples: int = 0
+    reference: list[Observation] = field(default_factory=list)
+    stored: dict[str, Observation] = field(default_factory=dict)
 
-def ours(world: World) -> Outcome:
-    runs = 0
-    z = NormalDist().inv_cdf(CONFIDENCE)
-    line = (BASELINE - THRESHOLD) / 100
-    reference: list[Observation] = []
-
-    def retried(run: Callable[[int], float | None], i: int) -> float | None:
+    def attempt(self, run: Callable[[], object | None]) -> object | None:
         """A run that crashed is run again (the evaluator's retries); every attempt is a run."""
-        nonlocal runs
         for _ in range(1 + TRIAL_RETRIES):
-            runs += 1
-            value = run(i)
+            self.runs += 1
+            value = run()
             if value is not None:
                 return value
         return None
 
-    def accuracy_verdict(i: int) -> str:
-        nonlocal runs
-        correct = total = 0
-        for _ in range(MAX_ROUNDS):
-            score = retried(world.accuracy_run, i)
-            if score is None:
-                continue  # a crashed round gives no samples; the others are judged
-            correct, total = correct + round(score * SAMPLES / 100), total + SAMPLES
-            low, high = _wilson(correct, total, z)
-            if high < line:
-                return "bad"
-            if low >= line:
-                return "good"
-        if not total:
-            return "skip"
-        return "bad" if correct / total < line else "good"
+    def accuracy_step(self, steps: AccuracySteps, i: int) -> Verdict:
+        role = role_of(as_reference=i == 0, as_bad_end=i == self.world.n)
 
-    def throughput_verdict(i: int) -> str:
-        nonlocal reference
+        def run_round(trial: int, sample_ids: Sequence[str] | None) -> TrialRun:
+            ids = list(range(SAMPLES)) if sample_ids is None else [int(s) for s in sample_ids]
+            per_attempt = len(ids)
+
+            def one() -> np.ndarray | None:
+                self.samples += per_attempt
+                return self.world.accuracy_run(i, ids)
+
+            got = self.attempt(one)
+            if got is None:
+                return TrialRun(case_id="acc", trial=trial, reason="the harness run crashed after its retries")
+            assert isinstance(got, np.ndarray)
+            key = f"{i}/{trial}"
+            samples = [SampleOutcome.model_construct(id=str(s), correct=float(k), runs=1, prompt=None, output=None,
+                                                     target=None, finish_reason=None)
+                       for s, k in zip(ids, got, strict=True)]
+            self.stored[key] = Observation.model_construct(case_id="acc", trial=trial, samples=samples)
+            return TrialRun(case_id="acc", trial=trial, observation=key)
+
+        _, verdict = steps.step(str(i), role, [], run_round, 0, self.stored.__getitem__)
+        return verdict
+
+    def throughput_step(self, i: int) -> Verdict:
+        spec = self.recipe.oracle.throughput
+        assert spec is not None
         observations = []
-        for trial in range(PERF_TRIALS):
-            value = retried(world.throughput_run, i)
-            if value is None:
+        count = reference_trials(spec, self.recipe.trials.count) if i == 0 else self.recipe.trials.count
+        for trial in range(count):
+            value = self.attempt(lambda: self.world.throughput_run(i))
+            if not isinstance(value, float):
                 continue  # as the evaluator: the usable trials are judged, a step with none skips
             observations.append(Observation(case_id="perf", trial=trial, output_token_ids=list(range(1000)),
                                             timings=Timings(generate_s=1000 / (value * 1000))))
         if i == 0:
-            reference = observations
-        cfg = ThroughputConfig(threshold=TPUT_THRESHOLD, reference="good_end", confidence=0.95)
-        verdict = judge_throughput(cfg, observations, reference)
-        return {VerdictKind.GOOD: "good", VerdictKind.BAD: "bad"}.get(verdict.kind, "skip")
+            self.reference = observations
+        return judge_throughput(spec, observations, self.reference)
 
-    judge: Callable[[int], str] = accuracy_verdict if world.breaks == "accuracy" else throughput_verdict
-    problem = SearchProblem(n=world.n)
-    evidence: dict[int, Evidence] = {}
-    if world.breaks == "throughput":  # its reference: the good end goes first
-        evidence[0] = Evidence().add(judge(0))  # type: ignore[arg-type]
-    for _ in range(10 * world.n):
-        decision = decide(problem, evidence)
-        if not isinstance(decision, Next):
-            return Outcome(isinstance(decision, Found) and decision.index == world.culprit, runs)
-        for query in decision.queries:
-            i = query.index
-            outcome = "skip" if i in world.unbuildable else judge(i)
-            evidence[i] = evidence.get(i, Evidence()).add(outcome)  # type: ignore[arg-type]
-    return Outcome(False, runs)
+    def bisect(self) -> Outcome:
+        world, recipe = self.world, self.recipe
+        steps = AccuracySteps(recipe) if recipe.accuracy is not None else None
+        weigh = accuracy_weight(recipe.accuracy.confidence if recipe.accuracy else None, world.n, find_fix=False)
+        problem = SearchProblem(n=world.n, mode=search_mode_for(recipe), confidence=recipe.trials.confidence)
+        evidence: dict[int, Evidence] = {}
+
+        def judge(i: int) -> None:
+            if i in world.unbuildable:
+                evidence[i] = evidence.get(i, Evidence()).add("skip")
+                return
+            verdict = self.accuracy_step(steps, i) if steps is not None else self.throughput_step(i)
+            step = StepRecord.model_construct(index=i, commit=str(i), verdict=verdict)
+            kind = verdict.kind.value if verdict.kind != VerdictKind.SKIP else "skip"
+            evidence[i] = evidence.get(i, Evidence()).add(kind).weigh(  # type: ignore[arg-type]
+                weigh(step) if problem.mode == "likelihood" else 0.0)
+
+        if steps is None:  # the throughput line is the good end's: it goes first
+            judge(0)
+        for _ in range(10 * world.n):
+            decision = decide(problem, evidence)
+            if not isinstance(decision, Next):
+                named = isinstance(decision, Found) and decision.index == world.culprit
+                lo, hi = world.best_range()
+                best = named or (isinstance(decision, Narrowed) and (decision.lo, decision.hi) == (lo, hi))
+                return Outcome(named, best, self.runs, self.samples)
+            for query in decision.queries:
+                judge(query.index)
+        return Outcome(False, False, self.runs, self.samples)
+
+
+def ours(world: World) -> Outcome:
+    return Ours(world, recipe_of("acc", world.baseline) if world.breaks == "accuracy" else recipe_of("perf")).bisect()
 
 
 def make_world(seed: int, n: int, breaks: str, pin_moves: bool) -> World:
     rng = np.random.default_rng(seed)
     culprit = int(rng.integers(1, n + 1))
-    pin_move = int(rng.integers(1, n + 1)) if pin_moves else None
     unbuildable = frozenset(i for i in range(1, n) if rng.random() < BUILD_FAIL and i != culprit)
-    return World(n, culprit, breaks, pin_move, unbuildable, rng)
+    kappa = 1 / RHO - 1
+    good = rng.beta(GOOD_ACC * kappa, (1 - GOOD_ACC) * kappa, SAMPLES)
+    bad = good.copy()
+    for i in rng.permutation(SAMPLES):  # break samples until the mean has dropped by the regression's points
+        if (good - bad).sum() >= SAMPLES * (GOOD_ACC - BAD_ACC):
+            break
+        bad[i] = good[i] * BROKEN_RATE
+    pin_move = int(rng.integers(1, n + 1)) if pin_moves else None
+    return World(n, culprit, breaks, pin_move, unbuildable, good, bad, np.random.default_rng([seed, 1]))
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--seeds", type=int, default=400)
+    parser.add_argument("--first-seed", type=int, default=0)
     parser.add_argument("--candidates", type=int, default=39)
     args = parser.parse_args()
     started = time.monotonic()
-    print(f"{args.seeds} seeded culprits per row, {args.candidates} candidates")
-    print("| regression | vLLM pin | tools/bisect right | its runs (mean) | bisect-npu right | its runs (mean) |")
-    print("|---|---|---:|---:|---:|---:|")
+    seeds = range(args.first_seed, args.first_seed + args.seeds)
+    print(f"seeds {seeds.start}-{seeds.stop - 1} ({args.seeds} seeded culprits per row), {args.candidates} candidates")
+    print("| regression | vLLM pin | tools/bisect right | its runs (mean) | bisect-npu culprit named | "
+          "best answer the builds allow | its runs (mean) | its samples run (mean) |")
+    print("|---|---|---:|---:|---:|---:|---:|---:|")
     notes: list[str] = []
     for breaks in ("accuracy", "throughput"):
+        # bisect-npu installs each commit's own pin and never reads it: the worlds of both rows are
+        # the same but for the pin (drawn last, apart from the runs' stream), so its runs are too.
+        mine = [ours(make_world(seed, args.candidates, breaks, False)) for seed in seeds]
         for pin_moves in (False, True):
-            rows = {}
-            for name, tool in (("theirs", theirs), ("ours", ours)):
-                results = [tool(make_world(seed, args.candidates, breaks, pin_moves)) for seed in range(args.seeds)]
-                rows[name] = (sum(r.correct for r in results) / len(results),
-                              sum(r.runs for r in results) / len(results))
-                if name == "ours" and not pin_moves:
-                    worlds = [make_world(seed, args.candidates, breaks, pin_moves) for seed in range(args.seeds)]
-                    misses = [w for w, r in zip(worlds, results, strict=True) if not r.correct]
-                    notes.append(f"{breaks}: bisect-npu's {len(misses)} misses: {sum(map(blocked, misses))} with the "
-                                 f"commit before the culprit unbuildable, {sum(not blocked(w) for w in misses)} "
-                                 "from a wrong verdict")
+            worlds = [make_world(seed, args.candidates, breaks, pin_moves) for seed in seeds]
+            other = [theirs(w) for w in worlds]
             pin = "moves inside the range" if pin_moves else "the same at every commit"
-            print(f"| {breaks} | {pin} | {rows['theirs'][0]:.1%} | {rows['theirs'][1]:.1f} | "
-                  f"{rows['ours'][0]:.1%} | {rows['ours'][1]:.1f} |")
+            samples = f"{np.mean([r.samples for r in mine]):.0f}" if breaks == "accuracy" else "-"
+            print(f"| {breaks} | {pin} | {np.mean([r.named for r in other]):.1%} | "
+                  f"{np.mean([r.runs for r in other]):.1f} | {np.mean([r.named for r in mine]):.1%} | "
+                  f"{np.mean([r.best for r in mine]):.1%} | {np.mean([r.runs for r in mine]):.1f} | {samples} |")
+            if not pin_moves:
+                misses = [w for w, r in zip(worlds, mine, strict=True) if not r.named]
+                wrong = [w for w, r in zip(worlds, mine, strict=True) if not r.best]
+                notes.append(f"{breaks}: bisect-npu's {len(misses)} misses of the culprit: {sum(map(blocked, misses))} "
+                             f"with the commit before it unbuildable, {sum(not blocked(w) for w in misses)} else; "
+                             f"{len(wrong)} answers not the best the builds allow")
+    # The good end measured as a candidate is (reference_trials = trials.count, the former default).
+    perf = recipe_of("perf")
+    assert perf.oracle.throughput is not None
+    alike = perf.oracle.throughput.model_copy(update={"reference_trials": perf.trials.count})
+    former = [Ours(make_world(seed, args.candidates, "throughput", False),
+                   perf.model_copy(update={"oracle": perf.oracle.model_copy(update={"throughput": alike})})).bisect()
+              for seed in seeds]
+    notes.append(f"throughput with the good end at {perf.trials.count} trials like a candidate: culprit named "
+                 f"{np.mean([r.named for r in former]):.1%}, best answer {np.mean([r.best for r in former]):.1%}, "
+                 f"{np.mean([r.runs for r in former]):.1f} runs")
     for note in notes:
         print(note)
     print(f"({time.monotonic() - started:.1f} s)")

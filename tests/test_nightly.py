@@ -25,7 +25,15 @@ from bisect_npu.nightly.cases import CaseRef, NightlyRefused, import_case, read_
 from bisect_npu.nightly.good_table import Lookup, last_good, read_rows
 from bisect_npu.oracle import judge
 from bisect_npu.oracle.config import OracleConfig
-from bisect_npu.oracle.throughput import ThroughputConfig, judge_throughput, t_quantile
+from bisect_npu.oracle.throughput import (
+    REFERENCE_TRIALS_FACTOR,
+    ThroughputConfig,
+    judge_throughput,
+    reference_trials,
+    t_quantile,
+)
+from bisect_npu.orchestration.reference import step_trials
+from bisect_npu.orchestration.session import search_mode_for
 from bisect_npu.recipe.loader import parse_recipe
 from tests.gitrepo import git, make_linear_repo
 
@@ -126,6 +134,33 @@ def test_throughput_kind_through_the_oracle_entry() -> None:
     assert judge(cfg, [_obs(100, 1.0, t) for t in range(3)], None, trials_per_case=3).kind == VerdictKind.GOOD
     assert judge(cfg, [_obs(10, 1.0)], None, trials_per_case=1).kind == VerdictKind.BAD
     assert judge(cfg, [Observation()], None, trials_per_case=1).kind == VerdictKind.SKIP
+
+
+def test_the_good_end_whose_mean_is_the_line_runs_more_trials() -> None:
+    """The good end's mean is every step's line: it runs REFERENCE_TRIALS_FACTOR times a candidate's
+    trials (or the recipe's `reference_trials`); a line from a published baseline, a candidate, and
+    a recipe without the throughput kind take the recipe's count."""
+    raw = read_case_file(CASE_FILE, CASE_PATH)
+    perf = import_case(raw, CASE_PATH, "tiny-aclgraph", "perf")
+    assert perf.oracle.throughput is not None and perf.trials.count == 5
+    assert step_trials(perf, as_reference=True) == REFERENCE_TRIALS_FACTOR * 5 > 5
+    assert step_trials(perf, as_reference=False) == 5
+    assert reference_trials(perf.oracle.throughput.model_copy(update={"reference_trials": 12}), 5) == 12
+    assert reference_trials(ThroughputConfig(baseline=100.0, reference_trials=12), 5) == 5
+    accuracy = import_case(raw, CASE_PATH, "tiny-aclgraph")
+    assert step_trials(accuracy, as_reference=True) == accuracy.trials.count
+    assert step_trials(None, as_reference=True) == 1
+    with pytest.raises(ValueError, match="reference_trials"):
+        ThroughputConfig(reference="good_end", reference_trials=0)
+
+
+def test_the_search_mode_of_each_benchmark() -> None:
+    """An accuracy benchmark's steps are measurements (the likelihood search weighs them); a
+    performance benchmark's are verdicts (exact, or the mode asked)."""
+    raw = read_case_file(CASE_FILE, CASE_PATH)
+    accuracy, perf = import_case(raw, CASE_PATH, "tiny-aclgraph"), import_case(raw, CASE_PATH, "tiny-aclgraph", "perf")
+    assert search_mode_for(accuracy) == search_mode_for(accuracy, "noisy") == "likelihood"
+    assert (search_mode_for(perf), search_mode_for(perf, "noisy"), search_mode_for(None)) == ("exact", "noisy", "exact")
 
 
 # -- case files as recipes ------------------------------------------------------------------------
@@ -419,6 +454,10 @@ def test_run_bisects_a_nightly_case_from_the_good_tables_row(tmp_path: Path) -> 
 
     summary = json.loads((session / "report.json").read_text())
     assert summary["culprit"] == shas[culprit] and summary["good"] == shas[1]
+    records = [json.loads(line) for line in (session / "journal.jsonl").read_text().splitlines()]
+    trials = [r["index"] for r in records if r["type"] == "trial"]
+    assert trials.count(0) == REFERENCE_TRIALS_FACTOR * 5  # the good end: the line of every step
+    assert {trials.count(i) for i in set(trials) - {0}} == {5}
     assert summary["nightly"]["parallel"] == "TP1" and summary["nightly"]["execution"] == "ACLGraph"
 
 

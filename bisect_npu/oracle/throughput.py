@@ -22,6 +22,9 @@ from pydantic import Field, model_validator
 from bisect_npu.contracts import Observation, StrictModel, Verdict, VerdictKind
 
 THROUGHPUT_FIGURE = "output_token_throughput"  # Observation.extra key a harness fills (tokens/s)
+# The good end's trials, as a multiple of a candidate's, when its mean is the line: one error in
+# that mean moves the line of every step at once, so it is measured to half a candidate's error.
+REFERENCE_TRIALS_FACTOR = 4
 
 
 class ThroughputConfig(StrictModel):
@@ -37,12 +40,23 @@ class ThroughputConfig(StrictModel):
         "baseline", description="baseline: the line is threshold x baseline; good_end: threshold x the good "
                                 "end's mean throughput (measured the same way as every candidate's)")
     confidence: float = Field(0.95, gt=0.5, lt=1.0, description="one-sided confidence of each bound")
+    reference_trials: int | None = Field(
+        None, strict=True, ge=1, le=10_000,
+        description="reference good_end: trials of the good end, whose mean is the line of every step; unset: "
+                    f"{REFERENCE_TRIALS_FACTOR} x trials.count (its error would move every step's line at once)")
 
     @model_validator(mode="after")
     def _baseline_when_asked(self) -> ThroughputConfig:
         if self.reference == "baseline" and self.baseline is None:
             raise ValueError("reference baseline needs `baseline`, the published throughput in tokens/s")
         return self
+
+
+def reference_trials(cfg: ThroughputConfig, trials: int) -> int:
+    """The good end's trials when its mean is the line (reference good_end), a candidate taking `trials`."""
+    if cfg.reference != "good_end":
+        return trials
+    return cfg.reference_trials or REFERENCE_TRIALS_FACTOR * trials
 
 
 def sample_of(obs: Observation) -> float | None:

@@ -4,6 +4,7 @@ of typed records and facts, no I/O."""
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Literal
 
@@ -11,6 +12,8 @@ from bisect_npu.level import HeldUpstream, MergeScope
 from bisect_npu.recipe.settings import Difference, show
 from bisect_npu.records import FixRecord
 from bisect_npu.settings_journal import ReferenceRecord
+
+SKIPS_SHOWN = 3  # skipped commits a narrowed range's sentence names with their reasons
 
 
 def found(what: str, culprit: str, title: str, *, find_fix: bool, scope: MergeScope | None) -> str:
@@ -22,9 +25,28 @@ def found(what: str, culprit: str, title: str, *, find_fix: bool, scope: MergeSc
     return message
 
 
-def narrowed(lo: str, hi: str, commits: int, *, find_fix: bool) -> str:
+def short_of(reached: float, asked: float) -> str:
+    """What a found sentence adds when the search answered below the confidence asked (the commits
+    around the culprit reached their steps' cap or were skipped): the answer is its best guess."""
+    if reached >= asked:
+        return ""
+    return (f" (a best guess: {reached:.0%} sure, under the {asked:.0%} asked; the steps around it disagree, the "
+            "report has each one's evidence)")
+
+
+def narrowed(lo: str, hi: str, commits: int, *, find_fix: bool, skipped: Sequence[tuple[str, str]] = ()) -> str:
+    """The range skips left, with why each commit between could not be tested (`skipped`: its
+    sha and its step's reason, e.g. its own build failure): what the user checks by hand."""
+    why = "; ".join(f"{sha[:12]}: {_first_line(reason)}" for sha, reason in skipped[:SKIPS_SHOWN])
+    if len(skipped) > SKIPS_SHOWN:
+        why += f"; {len(skipped) - SKIPS_SHOWN} more in the report"
     return (f"the {'fix' if find_fix else 'culprit'} is one of {commits} commits in ({lo[:12]}, {hi[:12]}]: "
-            "the commits between could not be tested (skipped)")
+            f"the commits between could not be tested ({why or 'skipped'})")
+
+
+def _first_line(reason: str, chars: int = 160) -> str:
+    line = reason.strip().splitlines()[0] if reason.strip() else "skipped"
+    return line if len(line) <= chars else line[: chars - 1] + "…"
 
 
 def ends_wrong(which: Literal["good", "bad"], good: str, bad: str, *, find_fix: bool, untested: str | None,

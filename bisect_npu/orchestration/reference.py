@@ -8,6 +8,7 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 
 from bisect_npu import search
+from bisect_npu.oracle.throughput import reference_trials
 from bisect_npu.orchestration.environments import load_golden
 from bisect_npu.orchestration.evaluate import Evaluator
 from bisect_npu.orchestration.state import SessionState
@@ -19,6 +20,17 @@ def store_reference(recipe: Recipe | None, base: str) -> str:
     """What a recipe's verdicts are relative to, for the verdict store: the good end where the
     oracle compares against the good end's own runs, else nothing."""
     return base if recipe is not None and recipe.reference.kind == "good_end" else ""
+
+
+def step_trials(recipe: Recipe | None, as_reference: bool) -> int:
+    """A step's trials outside noisy mode: the recipe's count, and more at the good end where its
+    mean is a throughput line (`oracle.throughput.reference_trials`)."""
+    if recipe is None:
+        return 1
+    spec = recipe.oracle.throughput
+    if as_reference and spec is not None and "throughput" in recipe.oracle.kinds:
+        return reference_trials(spec, recipe.trials.count)
+    return recipe.trials.count
 
 
 class References:
@@ -51,7 +63,7 @@ class References:
         if not self.from_good_end or self.evaluator.reference is not None:
             return
         if not self._steps_at(0):
-            run(search.Query(0, self.recipe.trials.count if self.recipe else 1))
+            run(search.Query(0, step_trials(self.recipe, as_reference=True)))
         self.evaluator.set_reference([t for s in self._steps_at(0) for t in s.trials])
         bad_steps = self._steps_at(self.last)
         if bad_steps and self.evaluator.accuracy is not None and self.evaluator.accuracy.bad_end is None:

@@ -23,7 +23,7 @@ import git
 from bisect_npu import interrupts, search
 from bisect_npu.builders.base import Builder, tail
 from bisect_npu.builders.prefetch import Prefetcher, speculative_queries
-from bisect_npu.contracts import Verdict
+from bisect_npu.contracts import Verdict, VerdictKind
 from bisect_npu.defaults import CONFIDENCE
 from bisect_npu.execute.base import Executor
 from bisect_npu.execute.inprocess import Oracle
@@ -33,7 +33,7 @@ from bisect_npu.orchestration import end_messages
 from bisect_npu.orchestration.costs import measured_costs, told_costs
 from bisect_npu.orchestration.evaluate import EvaluationRequest, Evaluator, StepResult
 from bisect_npu.orchestration.opening import Opened, open_journal, open_new
-from bisect_npu.orchestration.reference import References
+from bisect_npu.orchestration.reference import References, step_trials
 from bisect_npu.orchestration.result import EXIT_CODES, EXIT_ENDS_WRONG, EXIT_FOUND, EXIT_NARROWED, SessionResult
 from bisect_npu.orchestration.session_spec import SessionSpec, earlier_runs_for_search, earlier_runs_spec
 from bisect_npu.orchestration.slots import run_in_slots
@@ -53,6 +53,17 @@ from bisect_npu.records import (
 )
 
 END_OUTPUT_LINES = 10  # what an end judged wrong shows of its run's output
+
+
+def search_mode_for(recipe: Recipe | None, asked: Literal["exact", "noisy"] | None = None,
+                    ) -> Literal["exact", "noisy", "likelihood"]:
+    """The search's mode for a recipe: an accuracy recipe's steps are measurements, so the search
+    weighs each one's likelihood ratio; otherwise the mode asked (--mode), else the recipe's."""
+    if recipe is not None and recipe.accuracy is not None:
+        return "likelihood"
+    if asked:
+        return asked
+    return recipe.trials.mode if recipe else "exact"
 
 
 class Session:
@@ -126,8 +137,13 @@ class Session:
             return self.spec.search.mode
         return self.recipe.trials.mode if self.recipe else "exact"
 
+    @property
+    def confidence(self) -> float:
+        """The posterior the search must reach (--confidence, else the recipe's)."""
+        return self.spec.search.confidence or (self.recipe.trials.confidence if self.recipe else CONFIDENCE)
+
     def problem(self) -> search.SearchProblem:
-        confidence = self.spec.search.confidence or (self.recipe.trials.confidence if self.recipe else CONFIDENCE)
+        confidence = self.confidence
         earlier = (earlier_runs_for_search(self.earlier_runs, find_fix=self.spec.search.find_fix)
                    if self.earlier_runs else None)
         # Costs in the search's unit, measured from the journal, so a resumed session weighs as
@@ -137,8 +153,7 @@ class Session:
         load_cost, build_cost, overlay_cost = measured_costs(
             self.journal.entries, self.recipe.trials if self.recipe else None, noisy=self.mode == "noisy",
             batches=self.evaluator.batches, grouped=bool(groups))
-        # An accuracy recipe's steps are measurements: the search weighs each one's likelihood ratio.
-        mode = "likelihood" if self.recipe is not None and self.recipe.accuracy is not None else self.mode
+        mode = search_mode_for(self.recipe, self.spec.search.mode)
         return search.SearchProblem(n=self.n, mode=mode, check_ends=self.check_ends,
                                     slots=self.slots, confidence=confidence, earlier_runs=earlier,
                                     load_cost=load_cost, build_cost=build_cost, build_groups=groups,
@@ -257,7 +272,8 @@ class Session:
         self.progress.step_started(query.index, commit, self.titles.get(commit, ""), left,
                                    max(1, math.ceil(math.log2(left + 1))))
         noisy = self.mode == "noisy"
-        trials = query.trials if noisy else (self.recipe.trials.count if self.recipe else 1)
+        as_reference = query.index == 0 and self.references.from_good_end
+        trials = query.trials if noisy else step_trials(self.recipe, as_reference)
 
         pending = self.state.pending_trials(query.index) if not noisy else []
         expected = trials * (len(self.recipe.cases) if self.recipe else 1)
@@ -273,7 +289,6 @@ class Session:
             self.progress.note(f"{commit[:10]}: attempt {retry.attempt} failed on the host ({retry.cause}); "
                                "retrying")
 
-        as_reference = query.index == 0 and self.references.from_good_end
         first = self.state.next_trial(query.index) if first_trial is None else first_trial
         result = self.evaluator.evaluate(EvaluationRequest(commit, trials, tuple(pending), on_trial, judge_each=noisy,
                                                            first_trial=first, as_reference=as_reference,
@@ -324,13 +339,15 @@ class Session:
             culprit = self.commit_at(decision.index)
             message = end_messages.found(self.spec.level.name, culprit, self.titles.get(culprit, ""),
                                          find_fix=self.spec.search.find_fix, scope=scope_of(self.spec.level))
+            message += end_messages.short_of(decision.confidence, self.confidence)
             end = EndRecord(status="found", culprit=culprit, index=decision.index, confidence=decision.confidence,
                             figures=decision.figures)
             result = SessionResult("found", EXIT_FOUND, self.journal.session_dir, culprit=culprit,
                                    message=message, steps=steps)
         elif isinstance(decision, search.Narrowed):
             lo, hi = self.commit_at(decision.lo), self.commit_at(decision.hi)
-            message = end_messages.narrowed(lo, hi, decision.hi - decision.lo, find_fix=self.spec.search.find_fix)
+            message = end_messages.narrowed(lo, hi, decision.hi - decision.lo, find_fix=self.spec.search.find_fix,
+                                            skipped=self._skipped_between(decision.lo, decision.hi))
             end = EndRecord(status="narrowed", lo=lo, hi=hi, lo_index=decision.lo, hi_index=decision.hi,
                             figures=decision.figures)
             result = SessionResult("narrowed", EXIT_NARROWED, self.journal.session_dir, range=(lo, hi),
@@ -360,6 +377,12 @@ class Session:
         output = self._end_run(0 if end.which == "good" else self.n)[1] if end.status == "ends_wrong" else ""
         return SessionResult(end.status, code, self.journal.session_dir, culprit=end.culprit, range=rng,
                              message=end.message, steps=steps, output_tail=output)
+
+    def _skipped_between(self, lo: int, hi: int) -> list[tuple[str, str]]:
+        """Each commit strictly between two positions whose last step was a skip, with its reason."""
+        last = {step.index: step for step in self.state.steps() if lo < step.index < hi}
+        return [(self.commit_at(i), last[i].verdict.reason) for i in sorted(last)
+                if last[i].verdict.kind == VerdictKind.SKIP]
 
     def _end_run(self, end_index: int) -> tuple[Path | None, str]:
         """The log of the last run at an end and the last lines of its output: where a user finds

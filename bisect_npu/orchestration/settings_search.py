@@ -28,11 +28,12 @@ from bisect_npu.execute.host import recipe_for_host
 from bisect_npu.journal import JOURNAL_FILE
 from bisect_npu.level import SettingsLevel
 from bisect_npu.orchestration import end_messages
-from bisect_npu.orchestration.environments import load_golden, make_environment, session_evaluator
+from bisect_npu.orchestration.environments import make_environment, session_evaluator
 from bisect_npu.orchestration.evaluate import EvaluationRequest, Evaluator, StepResult
-from bisect_npu.orchestration.opening import Fact, first_difference, refuse_other_request
+from bisect_npu.orchestration.opening import Fact, first_difference, refuse_other_request, stop_leftovers
 from bisect_npu.orchestration.preflight import RAY_REFUSED
-from bisect_npu.orchestration.result import EXIT_ENDS_WRONG, EXIT_FOUND
+from bisect_npu.orchestration.reference import References
+from bisect_npu.orchestration.result import EXIT_CODES
 from bisect_npu.orchestration.session_spec import SessionSpec, check_dependency_options
 from bisect_npu.orchestration.verdict_reuse import VerdictReuse, open_verdict_reuse
 from bisect_npu.progress import PlainProgress, Progress
@@ -253,7 +254,9 @@ class SettingsSearch:
                                        batch=self.header.batch, max_trials=self.header.max_trials)
         self._executors: dict[tuple[tuple[str, str], ...], Executor] = {}
         self._memories: dict[str, VerdictReuse | None] = {}
-        self.reference: list[Observation] | None = load_golden(recipe) if recipe.reference.kind == "golden" else None
+        # The good variant's runs at the commit are every configuration's reference, as a commit
+        # search's good end's are (None where the reference commit gives each its own).
+        self.references = References(recipe, base, self._good_variant_runs)
         self.reference_commit = self.header.reference_commit
 
     # -- construction -------------------------------------------------------------------------
@@ -297,7 +300,7 @@ class SettingsSearch:
         else:
             journal = SettingsJournal.create(session_dir, cls._header(question, request, recipe))
         try:
-            spec, base = cls._environment(journal.header, recipe, session_dir, builder, executor)
+            spec, base = cls._environment(journal.header, recipe, session_dir, builder, executor, progress)
         except BaseException:
             journal.close()
             raise
@@ -305,7 +308,7 @@ class SettingsSearch:
 
     @staticmethod
     def _environment(header: SettingsHeader, recipe: Recipe, session_dir: Path, builder: Builder | None,
-                     executor: Executor | None) -> tuple[SessionSpec, Evaluator]:
+                     executor: Executor | None, progress: Progress) -> tuple[SessionSpec, Evaluator]:
         """The session a run of the one commit is (the header's request at its level), and the
         evaluator whose builder every configuration shares (the builder and executor given, or
         made as `run` makes them)."""
@@ -316,7 +319,9 @@ class SettingsSearch:
 
             settle_devices(spec, recipe.cards_per_run())
         repo = history.open_repo(spec.range.repo or ".")
-        return spec, session_evaluator(spec, repo, recipe, session_dir, builder, executor)
+        evaluator = session_evaluator(spec, repo, recipe, session_dir, builder, executor)
+        stop_leftovers(evaluator, progress)
+        return spec, evaluator
 
     @staticmethod
     def _check_same_reference(question: SettingsQuestion, journal: SettingsJournal) -> None:
@@ -438,14 +443,15 @@ class SettingsSearch:
 
     def _ensure_reference(self) -> None:
         """A recipe judged against the good end's output is judged here against the good variant's."""
-        if self.recipe.reference.kind != "good_end" or self.reference is not None or self.reference_commit:
-            return
+        if not self.reference_commit:
+            self.references.ensure(self._run_good_variant)
+
+    def _good_variant_runs(self) -> list[TrialRun] | None:
         good = self._records(frozenset())
-        if not good:
-            self._run_configuration(frozenset(), self.recipe.trials.count, as_reference=True)
-            good = self._records(frozenset())
-        self.reference = [Observation.load(self.base.abs(t.observation))
-                          for r in good for t in r.trials if t.observation]
+        return [trial for record in good for trial in record.trials] if good else None
+
+    def _run_good_variant(self, trials: int) -> None:
+        self._run_configuration(frozenset(), trials, as_reference=True)
 
     def _records(self, configuration: Configuration) -> list[ConfigurationRecord]:
         return [e for e in self.journal.entries if isinstance(e, ConfigurationRecord)
@@ -500,7 +506,7 @@ class SettingsSearch:
         evaluator = _ConfigurationEvaluator(Path("configurations") / digest, self.base.builder,
                                             self._executor_for(recipe), self.journal.session_dir, recipe=recipe,
                                             timeout_s=self.spec.judge.timeout_s, timeout_is=self.spec.judge.timeout_is)
-        evaluator.reference = self.reference
+        evaluator.reference = self.base.reference
         if self.reference_commit and not as_reference:
             reference = self._reference_run(configuration, recipe, check)
             if reference.verdict.kind != VerdictKind.GOOD:
@@ -532,7 +538,9 @@ class SettingsSearch:
         self.progress.note(f"configuration {self._label(configuration, check)}: {result.verdict.kind.value} "
                            f"({result.verdict.reason})")
         if memory is not None:
-            self._keep(memory, digest, result, build_key)
+            outcomes = [e.outcome for e in self.journal.entries if isinstance(e, ConfigurationTrial)
+                        and e.digest == digest] if noisy else None
+            memory.keep_judged(commit, build_key, result.verdict, outcomes)
         return record
 
     def _reference_run(self, configuration: Configuration, recipe: Recipe, check: str | None) -> ReferenceRecord:
@@ -566,15 +574,6 @@ class SettingsSearch:
     def _reference_label(self) -> str:
         assert self.reference_commit is not None
         return f"{self.reference_commit[:12]} ({self.header.reference_ref})"
-
-    def _keep(self, memory: VerdictReuse, digest: str, result: StepResult, build_key: str) -> None:
-        """This search's verdict of the configuration, with its trials' tally in noisy mode."""
-        outcomes = [e.outcome for e in self.journal.entries
-                    if isinstance(e, ConfigurationTrial) and e.digest == digest and e.outcome]
-        good, bad = outcomes.count(VerdictKind.GOOD), outcomes.count(VerdictKind.BAD)
-        if self.problem.mode == "exact":
-            good, bad = int(result.verdict.kind == VerdictKind.GOOD), int(result.verdict.kind == VerdictKind.BAD)
-        memory.keep(self.header.commit, build_key, result.verdict, good, bad)
 
     def _pending(self, digest: str) -> list[TrialRun]:
         """Trials of the configuration journaled after its last record: an interrupted run's work."""
@@ -652,8 +651,7 @@ class SettingsSearch:
     def _result(self, end: SettingsEnd) -> SettingsResult:
         tried = len({e.digest for e in self.journal.entries if isinstance(e, ConfigurationRecord)})
         trigger = [self.differences[i] for i in end.trigger]
-        code = EXIT_FOUND if end.status == "found" else EXIT_ENDS_WRONG
-        return SettingsResult(end.status, code, self.journal.session_dir, end.message, trigger, tried)
+        return SettingsResult(end.status, EXIT_CODES[end.status], self.journal.session_dir, end.message, trigger, tried)
 
     def close(self) -> None:
         try:

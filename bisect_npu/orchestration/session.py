@@ -36,7 +36,7 @@ from bisect_npu.orchestration.opening import Opened, open_journal, open_new
 from bisect_npu.orchestration.reference import References
 from bisect_npu.orchestration.result import EXIT_CODES, EXIT_ENDS_WRONG, EXIT_FOUND, EXIT_NARROWED, SessionResult
 from bisect_npu.orchestration.session_spec import SessionSpec, earlier_runs_for_search, earlier_runs_spec
-from bisect_npu.orchestration.slots import run_in_slots
+from bisect_npu.orchestration.slots import first_trials, run_in_slots
 from bisect_npu.orchestration.state import SessionState, accuracy_weight
 from bisect_npu.orchestration.verdict_reuse import Reused, SessionVerdicts, VerdictReuse
 from bisect_npu.progress import Progress
@@ -241,7 +241,8 @@ class Session:
         first, rest = self.references.first(queries)
         if first is not None:
             self._run_query(first)
-        run_in_slots(rest, self.slots, self.state.next_trial, self._run_query, self.evaluator.executor.close)
+        run_in_slots(rest, self.slots, self._run_query, self.evaluator.executor.close,
+                     functools.partial(first_trials, next_trial=self.state.next_trial))
 
     def _runs_at(self, index: int) -> list[TrialRun] | None:
         """The trials journaled at a position; None where it has not run."""

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import itertools
 import json
+import threading
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -24,7 +25,9 @@ from bisect_npu.builders.base import Builder
 from bisect_npu.contracts import Observation, Verdict, VerdictKind
 from bisect_npu.errors import UsageError
 from bisect_npu.execute.base import Executor
+from bisect_npu.execute.docker import DockerExecutor
 from bisect_npu.execute.host import recipe_for_host
+from bisect_npu.execute.local import LocalExecutor
 from bisect_npu.journal import JOURNAL_FILE
 from bisect_npu.level import SettingsLevel
 from bisect_npu.orchestration import end_messages
@@ -35,6 +38,7 @@ from bisect_npu.orchestration.preflight import RAY_REFUSED
 from bisect_npu.orchestration.reference import References
 from bisect_npu.orchestration.result import EXIT_CODES
 from bisect_npu.orchestration.session_spec import SessionSpec, check_dependency_options
+from bisect_npu.orchestration.slots import run_in_slots
 from bisect_npu.orchestration.verdict_reuse import VerdictReuse, open_verdict_reuse
 from bisect_npu.progress import PlainProgress, Progress
 from bisect_npu.recipe.loader import load_recipe
@@ -250,10 +254,12 @@ class SettingsSearch:
         self.repo_path = repo_path
         self.progress = progress
         self.differences = [Difference(d.key, d.bad, d.good) for d in self.header.differences]
+        self.slots = max(1, spec.executor.slots or 1)  # configurations run at once, each on a slot's cards
         self.problem = SettingsProblem(len(self.differences), mode=self.header.mode, confidence=self.header.confidence,
-                                       batch=self.header.batch, max_trials=self.header.max_trials)
+                                       batch=self.header.batch, max_trials=self.header.max_trials, slots=self.slots)
         self._executors: dict[tuple[tuple[str, str], ...], Executor] = {}
         self._memories: dict[str, VerdictReuse | None] = {}
+        self._lock = threading.Lock()  # the slots' configurations make an executor or a store scope in turn
         # The good variant's runs at the commit are every configuration's reference, as a commit
         # search's good end's are (None where the reference commit gives each its own).
         self.references = References(recipe, base, self._good_variant_runs)
@@ -380,7 +386,7 @@ class SettingsSearch:
         settled.range = RangeSpec(good=commit, bad=commit, repo=repo_path)
         settled.judge.recipe = str(Path(recipe_name).resolve()) if Path(recipe_name).exists() else recipe_name
         settled.search.mode = mode
-        settled.executor.slots = settled.executor.slots or 1  # one configuration at a time
+        settled.executor.slots = settled.executor.slots or 1  # configurations at once: --slots, one by default
         return SettingsHeader(
             tool_version=__version__, request=settled,
             level=SettingsLevel(commit=commit, good_set=[f"{d.key}={json.dumps(d.good)}"  # JSON values are YAML
@@ -433,7 +439,7 @@ class SettingsSearch:
             decision = decide_ddmin(self.problem, self.evidence())
             if isinstance(decision, Ask):
                 self._ensure_reference()
-                self._run_configuration(decision.configuration, decision.trials)
+                run_in_slots((decision, *decision.alongside), self.slots, self._run_ask, self._stop_runs)
                 continue
             break
         if isinstance(decision, EndsWrong):
@@ -463,26 +469,42 @@ class SettingsSearch:
         if recipe.environment == self.recipe.environment:
             return self.base.executor
         key = tuple(sorted(recipe.environment.items()))
-        if key not in self._executors:
-            repo = history.open_repo(self.repo_path)
-            self._executors[key] = make_environment(self.spec, repo, recipe, self.journal.session_dir,
-                                                    self.journal.session_dir / "worktrees")[1]
-        return self._executors[key]
+        with self._lock:
+            if key not in self._executors:
+                repo = history.open_repo(self.repo_path)
+                made = make_environment(self.spec, repo, recipe, self.journal.session_dir,
+                                        self.journal.session_dir / "worktrees")[1]
+                base = self.base.executor
+                pooled = LocalExecutor | DockerExecutor
+                if isinstance(made, pooled) and isinstance(base, pooled):
+                    made.device_pool = base.device_pool  # one pool of the cards: two slots never share one
+                self._executors[key] = made
+            return self._executors[key]
+
+    def _run_ask(self, ask: Ask, _first_trial: int | None) -> None:
+        """One configuration the search asks (its trial numbers its own: no two slots run one configuration)."""
+        self._run_configuration(ask.configuration, ask.trials)
+
+    def _stop_runs(self) -> None:
+        """An interrupt stops what the other slots run."""
+        for executor in [self.base.executor, *self._executors.values()]:
+            executor.close()
 
     def _memory(self, recipe: Recipe) -> VerdictReuse | None:
         """The verdict store under this configuration's recipe digest, relative to what the oracle
         compares it with: the reference commit (where the configuration itself is the reference,
         as a commit search's good end is), else the good variant."""
         digest = recipe.digest()
-        if digest not in self._memories:
-            reference = ""
-            if self.reference_commit:
-                reference = self.reference_commit
-            elif self.recipe.reference.kind == "good_end":
-                reference = self.recipe_of(frozenset()).digest()
-            self._memories[digest] = open_verdict_reuse(self.spec, recipe, self.journal.session_dir, reference,
-                                                 self.progress)
-        return self._memories[digest]
+        with self._lock:
+            if digest not in self._memories:
+                reference = ""
+                if self.reference_commit:
+                    reference = self.reference_commit
+                elif self.recipe.reference.kind == "good_end":
+                    reference = self.recipe_of(frozenset()).digest()
+                self._memories[digest] = open_verdict_reuse(self.spec, recipe, self.journal.session_dir, reference,
+                                                            self.progress)
+            return self._memories[digest]
 
     def _run_configuration(self, configuration: Configuration, trials: int, as_reference: bool = False,
                            extra: dict[str, Any] | None = None) -> ConfigurationRecord:

@@ -34,7 +34,7 @@ from bisect_npu.orchestration import end_messages
 from bisect_npu.orchestration.environments import make_environment, session_evaluator
 from bisect_npu.orchestration.evaluate import EvaluationRequest, Evaluator, StepResult
 from bisect_npu.orchestration.opening import Fact, first_difference, refuse_other_request, stop_leftovers
-from bisect_npu.orchestration.preflight import RAY_REFUSED
+from bisect_npu.orchestration.preflight import RAY_REFUSED, settle_executor
 from bisect_npu.orchestration.reference import References
 from bisect_npu.orchestration.result import EXIT_CODES
 from bisect_npu.orchestration.session_spec import SessionSpec, check_dependency_options
@@ -320,10 +320,7 @@ class SettingsSearch:
         made as `run` makes them)."""
         spec = SessionSpec(header.request.settled(), header.level)
         check_dependency_options(spec, recipe)
-        if spec.executor.devices:  # as `run` does: the host type, its refusals, the containers' device files
-            from bisect_npu.orchestration.preflight import settle_devices
-
-            settle_devices(spec, recipe.cards_per_run())
+        settle_executor(spec, recipe.cards_per_run())  # this host's: the host type, its refusals, the device files
         repo = history.open_repo(spec.range.repo or ".")
         evaluator = session_evaluator(spec, repo, recipe, session_dir, builder, executor)
         stop_leftovers(evaluator, progress)
@@ -386,11 +383,11 @@ class SettingsSearch:
         settled.range = RangeSpec(good=commit, bad=commit, repo=repo_path)
         settled.judge.recipe = str(Path(recipe_name).resolve()) if Path(recipe_name).exists() else recipe_name
         settled.search.mode = mode
-        settled.executor.slots = settled.executor.slots or 1  # configurations at once: --slots, one by default
+        level = SettingsLevel(commit=commit, good_set=[f"{d.key}={json.dumps(d.good)}"  # JSON values are YAML
+                                                       for d in differences])
+        settle_executor(SessionSpec(settled, level), recipe.cards_per_run())  # its slots: configurations at once
         return SettingsHeader(
-            tool_version=__version__, request=settled,
-            level=SettingsLevel(commit=commit, good_set=[f"{d.key}={json.dumps(d.good)}"  # JSON values are YAML
-                                                         for d in differences]),
+            tool_version=__version__, request=settled, level=level,
             ref=ref, title=str(repo.commit(commit).summary), recipe_digest=recipe.digest(),
             good_given=[*question.good_set, *question.vary] + (
                 [f"--good-recipe {question.good_recipe}"] if question.good_recipe else []),

@@ -8,6 +8,17 @@ batched as a commit's are (orchestration/evaluate.py). Each trial and each confi
 is journaled (settings_journal.py), so an interrupted search resumes without running a
 configuration again, and verdicts go to the verdict store under the configuration's own recipe
 digest.
+
+It is built from a commit session's pieces: the journal file (journal.py), the executor checks
+(`preflight.settle_executor`), the identity check (`opening.first_difference`), the leftovers'
+sweep, the reference (`reference.References`, the good variant as the good end), the slots
+(`slots.run_in_slots`), the verdict store (`VerdictReuse`) and the end's sentences
+(end_messages.py). What stays here has no counterpart in a commit search: the question (the good
+variant, `--vary`, the reference commit, which a resumed search must keep: `_check_same_reference`),
+each configuration's recipe, executor and step directory (the commit is the same for all, so one
+evaluator per configuration, not per commit), a configuration's run at the reference commit
+(`_reference_run`), a scope per configuration in the verdict store (its own recipe digest), and
+its answer (`SettingsEnd`: a trigger of keys, not a culprit).
 """
 
 from __future__ import annotations

@@ -101,7 +101,7 @@ class AppendOnlyJournal(Generic[H, E]):
     `fcntl.flock` on `session_dir/LOCK`, so the kernel drops it when the process dies, SIGKILL
     included, and a resume can take over at once. Descriptors are not inherited by subprocesses
     (Python's default); a child forked without exec would share the lock. A subclass names its
-    file, lock, header type and schema version, reads its lines (`_read_header`, `_read_entry`)
+    file, lock, header type and schema version, reads its lines (`_read_header`, `_parse_entry`)
     and words its refusals.
     """
 
@@ -236,8 +236,9 @@ class AppendOnlyJournal(Generic[H, E]):
         raise NotImplementedError
 
     @classmethod
-    def _read_entry(cls, path: Path, number: int, raw: dict[str, Any]) -> E | None:
-        """A line after the header as its record; None for a type this version does not know."""
+    def _parse_entry(cls, raw: dict[str, Any]) -> E | None:
+        """A line after the header as its record; None for a type this version does not know (a
+        newer writer's); a known type that does not fit its model is a pydantic ValidationError."""
         raise NotImplementedError
 
     @classmethod
@@ -285,8 +286,15 @@ class AppendOnlyJournal(Generic[H, E]):
         if not raws or raws[0].get("type") != cls.HEADER_TYPE:
             raise UsageError(f"{path} has no header line; it is not a bisect-npu journal")
         header = cls._read_header(path, raws[0])
-        entries = [entry for number, raw_entry in enumerate(raws[1:], start=2)
-                   if (entry := cls._read_entry(path, number, raw_entry)) is not None]
+        entries: list[E] = []
+        for number, raw_entry in enumerate(raws[1:], start=2):
+            try:
+                entry = cls._parse_entry(raw_entry)
+            except ValidationError as exc:
+                raise UsageError(f"{path}:{number}: a {raw_entry['type']} record this bisect-npu cannot read "
+                                 f"({_first_error(exc, within_union=True)}); the journal is corrupt") from None
+            if entry is not None:
+                entries.append(entry)
         dropped_text = dropped.decode("utf-8", errors="replace") if dropped is not None else None
         return header, entries, offset, dropped_text
 
@@ -324,12 +332,8 @@ class Journal(AppendOnlyJournal[HeaderRecord, JournalRecord]):
                              "session's: start a new session") from None
 
     @classmethod
-    def _read_entry(cls, path: Path, number: int, raw: dict[str, Any]) -> JournalRecord | None:
-        try:
-            return parse_record(raw)
-        except ValidationError as exc:
-            raise UsageError(f"{path}:{number}: a {raw['type']} record this bisect-npu cannot read "
-                             f"({_first_error(exc, within_union=True)}); the journal is corrupt") from None
+    def _parse_entry(cls, raw: dict[str, Any]) -> JournalRecord | None:
+        return parse_record(raw)
 
     @classmethod
     def _schema_version(cls, header: HeaderRecord) -> int:

@@ -57,3 +57,20 @@ def test_two_slots_run_two_configurations_at_once(tmp_path: Path, monkeypatch: p
     digests = [e["digest"] for e in entries if e["type"] == "configuration"]
     assert len(digests) == len(set(digests))  # none run twice
     assert entries[0]["request"]["executor"]["slots"] == 2
+
+
+def test_a_good_variant_run_first_as_the_reference_is_not_run_again_beside_the_bad_case(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """rope-longseq compares with the good end's output: the good variant runs alone first, as every
+    configuration's reference; the round of the ends that follows runs the bad case only."""
+    from bisect_npu.demo.generate import generate_upstream
+
+    repo = tmp_path / "upstream"
+    truth = generate_upstream(repo, seed=0).case("rope-longseq")
+    session = tmp_path / "session"
+    code, out, err = run_cli(["settings", "--repo", str(repo), "--at", truth.bad_ref, "--recipe", truth.recipe,
+                              "--good-set", "cases[*].sampling.logprobs=3", "--slots", "2", "--session", str(session),
+                              "--no-verdict-store", "--json"], capsys)
+    assert code == 4, out + err[-3000:]  # a difference that changes no token: the recipe is good at the commit
+    entries = [json.loads(line) for line in (session / "settings.jsonl").read_text().splitlines()]
+    assert [e["configuration"] for e in entries if e["type"] == "configuration"] == [[], [0]]

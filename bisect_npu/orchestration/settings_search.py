@@ -444,9 +444,9 @@ class SettingsSearch:
             return self._result(end)
         while True:
             interrupts.raise_if_received()
+            self._ensure_reference()  # before the round is asked: the good variant, run alone, is then one of its ends
             decision = decide_ddmin(self.problem, self.evidence())
             if isinstance(decision, Ask):
-                self._ensure_reference()
                 run_in_slots((decision, *decision.alongside), self.slots, self._run_ask, self._stop_runs)
                 continue
             break

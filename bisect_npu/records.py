@@ -144,9 +144,14 @@ class HeaderRecord(Record):
             level = {"kind": "merge", "scope": scope, "overlay_on_release": options.get("overlay_on_release")}
         else:
             level = {"kind": "commits", "overlay_on_release": options.get("overlay_on_release")}
-        fields = {name: value for name, value in options.items() if name in _REQUEST_FIELDS}
+        # The request's fields routed to their parts, validated with the header (a value its field
+        # refuses is then the header's ValidationError, which the journal names in one line).
+        request: dict[str, dict[str, Any]] = {part: {} for part, _model in part_types()}
+        for name, value in options.items():
+            if name in _REQUEST_FIELDS:
+                request[_PART_OF[name]][name] = value
         migrated = {name: value for name, value in raw.items() if name != "options"}
-        return {**migrated, "request": RunRequest.of(**fields), "level": level, "context": context}
+        return {**migrated, "request": request, "level": level, "context": context}
 
 
 class TrialRun(_Shape):
@@ -307,7 +312,8 @@ class FixVerifyRecord(Record):
     verifications: list[FixVerification] = Field(default_factory=list)
 
 
-_REQUEST_FIELDS = frozenset(name for _part, model in part_types() for name in model.model_fields)
+_PART_OF = {name: part for part, model in part_types() for name in model.model_fields}  # a request field -> its part
+_REQUEST_FIELDS = frozenset(_PART_OF)
 
 JournalRecord = Annotated[
     TrialRecord | RetryRecord | StepRecord | EndRecord | NextLevelRecord | FixRecord | FixVerifiedRecord

@@ -3,8 +3,10 @@
 The journal is the session's only state: resume and report read nothing else. So every line is
 written with a single `os.write` to an O_APPEND descriptor and fsync'd before the step counts
 as done; a process killed mid-write leaves at most a torn last line, which `Journal.open`
-drops and truncates away before anything is appended after it. Lines are typed records
-(`bisect_npu.records`): the header first, then what the session appends.
+drops and truncates away before anything is appended after it. Lines are typed records: the
+header first, then what the session appends. `AppendOnlyJournal` is that file over any header and
+record types: a commit session's `Journal` (`bisect_npu.records`) and a settings search's
+(settings_journal.py).
 """
 
 from __future__ import annotations
@@ -19,7 +21,7 @@ import threading
 import time
 from pathlib import Path
 from types import TracebackType
-from typing import Any, TypeVar
+from typing import Any, ClassVar, Generic, Self, TypeVar
 
 from pydantic import BaseModel, ValidationError
 
@@ -32,6 +34,8 @@ LOCK_FILE = "lock"
 LATEST_FILE = "latest"
 DEFAULT_ROOT = SESSIONS_ROOT
 R = TypeVar("R", bound=Record)
+H = TypeVar("H", bound=Record)
+E = TypeVar("E", bound=Record)
 
 
 def sessions_root(root: Path = DEFAULT_ROOT) -> Path:
@@ -89,27 +93,27 @@ def latest_session(root: Path = DEFAULT_ROOT) -> Path:
     raise UsageError(f"no session found under {root}; start one with `bisect-npu run`")
 
 
-class Journal:
-    """The header and entries of one session, and the lock that makes this process its driver.
+class AppendOnlyJournal(Generic[H, E]):
+    """The header (`H`) and entries (`E`) of one journal file, and the lock that makes this process
+    its driver.
 
     Use as a context manager (or call `close()`): the lock is held until then. It is an
-    `fcntl.flock` on `session_dir/lock`, so the kernel drops it when the process dies, SIGKILL
-    included, and `resume` can take over at once. Descriptors are not inherited by subprocesses
-    (Python's default); a child forked without exec would share the lock.
+    `fcntl.flock` on `session_dir/LOCK`, so the kernel drops it when the process dies, SIGKILL
+    included, and a resume can take over at once. Descriptors are not inherited by subprocesses
+    (Python's default); a child forked without exec would share the lock. A subclass names its
+    file, lock, header type and schema version, reads its lines (`_read_header`, `_parse_entry`)
+    and words its refusals.
     """
 
-    def __init__(
-        self,
-        session_dir: Path,
-        header: HeaderRecord,
-        entries: list[JournalRecord],
-        dropped_tail: str | None,
-        fd: int | None,
-        lock_fd: int | None,
-        size: int,
-    ) -> None:
+    FILE: ClassVar[str]
+    LOCK: ClassVar[str]
+    HEADER_TYPE: ClassVar[str]  # the header line's `type`
+    SCHEMA_VERSION: ClassVar[int]  # the highest header schema this version appends to
+
+    def __init__(self, session_dir: Path, header: H, entries: list[E], dropped_tail: str | None, fd: int | None,
+                 lock_fd: int | None, size: int) -> None:
         self.session_dir = session_dir
-        self.path = session_dir / JOURNAL_FILE
+        self.path = session_dir / self.FILE
         self.header = header
         self.entries = entries
         self.dropped_tail = dropped_tail
@@ -123,21 +127,22 @@ class Journal:
         return [entry for entry in self.entries if isinstance(entry, kind)]
 
     @classmethod
-    def create(cls, session_dir: Path, header: HeaderRecord) -> Journal:
+    def exists(cls, session_dir: Path) -> bool:
+        return (session_dir / cls.FILE).is_file()
+
+    @classmethod
+    def create(cls, session_dir: Path, header: H) -> Self:
         """Start a journal in `session_dir` (created if needed) with its header line."""
         try:
             session_dir.mkdir(parents=True, exist_ok=True)
         except OSError as exc:
             raise UsageError(f"cannot make session directory {session_dir} ({exc.strerror}); "
                              "pass --session with a writable directory path") from None
-        lock_fd = _acquire_lock(session_dir)
+        lock_fd = cls._acquire_lock(session_dir)
         try:
-            path = session_dir / JOURNAL_FILE
+            path = session_dir / cls.FILE
             if path.exists():
-                raise UsageError(
-                    f"session {session_dir} already holds a journal; continue it with "
-                    f"`bisect-npu resume --session {session_dir}` or pick a new directory"
-                )
+                raise cls._refuse_existing(session_dir)
             line = _encode(header)
             # Header first to a temporary file, then renamed: a journal never exists without one.
             _write_atomically(path, line.decode("utf-8"))
@@ -148,28 +153,27 @@ class Journal:
         return cls(session_dir, header, [], None, fd, lock_fd, len(line))
 
     @classmethod
-    def open(cls, session_dir: Path, read_only: bool = False) -> Journal:
+    def open(cls, session_dir: Path, read_only: bool = False) -> Self:
         """Read a journal; unless `read_only`, lock it and cut a torn last line off for appending.
 
         `read_only` is for looking at a session another process may be driving (a report while
-        a run goes on): no lock, nothing changed on disk, `append` refused. A session whose journal a
-        newer bisect-npu wrote (a higher schema version) is read, never appended to.
+        a run goes on): no lock, nothing changed on disk, `append` refused. A journal a newer
+        bisect-npu wrote (a higher schema version) is read, never appended to.
         """
-        path = session_dir / JOURNAL_FILE
+        path = session_dir / cls.FILE
         if not path.is_file():
-            raise UsageError(
-                f"no journal in {session_dir}; pass --session with a directory made by `bisect-npu run`"
-            )
-        lock_fd = None if read_only else _acquire_lock(session_dir)
+            raise cls._refuse_missing(session_dir)
+        lock_fd = None if read_only else cls._acquire_lock(session_dir)
         try:
             data = path.read_bytes()
-            header, entries, good_size, dropped_tail = _parse(path, data)
+            header, entries, good_size, dropped_tail = cls._parse(path, data)
             fd = None
             if not read_only:
-                if header.schema_version > JOURNAL_SCHEMA_VERSION:
-                    raise UsageError(f"{path} was written by a newer bisect-npu (journal schema version "
-                                     f"{header.schema_version}; this one writes {JOURNAL_SCHEMA_VERSION}): "
-                                     "resume it with that version (`bisect-npu report` reads it here)")
+                version = cls._schema_version(header)
+                if version > cls.SCHEMA_VERSION:
+                    raise UsageError(f"{path} was written by a newer bisect-npu (journal schema version {version}; "
+                                     f"this one writes {cls.SCHEMA_VERSION}): resume it with that version "
+                                     "(`bisect-npu report` reads it here)")
                 fd = os.open(path, os.O_WRONLY | os.O_APPEND)
                 if good_size < len(data):
                     os.ftruncate(fd, good_size)
@@ -180,14 +184,14 @@ class Journal:
             raise
         return cls(session_dir, header, entries, dropped_tail, fd, lock_fd, good_size)
 
-    def append(self, record: JournalRecord) -> None:
+    def append(self, record: E) -> None:
         """Write one record as one line and fsync it.
 
         Free-form values (a verdict's figures) must be JSON or os.PathLike (stored as text);
         anything else is a TypeError raised before a byte is written. Safe to call from several threads.
         """
-        if isinstance(record, HeaderRecord):
-            raise ValueError("only Journal.create writes the header")
+        if getattr(record, "type", None) == self.HEADER_TYPE:
+            raise ValueError("only create writes the header")
         line = _encode(record)
         with self._append_lock:
             self._write_line(line)
@@ -205,9 +209,8 @@ class Journal:
             # Cut the partial line off now: anything appended after it would corrupt the middle.
             os.ftruncate(self._fd, self._size)
             if exc.errno in (errno.ENOSPC, errno.EDQUOT, errno.EFBIG):
-                raise InfrastructureError(
-                    f"no room to write {self.path} ({exc.strerror}); free space, then `bisect-npu resume`"
-                ) from exc
+                raise InfrastructureError(f"no room to write {self.path} ({exc.strerror}); free space, then "
+                                          f"{self._resume_hint(self.session_dir)}") from exc
             raise
         self._size += len(line)
 
@@ -217,7 +220,7 @@ class Journal:
                 os.close(fd)
         self._fd = self._lock_fd = None
 
-    def __enter__(self) -> Journal:
+    def __enter__(self) -> Self:
         return self
 
     def __exit__(
@@ -225,51 +228,134 @@ class Journal:
     ) -> None:
         self.close()
 
+    # -- what a subclass says -----------------------------------------------------------------
 
-def _parse(path: Path, data: bytes) -> tuple[HeaderRecord, list[JournalRecord], int, str | None]:
-    """(header, entries, size of the valid prefix, dropped tail text or None)."""
-    lines = data.split(b"\n")
-    tail = lines.pop()  # bytes after the last newline: empty unless a write was torn
-    raws: list[dict[str, Any]] = []
-    offset = 0
-    dropped: bytes | None = tail or None
-    for number, raw in enumerate(lines, start=1):
-        record = _decode(raw)
-        if record is None:
-            if number == len(lines) and tail == b"":
-                dropped = raw  # a complete but invalid last line: torn by a crash, not trusted
-                break
-            raise UsageError(
-                f"{path}:{number}: not a valid journal line (corrupted, not a torn write); "
-                "fix or delete that line, then resume"
-            )
-        raws.append(record)
-        offset += len(raw) + 1
-    if not raws or raws[0].get("type") != "header":
-        raise UsageError(f"{path} has no header line; it is not a bisect-npu journal")
-    header = _header(path, raws[0])
-    entries: list[JournalRecord] = []
-    for number, raw_entry in enumerate(raws[1:], start=2):
+    @classmethod
+    def _read_header(cls, path: Path, raw: dict[str, Any]) -> H:
+        """The header line as its record, or the one-line refusal of a journal that is not this kind's."""
+        raise NotImplementedError
+
+    @classmethod
+    def _parse_entry(cls, raw: dict[str, Any]) -> E | None:
+        """A line after the header as its record; None for a type this version does not know (a
+        newer writer's); a known type that does not fit its model is a pydantic ValidationError."""
+        raise NotImplementedError
+
+    @classmethod
+    def _schema_version(cls, header: H) -> int:
+        raise NotImplementedError
+
+    @classmethod
+    def _refuse_existing(cls, session_dir: Path) -> UsageError:
+        raise NotImplementedError
+
+    @classmethod
+    def _refuse_missing(cls, session_dir: Path) -> UsageError:
+        raise NotImplementedError
+
+    @classmethod
+    def _refuse_busy(cls, session_dir: Path, holder: str) -> UsageError:
+        raise NotImplementedError
+
+    @classmethod
+    def _resume_hint(cls, session_dir: Path) -> str:
+        raise NotImplementedError
+
+    # -- the file -----------------------------------------------------------------------------
+
+    @classmethod
+    def _parse(cls, path: Path, data: bytes) -> tuple[H, list[E], int, str | None]:
+        """(header, entries, size of the valid prefix, dropped tail text or None)."""
+        lines = data.split(b"\n")
+        tail = lines.pop()  # bytes after the last newline: empty unless a write was torn
+        raws: list[dict[str, Any]] = []
+        offset = 0
+        dropped: bytes | None = tail or None
+        for number, raw in enumerate(lines, start=1):
+            record = _decode(raw)
+            if record is None:
+                if number == len(lines) and tail == b"":
+                    dropped = raw  # a complete but invalid last line: torn by a crash, not trusted
+                    break
+                raise UsageError(
+                    f"{path}:{number}: not a valid journal line (corrupted, not a torn write); "
+                    "fix or delete that line, then resume"
+                )
+            raws.append(record)
+            offset += len(raw) + 1
+        if not raws or raws[0].get("type") != cls.HEADER_TYPE:
+            raise UsageError(f"{path} has no header line; it is not a bisect-npu journal")
+        header = cls._read_header(path, raws[0])
+        entries: list[E] = []
+        for number, raw_entry in enumerate(raws[1:], start=2):
+            try:
+                entry = cls._parse_entry(raw_entry)
+            except ValidationError as exc:
+                raise UsageError(f"{path}:{number}: a {raw_entry['type']} record this bisect-npu cannot read "
+                                 f"({_first_error(exc, within_union=True)}); the journal is corrupt") from None
+            if entry is not None:
+                entries.append(entry)
+        dropped_text = dropped.decode("utf-8", errors="replace") if dropped is not None else None
+        return header, entries, offset, dropped_text
+
+    @classmethod
+    def _acquire_lock(cls, session_dir: Path) -> int:
+        fd = os.open(session_dir / cls.LOCK, os.O_RDWR | os.O_CREAT, 0o644)
         try:
-            entry = parse_record(raw_entry)
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            holder = os.pread(fd, 32, 0).decode(errors="replace").strip() or "unknown"
+            os.close(fd)
+            raise cls._refuse_busy(session_dir, holder) from None
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
+        return fd
+
+
+class Journal(AppendOnlyJournal[HeaderRecord, JournalRecord]):
+    """A commit session's journal (`journal.jsonl`): its header, then its steps, trials and end."""
+
+    FILE = JOURNAL_FILE
+    LOCK = LOCK_FILE
+    HEADER_TYPE = "header"
+    SCHEMA_VERSION = JOURNAL_SCHEMA_VERSION
+
+    @classmethod
+    def _read_header(cls, path: Path, raw: dict[str, Any]) -> HeaderRecord:
+        """What the header lacks, in one line rather than a validation trace."""
+        try:
+            return HeaderRecord.model_validate(raw)
         except ValidationError as exc:
-            raise UsageError(f"{path}:{number}: a {raw_entry['type']} record this bisect-npu cannot read "
-                             f"({_first_error(exc, within_union=True)}); the journal is corrupt") from None
-        if entry is not None:
-            entries.append(entry)
-    dropped_text = dropped.decode("utf-8", errors="replace") if dropped is not None else None
-    return header, entries, offset, dropped_text
+            missing = [str(e["loc"][0]) for e in exc.errors() if e["type"] == "missing" and len(e["loc"]) == 1]
+            what = f"lacks {', '.join(missing)}" if missing else f"cannot be read ({_first_error(exc)})"
+            raise UsageError(f"{path}:1: the header {what}; the journal is corrupt or not a bisect-npu "
+                             "session's: start a new session") from None
 
+    @classmethod
+    def _parse_entry(cls, raw: dict[str, Any]) -> JournalRecord | None:
+        return parse_record(raw)
 
-def _header(path: Path, raw: dict[str, Any]) -> HeaderRecord:
-    """The header line as its record; what it lacks, in one line rather than a validation trace."""
-    try:
-        return HeaderRecord.model_validate(raw)
-    except ValidationError as exc:
-        missing = [str(e["loc"][0]) for e in exc.errors() if e["type"] == "missing" and len(e["loc"]) == 1]
-        what = f"lacks {', '.join(missing)}" if missing else f"cannot be read ({_first_error(exc)})"
-        raise UsageError(f"{path}:1: the header {what}; the journal is corrupt or not a bisect-npu "
-                         "session's: start a new session") from None
+    @classmethod
+    def _schema_version(cls, header: HeaderRecord) -> int:
+        return header.schema_version
+
+    @classmethod
+    def _refuse_existing(cls, session_dir: Path) -> UsageError:
+        return UsageError(f"session {session_dir} already holds a journal; continue it with "
+                          f"`bisect-npu resume --session {session_dir}` or pick a new directory")
+
+    @classmethod
+    def _refuse_missing(cls, session_dir: Path) -> UsageError:
+        return UsageError(f"no journal in {session_dir}; pass --session with a directory made by `bisect-npu run`")
+
+    @classmethod
+    def _refuse_busy(cls, session_dir: Path, holder: str) -> UsageError:
+        return UsageError(f"session {session_dir} is being driven by another bisect-npu process (pid {holder}); "
+                          "wait for it or stop it (a new bisection needs a --session of its own)")
+
+    @classmethod
+    def _resume_hint(cls, session_dir: Path) -> str:
+        return "`bisect-npu resume`"
 
 
 def _first_error(exc: ValidationError, *, within_union: bool = False) -> str:
@@ -296,22 +382,6 @@ def _jsonable(value: object) -> str:
     if isinstance(value, os.PathLike):
         return str(os.fspath(value))
     raise TypeError(f"journal records hold JSON values and paths, not {type(value).__name__}")
-
-
-def _acquire_lock(session_dir: Path) -> int:
-    fd = os.open(session_dir / LOCK_FILE, os.O_RDWR | os.O_CREAT, 0o644)
-    try:
-        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except BlockingIOError:
-        holder = os.pread(fd, 32, 0).decode(errors="replace").strip() or "unknown"
-        os.close(fd)
-        raise UsageError(
-            f"session {session_dir} is being driven by another bisect-npu process (pid {holder}); "
-            "wait for it or stop it (a new bisection needs a --session of its own)"
-        ) from None
-    os.ftruncate(fd, 0)
-    os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
-    return fd
 
 
 def _write_atomically(path: Path, text: str) -> None:

@@ -1,17 +1,14 @@
-"""A settings search's journal: `settings.jsonl` in its session directory, one fsync'd JSON line
-per finished trial and configuration, behind a lock, as a commit session's journal is.
+"""A settings search's journal: `settings.jsonl` in its session directory, the commit session's
+append-only journal (journal.py's `AppendOnlyJournal`: one fsync'd JSON line per finished trial and
+configuration, behind a lock, a torn last line dropped) over the settings search's records.
 
-Its own file beside a commit session's `journal.jsonl` (a settings search after a commit search
-lives in that session's `settings/`): the lines are a configuration's, not a commit's. A process
-killed mid-write leaves at most a torn last line, which `SettingsJournal.open` drops and cuts
-away before anything is appended after it.
+Its own records and file name, not `journal.jsonl`'s: what it tests is a configuration at one
+commit, not a commit of a range, and the file 0.2.x wrote (its journals resume) is named so.
 """
 
 from __future__ import annotations
 
-import fcntl
 import json
-import os
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
@@ -19,7 +16,8 @@ from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError,
 
 from bisect_npu.contracts import Verdict
 from bisect_npu.defaults import CONFIDENCE, TRIAL_TIMEOUT_S
-from bisect_npu.errors import InfrastructureError, UsageError
+from bisect_npu.errors import UsageError
+from bisect_npu.journal import AppendOnlyJournal
 from bisect_npu.level import SettingsLevel
 from bisect_npu.records import BuildInfo, Record, StoredFrom, TrialRun
 from bisect_npu.request import RunRequest
@@ -150,82 +148,47 @@ SettingsEntry = Annotated[ConfigurationTrial | ConfigurationRecord | ReferenceTr
 _ENTRY: TypeAdapter[SettingsEntry] = TypeAdapter(SettingsEntry)
 
 
-class SettingsJournal:
+class SettingsJournal(AppendOnlyJournal[SettingsHeader, SettingsEntry]):
     """The header and entries of one settings search, and the lock that makes this process its driver."""
 
-    def __init__(self, session_dir: Path, header: SettingsHeader, entries: list[SettingsEntry], fd: int,
-                 lock_fd: int) -> None:
-        self.session_dir = session_dir
-        self.path = session_dir / SETTINGS_FILE
-        self.header = header
-        self.entries = entries
-        self._fd: int | None = fd
-        self._lock_fd: int | None = lock_fd
+    FILE = SETTINGS_FILE
+    LOCK = "settings.lock"
+    HEADER_TYPE = "settings_header"
+    SCHEMA_VERSION = SETTINGS_SCHEMA_VERSION
 
     @classmethod
-    def exists(cls, session_dir: Path) -> bool:
-        return (session_dir / SETTINGS_FILE).is_file()
-
-    @classmethod
-    def create(cls, session_dir: Path, header: SettingsHeader) -> SettingsJournal:
-        session_dir.mkdir(parents=True, exist_ok=True)
-        lock_fd = _lock(session_dir)
-        path = session_dir / SETTINGS_FILE
-        temporary = path.with_name(f".{path.name}.tmp")
-        temporary.write_bytes(_encode(header))
-        with temporary.open("rb") as made:
-            os.fsync(made.fileno())
-        os.replace(temporary, path)  # a journal never exists without its header
-        return cls(session_dir, header, [], os.open(path, os.O_WRONLY | os.O_APPEND), lock_fd)
-
-    @classmethod
-    def open(cls, session_dir: Path) -> SettingsJournal:
-        """Read, lock and cut a torn last line off for appending."""
-        path = session_dir / SETTINGS_FILE
-        lock_fd = _lock(session_dir)
-        data = path.read_bytes()
-        lines = data.split(b"\n")
-        torn = lines.pop()
-        good_size = len(data) - len(torn)
-        raws = []
-        for number, raw in enumerate(lines, start=1):
-            try:
-                raws.append(json.loads(raw))
-            except (json.JSONDecodeError, UnicodeDecodeError):
-                if number != len(lines):
-                    os.close(lock_fd)
-                    raise UsageError(f"{path}:{number}: not a valid journal line; fix or delete it, then run "
-                                     "the settings search again") from None
-                good_size -= len(raw) + 1  # a complete but invalid last line: torn by a crash
+    def _read_header(cls, path: Path, raw: dict[str, Any]) -> SettingsHeader:
         try:
-            header = SettingsHeader.model_validate(raws[0])
-            entries = [_ENTRY.validate_python(raw) for raw in raws[1:] if raw.get("type") in _TYPES]
-        except (ValidationError, IndexError) as exc:
-            os.close(lock_fd)
+            return SettingsHeader.model_validate(raw)
+        except ValidationError as exc:
             raise UsageError(f"{path}: not a settings journal ({type(exc).__name__}); start a new session") from None
-        fd = os.open(path, os.O_WRONLY | os.O_APPEND)
-        if good_size < len(data):
-            os.ftruncate(fd, good_size)
-            os.fsync(fd)
-        return cls(session_dir, header, entries, fd, lock_fd)
 
-    def append(self, entry: SettingsEntry) -> None:
-        if self._fd is None:
-            raise ValueError(f"settings journal {self.path} is closed")
-        line = _encode(entry)
-        try:
-            os.write(self._fd, line)
-            os.fsync(self._fd)
-        except OSError as exc:
-            raise InfrastructureError(f"cannot write {self.path} ({exc.strerror}); free space, then run the "
-                                      "settings search again with the same --session") from exc
-        self.entries.append(_ENTRY.validate_json(line))
+    @classmethod
+    def _parse_entry(cls, raw: dict[str, Any]) -> SettingsEntry | None:
+        return _ENTRY.validate_python(raw) if raw.get("type") in _TYPES else None
 
-    def close(self) -> None:
-        for fd in (self._fd, self._lock_fd):
-            if fd is not None:
-                os.close(fd)
-        self._fd = self._lock_fd = None
+    @classmethod
+    def _schema_version(cls, header: SettingsHeader) -> int:
+        return header.schema_version
+
+    @classmethod
+    def _refuse_existing(cls, session_dir: Path) -> UsageError:
+        return UsageError(f"settings search {session_dir} exists already; continue it with the `bisect-npu settings` "
+                          f"command that started it, with --session {session_dir}")
+
+    @classmethod
+    def _refuse_missing(cls, session_dir: Path) -> UsageError:
+        return UsageError(f"no settings journal in {session_dir}; pass --session with a directory made by "
+                          "`bisect-npu settings`")
+
+    @classmethod
+    def _refuse_busy(cls, session_dir: Path, holder: str) -> UsageError:
+        return UsageError(f"settings search {session_dir} is being driven by another bisect-npu process (pid "
+                          f"{holder}); wait for it or pick another --session")
+
+    @classmethod
+    def _resume_hint(cls, session_dir: Path) -> str:
+        return f"run the settings search again with --session {session_dir}"
 
 
 _TYPES = frozenset({"configuration_trial", "configuration", "reference_trial", "reference", "settings_end"})
@@ -233,29 +196,7 @@ _TYPES = frozenset({"configuration_trial", "configuration", "reference_trial", "
 
 def read_settings(session_dir: Path) -> tuple[SettingsHeader, list[SettingsEntry]] | None:
     """A settings journal's header and entries without the lock (for the report); None without one."""
-    path = session_dir / SETTINGS_FILE
-    if not path.is_file():
+    if not SettingsJournal.exists(session_dir):
         return None
-    raws = []
-    for raw in path.read_bytes().split(b"\n"):
-        try:
-            raws.append(json.loads(raw))
-        except (json.JSONDecodeError, UnicodeDecodeError):
-            continue
-    header = SettingsHeader.model_validate(raws[0])
-    return header, [_ENTRY.validate_python(raw) for raw in raws[1:] if raw.get("type") in _TYPES]
-
-
-def _encode(record: BaseModel) -> bytes:
-    return (json.dumps(record.model_dump(mode="json"), ensure_ascii=False, separators=(",", ":")) + "\n").encode()
-
-
-def _lock(session_dir: Path) -> int:
-    fd = os.open(session_dir / "settings.lock", os.O_RDWR | os.O_CREAT, 0o644)
-    try:
-        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except BlockingIOError:
-        os.close(fd)
-        raise UsageError(f"settings search {session_dir} is being driven by another bisect-npu process; wait for "
-                         "it or pick another --session") from None
-    return fd
+    journal = SettingsJournal.open(session_dir, read_only=True)
+    return journal.header, journal.entries

@@ -147,3 +147,46 @@ def test_a_noisy_reading_waits_for_enough_trials() -> None:
     assert reading(problem, {**ends, frozenset({0}): Evidence(bad=5)}, frozenset({0})) == "bad"
     assert reading(problem, {**ends, frozenset({0}): Evidence(good=2)}, frozenset({0})) is None
     assert reading(problem, {**ends, frozenset({0}): Evidence(good=20)}, frozenset({0})) == "good"
+
+
+def drive_in_slots(problem: SettingsProblem, oracle: Oracle) -> tuple[Trigger | EndsWrong,
+                                                                       dict[Configuration, Evidence], int]:
+    """The caller's loop with slots: each ask and its `alongside` run as one round; the rounds run."""
+    evidence: dict[Configuration, Evidence] = {}
+    for rounds in range(10_000):
+        decision = decide_ddmin(problem, evidence)
+        if not isinstance(decision, Ask):
+            return decision, evidence, rounds
+        asks = [decision, *decision.alongside]
+        assert len(asks) <= problem.slots
+        assert not any(a.alongside for a in decision.alongside)
+        configurations = [a.configuration for a in asks]
+        assert len(set(configurations)) == len(configurations), "one configuration twice in a round"
+        assert not set(configurations) & set(evidence), "asked a configuration already judged"
+        for ask in asks:
+            evidence[ask.configuration] = Evidence().add(oracle(ask.configuration))  # type: ignore[arg-type]
+    raise AssertionError("the search never ended")
+
+
+@settings(max_examples=200, deadline=None)
+@given(keys=st.integers(1, 9), seed=st.integers(0, 10**6), bad_share=st.floats(0.0, 1.0),
+       skip_share=st.floats(0.0, 0.3), slots=st.integers(2, 5))
+def test_slots_give_the_answer_one_slot_gives_in_no_more_rounds(keys: int, seed: int, bad_share: float,
+                                                                skip_share: float, slots: int) -> None:
+    """Configurations run `slots` at a time: the same trigger as one at a time (the path is read from
+    the evidence alone), in at most as many rounds, never more than ddmin's bound of configurations."""
+    oracle = hashed_oracle(keys, seed, bad_share, skip_share)
+    alone, alone_evidence = drive(SettingsProblem(keys), oracle)
+    answer, evidence, rounds = drive_in_slots(SettingsProblem(keys, slots=slots), oracle)
+    assert answer == alone
+    assert set(alone_evidence) <= set(evidence) and len(evidence) <= worst_case_tests(keys)
+    assert rounds <= len(alone_evidence)
+
+
+def test_two_slots_ask_the_ends_together_then_both_halves() -> None:
+    problem = SettingsProblem(4, slots=2)
+    assert decide_ddmin(problem, {}) == Ask(problem.bad, alongside=(Ask(problem.good),))
+    ends = {problem.bad: Evidence(bad=1), problem.good: Evidence(good=1)}
+    assert decide_ddmin(problem, ends) == Ask(frozenset({0, 1}), alongside=(Ask(frozenset({2, 3})),))
+    # The second half read as failing already: the first is asked alone (nothing past a failing one).
+    assert decide_ddmin(problem, {**ends, frozenset({2, 3}): Evidence(bad=1)}) == Ask(frozenset({0, 1}))

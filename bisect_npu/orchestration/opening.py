@@ -85,7 +85,7 @@ def open_new(spec: SessionSpec, session_dir: Path | None = None, root: Path = DE
     if candidates_range.merge_base_note:
         progress.note(candidates_range.merge_base_note)
     evaluator = session_evaluator(spec, repo, recipe, session_dir, builder, executor, oracle)
-    _stop_leftovers(evaluator, progress)
+    stop_leftovers(evaluator, progress)
     return Opened(journal, spec, repo, recipe, evaluator, progress, reuse)
 
 
@@ -136,11 +136,11 @@ def open_journal(session_dir: Path | None = None, root: Path = DEFAULT_ROOT, pro
         progress.note(f"{spec.executor.slots} slot(s): the recipe's engine needs {per_run} of the "
                       f"{len(spec.executor.devices)} cards")
     evaluator = session_evaluator(spec, repo, recipe, session_dir, builder, executor, oracle)
-    _stop_leftovers(evaluator, progress)
+    stop_leftovers(evaluator, progress)
     return Opened(journal, spec, repo, recipe, evaluator, progress, reuse)
 
 
-def _stop_leftovers(evaluator: Evaluator, progress: Progress) -> None:
+def stop_leftovers(evaluator: Evaluator, progress: Progress) -> None:
     """What a killed earlier process of this session left running goes before anything runs (on
     an NPU host it would hold the cards); the user hears how much."""
     if stopped := evaluator.executor.sweep():

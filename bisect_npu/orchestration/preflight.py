@@ -83,7 +83,6 @@ def check_run(spec: SessionSpec, host_root: Path = Path("/")) -> RunInputs:
                          "candidate)")
     if spec.judge.unit_test_from is not None and not spec.judge.unit_tests:
         raise UsageError("--unit-test-from REF names where the --unit-test files come from: add --unit-test")
-    check_image_options(spec)
     if spec.search.settings and spec.executor.executor == "ray":
         raise UsageError(f"--settings with {RAY_REFUSED}")
     recipe = load_recipe(spec.judge.recipe) if spec.judge.recipe else None
@@ -95,10 +94,7 @@ def check_run(spec: SessionSpec, host_root: Path = Path("/")) -> RunInputs:
     if spec.judge.earlier_results:
         spec.judge.earlier_results = settled_given(spec.judge.earlier_results)  # resume may start elsewhere
         check_given(spec.judge.earlier_results, recipe)
-    if spec.executor.executor == "ray":
-        settle_ray_slots(spec, recipe.cards_per_run() if recipe else 1)
-    else:
-        settle_devices(spec, recipe.cards_per_run() if recipe else 1, host_root)  # before any clone or index query
+    settle_executor(spec, recipe.cards_per_run() if recipe else 1, host_root)  # before any clone or index query
     spec.search.mode = spec.search.mode or (recipe.trials.mode if recipe else "exact")
     earlier_runs = earlier_runs_spec(spec, recipe)
     if spec.search.earlier_runs and spec.level.takes_earlier_runs and spec.search.mode != "noisy":
@@ -151,10 +147,21 @@ def check_run(spec: SessionSpec, host_root: Path = Path("/")) -> RunInputs:
 
         for end in (candidates_range.base, candidates_range.bad) if not spec.judge.unit_tests else ():
             check_submodule_pins(repo, end)  # a clone without its submodules stops here, not at step one
-    if spec.executor.workdir:
-        spec.executor.workdir = str(Path(spec.executor.workdir).resolve())  # resume may start elsewhere
-        check_workdir(Path(spec.executor.workdir))
     return RunInputs(recipe, repo, earlier_runs, candidates_range, last_good_note, tuple(owed))
+
+
+def settle_executor(spec: SessionSpec, cards_per_run: int, host_root: Path = Path("/")) -> None:
+    """The executor options as every search (of commits or of settings) checks them before its
+    journal exists: the image options as written, the devices and slots (the cluster's under ray),
+    and the workdir made absolute (a resume may start elsewhere) and checked."""
+    check_image_options(spec)
+    if spec.executor.executor == "ray":
+        settle_ray_slots(spec, cards_per_run)
+    else:
+        settle_devices(spec, cards_per_run, host_root)
+    if spec.executor.workdir:
+        spec.executor.workdir = str(Path(spec.executor.workdir).resolve())
+        check_workdir(Path(spec.executor.workdir))
 
 
 # --good-table's row options: each picks a row of the table, so each needs it.

@@ -1,7 +1,7 @@
-"""What a session's oracle compares a candidate's observations with: a recipe's golden files, or
-the good end's own runs. The good end's runs are the reference, so that end runs before any other
-position and is never taken from the verdict store; an accuracy recipe also compares with its bad
-end's runs once they exist."""
+"""What a search's oracle compares a run with: a recipe's golden files, or the good side's own runs
+(a commit search's good end, a settings search's good variant). The good side's runs are the
+reference, so it runs before anything compared with it and is never taken from the verdict store;
+an accuracy recipe also compares with the bad end's runs once they exist."""
 
 from __future__ import annotations
 
@@ -11,9 +11,11 @@ from bisect_npu import search
 from bisect_npu.oracle.throughput import reference_trials
 from bisect_npu.orchestration.environments import load_golden
 from bisect_npu.orchestration.evaluate import Evaluator
-from bisect_npu.orchestration.state import SessionState
 from bisect_npu.recipe.schema import Recipe
-from bisect_npu.records import StepRecord
+from bisect_npu.records import TrialRun
+
+# The trials journaled for one side of a search; None where that side has not run.
+SideRuns = Callable[[], list[TrialRun] | None]
 
 
 def store_reference(recipe: Recipe | None, base: str) -> str:
@@ -34,40 +36,42 @@ def step_trials(recipe: Recipe | None, as_reference: bool) -> int:
 
 
 class References:
-    """The reference observations of one session over positions 0 (the good end) to `last`."""
+    """The reference observations of one search, whatever it tests: `good_runs` reads its good
+    side's journaled trials, `bad_runs` its bad side's (where an accuracy recipe compares with them)."""
 
-    def __init__(self, recipe: Recipe | None, evaluator: Evaluator, state: SessionState, last: int) -> None:
+    def __init__(self, recipe: Recipe | None, evaluator: Evaluator, good_runs: SideRuns,
+                 bad_runs: SideRuns | None = None) -> None:
         self.recipe = recipe
         self.evaluator = evaluator
-        self.state = state
-        self.last = last
+        self.good_runs = good_runs
+        self.bad_runs = bad_runs
         if recipe is not None and recipe.reference.kind == "golden":
             evaluator.reference = load_golden(recipe)
 
     @property
     def from_good_end(self) -> bool:
-        """Whether the good end's runs are the reference."""
+        """Whether the good side's runs are the reference."""
         return bool(self.recipe and self.recipe.reference.kind == "good_end")
 
     def first(self, queries: Sequence[search.Query]) -> tuple[search.Query | None, list[search.Query]]:
-        """The query to run alone before a round (the good end's, when it is the reference) and the
-        rest, the good end first."""
+        """The query to run alone before a commit search's round (the good end's, position 0, when it
+        is the reference) and the rest, the good end first."""
         ordered = sorted(queries, key=lambda q: q.index != 0)
         if self.from_good_end and ordered and ordered[0].index == 0:
             return ordered[0], ordered[1:]
         return None, ordered
 
-    def ensure(self, run: Callable[[search.Query], None]) -> None:
-        """Give the evaluator the good end's runs as its reference, running that end first where it
-        has not run (and the bad end's, for an accuracy recipe, where it has run)."""
+    def ensure(self, run_good: Callable[[int], None]) -> None:
+        """Give the evaluator the good side's runs as its reference, running that side first (with
+        the recipe's trials, `run_good(trials)`) where it has not run (and the bad side's, for an
+        accuracy recipe, where it has run)."""
         if not self.from_good_end or self.evaluator.reference is not None:
             return
-        if not self._steps_at(0):
-            run(search.Query(0, step_trials(self.recipe, as_reference=True)))
-        self.evaluator.set_reference([t for s in self._steps_at(0) for t in s.trials])
-        bad_steps = self._steps_at(self.last)
-        if bad_steps and self.evaluator.accuracy is not None and self.evaluator.accuracy.bad_end is None:
-            self.evaluator.set_bad_reference([t for s in bad_steps for t in s.trials])
-
-    def _steps_at(self, index: int) -> list[StepRecord]:
-        return [step for step in self.state.steps() if step.index == index]
+        good = self.good_runs()
+        if good is None:
+            run_good(step_trials(self.recipe, as_reference=True))
+            good = self.good_runs() or []
+        self.evaluator.set_reference(good)
+        bad = self.bad_runs() if self.bad_runs is not None else None
+        if bad and self.evaluator.accuracy is not None and self.evaluator.accuracy.bad_end is None:
+            self.evaluator.set_bad_reference(bad)

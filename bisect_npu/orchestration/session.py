@@ -36,7 +36,7 @@ from bisect_npu.orchestration.opening import Opened, open_journal, open_new
 from bisect_npu.orchestration.reference import References, step_trials
 from bisect_npu.orchestration.result import EXIT_CODES, EXIT_ENDS_WRONG, EXIT_FOUND, EXIT_NARROWED, SessionResult
 from bisect_npu.orchestration.session_spec import SessionSpec, earlier_runs_for_search, earlier_runs_spec
-from bisect_npu.orchestration.slots import run_in_slots
+from bisect_npu.orchestration.slots import first_trials, run_in_slots
 from bisect_npu.orchestration.state import SessionState, accuracy_weight
 from bisect_npu.orchestration.verdict_reuse import Reused, SessionVerdicts, VerdictReuse
 from bisect_npu.progress import Progress
@@ -87,7 +87,8 @@ class Session:
         confidence = recipe.accuracy.confidence if recipe is not None and recipe.accuracy is not None else None
         self.state = SessionState(self.mode == "noisy", spec.search.find_fix, journal.entries,
                                   weigh=accuracy_weight(confidence, self.n, find_fix=spec.search.find_fix))
-        self.references = References(recipe, evaluator, self.state, self.n)
+        self.references = References(recipe, evaluator, functools.partial(self._runs_at, 0),
+                                     functools.partial(self._runs_at, self.n))
         always_run = frozenset({0} if self.references.from_good_end else ())  # the reference's runs
         self.verdicts = None if reuse is None else SessionVerdicts(reuse, self.state, progress,
                                                                    noisy=self.mode == "noisy", always_run=always_run)
@@ -255,7 +256,16 @@ class Session:
         first, rest = self.references.first(queries)
         if first is not None:
             self._run_query(first)
-        run_in_slots(rest, self.slots, self.state.next_trial, self._run_query, self.evaluator.executor.close)
+        run_in_slots(rest, self.slots, self._run_query, self.evaluator.executor.close,
+                     functools.partial(first_trials, next_trial=self.state.next_trial))
+
+    def _runs_at(self, index: int) -> list[TrialRun] | None:
+        """The trials journaled at a position; None where it has not run."""
+        steps = [step for step in self.state.steps() if step.index == index]
+        return [trial for step in steps for trial in step.trials] if steps else None
+
+    def _run_good_end(self, trials: int) -> None:
+        self._run_query(search.Query(0, trials))
 
     def _run_fresh(self, index: int) -> None:
         """Run a position this session took from the verdict store, with the recipe's trials."""
@@ -264,7 +274,7 @@ class Session:
     def _run_query(self, query: search.Query, first_trial: int | None = None) -> None:
         interrupts.raise_if_received()
         if query.index != 0:
-            self.references.ensure(self._run_query)
+            self.references.ensure(self._run_good_end)
         commit = self.commit_at(query.index)
         if self._reuse(query.index, commit):
             return
@@ -395,7 +405,7 @@ class Session:
 
     def verdict_of(self, commit: str) -> Verdict:
         """Evaluate any commit (a fix applied on the bad end) with this session's recipe or command."""
-        self.references.ensure(self._run_query)
+        self.references.ensure(self._run_good_end)
         trials = self.recipe.trials.count if self.recipe else 1
         if self.mode == "noisy" and self.recipe is not None:
             return self.evaluator.evaluate(EvaluationRequest(commit, max(trials, 10), judge_each=True)).verdict

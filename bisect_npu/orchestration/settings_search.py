@@ -8,12 +8,24 @@ batched as a commit's are (orchestration/evaluate.py). Each trial and each confi
 is journaled (settings_journal.py), so an interrupted search resumes without running a
 configuration again, and verdicts go to the verdict store under the configuration's own recipe
 digest.
+
+It is built from a commit session's pieces: the journal file (journal.py), the executor checks
+(`preflight.settle_executor`), the identity check (`opening.first_difference`), the leftovers'
+sweep, the reference (`reference.References`, the good variant as the good end), the slots
+(`slots.run_in_slots`), the verdict store (`VerdictReuse`) and the end's sentences
+(end_messages.py). What stays here has no counterpart in a commit search: the question (the good
+variant, `--vary`, the reference commit, which a resumed search must keep: `_check_same_reference`),
+each configuration's recipe, executor and step directory (the commit is the same for all, so one
+evaluator per configuration, not per commit), a configuration's run at the reference commit
+(`_reference_run`), a scope per configuration in the verdict store (its own recipe digest), and
+its answer (`SettingsEnd`: a trigger of keys, not a culprit).
 """
 
 from __future__ import annotations
 
 import itertools
 import json
+import threading
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -24,16 +36,20 @@ from bisect_npu.builders.base import Builder
 from bisect_npu.contracts import Observation, Verdict, VerdictKind
 from bisect_npu.errors import UsageError
 from bisect_npu.execute.base import Executor
+from bisect_npu.execute.docker import DockerExecutor
 from bisect_npu.execute.host import recipe_for_host
+from bisect_npu.execute.local import LocalExecutor
 from bisect_npu.journal import JOURNAL_FILE
 from bisect_npu.level import SettingsLevel
 from bisect_npu.orchestration import end_messages
-from bisect_npu.orchestration.environments import load_golden, make_environment, session_evaluator
+from bisect_npu.orchestration.environments import make_environment, session_evaluator
 from bisect_npu.orchestration.evaluate import EvaluationRequest, Evaluator, StepResult
-from bisect_npu.orchestration.opening import Fact, first_difference, refuse_other_request
-from bisect_npu.orchestration.preflight import RAY_REFUSED
-from bisect_npu.orchestration.result import EXIT_ENDS_WRONG, EXIT_FOUND
+from bisect_npu.orchestration.opening import Fact, first_difference, refuse_other_request, stop_leftovers
+from bisect_npu.orchestration.preflight import RAY_REFUSED, settle_executor
+from bisect_npu.orchestration.reference import References
+from bisect_npu.orchestration.result import EXIT_CODES
 from bisect_npu.orchestration.session_spec import SessionSpec, check_dependency_options
+from bisect_npu.orchestration.slots import run_in_slots
 from bisect_npu.orchestration.verdict_reuse import VerdictReuse, open_verdict_reuse
 from bisect_npu.progress import PlainProgress, Progress
 from bisect_npu.recipe.loader import load_recipe
@@ -249,11 +265,15 @@ class SettingsSearch:
         self.repo_path = repo_path
         self.progress = progress
         self.differences = [Difference(d.key, d.bad, d.good) for d in self.header.differences]
+        self.slots = max(1, spec.executor.slots or 1)  # configurations run at once, each on a slot's cards
         self.problem = SettingsProblem(len(self.differences), mode=self.header.mode, confidence=self.header.confidence,
-                                       batch=self.header.batch, max_trials=self.header.max_trials)
+                                       batch=self.header.batch, max_trials=self.header.max_trials, slots=self.slots)
         self._executors: dict[tuple[tuple[str, str], ...], Executor] = {}
         self._memories: dict[str, VerdictReuse | None] = {}
-        self.reference: list[Observation] | None = load_golden(recipe) if recipe.reference.kind == "golden" else None
+        self._lock = threading.Lock()  # the slots' configurations make an executor or a store scope in turn
+        # The good variant's runs at the commit are every configuration's reference, as a commit
+        # search's good end's are (None where the reference commit gives each its own).
+        self.references = References(recipe, base, self._good_variant_runs)
         self.reference_commit = self.header.reference_commit
 
     # -- construction -------------------------------------------------------------------------
@@ -297,7 +317,7 @@ class SettingsSearch:
         else:
             journal = SettingsJournal.create(session_dir, cls._header(question, request, recipe))
         try:
-            spec, base = cls._environment(journal.header, recipe, session_dir, builder, executor)
+            spec, base = cls._environment(journal.header, recipe, session_dir, builder, executor, progress)
         except BaseException:
             journal.close()
             raise
@@ -305,18 +325,17 @@ class SettingsSearch:
 
     @staticmethod
     def _environment(header: SettingsHeader, recipe: Recipe, session_dir: Path, builder: Builder | None,
-                     executor: Executor | None) -> tuple[SessionSpec, Evaluator]:
+                     executor: Executor | None, progress: Progress) -> tuple[SessionSpec, Evaluator]:
         """The session a run of the one commit is (the header's request at its level), and the
         evaluator whose builder every configuration shares (the builder and executor given, or
         made as `run` makes them)."""
         spec = SessionSpec(header.request.settled(), header.level)
         check_dependency_options(spec, recipe)
-        if spec.executor.devices:  # as `run` does: the host type, its refusals, the containers' device files
-            from bisect_npu.orchestration.preflight import settle_devices
-
-            settle_devices(spec, recipe.cards_per_run())
+        settle_executor(spec, recipe.cards_per_run())  # this host's: the host type, its refusals, the device files
         repo = history.open_repo(spec.range.repo or ".")
-        return spec, session_evaluator(spec, repo, recipe, session_dir, builder, executor)
+        evaluator = session_evaluator(spec, repo, recipe, session_dir, builder, executor)
+        stop_leftovers(evaluator, progress)
+        return spec, evaluator
 
     @staticmethod
     def _check_same_reference(question: SettingsQuestion, journal: SettingsJournal) -> None:
@@ -375,11 +394,11 @@ class SettingsSearch:
         settled.range = RangeSpec(good=commit, bad=commit, repo=repo_path)
         settled.judge.recipe = str(Path(recipe_name).resolve()) if Path(recipe_name).exists() else recipe_name
         settled.search.mode = mode
-        settled.executor.slots = settled.executor.slots or 1  # one configuration at a time
+        level = SettingsLevel(commit=commit, good_set=[f"{d.key}={json.dumps(d.good)}"  # JSON values are YAML
+                                                       for d in differences])
+        settle_executor(SessionSpec(settled, level), recipe.cards_per_run())  # its slots: configurations at once
         return SettingsHeader(
-            tool_version=__version__, request=settled,
-            level=SettingsLevel(commit=commit, good_set=[f"{d.key}={json.dumps(d.good)}"  # JSON values are YAML
-                                                         for d in differences]),
+            tool_version=__version__, request=settled, level=level,
             ref=ref, title=str(repo.commit(commit).summary), recipe_digest=recipe.digest(),
             good_given=[*question.good_set, *question.vary] + (
                 [f"--good-recipe {question.good_recipe}"] if question.good_recipe else []),
@@ -425,10 +444,10 @@ class SettingsSearch:
             return self._result(end)
         while True:
             interrupts.raise_if_received()
+            self._ensure_reference()  # before the round is asked: the good variant, run alone, is then one of its ends
             decision = decide_ddmin(self.problem, self.evidence())
             if isinstance(decision, Ask):
-                self._ensure_reference()
-                self._run_configuration(decision.configuration, decision.trials)
+                run_in_slots((decision, *decision.alongside), self.slots, self._run_ask, self._stop_runs)
                 continue
             break
         if isinstance(decision, EndsWrong):
@@ -438,14 +457,15 @@ class SettingsSearch:
 
     def _ensure_reference(self) -> None:
         """A recipe judged against the good end's output is judged here against the good variant's."""
-        if self.recipe.reference.kind != "good_end" or self.reference is not None or self.reference_commit:
-            return
+        if not self.reference_commit:
+            self.references.ensure(self._run_good_variant)
+
+    def _good_variant_runs(self) -> list[TrialRun] | None:
         good = self._records(frozenset())
-        if not good:
-            self._run_configuration(frozenset(), self.recipe.trials.count, as_reference=True)
-            good = self._records(frozenset())
-        self.reference = [Observation.load(self.base.abs(t.observation))
-                          for r in good for t in r.trials if t.observation]
+        return [trial for record in good for trial in record.trials] if good else None
+
+    def _run_good_variant(self, trials: int) -> None:
+        self._run_configuration(frozenset(), trials, as_reference=True)
 
     def _records(self, configuration: Configuration) -> list[ConfigurationRecord]:
         return [e for e in self.journal.entries if isinstance(e, ConfigurationRecord)
@@ -457,26 +477,42 @@ class SettingsSearch:
         if recipe.environment == self.recipe.environment:
             return self.base.executor
         key = tuple(sorted(recipe.environment.items()))
-        if key not in self._executors:
-            repo = history.open_repo(self.repo_path)
-            self._executors[key] = make_environment(self.spec, repo, recipe, self.journal.session_dir,
-                                                    self.journal.session_dir / "worktrees")[1]
-        return self._executors[key]
+        with self._lock:
+            if key not in self._executors:
+                repo = history.open_repo(self.repo_path)
+                made = make_environment(self.spec, repo, recipe, self.journal.session_dir,
+                                        self.journal.session_dir / "worktrees")[1]
+                base = self.base.executor
+                pooled = LocalExecutor | DockerExecutor
+                if isinstance(made, pooled) and isinstance(base, pooled):
+                    made.device_pool = base.device_pool  # one pool of the cards: two slots never share one
+                self._executors[key] = made
+            return self._executors[key]
+
+    def _run_ask(self, ask: Ask, _first_trial: int | None) -> None:
+        """One configuration the search asks (its trial numbers its own: no two slots run one configuration)."""
+        self._run_configuration(ask.configuration, ask.trials)
+
+    def _stop_runs(self) -> None:
+        """An interrupt stops what the other slots run."""
+        for executor in [self.base.executor, *self._executors.values()]:
+            executor.close()
 
     def _memory(self, recipe: Recipe) -> VerdictReuse | None:
         """The verdict store under this configuration's recipe digest, relative to what the oracle
         compares it with: the reference commit (where the configuration itself is the reference,
         as a commit search's good end is), else the good variant."""
         digest = recipe.digest()
-        if digest not in self._memories:
-            reference = ""
-            if self.reference_commit:
-                reference = self.reference_commit
-            elif self.recipe.reference.kind == "good_end":
-                reference = self.recipe_of(frozenset()).digest()
-            self._memories[digest] = open_verdict_reuse(self.spec, recipe, self.journal.session_dir, reference,
-                                                 self.progress)
-        return self._memories[digest]
+        with self._lock:
+            if digest not in self._memories:
+                reference = ""
+                if self.reference_commit:
+                    reference = self.reference_commit
+                elif self.recipe.reference.kind == "good_end":
+                    reference = self.recipe_of(frozenset()).digest()
+                self._memories[digest] = open_verdict_reuse(self.spec, recipe, self.journal.session_dir, reference,
+                                                            self.progress)
+            return self._memories[digest]
 
     def _run_configuration(self, configuration: Configuration, trials: int, as_reference: bool = False,
                            extra: dict[str, Any] | None = None) -> ConfigurationRecord:
@@ -500,7 +536,7 @@ class SettingsSearch:
         evaluator = _ConfigurationEvaluator(Path("configurations") / digest, self.base.builder,
                                             self._executor_for(recipe), self.journal.session_dir, recipe=recipe,
                                             timeout_s=self.spec.judge.timeout_s, timeout_is=self.spec.judge.timeout_is)
-        evaluator.reference = self.reference
+        evaluator.reference = self.base.reference
         if self.reference_commit and not as_reference:
             reference = self._reference_run(configuration, recipe, check)
             if reference.verdict.kind != VerdictKind.GOOD:
@@ -532,7 +568,9 @@ class SettingsSearch:
         self.progress.note(f"configuration {self._label(configuration, check)}: {result.verdict.kind.value} "
                            f"({result.verdict.reason})")
         if memory is not None:
-            self._keep(memory, digest, result, build_key)
+            outcomes = [e.outcome for e in self.journal.entries if isinstance(e, ConfigurationTrial)
+                        and e.digest == digest] if noisy else None
+            memory.keep_judged(commit, build_key, result.verdict, outcomes)
         return record
 
     def _reference_run(self, configuration: Configuration, recipe: Recipe, check: str | None) -> ReferenceRecord:
@@ -566,15 +604,6 @@ class SettingsSearch:
     def _reference_label(self) -> str:
         assert self.reference_commit is not None
         return f"{self.reference_commit[:12]} ({self.header.reference_ref})"
-
-    def _keep(self, memory: VerdictReuse, digest: str, result: StepResult, build_key: str) -> None:
-        """This search's verdict of the configuration, with its trials' tally in noisy mode."""
-        outcomes = [e.outcome for e in self.journal.entries
-                    if isinstance(e, ConfigurationTrial) and e.digest == digest and e.outcome]
-        good, bad = outcomes.count(VerdictKind.GOOD), outcomes.count(VerdictKind.BAD)
-        if self.problem.mode == "exact":
-            good, bad = int(result.verdict.kind == VerdictKind.GOOD), int(result.verdict.kind == VerdictKind.BAD)
-        memory.keep(self.header.commit, build_key, result.verdict, good, bad)
 
     def _pending(self, digest: str) -> list[TrialRun]:
         """Trials of the configuration journaled after its last record: an interrupted run's work."""
@@ -652,8 +681,7 @@ class SettingsSearch:
     def _result(self, end: SettingsEnd) -> SettingsResult:
         tried = len({e.digest for e in self.journal.entries if isinstance(e, ConfigurationRecord)})
         trigger = [self.differences[i] for i in end.trigger]
-        code = EXIT_FOUND if end.status == "found" else EXIT_ENDS_WRONG
-        return SettingsResult(end.status, code, self.journal.session_dir, end.message, trigger, tried)
+        return SettingsResult(end.status, EXIT_CODES[end.status], self.journal.session_dir, end.message, trigger, tried)
 
     def close(self) -> None:
         try:

@@ -28,7 +28,7 @@ import shlex
 import shutil
 import threading
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -314,6 +314,20 @@ class VerdictReuse:
             self._fail(exc)
 
 
+    def keep_judged(self, commit: str, build_key: str, verdict: Verdict,
+                    outcomes: Sequence[VerdictKind | None] | None) -> None:
+        """Keep what a session judged of the thing it tested at `commit`: in noisy mode (`outcomes`:
+        every trial this session ran of it, not the ones it reused) their tally, bad where any was;
+        in exact mode (None) the verdict alone."""
+        if outcomes is None:
+            good, bad = int(verdict.kind == VerdictKind.GOOD), int(verdict.kind == VerdictKind.BAD)
+        else:
+            good, bad = outcomes.count(VerdictKind.GOOD), outcomes.count(VerdictKind.BAD)
+            kind = VerdictKind.BAD if bad else VerdictKind.GOOD if good else VerdictKind.SKIP
+            verdict = verdict.model_copy(update={"kind": kind})
+        self.keep(commit, build_key, verdict, good, bad)
+
+
 class SessionVerdicts:
     """The verdict store's part in one session's loop: journal what it holds instead of running it
     (once per position; never at a position in `always_run`), keep what the session runs, and run
@@ -360,14 +374,7 @@ class SessionVerdicts:
         """Keep this session's verdict of `commit`: in noisy mode with the tally of every trial this
         session ran there (not the ones it reused)."""
         with self._lock:  # the tally counted and kept at once: a slot's later count is never overwritten
-            if self.noisy:
-                outcomes = self.state.outcomes(index)
-                good, bad = outcomes.count(VerdictKind.GOOD), outcomes.count(VerdictKind.BAD)
-                kind = VerdictKind.BAD if bad else VerdictKind.GOOD if good else VerdictKind.SKIP
-                verdict = verdict.model_copy(update={"kind": kind})
-            else:
-                good, bad = int(verdict.kind == VerdictKind.GOOD), int(verdict.kind == VerdictKind.BAD)
-            self.reuse.keep(commit, build_key, verdict, good, bad)
+            self.reuse.keep_judged(commit, build_key, verdict, self.state.outcomes(index) if self.noisy else None)
 
     def confirm(self, decision: search.Decision, last: int, run: Callable[[int], None]) -> bool:
         """Before answering from evidence that holds a stored verdict, `run` the positions the

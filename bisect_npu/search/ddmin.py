@@ -19,7 +19,7 @@ on the noisy commit search's grid prior), more trials otherwise, up to a cap.
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Literal
 
 import numpy as np
@@ -36,21 +36,23 @@ Configuration = frozenset[int]
 class SettingsProblem:
     """What the settings search is asked: ``keys`` differences (0..keys-1), the mode, and in noisy
     mode how sure a configuration's reading must be (``confidence``), how many trials one query
-    asks (``batch``: they share one engine start) and the most one configuration may take."""
+    asks (``batch``: they share one engine start) and the most one configuration may take; ``slots``:
+    how many configurations may run at once."""
 
     keys: int
     mode: Literal["exact", "noisy"] = "exact"
     confidence: float = CONFIDENCE
     batch: int = 1
     max_trials: int = 64
+    slots: int = 1
 
     def __post_init__(self) -> None:
         if self.keys < 1:
             raise ValueError(f"a settings search needs at least one differing key, got {self.keys}")
         if not 0.5 < self.confidence < 1.0:
             raise ValueError("confidence must lie in (0.5, 1)")
-        if self.batch < 1 or self.max_trials < 1:
-            raise ValueError("batch and max_trials must be >= 1")
+        if self.batch < 1 or self.max_trials < 1 or self.slots < 1:
+            raise ValueError("batch, max_trials and slots must be >= 1")
 
     @property
     def bad(self) -> Configuration:
@@ -65,10 +67,14 @@ class SettingsProblem:
 
 @dataclass(frozen=True)
 class Ask:
-    """Run this configuration (``trials`` trials, one engine start)."""
+    """Run this configuration (``trials`` trials, one engine start); with more than one slot, also
+    the configurations ``alongside`` at once: those the search asks next, in order, where the ones
+    before them read as a pass (a guess that costs a run where it misses, never a wrong answer: the
+    search reads only the evidence)."""
 
     configuration: Configuration
     trials: int = 1
+    alongside: tuple[Ask, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -106,38 +112,54 @@ def decide_ddmin(problem: SettingsProblem, evidence: Mapping[Configuration, Evid
         return ends
     readings: dict[Configuration, Outcome] = {problem.bad: "bad", problem.good: "good"}
 
-    def fails(configuration: Configuration) -> bool:
-        if configuration not in readings:
-            seen = evidence.get(configuration, Evidence())
-            outcome = reading(problem, evidence, configuration)
-            if outcome is None:
-                room = problem.max_trials - seen.trials
-                trials = 1 if problem.mode == "exact" else min(problem.batch, room)
-                raise _Unknown(Ask(configuration, trials))
+    def read(configuration: Configuration) -> Outcome | None:
+        if configuration not in readings and (outcome := reading(problem, evidence, configuration)) is not None:
             readings[configuration] = outcome
-        return readings[configuration] == "bad"
+        return readings.get(configuration)
+
+    def ask(configuration: Configuration) -> Ask:
+        room = problem.max_trials - evidence.get(configuration, Evidence()).trials
+        return Ask(configuration, 1 if problem.mode == "exact" else min(problem.batch, room))
+
+    def first_failing(candidates: list[list[int]]) -> list[int] | None:
+        """The first candidate read as failing; at the first that cannot be read yet, the ask for it
+        and for the unread ones after it up to the slots (a candidate read as failing ends the scan:
+        nothing past it is asked whatever the unread ones before it read)."""
+        for at, candidate in enumerate(candidates):
+            outcome = read(frozenset(candidate))
+            if outcome == "bad":
+                return candidate
+            if outcome is None:
+                alongside: list[Ask] = []
+                for later in candidates[at + 1:]:
+                    if len(alongside) >= problem.slots - 1 or (seen := read(frozenset(later))) == "bad":
+                        break
+                    if seen is None:
+                        alongside.append(ask(frozenset(later)))
+                raise _Unknown(replace(ask(frozenset(candidate)), alongside=tuple(alongside)))
+        return None
 
     try:
-        trigger = _ddmin(sorted(problem.bad), fails)
+        trigger = _ddmin(sorted(problem.bad), first_failing)
     except _Unknown as unknown:
         return unknown.ask
     return Trigger(frozenset(trigger), dict(readings))
 
 
-def _ddmin(keys: list[int], fails: Callable[[Configuration], bool]) -> list[int]:
+def _ddmin(keys: list[int], first_failing: Callable[[list[list[int]]], list[int] | None]) -> list[int]:
     """Zeller's ddmin on a failing ``keys``: reduce to a failing part, else to a failing complement,
     else split finer; done when every single-key complement passes. Parts are contiguous runs of
     the sorted keys, as equal as can be, so the path is deterministic."""
     granularity = 2
     while len(keys) >= 2:
         parts = _split(keys, granularity)
-        reduced = next((part for part in parts if fails(frozenset(part))), None)
+        reduced = first_failing(parts)
         if reduced is not None:
             keys, granularity = reduced, 2
             continue
         # With two parts the complements are the parts themselves, tested just now.
         complements = [] if granularity == 2 else [[k for k in keys if k not in part] for part in parts]
-        reduced = next((rest for rest in complements if fails(frozenset(rest))), None)
+        reduced = first_failing(complements)
         if reduced is not None:
             keys, granularity = reduced, max(granularity - 1, 2)
             continue
@@ -165,8 +187,9 @@ def _ends(problem: SettingsProblem, evidence: Mapping[Configuration, Evidence]) 
             (problem.bad, bad, "bad"), (problem.good, good, "good"))
         for configuration, seen, side in sides:
             verdict = commit_verdict(seen)
-            if verdict is None:
-                return Ask(configuration)
+            if verdict is None:  # with slots, the good variant beside the bad case where neither has run
+                both = side == "bad" and problem.slots > 1 and commit_verdict(good) is None
+                return Ask(configuration, alongside=(Ask(problem.good),) if both else ())
             if verdict == "skip":
                 return EndsWrong(side, {"skipped": 1.0})
             if verdict != side:

@@ -5,22 +5,47 @@ own site-packages) is written beside the cache as `locks/<key>.txt`; every later
 on this machine or another that is handed the locks directory, installs under that lock as a pip
 constraints file. A dependency the key's requirements leave unpinned (transformers' `kernels`)
 then stays at the version the environment was tested with instead of today's release.
+
+A host with no lock of a key yet (a fresh machine, an empty cache) starts from the lock this
+package ships for it, when it ships one (`SHIPPED`: the keys of the pairs the unit-test tier
+bisects, each as tested there): today's releases can be broken under a key's old pins, so a
+first build must not be the one that decides.
 """
 
 from __future__ import annotations
 
+import shutil
 import subprocess
 import time
 from collections.abc import Sequence
 from pathlib import Path
 
 LOCKS_DIR = "locks"
+SHIPPED = Path(__file__).resolve().parent / "pin_locks"  # `<key>.txt`, reviewed and committed
 _FREEZE_TIMEOUT_S = 300.0
 
 
 def lock_path(cache_dir: Path, key: str) -> Path:
     """Where the lock of environment `key` lives (beside the cache's venvs, outliving them)."""
     return cache_dir / LOCKS_DIR / f"{key}.txt"
+
+
+def shipped_lock(key: str) -> Path | None:
+    """The lock this package ships for environment `key`, if it ships one."""
+    path = SHIPPED / f"{key}.txt"
+    return path if path.is_file() else None
+
+
+def seed_lock(lock: Path, shipped: Path | None) -> bool:
+    """Start a key with no lock on this host from the shipped one (the host's own, once there,
+    stays: it is what this host tested). True when copied."""
+    if shipped is None or lock.is_file():
+        return False
+    lock.parent.mkdir(parents=True, exist_ok=True)
+    partial = lock.with_suffix(".partial")
+    shutil.copyfile(shipped, partial)
+    partial.replace(lock)
+    return True
 
 
 def constraint_args(lock: Path) -> list[str]:

@@ -32,7 +32,7 @@ from typing import TextIO
 
 from bisect_npu.builders.base import BuildFailed, tail
 from bisect_npu.builders.failures import raise_if_unreachable
-from bisect_npu.builders.locks import LOCKS_DIR, constraint_args, lock_path, record_lock
+from bisect_npu.builders.locks import LOCKS_DIR, constraint_args, lock_path, record_lock, seed_lock, shipped_lock
 from bisect_npu.builders.venv import COMPLETE_MARKER, link_host, site_packages, tree_bytes
 from bisect_npu.errors import UsageError
 from bisect_npu.paths import cache_root
@@ -214,8 +214,10 @@ class PinVenvs:
             for site in site_packages(venv):
                 (site / LAYER_PTH).write_text("".join(f"{path}\n" for path in site_packages(layer)),
                                               encoding="utf-8")
-            # A key built before installs what it resolved to then (builders/locks.py).
+            # A key built before, here or where its shipped lock was made, installs what it resolved
+            # to then (builders/locks.py).
             lock = lock_path(self.cache_dir, key.name)
+            seed_lock(lock, shipped_lock(key.name))
             pip = [python, "-m", "pip", "install", "--quiet", *constraint_args(lock)]
             self._step([*pip, *SDIST_BUILD], log, log_path, "installing vLLM's build requirements")
             wheel = (self._vllm_wheel_at(key.vllm, python, log, log_path) if key.vllm_commit

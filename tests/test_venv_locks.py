@@ -18,6 +18,7 @@ import pytest
 from bisect_npu.builders.locks import (
     SHIPPED,
     constraint_args,
+    exact_install_args,
     lock_path,
     locked_versions,
     record_lock,
@@ -106,3 +107,41 @@ def test_every_key_the_unit_test_tier_bisects_ships_its_lock_of_exact_pins() -> 
         assert len(versions) == len(lines) > 50, key
         assert versions["transformers"] == key.split("--transformers-")[1], key
         assert not {"vllm", "torch", "torchvision", "triton"} & set(versions), key
+
+
+def frozen(venv: Path) -> dict[str, str]:
+    python = venv / "bin" / "python"
+    lines = subprocess.run([str(python), "-m", "pip", "freeze", f"--path={site_packages(venv)[0]}"],
+                           capture_output=True, text=True, check=True).stdout.splitlines()
+    return dict(line.split("==", 1) for line in lines if "==" in line)
+
+
+@pytest.mark.e2e
+def test_a_venv_built_in_two_steps_is_built_again_from_its_lock_though_no_resolver_accepts_it(tmp_path: Path) -> None:
+    """As a pin venv is built: the server's requirements first (its instrumentator wants web>=1),
+    then the project's, which win (a framework that needs web<0.51 downgrades it). The lock of that
+    venv, as constraints, cannot be resolved; installed as frozen it gives the same venv again."""
+    wheels = tmp_path / "wheels"
+    wheels.mkdir()
+    for name, version, requires in (("web", "0.50.0", ()), ("web", "1.0.0", ()),
+                                    ("instrumentator", "8.1.0", ("web>=1.0",)),
+                                    ("framework", "0.123.10", ("web<0.51",))):
+        make_wheel(wheels, name, version, requires)
+    index = ["--no-index", "--find-links", str(wheels)]
+    venv, lock = tmp_path / "first", tmp_path / "locks" / "key.txt"
+    subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True, timeout=300)
+    pip = [str(venv / "bin" / "python"), "-m", "pip"]
+    for step in ("instrumentator", "framework==0.123.10"):
+        subprocess.run([*pip, "install", "--quiet", *index, step], check=True, timeout=300, capture_output=True)
+    record_lock(pip, site_packages(venv), lock)
+    tested = {"web": "0.50.0", "instrumentator": "8.1.0", "framework": "0.123.10"}
+    assert {name: locked_versions(lock).get(name) for name in tested} == tested  # pip's own are in it too
+
+    again = tmp_path / "again"
+    subprocess.run([sys.executable, "-m", "venv", str(again)], check=True, timeout=300)
+    pip = [str(again / "bin" / "python"), "-m", "pip", "install", "--quiet", *index]
+    resolved = subprocess.run([*pip, *constraint_args(lock), "instrumentator"], capture_output=True, text=True,
+                              timeout=300, check=False)
+    assert resolved.returncode != 0 and "ResolutionImpossible" in resolved.stderr
+    subprocess.run([*pip, *exact_install_args(lock)], check=True, timeout=300)
+    assert frozen(again) == tested

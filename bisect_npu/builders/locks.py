@@ -48,6 +48,15 @@ def seed_lock(lock: Path, shipped: Path | None) -> bool:
     return True
 
 
+def exact_install_args(lock: Path) -> list[str]:
+    """pip's words that install the lock as it was frozen, nothing resolved again. A venv built in
+    steps (vLLM with its requirements, then vllm-ascend's, which win where the two disagree) can
+    hold a set no resolver accepts at once (starlette 0.50.0 beside a
+    prometheus-fastapi-instrumentator that asks for 1.0): as constraints such a lock fails to
+    resolve, so a second build of its key could not be made."""
+    return ["--no-deps", "--requirement", str(lock)]
+
+
 def constraint_args(lock: Path) -> list[str]:
     """pip's words that hold an install to the lock (none before the key's first build)."""
     return ["--constraint", str(lock)] if lock.is_file() else []

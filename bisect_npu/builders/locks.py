@@ -2,9 +2,10 @@
 
 The first time an environment key is built, what pip resolved into it (`pip freeze` of the venv's
 own site-packages) is written beside the cache as `locks/<key>.txt`; every later build of that key,
-on this machine or another that is handed the locks directory, installs under that lock as a pip
-constraints file. A dependency the key's requirements leave unpinned (transformers' `kernels`)
-then stays at the version the environment was tested with instead of today's release.
+on this machine or another that is handed the locks directory, installs under that lock: a
+unit-test pin venv exactly as frozen (`exact_install_args`), a release venv as pip constraints.
+A dependency the key's requirements leave unpinned (`kernels`, which transformers imports
+when it is there) then stays at the version the environment was tested with instead of today's release.
 
 A host with no lock of a key yet (a fresh machine, an empty cache) starts from the lock this
 package ships for it, when it ships one (`SHIPPED`: the keys of the pairs the unit-test tier
@@ -53,7 +54,7 @@ def exact_install_args(lock: Path) -> list[str]:
     steps (vLLM with its requirements, then vllm-ascend's, which win where the two disagree) can
     hold a set no resolver accepts at once (starlette 0.50.0 beside a
     prometheus-fastapi-instrumentator that asks for 1.0): as constraints such a lock fails to
-    resolve, so a second build of its key could not be made."""
+    resolve, so it is installed as it stands."""
     return ["--no-deps", "--requirement", str(lock)]
 
 

@@ -89,3 +89,49 @@ def test_the_commits_own_import_error_is_still_its_verdict(tmp_path: Path) -> No
     assert done.returncode == runner.BAD, done.stdout[-2000:]
     reason = (tmp_path / "reason.txt").read_text()
     assert "cannot be collected (ImportError: cannot import name 'no_such_name'" in reason
+
+
+def probe(python: Path, checkout: Path, files: dict[str, str], reason_file: Path) -> subprocess.CompletedProcess[str]:
+    """The unit-test runner on `tests/ut/quant/test_k.py` of a checkout made of `files`."""
+    for name, text in files.items():
+        (checkout / name).parent.mkdir(parents=True, exist_ok=True)
+        (checkout / name).write_text(text)
+    env = {**os.environ, runner.REASON_ENV: str(reason_file)}
+    env.pop("PYTHONPATH", None)
+    return subprocess.run([str(python), "-m", "bisect_npu.probe.unit_tests", "--rules", str(runner.RULES),
+                           "--present-at-good", "tests/ut/quant/test_k.py", "tests/ut/quant/test_k.py"],
+                          cwd=checkout, env=env, capture_output=True, text=True, timeout=120, check=False)
+
+
+@pytest.mark.e2e
+def test_a_conftest_whose_imports_fail_in_the_venv_stops_the_run_naming_the_import(tmp_path: Path) -> None:
+    """vllm-ascend's tests/ut/conftest.py imports vLLM, and through it transformers and kernels:
+    pytest stops loading the conftest (its exit 4) before any collection hook runs."""
+    python = broken_venv(tmp_path)
+    reason_file = tmp_path / "reason.txt"
+    done = probe(python, tmp_path / "checkout",
+                 {"tests/__init__.py": "", "tests/ut/__init__.py": "", "tests/ut/conftest.py": "import fakeformers\n",
+                  "tests/ut/quant/test_k.py": "def test_scale():\n    assert True\n"}, reason_file)
+    reason = reason_file.read_text().strip()
+    assert done.returncode == runner.ABORT, done.stdout[-2000:] + done.stderr[-2000:]
+    assert reason.startswith("the environment is broken, not the commit: importing tests/ut/conftest.py failed "
+                             "inside the installed package kernels 0.19.1 (ValueError: Either a revision or a "
+                             "version must be specified)"), reason
+    assert "import chain: fakeformers 5.5.4, kernels 0.19.1;" in reason  # pytest's own frames are not in it
+    with pytest.raises(InfrastructureError, match=r"tests/ut/conftest\.py.*kernels 0\.19\.1") as stopped:
+        command_verdict(RunResult(returncode=done.returncode, seconds=1.0, log_path="ut.log"), said=reason)
+    assert stopped.value.exit_code == 5
+
+
+@pytest.mark.e2e
+def test_a_conftest_the_commit_broke_skips_the_commit(tmp_path: Path) -> None:
+    """A conftest that fails on the checkout's own code says nothing about the named test: a skip."""
+    python = broken_venv(tmp_path)
+    reason_file = tmp_path / "reason.txt"
+    done = probe(python, tmp_path / "checkout",
+                 {"tests/__init__.py": "", "tests/ut/__init__.py": "", "tests/ut/conftest.py": "import mypkg\n",
+                  "mypkg/__init__.py": "from os import no_such_name\n",
+                  "tests/ut/quant/test_k.py": "def test_scale():\n    assert True\n"}, reason_file)
+    assert done.returncode == runner.SKIP, done.stdout[-2000:] + done.stderr[-2000:]
+    assert reason_file.read_text().startswith("tests/ut/conftest.py cannot be imported (ImportError: cannot import "
+                                              "name 'no_such_name'")

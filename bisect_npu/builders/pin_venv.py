@@ -32,7 +32,15 @@ from typing import TextIO
 
 from bisect_npu.builders.base import BuildFailed, tail
 from bisect_npu.builders.failures import raise_if_unreachable
-from bisect_npu.builders.locks import LOCKS_DIR, constraint_args, lock_path, record_lock
+from bisect_npu.builders.locks import (
+    LOCKS_DIR,
+    constraint_args,
+    exact_install_args,
+    lock_path,
+    record_lock,
+    seed_lock,
+    shipped_lock,
+)
 from bisect_npu.builders.venv import COMPLETE_MARKER, link_host, site_packages, tree_bytes
 from bisect_npu.errors import UsageError
 from bisect_npu.paths import cache_root
@@ -214,16 +222,24 @@ class PinVenvs:
             for site in site_packages(venv):
                 (site / LAYER_PTH).write_text("".join(f"{path}\n" for path in site_packages(layer)),
                                               encoding="utf-8")
-            # A key built before installs what it resolved to then (builders/locks.py).
+            # A key built before, here or where its shipped lock was made, installs exactly what it
+            # resolved to then, and vLLM without its dependencies (builders/locks.py); a first
+            # build resolves, and its lock is recorded below.
             lock = lock_path(self.cache_dir, key.name)
+            seed_lock(lock, shipped_lock(key.name))
+            locked = lock.is_file()
             pip = [python, "-m", "pip", "install", "--quiet", *constraint_args(lock)]
+            if locked:
+                self._step([python, "-m", "pip", "install", "--quiet", *exact_install_args(lock)], log, log_path,
+                           f"installing the lock {lock}")
             self._step([*pip, *SDIST_BUILD], log, log_path, "installing vLLM's build requirements")
             wheel = (self._vllm_wheel_at(key.vllm, python, log, log_path) if key.vllm_commit
                      else self.vllm_wheel(key.vllm, python, log, log_path))
             # In the order of vllm-ascend's Dockerfile: vLLM with its own requirements, then
             # vllm-ascend's, which win where the two disagree (opencv-python-headless at vLLM 0.19).
-            self._step([*pip, str(wheel)], log, log_path, f"installing vLLM {key.vllm}")
-            if requirements:
+            self._step([*pip, *(["--no-deps"] if locked else []), str(wheel)], log, log_path,
+                       f"installing vLLM {key.vllm}")
+            if requirements and not locked:
                 self._step([*pip, *requirements], log, log_path, "installing vllm-ascend's requirements")
             # A torch or triton that vLLM's requirements put in the venv itself goes (pip leaves
             # the layer's alone): the layer's CPU-usable torch is the one the tests see.

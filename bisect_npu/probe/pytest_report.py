@@ -11,11 +11,13 @@ from __future__ import annotations
 import json
 import os
 import re
+import traceback
+from collections.abc import Generator
 from typing import Any
 
 import pytest
 
-from .unit_tests import selects
+from .unit_tests import CONFTEST_KEY, selects
 
 REPORT_ENV = "BISECT_NPU_UT_REPORT"  # where the JSON goes
 SELECT_ENV = "BISECT_NPU_UT_SELECT"  # the node ids, as a JSON list
@@ -27,6 +29,25 @@ _FRAME = re.compile(r"^(\S.*?\.py):\d+: in ")
 
 def _wanted() -> list[str]:
     return list(json.loads(os.environ.get(SELECT_ENV, "[]")))
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_load_initial_conftests() -> Generator[None, Any, None]:
+    """A conftest that cannot be imported stops pytest before it collects anything (exit 4, no
+    session): kept as the collection error of `CONFTEST_KEY`, with its traceback's files from the
+    conftest on, and the report written now."""
+    outcome = yield
+    if outcome.excinfo is None:
+        return
+    error = outcome.excinfo[1]
+    cause = getattr(error, "cause", None) or error.__cause__ or error
+    frames = [frame.filename for frame in traceback.extract_tb(cause.__traceback__)]
+    conftest = str(getattr(error, "path", ""))
+    start = next((i for i, frame in enumerate(frames) if frame == conftest), 0)
+    _state["collect_errors"][CONFTEST_KEY] = f"{type(cause).__name__}: {cause}"[:300]
+    _state["collect_frames"][CONFTEST_KEY] = frames[start:]
+    _state["conftest"] = os.path.relpath(conftest) if conftest else ""
+    _write()
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
@@ -64,6 +85,10 @@ def pytest_runtest_logreport(report: pytest.TestReport) -> None:
 
 def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
     _state["exit"] = int(exitstatus)
+    _write()
+
+
+def _write() -> None:
     path = os.environ.get(REPORT_ENV)
     if path:
         with open(path, "w", encoding="utf-8") as handle:

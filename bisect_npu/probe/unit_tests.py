@@ -42,6 +42,7 @@ CI_ENV = {
     "VLLM_USE_MODELSCOPE": "True", "HF_HUB_OFFLINE": "1", "SOC_VERSION": "ascend910b1", "COMPILE_CUSTOM_KERNELS": "0",
 }
 CONFTEST = "tests/ut/conftest.py"
+CONFTEST_KEY = "<conftest>"  # the report's collection error of a conftest pytest could not import
 PROBE_DIR = Path(__file__).resolve().parent
 NPU_SITE = PROBE_DIR / "npu_site"
 
@@ -111,19 +112,24 @@ def judge(node_ids: list[str], present: set[str], report: dict[str, object] | No
     matched = {str(k): int(v) for k, v in dict(report.get("matched") or {}).items()}  # type: ignore[call-overload]
     broken = sorted({file_of(n) for n in node_ids if file_of(n) in present
                      and any(key == file_of(n) or key.startswith(file_of(n) + "::") for key in errors)})
-    if errors and not broken and "<session>" in errors:
+    conftest = CONFTEST_KEY in errors  # pytest stopped before collecting: every named file is broken
+    if errors and not broken and (conftest or "<session>" in errors):
         broken = sorted({file_of(n) for n in node_ids if file_of(n) in present})
     if broken:
         first = broken[0]
-        key = next((k for k in errors if k == first or k.startswith(first + "::")), "<session>")
+        key = CONFTEST_KEY if conftest else next((k for k in errors if k == first or k.startswith(first + "::")),
+                                                 "<session>")
         error = errors.get(key, "")
         frames = [str(f) for f in dict(report.get("collect_frames") or {}).get(key) or []]  # type: ignore[call-overload]
         packages = installed_packages(frames)
+        importing = str(report.get("conftest") or CONFTEST) if conftest else first
         if frames and packages and in_installed_package(frames[-1]):
-            return Judgement(ABORT, f"the environment is broken, not the commit: importing {first} failed inside "
+            return Judgement(ABORT, f"the environment is broken, not the commit: importing {importing} failed inside "
                                     f"the installed package {packages[-1]} ({error}); import chain: "
                                     f"{', '.join(packages)}; rebuild the pin's venv with the versions it was "
                                     "tested with, then `bisect-npu resume`")
+        if conftest:
+            return Judgement(SKIP, f"{importing} cannot be imported ({error}): no test ran, so the commit is skipped")
         if first in present_at_good:
             return Judgement(BAD, f"{first} cannot be collected ({error}); it exists at the good end, counted bad")
         return Judgement(SKIP, f"{first} cannot be collected ({error}); the good end does not have it, so this "

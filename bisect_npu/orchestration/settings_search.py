@@ -12,8 +12,10 @@ digest.
 It is built from a commit session's pieces: the journal file (journal.py), the executor checks
 (`preflight.settle_executor`), the identity check (`opening.first_difference`), the leftovers'
 sweep, the reference (`reference.References`, the good variant as the good end), the slots
-(`slots.run_in_slots`), the verdict store (`VerdictReuse`) and the end's sentences
-(end_messages.py). What stays here has no counterpart in a commit search: the question (the good
+(`slots.run_in_slots`), the verdict store (`SessionVerdicts` over configurations, keyed by
+their recipe digests: a verdict reused is journaled as `stored`, and before the trigger is named
+the configurations it rests on, `ddmin.rests_on`, run fresh where only the store judged them) and
+the end's sentences (end_messages.py). What stays here has no counterpart in a commit search: the question (the good
 variant, `--vary`, the reference commit, which a resumed search must keep: `_check_same_reference`),
 each configuration's recipe, executor and step directory (the commit is the same for all, so one
 evaluator per configuration, not per commit), a configuration's run at the reference commit

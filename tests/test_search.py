@@ -16,6 +16,7 @@ from bisect_npu.search import (
     Next,
     SearchProblem,
     decide,
+    rests_on,
 )
 
 
@@ -129,3 +130,14 @@ def test_decide_is_deterministic_and_rejects_bad_input():
         decide(SearchProblem(n=0), {})
     with pytest.raises(ValueError):
         decide(SearchProblem(n=5), {7: Evidence(good=1)})
+
+
+def test_an_answer_rests_on_the_culprit_and_its_parent_the_range_s_ends_or_the_wrong_end() -> None:
+    """What a commit search runs fresh before answering where the verdict store judged it."""
+    problem = SearchProblem(n=10)
+    found = decide(problem, {0: Evidence(good=1), 10: Evidence(bad=1), 3: Evidence(good=1), 4: Evidence(bad=1)})
+    assert isinstance(found, Found) and found.index == 4 and rests_on(found, 10) == (3, 4)
+    assert rests_on(Narrowed(2, 5), 10) == (2, 5)
+    assert rests_on(decide(problem, {10: Evidence(good=1)}), 10) == (10,)
+    assert rests_on(decide(problem, {10: Evidence(bad=1), 0: Evidence(bad=1)}), 10) == (0,)
+    assert rests_on(decide(problem, {}), 10) == ()

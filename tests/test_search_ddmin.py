@@ -19,6 +19,7 @@ from bisect_npu.search.ddmin import (
     Trigger,
     decide_ddmin,
     reading,
+    rests_on,
     worst_case_tests,
 )
 
@@ -95,6 +96,33 @@ def test_evidence_in_any_order_gives_the_same_decisions(keys: int, seed: int, or
     partial = dict(items[: len(items) // 2])
     again = decide_ddmin(problem, partial)
     assert not isinstance(again, Ask) or again.configuration not in partial
+
+
+@settings(max_examples=200, deadline=None)
+@given(keys=st.integers(1, 9), seed=st.integers(0, 10**6), bad_share=st.floats(0.0, 1.0),
+       skip_share=st.floats(0.0, 0.3))
+def test_the_answer_rests_on_each_configuration_rests_on_names(keys: int, seed: int, bad_share: float,
+                                                               skip_share: float) -> None:
+    """What the verdict store's verdicts are confirmed by: every configuration `rests_on` names was
+    tested, and any one of them judged otherwise (a stored verdict that was wrong) changes the answer."""
+    problem = SettingsProblem(keys)
+    answer, evidence = drive(problem, hashed_oracle(keys, seed, bad_share, skip_share))
+    assert isinstance(answer, Trigger)
+    resting = rests_on(problem, answer)
+    assert resting[0] == answer.keys and len(resting) == len(answer.keys) + 1
+    for configuration in resting:
+        assert configuration in evidence
+        wrong = Evidence(good=1) if configuration == answer.keys else Evidence(bad=1)
+        assert decide_ddmin(problem, {**evidence, configuration: wrong}) != answer
+    assert rests_on(problem, Ask(problem.good)) == ()
+
+
+def test_an_end_judged_wrong_rests_on_that_end() -> None:
+    problem = SettingsProblem(3)
+    good_is_bad = decide_ddmin(problem, {problem.bad: Evidence(bad=1), problem.good: Evidence(bad=1)})
+    bad_is_good = decide_ddmin(problem, {problem.bad: Evidence(good=1)})
+    assert isinstance(good_is_bad, EndsWrong) and rests_on(problem, good_is_bad) == (problem.good,)
+    assert isinstance(bad_is_good, EndsWrong) and rests_on(problem, bad_is_good) == (problem.bad,)
 
 
 def test_the_ends_come_first_and_a_bad_good_variant_is_refused() -> None:

@@ -5,9 +5,11 @@ exactly the manifest's trigger. Real worktrees, one kernel build per commit, rea
 from __future__ import annotations
 
 import json
+import sqlite3
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 import yaml
@@ -51,6 +53,20 @@ def search(demo_upstream: DemoUpstream, name: str, session: Path, *extra: str,
 
 def summary(done: subprocess.CompletedProcess[str]) -> dict[str, object]:
     return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+def journaled(session: Path, kind: str = "configuration") -> list[dict[str, Any]]:
+    """The settings journal's records of one type, in order."""
+    records = [json.loads(line) for line in (session / "settings.jsonl").read_text().splitlines()]
+    return [r for r in records if r["type"] == kind]
+
+
+def resting(session: Path, trigger: object) -> set[tuple[int, ...]]:
+    """The configurations a trigger rests on, as key positions: it, and it with each key back."""
+    differences = journaled(session, "settings_header")[0]["differences"]
+    assert isinstance(trigger, list)
+    keys = {i for i, d in enumerate(differences) if d["key"] in trigger}
+    return {tuple(sorted(keys)), *(tuple(sorted(keys - {key})) for key in keys)}
 
 
 @pytest.mark.parametrize("name", ["spec-decode", "presence-penalty", "rope-longseq",
@@ -117,11 +133,54 @@ def test_exact_search_resumes_and_reuses_the_verdict_store(demo_upstream: DemoUp
     digests = [r["digest"] for r in records if r["type"] == "configuration"]
     assert len(digests) == len(set(digests)) == summary(done)["configurations"]
 
+    # Every verdict from the store; the configurations the trigger rests on (it and the good
+    # variant) run again, fresh, before it is named: the same trigger.
     again = search(demo_upstream, "async-penalty", tmp_path / "second", "--verdict-store", str(store))
     assert again.returncode == 0, again.stdout + again.stderr[-3000:]
-    report = json.loads((tmp_path / "second" / "report.json").read_text())
-    assert {row["build"] for row in report["configurations"]} == {"stored"}
     assert summary(again)["trigger"] == ["engine.args.async_scheduling"]
+    records = journaled(tmp_path / "second")
+    stored = [r for r in records if r["stored"]]
+    assert {r["digest"] for r in stored} == set(digests) and {r["build"]["how"] for r in stored} == {"stored"}
+    fresh = [r for r in records if not r["stored"]]
+    assert {tuple(r["configuration"]) for r in fresh} == resting(session, summary(again)["trigger"])
+    assert all(r["build"]["how"] != "stored" for r in fresh) and len(fresh) == 2
+    assert "2 configuration(s) the answer rests on fresh" in again.stderr
+
+
+def test_a_wrong_stored_verdict_the_trigger_rests_on_is_run_fresh_and_the_store_dropped(
+        demo_upstream: DemoUpstream, tmp_path: Path) -> None:
+    """The store says the trigger (async_scheduling alone) passes, as a store keyed on too little
+    could: taken on trust it would name async_scheduling with logprobs. The configurations that
+    answer rests on run fresh before it is named, one disagrees with the store, and the search
+    goes on without the store's verdicts to the true trigger, saying why."""
+    store = tmp_path / "verdicts.sqlite"
+    first = search(demo_upstream, "async-penalty", tmp_path / "first", "--verdict-store", str(store))
+    assert first.returncode == 0, first.stdout + first.stderr[-3000:]
+    trigger = summary(first)["trigger"]
+    kept = [r for r in journaled(tmp_path / "first") if r["verdict"]["kind"] != "skip"]
+    target = max(resting(tmp_path / "first", trigger), key=len)  # the trigger's own configuration
+    (keys,) = [r for r in kept if tuple(r["configuration"]) == target]
+    with sqlite3.connect(store) as db:  # the store's rows are the first search's verdicts, in its order
+        rows = [row for (row,) in db.execute("SELECT rowid FROM verdicts ORDER BY t")]
+        assert len(rows) == len(kept)
+        db.execute("UPDATE verdicts SET kind = 'good', good = 1, bad = 0, reason = 'written wrong' WHERE rowid = ?",
+                   (rows[kept.index(keys)],))
+
+    again = search(demo_upstream, "async-penalty", tmp_path / "second", "--verdict-store", str(store))
+    assert again.returncode == 0, again.stdout + again.stderr[-3000:]
+    assert summary(again)["trigger"] == trigger == ["engine.args.async_scheduling"]
+    assert "a configuration run fresh disagrees with the verdict store's verdict of it" in again.stderr
+    records = journaled(tmp_path / "second")
+    wrong = next(i for i, r in enumerate(records) if r["digest"] == keys["digest"])
+    assert records[wrong]["stored"] and records[wrong]["verdict"]["kind"] == "good"
+    assert any(r["digest"] == keys["digest"] and not r["stored"] and r["verdict"]["kind"] == "bad"
+               for r in records[wrong:])
+    # Once dropped, the store's verdicts neither decide nor are taken again: the ends run here too.
+    ends = {(), tuple(range(len(journaled(tmp_path / "second", "settings_header")[0]["differences"])))}
+    assert ends <= {tuple(r["configuration"]) for r in records if not r["stored"]}
+    assert not any(r["stored"] for r in records[wrong + 1:])
+    report = json.loads((tmp_path / "second" / "report.json").read_text())
+    assert [row["key"] for row in report["keys"] if row["answer"] == "needed"] == trigger
 
 
 def test_a_good_variant_that_is_also_bad_exits_4(demo_upstream: DemoUpstream, tmp_path: Path) -> None:
@@ -266,9 +325,13 @@ def test_reference_runs_resume_and_key_the_verdict_store(demo_upstream: DemoUpst
 
     again = search(demo_upstream, "rope-longseq", tmp_path / "second", "--verdict-store", str(store))
     assert again.returncode == 0, again.stdout + again.stderr[-3000:]
-    report = json.loads((tmp_path / "second" / "report.json").read_text())
-    assert {row["build"] for row in report["configurations"]} == {"stored"}
-    assert '"type":"reference"' not in (tmp_path / "second" / "settings.jsonl").read_text()
+    assert summary(again)["trigger"] == ["cases[*].sampling.max_tokens"]
+    configurations = journaled(tmp_path / "second")
+    assert {r["digest"] for r in configurations if r["stored"]} == {r["digest"] for r in journaled(session)}
+    # What the trigger rests on runs fresh, each configuration at the reference commit too; nothing else does.
+    fresh = {r["digest"]: tuple(r["configuration"]) for r in configurations if not r["stored"]}
+    assert set(fresh.values()) == resting(session, summary(again)["trigger"]) and len(fresh) == 2
+    assert sorted(r["digest"] for r in journaled(tmp_path / "second", "reference")) == sorted(fresh)
 
     other = search(demo_upstream, "rope-longseq", tmp_path / "third", "--verdict-store", str(store),
                    "--reference-at", "v0.9.1")

@@ -90,8 +90,9 @@ class Session:
         self.references = References(recipe, evaluator, functools.partial(self._runs_at, 0),
                                      functools.partial(self._runs_at, self.n))
         always_run = frozenset({0} if self.references.from_good_end else ())  # the reference's runs
-        self.verdicts = None if reuse is None else SessionVerdicts(reuse, self.state, progress,
-                                                                   noisy=self.mode == "noisy", always_run=always_run)
+        self.verdicts: SessionVerdicts[int] | None = None if reuse is None else SessionVerdicts(
+            lambda _index: reuse, self.state, progress, always_run=always_run,
+            outcomes=self.state.outcomes if self.mode == "noisy" else None)
 
     @classmethod
     def _of(cls, opened: Opened) -> Session:
@@ -227,13 +228,16 @@ class Session:
         if ended is not None:
             return self._result_from_end(ended)
         if self.verdicts is not None:
-            self.verdicts.recall_all(self.n, lambda index: self._reuse(index, self.commit_at(index)))
+            judged = self.state.judged()
+            self.verdicts.recall_all([index for index in range(self.n + 1) if index not in judged],
+                                     lambda index: self._reuse(index, self.commit_at(index)))
         while True:
             interrupts.raise_if_received()
             problem = self.problem()
             decision = search.decide(problem, self.evidence())
             if not isinstance(decision, search.Next):
-                if self.verdicts is not None and self.verdicts.confirm(decision, self.n, self._run_fresh):
+                if self.verdicts is not None and self.verdicts.confirm(search.rests_on(decision, self.n),
+                                                                        self._run_fresh):
                     continue
                 break
             self._told = told_costs(problem)

@@ -12,8 +12,10 @@ digest.
 It is built from a commit session's pieces: the journal file (journal.py), the executor checks
 (`preflight.settle_executor`), the identity check (`opening.first_difference`), the leftovers'
 sweep, the reference (`reference.References`, the good variant as the good end), the slots
-(`slots.run_in_slots`), the verdict store (`VerdictReuse`) and the end's sentences
-(end_messages.py). What stays here has no counterpart in a commit search: the question (the good
+(`slots.run_in_slots`), the verdict store (`SessionVerdicts` over configurations, keyed by
+their recipe digests: a verdict reused is journaled as `stored`, and before the trigger is named
+the configurations it rests on, `ddmin.rests_on`, run fresh where only the store judged them) and
+the end's sentences (end_messages.py). What stays here has no counterpart in a commit search: the question (the good
 variant, `--vary`, the reference commit, which a resumed search must keep: `_check_same_reference`),
 each configuration's recipe, executor and step directory (the commit is the same for all, so one
 evaluator per configuration, not per commit), a configuration's run at the reference commit
@@ -50,7 +52,8 @@ from bisect_npu.orchestration.reference import References
 from bisect_npu.orchestration.result import EXIT_CODES
 from bisect_npu.orchestration.session_spec import SessionSpec, check_dependency_options
 from bisect_npu.orchestration.slots import run_in_slots
-from bisect_npu.orchestration.verdict_reuse import VerdictReuse, open_verdict_reuse
+from bisect_npu.orchestration.state import StoreLedger
+from bisect_npu.orchestration.verdict_reuse import Reused, SessionVerdicts, VerdictReuse, open_verdict_reuse
 from bisect_npu.progress import PlainProgress, Progress
 from bisect_npu.recipe.loader import load_recipe
 from bisect_npu.recipe.schema import Recipe
@@ -67,7 +70,15 @@ from bisect_npu.recipe.settings import (
 from bisect_npu.records import BuildInfo, HeaderRecord, TrialRun
 from bisect_npu.request import RangeSpec, RunRequest
 from bisect_npu.search import EndsWrong, Evidence
-from bisect_npu.search.ddmin import Ask, Configuration, SettingsProblem, Trigger, decide_ddmin, read_trials
+from bisect_npu.search.ddmin import (
+    Ask,
+    Configuration,
+    SettingsProblem,
+    Trigger,
+    decide_ddmin,
+    read_trials,
+    rests_on,
+)
 from bisect_npu.settings_journal import (
     ConfigurationRecord,
     ConfigurationTrial,
@@ -269,7 +280,15 @@ class SettingsSearch:
         self.problem = SettingsProblem(len(self.differences), mode=self.header.mode, confidence=self.header.confidence,
                                        batch=self.header.batch, max_trials=self.header.max_trials, slots=self.slots)
         self._executors: dict[tuple[tuple[str, str], ...], Executor] = {}
-        self._memories: dict[str, VerdictReuse | None] = {}
+        self._memories: dict[str, VerdictReuse] = {}  # a configuration's digest -> its verdict store scope
+        # Which configurations' verdicts came from the verdict store, and which were run here.
+        self.ledger: StoreLedger[str] = StoreLedger()
+        for entry in journal.entries:
+            if isinstance(entry, ConfigurationRecord):
+                self.ledger.note(entry.digest, entry.verdict.kind.value, stored=entry.stored is not None)
+        self.verdicts: SessionVerdicts[str] | None = None if spec.store.verdict_store is None else SessionVerdicts(
+            self._memories.__getitem__, self.ledger, progress, noun="configuration",
+            outcomes=self._outcomes if self.problem.mode == "noisy" else None)
         self._lock = threading.Lock()  # the slots' configurations make an executor or a store scope in turn
         # The good variant's runs at the commit are every configuration's reference, as a commit
         # search's good end's are (None where the reference commit gives each its own).
@@ -421,13 +440,17 @@ class SettingsSearch:
                                self.spec.context.host)
 
     def evidence(self) -> dict[Configuration, Evidence]:
+        """Each configuration's evidence: without the verdict store's verdicts once one was contradicted."""
         evidence: dict[Configuration, Evidence] = {}
         noisy = self.problem.mode == "noisy"
+        dropped = self.verdicts is not None and self.verdicts.dropped()
         for entry in self.journal.entries:
             if isinstance(entry, ConfigurationTrial) and noisy and entry.outcome:
                 key = frozenset(entry.configuration)
                 evidence[key] = evidence.get(key, Evidence()).add(entry.outcome.value)
             elif isinstance(entry, ConfigurationRecord) and entry.value_check is None:
+                if dropped and entry.stored is not None:
+                    continue
                 key = frozenset(entry.configuration)
                 seen = evidence.get(key, Evidence())
                 if entry.stored is not None and noisy:
@@ -449,11 +472,22 @@ class SettingsSearch:
             if isinstance(decision, Ask):
                 run_in_slots((decision, *decision.alongside), self.slots, self._run_ask, self._stop_runs)
                 continue
+            if self.verdicts is not None and self._confirm(decision):
+                continue
             break
         if isinstance(decision, EndsWrong):
             return self._finish_wrong(decision)
         self._check_values(decision)
         return self._finish_found(decision)
+
+    def _confirm(self, decision: Trigger | EndsWrong) -> bool:
+        """Run fresh the configurations the answer rests on where only the verdict store judged them
+        (`SessionVerdicts.confirm`); True when it ran any."""
+        assert self.verdicts is not None
+        resting = {self.recipe_of(configuration).digest(): configuration
+                   for configuration in rests_on(self.problem, decision)}
+        return self.verdicts.confirm(list(resting), lambda digest: self._run_configuration(resting[digest],
+                                                                                           self.problem.batch))
 
     def _ensure_reference(self) -> None:
         """A recipe judged against the good end's output is judged here against the good variant's."""
@@ -498,7 +532,7 @@ class SettingsSearch:
         for executor in [self.base.executor, *self._executors.values()]:
             executor.close()
 
-    def _memory(self, recipe: Recipe) -> VerdictReuse | None:
+    def _open_scope(self, recipe: Recipe) -> None:
         """The verdict store under this configuration's recipe digest, relative to what the oracle
         compares it with: the reference commit (where the configuration itself is the reference,
         as a commit search's good end is), else the good variant."""
@@ -510,9 +544,17 @@ class SettingsSearch:
                     reference = self.reference_commit
                 elif self.recipe.reference.kind == "good_end":
                     reference = self.recipe_of(frozenset()).digest()
-                self._memories[digest] = open_verdict_reuse(self.spec, recipe, self.journal.session_dir, reference,
-                                                            self.progress)
-            return self._memories[digest]
+                reuse = open_verdict_reuse(self.spec, recipe, self.journal.session_dir, reference, self.progress)
+                assert reuse is not None  # a store is named (self.verdicts), and a recipe's verdicts have a scope
+                self._memories[digest] = reuse
+
+    def _outcomes(self, digest: str) -> list[VerdictKind | None]:
+        """Every trial's outcome this search ran of a configuration (noisy mode)."""
+        return [e.outcome for e in self.journal.entries if isinstance(e, ConfigurationTrial) and e.digest == digest]
+
+    def _journal(self, record: ConfigurationRecord) -> None:
+        self.journal.append(record)
+        self.ledger.note(record.digest, record.verdict.kind.value, stored=record.stored is not None)
 
     def _run_configuration(self, configuration: Configuration, trials: int, as_reference: bool = False,
                            extra: dict[str, Any] | None = None) -> ConfigurationRecord:
@@ -523,16 +565,21 @@ class SettingsSearch:
         noisy = self.problem.mode == "noisy"
         commit = self.header.commit
         build_key = self.base.builder.build_key(commit) or ""
-        memory = self._memory(recipe) if not as_reference else None
-        tried_store = any(isinstance(e, ConfigurationRecord) and e.digest == digest and e.stored
-                          for e in self.journal.entries)
-        if memory is not None and not tried_store and (stored := memory.recall(commit, build_key)) is not None:
-            record = ConfigurationRecord(configuration=sorted(configuration), digest=digest, settings=settings,
-                                         build=BuildInfo(how="stored", key=build_key or None),
-                                         verdict=stored.verdict, stored=stored.stored, value_check=check)
-            self.journal.append(record)
-            self.progress.note(f"configuration {self._label(configuration, check)}: {stored.verdict.reason}")
-            return record
+        verdicts = self.verdicts if not as_reference else None  # the reference's runs are always run, never kept
+        if verdicts is not None:
+            self._open_scope(recipe)
+            reused: list[ConfigurationRecord] = []
+
+            def journal(stored: Reused) -> None:
+                reused.append(ConfigurationRecord(
+                    configuration=sorted(configuration), digest=digest, settings=settings,
+                    build=BuildInfo(how="stored", key=build_key or None), verdict=stored.verdict,
+                    stored=stored.stored, value_check=check))
+                self._journal(reused[-1])
+
+            if (stored := verdicts.recall(digest, commit, build_key, journal)) is not None:
+                self.progress.note(f"configuration {self._label(configuration, check)}: {stored.verdict.reason}")
+                return reused[-1]
         evaluator = _ConfigurationEvaluator(Path("configurations") / digest, self.base.builder,
                                             self._executor_for(recipe), self.journal.session_dir, recipe=recipe,
                                             timeout_s=self.spec.judge.timeout_s, timeout_is=self.spec.judge.timeout_is)
@@ -545,7 +592,7 @@ class SettingsSearch:
                     verdict=Verdict(kind=VerdictKind.SKIP, trials=0, reason=(
                         f"{reference.verdict.kind.value} at the reference commit {self._reference_label()}: "
                         f"{reference.verdict.reason}")), value_check=check)
-                self.journal.append(record)
+                self._journal(record)
                 self.progress.note(f"configuration {self._label(configuration, check)}: {record.verdict.reason}")
                 return record
             evaluator.reference = [Observation.load(self.base.abs(t.observation)) for t in reference.trials
@@ -564,13 +611,11 @@ class SettingsSearch:
         record = ConfigurationRecord(configuration=sorted(configuration), digest=digest, settings=settings,
                                      build=result.build, verdict=result.verdict, trials=result.trials,
                                      seconds=result.seconds, value_check=check)
-        self.journal.append(record)
+        self._journal(record)
         self.progress.note(f"configuration {self._label(configuration, check)}: {result.verdict.kind.value} "
                            f"({result.verdict.reason})")
-        if memory is not None:
-            outcomes = [e.outcome for e in self.journal.entries if isinstance(e, ConfigurationTrial)
-                        and e.digest == digest] if noisy else None
-            memory.keep_judged(commit, build_key, result.verdict, outcomes)
+        if verdicts is not None:
+            verdicts.keep(digest, commit, build_key, result.verdict)
         return record
 
     def _reference_run(self, configuration: Configuration, recipe: Recipe, check: str | None) -> ReferenceRecord:

@@ -9,14 +9,15 @@ from __future__ import annotations
 
 import math
 import threading
-from collections.abc import Callable, Iterable
-from typing import Literal
+from collections.abc import Callable, Hashable, Iterable
+from typing import Generic, Literal, TypeVar
 
 from bisect_npu import search
 from bisect_npu.contracts import VerdictKind
 from bisect_npu.records import Record, RetryRecord, RetryRun, StepRecord, TrialRecord, TrialRun
 
 Term = Literal["good", "bad", "skip"]
+Thing = TypeVar("Thing", bound=Hashable)  # a thing tested: a commit's position, a configuration's digest
 
 
 def search_term(kind: str, find_fix: bool) -> Term:
@@ -45,12 +46,54 @@ def accuracy_weight(confidence: float | None, last: int, *, find_fix: bool) -> C
     return weigh
 
 
-class SessionState:
-    """The records a session's decisions read, applied in journal order (`apply`); thread-safe:
-    the slots of a round append while the progress asks how many candidates are left."""
+class StoreLedger(Generic[Thing]):
+    """Which verdicts of each thing tested came from the verdict store and which from runs here,
+    as a search's journal records them (`note`): what a session re-runs fresh before it answers,
+    and whether a fresh run contradicted the store (`verdict_reuse.SessionVerdicts`). Thread-safe."""
+
+    def __init__(self) -> None:
+        self._ledger_lock = threading.Lock()
+        self._stored: set[Thing] = set()  # things with a verdict taken from the store (a skip too)
+        self._kinds: dict[bool, dict[Thing, set[str]]] = {True: {}, False: {}}  # stored or not -> thing's kinds
+
+    def note(self, thing: Thing, kind: str, *, stored: bool) -> None:
+        """A verdict of `thing` journaled: taken from the store (`stored`) or run here."""
+        with self._ledger_lock:
+            if stored:
+                self._stored.add(thing)
+            if kind != VerdictKind.SKIP.value:
+                self._kinds[stored].setdefault(thing, set()).add(kind)
+
+    def stored_at(self, thing: Thing) -> bool:
+        """Whether a verdict of `thing` was taken from the verdict store."""
+        with self._ledger_lock:
+            return thing in self._stored
+
+    def stored_kinds(self) -> dict[Thing, set[str]]:
+        """Each thing's verdict kinds from the verdict store (skips left out)."""
+        with self._ledger_lock:
+            return {thing: set(kinds) for thing, kinds in self._kinds[True].items()}
+
+    def fresh_kinds(self) -> dict[Thing, set[str]]:
+        """Each thing's verdict kinds from the runs here (skips left out)."""
+        with self._ledger_lock:
+            return {thing: set(kinds) for thing, kinds in self._kinds[False].items()}
+
+    def store_disagreed(self) -> bool:
+        """Whether a thing run here was judged otherwise than the verdict store judged it."""
+        with self._ledger_lock:
+            fresh = self._kinds[False]
+            return any(thing in fresh and fresh[thing] != kinds for thing, kinds in self._kinds[True].items())
+
+
+class SessionState(StoreLedger[int]):
+    """The records a session's decisions read, applied in journal order (`apply`), its positions'
+    verdicts in the store's ledger; thread-safe: the slots of a round append while the progress
+    asks how many candidates are left."""
 
     def __init__(self, noisy: bool, find_fix: bool, entries: Iterable[Record] = (),
                  weigh: Callable[[StepRecord], float] | None = None) -> None:
+        super().__init__()
         self.noisy = noisy
         self.find_fix = find_fix
         self._weigh = weigh  # a step's log likelihood ratio in the search's terms (accuracy steps)
@@ -62,7 +105,6 @@ class SessionState:
         self._retries: dict[int, list[RetryRun]] = {}  # failed attempts since the position's last step
         self._last_trial: dict[int, int] = {}
         self._outcomes: dict[int, list[VerdictKind]] = {}  # the outcomes of the trials this session ran
-        self._kinds: dict[bool, dict[int, set[str]]] = {True: {}, False: {}}  # stored or not -> position's kinds
         for entry in entries:
             self.apply(entry)
 
@@ -89,8 +131,7 @@ class SessionState:
         self._pending[step.index] = []
         self._retries[step.index] = []
         stored = step.stored is not None
-        if step.verdict.kind != VerdictKind.SKIP:
-            self._kinds[stored].setdefault(step.index, set()).add(step.verdict.kind.value)
+        self.note(step.index, step.verdict.kind.value, stored=stored)
         if self.noisy and step.stored is not None:
             for kind, count in (("good", step.stored.good), ("bad", step.stored.bad)):
                 for _ in range(count):
@@ -119,27 +160,6 @@ class SessionState:
         """The positions with a finished step (run here or taken from the verdict store)."""
         with self._lock:
             return {step.index for step in self._steps}
-
-    def stored_at(self, index: int) -> bool:
-        """Whether a step at `index` was taken from the verdict store."""
-        with self._lock:
-            return any(step.index == index and step.stored is not None for step in self._steps)
-
-    def stored_kinds(self) -> dict[int, set[str]]:
-        """Each position's verdict kinds from the verdict store's steps (skips left out)."""
-        with self._lock:
-            return {index: set(kinds) for index, kinds in self._kinds[True].items()}
-
-    def fresh_kinds(self) -> dict[int, set[str]]:
-        """Each position's verdict kinds from the steps run here (skips left out)."""
-        with self._lock:
-            return {index: set(kinds) for index, kinds in self._kinds[False].items()}
-
-    def store_disagreed(self) -> bool:
-        """Whether a position run here was judged otherwise than the verdict store judged it."""
-        with self._lock:
-            fresh = self._kinds[False]
-            return any(index in fresh and fresh[index] != kinds for index, kinds in self._kinds[True].items())
 
     def pending_trials(self, index: int) -> list[TrialRun]:
         """Trials of `index` journaled after its last finished step: an interrupted step's work."""

@@ -8,7 +8,8 @@ starts in, the clone, or a directory a `cd` inside a shell string moves to; `sh 
 are split with shlex, never run), the programs it resolves on PATH, and the environment variables
 its words reference plus those `--verdict-env` declares. What the command reads that none of its
 words names (a script its script calls) is caught after the search: a session that reused a
-verdict runs its culprit and the culprit's parent fresh before it answers (`SessionVerdicts.confirm`). The
+verdict runs its culprit and the culprit's parent fresh before it answers, a settings search its
+trigger and the configurations one key short of it (`SessionVerdicts.confirm`). The
 environment is every fact of this host and run that changes what a run shows (the
 executor, the NPU host type, the architecture, the timeout and what a timeout counts as, the base
 image mirrors and release images, the package index, the bisect-npu version). Anything else that
@@ -28,18 +29,19 @@ import shlex
 import shutil
 import threading
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Generic
 
 import git
 
-from bisect_npu import __version__, search
+from bisect_npu import __version__
 from bisect_npu.contracts import Verdict, VerdictKind
 from bisect_npu.errors import InfrastructureError, UsageError
 from bisect_npu.level import held_of
 from bisect_npu.orchestration.session_spec import SessionSpec
-from bisect_npu.orchestration.state import SessionState
+from bisect_npu.orchestration.state import StoreLedger, Thing
 from bisect_npu.progress import Progress
 from bisect_npu.recipe.schema import Recipe
 from bisect_npu.records import CommandOracle, StoredFrom
@@ -328,85 +330,84 @@ class VerdictReuse:
         self.keep(commit, build_key, verdict, good, bad)
 
 
-class SessionVerdicts:
-    """The verdict store's part in one session's loop: journal what it holds instead of running it
-    (once per position; never at a position in `always_run`), keep what the session runs, and run
-    fresh what an answer rests on where only the store judged it. Once a position run here is
-    judged otherwise than the store judged it, the store's verdicts no longer hold for this session:
-    it neither reuses nor counts them (a fact of the journal, so a resumed session knows it too)."""
+class SessionVerdicts(Generic[Thing]):
+    """The verdict store's part in one search's loop, over the things it tests (a commit search's
+    positions, a settings search's configurations): journal what the store holds instead of running
+    it (once per thing; never for one in `always_run`), keep what the search runs, and run fresh what
+    an answer rests on where only the store judged it. Once a thing run here is judged otherwise than
+    the store judged it, the store's verdicts no longer hold for this search: it neither reuses nor
+    counts them (a fact of the journal, in `ledger`, so a resumed search knows it too).
 
-    def __init__(self, reuse: VerdictReuse, state: SessionState, progress: Progress, *, noisy: bool,
-                 always_run: frozenset[int] = frozenset()) -> None:
+    `reuse` gives a thing's store scope (one for every commit of a session; a configuration's own
+    recipe digest); `outcomes`, in noisy mode, every trial's outcome this search ran of a thing;
+    `noun` names a thing in what the user is told."""
+
+    def __init__(self, reuse: Callable[[Thing], VerdictReuse], ledger: StoreLedger[Thing], progress: Progress, *,
+                 outcomes: Callable[[Thing], Sequence[VerdictKind | None]] | None = None,
+                 always_run: frozenset[Thing] = frozenset(), noun: str = "commit") -> None:
         self.reuse = reuse
-        self.state = state
+        self.ledger = ledger
         self.progress = progress
-        self.noisy = noisy
+        self.outcomes = outcomes
         self.always_run = always_run
-        self._lock = threading.Lock()  # one slot at a time reads or writes a position's stored verdict
+        self.noun = noun
+        self._lock = threading.Lock()  # one slot at a time reads or writes a thing's stored verdict
 
     def dropped(self) -> bool:
-        return self.state.store_disagreed()
+        return self.ledger.store_disagreed()
 
-    def recall(self, index: int, commit: str, build_key: str, journal: Callable[[Reused], None]) -> Reused | None:
-        """`journal` the store's verdict of `commit` at `index` instead of testing it, and return it;
-        None where the position must run (noisy mode: the search asks for more trials there if it
+    def recall(self, thing: Thing, commit: str, build_key: str, journal: Callable[[Reused], None]) -> Reused | None:
+        """`journal` the store's verdict of `thing` (run at `commit`) instead of testing it, and
+        return it; None where it must run (noisy mode: the search asks for more trials there if it
         wants them)."""
-        if index in self.always_run or self.dropped():
+        if thing in self.always_run or self.dropped():
             return None
         with self._lock:
-            if self.state.stored_at(index):
+            if self.ledger.stored_at(thing):
                 return None
-            reused = self.reuse.recall(commit, build_key)
+            reused = self.reuse(thing).recall(commit, build_key)
             if reused is not None:
                 journal(reused)
         return reused
 
-    def recall_all(self, last: int, recall: Callable[[int], bool]) -> None:
-        """Before the search decides anything, `recall` every position not judged yet, so the search
+    def recall_all(self, things: Iterable[Thing], recall: Callable[[Thing], bool]) -> None:
+        """Before the search decides anything, `recall` every thing not judged yet, so the search
         starts from what earlier sessions judged and spends its runs on the rest (asked one by one,
         a cost-aware search could wander to commits they never judged)."""
-        judged = self.state.judged()
-        reused = sum(recall(index) for index in range(last + 1) if index not in judged)
+        reused = [thing for thing in things if recall(thing)]
         if reused:
-            self.progress.note(f"{reused} verdict(s) reused from the verdict store {self.reuse.store.path}")
+            self.progress.note(f"{len(reused)} verdict(s) reused from the verdict store "
+                               f"{self.reuse(reused[0]).store.path}")
 
-    def keep(self, index: int, commit: str, build_key: str, verdict: Verdict) -> None:
-        """Keep this session's verdict of `commit`: in noisy mode with the tally of every trial this
-        session ran there (not the ones it reused)."""
+    def keep(self, thing: Thing, commit: str, build_key: str, verdict: Verdict) -> None:
+        """Keep this search's verdict of `thing`: in noisy mode with the tally of every trial this
+        search ran of it (not the ones it reused)."""
         with self._lock:  # the tally counted and kept at once: a slot's later count is never overwritten
-            self.reuse.keep_judged(commit, build_key, verdict, self.state.outcomes(index) if self.noisy else None)
+            self.reuse(thing).keep_judged(commit, build_key, verdict,
+                                          self.outcomes(thing) if self.outcomes is not None else None)
 
-    def confirm(self, decision: search.Decision, last: int, run: Callable[[int], None]) -> bool:
-        """Before answering from evidence that holds a stored verdict, `run` the positions the
-        answer rests on fresh (a culprit and its parent, a narrowed range's two ends, an end judged
-        wrong) where only the store judged them: a check may read what its key does not see (a
-        script its script calls). True when it ran any, so the search decides again (without the
-        store's verdicts if one disagreed)."""
+    def confirm(self, resting: Sequence[Thing], run: Callable[[Thing], object]) -> bool:
+        """Before answering from evidence that holds a stored verdict, `run` the things the answer
+        rests on (`resting`: `search.rests_on`, `ddmin.rests_on`) fresh where only the store judged
+        them: a check may read what its key does not see (a script its script calls). True when it
+        ran any, so the search decides again (without the store's verdicts if one disagreed)."""
         if self.dropped():
             return False
-        stored = self.state.stored_kinds()
+        stored = self.ledger.stored_kinds()
         if not stored:
             return False
-        if isinstance(decision, search.Found):
-            resting = [decision.index - 1, decision.index]
-        elif isinstance(decision, search.Narrowed):
-            resting = [decision.lo, decision.hi]
-        elif isinstance(decision, search.EndsWrong):
-            resting = [0 if decision.which == "good" else last]
-        else:
-            return False
-        fresh = self.state.fresh_kinds()
-        unconfirmed = [index for index in resting if index in stored and index not in fresh]
+        fresh = self.ledger.fresh_kinds()
+        unconfirmed = [thing for thing in resting if thing in stored and thing not in fresh]
         if not unconfirmed:
             return False
-        self.progress.note(f"running {len(unconfirmed)} commit(s) the answer rests on fresh: their verdicts came "
+        self.progress.note(f"running {len(unconfirmed)} {self.noun}(s) the answer rests on fresh: their verdicts came "
                            "from the verdict store")
-        for index in unconfirmed:
-            run(index)
+        for thing in unconfirmed:
+            run(thing)
         if self.dropped():
-            self.progress.note("a commit run fresh disagrees with the verdict store's verdict of it: this session "
-                               "drops the store's verdicts and searches again (the check reads something its key "
-                               "does not see; --verdict-env names a variable, --no-verdict-store turns reuse off)")
+            self.progress.note(f"a {self.noun} run fresh disagrees with the verdict store's verdict of it: this "
+                               "session drops the store's verdicts and searches again (the check reads something its "
+                               "key does not see; --verdict-env names a variable, --no-verdict-store turns reuse off)")
         return True
 
 

@@ -33,6 +33,7 @@ from bisect_npu.search.types import (
     Outcome,
     Query,
     SearchProblem,
+    rests_on,
     validate,
 )
 
@@ -49,6 +50,7 @@ __all__ = [
     "SearchProblem",
     "decide",
     "group_ids",
+    "rests_on",
 ]
 
 

@@ -146,6 +146,17 @@ def decide_ddmin(problem: SettingsProblem, evidence: Mapping[Configuration, Evid
     return Trigger(frozenset(trigger), dict(readings))
 
 
+def rests_on(problem: SettingsProblem, decision: SettingsDecision) -> tuple[Configuration, ...]:
+    """The configurations an answer rests on: the trigger (it fails) and each with one of its keys
+    back at the good value (each passes: the trigger is 1-minimal), the good variant for a trigger
+    of one key; the end judged wrong; none for an ask."""
+    if isinstance(decision, Trigger):
+        return (decision.keys, *(decision.keys - {key} for key in sorted(decision.keys)))
+    if isinstance(decision, EndsWrong):
+        return (problem.good if decision.which == "good" else problem.bad,)
+    return ()
+
+
 def _ddmin(keys: list[int], first_failing: Callable[[list[list[int]]], list[int] | None]) -> list[int]:
     """Zeller's ddmin on a failing ``keys``: reduce to a failing part, else to a failing complement,
     else split finer; done when every single-key complement passes. Parts are contiguous runs of

@@ -141,6 +141,18 @@ class EndsWrong:
 Decision = Next | Found | Narrowed | EndsWrong
 
 
+def rests_on(decision: Decision, n: int) -> tuple[int, ...]:
+    """The positions an answer rests on: a culprit and its parent, a narrowed range's two ends,
+    the end judged wrong (0 or `n`); none for a decision to run more."""
+    if isinstance(decision, Found):
+        return (decision.index - 1, decision.index)
+    if isinstance(decision, Narrowed):
+        return (decision.lo, decision.hi)
+    if isinstance(decision, EndsWrong):
+        return (0 if decision.which == "good" else n,)
+    return ()
+
+
 def validate(problem: SearchProblem, evidence: Mapping[int, Evidence]) -> None:
     """Programming errors of the caller, not user errors: fail loudly."""
     if problem.n < 1:

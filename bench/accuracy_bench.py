@@ -46,7 +46,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from bisect_npu.contracts import Observation, SampleOutcome, VerdictKind
+from bisect_npu.observations import Observation, SampleOutcome, VerdictKind
 from bisect_npu.oracle.accuracy.focus import round_plan
 from bisect_npu.oracle.accuracy.judge import Role, judge_accuracy
 from bisect_npu.oracle.config import AccuracyConfig, FocusConfig

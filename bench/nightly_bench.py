@@ -58,9 +58,9 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from bisect_npu.contracts import Observation, SampleOutcome, Timings, Verdict, VerdictKind
 from bisect_npu.defaults import TRIAL_RETRIES
 from bisect_npu.nightly.cases import import_case
+from bisect_npu.observations import Observation, SampleOutcome, Timings, Verdict, VerdictKind
 from bisect_npu.oracle.throughput import judge_throughput, reference_trials
 from bisect_npu.orchestration.accuracy import AccuracySteps, role_of
 from bisect_npu.orchestration.session import search_mode_for

@@ -110,7 +110,7 @@ def best_of(fn, repeat: int = 5) -> float:  # type: ignore[no-untyped-def]
 
 
 def bench_offline(lines: list[str]) -> None:
-    from bisect_npu.contracts import Observation
+    from bisect_npu.observations import Observation
 
     text = text_like(32_768, seed=2)
     looped = np.concatenate([text[:30_000], np.tile(text[7:20], 300)])[:32_768]

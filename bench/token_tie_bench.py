@@ -29,7 +29,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from bisect_npu.contracts import Observation, VerdictKind
+from bisect_npu.observations import Observation, VerdictKind
 from bisect_npu.oracle.config import TokenMatchConfig
 from bisect_npu.oracle.tokens import first_mismatch, judge_tokens
 

@@ -8,7 +8,7 @@ from typing import ClassVar, Protocol, TextIO
 
 from rich.console import Console
 
-from bisect_npu.contracts import Verdict
+from bisect_npu.observations import Verdict
 
 
 class Progress(Protocol):

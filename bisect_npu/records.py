@@ -31,8 +31,9 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, TypeAdapter, model_validator
 
-from bisect_npu.contracts import FixReport, FixVerification, Verdict, VerdictKind
+from bisect_npu.fix_proposals import FixReport, FixVerification
 from bisect_npu.level import LevelSpec
+from bisect_npu.observations import Verdict, VerdictKind
 from bisect_npu.request import RunContext, RunRequest, part_types
 
 JOURNAL_SCHEMA_VERSION = 2

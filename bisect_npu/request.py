@@ -21,9 +21,9 @@ from typing import Annotated, Any, Literal, get_args, get_origin
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 from pydantic.fields import FieldInfo
 
-from bisect_npu.contracts import TimeoutIs
 from bisect_npu.defaults import CACHE_SIZE_GIB, CONFIDENCE, LAST_GOOD, TRIAL_TIMEOUT_S, VERIFY_TOP
 from bisect_npu.errors import UsageError, validation_problem
+from bisect_npu.observations import TimeoutIs
 from bisect_npu.paths import default_verdict_store
 
 FlagKind = Literal["text", "int>=0", "int>=1", "positive", "confidence", "path", "file", "devices", "command", "size"]

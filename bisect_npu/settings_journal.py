@@ -14,11 +14,11 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError, model_validator
 
-from bisect_npu.contracts import Verdict
 from bisect_npu.defaults import CONFIDENCE, TRIAL_TIMEOUT_S
 from bisect_npu.errors import UsageError
 from bisect_npu.journal import AppendOnlyJournal
 from bisect_npu.level import SettingsLevel
+from bisect_npu.observations import Verdict
 from bisect_npu.records import BuildInfo, Record, StoredFrom, TrialRun
 from bisect_npu.request import RunRequest
 

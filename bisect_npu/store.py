@@ -20,8 +20,8 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
-from bisect_npu.contracts import VerdictKind
 from bisect_npu.errors import InfrastructureError, UsageError
+from bisect_npu.observations import VerdictKind
 
 _SCHEMA_VERSION = 1
 _SCHEMA = """

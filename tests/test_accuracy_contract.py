@@ -6,8 +6,8 @@ from pathlib import Path
 
 import pytest
 
-from bisect_npu.contracts import Observation, SampleOutcome
 from bisect_npu.errors import InfrastructureError, UsageError
+from bisect_npu.observations import Observation, SampleOutcome
 from bisect_npu.oracle.accuracy import SampleFormatError, parse_sample_lines, read_samples_jsonl
 from bisect_npu.orchestration.evaluate import probe_request
 from bisect_npu.recipe.loader import parse_recipe

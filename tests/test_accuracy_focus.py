@@ -7,7 +7,7 @@ import itertools
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from bisect_npu.contracts import Observation, SampleOutcome, VerdictKind
+from bisect_npu.observations import Observation, SampleOutcome, VerdictKind
 from bisect_npu.oracle.accuracy.focus import discordant_ids, round_plan, smallest_control
 from bisect_npu.oracle.accuracy.judge import judge_accuracy
 from bisect_npu.oracle.config import AccuracyConfig, FocusConfig

@@ -12,8 +12,8 @@ from pathlib import Path
 
 import pytest
 
-from bisect_npu.contracts import Observation
 from bisect_npu.demo.accuracy import DATASET, read_dataset
+from bisect_npu.observations import Observation
 
 pytestmark = pytest.mark.e2e
 

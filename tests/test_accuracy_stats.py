@@ -9,7 +9,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from bisect_npu.contracts import Observation, SampleOutcome, VerdictKind
+from bisect_npu.observations import Observation, SampleOutcome, VerdictKind
 from bisect_npu.oracle.accuracy import stats
 from bisect_npu.oracle.accuracy.focus import discordant_ids, focus_ids, round_plan
 from bisect_npu.oracle.accuracy.judge import judge_accuracy

@@ -6,7 +6,7 @@ import json
 from collections.abc import Sequence
 from pathlib import Path
 
-from bisect_npu.contracts import VerdictKind
+from bisect_npu.observations import VerdictKind
 from bisect_npu.orchestration.accuracy import AccuracySteps, load_from
 from bisect_npu.recipe.loader import parse_recipe
 from bisect_npu.records import TrialRun

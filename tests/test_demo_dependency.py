@@ -13,10 +13,10 @@ from pathlib import Path
 import git
 import pytest
 
-from bisect_npu.contracts import Observation, VerdictKind
 from bisect_npu.demo.generate import GENERATOR_VERSION
 from bisect_npu.demo.manifest import Manifest
 from bisect_npu.fix import propose_fixes
+from bisect_npu.observations import Observation, VerdictKind
 from bisect_npu.oracle import judge_observation
 from bisect_npu.orchestration.evaluate import probe_request
 from bisect_npu.recipe.loader import load_recipe

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from bisect_npu.contracts import Observation, VerdictKind
+from bisect_npu.observations import Observation, VerdictKind
 from bisect_npu.oracle import judge, judge_observation
 from bisect_npu.orchestration.evaluate import probe_request
 from bisect_npu.recipe.loader import load_recipe

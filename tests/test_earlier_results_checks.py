@@ -79,7 +79,7 @@ def test_the_control_share_is_fixed_per_end_and_at_least_five_samples(tmp_path: 
 
 
 def test_disagreement_counts_the_control_samples_that_flipped(tmp_path: Path) -> None:
-    from bisect_npu.contracts import SampleOutcome
+    from bisect_npu.observations import SampleOutcome
 
     earlier = [SampleOutcome(id=f"s{i}", correct=1.0) for i in range(10)]
     control = [SampleOutcome(id="s1", correct=1.0), SampleOutcome(id="s2", correct=0.0),

@@ -14,7 +14,7 @@ import git
 import pytest
 from asked import spec_of
 
-from bisect_npu.contracts import VerdictKind
+from bisect_npu.observations import VerdictKind
 from bisect_npu.orchestration.environments import make_environment
 from bisect_npu.orchestration.evaluate import EvaluationRequest, Evaluator
 from bisect_npu.recipe.loader import load_recipe

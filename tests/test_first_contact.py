@@ -65,7 +65,7 @@ def test_recipes_check_says_which_rules_concern_the_recipe(tmp_path: Path) -> No
 
 
 def test_judge_refuses_observations_written_for_another_recipe(tmp_path: Path) -> None:
-    from bisect_npu.contracts import Observation
+    from bisect_npu.observations import Observation
 
     def written(name: str, recipe: str) -> Path:
         path = tmp_path / name

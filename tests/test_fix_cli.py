@@ -160,7 +160,7 @@ def test_a_fix_on_many_branches_names_a_few_and_counts_the_rest(capsys, upstream
 
 
 def test_some_branches_names_all_when_one_more_would_be_counted() -> None:
-    from bisect_npu.contracts import some_branches
+    from bisect_npu.fix_proposals import some_branches
 
     assert some_branches([]) == "" and some_branches(["a", "b", "c", "d"]) == "a, b, c, d"
     assert some_branches(["a", "b", "c", "d", "e"]) == "a, b, c and 2 more"

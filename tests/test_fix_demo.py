@@ -15,9 +15,9 @@ import git
 import pytest
 from test_fix_support import History
 
-from bisect_npu.contracts import Verdict, VerdictKind
 from bisect_npu.demo import patches
 from bisect_npu.fix import FixProposal, propose_fixes, verify_fixes
+from bisect_npu.observations import Verdict, VerdictKind
 
 # Each test runs bisect-npu end to end (sessions, the command line, the demo's model).
 pytestmark = pytest.mark.e2e

@@ -41,7 +41,7 @@ def test_a_fix_counts_only_where_it_names_its_proposal():
     sys.path.insert(0, str(ROOT / "bench"))
     from fix_eval import rank_of
 
-    from bisect_npu.contracts import FixProposal, FixReport
+    from bisect_npu.fix_proposals import FixProposal, FixReport
 
     def proposal(*shas: str) -> FixProposal:
         return FixProposal(shas=list(shas), branches=[], title="t", pr=None, score=0.0, reasons=[])

@@ -11,7 +11,6 @@ import git
 import pytest
 from test_fix_support import History
 
-from bisect_npu.contracts import Verdict, VerdictKind
 from bisect_npu.fix import (
     AlreadyApplied,
     AppliedFix,
@@ -22,6 +21,7 @@ from bisect_npu.fix import (
     propose_fixes,
     verify_fixes,
 )
+from bisect_npu.observations import Verdict, VerdictKind
 
 CALC = '''def penalty(history, value):
     return [h * value for h in history]

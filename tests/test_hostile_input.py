@@ -9,9 +9,9 @@ from pathlib import Path
 import pytest
 
 from bisect_npu.cli import NOT_A_VERDICT_EXIT, main
-from bisect_npu.contracts import Observation
 from bisect_npu.errors import UsageError
 from bisect_npu.journal import Journal
+from bisect_npu.observations import Observation
 from bisect_npu.recipe.loader import MAX_DEPTH, MAX_RECIPE_BYTES, load_recipe, parse_recipe
 
 HEAD = "name: hostile\nmodel: {path: /m}\ncases: [{prompt: p}]\n"

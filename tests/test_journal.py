@@ -16,10 +16,10 @@ from pathlib import Path
 
 import pytest
 
-from bisect_npu.contracts import Verdict, VerdictKind
 from bisect_npu.errors import UsageError
 from bisect_npu.journal import JOURNAL_FILE, Journal, latest_session, new_session_dir
 from bisect_npu.level import CommitsLevel
+from bisect_npu.observations import Verdict, VerdictKind
 from bisect_npu.records import (
     CandidateRange,
     EndRecord,

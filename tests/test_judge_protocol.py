@@ -12,7 +12,7 @@ from gitrepo import git, make_linear_repo
 
 from bisect_npu import oracle
 from bisect_npu.cli import NOT_A_VERDICT_EXIT, main
-from bisect_npu.contracts import Observation
+from bisect_npu.observations import Observation
 
 # `git bisect run` drives `bisect-npu judge` end to end.
 pytestmark = pytest.mark.e2e

@@ -11,7 +11,6 @@ from pathlib import Path
 
 import pytest
 
-from bisect_npu.contracts import Observation, Timings, VerdictKind
 from bisect_npu.errors import UsageError
 from bisect_npu.nightly.at_commit import (
     CaseAbsent,
@@ -23,6 +22,7 @@ from bisect_npu.nightly.at_commit import (
 )
 from bisect_npu.nightly.cases import CaseRef, NightlyRefused, import_case, read_case_file, survey
 from bisect_npu.nightly.good_table import Lookup, last_good, read_rows
+from bisect_npu.observations import Observation, Timings, VerdictKind
 from bisect_npu.oracle import judge
 from bisect_npu.oracle.config import OracleConfig
 from bisect_npu.oracle.throughput import (

@@ -12,7 +12,7 @@ import pytest
 from cli_exit import run_cli
 
 from bisect_npu import oracle
-from bisect_npu.contracts import Observation, VerdictKind
+from bisect_npu.observations import Observation, VerdictKind
 from bisect_npu.recipe.loader import parse_recipe
 
 BIN = Path(sys.executable).parent / "bisect-npu"

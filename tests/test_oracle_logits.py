@@ -12,8 +12,8 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from bisect_npu.contracts import Observation, VerdictKind
 from bisect_npu.errors import UsageError
+from bisect_npu.observations import Observation, VerdictKind
 from bisect_npu.oracle.config import LogitsConfig
 from bisect_npu.oracle.dumps.compare import compare_dumps, judge_logits, open_dump, write_dump
 

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from bisect_npu.contracts import Observation, VerdictKind
+from bisect_npu.observations import Observation, VerdictKind
 from bisect_npu.oracle.config import LogitsConfig
 from bisect_npu.oracle.dumps.compare import compare_dumps, judge_logits
 

@@ -8,7 +8,7 @@ import numpy as np
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from bisect_npu.contracts import Observation, VerdictKind
+from bisect_npu.observations import Observation, VerdictKind
 from bisect_npu.oracle import repetition
 from bisect_npu.oracle.config import RepetitionConfig
 from bisect_npu.oracle.repetition import find_loop, find_near_loop, judge_repetition

@@ -7,8 +7,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from bisect_npu.contracts import Observation, Verdict, VerdictKind
 from bisect_npu.intervals import wilson_interval
+from bisect_npu.observations import Observation, Verdict, VerdictKind
 from bisect_npu.oracle.acceptance import judge_acceptance
 from bisect_npu.oracle.config import (
     AcceptanceConfig,

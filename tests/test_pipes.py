@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from bisect_npu.contracts import Observation
+from bisect_npu.observations import Observation
 
 # The command line in a subprocess, its stdout a real pipe.
 pytestmark = pytest.mark.e2e

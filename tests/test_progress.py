@@ -6,7 +6,7 @@ import io
 
 from rich.console import Console
 
-from bisect_npu.contracts import Verdict, VerdictKind
+from bisect_npu.observations import Verdict, VerdictKind
 from bisect_npu.progress import PlainProgress, RichProgress
 
 

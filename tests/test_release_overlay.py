@@ -26,9 +26,9 @@ from gitrepo import git
 from bisect_npu.builders.base import BuildFailed
 from bisect_npu.builders.release_overlay import ReleaseOverlayBuilder, parse_release, release_part
 from bisect_npu.builders.venv import COMPLETE_MARKER, VenvBuilder
-from bisect_npu.contracts import VerdictKind
 from bisect_npu.errors import UsageError
 from bisect_npu.execute.local import LocalExecutor
+from bisect_npu.observations import VerdictKind
 from bisect_npu.orchestration.evaluate import EvaluationRequest, Evaluator
 from bisect_npu.recipe.schema import InstallPlan
 

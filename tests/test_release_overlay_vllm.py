@@ -29,7 +29,7 @@ import pytest
 from tiny_qwen3 import write_tiny_qwen3
 from vllm_series import FIX_A, FIX_B, make_series
 
-from bisect_npu.contracts import Observation
+from bisect_npu.observations import Observation
 
 pytestmark = pytest.mark.slow
 

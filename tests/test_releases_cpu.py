@@ -26,7 +26,7 @@ import pytest
 from packaging.version import Version
 from tiny_qwen3 import write_tiny_qwen3
 
-from bisect_npu.contracts import Observation
+from bisect_npu.observations import Observation
 
 pytestmark = pytest.mark.slow
 

@@ -23,9 +23,9 @@ from gitrepo import make_linear_repo
 from markdown_it import MarkdownIt
 
 from bisect_npu import __version__
-from bisect_npu.contracts import Observation, Verdict, VerdictKind
 from bisect_npu.journal import Journal
 from bisect_npu.level import CommitsLevel
+from bisect_npu.observations import Observation, Verdict, VerdictKind
 from bisect_npu.records import CandidateRange, EndRecord, HeaderRecord, StepRecord, TrialRun
 from bisect_npu.report import load_view, note_stop, render_json, render_markdown
 from bisect_npu.request import RunRequest

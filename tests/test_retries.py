@@ -19,9 +19,9 @@ import pytest
 from asked import spec_of
 from signals import interruptible
 
-from bisect_npu.contracts import VerdictKind
 from bisect_npu.demo.accuracy import DATASET
 from bisect_npu.execute.card_memory import CardWait, parse_npu_smi
+from bisect_npu.observations import VerdictKind
 from bisect_npu.orchestration.environments import make_environment
 from bisect_npu.orchestration.evaluate import EvaluationRequest, Evaluator
 from bisect_npu.orchestration.infrastructure import RetryPolicy, classify

@@ -11,9 +11,9 @@ import pytest
 from gitrepo import GOOD_CMD, make_linear_repo
 
 from bisect_npu import api, search
-from bisect_npu.contracts import Verdict, VerdictKind
 from bisect_npu.journal import Journal
 from bisect_npu.level import HeldUpstream, MergeScope
+from bisect_npu.observations import Verdict, VerdictKind
 from bisect_npu.orchestration import end_messages
 from bisect_npu.orchestration.state import SessionState, accuracy_weight
 from bisect_npu.records import StepRecord, StoredFrom, TrialRecord

@@ -8,9 +8,9 @@ from pathlib import Path
 
 import pytest
 
-from bisect_npu.contracts import Verdict, VerdictKind
 from bisect_npu.errors import UsageError
 from bisect_npu.level import SettingsLevel
+from bisect_npu.observations import Verdict, VerdictKind
 from bisect_npu.request import RunRequest
 from bisect_npu.settings_journal import (
     SETTINGS_FILE,

@@ -18,8 +18,8 @@ from gitrepo import make_linear_repo
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from bisect_npu.contracts import Verdict, VerdictKind
 from bisect_npu.errors import InfrastructureError, UsageError
+from bisect_npu.observations import Verdict, VerdictKind
 from bisect_npu.orchestration.verdict_reuse import VerdictReuse
 from bisect_npu.progress import PlainProgress
 from bisect_npu.store import Scope, StoredVerdict, VerdictStore

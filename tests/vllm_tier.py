@@ -14,8 +14,8 @@ from typing import Any
 import pytest
 
 from bisect_npu.builders.base import Environment
-from bisect_npu.contracts import Observation
 from bisect_npu.execute.local import LocalExecutor
+from bisect_npu.observations import Observation
 
 REPO = Path(__file__).resolve().parent.parent
 VLLM_PYTHON = REPO / ".venv-vllm" / "bin" / "python"

@@ -13,8 +13,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from bisect_npu.alignment.record import Record
-from bisect_npu.contracts import Verdict, VerdictKind
 from bisect_npu.errors import UsageError
+from bisect_npu.observations import Verdict, VerdictKind
 from bisect_npu.oracle.config import LogitsConfig, StagesConfig
 from bisect_npu.oracle.dumps.compare import open_dump
 from bisect_npu.oracle.stages import judge_stages

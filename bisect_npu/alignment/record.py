@@ -23,8 +23,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from bisect_npu.contracts import Observation
 from bisect_npu.errors import UsageError
+from bisect_npu.observations import Observation
 
 FORMAT = "bisect-npu-record"
 VERSION = 1

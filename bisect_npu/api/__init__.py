@@ -49,12 +49,12 @@ from bisect_npu.api.reports import render_report
 from bisect_npu.api.settings import SettingsOutcome, search_settings
 from bisect_npu.builders.cache import parse_size
 from bisect_npu.ci import BisectInputs
-from bisect_npu.contracts import VERDICT_EXIT, Observation, Verdict, VerdictKind
 from bisect_npu.errors import BisectError, InfrastructureError, UsageError
 from bisect_npu.execute.ascend import parse_devices
 from bisect_npu.execute.inprocess import Oracle, OracleAnswer
 from bisect_npu.fix import FixReport
 from bisect_npu.forecast.plan import RangePlan
+from bisect_npu.observations import VERDICT_EXIT, Observation, Verdict, VerdictKind
 from bisect_npu.orchestration.preflight import command_words
 from bisect_npu.recipe.loader import load_recipe
 from bisect_npu.recipe.schema import Recipe

@@ -9,10 +9,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
 
-from bisect_npu.contracts import Observation, Verdict
 from bisect_npu.errors import UsageError
 from bisect_npu.execute.inprocess import Oracle, oracle_name
 from bisect_npu.journal import JOURNAL_FILE
+from bisect_npu.observations import Observation, Verdict
 from bisect_npu.progress import Progress
 from bisect_npu.recipe.loader import load_recipe
 from bisect_npu.recipe.schema import Recipe

@@ -30,7 +30,7 @@ class Fixes:
     def rows(self) -> list[list[str]]:
         """One row per proposal: rank, sha(s), branches, confidence, score, PR, title and, with
         verifications, how its verification went."""
-        from bisect_npu.contracts import some_branches
+        from bisect_npu.fix_proposals import some_branches
 
         status = {tuple(v.proposal.shas): v for v in self.verifications}
         rows = []
@@ -46,7 +46,7 @@ class Fixes:
 
     def reasons(self) -> list[str]:
         """Each proposal's evidence, a reviewer's lines: its reasons, its twins, where it is missing."""
-        from bisect_npu.contracts import some_branches
+        from bisect_npu.fix_proposals import some_branches
 
         lines = []
         for rank, proposal in enumerate(self.ordered(), 1):
@@ -59,7 +59,7 @@ class Fixes:
 
     def to_json(self) -> dict[str, Any]:
         """The same shapes as a session's journal (`fix` and `fix_verify` lines) and its JSON report."""
-        from bisect_npu.contracts import to_jsonable
+        from bisect_npu.observations import to_jsonable
 
         data: dict[str, Any] = {**to_jsonable(self.report), "verifications": to_jsonable(self.verifications)}
         if self.report.dependency is not None:

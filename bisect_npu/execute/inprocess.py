@@ -14,9 +14,9 @@ from pathlib import Path
 from typing import Any, Literal, Protocol, runtime_checkable
 
 from bisect_npu.builders.base import Environment, tail
-from bisect_npu.contracts import VERDICT_EXIT, Verdict, VerdictKind
 from bisect_npu.errors import InfrastructureError, UsageError
 from bisect_npu.execute.base import RunResult
+from bisect_npu.observations import VERDICT_EXIT, Verdict, VerdictKind
 
 OracleAnswer = Verdict | bool | Literal["good", "bad", "skip"]
 

@@ -27,9 +27,9 @@ from pathlib import Path
 from typing import Any
 
 from bisect_npu.builders.base import Builder, BuildFailed, Environment
-from bisect_npu.contracts import SKIP_EXIT
 from bisect_npu.errors import InfrastructureError, UsageError
 from bisect_npu.execute.base import Executor, RunResult, probe_log_path, probe_stem, run_node_path
+from bisect_npu.observations import SKIP_EXIT
 
 NAMESPACE = "bisect-npu"  # the driver's and its builder actors' (named actors are found per namespace)
 RESOURCE = "NPU"  # the resource name Ray gives Ascend cards (ray/_private/accelerators/npu.py)

@@ -17,20 +17,11 @@ Modules: `propose` ranks (its signals: `lines` blames forward, `evidence` reads 
 and changes that keep behaviour, `dependency` spots a bare version bump; `model` weighs them with
 weights fitted on real history, `weights.json`), `gitlog` reads and parses git, `verify` applies and
 evaluates, `results` holds what applying returns; the proposals, the report and the verifications are
-data contracts (`bisect_npu.contracts`).
+data (`bisect_npu.fix_proposals`).
 """
 
 from __future__ import annotations
 
-from bisect_npu.contracts import (
-    CulpritTwin,
-    DependencyNote,
-    FixProposal,
-    FixReport,
-    FixStatus,
-    FixVerification,
-    Reason,
-)
 from bisect_npu.defaults import VERIFY_TOP
 from bisect_npu.fix.propose import (
     MIN_TITLE_REFERENCE,
@@ -43,6 +34,15 @@ from bisect_npu.fix.propose import (
 )
 from bisect_npu.fix.results import AlreadyApplied, AppliedFix, ApplyConflict, ApplyResult
 from bisect_npu.fix.verify import APPLY_NAME, apply_fix, verify_fixes
+from bisect_npu.fix_proposals import (
+    CulpritTwin,
+    DependencyNote,
+    FixProposal,
+    FixReport,
+    FixStatus,
+    FixVerification,
+    Reason,
+)
 
 __all__ = [
     "APPLY_NAME",

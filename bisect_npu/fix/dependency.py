@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import re
 
-from bisect_npu.contracts import DependencyNote
 from bisect_npu.fix.gitlog import IGNORABLE_FILE, FileDiff
+from bisect_npu.fix_proposals import DependencyNote
 
 # A Dockerfile build argument that pins a dependency by its name: VLLM_TAG, VLLM_COMMIT, MINIVLLM_TAG ...
 _PIN_ARG = re.compile(r"^\s*ARG\s+([A-Za-z][A-Za-z0-9_]*?)_(?:TAG|COMMIT|VERSION|REF)\s*=\s*(\S+)")

@@ -13,7 +13,6 @@ from functools import cached_property
 
 import git
 
-from bisect_npu.contracts import CulpritTwin, DependencyNote, FixProposal, FixReport, Reason, some_branches
 from bisect_npu.fix.dependency import dependency_note
 from bisect_npu.fix.evidence import (
     BM25,
@@ -42,6 +41,7 @@ from bisect_npu.fix.gitlog import (
 )
 from bisect_npu.fix.lines import PROXIMITY_LINES, LineHit, line_hits
 from bisect_npu.fix.model import CONFIDENT, RankModel, load_model
+from bisect_npu.fix_proposals import CulpritTwin, DependencyNote, FixProposal, FixReport, Reason, some_branches
 from bisect_npu.upstream.history import PR_SUFFIX, LoggedCommit, github_url, pr_number, resolve_ref
 
 # Score weights. Strong signals (each alone qualifies a commit) weigh more than all weak signals

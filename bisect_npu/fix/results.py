@@ -1,5 +1,5 @@
-"""What applying a fix returns. The proposals, the report and the verifications are data contracts
-(`bisect_npu.contracts`): the session journals them and the report reads them."""
+"""What applying a fix returns. The proposals, the report and the verifications are shared data
+(`bisect_npu.fix_proposals`): the session journals them and the report reads them."""
 
 from __future__ import annotations
 

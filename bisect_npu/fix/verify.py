@@ -12,10 +12,11 @@ import git
 
 from bisect_npu.builders.base import BuildFailed
 from bisect_npu.builders.local import remove_worktree
-from bisect_npu.contracts import FixProposal, FixReport, FixStatus, FixVerification, Verdict, VerdictKind
 from bisect_npu.defaults import VERIFY_TOP
 from bisect_npu.errors import InfrastructureError, UsageError
 from bisect_npu.fix.results import AlreadyApplied, AppliedFix, ApplyConflict, ApplyResult
+from bisect_npu.fix_proposals import FixProposal, FixReport, FixStatus, FixVerification
+from bisect_npu.observations import Verdict, VerdictKind
 from bisect_npu.upstream.history import git_error_line, is_ancestor, resolve_ref
 
 APPLY_NAME = re.compile(r"apply-[0-9a-f]{10}-[0-9a-f]{8}")  # apply_fix's worktrees

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from bisect_npu.contracts import Observation, Verdict, VerdictKind
+from bisect_npu.observations import Observation, Verdict, VerdictKind
 from bisect_npu.oracle.config import AcceptanceConfig
 from bisect_npu.oracle.tokens import first_mismatch
 

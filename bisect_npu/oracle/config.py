@@ -10,8 +10,8 @@ from typing import Literal
 
 from pydantic import Field, field_validator, model_validator
 
-from bisect_npu.contracts import StrictModel
 from bisect_npu.defaults import CONFIDENCE
+from bisect_npu.observations import StrictModel
 from bisect_npu.oracle.throughput import ThroughputConfig
 
 

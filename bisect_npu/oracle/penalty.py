@@ -10,7 +10,7 @@ from __future__ import annotations
 import math
 from typing import Any
 
-from bisect_npu.contracts import Observation, Verdict, VerdictKind
+from bisect_npu.observations import Observation, Verdict, VerdictKind
 from bisect_npu.oracle.config import PenaltyConfig
 
 

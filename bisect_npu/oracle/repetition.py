@@ -25,7 +25,7 @@ from typing import Any
 
 import numpy as np
 
-from bisect_npu.contracts import Observation, Verdict, VerdictKind
+from bisect_npu.observations import Observation, Verdict, VerdictKind
 from bisect_npu.oracle.config import RepetitionConfig
 from bisect_npu.probe.loop import LoopHit, StreamingLoopDetector, needed_run
 

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from bisect_npu.contracts import Observation, Verdict, VerdictKind
+from bisect_npu.observations import Observation, Verdict, VerdictKind
 from bisect_npu.oracle.config import LogitsConfig, StagesConfig
 from bisect_npu.oracle.dumps.compare import compare_dumps
 from bisect_npu.oracle.penalty import same_value

@@ -14,8 +14,8 @@ import math
 from dataclasses import dataclass, field
 from typing import Any
 
-from bisect_npu.contracts import Verdict, VerdictKind
 from bisect_npu.intervals import wilson_interval
+from bisect_npu.observations import Verdict, VerdictKind
 from bisect_npu.oracle.config import StatsConfig
 
 RATE_FLOOR = 1e-3

@@ -19,7 +19,7 @@ from typing import Any, Literal
 
 from pydantic import Field, model_validator
 
-from bisect_npu.contracts import Observation, StrictModel, Verdict, VerdictKind
+from bisect_npu.observations import Observation, StrictModel, Verdict, VerdictKind
 
 THROUGHPUT_FIGURE = "output_token_throughput"  # Observation.extra key a harness fills (tokens/s)
 # The good end's trials, as a multiple of a candidate's, when its mean is the line: one error in

@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from bisect_npu import oracle
-from bisect_npu.contracts import Observation, Verdict, VerdictKind
+from bisect_npu.observations import Observation, Verdict, VerdictKind
 from bisect_npu.oracle.accuracy.focus import round_plan
 from bisect_npu.oracle.accuracy.judge import Role, samples_of
 from bisect_npu.records import TrialRun

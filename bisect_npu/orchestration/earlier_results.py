@@ -19,9 +19,9 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from bisect_npu.contracts import SampleOutcome
 from bisect_npu.errors import UsageError
 from bisect_npu.nightly.outputs import aisbench_run, nightly_differences, read_run
+from bisect_npu.observations import SampleOutcome
 from bisect_npu.oracle.accuracy.samples import SampleFormatError, read_samples_jsonl
 from bisect_npu.oracle.accuracy.stats import pool
 from bisect_npu.probe.harness import HarnessError, dataset, lm_eval

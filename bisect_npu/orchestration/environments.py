@@ -32,7 +32,6 @@ from bisect_npu.builders.release_overlay import ReleaseOverlayBuilder, package_p
 from bisect_npu.builders.switches import SwitchingBuilder
 from bisect_npu.builders.unit_tests import TestsFrom, UnitTestBuilder, file_of
 from bisect_npu.builders.venv import VenvBuilder, default_venv_cache
-from bisect_npu.contracts import Observation, Verdict
 from bisect_npu.errors import InfrastructureError, UsageError
 from bisect_npu.execute.ascend import ascend_container_spec, npu_run_env
 from bisect_npu.execute.base import Executor
@@ -54,6 +53,7 @@ from bisect_npu.fix import APPLY_NAME
 from bisect_npu.journal import DEFAULT_ROOT, new_session_dir, session_label
 from bisect_npu.level import held_of, overlay_of
 from bisect_npu.nightly.cases import CaseRef
+from bisect_npu.observations import Observation, Verdict
 from bisect_npu.orchestration.earlier_results import given_ends
 from bisect_npu.orchestration.evaluate import EvaluationRequest, Evaluator, accuracy_inputs
 from bisect_npu.orchestration.nightly import NightlyEvaluator

@@ -15,11 +15,11 @@ from typing import Any
 
 from bisect_npu import oracle
 from bisect_npu.builders.base import Builder, BuildFailed, Environment
-from bisect_npu.contracts import ABORT_ABOVE, SKIP_EXIT, Observation, TimeoutIs, Verdict, VerdictKind
 from bisect_npu.defaults import RETRY_BACKOFF_S, TRIAL_RETRIES, TRIAL_TIMEOUT_S
 from bisect_npu.errors import InfrastructureError
 from bisect_npu.execute.base import Executor, RunResult, observation_path, probe_log_path, probe_stem, run_node_path
 from bisect_npu.execute.card_memory import CardWait
+from bisect_npu.observations import ABORT_ABOVE, SKIP_EXIT, Observation, TimeoutIs, Verdict, VerdictKind
 from bisect_npu.orchestration.accuracy import AccuracySteps, load_from, role_of
 from bisect_npu.orchestration.earlier_results import (
     Earlier,

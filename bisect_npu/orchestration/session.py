@@ -23,12 +23,12 @@ import git
 from bisect_npu import interrupts, search
 from bisect_npu.builders.base import Builder, tail
 from bisect_npu.builders.prefetch import Prefetcher, speculative_queries
-from bisect_npu.contracts import Verdict, VerdictKind
 from bisect_npu.defaults import CONFIDENCE
 from bisect_npu.execute.base import Executor
 from bisect_npu.execute.inprocess import Oracle
 from bisect_npu.journal import DEFAULT_ROOT, Journal
 from bisect_npu.level import scope_of
+from bisect_npu.observations import Verdict, VerdictKind
 from bisect_npu.orchestration import end_messages
 from bisect_npu.orchestration.costs import measured_costs, told_costs
 from bisect_npu.orchestration.evaluate import EvaluationRequest, Evaluator, StepResult

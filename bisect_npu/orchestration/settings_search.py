@@ -35,7 +35,6 @@ from typing import TYPE_CHECKING, Any, Literal
 
 from bisect_npu import __version__, interrupts
 from bisect_npu.builders.base import Builder
-from bisect_npu.contracts import Observation, Verdict, VerdictKind
 from bisect_npu.errors import UsageError
 from bisect_npu.execute.base import Executor
 from bisect_npu.execute.docker import DockerExecutor
@@ -43,6 +42,7 @@ from bisect_npu.execute.host import recipe_for_host
 from bisect_npu.execute.local import LocalExecutor
 from bisect_npu.journal import JOURNAL_FILE
 from bisect_npu.level import SettingsLevel
+from bisect_npu.observations import Observation, Verdict, VerdictKind
 from bisect_npu.orchestration import end_messages
 from bisect_npu.orchestration.environments import make_environment, session_evaluator
 from bisect_npu.orchestration.evaluate import EvaluationRequest, Evaluator, StepResult

@@ -13,7 +13,7 @@ from collections.abc import Callable, Hashable, Iterable
 from typing import Generic, Literal, TypeVar
 
 from bisect_npu import search
-from bisect_npu.contracts import VerdictKind
+from bisect_npu.observations import VerdictKind
 from bisect_npu.records import Record, RetryRecord, RetryRun, StepRecord, TrialRecord, TrialRun
 
 Term = Literal["good", "bad", "skip"]

@@ -16,9 +16,9 @@ from packaging.specifiers import InvalidSpecifier, SpecifierSet
 from pydantic import Field, field_validator, model_validator
 
 from bisect_npu.alignment.record import cases_digest, golden_observation_files, is_record
-from bisect_npu.contracts import StrictModel, TimeoutIs
 from bisect_npu.defaults import CONFIDENCE
 from bisect_npu.errors import UsageError
+from bisect_npu.observations import StrictModel, TimeoutIs
 from bisect_npu.oracle.config import AccuracyConfig, OracleConfig
 from bisect_npu.probe.backends import BackendName
 from bisect_npu.recipe.digest import without_new_defaults

@@ -5,8 +5,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from bisect_npu.contracts import Observation
 from bisect_npu.errors import UsageError
+from bisect_npu.observations import Observation
 from bisect_npu.report.view import SessionView, StepView
 
 # Figures worth charting, most telling first; the first one that most steps carry is drawn.

@@ -6,8 +6,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from bisect_npu.contracts import Observation
 from bisect_npu.errors import UsageError
+from bisect_npu.observations import Observation
 from bisect_npu.report.view import SessionView, StepView
 
 BEFORE_CHARS = 80  # of the shared text shown before the first difference

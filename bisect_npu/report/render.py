@@ -15,8 +15,9 @@ from typing import Any
 import jinja2
 
 from bisect_npu import __version__
-from bisect_npu.contracts import some_branches, to_jsonable
+from bisect_npu.fix_proposals import some_branches
 from bisect_npu.level import held_of, scope_of
+from bisect_npu.observations import to_jsonable
 from bisect_npu.report.accuracy import accuracy_view, chart_series
 from bisect_npu.report.case import case_view
 from bisect_npu.report.culprit import FILES_SHOWN, culprit_facts

@@ -13,9 +13,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from bisect_npu.contracts import FixReport, FixVerification, Observation
 from bisect_npu.errors import UsageError
+from bisect_npu.fix_proposals import FixReport, FixVerification
 from bisect_npu.journal import JOURNAL_FILE, Journal
+from bisect_npu.observations import Observation
 from bisect_npu.records import (
     CandidateRange,
     DependencyMoveRecord,

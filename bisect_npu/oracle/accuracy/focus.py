@@ -13,7 +13,7 @@ import hashlib
 import math
 from collections.abc import Sequence
 
-from bisect_npu.contracts import SampleOutcome
+from bisect_npu.observations import SampleOutcome
 from bisect_npu.oracle.accuracy.stats import EndsPrior, fit_prior
 from bisect_npu.oracle.config import AccuracyConfig
 

@@ -13,7 +13,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any, Literal
 
-from bisect_npu.contracts import Observation, SampleOutcome, Verdict, VerdictKind
+from bisect_npu.observations import Observation, SampleOutcome, Verdict, VerdictKind
 from bisect_npu.oracle.accuracy import stats
 from bisect_npu.oracle.accuracy.focus import discordant_ids
 from bisect_npu.oracle.config import AccuracyConfig

@@ -20,8 +20,8 @@ from pathlib import Path
 
 from pydantic import ValidationError
 
-from bisect_npu.contracts import SampleOutcome
 from bisect_npu.errors import InfrastructureError, validation_problem
+from bisect_npu.observations import SampleOutcome
 
 MAX_LINE_CHARS = 1 << 22  # a line holds one sample's excerpts: 4 Mi characters is far beyond any
 

@@ -24,8 +24,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from statistics import NormalDist
 
-from bisect_npu.contracts import SampleOutcome
 from bisect_npu.intervals import wilson_interval
+from bisect_npu.observations import SampleOutcome
 
 # A ratio's share from one sample is clipped here: a sample whose end rates were 0/20 and 20/20 can
 # say a lot, never everything (a mislabelled sample must not decide a step alone).

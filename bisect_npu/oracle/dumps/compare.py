@@ -65,8 +65,8 @@ from typing import Any
 
 import numpy as np
 
-from bisect_npu.contracts import Observation, Verdict, VerdictKind
 from bisect_npu.errors import UsageError
+from bisect_npu.observations import Observation, Verdict, VerdictKind
 from bisect_npu.oracle.config import LogitsConfig
 from bisect_npu.oracle.dumps.formats import PtFormatError, TensorFile, open_npy, open_pt
 from bisect_npu.oracle.dumps.peers import Line, leave_one_out_lines, log_ratio, module_kind, rounding_distance

@@ -32,6 +32,7 @@ from bisect_npu.errors import InfrastructureError
 from bisect_npu.execute.local import LocalExecutor
 from bisect_npu.orchestration.evaluate import EvaluationRequest, Evaluator
 from bisect_npu.orchestration.infrastructure import RetryPolicy
+from bisect_npu.recipe.loader import bundled_recipes
 from bisect_npu.records import RetryRun
 
 CLI = [sys.executable, "-m", "bisect_npu"]
@@ -53,13 +54,18 @@ def package_index(root: Path) -> Path:
     with zipfile.ZipFile(wheel, "w") as archive:
         archive.writestr(f"{PACKAGE}/__init__.py", "VALUE = 1\n")
         archive.writestr(f"{PACKAGE}-1.0.dist-info/METADATA", f"Metadata-Version: 2.1\nName: {PACKAGE}\nVersion: 1.0\n")
-        archive.writestr(f"{PACKAGE}-1.0.dist-info/WHEEL", "Wheel-Version: 1.0\nGenerator: test\nRoot-Is-Purelib: true\n"
-                                                           "Tag: py3-none-any\n")
+        archive.writestr(f"{PACKAGE}-1.0.dist-info/WHEEL",
+                         "Wheel-Version: 1.0\nGenerator: test\nRoot-Is-Purelib: true\nTag: py3-none-any\n")
         archive.writestr(f"{PACKAGE}-1.0.dist-info/RECORD", "")
     listing = root / "simple" / PACKAGE / "index.html"
     listing.parent.mkdir(parents=True)
     listing.write_text(f'<html><body><a href="../../files/{wheel.name}">{wheel.name}</a></body></html>\n')
     return root
+
+
+class QuietHandler(http.server.SimpleHTTPRequestHandler):
+    def log_message(self, format: str, *args: Any) -> None:
+        """No line per request on the test's stderr."""
 
 
 @pytest.fixture
@@ -70,7 +76,7 @@ def index(tmp_path: Path) -> Iterator[tuple[int, Any]]:
     servers: list[http.server.ThreadingHTTPServer] = []
 
     def start() -> None:
-        handler = functools.partial(http.server.SimpleHTTPRequestHandler, directory=str(root))
+        handler = functools.partial(QuietHandler, directory=str(root))
         server = http.server.ThreadingHTTPServer(("127.0.0.1", port), handler)
         threading.Thread(target=server.serve_forever, daemon=True).start()
         servers.append(server)
@@ -174,7 +180,7 @@ def test_an_unreachable_build_keeps_its_cause_across_processes(tmp_path: Path) -
 
 def session_recipe(tmp_path: Path, recipe: str, port: int) -> Path:
     """The demo case's recipe whose local build first fetches a package from the index at `port`."""
-    settings = yaml.safe_load(Path(recipe).read_text())
+    settings = yaml.safe_load(bundled_recipes()[recipe].read_text())
     settings["build"]["local_command"] = ["sh", "-c", '"$@" && exec python tools/build_kernels.py', "build",
                                           *pip_download(port, tmp_path / "downloads")]
     settings["trials"]["retry_backoff_s"] = 2.0
@@ -212,7 +218,7 @@ def test_a_session_whose_index_comes_back_names_the_culprit_with_its_retries_jou
     steps = json.loads((session / "report.json").read_text())["steps"]
     retried = [s for s in steps if s["retries"]]
     assert len(retried) == 1 and retried[0]["commit"] == retries[0]["commit"]
-    assert f"could not reach 127.0.0.1:{port}" in retried[0]["host_failures"][0]["cause"]
+    assert f"could not reach 127.0.0.1:{port}" in retried[0]["host_failures"][0]
     assert all(s["verdict"] != "skip" for s in steps)  # the outage cost no candidate its verdict
 
 

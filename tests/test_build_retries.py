@@ -238,3 +238,21 @@ def test_a_session_whose_index_never_answers_stops_with_exit_5_naming_the_networ
     entries = journal(tmp_path / "s")
     assert [r["attempt"] for r in entries if r["type"] == "retry"] == [1, 2]
     assert not any(r["type"] == "step" for r in entries)  # no commit was judged on the outage
+
+
+@pytest.mark.e2e
+def test_build_attempts_journaled_before_an_interrupt_count_against_the_budget(tmp_path: Path, index) -> None:
+    """Two attempts journaled, then the session was interrupted: with --retries 2 one more attempt
+    is left, numbered 3; a run attempt's record at the same step is not the build's."""
+    port, _ = index
+    evaluator, shas = local_evaluator(tmp_path, pip_download(port, tmp_path / "downloads"), retries=2)
+    before = (RetryRun(case_id="", trial=0, attempt=1, kind="network", cause="x", stage="build"),
+              RetryRun(case_id="", trial=0, attempt=2, kind="network", cause="x", stage="build"),
+              RetryRun(case_id="default", trial=0, attempt=1, kind="card_busy", cause="y"))
+    attempts: list[RetryRun] = []
+    try:
+        with pytest.raises(InfrastructureError, match="could not be built, 3 attempts failed on the network"):
+            evaluator.evaluate(EvaluationRequest(shas[2], 1, on_retry=attempts.append, retried=before))
+    finally:
+        evaluator.close()
+    assert [a.attempt for a in attempts] == [3]

@@ -24,8 +24,7 @@ import pytest
 import yaml
 from gitrepo import GOOD_CMD, make_linear_repo
 
-from bisect_npu.builders.base import BuildUnreachable
-from bisect_npu.builders.failures import classify_build_failure
+from bisect_npu.builders.failures import BuildUnreachable, EnvironmentFailure, classify_build_failure
 from bisect_npu.builders.local import LocalBuilder
 from bisect_npu.contracts import VerdictKind
 from bisect_npu.errors import InfrastructureError
@@ -141,6 +140,8 @@ def test_a_build_that_never_reaches_its_index_stops_the_run_at_any_step(tmp_path
     message = str(stopped.value)
     assert f"{shas[1][:12]} could not be built, 3 attempts failed on the network" in message
     assert f"could not reach 127.0.0.1:{port}" in message and "bisect-npu resume" in message
+    kept = tmp_path / "s" / attempts[-1].log
+    assert f"(build log: {kept})" in message and "Connection refused" in kept.read_text()  # where the log is now
 
 
 @pytest.mark.e2e
@@ -171,9 +172,10 @@ def test_a_pull_is_retried_only_when_the_network_failed() -> None:
 
 
 def test_an_unreachable_build_keeps_its_cause_across_processes(tmp_path: Path) -> None:
-    error = BuildUnreachable("the build could not reach x; check", "the build could not reach x", tmp_path / "b.log")
+    error = BuildUnreachable(EnvironmentFailure("the build could not reach x", "check x", network=True),
+                             tmp_path / "b.log")
     copy = pickle.loads(pickle.dumps(error))
-    assert (str(copy), copy.cause, copy.log_path, copy.exit_code) == (str(error), error.cause, error.log_path, 5)
+    assert (str(copy), copy.failure, copy.log_path, copy.exit_code) == (str(error), error.failure, error.log_path, 5)
 
 
 # -- whole sessions -------------------------------------------------------------------------------

@@ -7,7 +7,7 @@ from typing import Literal, Protocol
 
 from pydantic import BaseModel, Field
 
-from bisect_npu.errors import BisectError, InfrastructureError
+from bisect_npu.errors import BisectError
 
 LOG_TAIL_LINES = 30
 
@@ -28,20 +28,6 @@ class BuildFailed(BisectError):
         super().__init__(message)
         self.log_path = log_path
         self.log_tail = log_tail
-
-
-class BuildUnreachable(InfrastructureError):
-    """A build that failed on the network (a base image that did not pull, a package index or git
-    host out of reach): nothing about the commit, so the evaluator builds it again with the retry
-    budget of a probe run; spent, the run stops (exit 5). `cause` is the failure in one phrase."""
-
-    def __init__(self, message: str, cause: str, log_path: Path | None = None) -> None:
-        super().__init__(message)
-        self.cause = cause
-        self.log_path = log_path
-
-    def __reduce__(self) -> tuple[type[BuildUnreachable], tuple[str, str, Path | None]]:
-        return type(self), (str(self), self.cause, self.log_path)  # crosses process boundaries whole
 
 
 class Environment(BaseModel):

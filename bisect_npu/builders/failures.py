@@ -19,7 +19,6 @@ import re
 from dataclasses import dataclass
 from pathlib import Path
 
-from bisect_npu.builders.base import BuildUnreachable
 from bisect_npu.errors import InfrastructureError
 
 RESUME = "then `bisect-npu resume` continues the session"
@@ -88,8 +87,22 @@ class EnvironmentFailure:
     def error(self, log_path: Path | None = None) -> InfrastructureError:
         """The error a build that failed so raises: BuildUnreachable (retried) for the network's."""
         if self.network:
-            return BuildUnreachable(self.message(log_path), self.cause, log_path)
+            return BuildUnreachable(self, log_path)
         return InfrastructureError(self.message(log_path))
+
+
+class BuildUnreachable(InfrastructureError):
+    """A build that failed on the network (a base image that did not pull, a package index or git
+    host out of reach): nothing about the commit, so the evaluator builds it again with the retry
+    budget of a probe run; spent, the run stops (exit 5)."""
+
+    def __init__(self, failure: EnvironmentFailure, log_path: Path | None = None) -> None:
+        super().__init__(failure.message(log_path))
+        self.failure = failure
+        self.log_path = log_path
+
+    def __reduce__(self) -> tuple[type[BuildUnreachable], tuple[EnvironmentFailure, Path | None]]:
+        return type(self), (self.failure, self.log_path)  # crosses process boundaries whole
 
 
 def classify_build_failure(error: str, log_text: str = "") -> EnvironmentFailure | None:

@@ -14,7 +14,8 @@ from pathlib import Path
 from typing import Any
 
 from bisect_npu import oracle
-from bisect_npu.builders.base import Builder, BuildFailed, BuildUnreachable, Environment
+from bisect_npu.builders.base import Builder, BuildFailed, Environment
+from bisect_npu.builders.failures import BuildUnreachable
 from bisect_npu.contracts import ABORT_ABOVE, SKIP_EXIT, Observation, TimeoutIs, Verdict, VerdictKind
 from bisect_npu.defaults import RETRY_BACKOFF_S, TRIAL_RETRIES, TRIAL_TIMEOUT_S
 from bisect_npu.errors import InfrastructureError
@@ -252,13 +253,14 @@ class Evaluator:
                 log = (self._keep_log(str(unreachable.log_path), number) if unreachable.log_path else None) or \
                     self.rel(unreachable.log_path) or ""
                 request.report_retry(RetryRun(case_id="", trial=request.first_trial, attempt=number, kind="network",
-                                              cause=unreachable.cause, log=log, stage="build",
+                                              cause=unreachable.failure.cause, log=log, stage="build",
                                               seconds=round(time.monotonic() - started, 3)))
                 if spent + attempts > self.retry.retries:
                     tried = f"{spent + attempts} attempt{'s' if spent + attempts != 1 else ''}"
                     raise InfrastructureError(f"{request.commit[:12]} could not be built, {tried} failed on the "
                                               f"network (raise --retries if it comes and goes): "
-                                              f"{unreachable}") from None
+                                              f"{unreachable.failure.message(self.abs(log) if log else None)}") \
+                        from None
                 time.sleep(self.retry.delay(spent + attempts))
 
     def _verdict(self, records: list[TrialRun], judge_each: bool) -> Verdict:

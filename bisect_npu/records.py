@@ -205,15 +205,17 @@ class StoredFrom(_Shape):
 
 class RetryRun(_Shape):
     """One attempt of a probe run that failed on the host, not on the commit (its engine did not
-    start, was killed, or its harness lost the server): retried, never judged."""
+    start, was killed, or its harness lost the server), or of a build that failed on the network:
+    retried, never judged."""
 
-    case_id: str
-    trial: int  # the first trial the attempt did not finish
+    case_id: str  # "" for a build
+    trial: int  # the first trial the attempt did not finish (a build: the first trial it was for)
     attempt: int  # 1 for the first failed attempt of this trial at this commit
     kind: str  # orchestration/infrastructure.py's FailureKind
     cause: str  # what the host did wrong, with the log line that says so
     log: PathText = ""
     seconds: float = 0.0
+    stage: Literal["run", "build"] = "run"  # what failed: a probe run, or the candidate's build
 
 
 class RetryRecord(Record, RetryRun):

@@ -161,20 +161,21 @@ def test_registry_of():
 UNPULLABLE = "quay.io/ascend/cann:8.1.rc1-910b-ubuntu22.04-py3.10"  # no network here: never pulls
 
 
-def candidate_repo(path: Path, base_image: str, broken: int | None = None) -> list[str]:
-    """Three commits whose Dockerfile compiles csrc/prog.c on `base_image`; commit `broken` has a
-    compile error; `state` turns bad at commit 2."""
+def candidate_repo(path: Path, base_image: str, broken: int | None = None, run: str = "") -> list[str]:
+    """Three commits whose Dockerfile compiles csrc/prog.c on `base_image` (after the RUN step
+    `run`, when given); commit `broken` has a compile error; `state` turns bad at commit 2."""
     def files(i: int) -> dict[str, str]:
         source = "int main(void) { return 0; }\n" if i != broken else "int main(void) { return undeclared; }\n"
-        return {"Dockerfile": f"FROM {base_image}\nWORKDIR /src\nCOPY . /src\nRUN cc -o /tmp/prog csrc/prog.c\n",
+        first = f"RUN {run}\n" if run else ""
+        return {"Dockerfile": f"FROM {base_image}\n{first}WORKDIR /src\nCOPY . /src\nRUN cc -o /tmp/prog csrc/prog.c\n",
                 "csrc/prog.c": source}
     return make_linear_repo(path, 3, culprit=2, files=files)
 
 
-def run_docker(repo: Path, shas: list[str], session: Path) -> subprocess.CompletedProcess[str]:
+def run_docker(repo: Path, shas: list[str], session: Path, *extra: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run([sys.executable, "-m", "bisect_npu", "run", "--repo", str(repo), "--good", shas[0],
                            "--bad", shas[-1], "--cmd", " ".join(GOOD_CMD), "--executor", "docker", "--no-fix",
-                           "--session", str(session), "--quiet"],
+                           "--session", str(session), "--quiet", *extra],
                           cwd=repo, capture_output=True, text=True, timeout=600, check=False,
                           env={**os.environ, "PYTHONPATH": str(REPO_ROOT)})
 
@@ -182,12 +183,32 @@ def run_docker(repo: Path, shas: list[str], session: Path) -> subprocess.Complet
 @pytest.mark.container
 def test_a_from_that_cannot_be_pulled_ends_the_run_with_exit_5_naming_the_registry(docker_client, tmp_path):
     shas = candidate_repo(tmp_path / "repo", UNPULLABLE)
-    done = run_docker(tmp_path / "repo", shas, tmp_path / "s")
+    done = run_docker(tmp_path / "repo", shas, tmp_path / "s", "--retries", "0")  # no backoff to wait through
     assert done.returncode == 5, done.stdout + done.stderr
+    assert "could not be built, 1 attempt failed on the network" in done.stderr
     assert f"the base image {UNPULLABLE} could not be pulled from quay.io (the name does not resolve)" in done.stderr
     assert "--base-image-map quay.io=MIRROR/quay.io" in done.stderr and "bisect-npu resume" in done.stderr
     journal = [json.loads(line) for line in (tmp_path / "s" / "journal.jsonl").read_text().splitlines()]
-    assert [e["type"] for e in journal] == ["header"]  # no step was recorded as a skip
+    assert [e["type"] for e in journal] == ["header", "retry"]  # no step was recorded as a skip
+    assert (journal[1]["stage"], journal[1]["kind"]) == ("build", "network")
+
+
+@pytest.mark.container
+def test_a_run_step_whose_index_is_out_of_reach_is_built_again_then_stops_with_exit_5(docker_client,
+                                                                                       demo_base_image, tmp_path):
+    """pip inside the image build meets a closed port (the container's own loopback): the build
+    is tried again (--retries 1), then the run stops naming the index, at the first step built."""
+    fetch = "python -m pip download --isolated --no-deps --retries 1 --timeout 5 -i http://127.0.0.1:9/simple/ tinydep"
+    shas = candidate_repo(tmp_path / "repo", demo_base_image, run=fetch)
+    done = run_docker(tmp_path / "repo", shas, tmp_path / "s", "--retries", "1")
+    assert done.returncode == 5, done.stdout + done.stderr
+    assert "could not be built, 2 attempts failed on the network" in done.stderr
+    assert "could not reach 127.0.0.1:9 (pip: NewConnectionError)" in done.stderr
+    journal = [json.loads(line) for line in (tmp_path / "s" / "journal.jsonl").read_text().splitlines()]
+    retries = [e for e in journal if e["type"] == "retry"]
+    assert [(e["attempt"], e["stage"]) for e in retries] == [(1, "build"), (2, "build")]
+    assert all("Connection refused" in (tmp_path / "s" / e["log"]).read_text() for e in retries)
+    assert not any(e["type"] == "step" for e in journal)
 
 
 @pytest.mark.container

@@ -46,3 +46,8 @@ def test_a_culprit_found_below_the_confidence_asked_says_so() -> None:
     assert end_messages.short_of(1.0, 0.99) == end_messages.short_of(0.99, 0.99) == ""
     assert end_messages.short_of(0.53, 0.99) == (" (a best guess: 53% sure, under the 99% asked; the steps around it "
                                                   "disagree, the report has each one's evidence)")
+    # A confidence asked with more digits is shown with them, never rounded to 100%; what was
+    # reached is never rounded up to it.
+    assert end_messages.short_of(0.9989, 0.999).startswith(" (a best guess: 99.8% sure, under the 99.9% asked;")
+    assert end_messages.short_of(0.7633, 0.999).startswith(" (a best guess: 76.3% sure, under the 99.9% asked;")
+    assert end_messages.short_of(0.29, 0.95).startswith(" (a best guess: 29% sure, under the 95% asked;")

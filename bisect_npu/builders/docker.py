@@ -384,7 +384,7 @@ class DockerBuilder:
         if error:
             environment = classify_build_failure(error, log_path.read_text(encoding="utf-8", errors="replace"))
             if environment is not None:  # not the commit's fault: a skip would misread as a verdict
-                raise InfrastructureError(environment.message(log_path))
+                raise environment.error(log_path)
             raise BuildFailed(f"image build failed: {error.splitlines()[-1] if error else 'unknown error'}",
                               log_path, tail(log_path))
         try:

@@ -4,7 +4,10 @@ A commit's own breakage (a compile error, a file its Dockerfile copies and no lo
 `skip`: the search steps around it. A base image that cannot be pulled, a package index or git
 host the build cannot reach, a full disk say nothing about the commit: as a `skip` they would
 turn every candidate into one and end with "the ends are wrong". They are infrastructure errors
-(exit 5) instead, naming the cause and what to do, and `bisect-npu resume` goes on afterwards.
+instead, naming the cause and what to do: one of the network (a pull, an index or a git host out of
+reach) is `BuildUnreachable`, built again with the run's retry budget; the others (a full disk, a
+registry that refuses the image) stop the run at once (exit 5), and `bisect-npu resume` goes on
+afterwards.
 
 Read from the engine's error (a pull fails before any step runs) and from the output of the
 build step that failed (Docker's `Step N/M :` and podman's `STEP N/M:` headers split the log).
@@ -75,10 +78,31 @@ class EnvironmentFailure:
 
     cause: str
     next_step: str
+    network: bool = False  # the network or a server out of reach: may pass, so the build is tried again
 
     def message(self, log_path: object | None = None) -> str:
         where = f" (build log: {log_path})" if log_path else ""
         return f"{self.cause}{where}; {self.next_step}, {RESUME}"
+
+    def error(self, log_path: Path | None = None) -> InfrastructureError:
+        """The error a build that failed so raises: BuildUnreachable (retried) for the network's."""
+        if self.network:
+            return BuildUnreachable(self, log_path)
+        return InfrastructureError(self.message(log_path))
+
+
+class BuildUnreachable(InfrastructureError):
+    """A build that failed on the network (a base image that did not pull, a package index or git
+    host out of reach): nothing about the commit, so the evaluator builds it again with the retry
+    budget of a probe run; spent, the run stops (exit 5)."""
+
+    def __init__(self, failure: EnvironmentFailure, log_path: Path | None = None) -> None:
+        super().__init__(failure.message(log_path))
+        self.failure = failure
+        self.log_path = log_path
+
+    def __reduce__(self) -> tuple[type[BuildUnreachable], tuple[EnvironmentFailure, Path | None]]:
+        return type(self), (self.failure, self.log_path)  # crosses process boundaries whole
 
 
 def classify_build_failure(error: str, log_text: str = "") -> EnvironmentFailure | None:
@@ -94,21 +118,30 @@ def classify_build_failure(error: str, log_text: str = "") -> EnvironmentFailure
     pull = _pull_failure(error, log_text)
     if pull is not None:
         return pull
-    if _OWN_BREAKAGE.search(last_step) and not _PIP_NO_VERSIONS.search(last_step):
+    if _own_breakage_last(last_step):
         return None
     return _network_failure(last_step)
 
 
+def _own_breakage_last(step: str) -> bool:
+    """Whether the step broke on the commit's own code: a sign of it after pip last gave up on its
+    index (pip's own errors follow a give-up; a compile error after it is the commit's)."""
+    own = [match.start() for match in _OWN_BREAKAGE.finditer(step)]
+    gave_up = [match.start() for match in _PIP_NO_VERSIONS.finditer(step)]
+    return bool(own) and (not gave_up or own[-1] > gave_up[-1])
+
+
 def raise_if_unreachable(log_path: Path, read_bytes: int = 200_000) -> None:
-    """A venv's pip (or git) step that failed because the network or the index could not be
-    reached is the host's failure: InfrastructureError (exit 5) naming it, not the commit's skip."""
+    """A venv's pip (or git) step or a local build that failed because the network or the index
+    could not be reached is the host's failure: BuildUnreachable (retried, then exit 5) naming
+    it, not the commit's skip."""
     try:
         text = log_path.read_bytes()[-read_bytes:].decode("utf-8", errors="replace")
     except OSError:
         return
     failure = classify_build_failure("", text)
     if failure is not None:
-        raise InfrastructureError(failure.message(log_path))
+        raise failure.error(log_path)
 
 
 def registry_of(image: str) -> str:
@@ -144,6 +177,7 @@ def _pull_failure(error: str, log_text: str) -> EnvironmentFailure | None:
     if registry == "registry-1.docker.io":
         registry = "docker.io"
     reason = _pull_reason(text)
+    network = reason in _NETWORK_REASONS
     what = f"the base image {image}" if image else "a base image"
     advice = (f"check that this host reaches {registry}, or map it to a mirror that holds the image: "
               f"--base-image-map {registry}=MIRROR/{registry} (or build.base_image_map in the recipe); "
@@ -151,7 +185,13 @@ def _pull_failure(error: str, log_text: str) -> EnvironmentFailure | None:
     if "HTTP response to HTTPS client" in text:
         advice = (f"{registry} speaks plain HTTP: list it as insecure for the engine (registries.conf "
                   "`[[registry]] location=... insecure=true`, or Docker's daemon.json `insecure-registries`)")
-    return EnvironmentFailure(f"{what} could not be pulled from {registry} ({reason})", advice)
+    return EnvironmentFailure(f"{what} could not be pulled from {registry} ({reason})", advice, network)
+
+
+# A pull that failed for these may pass on a later try; access denied, no such image or a plain
+# HTTP registry will not (the user changes the setup).
+_NETWORK_REASONS = frozenset({"the name does not resolve", "connection refused", "timed out", "network unreachable",
+                              "rate limited"})
 
 
 def _pull_reason(text: str) -> str:
@@ -182,13 +222,14 @@ def _network_failure(step: str) -> EnvironmentFailure | None:
         return EnvironmentFailure(
             f"the build could not reach {host} ({tool}: {what}): a network or mirror problem, not the commit",
             "check this host's network and proxy, or point the recipe's build.docker_args at mirrors it reaches "
-            "(vllm-ascend: PIP_INDEX_URL, PYTORCH_INDEX_URL, ASCEND_INDEX_URL, VLLM_REPO, APTMIRROR, GIT_PROXY)")
+            "(vllm-ascend: PIP_INDEX_URL, PYTORCH_INDEX_URL, ASCEND_INDEX_URL, VLLM_REPO, APTMIRROR, GIT_PROXY)",
+            network=True)
     if _PIP_NO_VERSIONS.search(step) and re.search(r"WARNING: Retrying|ERROR: Could not install packages due to an "
                                                     r"OSError", step):
         host = _index_host(step) or "the package index"
         return EnvironmentFailure(f"pip could not reach {host} during the build (no versions found after retries)",
                                   "check the network, or set PIP_INDEX_URL in the recipe's build.docker_args to "
-                                  "an index this host reaches")
+                                  "an index this host reaches", network=True)
     return None
 
 

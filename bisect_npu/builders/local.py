@@ -30,6 +30,7 @@ from typing import IO, Literal
 import git
 
 from bisect_npu.builders.base import BuildFailed, Environment, tail
+from bisect_npu.builders.failures import raise_if_unreachable
 from bisect_npu.builders.key import BuildKeyReader
 from bisect_npu.builders.submodules import check_out_submodules
 from bisect_npu.defaults import TRIAL_TIMEOUT_S
@@ -258,9 +259,12 @@ class LocalBuilder:
             raise UsageError(f"build command not found: {self.build_command[0]}; "
                              "fix `build.local_command` in the recipe") from exc
         except subprocess.TimeoutExpired as exc:
+            log.flush()
+            raise_if_unreachable(log_path)  # an index that stopped answering: the host's, not the commit's
             raise BuildFailed(f"build timed out after {self.timeout_s:.0f}s", log_path, tail(log_path)) from exc
         if proc.returncode != 0:
             log.flush()
+            raise_if_unreachable(log_path)
             raise BuildFailed(f"build failed with exit code {proc.returncode}", log_path, tail(log_path))
 
     def release(self, env: Environment) -> None:

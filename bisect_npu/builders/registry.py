@@ -107,8 +107,10 @@ def pull_image(client: Any, image: str) -> str:
         except docker.errors.ImageNotFound:
             error = f"the engine reported no error but holds no {image}"
     failure = classify_build_failure(error, f"STEP 1/1: FROM {image}\n")
-    raise InfrastructureError(failure.message() if failure else f"pulling {image} failed: {error}; "
-                              "check the registry and the engine's registry configuration")
+    if failure is not None:
+        raise failure.error()
+    raise InfrastructureError(f"pulling {image} failed: {error}; check the registry and the engine's registry "
+                              "configuration")
 
 
 def split_reference(image: str) -> tuple[str, str | None]:

@@ -4,6 +4,7 @@ of typed records and facts, no I/O."""
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Literal
@@ -30,8 +31,10 @@ def short_of(reached: float, asked: float) -> str:
     around the culprit reached their steps' cap or were skipped): the answer is its best guess."""
     if reached >= asked:
         return ""
-    return (f" (a best guess: {reached:.0%} sure, under the {asked:.0%} asked; the steps around it disagree, the "
-            "report has each one's evidence)")
+    digits = next((d for d in range(4) if round(asked * 100, d) == round(asked * 100, 6)), 4)
+    shown = math.floor(round(reached * 100 * 10**digits, 6)) / 10**digits  # never rounded up to the asked
+    return (f" (a best guess: {shown:.{digits}f}% sure, under the {asked * 100:.{digits}f}% asked; the steps around "
+            "it disagree, the report has each one's evidence)")
 
 
 def narrowed(lo: str, hi: str, commits: int, *, find_fix: bool, skipped: Sequence[tuple[str, str]] = ()) -> str:

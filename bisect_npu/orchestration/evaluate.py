@@ -15,6 +15,7 @@ from typing import Any
 
 from bisect_npu import oracle
 from bisect_npu.builders.base import Builder, BuildFailed, Environment
+from bisect_npu.builders.failures import BuildUnreachable
 from bisect_npu.defaults import RETRY_BACKOFF_S, TRIAL_RETRIES, TRIAL_TIMEOUT_S
 from bisect_npu.errors import InfrastructureError
 from bisect_npu.execute.base import Executor, RunResult, observation_path, probe_log_path, probe_stem, run_node_path
@@ -213,7 +214,7 @@ class Evaluator:
             return StepResult(commit, self._verdict(records, request.judge_each),
                               BuildInfo(how="journaled", seconds=0.0), records, round(time.monotonic() - started, 3))
         try:
-            env = self.builder.acquire(commit, step_dir)
+            env = self._acquire(request, step_dir)
         except BuildFailed as failure:
             verdict = Verdict(kind=VerdictKind.SKIP, reason=f"build failed: {failure}",
                               figures={"log_tail": failure.log_tail[-2000:]}, trials=0)
@@ -233,6 +234,34 @@ class Evaluator:
         finally:
             self.builder.release(env)
         return StepResult(commit, verdict, build_record(env), records, round(time.monotonic() - started, 3))
+
+    def _acquire(self, request: EvaluationRequest, step_dir: Path) -> Environment:
+        """The commit's environment, built again while the build fails on the network and the retry
+        budget lasts (each failed attempt journaled, its log kept aside); spent, at any step, the
+        run stops (InfrastructureError): an outage is no verdict on any commit. Attempts journaled
+        before an interrupt count as a probe run's do (`_run_group`)."""
+        journaled = sum(1 for r in request.retried if r.stage == "build")
+        spent = journaled % (self.retry.retries + 1)
+        attempts = 0
+        while True:
+            started = time.monotonic()
+            try:
+                return self.builder.acquire(request.commit, step_dir)
+            except BuildUnreachable as unreachable:
+                attempts += 1
+                number = journaled + attempts
+                log = (self._keep_log(str(unreachable.log_path), number) if unreachable.log_path else None) or \
+                    self.rel(unreachable.log_path) or ""
+                request.report_retry(RetryRun(case_id="", trial=request.first_trial, attempt=number, kind="network",
+                                              cause=unreachable.failure.cause, log=log, stage="build",
+                                              seconds=round(time.monotonic() - started, 3)))
+                if spent + attempts > self.retry.retries:
+                    tried = f"{spent + attempts} attempt{'s' if spent + attempts != 1 else ''}"
+                    raise InfrastructureError(f"{request.commit[:12]} could not be built, {tried} failed on the "
+                                              f"network (raise --retries if it comes and goes): "
+                                              f"{unreachable.failure.message(self.abs(log) if log else None)}") \
+                        from None
+                time.sleep(self.retry.delay(spent + attempts))
 
     def _verdict(self, records: list[TrialRun], judge_each: bool) -> Verdict:
         """Noisy mode tallies each trial's verdict; exact mode judges the step's trials together
@@ -371,7 +400,7 @@ class Evaluator:
         stopped on them, exit 5, and was resumed once the host was freed) a new budget starts."""
         records: list[TrialRun] = []
         attempts: list[RetryRun] = []
-        journaled = sum(1 for r in request.retried if r.case_id == case.id and r.trial in numbers)
+        journaled = sum(1 for r in request.retried if r.stage == "run" and r.case_id == case.id and r.trial in numbers)
         spent = journaled % (self.retry.retries + 1)
         while True:
             left = numbers[len(records):]
@@ -383,7 +412,7 @@ class Evaluator:
             if failure is None:
                 break
             trial = numbers[len(records)]
-            earlier = sum(1 for r in request.retried if r.case_id == case.id and r.trial == trial)
+            earlier = sum(1 for r in request.retried if r.stage == "run" and r.case_id == case.id and r.trial == trial)
             number = earlier + len(attempts) + 1
             cause = f"{failure} ({held})" if held else str(failure)
             attempt = RetryRun(case_id=case.id, trial=trial, attempt=number, kind=failure.kind, cause=cause,

@@ -4,7 +4,8 @@ A probe run that failed because of the host (the engine did not start, its port 
 taken, the engine was killed, the harness lost its connection to the server) says nothing about
 the commit: it is retried (`RetryPolicy`, in the evaluator). Everything else a run shows (a loop, a wrong
 score, a failing test, a crash inside the trial, a run past --timeout) is the commit's own and is
-judged as before: never retried into a different answer.
+judged as before: never retried into a different answer. A build that failed on the network
+(builders/failures.py's `BuildUnreachable`) is retried with the same policy.
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ from typing import Literal
 from bisect_npu.defaults import RETRY_BACKOFF_S, TRIAL_RETRIES
 from bisect_npu.probe.harness import HARNESS_FAILED_EXIT
 
-FailureKind = Literal["port_in_use", "card_busy", "engine_start", "engine_killed", "transport"]
+FailureKind = Literal["port_in_use", "card_busy", "engine_start", "engine_killed", "transport", "network"]
 
 # What the host did wrong, in the report's words.
 FAILURE_WORDS: dict[FailureKind, str] = {
@@ -26,6 +27,7 @@ FAILURE_WORDS: dict[FailureKind, str] = {
     "engine_start": "the engine did not start",
     "engine_killed": "the engine was killed",
     "transport": "the harness lost its connection to the server",
+    "network": "a build could not reach the network",  # builders/failures.py tells it, not `classify`
 }
 
 # First match wins: the more telling cause first (a start that failed on a taken port is "port").

@@ -25,6 +25,8 @@ PAIRS = {pair.name: pair for pair in msprobe_qwen3.pairs("report") if pair.name.
 CLEAN = [name for name, pair in PAIRS.items() if pair.fault is None]
 FAULTY = [name for name, pair in PAIRS.items() if pair.fault is not None]
 REPORT = {pair.name: pair for pair in msprobe_qwen3.pairs("report")}
+# The dumps come from HF Qwen3 forward passes under real msprobe: end to end, not the edit-test loop.
+FORWARD_PASSES = pytest.mark.e2e
 FP32_GOLDEN = ("report-m-seed2-precision", "report-m-seed2-gain-fp32golden-l2")
 
 
@@ -59,12 +61,14 @@ def test_the_split_has_three_kinds_of_clean_pair_and_every_fault() -> None:
     assert {PAIRS[name].fault for name in FAULTY} == set(msprobe_qwen3.FAULTS)
 
 
+@FORWARD_PASSES
 @pytest.mark.parametrize("name", CLEAN)
 def test_clean_pairs_raise_no_false_alarm(dumps: Path, name: str) -> None:
     _, verdict = _judge(dumps, name)
     assert verdict.kind == VerdictKind.GOOD, verdict.reason  # type: ignore[attr-defined]
 
 
+@FORWARD_PASSES
 def test_the_fixed_line_called_the_clean_kernel_pair_bad(dumps: Path) -> None:
     """What the rules before the peers' noise said on the same pair: bad at layer 0, whose input is exact."""
     _, verdict = _judge(dumps, f"{PREFIX}-kernel", LogitsConfig(noise_from_peers=False))
@@ -72,6 +76,7 @@ def test_the_fixed_line_called_the_clean_kernel_pair_bad(dumps: Path) -> None:
     assert verdict.figures["first_divergent"]["layer"] == 0  # type: ignore[attr-defined]
 
 
+@FORWARD_PASSES
 @pytest.mark.parametrize("name", FAULTY)
 def test_each_fault_is_named_at_its_module(dumps: Path, name: str) -> None:
     pair, verdict = _judge(dumps, name)
@@ -81,6 +86,7 @@ def test_each_fault_is_named_at_its_module(dumps: Path, name: str) -> None:
     assert first["name"].endswith(".output.0")
 
 
+@FORWARD_PASSES
 def test_a_bf16_candidate_is_judged_against_an_fp32_golden(dumps: Path) -> None:
     pair = PAIRS[f"{PREFIX}-precision"]
     cand, ref = msprobe_qwen3.make_pair(dumps, pair)
@@ -90,6 +96,7 @@ def test_a_bf16_candidate_is_judged_against_an_fp32_golden(dumps: Path) -> None:
     assert result.first_divergent is None
 
 
+@FORWARD_PASSES
 def test_a_2_percent_gain_cosine_cannot_see_is_found_by_its_norm_against_its_peers(dumps: Path) -> None:
     for name in (n for n in FAULTY if PAIRS[n].fault == "gain"):
         pair, verdict = _judge(dumps, name)
@@ -102,6 +109,7 @@ def test_a_2_percent_gain_cosine_cannot_see_is_found_by_its_norm_against_its_pee
         assert "peers' noise reaches" in verdict.reason  # type: ignore[attr-defined]
 
 
+@FORWARD_PASSES
 def test_a_module_is_not_judged_against_the_rotary_tables_of_another_precision(fp32_golden_dumps: Path) -> None:
     """In a bf16 model the rotary cos/sin (cast from its own bf16 `inv_freq`) differ from the fp32 golden's
     more than the hidden state entering layer 0 does (a cast): that layer is measured against its hidden

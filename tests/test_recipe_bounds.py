@@ -25,11 +25,17 @@ CLI = [sys.executable, "-m", "bisect_npu"]
 BASE = yaml.safe_load(bundled_recipes()["qwen3-repetition-penalty-async"].read_text(encoding="utf-8"))
 
 
-def validate(tmp_path: Path, raw: dict[str, Any]) -> subprocess.CompletedProcess[str]:
+def validate(tmp_path: Path, raw: dict[str, Any], capsys: pytest.CaptureFixture[str]) -> tuple[int, str]:
+    """`bisect-npu recipes validate` on `raw` through the console entry point, in this process (a
+    traceback would reach stderr as it would a terminal's): its exit code and stderr."""
+    from bisect_npu.cli import main
+
     path = tmp_path / "recipe.yaml"
     path.write_text(yaml.safe_dump(raw, allow_unicode=True), encoding="utf-8")
-    return subprocess.run([*CLI, "recipes", "validate", str(path)], capture_output=True, text=True, timeout=120,
-                          check=False)
+    capsys.readouterr()
+    with pytest.raises(SystemExit) as ended:
+        main(["recipes", "validate", str(path)])
+    return int(ended.value.code or 0), capsys.readouterr().err
 
 
 def with_value(path: tuple[Any, ...], value: object) -> dict[str, Any]:
@@ -56,16 +62,16 @@ def with_value(path: tuple[Any, ...], value: object) -> dict[str, Any]:
     (("engine", "args", "tensor_parallel_size"), 10**6, "a whole number of cards from 1 to 4096"),
 ])
 def test_validate_refuses_what_a_run_could_not_carry(tmp_path: Path, path: tuple[Any, ...], value: object,
-                                                     said: str) -> None:
-    done = validate(tmp_path, with_value(path, value))
-    assert done.returncode == 2, done.stdout
-    assert said in done.stderr and len(done.stderr.strip().splitlines()) == 1 and "Traceback" not in done.stderr
+                                                     said: str, capsys: pytest.CaptureFixture[str]) -> None:
+    code, stderr = validate(tmp_path, with_value(path, value), capsys)
+    assert code == 2, stderr
+    assert said in stderr and len(stderr.strip().splitlines()) == 1 and "Traceback" not in stderr
 
 
-def test_the_bundled_recipes_are_within_the_bounds(tmp_path: Path) -> None:
+def test_the_bundled_recipes_are_within_the_bounds(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     for name, path in bundled_recipes().items():
-        done = validate(tmp_path, yaml.safe_load(path.read_text(encoding="utf-8")))
-        assert done.returncode == 0, (name, done.stderr)
+        code, stderr = validate(tmp_path, yaml.safe_load(path.read_text(encoding="utf-8")), capsys)
+        assert code == 0, (name, stderr)
 
 
 def _numeric(annotation: Any) -> bool:
@@ -100,6 +106,7 @@ def test_every_number_of_the_recipe_models_has_a_range() -> None:
     assert not unbounded, f"fields without a range: {unbounded}"
 
 
+@pytest.mark.e2e  # a session, and its resume in a subprocess
 def test_a_session_a_bug_stopped_says_so_and_resume_continues(tmp_path: Path, monkeypatch) -> None:
     """A bug (here an OverflowError the search raises on its third decision) ends the run with
     its traceback; the report says the session crashed, not that it is still running."""

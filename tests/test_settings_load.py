@@ -48,6 +48,7 @@ def test_load_keys_are_settings_of_a_served_recipe(tmp_path: Path) -> None:
         differences_from_settings(recipe, {"engine.load.concurency": 1})
 
 
+@pytest.mark.e2e
 def test_the_search_varies_the_load_on_a_real_server(tmp_path: Path) -> None:
     """The async-scheduling loop is the trigger; the load (4 in flight, 8 requests) is not needed,
     and the bad case's trials ran under it."""

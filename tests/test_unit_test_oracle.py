@@ -520,6 +520,7 @@ def test_a_commit_pin_is_refused_before_the_run_without_a_vllm_clone(tmp_path: P
     assert check_unit_tests(repo, node, shas[0], shas[1], None, shas[1:1]) == node  # a range of releases only
 
 
+@pytest.mark.e2e
 def test_a_commit_pin_is_keyed_and_built_from_the_vllm_clone(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """The whole build of a pin venv at the boundary, with small stand-ins for torch: the shared
     layer (a venv of its own, seen through a .pth, not copied), vLLM's wheel built from the clone at

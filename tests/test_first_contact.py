@@ -25,6 +25,7 @@ def bisect_npu(*args: str, cwd: Path) -> subprocess.CompletedProcess[str]:
                           timeout=120, check=False)
 
 
+@pytest.mark.e2e  # the command line in subprocesses
 def test_plan_find_fix_warns_when_the_old_end_is_off_the_new_ends_history(tmp_path: Path) -> None:
     shas = make_linear_repo(tmp_path / "repo", 6)
     repo = tmp_path / "repo"
@@ -47,6 +48,7 @@ def test_plan_find_fix_warns_when_the_old_end_is_off_the_new_ends_history(tmp_pa
     assert on_history.returncode == 0 and "warning" not in on_history.stdout
 
 
+@pytest.mark.e2e  # the command line in subprocesses
 def test_recipes_check_says_which_rules_concern_the_recipe(tmp_path: Path) -> None:
     shas = make_linear_repo(tmp_path / "repo", 2)
     plain = bisect_npu("recipes", "check", "demo-async-penalty", "--repo", str(tmp_path / "repo"), "--at", shas[-1],
@@ -64,6 +66,7 @@ def test_recipes_check_says_which_rules_concern_the_recipe(tmp_path: Path) -> No
             "finds a problem") in configured.stdout
 
 
+@pytest.mark.e2e  # the command line in subprocesses
 def test_judge_refuses_observations_written_for_another_recipe(tmp_path: Path) -> None:
     from bisect_npu.observations import Observation
 
@@ -91,6 +94,7 @@ def test_a_usage_error_leaves_no_empty_session_directory(tmp_path: Path) -> None
     assert "nothing was run; the session directory" in done.stderr
 
 
+@pytest.mark.e2e  # the command line in subprocesses
 def test_judge_refuses_observations_of_another_version_of_the_recipe(tmp_path: Path) -> None:
     """The probe copies the recipe's run digest from its request into the observation; `judge` with
     a recipe whose case changed refuses it naming both digests, a changed oracle rule judges it

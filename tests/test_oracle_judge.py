@@ -93,6 +93,7 @@ def test_cli_exit_codes(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> N
     assert code == 128 and "cut.json: not valid JSON" in err and len(err.strip().splitlines()) == 1
 
 
+@pytest.mark.e2e  # the installed console script in a subprocess
 def test_real_console_script(tmp_path: Path) -> None:
     recipe = tmp_path / "recipe.yaml"
     recipe.write_text(STATS_RECIPE, encoding="utf-8")

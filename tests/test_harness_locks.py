@@ -124,6 +124,7 @@ def test_a_changed_lock_rebuilds_only_its_venv(tmp_path):
 
 
 @pytest.mark.harness
+@pytest.mark.e2e  # pip freeze over the harness venvs make harnesses built
 @pytest.mark.parametrize("name", sorted(INSTALLS))
 def test_an_installed_harness_venv_is_its_lock(tmp_path, name):
     """The venv `make harnesses` built holds exactly the lock's packages: frozen again by the script

@@ -341,3 +341,55 @@ def test_a_command_oracle_runs_on_the_nodes(cluster: Any, tmp_path: Path) -> Non
     assert json.loads(done.stdout.strip().splitlines()[-1])["culprit"] == shas[7]
     trials = [e for e in journal(session) if e["type"] == "trial"]
     assert trials and all((session / t["log"]).read_text().startswith("# ray node ") for t in trials)
+
+
+
+def test_a_build_on_a_node_that_fails_on_the_network_is_retried_and_journaled(
+        cluster: Any, demo_upstream: tuple[Path, Manifest], tmp_path: Path) -> None:
+    """The nodes' build first fetches a package from an index that is down: the node sends the
+    failure back, the driver's evaluator journals a build retry and builds again once it answers."""
+    import functools
+    import http.server
+    import threading
+
+    from test_build_retries import QuietHandler, free_port, package_index, session_recipe
+
+    port = free_port()
+    repo, manifest = demo_upstream
+    truth = manifest.case("rope-longseq")
+    session = tmp_path / "session"
+    argv = [*CLI, "run", "--repo", str(repo), "--good", truth.good_ref, "--bad", truth.bad_ref, "--recipe",
+            str(session_recipe(tmp_path, truth.recipe, port)), "--session", str(session), "--executor", "ray",
+            "--no-fix", "--no-verdict-store", "--json"]
+    run = subprocess.Popen(argv, cwd=tmp_path, env=cli_env(cluster), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                           text=True)
+    deadline = time.monotonic() + 300
+    while not _retry_journaled(session):
+        assert run.poll() is None and time.monotonic() < deadline, run.communicate()[1][-3000:]
+        time.sleep(0.2)
+    handler = functools.partial(QuietHandler, directory=str(package_index(tmp_path / "index")))
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", port), handler)  # the outage ends
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        out, err = run.communicate(timeout=600)
+    finally:
+        server.shutdown()
+        server.server_close()
+    assert run.returncode == 0, out[-2000:] + err[-3000:]
+    assert json.loads(out.strip().splitlines()[-1])["culprit"] == truth.culprit.sha
+    retries = [e for e in journal(session) if e["type"] == "retry"]
+    assert retries and {(r["stage"], r["kind"]) for r in retries} == {("build", "network")}
+    assert all(f"could not reach 127.0.0.1:{port}" in r["cause"] and "(on Ray node " in r["cause"] for r in retries)
+    assert all((session / r["log"]).is_file() for r in retries)  # the node's build log came back
+
+
+def _retry_journaled(session: Path) -> bool:
+    """Whether the journal, as far as it is written, holds a retry (its last line may be half done)."""
+    path = session / "journal.jsonl"
+    for line in path.read_text().splitlines() if path.exists() else []:
+        try:
+            if json.loads(line).get("type") == "retry":
+                return True
+        except json.JSONDecodeError:
+            continue
+    return False

@@ -376,11 +376,34 @@ def test_a_build_on_a_node_that_fails_on_the_network_is_retried_and_journaled(
         server.shutdown()
         server.server_close()
     assert run.returncode == 0, out[-2000:] + err[-3000:]
-    assert json.loads(out.strip().splitlines()[-1])["culprit"] == truth.culprit.sha
+    summary = next(line for line in reversed(out.splitlines()) if line.startswith("{"))  # after Ray's own lines
+    assert json.loads(summary)["culprit"] == truth.culprit.sha
     retries = [e for e in journal(session) if e["type"] == "retry"]
     assert retries and {(r["stage"], r["kind"]) for r in retries} == {("build", "network")}
     assert all(f"could not reach 127.0.0.1:{port}" in r["cause"] and "(on Ray node " in r["cause"] for r in retries)
     assert all((session / r["log"]).is_file() for r in retries)  # the node's build log came back
+
+
+def test_a_node_s_own_error_reaches_the_driver_as_its_one_line(cluster: Any) -> None:
+    """bisect-npu's own error raised in a task on a node (a pin venv that cannot be built there:
+    exit 5), also one raised through a call inside the task, is that error on the driver, not
+    Ray's traceback around it; anything else is left to Ray."""
+    import ray
+
+    from bisect_npu.execute.ray import check_engines, own_error
+
+    with pytest.raises(UsageError) as here:
+        check_engines({"node": 8}, 16)
+    direct = ray.remote(check_engines).options(num_cpus=0).remote({"node": 8}, 16)
+    nested = ray.remote(lambda refs: ray.get(refs[0])).options(num_cpus=0).remote([direct])
+    for ref in (direct, nested):
+        with pytest.raises(ray.exceptions.RayTaskError) as raised:
+            ray.get(ref)
+        found = own_error(raised.value)
+        assert type(found) is UsageError and str(found) == str(here.value)
+    with pytest.raises(ray.exceptions.RayTaskError) as other:
+        ray.get(ray.remote(lambda: 1 / 0).options(num_cpus=0).remote())
+    assert own_error(other.value) is None
 
 
 def _retry_journaled(session: Path) -> bool:

@@ -28,7 +28,7 @@ from typing import Any
 
 from bisect_npu.builders.base import Builder, BuildFailed, Environment
 from bisect_npu.builders.failures import BuildUnreachable, EnvironmentFailure
-from bisect_npu.errors import InfrastructureError, UsageError
+from bisect_npu.errors import BisectError, InfrastructureError, UsageError
 from bisect_npu.execute.base import Executor, RunResult, probe_log_path, probe_stem, run_node_path
 from bisect_npu.observations import SKIP_EXIT
 
@@ -256,6 +256,17 @@ def run_command_batch(commit: str, argv: list[str], timeout_s: float, extra_env:
         return BatchOutcome(node_id, [], result, _command_files(out_dir), build)
 
 
+def own_error(exc: BaseException) -> BisectError | None:
+    """bisect-npu's own error that a Ray task raised on its node (inside any nesting of Ray's
+    wrappers: a task's error of an actor's call), or None for anything else."""
+    import ray
+
+    cause: BaseException | None = exc
+    while isinstance(cause, ray.exceptions.RayTaskError):
+        cause = cause.cause
+    return cause if isinstance(cause, BisectError) else None
+
+
 UNREACHABLE = "unreachable"  # a BatchOutcome's build "how" when the node's build failed on the network
 BUILD_LOG = "build.log"
 
@@ -370,6 +381,11 @@ class RayExecutor:
             except (ray.exceptions.TaskCancelledError, ray.exceptions.WorkerCrashedError) as exc:
                 raise InfrastructureError(f"the Ray task of {commit[:12]} ended without a result ({exc}); "
                                           "run again (`bisect-npu resume`)") from exc
+            except ray.exceptions.RayTaskError as exc:
+                cause = own_error(exc)
+                if cause is None:
+                    raise
+                raise cause from None  # its own one line (a pin venv that cannot be built: exit 5), no traceback
             except KeyboardInterrupt:  # Ctrl-C (or SIGTERM) while this thread waits: stop the batch
                 ray.cancel(ref, force=True)
                 raise

@@ -341,3 +341,78 @@ def test_a_command_oracle_runs_on_the_nodes(cluster: Any, tmp_path: Path) -> Non
     assert json.loads(done.stdout.strip().splitlines()[-1])["culprit"] == shas[7]
     trials = [e for e in journal(session) if e["type"] == "trial"]
     assert trials and all((session / t["log"]).read_text().startswith("# ray node ") for t in trials)
+
+
+
+def test_a_build_on_a_node_that_fails_on_the_network_is_retried_and_journaled(
+        cluster: Any, demo_upstream: tuple[Path, Manifest], tmp_path: Path) -> None:
+    """The nodes' build first fetches a package from an index that is down: the node sends the
+    failure back, the driver's evaluator journals a build retry and builds again once it answers."""
+    import functools
+    import http.server
+    import threading
+
+    from test_build_retries import QuietHandler, free_port, package_index, session_recipe
+
+    port = free_port()
+    repo, manifest = demo_upstream
+    truth = manifest.case("rope-longseq")
+    session = tmp_path / "session"
+    argv = [*CLI, "run", "--repo", str(repo), "--good", truth.good_ref, "--bad", truth.bad_ref, "--recipe",
+            str(session_recipe(tmp_path, truth.recipe, port)), "--session", str(session), "--executor", "ray",
+            "--no-fix", "--no-verdict-store", "--json"]
+    run = subprocess.Popen(argv, cwd=tmp_path, env=cli_env(cluster), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                           text=True)
+    deadline = time.monotonic() + 300
+    while not _retry_journaled(session):
+        assert run.poll() is None and time.monotonic() < deadline, run.communicate()[1][-3000:]
+        time.sleep(0.2)
+    handler = functools.partial(QuietHandler, directory=str(package_index(tmp_path / "index")))
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", port), handler)  # the outage ends
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        out, err = run.communicate(timeout=600)
+    finally:
+        server.shutdown()
+        server.server_close()
+    assert run.returncode == 0, out[-2000:] + err[-3000:]
+    summary = next(line for line in reversed(out.splitlines()) if line.startswith("{"))  # after Ray's own lines
+    assert json.loads(summary)["culprit"] == truth.culprit.sha
+    retries = [e for e in journal(session) if e["type"] == "retry"]
+    assert retries and {(r["stage"], r["kind"]) for r in retries} == {("build", "network")}
+    assert all(f"could not reach 127.0.0.1:{port}" in r["cause"] and "(on Ray node " in r["cause"] for r in retries)
+    assert all((session / r["log"]).is_file() for r in retries)  # the node's build log came back
+
+
+def test_a_node_s_own_error_reaches_the_driver_as_its_one_line(cluster: Any) -> None:
+    """bisect-npu's own error raised in a task on a node (a pin venv that cannot be built there:
+    exit 5), also one raised through a call inside the task, is that error on the driver, not
+    Ray's traceback around it; anything else is left to Ray."""
+    import ray
+
+    from bisect_npu.execute.ray import check_engines, own_error
+
+    with pytest.raises(UsageError) as here:
+        check_engines({"node": 8}, 16)
+    direct = ray.remote(check_engines).options(num_cpus=0).remote({"node": 8}, 16)
+    nested = ray.remote(lambda refs: ray.get(refs[0])).options(num_cpus=0).remote([direct])
+    for ref in (direct, nested):
+        with pytest.raises(ray.exceptions.RayTaskError) as raised:
+            ray.get(ref)
+        found = own_error(raised.value)
+        assert type(found) is UsageError and str(found) == str(here.value)
+    with pytest.raises(ray.exceptions.RayTaskError) as other:
+        ray.get(ray.remote(lambda: 1 / 0).options(num_cpus=0).remote())
+    assert own_error(other.value) is None
+
+
+def _retry_journaled(session: Path) -> bool:
+    """Whether the journal, as far as it is written, holds a retry (its last line may be half done)."""
+    path = session / "journal.jsonl"
+    for line in path.read_text().splitlines() if path.exists() else []:
+        try:
+            if json.loads(line).get("type") == "retry":
+                return True
+        except json.JSONDecodeError:
+            continue
+    return False

@@ -244,3 +244,26 @@ def _index_host(step: str) -> str:
         return ""
     value = match.group(1).rstrip(",")
     return _host_of(value) or value
+
+
+_PIP_ERROR = re.compile(r"^ERROR: (?P<line>.+)$", re.MULTILINE)
+_TOOL_ERROR = re.compile(r"^\s*error: (?P<line>.+)$", re.MULTILINE)
+
+
+_CONFLICT = re.compile(r"^The conflict is caused by:\n(?P<lines>(?:[ \t]+\S.*\n?)+)", re.MULTILINE)
+
+
+def pip_cause(output: str) -> str:
+    """The line of a failed pip step that says why: pip's first `ERROR:` line (it names the
+    requirement; the `ResolutionImpossible` line after it only points at pip's help) with the
+    requirements of a conflict it lists, else a build tool's first `error:`, else the last line."""
+    for pattern in (_PIP_ERROR, _TOOL_ERROR):
+        found = next((m.group("line").strip() for m in pattern.finditer(output)
+                      if not m.group("line").startswith("ResolutionImpossible")), None)
+        if found:
+            conflict = _CONFLICT.search(output)
+            if conflict:
+                found += " (" + "; ".join(line.strip() for line in conflict.group("lines").splitlines()) + ")"
+            return found[:400]
+    lines = [line.strip() for line in output.splitlines() if line.strip()]
+    return lines[-1][:300] if lines else "no output"

@@ -10,6 +10,15 @@ torchvision are one layer shared by every pin venv (a venv of their own, seen th
 the only torch 2.14.1 the index has is the CUDA build, most of a venv's size. A venv is built in
 place under a lock and marked complete last (as builders/venv.py does): a killed build goes on
 where it stopped.
+
+A venv that cannot be built is told apart by the step that failed. Every step but one installs
+what the key names (the lock, vLLM's build requirements, the vLLM wheel of the pin, the shared
+torch layer): its failure (pip's ResolutionImpossible over a lock, a version the index lacks, a
+wheel that will not build for the pin) is the environment's, the same for every commit of the
+key, so it is `PinVenvUnbuildable` (exit 5) naming the key, pip's cause line, the lock and what to
+do. The one step that installs the commit's own requirements files (a first build of the key,
+without a lock) fails on the commit's lines: a `BuildFailed`, the commit's skip. A step that could
+not reach the index is `BuildUnreachable` before either (builders/failures.py: retried).
 """
 
 from __future__ import annotations
@@ -31,7 +40,7 @@ from pathlib import Path
 from typing import TextIO
 
 from bisect_npu.builders.base import BuildFailed, tail
-from bisect_npu.builders.failures import raise_if_unreachable
+from bisect_npu.builders.failures import RESUME, pip_cause, raise_if_unreachable
 from bisect_npu.builders.locks import (
     LOCKS_DIR,
     constraint_args,
@@ -42,7 +51,7 @@ from bisect_npu.builders.locks import (
     shipped_lock,
 )
 from bisect_npu.builders.venv import COMPLETE_MARKER, link_host, site_packages, tree_bytes
-from bisect_npu.errors import UsageError
+from bisect_npu.errors import InfrastructureError, UsageError
 from bisect_npu.paths import cache_root
 
 # The conftests import torchvision (through vLLM and transformers). The index's torch 2.14.1 is its
@@ -139,6 +148,34 @@ def transformers_line(lines: list[str]) -> str:
                  ), "")
 
 
+class StepFailed(BuildFailed):
+    """A step of a venv build that failed: what it did and pip's line that says why."""
+
+    def __init__(self, what: str, cause: str, log_path: Path) -> None:
+        super().__init__(f"{what} failed: {cause}; see {log_path}", log_path, tail(log_path))
+        self.what = what
+        self.cause = cause
+
+
+class PinVenvUnbuildable(InfrastructureError):
+    """A pin venv that cannot be built on its own packages: the environment's failure, not the
+    commit's, so the run stops (exit 5) instead of skipping every commit of the key."""
+
+
+def unbuildable(key: PinKey, failed: StepFailed, lock: Path, locked: bool, index: str) -> PinVenvUnbuildable:
+    """The one-line error of a pin venv whose build failed on the key's own packages."""
+    transformers = key.transformers or "transformers unpinned"
+    if locked:
+        next_step = (f"it installs the lock {lock}: correct the line pip names there, or delete the file so "
+                     "that the next build resolves the key again and records a new lock")
+    else:
+        next_step = (f"the key has no lock yet ({lock} is written by its first build): check that {index} "
+                     "has the versions the key needs, or put a lock of exact pins that install there at that path")
+    return PinVenvUnbuildable(f"the unit-test venv of vLLM {key.vllm} with {transformers} cannot be built: "
+                              f"{failed.what} failed: {failed.cause} (build log: {failed.log_path}); "
+                              f"an environment failure, not the commit's; {next_step}, {RESUME}")
+
+
 @dataclass(frozen=True)
 class PinVenv:
     path: Path
@@ -179,10 +216,22 @@ class PinVenvs:
         venv = self.cache_dir / key.name
         self.cache_dir.mkdir(parents=True, exist_ok=True)
         log_dir.mkdir(parents=True, exist_ok=True)
-        layer = self._torch_layer(log_dir / f"venv-{TORCH_LAYER}.log")
+        try:
+            layer = self._torch_layer(log_dir / f"venv-{TORCH_LAYER}.log")
+        except StepFailed as failed:
+            raise PinVenvUnbuildable(f"the torch layer {TORCH_LAYER} of the unit-test venvs cannot be built: "
+                                     f"{failed.what} failed: {failed.cause} (build log: {failed.log_path}); "
+                                     f"check that {index_description(self.python)} has {' and '.join(TORCH)}, "
+                                     f"{RESUME}") from failed
         with _locked(self.cache_dir / f".{key.name}.lock"):
             if not (venv / COMPLETE_MARKER).is_file():
-                self._build(key, requirements, venv, layer, log_dir / f"venv-{key.name}.log")
+                lock = lock_path(self.cache_dir, key.name)
+                seed_lock(lock, shipped_lock(key.name))
+                locked = lock.is_file()
+                try:
+                    self._build(key, requirements, venv, layer, log_dir / f"venv-{key.name}.log")
+                except StepFailed as failed:
+                    raise unbuildable(key, failed, lock, locked, index_description(self.python)) from failed
         (venv / COMPLETE_MARKER).touch()  # its age is its last use: what pruning reads
         (layer / COMPLETE_MARKER).touch()  # so the layer is never older than a venv on it
         link_host(venv)
@@ -225,8 +274,7 @@ class PinVenvs:
             # A key built before, here or where its shipped lock was made, installs exactly what it
             # resolved to then, and vLLM without its dependencies (builders/locks.py); a first
             # build resolves, and its lock is recorded below.
-            lock = lock_path(self.cache_dir, key.name)
-            seed_lock(lock, shipped_lock(key.name))
+            lock = lock_path(self.cache_dir, key.name)  # seeded by `acquire`
             locked = lock.is_file()
             pip = [python, "-m", "pip", "install", "--quiet", *constraint_args(lock)]
             if locked:
@@ -240,7 +288,11 @@ class PinVenvs:
             self._step([*pip, *(["--no-deps"] if locked else []), str(wheel)], log, log_path,
                        f"installing vLLM {key.vllm}")
             if requirements and not locked:
-                self._step([*pip, *requirements], log, log_path, "installing vllm-ascend's requirements")
+                try:
+                    self._step([*pip, *requirements], log, log_path, "installing vllm-ascend's requirements")
+                except StepFailed as failed:  # the commit's own lines: its skip, not the key's failure
+                    raise BuildFailed(f"the commit's requirements files do not install beside vLLM {key.vllm}: "
+                                      f"{failed.cause}; see {log_path}", log_path, failed.log_tail) from failed
             # A torch or triton that vLLM's requirements put in the venv itself goes (pip leaves
             # the layer's alone): the layer's CPU-usable torch is the one the tests see.
             self._step([python, "-m", "pip", "uninstall", "--quiet", "--yes", "torch", "torchvision", "triton"],
@@ -317,25 +369,30 @@ class PinVenvs:
         self._step(build, log, log_path, what, env=env)
         found = sorted(wheels.glob(pattern))
         if not found:
-            raise BuildFailed(f"{what} left no wheel in {wheels}; see {log_path}", log_path, tail(log_path))
+            raise StepFailed(what, f"it left no wheel in {wheels}", log_path)
         return found[0]
 
     def _step(self, argv: list[str], log: TextIO, log_path: Path, what: str,
               env: dict[str, str] | None = None) -> None:
+        """Run one build step into the log; a failure is BuildUnreachable (the network) or StepFailed
+        with pip's cause line."""
         log.write("$ " + " ".join(argv) + "\n")
         log.flush()
+        start = log.tell()
         try:
             proc = subprocess.run(argv, stdout=log, stderr=subprocess.STDOUT, timeout=self.pip_timeout_s,
                                   check=False, env=env)
         except subprocess.TimeoutExpired as exc:
             log.flush()
             raise_if_unreachable(log_path)  # an index that stopped answering: the host's, not the commit's
-            raise BuildFailed(f"{what}: timed out after {self.pip_timeout_s:.0f}s; see {log_path}", log_path,
-                              tail(log_path)) from exc
+            raise StepFailed(what, f"timed out after {self.pip_timeout_s:.0f}s", log_path) from exc
         if proc.returncode != 0:
             log.flush()
             raise_if_unreachable(log_path)
-            raise BuildFailed(f"{what} failed (exit {proc.returncode}); see {log_path}", log_path, tail(log_path))
+            with log_path.open("rb") as written:
+                written.seek(start)
+                output = written.read().decode("utf-8", errors="replace")
+            raise StepFailed(what, f"exit {proc.returncode}, {pip_cause(output)}", log_path)
 
     def listing(self) -> list[CachedVenv]:
         """The venvs in the cache, newest use first (a venv without its marker is an unfinished build)."""

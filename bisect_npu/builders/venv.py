@@ -8,6 +8,10 @@ marker and is rebuilt from scratch by the next `acquire`. (Building elsewhere an
 leave every console script's shebang pointing at the temporary path.) The least recently used
 venvs are pruned when the cache grows above its byte cap.
 
+A version whose build fails with no lock of it yet (its first build) is the version's own failure,
+a skip. One that fails under its lock installed a set that built here before, so the failure is
+the environment's (the lock, the index, the host): an InfrastructureError (exit 5) naming the lock.
+
 The probe runs inside the venv as `<venv>/bin/python -m bisect_npu.probe`: a `.pth` file in the
 venv's site-packages puts the directory holding the host's `bisect_npu` on `sys.path` (after the
 venv's own packages), so no PYTHONPATH is needed.
@@ -31,9 +35,9 @@ from typing import TextIO
 
 import bisect_npu
 from bisect_npu.builders.base import BuildFailed, Environment, tail
-from bisect_npu.builders.failures import raise_if_unreachable
+from bisect_npu.builders.failures import RESUME, pip_cause, raise_if_unreachable
 from bisect_npu.builders.locks import constraint_args, lock_path, record_lock
-from bisect_npu.errors import UsageError
+from bisect_npu.errors import InfrastructureError, UsageError
 from bisect_npu.paths import cache_root
 from bisect_npu.recipe.schema import InstallPlan
 
@@ -106,10 +110,18 @@ class VenvBuilder:
         with self._lock(venv):
             how: str = "reused"
             if not (venv / COMPLETE_MARKER).exists():
+                lock = lock_path(self.cache_dir, venv.name)
+                locked = lock.is_file()
                 try:
                     self._build(venv, version, log_path)
-                except BuildFailed:
+                except BuildFailed as failed:
                     shutil.rmtree(venv, ignore_errors=True)  # gigabytes of a half install help no one
+                    if locked:
+                        raise InfrastructureError(
+                            f"the venv of {self.package}=={version} cannot be built under its lock {lock}, which "
+                            f"built here before: {failed}; an environment failure, not the version's; correct "
+                            "the line pip names in the lock, or delete the file so that the next build resolves "
+                            f"again and records a new lock, {RESUME}") from failed
                     raise
                 how = "built"
             link_host(venv)
@@ -208,6 +220,7 @@ class VenvBuilder:
     def _step(self, argv: list[str], log: TextIO, log_path: Path, what: str) -> None:
         log.write("$ " + " ".join(argv) + "\n")
         log.flush()
+        start = log.tell()
         try:
             proc = subprocess.run(argv, stdout=log, stderr=subprocess.STDOUT, timeout=self.pip_timeout_s,
                                   check=False)
@@ -222,7 +235,10 @@ class VenvBuilder:
         if proc.returncode != 0:
             log.flush()
             raise_if_unreachable(log_path)
-            raise BuildFailed(f"{what} failed (exit {proc.returncode}); see {log_path}", log_path,
+            with log_path.open("rb") as written:
+                written.seek(start)
+                cause = pip_cause(written.read().decode("utf-8", errors="replace"))
+            raise BuildFailed(f"{what} failed (exit {proc.returncode}): {cause}; see {log_path}", log_path,
                               tail(log_path))
 
 

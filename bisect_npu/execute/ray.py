@@ -27,7 +27,8 @@ from pathlib import Path
 from typing import Any
 
 from bisect_npu.builders.base import Builder, BuildFailed, Environment
-from bisect_npu.errors import InfrastructureError, UsageError
+from bisect_npu.builders.failures import BuildUnreachable, EnvironmentFailure
+from bisect_npu.errors import BisectError, InfrastructureError, UsageError
 from bisect_npu.execute.base import Executor, RunResult, probe_log_path, probe_stem, run_node_path
 from bisect_npu.observations import SKIP_EXIT
 
@@ -208,6 +209,8 @@ def run_batch(commit: str, request: dict[str, Any], timeout_s: float, session_id
         out_dir = Path(scratch)
         try:
             env = ray.get(builds.acquire.remote(commit, str(out_dir / "build")))
+        except BuildUnreachable as unreachable:
+            return unreachable_outcome(node_id, cards, unreachable)
         except BuildFailed as failure:
             log = probe_log_path(out_dir, probe_stem(request.get("case_id", "default"), request.get("trial", 0)))
             log.write_text(f"build failed on this node: {failure}\n{failure.log_tail}\n", encoding="utf-8")
@@ -237,6 +240,8 @@ def run_command_batch(commit: str, argv: list[str], timeout_s: float, extra_env:
         log = out_dir / COMMAND_LOG
         try:
             env = ray.get(builds.acquire.remote(commit, str(out_dir / "build")))
+        except BuildUnreachable as unreachable:
+            return unreachable_outcome(node_id, [], unreachable)
         except BuildFailed as failure:
             log.write_text(f"build failed on this node: {failure}\n{failure.log_tail}\n", encoding="utf-8")
             result = RunResult(returncode=SKIP_EXIT, seconds=0.0, log_path=str(log),
@@ -249,6 +254,47 @@ def run_command_batch(commit: str, argv: list[str], timeout_s: float, extra_env:
             builds.release.remote(env)
         build = {"how": env.how, "key": env.build_key, "image": env.image, "seconds": env.seconds}
         return BatchOutcome(node_id, [], result, _command_files(out_dir), build)
+
+
+def own_error(exc: BaseException) -> BisectError | None:
+    """bisect-npu's own error that a Ray task raised on its node (inside any nesting of Ray's
+    wrappers: a task's error of an actor's call), or None for anything else."""
+    import ray
+
+    cause: BaseException | None = exc
+    while isinstance(cause, ray.exceptions.RayTaskError):
+        cause = cause.cause
+    return cause if isinstance(cause, BisectError) else None
+
+
+UNREACHABLE = "unreachable"  # a BatchOutcome's build "how" when the node's build failed on the network
+BUILD_LOG = "build.log"
+
+
+def unreachable_outcome(node_id: str, cards: list[int], unreachable: BuildUnreachable) -> BatchOutcome:
+    """A build that failed on the network on this node, sent back whole (its log with it: the
+    node's scratch directory goes) so the driver raises it where the evaluator retries builds."""
+    log = b""
+    if unreachable.log_path is not None:
+        with contextlib.suppress(OSError):
+            log = unreachable.log_path.read_bytes()[-200_000:]
+    failure = unreachable.failure
+    result = RunResult(returncode=SKIP_EXIT, seconds=0.0, log_path=BUILD_LOG, log_tail=failure.cause)
+    return BatchOutcome(node_id, cards, result, {BUILD_LOG: (log, 0.0)},
+                        {"how": UNREACHABLE, "cause": failure.cause, "next_step": failure.next_step})
+
+
+def raise_if_unreachable(outcome: BatchOutcome, log_dir: Path) -> None:
+    """The node's build failed on the network: BuildUnreachable, its log kept in `log_dir`, for
+    the evaluator's retries (builds on the nodes are retried as local ones are)."""
+    if outcome.build.get("how") != UNREACHABLE:
+        return
+    log_dir.mkdir(parents=True, exist_ok=True)
+    log = log_dir / f"build-{outcome.node_id[:12]}.log"
+    log.write_bytes(outcome.files.get(BUILD_LOG, (b"", 0.0))[0])
+    failure = EnvironmentFailure(f"{outcome.build['cause']} (on Ray node {outcome.node_id[:12]})",
+                                 str(outcome.build["next_step"]), network=True)
+    raise BuildUnreachable(failure, log)
 
 
 COMMAND_LOG = "command.log"
@@ -321,7 +367,9 @@ class RayExecutor:
                                              scheduling_strategy=self._placement(env.commit))
         ref = task.remote(env.commit, request, timeout_s, self.session_id, self.builder_factory,
                           self.executor_factory)
-        return self._land(self._outcome(env.commit, ref), request, out_dir)
+        outcome = self._outcome(env.commit, ref)
+        raise_if_unreachable(outcome, out_dir)
+        return self._land(outcome, request, out_dir)
 
     def _outcome(self, commit: str, ref: Any) -> BatchOutcome:
         """The task's outcome, its node kept as the commit's home (its build is there)."""
@@ -333,6 +381,11 @@ class RayExecutor:
             except (ray.exceptions.TaskCancelledError, ray.exceptions.WorkerCrashedError) as exc:
                 raise InfrastructureError(f"the Ray task of {commit[:12]} ended without a result ({exc}); "
                                           "run again (`bisect-npu resume`)") from exc
+            except ray.exceptions.RayTaskError as exc:
+                cause = own_error(exc)
+                if cause is None:
+                    raise
+                raise cause from None  # its own one line (a pin venv that cannot be built: exit 5), no traceback
             except KeyboardInterrupt:  # Ctrl-C (or SIGTERM) while this thread waits: stop the batch
                 ray.cancel(ref, force=True)
                 raise
@@ -393,6 +446,7 @@ class RayExecutor:
         ref = task.remote(env.commit, argv, timeout_s, dict(extra_env or {}), self.session_id, self.builder_factory,
                           self.executor_factory)
         outcome = self._outcome(env.commit, ref)
+        raise_if_unreachable(outcome, log_path.parent)
         log_path.parent.mkdir(parents=True, exist_ok=True)
         content, _ = outcome.files.get(COMMAND_LOG, (b"", 0.0))
         log_path.write_bytes(f"# ray node {outcome.node_id} build {outcome.build.get('how')}\n".encode() + content)

@@ -10,8 +10,9 @@ import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
+from functools import partial
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 from bisect_npu import oracle
 from bisect_npu.builders.base import Builder, BuildFailed, Environment
@@ -36,6 +37,8 @@ from bisect_npu.recipe.schema import CaseSpec, EarlierEndSpec, Recipe
 from bisect_npu.records import COMMAND_CASE, BuildInfo, RetryRun, TrialRun
 
 TIMEOUT_IS_BAD_NOTE = ", counted bad (--timeout-is bad)"
+
+_T = TypeVar("_T")
 
 
 @dataclass(frozen=True)
@@ -240,13 +243,18 @@ class Evaluator:
         budget lasts (each failed attempt journaled, its log kept aside); spent, at any step, the
         run stops (InfrastructureError): an outage is no verdict on any commit. Attempts journaled
         before an interrupt count as a probe run's do (`_run_group`)."""
+        return self._built(request, lambda: self.builder.acquire(request.commit, step_dir))
+
+    def _built(self, request: EvaluationRequest, attempt: Callable[[], _T]) -> _T:
+        """`attempt()` (a build, or a run that builds where it runs: `--executor ray` builds on the
+        node) again while it fails on the network, under `_acquire`'s rules."""
         journaled = sum(1 for r in request.retried if r.stage == "build")
         spent = journaled % (self.retry.retries + 1)
         attempts = 0
         while True:
             started = time.monotonic()
             try:
-                return self.builder.acquire(request.commit, step_dir)
+                return attempt()
             except BuildUnreachable as unreachable:
                 attempts += 1
                 number = journaled + attempts
@@ -289,9 +297,9 @@ class Evaluator:
             log_path = self.step_dir(commit) / f"command-t{trial}.log"
             reason_path = (self.step_dir(commit) / f"command-t{trial}.reason").resolve()
             reason_path.unlink(missing_ok=True)
-            result = self.executor.run_command(env, self.command, log_path, self.timeout_s,
-                                               {"BISECT_NPU_COMMIT": commit, "BISECT_NPU_TRIAL": str(trial),
-                                                REASON_FILE_ENV: str(reason_path)})
+            extra = {"BISECT_NPU_COMMIT": commit, "BISECT_NPU_TRIAL": str(trial), REASON_FILE_ENV: str(reason_path)}
+            result = self._built(request, partial(self.executor.run_command, env, self.command, log_path,
+                                                  self.timeout_s, extra))
             said = command_reason(reason_path)
             verdict = with_command_reason(command_verdict(result, self.timeout_is, said, self.timeout_s), said)
             record = TrialRun(case_id=COMMAND_CASE, trial=trial, seconds=result.seconds,
@@ -486,7 +494,8 @@ class Evaluator:
         thread = threading.Thread(target=_poll, args=(collect, stop), daemon=True)
         thread.start()
         try:
-            result = self.executor.run_probe(env, probe, out_dir, self.timeout_s * len(numbers))
+            result = self._built(request, partial(self.executor.run_probe, env, probe, out_dir,
+                                                  self.timeout_s * len(numbers)))
         finally:
             stop.set()
             thread.join()

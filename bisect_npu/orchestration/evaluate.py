@@ -249,7 +249,7 @@ class Evaluator:
         """`attempt()` (a build, or a run that builds where it runs: `--executor ray` builds on the
         node) again while it fails on the network, under `_acquire`'s rules."""
         journaled = sum(1 for r in request.retried if r.stage == "build")
-        spent = journaled % (self.retry.retries + 1)
+        spent = self.retry.spent(journaled)
         attempts = 0
         while True:
             started = time.monotonic()
@@ -264,7 +264,7 @@ class Evaluator:
                                               cause=unreachable.failure.cause, log=log, stage="build",
                                               seconds=round(time.monotonic() - started, 3)))
                 if spent + attempts > self.retry.retries:
-                    tried = f"{spent + attempts} attempt{'s' if spent + attempts != 1 else ''}"
+                    tried = self.retry.attempts_said(spent + attempts)
                     raise InfrastructureError(f"{request.commit[:12]} could not be built, {tried} failed on the "
                                               f"network (raise --retries if it comes and goes): "
                                               f"{unreachable.failure.message(self.abs(log) if log else None)}") \
@@ -409,7 +409,7 @@ class Evaluator:
         records: list[TrialRun] = []
         attempts: list[RetryRun] = []
         journaled = sum(1 for r in request.retried if r.stage == "run" and r.case_id == case.id and r.trial in numbers)
-        spent = journaled % (self.retry.retries + 1)
+        spent = self.retry.spent(journaled)
         while True:
             left = numbers[len(records):]
             held = self.cards.wait() if self.cards is not None else ""  # before the engine starts on them
@@ -449,8 +449,7 @@ class Evaluator:
                   before: int = 0) -> list[TrialRun]:
         """Trials the host kept from running through every attempt (`before` of them journaled
         before a resume): skips, or at an end the run's stop."""
-        count = before + len(attempts)
-        tried = f"{count} attempt{'s' if count != 1 else ''}"
+        tried = self.retry.attempts_said(before + len(attempts))
         if request.at_end:
             raise InfrastructureError(
                 f"{request.commit[:12]} (an end of the range) could not be judged, {tried} failed on the host: "

@@ -96,6 +96,16 @@ class RetryPolicy:
     retries: int = TRIAL_RETRIES
     backoff_s: float = RETRY_BACKOFF_S
 
+    def spent(self, journaled: int) -> int:
+        """The attempts of this budget already spent, of `journaled` journaled before a resume: a
+        budget they used up (the run stopped on it, exit 5, and was resumed) starts anew."""
+        return journaled % (self.retries + 1)
+
+    @staticmethod
+    def attempts_said(count: int) -> str:
+        """`1 attempt`, `3 attempts`: how the stop's message counts them."""
+        return f"{count} attempt{'s' if count != 1 else ''}"
+
     def delay(self, attempt: int) -> float:
         """Seconds to wait before the retry after the `attempt`-th failure (1-based): doubling, at most 5 min."""
         return min(self.backoff_s * 2.0 ** (attempt - 1), 300.0)

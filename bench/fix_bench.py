@@ -31,9 +31,9 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT / "tests"))
+sys.path.insert(0, str(ROOT))
 
-from gitrepo import make_linear_repo  # noqa: E402
+from tests.helpers.gitrepo import make_linear_repo  # noqa: E402
 
 MODULES = 40
 LINES = 120

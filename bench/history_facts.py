@@ -19,10 +19,9 @@ from pathlib import Path
 
 import git
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
-from gitrepo import make_linear_repo
-
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from bisect_npu.upstream import history
+from tests.helpers.gitrepo import make_linear_repo
 
 DOCKERFILE = "FROM quay.io/ascend/cann:8.1.rc1-910b-ubuntu22.04-py3.10\nARG VLLM_TAG=v0.9.{}\n"
 

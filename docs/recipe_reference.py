@@ -4,7 +4,7 @@
     .venv/bin/python docs/recipe_reference.py --check  # exit 1 when the page is stale
 
 The page is generated so the fields, types, defaults and descriptions users read are the ones
-the loader enforces; tests/test_docs.py fails when the committed page drifts from the models.
+the loader enforces; tests/project/test_docs.py fails when the committed page drifts from the models.
 """
 
 from __future__ import annotations

@@ -12,7 +12,8 @@ from pathlib import Path
 
 import pytest
 
-REPO_ROOT = Path(__file__).resolve().parent.parent
+from tests.helpers.paths import REPO_ROOT
+
 DEMO_BASE_IMAGE = "localhost/bisect-npu-demo-base:py311"
 
 

@@ -1,0 +1,100 @@
+"""`bisect-npu doctor`: one line per check, a fix for each missing piece, exit 0 or 5."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+import pytest
+
+from bisect_npu.api.host_checks import check_disk, check_driver_version, check_npu_devices, check_npu_smi
+from tests.helpers.paths import REPO_ROOT
+
+
+def doctor(*args: str, docker_host: str | None = None) -> subprocess.CompletedProcess[str]:
+    # A cache of its own: the host's `run --unit-test` venvs would be listed too.
+    env = {**os.environ, "BISECT_NPU_CACHE": tempfile.mkdtemp(prefix="doctor-cache-")}
+    if docker_host is not None:
+        env["DOCKER_HOST"] = docker_host
+    return subprocess.run([sys.executable, "-m", "bisect_npu", "doctor", *args], capture_output=True, text=True,
+                          cwd=REPO_ROOT, env=env, timeout=120, check=False)
+
+
+def test_local_executor_needs_only_git():
+    done = doctor("--executor", "local", docker_host="unix:///nonexistent/engine.sock")
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert done.stdout.splitlines()[0].startswith("OK")
+    assert "ready for --executor local" in done.stdout
+
+
+def test_doctor_checks_what_run_s_default_executor_needs_and_nothing_else():
+    """`run` defaults to local: a plain `doctor` must not ask for Docker or NPUs it will not use."""
+    done = doctor(docker_host="unix:///nonexistent/engine.sock")
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert [line.split(":")[0].split()[-1] for line in done.stdout.splitlines()[:-1]] == ["git"]
+    assert "container engine" not in done.stdout and "NPU" not in done.stdout and "disk" not in done.stdout
+    assert done.stdout.splitlines()[-1] == "ready for --executor local"
+    if Path("/dev/davinci_manager").exists():
+        pytest.skip("this host has NPUs")
+    npus = doctor("--npu", docker_host="unix:///nonexistent/engine.sock")  # run --executor local --devices
+    assert npus.returncode == 5 and "MISSING               NPU devices: no /dev/davinciN" in npus.stdout
+    assert "container engine" not in npus.stdout and "driver mounts" not in npus.stdout
+
+
+def test_unreachable_engine_is_missing_with_a_fix_and_exit_5():
+    done = doctor("--executor", "docker", "--no-npu", docker_host="unix:///nonexistent/engine.sock")
+    assert done.returncode == 5
+    assert "MISSING               container engine: not reachable at unix:///nonexistent/engine.sock" in done.stdout
+    assert "fix: start Docker, or run containers/setup-podman.sh" in done.stdout
+    assert "not ready for --executor docker: container engine" in done.stdout
+
+
+def test_npus_are_required_for_docker_unless_no_npu():
+    done = doctor("--executor", "docker", docker_host="unix:///nonexistent/engine.sock")
+    if Path("/dev/davinci_manager").exists():
+        pytest.skip("this host has NPUs")
+    assert done.returncode == 5
+    assert "MISSING               NPU devices: no /dev/davinciN" in done.stdout
+    assert "fix: install the Ascend driver (HDK)" in done.stdout
+
+
+@pytest.mark.container
+def test_reachable_engine_reports_its_version(docker_client):
+    done = doctor("--executor", "docker", "--no-npu")
+    assert "OK                    container engine: " in done.stdout
+    version = docker_client.version()["Version"]
+    assert version in done.stdout
+
+
+def test_npu_device_files(tmp_path):
+    assert not check_npu_devices(tmp_path).ok
+    dev = tmp_path / "dev"
+    dev.mkdir()
+    for name in ("davinci0", "davinci1", "davinci_manager", "devmm_svm"):
+        (dev / name).touch()
+    missing = check_npu_devices(tmp_path)
+    assert not missing.ok and "/dev/hisi_hdc" in missing.detail
+    (dev / "hisi_hdc").touch()
+    present = check_npu_devices(tmp_path)
+    assert present.ok and present.detail == "2 card(s): davinci0, davinci1"
+
+
+def test_driver_version_and_npu_smi(tmp_path):
+    info = tmp_path / "version.info"
+    assert not check_driver_version(info).ok
+    info.write_text("Version=24.1.rc2\nascendhal_version=7.35.23\n")
+    assert check_driver_version(info).detail == "version 24.1.rc2"
+    smi = tmp_path / "npu-smi"
+    assert not check_npu_smi(str(smi)).ok
+    smi.write_text("#!/bin/sh\n")
+    smi.chmod(0o755)
+    assert check_npu_smi(str(smi)).ok
+
+
+def test_disk_below_the_minimum_is_missing(tmp_path):
+    assert check_disk(tmp_path, minimum=1).ok
+    low = check_disk(tmp_path / "not" / "yet", minimum=1 << 60)
+    assert not low.ok and "free at least" in low.fix and str(tmp_path) in low.detail

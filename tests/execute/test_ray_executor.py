@@ -1,0 +1,418 @@
+"""`--executor ray` on a real Ray cluster of three nodes made in this process (fake NPU resources
+8, 8 and 16): the demo bisected with k-ary search over the nodes, a node removed mid-batch, the
+engine sizes each node holds. Marked `ray` (`make test-ray`); without Ray they fail under CI=true
+and skip elsewhere. The cluster is shut down through its API: never `ray stop`, which would kill
+every Ray process on the machine.
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from bisect_npu.demo.manifest import Manifest
+from bisect_npu.errors import UsageError
+from bisect_npu.execute.local import OWNER_ENV
+
+pytestmark = pytest.mark.ray
+
+NODE_NPUS = (8, 8, 16)
+CLI = [sys.executable, "-m", "bisect_npu"]
+
+
+def _ray_missing(reason: str) -> None:
+    if os.environ.get("CI", "").lower() == "true":
+        pytest.fail(f"Ray required in CI: {reason} (make test-ray installs the ray extra)")
+    pytest.skip(f"no Ray: {reason}; pip install -e '.[ray]'")
+
+
+@pytest.fixture(scope="module")
+def cluster() -> Iterator[Any]:
+    """Three Ray nodes in this process: a head and two more, each with its fake NPUs."""
+    try:
+        import ray
+        from ray.cluster_utils import Cluster
+    except ImportError as exc:
+        _ray_missing(str(exc))
+    tmp = Path(tempfile.mkdtemp(prefix="rt", dir="/tmp"))  # short: Unix socket paths have a length limit
+    (tmp / "ray").mkdir()
+    saved = os.environ.get("RAY_TMPDIR")
+    os.environ["RAY_TMPDIR"] = str(tmp)
+    node_args: dict[str, Any] = {"num_cpus": 1, "object_store_memory": 80 << 20}
+    made = Cluster(initialize_head=True, head_node_args={**node_args, "include_dashboard": False,
+                                                         "resources": {"NPU": NODE_NPUS[0]}})
+    try:
+        for npus in NODE_NPUS[1:]:
+            made.add_node(**node_args, resources={"NPU": npus})
+        made.wait_for_nodes()
+        ray.init(address=made.address, log_to_driver=False)
+        yield made
+    finally:
+        ray.shutdown()
+        made.shutdown()
+        if saved is None:
+            os.environ.pop("RAY_TMPDIR", None)
+        else:
+            os.environ["RAY_TMPDIR"] = saved
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+@pytest.fixture(scope="module")
+def demo_upstream(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Manifest]:
+    from bisect_npu.demo.generate import generate_upstream
+
+    repo = tmp_path_factory.mktemp("ray-demo") / "upstream"
+    return repo, generate_upstream(repo, seed=0)
+
+
+def bisect_argv(demo_upstream: tuple[Path, Manifest], name: str, session: Path, *extra: str) -> list[str]:
+    repo, manifest = demo_upstream
+    truth = manifest.case(name)
+    return [*CLI, "run", "--repo", str(repo), "--good", truth.good_ref, "--bad", truth.bad_ref, "--recipe",
+            truth.recipe, "--session", str(session), "--executor", "ray", "--no-fix", "--json", *extra]
+
+
+def cli_env(cluster: Any) -> dict[str, str]:
+    return {**os.environ, "RAY_ADDRESS": cluster.address}
+
+
+def journal(session: Path) -> list[dict[str, Any]]:
+    return [json.loads(line) for line in (session / "journal.jsonl").read_text().splitlines()]
+
+
+def nodes_of_runs(session: Path, entries: list[dict[str, Any]]) -> set[str]:
+    """The node of each trial as the journal records it, which its probe log's first line names too."""
+    trials = [e for e in entries if e["type"] == "trial"]
+    for trial in trials:
+        assert trial["node"] and (session / trial["log"]).read_text().startswith(f"# ray node {trial['node']} cards ")
+    return {trial["node"] for trial in trials}
+
+
+def assert_no_trial_doubled(entries: list[dict[str, Any]]) -> None:
+    trials = [(e["index"], e["case_id"], e["trial"]) for e in entries if e["type"] == "trial"]
+    assert trials and len(trials) == len(set(trials))
+
+
+def test_engines_per_node_never_span_two_nodes() -> None:
+    from bisect_npu.execute.ray import check_engines, engines_per_node
+
+    with pytest.raises(UsageError, match=r"runs on 16 cards .* largest node of the Ray cluster has 8 NPU"):
+        check_engines({"a": 8, "b": 8, "c": 8}, 16)
+    assert engines_per_node({"a": 16, "b": 16}, 16) == {"a": 1, "b": 1}
+    assert check_engines({"a": 16, "b": 16}, 16) == 2
+    assert engines_per_node({"a": 8, "b": 8, "c": 16}, 8) == {"a": 1, "b": 1, "c": 2}
+    with pytest.raises(UsageError, match="no node with NPU"):
+        check_engines({}, 1)
+
+
+def test_cluster_engines_follow_each_nodes_cards(cluster: Any) -> None:
+    from bisect_npu.execute.ray import cluster_nodes, settle_slots
+
+    assert sorted(n.npus for n in cluster_nodes(16)) == sorted(NODE_NPUS)
+    assert sorted(n.engines for n in cluster_nodes(16)) == [0, 0, 1]  # a TP 16 engine: only the 16-card node
+    assert settle_slots(cluster.address, 16, None) == 1
+    assert settle_slots(cluster.address, 1, None) == sum(NODE_NPUS)
+    with pytest.raises(UsageError, match="--slots 3 but the Ray cluster holds 1 engine"):
+        settle_slots(cluster.address, 16, 3)
+
+
+def test_engine_larger_than_every_node_is_refused_before_anything_runs(
+        cluster: Any, demo_upstream: tuple[Path, Manifest], tmp_path: Path) -> None:
+    from bisect_npu.recipe.loader import load_recipe
+
+    _, manifest = demo_upstream
+    recipe = yaml.safe_load(Path(load_recipe(manifest.case("rope-longseq").recipe).source or "").read_text())
+    recipe["engine"]["args"] = {"tensor_parallel_size": 32}
+    wide = tmp_path / "tp32.yaml"
+    wide.write_text(yaml.safe_dump(recipe))
+    argv = bisect_argv(demo_upstream, "rope-longseq", tmp_path / "session")
+    argv[argv.index("--recipe") + 1] = str(wide)
+    done = subprocess.run(argv, cwd=tmp_path, capture_output=True, text=True, timeout=300, env=cli_env(cluster))
+    assert done.returncode == 2, done.stdout + done.stderr[-2000:]
+    assert "runs on 32 cards" in done.stderr and "largest node of the Ray cluster has 16 NPU" in done.stderr
+    assert not (tmp_path / "session" / "journal.jsonl").exists()
+
+
+def test_demo_bisected_over_the_nodes_finds_the_manifest_culprit(
+        cluster: Any, demo_upstream: tuple[Path, Manifest], tmp_path: Path) -> None:
+    _, manifest = demo_upstream
+    session = tmp_path / "session"
+    done = subprocess.run(bisect_argv(demo_upstream, "rope-longseq", session, "--slots", "3"), cwd=tmp_path,
+                          capture_output=True, text=True, timeout=900, env=cli_env(cluster))
+    assert done.returncode == 0, done.stdout + done.stderr[-3000:]
+    result = json.loads(done.stdout.strip().splitlines()[-1])
+    assert result["culprit"] == manifest.case("rope-longseq").culprit.sha
+    entries = journal(session)
+    assert entries[0]["request"]["executor"]["executor"] == "ray" and entries[0]["request"]["executor"]["slots"] == 3
+    assert_no_trial_doubled(entries)
+    assert len(nodes_of_runs(session, entries)) >= 2  # spread over the nodes
+    spans = sorted((e["t"] - e["seconds"], e["t"]) for e in entries if e["type"] == "step")
+    assert any(later[0] < earlier[1] for earlier, later in itertools.pairwise(spans))  # k-ary: candidates at once
+
+
+def test_doctor_lists_the_nodes_their_npus_engines_and_container_engines(cluster: Any, tmp_path: Path) -> None:
+    from bisect_npu.recipe.loader import bundled_recipes, load_recipe
+
+    done = subprocess.run([*CLI, "doctor", "--executor", "ray"], cwd=tmp_path, capture_output=True, text=True,
+                          timeout=300, env=cli_env(cluster))
+    assert done.returncode == 0, done.stdout + done.stderr[-2000:]
+    assert f"ray cluster: 3 node(s), {sum(NODE_NPUS)} NPU(s)" in done.stdout
+    nodes = [line for line in done.stdout.splitlines() if "engines per recipe" in line]
+    assert sorted(int(line.split("NPU(s)")[0].split()[-1]) for line in nodes) == sorted(NODE_NPUS)
+    size = load_recipe(bundled_recipes()["demo-rope-longseq"]).cards_per_run()
+    assert all(f"demo-rope-longseq {int(line.split('NPU(s)')[0].split()[-1]) // size}" in line for line in nodes)
+    assert sum("container engine:" in line for line in done.stdout.splitlines()) == 3
+    assert "ready for --executor ray" in done.stdout
+
+
+@pytest.mark.container
+def test_demo_bisected_in_each_nodes_containers(cluster: Any, demo_upstream: tuple[Path, Manifest], tmp_path: Path,
+                                                docker_client: Any, demo_base_image: str) -> None:
+    """--node-executor docker: each node builds the candidate's image with its own engine (here
+    all talk to the local podman API, DOCKER_HOST) and runs the probe in a container of it."""
+    from bisect_npu.execute.docker import SESSION_LABEL
+    from bisect_npu.journal import session_label
+
+    _, manifest = demo_upstream
+    session = tmp_path / "session"
+    done = subprocess.run(bisect_argv(demo_upstream, "rope-longseq", session, "--slots", "3", "--node-executor",
+                                      "docker"), cwd=tmp_path, capture_output=True, text=True, timeout=900,
+                          env=cli_env(cluster))
+    assert done.returncode == 0, done.stdout + done.stderr[-3000:]
+    assert json.loads(done.stdout.strip().splitlines()[-1])["culprit"] == manifest.case("rope-longseq").culprit.sha
+    entries = journal(session)
+    assert_no_trial_doubled(entries)
+    assert len(nodes_of_runs(session, entries)) >= 2
+    logs = {(session / e["log"]).read_text().splitlines()[1] for e in entries if e["type"] == "trial"}
+    assert all(line.startswith("# container ") for line in logs)  # DockerExecutor's own first line
+    label = f"{SESSION_LABEL}={session_label(session)}"
+    assert docker_client.containers.list(all=True, filters={"label": label}) == []
+
+
+def _probe_node(owner: str, raylets: dict[int, Any]) -> tuple[Any, dict[str, Any]] | None:
+    """A running probe of session `owner` on a worker node: that node and the probe's request."""
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            environ = (entry / "environ").read_bytes().split(b"\0")
+            cmdline = (entry / "cmdline").read_bytes()
+        except OSError:
+            continue
+        if f"{OWNER_ENV}={owner}".encode() not in environ or b"bisect_npu.probe" not in cmdline:
+            continue
+        pid = int(entry.name)
+        while pid > 1:
+            if pid in raylets:
+                try:
+                    return raylets[pid], json.loads(Path(cmdline.split(b"\0")[3].decode()).read_text())
+                except (OSError, IndexError, ValueError):
+                    return None
+            try:
+                pid = int((Path("/proc") / str(pid) / "stat").read_text().rsplit(")", 1)[1].split()[1])
+            except (OSError, IndexError, ValueError):
+                break
+    return None
+
+
+def _owned_pids(owner: str) -> list[int]:
+    """The processes a session marked as its own (probes, and builds: under the session), on any
+    node of this machine."""
+    mark, below = f"{OWNER_ENV}={owner}".encode(), f"{OWNER_ENV}={owner}/".encode()
+    pids = []
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                environ = (entry / "environ").read_bytes().split(b"\0")
+            except OSError:
+                continue
+            if any(item == mark or item.startswith(below) for item in environ):
+                pids.append(int(entry.name))
+    return pids
+
+
+def _start_and_wait_for_a_probe(argv: list[str], cwd: Path, cluster: Any, session: Path) -> subprocess.Popen[str]:
+    proc = subprocess.Popen(argv, cwd=cwd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            env=cli_env(cluster))
+    deadline = time.monotonic() + 600
+    while not _owned_pids(str(session.resolve())):
+        assert proc.poll() is None and time.monotonic() < deadline, "no probe started"
+        time.sleep(0.05)
+    return proc
+
+
+def _assert_nothing_left(session: Path, repo: Path) -> None:
+    """No process of the session, no task holding cards, no builder actor, no worktree."""
+    import ray
+
+    total = ray.cluster_resources()["NPU"]
+    deadline = time.monotonic() + 60
+    while (_owned_pids(str(session.resolve())) or ray.available_resources().get("NPU", 0) < total) \
+            and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert not _owned_pids(str(session.resolve()))
+    assert ray.available_resources().get("NPU", 0) == total
+    assert not [a for a in ray.util.list_named_actors(all_namespaces=True) if "bisect-npu" in str(a)]
+    listing = subprocess.run(["git", "-C", str(repo), "worktree", "list"], capture_output=True, text=True).stdout
+    assert str(session.resolve()) not in listing
+
+
+def test_ctrl_c_cancels_the_tasks_and_leaves_nothing(cluster: Any, demo_upstream: tuple[Path, Manifest],
+                                                   tmp_path: Path) -> None:
+    session = tmp_path / "session"
+    proc = _start_and_wait_for_a_probe(bisect_argv(demo_upstream, "rope-longseq", session, "--slots", "3"),
+                                       tmp_path, cluster, session)
+    proc.send_signal(signal.SIGINT)
+    _, stderr = proc.communicate(timeout=120)
+    assert proc.returncode == 130, stderr[-2000:]
+    assert "interrupted" in stderr
+    _assert_nothing_left(session, demo_upstream[0])
+
+
+def test_sigkilled_driver_then_resume_finds_the_culprit(cluster: Any, demo_upstream: tuple[Path, Manifest],
+                                                        tmp_path: Path) -> None:
+    """The killed driver's probes outlive it on their nodes; resume stops them, then finishes."""
+    _, manifest = demo_upstream
+    session = tmp_path / "session"
+    proc = _start_and_wait_for_a_probe(bisect_argv(demo_upstream, "rope-longseq", session, "--slots", "3"),
+                                       tmp_path, cluster, session)
+    proc.kill()
+    proc.communicate(timeout=60)
+    done = subprocess.run([*CLI, "resume", "--session", str(session), "--json"], cwd=tmp_path, capture_output=True,
+                          text=True, timeout=900, env=cli_env(cluster))
+    assert done.returncode == 0, done.stdout + done.stderr[-3000:]
+    assert json.loads(done.stdout.strip().splitlines()[-1])["culprit"] == manifest.case("rope-longseq").culprit.sha
+    assert_no_trial_doubled(journal(session))
+    _assert_nothing_left(session, demo_upstream[0])
+
+
+def test_node_lost_mid_batch_reruns_elsewhere(cluster: Any, demo_upstream: tuple[Path, Manifest],
+                                              tmp_path: Path) -> None:
+    """Last in the module: it takes a node away for good."""
+    _, manifest = demo_upstream
+    session = tmp_path / "session"
+    raylets = {node.all_processes["raylet"][0].process.pid: node for node in cluster.worker_nodes}
+    with subprocess.Popen(bisect_argv(demo_upstream, "rope-longseq", session, "--slots", "3"), cwd=tmp_path,
+                          stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=cli_env(cluster)) as proc:
+        found = None
+        deadline = time.monotonic() + 600
+        while found is None and proc.poll() is None and time.monotonic() < deadline:
+            found = _probe_node(str(session.resolve()), raylets)
+            if found is None:
+                time.sleep(0.05)
+        assert found is not None, "no probe ran on a worker node"
+        lost, request = found
+        cluster.remove_node(lost, allow_graceful=False)
+        stdout, stderr = proc.communicate(timeout=900)
+    assert proc.returncode == 0, stdout + stderr[-3000:]
+    assert json.loads(stdout.strip().splitlines()[-1])["culprit"] == manifest.case("rope-longseq").culprit.sha
+    entries = journal(session)
+    assert_no_trial_doubled(entries)
+    rerun = [e for e in entries if e["type"] == "trial" and e["case_id"] == request["case_id"]
+             and e["trial"] == request["trial"] and e["log"].startswith(f"steps/{request['commit'][:12]}/")]
+    assert len(rerun) == 1 and rerun[0]["observation"]  # the interrupted batch ran again, once, to the end
+    assert nodes_of_runs(session, rerun) != {lost.node_id}
+
+
+def test_a_command_oracle_runs_on_the_nodes(cluster: Any, tmp_path: Path) -> None:
+    """`--cmd` over the cluster: each run a one-CPU task on some node, its worktree made there;
+    the log comes back with the node named, the verdicts give git bisect's culprit."""
+    from tests.helpers.gitrepo import GOOD_CMD, make_linear_repo
+
+    shas = make_linear_repo(tmp_path / "up", 12, culprit=7)
+    session = tmp_path / "session"
+    done = subprocess.run([*CLI, "run", "--repo", str(tmp_path / "up"), "--good", shas[0], "--bad", shas[-1],
+                           "--cmd", " ".join(GOOD_CMD), "--executor", "ray", "--session", str(session), "--no-fix",
+                           "--json"], env=cli_env(cluster), capture_output=True, text=True, timeout=600, check=False)
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
+    assert json.loads(done.stdout.strip().splitlines()[-1])["culprit"] == shas[7]
+    trials = [e for e in journal(session) if e["type"] == "trial"]
+    assert trials and all((session / t["log"]).read_text().startswith("# ray node ") for t in trials)
+
+
+
+def test_a_build_on_a_node_that_fails_on_the_network_is_retried_and_journaled(
+        cluster: Any, demo_upstream: tuple[Path, Manifest], tmp_path: Path) -> None:
+    """The nodes' build first fetches a package from an index that is down: the node sends the
+    failure back, the driver's evaluator journals a build retry and builds again once it answers."""
+    import functools
+    import http.server
+    import threading
+
+    from tests.builders.test_build_retries import QuietHandler, free_port, package_index, session_recipe
+
+    port = free_port()
+    repo, manifest = demo_upstream
+    truth = manifest.case("rope-longseq")
+    session = tmp_path / "session"
+    argv = [*CLI, "run", "--repo", str(repo), "--good", truth.good_ref, "--bad", truth.bad_ref, "--recipe",
+            str(session_recipe(tmp_path, truth.recipe, port)), "--session", str(session), "--executor", "ray",
+            "--no-fix", "--no-verdict-store", "--json"]
+    run = subprocess.Popen(argv, cwd=tmp_path, env=cli_env(cluster), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                           text=True)
+    deadline = time.monotonic() + 300
+    while not _retry_journaled(session):
+        assert run.poll() is None and time.monotonic() < deadline, run.communicate()[1][-3000:]
+        time.sleep(0.2)
+    handler = functools.partial(QuietHandler, directory=str(package_index(tmp_path / "index")))
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", port), handler)  # the outage ends
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        out, err = run.communicate(timeout=600)
+    finally:
+        server.shutdown()
+        server.server_close()
+    assert run.returncode == 0, out[-2000:] + err[-3000:]
+    summary = next(line for line in reversed(out.splitlines()) if line.startswith("{"))  # after Ray's own lines
+    assert json.loads(summary)["culprit"] == truth.culprit.sha
+    retries = [e for e in journal(session) if e["type"] == "retry"]
+    assert retries and {(r["stage"], r["kind"]) for r in retries} == {("build", "network")}
+    assert all(f"could not reach 127.0.0.1:{port}" in r["cause"] and "(on Ray node " in r["cause"] for r in retries)
+    assert all((session / r["log"]).is_file() for r in retries)  # the node's build log came back
+
+
+def test_a_node_s_own_error_reaches_the_driver_as_its_one_line(cluster: Any) -> None:
+    """bisect-npu's own error raised in a task on a node (a pin venv that cannot be built there:
+    exit 5), also one raised through a call inside the task, is that error on the driver, not
+    Ray's traceback around it; anything else is left to Ray."""
+    import ray
+
+    from bisect_npu.execute.ray import check_engines, own_error
+
+    with pytest.raises(UsageError) as here:
+        check_engines({"node": 8}, 16)
+    direct = ray.remote(check_engines).options(num_cpus=0).remote({"node": 8}, 16)
+    nested = ray.remote(lambda refs: ray.get(refs[0])).options(num_cpus=0).remote([direct])
+    for ref in (direct, nested):
+        with pytest.raises(ray.exceptions.RayTaskError) as raised:
+            ray.get(ref)
+        found = own_error(raised.value)
+        assert type(found) is UsageError and str(found) == str(here.value)
+    with pytest.raises(ray.exceptions.RayTaskError) as other:
+        ray.get(ray.remote(lambda: 1 / 0).options(num_cpus=0).remote())
+    assert own_error(other.value) is None
+
+
+def _retry_journaled(session: Path) -> bool:
+    """Whether the journal, as far as it is written, holds a retry (its last line may be half done)."""
+    path = session / "journal.jsonl"
+    for line in path.read_text().splitlines() if path.exists() else []:
+        try:
+            if json.loads(line).get("type") == "retry":
+                return True
+        except json.JSONDecodeError:
+            continue
+    return False

@@ -1,0 +1,142 @@
+"""Simulation: the real search against a seeded synthetic oracle, on numbers and on a real repo."""
+
+from __future__ import annotations
+
+import math
+import subprocess
+import sys
+
+import pytest
+
+from bisect_npu.forecast.simulate import Minutes, simulate
+from tests.helpers.gitrepo import make_linear_repo
+
+
+def test_perfect_exact_search_is_right_and_within_log2():
+    summary = simulate(300, 123, bad_rate=1.0, good_rate=0.0, mode="exact", runs=5, seed=0)
+    assert summary.accuracy == 1.0
+    assert summary.mean_trials <= math.ceil(math.log2(300)) + 2
+    assert summary.mean_builds == summary.mean_trials  # every position its own build by default
+
+
+def test_shared_build_keys_are_counted_once():
+    summary = simulate(64, 40, bad_rate=1.0, good_rate=0.0, mode="exact", runs=3, seed=0,
+                       build_key_of=lambda i: "before" if i < 32 else "after",
+                       costs=Minutes(build=60, run=6))
+    assert summary.mean_builds == 2
+    assert summary.mean_machine_hours == pytest.approx((2 * 60 + summary.mean_trials * 6) / 60)
+
+
+def test_told_build_groups_exact_mode_builds_less_and_costs_less():
+    # A new compiled key every 12 commits: the midpoint keeps landing in groups nobody built.
+    def key_of(i: int) -> str:
+        return str(i // 12)
+
+    figures = {}
+    for told in (False, True):
+        runs = [simulate(120, culprit, bad_rate=1.0, good_rate=0.0, mode="exact", runs=1, build_key_of=key_of,
+                         costs=Minutes(build=40, overlay=2, run=5), tell_build_groups=told)
+                for culprit in range(1, 121, 3)]
+        assert all(r.accuracy == 1.0 for r in runs)
+        figures[told] = [sum(getattr(r, f) for r in runs) / len(runs)
+                         for f in ("mean_builds", "mean_overlays", "mean_machine_hours", "mean_trials")]
+    blind, told = figures[False], figures[True]
+    assert told[0] < blind[0] - 0.5  # half a full build fewer on average, or better
+    assert told[2] < 0.95 * blind[2]
+    b, o, h, t = told
+    assert h == pytest.approx((40 * b + 2 * o + 5 * t) / 60)
+
+
+def test_build_failures_skip_but_stay_honest():
+    summary = simulate(100, 50, bad_rate=1.0, good_rate=0.0, build_fail=0.3, mode="exact", runs=40, seed=1)
+    assert summary.narrowed > 0
+    assert summary.accuracy + summary.narrowed == pytest.approx(1.0)
+
+
+def test_same_seed_same_summary_and_slots_cut_rounds():
+    one = simulate(200, 10, bad_rate=0.9, good_rate=0.1, runs=8, seed=3)
+    assert one == simulate(200, 10, bad_rate=0.9, good_rate=0.1, runs=8, seed=3)
+    exact1 = simulate(500, 10, bad_rate=1.0, good_rate=0.0, mode="exact", runs=2, seed=0)
+    exact7 = simulate(500, 10, bad_rate=1.0, good_rate=0.0, mode="exact", runs=2, seed=0, slots=7)
+    assert exact7.mean_rounds < exact1.mean_rounds / 2
+    assert exact7.mean_wall_hours < exact1.mean_wall_hours
+
+
+def test_engine_starts_are_counted_and_priced():
+    free = simulate(64, 20, bad_rate=0.8, good_rate=0.2, runs=10, seed=4, costs=Minutes(build=0.0, run=1.0))
+    assert free.mean_loads == free.mean_trials  # one trial per query when starts cost nothing
+    dear = simulate(64, 20, bad_rate=0.8, good_rate=0.2, runs=10, seed=4,
+                    costs=Minutes(build=0.0, run=1.0, load=10.0))
+    assert dear.mean_loads < dear.mean_trials / 3
+    assert dear.mean_machine_hours == pytest.approx((dear.mean_trials + 10.0 * dear.mean_loads) / 60)
+    assert dear.mean_machine_hours < (free.mean_trials * 11.0) / 60 / 2
+    assert dear.accuracy >= 0.9
+
+
+def test_each_bisection_reports_progress():
+    seen = []
+    simulate(40, [5, 30], bad_rate=1.0, good_rate=0.0, mode="exact", runs=3,
+             on_run=lambda done, total: seen.append((done, total)))
+    assert seen == [(k, 6) for k in range(1, 7)]
+
+
+def test_culprit_outside_the_range_is_rejected():
+    with pytest.raises(ValueError):
+        simulate(10, 11, bad_rate=1.0, good_rate=0.0)
+
+
+def _cli(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "bisect_npu", *args], capture_output=True, text=True,
+                          check=False)
+
+
+@pytest.mark.e2e
+def test_cli_on_a_real_repository(tmp_path):
+    # Commits 10 and 30 touch csrc/: three build keys over the range.
+    shas = make_linear_repo(tmp_path, 41, culprit=25,
+                            files=lambda i: {"csrc/kernel.cpp": f"// {i}\n"} if i in (10, 30) else {})
+    done = _cli("simulate", "--repo", str(tmp_path), "--good", shas[0], "--bad", shas[40],
+                "--culprit", shas[25], "--bad-rate", "0.9", "--good-rate", "0.1", "--runs", "20")
+    assert done.returncode == 0, done.stderr
+    assert "40 candidates, culprit at position 25, 3 build keys, mode noisy" in done.stdout
+    assert "accuracy:" in done.stdout and "full builds, mean:" in done.stdout
+    progress = [line for line in done.stderr.splitlines() if line.startswith("simulated ")]
+    assert progress == [f"simulated {k}/20 bisections" for k in range(2, 21, 2)]  # a line per tenth
+    earlier = _cli("simulate", "--repo", str(tmp_path), "--good", shas[0], "--bad", shas[40],
+                   "--culprit", shas[25], "--bad-rate", "0.9", "--good-rate", "0.1", "--runs", "20",
+                   "--earlier-runs", "30")
+    assert earlier.returncode == 0, earlier.stderr
+    assert "mode noisy, rates 0.9/0.1, slots 1, 30 earlier runs per end" in earlier.stdout
+
+    def mean_trials(out: str) -> float:
+        return float(next(line for line in out.splitlines() if line.startswith("trials (runs), mean:")).split()[-1])
+
+    assert mean_trials(earlier.stdout) < mean_trials(done.stdout)
+    loads = _cli("simulate", "--repo", str(tmp_path), "--good", shas[0], "--bad", shas[40],
+                 "--culprit", shas[25], "--bad-rate", "0.9", "--good-rate", "0.1", "--runs", "20",
+                 "--load-cost-min", "20", "--run-cost-min", "1")
+    assert loads.returncode == 0, loads.stderr
+    starts = float(next(line for line in loads.stdout.splitlines()
+                        if line.startswith("engine starts, mean:")).split()[-1])
+    assert starts < mean_trials(loads.stdout) / 2
+
+
+def test_cli_rejects_a_culprit_outside_the_range(tmp_path):
+    shas = make_linear_repo(tmp_path, 12, culprit=5)
+    done = _cli("simulate", "--repo", str(tmp_path), "--good", shas[4], "--bad", shas[11],
+                "--culprit", shas[2])
+    assert done.returncode == 2
+    assert "not one of the 7 candidates" in done.stderr
+
+
+def test_candidates_that_cannot_be_built_are_stepped_around_at_no_cost():
+    free = simulate(32, list(range(1, 33)), bad_rate=1.0, good_rate=0.0, mode="exact", runs=1)
+    holes = simulate(32, list(range(1, 33)), bad_rate=1.0, good_rate=0.0, mode="exact", runs=1,
+                     unbuildable=[10, 11, 12])
+    assert free.accuracy == 1.0
+    # Culprits 10..13 sit between 9 (testable, good) and 13 (testable, bad) with nothing testable
+    # between: those narrow to (9, 13]; every other culprit is found.
+    assert holes.accuracy == pytest.approx(28 / 32) and holes.narrowed == pytest.approx(4 / 32)
+    assert holes.mean_builds <= free.mean_builds  # a missing Dockerfile costs no build
+    with pytest.raises(ValueError, match="strictly between the ends"):
+        simulate(32, 5, bad_rate=1.0, good_rate=0.0, mode="exact", runs=1, unbuildable=[0])

@@ -1,0 +1,68 @@
+"""A whole accuracy bisection through `bisect-npu run`: the demo upstream served over HTTP, scored
+by a command harness, judged by the accuracy oracle, searched in likelihood mode (no extra
+installs: the real lm-eval and AISBench runs are in test_accuracy_harness.py)."""
+
+from __future__ import annotations
+
+import json
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from bisect_npu.demo.accuracy import DATASET, read_dataset
+from bisect_npu.observations import Observation
+from tests.helpers.paths import HELPERS
+
+pytestmark = pytest.mark.e2e
+
+HARNESS = HELPERS / "accuracy_command_harness.py"
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def test_a_command_harness_bisection_finds_the_manifests_culprit_running_few_samples(demo_upstream, tmp_path):
+    repo, manifest = demo_upstream
+    case = manifest.case("accuracy")
+    recipe = {
+        "name": "accuracy-session", "model": {"path": "seed:0", "dtype": "float32"},
+        "engine": {"backend": "openai", "launcher": ["{python}", "-m", "{probe}.serve_mini", "{model}"],
+                   "port": free_port(), "startup_timeout_s": 120},
+        "accuracy": {"harness": "command", "dataset": str(DATASET),
+                     "command": {"argv": [sys.executable, str(HARNESS), "{base_url}", "{model}", "{dataset}",
+                                          "{output}"]},
+                     "sampling": {"temperature": 0.0, "max_tokens": 4, "seed": 0}},
+        "oracle": {"kinds": ["accuracy"]},
+        "build": {"local_command": ["python", "tools/build_kernels.py"]},
+    }
+    path = tmp_path / "recipe.yaml"
+    path.write_text(json.dumps(recipe))
+    done = subprocess.run([sys.executable, "-m", "bisect_npu", "run", "--repo", str(repo), "--good", case.good_ref,
+                           "--bad", case.bad_ref, "--recipe", str(path), "--session", str(tmp_path / "s"),
+                           "--no-fix", "--json"], cwd=tmp_path, capture_output=True, text=True, timeout=580,
+                          check=False)
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-3000:]
+    summary = json.loads(done.stdout.strip().splitlines()[-1])
+    assert summary["culprit"] == case.culprit.sha
+    entries = [json.loads(line) for line in (tmp_path / "s" / "journal.jsonl").read_text().splitlines()]
+    steps = [e for e in entries if e["type"] == "step" and e["verdict"]["kind"] != "skip"]
+    total = len(read_dataset())
+    ran = {e["index"]: e["verdict"]["figures"]["samples_run"] for e in steps}
+    n = max(ran)
+    assert ran[0] == ran[n] == total  # the ends: the whole dataset
+    assert all(count < total for index, count in ran.items() if index not in (0, n))  # candidates: focused
+    for step in steps:  # each candidate round asked exactly the samples its observation holds
+        for trial in step["trials"]:
+            observation = Observation.load(tmp_path / "s" / trial["observation"])
+            request = json.loads((tmp_path / "s" / trial["observation"]).with_name(
+                Path(trial["observation"]).name.replace("obs-", "request-")).read_text())
+            asked = request["accuracy"]["sample_ids"]
+            assert [s.id for s in observation.samples or []] == (asked or [r["id"] for r in read_dataset()])
+    report = (tmp_path / "s" / "report.md").read_text()
+    assert "## Bad against good" in report and "and wrong at the culprit:" in report

@@ -1,0 +1,53 @@
+"""The closing sentences where the answer is less than one sure commit: a range the skips leave
+names why each commit between could not be tested (where the parent of the culprit cannot be
+built, the user reads that build failure, not only a range), and a culprit found below the
+confidence asked says it is a best guess."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from bisect_npu.orchestration import end_messages
+from tests.helpers.cli_exit import run_cli
+from tests.helpers.gitrepo import make_linear_repo
+
+
+def test_the_skipped_parent_of_the_culprit_is_named_with_its_reason(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch) -> None:
+    repo = tmp_path / "repo"
+    shas = make_linear_repo(repo, 8, culprit=5, tags={0: "good", 7: "bad"})
+    script = tmp_path / "check.sh"
+    script.write_text('if [ "$(cat counter)" = 4 ]; then echo "cannot build: undeclared x" >&2; exit 125; fi\n'
+                      "grep -qx good state\n")
+    monkeypatch.chdir(repo)
+    code, out, err = run_cli(["run", "--good", "good", "--bad", "bad", "--cmd", f"sh {script}", "--no-fix",
+                              "--session", str(tmp_path / "session"), "--json"], capsys)
+    assert code == 3, err
+    assert json.loads(out.splitlines()[-1])["range"] == [shas[3], shas[5]]
+    said = f"the culprit is one of 2 commits in ({shas[3][:12]}, {shas[5][:12]}]: the commits between could not be " \
+           f"tested ({shas[4][:12]}: "
+    assert said in err + out
+    assert "125" in (err + out).split(said)[1].split(")")[0]
+
+
+def test_a_narrowed_sentence_names_at_most_three_skips() -> None:
+    skipped = [(str(i) * 40, f"build failed: error {i}\nmore lines") for i in range(1, 6)]
+    said = end_messages.narrowed("a" * 40, "b" * 40, 6, find_fix=False, skipped=skipped)
+    assert said == ("the culprit is one of 6 commits in (aaaaaaaaaaaa, bbbbbbbbbbbb]: the commits between could not be "
+                    "tested (111111111111: build failed: error 1; 222222222222: build failed: error 2; "
+                    "333333333333: build failed: error 3; 2 more in the report)")
+    assert end_messages.narrowed("a" * 40, "b" * 40, 2, find_fix=True).endswith("could not be tested (skipped)")
+
+
+def test_a_culprit_found_below_the_confidence_asked_says_so() -> None:
+    assert end_messages.short_of(1.0, 0.99) == end_messages.short_of(0.99, 0.99) == ""
+    assert end_messages.short_of(0.53, 0.99) == (" (a best guess: 53% sure, under the 99% asked; the steps around it "
+                                                  "disagree, the report has each one's evidence)")
+    # A confidence asked with more digits is shown with them, never rounded to 100%; what was
+    # reached is never rounded up to it.
+    assert end_messages.short_of(0.9989, 0.999).startswith(" (a best guess: 99.8% sure, under the 99.9% asked;")
+    assert end_messages.short_of(0.7633, 0.999).startswith(" (a best guess: 76.3% sure, under the 99.9% asked;")
+    assert end_messages.short_of(0.29, 0.95).startswith(" (a best guess: 29% sure, under the 95% asked;")

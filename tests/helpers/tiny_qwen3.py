@@ -86,3 +86,17 @@ def write_tiny_model(directory: Path, family: str, vocab_size: int = 2000, seed:
     model.save_pretrained(directory, safe_serialization=True)
     GenerationConfig(eos_token_id=config.eos_token_id, **(generation_config or {})).save_pretrained(directory)
     return directory
+
+
+def write_with_fault(source: Path, directory: Path, weight: str, factor: float) -> Path:
+    """A copy of the model directory `source` with one weight (a safetensors key) multiplied by `factor`:
+    a fault injected at a known module."""
+    import shutil
+
+    from safetensors.torch import load_file, save_file
+
+    shutil.copytree(source, directory)
+    weights = load_file(directory / "model.safetensors")
+    weights[weight] = weights[weight] * factor
+    save_file(weights, directory / "model.safetensors", metadata={"format": "pt"})
+    return directory

@@ -121,7 +121,7 @@ class LineUp:
                 "no_counterpart": {why: _patterns(labels) for why, labels in self.no_counterpart.items()},
                 "only_in_reference": _patterns(self.only_reference),
                 "only_in_candidate": _patterns(self.only_candidate),
-                "not_in_map": _patterns(self.unknown), "left_out": self.left_out}
+                "not_in_map": _patterns(self.unknown), "left_out": _patterns(self.left_out)}
 
     def summary(self) -> str:
         """One paragraph for the alignment's report."""
@@ -141,7 +141,7 @@ class LineUp:
                              ("only in the candidate dump", self.only_candidate)):
             if labels:
                 said.append(f"{name}: {', '.join(_patterns(labels)[:4])} (captured on one side)")
-        said += self.left_out
+        said += _patterns(self.left_out)
         unknown = self.unknown_line()
         if unknown:
             said.append(unknown)

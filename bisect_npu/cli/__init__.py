@@ -80,11 +80,18 @@ VERDICT_COMMANDS = ("judge",)
 NOT_A_VERDICT_EXIT = 128
 JSON_COMMANDS = ("run", "resume", "settings")  # their --json promises a summary as the last line of stdout
 _session: list[Path] = []  # the session a command works on, once it has one (for the interrupt's hint)
+_kept: list[str] = []  # what a command without a session keeps when stopped, and how to go on (`note_kept`)
 
 
 def note_session(session_dir: Path) -> None:
     """Commands call this once their session exists: a failure or an interrupt names it."""
     _session[:] = [session_dir]
+
+
+def note_kept(how_to_go_on: str) -> None:
+    """A command without a session (`record`) says what it keeps and how to go on: an interrupt or
+    a crash prints it."""
+    _kept[:] = [how_to_go_on]
 
 
 def started(session_dir: Path) -> None:
@@ -101,6 +108,7 @@ def main(argv: list[str] | None = None) -> None:
     For `run`/`resume --json` stdout still ends with a JSON summary when they fail."""
     args = sys.argv[1:] if argv is None else argv
     _session.clear()  # a session noted by an earlier call in this process is not this one's
+    _kept.clear()
     interrupts.install()
     _closed_streams_to_devnull()
     try:
@@ -117,6 +125,8 @@ def main(argv: list[str] | None = None) -> None:
                      else "`bisect-npu resume --session {}`").format(_session[0])
             hint = f"; finished steps and trials are kept: {again} continues"
             _report_stop(_session[0], "interrupted", 130)
+        elif _kept:
+            hint = f"; {_kept[0]}"
         _fail(args, f"bisect-npu: interrupted{hint}", 130, "interrupted", "interrupted")
     except click.UsageError as exc:
         where = exc.ctx.command_path if exc.ctx else "bisect-npu"
@@ -129,10 +139,14 @@ def main(argv: list[str] | None = None) -> None:
         sys.exit(exc.exit_code)
     except Exception as exc:  # a bug: its traceback is what a report needs, and --json still ends stdout
         traceback.print_exc()
+        kept = ""
         if args and args[0] in SESSION_COMMANDS and _session:
             _report_crash(_session[0], f"{type(exc).__name__}: {exc}")
+            kept = f"; finished steps stay in the journal of {_session[0]}"
+        elif _kept:
+            kept = f"; {_kept[0]}"
         _fail(args, f"bisect-npu: internal error: {type(exc).__name__}: {exc} (the traceback above is what to "
-              "report; finished steps stay in the session's journal)", 1, "error", f"{type(exc).__name__}: {exc}")
+              f"report{kept})", 1, "error", f"{type(exc).__name__}: {exc}")
     sys.exit(returned if isinstance(returned, int) else 0)
 
 

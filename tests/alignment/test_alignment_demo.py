@@ -161,7 +161,8 @@ def test_an_interrupted_record_is_refused_and_nothing_is_overwritten_without_for
     manifest = json.loads((copy / MANIFEST).read_text())
     (copy / MANIFEST).write_text(json.dumps({**manifest, "complete": False}))
     with pytest.raises(UsageError, match=r"is incomplete \(interrupted after 1 of 1 cases\); finish it with the "
-                                         r"same command: bisect-npu record --recipe demo-engine --out "):
+                                         r"command that made it: bisect-npu record --recipe .*engine.yaml --out .* "
+                                         r"--tree .*tree-good"):
         api.align(demo["golden"], copy)
     finished = (copy / "obs-long-prompt-t0.json").stat().st_mtime_ns
     resumed = api.record(demo["engine_recipe"], copy, tree=demo["good_tree"])  # the finished case is kept

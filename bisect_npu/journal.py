@@ -76,6 +76,18 @@ def session_label(session_dir: Path) -> str:
     return f"{session_dir.name}-{hashlib.sha256(str(session_dir.resolve()).encode()).hexdigest()[:8]}"
 
 
+def session_named(path: Path) -> Path:
+    """The session directory `--session PATH` names: the one a sessions root's `latest` file points
+    at when PATH is that file (the root offers it beside the sessions), else PATH itself."""
+    if path.name != LATEST_FILE or not path.is_file():
+        return path
+    try:
+        named = path.parent / path.read_text(encoding="utf-8").strip()
+    except (OSError, UnicodeDecodeError):
+        return path
+    return named if named != path.parent and named.is_dir() else path
+
+
 def latest_session(root: Path = DEFAULT_ROOT) -> Path:
     """The session `root/latest` names, else the newest session directory holding a journal (the
     default root: `sessions_root`)."""

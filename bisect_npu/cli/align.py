@@ -27,10 +27,9 @@ def record(recipe_path: str, out: Path, tree: Path | None, python: str | None, c
     """Run each case of the recipe once on this host with its backend and keep it as a reference: the
     observations with top logprobs, every alignment stage, layer dumps, and where it ran."""
     from bisect_npu import api
-    from bisect_npu.alignment.record import record_command
     from bisect_npu.cli import note_kept
 
-    again = record_command(recipe_path, out.resolve(), tree.resolve() if tree else None, commit)
+    again = api.record_command(recipe_path, out.resolve(), tree.resolve() if tree else None, commit)
     note_kept(f"the cases recorded so far are kept in {out}: `{again}` finishes the record")
     made = api.record(recipe_path, out, force=force, tree=tree, commit=commit, timeout_s=timeout_s, python=python)
     click.echo(f"recorded {len(made.observations)} case(s) of {made.recipe} on {made.where()}: {made.path}")

@@ -183,7 +183,7 @@ def resume(session_dir: Path | None, as_json: bool, quiet: bool, accept_changed_
     from bisect_npu import api
 
     if session_dir is not None:
-        note_session(session_dir.resolve())  # named in a failure's summary even if resume cannot start
+        note_session(api.session_named(session_dir).resolve())  # named in a failure's summary, started or not
     finish(api.resume(session_dir, quiet=quiet or as_json, live=True, on_session=started,
                       accept_changed_command=accept_changed_command), as_json)
 

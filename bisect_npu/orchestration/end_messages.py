@@ -9,6 +9,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Literal
 
+from bisect_npu.fix_proposals import FixReport, FixVerification
 from bisect_npu.level import HeldUpstream, MergeScope
 from bisect_npu.recipe.settings import Difference, show
 from bisect_npu.records import FixRecord
@@ -77,6 +78,20 @@ def ends_wrong(which: Literal["good", "bad"], good: str, bad: str, *, find_fix: 
         message = (f"precondition failed: the {which} end {ref} {judged}; check the {oracle} reproduces the "
                    f"problem at {bad} and not at {good}, or pass --no-check-ends")
     return message + (f" (its run's log: {log})" if log else "")
+
+
+def fix_found(report: FixReport) -> str:
+    """What the search for upstream fixes found (the run's last progress line without verification)."""
+    return f"upstream fixes of {report.culprit[:12]}: {report.note}"
+
+
+def fix_verified(verifications: Sequence[FixVerification]) -> str:
+    """What verifying the proposals on the bad end showed."""
+    verified = next((v for v in verifications if v.status == "verified"), None)
+    if verified is not None:
+        best = verified.proposal
+        return f"verified fix: {best.shas[0][:12]} {best.title} turns the bad end good"
+    return f"no proposal among the {len(verifications)} tried turns the bad end good"
 
 
 def dependency_moved(held: HeldUpstream, culprit: str) -> str:

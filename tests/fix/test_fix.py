@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import itertools
+
 import git
 import pytest
 
@@ -368,11 +370,10 @@ def test_a_commit_the_still_bad_end_holds_is_never_proposed(tmp_path):
     the bad end is proposed, and the note says how many were left out and why."""
     hist = base_history(tmp_path / "up")
     culprit = add_culprit(hist)
-    inside = [hist.edit(f"[BugFix] Tidy the penalty history, part {n} (#{80 + n})", SAMPLER, old, new)
-              for n, (old, new) in enumerate([
-                  ("    history = [t for t in token_ids if t >= 0]\n", "    history = [t for t in token_ids if t > -1]\n"),
-                  ("    history = [t for t in token_ids if t > -1]\n", "    history = [t for t in token_ids if 0 <= t]\n"),
-              ])]
+    line = "    history = [t for t in token_ids if {}]\n"
+    kept = ["t >= 0", "t > -1", "0 <= t"]  # each later edit rewrites the culprit's line
+    inside = [hist.edit(f"[BugFix] Tidy the penalty history, part {n} (#{80 + n})", SAMPLER, line.format(old),
+                        line.format(new)) for n, (old, new) in enumerate(itertools.pairwise(kept))]
     bad = hist.head()
     fix = hist.edit("Restore the history used by penalties (#90)", SAMPLER,
                     "    history = [t for t in token_ids if 0 <= t]\n", "    history = backfill(token_ids)\n")

@@ -6,6 +6,7 @@ Commands are imported lazily so `bisect-npu --help` stays fast and one room's he
 
 from __future__ import annotations
 
+import contextlib
 import importlib
 import importlib.util
 import json
@@ -16,12 +17,12 @@ import traceback
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import NoReturn
+from typing import Any, NoReturn
 
 import click
 
 from bisect_npu import __version__, interrupts
-from bisect_npu.errors import BisectError
+from bisect_npu.errors import BisectError, InfrastructureError
 
 COMMANDS: dict[str, str] = {
     "run": "bisect_npu.cli.run:run",
@@ -111,9 +112,19 @@ def main(argv: list[str] | None = None) -> None:
     _kept.clear()
     interrupts.install()
     _closed_streams_to_devnull()
+    stdout = sys.stdout
+    sys.stdout = _GuardedStdout(stdout)
+    try:
+        _main(args)
+    finally:
+        sys.stdout = stdout
+
+
+def _main(args: list[str]) -> None:
     try:
         # Without standalone mode click returns the code of a `ctx.exit(code)` instead of exiting.
         returned = cli.main(args=args, prog_name="bisect-npu", standalone_mode=False)
+        sys.stdout.flush()  # what is still buffered is written now, where a failure can be reported
     except BisectError as exc:
         if args and args[0] in SESSION_COMMANDS and _session:
             _report_stop(_session[0], str(exc), exc.exit_code)
@@ -137,6 +148,13 @@ def main(argv: list[str] | None = None) -> None:
         sys.exit(_no_verdict(args, exc.exit_code))
     except click.exceptions.Exit as exc:
         sys.exit(exc.exit_code)
+    except OSError as exc:  # the file system refused (read-only, full, gone): this host's, not a bug
+        where = f"{exc.filename}: " if exc.filename else ""
+        message = (f"{where}{exc.strerror or exc}; check that place (writable, room left, still there), then run "
+                   "the command again")
+        if args and args[0] in SESSION_COMMANDS and _session:
+            _report_stop(_session[0], message, 5)
+        _fail(args, f"bisect-npu: error: {message}", 5, "error", message)
     except Exception as exc:  # a bug: its traceback is what a report needs, and --json still ends stdout
         traceback.print_exc()
         kept = ""
@@ -215,8 +233,8 @@ def _report_stop(session_dir: Path, reason: str, exit_code: int) -> None:
     try:
         note_stop(session_dir, reason, exit_code)
         write_reports(session_dir)
-    except BisectError:
-        return  # a journal that cannot be read: the error being reported says so already
+    except (BisectError, OSError):
+        return  # a journal that cannot be read, a directory that cannot be written: the error says so already
     except Exception:  # the error being reported is what the user needs to see, not this one
         click.echo("bisect-npu: the stopped session's report could not be written", err=True)
 
@@ -239,9 +257,49 @@ def _no_verdict(args: list[str], code: int) -> int:
     return max(code, NOT_A_VERDICT_EXIT) if args and args[0] in VERDICT_COMMANDS else code
 
 
+class StdoutFailed(InfrastructureError):
+    """Standard output could not be written (a full disk, `> /dev/full`, an I/O error): the
+    command's output is lost, so it ends as an infrastructure error, not with its own code. A
+    closed stdout, or one whose reader left, is not this (`reader_may_leave`)."""
+
+
+class _GuardedStdout:
+    """sys.stdout whose failed writes (other than a broken pipe) raise StdoutFailed: one line on
+    stderr, never a traceback, and nothing more is written to it."""
+
+    def __init__(self, stream: Any) -> None:
+        self.stream = stream
+        self.failed = ""  # why it failed, once it has
+
+    def write(self, text: str) -> int:
+        return int(self._guarded(self.stream.write, text))
+
+    def flush(self) -> None:
+        self._guarded(self.stream.flush)
+
+    def _guarded(self, call: Any, *args: Any) -> Any:
+        if self.failed:  # every later write fails too (click probes the stream, and ignores a failed probe)
+            raise StdoutFailed(self.failed)
+        try:
+            return call(*args)
+        except BrokenPipeError:
+            raise
+        except OSError as exc:
+            self.failed = (f"standard output cannot be written ({exc.strerror or exc}): the output is lost; write "
+                           "it where there is room (another file or device), then run the command again")
+            if self.stream is sys.__stdout__:  # what is still buffered goes nowhere at exit
+                with contextlib.suppress(OSError, ValueError):
+                    _stdout_gone()
+            raise StdoutFailed(self.failed) from None
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.stream, name)
+
+
 def _fail(args: list[str], line: str, code: int, status: str, message: str) -> NoReturn:
     click.echo(line, err=True)
-    if args and args[0] in JSON_COMMANDS and "--json" in args:
+    failed = isinstance(sys.stdout, _GuardedStdout) and bool(sys.stdout.failed)
+    if args and args[0] in JSON_COMMANDS and "--json" in args and not failed:
         click.echo(json.dumps({"status": status, "exit_code": code, "message": message, "culprit": None,
                                "session": str(_session[0]) if _session else None}))
     sys.exit(_no_verdict(args, code))

@@ -53,6 +53,10 @@ def align(reference: Path, candidate: Path | None, recipe_path: str | None, tree
 
     result = api.align(reference, candidate, recipe=recipe_path, tree=tree)
     if markdown_path is not None:
-        markdown_path.write_text(result.to_markdown(), encoding="utf-8")
+        try:
+            markdown_path.write_text(result.to_markdown(), encoding="utf-8")
+        except OSError as exc:
+            raise api.UsageError(f"cannot write {markdown_path} ({exc.strerror}); pass --markdown with a path in "
+                                 "an existing, writable directory") from None
     click.echo(json.dumps(result.to_dict(), indent=2) if as_json else result.to_markdown())
     sys.exit(result.exit_code)

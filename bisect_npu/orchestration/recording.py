@@ -43,7 +43,11 @@ DEFAULT_TIMEOUT_S = 3600.0
 def _prepare(out: Path, force: bool) -> None:
     """Refuse to overwrite anything without `force`, and anything but a record even with it."""
     if not out.exists() or (out.is_dir() and not any(out.iterdir())):
-        out.mkdir(parents=True, exist_ok=True)
+        try:
+            out.mkdir(parents=True, exist_ok=True)
+        except OSError as exc:
+            raise UsageError(f"cannot make the record directory {out} ({exc.strerror}); pass --out with a "
+                             "writable place") from None
         return
     if not is_record(out):
         raise UsageError(f"{out} exists and is not a record; choose an empty or new --out")
@@ -73,8 +77,12 @@ def _resumable(out: Path, recipe: Recipe, force: bool, tree: Path | None, commit
 
 def _write_manifest(out: Path, manifest: dict[str, Any]) -> None:
     tmp = out / f".{MANIFEST}.tmp"
-    tmp.write_text(json.dumps(manifest, indent=1), encoding="utf-8")
-    tmp.replace(out / MANIFEST)
+    try:
+        tmp.write_text(json.dumps(manifest, indent=1), encoding="utf-8")
+        tmp.replace(out / MANIFEST)
+    except OSError as exc:
+        raise UsageError(f"cannot write the record's manifest in {out} ({exc.strerror}); pass --out with a "
+                         "writable place") from None
 
 
 def _where(observation: dict[str, Any], recipe: Recipe) -> dict[str, Any]:

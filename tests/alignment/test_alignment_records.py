@@ -98,7 +98,9 @@ def test_the_first_differing_stage_is_named_with_its_evidence(tmp_path: Path) ->
     result = align_records(ref, other)
     assert (result.aligned, result.exit_code, result.first.first_stage) == (False, 1, "chat_template")
     assert result.to_dict()["cases"][0]["figures"]["stages"]["text"]["matches"] is False
-    assert "| chat_template | **no** | first difference at 4" in result.to_markdown()
+    # Which side is which: the candidate's text, then the reference's, each named.
+    assert ("| chat_template | **no** | first difference at 4: candidate `'hellO'`, reference `'hello'` |"
+            in result.to_markdown())
 
 
 def test_the_forward_stage_names_the_first_divergent_module(tmp_path: Path) -> None:

@@ -99,7 +99,7 @@ def request_options(request_type: type[RunRequest] = RunRequest, taken: Taken | 
 
 def request_from(values: dict[str, Any], request_type: type[RunRequest] = RunRequest) -> RunRequest:
     """The request the flags ask for (`values`: click's parameters by name)."""
-    return request_type.model_validate(request_parts(values, request_type))
+    return request_type.from_flags(request_parts(values, request_type))
 
 
 def request_parts(values: dict[str, Any], request_type: type[RunRequest] = RunRequest,

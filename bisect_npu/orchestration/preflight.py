@@ -105,6 +105,9 @@ def check_run(spec: SessionSpec, host_root: Path = Path("/")) -> RunInputs:
                          "in the recipe), or drop it: exact mode takes one verdict per commit")
     if recipe is not None and spec.judge.recipe and Path(spec.judge.recipe).exists():
         spec.judge.recipe = str(Path(spec.judge.recipe).resolve())
+    for option, given in (("--package", spec.range.package), ("--repo", spec.range.repo)):
+        if given is not None and not given.strip():
+            raise UsageError(f"{option} is empty; name one, or leave the option out")
     repo = history.open_repo(spec.range.repo) if spec.range.repo else None
     if repo is not None and spec.range.repo and not history.is_url(spec.range.repo):
         spec.range.repo = str(repo.working_tree_dir or repo.git_dir)

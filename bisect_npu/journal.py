@@ -93,10 +93,12 @@ def session_named(path: Path) -> Path:
     if path.name != LATEST_FILE or not path.is_file():
         return path
     try:
-        named = path.parent / path.read_text(encoding="utf-8").strip()
+        name = path.read_text(encoding="utf-8").strip()
     except (OSError, UnicodeDecodeError):
         return path
-    return named if named != path.parent and named.is_dir() else path
+    if not name or "/" in name or name in (".", ".."):  # `new_session_dir` writes a sibling's name
+        return path
+    return path.parent / name if (path.parent / name).is_dir() else path
 
 
 def latest_session(root: Path = DEFAULT_ROOT) -> Path:

@@ -48,7 +48,7 @@ def test_a_python_function_finds_the_culprit(tmp_path: Path) -> None:
     assert 2 < len(steps) <= 9  # the two ends, then a binary search over 39 candidates
     assert {s["verdict"]["kind"] for s in steps if s["commit"] == shas[23]} == {"bad"}
     header = journal(tmp_path / "s")[0]
-    assert header["context"]["python_oracle"] == "test_api:StateOracle"
+    assert header["context"]["python_oracle"] == "tests.api.test_api:StateOracle"
     assert shas[23][:12] in result.report.read_text()
     assert json.loads(result.report_json.read_text())["culprit"] == shas[23]
     plan = api.plan_range(tmp_path / "repo", shas[0], shas[39])
@@ -93,7 +93,7 @@ def test_a_failed_run_resumes_through_the_api_only(tmp_path: Path) -> None:
     result = api.bisect(tmp_path / "repo", shas[0], shas[39], oracle=again, session_dir=session, quiet=True)
     assert result.culprit == shas[23]
     assert not set(failing.judged) & set(again.judged)  # no finished step judged twice
-    with pytest.raises(api.UsageError, match=r"this request's callable test_api:test_a_failed_run"):
+    with pytest.raises(api.UsageError, match=r"this request's callable tests.api.test_api:test_a_failed_run"):
         api.bisect(tmp_path / "repo", shas[0], shas[39], oracle=lambda checkout, commit: True, session_dir=session)
 
 

@@ -69,22 +69,37 @@ class Actions:
             return None
         return f"{self.server_url}/{self.repository}/actions/runs/{self.run_id}"
 
+    def check_files(self) -> None:
+        """Refuse, before anything runs, an output or summary file that cannot be written: the
+        step's answer would be lost after the bisection (GitHub makes both files; one that cannot
+        be opened is a broken runner or a wrong variable)."""
+        for name, path in (("GITHUB_OUTPUT", self.output), ("GITHUB_STEP_SUMMARY", self.summary)):
+            if path is not None:
+                self._append(name, path, "")
+
     def set_outputs(self, values: Mapping[str, str]) -> None:
         """Append `name<<DELIMITER` blocks to $GITHUB_OUTPUT (a value may hold any line but the delimiter)."""
         if self.output is None:
             return
-        with self.output.open("a", encoding="utf-8") as out:
-            for name, value in values.items():
-                delimiter = f"EOF_{secrets.token_hex(8)}"
-                out.write(f"{name}<<{delimiter}\n{value}\n{delimiter}\n")
+        self._append("GITHUB_OUTPUT", self.output, "".join(
+            f"{name}<<{(delimiter := f'EOF_{secrets.token_hex(8)}')}\n{value}\n{delimiter}\n"
+            for name, value in values.items()))
 
     def add_summary(self, markdown: str) -> None:
         if self.summary is None:
             return
         if len(markdown) > SUMMARY_LIMIT:
             markdown = markdown[:SUMMARY_LIMIT] + "\n\n(cut at GitHub's summary limit: the session holds the rest)\n"
-        with self.summary.open("a", encoding="utf-8") as out:
-            out.write(markdown + "\n")
+        self._append("GITHUB_STEP_SUMMARY", self.summary, markdown + "\n")
+
+    @staticmethod
+    def _append(name: str, path: Path, text: str) -> None:
+        try:
+            with path.open("a", encoding="utf-8") as out:
+                out.write(text)
+        except OSError as exc:
+            raise InfrastructureError(f"{name} names {path}, which cannot be written ({exc.strerror}); run this "
+                                      f"step inside GitHub Actions, or point {name} at a writable file") from None
 
 
 @dataclass(frozen=True)
@@ -184,6 +199,7 @@ def bisect_step(inputs: BisectInputs, actions: Actions, session_given: str | Non
     that cannot be used included). Returns the step's exit code: 0 for an answer, and for a bad
     end judged good when the good end was `last-good` (nothing regressed since); 2 for unusable
     inputs; else bisect-npu's own code."""
+    actions.check_files()
     session = session_for(actions, session_given, inputs)
     try:
         argv = bisect_argv(inputs, session, actions)

@@ -38,6 +38,13 @@ H = TypeVar("H", bound=Record)
 E = TypeVar("E", bound=Record)
 
 
+def _unwritable(session_dir: Path, exc: OSError) -> UsageError:
+    """A session that cannot be written (a read-only copy, another user's) cannot go on here."""
+    return UsageError(f"session {session_dir} cannot be written ({exc.strerror}), and going on appends to its "
+                      "journal: copy the directory somewhere writable and go on there (`bisect-npu report "
+                      f"--session {session_dir}` reads it as it is)")
+
+
 def sessions_root(root: Path = DEFAULT_ROOT) -> Path:
     """`root`, except that the default is taken at the top of the git checkout the current
     directory is in: one `.bisect-npu/` per checkout, whichever subdirectory a command runs from
@@ -54,19 +61,23 @@ def new_session_dir(root: Path = DEFAULT_ROOT) -> Path:
     `root/latest` at it. The root holds a `.gitignore` of `*`: sessions are made inside the
     user's checkout and are none of its changes."""
     root = sessions_root(root)
-    root.mkdir(parents=True, exist_ok=True)
-    ignore = root / ".gitignore"
-    if not ignore.exists():
-        _write_atomically(ignore, "# bisect-npu's sessions: not part of the repository\n*\n")
-    while True:
-        session_id = f"{time.strftime('%Y%m%d-%H%M%S', time.gmtime())}-{secrets.token_hex(3)}"
-        session_dir = root / session_id
-        try:
-            session_dir.mkdir()
-        except FileExistsError:
-            continue
-        break
-    _write_atomically(root / LATEST_FILE, session_id + "\n")
+    try:
+        root.mkdir(parents=True, exist_ok=True)
+        ignore = root / ".gitignore"
+        if not ignore.exists():
+            _write_atomically(ignore, "# bisect-npu's sessions: not part of the repository\n*\n")
+        while True:
+            session_id = f"{time.strftime('%Y%m%d-%H%M%S', time.gmtime())}-{secrets.token_hex(3)}"
+            session_dir = root / session_id
+            try:
+                session_dir.mkdir()
+            except FileExistsError:
+                continue
+            break
+        _write_atomically(root / LATEST_FILE, session_id + "\n")
+    except OSError as exc:
+        raise UsageError(f"cannot make a session under {root} ({exc.strerror}); run from a writable directory, or "
+                         "pass --session (`demo`: --session-root) with a writable place") from None
     return session_dir
 
 
@@ -74,6 +85,20 @@ def session_label(session_dir: Path) -> str:
     """A session's name on this host: its directory's name plus a digest of its full path, so two
     sessions named alike (a/s and b/s) never share worktrees or containers."""
     return f"{session_dir.name}-{hashlib.sha256(str(session_dir.resolve()).encode()).hexdigest()[:8]}"
+
+
+def session_named(path: Path) -> Path:
+    """The session directory `--session PATH` names: the one a sessions root's `latest` file points
+    at when PATH is that file (the root offers it beside the sessions), else PATH itself."""
+    if path.name != LATEST_FILE or not path.is_file():
+        return path
+    try:
+        name = path.read_text(encoding="utf-8").strip()
+    except (OSError, UnicodeDecodeError):
+        return path
+    if not name or "/" in name or name in (".", ".."):  # `new_session_dir` writes a sibling's name
+        return path
+    return path.parent / name if (path.parent / name).is_dir() else path
 
 
 def latest_session(root: Path = DEFAULT_ROOT) -> Path:
@@ -174,7 +199,10 @@ class AppendOnlyJournal(Generic[H, E]):
                     raise UsageError(f"{path} was written by a newer bisect-npu (journal schema version {version}; "
                                      f"this one writes {cls.SCHEMA_VERSION}): resume it with that version "
                                      "(`bisect-npu report` reads it here)")
-                fd = os.open(path, os.O_WRONLY | os.O_APPEND)
+                try:
+                    fd = os.open(path, os.O_WRONLY | os.O_APPEND)
+                except OSError as exc:
+                    raise _unwritable(session_dir, exc) from None
                 if good_size < len(data):
                     os.ftruncate(fd, good_size)
                     os.fsync(fd)
@@ -300,7 +328,10 @@ class AppendOnlyJournal(Generic[H, E]):
 
     @classmethod
     def _acquire_lock(cls, session_dir: Path) -> int:
-        fd = os.open(session_dir / cls.LOCK, os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            fd = os.open(session_dir / cls.LOCK, os.O_RDWR | os.O_CREAT, 0o644)
+        except OSError as exc:
+            raise _unwritable(session_dir, exc) from None
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
@@ -346,6 +377,10 @@ class Journal(AppendOnlyJournal[HeaderRecord, JournalRecord]):
 
     @classmethod
     def _refuse_missing(cls, session_dir: Path) -> UsageError:
+        if not session_dir.exists() or (session_dir.is_dir() and {p.name for p in session_dir.iterdir()} <= {cls.LOCK}):
+            return UsageError(f"{session_dir} {'holds no session' if session_dir.exists() else 'does not exist'}: "
+                              "the run that was to make it stopped before anything was journaled, so nothing is "
+                              "left to resume; start it again with `bisect-npu run` (the same --session works)")
         return UsageError(f"no journal in {session_dir}; pass --session with a directory made by `bisect-npu run`")
 
     @classmethod

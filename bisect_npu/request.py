@@ -16,7 +16,7 @@ from __future__ import annotations
 import shlex
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
-from typing import Annotated, Any, Literal, get_args, get_origin
+from typing import Annotated, Any, Literal, Self, get_args, get_origin
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 from pydantic.fields import FieldInfo
@@ -334,6 +334,21 @@ class RunRequest(BaseModel):
             return cls.model_validate(parts)
         except ValidationError as exc:
             raise _refused(exc) from None
+
+    @classmethod
+    def from_flags(cls, parts: dict[str, dict[str, Any]]) -> Self:
+        """A request from the command line's values by part: a value its field refuses is a
+        UsageError naming the option it came from."""
+        try:
+            return cls.model_validate(parts)
+        except ValidationError as exc:
+            first = exc.errors()[0]
+            named = {(part, name): spec.name for part, name, _info, spec in flags(cls)}
+            option = named.get((str(first["loc"][0]), str(first["loc"][1]))) if len(first["loc"]) > 1 else None
+            problem = first["msg"].removeprefix("Value error, ")
+            if option is None:
+                raise _refused(exc) from None
+            raise UsageError(problem if problem.startswith(option) else f"{option}: {problem}") from None
 
     def checked(self) -> RunRequest:
         """This request, each field checked against its range again before a session starts from

@@ -14,7 +14,11 @@ are not to be trusted over NFS.
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
+import os
 import sqlite3
+import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -73,13 +77,23 @@ class StoredVerdict:
     t: float
 
 
+class StoreUnavailable(UsageError):
+    """The store file cannot be used (it cannot be written, its lock is held past the timeout): a
+    session goes on without it, as it does when the store fails in the middle of a run."""
+
+
 class VerdictStore:
-    """The store file at `path` (made on first use with its parent directories)."""
+    """The store file at `path` (made on first use with its parent directories). A file found
+    damaged when it is opened (not a database, pages that fail SQLite's integrity check) is moved
+    aside, kept for inspection, and a new store takes its place: `set_aside` says so."""
 
     def __init__(self, path: Path) -> None:
         self.path = path
+        self.set_aside = ""  # the damage found when opening, and where the damaged file was moved
         try:
             path.parent.mkdir(parents=True, exist_ok=True)
+            if damage := self._damage():
+                self._replace_damaged(damage)
             with self._connect() as db:
                 db.executescript(_SCHEMA)
                 version = db.execute("PRAGMA user_version").fetchone()[0]
@@ -88,8 +102,46 @@ class VerdictStore:
                                      "use that version, another --verdict-store, or --no-verdict-store")
                 db.execute(f"PRAGMA user_version = {_SCHEMA_VERSION}")
         except (InfrastructureError, OSError) as exc:
-            raise UsageError(f"cannot use verdict store {path} ({exc}); pass --verdict-store with a writable "
-                             "file on a local disk, or --no-verdict-store") from None
+            raise StoreUnavailable(f"cannot use verdict store {path} ({exc}); pass --verdict-store with a writable "
+                                   "file on a local disk, or --no-verdict-store") from None
+
+    def _damage(self) -> str:
+        """What SQLite finds wrong with the file: its first integrity problem, or that it is no
+        database at all ("" for a sound or missing one). A lock held past the timeout or a file
+        that cannot be opened is no damage: InfrastructureError."""
+        if not self.path.exists() or self.path.stat().st_size == 0:
+            return ""
+        try:
+            db = sqlite3.connect(self.path, timeout=60)
+            try:
+                rows = db.execute("PRAGMA integrity_check(1)").fetchall()
+            finally:
+                db.close()
+        except sqlite3.OperationalError as exc:  # locked, unreadable: the file may be sound
+            raise InfrastructureError(f"verdict store {self.path}: {exc}") from exc
+        except sqlite3.DatabaseError as exc:  # not a database, a malformed image
+            return str(exc)
+        return "" if rows == [("ok",)] else str(rows[0][0])
+
+    def _replace_damaged(self, damage: str) -> None:
+        """Move the damaged file (and its rollback journal) aside and start a new one, under a lock
+        on the directory: of sessions that found it damaged at once, the first replaces it and the
+        others find the new store sound."""
+        directory = os.open(self.path.parent, os.O_RDONLY)
+        try:
+            fcntl.flock(directory, fcntl.LOCK_EX)
+            damage = self._damage()  # another session may have replaced it meanwhile
+            if not damage:
+                return
+            aside = self.path.with_name(f"{self.path.name}.damaged-{time.strftime('%Y%m%d-%H%M%S')}-{os.getpid()}")
+            for suffix in ("-journal", "-wal", "-shm"):  # a stale journal must not meet the new file
+                with contextlib.suppress(FileNotFoundError):
+                    os.replace(f"{self.path}{suffix}", f"{aside}{suffix}")
+            os.replace(self.path, aside)
+        finally:
+            os.close(directory)
+        self.set_aside = (f"verdict store {self.path} was damaged ({damage}): moved aside to {aside}, kept for "
+                          "inspection, and a new store replaces it (earlier sessions' verdicts are not reused)")
 
     @contextmanager
     def _connect(self) -> Iterator[sqlite3.Connection]:

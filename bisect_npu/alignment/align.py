@@ -122,12 +122,15 @@ def _evidence(figures: dict[str, Any]) -> str:
         first = figures["first_divergent"]
         return f"`{first.get('module') or first.get('name')}`: {first.get('problem')} ({first.get('rule')} rule)"
     if "differing" in figures:
-        return "; ".join(f"{key}: {value['candidate']!r} vs {value['reference']!r}"
+        return "; ".join(f"{key}: candidate {value['candidate']!r}, reference {value['reference']!r}"
                          for key, value in figures["differing"].items())
     if figures.get("first_difference") is not None:
         said = f"first difference at {figures['first_difference']}"
         if "candidate_excerpt" in figures:
-            said += f": `{figures['candidate_excerpt']!r}` vs `{figures['reference_excerpt']!r}`"
+            said += (f": candidate `{figures['candidate_excerpt']!r}`, reference "
+                     f"`{figures['reference_excerpt']!r}`")
+        else:  # token ids: their lengths say which side ran on
+            said += f" (candidate {figures.get('length')} ids, reference {figures.get('reference_length')})"
         return said
     if "worst_cosine" in figures:
         return f"{figures.get('tensors_compared')} tensors, worst cosine {figures['worst_cosine']}"

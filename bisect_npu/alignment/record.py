@@ -10,8 +10,9 @@ The manifest says which recipe (name, digest, and a digest of its cases alone, w
 recorded with another backend or model shares), the backend, model and dtype, the model identity
 the probe read (sizes and a vocabulary digest), the host and device, the package versions, and
 each case's observation file. It is written first with ``complete: false`` and rewritten with
-``complete: true`` once every case is on disk, so an interrupted record is told apart (and the same
-`record` command finishes it, keeping the cases already on disk). Dump paths
+``complete: true`` once every case is on disk, so an interrupted record is told apart (and the
+`record` command that made it, the same recipe version, tree and commit, finishes it, keeping the
+cases already on disk; another is refused). Dump paths
 are kept relative to DIR, so a record copied from a GPU host reads the same here.
 """
 
@@ -19,6 +20,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import shlex
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -38,6 +40,38 @@ def cases_digest(cases: list[dict[str, Any]]) -> str:
 
 def is_record(path: Path) -> bool:
     return path.is_dir() and (path / MANIFEST).exists()
+
+
+def made_by_words(name: str, digest: str, tree: Path | None, commit: str) -> str:
+    """What made a record, in words: its recipe version, tree and commit."""
+    return (f"recipe {name} {digest}, tree {tree.resolve() if tree else 'the current directory'} at "
+            f"{commit or 'an unnamed commit'}")
+
+
+def made_by(manifest: dict[str, Any]) -> str:
+    """What made the record a manifest describes (`made_by_words`)."""
+    recipe = manifest.get("recipe") or {}
+    tree = manifest.get("tree")
+    return made_by_words(str(recipe.get("name")), str(recipe.get("digest")), Path(tree) if tree else None,
+                    str(manifest.get("commit") or ""))
+
+
+def finish_command(out: Path, manifest: dict[str, Any]) -> str:
+    """The `record` command that made an interrupted record, which finishes it."""
+    recipe = manifest.get("recipe") or {}
+    tree = manifest.get("tree")
+    return record_command(str(recipe.get("source") or recipe.get("name") or "RECIPE"), out,
+                          Path(tree) if tree else None, str(manifest.get("commit") or ""))
+
+
+def record_command(recipe: str, out: Path, tree: Path | None, commit: str) -> str:
+    """`bisect-npu record` for a recipe, an --out, a --tree and a --commit, as it is typed."""
+    words = ["bisect-npu", "record", "--recipe", recipe, "--out", str(out)]
+    if tree:
+        words += ["--tree", str(tree)]
+    if commit:
+        words += ["--commit", commit]
+    return shlex.join(words)
 
 
 def _next_step(path: Path, recipe: str | None) -> str:
@@ -133,8 +167,8 @@ def read_record(path: str | Path) -> Record:
     if not manifest.get("complete"):
         done = [case for case, file in cases.items() if (root / file).exists()]
         raise UsageError(f"record {root} is incomplete (interrupted after {len(done)} of "
-                         f"{len(manifest.get('case_ids') or cases)} cases); finish it with the same command: "
-                         f"bisect-npu record --recipe {recipe or 'RECIPE'} --out {root}")
+                         f"{len(manifest.get('case_ids') or cases)} cases); finish it with the command that made "
+                         f"it: {finish_command(root, manifest)}")
     observations = {}
     for case, file in cases.items():
         if not (root / file).exists():

@@ -25,7 +25,7 @@ align). The heavy rooms they use are imported when they are called.
 
 from __future__ import annotations
 
-from bisect_npu.alignment.record import Record
+from bisect_npu.alignment.record import Record, record_command
 from bisect_npu.api.alignment import align, record
 from bisect_npu.api.bisection import OracleSpec, Result, bisect, judge, plan_range, propose_fixes, resume
 from bisect_npu.api.ci import BisectComment, ci_bisect, ci_comment, ci_issue
@@ -54,6 +54,7 @@ from bisect_npu.execute.ascend import parse_devices
 from bisect_npu.execute.inprocess import Oracle, OracleAnswer
 from bisect_npu.fix import FixReport
 from bisect_npu.forecast.plan import RangePlan
+from bisect_npu.journal import session_named
 from bisect_npu.observations import VERDICT_EXIT, Observation, Verdict, VerdictKind
 from bisect_npu.orchestration.preflight import command_words
 from bisect_npu.recipe.loader import load_recipe
@@ -128,10 +129,12 @@ __all__ = [
     "propose_fixes",
     "recipe_plan",
     "record",
+    "record_command",
     "render_report",
     "resume",
     "run_demo_case",
     "search_settings",
+    "session_named",
     "simulate",
     "survey_nightly",
     "validate_recipes",

@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING, Any, Literal
 
 from bisect_npu.errors import UsageError
 from bisect_npu.execute.inprocess import Oracle, oracle_name
-from bisect_npu.journal import JOURNAL_FILE
+from bisect_npu.journal import JOURNAL_FILE, session_named
 from bisect_npu.observations import Observation, Verdict
 from bisect_npu.progress import Progress
 from bisect_npu.recipe.loader import load_recipe
@@ -80,7 +80,7 @@ def bisect(request: RunRequest | str | Path, good: str | None = None, bad: str |
     if request.judge.unit_tests and request.judge.command:
         raise UsageError("--unit-test runs vllm-ascend's unit tests as the oracle, --cmd a command: give one of them")
     progress = _progress(quiet, live)
-    path = Path(session_dir).resolve() if session_dir is not None else None
+    path = session_named(Path(session_dir)).resolve() if session_dir is not None else None
     name = oracle_name(function) if function else None
     if path is not None and (path / JOURNAL_FILE).exists():
         check_same_request(path, request, name)
@@ -100,7 +100,7 @@ def resume(session_dir: str | Path | None = None, *, oracle: Oracle | None = Non
     started (a fix of the command that aborted it, which judges every commit as before)."""
     from bisect_npu.orchestration.bisection import Bisection
 
-    path = Path(session_dir).resolve() if session_dir is not None else None
+    path = session_named(Path(session_dir)).resolve() if session_dir is not None else None
     return _run(Bisection.resume(path, progress=_progress(quiet, live), oracle=oracle,
                                  accept_changed_command=accept_changed_command), on_session)
 

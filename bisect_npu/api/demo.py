@@ -103,7 +103,6 @@ def run_demo_case(upstream: DemoUpstream, case: DemoCase, *, executor: Literal["
     request = RunRequest.of(good=truth.good_ref, bad=truth.bad_ref, repo=str(upstream.repo), recipe=case.recipe,
                             executor=executor, verify_fix=verify_fix, dep_repos=dep_repos)
     root = Path(session_root) if session_root is not None else DEFAULT_ROOT
-    root.mkdir(parents=True, exist_ok=True)
     top = new_session_dir(root).resolve()
     result = bisect(request, session_dir=top, quiet=quiet, live=live, on_session=on_session)
     return DemoOutcome(case, result, top / "report.md", check_case(truth, top))

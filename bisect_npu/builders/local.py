@@ -61,9 +61,11 @@ def check_workdir(workdir: Path) -> None:
                          "create it or pass --workdir with an existing directory")
     if workdir.exists() and not workdir.is_dir():
         raise UsageError(f"worktree location {workdir} is a file; pass --workdir with a directory")
-    if not os.access(workdir if workdir.exists() else workdir.parent, os.W_OK):
-        raise UsageError(f"worktree location {workdir} is not writable; pass --workdir with a directory you "
-                         "can write to")
+    try:  # a directory made and removed: permissions alone say nothing of /proc, /sys or a read-only mount
+        Path(tempfile.mkdtemp(prefix=".bisect-npu-", dir=workdir if workdir.exists() else workdir.parent)).rmdir()
+    except OSError as exc:
+        raise UsageError(f"worktree location {workdir} is not writable ({exc.strerror}); pass --workdir with a "
+                         "directory you can write to") from None
 
 
 def sweep_worktrees(repo: git.Repo, directory: Path, names: re.Pattern[str] | None = None) -> None:

@@ -6,6 +6,7 @@ Commands are imported lazily so `bisect-npu --help` stays fast and one room's he
 
 from __future__ import annotations
 
+import contextlib
 import importlib
 import importlib.util
 import json
@@ -16,12 +17,12 @@ import traceback
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import NoReturn
+from typing import Any, NoReturn
 
 import click
 
 from bisect_npu import __version__, interrupts
-from bisect_npu.errors import BisectError
+from bisect_npu.errors import BisectError, InfrastructureError
 
 COMMANDS: dict[str, str] = {
     "run": "bisect_npu.cli.run:run",
@@ -80,11 +81,18 @@ VERDICT_COMMANDS = ("judge",)
 NOT_A_VERDICT_EXIT = 128
 JSON_COMMANDS = ("run", "resume", "settings")  # their --json promises a summary as the last line of stdout
 _session: list[Path] = []  # the session a command works on, once it has one (for the interrupt's hint)
+_kept: list[str] = []  # what a command without a session keeps when stopped, and how to go on (`note_kept`)
 
 
 def note_session(session_dir: Path) -> None:
     """Commands call this once their session exists: a failure or an interrupt names it."""
     _session[:] = [session_dir]
+
+
+def note_kept(how_to_go_on: str) -> None:
+    """A command without a session (`record`) says what it keeps and how to go on: an interrupt or
+    a crash prints it."""
+    _kept[:] = [how_to_go_on]
 
 
 def started(session_dir: Path) -> None:
@@ -101,11 +109,22 @@ def main(argv: list[str] | None = None) -> None:
     For `run`/`resume --json` stdout still ends with a JSON summary when they fail."""
     args = sys.argv[1:] if argv is None else argv
     _session.clear()  # a session noted by an earlier call in this process is not this one's
+    _kept.clear()
     interrupts.install()
     _closed_streams_to_devnull()
+    stdout = sys.stdout
+    sys.stdout = _GuardedStdout(stdout)
+    try:
+        _main(args)
+    finally:
+        sys.stdout = stdout
+
+
+def _main(args: list[str]) -> None:
     try:
         # Without standalone mode click returns the code of a `ctx.exit(code)` instead of exiting.
         returned = cli.main(args=args, prog_name="bisect-npu", standalone_mode=False)
+        sys.stdout.flush()  # what is still buffered is written now, where a failure can be reported
     except BisectError as exc:
         if args and args[0] in SESSION_COMMANDS and _session:
             _report_stop(_session[0], str(exc), exc.exit_code)
@@ -117,6 +136,8 @@ def main(argv: list[str] | None = None) -> None:
                      else "`bisect-npu resume --session {}`").format(_session[0])
             hint = f"; finished steps and trials are kept: {again} continues"
             _report_stop(_session[0], "interrupted", 130)
+        elif _kept:
+            hint = f"; {_kept[0]}"
         _fail(args, f"bisect-npu: interrupted{hint}", 130, "interrupted", "interrupted")
     except click.UsageError as exc:
         where = exc.ctx.command_path if exc.ctx else "bisect-npu"
@@ -127,12 +148,23 @@ def main(argv: list[str] | None = None) -> None:
         sys.exit(_no_verdict(args, exc.exit_code))
     except click.exceptions.Exit as exc:
         sys.exit(exc.exit_code)
+    except OSError as exc:  # the file system refused (read-only, full, gone): this host's, not a bug
+        where = f"{exc.filename}: " if exc.filename else ""
+        message = (f"{where}{exc.strerror or exc}; check that place (writable, room left, still there), then run "
+                   "the command again")
+        if args and args[0] in SESSION_COMMANDS and _session:
+            _report_stop(_session[0], message, 5)
+        _fail(args, f"bisect-npu: error: {message}", 5, "error", message)
     except Exception as exc:  # a bug: its traceback is what a report needs, and --json still ends stdout
         traceback.print_exc()
+        kept = ""
         if args and args[0] in SESSION_COMMANDS and _session:
             _report_crash(_session[0], f"{type(exc).__name__}: {exc}")
+            kept = f"; finished steps stay in the journal of {_session[0]}"
+        elif _kept:
+            kept = f"; {_kept[0]}"
         _fail(args, f"bisect-npu: internal error: {type(exc).__name__}: {exc} (the traceback above is what to "
-              "report; finished steps stay in the session's journal)", 1, "error", f"{type(exc).__name__}: {exc}")
+              f"report{kept})", 1, "error", f"{type(exc).__name__}: {exc}")
     sys.exit(returned if isinstance(returned, int) else 0)
 
 
@@ -201,8 +233,8 @@ def _report_stop(session_dir: Path, reason: str, exit_code: int) -> None:
     try:
         note_stop(session_dir, reason, exit_code)
         write_reports(session_dir)
-    except BisectError:
-        return  # a journal that cannot be read: the error being reported says so already
+    except (BisectError, OSError):
+        return  # a journal that cannot be read, a directory that cannot be written: the error says so already
     except Exception:  # the error being reported is what the user needs to see, not this one
         click.echo("bisect-npu: the stopped session's report could not be written", err=True)
 
@@ -225,9 +257,49 @@ def _no_verdict(args: list[str], code: int) -> int:
     return max(code, NOT_A_VERDICT_EXIT) if args and args[0] in VERDICT_COMMANDS else code
 
 
+class StdoutFailed(InfrastructureError):
+    """Standard output could not be written (a full disk, `> /dev/full`, an I/O error): the
+    command's output is lost, so it ends as an infrastructure error, not with its own code. A
+    closed stdout, or one whose reader left, is not this (`reader_may_leave`)."""
+
+
+class _GuardedStdout:
+    """sys.stdout whose failed writes (other than a broken pipe) raise StdoutFailed: one line on
+    stderr, never a traceback, and nothing more is written to it."""
+
+    def __init__(self, stream: Any) -> None:
+        self.stream = stream
+        self.failed = ""  # why it failed, once it has
+
+    def write(self, text: str) -> int:
+        return int(self._guarded(self.stream.write, text))
+
+    def flush(self) -> None:
+        self._guarded(self.stream.flush)
+
+    def _guarded(self, call: Any, *args: Any) -> Any:
+        if self.failed:  # every later write fails too (click probes the stream, and ignores a failed probe)
+            raise StdoutFailed(self.failed)
+        try:
+            return call(*args)
+        except BrokenPipeError:
+            raise
+        except OSError as exc:
+            self.failed = (f"standard output cannot be written ({exc.strerror or exc}): the output is lost; write "
+                           "it where there is room (another file or device), then run the command again")
+            if self.stream is sys.__stdout__:  # what is still buffered goes nowhere at exit
+                with contextlib.suppress(OSError, ValueError):
+                    _stdout_gone()
+            raise StdoutFailed(self.failed) from None
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.stream, name)
+
+
 def _fail(args: list[str], line: str, code: int, status: str, message: str) -> NoReturn:
     click.echo(line, err=True)
-    if args and args[0] in JSON_COMMANDS and "--json" in args:
+    failed = isinstance(sys.stdout, _GuardedStdout) and bool(sys.stdout.failed)
+    if args and args[0] in JSON_COMMANDS and "--json" in args and not failed:
         click.echo(json.dumps({"status": status, "exit_code": code, "message": message, "culprit": None,
                                "session": str(_session[0]) if _session else None}))
     sys.exit(_no_verdict(args, code))

@@ -27,7 +27,10 @@ def record(recipe_path: str, out: Path, tree: Path | None, python: str | None, c
     """Run each case of the recipe once on this host with its backend and keep it as a reference: the
     observations with top logprobs, every alignment stage, layer dumps, and where it ran."""
     from bisect_npu import api
+    from bisect_npu.cli import note_kept
 
+    again = api.record_command(recipe_path, out.resolve(), tree.resolve() if tree else None, commit)
+    note_kept(f"the cases recorded so far are kept in {out}: `{again}` finishes the record")
     made = api.record(recipe_path, out, force=force, tree=tree, commit=commit, timeout_s=timeout_s, python=python)
     click.echo(f"recorded {len(made.observations)} case(s) of {made.recipe} on {made.where()}: {made.path}")
 
@@ -50,6 +53,10 @@ def align(reference: Path, candidate: Path | None, recipe_path: str | None, tree
 
     result = api.align(reference, candidate, recipe=recipe_path, tree=tree)
     if markdown_path is not None:
-        markdown_path.write_text(result.to_markdown(), encoding="utf-8")
+        try:
+            markdown_path.write_text(result.to_markdown(), encoding="utf-8")
+        except OSError as exc:
+            raise api.UsageError(f"cannot write {markdown_path} ({exc.strerror}); pass --markdown with a path in "
+                                 "an existing, writable directory") from None
     click.echo(json.dumps(result.to_dict(), indent=2) if as_json else result.to_markdown())
     sys.exit(result.exit_code)

@@ -99,7 +99,7 @@ def request_options(request_type: type[RunRequest] = RunRequest, taken: Taken | 
 
 def request_from(values: dict[str, Any], request_type: type[RunRequest] = RunRequest) -> RunRequest:
     """The request the flags ask for (`values`: click's parameters by name)."""
-    return request_type.model_validate(request_parts(values, request_type))
+    return request_type.from_flags(request_parts(values, request_type))
 
 
 def request_parts(values: dict[str, Any], request_type: type[RunRequest] = RunRequest,
@@ -183,7 +183,7 @@ def resume(session_dir: Path | None, as_json: bool, quiet: bool, accept_changed_
     from bisect_npu import api
 
     if session_dir is not None:
-        note_session(session_dir.resolve())  # named in a failure's summary even if resume cannot start
+        note_session(api.session_named(session_dir).resolve())  # named in a failure's summary, started or not
     finish(api.resume(session_dir, quiet=quiet or as_json, live=True, on_session=started,
                       accept_changed_command=accept_changed_command), as_json)
 

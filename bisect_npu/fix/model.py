@@ -35,7 +35,6 @@ FEATURES = (
     "symptom_any",  # 1: some symptom word matches
     "days",  # log(1 + days after the culprit) / 6
     "twins",  # 1: the same change on several branches
-    "in_bad_end",  # 1: already in the bad end, which is still bad
     "cosmetic_title",  # 1: the title says typo, refactor, rename, format
     "cites_cause",  # 1: the line naming the culprit speaks of a bug, a cause or a revert
     "follow_up",  # 1: the title (outside a quoted one) builds on a change: follow-up, perf, feature, refactor

@@ -61,7 +61,6 @@ WEIGHTS: dict[str, float] = {
     "tag": 1.5,  # [BugFix], fix: ... in the title
     "symptom": 1.0,  # per distinct symptom keyword, at most SYMPTOM_CAP keywords
     "twins": 1.0,  # present on more than one branch: maintainers thought it worth back-porting
-    "in_bad_end": -10.0,  # already contained in the bad end, which is still bad
 }
 STRONG_SIGNALS = ("revert", "provenance", "reference")
 WEAK_SIGNALS = ("proximity", "same_function", "same_file", "names", "tests", "tag", "symptom", "twins")
@@ -244,7 +243,7 @@ def propose_fixes(
     # The user's own branches: those holding the bad end (else the culprit). A change on several
     # branches is named by its commit there, the one a fix on the user's branch would be.
     own = {short_ref(r) for r in (refs_containing(repo, bad_sha, refs) if bad_sha else []) or anchors[0].refs}
-    proposals = _group_twins(repo, qualified, refs, membership, in_bad, bad, model, culprit_commit.time, own)
+    proposals, held = _group_twins(repo, qualified, refs, membership, in_bad, model, culprit_commit.time, own)
     all_anchor_refs = sorted({r for a in anchors for r in a.refs})
     base = github_url(repo)
     for proposal in proposals:
@@ -264,8 +263,12 @@ def propose_fixes(
     ]
     branch_tips = {short_ref(r): refs[r] for r in all_anchor_refs}
     confident = bool(proposals) and proposals[0].confidence >= CONFIDENT
-    return FixReport(culprit_sha, proposals, dependency, _note(proposals, dependency, twins, branch_tips, confident),
-                     twins, branch_tips, confident)
+    note = _note(proposals, dependency, twins, branch_tips, confident)
+    if held:
+        note += (f"; {held} later commit{'s' if held != 1 else ''} that touch the culprit "
+                 f"{'are' if held != 1 else 'is'} in the bad end {bad_sha[:10] if bad_sha else ''}, which is still "
+                 f"bad with {'them' if held != 1 else 'it'}: not proposed")
+    return FixReport(culprit_sha, proposals, dependency, note, twins, branch_tips, confident)
 
 
 def _note(proposals: list[FixProposal], dependency: DependencyNote | None,
@@ -565,12 +568,14 @@ def _branch_members(repo: git.Repo, refs: dict[str, str], culprit: str) -> dict[
 
 
 def _group_twins(repo: git.Repo, qualified: list[_Candidate], refs: dict[str, str], membership: dict[str, set[str]],
-                 in_bad: set[str], bad: str | None, model: RankModel, culprit_time: int,
-                 own: set[str]) -> list[FixProposal]:
+                 in_bad: set[str], model: RankModel, culprit_time: int,
+                 own: set[str]) -> tuple[list[FixProposal], int]:
     """One proposal per change: candidates with the same normalized title or patch-id merge (patch-ids
     of the MAX_GROUPED most likely only: a twin carries the same evidence, so it ranks near its pair), and
     so do the reverts of the culprit and of its twins (each branch reverting its own copy). A proposal is
-    named by its member on the user's `own` branches, the others listed as also on their branches."""
+    named by its member on the user's `own` branches, the others listed as also on their branches. A
+    change whose every member the still-bad end holds (`in_bad`) is left out and counted: the second
+    value returned."""
     parent = {c.commit.sha: c.commit.sha for c in qualified}
 
     def root(sha: str) -> str:
@@ -608,7 +613,11 @@ def _group_twins(repo: git.Repo, qualified: list[_Candidate], refs: dict[str, st
 
     default = default_branch(repo, refs)
     proposals = []
+    held = 0
     for members in groups.values():
+        if in_bad and all(m.commit.sha in in_bad for m in members):
+            held += 1  # the bad end holds it and is still bad: whatever it repairs, not this regression
+            continue
         members.sort(key=lambda c: (c.commit.time, c.commit.sha))
         best: dict[str, Reason] = {}
         features: dict[str, float] = {}
@@ -626,11 +635,6 @@ def _group_twins(repo: git.Repo, qualified: list[_Candidate], refs: dict[str, st
             best["twins"] = Reason("twins", f"the same change is on {len(branches)} branches: "
                                             f"{some_branches(branches)}", WEIGHTS["twins"])
             features["twins"] = 1.0
-        if in_bad and all(m.commit.sha in in_bad for m in members):
-            best["in_bad_end"] = Reason("in_bad_end", f"already contained in the bad end {bad}, "
-                                                      f"which is still bad: at most a partial fix",
-                                        WEIGHTS["in_bad_end"])
-            features["in_bad_end"] = 1.0
         reasons = sorted(best.values(), key=lambda r: (-r.weight, r.signal))
         # Name the change by its member on the user's branch (the commit to apply there; one already in
         # the bad end applies nothing), else by its upstream PR (the member on the default branch), else
@@ -643,4 +647,4 @@ def _group_twins(repo: git.Repo, qualified: list[_Candidate], refs: dict[str, st
             pr=pr_number(named.title), score=round(sum(r.weight for r in reasons), 3),
             reasons=reasons, date=members[0].commit.time, sha_branches=where,
             model_score=round(model.score(features), 6), features=features))
-    return proposals
+    return proposals, held

@@ -267,6 +267,14 @@ class OracleConfig(StrictModel):
     throughput: ThroughputConfig | None = Field(None, description="kind throughput: the line a commit's output token "
                                                                   "throughput must reach")
 
+    @field_validator("kinds")
+    @classmethod
+    def _some_judge(cls, kinds: list[OracleKind]) -> list[OracleKind]:
+        if not kinds:
+            raise ValueError("lists no judge, so every commit would be judged good; name at least one (repetition, "
+                             "tokens, logits, ...), or leave `kinds` out for the default (repetition)")
+        return kinds
+
     @model_validator(mode="after")
     def _throughput_line(self) -> OracleConfig:
         if "throughput" in self.kinds and self.throughput is None:

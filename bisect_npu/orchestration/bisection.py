@@ -442,6 +442,7 @@ class FixStage:
             tags = {p.shas[0]: tag for p in report.proposals if held_of(self.spec.level)
                     and (tag := history.first_tag_containing(session.repo, p.shas[0]))}
             session.append(FixRecord(report=report, first_tags=tags))
+        session.progress.note(end_messages.fix_found(report))
         if not self.spec.fix.verify_fix:
             return
         if not report.proposals:
@@ -458,6 +459,7 @@ class FixStage:
             on_result=lambda v: session.append(FixVerifiedRecord(verification=v)))
         every = sorted([*kept, *fresh], key=lambda v: v.status != "verified")
         session.append(FixVerifyRecord(verifications=every))
+        session.progress.note(end_messages.fix_verified(every))
 
     @property
     def session_dir(self) -> Path:

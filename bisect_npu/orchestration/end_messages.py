@@ -9,6 +9,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Literal
 
+from bisect_npu.fix_proposals import FixReport, FixVerification
 from bisect_npu.level import HeldUpstream, MergeScope
 from bisect_npu.recipe.settings import Difference, show
 from bisect_npu.records import FixRecord
@@ -53,18 +54,25 @@ def _first_line(reason: str, chars: int = 160) -> str:
 
 
 def ends_wrong(which: Literal["good", "bad"], good: str, bad: str, *, find_fix: bool, untested: str | None,
-               noisy: bool, figures: dict[str, float], oracle: str, log: Path | None) -> str:
+               noisy: bool, figures: dict[str, float], oracle: str, log: Path | None, base: str | None = None) -> str:
     """Which end did not behave as given and what to do; `untested`: the reason that end could not
-    be tested (None: it was judged), `oracle`: "recipe" or "command", `log`: its last run's log."""
+    be tested (None: it was judged), `oracle`: "recipe" or "command", `log`: its last run's log,
+    `base`: the commit tested for the good end where that end is not an ancestor of the bad one
+    (their merge-base): what was judged is named, not the end the user gave."""
     ref = good if which == "good" else bad
     # --find-fix names the ends old (broken) and new (fixed), as the user gave them.
     name = ("old" if which == "good" else "new") if find_fix else which
+    subject = f"the {name} end {ref}"
+    tested = ref
+    if which == "good" and base is not None:
+        subject = f"the merge-base {base[:12]} of the {name} end {good} and {bad} ({good} is not an ancestor of {bad})"
+        tested = base[:12]
     if untested is not None:
-        message = (f"precondition failed: the {name} end {ref} could not be tested ({untested}); "
+        message = (f"precondition failed: {subject} could not be tested ({untested}); "
                    f"fix the build or the {oracle} for that commit, or choose another end")
     elif find_fix:
         state = "does not show the symptom" if which == "good" else "still shows the symptom"
-        message = (f"precondition failed: the {name} end {ref} {state}; with --find-fix the old end must "
+        message = (f"precondition failed: {subject} {state}; with --find-fix the old end must "
                    f"be broken and the new end fixed (or pass --no-check-ends)")
     else:
         opposite = "bad" if which == "good" else "good"
@@ -74,9 +82,25 @@ def ends_wrong(which: Literal["good", "bad"], good: str, bad: str, *, find_fix: 
             judged = f"never showed the symptom in {figures.get('bad_end_trials', 0):.0f} trials"
         else:
             judged = "showed the symptom about as often as the bad end (the report's evidence has the counts)"
-        message = (f"precondition failed: the {which} end {ref} {judged}; check the {oracle} reproduces the "
-                   f"problem at {bad} and not at {good}, or pass --no-check-ends")
+        message = (f"precondition failed: {subject} {judged}; check the {oracle} reproduces the "
+                   f"problem at {bad} and not at {tested}, or pass --no-check-ends")
+        if tested != ref:
+            message += f", or give a good end on {bad}'s history"
     return message + (f" (its run's log: {log})" if log else "")
+
+
+def fix_found(report: FixReport) -> str:
+    """What the search for upstream fixes found (the run's last progress line without verification)."""
+    return f"upstream fixes of {report.culprit[:12]}: {report.note}"
+
+
+def fix_verified(verifications: Sequence[FixVerification]) -> str:
+    """What verifying the proposals on the bad end showed."""
+    verified = next((v for v in verifications if v.status == "verified"), None)
+    if verified is not None:
+        best = verified.proposal
+        return f"verified fix: {best.shas[0][:12]} {best.title} turns the bad end good"
+    return f"no proposal among the {len(verifications)} tried turns the bad end good"
 
 
 def dependency_moved(held: HeldUpstream, culprit: str) -> str:

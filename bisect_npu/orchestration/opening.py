@@ -107,6 +107,12 @@ def open_journal(session_dir: Path | None = None, root: Path = DEFAULT_ROOT, pro
     repo = history.open_repo(spec.range.repo, remedy=(
         "the session's repository was moved or removed; put it back there to resume, or start a new "
         "session with `bisect-npu run`")) if spec.range.repo else None
+    if repo is not None and (gone := _commits_gone(repo, header)):
+        journal.close()
+        raise UsageError(f"the session's {gone} is no longer in {spec.range.repo} (a force-push and `git gc` drop "
+                         "commits no branch holds): fetch it back (`git fetch REMOTE SHA` where a remote still has "
+                         "it) to resume, or start a new session with `bisect-npu run`; `bisect-npu report --session "
+                         f"{session_dir}` still reads this one")
     if spec.judge.unit_tests and (refusal := rules_refusal(spec.judge.command or [])):
         journal.close()
         raise UsageError(refusal)
@@ -145,6 +151,17 @@ def stop_leftovers(evaluator: Evaluator, progress: Progress) -> None:
     an NPU host it would hold the cards); the user hears how much."""
     if stopped := evaluator.executor.sweep():
         progress.note(f"stopped {stopped} leftover container(s) or process(es) of a killed earlier run")
+
+
+def _commits_gone(repo: git.Repo, header: HeaderRecord) -> str:
+    """The ends of a session's commit range its repository no longer holds, in words ("" when both
+    are there; every candidate lies on the bad end's history)."""
+    bisected = header.range
+    if bisected.kind != "commits":
+        return ""
+    ends = {"bad end": (bisected.bad, bisected.bad_ref), "good end": (bisected.base, bisected.good_ref)}
+    return " and ".join(f"{name} {sha[:12]} ({ref})" for name, (sha, ref) in ends.items()
+                        if not history.has_commit(repo, sha))
 
 
 def _github_of(spec: SessionSpec, recipe: Recipe | None, repo: git.Repo | None) -> str | None:

@@ -26,9 +26,10 @@ from bisect_npu.builders.submodules import check_submodule_pins
 from bisect_npu.builders.unit_tests import check_unit_tests, unit_test_command
 from bisect_npu.defaults import LAST_GOOD
 from bisect_npu.errors import UsageError
+from bisect_npu.execute.ascend import device_files
 from bisect_npu.execute.docker import check_command_mounts
 from bisect_npu.execute.host import check_devices_on_host, check_slot_shares, detect_host, recipe_for_host
-from bisect_npu.execute.host_devices import check_host_devices
+from bisect_npu.execute.host_devices import check_host_devices, missing_paths
 from bisect_npu.execute.ray import settle_slots as settle_on_cluster
 from bisect_npu.level import held_of, scope_of
 from bisect_npu.nightly.at_commit import settle_run
@@ -67,7 +68,8 @@ class RunInputs:
     earlier_runs: EarlierRunsSpec | None
     candidates_range: CandidateRange
     last_good_note: str | None = None  # `--good last-good`: which commit the verdict store gave
-    owed: tuple[str, ...] = ()  # --nightly-case: what the host still owes the case (a dataset's place), said first
+    # What the host still owes the run, said first: --nightly-case's dataset place, --devices it lacks.
+    owed: tuple[str, ...] = ()
 
 
 def check_run(spec: SessionSpec, host_root: Path = Path("/")) -> RunInputs:
@@ -95,6 +97,7 @@ def check_run(spec: SessionSpec, host_root: Path = Path("/")) -> RunInputs:
         spec.judge.earlier_results = settled_given(spec.judge.earlier_results)  # resume may start elsewhere
         check_given(spec.judge.earlier_results, recipe)
     settle_executor(spec, recipe.cards_per_run() if recipe else 1, host_root)  # before any clone or index query
+    owed = [*owed, *local_devices_missing(spec, host_root)]
     spec.search.mode = spec.search.mode or (recipe.trials.mode if recipe else "exact")
     earlier_runs = earlier_runs_spec(spec, recipe)
     if spec.search.earlier_runs and spec.level.takes_earlier_runs and spec.search.mode != "noisy":
@@ -102,6 +105,9 @@ def check_run(spec: SessionSpec, host_root: Path = Path("/")) -> RunInputs:
                          "in the recipe), or drop it: exact mode takes one verdict per commit")
     if recipe is not None and spec.judge.recipe and Path(spec.judge.recipe).exists():
         spec.judge.recipe = str(Path(spec.judge.recipe).resolve())
+    for option, given in (("--package", spec.range.package), ("--repo", spec.range.repo)):
+        if given is not None and not given.strip():
+            raise UsageError(f"{option} is empty; name one, or leave the option out")
     repo = history.open_repo(spec.range.repo) if spec.range.repo else None
     if repo is not None and spec.range.repo and not history.is_url(spec.range.repo):
         spec.range.repo = str(repo.working_tree_dir or repo.git_dir)
@@ -310,6 +316,21 @@ def settle_devices(spec: SessionSpec, cards_per_run: int, host_root: Path = Path
         check_slot_shares(host, spec.executor.devices, spec.executor.slots)
     if spec.executor.devices and spec.executor.executor == "docker":
         check_host_devices(spec.executor.devices, host_root)  # the NPU containers' devices and driver files
+
+
+def local_devices_missing(spec: SessionSpec, host_root: Path = Path("/")) -> list[str]:
+    """--devices with the local executor on a host without those cards' device files (under
+    `host_root`): its runs get ASCEND_RT_VISIBLE_DEVICES for cards they cannot reach. Said, not
+    refused as the containers' path is (they cannot start): a --cmd may use the numbers its own way."""
+    if spec.executor.executor != "local" or not spec.executor.devices:
+        return []
+    missing = missing_paths(device_files(spec.executor.devices), host_root)
+    if not missing:
+        return []
+    shown = ", ".join(missing[:6]) + (f" and {len(missing) - 6} more" if len(missing) > 6 else "")
+    return [f"--devices {','.join(map(str, spec.executor.devices))}: this host lacks {shown}, so an NPU engine "
+            "started by a run cannot reach those cards (each run still gets them in ASCEND_RT_VISIBLE_DEVICES); "
+            "`bisect-npu doctor` checks the host, or drop --devices to run on the CPU"]
 
 
 def settle_slots(spec: SessionSpec, cards_per_run: int) -> None:

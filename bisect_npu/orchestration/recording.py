@@ -4,8 +4,9 @@ and keep the observations, layer dumps and where they ran as a record (`bisect_n
 The probe runs as a session's does (`LocalExecutor`: its own process group, the timeout, the log),
 in `tree` (a source checkout put on PYTHONPATH: the demo engine's, a vllm-ascend worktree) or in
 the installed packages. The manifest is written before the first case and after each one, and marked
-complete only at the end: an interrupted record is refused by `align` until the same `record`
-command (same recipe digest) finishes it, running only the cases not yet on disk.
+complete only at the end: an interrupted record is refused by `align` until the `record` command
+that made it (the same recipe version, tree and commit) finishes it, running only the cases not yet
+on disk; another recipe version, tree or commit is refused, naming both.
 """
 
 from __future__ import annotations
@@ -22,7 +23,10 @@ from bisect_npu.alignment.record import (
     MANIFEST,
     VERSION,
     Record,
+    finish_command,
     is_record,
+    made_by,
+    made_by_words,
     read_manifest,
     read_record,
     relative_dumps,
@@ -39,7 +43,11 @@ DEFAULT_TIMEOUT_S = 3600.0
 def _prepare(out: Path, force: bool) -> None:
     """Refuse to overwrite anything without `force`, and anything but a record even with it."""
     if not out.exists() or (out.is_dir() and not any(out.iterdir())):
-        out.mkdir(parents=True, exist_ok=True)
+        try:
+            out.mkdir(parents=True, exist_ok=True)
+        except OSError as exc:
+            raise UsageError(f"cannot make the record directory {out} ({exc.strerror}); pass --out with a "
+                             "writable place") from None
         return
     if not is_record(out):
         raise UsageError(f"{out} exists and is not a record; choose an empty or new --out")
@@ -49,22 +57,32 @@ def _prepare(out: Path, force: bool) -> None:
     out.mkdir(parents=True)
 
 
-def _resumable(out: Path, recipe: Recipe, force: bool) -> dict[str, Any] | None:
-    """The manifest of an interrupted record of this very recipe at `out` (its finished cases are kept),
-    or None: a fresh record is made."""
+def _resumable(out: Path, recipe: Recipe, force: bool, tree: Path | None, commit: str) -> dict[str, Any] | None:
+    """The manifest of an interrupted record at `out` (its finished cases are kept), or None: a
+    fresh record is made. One made by another recipe version, tree or commit is refused, naming
+    both: its cases would come from two runs under a manifest that names one."""
     if force or not is_record(out):
         return None
     manifest = read_manifest(out)
-    if manifest.get("complete") or manifest.get("recipe", {}).get("digest") != recipe.digest():
+    if manifest.get("complete"):
         return None
+    made, asked = made_by(manifest), made_by_words(recipe.name, recipe.digest(), tree, commit)
+    if made != asked:
+        raise UsageError(f"{out} is an interrupted record made by {made}; this command asks {asked}: finish it "
+                         f"with {finish_command(out, manifest)}, pass --force to record it anew, or choose "
+                         "another --out")
     manifest["cases"] = {case: file for case, file in (manifest.get("cases") or {}).items() if (out / file).exists()}
     return manifest
 
 
 def _write_manifest(out: Path, manifest: dict[str, Any]) -> None:
     tmp = out / f".{MANIFEST}.tmp"
-    tmp.write_text(json.dumps(manifest, indent=1), encoding="utf-8")
-    tmp.replace(out / MANIFEST)
+    try:
+        tmp.write_text(json.dumps(manifest, indent=1), encoding="utf-8")
+        tmp.replace(out / MANIFEST)
+    except OSError as exc:
+        raise UsageError(f"cannot write the record's manifest in {out} ({exc.strerror}); pass --out with a "
+                         "writable place") from None
 
 
 def _where(observation: dict[str, Any], recipe: Recipe) -> dict[str, Any]:
@@ -83,7 +101,7 @@ def record(recipe: Recipe, out: Path, *, force: bool = False, tree: Path | None 
     """Run each case of `recipe` once here (with `python`, another venv's interpreter, and `env` added
     to the environment) and write the record to `out`."""
     out = out.resolve()
-    manifest = _resumable(out, recipe, force) or _new_manifest(out, recipe, force, tree, commit, python)
+    manifest = _resumable(out, recipe, force, tree, commit) or _new_manifest(out, recipe, force, tree, commit, python)
     _write_manifest(out, manifest)
     executor = LocalExecutor(env=env, python_paths=["."], python=python or sys.executable)
     where = Environment(kind="worktree", commit=commit, path=str((tree or Path.cwd()).resolve()))
@@ -117,6 +135,6 @@ def _new_manifest(out: Path, recipe: Recipe, force: bool, tree: Path | None, com
         "recipe": {"name": recipe.name, "digest": recipe.digest(), "cases_digest": recipe.cases_digest(),
                    "source": recipe.source},
         "backend": recipe.engine.backend, "model": recipe.model.model_dump(mode="json", exclude={"host_path"}),
-        "commit": commit, "tree": str(tree) if tree else None, "python": python or sys.executable,
+        "commit": commit, "tree": str(tree.resolve()) if tree else None, "python": python or sys.executable,
         "host": {"node": platform.node(), "machine": platform.machine(), "python": platform.python_version()},
         "case_ids": [case.id for case in recipe.cases], "cases": {}}

@@ -377,7 +377,8 @@ class Session:
             message = end_messages.ends_wrong(decision.which, self.spec.range.good, self.spec.range.bad,
                                               find_fix=self.spec.search.find_fix, untested=untested,
                                               noisy=self.mode == "noisy", figures=decision.figures,
-                                              oracle="recipe" if self.recipe is not None else "command", log=log)
+                                              oracle="recipe" if self.recipe is not None else "command", log=log,
+                                              base=self.base if self.base != self.journal.header.range.good else None)
             end = EndRecord(status="ends_wrong", which=decision.which, figures=decision.figures)
             result = SessionResult("ends_wrong", EXIT_ENDS_WRONG, self.journal.session_dir, message=message,
                                    steps=steps, output_tail=output)

@@ -45,7 +45,7 @@ from bisect_npu.orchestration.state import StoreLedger, Thing
 from bisect_npu.progress import Progress
 from bisect_npu.recipe.schema import Recipe
 from bisect_npu.records import CommandOracle, StoredFrom
-from bisect_npu.store import Scope, StoredVerdict, VerdictStore
+from bisect_npu.store import Scope, StoredVerdict, StoreUnavailable, VerdictStore
 from bisect_npu.upstream import history
 
 ENVIRONMENT_VARIABLE = "BISECT_NPU_ENVIRONMENT"
@@ -419,7 +419,14 @@ def open_verdict_reuse(spec: SessionSpec, recipe: Recipe | None, session_dir: Pa
     scope = scope_of(spec, recipe, reference)
     if scope is None:
         return None
-    return VerdictReuse(VerdictStore(Path(spec.store.verdict_store)), scope, str(session_dir), progress)
+    try:
+        store = VerdictStore(Path(spec.store.verdict_store))
+    except StoreUnavailable as exc:  # as when it fails mid-run: the host's work goes on
+        progress.note(f"{exc}; this session goes on without it: it tests every commit and keeps no verdict")
+        return None
+    if store.set_aside:
+        progress.note(store.set_aside)
+    return VerdictReuse(store, scope, str(session_dir), progress)
 
 
 def resolve_last_good(spec: SessionSpec, recipe: Recipe | None, repo: git.Repo) -> tuple[str, str]:
@@ -435,7 +442,8 @@ def resolve_last_good(spec: SessionSpec, recipe: Recipe | None, repo: git.Repo) 
     if scope is None:
         raise UsageError("--good last-good needs a recipe or a command oracle; name a good ref")
 
-    good = VerdictStore(Path(spec.store.verdict_store)).judged_good(scope)
+    store = VerdictStore(Path(spec.store.verdict_store))
+    good = store.judged_good(scope)
     bad = history.resolve_ref(repo, spec.range.bad)
     if good:
         for sha in repo.git.rev_list("--first-parent", bad).split():
@@ -445,4 +453,4 @@ def resolve_last_good(spec: SessionSpec, recipe: Recipe | None, repo: git.Repo) 
     raise UsageError(f"--good last-good: the verdict store {spec.store.verdict_store} holds no commit judged good "
                      f"on {spec.range.bad}'s first-parent line for this {'recipe' if recipe else 'command'} and "
                      "environment (a different recipe, command, executor, host type or timeout does not count); name a "
-                     "good ref for the first bisection")
+                     f"good ref for the first bisection{f' ({store.set_aside})' if store.set_aside else ''}")

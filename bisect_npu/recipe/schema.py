@@ -668,6 +668,17 @@ class Recipe(StrictModel):
             _checked_leaves({key: item for key, item in raw.items() if key != "__line__"}, "")
         return raw
 
+    @field_validator("cases")
+    @classmethod
+    def _distinct_case_ids(cls, cases: list[CaseSpec]) -> list[CaseSpec]:
+        """Observations, logs and a record's files are named by the case id: two cases of one id
+        would overwrite each other (a record kept one of them)."""
+        ids = [case.id for case in cases]
+        if twice := sorted({i for i in ids if ids.count(i) > 1}):
+            raise ValueError(f"case id {', '.join(map(repr, twice))} is given to more than one case; give each "
+                             "case its own `id`")
+        return cases
+
     @field_validator("environment")
     @classmethod
     def _os_environment(cls, environment: dict[str, str]) -> dict[str, str]:

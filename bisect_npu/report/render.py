@@ -27,7 +27,7 @@ from bisect_npu.report.nightly import nightly_section
 from bisect_npu.report.outputs import first_divergent, output_pairs
 from bisect_npu.report.reproduce import reproduce
 from bisect_npu.report.settings import SETTINGS_DIR, settings_json, settings_markdown
-from bisect_npu.report.view import SessionView, StepView, build_counts, load_view, reused_count
+from bisect_npu.report.view import SessionView, StepView, answer_of, build_counts, load_view, reused_count
 
 TEMPLATES = Path(__file__).parent / "templates"
 
@@ -65,50 +65,62 @@ def render_markdown(view: SessionView) -> str:
 
 
 def _main_report(view: SessionView, env: jinja2.Environment) -> str:
+    answer = answer_of(view)
+    found_by = answer.view if answer is not None else view  # the session whose commits the answer names
     return env.get_template("report.md.j2").render(
         v=view, r=view.range, q=view.request, cx=view.header.context,
-        held=held_of(view.header.level), scope=scope_of(view.header.level), end=view.end,
+        held=held_of(view.header.level), scope=scope_of(view.header.level), end=view.end, a=answer, av=found_by,
+        a_held=held_of(found_by.header.level),
         chart=chart_series(view.steps), case=case_view(view), pairs=output_pairs(view),
-        divergent=first_divergent(view), facts=culprit_facts(view), files_shown=FILES_SHOWN,
+        divergent=first_divergent(view), facts=culprit_facts(found_by), files_shown=FILES_SHOWN,
         repro=reproduce(view), host_rows=host_rows(view), tool_version=__version__,
         machine=f"{platform.node()} ({platform.system()} {platform.machine()}, Python {platform.python_version()})",
         build_counts=build_counts(view.steps), total_seconds=round(sum(s.seconds for s in view.steps), 1),
         reused=reused_count(view.steps), steps=step_reasons(view.steps),
-        evidence=evidence_summary(view), host_line=host_line(view), switches=switch_lines(view.steps),
+        evidence=evidence_summary(found_by), host_line=host_line(view), switches=switch_lines(view.steps),
         settings=settings_markdown(view.session_dir / SETTINGS_DIR, after_commit_search=True),
         accuracy=accuracy_view(view),
     )
 
 
 def session_status(view: SessionView) -> str:
-    """found, narrowed, ends_wrong; crashed (a bug), stopped (an error or an interrupt); else running."""
-    if view.end is not None:
-        return view.end.status
+    """found, narrowed, ends_wrong (the answer's, a finer level's included); crashed (a bug), stopped
+    (an error or an interrupt); else running."""
+    answer = answer_of(view)
+    if answer is not None:
+        return answer.status
     return view.stop.status if view.stop is not None else "running"
 
 
 def render_json(view: SessionView) -> dict[str, Any]:
-    end = view.end
+    """The session's report as JSON; its answer (culprit, status, message, range) is the one `run`
+    printed, a finer level's where it descended (`answer_of`), and `level_culprit` this level's own."""
+    answer = answer_of(view)
+    found_by = answer.view if answer is not None else view
+    end, own = found_by.end, view.end
+    culprit = answer.culprit if answer is not None else None
     figures = end.figures if end is not None else None
-    facts = culprit_facts(view)
+    facts = culprit_facts(found_by)
     return {
         "tool_version": __version__,
         "session": str(view.session_dir),
         "status": session_status(view),
         # Why a session without an answer stopped, and the exit code it stopped with.
         "stopped": {"exit_code": view.stop.exit_code, "reason": view.stop.reason} if view.stop is not None else None,
-        "culprit": end.culprit if end is not None else None,
-        "culprit_title": view.title_of(end.culprit) if end is not None and end.culprit else None,
+        "culprit": culprit,
+        "culprit_title": found_by.title_of(culprit) if culprit else None,
         "culprit_author_date": facts.author_date if facts is not None else None,
         "culprit_files": facts.files if facts is not None else None,
-        "range": [end.lo, end.hi] if end is not None and end.status == "narrowed" else None,
-        "message": end.message if end is not None else None,
+        "culprit_session": str(found_by.session_dir) if answer is not None and answer.finer else None,
+        "level_culprit": own.culprit if own is not None else None,  # what this level's search ended at
+        "range": [end.lo, end.hi] if end is not None and answer is not None and answer.status == "narrowed" else None,
+        "message": answer.message if answer is not None and answer.message else None,
         "evidence": figures,
         # What the noisy figures' rates count: the search's "bad" runs, clean ones under --find-fix.
         "evidence_counts": (("runs without the symptom" if view.request.search.find_fix else "runs with the symptom")
                             if any(name.endswith("_rate") for name in figures or {}) else None),
-        "prefetch_saved_s": end.prefetch_saved_s if end is not None else None,
-        "ends_wrong": end.which if end is not None and end.status == "ends_wrong" else None,  # the end judged wrong
+        "prefetch_saved_s": own.prefetch_saved_s if own is not None else None,
+        "ends_wrong": end.which if end is not None and answer is not None and answer.status == "ends_wrong" else None,
         "good": view.range.good, "bad": view.range.bad, "base": view.range.base,
         "good_ref": view.range.good_ref, "bad_ref": view.range.bad_ref,
         "merge_base_note": view.range.merge_base_note,

@@ -1,6 +1,7 @@
-"""The `bisect-npu run` line another person runs to get the session again: no path of this
-machine in it (the repository is its GitHub URL or UPSTREAM, a file its name, with a recipe file's
-text attached) and none of this host's own stores."""
+"""The `bisect-npu run` line another person runs to get the session again: the commits it bisected
+(a branch named at the start has moved on since), no path of this machine in it (the repository is
+its GitHub URL or UPSTREAM, a file its name, with a recipe file's text attached) and none of this
+host's own stores."""
 
 from __future__ import annotations
 
@@ -29,11 +30,14 @@ class Reproduce:
 def reproduce(view: SessionView) -> Reproduce:
     """The run line for another host; a dependency level's is its upstream session's (it has no
     `run` line of its own: the held upstream commit comes from that run's culprit)."""
-    request, github = view.request, view.github
+    request, github, bisected = view.request, view.github, view.range
     parent = Path(view.header.parent_session) if view.header.parent_session else None
     if held_of(view.header.level) is not None and parent is not None and (parent / JOURNAL_FILE).is_file():
         with Journal.open(parent, read_only=True) as journal:
-            request, github = journal.header.request, journal.header.github
+            request, github, bisected = journal.header.request, journal.header.github, journal.header.range
+    if bisected.kind == "commits":  # the commits bisected, not refs that may have moved since (a branch)
+        request = request.model_copy(update={"range": request.range.model_copy(
+            update={"good": bisected.good, "bad": bisected.bad})})
     argv = request.run_argv()
     out: list[str] = []
     recipe_file = recipe_text = None

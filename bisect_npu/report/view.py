@@ -71,7 +71,9 @@ class SessionView:
     sampling: dict[str, Any] = field(default_factory=dict)
     engine_starts: dict[str, Any] | None = None
     told: dict[str, float] = field(default_factory=dict)
-    stop: Stop | None = None  # what stopped a session without an answer, while nothing was journaled since
+    # What stopped a session without an answer (or one whose finer level has none yet), while nothing
+    # was journaled since.
+    stop: Stop | None = None
 
     @property
     def crashed(self) -> str | None:
@@ -146,8 +148,59 @@ def load_view(session_dir: Path) -> SessionView:
     view.versions, view.sampling = _engine_facts(session_dir, journal.entries)
     view.engine_starts = engine_starts(journal.entries)
     view.told = view_told
-    view.stop = stop_of(session_dir) if end is None else None
+    view.stop = stop_of(session_dir) if end is None or (next_level is None and _descending(session_dir)) else None
     return view
+
+
+@dataclass(frozen=True)
+class Answer:
+    """A session's one answer, the one `run` printed: its finest level's where it descended (the
+    commit a merge brought in, the commit between two releases, a dependency's commit: its
+    `next_level` line), else its own end. `view` is the session that found it: the titles, facts
+    and evidence of its commits."""
+
+    status: str  # found, narrowed, ends_wrong; running, stopped or crashed while a finer level is unfinished
+    culprit: str | None
+    message: str
+    view: SessionView
+    finer: bool = False  # a finer level's session found it, not the session reported
+
+
+def answer_of(view: SessionView) -> Answer | None:
+    """The session's answer (`Answer`); None while it has none (running, stopped, crashed)."""
+    end, below = view.end, view.next_level
+    if below is not None:
+        finer = _finer_view(view.session_dir, below.session)
+        return Answer(below.status, below.culprit, below.message, finer or view, finer=True)
+    if end is None:
+        return None
+    if _descending(view.session_dir):  # its culprit is being bisected at a finer level: no answer yet
+        stop = view.stop
+        return Answer(stop.status if stop is not None else "running", None, stop.reason if stop is not None else "",
+                      view)
+    return Answer(end.status, end.culprit, end.message, view)
+
+
+def _finer_view(session_dir: Path, recorded: str) -> SessionView | None:
+    """The finer level's session a `next_level` line names: where it was, else the same path below
+    `session_dir` (the session copied elsewhere); None when neither is readable."""
+    parts = Path(recorded).parts
+    for place in (Path(recorded), *(session_dir.joinpath(*parts[k:]) for k in range(1, len(parts)))):
+        if (place / JOURNAL_FILE).is_file():
+            try:
+                return load_view(place)
+            except UsageError:
+                return None
+    return None
+
+
+def _descending(session_dir: Path) -> bool:
+    """Whether a finer level's session was started below `session_dir` (`Bisection` makes it in a
+    directory of its own, with a `latest` file)."""
+    try:
+        return any((child / "latest").is_file() for child in session_dir.iterdir() if child.is_dir())
+    except OSError:
+        return False
 
 
 CRASH_FILE = "crashed.json"  # written by the CLI when a bug stopped the session (bisect_npu.cli.main)

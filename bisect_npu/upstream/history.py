@@ -144,6 +144,11 @@ def resolve_ref(repo: git.Repo, ref: str) -> str:
     raise UsageError(f"unknown ref {ref}; {hint}")
 
 
+def has_commit(repo: git.Repo, sha: str) -> bool:
+    """Whether the repository holds the commit `sha` (a force-push and `git gc` may have dropped it)."""
+    return _rev_parse_commit(repo, sha) is not None
+
+
 def _rev_parse_commit(repo: git.Repo, ref: str) -> str | None:
     try:
         return repo.git.rev_parse("--verify", "--quiet", f"{ref}^{{commit}}") or None

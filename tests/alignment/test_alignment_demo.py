@@ -161,10 +161,15 @@ def test_an_interrupted_record_is_refused_and_nothing_is_overwritten_without_for
     manifest = json.loads((copy / MANIFEST).read_text())
     (copy / MANIFEST).write_text(json.dumps({**manifest, "complete": False}))
     with pytest.raises(UsageError, match=r"is incomplete \(interrupted after 1 of 1 cases\); finish it with the "
-                                         r"same command: bisect-npu record --recipe demo-engine --out "):
+                                         r"command that made it: bisect-npu record --recipe .*engine.yaml --out .* "
+                                         r"--tree .*tree-good --commit [0-9a-f]{40}"):
         api.align(demo["golden"], copy)
+    with pytest.raises(UsageError, match=r"is an interrupted record made by .* at [0-9a-f]{40}; this command asks .* "
+                                         r"at an unnamed commit"):  # not what made it: refused, nothing run
+        api.record(demo["engine_recipe"], copy, tree=demo["good_tree"])
     finished = (copy / "obs-long-prompt-t0.json").stat().st_mtime_ns
-    resumed = api.record(demo["engine_recipe"], copy, tree=demo["good_tree"])  # the finished case is kept
+    resumed = api.record(demo["engine_recipe"], copy, tree=demo["good_tree"],
+                         commit=manifest["commit"])  # what made it: the finished case is kept
     assert resumed.manifest["complete"] and (copy / "obs-long-prompt-t0.json").stat().st_mtime_ns == finished
 
     with pytest.raises(UsageError, match="already holds a record; pass --force"):

@@ -11,40 +11,9 @@ import numpy as np
 import pytest
 
 from bisect_npu.alignment.align import align_records, check_comparable
-from bisect_npu.alignment.record import (
-    FORMAT,
-    MANIFEST,
-    VERSION,
-    cases_digest,
-    golden_observation_files,
-    read_record,
-    relative_dumps,
-)
+from bisect_npu.alignment.record import MANIFEST, cases_digest, golden_observation_files, read_record
 from bisect_npu.errors import UsageError
-from bisect_npu.oracle.dumps.compare import write_dump
-
-IDENTITY = {"vocab_size": 8, "hidden_size": 4, "num_hidden_layers": 1, "tokenizer": "abc"}
-CASES = cases_digest([{"id": "c", "prompt": "hello"}])
-
-
-def make_record(root: Path, *, text: str = "a b c", tensors: list[tuple[str, np.ndarray]] | None = None,
-                identity: dict[str, Any] | None = None, digest: str = CASES, complete: bool = True,
-                template: str = "hello") -> Path:
-    root.mkdir(parents=True)
-    observation: dict[str, Any] = {"schema_version": 1, "case_id": "c", "prompt_token_ids": [1, 2], "text": text,
-                                   "output_token_ids": [3, 4, 5], "sampling": {"temperature": 0.0}, "extra": {}}
-    if tensors is not None:
-        write_dump(root / "obs-c-t0.dump", tensors)
-        observation["logits_dump"] = str(root / "obs-c-t0.dump")
-    observation["extra"]["stages"] = {"chat_template": template, "prompt_token_ids": [1, 2],
-                                      "forward": observation.get("logits_dump"), "sampler": {"temperature": 0.0},
-                                      "text": text}
-    (root / "obs-c-t0.json").write_text(json.dumps(relative_dumps(observation, root)))
-    (root / MANIFEST).write_text(json.dumps({
-        "format": FORMAT, "version": VERSION, "complete": complete, "backend": "mini", "device": "cpu",
-        "recipe": {"name": "r", "digest": "d", "cases_digest": digest}, "model_identity": identity or IDENTITY,
-        "case_ids": ["c"], "cases": {"c": "obs-c-t0.json"}}))
-    return root
+from tests.helpers.records import CASES, IDENTITY, make_record
 
 
 def hidden(seed: int, scale: float = 1.0) -> np.ndarray:
@@ -78,7 +47,8 @@ def test_a_damaged_record_is_refused_in_one_line(tmp_path: Path, damage: Any, me
 
 def test_an_interrupted_record_is_refused(tmp_path: Path) -> None:
     root = make_record(tmp_path / "rec", complete=False)
-    with pytest.raises(UsageError, match=r"incomplete \(interrupted after 1 of 1 cases\); finish it with the same "):
+    with pytest.raises(UsageError, match=r"incomplete \(interrupted after 1 of 1 cases\); finish it with the command "
+                                         r"that made it: bisect-npu record --recipe r --out "):
         read_record(root)
 
 
@@ -97,7 +67,9 @@ def test_the_first_differing_stage_is_named_with_its_evidence(tmp_path: Path) ->
     result = align_records(ref, other)
     assert (result.aligned, result.exit_code, result.first.first_stage) == (False, 1, "chat_template")
     assert result.to_dict()["cases"][0]["figures"]["stages"]["text"]["matches"] is False
-    assert "| chat_template | **no** | first difference at 4" in result.to_markdown()
+    # Which side is which: the candidate's text, then the reference's, each named.
+    assert ("| chat_template | **no** | first difference at 4: candidate `'hellO'`, reference `'hello'` |"
+            in result.to_markdown())
 
 
 def test_the_forward_stage_names_the_first_divergent_module(tmp_path: Path) -> None:
@@ -123,3 +95,90 @@ def test_records_that_cannot_be_compared_are_refused(tmp_path: Path, change: dic
                                                             **change}))
     with pytest.raises(UsageError, match=message):
         check_comparable(ref, other)
+
+
+RECORD_RECIPE = ("name: rec\nmodel: {path: 'seed:0'}\nengine: {backend: mini}\noracle: {kinds: [stages]}\n"
+                 "cases: [{id: c0, prompt: a}, {id: c1, prompt: b}]\n")
+
+
+def interrupted_record(tmp_path: Path, recipe: Path, tree: Path, commit: str) -> Path:
+    """An interrupted record of `recipe`'s two cases made from `tree` at `commit`: c0 on disk, c1 not."""
+    from bisect_npu.orchestration.recording import _new_manifest, _write_manifest
+    from bisect_npu.recipe.loader import load_recipe
+
+    out = tmp_path / "rec"
+    manifest = _new_manifest(out, load_recipe(recipe), False, tree, commit, None)
+    (out / "obs-c0-t0.json").write_text(json.dumps({"schema_version": 1, "case_id": "c0", "output_token_ids": [1]}))
+    manifest["cases"]["c0"] = "obs-c0-t0.json"
+    _write_manifest(out, manifest)
+    return out
+
+
+@pytest.mark.parametrize(("tree", "commit", "named"), [
+    ("b", "v0.9.0", r"made by .*, tree .*/a at v0\.9\.0; this command asks .*, tree .*/b at v0\.9\.0"),
+    ("a", "v0.9.1", r"made by .*, tree .*/a at v0\.9\.0; this command asks .*, tree .*/a at v0\.9\.1"),
+])
+def test_an_interrupted_record_is_finished_only_by_what_made_it(tmp_path: Path, tree: str, commit: str,
+                                                                named: str) -> None:
+    """Its cases would come from two trees or commits under a manifest naming one: refused, naming both,
+    before any case runs; the finished case stays."""
+    from bisect_npu import api
+
+    recipe = tmp_path / "rec.yaml"
+    recipe.write_text(RECORD_RECIPE)
+    for name in ("a", "b"):
+        (tmp_path / name).mkdir()
+    out = interrupted_record(tmp_path, recipe, tmp_path / "a", "v0.9.0")
+    with pytest.raises(UsageError, match=named) as refused:
+        api.record(recipe, out, tree=tmp_path / tree, commit=commit)
+    assert "\n" not in str(refused.value) and "--force" in str(refused.value)
+    assert json.loads((out / MANIFEST).read_text())["cases"] == {"c0": "obs-c0-t0.json"}
+    with pytest.raises(UsageError, match=r"--tree .*/a --commit v0\.9\.0"):  # how to finish it
+        read_record(out)
+
+
+def test_an_interrupted_record_of_another_recipe_version_names_both_digests(tmp_path: Path) -> None:
+    from bisect_npu import api
+    from bisect_npu.recipe.loader import load_recipe
+
+    recipe = tmp_path / "rec.yaml"
+    recipe.write_text(RECORD_RECIPE)
+    (tmp_path / "a").mkdir()
+    out = interrupted_record(tmp_path, recipe, tmp_path / "a", "v0.9.0")
+    before = load_recipe(recipe).digest()
+    recipe.write_text(RECORD_RECIPE.replace("prompt: b", "prompt: c"))
+    with pytest.raises(UsageError, match=f"recipe rec {before}.* {load_recipe(recipe).digest()}"):
+        api.record(recipe, out, tree=tmp_path / "a", commit="v0.9.0")
+
+
+@pytest.mark.e2e  # the command line in a subprocess, interrupted
+def test_ctrl_c_during_record_names_the_command_that_finishes_it(tmp_path: Path) -> None:
+    """The probe hangs (its interpreter is a script that sleeps); Ctrl-C: exit 130, and the line
+    says what is kept and the command that finishes the record; no word of a session."""
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    from tests.helpers.signals import interruptible
+
+    recipe, hang, out = tmp_path / "rec.yaml", tmp_path / "python", tmp_path / "rec"
+    recipe.write_text(RECORD_RECIPE)
+    hang.write_text("#!/bin/sh\nexec sleep 60\n")
+    hang.chmod(0o755)
+    (tmp_path / "tree").mkdir()
+    child = subprocess.Popen([sys.executable, "-m", "bisect_npu", "record", "--recipe", str(recipe), "--out", str(out),
+                              "--tree", str(tmp_path / "tree"), "--commit", "v0.9.0", "--python", str(hang)],
+                             stderr=subprocess.PIPE, text=True, preexec_fn=interruptible)
+    deadline = time.monotonic() + 60
+    while not (out / MANIFEST).exists() and time.monotonic() < deadline:
+        time.sleep(0.2)
+    time.sleep(1)
+    child.send_signal(signal.SIGINT)
+    _, err = child.communicate(timeout=60)
+    assert child.returncode == 130, err
+    last = err.strip().splitlines()[-1]
+    assert last == (f"bisect-npu: interrupted; the cases recorded so far are kept in {out}: `bisect-npu record "
+                    f"--recipe {recipe} --out {out} --tree {tmp_path / 'tree'} --commit v0.9.0` finishes the "
+                    "record"), err
+    assert "session" not in err

@@ -8,7 +8,8 @@ from pathlib import Path
 import git
 import pytest
 
-from bisect_npu.builders.local import LocalBuilder
+from bisect_npu.builders.local import LocalBuilder, check_workdir
+from bisect_npu.errors import UsageError
 from tests.helpers.gitrepo import make_linear_repo
 
 
@@ -175,3 +176,11 @@ def test_sweep_removes_locked_and_half_made_worktrees_under_a_directory_only(tmp
     sweep_worktrees(g, ours)
     assert registered_worktrees(repo) == [str((theirs / "c").resolve())]
     assert not (ours / "a").exists() and not (ours / "b").exists()
+
+
+@pytest.mark.parametrize("place", ["/proc", "/sys/kernel"])
+def test_a_workdir_nothing_can_be_made_in_is_refused_before_the_session(place: str) -> None:
+    """Write permission says nothing of /proc or /sys (root has it): a directory is made there and
+    removed, and the failure is the one-line usage error."""
+    with pytest.raises(UsageError, match=rf"worktree location {place} is not writable \(.+\); pass --workdir"):
+        check_workdir(Path(place))

@@ -272,3 +272,22 @@ def test_args_that_cannot_be_split_are_a_clear_error_with_outputs(job, tmp_path:
     assert "the `args` input \"--timeout '5\" cannot be split" in out["message"]
     assert "check its quotes" in out["message"]
     assert "check its quotes" in done.summary and "Traceback" not in done.stderr["bisect"]
+
+
+@pytest.mark.parametrize(("output", "why"), [("/proc/nope/output", "No such file or directory"),
+                                             ("a directory", "Is a directory")])
+def test_an_output_file_that_cannot_be_written_stops_the_step_before_it_runs(tmp_path: Path, output: str,
+                                                                             why: str) -> None:
+    """GITHUB_OUTPUT naming a place that cannot be written: one line naming it, exit 5, and no
+    bisection was started (its answer would be lost after hours)."""
+    shas = make_linear_repo(tmp_path / "repo", 4, culprit=2)
+    target = tmp_path if output == "a directory" else Path(output)
+    done = subprocess.run([sys.executable, "-m", "bisect_npu", "ci", "bisect", "--good", shas[0], "--bad", shas[-1],
+                           "--repo", str(tmp_path / "repo"), "--cmd", "true", "--executor", "local", "--session",
+                           str(tmp_path / "s")], env={**os.environ, "GITHUB_OUTPUT": str(target)},
+                          capture_output=True, text=True, timeout=300, check=False)
+    assert done.returncode == 5, done.stderr
+    assert done.stderr.strip().splitlines() == [
+        f"bisect-npu: error: GITHUB_OUTPUT names {target}, which cannot be written ({why}); run this step inside "
+        "GitHub Actions, or point GITHUB_OUTPUT at a writable file"], done.stderr
+    assert not (tmp_path / "s").exists()

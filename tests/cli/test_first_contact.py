@@ -203,3 +203,39 @@ def test_run_nightly_case_with_its_model_on_this_host_says_what_the_host_owes_an
         "--nightly-datasets (run)"), lines
     header_range = opened.journal.header.range
     assert header_range.good == shas[1] and header_range.good_ref == shas[1]
+
+
+@pytest.mark.e2e  # the command line in subprocesses
+def test_a_plain_bisection_says_what_it_found_and_its_latest_link_names_it(tmp_path: Path) -> None:
+    """A linear history whose bad end is a branch: the run's last progress line says what the search
+    for upstream fixes found, and the commits the bad end holds (still bad with them) are not
+    proposed; `--session .bisect-npu/sessions/latest` (the link the folder offers) works for
+    `report`, `resume` and `run`; after the branch moved, the resumed session's reproduce line
+    still names the commit it bisected."""
+    from tests.helpers.gitrepo import GOOD_CMD
+
+    repo = tmp_path / "repo"
+    shas = make_linear_repo(repo, 8, culprit=4)
+    asked = ("run", "--repo", str(repo), "--good", shas[0], "--bad", "main", "--cmd", " ".join(GOOD_CMD),
+             "--no-verdict-store")
+    done = bisect_npu(*asked, "--quiet", cwd=tmp_path)
+    assert done.returncode == 0, done.stderr
+    progress = [line for line in done.stderr.splitlines() if line.startswith("[")]
+    assert f"upstream fixes of {shas[4][:12]}: " in progress[-1] and "in the bad end" in progress[-1], progress[-3:]
+    latest = tmp_path / ".bisect-npu" / "sessions" / "latest"
+    report = bisect_npu("report", "--session", str(latest), cwd=tmp_path)
+    assert report.returncode == 0, report.stderr
+    assert f"**First bad commit: `{shas[4][:12]}` Change 4" in report.stdout
+    fix_section = report.stdout.split("## Fix upstream")[1].split("## Host")[0]
+    assert not any(sha[:12] in fix_section for sha in shas[5:]) and "not proposed" in fix_section
+
+    git(repo, "commit", "-q", "--allow-empty", "-m", "main moves on")  # the bad end's branch moves
+    resumed = bisect_npu("resume", "--session", str(latest), cwd=tmp_path)
+    assert resumed.returncode == 0 and resumed.stdout.startswith(f"first bad commit: {shas[4][:12]}"), resumed.stderr
+    again = bisect_npu("report", "--session", str(latest), cwd=tmp_path).stdout
+    line = again.split("## Reproduce")[1].split("```sh\n")[1].split("\n")[0]
+    assert f"--good {shas[0]} --bad {shas[7]} " in line and "--bad main" not in line
+    rerun = bisect_npu(*asked[:6], shas[7], *asked[7:], "--session", str(latest), cwd=tmp_path)  # as reproduced
+    assert rerun.returncode == 0 and rerun.stdout.startswith(f"first bad commit: {shas[4][:12]}"), rerun.stderr
+    moved = bisect_npu(*asked, "--session", str(latest), cwd=tmp_path)  # `main` names another commit now
+    assert moved.returncode == 2 and "is another run: its bad end is" in moved.stderr, moved.stderr

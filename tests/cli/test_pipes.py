@@ -1,5 +1,7 @@
 """Stdout's reader leaving early (`| head -1`) or stdout closed (`>&-`) ends a command quietly with
-its own exit code: under `git bisect run` in a `set -o pipefail` script a good commit stays good."""
+its own exit code: under `git bisect run` in a `set -o pipefail` script a good commit stays good. A
+stdout that cannot be written (`> /dev/full`) loses the output: one line says so, exit 5 (judge:
+128, no verdict), never a traceback."""
 
 from __future__ import annotations
 
@@ -60,3 +62,14 @@ def test_a_listing_into_a_reader_that_left_exits_0(tmp_path: Path) -> None:
     done = shell(f"{BIN} recipes list | true", tmp_path)
     assert done.returncode == 0, done.stderr
     assert done.stderr == ""
+
+
+@pytest.mark.parametrize(("command", "code"), [("recipes list", 5), ("recipes show demo-presence-penalty", 5),
+                                               ("judge --recipe recipe.yaml clean.json", 128),
+                                               ("recipes list --help", 5)])
+def test_output_on_a_full_device_is_one_line(judged: Path, command: str, code: int) -> None:
+    done = shell(f"{BIN} {command} > /dev/full", judged)
+    assert done.returncode == code, done.stderr
+    assert done.stderr.strip().splitlines() == [
+        "bisect-npu: error: standard output cannot be written (No space left on device): the output is lost; write "
+        "it where there is room (another file or device), then run the command again"], done.stderr

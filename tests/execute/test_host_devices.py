@@ -75,6 +75,20 @@ def test_check_run_looks_under_the_host_root_it_is_given(tmp_path):
     assert check_run(options, host_root=tmp_path / "host").candidates_range.bad == shas[3]
 
 
+def test_local_devices_on_a_host_without_them_are_warned_about(tmp_path):
+    """The local executor's runs get ASCEND_RT_VISIBLE_DEVICES: cards the host lacks are said before
+    anything runs (a --cmd may use the numbers its own way, so it is a warning, not the containers'
+    refusal); a host that has them hears nothing."""
+    repo = tmp_path / "repo"
+    shas = make_linear_repo(repo, 4, culprit=2)
+    options = spec_of(good=shas[0], bad=shas[3], repo=str(repo), command=list(GOOD_CMD), executor="local",
+                      devices=[0, 1])
+    (said,) = check_run(options, host_root=tmp_path / "empty").owed
+    assert said.startswith("--devices 0,1: this host lacks /dev/davinci0, /dev/davinci1, ") and "doctor" in said
+    fake_host(tmp_path / "host", [0, 1])
+    assert check_run(options, host_root=tmp_path / "host").owed == ()
+
+
 @pytest.mark.e2e
 @pytest.mark.skipif(Path("/dev/davinci0").exists(), reason="this host has NPUs")
 def test_run_on_a_host_without_npus_stops_before_any_clone_or_build(tmp_path):

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import itertools
+
 import git
 import pytest
 
@@ -360,3 +362,26 @@ def test_a_commit_that_says_it_is_a_cherry_pick_of_the_culprit_does_not_referenc
     assert by_sha[qualified].features["cites_cause"] == 1.0  # owner/repo#N: as hide_citation reads it
     assert "cites_cause" not in by_sha[follow].features and by_sha[follow].features["follow_up"] == 1.0
     assert by_sha[cause].confidence > by_sha[follow].confidence  # the fitted weights read the difference
+
+
+def test_a_commit_the_still_bad_end_holds_is_never_proposed(tmp_path):
+    """A plain line: the culprit, later edits of its lines up to the bad end, the real fix after it.
+    The bad end is still bad with those edits, so none of them can be its fix: only the fix after
+    the bad end is proposed, and the note says how many were left out and why."""
+    hist = base_history(tmp_path / "up")
+    culprit = add_culprit(hist)
+    line = "    history = [t for t in token_ids if {}]\n"
+    kept = ["t >= 0", "t > -1", "0 <= t"]  # each later edit rewrites the culprit's line
+    inside = [hist.edit(f"[BugFix] Tidy the penalty history, part {n} (#{80 + n})", SAMPLER, line.format(old),
+                        line.format(new)) for n, (old, new) in enumerate(itertools.pairwise(kept))]
+    bad = hist.head()
+    fix = hist.edit("Restore the history used by penalties (#90)", SAMPLER,
+                    "    history = [t for t in token_ids if 0 <= t]\n", "    history = backfill(token_ids)\n")
+    repo = git.Repo(hist.path)
+    assert {s for p in propose_fixes(repo, culprit).proposals for s in p.shas} >= {*inside, fix}  # no bad end given
+    report = propose_fixes(repo, culprit, bad=bad)
+    assert [p.shas for p in report.proposals] == [[fix]]
+    assert "2 later commits that touch the culprit are in the bad end" in report.note
+    # With the bad end at the tip nothing is left to propose, and the note says why.
+    at_tip = propose_fixes(repo, culprit, bad=fix)
+    assert at_tip.proposals == [] and "3 later commits that touch the culprit are in the bad end" in at_tip.note

@@ -157,8 +157,36 @@ def test_a_file_without_header_is_not_a_journal(tmp_path: Path) -> None:
     (tmp_path / JOURNAL_FILE).write_text('{"type": "step"}\n')
     with pytest.raises(UsageError, match="has no header line"):
         Journal.open(tmp_path)
+    (tmp_path / "other").mkdir()
+    (tmp_path / "other" / "notes.txt").write_text("mine")
     with pytest.raises(UsageError, match="no journal in"):
-        Journal.open(tmp_path / "elsewhere")
+        Journal.open(tmp_path / "other")
+
+
+@pytest.mark.parametrize("made", [False, True])
+def test_a_session_whose_run_was_killed_before_it_journaled_says_so(tmp_path: Path, made: bool) -> None:
+    """Killed before its directory existed (or before its header was written, the lock alone left):
+    said as it is, with the way on, not "no journal in" a directory that does not exist."""
+    where = tmp_path / "s"
+    if made:
+        where.mkdir()
+        (where / "lock").write_text("123\n")
+    with pytest.raises(UsageError) as refused:
+        Journal.open(where)
+    said = str(refused.value)
+    assert said.startswith(f"{where} {'holds no session' if made else 'does not exist'}: the run that was to make it "
+                           "stopped before anything was journaled") and "`bisect-npu run`" in said
+
+
+def test_the_latest_file_names_the_session_it_points_at(tmp_path: Path) -> None:
+    from bisect_npu.journal import LATEST_FILE, session_named
+
+    made = new_session_dir(tmp_path)
+    assert session_named(tmp_path / LATEST_FILE) == made
+    assert session_named(made) == made and session_named(tmp_path / "elsewhere") == tmp_path / "elsewhere"
+    for text in ("../..\n", "/etc\n", "\n"):  # names no session beside it: the path is taken as given
+        (tmp_path / LATEST_FILE).write_text(text)
+        assert session_named(tmp_path / LATEST_FILE) == tmp_path / LATEST_FILE
 
 
 HOLD_LOCK = """

@@ -56,8 +56,10 @@ def test_the_0_1_0_journal_loads_into_typed_records_and_renders_its_report(sessi
     view = load_view(session)
     markdown = render_markdown(view)
     assert f"**First bad commit: `{CULPRIT[:12]}` [v0.9.1][Perf] Back-fill async placeholders" in markdown
-    # Another person's run: the repository is theirs (no path of this machine), the recipe bundled.
-    assert "bisect-npu run --repo UPSTREAM --good v0.9.0 --bad v0.9.1 " \
+    # Another person's run: the repository is theirs (no path of this machine), the recipe bundled,
+    # the commits bisected (the tags v0.9.0 and v0.9.1 named them).
+    assert (view.range.good_ref, view.range.bad_ref) == ("v0.9.0", "v0.9.1")
+    assert f"bisect-npu run --repo UPSTREAM --good {view.range.good} --bad {view.range.bad} " \
            "--recipe demo-async-penalty --mode exact --verify-fix" in markdown
     assert "- verified: `1197a0f93cb3` [BugFix] Back-fill async placeholders" in markdown
     assert "(the same change is also on other branches as `68b31e5b55cb`)" in markdown

@@ -51,3 +51,26 @@ def test_a_culprit_found_below_the_confidence_asked_says_so() -> None:
     assert end_messages.short_of(0.9989, 0.999).startswith(" (a best guess: 99.8% sure, under the 99.9% asked;")
     assert end_messages.short_of(0.7633, 0.999).startswith(" (a best guess: 76.3% sure, under the 99.9% asked;")
     assert end_messages.short_of(0.29, 0.95).startswith(" (a best guess: 29% sure, under the 95% asked;")
+
+
+def test_a_good_end_off_the_bad_ends_history_names_the_merge_base_that_was_judged(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch) -> None:
+    """--good on a side branch (not an ancestor of --bad) whose merge-base with it is bad: the
+    search tests the merge-base, so the sentence says the merge-base was judged bad, not the good end
+    (`side` itself is good)."""
+    from tests.helpers.gitrepo import GOOD_CMD, git
+
+    repo = tmp_path / "repo"
+    shas = make_linear_repo(repo, 8, culprit=2)
+    git(repo, "checkout", "-q", "-b", "side", shas[3])
+    (repo / "state").write_text("good\n")
+    git(repo, "commit", "-q", "-am", "side is good again")
+    git(repo, "checkout", "-q", "main")
+    monkeypatch.chdir(repo)
+    code, out, err = run_cli(["run", "--good", "side", "--bad", "main", "--cmd", " ".join(GOOD_CMD), "--no-fix",
+                              "--no-verdict-store", "--session", str(tmp_path / "session"), "--json"], capsys)
+    assert code == 4, err
+    said = out.splitlines()[0]
+    assert said.startswith(f"precondition failed: the merge-base {shas[3][:12]} of the good end side and main "
+                           "(side is not an ancestor of main) was judged bad"), said
+    assert "the good end side was judged bad" not in out + err

@@ -148,6 +148,32 @@ def test_first_parent_only_stops_at_the_merge(tmp_path: Path) -> None:
     assert "--first-parent-only" in Path(summary["report"]).read_text()  # the reproduce line keeps it
 
 
+def test_run_report_and_json_name_one_culprit(tmp_path: Path) -> None:
+    """A culprit that came in through a merge: `run` prints it, `report` headlines it and its JSON
+    names it, for the session `run` started (not the merge its first-parent search ended at)."""
+    repo = tmp_path / "repo"
+    shas = make_merge_repo(repo, [(0, ["c", "c", "c"]), "c"], culprit=2)
+    session = tmp_path / "s"
+    done = subprocess.run([*CLI, "run", "--repo", str(repo), "--good", shas[0], "--bad", "main", "--cmd",
+                           " ".join(BUG_CMD), "--session", str(session), "--no-verdict-store", "--json"],
+                          cwd=tmp_path, capture_output=True, text=True, timeout=300, check=False)
+    assert done.returncode == 0, done.stderr
+    printed, summary = done.stdout.splitlines()[0], json.loads(done.stdout.splitlines()[-1])
+    merge = git(repo, "rev-parse", "main~1")
+    assert printed == f"first bad commit: {shas[2][:12]} Change 3 (came in through merge {merge[:12]})"
+    assert summary["culprit"] == shas[2]
+    for where in (session, Path(summary["session"])):
+        shown = subprocess.run([*CLI, "report", "--session", str(where)], capture_output=True, text=True, timeout=120,
+                               check=True).stdout
+        assert f"**First bad commit: `{shas[2][:12]}` Change 3**" in shown, where
+        as_json = json.loads(subprocess.run([*CLI, "report", "--session", str(where), "--format", "json"],
+                                            capture_output=True, text=True, timeout=120, check=True).stdout)
+        assert (as_json["status"], as_json["culprit"], as_json["message"]) == ("found", shas[2], printed[:])
+    top = json.loads((session / "report.json").read_text())
+    assert top["level_culprit"] == merge and top["culprit_files"] == ["bug", "c3"]
+    assert "| commit | `" + shas[2][:12] in (session / "report.md").read_text()
+
+
 def test_a_merge_whose_sides_are_good_alone_is_the_answer(tmp_path: Path) -> None:
     """The merge itself adds the bug (a conflict resolved badly): git names the merge, and so do we,
     after looking inside it once."""
@@ -186,6 +212,9 @@ def test_a_run_killed_inside_the_merge_resumes_there(tmp_path: Path) -> None:
     with pytest.raises(InfrastructureError, match="killed inside the merge"):
         api.bisect(repo, shas[0], "main", oracle=oracle, session_dir=tmp_path / "s", quiet=True, propose_fix=False)
     assert len(levels(tmp_path / "s")) == 1  # the merge level had begun, its answer not yet noted
+    half = json.loads(api.render_report(tmp_path / "s", "json"))  # the merge is no answer while its inside is open
+    assert (half["status"], half["culprit"], half["level_culprit"]) == ("running", None, release_merge)
+    assert "First bad commit" not in api.render_report(tmp_path / "s")
     result = api.bisect(repo, shas[0], "main", oracle=oracle, session_dir=tmp_path / "s", quiet=True,
                         propose_fix=False)
     assert result.culprit == shas[19]

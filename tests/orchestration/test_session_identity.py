@@ -232,3 +232,29 @@ def test_settings_on_a_commit_search_s_session_names_after_instead_of_crashing(
     assert f"is a commit search's session, not a settings search's; search at its culprit with " \
            f"`bisect-npu settings --after {session.resolve()}`" in err.strip().splitlines()[-1]
     assert not (session / "settings.jsonl").exists()
+
+
+def test_resume_after_the_bad_end_was_force_pushed_away_and_collected(tmp_path: Path,
+                                                                      capsys: pytest.CaptureFixture[str]) -> None:
+    """The bad end's branch reset to an older commit and `git gc` run: the session's end commit is no
+    longer in the clone. Resume says which end is gone and how to get it back (exit 2), never a
+    git traceback; the report still reads the session."""
+    from tests.helpers.gitrepo import GOOD_CMD
+
+    repo = tmp_path / "repo"
+    shas = make_linear_repo(repo, 8, culprit=5)
+    git(repo, "checkout", "-q", "-b", "feature", shas[-1])
+    git(repo, "checkout", "-q", "--detach", shas[0])
+    git(repo, "branch", "-q", "-D", "main")
+    code, _, err = run_cli(["run", "--repo", str(repo), "--good", shas[0], "--bad", "feature", "--cmd",
+                            " ".join(GOOD_CMD), "--no-fix", "--no-verdict-store", "--session", str(tmp_path / "s")],
+                           capsys)
+    assert code == 0, err
+    git(repo, "branch", "-q", "-f", "feature", shas[3])  # force-pushed to an older commit
+    git(repo, "reflog", "expire", "--expire=now", "--all")
+    git(repo, "gc", "-q", "--prune=now")
+    code, _, err = run_cli(["resume", "--session", str(tmp_path / "s")], capsys)
+    assert code == 2 and "Traceback" not in err, err
+    assert (f"the session's bad end {shas[-1][:12]} (feature) is no longer in {repo} (a force-push and `git gc` drop "
+            "commits no branch holds): fetch it back") in err
+    assert run_cli(["report", "--session", str(tmp_path / "s")], capsys)[0] == 0

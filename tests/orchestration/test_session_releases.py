@@ -61,7 +61,8 @@ def test_release_level_then_commit_level(tmp_path: Path, env: dict[str, str]) ->
     assert commits["overlay_on_release"] is None and commit_level["level"] == {"kind": "commits",
                                                                                "overlay_on_release": None}
     releases = json.loads((session / "report.json").read_text())
-    assert releases["level"] == "versions" and releases["culprit"] == "2.9.0.post0"  # 2.9.0 grouped with it
+    assert releases["level"] == "versions" and releases["level_culprit"] == "2.9.0.post0"  # 2.9.0 grouped with it
+    assert releases["culprit"] == shas[24]  # the session's one answer: the commit `run` printed
     assert releases["next_level"]["good"] == "v2.8.2" and releases["next_level"]["bad"] == "v2.9.0"
     assert "Commit level" in (session / "report.md").read_text()
     tested = {s["commit"] for s in releases["steps"]}

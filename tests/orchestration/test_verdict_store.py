@@ -17,7 +17,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from bisect_npu.errors import InfrastructureError, UsageError
+from bisect_npu.errors import InfrastructureError
 from bisect_npu.observations import Verdict, VerdictKind
 from bisect_npu.orchestration.verdict_reuse import VerdictReuse
 from bisect_npu.progress import PlainProgress
@@ -214,11 +214,8 @@ def test_sessions_writing_at_once_lose_nothing(tmp_path: Path) -> None:
     assert all(len(VerdictStore(path).get(Scope("o", "e", "exact"), f"c{i}", "", besides="")) == 4 for i in range(40))
 
 
-def test_a_store_that_is_not_one_is_a_one_line_error(tmp_path: Path) -> None:
-    path = tmp_path / "v.sqlite"
-    path.write_bytes(b"not a database, " * 512)
-    with pytest.raises(UsageError, match=r"cannot use verdict store .*--no-verdict-store"):
-        VerdictStore(path)
+def test_a_store_broken_under_a_running_session_is_an_infrastructure_error(tmp_path: Path) -> None:
+    """(A store damaged when a session opens it is moved aside: test_verdict_store_damage.py.)"""
     store = VerdictStore(tmp_path / "ok.sqlite")
     (tmp_path / "ok.sqlite").write_bytes(b"garbage " * 512)  # broken under a running session
     with pytest.raises(InfrastructureError, match="verdict store"):

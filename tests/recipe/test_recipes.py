@@ -69,6 +69,8 @@ def test_the_top_level_recipes_folder_is_the_bundled_one() -> None:
      "trials.earlier_runs.good_end", 10),
     (MINIMAL + "oracle:\n  kinds: [repetition]\n  penalty:\n    expectd: {}\n", "oracle.penalty.expectd", 10),
     (MINIMAL + "build:\n  dockerfile: ../Dockerfile.a3\n", "build.dockerfile", 8),
+    (MINIMAL + "  - id: a\n    prompt: again\n", "cases", 4),  # `record` kept one of the two
+    (MINIMAL + "oracle:\n  kinds: []\n", "oracle.kinds", 8),  # no judge: every commit good
 ])
 def test_broken_recipe_names_field_and_line(text: str, field: str, line: int) -> None:
     with pytest.raises(UsageError) as error:

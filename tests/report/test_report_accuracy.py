@@ -48,3 +48,19 @@ def test_the_report_shows_scores_samples_run_and_what_flipped_at_the_culprit(tmp
     assert "**q7** (1.0 -> 0.0 correct, finished `length`): What is 2+2?" in page
     assert "after: 5 5 5 5" in page
     assert evidence_summary(view)[0] == "the culprit: log likelihood ratio +9.2 for the bad side over its steps"
+
+
+def test_a_flipped_sample_without_texts_shows_no_empty_lines(tmp_path: Path) -> None:
+    """A harness that keeps no excerpts (only per-sample correctness): the flipped sample is listed
+    with its counts, and no "expected:", "before:" or "after:" line stands empty; a text it does
+    keep is shown."""
+    right, wrong = {"id": "q1", "correct": 1}, {"id": "q1", "correct": 0, "output": "7"}
+    steps = [acc_step(1, 0, "good", 80.0, 30, [write_obs(tmp_path, "g.json", [right])]),
+             acc_step(2, 1, "bad", 60.0, 30, [write_obs(tmp_path, "b.json", [wrong])])]
+    header = HeaderRecord(range=CandidateRange(kind="commits", good="0" * 40, bad="1" * 40, base="0" * 40,
+                                               good_ref="good", bad_ref="bad", candidates=["1" * 40]),
+                          request=RunRequest.of(good="good", bad="bad"), level=CommitsLevel())
+    view = SessionView(tmp_path, header, steps, EndRecord(status="found", culprit="1" * 40, index=1), None, None)
+    page = render_markdown(view)
+    assert "**q1** (1.0 -> 0.0 correct)" in page and "  - after: 7" in page
+    assert not [line for line in page.splitlines() if line.strip() in ("- expected:", "- before:", "- after:")]

@@ -67,6 +67,8 @@ class EvaluationRequest:
     on_retry: Callable[[RetryRun], None] | None = None
     # Attempts journaled before an interruption: the attempt numbers go on from them.
     retried: Sequence[RetryRun] = ()
+    # Hears why trials were left unjudged once the host's failures spent their retries (not at an end).
+    on_unjudged: Callable[[str], None] | None = None
 
     def report(self, record: TrialRun) -> None:
         if self.on_trial is not None:
@@ -263,7 +265,7 @@ class Evaluator:
                 request.report_retry(RetryRun(case_id="", trial=request.first_trial, attempt=number, kind="network",
                                               cause=unreachable.failure.cause, log=log, stage="build",
                                               seconds=round(time.monotonic() - started, 3)))
-                if spent + attempts > self.retry.retries:
+                if self.retry.gives_up(spent + attempts):
                     tried = self.retry.attempts_said(spent + attempts)
                     raise InfrastructureError(f"{request.commit[:12]} could not be built, {tried} failed on the "
                                               f"network (raise --retries if it comes and goes): "
@@ -427,7 +429,7 @@ class Evaluator:
                                log=self._keep_log(result.log_path, number) or log, seconds=round(result.seconds, 3))
             request.report_retry(attempt)
             attempts.append(attempt)
-            if spent + len(attempts) > self.retry.retries:
+            if self.retry.gives_up(spent + len(attempts)):
                 return records + self._unjudged(request, case, numbers[len(records):], failure, attempts,
                                                 attempt.log, spent)
             time.sleep(self.retry.delay(spent + len(attempts)))
@@ -456,6 +458,8 @@ class Evaluator:
                 f"{failure} (probe log {log}); free the host (cards, ports, the harness's server) or raise "
                 "--retries, then `bisect-npu resume`")
         reason = f"{failure} ({tried}: " + "; ".join(f"{a.attempt}. {a.kind}" for a in attempts) + ")"
+        if request.on_unjudged is not None:
+            request.on_unjudged(f"{failure}, {tried} failed on the host (probe log {log})")
         skips = [TrialRun(case_id=case.id, trial=n, log=log, outcome=VerdictKind.SKIP, reason=reason[:500])
                  for n in numbers]
         for skip in skips:

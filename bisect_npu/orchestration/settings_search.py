@@ -4,10 +4,13 @@ Given a bad recipe and a good variant (`--good-set KEY=VALUE`, a second recipe, 
 the keys they differ in are searched with ddmin (search/ddmin.py) for the smallest set whose bad
 values turn the good variant bad. Every configuration runs on the one build of the commit (the
 builder keeps its worktree or image), its engine starts once per configuration, and its trials are
-batched as a commit's are (orchestration/evaluate.py). Each trial and each configuration's verdict
-is journaled (settings_journal.py), so an interrupted search resumes without running a
-configuration again, and verdicts go to the verdict store under the configuration's own recipe
-digest.
+batched as a commit's are (orchestration/evaluate.py). Each trial, each failed attempt on the host
+(a `retry`) and each configuration's verdict is journaled (settings_journal.py), so an interrupted
+search resumes without running a configuration again and with the retry budget its attempts left,
+and verdicts go to the verdict store under the configuration's own recipe digest. One method runs
+a configuration (`_evaluate`: the journaling of its trials and attempts, the budget it resumes
+with); a configuration the host's failures left unjudged is unresolved, never passing (ddmin's
+`Unresolved`), and where the answer needs it the search stops with exit 5 (`_stop_on_the_host`).
 
 It is built from a commit session's pieces: the journal file (journal.py), the executor checks
 (`preflight.settle_executor`), the identity check (`opening.first_difference`), the leftovers'
@@ -25,17 +28,16 @@ its answer (`SettingsEnd`: a trigger of keys, not a culprit).
 
 from __future__ import annotations
 
-import itertools
 import json
 import threading
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Literal
+from typing import TYPE_CHECKING, Any, Literal, TypeVar
 
 from bisect_npu import __version__, interrupts
 from bisect_npu.builders.base import Builder
-from bisect_npu.errors import UsageError
+from bisect_npu.errors import InfrastructureError, UsageError
 from bisect_npu.execute.base import Executor
 from bisect_npu.execute.docker import DockerExecutor
 from bisect_npu.execute.host import recipe_for_host
@@ -49,7 +51,7 @@ from bisect_npu.orchestration.evaluate import EvaluationRequest, Evaluator, Step
 from bisect_npu.orchestration.opening import Fact, first_difference, refuse_other_request, stop_leftovers
 from bisect_npu.orchestration.preflight import RAY_REFUSED, settle_executor
 from bisect_npu.orchestration.reference import References
-from bisect_npu.orchestration.result import EXIT_CODES
+from bisect_npu.orchestration.result import EXIT_CODES, EXIT_NARROWED
 from bisect_npu.orchestration.session_spec import SessionSpec, check_dependency_options
 from bisect_npu.orchestration.slots import run_in_slots
 from bisect_npu.orchestration.state import StoreLedger
@@ -67,7 +69,7 @@ from bisect_npu.recipe.settings import (
     show,
     value_of,
 )
-from bisect_npu.records import BuildInfo, HeaderRecord, TrialRun
+from bisect_npu.records import BuildInfo, HeaderRecord, RetryRun, TrialRun
 from bisect_npu.request import RangeSpec, RunRequest
 from bisect_npu.search import EndsWrong, Evidence
 from bisect_npu.search.ddmin import (
@@ -75,12 +77,14 @@ from bisect_npu.search.ddmin import (
     Configuration,
     SettingsProblem,
     Trigger,
+    Unresolved,
     decide_ddmin,
     read_trials,
     rests_on,
 )
 from bisect_npu.settings_journal import (
     ConfigurationRecord,
+    ConfigurationRetry,
     ConfigurationTrial,
     DifferenceRecord,
     ReferenceRecord,
@@ -93,6 +97,8 @@ from bisect_npu.upstream import history
 
 if TYPE_CHECKING:
     from bisect_npu.orchestration.session import Session
+
+_Entry = TypeVar("_Entry", ConfigurationTrial, ReferenceTrial, ConfigurationRetry)
 
 
 @dataclass(frozen=True)
@@ -115,7 +121,7 @@ class SettingsQuestion:
 
 @dataclass(frozen=True)
 class SettingsResult:
-    status: Literal["found", "ends_wrong"]
+    status: Literal["found", "ends_wrong", "unresolved"]
     exit_code: int
     session_dir: Path
     message: str
@@ -279,6 +285,9 @@ class SettingsSearch:
         self.slots = max(1, spec.executor.slots or 1)  # configurations run at once, each on a slot's cards
         self.problem = SettingsProblem(len(self.differences), mode=self.header.mode, confidence=self.header.confidence,
                                        batch=self.header.batch, max_trials=self.header.max_trials, slots=self.slots)
+        # Entries journaled before this process: a configuration they left unresolved on the host's
+        # failures is run again (with a new retry budget), as `resume` runs an end that stopped a run.
+        self._opened = len(journal.entries)
         self._executors: dict[tuple[tuple[str, str], ...], Executor] = {}
         self._memories: dict[str, VerdictReuse] = {}  # a configuration's digest -> its verdict store scope
         # Which configurations' verdicts came from the verdict store, and which were run here.
@@ -440,25 +449,32 @@ class SettingsSearch:
                                self.spec.context.host)
 
     def evidence(self) -> dict[Configuration, Evidence]:
-        """Each configuration's evidence: without the verdict store's verdicts once one was contradicted."""
+        """Each configuration's evidence: without the verdict store's verdicts once one was
+        contradicted, and without what an earlier process left unresolved on the host (run again)."""
         evidence: dict[Configuration, Evidence] = {}
         noisy = self.problem.mode == "noisy"
         dropped = self.verdicts is not None and self.verdicts.dropped()
-        for entry in self.journal.entries:
-            if isinstance(entry, ConfigurationTrial) and noisy and entry.outcome:
+        for at, entry in enumerate(self.journal.entries):
+            if isinstance(entry, ConfigurationTrial) and noisy and entry.outcome in (VerdictKind.GOOD, VerdictKind.BAD):
                 key = frozenset(entry.configuration)
-                evidence[key] = evidence.get(key, Evidence()).add(entry.outcome.value)
+                evidence[key] = evidence.get(key, Evidence()).add("bad" if entry.outcome == VerdictKind.BAD else "good")
             elif isinstance(entry, ConfigurationRecord) and entry.value_check is None:
-                if dropped and entry.stored is not None:
+                if (dropped and entry.stored is not None) or self._run_again(at, entry):
                     continue
                 key = frozenset(entry.configuration)
                 seen = evidence.get(key, Evidence())
                 if entry.stored is not None and noisy:
                     seen = Evidence(seen.good + entry.stored.good, seen.bad + entry.stored.bad, seen.skipped)
-                elif not noisy or (entry.verdict.kind == VerdictKind.SKIP and not entry.trials):
+                elif not noisy or (entry.verdict.kind == VerdictKind.SKIP and
+                                   not any(t.outcome in (VerdictKind.GOOD, VerdictKind.BAD) for t in entry.trials)):
                     seen = seen.add(entry.verdict.kind.value)
                 evidence[key] = seen
         return evidence
+
+    def _run_again(self, at: int, entry: ConfigurationRecord | ReferenceRecord) -> bool:
+        """Whether a journaled record (the journal's `at`-th entry) was left unresolved by the host's
+        failures before this process: its configuration runs again."""
+        return entry.host_failure is not None and at < self._opened
 
     def run(self) -> SettingsResult:
         """Search until the trigger is named or the ends are wrong; journal the answer."""
@@ -472,13 +488,32 @@ class SettingsSearch:
             if isinstance(decision, Ask):
                 run_in_slots((decision, *decision.alongside), self.slots, self._run_ask, self._stop_runs)
                 continue
-            if self.verdicts is not None and self._confirm(decision):
+            if not isinstance(decision, Unresolved) and self.verdicts is not None and self._confirm(decision):
                 continue
             break
+        self._stop_on_the_host(decision)
+        if isinstance(decision, Unresolved):
+            return self._finish_unresolved(decision)
         if isinstance(decision, EndsWrong):
             return self._finish_wrong(decision)
         self._check_values(decision)
         return self._finish_found(decision)
+
+    def _stop_on_the_host(self, decision: Trigger | EndsWrong | Unresolved) -> None:
+        """Where the answer stands on a configuration the host's failures left unjudged (an end
+        skipped, or one the trigger rests on), the search stops (exit 5) naming the failure:
+        resumed once the host is freed, it runs that configuration again."""
+        if isinstance(decision, Trigger):
+            return
+        standing = decision.configurations if isinstance(decision, Unresolved) else rests_on(self.problem, decision)
+        for configuration in standing:
+            records = self._records(configuration)
+            if records and records[-1].host_failure is not None:
+                raise InfrastructureError(
+                    f"configuration {self._label(configuration)} could not be judged: {records[-1].host_failure}; "
+                    "no trigger can be named without it: free the host (cards, ports, the harness's server) or "
+                    f"raise --retries, then run the same `bisect-npu settings` command with --session "
+                    f"{self.journal.session_dir}")
 
     def _confirm(self, decision: Trigger | EndsWrong) -> bool:
         """Run fresh the configurations the answer rests on where only the verdict store judged them
@@ -580,9 +615,7 @@ class SettingsSearch:
             if (stored := verdicts.recall(digest, commit, build_key, journal)) is not None:
                 self.progress.note(f"configuration {self._label(configuration, check)}: {stored.verdict.reason}")
                 return reused[-1]
-        evaluator = _ConfigurationEvaluator(Path("configurations") / digest, self.base.builder,
-                                            self._executor_for(recipe), self.journal.session_dir, recipe=recipe,
-                                            timeout_s=self.spec.judge.timeout_s, timeout_is=self.spec.judge.timeout_is)
+        evaluator = self._evaluator(Path("configurations") / digest, recipe)
         evaluator.reference = self.base.reference
         if self.reference_commit and not as_reference:
             reference = self._reference_run(configuration, recipe, check)
@@ -591,58 +624,96 @@ class SettingsSearch:
                     configuration=sorted(configuration), digest=digest, settings=settings, build=reference.build,
                     verdict=Verdict(kind=VerdictKind.SKIP, trials=0, reason=(
                         f"{reference.verdict.kind.value} at the reference commit {self._reference_label()}: "
-                        f"{reference.verdict.reason}")), value_check=check)
+                        f"{reference.verdict.reason}")), value_check=check, host_failure=reference.host_failure)
                 self._journal(record)
                 self.progress.note(f"configuration {self._label(configuration, check)}: {record.verdict.reason}")
                 return record
             evaluator.reference = [Observation.load(self.base.abs(t.observation)) for t in reference.trials
                                    if t.observation]
         pending = self._pending(digest) if not noisy else []
-        number = itertools.count(self._next_trial(digest))
-
-        def on_trial(run: TrialRun) -> None:
-            self.journal.append(ConfigurationTrial(configuration=sorted(configuration), digest=digest,
-                                                   **run.model_dump()))
-
         self.progress.note(f"configuration {self._label(configuration, check)}: running {trials} trial(s)")
-        result: StepResult = evaluator.evaluate(EvaluationRequest(
-            commit, trials if noisy else recipe.trials.count, tuple(pending), on_trial, judge_each=noisy,
-            first_trial=next(number), as_reference=as_reference))
+        result, retries, host_failure = self._evaluate(
+            evaluator, configuration, digest, check, reference=False, commit=commit,
+            trials=trials if noisy else recipe.trials.count, done=pending, judge_each=noisy,
+            first_trial=self._next_trial(digest), as_reference=as_reference)
         record = ConfigurationRecord(configuration=sorted(configuration), digest=digest, settings=settings,
                                      build=result.build, verdict=result.verdict, trials=result.trials,
-                                     seconds=result.seconds, value_check=check)
+                                     seconds=result.seconds, value_check=check, retries=retries,
+                                     host_failure=host_failure)
         self._journal(record)
         self.progress.note(f"configuration {self._label(configuration, check)}: {result.verdict.kind.value} "
                            f"({result.verdict.reason})")
-        if verdicts is not None:
+        if verdicts is not None and host_failure is None:
             verdicts.keep(digest, commit, build_key, result.verdict)
         return record
 
-    def _reference_run(self, configuration: Configuration, recipe: Recipe, check: str | None) -> ReferenceRecord:
-        """The configuration at the reference commit: journaled once (an interrupted run's trials
-        kept), so neither the rest of the search nor a resumed one runs it again."""
-        assert self.reference_commit is not None
-        digest = recipe.digest()
-        done = next((e for e in self.journal.entries if isinstance(e, ReferenceRecord) and e.digest == digest), None)
-        if done is not None:
-            return done
-        pending = [TrialRun.model_validate(e.model_dump()) for e in self.journal.entries
-                   if isinstance(e, ReferenceTrial) and e.digest == digest]
-        evaluator = _ConfigurationEvaluator(Path("references") / digest, self.base.builder, self._executor_for(recipe),
+    def _evaluator(self, step: Path, recipe: Recipe) -> Evaluator:
+        """A configuration's evaluator: the shared build, its own executor and step directory, and
+        the session's retries and card wait (as the commit search's evaluator has them)."""
+        evaluator = _ConfigurationEvaluator(step, self.base.builder, self._executor_for(recipe),
                                             self.journal.session_dir, recipe=recipe,
-                                            timeout_s=self.spec.judge.timeout_s, timeout_is=self.spec.judge.timeout_is)
+                                            timeout_s=self.spec.judge.timeout_s, timeout_is=self.spec.judge.timeout_is,
+                                            retries=self.spec.judge.retries, cards=self.base.cards)
+        return evaluator
+
+    def _evaluate(self, evaluator: Evaluator, configuration: Configuration, digest: str, check: str | None, *,
+                  reference: bool, commit: str, trials: int, done: Sequence[TrialRun], judge_each: bool = False,
+                  first_trial: int = 0, as_reference: bool = False) -> tuple[StepResult, list[RetryRun], str | None]:
+        """Run one configuration (at `commit`): every trial and every failed attempt journaled the
+        moment it ends, the attempts journaled before an interrupt counted against the retry
+        budget. Returns the result, the attempts since the configuration's last record, and why
+        the host left it unjudged once they spent the budget (None where it did not)."""
+        keys = sorted(configuration)
+        retries = self._pending_retries(digest, reference)
+        unjudged: list[str] = []
+        label = self._label(configuration, check)
 
         def on_trial(run: TrialRun) -> None:
-            self.journal.append(ReferenceTrial(configuration=sorted(configuration), digest=digest, **run.model_dump()))
+            made = ReferenceTrial if reference else ConfigurationTrial
+            self.journal.append(made(configuration=keys, digest=digest, **run.model_dump()))
 
+        def on_retry(retry: RetryRun) -> None:
+            self.journal.append(ConfigurationRetry(configuration=keys, digest=digest, reference=reference,
+                                                   **retry.model_dump()))
+            retries.append(retry)
+            self.progress.note(f"configuration {label}: attempt {retry.attempt} failed on the host ({retry.cause}); "
+                               "retrying")
+
+        result = evaluator.evaluate(EvaluationRequest(
+            commit, trials, tuple(done), on_trial, judge_each=judge_each, first_trial=first_trial,
+            as_reference=as_reference, on_retry=on_retry, retried=tuple(retries), on_unjudged=unjudged.append))
+        host_failure = unjudged[-1] if unjudged and result.verdict.kind == VerdictKind.SKIP else None
+        return result, retries, host_failure
+
+    def _pending_retries(self, digest: str, reference: bool) -> list[RetryRun]:
+        """The configuration's failed attempts journaled since its last record (at the reference
+        commit where `reference`): an interrupted run's, which the retry budget goes on from."""
+        made = ReferenceRecord if reference else ConfigurationRecord
+        return [RetryRun.model_validate(e.model_dump()) for e in self._since_record(digest, ConfigurationRetry, made)
+                if e.reference == reference]
+
+    def _reference_run(self, configuration: Configuration, recipe: Recipe, check: str | None) -> ReferenceRecord:
+        """The configuration at the reference commit: journaled once (an interrupted run's trials
+        kept), so neither the rest of the search nor a resumed one runs it again (unless the host's
+        failures left it unjudged before this process: then it runs again)."""
+        assert self.reference_commit is not None
+        digest = recipe.digest()
+        done = next((e for at, e in enumerate(self.journal.entries) if isinstance(e, ReferenceRecord)
+                     and e.digest == digest and not self._run_again(at, e)), None)
+        if done is not None:
+            return done
+        pending = [TrialRun.model_validate(e.model_dump()) for e in self._since_record(digest, ReferenceTrial,
+                                                                                        ReferenceRecord)]
+        evaluator = self._evaluator(Path("references") / digest, recipe)
         label = self._label(configuration, check)
         self.progress.note(f"configuration {label} at the reference commit {self._reference_label()}: running "
                            f"{recipe.trials.count} trial(s)")
-        result = evaluator.evaluate(EvaluationRequest(self.reference_commit, recipe.trials.count, tuple(pending),
-                                                      on_trial, as_reference=True))
+        result, retries, host_failure = self._evaluate(
+            evaluator, configuration, digest, check, reference=True, commit=self.reference_commit,
+            trials=recipe.trials.count, done=pending, as_reference=True)
         record = ReferenceRecord(configuration=sorted(configuration), digest=digest, commit=self.reference_commit,
                                  build=result.build, verdict=result.verdict, trials=result.trials,
-                                 seconds=result.seconds)
+                                 seconds=result.seconds, retries=retries, host_failure=host_failure)
         self.journal.append(record)
         return record
 
@@ -652,13 +723,19 @@ class SettingsSearch:
 
     def _pending(self, digest: str) -> list[TrialRun]:
         """Trials of the configuration journaled after its last record: an interrupted run's work."""
-        pending: list[TrialRun] = []
+        return [TrialRun.model_validate(e.model_dump())
+                for e in self._since_record(digest, ConfigurationTrial, ConfigurationRecord)]
+
+    def _since_record(self, digest: str, kind: type[_Entry], record: type[ConfigurationRecord | ReferenceRecord],
+                      ) -> list[_Entry]:
+        """The configuration's entries of `kind` journaled after its last `record`."""
+        found: list[_Entry] = []
         for entry in self.journal.entries:
-            if isinstance(entry, ConfigurationTrial) and entry.digest == digest:
-                pending.append(TrialRun.model_validate(entry.model_dump()))
-            elif isinstance(entry, ConfigurationRecord) and entry.digest == digest:
-                pending = []
-        return pending
+            if isinstance(entry, kind) and entry.digest == digest:
+                found.append(entry)
+            elif isinstance(entry, record) and entry.digest == digest:
+                found = []
+        return found
 
     def _next_trial(self, digest: str) -> int:
         """Trial numbers grow per configuration, so more trials never repeat a seed."""
@@ -689,7 +766,8 @@ class SettingsSearch:
                     self._run_configuration(trigger.keys, self.problem.batch, extra={key: value})
 
     def _value_reading(self, configuration: Configuration, check: str) -> str | None:
-        records = [e for e in self.journal.entries if isinstance(e, ConfigurationRecord) and e.value_check == check]
+        records = [e for at, e in enumerate(self.journal.entries) if isinstance(e, ConfigurationRecord)
+                   and e.value_check == check and not self._run_again(at, e)]
         if not records:
             return None
         if self.problem.mode == "exact":
@@ -706,6 +784,18 @@ class SettingsSearch:
         tried = len({e.digest for e in self.journal.entries if isinstance(e, ConfigurationRecord)})
         message = end_messages.settings_found(self.header.commit, keys, len(self.differences) - len(keys), tried)
         end = SettingsEnd(status="found", trigger=sorted(trigger.keys), message=message)
+        self.journal.append(end)
+        return self._result(end)
+
+    def _finish_unresolved(self, unresolved: Unresolved) -> SettingsResult:
+        """No trigger: configurations it rests on were skipped for reasons of their own (the host's
+        failures stop the search before: `_stop_on_the_host`)."""
+        unjudged = [(self._label(c), records[-1].verdict.reason if (records := self._records(c)) else "not run")
+                    for c in unresolved.configurations]
+        message = end_messages.settings_unresolved(
+            self.header.commit, [self.differences[i] for i in sorted(unresolved.trigger)], unjudged)
+        end = SettingsEnd(status="unresolved", message=message,
+                          unresolved=[sorted(c) for c in unresolved.configurations])
         self.journal.append(end)
         return self._result(end)
 
@@ -726,7 +816,8 @@ class SettingsSearch:
     def _result(self, end: SettingsEnd) -> SettingsResult:
         tried = len({e.digest for e in self.journal.entries if isinstance(e, ConfigurationRecord)})
         trigger = [self.differences[i] for i in end.trigger]
-        return SettingsResult(end.status, EXIT_CODES[end.status], self.journal.session_dir, end.message, trigger, tried)
+        code = EXIT_NARROWED if end.status == "unresolved" else EXIT_CODES[end.status]  # untestable ones hide it
+        return SettingsResult(end.status, code, self.journal.session_dir, end.message, trigger, tried)
 
     def close(self) -> None:
         try:

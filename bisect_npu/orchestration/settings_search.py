@@ -46,8 +46,9 @@ from bisect_npu.journal import JOURNAL_FILE
 from bisect_npu.level import SettingsLevel
 from bisect_npu.observations import Observation, Verdict, VerdictKind
 from bisect_npu.orchestration import end_messages
+from bisect_npu.orchestration.candidate import CandidateJournal, CandidateRun, run_candidate
 from bisect_npu.orchestration.environments import make_environment, session_evaluator
-from bisect_npu.orchestration.evaluate import EvaluationRequest, Evaluator, StepResult
+from bisect_npu.orchestration.evaluate import EvaluationRequest, Evaluator
 from bisect_npu.orchestration.opening import Fact, first_difference, refuse_other_request, stop_leftovers
 from bisect_npu.orchestration.preflight import RAY_REFUSED, settle_executor
 from bisect_npu.orchestration.reference import References
@@ -632,13 +633,13 @@ class SettingsSearch:
                                    if t.observation]
         pending = self._pending(digest) if not noisy else []
         self.progress.note(f"configuration {self._label(configuration, check)}: running {trials} trial(s)")
-        result, retries, host_failure = self._evaluate(
-            evaluator, configuration, digest, check, reference=False, commit=commit,
-            trials=trials if noisy else recipe.trials.count, done=pending, judge_each=noisy,
-            first_trial=self._next_trial(digest), as_reference=as_reference)
+        run = self._evaluate(evaluator, configuration, digest, check, reference=False, commit=commit,
+                             trials=trials if noisy else recipe.trials.count, done=pending, judge_each=noisy,
+                             first_trial=self._next_trial(digest), as_reference=as_reference)
+        result, host_failure = run.result, run.host_failure
         record = ConfigurationRecord(configuration=sorted(configuration), digest=digest, settings=settings,
                                      build=result.build, verdict=result.verdict, trials=result.trials,
-                                     seconds=result.seconds, value_check=check, retries=retries,
+                                     seconds=result.seconds, value_check=check, retries=run.retries,
                                      host_failure=host_failure)
         self._journal(record)
         self.progress.note(f"configuration {self._label(configuration, check)}: {result.verdict.kind.value} "
@@ -658,15 +659,11 @@ class SettingsSearch:
 
     def _evaluate(self, evaluator: Evaluator, configuration: Configuration, digest: str, check: str | None, *,
                   reference: bool, commit: str, trials: int, done: Sequence[TrialRun], judge_each: bool = False,
-                  first_trial: int = 0, as_reference: bool = False) -> tuple[StepResult, list[RetryRun], str | None]:
-        """Run one configuration (at `commit`): every trial and every failed attempt journaled the
-        moment it ends, the attempts journaled before an interrupt counted against the retry
-        budget. Returns the result, the attempts since the configuration's last record, and why
-        the host left it unjudged once they spent the budget (None where it did not)."""
+                  first_trial: int = 0, as_reference: bool = False) -> CandidateRun:
+        """Run one configuration (at `commit`; at the reference commit where `reference`) as the
+        commit search runs a commit (`candidate.run_candidate`), its trials and failed attempts
+        journaled under its keys."""
         keys = sorted(configuration)
-        retries = self._pending_retries(digest, reference)
-        unjudged: list[str] = []
-        label = self._label(configuration, check)
 
         def on_trial(run: TrialRun) -> None:
             made = ReferenceTrial if reference else ConfigurationTrial
@@ -675,15 +672,12 @@ class SettingsSearch:
         def on_retry(retry: RetryRun) -> None:
             self.journal.append(ConfigurationRetry(configuration=keys, digest=digest, reference=reference,
                                                    **retry.model_dump()))
-            retries.append(retry)
-            self.progress.note(f"configuration {label}: attempt {retry.attempt} failed on the host ({retry.cause}); "
-                               "retrying")
 
-        result = evaluator.evaluate(EvaluationRequest(
-            commit, trials, tuple(done), on_trial, judge_each=judge_each, first_trial=first_trial,
-            as_reference=as_reference, on_retry=on_retry, retried=tuple(retries), on_unjudged=unjudged.append))
-        host_failure = unjudged[-1] if unjudged and result.verdict.kind == VerdictKind.SKIP else None
-        return result, retries, host_failure
+        journal = CandidateJournal(f"configuration {self._label(configuration, check)}", on_trial, on_retry,
+                                   self._pending_retries(digest, reference))
+        return run_candidate(evaluator, EvaluationRequest(commit, trials, tuple(done), judge_each=judge_each,
+                                                          first_trial=first_trial, as_reference=as_reference),
+                             journal, self.progress)
 
     def _pending_retries(self, digest: str, reference: bool) -> list[RetryRun]:
         """The configuration's failed attempts journaled since its last record (at the reference
@@ -708,12 +702,11 @@ class SettingsSearch:
         label = self._label(configuration, check)
         self.progress.note(f"configuration {label} at the reference commit {self._reference_label()}: running "
                            f"{recipe.trials.count} trial(s)")
-        result, retries, host_failure = self._evaluate(
-            evaluator, configuration, digest, check, reference=True, commit=self.reference_commit,
-            trials=recipe.trials.count, done=pending, as_reference=True)
+        run = self._evaluate(evaluator, configuration, digest, check, reference=True, commit=self.reference_commit,
+                             trials=recipe.trials.count, done=pending, as_reference=True)
         record = ReferenceRecord(configuration=sorted(configuration), digest=digest, commit=self.reference_commit,
-                                 build=result.build, verdict=result.verdict, trials=result.trials,
-                                 seconds=result.seconds, retries=retries, host_failure=host_failure)
+                                 build=run.result.build, verdict=run.result.verdict, trials=run.result.trials,
+                                 seconds=run.result.seconds, retries=run.retries, host_failure=run.host_failure)
         self.journal.append(record)
         return record
 

@@ -258,19 +258,12 @@ class SettingsSearch:
 
     def __init__(self, journal: SettingsJournal, recipe: Recipe, base: Evaluator, spec: SessionSpec,
                  repo_path: str, progress: Progress) -> None:
-        self.journal = journal
-        self.header = journal.header
-        self.recipe = recipe
-        self.base = base
-        self.spec = spec
-        self.repo_path = repo_path
-        self.progress = progress
-        self.differences = [Difference(d.key, d.bad, d.good) for d in self.header.differences]
+        self.space = Configurations(journal, recipe, base, spec, repo_path, progress)
+        self.journal, self.header, self.base = journal, journal.header, base
+        self.differences, self.verdicts = self.space.differences, self.space.verdicts
         self.slots = max(1, spec.executor.slots or 1)  # configurations run at once, each on a slot's cards
         self.problem = SettingsProblem(len(self.differences), mode=self.header.mode, confidence=self.header.confidence,
                                        batch=self.header.batch, max_trials=self.header.max_trials, slots=self.slots)
-        self.space = Configurations(journal, recipe, base, spec, repo_path, progress)
-        self.verdicts = self.space.verdicts
         # The good variant's runs at the commit are every configuration's reference, as a commit
         # search's good end's are (None where the reference commit gives each its own).
         self.references = References(recipe, base, self._good_variant_runs)

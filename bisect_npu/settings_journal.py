@@ -19,7 +19,7 @@ from bisect_npu.errors import UsageError
 from bisect_npu.journal import AppendOnlyJournal
 from bisect_npu.level import SettingsLevel
 from bisect_npu.observations import Verdict
-from bisect_npu.records import BuildInfo, Record, StoredFrom, TrialRun
+from bisect_npu.records import BuildInfo, Record, RetryRun, StoredFrom, TrialRun
 from bisect_npu.request import RunRequest
 
 SETTINGS_FILE = "settings.jsonl"
@@ -93,9 +93,22 @@ class ConfigurationTrial(Record, TrialRun):
     digest: str
 
 
+class ConfigurationRetry(Record, RetryRun):
+    """A failed attempt of a configuration's run (at the reference commit where `reference`),
+    journaled the moment it failed, as a commit session journals a `retry`: a resumed search goes
+    on with the budget its attempts left."""
+
+    type: Literal["retry"] = "retry"
+    configuration: list[int]
+    digest: str
+    reference: bool = False
+
+
 class ConfigurationRecord(Record):
     """A configuration judged: the keys at their bad value (`configuration`), the recipe digest it
-    ran as, its build, trials and verdict; `stored`: the verdict store had it, nothing ran."""
+    ran as, its build, trials and verdict; `stored`: the verdict store had it, nothing ran.
+    `retries`: its failed attempts, in order; `host_failure`: why it is unresolved where the
+    host's failures spent its retries (a later search runs it again)."""
 
     type: Literal["configuration"] = "configuration"
     configuration: list[int]
@@ -107,6 +120,8 @@ class ConfigurationRecord(Record):
     seconds: float = 0.0
     stored: StoredFrom | None = None
     value_check: str | None = None  # a --vary value checked alone: "KEY=VALUE"
+    retries: list[RetryRun] = Field(default_factory=list)
+    host_failure: str | None = None
 
 
 class ReferenceTrial(Record, TrialRun):
@@ -130,21 +145,26 @@ class ReferenceRecord(Record):
     verdict: Verdict
     trials: list[TrialRun] = Field(default_factory=list)
     seconds: float = 0.0
+    retries: list[RetryRun] = Field(default_factory=list)
+    host_failure: str | None = None
 
 
 class SettingsEnd(Record):
-    """The answer: the trigger (`found`), or an end that does not behave as given (`ends_wrong`)."""
+    """The answer: the trigger (`found`), an end that does not behave as given (`ends_wrong`), or
+    no trigger because configurations it rests on could not be judged for a reason of their own
+    (`unresolved`: `unresolved` lists them)."""
 
     type: Literal["settings_end"] = "settings_end"
-    status: Literal["found", "ends_wrong"]
+    status: Literal["found", "ends_wrong", "unresolved"]
     trigger: list[int] = Field(default_factory=list)
     message: str = ""
     which: Literal["good", "bad"] | None = None
     figures: dict[str, float] = Field(default_factory=dict)
+    unresolved: list[list[int]] = Field(default_factory=list)
 
 
-SettingsEntry = Annotated[ConfigurationTrial | ConfigurationRecord | ReferenceTrial | ReferenceRecord | SettingsEnd,
-                          Field(discriminator="type")]
+SettingsEntry = Annotated[ConfigurationTrial | ConfigurationRetry | ConfigurationRecord | ReferenceTrial |
+                          ReferenceRecord | SettingsEnd, Field(discriminator="type")]
 _ENTRY: TypeAdapter[SettingsEntry] = TypeAdapter(SettingsEntry)
 
 
@@ -191,7 +211,7 @@ class SettingsJournal(AppendOnlyJournal[SettingsHeader, SettingsEntry]):
         return f"run the settings search again with --session {session_dir}"
 
 
-_TYPES = frozenset({"configuration_trial", "configuration", "reference_trial", "reference", "settings_end"})
+_TYPES = frozenset({"configuration_trial", "retry", "configuration", "reference_trial", "reference", "settings_end"})
 
 
 def read_settings(session_dir: Path) -> tuple[SettingsHeader, list[SettingsEntry]] | None:

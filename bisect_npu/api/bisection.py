@@ -79,7 +79,7 @@ def bisect(request: RunRequest | str | Path, good: str | None = None, bad: str |
         request = RunRequest.of(repo=str(request), good=good, bad=bad, recipe=recipe, command=command, **fields)
     if request.judge.unit_tests and request.judge.command:
         raise UsageError("--unit-test runs vllm-ascend's unit tests as the oracle, --cmd a command: give one of them")
-    progress = _progress(quiet, live)
+    progress = progress_for(quiet, live)
     path = session_named(Path(session_dir)).resolve() if session_dir is not None else None
     name = oracle_name(function) if function else None
     if path is not None and (path / JOURNAL_FILE).exists():
@@ -101,11 +101,13 @@ def resume(session_dir: str | Path | None = None, *, oracle: Oracle | None = Non
     from bisect_npu.orchestration.bisection import Bisection
 
     path = session_named(Path(session_dir)).resolve() if session_dir is not None else None
-    return _run(Bisection.resume(path, progress=_progress(quiet, live), oracle=oracle,
+    return _run(Bisection.resume(path, progress=progress_for(quiet, live), oracle=oracle,
                                  accept_changed_command=accept_changed_command), on_session)
 
 
-def _progress(quiet: bool, live: bool) -> Progress:
+def progress_for(quiet: bool, live: bool) -> Progress:
+    """Where a session's progress lines go: a terminal display (`live`), else plain lines on stderr
+    (none where `quiet`)."""
     from bisect_npu.progress import PlainProgress, make_progress
 
     return make_progress(quiet) if live else PlainProgress(io.StringIO() if quiet else None)

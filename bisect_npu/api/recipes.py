@@ -108,7 +108,7 @@ def check_recipe_at(recipe: str | Path | Recipe, repo: str | Path, refs: Iterabl
 def recipe_plan(recipe: str | Path | Recipe) -> dict[str, Any]:
     """What a recipe runs, as the probe will see it: model, engine call or server command line,
     environment, cases as sent, oracle, trials and reference (`recipes show --format json`)."""
-    from bisect_npu.orchestration.evaluate import probe_request
+    from bisect_npu.orchestration.probe_requests import probe_request
     from bisect_npu.probe.backends.openai import server_argv
     from bisect_npu.probe.backends.vllm import engine_kwargs
     from bisect_npu.recipe.loader import load_recipe

@@ -8,17 +8,18 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
-from bisect_npu.errors import UsageError
+from bisect_npu.errors import InfrastructureError, UsageError
 from bisect_npu.request import RunRequest, part_types
 
 
 @dataclass(frozen=True)
 class SettingsOutcome:
     """How a settings search ended: `status` and `exit_code` (0 with a trigger, 4 when the recipe
-    is not bad or the good variant not good there), the trigger's keys, the configurations run,
+    is not bad or the good variant not good there, 3 when configurations the trigger rests on could
+    not be judged for reasons of their own), the trigger's keys, the configurations run,
     and the reports (the `after` session's, which gains the Settings section, when there is one)."""
 
-    status: Literal["found", "ends_wrong"]
+    status: Literal["found", "ends_wrong", "unresolved"]
     exit_code: int
     message: str
     trigger: list[str]
@@ -32,7 +33,7 @@ def search_settings(request: RunRequest | None = None, *, ref: str | None = None
                     good_recipe: str | None = None, vary: Sequence[str] = (), after: str | Path | None = None,
                     reference_at: str | None = None, session_dir: str | Path | None = None,
                     no_verdict_store: bool = False, on_session: Callable[[Path], None] | None = None,
-                    **fields: Any) -> SettingsOutcome:
+                    quiet: bool = False, live: bool = False, **fields: Any) -> SettingsOutcome:
     """Find the smallest set of settings that turns the good variant bad at `ref`: the recipe is
     the bad case, `good_set` (KEY=VALUE), `good_recipe` or `vary` (KEY=V1,V2,...) give the good
     variant. The runs are made under `request` (its bad end is `ref`) or a request of `fields` by
@@ -44,7 +45,11 @@ def search_settings(request: RunRequest | None = None, *, ref: str | None = None
     commit where the case is good, against whose run of each configuration that configuration is
     judged (a recipe compared with the good end's output; with `after`, where the keys need one, the
     default is that session's good end). `session_dir` holding a settings search continues it.
-    `on_session` is called with the search's directory before anything runs."""
+    `on_session` is called with the search's directory before anything runs. Progress lines go to
+    stderr unless `quiet` (`live`: a terminal display, as `bisect`'s). Where the host's failures
+    leave a configuration the answer needs unjudged (InfrastructureError, exit 5), the reports are
+    written before it is raised: they show every failed attempt."""
+    from bisect_npu.api.bisection import progress_for
     from bisect_npu.journal import DEFAULT_ROOT, new_session_dir
     from bisect_npu.orchestration.preflight import RAY_REFUSED
     from bisect_npu.orchestration.settings_search import SettingsQuestion, SettingsSearch, settings_request
@@ -74,11 +79,21 @@ def search_settings(request: RunRequest | None = None, *, ref: str | None = None
     directory = Path(session_dir or new_session_dir(DEFAULT_ROOT)).resolve()
     if on_session is not None:
         on_session(directory)
-    search = SettingsSearch.start(question, asked, directory)
+    progress = progress_for(quiet, live)
+    stopped_on_the_host = False
     try:
-        result = search.run()
+        search = SettingsSearch.start(question, asked, directory, progress)
+        try:
+            result = search.run()
+        except InfrastructureError:
+            stopped_on_the_host = True
+            raise
+        finally:
+            search.close()
+            if stopped_on_the_host:
+                write_settings_reports(directory)
     finally:
-        search.close()
+        progress.close()
     md_path, json_path = write_settings_reports(directory)
     if after_dir is not None:
         from bisect_npu.report import write_reports

@@ -18,7 +18,7 @@ from bisect_npu.cli.run import request_options, request_parts
 
 # The request fields a search at one commit reads: where and how its runs are built and made, how a
 # configuration is judged and the verdict store; not the range, the levels or the fix stage.
-SETTINGS_FIELDS = {"range": {"repo"}, "judge": {"recipe", "timeout_s", "timeout_is"},
+SETTINGS_FIELDS = {"range": {"repo"}, "judge": {"recipe", "timeout_s", "timeout_is", "retries"},
                    "search": {"mode", "confidence", "dependencies", "dep_repos"}}
 WHOLE_PARTS = {"executor", "store"}
 
@@ -29,20 +29,22 @@ def taken(part: str, name: str) -> bool:
 
 def run_settings(ref: str | None, good_set: tuple[str, ...], good_recipe: str | None, vary: tuple[str, ...],
                  session_dir: Path | None, after: Path | None, reference_at: str | None, as_json: bool,
-                 **values: Any) -> None:
+                 quiet: bool, **values: Any) -> None:
     """Find the smallest set of settings that turns the good variant bad at one commit.
 
     The recipe is the bad case; --good-set, --good-recipe or --vary give a good variant. Delta
     debugging over the keys they differ in names the trigger: each of its keys is needed (set back,
     the case is good), the others are not. Exit 0 with a trigger, 4 when the recipe is not bad or
-    the good variant is not good there, 2 for a bad key or value.
+    the good variant is not good there, 3 when configurations the trigger rests on could not be
+    judged, 5 when the host's failures (an engine that does not start, a busy card) left one
+    unjudged after --retries: free the host and run the same command again.
     """
     from bisect_npu import api
 
     fields = {name: value for part in request_parts(values, taken=taken).values() for name, value in part.items()}
     result = api.search_settings(ref=ref, good_set=good_set, good_recipe=good_recipe, vary=vary,
                                  session_dir=session_dir, after=after, reference_at=reference_at,
-                                 on_session=started, **fields)
+                                 on_session=started, quiet=quiet or as_json, live=True, **fields)
     click.echo(result.message)
     click.echo(f"report: {result.report}")
     if as_json:
@@ -77,4 +79,5 @@ settings = click.Command("settings", callback=run_settings, help=run_settings.__
                       "where needed: that session's good end]."),
     click.Option(["--json", "as_json"], is_flag=True, help="End stdout with one JSON line: status, exit_code, "
                                                            "trigger, configurations, session, report."),
+    click.Option(["--quiet"], is_flag=True, help="Plain log lines even on a terminal."),
 ])

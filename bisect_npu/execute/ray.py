@@ -299,7 +299,7 @@ def raise_if_unreachable(outcome: BatchOutcome, log_dir: Path) -> None:
 
 COMMAND_LOG = "command.log"
 COMMAND_REASON = "command.reason"
-REASON_FILE = "BISECT_NPU_REASON_FILE"  # orchestration/evaluate.py's REASON_FILE_ENV
+REASON_FILE = "BISECT_NPU_REASON_FILE"  # orchestration/judging.py's REASON_FILE_ENV
 
 
 def _command_files(out_dir: Path) -> dict[str, tuple[bytes, float]]:

@@ -160,6 +160,15 @@ def settings_found(commit: str, trigger: list[Difference], others: int, tried: i
             "tried)")
 
 
+def settings_unresolved(commit: str, trigger: list[Difference], unjudged: list[tuple[str, str]]) -> str:
+    """No trigger at `commit`: ddmin ended on `trigger`, but the configurations it rests on
+    (`unjudged`: each label and why it could not be judged, its own runs' reason) were skipped."""
+    keys = ", ".join(d.key for d in trigger)
+    why = "; ".join(f"{label}: {reason}" for label, reason in unjudged)
+    return (f"no trigger at {commit[:12]}: it would be {keys}, but configurations it rests on could not be judged "
+            f"({why}); judge them by hand, or give a good variant without the keys that keep them from running")
+
+
 def settings_ends_wrong(which: Literal["good", "bad"], differences: list[Difference], at: str, *, skipped: bool,
                         reference: ReferenceRecord | None, reference_label: str, log_dir: Path) -> str:
     """Which side of a settings search (the good variant, the recipe) did not behave as given at

@@ -55,9 +55,10 @@ from bisect_npu.level import held_of, overlay_of
 from bisect_npu.nightly.cases import CaseRef
 from bisect_npu.observations import Observation, Verdict
 from bisect_npu.orchestration.earlier_results import given_ends
-from bisect_npu.orchestration.evaluate import EvaluationRequest, Evaluator, accuracy_inputs
+from bisect_npu.orchestration.evaluate import EvaluationRequest, Evaluator
 from bisect_npu.orchestration.nightly import NightlyEvaluator
 from bisect_npu.orchestration.preflight import settle_devices
+from bisect_npu.orchestration.probe_requests import accuracy_inputs
 from bisect_npu.orchestration.session_spec import SessionSpec, declared_dependencies, dep_repo_of
 from bisect_npu.paths import cache_root
 from bisect_npu.recipe.loader import load_recipe

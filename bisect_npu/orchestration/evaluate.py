@@ -12,7 +12,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from functools import partial
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import TypeVar
 
 from bisect_npu import oracle
 from bisect_npu.builders.base import Builder, BuildFailed, Environment
@@ -21,7 +21,7 @@ from bisect_npu.defaults import RETRY_BACKOFF_S, TRIAL_RETRIES, TRIAL_TIMEOUT_S
 from bisect_npu.errors import InfrastructureError
 from bisect_npu.execute.base import Executor, RunResult, observation_path, probe_log_path, probe_stem, run_node_path
 from bisect_npu.execute.card_memory import CardWait
-from bisect_npu.observations import ABORT_ABOVE, SKIP_EXIT, Observation, TimeoutIs, Verdict, VerdictKind
+from bisect_npu.observations import Observation, TimeoutIs, Verdict, VerdictKind
 from bisect_npu.orchestration.accuracy import AccuracySteps, load_from, role_of
 from bisect_npu.orchestration.earlier_results import (
     Earlier,
@@ -31,12 +31,20 @@ from bisect_npu.orchestration.earlier_results import (
     earlier_settings,
 )
 from bisect_npu.orchestration.infrastructure import InfrastructureFailure, RetryPolicy, classify_run
+from bisect_npu.orchestration.judging import (
+    REASON_FILE_ENV,
+    TIMEOUT_IS_BAD_NOTE,
+    command_reason,
+    command_verdict,
+    tally,
+    with_command_reason,
+)
+from bisect_npu.orchestration.observation_watch import ObservationWatcher, node_named, poll
+from bisect_npu.orchestration.probe_requests import probe_request, trial_seed
 from bisect_npu.probe.harness import HARNESS_FAILED_EXIT
 from bisect_npu.probe.request import write_json_atomic
 from bisect_npu.recipe.schema import CaseSpec, EarlierEndSpec, Recipe
 from bisect_npu.records import COMMAND_CASE, BuildInfo, RetryRun, TrialRun
-
-TIMEOUT_IS_BAD_NOTE = ", counted bad (--timeout-is bad)"
 
 _T = TypeVar("_T")
 
@@ -67,6 +75,8 @@ class EvaluationRequest:
     on_retry: Callable[[RetryRun], None] | None = None
     # Attempts journaled before an interruption: the attempt numbers go on from them.
     retried: Sequence[RetryRun] = ()
+    # Hears why trials were left unjudged once the host's failures spent their retries (not at an end).
+    on_unjudged: Callable[[str], None] | None = None
 
     def report(self, record: TrialRun) -> None:
         if self.on_trial is not None:
@@ -86,62 +96,6 @@ class StepResult:
     build: BuildInfo
     trials: list[TrialRun] = field(default_factory=list)
     seconds: float = 0.0
-
-
-def command_verdict(result: RunResult, timeout_is: TimeoutIs = "skip", said: str = "",
-                    timeout_s: float | None = None) -> Verdict:
-    """Map a user command's exit status to a verdict (the `git bisect run` protocol); a run past
-    --timeout is `timeout_is` (skip unless the regression is a hang). `said` is the reason line the
-    command wrote, quoted when it aborts the run."""
-    code = result.returncode
-    figures = {"exit_code": code, "log": result.log_path}
-    if result.timed_out:
-        limit = f"ran past --timeout {timeout_s:g}s (stopped after {result.seconds:.0f}s)" if timeout_s else \
-            f"timed out after {result.seconds:.0f}s"
-        return Verdict(kind=VerdictKind(timeout_is), reason=f"command {limit}"
-                       f"{TIMEOUT_IS_BAD_NOTE if timeout_is == 'bad' else ''}", figures=figures)
-    if code == 0:
-        return Verdict(kind=VerdictKind.GOOD, reason="command exited 0", figures=figures)
-    if code == SKIP_EXIT:
-        return Verdict(kind=VerdictKind.SKIP, reason="command exited 125 (skip)", figures=figures)
-    if 0 < code <= ABORT_ABOVE:
-        return Verdict(kind=VerdictKind.BAD, reason=f"command exited {code}", figures=figures)
-    raise InfrastructureError(f"command exited {code} (above 127, or killed by a signal): aborting as "
-                              f"`git bisect run` does{f' ({said})' if said else ''}; see {result.log_path}, "
-                              "fix it, then `bisect-npu resume` (with --accept-changed-command where the fix "
-                              "changed the command's script)")
-
-
-REASON_FILE_ENV = "BISECT_NPU_REASON_FILE"  # a command may write its verdict's reason there, one line
-
-
-def command_reason(reason_path: Path) -> str:
-    """The first line the command wrote to `REASON_FILE_ENV`'s file ("" when it wrote none)."""
-    try:
-        lines = reason_path.read_text(encoding="utf-8", errors="replace").strip().splitlines()
-    except OSError:
-        return ""
-    return lines[0].strip()[:500] if lines else ""
-
-
-def with_command_reason(verdict: Verdict, said: str) -> Verdict:
-    """The verdict with the command's own reason line after its exit status ("command exited 1:
-    tests/ut/x.py::test_y failed"); as it was when it wrote none."""
-    return verdict.model_copy(update={"reason": f"{verdict.reason}: {said}"}) if said else verdict
-
-
-def tally(records: list[TrialRun]) -> Verdict:
-    """Trials judged one by one (noisy mode) as one step verdict: bad if any trial was bad, good if
-    some were good and none bad, skip if no trial could be judged."""
-    bad = sum(1 for r in records if r.outcome == VerdictKind.BAD)
-    good = sum(1 for r in records if r.outcome == VerdictKind.GOOD)
-    kind = VerdictKind.BAD if bad else VerdictKind.GOOD if good else VerdictKind.SKIP
-    reason = f"{bad} of {bad + good} trials bad"
-    if kind == VerdictKind.SKIP:  # say why: the first trial's own reason (a probe error, exit 125, ...)
-        why = next((r.reason for r in records if r.reason), "")
-        runs = f"{len(records)} run{'s' if len(records) != 1 else ''}"
-        reason = f"no trial could be judged ({runs}): {why}" if why else reason
-    return Verdict(kind=kind, reason=reason, figures={"bad": bad, "good": good}, trials=len(records))
 
 
 def build_record(env: Environment | None, failure: BuildFailed | None = None) -> BuildInfo:
@@ -263,7 +217,7 @@ class Evaluator:
                 request.report_retry(RetryRun(case_id="", trial=request.first_trial, attempt=number, kind="network",
                                               cause=unreachable.failure.cause, log=log, stage="build",
                                               seconds=round(time.monotonic() - started, 3)))
-                if spent + attempts > self.retry.retries:
+                if self.retry.gives_up(spent + attempts):
                     tried = self.retry.attempts_said(spent + attempts)
                     raise InfrastructureError(f"{request.commit[:12]} could not be built, {tried} failed on the "
                                               f"network (raise --retries if it comes and goes): "
@@ -427,7 +381,7 @@ class Evaluator:
                                log=self._keep_log(result.log_path, number) or log, seconds=round(result.seconds, 3))
             request.report_retry(attempt)
             attempts.append(attempt)
-            if spent + len(attempts) > self.retry.retries:
+            if self.retry.gives_up(spent + len(attempts)):
                 return records + self._unjudged(request, case, numbers[len(records):], failure, attempts,
                                                 attempt.log, spent)
             time.sleep(self.retry.delay(spent + len(attempts)))
@@ -456,6 +410,8 @@ class Evaluator:
                 f"{failure} (probe log {log}); free the host (cards, ports, the harness's server) or raise "
                 "--retries, then `bisect-npu resume`")
         reason = f"{failure} ({tried}: " + "; ".join(f"{a.attempt}. {a.kind}" for a in attempts) + ")"
+        if request.on_unjudged is not None:
+            request.on_unjudged(f"{failure}, {tried} failed on the host (probe log {log})")
         skips = [TrialRun(case_id=case.id, trial=n, log=log, outcome=VerdictKind.SKIP, reason=reason[:500])
                  for n in numbers]
         for skip in skips:
@@ -477,7 +433,7 @@ class Evaluator:
         node_file = run_node_path(out_dir, probe_stem(case.id, numbers[0]))
         for stale in [*paths, node_file]:  # left by a run killed before the journal took it: not this run's
             stale.unlink(missing_ok=True)
-        watcher = _ObservationWatcher(paths)
+        watcher = ObservationWatcher(paths)
         records: list[TrialRun] = []
 
         log = self.rel(probe_log_path(out_dir, probe_stem(case.id, numbers[0]))) or ""
@@ -486,11 +442,11 @@ class Evaluator:
             for index, path, seconds in watcher.arrived():
                 record = self._record(case, numbers[index], path, seconds, index == 0, log, request.judge_each,
                                       request.as_reference)
-                records.append(record.model_copy(update={"node": _node_named(node_file)}))
+                records.append(record.model_copy(update={"node": node_named(node_file)}))
                 request.report(records[-1])
 
         stop = threading.Event()
-        thread = threading.Thread(target=_poll, args=(collect, stop), daemon=True)
+        thread = threading.Thread(target=poll, args=(collect, stop), daemon=True)
         thread.start()
         try:
             result = self._built(request, partial(self.executor.run_probe, env, probe, out_dir,
@@ -499,7 +455,7 @@ class Evaluator:
             stop.set()
             thread.join()
             collect()
-        return records, result, log, _node_named(node_file)
+        return records, result, log, node_named(node_file)
 
     def _missing(self, request: EvaluationRequest, case: CaseSpec, numbers: list[int], result: RunResult,
                  log: str, node: str | None) -> list[TrialRun]:
@@ -570,128 +526,3 @@ class Evaluator:
         if self.accuracy is not None:
             self.accuracy.remember("bad_end", [Observation.load(self.abs(r.observation))
                                                for r in records if r.observation])
-
-
-def _node_named(path: Path) -> str | None:
-    """The machine an executor says a probe run went to (`run_node_path`); None on this host."""
-    try:
-        return path.read_text(encoding="utf-8").strip() or None
-    except FileNotFoundError:
-        return None
-
-
-class _ObservationWatcher:
-    """Notices, in trial order, the observation files of one probe run as they appear.
-
-    A file's modification time is when the probe finished writing it (written whole, then
-    renamed), so the seconds between two files are the later trial's cost however late the
-    host looks. One thread asks at a time: the poller while the probe runs, then the caller."""
-
-    def __init__(self, paths: list[Path]) -> None:
-        self.paths = paths
-        self.seen = 0
-        self.last = time.time()
-
-    def arrived(self) -> list[tuple[int, Path, float]]:
-        """(index, path, seconds since the previous file) for each file new since the last call."""
-        found: list[tuple[int, Path, float]] = []
-        while self.seen < len(self.paths) and self.paths[self.seen].exists():
-            written = self.paths[self.seen].stat().st_mtime
-            found.append((self.seen, self.paths[self.seen], max(0.0, written - self.last)))
-            self.last = max(self.last, written)
-            self.seen += 1
-        return found
-
-
-def _poll(collect: Callable[[], None], stop: threading.Event, every_s: float = 0.2) -> None:
-    while not stop.wait(every_s):
-        collect()
-
-
-def trial_seed(case: CaseSpec, trial: int) -> int | None:
-    """The case's seed moved on by the trial number: repeated trials must differ, yet be
-    reproducible. None when the case leaves the seed to the engine."""
-    seed = case.sampling.to_request().get("seed")
-    return None if seed is None else seed + trial
-
-
-def accuracy_request(recipe: Recipe, sample_ids: Sequence[str] | None) -> dict[str, Any] | None:
-    """The probe request's `accuracy` key (docs/reference/oracles.md, "The probe request"): the
-    harness settings, the dataset resolved against the recipe, and the samples to run (None: all)."""
-    if recipe.accuracy is None:
-        return None
-    spec = recipe.accuracy
-    request = {**spec.model_dump(mode="json", include={"harness", "lm_eval", "aisbench", "command", "limit", "metric",
-                                                       "repeats"}),
-               "dataset": str(spec.dataset_path(recipe.source)),
-               "sample_ids": None if sample_ids is None else list(sample_ids)}
-    for section, key, path in _config_files(recipe):
-        request[section][key] = str(path)
-    if request.get("command"):
-        request["command"]["argv"] = [str(_beside_recipe(recipe, word) or word) for word in request["command"]["argv"]]
-    return request
-
-
-def _beside_recipe(recipe: Recipe, word: str) -> Path | None:
-    """A command harness's word that names a file relative to the recipe (`my_eval.py`), as a path
-    resolved against the recipe's directory as the dataset is; None for any other word."""
-    if "{" in word or Path(word).is_absolute() or not recipe.source or recipe.source.startswith("<"):
-        return None
-    path = Path(recipe.source).resolve().parent / word
-    return path if path.is_file() else None
-
-
-def _config_files(recipe: Recipe) -> list[tuple[str, str, Path]]:
-    """A task YAML or dataset config given as a file, resolved against the recipe as the dataset is."""
-    spec = recipe.accuracy
-    if spec is None:
-        return []
-    named = (("lm_eval", "task", spec.lm_eval.task if spec.lm_eval else None, (".yaml", ".yml")),
-             ("aisbench", "dataset_conf", spec.aisbench.dataset_conf if spec.aisbench else None, (".py",)))
-    return [(section, key, spec.model_copy(update={"dataset": value}).dataset_path(recipe.source))
-            for section, key, value, suffixes in named if value is not None and value.endswith(suffixes)]
-
-
-def accuracy_inputs(recipe: Recipe) -> list[Path]:
-    """The host files an accuracy trial reads besides the server (the dataset, a task YAML or a
-    dataset config given as a file, a command harness's own files), those that exist here: a
-    container gets them at the same path."""
-    if recipe.accuracy is None:
-        return []
-    programs = recipe.accuracy.command.argv if recipe.accuracy.command else []
-    paths = [recipe.accuracy.dataset_path(recipe.source), *(path for _, _, path in _config_files(recipe)),
-             *filter(None, (_beside_recipe(recipe, word) for word in programs))]
-    return [path for path in paths if path.exists()]
-
-
-def probe_request(recipe: Recipe, case: CaseSpec, commit: str, trial: int,
-                  sample_ids: Sequence[str] | None = None) -> dict[str, Any]:
-    """The JSON the probe reads (format: bisect_npu/probe/request.py)."""
-    sampling = case.sampling.to_request()
-    if sampling.get("seed") is not None:
-        sampling["seed"] = trial_seed(case, trial)
-    rep = recipe.oracle.repetition
-    loop_guard = None
-    if "repetition" in recipe.oracle.kinds and rep.stop_early:
-        loop_guard = {"min_pattern_size": rep.min_pattern_size, "max_pattern_size": rep.max_pattern_size,
-                      "min_count": rep.min_count, "min_covered_tokens": rep.min_loop_tokens}
-    return {
-        "schema_version": 1,
-        "commit": commit,
-        "recipe": recipe.name,
-        "run_digest": recipe.run_digest(),
-        "case_id": case.id,
-        "trial": trial,
-        "seed": sampling.get("seed"),
-        "backend": recipe.engine.backend,
-        "model": recipe.model.model_dump(exclude={"host_path"}),
-        "engine": recipe.engine.model_dump(exclude={"backend"}),
-        "case": {**({"prompt": case.prompt} if case.prompt is not None else
-                    {"messages": [m.model_dump() for m in case.messages or []]}),
-                 "sampling": sampling},
-        "loop_guard": loop_guard,
-        "logits": {**recipe.capture.model_dump(), "top_k": case.sampling.logprobs or recipe.capture.top_k,
-                   "dump_dir": None},
-        "output": "",
-        **({"accuracy": accuracy_request(recipe, sample_ids)} if recipe.accuracy is not None else {}),
-    }

@@ -101,6 +101,11 @@ class RetryPolicy:
         budget they used up (the run stopped on it, exit 5, and was resumed) starts anew."""
         return journaled % (self.retries + 1)
 
+    def gives_up(self, attempts: int) -> bool:
+        """Whether `attempts` failed attempts of this budget spend it: the one retry decision,
+        for a probe run and a build alike."""
+        return attempts > self.retries
+
     @staticmethod
     def attempts_said(count: int) -> str:
         """`1 attempt`, `3 attempts`: how the stop's message counts them."""

@@ -30,6 +30,7 @@ from bisect_npu.journal import DEFAULT_ROOT, Journal
 from bisect_npu.level import scope_of
 from bisect_npu.observations import Verdict, VerdictKind
 from bisect_npu.orchestration import end_messages
+from bisect_npu.orchestration.candidate import CandidateJournal, run_candidate
 from bisect_npu.orchestration.costs import measured_costs, told_costs
 from bisect_npu.orchestration.evaluate import EvaluationRequest, Evaluator, StepResult
 from bisect_npu.orchestration.opening import Opened, open_journal, open_new
@@ -300,15 +301,13 @@ class Session:
 
         def on_retry(retry: RetryRun) -> None:
             self.append(RetryRecord(index=query.index, commit=commit, **retry.model_dump()))
-            self.progress.note(f"{commit[:10]}: attempt {retry.attempt} failed on the host ({retry.cause}); "
-                               "retrying")
 
         first = self.state.next_trial(query.index) if first_trial is None else first_trial
-        result = self.evaluator.evaluate(EvaluationRequest(commit, trials, tuple(pending), on_trial, judge_each=noisy,
-                                                           first_trial=first, as_reference=as_reference,
-                                                           as_bad_end=query.index == self.n,
-                                                           at_end=query.index in (0, self.n), on_retry=on_retry,
-                                                           retried=tuple(self.state.pending_retries(query.index))))
+        result = run_candidate(self.evaluator, EvaluationRequest(
+            commit, trials, tuple(pending), judge_each=noisy, first_trial=first, as_reference=as_reference,
+            as_bad_end=query.index == self.n, at_end=query.index in (0, self.n)),
+            CandidateJournal(commit[:10], on_trial, on_retry, self.state.pending_retries(query.index)),
+            self.progress).result
         self._record_step(query.index, result)
         if self.verdicts is not None:
             self.verdicts.keep(query.index, result.commit, self._build_key(query.index), result.verdict)

@@ -2,32 +2,26 @@
 
 Given a bad recipe and a good variant (`--good-set KEY=VALUE`, a second recipe, or `--vary`),
 the keys they differ in are searched with ddmin (search/ddmin.py) for the smallest set whose bad
-values turn the good variant bad. Every configuration runs on the one build of the commit (the
-builder keeps its worktree or image), its engine starts once per configuration, and its trials are
-batched as a commit's are (orchestration/evaluate.py). Each trial and each configuration's verdict
-is journaled (settings_journal.py), so an interrupted search resumes without running a
-configuration again, and verdicts go to the verdict store under the configuration's own recipe
-digest.
+values turn the good variant bad. This module holds the question (the good variant, `--vary` and
+its further values, the reference commit, which a resumed search must keep:
+`_check_same_reference`), the loop and the answer (`SettingsEnd`: a trigger of keys, not a
+culprit). Running a configuration is its space's (orchestration/configurations.py: each on the
+commit's one build, through `candidate.run_candidate` as the commit search runs a commit, every
+trial and failed attempt journaled, the verdict store asked first).
 
-It is built from a commit session's pieces: the journal file (journal.py), the executor checks
-(`preflight.settle_executor`), the identity check (`opening.first_difference`), the leftovers'
-sweep, the reference (`reference.References`, the good variant as the good end), the slots
-(`slots.run_in_slots`), the verdict store (`SessionVerdicts` over configurations, keyed by
-their recipe digests: a verdict reused is journaled as `stored`, and before the trigger is named
-the configurations it rests on, `ddmin.rests_on`, run fresh where only the store judged them) and
-the end's sentences (end_messages.py). What stays here has no counterpart in a commit search: the question (the good
-variant, `--vary`, the reference commit, which a resumed search must keep: `_check_same_reference`),
-each configuration's recipe, executor and step directory (the commit is the same for all, so one
-evaluator per configuration, not per commit), a configuration's run at the reference commit
-(`_reference_run`), a scope per configuration in the verdict store (its own recipe digest), and
-its answer (`SettingsEnd`: a trigger of keys, not a culprit).
+Unresolved is not passing: a configuration the host's failures left unjudged reads as ddmin's
+`Unresolved`, and where the answer needs it the search stops with exit 5 naming the failure
+(`_stop_on_the_host`); a later process runs it again. The rest comes from the commit session's
+pieces: the journal file (journal.py), the executor checks (`preflight.settle_executor`), the
+identity check (`opening.first_difference`), the leftovers' sweep, the reference
+(`reference.References`, the good variant as the good end), the slots (`slots.run_in_slots`),
+the verdict store's confirmation of what the answer rests on (`ddmin.rests_on`) and the end's
+sentences (end_messages.py).
 """
 
 from __future__ import annotations
 
-import itertools
 import json
-import threading
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -35,31 +29,26 @@ from typing import TYPE_CHECKING, Any, Literal
 
 from bisect_npu import __version__, interrupts
 from bisect_npu.builders.base import Builder
-from bisect_npu.errors import UsageError
+from bisect_npu.errors import InfrastructureError, UsageError
 from bisect_npu.execute.base import Executor
-from bisect_npu.execute.docker import DockerExecutor
-from bisect_npu.execute.host import recipe_for_host
-from bisect_npu.execute.local import LocalExecutor
 from bisect_npu.journal import JOURNAL_FILE
 from bisect_npu.level import SettingsLevel
-from bisect_npu.observations import Observation, Verdict, VerdictKind
+from bisect_npu.observations import VerdictKind
 from bisect_npu.orchestration import end_messages
-from bisect_npu.orchestration.environments import make_environment, session_evaluator
-from bisect_npu.orchestration.evaluate import EvaluationRequest, Evaluator, StepResult
+from bisect_npu.orchestration.configurations import Configurations
+from bisect_npu.orchestration.environments import session_evaluator
+from bisect_npu.orchestration.evaluate import Evaluator
 from bisect_npu.orchestration.opening import Fact, first_difference, refuse_other_request, stop_leftovers
 from bisect_npu.orchestration.preflight import RAY_REFUSED, settle_executor
 from bisect_npu.orchestration.reference import References
-from bisect_npu.orchestration.result import EXIT_CODES
+from bisect_npu.orchestration.result import EXIT_CODES, EXIT_NARROWED
 from bisect_npu.orchestration.session_spec import SessionSpec, check_dependency_options
 from bisect_npu.orchestration.slots import run_in_slots
-from bisect_npu.orchestration.state import StoreLedger
-from bisect_npu.orchestration.verdict_reuse import Reused, SessionVerdicts, VerdictReuse, open_verdict_reuse
 from bisect_npu.progress import PlainProgress, Progress
 from bisect_npu.recipe.loader import load_recipe
 from bisect_npu.recipe.schema import Recipe
 from bisect_npu.recipe.settings import (
     Difference,
-    apply,
     check_key,
     differences_between,
     differences_from_settings,
@@ -67,7 +56,7 @@ from bisect_npu.recipe.settings import (
     show,
     value_of,
 )
-from bisect_npu.records import BuildInfo, HeaderRecord, TrialRun
+from bisect_npu.records import HeaderRecord, TrialRun
 from bisect_npu.request import RangeSpec, RunRequest
 from bisect_npu.search import EndsWrong, Evidence
 from bisect_npu.search.ddmin import (
@@ -75,6 +64,7 @@ from bisect_npu.search.ddmin import (
     Configuration,
     SettingsProblem,
     Trigger,
+    Unresolved,
     decide_ddmin,
     read_trials,
     rests_on,
@@ -84,7 +74,6 @@ from bisect_npu.settings_journal import (
     ConfigurationTrial,
     DifferenceRecord,
     ReferenceRecord,
-    ReferenceTrial,
     SettingsEnd,
     SettingsHeader,
     SettingsJournal,
@@ -93,6 +82,7 @@ from bisect_npu.upstream import history
 
 if TYPE_CHECKING:
     from bisect_npu.orchestration.session import Session
+
 
 
 @dataclass(frozen=True)
@@ -115,7 +105,7 @@ class SettingsQuestion:
 
 @dataclass(frozen=True)
 class SettingsResult:
-    status: Literal["found", "ends_wrong"]
+    status: Literal["found", "ends_wrong", "unresolved"]
     exit_code: int
     session_dir: Path
     message: str
@@ -268,28 +258,12 @@ class SettingsSearch:
 
     def __init__(self, journal: SettingsJournal, recipe: Recipe, base: Evaluator, spec: SessionSpec,
                  repo_path: str, progress: Progress) -> None:
-        self.journal = journal
-        self.header = journal.header
-        self.recipe = recipe
-        self.base = base
-        self.spec = spec
-        self.repo_path = repo_path
-        self.progress = progress
-        self.differences = [Difference(d.key, d.bad, d.good) for d in self.header.differences]
+        self.space = Configurations(journal, recipe, base, spec, repo_path, progress)
+        self.journal, self.header, self.base = journal, journal.header, base
+        self.differences, self.verdicts = self.space.differences, self.space.verdicts
         self.slots = max(1, spec.executor.slots or 1)  # configurations run at once, each on a slot's cards
         self.problem = SettingsProblem(len(self.differences), mode=self.header.mode, confidence=self.header.confidence,
                                        batch=self.header.batch, max_trials=self.header.max_trials, slots=self.slots)
-        self._executors: dict[tuple[tuple[str, str], ...], Executor] = {}
-        self._memories: dict[str, VerdictReuse] = {}  # a configuration's digest -> its verdict store scope
-        # Which configurations' verdicts came from the verdict store, and which were run here.
-        self.ledger: StoreLedger[str] = StoreLedger()
-        for entry in journal.entries:
-            if isinstance(entry, ConfigurationRecord):
-                self.ledger.note(entry.digest, entry.verdict.kind.value, stored=entry.stored is not None)
-        self.verdicts: SessionVerdicts[str] | None = None if spec.store.verdict_store is None else SessionVerdicts(
-            self._memories.__getitem__, self.ledger, progress, noun="configuration",
-            outcomes=self._outcomes if self.problem.mode == "noisy" else None)
-        self._lock = threading.Lock()  # the slots' configurations make an executor or a store scope in turn
         # The good variant's runs at the commit are every configuration's reference, as a commit
         # search's good end's are (None where the reference commit gives each its own).
         self.references = References(recipe, base, self._good_variant_runs)
@@ -430,32 +404,25 @@ class SettingsSearch:
 
     # -- configurations -----------------------------------------------------------------------
 
-    def settings_of(self, configuration: Configuration) -> dict[str, Any]:
-        """Every differing key -> its value in the configuration (bad where the key is in it)."""
-        return {d.key: d.bad if i in configuration else d.good for i, d in enumerate(self.differences)}
-
-    def recipe_of(self, configuration: Configuration, extra: dict[str, Any] | None = None) -> Recipe:
-        """The configuration's recipe, as this host runs it (its image variant and dtype)."""
-        return recipe_for_host(apply(self.recipe, {**self.settings_of(configuration), **(extra or {})}),
-                               self.spec.context.host)
-
     def evidence(self) -> dict[Configuration, Evidence]:
-        """Each configuration's evidence: without the verdict store's verdicts once one was contradicted."""
+        """Each configuration's evidence: without the verdict store's verdicts once one was
+        contradicted, and without what an earlier process left unresolved on the host (run again)."""
         evidence: dict[Configuration, Evidence] = {}
         noisy = self.problem.mode == "noisy"
         dropped = self.verdicts is not None and self.verdicts.dropped()
-        for entry in self.journal.entries:
-            if isinstance(entry, ConfigurationTrial) and noisy and entry.outcome:
+        for at, entry in enumerate(self.journal.entries):
+            if isinstance(entry, ConfigurationTrial) and noisy and entry.outcome in (VerdictKind.GOOD, VerdictKind.BAD):
                 key = frozenset(entry.configuration)
-                evidence[key] = evidence.get(key, Evidence()).add(entry.outcome.value)
+                evidence[key] = evidence.get(key, Evidence()).add("bad" if entry.outcome == VerdictKind.BAD else "good")
             elif isinstance(entry, ConfigurationRecord) and entry.value_check is None:
-                if dropped and entry.stored is not None:
+                if (dropped and entry.stored is not None) or self.space.run_again(at, entry):
                     continue
                 key = frozenset(entry.configuration)
                 seen = evidence.get(key, Evidence())
                 if entry.stored is not None and noisy:
                     seen = Evidence(seen.good + entry.stored.good, seen.bad + entry.stored.bad, seen.skipped)
-                elif not noisy or (entry.verdict.kind == VerdictKind.SKIP and not entry.trials):
+                elif not noisy or (entry.verdict.kind == VerdictKind.SKIP and
+                                   not any(t.outcome in (VerdictKind.GOOD, VerdictKind.BAD) for t in entry.trials)):
                     seen = seen.add(entry.verdict.kind.value)
                 evidence[key] = seen
         return evidence
@@ -470,24 +437,42 @@ class SettingsSearch:
             self._ensure_reference()  # before the round is asked: the good variant, run alone, is then one of its ends
             decision = decide_ddmin(self.problem, self.evidence())
             if isinstance(decision, Ask):
-                run_in_slots((decision, *decision.alongside), self.slots, self._run_ask, self._stop_runs)
+                run_in_slots((decision, *decision.alongside), self.slots, self._run_ask, self.space.stop_runs)
                 continue
-            if self.verdicts is not None and self._confirm(decision):
+            if not isinstance(decision, Unresolved) and self.verdicts is not None and self._confirm(decision):
                 continue
             break
+        self._stop_on_the_host(decision)
+        if isinstance(decision, Unresolved):
+            return self._finish_unresolved(decision)
         if isinstance(decision, EndsWrong):
             return self._finish_wrong(decision)
         self._check_values(decision)
         return self._finish_found(decision)
 
+    def _stop_on_the_host(self, decision: Trigger | EndsWrong | Unresolved) -> None:
+        """Where the answer stands on a configuration the host's failures left unjudged (an end
+        skipped, or one the trigger rests on), the search stops (exit 5) naming the failure:
+        resumed once the host is freed, it runs that configuration again."""
+        if isinstance(decision, Trigger):
+            return
+        standing = decision.configurations if isinstance(decision, Unresolved) else rests_on(self.problem, decision)
+        for configuration in standing:
+            records = self.space.records(configuration)
+            if records and records[-1].host_failure is not None:
+                raise InfrastructureError(
+                    f"configuration {self.space.label(configuration)} could not be judged: {records[-1].host_failure}; "
+                    "no trigger can be named without it: free the host (cards, ports, the harness's server) or "
+                    f"raise --retries, then run the same `bisect-npu settings` command with --session "
+                    f"{self.journal.session_dir}")
+
     def _confirm(self, decision: Trigger | EndsWrong) -> bool:
         """Run fresh the configurations the answer rests on where only the verdict store judged them
         (`SessionVerdicts.confirm`); True when it ran any."""
         assert self.verdicts is not None
-        resting = {self.recipe_of(configuration).digest(): configuration
+        resting = {self.space.recipe_of(configuration).digest(): configuration
                    for configuration in rests_on(self.problem, decision)}
-        return self.verdicts.confirm(list(resting), lambda digest: self._run_configuration(resting[digest],
-                                                                                           self.problem.batch))
+        return self.verdicts.confirm(list(resting), lambda digest: self.space.run(resting[digest], self.problem.batch))
 
     def _ensure_reference(self) -> None:
         """A recipe judged against the good end's output is judged here against the good variant's."""
@@ -495,184 +480,15 @@ class SettingsSearch:
             self.references.ensure(self._run_good_variant)
 
     def _good_variant_runs(self) -> list[TrialRun] | None:
-        good = self._records(frozenset())
+        good = self.space.records(frozenset())
         return [trial for record in good for trial in record.trials] if good else None
 
     def _run_good_variant(self, trials: int) -> None:
-        self._run_configuration(frozenset(), trials, as_reference=True)
-
-    def _records(self, configuration: Configuration) -> list[ConfigurationRecord]:
-        return [e for e in self.journal.entries if isinstance(e, ConfigurationRecord)
-                and frozenset(e.configuration) == configuration and e.value_check is None]
-
-    def _executor_for(self, recipe: Recipe) -> Executor:
-        """The base executor where the configuration's environment is the recipe's; else one with
-        its environment (the build stays the one shared build)."""
-        if recipe.environment == self.recipe.environment:
-            return self.base.executor
-        key = tuple(sorted(recipe.environment.items()))
-        with self._lock:
-            if key not in self._executors:
-                repo = history.open_repo(self.repo_path)
-                made = make_environment(self.spec, repo, recipe, self.journal.session_dir,
-                                        self.journal.session_dir / "worktrees")[1]
-                base = self.base.executor
-                pooled = LocalExecutor | DockerExecutor
-                if isinstance(made, pooled) and isinstance(base, pooled):
-                    made.device_pool = base.device_pool  # one pool of the cards: two slots never share one
-                self._executors[key] = made
-            return self._executors[key]
+        self.space.run(frozenset(), trials, as_reference=True)
 
     def _run_ask(self, ask: Ask, _first_trial: int | None) -> None:
         """One configuration the search asks (its trial numbers its own: no two slots run one configuration)."""
-        self._run_configuration(ask.configuration, ask.trials)
-
-    def _stop_runs(self) -> None:
-        """An interrupt stops what the other slots run."""
-        for executor in [self.base.executor, *self._executors.values()]:
-            executor.close()
-
-    def _open_scope(self, recipe: Recipe) -> None:
-        """The verdict store under this configuration's recipe digest, relative to what the oracle
-        compares it with: the reference commit (where the configuration itself is the reference,
-        as a commit search's good end is), else the good variant."""
-        digest = recipe.digest()
-        with self._lock:
-            if digest not in self._memories:
-                reference = ""
-                if self.reference_commit:
-                    reference = self.reference_commit
-                elif self.recipe.reference.kind == "good_end":
-                    reference = self.recipe_of(frozenset()).digest()
-                reuse = open_verdict_reuse(self.spec, recipe, self.journal.session_dir, reference, self.progress)
-                assert reuse is not None  # a store is named (self.verdicts), and a recipe's verdicts have a scope
-                self._memories[digest] = reuse
-
-    def _outcomes(self, digest: str) -> list[VerdictKind | None]:
-        """Every trial's outcome this search ran of a configuration (noisy mode)."""
-        return [e.outcome for e in self.journal.entries if isinstance(e, ConfigurationTrial) and e.digest == digest]
-
-    def _journal(self, record: ConfigurationRecord) -> None:
-        self.journal.append(record)
-        self.ledger.note(record.digest, record.verdict.kind.value, stored=record.stored is not None)
-
-    def _run_configuration(self, configuration: Configuration, trials: int, as_reference: bool = False,
-                           extra: dict[str, Any] | None = None) -> ConfigurationRecord:
-        recipe = self.recipe_of(configuration, extra)
-        digest = recipe.digest()
-        check = ", ".join(f"{k}={show(v)}" for k, v in (extra or {}).items()) or None
-        settings = {**self.settings_of(configuration), **(extra or {})}
-        noisy = self.problem.mode == "noisy"
-        commit = self.header.commit
-        build_key = self.base.builder.build_key(commit) or ""
-        verdicts = self.verdicts if not as_reference else None  # the reference's runs are always run, never kept
-        if verdicts is not None:
-            self._open_scope(recipe)
-            reused: list[ConfigurationRecord] = []
-
-            def journal(stored: Reused) -> None:
-                reused.append(ConfigurationRecord(
-                    configuration=sorted(configuration), digest=digest, settings=settings,
-                    build=BuildInfo(how="stored", key=build_key or None), verdict=stored.verdict,
-                    stored=stored.stored, value_check=check))
-                self._journal(reused[-1])
-
-            if (stored := verdicts.recall(digest, commit, build_key, journal)) is not None:
-                self.progress.note(f"configuration {self._label(configuration, check)}: {stored.verdict.reason}")
-                return reused[-1]
-        evaluator = _ConfigurationEvaluator(Path("configurations") / digest, self.base.builder,
-                                            self._executor_for(recipe), self.journal.session_dir, recipe=recipe,
-                                            timeout_s=self.spec.judge.timeout_s, timeout_is=self.spec.judge.timeout_is)
-        evaluator.reference = self.base.reference
-        if self.reference_commit and not as_reference:
-            reference = self._reference_run(configuration, recipe, check)
-            if reference.verdict.kind != VerdictKind.GOOD:
-                record = ConfigurationRecord(
-                    configuration=sorted(configuration), digest=digest, settings=settings, build=reference.build,
-                    verdict=Verdict(kind=VerdictKind.SKIP, trials=0, reason=(
-                        f"{reference.verdict.kind.value} at the reference commit {self._reference_label()}: "
-                        f"{reference.verdict.reason}")), value_check=check)
-                self._journal(record)
-                self.progress.note(f"configuration {self._label(configuration, check)}: {record.verdict.reason}")
-                return record
-            evaluator.reference = [Observation.load(self.base.abs(t.observation)) for t in reference.trials
-                                   if t.observation]
-        pending = self._pending(digest) if not noisy else []
-        number = itertools.count(self._next_trial(digest))
-
-        def on_trial(run: TrialRun) -> None:
-            self.journal.append(ConfigurationTrial(configuration=sorted(configuration), digest=digest,
-                                                   **run.model_dump()))
-
-        self.progress.note(f"configuration {self._label(configuration, check)}: running {trials} trial(s)")
-        result: StepResult = evaluator.evaluate(EvaluationRequest(
-            commit, trials if noisy else recipe.trials.count, tuple(pending), on_trial, judge_each=noisy,
-            first_trial=next(number), as_reference=as_reference))
-        record = ConfigurationRecord(configuration=sorted(configuration), digest=digest, settings=settings,
-                                     build=result.build, verdict=result.verdict, trials=result.trials,
-                                     seconds=result.seconds, value_check=check)
-        self._journal(record)
-        self.progress.note(f"configuration {self._label(configuration, check)}: {result.verdict.kind.value} "
-                           f"({result.verdict.reason})")
-        if verdicts is not None:
-            verdicts.keep(digest, commit, build_key, result.verdict)
-        return record
-
-    def _reference_run(self, configuration: Configuration, recipe: Recipe, check: str | None) -> ReferenceRecord:
-        """The configuration at the reference commit: journaled once (an interrupted run's trials
-        kept), so neither the rest of the search nor a resumed one runs it again."""
-        assert self.reference_commit is not None
-        digest = recipe.digest()
-        done = next((e for e in self.journal.entries if isinstance(e, ReferenceRecord) and e.digest == digest), None)
-        if done is not None:
-            return done
-        pending = [TrialRun.model_validate(e.model_dump()) for e in self.journal.entries
-                   if isinstance(e, ReferenceTrial) and e.digest == digest]
-        evaluator = _ConfigurationEvaluator(Path("references") / digest, self.base.builder, self._executor_for(recipe),
-                                            self.journal.session_dir, recipe=recipe,
-                                            timeout_s=self.spec.judge.timeout_s, timeout_is=self.spec.judge.timeout_is)
-
-        def on_trial(run: TrialRun) -> None:
-            self.journal.append(ReferenceTrial(configuration=sorted(configuration), digest=digest, **run.model_dump()))
-
-        label = self._label(configuration, check)
-        self.progress.note(f"configuration {label} at the reference commit {self._reference_label()}: running "
-                           f"{recipe.trials.count} trial(s)")
-        result = evaluator.evaluate(EvaluationRequest(self.reference_commit, recipe.trials.count, tuple(pending),
-                                                      on_trial, as_reference=True))
-        record = ReferenceRecord(configuration=sorted(configuration), digest=digest, commit=self.reference_commit,
-                                 build=result.build, verdict=result.verdict, trials=result.trials,
-                                 seconds=result.seconds)
-        self.journal.append(record)
-        return record
-
-    def _reference_label(self) -> str:
-        assert self.reference_commit is not None
-        return f"{self.reference_commit[:12]} ({self.header.reference_ref})"
-
-    def _pending(self, digest: str) -> list[TrialRun]:
-        """Trials of the configuration journaled after its last record: an interrupted run's work."""
-        pending: list[TrialRun] = []
-        for entry in self.journal.entries:
-            if isinstance(entry, ConfigurationTrial) and entry.digest == digest:
-                pending.append(TrialRun.model_validate(entry.model_dump()))
-            elif isinstance(entry, ConfigurationRecord) and entry.digest == digest:
-                pending = []
-        return pending
-
-    def _next_trial(self, digest: str) -> int:
-        """Trial numbers grow per configuration, so more trials never repeat a seed."""
-        numbers = [e.trial for e in self.journal.entries if isinstance(e, ConfigurationTrial) and e.digest == digest]
-        return max(numbers, default=-1) + 1 if self.problem.mode == "noisy" else 0
-
-    def _label(self, configuration: Configuration, check: str | None = None) -> str:
-        if check:
-            return f"[trigger, {check}]"
-        if not configuration:
-            return "[good variant]"
-        if len(configuration) == len(self.differences):
-            return "[bad case]"
-        return "[" + ", ".join(self.differences[i].key for i in sorted(configuration)) + "]"
+        self.space.run(ask.configuration, ask.trials)
 
     # -- the further values of --vary ---------------------------------------------------------
 
@@ -686,10 +502,11 @@ class SettingsSearch:
             for value in values:
                 check = f"{key}={show(value)}"
                 while self._value_reading(trigger.keys, check) is None:
-                    self._run_configuration(trigger.keys, self.problem.batch, extra={key: value})
+                    self.space.run(trigger.keys, self.problem.batch, extra={key: value})
 
     def _value_reading(self, configuration: Configuration, check: str) -> str | None:
-        records = [e for e in self.journal.entries if isinstance(e, ConfigurationRecord) and e.value_check == check]
+        records = [e for at, e in enumerate(self.journal.entries) if isinstance(e, ConfigurationRecord)
+                   and e.value_check == check and not self.space.run_again(at, e)]
         if not records:
             return None
         if self.problem.mode == "exact":
@@ -709,6 +526,18 @@ class SettingsSearch:
         self.journal.append(end)
         return self._result(end)
 
+    def _finish_unresolved(self, unresolved: Unresolved) -> SettingsResult:
+        """No trigger: configurations it rests on were skipped for reasons of their own (the host's
+        failures stop the search before: `_stop_on_the_host`)."""
+        unjudged = [(self.space.label(c), records[-1].verdict.reason if (records := self.space.records(c))
+                     else "not run") for c in unresolved.configurations]
+        message = end_messages.settings_unresolved(
+            self.header.commit, [self.differences[i] for i in sorted(unresolved.trigger)], unjudged)
+        end = SettingsEnd(status="unresolved", message=message,
+                          unresolved=[sorted(c) for c in unresolved.configurations])
+        self.journal.append(end)
+        return self._result(end)
+
     def _finish_wrong(self, wrong: EndsWrong) -> SettingsResult:
         side_keys = frozenset() if wrong.which == "good" else frozenset(range(len(self.differences)))
         reference = next((e for e in self.journal.entries if isinstance(e, ReferenceRecord)
@@ -716,7 +545,7 @@ class SettingsSearch:
         message = end_messages.settings_ends_wrong(
             wrong.which, self.differences, f"{self.header.commit[:12]} ({self.header.ref})",
             skipped=bool(wrong.figures.get("skipped")), reference=reference,
-            reference_label=self._reference_label() if reference is not None else "",
+            reference_label=self.space.reference_label() if reference is not None else "",
             log_dir=self.journal.session_dir / "configurations")
         end = SettingsEnd(status="ends_wrong", which=wrong.which, message=message,
                           figures={k: float(v) for k, v in wrong.figures.items()})
@@ -726,27 +555,15 @@ class SettingsSearch:
     def _result(self, end: SettingsEnd) -> SettingsResult:
         tried = len({e.digest for e in self.journal.entries if isinstance(e, ConfigurationRecord)})
         trigger = [self.differences[i] for i in end.trigger]
-        return SettingsResult(end.status, EXIT_CODES[end.status], self.journal.session_dir, end.message, trigger, tried)
+        code = EXIT_NARROWED if end.status == "unresolved" else EXIT_CODES[end.status]  # untestable ones hide it
+        return SettingsResult(end.status, code, self.journal.session_dir, end.message, trigger, tried)
 
     def close(self) -> None:
         try:
-            for executor in self._executors.values():
-                executor.close()
+            self.space.close()
             self.base.close()
         finally:
             self.journal.close()
-
-
-class _ConfigurationEvaluator(Evaluator):
-    """An Evaluator whose runs of the commit lie in the configuration's own directory, `step`
-    under the session (the commit is the same for every configuration; the observations must not be)."""
-
-    def __init__(self, step: Path, *args: Any, **kwargs: Any) -> None:
-        super().__init__(*args, **kwargs)
-        self.step = step
-
-    def step_dir(self, commit: str) -> Path:
-        return self.session_dir / self.step
 
 
 def culprit_settings(spec: SessionSpec, level: SettingsLevel, session_dir: Path,

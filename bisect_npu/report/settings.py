@@ -12,6 +12,7 @@ from typing import Any
 from bisect_npu.recipe.settings import show
 from bisect_npu.settings_journal import (
     ConfigurationRecord,
+    ConfigurationRetry,
     ConfigurationTrial,
     ReferenceRecord,
     SettingsEnd,
@@ -56,6 +57,8 @@ def needs_sentence(header: SettingsHeader, end: SettingsEnd | None) -> str | Non
 
 
 def _evidence(record: ConfigurationRecord, trials: list[ConfigurationTrial]) -> str:
+    if record.host_failure is not None:
+        return f"unresolved: {record.host_failure}"
     if record.stored is not None:
         return record.verdict.reason
     judged = [t for t in trials if t.outcome]
@@ -79,23 +82,39 @@ def configuration_rows(header: SettingsHeader, entries: list[SettingsEntry]) -> 
     for number, digest in enumerate(order, start=1):
         record = last[digest]
         trials = [e for e in entries if isinstance(e, ConfigurationTrial) and e.digest == digest]
-        keys = set(record.configuration)
-        if record.value_check:
-            at_bad = f"the trigger, with {record.value_check}"
-        elif not keys:
-            at_bad = "none (the good variant)"
-        elif len(keys) == len(names):
-            at_bad = "all (the bad case)"
-        else:
-            at_bad = ", ".join(names[i] for i in sorted(keys))
+        retries = [e for e in entries if isinstance(e, ConfigurationRetry) and e.digest == digest]
+        at_bad = keys_at_bad(names, record.configuration, record.value_check)
         verdict = record.verdict.kind.value
         if header.mode == "noisy" and record.stored is None:
             judged = [t for t in trials if t.outcome]
             verdict = "bad" if any(t.outcome is not None and t.outcome.value == "bad" for t in judged) else verdict
         rows.append({"number": number, "keys_at_bad": at_bad, "digest": digest, "verdict": verdict,
                      "evidence": _evidence(record, trials), "build": record.build.how if record.build else "",
-                     "trials": len([t for t in trials if t.outcome or t.observation]) or record.verdict.trials})
+                     "trials": len([t for t in trials if t.outcome or t.observation]) or record.verdict.trials,
+                     "retries": len(retries), "host_failures": sorted({r.cause for r in retries}),
+                     "unresolved": record.host_failure})
     return rows
+
+
+def keys_at_bad(names: list[str], configuration: list[int], value_check: str | None = None) -> str:
+    """A configuration as the report names it: its keys at their bad value."""
+    keys = set(configuration)
+    if value_check:
+        return f"the trigger, with {value_check}"
+    if not keys:
+        return "none (the good variant)"
+    if len(keys) == len(names):
+        return "all (the bad case)"
+    return ", ".join(names[i] for i in sorted(keys))
+
+
+def retry_rows(header: SettingsHeader, entries: list[SettingsEntry]) -> list[dict[str, Any]]:
+    """Every failed attempt of a configuration's run on the host, in order (a commit session's
+    `retry` records, keyed by configuration)."""
+    names = [d.key for d in header.differences]
+    return [{"keys_at_bad": keys_at_bad(names, e.configuration), "digest": e.digest, "reference": e.reference,
+             "case_id": e.case_id, "trial": e.trial, "attempt": e.attempt, "kind": e.kind, "cause": e.cause,
+             "log": e.log, "stage": e.stage} for e in entries if isinstance(e, ConfigurationRetry)]
 
 
 def settings_markdown(session_dir: Path, after_commit_search: bool = False) -> str | None:
@@ -118,7 +137,7 @@ def settings_markdown(session_dir: Path, after_commit_search: bool = False) -> s
     lines.append("")
     if end is None:
         lines.append("The search has not finished yet.")
-    elif end.status == "ends_wrong":
+    elif end.status in ("ends_wrong", "unresolved"):
         lines.append(f"**No trigger**: {end.message}")
     else:
         trigger = [header.differences[i] for i in end.trigger]
@@ -138,6 +157,13 @@ def settings_markdown(session_dir: Path, after_commit_search: bool = False) -> s
     for row in configuration_rows(header, entries):
         lines.append(f"| {row['number']} | {_cell(row['keys_at_bad'])} | **{row['verdict']}** | "
                      f"{_cell(row['evidence'])} | {row['build']} |")
+    retries = retry_rows(header, entries)
+    if retries:
+        lines += ["", f"Failed on the host and retried ({len(retries)} attempt(s), none judged):", ""]
+        for row in retries:
+            where = " at the reference commit" if row["reference"] else ""
+            lines.append(f"- {row['keys_at_bad']}{where}, attempt {row['attempt']}: retried: {row['cause']} "
+                         f"(log `{row['log']}`)")
     lines.append("")
     return "\n".join(lines)
 
@@ -157,6 +183,7 @@ def settings_json(session_dir: Path) -> dict[str, Any] | None:
         "trigger": [header.differences[i].key for i in end.trigger] if end is not None else [],
         "keys": key_answers(header, end),
         "configurations": configuration_rows(header, entries),
+        "retries": retry_rows(header, entries),
     }
 
 

@@ -11,6 +11,13 @@ the start against the verdicts the evidence holds, and asks for the first config
 verdict of yet. So a configuration is never asked twice once it has a verdict, and a resumed
 search that rebuilds the evidence from its journal (in any order) takes exactly the same path.
 
+Three outcomes, as Zeller's ddmin has them: a configuration reads as failing, passing, or
+unresolved (a skip: its runs could not be judged, such as the host's failures once its retries
+are spent). An unresolved configuration is never taken for a pass where the answer needs one: the
+trigger is named only when it and each configuration its 1-minimality rests on were judged;
+otherwise the search answers `Unresolved`, naming the configurations that stand in the way (the
+caller runs them again once their cause is gone, or says the trigger cannot be named).
+
 Noisy mode reads a configuration from trial counts: bad when its failures look like the bad
 case's rate, good when like the good variant's (both rates learned from the two ends' trials,
 on the noisy commit search's grid prior), more trials otherwise, up to a cap.
@@ -85,7 +92,16 @@ class Trigger:
     readings: dict[Configuration, Outcome] = field(default_factory=dict)
 
 
-SettingsDecision = Ask | Trigger | EndsWrong
+@dataclass(frozen=True)
+class Unresolved:
+    """No trigger without these configurations: ddmin ended on a trigger whose 1-minimality rests
+    on them (`rests_on`), and they could not be judged."""
+
+    configurations: tuple[Configuration, ...]
+    trigger: Configuration = frozenset()
+
+
+SettingsDecision = Ask | Trigger | EndsWrong | Unresolved
 
 
 class _Unknown(Exception):
@@ -143,13 +159,15 @@ def decide_ddmin(problem: SettingsProblem, evidence: Mapping[Configuration, Evid
         trigger = _ddmin(sorted(problem.bad), first_failing)
     except _Unknown as unknown:
         return unknown.ask
-    return Trigger(frozenset(trigger), dict(readings))
+    found = Trigger(frozenset(trigger), dict(readings))
+    unjudged = tuple(c for c in rests_on(problem, found) if readings.get(c) not in ("good", "bad"))
+    return Unresolved(unjudged, found.keys) if unjudged else found
 
 
 def rests_on(problem: SettingsProblem, decision: SettingsDecision) -> tuple[Configuration, ...]:
     """The configurations an answer rests on: the trigger (it fails) and each with one of its keys
     back at the good value (each passes: the trigger is 1-minimal), the good variant for a trigger
-    of one key; the end judged wrong; none for an ask."""
+    of one key; the end judged wrong; none for an ask or an unresolved end."""
     if isinstance(decision, Trigger):
         return (decision.keys, *(decision.keys - {key} for key in sorted(decision.keys)))
     if isinstance(decision, EndsWrong):

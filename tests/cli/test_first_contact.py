@@ -103,7 +103,7 @@ def test_judge_refuses_observations_of_another_version_of_the_recipe(tmp_path: P
     import yaml
 
     from bisect_npu import api
-    from bisect_npu.orchestration.evaluate import probe_request
+    from bisect_npu.orchestration.probe_requests import probe_request
     from bisect_npu.probe.request import new_observation, write_json_atomic
     from bisect_npu.recipe.loader import bundled_recipes, load_recipe
 

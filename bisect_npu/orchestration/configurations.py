@@ -1,0 +1,316 @@
+"""A settings search's candidates: the configurations at one commit, each the good variant with
+some keys at their bad value. What the search asks of its space lives here: a configuration's
+settings and recipe, how it is labelled, its step directory and record keys (its recipe digest),
+and its run: the verdict store's verdict where it holds one, else its run at the reference commit
+first where there is one, then its run at the commit through `candidate.run_candidate`, as the
+commit search runs a commit (every trial and failed attempt journaled, the retry budget a resume
+goes on with); a configuration the host's failures left unjudged is journaled with why
+(`host_failure`), and a later process runs it again.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any, TypeVar
+
+from bisect_npu.execute.base import Executor
+from bisect_npu.execute.docker import DockerExecutor
+from bisect_npu.execute.host import recipe_for_host
+from bisect_npu.execute.local import LocalExecutor
+from bisect_npu.observations import Observation, Verdict, VerdictKind
+from bisect_npu.orchestration.candidate import CandidateJournal, CandidateRun, run_candidate
+from bisect_npu.orchestration.environments import make_environment
+from bisect_npu.orchestration.evaluate import EvaluationRequest, Evaluator
+from bisect_npu.orchestration.session_spec import SessionSpec
+from bisect_npu.orchestration.state import StoreLedger
+from bisect_npu.orchestration.verdict_reuse import Reused, SessionVerdicts, VerdictReuse, open_verdict_reuse
+from bisect_npu.progress import Progress
+from bisect_npu.recipe.schema import Recipe
+from bisect_npu.recipe.settings import Difference, apply, show
+from bisect_npu.records import BuildInfo, RetryRun, TrialRun
+from bisect_npu.search.ddmin import Configuration
+from bisect_npu.settings_journal import (
+    ConfigurationRecord,
+    ConfigurationRetry,
+    ConfigurationTrial,
+    ReferenceRecord,
+    ReferenceTrial,
+    SettingsJournal,
+)
+from bisect_npu.upstream import history
+
+_Entry = TypeVar("_Entry", ConfigurationTrial, ReferenceTrial, ConfigurationRetry)
+
+
+class Configurations:
+    """The configurations of one settings search, run on the one build of its commit (`base`'s
+    builder), each with its own executor where its environment differs."""
+
+    def __init__(self, journal: SettingsJournal, recipe: Recipe, base: Evaluator, spec: SessionSpec, repo_path: str,
+                 progress: Progress) -> None:
+        self.journal = journal
+        self.header = journal.header
+        self.recipe = recipe
+        self.base = base
+        self.spec = spec
+        self.repo_path = repo_path
+        self.progress = progress
+        self.differences = [Difference(d.key, d.bad, d.good) for d in self.header.differences]
+        self.noisy = self.header.mode == "noisy"
+        self.batch = self.header.batch
+        self.reference_commit = self.header.reference_commit
+        # Entries journaled before this process: a configuration they left unresolved on the host's
+        # failures is run again (with a new retry budget), as `resume` runs an end that stopped a run.
+        self._opened = len(journal.entries)
+        self._executors: dict[tuple[tuple[str, str], ...], Executor] = {}
+        self._memories: dict[str, VerdictReuse] = {}  # a configuration's digest -> its verdict store scope
+        # Which configurations' verdicts came from the verdict store, and which were run here.
+        self.ledger: StoreLedger[str] = StoreLedger()
+        for entry in journal.entries:
+            if isinstance(entry, ConfigurationRecord):
+                self.ledger.note(entry.digest, entry.verdict.kind.value, stored=entry.stored is not None)
+        self.verdicts: SessionVerdicts[str] | None = None if spec.store.verdict_store is None else SessionVerdicts(
+            self._memories.__getitem__, self.ledger, progress, noun="configuration",
+            outcomes=self._outcomes if self.noisy else None)
+        self._lock = threading.Lock()  # the slots' configurations make an executor or a store scope in turn
+
+    def settings_of(self, configuration: Configuration) -> dict[str, Any]:
+        """Every differing key -> its value in the configuration (bad where the key is in it)."""
+        return {d.key: d.bad if i in configuration else d.good for i, d in enumerate(self.differences)}
+
+    def recipe_of(self, configuration: Configuration, extra: dict[str, Any] | None = None) -> Recipe:
+        """The configuration's recipe, as this host runs it (its image variant and dtype)."""
+        return recipe_for_host(apply(self.recipe, {**self.settings_of(configuration), **(extra or {})}),
+                               self.spec.context.host)
+
+    def label(self, configuration: Configuration, check: str | None = None) -> str:
+        """How the progress lines and the messages name a configuration: its keys at their bad value."""
+        if check:
+            return f"[trigger, {check}]"
+        if not configuration:
+            return "[good variant]"
+        if len(configuration) == len(self.differences):
+            return "[bad case]"
+        return "[" + ", ".join(self.differences[i].key for i in sorted(configuration)) + "]"
+
+    def reference_label(self) -> str:
+        assert self.reference_commit is not None
+        return f"{self.reference_commit[:12]} ({self.header.reference_ref})"
+
+    def records(self, configuration: Configuration) -> list[ConfigurationRecord]:
+        """The configuration's records in the search (a --vary value's check aside), in order."""
+        return [e for e in self.journal.entries if isinstance(e, ConfigurationRecord)
+                and frozenset(e.configuration) == configuration and e.value_check is None]
+
+    def run_again(self, at: int, entry: ConfigurationRecord | ReferenceRecord) -> bool:
+        """Whether a journaled record (the journal's `at`-th entry) was left unresolved by the host's
+        failures before this process: its configuration runs again."""
+        return entry.host_failure is not None and at < self._opened
+
+    def run(self, configuration: Configuration, trials: int, as_reference: bool = False,
+            extra: dict[str, Any] | None = None) -> ConfigurationRecord:
+        """Judge a configuration (`extra`: a further --vary value in place of a trigger key's bad
+        value) and journal its record: the verdict store's verdict, else its run (`as_reference`:
+        the good variant whose runs are every configuration's reference)."""
+        recipe = self.recipe_of(configuration, extra)
+        digest = recipe.digest()
+        check = ", ".join(f"{k}={show(v)}" for k, v in (extra or {}).items()) or None
+        settings = {**self.settings_of(configuration), **(extra or {})}
+        noisy = self.noisy
+        commit = self.header.commit
+        build_key = self.base.builder.build_key(commit) or ""
+        verdicts = self.verdicts if not as_reference else None  # the reference's runs are always run, never kept
+        if verdicts is not None:
+            self._open_scope(recipe)
+            reused: list[ConfigurationRecord] = []
+
+            def journal(stored: Reused) -> None:
+                reused.append(ConfigurationRecord(
+                    configuration=sorted(configuration), digest=digest, settings=settings,
+                    build=BuildInfo(how="stored", key=build_key or None), verdict=stored.verdict,
+                    stored=stored.stored, value_check=check))
+                self._journal(reused[-1])
+
+            if (stored := verdicts.recall(digest, commit, build_key, journal)) is not None:
+                self.progress.note(f"configuration {self.label(configuration, check)}: {stored.verdict.reason}")
+                return reused[-1]
+        evaluator = self._evaluator(Path("configurations") / digest, recipe)
+        evaluator.reference = self.base.reference
+        if self.reference_commit and not as_reference:
+            reference = self._reference_run(configuration, recipe, check)
+            if reference.verdict.kind != VerdictKind.GOOD:
+                record = ConfigurationRecord(
+                    configuration=sorted(configuration), digest=digest, settings=settings, build=reference.build,
+                    verdict=Verdict(kind=VerdictKind.SKIP, trials=0, reason=(
+                        f"{reference.verdict.kind.value} at the reference commit {self.reference_label()}: "
+                        f"{reference.verdict.reason}")), value_check=check, host_failure=reference.host_failure)
+                self._journal(record)
+                self.progress.note(f"configuration {self.label(configuration, check)}: {record.verdict.reason}")
+                return record
+            evaluator.reference = [Observation.load(self.base.abs(t.observation)) for t in reference.trials
+                                   if t.observation]
+        pending = self._pending(digest) if not noisy else []
+        self.progress.note(f"configuration {self.label(configuration, check)}: running {trials} trial(s)")
+        run = self._evaluate(evaluator, configuration, digest, check, reference=False, commit=commit,
+                             trials=trials if noisy else recipe.trials.count, done=pending, judge_each=noisy,
+                             first_trial=self._next_trial(digest), as_reference=as_reference)
+        result, host_failure = run.result, run.host_failure
+        record = ConfigurationRecord(configuration=sorted(configuration), digest=digest, settings=settings,
+                                     build=result.build, verdict=result.verdict, trials=result.trials,
+                                     seconds=result.seconds, value_check=check, retries=run.retries,
+                                     host_failure=host_failure)
+        self._journal(record)
+        self.progress.note(f"configuration {self.label(configuration, check)}: {result.verdict.kind.value} "
+                           f"({result.verdict.reason})")
+        if verdicts is not None and host_failure is None:
+            verdicts.keep(digest, commit, build_key, result.verdict)
+        return record
+
+    def _evaluator(self, step: Path, recipe: Recipe) -> Evaluator:
+        """A configuration's evaluator: the shared build, its own executor and step directory, and
+        the session's retries and card wait (as the commit search's evaluator has them)."""
+        evaluator = _ConfigurationEvaluator(step, self.base.builder, self._executor_for(recipe),
+                                            self.journal.session_dir, recipe=recipe,
+                                            timeout_s=self.spec.judge.timeout_s, timeout_is=self.spec.judge.timeout_is,
+                                            retries=self.spec.judge.retries, cards=self.base.cards)
+        return evaluator
+
+    def _evaluate(self, evaluator: Evaluator, configuration: Configuration, digest: str, check: str | None, *,
+                  reference: bool, commit: str, trials: int, done: Sequence[TrialRun], judge_each: bool = False,
+                  first_trial: int = 0, as_reference: bool = False) -> CandidateRun:
+        """Run one configuration (at `commit`; at the reference commit where `reference`) as the
+        commit search runs a commit (`candidate.run_candidate`), its trials and failed attempts
+        journaled under its keys."""
+        keys = sorted(configuration)
+
+        def on_trial(run: TrialRun) -> None:
+            made = ReferenceTrial if reference else ConfigurationTrial
+            self.journal.append(made(configuration=keys, digest=digest, **run.model_dump()))
+
+        def on_retry(retry: RetryRun) -> None:
+            self.journal.append(ConfigurationRetry(configuration=keys, digest=digest, reference=reference,
+                                                   **retry.model_dump()))
+
+        journal = CandidateJournal(f"configuration {self.label(configuration, check)}", on_trial, on_retry,
+                                   self._pending_retries(digest, reference))
+        return run_candidate(evaluator, EvaluationRequest(commit, trials, tuple(done), judge_each=judge_each,
+                                                          first_trial=first_trial, as_reference=as_reference),
+                             journal, self.progress)
+
+    def _pending_retries(self, digest: str, reference: bool) -> list[RetryRun]:
+        """The configuration's failed attempts journaled since its last record (at the reference
+        commit where `reference`): an interrupted run's, which the retry budget goes on from."""
+        made = ReferenceRecord if reference else ConfigurationRecord
+        return [RetryRun.model_validate(e.model_dump()) for e in self._since_record(digest, ConfigurationRetry, made)
+                if e.reference == reference]
+
+    def _reference_run(self, configuration: Configuration, recipe: Recipe, check: str | None) -> ReferenceRecord:
+        """The configuration at the reference commit: journaled once (an interrupted run's trials
+        kept), so neither the rest of the search nor a resumed one runs it again (unless the host's
+        failures left it unjudged before this process: then it runs again)."""
+        assert self.reference_commit is not None
+        digest = recipe.digest()
+        done = next((e for at, e in enumerate(self.journal.entries) if isinstance(e, ReferenceRecord)
+                     and e.digest == digest and not self.run_again(at, e)), None)
+        if done is not None:
+            return done
+        pending = [TrialRun.model_validate(e.model_dump()) for e in self._since_record(digest, ReferenceTrial,
+                                                                                        ReferenceRecord)]
+        evaluator = self._evaluator(Path("references") / digest, recipe)
+        label = self.label(configuration, check)
+        self.progress.note(f"configuration {label} at the reference commit {self.reference_label()}: running "
+                           f"{recipe.trials.count} trial(s)")
+        run = self._evaluate(evaluator, configuration, digest, check, reference=True, commit=self.reference_commit,
+                             trials=recipe.trials.count, done=pending, as_reference=True)
+        record = ReferenceRecord(configuration=sorted(configuration), digest=digest, commit=self.reference_commit,
+                                 build=run.result.build, verdict=run.result.verdict, trials=run.result.trials,
+                                 seconds=run.result.seconds, retries=run.retries, host_failure=run.host_failure)
+        self.journal.append(record)
+        return record
+
+    def _pending(self, digest: str) -> list[TrialRun]:
+        """Trials of the configuration journaled after its last record: an interrupted run's work."""
+        return [TrialRun.model_validate(e.model_dump())
+                for e in self._since_record(digest, ConfigurationTrial, ConfigurationRecord)]
+
+    def _since_record(self, digest: str, kind: type[_Entry], record: type[ConfigurationRecord | ReferenceRecord],
+                      ) -> list[_Entry]:
+        """The configuration's entries of `kind` journaled after its last `record`."""
+        found: list[_Entry] = []
+        for entry in self.journal.entries:
+            if isinstance(entry, kind) and entry.digest == digest:
+                found.append(entry)
+            elif isinstance(entry, record) and entry.digest == digest:
+                found = []
+        return found
+
+    def _next_trial(self, digest: str) -> int:
+        """Trial numbers grow per configuration, so more trials never repeat a seed."""
+        numbers = [e.trial for e in self.journal.entries if isinstance(e, ConfigurationTrial) and e.digest == digest]
+        return max(numbers, default=-1) + 1 if self.noisy else 0
+
+    def _executor_for(self, recipe: Recipe) -> Executor:
+        """The base executor where the configuration's environment is the recipe's; else one with
+        its environment (the build stays the one shared build)."""
+        if recipe.environment == self.recipe.environment:
+            return self.base.executor
+        key = tuple(sorted(recipe.environment.items()))
+        with self._lock:
+            if key not in self._executors:
+                repo = history.open_repo(self.repo_path)
+                made = make_environment(self.spec, repo, recipe, self.journal.session_dir,
+                                        self.journal.session_dir / "worktrees")[1]
+                base = self.base.executor
+                pooled = LocalExecutor | DockerExecutor
+                if isinstance(made, pooled) and isinstance(base, pooled):
+                    made.device_pool = base.device_pool  # one pool of the cards: two slots never share one
+                self._executors[key] = made
+            return self._executors[key]
+
+    def _open_scope(self, recipe: Recipe) -> None:
+        """The verdict store under this configuration's recipe digest, relative to what the oracle
+        compares it with: the reference commit (where the configuration itself is the reference,
+        as a commit search's good end is), else the good variant."""
+        digest = recipe.digest()
+        with self._lock:
+            if digest not in self._memories:
+                reference = ""
+                if self.reference_commit:
+                    reference = self.reference_commit
+                elif self.recipe.reference.kind == "good_end":
+                    reference = self.recipe_of(frozenset()).digest()
+                reuse = open_verdict_reuse(self.spec, recipe, self.journal.session_dir, reference, self.progress)
+                assert reuse is not None  # a store is named (self.verdicts), and a recipe's verdicts have a scope
+                self._memories[digest] = reuse
+
+    def _outcomes(self, digest: str) -> list[VerdictKind | None]:
+        """Every trial's outcome this search ran of a configuration (noisy mode)."""
+        return [e.outcome for e in self.journal.entries if isinstance(e, ConfigurationTrial) and e.digest == digest]
+
+    def _journal(self, record: ConfigurationRecord) -> None:
+        self.journal.append(record)
+        self.ledger.note(record.digest, record.verdict.kind.value, stored=record.stored is not None)
+
+    def stop_runs(self) -> None:
+        """An interrupt stops what the other slots run."""
+        for executor in [self.base.executor, *self._executors.values()]:
+            executor.close()
+
+    def close(self) -> None:
+        """Stop what the configurations' own executors run."""
+        for executor in self._executors.values():
+            executor.close()
+
+
+class _ConfigurationEvaluator(Evaluator):
+    """An Evaluator whose runs of the commit lie in the configuration's own directory, `step`
+    under the session (the commit is the same for every configuration; the observations must not be)."""
+
+    def __init__(self, step: Path, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.step = step
+
+    def step_dir(self, commit: str) -> Path:
+        return self.session_dir / self.step

@@ -55,7 +55,7 @@ class _Pair:
 
 def _prepare(index: int, cand: TensorEntry | None, ref: TensorEntry) -> _Pair:
     row = TensorDiff(name=ref.name, index=index, step=ref.step, layer=ref.layer, module=ref.module, role=ref.role,
-                     dtype=ref.dtype, shape=ref.shape)
+                     dtype=ref.dtype, shape=ref.shape, reference_dtype=ref.dtype)
     pair = _Pair(row)
     if cand is None:
         row.problem = "missing from the candidate dump"

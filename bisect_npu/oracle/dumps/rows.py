@@ -29,7 +29,13 @@ class TensorDiff:
     provenance: str | None = None
     baseline: dict[str, Any] | None = None
     candidate_dtype: str | None = None
+    reference_dtype: str | None = None
     shape: tuple[int, ...] | None = None
+
+    def precisions(self) -> str:
+        """Both sides' precisions in words: the candidate's against the reference's (the judged one when alike)."""
+        candidate = self.candidate_dtype or self.dtype
+        return f"{candidate} against {self.reference_dtype or self.dtype}"
 
     def to_dict(self) -> dict[str, Any]:
         out: dict[str, Any] = {"name": self.name, "index": self.index, "step": self.step, "layer": self.layer,

@@ -21,8 +21,9 @@ families'. Each tool judges each held-out pair in a process of its own, timed fr
 with its peak resident memory (os.wait4): this tree's rules with the settings chosen, the rules of
 git `BASELINE_COMMIT` (before the precision-aware noise) with their defaults, and `msprobe
 compare`. A fault is named when the first flagged module is the one it sits in. MoE families
-(a router in bf16 against fp32, routing weights downcast, expert faults) are one more entry of
-`FAMILIES` with their own `build` and `FAULTS` entries.
+(a router in bf16 against fp32, routing weights downcast, expert faults) are more entries of
+`FAMILIES` (an `arch` such as Qwen3Moe), with `build` scaling the experts' 3-D weights too and
+their faults in `FAULTS` and `inject`; the pairs, the leave-one-out tuning and the report are shared.
 """
 
 from __future__ import annotations

@@ -1,0 +1,83 @@
+"""The dump rules, one class a file, run in the order declared here; the first that fires names the tensor.
+
+A new rule is one file with a `TensorRule` or `ModuleRule` subclass and one entry below.
+Tensor rules judge every compared pair on its own metrics. Module rules judge each output not
+already divergent against its baseline (its inputs shaped like it, or the output before it) and,
+with `noise_from_peers`, the noise lines its kind's other layers draw; an output whose max
+absolute error is at most `cosine_abs_floor` is not judged by them (a near-zero tensor says little).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from bisect_npu.oracle.config import LogitsConfig
+from bisect_npu.oracle.dumps.entries import INPUT
+from bisect_npu.oracle.dumps.noise import PeerLines, baseline, transformed_inputs
+from bisect_npu.oracle.dumps.precision import cosine_floor
+from bisect_npu.oracle.dumps.rows import TensorDiff
+from bisect_npu.oracle.dumps.rules.absolute import Absolute
+from bisect_npu.oracle.dumps.rules.base import Context, Finding, ModuleRule, TensorRule
+from bisect_npu.oracle.dumps.rules.fixed_amplification import FixedAmplification
+from bisect_npu.oracle.dumps.rules.integer_equality import IntegerEquality
+from bisect_npu.oracle.dumps.rules.msprobe_amplification import MsprobeAmplification
+from bisect_npu.oracle.dumps.rules.peer_cosine import PeerCosine
+from bisect_npu.oracle.dumps.rules.peer_norm import PeerNorm
+
+TENSOR_RULES: tuple[TensorRule, ...] = (IntegerEquality(), Absolute())
+MODULE_RULES: tuple[ModuleRule, ...] = (MsprobeAmplification(), PeerCosine(), PeerNorm(), FixedAmplification())
+
+
+def _record(row: TensorDiff, finding: Finding) -> None:
+    row.rule, row.problem, row.provenance = finding.rule, finding.problem, finding.provenance
+
+
+def apply_tensor_rules(rows: list[TensorDiff], cfg: LogitsConfig) -> None:
+    """Judge every measured row on its own metrics (rows already divergent, a shape or a file, are left)."""
+    ctx = Context(cfg)
+    for row in rows:
+        if not row.metrics or row.problem is not None:
+            continue
+        finding = next((found for rule in TENSOR_RULES if (found := rule.judge(row, ctx)) is not None), None)
+        if finding is not None:
+            _record(row, finding)
+
+
+def noise_line(row: TensorDiff, base: dict[str, Any], ctx: Context) -> float:
+    """The cosine distance an output may reach before its distance rule fires: its peers' line where one
+    covers it, else the fixed line (`amplification` times its input's, at least one rounding)."""
+    allowed = ctx.lines.allowed_distance(row, base) if ctx.lines is not None else None
+    if allowed is not None:
+        return allowed
+    return max(cosine_floor(row.dtype), ctx.cfg.amplification * (1.0 - float(base["cosine"])))
+
+
+def apply_relative_rules(rows: list[TensorDiff], cfg: LogitsConfig) -> None:
+    """Judge each output not already divergent against its module's inputs, or the output before it."""
+    inputs: dict[tuple[int, str | None], list[TensorDiff]] = {}
+    previous_output: TensorDiff | None = None
+    measured: list[tuple[TensorDiff, dict[str, Any]]] = []
+    for row in rows:
+        if row.role == INPUT:
+            inputs.setdefault((row.step, row.module), []).append(row)
+            continue
+        base_rows = transformed_inputs(row, inputs.get((row.step, row.module), [])) or (
+            [previous_output] if previous_output else [])
+        base = baseline(base_rows)
+        if base is not None and "cosine" in row.metrics:
+            measured.append((row, base))
+        if base is not None and row.problem is not None and not row.integer:
+            row.baseline = base
+        if not row.integer:
+            previous_output = row
+    if not cfg.relative:
+        return
+    ctx = Context(cfg, PeerLines.of(measured, cfg) if cfg.noise_from_peers else None)
+    for row, base in measured:
+        row.noise_line = noise_line(row, base, ctx)
+        if row.problem is not None or row.metrics["max_abs_error"] <= cfg.cosine_abs_floor:
+            continue
+        finding = next((found for rule in MODULE_RULES if (found := rule.judge(row, base, ctx)) is not None), None)
+        if finding is not None:
+            _record(row, finding)
+            row.baseline = base if finding.noise is None else {**base, "noise": finding.noise}

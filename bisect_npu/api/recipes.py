@@ -150,18 +150,26 @@ def recipe_plan(recipe: str | Path | Recipe) -> dict[str, Any]:
 
 def nodes_plan(recipe: Recipe, request: dict[str, Any]) -> list[dict[str, Any]]:
     """Each node of an engine across hosts: its role, the command it starts ({local_ip},
-    {master_ip}, {rpc_port} and the serving node's {port} filled at each start), its environment
-    over the recipe's, and where it runs."""
-    from bisect_npu.execute.ray_nodes import launcher_argv, node_commands
+    {master_ip} and {rpc_port} filled at each start; the serving node's is the openai backend's
+    server command with the node's flags), its environment over the recipe's, and where it runs."""
+    from bisect_npu.execute.ray_nodes import launcher_argv
+    from bisect_npu.probe.backends.openai import server_argv
 
     assert recipe.engine.nodes is not None
     nodes = recipe.engine.nodes
-    launcher = launcher_argv(request, "python3")
-    return [{"index": index, "role": role, "cards": nodes.cards, "command": command,
-             "environment": nodes.each[index].environment,
-             "container": "none: the candidate's worktree on a Ray node of its own (--executor ray, "
-                          "--node-executor local)"}
-            for index, (role, command) in enumerate(node_commands(nodes, launcher))]
+    plan = []
+    for index, node in enumerate(nodes.each):
+        if index == nodes.serving:
+            role = "serving"
+            command = server_argv({**request, "engine": {**request["engine"], "server_flags": node.flags}},
+                                  python="python3")
+        else:
+            role, command = "headless", [*launcher_argv(request, "python3"), *node.flags]
+        plan.append({"index": index, "role": role, "cards": nodes.cards, "command": command,
+                     "environment": node.environment,
+                     "container": "none: the candidate's worktree on a Ray node of its own (--executor ray, "
+                                  "--node-executor local)"})
+    return plan
 
 
 def server_sources(request: dict[str, Any], recipe: Recipe) -> list[tuple[list[str], str]]:

@@ -50,7 +50,6 @@ NODE_LOST_EXIT = 75  # a batch whose engine lost a node: the host's failure (EX_
 NODE_ENV = "BISECT_NPU_ENGINE_NODE"  # in each node's processes: "INDEX RAY-NODE-ID", so a test can find them
 DEFAULT_LAUNCHER = ["vllm", "serve", "{model}"]
 PROBE_PACKAGE = "bisect_npu.probe"
-SERVING_HOST = "127.0.0.1"  # the openai backend's: the probe reaches the server on its own node
 
 
 def node_lost_line(index: int, node_id: str, what: str) -> str:
@@ -64,19 +63,6 @@ def launcher_argv(request: dict[str, Any], python: str) -> list[str]:
     launcher = engine.get("launcher") or DEFAULT_LAUNCHER
     return [part.format(model=request["model"]["path"], python=python, port="", probe=PROBE_PACKAGE)
             for part in launcher]
-
-
-def node_commands(nodes: NodesSpec, launcher: list[str]) -> list[tuple[str, list[str]]]:
-    """Each node's role and command line as it starts, {local_ip}, {master_ip} and {rpc_port} left
-    to fill (what `plan` and `recipes show` print): the serving node's server gets the openai
-    backend's --host and --port first."""
-    commands = []
-    for index, node in enumerate(nodes.each):
-        if index == nodes.serving:
-            commands.append(("serving", [*launcher, "--host", SERVING_HOST, "--port", "{port}", *node.flags]))
-        else:
-            commands.append(("headless", [*launcher, *node.flags]))
-    return commands
 
 
 class EngineNode:

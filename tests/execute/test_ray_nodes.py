@@ -176,7 +176,7 @@ def test_a_node_removed_mid_trial_is_a_retried_host_failure(cluster: Any, demo_u
     same, nothing is left on any node. Last in the module: a node goes for good."""
     _, manifest = demo_upstream
     session = tmp_path / "session"
-    by_id = {node.unique_id: node for node in cluster.worker_nodes}
+    by_id = {node.node_id: node for node in cluster.worker_nodes}
     with subprocess.Popen(bisect_argv(demo_upstream, RECIPE, session), cwd=tmp_path, stdout=subprocess.PIPE,
                           stderr=subprocess.PIPE, text=True, env=cli_env(cluster)) as proc:
         lost = None
@@ -193,7 +193,7 @@ def test_a_node_removed_mid_trial_is_a_retried_host_failure(cluster: Any, demo_u
     entries = journal(session)
     retries = [e for e in entries if e["type"] == "retry"]
     assert retries and retries[0]["kind"] == "node_lost"
-    assert f"node 1 of the engine (ray node {lost.unique_id[:16]}) was lost" in retries[0]["cause"]
+    assert f"node 1 of the engine (ray node {lost.node_id[:16]}) was lost" in retries[0]["cause"]
     trials = [(e["index"], e["case_id"], e["trial"]) for e in entries if e["type"] == "trial"]
     assert len(trials) == len(set(trials))  # the lost attempt reached no trial: none doubled
     assert_nothing_left(session)

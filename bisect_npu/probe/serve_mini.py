@@ -228,7 +228,10 @@ class DataParallel:
         print(f"data parallel rank {rank} of {size} joined at {address}:{port}", flush=True)
 
     def send_request(self, request: Any) -> None:
-        self.dist.broadcast_object_list([request], src=0)
+        try:
+            self.dist.broadcast_object_list([request], src=0)
+        except RuntimeError as exc:
+            raise RanksDisagree(f"a data parallel rank is gone ({str(exc).splitlines()[0][:200]})") from exc
 
     def receive_request(self) -> Any:
         box: list[Any] = [None]
@@ -241,7 +244,7 @@ class DataParallel:
         try:
             self.dist.gather_object(tokens, gathered, dst=0)
         except RuntimeError as exc:
-            raise RanksDisagree(f"a data parallel rank is gone ({exc})") from exc
+            raise RanksDisagree(f"a data parallel rank is gone ({str(exc).splitlines()[0][:200]})") from exc
         for rank, theirs in enumerate(gathered):
             if theirs != tokens:
                 raise RanksDisagree(f"data parallel rank {rank} computed other tokens ({theirs[:8]}...) than rank 0 "

@@ -93,7 +93,8 @@ class EngineNode:
 
         from bisect_npu.probe.ports import free_port
 
-        address: str = ray.util.get_node_ip_address()
+        node_address: Callable[[], str] = ray.util.get_node_ip_address  # untyped in Ray
+        address = node_address()
         return self.node_id, address, free_port(address)
 
     def prepare(self, commit: str) -> dict[str, Any]:

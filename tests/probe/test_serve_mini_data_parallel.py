@@ -81,7 +81,7 @@ def ranks(tree: Path, tmp_path: Path) -> Iterator[tuple[int, subprocess.Popen[by
 
 def test_both_ranks_compute_each_request_and_must_agree(
         ranks: tuple[int, subprocess.Popen[bytes], subprocess.Popen[bytes], Path]) -> None:
-    port, serving, headless, logs = ranks
+    port, _, headless, logs = ranks
     status, answer = post(port, {"prompt": "please repeat the story", "max_tokens": 24, "temperature": 0.0})
     assert status == 200 and answer["usage"]["completion_tokens"] == 24  # type: ignore[index]
     assert "data parallel rank 1 of 2 joined" in (logs / "headless.log").read_text()

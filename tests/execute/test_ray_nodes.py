@@ -1,8 +1,8 @@
 """One engine across two Ray nodes, for real: a Ray cluster made in this process (a head without
 cards and three nodes of one fake NPU each), the demo upstream bisected with every candidate's
 engine on two of them (the demo server as the serving node, a headless rank on another, meeting
-over torch.distributed's gloo), a node removed from the cluster in the middle of a trial, and no
-process of any node left after each run. Marked `ray` (`make test-ray`); without Ray they fail
+over torch.distributed's gloo), Ctrl-C and a node removed from the cluster in the middle of a
+trial, and no process of any node left after each run. Marked `ray` (`make test-ray`); without Ray they fail
 under CI=true and skip elsewhere. The cluster is shut down through its API, never `ray stop`.
 """
 
@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import signal
 import subprocess
 import sys
 import tempfile
@@ -169,6 +170,29 @@ def test_demo_bisected_with_every_engine_on_two_nodes(cluster: Any, demo_upstrea
     assert_nothing_left(session)
 
 
+def wait_for_headless(proc: subprocess.Popen[str]) -> str:
+    """The Ray node of the first headless engine node that starts: "1 RAY-NODE-ID"."""
+    deadline = time.monotonic() + 600
+    while proc.poll() is None and time.monotonic() < deadline:
+        headless = [mark for mark in engine_node_processes().values() if mark.startswith("1 ")]
+        if headless:
+            return headless[0].split()[1]
+        time.sleep(0.05)
+    raise AssertionError("no headless node started")
+
+
+def test_ctrl_c_mid_trial_tears_every_node_down(cluster: Any, demo_upstream: tuple[Path, Manifest],
+                                                tmp_path: Path) -> None:
+    session = tmp_path / "session"
+    with subprocess.Popen(bisect_argv(demo_upstream, RECIPE, session), cwd=tmp_path, stdout=subprocess.PIPE,
+                          stderr=subprocess.PIPE, text=True, env=cli_env(cluster)) as proc:
+        wait_for_headless(proc)
+        proc.send_signal(signal.SIGINT)
+        _, stderr = proc.communicate(timeout=300)
+    assert proc.returncode == 130, stderr[-2000:]
+    assert_nothing_left(session)
+
+
 def test_a_node_removed_mid_trial_is_a_retried_host_failure(cluster: Any, demo_upstream: tuple[Path, Manifest],
                                                             tmp_path: Path) -> None:
     """The headless node's Ray node goes while its rank computes: the attempt is journaled as
@@ -179,13 +203,7 @@ def test_a_node_removed_mid_trial_is_a_retried_host_failure(cluster: Any, demo_u
     by_id = {node.node_id: node for node in cluster.worker_nodes}
     with subprocess.Popen(bisect_argv(demo_upstream, RECIPE, session), cwd=tmp_path, stdout=subprocess.PIPE,
                           stderr=subprocess.PIPE, text=True, env=cli_env(cluster)) as proc:
-        lost = None
-        deadline = time.monotonic() + 600
-        while lost is None and proc.poll() is None and time.monotonic() < deadline:
-            headless = [mark for mark in engine_node_processes().values() if mark.startswith("1 ")]
-            lost = by_id.get(headless[0].split()[1]) if headless else None
-            time.sleep(0.05)
-        assert lost is not None, "no headless node started"
+        lost = by_id[wait_for_headless(proc)]
         cluster.remove_node(lost, allow_graceful=False)
         stdout, stderr = proc.communicate(timeout=1200)
     assert proc.returncode == 0, stdout + stderr[-3000:]

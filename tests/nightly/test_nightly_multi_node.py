@@ -15,6 +15,7 @@ import yaml
 from bisect_npu.nightly.at_commit import recipe_dump
 from bisect_npu.nightly.cases import NightlyRefused, import_case, read_case_file, survey
 from bisect_npu.recipe.loader import parse_recipe
+from tests.helpers.gitrepo import make_linear_repo
 from tests.helpers.paths import DATA, REPO_ROOT
 
 PATH = "tests/e2e/nightly/multi_node/internal_dp/config/two-nodes.yaml"
@@ -109,3 +110,17 @@ def test_a_nodes_recipe_outside_ray_is_refused_before_anything_runs(tmp_path: Pa
     assert done.returncode == 2, done.stderr
     assert "engine spans 2 hosts (engine.nodes): run it with --executor ray" in done.stderr
     assert "Traceback" not in done.stderr and not (tmp_path / "s" / "journal.jsonl").exists()
+
+
+def test_plan_prints_each_nodes_command(tmp_path: Path) -> None:
+    recipe = import_case(read_case_file(TEXT, PATH), PATH, benchmark="acc")
+    written = tmp_path / "two-nodes.yaml"
+    written.write_text(recipe_dump(recipe))
+    shas = make_linear_repo(tmp_path / "repo", 6, culprit=3)
+    done = subprocess.run([sys.executable, "-m", "bisect_npu", "plan", "--repo", str(tmp_path / "repo"), "--good",
+                           shas[0], "--bad", shas[-1], "--recipe", str(written)], capture_output=True, text=True,
+                          cwd=tmp_path, timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert "node 0   serving, 8 NPU: vllm serve Org/Tiny-MoE --host 127.0.0.1 --port 8000 --data-parallel-size 4" \
+        in done.stdout
+    assert "node 1   headless, 8 NPU: vllm serve Org/Tiny-MoE --headless" in done.stdout

@@ -150,8 +150,9 @@ test-vllm-ascend-ut: venv
 	@test -n "$(BISECT_NPU_VLLM_ASCEND)" || { echo "set BISECT_NPU_VLLM_ASCEND to a vllm-ascend clone"; exit 2; }
 	$(PY) -m pytest -q -s -m slow --timeout=21600 tests/orchestration/test_vllm_ascend_ut.py
 
-# --executor ray on a real three-node Ray cluster made inside the tests (fake NPU resources; about
-# 1.4 GB of memory). Installs the ray extra into the same venv.
+# --executor ray on a real Ray cluster made inside the tests (fake NPU resources; about 1.4 GB of
+# memory a cluster, one module at a time): three nodes of 8, 8 and 16, then a head and three
+# one-card nodes for an engine across two of them (test_ray_nodes.py). Installs the ray extra.
 RAY_STAMP := $(VENV)/.installed-ray
 .PHONY: test-ray
 
@@ -160,4 +161,4 @@ $(RAY_STAMP): $(STAMP)
 	touch $(RAY_STAMP)
 
 test-ray: venv engine $(RAY_STAMP)
-	DOCKER_HOST=unix://$(ENGINE_SOCKET) $(PY) -m pytest -q -m ray tests/execute/test_ray_executor.py
+	DOCKER_HOST=unix://$(ENGINE_SOCKET) $(PY) -m pytest -q -m ray tests/execute/test_ray_executor.py tests/execute/test_ray_nodes.py

@@ -117,14 +117,16 @@ def recipe_plan(recipe: str | Path | Recipe) -> dict[str, Any]:
     loaded = recipe if isinstance(recipe, Recipe) else load_recipe(recipe)
     first = probe_request(loaded, loaded.cases[0], commit="<candidate>", trial=0)
     engine: dict[str, Any] = {"backend": loaded.engine.backend, "loop_guard": first["loop_guard"]}
-    if loaded.engine.backend == "openai":
+    if loaded.engine.backend == "openai" and loaded.engine.nodes is None:  # else each node's, below
         engine["server_command"] = server_argv(first, python="python3")
     elif loaded.engine.backend == "vllm":
         engine["llm_kwargs"] = engine_kwargs(first)
     else:
         engine["args"] = loaded.engine.args
-    if loaded.engine.backend == "openai":
+    if "server_command" in engine:
         engine["server_sources"] = [{"flags": flags, "from": source} for flags, source in server_sources(first, loaded)]
+    if loaded.engine.nodes is not None:
+        engine["nodes"] = nodes_plan(loaded, first)
     kinds = loaded.oracle.kinds
     oracle = {kind: getattr(loaded.oracle, kind).model_dump() for kind in kinds if hasattr(loaded.oracle, kind)}
     if loaded.accuracy is not None:
@@ -144,6 +146,30 @@ def recipe_plan(recipe: str | Path | Recipe) -> dict[str, Any]:
         "effective_reference": effective_reference(loaded),
         "harness_command": harness_command(loaded),
     }
+
+
+def nodes_plan(recipe: Recipe, request: dict[str, Any]) -> list[dict[str, Any]]:
+    """Each node of an engine across hosts: its role, the command it starts ({local_ip},
+    {master_ip} and {rpc_port} filled at each start; the serving node's is the openai backend's
+    server command with the node's flags), its environment over the recipe's, and where it runs."""
+    from bisect_npu.execute.ray_nodes import launcher_argv
+    from bisect_npu.probe.backends.openai import server_argv
+
+    assert recipe.engine.nodes is not None
+    nodes = recipe.engine.nodes
+    plan = []
+    for index, node in enumerate(nodes.each):
+        if index == nodes.serving:
+            role = "serving"
+            command = server_argv({**request, "engine": {**request["engine"], "server_flags": node.flags}},
+                                  python="python3")
+        else:
+            role, command = "headless", [*launcher_argv(request, "python3"), *node.flags]
+        plan.append({"index": index, "role": role, "cards": nodes.cards, "command": command,
+                     "environment": node.environment,
+                     "container": "none: the candidate's worktree on a Ray node of its own (--executor ray, "
+                                  "--node-executor local)"})
+    return plan
 
 
 def server_sources(request: dict[str, Any], recipe: Recipe) -> list[tuple[list[str], str]]:

@@ -77,6 +77,11 @@ def plan(good: str, bad: str, repo: str, build_minutes: float, overlay_minutes: 
         _print_checkouts(answer)
     else:
         _print_images(answer)
+    if recipe is not None:
+        from bisect_npu.cli.recipes import node_lines
+
+        for line in node_lines(api.recipe_plan(recipe)["engine"].get("nodes", [])):
+            click.echo(line)
 
 
 def _print_images(answer: Plan) -> None:

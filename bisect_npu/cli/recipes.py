@@ -102,6 +102,16 @@ def show(recipe: str, fmt: str) -> None:
     click.echo(render_plan(plan))
 
 
+def node_lines(nodes: list[dict[str, Any]]) -> list[str]:
+    """An engine across hosts: each node's command, environment and container, one block each."""
+    lines = []
+    for node in nodes:
+        lines.append(f"node {node['index']}   {node['role']}, {node['cards']} NPU: {shlex.join(node['command'])}")
+        lines.extend(f"  env    {key}={value}" for key, value in node["environment"].items())
+        lines.append(f"  container {node['container']}")
+    return lines
+
+
 def render_plan(plan: dict[str, Any]) -> str:
     lines = [f"recipe   {plan['name']}  ({plan['source']})", f"         {plan['description']}"]
     model = plan["model"]
@@ -113,6 +123,7 @@ def render_plan(plan: dict[str, Any]) -> str:
         lines.append(f"server   {shlex.join(engine['server_command'])}")
         for part in engine.get("server_sources", []):
             lines.append(f"  {shlex.join(part['flags'])}  <- {part['from']}")
+    lines.extend(node_lines(engine.get("nodes", [])))
     if "llm_kwargs" in engine:
         lines.append(f"engine   LLM(**{json.dumps(engine['llm_kwargs'])})")
     lines.append(f"loop     {json.dumps(engine['loop_guard']) if engine['loop_guard'] else 'no early stop'}")

@@ -78,13 +78,33 @@ class LocalExecutor:
         waiting thread then unwinds as interrupted instead of returning a result. Then whatever
         else of the session runs (a build a prefetch thread started, its compilers): the session
         is over."""
+        self.stop_runs()
+        if self.owner:
+            kill_owned_processes(self.owner)
+
+    def stop_runs(self) -> None:
+        """Stop the runs this executor started, and only those (other engines of the session on
+        this host go on): each waiting thread unwinds as interrupted."""
         with self._lock:
             live = dict(self._live)
             self._stopped.update(live)
         for mark, proc in live.items():
             stop_run(proc, mark, self.stop_grace_s)
-        if self.owner:
-            kill_owned_processes(self.owner)
+
+    def spawn(self, env: Environment, argv: list[str], log: TextIO,
+              extra_env: dict[str, str] | None = None) -> tuple[subprocess.Popen[bytes], str]:
+        """A long-lived process of the candidate (a headless node of an engine across hosts) in
+        the worktree with the run's environment and cards, marked as a run: `stop_run(proc, mark)`
+        stops it and all it started."""
+        mark = uuid.uuid4().hex
+        visible = {VISIBLE_DEVICES_ENV: ",".join(map(str, self.devices))} if self.devices else {}
+        environ = {**self._environ(env), **visible, **(extra_env or {}), RUN_ENV: mark}
+        try:
+            proc = subprocess.Popen(argv, cwd=Path(env.path or "."), stdout=log, stderr=subprocess.STDOUT,
+                                    env=environ, start_new_session=True, preexec_fn=_die_with_parent)
+        except OSError as exc:
+            raise UsageError(f"cannot start {argv[0]}: {exc.strerror or exc}; give a program on PATH") from exc
+        return proc, mark
 
     def sweep(self) -> int:
         return kill_owned_processes(self.owner) if self.owner else 0
@@ -146,6 +166,15 @@ class LocalExecutor:
                 self._live.pop(mark, None)
             if _alive(proc) or marked_processes(RUN_ENV, mark):
                 stop_run(proc, mark, self.stop_grace_s)
+
+
+def _die_with_parent() -> None:
+    """In the child before exec (Linux): SIGKILL when the process that started it goes, so a
+    node's engine does not outlive its Ray worker killed with its node."""
+    with contextlib.suppress(OSError, AttributeError):
+        import ctypes
+
+        ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
 
 
 def stop_run(proc: subprocess.Popen[bytes], mark: str, grace_s: float = STOP_GRACE_S) -> None:

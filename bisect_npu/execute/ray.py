@@ -31,6 +31,7 @@ from bisect_npu.builders.failures import BuildUnreachable, EnvironmentFailure
 from bisect_npu.errors import BisectError, InfrastructureError, UsageError
 from bisect_npu.execute.base import Executor, RunResult, probe_log_path, probe_stem, run_node_path
 from bisect_npu.observations import SKIP_EXIT
+from bisect_npu.recipe.schema import NodesSpec
 
 NAMESPACE = "bisect-npu"  # the driver's and its builder actors' (named actors are found per namespace)
 RESOURCE = "NPU"  # the resource name Ray gives Ascend cards (ray/_private/accelerators/npu.py)
@@ -70,6 +71,25 @@ def check_engines(npus: dict[str, int], per_run: int) -> int:
     return engines
 
 
+def check_nodes(npus: dict[str, int], nodes: NodesSpec) -> int:
+    """Engines of `nodes.count` nodes x `nodes.cards` NPUs the cluster holds at once; a cluster
+    that cannot hold one is refused, naming what is missing."""
+    fit = {node: count // nodes.cards for node, count in npus.items() if count >= nodes.cards}
+    if len(fit) < nodes.count:
+        sizes = ", ".join(str(n) for n in sorted(npus.values(), reverse=True)) or "none"
+        raise UsageError(f"the recipe's engine spans {nodes.count} nodes of {nodes.cards} NPU each, but the Ray "
+                         f"cluster has {len(fit)} node(s) with {nodes.cards} NPU or more (its nodes' NPU: {sizes}); "
+                         f"missing: {nodes.count - len(fit)} node(s) with {nodes.cards} NPU: start them with "
+                         "`ray start --address HEAD:6379` on more hosts, or shrink the engine")
+    engines = 0
+    left = dict(fit)
+    while len([n for n in left.values() if n]) >= nodes.count:  # each engine on the nodes with most room
+        for node in sorted(left, key=lambda n: -left[n])[:nodes.count]:
+            left[node] -= 1
+        engines += 1
+    return engines
+
+
 def connect(address: str | None) -> None:
     """Join the cluster at `address` (else RAY_ADDRESS, else a local one) once per process."""
     import ray
@@ -93,11 +113,18 @@ def cluster_nodes(per_run: int) -> list[NodeEngines]:
     return nodes
 
 
-def settle_slots(address: str | None, per_run: int, slots: int | None) -> int:
+def settle_slots(address: str | None, per_run: int, slots: int | None, nodes: NodesSpec | None = None) -> int:
     """Slots for `--executor ray`: by default the engines the cluster holds; never more engines
-    than that, never an engine larger than every node (refused before anything runs)."""
+    than that, never an engine larger than every node, nor one across more nodes than the cluster
+    has with its cards (refused before anything runs or builds)."""
     connect(address)
-    engines = check_engines({n.node_id: n.npus for n in cluster_nodes(per_run) if n.npus}, per_run)
+    npus = {n.node_id: n.npus for n in cluster_nodes(per_run) if n.npus}
+    if nodes is not None:
+        if not npus:
+            check_engines(npus, per_run)
+        engines = check_nodes(npus, nodes)
+    else:
+        engines = check_engines(npus, per_run)
     if slots and slots > engines:
         raise UsageError(f"--slots {slots} but the Ray cluster holds {engines} engine(s) of {per_run} card(s); "
                          f"use --slots {engines} or fewer")
@@ -217,13 +244,13 @@ def run_batch(commit: str, request: dict[str, Any], timeout_s: float, session_id
             # A candidate its node could not build: every trial of the batch is a skip.
             result = RunResult(returncode=SKIP_EXIT, seconds=0.0, log_path=str(log),
                                log_tail=f"build failed: {failure}")
-            return BatchOutcome(node_id, cards, result, _small_files(out_dir), {"how": "failed", "error": str(failure)})
+            return BatchOutcome(node_id, cards, result, small_files(out_dir), {"how": "failed", "error": str(failure)})
         try:
             result = executor_factory(cards).run_probe(env, request, out_dir, timeout_s)
         finally:
             builds.release.remote(env)
         build = {"how": env.how, "key": env.build_key, "image": env.image, "seconds": env.seconds}
-        return BatchOutcome(node_id, cards, result, _small_files(out_dir), build)
+        return BatchOutcome(node_id, cards, result, small_files(out_dir), build)
 
 
 def run_command_batch(commit: str, argv: list[str], timeout_s: float, extra_env: dict[str, str], session_id: str,
@@ -312,7 +339,7 @@ def sweep_node(executor_factory: ExecutorFactory) -> int:
     return executor_factory([]).sweep()
 
 
-def _small_files(out_dir: Path) -> dict[str, tuple[bytes, float]]:
+def small_files(out_dir: Path) -> dict[str, tuple[bytes, float]]:
     """The observations and logs of a batch (the request is the driver's own)."""
     return {path.name: (path.read_bytes(), path.stat().st_mtime) for path in sorted(out_dir.glob("*"))
             if path.is_file() and path.name.startswith(("obs-", "probe-"))}
@@ -345,9 +372,12 @@ class RayExecutor:
     """Runs each batch as a Ray task on a node with `per_run` NPUs free (see the module text)."""
 
     def __init__(self, address: str | None, per_run: int, session_id: str, builder_factory: BuilderFactory,
-                 executor_factory: ExecutorFactory) -> None:
+                 executor_factory: ExecutorFactory, across_nodes: Callable[[], Any] | None = None) -> None:
         connect(address)
         self.per_run = per_run
+        # An engine across nodes: each batch's (execute/ray_nodes.py's EngineAcrossNodes), else one node a batch.
+        self.across_nodes = across_nodes
+        self._engines: set[Any] = set()  # EngineAcrossNodes
         self.session_id = session_id
         self.builder_factory = builder_factory
         self.executor_factory = executor_factory
@@ -362,6 +392,10 @@ class RayExecutor:
 
         out_dir = out_dir.resolve()
         out_dir.mkdir(parents=True, exist_ok=True)
+        if self.across_nodes is not None:
+            outcome = self._across_nodes(env.commit, request, timeout_s)
+            raise_if_unreachable(outcome, out_dir)
+            return self._land(outcome, request, out_dir)
         task = ray.remote(run_batch).options(num_cpus=0, resources={RESOURCE: self.per_run},
                                              max_retries=TASK_RETRIES, retry_exceptions=False,
                                              scheduling_strategy=self._placement(env.commit))
@@ -392,6 +426,19 @@ class RayExecutor:
         with self._lock:
             self._home.setdefault(commit, outcome.node_id)
         return outcome
+
+    def _across_nodes(self, commit: str, request: dict[str, Any], timeout_s: float) -> BatchOutcome:
+        """One batch with every node of the engine (execute/ray_nodes.py), torn down at its end."""
+        assert self.across_nodes is not None
+        engine = self.across_nodes()
+        with self._lock:
+            self._engines.add(engine)
+        try:
+            outcome: BatchOutcome = engine.run(commit, request, timeout_s)
+            return outcome
+        finally:
+            with self._lock:
+                self._engines.discard(engine)
 
     def _placement(self, commit: str) -> Any:
         from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
@@ -461,9 +508,13 @@ class RayExecutor:
 
         with self._lock:
             running, self._running = list(self._running), set()
+            engines, self._engines = list(self._engines), set()
         for ref in running:
             with contextlib.suppress(Exception):
                 ray.cancel(ref, force=True)
+        for engine in engines:  # another slot's engine across nodes: each of its nodes stopped
+            with contextlib.suppress(Exception):
+                engine.teardown()
         self.sweep()
         for node in cluster_nodes(self.per_run):
             with contextlib.suppress(Exception):  # no builder there, or its node went

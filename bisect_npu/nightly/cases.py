@@ -6,8 +6,16 @@ case's `envs` (the port keys set to a free port), and runs each benchmark throug
 accuracy passes within `threshold` points of `baseline`, performance at `threshold` x `baseline`
 output tokens/s (`tools/aisbench.py`). Here one benchmark of one case becomes one recipe: the
 same server through the `openai` backend, accuracy judged by the accuracy oracle against the
-baseline, performance by the throughput oracle over repeated trials. Multi-node cases need one
-server per host and are refused with what is missing.
+baseline, performance by the throughput oracle over repeated trials.
+
+A multi-node file (`num_nodes` > 1, one `deployment` entry per node) becomes an engine across
+hosts (`engine.nodes`, run with `--executor ray`): node 0 serves (`--data-parallel-address
+$LOCAL_IP`), the others run `--headless` with `--data-parallel-address $MASTER_IP`. Their
+`$LOCAL_IP` and `$MASTER_IP` become `{local_ip}` and `{master_ip}`, `--data-parallel-rpc-port`
+takes `{rpc_port}` (a port chosen free at each start), `--host`/`--port` are dropped (the probe
+gives the serving node its own), `env_common` is the recipe's environment and each entry's other
+`envs` its node's. What cannot be mapped (disaggregated prefill, a router's templates, a value
+bisect-npu cannot fill) is refused in one line.
 
 Two case keys are bisect-npu's own: `launcher` (a list: the server command before its flags,
 as a recipe's `engine.launcher`) replaces `vllm serve MODEL`, for a server that is not vLLM's
@@ -87,23 +95,36 @@ def read_case_file(text: str, source: str) -> dict[str, Any]:
     return raw
 
 
-def _multi_node_reason(raw: dict[str, Any], path: str) -> str | None:
-    """Why a multi-node file cannot run as one engine on one host, or None when it can."""
+def several_nodes(raw: dict[str, Any], path: str) -> bool:
+    """Whether the file's engine spans hosts (num_nodes > 1, or several `deployment` entries)."""
     nodes = raw.get("num_nodes")
     deployment = raw.get("deployment")
-    several = (isinstance(nodes, int) and nodes > 1) or (isinstance(deployment, list) and len(deployment) > 1)
-    if not several and "/multi_node/" not in f"/{path}":
+    return (isinstance(nodes, int) and nodes > 1) or (isinstance(deployment, list) and len(deployment) > 1)
+
+
+def _multi_node_reason(raw: dict[str, Any], path: str) -> str | None:
+    """Why a multi-node file cannot become an engine across nodes, or None when it can."""
+    if not several_nodes(raw, path):
         return None
-    if not several and isinstance(deployment, list) and len(deployment) == 1:
-        return None
-    shape = f"num_nodes {nodes}" if nodes else f"{len(deployment or [])} deployment entries"
-    if raw.get("npu_per_node"):
-        shape += f" x {raw['npu_per_node']} NPUs"
-    if (raw.get("disaggregated_prefill") or {}).get("enabled"):
-        shape += ", disaggregated prefill"
-    return (f"multi-node case ({shape}): its engine spans hosts, and bisect-npu starts one server per candidate "
-            "on one host (the Ray executor places a whole engine on one node); missing: a launcher that starts "
-            "one `vllm serve` per deployment entry across nodes")
+    nodes = raw.get("num_nodes")
+    deployment = raw.get("deployment")
+    shape = f"num_nodes {nodes}" + (f" x {raw['npu_per_node']} NPUs" if raw.get("npu_per_node") else "")
+    disaggregated = raw.get("disaggregated_prefill") or {}
+    if isinstance(disaggregated, dict) and disaggregated.get("enabled"):
+        return (f"multi-node case ({shape}, disaggregated prefill: prefill nodes "
+                f"{disaggregated.get('prefiller_host_index')}, decode nodes {disaggregated.get('decoder_host_index')}):"
+                " two engines behind a proxy that moves the KV cache between them; missing: a launcher for a "
+                "proxy and more than one engine per candidate")
+    if not isinstance(deployment, list):
+        made_of = ", ".join(key for key in ("templates", "routing", "config") if key in raw)
+        how = f" (its nodes are made from {made_of}: external data parallel behind a router)" if made_of else ""
+        return (f"multi-node case ({shape}) with no `deployment` entries{how}; missing: a launcher for the router "
+                "and its engines")
+    if isinstance(nodes, int) and nodes != len(deployment):
+        return f"multi-node case: num_nodes {nodes} but {len(deployment)} `deployment` entries; one entry per node"
+    if not isinstance(raw.get("npu_per_node"), int) or raw["npu_per_node"] < 1:
+        return f"multi-node case ({shape}): no whole npu_per_node; the NPUs each node's engine uses"
+    return None
 
 
 def case_names(raw: dict[str, Any]) -> list[str]:
@@ -259,6 +280,8 @@ def import_case(raw: dict[str, Any], path: str, case_name: str | None = None,
     (`model_root/ORG/NAME`, mounted at the same path)."""
     if (reason := _multi_node_reason(raw, path)) is not None:
         raise NightlyRefused(f"{path}: {reason}")
+    if several_nodes(raw, path):
+        return import_multi_node(raw, path, benchmark, datasets, soc=soc, model_root=model_root)
     cases = [c for c in raw.get("test_cases") or [] if isinstance(c, dict)]
     if not cases and isinstance(raw.get("deployment"), list):  # a one-node multi-node file
         cases = [{"name": raw.get("test_name") or path.rsplit("/", 1)[-1].removesuffix(".yaml"),
@@ -307,6 +330,88 @@ def import_case(raw: dict[str, Any], path: str, case_name: str | None = None,
     except ValidationError as exc:
         field, problem = validation_problem(exc, root="")
         raise NightlyRefused(f"{where}::{key}: as a recipe, {field}: {problem}") from None
+
+
+NODE_PLACEHOLDERS = {"LOCAL_IP": "{local_ip}", "MASTER_IP": "{master_ip}"}  # the nightly's run.sh sets these
+
+
+def node_flags(command: Any, envs: dict[str, Any], where: str, serving: bool) -> list[str]:
+    """A deployment entry's `vllm serve MODEL ...` as the node's flags: --host/--port dropped, the
+    addresses and the rpc port as bisect-npu fills them, the entry's own `envs` expanded; a value
+    bisect-npu cannot supply is refused."""
+    words = _words(command, f"{where} server_cmd")
+    if words[:2] == ["vllm", "serve"]:
+        words = words[3:] if len(words) > 2 and not words[2].startswith("-") else words[2:]
+    flags: list[str] = []
+    skip = False
+    for index, word in enumerate(words):
+        if skip:
+            skip = False
+            continue
+        name = word.split("=", 1)[0]
+        if name in ("--port", "--host", "--data-parallel-rpc-port"):
+            skip = "=" not in word and index + 1 < len(words)
+            if name == "--data-parallel-rpc-port":
+                flags += [name, "{rpc_port}"]
+            continue
+        flags.append(word)
+    filled = _expand(flags, {**{k: v for k, v in envs.items() if k not in PORT_KEYS}, **NODE_PLACEHOLDERS})
+    unknown = sorted({m.group(1) or m.group(2) for flag in filled for m in _PLACEHOLDER.finditer(flag)})
+    if unknown:
+        raise NightlyRefused(f"{where}: its command needs {', '.join('$' + name for name in unknown)}, which "
+                             "bisect-npu cannot supply (it fills $LOCAL_IP, $MASTER_IP and the ports); set "
+                             f"{'it' if len(unknown) == 1 else 'them'} in the entry's envs")
+    headless = "--headless" in filled
+    if serving and headless:
+        raise NightlyRefused(f"{where}: node 0 runs --headless; node 0 serves the API the benchmark runs against")
+    if not serving and not headless:
+        raise NightlyRefused(f"{where}: not --headless, so a second API server; missing: a launcher for more "
+                             "than one server per candidate (only node 0 serves)")
+    return filled
+
+
+def import_multi_node(raw: dict[str, Any], path: str, benchmark: str | None, datasets: str | None, *,
+                      soc: Soc | None, model_root: str | None) -> Recipe:
+    """A multi-node file (num_nodes > 1, one `deployment` entry per node) as a recipe whose engine
+    spans hosts: node 0 serves, the others run headless (the module's docstring)."""
+    name = str(raw.get("test_name") or path.rsplit("/", 1)[-1].removesuffix(".yaml"))
+    if not raw.get("model"):
+        raise NightlyRefused(f"{path}: no `model`")
+    common = {str(k): v for k, v in (raw.get("env_common") or {}).items()}
+    case = {"name": name, "benchmarks": raw.get("benchmarks"), "prompts": raw.get("prompts")}
+    key, bench = pick_benchmark(case, benchmark, path)
+    each = []
+    for index, entry in enumerate(raw["deployment"]):
+        where = f"{path} deployment[{index}]"
+        if not isinstance(entry, dict):
+            raise NightlyRefused(f"{where}: not a mapping with `server_cmd` and `envs`")
+        envs = {str(k): v for k, v in (entry.get("envs") or {}).items()}
+        flags = node_flags(entry.get("server_cmd"), envs, where, serving=index == 0)
+        own = {k: _env_text(v) for k, v in envs.items()
+               if k not in PORT_KEYS and (k not in common or _env_text(common[k]) != _env_text(v))}
+        each.append({"flags": flags, "environment": own})
+    body: dict[str, Any] = {
+        "name": _slug(f"{name}-{key}"),
+        "description": f"vllm-ascend nightly {path}::{key} ({bench.get('case_type')}; {len(each)} nodes x "
+                       f"{raw['npu_per_node']} NPUs{f'; SoC {soc.name}: {soc.how}' if soc is not None else ''})",
+        "symptom": [str(bench.get("case_type"))],
+        "model": _model(str(raw["model"]), model_root),
+        "engine": {"backend": "openai", "startup_timeout_s": 3600.0,
+                   "nodes": {"cards": raw["npu_per_node"], "serving": 0, "each": each},
+                   **({"launcher": [str(w) for w in raw["launcher"]]} if isinstance(raw.get("launcher"), list)
+                      else {})},
+        "environment": {k: _env_text(v) for k, v in common.items() if k not in PORT_KEYS},
+        "build": {**({"local_command": [str(w) for w in raw["local_build"]]}
+                     if isinstance(raw.get("local_build"), list) else {}),
+                  **({"dockerfile": soc.dockerfile} if soc is not None else {})},
+        **({} if isinstance(raw.get("launcher"), list) else {"dependencies": [VLLM_DEPENDENCY]}),
+        **_benchmark_section(key, bench, case, f"{path}::{key}", datasets),
+    }
+    try:
+        return Recipe.model_validate(body)
+    except ValidationError as exc:
+        field, problem = validation_problem(exc, root="")
+        raise NightlyRefused(f"{path}::{key}: as a recipe, {field}: {problem}") from None
 
 
 def _model(model: str, root: str | None) -> dict[str, str]:
@@ -369,11 +474,15 @@ def survey(text: str, path: str, soc: Soc | None = None) -> FileSurvey:
     except UsageError as exc:
         return FileSurvey(path, [], [str(exc)])
     names: list[str | None] = list(dict.fromkeys(case_names(raw))) or [None]
-    if _multi_node_reason(raw, path) is not None:
+    across = several_nodes(raw, path)
+    if across:
         names = [None]
+    benchmarks = raw.get("benchmarks")
     imported, refused = [], []
     for name in names:
-        for benchmark in benchmark_names(raw, name):
+        each: list[str | None] = [str(k) for k in benchmarks] if across and isinstance(benchmarks, dict) \
+            and benchmarks and _multi_node_reason(raw, path) is None else benchmark_names(raw, name)
+        for benchmark in each:
             try:
                 imported.append(import_case(raw, path, name, benchmark, soc=soc).name)
             except UsageError as exc:

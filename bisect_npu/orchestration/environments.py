@@ -49,6 +49,7 @@ from bisect_npu.execute.host_devices import host_cards
 from bisect_npu.execute.inprocess import CallableExecutor, Oracle
 from bisect_npu.execute.local import OWNER_ENV, LocalExecutor, kill_owned_processes
 from bisect_npu.execute.ray import RayExecutor, RemoteBuilds
+from bisect_npu.execute.ray_nodes import EngineAcrossNodes
 from bisect_npu.fix import APPLY_NAME
 from bisect_npu.journal import DEFAULT_ROOT, new_session_dir, session_label
 from bisect_npu.level import held_of, overlay_of
@@ -269,10 +270,14 @@ def ray_environment(spec: SessionSpec, repo: git.Repo, recipe: Recipe | None, se
     does, on the cards Ray gave the batch (made there by the factories below)."""
     on_nodes = spec.with_executor(executor=spec.executor.node_executor, devices=[], slots=1)
     keys, _ = make_environment(on_nodes, repo, recipe, session_dir, workdir)
+    builder_factory = functools.partial(node_builder, on_nodes, session_dir, workdir)
+    executor_factory = functools.partial(node_executor, on_nodes, session_dir, workdir)
+    nodes = recipe.engine.nodes if recipe else None
+    across = (functools.partial(EngineAcrossNodes, nodes, session_label(session_dir), builder_factory, executor_factory)
+              if nodes is not None else None)
     return (RemoteBuilds(keys),
             RayExecutor(spec.executor.ray_address, recipe.cards_per_run() if recipe else 1, session_label(session_dir),
-                        functools.partial(node_builder, on_nodes, session_dir, workdir),
-                        functools.partial(node_executor, on_nodes, session_dir, workdir)))
+                        builder_factory, executor_factory, across))
 
 
 def node_builder(spec: SessionSpec, session_dir: Path, workdir: Path, node_id: str) -> Builder:

@@ -18,7 +18,8 @@ from typing import Literal
 from bisect_npu.defaults import RETRY_BACKOFF_S, TRIAL_RETRIES
 from bisect_npu.probe.harness import HARNESS_FAILED_EXIT
 
-FailureKind = Literal["port_in_use", "card_busy", "engine_start", "engine_killed", "transport", "network"]
+FailureKind = Literal["port_in_use", "card_busy", "engine_start", "engine_killed", "transport", "network",
+                      "node_lost"]
 
 # What the host did wrong, in the report's words.
 FAILURE_WORDS: dict[FailureKind, str] = {
@@ -28,10 +29,13 @@ FAILURE_WORDS: dict[FailureKind, str] = {
     "engine_killed": "the engine was killed",
     "transport": "the harness lost its connection to the server",
     "network": "a build could not reach the network",  # builders/failures.py tells it, not `classify`
+    "node_lost": "a node of the engine was lost",
 }
 
 # First match wins: the more telling cause first (a start that failed on a taken port is "port").
 _PATTERNS: tuple[tuple[FailureKind, re.Pattern[str]], ...] = (
+    # An engine across hosts (execute/ray_nodes.py): one of its nodes went, whatever the others then said.
+    ("node_lost", re.compile(r"^node \d+ of the engine \(ray node \S+\) was lost: ")),
     ("port_in_use", re.compile(r"address already in use|EADDRINUSE|port \d+ is (already )?in use|"
                                r"port \d+ (is )?already (in use|taken)", re.IGNORECASE)),
     ("card_busy", re.compile(r"device (or resource )?busy|npu memory (is )?not (yet )?free|"

@@ -47,7 +47,7 @@ from bisect_npu.probe.harness import HarnessError
 from bisect_npu.probe.harness.dataset import indexed_rows, is_jsonl
 from bisect_npu.recipe.check import check_recipe_at_ends, check_support, range_ends
 from bisect_npu.recipe.loader import load_recipe
-from bisect_npu.recipe.schema import EarlierRunsSpec, Recipe
+from bisect_npu.recipe.schema import EarlierRunsSpec, NodesSpec, Recipe
 from bisect_npu.recipe.settings import differences_from_settings, parse_assignment
 from bisect_npu.records import CandidateRange
 from bisect_npu.upstream import history, versions
@@ -96,7 +96,8 @@ def check_run(spec: SessionSpec, host_root: Path = Path("/")) -> RunInputs:
     if spec.judge.earlier_results:
         spec.judge.earlier_results = settled_given(spec.judge.earlier_results)  # resume may start elsewhere
         check_given(spec.judge.earlier_results, recipe)
-    settle_executor(spec, recipe.cards_per_run() if recipe else 1, host_root)  # before any clone or index query
+    settle_executor(spec, recipe.cards_per_run() if recipe else 1, host_root,  # before any clone or index query
+                    recipe.engine.nodes if recipe else None)
     owed = [*owed, *local_devices_missing(spec, host_root)]
     spec.search.mode = spec.search.mode or (recipe.trials.mode if recipe else "exact")
     earlier_runs = earlier_runs_spec(spec, recipe)
@@ -156,18 +157,32 @@ def check_run(spec: SessionSpec, host_root: Path = Path("/")) -> RunInputs:
     return RunInputs(recipe, repo, earlier_runs, candidates_range, last_good_note, tuple(owed))
 
 
-def settle_executor(spec: SessionSpec, cards_per_run: int, host_root: Path = Path("/")) -> None:
+def settle_executor(spec: SessionSpec, cards_per_run: int, host_root: Path = Path("/"),
+                    nodes: NodesSpec | None = None) -> None:
     """The executor options as every search (of commits or of settings) checks them before its
     journal exists: the image options as written, the devices and slots (the cluster's under ray),
     and the workdir made absolute (a resume may start elsewhere) and checked."""
     check_image_options(spec)
+    check_nodes_executor(spec, nodes)
     if spec.executor.executor == "ray":
-        settle_ray_slots(spec, cards_per_run)
+        settle_ray_slots(spec, cards_per_run, nodes)
     else:
         settle_devices(spec, cards_per_run, host_root)
     if spec.executor.workdir:
         spec.executor.workdir = str(Path(spec.executor.workdir).resolve())
         check_workdir(Path(spec.executor.workdir))
+
+
+def check_nodes_executor(spec: SessionSpec, nodes: NodesSpec | None) -> None:
+    """An engine across hosts (`engine.nodes`) starts its nodes on a Ray cluster, each in a worktree."""
+    if nodes is None:
+        return
+    if spec.executor.executor != "ray":
+        raise UsageError(f"the recipe's engine spans {nodes.count} hosts (engine.nodes): run it with --executor ray "
+                         "on a Ray cluster of those hosts (docs/guide/several-hosts.md)")
+    if spec.executor.node_executor != "local":
+        raise UsageError("an engine across hosts starts each node in the candidate's worktree on that node: use "
+                         "--node-executor local (containers per node: not yet)")
 
 
 # --good-table's row options: each picks a row of the table, so each needs it.
@@ -351,9 +366,10 @@ def settle_slots(spec: SessionSpec, cards_per_run: int) -> None:
                          f"{needs}; use --slots {cards // cards_per_run} or fewer, or give more --devices")
 
 
-def settle_ray_slots(spec: SessionSpec, cards_per_run: int) -> None:
+def settle_ray_slots(spec: SessionSpec, cards_per_run: int, nodes: NodesSpec | None = None) -> None:
     """`--executor ray`: a recipe's probe on the cluster's nodes; slots default to the engines
-    the cluster holds, and an engine larger than every node is refused here, before any run."""
+    the cluster holds, and an engine larger than every node (or across more nodes than the cluster
+    has with its cards) is refused here, before any run or build."""
     if spec.context.python_oracle is not None or spec.range.package is not None or spec.executor.devices:
         raise UsageError("--executor ray runs a recipe or a command on a clone's commits, on the nodes Ray hands "
                          "out: drop --package and --devices (or use --executor local or docker)")
@@ -363,7 +379,7 @@ def settle_ray_slots(spec: SessionSpec, cards_per_run: int) -> None:
         spec.executor.slots = spec.executor.slots or 1  # a command takes one CPU of a node, no card
         return
 
-    spec.executor.slots = settle_on_cluster(spec.executor.ray_address, cards_per_run, spec.executor.slots)
+    spec.executor.slots = settle_on_cluster(spec.executor.ray_address, cards_per_run, spec.executor.slots, nodes)
 
 
 def settle_unit_tests(spec: SessionSpec, repo: git.Repo | None, candidates: CandidateRange) -> None:

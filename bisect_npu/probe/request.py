@@ -7,7 +7,8 @@ Written by the host (`bisect_npu.execute`), read here with the standard library.
 - ``backend``: ``mini`` | ``vllm`` | ``openai``
 - ``model``: ``{"path", "dtype", "tokenizer"}``
 - ``engine``: ``{"args": {...}, "server_flags": [...], "port", "startup_timeout_s",
-  "load": {"concurrency", "requests"}}`` (``load``: the openai backend's requests beside the observed one)
+  "load": {"concurrency", "requests"}}`` (``load``: the openai backend's requests beside the observed one;
+  ``server_env``, optional: the serving node's own environment when the engine spans hosts)
 - ``case``: ``{"prompt"}`` or ``{"messages"}``, plus ``"sampling"`` (only the keys the recipe sets:
   ``None`` means "not sent", so server-side defaults apply)
 - ``loop_guard``: ``{"min_pattern_size", "max_pattern_size", "min_count"}`` or ``None``

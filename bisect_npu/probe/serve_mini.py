@@ -2,6 +2,8 @@
 
     python -m bisect_npu.probe.serve_mini seed:0 --port 8000 [--max-model-len 2048]
         [--override-generation-config JSON] [--async-scheduling] [--served-model-name NAME]
+        [--data-parallel-size N --data-parallel-address IP --data-parallel-rpc-port PORT
+         [--headless --data-parallel-start-rank R]]
 
 The server lives beside the probe, not in the demo's history (whose shas are fixed): like vLLM's
 API server over vllm-ascend's engine, it serves whatever `tinyvllm` the candidate's PYTHONPATH
@@ -14,6 +16,13 @@ SSE `data:` lines ending in `data: [DONE]`), and what the openai backend reads f
 `/tokenize`, `/detokenize`, `/metrics` (`vllm:generation_tokens_total`), `/reset_prefix_cache`.
 Requests run one at a time (the engine has one KV cache per request and the CPU to itself).
 Standard library only, besides the candidate's tinyvllm and its torch.
+
+Across hosts, as `vllm serve` runs data parallel over nodes: rank 0 serves the API with
+`--data-parallel-address` its own address, each other rank runs `--headless` with the serving
+node's address and its `--data-parallel-start-rank`; all ranks meet over torch.distributed (gloo,
+at the address and rpc port) before the API answers /health. Each request is sent to every rank,
+each computes it with its own engine, and rank 0 answers only when every rank produced the same
+tokens (a rank that disagrees or is gone fails the request): the forward pass runs on every node.
 """
 
 from __future__ import annotations
@@ -67,7 +76,8 @@ class MiniServer:
     """The engine and what the HTTP layer needs of it: sampling, stop strings, EOS, counters."""
 
     def __init__(self, model: str, served_name: str, max_model_len: int,
-                 override_generation_config: dict[str, Any] | None, engine_args: dict[str, Any]) -> None:
+                 override_generation_config: dict[str, Any] | None, engine_args: dict[str, Any],
+                 ranks: DataParallel | None = None) -> None:
         from tinyvllm.engine import LLM
         from tinyvllm.server import CompletionServer
 
@@ -78,6 +88,7 @@ class MiniServer:
         self.lock = threading.Lock()
         self.generation_tokens = 0
         self.prompt_tokens = 0
+        self.ranks = ranks
 
     def encode(self, prompt: Any) -> list[int]:
         if isinstance(prompt, list) and all(isinstance(t, int) for t in prompt):
@@ -125,6 +136,25 @@ class MiniServer:
         if len(prompt_ids) + params.max_tokens > self.max_model_len:
             raise BadRequest(f"This model's maximum context length is {self.max_model_len} tokens; the prompt "
                              f"({len(prompt_ids)}) plus max_tokens ({params.max_tokens}) is longer")
+        if self.ranks is not None:
+            yield from self._on_every_rank(prompt_ids, params, extra, top_k)
+            return
+        yield from self.generate_here(prompt_ids, params, extra, top_k)
+
+    def _on_every_rank(self, prompt_ids: list[int], params: Any, extra: dict[str, Any],
+                       top_k: int) -> Iterator[tuple[Generation, list[Token]]]:
+        """The request on every rank: sent to the others first, computed here while they compute
+        it there, and held back at its end until every rank's tokens agree with these."""
+        assert self.ranks is not None
+        self.ranks.send_request((prompt_ids, params, extra, top_k))
+        steps = list(self.generate_here(prompt_ids, params, extra, top_k))
+        ours = steps[-1][0].token_ids if steps else []
+        self.ranks.check_agreement(ours)
+        yield from steps
+
+    def generate_here(self, prompt_ids: list[int], params: Any, extra: dict[str, Any],
+                      top_k: int) -> Iterator[tuple[Generation, list[Token]]]:
+        """The generation on this rank's own engine (see `generate`)."""
         if top_k:
             params.logprobs = top_k
         eos = self.llm.tokenizer.eos_token_id
@@ -178,6 +208,65 @@ def _logprob_of(candidates: list[tuple[int, float]], token: int) -> float:
     return candidates[0][1] if candidates else 0.0
 
 
+class RanksDisagree(RuntimeError):
+    """Another rank computed other tokens for the same request, or is gone."""
+
+
+class DataParallel:
+    """The ranks of one engine across nodes, met over torch.distributed (gloo)."""
+
+    def __init__(self, size: int, rank: int, address: str, port: int, timeout_s: float) -> None:
+        import datetime
+
+        import torch.distributed as dist
+
+        self.dist = dist
+        self.size = size
+        self.rank = rank
+        dist.init_process_group("gloo", init_method=f"tcp://{address}:{port}", rank=rank, world_size=size,
+                                timeout=datetime.timedelta(seconds=timeout_s))
+        print(f"data parallel rank {rank} of {size} joined at {address}:{port}", flush=True)
+
+    def send_request(self, request: Any) -> None:
+        try:
+            self.dist.broadcast_object_list([request], src=0)
+        except RuntimeError as exc:
+            raise RanksDisagree(f"a data parallel rank is gone ({str(exc).splitlines()[0][:200]})") from exc
+
+    def receive_request(self) -> Any:
+        box: list[Any] = [None]
+        self.dist.broadcast_object_list(box, src=0)
+        return box[0]
+
+    def check_agreement(self, tokens: list[int]) -> None:
+        """Rank 0: every rank's tokens for the request just sent; RanksDisagree unless all are these."""
+        gathered: list[Any] = [None] * self.size
+        try:
+            self.dist.gather_object(tokens, gathered, dst=0)
+        except RuntimeError as exc:
+            raise RanksDisagree(f"a data parallel rank is gone ({str(exc).splitlines()[0][:200]})") from exc
+        for rank, theirs in enumerate(gathered):
+            if theirs != tokens:
+                raise RanksDisagree(f"data parallel rank {rank} computed other tokens ({theirs[:8]}...) than rank 0 "
+                                    f"({tokens[:8]}...)")
+        print(f"data parallel: {self.size} ranks agree on {len(tokens)} tokens", file=sys.stderr, flush=True)
+
+    def send_tokens(self, tokens: list[int]) -> None:
+        self.dist.gather_object(tokens, None, dst=0)
+
+
+def run_headless(engine: MiniServer, ranks: DataParallel) -> None:
+    """A headless rank: compute every request rank 0 sends, send back its tokens; ends when rank 0 goes."""
+    while True:
+        try:
+            prompt_ids, params, extra, top_k = ranks.receive_request()
+        except RuntimeError as exc:  # rank 0 stopped: the engine is over
+            print(f"data parallel rank {ranks.rank}: rank 0 is gone ({str(exc).splitlines()[0][:200]})", flush=True)
+            return
+        _, generation = _run_to_end(engine.generate_here(prompt_ids, params, extra, top_k))
+        ranks.send_tokens(generation.token_ids)
+
+
 class Handler(BaseHTTPRequestHandler):
     server_version = "tinyvllm-serve/1"
     protocol_version = "HTTP/1.1"
@@ -195,8 +284,8 @@ class Handler(BaseHTTPRequestHandler):
         self.wfile.write(data)
 
     def _error(self, status: int, message: str) -> None:
-        self._send_json(status, {"object": "error", "message": message,
-                                 "type": "BadRequestError" if status == 400 else "NotFoundError", "code": status})
+        kind = {400: "BadRequestError", 404: "NotFoundError"}.get(status, "InternalServerError")
+        self._send_json(status, {"object": "error", "message": message, "type": kind, "code": status})
 
     def do_GET(self) -> None:
         path = self.path.split("?", 1)[0]
@@ -245,6 +334,8 @@ class Handler(BaseHTTPRequestHandler):
                 self._error(404, f"no route {path}")
         except (BadRequest, json.JSONDecodeError, KeyError) as exc:
             self._error(400, str(exc))
+        except RanksDisagree as exc:
+            self._error(500, str(exc))
         except (BrokenPipeError, ConnectionResetError):
             pass  # the client left mid-stream (a loop guard closing the connection): the request is dropped
 
@@ -425,6 +516,13 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     parser.add_argument("--async-scheduling", action=argparse.BooleanOptionalAction, default=False)
     parser.add_argument("--speculative-config", default=None, help="JSON, as the engine's speculative_config")
     parser.add_argument("--num-threads", type=int, default=1)
+    parser.add_argument("--data-parallel-size", type=int, default=1, help="ranks of the engine across nodes")
+    parser.add_argument("--data-parallel-size-local", type=int, default=1, help="accepted; one rank per process")
+    parser.add_argument("--data-parallel-start-rank", type=int, default=0, help="this node's rank (headless)")
+    parser.add_argument("--data-parallel-address", default="127.0.0.1", help="the serving node's address")
+    parser.add_argument("--data-parallel-rpc-port", type=int, default=None, help="where the ranks meet")
+    parser.add_argument("--headless", action="store_true", help="compute for rank 0, serve no API")
+    parser.add_argument("--data-parallel-timeout-s", type=float, default=600.0)
     return parser.parse_args(argv)
 
 
@@ -435,7 +533,20 @@ def serve(argv: list[str]) -> None:
     engine_args: dict[str, Any] = {"async_scheduling": args.async_scheduling, "num_threads": args.num_threads}
     if args.speculative_config:
         engine_args["speculative_config"] = json.loads(args.speculative_config)
-    engine = MiniServer(model, args.served_model_name or model, args.max_model_len, override, engine_args)
+    ranks = None
+    if args.data_parallel_size > 1:
+        if args.data_parallel_rpc_port is None:
+            raise SystemExit("--data-parallel-size > 1 needs --data-parallel-rpc-port (where the ranks meet)")
+        rank = args.data_parallel_start_rank if args.headless else 0
+        ranks = DataParallel(args.data_parallel_size, rank, args.data_parallel_address, args.data_parallel_rpc_port,
+                             args.data_parallel_timeout_s)
+    elif args.headless:
+        raise SystemExit("--headless needs --data-parallel-size > 1 (the engine's other ranks)")
+    engine = MiniServer(model, args.served_model_name or model, args.max_model_len, override, engine_args,
+                        ranks if not args.headless else None)
+    if args.headless and ranks is not None:
+        run_headless(engine, ranks)
+        return
     if override:
         print(f"Using default completion sampling params from --override-generation-config: "
               f"{engine.completions.defaults!r}", flush=True)

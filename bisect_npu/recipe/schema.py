@@ -120,6 +120,70 @@ class LoadSpec(StrictModel):
                                                                          "included")
 
 
+# What bisect-npu fills in a node's flags when it starts the node: the address each node has,
+# the serving node's address (where the others rendezvous) and a port free there, chosen per start.
+NODE_VALUES = ("local_ip", "master_ip", "rpc_port")
+_NODE_VALUE = re.compile(r"\{(local_ip|master_ip|rpc_port)\}")
+_NODE_VALUE_LIKE = re.compile(r"\{([a-z_]+)\}")
+
+
+class NodeSpec(StrictModel):
+    """One node of an engine that spans hosts: its flags after the launcher, its environment."""
+
+    flags: list[str] = Field(default_factory=list, description="the node's flags after the launcher; {local_ip}, "
+                                                               "{master_ip} and {rpc_port} are filled when it "
+                                                               "starts")
+    environment: dict[str, str] = Field(default_factory=dict, description="the node's own environment, over the "
+                                                                          "recipe's")
+
+    @field_validator("flags")
+    @classmethod
+    def _known_values(cls, flags: list[str]) -> list[str]:
+        for flag in flags:
+            for name in _NODE_VALUE_LIKE.findall(flag):
+                if name not in NODE_VALUES:
+                    raise ValueError(f"{flag!r} asks for {{{name}}}, which bisect-npu does not fill; a node's flags "
+                                     f"may hold {', '.join('{' + v + '}' for v in NODE_VALUES)}")
+        return flags
+
+    @field_validator("environment")
+    @classmethod
+    def _entries(cls, environment: dict[str, str]) -> dict[str, str]:
+        for name, value in environment.items():
+            _environment_entry(name, value)
+        return environment
+
+    def filled(self, local_ip: str, master_ip: str, rpc_port: int) -> list[str]:
+        """The flags as the node starts with them."""
+        values = {"local_ip": local_ip, "master_ip": master_ip, "rpc_port": str(rpc_port)}
+        return [_NODE_VALUE.sub(lambda match: values[match.group(1)], flag) for flag in self.flags]
+
+
+class NodesSpec(StrictModel):
+    """An engine that spans hosts (the openai backend): one node per entry, each on `cards` NPUs of
+    a host of its own; the serving node answers the probe, the others run headless beside it."""
+
+    cards: int = Field(..., strict=True, ge=1, le=CARDS_MAX, description="NPUs each node's engine uses (the "
+                                                                          "nightly's npu_per_node)")
+    serving: int = Field(0, strict=True, ge=0, le=CARDS_MAX,
+                         description="index of the node that serves the API (the others start first, headless)")
+    each: list[NodeSpec] = Field(..., min_length=2, description="one entry per node, in the engine's rank order")
+
+    @model_validator(mode="after")
+    def _serving_is_a_node(self) -> NodesSpec:
+        if self.serving >= len(self.each):
+            raise ValueError(f"serving {self.serving} but there are {len(self.each)} nodes (0 to "
+                             f"{len(self.each) - 1})")
+        return self
+
+    @property
+    def count(self) -> int:
+        return len(self.each)
+
+    def headless(self) -> list[int]:
+        return [index for index in range(self.count) if index != self.serving]
+
+
 class EngineSpec(StrictModel):
     backend: BackendName = Field(
         "vllm", description="probe backend: vllm (offline `LLM`), openai (a `vllm serve` server streamed over "
@@ -140,6 +204,18 @@ class EngineSpec(StrictModel):
                                                                 "server's /health")
     load: LoadSpec = Field(default_factory=LoadSpec, description="openai backend: the requests sent with the "
                                                                  "observed one (concurrency, number of requests)")
+    nodes: NodesSpec | None = Field(None, description="an engine across several hosts (openai backend, "
+                                                      "`--executor ray`): each node's flags and environment, which "
+                                                      "one serves; unset: one engine on one host")
+
+    @model_validator(mode="after")
+    def _nodes_need_a_server(self) -> EngineSpec:
+        if self.nodes is not None and self.backend != "openai":
+            raise ValueError(f"nodes start one server per host; the {self.backend} backend starts none: use "
+                             "backend openai, or drop nodes")
+        if self.nodes is not None and self.server_flags:
+            raise ValueError("with nodes, each node's flags are nodes.each[N].flags; move server_flags there")
+        return self
 
     @model_validator(mode="after")
     def _load_needs_a_server(self) -> EngineSpec:
@@ -729,7 +805,10 @@ class Recipe(StrictModel):
         return next((d for d in self.dependencies if d.name == name), None)
 
     def cards_per_run(self) -> int:
-        """NPU cards one engine needs: the product of its parallel sizes (PARALLEL_SIZES)."""
+        """NPU cards one engine needs on one host: the product of its parallel sizes
+        (PARALLEL_SIZES), or each node's cards for an engine across hosts."""
+        if self.engine.nodes is not None:
+            return self.engine.nodes.cards
         return math.prod(self.engine.parallel_sizes().values())
 
     def golden_files(self) -> list[Path]:

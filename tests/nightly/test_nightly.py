@@ -191,8 +191,8 @@ def test_refusals_say_what_is_missing() -> None:
     with pytest.raises(NightlyRefused, match="no accuracy or performance benchmark with a baseline"):
         import_case(raw, CASE_PATH, "tiny-eager")
     multi = "num_nodes: 2\nnpu_per_node: 16\nmodel: m\ndeployment:\n  - {server_cmd: 'vllm serve m'}\n" \
-            "  - {server_cmd: 'vllm serve m'}\n"
-    with pytest.raises(NightlyRefused, match=r"multi-node case \(num_nodes 2 x 16 NPUs\).*missing: a launcher"):
+            "  - {server_cmd: 'vllm serve m'}\nbenchmarks: {acc: {case_type: accuracy, baseline: 90}}\n"
+    with pytest.raises(NightlyRefused, match=r"deployment\[1\]: not --headless, so a second API server"):
         import_case(read_case_file(multi, "tests/e2e/nightly/multi_node/x.yaml"), "tests/e2e/nightly/multi_node/x.yaml")
     epd = "test_cases:\n  - {name: e, model: m, envs: {}, service_mode: epd, benchmarks: {}}\n"
     with pytest.raises(NightlyRefused, match="service_mode epd"):

@@ -131,8 +131,9 @@ def generation_tokens(metrics_text: str) -> float:
 class Server:
     """A vLLM server process in its own process group; stopped with SIGTERM, then SIGKILL."""
 
-    def __init__(self, argv: list[str], log_path: str, port: int) -> None:
+    def __init__(self, argv: list[str], log_path: str, port: int, env: dict[str, str] | None = None) -> None:
         self.argv = argv
+        self.env = env or {}  # the serving node's own environment, for an engine across hosts
         self.log_path = log_path
         self.base = f"http://{HOST}:{port}"
         self.port = port
@@ -142,7 +143,7 @@ class Server:
         clock = Stopwatch()
         with open(self.log_path, "wb") as log:
             self.proc = subprocess.Popen(self.argv, stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
-                                         env={**os.environ, **SERVER_ENV})
+                                         env={**os.environ, **SERVER_ENV, **self.env})
         deadline = time.monotonic() + timeout_s
         while time.monotonic() < deadline:
             if self.proc.poll() is not None:
@@ -416,7 +417,8 @@ class ServerEngine(TrialCounter):
             request = {**request, "engine": {**engine, "port": port}}
         self.argv = server_argv(request)
         self.log_path = engine.get("server_log") or (os.path.splitext(request["output"])[0] + ".server.log")
-        self.server = Server(self.argv, self.log_path, port)
+        self.server = Server(self.argv, self.log_path, port, {str(k): str(v) for k, v in
+                                                              (engine.get("server_env") or {}).items()})
         try:
             self.load_s = self.server.start(float(engine.get("startup_timeout_s", 600.0)))
             self.model_id = self.server.model_id()

@@ -1,0 +1,304 @@
+"""An engine across several Ray nodes: one candidate's batch with every node of its engine.
+
+A recipe's `engine.nodes` names the nodes. For each batch the driver reserves them together: a
+placement group of one bundle per node, `cards` NPUs each, STRICT_SPREAD (two nodes of one engine
+never share a host). On each bundle an `EngineNode` actor builds or reuses the candidate through
+its node's builder, then the headless nodes start with the serving node's address (`{master_ip}`)
+and a port chosen free there (`{rpc_port}`), and the serving node runs the probe, whose server is
+the serving node's command (`{local_ip}` its own address). Every process is started from an
+argument list, never a shell.
+
+A node that dies (its process, its actor, its Ray node) ends the attempt: every node is torn down
+and the batch comes back failed with a line naming the node (`node 1 of the engine (ray node
+ab12...) was lost: ...`), which the evaluator's retry policy reads as the host's failure, not the
+commit's, and journals before it runs the batch again on a fresh placement. Success, failure,
+timeout and Ctrl-C all end in the same teardown: the actors stop their processes, are killed,
+and the placement group is removed.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import shutil
+import sys
+import tempfile
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from bisect_npu.builders.base import BuildFailed, Environment
+from bisect_npu.builders.failures import BuildUnreachable
+from bisect_npu.errors import UsageError
+from bisect_npu.execute.base import RunResult, probe_log_path, probe_stem
+from bisect_npu.execute.local import LocalExecutor, stop_run
+from bisect_npu.execute.ray import (
+    BUILD_LOG,
+    RESOURCE,
+    UNREACHABLE,
+    BatchOutcome,
+    node_builds,
+    own_error,
+    small_files,
+)
+from bisect_npu.observations import SKIP_EXIT
+from bisect_npu.recipe.schema import NodesSpec
+
+PLACE_TIMEOUT_S = 300.0  # how long a placement of every node may wait for cards to free up
+STOP_TIMEOUT_S = 60.0
+NODE_LOST_EXIT = 75  # a batch whose engine lost a node: the host's failure (EX_TEMPFAIL)
+NODE_ENV = "BISECT_NPU_ENGINE_NODE"  # in each node's processes: "INDEX RAY-NODE-ID", so a test can find them
+DEFAULT_LAUNCHER = ["vllm", "serve", "{model}"]
+PROBE_PACKAGE = "bisect_npu.probe"
+
+
+def node_lost_line(index: int, node_id: str, what: str) -> str:
+    """The line the retry policy reads (orchestration/infrastructure.py's `node_lost`)."""
+    return f"node {index} of the engine (ray node {node_id[:16]}) was lost: {what}"
+
+
+def launcher_argv(request: dict[str, Any], python: str) -> list[str]:
+    """The engine's launcher as a node runs it ({model}, {python}, {probe} filled)."""
+    engine = request.get("engine", {})
+    launcher = engine.get("launcher") or DEFAULT_LAUNCHER
+    return [part.format(model=request["model"]["path"], python=python, port="", probe=PROBE_PACKAGE)
+            for part in launcher]
+
+
+class EngineNode:
+    """One node of one engine start (a Ray actor in its bundle, holding the bundle's cards)."""
+
+    def __init__(self, index: int, session_id: str, builder_factory: Callable[[str], Any],
+                 executor_factory: Callable[[list[int]], Any]) -> None:
+        import ray
+
+        context = ray.get_runtime_context()
+        self.index = index
+        self.node_id = context.get_node_id()
+        self.cards = sorted(int(card) for card in context.get_accelerator_ids().get(RESOURCE, []))
+        self.builds = node_builds(session_id, self.node_id, builder_factory)
+        self.executor = executor_factory(self.cards)
+        if not isinstance(self.executor, LocalExecutor):
+            raise UsageError("an engine across nodes runs with --node-executor local for now (each node's "
+                             "worktree); drop --node-executor docker")
+        self.scratch = Path(tempfile.mkdtemp(prefix="bisect-npu-node-"))
+        self.env: Environment | None = None
+        self.process: Any = None
+        self.mark = ""
+        self.log_path = self.scratch / "node.log"
+
+    def place(self) -> tuple[str, str, int]:
+        """This node's Ray id, its address, and a port free on it now."""
+        import ray
+
+        from bisect_npu.probe.ports import free_port
+
+        node_address: Callable[[], str] = ray.util.get_node_ip_address  # untyped in Ray
+        address = node_address()
+        return self.node_id, address, free_port(address)
+
+    def prepare(self, commit: str) -> dict[str, Any]:
+        """Build or reuse the candidate here; what became of it ("how": built, reused, failed, ...)."""
+        import ray
+
+        try:
+            self.env = ray.get(self.builds.acquire.remote(commit, str(self.scratch / "build")))
+        except BuildUnreachable as unreachable:
+            return {"how": UNREACHABLE, "cause": unreachable.failure.cause,
+                    "next_step": unreachable.failure.next_step}
+        except BuildFailed as failure:
+            return {"how": "failed", "error": str(failure), "log_tail": failure.log_tail}
+        return {"how": self.env.how, "key": self.env.build_key, "seconds": self.env.seconds}
+
+    def start(self, request: dict[str, Any], flags: list[str], environment: dict[str, str]) -> None:
+        """Start this node's engine process headless (its rank waits for the serving node)."""
+        assert self.env is not None
+        argv = [*launcher_argv(request, self.env.python or sys.executable), *flags]
+        with self.log_path.open("w", encoding="utf-8") as log:
+            log.write(f"# node {self.index} headless on ray node {self.node_id} cards "
+                      f"{','.join(map(str, self.cards))}: {argv}\n")
+            log.flush()
+            self.process, self.mark = self.executor.spawn(self.env, argv, log, {
+                **environment, NODE_ENV: f"{self.index} {self.node_id}"})
+
+    def wait(self) -> int:
+        """Until the headless process ends: its exit status."""
+        returncode: int = self.process.wait()
+        return returncode
+
+    def serve(self, request: dict[str, Any], flags: list[str], environment: dict[str, str],
+              timeout_s: float) -> Any:
+        """The probe on this node, its server the serving node's command; the batch's outcome."""
+        assert self.env is not None
+        engine = {**request.get("engine", {}), "server_flags": flags,
+                  "server_env": {**environment, NODE_ENV: f"{self.index} {self.node_id}"}}
+        out_dir = self.scratch / "serve"
+        result = self.executor.run_probe(self.env, {**request, "engine": engine}, out_dir, timeout_s)
+        build = {"how": self.env.how, "key": self.env.build_key, "image": self.env.image, "seconds": self.env.seconds}
+        return BatchOutcome(self.node_id, self.cards, result, small_files(out_dir), build)
+
+    def log_tail(self, lines: int = 20) -> str:
+        with contextlib.suppress(OSError):
+            return "\n".join(self.log_path.read_text(encoding="utf-8", errors="replace").splitlines()[-lines:])
+        return ""
+
+    def stop(self) -> str:
+        """Stop every process this node started (the probe and its server, the headless engine);
+        give the candidate back to the node's builder. The headless log's end, for the driver."""
+        self.executor.stop_runs()
+        if self.process is not None:
+            stop_run(self.process, self.mark, self.executor.stop_grace_s)
+        if self.env is not None:
+            with contextlib.suppress(Exception):
+                self.builds.release.remote(self.env)
+            self.env = None
+        tail = self.log_tail()
+        shutil.rmtree(self.scratch, ignore_errors=True)
+        return tail
+
+
+class EngineAcrossNodes:
+    """The driver's side of one batch on every node of the engine (see the module text)."""
+
+    def __init__(self, nodes: NodesSpec, session_id: str, builder_factory: Callable[[str], Any],
+                 executor_factory: Callable[[list[int]], Any]) -> None:
+        self.nodes = nodes
+        self.session_id = session_id
+        self.builder_factory = builder_factory
+        self.executor_factory = executor_factory
+        self.actors: list[Any] = []
+        self.group: Any = None
+
+    def run(self, commit: str, request: dict[str, Any], timeout_s: float) -> Any:
+        """The batch's outcome (a BatchOutcome); a lost node is a failed outcome naming it. Every
+        node is torn down before this returns or raises; the headless nodes' log ends follow the
+        probe log."""
+        stem = probe_stem(request.get("case_id", "default"), request.get("trial", 0))
+        try:
+            outcome = self._attempt(commit, request, timeout_s, stem)
+        except BaseException:
+            self.teardown()
+            raise
+        tails = self.teardown()
+        log = probe_log_path(Path("."), stem).name
+        if tails and log in outcome.files:
+            content, written = outcome.files[log]
+            outcome.files[log] = (content + "".join(f"\n# the end of a headless node's log\n{tail}\n"
+                                                    for tail in tails).encode(), written)
+        return outcome
+
+    def _attempt(self, commit: str, request: dict[str, Any], timeout_s: float, stem: str) -> Any:
+        import ray
+
+        placed = self._place()
+        if isinstance(placed, str):
+            return self._failed(stem, "", f"the engine did not start: {placed}", NODE_LOST_EXIT)
+        master = placed[self.nodes.serving]
+        builds = ray.get([actor.prepare.remote(commit) for actor in self.actors])
+        for index, build in enumerate(builds):
+            if build["how"] == UNREACHABLE:  # the driver raises it where builds are retried
+                return BatchOutcome(placed[index][0], [], RunResult(returncode=SKIP_EXIT, seconds=0.0,
+                                    log_path=BUILD_LOG, log_tail=build["cause"]), {BUILD_LOG: (b"", 0.0)}, build)
+            if build["how"] == "failed":  # the commit's own build: every trial a skip
+                return self._failed(stem, master[0], f"build failed on node {index}: {build['error']}\n"
+                                    f"{build.get('log_tail', '')}", SKIP_EXIT, build)
+        waits = {}
+        for index in self.nodes.headless():
+            node = self.nodes.each[index]
+            ray.get(self.actors[index].start.remote(request, node.filled(placed[index][1], master[1], master[2]),
+                                                    node.environment))
+            waits[self.actors[index].wait.remote()] = index
+        serving = self.nodes.each[self.nodes.serving]
+        serve_ref = self.actors[self.nodes.serving].serve.remote(
+            request, serving.filled(master[1], master[1], master[2]), serving.environment, timeout_s)
+        return self._outcome(serve_ref, waits, placed, stem, builds[self.nodes.serving])
+
+    def _place(self) -> list[tuple[str, str, int]] | str:
+        """Reserve every node and start its actor: each node's (ray id, address, free port), or
+        why the cluster did not place them in time."""
+        import ray
+        from ray.util.placement_group import placement_group
+        from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
+
+        bundles = [{RESOURCE: float(self.nodes.cards)} for _ in self.nodes.each]
+        self.group = placement_group(bundles, strategy="STRICT_SPREAD")
+        try:
+            ray.get(self.group.ready(), timeout=PLACE_TIMEOUT_S)
+        except ray.exceptions.GetTimeoutError:
+            return (f"the Ray cluster did not place its {self.nodes.count} nodes of {self.nodes.cards} "
+                    f"{RESOURCE} within {PLACE_TIMEOUT_S:.0f}s (a node gone, or its cards still held)")
+        actor = ray.remote(EngineNode)
+        self.actors = [actor.options(num_cpus=0, resources={RESOURCE: float(self.nodes.cards)},
+                                     max_concurrency=4, max_restarts=0,
+                                     scheduling_strategy=PlacementGroupSchedulingStrategy(
+                                         self.group, placement_group_bundle_index=index))
+                       .remote(index, self.session_id, self.builder_factory, self.executor_factory)
+                       for index in range(self.nodes.count)]
+        places: list[tuple[str, str, int]] = ray.get([actor.place.remote() for actor in self.actors])
+        return places
+
+    def _outcome(self, serve_ref: Any, waits: dict[Any, int], placed: list[tuple[str, str, int]], stem: str,
+                 build: dict[str, Any]) -> BatchOutcome:
+        """The serving node's outcome, unless a node is lost first (then a failed one naming it)."""
+        import ray
+
+        pending = [serve_ref, *waits]
+        while True:
+            done, pending = ray.wait(pending, num_returns=1)
+            ref = done[0]
+            if ref is serve_ref or ref == serve_ref:
+                try:
+                    outcome: BatchOutcome = ray.get(ref)
+                except ray.exceptions.RayTaskError as exc:
+                    if (cause := own_error(exc)) is not None:
+                        raise cause from None
+                    return self._lost(self.nodes.serving, placed, str(exc).splitlines()[0], stem, build)
+                except ray.exceptions.RayError as exc:  # its actor or its node died
+                    return self._lost(self.nodes.serving, placed, type(exc).__name__, stem, build)
+                return outcome
+            index = waits[ref]
+            try:
+                returncode = ray.get(ref)
+            except ray.exceptions.RayError as exc:
+                return self._lost(index, placed, f"its Ray actor or node died ({type(exc).__name__})", stem, build)
+            if returncode < 0:  # killed: the host's doing (the engine's own crash exits > 0, as the serving
+                return self._lost(index, placed, f"its engine was killed by signal {-returncode}", stem, build)
+            # A headless rank that ended on its own (rank 0 went, or its own code failed): the serving
+            # node's outcome, whatever it is, is the commit's.
+
+    def _lost(self, index: int, placed: list[tuple[str, str, int]], what: str, stem: str,
+              build: dict[str, Any]) -> BatchOutcome:
+        node_id = placed[index][0]
+        return self._failed(stem, placed[self.nodes.serving][0], node_lost_line(index, node_id, what),
+                            NODE_LOST_EXIT, build)
+
+    def _failed(self, stem: str, node_id: str, text: str, returncode: int,
+                build: dict[str, Any] | None = None) -> BatchOutcome:
+        log = probe_log_path(Path("."), stem).name
+        result = RunResult(returncode=returncode, seconds=0.0, log_path=log, log_tail=text.splitlines()[0])
+        return BatchOutcome(node_id, [], result, {log: (text.encode() + b"\n", time.time())},
+                            build or {"how": "none"})
+
+    def teardown(self) -> list[str]:
+        """Every node's processes stopped, its actor killed, the placement removed; the headless
+        nodes' log ends (for the probe log)."""
+        import ray
+        from ray.util.placement_group import remove_placement_group
+
+        tails = []
+        stops = [actor.stop.remote() for actor in self.actors]
+        for index, ref in enumerate(stops):
+            try:
+                tail = ray.get(ref, timeout=STOP_TIMEOUT_S)
+                if tail and index != self.nodes.serving:
+                    tails.append(tail)
+            except ray.exceptions.RayError:
+                pass  # its node is gone, with its processes
+        for actor in self.actors:
+            with contextlib.suppress(Exception):
+                ray.kill(actor)
+        if self.group is not None:
+            with contextlib.suppress(Exception):
+                remove_placement_group(self.group)
+        self.actors, self.group = [], None
+        return tails

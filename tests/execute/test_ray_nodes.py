@@ -1,0 +1,217 @@
+"""One engine across two Ray nodes, for real: a Ray cluster made in this process (a head without
+cards and three nodes of one fake NPU each), the demo upstream bisected with every candidate's
+engine on two of them (the demo server as the serving node, a headless rank on another, meeting
+over torch.distributed's gloo), Ctrl-C and a node removed from the cluster in the middle of a
+trial, and no process of any node left after each run. Marked `ray` (`make test-ray`); without Ray they fail
+under CI=true and skip elsewhere. The cluster is shut down through its API, never `ray stop`.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from bisect_npu.demo.manifest import Manifest
+from bisect_npu.execute.local import OWNER_ENV
+from bisect_npu.execute.ray_nodes import NODE_ENV
+from tests.helpers.paths import DATA
+
+pytestmark = pytest.mark.ray
+
+CLI = [sys.executable, "-m", "bisect_npu"]
+RECIPE = DATA / "ray" / "demo-rope-longseq-two-nodes.yaml"
+CASE = "rope-longseq"
+
+
+@pytest.fixture(scope="module")
+def cluster() -> Iterator[Any]:
+    """A head that holds no card and three nodes of one NPU each: a two-node engine at a time,
+    and a node to spare when one is taken away."""
+    try:
+        import ray
+        from ray.cluster_utils import Cluster
+    except ImportError as exc:
+        if os.environ.get("CI", "").lower() == "true":
+            pytest.fail(f"Ray required in CI: {exc} (make test-ray installs the ray extra)")
+        pytest.skip(f"no Ray: {exc}; pip install -e '.[ray]'")
+    tmp = Path(tempfile.mkdtemp(prefix="rn", dir="/tmp"))  # short: Unix socket paths have a length limit
+    (tmp / "ray").mkdir()
+    saved = os.environ.get("RAY_TMPDIR")
+    os.environ["RAY_TMPDIR"] = str(tmp)
+    node_args: dict[str, Any] = {"num_cpus": 1, "object_store_memory": 80 << 20}
+    made = Cluster(initialize_head=True, head_node_args={**node_args, "include_dashboard": False})
+    try:
+        for _ in range(3):
+            made.add_node(**node_args, resources={"NPU": 1})
+        made.wait_for_nodes()
+        ray.init(address=made.address, log_to_driver=False)
+        yield made
+    finally:
+        ray.shutdown()
+        made.shutdown()
+        if saved is None:
+            os.environ.pop("RAY_TMPDIR", None)
+        else:
+            os.environ["RAY_TMPDIR"] = saved
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+@pytest.fixture(scope="module")
+def demo_upstream(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Manifest]:
+    from bisect_npu.demo.generate import generate_upstream
+
+    repo = tmp_path_factory.mktemp("ray-nodes-demo") / "upstream"
+    return repo, generate_upstream(repo, seed=0)
+
+
+def bisect_argv(demo_upstream: tuple[Path, Manifest], recipe: Path, session: Path, *extra: str) -> list[str]:
+    repo, manifest = demo_upstream
+    truth = manifest.case(CASE)
+    return [*CLI, "run", "--repo", str(repo), "--good", truth.good_ref, "--bad", truth.bad_ref, "--recipe",
+            str(recipe), "--session", str(session), "--executor", "ray", "--no-fix", "--json", *extra]
+
+
+def cli_env(cluster: Any) -> dict[str, str]:
+    return {**os.environ, "RAY_ADDRESS": cluster.address}
+
+
+def journal(session: Path) -> list[dict[str, Any]]:
+    return [json.loads(line) for line in (session / "journal.jsonl").read_text().splitlines()]
+
+
+def _environ(pid: str) -> list[bytes]:
+    try:
+        return (Path("/proc") / pid / "environ").read_bytes().split(b"\0")
+    except OSError:
+        return []
+
+
+def engine_node_processes() -> dict[int, str]:
+    """Every live process of an engine node on this machine: pid -> its NODE_ENV ("INDEX RAY-NODE")."""
+    found = {}
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit() and int(entry.name) != os.getpid():
+            for item in _environ(entry.name):
+                if item.startswith(f"{NODE_ENV}=".encode()):
+                    found[int(entry.name)] = item.split(b"=", 1)[1].decode()
+    return found
+
+
+def owned_processes(session: Path) -> list[int]:
+    mark, below = f"{OWNER_ENV}={session.resolve()}".encode(), f"{OWNER_ENV}={session.resolve()}/".encode()
+    return [int(e.name) for e in Path("/proc").iterdir() if e.name.isdigit()
+            and any(item == mark or item.startswith(below) for item in _environ(e.name))]
+
+
+def assert_nothing_left(session: Path) -> None:
+    """No process of any node of the session, no card held, no placement group left."""
+    import ray
+    from ray.util import placement_group_table
+
+    total = ray.cluster_resources()["NPU"]
+    deadline = time.monotonic() + 60
+    while (owned_processes(session) or engine_node_processes() or ray.available_resources().get("NPU", 0) < total) \
+            and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert not owned_processes(session) and not engine_node_processes()
+    assert ray.available_resources().get("NPU", 0) == total
+    assert all(group["state"] == "REMOVED" for group in placement_group_table().values())
+
+
+def probe_logs(session: Path, entries: list[dict[str, Any]]) -> list[str]:
+    return [(session / e["log"]).read_text() for e in entries if e["type"] == "trial"]
+
+
+def test_more_nodes_than_the_cluster_has_is_refused_before_any_build(
+        cluster: Any, demo_upstream: tuple[Path, Manifest], tmp_path: Path) -> None:
+    recipe = yaml.safe_load(RECIPE.read_text())
+    recipe["engine"]["nodes"]["cards"] = 2
+    wide = tmp_path / "two-cards.yaml"
+    wide.write_text(yaml.safe_dump(recipe))
+    done = subprocess.run(bisect_argv(demo_upstream, wide, tmp_path / "session"), cwd=tmp_path, capture_output=True,
+                          text=True, timeout=300, env=cli_env(cluster))
+    assert done.returncode == 2, done.stdout + done.stderr[-2000:]
+    assert ("spans 2 nodes of 2 NPU each, but the Ray cluster has 0 node(s) with 2 NPU or more (its nodes' NPU: "
+            "1, 1, 1); missing: 2 node(s) with 2 NPU") in done.stderr
+    assert "Traceback" not in done.stderr and not (tmp_path / "session" / "journal.jsonl").exists()
+    listing = subprocess.run(["git", "-C", str(demo_upstream[0]), "worktree", "list"], capture_output=True,
+                             text=True).stdout
+    assert str(tmp_path) not in listing  # nothing was built
+
+
+def test_demo_bisected_with_every_engine_on_two_nodes(cluster: Any, demo_upstream: tuple[Path, Manifest],
+                                                     tmp_path: Path) -> None:
+    _, manifest = demo_upstream
+    session = tmp_path / "session"
+    started = time.monotonic()
+    done = subprocess.run(bisect_argv(demo_upstream, RECIPE, session), cwd=tmp_path, capture_output=True, text=True,
+                          timeout=1200, env=cli_env(cluster))
+    seconds = time.monotonic() - started
+    assert done.returncode == 0, done.stdout + done.stderr[-3000:]
+    assert json.loads(done.stdout.strip().splitlines()[-1])["culprit"] == manifest.case(CASE).culprit.sha
+    entries = journal(session)
+    logs = probe_logs(session, entries)
+    assert logs and all("data parallel rank 1 of 2 joined" in log for log in logs)  # the headless node's log end
+    served = [e for e in entries if e["type"] == "trial"]
+    assert all(e["node"] for e in served)
+    print(f"two-node bisection: {seconds:.1f} s, {sum(e['type'] == 'step' for e in entries)} steps")
+    assert_nothing_left(session)
+
+
+def wait_for_headless(proc: subprocess.Popen[str]) -> str:
+    """The Ray node of the first headless engine node that starts: "1 RAY-NODE-ID"."""
+    deadline = time.monotonic() + 600
+    while proc.poll() is None and time.monotonic() < deadline:
+        headless = [mark for mark in engine_node_processes().values() if mark.startswith("1 ")]
+        if headless:
+            return headless[0].split()[1]
+        time.sleep(0.05)
+    raise AssertionError("no headless node started")
+
+
+def test_ctrl_c_mid_trial_tears_every_node_down(cluster: Any, demo_upstream: tuple[Path, Manifest],
+                                                tmp_path: Path) -> None:
+    session = tmp_path / "session"
+    with subprocess.Popen(bisect_argv(demo_upstream, RECIPE, session), cwd=tmp_path, stdout=subprocess.PIPE,
+                          stderr=subprocess.PIPE, text=True, env=cli_env(cluster)) as proc:
+        wait_for_headless(proc)
+        proc.send_signal(signal.SIGINT)
+        _, stderr = proc.communicate(timeout=300)
+    assert proc.returncode == 130, stderr[-2000:]
+    assert_nothing_left(session)
+
+
+def test_a_node_removed_mid_trial_is_a_retried_host_failure(cluster: Any, demo_upstream: tuple[Path, Manifest],
+                                                            tmp_path: Path) -> None:
+    """The headless node's Ray node goes while its rank computes: the attempt is journaled as
+    `node_lost` naming that node, the batch runs again on the two nodes left, the culprit is the
+    same, nothing is left on any node. Last in the module: a node goes for good."""
+    _, manifest = demo_upstream
+    session = tmp_path / "session"
+    by_id = {node.node_id: node for node in cluster.worker_nodes}
+    with subprocess.Popen(bisect_argv(demo_upstream, RECIPE, session), cwd=tmp_path, stdout=subprocess.PIPE,
+                          stderr=subprocess.PIPE, text=True, env=cli_env(cluster)) as proc:
+        lost = by_id[wait_for_headless(proc)]
+        cluster.remove_node(lost, allow_graceful=False)
+        stdout, stderr = proc.communicate(timeout=1200)
+    assert proc.returncode == 0, stdout + stderr[-3000:]
+    assert json.loads(stdout.strip().splitlines()[-1])["culprit"] == manifest.case(CASE).culprit.sha
+    entries = journal(session)
+    retries = [e for e in entries if e["type"] == "retry"]
+    assert retries and retries[0]["kind"] == "node_lost"
+    assert f"node 1 of the engine (ray node {lost.node_id[:16]}) was lost" in retries[0]["cause"]
+    trials = [(e["index"], e["case_id"], e["trial"]) for e in entries if e["type"] == "trial"]
+    assert len(trials) == len(set(trials))  # the lost attempt reached no trial: none doubled
+    assert_nothing_left(session)

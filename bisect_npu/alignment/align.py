@@ -22,6 +22,7 @@ from bisect_npu.errors import UsageError
 from bisect_npu.observations import Observation, Verdict, VerdictKind
 from bisect_npu.oracle.config import LogitsConfig, StagesConfig
 from bisect_npu.oracle.dumps.compare import open_dump
+from bisect_npu.oracle.same_case import check_same_case
 from bisect_npu.oracle.stages import judge_stages
 
 ALIGNED_EXIT, DIVERGED_EXIT = 0, 1
@@ -169,7 +170,8 @@ def _lined_up(case_id: str, reference: Record, candidate: Record, ref_dump: str,
 
 
 def check_comparable(reference: Record, candidate: Record) -> dict[str, LineUp]:
-    """Refuse two records that cannot be aligned: other cases, model, tokenizer, or dumped modules.
+    """Refuse two records that cannot be aligned: other cases, model, tokenizer, or dumped modules (and,
+    case by case, observations of another prompt or vocabulary: `oracle.same_case`).
 
     Returns each case's lined-up dumps where they must be rewritten to be compared: a vLLM record
     against a transformers one, or two records whose module classes differ (vllm-ascend's own)."""
@@ -188,7 +190,10 @@ def check_comparable(reference: Record, candidate: Record) -> dict[str, LineUp]:
     across = engine(reference) != engine(candidate)
     for case_id, ref_obs in reference.observations.items():
         cand_obs = candidate.observations.get(case_id)
-        if cand_obs is None or not ref_obs.logits_dump or not cand_obs.logits_dump:
+        if cand_obs is None:
+            continue
+        check_same_case(cand_obs, ref_obs, same_cases=True)
+        if not ref_obs.logits_dump or not cand_obs.logits_dump:
             continue
         ref_modules, cand_modules = _modules(ref_obs.logits_dump), _modules(cand_obs.logits_dump)
         if ref_modules == cand_modules and not across:

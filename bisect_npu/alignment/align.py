@@ -20,7 +20,7 @@ from bisect_npu.alignment.module_map import TRANSFORMERS, VLLM
 from bisect_npu.alignment.record import Record
 from bisect_npu.errors import UsageError
 from bisect_npu.observations import Observation, Verdict, VerdictKind
-from bisect_npu.oracle.config import LogitsConfig, StagesConfig
+from bisect_npu.oracle.config import LogitsConfig, StagesConfig, TokenMatchConfig
 from bisect_npu.oracle.dumps.compare import open_dump
 from bisect_npu.oracle.same_case import check_same_case
 from bisect_npu.oracle.stages import judge_stages
@@ -119,6 +119,8 @@ class Alignment:
 
 
 def _evidence(figures: dict[str, Any]) -> str:
+    if "tie" in figures:
+        return str(figures["tie"])
     if "first_divergent" in figures:
         first = figures["first_divergent"]
         return f"`{first.get('module') or first.get('name')}`: {first.get('problem')} ({first.get('rule')} rule)"
@@ -221,8 +223,9 @@ def _with_forward(observation: Observation, dump: Path) -> Observation:
 
 
 def align_records(reference: Record, candidate: Record, stages: StagesConfig | None = None,
-                  logits: LogitsConfig | None = None) -> Alignment:
-    """Each case's first differing stage (and module), the candidate against the reference."""
+                  logits: LogitsConfig | None = None, tokens: TokenMatchConfig | None = None) -> Alignment:
+    """Each case's first differing stage (and module), the candidate against the reference; text that
+    differs after a numerical tie matches (the one tie rule, `oracle.ties`)."""
     lined_up = check_comparable(reference, candidate)
     stages_cfg, logits_cfg = stages or StagesConfig(), logits or LogitsConfig()
     cases: list[CaseAlignment] = []
@@ -236,5 +239,5 @@ def align_records(reference: Record, candidate: Record, stages: StagesConfig | N
                 views = Path(scratch) / f"case-{len(cases)}"
                 ref_view, cand_view = write_views(lined, views / "reference", views / "candidate")
                 ref_obs, cand_obs = _with_forward(ref_obs, ref_view), _with_forward(cand_obs, cand_view)
-            cases.append(CaseAlignment(case_id, judge_stages(cand_obs, ref_obs, stages_cfg, logits_cfg), lined))
+            cases.append(CaseAlignment(case_id, judge_stages(cand_obs, ref_obs, stages_cfg, logits_cfg, tokens), lined))
     return Alignment(reference, candidate, cases)

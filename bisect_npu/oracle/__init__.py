@@ -39,7 +39,7 @@ def _judges() -> dict[str, Callable[[Observation, Observation | None, OracleConf
         "logits": lambda obs, ref, cfg: judge_logits(obs, ref, cfg.logits),
         "acceptance": lambda obs, ref, cfg: judge_acceptance(obs, ref, cfg.acceptance),
         "penalty": lambda obs, ref, cfg: judge_penalty(obs, cfg.penalty),
-        "stages": lambda obs, ref, cfg: judge_stages(obs, ref, cfg.stages, cfg.logits),
+        "stages": lambda obs, ref, cfg: judge_stages(obs, ref, cfg.stages, cfg.logits, cfg.tokens),
         "throughput": lambda obs, ref, cfg: judge_throughput(_throughput(cfg), [obs], [ref] if ref else None),
     }
 

@@ -91,7 +91,7 @@ def case_input_digest(case: dict[str, Any]) -> str:
 
 def new_observation(request: dict[str, Any]) -> dict[str, Any]:
     """An observation pre-filled with what the request already says; backends fill the rest."""
-    case = request.get("case")
+    case, model = request.get("case"), request.get("model")
     return {
         "schema_version": OBSERVATION_SCHEMA_VERSION,
         "commit": request.get("commit", ""),
@@ -110,7 +110,8 @@ def new_observation(request: dict[str, Any]) -> dict[str, Any]:
         "versions": {},
         "top_logprobs": None,
         "logits_dump": None,
-        "extra": {"case_input": case_input_digest(case)} if isinstance(case, dict) else {},
+        "extra": {**({"case_input": case_input_digest(case)} if isinstance(case, dict) else {}),
+                  **({"dtype": model["dtype"]} if isinstance(model, dict) and model.get("dtype") else {})},
     }
 
 

@@ -8,7 +8,8 @@ scales (the final norm scaled x10 or x20, so next-token distributions are peaked
 model's are: tests/helpers/peaked_lm.py), each with its seeds. Per model, the fp32 SDPA run on one
 thread is the reference; the clean candidates are bf16 SDPA, bf16 eager and fp16 SDPA
 on two threads (correct kernels, precisions and thread counts); the faulty ones scale one layer's
-o_proj x1.5, in fp32 and in bf16. `--outputs FILE` keeps the generated outputs (JSON) and reads
+o_proj x1.5, in fp32 and in bf16. Two kernels at one precision are judged too: bf16 eager against
+bf16 SDPA as the reference. `--outputs FILE` keeps the generated outputs (JSON) and reads
 them back on the next run, so the rule can be judged again without generating.
 
 Tune split: Qwen3 at logit scale x10, seeds 0 and 1 (at each size). There the bench fits the rule's factors: the
@@ -47,6 +48,7 @@ RUNS: dict[str, Run] = {
     "bf16-o_proj-x1.5": Run("bfloat16", "sdpa", 2, "o_proj"),
 }
 REFERENCE = Run("float32", "sdpa", 1)
+EAGER_VS_SDPA = "bf16-eager vs bf16-sdpa"
 # (family, hidden, layers, logit scale)
 FAMILIES = [(family, hidden, layers, scale) for family in ("Qwen3", "Llama")
             for hidden, layers in ((128, 4), (256, 6)) for scale in (10.0, 20.0)]
@@ -114,7 +116,10 @@ def main() -> None:
             args.outputs.write_text(json.dumps(raw), encoding="utf-8")
     pairs = {tuple(key.split("/", 1)): [(Observation.model_validate(c), Observation.model_validate(r)) for c, r in rows]
              for key, rows in raw.items()}
-    clean = [name for name, run in RUNS.items() if run.fault is None]
+    for split in ("tune", "report"):  # two kernels at one precision: bf16 eager against bf16 SDPA as the reference
+        eager, sdpa = pairs.get((split, "bf16-eager"), []), pairs.get((split, "bf16-sdpa"), [])
+        pairs[(split, EAGER_VS_SDPA)] = [(e, s) for (e, _), (s, _) in zip(eager, sdpa, strict=True)]
+    clean = [name for name, run in RUNS.items() if run.fault is None] + [EAGER_VS_SDPA]
     noise_factor, precision_factor = fit([p for name in clean for p in pairs.get(("tune", name), [])],
                                          ties.NOISE_QUANTILE)
     print(f"tune split (Qwen3, logit scale x10, seeds 0-1): fitted noise factor {noise_factor}, precision factor "
@@ -124,12 +129,12 @@ def main() -> None:
     print("|---|---|---:|---:|---:|---:|")
     totals: dict[tuple[str, str, str], list[int]] = defaultdict(lambda: [0, 0])
     for split in ("tune", "report"):
-        for name, run in RUNS.items():
+        for name in [*RUNS, EAGER_VS_SDPA]:
             rows = pairs.get((split, name), [])
             differ = sum(first_mismatch(c.output_token_ids, r.output_token_ids) is not None for c, r in rows)
             old = sum(judge_tokens(c, r, OLD_RULE).kind == VerdictKind.BAD for c, r in rows)
             new = sum(judge_tokens(c, r, NEW_RULE).kind == VerdictKind.BAD for c, r in rows)
-            kind = "clean" if run.fault is None else "fault"
+            kind = "clean" if name in clean else "fault"
             for rule, bad in (("old", old), ("new", new)):
                 totals[(split, kind, rule)][0] += bad
                 totals[(split, kind, rule)][1] += len(rows) if kind == "clean" else differ
@@ -145,9 +150,9 @@ def main() -> None:
     margins = [judge_tokens(c, r, NEW_RULE).figures for name in clean for c, r in pairs.get(("report", name), [])]
     used = sorted(f["tie_margin_used"] for f in margins if "tie_margin_used" in f)
     if used:
+        sources = _count(f.get("tie_margin_source") for f in margins if "tie_margin_source" in f)
         print(f"\nreport split, clean first mismatches: margins used {used[0]:.3g}..{used[-1]:.3g} "
-              f"(median {used[len(used) // 2]:.3g}); sources "
-              f"{dict(sorted(_count(f.get('tie_margin_source') for f in margins if 'tie_margin_source' in f)))}")
+              f"(median {used[len(used) // 2]:.3g}); sources {dict(sorted(sources.items()))}")
     print(f"\n{time.perf_counter() - started:.0f} s")
 
 

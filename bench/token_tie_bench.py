@@ -2,6 +2,7 @@
 made here.
 
     .venv/bin/python bench/token_tie_bench.py [--tokens 40] [--prompts 32] [--quick] [--outputs FILE]
+    .venv/bin/python bench/token_tie_bench.py --held-out 5 6
 
 Families: tiny HF Qwen3 and Llama (random init, nothing downloaded) at two sizes and two logit
 scales (the final norm scaled x10 or x20, so next-token distributions are peaked as a trained
@@ -109,14 +110,40 @@ def _up_to_one_digit(value: float) -> float:
     return math.ceil(value / scale) * scale
 
 
+def held_out_check(seeds: list[int]) -> None:
+    """A held-out model of another depth and width (Qwen3, 6 layers, hidden 256, logit scale x10, 12 prompts x
+    64 tokens, seeds never tuned on): bad outputs by the old fixed margin and by the tie rule."""
+    shape: dict[str, Any] = {"hidden": 256, "layers": 6, "logit_scale": 10.0}
+    for seed in seeds:
+        ref = greedy(peaked_model("Qwen3", run=REFERENCE, seed=seed, **shape), REFERENCE, prompts=12, tokens=64,
+                     seed=seed)
+        for name in ("bf16-sdpa", "bf16-eager", "o_proj-x1.5"):
+            run = RUNS[name]
+            rows = list(zip(greedy(peaked_model("Qwen3", run=run, seed=seed, **shape), run, prompts=12, tokens=64,
+                                   seed=seed), ref, strict=True))
+            differ = sum(first_mismatch(c.output_token_ids, r.output_token_ids) is not None for c, r in rows)
+            old = sum(judge_tokens(c, r, OLD_RULE).kind == VerdictKind.BAD for c, r in rows)
+            new = [judge_tokens(c, r, NEW_RULE) for c, r in rows]
+            print(f"held-out seed {seed} {name}: {len(rows)} outputs, {differ} differ, old fixed margin bad {old}, "
+                  f"tie rule bad {sum(v.kind == VerdictKind.BAD for v in new)}", flush=True)
+            for verdict in new:
+                if verdict.kind == VerdictKind.BAD and run.fault is None:
+                    print(f"    {verdict.reason}")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--tokens", type=int, default=40)
     parser.add_argument("--prompts", type=int, default=32)
     parser.add_argument("--quick", action="store_true", help="the small size only (a smoke run)")
     parser.add_argument("--outputs", type=Path, help="keep the generated outputs here; read them back if present")
+    parser.add_argument("--held-out", type=int, nargs="+", metavar="SEED",
+                        help="only the held-out check: a 6-layer hidden-256 Qwen3 at these seeds")
     args = parser.parse_args()
     started = time.perf_counter()
+    if args.held_out:
+        held_out_check(args.held_out)
+        return
     if args.outputs and args.outputs.exists():
         raw = json.loads(args.outputs.read_text(encoding="utf-8"))
     else:

@@ -1,151 +1,202 @@
-"""The token match's tie margin, measured on greedy outputs of correct kernels and precisions.
+"""The one tie rule (oracle/ties.py) against the old fixed flip margin, on greedy outputs of families
+made here.
 
-    .venv/bin/python bench/token_tie_bench.py [--tokens 64] [--prompts 12]
+    .venv/bin/python bench/token_tie_bench.py [--tokens 40] [--prompts 32] [--quick] [--outputs FILE]
+    .venv/bin/python bench/token_tie_bench.py --held-out 5 6
 
-A tiny HF transformers Qwen3 (random init, nothing downloaded; the final norm scaled x10 so that
-next-token distributions are peaked as a trained model's are) decodes greedily, with its top-5
-logprobs, 12 random prompts per seed. The fp32 SDPA run is the reference; the clean candidates are
-bf16 SDPA, bf16 eager and fp32 on one thread (correct kernels and precisions); the faulty ones
-scale one layer's o_proj x1.5 or put a 2% gain on one MLP (fp32).
+Families: tiny HF Qwen3 and Llama (random init, nothing downloaded) at two sizes and two logit
+scales (the final norm scaled x10 or x20, so next-token distributions are peaked as a trained
+model's are: tests/helpers/peaked_lm.py), 32 prompts x 40 greedy tokens per seed. Per model,
+the fp32 SDPA run on one thread is the reference; the clean candidates are bf16 SDPA, bf16 eager and fp16 SDPA
+on two threads (correct kernels, precisions and thread counts); the faulty ones scale one layer's
+o_proj x1.5, in fp32 and in bf16. Two kernels at one precision are judged too: bf16 eager against
+bf16 SDPA as the reference. `--outputs FILE` keeps the generated outputs (JSON) and reads
+them back on the next run, so the rule can be judged again without generating.
 
-At a candidate's first mismatch with the reference, the *flip* is how far the logprob difference
-of the two tokens moved between the runs: the reference's preference for its token plus the
-candidate's for its own. Tune split (seeds 0, 1): the margin is the largest flip any clean
-candidate shows there (the smallest margin with no false alarm), rounded up to two digits.
-Report split (seeds 2, 3): false alarms and faults called bad at that margin, beside the
-reference-gap rule (`tie_margin` 0.05 and the tune split's largest clean reference gap).
+Tune split: Qwen3 at logit scale x10, seeds 0 and 1 (at each size). There the bench fits the
+rule's factors: the smallest noise and precision factors (at the noise quantile) under which no
+clean first mismatch is a false alarm, rounded up to one significant digit; oracle/ties.py ships
+them. Report split: every other family at seed 2 (Llama and the x20 scale are never tuned on).
+Each split prints, per run, the outputs called bad
+by the shipped rule and by the old fixed margin (0.1) in the same run: false alarms on the clean
+runs, faults detected among the faulty outputs that differ from the reference at all (a fault that
+changes no token is beyond any token match).
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import math
 import sys
 import time
+from collections import defaultdict
 from pathlib import Path
 from typing import Any
-
-import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from bisect_npu.observations import Observation, VerdictKind
+from bisect_npu.oracle import ties
 from bisect_npu.oracle.config import TokenMatchConfig
 from bisect_npu.oracle.tokens import first_mismatch, judge_tokens
+from tests.helpers.peaked_lm import Run, greedy, peaked_model
 
-RUNS: dict[str, dict[str, Any]] = {
-    "bf16-sdpa": {"dtype": torch.bfloat16, "attn": "sdpa", "threads": 2, "fault": None},
-    "bf16-eager": {"dtype": torch.bfloat16, "attn": "eager", "threads": 2, "fault": None},
-    "fp32-1thread": {"dtype": torch.float32, "attn": "sdpa", "threads": 1, "fault": None},
-    "o_proj-x1.5": {"dtype": torch.float32, "attn": "sdpa", "threads": 2, "fault": "o_proj"},
-    "mlp-gain-2%": {"dtype": torch.float32, "attn": "sdpa", "threads": 2, "fault": "gain"},
+RUNS: dict[str, Run] = {
+    "bf16-sdpa": Run("bfloat16", "sdpa", 2),
+    "bf16-eager": Run("bfloat16", "eager", 2),
+    "fp16-sdpa": Run("float16", "sdpa", 2),
+    "o_proj-x1.5": Run("float32", "sdpa", 2, "o_proj"),
+    "bf16-o_proj-x1.5": Run("bfloat16", "sdpa", 2, "o_proj"),
 }
-REFERENCE = {"dtype": torch.float32, "attn": "sdpa", "threads": 2, "fault": None}
-SPLITS = {"tune": (0, 1), "report": (2, 3)}
+REFERENCE = Run("float32", "sdpa", 1)
+EAGER_VS_SDPA = "bf16-eager vs bf16-sdpa"
+# (family, hidden, layers, logit scale)
+FAMILIES = [(family, hidden, layers, scale) for family in ("Qwen3", "Llama")
+            for hidden, layers in ((128, 4), (256, 6)) for scale in (10.0, 20.0)]
+OLD_RULE = TokenMatchConfig(flip_margin=0.1)
+NEW_RULE = TokenMatchConfig()
 
 
-def model(seed: int, spec: dict[str, Any]) -> Any:
-    from transformers import Qwen3Config, Qwen3ForCausalLM
-
-    cfg = Qwen3Config(vocab_size=4096, hidden_size=256, intermediate_size=768, num_hidden_layers=6,
-                      num_attention_heads=4, num_key_value_heads=2, head_dim=64, tie_word_embeddings=True)
-    torch.manual_seed(seed)
-    out = Qwen3ForCausalLM(cfg).eval()
-    with torch.no_grad():
-        out.model.norm.weight.mul_(10.0)
-        layer = out.model.layers[2 + seed % 3]
-        if spec["fault"] == "o_proj":
-            layer.self_attn.o_proj.weight.mul_(1.5)
-    if spec["fault"] == "gain":
-        original = layer.mlp.forward
-        layer.mlp.forward = lambda *a, **k: original(*a, **k) * 1.02
-    out.set_attn_implementation(spec["attn"])
-    return out.to(spec["dtype"])
+def is_tune(family: str, scale: float) -> bool:
+    return family == "Qwen3" and scale == 10.0
 
 
-def generate(seed: int, spec: dict[str, Any], prompts: int, tokens: int) -> list[Observation]:
-    """Greedy outputs with top-5 logprobs, one Observation per prompt."""
-    net = model(seed, spec)
-    generator = torch.Generator().manual_seed(100 + seed)
-    ids = torch.randint(0, 4096, (prompts, 12), generator=generator)
-    before = torch.get_num_threads()
-    torch.set_num_threads(spec["threads"])
-    try:
-        with torch.no_grad():
-            out = net.generate(ids, attention_mask=torch.ones_like(ids), do_sample=False, max_new_tokens=tokens,
-                               min_new_tokens=tokens, output_logits=True, return_dict_in_generate=True,
-                               pad_token_id=0, eos_token_id=None)
-    finally:
-        torch.set_num_threads(before)
-    logprobs = [torch.log_softmax(step.float(), dim=-1) for step in out.logits]
-    result = []
-    for row in range(prompts):
-        top = [torch.topk(step[row], 5) for step in logprobs]
-        result.append(Observation(output_token_ids=out.sequences[row, ids.shape[1]:].tolist(),
-                                  top_logprobs=[list(zip(t.indices.tolist(), t.values.tolist(), strict=True))
-                                                for t in top]))
-    return result
+def seeds_of(family: str, scale: float) -> tuple[int, ...]:
+    return (0, 1, 2) if is_tune(family, scale) else (2,)
 
 
-def _lp(step: list[Any], token: int) -> float | None:
-    return next((float(lp) for tok, lp in step if int(tok) == token), None)
+def generate_all(families: list[tuple[str, int, int, float]], prompts: int, tokens: int,
+                 started: float) -> dict[str, list[list[dict[str, Any]]]]:
+    """Per "split/run": [candidate, reference] observation pairs as JSON."""
+    pairs: dict[str, list[list[dict[str, Any]]]] = defaultdict(list)
+    for family, hidden, layers, scale in families:
+        for seed in seeds_of(family, scale):
+            split = "tune" if is_tune(family, scale) and seed in (0, 1) else "report"
+            shape: dict[str, Any] = {"seed": seed, "hidden": hidden, "layers": layers, "logit_scale": scale}
+            ref = greedy(peaked_model(family, run=REFERENCE, **shape), REFERENCE, prompts=prompts, tokens=tokens,
+                         seed=seed)
+            for name, run in RUNS.items():
+                cand = greedy(peaked_model(family, run=run, **shape), run, prompts=prompts, tokens=tokens, seed=seed)
+                pairs[f"{split}/{name}"].extend([c.model_dump(mode="json"), r.model_dump(mode="json")]
+                                                for c, r in zip(cand, ref, strict=True))
+        print(f"{family} h{hidden} L{layers} x{scale:g}: generated ({time.perf_counter() - started:.0f} s)",
+              file=sys.stderr)
+    return pairs
 
 
-def mismatch_figures(cand: Observation, ref: Observation) -> dict[str, float] | None:
-    """At the first mismatch: the reference's gap between the two tokens, and the flip (None: no mismatch)."""
-    index = first_mismatch(cand.output_token_ids, ref.output_token_ids)
-    if index is None:
-        return None
-    want, got = ref.output_token_ids[index], cand.output_token_ids[index]
-    ref_step, cand_step = (ref.top_logprobs or [])[index], (cand.top_logprobs or [])[index]
-    ref_want, ref_got = _lp(ref_step, want), _lp(ref_step, got)
-    cand_got, cand_want = _lp(cand_step, got), _lp(cand_step, want)
-    ref_gap = math.inf if ref_want is None or ref_got is None else ref_want - ref_got
-    cand_gap = math.inf if cand_got is None or cand_want is None else cand_got - cand_want
-    return {"index": index, "reference_gap": ref_gap, "flip": ref_gap + cand_gap}
+def fit(clean: list[tuple[Observation, Observation]], quantile: float) -> tuple[float, float]:
+    """The smallest (noise factor, precision factor) with no clean first mismatch beyond its margin."""
+    noise_need, bound_need = 0.0, 0.0
+    for cand, ref in clean:
+        index = first_mismatch(cand.output_token_ids, ref.output_token_ids)
+        if index is None or index >= min(len(cand.output_token_ids), len(ref.output_token_ids)):
+            continue
+        tie = ties.judge_tie(cand, ref, index, NEW_RULE.tie_margin, factors=ties.Factors(quantile, 1.0, 1.0))
+        if tie.flip is None or tie.margin is None or tie.flip <= NEW_RULE.tie_margin:
+            continue
+        # The bound caps the margin, so it must cover every clean flip; the noise factor must where measured.
+        bound_need = max(bound_need, tie.flip / tie.margin.bound if tie.margin.bound else math.inf)
+        if tie.margin.noise:
+            noise_need = max(noise_need, tie.flip / tie.margin.noise)
+    return _up_to_one_digit(noise_need), _up_to_one_digit(bound_need)
+
+
+def _up_to_one_digit(value: float) -> float:
+    """Rounded up to one significant digit (2.64 -> 3): the fit sits at the largest clean flip itself."""
+    if value <= 0 or not math.isfinite(value):
+        return value
+    scale = 10.0 ** math.floor(math.log10(value))
+    return math.ceil(value / scale) * scale
+
+
+def held_out_check(seeds: list[int]) -> None:
+    """A held-out model of another depth and width (Qwen3, 6 layers, hidden 256, logit scale x10, 12 prompts x
+    64 tokens, seeds never tuned on): bad outputs by the old fixed margin and by the tie rule."""
+    shape: dict[str, Any] = {"hidden": 256, "layers": 6, "logit_scale": 10.0}
+    for seed in seeds:
+        ref = greedy(peaked_model("Qwen3", run=REFERENCE, seed=seed, **shape), REFERENCE, prompts=12, tokens=64,
+                     seed=seed)
+        for name in ("bf16-sdpa", "bf16-eager", "o_proj-x1.5"):
+            run = RUNS[name]
+            rows = list(zip(greedy(peaked_model("Qwen3", run=run, seed=seed, **shape), run, prompts=12, tokens=64,
+                                   seed=seed), ref, strict=True))
+            differ = sum(first_mismatch(c.output_token_ids, r.output_token_ids) is not None for c, r in rows)
+            old = sum(judge_tokens(c, r, OLD_RULE).kind == VerdictKind.BAD for c, r in rows)
+            new = [judge_tokens(c, r, NEW_RULE) for c, r in rows]
+            print(f"held-out seed {seed} {name}: {len(rows)} outputs, {differ} differ, old fixed margin bad {old}, "
+                  f"tie rule bad {sum(v.kind == VerdictKind.BAD for v in new)}", flush=True)
+            for verdict in new:
+                if verdict.kind == VerdictKind.BAD and run.fault is None:
+                    print(f"    {verdict.reason}")
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--tokens", type=int, default=64)
-    parser.add_argument("--prompts", type=int, default=12)
+    parser.add_argument("--tokens", type=int, default=40)
+    parser.add_argument("--prompts", type=int, default=32)
+    parser.add_argument("--quick", action="store_true", help="the small size only (a smoke run)")
+    parser.add_argument("--outputs", type=Path, help="keep the generated outputs here; read them back if present")
+    parser.add_argument("--held-out", type=int, nargs="+", metavar="SEED",
+                        help="only the held-out check: a 6-layer hidden-256 Qwen3 at these seeds")
     args = parser.parse_args()
     started = time.perf_counter()
-    outputs: dict[tuple[str, int], tuple[list[Observation], list[Observation]]] = {}
-    for split, seeds in SPLITS.items():
-        for seed in seeds:
-            ref = generate(seed, REFERENCE, args.prompts, args.tokens)
-            for name, spec in RUNS.items():
-                outputs[(name, seed)] = (generate(seed, spec, args.prompts, args.tokens), ref)
-        print(f"{split}: generated ({time.perf_counter() - started:.0f} s)", file=sys.stderr)
-    figures = {key: [mismatch_figures(c, r) for c, r in zip(*pair, strict=True)] for key, pair in outputs.items()}
-    clean = [name for name, spec in RUNS.items() if spec["fault"] is None]
-    tune_clean = [f for (name, seed), rows in figures.items() if name in clean and seed in SPLITS["tune"]
-                  for f in rows if f is not None]
-    flip_margin = math.ceil(max(f["flip"] for f in tune_clean if math.isfinite(f["flip"])) * 100) / 100
-    gap_margin = math.ceil(max(f["reference_gap"] for f in tune_clean if math.isfinite(f["reference_gap"])) * 100) / 100
-    print(f"tune split {SPLITS['tune']}: {len(tune_clean)} clean first mismatches; largest flip -> flip_margin "
-          f"{flip_margin}; largest reference gap {gap_margin}")
-    rules = {"reference gap 0.05 (0.2.0)": TokenMatchConfig(tie_margin=0.05, flip_margin=None),
-             f"reference gap {gap_margin} (tuned)": TokenMatchConfig(tie_margin=gap_margin, flip_margin=None),
-             f"flip {flip_margin} (tuned)": TokenMatchConfig(flip_margin=flip_margin)}
-    print("\n| rule | split | " + " | ".join(RUNS) + " |")
-    print("|---|---|" + "---|" * len(RUNS))
-    for label, cfg in rules.items():
-        for split, seeds in SPLITS.items():
-            cells = []
-            for name in RUNS:
-                verdicts = [judge_tokens(c, r, cfg).kind for seed in seeds
-                            for c, r in zip(*outputs[(name, seed)], strict=True)]
-                bad = sum(v == VerdictKind.BAD for v in verdicts)
-                cells.append(f"{bad}/{len(verdicts)} bad")
-            print(f"| {label} | {split} {seeds} | " + " | ".join(cells) + " |")
-    print("\nfirst mismatches (report split): run, reference gap, flip")
-    for (name, seed), rows in sorted(figures.items()):
-        if seed in SPLITS["report"]:
-            shown = [f"{f['reference_gap']:.2f}/{f['flip']:.2f}" for f in rows if f is not None]
-            print(f"  {name} seed {seed}: {' '.join(shown) or 'no mismatch'}")
+    if args.held_out:
+        held_out_check(args.held_out)
+        return
+    if args.outputs and args.outputs.exists():
+        raw = json.loads(args.outputs.read_text(encoding="utf-8"))
+    else:
+        raw = generate_all([f for f in FAMILIES if not args.quick or f[1] == 128], args.prompts, args.tokens, started)
+        if args.outputs:
+            args.outputs.write_text(json.dumps(raw), encoding="utf-8")
+    pairs = {tuple(key.split("/", 1)): [(Observation.model_validate(c), Observation.model_validate(r)) for c, r in rows]
+             for key, rows in raw.items()}
+    for split in ("tune", "report"):  # two kernels at one precision: bf16 eager against bf16 SDPA as the reference
+        eager, sdpa = pairs.get((split, "bf16-eager"), []), pairs.get((split, "bf16-sdpa"), [])
+        pairs[(split, EAGER_VS_SDPA)] = [(e, s) for (e, _), (s, _) in zip(eager, sdpa, strict=True)]
+    clean = [name for name, run in RUNS.items() if run.fault is None] + [EAGER_VS_SDPA]
+    noise_factor, precision_factor = fit([p for name in clean for p in pairs.get(("tune", name), [])],
+                                         ties.NOISE_QUANTILE)
+    print(f"tune split (Qwen3, logit scale x10, seeds 0-1): fitted noise factor {noise_factor}, precision factor "
+          f"{precision_factor} at noise quantile {ties.NOISE_QUANTILE}; shipped: {ties.NOISE_FACTOR}, "
+          f"{ties.PRECISION_FACTOR}")
+    print("\n| split | run | outputs | differ from the reference | old fixed margin 0.1: bad | tie rule: bad |")
+    print("|---|---|---:|---:|---:|---:|")
+    totals: dict[tuple[str, str, str], list[int]] = defaultdict(lambda: [0, 0])
+    for split in ("tune", "report"):
+        for name in [*RUNS, EAGER_VS_SDPA]:
+            rows = pairs.get((split, name), [])
+            differ = sum(first_mismatch(c.output_token_ids, r.output_token_ids) is not None for c, r in rows)
+            old = sum(judge_tokens(c, r, OLD_RULE).kind == VerdictKind.BAD for c, r in rows)
+            new = sum(judge_tokens(c, r, NEW_RULE).kind == VerdictKind.BAD for c, r in rows)
+            kind = "clean" if name in clean else "fault"
+            for rule, bad in (("old", old), ("new", new)):
+                totals[(split, kind, rule)][0] += bad
+                totals[(split, kind, rule)][1] += len(rows) if kind == "clean" else differ
+            print(f"| {split} | {name} | {len(rows)} | {differ} | {old} | {new} |")
+    print("\n| split | false alarms (clean outputs called bad): old / tie rule | faults detected (of the faulty "
+          "outputs that differ): old / tie rule |")
+    print("|---|---|---|")
+    for split in ("tune", "report"):
+        fa = [totals[(split, "clean", rule)] for rule in ("old", "new")]
+        fd = [totals[(split, "fault", rule)] for rule in ("old", "new")]
+        print(f"| {split} | {fa[0][0]}/{fa[0][1]} / {fa[1][0]}/{fa[1][1]} | {fd[0][0]}/{fd[0][1]} / "
+              f"{fd[1][0]}/{fd[1][1]} |")
+    margins = [judge_tokens(c, r, NEW_RULE).figures for name in clean for c, r in pairs.get(("report", name), [])]
+    used = sorted(f["tie_margin_used"] for f in margins if "tie_margin_used" in f)
+    if used:
+        sources = _count(f.get("tie_margin_source") for f in margins if "tie_margin_source" in f)
+        print(f"\nreport split, clean first mismatches: margins used {used[0]:.3g}..{used[-1]:.3g} "
+              f"(median {used[len(used) // 2]:.3g}); sources {dict(sorted(sources.items()))}")
     print(f"\n{time.perf_counter() - started:.0f} s")
+
+
+def _count(values: Any) -> dict[str, int]:
+    out: dict[str, int] = defaultdict(int)
+    for value in values:
+        out[str(value)] += 1
+    return out
 
 
 if __name__ == "__main__":

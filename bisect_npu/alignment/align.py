@@ -21,8 +21,9 @@ from bisect_npu.alignment.module_map import TRANSFORMERS, VLLM
 from bisect_npu.alignment.record import Record
 from bisect_npu.errors import UsageError
 from bisect_npu.observations import Observation, Verdict, VerdictKind
-from bisect_npu.oracle.config import LogitsConfig, StagesConfig
+from bisect_npu.oracle.config import LogitsConfig, StagesConfig, TokenMatchConfig
 from bisect_npu.oracle.dumps.compare import open_dump
+from bisect_npu.oracle.same_case import check_same_case
 from bisect_npu.oracle.stages import judge_stages
 
 ALIGNED_EXIT, DIVERGED_EXIT = 0, 1
@@ -141,6 +142,8 @@ def layer_chart(case_id: str, layers: list[dict[str, Any]]) -> list[str]:
 
 
 def _evidence(figures: dict[str, Any]) -> str:
+    if "tie" in figures:
+        return str(figures["tie"])
     if "first_divergent" in figures:
         first = figures["first_divergent"]
         return f"`{first.get('module') or first.get('name')}`: {first.get('problem')} ({first.get('rule')} rule)"
@@ -192,7 +195,8 @@ def _lined_up(case_id: str, reference: Record, candidate: Record, ref_dump: str,
 
 
 def check_comparable(reference: Record, candidate: Record) -> dict[str, LineUp]:
-    """Refuse two records that cannot be aligned: other cases, model, tokenizer, or dumped modules.
+    """Refuse two records that cannot be aligned: other cases, model, tokenizer, or dumped modules (and,
+    case by case, observations of another prompt or vocabulary: `oracle.same_case`).
 
     Returns each case's lined-up dumps where they must be rewritten to be compared: a vLLM record
     against a transformers one, or two records whose module classes differ (vllm-ascend's own)."""
@@ -211,7 +215,10 @@ def check_comparable(reference: Record, candidate: Record) -> dict[str, LineUp]:
     across = engine(reference) != engine(candidate)
     for case_id, ref_obs in reference.observations.items():
         cand_obs = candidate.observations.get(case_id)
-        if cand_obs is None or not ref_obs.logits_dump or not cand_obs.logits_dump:
+        if cand_obs is None:
+            continue
+        check_same_case(cand_obs, ref_obs, same_cases=True)
+        if not ref_obs.logits_dump or not cand_obs.logits_dump:
             continue
         ref_modules, cand_modules = _modules(ref_obs.logits_dump), _modules(cand_obs.logits_dump)
         if ref_modules == cand_modules and not across:
@@ -239,8 +246,9 @@ def _with_forward(observation: Observation, dump: Path) -> Observation:
 
 
 def align_records(reference: Record, candidate: Record, stages: StagesConfig | None = None,
-                  logits: LogitsConfig | None = None) -> Alignment:
-    """Each case's first differing stage (and module), the candidate against the reference."""
+                  logits: LogitsConfig | None = None, tokens: TokenMatchConfig | None = None) -> Alignment:
+    """Each case's first differing stage (and module), the candidate against the reference; text that
+    differs after a numerical tie matches (the one tie rule, `oracle.ties`)."""
     lined_up = check_comparable(reference, candidate)
     stages_cfg, logits_cfg = stages or StagesConfig(), logits or LogitsConfig()
     cases: list[CaseAlignment] = []
@@ -254,5 +262,5 @@ def align_records(reference: Record, candidate: Record, stages: StagesConfig | N
                 views = Path(scratch) / f"case-{len(cases)}"
                 ref_view, cand_view = write_views(lined, views / "reference", views / "candidate")
                 ref_obs, cand_obs = _with_forward(ref_obs, ref_view), _with_forward(cand_obs, cand_view)
-            cases.append(CaseAlignment(case_id, judge_stages(cand_obs, ref_obs, stages_cfg, logits_cfg), lined))
+            cases.append(CaseAlignment(case_id, judge_stages(cand_obs, ref_obs, stages_cfg, logits_cfg, tokens), lined))
     return Alignment(reference, candidate, cases)

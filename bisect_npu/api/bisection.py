@@ -171,6 +171,8 @@ def judge(recipe: Recipe | str | Path, observations: Sequence[Observation | str 
     digest = loaded.run_digest()
     for obs in judged:
         _same_recipe(obs, loaded.name, digest)
+        if references is not None:
+            _has_reference(obs, references)
     return oracle.judge(loaded.oracle, judged, references, trials_per_case=loaded.trials.count,
                         accuracy=loaded.accuracy)
 
@@ -180,7 +182,7 @@ def _same_recipe(obs: Observation, name: str, digest: str) -> None:
     of another version of this recipe's case: its verdict would mean nothing. A changed oracle or
     reference is no such change: judging old output again under a new rule is what `judge` is
     for. References are not checked: a golden record may come from another backend's recipe of the
-    same cases (the oracle pairs by case)."""
+    same cases (the oracle pairs by case, and refuses a pair of another prompt or vocabulary: `oracle.same_case`)."""
     where = f"an observation of commit {obs.commit[:12] or '?'} (case {obs.case_id})"
     if obs.recipe and obs.recipe != name:  # another case's output
         raise UsageError(f"{where} was written for recipe {obs.recipe!r}, not {name!r}: judge it with the recipe "
@@ -189,6 +191,14 @@ def _same_recipe(obs: Observation, name: str, digest: str) -> None:
         raise UsageError(f"{where} was written for recipe {name!r} at run digest {obs.run_digest}, not this one's "
                          f"{digest}: what the recipe runs changed since; judge it with the version that ran it, or "
                          "run that commit again with this one")
+
+
+def _has_reference(obs: Observation, references: list[Observation]) -> None:
+    """Refuse references none of which is of the observation's case: nothing would be compared."""
+    if references and not any(ref.case_id == obs.case_id for ref in references):
+        held = sorted({ref.case_id for ref in references})
+        raise UsageError(f"no reference of case {obs.case_id}: the references are of case(s) {', '.join(held)} "
+                         f"(recipe {references[0].recipe or '?'}); give the reference of the same case")
 
 
 def _observations(given: Sequence[Observation | str | Path]) -> list[Observation]:

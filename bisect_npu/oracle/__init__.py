@@ -21,6 +21,7 @@ from bisect_npu.oracle.config import AccuracyConfig, OracleConfig
 from bisect_npu.oracle.dumps.compare import judge_logits
 from bisect_npu.oracle.penalty import judge_penalty
 from bisect_npu.oracle.repetition import judge_repetition
+from bisect_npu.oracle.same_case import check_same_case
 from bisect_npu.oracle.stages import judge_stages
 from bisect_npu.oracle.stats import Undecided, judge_trials
 from bisect_npu.oracle.throughput import ThroughputConfig, judge_throughput
@@ -38,7 +39,7 @@ def _judges() -> dict[str, Callable[[Observation, Observation | None, OracleConf
         "logits": lambda obs, ref, cfg: judge_logits(obs, ref, cfg.logits),
         "acceptance": lambda obs, ref, cfg: judge_acceptance(obs, ref, cfg.acceptance),
         "penalty": lambda obs, ref, cfg: judge_penalty(obs, cfg.penalty),
-        "stages": lambda obs, ref, cfg: judge_stages(obs, ref, cfg.stages, cfg.logits),
+        "stages": lambda obs, ref, cfg: judge_stages(obs, ref, cfg.stages, cfg.logits, cfg.tokens),
         "throughput": lambda obs, ref, cfg: judge_throughput(_throughput(cfg), [obs], [ref] if ref else None),
     }
 
@@ -59,7 +60,10 @@ def _chart_figures(kind: str, figures: dict[str, Any]) -> dict[str, Any]:
 
 
 def judge_observation(cfg: OracleConfig, obs: Observation, reference: Observation | None) -> Verdict:
-    """One trial: every per-trial kind must pass; kinds that cannot judge it are listed, not failed."""
+    """One trial: every per-trial kind must pass; kinds that cannot judge it are listed, not failed.
+    A reference of another case is refused (a usage error naming what differs), never judged."""
+    if reference is not None:
+        check_same_case(obs, reference)
     judges = _judges()
     kinds = [k for k in cfg.kinds if k not in NOT_PER_TRIAL]
     verdicts = {kind: judges[kind](obs, reference, cfg) for kind in kinds}
@@ -122,6 +126,10 @@ def judge(cfg: OracleConfig, observations: list[Observation], reference: list[Ob
     steps against both ends instead (`judge_accuracy`, roles)."""
     if not observations:
         return Verdict(kind=VerdictKind.SKIP, reason="no observations to judge", trials=0)
+    for obs in observations:
+        paired = reference_for(obs, reference)
+        if paired is not None:
+            check_same_case(obs, paired)
     if "throughput" in cfg.kinds:  # a figure over the trials, not a per-trial pass
 
         return judge_throughput(_throughput(cfg), observations, reference)

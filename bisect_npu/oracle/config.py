@@ -43,25 +43,21 @@ class RepetitionConfig(StrictModel):
     stop_early: bool = Field(True, description="the probe's streaming detector stops generation when it fires")
 
 
-# The largest flip of clean greedy outputs (bf16 and fp32, SDPA and eager) on the tune split of
-# bench/token_tie_bench.py, rounded up to two digits: there no correct kernel or precision is called
-# bad (docs/benchmarks.md has the report split's figures).
-FLIP_MARGIN = 0.1
 
 
 class TokenMatchConfig(StrictModel):
     """Deterministic token match against a reference observation."""
 
     min_match_rate: float = Field(1.0, ge=0.0, le=1.0, description="share of tokens that must match the reference")
-    tie_margin: float = Field(0.05, ge=0.0, description="a first mismatch where the reference's top logprobs are "
-                                                        "within this margin is a numerical tie")
-    flip_margin: float | None = Field(FLIP_MARGIN, ge=0.0, le=100.0,
-                                      description="a first mismatch where both sides have top logprobs is a "
-                                                  "numerical tie when the logprob difference of the two tokens "
-                                                  "moved by at most this between the runs (the reference's "
-                                                  "preference for its token plus the candidate's for its own); "
-                                                  "measured on correct kernels and precisions "
-                                                  "(bench/token_tie_bench.py); unset: tie_margin alone")
+    tie_margin: float = Field(0.05, ge=0.0, description="a logprob gap that is a numerical tie in any run: the "
+                                                        "least flip margin, the reference's gap that is a tie "
+                                                        "where the candidate has no logprobs, and how far below "
+                                                        "its own best a candidate's token may be after a tie")
+    flip_margin: float | None = Field(None, ge=0.0, le=100.0,
+                                      description="a fixed margin for the flip (how far the two tokens' logprob "
+                                                  "difference moved between the runs) at a first mismatch where "
+                                                  "both sides have top logprobs; unset: the margin is measured on "
+                                                  "the pair and bounded by its precisions (oracle/ties.py)")
     compare_tokens: int | None = Field(None, strict=True, ge=1,
                                        description="compare only the first N tokens; unset: all")
 

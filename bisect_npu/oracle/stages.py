@@ -6,6 +6,11 @@ detokenized text. Each is read from `observation.extra["stages"]`, falling back 
 top-level observation field (prompt_token_ids, logits_dump, sampling, text). The first stage that
 differs is where the drift enters; later stages usually differ as a consequence and are reported
 but not blamed. A stage missing on either side is skipped and listed.
+
+The text stage is judged on the tokens behind it with the one tie rule (`oracle.ties`, as the
+`tokens` oracle does): text that differs only after a numerical tie between two greedy outputs,
+the candidate's continuation greedy-consistent, matches (its figures say the tie, the noise and the
+margin); a mismatch beyond the margin is the stage's difference.
 """
 
 from __future__ import annotations
@@ -13,9 +18,10 @@ from __future__ import annotations
 from typing import Any
 
 from bisect_npu.observations import Observation, Verdict, VerdictKind
-from bisect_npu.oracle.config import LogitsConfig, StagesConfig
+from bisect_npu.oracle.config import LogitsConfig, StagesConfig, TokenMatchConfig
 from bisect_npu.oracle.dumps.compare import compare_dumps
 from bisect_npu.oracle.penalty import same_value
+from bisect_npu.oracle.tokens import first_mismatch, tie_at_first_mismatch
 
 _FALLBACK = {"prompt_token_ids": "prompt_token_ids", "forward": "logits_dump", "sampler": "sampling",
              "text": "text"}
@@ -67,8 +73,22 @@ def _compare(name: str, cand: Any, ref: Any, logits_cfg: LogitsConfig) -> tuple[
     return False, figures, f"first divergent tensor {first.name}: {first.problem} [{first.rule or 'mismatch'} rule]"
 
 
+def _text_after_tie(obs: Observation, reference: Observation, figures: dict[str, Any],
+                    tokens_cfg: TokenMatchConfig) -> str | None:
+    """Where the texts differ: the tie rule on the tokens behind them. A description when the difference
+    starts at a numerical tie the candidate continued greedily from (figures get the tie's), else None."""
+    index = first_mismatch(obs.output_token_ids, reference.output_token_ids)
+    if index is None:
+        return None
+    tie, tie_figures, diverged = tie_at_first_mismatch(obs, reference, index, tokens_cfg)
+    figures.update(tie_figures, first_token_mismatch=index)
+    if tie is None or not tie.tied or diverged is not None:
+        return None
+    return f"differs after a numerical tie at token {index} ({tie.words()})"
+
+
 def judge_stages(obs: Observation, reference: Observation | None, cfg: StagesConfig,
-                 logits_cfg: LogitsConfig) -> Verdict:
+                 logits_cfg: LogitsConfig, tokens_cfg: TokenMatchConfig | None = None) -> Verdict:
     if reference is None:
         return Verdict(kind=VerdictKind.SKIP, reason="stage comparison needs a reference observation")
     figures: dict[str, Any] = {"stages": {}, "skipped_stages": []}
@@ -79,6 +99,11 @@ def judge_stages(obs: Observation, reference: Observation | None, cfg: StagesCon
             figures["skipped_stages"].append(name)
             continue
         matches, stage_figures, said = _compare(name, cand, ref, logits_cfg)
+        if name == "text" and not matches:
+            tied = _text_after_tie(obs, reference, stage_figures, tokens_cfg or TokenMatchConfig())
+            matches, said = (True, tied) if tied is not None else (False, said)
+            if tied is not None:
+                stage_figures["tie"] = tied
         figures["stages"][name] = {"matches": matches, **stage_figures}
         if not matches and first_bad is None:
             first_bad = (name, said)

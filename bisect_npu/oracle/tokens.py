@@ -2,16 +2,11 @@
 
 Figures: first mismatch index, shared prefix, match rate = shared prefix / longer output.
 
-Near ties: NPU and GPU kernels round differently, so where the reference's two best candidates are
-within `tie_margin` (logprob difference), either token is a correct greedy choice. A first
-mismatch there is a *numerical tie*, not a regression.
-
-With top logprobs on both sides the tie is judged on what moved between the runs: the *flip*,
-the reference's preference for its token plus the candidate's for its own, is the change of the
-two tokens' logprob difference. Correct kernels and precisions move it by rounding alone; a
-faulty module moves it by more, even where the reference's own gap was small. The flip margin is
-measured on clean pairs (bench/token_tie_bench.py), not chosen; without the candidate's logprobs
-the reference's gap and `tie_margin` decide.
+Near ties: NPU and GPU kernels and precisions round differently, so where the reference's two best
+candidates are close, either token is a correct greedy choice. Whether a first mismatch is such a
+*numerical tie* is the one tie rule's answer (`oracle.ties`): the flip of the two tokens against a
+margin measured on the pair and bounded by its precisions; the verdict says the noise measured and
+the margin used.
 
 After a tie the two outputs continue from different contexts, so the reference's later tokens say
 nothing about the candidate's. A *later real divergence* is then defined on the candidate alone:
@@ -27,6 +22,7 @@ from typing import Any
 
 from bisect_npu.observations import Observation, Verdict, VerdictKind
 from bisect_npu.oracle.config import TokenMatchConfig
+from bisect_npu.oracle.ties import Tie, judge_tie
 
 
 def first_mismatch(candidate: list[int], reference: list[int]) -> int | None:
@@ -37,31 +33,7 @@ def first_mismatch(candidate: list[int], reference: list[int]) -> int | None:
     return None if len(candidate) == len(reference) else min(len(candidate), len(reference))
 
 
-def _tied_tokens(step: list[tuple[int, float]] | list[list[Any]] | None, margin: float) -> set[int]:
-    """Tokens within `margin` of the best logprob at one step ({} when the step has < 2 candidates)."""
-    if not step or len(step) < 2:
-        return set()
-    best = max(float(lp) for _, lp in step)
-    tied = {int(tok) for tok, lp in step if best - float(lp) <= margin}
-    return tied if len(tied) >= 2 else set()
-
-
-def _logprob(step: list[tuple[int, float]] | list[list[Any]] | None, token: int) -> float | None:
-    return next((float(lp) for tok, lp in step or [] if int(tok) == token), None)
-
-
-def flip(cand_step: list[tuple[int, float]] | list[list[Any]] | None,
-         ref_step: list[tuple[int, float]] | list[list[Any]] | None, cand_token: int, ref_token: int) -> float | None:
-    """How far the two tokens' logprob difference moved between the runs (None: a side lacks one of them)."""
-    values = (_logprob(ref_step, ref_token), _logprob(ref_step, cand_token), _logprob(cand_step, cand_token),
-              _logprob(cand_step, ref_token))
-    if any(v is None for v in values):
-        return None
-    ref_want, ref_got, cand_got, cand_want = (float(v) for v in values if v is not None)
-    return (ref_want - ref_got) + (cand_got - cand_want)
-
-
-def _self_divergence(obs: Observation, start: int, margin: float) -> int | None:
+def self_divergence(obs: Observation, start: int, margin: float) -> int | None:
     """First index >= start where the candidate's token is not its own top choice (within margin)."""
     steps = obs.top_logprobs or []
     for j in range(start, min(len(obs.output_token_ids), len(steps))):
@@ -73,6 +45,27 @@ def _self_divergence(obs: Observation, start: int, margin: float) -> int | None:
         if chosen is None or best - chosen > margin:
             return j
     return None
+
+
+def tie_at_first_mismatch(obs: Observation, reference: Observation, index: int,
+                          cfg: TokenMatchConfig) -> tuple[Tie | None, dict[str, Any], str | None]:
+    """The tie rule at the first mismatch `index`: (its answer, figures, why the outputs still diverge
+    after a tie, or None). No answer where one output ended there."""
+    if index >= len(obs.output_token_ids) or index >= len(reference.output_token_ids):
+        return None, {}, None
+    tie = judge_tie(obs, reference, index, cfg.tie_margin, cfg.flip_margin)
+    figures = tie.figures()
+    if not tie.tied:
+        return tie, figures, None
+    figures["tie_at"] = index
+    figures["tie_tokens"] = sorted({obs.output_token_ids[index], reference.output_token_ids[index]})
+    figures["after_tie_checked"] = bool(obs.top_logprobs)
+    later = self_divergence(obs, index + 1, cfg.tie_margin) if obs.top_logprobs else None
+    if later is None:
+        return tie, figures, None
+    figures["real_divergence_at"] = later
+    return tie, figures, (f"tie at token {index}, then a real divergence at token {later}: the candidate chose a "
+                          "token that is not its own top candidate")
 
 
 def judge_tokens(obs: Observation, reference: Observation | None, cfg: TokenMatchConfig) -> Verdict:
@@ -90,46 +83,22 @@ def judge_tokens(obs: Observation, reference: Observation | None, cfg: TokenMatc
                                "match_rate": round(shared / longer, 6), "compared_tokens": longer}
     if index is None:
         return Verdict(kind=VerdictKind.GOOD, reason=f"all {longer} tokens match the reference", figures=figures)
-    ref_steps, cand_steps = reference.top_logprobs or [], obs.top_logprobs or []
-    ref_step = ref_steps[index] if index < len(ref_steps) else None
-    both = index < len(cand) and index < len(ref)
-    moved = flip(cand_steps[index] if index < len(cand_steps) else None, ref_step, cand[index], ref[index]) \
-        if both and cfg.flip_margin is not None else None
-    if moved is not None:
-        figures["flip"] = round(moved, 6)
-        tied = {cand[index], ref[index]} if moved <= (cfg.flip_margin or 0.0) else set()
-    else:
-        tied = _tied_tokens(ref_step, cfg.tie_margin)
-    if both and cand[index] in tied and ref[index] in tied:
-        figures["tie_at"] = index
-        figures["tie_tokens"] = sorted(tied)
-        if not obs.top_logprobs:
-            figures["after_tie_checked"] = False
-            return Verdict(kind=VerdictKind.GOOD, figures=figures,
-                           reason=f"first mismatch at token {index} is a numerical tie (top candidates within "
-                                  f"{cfg.tie_margin}); continuation unchecked (candidate has no logprobs)")
-        figures["after_tie_checked"] = True
-        later = _self_divergence(obs, index + 1, cfg.tie_margin)
-        if later is None:
-            return Verdict(kind=VerdictKind.GOOD, figures=figures,
-                           reason=f"first mismatch at token {index} is a numerical tie{_flip_words(figures, cfg)}; "
-                                  "the continuation is greedy-consistent")
-        figures["real_divergence_at"] = later
-        return Verdict(kind=VerdictKind.BAD, figures=figures,
-                       reason=f"tie at token {index}, then a real divergence at token {later}: the candidate "
-                              "chose a token that is not its own top candidate")
+    tie, tie_figures, diverged = tie_at_first_mismatch(obs, reference, index, cfg)
+    figures.update(tie_figures)
+    if diverged is not None:
+        return Verdict(kind=VerdictKind.BAD, figures=figures, reason=diverged)
+    if tie is not None and tie.tied:
+        after = "the continuation is greedy-consistent" if obs.top_logprobs else \
+            "continuation unchecked (candidate has no logprobs)"
+        return Verdict(kind=VerdictKind.GOOD, figures=figures,
+                       reason=f"first mismatch at token {index} is a numerical tie ({tie.words()}); {after}")
     if shared / longer >= cfg.min_match_rate:
         return Verdict(kind=VerdictKind.GOOD, figures=figures,
                        reason=f"first mismatch at token {index}; match rate {shared / longer:.3f} >= "
                               f"{cfg.min_match_rate}")
     got = cand[index] if index < len(cand) else "end of output"
     want = ref[index] if index < len(ref) else "end of output"
+    moved = f" ({tie.words()})" if tie is not None and tie.flip is not None else ""
     return Verdict(kind=VerdictKind.BAD, figures=figures,
-                   reason=f"first mismatch at token {index} ({got} vs reference {want})"
-                          f"{_flip_words(figures, cfg)}; shared prefix {shared} of {longer}")
-
-
-def _flip_words(figures: dict[str, Any], cfg: TokenMatchConfig) -> str:
-    if "flip" not in figures:
-        return ""
-    return f" (the two tokens' logprob difference moved {figures['flip']:.3g}; flip margin {cfg.flip_margin})"
+                   reason=f"first mismatch at token {index} ({got} vs reference {want}){moved}; "
+                          f"shared prefix {shared} of {longer}")

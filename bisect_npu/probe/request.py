@@ -38,6 +38,7 @@ refuses a batch of more than one trial with ``logits.layers`` (its dump hooks ca
 from __future__ import annotations
 
 import copy
+import hashlib
 import json
 import os
 import tempfile
@@ -82,8 +83,16 @@ def trial_requests(request: dict[str, Any]) -> list[dict[str, Any]]:
     return trials
 
 
+def case_input_digest(case: dict[str, Any]) -> str:
+    """sha256 of the prompt or messages the case gives (not its sampling): what makes two observations
+    of the same case across engines, before any chat template or tokenizer touched it."""
+    given = {key: case[key] for key in ("prompt", "messages") if key in case}
+    return hashlib.sha256(json.dumps(given, sort_keys=True).encode("utf-8")).hexdigest()[:16]
+
+
 def new_observation(request: dict[str, Any]) -> dict[str, Any]:
     """An observation pre-filled with what the request already says; backends fill the rest."""
+    case, model = request.get("case"), request.get("model")
     return {
         "schema_version": OBSERVATION_SCHEMA_VERSION,
         "commit": request.get("commit", ""),
@@ -102,7 +111,8 @@ def new_observation(request: dict[str, Any]) -> dict[str, Any]:
         "versions": {},
         "top_logprobs": None,
         "logits_dump": None,
-        "extra": {},
+        "extra": {**({"case_input": case_input_digest(case)} if isinstance(case, dict) else {}),
+                  **({"dtype": model["dtype"]} if isinstance(model, dict) and model.get("dtype") else {})},
     }
 
 

@@ -127,7 +127,9 @@ def oracle_rules(oracle: OracleConfig, reference: ReferenceSpec, recipe: Recipe)
             tok = oracle.tokens
             span = f"the first {tok.compare_tokens} output tokens" if tok.compare_tokens else "the output tokens"
             rules.append(f"bad when fewer than {tok.min_match_rate:.0%} of {span} match {against}; a first "
-                         f"mismatch where the reference's top logprobs are within {tok.tie_margin} is a tie, not bad")
+                         "mismatch is a numerical tie, not bad, when the two tokens' logprob difference moved no more "
+                         "than the rounding noise measured on the pair (bounded by both precisions) or "
+                         f"{tok.tie_margin}")
         elif kind == "logits":
             lg = oracle.logits
             rules.append(f"bad when a dumped tensor diverges from {against}: cosine below {lg.min_cosine} (with a "

@@ -138,6 +138,9 @@ def test_a_flip_beyond_the_margin_is_a_real_divergence_even_at_a_small_reference
                            TokenMatchConfig(flip_margin=0.5))
     assert verdict.kind == VerdictKind.BAD and verdict.figures["flip"] == pytest.approx(2.41)
     assert "moved 2.41" in verdict.reason
-    # The reference-gap rule alone (flip_margin unset) calls the same output a tie.
+    # The measured margin (flip_margin unset) calls it bad too; without the candidate's logprobs only the
+    # reference's own gap can be read, and it calls the same output a tie.
     assert judge_tokens(Observation(output_token_ids=[5, 6, 70, 1, 4], top_logprobs=faulty), ref,
-                        TokenMatchConfig(flip_margin=None)).kind == VerdictKind.GOOD
+                        TokenMatchConfig()).kind == VerdictKind.BAD
+    assert judge_tokens(Observation(output_token_ids=[5, 6, 70, 1, 4]), ref, TokenMatchConfig()).kind == \
+        VerdictKind.GOOD

@@ -1,0 +1,118 @@
+"""The one tie rule (oracle/ties.py): its margin measured on the pair and bounded by the pair's
+precisions, on real greedy outputs of a peaked tiny HF Qwen3 (bf16 SDPA and eager against the fp32
+golden: ties; a 1.5x o_proj fault: bad), and the same rule in the stages oracle's text stage and
+so in `align`."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from bisect_npu.alignment.align import align_records
+from bisect_npu.alignment.record import read_record
+from bisect_npu.observations import Observation, VerdictKind
+from bisect_npu.oracle.config import LogitsConfig, StagesConfig, TokenMatchConfig
+from bisect_npu.oracle.stages import judge_stages
+from bisect_npu.oracle.ties import EPSILON, precision, tie_margin
+from bisect_npu.oracle.tokens import first_mismatch, judge_tokens
+from tests.helpers.records import make_record
+
+
+def steps(*rows: list[tuple[int, float]]) -> list[list[tuple[int, float]]]:
+    return [list(row) for row in rows]
+
+
+def pair(noise: float, dtype: str, spread: float = 4.0, agreed: int = 12) -> tuple[Observation, Observation]:
+    """A reference and a candidate agreeing on `agreed` tokens whose other candidate moved by `noise`,
+    then a first mismatch (flip 0.3)."""
+    ref_rows = [[(1, -0.1), (2, -0.1 - spread)] for _ in range(agreed)] + [[(3, -0.60), (4, -0.75)]]
+    cand_rows = [[(1, -0.1), (2, -0.1 - spread + noise)] for _ in range(agreed)] + [[(4, -0.60), (3, -0.75)]]
+    ref = Observation(output_token_ids=[1] * agreed + [3], top_logprobs=steps(*ref_rows),
+                      extra={"engine_args": {"dtype": "float32"}})
+    cand = Observation(output_token_ids=[1] * agreed + [4], top_logprobs=steps(*cand_rows),
+                       extra={"engine_args": {"dtype": dtype}})
+    return cand, ref
+
+
+def test_the_margin_is_the_pairs_noise_bounded_by_what_its_precisions_explain() -> None:
+    quiet = tie_margin(*pair(0.06, "bfloat16", spread=8.0), upto=12, floor=0.05)
+    assert quiet.source == "measured" and quiet.noise == pytest.approx(0.06) and 0.06 < quiet.margin < quiet.bound
+    loud = tie_margin(*pair(0.9, "bfloat16"), upto=12, floor=0.05)
+    assert loud.source.startswith("precision bound") and loud.margin == pytest.approx(loud.bound)
+    assert loud.margin < 0.9  # a faulty module moves the agreed tokens too: its noise is no excuse
+    fp32 = tie_margin(*pair(0.02, "float32"), upto=12, floor=0.05)
+    assert fp32.margin == 0.05 and fp32.bound < 1e-4
+    unmeasured = tie_margin(*pair(0.02, "bfloat16", agreed=2), upto=2, floor=0.05)
+    assert unmeasured.noise is None and unmeasured.source == "precision bound"
+    verdict = judge_tokens(*pair(0.9, "bfloat16", spread=20.0), TokenMatchConfig())
+    assert verdict.kind == VerdictKind.GOOD  # flip 0.3 within what bf16 explains at this logit spread
+    assert {"tie_noise", "tie_margin_used", "tie_precision_bound"} <= set(verdict.figures)
+    assert "margin" in verdict.reason and "noise" in verdict.reason
+    assert judge_tokens(*pair(0.02, "float32"), TokenMatchConfig()).kind == VerdictKind.BAD
+
+
+@pytest.mark.parametrize(("given", "read"), [({"engine_args": {"dtype": "torch.bfloat16"}}, "bfloat16"),
+                                             ({"dtype": "float16"}, "float16"), ({"dtype": "fp32"}, "float32"),
+                                             ({"engine_args": {"dtype": "auto"}}, "bfloat16"), ({}, "bfloat16")])
+def test_a_precision_is_read_from_the_observation_and_an_unknown_one_counts_as_bfloat16(given: dict, read: str) -> None:
+    assert precision(Observation(extra=given)) == read and read in EPSILON
+
+
+@pytest.fixture(scope="module")
+def outputs() -> dict[str, list[Observation]]:
+    """Greedy outputs of one peaked tiny Qwen3: the fp32 golden, bf16 SDPA and eager, a 1.5x o_proj fault."""
+    pytest.importorskip("transformers")
+    from tests.helpers.peaked_lm import Run, greedy, peaked_model
+
+    runs = {"fp32": Run(), "bf16-sdpa": Run("bfloat16"), "bf16-eager": Run("bfloat16", "eager"),
+            "o_proj-x1.5": Run(fault="o_proj")}
+    return {name: greedy(peaked_model("Qwen3", logit_scale=10.0, run=run), run, prompts=8, tokens=24)
+            for name, run in runs.items()}
+
+
+@pytest.mark.e2e  # real greedy decoding of a tiny HF model
+def test_clean_bf16_outputs_are_ties_and_a_fault_is_bad(outputs: dict[str, list[Observation]]) -> None:
+    reference = outputs["fp32"]
+    clean = [(c, r) for name in ("bf16-sdpa", "bf16-eager") for c, r in zip(outputs[name], reference, strict=True)]
+    differing = [(c, r) for c, r in clean if first_mismatch(c.output_token_ids, r.output_token_ids) is not None]
+    assert differing, "no clean output differs from the golden: the rule is not exercised here"
+    verdicts = [judge_tokens(c, r, TokenMatchConfig()) for c, r in clean]
+    assert [v.reason for v in verdicts if v.kind == VerdictKind.BAD] == []
+    tied = [v for v in verdicts if "tie_at" in v.figures]
+    assert tied and all(v.figures["precisions"] == {"candidate": "bfloat16", "reference": "float32"} for v in tied)
+    faulty = [judge_tokens(c, r, TokenMatchConfig()) for c, r in zip(outputs["o_proj-x1.5"], reference,
+                                                                      strict=True)]
+    assert sum(v.kind == VerdictKind.BAD for v in faulty) >= 2
+
+
+@pytest.mark.e2e  # real greedy decoding of a tiny HF model
+def test_the_stages_text_stage_and_align_use_the_same_rule(outputs: dict[str, list[Observation]],
+                                                           tmp_path: Path) -> None:
+    reference = outputs["fp32"]
+    index = next(i for i, (c, r) in enumerate(zip(outputs["bf16-sdpa"] + outputs["bf16-eager"],
+                                                  reference + reference, strict=True))
+                 if first_mismatch(c.output_token_ids, r.output_token_ids) is not None)
+    clean = (outputs["bf16-sdpa"] + outputs["bf16-eager"])[index]
+    golden = reference[index % len(reference)]
+    faulty = next(c for c, r in zip(outputs["o_proj-x1.5"], reference, strict=True)
+                  if judge_tokens(c, r, TokenMatchConfig()).kind == VerdictKind.BAD)
+    faulty_golden = reference[outputs["o_proj-x1.5"].index(faulty)]
+    with_text = [_with_text(o) for o in (clean, golden, faulty, faulty_golden)]
+    tie = judge_stages(with_text[0], with_text[1], StagesConfig(stages=["text"]), LogitsConfig())
+    assert tie.kind == VerdictKind.GOOD and "numerical tie" in tie.figures["stages"]["text"]["tie"]
+    bad = judge_stages(with_text[2], with_text[3], StagesConfig(stages=["text"]), LogitsConfig())
+    assert bad.kind == VerdictKind.BAD and bad.figures["first_differing_stage"] == "text"
+    records = {}
+    for name, obs in (("golden", with_text[1]), ("clean", with_text[0])):
+        root = make_record(tmp_path / name)
+        (root / "obs-c-t0.json").write_text(obs.model_copy(update={"case_id": "c"}).model_dump_json())
+        records[name] = read_record(root)
+    alignment = align_records(records["golden"], records["clean"])
+    assert alignment.aligned and "numerical tie" in alignment.to_markdown()
+
+
+def _with_text(obs: Observation) -> Observation:
+    """The observation with its text stage: the token ids as words (a tokenizer's decode)."""
+    text = " ".join(f"w{token}" for token in obs.output_token_ids)
+    return obs.model_copy(update={"text": text, "extra": {**obs.extra, "stages": {"text": text}}})

@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import signal
 import sys
 import threading
@@ -546,7 +547,11 @@ def serve(argv: list[str]) -> None:
                         ranks if not args.headless else None)
     if args.headless and ranks is not None:
         run_headless(engine, ranks)
-        return
+        # The process group's destructors may abort on a peer that is gone (gloo's store is rank 0's):
+        # leave without them, so an engine over ends with 0, which the Ray executor reads as not lost.
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(0)
     if override:
         print(f"Using default completion sampling params from --override-generation-config: "
               f"{engine.completions.defaults!r}", flush=True)

@@ -70,6 +70,7 @@ from bisect_npu.observations import Observation, Verdict, VerdictKind
 from bisect_npu.oracle.config import LogitsConfig
 from bisect_npu.oracle.dumps.formats import PtFormatError, TensorFile, open_npy, open_pt
 from bisect_npu.oracle.dumps.peers import Line, leave_one_out_lines, log_ratio, module_kind, rounding_distance
+from bisect_npu.oracle.dumps.routing import RouterSide, RoutingReport, compare_routing
 
 OWN_FORMAT = "bisect-npu-dump"
 # Chunks per unit of work: a tensor larger than this is shared between the workers.
@@ -82,7 +83,13 @@ _SINGLE_PROCESS_DIR = re.compile(r"(?<![^/])(?:proc\d+|rank)(?![^/])")
 _EPS32 = np.float32(np.finfo(np.float32).eps)
 # Relative spacing of the dumped dtype's values (one ulp at the top of a binade).
 _DTYPE_EPS = {"bfloat16": 2.0**-7, "float16": 2.0**-10, "float32": 2.0**-23, "float64": 2.0**-52}
-INPUT, OUTPUT = "input", "output"
+# A router's ids and weights: judged by the routing comparison, never by cosine or as a baseline.
+INPUT, OUTPUT, ROUTING = "input", "output", "routing"
+_OP_NAME = re.compile(r"^Module\.(?P<path>.+)\.(?P<cls>[A-Za-z_]\w*)\.forward\.(?P<call>\d+)$")
+_TENSOR_NAME = re.compile(r"\.(?P<section>input|output|parameters)\.(?P<key>\w+)$")
+_INTEGER_DTYPES = ("int", "uint", "bool")
+# Class names of an MoE block (HF's Qwen3MoeSparseMoeBlock, DeepseekV3MoE; vLLM's alike).
+_MOE_BLOCKS = ("MoeBlock", "MoE")
 
 
 def dtype_tolerance(dtype: str | None) -> float:
@@ -159,6 +166,8 @@ class DumpComparison:
     bytes_read: int
     largest_read: int = 0
     amplification: float = 5.0
+    routing: list[RoutingReport] = field(default_factory=list)
+    routing_unchecked: list[str] = field(default_factory=list)
 
     @property
     def first_divergent(self) -> TensorDiff | None:
@@ -668,6 +677,8 @@ def apply_relative_rules(rows: list[TensorDiff], cfg: LogitsConfig) -> None:
         if row.role == INPUT:
             inputs.setdefault((row.step, row.module), []).append(row)
             continue
+        if row.role == ROUTING:
+            continue
         base_rows = _transformed_inputs(row, inputs.get((row.step, row.module), [])) or (
             [previous_output] if previous_output else [])
         base = _baseline(base_rows)
@@ -773,12 +784,161 @@ def compare_dumps(candidate: str | Path, reference: str | Path, cfg: LogitsConfi
             if pair.row.problem is not None:
                 pair.row.rule = "absolute"
     rows = [pair.row for pair in pairs]
+    routing, unchecked = apply_routing(entries, pairs, cfg)
     apply_relative_rules(rows, cfg)
     read = [(pair.cand, pair.ref, pair.sums) for pair in pairs if pair.cand is not None and pair.ref is not None]
     return DumpComparison(rows=rows, seconds=time.perf_counter() - started,
                           bytes_read=sum(cand.nbytes + ref.nbytes for cand, ref, _ in read),
                           largest_read=max((sums.largest_read for _, _, sums in read), default=0),
-                          amplification=cfg.amplification)
+                          amplification=cfg.amplification, routing=routing, routing_unchecked=unchecked)
+
+
+# ---------------------------------------------------------------- routing
+
+
+@dataclass
+class _RouterOp:
+    """One call of an MoE router in both dumps: its rows (pair indices) by section and key."""
+
+    path: str
+    step: int
+    rows: dict[tuple[str, str], int] = field(default_factory=dict)
+
+
+def _router_ops(entries: list[tuple[TensorEntry | None, TensorEntry]]) -> tuple[list[_RouterOp], list[str]]:
+    """The router calls of the reference's dump, in execution order, and the MoE blocks that have none."""
+    ops: dict[tuple[int, str], _RouterOp] = {}
+    blocks: dict[tuple[int, str], str] = {}
+    for index, (_, ref) in enumerate(entries):
+        match = _OP_NAME.match(ref.module or "")
+        tensor = _TENSOR_NAME.search(ref.name)
+        if match is None or tensor is None:
+            continue
+        path, cls = match.group("path"), match.group("cls")
+        if path.rsplit(".", 1)[-1] == "gate":
+            op = ops.setdefault((ref.step, ref.module or ""), _RouterOp(path, ref.step))
+            op.rows[(tensor.group("section"), tensor.group("key"))] = index
+        elif cls.endswith(_MOE_BLOCKS):
+            blocks[(ref.step, path)] = cls
+    routed = {(op.step, op.path.rsplit(".", 1)[0]) for op in ops.values()}
+    missing = [f"{path} ({cls})" for (step, path), cls in blocks.items() if (step, path) not in routed]
+    return list(ops.values()), missing
+
+
+def _read(entry: TensorEntry | None) -> np.ndarray | None:
+    return None if entry is None else np.asarray(open_tensor(entry).read_all())
+
+
+def _router_side(op: _RouterOp, entries: list[tuple[TensorEntry | None, TensorEntry]], side: int) -> RouterSide | None:
+    """One side's router arrays (None without its logits or its chosen ids on both sides)."""
+    def entry(section: str, key: str) -> TensorEntry | None:
+        index = op.rows.get((section, key))
+        return None if index is None else entries[index][side]
+
+    outputs = sorted(key for section, key in op.rows if section == "output")
+    logits_entry = entry("output", outputs[0]) if outputs else None
+    if logits_entry is None:
+        return None
+    logits = _read(logits_entry)
+    if logits is None or logits.ndim < 2:
+        return None
+    experts = logits.shape[-1]
+    logits = logits.reshape(-1, experts).astype(np.float64)
+    ids = weights = None
+    for key in outputs[1:]:
+        found = entry("output", key)
+        if found is None:
+            continue
+        array = _read(found)
+        if array is None or array.ndim < 1:
+            continue
+        array = array.reshape(logits.shape[0], -1) if array.size % logits.shape[0] == 0 else array
+        if (found.dtype or "").startswith(_INTEGER_DTYPES):
+            ids = array
+        else:
+            weights = array.astype(np.float64)
+    inputs = [entry("input", key) for section, key in sorted(op.rows) if section == "input"]
+    hidden = _read(inputs[0]) if inputs and inputs[0] is not None else None
+    bias = _read(entry("parameters", "e_score_correction_bias"))
+    sigmoid = bias is not None or any(name in (logits_entry.module or "").lower() for name in ("deepseek", "glm4moe"))
+    return RouterSide(logits=logits, logits_dtype=logits_entry.dtype or "float32", ids=ids, weights=weights,
+                      input=hidden.reshape(logits.shape[0], -1).astype(np.float64)
+                      if hidden is not None and hidden.size % logits.shape[0] == 0 else None,
+                      input_dtype=inputs[0].dtype if inputs and inputs[0] is not None else None,
+                      bias=bias.astype(np.float64).reshape(-1) if bias is not None else None, sigmoid=sigmoid)
+
+
+def apply_routing(entries: list[tuple[TensorEntry | None, TensorEntry]], pairs: list[_Pair],
+                  cfg: LogitsConfig) -> tuple[list[RoutingReport], list[str]]:
+    """Compare each MoE layer's routing (`routing`): the router's ids and weights leave the float rules; a
+    router whose flips rounding cannot explain diverges at the router; flips within the noise are taken
+    out of every token-shaped tensor after them, which the rules then judge on the tokens that routed
+    alike. Returns the reports and, in words, the MoE layers whose routing could not be checked."""
+    ops, unchecked = _router_ops(entries)
+    reports: list[RoutingReport] = []
+    flipped: dict[int, set[int]] = {}
+    masks_from: list[tuple[int, int, set[int], int]] = []
+    for op in ops:
+        cand, ref = _router_side(op, entries, 0), _router_side(op, entries, 1)
+        if cand is None or ref is None or (cand.ids is None and ref.ids is None):
+            unchecked.append(f"{op.path} (no router logits and chosen experts on both sides)")
+            continue
+        report = compare_routing(cand, ref, op.path)
+        reports.append(report)
+        first = min(index for (section, _), index in op.rows.items() if section == "output")
+        for (section, key), index in op.rows.items():
+            row = pairs[index].row
+            if section == "output" and key != min(k for s, k in op.rows if s == "output"):
+                row.role, row.problem, row.rule = ROUTING, None, None
+                row.metrics = {"rerouted": len(report.flips) / max(1, report.tokens)} if (
+                    row.dtype or "").startswith(_INTEGER_DTYPES) else row.metrics
+        finding = report.finding
+        if finding is not None:
+            row = pairs[first].row
+            row.problem, row.rule = finding, "routing"
+        elif report.flips:
+            _leave_out_expert_calls(pairs, op, first)
+            tokens = flipped.setdefault(op.step, set())
+            tokens.update(report.flipped_tokens)
+            masks_from.append((max(op.rows.values()), op.step, set(tokens), report.tokens))
+    for start, step, tokens, count in masks_from:
+        for pair in pairs[start + 1:]:
+            if pair.row.step == step and pair.cand is not None and pair.ref is not None:
+                _judge_on_alike(pair, tokens, count, cfg)
+    return reports, unchecked
+
+
+def _leave_out_expert_calls(pairs: list[_Pair], op: _RouterOp, start: int) -> None:
+    """The calls inside the experts (one per expert, over the tokens routed to it) of this layer and the
+    later ones hold other tokens, or tokens carrying a flip, on the two sides once a token flipped: they
+    are left to the routing comparison, which explains them."""
+    for pair in pairs[start:]:
+        match = _OP_NAME.match(pair.row.module or "")
+        if pair.row.step == op.step and match is not None and ".experts." in match.group("path"):
+            pair.row.role, pair.row.problem, pair.row.rule = ROUTING, None, None
+
+
+def _judge_on_alike(pair: _Pair, flipped: set[int], tokens: int, cfg: LogitsConfig) -> None:
+    """Re-measure a tensor of `tokens` rows without the tokens that flipped (a later router's mask, a
+    superset, is applied after an earlier one's)."""
+    assert pair.cand is not None and pair.ref is not None
+    shape = list(pair.ref.shape)
+    while len(shape) > 2 and shape[0] == 1:
+        shape.pop(0)
+    if pair.row.role == ROUTING or not shape or shape[0] != tokens or pair.row.dtype is None \
+            or pair.row.dtype.startswith(_INTEGER_DTYPES):
+        return
+    keep = np.ones(shape[0], dtype=bool)
+    keep[sorted(flipped)] = False
+    cand = np.ascontiguousarray(pair.cand.read_all().reshape(shape[0], -1)[keep], dtype=np.float32).reshape(-1)
+    ref = np.ascontiguousarray(pair.ref.read_all().reshape(shape[0], -1)[keep], dtype=np.float32).reshape(-1)
+    sums = ChunkSums()
+    vocab = pair.ref.shape[-1] if pair.logits else None
+    sums.add_chunk(cand, ref, dtype_tolerance(pair.row.dtype), vocab, cfg.top_k,
+                   Scratch(max(1, cand.size), max(pair.cand.stored.itemsize, pair.ref.stored.itemsize)))
+    pair.row.metrics = {**sums.metrics(pair.logits), "tokens_left_out": float(len(flipped))}
+    pair.row.problem = _problem(pair.row.metrics, cfg)
+    pair.row.rule = "absolute" if pair.row.problem is not None else None
 
 
 def judge_logits(obs: Observation, reference: Observation | None, cfg: LogitsConfig) -> Verdict:
@@ -799,9 +959,13 @@ def verdict_from_comparison(result: DumpComparison) -> Verdict:
     if worst is not None:
         figures["worst_cosine"] = _round(worst.metrics["cosine"])
         figures["worst_cosine_tensor"] = worst.name
+    routing = routing_words(result)
+    if result.routing or result.routing_unchecked:
+        figures["routing"] = {"layers": [report.to_dict() for report in result.routing],
+                              "unchecked": result.routing_unchecked}
     if first is None:
         return Verdict(kind=VerdictKind.GOOD, figures=figures,
-                       reason=f"all {len(result.rows)} tensors within the pass lines")
+                       reason=f"all {len(result.rows)} tensors within the pass lines{routing}")
     carriers, also = result.after_first()
     figures["first_divergent"] = first.to_dict()
     figures["carried_by"] = {"count": len(carriers), "tensors": [row.name for row in carriers[:10]]}
@@ -810,4 +974,23 @@ def verdict_from_comparison(result: DumpComparison) -> Verdict:
     carried = f"; {len(carriers)} later outputs carry the drift" if carriers else ""
     return Verdict(kind=VerdictKind.BAD, figures=figures,
                    reason=f"first divergent tensor #{first.index} {first.name} ({where}step {first.step}): "
-                          f"{first.problem} [{first.rule or 'mismatch'} rule]{carried}")
+                          f"{first.problem} [{first.rule or 'mismatch'} rule]{carried}{routing}")
+
+
+def routing_words(result: DumpComparison) -> str:
+    """The routing's part of a verdict: flips taken as noise, layers not checked ("" without MoE routers)."""
+    noise = [report for report in result.routing if report.flips and report.finding is None]
+    words = ""
+    if noise:
+        flips = sum(len(report.flips) for report in noise)
+        tokens = sum(report.tokens for report in noise)
+        explainable = sum(report.explainable for report in noise)
+        words += (f"; routing: {flips} of {tokens} token choices in {len(noise)} MoE layers went to another "
+                  f"expert set, each at a margin within its rounding noise (rounding explains up to "
+                  f"{explainable}); the MoE blocks judged on the tokens that routed alike")
+    elif result.routing and all(report.finding is None for report in result.routing):
+        words += f"; routing: every token routed alike in {len(result.routing)} MoE layers"
+    if result.routing_unchecked:
+        words += (f"; routing could not be checked at {len(result.routing_unchecked)} MoE layers "
+                  f"({', '.join(result.routing_unchecked[:3])}): judged as dense")
+    return words

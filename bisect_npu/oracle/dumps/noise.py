@@ -1,0 +1,109 @@
+"""The noise model: what a module's output is measured against, and the lines its pair's own noise draws.
+
+A module's output is measured against its baseline: the worst agreement of its inputs shaped like
+it (the hidden state it transforms; all its inputs when none is) or, for a dump without inputs,
+the output before it in execution order. Two statistics per output (see `peers`): the cosine
+distance's amplification over the baseline's (for an input exact to within one rounding, the
+output's distance itself), and the norm ratio's change beyond the baseline's. Each is judged
+against the same module kind in the other layers of the pair (`PeerLines`): the pair's own noise.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any
+
+from bisect_npu.oracle.config import LogitsConfig
+from bisect_npu.oracle.dumps.peers import Line, leave_one_out_lines, log_ratio, module_kind
+from bisect_npu.oracle.dumps.precision import cosine_floor, dtype_tolerance
+from bisect_npu.oracle.dumps.rows import TensorDiff
+
+
+def baseline(rows: list[TensorDiff]) -> dict[str, Any] | None:
+    """The worst agreement among `rows`, metric by metric (None when none was measured)."""
+    measured = [row for row in rows if row.metrics]
+    if not measured:
+        return None
+    return {"tensors": [row.name for row in measured],
+            "cosine": min(row.metrics["cosine"] for row in measured),
+            "within_1e3": min(row.metrics["within_1e3"] for row in measured),
+            "within_tol": min(row.metrics["within_tol"] for row in measured),
+            "max_rel_error": max(row.metrics["max_rel_error"] for row in measured),
+            "norm_change": max(log_ratio(row.metrics.get("norm_ratio", 1.0)) for row in measured)}
+
+
+def transformed_inputs(row: TensorDiff, inputs: list[TensorDiff]) -> list[TensorDiff]:
+    """The inputs shaped like the output (the hidden state a layer, attention or MLP transforms), or all of
+    them when none is. Why: auxiliary inputs (the rotary cos/sin, position ids, masks) and the weights are
+    not what the module transforms; a bf16 model's rotary tables, cast from its own bf16 `inv_freq`, differ
+    from an fp32 golden's by about one rounding, and an output judged against them looks amplified."""
+    shaped = [item for item in inputs if item.metrics and row.shape is not None and item.shape == row.shape]
+    return shaped or inputs
+
+
+def input_is_exact(row: TensorDiff, base: dict[str, Any]) -> bool:
+    """Whether the module's input agrees to within one rounding (bit-identical, or just cast): its
+    amplification then says nothing, and its output distance is judged against its peers' instead."""
+    return bool(1.0 - base["cosine"] < cosine_floor(row.dtype))
+
+
+def distance_statistic(row: TensorDiff, base: dict[str, Any]) -> tuple[str, float]:
+    """("amplification", log(output's cosine distance / its input's)) or, for an exact input,
+    ("distance", log(output's cosine distance)); distances floored at one rounding to the row's dtype."""
+    floor = cosine_floor(row.dtype)
+    out = math.log(max(1.0 - row.metrics["cosine"], floor))
+    if input_is_exact(row, base):
+        return "distance", out
+    return "amplification", out - math.log(max(1.0 - base["cosine"], floor))
+
+
+def norm_change(row: TensorDiff, base: dict[str, Any]) -> float:
+    """How far the output's norm ratio moved from 1 (log), less what its inputs' had moved."""
+    return log_ratio(row.metrics["norm_ratio"]) - float(base["norm_change"])
+
+
+@dataclass
+class PeerLines:
+    """The lines each output meets, drawn from its kind's other layers (or the highest of any kind's):
+    its amplification's (or, for an exact input, its output distance's) and its norm change's."""
+
+    distance: dict[int, tuple[str, Line]]
+    norm: dict[int, Line]
+
+    @staticmethod
+    def of(measured: list[tuple[TensorDiff, dict[str, Any]]], cfg: LogitsConfig) -> PeerLines:
+        amp: dict[str, list[tuple[int, float]]] = {}
+        dist: dict[str, list[tuple[int, float]]] = {}
+        norm: dict[str, list[tuple[int, float]]] = {}
+        floor = math.log(cfg.peer_min_factor)
+        dtypes = {row.index: row.dtype for row, _ in measured}
+        exact = {row.index for row, base in measured if input_is_exact(row, base)}
+        for row, base in measured:
+            kind = module_kind(row.module, row.name)
+            statistic, value = distance_statistic(row, base)
+            (amp if statistic == "amplification" else dist).setdefault(kind, []).append((row.index, value))
+            if statistic == "amplification":  # every output's distance is a peer of an exact-input one
+                dist.setdefault(kind, []).append((row.index, math.log(max(1.0 - row.metrics["cosine"],
+                                                                          cosine_floor(row.dtype)))))
+            change = norm_change(row, base)
+            if math.isfinite(change):
+                norm.setdefault(kind, []).append((row.index, change))
+        amp_lines = _with_fallback(leave_one_out_lines(amp, cfg.peer_mads, cfg.min_peers, lambda _: floor), amp)
+        dist_lines = _with_fallback(leave_one_out_lines(dist, cfg.peer_mads, cfg.min_peers, lambda _: floor), dist)
+        distance = {index: ("distance", line) for index, line in dist_lines.items() if index in exact}
+        distance.update({index: ("amplification", line) for index, line in amp_lines.items() if index not in exact})
+        norm_lines = leave_one_out_lines(norm, cfg.peer_mads, cfg.min_peers,
+                                         lambda index: dtype_tolerance(dtypes[index]) / 2)
+        return PeerLines(distance, _with_fallback(norm_lines, norm))
+
+    def covers(self, row: TensorDiff) -> bool:
+        return row.index in self.distance or row.index in self.norm
+
+
+def _with_fallback(lines: dict[int, Line], kinds: dict[str, list[tuple[int, float]]]) -> dict[int, Line]:
+    """`lines`, and for members of kinds too small for their own, the highest line of any kind."""
+    if not lines:
+        return lines
+    highest = max(lines.values(), key=lambda line: line.line)
+    return {index: lines.get(index, highest) for members in kinds.values() for index, _ in members}

@@ -1,0 +1,82 @@
+"""The dump rules, one class a file, run in the order declared here; the first that fires names the tensor.
+
+A new rule is one file with a `TensorRule` or `ModuleRule` subclass and one entry below.
+Tensor rules judge every compared pair on its own metrics. Module rules judge each output not
+already divergent against its baseline (its inputs shaped like it, or the output before it) and,
+with `noise_from_peers`, the noise lines its kind's other layers draw; an output whose max
+absolute error is at most `cosine_abs_floor` is not judged by them (a near-zero tensor says little).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from bisect_npu.oracle.config import LogitsConfig
+from bisect_npu.oracle.dumps.entries import INPUT, ROUTING, TensorEntry
+from bisect_npu.oracle.dumps.noise import PeerLines, baseline, transformed_inputs
+from bisect_npu.oracle.dumps.routing import RoutingReport
+from bisect_npu.oracle.dumps.rows import TensorDiff
+from bisect_npu.oracle.dumps.rules.absolute import Absolute
+from bisect_npu.oracle.dumps.rules.base import Context, Finding, ModuleRule, TensorRule
+from bisect_npu.oracle.dumps.rules.fixed_amplification import FixedAmplification
+from bisect_npu.oracle.dumps.rules.msprobe_amplification import MsprobeAmplification
+from bisect_npu.oracle.dumps.rules.peer_cosine import PeerCosine
+from bisect_npu.oracle.dumps.rules.peer_norm import PeerNorm
+from bisect_npu.oracle.dumps.rules.routing import MeasuredPair, Routing, apply_routing
+
+TENSOR_RULES: tuple[TensorRule, ...] = (Absolute(),)
+# Runs over the whole dump pair between the tensor rules and the module rules (`rules/routing.py`).
+DUMP_RULES = (Routing,)
+MODULE_RULES: tuple[ModuleRule, ...] = (MsprobeAmplification(), PeerCosine(), PeerNorm(), FixedAmplification())
+
+
+def _record(row: TensorDiff, finding: Finding) -> None:
+    row.rule, row.problem, row.provenance = finding.rule, finding.problem, finding.provenance
+
+
+def apply_tensor_rules(rows: list[TensorDiff], cfg: LogitsConfig) -> None:
+    """Judge every measured row on its own metrics (rows already divergent, a shape or a file, are left)."""
+    ctx = Context(cfg)
+    for row in rows:
+        if not row.metrics or row.problem is not None:
+            continue
+        finding = next((found for rule in TENSOR_RULES if (found := rule.judge(row, ctx)) is not None), None)
+        if finding is not None:
+            _record(row, finding)
+
+
+def apply_dump_rules(entries: list[tuple[TensorEntry | None, TensorEntry]], pairs: list[MeasuredPair],
+                     cfg: LogitsConfig) -> tuple[list[RoutingReport], list[str]]:
+    """The routing rule over the dump pair; a tensor it re-measures is judged again by the tensor rules."""
+    return apply_routing(entries, pairs, cfg, lambda row: apply_tensor_rules([row], cfg))
+
+
+def apply_relative_rules(rows: list[TensorDiff], cfg: LogitsConfig) -> None:
+    """Judge each output not already divergent against its module's inputs, or the output before it."""
+    inputs: dict[tuple[int, str | None], list[TensorDiff]] = {}
+    previous_output: TensorDiff | None = None
+    measured: list[tuple[TensorDiff, dict[str, Any]]] = []
+    for row in rows:
+        if row.role == INPUT:
+            inputs.setdefault((row.step, row.module), []).append(row)
+            continue
+        if row.role == ROUTING:
+            continue
+        base_rows = transformed_inputs(row, inputs.get((row.step, row.module), [])) or (
+            [previous_output] if previous_output else [])
+        base = baseline(base_rows)
+        if base is not None and row.metrics:
+            measured.append((row, base))
+        if base is not None and row.problem is not None:
+            row.baseline = base
+        previous_output = row
+    if not cfg.relative:
+        return
+    ctx = Context(cfg, PeerLines.of(measured, cfg) if cfg.noise_from_peers else None)
+    for row, base in measured:
+        if row.problem is not None or row.metrics["max_abs_error"] <= cfg.cosine_abs_floor:
+            continue
+        finding = next((found for rule in MODULE_RULES if (found := rule.judge(row, base, ctx)) is not None), None)
+        if finding is not None:
+            _record(row, finding)
+            row.baseline = base if finding.noise is None else {**base, "noise": finding.noise}

@@ -13,8 +13,8 @@ Router variants, each a real forward of the model with one gate forward replaced
 * `router="fp32"`: the logits computed in fp32 whatever the model's dtype (vllm-ascend's fix), the
   routing weights handed to the experts in `weights_dtype` (fp32 unless given);
 * `router="bf16"`: the logits computed in bf16 (the regression where the reference routes in fp32).
-Faults: `scale:<module>:<factor>` multiplies one weight (a safetensors-style key, the layer's
-number in it), applied after rounding.
+Faults (`_inject`): one weight scaled or perturbed (a parameter name, the layer's number in it),
+applied after rounding.
 """
 
 from __future__ import annotations
@@ -107,11 +107,17 @@ def build_model(spec: MoeSpec, dtype: torch.dtype = torch.float32, attn: str = "
 
 
 def _inject(model: nn.Module, fault: str) -> None:
-    kind, key, factor = fault.split(":")
-    if kind != "scale":
+    """`scale:<key>:<factor>` multiplies a weight; `noise:<key>:<share>` adds seeded noise of that share of
+    its rms (a router that scores the experts otherwise, which a scale of a softmax's logits is not)."""
+    kind, key, amount = fault.split(":")
+    weight = dict(model.named_parameters())[key]
+    if kind == "scale":
+        weight.mul_(float(amount))
+    elif kind == "noise":
+        noise = torch.randn(weight.shape, generator=torch.Generator().manual_seed(99))
+        weight.add_(noise * float(amount) * weight.pow(2).mean().sqrt())
+    else:
         raise ValueError(f"unknown fault {fault!r}")
-    weights = dict(model.named_parameters())
-    weights[key].mul_(float(factor))
 
 
 def _replace_router(gate: nn.Module, spec: MoeSpec, router: str, weights_dtype: torch.dtype | None) -> None:

@@ -15,7 +15,8 @@ from bisect_npu.oracle.dumps.routing import RoutingReport
 class TensorDiff:
     """Comparison of one tensor pair; `problem` is set when it diverges, `rule` says which rule fired,
     `provenance` where that rule's thresholds came from, and `baseline` what it was measured against
-    (the module's inputs or the neighbour before it)."""
+    (the module's inputs or the neighbour before it). `carried_metrics`: the whole tensor's metrics where
+    `metrics` leave some tokens out (the routing rule's), what the tensors after it are measured against."""
 
     name: str
     index: int
@@ -31,6 +32,7 @@ class TensorDiff:
     baseline: dict[str, Any] | None = None
     candidate_dtype: str | None = None
     shape: tuple[int, ...] | None = None
+    carried_metrics: dict[str, float] | None = None
 
     def to_dict(self) -> dict[str, Any]:
         out: dict[str, Any] = {"name": self.name, "index": self.index, "step": self.step, "layer": self.layer,

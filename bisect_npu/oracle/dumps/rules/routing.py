@@ -4,9 +4,12 @@ A router is a module named `...gate` in a MindStudio Probe layout dump (ours or 
 output 0 the logits, an integer output the chosen ids, a float one the routing weights, its
 `input_args` the hidden states it routed and its `parameters` a score-correction bias. Its ids and
 weights leave the float rules (role `routing`); a router whose flips rounding cannot explain is the
-first divergent tensor at its logits; flips within the noise are left out of every token-shaped
-tensor after them, which the rules then judge on the tokens that routed alike, and the calls
-inside the experts (one per expert, over other tokens once one flipped) are left to this rule.
+first divergent tensor at its logits; flips within the noise are left out of the token-shaped
+tensors after the router, which the rules then judge on the tokens that routed alike, while the
+next tensors' baselines keep the whole tensor (the flipped tokens' drift, which attention spreads
+to the other tokens, is then the later modules' input);
+the calls inside the experts (one per expert, over other tokens once one flipped) are left to
+this rule.
 """
 
 from __future__ import annotations
@@ -129,12 +132,12 @@ def apply_routing(entries: list[tuple[TensorEntry | None, TensorEntry]], pairs: 
                   cfg: LogitsConfig, rejudge: Callable[[TensorDiff], None]) -> tuple[list[RoutingReport], list[str]]:
     """Compare each MoE layer's routing (`routing`): the router's ids and weights leave the float rules; a
     router whose flips rounding cannot explain diverges at the router; flips within the noise are taken
-    out of every token-shaped tensor after them, which the rules then judge on the tokens that routed
-    alike. Returns the reports and, in words, the MoE layers whose routing could not be checked."""
+    out of the token-shaped tensors after the router, which the rules then judge on the tokens that
+    routed alike. Returns the reports and, in words, the MoE layers whose routing could not be checked."""
     ops, unchecked = _router_ops(entries)
     reports: list[RoutingReport] = []
     flipped: dict[int, set[int]] = {}
-    masks_from: list[tuple[int, int, set[int], int]] = []
+    masks: list[tuple[int, int, set[int], int]] = []
     for op in ops:
         cand, ref = _router_side(op, entries, 0), _router_side(op, entries, 1)
         if cand is None or ref is None or (cand.ids is None and ref.ids is None):
@@ -155,10 +158,9 @@ def apply_routing(entries: list[tuple[TensorEntry | None, TensorEntry]], pairs: 
             row.problem, row.rule, row.provenance = finding, Routing.name, Routing.provenance
         elif report.flips:
             _leave_out_expert_calls(pairs, op, first)
-            tokens = flipped.setdefault(op.step, set())
-            tokens.update(report.flipped_tokens)
-            masks_from.append((max(op.rows.values()), op.step, set(tokens), report.tokens))
-    for start, step, tokens, count in masks_from:
+            flipped.setdefault(op.step, set()).update(report.flipped_tokens)
+            masks.append((max(op.rows.values()), op.step, set(flipped[op.step]), report.tokens))
+    for start, step, tokens, count in masks:  # a later router's mask holds an earlier one's: applied after it
         for pair in pairs[start + 1:]:
             if pair.row.step == step and pair.cand is not None and pair.ref is not None:
                 _judge_on_alike(pair, tokens, count, cfg, rejudge)
@@ -177,8 +179,9 @@ def _leave_out_expert_calls(pairs: Sequence[MeasuredPair], op: _RouterOp, start:
 
 def _judge_on_alike(pair: MeasuredPair, flipped: set[int], tokens: int, cfg: LogitsConfig,
                     rejudge: Callable[[TensorDiff], None]) -> None:
-    """Re-measure a tensor of `tokens` rows without the tokens that flipped (a later router's mask, a
-    superset, is applied after an earlier one's)."""
+    """Re-measure a tensor of `tokens` rows without the tokens that flipped; the whole tensor's metrics stay
+    what the next tensors' baselines see (a flipped token's drift, which attention spreads to the other
+    tokens in the layers after, is their input's)."""
     assert pair.cand is not None and pair.ref is not None
     shape = list(pair.ref.shape)
     while len(shape) > 2 and shape[0] == 1:
@@ -194,6 +197,7 @@ def _judge_on_alike(pair: MeasuredPair, flipped: set[int], tokens: int, cfg: Log
     vocab = pair.ref.shape[-1] if pair.logits else None
     sums.add_chunk(cand, ref, dtype_tolerance(pair.row.dtype), vocab, cfg.top_k,
                    Scratch(max(1, cand.size), max(pair.cand.stored.itemsize, pair.ref.stored.itemsize)))
+    pair.row.carried_metrics = pair.row.carried_metrics or pair.row.metrics
     pair.row.metrics = {**sums.metrics(pair.logits), "tokens_left_out": float(len(flipped))}
     pair.row.problem = pair.row.rule = pair.row.provenance = None
     rejudge(pair.row)

@@ -60,7 +60,9 @@ def apply_relative_rules(rows: list[TensorDiff], cfg: LogitsConfig) -> None:
         if row.role == INPUT:
             inputs.setdefault((row.step, row.module), []).append(row)
             continue
-        if row.role == ROUTING:
+        if row.role == ROUTING:  # never judged here; routing weights are what the experts' output combines
+            if "cosine" in row.metrics:
+                previous_output = row
             continue
         base_rows = transformed_inputs(row, inputs.get((row.step, row.module), [])) or (
             [previous_output] if previous_output else [])

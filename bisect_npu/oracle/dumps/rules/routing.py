@@ -156,10 +156,11 @@ def apply_routing(entries: list[tuple[TensorEntry | None, TensorEntry]], pairs: 
         if finding is not None:
             row = pairs[first].row
             row.problem, row.rule, row.provenance = finding, Routing.name, Routing.provenance
-        elif report.flips:
+        else:
             _leave_out_expert_calls(pairs, op, first)
+        if finding is None and report.flips:
             flipped.setdefault(op.step, set()).update(report.flipped_tokens)
-            masks.append((max(op.rows.values()), op.step, set(flipped[op.step]), report.tokens))
+            masks.append((first, op.step, set(flipped[op.step]), report.tokens))
     for start, step, tokens, count in masks:  # a later router's mask holds an earlier one's: applied after it
         for pair in pairs[start + 1:]:
             if pair.row.step == step and pair.cand is not None and pair.ref is not None:
@@ -168,9 +169,9 @@ def apply_routing(entries: list[tuple[TensorEntry | None, TensorEntry]], pairs: 
 
 
 def _leave_out_expert_calls(pairs: Sequence[MeasuredPair], op: _RouterOp, start: int) -> None:
-    """The calls inside the experts (one per expert, over the tokens routed to it) of this layer and the
-    later ones hold other tokens, or tokens carrying a flip, on the two sides once a token flipped: they
-    are left to the routing comparison, which explains them."""
+    """The calls inside the experts (one per expert, over the tokens routed to it, in the order routing
+    hits them) follow the routing: once a token flips here or before, they hold other tokens on the two
+    sides. They are left to the routing comparison; the experts' output is compared whole."""
     for pair in pairs[start:]:
         match = _OP_NAME.match(pair.row.module or "")
         if pair.row.step == op.step and match is not None and ".experts." in match.group("path"):
@@ -186,7 +187,7 @@ def _judge_on_alike(pair: MeasuredPair, flipped: set[int], tokens: int, cfg: Log
     shape = list(pair.ref.shape)
     while len(shape) > 2 and shape[0] == 1:
         shape.pop(0)
-    if pair.row.role == ROUTING or not shape or shape[0] != tokens or pair.row.dtype is None \
+    if not shape or shape[0] != tokens or pair.row.dtype is None or "cosine" not in pair.row.metrics \
             or pair.row.dtype.startswith(_INTEGER_DTYPES):
         return
     keep = np.ones(shape[0], dtype=bool)

@@ -78,19 +78,21 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--work", type=Path, default=Path("/tmp/moe-family-bench"))
     parser.add_argument("--split", choices=("report", "tune", "all"), default="report")
-    parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1])
+    parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
+    parser.add_argument("--layers", type=int, default=5, help="decoder layers (layer 0 dense, the rest MoE)")
     args = parser.parse_args()
     cases = [(family, norm, seed) for family, norm in FAMILIES for seed in args.seeds
              if args.split == "all" or ((family, norm, seed) in TUNE) == (args.split == "tune")]
-    print(f"# moe_family_bench {date.today()} {platform.machine()} {platform.processor() or ''} "
-          f"load {open('/proc/loadavg').read().split()[0]} split {args.split}")
+    load = Path("/proc/loadavg").read_text(encoding="utf-8").split()[0]
+    print(f"# moe_family_bench {date.today()} {platform.machine()} load {load} split {args.split} "
+          f"layers {args.layers}")
     print("| family | norm_topk_prob | seed | pair | kind | verdict | named where | flips | seconds |")
     print("|---|---|---|---|---|---|---|---|---|")
     tally: dict[str, list[int]] = {}
     for family, norm, seed in cases:
-        spec = MoeSpec(family=family, norm_topk_prob=norm, router_offset=20.0, seed=seed)
+        spec = MoeSpec(family=family, norm_topk_prob=norm, router_offset=20.0, seed=seed, layers=args.layers)
         ids = tokens(spec, seed=seed + 7)
-        root = args.work / f"{family}-{int(norm)}-{seed}"
+        root = args.work / f"{family}-{int(norm)}-{seed}-{args.layers}"
         for name, kwargs in VARIANTS.items():
             if not (root / name / "step0").exists():
                 dump(build_model(spec, **kwargs), ids, root / name)

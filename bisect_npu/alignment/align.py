@@ -10,6 +10,7 @@ lines up (`line_up`). Anything else is a usage error naming the cause and the ne
 
 from __future__ import annotations
 
+import math
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
@@ -106,6 +107,9 @@ class Alignment:
                       "| stage | matches | evidence |", "|---|---|---|"]
             for name, figures in case.verdict.figures.get("stages", {}).items():
                 lines.append(f"| {name} | {'yes' if figures.get('matches') else '**no**'} | {_evidence(figures)} |")
+            forward = case.verdict.figures.get("stages", {}).get("forward")
+            if isinstance(forward, dict) and len(forward.get("layers") or []) >= 2:
+                lines += ["", *layer_chart(case.case_id, forward["layers"])]
             skipped = case.verdict.figures.get("skipped_stages") or []
             if skipped:
                 lines += ["", "Not recorded on both sides: " + ", ".join(skipped)]
@@ -115,6 +119,25 @@ class Alignment:
                     lines += ["", f"`{case.first_module}` is vLLM's `{case.first_vllm_module}`."]
             lines.append("")
         return "\n".join(lines)
+
+
+def layer_chart(case_id: str, layers: list[dict[str, Any]]) -> list[str]:
+    """Each layer's error against its noise line, as the run report charts its tested commits: the bars are
+    the worst output's cosine distance (log10), the line what the pair's noise allows it; drift enters at
+    the first bar above the line."""
+    def log10(value: float) -> str:
+        return f"{math.log10(max(value, 1e-12)):.2f}"
+
+    above = next((item for item in layers if item["distance"] > item["line"]), None)
+    enters = (f"drift enters at layer {above['layer']} (`{above['tensor']}`)" if above is not None
+              else "no layer above its noise line")
+    return [f"Layer by layer, case `{case_id}`: each layer's worst output, its cosine distance (bars, log10) "
+            f"against the distance its noise line allows (line); {enters}.", "", "```mermaid", "xychart-beta",
+            f'    title "case {case_id}: log10 cosine distance per layer (bars) and its noise line"',
+            "    x-axis [" + ", ".join(f'"{item["layer"]}"' for item in layers) + "]",
+            '    y-axis "log10 cosine distance"',
+            "    bar [" + ", ".join(log10(item["distance"]) for item in layers) + "]",
+            "    line [" + ", ".join(log10(item["line"]) for item in layers) + "]", "```"]
 
 
 def _evidence(figures: dict[str, Any]) -> str:

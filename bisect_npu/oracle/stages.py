@@ -57,8 +57,8 @@ def _compare(name: str, cand: Any, ref: Any, logits_cfg: LogitsConfig) -> tuple[
     result = compare_dumps(str(cand), str(ref), logits_cfg)
     first = result.first_divergent
     worst = result.worst_cosine
-    figures = {"tensors_compared": len(result.rows),
-               "worst_cosine": worst.metrics["cosine"] if worst else None}
+    figures = {"tensors_compared": len(result.rows), "worst_cosine": worst.metrics["cosine"] if worst else None,
+               "layers": result.layer_profile()}
     if first is None:
         return True, figures, "all tensors within the pass lines"
     carriers, _ = result.after_first()

@@ -9,6 +9,7 @@ from typing import Any, ClassVar
 import numpy as np
 import pytest
 
+from bisect_npu.errors import UsageError
 from bisect_npu.observations import Observation, VerdictKind
 from bisect_npu.oracle.config import LogitsConfig
 from bisect_npu.oracle.dumps import rules
@@ -35,8 +36,9 @@ def stack(root: Path, broken: int | None = None, size: float = 0.05, seed: int =
 
 
 def test_the_rules_run_in_their_declared_order_each_named_with_what_it_measures() -> None:
-    names = [rule.name for rule in (*rules.TENSOR_RULES, *rules.MODULE_RULES)]
-    assert names[0] == "absolute" and names[1] == "msprobe_amplification"
+    assert [rule.name for rule in rules.TENSOR_RULES] == ["integer_equality", "absolute"]
+    assert [rule.name for rule in rules.MODULE_RULES] == ["msprobe_amplification", "cosine_amplification",
+                                                          "norm_ratio", "cosine_amplification"]
     assert all(rule.measures for rule in (*rules.TENSOR_RULES, *rules.MODULE_RULES))
 
 
@@ -73,3 +75,84 @@ def test_a_new_rule_is_one_class_the_comparison_runs_in_its_place(tmp_path: Path
     monkeypatch.setattr(rules, "MODULE_RULES", (*rules.MODULE_RULES, _AnyDriftAtLayerThree()))
     first = compare_dumps(cand, ref, LogitsConfig()).first_divergent
     assert first is not None and first.layer == 3 and first.rule == "layer_three" and first.provenance == "this test"
+
+
+# ---------------------------------------------------------------- integer tensors, refusals
+
+
+def with_ids(root: Path, ids: np.ndarray, positions: np.ndarray, mask: np.ndarray, seed: int = 1) -> Path:
+    """The float stack beside a router's chosen expert ids ([tokens, k]), position ids and a boolean mask."""
+    stack(root / "floats", seed=seed)
+    floats = [(f"model.layers.{i}.mlp", np.load(root / "floats" / f"{i:05d}.npy")) for i in range(8)]
+    tensors = [("model.positions", positions), ("model.attention_mask", mask), *floats[:4],
+               ("model.layers.3.mlp.gate.topk_ids", ids), *floats[4:]]
+    return write_dump(root / "dump", tensors).parent
+
+
+def test_expert_ids_are_compared_as_sets_per_token_and_other_integers_element_by_element(tmp_path: Path) -> None:
+    rng = np.random.default_rng(0)
+    ids = np.stack([rng.choice(16, 4, replace=False) for _ in range(32)]).astype(np.int64)
+    positions, mask = np.arange(32, dtype=np.int64), np.tril(np.ones((32, 32), dtype=np.bool_))
+    ref = with_ids(tmp_path / "ref", ids, positions, mask)
+    # The same experts listed in another order: the same choice, where cosine saw a large change.
+    reordered = with_ids(tmp_path / "reordered", ids[:, ::-1].copy(), positions, mask, seed=2)
+    result = compare_dumps(reordered, ref, LogitsConfig())
+    assert result.first_divergent is None
+    row = next(row for row in result.rows if row.name.endswith("topk_ids"))
+    assert row.integer and "cosine" not in row.metrics and row.metrics["rows_differ"] == 0
+    # Two tokens that chose another expert: named at the router, counted in rows.
+    flipped = ids.copy()
+    flipped[[3, 9], 0] = next(e for e in range(16) if e not in ids[3]), next(e for e in range(16) if e not in ids[9])
+    first = compare_dumps(with_ids(tmp_path / "flipped", flipped, positions, mask, seed=2), ref,
+                          LogitsConfig()).first_divergent
+    assert first is not None and first.rule == "integer_equality" and first.name.endswith("topk_ids")
+    assert "2 of 32 rows chose another set" in (first.problem or "")
+    # Positions are compared element by element: a permutation is not the same.
+    moved = with_ids(tmp_path / "moved", ids, positions[::-1].copy(), mask, seed=2)
+    first = compare_dumps(moved, ref, LogitsConfig()).first_divergent
+    assert first is not None and first.name == "model.positions" and "element by element" in (first.problem or "")
+    # A mask with one entry flipped.
+    holed = mask.copy()
+    holed[5, 0] = False
+    first = compare_dumps(with_ids(tmp_path / "holed", ids, positions, holed, seed=2), ref,
+                          LogitsConfig()).first_divergent
+    assert first is not None and first.name == "model.attention_mask" and first.rule == "integer_equality"
+
+
+def test_ids_of_another_integer_width_are_compared_not_refused(tmp_path: Path) -> None:
+    ids = np.arange(64, dtype=np.int64).reshape(16, 4) % 16
+    positions, mask = np.arange(16, dtype=np.int64), np.ones((16, 16), dtype=np.bool_)
+    ref = with_ids(tmp_path / "ref", ids, positions, mask)
+    cand = with_ids(tmp_path / "cand", ids.astype(np.int32), positions.astype(np.int32), mask, seed=2)
+    assert compare_dumps(cand, ref, LogitsConfig()).first_divergent is None
+
+
+@pytest.mark.parametrize("what", ["experts", "top_k", "hidden"])
+def test_dumps_of_two_model_configs_are_refused_in_one_line(tmp_path: Path, what: str) -> None:
+    rng = np.random.default_rng(0)
+    logits = rng.standard_normal((8, 16)).astype(np.float32)
+    hidden = [(f"model.layers.{i}.mlp", rng.standard_normal((8, 32)).astype(np.float32)) for i in range(4)]
+    ref = write_dump(tmp_path / "ref", [*hidden[:2], ("model.layers.1.mlp.gate", logits),
+                                        ("model.layers.1.mlp.gate.topk_ids", np.zeros((8, 2), np.int64)), *hidden[2:]])
+    other = {"experts": [*hidden[:2], ("model.layers.1.mlp.gate", logits[:, :8]),
+                         ("model.layers.1.mlp.gate.topk_ids", np.zeros((8, 2), np.int64)), *hidden[2:]],
+             "top_k": [*hidden[:2], ("model.layers.1.mlp.gate", logits),
+                       ("model.layers.1.mlp.gate.topk_ids", np.zeros((8, 4), np.int64)), *hidden[2:]],
+             "hidden": [(name, np.zeros((8, 64), np.float32)) for name, _ in hidden[:2]]
+             + [("model.layers.1.mlp.gate", logits), ("model.layers.1.mlp.gate.topk_ids", np.zeros((8, 2), np.int64))]
+             + [(name, np.zeros((8, 64), np.float32)) for name, _ in hidden[2:]]}[what]
+    cand = write_dump(tmp_path / "cand", other)
+    with pytest.raises(UsageError) as refused:
+        compare_dumps(cand.parent, ref.parent, LogitsConfig())
+    message = str(refused.value)
+    assert "\n" not in message and message.endswith(("compare dumps of one model config",
+                                                     "compare dumps of one model and one prompt"))
+    assert ("expert count or top-k" in message) == (what != "hidden")
+
+
+def test_one_tensor_of_another_shape_is_a_finding_not_a_refusal(tmp_path: Path) -> None:
+    ref = stack(tmp_path / "ref", seed=1)
+    tensors = [(f"model.layers.{i}.mlp", np.load(ref / f"{i:05d}.npy")) for i in range(8)]
+    tensors[4] = (tensors[4][0], tensors[4][1][:8])
+    first = compare_dumps(write_dump(tmp_path / "cand", tensors).parent, ref, LogitsConfig()).first_divergent
+    assert first is not None and first.layer == 4 and "shape" in (first.problem or "")

@@ -19,6 +19,7 @@ the GIL) share one tensor too.
 
 from __future__ import annotations
 
+import re
 import time
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
@@ -30,6 +31,7 @@ from bisect_npu.observations import Observation, Verdict, VerdictKind
 from bisect_npu.oracle.config import LogitsConfig
 from bisect_npu.oracle.dumps.entries import OUTPUT, TensorEntry, open_dump, open_tensor, write_dump
 from bisect_npu.oracle.dumps.formats import PtFormatError, TensorFile
+from bisect_npu.oracle.dumps.integers import integer_dtype, integer_metrics, is_integer
 from bisect_npu.oracle.dumps.metrics import ChunkSums, segment_sums, top_k_indices
 from bisect_npu.oracle.dumps.precision import coarser_dtype, dtype_tolerance
 from bisect_npu.oracle.dumps.rows import DumpComparison, TensorDiff, round_figure
@@ -41,6 +43,8 @@ __all__ = ["OUTPUT", "ChunkSums", "DumpComparison", "TensorDiff", "TensorEntry",
            "write_dump"]
 # Chunks per unit of work: a tensor larger than this is shared between the workers.
 SEGMENT_CHUNKS = 8
+# A MoE router's module: `mlp.gate` (vLLM, DeepSeek) or `mlp.gate.<Class>` (msprobe), not `gate_proj`.
+_ROUTER = re.compile(r"(?:^|\.)(?:gate|router)(?:\.|$)")
 
 
 
@@ -55,27 +59,61 @@ class _Pair:
 
 def _prepare(index: int, cand: TensorEntry | None, ref: TensorEntry) -> _Pair:
     row = TensorDiff(name=ref.name, index=index, step=ref.step, layer=ref.layer, module=ref.module, role=ref.role,
-                     dtype=ref.dtype, shape=ref.shape)
+                     dtype=ref.dtype, shape=ref.shape, reference_dtype=ref.dtype)
     pair = _Pair(row)
     if cand is None:
         row.problem = "missing from the candidate dump"
     elif cand.shape is not None and ref.shape is not None and cand.shape != ref.shape:
         row.problem = f"shape {list(cand.shape)} vs reference {list(ref.shape)}"
-    elif cand.dtype and ref.dtype and cand.dtype != ref.dtype and coarser_dtype(cand.dtype, ref.dtype) is None:
+    elif cand.dtype and ref.dtype and cand.dtype != ref.dtype and coarser_dtype(cand.dtype, ref.dtype) is None \
+            and not (integer_dtype(cand.dtype) and integer_dtype(ref.dtype)):
         row.problem = f"dtype {cand.dtype} vs reference {ref.dtype}"
     else:
-        if cand.dtype and ref.dtype and cand.dtype != ref.dtype:  # upcast, judged at the lower precision
+        if cand.dtype and ref.dtype and cand.dtype != ref.dtype and coarser_dtype(cand.dtype, ref.dtype):
+            # a float upcast: judged at the lower precision
             row.dtype, row.candidate_dtype = coarser_dtype(cand.dtype, ref.dtype), cand.dtype
         pair.cand, pair.ref = open_tensor(cand), open_tensor(ref)
         row.shape = tuple(pair.ref.shape)
         if pair.cand.shape != pair.ref.shape:
             row.problem = f"shape {list(pair.cand.shape)} (file) vs reference {list(pair.ref.shape)}"
             pair.cand = pair.ref = None
+        elif is_integer(pair.cand) != is_integer(pair.ref):
+            row.problem = f"dtype {pair.cand.stored} vs reference {pair.ref.stored} (an integer against a float)"
+            pair.cand = pair.ref = None
+        elif is_integer(pair.ref):
+            row.integer, row.dtype = True, str(pair.ref.stored)
         else:
             pair.logits = ref.is_logits and len(pair.ref.shape) > 0 and pair.ref.shape[-1] > 0
             if row.dtype is None:
                 row.dtype = "bfloat16" if pair.ref.bfloat16 else str(pair.ref.stored)
     return pair
+
+
+def refuse_other_models(entries: list[tuple[TensorEntry | None, TensorEntry]]) -> None:
+    """Refuse, in one line, dumps of two model configs: a router whose expert count or top-k differs, or most
+    tensors of other shapes. One tensor of another shape is a finding (a bug that reshapes); these are not."""
+    both = [(cand, ref) for cand, ref in entries if cand is not None and cand.shape is not None
+            and ref.shape is not None]
+    other = [(cand, ref) for cand, ref in both if cand.shape != ref.shape]
+    router = next(((cand, ref) for cand, ref in other if _ROUTER.search(ref.module or ref.name)), None)
+    if router is not None:
+        cand, ref = router
+        raise UsageError(f"dumps of two model configs: {ref.name} is {list(cand.shape or ())} in the candidate and "
+                         f"{list(ref.shape or ())} in the reference (another expert count or top-k); compare dumps "
+                         "of one model config")
+    if both and 2 * len(other) > len(both):
+        cand, ref = other[0]
+        raise UsageError(f"dumps of different shapes: {len(other)} of {len(both)} tensors differ (first {ref.name}: "
+                         f"{list(cand.shape or ())} vs reference {list(ref.shape or ())}); compare dumps of one model "
+                         "and one prompt")
+
+
+def _read_integers(name: str, cand: TensorFile, ref: TensorFile) -> dict[str, float]:
+    try:
+        return integer_metrics(cand, ref)
+    except (PtFormatError, OSError, ValueError) as exc:
+        raise UsageError(f"{cand.path} or {ref.path}: cannot read tensor {name!r} ({exc}); the dump is corrupt or "
+                         "truncated") from exc
 
 
 def _segments(ref: TensorFile, logits: bool, cfg: LogitsConfig) -> list[tuple[int, int, int, int | None]]:
@@ -97,6 +135,7 @@ def compare_dumps(candidate: str | Path, reference: str | Path, cfg: LogitsConfi
     for part, ref_entries in ref_parts.items():
         cand_by_name = {e.name: e for e in cand_parts.get(part, [])}
         entries += [(cand_by_name.get(ref_entry.name), ref_entry) for ref_entry in ref_entries]
+    refuse_other_models(entries)
     pairs: list[_Pair] = []
     pending: list[tuple[_Pair, Future[ChunkSums]]] = []
 
@@ -116,6 +155,9 @@ def compare_dumps(candidate: str | Path, reference: str | Path, cfg: LogitsConfi
             pairs.append(pair)
             if pair.cand is None or pair.ref is None:
                 continue
+            if pair.row.integer:
+                pair.row.metrics = _read_integers(pair.row.name, pair.cand, pair.ref)
+                continue
             tolerance = dtype_tolerance(pair.row.dtype)
             for start, stop, chunk, vocab in _segments(pair.ref, pair.logits, cfg):
                 pending.append((pair, pool.submit(segment_sums, pair.cand, pair.ref, start, stop, chunk,
@@ -123,7 +165,7 @@ def compare_dumps(candidate: str | Path, reference: str | Path, cfg: LogitsConfi
                 settle(2 * cfg.workers)
         settle(0)
     for pair in pairs:
-        if pair.cand is not None:
+        if pair.cand is not None and not pair.row.integer:
             pair.row.metrics = pair.sums.metrics(pair.logits)
     rows = [pair.row for pair in pairs]
     apply_tensor_rules(rows, cfg)
@@ -150,7 +192,8 @@ def verdict_from_comparison(result: DumpComparison) -> Verdict:
     carried the drift after it."""
     first = result.first_divergent
     worst = result.worst_cosine
-    figures: dict[str, Any] = {"tensors_compared": len(result.rows), "seconds": round(result.seconds, 3)}
+    figures: dict[str, Any] = {"tensors_compared": len(result.rows), "seconds": round(result.seconds, 3),
+                               "layers": result.layer_profile()}
     if worst is not None:
         figures["worst_cosine"] = round_figure(worst.metrics["cosine"])
         figures["worst_cosine_tensor"] = worst.name

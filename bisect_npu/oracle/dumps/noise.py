@@ -23,7 +23,7 @@ from bisect_npu.oracle.dumps.rows import TensorDiff
 def baseline(rows: list[TensorDiff]) -> dict[str, Any] | None:
     """The worst agreement among `rows`, metric by metric, over their whole tensors (None when none was
     measured)."""
-    measured = [(row.name, row.carried_metrics or row.metrics) for row in rows if row.metrics]
+    measured = [(row.name, row.carried_metrics or row.metrics) for row in rows if "cosine" in row.metrics]
     if not measured:
         return None
     return {"tensors": [name for name, _ in measured],
@@ -39,7 +39,7 @@ def transformed_inputs(row: TensorDiff, inputs: list[TensorDiff]) -> list[Tensor
     them when none is. Why: auxiliary inputs (the rotary cos/sin, position ids, masks) and the weights are
     not what the module transforms; a bf16 model's rotary tables, cast from its own bf16 `inv_freq`, differ
     from an fp32 golden's by about one rounding, and an output judged against them looks amplified."""
-    shaped = [item for item in inputs if item.metrics and row.shape is not None and item.shape == row.shape]
+    shaped = [item for item in inputs if "cosine" in item.metrics and row.shape is not None and item.shape == row.shape]
     return shaped or inputs
 
 
@@ -97,6 +97,16 @@ class PeerLines:
         norm_lines = leave_one_out_lines(norm, cfg.peer_mads, cfg.min_peers,
                                          lambda index: dtype_tolerance(dtypes[index]) / 2)
         return PeerLines(distance, _with_fallback(norm_lines, norm))
+
+    def allowed_distance(self, row: TensorDiff, base: dict[str, Any]) -> float | None:
+        """The cosine distance the row's distance line allows it (its input's times the amplification line, or
+        the distance line itself for an exact input); None when no distance line covers it."""
+        if row.index not in self.distance:
+            return None
+        statistic, line = self.distance[row.index]
+        if statistic == "distance":
+            return math.exp(line.line)
+        return math.exp(line.line) * max(1.0 - float(base["cosine"]), cosine_floor(row.dtype))
 
     def covers(self, row: TensorDiff) -> bool:
         return row.index in self.distance or row.index in self.norm

@@ -23,3 +23,15 @@ def coarser_dtype(a: str, b: str) -> str | None:
 def cosine_floor(dtype: str | None) -> float:
     """Cosine distance that rounding to `dtype` can leave in one module's output: half its tolerance, squared."""
     return rounding_distance(dtype_tolerance(dtype))
+
+
+def resolves(dtype: str | None, relative: float) -> bool:
+    """Whether `dtype`'s values are spaced finer than `relative`: a share within `relative` then measures error,
+    where for a coarser dtype (bf16 keeps ~3 significant digits) it only counts bit-identical elements."""
+    return DTYPE_EPS.get(dtype or "", 0.0) <= relative
+
+
+def share_at(dtype: str | None) -> tuple[str, str]:
+    """(metric, its words) of the share of elements within msprobe's 1/1000, or within one ulp of `dtype`
+    where `dtype` cannot hold 1/1000: what the judged precision can show."""
+    return ("within_1e3", "1/1000") if resolves(dtype, 1e-3) else ("within_tol", f"one {dtype} ulp")

@@ -31,8 +31,16 @@ class TensorDiff:
     provenance: str | None = None
     baseline: dict[str, Any] | None = None
     candidate_dtype: str | None = None
+    integer: bool = False
+    noise_line: float | None = None
+    reference_dtype: str | None = None
     shape: tuple[int, ...] | None = None
     carried_metrics: dict[str, float] | None = None
+
+    def precisions(self) -> str:
+        """Both sides' precisions in words: the candidate's against the reference's (the judged one when alike)."""
+        candidate = self.candidate_dtype or self.dtype
+        return f"{candidate} against {self.reference_dtype or self.dtype}"
 
     def to_dict(self) -> dict[str, Any]:
         out: dict[str, Any] = {"name": self.name, "index": self.index, "step": self.step, "layer": self.layer,
@@ -79,9 +87,29 @@ class DumpComparison:
         later = self.rows[first.index + 1:]
         before = 1.0 - first.baseline["cosine"] if first.baseline else 0.0
         also = [row for row in later if row.problem is not None]
-        carriers = [row for row in later if row.problem is None and row.role == OUTPUT and row.metrics
+        carriers = [row for row in later if row.problem is None and row.role == OUTPUT and "cosine" in row.metrics
                     and 1.0 - row.metrics["cosine"] >= max(cosine_floor(row.dtype), self.amplification * before)]
         return carriers, also
+
+
+    def layer_profile(self) -> list[dict[str, Any]]:
+        """Per layer, the output that stands closest to (or furthest above) its noise line: its cosine distance
+        and the distance its line allows, in execution order of the layers; where drift enters, the first
+        distance above its line."""
+        worst: dict[int, TensorDiff] = {}
+        for row in self.rows:
+            if row.layer is None or row.noise_line is None or "cosine" not in row.metrics or row.noise_line <= 0:
+                continue
+            held = worst.get(row.layer)
+            if held is None or _over_line(row) > _over_line(held):
+                worst[row.layer] = row
+        return [{"layer": layer, "tensor": row.name, "distance": round_figure(1.0 - row.metrics["cosine"]),
+                 "line": round_figure(row.noise_line or 0.0), "diverged": row.problem is not None}
+                for layer, row in sorted(worst.items())]
+
+
+def _over_line(row: TensorDiff) -> float:
+    return (1.0 - row.metrics["cosine"]) / (row.noise_line or 1.0)
 
 
 def round_figure(value: float) -> float:

@@ -14,17 +14,19 @@ from typing import Any
 from bisect_npu.oracle.config import LogitsConfig
 from bisect_npu.oracle.dumps.entries import INPUT, ROUTING, TensorEntry
 from bisect_npu.oracle.dumps.noise import PeerLines, baseline, transformed_inputs
+from bisect_npu.oracle.dumps.precision import cosine_floor
 from bisect_npu.oracle.dumps.routing import RoutingReport
 from bisect_npu.oracle.dumps.rows import TensorDiff
 from bisect_npu.oracle.dumps.rules.absolute import Absolute
 from bisect_npu.oracle.dumps.rules.base import Context, Finding, ModuleRule, TensorRule
 from bisect_npu.oracle.dumps.rules.fixed_amplification import FixedAmplification
+from bisect_npu.oracle.dumps.rules.integer_equality import IntegerEquality
 from bisect_npu.oracle.dumps.rules.msprobe_amplification import MsprobeAmplification
 from bisect_npu.oracle.dumps.rules.peer_cosine import PeerCosine
 from bisect_npu.oracle.dumps.rules.peer_norm import PeerNorm
 from bisect_npu.oracle.dumps.rules.routing import MeasuredPair, Routing, apply_routing
 
-TENSOR_RULES: tuple[TensorRule, ...] = (Absolute(),)
+TENSOR_RULES: tuple[TensorRule, ...] = (IntegerEquality(), Absolute())
 # Runs over the whole dump pair between the tensor rules and the module rules (`rules/routing.py`).
 DUMP_RULES = (Routing,)
 MODULE_RULES: tuple[ModuleRule, ...] = (MsprobeAmplification(), PeerCosine(), PeerNorm(), FixedAmplification())
@@ -51,6 +53,15 @@ def apply_dump_rules(entries: list[tuple[TensorEntry | None, TensorEntry]], pair
     return apply_routing(entries, pairs, cfg, lambda row: apply_tensor_rules([row], cfg))
 
 
+def noise_line(row: TensorDiff, base: dict[str, Any], ctx: Context) -> float:
+    """The cosine distance an output may reach before its distance rule fires: its peers' line where one
+    covers it, else the fixed line (`amplification` times its input's, at least one rounding)."""
+    allowed = ctx.lines.allowed_distance(row, base) if ctx.lines is not None else None
+    if allowed is not None:
+        return allowed
+    return max(cosine_floor(row.dtype), ctx.cfg.amplification * (1.0 - float(base["cosine"])))
+
+
 def apply_relative_rules(rows: list[TensorDiff], cfg: LogitsConfig) -> None:
     """Judge each output not already divergent against its module's inputs, or the output before it."""
     inputs: dict[tuple[int, str | None], list[TensorDiff]] = {}
@@ -67,15 +78,17 @@ def apply_relative_rules(rows: list[TensorDiff], cfg: LogitsConfig) -> None:
         base_rows = transformed_inputs(row, inputs.get((row.step, row.module), [])) or (
             [previous_output] if previous_output else [])
         base = baseline(base_rows)
-        if base is not None and row.metrics:
+        if base is not None and "cosine" in row.metrics:
             measured.append((row, base))
-        if base is not None and row.problem is not None:
+        if base is not None and row.problem is not None and not row.integer:
             row.baseline = base
-        previous_output = row
+        if not row.integer:
+            previous_output = row
     if not cfg.relative:
         return
     ctx = Context(cfg, PeerLines.of(measured, cfg) if cfg.noise_from_peers else None)
     for row, base in measured:
+        row.noise_line = noise_line(row, base, ctx)
         if row.problem is not None or row.metrics["max_abs_error"] <= cfg.cosine_abs_floor:
             continue
         finding = next((found for rule in MODULE_RULES if (found := rule.judge(row, base, ctx)) is not None), None)

@@ -14,6 +14,8 @@ class Absolute(TensorRule):
                                "error above 0.001, or below 0.9), and any optional line set in the config")
 
     def judge(self, row: TensorDiff, ctx: Context) -> Finding | None:
+        if row.integer:
+            return None
         metrics, cfg = row.metrics, ctx.cfg
         if metrics["nonfinite_candidate"] > metrics["nonfinite_reference"]:
             return Finding(self.name, f"{int(metrics['nonfinite_candidate'])} NaN/Inf values (reference has "

@@ -27,8 +27,11 @@ tensor sits in the module the fault is in.
 from __future__ import annotations
 
 import argparse
+import csv
+import os
 import platform
 import resource
+import subprocess
 import sys
 import time
 from datetime import date
@@ -74,20 +77,44 @@ def _module_of(name: str) -> str:
     return name.removeprefix("Module.").rsplit(".forward.", 1)[0].rsplit(".", 1)[0]
 
 
+def msprobe_first(msprobe: str, cand: Path, ref: Path, out: Path) -> tuple[str, float, int]:
+    """(first module msprobe compare flags, seconds, peak RSS bytes), in a process of its own."""
+    started = time.perf_counter()
+    process = subprocess.Popen([msprobe, "compare", "-tp", str(cand / "step0"), "-gp", str(ref / "step0"),
+                                "-o", str(out)], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    _, status, usage = os.wait4(process.pid, 0)
+    seconds = time.perf_counter() - started
+    if status != 0:
+        return f"failed ({status})", seconds, usage.ru_maxrss * 1024
+    for path in sorted(out.glob("compare_result_*.csv")):
+        with open(path, newline="", encoding="utf-8") as handle:
+            for row in csv.DictReader(handle):
+                if row["Result"].strip().lower() in ("error", "warning"):
+                    return _module_of(row["NPU Name"]), seconds, usage.ru_maxrss * 1024
+    return "-", seconds, usage.ru_maxrss * 1024
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--work", type=Path, default=Path("/tmp/moe-family-bench"))
     parser.add_argument("--split", choices=("report", "tune", "all"), default="report")
     parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
-    parser.add_argument("--layers", type=int, default=5, help="decoder layers (layer 0 dense, the rest MoE)")
+    parser.add_argument("--families", default="", help="family:norm_topk_prob pairs (commas), e.g. qwen3_moe:False")
+    parser.add_argument("--layers", type=int, default=3, help="decoder layers (layer 0 dense, the rest MoE)")
+    parser.add_argument("--msprobe", help="an msprobe executable: run `msprobe compare` beside on the same pairs")
+    parser.add_argument("--msprobe-pairs", default="bf16,eager,bf16_router,expert_fault,router_fault",
+                        help="the candidates whose pairs msprobe compares (commas): ~1 min a pair here")
     args = parser.parse_args()
-    cases = [(family, norm, seed) for family, norm in FAMILIES for seed in args.seeds
+    families = [(f, n == "True") for f, n in (item.split(":") for item in args.families.split(",") if item)] \
+        or FAMILIES
+    cases = [(family, norm, seed) for family, norm in families for seed in args.seeds
              if args.split == "all" or ((family, norm, seed) in TUNE) == (args.split == "tune")]
     load = Path("/proc/loadavg").read_text(encoding="utf-8").split()[0]
     print(f"# moe_family_bench {date.today()} {platform.machine()} load {load} split {args.split} "
           f"layers {args.layers}")
-    print("| family | norm_topk_prob | seed | pair | kind | verdict | named where | flips | seconds |")
-    print("|---|---|---|---|---|---|---|---|---|")
+    print("| family | norm_topk_prob | seed | pair | kind | verdict | named where | flips | seconds | msprobe "
+          "names | msprobe s, peak MiB |")
+    print("|---|---|---|---|---|---|---|---|---|---|---|")
     tally: dict[str, list[int]] = {}
     for family, norm, seed in cases:
         spec = MoeSpec(family=family, norm_topk_prob=norm, router_offset=20.0, seed=seed, layers=args.layers)
@@ -109,11 +136,20 @@ def main() -> None:
             tally.setdefault(kind, [0, 0])
             tally[kind][0] += int(right)
             tally[kind][1] += 1
+            beside = "| |"
+            if args.msprobe and cand in args.msprobe_pairs.split(","):
+                out = root / f"msprobe-{cand}-{ref}-{time.monotonic_ns()}"
+                flagged, ms_seconds, peak = msprobe_first(args.msprobe, root / cand, root / ref, out)
+                ms_right = (flagged == "-") if where is None else flagged.startswith(where)
+                tally.setdefault(f"msprobe {kind}", [0, 0])
+                tally[f"msprobe {kind}"][0] += int(ms_right)
+                tally[f"msprobe {kind}"][1] += 1
+                beside = f"| {flagged} | {ms_seconds:.0f}, {peak / 2**20:.0f} |"
             print(f"| {family} | {norm} | {seed} | {cand} vs {ref} | {kind} | {verdict.kind.value} | {named} | "
-                  f"{flips} | {seconds:.2f} |")
+                  f"{flips} | {seconds:.2f} {beside}")
     print()
     for kind, (right, total) in tally.items():
-        what = "named at their module" if kind in ("fault", "router precision") else "judged aligned"
+        what = "named at their module" if kind.endswith(("fault", "router precision")) else "judged aligned"
         print(f"- {kind}: {right}/{total} {what}")
     print(f"- peak resident memory {resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024:.0f} MiB")
 

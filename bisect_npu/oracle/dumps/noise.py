@@ -80,8 +80,8 @@ class PeerLines:
         floor = math.log(cfg.peer_min_factor)
         dtypes = {row.index: row.dtype for row, _ in measured}
         exact = {row.index for row, base in measured if input_is_exact(row, base)}
-        for row, base in measured:
-            kind = module_kind(row.module, row.name)
+        for row, base in measured:  # a tensor measured on the tokens that routed alike is a peer of its likes
+            kind = module_kind(row.module, row.name) + (" (routed alike)" if row.carried_metrics else "")
             statistic, value = distance_statistic(row, base)
             (amp if statistic == "amplification" else dist).setdefault(kind, []).append((row.index, value))
             if statistic == "amplification":  # every output's distance is a peer of an exact-input one

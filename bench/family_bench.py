@@ -227,15 +227,13 @@ def score(results: list[tuple[Pair, str | None]]) -> tuple[int, int]:
 
 
 def choose(tune: list[tuple[Pair, Path, Path]]) -> tuple[float, float]:
-    """The grid's setting with no false alarm (or the fewest) and the most faults named on the tune pairs."""
-    best: tuple[tuple[int, int], tuple[float, float]] | None = None
+    """The grid's setting with the fewest false alarms and then the most faults named on the tune pairs; among
+    settings tied on both, the widest (a held-out family's noise may spread wider than the tuned ones')."""
+    scored = []
     for mads, factor in GRID:
         false, hits = score([(pair, first_module(cand, ref, mads, factor)) for pair, cand, ref in tune])
-        key = (false, -hits)
-        if best is None or key < best[0]:
-            best = (key, (mads, factor))
-    assert best is not None
-    return best[1]
+        scored.append(((false, -hits, -mads, -factor), (mads, factor)))
+    return min(scored)[1]
 
 
 def judge_once(cand: str, ref: str, mads: str, factor: str) -> None:

@@ -51,6 +51,11 @@ sys.path.insert(0, str(ROOT))
 
 BASELINE_COMMIT = "16d205c"
 GRID = [(mads, factor) for mads in (6.0, 8.0, 12.0) for factor in (2.0, 3.0, 5.0)]
+LAUNCHER = ("import os, subprocess, sys\n"
+            "child = subprocess.Popen(sys.argv[2:])\n"
+            "_, status, usage = os.wait4(child.pid, 0)\n"
+            "open(sys.argv[1], 'w').write(str(usage.ru_maxrss))\n"
+            "sys.exit(os.waitstatus_to_exitcode(status))\n")
 DUMPED = ["DecoderLayer", "Attention", "MLP", "RMSNorm", "lm_head"]
 
 
@@ -261,15 +266,17 @@ def run_tool(tool: str, pair: Pair, cand: Path, ref: Path, work: Path, setting: 
         if tool == "before":
             env["PYTHONPATH"] = str(work / "baseline")
             command = [sys.executable, str(work / "baseline" / "judge_before.py"), str(cand), str(ref)]
+    # A child forked from this process would inherit its peak RSS (the models built here): a small launcher
+    # starts the tool and reports the tool's own peak.
+    peak_file = work / f"peak-{time.monotonic_ns()}"
+    launcher = [sys.executable, "-S", "-c", LAUNCHER, str(peak_file), *command]
     started = time.perf_counter()
-    process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True, env=env)
-    stdout = process.stdout.read() if process.stdout else ""
-    _, status, usage = os.wait4(process.pid, 0)
+    done = subprocess.run(launcher, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True, env=env, check=False)
     seconds = time.perf_counter() - started
-    if status != 0:
-        raise SystemExit(f"{tool} failed on {pair.family.name}/{pair.name} (status {status}); run it by hand")
-    flagged = _msprobe_first(out) if tool == "msprobe" else json.loads(stdout.strip().splitlines()[-1])["module"]
-    return flagged, seconds, usage.ru_maxrss * 1024
+    if done.returncode != 0:
+        raise SystemExit(f"{tool} failed on {pair.family.name}/{pair.name} (status {done.returncode}); run it by hand")
+    flagged = _msprobe_first(out) if tool == "msprobe" else json.loads(done.stdout.strip().splitlines()[-1])["module"]
+    return flagged, seconds, int(peak_file.read_text()) * 1024
 
 
 def baseline_tree(work: Path) -> None:

@@ -156,3 +156,47 @@ def test_one_tensor_of_another_shape_is_a_finding_not_a_refusal(tmp_path: Path) 
     tensors[4] = (tensors[4][0], tensors[4][1][:8])
     first = compare_dumps(write_dump(tmp_path / "cand", tensors).parent, ref, LogitsConfig()).first_divergent
     assert first is not None and first.layer == 4 and "shape" in (first.problem or "")
+
+
+# ---------------------------------------------------------------- the fixed line on a model too short for peers
+
+
+def _one_layer_qwen3_dumps(root: Path, seed: int) -> dict[str, Path]:
+    """A one-layer dense HF Qwen3 (bf16-exact weights, x2.5 init): fp32 golden, bf16, and bf16 with one head's
+    `o_proj` columns x1.2; every submodule dumped as `record` dumps them."""
+    import copy
+
+    import torch
+    import transformers
+
+    from tests.helpers.tiny_moe import dump
+
+    torch.manual_seed(seed)
+    config = transformers.Qwen3Config(vocab_size=512, hidden_size=128, intermediate_size=384, num_hidden_layers=1,
+                                      num_attention_heads=4, num_key_value_heads=2, head_dim=32,
+                                      max_position_embeddings=512)
+    golden = transformers.Qwen3ForCausalLM(config).eval()
+    with torch.no_grad():
+        for param in golden.parameters():
+            param.copy_((param * (2.5 if param.dim() == 2 else 1.0)).to(torch.bfloat16).float())
+    fault = copy.deepcopy(golden).to(torch.bfloat16)
+    with torch.no_grad():
+        fault.model.layers[0].self_attn.o_proj.weight[:, :32].mul_(1.2)
+    ids = torch.randint(0, 512, (1, 128), generator=torch.Generator().manual_seed(seed + 7))
+    return {name: dump(model, ids, root / name) for name, model in
+            (("golden", golden), ("bf16", copy.deepcopy(golden).to(torch.bfloat16)), ("fault", fault))}
+
+
+@pytest.mark.parametrize("seed", [1, 2])
+def test_the_fixed_line_leaves_a_clean_bf16_o_proj_its_own_rounding_and_names_a_fault_there(
+        tmp_path: Path, seed: int) -> None:
+    """`o_proj`'s baseline is `v_proj` (attention's core is not a module): the roundings between, and the
+    output's own, add one bf16 rounding's distance to the amplified input's, which bf16 alone explains."""
+    dumps = _one_layer_qwen3_dumps(tmp_path, seed)
+    clean = compare_dumps(dumps["bf16"], dumps["golden"], LogitsConfig())
+    assert clean.first_divergent is None
+    distance = {part: 1 - next(row for row in clean.rows if part in row.name).metrics["cosine"]
+                for part in (".v_proj.", ".o_proj.")}
+    assert distance[".o_proj."] > LogitsConfig().amplification * distance[".v_proj."]
+    first = compare_dumps(dumps["fault"], dumps["golden"], LogitsConfig()).first_divergent
+    assert first is not None and ".o_proj." in first.name and first.rule == "cosine_amplification"

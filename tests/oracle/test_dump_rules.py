@@ -14,6 +14,7 @@ from bisect_npu.observations import Observation, VerdictKind
 from bisect_npu.oracle.config import LogitsConfig
 from bisect_npu.oracle.dumps import rules
 from bisect_npu.oracle.dumps.compare import compare_dumps, judge_logits, write_dump
+from bisect_npu.oracle.dumps.noise import mixes_tokens
 from bisect_npu.oracle.dumps.rows import TensorDiff
 from bisect_npu.oracle.dumps.rules.base import Context, Finding, ModuleRule
 
@@ -200,3 +201,43 @@ def test_the_fixed_line_leaves_a_clean_bf16_o_proj_its_own_rounding_and_names_a_
     assert distance[".o_proj."] > LogitsConfig().amplification * distance[".v_proj."]
     first = compare_dumps(dumps["fault"], dumps["golden"], LogitsConfig()).first_divergent
     assert first is not None and ".o_proj." in first.name and first.rule == "cosine_amplification"
+
+
+# ---------------------------------------------------------------- baselines on the tokens that routed alike
+
+
+def _metrics(distance: float) -> dict[str, float]:
+    return {"cosine": 1.0 - distance, "within_1e3": 0.5, "within_tol": 0.5, "max_rel_error": 1.0,
+            "max_abs_error": 1.0, "norm_ratio": 1.0}
+
+
+def _routed_alike_mlp(fault_layer: int | None = None) -> list[TensorDiff]:
+    """A shared expert's gate projection and activation in four MoE layers, each measured on the tokens that
+    routed alike; from the second layer on, the whole tensors carry the flipped tokens' drift (50x)."""
+    rows: list[TensorDiff] = []
+    for layer in range(1, 5):
+        for part, distance in (("gate_proj", 2.0e-5), ("act_fn", 2.3e-5 * (20 if layer == fault_layer else 1))):
+            module = f"Module.model.layers.{layer}.mlp.shared_experts.{part}.Module.forward.0"
+            rows.append(TensorDiff(f"{module}.output.0", len(rows), 0, layer, module, dtype="bfloat16",
+                                   shape=(128, 128), metrics=_metrics(distance),
+                                   carried_metrics=_metrics(distance * (1 if layer == 1 else 50))))
+    return rows
+
+
+def test_an_output_on_the_tokens_that_routed_alike_is_measured_against_its_input_on_the_same_tokens() -> None:
+    """The whole input (flipped tokens' drift in it) over an output without them would make every later
+    layer's activation look quiet and the first MoE layer's stand out."""
+    clean = _routed_alike_mlp()
+    rules.apply_relative_rules(clean, LogitsConfig())
+    assert [row.name for row in clean if row.problem] == []
+    faulty = _routed_alike_mlp(fault_layer=3)
+    rules.apply_relative_rules(faulty, LogitsConfig())
+    assert [row.name for row in faulty if row.problem] == [faulty[5].name]
+
+
+def test_attention_outputs_keep_their_whole_inputs_as_baseline() -> None:
+    """Attention mixes tokens: a flipped token's drift reaches the others, so its input is measured whole."""
+    row = TensorDiff("Module.model.layers.2.self_attn.o_proj.Linear.forward.0.output.0", 0, 0, 2,
+                     "Module.model.layers.2.self_attn.o_proj.Linear.forward.0", metrics=_metrics(1e-5),
+                     carried_metrics=_metrics(1e-3))
+    assert mixes_tokens(row) and not mixes_tokens(_routed_alike_mlp()[0])

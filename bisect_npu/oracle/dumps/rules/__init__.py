@@ -13,7 +13,7 @@ from typing import Any
 
 from bisect_npu.oracle.config import LogitsConfig
 from bisect_npu.oracle.dumps.entries import INPUT, ROUTING, TensorEntry
-from bisect_npu.oracle.dumps.noise import PeerLines, baseline, transformed_inputs
+from bisect_npu.oracle.dumps.noise import PeerLines, baseline, mixes_tokens, transformed_inputs
 from bisect_npu.oracle.dumps.precision import cosine_floor
 from bisect_npu.oracle.dumps.routing import RoutingReport
 from bisect_npu.oracle.dumps.rows import TensorDiff
@@ -55,11 +55,11 @@ def apply_dump_rules(entries: list[tuple[TensorEntry | None, TensorEntry]], pair
 
 def noise_line(row: TensorDiff, base: dict[str, Any], ctx: Context) -> float:
     """The cosine distance an output may reach before its distance rule fires: its peers' line where one
-    covers it, else the fixed line (`amplification` times its input's, at least one rounding)."""
+    covers it, else the fixed line (`amplification` times its input's, plus one rounding)."""
     allowed = ctx.lines.allowed_distance(row, base) if ctx.lines is not None else None
     if allowed is not None:
         return allowed
-    return max(cosine_floor(row.dtype), ctx.cfg.amplification * (1.0 - float(base["cosine"])))
+    return ctx.cfg.amplification * (1.0 - float(base["cosine"])) + cosine_floor(row.dtype)
 
 
 def apply_relative_rules(rows: list[TensorDiff], cfg: LogitsConfig) -> None:
@@ -77,7 +77,7 @@ def apply_relative_rules(rows: list[TensorDiff], cfg: LogitsConfig) -> None:
             continue
         base_rows = transformed_inputs(row, inputs.get((row.step, row.module), [])) or (
             [previous_output] if previous_output else [])
-        base = baseline(base_rows)
+        base = baseline(base_rows, routed_alike=row.carried_metrics is not None and not mixes_tokens(row))
         if base is not None and "cosine" in row.metrics:
             measured.append((row, base))
         if base is not None and row.problem is not None and not row.integer:

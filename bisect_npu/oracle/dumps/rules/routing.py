@@ -5,9 +5,9 @@ output 0 the logits, an integer output the chosen ids, a float one the routing w
 `input_args` the hidden states it routed and its `parameters` a score-correction bias. Its ids and
 weights leave the float rules (role `routing`); a router whose flips rounding cannot explain is the
 first divergent tensor at its logits; flips within the noise are left out of the token-shaped
-tensors after the router, which the rules then judge on the tokens that routed alike, while the
-next tensors' baselines keep the whole tensor (the flipped tokens' drift, which attention spreads
-to the other tokens, is then the later modules' input);
+tensors after the router, which the rules then judge on the tokens that routed alike, against
+inputs measured on the same tokens, except where attention mixes tokens (it spreads the flipped
+tokens' drift to the others, so its input is measured whole);
 the calls inside the experts (one per expert, over other tokens once one flipped) are left to
 this rule.
 """
@@ -180,9 +180,9 @@ def _leave_out_expert_calls(pairs: Sequence[MeasuredPair], op: _RouterOp, start:
 
 def _judge_on_alike(pair: MeasuredPair, flipped: set[int], tokens: int, cfg: LogitsConfig,
                     rejudge: Callable[[TensorDiff], None]) -> None:
-    """Re-measure a tensor of `tokens` rows without the tokens that flipped; the whole tensor's metrics stay
-    what the next tensors' baselines see (a flipped token's drift, which attention spreads to the other
-    tokens in the layers after, is their input's)."""
+    """Re-measure a tensor of `tokens` rows without the tokens that flipped; the whole tensor's metrics are
+    kept beside (`carried_metrics`): the baseline of an output that mixes tokens (attention, which spreads
+    a flipped token's drift to the others) and of one measured whole."""
     assert pair.cand is not None and pair.ref is not None
     shape = list(pair.ref.shape)
     while len(shape) > 2 and shape[0] == 1:

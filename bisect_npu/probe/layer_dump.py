@@ -4,6 +4,12 @@
 the layout `bisect_npu/oracle/dumps` reads and users bring from msprobe. The transformers and mini
 backends call it from their own hooks; each forward pass of the whole model is one step (step 0 is
 the prefill). Tensors are saved with a leading batch dimension as the module produced them.
+
+An MoE router (a module named `...gate`: HF's `Qwen3MoeTopKRouter`, `DeepseekV3TopkRouter`,
+vLLM's `GateLinear`) is saved with its input (`input_args`) and its score-correction bias
+(`parameters`) beside its outputs (logits, routing weights, expert ids): the routing comparison
+takes the noise a flip may come from out of the router's input, and the margin of a biased
+choice out of the bias.
 """
 
 from __future__ import annotations
@@ -11,7 +17,16 @@ from __future__ import annotations
 import fnmatch
 import json
 import os
+from collections.abc import Callable
 from typing import Any
+
+# Buffers of a router that decide its choice beside the logits (DeepSeek-V3's grouped top-k).
+ROUTER_PARAMETERS = ("e_score_correction_bias",)
+
+
+def is_router(name: str) -> bool:
+    """An MoE block's gate: `mlp.gate` (not a dense MLP's `gate_proj`)."""
+    return name.rsplit(".", 1)[-1] == "gate"
 
 
 class DumpWriter:
@@ -41,10 +56,21 @@ class DumpWriter:
         self.step += 1
         self.data, self.calls = {}, {}
 
-    def save(self, name: str, class_name: str, output: Any) -> None:
-        """One call of module `name`: its tensor outputs (a tensor, or a tuple/list of them and None)."""
-        import torch
+    def hook(self, name: str, module: Any, layout: Callable[[Any], Any] = lambda value: value) -> Any:
+        """A forward hook on `module` that saves its outputs (a router's input and bias too)."""
+        if not is_router(name):
+            return module.register_forward_hook(
+                lambda mod, _args, out: self.save(name, type(mod).__name__, layout(out)))
+        buffers = dict(module.named_buffers(recurse=False))
+        parameters = {key: buffers[key] for key in ROUTER_PARAMETERS if key in buffers}
+        return module.register_forward_hook(
+            lambda mod, args, out: self.save(name, type(mod).__name__, layout(out), inputs=layout(list(args)),
+                                             parameters=parameters))
 
+    def save(self, name: str, class_name: str, output: Any, inputs: list[Any] | None = None,
+             parameters: dict[str, Any] | None = None) -> None:
+        """One call of module `name`: its tensor outputs (a tensor, or a tuple/list of them and None), and
+        the input tensors and parameters given."""
         if not self.active:
             return
         call = self.calls.get(name, 0)
@@ -53,19 +79,30 @@ class DumpWriter:
         tensors = output if isinstance(output, (tuple, list)) else (output,)
         data_dir = os.path.join(self._dir(), "dump_tensor_data")
         os.makedirs(data_dir, exist_ok=True)
-        entries = []
-        for index, tensor in enumerate(tensors):
-            if not isinstance(tensor, torch.Tensor):
-                continue
-            data_name = f"{key}.output.{index}.pt"
-            value = tensor.detach().to("cpu").contiguous()
-            torch.save(value.clone(), os.path.join(data_dir, data_name))
-            stats = value.float()
-            entries.append({"type": "torch.Tensor", "dtype": str(value.dtype), "shape": list(value.shape),
-                            "Max": stats.max().item(), "Min": stats.min().item(), "Mean": stats.mean().item(),
-                            "Norm": stats.norm().item(), "data_name": data_name})
-        self.data[key] = {"output": entries}
+        op: dict[str, Any] = {}
+        if inputs:
+            op["input_args"] = [self._write(data_dir, f"{key}.input.{i}", t) for i, t in enumerate(inputs)]
+        if parameters:
+            op["parameters"] = {k: self._write(data_dir, f"{key}.parameters.{k}", t) for k, t in parameters.items()}
+        op["output"] = [self._write(data_dir, f"{key}.output.{i}", t) for i, t in enumerate(tensors)]
+        self.data[key] = {section: [e for e in entries if e is not None] if isinstance(entries, list)
+                          else {k: e for k, e in entries.items() if e is not None} for section, entries in op.items()}
         self.modules.add(name)
+
+    @staticmethod
+    def _write(data_dir: str, stem: str, tensor: Any) -> dict[str, Any] | None:
+        """Save one tensor as `<stem>.pt` and return its dump.json entry (None for what is not a tensor)."""
+        import torch
+
+        if not isinstance(tensor, torch.Tensor):
+            return None
+        data_name = f"{stem}.pt"
+        value = tensor.detach().to("cpu").contiguous()
+        torch.save(value.clone(), os.path.join(data_dir, data_name))
+        stats = value.float()
+        return {"type": "torch.Tensor", "dtype": str(value.dtype), "shape": list(value.shape),
+                "Max": stats.max().item(), "Min": stats.min().item(), "Mean": stats.mean().item(),
+                "Norm": stats.norm().item(), "data_name": data_name}
 
     def end_step(self) -> None:
         """Write the step's dump.json (the tensors are already on disk)."""

@@ -14,6 +14,7 @@ from bisect_npu.observations import Observation, VerdictKind
 from bisect_npu.oracle.config import LogitsConfig
 from bisect_npu.oracle.dumps import rules
 from bisect_npu.oracle.dumps.compare import compare_dumps, judge_logits, write_dump
+from bisect_npu.oracle.dumps.noise import mixes_tokens
 from bisect_npu.oracle.dumps.rows import TensorDiff
 from bisect_npu.oracle.dumps.rules.base import Context, Finding, ModuleRule
 
@@ -156,3 +157,87 @@ def test_one_tensor_of_another_shape_is_a_finding_not_a_refusal(tmp_path: Path) 
     tensors[4] = (tensors[4][0], tensors[4][1][:8])
     first = compare_dumps(write_dump(tmp_path / "cand", tensors).parent, ref, LogitsConfig()).first_divergent
     assert first is not None and first.layer == 4 and "shape" in (first.problem or "")
+
+
+# ---------------------------------------------------------------- the fixed line on a model too short for peers
+
+
+def _one_layer_qwen3_dumps(root: Path, seed: int) -> dict[str, Path]:
+    """A one-layer dense HF Qwen3 (bf16-exact weights, x2.5 init): fp32 golden, bf16, and bf16 with one head's
+    `o_proj` columns x1.2; every submodule dumped as `record` dumps them."""
+    import copy
+
+    import torch
+    import transformers
+
+    from tests.helpers.tiny_moe import dump
+
+    torch.manual_seed(seed)
+    config = transformers.Qwen3Config(vocab_size=512, hidden_size=128, intermediate_size=384, num_hidden_layers=1,
+                                      num_attention_heads=4, num_key_value_heads=2, head_dim=32,
+                                      max_position_embeddings=512)
+    golden = transformers.Qwen3ForCausalLM(config).eval()
+    with torch.no_grad():
+        for param in golden.parameters():
+            param.copy_((param * (2.5 if param.dim() == 2 else 1.0)).to(torch.bfloat16).float())
+    fault = copy.deepcopy(golden).to(torch.bfloat16)
+    with torch.no_grad():
+        fault.model.layers[0].self_attn.o_proj.weight[:, :32].mul_(1.2)
+    ids = torch.randint(0, 512, (1, 128), generator=torch.Generator().manual_seed(seed + 7))
+    return {name: dump(model, ids, root / name) for name, model in
+            (("golden", golden), ("bf16", copy.deepcopy(golden).to(torch.bfloat16)), ("fault", fault))}
+
+
+@pytest.mark.parametrize("seed", [1, 2])
+def test_the_fixed_line_leaves_a_clean_bf16_o_proj_its_own_rounding_and_names_a_fault_there(
+        tmp_path: Path, seed: int) -> None:
+    """`o_proj`'s baseline is `v_proj` (attention's core is not a module): the roundings between, and the
+    output's own, add one bf16 rounding's distance to the amplified input's, which bf16 alone explains."""
+    dumps = _one_layer_qwen3_dumps(tmp_path, seed)
+    clean = compare_dumps(dumps["bf16"], dumps["golden"], LogitsConfig())
+    assert clean.first_divergent is None
+    distance = {part: 1 - next(row for row in clean.rows if part in row.name).metrics["cosine"]
+                for part in (".v_proj.", ".o_proj.")}
+    assert distance[".o_proj."] > LogitsConfig().amplification * distance[".v_proj."]
+    first = compare_dumps(dumps["fault"], dumps["golden"], LogitsConfig()).first_divergent
+    assert first is not None and ".o_proj." in first.name and first.rule == "cosine_amplification"
+
+
+# ---------------------------------------------------------------- baselines on the tokens that routed alike
+
+
+def _metrics(distance: float) -> dict[str, float]:
+    return {"cosine": 1.0 - distance, "within_1e3": 0.5, "within_tol": 0.5, "max_rel_error": 1.0,
+            "max_abs_error": 1.0, "norm_ratio": 1.0}
+
+
+def _routed_alike_mlp(fault_layer: int | None = None) -> list[TensorDiff]:
+    """A shared expert's gate projection and activation in four MoE layers, each measured on the tokens that
+    routed alike; from the second layer on, the whole tensors carry the flipped tokens' drift (50x)."""
+    rows: list[TensorDiff] = []
+    for layer in range(1, 5):
+        for part, distance in (("gate_proj", 2.0e-5), ("act_fn", 2.3e-5 * (20 if layer == fault_layer else 1))):
+            module = f"Module.model.layers.{layer}.mlp.shared_experts.{part}.Module.forward.0"
+            rows.append(TensorDiff(f"{module}.output.0", len(rows), 0, layer, module, dtype="bfloat16",
+                                   shape=(128, 128), metrics=_metrics(distance),
+                                   carried_metrics=_metrics(distance * (1 if layer == 1 else 50))))
+    return rows
+
+
+def test_an_output_on_the_tokens_that_routed_alike_is_measured_against_its_input_on_the_same_tokens() -> None:
+    """The whole input (flipped tokens' drift in it) over an output without them would make every later
+    layer's activation look quiet and the first MoE layer's stand out."""
+    clean = _routed_alike_mlp()
+    rules.apply_relative_rules(clean, LogitsConfig())
+    assert [row.name for row in clean if row.problem] == []
+    faulty = _routed_alike_mlp(fault_layer=3)
+    rules.apply_relative_rules(faulty, LogitsConfig())
+    assert [row.name for row in faulty if row.problem] == [faulty[5].name]
+
+
+def test_attention_outputs_keep_their_whole_inputs_as_baseline() -> None:
+    """Attention mixes tokens: a flipped token's drift reaches the others, so its input is measured whole."""
+    row = TensorDiff("Module.model.layers.2.self_attn.o_proj.Linear.forward.0.output.0", 0, 0, 2,
+                     "Module.model.layers.2.self_attn.o_proj.Linear.forward.0", metrics=_metrics(1e-5),
+                     carried_metrics=_metrics(1e-3))
+    assert mixes_tokens(row) and not mixes_tokens(_routed_alike_mlp()[0])

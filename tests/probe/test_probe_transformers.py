@@ -107,3 +107,33 @@ def test_flat_dumps_drop_the_batch_dimension_as_vllm_modules_see_it(tiny_model: 
     tokens, config = len(obs["prompt_token_ids"]), json.loads((tiny_model / "config.json").read_text())
     hidden, vocab = config["hidden_size"], config["vocab_size"]
     assert [entry.shape for entry in entries] == [(tokens, hidden), (tokens, hidden), (tokens, vocab)]
+
+
+@pytest.mark.heavy
+def test_a_moe_record_dumps_each_router_with_its_input_and_routing_compares_across_precisions(
+        tmp_path: Path) -> None:
+    """The backend hooks `mlp.gate` of a real Qwen3-MoE with its input: the dump diff then compares its
+    routing (expert sets, each flip against its noise) between a bf16 run and the fp32 golden."""
+    from bisect_npu.observations import VerdictKind
+    from bisect_npu.oracle.config import LogitsConfig
+    from bisect_npu.oracle.dumps.compare import compare_dumps, verdict_from_comparison
+    from tests.helpers.tiny_qwen3 import write_tiny_model
+
+    model = write_tiny_model(tmp_path / "tiny-qwen3-moe", "Qwen3Moe", initializer_range=0.05)
+    dumps = {}
+    for dtype in ("float32", "bfloat16"):
+        request = _request(model, tmp_path / dtype, temperature=0.0, max_tokens=1)
+        request["model"]["dtype"] = dtype
+        request["logits"]["layers"] = ["model.layers.*.mlp", "model.layers.*.mlp.gate", "model.layers.*"]
+        (tmp_path / dtype).mkdir()
+        dumps[dtype] = backend.run_case(request)["logits_dump"]
+    doc = json.loads(next(Path(dumps["bfloat16"]).rglob("dump.json")).read_text())
+    gate = next(op for key, op in doc["data"].items() if ".mlp.gate." in key)
+    assert [entry["dtype"] for entry in gate["output"]] == ["torch.bfloat16", "torch.bfloat16", "torch.int64"]
+    assert gate["input_args"][0]["shape"][-1] == json.loads((model / "config.json").read_text())["hidden_size"]
+    result = compare_dumps(dumps["bfloat16"], dumps["float32"], LogitsConfig())
+    assert [report.module for report in result.routing] == ["model.layers.1.mlp.gate"]
+    assert result.routing[0].noise_from == "router input"
+    verdict = verdict_from_comparison(result)
+    assert verdict.kind is VerdictKind.GOOD, verdict.reason
+    assert "routing:" in verdict.reason

@@ -35,7 +35,7 @@ from bisect_npu.oracle.dumps.integers import integer_dtype, integer_metrics, is_
 from bisect_npu.oracle.dumps.metrics import ChunkSums, segment_sums, top_k_indices
 from bisect_npu.oracle.dumps.precision import coarser_dtype, dtype_tolerance
 from bisect_npu.oracle.dumps.rows import DumpComparison, TensorDiff, round_figure
-from bisect_npu.oracle.dumps.rules import apply_relative_rules, apply_tensor_rules
+from bisect_npu.oracle.dumps.rules import apply_dump_rules, apply_relative_rules, apply_tensor_rules
 
 # What other rooms import from here, whichever module now holds it.
 __all__ = ["OUTPUT", "ChunkSums", "DumpComparison", "TensorDiff", "TensorEntry", "compare_dumps", "dtype_tolerance",
@@ -169,12 +169,13 @@ def compare_dumps(candidate: str | Path, reference: str | Path, cfg: LogitsConfi
             pair.row.metrics = pair.sums.metrics(pair.logits)
     rows = [pair.row for pair in pairs]
     apply_tensor_rules(rows, cfg)
+    routing, unchecked = apply_dump_rules(entries, list(pairs), cfg)
     apply_relative_rules(rows, cfg)
     read = [(pair.cand, pair.ref, pair.sums) for pair in pairs if pair.cand is not None and pair.ref is not None]
     return DumpComparison(rows=rows, seconds=time.perf_counter() - started,
                           bytes_read=sum(cand.nbytes + ref.nbytes for cand, ref, _ in read),
                           largest_read=max((sums.largest_read for _, _, sums in read), default=0),
-                          amplification=cfg.amplification)
+                          amplification=cfg.amplification, routing=routing, routing_unchecked=unchecked)
 
 
 def judge_logits(obs: Observation, reference: Observation | None, cfg: LogitsConfig) -> Verdict:
@@ -196,9 +197,13 @@ def verdict_from_comparison(result: DumpComparison) -> Verdict:
     if worst is not None:
         figures["worst_cosine"] = round_figure(worst.metrics["cosine"])
         figures["worst_cosine_tensor"] = worst.name
+    routing = routing_words(result)
+    if result.routing or result.routing_unchecked:
+        figures["routing"] = {"layers": [report.to_dict() for report in result.routing],
+                              "unchecked": result.routing_unchecked}
     if first is None:
         return Verdict(kind=VerdictKind.GOOD, figures=figures,
-                       reason=f"all {len(result.rows)} tensors within the pass lines")
+                       reason=f"all {len(result.rows)} tensors within the pass lines{routing}")
     carriers, also = result.after_first()
     figures["first_divergent"] = first.to_dict()
     figures["carried_by"] = {"count": len(carriers), "tensors": [row.name for row in carriers[:10]]}
@@ -208,4 +213,23 @@ def verdict_from_comparison(result: DumpComparison) -> Verdict:
     carried = f"; {len(carriers)} later outputs carry the drift" if carriers else ""
     return Verdict(kind=VerdictKind.BAD, figures=figures,
                    reason=f"first divergent tensor #{first.index} {first.name} ({where}step {first.step}): "
-                          f"{first.problem} [{first.rule or 'mismatch'} rule{provenance}]{carried}")
+                          f"{first.problem} [{first.rule or 'mismatch'} rule{provenance}]{carried}{routing}")
+
+
+def routing_words(result: DumpComparison) -> str:
+    """The routing's part of a verdict: flips taken as noise, layers not checked ("" without MoE routers)."""
+    noise = [report for report in result.routing if report.flips and report.finding is None]
+    words = ""
+    if noise:
+        flips = sum(len(report.flips) for report in noise)
+        tokens = sum(report.tokens for report in noise)
+        explainable = sum(report.explainable for report in noise)
+        words += (f"; routing: {flips} of {tokens} token choices in {len(noise)} MoE layers went to another "
+                  f"expert set, each at a margin within its rounding noise (rounding explains up to "
+                  f"{explainable}); the MoE blocks judged on the tokens that routed alike")
+    elif result.routing and all(report.finding is None for report in result.routing):
+        words += f"; routing: every token routed alike in {len(result.routing)} MoE layers"
+    if result.routing_unchecked:
+        words += (f"; routing could not be checked at {len(result.routing_unchecked)} MoE layers "
+                  f"({', '.join(result.routing_unchecked[:3])}): judged as dense")
+    return words

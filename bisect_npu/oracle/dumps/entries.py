@@ -34,7 +34,8 @@ _STEP_DIR = re.compile(r"^step(\d+)$")
 # A run that is not distributed writes `rank` (vllm-ascend's msprobe guide) or `proc{PID}` (what
 # mindstudio-probe 26.2 wrote here) where a distributed one writes `rank{ID}`: all name rank 0.
 _SINGLE_PROCESS_DIR = re.compile(r"(?<![^/])(?:proc\d+|rank)(?![^/])")
-INPUT, OUTPUT = "input", "output"
+# ROUTING: a router's ids and weights, judged by the routing rule, never by cosine or as a baseline.
+INPUT, OUTPUT, ROUTING = "input", "output", "routing"
 
 
 @dataclass(frozen=True)

@@ -20,17 +20,28 @@ from bisect_npu.oracle.dumps.precision import cosine_floor, dtype_tolerance
 from bisect_npu.oracle.dumps.rows import TensorDiff
 
 
-def baseline(rows: list[TensorDiff]) -> dict[str, Any] | None:
-    """The worst agreement among `rows`, metric by metric (None when none was measured)."""
-    measured = [row for row in rows if "cosine" in row.metrics]
+def baseline(rows: list[TensorDiff], routed_alike: bool = False) -> dict[str, Any] | None:
+    """The worst agreement among `rows`, metric by metric (None when none was measured): over their whole
+    tensors, or, for an output measured on the tokens that routed alike (`routed_alike`), over the same
+    tokens where an input was measured on them too. Why: an amplification is only a ratio of like with
+    like; the flipped tokens' drift in a whole input over an output without them shrinks every MoE layer's
+    ratio after the first flip, and the peer lines drawn from those ratios call the first MoE layer bad."""
+    measured = [(row.name, row.metrics if routed_alike else (row.carried_metrics or row.metrics))
+                for row in rows if "cosine" in row.metrics]
     if not measured:
         return None
-    return {"tensors": [row.name for row in measured],
-            "cosine": min(row.metrics["cosine"] for row in measured),
-            "within_1e3": min(row.metrics["within_1e3"] for row in measured),
-            "within_tol": min(row.metrics["within_tol"] for row in measured),
-            "max_rel_error": max(row.metrics["max_rel_error"] for row in measured),
-            "norm_change": max(log_ratio(row.metrics.get("norm_ratio", 1.0)) for row in measured)}
+    return {"tensors": [name for name, _ in measured],
+            "cosine": min(metrics["cosine"] for _, metrics in measured),
+            "within_1e3": min(metrics["within_1e3"] for _, metrics in measured),
+            "within_tol": min(metrics["within_tol"] for _, metrics in measured),
+            "max_rel_error": max(metrics["max_rel_error"] for _, metrics in measured),
+            "norm_change": max(log_ratio(metrics.get("norm_ratio", 1.0)) for _, metrics in measured)}
+
+
+def mixes_tokens(row: TensorDiff) -> bool:
+    """Whether the output is attention's (its projection or its module): the step to it mixes tokens, so a
+    flipped token's drift reaches the tokens that routed alike, and its input is measured whole."""
+    return any(part in (row.module or row.name).lower() for part in (".self_attn.", ".attention.", ".attn."))
 
 
 def transformed_inputs(row: TensorDiff, inputs: list[TensorDiff]) -> list[TensorDiff]:
@@ -79,8 +90,8 @@ class PeerLines:
         floor = math.log(cfg.peer_min_factor)
         dtypes = {row.index: row.dtype for row, _ in measured}
         exact = {row.index for row, base in measured if input_is_exact(row, base)}
-        for row, base in measured:
-            kind = module_kind(row.module, row.name)
+        for row, base in measured:  # a tensor measured on the tokens that routed alike is a peer of its likes
+            kind = module_kind(row.module, row.name) + (" (routed alike)" if row.carried_metrics else "")
             statistic, value = distance_statistic(row, base)
             (amp if statistic == "amplification" else dist).setdefault(kind, []).append((row.index, value))
             if statistic == "amplification":  # every output's distance is a peer of an exact-input one

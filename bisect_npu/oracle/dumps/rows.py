@@ -8,13 +8,15 @@ from typing import Any
 
 from bisect_npu.oracle.dumps.entries import OUTPUT
 from bisect_npu.oracle.dumps.precision import cosine_floor
+from bisect_npu.oracle.dumps.routing import RoutingReport
 
 
 @dataclass
 class TensorDiff:
     """Comparison of one tensor pair; `problem` is set when it diverges, `rule` says which rule fired,
     `provenance` where that rule's thresholds came from, and `baseline` what it was measured against
-    (the module's inputs or the neighbour before it)."""
+    (the module's inputs or the neighbour before it). `carried_metrics`: the whole tensor's metrics where
+    `metrics` leave some tokens out (the routing rule's), what the tensors after it are measured against."""
 
     name: str
     index: int
@@ -33,6 +35,7 @@ class TensorDiff:
     noise_line: float | None = None
     reference_dtype: str | None = None
     shape: tuple[int, ...] | None = None
+    carried_metrics: dict[str, float] | None = None
 
     def precisions(self) -> str:
         """Both sides' precisions in words: the candidate's against the reference's (the judged one when alike)."""
@@ -61,6 +64,8 @@ class DumpComparison:
     bytes_read: int
     largest_read: int = 0
     amplification: float = 5.0
+    routing: list[RoutingReport] = field(default_factory=list)
+    routing_unchecked: list[str] = field(default_factory=list)
 
     @property
     def first_divergent(self) -> TensorDiff | None:

@@ -180,12 +180,8 @@ class TransformersEngine(TrialCounter):
         return output[0] if is_batch_of_one else output
 
     def _hooks(self, writer: DumpWriter) -> list[Any]:
-        handles = []
-        for name, module in self.model.named_modules():
-            if writer.wanted(name):
-                handles.append(module.register_forward_hook(
-                    lambda mod, _args, out, name=name: writer.save(name, type(mod).__name__, self._layout(out))))
-        return handles
+        return [writer.hook(name, module, self._layout) for name, module in self.model.named_modules()
+                if writer.wanted(name)]
 
     def run(self, request: dict[str, Any]) -> dict[str, Any]:
         torch = self.torch

@@ -97,8 +97,7 @@ class LayerDump:
         hooked = 0
         for name, module in model.named_modules():
             if writer.wanted(name):
-                module.register_forward_hook(
-                    lambda mod, _args, output, name=name: writer.save(name, type(mod).__name__, output))
+                writer.hook(name, module)
                 hooked += 1
         model.register_forward_pre_hook(lambda _module, _args: writer.begin_step())
         model.register_forward_hook(lambda _module, _args, _output: writer.end_step())

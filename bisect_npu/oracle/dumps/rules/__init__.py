@@ -12,9 +12,10 @@ from __future__ import annotations
 from typing import Any
 
 from bisect_npu.oracle.config import LogitsConfig
-from bisect_npu.oracle.dumps.entries import INPUT
-from bisect_npu.oracle.dumps.noise import PeerLines, baseline, transformed_inputs
+from bisect_npu.oracle.dumps.entries import INPUT, ROUTING, TensorEntry
+from bisect_npu.oracle.dumps.noise import PeerLines, baseline, mixes_tokens, transformed_inputs
 from bisect_npu.oracle.dumps.precision import cosine_floor
+from bisect_npu.oracle.dumps.routing import RoutingReport
 from bisect_npu.oracle.dumps.rows import TensorDiff
 from bisect_npu.oracle.dumps.rules.absolute import Absolute
 from bisect_npu.oracle.dumps.rules.base import Context, Finding, ModuleRule, TensorRule
@@ -23,8 +24,11 @@ from bisect_npu.oracle.dumps.rules.integer_equality import IntegerEquality
 from bisect_npu.oracle.dumps.rules.msprobe_amplification import MsprobeAmplification
 from bisect_npu.oracle.dumps.rules.peer_cosine import PeerCosine
 from bisect_npu.oracle.dumps.rules.peer_norm import PeerNorm
+from bisect_npu.oracle.dumps.rules.routing import MeasuredPair, Routing, apply_routing
 
 TENSOR_RULES: tuple[TensorRule, ...] = (IntegerEquality(), Absolute())
+# Runs over the whole dump pair between the tensor rules and the module rules (`rules/routing.py`).
+DUMP_RULES = (Routing,)
 MODULE_RULES: tuple[ModuleRule, ...] = (MsprobeAmplification(), PeerCosine(), PeerNorm(), FixedAmplification())
 
 
@@ -43,13 +47,19 @@ def apply_tensor_rules(rows: list[TensorDiff], cfg: LogitsConfig) -> None:
             _record(row, finding)
 
 
+def apply_dump_rules(entries: list[tuple[TensorEntry | None, TensorEntry]], pairs: list[MeasuredPair],
+                     cfg: LogitsConfig) -> tuple[list[RoutingReport], list[str]]:
+    """The routing rule over the dump pair; a tensor it re-measures is judged again by the tensor rules."""
+    return apply_routing(entries, pairs, cfg, lambda row: apply_tensor_rules([row], cfg))
+
+
 def noise_line(row: TensorDiff, base: dict[str, Any], ctx: Context) -> float:
     """The cosine distance an output may reach before its distance rule fires: its peers' line where one
-    covers it, else the fixed line (`amplification` times its input's, at least one rounding)."""
+    covers it, else the fixed line (`amplification` times its input's, plus one rounding)."""
     allowed = ctx.lines.allowed_distance(row, base) if ctx.lines is not None else None
     if allowed is not None:
         return allowed
-    return max(cosine_floor(row.dtype), ctx.cfg.amplification * (1.0 - float(base["cosine"])))
+    return ctx.cfg.amplification * (1.0 - float(base["cosine"])) + cosine_floor(row.dtype)
 
 
 def apply_relative_rules(rows: list[TensorDiff], cfg: LogitsConfig) -> None:
@@ -61,9 +71,13 @@ def apply_relative_rules(rows: list[TensorDiff], cfg: LogitsConfig) -> None:
         if row.role == INPUT:
             inputs.setdefault((row.step, row.module), []).append(row)
             continue
+        if row.role == ROUTING:  # never judged here; routing weights are what the experts' output combines
+            if "cosine" in row.metrics:
+                previous_output = row
+            continue
         base_rows = transformed_inputs(row, inputs.get((row.step, row.module), [])) or (
             [previous_output] if previous_output else [])
-        base = baseline(base_rows)
+        base = baseline(base_rows, routed_alike=row.carried_metrics is not None and not mixes_tokens(row))
         if base is not None and "cosine" in row.metrics:
             measured.append((row, base))
         if base is not None and row.problem is not None and not row.integer:

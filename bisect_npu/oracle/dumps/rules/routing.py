@@ -1,0 +1,204 @@
+"""The routing rule: MoE routers compared by the expert sets they chose (`oracle/dumps/routing.py`).
+
+A router is a module named `...gate` in a MindStudio Probe layout dump (ours or msprobe's), its
+output 0 the logits, an integer output the chosen ids, a float one the routing weights, its
+`input_args` the hidden states it routed and its `parameters` a score-correction bias. Its ids and
+weights leave the float rules (role `routing`); a router whose flips rounding cannot explain is the
+first divergent tensor at its logits; flips within the noise are left out of the token-shaped
+tensors after the router, which the rules then judge on the tokens that routed alike, against
+inputs measured on the same tokens, except where attention mixes tokens (it spreads the flipped
+tokens' drift to the others, so its input is measured whole);
+the calls inside the experts (one per expert, over other tokens once one flipped) are left to
+this rule.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import ClassVar, Protocol
+
+import numpy as np
+
+from bisect_npu.oracle.config import LogitsConfig
+from bisect_npu.oracle.dumps.entries import ROUTING, TensorEntry, open_tensor
+from bisect_npu.oracle.dumps.formats import TensorFile
+from bisect_npu.oracle.dumps.metrics import ChunkSums, Scratch
+from bisect_npu.oracle.dumps.precision import dtype_tolerance
+from bisect_npu.oracle.dumps.routing import RouterSide, RoutingReport, compare_routing
+from bisect_npu.oracle.dumps.rows import TensorDiff
+
+_OP_NAME = re.compile(r"^Module\.(?P<path>.+)\.(?P<cls>[A-Za-z_]\w*)\.forward\.(?P<call>\d+)$")
+_TENSOR_NAME = re.compile(r"\.(?P<section>input|output|parameters)\.(?P<key>\w+)$")
+_INTEGER_DTYPES = ("int", "uint", "bool")
+# Class names of an MoE block (HF's Qwen3MoeSparseMoeBlock, DeepseekV3MoE; vLLM's alike).
+_MOE_BLOCKS = ("MoeBlock", "MoE")
+
+
+class MeasuredPair(Protocol):
+    """A compared tensor pair as `compare_dumps` holds it: its row and, when both were read, their files."""
+
+    row: TensorDiff
+    cand: TensorFile | None
+    ref: TensorFile | None
+    logits: bool
+
+
+@dataclass
+class _RouterOp:
+    """One call of an MoE router in both dumps: its rows (pair indices) by section and key."""
+
+    path: str
+    step: int
+    rows: dict[tuple[str, str], int] = field(default_factory=dict)
+
+
+def _router_ops(entries: list[tuple[TensorEntry | None, TensorEntry]]) -> tuple[list[_RouterOp], list[str]]:
+    """The router calls of the reference's dump, in execution order, and the MoE blocks that have none."""
+    ops: dict[tuple[int, str], _RouterOp] = {}
+    blocks: dict[tuple[int, str], str] = {}
+    for index, (_, ref) in enumerate(entries):
+        match = _OP_NAME.match(ref.module or "")
+        tensor = _TENSOR_NAME.search(ref.name)
+        if match is None or tensor is None:
+            continue
+        path, cls = match.group("path"), match.group("cls")
+        if path.rsplit(".", 1)[-1] == "gate":
+            op = ops.setdefault((ref.step, ref.module or ""), _RouterOp(path, ref.step))
+            op.rows[(tensor.group("section"), tensor.group("key"))] = index
+        elif cls.endswith(_MOE_BLOCKS):
+            blocks[(ref.step, path)] = cls
+    routed = {(op.step, op.path.rsplit(".", 1)[0]) for op in ops.values()}
+    missing = [f"{path} ({cls})" for (step, path), cls in blocks.items() if (step, path) not in routed]
+    return list(ops.values()), missing
+
+
+def _read(entry: TensorEntry | None) -> np.ndarray | None:
+    return None if entry is None else np.asarray(open_tensor(entry).read_all())
+
+
+def _router_side(op: _RouterOp, entries: list[tuple[TensorEntry | None, TensorEntry]], side: int) -> RouterSide | None:
+    """One side's router arrays (None without its logits or its chosen ids on both sides)."""
+    def entry(section: str, key: str) -> TensorEntry | None:
+        index = op.rows.get((section, key))
+        return None if index is None else entries[index][side]
+
+    outputs = sorted(key for section, key in op.rows if section == "output")
+    logits_entry = entry("output", outputs[0]) if outputs else None
+    if logits_entry is None:
+        return None
+    logits = _read(logits_entry)
+    if logits is None or logits.ndim < 2:
+        return None
+    experts = logits.shape[-1]
+    logits = logits.reshape(-1, experts).astype(np.float64)
+    ids = weights = None
+    for key in outputs[1:]:
+        found = entry("output", key)
+        if found is None:
+            continue
+        array = _read(found)
+        if array is None or array.ndim < 1:
+            continue
+        array = array.reshape(logits.shape[0], -1) if array.size % logits.shape[0] == 0 else array
+        if (found.dtype or "").startswith(_INTEGER_DTYPES):
+            ids = array
+        else:
+            weights = array.astype(np.float64)
+    inputs = [entry("input", key) for section, key in sorted(op.rows) if section == "input"]
+    hidden = _read(inputs[0]) if inputs and inputs[0] is not None else None
+    bias = _read(entry("parameters", "e_score_correction_bias"))
+    sigmoid = bias is not None or any(name in (logits_entry.module or "").lower() for name in ("deepseek", "glm4moe"))
+    return RouterSide(logits=logits, logits_dtype=logits_entry.dtype or "float32", ids=ids, weights=weights,
+                      input=hidden.reshape(logits.shape[0], -1).astype(np.float64)
+                      if hidden is not None and hidden.size % logits.shape[0] == 0 else None,
+                      input_dtype=inputs[0].dtype if inputs and inputs[0] is not None else None,
+                      bias=bias.astype(np.float64).reshape(-1) if bias is not None else None, sigmoid=sigmoid)
+
+
+class Routing:
+    """The routing rule: runs over the whole dump pair (it reads the routers' tensors), after the tensor
+    rules and before the module rules, which then judge the MoE blocks on the tokens that routed alike."""
+
+    name: ClassVar[str] = "routing"
+    measures: ClassVar[str] = ("the tokens each MoE router sends to another expert set, each flip's margin against "
+                               "the noise the pair's precisions and the router's input explain")
+    provenance: ClassVar[str] = ("noise bound: half an ulp of each side's router precision and 4 sigma of the "
+                                 "input's effect; flips allowed past it: bench/moe_family_bench.py, tune split")
+
+
+def apply_routing(entries: list[tuple[TensorEntry | None, TensorEntry]], pairs: Sequence[MeasuredPair],
+                  cfg: LogitsConfig, rejudge: Callable[[TensorDiff], None]) -> tuple[list[RoutingReport], list[str]]:
+    """Compare each MoE layer's routing (`routing`): the router's ids and weights leave the float rules; a
+    router whose flips rounding cannot explain diverges at the router; flips within the noise are taken
+    out of the token-shaped tensors after the router, which the rules then judge on the tokens that
+    routed alike. Returns the reports and, in words, the MoE layers whose routing could not be checked."""
+    ops, unchecked = _router_ops(entries)
+    reports: list[RoutingReport] = []
+    flipped: dict[int, set[int]] = {}
+    masks: list[tuple[int, int, set[int], int]] = []
+    for op in ops:
+        cand, ref = _router_side(op, entries, 0), _router_side(op, entries, 1)
+        if cand is None or ref is None or (cand.ids is None and ref.ids is None):
+            unchecked.append(f"{op.path} (no router logits and chosen experts on both sides)")
+            continue
+        report = compare_routing(cand, ref, op.path)
+        reports.append(report)
+        first = min(index for (section, _), index in op.rows.items() if section == "output")
+        for (section, key), index in op.rows.items():
+            row = pairs[index].row
+            if section == "output" and key != min(k for s, k in op.rows if s == "output"):
+                row.role, row.problem, row.rule = ROUTING, None, None
+                row.metrics = {"rerouted": len(report.flips) / max(1, report.tokens)} if (
+                    row.dtype or "").startswith(_INTEGER_DTYPES) else row.metrics
+        finding = report.finding
+        if finding is not None:
+            row = pairs[first].row
+            row.problem, row.rule, row.provenance = finding, Routing.name, Routing.provenance
+        else:
+            _leave_out_expert_calls(pairs, op, first)
+        if finding is None and report.flips:
+            flipped.setdefault(op.step, set()).update(report.flipped_tokens)
+            masks.append((first, op.step, set(flipped[op.step]), report.tokens))
+    for start, step, tokens, count in masks:  # a later router's mask holds an earlier one's: applied after it
+        for pair in pairs[start + 1:]:
+            if pair.row.step == step and pair.cand is not None and pair.ref is not None:
+                _judge_on_alike(pair, tokens, count, cfg, rejudge)
+    return reports, unchecked
+
+
+def _leave_out_expert_calls(pairs: Sequence[MeasuredPair], op: _RouterOp, start: int) -> None:
+    """The calls inside the experts (one per expert, over the tokens routed to it, in the order routing
+    hits them) follow the routing: once a token flips here or before, they hold other tokens on the two
+    sides. They are left to the routing comparison; the experts' output is compared whole."""
+    for pair in pairs[start:]:
+        match = _OP_NAME.match(pair.row.module or "")
+        if pair.row.step == op.step and match is not None and ".experts." in match.group("path"):
+            pair.row.role, pair.row.problem, pair.row.rule = ROUTING, None, None
+
+
+def _judge_on_alike(pair: MeasuredPair, flipped: set[int], tokens: int, cfg: LogitsConfig,
+                    rejudge: Callable[[TensorDiff], None]) -> None:
+    """Re-measure a tensor of `tokens` rows without the tokens that flipped; the whole tensor's metrics are
+    kept beside (`carried_metrics`): the baseline of an output that mixes tokens (attention, which spreads
+    a flipped token's drift to the others) and of one measured whole."""
+    assert pair.cand is not None and pair.ref is not None
+    shape = list(pair.ref.shape)
+    while len(shape) > 2 and shape[0] == 1:
+        shape.pop(0)
+    if not shape or shape[0] != tokens or pair.row.dtype is None or "cosine" not in pair.row.metrics \
+            or pair.row.dtype.startswith(_INTEGER_DTYPES):
+        return
+    keep = np.ones(shape[0], dtype=bool)
+    keep[sorted(flipped)] = False
+    cand = np.ascontiguousarray(pair.cand.read_all().reshape(shape[0], -1)[keep], dtype=np.float32).reshape(-1)
+    ref = np.ascontiguousarray(pair.ref.read_all().reshape(shape[0], -1)[keep], dtype=np.float32).reshape(-1)
+    sums = ChunkSums()
+    vocab = pair.ref.shape[-1] if pair.logits else None
+    sums.add_chunk(cand, ref, dtype_tolerance(pair.row.dtype), vocab, cfg.top_k,
+                   Scratch(max(1, cand.size), max(pair.cand.stored.itemsize, pair.ref.stored.itemsize)))
+    pair.row.carried_metrics = pair.row.carried_metrics or pair.row.metrics
+    pair.row.metrics = {**sums.metrics(pair.logits), "tokens_left_out": float(len(flipped))}
+    pair.row.problem = pair.row.rule = pair.row.provenance = None
+    rejudge(pair.row)

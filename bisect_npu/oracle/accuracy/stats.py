@@ -6,11 +6,13 @@ Three questions, each answered at the recipe's confidence:
   McNemar on the discordant samples when every sample ran once, a paired z test on the
   per-sample rates when samples repeat.
 - Which side is a candidate on? The log likelihood ratio of its outcomes under "it behaves like
-  the bad end" against "like the good end", each sample predicted by a beta-binomial whose beta
-  is the end's own runs of that sample on top of an empirical-Bayes prior (`EndsPrior`). A
-  likelihood ratio stays valid under optional stopping (Ville's inequality: under the good side
-  the chance it ever reaches 1/alpha is at most alpha), so a step may stop the moment it crosses
-  a Wald bound and the search may multiply the ratios of several steps.
+  the bad end" against "like the good end", each sample's rate at a side the posterior given
+  both ends' runs of it under a joint empirical-Bayes prior (`JointPrior`: how the samples'
+  rates spread at each end and how the two ends' rates of a sample go together), each side's
+  mean integrated over its error. A likelihood ratio stays valid under optional stopping
+  (Ville's inequality: under the good side the chance it ever reaches 1/alpha is at most
+  alpha), so a step may stop the moment it crosses a Wald bound and the search may multiply the
+  ratios of several steps.
 - Is a score below ``baseline - threshold``? A one-sided interval around the mean of the
   per-sample rates; with several rounds alpha is spent evenly over them (Bonferroni), so looking
   after every round keeps the error rate.

@@ -32,7 +32,14 @@ sampled scenario) and focus.batch (1, 2, 4, 8); the figures are reported on seed
 (--seed), which tuning never saw. Everything else is the recipe defaults (confidence 0.99,
 max_rounds 3, focus growth 2, control 5%, min_discordant 4).
 
+`--calibration` prints another table: histories of every kind sampled answers come in (every
+answer a fresh draw, intraclass correlation 0.2 with every sample's rate scaled down, 0.5 and
+0.95 with a broken subset, greedy), 200 samples falling 82% -> 70% over 48 commits as a session
+runs them (focused, 4 repeats; greedy 1), counting beside the runs how often a wrong culprit is
+named: what a session reports with exit 0. Seeds 1000.. for tuning, 1.. for the figures.
+
     .venv/bin/python bench/accuracy_bench.py              # 200 cases per scenario (a few minutes)
+    .venv/bin/python bench/accuracy_bench.py --calibration --runs 200   # the calibration table
     .venv/bin/python bench/accuracy_bench.py --runs 20    # a smoke test
     .venv/bin/python bench/accuracy_bench.py --seed 1000 --runs 200 --scenarios aime-30  # their tuning split
 """
@@ -65,6 +72,7 @@ class Scenario:
     batch: int = 8  # focus.batch
     repeats_with_earlier: int = 0  # the recipe's repeats when the ends' results are handed over (0: `repeats`)
     n: int = 128
+    drop: str = "subset"  # subset: the culprit breaks some samples; scaled: every sample's rate falls alike
 
 
 SCENARIOS = (
@@ -76,6 +84,15 @@ SCENARIOS = (
 BROKEN_RATE = 0.05  # a broken sample's rate, as a share of its good rate
 NIGHTLY_THRESHOLD = 10.0
 CONFIDENCE = 0.99
+# How sampled answers may behave (issue: the served histories): 200 samples, 82% -> 70%, 48 commits,
+# the ends and each round 4 repeats; one kind per intraclass correlation of a sample's runs.
+CALIBRATION = (
+    Scenario("fresh draws (ICC 0), scaled drop", 200, 0.82, 0.70, 0.0, 4, n=48, drop="scaled"),
+    Scenario("ICC 0.2, scaled drop", 200, 0.82, 0.70, 0.2, 4, n=48, drop="scaled"),
+    Scenario("ICC 0.5, subset broken", 200, 0.82, 0.70, 0.5, 4, n=48),
+    Scenario("ICC 0.95, subset broken", 200, 0.82, 0.70, 0.95, 4, n=48),
+    Scenario("greedy-like (ICC 1), 1 run", 200, 0.82, 0.70, 1.0, 1, n=48),
+)
 CONTROL_SHARE = 0.1  # accuracy.earlier_results.control_share's default
 MAX_DISAGREEMENT = 0.25  # accuracy.earlier_results.max_disagreement's default
 
@@ -94,8 +111,15 @@ class Case:
 
 def make_case(s: Scenario, seed: int) -> Case:
     rng = np.random.default_rng(seed)
-    kappa = 1 / s.rho - 1
-    good = rng.beta(s.good * kappa, (1 - s.good) * kappa, s.samples)
+    if s.rho <= 0:  # fresh draws: every sample's rate is the score
+        good = np.full(s.samples, s.good)
+    elif s.rho >= 1:  # greedy: a sample is always right or always wrong
+        good = (rng.random(s.samples) < s.good).astype(float)
+    else:
+        kappa = 1 / s.rho - 1
+        good = rng.beta(s.good * kappa, (1 - s.good) * kappa, s.samples)
+    if s.drop == "scaled":
+        return Case(int(rng.integers(1, s.n + 1)), good, good * (s.bad / s.good), rng)
     bad = good.copy()
     target = s.samples * (s.good - s.bad)  # the drop in points, whatever this draw's own mean
     for i in rng.permutation(s.samples):
@@ -122,6 +146,7 @@ class Outcome:
     right: bool
     sample_runs: int
     harness_runs: int
+    wrong: bool = False  # another commit named as the culprit: what a session ends with exit 0
 
 
 def run_gate(s: Scenario, case: Case) -> Outcome:
@@ -207,7 +232,7 @@ def run_ours(s: Scenario, case: Case, focused: bool, cfg: AccuracyConfig, earlie
         decision = decide(problem, evidence)
         if not isinstance(decision, Next):
             right = isinstance(decision, Found) and decision.index == case.culprit
-            return Outcome(right, spent, harness_runs)
+            return Outcome(right, spent, harness_runs, isinstance(decision, Found) and not right)
         for query in decision.queries:
             kind, log_lr = step(query.index)
             evidence[query.index] = evidence.get(query.index, Evidence()).add(kind.value).weigh(log_lr)  # type: ignore[arg-type]
@@ -226,13 +251,37 @@ def accuracy_config(s: Scenario, earlier: bool = False) -> AccuracyConfig:
     return AccuracyConfig(repeats=repeats, confidence=CONFIDENCE, focus=FocusConfig(batch=s.batch))
 
 
+def calibration(runs: int, first_seed: int, only: str) -> None:
+    """Each kind of sampled history, the way a session runs it (focused): right, wrong culprits
+    named (a session's exit 0), no culprit (a range or a weaker answer), and the cost."""
+    print(f"{runs} histories per kind, seeds {first_seed}..{first_seed + runs - 1}, confidence {CONFIDENCE}")
+    print("| kind | right | wrong culprit named (exit 0) | no single culprit | sample runs (mean) | "
+          "harness runs (mean) |")
+    print("|---|---:|---:|---:|---:|---:|")
+    for s in CALIBRATION:
+        if only not in s.name:
+            continue
+        cfg = accuracy_config(s)
+        got = [run_ours(s, make_case(s, first_seed + k), True, cfg) for k in range(runs)]
+        right, wrong = sum(g.right for g in got), sum(g.wrong for g in got)
+        print(f"| {s.name}, {s.samples} samples, {100 * s.good:.0f}% -> {100 * s.bad:.0f}%, repeats {s.repeats} | "
+              f"{right / runs:.1%} | {wrong} ({wrong / runs:.1%}) | {runs - right - wrong} | "
+              f"{np.mean([g.sample_runs for g in got]):,.0f} | {np.mean([g.harness_runs for g in got]):.1f} |")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--calibration", action="store_true",
+                        help="the calibration table: wrong culprits named over every kind of sampled history")
     parser.add_argument("--runs", type=int, default=200)
     parser.add_argument("--seed", type=int, default=1, help="first seed of the reporting split")
     parser.add_argument("--scenarios", default="", help="only the scenarios whose name contains this (e.g. aime-30)")
     args = parser.parse_args()
     started = time.monotonic()
+    if args.calibration:
+        calibration(args.runs, args.seed, args.scenarios)
+        print(f"{time.monotonic() - started:.0f} s")
+        return
     print(f"{args.runs} cases per scenario, seeds {args.seed}..{args.seed + args.runs - 1}, N = {SCENARIOS[0].n}, "
           f"confidence {CONFIDENCE}")
     print("| scenario | method | right | sample runs per bisection (mean) | vs gate | harness runs (mean) |")

@@ -2,7 +2,10 @@
 /v1/completions for every sample of the dataset, greedy, and writes one line per sample.
 
     python accuracy_command_harness.py BASE_URL MODEL DATASET OUTPUT [--behave ok|exit|nothing|garbage|empty]
-        [--die-rate R --seed S --count FILE]
+        [--die-rate R --seed S --count FILE] [--repeats N --temperature T]
+
+`--repeats` asks every sample N times (at `--temperature`) and writes the share of its runs that
+were right, with `runs: N` (a sampled evaluation).
 
 `--behave` plays a broken harness: exit 3, write no file, write a line that is not JSON, write
 an empty file. `--die-rate` plays a harness whose connection to the server is reset in a seeded
@@ -20,6 +23,17 @@ from pathlib import Path
 from flaky_start import draw  # run by its path: its own folder is on sys.path
 
 
+def ask(args: argparse.Namespace, prompt: str) -> tuple[str, str]:
+    """The server's answer to one prompt and why it stopped."""
+    body = json.dumps({"model": args.model, "prompt": prompt, "max_tokens": args.max_tokens,
+                       "temperature": args.temperature}).encode()
+    request = urllib.request.Request(args.base_url + "/v1/completions", data=body,
+                                     headers={"Content-Type": "application/json"})
+    with urllib.request.urlopen(request, timeout=120) as response:
+        choice = json.loads(response.read())["choices"][0]
+    return choice["text"].strip(), choice["finish_reason"]
+
+
 def main() -> int:
     parser = argparse.ArgumentParser()
     parser.add_argument("base_url")
@@ -31,6 +45,8 @@ def main() -> int:
     parser.add_argument("--die-rate", type=float, default=0.0)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--count", type=Path)
+    parser.add_argument("--repeats", type=int, default=1)
+    parser.add_argument("--temperature", type=float, default=0.0)
     args = parser.parse_args()
     if args.count is not None and draw(args.count, args.die_rate, args.seed):
         print("harness: [Errno 104] Connection reset by peer", file=sys.stderr)
@@ -49,15 +65,14 @@ def main() -> int:
         with open(args.dataset, encoding="utf-8") as fh:
             rows = [json.loads(line) for line in fh if line.strip()]
         for row in rows:
-            body = json.dumps({"model": args.model, "prompt": row["question"], "max_tokens": args.max_tokens,
-                               "temperature": 0.0}).encode()
-            request = urllib.request.Request(args.base_url + "/v1/completions", data=body,
-                                             headers={"Content-Type": "application/json"})
-            with urllib.request.urlopen(request, timeout=120) as response:
-                choice = json.loads(response.read())["choices"][0]
-            answer = choice["text"].strip()
-            out.write(json.dumps({"id": row["id"], "correct": answer == row["answer"], "output": answer,
-                                  "target": row["answer"], "finish_reason": choice["finish_reason"]}) + "\n")
+            answers = [ask(args, row["question"]) for _ in range(args.repeats)]
+            right = sum(answer == row["answer"] for answer, _ in answers)
+            answer, finish_reason = answers[-1]
+            line = {"id": row["id"], "correct": right == 1, "output": answer, "target": row["answer"],
+                    "finish_reason": finish_reason}
+            if args.repeats > 1:
+                line.update(correct=right / args.repeats, runs=args.repeats)
+            out.write(json.dumps(line) + "\n")
     return 0
 
 

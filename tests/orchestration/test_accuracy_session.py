@@ -1,6 +1,7 @@
-"""A whole accuracy bisection through `bisect-npu run`: the demo upstream served over HTTP, scored
-by a command harness, judged by the accuracy oracle, searched in likelihood mode (no extra
-installs: the real lm-eval and AISBench runs are in test_accuracy_harness.py)."""
+"""Whole accuracy bisections through `bisect-npu run`: the demo upstream served over HTTP, scored
+by a command harness, judged by the accuracy oracle, searched in likelihood mode; and a sampled
+evaluation whose every answer is a fresh draw (no extra installs: the real lm-eval and AISBench
+runs are in test_accuracy_harness.py)."""
 
 from __future__ import annotations
 
@@ -14,6 +15,7 @@ import pytest
 
 from bisect_npu.demo.accuracy import DATASET, read_dataset
 from bisect_npu.observations import Observation
+from tests.helpers.gitrepo import make_linear_repo
 from tests.helpers.paths import HELPERS
 
 pytestmark = pytest.mark.e2e
@@ -66,3 +68,59 @@ def test_a_command_harness_bisection_finds_the_manifests_culprit_running_few_sam
             assert [s.id for s in observation.samples or []] == (asked or [r["id"] for r in read_dataset()])
     report = (tmp_path / "s" / "report.md").read_text()
     assert "## Bad against good" in report and "and wrong at the culprit:" in report
+
+
+SAMPLED_SERVER = HELPERS / "sampled_answer_server.py"
+
+
+def sampled_recipe(tmp_path: Path, dataset: Path, seed: int) -> Path:
+    """A sampled evaluation as the nightly's (temperature 0.6, every question asked 4 times a
+    round) of a server whose every answer is a fresh draw, asked for a 0.99 confidence."""
+    server = [sys.executable, str(SAMPLED_SERVER), "{model}", "--seed", str(seed), "--count",
+              str(tmp_path / "starts.txt")]
+    harness = [sys.executable, str(HARNESS), "{base_url}", "{model}", "{dataset}", "{output}", "--repeats",
+               "{repeats}", "--temperature", "0.6"]
+    recipe = {
+        "name": "fresh-draws", "model": {"path": str(tmp_path / "model")},
+        "engine": {"backend": "openai", "launcher": server, "port": free_port(), "startup_timeout_s": 60},
+        "accuracy": {"harness": "command", "dataset": str(dataset), "command": {"argv": harness},
+                     "sampling": {"temperature": 0.6, "max_tokens": 4}, "repeats": 4, "confidence": 0.99},
+        "oracle": {"kinds": ["accuracy"]},
+    }
+    path = tmp_path / "recipe.yaml"
+    path.write_text(json.dumps(recipe))
+    return path
+
+
+@pytest.mark.parametrize(("commits", "culprit"), [
+    (16, 11),
+    pytest.param(48, 29, marks=pytest.mark.heavy),  # 48 commits: one to two minutes
+])
+def test_served_fresh_draws_name_the_right_culprit(tmp_path: Path, commits: int, culprit: int) -> None:
+    """Commits each serving their own server, a 200-question set whose every answer is drawn anew
+    (82% right before the culprit, 70% from it on): the sampled bisection names the culprit at the
+    confidence asked, every step judged on its side, and each candidate's first step ran a focused
+    round."""
+    shas = make_linear_repo(tmp_path / "up", commits, culprit=culprit)
+    dataset = tmp_path / "questions.jsonl"
+    dataset.write_text("".join(json.dumps({"id": f"q{i:03d}", "question": f"question {i}", "answer": "right"}) + "\n"
+                               for i in range(200)))
+    session = tmp_path / "s"
+    done = subprocess.run([sys.executable, "-m", "bisect_npu", "run", "--repo", str(tmp_path / "up"), "--good",
+                           shas[0], "--bad", shas[-1], "--recipe", str(sampled_recipe(tmp_path, dataset, seed=0)),
+                           "--session", str(session), "--no-fix", "--no-verdict-store", "--json"], cwd=tmp_path,
+                          capture_output=True, text=True, timeout=580, check=False)
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-3000:]
+    assert json.loads(done.stdout.strip().splitlines()[-1])["culprit"] == shas[culprit]
+    entries = [json.loads(line) for line in (session / "journal.jsonl").read_text().splitlines()]
+    end = next(e for e in entries if e["type"] == "end")
+    assert end["figures"]["posterior"] >= 0.99
+    steps = [e for e in entries if e["type"] == "step" and e["verdict"]["kind"] != "skip"]
+    sides = [(e["index"], e["verdict"]["kind"]) for e in steps]  # a commit asked twice: both verdicts
+    assert all(kind == ("good" if index < culprit else "bad") for index, kind in sides), sides
+    assert (culprit, "bad") in sides and (culprit - 1, "good") in sides
+    first: dict[int, dict] = {}
+    for e in steps:
+        first.setdefault(e["index"], e)
+    # A candidate's first step runs a focused round (a commit the search asks again runs the whole set).
+    assert all(e["verdict"]["figures"]["samples_run"] < 200 for i, e in first.items() if i not in (0, commits - 1))

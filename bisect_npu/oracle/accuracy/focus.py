@@ -14,21 +14,17 @@ import math
 from collections.abc import Sequence
 
 from bisect_npu.observations import SampleOutcome
-from bisect_npu.oracle.accuracy.stats import EndsPrior, fit_prior
+from bisect_npu.oracle.accuracy.stats import JointPrior, fit_joint, side_rates
 from bisect_npu.oracle.config import AccuracyConfig
 
 
-def _one_run_rate(end: SampleOutcome, mean: float, kappa: float) -> float:
-    """The chance one more run of the sample is correct at this end: its runs on the ends' prior."""
-    return (mean * kappa + end.correct_runs) / (kappa + end.runs)
-
-
-def telling(good: SampleOutcome, bad: SampleOutcome, prior: EndsPrior) -> float:
+def telling(good: SampleOutcome, bad: SampleOutcome, prior: JointPrior) -> float:
     """How much one run of a sample tells the sides apart: the Jeffreys divergence of its one-run
-    rates at the two ends (the expected log likelihood ratio under the bad side minus that under
-    the good side). An end's many runs of a sample make its rate, and so this, surer."""
-    pg = _one_run_rate(good, prior.good_mean, prior.kappa)
-    pb = _one_run_rate(bad, prior.bad_mean, prior.kappa)
+    rates at the two sides (the expected log likelihood ratio under the bad side minus that under
+    the good side), each rate the sample's posterior given both ends' runs (`stats.side_rates`):
+    where the ends' rates go together, a disagreement between them tells little."""
+    rates = side_rates(prior, good, bad)
+    pg, pb = rates.good[0], rates.bad[0]
     return (pb - pg) * (math.log(pb / pg) - math.log((1 - pb) / (1 - pg)))
 
 
@@ -39,7 +35,7 @@ def discordant_ids(good: Sequence[SampleOutcome], bad: Sequence[SampleOutcome]) 
     pairs = [(s, b[s.id]) for s in good if s.id in b and s.correct != b[s.id].correct]
     if not pairs:
         return []
-    prior = fit_prior(good, bad)
+    prior = fit_joint(good, bad)
     return [g.id for g, _ in sorted(pairs, key=lambda pair: -telling(pair[0], pair[1], prior))]
 
 

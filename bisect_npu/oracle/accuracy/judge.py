@@ -47,6 +47,7 @@ def _verdict(kind: VerdictKind | None, reason: str, figures: dict[str, Any], rou
         figures["more_rounds"] = True
         return Verdict(kind=lean, reason=f"not clear at {cfg.confidence:g} after {rounds} round(s): {reason}",
                        figures=figures, trials=rounds)
+    figures["stopped"] = "clear" if kind is not None else "plan ended"
     if kind is None:
         figures["forced_at_max_rounds"] = True
         reason += f" (not significant at {cfg.confidence:g} after {rounds} rounds: the likelier side)"
@@ -138,13 +139,19 @@ def _judge_bad_end(cfg: AccuracyConfig, mine: list[SampleOutcome], good: list[Sa
     else:
         kind = VerdictKind.BAD if VerdictKind.BAD in (paired, by_baseline) else None
     lean = VerdictKind.BAD if diff < 0 else VerdictKind.GOOD
+    if kind == VerdictKind.BAD and not stats.ends_known(good, mine):
+        # Every candidate is placed between the ends' means: an end measured too loosely for the
+        # drop between them would misplace them all, so it runs again while rounds remain.
+        figures["ends_too_loose"] = True
+        text += "; the ends' means are not yet known well enough for this drop"
+        kind = None if not (rounds >= cfg.max_rounds if final is None else final) else kind
     return _verdict(kind, text, figures, rounds, cfg, lean, final)
 
 
 def _judge_candidate(cfg: AccuracyConfig, mine: list[SampleOutcome], good: list[SampleOutcome],
                      bad: list[SampleOutcome], figures: dict[str, Any], rounds: int, final: bool | None) -> Verdict:
-    prior = stats.fit_prior(good, bad)
-    bound = stats.wald_bound(cfg.confidence)
+    prior = stats.fit_joint(good, bad)
+    bound = stats.step_bound(cfg.confidence)
     discordant = set(discordant_ids(good, bad))
     control = [s for s in mine if s.id not in discordant]
     control_diff, control_p = stats.paired_rate_p(control, good) if control else (0.0, 1.0)
@@ -152,14 +159,12 @@ def _judge_candidate(cfg: AccuracyConfig, mine: list[SampleOutcome], good: list[
     log_lr = stats.log_likelihood_ratio(mine, good, bad, prior)
     imputed = _imputed(mine, good)
     check = _baseline(cfg, imputed)
-    if cfg.reference == "baseline":
-        log_lr = stats.score_log_lr(imputed, good, bad)
     if broken_elsewhere:
         log_lr = max(log_lr, bound)
     figures = {**figures, **_baseline_figures(check), "log_likelihood_ratio": round(log_lr, 4),
                "wald_bound": round(bound, 4), "discordant": len(discordant), "control": len(control),
                "control_difference": round(100 * control_diff, 3), "control_p": control_p,
-               "broken_elsewhere": broken_elsewhere, "prior_rho": round(prior.rho, 4),
+               "broken_elsewhere": broken_elsewhere, "prior_rho": round(prior.rho, 4), "prior_cov": round(prior.cov, 5),
                "estimated_accuracy": round(stats.score(imputed, cfg.confidence).accuracy, 3)}
     by_ratio = VerdictKind.BAD if log_lr >= bound else VerdictKind.GOOD if log_lr <= -bound else None
     if cfg.reference == "both" and check is not None and check.verdict == "bad":

@@ -6,11 +6,13 @@ Three questions, each answered at the recipe's confidence:
   McNemar on the discordant samples when every sample ran once, a paired z test on the
   per-sample rates when samples repeat.
 - Which side is a candidate on? The log likelihood ratio of its outcomes under "it behaves like
-  the bad end" against "like the good end", each sample predicted by a beta-binomial whose beta
-  is the end's own runs of that sample on top of an empirical-Bayes prior (`EndsPrior`). A
-  likelihood ratio stays valid under optional stopping (Ville's inequality: under the good side
-  the chance it ever reaches 1/alpha is at most alpha), so a step may stop the moment it crosses
-  a Wald bound and the search may multiply the ratios of several steps.
+  the bad end" against "like the good end", each sample's rate at a side the posterior given
+  both ends' runs of it under a joint empirical-Bayes prior (`JointPrior`: how the samples'
+  rates spread at each end and how the two ends' rates of a sample go together), each side's
+  mean integrated over its error. A likelihood ratio stays valid under optional stopping
+  (Ville's inequality: under the good side the chance it ever reaches 1/alpha is at most
+  alpha), so a step may stop the moment it crosses a Wald bound and the search may multiply the
+  ratios of several steps.
 - Is a score below ``baseline - threshold``? A one-sided interval around the mean of the
   per-sample rates; with several rounds alpha is spent evenly over them (Bonferroni), so looking
   after every round keeps the error rate.
@@ -23,6 +25,8 @@ import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from statistics import NormalDist
+
+from numpy.polynomial.hermite_e import hermegauss
 
 from bisect_npu.intervals import wilson_interval
 from bisect_npu.observations import SampleOutcome
@@ -38,6 +42,13 @@ MIN_RHO, MAX_RHO = 0.05, 0.95
 def wald_bound(confidence: float) -> float:
     """|log likelihood ratio| at which a sequential test stops at `confidence` (Wald: log((1-b)/a))."""
     return math.log(confidence / (1.0 - confidence))
+
+
+def step_bound(confidence: float) -> float:
+    """The |log likelihood ratio| at which a candidate's step stops: Wald's bound at half the error
+    asked. A named culprit rests on two steps, its own (bad) and its parent's (good), and is wrong
+    when either is; each is held to half of 1 - confidence."""
+    return wald_bound(1.0 - (1.0 - confidence) / 2)
 
 
 def by_id(samples: Sequence[SampleOutcome]) -> dict[str, SampleOutcome]:
@@ -186,33 +197,205 @@ def _log_beta(a: float, b: float) -> float:
     return math.lgamma(a) + math.lgamma(b) - math.lgamma(a + b)
 
 
-def _predictive(k: float, n: int, end: SampleOutcome | None, mean: float, kappa: float) -> float:
-    """log P(k of n correct | the end's runs of the sample), beta-binomial (binomial coefficient
-    left out: it cancels in a ratio)."""
+@dataclass(frozen=True)
+class JointPrior:
+    """How a sample's correctness rates at the two ends vary over the dataset, jointly: their
+    means, their spreads over samples (variances of the rates, not of runs) and how the two move
+    together (covariance). The covariance is what makes a sample's runs at one end evidence about
+    its rate at the other: a regression that lowers every sample alike leaves the two rates tied
+    (a sample the ends disagree on is then mostly noise), one that breaks a few samples unties
+    exactly those. Fitted from the ends' own runs (`fit_joint`)."""
+
+    good_mean: float
+    bad_mean: float
+    good_var: float
+    bad_var: float
+    cov: float
+
+    @property
+    def rho(self) -> float:
+        """The intraclass correlation of runs of one sample, over both ends (the report's figure)."""
+        return (self.good_var / (self.good_mean * (1 - self.good_mean))
+                + self.bad_var / (self.bad_mean * (1 - self.bad_mean))) / 2
+
+
+# Floors of the fitted variances: a rate known to within 0.003 of its mean is as sure as any
+# evaluation of a few hundred samples can make it.
+MIN_VAR = 1e-5
+
+
+def _moments(xs: Sequence[float], ys: Sequence[float]) -> tuple[float, float, float]:
+    n = len(xs)
+    mx, my = sum(xs) / n, sum(ys) / n
+    d = max(1, n - 1)
+    return (sum((x - mx) ** 2 for x in xs) / d, sum((y - my) ** 2 for y in ys) / d,
+            sum((x - mx) * (y - my) for x, y in zip(xs, ys, strict=True)) / d)
+
+
+def fit_joint(good: Sequence[SampleOutcome], bad: Sequence[SampleOutcome]) -> JointPrior:
+    """Empirical Bayes by moments over the samples both ends ran. An end's spread of rates is the
+    spread of its per-sample results less the noise of its runs (estimated without bias from each
+    sample's own runs, x(1-x)/(R-1), where samples ran at least twice; from `fit_prior`'s
+    intraclass correlation where they ran once); the covariance is the results' own, since the
+    noise of one end's runs is independent of the other's. The covariance is kept within what the
+    two spreads allow (a correlation of at most 1) and at least 0."""
+    g, b = by_id(good), by_id(bad)
+    shared = [i for i in g if i in b]
+    ends = fit_prior(good, bad)
+    if len(shared) < 2:
+        return JointPrior(ends.good_mean, ends.bad_mean, MIN_VAR, MIN_VAR, 0.0)
+    xg, xb = [g[i].correct for i in shared], [b[i].correct for i in shared]
+    var_g, var_b, cov = _moments(xg, xb)
+
+    def spread(end: dict[str, SampleOutcome], observed: float, mean: float) -> float:
+        runs = [end[i].runs for i in shared]
+        if min(runs) >= 2:
+            noise = sum(end[i].correct * (1 - end[i].correct) / (end[i].runs - 1) for i in shared) / len(shared)
+            return max(MIN_VAR, observed - noise)
+        return max(MIN_VAR, min(observed, ends.rho * mean * (1 - mean)))
+
+    sg, sb = spread(g, var_g, ends.good_mean), spread(b, var_b, ends.bad_mean)
+    return JointPrior(ends.good_mean, ends.bad_mean, sg, sb, min(max(0.0, cov), 0.999 * math.sqrt(sg * sb)))
+
+
+@dataclass(frozen=True)
+class SideRates:
+    """A sample's rate at each side given both ends' runs: (mean, variance) per side."""
+
+    good: tuple[float, float]
+    bad: tuple[float, float]
+
+
+def _noise(mean: float, spread: float, runs: int) -> float:
+    """The variance of an end's observed rate around the sample's true rate: E[r(1-r)]/R."""
+    return max(MIN_VAR, mean * (1 - mean) - spread) / runs
+
+
+def side_rates(prior: JointPrior, good: SampleOutcome | None, bad: SampleOutcome | None) -> SideRates:
+    """The two rates' posterior, the prior's normal approximation conditioned on the runs each end
+    made of this sample (either may be missing): the end's own runs move its rate most, the other
+    end's runs move it as far as the covariance says the two rates go together."""
+    mean = [prior.good_mean, prior.bad_mean]
+    cov = [[prior.good_var, prior.cov], [prior.cov, prior.bad_var]]
+    seen = [(k, end, m, v) for k, (end, m, v) in enumerate(((good, prior.good_mean, prior.good_var),
+                                                             (bad, prior.bad_mean, prior.bad_var)))
+            if end is not None and end.runs > 0]
+    if seen:
+        # S = cov[seen, seen] + noise; posterior = prior - cov[:, seen] S^-1 cov[seen, :]
+        idx = [k for k, *_ in seen]
+        s = [[cov[a][c] + (_noise(seen[ia][2], seen[ia][3], seen[ia][1].runs) if a == c else 0.0)
+              for c in idx] for ia, a in enumerate(idx)]
+        resid = [end.correct - m for _, end, m, _ in seen]
+        inv = _inverse(s)
+        gain = [[sum(cov[r][idx[j]] * inv[j][c] for j in range(len(idx))) for c in range(len(idx))]
+                for r in range(2)]
+        mean = [mean[r] + sum(gain[r][c] * resid[c] for c in range(len(idx))) for r in range(2)]
+        cov = [[cov[r][q] - sum(gain[r][c] * cov[idx[c]][q] for c in range(len(idx))) for q in range(2)]
+               for r in range(2)]
+    return SideRates(_as_rate(mean[0], cov[0][0]), _as_rate(mean[1], cov[1][1]))
+
+
+def _inverse(m: list[list[float]]) -> list[list[float]]:
+    if len(m) == 1:
+        return [[1.0 / m[0][0]]]
+    det = m[0][0] * m[1][1] - m[0][1] * m[1][0]
+    return [[m[1][1] / det, -m[0][1] / det], [-m[1][0] / det, m[0][0] / det]]
+
+
+def _as_rate(mean: float, var: float) -> tuple[float, float]:
+    """A posterior moved back into a rate's range: the mean within [0.005, 0.995], the variance
+    below what a beta with that mean can hold."""
+    m = min(0.995, max(0.005, mean))
+    return m, min(max(var, MIN_VAR), 0.9 * m * (1 - m))
+
+
+def _predictive(k: float, n: int, rate: tuple[float, float]) -> float:
+    """log P(k of n correct | the side's rate (mean, variance)), beta-binomial by moments (the
+    binomial coefficient left out: it cancels in a ratio)."""
+    mean, var = rate
+    kappa = mean * (1 - mean) / var - 1
     alpha, beta = mean * kappa, (1 - mean) * kappa
-    if end is not None:
-        alpha += end.correct_runs
-        beta += end.runs - end.correct_runs
     return _log_beta(alpha + k, beta + n - k) - _log_beta(alpha, beta)
 
 
 def sample_log_lr(candidate: SampleOutcome, good: SampleOutcome | None, bad: SampleOutcome | None,
-                  prior: EndsPrior) -> float:
+                  prior: JointPrior) -> float:
     """One sample's log P(outcome | bad side) - log P(outcome | good side), clipped."""
     k, n = candidate.correct_runs, candidate.runs
-    value = (_predictive(k, n, bad, prior.bad_mean, prior.kappa)
-             - _predictive(k, n, good, prior.good_mean, prior.kappa))
+    rates = side_rates(prior, good, bad)
+    value = _predictive(k, n, rates.bad) - _predictive(k, n, rates.good)
     return max(-MAX_SAMPLE_LOG_LR, min(MAX_SAMPLE_LOG_LR, value))
 
 
+# Nodes and weights of a standard normal (Gauss-Hermite, probabilists'): where each end's mean
+# rate may really lie, given how many samples measured it.
+_NODES, _WEIGHTS = (tuple(float(x) for x in part) for part in hermegauss(9))
+_LOG_WEIGHTS = tuple(math.log(w / math.sqrt(2 * math.pi)) for w in _WEIGHTS)
+
+
+def mean_errors(good: Sequence[SampleOutcome], bad: Sequence[SampleOutcome],
+                prior: JointPrior | None = None) -> tuple[float, float]:
+    """The standard error of each end's mean rate from the noise of its runs alone: a candidate
+    runs the same samples, so how the samples' rates spread cancels in the comparison, while
+    the ends' run noise is shared by every sample of a step."""
+    prior = prior or fit_joint(good, bad)
+
+    def error(end: Sequence[SampleOutcome], mean: float, spread: float) -> float:
+        if not end:
+            return 0.0
+        return math.sqrt(sum(_noise(mean, spread, s.runs) for s in end)) / len(end)
+
+    return error(good, prior.good_mean, prior.good_var), error(bad, prior.bad_mean, prior.bad_var)
+
+
+# An end's mean is known well enough once its standard error is at most this share of the drop
+# between the ends: candidates are placed between the two means, so the drop must stand clear of
+# either end's error.
+ENDS_ERROR_SHARE = 0.2
+
+
+def ends_known(good: Sequence[SampleOutcome], bad: Sequence[SampleOutcome]) -> bool:
+    """Whether both ends' mean rates are known to within ``ENDS_ERROR_SHARE`` of the drop."""
+    if not good or not bad:
+        return False
+    drop = abs(sum(s.correct for s in good) / len(good) - sum(s.correct for s in bad) / len(bad))
+    return max(mean_errors(good, bad)) <= ENDS_ERROR_SHARE * drop
+
+
+def _side_log_lik(outcomes: Sequence[tuple[float, int, tuple[float, float]]], error: float) -> float:
+    """log P(a step's outcomes | one side), that side's mean integrated over its error: one shift
+    for every sample at once, since they share it."""
+    terms = []
+    for z, log_w in zip(_NODES, _LOG_WEIGHTS, strict=True):
+        terms.append(log_w + sum(_predictive(k, n, _as_rate(rate[0] + z * error, rate[1])) for k, n, rate in outcomes))
+    top = max(terms)
+    return top + math.log(sum(math.exp(t - top) for t in terms))
+
+
 def log_likelihood_ratio(candidate: Sequence[SampleOutcome], good: Sequence[SampleOutcome],
-                         bad: Sequence[SampleOutcome], prior: EndsPrior | None = None) -> float:
+                         bad: Sequence[SampleOutcome], prior: JointPrior | None = None) -> float:
     """log P(candidate | bad side) - log P(candidate | good side) over the samples it ran: > 0
-    says bad, < 0 good. Samples are independent given the side; a sample neither end ran
-    predicts the same under both and adds nothing."""
-    prior = prior or fit_prior(good, bad)
+    says bad, < 0 good. Samples are independent given the side and its mean; each side's mean is
+    integrated over its standard error (`mean_errors`), so a step cannot be surer than the ends'
+    own measurement allows. A sample neither end ran predicts each side's mean. The answer is
+    the weaker of that and the sum of the per-sample ratios clipped (`sample_log_lr`)."""
+    prior = prior or fit_joint(good, bad)
     g, b = by_id(good), by_id(bad)
-    return sum(sample_log_lr(s, g.get(s.id), b.get(s.id), prior) for s in candidate)
+    clipped = 0.0
+    on_good: list[tuple[float, int, tuple[float, float]]] = []
+    on_bad: list[tuple[float, int, tuple[float, float]]] = []
+    for s in candidate:
+        clipped += sample_log_lr(s, g.get(s.id), b.get(s.id), prior)
+        rates = side_rates(prior, g.get(s.id), b.get(s.id))
+        on_good.append((s.correct_runs, s.runs, rates.good))
+        on_bad.append((s.correct_runs, s.runs, rates.bad))
+    if not candidate:
+        return 0.0
+    error_good, error_bad = mean_errors(good, bad, prior)
+    integrated = _side_log_lik(on_bad, error_bad) - _side_log_lik(on_good, error_good)
+    if integrated * clipped <= 0:
+        return 0.0
+    return integrated if abs(integrated) < abs(clipped) else clipped
 
 
 @dataclass(frozen=True)
@@ -276,18 +459,6 @@ def baseline_check(samples: Sequence[SampleOutcome], baseline: float, threshold:
     line = baseline - threshold
     verdict = "bad" if s.high < line else "good" if s.low >= line else None
     return BaselineCheck(verdict, line, s, alpha)
-
-
-def score_log_lr(samples: Sequence[SampleOutcome], good: Sequence[SampleOutcome],
-                 bad: Sequence[SampleOutcome]) -> float:
-    """The aggregate score's log likelihood ratio (bad side over good side), normal with the
-    candidate's own standard error around each end's score: the search's evidence when only the
-    score is judged (reference: baseline) and no per-sample pairing is wanted."""
-    s = score(samples, 0.6826894921370859)  # one standard error each side
-    se = max(0.5, (s.high - s.low) / 2)
-    g, b = score(good, 0.5).accuracy, score(bad, 0.5).accuracy
-    value = (-((s.accuracy - b) ** 2) + (s.accuracy - g) ** 2) / (2 * se * se)
-    return max(-50.0, min(50.0, value))
 
 
 def flipped(good: Mapping[str, SampleOutcome], bad: Mapping[str, SampleOutcome],

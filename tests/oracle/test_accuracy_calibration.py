@@ -1,0 +1,102 @@
+"""The accuracy oracle's likelihoods hold whatever the samples' run agreement: fresh draws,
+partly repeatable answers, a broken subset (simulated per-sample results)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from bisect_npu.observations import Observation, SampleOutcome
+from bisect_npu.oracle.accuracy import stats
+from bisect_npu.oracle.accuracy.focus import round_plan
+from bisect_npu.oracle.accuracy.judge import judge_accuracy
+from bisect_npu.oracle.config import AccuracyConfig, FocusConfig
+
+
+def outcomes(counts: np.ndarray | list[int], runs: int, ids: list[int] | None = None) -> list[SampleOutcome]:
+    ids = list(range(len(counts))) if ids is None else ids
+    return [SampleOutcome(id=f"s{i}", correct=float(k) / runs, runs=runs) for i, k in zip(ids, counts, strict=True)]
+
+
+def observe(samples: list[SampleOutcome]) -> Observation:
+    return Observation(case_id="accuracy", samples=samples)
+
+
+@settings(max_examples=80, deadline=None)
+@given(st.lists(st.tuples(st.integers(0, 4), st.integers(0, 4)), min_size=3, max_size=40),
+       st.lists(st.integers(0, 4), min_size=3, max_size=40))
+def test_ends_alike_in_every_sample_give_no_evidence(rows: list[tuple[int, int]], cand: list[int]) -> None:
+    """When the bad end's runs are the good end's, no candidate can be told to one side."""
+    counts = [g for g, _ in rows]
+    end = outcomes(counts, 4)
+    candidate = outcomes(cand[: len(counts)], 4)
+    assert stats.log_likelihood_ratio(candidate, end, list(end)) == pytest.approx(0.0, abs=1e-9)
+
+
+@settings(max_examples=80, deadline=None)
+@given(st.floats(0.3, 0.9), st.floats(0.0, 0.2), st.floats(0.001, 0.05), st.integers(0, 3))
+def test_tied_rates_carry_one_ends_runs_to_the_other(mean: float, drop: float, var: float, seen: int) -> None:
+    """With the two rates tied (covariance at its most), more correct runs at the good end raise
+    the sample's bad-side rate too; with no covariance they leave it at the bad end's mean."""
+    tied = stats.JointPrior(mean, mean - drop, var, var, 0.999 * var)
+    free = stats.JointPrior(mean, mean - drop, var, var, 0.0)
+    lower = SampleOutcome(id="a", correct=seen / 4, runs=4)
+    higher = SampleOutcome(id="a", correct=(seen + 1) / 4, runs=4)
+    assert stats.side_rates(tied, higher, None).bad[0] > stats.side_rates(tied, lower, None).bad[0]
+    assert stats.side_rates(free, higher, None).bad[0] == pytest.approx(stats.side_rates(free, lower, None).bad[0])
+
+
+def _sure_wrong_share(rho: float, seed: int, ends: int = 8, per_end: int = 12) -> float:
+    """Candidates of either side, run as a session runs them (the focused round plan, rounds until
+    clear), against ends measured 4 times on 200 samples whose rates all fall by 82 -> 70 alike:
+    the share judged the other side with the evidence at the 0.99 bound."""
+    rng = np.random.default_rng(seed)
+    cfg = AccuracyConfig(repeats=4, confidence=0.99, focus=FocusConfig(batch=8))
+    bound = stats.step_bound(cfg.confidence)
+    wrong = total = 0
+    for e in range(ends):
+        good_rates = (np.full(200, 0.82) if rho == 0 else
+                      rng.beta(0.82 * (1 / rho - 1), 0.18 * (1 / rho - 1), 200))
+        bad_rates = good_rates * (0.70 / 0.82)
+        everything = list(range(200))
+        good = outcomes(rng.binomial(4, good_rates), 4)
+        bad = outcomes(rng.binomial(4, bad_rates), 4)
+        for c in range(per_end):
+            side_bad = c % 2 == 1
+            rates = bad_rates if side_bad else good_rates
+            rounds: list[Observation] = []
+            plan = round_plan(cfg, good, bad, f"{e}-{c}")
+            for number, chosen in enumerate(plan):
+                ids = everything if chosen is None else [int(i[1:]) for i in chosen]
+                rounds.append(observe(outcomes(rng.binomial(4, rates[ids]), 4, ids)))
+                verdict = judge_accuracy(cfg, rounds, [observe(good)], [observe(bad)], role="candidate",
+                                         final=number == len(plan) - 1)
+                if not verdict.figures.get("more_rounds"):
+                    break
+            log_lr = verdict.figures["log_likelihood_ratio"]
+            wrong += (log_lr <= -bound) if side_bad else (log_lr >= bound)
+            total += 1
+    return wrong / total
+
+
+@pytest.mark.heavy
+@pytest.mark.parametrize("rho", [0.0, 0.2])
+def test_a_sure_verdict_is_rarely_wrong_when_every_sample_falls_alike(rho: float) -> None:
+    """The case a model of independent end rates gets wrong: a sample the ends disagree on is
+    mostly noise, and a candidate on it behaves like neither end's runs of it."""
+    assert _sure_wrong_share(rho, seed=5) <= 0.03
+
+
+def test_a_bad_end_measured_too_loosely_for_the_drop_runs_again() -> None:
+    rng = np.random.default_rng(2)
+    rates = rng.beta(8, 2, 100)
+    good = outcomes(rng.binomial(4, rates), 4)
+    cfg = AccuracyConfig(repeats=1, confidence=0.99)
+    once = outcomes(rng.binomial(1, rates * 0.85), 1)
+    assert not stats.ends_known(good, once)
+    verdict = judge_accuracy(cfg, [observe(once)], [observe(good)], None, role="bad_end")
+    assert verdict.figures["more_rounds"] and verdict.figures["ends_too_loose"]
+    many = outcomes(rng.binomial(40, rates * 0.85), 40)
+    assert stats.ends_known(good, many)

@@ -6,8 +6,8 @@ cannot import). pip (26.0 and later) takes a cut-off, `--uploaded-prior-to`, and
 files an index says were uploaded before it: the commit's date is that cut-off, so any key builds
 what its commit was tested with. pip applies the cut-off only to indexes that publish upload times
 (PEP 700) and never to local files, so a dated build asks only the remote indexes pip is
-configured with; a host with none (an offline mirror of files) builds afresh, and the report says
-which way each venv was made.
+configured with; a host with none (an offline mirror of files), or whose indexes publish no upload
+times, builds afresh, and the report says which way each venv was made.
 """
 
 from __future__ import annotations

@@ -85,6 +85,7 @@ LEFT_OUT = frozenset({
     "types-setuptools", "lm_eval", "modelscope-stubs",
 })
 RENAMED = {"zmq": "pyzmq"}
+DATING_PROBE = "pip"  # what a dated build asks the indexes for first: on every index, long before any commit
 REQUIREMENT_FILES = ("requirements.txt", "requirements-dev.txt")
 _NAME = re.compile(r"^\s*([A-Za-z0-9][A-Za-z0-9._-]*)")
 
@@ -299,7 +300,10 @@ class PinVenvs:
             if env is not None and cutoff is not None:
                 self._step([python, "-m", "pip", "install", "--quiet", PIP_WITH_CUTOFF], log, log_path,
                            "installing a pip that takes a cut-off date")
-                pip += cutoff_args(cutoff)
+                if self._dates(python, cutoff, env, log):
+                    pip += cutoff_args(cutoff)
+                else:
+                    made, cutoff, env = MADE_AFRESH, None, None
             if locked:
                 self._step([python, "-m", "pip", "install", "--quiet", *exact_install_args(lock)], log, log_path,
                            f"installing the lock {lock}")
@@ -335,6 +339,23 @@ class PinVenvs:
             return MADE_AFRESH, None, None
         (self.cache_dir / "no-links").mkdir(parents=True, exist_ok=True)
         return MADE_DATED, cutoff_text(committed), {**os.environ, **indexes}
+
+    def _dates(self, python: str, cutoff: str, env: dict[str, str], log: TextIO) -> bool:
+        """Whether pip finds anything with the cut-off on these indexes: one that publishes no upload
+        times (a mirror without PEP 700) offers nothing under it, and the build goes on afresh."""
+        with tempfile.TemporaryDirectory(dir=self.cache_dir) as into:
+            argv = [python, "-m", "pip", "download", "--quiet", "--no-deps", "--dest", into, *cutoff_args(cutoff),
+                    DATING_PROBE]
+            log.write("$ " + " ".join(argv) + "\n")
+            log.flush()
+            try:
+                done = subprocess.run(argv, stdout=log, stderr=subprocess.STDOUT, env=env, check=False,
+                                      timeout=self.pip_timeout_s)
+            except subprocess.TimeoutExpired:
+                return False
+        if done.returncode != 0:
+            log.write("# the indexes give no upload times to date by: resolving afresh\n")
+        return done.returncode == 0
 
     def vllm_wheel(self, version: str, python: str, log: TextIO, log_path: Path) -> Path:
         """vLLM `version` as a pure-Python wheel, built from its sdist once per release."""

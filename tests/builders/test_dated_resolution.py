@@ -9,6 +9,7 @@ import datetime
 import functools
 import http.server
 import json
+import os
 import subprocess
 import sys
 import threading
@@ -141,3 +142,45 @@ def test_pip_given_the_commit_date_installs_what_was_out_that_day(json_index: st
     assert download(json_index, tmp_path / "today", []) == [f"{PACKAGE}-2.0-py3-none-any.whl"]
     assert download(json_index, tmp_path / "dated", cutoff_args(cutoff_text(COMMITTED))) == \
         [f"{PACKAGE}-1.0-py3-none-any.whl"]
+
+
+class HtmlIndex(JsonIndex):
+    """The same files behind a PEP 503 HTML page: no upload times."""
+
+    def do_GET(self) -> None:
+        if self.path.rstrip("/") == f"/simple/{PACKAGE}":
+            body = "".join(f'<a href="/files/{PACKAGE}-{v}-py3-none-any.whl">{PACKAGE}-{v}</a>\n'
+                           for v, _ in RELEASES).encode()
+            self.send_response(200)
+            self.send_header("Content-Type", "text/html")
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+            return
+        http.server.SimpleHTTPRequestHandler.do_GET(self)
+
+
+def test_a_build_dates_only_where_the_index_gives_upload_times(json_index: str, tmp_path: Path,
+                                                               monkeypatch: pytest.MonkeyPatch) -> None:
+    """A mirror without upload times offers nothing under a cut-off: the build goes on afresh
+    instead of failing on every package."""
+    import bisect_npu.builders.pin_venv as pin_venv
+
+    monkeypatch.setattr(pin_venv, "DATING_PROBE", PACKAGE)
+    venvs = PinVenvs(tmp_path / "cache", python=sys.executable)
+    (tmp_path / "cache").mkdir()
+    cutoff = cutoff_text(COMMITTED)
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), functools.partial(
+        HtmlIndex, directory=str(tmp_path / "index")))
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    html_index = f"http://127.0.0.1:{server.server_address[1]}/simple"
+    try:
+        with (tmp_path / "log").open("w") as log:
+            for index, dates in ((json_index, True), (html_index, False)):
+                env = {**os.environ, "PIP_INDEX_URL": index, "PIP_EXTRA_INDEX_URL": index,
+                       "PIP_FIND_LINKS": str(tmp_path), "PIP_NO_INDEX": "", "PIP_CONFIG_FILE": os.devnull}
+                assert venvs._dates(sys.executable, cutoff, env, log) is dates
+    finally:
+        server.shutdown()
+        server.server_close()
+    assert "the indexes give no upload times to date by: resolving afresh" in (tmp_path / "log").read_text()

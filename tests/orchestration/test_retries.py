@@ -150,6 +150,7 @@ def test_one_seeded_history_on_the_30_and_10_percent_host_keeps_its_answer_and_s
 
 
 @pytest.mark.e2e
+@pytest.mark.heavy  # ten engine starts over two sessions: about a minute under load
 def test_a_host_that_stopped_stops_an_end_in_the_prior_budget_and_a_recipe_bound_caps_it(demo_upstream, tmp_path):
     """No bound given: a host whose every start fails is given up at an end after the attempts a
     fresh session's prior allows (exit 5, naming the rate), not after twenty; the recipe's

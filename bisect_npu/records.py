@@ -192,6 +192,7 @@ class BuildInfo(_Shape):
     run_env: dict[str, str] = Field(default_factory=dict)  # the candidate's own switches its runs got
     # An overlay on a release's compiled part: the compiled inputs the commit changed since that release.
     compiled_changes: list[str] = Field(default_factory=list)
+    venv_made: str | None = None  # how the venv of `key` got its packages: its lock, dated, afresh
 
 
 class StoredFrom(_Shape):

@@ -177,8 +177,10 @@ class JudgeSpec(_Part):
         = None
     retries: Annotated[int | None, flag(
         "--retries", kind="int>=0", help="Runs again a probe run that failed on the host (its engine did not start, "
-        "was killed, or the harness lost the server) this many times before its trial is a skip; an end still "
-        "unjudged then stops the run (exit 5) [default: the recipe's trials.retries, else 3].")] = Field(None, ge=0)
+        "was killed, or the harness lost the server) at most this many times before its trial is a skip; an end "
+        "still unjudged then stops the run (exit 5) [default: the recipe's trials.retries, else as many as the "
+        "host's failure rate, estimated from the session's attempts, needs to lose a trial less than once in "
+        "10,000 (at most 20)].")] = Field(None, ge=0)
     earlier_results: Annotated[list[str], flag(
         "--earlier-results", metavar="END=COMMIT:PATH",
         help="An accuracy recipe's end judged from the per-sample results of a harness run made before (what "

@@ -53,6 +53,8 @@ class Environment(BaseModel):
     # Directories put before the worktree's on PYTHONPATH (kind == worktree): a dependency's tree
     # at another commit (builders/dependency.py) shadows the one installed.
     python_paths_first: list[str] = Field(default_factory=list)
+    # How the venv its runs use got its packages (builders/dated.py's words), for the report's host section.
+    venv_made: str = ""
 
 
 class Builder(Protocol):

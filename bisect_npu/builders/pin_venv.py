@@ -24,6 +24,7 @@ not reach the index is `BuildUnreachable` before either (builders/failures.py: r
 from __future__ import annotations
 
 import contextlib
+import datetime
 import fcntl
 import hashlib
 import json
@@ -40,6 +41,15 @@ from pathlib import Path
 from typing import TextIO
 
 from bisect_npu.builders.base import BuildFailed, tail
+from bisect_npu.builders.dated import (
+    MADE_AFRESH,
+    MADE_BY_LOCK,
+    MADE_DATED,
+    PIP_WITH_CUTOFF,
+    cutoff_args,
+    cutoff_text,
+    dated_indexes,
+)
 from bisect_npu.builders.failures import RESUME, pip_cause, raise_if_unreachable
 from bisect_npu.builders.locks import (
     LOCKS_DIR,
@@ -75,6 +85,7 @@ LEFT_OUT = frozenset({
     "types-setuptools", "lm_eval", "modelscope-stubs",
 })
 RENAMED = {"zmq": "pyzmq"}
+DATING_PROBE = "pip"  # what a dated build asks the indexes for first: on every index, long before any commit
 REQUIREMENT_FILES = ("requirements.txt", "requirements-dev.txt")
 _NAME = re.compile(r"^\s*([A-Za-z0-9][A-Za-z0-9._-]*)")
 
@@ -180,6 +191,8 @@ def unbuildable(key: PinKey, failed: StepFailed, lock: Path, locked: bool, index
 class PinVenv:
     path: Path
     key: PinKey
+    made: str = ""  # builders/dated.py: MADE_BY_LOCK, MADE_DATED or MADE_AFRESH; "" when not recorded
+    cutoff: str | None = None  # a dated venv's cut-off
 
     @property
     def python(self) -> Path:
@@ -210,9 +223,11 @@ class PinVenvs:
         self.pip_timeout_s = pip_timeout_s
         self.vllm_repo = vllm_repo
 
-    def acquire(self, key: PinKey, requirements: list[str], log_dir: Path) -> PinVenv:
+    def acquire(self, key: PinKey, requirements: list[str], log_dir: Path,
+                committed: datetime.datetime | None = None) -> PinVenv:
         """The venv of `key`, built now when the cache has none (under a lock: two sessions, or
-        two slots, wait for one build)."""
+        two slots, wait for one build). `committed`: the date of the commit it serves, the cut-off
+        of a build that resolves (a key without a lock)."""
         venv = self.cache_dir / key.name
         self.cache_dir.mkdir(parents=True, exist_ok=True)
         log_dir.mkdir(parents=True, exist_ok=True)
@@ -229,13 +244,14 @@ class PinVenvs:
                 seed_lock(lock, shipped_lock(key.name))
                 locked = lock.is_file()
                 try:
-                    self._build(key, requirements, venv, layer, log_dir / f"venv-{key.name}.log")
+                    self._build(key, requirements, venv, layer, log_dir / f"venv-{key.name}.log", committed)
                 except StepFailed as failed:
                     raise unbuildable(key, failed, lock, locked, index_description(self.python)) from failed
         (venv / COMPLETE_MARKER).touch()  # its age is its last use: what pruning reads
         (layer / COMPLETE_MARKER).touch()  # so the layer is never older than a venv on it
         link_host(venv)
-        return PinVenv(venv, key)
+        made = _made_of(venv)
+        return PinVenv(venv, key, str(made.get("made") or ""), made.get("cutoff"))
 
     def _torch_layer(self, log_path: Path) -> Path:
         """The venv holding torch and torchvision for every pin venv (built once, under a lock).
@@ -264,7 +280,8 @@ class PinVenvs:
             self._step([self.python, "-m", "venv", str(venv)], log, log_path, "creating the venv")
         return str(python)
 
-    def _build(self, key: PinKey, requirements: list[str], venv: Path, layer: Path, log_path: Path) -> None:
+    def _build(self, key: PinKey, requirements: list[str], venv: Path, layer: Path, log_path: Path,
+               committed: datetime.datetime | None) -> None:
         with log_path.open("a", encoding="utf-8") as log:
             python = self._fresh_venv(venv, log, log_path)
             # The layer's packages come after the venv's own: pip sees its torch as installed.
@@ -277,19 +294,30 @@ class PinVenvs:
             lock = lock_path(self.cache_dir, key.name)  # seeded by `acquire`
             locked = lock.is_file()
             pip = [python, "-m", "pip", "install", "--quiet", *constraint_args(lock)]
+            made, cutoff, env = MADE_BY_LOCK, None, None
+            if not locked:
+                made, cutoff, env = self._dating(committed)
+            if env is not None and cutoff is not None:
+                self._step([python, "-m", "pip", "install", "--quiet", PIP_WITH_CUTOFF], log, log_path,
+                           "installing a pip that takes a cut-off date")
+                if self._dates(python, cutoff, env, log):
+                    pip += cutoff_args(cutoff)
+                else:
+                    made, cutoff, env = MADE_AFRESH, None, None
             if locked:
                 self._step([python, "-m", "pip", "install", "--quiet", *exact_install_args(lock)], log, log_path,
                            f"installing the lock {lock}")
-            self._step([*pip, *SDIST_BUILD], log, log_path, "installing vLLM's build requirements")
+            self._step([*pip, *SDIST_BUILD], log, log_path, "installing vLLM's build requirements", env=env)
             wheel = (self._vllm_wheel_at(key.vllm, python, log, log_path) if key.vllm_commit
                      else self.vllm_wheel(key.vllm, python, log, log_path))
             # In the order of vllm-ascend's Dockerfile: vLLM with its own requirements, then
             # vllm-ascend's, which win where the two disagree (opencv-python-headless at vLLM 0.19).
             self._step([*pip, *(["--no-deps"] if locked else []), str(wheel)], log, log_path,
-                       f"installing vLLM {key.vllm}")
+                       f"installing vLLM {key.vllm}", env=env)
             if requirements and not locked:
                 try:
-                    self._step([*pip, *requirements], log, log_path, "installing vllm-ascend's requirements")
+                    self._step([*pip, *requirements], log, log_path, "installing vllm-ascend's requirements",
+                               env=env)
                 except StepFailed as failed:  # the commit's own lines: its skip, not the key's failure
                     raise BuildFailed(f"the commit's requirements files do not install beside vLLM {key.vllm}: "
                                       f"{failed.cause}; see {log_path}", log_path, failed.log_tail) from failed
@@ -300,8 +328,34 @@ class PinVenvs:
             record_lock([python, "-m", "pip"], site_packages(venv), lock, leave_out=["vllm"])
         (venv / "bisect-npu-venv.json").write_text(json.dumps(
             {"vllm": key.vllm, "transformers": key.transformers, "torch_layer": str(layer),
-             "requirements": requirements}, indent=1) + "\n")
+             "requirements": requirements, "made": made, "cutoff": cutoff}, indent=1) + "\n")
         (venv / COMPLETE_MARKER).write_text(time.strftime("%Y-%m-%dT%H:%M:%S") + "\n")
+
+    def _dating(self, committed: datetime.datetime | None) -> tuple[str, str | None, dict[str, str] | None]:
+        """How a key without a lock resolves: (made, cut-off, pip's environment) dated by the
+        commit's date where pip is configured with a remote index, else afresh."""
+        indexes = dated_indexes(pip_settings(self.python), self.cache_dir / "no-links") if committed else None
+        if committed is None or indexes is None:
+            return MADE_AFRESH, None, None
+        (self.cache_dir / "no-links").mkdir(parents=True, exist_ok=True)
+        return MADE_DATED, cutoff_text(committed), {**os.environ, **indexes}
+
+    def _dates(self, python: str, cutoff: str, env: dict[str, str], log: TextIO) -> bool:
+        """Whether pip finds anything with the cut-off on these indexes: one that publishes no upload
+        times (a mirror without PEP 700) offers nothing under it, and the build goes on afresh."""
+        with tempfile.TemporaryDirectory(dir=self.cache_dir) as into:
+            argv = [python, "-m", "pip", "download", "--quiet", "--no-deps", "--dest", into, *cutoff_args(cutoff),
+                    DATING_PROBE]
+            log.write("$ " + " ".join(argv) + "\n")
+            log.flush()
+            try:
+                done = subprocess.run(argv, stdout=log, stderr=subprocess.STDOUT, env=env, check=False,
+                                      timeout=self.pip_timeout_s)
+            except subprocess.TimeoutExpired:
+                return False
+        if done.returncode != 0:
+            log.write("# the indexes give no upload times to date by: resolving afresh\n")
+        return done.returncode == 0
 
     def vllm_wheel(self, version: str, python: str, log: TextIO, log_path: Path) -> Path:
         """vLLM `version` as a pure-Python wheel, built from its sdist once per release."""
@@ -400,7 +454,7 @@ class PinVenvs:
             return []
         found = []
         for path in self.cache_dir.iterdir():
-            if not path.is_dir() or path.name in ("wheels", "sdists", LOCKS_DIR):
+            if not path.is_dir() or path.name in ("wheels", "sdists", "no-links", LOCKS_DIR):
                 continue
             marker = path / COMPLETE_MARKER
             used = marker.stat().st_mtime if marker.is_file() else path.stat().st_mtime
@@ -440,6 +494,15 @@ def missing_commits(clone: Path, commits: list[str]) -> list[str]:
 
 def index_description(python: str) -> str:
     """The indexes pip asks, as its environment and configuration name them (for an error line)."""
+    settings = pip_settings(python)
+    where = [] if settings.get("no-index", "").lower() in ("1", "true", "yes") else \
+        [settings.get("index-url", "https://pypi.org/simple"), *settings.get("extra-index-url", "").split()]
+    where += [f"links {link}" for link in settings.get("find-links", "").split()]
+    return ", ".join(where) or "no index"
+
+
+def pip_settings(python: str) -> dict[str, str]:
+    """pip's index settings as its configuration files and environment give them (name -> value)."""
     settings: dict[str, str] = {}
     with contextlib.suppress(OSError, subprocess.SubprocessError):
         listed = subprocess.run([python, "-m", "pip", "config", "list"], capture_output=True, text=True, timeout=60,
@@ -451,10 +514,16 @@ def index_description(python: str) -> str:
         env = os.environ.get("PIP_" + name.upper().replace("-", "_"))
         if env:
             settings[name] = env
-    where = [] if settings.get("no-index", "").lower() in ("1", "true", "yes") else \
-        [settings.get("index-url", "https://pypi.org/simple"), *settings.get("extra-index-url", "").split()]
-    where += [f"links {link}" for link in settings.get("find-links", "").split()]
-    return ", ".join(where) or "no index"
+    return settings
+
+
+def _made_of(venv: Path) -> dict[str, str | None]:
+    """How a cached venv was made, as its record says (empty for a venv built before it said)."""
+    try:
+        record = json.loads((venv / "bisect-npu-venv.json").read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return {}
+    return {"made": record.get("made"), "cutoff": record.get("cutoff")} if isinstance(record, dict) else {}
 
 
 def default_pin_venv_cache() -> Path:

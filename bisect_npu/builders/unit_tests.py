@@ -18,6 +18,7 @@ from pathlib import Path
 import git
 
 from bisect_npu.builders.base import Builder, BuildFailed, Environment
+from bisect_npu.builders.dated import made_text
 from bisect_npu.builders.pin_venv import (
     REQUIREMENT_FILES,
     PinKey,
@@ -229,7 +230,8 @@ class UnitTestBuilder:
 
     def acquire(self, commit: str, log_dir: Path) -> Environment:
         key = self.pin_key(commit)
-        venv = self.venvs.acquire(key, requirement_lines(self.requirements(commit)), log_dir)
+        venv = self.venvs.acquire(key, requirement_lines(self.requirements(commit)), log_dir,
+                                  self.repo.commit(commit).committed_datetime)
         env = self.worktrees.acquire(commit, log_dir)
         worktree = Path(env.path or ".")
         build_info = worktree / BUILD_INFO
@@ -243,6 +245,7 @@ class UnitTestBuilder:
                 target.write_bytes(self.repo.git.show(f"{self.tests_from.commit}:{path}",
                                                       stdout_as_string=False) + b"\n")
         return env.model_copy(update={"python": str(venv.python), "build_key": key.name,
+                                      "venv_made": made_text(venv.made, venv.cutoff),
                                       "python_paths_first": [str(site), *env.python_paths_first]})
 
     def _version(self, commit: str) -> str:

@@ -9,6 +9,7 @@ from __future__ import annotations
 import contextlib
 import importlib
 import importlib.util
+import itertools
 import json
 import os
 import select
@@ -82,6 +83,7 @@ NOT_A_VERDICT_EXIT = 128
 JSON_COMMANDS = ("run", "resume", "settings")  # their --json promises a summary as the last line of stdout
 _session: list[Path] = []  # the session a command works on, once it has one (for the interrupt's hint)
 _kept: list[str] = []  # what a command without a session keeps when stopped, and how to go on (`note_kept`)
+_found: set[Path] = set()  # --session directories that were there before the command: never removed
 
 
 def note_session(session_dir: Path) -> None:
@@ -110,6 +112,8 @@ def main(argv: list[str] | None = None) -> None:
     args = sys.argv[1:] if argv is None else argv
     _session.clear()  # a session noted by an earlier call in this process is not this one's
     _kept.clear()
+    _found.clear()
+    _found.update(_existing_sessions(args))
     interrupts.install()
     _closed_streams_to_devnull()
     stdout = sys.stdout
@@ -239,10 +243,26 @@ def _report_stop(session_dir: Path, reason: str, exit_code: int) -> None:
         click.echo("bisect-npu: the stopped session's report could not be written", err=True)
 
 
+def _existing_sessions(args: list[str]) -> set[Path]:
+    """The directories `--session` names on the command line that exist before it runs."""
+    named = [value for flag, value in itertools.pairwise(args) if flag == "--session"]
+    named += [arg.split("=", 1)[1] for arg in args if arg.startswith("--session=")]
+    found = set()
+    for value in named:
+        with contextlib.suppress(OSError, ValueError):
+            if Path(value).is_dir():
+                found.add(Path(value).resolve())
+    return found
+
+
 def _drop_if_empty(session_dir: Path) -> None:
-    """Remove a session directory the error left with nothing in it (at most its lock)."""
+    """Remove a session directory the command made and the error left with nothing in it (at most
+    its lock); one that was there before (`resume` of an empty directory, a folder the user made)
+    stays."""
     try:
         if not session_dir.is_dir() or {p.name for p in session_dir.iterdir()} - {"lock", "settings.lock"}:
+            return
+        if session_dir.resolve() in _found:
             return
         for leftover in session_dir.iterdir():
             leftover.unlink()

@@ -17,7 +17,7 @@ from typing import TypeVar
 from bisect_npu import oracle
 from bisect_npu.builders.base import Builder, BuildFailed, Environment
 from bisect_npu.builders.failures import BuildUnreachable
-from bisect_npu.defaults import RETRY_BACKOFF_S, TRIAL_RETRIES, TRIAL_TIMEOUT_S
+from bisect_npu.defaults import RETRY_BACKOFF_S, TRIAL_TIMEOUT_S
 from bisect_npu.errors import InfrastructureError
 from bisect_npu.execute.base import Executor, RunResult, observation_path, probe_log_path, probe_stem, run_node_path
 from bisect_npu.execute.card_memory import CardWait
@@ -45,6 +45,7 @@ from bisect_npu.probe.harness import HARNESS_FAILED_EXIT
 from bisect_npu.probe.request import write_json_atomic
 from bisect_npu.recipe.schema import CaseSpec, EarlierEndSpec, Recipe
 from bisect_npu.records import COMMAND_CASE, BuildInfo, RetryRun, TrialRun
+from bisect_npu.search.retry_policy import rate_said
 
 _T = TypeVar("_T")
 
@@ -103,7 +104,7 @@ def build_record(env: Environment | None, failure: BuildFailed | None = None) ->
         return BuildInfo(how="failed", log=failure.log_path, log_tail=failure.log_tail, error=str(failure))
     assert env is not None
     return BuildInfo(how=env.how, key=env.build_key, image=env.image, seconds=env.seconds, log=env.log_path,
-                     run_env=env.run_env, compiled_changes=env.compiled_changes)
+                     run_env=env.run_env, compiled_changes=env.compiled_changes, venv_made=env.venv_made or None)
 
 
 class Evaluator:
@@ -124,10 +125,10 @@ class Evaluator:
         self.timeout_s = timeout_s
         # A trial past the timeout: the option's word, else the recipe's, else skip.
         self.timeout_is: TimeoutIs = timeout_is or (recipe.trials.timeout_is if recipe else None) or "skip"
-        # A run that failed on the host: the option's count, else the recipe's, else the default.
+        # A run that failed on the host: retried as the host's failure rate says, at most the
+        # option's count, else the recipe's, where one is given.
         count = retries if retries is not None else recipe.trials.retries if recipe else None
-        self.retry = RetryPolicy(TRIAL_RETRIES if count is None else count,
-                                 recipe.trials.retry_backoff_s if recipe else RETRY_BACKOFF_S)
+        self.retry = RetryPolicy(count, recipe.trials.retry_backoff_s if recipe else RETRY_BACKOFF_S)
         self.cards = cards  # an NPU host's cards, waited for before each probe run
         self.earlier = dict(earlier or {})  # --earlier-results: an end's results by role, over the recipe's
         self.reference: list[Observation] | None = None
@@ -217,10 +218,10 @@ class Evaluator:
                 request.report_retry(RetryRun(case_id="", trial=request.first_trial, attempt=number, kind="network",
                                               cause=unreachable.failure.cause, log=log, stage="build",
                                               seconds=round(time.monotonic() - started, 3)))
-                if self.retry.gives_up(spent + attempts):
+                if self.retry.given_up(spent + attempts):
                     tried = self.retry.attempts_said(spent + attempts)
                     raise InfrastructureError(f"{request.commit[:12]} could not be built, {tried} failed on the "
-                                              f"network (raise --retries if it comes and goes): "
+                                              f"network ({rate_said(self.retry.host.record)}): "
                                               f"{unreachable.failure.message(self.abs(log) if log else None)}") \
                         from None
                 time.sleep(self.retry.delay(spent + attempts))
@@ -364,11 +365,15 @@ class Evaluator:
         attempts: list[RetryRun] = []
         journaled = sum(1 for r in request.retried if r.stage == "run" and r.case_id == case.id and r.trial in numbers)
         spent = self.retry.spent(journaled)
+        unsettled = journaled  # failed attempts not yet followed by a finished trial
         while True:
             left = numbers[len(records):]
             held = self.cards.wait() if self.cards is not None else ""  # before the engine starts on them
             got, result, log, node = self._probe_run(request, env, case, left, sample_ids)
             records += got
+            if got:
+                self.retry.ran(unsettled, sum(1 for trial in got if trial.outcome != VerdictKind.SKIP))
+                unsettled = 0
             failure = classify_run(result.returncode, result.timed_out, result.log_path) \
                 if len(records) < len(numbers) else None
             if failure is None:
@@ -381,11 +386,16 @@ class Evaluator:
                                log=self._keep_log(result.log_path, number) or log, seconds=round(result.seconds, 3))
             request.report_retry(attempt)
             attempts.append(attempt)
-            if self.retry.gives_up(spent + len(attempts)):
+            unsettled += 1
+            if self.retry.given_up(spent + len(attempts)):
                 return records + self._unjudged(request, case, numbers[len(records):], failure, attempts,
                                                 attempt.log, spent)
             time.sleep(self.retry.delay(spent + len(attempts)))
         return records + self._missing(request, case, numbers[len(records):], result, log, node)
+
+    def _bound_said(self) -> str:
+        bound = self.retry.retries
+        return "" if bound is None else f"; at most {bound} retr{'y' if bound == 1 else 'ies'} as asked"
 
     def _keep_log(self, log_path: str, attempt: int) -> str | None:
         """A failed attempt's probe log moved aside (`...attempt-N.log`), so the next attempt does
@@ -407,8 +417,9 @@ class Evaluator:
         if request.at_end:
             raise InfrastructureError(
                 f"{request.commit[:12]} (an end of the range) could not be judged, {tried} failed on the host: "
-                f"{failure} (probe log {log}); free the host (cards, ports, the harness's server) or raise "
-                "--retries, then `bisect-npu resume`")
+                f"{failure} (probe log {log}); more failures in a row than a working host gives "
+                f"({rate_said(self.retry.host.record)}{self._bound_said()}): free the host (cards, ports, "
+                "the harness's server), then `bisect-npu resume`")
         reason = f"{failure} ({tried}: " + "; ".join(f"{a.attempt}. {a.kind}" for a in attempts) + ")"
         if request.on_unjudged is not None:
             request.on_unjudged(f"{failure}, {tried} failed on the host (probe log {log})")

@@ -11,12 +11,14 @@ judged as before: never retried into a different answer. A build that failed on 
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass
+import threading
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal
 
-from bisect_npu.defaults import RETRY_BACKOFF_S, TRIAL_RETRIES
+from bisect_npu.defaults import RETRY_BACKOFF_S
 from bisect_npu.probe.harness import HARNESS_FAILED_EXIT
+from bisect_npu.search.retry_policy import HostRecord, attempts_allowed
 
 FailureKind = Literal["port_in_use", "card_busy", "engine_start", "engine_killed", "transport", "network",
                       "node_lost"]
@@ -93,22 +95,51 @@ def classify_run(returncode: int, timed_out: bool, log_path: str | Path) -> Infr
     return classify(returncode, timed_out, text)
 
 
+class HostTally:
+    """The session's HostRecord as its slots add to it (thread-safe)."""
+
+    def __init__(self, record: HostRecord | None = None) -> None:
+        self._record = record or HostRecord()
+        self._lock = threading.Lock()
+
+    @property
+    def record(self) -> HostRecord:
+        with self._lock:
+            return self._record
+
+    def add(self, failures: int = 0, successes: int = 0) -> None:
+        with self._lock:
+            self._record = HostRecord(self._record.failures + failures, self._record.successes + successes)
+
+
 @dataclass(frozen=True)
 class RetryPolicy:
-    """How often, and after how long, a run that failed on the host is run again."""
+    """How often, and after how long, a run that failed on the host is run again: as often as the
+    session's record of its host says (search/retry_policy.py), never more than `retries`
+    times where the user gave a bound."""
 
-    retries: int = TRIAL_RETRIES
+    retries: int | None = None  # the user's bound (--retries, the recipe's trials.retries); None: the host's rate
     backoff_s: float = RETRY_BACKOFF_S
+    host: HostTally = field(default_factory=HostTally)
+
+    def allowed(self) -> int:
+        """The attempts a trial gets now."""
+        return attempts_allowed(self.host.record, self.retries)
 
     def spent(self, journaled: int) -> int:
         """The attempts of this budget already spent, of `journaled` journaled before a resume: a
         budget they used up (the run stopped on it, exit 5, and was resumed) starts anew."""
-        return journaled % (self.retries + 1)
+        return journaled % self.allowed()
 
-    def gives_up(self, attempts: int) -> bool:
-        """Whether `attempts` failed attempts of this budget spend it: the one retry decision,
-        for a probe run and a build alike."""
-        return attempts > self.retries
+    def given_up(self, streak: int) -> bool:
+        """Whether a trial whose `streak` attempts in a row failed is given up: more failures in a row
+        than the host's rate explains (it stopped working), or the user's bound spent."""
+        return streak >= self.allowed()
+
+    def ran(self, failures: int, trials: int) -> None:
+        """A run finished `trials` trials after `failures` failed attempts: the working host's record.
+        The failures of a trial given up are left out of it: they tell that the host stopped."""
+        self.host.add(failures, trials)
 
     @staticmethod
     def attempts_said(count: int) -> str:

@@ -88,6 +88,8 @@ class Session:
         confidence = recipe.accuracy.confidence if recipe is not None and recipe.accuracy is not None else None
         self.state = SessionState(self.mode == "noisy", spec.search.find_fix, journal.entries,
                                   weigh=accuracy_weight(confidence, self.n, find_fix=spec.search.find_fix))
+        # A resumed session goes on with the host's failure rate its journaled attempts give.
+        evaluator.retry.host.add(self.state.host_record.failures, self.state.host_record.successes)
         self.references = References(recipe, evaluator, functools.partial(self._runs_at, 0),
                                      functools.partial(self._runs_at, self.n))
         always_run = frozenset({0} if self.references.from_good_end else ())  # the reference's runs

@@ -15,6 +15,7 @@ from typing import Generic, Literal, TypeVar
 from bisect_npu import search
 from bisect_npu.observations import VerdictKind
 from bisect_npu.records import Record, RetryRecord, RetryRun, StepRecord, TrialRecord, TrialRun
+from bisect_npu.search.retry_policy import HostRecord
 
 Term = Literal["good", "bad", "skip"]
 Thing = TypeVar("Thing", bound=Hashable)  # a thing tested: a commit's position, a configuration's digest
@@ -105,6 +106,10 @@ class SessionState(StoreLedger[int]):
         self._retries: dict[int, list[RetryRun]] = {}  # failed attempts since the position's last step
         self._last_trial: dict[int, int] = {}
         self._outcomes: dict[int, list[VerdictKind]] = {}  # the outcomes of the trials this session ran
+        # The host's record as journaled (search/retry_policy.py): the trials that finished and
+        # the failed attempts before them; `_unsettled`: failed attempts of trials not finished (yet).
+        self.host_record = HostRecord()
+        self._unsettled: dict[tuple[int, str, int], int] = {}
         for entry in entries:
             self.apply(entry)
 
@@ -113,12 +118,17 @@ class SessionState(StoreLedger[int]):
             if isinstance(entry, TrialRecord):
                 self._apply_trial(entry)
             elif isinstance(entry, RetryRecord):
+                key = (entry.index, entry.case_id, entry.trial)
+                self._unsettled[key] = self._unsettled.get(key, 0) + 1
                 self._retries.setdefault(entry.index, []).append(RetryRun(**entry.model_dump(include=set(
                     RetryRun.model_fields))))
             elif isinstance(entry, StepRecord):
                 self._apply_step(entry)
 
     def _apply_trial(self, trial: TrialRecord) -> None:
+        if trial.outcome != VerdictKind.SKIP:  # a run that finished (a skip of the host's is given up)
+            failed = self._unsettled.pop((trial.index, trial.case_id, trial.trial), 0)
+            self.host_record = HostRecord(self.host_record.failures + failed, self.host_record.successes + 1)
         self._pending.setdefault(trial.index, []).append(trial)
         self._last_trial[trial.index] = max(self._last_trial.get(trial.index, -1), trial.trial)
         if trial.outcome:

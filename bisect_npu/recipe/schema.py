@@ -378,8 +378,10 @@ class TrialsSpec(StrictModel):
                           "--timeout-is overrides")
     retries: int | None = Field(None, strict=True, ge=0, le=20,
                                 description="runs again a probe run that failed on the host (the engine did "
-                                            "not start, was killed, or the harness lost the server) this many "
-                                            "times before its trial is a skip; unset: 3 (--retries overrides)")
+                                            "not start, was killed, or the harness lost the server) at most this "
+                                            "many times before its trial is a skip; unset: as many as the host's "
+                                            "failure rate needs to lose a trial less than once in 10,000 "
+                                            "(--retries overrides)")
     retry_backoff_s: float = Field(10.0, ge=0, le=COST_MAX_S,
                                    description="seconds before the first retry, doubled for each next one "
                                                "(at most 300)")

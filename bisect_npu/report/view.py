@@ -16,7 +16,7 @@ from typing import Any
 from bisect_npu.errors import UsageError
 from bisect_npu.fix_proposals import FixReport, FixVerification
 from bisect_npu.journal import JOURNAL_FILE, Journal
-from bisect_npu.observations import Observation
+from bisect_npu.observations import Observation, VerdictKind
 from bisect_npu.records import (
     CandidateRange,
     DependencyMoveRecord,
@@ -26,11 +26,13 @@ from bisect_npu.records import (
     HeaderRecord,
     NextLevelRecord,
     Record,
+    RetryRecord,
     StepRecord,
     TrialRecord,
     trial_seconds,
 )
 from bisect_npu.request import RunRequest
+from bisect_npu.search.retry_policy import HostRecord
 
 
 @dataclass
@@ -71,6 +73,8 @@ class SessionView:
     sampling: dict[str, Any] = field(default_factory=dict)
     engine_starts: dict[str, Any] | None = None
     told: dict[str, float] = field(default_factory=dict)
+    venvs: dict[str, str] = field(default_factory=dict)  # a venv's key -> how it got its packages
+    host_record: HostRecord = field(default_factory=HostRecord)  # attempts failed on the host, trials that ran
     # What stopped a session without an answer (or one whose finer level has none yet), while nothing
     # was journaled since.
     stop: Stop | None = None
@@ -110,11 +114,16 @@ def load_view(session_dir: Path) -> SessionView:
     next_level: NextLevelRecord | None = None
     moves: list[DependencyMoveRecord] = []
     view_told: dict[str, float] = {}  # what the search weighed its last choice by
+    venvs: dict[str, str] = {}
+    failed = ran = 0
     # Trials no step has taken (yet), per position, each with how many steps preceded it.
     open_trials: dict[int, list[tuple[int, int, TrialRecord]]] = {}
     candidates = journal.header.range
     for line, entry in enumerate(journal.entries):
+        if isinstance(entry, RetryRecord):
+            failed += 1
         if isinstance(entry, TrialRecord):
+            ran += entry.outcome != VerdictKind.SKIP
             open_trials.setdefault(entry.index, []).append((len(steps), line, entry))
         elif isinstance(entry, StepRecord):
             kept = {(t.case_id, t.trial) for t in entry.trials}
@@ -125,6 +134,8 @@ def load_view(session_dir: Path) -> SessionView:
             if build is not None and build.log:
                 logs.insert(0, build.log)
             view_told = entry.told or view_told
+            if build is not None and build.key and build.venv_made:
+                venvs[build.key] = build.venv_made
             steps.append(StepView(len(steps) + 1, entry.index, entry.commit, entry.title, verdict.kind.value,
                                   verdict.reason, entry.seconds, build.how if build else "",
                                   (build.seconds if build else None) or 0.0, verdict.trials, verdict.figures, logs,
@@ -148,6 +159,8 @@ def load_view(session_dir: Path) -> SessionView:
     view.versions, view.sampling = _engine_facts(session_dir, journal.entries)
     view.engine_starts = engine_starts(journal.entries)
     view.told = view_told
+    view.venvs = venvs
+    view.host_record = HostRecord(failed, ran)
     view.stop = stop_of(session_dir) if end is None or (next_level is None and _descending(session_dir)) else None
     return view
 

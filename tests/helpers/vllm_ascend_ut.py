@@ -109,7 +109,7 @@ class Tester:
         """(exit code, reason, pytest's report) of the named tests at `sha`."""
         key = self.key(sha)
         venv = self.venvs.acquire(key, requirement_lines(self.builder.requirements(sha)),
-                                  log_dir or Path(tempfile.gettempdir()))
+                                  log_dir or Path(tempfile.gettempdir()), self.repo.commit(sha).committed_datetime)
         site = self.checkout(sha)
         self.runs += 1
         with tempfile.TemporaryDirectory() as scratch:
@@ -129,7 +129,7 @@ class Tester:
         the other modules run."""
         files = cpu_test_files(self.repo, sha)
         venv = self.venvs.acquire(self.key(sha), requirement_lines(self.builder.requirements(sha)),
-                                  log_dir or Path(tempfile.gettempdir()))
+                                  log_dir or Path(tempfile.gettempdir()), self.repo.commit(sha).committed_datetime)
         site = self.checkout(sha)
         self.runs += 1
         with tempfile.TemporaryDirectory() as scratch:

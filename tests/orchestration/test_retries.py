@@ -12,12 +12,10 @@ import sys
 import time
 from collections import Counter
 from pathlib import Path
-from typing import Any
 
 import git
 import pytest
 
-from bisect_npu.demo.accuracy import DATASET
 from bisect_npu.execute.card_memory import CardWait, parse_npu_smi
 from bisect_npu.observations import VerdictKind
 from bisect_npu.orchestration.environments import make_environment
@@ -26,51 +24,13 @@ from bisect_npu.orchestration.infrastructure import RetryPolicy, classify
 from bisect_npu.recipe.loader import load_recipe
 from bisect_npu.recipe.schema import EngineSpec
 from bisect_npu.records import RetryRun
+from bisect_npu.search.retry_policy import HostRecord, attempts_allowed
 from tests.helpers.asked import spec_of
+from tests.helpers.flaky_host import CLI, failures, flaky_recipe, free_port, journal, run_on_flaky_host
 from tests.helpers.paths import HELPERS
 from tests.helpers.signals import interruptible
 
-TESTS = HELPERS
-HARNESS = TESTS / "accuracy_command_harness.py"
-FLAKY = TESTS / "flaky_start.py"
-CLI = [sys.executable, "-m", "bisect_npu"]
-
-
-def free_port() -> int:
-    import socket
-
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
-
-
-def flaky_recipe(tmp_path: Path, start_fails: float, harness_dies: float, seed: int) -> Path:
-    """The accuracy-session recipe with its server behind flaky_start.py and a dying harness."""
-    launcher = [sys.executable, str(FLAKY), "--fail-rate", str(start_fails), "--seed", str(seed),
-                "--count", str(tmp_path / "starts.txt"), "--", "{python}", "-m", "{probe}.serve_mini", "{model}"]
-    harness = [sys.executable, str(HARNESS), "{base_url}", "{model}", "{dataset}", "{output}",
-               "--die-rate", str(harness_dies), "--seed", str(seed), "--count", str(tmp_path / "harness.txt")]
-    recipe = {
-        "name": "flaky-host", "model": {"path": "seed:0", "dtype": "float32"},
-        "engine": {"backend": "openai", "launcher": launcher, "port": free_port(), "startup_timeout_s": 120},
-        "accuracy": {"harness": "command", "dataset": str(DATASET), "command": {"argv": harness},
-                     "sampling": {"temperature": 0.0, "max_tokens": 4, "seed": 0}},
-        "oracle": {"kinds": ["accuracy"]},
-        "trials": {"retry_backoff_s": 1.0},
-        "build": {"local_command": ["python", "tools/build_kernels.py"]},
-    }
-    path = tmp_path / "recipe.yaml"
-    path.write_text(json.dumps(recipe))
-    return path
-
-
-def journal(session: Path) -> list[dict[str, Any]]:
-    path = session / "journal.jsonl"
-    return [json.loads(line) for line in path.read_text().splitlines()] if path.exists() else []
-
-
-def failures(path: Path) -> int:
-    return path.read_text().splitlines().count("fail") if path.exists() else 0
+FLAKY = HELPERS / "flaky_start.py"
 
 
 @pytest.mark.e2e
@@ -170,6 +130,46 @@ def test_a_resumed_trial_goes_on_with_the_attempts_journaled_before_the_interrup
     assert again.returncode == 5  # the host still busy: a resume after a spent budget gets a new one, and spends it
     assert [r["attempt"] for r in journal(session) if r["type"] == "retry"] == [1, 2, 3, 4, 5, 6]
     assert failures(tmp_path / "starts.txt") == 6
+
+
+@pytest.mark.e2e
+def test_one_seeded_history_on_the_30_and_10_percent_host_keeps_its_answer_and_says_the_rate(demo_upstream,
+                                                                                              tmp_path):
+    """The short variant of bench/flaky_host_bench.py: one served history, exit 0, the right
+    culprit, every failed start and harness run journaled, and the report's host section giving
+    the retries and the failure rate they make."""
+    repo, manifest = demo_upstream
+    case = manifest.case("accuracy")
+    run = run_on_flaky_host(repo, case.good_ref, case.bad_ref, tmp_path, seed=3)
+    assert run.exit_code == 0 and run.culprit == case.culprit.sha, run.output
+    assert run.start_failures + run.harness_failures >= 1 and run.every_failure_journaled, run
+    row = next(line for line in (tmp_path / "session" / "report.md").read_text().splitlines()
+               if line.startswith("| host failures |"))
+    assert f"| host failures | {run.retries} retr" in row and "host failure rate estimated at" in row
+    assert f"({run.retries} of " in row
+
+
+@pytest.mark.e2e
+@pytest.mark.heavy  # ten engine starts over two sessions: about a minute under load
+def test_a_host_that_stopped_stops_an_end_in_the_prior_budget_and_a_recipe_bound_caps_it(demo_upstream, tmp_path):
+    """No bound given: a host whose every start fails is given up at an end after the attempts a
+    fresh session's prior allows (exit 5, naming the rate), not after twenty; the recipe's
+    trials.retries caps them."""
+    repo, manifest = demo_upstream
+    case = manifest.case("accuracy")
+    for where, bound, attempts in ((tmp_path / "free", None, attempts_allowed(HostRecord())),
+                                   (tmp_path / "bounded", 2, 3)):
+        recipe = flaky_recipe(where, 1.0, 0.0, seed=0, backoff_s=0.0, retries=bound)
+        done = subprocess.run([*CLI, "run", "--repo", str(repo), "--good", case.good_ref, "--bad", case.bad_ref,
+                               "--recipe", str(recipe), "--session", str(where / "s"), "--no-fix",
+                               "--no-verdict-store"], cwd=where, capture_output=True, text=True, timeout=300,
+                              check=False)
+        assert done.returncode == 5, done.stdout[-2000:] + done.stderr[-3000:]
+        assert failures(where / "starts.txt") == attempts
+        assert f"could not be judged, {attempts} attempts failed on the host" in done.stderr
+        assert "host failure rate estimated at 10% (0 of 0 attempts failed" in done.stderr
+        assert ("at most 2 retries as asked" in done.stderr) == (bound is not None)
+    assert 4 < attempts_allowed(HostRecord()) < 10
 
 
 SERVER_LOG_TAIL = """Traceback (most recent call last):
@@ -295,3 +295,20 @@ def test_a_candidate_the_host_never_starts_is_a_skip_naming_every_attempt(demo_u
     assert kept == ["probe-server-default-t0.attempt-1.log", "probe-server-default-t0.attempt-2.log"]
     assert all((tmp_path / a.log).is_file() for a in attempts)  # each attempt's own log, journaled by path
     assert all(a.cause.endswith("(card memory still held after 0s: card 1 92% used)") for a in attempts)
+
+
+def test_a_resumed_session_keeps_the_hosts_record_from_its_journal() -> None:
+    """The failed attempts before a trial that ran, and the trials that ran, are the host's record
+    again after a resume; attempts of a trial not finished yet are not (its streak is judged against
+    the record)."""
+    from bisect_npu.orchestration.state import SessionState
+    from bisect_npu.records import RetryRecord, TrialRecord
+
+    sha = "a" * 40
+    entries = [RetryRecord(index=1, commit=sha, case_id="c", trial=0, attempt=1, kind="card_busy", cause="busy"),
+               RetryRecord(index=1, commit=sha, case_id="c", trial=0, attempt=2, kind="transport", cause="reset"),
+               TrialRecord(index=1, commit=sha, case_id="c", trial=0, outcome=VerdictKind.GOOD),
+               TrialRecord(index=2, commit=sha, case_id="c", trial=0, outcome=VerdictKind.BAD),
+               TrialRecord(index=2, commit=sha, case_id="c", trial=1, outcome=VerdictKind.SKIP),
+               RetryRecord(index=3, commit=sha, case_id="c", trial=0, attempt=1, kind="card_busy", cause="busy")]
+    assert SessionState(False, False, entries).host_record == HostRecord(failures=2, successes=2)

@@ -316,20 +316,36 @@ def import_case(raw: dict[str, Any], path: str, case_name: str | None = None,
         "symptom": [str(bench.get("case_type"))],
         "model": _model(str(case["model"]), model_root),
         "engine": {"backend": "openai", "server_flags": flags, "startup_timeout_s": 3600.0,
-                   **({"launcher": [str(w) for w in case["launcher"]]} if isinstance(case.get("launcher"), list)
-                      else {})},
+                   **_launcher_part(case)},
         "environment": environment,
-        "build": {**({"local_command": [str(w) for w in case["local_build"]]}
-                      if isinstance(case.get("local_build"), list) else {}),
-                  **({"dockerfile": soc.dockerfile} if soc is not None else {})},
-        **({} if isinstance(case.get("launcher"), list) else {"dependencies": [VLLM_DEPENDENCY]}),
+        **_build_parts(case, soc),
         **_benchmark_section(key, bench, case, f"{where}::{key}", datasets),
     }
+    return _as_recipe(body, f"{where}::{key}")
+
+
+def _launcher_part(case: dict[str, Any]) -> dict[str, Any]:
+    """The engine's `launcher` where the case gives one (a locally built engine's start command)."""
+    return {"launcher": [str(w) for w in case["launcher"]]} if isinstance(case.get("launcher"), list) else {}
+
+
+def _build_parts(case: dict[str, Any], soc: Soc | None) -> dict[str, Any]:
+    """The recipe's `build` (a local build command, the SoC's Dockerfile) and, for a candidate built
+    as vLLM's plugin (no launcher of its own), its vLLM dependency."""
+    build = {**({"local_command": [str(w) for w in case["local_build"]]}
+                if isinstance(case.get("local_build"), list) else {}),
+             **({"dockerfile": soc.dockerfile} if soc is not None else {})}
+    return {"build": build,
+            **({} if isinstance(case.get("launcher"), list) else {"dependencies": [VLLM_DEPENDENCY]})}
+
+
+def _as_recipe(body: dict[str, Any], where: str) -> Recipe:
+    """The imported body as a recipe, or one line naming the field the schema refused."""
     try:
         return Recipe.model_validate(body)
     except ValidationError as exc:
         field, problem = validation_problem(exc, root="")
-        raise NightlyRefused(f"{where}::{key}: as a recipe, {field}: {problem}") from None
+        raise NightlyRefused(f"{where}: as a recipe, {field}: {problem}") from None
 
 
 NODE_PLACEHOLDERS = {"LOCAL_IP": "{local_ip}", "MASTER_IP": "{master_ip}"}  # the nightly's run.sh sets these
@@ -397,21 +413,12 @@ def import_multi_node(raw: dict[str, Any], path: str, benchmark: str | None, dat
         "symptom": [str(bench.get("case_type"))],
         "model": _model(str(raw["model"]), model_root),
         "engine": {"backend": "openai", "startup_timeout_s": 3600.0,
-                   "nodes": {"cards": raw["npu_per_node"], "serving": 0, "each": each},
-                   **({"launcher": [str(w) for w in raw["launcher"]]} if isinstance(raw.get("launcher"), list)
-                      else {})},
+                   "nodes": {"cards": raw["npu_per_node"], "serving": 0, "each": each}, **_launcher_part(raw)},
         "environment": {k: _env_text(v) for k, v in common.items() if k not in PORT_KEYS},
-        "build": {**({"local_command": [str(w) for w in raw["local_build"]]}
-                     if isinstance(raw.get("local_build"), list) else {}),
-                  **({"dockerfile": soc.dockerfile} if soc is not None else {})},
-        **({} if isinstance(raw.get("launcher"), list) else {"dependencies": [VLLM_DEPENDENCY]}),
+        **_build_parts(raw, soc),
         **_benchmark_section(key, bench, case, f"{path}::{key}", datasets),
     }
-    try:
-        return Recipe.model_validate(body)
-    except ValidationError as exc:
-        field, problem = validation_problem(exc, root="")
-        raise NightlyRefused(f"{path}::{key}: as a recipe, {field}: {problem}") from None
+    return _as_recipe(body, f"{path}::{key}")
 
 
 def _model(model: str, root: str | None) -> dict[str, str]:

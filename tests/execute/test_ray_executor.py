@@ -10,11 +10,9 @@ from __future__ import annotations
 import itertools
 import json
 import os
-import shutil
 import signal
 import subprocess
 import sys
-import tempfile
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -26,6 +24,7 @@ import yaml
 from bisect_npu.demo.manifest import Manifest
 from bisect_npu.errors import UsageError
 from bisect_npu.execute.local import OWNER_ENV
+from tests.helpers.ray_cluster import local_ray_cluster
 
 pytestmark = pytest.mark.ray
 
@@ -33,41 +32,11 @@ NODE_NPUS = (8, 8, 16)
 CLI = [sys.executable, "-m", "bisect_npu"]
 
 
-def _ray_missing(reason: str) -> None:
-    if os.environ.get("CI", "").lower() == "true":
-        pytest.fail(f"Ray required in CI: {reason} (make test-ray installs the ray extra)")
-    pytest.skip(f"no Ray: {reason}; pip install -e '.[ray]'")
-
-
 @pytest.fixture(scope="module")
 def cluster() -> Iterator[Any]:
     """Three Ray nodes in this process: a head and two more, each with its fake NPUs."""
-    try:
-        import ray
-        from ray.cluster_utils import Cluster
-    except ImportError as exc:
-        _ray_missing(str(exc))
-    tmp = Path(tempfile.mkdtemp(prefix="rt", dir="/tmp"))  # short: Unix socket paths have a length limit
-    (tmp / "ray").mkdir()
-    saved = os.environ.get("RAY_TMPDIR")
-    os.environ["RAY_TMPDIR"] = str(tmp)
-    node_args: dict[str, Any] = {"num_cpus": 1, "object_store_memory": 80 << 20}
-    made = Cluster(initialize_head=True, head_node_args={**node_args, "include_dashboard": False,
-                                                         "resources": {"NPU": NODE_NPUS[0]}})
-    try:
-        for npus in NODE_NPUS[1:]:
-            made.add_node(**node_args, resources={"NPU": npus})
-        made.wait_for_nodes()
-        ray.init(address=made.address, log_to_driver=False)
+    with local_ray_cluster(NODE_NPUS[0], NODE_NPUS[1:], "rt") as made:
         yield made
-    finally:
-        ray.shutdown()
-        made.shutdown()
-        if saved is None:
-            os.environ.pop("RAY_TMPDIR", None)
-        else:
-            os.environ["RAY_TMPDIR"] = saved
-        shutil.rmtree(tmp, ignore_errors=True)
 
 
 @pytest.fixture(scope="module")

@@ -10,11 +10,9 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import signal
 import subprocess
 import sys
-import tempfile
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -27,6 +25,7 @@ from bisect_npu.demo.manifest import Manifest
 from bisect_npu.execute.local import OWNER_ENV
 from bisect_npu.execute.ray_nodes import NODE_ENV
 from tests.helpers.paths import DATA
+from tests.helpers.ray_cluster import local_ray_cluster
 
 pytestmark = pytest.mark.ray
 
@@ -39,33 +38,8 @@ CASE = "rope-longseq"
 def cluster() -> Iterator[Any]:
     """A head that holds no card and three nodes of one NPU each: a two-node engine at a time,
     and a node to spare when one is taken away."""
-    try:
-        import ray
-        from ray.cluster_utils import Cluster
-    except ImportError as exc:
-        if os.environ.get("CI", "").lower() == "true":
-            pytest.fail(f"Ray required in CI: {exc} (make test-ray installs the ray extra)")
-        pytest.skip(f"no Ray: {exc}; pip install -e '.[ray]'")
-    tmp = Path(tempfile.mkdtemp(prefix="rn", dir="/tmp"))  # short: Unix socket paths have a length limit
-    (tmp / "ray").mkdir()
-    saved = os.environ.get("RAY_TMPDIR")
-    os.environ["RAY_TMPDIR"] = str(tmp)
-    node_args: dict[str, Any] = {"num_cpus": 1, "object_store_memory": 80 << 20}
-    made = Cluster(initialize_head=True, head_node_args={**node_args, "include_dashboard": False})
-    try:
-        for _ in range(3):
-            made.add_node(**node_args, resources={"NPU": 1})
-        made.wait_for_nodes()
-        ray.init(address=made.address, log_to_driver=False)
+    with local_ray_cluster(0, (1, 1, 1), "rn") as made:
         yield made
-    finally:
-        ray.shutdown()
-        made.shutdown()
-        if saved is None:
-            os.environ.pop("RAY_TMPDIR", None)
-        else:
-            os.environ["RAY_TMPDIR"] = saved
-        shutil.rmtree(tmp, ignore_errors=True)
 
 
 @pytest.fixture(scope="module")

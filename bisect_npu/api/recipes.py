@@ -289,10 +289,11 @@ def survey_nightly(file: str | Path) -> FileSurvey:
 
 
 def recipe_lws(recipe: str | Path | Recipe, image: str, *, npu_resource: str | None = None,
-               rpc_port: int | None = None, name: str | None = None) -> dict[str, Any]:
+               rpc_port: int | None = None, name: str | None = None, host: str | None = None) -> dict[str, Any]:
     """A recipe's engine across nodes as a Kubernetes LeaderWorkerSet running `image` (a built
-    candidate): each node's command as `nodes_plan` shows it, the values Ray fills taken from the
-    pod instead (bisect_npu/execute/lws.py). A recipe without `engine.nodes`, or whose nodes start
+    candidate) on NPU hosts of type `host` (A2, A3, 310P; None: unknown): each node's command as
+    `nodes_plan` shows it, the values Ray fills taken from the pod instead
+    (bisect_npu/execute/lws.py). A recipe without `engine.nodes`, or whose nodes start
     what a candidate's image does not hold (the demo engine's `{probe}` package), is refused."""
     from bisect_npu.execute.lws import DEFAULT_RPC_PORT, NPU_RESOURCE, LwsNode, leader_worker_set
     from bisect_npu.orchestration.probe_requests import probe_request
@@ -316,4 +317,5 @@ def recipe_lws(recipe: str | Path | Recipe, image: str, *, npu_resource: str | N
     return leader_worker_set(name or loaded.name, image, serving, headless, cards=nodes.cards,
                              environment=loaded.environment, serving_port=loaded.engine.port,
                              model_path=loaded.model.path, model_host_path=loaded.model.host_path,
-                             npu_resource=npu_resource or NPU_RESOURCE, rpc_port=rpc_port or DEFAULT_RPC_PORT)
+                             npu_resource=npu_resource or NPU_RESOURCE, rpc_port=rpc_port or DEFAULT_RPC_PORT,
+                             host=host)

@@ -120,8 +120,12 @@ def test_two_nodes_leader_serves_worker_runs_headless_field_by_field(tmp_path: P
 
 def test_the_npu_resource_name_and_rpc_port_are_the_users(tmp_path: Path) -> None:
     recipe = recipe_file(tmp_path)
-    manifest = lws(recipe, "--npu-resource", "huawei.com/ascend-1980", "--rpc-port", "20001", "--name", "My Case")
+    manifest = lws(recipe, "--npu-resource", "huawei.com/ascend-1980", "--rpc-port", "20001", "--name", "My Case",
+                   "--host-type", "A3")
     worker = manifest.spec.leaderWorkerTemplate.workerTemplate.spec.containers[0]
+    assert process_env(worker)["HCCL_OP_EXPANSION_MODE"] == "AIV"  # A3's switch, as on a docker run there
+    assert "HCCL_OP_EXPANSION_MODE" not in process_env(lws(recipe).spec.leaderWorkerTemplate.workerTemplate.spec
+                                                       .containers[0])
     assert worker.resources.limits == {"huawei.com/ascend-1980": 8} == worker.resources.requests
     assert worker.command == [*worker.command[:worker.command.index("--data-parallel-rpc-port") + 1], "20001",
                               *worker.command[worker.command.index("--data-parallel-rpc-port") + 2:]]

@@ -40,7 +40,7 @@ POD_IP_ENV = "BISECT_NPU_POD_IP"
 DEFAULT_RPC_PORT = 13389
 SHM_SIZE = "16Gi"
 READY_PERIOD_S = 10
-READY_FAILURES = 360  # an hour of failed checks before the pod counts as failing to become ready
+READY_FAILURES = 3  # failed checks in a row before a ready serving node is marked not ready again
 _PLACEHOLDER = re.compile(r"\{(local_ip|master_ip|rpc_port)\}")
 _NOT_A_LABEL_CHAR = re.compile(r"[^a-z0-9-]+")
 # The worker's entry when headless nodes differ: the JSON argument after it maps each

@@ -17,7 +17,7 @@ any callable implementing `Oracle`. A session driven by a callable is resumed by
 
 Each `bisect-npu` command is a call here that returns a typed answer (the command prints it):
 `bisect`/`resume` (run, resume), `plan`, `simulate`, `fix`, `judge`, `render_report` (report),
-`doctor`, `list_recipes`/`validate_recipes`/`check_recipe_at`/`recipe_plan`/`import_nightly`/
+`doctor`, `list_recipes`/`validate_recipes`/`check_recipe_at`/`recipe_plan`/`recipe_lws`/`import_nightly`/
 `survey_nightly` (recipes), `search_settings` (settings), `demo_upstream`/`demo_cases`/
 `run_demo_case` (demo), `ci_bisect`/`ci_issue`/`ci_comment` (ci) and `record`/`align` (record,
 align). The heavy rooms they use are imported when they are called.
@@ -41,6 +41,7 @@ from bisect_npu.api.recipes import (
     check_recipe_at,
     import_nightly,
     list_recipes,
+    recipe_lws,
     recipe_plan,
     survey_nightly,
     validate_recipes,
@@ -127,6 +128,7 @@ __all__ = [
     "plan",
     "plan_range",
     "propose_fixes",
+    "recipe_lws",
     "recipe_plan",
     "record",
     "record_command",

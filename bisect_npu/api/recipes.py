@@ -286,3 +286,36 @@ def survey_nightly(file: str | Path) -> FileSurvey:
 
     text, path = _read_case_file(file)
     return survey(text, path, soc_of(path, schedules_beside(Path(file))))
+
+
+def recipe_lws(recipe: str | Path | Recipe, image: str, *, npu_resource: str | None = None,
+               rpc_port: int | None = None, name: str | None = None, host: str | None = None) -> dict[str, Any]:
+    """A recipe's engine across nodes as a Kubernetes LeaderWorkerSet running `image` (a built
+    candidate) on NPU hosts of type `host` (A2, A3, 310P; None: unknown): each node's command as
+    `nodes_plan` shows it, the values Ray fills taken from the pod instead
+    (bisect_npu/execute/lws.py). A recipe without `engine.nodes`, or whose nodes start
+    what a candidate's image does not hold (the demo engine's `{probe}` package), is refused."""
+    from bisect_npu.execute.lws import DEFAULT_RPC_PORT, NPU_RESOURCE, LwsNode, leader_worker_set
+    from bisect_npu.orchestration.probe_requests import probe_request
+    from bisect_npu.recipe.loader import load_recipe
+    from bisect_npu.recipe.schema import Recipe
+
+    loaded = recipe if isinstance(recipe, Recipe) else load_recipe(recipe)
+    nodes = loaded.engine.nodes
+    if nodes is None:
+        raise UsageError(f"recipe {loaded.name} runs its engine on one host (no engine.nodes): a LeaderWorkerSet "
+                         "is for an engine across nodes; give a recipe with engine.nodes")
+    if any("{probe}" in part for part in loaded.engine.launcher):
+        raise UsageError(f"recipe {loaded.name}'s launcher needs {{probe}}, bisect-npu's own package, which a "
+                         "candidate's image does not hold: give a recipe whose launcher starts the image's server")
+    if not image.strip():
+        raise UsageError("--image is empty: give the candidate's image, e.g. quay.io/ascend/vllm-ascend:v0.11.0")
+    first = probe_request(loaded, loaded.cases[0], commit="<candidate>", trial=0)
+    planned = [LwsNode(node["command"], node["environment"]) for node in nodes_plan(loaded, first)]
+    serving = planned[nodes.serving]
+    headless = [planned[index] for index in nodes.headless()]
+    return leader_worker_set(name or loaded.name, image, serving, headless, cards=nodes.cards,
+                             environment=loaded.environment, serving_port=loaded.engine.port,
+                             model_path=loaded.model.path, model_host_path=loaded.model.host_path,
+                             npu_resource=npu_resource or NPU_RESOURCE, rpc_port=rpc_port or DEFAULT_RPC_PORT,
+                             host=host)

@@ -102,6 +102,31 @@ def show(recipe: str, fmt: str) -> None:
     click.echo(render_plan(plan))
 
 
+@recipes.command("lws")
+@click.argument("recipe")
+@click.option("--image", required=True, help="The candidate's image every node runs, e.g. one `bisect-npu run "
+                                             "--executor docker` built, pushed where the cluster pulls from.")
+@click.option("--npu-resource", default="huawei.com/Ascend910", show_default=True,
+              help="The extended resource the cluster's Ascend device plugin names NPUs by "
+                   "(huawei.com/ascend-1980 on some A3 clusters).")
+@click.option("--rpc-port", type=click.IntRange(1, 65535), default=13389, show_default=True,
+              help="The port {rpc_port} takes (each pod has its own network, so a fixed one is free).")
+@click.option("--host-type", type=click.Choice(["A2", "A3", "310P"]),
+              help="The NPU hosts' type: its switches join the determinism ones (A3: HCCL_OP_EXPANSION_MODE=AIV), "
+                   "as on a docker run there.")
+@click.option("--name", help="The LeaderWorkerSet's name [default: the recipe's name as a Kubernetes name].")
+def lws(recipe: str, image: str, npu_resource: str, rpc_port: int, host_type: str | None, name: str | None) -> None:
+    """RECIPE's engine across nodes (engine.nodes) as a Kubernetes LeaderWorkerSet, in YAML for
+    `kubectl apply -f -`: the serving node the leader, the headless nodes its workers."""
+    import yaml
+
+    from bisect_npu import api
+
+    manifest = api.recipe_lws(recipe, image, npu_resource=npu_resource, rpc_port=rpc_port, name=name,
+                               host=host_type)
+    click.echo(yaml.safe_dump(manifest, sort_keys=False, width=120), nl=False)
+
+
 def node_lines(nodes: list[dict[str, Any]]) -> list[str]:
     """An engine across hosts: each node's command, environment and container, one block each."""
     lines = []

@@ -167,8 +167,9 @@ def nodes_plan(recipe: Recipe, request: dict[str, Any]) -> list[dict[str, Any]]:
             role, command = "headless", [*launcher_argv(request, "python3"), *node.flags]
         plan.append({"index": index, "role": role, "cards": nodes.cards, "command": command,
                      "environment": node.environment,
-                     "container": "none: the candidate's worktree on a Ray node of its own (--executor ray, "
-                                  "--node-executor local)"})
+                     "container": "on a Ray node of its own (--executor ray): the candidate's worktree "
+                                  "(--node-executor local), or a container of the candidate's image on the "
+                                  "node's network with its cards (--node-executor docker)"})
     return plan
 
 

@@ -41,6 +41,11 @@ IMAGE_DIRS = ("/usr", "/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32", "/
 # `python -m bisect_npu_probe REQUEST` without touching the image's PYTHONPATH (CANN images set one).
 PROBE_BOOTSTRAP = (f"import runpy, sys; sys.path.insert(0, {PROBE_PARENT!r}); "
                    f"runpy.run_module({PROBE_PACKAGE!r}, run_name='__main__', alter_sys=True)")
+# A command that runs the probe's own package (a `{probe}` launcher: the demo server) finds it: its
+# parent at the end of PYTHONPATH, after the image's entries, then the command exec'd as given.
+PROBE_PATH_BOOTSTRAP = ("import os, sys; os.environ['PYTHONPATH'] = os.pathsep.join([*filter(None, "
+                        f"os.environ.get('PYTHONPATH', '').split(os.pathsep)), {PROBE_PARENT!r}]); "
+                        "os.execvp(sys.argv[1], sys.argv[1:])")
 # An image's entrypoint may overwrite the container's environment before our command starts: every
 # CANN base image sources ATB's set_env.sh, which exports LCCL_DETERMINISTIC=0 and
 # ATB_MATMUL_SHUFFLE_K_ENABLE=1. So each command starts under this shim, which puts back what the
@@ -64,6 +69,8 @@ except OSError as exc:
     sys.exit({ENV_EXIT_CANNOT_START})
 """
 LOG_TAIL_LINES = 15
+WAIT_POLL_S = 60.0  # a node's container is waited on in steps of this (the engine's read timeout)
+SIGNAL_EXIT_BASE = 128  # a container's exit status 128 + N: its command was killed by signal N
 
 
 class Mount(BaseModel):
@@ -191,12 +198,21 @@ class DockerExecutor:
 
     def __init__(self, client: Any, spec_factory: SpecFactory = plain_container_spec,
                  session_id: str | None = None, python: str = "python3",
-                 device_pool: DevicePool | None = None) -> None:
+                 device_pool: DevicePool | None = None, network_mode: str | None = None) -> None:
         self.client = client
         self.spec_factory = spec_factory
         self.session_id = session_id or uuid.uuid4().hex[:12]
         self.python = python
         self.device_pool = device_pool
+        self.network_mode = network_mode  # over the factory's (None: the factory's own)
+        self._live: dict[str, Any] = {}  # container id -> container, while it runs
+        self._lock = threading.Lock()
+
+    def on_host_network(self) -> DockerExecutor:
+        """The same executor with its containers on the host's network: a node of an engine across
+        hosts, whose ranks meet on the node's own address and a port chosen free on it."""
+        return type(self)(self.client, self.spec_factory, self.session_id, self.python, self.device_pool,
+                          network_mode="host")
 
     def run_probe(self, env: Environment, request: dict[str, Any], out_dir: Path, timeout_s: float) -> RunResult:
         out_dir = out_dir.resolve()
@@ -235,7 +251,23 @@ class DockerExecutor:
         return spec.model_copy(update={"command": [self.python, "-c", ENV_BOOTSTRAP, *command],
                                        "mounts": [*spec.mounts, probe, *(mounts or [])],
                                        "environment": {**environment, ENV_CARRIER: json.dumps(environment)},
-                                       "labels": labels})
+                                       "labels": labels, "network_mode": self.network_mode or spec.network_mode})
+
+    def spawn(self, env: Environment, argv: list[str], log_path: Path,
+              extra_env: dict[str, str] | None = None) -> NodeContainer:
+        """A long-lived container of the candidate (a headless node of an engine across hosts)
+        running `argv` with `extra_env`, its output appended to `log_path`; `stop_runs` removes it."""
+        out_dir = log_path.parent.resolve()
+        out_dir.mkdir(parents=True, exist_ok=True)
+        return NodeContainer(self, self._start(self.spec_for(env, argv, out_dir, None, extra_env)), log_path)
+
+    def stop_runs(self) -> None:
+        """Remove the containers this executor started and still runs, and only those (other
+        engines of the session on this host go on): each waiting run ends as its container went."""
+        with self._lock:
+            live = list(self._live.values())
+        for container in live:
+            self._remove(container)
 
     def _run(self, env: Environment, command: list[str], out_dir: Path, log_path: Path,
              timeout_s: float, extra_env: dict[str, str] | None = None, mounts: list[Mount] | None = None) -> RunResult:
@@ -302,11 +334,15 @@ class DockerExecutor:
         except BaseException:
             self._remove(container)
             raise
+        with self._lock:
+            self._live[container.id] = container
         return container
 
     def _remove(self, container: Any) -> None:
         with contextlib.suppress(Exception):
             container.remove(force=True, v=True)
+        with self._lock:
+            self._live.pop(container.id, None)
 
     def close(self) -> None:
         """Remove every container this executor's session still has (a sweep by label)."""
@@ -321,6 +357,51 @@ class DockerExecutor:
 
     def __exit__(self, *exc_info: object) -> None:
         self.close()
+
+
+class NodeContainer:
+    """A running container of a node of an engine across hosts, its output copied into its log."""
+
+    def __init__(self, executor: DockerExecutor, container: Any, log_path: Path) -> None:
+        self.executor = executor
+        self.container = container
+        self.follower = threading.Thread(target=_follow_into, args=(container, log_path), daemon=True)
+        self.follower.start()
+
+    def wait(self) -> int:
+        """Until the container ends: its command's exit status, as a process's would be, negative
+        when the host's doing ended it (killed by signal N: -N; removed under it, or its engine
+        gone: -SIGKILL), so the caller reads the node as lost rather than the commit as bad."""
+        import docker.errors
+
+        while True:
+            try:
+                waited = self.container.wait(timeout=WAIT_POLL_S)
+                break
+            except docker.errors.DockerException:
+                return -signal.SIGKILL
+            except Exception as exc:  # the engine's read timeout: still running
+                if not _is_timeout(exc):
+                    return -signal.SIGKILL
+        error = waited.get("Error") or {}
+        if not isinstance(error, dict) or error.get("Message"):
+            return -signal.SIGKILL
+        try:
+            self.container.reload()  # podman answers a removal with 137 and no error
+        except Exception:
+            return -signal.SIGKILL
+        status = int(waited["StatusCode"])
+        return -(status - SIGNAL_EXIT_BASE) if SIGNAL_EXIT_BASE < status <= SIGNAL_EXIT_BASE + 64 else status
+
+    def stop(self) -> None:
+        """Remove the container (running or not); its log is complete after this."""
+        self.executor._remove(self.container)
+        self.follower.join(timeout=10)
+
+
+def _follow_into(container: Any, log_path: Path) -> None:
+    with log_path.open("a", encoding="utf-8") as log:
+        _follow_logs(container, log)
 
 
 def _inside_paths(request: dict[str, Any], out_dir: Path) -> dict[str, Any]:

@@ -6,20 +6,25 @@ never share a host). On each bundle an `EngineNode` actor builds or reuses the c
 its node's builder, then the headless nodes start with the serving node's address (`{master_ip}`)
 and a port chosen free there (`{rpc_port}`), and the serving node runs the probe, whose server is
 the serving node's command (`{local_ip}` its own address). Every process is started from an
-argument list, never a shell.
+argument list, never a shell. With `--node-executor docker` each node builds or reuses the
+candidate's image through its own container engine and runs its command (the headless one, or
+the probe with the serving one) in a container of it, as `--executor docker` does on the node's
+cards, but on the host's network: the ranks meet on the node's address and the chosen port.
 
 A node that dies (its process, its actor, its Ray node) ends the attempt: every node is torn down
 and the batch comes back failed with a line naming the node (`node 1 of the engine (ray node
 ab12...) was lost: ...`), which the evaluator's retry policy reads as the host's failure, not the
 commit's, and journals before it runs the batch again on a fresh placement. Success, failure,
-timeout and Ctrl-C all end in the same teardown: the actors stop their processes, are killed,
-and the placement group is removed.
+timeout and Ctrl-C all end in the same teardown: the actors stop their processes (remove their
+containers), are killed, and the placement group is removed. A node's container that exits
+killed, or is removed under it, is that node lost.
 """
 
 from __future__ import annotations
 
 import contextlib
 import shutil
+import subprocess
 import sys
 import tempfile
 import time
@@ -31,6 +36,8 @@ from bisect_npu.builders.base import BuildFailed, Environment
 from bisect_npu.builders.failures import BuildUnreachable
 from bisect_npu.errors import UsageError
 from bisect_npu.execute.base import RunResult, probe_log_path, probe_stem
+from bisect_npu.execute.docker import PROBE_PACKAGE as DOCKER_PROBE_PACKAGE
+from bisect_npu.execute.docker import PROBE_PATH_BOOTSTRAP, DockerExecutor, NodeContainer
 from bisect_npu.execute.local import LocalExecutor, stop_run
 from bisect_npu.execute.ray import (
     BUILD_LOG,
@@ -57,12 +64,66 @@ def node_lost_line(index: int, node_id: str, what: str) -> str:
     return f"node {index} of the engine (ray node {node_id[:16]}) was lost: {what}"
 
 
-def launcher_argv(request: dict[str, Any], python: str) -> list[str]:
-    """The engine's launcher as a node runs it ({model}, {python}, {probe} filled)."""
+def launcher_argv(request: dict[str, Any], python: str, probe: str = PROBE_PACKAGE) -> list[str]:
+    """The engine's launcher as a node runs it ({model}, {python}, {probe} filled: the probe's
+    package as the node imports it, another name in a container)."""
     engine = request.get("engine", {})
     launcher = engine.get("launcher") or DEFAULT_LAUNCHER
-    return [part.format(model=request["model"]["path"], python=python, port="", probe=PROBE_PACKAGE)
+    return [part.format(model=request["model"]["path"], python=python, port="", probe=probe)
             for part in launcher]
+
+
+def headless_command(executor: LocalExecutor | DockerExecutor, env: Environment, request: dict[str, Any],
+                     flags: list[str]) -> list[str]:
+    """A headless node's argument list: the launcher ({python} the worktree's interpreter, or the
+    image's with the probe's package under its container name, found through PROBE_PATH_BOOTSTRAP),
+    then the node's filled flags."""
+    if isinstance(executor, DockerExecutor):
+        argv = [*launcher_argv(request, executor.python, DOCKER_PROBE_PACKAGE), *flags]
+        launcher = request.get("engine", {}).get("launcher") or DEFAULT_LAUNCHER
+        if any("{probe}" in part for part in launcher):
+            return [executor.python, "-c", PROBE_PATH_BOOTSTRAP, *argv]
+        return argv
+    return [*launcher_argv(request, env.python or sys.executable), *flags]
+
+
+def node_environment(environment: dict[str, str], index: int, node_id: str) -> dict[str, str]:
+    """A node's own environment (over the recipe's) and its mark (NODE_ENV)."""
+    return {**environment, NODE_ENV: f"{index} {node_id}"}
+
+
+def serving_request(request: dict[str, Any], flags: list[str], environment: dict[str, str], index: int,
+                    node_id: str) -> dict[str, Any]:
+    """The probe's request on the serving node: its server started with the node's filled flags
+    and environment."""
+    engine = {**request.get("engine", {}), "server_flags": flags,
+              "server_env": node_environment(environment, index, node_id)}
+    return {**request, "engine": engine}
+
+
+def node_side(executor: Any) -> LocalExecutor | DockerExecutor:
+    """The executor a node of an engine across hosts runs on: the node's worktree as it is, or
+    its container engine on the host's network (the ranks meet on the node's own address)."""
+    if isinstance(executor, DockerExecutor):
+        return executor.on_host_network()
+    if isinstance(executor, LocalExecutor):
+        return executor
+    raise UsageError(f"an engine across nodes runs with --node-executor local or docker, not {type(executor).__name__}")
+
+
+class LocalNode:
+    """A headless node's process in the node's worktree (LocalExecutor.spawn's), as a container is one."""
+
+    def __init__(self, executor: LocalExecutor, process: subprocess.Popen[bytes], mark: str) -> None:
+        self.executor = executor
+        self.process = process
+        self.mark = mark
+
+    def wait(self) -> int:
+        return self.process.wait()
+
+    def stop(self) -> None:
+        stop_run(self.process, self.mark, self.executor.stop_grace_s)
 
 
 class EngineNode:
@@ -77,14 +138,10 @@ class EngineNode:
         self.node_id = context.get_node_id()
         self.cards = sorted(int(card) for card in context.get_accelerator_ids().get(RESOURCE, []))
         self.builds = node_builds(session_id, self.node_id, builder_factory)
-        self.executor = executor_factory(self.cards)
-        if not isinstance(self.executor, LocalExecutor):
-            raise UsageError("an engine across nodes runs with --node-executor local for now (each node's "
-                             "worktree); drop --node-executor docker")
+        self.executor = node_side(executor_factory(self.cards))
         self.scratch = Path(tempfile.mkdtemp(prefix="bisect-npu-node-"))
         self.env: Environment | None = None
-        self.process: Any = None
-        self.mark = ""
+        self.headless: LocalNode | NodeContainer | None = None
         self.log_path = self.scratch / "node.log"
 
     def place(self) -> tuple[str, str, int]:
@@ -113,27 +170,30 @@ class EngineNode:
     def start(self, request: dict[str, Any], flags: list[str], environment: dict[str, str]) -> None:
         """Start this node's engine process headless (its rank waits for the serving node)."""
         assert self.env is not None
-        argv = [*launcher_argv(request, self.env.python or sys.executable), *flags]
+        here = node_environment(environment, self.index, self.node_id)
+        argv = headless_command(self.executor, self.env, request, flags)
         with self.log_path.open("w", encoding="utf-8") as log:
             log.write(f"# node {self.index} headless on ray node {self.node_id} cards "
                       f"{','.join(map(str, self.cards))}: {argv}\n")
             log.flush()
-            self.process, self.mark = self.executor.spawn(self.env, argv, log, {
-                **environment, NODE_ENV: f"{self.index} {self.node_id}"})
+            if isinstance(self.executor, LocalExecutor):
+                self.headless = LocalNode(self.executor, *self.executor.spawn(self.env, argv, log, here))
+        if isinstance(self.executor, DockerExecutor):
+            self.headless = self.executor.spawn(self.env, argv, self.log_path, here)
 
     def wait(self) -> int:
-        """Until the headless process ends: its exit status."""
-        returncode: int = self.process.wait()
-        return returncode
+        """Until the headless process (or container) ends: its exit status, negative when the
+        host's doing ended it (a signal, its container removed)."""
+        assert self.headless is not None
+        return self.headless.wait()
 
     def serve(self, request: dict[str, Any], flags: list[str], environment: dict[str, str],
               timeout_s: float) -> Any:
         """The probe on this node, its server the serving node's command; the batch's outcome."""
         assert self.env is not None
-        engine = {**request.get("engine", {}), "server_flags": flags,
-                  "server_env": {**environment, NODE_ENV: f"{self.index} {self.node_id}"}}
         out_dir = self.scratch / "serve"
-        result = self.executor.run_probe(self.env, {**request, "engine": engine}, out_dir, timeout_s)
+        result = self.executor.run_probe(self.env, serving_request(request, flags, environment, self.index,
+                                                                   self.node_id), out_dir, timeout_s)
         build = {"how": self.env.how, "key": self.env.build_key, "image": self.env.image, "seconds": self.env.seconds}
         return BatchOutcome(self.node_id, self.cards, result, small_files(out_dir), build)
 
@@ -146,8 +206,8 @@ class EngineNode:
         """Stop every process this node started (the probe and its server, the headless engine);
         give the candidate back to the node's builder. The headless log's end, for the driver."""
         self.executor.stop_runs()
-        if self.process is not None:
-            stop_run(self.process, self.mark, self.executor.stop_grace_s)
+        if self.headless is not None:
+            self.headless.stop()
         if self.env is not None:
             with contextlib.suppress(Exception):
                 self.builds.release.remote(self.env)

@@ -174,15 +174,13 @@ def settle_executor(spec: SessionSpec, cards_per_run: int, host_root: Path = Pat
 
 
 def check_nodes_executor(spec: SessionSpec, nodes: NodesSpec | None) -> None:
-    """An engine across hosts (`engine.nodes`) starts its nodes on a Ray cluster, each in a worktree."""
+    """An engine across hosts (`engine.nodes`) starts its nodes on a Ray cluster, each in a worktree
+    or a container (--node-executor) on its own host."""
     if nodes is None:
         return
     if spec.executor.executor != "ray":
         raise UsageError(f"the recipe's engine spans {nodes.count} hosts (engine.nodes): run it with --executor ray "
                          "on a Ray cluster of those hosts (docs/guide/several-hosts.md)")
-    if spec.executor.node_executor != "local":
-        raise UsageError("an engine across hosts starts each node in the candidate's worktree on that node: use "
-                         "--node-executor local (containers per node: not yet)")
 
 
 # --good-table's row options: each picks a row of the table, so each needs it.

@@ -30,6 +30,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import pickle
 import signal
 import sys
 import threading
@@ -214,13 +215,17 @@ class RanksDisagree(RuntimeError):
 
 
 class DataParallel:
-    """The ranks of one engine across nodes, met over torch.distributed (gloo)."""
+    """The ranks of one engine across nodes, met over torch.distributed (gloo). Requests go as
+    pickled bytes in a uint8 tensor and tokens as int64 tensors, never through torch's object
+    collectives, which need numpy (not in every candidate's image)."""
 
     def __init__(self, size: int, rank: int, address: str, port: int, timeout_s: float) -> None:
         import datetime
 
+        import torch
         import torch.distributed as dist
 
+        self.torch = torch
         self.dist = dist
         self.size = size
         self.rank = rank
@@ -230,20 +235,43 @@ class DataParallel:
 
     def send_request(self, request: Any) -> None:
         try:
-            self.dist.broadcast_object_list([request], src=0)
+            self._broadcast(pickle.dumps(request))
         except RuntimeError as exc:
             raise RanksDisagree(f"a data parallel rank is gone ({str(exc).splitlines()[0][:200]})") from exc
 
     def receive_request(self) -> Any:
-        box: list[Any] = [None]
-        self.dist.broadcast_object_list(box, src=0)
-        return box[0]
+        return pickle.loads(self._broadcast(b""))  # what rank 0 sent (a headless rank sends nothing)
+
+    def _broadcast(self, payload: bytes) -> bytes:
+        """Rank 0's `payload` on every rank (the others' is ignored)."""
+        torch = self.torch
+        size = torch.tensor([len(payload)], dtype=torch.int64)
+        self.dist.broadcast(size, src=0)
+        data = (torch.tensor(list(payload), dtype=torch.uint8) if self.rank == 0
+                else torch.empty(int(size.item()), dtype=torch.uint8))
+        self.dist.broadcast(data, src=0)
+        return bytes(data.tolist())
+
+    def _gather_tokens(self, tokens: list[int]) -> list[list[int]]:
+        """Every rank's tokens on rank 0 (an empty list elsewhere): lengths first, then the tokens
+        padded to the longest."""
+        torch = self.torch
+        lengths = [torch.zeros(1, dtype=torch.int64) for _ in range(self.size)]
+        self.dist.all_gather(lengths, torch.tensor([len(tokens)], dtype=torch.int64))
+        longest = max(1, *(int(length.item()) for length in lengths))
+        padded = torch.zeros(longest, dtype=torch.int64)
+        padded[:len(tokens)] = torch.tensor(tokens, dtype=torch.int64)
+        if self.rank != 0:
+            self.dist.gather(padded, None, dst=0)
+            return []
+        gathered = [torch.zeros(longest, dtype=torch.int64) for _ in range(self.size)]
+        self.dist.gather(padded, gathered, dst=0)
+        return [tensor[:int(length.item())].tolist() for tensor, length in zip(gathered, lengths, strict=True)]
 
     def check_agreement(self, tokens: list[int]) -> None:
         """Rank 0: every rank's tokens for the request just sent; RanksDisagree unless all are these."""
-        gathered: list[Any] = [None] * self.size
         try:
-            self.dist.gather_object(tokens, gathered, dst=0)
+            gathered = self._gather_tokens(tokens)
         except RuntimeError as exc:
             raise RanksDisagree(f"a data parallel rank is gone ({str(exc).splitlines()[0][:200]})") from exc
         for rank, theirs in enumerate(gathered):
@@ -253,7 +281,7 @@ class DataParallel:
         print(f"data parallel: {self.size} ranks agree on {len(tokens)} tokens", file=sys.stderr, flush=True)
 
     def send_tokens(self, tokens: list[int]) -> None:
-        self.dist.gather_object(tokens, None, dst=0)
+        self._gather_tokens(tokens)
 
 
 def run_headless(engine: MiniServer, ranks: DataParallel) -> None:

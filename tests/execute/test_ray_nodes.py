@@ -189,3 +189,41 @@ def test_a_node_removed_mid_trial_is_a_retried_host_failure(cluster: Any, demo_u
     trials = [(e["index"], e["case_id"], e["trial"]) for e in entries if e["type"] == "trial"]
     assert len(trials) == len(set(trials))  # the lost attempt reached no trial: none doubled
     assert_nothing_left(session)
+
+
+@pytest.mark.container
+def test_the_culprit_and_its_parent_with_each_node_in_a_container(
+        cluster: Any, demo_upstream: tuple[Path, Manifest], tmp_path: Path, docker_client: Any,
+        demo_base_image: str) -> None:
+    """--node-executor docker: each node builds (or reuses) the candidate's image through its own
+    engine (here all talk to the local podman API, DOCKER_HOST) and runs its command in a container
+    on the host's network, where the ranks meet over gloo. The culprit's parent and the culprit
+    (the range's two ends, each judged on both nodes) keep the run short; no container is left."""
+    from bisect_npu.execute.docker import SESSION_LABEL
+    from bisect_npu.journal import session_label
+    from bisect_npu.probe.ports import free_port
+
+    repo, manifest = demo_upstream
+    culprit = manifest.case(CASE).culprit.sha
+    parent = subprocess.run(["git", "-C", str(repo), "rev-parse", f"{culprit}^"], capture_output=True, text=True,
+                            check=True).stdout.strip()
+    recipe = yaml.safe_load(RECIPE.read_text())
+    recipe["engine"]["port"] = free_port("127.0.0.1")  # the host's network: 8000 may be another test's
+    on_host_network = tmp_path / "two-nodes.yaml"
+    on_host_network.write_text(yaml.safe_dump(recipe))
+    session = tmp_path / "session"
+    argv = [*CLI, "run", "--repo", str(repo), "--good", parent, "--bad", culprit, "--recipe", str(on_host_network),
+            "--session", str(session), "--executor", "ray", "--node-executor", "docker", "--no-fix", "--json"]
+    started = time.monotonic()
+    done = subprocess.run(argv, cwd=tmp_path, capture_output=True, text=True, timeout=600, env=cli_env(cluster))
+    seconds = time.monotonic() - started
+    assert done.returncode == 0, done.stdout + done.stderr[-3000:]
+    assert json.loads(done.stdout.strip().splitlines()[-1])["culprit"] == culprit
+    entries = journal(session)
+    logs = probe_logs(session, entries)
+    assert len(logs) == 2 and all(log.splitlines()[1].startswith("# container ") for log in logs)  # serving node
+    assert all("data parallel rank 1 of 2 joined" in log for log in logs)  # the headless container's log end
+    print(f"two ends, each node in a container: {seconds:.1f} s")
+    assert_nothing_left(session)
+    label = f"{SESSION_LABEL}={session_label(session)}"
+    assert docker_client.containers.list(all=True, filters={"label": label}) == []

@@ -97,6 +97,19 @@ def server_argv(request: dict[str, Any], python: str = sys.executable) -> list[s
     return argv + list(engine.get("server_flags", []))
 
 
+def probe_import_env(engine: dict[str, Any]) -> dict[str, str]:
+    """For a launcher that runs the probe's own package (`{probe}`, the demo server): the directory
+    holding that package at the end of PYTHONPATH, after the candidate's own entries. In a
+    container the package is mounted outside every path the image's Python searches."""
+    if not any("{probe}" in part for part in engine.get("launcher") or []):
+        return {}
+    holder_dir = os.path.dirname(os.path.abspath(__file__))
+    for _ in range(1 + len(PROBE_PACKAGE.split("."))):  # backends/, then the package's own levels
+        holder_dir = os.path.dirname(holder_dir)
+    have = [part for part in os.environ.get("PYTHONPATH", "").split(os.pathsep) if part]
+    return {"PYTHONPATH": os.pathsep.join([*have, holder_dir])}
+
+
 def override_generation_config(argv: list[str]) -> dict[str, Any]:
     """The JSON given to `--override-generation-config` on a command line, or {}."""
     for index, arg in enumerate(argv):
@@ -417,8 +430,8 @@ class ServerEngine(TrialCounter):
             request = {**request, "engine": {**engine, "port": port}}
         self.argv = server_argv(request)
         self.log_path = engine.get("server_log") or (os.path.splitext(request["output"])[0] + ".server.log")
-        self.server = Server(self.argv, self.log_path, port, {str(k): str(v) for k, v in
-                                                              (engine.get("server_env") or {}).items()})
+        self.server = Server(self.argv, self.log_path, port, {**probe_import_env(engine), **{
+            str(k): str(v) for k, v in (engine.get("server_env") or {}).items()}})
         try:
             self.load_s = self.server.start(float(engine.get("startup_timeout_s", 600.0)))
             self.model_id = self.server.model_id()

@@ -140,6 +140,7 @@ class World:
             "recipes validate": {"files": [bundled]},
             "recipes check": {"recipe": ["demo-async-penalty"], "--repo": [plain], "--at": ["HEAD"]},
             "recipes import-nightly": {"file": [str(self.root / "missing.yaml")]},
+            "recipes lws": {"recipe": ["demo-presence-penalty"], "--image": ["localhost/candidate:1"]},
             "record": {"--recipe": ["demo-presence-penalty"], "--out": [fresh()], "--python": [shutil.which("false")
                                                                                              or "/bin/false"]},
             "align": {"reference": [str(self.record)], "candidate": [str(self.record)]},

@@ -159,9 +159,19 @@ def server_flags(case: dict[str, Any], where: str) -> tuple[list[str], dict[str,
     envs = {str(k): v for k, v in (case.get("envs") or {}).items()}
     words = _words(case.get("server_cmd"), f"{where} server_cmd") + _words(case.get("server_cmd_extra"),
                                                                           f"{where} server_cmd_extra")
-    if words[:2] == ["vllm", "serve"]:  # a multi-node style command line: `vllm serve MODEL ...`
-        words = words[3:] if len(words) > 2 and not words[2].startswith("-") else words[2:]
     words = _expand(words, {k: v for k, v in envs.items() if k not in PORT_KEYS})
+    flags = _serve_flags(words, rpc_port=False)
+    environment = {k: _env_text(v) for k, v in envs.items() if k not in PORT_KEYS}
+    return flags, environment
+
+
+def _serve_flags(words: list[str], *, rpc_port: bool) -> list[str]:
+    """The flags after `vllm serve MODEL` (a command line without it is all flags), --host and
+    --port dropped with their values (bisect-npu binds and picks the port); with `rpc_port`, the
+    data-parallel rpc port as bisect-npu fills it (`{rpc_port}`)."""
+    if words[:2] == ["vllm", "serve"]:
+        words = words[3:] if len(words) > 2 and not words[2].startswith("-") else words[2:]
+    chosen = ("--port", "--host", "--data-parallel-rpc-port") if rpc_port else ("--port", "--host")
     flags: list[str] = []
     skip = False
     for index, word in enumerate(words):
@@ -169,12 +179,13 @@ def server_flags(case: dict[str, Any], where: str) -> tuple[list[str], dict[str,
             skip = False
             continue
         name = word.split("=", 1)[0]
-        if name in ("--port", "--host"):
+        if name in chosen:
             skip = "=" not in word and index + 1 < len(words)
+            if name == "--data-parallel-rpc-port":
+                flags += [name, "{rpc_port}"]
             continue
         flags.append(word)
-    environment = {k: _env_text(v) for k, v in envs.items() if k not in PORT_KEYS}
-    return flags, environment
+    return flags
 
 
 def _env_text(value: Any) -> str:
@@ -355,22 +366,7 @@ def node_flags(command: Any, envs: dict[str, Any], where: str, serving: bool) ->
     """A deployment entry's `vllm serve MODEL ...` as the node's flags: --host/--port dropped, the
     addresses and the rpc port as bisect-npu fills them, the entry's own `envs` expanded; a value
     bisect-npu cannot supply is refused."""
-    words = _words(command, f"{where} server_cmd")
-    if words[:2] == ["vllm", "serve"]:
-        words = words[3:] if len(words) > 2 and not words[2].startswith("-") else words[2:]
-    flags: list[str] = []
-    skip = False
-    for index, word in enumerate(words):
-        if skip:
-            skip = False
-            continue
-        name = word.split("=", 1)[0]
-        if name in ("--port", "--host", "--data-parallel-rpc-port"):
-            skip = "=" not in word and index + 1 < len(words)
-            if name == "--data-parallel-rpc-port":
-                flags += [name, "{rpc_port}"]
-            continue
-        flags.append(word)
+    flags = _serve_flags(_words(command, f"{where} server_cmd"), rpc_port=True)
     filled = _expand(flags, {**{k: v for k, v in envs.items() if k not in PORT_KEYS}, **NODE_PLACEHOLDERS})
     unknown = sorted({m.group(1) or m.group(2) for flag in filled for m in _PLACEHOLDER.finditer(flag)})
     if unknown:

@@ -32,7 +32,7 @@ from bisect_npu.observations import Verdict, VerdictKind
 from bisect_npu.orchestration import end_messages
 from bisect_npu.orchestration.candidate import CandidateJournal, run_candidate
 from bisect_npu.orchestration.costs import measured_costs, told_costs
-from bisect_npu.orchestration.evaluate import EvaluationRequest, Evaluator, StepResult
+from bisect_npu.orchestration.evaluate import EvaluationRequest, Evaluator, StepResult, until_sure
 from bisect_npu.orchestration.opening import Opened, open_journal, open_new
 from bisect_npu.orchestration.reference import References, step_trials
 from bisect_npu.orchestration.result import EXIT_CODES, EXIT_ENDS_WRONG, EXIT_FOUND, EXIT_NARROWED, SessionResult
@@ -58,9 +58,10 @@ END_OUTPUT_LINES = 10  # what an end judged wrong shows of its run's output
 
 def search_mode_for(recipe: Recipe | None, asked: Literal["exact", "noisy"] | None = None,
                     ) -> Literal["exact", "noisy", "likelihood"]:
-    """The search's mode for a recipe: an accuracy recipe's steps are measurements, so the search
-    weighs each one's likelihood ratio; otherwise the mode asked (--mode), else the recipe's."""
-    if recipe is not None and recipe.accuracy is not None:
+    """The search's mode for a recipe: an accuracy recipe's steps, and a throughput recipe's against
+    its good end whose steps stop when sure, are measurements, so the search weighs each one's
+    likelihood ratio; otherwise the mode asked (--mode), else the recipe's."""
+    if recipe is not None and (recipe.accuracy is not None or (until_sure(recipe) and asked != "noisy")):
         return "likelihood"
     if asked:
         return asked

@@ -9,9 +9,11 @@ import subprocess
 import sys
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from bisect_npu.errors import UsageError
+from bisect_npu.forecast.simulate import Throughput, simulate
 from bisect_npu.nightly.at_commit import (
     CaseAbsent,
     good_from_table,
@@ -469,6 +471,16 @@ def test_run_bisects_a_nightly_case_from_the_good_tables_row(tmp_path: Path) -> 
     assert max(trials.count(i) for i in set(trials) - {0}) < 5
     steps = [r for r in records if r["type"] == "step" and r["index"] != 0]
     assert steps and all("; sure " in r["verdict"]["reason"] for r in steps)
+    # `simulate`'s forecast for this range, at the drop and spread this session measured, holds
+    # the runs it spent.
+    good_end = next(r for r in records if r["type"] == "step" and r["index"] == 0)["verdict"]["figures"]
+    bad = [r["verdict"]["figures"]["throughput_mean"] for r in steps if r["verdict"]["kind"] == "bad"]
+    level = good_end["reference_mean"]
+    spread = float(np.std(good_end["throughput_samples"], ddof=1)) / level
+    forecast = simulate(7, culprit - 1, bad_rate=1.0, good_rate=0.0, runs=200, seed=0,
+                        throughput=Throughput(1 - float(np.mean(bad)) / level, spread, threshold=0.45))
+    assert forecast.accuracy >= 0.95
+    assert forecast.mean_trials / 2 <= len(trials) <= forecast.p95_trials, (len(trials), forecast)
     assert summary["nightly"]["parallel"] == "TP1" and summary["nightly"]["execution"] == "ACLGraph"
 
 

@@ -1,6 +1,7 @@
 """vllm-ascend's `tools/bisect` against bisect-npu on the demo-shaped nightly case, simulated.
 
     .venv/bin/python bench/nightly_bench.py [--seeds 400] [--first-seed 0] [--candidates 39]
+        [--rows accuracy throughput] [--drop 0.07] [--spread 0.02]
 
 The case is a nightly case file shaped as the demo's: one server, an accuracy benchmark
 (`threshold` 4, 100 samples at the nightly's default temperature 0.6) and a performance benchmark
@@ -36,12 +37,13 @@ run. Accuracy: each step is `bisect_npu.orchestration.accuracy.AccuracySteps.ste
 the focused samples and the verdict of the real accuracy oracle against the ends), and the
 search is the likelihood mode a session runs for an accuracy recipe, weighing each step's
 likelihood ratio as the session does (`orchestration.state.accuracy_weight`). Throughput: each
-step is the recipe's trials judged by `bisect_npu.oracle.throughput` against the good end's mean,
-the good end measured with `oracle.throughput.reference_trials` (its default, 4 x the recipe's
-5 trials, was chosen on seeds 1000-1199; docs/benchmarks.md reports seeds 0-399 and the choice),
-in the search mode the session runs for a throughput recipe
-(`orchestration.session.search_mode_for`). A note line gives the throughput row with the good
-end at a candidate's 5 trials, as before, on the same seeds.
+step runs the recipe's trials one at a time until `bisect_npu.oracle.sequential` stops them (the
+rule the evaluator applies: the step's likelihood ratio against the good end past its bound, or
+the recipe's 5 trials), the good end first until its mean is known (`reference_known`, at most
+`oracle.throughput.reference_trials`), in the search mode the session runs for a throughput
+recipe (`orchestration.session.search_mode_for`: likelihood), each step weighed by its ratio.
+The rule's constants were chosen on seeds 1000-1149; docs/benchmarks.md reports seeds 0-399.
+`--drop` and `--spread` change the throughput regression (held-out checks), `--rows` runs one.
 
 A commit whose parent cannot be built (its own code fails to build) cannot be named by any tool:
 the best answer that history allows is the range from the last buildable commit before it to it.

@@ -87,6 +87,9 @@ class Session:
         self._told: dict[str, float] = {}  # the costs the search was told for the round being run
         self.earlier_runs = earlier_runs_spec(spec, recipe)
         confidence = recipe.accuracy.confidence if recipe is not None and recipe.accuracy is not None else None
+        if until_sure(recipe):  # a stored throughput verdict weighs what a step stopped at the oracle's bound said
+            assert recipe is not None and recipe.oracle.throughput is not None
+            confidence = recipe.oracle.throughput.confidence
         self.state = SessionState(self.mode == "noisy", spec.search.find_fix, journal.entries,
                                   weigh=accuracy_weight(confidence, self.n, find_fix=spec.search.find_fix))
         # A resumed session goes on with the host's failure rate its journaled attempts give.

@@ -1,6 +1,7 @@
 """vllm-ascend's `tools/bisect` against bisect-npu on the demo-shaped nightly case, simulated.
 
     .venv/bin/python bench/nightly_bench.py [--seeds 400] [--first-seed 0] [--candidates 39]
+        [--rows accuracy throughput] [--drop 0.07] [--spread 0.02]
 
 The case is a nightly case file shaped as the demo's: one server, an accuracy benchmark
 (`threshold` 4, 100 samples at the nightly's default temperature 0.6) and a performance benchmark
@@ -36,12 +37,13 @@ run. Accuracy: each step is `bisect_npu.orchestration.accuracy.AccuracySteps.ste
 the focused samples and the verdict of the real accuracy oracle against the ends), and the
 search is the likelihood mode a session runs for an accuracy recipe, weighing each step's
 likelihood ratio as the session does (`orchestration.state.accuracy_weight`). Throughput: each
-step is the recipe's trials judged by `bisect_npu.oracle.throughput` against the good end's mean,
-the good end measured with `oracle.throughput.reference_trials` (its default, 4 x the recipe's
-5 trials, was chosen on seeds 1000-1199; docs/benchmarks.md reports seeds 0-399 and the choice),
-in the search mode the session runs for a throughput recipe
-(`orchestration.session.search_mode_for`). A note line gives the throughput row with the good
-end at a candidate's 5 trials, as before, on the same seeds.
+step runs the recipe's trials one at a time until `bisect_npu.oracle.sequential` stops them (the
+rule the evaluator applies: the step's likelihood ratio against the good end past its bound, or
+the recipe's 5 trials), the good end first until its mean is known (`reference_known`, at most
+`oracle.throughput.reference_trials`), in the search mode the session runs for a throughput
+recipe (`orchestration.session.search_mode_for`: likelihood), each step weighed by its ratio.
+The rule's constants were chosen on seeds 1000-1149; docs/benchmarks.md reports seeds 0-399.
+`--drop` and `--spread` change the throughput regression (held-out checks), `--rows` runs one.
 
 A commit whose parent cannot be built (its own code fails to build) cannot be named by any tool:
 the best answer that history allows is the range from the last buildable commit before it to it.
@@ -61,6 +63,7 @@ import numpy as np
 from bisect_npu.defaults import TRIAL_RETRIES
 from bisect_npu.nightly.cases import import_case
 from bisect_npu.observations import Observation, SampleOutcome, Timings, Verdict, VerdictKind
+from bisect_npu.oracle.sequential import judge_sequential, trials_wanted
 from bisect_npu.oracle.throughput import judge_throughput, reference_trials
 from bisect_npu.orchestration.accuracy import AccuracySteps, role_of
 from bisect_npu.orchestration.session import search_mode_for
@@ -71,7 +74,7 @@ from bisect_npu.search import Evidence, Found, Narrowed, Next, SearchProblem, de
 
 SAMPLES = 100
 GOOD_ACC, BAD_ACC, RHO, BROKEN_RATE, THRESHOLD = 0.96, 0.88, 0.5, 0.05, 4.0
-GOOD_TPUT, BAD_TPUT, TPUT_SD, TPUT_THRESHOLD = 1.00, 0.93, 0.02, 0.97
+GOOD_TPUT, TPUT_DROP, TPUT_SD, TPUT_THRESHOLD = 1.00, 0.07, 0.02, 0.97
 CRASH, BUILD_FAIL = 0.03, 0.05
 
 
@@ -98,6 +101,8 @@ class World:
     good_rates: np.ndarray
     bad_rates: np.ndarray
     rng: np.random.Generator
+    drop: float = TPUT_DROP  # the throughput regression's share of the good side's
+    spread: float = TPUT_SD  # a throughput run's spread, as a share of the good side's
 
     @property
     def baseline(self) -> float:
@@ -117,8 +122,8 @@ class World:
     def throughput_run(self, i: int) -> float | None:
         if self.rng.random() < CRASH:
             return None
-        mean = BAD_TPUT if self.breaks == "throughput" and self.bad_at(i) else GOOD_TPUT
-        return float(self.rng.normal(mean, TPUT_SD))
+        mean = GOOD_TPUT * (1 - self.drop) if self.breaks == "throughput" and self.bad_at(i) else GOOD_TPUT
+        return float(self.rng.normal(mean, self.spread * GOOD_TPUT))
 
     def best_range(self) -> tuple[int, int]:
         """The narrowest answer the builds allow: (last buildable commit before the culprit, culprit]."""
@@ -235,19 +240,23 @@ class Ours:
         return verdict
 
     def throughput_step(self, i: int) -> Verdict:
+        """The step as the evaluator runs it: trials one at a time until `oracle.sequential` stops them."""
         spec = self.recipe.oracle.throughput
         assert spec is not None
-        observations = []
-        count = reference_trials(spec, self.recipe.trials.count) if i == 0 else self.recipe.trials.count
-        for trial in range(count):
-            value = self.attempt(lambda: self.world.throughput_run(i))
-            if not isinstance(value, float):
-                continue  # as the evaluator: the usable trials are judged, a step with none skips
-            observations.append(Observation(case_id="perf", trial=trial, output_token_ids=list(range(1000)),
-                                            timings=Timings(generate_s=1000 / (value * 1000))))
+        observations: list[Observation] = []
+        cap = reference_trials(spec, self.recipe.trials.count) if i == 0 else self.recipe.trials.count
+        tried = 0
+        while wanted := trials_wanted(spec, observations, self.reference, tried, cap, as_reference=i == 0):
+            for _ in range(wanted):
+                value = self.attempt(lambda: self.world.throughput_run(i))
+                tried += 1
+                if isinstance(value, float):  # as the evaluator: the usable trials are judged
+                    observations.append(Observation(case_id="perf", trial=tried, output_token_ids=list(range(1000)),
+                                                    timings=Timings(generate_s=1000 / (value * 1000))))
         if i == 0:
             self.reference = observations
-        return judge_throughput(spec, observations, self.reference)
+            return judge_throughput(spec, observations, observations)
+        return judge_sequential(spec, observations, self.reference, tried, cap)[0]
 
     def bisect(self) -> Outcome:
         world, recipe = self.world, self.recipe
@@ -284,7 +293,8 @@ def ours(world: World) -> Outcome:
     return Ours(world, recipe_of("acc", world.baseline) if world.breaks == "accuracy" else recipe_of("perf")).bisect()
 
 
-def make_world(seed: int, n: int, breaks: str, pin_moves: bool) -> World:
+def make_world(seed: int, n: int, breaks: str, pin_moves: bool, drop: float = TPUT_DROP,
+               spread: float = TPUT_SD) -> World:
     rng = np.random.default_rng(seed)
     culprit = int(rng.integers(1, n + 1))
     unbuildable = frozenset(i for i in range(1, n) if rng.random() < BUILD_FAIL and i != culprit)
@@ -296,7 +306,7 @@ def make_world(seed: int, n: int, breaks: str, pin_moves: bool) -> World:
             break
         bad[i] = good[i] * BROKEN_RATE
     pin_move = int(rng.integers(1, n + 1)) if pin_moves else None
-    return World(n, culprit, breaks, pin_move, unbuildable, good, bad, np.random.default_rng([seed, 1]))
+    return World(n, culprit, breaks, pin_move, unbuildable, good, bad, np.random.default_rng([seed, 1]), drop, spread)
 
 
 def main() -> None:
@@ -304,20 +314,27 @@ def main() -> None:
     parser.add_argument("--seeds", type=int, default=400)
     parser.add_argument("--first-seed", type=int, default=0)
     parser.add_argument("--candidates", type=int, default=39)
+    parser.add_argument("--rows", choices=("accuracy", "throughput"), nargs="+", default=["accuracy", "throughput"])
+    parser.add_argument("--drop", type=float, default=TPUT_DROP, help="the throughput regression (share)")
+    parser.add_argument("--spread", type=float, default=TPUT_SD, help="a throughput run's spread (share)")
     args = parser.parse_args()
     started = time.monotonic()
     seeds = range(args.first_seed, args.first_seed + args.seeds)
-    print(f"seeds {seeds.start}-{seeds.stop - 1} ({args.seeds} seeded culprits per row), {args.candidates} candidates")
+    print(f"seeds {seeds.start}-{seeds.stop - 1} ({args.seeds} seeded culprits per row), {args.candidates} candidates; "
+          f"throughput drop {args.drop:.0%}, spread {args.spread:.0%}")
     print("| regression | vLLM pin | tools/bisect right | its runs (mean) | bisect-npu culprit named | "
           "best answer the builds allow | its runs (mean) | its samples run (mean) |")
     print("|---|---|---:|---:|---:|---:|---:|---:|")
     notes: list[str] = []
-    for breaks in ("accuracy", "throughput"):
+    for breaks in args.rows:
         # bisect-npu installs each commit's own pin and never reads it: the worlds of both rows are
         # the same but for the pin (drawn last, apart from the runs' stream), so its runs are too.
-        mine = [ours(make_world(seed, args.candidates, breaks, False)) for seed in seeds]
+        def world(seed: int, pin_moves: bool, breaks: str = breaks) -> World:
+            return make_world(seed, args.candidates, breaks, pin_moves, args.drop, args.spread)
+
+        mine = [ours(world(seed, False)) for seed in seeds]
         for pin_moves in (False, True):
-            worlds = [make_world(seed, args.candidates, breaks, pin_moves) for seed in seeds]
+            worlds = [world(seed, pin_moves) for seed in seeds]
             other = [theirs(w) for w in worlds]
             pin = "moves inside the range" if pin_moves else "the same at every commit"
             samples = f"{np.mean([r.samples for r in mine]):.0f}" if breaks == "accuracy" else "-"
@@ -330,16 +347,6 @@ def main() -> None:
                 notes.append(f"{breaks}: bisect-npu's {len(misses)} misses of the culprit: {sum(map(blocked, misses))} "
                              f"with the commit before it unbuildable, {sum(not blocked(w) for w in misses)} else; "
                              f"{len(wrong)} answers not the best the builds allow")
-    # The good end measured as a candidate is (reference_trials = trials.count, the former default).
-    perf = recipe_of("perf")
-    assert perf.oracle.throughput is not None
-    alike = perf.oracle.throughput.model_copy(update={"reference_trials": perf.trials.count})
-    former = [Ours(make_world(seed, args.candidates, "throughput", False),
-                   perf.model_copy(update={"oracle": perf.oracle.model_copy(update={"throughput": alike})})).bisect()
-              for seed in seeds]
-    notes.append(f"throughput with the good end at {perf.trials.count} trials like a candidate: culprit named "
-                 f"{np.mean([r.named for r in former]):.1%}, best answer {np.mean([r.best for r in former]):.1%}, "
-                 f"{np.mean([r.runs for r in former]):.1f} runs")
     for note in notes:
         print(note)
     print(f"({time.monotonic() - started:.1f} s)")

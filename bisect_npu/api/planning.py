@@ -145,7 +145,7 @@ class Simulation:
     position: int  # the culprit's, 1-based
     build_keys: int
     unbuildable: int  # candidates without the Dockerfile (skipped)
-    mode: Literal["exact", "noisy"]
+    mode: Literal["exact", "noisy", "likelihood"]
     merge_base_note: str
     summary: SimulationSummary
     rows: Mapping[str, str]
@@ -156,16 +156,23 @@ def simulate(repo: str | Path, good: str, bad: str, culprit: str, *, bad_rate: f
              overlay_cost_min: float = 2.0, run_cost_min: float = 5.0, load_cost_min: float = 0.0,
              earlier_runs: int = 0, dockerfile: str = "Dockerfile", seed: int = 0,
              mode: Literal["exact", "noisy"] | None = None,
-             on_run: Callable[[int, int], None] | None = None) -> Simulation:
+             on_run: Callable[[int, int], None] | None = None,
+             throughput_drop: float | None = None, throughput_spread: float = 0.02, threshold: float = 0.97,
+             trials: int = 5) -> Simulation:
     """Replay the real search `runs` times over `good`..`bad` with a synthetic oracle that fails
     a trial at or after `culprit` with `bad_rate`, before it with `good_rate`; `mode` defaults to
-    exact for a perfect test (rates 1/0), else noisy. `on_run(done, total)` after each bisection."""
+    exact for a perfect test (rates 1/0), else noisy. `throughput_drop`: a throughput regression
+    instead of the rates (`throughput_spread` a run's spread, the recipe's `threshold` and
+    `trials`), each step's trials stopped when sure as a session stops them (the likelihood
+    search). `on_run(done, total)` after each bisection."""
     from bisect_npu.forecast.plan import range_keys, unbuildable_positions
-    from bisect_npu.forecast.simulate import Minutes, describe
+    from bisect_npu.forecast.simulate import Minutes, Throughput, describe
     from bisect_npu.forecast.simulate import simulate as run_simulation
     from bisect_npu.upstream import history
 
-    if bad_rate <= good_rate:
+    throughput = None if throughput_drop is None else Throughput(throughput_drop, throughput_spread, threshold,
+                                                                 trials)
+    if throughput is None and bad_rate <= good_rate:
         raise UsageError(f"--bad-rate ({bad_rate}) must exceed --good-rate ({good_rate}): "
                          "the bad side is the one that fails more often")
     git_repo = history.open_repo(str(repo))
@@ -183,7 +190,8 @@ def simulate(repo: str | Path, good: str, bad: str, culprit: str, *, bad_rate: f
         len(brange.candidates), position, bad_rate=bad_rate, good_rate=good_rate, build_fail=build_fail,
         slots=slots, mode=chosen, runs=runs, seed=seed, build_key_of=keys.__getitem__,
         costs=Minutes(build=build_cost_min, overlay=overlay_cost_min, run=run_cost_min, load=load_cost_min),
-        earlier_runs=earlier_runs, on_run=on_run, unbuildable=unbuildable,
+        earlier_runs=earlier_runs, on_run=on_run, unbuildable=unbuildable, throughput=throughput,
     )
-    return Simulation(len(brange.candidates), position, len(set(keys)), len(unbuildable), chosen,
+    return Simulation(len(brange.candidates), position, len(set(keys)), len(unbuildable),
+                      "likelihood" if throughput is not None else chosen,
                       brange.merge_base_note or "", summary, describe(summary))

@@ -45,11 +45,21 @@ from bisect_npu.cli.params import FiniteRange
               help="Seed of the simulated trials (a whole number >= 0).")
 @click.option("--mode", type=click.Choice(["exact", "noisy"]), default=None,
               help="Search mode; default: exact for a perfect test (rates 1/0), else noisy.")
+@click.option("--throughput-drop", type=FiniteRange(0, 1, min_open=True, max_open=True), default=None,
+              help="Forecast a throughput regression instead of the rates: the culprit's drop as a share "
+                   "(0.07: -7%); each step's trials stop when sure, as a session's do.")
+@click.option("--throughput-spread", type=FiniteRange(0, 1, min_open=True), default=0.02, show_default=True,
+              help="With --throughput-drop: one run's spread as a share of the mean.")
+@click.option("--threshold", type=FiniteRange(0, 1, min_open=True, max_open=True), default=0.97,
+              show_default=True, help="With --throughput-drop: the recipe's oracle.throughput.threshold.")
+@click.option("--trials", type=click.IntRange(1), default=5, show_default=True,
+              help="With --throughput-drop: a step's most trials (trials.count; the good end 4 x).")
 def simulate(repo: str, good: str, bad: str, culprit: str, bad_rate: float, good_rate: float,
              build_fail: float, slots: int, runs: int, build_cost_min: float, overlay_cost_min: float,
              run_cost_min: float,
              load_cost_min: float, earlier_runs: int, dockerfile: str, seed: int,
-             mode: Literal["exact", "noisy"] | None) -> None:
+             mode: Literal["exact", "noisy"] | None, throughput_drop: float | None, throughput_spread: float,
+             threshold: float, trials: int) -> None:
     """Expected runs, builds, accuracy and hours of bisecting GOOD..BAD when CULPRIT is the answer."""
     from bisect_npu import api
 
@@ -58,9 +68,13 @@ def simulate(repo: str, good: str, bad: str, culprit: str, bad_rate: float, good
                               slots=slots, runs=runs, build_cost_min=build_cost_min,
                               overlay_cost_min=overlay_cost_min, run_cost_min=run_cost_min,
                               load_cost_min=load_cost_min, earlier_runs=earlier_runs, dockerfile=dockerfile,
-                              seed=seed, mode=mode, on_run=on_run)
+                              seed=seed, mode=mode, on_run=on_run,
+                              throughput_drop=throughput_drop, throughput_spread=throughput_spread,
+                              threshold=threshold, trials=trials)
     heading = (f"{answer.candidates} candidates, culprit at position {answer.position}, "
-               f"{answer.build_keys} build keys, mode {answer.mode}, rates {bad_rate}/{good_rate}, slots {slots}"
+               f"{answer.build_keys} build keys, mode {answer.mode}, "
+               + (f"rates {bad_rate}/{good_rate}" if throughput_drop is None else
+                  f"throughput -{throughput_drop:.0%} (spread {throughput_spread:.0%})") + f", slots {slots}"
                + (f", {earlier_runs} earlier runs per end" if earlier_runs else "")
                + (f", {answer.unbuildable} without {dockerfile} (skipped)" if answer.unbuildable else ""))
     if answer.merge_base_note:

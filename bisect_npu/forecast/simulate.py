@@ -8,6 +8,11 @@ commit tested with a build key costs a full build (``Minutes.build``), other com
 key an overlay (``Minutes.overlay``), a commit tested before nothing. Each query starts the
 engine once (``Minutes.load``) and then runs its trials (``Minutes.run`` each).
 
+A throughput regression (`Throughput`) is replayed as a session runs it instead: each run's
+throughput drawn about the side's mean, the good end run first, every step's trials stopped when
+its verdict is sure by the rule the evaluator applies (oracle/sequential.py), and the likelihood
+search weighing each step's ratio; a trial after the first batch of a step starts its engine.
+
 Used by `bisect-npu simulate` (planning on a real history) and by bench/noisy_bench.py.
 """
 
@@ -20,6 +25,9 @@ from typing import Literal
 import numpy as np
 
 from bisect_npu.defaults import CONFIDENCE
+from bisect_npu.observations import Observation, VerdictKind
+from bisect_npu.oracle.sequential import judge_sequential, trials_wanted
+from bisect_npu.oracle.throughput import ThroughputConfig, reference_trials
 from bisect_npu.search import (
     Decision,
     EarlierRuns,
@@ -28,6 +36,7 @@ from bisect_npu.search import (
     Found,
     Narrowed,
     Next,
+    Outcome,
     SearchProblem,
     decide,
     group_ids,
@@ -43,6 +52,19 @@ class Minutes:
     run: float = 5.0
     load: float = 0.0
     overlay: float = 0.0
+
+
+@dataclass(frozen=True)
+class Throughput:
+    """A throughput regression to forecast: `drop` and `spread` (one run's standard deviation) as
+    shares of the good side's mean, the recipe's `threshold`, a step's most trials (`trials`,
+    the recipe's trials.count) and the good end's (`reference_trials`; None: the oracle's default)."""
+
+    drop: float
+    spread: float = 0.02
+    threshold: float = 0.97
+    trials: int = 5
+    reference_trials: int | None = None
 
 
 @dataclass(frozen=True)
@@ -145,6 +167,82 @@ def simulate_one(
     raise RuntimeError(f"the search did not finish within {max_rounds} rounds")
 
 
+def simulate_throughput_one(
+    problem: SearchProblem,
+    culprit: int,
+    regression: Throughput,
+    *,
+    build_fail: float,
+    rng: np.random.Generator,
+    build_key_of: Callable[[int], str],
+    costs: Minutes = Minutes(),
+    max_rounds: int = 100_000,
+    unbuildable: Collection[int] = (),
+) -> RunOutcome:
+    """One session against a throughput regression (see the module's docstring): `trials` counts
+    every run, the good end's included."""
+    cfg = ThroughputConfig(threshold=regression.threshold, reference="good_end",
+                           reference_trials=regression.reference_trials)
+    evidence: dict[int, Evidence] = {}
+    builds: set[str] = set()
+    build_ok: dict[int, bool] = {**{i: False for i in unbuildable}, 0: True, problem.n: True}
+    trials = rounds = loads = overlays = 0
+    wall = 0.0
+    reference: list[Observation] = []
+
+    def step(i: int) -> tuple[list[Observation], Outcome, float, int]:
+        """Position i's runs until its step stops: (its runs, its verdict, its ratio (0 at an end, as
+        a session weighs it), its engine starts)."""
+        mean = 1.0 - regression.drop if i >= culprit else 1.0
+        cap = reference_trials(cfg, regression.trials) if i == 0 else regression.trials
+        runs: list[Observation] = []
+        starts = 0
+        while wanted := trials_wanted(cfg, runs, None if i == 0 else reference, len(runs), cap, i == 0):
+            starts += 1
+            runs += [Observation(case_id="perf", extra={"output_token_throughput": float(v)})
+                     for v in rng.normal(mean, regression.spread, wanted)]
+        if i == 0:
+            return runs, "good", 0.0, starts
+        verdict = judge_sequential(cfg, runs, reference, len(runs), cap)[0]
+        kind: Outcome = "skip" if verdict.kind == VerdictKind.SKIP else verdict.kind.value  # type: ignore[assignment]
+        llr = float(verdict.figures.get("log_likelihood_ratio", 0.0))
+        return runs, kind, llr if i < problem.n else 0.0, starts
+
+    queue: list[int] = [0]  # the good end first: its mean is every step's line
+    for _ in range(max_rounds):
+        if not queue:
+            decision = decide(problem, evidence)
+            if not isinstance(decision, Next):
+                return RunOutcome(decision, trials, rounds, len(builds), overlays, loads, wall, culprit)
+            queue = [q.index for q in decision.queries]
+        rounds += 1
+        slowest = 0.0
+        for i in queue:
+            if i in unbuildable:
+                evidence[i] = evidence.get(i, Evidence()).add("skip")
+                continue
+            key = build_key_of(i)
+            cost = 0.0 if i in evidence else costs.overlay if key in builds else costs.build
+            overlays += i not in evidence and key in builds
+            builds.add(key)
+            if i not in build_ok:
+                build_ok[i] = bool(rng.random() >= build_fail)
+            if not build_ok[i]:
+                evidence[i] = evidence.get(i, Evidence()).add("skip")
+                slowest = max(slowest, cost)
+                continue
+            runs, kind, llr, starts = step(i)
+            if i == 0:
+                reference = runs
+            evidence[i] = evidence.get(i, Evidence()).add(kind).weigh(llr)
+            trials += len(runs)
+            loads += starts
+            slowest = max(slowest, cost + starts * costs.load + len(runs) * costs.run)
+        queue = []
+        wall += slowest
+    raise RuntimeError(f"the search did not finish within {max_rounds} rounds")
+
+
 def simulate(
     n: int,
     culprit: int | Sequence[int],
@@ -163,6 +261,7 @@ def simulate(
     tell_build_groups: bool = True,
     on_run: Callable[[int, int], None] | None = None,
     unbuildable: Collection[int] = (),
+    throughput: Throughput | None = None,
 ) -> SimulationSummary:
     """Summary of ``runs`` seeded bisections of positions 0..n with the culprit at ``culprit``
     (``runs`` per culprit when several are given: a planning figure over where it might be).
@@ -174,6 +273,7 @@ def simulate(
     ``tell_build_groups``, which positions share a build (as a session with a keyed builder).
     ``on_run(done, total)`` is called after each bisection (progress for long simulations).
     ``unbuildable`` candidates (1..n-1) fail to build, as a candidate without the Dockerfile does.
+    ``throughput``: a throughput regression instead of the rates, in the likelihood search.
     """
     culprits = [culprit] if isinstance(culprit, int) else list(culprit)
     wrong = [c for c in culprits if not 1 <= c <= n]
@@ -192,7 +292,16 @@ def simulate(
     rng = np.random.default_rng(seed)
     total = len(culprits) * runs
     outcomes: list[RunOutcome] = []
+    if throughput is not None:
+        problem = SearchProblem(n=n, mode="likelihood", slots=slots, confidence=confidence)
     for position in (p for p in culprits for _ in range(runs)):
+        if throughput is not None:
+            outcomes.append(simulate_throughput_one(problem, position, throughput, build_fail=build_fail, rng=rng,
+                                                    build_key_of=key_of, costs=costs,
+                                                    unbuildable=frozenset(unbuildable)))
+            if on_run is not None:
+                on_run(len(outcomes), total)
+            continue
         outcomes.append(simulate_one(
             problem,
             position,

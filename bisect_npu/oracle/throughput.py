@@ -42,8 +42,14 @@ class ThroughputConfig(StrictModel):
     confidence: float = Field(0.95, gt=0.5, lt=1.0, description="one-sided confidence of each bound")
     reference_trials: int | None = Field(
         None, strict=True, ge=1, le=10_000,
-        description="reference good_end: trials of the good end, whose mean is the line of every step; unset: "
-                    f"{REFERENCE_TRIALS_FACTOR} x trials.count (its error would move every step's line at once)")
+        description="reference good_end: trials of the good end (with `sequential`, the most it runs), whose mean "
+                    f"is the line of every step; unset: {REFERENCE_TRIALS_FACTOR} x trials.count (its error would "
+                    "move every step's line at once)")
+
+    sequential: bool = Field(
+        True, description="reference good_end: a step's trials stop as soon as its verdict is sure (trials.count "
+                          "and reference_trials are the most it runs), and the search weighs each step's "
+                          "likelihood ratio; false: every step runs its count")
 
     @model_validator(mode="after")
     def _baseline_when_asked(self) -> ThroughputConfig:
@@ -82,46 +88,53 @@ def t_quantile(p: float, df: float) -> float:
             + (3 * z**7 + 19 * z**5 + 17 * z**3 - 15 * z) / (384 * df**3))
 
 
-def _spread(values: Sequence[float]) -> float:
-    return stdev(values) if len(values) > 1 else 0.0
+def _squares(values: Sequence[float]) -> float:
+    """The sum of squared deviations from the values' mean."""
+    mean = fmean(values)
+    return sum((v - mean) ** 2 for v in values)
 
 
 def judge_throughput(cfg: ThroughputConfig, observations: Sequence[Observation],
-                     reference: Sequence[Observation] | None = None) -> Verdict:
-    """A commit from its trials' throughput samples (see the module's docstring)."""
+                     reference: Sequence[Observation] | None = None, single_is_enough: bool = True) -> Verdict:
+    """A commit from its trials' throughput samples (see the module's docstring). A step whose
+    runs leave no spread to know (one run against a published baseline) is sure only with
+    `single_is_enough` (the trials asked are all there will be); else it is not significant."""
     samples = [s for s in map(sample_of, observations) if s is not None]
     if not samples:
         return Verdict(kind=VerdictKind.SKIP, trials=len(observations),
                        reason="no throughput measured (no output tokens, no generation time)")
     mean, n = fmean(samples), len(samples)
-    var = _spread(samples) ** 2 / n
+    var = (stdev(samples) ** 2 / n) if n > 1 else 0.0
     figures: dict[str, Any] = {"throughput_mean": round(mean, 3), "throughput_stderr": round(math.sqrt(var), 3),
                                "throughput_samples": [round(s, 3) for s in samples], "threshold": cfg.threshold,
                                "confidence": cfg.confidence, "reference": cfg.reference}
-    df = float(n - 1)
+    # One spread for the commit's and the good end's runs (the same benchmark on the same host):
+    # pooled, it is known from the good end's runs when a step has run once.
+    ss, df = _squares(samples), float(n - 1)
     if cfg.reference == "good_end":
         ref = [s for s in map(sample_of, reference or []) if s is not None]
         if not ref:
             return Verdict(kind=VerdictKind.SKIP, trials=n, figures=figures,
                            reason="reference good_end: the good end measured no throughput to compare with")
-        ref_var = (cfg.threshold * _spread(ref)) ** 2 / len(ref)
+        ss, df = ss + _squares(ref), df + len(ref) - 1
         line = cfg.threshold * fmean(ref)
-        if var + ref_var > 0 and len(ref) > 1 and n > 1:  # Welch-Satterthwaite
-            df = (var + ref_var) ** 2 / (var**2 / (n - 1) + ref_var**2 / (len(ref) - 1))
-        var += ref_var
+        spread2 = ss / df if df > 0 else 0.0
+        var = spread2 * (1 / n + cfg.threshold**2 / len(ref))
         figures["reference_mean"] = round(fmean(ref), 3)
+        figures["throughput_stderr"] = round(math.sqrt(var), 3)
     else:
         assert cfg.baseline is not None
         line = cfg.threshold * cfg.baseline
         figures["baseline"] = cfg.baseline
     figures["line"] = round(line, 3)
-    half = t_quantile(cfg.confidence, df) * math.sqrt(var) if n > 1 and var > 0 else 0.0
+    half = t_quantile(cfg.confidence, df) * math.sqrt(var) if df > 0 and var > 0 else 0.0
     low, high = mean - half, mean + half
     figures["bounds"] = [round(low, 3), round(high, 3)]
     told = f"{mean:.1f} tokens/s over {n} trial(s) (bounds {low:.1f}-{high:.1f}) against {line:.1f}"
-    if high < line:
+    spread_known = df > 0 or single_is_enough
+    if high < line and spread_known:
         return Verdict(kind=VerdictKind.BAD, trials=n, figures=figures, reason=f"{told}: under the line")
-    if low >= line:
+    if low >= line and spread_known:
         return Verdict(kind=VerdictKind.GOOD, trials=n, figures=figures, reason=f"{told}: at or over the line")
     figures["not_significant"] = True
     kind = VerdictKind.BAD if mean < line else VerdictKind.GOOD

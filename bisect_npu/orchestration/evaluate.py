@@ -22,6 +22,7 @@ from bisect_npu.errors import InfrastructureError
 from bisect_npu.execute.base import Executor, RunResult, observation_path, probe_log_path, probe_stem, run_node_path
 from bisect_npu.execute.card_memory import CardWait
 from bisect_npu.observations import Observation, TimeoutIs, Verdict, VerdictKind
+from bisect_npu.oracle import sequential
 from bisect_npu.orchestration.accuracy import AccuracySteps, load_from, role_of
 from bisect_npu.orchestration.earlier_results import (
     Earlier,
@@ -86,6 +87,15 @@ class EvaluationRequest:
     def report_retry(self, retry: RetryRun) -> None:
         if self.on_retry is not None:
             self.on_retry(retry)
+
+
+def until_sure(recipe: Recipe | None) -> bool:
+    """Whether a step's trials stop as soon as its verdict is sure (oracle/sequential.py): a
+    throughput line drawn from the good end's runs, in exact mode, `oracle.throughput.sequential`."""
+    if recipe is None or "throughput" not in recipe.oracle.kinds or recipe.oracle.throughput is None:
+        return False
+    spec = recipe.oracle.throughput
+    return spec.reference == "good_end" and spec.sequential and recipe.trials.mode == "exact"
 
 
 @dataclass
@@ -164,12 +174,13 @@ class Evaluator:
         commit = request.commit
         started = time.monotonic()
         step_dir = self.step_dir(commit)
-        if not request.judge_each and self.accuracy is None and self._all_done(request.trials, request.done):
+        if not request.judge_each and self.accuracy is None and (self._all_done(request.trials, request.done)
+                                                                 or self._sure_already(request)):
             # Every trial was journaled before an interruption: judge them, build nothing again.
             records = list(request.done)
             if request.as_reference and self.command is None:
                 self.set_reference(records)
-            return StepResult(commit, self._verdict(records, request.judge_each),
+            return StepResult(commit, self._step_verdict(request, records),
                               BuildInfo(how="journaled", seconds=0.0), records, round(time.monotonic() - started, 3))
         try:
             env = self._acquire(request, step_dir)
@@ -188,7 +199,7 @@ class Evaluator:
                 records = self._run_trials(request, env)
                 if request.as_reference:
                     self.set_reference(records)
-                verdict = self._verdict(records, request.judge_each)
+                verdict = self._step_verdict(request, records)
         finally:
             self.builder.release(env)
         return StepResult(commit, verdict, build_record(env), records, round(time.monotonic() - started, 3))
@@ -235,6 +246,37 @@ class Evaluator:
             return Verdict(kind=records[0].outcome or VerdictKind.SKIP, reason=records[0].reason)
         return self._judge_step(records)
 
+    def _step_verdict(self, request: EvaluationRequest, records: list[TrialRun]) -> Verdict:
+        """A recipe step's verdict: the sequential test's where the step stopped when sure."""
+        if not self._sequential(request):
+            return self._verdict(records, request.judge_each)
+        assert self.recipe is not None and self.recipe.oracle.throughput is not None
+        spec, observations = self.recipe.oracle.throughput, self._observed(records)
+        if request.as_reference:
+            stop = sequential.reference_known(spec, observations, len(records), request.trials) or "cap"
+            return sequential.said(sequential.judge_reference(spec, self._judge_step(records)), stop, len(records))
+        if not observations:
+            return self._judge_step(records)
+        return sequential.judge_sequential(spec, observations, self.reference, len(records), request.trials)[0]
+
+    def _sequential(self, request: EvaluationRequest) -> bool:
+        return self.command is None and not request.judge_each and until_sure(self.recipe)
+
+    def _observed(self, records: Sequence[TrialRun]) -> list[Observation]:
+        return [Observation.load(self.abs(r.observation)) for r in records if r.observation]
+
+    def _wanted(self, request: EvaluationRequest, records: Sequence[TrialRun]) -> int:
+        """Trials the step runs next where it stops when sure (0: it is settled)."""
+        assert self.recipe is not None and self.recipe.oracle.throughput is not None
+        reference = None if request.as_reference else self.reference
+        return sequential.trials_wanted(self.recipe.oracle.throughput, self._observed(records), reference,
+                                        len(records), request.trials, request.as_reference)
+
+    def _sure_already(self, request: EvaluationRequest) -> bool:
+        """Whether the trials journaled before an interruption already settled a step that stops when sure."""
+        return bool(request.done) and self._sequential(request) and len(self.recipe.cases if self.recipe else ()) == 1 \
+            and self._wanted(request, request.done) == 0
+
     def _all_done(self, trials: int, done: Sequence[TrialRun]) -> bool:
         """Whether `done` already holds `trials` trials of every case (exact mode's step total)."""
         if not done:
@@ -266,6 +308,8 @@ class Evaluator:
     def _run_trials(self, request: EvaluationRequest, env: Environment) -> list[TrialRun]:
         assert self.recipe is not None
         records = list(request.done)
+        if self._sequential(request):
+            return self._run_until_sure(request, env)
         for case in self.recipe.cases:
             already = sum(1 for r in request.done if r.case_id == case.id)
             wanted = request.trials if request.judge_each else max(0, request.trials - already)
@@ -273,6 +317,23 @@ class Evaluator:
             groups = [numbers] if self.batches and numbers else [[n] for n in numbers]
             for group in groups:
                 records += self._run_group(request, env, case, group)
+        return records
+
+    def _run_until_sure(self, request: EvaluationRequest, env: Environment) -> list[TrialRun]:
+        """Each case's trials, a few at a time, until oracle/sequential.py says its step is settled
+        (`request.trials`: the most); the numbers go on after the journaled ones."""
+        assert self.recipe is not None
+        records = list(request.done)
+        for case in self.recipe.cases:
+            mine = [r for r in records if r.case_id == case.id]
+            while wanted := self._wanted(request, mine):
+                first = max((r.trial + 1 for r in mine), default=request.first_trial)
+                numbers = list(range(first, first + wanted))
+                groups = [numbers] if self.batches else [[n] for n in numbers]
+                for group in groups:
+                    got = self._run_group(request, env, case, group)
+                    mine += got
+                    records += got
         return records
 
     @property

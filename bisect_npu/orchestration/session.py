@@ -32,7 +32,7 @@ from bisect_npu.observations import Verdict, VerdictKind
 from bisect_npu.orchestration import end_messages
 from bisect_npu.orchestration.candidate import CandidateJournal, run_candidate
 from bisect_npu.orchestration.costs import measured_costs, told_costs
-from bisect_npu.orchestration.evaluate import EvaluationRequest, Evaluator, StepResult
+from bisect_npu.orchestration.evaluate import EvaluationRequest, Evaluator, StepResult, until_sure
 from bisect_npu.orchestration.opening import Opened, open_journal, open_new
 from bisect_npu.orchestration.reference import References, step_trials
 from bisect_npu.orchestration.result import EXIT_CODES, EXIT_ENDS_WRONG, EXIT_FOUND, EXIT_NARROWED, SessionResult
@@ -58,9 +58,10 @@ END_OUTPUT_LINES = 10  # what an end judged wrong shows of its run's output
 
 def search_mode_for(recipe: Recipe | None, asked: Literal["exact", "noisy"] | None = None,
                     ) -> Literal["exact", "noisy", "likelihood"]:
-    """The search's mode for a recipe: an accuracy recipe's steps are measurements, so the search
-    weighs each one's likelihood ratio; otherwise the mode asked (--mode), else the recipe's."""
-    if recipe is not None and recipe.accuracy is not None:
+    """The search's mode for a recipe: an accuracy recipe's steps, and a throughput recipe's against
+    its good end whose steps stop when sure, are measurements, so the search weighs each one's
+    likelihood ratio; otherwise the mode asked (--mode), else the recipe's."""
+    if recipe is not None and (recipe.accuracy is not None or (until_sure(recipe) and asked != "noisy")):
         return "likelihood"
     if asked:
         return asked
@@ -86,6 +87,9 @@ class Session:
         self._told: dict[str, float] = {}  # the costs the search was told for the round being run
         self.earlier_runs = earlier_runs_spec(spec, recipe)
         confidence = recipe.accuracy.confidence if recipe is not None and recipe.accuracy is not None else None
+        if until_sure(recipe):  # a stored throughput verdict weighs what a step stopped at the oracle's bound said
+            assert recipe is not None and recipe.oracle.throughput is not None
+            confidence = recipe.oracle.throughput.confidence
         self.state = SessionState(self.mode == "noisy", spec.search.find_fix, journal.entries,
                                   weigh=accuracy_weight(confidence, self.n, find_fix=spec.search.find_fix))
         # A resumed session goes on with the host's failure rate its journaled attempts give.

@@ -11,7 +11,7 @@ query takes one slot and runs its ``trials`` there), ``Found(index, ...)``, ``Na
 ...)`` (skips hide the boundary: culprit in (lo, hi]), or ``EndsWrong(which)`` (the good end
 judged bad, or the bad end judged good). Three modes: ``exact`` (exact.py, one verdict per commit),
 ``noisy`` (noisy.py, trial counts) and ``likelihood`` (likelihood.py, each step's likelihood ratio,
-from the accuracy oracle); docs/design/search.md describes them.
+from the accuracy oracle or a throughput step stopped when sure); docs/design/search.md describes them.
 """
 
 from __future__ import annotations

@@ -140,3 +140,21 @@ def test_candidates_that_cannot_be_built_are_stepped_around_at_no_cost():
     assert holes.mean_builds <= free.mean_builds  # a missing Dockerfile costs no build
     with pytest.raises(ValueError, match="strictly between the ends"):
         simulate(32, 5, bad_rate=1.0, good_rate=0.0, mode="exact", runs=1, unbuildable=[0])
+
+
+def test_a_throughput_forecast_runs_the_sessions_sequential_steps():
+    """A throughput regression is forecast as a session runs it: the good end's runs, then steps
+    that stop when sure, in the likelihood search: right nearly always, and a clear drop costs
+    fewer runs than a step's full count at every commit would, a drop near the line more."""
+    from bisect_npu.forecast.simulate import Throughput
+    from bisect_npu.oracle.sequential import REFERENCE_MIN_TRIALS
+
+    clear = simulate(39, list(range(1, 40, 4)), bad_rate=1.0, good_rate=0.0, runs=10, seed=1000,
+                     throughput=Throughput(drop=0.07, spread=0.02), costs=Minutes(build=30, run=5, load=2))
+    assert clear.accuracy >= 0.95 and clear.ends_wrong == 0.0
+    steps = clear.mean_trials - REFERENCE_MIN_TRIALS
+    assert 6 <= steps < 5 * 6  # fewer than the 5-trial count over log2(40) steps
+    assert clear.mean_loads > clear.mean_builds  # a step's later trials start the engine again
+    near = simulate(39, list(range(1, 40, 4)), bad_rate=1.0, good_rate=0.0, runs=10, seed=1000,
+                    throughput=Throughput(drop=0.045, spread=0.02))
+    assert near.mean_trials > clear.mean_trials

@@ -9,9 +9,11 @@ import subprocess
 import sys
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from bisect_npu.errors import UsageError
+from bisect_npu.forecast.simulate import Throughput, simulate
 from bisect_npu.nightly.at_commit import (
     CaseAbsent,
     good_from_table,
@@ -25,6 +27,7 @@ from bisect_npu.nightly.good_table import Lookup, last_good, read_rows
 from bisect_npu.observations import Observation, Timings, VerdictKind
 from bisect_npu.oracle import judge
 from bisect_npu.oracle.config import OracleConfig
+from bisect_npu.oracle.sequential import REFERENCE_MIN_TRIALS
 from bisect_npu.oracle.throughput import (
     REFERENCE_TRIALS_FACTOR,
     ThroughputConfig,
@@ -156,12 +159,18 @@ def test_the_good_end_whose_mean_is_the_line_runs_more_trials() -> None:
 
 
 def test_the_search_mode_of_each_benchmark() -> None:
-    """An accuracy benchmark's steps are measurements (the likelihood search weighs them); a
-    performance benchmark's are verdicts (exact, or the mode asked)."""
+    """An accuracy benchmark's steps are measurements (the likelihood search weighs them), and so
+    are a performance benchmark's whose steps stop when sure; with `sequential: false` they are
+    verdicts (exact, or the mode asked)."""
     raw = read_case_file(CASE_FILE, CASE_PATH)
     accuracy, perf = import_case(raw, CASE_PATH, "tiny-aclgraph"), import_case(raw, CASE_PATH, "tiny-aclgraph", "perf")
     assert search_mode_for(accuracy) == search_mode_for(accuracy, "noisy") == "likelihood"
-    assert (search_mode_for(perf), search_mode_for(perf, "noisy"), search_mode_for(None)) == ("exact", "noisy", "exact")
+    assert (search_mode_for(perf), search_mode_for(perf, "noisy")) == ("likelihood", "noisy")
+    assert perf.oracle.throughput is not None
+    fixed = perf.model_copy(update={"oracle": perf.oracle.model_copy(update={
+        "throughput": perf.oracle.throughput.model_copy(update={"sequential": False})})})
+    assert (search_mode_for(fixed), search_mode_for(fixed, "noisy")) == ("exact", "noisy")
+    assert search_mode_for(None) == "exact"
 
 
 # -- case files as recipes ------------------------------------------------------------------------
@@ -457,8 +466,21 @@ def test_run_bisects_a_nightly_case_from_the_good_tables_row(tmp_path: Path) -> 
     assert summary["culprit"] == shas[culprit] and summary["good"] == shas[1]
     records = [json.loads(line) for line in (session / "journal.jsonl").read_text().splitlines()]
     trials = [r["index"] for r in records if r["type"] == "trial"]
-    assert trials.count(0) == REFERENCE_TRIALS_FACTOR * 5  # the good end: the line of every step
-    assert {trials.count(i) for i in set(trials) - {0}} == {5}
+    # The good end runs until its mean is known (the line of every step); a step stops when sure.
+    assert REFERENCE_MIN_TRIALS <= trials.count(0) <= REFERENCE_TRIALS_FACTOR * 5
+    assert max(trials.count(i) for i in set(trials) - {0}) < 5
+    steps = [r for r in records if r["type"] == "step" and r["index"] != 0]
+    assert steps and all("; sure " in r["verdict"]["reason"] for r in steps)
+    # `simulate`'s forecast for this range, at the drop and spread this session measured, holds
+    # the runs it spent.
+    good_end = next(r for r in records if r["type"] == "step" and r["index"] == 0)["verdict"]["figures"]
+    bad = [r["verdict"]["figures"]["throughput_mean"] for r in steps if r["verdict"]["kind"] == "bad"]
+    level = good_end["reference_mean"]
+    spread = float(np.std(good_end["throughput_samples"], ddof=1)) / level
+    forecast = simulate(7, culprit - 1, bad_rate=1.0, good_rate=0.0, runs=200, seed=0,
+                        throughput=Throughput(1 - float(np.mean(bad)) / level, spread, threshold=0.45))
+    assert forecast.accuracy >= 0.95
+    assert forecast.mean_trials / 2 <= len(trials) <= forecast.p95_trials, (len(trials), forecast)
     assert summary["nightly"]["parallel"] == "TP1" and summary["nightly"]["execution"] == "ACLGraph"
 
 

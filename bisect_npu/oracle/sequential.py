@@ -1,0 +1,138 @@
+"""When a step's throughput trials may stop: as soon as its verdict is sure, and at the good end
+as soon as its mean is known well enough to draw the line.
+
+Why: a throughput drop of several run-to-run spreads shows in one or two runs, and a nightly run
+is a server start and thousands of requests; a fixed count spends most of them on commits whose
+verdict was sure after the first. After each run the step's log likelihood ratio is taken again
+(good: at the good end's mean; bad: somewhere under the line, `log_likelihood_ratio`), with
+Student's t on a spread pooled with the good end's runs, so few runs never say more than they
+hold. The step stops once the ratio is past
+`STEP_BOUND` either way, or at its count; the search (likelihood mode) weighs every step's ratio
+in its posterior and asks a commit again while that is not sure, so the step itself need not be.
+
+The good end's mean is every step's line and its runs are the pooled spread's first degrees of
+freedom: it runs at least `REFERENCE_MIN_TRIALS` and then until the standard error of its mean is
+at most `REFERENCE_PRECISION` of the gap between it and the line, at most its count.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from statistics import fmean, stdev
+from typing import Literal
+
+from bisect_npu.observations import Observation, Verdict, VerdictKind
+from bisect_npu.oracle.throughput import ThroughputConfig, judge_throughput, sample_of
+
+STEP_BOUND = 3.0
+BAD_DROPS = (0.5, 2.0)  # where a bad commit's mean may lie, in gaps under the line
+BAD_POINTS = 9
+REFERENCE_MIN_TRIALS = 8
+REFERENCE_PRECISION = 1 / 4
+
+Stop = Literal["sure good", "sure bad", "cap", "nothing measured", "reference known"]
+
+
+def _t_log_pdf(t: float, df: float) -> float:
+    """log of Student's t density at `t`, less its constant (which cancels in a ratio)."""
+    return -(df + 1) / 2 * math.log1p(t * t / df)
+
+
+def log_likelihood_ratio(cfg: ThroughputConfig, samples: Sequence[float], reference: Sequence[float]) -> float | None:
+    """log P(samples | bad) - log P(samples | good). Good: at the good end's mean. Bad: anywhere
+    from `BAD_DROPS[0]` to `BAD_DROPS[1]` gaps under the line (a gap: the good end's mean less the
+    line), evenly likely, so a drop just past the line is not weighed as one far past it. Student's
+    t on the samples' mean, the spread pooled with the good end's runs and the good end's own
+    error counted, so a step on few runs never says more than they hold. None where no spread is
+    known yet (one run in all)."""
+    if not samples or not reference:
+        return None
+    df = len(samples) + len(reference) - 2
+    if df < 1:
+        return None
+    good, mean = fmean(reference), fmean(samples)
+    line = cfg.threshold * good
+    spread2 = (_squares(samples) + _squares(reference)) / df
+    stderr = math.sqrt(spread2 * (1 / len(samples) + 1 / len(reference)))
+    if stderr <= 0:
+        return math.copysign(math.inf, line - mean)
+    low, high = BAD_DROPS
+    bad_means = [line - (good - line) * (low + (high - low) * j / (BAD_POINTS - 1)) for j in range(BAD_POINTS)]
+    logs = [_t_log_pdf((mean - bad) / stderr, df) for bad in bad_means]
+    top = max(logs)
+    bad_log = top + math.log(sum(math.exp(v - top) for v in logs) / BAD_POINTS)
+    return bad_log - _t_log_pdf((mean - good) / stderr, df)
+
+
+def _squares(values: Sequence[float]) -> float:
+    mean = fmean(values)
+    return sum((v - mean) ** 2 for v in values)
+
+
+def judge_sequential(cfg: ThroughputConfig, observations: Sequence[Observation],
+                     reference: Sequence[Observation] | None, tried: int, cap: int) -> tuple[Verdict, Stop | None]:
+    """A candidate's verdict from its trials so far (`tried` of them run, crashed ones included),
+    and why its step stops (None: run one more): its likelihood ratio past `STEP_BOUND` either way,
+    or the cap (the search's posterior weighs the ratio either way)."""
+    verdict = judge_throughput(cfg, observations, reference)
+    samples = [s for s in map(sample_of, observations) if s is not None]
+    ref = [s for s in map(sample_of, reference or []) if s is not None]
+    llr = log_likelihood_ratio(cfg, samples, ref) if cfg.reference == "good_end" else None
+    if verdict.kind == VerdictKind.SKIP or llr is None:
+        stop: Stop | None = None
+        if tried >= cap:
+            stop = "nothing measured" if verdict.kind == VerdictKind.SKIP else "cap"
+        return (said(verdict, stop, tried) if stop else verdict), stop
+    kind = VerdictKind.BAD if llr > 0 else VerdictKind.GOOD
+    figures = {k: v for k, v in verdict.figures.items() if k != "not_significant"}
+    figures["log_likelihood_ratio"] = round(llr, 4)
+    if abs(llr) >= STEP_BOUND:
+        stop = "sure bad" if kind == VerdictKind.BAD else "sure good"
+    else:
+        stop = "cap" if tried >= cap else None
+        figures["not_significant"] = True
+    reason = (f"{fmean(samples):.1f} tokens/s ({len(samples)} run(s)), line {figures['line']:.1f}: "
+              f"log LR {llr:+.2f} bad vs good")
+    verdict = verdict.model_copy(update={"kind": kind, "figures": figures, "reason": reason})
+    return (said(verdict, stop, tried) if stop else verdict), stop
+
+
+def reference_known(cfg: ThroughputConfig, observations: Sequence[Observation], tried: int, cap: int) -> Stop | None:
+    """Why the good end has run enough for its mean to be the line (None: run one more)."""
+    samples = [s for s in map(sample_of, observations) if s is not None]
+    if tried >= cap:
+        return "cap"
+    if len(samples) < REFERENCE_MIN_TRIALS:
+        return None
+    gap = (1 - cfg.threshold) * fmean(samples)
+    stderr = stdev(samples) / math.sqrt(len(samples))
+    return "reference known" if stderr <= REFERENCE_PRECISION * gap else None
+
+
+def trials_wanted(cfg: ThroughputConfig, observations: Sequence[Observation], reference: Sequence[Observation] | None,
+                  tried: int, cap: int, as_reference: bool) -> int:
+    """How many trials the step runs next (0: it stops): the good end its minimum at once, then
+    one at a time; a candidate one at a time."""
+    if as_reference:
+        if reference_known(cfg, observations, tried, cap):
+            return 0
+        return max(1, min(cap, REFERENCE_MIN_TRIALS) - tried)
+    return 0 if judge_sequential(cfg, observations, reference, tried, cap)[1] else 1
+
+
+def judge_reference(cfg: ThroughputConfig, verdict: Verdict) -> Verdict:
+    """The good end's verdict (its runs against themselves) said as what it is: the line."""
+    figures = verdict.figures
+    if verdict.kind == VerdictKind.SKIP or "reference_mean" not in figures:
+        return verdict
+    reason = (f"the good end: {figures['reference_mean']:.1f} tokens/s ({len(figures['throughput_samples'])} run(s)), "
+              f"the line {figures['line']:.1f} ({cfg.threshold:g} x)")
+    return verdict.model_copy(update={"reason": reason})
+
+
+def said(verdict: Verdict, stop: Stop, trials: int) -> Verdict:
+    """The verdict with how many trials its step took and why it stopped (figures `stopped`)."""
+    return verdict.model_copy(update={
+        "figures": {**verdict.figures, "stopped": stop, "trials_run": trials},
+        "reason": f"{verdict.reason}; {stop} after {trials} trial(s)"})

@@ -1,0 +1,75 @@
+"""The candidate runner stops a throughput step when its verdict is sure (oracle/sequential.py):
+a resumed step whose journaled trials already settle it is judged from them and builds nothing;
+one they leave open goes on to run more. Real git repository, real worktree builds, real files."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import git
+
+from bisect_npu.builders.local import LocalBuilder
+from bisect_npu.execute.local import LocalExecutor
+from bisect_npu.nightly.cases import import_case, read_case_file
+from bisect_npu.observations import Observation, VerdictKind
+from bisect_npu.oracle.sequential import REFERENCE_MIN_TRIALS
+from bisect_npu.orchestration.evaluate import EvaluationRequest, Evaluator, until_sure
+from bisect_npu.records import TrialRun
+from tests.helpers.gitrepo import make_linear_repo
+
+CASE_PATH = "tests/e2e/nightly/single_node/models/configs/Speed-A2.yaml"
+CASE_FILE = """\
+test_cases:
+  - name: "speed-a2"
+    model: "tiny"
+    launcher: ["serve"]
+    benchmarks:
+      perf:
+        case_type: performance
+        dataset_path: vllm-ascend/GSM8K-in3500-bs400
+        request_conf: vllm_api_stream_chat
+        dataset_conf: gsm8k/gsm8k_gen_0_shot_cot_str_perf
+        baseline: 1000
+        threshold: 0.97
+"""
+
+
+def _journaled(session: Path, commit: str, values: list[float]) -> list[TrialRun]:
+    """Trials a session journaled before it was interrupted: their observation files and records."""
+    records = []
+    for trial, value in enumerate(values):
+        path = session / "steps" / commit[:12] / f"obs-perf-t{trial}.json"
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(Observation(case_id="perf", trial=trial,
+                                    extra={"output_token_throughput": value}).model_dump_json())
+        records.append(TrialRun(case_id="perf", trial=trial, observation=str(path.relative_to(session))))
+    return records
+
+
+def test_a_settled_step_is_judged_from_its_journal_and_an_open_one_runs_on(tmp_path: Path) -> None:
+    perf = import_case(read_case_file(CASE_FILE, CASE_PATH), CASE_PATH, "speed-a2", "perf")
+    assert until_sure(perf) and perf.trials.count == 5
+    shas = make_linear_repo(tmp_path / "repo", 3, culprit=2)
+    failing_build = [sys.executable, "-c", "raise SystemExit(1)"]  # a build here would be a skip
+    builder = LocalBuilder(git.Repo(tmp_path / "repo"), tmp_path / "work", failing_build)
+    session = tmp_path / "session"
+    evaluator = Evaluator(builder, LocalExecutor(), session, recipe=perf)
+    try:
+        good_end = _journaled(session, shas[0], [1000.0, 1010.0, 990.0, 1005.0, 995.0, 1002.0, 998.0, 1000.0])
+        assert len(good_end) == REFERENCE_MIN_TRIALS
+        reference = evaluator.evaluate(EvaluationRequest(shas[0], 20, done=good_end, as_reference=True))
+        assert reference.build.how == "journaled" and reference.verdict.figures["stopped"] == "reference known"
+        assert reference.verdict.kind == VerdictKind.GOOD
+        assert "the good end: 1000.0 tokens/s" in reference.verdict.reason
+
+        settled = evaluator.evaluate(EvaluationRequest(shas[2], 5, done=_journaled(session, shas[2], [880.0])))
+        assert settled.build.how == "journaled" and settled.verdict.kind == VerdictKind.BAD
+        assert settled.verdict.figures["stopped"] == "sure bad" and settled.verdict.figures["trials_run"] == 1
+        assert settled.verdict.reason.endswith("sure bad after 1 trial(s)")
+
+        near_the_line = evaluator.evaluate(EvaluationRequest(shas[1], 5, done=_journaled(session, shas[1], [969.0])))
+        assert near_the_line.build.how == "failed"  # it went on to build the commit for another trial
+        assert near_the_line.verdict.kind == VerdictKind.SKIP
+    finally:
+        evaluator.close()

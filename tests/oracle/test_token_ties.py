@@ -7,11 +7,12 @@ from __future__ import annotations
 
 import math
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 from bisect_npu.alignment.align import align_records
-from bisect_npu.alignment.record import read_record
+from bisect_npu.alignment.record import Record, read_record
 from bisect_npu.observations import Observation, VerdictKind
 from bisect_npu.oracle.config import LogitsConfig, StagesConfig, TokenMatchConfig
 from bisect_npu.oracle.stages import judge_stages
@@ -41,7 +42,8 @@ def pair(noise: float, dtype: str, spread: float = 4.0, agreed: int = 12, moved:
 def test_the_margin_is_the_pairs_noise_tail_bounded_by_what_its_precisions_explain() -> None:
     quiet = tie_margin(*pair(0.06, "bfloat16", spread=8.0), upto=12, floor=0.05)
     assert quiet.source == "measured noise" and quiet.noise == pytest.approx(0.06)
-    assert 0.06 < quiet.margin == quiet.noise_margin < quiet.bound  # the tail reaches beyond the largest draw
+    assert quiet.noise_margin is not None  # the tail reaches beyond the largest draw:
+    assert 0.06 < quiet.margin == quiet.noise_margin < quiet.bound
     loud = tie_margin(*pair(0.9, "bfloat16"), upto=12, floor=0.05)
     assert loud.source.startswith("precision bound") and loud.margin == pytest.approx(loud.bound)
     assert loud.margin < 0.9  # a faulty module moves the agreed tokens too: its noise is no excuse
@@ -86,23 +88,27 @@ def test_the_logit_spread_is_the_upper_quartile_of_the_steps() -> None:
 @pytest.mark.parametrize(("given", "read"), [({"engine_args": {"dtype": "torch.bfloat16"}}, "bfloat16"),
                                              ({"dtype": "float16"}, "float16"), ({"dtype": "fp32"}, "float32"),
                                              ({"engine_args": {"dtype": "auto"}}, "bfloat16"), ({}, "bfloat16")])
-def test_a_precision_is_read_from_the_observation_and_an_unknown_one_counts_as_bfloat16(given: dict, read: str) -> None:
+def test_a_precision_is_read_from_the_observation_and_an_unknown_one_counts_as_bfloat16(given: dict[str, Any],
+                                                                                         read: str) -> None:
     assert precision(Observation(extra=given)) == read and read in EPSILON
 
 
 def test_the_stages_text_stage_and_align_judge_with_the_tie_rule_and_name_it(tmp_path: Path) -> None:
     """The same synthetic pairs: a flip within the rule's margin but above any fixed 0.1 is a tie in the stages
     oracle and in `align`; a flip beyond the bound is the text stage's difference; both name the rule."""
-    tied = [_with_text(o) for o in pair(0.9, "bfloat16", spread=20.0)]
-    assert judge_tokens(*tied, TokenMatchConfig(flip_margin=0.1)).kind == VerdictKind.BAD  # not a fixed margin
-    verdict = judge_stages(*tied, StagesConfig(stages=["text"]), LogitsConfig())
+    cand, ref = pair(0.9, "bfloat16", spread=20.0)
+    tied = (_with_text(cand), _with_text(ref))
+    fixed = TokenMatchConfig(flip_margin=0.1)
+    assert judge_tokens(tied[0], tied[1], fixed).kind == VerdictKind.BAD  # a fixed margin would not hold it
+    verdict = judge_stages(tied[0], tied[1], StagesConfig(stages=["text"]), LogitsConfig())
     assert verdict.kind == VerdictKind.GOOD
     assert f"[tie rule; {PROVENANCE}]" in verdict.figures["stages"]["text"]["tie"]
     assert verdict.figures["stages"]["text"]["tie_margin_used"] > 0.3
-    diverged = [_with_text(o) for o in pair(0.02, "float32")]
-    bad = judge_stages(*diverged, StagesConfig(stages=["text"]), LogitsConfig())
+    far_cand, far_ref = pair(0.02, "float32")
+    diverged = (_with_text(far_cand), _with_text(far_ref))
+    bad = judge_stages(diverged[0], diverged[1], StagesConfig(stages=["text"]), LogitsConfig())
     assert bad.kind == VerdictKind.BAD and "no numerical tie" in bad.reason and "[tie rule;" in bad.reason
-    records = {}
+    records: dict[str, Record] = {}
     for name, obs in (("golden", tied[1]), ("clean", tied[0])):
         root = make_record(tmp_path / name)
         (root / "obs-c-t0.json").write_text(obs.model_copy(update={"case_id": "c"}).model_dump_json())

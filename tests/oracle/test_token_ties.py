@@ -44,10 +44,13 @@ def test_the_margin_is_the_pairs_noise_tail_bounded_by_what_its_precisions_expla
     assert quiet.source == "measured noise" and quiet.noise == pytest.approx(0.06)
     assert quiet.noise_margin is not None  # the tail reaches beyond the largest draw:
     assert 0.06 < quiet.margin == quiet.noise_margin < quiet.bound
-    loud = tie_margin(*pair(0.9, "bfloat16"), upto=12, floor=0.05)
-    assert loud.source.startswith("precision bound") and loud.margin == pytest.approx(loud.bound)
-    assert loud.margin < 0.9  # a faulty module moves the agreed tokens too: its noise is no excuse
+    beyond = tie_margin(*pair(0.85, "bfloat16", spread=20.0), upto=12, floor=0.05)  # its tail, not its noise
+    assert beyond.source.startswith("precision bound") and beyond.margin == pytest.approx(beyond.bound)
+    assert beyond.noise_margin is not None and beyond.noise is not None
+    assert beyond.noise < beyond.bound < beyond.noise_margin
+    loud = tie_margin(*pair(0.9, "bfloat16"), upto=12, floor=0.05)  # its noise itself beyond the bound
     assert loud.amplification is not None and loud.amplification > AMPLIFICATION
+    assert loud.margin == 0.05 and "beyond what rounding explains" in loud.source  # a fault moves agreed tokens
     fp32 = tie_margin(*pair(0.02, "float32"), upto=12, floor=0.05)
     assert fp32.margin == 0.05 and fp32.bound < 1e-4
     unmeasured = tie_margin(*pair(0.02, "bfloat16", agreed=2), upto=2, floor=0.05)
@@ -70,13 +73,15 @@ def test_the_noise_tail_is_read_at_the_number_of_tokens_compared() -> None:
 
 def test_a_deep_models_rounding_is_a_tie_and_a_faults_noise_is_capped() -> None:
     """Rounding amplified by depth (the agreed tokens at ~5x one bf16 rounding, the flip within their tail) is a
-    tie; a fault's agreed tokens at ~40x: the margin is the precision bound and a flip beyond it is bad."""
+    tie; a fault's agreed tokens at ~40x: the margin is the floor and a flip beyond it is bad."""
     unit = EPSILON["bfloat16"] * 4.0
     deep = judge_tokens(*pair(5 * unit, "bfloat16", moved=4.5 * unit, agreed=40), TokenMatchConfig())
     assert deep.kind == VerdictKind.GOOD
     assert deep.figures["tie_margin_used"] > 4.5 * unit > 3.0 * unit  # the previous rule's cap: 3x one rounding
     faulty = judge_tokens(*pair(40 * unit, "bfloat16", moved=15 * unit, agreed=40), TokenMatchConfig())
-    assert faulty.kind == VerdictKind.BAD and faulty.figures["tie_margin_source"].startswith("precision bound")
+    assert faulty.kind == VerdictKind.BAD and "beyond what rounding explains" in faulty.figures["tie_margin_source"]
+    near = judge_tokens(*pair(40 * unit, "bfloat16", moved=3 * unit, agreed=40), TokenMatchConfig())
+    assert near.kind == VerdictKind.BAD  # even a small flip: the pair's agreed tokens already show the fault
 
 
 def test_the_logit_spread_is_the_upper_quartile_of_the_steps() -> None:

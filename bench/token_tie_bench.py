@@ -117,8 +117,12 @@ def previous_rule_bad(cand: Observation, ref: Observation) -> bool:
     samples = sorted(ties.agreed_flips(cand, ref, index))
     margin = bound if len(samples) < 8 else min(bound, 2.0 * samples[min(len(samples) - 1,
                                                                           math.ceil(0.95 * (len(samples) - 1)))])
-    if moved is None:
-        return judge_tokens(cand, ref, CFG).kind == VerdictKind.BAD
+    if moved is None:  # the reference's own gap: both tokens within max(floor, bound) of its best
+        step = ref_steps[index] if index < len(ref_steps) else []
+        best = max((float(lp) for _, lp in step), default=0.0)
+        near = {int(tok) for tok, lp in step if best - float(lp) <= max(CFG.tie_margin, bound)}
+        tied = len(near) >= 2 and {cand.output_token_ids[index], ref.output_token_ids[index]} <= near
+        return not tied or judge_tokens(cand, ref, CFG).figures.get("real_divergence_at") is not None
     return moved > max(margin, CFG.tie_margin)
 
 

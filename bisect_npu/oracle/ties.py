@@ -26,6 +26,8 @@ fitted on the families of bench/token_tie_bench.py (depths 2 to 8, several width
 scales), each judged with the constant fitted without it (docs/benchmarks.md). An unknown precision counts
 as bfloat16, the coarsest a model is served in. Without the candidate's logprobs only the
 reference's own gap can be read: a tie where it is within the config's `tie_margin` or the bound.
+Where a side's top-k lacks the other's token, its last listed logprob bounds that token's, so the
+flip is at least a known amount: beyond the margin, no tie; within it, the reference's gap decides.
 """
 
 from __future__ import annotations
@@ -192,7 +194,7 @@ def tie_margin(cand: Observation, ref: Observation, upto: int, floor: float, fix
     elif noise is not None and noise > bound:
         margin, source = floor, "tie_margin floor (the pair's agreed tokens moved beyond what rounding explains)"
     elif tail > bound:
-        margin, source = bound, "precision bound (the pair's noise is beyond what rounding explains)"
+        margin, source = bound, "precision bound (the pair's noise tail reaches beyond it)"
     else:
         margin, source = tail, "measured noise"
     if fixed is None and margin < floor:
@@ -208,9 +210,12 @@ class Tie:
     flip: float | None  # None: judged on the reference's own gap (the candidate has no logprobs there)
     margin: TieMargin | None
     reference_gap_margin: float | None = None
+    at_least: bool = False  # the flip is a lower bound: a side's top-k lacks the other's token
 
     def figures(self) -> dict[str, Any]:
         out: dict[str, Any] = {} if self.flip is None else {"flip": round(self.flip, 6)}
+        if self.at_least:
+            out["flip_is_lower_bound"] = True
         if self.margin is not None:
             out.update(self.margin.figures())
         if self.reference_gap_margin is not None:
@@ -219,8 +224,24 @@ class Tie:
 
     def words(self) -> str:
         if self.flip is not None and self.margin is not None:
-            return f"the two tokens' logprob difference moved {self.flip:.3g}; {self.margin.words()}"
+            moved = "at least " if self.at_least else ""
+            return f"the two tokens' logprob difference moved {moved}{self.flip:.3g}; {self.margin.words()}"
         return f"the reference's top candidates within {self.reference_gap_margin:.3g}"
+
+
+def least_flip(cand_step: Step, ref_step: Step, cand_token: int, ref_token: int) -> float | None:
+    """Where a side's top-k lacks the other's token, the least the flip can be: that token's logprob is at most
+    the side's last listed one (None: a side lacks its own token or has no logprobs)."""
+    if not cand_step or not ref_step:
+        return None
+    ref_want, cand_got = _logprob(ref_step, ref_token), _logprob(cand_step, cand_token)
+    if ref_want is None or cand_got is None:
+        return None
+    ref_got = _logprob(ref_step, cand_token)
+    cand_want = _logprob(cand_step, ref_token)
+    ref_got = min(float(lp) for _, lp in ref_step) if ref_got is None else ref_got
+    cand_want = min(float(lp) for _, lp in cand_step) if cand_want is None else cand_want
+    return (ref_want - ref_got) + (cand_got - cand_want)
 
 
 def judge_tie(cand: Observation, ref: Observation, index: int, tie_margin_cfg: float,
@@ -235,6 +256,11 @@ def judge_tie(cand: Observation, ref: Observation, index: int, tie_margin_cfg: f
     if moved is not None:
         margin = tie_margin(cand, ref, index, tie_margin_cfg, fixed, factors, compared)
         return Tie(moved <= margin.margin, moved, margin)
+    least = least_flip(cand_step, ref_step, cand_token, ref_token)
+    if least is not None:
+        margin = tie_margin(cand, ref, index, tie_margin_cfg, fixed, factors, compared)
+        if least > margin.margin:
+            return Tie(False, least, margin, at_least=True)
     gap_margin = max(tie_margin_cfg, precision_bound(cand, ref, factors)[0])
     best = max((float(lp) for _, lp in ref_step or []), default=None)
     tied = {int(tok) for tok, lp in ref_step or [] if best is not None and best - float(lp) <= gap_margin}

@@ -84,6 +84,24 @@ def test_a_deep_models_rounding_is_a_tie_and_a_faults_noise_is_capped() -> None:
     assert near.kind == VerdictKind.BAD  # even a small flip: the pair's agreed tokens already show the fault
 
 
+def test_a_flip_past_a_sides_top_k_is_at_least_what_its_last_listed_logprob_says() -> None:
+    """The candidate's top-k lacks the reference's token: the flip is at least the reference's preference plus
+    the candidate's best over its last listed logprob; beyond the margin that is no tie, whatever the reference's
+    own gap."""
+    cand, ref = pair(0.01, "bfloat16", spread=4.0, agreed=12)
+    ref_steps, cand_steps = list(ref.top_logprobs or []), list(cand.top_logprobs or [])
+    ref_steps[-1] = [(3, -0.60), (4, -0.62), (5, -0.7)]  # the reference: a near tie between 3 and 4
+    cand_steps[-1] = [(4, -0.05), (5, -2.5), (6, -3.0)]  # the candidate: 4 far ahead, 3 not even listed
+    far = judge_tokens(cand.model_copy(update={"top_logprobs": cand_steps}),
+                       ref.model_copy(update={"top_logprobs": ref_steps}), TokenMatchConfig())
+    assert far.kind == VerdictKind.BAD and far.figures["flip_is_lower_bound"] is True
+    assert far.figures["flip"] == pytest.approx(0.02 + 2.95) and "at least" in far.reason
+    cand_steps[-1] = [(4, -0.60), (5, -0.61), (6, -0.62)]  # listed logprobs close: the least flip is small
+    near = judge_tokens(cand.model_copy(update={"top_logprobs": cand_steps}),
+                        ref.model_copy(update={"top_logprobs": ref_steps}), TokenMatchConfig())
+    assert near.kind == VerdictKind.GOOD and "flip" not in near.figures  # the reference's own gap decides
+
+
 def test_the_logit_spread_is_the_upper_quartile_of_the_steps() -> None:
     gaps = [1.0, 1.0, 1.0, 1.0, 1.0, 4.0, 4.0, 4.0]
     obs = Observation(output_token_ids=[1] * len(gaps), top_logprobs=[[(1, 0.0), (2, -g)] for g in gaps])

@@ -2,7 +2,7 @@
 greedy outputs of families made here, tuned on some families and reported on others.
 
     .venv/bin/python bench/token_tie_bench.py [--prompts 16] [--tokens 48] [--outputs FILE]
-    .venv/bin/python bench/token_tie_bench.py --held-out 5 6
+    .venv/bin/python bench/token_tie_bench.py --held-out 5 6 [--outputs FILE]
 
 Families: tiny HF Qwen3 and Llama (random init, nothing downloaded, tests/helpers/peaked_lm.py) of
 depths 2 to 8, widths 128 to 256 and logit scales x10 to x20 (the final norm scaled so next-token
@@ -190,17 +190,27 @@ def table(families: dict[str, dict[str, list[Pair]]], rules: dict[str, Callable[
     return totals
 
 
-def held_out_check(seeds: list[int]) -> None:
+def held_out_check(seeds: list[int], kept: Path | None) -> None:
     """A held-out model of another depth and width (Qwen3, 6 layers, hidden 256, logit scale x10, 12 prompts x
-    64 tokens, seeds never tuned on): bad outputs by the old fixed margin, the previous rule and the tie rule."""
+    64 tokens, seeds never tuned on): bad outputs by the old fixed margin, the previous rule and the tie rule
+    (`kept`: its outputs kept there and read back, as `--outputs`)."""
     shape: dict[str, Any] = {"hidden": 256, "layers": 6, "logit_scale": 10.0}
+    raw: dict[str, Any] = json.loads(kept.read_text(encoding="utf-8")) if kept and kept.exists() else {}
     for seed in seeds:
-        ref = greedy(peaked_model("Qwen3", run=REFERENCE, seed=seed, **shape), REFERENCE, prompts=12, tokens=64,
-                     seed=seed)
-        for name in ("bf16-sdpa", "bf16-eager", "o_proj-x1.5"):
-            run = RUNS[name]
-            rows = list(zip(greedy(peaked_model("Qwen3", run=run, seed=seed, **shape), run, prompts=12, tokens=64,
-                                   seed=seed), ref, strict=True))
+        names = ("bf16-sdpa", "bf16-eager", "o_proj-x1.5")
+        if any(f"Qwen3-h256-L6-x10-s{seed}/{name}" not in raw for name in names):
+            ref = greedy(peaked_model("Qwen3", run=REFERENCE, seed=seed, **shape), REFERENCE, prompts=12, tokens=64,
+                         seed=seed)
+            for name in names:
+                cand = greedy(peaked_model("Qwen3", run=RUNS[name], seed=seed, **shape), RUNS[name], prompts=12,
+                              tokens=64, seed=seed)
+                raw[f"Qwen3-h256-L6-x10-s{seed}/{name}"] = [[c.model_dump(mode="json"), r.model_dump(mode="json")]
+                                                            for c, r in zip(cand, ref, strict=True)]
+            if kept is not None:
+                kept.write_text(json.dumps(raw), encoding="utf-8")
+        for name in names:
+            rows = [(Observation.model_validate(c), Observation.model_validate(r))
+                    for c, r in raw[f"Qwen3-h256-L6-x10-s{seed}/{name}"]]
             differ = sum(first_mismatch(c.output_token_ids, r.output_token_ids) is not None for c, r in rows)
             old = sum(judge_tokens(c, r, OLD_FIXED).kind == VerdictKind.BAD for c, r in rows)
             previous = sum(previous_rule_bad(c, r) for c, r in rows)
@@ -209,7 +219,7 @@ def held_out_check(seeds: list[int]) -> None:
                   f"previous rule bad {previous}, tie rule bad {sum(v.kind == VerdictKind.BAD for v in new)}",
                   flush=True)
             for verdict in new:
-                if "flip" in verdict.figures and run.fault is None:
+                if "flip" in verdict.figures and RUNS[name].fault is None:
                     print(f"    {verdict.kind.value}: {verdict.reason}")
 
 
@@ -223,7 +233,7 @@ def main() -> None:
     args = parser.parse_args()
     started = time.perf_counter()
     if args.held_out:
-        held_out_check(args.held_out)
+        held_out_check(args.held_out, args.outputs)
         return
     raw = json.loads(args.outputs.read_text(encoding="utf-8")) if args.outputs and args.outputs.exists() else {}
     generate(raw, args.prompts, args.tokens, args.outputs, started)

@@ -13,7 +13,8 @@ precisions can explain:
   `FALSE_ALARM_RATE / tokens compared` (a clean output's chance of a flip beyond it);
 - *bound*: what rounding can move a logit difference by: `AMPLIFICATION` x machine epsilon of the
   coarser precision x the reference's top-k logprob spread (the upper quartile over its steps:
-  the logit magnitude the logprobs show). Noise beyond it is no excuse: a faulty module moves the agreed tokens too;
+  the logit magnitude the logprobs show). Noise beyond it is no excuse: a faulty module moves the
+  agreed tokens too;
 - margin = the smaller of the two, never below the config's `tie_margin` (the gap under which two
   candidates are a tie in any run); the bound alone where too few agreed draws were measured; the
   `tie_margin` alone where the draws' 95th percentile itself is beyond the bound (the agreed tokens
@@ -21,10 +22,10 @@ precisions can explain:
 
 The pair's *amplification* (its measured 95th-percentile noise over machine epsilon x spread) is in
 the verdict: how much more than one rounding at the coarser precision the pair shows. Clean pairs
-of the bench's families show 1-8, faulty ones tens and more; `AMPLIFICATION` sits between them,
+of the bench's families show 1 to 5, faulty ones tens and more; `AMPLIFICATION` sits between them,
 fitted on the families of bench/token_tie_bench.py (depths 2 to 8, several widths and logit
-scales), each judged with the constant fitted without it (docs/benchmarks.md). An unknown precision counts
-as bfloat16, the coarsest a model is served in. Without the candidate's logprobs only the
+scales), each judged with the constant fitted without it (docs/benchmarks.md). An unknown
+precision counts as bfloat16, the coarsest a model is served in. Without the candidate's logprobs only the
 reference's own gap can be read: a tie where it is within the config's `tie_margin` or the bound.
 Where a side's top-k lacks the other's token, its last listed logprob bounds that token's, so the
 flip is at least a known amount: beyond the margin, no tie; within it, the reference's gap decides.

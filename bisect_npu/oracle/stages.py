@@ -10,7 +10,8 @@ but not blamed. A stage missing on either side is skipped and listed.
 The text stage is judged on the tokens behind it with the one tie rule (`oracle.ties`, as the
 `tokens` oracle does): text that differs only after a numerical tie between two greedy outputs,
 the candidate's continuation greedy-consistent, matches (its figures say the tie, the noise and the
-margin); a mismatch beyond the margin is the stage's difference.
+margin); a mismatch beyond the margin is the stage's difference. Either way the stage's words name
+the rule and where its constant was set (`[tie rule; provenance]`), as the dump rules do.
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ from bisect_npu.observations import Observation, Verdict, VerdictKind
 from bisect_npu.oracle.config import LogitsConfig, StagesConfig, TokenMatchConfig
 from bisect_npu.oracle.dumps.compare import compare_dumps
 from bisect_npu.oracle.penalty import same_value
+from bisect_npu.oracle.ties import PROVENANCE
 from bisect_npu.oracle.tokens import first_mismatch, tie_at_first_mismatch
 
 _FALLBACK = {"prompt_token_ids": "prompt_token_ids", "forward": "logits_dump", "sampler": "sampling",
@@ -70,21 +72,30 @@ def _compare(name: str, cand: Any, ref: Any, logits_cfg: LogitsConfig) -> tuple[
     carriers, _ = result.after_first()
     figures["first_divergent"] = first.to_dict()
     figures["carried_by"] = len(carriers)
-    return False, figures, f"first divergent tensor {first.name}: {first.problem} [{first.rule or 'mismatch'} rule]"
+    provenance = f"; {first.provenance}" if first.provenance else ""
+    rule = f"[{first.rule or 'mismatch'} rule{provenance}]"
+    return False, figures, f"first divergent tensor {first.name}: {first.problem} {rule}"
 
 
 def _text_after_tie(obs: Observation, reference: Observation, figures: dict[str, Any],
-                    tokens_cfg: TokenMatchConfig) -> str | None:
-    """Where the texts differ: the tie rule on the tokens behind them. A description when the difference
-    starts at a numerical tie the candidate continued greedily from (figures get the tie's), else None."""
+                    tokens_cfg: TokenMatchConfig) -> tuple[bool, str | None]:
+    """Where the texts differ: the tie rule on the tokens behind them. (whether the difference starts at a
+    numerical tie the candidate continued greedily from, what the rule said; None: no token differs or
+    one output ended there); figures get the tie's."""
     index = first_mismatch(obs.output_token_ids, reference.output_token_ids)
     if index is None:
-        return None
-    tie, tie_figures, diverged = tie_at_first_mismatch(obs, reference, index, tokens_cfg)
+        return False, None
+    compared = max(len(obs.output_token_ids), len(reference.output_token_ids))
+    tie, tie_figures, diverged = tie_at_first_mismatch(obs, reference, index, tokens_cfg, compared)
     figures.update(tie_figures, first_token_mismatch=index)
-    if tie is None or not tie.tied or diverged is not None:
-        return None
-    return f"differs after a numerical tie at token {index} ({tie.words()})"
+    if tie is None:
+        return False, None
+    rule = f"[tie rule; {PROVENANCE}]"
+    if diverged is not None:
+        return False, f"{diverged} {rule}"
+    if not tie.tied:
+        return False, f"token {index} is no numerical tie ({tie.words()}) {rule}"
+    return True, f"differs after a numerical tie at token {index} ({tie.words()}) {rule}"
 
 
 def judge_stages(obs: Observation, reference: Observation | None, cfg: StagesConfig,
@@ -100,10 +111,12 @@ def judge_stages(obs: Observation, reference: Observation | None, cfg: StagesCon
             continue
         matches, stage_figures, said = _compare(name, cand, ref, logits_cfg)
         if name == "text" and not matches:
-            tied = _text_after_tie(obs, reference, stage_figures, tokens_cfg or TokenMatchConfig())
-            matches, said = (True, tied) if tied is not None else (False, said)
-            if tied is not None:
-                stage_figures["tie"] = tied
+            tied, words = _text_after_tie(obs, reference, stage_figures, tokens_cfg or TokenMatchConfig())
+            if tied:
+                matches, said = True, str(words)
+                stage_figures["tie"] = words
+            elif words is not None:
+                said = f"{said}: {words}"
         figures["stages"][name] = {"matches": matches, **stage_figures}
         if not matches and first_bad is None:
             first_bad = (name, said)

@@ -22,7 +22,7 @@ from typing import Any
 
 from bisect_npu.observations import Observation, Verdict, VerdictKind
 from bisect_npu.oracle.config import TokenMatchConfig
-from bisect_npu.oracle.ties import Tie, judge_tie
+from bisect_npu.oracle.ties import SHIPPED, Factors, Tie, judge_tie
 
 
 def first_mismatch(candidate: list[int], reference: list[int]) -> int | None:
@@ -47,13 +47,14 @@ def self_divergence(obs: Observation, start: int, margin: float) -> int | None:
     return None
 
 
-def tie_at_first_mismatch(obs: Observation, reference: Observation, index: int,
-                          cfg: TokenMatchConfig) -> tuple[Tie | None, dict[str, Any], str | None]:
-    """The tie rule at the first mismatch `index`: (its answer, figures, why the outputs still diverge
-    after a tie, or None). No answer where one output ended there."""
+def tie_at_first_mismatch(obs: Observation, reference: Observation, index: int, cfg: TokenMatchConfig,
+                          compared: int | None = None,
+                          factors: Factors = SHIPPED) -> tuple[Tie | None, dict[str, Any], str | None]:
+    """The tie rule at the first mismatch `index` of outputs compared over `compared` tokens: (its answer,
+    figures, why the outputs still diverge after a tie, or None). No answer where one output ended there."""
     if index >= len(obs.output_token_ids) or index >= len(reference.output_token_ids):
         return None, {}, None
-    tie = judge_tie(obs, reference, index, cfg.tie_margin, cfg.flip_margin)
+    tie = judge_tie(obs, reference, index, cfg.tie_margin, cfg.flip_margin, factors, compared)
     figures = tie.figures()
     if not tie.tied:
         return tie, figures, None
@@ -68,7 +69,8 @@ def tie_at_first_mismatch(obs: Observation, reference: Observation, index: int,
                           "token that is not its own top candidate")
 
 
-def judge_tokens(obs: Observation, reference: Observation | None, cfg: TokenMatchConfig) -> Verdict:
+def judge_tokens(obs: Observation, reference: Observation | None, cfg: TokenMatchConfig,
+                 factors: Factors = SHIPPED) -> Verdict:
     if reference is None:
         return Verdict(kind=VerdictKind.SKIP, reason="token match needs a reference observation")
     limit = cfg.compare_tokens
@@ -83,7 +85,7 @@ def judge_tokens(obs: Observation, reference: Observation | None, cfg: TokenMatc
                                "match_rate": round(shared / longer, 6), "compared_tokens": longer}
     if index is None:
         return Verdict(kind=VerdictKind.GOOD, reason=f"all {longer} tokens match the reference", figures=figures)
-    tie, tie_figures, diverged = tie_at_first_mismatch(obs, reference, index, cfg)
+    tie, tie_figures, diverged = tie_at_first_mismatch(obs, reference, index, cfg, longer, factors)
     figures.update(tie_figures)
     if diverged is not None:
         return Verdict(kind=VerdictKind.BAD, figures=figures, reason=diverged)

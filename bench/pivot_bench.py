@@ -13,9 +13,12 @@ per N, 64 culprits spread over each), and with ``--repo PATH`` a real range's ow
 culprit position). Costs in minutes (full build, overlay, probe run): 30/2/5 (`bisect-npu plan`'s
 defaults), 60/2/5 (a CANN kernel compile), 20/1/15 (long generations). Cost = the ends' and
 the steps' builds, overlays and runs. Then the noisy search at 0.8/0.2, N = 128: told the groups
-against told only "an untested commit costs a build" (costs in trials; 240 runs per cell).
+against told only "an untested commit costs a build" (costs in trials; 240 runs per cell). Then
+the likelihood search on a -7% throughput drop (spread 2%), N = 128: told nothing of builds (the
+posterior's median) against told the groups (most information per cost; 240 runs per cell);
+``--tune`` runs it on the tuning seeds (1000+) that chose costs.INFORMATION_FLOOR.
 
-    .venv/bin/python bench/pivot_bench.py [--repo PATH --good REF --bad REF] [--quick]
+    .venv/bin/python bench/pivot_bench.py [--repo PATH --good REF --bad REF] [--quick] [--likelihood-only [--tune]]
 """
 
 from __future__ import annotations
@@ -25,13 +28,16 @@ import time
 
 import numpy as np
 
-from bisect_npu.forecast.simulate import Minutes, SimulationSummary, simulate
+from bisect_npu.forecast.simulate import Minutes, SimulationSummary, Throughput, simulate
 
 SIZES = (32, 128, 176, 1000)
 NEW_KEY_SHARE = 1 / 17
 MINUTES = ((30.0, 2.0, 5.0), (60.0, 2.0, 5.0), (20.0, 1.0, 15.0))
 CULPRITS = 64
 NOISY_MINUTES = ((20.0, 1.0, 1.0), (100.0, 2.0, 1.0))  # (build, overlay, trial), engine start 2 trials
+LIKELIHOOD_MINUTES = ((30.0, 2.0, 5.0), (60.0, 2.0, 5.0))  # (build, overlay, throughput run)
+THROUGHPUT = Throughput(drop=0.07, spread=0.02)  # the nightly bench's throughput row
+TUNING_SEED = 1000  # --tune: layouts and runs from seeds 1000+, apart from the reported 7 and 0+
 
 
 def layout(n: int, rng: np.random.Generator) -> list[str]:
@@ -112,6 +118,35 @@ def noisy_table(layouts: int, each: int) -> None:
               f"  ({time.perf_counter() - started:.1f} s)", flush=True)
 
 
+def likelihood_table(layouts: int, each: int, tune: bool) -> None:
+    """The likelihood search on throughput steps, N = 128: told nothing of builds (the posterior's
+    median) against told the groups and costs (most information per cost); cost in minutes."""
+    base = TUNING_SEED if tune else 0
+    print(f"\nlikelihood mode, throughput -{THROUGHPUT.drop:.0%} (spread {THROUGHPUT.spread:.0%}), N = 128, "
+          f"{layouts * 8 * each} runs per cell ({layouts} layouts x 8 culprits x {each}, seeds {base}+"
+          f"{', tuning' if tune else ''}): median vs most information per cost")
+    print("| build/overlay/run | median: right | runs | full builds | overlays | hours "
+          "| per cost: right | runs | full builds | overlays | hours | hours ratio |")
+    print("|---|---|---|---|---|---|---|---|---|---|---|---|")
+    rng = np.random.default_rng(base + 7)
+    keys_list = [layout(128, rng) for _ in range(layouts)]
+    for build, overlay, run in LIKELIHOOD_MINUTES:
+        started = time.perf_counter()
+        cells = []
+        for told in (False, True):
+            summaries = [simulate(128, spread(128, 8), bad_rate=1.0, good_rate=0.0, runs=each, seed=base + j,
+                                  build_key_of=keys.__getitem__, throughput=THROUGHPUT,
+                                  costs=Minutes(build=build, overlay=overlay, run=run), tell_build_groups=told)
+                         for j, keys in enumerate(keys_list)]
+            cells.append(tuple(float(np.mean([getattr(s, f) for s in summaries]))
+                               for f in ("accuracy", "mean_trials", "mean_builds", "mean_overlays",
+                                         "mean_machine_hours")))
+        (a0, t0, b0, o0, h0), (a1, t1, b1, o1, h1) = cells
+        print(f"| {build:g}/{overlay:g}/{run:g} | {a0:.1%} | {t0:.1f} | {b0:.2f} | {o0:.1f} | {h0:.2f} "
+              f"| {a1:.1%} | {t1:.1f} | {b1:.2f} | {o1:.1f} | {h1:.2f} | {h1 / h0:.2f}x |"
+              f"  ({time.perf_counter() - started:.1f} s)", flush=True)
+
+
 def repo_keys(path: str, good: str, bad: str) -> tuple[str, list[str]]:
     from bisect_npu.builders.key import BuildKeyReader
     from bisect_npu.upstream import history
@@ -129,10 +164,14 @@ def main() -> None:
     parser.add_argument("--good", default="v0.9.0rc1")
     parser.add_argument("--bad", default="v0.9.1")
     parser.add_argument("--quick", action="store_true", help="3 layouts per N, 40 noisy runs: a smoke test")
+    parser.add_argument("--likelihood-only", action="store_true", help="only the likelihood table")
+    parser.add_argument("--tune", action="store_true", help="the likelihood table on the tuning seeds (1000+)")
     args = parser.parse_args()
     started = time.perf_counter()
-    exact_table(3 if args.quick else 20, repo_keys(args.repo, args.good, args.bad) if args.repo else None)
-    noisy_table(5, 1) if args.quick else noisy_table(10, 3)
+    if not args.likelihood_only:
+        exact_table(3 if args.quick else 20, repo_keys(args.repo, args.good, args.bad) if args.repo else None)
+        noisy_table(5, 1) if args.quick else noisy_table(10, 3)
+    likelihood_table(5, 1, args.tune) if args.quick else likelihood_table(10, 3, args.tune)
     print(f"\ntotal {time.perf_counter() - started:.0f} s")
 
 

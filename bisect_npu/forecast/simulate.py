@@ -293,7 +293,12 @@ def simulate(
     total = len(culprits) * runs
     outcomes: list[RunOutcome] = []
     if throughput is not None:
-        problem = SearchProblem(n=n, mode="likelihood", slots=slots, confidence=confidence)
+        # A likelihood step's unit is one step (a session measures step seconds): its engine start
+        # and at most its trials' runs. Costs are told only with the groups, as a session does.
+        per_step = costs.load + throughput.trials * costs.run or float("inf")
+        problem = SearchProblem(n=n, mode="likelihood", slots=slots, confidence=confidence,
+                                build_cost=costs.build / per_step if groups else 0.0, build_groups=groups,
+                                overlay_cost=costs.overlay / per_step if groups else 0.0)
     for position in (p for p in culprits for _ in range(runs)):
         if throughput is not None:
             outcomes.append(simulate_throughput_one(problem, position, throughput, build_fail=build_fail, rng=rng,

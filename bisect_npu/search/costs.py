@@ -1,10 +1,13 @@
-"""What a step costs when builds differ: build groups, and exact mode's pivot of least expected cost.
+"""What a step costs when builds differ: build groups, exact mode's pivot of least expected cost,
+and the likelihood search's pick of most information per cost.
 
 On vllm-ascend about one commit in 17 changes what is compiled, so a range falls into a few
 build groups: the first commit tested in a group pays a full build, the rest of the group only a
 python overlay. The midpoint ignores that and often lands in a group nobody has built; here the
 pivot minimises the expected cost of the whole remaining search, by dynamic programming over the
-sub-ranges a search can reach (docs/design/search.md, "Build groups").
+sub-ranges a search can reach (docs/design/search.md, "Build groups"). The Bayesian searches have
+no range to plan over, so they weigh each position's expected information against what asking it
+costs now (``build_costs``): the noisy search per trial batch, the likelihood search per step.
 """
 
 from __future__ import annotations
@@ -20,6 +23,10 @@ from bisect_npu.search.types import Evidence, SearchProblem
 # is small enough (a step or two; the expensive part of a range is its end: few groups, many overlays).
 MAX_CANDIDATES = 300
 _TIE = 1e-9  # far below any real cost difference: only breaks exact ties, towards the middle
+# A cheaper step is taken only where it teaches at least this share of the most informative one:
+# a search that always took the best ratio would walk a built group commit by commit, each step
+# cheap and nearly useless. Tuned on bench/pivot_bench.py's tuning seeds (docs/design/search.md).
+INFORMATION_FLOOR = 0.5
 
 
 def group_ids(keys: Sequence[str]) -> tuple[int, ...]:
@@ -35,6 +42,51 @@ def built_groups(problem: SearchProblem, evidence: Mapping[int, Evidence]) -> fr
     A position that was only skipped does not count: its build may be what failed."""
     groups = problem.build_groups or ()
     return problem.prebuilt_groups | {groups[i] for i, ev in evidence.items() if ev.trials}
+
+
+def build_costs(problem: SearchProblem, evidence: Mapping[int, Evidence]) -> np.ndarray:
+    """What asking each position 0..n costs before its runs: a full build where its group has no
+    image, an overlay where it has, nothing where the position was asked already (its own image
+    exists, or its build failed and it is not asked again)."""
+    cost = np.full(problem.n + 1, problem.build_cost)
+    if problem.build_groups is not None:
+        built = np.isin(np.array(problem.build_groups), list(built_groups(problem, evidence)))
+        cost[built] = problem.overlay_cost
+    for i, ev in evidence.items():
+        if ev.trials or ev.skipped:
+            cost[i] = 0.0
+    return cost
+
+
+def _binary_entropy(p: np.ndarray) -> np.ndarray:
+    p = np.clip(p, 1e-12, 1 - 1e-12)
+    entropy: np.ndarray = -(p * np.log(p) + (1 - p) * np.log1p(-p))
+    return entropy
+
+
+def most_information_per_cost(below: np.ndarray, askable: Sequence[int], step_cost: np.ndarray,
+                              floor: float | None = None) -> int | None:
+    """The askable position whose step teaches the most about the culprit per unit of cost, among
+    those teaching at least ``floor`` (default ``INFORMATION_FLOOR``) of the most any teaches;
+    None when those all cost the same (the information alone then decides).
+
+    ``below[x - 1]`` is P(c <= x) for x = 1..n-1, ``step_cost[x]`` what a step at x costs (a
+    step, plus its build or overlay). A step is valued as if decisive, the entropy of c <= x
+    against c > x, since its strength is unknown before it runs. Ties go to the position whose
+    P(c <= x) is nearest 1/2, then the lower one.
+    """
+    if not askable:
+        return None
+    positions = np.array(askable)
+    information = _binary_entropy(below[positions - 1])
+    close = information >= (INFORMATION_FLOOR if floor is None else floor) * information.max()
+    positions, information = positions[close], information[close]
+    if len(set(step_cost[positions].tolist())) < 2:
+        return None
+    split = below[positions - 1]
+    per_cost = information / step_cost[positions]
+    order = np.lexsort((positions, np.abs(split - 0.5), -per_cost))
+    return int(positions[order[0]])
 
 
 @lru_cache(maxsize=4096)

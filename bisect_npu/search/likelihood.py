@@ -20,6 +20,7 @@ from collections.abc import Mapping
 
 import numpy as np
 
+from bisect_npu.search.costs import build_costs, most_information_per_cost
 from bisect_npu.search.types import Decision, EndsWrong, Evidence, Found, Narrowed, Next, Query, SearchProblem
 
 # Steps one position may take (the first and repeats): a commit that three steps of the sequential
@@ -87,13 +88,18 @@ def decide_likelihood(problem: SearchProblem, evidence: Mapping[int, Evidence]) 
 def _quantile_picks(problem: SearchProblem, evidence: Mapping[int, Evidence], post: np.ndarray) -> list[int]:
     """Positions at the posterior's k/(k+1) quantiles (k slots): a step at x tells c <= x from c > x,
     so the quantiles split the mass evenly. Positions that cannot be asked (skipped, or at
-    ``MAX_STEPS``) are left out."""
+    ``MAX_STEPS``) are left out. With one slot and steps that cost differently (builds against
+    overlays) the pick is the most information per cost instead (costs.py)."""
     n = problem.n
     cumulative = np.cumsum(post)[:-1]  # P(c <= x) for x = 1..n-1
     askable = [x for x in range(1, n)
                if not evidence.get(x, Evidence()).skipped and _steps(evidence.get(x, Evidence())) < MAX_STEPS]
     if not askable:
         return []
+    if problem.slots == 1:
+        cheaper = most_information_per_cost(cumulative, askable, 1.0 + build_costs(problem, evidence))
+        if cheaper is not None:
+            return [cheaper]
     picks: list[int] = []
     for k in range(1, problem.slots + 1):
         target = k / (problem.slots + 1)

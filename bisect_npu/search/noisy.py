@@ -17,7 +17,7 @@ from typing import Literal
 import numpy as np
 
 from bisect_npu.intervals import wilson_interval
-from bisect_npu.search.costs import built_groups
+from bisect_npu.search.costs import build_costs
 from bisect_npu.search.types import (
     Decision,
     EndsWrong,
@@ -452,7 +452,7 @@ def _search_picks(
     for i, ev in evidence.items():
         room[i] = 0 if ev.skipped else max(0, problem.max_trials_per_query - ev.trials)
     counts = {i: (float(ev.good), float(ev.bad)) for i, ev in counted.items() if ev.trials}
-    fixed = _fixed_costs(problem, evidence)
+    fixed = problem.load_cost + build_costs(problem, evidence)
     groups = np.array(problem.build_groups) if problem.build_groups is not None else None
     picks: list[Query] = []
     for query in [*taken, *[None] * count]:
@@ -473,20 +473,6 @@ def _search_picks(
         counts[x] = (good + query.trials - failing, bad + failing)
         mass, mean_q, mean_p = position_mass(posterior_of_counts(n, counts))
     return picks
-
-
-def _fixed_costs(problem: SearchProblem, evidence: Mapping[int, Evidence]) -> np.ndarray:
-    """What a query at each position costs besides its trials: the engine start, plus a full
-    build where its build group has no tested position yet, an overlay where it has."""
-    n = problem.n
-    fixed = np.full(n + 1, problem.load_cost + problem.build_cost)
-    if problem.build_groups is not None:
-        done = np.isin(np.array(problem.build_groups), list(built_groups(problem, evidence)))
-        fixed[done] = problem.load_cost + problem.overlay_cost
-    for i, ev in evidence.items():
-        if ev.trials or ev.skipped:
-            fixed[i] = problem.load_cost
-    return fixed
 
 
 def _best_query(

@@ -158,3 +158,19 @@ def test_a_throughput_forecast_runs_the_sessions_sequential_steps():
     near = simulate(39, list(range(1, 40, 4)), bad_rate=1.0, good_rate=0.0, runs=10, seed=1000,
                     throughput=Throughput(drop=0.045, spread=0.02))
     assert near.mean_trials > clear.mean_trials
+
+
+def test_a_throughput_forecast_tells_the_likelihood_search_the_build_groups():
+    """As a session with a keyed builder does: told the groups, the search takes the built
+    neighbour of an unbuilt midpoint and builds less, and is as right."""
+    from bisect_npu.forecast.simulate import Throughput
+
+    def key_of(i: int) -> str:
+        return "a" if i <= 60 else "c" if i <= 70 else "b"  # the midpoint 64 alone in group c
+
+    runs = {told: simulate(128, [100, 110], bad_rate=1.0, good_rate=0.0, runs=4, seed=1000, build_key_of=key_of,
+                           throughput=Throughput(drop=0.07, spread=0.02), costs=Minutes(build=60, overlay=2, run=5),
+                           tell_build_groups=told)
+            for told in (False, True)}
+    assert runs[True].accuracy == runs[False].accuracy == 1.0
+    assert runs[True].mean_builds < runs[False].mean_builds

@@ -64,11 +64,10 @@ def _binary_entropy(p: np.ndarray) -> np.ndarray:
     return entropy
 
 
-def most_information_per_cost(below: np.ndarray, askable: Sequence[int], step_cost: np.ndarray,
-                              floor: float | None = None) -> int | None:
+def most_information_per_cost(below: np.ndarray, askable: Sequence[int], step_cost: np.ndarray) -> int | None:
     """The askable position whose step teaches the most about the culprit per unit of cost, among
-    those teaching at least ``floor`` (default ``INFORMATION_FLOOR``) of the most any teaches;
-    None when those all cost the same (the information alone then decides).
+    those teaching at least ``INFORMATION_FLOOR`` of the most any teaches; None when those all
+    cost the same (the information alone then decides).
 
     ``below[x - 1]`` is P(c <= x) for x = 1..n-1, ``step_cost[x]`` what a step at x costs (a
     step, plus its build or overlay). A step is valued as if decisive, the entropy of c <= x
@@ -79,7 +78,7 @@ def most_information_per_cost(below: np.ndarray, askable: Sequence[int], step_co
         return None
     positions = np.array(askable)
     information = _binary_entropy(below[positions - 1])
-    close = information >= (INFORMATION_FLOOR if floor is None else floor) * information.max()
+    close = information >= INFORMATION_FLOOR * information.max()
     positions, information = positions[close], information[close]
     if len(set(step_cost[positions].tolist())) < 2:
         return None

@@ -79,8 +79,9 @@ class SearchProblem:
     share a compiled image, so once one of them is tested the others cost only ``overlay_cost``
     (a python overlay) instead of ``build_cost`` (a full build); None: every position is its own
     build. Both costs are in trials in noisy mode and in steps (one query's trials) in exact
-    mode, where the single-slot search then picks the pivot of least expected cost
-    (bisect_npu/search/costs.py) instead of the midpoint. ``prebuilt_groups`` are groups whose
+    and likelihood mode; the single-slot exact search then picks the pivot of least expected cost
+    (bisect_npu/search/costs.py) instead of the midpoint, the single-slot likelihood search the
+    step of most information per cost instead of the posterior's median. ``prebuilt_groups`` are groups whose
     compiled image exists though none of their positions need have been tested (an earlier
     session or a prefetch built it): their positions cost an overlay too.
 

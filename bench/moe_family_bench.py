@@ -17,11 +17,11 @@ DeepSeek-V3 (sigmoid, grouped top-k, correction bias, shared experts), each with
 * faults: the experts' down projections at the last MoE layer perturbed by 30% of their rms, the
   first MoE router's weights by 5% of theirs.
 
-The routing rule's allowance (`UNEXPLAINED_ALLOWED`, `FAR_BEYOND`) was set on the tune split
-(seed 0, Qwen3-MoE with `norm_topk_prob`); the report split is every other seed and family
-(DeepSeek-V3 and the families without `norm_topk_prob` are left out of tuning whole: leave-one-
-family-out). A false alarm is a clean pair called bad; a fault is named when the first divergent
-tensor sits in the module the fault is in.
+The routing rule's allowance (`UNEXPLAINED_ALLOWED`, `FAR_BEYOND`) was set on seed 0 of Qwen3-MoE
+with `norm_topk_prob`, and the causes of the 5-layer false alarms were measured on seed 0 of every
+family: the tune split is seed 0; the report split is every other seed, at depths (`--layers`) and
+widths (`--hidden`) of the reader's choice. A false alarm is a clean pair called bad; a fault is
+named when the first divergent tensor sits in the module the fault is in.
 """
 
 from __future__ import annotations
@@ -70,7 +70,8 @@ PAIRS = [
     ("fault", "router_fault", "golden", "model.layers.1.mlp.gate"),
 ]
 FAMILIES = [("qwen3_moe", True), ("qwen3_moe", False), ("deepseek_v3", True), ("deepseek_v3", False)]
-TUNE = {("qwen3_moe", True, 0)}
+# Seed 0 of every family: where the 5-layer false alarms' causes were measured and the routing allowance set.
+TUNE = {(family, norm, 0) for family, norm in FAMILIES}
 
 
 def _module_of(name: str) -> str:
@@ -101,6 +102,7 @@ def main() -> None:
     parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
     parser.add_argument("--families", default="", help="family:norm_topk_prob pairs (commas), e.g. qwen3_moe:False")
     parser.add_argument("--layers", type=int, default=3, help="decoder layers (layer 0 dense, the rest MoE)")
+    parser.add_argument("--hidden", type=int, default=128, help="hidden size (a multiple of 4)")
     parser.add_argument("--msprobe", help="an msprobe executable: run `msprobe compare` beside on the same pairs")
     parser.add_argument("--msprobe-pairs", default="bf16,eager,bf16_router,expert_fault,router_fault",
                         help="the candidates whose pairs msprobe compares (commas): ~1 min a pair here")
@@ -111,15 +113,17 @@ def main() -> None:
              if args.split == "all" or ((family, norm, seed) in TUNE) == (args.split == "tune")]
     load = Path("/proc/loadavg").read_text(encoding="utf-8").split()[0]
     print(f"# moe_family_bench {date.today()} {platform.machine()} load {load} split {args.split} "
-          f"layers {args.layers}")
+          f"layers {args.layers} hidden {args.hidden}")
     print("| family | norm_topk_prob | seed | pair | kind | verdict | named where | flips | seconds | msprobe "
           "names | msprobe s, peak MiB |")
     print("|---|---|---|---|---|---|---|---|---|---|---|")
     tally: dict[str, list[int]] = {}
     for family, norm, seed in cases:
-        spec = MoeSpec(family=family, norm_topk_prob=norm, router_offset=20.0, seed=seed, layers=args.layers)
+        spec = MoeSpec(family=family, norm_topk_prob=norm, router_offset=20.0, seed=seed, layers=args.layers,
+                       hidden=args.hidden)
         ids = tokens(spec, seed=seed + 7)
-        root = args.work / f"{family}-{int(norm)}-{seed}-{args.layers}"
+        size = "" if args.hidden == 128 else f"-h{args.hidden}"
+        root = args.work / f"{family}-{int(norm)}-{seed}-{args.layers}{size}"
         for name, kwargs in VARIANTS.items():
             if not (root / name / "step0").exists():
                 dump(build_model(spec, **kwargs), ids, root / name)

@@ -53,6 +53,13 @@ def transformed_inputs(row: TensorDiff, inputs: list[TensorDiff]) -> list[Tensor
     return shaped or inputs
 
 
+def own_rounding(row: TensorDiff) -> float:
+    """The cosine distance one rounding to the row's dtype leaves in it: `cosine_floor`, scaled where the row
+    measures a part of the stored tensor (`rounding_scale`: a softmax router's logits less their shared part,
+    rounded at the whole logits' magnitude)."""
+    return cosine_floor(row.dtype) * float(row.metrics.get("rounding_scale", 1.0))
+
+
 def input_is_exact(row: TensorDiff, base: dict[str, Any]) -> bool:
     """Whether the module's input agrees to within one rounding (bit-identical, or just cast): its
     amplification then says nothing, and its output distance is judged against its peers' instead."""
@@ -63,7 +70,7 @@ def distance_statistic(row: TensorDiff, base: dict[str, Any]) -> tuple[str, floa
     """("amplification", log(output's cosine distance / its input's)) or, for an exact input,
     ("distance", log(output's cosine distance)); distances floored at one rounding to the row's dtype."""
     floor = cosine_floor(row.dtype)
-    out = math.log(max(1.0 - row.metrics["cosine"], floor))
+    out = math.log(max(1.0 - row.metrics["cosine"], own_rounding(row)))
     if input_is_exact(row, base):
         return "distance", out
     return "amplification", out - math.log(max(1.0 - base["cosine"], floor))
@@ -96,7 +103,7 @@ class PeerLines:
             (amp if statistic == "amplification" else dist).setdefault(kind, []).append((row.index, value))
             if statistic == "amplification":  # every output's distance is a peer of an exact-input one
                 dist.setdefault(kind, []).append((row.index, math.log(max(1.0 - row.metrics["cosine"],
-                                                                          cosine_floor(row.dtype)))))
+                                                                          own_rounding(row)))))
             change = norm_change(row, base)
             if math.isfinite(change):
                 norm.setdefault(kind, []).append((row.index, change))

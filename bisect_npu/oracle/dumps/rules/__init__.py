@@ -13,8 +13,7 @@ from typing import Any
 
 from bisect_npu.oracle.config import LogitsConfig
 from bisect_npu.oracle.dumps.entries import EXPERT_CALL, INPUT, ROUTING, TensorEntry
-from bisect_npu.oracle.dumps.noise import PeerLines, baseline, mixes_tokens, transformed_inputs
-from bisect_npu.oracle.dumps.precision import cosine_floor
+from bisect_npu.oracle.dumps.noise import PeerLines, baseline, mixes_tokens, own_rounding, transformed_inputs
 from bisect_npu.oracle.dumps.routing import RoutingReport
 from bisect_npu.oracle.dumps.rows import TensorDiff
 from bisect_npu.oracle.dumps.rules.absolute import Absolute
@@ -59,7 +58,7 @@ def noise_line(row: TensorDiff, base: dict[str, Any], ctx: Context) -> float:
     allowed = ctx.lines.allowed_distance(row, base) if ctx.lines is not None else None
     if allowed is not None:
         return allowed
-    return ctx.cfg.amplification * (1.0 - float(base["cosine"])) + cosine_floor(row.dtype)
+    return ctx.cfg.amplification * (1.0 - float(base["cosine"])) + own_rounding(row)
 
 
 def apply_relative_rules(rows: list[TensorDiff], cfg: LogitsConfig) -> None:

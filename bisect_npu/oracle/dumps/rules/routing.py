@@ -125,7 +125,8 @@ class Routing:
     measures: ClassVar[str] = ("the tokens each MoE router sends to another expert set, each flip's margin against "
                                "the noise the pair's precisions and the router's input explain")
     provenance: ClassVar[str] = ("noise bound: half an ulp of each side's router precision and 4 sigma of the "
-                                 "input's effect; flips allowed past it: bench/moe_family_bench.py, tune split")
+                                 "input's effect; flips allowed past it: bench/moe_family_bench.py, tune split "
+                                 "(seeds 0-2)")
 
 
 def apply_routing(entries: list[tuple[TensorEntry | None, TensorEntry]], pairs: Sequence[MeasuredPair],
@@ -138,6 +139,7 @@ def apply_routing(entries: list[tuple[TensorEntry | None, TensorEntry]], pairs: 
     reports: list[RoutingReport] = []
     flipped: dict[int, set[int]] = {}
     masks: list[tuple[int, list[int], int, set[int], int]] = []
+    centred: set[int] = set()
     for op in ops:
         cand, ref = _router_side(op, entries, 0), _router_side(op, entries, 1)
         if cand is None or ref is None or (cand.ids is None and ref.ids is None):
@@ -158,14 +160,19 @@ def apply_routing(entries: list[tuple[TensorEntry | None, TensorEntry]], pairs: 
             row.problem, row.rule, row.provenance = finding, Routing.name, Routing.provenance
         else:
             _leave_out_expert_calls(pairs, op, first)
+            if not ref.sigmoid and "cosine" in pairs[first].row.metrics and pairs[first].row.dtype is not None:
+                _softmax_logits(pairs[first].row, cand, ref, flipped.get(op.step, set()))
+                centred.add(first)
+                rejudge(pairs[first].row)
         if finding is None and report.flips:
             flipped.setdefault(op.step, set()).update(report.flipped_tokens)
             inputs = [index for (section, _), index in op.rows.items() if section == "input"]
             masks.append((first, inputs, op.step, set(flipped[op.step]), report.tokens))
         _weights_by_expert(pairs, op, first, (cand, ref), flipped.get(op.step, set()))
     for start, inputs, step, tokens, count in masks:  # a later router's mask holds an earlier one's: after it
-        for pair in [pairs[index] for index in inputs] + list(pairs[start + 1:]):
-            if pair.row.step == step and pair.cand is not None and pair.ref is not None \
+        for index in inputs + list(range(start + 1, len(pairs))):
+            pair = pairs[index]
+            if pair.row.step == step and pair.cand is not None and pair.ref is not None and index not in centred \
                     and pair.row.role not in (ROUTING, EXPERT_CALL) and pair.row.rule != Routing.name:
                 _judge_on_alike(pair, tokens, count, cfg, rejudge)
     return reports, unchecked
@@ -178,6 +185,25 @@ def _sums(cand: np.ndarray, ref: np.ndarray, dtype: str) -> dict[str, float]:
     sums = ChunkSums()
     sums.add_chunk(cand32, ref32, dtype_tolerance(dtype), None, 1, Scratch(max(1, cand32.size), 4))
     return sums.metrics(False)
+
+
+def _softmax_logits(row: TensorDiff, cand: RouterSide, ref: RouterSide, flipped: set[int]) -> None:
+    """Measure a softmax router's logits as softmax reads them: each token's logits less their mean, on the
+    tokens that routed alike so far, whole beside (`carried_metrics`). Why: a part every expert shares
+    (large in a trained router) changes neither the choice nor the weights, yet it leads the logits' norm
+    and cosine, and its rounding moves them by more than the router's input explains."""
+    assert row.dtype is not None
+    cand_centred = cand.logits - cand.logits.mean(axis=1, keepdims=True)
+    ref_centred = ref.logits - ref.logits.mean(axis=1, keepdims=True)
+    keep = np.ones(int(ref.logits.shape[0]), dtype=np.bool_)
+    keep[sorted(flipped)] = False
+    row.carried_metrics = _sums(cand_centred, ref_centred, row.dtype)
+    # The logits are stored, and rounded, at their whole magnitude: one rounding of them leaves a distance in
+    # the centred part larger by the ratio of the two's squared norms.
+    scale = float(np.sum(ref.logits**2) / max(np.sum(ref_centred**2), np.finfo(np.float64).tiny))
+    row.metrics = {**_sums(cand_centred[keep], ref_centred[keep], row.dtype), "tokens_left_out": float(len(flipped)),
+                   "rounding_scale": max(1.0, scale)}
+    row.problem = row.rule = row.provenance = None
 
 
 def _weights_by_expert(pairs: Sequence[MeasuredPair], op: _RouterOp, first: int, sides: tuple[RouterSide, RouterSide],

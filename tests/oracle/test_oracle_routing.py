@@ -181,3 +181,23 @@ def test_routing_weights_are_compared_per_expert_id_not_slot_by_slot() -> None:
     _weights_by_expert(pairs, op, 0, sides, flipped={9})
     assert rows[1].metrics["cosine"] > 1 - 1e-9 and rows[1].metrics["tokens_left_out"] == 1.0
     assert rows[1].carried_metrics is not None and rows[1].carried_metrics["cosine"] > 1 - 1e-9
+
+
+@pytest.mark.heavy
+def test_a_bf16_deepseek_v3_router_whose_scores_lie_close_together_is_named_at_the_router(tmp_path: Path) -> None:
+    """A sigmoid router off its plateau (a shared logit part of 4) whose experts' scores lie close together
+    (their own part and the correction bias x0.1): bf16 rounding of its logits reaches their gaps, so a
+    gate in bf16 where the reference routes in fp32 flips choices rounding elsewhere does not; the clean
+    bf16 model against its fp32 golden stays aligned."""
+    spec = tiny_moe.MoeSpec(family="deepseek_v3", router_offset=4.0, router_scale=0.1, bias_scale=0.1, seed=0)
+    ids = tiny_moe.tokens(spec, seed=7)
+    bf16 = torch.bfloat16
+    dumps = {name: tiny_moe.dump(tiny_moe.build_model(spec, **kwargs), ids, tmp_path / name) for name, kwargs in {
+        "golden": {"dtype": torch.float32}, "bf16": {"dtype": bf16},
+        "fp32_router": {"dtype": bf16, "router": "fp32", "weights_dtype": bf16},
+        "bf16_router": {"dtype": bf16, "router": "bf16", "weights_dtype": bf16}}.items()}
+    result, verdict = _judge(dumps["bf16_router"], dumps["fp32_router"])
+    assert verdict.kind is VerdictKind.BAD and result.first_divergent is not None
+    assert ".model.layers.1.mlp.gate." in result.first_divergent.name and "router:" in verdict.reason
+    _, clean = _judge(dumps["bf16"], dumps["golden"])
+    assert clean.kind is VerdictKind.GOOD, clean.reason

@@ -244,6 +244,16 @@ def test_attention_outputs_keep_their_whole_inputs_as_baseline() -> None:
     assert mixes_tokens(row) and not mixes_tokens(_routed_alike_mlp()[0])
 
 
+@pytest.mark.parametrize(("part", "mixes"), [("q_proj.Linear", False), ("k_norm.Qwen3RMSNorm", False),
+                                             ("kv_b_proj.Linear", False), ("o_proj.Linear", True),
+                                             ("Qwen3MoeAttention", True)])
+def test_only_attentions_core_and_what_follows_it_mix_tokens(part: str, mixes: bool) -> None:
+    """The projections before attention's core work token by token: measured on the tokens that routed alike,
+    they are measured against their input on the same tokens, as an MLP's are."""
+    module = f"Module.model.layers.2.self_attn.{part}.forward.0"
+    assert mixes_tokens(TensorDiff(f"{module}.output.0", 0, 0, 2, module)) is mixes
+
+
 # ---------------------------------------------------------------- an MoE layer's experts and router
 
 

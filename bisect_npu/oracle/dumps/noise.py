@@ -11,6 +11,7 @@ against the same module kind in the other layers of the pair (`PeerLines`): the 
 from __future__ import annotations
 
 import math
+import re
 from dataclasses import dataclass
 from typing import Any
 
@@ -38,10 +39,14 @@ def baseline(rows: list[TensorDiff], routed_alike: bool = False) -> dict[str, An
             "norm_change": max(log_ratio(metrics.get("norm_ratio", 1.0)) for _, metrics in measured)}
 
 
+_ATTENTION = re.compile(r"\.(?:self_attn|attention|attn)(?:\.o_proj|\.out_proj|\.dense)?\.[A-Za-z_]\w*\.forward\.\d+$")
+
+
 def mixes_tokens(row: TensorDiff) -> bool:
-    """Whether the output is attention's (its projection or its module): the step to it mixes tokens, so a
-    flipped token's drift reaches the tokens that routed alike, and its input is measured whole."""
-    return any(part in (row.module or row.name).lower() for part in (".self_attn.", ".attention.", ".attn."))
+    """Whether the output is attention's (its module, or the output projection after its core): the step to
+    it mixes tokens, so a flipped token's drift reaches the tokens that routed alike, and its input is
+    measured whole. The projections before the core (query, key, value, their norms) work token by token."""
+    return _ATTENTION.search((row.module or row.name).lower()) is not None
 
 
 def transformed_inputs(row: TensorDiff, inputs: list[TensorDiff]) -> list[TensorDiff]:

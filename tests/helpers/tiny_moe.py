@@ -46,6 +46,7 @@ class MoeSpec:
     norm_topk_prob: bool = True
     router_scale: float = 1.0
     router_offset: float = 0.0
+    bias_scale: float = 1.0  # DeepSeek-V3's score-correction bias: times 0.02 of a normal
     vocab: int = 512
     seed: int = 0
 
@@ -91,11 +92,12 @@ def build_model(spec: MoeSpec, dtype: torch.dtype = torch.float32, attn: str = "
                 shared = torch.randn(weight.shape[1], generator=generator) * 0.02 * 2.5
                 weight.add_(spec.router_offset * shared)
             if name.endswith("e_score_correction_bias"):
-                weight.copy_(torch.randn(weight.shape, generator=generator) * 0.02)
+                weight.copy_(torch.randn(weight.shape, generator=generator) * 0.02 * spec.bias_scale)
             weight.copy_(weight.to(torch.bfloat16).float())
         for name, buffer in model.named_buffers():
             if name.endswith("e_score_correction_bias"):
-                buffer.copy_((torch.randn(buffer.shape, generator=generator) * 0.02).to(torch.bfloat16).float())
+                buffer.copy_((torch.randn(buffer.shape, generator=generator) * 0.02 * spec.bias_scale)
+                             .to(torch.bfloat16).float())
         if fault is not None:
             _inject(model, fault)
     model.to(dtype)

@@ -14,6 +14,7 @@ from bisect_npu.observations import Observation, VerdictKind
 from bisect_npu.oracle.config import LogitsConfig
 from bisect_npu.oracle.dumps import rules
 from bisect_npu.oracle.dumps.compare import compare_dumps, judge_logits, write_dump
+from bisect_npu.oracle.dumps.entries import EXPERT_CALL, INPUT, ROUTING
 from bisect_npu.oracle.dumps.noise import mixes_tokens
 from bisect_npu.oracle.dumps.rows import TensorDiff
 from bisect_npu.oracle.dumps.rules.base import Context, Finding, ModuleRule
@@ -241,3 +242,71 @@ def test_attention_outputs_keep_their_whole_inputs_as_baseline() -> None:
                      "Module.model.layers.2.self_attn.o_proj.Linear.forward.0", metrics=_metrics(1e-5),
                      carried_metrics=_metrics(1e-3))
     assert mixes_tokens(row) and not mixes_tokens(_routed_alike_mlp()[0])
+
+
+@pytest.mark.parametrize(("part", "mixes"), [("q_proj.Linear", False), ("k_norm.Qwen3RMSNorm", False),
+                                             ("kv_b_proj.Linear", False), ("o_proj.Linear", True),
+                                             ("Qwen3MoeAttention", True)])
+def test_only_attentions_core_and_what_follows_it_mix_tokens(part: str, mixes: bool) -> None:
+    """The projections before attention's core work token by token: measured on the tokens that routed alike,
+    they are measured against their input on the same tokens, as an MLP's are."""
+    module = f"Module.model.layers.2.self_attn.{part}.forward.0"
+    assert mixes_tokens(TensorDiff(f"{module}.output.0", 0, 0, 2, module)) is mixes
+
+
+# ---------------------------------------------------------------- an MoE layer's experts and router
+
+
+def _moe_layer(layer: int, experts_distance: float, call_distance: float) -> list[TensorDiff]:
+    """One MoE layer as `record` dumps it: the router's input, its logits and routing weights, one call inside
+    the experts, the experts' output."""
+    gate = f"Module.model.layers.{layer}.mlp.gate.Qwen3MoeTopKRouter.forward.0"
+    call = f"Module.model.layers.{layer}.mlp.experts.act_fn.SiLUActivation.forward.0"
+    experts = f"Module.model.layers.{layer}.mlp.experts.Qwen3MoeExperts.forward.0"
+    return [TensorDiff(f"{gate}.input.0", 0, 0, layer, gate, role=INPUT, dtype="bfloat16", shape=(128, 64),
+                       metrics=_metrics(4e-5)),
+            TensorDiff(f"{gate}.output.0", 0, 0, layer, gate, dtype="bfloat16", shape=(128, 8), metrics=_metrics(6e-5)),
+            TensorDiff(f"{gate}.output.1", 0, 0, layer, gate, role=ROUTING, dtype="bfloat16", shape=(128, 2),
+                       metrics=_metrics(1e-5)),
+            TensorDiff(f"{call}.output.0", 0, 0, layer, call, role=EXPERT_CALL, dtype="bfloat16",
+                       shape=(9, 64), metrics=_metrics(call_distance)),
+            TensorDiff(f"{experts}.output.0", 0, 0, layer, experts, dtype="bfloat16", shape=(128, 64),
+                       metrics=_metrics(experts_distance))]
+
+
+def test_the_experts_output_is_measured_against_the_routers_input_and_weights_not_a_call_inside() -> None:
+    """A call inside the experts holds one expert's tokens, other tokens on each side once one flipped: its
+    distance says nothing of the experts' input. The experts combine the router's input by its weights."""
+    rows = _moe_layer(1, experts_distance=9e-5, call_distance=1e-9)
+    rules.apply_relative_rules(rows, LogitsConfig(noise_from_peers=False))
+    assert [row.name for row in rows if row.problem] == []
+    faulty = _moe_layer(1, experts_distance=2e-3, call_distance=1e-9)
+    rules.apply_relative_rules(faulty, LogitsConfig(noise_from_peers=False))
+    assert [row.name for row in faulty if row.problem] == [faulty[4].name]
+    assert faulty[4].baseline is not None and faulty[4].baseline["tensors"] == [faulty[0].name, faulty[2].name]
+
+
+def _router_logits(norm_ratio: float, input_distance: float) -> list[TensorDiff]:
+    """Four MoE layers' router logits: three move their norm 1e-4, layer 3 `norm_ratio`."""
+    rows: list[TensorDiff] = []
+    for layer in range(1, 5):
+        gate = f"Module.model.layers.{layer}.mlp.gate.Qwen3MoeTopKRouter.forward.0"
+        rows.append(TensorDiff(f"{gate}.input.0", len(rows), 0, layer, gate, role=INPUT, dtype="bfloat16",
+                               shape=(128, 64), metrics=_metrics(input_distance)))
+        ratio = norm_ratio if layer == 3 else 1.0001
+        rows.append(TensorDiff(f"{gate}.output.0", len(rows), 0, layer, gate, dtype="bfloat16", shape=(128, 8),
+                               metrics={**_metrics(1.5 * input_distance), "norm_ratio": ratio}))
+    return rows
+
+
+def test_a_norm_change_within_its_inputs_error_size_is_no_gain_and_one_beyond_it_is() -> None:
+    """A router's logits (a large part shared by every expert) project the input's error onto few directions:
+    their norm moves by up to that error's size, sqrt(2 x 4e-5) ~ 0.009, without a gain. With an input
+    exact to 1e-8 the same 0.5% is beyond it, and beyond the peers' 1e-4: a gain."""
+    noisy = _router_logits(1.005, input_distance=4e-5)
+    rules.apply_relative_rules(noisy, LogitsConfig())
+    assert [row.name for row in noisy if row.problem] == []
+    exact = _router_logits(1.005, input_distance=1e-8)
+    rules.apply_relative_rules(exact, LogitsConfig())
+    assert [(row.name, row.rule) for row in exact if row.problem] == [(exact[5].name, "norm_ratio")]
+    assert "input's error size" in (exact[5].problem or "")

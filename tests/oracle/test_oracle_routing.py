@@ -124,3 +124,80 @@ def test_clean_bf16_deepseek_v3_router_with_groups_bias_and_shared_experts_is_al
     result, verdict = _judge(dumps["bf16"], dumps["golden"])
     assert verdict.kind is VerdictKind.GOOD, verdict.reason
     assert len(result.routing) == 2
+
+
+def test_a_saturated_sigmoid_score_moves_as_far_as_its_drifted_input_can_take_it_off_the_plateau() -> None:
+    """DeepSeek-V3's scores sigmoid(logit) + bias: at a logit of 10 the sigmoid has no slope, so the bias alone
+    picks the experts. A token whose hidden state drifted 60% (it flipped at an earlier layer) can move its
+    logits off the plateau: its flip is explained. A token whose input did not move, flipped, is not."""
+    rng = np.random.default_rng(3)
+    tokens, experts, hidden = 32, 8, 16
+    bias = np.linspace(0.0, 0.07, experts)
+    ref_input = rng.normal(size=(tokens, hidden))
+    ref_logits = 10.0 + 0.3 * rng.normal(size=(tokens, experts))
+    cand_input, cand_logits = ref_input.copy(), ref_logits.copy()
+    typical = float(np.sqrt(np.mean(np.linalg.norm(ref_input, axis=1) ** 2)))
+    cand_input[0] += 0.6 * typical * rng.normal(size=hidden) / np.sqrt(hidden)
+    cand_logits[0] = [3.0, 3.0, -3.0, -3.0, -3.0, -3.0, -3.0, -3.0]
+    cand_logits[1, 6:] -= 20.0  # experts 6 and 7 fall off with nothing in the input to move them
+
+    def side(logits: np.ndarray, hidden_states: np.ndarray) -> RouterSide:
+        decision = 1.0 / (1.0 + np.exp(-logits)) + bias
+        return RouterSide(logits=logits, logits_dtype="float32", ids=np.argsort(-decision, axis=1)[:, :2],
+                          input=hidden_states, input_dtype="float32", bias=bias, sigmoid=True)
+
+    report = compare_routing(side(cand_logits, cand_input), side(ref_logits, ref_input), "model.layers.3.mlp.gate")
+    flips = {flip.token: flip for flip in report.flips}
+    assert set(flips) == {0, 1} and flips[0].lost == [6, 7] and flips[0].gained == [0, 1]
+    assert flips[0].explained, flips[0].to_dict()
+    assert not flips[1].explained and flips[1].margin > 2 * flips[1].noise
+
+
+def test_routing_weights_are_compared_per_expert_id_not_slot_by_slot() -> None:
+    """Two experts of near-equal weight trade slots under rounding: the same routing. Slot by slot the weights
+    read as moved by their whole size; per expert id they agree to their rounding."""
+    from bisect_npu.oracle.dumps.rows import TensorDiff
+    from bisect_npu.oracle.dumps.rules.routing import _RouterOp, _weights_by_expert
+
+    rng = np.random.default_rng(5)
+    logits = rng.normal(size=(16, 8))
+    ids = np.argsort(-logits, axis=1)[:, :2]
+    weights = np.take_along_axis(logits, ids, axis=1)
+    cand_ids, cand_weights = ids.copy(), weights * (1 + 1e-3)
+    cand_ids[4] = ids[4, ::-1]
+    cand_weights[4] = cand_weights[4, ::-1]
+    rows = [TensorDiff(f"gate.output.{key}", key, 0, 1, "gate", dtype="bfloat16", metrics={"cosine": 0.5})
+            for key in range(3)]
+
+    class Measured:
+        def __init__(self, row: TensorDiff) -> None:
+            self.row, self.cand, self.ref, self.logits = row, None, None, False
+
+    pairs = [Measured(row) for row in rows]
+    pairs[2].row.metrics = {}  # the ids: integers
+    op = _RouterOp("model.layers.1.mlp.gate", 0, {("output", "0"): 0, ("output", "1"): 1, ("output", "2"): 2})
+    sides = (RouterSide(logits=logits, logits_dtype="float32", ids=cand_ids, weights=cand_weights),
+             RouterSide(logits=logits, logits_dtype="float32", ids=ids, weights=weights))
+    _weights_by_expert(pairs, op, 0, sides, flipped={9})
+    assert rows[1].metrics["cosine"] > 1 - 1e-9 and rows[1].metrics["tokens_left_out"] == 1.0
+    assert rows[1].carried_metrics is not None and rows[1].carried_metrics["cosine"] > 1 - 1e-9
+
+
+@pytest.mark.heavy
+def test_a_bf16_deepseek_v3_router_whose_scores_lie_close_together_is_named_at_the_router(tmp_path: Path) -> None:
+    """A sigmoid router off its plateau (a shared logit part of 4) whose experts' scores lie close together
+    (their own part and the correction bias x0.1): bf16 rounding of its logits reaches their gaps, so a
+    gate in bf16 where the reference routes in fp32 flips choices rounding elsewhere does not; the clean
+    bf16 model against its fp32 golden stays aligned."""
+    spec = tiny_moe.MoeSpec(family="deepseek_v3", router_offset=4.0, router_scale=0.1, bias_scale=0.1, seed=0)
+    ids = tiny_moe.tokens(spec, seed=7)
+    bf16 = torch.bfloat16
+    dumps = {name: tiny_moe.dump(tiny_moe.build_model(spec, **kwargs), ids, tmp_path / name) for name, kwargs in {
+        "golden": {"dtype": torch.float32}, "bf16": {"dtype": bf16},
+        "fp32_router": {"dtype": bf16, "router": "fp32", "weights_dtype": bf16},
+        "bf16_router": {"dtype": bf16, "router": "bf16", "weights_dtype": bf16}}.items()}
+    result, verdict = _judge(dumps["bf16_router"], dumps["fp32_router"])
+    assert verdict.kind is VerdictKind.BAD and result.first_divergent is not None
+    assert ".model.layers.1.mlp.gate." in result.first_divergent.name and "router:" in verdict.reason
+    _, clean = _judge(dumps["bf16"], dumps["golden"])
+    assert clean.kind is VerdictKind.GOOD, clean.reason

@@ -34,8 +34,10 @@ _STEP_DIR = re.compile(r"^step(\d+)$")
 # A run that is not distributed writes `rank` (vllm-ascend's msprobe guide) or `proc{PID}` (what
 # mindstudio-probe 26.2 wrote here) where a distributed one writes `rank{ID}`: all name rank 0.
 _SINGLE_PROCESS_DIR = re.compile(r"(?<![^/])(?:proc\d+|rank)(?![^/])")
-# ROUTING: a router's ids and weights, judged by the routing rule, never by cosine or as a baseline.
-INPUT, OUTPUT, ROUTING = "input", "output", "routing"
+# ROUTING: a router's ids and weights, judged by the routing rule, never by cosine; the weights, compared
+# per expert id, are part of the experts' baseline. EXPERT_CALL: a call inside the experts (one per expert,
+# over the tokens routed to it), left to the routing rule: neither judged nor a baseline.
+INPUT, OUTPUT, ROUTING, EXPERT_CALL = "input", "output", "routing", "expert call"
 
 
 @dataclass(frozen=True)

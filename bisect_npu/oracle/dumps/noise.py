@@ -11,6 +11,7 @@ against the same module kind in the other layers of the pair (`PeerLines`): the 
 from __future__ import annotations
 
 import math
+import re
 from dataclasses import dataclass
 from typing import Any
 
@@ -38,10 +39,14 @@ def baseline(rows: list[TensorDiff], routed_alike: bool = False) -> dict[str, An
             "norm_change": max(log_ratio(metrics.get("norm_ratio", 1.0)) for _, metrics in measured)}
 
 
+_ATTENTION = re.compile(r"\.(?:self_attn|attention|attn)(?:\.o_proj|\.out_proj|\.dense)?\.[A-Za-z_]\w*\.forward\.\d+$")
+
+
 def mixes_tokens(row: TensorDiff) -> bool:
-    """Whether the output is attention's (its projection or its module): the step to it mixes tokens, so a
-    flipped token's drift reaches the tokens that routed alike, and its input is measured whole."""
-    return any(part in (row.module or row.name).lower() for part in (".self_attn.", ".attention.", ".attn."))
+    """Whether the output is attention's (its module, or the output projection after its core): the step to
+    it mixes tokens, so a flipped token's drift reaches the tokens that routed alike, and its input is
+    measured whole. The projections before the core (query, key, value, their norms) work token by token."""
+    return _ATTENTION.search((row.module or row.name).lower()) is not None
 
 
 def transformed_inputs(row: TensorDiff, inputs: list[TensorDiff]) -> list[TensorDiff]:
@@ -51,6 +56,13 @@ def transformed_inputs(row: TensorDiff, inputs: list[TensorDiff]) -> list[Tensor
     from an fp32 golden's by about one rounding, and an output judged against them looks amplified."""
     shaped = [item for item in inputs if "cosine" in item.metrics and row.shape is not None and item.shape == row.shape]
     return shaped or inputs
+
+
+def own_rounding(row: TensorDiff) -> float:
+    """The cosine distance one rounding to the row's dtype leaves in it: `cosine_floor`, scaled where the row
+    measures a part of the stored tensor (`rounding_scale`: a softmax router's logits less their shared part,
+    rounded at the whole logits' magnitude)."""
+    return cosine_floor(row.dtype) * float(row.metrics.get("rounding_scale", 1.0))
 
 
 def input_is_exact(row: TensorDiff, base: dict[str, Any]) -> bool:
@@ -63,7 +75,7 @@ def distance_statistic(row: TensorDiff, base: dict[str, Any]) -> tuple[str, floa
     """("amplification", log(output's cosine distance / its input's)) or, for an exact input,
     ("distance", log(output's cosine distance)); distances floored at one rounding to the row's dtype."""
     floor = cosine_floor(row.dtype)
-    out = math.log(max(1.0 - row.metrics["cosine"], floor))
+    out = math.log(max(1.0 - row.metrics["cosine"], own_rounding(row)))
     if input_is_exact(row, base):
         return "distance", out
     return "amplification", out - math.log(max(1.0 - base["cosine"], floor))
@@ -96,7 +108,7 @@ class PeerLines:
             (amp if statistic == "amplification" else dist).setdefault(kind, []).append((row.index, value))
             if statistic == "amplification":  # every output's distance is a peer of an exact-input one
                 dist.setdefault(kind, []).append((row.index, math.log(max(1.0 - row.metrics["cosine"],
-                                                                          cosine_floor(row.dtype)))))
+                                                                          own_rounding(row)))))
             change = norm_change(row, base)
             if math.isfinite(change):
                 norm.setdefault(kind, []).append((row.index, change))

@@ -12,9 +12,8 @@ from __future__ import annotations
 from typing import Any
 
 from bisect_npu.oracle.config import LogitsConfig
-from bisect_npu.oracle.dumps.entries import INPUT, ROUTING, TensorEntry
-from bisect_npu.oracle.dumps.noise import PeerLines, baseline, mixes_tokens, transformed_inputs
-from bisect_npu.oracle.dumps.precision import cosine_floor
+from bisect_npu.oracle.dumps.entries import EXPERT_CALL, INPUT, ROUTING, TensorEntry
+from bisect_npu.oracle.dumps.noise import PeerLines, baseline, mixes_tokens, own_rounding, transformed_inputs
 from bisect_npu.oracle.dumps.routing import RoutingReport
 from bisect_npu.oracle.dumps.rows import TensorDiff
 from bisect_npu.oracle.dumps.rules.absolute import Absolute
@@ -59,31 +58,32 @@ def noise_line(row: TensorDiff, base: dict[str, Any], ctx: Context) -> float:
     allowed = ctx.lines.allowed_distance(row, base) if ctx.lines is not None else None
     if allowed is not None:
         return allowed
-    return ctx.cfg.amplification * (1.0 - float(base["cosine"])) + cosine_floor(row.dtype)
+    return ctx.cfg.amplification * (1.0 - float(base["cosine"])) + own_rounding(row)
 
 
 def apply_relative_rules(rows: list[TensorDiff], cfg: LogitsConfig) -> None:
     """Judge each output not already divergent against its module's inputs, or the output before it."""
     inputs: dict[tuple[int, str | None], list[TensorDiff]] = {}
-    previous_output: TensorDiff | None = None
+    previous: list[TensorDiff] = []
     measured: list[tuple[TensorDiff, dict[str, Any]]] = []
     for row in rows:
         if row.role == INPUT:
             inputs.setdefault((row.step, row.module), []).append(row)
             continue
-        if row.role == ROUTING:  # never judged here; routing weights are what the experts' output combines
-            if "cosine" in row.metrics:
-                previous_output = row
+        if row.role == EXPERT_CALL:
             continue
-        base_rows = transformed_inputs(row, inputs.get((row.step, row.module), [])) or (
-            [previous_output] if previous_output else [])
+        if row.role == ROUTING:  # never judged here; the experts combine the router's input by its weights
+            if "cosine" in row.metrics:
+                previous = [*inputs.get((row.step, row.module), []), row]
+            continue
+        base_rows = transformed_inputs(row, inputs.get((row.step, row.module), [])) or previous
         base = baseline(base_rows, routed_alike=row.carried_metrics is not None and not mixes_tokens(row))
         if base is not None and "cosine" in row.metrics:
             measured.append((row, base))
         if base is not None and row.problem is not None and not row.integer:
             row.baseline = base
         if not row.integer:
-            previous_output = row
+            previous = [row]
     if not cfg.relative:
         return
     ctx = Context(cfg, PeerLines.of(measured, cfg) if cfg.noise_from_peers else None)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any, ClassVar
 
-from bisect_npu.oracle.dumps.precision import cosine_floor
+from bisect_npu.oracle.dumps.noise import own_rounding
 from bisect_npu.oracle.dumps.rows import TensorDiff
 from bisect_npu.oracle.dumps.rules.base import Context, Finding, ModuleRule
 
@@ -22,7 +22,7 @@ class FixedAmplification(ModuleRule):
         # The output's own rounding adds to what its input carries (small errors' squared norms add), and
         # where the baseline is the recorded neighbour before, the unrecorded steps between (attention's
         # scores, softmax, weighted sum) round too: one rounding's distance on top of the amplified input's.
-        if distance < ctx.cfg.amplification * distance_in + cosine_floor(row.dtype):
+        if distance < ctx.cfg.amplification * distance_in + own_rounding(row):
             return None
         return Finding(self.name, f"cosine distance {distance:.4g} vs {distance_in:.4g} of its input's "
                                   f"(cosine {out['cosine']:.7g} vs {base['cosine']:.7g})",

@@ -5,7 +5,7 @@ from __future__ import annotations
 import math
 from typing import Any, ClassVar
 
-from bisect_npu.oracle.dumps.noise import distance_statistic
+from bisect_npu.oracle.dumps.noise import distance_statistic, own_rounding
 from bisect_npu.oracle.dumps.rows import TensorDiff
 from bisect_npu.oracle.dumps.rules.base import PEER_SETTINGS_SOURCE, Context, Finding, ModuleRule
 
@@ -17,6 +17,8 @@ class PeerCosine(ModuleRule):
 
     def judge(self, row: TensorDiff, base: dict[str, Any], ctx: Context) -> Finding | None:
         if ctx.lines is None or row.index not in ctx.lines.distance:
+            return None
+        if 1.0 - row.metrics["cosine"] <= own_rounding(row):  # at its own rounding: its ratio is the floors'
             return None
         statistic, line = ctx.lines.distance[row.index]
         value = distance_statistic(row, base)[1]

@@ -1,4 +1,12 @@
-"""The norm ratio's change (a gain cosine cannot see) against the module's peers."""
+"""The norm ratio's change (a gain cosine cannot see) against the module's peers.
+
+A gain moves the output along itself. The baseline's own norm change is taken off, but that holds
+for a map that keeps norm ratios; a projection onto few directions (a router's logits, whose experts
+share a large part; attention's output, led by a few tokens whose hidden state drifted) can turn its
+input's error, of any direction, into a norm change up to that error's size. So a norm change within
+the input's error size, sqrt(2 x its cosine distance) (an error of relative size e leaves a distance
+of about e^2 / 2), is no gain of this module's and is left to the distance rules.
+"""
 
 from __future__ import annotations
 
@@ -14,20 +22,22 @@ class PeerNorm(ModuleRule):
     name: ClassVar[str] = "norm_ratio"
     measures: ClassVar[str] = ("|log(candidate norm / reference norm)| beyond its input's, against the same module "
                                "kind in the other layers: median + peer_mads MADs, at least half the dtype's "
-                               "tolerance")
+                               "tolerance, and beyond its input's error size sqrt(2 x the input's cosine distance)")
 
     def judge(self, row: TensorDiff, base: dict[str, Any], ctx: Context) -> Finding | None:
         if ctx.lines is None or row.index not in ctx.lines.norm:
             return None
         line = ctx.lines.norm[row.index]
         value = norm_change(row, base)
-        if value <= line.line:
+        error_size = math.sqrt(2.0 * max(0.0, 1.0 - float(base["cosine"])))
+        if value <= line.line or value <= error_size:
             return None
         noise = {"statistic": "norm_change", "value": value, "peer_median": line.median, "line": line.line,
                  "peers": line.peers, "above_line": value / line.line if line.line > 0 else math.inf}
         return Finding(self.name, f"norm ratio {row.metrics['norm_ratio']:.5g} (its input's moved "
                                   f"{base['norm_change']:.3g} in log): moved {value:.4g} where its {line.peers} "
                                   f"peers' noise reaches {line.line:.3g} (median {line.median:.3g}), "
-                                  f"{noise['above_line']:.3g} times the line",
-                       f"measured on the pair: {line.peers} peers; peer_mads {ctx.cfg.peer_mads:g} from "
-                       f"{PEER_SETTINGS_SOURCE}", noise)
+                                  f"{noise['above_line']:.3g} times the line and beyond its input's error size "
+                                  f"{error_size:.3g}",
+                       f"measured on the pair: {line.peers} peers and the input's cosine distance; peer_mads "
+                       f"{ctx.cfg.peer_mads:g} from {PEER_SETTINGS_SOURCE}", noise)

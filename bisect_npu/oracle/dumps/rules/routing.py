@@ -22,7 +22,7 @@ from typing import ClassVar, Protocol
 import numpy as np
 
 from bisect_npu.oracle.config import LogitsConfig
-from bisect_npu.oracle.dumps.entries import ROUTING, TensorEntry, open_tensor
+from bisect_npu.oracle.dumps.entries import EXPERT_CALL, ROUTING, TensorEntry, open_tensor
 from bisect_npu.oracle.dumps.formats import TensorFile
 from bisect_npu.oracle.dumps.metrics import ChunkSums, Scratch
 from bisect_npu.oracle.dumps.precision import dtype_tolerance
@@ -125,7 +125,8 @@ class Routing:
     measures: ClassVar[str] = ("the tokens each MoE router sends to another expert set, each flip's margin against "
                                "the noise the pair's precisions and the router's input explain")
     provenance: ClassVar[str] = ("noise bound: half an ulp of each side's router precision and 4 sigma of the "
-                                 "input's effect; flips allowed past it: bench/moe_family_bench.py, tune split")
+                                 "input's effect; flips allowed past it: bench/moe_family_bench.py, tune split "
+                                 "(seeds 0-2)")
 
 
 def apply_routing(entries: list[tuple[TensorEntry | None, TensorEntry]], pairs: Sequence[MeasuredPair],
@@ -137,7 +138,8 @@ def apply_routing(entries: list[tuple[TensorEntry | None, TensorEntry]], pairs: 
     ops, unchecked = _router_ops(entries)
     reports: list[RoutingReport] = []
     flipped: dict[int, set[int]] = {}
-    masks: list[tuple[int, int, set[int], int]] = []
+    masks: list[tuple[int, list[int], int, set[int], int]] = []
+    centred: set[int] = set()
     for op in ops:
         cand, ref = _router_side(op, entries, 0), _router_side(op, entries, 1)
         if cand is None or ref is None or (cand.ids is None and ref.ids is None):
@@ -158,14 +160,75 @@ def apply_routing(entries: list[tuple[TensorEntry | None, TensorEntry]], pairs: 
             row.problem, row.rule, row.provenance = finding, Routing.name, Routing.provenance
         else:
             _leave_out_expert_calls(pairs, op, first)
+            if not ref.sigmoid and "cosine" in pairs[first].row.metrics and pairs[first].row.dtype is not None:
+                _softmax_logits(pairs[first].row, cand, ref, flipped.get(op.step, set()))
+                centred.add(first)
+                rejudge(pairs[first].row)
         if finding is None and report.flips:
             flipped.setdefault(op.step, set()).update(report.flipped_tokens)
-            masks.append((first, op.step, set(flipped[op.step]), report.tokens))
-    for start, step, tokens, count in masks:  # a later router's mask holds an earlier one's: applied after it
-        for pair in pairs[start + 1:]:
-            if pair.row.step == step and pair.cand is not None and pair.ref is not None:
+            inputs = [index for (section, _), index in op.rows.items() if section == "input"]
+            masks.append((first, inputs, op.step, set(flipped[op.step]), report.tokens))
+        _weights_by_expert(pairs, op, first, (cand, ref), flipped.get(op.step, set()))
+    for start, inputs, step, tokens, count in masks:  # a later router's mask holds an earlier one's: after it
+        for index in inputs + list(range(start + 1, len(pairs))):
+            pair = pairs[index]
+            if pair.row.step == step and pair.cand is not None and pair.ref is not None and index not in centred \
+                    and pair.row.role not in (ROUTING, EXPERT_CALL) and pair.row.rule != Routing.name:
                 _judge_on_alike(pair, tokens, count, cfg, rejudge)
     return reports, unchecked
+
+
+def _sums(cand: np.ndarray, ref: np.ndarray, dtype: str) -> dict[str, float]:
+    """The float metrics of two arrays, as the streamed comparison measures them."""
+    cand32 = np.ascontiguousarray(cand, dtype=np.float32).reshape(-1)
+    ref32 = np.ascontiguousarray(ref, dtype=np.float32).reshape(-1)
+    sums = ChunkSums()
+    sums.add_chunk(cand32, ref32, dtype_tolerance(dtype), None, 1, Scratch(max(1, cand32.size), 4))
+    return sums.metrics(False)
+
+
+def _softmax_logits(row: TensorDiff, cand: RouterSide, ref: RouterSide, flipped: set[int]) -> None:
+    """Measure a softmax router's logits as softmax reads them: each token's logits less their mean, on the
+    tokens that routed alike so far, whole beside (`carried_metrics`). Why: a part every expert shares
+    (large in a trained router) changes neither the choice nor the weights, yet it leads the logits' norm
+    and cosine, and its rounding moves them by more than the router's input explains."""
+    assert row.dtype is not None
+    cand_centred = cand.logits - cand.logits.mean(axis=1, keepdims=True)
+    ref_centred = ref.logits - ref.logits.mean(axis=1, keepdims=True)
+    keep = np.ones(int(ref.logits.shape[0]), dtype=np.bool_)
+    keep[sorted(flipped)] = False
+    row.carried_metrics = _sums(cand_centred, ref_centred, row.dtype)
+    # The logits are stored, and rounded, at their whole magnitude: one rounding of them leaves a distance in
+    # the centred part larger by the ratio of the two's squared norms.
+    scale = float(np.sum(ref.logits**2) / max(np.sum(ref_centred**2), np.finfo(np.float64).tiny))
+    row.metrics = {**_sums(cand_centred[keep], ref_centred[keep], row.dtype), "tokens_left_out": float(len(flipped)),
+                   "rounding_scale": max(1.0, scale)}
+    row.problem = row.rule = row.provenance = None
+
+
+def _weights_by_expert(pairs: Sequence[MeasuredPair], op: _RouterOp, first: int, sides: tuple[RouterSide, RouterSide],
+                       flipped: set[int]) -> None:
+    """Measure the routing weights per expert id (`[tokens, experts]`, zero where an expert was not chosen), on
+    the tokens that routed alike and whole (`carried_metrics`). Why: they are part of the experts' baseline, and
+    slot by slot two experts of near-equal weight that trade places under rounding read as the whole weight
+    moving; per expert id the same set with the same weights is the same routing."""
+    cand, ref = sides
+    if cand.ids is None or ref.ids is None or cand.weights is None or ref.weights is None \
+            or cand.weights.shape != cand.ids.shape or ref.weights.shape != ref.ids.shape:
+        return
+    row = next((pairs[index].row for (section, _), index in op.rows.items()
+                if section == "output" and index != first and "cosine" in pairs[index].row.metrics), None)
+    if row is None or row.dtype is None:
+        return
+    dense: list[np.ndarray] = []
+    for ids, weights in ((cand.ids, cand.weights), (ref.ids, ref.weights)):
+        out = np.zeros(ref.logits.shape, dtype=np.float64)
+        np.put_along_axis(out, ids.astype(np.int64), weights, axis=1)
+        dense.append(out)
+    keep = np.ones(int(ref.logits.shape[0]), dtype=np.bool_)
+    keep[sorted(flipped)] = False
+    row.carried_metrics = _sums(dense[0], dense[1], row.dtype)
+    row.metrics = {**_sums(dense[0][keep], dense[1][keep], row.dtype), "tokens_left_out": float(len(flipped))}
 
 
 def _leave_out_expert_calls(pairs: Sequence[MeasuredPair], op: _RouterOp, start: int) -> None:
@@ -175,7 +238,7 @@ def _leave_out_expert_calls(pairs: Sequence[MeasuredPair], op: _RouterOp, start:
     for pair in pairs[start:]:
         match = _OP_NAME.match(pair.row.module or "")
         if pair.row.step == op.step and match is not None and ".experts." in match.group("path"):
-            pair.row.role, pair.row.problem, pair.row.rule = ROUTING, None, None
+            pair.row.role, pair.row.problem, pair.row.rule = EXPERT_CALL, None, None
 
 
 def _judge_on_alike(pair: MeasuredPair, flipped: set[int], tokens: int, cfg: LogitsConfig,

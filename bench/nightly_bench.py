@@ -203,6 +203,7 @@ class Ours:
     runs: int = 0
     samples: int = 0
     reference: list[Observation] = field(default_factory=list)
+    bad_end: list[Observation] = field(default_factory=list)
     stored: dict[str, Observation] = field(default_factory=dict)
 
     def attempt(self, run: Callable[[], object | None]) -> object | None:
@@ -246,7 +247,8 @@ class Ours:
         observations: list[Observation] = []
         cap = reference_trials(spec, self.recipe.trials.count) if i == 0 else self.recipe.trials.count
         tried = 0
-        while wanted := trials_wanted(spec, observations, self.reference, tried, cap, as_reference=i == 0):
+        bad_end = self.bad_end if i != self.world.n else []  # the bad end is judged by the line alone
+        while wanted := trials_wanted(spec, observations, self.reference, tried, cap, i == 0, bad_end):
             for _ in range(wanted):
                 value = self.attempt(lambda: self.world.throughput_run(i))
                 tried += 1
@@ -256,7 +258,10 @@ class Ours:
         if i == 0:
             self.reference = observations
             return judge_throughput(spec, observations, observations)
-        return judge_sequential(spec, observations, self.reference, tried, cap)[0]
+        verdict = judge_sequential(spec, observations, self.reference, tried, cap, bad_end)[0]
+        if i == self.world.n:  # the bad end's runs tell where the bad side sits
+            self.bad_end = observations
+        return verdict
 
     def bisect(self) -> Outcome:
         world, recipe = self.world, self.recipe

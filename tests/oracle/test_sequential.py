@@ -104,3 +104,30 @@ def test_steps_stopped_when_sure_are_right_as_often_as_asked() -> None:
         wrong += stop in ("sure good", "sure bad") and (verdict.kind == VerdictKind.BAD) != bad
     assert wrong <= steps // 100
     assert runs / steps < 2.5
+
+
+def test_a_mean_just_under_the_line_weighs_for_bad() -> None:
+    """The recipe's threshold calls every mean under the line bad: at a spread of a gap, runs whose
+    mean sits a twentieth of a gap under the line weigh for bad (a bad hypothesis starting half a
+    gap under the line weighed them for good)."""
+    reference = [1000.0 + d for d in (-30.0, 30.0, -15.0, 15.0, 0.0, -45.0, 45.0, 0.0)]
+    line = CFG.threshold * 1000.0
+    under = line - 0.05 * (1000.0 - line)
+    llr = log_likelihood_ratio(CFG, [under - 20.0, under + 20.0], reference)
+    assert llr is not None and llr > 0
+
+
+def test_the_bad_ends_runs_place_the_bad_side() -> None:
+    """Once the bad end has run, a step at its level is sure bad on fewer runs than against the
+    line alone, and a step at the good end's level stays good."""
+    bad_end = _runs([955.0, 960.0, 950.0])
+    at_bad_end = [957.0, 953.0]
+    alone = log_likelihood_ratio(CFG, at_bad_end, _samples(GOOD_END))
+    placed = log_likelihood_ratio(CFG, at_bad_end, _samples(GOOD_END), _samples(bad_end))
+    assert alone is not None and placed is not None and placed > alone > 0
+    verdict, stop = judge_sequential(CFG, _runs([1002.0]), GOOD_END, tried=1, cap=5, bad_end=bad_end)
+    assert (verdict.kind, stop) == (VerdictKind.GOOD, "sure good")
+
+
+def _samples(observations: list[Observation]) -> list[float]:
+    return [float(o.extra["output_token_throughput"]) for o in observations]

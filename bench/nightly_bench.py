@@ -40,8 +40,9 @@ likelihood ratio as the session does (`orchestration.state.accuracy_weight`). Th
 step runs the recipe's trials one at a time until `bisect_npu.oracle.sequential` stops them (the
 rule the evaluator applies: the step's likelihood ratio against the good end past its bound, or
 the recipe's 5 trials), the good end first until its mean is known (`reference_known`, at most
-`oracle.throughput.reference_trials`), in the search mode the session runs for a throughput
-recipe (`orchestration.session.search_mode_for`: likelihood), each step weighed by its ratio.
+`oracle.throughput.reference_trials`), each later step weighed also against the bad end's runs
+(as the evaluator keeps them), in the search mode the session runs for a throughput recipe
+(`orchestration.session.search_mode_for`: likelihood), each step weighed by its ratio.
 The rule's constants were chosen on seeds 1000-1149; docs/benchmarks.md reports seeds 0-399.
 `--drop` and `--spread` change the throughput regression (held-out checks), `--rows` runs one.
 

@@ -4,9 +4,9 @@ as soon as its mean is known well enough to draw the line.
 Why: a throughput drop of several run-to-run spreads shows in one or two runs, and a nightly run
 is a server start and thousands of requests; a fixed count spends most of them on commits whose
 verdict was sure after the first. After each run the step's log likelihood ratio is taken again
-(good: at the good end's mean; bad: somewhere under the line, `log_likelihood_ratio`), with
-Student's t on a spread pooled with the good end's runs, so few runs never say more than they
-hold. The step stops once the ratio is past
+(good: at the good end's mean; bad: somewhere under the line, and mostly at the bad end's mean
+once the bad end has run, `log_likelihood_ratio`), with Student's t on a spread pooled with the
+ends' runs, so few runs never say more than they hold. The step stops once the ratio is past
 `STEP_BOUND` either way, or at its count; the search (likelihood mode) weighs every step's ratio
 in its posterior and asks a commit again while that is not sure, so the step itself need not be.
 

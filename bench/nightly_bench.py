@@ -43,7 +43,7 @@ the recipe's 5 trials), the good end first until its mean is known (`reference_k
 `oracle.throughput.reference_trials`), each later step weighed also against the bad end's runs
 (as the evaluator keeps them), in the search mode the session runs for a throughput recipe
 (`orchestration.session.search_mode_for`: likelihood), each step weighed by its ratio.
-The rule's constants were chosen on seeds 1000-1149; docs/benchmarks.md reports seeds 0-399.
+The rule's constants were chosen on seeds 1000-1599; docs/benchmarks.md reports seeds 0-399.
 `--drop` and `--spread` change the throughput regression (held-out checks), `--rows` runs one.
 
 A commit whose parent cannot be built (its own code fails to build) cannot be named by any tool:

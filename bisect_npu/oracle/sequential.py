@@ -25,9 +25,9 @@ from typing import Literal
 from bisect_npu.observations import Observation, Verdict, VerdictKind
 from bisect_npu.oracle.throughput import ThroughputConfig, judge_throughput, sample_of
 
-STEP_BOUND = 3.0
+STEP_BOUND = 4.0
 BAD_DROPS = (0.0, 2.0)  # where a bad commit's mean may lie, in gaps under the line
-AT_BAD_END = 0.8  # the bad hypothesis's weight at the bad end's mean, once it has run
+AT_BAD_END = 0.95  # the bad hypothesis's weight at the bad end's mean, once it has run
 BAD_POINTS = 9
 REFERENCE_MIN_TRIALS = 8
 REFERENCE_PRECISION = 1 / 4

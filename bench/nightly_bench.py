@@ -40,9 +40,10 @@ likelihood ratio as the session does (`orchestration.state.accuracy_weight`). Th
 step runs the recipe's trials one at a time until `bisect_npu.oracle.sequential` stops them (the
 rule the evaluator applies: the step's likelihood ratio against the good end past its bound, or
 the recipe's 5 trials), the good end first until its mean is known (`reference_known`, at most
-`oracle.throughput.reference_trials`), in the search mode the session runs for a throughput
-recipe (`orchestration.session.search_mode_for`: likelihood), each step weighed by its ratio.
-The rule's constants were chosen on seeds 1000-1149; docs/benchmarks.md reports seeds 0-399.
+`oracle.throughput.reference_trials`), each later step weighed also against the bad end's runs
+(as the evaluator keeps them), in the search mode the session runs for a throughput recipe
+(`orchestration.session.search_mode_for`: likelihood), each step weighed by its ratio.
+The rule's constants were chosen on seeds 1000-1599; docs/benchmarks.md reports seeds 0-399.
 `--drop` and `--spread` change the throughput regression (held-out checks), `--rows` runs one.
 
 A commit whose parent cannot be built (its own code fails to build) cannot be named by any tool:
@@ -203,6 +204,7 @@ class Ours:
     runs: int = 0
     samples: int = 0
     reference: list[Observation] = field(default_factory=list)
+    bad_end: list[Observation] = field(default_factory=list)
     stored: dict[str, Observation] = field(default_factory=dict)
 
     def attempt(self, run: Callable[[], object | None]) -> object | None:
@@ -246,7 +248,8 @@ class Ours:
         observations: list[Observation] = []
         cap = reference_trials(spec, self.recipe.trials.count) if i == 0 else self.recipe.trials.count
         tried = 0
-        while wanted := trials_wanted(spec, observations, self.reference, tried, cap, as_reference=i == 0):
+        bad_end = self.bad_end if i != self.world.n else []  # the bad end is judged by the line alone
+        while wanted := trials_wanted(spec, observations, self.reference, tried, cap, i == 0, bad_end):
             for _ in range(wanted):
                 value = self.attempt(lambda: self.world.throughput_run(i))
                 tried += 1
@@ -256,7 +259,10 @@ class Ours:
         if i == 0:
             self.reference = observations
             return judge_throughput(spec, observations, observations)
-        return judge_sequential(spec, observations, self.reference, tried, cap)[0]
+        verdict = judge_sequential(spec, observations, self.reference, tried, cap, bad_end)[0]
+        if i == self.world.n:  # the bad end's runs tell where the bad side sits
+            self.bad_end = observations
+        return verdict
 
     def bisect(self) -> Outcome:
         world, recipe = self.world, self.recipe

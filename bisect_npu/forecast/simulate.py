@@ -189,24 +189,28 @@ def simulate_throughput_one(
     trials = rounds = loads = overlays = 0
     wall = 0.0
     reference: list[Observation] = []
+    bad_end: list[Observation] = []  # the bad end's runs: where the bad side sits
 
     def step(i: int) -> tuple[list[Observation], Outcome, float, int]:
-        """Position i's runs until its step stops: (its runs, its verdict, its ratio (0 at an end, as
-        a session weighs it), its engine starts)."""
+        """Position i's runs until its step stops: (its runs, its verdict, its ratio (0 at the good
+        end, as a session weighs it), its engine starts)."""
         mean = 1.0 - regression.drop if i >= culprit else 1.0
         cap = reference_trials(cfg, regression.trials) if i == 0 else regression.trials
         runs: list[Observation] = []
         starts = 0
-        while wanted := trials_wanted(cfg, runs, None if i == 0 else reference, len(runs), cap, i == 0):
+        against = bad_end if i != problem.n else []  # the bad end is judged by the line alone
+        while wanted := trials_wanted(cfg, runs, None if i == 0 else reference, len(runs), cap, i == 0, against):
             starts += 1
             runs += [Observation(case_id="perf", extra={"output_token_throughput": float(v)})
                      for v in rng.normal(mean, regression.spread, wanted)]
         if i == 0:
             return runs, "good", 0.0, starts
-        verdict = judge_sequential(cfg, runs, reference, len(runs), cap)[0]
+        verdict = judge_sequential(cfg, runs, reference, len(runs), cap, against)[0]
+        if i == problem.n:
+            bad_end[:] = runs
         kind: Outcome = "skip" if verdict.kind == VerdictKind.SKIP else verdict.kind.value  # type: ignore[assignment]
         llr = float(verdict.figures.get("log_likelihood_ratio", 0.0))
-        return runs, kind, llr if i < problem.n else 0.0, starts
+        return runs, kind, llr, starts
 
     queue: list[int] = [0]  # the good end first: its mean is every step's line
     for _ in range(max_rounds):

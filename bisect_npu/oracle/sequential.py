@@ -4,9 +4,9 @@ as soon as its mean is known well enough to draw the line.
 Why: a throughput drop of several run-to-run spreads shows in one or two runs, and a nightly run
 is a server start and thousands of requests; a fixed count spends most of them on commits whose
 verdict was sure after the first. After each run the step's log likelihood ratio is taken again
-(good: at the good end's mean; bad: somewhere under the line, `log_likelihood_ratio`), with
-Student's t on a spread pooled with the good end's runs, so few runs never say more than they
-hold. The step stops once the ratio is past
+(good: at the good end's mean; bad: somewhere under the line, and mostly at the bad end's mean
+once the bad end has run, `log_likelihood_ratio`), with Student's t on a spread pooled with the
+ends' runs, so few runs never say more than they hold. The step stops once the ratio is past
 `STEP_BOUND` either way, or at its count; the search (likelihood mode) weighs every step's ratio
 in its posterior and asks a commit again while that is not sure, so the step itself need not be.
 
@@ -25,8 +25,9 @@ from typing import Literal
 from bisect_npu.observations import Observation, Verdict, VerdictKind
 from bisect_npu.oracle.throughput import ThroughputConfig, judge_throughput, sample_of
 
-STEP_BOUND = 3.0
-BAD_DROPS = (0.5, 2.0)  # where a bad commit's mean may lie, in gaps under the line
+STEP_BOUND = 4.0
+BAD_DROPS = (0.0, 2.0)  # where a bad commit's mean may lie, in gaps under the line
+AT_BAD_END = 0.95  # the bad hypothesis's weight at the bad end's mean, once it has run
 BAD_POINTS = 9
 REFERENCE_MIN_TRIALS = 8
 REFERENCE_PRECISION = 1 / 4
@@ -39,29 +40,35 @@ def _t_log_pdf(t: float, df: float) -> float:
     return -(df + 1) / 2 * math.log1p(t * t / df)
 
 
-def log_likelihood_ratio(cfg: ThroughputConfig, samples: Sequence[float], reference: Sequence[float]) -> float | None:
+def log_likelihood_ratio(cfg: ThroughputConfig, samples: Sequence[float], reference: Sequence[float],
+                         bad_end: Sequence[float] = ()) -> float | None:
     """log P(samples | bad) - log P(samples | good). Good: at the good end's mean. Bad: anywhere
-    from `BAD_DROPS[0]` to `BAD_DROPS[1]` gaps under the line (a gap: the good end's mean less the
-    line), evenly likely, so a drop just past the line is not weighed as one far past it. Student's
-    t on the samples' mean, the spread pooled with the good end's runs and the good end's own
-    error counted, so a step on few runs never says more than they hold. None where no spread is
-    known yet (one run in all)."""
+    from the line to `BAD_DROPS[1]` gaps under it (a gap: the good end's mean less the line),
+    evenly likely, since the recipe's threshold calls every mean under the line bad; and, once the
+    bad end has run (`bad_end`), with weight `AT_BAD_END` at the bad end's mean, where a bisected
+    history's bad side sits. Student's t on the samples' mean, the spread pooled with the ends'
+    runs and the ends' own errors counted, so a step on few runs never says more than they hold.
+    None where no spread is known yet (one run in all)."""
     if not samples or not reference:
         return None
-    df = len(samples) + len(reference) - 2
+    df = len(samples) + len(reference) + len(bad_end) - 2 - (1 if bad_end else 0)
     if df < 1:
         return None
     good, mean = fmean(reference), fmean(samples)
     line = cfg.threshold * good
-    spread2 = (_squares(samples) + _squares(reference)) / df
+    spread2 = (_squares(samples) + _squares(reference) + (_squares(bad_end) if bad_end else 0.0)) / df
     stderr = math.sqrt(spread2 * (1 / len(samples) + 1 / len(reference)))
     if stderr <= 0:
         return math.copysign(math.inf, line - mean)
     low, high = BAD_DROPS
     bad_means = [line - (good - line) * (low + (high - low) * j / (BAD_POINTS - 1)) for j in range(BAD_POINTS)]
-    logs = [_t_log_pdf((mean - bad) / stderr, df) for bad in bad_means]
+    logs = [_t_log_pdf((mean - bad) / stderr, df) - math.log(BAD_POINTS) for bad in bad_means]
+    if bad_end:
+        logs = [v + math.log(1 - AT_BAD_END) for v in logs]
+        at_bad = math.sqrt(spread2 * (1 / len(samples) + 1 / len(bad_end)))
+        logs.append(_t_log_pdf((mean - fmean(bad_end)) / at_bad, df) + math.log(stderr / at_bad) + math.log(AT_BAD_END))
     top = max(logs)
-    bad_log = top + math.log(sum(math.exp(v - top) for v in logs) / BAD_POINTS)
+    bad_log = top + math.log(sum(math.exp(v - top) for v in logs))
     return bad_log - _t_log_pdf((mean - good) / stderr, df)
 
 
@@ -71,14 +78,16 @@ def _squares(values: Sequence[float]) -> float:
 
 
 def judge_sequential(cfg: ThroughputConfig, observations: Sequence[Observation],
-                     reference: Sequence[Observation] | None, tried: int, cap: int) -> tuple[Verdict, Stop | None]:
+                     reference: Sequence[Observation] | None, tried: int, cap: int,
+                     bad_end: Sequence[Observation] = ()) -> tuple[Verdict, Stop | None]:
     """A candidate's verdict from its trials so far (`tried` of them run, crashed ones included),
     and why its step stops (None: run one more): its likelihood ratio past `STEP_BOUND` either way,
     or the cap (the search's posterior weighs the ratio either way)."""
     verdict = judge_throughput(cfg, observations, reference)
     samples = [s for s in map(sample_of, observations) if s is not None]
     ref = [s for s in map(sample_of, reference or []) if s is not None]
-    llr = log_likelihood_ratio(cfg, samples, ref) if cfg.reference == "good_end" else None
+    bad = [s for s in map(sample_of, bad_end) if s is not None]
+    llr = log_likelihood_ratio(cfg, samples, ref, bad) if cfg.reference == "good_end" else None
     if verdict.kind == VerdictKind.SKIP or llr is None:
         stop: Stop | None = None
         if tried >= cap:
@@ -111,14 +120,14 @@ def reference_known(cfg: ThroughputConfig, observations: Sequence[Observation], 
 
 
 def trials_wanted(cfg: ThroughputConfig, observations: Sequence[Observation], reference: Sequence[Observation] | None,
-                  tried: int, cap: int, as_reference: bool) -> int:
+                  tried: int, cap: int, as_reference: bool, bad_end: Sequence[Observation] = ()) -> int:
     """How many trials the step runs next (0: it stops): the good end its minimum at once, then
     one at a time; a candidate one at a time."""
     if as_reference:
         if reference_known(cfg, observations, tried, cap):
             return 0
         return max(1, min(cap, REFERENCE_MIN_TRIALS) - tried)
-    return 0 if judge_sequential(cfg, observations, reference, tried, cap)[1] else 1
+    return 0 if judge_sequential(cfg, observations, reference, tried, cap, bad_end)[1] else 1
 
 
 def judge_reference(cfg: ThroughputConfig, verdict: Verdict) -> Verdict:

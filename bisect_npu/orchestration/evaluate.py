@@ -142,6 +142,7 @@ class Evaluator:
         self.cards = cards  # an NPU host's cards, waited for before each probe run
         self.earlier = dict(earlier or {})  # --earlier-results: an end's results by role, over the recipe's
         self.reference: list[Observation] | None = None
+        self.bad_end_runs: list[Observation] = []  # a throughput step's other level, once the bad end ran
         self.accuracy = AccuracySteps(recipe) if recipe is not None and recipe.accuracy is not None else None
 
     def close(self) -> None:
@@ -257,7 +258,11 @@ class Evaluator:
             return sequential.said(sequential.judge_reference(spec, self._judge_step(records)), stop, len(records))
         if not observations:
             return self._judge_step(records)
-        return sequential.judge_sequential(spec, observations, self.reference, len(records), request.trials)[0]
+        verdict = sequential.judge_sequential(spec, observations, self.reference, len(records), request.trials,
+                                              self._bad_end(request))[0]
+        if request.as_bad_end:
+            self.bad_end_runs = observations
+        return verdict
 
     def _sequential(self, request: EvaluationRequest) -> bool:
         return self.command is None and not request.judge_each and until_sure(self.recipe)
@@ -270,7 +275,11 @@ class Evaluator:
         assert self.recipe is not None and self.recipe.oracle.throughput is not None
         reference = None if request.as_reference else self.reference
         return sequential.trials_wanted(self.recipe.oracle.throughput, self._observed(records), reference,
-                                        len(records), request.trials, request.as_reference)
+                                        len(records), request.trials, request.as_reference, self._bad_end(request))
+
+    def _bad_end(self, request: EvaluationRequest) -> list[Observation]:
+        """The bad end's runs a throughput step is weighed against (the bad end's own step: none)."""
+        return [] if request.as_bad_end else self.bad_end_runs
 
     def _sure_already(self, request: EvaluationRequest) -> bool:
         """Whether the trials journaled before an interruption already settled a step that stops when sure."""

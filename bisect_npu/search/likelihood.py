@@ -16,6 +16,7 @@ The ends come first: each must be judged its own side by its step's verdict (End
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping
 
 import numpy as np
@@ -55,6 +56,15 @@ def _steps(ev: Evidence) -> int:
     return ev.good + ev.bad
 
 
+def _unsure_end(problem: SearchProblem, ev: Evidence, which: str) -> bool:
+    """Whether an end its steps put on the other side is asked again: its ratios (where its
+    oracle gives any) do not yet make the other side ``confidence`` sure, and it has steps left.
+    A measured end near the line can fall on the wrong side once by chance."""
+    against = -ev.log_lr if which == "bad" else ev.log_lr
+    bound = math.log(problem.confidence / (1 - problem.confidence))
+    return ev.log_lr != 0 and against < bound and _steps(ev) < MAX_STEPS
+
+
 def decide_likelihood(problem: SearchProblem, evidence: Mapping[int, Evidence]) -> Decision:
     """The ends, then the posterior's quantiles until one block holds ``confidence``."""
     n = problem.n
@@ -65,7 +75,9 @@ def decide_likelihood(problem: SearchProblem, evidence: Mapping[int, Evidence]) 
             if ev.skipped and not ev.trials:
                 return EndsWrong(which, {"skipped": 1.0})  # type: ignore[arg-type]
             wrong = ev.bad if which == "good" else ev.good
-            if 2 * wrong > ev.trials:  # most of its steps put the end on the other side
+            if 2 * wrong > ev.trials and _unsure_end(problem, ev, which):
+                ends.append(Query(index))
+            elif 2 * wrong > ev.trials:  # most of its steps put the end on the other side
                 return EndsWrong(which, {"log_likelihood_ratio": ev.log_lr})  # type: ignore[arg-type]
             if not ev.trials:
                 ends.append(Query(index))

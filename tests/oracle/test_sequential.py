@@ -33,7 +33,7 @@ def test_a_clear_drop_stops_at_once_and_says_why() -> None:
     assert (verdict.kind, stop) == (VerdictKind.BAD, "sure bad")
     assert verdict.figures["log_likelihood_ratio"] >= STEP_BOUND and verdict.figures["trials_run"] == 1
     assert verdict.reason.endswith("; sure bad after 1 trial(s)")
-    verdict, stop = judge_sequential(CFG, _runs([1003.0]), GOOD_END, tried=1, cap=5)
+    verdict, stop = judge_sequential(CFG, _runs([1003.0]), GOOD_END, tried=1, cap=5, bad_end=_runs([930.0, 925.0]))
     assert (verdict.kind, stop) == (VerdictKind.GOOD, "sure good")
     assert trials_wanted(CFG, _runs([900.0]), GOOD_END, tried=1, cap=5, as_reference=False) == 0
 
@@ -88,19 +88,50 @@ def test_the_good_end_runs_its_minimum_then_until_its_mean_is_known() -> None:
 
 def test_steps_stopped_when_sure_are_right_as_often_as_asked() -> None:
     """Over many seeded steps at a 2% spread and a 7% drop, a step stopped sure names the wrong
-    side under one time in a hundred, and most stop after one or two runs."""
+    side under one time in a hundred, and most stop after one or two runs (the bad end's two runs
+known, as they are once the bad end has run)."""
     rng = np.random.default_rng(1000)
     wrong = runs = 0
     steps = 400
     for k in range(steps):
         reference = _runs(rng.normal(1000.0, 20.0, REFERENCE_MIN_TRIALS))
+        bad_end = _runs(rng.normal(930.0, 20.0, 2))
         bad = k % 2 == 0
         mean = 930.0 if bad else 1000.0
         observed: list[Observation] = []
-        while trials_wanted(CFG, observed, reference, len(observed), 5, as_reference=False):
+        while trials_wanted(CFG, observed, reference, len(observed), 5, False, bad_end):
             observed += _runs([rng.normal(mean, 20.0)])
-        verdict, stop = judge_sequential(CFG, observed, reference, len(observed), 5)
+        verdict, stop = judge_sequential(CFG, observed, reference, len(observed), 5, bad_end)
         runs += len(observed)
         wrong += stop in ("sure good", "sure bad") and (verdict.kind == VerdictKind.BAD) != bad
     assert wrong <= steps // 100
     assert runs / steps < 2.5
+
+
+def test_a_mean_just_under_the_line_weighs_for_bad() -> None:
+    """The recipe's threshold calls every mean under the line bad: at a spread of a gap, runs whose
+    mean sits a twentieth of a gap under the line weigh for bad (a bad hypothesis starting half a
+    gap under the line weighed them for good)."""
+    reference = [1000.0 + d for d in (-30.0, 30.0, -15.0, 15.0, 0.0, -45.0, 45.0, 0.0)]
+    line = CFG.threshold * 1000.0
+    under = line - 0.05 * (1000.0 - line)
+    llr = log_likelihood_ratio(CFG, [under - 20.0, under + 20.0], reference)
+    assert llr is not None and llr > 0
+
+
+def test_the_bad_ends_runs_place_the_bad_side() -> None:
+    """Once the bad end has run, a step at its level weighs more for bad than against the line
+    alone, and one at the good end's level is sure good on fewer runs."""
+    bad_end = _runs([955.0, 960.0, 950.0])
+    at_bad_end = [957.0, 953.0]
+    alone = log_likelihood_ratio(CFG, at_bad_end, _samples(GOOD_END))
+    placed = log_likelihood_ratio(CFG, at_bad_end, _samples(GOOD_END), _samples(bad_end))
+    assert alone is not None and placed is not None and placed > alone > 0
+    far_bad_end = _runs([930.0, 925.0, 935.0])
+    verdict, stop = judge_sequential(CFG, _runs([1003.0]), GOOD_END, tried=1, cap=5, bad_end=far_bad_end)
+    assert (verdict.kind, stop) == (VerdictKind.GOOD, "sure good")
+    assert judge_sequential(CFG, _runs([1003.0]), GOOD_END, tried=1, cap=5)[1] is None  # the line alone: unsure
+
+
+def _samples(observations: list[Observation]) -> list[float]:
+    return [float(o.extra["output_token_throughput"]) for o in observations]

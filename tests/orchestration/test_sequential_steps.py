@@ -68,7 +68,7 @@ def test_a_settled_step_is_judged_from_its_journal_and_an_open_one_runs_on(tmp_p
         assert settled.verdict.figures["stopped"] == "sure bad" and settled.verdict.figures["trials_run"] == 1
         assert settled.verdict.reason.endswith("sure bad after 1 trial(s)")
 
-        near_the_line = evaluator.evaluate(EvaluationRequest(shas[1], 5, done=_journaled(session, shas[1], [969.0])))
+        near_the_line = evaluator.evaluate(EvaluationRequest(shas[1], 5, done=_journaled(session, shas[1], [980.0])))
         assert near_the_line.build.how == "failed"  # it went on to build the commit for another trial
         assert near_the_line.verdict.kind == VerdictKind.SKIP
     finally:

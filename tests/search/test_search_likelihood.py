@@ -22,6 +22,20 @@ def test_the_ends_come_first_and_must_be_their_side() -> None:
     assert isinstance(wrong, EndsWrong) and wrong.which == "bad"
 
 
+
+def test_an_end_that_measured_the_other_side_weakly_is_asked_again() -> None:
+    """A measured end near the line can fall on the wrong side once by chance: while its ratios do
+    not make the other side `confidence` sure it is asked again (up to MAX_STEPS); a decisive
+    ratio, or its steps spent, still stops the session."""
+    weak = decide(problem(16), {0: Evidence(good=1), 16: Evidence(good=1).weigh(-0.4)})
+    assert weak == Next((Query(16),))
+    sure = decide(problem(16), {0: Evidence(good=1), 16: Evidence(good=2).weigh(-6.0)})
+    assert isinstance(sure, EndsWrong) and sure.which == "bad"
+    spent = Evidence(good=MAX_STEPS).weigh(-1.0)
+    assert isinstance(decide(problem(16), {0: Evidence(good=1), 16: spent}), EndsWrong)
+    righted = decide(problem(16), {0: Evidence(good=1), 16: Evidence(good=1, bad=1).weigh(2.6)})
+    assert isinstance(righted, Next) and righted.queries != (Query(16),)
+
 @settings(max_examples=40, deadline=None)
 @given(st.integers(2, 300), st.data())
 def test_decisive_steps_bisect_to_the_culprit(n: int, data: st.DataObject) -> None:

@@ -112,7 +112,7 @@ def test_a_spread_the_samples_show_by_chance_is_not_taken_as_theirs() -> None:
         good, bad = outcomes(rng.binomial(4, 0.82, 200), 4), outcomes(rng.binomial(4, 0.70, 200), 4)
         prior = stats.fit_joint(good, bad)
         fitted += [prior.good_var, prior.bad_var]
-    assert sum(v > 0.002 for v in fitted) <= 6
+    assert sum(v > 0.002 for v in fitted) <= 18  # 37 of 120 with the spread taken as it comes
 
 
 def test_a_step_s_node_terms_integrate_to_its_ratio() -> None:

@@ -222,7 +222,7 @@ class JointPrior:
 # How many standard errors of the observed spread are taken off a fitted spread: a spread the
 # samples show by chance (every answer a fresh draw, yet one end's rates seem to differ) would
 # make each sample's ends' runs look like its own rate, and those errors are shared by every step.
-SPREAD_MARGIN = 2.0
+SPREAD_MARGIN = 1.0
 # Floors of the fitted variances: a rate known to within 0.003 of its mean is as sure as any
 # evaluation of a few hundred samples can make it.
 MIN_VAR = 1e-5

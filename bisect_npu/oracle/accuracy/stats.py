@@ -219,10 +219,6 @@ class JointPrior:
                 + self.bad_var / (self.bad_mean * (1 - self.bad_mean))) / 2
 
 
-# How many standard errors of the observed spread are taken off a fitted spread: a spread the
-# samples show by chance (every answer a fresh draw, yet one end's rates seem to differ) would
-# make each sample's ends' runs look like its own rate, and those errors are shared by every step.
-SPREAD_MARGIN = 1.0
 # Floors of the fitted variances: a rate known to within 0.003 of its mean is as sure as any
 # evaluation of a few hundred samples can make it.
 MIN_VAR = 1e-5
@@ -255,7 +251,7 @@ def fit_joint(good: Sequence[SampleOutcome], bad: Sequence[SampleOutcome]) -> Jo
         runs = [end[i].runs for i in shared]
         if min(runs) >= 2:
             noise = sum(end[i].correct * (1 - end[i].correct) / (end[i].runs - 1) for i in shared) / len(shared)
-            return max(MIN_VAR, observed - noise - SPREAD_MARGIN * observed * math.sqrt(2 / (len(shared) - 1)))
+            return max(MIN_VAR, observed - noise)
         return max(MIN_VAR, min(observed, ends.rho * mean * (1 - mean)))
 
     sg, sb = spread(g, var_g, ends.good_mean), spread(b, var_b, ends.bad_mean)

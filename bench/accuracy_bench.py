@@ -58,7 +58,9 @@ from bisect_npu.oracle.accuracy.focus import round_plan
 from bisect_npu.oracle.accuracy.judge import Role, judge_accuracy
 from bisect_npu.oracle.config import AccuracyConfig, FocusConfig
 from bisect_npu.orchestration.earlier_results import control_ids, disagreement
-from bisect_npu.search import Evidence, Found, Next, SearchProblem, decide
+from bisect_npu.orchestration.state import accuracy_weight
+from bisect_npu.records import StepRecord
+from bisect_npu.search import Evidence, Found, Next, SearchProblem, Weight, decide
 
 
 @dataclass(frozen=True)
@@ -192,7 +194,9 @@ def run_ours(s: Scenario, case: Case, focused: bool, cfg: AccuracyConfig, earlie
     repeats = cfg.repeats
     spent = harness_runs = 0
 
-    def step(position: int) -> tuple[VerdictKind, float]:
+    weigh = accuracy_weight(CONFIDENCE, s.n, find_fix=False)
+
+    def step(position: int) -> tuple[VerdictKind, Weight]:
         nonlocal spent, harness_runs
         role: Role = "good_end" if position == 0 else "bad_end" if position == s.n else "candidate"
         plan: list[list[str] | None] = [None] * cfg.max_rounds
@@ -224,7 +228,7 @@ def run_ours(s: Scenario, case: Case, focused: bool, cfg: AccuracyConfig, earlie
             ends["good"] = [observation(_pooled(rounds))]
         if role == "bad_end":
             ends["bad"] = [observation(_pooled(rounds))]
-        return v.kind, float(v.figures.get("log_likelihood_ratio", 0.0))
+        return v.kind, weigh(StepRecord.model_construct(index=position, commit=str(position), verdict=v))
 
     problem = SearchProblem(n=s.n, mode="likelihood", confidence=CONFIDENCE)
     evidence: dict[int, Evidence] = {}
@@ -234,8 +238,8 @@ def run_ours(s: Scenario, case: Case, focused: bool, cfg: AccuracyConfig, earlie
             right = isinstance(decision, Found) and decision.index == case.culprit
             return Outcome(right, spent, harness_runs, isinstance(decision, Found) and not right)
         for query in decision.queries:
-            kind, log_lr = step(query.index)
-            evidence[query.index] = evidence.get(query.index, Evidence()).add(kind.value).weigh(log_lr)  # type: ignore[arg-type]
+            kind, weight = step(query.index)
+            evidence[query.index] = evidence.get(query.index, Evidence()).add(kind.value).weigh(weight)  # type: ignore[arg-type]
     return Outcome(False, spent, harness_runs)
 
 

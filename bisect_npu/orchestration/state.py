@@ -29,22 +29,39 @@ def search_term(kind: str, find_fix: bool) -> Term:
     return "skip" if kind == "skip" else "good" if kind == "good" else "bad"
 
 
-def accuracy_weight(confidence: float | None, last: int, *, find_fix: bool) -> Callable[[StepRecord], float]:
-    """A step's likelihood ratio (accuracy oracle) in the search's terms: under --find-fix the
-    symptom's side is the good one, so the ratio changes sign. A verdict without one (the verdict
-    store keeps the kind, not the figures) weighs what a step decided at the recipe's `confidence`
-    at least said; the ends (0 and `last`) and other oracles' steps (`confidence` None) weigh 0."""
+def accuracy_weight(confidence: float | None, last: int, *, find_fix: bool) -> Callable[[StepRecord], search.Weight]:
+    """A step's likelihood ratio (accuracy oracle) in the search's terms, with its node terms
+    over the ends' error where the verdict carries them (figure ``ends_error_nodes``): under
+    --find-fix the symptom's side is the good one, so the ratio changes sign and the sides' node
+    terms swap. A verdict without a ratio (the verdict store keeps the kind, not the figures)
+    weighs what a step decided at the recipe's `confidence` at least said; the ends (0 and
+    `last`) and other oracles' steps (`confidence` None) weigh 0."""
 
-    def weigh(step: StepRecord) -> float:
+    def weigh(step: StepRecord) -> search.Weight:
         value = step.verdict.figures.get("log_likelihood_ratio")
         if not isinstance(value, int | float) or not math.isfinite(value):
             if confidence is None or step.verdict.kind == "skip" or step.index in (0, last):
-                return 0.0
+                return search.Weight(0.0)
             bound = math.log(confidence / (1 - confidence))
             value = bound if step.verdict.kind == "bad" else -bound
-        return -float(value) if find_fix else float(value)
+        good, bad = _nodes(step.verdict.figures.get("ends_error_nodes"))
+        if find_fix:
+            return search.Weight(-float(value), bad, good)
+        return search.Weight(float(value), good, bad)
 
     return weigh
+
+
+def _nodes(figure: object) -> tuple[tuple[float, ...], tuple[float, ...]]:
+    """The good and bad sides' node terms of a verdict's figure, or none when it is missing or
+    malformed (the step then weighs its ratio alone)."""
+    if not isinstance(figure, dict):
+        return (), ()
+    good, bad = figure.get("good"), figure.get("bad")
+    if not (isinstance(good, list) and isinstance(bad, list) and good and len(good) == len(bad)
+            and all(isinstance(t, int | float) and math.isfinite(t) for t in good + bad)):
+        return (), ()
+    return tuple(float(t) for t in good), tuple(float(t) for t in bad)
 
 
 class StoreLedger(Generic[Thing]):
@@ -93,7 +110,7 @@ class SessionState(StoreLedger[int]):
     asks how many candidates are left."""
 
     def __init__(self, noisy: bool, find_fix: bool, entries: Iterable[Record] = (),
-                 weigh: Callable[[StepRecord], float] | None = None) -> None:
+                 weigh: Callable[[StepRecord], search.Weight] | None = None) -> None:
         super().__init__()
         self.noisy = noisy
         self.find_fix = find_fix
@@ -148,12 +165,12 @@ class SessionState(StoreLedger[int]):
                     self._add(step.index, kind, stored=True)
         elif not self.noisy or (step.verdict.kind == "skip" and not step.trials):
             self._add(step.index, step.verdict.kind.value, stored=stored,
-                      log_lr=self._weigh(step) if self._weigh is not None else 0.0)
+                      weight=self._weigh(step) if self._weigh is not None else search.Weight(0.0))
 
-    def _add(self, index: int, kind: str, *, stored: bool, log_lr: float = 0.0) -> None:
+    def _add(self, index: int, kind: str, *, stored: bool, weight: search.Weight | float = 0.0) -> None:
         books = (self._evidence,) if stored else (self._evidence, self._fresh)
         for book in books:
-            book[index] = book.get(index, search.Evidence()).add(search_term(kind, self.find_fix)).weigh(log_lr)
+            book[index] = book.get(index, search.Evidence()).add(search_term(kind, self.find_fix)).weigh(weight)
 
     def evidence(self, *, without_stored: bool = False) -> dict[int, search.Evidence]:
         """Each position's evidence; `without_stored`: only what this session ran itself (the

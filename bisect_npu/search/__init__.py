@@ -33,6 +33,7 @@ from bisect_npu.search.types import (
     Outcome,
     Query,
     SearchProblem,
+    Weight,
     rests_on,
     validate,
 )
@@ -48,6 +49,7 @@ __all__ = [
     "Outcome",
     "Query",
     "SearchProblem",
+    "Weight",
     "decide",
     "group_ids",
     "rests_on",

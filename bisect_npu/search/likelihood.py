@@ -20,6 +20,7 @@ import math
 from collections.abc import Mapping
 
 import numpy as np
+from numpy.polynomial.hermite_e import hermegauss
 
 from bisect_npu.search.costs import build_costs, most_information_per_cost
 from bisect_npu.search.types import Decision, EndsWrong, Evidence, Found, Narrowed, Next, Query, SearchProblem
@@ -27,19 +28,50 @@ from bisect_npu.search.types import Decision, EndsWrong, Evidence, Found, Narrow
 # Steps one position may take (the first and repeats): a commit that three steps of the sequential
 # test could not place is left to the posterior, which then names a range or a weaker answer.
 MAX_STEPS = 3
+# A position is worth asking only while both of its sides hold more than this share of the error
+# the confidence allows.
+TELLING_SHARE = 1e-3
 
 
 def change_point_posterior(n: int, evidence: Mapping[int, Evidence]) -> np.ndarray:
-    """P(c = x | evidence) for x = 1..n (index 0 is position 1), from the inner positions' ratios."""
+    """P(c = x | evidence) for x = 1..n (index 0 is position 1), from the inner positions' ratios;
+    the steps' node terms (`Weight`) integrated over the ends' error once, over all steps."""
     log_lr = np.zeros(n + 1)
     for i, ev in evidence.items():
         if 0 < i < n:
-            log_lr[i] = ev.log_lr
+            log_lr[i] = ev.log_lr - ev.shared_log_lr
     # log P(c = x) = sum over i >= x of log_lr[i], for x = 1..n (the bad end is on the bad side for every c).
-    suffix = np.cumsum(log_lr[::-1])[::-1][1:]
+    suffix = np.cumsum(log_lr[::-1])[::-1][1:] + _shared_log_lik(n, evidence)
     post = np.exp(suffix - suffix.max())
     normalised: np.ndarray = post / post.sum()
     return normalised
+
+
+def _shared_log_lik(n: int, evidence: Mapping[int, Evidence]) -> np.ndarray | float:
+    """For c = 1..n: log of the integral over each end mean's error of the product of the node
+    terms, the positions below c taking their good side's, the rest their bad side's. The two
+    ends' errors are independent, so the integral is one per side."""
+    inner = {i: ev for i, ev in evidence.items() if 0 < i < n and ev.shared_good}
+    if not inner:
+        return 0.0
+    k = len(next(iter(inner.values())).shared_good)
+    weights = hermegauss(k)[1]
+    log_w = np.log(weights / weights.sum())
+    good, bad = np.zeros((n + 1, k)), np.zeros((n + 1, k))
+    for i, ev in inner.items():
+        good[i], bad[i] = ev.shared_good, ev.shared_bad
+    below = np.cumsum(good, axis=0)[:-1]  # row x - 1: the good terms of positions < x, x = 1..n
+    above = np.cumsum(bad[::-1], axis=0)[::-1][1:]  # row x - 1: the bad terms of positions >= x
+    shared: np.ndarray = _log_mean(below, log_w) + _log_mean(above, log_w)
+    return shared
+
+
+def _log_mean(terms: np.ndarray, log_w: np.ndarray) -> np.ndarray:
+    """log sum_k w_k exp(terms[:, k]), row by row, without overflow."""
+    total = terms + log_w
+    top = total.max(axis=1, keepdims=True)
+    result: np.ndarray = top[:, 0] + np.log(np.exp(total - top).sum(axis=1))
+    return result
 
 
 def _blocks(n: int, evidence: Mapping[int, Evidence]) -> np.ndarray:
@@ -104,8 +136,12 @@ def _quantile_picks(problem: SearchProblem, evidence: Mapping[int, Evidence], po
     overlays) the pick is the most information per cost instead (costs.py)."""
     n = problem.n
     cumulative = np.cumsum(post)[:-1]  # P(c <= x) for x = 1..n-1
+    # A step at x tells c <= x from c > x: where either holds (almost) none of the mass it can
+    # move nothing (asking it would only spend runs while the undecided commits stay undecided).
+    telling = TELLING_SHARE * (1 - problem.confidence)
     askable = [x for x in range(1, n)
-               if not evidence.get(x, Evidence()).skipped and _steps(evidence.get(x, Evidence())) < MAX_STEPS]
+               if not evidence.get(x, Evidence()).skipped and _steps(evidence.get(x, Evidence())) < MAX_STEPS
+               and telling < float(cumulative[x - 1]) < 1 - telling]
     if not askable:
         return []
     if problem.slots == 1:

@@ -5,12 +5,26 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Literal
 
 from bisect_npu.defaults import CONFIDENCE
 
 Outcome = Literal["good", "bad", "skip"]
+
+
+@dataclass(frozen=True)
+class Weight:
+    """One step's evidence in likelihood mode. ``log_lr``: its log likelihood ratio (bad side over
+    good side). ``good``/``bad`` (optional, equal lengths K): log P(what it measured | the side,
+    that side's end mean at node k) for the K nodes of the probabilists' Gauss-Hermite rule over
+    the end mean's error (z_k standard errors off its estimate; one common constant dropped),
+    when the step compared against estimated end means: every step shares those ends, so the
+    search integrates over their error once, over all steps together, instead of per step."""
+
+    log_lr: float
+    good: tuple[float, ...] = ()
+    bad: tuple[float, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -20,23 +34,38 @@ class Evidence:
     ``log_lr`` (likelihood mode) is what the position's steps said about its side, as a natural
     log likelihood ratio: log P(what was measured | the position is on the bad side) minus log
     P(it | the good side), summed over its steps (independent measurements multiply).
+    ``shared_good``/``shared_bad`` sum the node terms of the steps that carried them
+    (`Weight`), and ``shared_log_lr`` the part of ``log_lr`` those steps make up: the search
+    uses the node terms in its place.
     """
 
     good: int = 0
     bad: int = 0
     skipped: bool = False
     log_lr: float = 0.0
+    shared_good: tuple[float, ...] = ()
+    shared_bad: tuple[float, ...] = ()
+    shared_log_lr: float = 0.0
 
     def add(self, outcome: Outcome) -> Evidence:
         if outcome == "good":
-            return Evidence(self.good + 1, self.bad, self.skipped, self.log_lr)
+            return replace(self, good=self.good + 1)
         if outcome == "bad":
-            return Evidence(self.good, self.bad + 1, self.skipped, self.log_lr)
-        return Evidence(self.good, self.bad, True, self.log_lr)
+            return replace(self, bad=self.bad + 1)
+        return replace(self, skipped=True)
 
-    def weigh(self, log_lr: float) -> Evidence:
-        """This evidence with one more step's log likelihood ratio."""
-        return Evidence(self.good, self.bad, self.skipped, self.log_lr + log_lr)
+    def weigh(self, step: float | Weight) -> Evidence:
+        """This evidence with one more step's log likelihood ratio (and its node terms, if any)."""
+        if not isinstance(step, Weight):
+            return replace(self, log_lr=self.log_lr + step)
+        if not step.good:
+            return replace(self, log_lr=self.log_lr + step.log_lr)
+        if self.shared_good and len(self.shared_good) != len(step.good):
+            raise ValueError("steps of one position carry node terms of different lengths")
+        good = tuple(map(sum, zip(self.shared_good or (0.0,) * len(step.good), step.good, strict=True)))
+        bad = tuple(map(sum, zip(self.shared_bad or (0.0,) * len(step.bad), step.bad, strict=True)))
+        return replace(self, log_lr=self.log_lr + step.log_lr, shared_good=good, shared_bad=bad,
+                       shared_log_lr=self.shared_log_lr + step.log_lr)
 
     @property
     def trials(self) -> int:
@@ -180,6 +209,11 @@ def validate(problem: SearchProblem, evidence: Mapping[int, Evidence]) -> None:
         raise ValueError(f"earlier runs need 0 <= failed <= runs at each end, got {runs}")
     if any(not math.isfinite(ev.log_lr) for ev in evidence.values()):
         raise ValueError("a log likelihood ratio must be finite (clip it where it is computed)")
+    shared = {len(ev.shared_good) for ev in evidence.values() if ev.shared_good}
+    if len(shared) > 1 or any(len(ev.shared_good) != len(ev.shared_bad)
+                              or not all(map(math.isfinite, ev.shared_good + ev.shared_bad))
+                              for ev in evidence.values()):
+        raise ValueError("node terms need one length at every position, finite, good and bad alike")
     outside = [i for i in evidence if not 0 <= i <= problem.n]
     if outside:
         raise ValueError(f"evidence at positions outside 0..{problem.n}: {sorted(outside)[:5]}")

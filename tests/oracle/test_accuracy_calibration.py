@@ -100,3 +100,19 @@ def test_a_bad_end_measured_too_loosely_for_the_drop_runs_again() -> None:
     assert verdict.figures["more_rounds"] and verdict.figures["ends_too_loose"]
     many = outcomes(rng.binomial(40, rates * 0.85), 40)
     assert stats.ends_known(good, many)
+
+
+def test_a_step_s_node_terms_integrate_to_its_ratio() -> None:
+    """The search integrates the node terms over the probabilists' Gauss-Hermite weights: they
+    must hold what the step's own ratio says."""
+    from numpy.polynomial.hermite_e import hermegauss
+
+    rng = np.random.default_rng(3)
+    good, bad = outcomes(rng.binomial(4, 0.82, 200), 4), outcomes(rng.binomial(4, 0.70, 200), 4)
+    candidate = outcomes(rng.binomial(4, 0.80, 120), 4)
+    step = stats.step_evidence(candidate, good, bad)
+    assert step.good_nodes and len(step.good_nodes) == len(step.bad_nodes)
+    weights = hermegauss(len(step.good_nodes))[1]
+    weights = weights / weights.sum()
+    integrated = np.log(weights @ np.exp(step.bad_nodes)) - np.log(weights @ np.exp(step.good_nodes))
+    assert step.log_lr < 0 and integrated == pytest.approx(step.log_lr, abs=1e-9)

@@ -84,10 +84,26 @@ def test_an_accuracy_step_weighs_its_likelihood_ratio_or_what_its_verdict_at_the
     weigh = accuracy_weight(0.99, 10, find_fix=False)
     measured = StepRecord(index=4, commit="c4", verdict=Verdict(kind=VerdictKind.BAD, reason="",
                                                                 figures={"log_likelihood_ratio": 2.5}))
-    assert weigh(measured) == 2.5 and accuracy_weight(0.99, 10, find_fix=True)(measured) == -2.5
-    assert weigh(step(4, VerdictKind.GOOD)) == pytest.approx(-math.log(99))  # from the store: the kind alone
-    assert weigh(step(0, VerdictKind.GOOD)) == 0.0 and weigh(step(10, VerdictKind.BAD)) == 0.0  # the ends
-    assert accuracy_weight(None, 10, find_fix=False)(step(4, VerdictKind.BAD)) == 0.0  # not an accuracy oracle
+    assert weigh(measured).log_lr == 2.5 and accuracy_weight(0.99, 10, find_fix=True)(measured).log_lr == -2.5
+    assert weigh(step(4, VerdictKind.GOOD)).log_lr == pytest.approx(-math.log(99))  # from the store: the kind alone
+    assert weigh(step(0, VerdictKind.GOOD)).log_lr == 0.0 and weigh(step(10, VerdictKind.BAD)).log_lr == 0.0  # ends
+    assert accuracy_weight(None, 10, find_fix=False)(step(4, VerdictKind.BAD)).log_lr == 0.0  # not accuracy
+
+
+def test_an_accuracy_step_hands_the_search_its_node_terms_swapped_under_find_fix() -> None:
+    nodes = {"good": [-3.0, -1.0, 0.0], "bad": [-2.0, -2.5, -4.0]}
+    measured = StepRecord(index=4, commit="c4", verdict=Verdict(kind=VerdictKind.GOOD, reason="", figures={
+        "log_likelihood_ratio": -1.5, "ends_error_nodes": nodes}))
+    weight = accuracy_weight(0.99, 10, find_fix=False)(measured)
+    assert (weight.good, weight.bad) == ((-3.0, -1.0, 0.0), (-2.0, -2.5, -4.0))
+    fixed = accuracy_weight(0.99, 10, find_fix=True)(measured)
+    assert (fixed.log_lr, fixed.good, fixed.bad) == (1.5, (-2.0, -2.5, -4.0), (-3.0, -1.0, 0.0))
+    broken = StepRecord(index=4, commit="c4", verdict=Verdict(kind=VerdictKind.GOOD, reason="", figures={
+        "log_likelihood_ratio": -1.5, "ends_error_nodes": {"good": [0.0], "bad": []}}))
+    assert accuracy_weight(0.99, 10, find_fix=False)(broken).good == ()  # malformed: the ratio alone
+    state = SessionState(False, False, [measured, measured], weigh=accuracy_weight(0.99, 10, find_fix=False))
+    evidence = state.evidence()[4]
+    assert evidence.shared_good == (-6.0, -2.0, 0.0) and evidence.shared_log_lr == -3.0
 
 
 def test_the_sentences_name_the_culprit_the_range_and_the_end_that_misbehaved() -> None:

@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import numpy as np
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from numpy.polynomial.hermite_e import hermegauss
 
-from bisect_npu.search import EndsWrong, Evidence, Found, Narrowed, Next, Query, SearchProblem, decide
+from bisect_npu.search import EndsWrong, Evidence, Found, Narrowed, Next, Query, SearchProblem, Weight, decide
 from bisect_npu.search.likelihood import MAX_STEPS, change_point_posterior
 
 
@@ -91,3 +93,64 @@ def test_with_the_mass_on_one_commit_its_weakly_judged_parent_is_asked() -> None
     evidence = {0: Evidence(good=1), 20: Evidence(bad=1), 10: Evidence(good=1, log_lr=-30.0),
                 13: Evidence(good=1, log_lr=-4.9), 14: Evidence(bad=1, log_lr=30.0)}
     assert decide(problem(20), evidence) == Next((Query(13),))
+
+
+def _brute_force_posterior(n: int, evidence: dict[int, Evidence]) -> np.ndarray:
+    """Every pair of nodes of the two ends' errors, each position's terms on its side of c."""
+    k = len(next(ev for ev in evidence.values() if ev.shared_good).shared_good)
+    weights = hermegauss(k)[1]
+    weights = weights / weights.sum()
+    post = np.zeros(n)
+    for c in range(1, n + 1):
+        for kg, wg in enumerate(weights):
+            for kb, wb in enumerate(weights):
+                total = 0.0
+                for i, ev in evidence.items():
+                    if not 0 < i < n:
+                        continue
+                    free = ev.log_lr - ev.shared_log_lr
+                    if i >= c:
+                        total += free + (ev.shared_bad[kb] if ev.shared_bad else 0.0)
+                    elif ev.shared_good:
+                        total += ev.shared_good[kg]
+                post[c - 1] += wg * wb * np.exp(total)
+    return post / post.sum()
+
+
+@settings(max_examples=40, deadline=None)
+@given(st.integers(2, 7), st.integers(1, 5), st.data())
+def test_the_ends_error_is_integrated_once_over_every_step(n: int, k: int, data: st.DataObject) -> None:
+    """Steps sharing the ends: the posterior integrates their node terms over the ends' error jointly."""
+    terms = st.lists(st.floats(-6, 0), min_size=k, max_size=k).map(tuple)
+    evidence: dict[int, Evidence] = {0: Evidence(good=1), n: Evidence(bad=1)}
+    for i in range(1, n):
+        ev = Evidence(good=1)
+        for _ in range(data.draw(st.integers(0, 2))):
+            good, bad = data.draw(terms), data.draw(terms)
+            ev = ev.weigh(Weight(data.draw(st.floats(-5, 5)), good, bad))
+        evidence[i] = ev.weigh(data.draw(st.floats(-3, 3)))  # a step without node terms: its ratio alone
+    np.testing.assert_allclose(change_point_posterior(n, evidence), _brute_force_posterior(n, evidence)
+                               if any(ev.shared_good for ev in evidence.values())
+                               else change_point_posterior(n, {i: Evidence(log_lr=ev.log_lr)
+                                                                for i, ev in evidence.items()}), atol=1e-9)
+
+
+def test_a_lone_step_weighs_what_its_node_terms_integrate_to() -> None:
+    """One step, alone: the joint integral is its own, so the posterior is that of its ratio."""
+    weights = hermegauss(3)[1] / hermegauss(3)[1].sum()
+    good, bad = (0.0, -4.0, -9.0), (-7.0, -6.0, -2.0)
+    ratio = float(np.log(weights @ np.exp(bad)) - np.log(weights @ np.exp(good)))
+    shared = {0: Evidence(good=1), 2: Evidence(bad=1), 1: Evidence(good=1).weigh(Weight(ratio, good, bad))}
+    alone = {0: Evidence(good=1), 2: Evidence(bad=1), 1: Evidence(good=1, log_lr=ratio)}
+    np.testing.assert_allclose(change_point_posterior(2, shared), change_point_posterior(2, alone))
+
+
+def test_a_position_that_cannot_move_the_undecided_mass_is_not_asked() -> None:
+    """The mass split between commits 1 and 2 and position 1 asked its MAX_STEPS: asking 2 or
+    later tells nothing about 1 against 2, so the search answers with what it has."""
+    evidence = {0: Evidence(good=1), 8: Evidence(bad=1), 1: Evidence(good=MAX_STEPS, log_lr=0.0)}
+    for i in range(2, 8):
+        evidence[i] = Evidence(bad=1, log_lr=40.0)
+    decision = decide(problem(8), evidence)
+    assert not isinstance(decision, Next)
+    assert decision.figures["posterior"] == pytest.approx(0.5)

@@ -156,16 +156,21 @@ def _judge_candidate(cfg: AccuracyConfig, mine: list[SampleOutcome], good: list[
     control = [s for s in mine if s.id not in discordant]
     control_diff, control_p = stats.paired_rate_p(control, good) if control else (0.0, 1.0)
     broken_elsewhere = bool(control) and control_diff < 0 and control_p <= (1 - cfg.confidence) / cfg.max_rounds
-    log_lr = stats.log_likelihood_ratio(mine, good, bad, prior)
+    evidence = stats.step_evidence(mine, good, bad, prior)
+    log_lr = evidence.log_lr
     imputed = _imputed(mine, good)
     check = _baseline(cfg, imputed)
-    if broken_elsewhere:
-        log_lr = max(log_lr, bound)
+    if broken_elsewhere and log_lr < bound:
+        log_lr, evidence = bound, stats.StepEvidence(bound)
     figures = {**figures, **_baseline_figures(check), "log_likelihood_ratio": round(log_lr, 4),
                "wald_bound": round(bound, 4), "discordant": len(discordant), "control": len(control),
                "control_difference": round(100 * control_diff, 3), "control_p": control_p,
                "broken_elsewhere": broken_elsewhere, "prior_rho": round(prior.rho, 4), "prior_cov": round(prior.cov, 5),
                "estimated_accuracy": round(stats.score(imputed, cfg.confidence).accuracy, 3)}
+    if evidence.good_nodes:
+        # The search integrates the ends' shared error once over every step (search.Weight).
+        figures["ends_error_nodes"] = {"good": [round(t, 4) for t in evidence.good_nodes],
+                                       "bad": [round(t, 4) for t in evidence.bad_nodes]}
     by_ratio = VerdictKind.BAD if log_lr >= bound else VerdictKind.GOOD if log_lr <= -bound else None
     if cfg.reference == "both" and check is not None and check.verdict == "bad":
         by_ratio = VerdictKind.BAD

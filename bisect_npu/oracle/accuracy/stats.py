@@ -362,23 +362,39 @@ def ends_known(good: Sequence[SampleOutcome], bad: Sequence[SampleOutcome]) -> b
     return max(mean_errors(good, bad)) <= ENDS_ERROR_SHARE * drop
 
 
-def _side_log_lik(outcomes: Sequence[tuple[float, int, tuple[float, float]]], error: float) -> float:
-    """log P(a step's outcomes | one side), that side's mean integrated over its error: one shift
-    for every sample at once, since they share it."""
-    terms = []
-    for z, log_w in zip(_NODES, _LOG_WEIGHTS, strict=True):
-        terms.append(log_w + sum(_predictive(k, n, _as_rate(rate[0] + z * error, rate[1])) for k, n, rate in outcomes))
+def _node_log_liks(outcomes: Sequence[tuple[float, int, tuple[float, float]]], error: float) -> list[float]:
+    """log P(a step's outcomes | one side, that side's mean z_k errors off its estimate), per
+    node k: one shift for every sample at once, since they share it."""
+    return [sum(_predictive(k, n, _as_rate(rate[0] + z * error, rate[1])) for k, n, rate in outcomes)
+            for z in _NODES]
+
+
+def _integrated(node_log_liks: Sequence[float]) -> float:
+    """The node terms integrated over the error (the Gauss-Hermite weights)."""
+    terms = [log_w + t for log_w, t in zip(_LOG_WEIGHTS, node_log_liks, strict=True)]
     top = max(terms)
     return top + math.log(sum(math.exp(t - top) for t in terms))
 
 
-def log_likelihood_ratio(candidate: Sequence[SampleOutcome], good: Sequence[SampleOutcome],
-                         bad: Sequence[SampleOutcome], prior: JointPrior | None = None) -> float:
+@dataclass(frozen=True)
+class StepEvidence:
+    """A candidate step's log likelihood ratio, and (when that ratio is the integrated one) its
+    log likelihoods per node of each end mean's error (`_NODES`, one common constant dropped), for
+    a search that integrates the shared ends' error once over all its steps."""
+
+    log_lr: float
+    good_nodes: tuple[float, ...] = ()
+    bad_nodes: tuple[float, ...] = ()
+
+
+def step_evidence(candidate: Sequence[SampleOutcome], good: Sequence[SampleOutcome],
+                  bad: Sequence[SampleOutcome], prior: JointPrior | None = None) -> StepEvidence:
     """log P(candidate | bad side) - log P(candidate | good side) over the samples it ran: > 0
     says bad, < 0 good. Samples are independent given the side and its mean; each side's mean is
     integrated over its standard error (`mean_errors`), so a step cannot be surer than the ends'
     own measurement allows. A sample neither end ran predicts each side's mean. The answer is
-    the weaker of that and the sum of the per-sample ratios clipped (`sample_log_lr`)."""
+    the weaker of that and the sum of the per-sample ratios clipped (`sample_log_lr`); the node
+    terms come with it when it is the integrated one."""
     prior = prior or fit_joint(good, bad)
     g, b = by_id(good), by_id(bad)
     clipped = 0.0
@@ -390,12 +406,22 @@ def log_likelihood_ratio(candidate: Sequence[SampleOutcome], good: Sequence[Samp
         on_good.append((s.correct_runs, s.runs, rates.good))
         on_bad.append((s.correct_runs, s.runs, rates.bad))
     if not candidate:
-        return 0.0
+        return StepEvidence(0.0)
     error_good, error_bad = mean_errors(good, bad, prior)
-    integrated = _side_log_lik(on_bad, error_bad) - _side_log_lik(on_good, error_good)
+    nodes_good, nodes_bad = _node_log_liks(on_good, error_good), _node_log_liks(on_bad, error_bad)
+    integrated = _integrated(nodes_bad) - _integrated(nodes_good)
     if integrated * clipped <= 0:
-        return 0.0
-    return integrated if abs(integrated) < abs(clipped) else clipped
+        return StepEvidence(0.0)
+    if abs(clipped) <= abs(integrated):
+        return StepEvidence(clipped)
+    top = max(*nodes_good, *nodes_bad)
+    return StepEvidence(integrated, tuple(t - top for t in nodes_good), tuple(t - top for t in nodes_bad))
+
+
+def log_likelihood_ratio(candidate: Sequence[SampleOutcome], good: Sequence[SampleOutcome],
+                         bad: Sequence[SampleOutcome], prior: JointPrior | None = None) -> float:
+    """The step's ratio alone (`step_evidence`)."""
+    return step_evidence(candidate, good, bad, prior).log_lr
 
 
 @dataclass(frozen=True)

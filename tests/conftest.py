@@ -8,11 +8,13 @@ from __future__ import annotations
 
 import os
 import subprocess
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
 
 from tests.helpers.paths import REPO_ROOT
+from tests.helpers.venvs import copy_venv, make_seed
 
 DEMO_BASE_IMAGE = "localhost/bisect-npu-demo-base:py311"
 
@@ -69,3 +71,11 @@ def demo_upstream(tmp_path_factory):
 
     repo = tmp_path_factory.mktemp("demo") / "upstream"
     return repo, generate_upstream(repo, seed=0)
+
+
+@pytest.fixture(scope="session")
+def fresh_venv(tmp_path_factory: pytest.TempPathFactory) -> Callable[[Path], Path]:
+    """`fresh_venv(dest)` makes a fresh venv with pip at `dest`: a copy of one `python -m venv` made
+    once per test session (tests/helpers/venvs.py), not ensurepip again for each."""
+    seed = make_seed(tmp_path_factory.mktemp("venv-seed") / "venv")
+    return lambda dest: copy_venv(seed, dest)

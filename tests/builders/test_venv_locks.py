@@ -9,8 +9,8 @@ import hashlib
 import json
 import re
 import subprocess
-import sys
 import zipfile
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -47,10 +47,10 @@ def make_wheel(wheels: Path, name: str, version: str, requires: tuple[str, ...] 
             wheel.writestr(path, text)
 
 
-def build(venv: Path, wheels: Path, lock: Path) -> dict[str, str]:
+def build(fresh_venv: Callable[[Path], Path], venv: Path, wheels: Path, lock: Path) -> dict[str, str]:
     """The key's build: a fresh venv, `app` installed from the wheel directory under the key's lock,
     the lock recorded the first time; what the venv holds, name -> version."""
-    subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True, timeout=300)
+    fresh_venv(venv)
     python = venv / "bin" / "python"
     subprocess.run([str(python), "-m", "pip", "install", "--quiet", "--no-index", "--find-links", str(wheels),
                     *constraint_args(lock), "app"], check=True, timeout=300)
@@ -61,19 +61,20 @@ def build(venv: Path, wheels: Path, lock: Path) -> dict[str, str]:
 
 
 @pytest.mark.e2e
-def test_a_key_built_again_from_an_empty_cache_installs_what_it_resolved_first(tmp_path: Path) -> None:
+def test_a_key_built_again_from_an_empty_cache_installs_what_it_resolved_first(
+        tmp_path: Path, fresh_venv: Callable[[Path], Path]) -> None:
     wheels = tmp_path / "wheels"
     wheels.mkdir()
     make_wheel(wheels, "tinydep", "0.18.0")
     make_wheel(wheels, "app", "5.5.4", requires=("tinydep",))  # unpinned, as transformers leaves kernels
     lock = lock_path(tmp_path / "cache", "vllm-0.20.2--transformers-5.5.4")
-    assert build(tmp_path / "cache" / "first", wheels, lock) == {"app": "5.5.4", "tinydep": "0.18.0"}
+    assert build(fresh_venv, tmp_path / "cache" / "first", wheels, lock) == {"app": "5.5.4", "tinydep": "0.18.0"}
     first = locked_versions(lock)
     assert (first["app"], first["tinydep"]) == ("5.5.4", "0.18.0")
 
     make_wheel(wheels, "tinydep", "0.19.1")  # a later day: the dependency moved on
-    assert build(tmp_path / "fresh" / "venv", wheels, lock)["tinydep"] == "0.18.0"  # the lock holds it
-    unlocked = build(tmp_path / "fresh" / "unlocked", wheels, tmp_path / "elsewhere" / "none.txt")
+    assert build(fresh_venv, tmp_path / "fresh" / "venv", wheels, lock)["tinydep"] == "0.18.0"  # the lock holds it
+    unlocked = build(fresh_venv, tmp_path / "fresh" / "unlocked", wheels, tmp_path / "elsewhere" / "none.txt")
     assert unlocked["tinydep"] == "0.19.1"  # what the same install resolves to today without it
     assert locked_versions(lock) == first  # written once, never moved on
 
@@ -118,7 +119,8 @@ def frozen(venv: Path) -> dict[str, str]:
 
 
 @pytest.mark.e2e
-def test_a_venv_built_in_two_steps_is_built_again_from_its_lock_though_no_resolver_accepts_it(tmp_path: Path) -> None:
+def test_a_venv_built_in_two_steps_is_built_again_from_its_lock_though_no_resolver_accepts_it(
+        tmp_path: Path, fresh_venv: Callable[[Path], Path]) -> None:
     """As a pin venv is built: the server's requirements first (its instrumentator wants web>=1),
     then the project's, which win (a framework that needs web<0.51 downgrades it). The lock of that
     venv, as constraints, cannot be resolved; installed as frozen it gives the same venv again."""
@@ -130,7 +132,7 @@ def test_a_venv_built_in_two_steps_is_built_again_from_its_lock_though_no_resolv
         make_wheel(wheels, name, version, requires)
     index = ["--no-index", "--find-links", str(wheels)]
     venv, lock = tmp_path / "first", tmp_path / "locks" / "key.txt"
-    subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True, timeout=300)
+    fresh_venv(venv)
     pip = [str(venv / "bin" / "python"), "-m", "pip"]
     for step in ("instrumentator", "framework==0.123.10"):
         subprocess.run([*pip, "install", "--quiet", *index, step], check=True, timeout=300, capture_output=True)
@@ -139,7 +141,7 @@ def test_a_venv_built_in_two_steps_is_built_again_from_its_lock_though_no_resolv
     assert {name: locked_versions(lock).get(name) for name in tested} == tested  # pip's own are in it too
 
     again = tmp_path / "again"
-    subprocess.run([sys.executable, "-m", "venv", str(again)], check=True, timeout=300)
+    fresh_venv(again)
     pip = [str(again / "bin" / "python"), "-m", "pip", "install", "--quiet", *index]
     resolved = subprocess.run([*pip, *constraint_args(lock), "instrumentator"], capture_output=True, text=True,
                               timeout=300, check=False)

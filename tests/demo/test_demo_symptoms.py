@@ -57,13 +57,28 @@ def trees(demo_upstream, tmp_path_factory):
     return tree
 
 
+@pytest.fixture(scope="module")
+def probed(trees, tmp_path_factory):
+    """`probed(sha, recipe name, trial)`: the observation of that probe run, each run once per module
+    (a probe request's output is deterministic; two tests judge the rope case's same two runs)."""
+    seen: dict[tuple[str, str, int], Observation] = {}
+
+    def probe(sha: str, recipe_name: str, trial: int) -> Observation:
+        if (sha, recipe_name, trial) not in seen:
+            out = tmp_path_factory.mktemp("observations")
+            seen[sha, recipe_name, trial] = run_probe(trees(sha), load_recipe(recipe_name), trial, out)
+        return seen[sha, recipe_name, trial]
+
+    return probe
+
+
 @pytest.mark.parametrize("case_name", ["async-penalty", "rope-longseq", "spec-decode"])
-def test_deterministic_case_flips_at_the_culprit(case_name, demo_upstream, trees, tmp_path):
+def test_deterministic_case_flips_at_the_culprit(case_name, demo_upstream, probed):
     _, manifest = demo_upstream
     case = manifest.case(case_name)
     recipe = load_recipe(case.recipe)
-    parent = run_probe(trees(case.culprit_parent), recipe, 0, tmp_path)
-    culprit = run_probe(trees(case.culprit.sha), recipe, 0, tmp_path)
+    parent = probed(case.culprit_parent, case.recipe, 0)
+    culprit = probed(case.culprit.sha, case.recipe, 0)
     reference = parent if recipe.reference.kind == "good_end" else None
     assert judge_observation(recipe.oracle, parent, reference).kind == VerdictKind.GOOD
     verdict = judge_observation(recipe.oracle, culprit, reference)
@@ -75,12 +90,11 @@ def test_deterministic_case_flips_at_the_culprit(case_name, demo_upstream, trees
         assert culprit.extra["spec_decode"]["accepted"] == 0 < parent.extra["spec_decode"]["accepted"]
 
 
-def test_rope_drift_starts_past_max_position_embeddings(demo_upstream, trees, tmp_path):
+def test_rope_drift_starts_past_max_position_embeddings(demo_upstream, probed):
     _, manifest = demo_upstream
     case = manifest.case("rope-longseq")
-    recipe = load_recipe(case.recipe)
-    parent = run_probe(trees(case.culprit_parent), recipe, 0, tmp_path)
-    culprit = run_probe(trees(case.culprit.sha), recipe, 0, tmp_path)
+    parent = probed(case.culprit_parent, case.recipe, 0)
+    culprit = probed(case.culprit.sha, case.recipe, 0)
     first = next(i for i, (a, b) in enumerate(zip(parent.output_token_ids, culprit.output_token_ids, strict=True))
                  if a != b)
     assert len(parent.prompt_token_ids) + first >= 128  # max_position_embeddings of the demo model

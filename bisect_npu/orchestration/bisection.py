@@ -322,7 +322,7 @@ class Bisection:
         if (not spec.search.settings or result.status != "found" or result.culprit is None
                 or not isinstance(spec.level, CommitsLevel) or session.recipe is None):
             return
-        from bisect_npu.orchestration.settings_search import search_at_culprit
+        from bisect_npu.orchestration.settings_session import search_at_culprit
 
         search_at_culprit(session, SettingsLevel(commit=result.culprit, good_set=list(spec.search.settings)))
 

@@ -140,11 +140,14 @@ def test_a_host_failing_a_third_of_its_starts_costs_retries_not_the_trigger(
     assert sum(len(r["retries"]) for r in judged) == len(retries)
 
 
+@pytest.mark.parametrize("seed", [11, pytest.param(5, marks=pytest.mark.heavy),
+                                  pytest.param(23, marks=pytest.mark.heavy)])  # each about a minute
 def test_always_failing_async_starts_with_random_failures_never_give_another_trigger(
-        demo_upstream: tuple[Path, Manifest], tmp_path: Path) -> None:
-    """30% of the starts fail at random (seeded) and every async start from the second on: the
-    true trigger, or exit 5 naming the host failure; every failed start a journaled, shown retry."""
-    recipe = flaky_recipe(tmp_path, 0.3, seed=11, async_from=2)
+        demo_upstream: tuple[Path, Manifest], tmp_path: Path, seed: int) -> None:
+    """30% of the starts fail at random (seeded, several seeds) and every async start from the
+    second on: the true trigger, or exit 5 naming the host failure; every failed start a journaled,
+    shown retry."""
+    recipe = flaky_recipe(tmp_path, 0.3, seed=seed, async_from=2)
     session = tmp_path / "session"
     done = subprocess.run(argv(demo_upstream, recipe, session, "--retries", "2"), cwd=tmp_path,
                           capture_output=True, text=True, timeout=600, check=False)

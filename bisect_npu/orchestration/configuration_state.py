@@ -1,11 +1,11 @@
 """What a settings search knows, kept from its journal's records as they are appended, as
-`state.SessionState` keeps a commit session's: each configuration's records and the trials and
-failed attempts an interruption cut short, the trial numbers used, the host's record of attempts,
-the end. Built once from the journal the search opens with, then one record at a time (`apply`,
-which the search's one way of journaling calls), so nothing rereads the journal; a resumed search
-builds the same state from the same records.
+`state.SessionState` keeps a commit session's and in the same book of attempts (`state.Attempts`):
+each configuration's records, the trials and failed attempts an interruption cut short, the trial
+numbers used, the host's record of attempts, the end. Built once from the journal the search opens
+with, then one record at a time (`apply`, which the search's one way of journaling calls), so
+nothing rereads the journal; a resumed search builds the same state from the same records.
 
-A record the host's failures left unjudged before this process (`stale`) is not evidence: its
+A record the host's failures left unjudged before this process (`_stale`) is not evidence: its
 configuration runs again, with a new retry budget, as `resume` runs an end that stopped a run.
 """
 
@@ -15,7 +15,7 @@ import threading
 from collections.abc import Iterable
 
 from bisect_npu.observations import VerdictKind
-from bisect_npu.orchestration.state import StoreLedger
+from bisect_npu.orchestration.state import Attempts, StoreLedger
 from bisect_npu.records import RetryRun, TrialRun
 from bisect_npu.search import Evidence
 from bisect_npu.search.ddmin import Configuration
@@ -45,15 +45,8 @@ class ConfigurationState(StoreLedger[str]):
         self._opened = 0  # entries journaled before this process
         self._order: list[tuple[int, ConfigurationTrial | ConfigurationRecord]] = []  # evidence, in journal order
         self._judged: list[tuple[int, Judged]] = []
-        self._pending: dict[tuple[str, bool], list[TrialRun]] = {}  # (digest, at the reference) -> cut-short trials
-        self._retries: dict[tuple[str, bool], list[RetryRun]] = {}
-        self._last_trial: dict[str, int] = {}
-        self._outcomes: dict[str, list[VerdictKind | None]] = {}
+        self._attempts: Attempts[tuple[str, bool]] = Attempts()  # by (digest, at the reference commit)
         self.end: SettingsEnd | None = None
-        # The host's record (search/retry_policy.py): finished trials and the failed attempts before
-        # them; `_unsettled`: failed attempts of trials not finished (yet).
-        self.host_record = HostRecord()
-        self._unsettled: dict[tuple[str, bool, str, int], int] = {}
         for entry in entries:
             self.apply(entry)
         self._opened = self._applied
@@ -63,34 +56,20 @@ class ConfigurationState(StoreLedger[str]):
             at = self._applied
             self._applied += 1
             if isinstance(entry, ConfigurationTrial | ReferenceTrial):
-                self._apply_trial(at, entry)
+                self._attempts.trial((entry.digest, isinstance(entry, ReferenceTrial)), entry)
+                if isinstance(entry, ConfigurationTrial):
+                    self._order.append((at, entry))
             elif isinstance(entry, ConfigurationRetry):
-                key = (entry.digest, entry.reference, entry.case_id, entry.trial)
-                self._unsettled[key] = self._unsettled.get(key, 0) + 1
-                self._retries.setdefault((entry.digest, entry.reference), []).append(
-                    RetryRun.model_validate(entry.model_dump(include=set(RetryRun.model_fields))))
+                self._attempts.retry((entry.digest, entry.reference), entry)
             elif isinstance(entry, ConfigurationRecord | ReferenceRecord):
                 self._apply_record(at, entry)
             else:
                 self.end = entry
 
-    def _apply_trial(self, at: int, trial: ConfigurationTrial | ReferenceTrial) -> None:
-        reference = isinstance(trial, ReferenceTrial)
-        if trial.outcome != VerdictKind.SKIP:
-            failed = self._unsettled.pop((trial.digest, reference, trial.case_id, trial.trial), 0)
-            self.host_record = HostRecord(self.host_record.failures + failed, self.host_record.successes + 1)
-        self._pending.setdefault((trial.digest, reference), []).append(
-            TrialRun.model_validate(trial.model_dump(include=set(TrialRun.model_fields))))
-        if isinstance(trial, ConfigurationTrial):
-            self._order.append((at, trial))
-            self._last_trial[trial.digest] = max(self._last_trial.get(trial.digest, -1), trial.trial)
-            self._outcomes.setdefault(trial.digest, []).append(trial.outcome)
-
     def _apply_record(self, at: int, record: Judged) -> None:
         reference = isinstance(record, ReferenceRecord)
         self._judged.append((at, record))
-        self._pending[(record.digest, reference)] = []
-        self._retries[(record.digest, reference)] = []
+        self._attempts.judged((record.digest, reference))
         if isinstance(record, ConfigurationRecord):
             self._order.append((at, record))
             self.note(record.digest, record.verdict.kind.value, stored=record.stored is not None)
@@ -156,22 +135,27 @@ class ConfigurationState(StoreLedger[str]):
             evidence[key] = seen
         return evidence
 
+    @property
+    def host_record(self) -> HostRecord:
+        with self._lock:
+            return self._attempts.host_record
+
     def pending_trials(self, digest: str, *, reference: bool = False) -> list[TrialRun]:
         """Trials journaled after the configuration's last record: an interrupted run's work."""
         with self._lock:
-            return list(self._pending.get((digest, reference), []))
+            return self._attempts.pending_trials((digest, reference))
 
     def pending_retries(self, digest: str, *, reference: bool = False) -> list[RetryRun]:
         """Failed attempts journaled after the configuration's last record (the budget goes on from them)."""
         with self._lock:
-            return list(self._retries.get((digest, reference), []))
+            return self._attempts.pending_retries((digest, reference))
 
     def next_trial(self, digest: str) -> int:
         """Trial numbers grow per configuration, so more trials never repeat a seed."""
         with self._lock:
-            return self._last_trial.get(digest, -1) + 1
+            return self._attempts.next_trial((digest, False))
 
     def outcomes(self, digest: str) -> list[VerdictKind | None]:
         """Every trial's outcome this search ran of a configuration."""
         with self._lock:
-            return list(self._outcomes.get(digest, []))
+            return self._attempts.outcomes((digest, False))

@@ -18,7 +18,8 @@ from bisect_npu.observations import Verdict, VerdictKind
 from bisect_npu.orchestration.configuration_state import ConfigurationState
 from bisect_npu.orchestration.settings_search import SettingsQuestion, settings_request
 from bisect_npu.orchestration.settings_session import SettingsSearch
-from bisect_npu.records import StoredFrom
+from bisect_npu.orchestration.state import SessionState
+from bisect_npu.records import RetryRecord, StoredFrom, TrialRecord
 from bisect_npu.search import Evidence
 from bisect_npu.search.retry_policy import HostRecord
 from bisect_npu.settings_journal import (
@@ -118,6 +119,33 @@ def test_applied_record_by_record_after_opening_the_state_reads_as_opened_with_t
         assert kept.next_trial(digest) == whole.next_trial(digest)
     fresh = {k for k in kept.evidence() if not any(r.host_failure for r in whole.records(k))}
     assert {k: kept.evidence()[k] for k in fresh} == {k: whole.evidence()[k] for k in fresh}
+
+
+attempt_lists = st.lists(st.tuples(st.booleans(), st.integers(0, 3),
+                                    st.sampled_from([None, VerdictKind.GOOD, VerdictKind.BAD, VerdictKind.SKIP])),
+                          max_size=20)
+
+
+@given(attempt_lists)
+def test_both_searches_keep_the_same_attempts_and_host_record_of_the_same_runs(
+        attempts: list[tuple[bool, int, VerdictKind | None]]) -> None:
+    """One candidate's trials and failed attempts, journaled by the commit search at a position and by
+    the settings search for a configuration: the same host record, pending work and trial numbers."""
+    commit: list[TrialRecord | RetryRecord] = []
+    settings: list[SettingsEntry] = []
+    for failed, number, outcome in attempts:
+        if failed:
+            commit.append(RetryRecord(index=1, commit="c", case_id="c", trial=number, attempt=1, kind="port_in_use",
+                                      cause="a port was still taken"))
+            settings.append(retry([0], number, 1))
+        else:
+            commit.append(TrialRecord(index=1, commit="c", case_id="c", trial=number, outcome=outcome))
+            settings.append(trial([0], number, outcome))
+    positions, configurations = SessionState(False, False, commit), ConfigurationState(False, settings)
+    assert positions.host_record == configurations.host_record
+    assert positions.pending_trials(1) == configurations.pending_trials("d[0]")
+    assert positions.pending_retries(1) == configurations.pending_retries("d[0]")
+    assert positions.next_trial(1) == configurations.next_trial("d[0]")
 
 
 @pytest.fixture

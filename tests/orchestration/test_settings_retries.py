@@ -140,8 +140,10 @@ def test_a_host_failing_a_third_of_its_starts_costs_retries_not_the_trigger(
     assert sum(len(r["retries"]) for r in judged) == len(retries)
 
 
-@pytest.mark.parametrize("seed", [11, pytest.param(5, marks=pytest.mark.heavy),
-                                  pytest.param(23, marks=pytest.mark.heavy)])  # each about a minute
+# Seeds whose first start passes, so the bad case is judged and the random failures meet the later
+# configurations (under seeds 5, 11 and 23 the bad case's first start fails too: exit 5 after it alone).
+@pytest.mark.parametrize("seed", [3, pytest.param(7, marks=pytest.mark.heavy),
+                                  pytest.param(10, marks=pytest.mark.heavy)])  # each about a minute
 def test_always_failing_async_starts_with_random_failures_never_give_another_trigger(
         demo_upstream: tuple[Path, Manifest], tmp_path: Path, seed: int) -> None:
     """30% of the starts fail at random (seeded, several seeds) and every async start from the

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 from pathlib import Path
 
-import git
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
@@ -31,6 +30,7 @@ from bisect_npu.settings_journal import (
     SettingsEntry,
     SettingsJournal,
 )
+from tests.helpers.gitrepo import make_one_commit_repo
 
 RECIPE = "demo-async-penalty"
 GOOD_SET = "engine.args.async_scheduling=false"
@@ -150,13 +150,7 @@ def test_both_searches_keep_the_same_attempts_and_host_record_of_the_same_runs(
 
 @pytest.fixture
 def repo(tmp_path: Path) -> Path:
-    path = tmp_path / "repo"
-    made = git.Repo.init(path)
-    (path / "README").write_text("x\n")
-    made.index.add(["README"])
-    made.index.commit("one")
-    made.create_tag("v1")
-    return path
+    return make_one_commit_repo(tmp_path / "repo")
 
 
 def open_search(repo: Path, session: Path) -> SettingsSearch:

@@ -35,11 +35,11 @@ from bisect_npu.level import (
     held_of,
     scope_of,
 )
-from bisect_npu.orchestration import end_messages
-from bisect_npu.orchestration.environments import fix_worktrees, overlay_release_for, sweep_fix_worktrees
-from bisect_npu.orchestration.result import EXIT_CODES, EXIT_ENDS_WRONG, SessionResult
+from bisect_npu.orchestration.ending import end_messages
+from bisect_npu.orchestration.ending.result import EXIT_CODES, EXIT_ENDS_WRONG, SessionResult
+from bisect_npu.orchestration.opening.environments import fix_worktrees, overlay_release_for, sweep_fix_worktrees
+from bisect_npu.orchestration.opening.session_spec import SessionSpec, declared_dependencies, dep_repo_of
 from bisect_npu.orchestration.session import Session
-from bisect_npu.orchestration.session_spec import SessionSpec, declared_dependencies, dep_repo_of
 from bisect_npu.progress import Progress
 from bisect_npu.records import (
     DependencyMoveRecord,

@@ -21,12 +21,12 @@ from bisect_npu.execute.docker import DockerExecutor
 from bisect_npu.execute.host import recipe_for_host
 from bisect_npu.execute.local import LocalExecutor
 from bisect_npu.observations import Observation, Verdict, VerdictKind
-from bisect_npu.orchestration.candidate import CandidateJournal, CandidateRun, run_candidate
-from bisect_npu.orchestration.configuration_state import ConfigurationState
-from bisect_npu.orchestration.environments import make_environment
-from bisect_npu.orchestration.evaluate import EvaluationRequest, Evaluator
-from bisect_npu.orchestration.session_spec import SessionSpec
-from bisect_npu.orchestration.verdict_reuse import Reused, SessionVerdicts, VerdictReuse, open_verdict_reuse
+from bisect_npu.orchestration.opening.configuration_state import ConfigurationState
+from bisect_npu.orchestration.opening.environments import make_environment
+from bisect_npu.orchestration.opening.session_spec import SessionSpec
+from bisect_npu.orchestration.opening.verdict_reuse import Reused, SessionVerdicts, VerdictReuse, open_verdict_reuse
+from bisect_npu.orchestration.running.candidate import CandidateJournal, CandidateRun, run_candidate
+from bisect_npu.orchestration.running.evaluate import EvaluationRequest, Evaluator
 from bisect_npu.progress import Progress
 from bisect_npu.recipe.schema import Recipe
 from bisect_npu.recipe.settings import Difference, apply, show

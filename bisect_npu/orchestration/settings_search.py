@@ -23,11 +23,11 @@ from bisect_npu import __version__
 from bisect_npu.errors import UsageError
 from bisect_npu.level import SettingsLevel
 from bisect_npu.observations import VerdictKind
-from bisect_npu.orchestration import end_messages
-from bisect_npu.orchestration.opening import Fact
-from bisect_npu.orchestration.preflight import settle_executor
-from bisect_npu.orchestration.result import EXIT_CODES, EXIT_NARROWED
-from bisect_npu.orchestration.session_spec import SessionSpec
+from bisect_npu.orchestration.ending import end_messages
+from bisect_npu.orchestration.ending.result import EXIT_CODES, EXIT_NARROWED
+from bisect_npu.orchestration.opening.open_session import Fact
+from bisect_npu.orchestration.opening.preflight import settle_executor
+from bisect_npu.orchestration.opening.session_spec import SessionSpec
 from bisect_npu.recipe.loader import load_recipe
 from bisect_npu.recipe.schema import Recipe
 from bisect_npu.recipe.settings import (
@@ -127,7 +127,7 @@ def settings_request(question: SettingsQuestion, fields: Mapping[str, Any]) -> t
 
 
 def settings_facts(header: SettingsHeader, request: RunRequest) -> list[Fact]:
-    """What makes a settings search another one, as `opening.first_difference` compares: its
+    """What makes a settings search another one, as `open_session.first_difference` compares: its
     repository and the commit it runs at (`request`: `settings_request`'s, at the question's commit)."""
     repo = str(Path(request.range.repo or ".").resolve())
     return [("repository", header.request.range.repo, repo),

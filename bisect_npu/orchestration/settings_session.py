@@ -11,7 +11,7 @@ Unresolved is not passing: a configuration the host's failures left unjudged rea
 `Unresolved`, and where the answer needs it the search stops with exit 5 naming the failure
 (`_stop_on_the_host`); a later process runs it again. The rest comes from the commit session's
 pieces: the journal file (journal.py), the executor checks (`preflight.settle_executor`), the
-identity check (`opening.first_difference`), the leftovers' sweep, the reference
+identity check (`open_session.first_difference`), the leftovers' sweep, the reference
 (`reference.References`, the good variant as the good end), the slots (`slots.run_in_slots`) and
 the end's sentences (end_messages.py).
 """
@@ -29,12 +29,13 @@ from bisect_npu.execute.base import Executor
 from bisect_npu.journal import JOURNAL_FILE
 from bisect_npu.level import SettingsLevel
 from bisect_npu.orchestration.configurations import Configurations
-from bisect_npu.orchestration.environments import session_evaluator
-from bisect_npu.orchestration.evaluate import Evaluator
-from bisect_npu.orchestration.opening import first_difference, refuse_other_request, stop_leftovers
-from bisect_npu.orchestration.preflight import RAY_REFUSED, settle_executor
-from bisect_npu.orchestration.reference import References
-from bisect_npu.orchestration.session_spec import SessionSpec, check_dependency_options
+from bisect_npu.orchestration.opening.environments import session_evaluator
+from bisect_npu.orchestration.opening.open_session import first_difference, refuse_other_request, stop_leftovers
+from bisect_npu.orchestration.opening.preflight import RAY_REFUSED, settle_executor
+from bisect_npu.orchestration.opening.reference import References
+from bisect_npu.orchestration.opening.session_spec import SessionSpec, check_dependency_options
+from bisect_npu.orchestration.running.evaluate import Evaluator
+from bisect_npu.orchestration.running.slots import run_in_slots
 from bisect_npu.orchestration.settings_search import (
     SettingsQuestion,
     SettingsResult,
@@ -52,7 +53,6 @@ from bisect_npu.orchestration.settings_search import (
     value_reading,
     wrong_end,
 )
-from bisect_npu.orchestration.slots import run_in_slots
 from bisect_npu.progress import PlainProgress, Progress
 from bisect_npu.recipe.loader import load_recipe
 from bisect_npu.recipe.schema import Recipe

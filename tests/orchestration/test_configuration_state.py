@@ -1,4 +1,4 @@
-"""A settings search's state folded once from its journal (`orchestration/configuration_state.py`),
+"""A settings search's state folded once from its journal (`orchestration/opening/configuration_state.py`),
 as a commit session's is: applied one record at a time it is the state of the whole journal; the
 host's record counts the failed attempts of trials that then finished, at the commit and at the
 reference commit apart; a configuration the host left unjudged before this process is no evidence
@@ -14,10 +14,10 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from bisect_npu.observations import Verdict, VerdictKind
-from bisect_npu.orchestration.configuration_state import ConfigurationState
+from bisect_npu.orchestration.opening.configuration_state import ConfigurationState
+from bisect_npu.orchestration.opening.state import SessionState
 from bisect_npu.orchestration.settings_search import SettingsQuestion, settings_request
 from bisect_npu.orchestration.settings_session import SettingsSearch
-from bisect_npu.orchestration.state import SessionState
 from bisect_npu.records import RetryRecord, StoredFrom, TrialRecord
 from bisect_npu.search import Evidence
 from bisect_npu.search.retry_policy import HostRecord

@@ -23,7 +23,7 @@ from bisect_npu.builders.prefetch import Prefetcher
 from bisect_npu.errors import UsageError
 from bisect_npu.execute.local import LocalExecutor
 from bisect_npu.level import SettingsLevel
-from bisect_npu.orchestration.session_spec import SessionSpec
+from bisect_npu.orchestration.opening.session_spec import SessionSpec
 from bisect_npu.orchestration.settings_search import SettingsQuestion, culprit_settings, settings_request
 from bisect_npu.orchestration.settings_session import SettingsSearch
 from bisect_npu.request import flags

@@ -15,7 +15,7 @@ import threading
 from collections.abc import Iterable
 
 from bisect_npu.observations import VerdictKind
-from bisect_npu.orchestration.state import Attempts, StoreLedger
+from bisect_npu.orchestration.opening.state import Attempts, StoreLedger
 from bisect_npu.records import RetryRun, TrialRun
 from bisect_npu.search import Evidence
 from bisect_npu.search.ddmin import Configuration

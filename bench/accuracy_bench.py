@@ -57,8 +57,8 @@ from bisect_npu.observations import Observation, SampleOutcome, VerdictKind
 from bisect_npu.oracle.accuracy.focus import round_plan
 from bisect_npu.oracle.accuracy.judge import Role, judge_accuracy
 from bisect_npu.oracle.config import AccuracyConfig, FocusConfig
-from bisect_npu.orchestration.earlier_results import control_ids, disagreement
-from bisect_npu.orchestration.state import accuracy_weight
+from bisect_npu.orchestration.opening.state import accuracy_weight
+from bisect_npu.orchestration.running.earlier_results import control_ids, disagreement
 from bisect_npu.records import StepRecord
 from bisect_npu.search import Evidence, Found, Next, SearchProblem, Weight, decide
 

@@ -86,7 +86,7 @@ def bisect_once(client, repo: git.Repo, case, overlays: bool, prefetch: bool, ro
     """
     from bisect_npu.builders.prefetch import Prefetcher, speculative_queries
     from bisect_npu.execute.docker import DockerExecutor
-    from bisect_npu.orchestration.evaluate import EvaluationRequest, Evaluator
+    from bisect_npu.orchestration.running.evaluate import EvaluationRequest, Evaluator
     from bisect_npu.recipe.loader import load_recipe
     from bisect_npu.search import Evidence, Found, Next, SearchProblem, decide
     from bisect_npu.upstream import history

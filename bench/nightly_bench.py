@@ -33,10 +33,10 @@ bisect-npu's, with its own code throughout: each benchmark becomes its recipe by
 product's default for a nightly case; only the failing benchmark runs; the vLLM pin is installed
 at each commit (no skip); a crashed run is an infrastructure failure and is run again, up to the
 evaluator's default retry budget (`bisect_npu.defaults.TRIAL_RETRIES`), each attempt counted as a
-run. Accuracy: each step is `bisect_npu.orchestration.accuracy.AccuracySteps.step` (the rounds,
+run. Accuracy: each step is `bisect_npu.orchestration.running.accuracy.AccuracySteps.step` (the rounds,
 the focused samples and the verdict of the real accuracy oracle against the ends), and the
 search is the likelihood mode a session runs for an accuracy recipe, weighing each step's
-likelihood ratio as the session does (`orchestration.state.accuracy_weight`). Throughput: each
+likelihood ratio as the session does (`orchestration.opening.state.accuracy_weight`). Throughput: each
 step runs the recipe's trials one at a time until `bisect_npu.oracle.sequential` stops them (the
 rule the evaluator applies: the step's likelihood ratio against the good end past its bound, or
 the recipe's 5 trials), the good end first until its mean is known (`reference_known`, at most
@@ -66,9 +66,9 @@ from bisect_npu.nightly.cases import import_case
 from bisect_npu.observations import Observation, SampleOutcome, Timings, Verdict, VerdictKind
 from bisect_npu.oracle.sequential import judge_sequential, trials_wanted
 from bisect_npu.oracle.throughput import judge_throughput, reference_trials
-from bisect_npu.orchestration.accuracy import AccuracySteps, role_of
+from bisect_npu.orchestration.opening.state import accuracy_weight
+from bisect_npu.orchestration.running.accuracy import AccuracySteps, role_of
 from bisect_npu.orchestration.session import search_mode_for
-from bisect_npu.orchestration.state import accuracy_weight
 from bisect_npu.recipe.schema import Recipe
 from bisect_npu.records import StepRecord, TrialRun
 from bisect_npu.search import Evidence, Found, Narrowed, Next, SearchProblem, decide

@@ -18,7 +18,7 @@ CONFIDENCE = 0.99
 VERIFY_TOP = 5
 # `--good last-good`: the newest commit on the bad end's first-parent line the verdict store holds judged good.
 LAST_GOOD = "last-good"
-# A probe run that failed on the host (orchestration/infrastructure.py) is run again this many
+# A probe run that failed on the host (orchestration/running/infrastructure.py) is run again this many
 # times before its trial is a skip, the k-th retry after RETRY_BACKOFF_S * 2**(k-1) seconds.
 TRIAL_RETRIES = 3
 RETRY_BACKOFF_S = 10.0

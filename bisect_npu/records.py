@@ -95,7 +95,7 @@ class EarlierRunsCounts(_Shape):
 class CommandOracle(_Shape):
     """A command oracle as the session started with it: the digest of what it could see, each
     thing seen ("file:PATH", "program:WORD", "variable:NAME") with a digest of it, and the
-    directory its relative words were looked up from (orchestration.verdict_reuse.command_oracle)."""
+    directory its relative words were looked up from (orchestration.opening.verdict_reuse.command_oracle)."""
 
     digest: str
     cwd: str
@@ -212,7 +212,7 @@ class RetryRun(_Shape):
     case_id: str  # "" for a build
     trial: int  # the first trial the attempt did not finish (a build: the first trial it was for)
     attempt: int  # 1 for the first failed attempt of this trial at this commit
-    kind: str  # orchestration/infrastructure.py's FailureKind
+    kind: str  # orchestration/running/infrastructure.py's FailureKind
     cause: str  # what the host did wrong, with the log line that says so
     log: PathText = ""
     seconds: float = 0.0

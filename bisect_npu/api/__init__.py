@@ -57,7 +57,7 @@ from bisect_npu.fix import FixReport
 from bisect_npu.forecast.plan import RangePlan
 from bisect_npu.journal import session_named
 from bisect_npu.observations import VERDICT_EXIT, Observation, Verdict, VerdictKind
-from bisect_npu.orchestration.preflight import command_words
+from bisect_npu.orchestration.opening.preflight import command_words
 from bisect_npu.recipe.loader import load_recipe
 from bisect_npu.recipe.schema import Recipe
 from bisect_npu.request import (

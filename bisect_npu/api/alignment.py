@@ -24,8 +24,8 @@ def record(recipe: Recipe | str | Path, out: str | Path, *, force: bool = False,
     record to `out`: observations with top logprobs, every alignment
     stage, layer dumps (the recipe's capture.layers) and where it ran. Nothing is overwritten
     without `force`, and only a record even then."""
-    from bisect_npu.orchestration.recording import DEFAULT_TIMEOUT_S
-    from bisect_npu.orchestration.recording import record as run_record
+    from bisect_npu.orchestration.running.recording import DEFAULT_TIMEOUT_S
+    from bisect_npu.orchestration.running.recording import record as run_record
 
     loaded = recipe if isinstance(recipe, Recipe) else load_recipe(recipe)
     return run_record(loaded, Path(out), force=force, tree=Path(tree) if tree else None, commit=commit,

@@ -65,8 +65,8 @@ def bisect(request: RunRequest | str | Path, good: str | None = None, bad: str |
     live display where stderr is a terminal. `on_session` is called with the session directory
     once it exists, before anything runs."""
     from bisect_npu.orchestration.bisection import Bisection
-    from bisect_npu.orchestration.opening import check_same_request
-    from bisect_npu.orchestration.session_spec import SessionSpec
+    from bisect_npu.orchestration.opening.open_session import check_same_request
+    from bisect_npu.orchestration.opening.session_spec import SessionSpec
 
     if isinstance(request, RunRequest):
         if oracle is not None and not callable(oracle):
@@ -128,7 +128,7 @@ def _oracle_parts(oracle: OracleSpec) -> tuple[str | None, list[str] | None, Ora
     """(recipe, command, callable): a Recipe, a Path, a `.yaml` file or a bundled recipe's name is
     a recipe; another string is a command split as `--cmd` splits it; a list of strings is a
     command's arguments; a callable is a Python oracle."""
-    from bisect_npu.orchestration.preflight import command_words
+    from bisect_npu.orchestration.opening.preflight import command_words
 
     if isinstance(oracle, Recipe):
         if not oracle.source or not Path(oracle.source).is_file():

@@ -77,7 +77,7 @@ def fix(repo: str | Path, culprit: str, *, bad: str | None = None, top: int = 5,
     one works, trying `verify_top` at most."""
     from bisect_npu.execute.ascend import parse_devices
     from bisect_npu.fix import propose_fixes, verify_fixes
-    from bisect_npu.orchestration.preflight import command_words
+    from bisect_npu.orchestration.opening.preflight import command_words
     from bisect_npu.recipe.loader import load_recipe
     from bisect_npu.upstream.history import open_repo
 
@@ -96,7 +96,7 @@ def fix(repo: str | Path, culprit: str, *, bad: str | None = None, top: int = 5,
                            top=max(top, verify_top if verify else 0))
     verifications: list[FixVerification] = []
     if verify and bad is not None:
-        from bisect_npu.orchestration.environments import fix_verifier
+        from bisect_npu.orchestration.opening.environments import fix_verifier
 
         with fix_verifier(str(repo), None if argv else str(recipe), command=argv, executor=executor,
                           devices=cards) as (evaluate, fixes):

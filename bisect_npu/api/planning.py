@@ -57,7 +57,7 @@ def plan(repo: str | Path, good: str, bad: str, *, build_minutes: float = 30.0, 
     if command is not None and recipe is not None:
         raise UsageError("give either --recipe or --cmd (the oracle the run would use)")
     if command is not None:
-        from bisect_npu.orchestration.preflight import command_words
+        from bisect_npu.orchestration.opening.preflight import command_words
 
         command_words(command)  # refused here as `run` would refuse it
     executor = executor or ("local" if command is not None else "docker")

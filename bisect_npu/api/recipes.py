@@ -108,7 +108,7 @@ def check_recipe_at(recipe: str | Path | Recipe, repo: str | Path, refs: Iterabl
 def recipe_plan(recipe: str | Path | Recipe) -> dict[str, Any]:
     """What a recipe runs, as the probe will see it: model, engine call or server command line,
     environment, cases as sent, oracle, trials and reference (`recipes show --format json`)."""
-    from bisect_npu.orchestration.probe_requests import probe_request
+    from bisect_npu.orchestration.running.probe_requests import probe_request
     from bisect_npu.probe.backends.openai import server_argv
     from bisect_npu.probe.backends.vllm import engine_kwargs
     from bisect_npu.recipe.loader import load_recipe
@@ -297,7 +297,7 @@ def recipe_lws(recipe: str | Path | Recipe, image: str, *, npu_resource: str | N
     (bisect_npu/execute/lws.py). A recipe without `engine.nodes`, or whose nodes start
     what a candidate's image does not hold (the demo engine's `{probe}` package), is refused."""
     from bisect_npu.execute.lws import DEFAULT_RPC_PORT, NPU_RESOURCE, LwsNode, leader_worker_set
-    from bisect_npu.orchestration.probe_requests import probe_request
+    from bisect_npu.orchestration.running.probe_requests import probe_request
     from bisect_npu.recipe.loader import load_recipe
     from bisect_npu.recipe.schema import Recipe
 

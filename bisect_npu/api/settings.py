@@ -51,8 +51,9 @@ def search_settings(request: RunRequest | None = None, *, ref: str | None = None
     written before it is raised: they show every failed attempt."""
     from bisect_npu.api.bisection import progress_for
     from bisect_npu.journal import DEFAULT_ROOT, new_session_dir
-    from bisect_npu.orchestration.preflight import RAY_REFUSED
-    from bisect_npu.orchestration.settings_search import SettingsQuestion, SettingsSearch, settings_request
+    from bisect_npu.orchestration.opening.preflight import RAY_REFUSED
+    from bisect_npu.orchestration.settings_search import SettingsQuestion, settings_request
+    from bisect_npu.orchestration.settings_session import SettingsSearch
     from bisect_npu.paths import default_verdict_store
     from bisect_npu.report.settings import SETTINGS_DIR, write_settings_reports
 

@@ -2,7 +2,7 @@
 checkout (a library user's `bisect_npu.api.bisect(..., oracle=function)`).
 
 Its answer takes the path a `--cmd` exit status takes (0 good, 1 bad, 125 skip; see
-orchestration/evaluate.py), so the journal, resume and the report work unchanged. The function
+orchestration/running/evaluate.py), so the journal, resume and the report work unchanged. The function
 runs in this process: there is no timeout to enforce, and nothing is left running to sweep.
 """
 

@@ -37,7 +37,7 @@ NAMESPACE = "bisect-npu"  # the driver's and its builder actors' (named actors a
 RESOURCE = "NPU"  # the resource name Ray gives Ascend cards (ray/_private/accelerators/npu.py)
 TASK_RETRIES = 3  # reruns of a batch whose node (or worker) died under it
 
-# What a node makes its builder and its executors with (orchestration/environments.py's, pickled by reference).
+# What a node makes its builder and its executors with (orchestration/opening/environments.py's, pickled by reference).
 BuilderFactory = Callable[[str], Builder]  # node id -> that node's builder
 ExecutorFactory = Callable[[list[int]], Executor]  # the cards of one run -> an executor on them
 
@@ -326,7 +326,7 @@ def raise_if_unreachable(outcome: BatchOutcome, log_dir: Path) -> None:
 
 COMMAND_LOG = "command.log"
 COMMAND_REASON = "command.reason"
-REASON_FILE = "BISECT_NPU_REASON_FILE"  # orchestration/judging.py's REASON_FILE_ENV
+REASON_FILE = "BISECT_NPU_REASON_FILE"  # orchestration/running/judging.py's REASON_FILE_ENV
 
 
 def _command_files(out_dir: Path) -> dict[str, tuple[bytes, float]]:

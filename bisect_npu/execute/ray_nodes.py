@@ -60,7 +60,7 @@ PROBE_PACKAGE = "bisect_npu.probe"
 
 
 def node_lost_line(index: int, node_id: str, what: str) -> str:
-    """The line the retry policy reads (orchestration/infrastructure.py's `node_lost`)."""
+    """The line the retry policy reads (orchestration/running/infrastructure.py's `node_lost`)."""
     return f"node {index} of the engine (ray node {node_id[:16]}) was lost: {what}"
 
 

@@ -35,11 +35,11 @@ from bisect_npu.level import (
     held_of,
     scope_of,
 )
-from bisect_npu.orchestration import end_messages
-from bisect_npu.orchestration.environments import fix_worktrees, overlay_release_for, sweep_fix_worktrees
-from bisect_npu.orchestration.result import EXIT_CODES, EXIT_ENDS_WRONG, SessionResult
+from bisect_npu.orchestration.ending import end_messages
+from bisect_npu.orchestration.ending.result import EXIT_CODES, EXIT_ENDS_WRONG, SessionResult
+from bisect_npu.orchestration.opening.environments import fix_worktrees, overlay_release_for, sweep_fix_worktrees
+from bisect_npu.orchestration.opening.session_spec import SessionSpec, declared_dependencies, dep_repo_of
 from bisect_npu.orchestration.session import Session
-from bisect_npu.orchestration.session_spec import SessionSpec, declared_dependencies, dep_repo_of
 from bisect_npu.progress import Progress
 from bisect_npu.records import (
     DependencyMoveRecord,
@@ -322,7 +322,7 @@ class Bisection:
         if (not spec.search.settings or result.status != "found" or result.culprit is None
                 or not isinstance(spec.level, CommitsLevel) or session.recipe is None):
             return
-        from bisect_npu.orchestration.settings_search import search_at_culprit
+        from bisect_npu.orchestration.settings_session import search_at_culprit
 
         search_at_culprit(session, SettingsLevel(commit=result.culprit, good_set=list(spec.search.settings)))
 

@@ -12,20 +12,21 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Sequence
+from dataclasses import replace
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any
 
 from bisect_npu.execute.base import Executor
 from bisect_npu.execute.docker import DockerExecutor
 from bisect_npu.execute.host import recipe_for_host
 from bisect_npu.execute.local import LocalExecutor
 from bisect_npu.observations import Observation, Verdict, VerdictKind
-from bisect_npu.orchestration.candidate import CandidateJournal, CandidateRun, run_candidate
-from bisect_npu.orchestration.environments import make_environment
-from bisect_npu.orchestration.evaluate import EvaluationRequest, Evaluator
-from bisect_npu.orchestration.session_spec import SessionSpec
-from bisect_npu.orchestration.state import StoreLedger
-from bisect_npu.orchestration.verdict_reuse import Reused, SessionVerdicts, VerdictReuse, open_verdict_reuse
+from bisect_npu.orchestration.opening.configuration_state import ConfigurationState
+from bisect_npu.orchestration.opening.environments import make_environment
+from bisect_npu.orchestration.opening.session_spec import SessionSpec
+from bisect_npu.orchestration.opening.verdict_reuse import Reused, SessionVerdicts, VerdictReuse, open_verdict_reuse
+from bisect_npu.orchestration.running.candidate import CandidateJournal, CandidateRun, run_candidate
+from bisect_npu.orchestration.running.evaluate import EvaluationRequest, Evaluator
 from bisect_npu.progress import Progress
 from bisect_npu.recipe.schema import Recipe
 from bisect_npu.recipe.settings import Difference, apply, show
@@ -37,11 +38,10 @@ from bisect_npu.settings_journal import (
     ConfigurationTrial,
     ReferenceRecord,
     ReferenceTrial,
+    SettingsEntry,
     SettingsJournal,
 )
 from bisect_npu.upstream import history
-
-_Entry = TypeVar("_Entry", ConfigurationTrial, ReferenceTrial, ConfigurationRetry)
 
 
 class Configurations:
@@ -61,19 +61,14 @@ class Configurations:
         self.noisy = self.header.mode == "noisy"
         self.batch = self.header.batch
         self.reference_commit = self.header.reference_commit
-        # Entries journaled before this process: a configuration they left unresolved on the host's
-        # failures is run again (with a new retry budget), as `resume` runs an end that stopped a run.
-        self._opened = len(journal.entries)
+        # The journal folded once; a resumed search goes on with the host's failure rate it gives.
+        self.state = ConfigurationState(self.noisy, journal.entries)
+        base.retry.host.add(self.state.host_record.failures, self.state.host_record.successes)
         self._executors: dict[tuple[tuple[str, str], ...], Executor] = {}
         self._memories: dict[str, VerdictReuse] = {}  # a configuration's digest -> its verdict store scope
-        # Which configurations' verdicts came from the verdict store, and which were run here.
-        self.ledger: StoreLedger[str] = StoreLedger()
-        for entry in journal.entries:
-            if isinstance(entry, ConfigurationRecord):
-                self.ledger.note(entry.digest, entry.verdict.kind.value, stored=entry.stored is not None)
         self.verdicts: SessionVerdicts[str] | None = None if spec.store.verdict_store is None else SessionVerdicts(
-            self._memories.__getitem__, self.ledger, progress, noun="configuration",
-            outcomes=self._outcomes if self.noisy else None)
+            self._memories.__getitem__, self.state, progress, noun="configuration",
+            outcomes=self.state.outcomes if self.noisy else None)
         self._lock = threading.Lock()  # the slots' configurations make an executor or a store scope in turn
 
     def settings_of(self, configuration: Configuration) -> dict[str, Any]:
@@ -99,15 +94,10 @@ class Configurations:
         assert self.reference_commit is not None
         return f"{self.reference_commit[:12]} ({self.header.reference_ref})"
 
-    def records(self, configuration: Configuration) -> list[ConfigurationRecord]:
-        """The configuration's records in the search (a --vary value's check aside), in order."""
-        return [e for e in self.journal.entries if isinstance(e, ConfigurationRecord)
-                and frozenset(e.configuration) == configuration and e.value_check is None]
-
-    def run_again(self, at: int, entry: ConfigurationRecord | ReferenceRecord) -> bool:
-        """Whether a journaled record (the journal's `at`-th entry) was left unresolved by the host's
-        failures before this process: its configuration runs again."""
-        return entry.host_failure is not None and at < self._opened
+    def append(self, entry: SettingsEntry) -> None:
+        """Journal an entry and fold it into the state: the one way the search journals."""
+        self.journal.append(entry)
+        self.state.apply(entry)
 
     def run(self, configuration: Configuration, trials: int, as_reference: bool = False,
             extra: dict[str, Any] | None = None) -> ConfigurationRecord:
@@ -131,7 +121,7 @@ class Configurations:
                     configuration=sorted(configuration), digest=digest, settings=settings,
                     build=BuildInfo(how="stored", key=build_key or None), verdict=stored.verdict,
                     stored=stored.stored, value_check=check))
-                self._journal(reused[-1])
+                self.append(reused[-1])
 
             if (stored := verdicts.recall(digest, commit, build_key, journal)) is not None:
                 self.progress.note(f"configuration {self.label(configuration, check)}: {stored.verdict.reason}")
@@ -146,22 +136,22 @@ class Configurations:
                     verdict=Verdict(kind=VerdictKind.SKIP, trials=0, reason=(
                         f"{reference.verdict.kind.value} at the reference commit {self.reference_label()}: "
                         f"{reference.verdict.reason}")), value_check=check, host_failure=reference.host_failure)
-                self._journal(record)
+                self.append(record)
                 self.progress.note(f"configuration {self.label(configuration, check)}: {record.verdict.reason}")
                 return record
             evaluator.reference = [Observation.load(self.base.abs(t.observation)) for t in reference.trials
                                    if t.observation]
-        pending = self._pending(digest) if not noisy else []
+        pending = self.state.pending_trials(digest) if not noisy else []
         self.progress.note(f"configuration {self.label(configuration, check)}: running {trials} trial(s)")
         run = self._evaluate(evaluator, configuration, digest, check, reference=False, commit=commit,
                              trials=trials if noisy else recipe.trials.count, done=pending, judge_each=noisy,
-                             first_trial=self._next_trial(digest), as_reference=as_reference)
+                             first_trial=self.state.next_trial(digest) if noisy else 0, as_reference=as_reference)
         result, host_failure = run.result, run.host_failure
         record = ConfigurationRecord(configuration=sorted(configuration), digest=digest, settings=settings,
                                      build=result.build, verdict=result.verdict, trials=result.trials,
                                      seconds=result.seconds, value_check=check, retries=run.retries,
                                      host_failure=host_failure)
-        self._journal(record)
+        self.append(record)
         self.progress.note(f"configuration {self.label(configuration, check)}: {result.verdict.kind.value} "
                            f"({result.verdict.reason})")
         if verdicts is not None and host_failure is None:
@@ -175,6 +165,7 @@ class Configurations:
                                             self.journal.session_dir, recipe=recipe,
                                             timeout_s=self.spec.judge.timeout_s, timeout_is=self.spec.judge.timeout_is,
                                             retries=self.spec.judge.retries, cards=self.base.cards)
+        evaluator.retry = replace(evaluator.retry, host=self.base.retry.host)  # one record of the host for all
         return evaluator
 
     def _evaluate(self, evaluator: Evaluator, configuration: Configuration, digest: str, check: str | None, *,
@@ -187,24 +178,17 @@ class Configurations:
 
         def on_trial(run: TrialRun) -> None:
             made = ReferenceTrial if reference else ConfigurationTrial
-            self.journal.append(made(configuration=keys, digest=digest, **run.model_dump()))
+            self.append(made(configuration=keys, digest=digest, **run.model_dump()))
 
         def on_retry(retry: RetryRun) -> None:
-            self.journal.append(ConfigurationRetry(configuration=keys, digest=digest, reference=reference,
+            self.append(ConfigurationRetry(configuration=keys, digest=digest, reference=reference,
                                                    **retry.model_dump()))
 
         journal = CandidateJournal(f"configuration {self.label(configuration, check)}", on_trial, on_retry,
-                                   self._pending_retries(digest, reference))
+                                   self.state.pending_retries(digest, reference=reference))
         return run_candidate(evaluator, EvaluationRequest(commit, trials, tuple(done), judge_each=judge_each,
                                                           first_trial=first_trial, as_reference=as_reference),
                              journal, self.progress)
-
-    def _pending_retries(self, digest: str, reference: bool) -> list[RetryRun]:
-        """The configuration's failed attempts journaled since its last record (at the reference
-        commit where `reference`): an interrupted run's, which the retry budget goes on from."""
-        made = ReferenceRecord if reference else ConfigurationRecord
-        return [RetryRun.model_validate(e.model_dump()) for e in self._since_record(digest, ConfigurationRetry, made)
-                if e.reference == reference]
 
     def _reference_run(self, configuration: Configuration, recipe: Recipe, check: str | None) -> ReferenceRecord:
         """The configuration at the reference commit: journaled once (an interrupted run's trials
@@ -212,12 +196,10 @@ class Configurations:
         failures left it unjudged before this process: then it runs again)."""
         assert self.reference_commit is not None
         digest = recipe.digest()
-        done = next((e for at, e in enumerate(self.journal.entries) if isinstance(e, ReferenceRecord)
-                     and e.digest == digest and not self.run_again(at, e)), None)
+        done = self.state.reference_record(digest)
         if done is not None:
             return done
-        pending = [TrialRun.model_validate(e.model_dump()) for e in self._since_record(digest, ReferenceTrial,
-                                                                                        ReferenceRecord)]
+        pending = self.state.pending_trials(digest, reference=True)
         evaluator = self._evaluator(Path("references") / digest, recipe)
         label = self.label(configuration, check)
         self.progress.note(f"configuration {label} at the reference commit {self.reference_label()}: running "
@@ -227,29 +209,8 @@ class Configurations:
         record = ReferenceRecord(configuration=sorted(configuration), digest=digest, commit=self.reference_commit,
                                  build=run.result.build, verdict=run.result.verdict, trials=run.result.trials,
                                  seconds=run.result.seconds, retries=run.retries, host_failure=run.host_failure)
-        self.journal.append(record)
+        self.append(record)
         return record
-
-    def _pending(self, digest: str) -> list[TrialRun]:
-        """Trials of the configuration journaled after its last record: an interrupted run's work."""
-        return [TrialRun.model_validate(e.model_dump())
-                for e in self._since_record(digest, ConfigurationTrial, ConfigurationRecord)]
-
-    def _since_record(self, digest: str, kind: type[_Entry], record: type[ConfigurationRecord | ReferenceRecord],
-                      ) -> list[_Entry]:
-        """The configuration's entries of `kind` journaled after its last `record`."""
-        found: list[_Entry] = []
-        for entry in self.journal.entries:
-            if isinstance(entry, kind) and entry.digest == digest:
-                found.append(entry)
-            elif isinstance(entry, record) and entry.digest == digest:
-                found = []
-        return found
-
-    def _next_trial(self, digest: str) -> int:
-        """Trial numbers grow per configuration, so more trials never repeat a seed."""
-        numbers = [e.trial for e in self.journal.entries if isinstance(e, ConfigurationTrial) and e.digest == digest]
-        return max(numbers, default=-1) + 1 if self.noisy else 0
 
     def _executor_for(self, recipe: Recipe) -> Executor:
         """The base executor where the configuration's environment is the recipe's; else one with
@@ -284,14 +245,6 @@ class Configurations:
                 reuse = open_verdict_reuse(self.spec, recipe, self.journal.session_dir, reference, self.progress)
                 assert reuse is not None  # a store is named (self.verdicts), and a recipe's verdicts have a scope
                 self._memories[digest] = reuse
-
-    def _outcomes(self, digest: str) -> list[VerdictKind | None]:
-        """Every trial's outcome this search ran of a configuration (noisy mode)."""
-        return [e.outcome for e in self.journal.entries if isinstance(e, ConfigurationTrial) and e.digest == digest]
-
-    def _journal(self, record: ConfigurationRecord) -> None:
-        self.journal.append(record)
-        self.ledger.note(record.digest, record.verdict.kind.value, stored=record.stored is not None)
 
     def stop_runs(self) -> None:
         """An interrupt stops what the other slots run."""

@@ -1,7 +1,7 @@
 """A bisection session: the search over one level's candidates (releases or commits), their
 evaluation, and the journal of both.
 
-The loop lives here: decide, run the round, journal. `opening` starts a session or reopens one
+The loop lives here: decide, run the round, journal. `opening/open_session.py` starts a session or reopens one
 from its journal, `state` keeps what the journal says as it grows, `slots` runs a round over the
 slots, `reference` keeps what the oracle compares with, `verdict_reuse` is the verdict store's part
 (what it recalls, keeps and confirms), `end_messages` says how it ended; `bisection` runs the sessions of
@@ -29,17 +29,17 @@ from bisect_npu.execute.inprocess import Oracle
 from bisect_npu.journal import DEFAULT_ROOT, Journal
 from bisect_npu.level import scope_of
 from bisect_npu.observations import Verdict, VerdictKind
-from bisect_npu.orchestration import end_messages
-from bisect_npu.orchestration.candidate import CandidateJournal, run_candidate
 from bisect_npu.orchestration.costs import measured_costs, told_costs
-from bisect_npu.orchestration.evaluate import EvaluationRequest, Evaluator, StepResult, until_sure
-from bisect_npu.orchestration.opening import Opened, open_journal, open_new
-from bisect_npu.orchestration.reference import References, step_trials
-from bisect_npu.orchestration.result import EXIT_CODES, EXIT_ENDS_WRONG, EXIT_FOUND, EXIT_NARROWED, SessionResult
-from bisect_npu.orchestration.session_spec import SessionSpec, earlier_runs_for_search, earlier_runs_spec
-from bisect_npu.orchestration.slots import first_trials, run_in_slots
-from bisect_npu.orchestration.state import SessionState, accuracy_weight
-from bisect_npu.orchestration.verdict_reuse import Reused, SessionVerdicts, VerdictReuse
+from bisect_npu.orchestration.ending import end_messages
+from bisect_npu.orchestration.ending.result import EXIT_CODES, EXIT_ENDS_WRONG, EXIT_FOUND, EXIT_NARROWED, SessionResult
+from bisect_npu.orchestration.opening.open_session import Opened, open_journal, open_new
+from bisect_npu.orchestration.opening.reference import References, step_trials
+from bisect_npu.orchestration.opening.session_spec import SessionSpec, earlier_runs_for_search, earlier_runs_spec
+from bisect_npu.orchestration.opening.state import SessionState, accuracy_weight
+from bisect_npu.orchestration.opening.verdict_reuse import Reused, SessionVerdicts, VerdictReuse
+from bisect_npu.orchestration.running.candidate import CandidateJournal, run_candidate
+from bisect_npu.orchestration.running.evaluate import EvaluationRequest, Evaluator, StepResult, until_sure
+from bisect_npu.orchestration.running.slots import first_trials, run_in_slots
 from bisect_npu.progress import Progress
 from bisect_npu.recipe.schema import Recipe
 from bisect_npu.records import (
@@ -110,14 +110,14 @@ class Session:
     def start(cls, spec: SessionSpec, session_dir: Path | None = None, root: Path = DEFAULT_ROOT,
               progress: Progress | None = None, builder: Builder | None = None,
               executor: Executor | None = None, parent: Path | None = None, oracle: Oracle | None = None) -> Session:
-        """A new session (`opening.open_new`)."""
+        """A new session (`open_session.open_new`)."""
         return cls._of(open_new(spec, session_dir, root, progress, builder, executor, parent, oracle))
 
     @classmethod
     def resume(cls, session_dir: Path | None = None, root: Path = DEFAULT_ROOT, progress: Progress | None = None,
                builder: Builder | None = None, executor: Executor | None = None,
                oracle: Oracle | None = None, accept_changed_command: bool = False) -> Session:
-        """An interrupted session, from its journal (`opening.open_journal`)."""
+        """An interrupted session, from its journal (`open_session.open_journal`)."""
         return cls._of(open_journal(session_dir, root, progress, builder, executor, oracle, accept_changed_command))
 
     # -- what the search is asked -----------------------------------------------------------------

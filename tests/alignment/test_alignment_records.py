@@ -103,7 +103,7 @@ RECORD_RECIPE = ("name: rec\nmodel: {path: 'seed:0'}\nengine: {backend: mini}\no
 
 def interrupted_record(tmp_path: Path, recipe: Path, tree: Path, commit: str) -> Path:
     """An interrupted record of `recipe`'s two cases made from `tree` at `commit`: c0 on disk, c1 not."""
-    from bisect_npu.orchestration.recording import _new_manifest, _write_manifest
+    from bisect_npu.orchestration.running.recording import _new_manifest, _write_manifest
     from bisect_npu.recipe.loader import load_recipe
 
     out = tmp_path / "rec"

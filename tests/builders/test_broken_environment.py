@@ -14,7 +14,7 @@ import pytest
 
 from bisect_npu.errors import InfrastructureError
 from bisect_npu.execute.base import RunResult
-from bisect_npu.orchestration.judging import command_verdict
+from bisect_npu.orchestration.running.judging import command_verdict
 from bisect_npu.probe import unit_tests as runner
 from tests.helpers.paths import REPO_ROOT
 

@@ -104,7 +104,7 @@ def test_without_an_artifacts_directory_every_commit_is_its_own_build(tmp_path: 
 
 
 def test_a_recipe_can_turn_output_reuse_off(tmp_path: Path) -> None:
-    from bisect_npu.orchestration.environments import make_environment
+    from bisect_npu.orchestration.opening.environments import make_environment
     from bisect_npu.recipe.loader import parse_recipe
     from tests.helpers.asked import spec_of
 
@@ -122,7 +122,7 @@ def test_a_recipe_can_turn_output_reuse_off(tmp_path: Path) -> None:
 def test_run_timeout_bounds_a_local_build(tmp_path: Path) -> None:
     """--timeout is how long a local build command may take too: a build past it fails as one."""
     from bisect_npu.builders.base import BuildFailed
-    from bisect_npu.orchestration.environments import make_environment
+    from bisect_npu.orchestration.opening.environments import make_environment
     from bisect_npu.recipe.loader import parse_recipe
     from tests.helpers.asked import spec_of
 

@@ -28,8 +28,8 @@ from bisect_npu.builders.local import LocalBuilder
 from bisect_npu.errors import InfrastructureError
 from bisect_npu.execute.local import LocalExecutor
 from bisect_npu.observations import VerdictKind
-from bisect_npu.orchestration.evaluate import EvaluationRequest, Evaluator
-from bisect_npu.orchestration.infrastructure import RetryPolicy
+from bisect_npu.orchestration.running.evaluate import EvaluationRequest, Evaluator
+from bisect_npu.orchestration.running.infrastructure import RetryPolicy
 from bisect_npu.recipe.loader import bundled_recipes
 from bisect_npu.records import RetryRun
 from tests.helpers.gitrepo import GOOD_CMD, make_linear_repo

@@ -19,7 +19,7 @@ from bisect_npu.builders.cache import ImageCache
 from bisect_npu.builders.dependency import DependencyBuilder
 from bisect_npu.builders.docker import DockerBuilder
 from bisect_npu.execute.docker import DockerExecutor
-from bisect_npu.orchestration.session_spec import parse_dependency_option
+from bisect_npu.orchestration.opening.session_spec import parse_dependency_option
 from tests.helpers.gitrepo import add_commit, make_linear_repo
 from tests.helpers.gitrepo import git as run_git
 from tests.orchestration.test_dependency_level import CHECK, DEP_CULPRIT, DEP_FIX, make_dependency
@@ -156,7 +156,7 @@ def test_vllm_laid_into_a_vllm_ascend_image_and_its_ascend_container(tmp_path, d
     candidate's container on an Ascend host is checked field by field up to its creation."""
     from bisect_npu.execute.ascend import DETERMINISM_ENV, MANAGEMENT_DEVICES
     from bisect_npu.execute.docker import container_create_kwargs
-    from bisect_npu.orchestration.environments import container_spec_factory
+    from bisect_npu.orchestration.opening.environments import container_spec_factory
     from bisect_npu.recipe.loader import load_recipe
     from tests.helpers.asked import spec_of
 

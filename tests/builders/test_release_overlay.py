@@ -28,7 +28,7 @@ from bisect_npu.builders.venv import COMPLETE_MARKER, VenvBuilder
 from bisect_npu.errors import UsageError
 from bisect_npu.execute.local import LocalExecutor
 from bisect_npu.observations import VerdictKind
-from bisect_npu.orchestration.evaluate import EvaluationRequest, Evaluator
+from bisect_npu.orchestration.running.evaluate import EvaluationRequest, Evaluator
 from bisect_npu.recipe.schema import InstallPlan
 from tests.helpers.gitrepo import git
 
@@ -295,7 +295,7 @@ def test_overlay_on_release_refused_before_anything_runs(upstream: dict[str, str
 def test_overlay_verdicts_are_stored_apart_from_built_ones() -> None:
     """The verdict store's scope: a commit judged on a release's compiled part is not the same fact
     as the commit built; a run without the option keeps the scope it had before the option existed."""
-    from bisect_npu.orchestration.verdict_reuse import scope_of
+    from bisect_npu.orchestration.opening.verdict_reuse import scope_of
     from tests.helpers.asked import spec_of
 
     plain = spec_of(good="v1.0.0", bad="v1.1.0", command=["true"])

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from bisect_npu.orchestration.opening import open_new
+from bisect_npu.orchestration.opening.open_session import open_new
 from bisect_npu.progress import PlainProgress
 from tests.helpers.asked import spec_of
 from tests.helpers.gitrepo import git, make_linear_repo
@@ -103,7 +103,7 @@ def test_judge_refuses_observations_of_another_version_of_the_recipe(tmp_path: P
     import yaml
 
     from bisect_npu import api
-    from bisect_npu.orchestration.probe_requests import probe_request
+    from bisect_npu.orchestration.running.probe_requests import probe_request
     from bisect_npu.probe.request import new_observation, write_json_atomic
     from bisect_npu.recipe.loader import bundled_recipes, load_recipe
 

@@ -17,9 +17,9 @@ from pydantic import Field
 
 from bisect_npu.cli import main
 from bisect_npu.cli.run import request_options, run, run_command
-from bisect_npu.orchestration.preflight import settle_slots
+from bisect_npu.orchestration.opening.preflight import settle_slots
+from bisect_npu.orchestration.opening.session_spec import SessionSpec
 from bisect_npu.orchestration.session import Session
-from bisect_npu.orchestration.session_spec import SessionSpec
 from bisect_npu.records import HeaderRecord
 from bisect_npu.request import JudgeSpec, RunRequest, flag, flags
 

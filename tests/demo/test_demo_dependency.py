@@ -18,7 +18,7 @@ from bisect_npu.demo.manifest import Manifest
 from bisect_npu.fix import propose_fixes
 from bisect_npu.observations import Observation, VerdictKind
 from bisect_npu.oracle import judge_observation
-from bisect_npu.orchestration.probe_requests import probe_request
+from bisect_npu.orchestration.running.probe_requests import probe_request
 from bisect_npu.recipe.loader import load_recipe
 from tests.helpers.paths import REPO_ROOT
 

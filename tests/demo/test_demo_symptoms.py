@@ -16,7 +16,7 @@ import pytest
 
 from bisect_npu.observations import Observation, VerdictKind
 from bisect_npu.oracle import judge, judge_observation
-from bisect_npu.orchestration.probe_requests import probe_request
+from bisect_npu.orchestration.running.probe_requests import probe_request
 from bisect_npu.recipe.loader import load_recipe
 from bisect_npu.recipe.schema import Recipe
 from tests.helpers.paths import REPO_ROOT

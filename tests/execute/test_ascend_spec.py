@@ -86,7 +86,7 @@ def test_an_a3_expands_collectives_on_the_vector_cores(tmp_path: Path, host: str
 def test_the_run_options_host_reaches_the_container_and_the_local_runs(tmp_path: Path) -> None:
     import git
 
-    from bisect_npu.orchestration.environments import container_spec_factory, make_environment
+    from bisect_npu.orchestration.opening.environments import container_spec_factory, make_environment
     from tests.helpers.asked import spec_of
 
     options = spec_of(good="g", bad="b", executor="docker", devices=[0, 1], slots=1, host="A3")

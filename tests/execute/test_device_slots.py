@@ -17,7 +17,7 @@ from bisect_npu.errors import UsageError
 from bisect_npu.execute.ascend import ascend_container_spec
 from bisect_npu.execute.devices import DevicePool
 from bisect_npu.execute.docker import DockerExecutor, container_create_kwargs
-from bisect_npu.orchestration.preflight import settle_slots
+from bisect_npu.orchestration.opening.preflight import settle_slots
 from bisect_npu.recipe.loader import load_recipe, parse_recipe
 from tests.helpers.asked import spec_of
 from tests.helpers.gitrepo import make_linear_repo
@@ -205,7 +205,7 @@ def test_an_empty_devices_list_is_a_usage_error_not_no_devices(tmp_path: Path) -
 def test_fix_verification_runs_on_the_devices_it_is_given(tmp_path: Path) -> None:
     """`fix --verify --devices 0-1`: each verification sees those cards (local: the visible-devices
     variable), as a session's runs do; too few for the recipe's engine is refused."""
-    from bisect_npu.orchestration.environments import make_evaluator
+    from bisect_npu.orchestration.opening.environments import make_evaluator
 
     repo = tmp_path / "repo"
     shas = make_linear_repo(repo, 2)

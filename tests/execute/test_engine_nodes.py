@@ -12,7 +12,7 @@ from pydantic import ValidationError
 from bisect_npu.errors import UsageError
 from bisect_npu.execute.ray import check_nodes
 from bisect_npu.execute.ray_nodes import node_lost_line
-from bisect_npu.orchestration.infrastructure import classify
+from bisect_npu.orchestration.running.infrastructure import classify
 from bisect_npu.recipe.schema import EngineSpec, NodeSpec, NodesSpec
 
 HEADLESS = NodeSpec(flags=["--headless", "--data-parallel-address", "{master_ip}", "--data-parallel-rpc-port",

@@ -18,8 +18,8 @@ from bisect_npu.execute.host import (
     parse_npu_smi_info,
     recipe_for_host,
 )
-from bisect_npu.orchestration.environments import session_evaluator
-from bisect_npu.orchestration.preflight import check_run
+from bisect_npu.orchestration.opening.environments import session_evaluator
+from bisect_npu.orchestration.opening.preflight import check_run
 from bisect_npu.recipe.loader import load_recipe, parse_recipe
 from tests.helpers.asked import spec_of
 from tests.helpers.paths import DATA
@@ -167,7 +167,7 @@ def test_the_report_shows_the_host_type_and_the_dtype_it_forced(tmp_path: Path,
 def test_fix_verify_detects_the_host_as_run_does(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """`fix --verify --devices`: an A3's runs get its switches, and what `run` refuses on a host
     (an engine larger than it, one die of an A3 NPU) is refused here too."""
-    from bisect_npu.orchestration.environments import make_evaluator
+    from bisect_npu.orchestration.opening.environments import make_evaluator
     from tests.helpers.gitrepo import make_linear_repo
 
     repo = tmp_path / "repo"

@@ -13,7 +13,7 @@ from bisect_npu.api.host_checks import check_driver_mounts
 from bisect_npu.errors import InfrastructureError
 from bisect_npu.execute.ascend import DRIVER_MOUNTS, MANAGEMENT_DEVICES, ascend_container_spec, device_files
 from bisect_npu.execute.host_devices import check_host_devices, host_cards
-from bisect_npu.orchestration.preflight import check_run
+from bisect_npu.orchestration.opening.preflight import check_run
 from tests.helpers.asked import spec_of
 from tests.helpers.gitrepo import GOOD_CMD, make_linear_repo
 

@@ -32,8 +32,8 @@ from bisect_npu.execute.docker import (
     probe_source_dir,
 )
 from bisect_npu.execute.ray_nodes import NODE_ENV, headless_command, node_environment, node_side, serving_request
-from bisect_npu.orchestration.environments import container_spec_factory
-from bisect_npu.orchestration.probe_requests import probe_request
+from bisect_npu.orchestration.opening.environments import container_spec_factory
+from bisect_npu.orchestration.running.probe_requests import probe_request
 from bisect_npu.recipe.loader import load_recipe
 from bisect_npu.recipe.schema import Recipe
 from tests.helpers.asked import spec_of

@@ -160,7 +160,7 @@ def test_apply_fix_results(tmp_path):
 def test_a_killed_verification_s_worktrees_are_swept_by_the_next(tmp_path, monkeypatch):
     import os
 
-    from bisect_npu.orchestration.environments import verification_scratch
+    from bisect_npu.orchestration.opening.environments import verification_scratch
 
     monkeypatch.setenv("BISECT_NPU_CACHE", str(tmp_path / "cache"))
     shas = make_upstream(tmp_path / "up")
@@ -201,7 +201,7 @@ def test_a_killed_docker_verification_s_containers_go_with_its_scratch(docker_cl
 
     from bisect_npu.execute.docker import SESSION_LABEL
     from bisect_npu.journal import session_label
-    from bisect_npu.orchestration.environments import verification_scratch, verification_session
+    from bisect_npu.orchestration.opening.environments import verification_scratch, verification_session
 
     monkeypatch.setenv("BISECT_NPU_CACHE", str(tmp_path / "cache"))
     make_upstream(tmp_path / "up")
@@ -226,7 +226,7 @@ def test_a_killed_docker_verification_is_kept_while_the_engine_is_out_of_reach(t
     import re
     import socket
 
-    from bisect_npu.orchestration.environments import verification_scratch
+    from bisect_npu.orchestration.opening.environments import verification_scratch
 
     monkeypatch.setenv("BISECT_NPU_CACHE", str(tmp_path / "cache"))
     monkeypatch.setenv("DOCKER_HOST", f"unix://{tmp_path}/no-engine.sock")

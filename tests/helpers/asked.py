@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from bisect_npu.orchestration.session_spec import SessionSpec
+from bisect_npu.orchestration.opening.session_spec import SessionSpec
 from bisect_npu.request import RunContext, RunRequest
 
 

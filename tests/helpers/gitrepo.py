@@ -217,3 +217,13 @@ def make_merge_repo(path: Path, shape: MergeShape, culprit: int) -> list[str]:
 
 
 BUG_CMD = ["test", "!", "-e", "bug"]  # make_merge_repo's oracle: exit 0 without the culprit's file
+
+
+def make_one_commit_repo(path: Path) -> Path:
+    """A repository of one commit tagged v1: where a settings search runs at one commit."""
+    git(path.parent, "init", "-q", str(path))
+    (path / "README").write_text("x\n")
+    git(path, "add", "README")
+    git(path, "commit", "-q", "-m", "one")
+    git(path, "tag", "v1")
+    return path

@@ -18,7 +18,7 @@ import pytest
 from bisect_npu.demo.accuracy import DATASET, read_dataset
 from bisect_npu.journal import Journal
 from bisect_npu.observations import Observation
-from bisect_npu.orchestration.opening import request_difference
+from bisect_npu.orchestration.opening.open_session import request_difference
 from bisect_npu.request import RunRequest
 from tests.helpers.paths import HELPERS
 

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from bisect_npu.orchestration.earlier_results import (
+from bisect_npu.orchestration.running.earlier_results import (
     control_ids,
     disagreement,
     earlier_for,

@@ -13,7 +13,7 @@ import pytest
 
 from bisect_npu.errors import UsageError
 from bisect_npu.nightly.cases import import_case, read_case_file
-from bisect_npu.orchestration.earlier_results import check_given, earlier_for, given_ends
+from bisect_npu.orchestration.running.earlier_results import check_given, earlier_for, given_ends
 from bisect_npu.recipe.schema import Recipe
 from tests.helpers.cli_exit import run_cli
 from tests.helpers.paths import REPO_ROOT

@@ -35,7 +35,7 @@ from bisect_npu.oracle.throughput import (
     reference_trials,
     t_quantile,
 )
-from bisect_npu.orchestration.reference import step_trials
+from bisect_npu.orchestration.opening.reference import step_trials
 from bisect_npu.orchestration.session import search_mode_for
 from bisect_npu.recipe.loader import parse_recipe
 from tests.helpers.gitrepo import git, make_linear_repo

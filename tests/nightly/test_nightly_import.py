@@ -14,8 +14,8 @@ import yaml
 from bisect_npu.nightly.at_commit import recipe_at
 from bisect_npu.nightly.cases import CaseRef, NightlyRefused
 from bisect_npu.observations import VerdictKind
-from bisect_npu.orchestration.evaluate import EvaluationRequest
-from bisect_npu.orchestration.nightly import NightlyEvaluator
+from bisect_npu.orchestration.running.evaluate import EvaluationRequest
+from bisect_npu.orchestration.running.nightly import NightlyEvaluator
 from bisect_npu.upstream import history
 from tests.helpers.gitrepo import make_linear_repo
 

@@ -9,7 +9,7 @@ import pytest
 from bisect_npu.errors import InfrastructureError, UsageError
 from bisect_npu.observations import Observation, SampleOutcome
 from bisect_npu.oracle.accuracy import SampleFormatError, parse_sample_lines, read_samples_jsonl
-from bisect_npu.orchestration.probe_requests import probe_request
+from bisect_npu.orchestration.running.probe_requests import probe_request
 from bisect_npu.recipe.loader import parse_recipe
 from bisect_npu.recipe.schema import ACCURACY_CASE, Recipe
 

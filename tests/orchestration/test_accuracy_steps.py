@@ -7,7 +7,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from bisect_npu.observations import VerdictKind
-from bisect_npu.orchestration.accuracy import AccuracySteps, load_from
+from bisect_npu.orchestration.running.accuracy import AccuracySteps, load_from
 from bisect_npu.recipe.loader import parse_recipe
 from bisect_npu.records import TrialRun
 

@@ -15,7 +15,7 @@ import pytest
 
 from bisect_npu.builders.dependency import materialize, read_pin, resolve_pin
 from bisect_npu.errors import InfrastructureError, UsageError
-from bisect_npu.orchestration.session_spec import parse_dependency_option
+from bisect_npu.orchestration.opening.session_spec import parse_dependency_option
 from bisect_npu.recipe.schema import DependencySpec
 from tests.helpers.gitrepo import add_commit, git, make_linear_repo
 

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from bisect_npu.orchestration import end_messages
+from bisect_npu.orchestration.ending import end_messages
 from tests.helpers.cli_exit import run_cli
 from tests.helpers.gitrepo import make_linear_repo
 

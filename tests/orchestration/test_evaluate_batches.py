@@ -14,8 +14,8 @@ import git
 import pytest
 
 from bisect_npu.observations import VerdictKind
-from bisect_npu.orchestration.environments import make_environment
-from bisect_npu.orchestration.evaluate import EvaluationRequest, Evaluator
+from bisect_npu.orchestration.opening.environments import make_environment
+from bisect_npu.orchestration.running.evaluate import EvaluationRequest, Evaluator
 from bisect_npu.recipe.loader import load_recipe
 from bisect_npu.records import TrialRun
 from tests.helpers.asked import spec_of

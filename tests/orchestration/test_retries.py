@@ -18,9 +18,9 @@ import pytest
 
 from bisect_npu.execute.card_memory import CardWait, parse_npu_smi
 from bisect_npu.observations import VerdictKind
-from bisect_npu.orchestration.environments import make_environment
-from bisect_npu.orchestration.evaluate import EvaluationRequest, Evaluator
-from bisect_npu.orchestration.infrastructure import RetryPolicy, classify
+from bisect_npu.orchestration.opening.environments import make_environment
+from bisect_npu.orchestration.running.evaluate import EvaluationRequest, Evaluator
+from bisect_npu.orchestration.running.infrastructure import RetryPolicy, classify
 from bisect_npu.recipe.loader import load_recipe
 from bisect_npu.recipe.schema import EngineSpec
 from bisect_npu.records import RetryRun
@@ -301,7 +301,7 @@ def test_a_resumed_session_keeps_the_hosts_record_from_its_journal() -> None:
     """The failed attempts before a trial that ran, and the trials that ran, are the host's record
     again after a resume; attempts of a trial not finished yet are not (its streak is judged against
     the record)."""
-    from bisect_npu.orchestration.state import SessionState
+    from bisect_npu.orchestration.opening.state import SessionState
     from bisect_npu.records import RetryRecord, TrialRecord
 
     sha = "a" * 40

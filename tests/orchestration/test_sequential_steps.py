@@ -14,7 +14,7 @@ from bisect_npu.execute.local import LocalExecutor
 from bisect_npu.nightly.cases import import_case, read_case_file
 from bisect_npu.observations import Observation, VerdictKind
 from bisect_npu.oracle.sequential import REFERENCE_MIN_TRIALS
-from bisect_npu.orchestration.evaluate import EvaluationRequest, Evaluator, until_sure
+from bisect_npu.orchestration.running.evaluate import EvaluationRequest, Evaluator, until_sure
 from bisect_npu.records import TrialRun
 from tests.helpers.gitrepo import make_linear_repo
 

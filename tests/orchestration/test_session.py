@@ -423,7 +423,7 @@ def test_command_paths_are_checked_against_both_ends_and_nothing_else(tmp_path: 
     import git as gitpython
 
     from bisect_npu.errors import UsageError
-    from bisect_npu.orchestration.preflight import check_command
+    from bisect_npu.orchestration.opening.preflight import check_command
 
     repo = tmp_path / "repo"
     shas = make_linear_repo(repo, 2)
@@ -549,6 +549,6 @@ def test_shell_syntax_in_cmd_is_refused_before_anything_runs(command: str, tmp_p
     ("sh -c 'a\nb'", ["sh", "-c", "a\nb"]),
 ])
 def test_shell_syntax_inside_quotes_is_the_program_s_own(command: str, words: list[str]) -> None:
-    from bisect_npu.orchestration.preflight import command_words
+    from bisect_npu.orchestration.opening.preflight import command_words
 
     assert command_words(command) == words

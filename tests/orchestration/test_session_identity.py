@@ -17,8 +17,8 @@ from pydantic import ValidationError
 from bisect_npu.errors import UsageError
 from bisect_npu.journal import Journal
 from bisect_npu.level import SettingsLevel
-from bisect_npu.orchestration.opening import open_new, request_difference
-from bisect_npu.orchestration.session_spec import SessionSpec
+from bisect_npu.orchestration.opening.open_session import open_new, request_difference
+from bisect_npu.orchestration.opening.session_spec import SessionSpec
 from bisect_npu.recipe.loader import load_recipe
 from bisect_npu.records import HeaderRecord
 from bisect_npu.request import RunRequest, choices_of, flags

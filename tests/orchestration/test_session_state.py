@@ -1,5 +1,5 @@
-"""A session's state kept record by record (`orchestration/state.py`) and the sentences of its end
-(`orchestration/end_messages.py`): the state applied one record at a time is the state of the whole
+"""A session's state kept record by record (`orchestration/opening/state.py`) and the sentences of its end
+(`orchestration/ending/end_messages.py`): the state applied one record at a time is the state of the whole
 journal, for the records a real session journals; the sentences say what the user must know."""
 
 from __future__ import annotations
@@ -13,8 +13,8 @@ from bisect_npu import api, search
 from bisect_npu.journal import Journal
 from bisect_npu.level import HeldUpstream, MergeScope
 from bisect_npu.observations import Verdict, VerdictKind
-from bisect_npu.orchestration import end_messages
-from bisect_npu.orchestration.state import SessionState, accuracy_weight
+from bisect_npu.orchestration.ending import end_messages
+from bisect_npu.orchestration.opening.state import SessionState, accuracy_weight
 from bisect_npu.records import StepRecord, StoredFrom, TrialRecord
 from tests.helpers.gitrepo import GOOD_CMD, make_linear_repo
 

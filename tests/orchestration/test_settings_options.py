@@ -23,14 +23,11 @@ from bisect_npu.builders.prefetch import Prefetcher
 from bisect_npu.errors import UsageError
 from bisect_npu.execute.local import LocalExecutor
 from bisect_npu.level import SettingsLevel
-from bisect_npu.orchestration.session_spec import SessionSpec
-from bisect_npu.orchestration.settings_search import (
-    SettingsQuestion,
-    SettingsSearch,
-    culprit_settings,
-    settings_request,
-)
+from bisect_npu.orchestration.opening.session_spec import SessionSpec
+from bisect_npu.orchestration.settings_search import SettingsQuestion, culprit_settings, settings_request
+from bisect_npu.orchestration.settings_session import SettingsSearch
 from bisect_npu.request import flags
+from tests.helpers.gitrepo import make_one_commit_repo
 
 RECIPE = "demo-async-penalty"
 GOOD_SET = "engine.args.async_scheduling=false"
@@ -38,13 +35,7 @@ GOOD_SET = "engine.args.async_scheduling=false"
 
 @pytest.fixture
 def repo(tmp_path: Path) -> Path:
-    path = tmp_path / "repo"
-    made = git.Repo.init(path)
-    (path / "README").write_text("x\n")
-    made.index.add(["README"])
-    made.index.commit("one")
-    made.create_tag("v1")
-    return path
+    return make_one_commit_repo(tmp_path / "repo")
 
 
 def under_settings(repo: Path, session: Path, options: list[str]) -> SettingsSearch:

@@ -13,6 +13,7 @@ from bisect_npu.errors import UsageError
 from bisect_npu.orchestration.settings_search import SettingsQuestion, parse_vary, plan_differences
 from bisect_npu.recipe.loader import load_recipe
 from bisect_npu.recipe.settings import Difference
+from tests.helpers.gitrepo import make_one_commit_repo
 
 BAD = "demo-async-penalty"
 
@@ -103,17 +104,6 @@ def test_a_throughput_against_the_good_variants_is_refused_for_load_and_length(t
     assert [d.key for d in plan_differences(load_recipe(path), async_only)[0]] == ["engine.args.async_scheduling"]
 
 
-def _one_commit_repo(path: Path) -> Path:
-    import git
-
-    repo = git.Repo.init(path)
-    (path / "README").write_text("x\n")
-    repo.index.add(["README"])
-    repo.index.commit("one")
-    repo.create_tag("v1")
-    return path
-
-
 @pytest.mark.parametrize("argv", [
     ["settings", "--at", "v1", "--recipe", BAD, "--good-set", "engine.args.async_scheduling=false"],
     ["run", "--good", "v1", "--bad", "v1", "--recipe", BAD, "--settings", "engine.args.async_scheduling=false"],
@@ -123,7 +113,7 @@ def test_settings_under_ray_is_one_line_naming_the_cause(tmp_path: Path, argv: l
     """Refused before anything runs (Ray need not be installed): the cause and the next step."""
     from bisect_npu.cli import main
 
-    repo = _one_commit_repo(tmp_path / "repo")
+    repo = make_one_commit_repo(tmp_path / "repo")
     with pytest.raises(SystemExit) as exited:
         main([*argv, "--repo", str(repo), "--executor", "ray", "--session", str(tmp_path / "session"),
               "--no-verdict-store"])

@@ -13,7 +13,8 @@ import pytest
 
 from bisect_npu.builders.base import Environment
 from bisect_npu.execute.local import LocalExecutor
-from bisect_npu.orchestration.settings_search import SettingsQuestion, SettingsSearch, settings_request
+from bisect_npu.orchestration.settings_search import SettingsQuestion, settings_request
+from bisect_npu.orchestration.settings_session import SettingsSearch
 from tests.helpers.gitrepo import make_linear_repo
 from tests.helpers.paths import HELPERS
 from tests.helpers.tiny_qwen3 import write_tiny_qwen3

@@ -19,7 +19,7 @@ from hypothesis import strategies as st
 
 from bisect_npu.errors import InfrastructureError
 from bisect_npu.observations import Verdict, VerdictKind
-from bisect_npu.orchestration.verdict_reuse import VerdictReuse
+from bisect_npu.orchestration.opening.verdict_reuse import VerdictReuse
 from bisect_npu.progress import PlainProgress
 from bisect_npu.store import Scope, StoredVerdict, VerdictStore
 from tests.helpers.gitrepo import make_linear_repo
@@ -155,7 +155,7 @@ def test_last_good_is_on_the_bad_end_s_first_parent_line(repo, tmp_path: Path) -
     """A commit judged good that is not an ancestor of the bad end is never picked."""
     import git
 
-    from bisect_npu.orchestration.verdict_reuse import resolve_last_good, scope_of
+    from bisect_npu.orchestration.opening.verdict_reuse import resolve_last_good, scope_of
     from tests.helpers.asked import spec_of
 
     path, shas = repo
@@ -278,7 +278,7 @@ def test_any_stored_verdicts_give_the_same_culprit_without_running_them(tmp_path
     culprit, runs none of the commits they judged but the culprit and its parent (confirmed fresh),
     and journals each of them as reused."""
     from bisect_npu.orchestration.bisection import Bisection
-    from bisect_npu.orchestration.verdict_reuse import scope_of
+    from bisect_npu.orchestration.opening.verdict_reuse import scope_of
     from tests.helpers.asked import spec_of
 
     culprit = data.draw(st.integers(1, n), label="culprit")

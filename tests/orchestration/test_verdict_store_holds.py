@@ -225,7 +225,7 @@ def test_what_a_command_writes_is_not_what_it_sees_and_secrets_stay_digests(tmp_
     """A redirection's target is the command's output, not its oracle; the header keeps a
     variable's value as a digest only; resume counts a changed file, not one the runs made or
     removed (a marker, a log)."""
-    from bisect_npu.orchestration.verdict_reuse import command_changed, command_oracle, command_view
+    from bisect_npu.orchestration.opening.verdict_reuse import command_changed, command_oracle, command_view
     from tests.helpers.asked import spec_of
 
     log, data, marker = tmp_path / "runs.log", tmp_path / "limit.txt", tmp_path / "hold"

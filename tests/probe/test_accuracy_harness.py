@@ -26,7 +26,7 @@ import pytest
 
 from bisect_npu.demo.accuracy import DATASET, generate_dataset, read_dataset
 from bisect_npu.observations import Observation
-from bisect_npu.orchestration.probe_requests import probe_request
+from bisect_npu.orchestration.running.probe_requests import probe_request
 from bisect_npu.probe.harness import HARNESS_FAILED_EXIT, INSTALLS, harness_home
 from bisect_npu.recipe.loader import load_recipe, parse_recipe
 from tests.helpers.paths import HELPERS, REPO_ROOT

@@ -16,7 +16,7 @@ import pytest
 
 from bisect_npu.errors import UsageError
 from bisect_npu.execute.docker import COMMAND_FILES, Mount, check_command_mounts, command_in_container
-from bisect_npu.orchestration.preflight import check_command
+from bisect_npu.orchestration.opening.preflight import check_command
 from bisect_npu.upstream.history import open_repo
 from tests.helpers.gitrepo import make_linear_repo
 

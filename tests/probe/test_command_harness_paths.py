@@ -6,7 +6,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from bisect_npu.orchestration.probe_requests import accuracy_inputs, probe_request
+from bisect_npu.orchestration.running.probe_requests import accuracy_inputs, probe_request
 from bisect_npu.recipe.loader import load_recipe
 
 

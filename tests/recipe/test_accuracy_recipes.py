@@ -11,8 +11,8 @@ from bisect_npu.builders.base import Environment
 from bisect_npu.execute.ascend import MANAGEMENT_DEVICES
 from bisect_npu.execute.base import RunResult
 from bisect_npu.execute.docker import ContainerSpec, DockerExecutor
-from bisect_npu.orchestration.environments import container_spec_factory
-from bisect_npu.orchestration.probe_requests import probe_request
+from bisect_npu.orchestration.opening.environments import container_spec_factory
+from bisect_npu.orchestration.running.probe_requests import probe_request
 from bisect_npu.probe.backends.openai import server_argv
 from bisect_npu.recipe.loader import load_recipe
 from tests.helpers.asked import spec_of

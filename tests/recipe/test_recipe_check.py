@@ -15,8 +15,8 @@ import yaml
 
 from bisect_npu.cli import main
 from bisect_npu.errors import UsageError
-from bisect_npu.orchestration.preflight import check_run
-from bisect_npu.orchestration.session_spec import SessionSpec
+from bisect_npu.orchestration.opening.preflight import check_run
+from bisect_npu.orchestration.opening.session_spec import SessionSpec
 from bisect_npu.recipe.check import (
     RULES,
     candidate_version,

@@ -23,9 +23,9 @@ from bisect_npu.execute.docker import (
     Mount,
     container_create_kwargs,
 )
-from bisect_npu.orchestration.environments import container_spec_factory
-from bisect_npu.orchestration.probe_requests import probe_request
-from bisect_npu.orchestration.session_spec import earlier_runs_for_search, earlier_runs_spec
+from bisect_npu.orchestration.opening.environments import container_spec_factory
+from bisect_npu.orchestration.opening.session_spec import earlier_runs_for_search, earlier_runs_spec
+from bisect_npu.orchestration.running.probe_requests import probe_request
 from bisect_npu.probe.backends.openai import override_generation_config, server_argv
 from bisect_npu.probe.backends.vllm import engine_kwargs
 from bisect_npu.recipe.loader import bundled_recipes, load_recipe, parse_recipe

@@ -10,7 +10,7 @@ import random
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from bisect_npu.orchestration.infrastructure import RetryPolicy
+from bisect_npu.orchestration.running.infrastructure import RetryPolicy
 from bisect_npu.search.retry_policy import (
     LOSS,
     MAX_ATTEMPTS,

@@ -55,12 +55,12 @@ from bisect_npu.journal import DEFAULT_ROOT, new_session_dir, session_label
 from bisect_npu.level import held_of, overlay_of
 from bisect_npu.nightly.cases import CaseRef
 from bisect_npu.observations import Observation, Verdict
-from bisect_npu.orchestration.earlier_results import given_ends
-from bisect_npu.orchestration.evaluate import EvaluationRequest, Evaluator
-from bisect_npu.orchestration.nightly import NightlyEvaluator
-from bisect_npu.orchestration.preflight import settle_devices
-from bisect_npu.orchestration.probe_requests import accuracy_inputs
-from bisect_npu.orchestration.session_spec import SessionSpec, declared_dependencies, dep_repo_of
+from bisect_npu.orchestration.opening.preflight import settle_devices
+from bisect_npu.orchestration.opening.session_spec import SessionSpec, declared_dependencies, dep_repo_of
+from bisect_npu.orchestration.running.earlier_results import given_ends
+from bisect_npu.orchestration.running.evaluate import EvaluationRequest, Evaluator
+from bisect_npu.orchestration.running.nightly import NightlyEvaluator
+from bisect_npu.orchestration.running.probe_requests import accuracy_inputs
 from bisect_npu.paths import cache_root
 from bisect_npu.recipe.loader import load_recipe
 from bisect_npu.recipe.schema import InstallPlan, Recipe

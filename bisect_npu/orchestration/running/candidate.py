@@ -13,7 +13,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 
 from bisect_npu.observations import VerdictKind
-from bisect_npu.orchestration.evaluate import EvaluationRequest, Evaluator, StepResult
+from bisect_npu.orchestration.running.evaluate import EvaluationRequest, Evaluator, StepResult
 from bisect_npu.progress import Progress
 from bisect_npu.records import RetryRun, TrialRun
 

@@ -104,6 +104,57 @@ class StoreLedger(Generic[Thing]):
             return any(thing in fresh and fresh[thing] != kinds for thing, kinds in self._kinds[True].items())
 
 
+Key = TypeVar("Key", bound=Hashable)  # a candidate as its attempts are kept: a position, (a digest, at the reference)
+
+
+class Attempts(Generic[Key]):
+    """Each candidate's trials and failed attempts since its last record (an interrupted run's, kept
+    across a resume), the trial numbers used, the outcomes of its trials, and the host's record of
+    attempts as journaled (search/retry_policy.py: the trials that finished and the failed attempts
+    before them). The one book of both searches' attempts; not thread-safe (its state's lock is)."""
+
+    def __init__(self) -> None:
+        self.host_record = HostRecord()
+        self._unsettled: dict[tuple[Key, str, int], int] = {}  # failed attempts of trials not finished (yet)
+        self._pending: dict[Key, list[TrialRun]] = {}
+        self._retries: dict[Key, list[RetryRun]] = {}
+        self._last_trial: dict[Key, int] = {}
+        self._outcomes: dict[Key, list[VerdictKind | None]] = {}
+
+    def trial(self, key: Key, trial: TrialRun) -> None:
+        if trial.outcome != VerdictKind.SKIP:  # a run that finished (a skip of the host's is given up)
+            failed = self._unsettled.pop((key, trial.case_id, trial.trial), 0)
+            self.host_record = HostRecord(self.host_record.failures + failed, self.host_record.successes + 1)
+        self._pending.setdefault(key, []).append(TrialRun.model_validate(trial.model_dump(
+            include=set(TrialRun.model_fields))))
+        self._last_trial[key] = max(self._last_trial.get(key, -1), trial.trial)
+        self._outcomes.setdefault(key, []).append(trial.outcome)
+
+    def retry(self, key: Key, retry: RetryRun) -> None:
+        self._unsettled[(key, retry.case_id, retry.trial)] = self._unsettled.get((key, retry.case_id, retry.trial),
+                                                                                0) + 1
+        self._retries.setdefault(key, []).append(RetryRun.model_validate(retry.model_dump(
+            include=set(RetryRun.model_fields))))
+
+    def judged(self, key: Key) -> None:
+        """The candidate's record journaled: what came before it is no longer pending."""
+        self._pending[key] = []
+        self._retries[key] = []
+
+    def pending_trials(self, key: Key) -> list[TrialRun]:
+        return list(self._pending.get(key, []))
+
+    def pending_retries(self, key: Key) -> list[RetryRun]:
+        return list(self._retries.get(key, []))
+
+    def next_trial(self, key: Key) -> int:
+        """Trial numbers keep growing per candidate, so a repeated query never repeats a seed."""
+        return self._last_trial.get(key, -1) + 1
+
+    def outcomes(self, key: Key) -> list[VerdictKind | None]:
+        return list(self._outcomes.get(key, []))
+
+
 class SessionState(StoreLedger[int]):
     """The records a session's decisions read, applied in journal order (`apply`), its positions'
     verdicts in the store's ledger; thread-safe: the slots of a round append while the progress
@@ -119,44 +170,29 @@ class SessionState(StoreLedger[int]):
         self._evidence: dict[int, search.Evidence] = {}
         self._fresh: dict[int, search.Evidence] = {}  # the evidence without the verdict store's steps
         self._steps: list[StepRecord] = []
-        self._pending: dict[int, list[TrialRun]] = {}
-        self._retries: dict[int, list[RetryRun]] = {}  # failed attempts since the position's last step
-        self._last_trial: dict[int, int] = {}
-        self._outcomes: dict[int, list[VerdictKind]] = {}  # the outcomes of the trials this session ran
-        # The host's record as journaled (search/retry_policy.py): the trials that finished and
-        # the failed attempts before them; `_unsettled`: failed attempts of trials not finished (yet).
-        self.host_record = HostRecord()
-        self._unsettled: dict[tuple[int, str, int], int] = {}
+        self._attempts: Attempts[int] = Attempts()
         for entry in entries:
             self.apply(entry)
 
     def apply(self, entry: Record) -> None:
         with self._lock:
             if isinstance(entry, TrialRecord):
-                self._apply_trial(entry)
+                self._attempts.trial(entry.index, entry)
+                if entry.outcome and self.noisy:
+                    self._add(entry.index, entry.outcome.value, stored=False)
             elif isinstance(entry, RetryRecord):
-                key = (entry.index, entry.case_id, entry.trial)
-                self._unsettled[key] = self._unsettled.get(key, 0) + 1
-                self._retries.setdefault(entry.index, []).append(RetryRun(**entry.model_dump(include=set(
-                    RetryRun.model_fields))))
+                self._attempts.retry(entry.index, entry)
             elif isinstance(entry, StepRecord):
                 self._apply_step(entry)
 
-    def _apply_trial(self, trial: TrialRecord) -> None:
-        if trial.outcome != VerdictKind.SKIP:  # a run that finished (a skip of the host's is given up)
-            failed = self._unsettled.pop((trial.index, trial.case_id, trial.trial), 0)
-            self.host_record = HostRecord(self.host_record.failures + failed, self.host_record.successes + 1)
-        self._pending.setdefault(trial.index, []).append(trial)
-        self._last_trial[trial.index] = max(self._last_trial.get(trial.index, -1), trial.trial)
-        if trial.outcome:
-            self._outcomes.setdefault(trial.index, []).append(trial.outcome)
-            if self.noisy:
-                self._add(trial.index, trial.outcome.value, stored=False)
+    @property
+    def host_record(self) -> HostRecord:
+        with self._lock:
+            return self._attempts.host_record
 
     def _apply_step(self, step: StepRecord) -> None:
         self._steps.append(step)
-        self._pending[step.index] = []
-        self._retries[step.index] = []
+        self._attempts.judged(step.index)
         stored = step.stored is not None
         self.note(step.index, step.verdict.kind.value, stored=stored)
         if self.noisy and step.stored is not None:
@@ -191,22 +227,22 @@ class SessionState(StoreLedger[int]):
     def pending_trials(self, index: int) -> list[TrialRun]:
         """Trials of `index` journaled after its last finished step: an interrupted step's work."""
         with self._lock:
-            return list(self._pending.get(index, []))
+            return self._attempts.pending_trials(index)
 
     def pending_retries(self, index: int) -> list[RetryRun]:
         """Failed attempts at `index` journaled after its last finished step (kept across a resume)."""
         with self._lock:
-            return list(self._retries.get(index, []))
+            return self._attempts.pending_retries(index)
 
     def next_trial(self, index: int) -> int:
         """Trial numbers keep growing per position, so a repeated query never repeats a seed."""
         with self._lock:
-            return self._last_trial.get(index, -1) + 1
+            return self._attempts.next_trial(index)
 
     def outcomes(self, index: int) -> list[VerdictKind]:
         """The outcomes of every trial journaled at `index` (the trials judged alone)."""
         with self._lock:
-            return list(self._outcomes.get(index, []))
+            return [outcome for outcome in self._attempts.outcomes(index) if outcome]
 
     def candidates_left(self, n: int) -> int:
         """Commits still between the highest good and the lowest bad position the evidence holds."""

@@ -12,7 +12,7 @@ from bisect_npu.errors import UsageError
 from bisect_npu.nightly.at_commit import newest_recipe_at
 from bisect_npu.nightly.cases import CaseRef
 from bisect_npu.observations import Verdict, VerdictKind
-from bisect_npu.orchestration.evaluate import EvaluationRequest, Evaluator, StepResult
+from bisect_npu.orchestration.running.evaluate import EvaluationRequest, Evaluator, StepResult
 from bisect_npu.records import BuildInfo
 
 

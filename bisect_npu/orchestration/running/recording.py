@@ -34,7 +34,7 @@ from bisect_npu.alignment.record import (
 from bisect_npu.builders.base import Environment
 from bisect_npu.errors import InfrastructureError, UsageError
 from bisect_npu.execute.local import LocalExecutor
-from bisect_npu.orchestration.probe_requests import probe_request
+from bisect_npu.orchestration.running.probe_requests import probe_request
 from bisect_npu.recipe.schema import Recipe
 
 DEFAULT_TIMEOUT_S = 3600.0

@@ -24,13 +24,18 @@ from bisect_npu.execute.host import host_changes
 from bisect_npu.execute.inprocess import Oracle
 from bisect_npu.journal import DEFAULT_ROOT, Journal, latest_session, new_session_dir
 from bisect_npu.level import held_of
-from bisect_npu.orchestration.earlier_results import settled_given
-from bisect_npu.orchestration.environments import session_evaluator
-from bisect_npu.orchestration.evaluate import Evaluator
-from bisect_npu.orchestration.preflight import check_run, settle_slots
-from bisect_npu.orchestration.reference import store_reference
-from bisect_npu.orchestration.session_spec import SessionSpec, declared_dependencies
-from bisect_npu.orchestration.verdict_reuse import VerdictReuse, command_changed, command_oracle, open_verdict_reuse
+from bisect_npu.orchestration.opening.environments import session_evaluator
+from bisect_npu.orchestration.opening.preflight import check_run, settle_slots
+from bisect_npu.orchestration.opening.reference import store_reference
+from bisect_npu.orchestration.opening.session_spec import SessionSpec, declared_dependencies
+from bisect_npu.orchestration.opening.verdict_reuse import (
+    VerdictReuse,
+    command_changed,
+    command_oracle,
+    open_verdict_reuse,
+)
+from bisect_npu.orchestration.running.earlier_results import settled_given
+from bisect_npu.orchestration.running.evaluate import Evaluator
 from bisect_npu.progress import PlainProgress, Progress
 from bisect_npu.recipe.loader import load_recipe
 from bisect_npu.recipe.schema import Recipe

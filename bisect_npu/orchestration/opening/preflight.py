@@ -34,15 +34,15 @@ from bisect_npu.execute.ray import settle_slots as settle_on_cluster
 from bisect_npu.level import held_of, scope_of
 from bisect_npu.nightly.at_commit import settle_run
 from bisect_npu.nightly.cases import CaseRef, model_unplaced
-from bisect_npu.orchestration.earlier_results import check_given, settled_given
-from bisect_npu.orchestration.session_spec import (
+from bisect_npu.orchestration.opening.session_spec import (
     SessionSpec,
     check_dependency_options,
     declared_dependencies,
     dep_repo_of,
     earlier_runs_spec,
 )
-from bisect_npu.orchestration.verdict_reuse import resolve_last_good
+from bisect_npu.orchestration.opening.verdict_reuse import resolve_last_good
+from bisect_npu.orchestration.running.earlier_results import check_given, settled_given
 from bisect_npu.probe.harness import HarnessError
 from bisect_npu.probe.harness.dataset import indexed_rows, is_jsonl
 from bisect_npu.recipe.check import check_recipe_at_ends, check_support, range_ends

@@ -9,8 +9,8 @@ from collections.abc import Callable, Sequence
 
 from bisect_npu import search
 from bisect_npu.oracle.throughput import reference_trials
-from bisect_npu.orchestration.environments import load_golden
-from bisect_npu.orchestration.evaluate import Evaluator
+from bisect_npu.orchestration.opening.environments import load_golden
+from bisect_npu.orchestration.running.evaluate import Evaluator
 from bisect_npu.recipe.schema import Recipe
 from bisect_npu.records import TrialRun
 

@@ -23,16 +23,16 @@ from bisect_npu.execute.base import Executor, RunResult, observation_path, probe
 from bisect_npu.execute.card_memory import CardWait
 from bisect_npu.observations import Observation, TimeoutIs, Verdict, VerdictKind
 from bisect_npu.oracle import sequential
-from bisect_npu.orchestration.accuracy import AccuracySteps, load_from, role_of
-from bisect_npu.orchestration.earlier_results import (
+from bisect_npu.orchestration.running.accuracy import AccuracySteps, load_from, role_of
+from bisect_npu.orchestration.running.earlier_results import (
     Earlier,
     control_ids,
     disagreement,
     earlier_for,
     earlier_settings,
 )
-from bisect_npu.orchestration.infrastructure import InfrastructureFailure, RetryPolicy, classify_run
-from bisect_npu.orchestration.judging import (
+from bisect_npu.orchestration.running.infrastructure import InfrastructureFailure, RetryPolicy, classify_run
+from bisect_npu.orchestration.running.judging import (
     REASON_FILE_ENV,
     TIMEOUT_IS_BAD_NOTE,
     command_reason,
@@ -40,8 +40,8 @@ from bisect_npu.orchestration.judging import (
     tally,
     with_command_reason,
 )
-from bisect_npu.orchestration.observation_watch import ObservationWatcher, node_named, poll
-from bisect_npu.orchestration.probe_requests import probe_request, trial_seed
+from bisect_npu.orchestration.running.observation_watch import ObservationWatcher, node_named, poll
+from bisect_npu.orchestration.running.probe_requests import probe_request, trial_seed
 from bisect_npu.probe.harness import HARNESS_FAILED_EXIT
 from bisect_npu.probe.request import write_json_atomic
 from bisect_npu.recipe.schema import CaseSpec, EarlierEndSpec, Recipe
@@ -352,8 +352,8 @@ class Evaluator:
         return bool(self.recipe and self.recipe.trials.batch and not self.recipe.capture.layers)
 
     def _run_accuracy(self, request: EvaluationRequest, env: Environment) -> tuple[list[TrialRun], Verdict]:
-        """An accuracy step: rounds (one trial each) until the oracle is clear (orchestration/accuracy.py);
-        at an end with earlier results, their control share first (orchestration/earlier_results.py)."""
+        """An accuracy step: rounds (one trial each) until the oracle is clear (orchestration/running/accuracy.py);
+        at an end with earlier results, their control share first (orchestration/running/earlier_results.py)."""
         assert self.accuracy is not None and self.recipe is not None
         case = self.recipe.cases[0]
         role = role_of(request.as_reference, request.as_bad_end)

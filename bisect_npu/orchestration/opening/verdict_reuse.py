@@ -40,8 +40,8 @@ from bisect_npu import __version__
 from bisect_npu.errors import InfrastructureError, UsageError
 from bisect_npu.level import held_of
 from bisect_npu.observations import Verdict, VerdictKind
-from bisect_npu.orchestration.session_spec import SessionSpec
-from bisect_npu.orchestration.state import StoreLedger, Thing
+from bisect_npu.orchestration.opening.session_spec import SessionSpec
+from bisect_npu.orchestration.opening.state import StoreLedger, Thing
 from bisect_npu.progress import Progress
 from bisect_npu.recipe.schema import Recipe
 from bisect_npu.records import CommandOracle, StoredFrom

@@ -19,7 +19,7 @@ Used by `bisect-npu simulate` (planning on a real history) and by bench/noisy_be
 from __future__ import annotations
 
 from collections.abc import Callable, Collection, Mapping, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from typing import Literal
 
 import numpy as np
@@ -104,6 +104,31 @@ class SimulationSummary:
     mean_wall_hours: float
 
 
+
+@dataclass
+class _BuildBook:
+    """What a simulated session has built: the cost of readying a position (a full build, an
+    overlay of a built key, nothing when asked before) and whether it builds (drawn once)."""
+
+    build_key_of: Callable[[int], str]
+    costs: Minutes
+    build_fail: float
+    rng: np.random.Generator
+    build_ok: dict[int, bool]
+    builds: set[str] = field(default_factory=set)
+    overlays: int = 0
+
+    def ready(self, i: int, asked_before: bool) -> tuple[float, bool]:
+        """Position i's readying cost and whether it built."""
+        key = self.build_key_of(i)
+        cost = 0.0 if asked_before else self.costs.overlay if key in self.builds else self.costs.build
+        self.overlays += not asked_before and key in self.builds
+        self.builds.add(key)
+        if i not in self.build_ok:
+            self.build_ok[i] = bool(self.rng.random() >= self.build_fail)
+        return cost, self.build_ok[i]
+
+
 def simulate_one(
     problem: SearchProblem,
     culprit: int,
@@ -131,14 +156,14 @@ def simulate_one(
         good_failed = int((rng.random(earlier_runs) < good_rate).sum())
         problem = replace(problem, earlier_runs=EarlierRuns(bad_failed, earlier_runs, good_failed, earlier_runs))
     evidence: dict[int, Evidence] = {}
-    builds: set[str] = set()
-    build_ok: dict[int, bool] = {**{i: False for i in unbuildable}, 0: True, problem.n: True}
-    trials = rounds = loads = overlays = 0
+    known = {**{i: False for i in unbuildable}, 0: True, problem.n: True}
+    book = _BuildBook(build_key_of, costs, build_fail, rng, known)
+    trials = rounds = loads = 0
     wall = 0.0
     for _ in range(max_rounds):
         decision = decide(problem, evidence)
         if not isinstance(decision, Next):
-            return RunOutcome(decision, trials, rounds, len(builds), overlays, loads, wall, culprit)
+            return RunOutcome(decision, trials, rounds, len(book.builds), book.overlays, loads, wall, culprit)
         rounds += 1
         slowest = 0.0
         for query in decision.queries:
@@ -146,13 +171,8 @@ def simulate_one(
             if i in unbuildable:
                 evidence[i] = evidence.get(i, Evidence()).add("skip")
                 continue
-            key = build_key_of(i)
-            cost = 0.0 if i in evidence else costs.overlay if key in builds else costs.build
-            overlays += i not in evidence and key in builds
-            builds.add(key)
-            if i not in build_ok:
-                build_ok[i] = bool(rng.random() >= build_fail)
-            if not build_ok[i]:
+            cost, built = book.ready(i, i in evidence)
+            if not built:
                 evidence[i] = evidence.get(i, Evidence()).add("skip")
                 slowest = max(slowest, cost)
                 continue
@@ -184,9 +204,9 @@ def simulate_throughput_one(
     cfg = ThroughputConfig(threshold=regression.threshold, reference="good_end",
                            reference_trials=regression.reference_trials)
     evidence: dict[int, Evidence] = {}
-    builds: set[str] = set()
-    build_ok: dict[int, bool] = {**{i: False for i in unbuildable}, 0: True, problem.n: True}
-    trials = rounds = loads = overlays = 0
+    known = {**{i: False for i in unbuildable}, 0: True, problem.n: True}
+    book = _BuildBook(build_key_of, costs, build_fail, rng, known)
+    trials = rounds = loads = 0
     wall = 0.0
     reference: list[Observation] = []
     bad_end: list[Observation] = []  # the bad end's runs: where the bad side sits
@@ -217,7 +237,7 @@ def simulate_throughput_one(
         if not queue:
             decision = decide(problem, evidence)
             if not isinstance(decision, Next):
-                return RunOutcome(decision, trials, rounds, len(builds), overlays, loads, wall, culprit)
+                return RunOutcome(decision, trials, rounds, len(book.builds), book.overlays, loads, wall, culprit)
             queue = [q.index for q in decision.queries]
         rounds += 1
         slowest = 0.0
@@ -225,13 +245,8 @@ def simulate_throughput_one(
             if i in unbuildable:
                 evidence[i] = evidence.get(i, Evidence()).add("skip")
                 continue
-            key = build_key_of(i)
-            cost = 0.0 if i in evidence else costs.overlay if key in builds else costs.build
-            overlays += i not in evidence and key in builds
-            builds.add(key)
-            if i not in build_ok:
-                build_ok[i] = bool(rng.random() >= build_fail)
-            if not build_ok[i]:
+            cost, built = book.ready(i, i in evidence)
+            if not built:
                 evidence[i] = evidence.get(i, Evidence()).add("skip")
                 slowest = max(slowest, cost)
                 continue

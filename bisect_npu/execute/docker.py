@@ -394,7 +394,13 @@ class NodeContainer:
         return -(status - SIGNAL_EXIT_BASE) if SIGNAL_EXIT_BASE < status <= SIGNAL_EXIT_BASE + 64 else status
 
     def stop(self) -> None:
-        """Remove the container (running or not); its log is complete after this."""
+        """Remove the container (running or not); its log is complete after this: an ended
+        container's output is read to its end before it is removed (a removal first would cut
+        the copy of a container that ended before its log was followed)."""
+        with contextlib.suppress(Exception):  # gone already: nothing more to read
+            self.container.reload()
+            if self.container.status != "running":
+                self.follower.join(timeout=10)
         self.executor._remove(self.container)
         self.follower.join(timeout=10)
 

@@ -23,7 +23,7 @@ from statistics import fmean, stdev
 from typing import Literal
 
 from bisect_npu.observations import Observation, Verdict, VerdictKind
-from bisect_npu.oracle.throughput import ThroughputConfig, judge_throughput, sample_of
+from bisect_npu.oracle.throughput import ThroughputConfig, judge_throughput, sample_of, squares
 
 STEP_BOUND = 4.0
 BAD_DROPS = (0.0, 2.0)  # where a bad commit's mean may lie, in gaps under the line
@@ -56,7 +56,7 @@ def log_likelihood_ratio(cfg: ThroughputConfig, samples: Sequence[float], refere
         return None
     good, mean = fmean(reference), fmean(samples)
     line = cfg.threshold * good
-    spread2 = (_squares(samples) + _squares(reference) + (_squares(bad_end) if bad_end else 0.0)) / df
+    spread2 = (squares(samples) + squares(reference) + (squares(bad_end) if bad_end else 0.0)) / df
     stderr = math.sqrt(spread2 * (1 / len(samples) + 1 / len(reference)))
     if stderr <= 0:
         return math.copysign(math.inf, line - mean)
@@ -70,11 +70,6 @@ def log_likelihood_ratio(cfg: ThroughputConfig, samples: Sequence[float], refere
     top = max(logs)
     bad_log = top + math.log(sum(math.exp(v - top) for v in logs))
     return bad_log - _t_log_pdf((mean - good) / stderr, df)
-
-
-def _squares(values: Sequence[float]) -> float:
-    mean = fmean(values)
-    return sum((v - mean) ** 2 for v in values)
 
 
 def judge_sequential(cfg: ThroughputConfig, observations: Sequence[Observation],

@@ -88,7 +88,7 @@ def t_quantile(p: float, df: float) -> float:
             + (3 * z**7 + 19 * z**5 + 17 * z**3 - 15 * z) / (384 * df**3))
 
 
-def _squares(values: Sequence[float]) -> float:
+def squares(values: Sequence[float]) -> float:
     """The sum of squared deviations from the values' mean."""
     mean = fmean(values)
     return sum((v - mean) ** 2 for v in values)
@@ -110,13 +110,13 @@ def judge_throughput(cfg: ThroughputConfig, observations: Sequence[Observation],
                                "confidence": cfg.confidence, "reference": cfg.reference}
     # One spread for the commit's and the good end's runs (the same benchmark on the same host):
     # pooled, it is known from the good end's runs when a step has run once.
-    ss, df = _squares(samples), float(n - 1)
+    ss, df = squares(samples), float(n - 1)
     if cfg.reference == "good_end":
         ref = [s for s in map(sample_of, reference or []) if s is not None]
         if not ref:
             return Verdict(kind=VerdictKind.SKIP, trials=n, figures=figures,
                            reason="reference good_end: the good end measured no throughput to compare with")
-        ss, df = ss + _squares(ref), df + len(ref) - 1
+        ss, df = ss + squares(ref), df + len(ref) - 1
         line = cfg.threshold * fmean(ref)
         spread2 = ss / df if df > 0 else 0.0
         var = spread2 * (1 / n + cfg.threshold**2 / len(ref))

@@ -107,11 +107,11 @@ def decide_likelihood(problem: SearchProblem, evidence: Mapping[int, Evidence]) 
             if ev.skipped and not ev.trials:
                 return EndsWrong(which, {"skipped": 1.0})  # type: ignore[arg-type]
             wrong = ev.bad if which == "good" else ev.good
-            if 2 * wrong > ev.trials and _unsure_end(problem, ev, which):
+            if 2 * wrong > ev.trials:  # most of its steps put the end on the other side
+                if not _unsure_end(problem, ev, which):
+                    return EndsWrong(which, {"log_likelihood_ratio": ev.log_lr})  # type: ignore[arg-type]
                 ends.append(Query(index))
-            elif 2 * wrong > ev.trials:  # most of its steps put the end on the other side
-                return EndsWrong(which, {"log_likelihood_ratio": ev.log_lr})  # type: ignore[arg-type]
-            if not ev.trials:
+            elif not ev.trials:
                 ends.append(Query(index))
     if ends:
         return Next(tuple(ends[: problem.slots]))

@@ -19,12 +19,13 @@ from ..trials import SAMPLING_FIELDS, Stopwatch, TrialCounter, loop_detector, re
 _SERVER_ARGS = ("server", "override_generation_config")
 
 
-# What the demo engine's steps can show, under the names Hugging Face's Qwen3ForCausalLM (and
-# Qwen3MoeForCausalLM, for its MoE variant) gives the same modules (its weights carry those names):
-# the attention's input (input_layernorm's output), the attention's output, the MLP's (a dense
-# layer's, an MoE block's, each expert call's), the router's, and the logits.
-_DUMPABLE = {"input_layernorm": "Qwen3RMSNorm", "self_attn": "Qwen3Attention"}
-_MLP, _EXPERT, _MOE_BLOCK, _ROUTER = "Qwen3MLP", "Qwen3MoeMLP", "Qwen3MoeSparseMoeBlock", "Qwen3MoeTopKRouter"
+# What the demo engine's steps can show, under the module and class names Hugging Face's
+# Qwen3ForCausalLM (Qwen3MoeForCausalLM for its MoE variant) gives the same modules (its weights carry
+# those names): the attention's input (input_layernorm's output), the attention's output, the MLP's
+# (a dense layer's, an MoE block's, each expert call's), the router's, and the logits.
+_DENSE_CLASSES = {"input_layernorm": "Qwen3RMSNorm", "self_attn": "Qwen3Attention", "mlp": "Qwen3MLP"}
+_MOE_CLASSES = {"input_layernorm": "Qwen3MoeRMSNorm", "self_attn": "Qwen3MoeAttention", "mlp": "Qwen3MoeMLP",
+                "experts": "Qwen3MoeMLP", "moe": "Qwen3MoeSparseMoeBlock", "gate": "Qwen3MoeTopKRouter"}
 # The model's methods a dump wraps, where its commit has them (the MoE variant came later).
 _WRAPPED = ("forward", "_attention", "_mlp", "_router", "_moe")
 
@@ -40,9 +41,10 @@ class MiniDump:
     def __init__(self, model: Any, writer: DumpWriter) -> None:
         self.model, self.writer = model, writer
         self.wrapped = [name for name in _WRAPPED if hasattr(model, name)]
+        self.classes = _MOE_CLASSES if getattr(model.config, "num_experts", 0) else _DENSE_CLASSES
 
     def __enter__(self) -> MiniDump:
-        writer, model = self.writer, self.model
+        writer, model, classes = self.writer, self.model, self.classes
         forward, attention = model.forward, model._attention
         mlp: Any = getattr(model, "_mlp", None)
         router: Any = getattr(model, "_router", None)
@@ -61,28 +63,28 @@ class MiniDump:
             for part, value in (("input_layernorm", h), ("self_attn", out)):
                 name = f"{prefix}{part}"
                 if writer.wanted(name):
-                    writer.save(name, _DUMPABLE[part], value.unsqueeze(0))
+                    writer.save(name, classes[part], value.unsqueeze(0))
             return out
 
         def dumped_mlp(h: Any, prefix: str, *args: Any, **kwargs: Any) -> Any:
             out = mlp(h, prefix, *args, **kwargs)
             name = prefix.rstrip(".")
             if writer.wanted(name):
-                writer.save(name, _EXPERT if ".experts." in prefix else _MLP, out.unsqueeze(0))
+                writer.save(name, classes["experts" if ".experts." in prefix else "mlp"], out.unsqueeze(0))
             return out
 
         def dumped_router(h: Any, prefix: str) -> Any:
             routed = router(h, prefix)
             name = f"{prefix}mlp.gate"
             if writer.wanted(name):
-                writer.save(name, _ROUTER, routed, inputs=[h])
+                writer.save(name, classes["gate"], routed, inputs=[h])
             return routed
 
         def dumped_moe(h: Any, prefix: str) -> Any:
             out = moe(h, prefix)
             name = f"{prefix}mlp"
             if writer.wanted(name):
-                writer.save(name, _MOE_BLOCK, out.unsqueeze(0))
+                writer.save(name, classes["moe"], out.unsqueeze(0))
             return out
 
         wrappers = {"forward": dumped_forward, "_attention": dumped_attention, "_mlp": dumped_mlp,

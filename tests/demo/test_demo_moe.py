@@ -78,6 +78,9 @@ def test_the_router_in_bf16_is_bisected_to_its_culprit_and_named_at_the_gate(
     assert float(found["rate"]) > 2.0 and float(found["explained"]) == 0.0
     goods = [step for step in report["steps"] if step["verdict"] == "good"]
     assert goods and all("every token routed alike in 2 MoE layers" in step["reason"] for step in goods)
+    # A good commit holds the clean change of the experts' arithmetic: judged good, not only the good end.
+    (clean,) = git(repo, "log", "--format=%H", "--fixed-strings", f"--grep={CLEAN_TITLE}", truth.bad_ref).split()
+    assert any(clean in git(repo, "rev-list", step["commit"]).split() for step in goods)
     assert {sha for p in report["fix"]["proposals"][:1] for sha in p["shas"]} == {f.sha for f in truth.fixes}
 
 

@@ -1,5 +1,6 @@
-"""Write the demo upstream: a git history of `tinyvllm` with five seeded regressions, the fifth
-brought in by moving the pin of its dependency `minivllm` (bisect_npu.demo.dependency).
+"""Write the demo upstream: a git history of `tinyvllm` with six seeded regressions, the fifth
+brought in by moving the pin of its dependency `minivllm` (bisect_npu.demo.dependency), the sixth
+in the MoE variant's router (bisect_npu.demo.moe).
 
 `generate_upstream(dest, seed)` writes both repositories with `git fast-import` (a few seconds for
 200 commits), fixed authors and dates so a seed always yields the same shas, and returns the
@@ -14,13 +15,14 @@ import tempfile
 from pathlib import Path
 
 from bisect_npu.demo import dependency as D
+from bisect_npu.demo import moe as MOE
 from bisect_npu.demo import nightly as N
 from bisect_npu.demo import patches as P
 from bisect_npu.demo.manifest import CaseTruth, CommitRef, CompiledTouch, DependencyTruth, Manifest, SettingsTruth
 from bisect_npu.demo.writer import Commit, History, templates
 from bisect_npu.paths import cache_root
 
-GENERATOR_VERSION = "5"
+GENERATOR_VERSION = "6"
 TEMPLATE_DIR = Path(__file__).resolve().parent / "upstream"
 BUILD_COMMAND = ["python", "tools/build_kernels.py"]
 MAIN, RELEASE = "main", "v0.9.1-dev"
@@ -48,6 +50,8 @@ CASES = {
                    "v0.10.0rc2", "v0.10.0rc3"),
     "accuracy": ("demo-accuracy", "a QA set's accuracy falls from 100% to 60%: long prompts answered wrongly",
                  "v0.9.0", "v0.10.0rc1"),
+    "moe-router": ("demo-moe-router", "the MoE model's layer dumps drift from the good end's: tokens go to other "
+                   "experts", "v0.10.0rc4", "v0.10.0"),
 }
 # A case that shows another case's regression another way: its culprit and fixes are that case's
 # commits (the history is not changed for it, so no sha moves).
@@ -166,10 +170,27 @@ def _plan(state: History) -> None:
     state.commit(m, _version("0.10.0rc2", "0.10.0rc3"))
     state.tag(m, "v0.10.0rc3")
 
-    # Last, after every range (no existing commit changes): the demo model's nightly case file, as
+    # After every range above (no existing commit changes): the demo model's nightly case file, as
     # the nightly's case files come after the regressions they catch (bisect_npu/demo/nightly.py).
     _fillers(state, m, 1, maker)
     state.commit(m, N.ADD_CASE, "nightly-case")
+
+    # After that too: the MoE model option, a clean change of its arithmetic, the router GEMM in
+    # bf16 and its fix (bisect_npu/demo/moe.py).
+    _fillers(state, m, 2, maker)
+    state.commit(m, MOE.FEATURE, "feature:moe-router")
+    _fillers(state, m, 2, maker)
+    state.commit(m, _version("0.10.0rc3", "0.10.0rc4"))
+    state.tag(m, "v0.10.0rc4")
+    _fillers(state, m, 1, maker)
+    state.commit(m, MOE.WEIGHT_BEFORE_DOWN, "clean:moe-router")
+    _fillers(state, m, 1, maker)
+    state.commit(m, MOE.CULPRIT, "culprit:moe-router")
+    _fillers(state, m, 2, maker)
+    state.commit(m, _version("0.10.0rc4", "0.10.0"))
+    state.tag(m, "v0.10.0")
+    _fillers(state, m, 2, maker)
+    state.commit(m, MOE.FIX, "fix:moe-router")
 
 
 def generate_upstream(dest: Path, seed: int = 0, dependency_dest: Path | None = None) -> Manifest:

@@ -45,28 +45,54 @@ def export(model: str, dest: Path) -> Path:
 
 
 def as_transformers(engine_model: Any, **token_ids: int | None) -> Any:
-    """The demo engine's model (`tinyvllm.model.Qwen3Model`) as transformers' `Qwen3ForCausalLM`,
-    fp32, its weights loaded under their own names and the embeddings tied."""
+    """The demo engine's model (`tinyvllm.model.Qwen3Model`) as transformers' `Qwen3ForCausalLM`, or
+    `Qwen3MoeForCausalLM` for its MoE variant (a config with `num_experts`), fp32, its weights loaded
+    under their own names (an MoE layer's experts stacked as transformers holds them) and the
+    embeddings tied."""
     import torch
-    from transformers import Qwen3Config, Qwen3ForCausalLM
+    from transformers import Qwen3Config, Qwen3ForCausalLM, Qwen3MoeConfig, Qwen3MoeForCausalLM
 
     cfg = engine_model.config
-    config: Any = Qwen3Config  # its typed keywords do not take a **dict
-    hf_cfg = config(
+    experts = int(getattr(cfg, "num_experts", 0))
+    common = dict(
         vocab_size=cfg.vocab_size, hidden_size=cfg.hidden_size, intermediate_size=cfg.intermediate_size,
         num_hidden_layers=cfg.num_hidden_layers, num_attention_heads=cfg.num_attention_heads,
         num_key_value_heads=cfg.num_key_value_heads, head_dim=cfg.head_dim, rms_norm_eps=cfg.rms_norm_eps,
         max_position_embeddings=cfg.max_position_embeddings, tie_word_embeddings=True,
         rope_parameters={"rope_type": "linear", "factor": cfg.rope_scaling_factor, "rope_theta": cfg.rope_theta},
         attention_bias=False, use_sliding_window=False, **token_ids)
-    hf: Any = Qwen3ForCausalLM(hf_cfg)
+    config: Any  # the configs' typed keywords do not take a **dict
+    model_class: Any
+    if experts:
+        config, model_class = Qwen3MoeConfig, Qwen3MoeForCausalLM
+        common.update(num_experts=experts, num_experts_per_tok=cfg.num_experts_per_tok, decoder_sparse_step=1,
+                      moe_intermediate_size=cfg.moe_intermediate_size, norm_topk_prob=cfg.norm_topk_prob,
+                      mlp_only_layers=[])
+        weights = _stacked_experts(engine_model.w, cfg.num_hidden_layers, experts)
+    else:
+        config, model_class, weights = Qwen3Config, Qwen3ForCausalLM, engine_model.w
+    hf: Any = model_class(config(**common))
     hf.to(torch.float32).eval()
-    missing, unexpected = hf.load_state_dict(engine_model.w, strict=False)
+    missing, unexpected = hf.load_state_dict(weights, strict=False)
     if unexpected or set(missing) - {"lm_head.weight"}:
-        raise ValueError(f"the demo weights do not fit Qwen3ForCausalLM: missing {sorted(missing)}, "
+        raise ValueError(f"the demo weights do not fit {model_class.__name__}: missing {sorted(missing)}, "
                          f"unexpected {sorted(unexpected)}")
     hf.tie_weights()
     return hf
+
+
+def _stacked_experts(weights: dict[str, Any], layers: int, experts: int) -> dict[str, Any]:
+    """The MoE layers' per-expert projections as transformers' `Qwen3MoeExperts` holds them: `gate_up_proj`
+    `[experts, 2 x intermediate, hidden]` (each expert's gate rows, then its up rows) and `down_proj`."""
+    import torch
+
+    out = {name: value for name, value in weights.items() if ".mlp.experts." not in name}
+    for layer in range(layers):
+        p = f"model.layers.{layer}.mlp.experts."
+        out[p + "gate_up_proj"] = torch.stack([torch.cat([weights[f"{p}{e}.gate_proj.weight"],
+                                                          weights[f"{p}{e}.up_proj.weight"]]) for e in range(experts)])
+        out[p + "down_proj"] = torch.stack([weights[f"{p}{e}.down_proj.weight"] for e in range(experts)])
+    return out
 
 
 def main(argv: list[str]) -> int:

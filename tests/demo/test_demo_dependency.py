@@ -79,11 +79,14 @@ def test_the_upstream_moves_the_pin_late_in_main_after_every_other_case(demo_ups
     assert (pin_at(repo, case.culprit_parent), pin_at(repo, case.culprit.sha)) == (truth.old_pin, truth.new_pin)
     assert (pin_at(repo, case.good_sha), pin_at(repo, case.bad_sha)) == (truth.old_pin, truth.new_pin)
     assert run_git(repo, "diff", "--name-only", case.culprit_parent, case.culprit.sha).split() == ["Dockerfile"]
-    # minivllm enters after every other case's range and fixes: their commits never import it.
+    # minivllm enters after every earlier case's range and fixes: their commits never import it. The
+    # MoE case comes after the dependency's (its recipe runs the engine offline, without the server).
     adoption = run_git(repo, "log", "--format=%H", "-S", "ARG MINIVLLM_TAG", "--reverse", "main").split()[0]
     assert adoption in first_parent(repo, "v0.10.0rc1", case.good_ref)
+    later = [other.name for other in manifest.cases if case.bad_sha in first_parent(repo, "v0.9.0", other.good_sha)]
+    assert later == ["moe-router"]
     for other in manifest.cases:
-        if other.name == "dependency":
+        if other.name == "dependency" or other.name in later:
             continue
         for sha in (other.bad_sha, *(f.sha for f in other.fixes)):
             assert pin_at(repo, sha) is None

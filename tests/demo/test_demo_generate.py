@@ -65,7 +65,7 @@ def first_parent_range(repo: Path, good: str, bad: str) -> list[str]:
 def test_manifest_matches_the_repository(demo_upstream):
     repo, manifest = demo_upstream
     assert {c.name for c in manifest.cases} == {"async-penalty", "rope-longseq", "spec-decode", "presence-penalty",
-                                                "dependency", "accuracy"}
+                                                "dependency", "accuracy", "moe-router"}
     assert manifest.case("accuracy").culprit == manifest.case("rope-longseq").culprit
     for case in manifest.cases:
         candidates = first_parent_range(repo, case.good_ref, case.bad_ref)

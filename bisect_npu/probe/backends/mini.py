@@ -19,23 +19,36 @@ from ..trials import SAMPLING_FIELDS, Stopwatch, TrialCounter, loop_detector, re
 _SERVER_ARGS = ("server", "override_generation_config")
 
 
-# What the demo engine's steps can show, under the names Hugging Face's Qwen3ForCausalLM gives the
-# same modules (its weights carry those names): the attention's input (input_layernorm's output),
-# the attention's output, and the logits.
-_DUMPABLE = {"input_layernorm": "Qwen3RMSNorm", "self_attn": "Qwen3Attention"}
+# What the demo engine's steps can show, under the module and class names Hugging Face's
+# Qwen3ForCausalLM (Qwen3MoeForCausalLM for its MoE variant) gives the same modules (its weights carry
+# those names): the attention's input (input_layernorm's output), the attention's output, the MLP's
+# (a dense layer's, an MoE block's, each expert call's), the router's, and the logits.
+_DENSE_CLASSES = {"input_layernorm": "Qwen3RMSNorm", "self_attn": "Qwen3Attention", "mlp": "Qwen3MLP"}
+_MOE_CLASSES = {"input_layernorm": "Qwen3MoeRMSNorm", "self_attn": "Qwen3MoeAttention", "mlp": "Qwen3MoeMLP",
+                "experts": "Qwen3MoeMLP", "moe": "Qwen3MoeSparseMoeBlock", "gate": "Qwen3MoeTopKRouter"}
+# The model's methods a dump wraps, where its commit has them (the MoE variant came later).
+_WRAPPED = ("forward", "_attention", "_mlp", "_router", "_moe")
 
 
 class MiniDump:
     """Layer dumps of the demo engine, whose model is plain functions over a weight dict (no modules to
-    hook): its `forward` and `_attention` are wrapped on the model object for one trial, each
-    forward call is a step, and tensors get the batch dimension Hugging Face's modules give them."""
+    hook): its `forward`, `_attention` and, where the commit has them, `_mlp`, `_router` and `_moe` are
+    wrapped on the model object for one trial, each forward call is a step, and tensors get the shapes
+    Hugging Face's modules give them (a batch dimension; a router's `[tokens, experts]` as its own).
+    A router is saved as `record` saves one: its logits, routing weights and chosen expert ids, and the
+    hidden states it routed."""
 
     def __init__(self, model: Any, writer: DumpWriter) -> None:
         self.model, self.writer = model, writer
-        self.forward, self.attention = model.forward, model._attention
+        self.wrapped = [name for name in _WRAPPED if hasattr(model, name)]
+        self.classes = _MOE_CLASSES if getattr(model.config, "num_experts", 0) else _DENSE_CLASSES
 
     def __enter__(self) -> MiniDump:
-        writer, forward, attention = self.writer, self.forward, self.attention
+        writer, model, classes = self.writer, self.model, self.classes
+        forward, attention = model.forward, model._attention
+        mlp: Any = getattr(model, "_mlp", None)
+        router: Any = getattr(model, "_router", None)
+        moe: Any = getattr(model, "_moe", None)
 
         def dumped_forward(token_ids: list[int], cache: Any) -> Any:
             writer.begin_step()
@@ -50,14 +63,39 @@ class MiniDump:
             for part, value in (("input_layernorm", h), ("self_attn", out)):
                 name = f"{prefix}{part}"
                 if writer.wanted(name):
-                    writer.save(name, _DUMPABLE[part], value.unsqueeze(0))
+                    writer.save(name, classes[part], value.unsqueeze(0))
             return out
 
-        self.model.forward, self.model._attention = dumped_forward, dumped_attention
+        def dumped_mlp(h: Any, prefix: str, *args: Any, **kwargs: Any) -> Any:
+            out = mlp(h, prefix, *args, **kwargs)
+            name = prefix.rstrip(".")
+            if writer.wanted(name):
+                writer.save(name, classes["experts" if ".experts." in prefix else "mlp"], out.unsqueeze(0))
+            return out
+
+        def dumped_router(h: Any, prefix: str) -> Any:
+            routed = router(h, prefix)
+            name = f"{prefix}mlp.gate"
+            if writer.wanted(name):
+                writer.save(name, classes["gate"], routed, inputs=[h])
+            return routed
+
+        def dumped_moe(h: Any, prefix: str) -> Any:
+            out = moe(h, prefix)
+            name = f"{prefix}mlp"
+            if writer.wanted(name):
+                writer.save(name, classes["moe"], out.unsqueeze(0))
+            return out
+
+        wrappers = {"forward": dumped_forward, "_attention": dumped_attention, "_mlp": dumped_mlp,
+                    "_router": dumped_router, "_moe": dumped_moe}
+        for name in self.wrapped:
+            setattr(model, name, wrappers[name])
         return self
 
     def __exit__(self, *_exc: object) -> None:
-        del self.model.forward, self.model._attention  # the class's methods again
+        for name in self.wrapped:  # the class's methods again
+            delattr(self.model, name)
 
 
 def _prompt(case: dict[str, Any]) -> str:
@@ -79,7 +117,6 @@ class MiniEngine(TrialCounter):
         import tinyvllm
         import torch
         from tinyvllm.engine import LLM
-        from tinyvllm.server import CompletionServer
 
         args = dict((request.get("engine") or {}).get("args") or {})
         self.server_mode = bool(args.pop("server", False)) or "override_generation_config" in args
@@ -87,7 +124,11 @@ class MiniEngine(TrialCounter):
         self.args = args
         model = (request.get("model") or {}).get("path") or "seed:0"
         self.llm = LLM(model, **args)
-        self.server = CompletionServer(self.llm, self.override) if self.server_mode else None
+        self.server: Any = None
+        if self.server_mode:  # imported only here: from its minivllm adoption on, the server needs minivllm
+            from tinyvllm.server import CompletionServer
+
+            self.server = CompletionServer(self.llm, self.override)
         self.versions = {"tinyvllm": str(getattr(tinyvllm, "__version__", "unknown")),
                          "torch": str(torch.__version__), "python": platform.python_version()}
         self.load_s = load.seconds()

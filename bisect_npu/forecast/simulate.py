@@ -38,6 +38,7 @@ from bisect_npu.search import (
     Next,
     Outcome,
     SearchProblem,
+    Weight,
     decide,
     group_ids,
 )
@@ -211,9 +212,9 @@ def simulate_throughput_one(
     reference: list[Observation] = []
     bad_end: list[Observation] = []  # the bad end's runs: where the bad side sits
 
-    def step(i: int) -> tuple[list[Observation], Outcome, float, int]:
-        """Position i's runs until its step stops: (its runs, its verdict, its ratio (0 at the good
-        end, as a session weighs it), its engine starts)."""
+    def step(i: int) -> tuple[list[Observation], Outcome, Weight, int]:
+        """Position i's runs until its step stops: (its runs, its verdict, its weight as a session
+        weighs it (its ratio and node terms over the ends' error; 0 at the good end), its engine starts)."""
         mean = 1.0 - regression.drop if i >= culprit else 1.0
         cap = reference_trials(cfg, regression.trials) if i == 0 else regression.trials
         runs: list[Observation] = []
@@ -224,13 +225,15 @@ def simulate_throughput_one(
             runs += [Observation(case_id="perf", extra={"output_token_throughput": float(v)})
                      for v in rng.normal(mean, regression.spread, wanted)]
         if i == 0:
-            return runs, "good", 0.0, starts
+            return runs, "good", Weight(0.0), starts
         verdict = judge_sequential(cfg, runs, reference, len(runs), cap, against)[0]
         if i == problem.n:
             bad_end[:] = runs
         kind: Outcome = "skip" if verdict.kind == VerdictKind.SKIP else verdict.kind.value  # type: ignore[assignment]
-        llr = float(verdict.figures.get("log_likelihood_ratio", 0.0))
-        return runs, kind, llr, starts
+        nodes = verdict.figures.get("ends_error_nodes") or {"good": [], "bad": []}
+        ratio = float(verdict.figures.get("log_likelihood_ratio", 0.0))
+        weight = Weight(ratio, tuple(nodes["good"]), tuple(nodes["bad"]))
+        return runs, kind, weight, starts
 
     queue: list[int] = [0]  # the good end first: its mean is every step's line
     for _ in range(max_rounds):
@@ -250,10 +253,10 @@ def simulate_throughput_one(
                 evidence[i] = evidence.get(i, Evidence()).add("skip")
                 slowest = max(slowest, cost)
                 continue
-            runs, kind, llr, starts = step(i)
+            runs, kind, weight, starts = step(i)
             if i == 0:
                 reference = runs
-            evidence[i] = evidence.get(i, Evidence()).add(kind).weigh(llr)
+            evidence[i] = evidence.get(i, Evidence()).add(kind).weigh(weight)
             trials += len(runs)
             loads += starts
             slowest = max(slowest, cost + starts * costs.load + len(runs) * costs.run)

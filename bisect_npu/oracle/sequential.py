@@ -9,6 +9,10 @@ once the bad end has run, `log_likelihood_ratio`), with Student's t on a spread 
 ends' runs, so few runs never say more than they hold. The step stops once the ratio is past
 `STEP_BOUND` either way, or at its count; the search (likelihood mode) weighs every step's ratio
 in its posterior and asks a commit again while that is not sure, so the step itself need not be.
+Every step is measured against the same ends, so their means' error is shared: a step's verdict
+also carries its likelihoods given each end's mean at the Gauss-Hermite nodes of that error
+(figure `ends_error_nodes`), and the search integrates the error once over all steps together
+instead of counting it in each step's ratio apart.
 
 The good end's mean is every step's line and its runs are the pooled spread's first degrees of
 freedom: it runs at least `REFERENCE_MIN_TRIALS` and then until the standard error of its mean is
@@ -19,18 +23,23 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
+from dataclasses import dataclass
 from statistics import fmean, stdev
 from typing import Literal
+
+from numpy.polynomial.hermite_e import hermegauss
 
 from bisect_npu.observations import Observation, Verdict, VerdictKind
 from bisect_npu.oracle.throughput import ThroughputConfig, judge_throughput, sample_of, squares
 
-STEP_BOUND = 4.0
+STEP_BOUND = 3.5
 BAD_DROPS = (0.0, 2.0)  # where a bad commit's mean may lie, in gaps under the line
 AT_BAD_END = 0.95  # the bad hypothesis's weight at the bad end's mean, once it has run
 BAD_POINTS = 9
 REFERENCE_MIN_TRIALS = 8
 REFERENCE_PRECISION = 1 / 4
+# Where each end's mean may really lie, in standard errors of it (probabilists' Gauss-Hermite).
+NODES = tuple(float(z) for z in hermegauss(9)[0])
 
 Stop = Literal["sure good", "sure bad", "cap", "nothing measured", "reference known"]
 
@@ -49,6 +58,30 @@ def log_likelihood_ratio(cfg: ThroughputConfig, samples: Sequence[float], refere
     history's bad side sits. Student's t on the samples' mean, the spread pooled with the ends'
     runs and the ends' own errors counted, so a step on few runs never says more than they hold.
     None where no spread is known yet (one run in all)."""
+    terms = step_terms(cfg, samples, reference, bad_end)
+    return None if terms is None else terms.log_lr
+
+
+@dataclass(frozen=True)
+class StepTerms:
+    """A step's ratio, and log P(its samples' mean | the side, that side's end mean at node k)
+    for the Gauss-Hermite nodes `NODES` over each end mean's error (`good`, `bad`): every step
+    is measured against the same ends, so the search integrates their error once over all steps
+    (search.Weight) instead of each step counting it apart."""
+
+    log_lr: float
+    good: tuple[float, ...]
+    bad: tuple[float, ...]
+
+
+def _log_sum(values: Sequence[float]) -> float:
+    top = max(values)
+    return top + math.log(sum(math.exp(v - top) for v in values))
+
+
+def step_terms(cfg: ThroughputConfig, samples: Sequence[float], reference: Sequence[float],
+               bad_end: Sequence[float] = ()) -> StepTerms | None:
+    """The step's ratio (`log_likelihood_ratio`) and its node terms; None where no spread is known."""
     if not samples or not reference:
         return None
     df = len(samples) + len(reference) + len(bad_end) - 2 - (1 if bad_end else 0)
@@ -59,17 +92,28 @@ def log_likelihood_ratio(cfg: ThroughputConfig, samples: Sequence[float], refere
     spread2 = (squares(samples) + squares(reference) + (squares(bad_end) if bad_end else 0.0)) / df
     stderr = math.sqrt(spread2 * (1 / len(samples) + 1 / len(reference)))
     if stderr <= 0:
-        return math.copysign(math.inf, line - mean)
+        llr = math.copysign(math.inf, line - mean)
+        return StepTerms(llr, (), ())
+    own = math.sqrt(spread2 / len(samples))  # the samples' mean's error alone, an end's mean given
+
+    def log_t(at: float, scale: float) -> float:
+        return _t_log_pdf((mean - at) / scale, df) - math.log(scale)
+
     low, high = BAD_DROPS
     bad_means = [line - (good - line) * (low + (high - low) * j / (BAD_POINTS - 1)) for j in range(BAD_POINTS)]
-    logs = [_t_log_pdf((mean - bad) / stderr, df) - math.log(BAD_POINTS) for bad in bad_means]
+    under_line = [log_t(bad, stderr) - math.log(BAD_POINTS) for bad in bad_means]
+    good_nodes = tuple(log_t(good + z * math.sqrt(spread2 / len(reference)), own) for z in NODES)
     if bad_end:
-        logs = [v + math.log(1 - AT_BAD_END) for v in logs]
+        under_line = [v + math.log(1 - AT_BAD_END) for v in under_line]
         at_bad = math.sqrt(spread2 * (1 / len(samples) + 1 / len(bad_end)))
-        logs.append(_t_log_pdf((mean - fmean(bad_end)) / at_bad, df) + math.log(stderr / at_bad) + math.log(AT_BAD_END))
-    top = max(logs)
-    bad_log = top + math.log(sum(math.exp(v - top) for v in logs))
-    return bad_log - _t_log_pdf((mean - good) / stderr, df)
+        bad_llr = _log_sum([*under_line, log_t(fmean(bad_end), at_bad) + math.log(AT_BAD_END)])
+        bad_error = math.sqrt(spread2 / len(bad_end))
+        bad_nodes = tuple(_log_sum([*under_line, log_t(fmean(bad_end) + z * bad_error, own) + math.log(AT_BAD_END)])
+                          for z in NODES)
+    else:
+        bad_llr = _log_sum(under_line)
+        bad_nodes = (bad_llr,) * len(NODES)
+    return StepTerms(bad_llr - log_t(good, stderr), good_nodes, bad_nodes)
 
 
 def judge_sequential(cfg: ThroughputConfig, observations: Sequence[Observation],
@@ -82,15 +126,19 @@ def judge_sequential(cfg: ThroughputConfig, observations: Sequence[Observation],
     samples = [s for s in map(sample_of, observations) if s is not None]
     ref = [s for s in map(sample_of, reference or []) if s is not None]
     bad = [s for s in map(sample_of, bad_end) if s is not None]
-    llr = log_likelihood_ratio(cfg, samples, ref, bad) if cfg.reference == "good_end" else None
-    if verdict.kind == VerdictKind.SKIP or llr is None:
+    terms = step_terms(cfg, samples, ref, bad) if cfg.reference == "good_end" else None
+    if verdict.kind == VerdictKind.SKIP or terms is None:
         stop: Stop | None = None
         if tried >= cap:
             stop = "nothing measured" if verdict.kind == VerdictKind.SKIP else "cap"
         return (said(verdict, stop, tried) if stop else verdict), stop
+    llr = terms.log_lr
     kind = VerdictKind.BAD if llr > 0 else VerdictKind.GOOD
     figures = {k: v for k, v in verdict.figures.items() if k != "not_significant"}
     figures["log_likelihood_ratio"] = round(llr, 4)
+    if terms.good:
+        figures["ends_error_nodes"] = {side: [round(t, 4) for t in side_terms]
+                                       for side, side_terms in (("good", terms.good), ("bad", terms.bad))}
     if abs(llr) >= STEP_BOUND:
         stop = "sure bad" if kind == VerdictKind.BAD else "sure good"
     else:

@@ -3,6 +3,8 @@ stop rules of a candidate and of the good end, and what the verdict says of them
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 from hypothesis import assume, given
 from hypothesis import strategies as st
@@ -14,6 +16,7 @@ from bisect_npu.oracle.sequential import (
     judge_sequential,
     log_likelihood_ratio,
     reference_known,
+    step_terms,
     trials_wanted,
 )
 from bisect_npu.oracle.throughput import ThroughputConfig
@@ -135,3 +138,32 @@ def test_the_bad_ends_runs_place_the_bad_side() -> None:
 
 def _samples(observations: list[Observation]) -> list[float]:
     return [float(o.extra["output_token_throughput"]) for o in observations]
+
+
+def _integrated(terms: tuple[float, ...]) -> float:
+    """log of the node terms' mean under the standard normal's Gauss-Hermite weights."""
+    from numpy.polynomial.hermite_e import hermegauss
+
+    weights = hermegauss(len(terms))[1]
+    return float(np.log(np.sum(weights / weights.sum() * np.exp(np.array(terms)))))
+
+
+def test_a_steps_node_terms_are_its_ratio_given_the_ends_means() -> None:
+    """The node terms condition on where each end's mean really lies: the good side's are highest
+    at the node nearest the step's mean, and integrated over the ends' error they say what the
+    step's ratio says."""
+    reference, bad_end = [1000.0, 1020.0, 985.0, 1010.0], [930.0, 925.0]
+    terms = step_terms(CFG, [1030.0], reference, bad_end)
+    assert terms is not None and len(terms.good) == len(terms.bad) == 9
+    assert int(np.argmax(terms.good)) == 8  # a run over the good end's mean: its mean may be higher
+    assert int(np.argmax(step_terms(CFG, [940.0], reference, bad_end).bad)) > 4  # type: ignore[union-attr]
+    for value in (1003.0, 975.0, 960.0, 935.0):
+        terms = step_terms(CFG, [value], reference, bad_end)
+        assert terms is not None
+        integrated = _integrated(terms.bad) - _integrated(terms.good)
+        assert math.copysign(1, integrated) == math.copysign(1, terms.log_lr)
+        assert abs(integrated - terms.log_lr) < 0.3 * abs(terms.log_lr) + 0.5
+    verdict, _ = judge_sequential(CFG, _runs([1003.0]), _runs(reference), tried=1, cap=5, bad_end=_runs(bad_end))
+    assert verdict.figures["ends_error_nodes"]["good"] == [round(t, 4) for t in step_terms(  # type: ignore[union-attr]
+        CFG, [1003.0], reference, bad_end).good]
+

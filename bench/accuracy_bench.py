@@ -190,7 +190,7 @@ def run_ours(s: Scenario, case: Case, focused: bool, cfg: AccuracyConfig, earlie
     scenario's `repeats`)."""
     everything = list(range(s.samples))
     ends: dict[str, list[Observation]] = {}
-    stepped: set[int] = set()
+    ran: dict[int, set[str]] = {}  # the samples each candidate's steps ran (a step asked again runs others)
     repeats = cfg.repeats
     spent = harness_runs = 0
 
@@ -200,9 +200,10 @@ def run_ours(s: Scenario, case: Case, focused: bool, cfg: AccuracyConfig, earlie
         nonlocal spent, harness_runs
         role: Role = "good_end" if position == 0 else "bad_end" if position == s.n else "candidate"
         plan: list[list[str] | None] = [None] * cfg.max_rounds
-        if role == "candidate" and focused and position not in stepped:
-            plan = round_plan(cfg, ends["good"][0].samples or [], ends["bad"][0].samples or [], str(position))
-        stepped.add(position)
+        if role == "candidate" and focused:
+            plan = round_plan(cfg, ends["good"][0].samples or [], ends["bad"][0].samples or [], str(position),
+                              ran.get(position, set()))
+        seen = ran.setdefault(position, set())
         rounds: list[Observation] = []
         if earlier and role != "candidate":
             given = observation(outcomes(everything, case.runs(position, everything, s.repeats), s.repeats))
@@ -220,6 +221,7 @@ def run_ours(s: Scenario, case: Case, focused: bool, cfg: AccuracyConfig, earlie
             spent += len(ids) * repeats
             harness_runs += 1
             rounds.append(observation(outcomes(ids, case.runs(position, ids, repeats), repeats)))
+            seen.update(str(i) for i in ids)
             v = judge_accuracy(cfg, rounds, ends.get("good"), ends.get("bad"), role=role,
                                final=number == len(plan) - 1)
             if not v.figures.get("more_rounds"):

@@ -80,3 +80,23 @@ def test_a_control_set_too_small_to_flag_anything_is_not_run() -> None:
     enough = AccuracyConfig(focus=FocusConfig(control=9))
     controls = [i for i in (round_plan(enough, good, bad, "abc")[-2] or []) if i not in discordant_ids(good, bad)]
     assert len(controls) == 9
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.integers(4, 40), st.integers(0, 200), st.data())
+def test_a_commit_asked_again_plans_none_of_the_samples_it_ran(discordant: int, agreeing: int,
+                                                               data: st.DataObject) -> None:
+    """The samples an earlier step of the commit ran are left out of every focused round; once
+    fewer than min_discordant discordant samples are left, the whole dataset runs."""
+    good, bad = ends(discordant, agreeing)
+    cfg = AccuracyConfig(focus=FocusConfig(batch=4, control=0.2))
+    ran = set(data.draw(st.lists(st.sampled_from([s.id for s in good]), unique=True)))
+    plan = round_plan(cfg, good, bad, "c0ffee", ran)
+    left = [i for i in discordant_ids(good, bad) if i not in ran]
+    if len(left) < cfg.focus.min_discordant:
+        assert plan == [None] * cfg.max_rounds
+        return
+    focused = [i for r in plan if r is not None for i in r]
+    assert not set(focused) & ran
+    assert [i for i in (plan[0] or []) if i in left] == left[:4]  # the most telling of those left first
+    assert plan[-1] is None

@@ -122,5 +122,5 @@ def test_served_fresh_draws_name_the_right_culprit(tmp_path: Path, commits: int,
     first: dict[int, dict] = {}
     for e in steps:
         first.setdefault(e["index"], e)
-    # A candidate's first step runs a focused round (a commit the search asks again runs the whole set).
+    # A candidate's first step runs a focused round (asked again, it runs the focused samples it has not).
     assert all(e["verdict"]["figures"]["samples_run"] < 200 for i, e in first.items() if i not in (0, commits - 1))

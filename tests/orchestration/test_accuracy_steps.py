@@ -66,13 +66,31 @@ def test_a_resumed_step_reuses_its_journaled_rounds(tmp_path: Path) -> None:
     assert rerun == records
 
 
-def test_a_commit_asked_again_runs_the_whole_dataset(tmp_path: Path) -> None:
+def test_a_commit_asked_again_runs_the_discordant_samples_it_has_not_run(tmp_path: Path) -> None:
+    """A second step at one commit must not repeat the first one's samples: their rates there are
+    what the first step already counted."""
     steps = steps_with_ends(tmp_path)
-    steps.step("cand", "candidate", (), Harness(tmp_path, GOOD), 0, load_from(tmp_path))
+    first = Harness(tmp_path, GOOD)
+    steps.step("cand", "candidate", (), first, 0, load_from(tmp_path))
     harness = Harness(tmp_path, GOOD)
-    records, _ = steps.step("cand", "candidate", (), harness, 5, load_from(tmp_path))
-    assert len(harness.asked[0]) == 50
-    assert records[0].trial == 5
+    records, verdict = steps.step("cand", "candidate", (), harness, 5, load_from(tmp_path))
+    ran_first = {i for ids in first.asked for i in ids}
+    assert not set(harness.asked[0]) & ran_first
+    assert {i for i in harness.asked[0] if i in {f"q{k}" for k in range(10)}} == {"q4", "q5", "q6", "q7"}
+    assert verdict.kind == VerdictKind.GOOD and records[0].trial == 5
+    other = Harness(tmp_path, GOOD)
+    steps.step("other", "candidate", (), other, 9, load_from(tmp_path))
+    assert set(other.asked[0]) & ran_first  # another commit starts from the most telling samples
+
+
+def test_a_commit_whose_discordant_samples_all_ran_runs_the_whole_dataset(tmp_path: Path) -> None:
+    steps = steps_with_ends(tmp_path)
+    asked: list[list[str]] = []
+    for number in range(3):
+        harness = Harness(tmp_path, GOOD)
+        steps.step("cand", "candidate", (), harness, 10 * number, load_from(tmp_path))
+        asked.append(harness.asked[0])
+    assert [len(ids) == 50 for ids in asked] == [False, False, True]  # 2 of 10 discordant left: below 4
 
 
 def test_a_round_that_wrote_nothing_skips_the_step(tmp_path: Path) -> None:

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import hashlib
 import math
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 
 from bisect_npu.observations import SampleOutcome
 from bisect_npu.oracle.accuracy.stats import JointPrior, fit_joint, side_rates
@@ -51,13 +51,14 @@ def smallest_control(cfg: AccuracyConfig) -> int:
 
 
 def control_ids(cfg: AccuracyConfig, good: Sequence[SampleOutcome], bad: Sequence[SampleOutcome],
-                commit: str) -> list[str]:
-    """The control set: agreeing samples in the commit's own random order; none when the set
-    ``focus.control`` asks for is too small ever to flag a candidate (`smallest_control`): such
-    a set costs runs and cannot tell anything, and its few rates only blur the candidate's."""
+                commit: str, ran: Collection[str] = ()) -> list[str]:
+    """The control set: agreeing samples (none of those in `ran`) in the commit's own random
+    order; none when the set ``focus.control`` asks for is too small ever to flag a candidate
+    (`smallest_control`): such a set costs runs and cannot tell anything, and its few rates only
+    blur the candidate's."""
     discordant = set(discordant_ids(good, bad))
     shared = {s.id for s in bad}
-    agreeing = [s.id for s in good if s.id in shared and s.id not in discordant]
+    agreeing = [s.id for s in good if s.id in shared and s.id not in discordant and s.id not in ran]
     count = cfg.focus.control_count(len(agreeing))
     if count < smallest_control(cfg):
         return []
@@ -65,20 +66,20 @@ def control_ids(cfg: AccuracyConfig, good: Sequence[SampleOutcome], bad: Sequenc
 
 
 def focus_ids(cfg: AccuracyConfig, good: Sequence[SampleOutcome], bad: Sequence[SampleOutcome],
-              commit: str) -> list[str] | None:
+              commit: str, ran: Collection[str] = ()) -> list[str] | None:
     """Every id a focused candidate may run (discordant, most telling first, then the control
-    set), or None for the whole dataset: focusing off, or fewer discordant samples than
-    ``focus.min_discordant`` (too few to decide)."""
+    set; none of those in `ran`), or None for the whole dataset: focusing off, or fewer
+    discordant samples left than ``focus.min_discordant`` (too few to decide)."""
     if not cfg.focus.enabled:
         return None
-    discordant = discordant_ids(good, bad)
+    discordant = [i for i in discordant_ids(good, bad) if i not in ran]
     if len(discordant) < cfg.focus.min_discordant:
         return None
-    return [*discordant, *control_ids(cfg, good, bad, commit)]
+    return [*discordant, *control_ids(cfg, good, bad, commit, ran)]
 
 
 def round_plan(cfg: AccuracyConfig, good: Sequence[SampleOutcome], bad: Sequence[SampleOutcome],
-               commit: str) -> list[list[str] | None]:
+               commit: str, ran: Collection[str] = ()) -> list[list[str] | None]:
     """The samples of each round a candidate may run, in order (None: the whole dataset); the
     caller runs rounds until the verdict is clear or the plan ends.
 
@@ -87,11 +88,16 @@ def round_plan(cfg: AccuracyConfig, good: Sequence[SampleOutcome], bad: Sequence
     one soon runs the rest), the control set riding along in proportion; then the whole focus
     set again (``max_rounds`` - 1 times: a sampled evaluation's rates sharpen with repeats);
     then, as the fallback, the whole dataset once. Unfocused: the whole dataset ``max_rounds``
-    times."""
-    focused = focus_ids(cfg, good, bad, commit)
+    times.
+
+    `ran`: the samples an earlier step of this commit ran (the search asked it again). They are
+    left out, so the new step's evidence is independent of the earlier one's given the side: a
+    sample run again at one commit repeats what its rate there already said, and counting it
+    twice would count that rate twice."""
+    focused = focus_ids(cfg, good, bad, commit, ran)
     if focused is None:
         return [None] * cfg.max_rounds
-    discordant = discordant_ids(good, bad)
+    discordant = [i for i in discordant_ids(good, bad) if i not in ran]
     control = focused[len(discordant):]
     plan: list[list[str] | None] = []
     size = float(cfg.focus.batch or len(discordant))

@@ -31,22 +31,24 @@ RunRound = Callable[[int, Sequence[str] | None], TrialRun]
 
 @dataclass
 class AccuracySteps:
-    """The ends' observations (the reference) and the commits stepped already, for one session."""
+    """The ends' observations (the reference) and the samples each commit's steps ran, for one
+    session."""
 
     recipe: Recipe
     good_end: list[Observation] | None = None
     bad_end: list[Observation] | None = None
-    stepped: set[str] = field(default_factory=set)
+    ran: dict[str, set[str]] = field(default_factory=dict)
 
     def plan(self, commit: str, role: Role) -> list[list[str] | None]:
-        """The rounds this step may run. A commit stepped before (the search asks again: its first
-        step was not decisive) runs the whole dataset: the fallback to more samples."""
+        """The rounds this step may run. A commit stepped before (the search asks again: it wants
+        more evidence there) runs the focused samples its earlier steps did not, the whole dataset
+        once those are too few (the fallback to more samples)."""
         spec = self.recipe.accuracy
         assert spec is not None
         good, bad = samples_of(self.good_end or []), samples_of(self.bad_end or [])
-        if role != "candidate" or commit in self.stepped or not good or not bad:
+        if role != "candidate" or not good or not bad:
             return [None] * spec.max_rounds
-        return round_plan(spec, good, bad, commit)
+        return round_plan(spec, good, bad, commit, self.ran.get(commit, ()))
 
     def judge(self, observations: list[Observation], role: Role, final: bool) -> Verdict:
         spec = self.recipe.accuracy
@@ -57,7 +59,7 @@ class AccuracySteps:
              load: Callable[[str], Observation]) -> tuple[list[TrialRun], Verdict]:
         """Rounds (the journaled `done` first) until the verdict is clear or the plan ends."""
         plan = self.plan(commit, role)
-        self.stepped.add(commit)
+        ran = self.ran.setdefault(commit, set())
         records: list[TrialRun] = []
         observations: list[Observation] = []
         verdict = Verdict(kind=VerdictKind.SKIP, reason="no round ran", trials=0)
@@ -70,6 +72,7 @@ class AccuracySteps:
                 return records, Verdict(kind=VerdictKind.SKIP, reason=record.reason or "the round wrote no "
                                         "observation", trials=len(records))
             observations.append(load(record.observation))
+            ran.update(s.id for s in observations[-1].samples or [])
             verdict = self.judge(observations, role, final=number == len(plan) - 1)
             if not verdict.figures.get("more_rounds"):
                 break

@@ -1,11 +1,11 @@
 """A settings search's candidates: the configurations at one commit, each the good variant with
-some keys at their bad value. What the search asks of its space lives here: a configuration's
-settings and recipe, how it is labelled, its step directory and record keys (its recipe digest),
-and its run: the verdict store's verdict where it holds one, else its run at the reference commit
-first where there is one, then its run at the commit through `candidate.run_candidate`, as the
-commit search runs a commit (every trial and failed attempt journaled, the retry budget a resume
-goes on with); a configuration the host's failures left unjudged is journaled with why
-(`host_failure`), and a later process runs it again.
+some keys at their bad value. What the session engine asks of this space for each lives here: a
+configuration's settings and recipe, how it is labelled, its step directory and record keys (its
+recipe digest), and what settles it before its run (not judged good at the reference commit, where
+there is one: skipped). The engine judges it (`engine.judge`) as it judges a commit: the verdict
+store first, every trial and failed attempt journaled, the retry budget a resume goes on with; a
+configuration the host's failures left unjudged is journaled with why (`host_failure`), and a
+later process runs it again.
 """
 
 from __future__ import annotations

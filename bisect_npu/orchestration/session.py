@@ -275,9 +275,6 @@ class Session:
     def confirm(self, answer: Answer) -> bool:
         return self.verdicts is not None and self.verdicts.confirm(search.rests_on(answer, self.n), self._run_fresh)
 
-    def finish(self, answer: Answer) -> SessionResult:
-        return self._finish(answer)
-
     def stop_runs(self) -> None:
         self.evaluator.executor.close()
 
@@ -364,7 +361,8 @@ class Session:
 
     # -- the end --------------------------------------------------------------------------------
 
-    def _finish(self, decision: Answer) -> SessionResult:
+    def finish(self, decision: Answer) -> SessionResult:
+        """Journal how the search ended (its `end` record) and say it."""
         steps = len(self.state.steps())
         if isinstance(decision, search.Found):
             culprit = self.commit_at(decision.index)

@@ -1,17 +1,16 @@
 """A settings search's candidates: the configurations at one commit, each the good variant with
-some keys at their bad value. What the search asks of its space lives here: a configuration's
-settings and recipe, how it is labelled, its step directory and record keys (its recipe digest),
-and its run: the verdict store's verdict where it holds one, else its run at the reference commit
-first where there is one, then its run at the commit through `candidate.run_candidate`, as the
-commit search runs a commit (every trial and failed attempt journaled, the retry budget a resume
-goes on with); a configuration the host's failures left unjudged is journaled with why
-(`host_failure`), and a later process runs it again.
+some keys at their bad value. What the session engine asks of this space for each lives here: a
+configuration's settings and recipe, how it is labelled, its step directory and record keys (its
+recipe digest), and what settles it before its run (not judged good at the reference commit, where
+there is one: skipped). The engine judges it (`engine.judge`) as it judges a commit: the verdict
+store first, every trial and failed attempt journaled, the retry budget a resume goes on with; a
+configuration the host's failures left unjudged is journaled with why (`host_failure`), and a
+later process runs it again.
 """
 
 from __future__ import annotations
 
 import threading
-from collections.abc import Sequence
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -21,16 +20,15 @@ from bisect_npu.execute.docker import DockerExecutor
 from bisect_npu.execute.host import recipe_for_host
 from bisect_npu.execute.local import LocalExecutor
 from bisect_npu.observations import Observation, Verdict, VerdictKind
+from bisect_npu.orchestration import engine
 from bisect_npu.orchestration.opening.configuration_state import ConfigurationState
 from bisect_npu.orchestration.opening.environments import make_environment
 from bisect_npu.orchestration.opening.session_spec import SessionSpec
-from bisect_npu.orchestration.opening.verdict_reuse import Reused, SessionVerdicts, VerdictReuse, open_verdict_reuse
-from bisect_npu.orchestration.running.candidate import CandidateJournal, CandidateRun, run_candidate
+from bisect_npu.orchestration.opening.verdict_reuse import SessionVerdicts, VerdictReuse, open_verdict_reuse
 from bisect_npu.orchestration.running.evaluate import EvaluationRequest, Evaluator
 from bisect_npu.progress import Progress
 from bisect_npu.recipe.schema import Recipe
 from bisect_npu.recipe.settings import Difference, apply, show
-from bisect_npu.records import BuildInfo, RetryRun, TrialRun
 from bisect_npu.search.ddmin import Configuration
 from bisect_npu.settings_journal import (
     ConfigurationRecord,
@@ -101,62 +99,67 @@ class Configurations:
 
     def run(self, configuration: Configuration, trials: int, as_reference: bool = False,
             extra: dict[str, Any] | None = None) -> ConfigurationRecord:
-        """Judge a configuration (`extra`: a further --vary value in place of a trigger key's bad
-        value) and journal its record: the verdict store's verdict, else its run (`as_reference`:
-        the good variant whose runs are every configuration's reference)."""
+        """Judge a configuration (`engine.judge`; `extra`: a further --vary value in place of a
+        trigger key's bad value) and journal its record: the verdict store's verdict, else its
+        run (`as_reference`: the good variant whose runs are every configuration's reference)."""
         recipe = self.recipe_of(configuration, extra)
         digest = recipe.digest()
         check = ", ".join(f"{k}={show(v)}" for k, v in (extra or {}).items()) or None
         settings = {**self.settings_of(configuration), **(extra or {})}
-        noisy = self.noisy
-        commit = self.header.commit
-        build_key = self.base.builder.build_key(commit) or ""
+        keys, commit, noisy = sorted(configuration), self.header.commit, self.noisy
+        label = f"configuration {self.label(configuration, check)}"
         verdicts = self.verdicts if not as_reference else None  # the reference's runs are always run, never kept
         if verdicts is not None:
             self._open_scope(recipe)
-            reused: list[ConfigurationRecord] = []
+        at_reference: list[Observation] = []  # the configuration's observations at the reference commit
+        ran: list[bool] = []
 
-            def journal(stored: Reused) -> None:
-                reused.append(ConfigurationRecord(
-                    configuration=sorted(configuration), digest=digest, settings=settings,
-                    build=BuildInfo(how="stored", key=build_key or None), verdict=stored.verdict,
-                    stored=stored.stored, value_check=check))
-                self.append(reused[-1])
+        def record(judged: engine.Judgement) -> ConfigurationRecord:
+            return ConfigurationRecord(configuration=keys, digest=digest, settings=settings, value_check=check,
+                                       **vars(judged))
 
-            if (stored := verdicts.recall(digest, commit, build_key, journal)) is not None:
-                self.progress.note(f"configuration {self.label(configuration, check)}: {stored.verdict.reason}")
-                return reused[-1]
-        evaluator = self._evaluator(Path("configurations") / digest, recipe)
-        evaluator.reference = self.base.reference
-        if self.reference_commit and not as_reference:
+        def settled() -> engine.Judgement | None:
+            """Where a reference commit is asked, the configuration there first: not judged good
+            there, it is skipped here."""
+            if not self.reference_commit or as_reference:
+                return None
             reference = self._reference_run(configuration, recipe, check)
             if reference.verdict.kind != VerdictKind.GOOD:
-                record = ConfigurationRecord(
-                    configuration=sorted(configuration), digest=digest, settings=settings, build=reference.build,
-                    verdict=Verdict(kind=VerdictKind.SKIP, trials=0, reason=(
-                        f"{reference.verdict.kind.value} at the reference commit {self.reference_label()}: "
-                        f"{reference.verdict.reason}")), value_check=check, host_failure=reference.host_failure)
-                self.append(record)
-                self.progress.note(f"configuration {self.label(configuration, check)}: {record.verdict.reason}")
-                return record
-            evaluator.reference = [Observation.load(self.base.abs(t.observation)) for t in reference.trials
-                                   if t.observation]
-        pending = self.state.pending_trials(digest) if not noisy else []
-        self.progress.note(f"configuration {self.label(configuration, check)}: running {trials} trial(s)")
-        run = self._evaluate(evaluator, configuration, digest, check, reference=False, commit=commit,
-                             trials=trials if noisy else recipe.trials.count, done=pending, judge_each=noisy,
-                             first_trial=self.state.next_trial(digest) if noisy else 0, as_reference=as_reference)
-        result, host_failure = run.result, run.host_failure
-        record = ConfigurationRecord(configuration=sorted(configuration), digest=digest, settings=settings,
-                                     build=result.build, verdict=result.verdict, trials=result.trials,
-                                     seconds=result.seconds, value_check=check, retries=run.retries,
-                                     host_failure=host_failure)
-        self.append(record)
-        self.progress.note(f"configuration {self.label(configuration, check)}: {result.verdict.kind.value} "
-                           f"({result.verdict.reason})")
-        if verdicts is not None and host_failure is None:
-            verdicts.keep(digest, commit, build_key, result.verdict)
-        return record
+                return engine.Judgement(Verdict(kind=VerdictKind.SKIP, trials=0, reason=(
+                    f"{reference.verdict.kind.value} at the reference commit {self.reference_label()}: "
+                    f"{reference.verdict.reason}")), reference.build, host_failure=reference.host_failure)
+            at_reference.extend(Observation.load(self.base.abs(t.observation)) for t in reference.trials
+                                if t.observation)
+            return None
+
+        def started() -> None:
+            ran.append(True)
+            self.progress.note(f"{label}: running {trials} trial(s)")
+
+        def evaluation() -> tuple[Evaluator, EvaluationRequest]:
+            evaluator = self._evaluator(Path("configurations") / digest, recipe)
+            evaluator.reference = at_reference if self.reference_commit and not as_reference else self.base.reference
+            pending = self.state.pending_trials(digest) if not noisy else []
+            return evaluator, EvaluationRequest(commit, trials if noisy else recipe.trials.count, tuple(pending),
+                                                judge_each=noisy, first_trial=self.state.next_trial(digest)
+                                                if noisy else 0, as_reference=as_reference)
+
+        def said(entry: SettingsEntry) -> None:
+            if isinstance(entry, ConfigurationRecord):
+                verdict = entry.verdict
+                self.progress.note(f"{label}: {verdict.kind.value} ({verdict.reason})" if ran
+                                   else f"{label}: {verdict.reason}")
+
+        judged = engine.judge(engine.Candidate[str, SettingsEntry](
+            key=digest, commit=commit, build_key=self.base.builder.build_key(commit) or "", label=label,
+            evaluation=evaluation, retried=self.state.pending_retries(digest),
+            trial=lambda run: ConfigurationTrial(configuration=keys, digest=digest, **run.model_dump()),
+            retry=lambda retry: ConfigurationRetry(configuration=keys, digest=digest, reference=False,
+                                                   **retry.model_dump()),
+            record=record,
+            settled=settled, started=started, said=said), self.append, self.progress, verdicts)
+        assert isinstance(judged, ConfigurationRecord)
+        return judged
 
     def _evaluator(self, step: Path, recipe: Recipe) -> Evaluator:
         """A configuration's evaluator: the shared build, its own executor and step directory, and
@@ -168,49 +171,35 @@ class Configurations:
         evaluator.retry = replace(evaluator.retry, host=self.base.retry.host)  # one record of the host for all
         return evaluator
 
-    def _evaluate(self, evaluator: Evaluator, configuration: Configuration, digest: str, check: str | None, *,
-                  reference: bool, commit: str, trials: int, done: Sequence[TrialRun], judge_each: bool = False,
-                  first_trial: int = 0, as_reference: bool = False) -> CandidateRun:
-        """Run one configuration (at `commit`; at the reference commit where `reference`) as the
-        commit search runs a commit (`candidate.run_candidate`), its trials and failed attempts
-        journaled under its keys."""
-        keys = sorted(configuration)
-
-        def on_trial(run: TrialRun) -> None:
-            made = ReferenceTrial if reference else ConfigurationTrial
-            self.append(made(configuration=keys, digest=digest, **run.model_dump()))
-
-        def on_retry(retry: RetryRun) -> None:
-            self.append(ConfigurationRetry(configuration=keys, digest=digest, reference=reference,
-                                                   **retry.model_dump()))
-
-        journal = CandidateJournal(f"configuration {self.label(configuration, check)}", on_trial, on_retry,
-                                   self.state.pending_retries(digest, reference=reference))
-        return run_candidate(evaluator, EvaluationRequest(commit, trials, tuple(done), judge_each=judge_each,
-                                                          first_trial=first_trial, as_reference=as_reference),
-                             journal, self.progress)
-
     def _reference_run(self, configuration: Configuration, recipe: Recipe, check: str | None) -> ReferenceRecord:
-        """The configuration at the reference commit: journaled once (an interrupted run's trials
-        kept), so neither the rest of the search nor a resumed one runs it again (unless the host's
-        failures left it unjudged before this process: then it runs again)."""
-        assert self.reference_commit is not None
+        """The configuration at the reference commit (`engine.judge`, never asked of the store):
+        journaled once (an interrupted run's trials kept), so neither the rest of the search nor a
+        resumed one runs it again (unless the host's failures left it unjudged before this
+        process: then it runs again)."""
+        reference_commit = self.reference_commit
+        assert reference_commit is not None
         digest = recipe.digest()
         done = self.state.reference_record(digest)
         if done is not None:
             return done
+        keys, label = sorted(configuration), f"configuration {self.label(configuration, check)}"
         pending = self.state.pending_trials(digest, reference=True)
-        evaluator = self._evaluator(Path("references") / digest, recipe)
-        label = self.label(configuration, check)
-        self.progress.note(f"configuration {label} at the reference commit {self.reference_label()}: running "
-                           f"{recipe.trials.count} trial(s)")
-        run = self._evaluate(evaluator, configuration, digest, check, reference=True, commit=self.reference_commit,
-                             trials=recipe.trials.count, done=pending, as_reference=True)
-        record = ReferenceRecord(configuration=sorted(configuration), digest=digest, commit=self.reference_commit,
-                                 build=run.result.build, verdict=run.result.verdict, trials=run.result.trials,
-                                 seconds=run.result.seconds, retries=run.retries, host_failure=run.host_failure)
-        self.append(record)
-        return record
+        judged = engine.judge(engine.Candidate[str, SettingsEntry](
+            key=digest, commit=reference_commit, build_key="", label=label,
+            evaluation=lambda: (self._evaluator(Path("references") / digest, recipe), EvaluationRequest(
+                reference_commit, recipe.trials.count, tuple(pending), as_reference=True)),
+            retried=self.state.pending_retries(digest, reference=True),
+            trial=lambda run: ReferenceTrial(configuration=keys, digest=digest, **run.model_dump()),
+            retry=lambda retry: ConfigurationRetry(configuration=keys, digest=digest, reference=True,
+                                                   **retry.model_dump()),
+            record=lambda judged: ReferenceRecord(  # never the store's: no `stored`
+                configuration=keys, digest=digest, commit=reference_commit, build=judged.build,
+                verdict=judged.verdict, trials=judged.trials, seconds=judged.seconds, retries=judged.retries,
+                host_failure=judged.host_failure),
+            started=lambda: self.progress.note(f"{label} at the reference commit {self.reference_label()}: running "
+                                               f"{recipe.trials.count} trial(s)")), self.append, self.progress, None)
+        assert isinstance(judged, ReferenceRecord)
+        return judged
 
     def _executor_for(self, recipe: Recipe) -> Executor:
         """The base executor where the configuration's environment is the recipe's; else one with

@@ -1,9 +1,11 @@
 """A bisection session: the search over one level's candidates (releases or commits), their
 evaluation, and the journal of both.
 
-The loop lives here: decide, run the round, journal. `opening/open_session.py` starts a session or reopens one
-from its journal, `state` keeps what the journal says as it grows, `slots` runs a round over the
-slots, `reference` keeps what the oracle compares with, `verdict_reuse` is the verdict store's part
+A session is the session engine (engine.py: the loop, and how a candidate is judged and journaled)
+over this space: its decide function (`search.decide`, the likelihood search among its modes), a
+position's commit, label, trials and records. `opening/open_session.py` starts a session or reopens
+one from its journal, `state` keeps what the journal says as it grows, `reference` keeps what the
+oracle compares with, `verdict_reuse` is the verdict store's part
 (what it recalls, keeps and confirms), `end_messages` says how it ended; `bisection` runs the sessions of
 a bisection's levels and its fix stage. The journal is the only state that outlives a process: a
 session killed at any moment resumes from it without redoing a finished step or trial.
@@ -15,6 +17,7 @@ import functools
 import itertools
 import math
 import threading
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Literal
 
@@ -29,6 +32,7 @@ from bisect_npu.execute.inprocess import Oracle
 from bisect_npu.journal import DEFAULT_ROOT, Journal
 from bisect_npu.level import scope_of
 from bisect_npu.observations import Verdict, VerdictKind
+from bisect_npu.orchestration import engine
 from bisect_npu.orchestration.costs import measured_costs, told_costs
 from bisect_npu.orchestration.ending import end_messages
 from bisect_npu.orchestration.ending.result import EXIT_CODES, EXIT_ENDS_WRONG, EXIT_FOUND, EXIT_NARROWED, SessionResult
@@ -36,22 +40,20 @@ from bisect_npu.orchestration.opening.open_session import Opened, open_journal, 
 from bisect_npu.orchestration.opening.reference import References, step_trials
 from bisect_npu.orchestration.opening.session_spec import SessionSpec, earlier_runs_for_search, earlier_runs_spec
 from bisect_npu.orchestration.opening.state import SessionState, accuracy_weight
-from bisect_npu.orchestration.opening.verdict_reuse import Reused, SessionVerdicts, VerdictReuse
-from bisect_npu.orchestration.running.candidate import CandidateJournal, run_candidate
-from bisect_npu.orchestration.running.evaluate import EvaluationRequest, Evaluator, StepResult, until_sure
-from bisect_npu.orchestration.running.slots import first_trials, run_in_slots
+from bisect_npu.orchestration.opening.verdict_reuse import SessionVerdicts, VerdictReuse
+from bisect_npu.orchestration.running.evaluate import EvaluationRequest, Evaluator, until_sure
 from bisect_npu.progress import Progress
 from bisect_npu.recipe.schema import Recipe
 from bisect_npu.records import (
-    BuildInfo,
     EndRecord,
     JournalRecord,
     RetryRecord,
-    RetryRun,
     StepRecord,
     TrialRecord,
     TrialRun,
 )
+
+Answer = search.Found | search.Narrowed | search.EndsWrong  # what the commit search ends with
 
 END_OUTPUT_LINES = 10  # what an end judged wrong shows of its run's output
 
@@ -66,6 +68,18 @@ def search_mode_for(recipe: Recipe | None, asked: Literal["exact", "noisy"] | No
     if asked:
         return asked
     return recipe.trials.mode if recipe else "exact"
+
+
+def first_trials(queries: Sequence[search.Query], next_trial: Callable[[int], int]) -> list[int]:
+    """Each query's first trial number, handed out before a round runs over the slots: a noisy
+    round may put several slots on one commit, which must never share a trial number (a seed)."""
+    firsts: list[int] = []
+    following: dict[int, int] = {}
+    for query in queries:
+        first = following.get(query.index, next_trial(query.index))
+        firsts.append(first)
+        following[query.index] = first + query.trials
+    return firsts
 
 
 class Session:
@@ -230,27 +244,39 @@ class Session:
 
     def bisect(self) -> SessionResult:
         """Search until the culprit is found, narrowed down or an end is judged wrong, and journal
-        how it ended; a session that ended already answers from its journal."""
+        how it ended; a session that ended already answers from its journal (`engine.drive`)."""
+        space: engine.CandidateSpace[search.Query, Answer, SessionResult] = self
+        return engine.drive(space)
+
+    # -- the space the engine asks ----------------------------------------------------------------
+
+    def answered(self) -> SessionResult | None:
         ended = self.ended()
-        if ended is not None:
-            return self._result_from_end(ended)
+        return self._result_from_end(ended) if ended is not None else None
+
+    def open(self) -> None:
+        """The verdict store's verdicts of every position not judged yet, before the first decision."""
         if self.verdicts is not None:
             judged = self.state.judged()
             self.verdicts.recall_all([index for index in range(self.n + 1) if index not in judged],
-                                     lambda index: self._reuse(index, self.commit_at(index)))
-        while True:
-            interrupts.raise_if_received()
-            problem = self.problem()
-            decision = search.decide(problem, self.evidence())
-            if not isinstance(decision, search.Next):
-                if self.verdicts is not None and self.verdicts.confirm(search.rests_on(decision, self.n),
-                                                                        self._run_fresh):
-                    continue
-                break
-            self._told = told_costs(problem)
-            self._prefetch_next(problem, decision.queries)
-            self._run_queries(decision.queries)
-        return self._finish(decision)
+                                     lambda index: engine.recall(self._candidate(search.Query(index, 1)), self.append,
+                                                                 self.verdicts) is not None)
+
+    def decide(self) -> engine.Round[search.Query] | Answer:
+        problem = self.problem()
+        decision = search.decide(problem, self.evidence())
+        if not isinstance(decision, search.Next):
+            return decision
+        self._told = told_costs(problem)
+        self._prefetch_next(problem, decision.queries)
+        first, rest = self.references.first(decision.queries)
+        return engine.Round(rest, alone=first, firsts=functools.partial(first_trials, next_trial=self.state.next_trial))
+
+    def confirm(self, answer: Answer) -> bool:
+        return self.verdicts is not None and self.verdicts.confirm(search.rests_on(answer, self.n), self._run_fresh)
+
+    def stop_runs(self) -> None:
+        self.evaluator.executor.close()
 
     def _prefetch_next(self, problem: search.SearchProblem, queries: tuple[search.Query, ...]) -> None:
         """Start building what the search will ask next, whatever verdicts these queries get."""
@@ -263,87 +289,70 @@ class Session:
         builder = self.evaluator.builder
         return builder.seconds_saved() if isinstance(builder, Prefetcher) else None
 
-    def _run_queries(self, queries: tuple[search.Query, ...]) -> None:
-        first, rest = self.references.first(queries)
-        if first is not None:
-            self._run_query(first)
-        run_in_slots(rest, self.slots, self._run_query, self.evaluator.executor.close,
-                     functools.partial(first_trials, next_trial=self.state.next_trial))
-
     def _runs_at(self, index: int) -> list[TrialRun] | None:
         """The trials journaled at a position; None where it has not run."""
         steps = [step for step in self.state.steps() if step.index == index]
         return [trial for step in steps for trial in step.trials] if steps else None
 
     def _run_good_end(self, trials: int) -> None:
-        self._run_query(search.Query(0, trials))
+        self.run_query(search.Query(0, trials))
 
     def _run_fresh(self, index: int) -> None:
         """Run a position this session took from the verdict store, with the recipe's trials."""
-        self._run_query(search.Query(index, self.recipe.trials.count if self.recipe else 1))
+        self.run_query(search.Query(index, self.recipe.trials.count if self.recipe else 1))
 
-    def _run_query(self, query: search.Query, first_trial: int | None = None) -> None:
+    def run_query(self, query: search.Query, first_trial: int | None = None) -> None:
+        """Judge a position (`engine.judge`), the good end first where it is the reference."""
         interrupts.raise_if_received()
         if query.index != 0:
             self.references.ensure(self._run_good_end)
-        commit = self.commit_at(query.index)
-        if self._reuse(query.index, commit):
-            return
-        left = self.state.candidates_left(self.n)
-        self.progress.step_started(query.index, commit, self.titles.get(commit, ""), left,
-                                   max(1, math.ceil(math.log2(left + 1))))
-        noisy = self.mode == "noisy"
-        as_reference = query.index == 0 and self.references.from_good_end
-        trials = query.trials if noisy else step_trials(self.recipe, as_reference)
+        engine.judge(self._candidate(query, first_trial), self.append, self.progress, self.verdicts)
 
-        pending = self.state.pending_trials(query.index) if not noisy else []
+    def _candidate(self, query: search.Query, first_trial: int | None = None,
+                   ) -> engine.Candidate[int, JournalRecord]:
+        """A position as the engine judges it: its records keyed by index and commit, its steps
+        told on the progress lines."""
+        index, commit = query.index, self.commit_at(query.index)
+        title, key = self.titles.get(commit, ""), self._build_key(query.index)
+        noisy = self.mode == "noisy"
+        as_reference = index == 0 and self.references.from_good_end
+        trials = query.trials if noisy else step_trials(self.recipe, as_reference)
+        pending = self.state.pending_trials(index) if not noisy else []
         expected = trials * (len(self.recipe.cases) if self.recipe else 1)
         finished = itertools.count(len(pending) + 1)
 
-        def on_trial(record: TrialRun) -> None:
-            self.append(TrialRecord(index=query.index, commit=commit, **record.model_dump()))
-            outcome = record.outcome.value if record.outcome else "run"
-            self.progress.trial_finished(query.index, record.trial, outcome, next(finished), expected)
+        def started() -> None:
+            left = self.state.candidates_left(self.n)
+            self.progress.step_started(index, commit, title, left, max(1, math.ceil(math.log2(left + 1))))
 
-        def on_retry(retry: RetryRun) -> None:
-            self.append(RetryRecord(index=query.index, commit=commit, **retry.model_dump()))
+        def said(record: JournalRecord) -> None:
+            if isinstance(record, TrialRecord):
+                outcome = record.outcome.value if record.outcome else "run"
+                self.progress.trial_finished(index, record.trial, outcome, next(finished), expected)
+            elif isinstance(record, StepRecord):
+                self.progress.step_finished(index, commit, record.verdict, record.seconds)
 
-        first = self.state.next_trial(query.index) if first_trial is None else first_trial
-        result = run_candidate(self.evaluator, EvaluationRequest(
-            commit, trials, tuple(pending), judge_each=noisy, first_trial=first, as_reference=as_reference,
-            as_bad_end=query.index == self.n, at_end=query.index in (0, self.n)),
-            CandidateJournal(commit[:10], on_trial, on_retry, self.state.pending_retries(query.index)),
-            self.progress).result
-        self._record_step(query.index, result)
-        if self.verdicts is not None:
-            self.verdicts.keep(query.index, result.commit, self._build_key(query.index), result.verdict)
+        def evaluation() -> tuple[Evaluator, EvaluationRequest]:
+            first = self.state.next_trial(index) if first_trial is None else first_trial
+            return self.evaluator, EvaluationRequest(
+                commit, trials, tuple(pending), judge_each=noisy, first_trial=first, as_reference=as_reference,
+                as_bad_end=index == self.n, at_end=index in (0, self.n))
+
+        def record(judged: engine.Judgement) -> JournalRecord:
+            return StepRecord(index=index, commit=commit, title=title, build=judged.build, verdict=judged.verdict,
+                              trials=judged.trials, seconds=judged.seconds, told=self._told, stored=judged.stored,
+                              retries=judged.retries)
+
+        return engine.Candidate(
+            key=index, commit=commit, build_key=key, label=commit[:10], evaluation=evaluation,
+            retried=self.state.pending_retries(index),
+            trial=lambda run: TrialRecord(index=index, commit=commit, **run.model_dump()),
+            retry=lambda retry: RetryRecord(index=index, commit=commit, **retry.model_dump()),
+            record=record, started=started, said=said)
 
     def _build_key(self, index: int) -> str:
         """The position's build key as the verdict store keys it ("" where every commit is its own build)."""
         return self.build_keys[index] if self.build_keys is not None else ""
-
-    def _reuse(self, index: int, commit: str) -> bool:
-        """Journal the verdict store's verdict of `commit` instead of testing it, where it holds one."""
-        if self.verdicts is None:
-            return False
-        key = self._build_key(index)
-
-        def journal(reused: Reused) -> None:
-            self.append(StepRecord(index=index, commit=commit, title=self.titles.get(commit, ""),
-                                   build=BuildInfo(how="stored", key=key or None), verdict=reused.verdict,
-                                   told=self._told, stored=reused.stored))
-
-        reused = self.verdicts.recall(index, commit, key, journal)
-        if reused is None:
-            return False
-        self.progress.step_finished(index, commit, reused.verdict, 0.0)
-        return True
-
-    def _record_step(self, index: int, result: StepResult) -> None:
-        self.append(StepRecord(index=index, commit=result.commit, title=self.titles.get(result.commit, ""),
-                                build=result.build, verdict=result.verdict, trials=result.trials,
-                                seconds=result.seconds, told=self._told, retries=self.state.pending_retries(index)))
-        self.progress.step_finished(index, result.commit, result.verdict, result.seconds)
 
     def append(self, record: JournalRecord) -> None:
         with self._lock:
@@ -352,7 +361,8 @@ class Session:
 
     # -- the end --------------------------------------------------------------------------------
 
-    def _finish(self, decision: search.Decision) -> SessionResult:
+    def finish(self, decision: Answer) -> SessionResult:
+        """Journal how the search ended (its `end` record) and say it."""
         steps = len(self.state.steps())
         if isinstance(decision, search.Found):
             culprit = self.commit_at(decision.index)

@@ -1,19 +1,18 @@
-"""The settings search's session: one commit's configurations searched with ddmin, driven from
-its journal as a commit session is from its own.
+"""The settings search's session: the session engine (engine.py) over one commit's configurations,
+searched with ddmin, as the commit search is the engine over a range's positions.
 
 It opens (a new search, or the one a session directory holds, checked against the question it
-started with), folds its journal once (configuration_state.py), asks ddmin for a round and runs it
-in slots through its space (configurations.py: each configuration as the commit search runs a
-commit, the verdict store asked first), confirms fresh what the store alone judged, and ends. The
-question and the answer are the settings search's (settings_search.py).
+started with), folds its journal once (configuration_state.py), and is the engine's space: its
+decide function is ddmin's (after the good variant's reference runs), each configuration the engine
+judges comes from configurations.py (its recipe, label, step directory and record keys), and it
+ends with the settings search's answer (settings_search.py holds the question and the answer).
 
 Unresolved is not passing: a configuration the host's failures left unjudged reads as ddmin's
 `Unresolved`, and where the answer needs it the search stops with exit 5 naming the failure
 (`_stop_on_the_host`); a later process runs it again. The rest comes from the commit session's
 pieces: the journal file (journal.py), the executor checks (`preflight.settle_executor`), the
 identity check (`open_session.first_difference`), the leftovers' sweep, the reference
-(`reference.References`, the good variant as the good end), the slots (`slots.run_in_slots`) and
-the end's sentences (end_messages.py).
+(`reference.References`, the good variant as the good end) and the end's sentences (end_messages.py).
 """
 
 from __future__ import annotations
@@ -22,12 +21,12 @@ from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from bisect_npu import interrupts
 from bisect_npu.builders.base import Builder
 from bisect_npu.errors import InfrastructureError, UsageError
 from bisect_npu.execute.base import Executor
 from bisect_npu.journal import JOURNAL_FILE
 from bisect_npu.level import SettingsLevel
+from bisect_npu.orchestration import engine
 from bisect_npu.orchestration.configurations import Configurations
 from bisect_npu.orchestration.opening.environments import session_evaluator
 from bisect_npu.orchestration.opening.open_session import first_difference, refuse_other_request, stop_leftovers
@@ -35,7 +34,6 @@ from bisect_npu.orchestration.opening.preflight import RAY_REFUSED, settle_execu
 from bisect_npu.orchestration.opening.reference import References
 from bisect_npu.orchestration.opening.session_spec import SessionSpec, check_dependency_options
 from bisect_npu.orchestration.running.evaluate import Evaluator
-from bisect_npu.orchestration.running.slots import run_in_slots
 from bisect_npu.orchestration.settings_search import (
     SettingsQuestion,
     SettingsResult,
@@ -63,6 +61,8 @@ from bisect_npu.search import EndsWrong, Evidence
 from bisect_npu.search.ddmin import Ask, Configuration, SettingsProblem, Trigger, Unresolved, decide_ddmin, rests_on
 from bisect_npu.settings_journal import SettingsEnd, SettingsHeader, SettingsJournal
 from bisect_npu.upstream import history
+
+SettingsAnswer = Trigger | EndsWrong | Unresolved  # what the settings search ends with
 
 if TYPE_CHECKING:
     from bisect_npu.orchestration.session import Session
@@ -153,32 +153,49 @@ class SettingsSearch:
         return self.state.evidence(without_stored=self.verdicts is not None and self.verdicts.dropped())
 
     def run(self) -> SettingsResult:
-        """Search until the trigger is named or the ends are wrong; journal the answer."""
-        if self.state.end is not None:
-            return self._result(self.state.end)
-        while True:
-            interrupts.raise_if_received()
-            self._ensure_reference()  # before the round is asked: the good variant, run alone, is then one of its ends
-            decision = decide_ddmin(self.problem, self.evidence())
-            if isinstance(decision, Ask):
-                run_in_slots((decision, *decision.alongside), self.slots, self._run_ask, self.space.stop_runs)
-                continue
-            if not isinstance(decision, Unresolved) and self.verdicts is not None and self._confirm(decision):
-                continue
-            break
-        self._stop_on_the_host(decision)
-        if isinstance(decision, Unresolved):
+        """Search until the trigger is named or the ends are wrong; journal the answer (`engine.drive`)."""
+        space: engine.CandidateSpace[Ask, SettingsAnswer, SettingsResult] = self
+        return engine.drive(space)
+
+    # -- the space the engine asks ----------------------------------------------------------------
+
+    def answered(self) -> SettingsResult | None:
+        return self._result(self.state.end) if self.state.end is not None else None
+
+    def open(self) -> None:
+        """Nothing before the first decision: each configuration asks the verdict store when it is asked."""
+
+    def decide(self) -> engine.Round[Ask] | SettingsAnswer:
+        self._ensure_reference()  # before the round is asked: the good variant, run alone, is then one of its ends
+        decision = decide_ddmin(self.problem, self.evidence())
+        if isinstance(decision, Ask):
+            return engine.Round((decision, *decision.alongside))
+        return decision
+
+    def run_query(self, ask: Ask, first_trial: int | None) -> None:
+        """One configuration the search asks (its trial numbers its own: no two slots run one configuration)."""
+        self.space.run(ask.configuration, ask.trials)
+
+    def confirm(self, answer: SettingsAnswer) -> bool:
+        return not isinstance(answer, Unresolved) and self.verdicts is not None and self._confirm(answer)
+
+    def stop_runs(self) -> None:
+        self.space.stop_runs()
+
+    def finish(self, answer: SettingsAnswer) -> SettingsResult:
+        self._stop_on_the_host(answer)
+        if isinstance(answer, Unresolved):
             unjudged = [(self.space.label(c), records[-1].verdict.reason if (records := self.state.records(c))
-                         else "not run") for c in decision.configurations]
-            return self._finish(unresolved_end(self.header, decision, unjudged))
-        if isinstance(decision, EndsWrong):
-            side = frozenset() if decision.which == "good" else frozenset(range(len(self.differences)))
+                         else "not run") for c in answer.configurations]
+            return self._end(unresolved_end(self.header, answer, unjudged))
+        if isinstance(answer, EndsWrong):
+            side = frozenset() if answer.which == "good" else frozenset(range(len(self.differences)))
             reference = self.state.failed_reference(side)
-            return self._finish(wrong_end(self.header, decision, reference,
-                                          self.space.reference_label() if reference is not None else "",
-                                          self.journal.session_dir / "configurations"))
-        self._check_values(decision)
-        return self._finish(found_end(self.header, decision, self.state.tried()))
+            return self._end(wrong_end(self.header, answer, reference,
+                                       self.space.reference_label() if reference is not None else "",
+                                       self.journal.session_dir / "configurations"))
+        self._check_values(answer)
+        return self._end(found_end(self.header, answer, self.state.tried()))
 
     def _stop_on_the_host(self, decision: Trigger | EndsWrong | Unresolved) -> None:
         """Where the answer stands on a configuration the host's failures left unjudged (an end
@@ -216,10 +233,6 @@ class SettingsSearch:
     def _run_good_variant(self, trials: int) -> None:
         self.space.run(frozenset(), trials, as_reference=True)
 
-    def _run_ask(self, ask: Ask, _first_trial: int | None) -> None:
-        """One configuration the search asks (its trial numbers its own: no two slots run one configuration)."""
-        self.space.run(ask.configuration, ask.trials)
-
     def _check_values(self, trigger: Trigger) -> None:
         """Run each further --vary value of a trigger key (`value_checks`) until its check reads."""
         for key, value in value_checks(self.header, trigger):
@@ -229,7 +242,7 @@ class SettingsSearch:
 
     # -- the end ------------------------------------------------------------------------------
 
-    def _finish(self, end: SettingsEnd) -> SettingsResult:
+    def _end(self, end: SettingsEnd) -> SettingsResult:
         self.space.append(end)
         return self._result(end)
 

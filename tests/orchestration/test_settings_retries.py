@@ -22,6 +22,7 @@ import yaml
 from bisect_npu.demo.manifest import Manifest
 from bisect_npu.recipe.loader import load_recipe
 from bisect_npu.recipe.settings import show
+from tests.helpers.flaky_host import flaky_recipe as commit_flaky_recipe
 from tests.helpers.paths import HELPERS
 from tests.helpers.signals import interruptible
 
@@ -183,3 +184,47 @@ def test_an_interrupted_search_resumes_with_the_retry_budget_its_journal_left(
     assert failed_starts(tmp_path) == 3
     assert "could not be judged: a port was still taken" in done.stderr and "3 attempts failed" in done.stderr
     assert "configuration [bad case]" in done.stderr
+
+
+def _run_on_a_dead_host(demo_upstream: tuple[Path, Manifest], tmp_path: Path, session: Path, again: bool,
+                        ) -> list[str]:
+    """`run` of the accuracy case, its server's every start failing (tests/helpers/flaky_host.py);
+    `again`: its `resume`."""
+    if again:
+        return [sys.executable, "-m", "bisect_npu", "resume", "--session", str(session)]
+    repo, manifest = demo_upstream
+    case = manifest.case("accuracy")
+    recipe = commit_flaky_recipe(tmp_path, 1.0, 0.0, seed=0, backoff_s=0.2)
+    return [sys.executable, "-m", "bisect_npu", "run", "--repo", str(repo), "--good", case.good_ref, "--bad",
+            case.bad_ref, "--recipe", str(recipe), "--session", str(session), "--no-fix", "--no-verdict-store",
+            "--retries", "1"]
+
+
+def _settings_on_a_dead_host(demo_upstream: tuple[Path, Manifest], tmp_path: Path, session: Path, again: bool,
+                             ) -> list[str]:
+    """`settings` of the async-penalty case, every engine start failing; `again`: the same command."""
+    recipe = tmp_path / "flaky.yaml" if again else flaky_recipe(tmp_path, 1.0, seed=0)
+    return argv(demo_upstream, recipe, session, "--retries", "1")
+
+
+@pytest.mark.parametrize(("space", "command", "journal_file"), [
+    ("commits", _run_on_a_dead_host, "journal.jsonl"),
+    ("configurations", _settings_on_a_dead_host, "settings.jsonl"),
+])
+def test_both_spaces_journal_every_failed_start_stop_with_exit_5_and_run_again_with_a_new_budget(
+        demo_upstream: tuple[Path, Manifest], tmp_path: Path, space: str, command: Any, journal_file: str) -> None:
+    """One engine over either space: a host on which every engine start fails stops the search
+    with exit 5 naming the host failure once --retries 1 is spent (two attempts), each failed start
+    a journaled `retry`; the same session run again after that gets a new budget and spends it."""
+    session = tmp_path / "session"
+
+    def retries() -> int:
+        lines = (session / journal_file).read_text().splitlines()
+        return sum(json.loads(line)["type"] == "retry" for line in lines)
+
+    for starts, again in ((2, False), (4, True)):
+        done = subprocess.run(command(demo_upstream, tmp_path, session, again), cwd=tmp_path, capture_output=True,
+                              text=True, timeout=300, check=False)
+        assert done.returncode == 5, f"{space}: " + done.stdout[-2000:] + done.stderr[-3000:]
+        assert "could not be judged" in done.stderr and "2 attempts failed on the host" in done.stderr
+        assert failed_starts(tmp_path) == starts == retries()

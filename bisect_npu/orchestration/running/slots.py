@@ -9,20 +9,7 @@ from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import TypeVar
 
-from bisect_npu import search
-
 Q = TypeVar("Q")
-
-
-def first_trials(queries: Sequence[search.Query], next_trial: Callable[[int], int]) -> list[int]:
-    """Each query's first trial number: a noisy round may put several slots on one commit."""
-    firsts: list[int] = []
-    following: dict[int, int] = {}
-    for query in queries:
-        first = following.get(query.index, next_trial(query.index))
-        firsts.append(first)
-        following[query.index] = first + query.trials
-    return firsts
 
 
 def run_in_slots(queries: Sequence[Q], slots: int, run: Callable[[Q, int | None], None], stop: Callable[[], None],

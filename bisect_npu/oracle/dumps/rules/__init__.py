@@ -13,17 +13,17 @@ from typing import Any
 
 from bisect_npu.oracle.config import LogitsConfig
 from bisect_npu.oracle.dumps.entries import EXPERT_CALL, INPUT, ROUTING, TensorEntry
-from bisect_npu.oracle.dumps.noise import PeerLines, baseline, mixes_tokens, own_rounding, transformed_inputs
+from bisect_npu.oracle.dumps.noise import PeerLines, baseline, mixes_tokens, transformed_inputs
 from bisect_npu.oracle.dumps.routing import RoutingReport
 from bisect_npu.oracle.dumps.rows import TensorDiff
 from bisect_npu.oracle.dumps.rules.absolute import Absolute
 from bisect_npu.oracle.dumps.rules.base import Context, Finding, ModuleRule, TensorRule
-from bisect_npu.oracle.dumps.rules.fixed_amplification import FixedAmplification
+from bisect_npu.oracle.dumps.rules.fixed_amplification import FixedAmplification, fixed_line
 from bisect_npu.oracle.dumps.rules.integer_equality import IntegerEquality
 from bisect_npu.oracle.dumps.rules.msprobe_amplification import MsprobeAmplification
 from bisect_npu.oracle.dumps.rules.peer_cosine import PeerCosine
 from bisect_npu.oracle.dumps.rules.peer_norm import PeerNorm
-from bisect_npu.oracle.dumps.rules.routing import MeasuredPair, Routing, apply_routing
+from bisect_npu.oracle.dumps.rules.routing import OP_NAME, MeasuredPair, Routing, apply_routing
 
 TENSOR_RULES: tuple[TensorRule, ...] = (IntegerEquality(), Absolute())
 # Runs over the whole dump pair between the tensor rules and the module rules (`rules/routing.py`).
@@ -52,13 +52,64 @@ def apply_dump_rules(entries: list[tuple[TensorEntry | None, TensorEntry]], pair
     return apply_routing(entries, pairs, cfg, lambda row: apply_tensor_rules([row], cfg))
 
 
+class _InnerDistances:
+    """The outputs recorded so far, by module path: an enclosing module (a decoder layer) runs its parts
+    (attention, MLP, norms) before it returns, so their outputs come first in the dump. Their distances, and
+    a layer of the stack's baseline (a path ending in its number) in a dump without inputs: the layer adds
+    its parts to the residual stream it took in, so its baseline is that stream (the output recorded before
+    its first part), not the output just before it (its MLP's, a part the stream dwarfs), with its attention's
+    output beside: attention mixes tokens, carrying into the tokens that routed alike the drift of those that
+    did not. Its MLP works token by token and is judged at its own output. Other enclosing modules (an MoE
+    block, attention) return their last part's work: the output before them stays their baseline."""
+
+    def __init__(self) -> None:
+        self.seen: dict[tuple[int, str], float] = {}
+        self.before: dict[tuple[int, str], list[TensorDiff]] = {}
+        self.mixing: list[tuple[int, str, TensorDiff]] = []
+
+    def arrive(self, row: TensorDiff, previous: list[TensorDiff]) -> None:
+        """`row` is next in execution order, `previous` the outputs just before it."""
+        match = OP_NAME.match(row.module or "")
+        if match is not None:
+            self.before.setdefault((row.step, match.group("path")), previous)
+            if mixes_tokens(row) and "cosine" in row.metrics:
+                self.mixing.append((row.step, match.group("path"), row))
+
+    def before_parts(self, row: TensorDiff) -> list[TensorDiff]:
+        """The outputs recorded just before the first part of `row`'s module ([] without parts)."""
+        match = OP_NAME.match(row.module or "")
+        if match is None or not match.group("path").rsplit(".", 1)[-1].isdigit():
+            return []
+        prefix = match.group("path") + "."
+        stream = next((rows for (step, path), rows in self.before.items()
+                       if step == row.step and path.startswith(prefix)), [])
+        if not stream:
+            return []
+        return [*stream, *(part for step, path, part in self.mixing if step == row.step and path.startswith(prefix))]
+
+    def add(self, row: TensorDiff) -> None:
+        match = OP_NAME.match(row.module or "")
+        if match is not None:
+            key = (row.step, match.group("path"))
+            self.seen[key] = max(self.seen.get(key, 0.0), 1.0 - float(row.metrics["cosine"]))
+
+    def worst_inside(self, row: TensorDiff) -> float:
+        """The worst distance among the outputs recorded inside `row`'s module (0 without any)."""
+        match = OP_NAME.match(row.module or "")
+        if match is None:
+            return 0.0
+        prefix = match.group("path") + "."
+        return max((distance for (step, path), distance in self.seen.items()
+                    if step == row.step and path.startswith(prefix)), default=0.0)
+
+
 def noise_line(row: TensorDiff, base: dict[str, Any], ctx: Context) -> float:
     """The cosine distance an output may reach before its distance rule fires: its peers' line where one
     covers it, else the fixed line (`amplification` times its input's, plus one rounding)."""
     allowed = ctx.lines.allowed_distance(row, base) if ctx.lines is not None else None
     if allowed is not None:
         return allowed
-    return ctx.cfg.amplification * (1.0 - float(base["cosine"])) + own_rounding(row)
+    return fixed_line(row, base, ctx.cfg.amplification)
 
 
 def apply_relative_rules(rows: list[TensorDiff], cfg: LogitsConfig) -> None:
@@ -66,6 +117,7 @@ def apply_relative_rules(rows: list[TensorDiff], cfg: LogitsConfig) -> None:
     inputs: dict[tuple[int, str | None], list[TensorDiff]] = {}
     previous: list[TensorDiff] = []
     measured: list[tuple[TensorDiff, dict[str, Any]]] = []
+    inner = _InnerDistances()
     for row in rows:
         if row.role == INPUT:
             inputs.setdefault((row.step, row.module), []).append(row)
@@ -74,15 +126,19 @@ def apply_relative_rules(rows: list[TensorDiff], cfg: LogitsConfig) -> None:
             continue
         if row.role == ROUTING:  # never judged here; the experts combine the router's input by its weights
             if "cosine" in row.metrics:
+                inner.arrive(row, previous)
                 previous = [*inputs.get((row.step, row.module), []), row]
             continue
-        base_rows = transformed_inputs(row, inputs.get((row.step, row.module), [])) or previous
+        base_rows = transformed_inputs(row, inputs.get((row.step, row.module), [])) or inner.before_parts(row) \
+            or previous
         base = baseline(base_rows, routed_alike=row.carried_metrics is not None and not mixes_tokens(row))
         if base is not None and "cosine" in row.metrics:
-            measured.append((row, base))
+            measured.append((row, {**base, "inner_distance": inner.worst_inside(row)}))
+            inner.add(row)
         if base is not None and row.problem is not None and not row.integer:
             row.baseline = base
         if not row.integer:
+            inner.arrive(row, previous)
             previous = [row]
     if not cfg.relative:
         return

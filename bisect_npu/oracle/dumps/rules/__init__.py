@@ -31,6 +31,25 @@ DUMP_RULES = (Routing,)
 MODULE_RULES: tuple[ModuleRule, ...] = (MsprobeAmplification(), PeerCosine(), PeerNorm(), FixedAmplification())
 
 
+def _routing_of(row: TensorDiff, routing: list[TensorDiff]) -> list[TensorDiff]:
+    """The routing weights a module combines, where its own inputs are in the dump (MindStudio Probe's): those
+    handed to it (HF's experts take them as an input) or made by its router (an MoE block's gate). Why: the
+    experts' output moves with the weights as much as with the hidden state, and its hidden state alone, a
+    few roundings off, is not all it took in."""
+    match = OP_NAME.match(row.module or "")
+    if match is None:
+        return []
+    path = match.group("path")
+    found = []
+    for item in routing:
+        source = OP_NAME.match(item.module or "")
+        if item.step == row.step and source is not None and (
+                (item.module == row.module and ".input." in item.name)
+                or source.group("path").rsplit(".", 1)[0] == path):
+            found.append(item)
+    return found
+
+
 def _record(row: TensorDiff, finding: Finding) -> None:
     row.rule, row.problem, row.provenance = finding.rule, finding.problem, finding.provenance
 
@@ -118,6 +137,7 @@ def apply_relative_rules(rows: list[TensorDiff], cfg: LogitsConfig) -> None:
     previous: list[TensorDiff] = []
     measured: list[tuple[TensorDiff, dict[str, Any]]] = []
     inner = _InnerDistances()
+    routing: list[TensorDiff] = []
     for row in rows:
         if row.role == INPUT:
             inputs.setdefault((row.step, row.module), []).append(row)
@@ -128,9 +148,10 @@ def apply_relative_rules(rows: list[TensorDiff], cfg: LogitsConfig) -> None:
             if "cosine" in row.metrics:
                 inner.arrive(row, previous)
                 previous = [*inputs.get((row.step, row.module), []), row]
+                routing.append(row)
             continue
-        base_rows = transformed_inputs(row, inputs.get((row.step, row.module), [])) or inner.before_parts(row) \
-            or previous
+        own = transformed_inputs(row, inputs.get((row.step, row.module), []))
+        base_rows = [*own, *_routing_of(row, routing)] if own else inner.before_parts(row) or previous
         base = baseline(base_rows, routed_alike=row.carried_metrics is not None and not mixes_tokens(row))
         if base is not None and "cosine" in row.metrics:
             measured.append((row, {**base, "inner_distance": inner.worst_inside(row)}))

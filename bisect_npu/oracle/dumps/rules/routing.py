@@ -154,7 +154,6 @@ def apply_routing(entries: list[tuple[TensorEntry | None, TensorEntry]], pairs: 
                 row.role, row.problem, row.rule = ROUTING, None, None
                 row.metrics = {"rerouted": len(report.flips) / max(1, report.tokens)} if (
                     row.dtype or "").startswith(_INTEGER_DTYPES) else row.metrics
-        _hand_on(pairs, op, first, ref)
         finding = report.finding
         if finding is not None:
             row = pairs[first].row
@@ -170,6 +169,7 @@ def apply_routing(entries: list[tuple[TensorEntry | None, TensorEntry]], pairs: 
             inputs = [index for (section, _), index in op.rows.items() if section == "input"]
             masks.append((first, inputs, op.step, set(flipped[op.step]), report.tokens))
         _weights_by_expert(pairs, op, first, (cand, ref), flipped.get(op.step, set()))
+        _hand_on(pairs, op, first, ref)
     for start, inputs, step, tokens, count in masks:  # a later router's mask holds an earlier one's: after it
         for index in inputs + list(range(start + 1, len(pairs))):
             pair = pairs[index]
@@ -182,9 +182,13 @@ def apply_routing(entries: list[tuple[TensorEntry | None, TensorEntry]], pairs: 
 def _hand_on(pairs: Sequence[MeasuredPair], op: _RouterOp, first: int, ref: RouterSide) -> None:
     """The router's ids and weights where another module of its MoE block takes them as inputs (msprobe dumps
     every module's inputs: HF's experts are called with the hidden state, the ids and the weights) are the
-    routing again, left to this rule: the ids compared by equality would call every noise flip a divergence."""
+    routing again, left to this rule: the ids compared by equality would call every noise flip a divergence.
+    The weights handed on are the router's, measured as the router's are (per expert id); they stay part of
+    the experts' baseline (`rules.apply_relative_rules`)."""
     block = op.path.rsplit(".", 1)[0] + "."
     routed_shape = tuple(ref.ids.shape) if ref.ids is not None else None
+    weights = next((pairs[index].row for (section, _), index in op.rows.items()
+                    if section == "output" and index != first and "cosine" in pairs[index].row.metrics), None)
     for pair in pairs[first:]:
         row = pair.row
         match = OP_NAME.match(row.module or "")
@@ -194,6 +198,8 @@ def _hand_on(pairs: Sequence[MeasuredPair], op: _RouterOp, first: int, ref: Rout
         shape = tuple(dim for dim in (row.shape or ()) if dim != 1) if row.shape is not None else None
         if row.integer or (routed_shape is not None and shape == tuple(d for d in routed_shape if d != 1)):
             row.role, row.problem, row.rule = ROUTING, None, None
+            if not row.integer and weights is not None and "cosine" in row.metrics:
+                row.metrics, row.carried_metrics = dict(weights.metrics), weights.carried_metrics
 
 
 def _sums(cand: np.ndarray, ref: np.ndarray, dtype: str) -> dict[str, float]:

@@ -9,6 +9,7 @@ absolute error is at most `cosine_abs_floor` is not judged by them (a near-zero 
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 from bisect_npu.oracle.config import LogitsConfig
@@ -29,6 +30,22 @@ TENSOR_RULES: tuple[TensorRule, ...] = (IntegerEquality(), Absolute())
 # Runs over the whole dump pair between the tensor rules and the module rules (`rules/routing.py`).
 DUMP_RULES = (Routing,)
 MODULE_RULES: tuple[ModuleRule, ...] = (MsprobeAmplification(), PeerCosine(), PeerNorm(), FixedAmplification())
+
+
+def _sum_of(parts: list[TensorDiff], total: dict[str, float]) -> float:
+    """The cosine a sum of `parts` can show from their own errors alone, `total` its metrics: a layer's
+    output is its input stream plus what its parts add, so its error is at most the sum of theirs (the
+    triangle inequality), each part's error sqrt(2 x its distance x its energy). Why not the worst part's
+    distance: an MoE output's, which varies from layer to layer with the tokens that flipped, is a small
+    share of the stream it is added to; measured against it alone, the layer's ratio swings with it."""
+    error = 0.0
+    for part in parts:
+        metrics = part.metrics if "tokens_left_out" in total else (part.carried_metrics or part.metrics)
+        error += math.sqrt(2.0 * max(0.0, 1.0 - float(metrics["cosine"])) * float(metrics.get("reference_energy", 0.0)))
+    energy = float(total.get("reference_energy", 0.0))
+    if energy <= 0.0:
+        return min(float(part.metrics["cosine"]) for part in parts)
+    return max(-1.0, 1.0 - error**2 / (2.0 * energy))
 
 
 def _routing_of(row: TensorDiff, routing: list[TensorDiff]) -> list[TensorDiff]:
@@ -74,25 +91,23 @@ def apply_dump_rules(entries: list[tuple[TensorEntry | None, TensorEntry]], pair
 class _InnerDistances:
     """The outputs recorded so far, by module path: an enclosing module (a decoder layer) runs its parts
     (attention, MLP, norms) before it returns, so their outputs come first in the dump. Their distances, and
-    a layer of the stack's baseline (a path ending in its number) in a dump without inputs: the layer adds
-    its parts to the residual stream it took in, so its baseline is that stream (the output recorded before
-    its first part), not the output just before it (its MLP's, a part the stream dwarfs), with its attention's
-    output beside: attention mixes tokens, carrying into the tokens that routed alike the drift of those that
-    did not. Its MLP works token by token and is judged at its own output. Other enclosing modules (an MoE
-    block, attention) return their last part's work: the output before them stays their baseline."""
+    what a layer of the stack (a path ending in its number) took in, in a dump without inputs: the residual
+    stream (the output recorded before its first part) and the parts it adds to it (its direct parts other
+    than norms: attention, the MLP or MoE block). Other enclosing modules (an MoE block, attention) return
+    their last part's work: the output before them stays their baseline."""
 
     def __init__(self) -> None:
         self.seen: dict[tuple[int, str], float] = {}
         self.before: dict[tuple[int, str], list[TensorDiff]] = {}
-        self.mixing: list[tuple[int, str, TensorDiff]] = []
+        self.outputs: list[tuple[int, str, str, TensorDiff]] = []
 
     def arrive(self, row: TensorDiff, previous: list[TensorDiff]) -> None:
         """`row` is next in execution order, `previous` the outputs just before it."""
         match = OP_NAME.match(row.module or "")
         if match is not None:
             self.before.setdefault((row.step, match.group("path")), previous)
-            if mixes_tokens(row) and "cosine" in row.metrics:
-                self.mixing.append((row.step, match.group("path"), row))
+            if "cosine" in row.metrics:
+                self.outputs.append((row.step, match.group("path"), match.group("cls"), row))
 
     def before_parts(self, row: TensorDiff) -> list[TensorDiff]:
         """The outputs recorded just before the first part of `row`'s module ([] without parts)."""
@@ -104,7 +119,10 @@ class _InnerDistances:
                        if step == row.step and path.startswith(prefix)), [])
         if not stream:
             return []
-        return [*stream, *(part for step, path, part in self.mixing if step == row.step and path.startswith(prefix))]
+        added = {path: part for step, path, cls, part in self.outputs  # the last output of each direct part
+                 if step == row.step and path.startswith(prefix) and "." not in path[len(prefix):]
+                 and "norm" not in cls.lower()}
+        return [*stream, *added.values()]
 
     def add(self, row: TensorDiff) -> None:
         match = OP_NAME.match(row.module or "")
@@ -151,8 +169,11 @@ def apply_relative_rules(rows: list[TensorDiff], cfg: LogitsConfig) -> None:
                 routing.append(row)
             continue
         own = transformed_inputs(row, inputs.get((row.step, row.module), []))
-        base_rows = [*own, *_routing_of(row, routing)] if own else inner.before_parts(row) or previous
+        summed = [] if own else inner.before_parts(row)
+        base_rows = [*own, *_routing_of(row, routing)] if own else summed or previous
         base = baseline(base_rows, routed_alike=row.carried_metrics is not None and not mixes_tokens(row))
+        if summed and base is not None and "cosine" in row.metrics:
+            base["cosine"] = _sum_of(summed, row.metrics)
         if base is not None and "cosine" in row.metrics:
             measured.append((row, {**base, "inner_distance": inner.worst_inside(row)}))
             inner.add(row)

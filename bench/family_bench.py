@@ -364,14 +364,13 @@ def choose(tune: list[tuple[Pair, Path, Path]]) -> tuple[float, float]:
     return min(scored)[1]
 
 
-def judge_once(cand: str, ref: str, mads: str, factor: str) -> None:
-    from bisect_npu.oracle.config import LogitsConfig
-    from bisect_npu.oracle.dumps.compare import compare_dumps
-
-    result = compare_dumps(Path(cand), Path(ref), LogitsConfig(peer_mads=float(mads), peer_min_factor=float(factor)))
-    first = result.first_divergent
-    print(json.dumps({"module": first.module if first is not None else None,
-                      "flips": sum(len(report.flips) for report in result.routing)}))
+JUDGE_THIS = ("import json, sys\nfrom bisect_npu.oracle.config import LogitsConfig\n"
+              "from bisect_npu.oracle.dumps.compare import compare_dumps\n"
+              "cfg = LogitsConfig(peer_mads=float(sys.argv[3]), peer_min_factor=float(sys.argv[4]))\n"
+              "result = compare_dumps(sys.argv[1], sys.argv[2], cfg)\n"
+              "first = result.first_divergent\n"
+              "print(json.dumps({'module': first.module if first is not None else None,\n"
+              "                  'flips': sum(len(report.flips) for report in result.routing)}))\n")
 
 
 def _msprobe_first(out: Path) -> str | None:
@@ -392,7 +391,8 @@ def run_tool(tool: str, pair: Pair, cand: Path, ref: Path, work: Path, setting: 
     if tool == "msprobe":
         command = [msprobe, "compare", "-tp", str(cand), "-gp", str(ref), "-o", str(out)]
     else:
-        command = [sys.executable, __file__, "--judge-once", str(cand), str(ref), *map(str, setting)]
+        env["PYTHONPATH"] = str(ROOT)  # the tree's rules alone, as a user runs them: no model built here
+        command = [sys.executable, "-c", JUDGE_THIS, str(cand), str(ref), *map(str, setting)]
         if tool == "before":
             env["PYTHONPATH"] = str(work / "baseline")
             command = [sys.executable, str(work / "baseline" / "judge_before.py"), str(cand), str(ref)]
@@ -467,11 +467,7 @@ def main() -> None:
     parser.add_argument("--msprobe", default=str(Path(sys.executable).parent / "msprobe"))
     parser.add_argument("--no-msprobe", action="store_true")
     parser.add_argument("--full", action="store_true", help="msprobe compare on every pair, not MSPROBE_PAIRS")
-    parser.add_argument("--judge-once", nargs=4, metavar=("CAND", "REF", "MADS", "FACTOR"), help=argparse.SUPPRESS)
     args = parser.parse_args()
-    if args.judge_once:
-        judge_once(*args.judge_once)
-        return
     os.environ.setdefault("MSPROBE_LOG_LEVEL", "3")
     args.work.mkdir(parents=True, exist_ok=True)
     baseline_tree(args.work)

@@ -337,6 +337,9 @@ def compare_routing(cand: RouterSide, ref: RouterSide, module: str) -> RoutingRe
     weights = _routed_weights(ref, chosen_r)
     grouping = infer_grouping(ref, k)
     groups = _GroupGaps(grouping, decision, noise) if grouping is not None else None
+    # The groups the candidate kept: a lost expert's group that the candidate dropped may explain its flip.
+    cand_kept = [set(row.tolist()) for row in np.argsort(-grouping.scores(cand.decision()), axis=1, kind="stable")[
+        :, :grouping.kept]] if grouping is not None else None
     report = RoutingReport(module, tokens=int(ref.logits.shape[0]), experts=ref.experts, top_k=k,
                            noise_from=noise.noise_from, allowed_dtype=noise.dtype)
     for token in range(report.tokens):
@@ -356,10 +359,11 @@ def compare_routing(cand: RouterSide, ref: RouterSide, module: str) -> RoutingRe
         gained = sorted(set(chosen_c[token].tolist()) - picked)
         # Each gained expert overtook some lost one (or its group another group): the swap the least
         # rounding explains sets the margin.
-        # A lost expert of the last group kept may have left with its group: the experts gained then refill
-        # the top k from the groups still open, and the groups' gap is the margin that rounding had to cross.
-        dropped = groups.margin_of(token, None) if groups is not None and any(
-            groups.in_last_kept(token, lo) for lo in lost) else None
+        # A lost expert of the last group kept may have left with its group (the candidate dropped it): the
+        # experts gained then refill the top k from the groups still open, and the groups' gap is the margin
+        # that rounding had to cross.
+        dropped = groups.margin_of(token, None) if groups is not None and cand_kept is not None and any(
+            groups.in_last_kept(token, lo) and lo // groups.size not in cand_kept[token] for lo in lost) else None
         swaps = []
         for g in gained:
             if groups is not None and g not in open_experts:

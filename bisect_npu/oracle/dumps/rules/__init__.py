@@ -91,10 +91,10 @@ def apply_dump_rules(entries: list[tuple[TensorEntry | None, TensorEntry]], pair
 class _InnerDistances:
     """The outputs recorded so far, by module path: an enclosing module (a decoder layer) runs its parts
     (attention, MLP, norms) before it returns, so their outputs come first in the dump. Their distances, and
-    what a layer of the stack (a path ending in its number) took in, in a dump without inputs: the residual
-    stream (the output recorded before its first part) and the parts it adds to it (its direct parts other
-    than norms: attention, the MLP or MoE block). Other enclosing modules (an MoE block, attention) return
-    their last part's work: the output before them stays their baseline."""
+    what a layer of the stack (a path ending in its number) sums: the residual stream it took in (its input,
+    or in a dump without inputs the output recorded before its first part) and the parts it adds to it (its
+    direct parts other than norms: attention, the MLP or MoE block). Other enclosing modules (an MoE block,
+    attention) return their last part's work: their input, or the output before them, stays their baseline."""
 
     def __init__(self) -> None:
         self.seen: dict[tuple[int, str], float] = {}
@@ -109,19 +109,21 @@ class _InnerDistances:
             if "cosine" in row.metrics:
                 self.outputs.append((row.step, match.group("path"), match.group("cls"), row))
 
-    def before_parts(self, row: TensorDiff) -> list[TensorDiff]:
-        """The outputs recorded just before the first part of `row`'s module ([] without parts)."""
+    def layer_sum(self, row: TensorDiff, own: list[TensorDiff]) -> list[TensorDiff]:
+        """For a layer of the stack: the stream it took in (its own inputs, or in a dump without them the output
+        recorded before its first part) and its direct parts other than norms; [] for any other module, and for
+        a layer with inputs but no parts recorded."""
         match = OP_NAME.match(row.module or "")
         if match is None or not match.group("path").rsplit(".", 1)[-1].isdigit():
             return []
         prefix = match.group("path") + "."
-        stream = next((rows for (step, path), rows in self.before.items()
-                       if step == row.step and path.startswith(prefix)), [])
-        if not stream:
-            return []
+        stream = own or next((rows for (step, path), rows in self.before.items()
+                              if step == row.step and path.startswith(prefix)), [])
         added = {path: part for step, path, cls, part in self.outputs  # the last output of each direct part
                  if step == row.step and path.startswith(prefix) and "." not in path[len(prefix):]
                  and "norm" not in cls.lower()}
+        if not stream or (own and not added):
+            return []
         return [*stream, *added.values()]
 
     def add(self, row: TensorDiff) -> None:
@@ -169,8 +171,8 @@ def apply_relative_rules(rows: list[TensorDiff], cfg: LogitsConfig) -> None:
                 routing.append(row)
             continue
         own = transformed_inputs(row, inputs.get((row.step, row.module), []))
-        summed = [] if own else inner.before_parts(row)
-        base_rows = [*own, *_routing_of(row, routing)] if own else summed or previous
+        summed = inner.layer_sum(row, own)
+        base_rows = summed or ([*own, *_routing_of(row, routing)] if own else previous)
         base = baseline(base_rows, routed_alike=row.carried_metrics is not None and not mixes_tokens(row))
         if summed and base is not None and "cosine" in row.metrics:
             base["cosine"] = _sum_of(summed, row.metrics)

@@ -68,11 +68,19 @@ def test_clean_pairs_raise_no_false_alarm(dumps: Path, name: str) -> None:
 
 
 @FORWARD_PASSES
-def test_the_fixed_line_called_the_clean_kernel_pair_bad(dumps: Path) -> None:
-    """What the rules before the peers' noise said on the same pair: bad at layer 0, whose input is exact."""
-    _, verdict = _judge(dumps, f"{PREFIX}-kernel", LogitsConfig(noise_from_peers=False))
-    assert verdict.kind == VerdictKind.BAD  # type: ignore[attr-defined]
-    assert verdict.figures["first_divergent"]["layer"] == 0  # type: ignore[attr-defined]
+def test_the_fixed_line_holds_an_exact_input_layer_to_what_its_parts_carried(dumps: Path) -> None:
+    """Without peers, layer 0 (its input exact) once met one rounding alone and the clean kernel pair was bad
+    there; its own parts' distances, measured on the pair, are now its line."""
+    pair = PAIRS[f"{PREFIX}-kernel"]
+    cand, ref = msprobe_qwen3.make_pair(dumps, pair)
+    result = compare_dumps(cand, ref, LogitsConfig(noise_from_peers=False))
+    layer = next(row for row in result.rows if row.module is not None and row.module.startswith(
+        "Module.model.layers.0.") and row.module.split(".")[4].endswith("DecoderLayer") and row.role == "output")
+    parts = [1.0 - row.metrics["cosine"] for row in result.rows if row.role == "output" and "cosine" in row.metrics
+             and row.module is not None and row.module.startswith("Module.model.layers.0.") and row.index < layer.index]
+    assert 1.0 - layer.metrics["cosine"] > 2e-5, "layer 0 must lie above one bf16 rounding for this to mean anything"
+    assert layer.noise_line is not None and layer.noise_line >= max(parts)
+    assert layer.problem is None, layer.problem
 
 
 @FORWARD_PASSES

@@ -132,7 +132,8 @@ class ChunkSums:
         out = {"cosine": cosine, "max_abs_error": self.max_abs, "max_rel_error": self.max_rel,
                "within_1e3": self.within_1e3 / size, "within_5e3": self.within_5e3 / size,
                "within_tol": self.within_tol / size, "norm_ratio": self.norm_ratio(),
-               "nonfinite_candidate": float(self.nonfinite_c), "nonfinite_reference": float(self.nonfinite_r)}
+               "nonfinite_candidate": float(self.nonfinite_c), "nonfinite_reference": float(self.nonfinite_r),
+               "reference_energy": self.ref_sq}
         if logits and self.rows and not self.rows_skipped:
             out["kl"] = self.kl / self.rows
             out["top_k_overlap"] = self.overlap / self.rows

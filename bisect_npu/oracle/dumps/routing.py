@@ -337,6 +337,9 @@ def compare_routing(cand: RouterSide, ref: RouterSide, module: str) -> RoutingRe
     weights = _routed_weights(ref, chosen_r)
     grouping = infer_grouping(ref, k)
     groups = _GroupGaps(grouping, decision, noise) if grouping is not None else None
+    # The groups the candidate kept: a lost expert's group that the candidate dropped may explain its flip.
+    cand_kept = [set(row.tolist()) for row in np.argsort(-grouping.scores(cand.decision()), axis=1, kind="stable")[
+        :, :grouping.kept]] if grouping is not None else None
     report = RoutingReport(module, tokens=int(ref.logits.shape[0]), experts=ref.experts, top_k=k,
                            noise_from=noise.noise_from, allowed_dtype=noise.dtype)
     for token in range(report.tokens):
@@ -356,13 +359,18 @@ def compare_routing(cand: RouterSide, ref: RouterSide, module: str) -> RoutingRe
         gained = sorted(set(chosen_c[token].tolist()) - picked)
         # Each gained expert overtook some lost one (or its group another group): the swap the least
         # rounding explains sets the margin.
+        # A lost expert of the last group kept may have left with its group (the candidate dropped it): the
+        # experts gained then refill the top k from the groups still open, and the groups' gap is the margin
+        # that rounding had to cross.
+        dropped = groups.margin_of(token, None) if groups is not None and cand_kept is not None and any(
+            groups.in_last_kept(token, lo) and lo // groups.size not in cand_kept[token] for lo in lost) else None
         swaps = []
         for g in gained:
             if groups is not None and g not in open_experts:
                 swaps.append(groups.margin_of(token, g))
-            else:
-                swaps.append((min(float(row[lo] - row[g]) for lo in lost),
-                              max(noise.bound(token, lo, g) for lo in lost)))
+                continue
+            swap = (min(float(row[lo] - row[g]) for lo in lost), max(noise.bound(token, lo, g) for lo in lost))
+            swaps.append(swap if dropped is None else min(swap, dropped, key=lambda pair: pair[0] - pair[1]))
         margin, bound = max(swaps, key=lambda pair: pair[0] - pair[1])
         moved = float(sum(weights[token, list(chosen_r[token]).index(lo)] for lo in lost))
         report.flips.append(Flip(token, lost, gained, margin, bound, moved))
@@ -381,6 +389,10 @@ class _GroupGaps:
     def open_experts(self, token: int) -> list[int]:
         kept = self.order[token, :self.grouping.kept]
         return [int(g) * self.size + e for g in sorted(kept) for e in range(self.size)]
+
+    def in_last_kept(self, token: int, expert: int) -> bool:
+        """Whether `expert` lies in the last group the reference kept for `token` (the one a group swap drops)."""
+        return bool(expert // self.size == int(self.order[token, self.grouping.kept - 1]))
 
     def _best(self, token: int, group: int) -> list[int]:
         members = range(group * self.size, (group + 1) * self.size)

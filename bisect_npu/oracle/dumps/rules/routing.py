@@ -22,14 +22,14 @@ from typing import ClassVar, Protocol
 import numpy as np
 
 from bisect_npu.oracle.config import LogitsConfig
-from bisect_npu.oracle.dumps.entries import EXPERT_CALL, ROUTING, TensorEntry, open_tensor
+from bisect_npu.oracle.dumps.entries import EXPERT_CALL, INPUT, ROUTING, TensorEntry, open_tensor
 from bisect_npu.oracle.dumps.formats import TensorFile
 from bisect_npu.oracle.dumps.metrics import ChunkSums, Scratch
 from bisect_npu.oracle.dumps.precision import dtype_tolerance
 from bisect_npu.oracle.dumps.routing import RouterSide, RoutingReport, compare_routing
 from bisect_npu.oracle.dumps.rows import TensorDiff
 
-_OP_NAME = re.compile(r"^Module\.(?P<path>.+)\.(?P<cls>[A-Za-z_]\w*)\.forward\.(?P<call>\d+)$")
+OP_NAME = re.compile(r"^Module\.(?P<path>.+)\.(?P<cls>[A-Za-z_]\w*)\.forward\.(?P<call>\d+)$")
 _TENSOR_NAME = re.compile(r"\.(?P<section>input|output|parameters)\.(?P<key>\w+)$")
 _INTEGER_DTYPES = ("int", "uint", "bool")
 # Class names of an MoE block (HF's Qwen3MoeSparseMoeBlock, DeepseekV3MoE; vLLM's alike).
@@ -59,7 +59,7 @@ def _router_ops(entries: list[tuple[TensorEntry | None, TensorEntry]]) -> tuple[
     ops: dict[tuple[int, str], _RouterOp] = {}
     blocks: dict[tuple[int, str], str] = {}
     for index, (_, ref) in enumerate(entries):
-        match = _OP_NAME.match(ref.module or "")
+        match = OP_NAME.match(ref.module or "")
         tensor = _TENSOR_NAME.search(ref.name)
         if match is None or tensor is None:
             continue
@@ -169,6 +169,7 @@ def apply_routing(entries: list[tuple[TensorEntry | None, TensorEntry]], pairs: 
             inputs = [index for (section, _), index in op.rows.items() if section == "input"]
             masks.append((first, inputs, op.step, set(flipped[op.step]), report.tokens))
         _weights_by_expert(pairs, op, first, (cand, ref), flipped.get(op.step, set()))
+        _hand_on(pairs, op, first, ref)
     for start, inputs, step, tokens, count in masks:  # a later router's mask holds an earlier one's: after it
         for index in inputs + list(range(start + 1, len(pairs))):
             pair = pairs[index]
@@ -176,6 +177,29 @@ def apply_routing(entries: list[tuple[TensorEntry | None, TensorEntry]], pairs: 
                     and pair.row.role not in (ROUTING, EXPERT_CALL) and pair.row.rule != Routing.name:
                 _judge_on_alike(pair, tokens, count, cfg, rejudge)
     return reports, unchecked
+
+
+def _hand_on(pairs: Sequence[MeasuredPair], op: _RouterOp, first: int, ref: RouterSide) -> None:
+    """The router's ids and weights where another module of its MoE block takes them as inputs (msprobe dumps
+    every module's inputs: HF's experts are called with the hidden state, the ids and the weights) are the
+    routing again, left to this rule: the ids compared by equality would call every noise flip a divergence.
+    The weights handed on are the router's, measured as the router's are (per expert id); they stay part of
+    the experts' baseline (`rules.apply_relative_rules`)."""
+    block = op.path.rsplit(".", 1)[0] + "."
+    routed_shape = tuple(ref.ids.shape) if ref.ids is not None else None
+    weights = next((pairs[index].row for (section, _), index in op.rows.items()
+                    if section == "output" and index != first and "cosine" in pairs[index].row.metrics), None)
+    for pair in pairs[first:]:
+        row = pair.row
+        match = OP_NAME.match(row.module or "")
+        if row.step != op.step or row.role != INPUT or match is None or not match.group("path").startswith(block) \
+                or match.group("path") == op.path:
+            continue
+        shape = tuple(dim for dim in (row.shape or ()) if dim != 1) if row.shape is not None else None
+        if row.integer or (routed_shape is not None and shape == tuple(d for d in routed_shape if d != 1)):
+            row.role, row.problem, row.rule = ROUTING, None, None
+            if not row.integer and weights is not None and "cosine" in row.metrics:
+                row.metrics, row.carried_metrics = dict(weights.metrics), weights.carried_metrics
 
 
 def _sums(cand: np.ndarray, ref: np.ndarray, dtype: str) -> dict[str, float]:
@@ -236,7 +260,7 @@ def _leave_out_expert_calls(pairs: Sequence[MeasuredPair], op: _RouterOp, start:
     hits them) follow the routing: once a token flips here or before, they hold other tokens on the two
     sides. They are left to the routing comparison; the experts' output is compared whole."""
     for pair in pairs[start:]:
-        match = _OP_NAME.match(pair.row.module or "")
+        match = OP_NAME.match(pair.row.module or "")
         if pair.row.step == op.step and match is not None and ".experts." in match.group("path"):
             pair.row.role, pair.row.problem, pair.row.rule = EXPERT_CALL, None, None
 

@@ -496,6 +496,12 @@ def test_run_bisects_a_nightly_case_from_the_good_tables_row(tmp_path: Path) -> 
     resumed = Session.resume(session)
     try:
         pooled = resumed.evaluator.pooled()
+        # and weighs its later steps against the journaled bad end's runs, as the first run did.
+        resumed.references.ensure(lambda _trials: pytest.fail("the good end ran again"))
+        bad_end = [r for r in records if r["type"] == "step" and r["index"] == max(trials)]
+        assert bad_end and [sample_of(o) for o in resumed.evaluator.bad_end_runs] == \
+            [sample_of(Observation.load(session / t["observation"])) for r in bad_end for t in r["trials"]
+             if t.get("observation")]
     finally:
         resumed.evaluator.close()
         resumed.journal.close()

@@ -629,7 +629,9 @@ class Evaluator:
             self.accuracy.remember("good_end", self.reference)
 
     def set_bad_reference(self, records: list[TrialRun]) -> None:
-        """An accuracy recipe's bad end, judged before a resume: the other half of the reference."""
+        """The bad end, judged before a resume: an accuracy recipe's other half of the reference,
+        a throughput step's other level (where it stops when sure), as the interrupted run had it."""
         if self.accuracy is not None:
-            self.accuracy.remember("bad_end", [Observation.load(self.abs(r.observation))
-                                               for r in records if r.observation])
+            self.accuracy.remember("bad_end", self._observed(records))
+        elif until_sure(self.recipe):
+            self.bad_end_runs = self._observed(records)

@@ -64,7 +64,7 @@ import numpy as np
 from bisect_npu.defaults import TRIAL_RETRIES
 from bisect_npu.nightly.cases import import_case
 from bisect_npu.observations import Observation, SampleOutcome, Timings, Verdict, VerdictKind
-from bisect_npu.oracle.sequential import judge_sequential, trials_wanted
+from bisect_npu.oracle.sequential import judge_sequential, pooled_spread, throughputs, trials_wanted
 from bisect_npu.oracle.throughput import judge_throughput, reference_trials
 from bisect_npu.orchestration.opening.state import accuracy_weight
 from bisect_npu.orchestration.running.accuracy import AccuracySteps, role_of
@@ -206,6 +206,7 @@ class Ours:
     reference: list[Observation] = field(default_factory=list)
     bad_end: list[Observation] = field(default_factory=list)
     stored: dict[str, Observation] = field(default_factory=dict)
+    runs_at: dict[int, list[float]] = field(default_factory=dict)  # every commit's throughput runs
 
     def attempt(self, run: Callable[[], object | None]) -> object | None:
         """A run that crashed is run again (the evaluator's retries); every attempt is a run."""
@@ -249,17 +250,20 @@ class Ours:
         cap = reference_trials(spec, self.recipe.trials.count) if i == 0 else self.recipe.trials.count
         tried = 0
         bad_end = self.bad_end if i != self.world.n else []  # the bad end is judged by the line alone
-        while wanted := trials_wanted(spec, observations, self.reference, tried, cap, i == 0, bad_end):
+        # as the evaluator: the spread pooled over every commit's runs in the steps before this one
+        others = pooled_spread(self.runs_at.values())
+        while wanted := trials_wanted(spec, observations, self.reference, tried, cap, i == 0, bad_end, others):
             for _ in range(wanted):
                 value = self.attempt(lambda: self.world.throughput_run(i))
                 tried += 1
                 if isinstance(value, float):  # as the evaluator: the usable trials are judged
                     observations.append(Observation(case_id="perf", trial=tried, output_token_ids=list(range(1000)),
                                                     timings=Timings(generate_s=1000 / (value * 1000))))
+        self.runs_at.setdefault(i, []).extend(throughputs(observations))
         if i == 0:
             self.reference = observations
             return judge_throughput(spec, observations, observations)
-        verdict = judge_sequential(spec, observations, self.reference, tried, cap, bad_end)[0]
+        verdict = judge_sequential(spec, observations, self.reference, tried, cap, bad_end, others)[0]
         if i == self.world.n:  # the bad end's runs tell where the bad side sits
             self.bad_end = observations
         return verdict

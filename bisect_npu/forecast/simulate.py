@@ -26,7 +26,7 @@ import numpy as np
 
 from bisect_npu.defaults import CONFIDENCE
 from bisect_npu.observations import Observation, VerdictKind
-from bisect_npu.oracle.sequential import judge_sequential, trials_wanted
+from bisect_npu.oracle.sequential import judge_sequential, pooled_spread, throughputs, trials_wanted
 from bisect_npu.oracle.throughput import ThroughputConfig, reference_trials
 from bisect_npu.search import (
     Decision,
@@ -211,6 +211,7 @@ def simulate_throughput_one(
     wall = 0.0
     reference: list[Observation] = []
     bad_end: list[Observation] = []  # the bad end's runs: where the bad side sits
+    runs_at: dict[int, list[float]] = {}  # every position's runs so far: the session's pooled spread
 
     def step(i: int) -> tuple[list[Observation], Outcome, Weight, int]:
         """Position i's runs until its step stops: (its runs, its verdict, its weight as a session
@@ -220,13 +221,16 @@ def simulate_throughput_one(
         runs: list[Observation] = []
         starts = 0
         against = bad_end if i != problem.n else []  # the bad end is judged by the line alone
-        while wanted := trials_wanted(cfg, runs, None if i == 0 else reference, len(runs), cap, i == 0, against):
+        others = pooled_spread(runs_at.values())
+        while wanted := trials_wanted(cfg, runs, None if i == 0 else reference, len(runs), cap, i == 0, against,
+                                      others):
             starts += 1
             runs += [Observation(case_id="perf", extra={"output_token_throughput": float(v)})
                      for v in rng.normal(mean, regression.spread, wanted)]
+        runs_at.setdefault(i, []).extend(throughputs(runs))
         if i == 0:
             return runs, "good", Weight(0.0), starts
-        verdict = judge_sequential(cfg, runs, reference, len(runs), cap, against)[0]
+        verdict = judge_sequential(cfg, runs, reference, len(runs), cap, against, others)[0]
         if i == problem.n:
             bad_end[:] = runs
         kind: Outcome = "skip" if verdict.kind == VerdictKind.SKIP else verdict.kind.value  # type: ignore[assignment]

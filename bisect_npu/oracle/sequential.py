@@ -6,7 +6,10 @@ is a server start and thousands of requests; a fixed count spends most of them o
 verdict was sure after the first. After each run the step's log likelihood ratio is taken again
 (good: at the good end's mean; bad: somewhere under the line, and mostly at the bad end's mean
 once the bad end has run, `log_likelihood_ratio`), with Student's t on a spread pooled with the
-ends' runs, so few runs never say more than they hold. The step stops once the ratio is past
+ends' runs, so few runs never say more than they hold. Every commit runs on the same host, so a
+session that knows all its runs pools the within-commit spread of every commit it ran
+(`Spread`, `pooled_spread`): the degrees of freedom grow with the session, and a step's ratio nears
+the one a known spread would give. The step stops once the ratio is past
 `STEP_BOUND` either way, or at its count; the search (likelihood mode) weighs every step's ratio
 in its posterior and asks a commit again while that is not sure, so the step itself need not be.
 Every step is measured against the same ends, so their means' error is shared: a step's verdict
@@ -22,7 +25,7 @@ at most `REFERENCE_PRECISION` of the gap between it and the line, at most its co
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from statistics import fmean, stdev
 from typing import Literal
@@ -36,12 +39,32 @@ STEP_BOUND = 3.5
 BAD_DROPS = (0.0, 2.0)  # where a bad commit's mean may lie, in gaps under the line
 AT_BAD_END = 0.95  # the bad hypothesis's weight at the bad end's mean, once it has run
 BAD_POINTS = 9
-REFERENCE_MIN_TRIALS = 8
-REFERENCE_PRECISION = 1 / 4
+REFERENCE_MIN_TRIALS = 6
+REFERENCE_PRECISION = 1 / 3
 # Where each end's mean may really lie, in standard errors of it (probabilists' Gauss-Hermite).
 NODES = tuple(float(z) for z in hermegauss(9)[0])
 
 Stop = Literal["sure good", "sure bad", "cap", "nothing measured", "reference known"]
+
+
+@dataclass(frozen=True)
+class Spread:
+    """The run-to-run spread pooled over commits: the sum of squared deviations from each commit's
+    own mean, and its degrees of freedom (runs less one per commit)."""
+
+    squares: float = 0.0
+    df: int = 0
+
+
+def pooled_spread(groups: Iterable[Sequence[float]]) -> Spread:
+    """The spread pooled over each group's runs (one group a commit; a single run adds nothing)."""
+    kept = [g for g in groups if len(g) >= 2]
+    return Spread(sum(squares(g) for g in kept), sum(len(g) - 1 for g in kept))
+
+
+def throughputs(observations: Iterable[Observation]) -> list[float]:
+    """The throughput samples of the observations that measured one."""
+    return [s for s in map(sample_of, observations) if s is not None]
 
 
 def _t_log_pdf(t: float, df: float) -> float:
@@ -50,15 +73,16 @@ def _t_log_pdf(t: float, df: float) -> float:
 
 
 def log_likelihood_ratio(cfg: ThroughputConfig, samples: Sequence[float], reference: Sequence[float],
-                         bad_end: Sequence[float] = ()) -> float | None:
+                         bad_end: Sequence[float] = (), others: Spread | None = None) -> float | None:
     """log P(samples | bad) - log P(samples | good). Good: at the good end's mean. Bad: anywhere
     from the line to `BAD_DROPS[1]` gaps under it (a gap: the good end's mean less the line),
     evenly likely, since the recipe's threshold calls every mean under the line bad; and, once the
     bad end has run (`bad_end`), with weight `AT_BAD_END` at the bad end's mean, where a bisected
     history's bad side sits. Student's t on the samples' mean, the spread pooled with the ends'
-    runs and the ends' own errors counted, so a step on few runs never says more than they hold.
-    None where no spread is known yet (one run in all)."""
-    terms = step_terms(cfg, samples, reference, bad_end)
+    runs (`others`, where given: the spread of every other commit the session ran, the ends
+    included) and the ends' own errors counted, so a step on few runs never says more than they
+    hold. None where no spread is known yet (one run in all)."""
+    terms = step_terms(cfg, samples, reference, bad_end, others)
     return None if terms is None else terms.log_lr
 
 
@@ -80,16 +104,17 @@ def _log_sum(values: Sequence[float]) -> float:
 
 
 def step_terms(cfg: ThroughputConfig, samples: Sequence[float], reference: Sequence[float],
-               bad_end: Sequence[float] = ()) -> StepTerms | None:
+               bad_end: Sequence[float] = (), others: Spread | None = None) -> StepTerms | None:
     """The step's ratio (`log_likelihood_ratio`) and its node terms; None where no spread is known."""
     if not samples or not reference:
         return None
-    df = len(samples) + len(reference) + len(bad_end) - 2 - (1 if bad_end else 0)
+    pool = others if others is not None else pooled_spread([reference, bad_end])
+    df = len(samples) - 1 + pool.df
     if df < 1:
         return None
     good, mean = fmean(reference), fmean(samples)
     line = cfg.threshold * good
-    spread2 = (squares(samples) + squares(reference) + (squares(bad_end) if bad_end else 0.0)) / df
+    spread2 = (squares(samples) + pool.squares) / df
     stderr = math.sqrt(spread2 * (1 / len(samples) + 1 / len(reference)))
     if stderr <= 0:
         llr = math.copysign(math.inf, line - mean)
@@ -118,15 +143,15 @@ def step_terms(cfg: ThroughputConfig, samples: Sequence[float], reference: Seque
 
 def judge_sequential(cfg: ThroughputConfig, observations: Sequence[Observation],
                      reference: Sequence[Observation] | None, tried: int, cap: int,
-                     bad_end: Sequence[Observation] = ()) -> tuple[Verdict, Stop | None]:
+                     bad_end: Sequence[Observation] = (), others: Spread | None = None,
+                     ) -> tuple[Verdict, Stop | None]:
     """A candidate's verdict from its trials so far (`tried` of them run, crashed ones included),
     and why its step stops (None: run one more): its likelihood ratio past `STEP_BOUND` either way,
-    or the cap (the search's posterior weighs the ratio either way)."""
+    or the cap (the search's posterior weighs the ratio either way). `others`: the spread pooled
+    over the session's other commits (`pooled_spread`), else the ends' runs alone."""
     verdict = judge_throughput(cfg, observations, reference)
-    samples = [s for s in map(sample_of, observations) if s is not None]
-    ref = [s for s in map(sample_of, reference or []) if s is not None]
-    bad = [s for s in map(sample_of, bad_end) if s is not None]
-    terms = step_terms(cfg, samples, ref, bad) if cfg.reference == "good_end" else None
+    samples, ref, bad = throughputs(observations), throughputs(reference or []), throughputs(bad_end)
+    terms = step_terms(cfg, samples, ref, bad, others) if cfg.reference == "good_end" else None
     if verdict.kind == VerdictKind.SKIP or terms is None:
         stop: Stop | None = None
         if tried >= cap:
@@ -152,7 +177,7 @@ def judge_sequential(cfg: ThroughputConfig, observations: Sequence[Observation],
 
 def reference_known(cfg: ThroughputConfig, observations: Sequence[Observation], tried: int, cap: int) -> Stop | None:
     """Why the good end has run enough for its mean to be the line (None: run one more)."""
-    samples = [s for s in map(sample_of, observations) if s is not None]
+    samples = throughputs(observations)
     if tried >= cap:
         return "cap"
     if len(samples) < REFERENCE_MIN_TRIALS:
@@ -163,14 +188,15 @@ def reference_known(cfg: ThroughputConfig, observations: Sequence[Observation], 
 
 
 def trials_wanted(cfg: ThroughputConfig, observations: Sequence[Observation], reference: Sequence[Observation] | None,
-                  tried: int, cap: int, as_reference: bool, bad_end: Sequence[Observation] = ()) -> int:
+                  tried: int, cap: int, as_reference: bool, bad_end: Sequence[Observation] = (),
+                  others: Spread | None = None) -> int:
     """How many trials the step runs next (0: it stops): the good end its minimum at once, then
     one at a time; a candidate one at a time."""
     if as_reference:
         if reference_known(cfg, observations, tried, cap):
             return 0
         return max(1, min(cap, REFERENCE_MIN_TRIALS) - tried)
-    return 0 if judge_sequential(cfg, observations, reference, tried, cap, bad_end)[1] else 1
+    return 0 if judge_sequential(cfg, observations, reference, tried, cap, bad_end, others)[1] else 1
 
 
 def judge_reference(cfg: ThroughputConfig, verdict: Verdict) -> Verdict:

@@ -27,16 +27,17 @@ from bisect_npu.nightly.good_table import Lookup, last_good, read_rows
 from bisect_npu.observations import Observation, Timings, VerdictKind
 from bisect_npu.oracle import judge
 from bisect_npu.oracle.config import OracleConfig
-from bisect_npu.oracle.sequential import REFERENCE_MIN_TRIALS
+from bisect_npu.oracle.sequential import REFERENCE_MIN_TRIALS, pooled_spread
 from bisect_npu.oracle.throughput import (
     REFERENCE_TRIALS_FACTOR,
     ThroughputConfig,
     judge_throughput,
     reference_trials,
+    sample_of,
     t_quantile,
 )
 from bisect_npu.orchestration.opening.reference import step_trials
-from bisect_npu.orchestration.session import search_mode_for
+from bisect_npu.orchestration.session import Session, search_mode_for
 from bisect_npu.recipe.loader import parse_recipe
 from tests.helpers.gitrepo import git, make_linear_repo
 from tests.helpers.paths import HELPERS, REPO_ROOT
@@ -484,6 +485,29 @@ def test_run_bisects_a_nightly_case_from_the_good_tables_row(tmp_path: Path) -> 
     assert forecast.accuracy >= 0.95
     assert forecast.mean_trials / 2 <= len(trials) <= forecast.p95_trials, (len(trials), forecast)
     assert summary["nightly"]["parallel"] == "TP1" and summary["nightly"]["execution"] == "ACLGraph"
+    # Resumed, the session pools the run-to-run spread over its journaled steps' runs, commit by commit.
+    runs_at: dict[str, list[float]] = {}
+    for r in records:
+        if r["type"] == "step":
+            for t in r["trials"]:
+                value = sample_of(Observation.load(session / t["observation"])) if t.get("observation") else None
+                if value is not None:
+                    runs_at.setdefault(r["commit"], []).append(value)
+    resumed = Session.resume(session)
+    try:
+        pooled = resumed.evaluator.pooled()
+        # and weighs its later steps against the journaled bad end's runs, as the first run did.
+        resumed.references.ensure(lambda _trials: pytest.fail("the good end ran again"))
+        bad_end = [r for r in records if r["type"] == "step" and r["index"] == max(trials)]
+        assert bad_end and [sample_of(o) for o in resumed.evaluator.bad_end_runs] == \
+            [sample_of(Observation.load(session / t["observation"])) for r in bad_end for t in r["trials"]
+             if t.get("observation")]
+    finally:
+        resumed.evaluator.close()
+        resumed.journal.close()
+    assert pooled is not None and pooled.df >= trials.count(0) - 1
+    assert pooled.df == pooled_spread(runs_at.values()).df
+    assert pooled.squares == pytest.approx(pooled_spread(runs_at.values()).squares)
 
 
 # -- the demo -------------------------------------------------------------------------------------

@@ -6,6 +6,7 @@ from __future__ import annotations
 import math
 
 import numpy as np
+import pytest
 from hypothesis import assume, given
 from hypothesis import strategies as st
 
@@ -15,6 +16,7 @@ from bisect_npu.oracle.sequential import (
     STEP_BOUND,
     judge_sequential,
     log_likelihood_ratio,
+    pooled_spread,
     reference_known,
     step_terms,
     trials_wanted,
@@ -167,3 +169,22 @@ def test_a_steps_node_terms_are_its_ratio_given_the_ends_means() -> None:
     assert verdict.figures["ends_error_nodes"]["good"] == [round(t, 4) for t in step_terms(  # type: ignore[union-attr]
         CFG, [1003.0], reference, bad_end).good]
 
+
+
+def test_the_sessions_pooled_spread_makes_one_run_say_more() -> None:
+    """The spread pooled over every commit the session ran (`pooled_spread`) adds degrees of
+    freedom, so one run's ratio nears the one a known spread gives; the pool is each commit's
+    runs about its own mean (a level shift between commits adds nothing), a single run none."""
+    reference, sample = [1000.0, 1020.0, 985.0, 1010.0], [935.0]
+    commits = [[990.0, 1010.0], [940.0, 960.0], [1005.0, 985.0, 995.0], [950.0]]
+    pool = pooled_spread([reference, *commits])
+    assert pool.df == (4 - 1) + 1 + 1 + 2 and pool.squares == pytest.approx(
+        sum(sum((v - np.mean(c)) ** 2 for v in c) for c in [reference, *commits[:3]]))
+    alone = log_likelihood_ratio(CFG, sample, reference)
+    pooled = log_likelihood_ratio(CFG, sample, reference, others=pool)
+    assert alone is not None and pooled is not None and pooled > alone > 0
+    # The same runs shifted by commit pool to the same spread.
+    shifted = pooled_spread([reference, *[[v + 37.0 * k for v in c] for k, c in enumerate(commits)]])
+    assert shifted.df == pool.df and shifted.squares == pytest.approx(pool.squares)
+    # No pool given: the ends' runs alone, as before.
+    assert step_terms(CFG, sample, reference, others=pooled_spread([reference])) == step_terms(CFG, sample, reference)

@@ -57,7 +57,7 @@ def test_a_settled_step_is_judged_from_its_journal_and_an_open_one_runs_on(tmp_p
     evaluator = Evaluator(builder, LocalExecutor(), session, recipe=perf)
     try:
         good_end = _journaled(session, shas[0], [1000.0, 1010.0, 990.0, 1005.0, 995.0, 1002.0, 998.0, 1000.0])
-        assert len(good_end) == REFERENCE_MIN_TRIALS
+        assert len(good_end) >= REFERENCE_MIN_TRIALS
         reference = evaluator.evaluate(EvaluationRequest(shas[0], 20, done=good_end, as_reference=True))
         assert reference.build.how == "journaled" and reference.verdict.figures["stopped"] == "reference known"
         assert reference.verdict.kind == VerdictKind.GOOD
@@ -73,3 +73,45 @@ def test_a_settled_step_is_judged_from_its_journal_and_an_open_one_runs_on(tmp_p
         assert near_the_line.verdict.kind == VerdictKind.SKIP
     finally:
         evaluator.close()
+
+
+def test_a_resumed_evaluator_pools_the_spread_its_journaled_steps_gave(tmp_path: Path) -> None:
+    """Every finished step's runs join the spread later steps pool; a resumed session hands its
+    journaled steps' runs to a new evaluator (`remember_runs`, as opening a journal does), which
+    then pools the same spread and judges the next step as the interrupted one would have."""
+    perf = import_case(read_case_file(CASE_FILE, CASE_PATH), CASE_PATH, "speed-a2", "perf")
+    shas = make_linear_repo(tmp_path / "repo", 4, culprit=3)
+    failing_build = [sys.executable, "-c", "raise SystemExit(1)"]
+    session = tmp_path / "session"
+    steps = [(shas[0], [1000.0, 1010.0, 990.0, 1005.0, 995.0, 1002.0, 998.0, 1000.0], True),
+             (shas[3], [930.0, 925.0], False), (shas[1], [1004.0, 992.0, 999.0], False)]
+    journaled = [(sha, _journaled(session, sha, values), as_reference) for sha, values, as_reference in steps]
+
+    def evaluator() -> Evaluator:
+        builder = LocalBuilder(git.Repo(tmp_path / "repo"), tmp_path / f"work-{id(object())}", failing_build)
+        return Evaluator(builder, LocalExecutor(), session, recipe=perf)
+
+    first, resumed = evaluator(), evaluator()
+    try:
+        for sha, records, as_reference in journaled:
+            first.evaluate(EvaluationRequest(sha, 20 if as_reference else 5, done=records, as_reference=as_reference,
+                                             as_bad_end=sha == shas[3]))
+        assert first.pooled().df == 7 + 1 + 2
+        resumed.set_reference(journaled[0][1])
+        resumed.bad_end_runs = first.bad_end_runs
+        for sha, records, _ in journaled:
+            resumed.remember_runs(sha, records)
+        assert resumed.pooled() == first.pooled()
+        nxt = _journaled(session, shas[2], [968.0])
+        verdicts = [e.evaluate(EvaluationRequest(shas[2], 1, done=nxt)).verdict for e in (first, resumed)]
+        assert verdicts[0].figures["log_likelihood_ratio"] == verdicts[1].figures["log_likelihood_ratio"]
+        # Pooled over the session, the ratio is not the one the ends' runs alone give.
+        alone = evaluator()
+        alone.set_reference(journaled[0][1])
+        alone.bad_end_runs = first.bad_end_runs
+        lone = alone.evaluate(EvaluationRequest(shas[2], 1, done=nxt)).verdict
+        alone.close()
+        assert lone.figures["log_likelihood_ratio"] != verdicts[0].figures["log_likelihood_ratio"]
+    finally:
+        first.close()
+        resumed.close()

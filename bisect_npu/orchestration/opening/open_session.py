@@ -35,11 +35,11 @@ from bisect_npu.orchestration.opening.verdict_reuse import (
     open_verdict_reuse,
 )
 from bisect_npu.orchestration.running.earlier_results import settled_given
-from bisect_npu.orchestration.running.evaluate import Evaluator
+from bisect_npu.orchestration.running.evaluate import Evaluator, until_sure
 from bisect_npu.progress import PlainProgress, Progress
 from bisect_npu.recipe.loader import load_recipe
 from bisect_npu.recipe.schema import Recipe
-from bisect_npu.records import JOURNAL_SCHEMA_VERSION, EarlierRunsCounts, HeaderRecord
+from bisect_npu.records import JOURNAL_SCHEMA_VERSION, EarlierRunsCounts, HeaderRecord, StepRecord
 from bisect_npu.request import RunRequest, flagged_fields
 from bisect_npu.upstream import history
 
@@ -148,6 +148,9 @@ def open_journal(session_dir: Path | None = None, root: Path = DEFAULT_ROOT, pro
                       f"{len(spec.executor.devices)} cards")
     evaluator = session_evaluator(spec, repo, recipe, session_dir, builder, executor, oracle)
     stop_leftovers(evaluator, progress)
+    if until_sure(recipe):  # the spread pooled over the finished steps' runs, as the interrupted run had it
+        for step in journal.records(StepRecord):
+            evaluator.remember_runs(step.commit, step.trials)
     return Opened(journal, spec, repo, recipe, evaluator, progress, reuse)
 
 

@@ -64,7 +64,7 @@ class References:
     def ensure(self, run_good: Callable[[int], None]) -> None:
         """Give the evaluator the good side's runs as its reference, running that side first (with
         the recipe's trials, `run_good(trials)`) where it has not run (and the bad side's, for an
-        accuracy recipe, where it has run)."""
+        accuracy recipe or throughput steps weighed against it, where it has run)."""
         if not self.from_good_end or self.evaluator.reference is not None:
             return
         good = self.good_runs()
@@ -73,5 +73,5 @@ class References:
             good = self.good_runs() or []
         self.evaluator.set_reference(good)
         bad = self.bad_runs() if self.bad_runs is not None else None
-        if bad and self.evaluator.accuracy is not None and self.evaluator.accuracy.bad_end is None:
+        if bad and (self.evaluator.accuracy is None or self.evaluator.accuracy.bad_end is None):
             self.evaluator.set_bad_reference(bad)

@@ -23,6 +23,7 @@ from bisect_npu.execute.base import Executor, RunResult, observation_path, probe
 from bisect_npu.execute.card_memory import CardWait
 from bisect_npu.observations import Observation, TimeoutIs, Verdict, VerdictKind
 from bisect_npu.oracle import sequential
+from bisect_npu.oracle.throughput import sample_of
 from bisect_npu.orchestration.running.accuracy import AccuracySteps, load_from, role_of
 from bisect_npu.orchestration.running.earlier_results import (
     Earlier,
@@ -143,6 +144,9 @@ class Evaluator:
         self.earlier = dict(earlier or {})  # --earlier-results: an end's results by role, over the recipe's
         self.reference: list[Observation] | None = None
         self.bad_end_runs: list[Observation] = []  # a throughput step's other level, once the bad end ran
+        # Every throughput run of the session's finished steps, by commit then observation file:
+        # the run-to-run spread each later step pools (oracle/sequential.py's `pooled_spread`).
+        self.session_runs: dict[str, dict[str, float]] = {}
         self.accuracy = AccuracySteps(recipe) if recipe is not None and recipe.accuracy is not None else None
 
     def close(self) -> None:
@@ -255,14 +259,35 @@ class Evaluator:
         spec, observations = self.recipe.oracle.throughput, self._observed(records)
         if request.as_reference:
             stop = sequential.reference_known(spec, observations, len(records), request.trials) or "cap"
+            self.remember_runs(request.commit, records)
             return sequential.said(sequential.judge_reference(spec, self._judge_step(records)), stop, len(records))
         if not observations:
             return self._judge_step(records)
         verdict = sequential.judge_sequential(spec, observations, self.reference, len(records), request.trials,
-                                              self._bad_end(request))[0]
+                                              self._bad_end(request), self.pooled())[0]
         if request.as_bad_end:
             self.bad_end_runs = observations
+        self.remember_runs(request.commit, records)
         return verdict
+
+    def pooled(self) -> sequential.Spread | None:
+        """The run-to-run spread pooled over every commit of the session's finished steps (the ends'
+        included); None (the ends' runs alone) where those hold more, as where a search set the
+        reference itself without running the good end here."""
+        pool = sequential.pooled_spread(list(runs.values()) for runs in self.session_runs.values())
+        ends = sequential.pooled_spread([sequential.throughputs(self.reference or []),
+                                         sequential.throughputs(self.bad_end_runs)])
+        return pool if pool.df > ends.df else None
+
+    def remember_runs(self, commit: str, records: Sequence[TrialRun]) -> None:
+        """A finished step's throughput runs join the pooled spread (a resumed session gives its
+        journaled steps' runs here, so it pools what the interrupted one did)."""
+        runs = self.session_runs.setdefault(commit, {})
+        for record in records:
+            if record.observation and record.observation not in runs:
+                value = sample_of(Observation.load(self.abs(record.observation)))
+                if value is not None:
+                    runs[record.observation] = value
 
     def _sequential(self, request: EvaluationRequest) -> bool:
         return self.command is None and not request.judge_each and until_sure(self.recipe)
@@ -275,7 +300,8 @@ class Evaluator:
         assert self.recipe is not None and self.recipe.oracle.throughput is not None
         reference = None if request.as_reference else self.reference
         return sequential.trials_wanted(self.recipe.oracle.throughput, self._observed(records), reference,
-                                        len(records), request.trials, request.as_reference, self._bad_end(request))
+                                        len(records), request.trials, request.as_reference, self._bad_end(request),
+                                        self.pooled())
 
     def _bad_end(self, request: EvaluationRequest) -> list[Observation]:
         """The bad end's runs a throughput step is weighed against (the bad end's own step: none)."""
@@ -603,7 +629,9 @@ class Evaluator:
             self.accuracy.remember("good_end", self.reference)
 
     def set_bad_reference(self, records: list[TrialRun]) -> None:
-        """An accuracy recipe's bad end, judged before a resume: the other half of the reference."""
+        """The bad end, judged before a resume: an accuracy recipe's other half of the reference,
+        a throughput step's other level (where it stops when sure), as the interrupted run had it."""
         if self.accuracy is not None:
-            self.accuracy.remember("bad_end", [Observation.load(self.abs(r.observation))
-                                               for r in records if r.observation])
+            self.accuracy.remember("bad_end", self._observed(records))
+        elif until_sure(self.recipe):
+            self.bad_end_runs = self._observed(records)

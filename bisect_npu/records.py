@@ -1,7 +1,8 @@
 """The journal's records: one pydantic model per line type, read through the union `JournalRecord`.
 
 A journal is a header line, then records appended as a session goes: `trial` (one probe or command
-run), `step` (a commit judged), `end` (the search's answer), `next_level` (a finer level's
+run), `step` (a commit judged: a `JudgedRun`, the shape every search's judged record shares), `end`
+(the search's answer, a `SearchEnd`), `next_level` (a finer level's
 answer: a release's commits or a merge's, a culprit's dependency commits), `dependency_move` (the
 culprit moved a declared dependency's pin), `fix` (the ranked fix proposals), `fix_verified` (one
 proposal verified) and `fix_verify` (the verification stage done). Each line's `type` names its model.
@@ -227,32 +228,68 @@ class RetryRecord(Record, RetryRun):
     commit: str
 
 
-class StepRecord(Record):
-    """A commit judged: its build, its trials and the verdict; `told` is what the search weighed
-    its choice by (its costs, in its unit). `stored`: the verdict was reused from the verdict
-    store (`build.how` "stored"), not judged here."""
+class JudgedRun(_Shape):
+    """What every judged candidate's record holds, whatever the search: how the candidate was made
+    runnable (`build`), its verdict, trials and seconds, where the verdict store gave the verdict
+    (`stored`: nothing ran), its failed attempts in order (`retries`), and why the host's failures
+    left it unjudged (`host_failure`: a later session runs it again). A search's record is a
+    `Record`, this, and the keys that say which candidate it judged."""
+
+    build: BuildInfo | None = None
+    verdict: Verdict
+    trials: list[TrialRun] = Field(default_factory=list)
+    seconds: float = 0.0
+    stored: StoredFrom | None = None
+    retries: list[RetryRun] = Field(default_factory=list)
+    host_failure: str | None = None
+
+    def judged_fields(self) -> dict[str, Any]:
+        """The shared fields by name, as they are (not dumped): what a search's record is made of
+        besides its keys."""
+        return {name: getattr(self, name) for name in JudgedRun.model_fields}
+
+    def judged_run(self) -> JudgedRun:
+        """The shared part of a judged record, its keys left out."""
+        return JudgedRun(**self.judged_fields())
+
+
+class _StepKeys(Record):
+    """Which commit a step judged (first on its line, before the judged run, as 0.1.x wrote it)."""
 
     type: Literal["step"] = "step"
     index: int
     commit: str
     title: str = ""
-    build: BuildInfo | None = None
-    verdict: Verdict
-    trials: list[TrialRun] = Field(default_factory=list)
-    seconds: float = 0.0
+
+
+class StepRecord(JudgedRun, _StepKeys):
+    """A commit judged, at position `index`; `told` is what the search weighed its choice by (its
+    costs, in its unit). `stored`: the verdict was reused from the verdict store (`build.how`
+    "stored"), not judged here."""
+
     told: dict[str, float] = Field(default_factory=dict)
-    stored: StoredFrom | None = None
-    retries: list[RetryRun] = Field(default_factory=list)  # the step's failed attempts, in order
 
 
-class EndRecord(Record):
-    """The search's answer: a culprit (`found`), a range it could not narrow past skipped commits
-    (`narrowed`), or an end that does not behave as given (`ends_wrong`)."""
+class SearchEnd(_Shape):
+    """What every search's end holds: its sentence, its figures, and which end does not behave as
+    given where that is the answer."""
+
+    message: str = ""
+    figures: dict[str, float] = Field(default_factory=dict)
+    which: Literal["good", "bad"] | None = None  # ends_wrong
+
+
+class _EndStatus(Record):
+    """How the search ended (first on its line, as 0.1.x wrote it)."""
 
     type: Literal["end"] = "end"
     status: Literal["found", "narrowed", "ends_wrong"]
-    message: str = ""
-    figures: dict[str, float] = Field(default_factory=dict)
+
+
+class EndRecord(SearchEnd, _EndStatus):
+    """The search's answer: a culprit (`found`), a range it could not narrow past skipped commits
+    (`narrowed`), or an end that does not behave as given (`ends_wrong`)."""
+
     prefetch_saved_s: float | None = None
     culprit: str | None = None  # found
     index: int | None = None  # found: the culprit's position
@@ -261,7 +298,6 @@ class EndRecord(Record):
     hi: str | None = None
     lo_index: int | None = None
     hi_index: int | None = None
-    which: Literal["good", "bad"] | None = None  # ends_wrong
 
 
 class NextLevelRecord(Record):

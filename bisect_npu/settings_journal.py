@@ -3,7 +3,10 @@ append-only journal (journal.py's `AppendOnlyJournal`: one fsync'd JSON line per
 configuration, behind a lock, a torn last line dropped) over the settings search's records.
 
 Its own records and file name, not `journal.jsonl`'s: what it tests is a configuration at one
-commit, not a commit of a range, and the file 0.2.x wrote (its journals resume) is named so.
+commit, not a commit of a range, and the file 0.2.x wrote (its journals resume) is named so. The
+records are the commit journal's family: a judged configuration or reference is a `JudgedRun` under
+its keys, as a commit's `step` is, a trial a `TrialRun`, a failed attempt a `RetryRun`, the end a
+`SearchEnd`.
 """
 
 from __future__ import annotations
@@ -18,8 +21,7 @@ from bisect_npu.defaults import CONFIDENCE, TRIAL_TIMEOUT_S
 from bisect_npu.errors import UsageError
 from bisect_npu.journal import AppendOnlyJournal
 from bisect_npu.level import SettingsLevel
-from bisect_npu.observations import Verdict
-from bisect_npu.records import BuildInfo, Record, RetryRun, StoredFrom, TrialRun
+from bisect_npu.records import JudgedRun, Record, RetryRun, SearchEnd, TrialRun
 from bisect_npu.request import RunRequest
 
 SETTINGS_FILE = "settings.jsonl"
@@ -104,24 +106,22 @@ class ConfigurationRetry(Record, RetryRun):
     reference: bool = False
 
 
-class ConfigurationRecord(Record):
-    """A configuration judged: the keys at their bad value (`configuration`), the recipe digest it
-    ran as, its build, trials and verdict; `stored`: the verdict store had it, nothing ran.
-    `retries`: its failed attempts, in order; `host_failure`: why it is unresolved where the
-    host's failures spent its retries (a later search runs it again)."""
+class _ConfigurationKeys(Record):
+    """Which configuration a record judged (first on its line, before the judged run, as 0.2.x wrote it)."""
 
     type: Literal["configuration"] = "configuration"
     configuration: list[int]
     digest: str
     settings: dict[str, Any] = Field(default_factory=dict)  # every differing key -> the value it ran with
-    build: BuildInfo | None = None
-    verdict: Verdict
-    trials: list[TrialRun] = Field(default_factory=list)
-    seconds: float = 0.0
-    stored: StoredFrom | None = None
+
+
+class ConfigurationRecord(JudgedRun, _ConfigurationKeys):
+    """A configuration judged: the keys at their bad value (`configuration`), the recipe digest it
+    ran as and every differing key's value it ran with (`settings`); `stored`: the verdict store
+    had it, nothing ran; `host_failure`: why it is unresolved where the host's failures spent its
+    retries (a later search runs it again)."""
+
     value_check: str | None = None  # a --vary value checked alone: "KEY=VALUE"
-    retries: list[RetryRun] = Field(default_factory=list)
-    host_failure: str | None = None
 
 
 class ReferenceTrial(Record, TrialRun):
@@ -132,34 +132,35 @@ class ReferenceTrial(Record, TrialRun):
     digest: str
 
 
-class ReferenceRecord(Record):
-    """A configuration run at the reference commit: its trials are the reference its run at the
-    searched commit is judged against; `verdict` is how the oracle judged it there alone (a
-    repetition loop makes it bad: the reference commit is not good for it)."""
+class _ReferenceKeys(Record):
+    """Which configuration a reference record ran, and at which commit."""
 
     type: Literal["reference"] = "reference"
     configuration: list[int]
     digest: str
     commit: str
-    build: BuildInfo | None = None
-    verdict: Verdict
-    trials: list[TrialRun] = Field(default_factory=list)
-    seconds: float = 0.0
-    retries: list[RetryRun] = Field(default_factory=list)
-    host_failure: str | None = None
 
 
-class SettingsEnd(Record):
-    """The answer: the trigger (`found`), an end that does not behave as given (`ends_wrong`), or
-    no trigger because configurations it rests on could not be judged for a reason of their own
-    (`unresolved`: `unresolved` lists them)."""
+class ReferenceRecord(JudgedRun, _ReferenceKeys):
+    """A configuration run at the reference commit: its trials are the reference its run at the
+    searched commit is judged against; `verdict` is how the oracle judged it there alone (a
+    repetition loop makes it bad: the reference commit is not good for it). Never the verdict
+    store's: `stored` stays None."""
+
+
+class _SettingsEndStatus(Record):
+    """How the settings search ended and its trigger (first on its line, as 0.2.x wrote it)."""
 
     type: Literal["settings_end"] = "settings_end"
     status: Literal["found", "ends_wrong", "unresolved"]
     trigger: list[int] = Field(default_factory=list)
-    message: str = ""
-    which: Literal["good", "bad"] | None = None
-    figures: dict[str, float] = Field(default_factory=dict)
+
+
+class SettingsEnd(SearchEnd, _SettingsEndStatus):
+    """The answer: the trigger (`found`), an end that does not behave as given (`ends_wrong`), or
+    no trigger because configurations it rests on could not be judged for a reason of their own
+    (`unresolved`: `unresolved` lists them)."""
+
     unresolved: list[list[int]] = Field(default_factory=list)
 
 

@@ -29,6 +29,7 @@ from bisect_npu.orchestration.running.evaluate import EvaluationRequest, Evaluat
 from bisect_npu.progress import Progress
 from bisect_npu.recipe.schema import Recipe
 from bisect_npu.recipe.settings import Difference, apply, show
+from bisect_npu.records import JudgedRun
 from bisect_npu.search.ddmin import Configuration
 from bisect_npu.settings_journal import (
     ConfigurationRecord,
@@ -114,20 +115,16 @@ class Configurations:
         at_reference: list[Observation] = []  # the configuration's observations at the reference commit
         ran: list[bool] = []
 
-        def record(judged: engine.Judgement) -> ConfigurationRecord:
-            return ConfigurationRecord(configuration=keys, digest=digest, settings=settings, value_check=check,
-                                       **vars(judged))
-
-        def settled() -> engine.Judgement | None:
+        def settled() -> JudgedRun | None:
             """Where a reference commit is asked, the configuration there first: not judged good
             there, it is skipped here."""
             if not self.reference_commit or as_reference:
                 return None
             reference = self._reference_run(configuration, recipe, check)
             if reference.verdict.kind != VerdictKind.GOOD:
-                return engine.Judgement(Verdict(kind=VerdictKind.SKIP, trials=0, reason=(
+                return JudgedRun(verdict=Verdict(kind=VerdictKind.SKIP, trials=0, reason=(
                     f"{reference.verdict.kind.value} at the reference commit {self.reference_label()}: "
-                    f"{reference.verdict.reason}")), reference.build, host_failure=reference.host_failure)
+                    f"{reference.verdict.reason}")), build=reference.build, host_failure=reference.host_failure)
             at_reference.extend(Observation.load(self.base.abs(t.observation)) for t in reference.trials
                                 if t.observation)
             return None
@@ -156,7 +153,8 @@ class Configurations:
             trial=lambda run: ConfigurationTrial(configuration=keys, digest=digest, **run.model_dump()),
             retry=lambda retry: ConfigurationRetry(configuration=keys, digest=digest, reference=False,
                                                    **retry.model_dump()),
-            record=record,
+            record=ConfigurationRecord,
+            record_keys={"configuration": keys, "digest": digest, "settings": settings, "value_check": check},
             settled=settled, started=started, said=said), self.append, self.progress, verdicts)
         assert isinstance(judged, ConfigurationRecord)
         return judged
@@ -192,10 +190,8 @@ class Configurations:
             trial=lambda run: ReferenceTrial(configuration=keys, digest=digest, **run.model_dump()),
             retry=lambda retry: ConfigurationRetry(configuration=keys, digest=digest, reference=True,
                                                    **retry.model_dump()),
-            record=lambda judged: ReferenceRecord(  # never the store's: no `stored`
-                configuration=keys, digest=digest, commit=reference_commit, build=judged.build,
-                verdict=judged.verdict, trials=judged.trials, seconds=judged.seconds, retries=judged.retries,
-                host_failure=judged.host_failure),
+            record=ReferenceRecord,  # never asked of the store: `stored` stays None
+            record_keys={"configuration": keys, "digest": digest, "commit": reference_commit},
             started=lambda: self.progress.note(f"{label} at the reference commit {self.reference_label()}: running "
                                                f"{recipe.trials.count} trial(s)")), self.append, self.progress, None)
         assert isinstance(judged, ReferenceRecord)

@@ -6,8 +6,8 @@ alone first where it is one, the rest over the slots), asks again, runs fresh wh
 on where only the store judged it, and finishes. Each candidate is judged the same way (`judge`):
 the store's verdict journaled where it holds one, else what must be settled before its run (a
 configuration at the reference commit), else its run through `candidate.run_candidate`, every
-finished trial and failed attempt journaled the moment it ends, its `Judgement` journaled under the
-space's keys, the verdict kept unless the host's failures left it unjudged.
+finished trial and failed attempt journaled the moment it ends, its `JudgedRun` journaled under the
+space's keys (`judged_record`), the verdict kept unless the host's failures left it unjudged.
 
 What differs lives in the space (`CandidateSpace`; the commit search's `session.Session`, the
 settings search's `settings_session.SettingsSearch`): its decide function and what its answer
@@ -18,18 +18,17 @@ A change to how a candidate is run made here reaches both searches.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Hashable, Sequence
-from dataclasses import dataclass, field
+from collections.abc import Callable, Hashable, Mapping, Sequence
+from dataclasses import dataclass
 from typing import Generic, Protocol, TypeVar
 
 from bisect_npu import interrupts
-from bisect_npu.observations import Verdict
 from bisect_npu.orchestration.opening.verdict_reuse import Reused, SessionVerdicts
 from bisect_npu.orchestration.running.candidate import CandidateJournal, run_candidate
 from bisect_npu.orchestration.running.evaluate import EvaluationRequest, Evaluator
 from bisect_npu.orchestration.running.slots import run_in_slots
 from bisect_npu.progress import Progress
-from bisect_npu.records import BuildInfo, RetryRun, StoredFrom, TrialRun
+from bisect_npu.records import BuildInfo, JudgedRun, RetryRun, TrialRun
 
 Query = TypeVar("Query")  # what a round asks of one candidate: a position and its trials, a configuration's ask
 Answer = TypeVar("Answer")  # the decide function's answer: found, narrowed, ends wrong, a trigger, unresolved
@@ -97,28 +96,14 @@ def drive(space: CandidateSpace[Query, Answer, Result_co]) -> Result_co:
 
 
 @dataclass(frozen=True)
-class Judgement:
-    """What every record of a judged candidate holds, whatever its space: how it was made runnable
-    (`build`), its verdict, its trials and seconds, where the store gave the verdict (`stored`), its
-    failed attempts, and why the host left it unjudged (None where it did not)."""
-
-    verdict: Verdict
-    build: BuildInfo | None = None
-    trials: list[TrialRun] = field(default_factory=list)
-    seconds: float = 0.0
-    stored: StoredFrom | None = None
-    retries: list[RetryRun] = field(default_factory=list)
-    host_failure: str | None = None
-
-
-@dataclass(frozen=True)
 class Candidate(Generic[Key, Rec]):
     """One candidate as its space gives it to `judge`: `key` in the verdict store's ledger, `commit`
     and `build_key` where it runs, `label` on the progress lines, `evaluation` the evaluator and
     request that run it (its step directory, recipe and trials), `retried` the failed attempts
-    journaled since its last record; its records under its space's keys: `trial`, `retry` and
-    `record` (a `Judgement`: the store's verdict, or its run's); `settled` a judgement without its
-    run (None: run it), `started` and `said` what the progress lines say of it."""
+    journaled since its last record; its records under its space's keys: `trial`, `retry`, and
+    `record`, the space's judged record type (a `JudgedRun` and its keys), made with `record_keys`
+    (`judged_record`); `settled` a judgement without its run (None: run it), `started` and `said`
+    what the progress lines say of it."""
 
     key: Key
     commit: str
@@ -128,8 +113,9 @@ class Candidate(Generic[Key, Rec]):
     retried: Sequence[RetryRun]
     trial: Callable[[TrialRun], Rec]
     retry: Callable[[RetryRun], Rec]
-    record: Callable[[Judgement], Rec]
-    settled: Callable[[], Judgement | None] = lambda: None
+    record: Callable[..., Rec]
+    record_keys: Mapping[str, object]
+    settled: Callable[[], JudgedRun | None] = lambda: None
     started: Callable[[], None] = lambda: None
     said: Callable[[Rec], None] = lambda _record: None
 
@@ -142,8 +128,9 @@ def recall(candidate: Candidate[Key, Rec], append: Callable[[Rec], None],
     journaled: list[Rec] = []
 
     def journal(reused: Reused) -> None:
-        journaled.append(candidate.record(Judgement(reused.verdict, BuildInfo(how="stored", key=candidate.build_key
-                                                                              or None), stored=reused.stored)))
+        journaled.append(judged_record(candidate, JudgedRun(
+            verdict=reused.verdict, build=BuildInfo(how="stored", key=candidate.build_key or None),
+            stored=reused.stored)))
         append(journaled[-1])
 
     if verdicts.recall(candidate.key, candidate.commit, candidate.build_key, journal) is None:
@@ -174,15 +161,22 @@ def judge(candidate: Candidate[Key, Rec], append: Callable[[Rec], None], progres
     run = run_candidate(evaluator, request, CandidateJournal(
         candidate.label, on_trial, lambda retry: append(candidate.retry(retry)), candidate.retried), progress)
     result = run.result
-    record = _journal(candidate, append, Judgement(result.verdict, result.build, result.trials, result.seconds,
-                                                   retries=run.retries, host_failure=run.host_failure))
+    record = _journal(candidate, append, JudgedRun(
+        verdict=result.verdict, build=result.build, trials=result.trials, seconds=result.seconds,
+        retries=run.retries, host_failure=run.host_failure))
     if verdicts is not None and run.host_failure is None:
         verdicts.keep(candidate.key, candidate.commit, candidate.build_key, result.verdict)
     return record
 
 
-def _journal(candidate: Candidate[Key, Rec], append: Callable[[Rec], None], judgement: Judgement) -> Rec:
-    record = candidate.record(judgement)
+def judged_record(candidate: Candidate[Key, Rec], judged: JudgedRun) -> Rec:
+    """A judged candidate's record in its space's journal: the space's record type under the
+    candidate's keys, holding the judged run; the one place either search's judged record is made."""
+    return candidate.record(**candidate.record_keys, **judged.judged_fields())
+
+
+def _journal(candidate: Candidate[Key, Rec], append: Callable[[Rec], None], judged: JudgedRun) -> Rec:
+    record = judged_record(candidate, judged)
     append(record)
     candidate.said(record)
     return record

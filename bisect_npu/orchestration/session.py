@@ -338,17 +338,13 @@ class Session:
                 commit, trials, tuple(pending), judge_each=noisy, first_trial=first, as_reference=as_reference,
                 as_bad_end=index == self.n, at_end=index in (0, self.n))
 
-        def record(judged: engine.Judgement) -> JournalRecord:
-            return StepRecord(index=index, commit=commit, title=title, build=judged.build, verdict=judged.verdict,
-                              trials=judged.trials, seconds=judged.seconds, told=self._told, stored=judged.stored,
-                              retries=judged.retries)
-
         return engine.Candidate(
             key=index, commit=commit, build_key=key, label=commit[:10], evaluation=evaluation,
             retried=self.state.pending_retries(index),
             trial=lambda run: TrialRecord(index=index, commit=commit, **run.model_dump()),
             retry=lambda retry: RetryRecord(index=index, commit=commit, **retry.model_dump()),
-            record=record, started=started, said=said)
+            record=StepRecord, record_keys={"index": index, "commit": commit, "title": title, "told": self._told},
+            started=started, said=said)
 
     def _build_key(self, index: int) -> str:
         """The position's build key as the verdict store keys it ("" where every commit is its own build)."""

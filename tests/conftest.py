@@ -25,21 +25,6 @@ def _engine_missing(reason: str) -> None:
     pytest.skip(f"no container engine: {reason}; run containers/setup-podman.sh and export DOCKER_HOST")
 
 
-@pytest.hookimpl(tryfirst=True)  # before pytest-xdist's own hook reads the groups
-def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """Under pytest-xdist (`make test` runs `-n 2 --dist loadgroup`) each test module runs whole on
-    one worker, so a module-scoped fixture (a model's dumps, a demo's bisection) is made once; and
-    every `container` test runs on one worker, one after another: they remove the images labelled
-    `org.bisect-npu.kind` around themselves and prune the image cache, which would take the images
-    of a container test on the other worker."""
-    if not config.pluginmanager.hasplugin("xdist"):
-        return
-    for item in items:
-        if item.get_closest_marker("xdist_group") is None:
-            group = "container" if item.get_closest_marker("container") else item.nodeid.split("::")[0]
-            item.add_marker(pytest.mark.xdist_group(group))
-
-
 @pytest.fixture(autouse=True)
 def own_verdict_store(tmp_path_factory: pytest.TempPathFactory, monkeypatch: pytest.MonkeyPatch) -> Path:
     """Each test's `run` keeps and reuses verdicts in a store of its own: tests bisect the same

@@ -7,7 +7,7 @@ PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
 .PHONY: venv demo check check-lint check-units test test-prerequisites test-heavy lint bench engine docs harnesses \
-	harness-lmeval harness-aisbench harness-locks
+	harness-lmeval harness-aisbench harness-locks bytecode
 
 # The container tests talk to podman's Docker-compatible API (containers/setup-podman.sh).
 ENGINE_SOCKET ?= /run/bisect-npu-podman.sock
@@ -97,14 +97,19 @@ harness-locks:
 
 # What the suite needs is made side by side: the harness installs and the engine's base image wait
 # on the network and the disk while lint and the docs use the cores (-O prints each target whole).
-test-prerequisites: venv lint docs engine harnesses
+test-prerequisites: venv lint docs engine harnesses bytecode
+
+# The package compiled once: where PYTHONDONTWRITEBYTECODE is set (as on the development machine)
+# every bisect-npu a test starts would compile it again; each reads these instead.
+bytecode: venv
+	$(PY) -m compileall -q bisect_npu
 
 test:
 	$(MAKE) --no-print-directory -j4 -O test-prerequisites
 	BISECT_NPU_HARNESS_HOME=$(HARNESS_HOME) DOCKER_HOST=unix://$(ENGINE_SOCKET) $(PY) -m pytest -q
 
 # Calibration runs and the heaviest end-to-end variants (marker `heavy`); .ci/run runs it after make test.
-test-heavy: venv engine harnesses
+test-heavy: venv engine harnesses bytecode
 	BISECT_NPU_HARNESS_HOME=$(HARNESS_HOME) DOCKER_HOST=unix://$(ENGINE_SOCKET) $(PY) -m pytest -q -m heavy
 
 # Real vLLM on the CPU (docs/development.md): the `vllm` and `openai` probe backends against
@@ -122,7 +127,7 @@ $(VLLM_STAMP):
 	$(VLLM_VENV)/bin/pip uninstall -q -y torchvision torchaudio torchcodec triton
 	touch $(VLLM_STAMP)
 
-test-vllm: venv $(VLLM_STAMP) harnesses
+test-vllm: venv $(VLLM_STAMP) harnesses bytecode
 	BISECT_NPU_HARNESS_HOME=$(HARNESS_HOME) $(PY) -m pytest -q -m vllm tests/probe/test_probe_vllm.py tests/probe/test_probe_openai.py \
 		tests/probe/test_accuracy_vllm.py tests/orchestration/test_settings_vllm.py tests/alignment/test_alignment_vllm.py
 
@@ -160,5 +165,5 @@ $(RAY_STAMP): $(STAMP)
 	$(PY) -m pip install -q -e '.[demo,test,ray]'
 	touch $(RAY_STAMP)
 
-test-ray: venv engine $(RAY_STAMP)
+test-ray: venv engine $(RAY_STAMP) bytecode
 	DOCKER_HOST=unix://$(ENGINE_SOCKET) $(PY) -m pytest -q -m ray tests/execute/test_ray_executor.py tests/execute/test_ray_nodes.py

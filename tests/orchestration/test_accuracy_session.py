@@ -11,6 +11,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import git
 import pytest
 
 from bisect_npu.demo.accuracy import DATASET, read_dataset
@@ -30,8 +31,13 @@ def free_port() -> int:
 
 
 def test_a_command_harness_bisection_finds_the_manifests_culprit_running_few_samples(demo_upstream, tmp_path):
+    """From the culprit's third first-parent ancestor to its third descendant (not the case's 39
+    commits): both ends on the whole dataset, the steps between on the samples that tell them apart."""
     repo, manifest = demo_upstream
     case = manifest.case("accuracy")
+    history = git.Repo(repo)
+    good = history.commit(f"{case.culprit.sha}~3").hexsha
+    bad = history.git.rev_list("--first-parent", "--reverse", f"{case.culprit.sha}..{case.bad_ref}").split()[2]
     recipe = {
         "name": "accuracy-session", "model": {"path": "seed:0", "dtype": "float32"},
         "engine": {"backend": "openai", "launcher": ["{python}", "-m", "{probe}.serve_mini", "{model}"],
@@ -45,8 +51,8 @@ def test_a_command_harness_bisection_finds_the_manifests_culprit_running_few_sam
     }
     path = tmp_path / "recipe.yaml"
     path.write_text(json.dumps(recipe))
-    done = subprocess.run([sys.executable, "-m", "bisect_npu", "run", "--repo", str(repo), "--good", case.good_ref,
-                           "--bad", case.bad_ref, "--recipe", str(path), "--session", str(tmp_path / "s"),
+    done = subprocess.run([sys.executable, "-m", "bisect_npu", "run", "--repo", str(repo), "--good", good,
+                           "--bad", bad, "--recipe", str(path), "--session", str(tmp_path / "s"),
                            "--no-fix", "--json"], cwd=tmp_path, capture_output=True, text=True, timeout=580,
                           check=False)
     assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-3000:]
@@ -58,7 +64,7 @@ def test_a_command_harness_bisection_finds_the_manifests_culprit_running_few_sam
     ran = {e["index"]: e["verdict"]["figures"]["samples_run"] for e in steps}
     n = max(ran)
     assert ran[0] == ran[n] == total  # the ends: the whole dataset
-    assert all(count < total for index, count in ran.items() if index not in (0, n))  # candidates: focused
+    assert len(ran) > 2 and all(count < total for index, count in ran.items() if index not in (0, n))  # focused
     for step in steps:  # each candidate round asked exactly the samples its observation holds
         for trial in step["trials"]:
             observation = Observation.load(tmp_path / "s" / trial["observation"])

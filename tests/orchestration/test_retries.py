@@ -137,10 +137,15 @@ def test_one_seeded_history_on_the_30_and_10_percent_host_keeps_its_answer_and_s
                                                                                               tmp_path):
     """The short variant of bench/flaky_host_bench.py: one served history, exit 0, the right
     culprit, every failed start and harness run journaled, and the report's host section giving
-    the retries and the failure rate they make."""
+    the retries and the failure rate they make. From the culprit's third first-parent ancestor to
+    its third descendant: both ends and the steps between on the same flaky host (seed 3 fails
+    the second start), not the case's 39 commits."""
     repo, manifest = demo_upstream
     case = manifest.case("accuracy")
-    run = run_on_flaky_host(repo, case.good_ref, case.bad_ref, tmp_path, seed=3)
+    history = git.Repo(repo)
+    after = history.git.rev_list("--first-parent", "--reverse", f"{case.culprit.sha}..{case.bad_ref}").split()
+    good = history.commit(f"{case.culprit.sha}~3").hexsha
+    run = run_on_flaky_host(repo, good, after[2], tmp_path, seed=3)
     assert run.exit_code == 0 and run.culprit == case.culprit.sha, run.output
     assert run.start_failures + run.harness_failures >= 1 and run.every_failure_journaled, run
     row = next(line for line in (tmp_path / "session" / "report.md").read_text().splitlines()

@@ -12,11 +12,17 @@ from collections.abc import Callable
 from pathlib import Path
 
 import pytest
+from hypothesis import HealthCheck, settings
 
 from tests.helpers.paths import REPO_ROOT
 from tests.helpers.venvs import copy_venv, make_seed
 
 DEMO_BASE_IMAGE = "localhost/bisect-npu-demo-base:py311"
+
+# Property tests judge what the code answers, not how fast a shared 2-core machine draws examples:
+# no per-example deadline and no "too slow" health check unless a test sets its own.
+settings.register_profile("shared-cores", deadline=None, suppress_health_check=[HealthCheck.too_slow])
+settings.load_profile("shared-cores")
 
 
 def _engine_missing(reason: str) -> None:

@@ -123,8 +123,8 @@ def main() -> None:
         raise SystemExit(f"--tools {args.tools!r} names none of: {', '.join(TOOLS)}")
     args.work.mkdir(parents=True, exist_ok=True)
     pairs = [pair for pair in msprobe_qwen3.pairs(args.split) if pair.name.startswith(args.only)]
-    subprocess.run([sys.executable, str(ROOT / "tests" / "msprobe_qwen3.py"), str(args.work / "dumps"),
-                    "--split", args.split, "--only", args.only], check=True, capture_output=True)
+    subprocess.run([sys.executable, "-m", "tests.helpers.msprobe_qwen3", str(args.work / "dumps"),
+                    "--split", args.split, "--only", args.only], check=True, capture_output=True, cwd=ROOT)
     totals = {tool: {"false": 0, "clean": 0, "named": 0, "faults": 0, "seconds": 0.0, "peak": 0} for tool in tools}
     print("| pair | fault at | " + " | ".join(tools) + " |")
     print("|---|---|" + "---|" * len(tools))

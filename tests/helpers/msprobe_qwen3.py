@@ -11,22 +11,22 @@ one attention, tanh-GELU for SiLU in one MLP, a gain on one MLP's output, a zero
 q/k norms skipped in one attention. Inputs seen by msprobe's hooks are the module's own (the
 fault acts inside `forward`), as in a faulty kernel.
 
-    .venv/bin/python tests/helpers/msprobe_qwen3.py OUT_DIR [--split tune|report]   # writes every dump of a split
+    .venv/bin/python -m tests.helpers.msprobe_qwen3 OUT_DIR [--split tune|report]   # writes every dump of a split
 """
 
 from __future__ import annotations
 
 import argparse
-import json
 import os
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import torch
 from torch import nn
+
+from tests.helpers.msprobe_dump import msprobe_dump
 
 DUMPED_MODULES = ["Qwen3DecoderLayer", "Qwen3Attention", "Qwen3MLP", "model.norm"]
 FAULTS = ("rope_theta", "activation", "gain", "kv_head", "qk_norm")
@@ -162,35 +162,6 @@ def inject(model: nn.Module, fault: str, layer: int) -> None:
         raise ValueError(f"unknown fault {fault!r}; known: {', '.join(FAULTS)}")
 
 
-@contextmanager
-def _threads(count: int) -> Iterator[None]:
-    before = torch.get_num_threads()
-    torch.set_num_threads(count)
-    try:
-        yield
-    finally:
-        torch.set_num_threads(before)
-
-
-def dump(model: nn.Module, tokens: torch.Tensor, out: Path, threads: int) -> Path:
-    """One prefill of `model` under msprobe's PrecisionDebugger (task tensor, L0) into `out`; returns out/step0."""
-    from msprobe.pytorch import PrecisionDebugger
-
-    out.mkdir(parents=True, exist_ok=True)
-    config = out / "msprobe_config.json"
-    config.write_text(json.dumps({"task": "tensor", "dump_path": str(out), "rank": [], "step": [], "level": "L0",
-                                  "tensor": {"scope": [], "list": DUMPED_MODULES, "data_mode": ["all"]}}),
-                      encoding="utf-8")
-    PrecisionDebugger._instance = None  # one debugger per process otherwise
-    debugger = PrecisionDebugger(config_path=str(config))
-    with _threads(threads), torch.no_grad():
-        debugger.start(model)
-        model(tokens)
-        debugger.stop()
-        debugger.step()
-    return out / "step0"
-
-
 def side_dump(root: Path, pair: Pair, side: str) -> Path:
     """The dump of one side of `pair` under `root`, made once and shared by every pair that needs it."""
     spec = pair.candidate if side == "candidate" else pair.reference
@@ -206,7 +177,7 @@ def side_dump(root: Path, pair: Pair, side: str) -> Path:
         inject(model, fault, pair.layer)
     generator = torch.Generator().manual_seed(1000 + pair.seed)
     tokens = torch.randint(0, pair.size.vocab, (1, pair.size.tokens), generator=generator)
-    return dump(model, tokens, out, spec["threads"])
+    return msprobe_dump(model, tokens, out, DUMPED_MODULES, spec["threads"])
 
 
 def make_pair(root: Path, pair: Pair) -> tuple[Path, Path]:

@@ -18,6 +18,7 @@ from bisect_npu.observations import Observation, VerdictKind
 from bisect_npu.oracle.config import LogitsConfig
 from bisect_npu.oracle.dumps.compare import compare_dumps, judge_logits
 from tests.helpers import msprobe_qwen3
+from tests.helpers.paths import REPO_ROOT
 
 PREFIX = "report-s-seed2"
 PAIRS = {pair.name: pair for pair in msprobe_qwen3.pairs("report") if pair.name.startswith(PREFIX)}
@@ -34,8 +35,8 @@ def dumps(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """Every dump of the report split's first size and seed, written by real msprobe in a process of its own
     (msprobe keeps one debugger per process and hooks torch)."""
     root = tmp_path_factory.mktemp("msprobe-qwen3")
-    subprocess.run([sys.executable, str(Path(msprobe_qwen3.__file__)), str(root), "--split", "report",
-                    "--only", PREFIX], check=True, capture_output=True, timeout=300)
+    subprocess.run([sys.executable, "-m", "tests.helpers.msprobe_qwen3", str(root), "--split", "report",
+                    "--only", PREFIX], check=True, capture_output=True, timeout=300, cwd=REPO_ROOT)
     return root
 
 
@@ -43,8 +44,8 @@ def dumps(tmp_path_factory: pytest.TempPathFactory) -> Path:
 def fp32_golden_dumps(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """The report split's larger size against the fp32 golden: the clean bf16 candidate and the 2% gain."""
     root = tmp_path_factory.mktemp("msprobe-qwen3-fp32-golden")
-    subprocess.run([sys.executable, str(Path(msprobe_qwen3.__file__)), str(root), "--split", "report",
-                    "--only", ",".join(FP32_GOLDEN)], check=True, capture_output=True, timeout=300)
+    subprocess.run([sys.executable, "-m", "tests.helpers.msprobe_qwen3", str(root), "--split", "report",
+                    "--only", ",".join(FP32_GOLDEN)], check=True, capture_output=True, timeout=300, cwd=REPO_ROOT)
     return root
 
 

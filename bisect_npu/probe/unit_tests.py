@@ -179,6 +179,11 @@ def main(argv: list[str] | None = None) -> int:
     return _said(run(node_ids, present, set(args.present_at_good), Path(args.report) if args.report else None))
 
 
+# The caller's own pytest settings (options, plugins) would change which tests run and how, and a
+# `--basetemp` in them would wipe the caller's temporary files: the commit's tests run with ours only.
+CALLER_PYTEST_ENV = ("PYTEST_ADDOPTS", "PYTEST_PLUGINS")
+
+
 def _said(judgement: Judgement) -> int:
     """The judgement's exit code, its reason printed and written where `REASON_ENV` names."""
     print(f"bisect-npu unit tests: {judgement.reason}", flush=True)
@@ -191,7 +196,8 @@ def _said(judgement: Judgement) -> int:
 def run(node_ids: list[str], present: set[str], present_at_good: set[str], keep: Path | None = None) -> Judgement:
     if not present:
         return judge(node_ids, present, {}, 0, present_at_good)
-    env = {**os.environ, **CI_ENV, SELECT_ENV: json.dumps(node_ids)}
+    env = {key: value for key, value in os.environ.items() if key not in CALLER_PYTEST_ENV}
+    env.update({**CI_ENV, SELECT_ENV: json.dumps(node_ids)})
     package = __package__ or "bisect_npu.probe"  # the probe package may live under another name
     plugins = ["-p", f"{package}.pytest_report"]
     if not mocks_npu_itself(Path(CONFTEST)):

@@ -86,6 +86,20 @@ def test_runner_judges_pass_fail_absent_and_import_errors(tmp_path: Path) -> Non
     assert code == 125 and "the good end does not have it" in reason
 
 
+def test_the_callers_pytest_options_do_not_reach_the_commits_tests(tmp_path: Path,
+                                                                   monkeypatch: pytest.MonkeyPatch) -> None:
+    """A `-k` that deselects the named test, or a `--basetemp` the caller's own run uses, in the
+    caller's PYTEST_ADDOPTS: the commit's test still runs and is judged, and the caller's files stay."""
+    checkout = checkout_with(tmp_path, {"tests/ut/quant/test_b.py": FAILING})
+    callers_temp = tmp_path / "callers-temp"
+    (callers_temp / "kept.txt").parent.mkdir()
+    (callers_temp / "kept.txt").write_text("the caller's\n")
+    monkeypatch.setenv("PYTEST_ADDOPTS", f"-k not_this_one --basetemp={callers_temp}")
+    code, reason, _ = run_runner(checkout, "tests/ut/quant/test_b.py::test_scale")
+    assert code == 1 and reason.startswith("tests/ut/quant/test_b.py::test_scale failed")
+    assert (callers_temp / "kept.txt").read_text() == "the caller's\n"
+
+
 SKIPPED = ("import pytest\n\n\n@pytest.mark.skip('Execute after the issue is fixed')\ndef test_scale():\n"
            "    assert 2 * 2 == 5\n\n\ndef test_other():\n    assert True\n")
 

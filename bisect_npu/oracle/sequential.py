@@ -30,9 +30,8 @@ from dataclasses import dataclass
 from statistics import fmean, stdev
 from typing import Literal
 
-from numpy.polynomial.hermite_e import hermegauss
-
 from bisect_npu.observations import Observation, Verdict, VerdictKind
+from bisect_npu.oracle.ends_error import NODES
 from bisect_npu.oracle.throughput import ThroughputConfig, judge_throughput, sample_of, squares
 
 STEP_BOUND = 3.5
@@ -41,8 +40,6 @@ AT_BAD_END = 0.95  # the bad hypothesis's weight at the bad end's mean, once it 
 BAD_POINTS = 9
 REFERENCE_MIN_TRIALS = 6
 REFERENCE_PRECISION = 1 / 3
-# Where each end's mean may really lie, in standard errors of it (probabilists' Gauss-Hermite).
-NODES = tuple(float(z) for z in hermegauss(9)[0])
 
 Stop = Literal["sure good", "sure bad", "cap", "nothing measured", "reference known"]
 

@@ -26,10 +26,9 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from statistics import NormalDist
 
-from numpy.polynomial.hermite_e import hermegauss
-
 from bisect_npu.intervals import wilson_interval
 from bisect_npu.observations import SampleOutcome
+from bisect_npu.oracle.ends_error import NODES, WEIGHTS
 
 # A ratio's share from one sample is clipped here: a sample whose end rates were 0/20 and 20/20 can
 # say a lot, never everything (a mislabelled sample must not decide a step alone).
@@ -334,10 +333,8 @@ def sample_log_lr(candidate: SampleOutcome, good: SampleOutcome | None, bad: Sam
     return max(-MAX_SAMPLE_LOG_LR, min(MAX_SAMPLE_LOG_LR, value))
 
 
-# Nodes and weights of a standard normal (Gauss-Hermite, probabilists'): where each end's mean
-# rate may really lie, given how many samples measured it.
-_NODES, _WEIGHTS = (tuple(float(x) for x in part) for part in hermegauss(9))
-_LOG_WEIGHTS = tuple(math.log(w / math.sqrt(2 * math.pi)) for w in _WEIGHTS)
+# Where each end's mean rate may really lie, given how many samples measured it (`NODES`).
+_LOG_WEIGHTS = tuple(math.log(w / math.sqrt(2 * math.pi)) for w in WEIGHTS)
 
 
 def mean_errors(good: Sequence[SampleOutcome], bad: Sequence[SampleOutcome],
@@ -373,7 +370,7 @@ def _node_log_liks(outcomes: Sequence[tuple[float, int, tuple[float, float]]], e
     """log P(a step's outcomes | one side, that side's mean z_k errors off its estimate), per
     node k: one shift for every sample at once, since they share it."""
     return [sum(_predictive(k, n, _as_rate(rate[0] + z * error, rate[1])) for k, n, rate in outcomes)
-            for z in _NODES]
+            for z in NODES]
 
 
 def _integrated(node_log_liks: Sequence[float]) -> float:
@@ -386,7 +383,7 @@ def _integrated(node_log_liks: Sequence[float]) -> float:
 @dataclass(frozen=True)
 class StepEvidence:
     """A candidate step's log likelihood ratio, and (when that ratio is the integrated one) its
-    log likelihoods per node of each end mean's error (`_NODES`, one common constant dropped), for
+    log likelihoods per node of each end mean's error (`NODES`, one common constant dropped), for
     a search that integrates the shared ends' error once over all its steps."""
 
     log_lr: float

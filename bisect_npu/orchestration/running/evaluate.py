@@ -259,7 +259,7 @@ class Evaluator:
         spec, observations = self.recipe.oracle.throughput, self._observed(records)
         if request.as_reference:
             stop = sequential.reference_known(spec, observations, len(records), request.trials) or "cap"
-            self.remember_runs(request.commit, records)
+            self.remember_runs(request.commit, records, observations)
             return sequential.said(sequential.judge_reference(spec, self._judge_step(records)), stop, len(records))
         if not observations:
             return self._judge_step(records)
@@ -267,7 +267,7 @@ class Evaluator:
                                               self._bad_end(request), self.pooled())[0]
         if request.as_bad_end:
             self.bad_end_runs = observations
-        self.remember_runs(request.commit, records)
+        self.remember_runs(request.commit, records, observations)
         return verdict
 
     def pooled(self) -> sequential.Spread | None:
@@ -279,15 +279,22 @@ class Evaluator:
                                          sequential.throughputs(self.bad_end_runs)])
         return pool if pool.df > ends.df else None
 
-    def remember_runs(self, commit: str, records: Sequence[TrialRun]) -> None:
+    def remember_runs(self, commit: str, records: Sequence[TrialRun],
+                      observations: Sequence[Observation] | None = None) -> None:
         """A finished step's throughput runs join the pooled spread (a resumed session gives its
-        journaled steps' runs here, so it pools what the interrupted one did)."""
+        journaled steps' runs here, so it pools what the interrupted one did). `observations`: the
+        records' observations where the step has loaded them already (`_observed`'s order), so
+        their files are not read twice; else they are loaded here."""
         runs = self.session_runs.setdefault(commit, {})
-        for record in records:
-            if record.observation and record.observation not in runs:
-                value = sample_of(Observation.load(self.abs(record.observation)))
-                if value is not None:
-                    runs[record.observation] = value
+        keys = [record.observation for record in records if record.observation]
+        if observations is None:
+            loaded = {key: Observation.load(self.abs(key)) for key in keys if key not in runs}
+        else:
+            loaded = dict(zip(keys, observations, strict=True))
+        for key, observation in loaded.items():
+            value = sample_of(observation)
+            if key not in runs and value is not None:
+                runs[key] = value
 
     def _sequential(self, request: EvaluationRequest) -> bool:
         return self.command is None and not request.judge_each and until_sure(self.recipe)

@@ -5,9 +5,11 @@ one they leave open goes on to run more. Real git repository, real worktree buil
 from __future__ import annotations
 
 import sys
+from collections import Counter
 from pathlib import Path
 
 import git
+import pytest
 
 from bisect_npu.builders.local import LocalBuilder
 from bisect_npu.execute.local import LocalExecutor
@@ -115,3 +117,41 @@ def test_a_resumed_evaluator_pools_the_spread_its_journaled_steps_gave(tmp_path:
     finally:
         first.close()
         resumed.close()
+
+
+def test_a_finished_step_remembers_the_runs_it_loaded_without_reading_them_again(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The runs a finished throughput step judged join the pooled spread as loaded: judging the
+    step reads each observation file once more than remembering them from the loaded ones takes
+    (the trials-wanted check, then the verdict); `remember_runs` given no loaded ones reads them."""
+    perf = import_case(read_case_file(CASE_FILE, CASE_PATH), CASE_PATH, "speed-a2", "perf")
+    shas = make_linear_repo(tmp_path / "repo", 3, culprit=2)
+    failing_build = [sys.executable, "-c", "raise SystemExit(1)"]
+    session = tmp_path / "session"
+    evaluator = Evaluator(LocalBuilder(git.Repo(tmp_path / "repo"), tmp_path / "work", failing_build),
+                          LocalExecutor(), session, recipe=perf)
+    loads: Counter[str] = Counter()
+    real_load = Observation.load
+
+    def counted(path: Path) -> Observation:
+        loads[Path(path).name] += 1
+        return real_load(path)
+
+    try:
+        good_end = _journaled(session, shas[0], [1000.0, 1010.0, 990.0, 1005.0, 995.0, 1002.0, 998.0, 1000.0])
+        evaluator.evaluate(EvaluationRequest(shas[0], 20, done=good_end, as_reference=True))
+        monkeypatch.setattr(Observation, "load", staticmethod(counted))
+        bad = _journaled(session, shas[2], [880.0, 884.0])
+        settled = evaluator.evaluate(EvaluationRequest(shas[2], 5, done=bad, as_bad_end=True))
+        assert settled.verdict.figures["stopped"] == "sure bad"
+        assert loads == Counter({"obs-perf-t0.json": 2, "obs-perf-t1.json": 2})
+        assert sorted(evaluator.session_runs[shas[2]].values()) == [880.0, 884.0]
+        loads.clear()
+        fresh = Evaluator(LocalBuilder(git.Repo(tmp_path / "repo"), tmp_path / "work2", failing_build),
+                          LocalExecutor(), session, recipe=perf)
+        fresh.remember_runs(shas[2], bad)
+        fresh.close()
+        assert loads == Counter({"obs-perf-t0.json": 1, "obs-perf-t1.json": 1})
+        assert fresh.session_runs == {shas[2]: {r.observation: v for r, v in zip(bad, (880.0, 884.0), strict=True)}}
+    finally:
+        evaluator.close()

@@ -2,10 +2,12 @@
 
     .venv/bin/python bench/heldout_family_bench.py [--work /tmp/heldout-family-bench] [--only FAMILY,...]
                                                    [--msprobe-pairs precision-bf16,...] [--no-msprobe]
+                                                   [--setting PEER_MADS,PEER_MIN_FACTOR] [--why]
 
 bench/family_bench.py tunes the rules' spread settings leave-one-family-out on Qwen3, Llama,
 Qwen3-MoE and DeepSeek-V3. This bench judges other architectures with the settings as shipped
-(`LogitsConfig()`), nothing chosen on them: Mistral (sliding-window attention), Gemma (norm weight
+(`LogitsConfig()`; `--setting 12,5`: what the family bench chooses on its own families), nothing
+chosen on them: Mistral (sliding-window attention), Gemma (norm weight
 as 1 + w, embedding scaled by sqrt(hidden), tanh-GELU), Gemma2 (the same, plus attention and final
 logit soft-capping, norms before and after attention and MLP, sliding window), Phi3 (fused
 `qkv_proj` and `gate_up_proj`, as vLLM fuses them), OLMo2 (norms after attention and MLP, q/k
@@ -18,7 +20,8 @@ router's logits do), the final norm's effective gain scaled for peaked logits, e
 to bf16 (a published checkpoint). Each side is one prefill dumped by MindStudio Probe
 (tests/helpers/msprobe_dump.py, L0, inputs and outputs).
 
-Clean pairs: bf16 and fp16 SDPA against the fp32 golden, bf16 eager against bf16 SDPA, one thread
+Clean pairs (Gemma2's soft-capped attention is eager only in transformers: its sides run eager, and it has
+no kernel pair): bf16 and fp16 SDPA against the fp32 golden, bf16 eager against bf16 SDPA, one thread
 against two; for the MoE families also a bf16 model whose router runs in fp32 against the golden.
 Faults, in a bf16 eager candidate against the fp32 golden, at the middle layer: one KV head's values
 zeroed (Phi3: its rows of the fused `qkv_proj`), attention's output x1.05, the post-attention norm's
@@ -272,12 +275,14 @@ def side_dump(work: Path, family: HeldOut, side: Side, fault: str | None) -> Pat
     return msprobe_dump(model, ids, out, MOE_MODULES if family.moe else DENSE_MODULES, side[2])
 
 
-def judge(cand: Path, ref: Path) -> tuple[str | None, str, int]:
-    """(first flagged tensor, its rule and problem, routing flips) with the shipped settings."""
+def judge(cand: Path, ref: Path, setting: tuple[float, float] | None) -> tuple[str | None, str, int]:
+    """(first flagged tensor, its rule and problem, routing flips) with the shipped settings, or the peer setting
+    (`peer_mads`, `peer_min_factor`) given."""
     from bisect_npu.oracle.config import LogitsConfig
     from bisect_npu.oracle.dumps.compare import compare_dumps
 
-    result = compare_dumps(cand, ref, LogitsConfig())
+    cfg = LogitsConfig() if setting is None else LogitsConfig(peer_mads=setting[0], peer_min_factor=setting[1])
+    result = compare_dumps(cand, ref, cfg)
     first = result.first_divergent
     flips = sum(len(report.flips) for report in result.routing)
     return (first.module if first else None, f"{first.rule}: {first.problem}" if first else "", flips)
@@ -313,12 +318,18 @@ def main() -> None:
     parser.add_argument("--msprobe", default=str(Path(sys.executable).parent / "msprobe"))
     parser.add_argument("--msprobe-pairs", default="precision-bf16", help="pairs msprobe compare judges (commas)")
     parser.add_argument("--no-msprobe", action="store_true")
+    parser.add_argument("--setting", help="peer_mads,peer_min_factor instead of the shipped settings (e.g. 12,5: "
+                                          "what bench/family_bench.py chooses on its own families)")
     parser.add_argument("--why", action="store_true", help="print the rule and problem of each flagged tensor")
     args = parser.parse_args()
     os.environ.setdefault("MSPROBE_LOG_LEVEL", "3")
     args.work.mkdir(parents=True, exist_ok=True)
     families = [f for f in FAMILIES if not args.only or f.name in args.only.split(",")]
-    print(f"held-out family bench, {date.today()}, {platform.machine()}, load {os.getloadavg()[0]:.1f}", flush=True)
+    setting = tuple(float(x) for x in args.setting.split(",")) if args.setting else None
+    if setting is not None and len(setting) != 2:
+        parser.error("--setting takes two numbers: peer_mads,peer_min_factor")
+    print(f"held-out family bench, {date.today()}, {platform.machine()}, load {os.getloadavg()[0]:.1f}, peer "
+          f"setting {'shipped' if setting is None else setting}", flush=True)
     print("| family | pair | fault at | this tree | msprobe compare |")
     print("|---|---|---|---|---|")
     totals = {"dense": [0, 0, 0, 0, 0, 0], "MoE": [0, 0, 0, 0, 0, 0]}
@@ -329,7 +340,7 @@ def main() -> None:
         for pair in pairs(family):
             cand = side_dump(args.work, family, pair.candidate, pair.fault)
             ref = side_dump(args.work, family, pair.reference, None)
-            flagged, why, flips = judge(cand, ref)
+            flagged, why, flips = judge(cand, ref, setting)
             probe = "not run"
             if not args.no_msprobe and pair.name in args.msprobe_pairs.split(","):
                 probe = cell(pair, msprobe_first(cand, ref, args.work, args.msprobe))

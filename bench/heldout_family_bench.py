@@ -3,6 +3,7 @@
     .venv/bin/python bench/heldout_family_bench.py [--work /tmp/heldout-family-bench] [--only FAMILY,...]
                                                    [--msprobe-pairs precision-bf16,...] [--no-msprobe]
                                                    [--setting PEER_MADS,PEER_MIN_FACTOR] [--why]
+    .venv/bin/python bench/heldout_family_bench.py --align Gemma,Mistral,Phi3,Olmo2
 
 bench/family_bench.py tunes the rules' spread settings leave-one-family-out on Qwen3, Llama,
 Qwen3-MoE and DeepSeek-V3. This bench judges other architectures with the settings as shipped
@@ -31,6 +32,9 @@ perturbed by 30% of its rms, the router's weights by 5%, Qwen2-MoE's shared expe
 by 30%; the router in bf16 where the reference routes in fp32 is listed apart with the flips it made
 (whether bf16 moves these routers' choices beyond rounding is not known in advance).
 A fault is named when the first flagged tensor lies in the module it sits in.
+
+`--align`: `align` of a bf16 transformers record (`record`, layer outputs) against its fp32 golden, one
+bf16 checkpoint per architecture, as tests/alignment/test_alignment_bf16_checkpoint.py runs Qwen3 and Llama.
 """
 
 from __future__ import annotations
@@ -248,8 +252,8 @@ def _forward_fault(layer: Any, fault: str | None) -> None:
 
 
 def _fp32_router(gate: Any) -> None:
-    """The router's logits in fp32 whatever the model's dtype (vllm-ascend's fix); what it returns is handed on
-    as the model's own router hands it on."""
+    """The router's logits in fp32 whatever the model's dtype (vllm-ascend's fix), its routing weights handed to
+    the experts in the model's dtype."""
     import torch
 
     dtype = gate.weight.dtype
@@ -258,7 +262,7 @@ def _fp32_router(gate: Any) -> None:
 
     def forward(hidden_states: torch.Tensor) -> Any:
         logits, weights, ids = original(hidden_states.float())
-        return logits, weights.to(dtype) if weights.dtype != torch.float32 or dtype != torch.float32 else weights, ids
+        return logits, weights.to(dtype), ids
 
     gate.forward = forward
 
@@ -303,6 +307,24 @@ def msprobe_first(cand: Path, ref: Path, work: Path, msprobe: str) -> str | None
     return kept[key]
 
 
+def align_check(work: Path, arch: str) -> str:
+    """`align` of a bf16 transformers record against its fp32 golden, one bf16 checkpoint of `arch` made as
+    tests/helpers/bf16_checkpoint.py makes Qwen3's and Llama's (6 layers, hidden 128): one line of what it said."""
+    from bisect_npu import api
+    from tests.helpers import tiny_qwen3
+    from tests.helpers.bf16_checkpoint import record, write_bf16_checkpoint
+
+    tiny_qwen3.FAMILY_SIZES.setdefault(arch, {"head_dim": 32, "pad_token_id": 0,
+                                              **({"sliding_window": 8} if arch == "Mistral" else {})})
+    root = work / f"align-{arch}"
+    model = write_bf16_checkpoint(root / "model", arch)
+    result = api.align(record(model, root / "fp32", "float32"), record(model, root / "bf16", "bfloat16"))
+    forward = result.cases[0].verdict.figures["stages"].get("forward", {})
+    said = "aligned" if result.aligned else f"diverged: {result.first.verdict.reason if result.first else ''}"
+    return (f"{arch}: {said}; forward pass {forward.get('tensors_compared')} tensors, worst cosine "
+            f"{forward.get('worst_cosine')}")
+
+
 def cell(pair: Pair, flagged: str | None) -> str:
     if pair.fault is None:
         return "false alarm" if flagged is not None else "clean"
@@ -321,9 +343,15 @@ def main() -> None:
     parser.add_argument("--setting", help="peer_mads,peer_min_factor instead of the shipped settings (e.g. 12,5: "
                                           "what bench/family_bench.py chooses on its own families)")
     parser.add_argument("--why", action="store_true", help="print the rule and problem of each flagged tensor")
+    parser.add_argument("--align", default="", help="only `align` of bf16 records against fp32 goldens of these "
+                                                    "architectures (commas: Gemma,Mistral,Phi3,Olmo2)")
     args = parser.parse_args()
     os.environ.setdefault("MSPROBE_LOG_LEVEL", "3")
     args.work.mkdir(parents=True, exist_ok=True)
+    if args.align:
+        for arch in args.align.split(","):
+            print(align_check(args.work, arch), flush=True)
+        return
     families = [f for f in FAMILIES if not args.only or f.name in args.only.split(",")]
     setting = tuple(float(x) for x in args.setting.split(",")) if args.setting else None
     if setting is not None and len(setting) != 2:

@@ -4,6 +4,7 @@ greedy outputs of families made here, tuned on some families and reported on oth
     .venv/bin/python bench/token_tie_bench.py [--prompts 16] [--tokens 48] [--outputs FILE]
     .venv/bin/python bench/token_tie_bench.py --held-out 5 6 [--outputs FILE]
     .venv/bin/python bench/token_tie_bench.py --held-out-families --prompts 12 [--outputs FILE]
+    .venv/bin/python bench/token_tie_bench.py --other-architectures --prompts 12 --tokens 64 [--outputs FILE]
 
 Families: tiny HF Qwen3 and Llama (random init, nothing downloaded, tests/helpers/peaked_lm.py) of
 depths 2 to 8, widths 128 to 256 and logit scales x10 to x20 (the final norm scaled so next-token
@@ -11,8 +12,10 @@ distributions are peaked as a trained model's are), one seed each. Per family, t
 on one thread is the reference; clean candidates: bf16 SDPA, bf16 eager and fp16 SDPA on two
 threads (correct kernels, precisions and thread counts), and bf16 eager against bf16 SDPA as the
 reference (two kernels at one precision); faulty: one layer's o_proj x1.5, in fp32 and in bf16.
-`--outputs FILE` keeps the generated outputs (JSON) and reads them back on the next run, so the
-rules can be judged again without generating.
+`--other-architectures`: an architecture none of the above is (Mistral, peaked), judged only with the
+shipped rule, by the tokens oracle and by `align`'s text stage (`judge_stages` on the same outputs,
+their token ids as the text), which must agree. `--outputs FILE` keeps the generated outputs (JSON) and
+reads them back on the next run, so the rules can be judged again without generating.
 
 The rule's one constant (the amplification) is fitted as the geometric midpoint between the
 largest clean flip and the next faulty flip above it, in machine epsilon x logit spread, rounded
@@ -43,7 +46,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from bisect_npu.observations import Observation, VerdictKind
 from bisect_npu.oracle import ties
-from bisect_npu.oracle.config import TokenMatchConfig
+from bisect_npu.oracle.config import LogitsConfig, StagesConfig, TokenMatchConfig
+from bisect_npu.oracle.stages import judge_stages
 from bisect_npu.oracle.tokens import first_mismatch, judge_tokens
 from tests.helpers.peaked_lm import Run, greedy, peaked_model
 
@@ -66,6 +70,8 @@ FAMILIES = [("Qwen3", 128, 2, 10.0, 11, "tune"), ("Qwen3", 128, 4, 20.0, 12, "tu
 # more peaked logit scale, and a wider model.
 HELD_OUT_FAMILIES = [("Qwen3", 128, 4, 5.0, 21, "held-out"), ("Llama", 128, 3, 30.0, 22, "held-out"),
                      ("Qwen3", 320, 5, 12.0, 23, "held-out")]
+# An architecture none of the families above is (`--other-architectures`): judged with the shipped rule only.
+OTHER_ARCHITECTURES = [("Mistral", 256, 6, 10.0, 31, "other architecture")]
 OLD_FIXED = TokenMatchConfig(flip_margin=0.1)
 CFG = TokenMatchConfig()
 Pair = tuple[Observation, Observation]
@@ -130,6 +136,15 @@ def previous_rule_bad(cand: Observation, ref: Observation) -> bool:
         tied = len(near) >= 2 and {cand.output_token_ids[index], ref.output_token_ids[index]} <= near
         return not tied or judge_tokens(cand, ref, CFG).figures.get("real_divergence_at") is not None
     return moved > max(margin, CFG.tie_margin)
+
+
+def text_stage_bad(cand: Observation, ref: Observation) -> bool:
+    """`align`'s text stage on the pair (`judge_stages`, the text stage alone), each side's text its token ids."""
+    def with_text(obs: Observation) -> Observation:
+        return obs.model_copy(update={"text": " ".join(map(str, obs.output_token_ids))})
+
+    return judge_stages(with_text(cand), with_text(ref), StagesConfig(stages=["text"]),
+                        LogitsConfig()).kind == VerdictKind.BAD
 
 
 def rule(factors: ties.Factors) -> Callable[[Observation, Observation], bool]:
@@ -236,6 +251,8 @@ def main() -> None:
     parser.add_argument("--outputs", type=Path, help="keep the generated outputs here; read them back if present")
     parser.add_argument("--held-out-families", action="store_true",
                         help="only the held-out families (logit scales x5 and x30, hidden 320), shipped rule")
+    parser.add_argument("--other-architectures", action="store_true",
+                        help="only an architecture none of the families is (Mistral): shipped rule, align's text")
     parser.add_argument("--held-out", type=int, nargs="+", metavar="SEED",
                         help="only the held-out check: a 6-layer hidden-256 Qwen3 at these seeds")
     args = parser.parse_args()
@@ -244,10 +261,15 @@ def main() -> None:
         held_out_check(args.held_out, args.outputs)
         return
     raw = json.loads(args.outputs.read_text(encoding="utf-8")) if args.outputs and args.outputs.exists() else {}
-    if args.held_out_families:
-        generate(raw, args.prompts, args.tokens, args.outputs, started, HELD_OUT_FAMILIES)
+    if args.held_out_families or args.other_architectures:
+        generate(raw, args.prompts, args.tokens, args.outputs, started,
+                 OTHER_ARCHITECTURES if args.other_architectures else HELD_OUT_FAMILIES)
         rules = {"old fixed 0.1": lambda c, r: judge_tokens(c, r, OLD_FIXED).kind == VerdictKind.BAD,
                  "previous rule": previous_rule_bad, f"tie rule, shipped {ties.AMPLIFICATION:g}": rule(ties.SHIPPED)}
+        if args.other_architectures:
+            keys = {family_key(*f[:5]) for f in OTHER_ARCHITECTURES}
+            raw = {key: value for key, value in raw.items() if key.split("/", 1)[0] in keys}
+            rules["align text stage"] = text_stage_bad
         print("| split | family | run | outputs | differ | " + " | ".join(f"{n}: bad" for n in rules) + " |")
         print("|---|---|---|---:|---:|" + "---:|" * len(rules))
         totals = table(load(raw), rules, "held-out")

@@ -152,6 +152,17 @@ def _dense(t: str, *, v_decoder: tuple[str, ...], v_attention: tuple[str, ...], 
     )
 
 
+def _scaled_embedding(t: str) -> Counterpart:
+    """Gemma's embedding: transformers' module returns it times sqrt(hidden), vLLM's unscaled (the model scales
+    it after the module), so the two outputs are not one tensor."""
+    return Counterpart("scaled embedding", ("embed_tokens",), V_EMBED, _set(f"{t}TextScaledWordEmbedding"),
+                       Boundary.NONE, why="transformers' embedding module returns it times sqrt(hidden), vLLM scales "
+                                          "it after the module: compared from the first decoder layer on")
+
+
+_SANDWICH_NORMS = ("pre_feedforward_layernorm", "post_feedforward_layernorm")
+
+
 def _moe(t: str, *, v_block: tuple[str, ...], t_block: str, t_router: str,
          experts_same: bool) -> tuple[Counterpart, ...]:
     """A family's MoE block, router and experts (compared only where vLLM's experts are routed-only).
@@ -216,6 +227,24 @@ FAMILIES: tuple[Family, ...] = (
                                                                 "CustomDeepSeekMultiTokenPredictorLayer"),
                             frozenset(), Boundary.NONE, why="transformers has no MTP layer"),))
       for version in ("V2", "V3")),
+    *(Family(name, f"{t}ForCausalLM", f"{t}ForCausalLM",
+             (*_dense(t, v_decoder=(f"{t}DecoderLayer",), v_attention=(f"{t}Attention",), v_mlp=(f"{t}MLP",),
+                      norms=norms), _scaled_embedding(t)))
+      for name, t, norms in (("Gemma", "Gemma", ()), ("Gemma2", "Gemma2", _SANDWICH_NORMS),
+                             ("Gemma3", "Gemma3", _SANDWICH_NORMS))),
+    # vLLM's Phi3 is its Llama with Phi3's weights (older releases: Phi3 subclasses of Llama's); both engines fuse
+    # q|k|v and gate|up, so those are compared whole.
+    Family("Phi3", "Phi3ForCausalLM", "Phi3ForCausalLM",
+           _dense("Phi3", v_decoder=("Phi3DecoderLayer", "LlamaDecoderLayer"),
+                  v_attention=("Phi3Attention", "LlamaAttention"), v_mlp=("LlamaMLP", "Phi3MLP"))),
+    # OLMo2 normalises attention's and the MLP's outputs before the residual add; vLLM's layer returns the sum.
+    Family("OLMo2", "Olmo2ForCausalLM", "Olmo2ForCausalLM",
+           _dense("Olmo2", v_decoder=("Olmo2DecoderLayer",), v_attention=("Olmo2Attention",), v_mlp=("Olmo2MLP",),
+                  norms=("post_feedforward_layernorm",))),
+    Family("OLMoE", "OlmoeForCausalLM", "OlmoeForCausalLM",
+           _dense("Olmoe", v_decoder=("OlmoeDecoderLayer",), v_attention=("OlmoeAttention",), v_mlp=())
+           + _moe("Olmoe", v_block=("OlmoeMoE",), t_block="OlmoeSparseMoeBlock", t_router="OlmoeTopKRouter",
+                  experts_same=True)),
     Family("GLM-4", "Glm4ForCausalLM", "Glm4ForCausalLM",
            _dense("Glm4", v_decoder=("Glm4DecoderLayer",), v_attention=("Glm4Attention",),
                   v_mlp=("LlamaMLP", "Glm4MLP"), norms=("post_self_attn_layernorm", "post_mlp_layernorm"))),

@@ -32,6 +32,7 @@ from bisect_npu.oracle.config import LogitsConfig
 from bisect_npu.oracle.dumps.entries import OUTPUT, TensorEntry, open_dump, open_tensor, write_dump
 from bisect_npu.oracle.dumps.formats import PtFormatError, TensorFile
 from bisect_npu.oracle.dumps.integers import integer_dtype, integer_metrics, is_integer
+from bisect_npu.oracle.dumps.masks import is_mask, mask_metrics
 from bisect_npu.oracle.dumps.metrics import ChunkSums, segment_sums, top_k_indices
 from bisect_npu.oracle.dumps.precision import coarser_dtype, dtype_tolerance
 from bisect_npu.oracle.dumps.rows import DumpComparison, TensorDiff, round_figure
@@ -54,6 +55,7 @@ class _Pair:
     cand: TensorFile | None = None
     ref: TensorFile | None = None
     logits: bool = False
+    mask: bool = False
     sums: ChunkSums = field(default_factory=ChunkSums)
 
 
@@ -61,6 +63,11 @@ def _prepare(index: int, cand: TensorEntry | None, ref: TensorEntry) -> _Pair:
     row = TensorDiff(name=ref.name, index=index, step=ref.step, layer=ref.layer, module=ref.module, role=ref.role,
                      dtype=ref.dtype, shape=ref.shape, reference_dtype=ref.dtype)
     pair = _Pair(row)
+    if is_mask(ref):  # which positions attend, whatever the encoding; absent on one side: left to its kernel
+        if cand is not None:
+            pair.cand, pair.ref, pair.mask = open_tensor(cand), open_tensor(ref), True
+            row.integer, row.dtype, row.shape = True, "bool", (pair.ref.size,)
+        return pair
     if cand is None:
         row.problem = "missing from the candidate dump"
     elif cand.shape is not None and ref.shape is not None and cand.shape != ref.shape:
@@ -108,9 +115,9 @@ def refuse_other_models(entries: list[tuple[TensorEntry | None, TensorEntry]]) -
                          "and one prompt")
 
 
-def _read_integers(name: str, cand: TensorFile, ref: TensorFile) -> dict[str, float]:
+def _read_integers(name: str, cand: TensorFile, ref: TensorFile, mask: bool = False) -> dict[str, float]:
     try:
-        return integer_metrics(cand, ref)
+        return mask_metrics(cand, ref) if mask else integer_metrics(cand, ref)
     except (PtFormatError, OSError, ValueError) as exc:
         raise UsageError(f"{cand.path} or {ref.path}: cannot read tensor {name!r} ({exc}); the dump is corrupt or "
                          "truncated") from exc
@@ -156,7 +163,7 @@ def compare_dumps(candidate: str | Path, reference: str | Path, cfg: LogitsConfi
             if pair.cand is None or pair.ref is None:
                 continue
             if pair.row.integer:
-                pair.row.metrics = _read_integers(pair.row.name, pair.cand, pair.ref)
+                pair.row.metrics = _read_integers(pair.row.name, pair.cand, pair.ref, pair.mask)
                 continue
             tolerance = dtype_tolerance(pair.row.dtype)
             for start, stop, chunk, vocab in _segments(pair.ref, pair.logits, cfg):

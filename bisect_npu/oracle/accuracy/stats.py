@@ -255,8 +255,8 @@ def _moments(xs: Sequence[float], ys: Sequence[float]) -> tuple[float, float, fl
 def fit_joint(good: Sequence[SampleOutcome], bad: Sequence[SampleOutcome]) -> JointPrior:
     """Empirical Bayes by moments over the samples both ends ran. An end's spread of rates is the
     spread of its per-sample results less the noise of its runs (estimated without bias from each
-    sample's own runs, x(1-x)/(R-1), where samples ran at least twice, with the standard error of
-    that mean over samples; from `fit_prior`'s intraclass correlation where they ran once, taken
+    sample's own runs, x(1-x)/(R-1), where samples ran at least twice, with the standard error the
+    runs' noise leaves in it; from `fit_prior`'s intraclass correlation where they ran once, taken
     as known); the covariance is the results' own, since the noise of one end's runs is
     independent of the other's. The covariance is kept within what the two spreads allow (a
     correlation of at most 1) and at least 0."""
@@ -274,10 +274,13 @@ def fit_joint(good: Sequence[SampleOutcome], bad: Sequence[SampleOutcome]) -> Jo
         if min(runs) >= 2:
             noises = [end[i].correct * (1 - end[i].correct) / (end[i].runs - 1) for i in shared]
             center = sum(end[i].correct for i in shared) / len(shared)
-            scale = len(shared) / (len(shared) - 1)
-            terms = [scale * (end[i].correct - center) ** 2 - noise for i, noise in zip(shared, noises, strict=True)]
-            _, error, _ = _moments(terms, terms)
-            return max(MIN_VAR, observed - sum(noises) / len(shared)), math.sqrt(error / len(shared))
+            # The error of the estimate given these samples' rates (the dataset is what a step
+            # runs): a sample's deviation d and the noise s of its mean over R runs make its
+            # term's variance 4 d^2 s + 2 s^2 R/(R-1) (exact for a binomial mean).
+            error = sum(4 * max(0.0, (end[i].correct - center) ** 2 - noise) * noise
+                        + 2 * noise ** 2 * end[i].runs / (end[i].runs - 1)
+                        for i, noise in zip(shared, noises, strict=True))
+            return max(MIN_VAR, observed - sum(noises) / len(shared)), math.sqrt(error) / len(shared)
         return max(MIN_VAR, min(observed, ends.rho * mean * (1 - mean))), 0.0
 
     (sg, error_g), (sb, error_b) = spread(g, var_g, ends.good_mean), spread(b, var_b, ends.bad_mean)

@@ -110,6 +110,8 @@ class Session:
         evaluator.retry.host.add(self.state.host_record.failures, self.state.host_record.successes)
         self.references = References(recipe, evaluator, functools.partial(self._runs_at, 0),
                                      functools.partial(self._runs_at, self.n))
+        for step in self.state.steps():  # a resumed accuracy session: the samples each commit ran
+            evaluator.recall_accuracy_step(step.commit, step.trials)
         always_run = frozenset({0} if self.references.from_good_end else ())  # the reference's runs
         self.verdicts: SessionVerdicts[int] | None = None if reuse is None else SessionVerdicts(
             lambda _index: reuse, self.state, progress, always_run=always_run,

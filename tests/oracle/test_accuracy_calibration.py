@@ -10,7 +10,7 @@ from hypothesis import strategies as st
 
 from bisect_npu.observations import Observation, SampleOutcome
 from bisect_npu.oracle.accuracy import stats
-from bisect_npu.oracle.accuracy.focus import round_plan
+from bisect_npu.oracle.accuracy.focus import discordant_ids, round_plan
 from bisect_npu.oracle.accuracy.judge import judge_accuracy
 from bisect_npu.oracle.config import AccuracyConfig, FocusConfig
 
@@ -116,3 +116,33 @@ def test_a_step_s_node_terms_integrate_to_its_ratio() -> None:
     weights = weights / weights.sum()
     integrated = np.log(weights @ np.exp(step.bad_nodes)) - np.log(weights @ np.exp(step.good_nodes))
     assert step.log_lr < 0 and integrated == pytest.approx(step.log_lr, abs=1e-9)
+
+
+@pytest.mark.parametrize(("rho", "samples"), [(0.2, 200), (0.5, 30)])
+def test_an_end_s_spread_comes_with_its_standard_error(rho: float, samples: int) -> None:
+    """One dataset's rates, its ends' 4 runs drawn again and again: the standard error the fit
+    reports is about how far its spread estimates scatter."""
+    rng = np.random.default_rng(11)
+    rates = rng.beta(0.82 * (1 / rho - 1), 0.18 * (1 / rho - 1), samples)
+    fits = [stats.fit_joint(outcomes(rng.binomial(4, rates), 4), outcomes(rng.binomial(4, rates * 0.85), 4))
+            for _ in range(300)]
+    for spread, error in (("good_var", "good_var_error"), ("bad_var", "bad_var_error")):
+        scatter = float(np.std([getattr(f, spread) for f in fits]))
+        assert float(np.mean([getattr(f, error) for f in fits])) == pytest.approx(scatter, rel=0.25)
+
+
+def test_a_spread_high_by_chance_at_one_end_does_not_hide_a_candidate_on_its_side() -> None:
+    """Every answer a fresh draw at both ends, and the bad end's spread of rates fitted well above
+    zero by chance (this seed): taken as known, it puts the bad side's rates of the samples that
+    end happened to get wrong (the ones focusing runs first) far below its mean, and a candidate
+    at the bad end's rate sits between the two sides. Averaged over where the spread may lie,
+    the step leans to the side the candidate is on, either way."""
+    rng = np.random.default_rng(144)
+    good, bad = outcomes(rng.binomial(4, 0.82, 200), 4), outcomes(rng.binomial(4, 0.70, 200), 4)
+    prior = stats.fit_joint(good, bad)
+    assert prior.good_var == stats.MIN_VAR and prior.bad_var > 1.5 * prior.bad_var_error
+    ids = discordant_ids(good, bad)[:24]
+    like_bad = [SampleOutcome(id=i, correct=0.70, runs=20) for i in ids]
+    like_good = [SampleOutcome(id=i, correct=0.82, runs=20) for i in ids]
+    assert stats.log_likelihood_ratio(like_bad, good, bad) > 2
+    assert stats.log_likelihood_ratio(like_good, good, bad) < -2

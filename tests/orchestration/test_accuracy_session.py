@@ -16,6 +16,7 @@ import pytest
 
 from bisect_npu.demo.accuracy import DATASET, read_dataset
 from bisect_npu.observations import Observation
+from bisect_npu.orchestration.session import Session
 from tests.helpers.gitrepo import make_linear_repo
 from tests.helpers.paths import HELPERS
 
@@ -130,3 +131,26 @@ def test_served_fresh_draws_name_the_right_culprit(tmp_path: Path, commits: int,
         first.setdefault(e["index"], e)
     # A candidate's first step runs a focused round (asked again, it runs the focused samples it has not).
     assert all(e["verdict"]["figures"]["samples_run"] < 200 for i, e in first.items() if i not in (0, commits - 1))
+    resumed_session_asks_a_commit_for_samples_it_has_not_run(session, steps, commits - 1)
+
+
+def resumed_session_asks_a_commit_for_samples_it_has_not_run(session: Path, steps: list[dict], n: int) -> None:
+    """The session opened again from its journal: a candidate the search would ask again runs
+    none of the samples its journaled steps ran (as the uninterrupted session would)."""
+    ran: dict[str, set[str]] = {}
+    for e in steps:
+        for trial in e["trials"]:
+            ran.setdefault(e["commit"], set()).update(
+                s.id for s in Observation.load(session / trial["observation"]).samples or [])
+    resumed = Session.resume(session)
+    try:
+        resumed.references.ensure(lambda _trials: pytest.fail("the good end ran before: it is journaled"))
+        accuracy = resumed.evaluator.accuracy
+        assert accuracy is not None and accuracy.bad_end is not None
+        firsts = {commit: accuracy.plan(commit, "candidate")[0]
+                  for commit in {e["commit"] for e in steps if e["index"] not in (0, n)}}
+        # A commit whose steps ran nearly every sample the ends disagree on runs the whole set.
+        assert all(ids is None or not set(ids) & ran[commit] for commit, ids in firsts.items()), firsts
+        assert any(ids is not None for ids in firsts.values())
+    finally:
+        resumed.close()

@@ -217,6 +217,19 @@ class JointPrior:
     good_var: float
     bad_var: float
     cov: float
+    # The standard errors of the two spreads' estimates (0: taken as known).
+    good_var_error: float = 0.0
+    bad_var_error: float = 0.0
+
+    def moved(self, z: float) -> JointPrior:
+        """The prior with each end's spread moved `z` standard errors of its estimate (down to the
+        floor), the covariance kept within what the moved spreads allow; its spreads then taken
+        as known. The covariance stays as estimated: scaled with the spreads, a covariance next
+        to a spread at its floor would tie the two rates on nothing."""
+        good_var = max(MIN_VAR, self.good_var + z * self.good_var_error)
+        bad_var = max(MIN_VAR, self.bad_var + z * self.bad_var_error)
+        return JointPrior(self.good_mean, self.bad_mean, good_var, bad_var,
+                          min(self.cov, 0.999 * math.sqrt(good_var * bad_var)))
 
     @property
     def rho(self) -> float:
@@ -241,10 +254,11 @@ def _moments(xs: Sequence[float], ys: Sequence[float]) -> tuple[float, float, fl
 def fit_joint(good: Sequence[SampleOutcome], bad: Sequence[SampleOutcome]) -> JointPrior:
     """Empirical Bayes by moments over the samples both ends ran. An end's spread of rates is the
     spread of its per-sample results less the noise of its runs (estimated without bias from each
-    sample's own runs, x(1-x)/(R-1), where samples ran at least twice; from `fit_prior`'s
-    intraclass correlation where they ran once); the covariance is the results' own, since the
-    noise of one end's runs is independent of the other's. The covariance is kept within what the
-    two spreads allow (a correlation of at most 1) and at least 0."""
+    sample's own runs, x(1-x)/(R-1), where samples ran at least twice, with the standard error the
+    runs' noise leaves in it; from `fit_prior`'s intraclass correlation where they ran once, taken
+    as known); the covariance is the results' own, since the noise of one end's runs is
+    independent of the other's. The covariance is kept within what the two spreads allow (a
+    correlation of at most 1) and at least 0."""
     g, b = by_id(good), by_id(bad)
     shared = [i for i in g if i in b]
     ends = fit_prior(good, bad)
@@ -253,15 +267,24 @@ def fit_joint(good: Sequence[SampleOutcome], bad: Sequence[SampleOutcome]) -> Jo
     xg, xb = [g[i].correct for i in shared], [b[i].correct for i in shared]
     var_g, var_b, cov = _moments(xg, xb)
 
-    def spread(end: dict[str, SampleOutcome], observed: float, mean: float) -> float:
+    def spread(end: dict[str, SampleOutcome], observed: float, mean: float) -> tuple[float, float]:
+        """(the spread, its standard error)."""
         runs = [end[i].runs for i in shared]
         if min(runs) >= 2:
-            noise = sum(end[i].correct * (1 - end[i].correct) / (end[i].runs - 1) for i in shared) / len(shared)
-            return max(MIN_VAR, observed - noise)
-        return max(MIN_VAR, min(observed, ends.rho * mean * (1 - mean)))
+            noises = [end[i].correct * (1 - end[i].correct) / (end[i].runs - 1) for i in shared]
+            center = sum(end[i].correct for i in shared) / len(shared)
+            # The error of the estimate given these samples' rates (the dataset is what a step
+            # runs): a sample's deviation d and the noise s of its mean over R runs make its
+            # term's variance 4 d^2 s + 2 s^2 R/(R-1) (exact for a binomial mean).
+            error = sum(4 * max(0.0, (end[i].correct - center) ** 2 - noise) * noise
+                        + 2 * noise ** 2 * end[i].runs / (end[i].runs - 1)
+                        for i, noise in zip(shared, noises, strict=True))
+            return max(MIN_VAR, observed - sum(noises) / len(shared)), math.sqrt(error) / len(shared)
+        return max(MIN_VAR, min(observed, ends.rho * mean * (1 - mean))), 0.0
 
-    sg, sb = spread(g, var_g, ends.good_mean), spread(b, var_b, ends.bad_mean)
-    return JointPrior(ends.good_mean, ends.bad_mean, sg, sb, min(max(0.0, cov), 0.999 * math.sqrt(sg * sb)))
+    (sg, error_g), (sb, error_b) = spread(g, var_g, ends.good_mean), spread(b, var_b, ends.bad_mean)
+    return JointPrior(ends.good_mean, ends.bad_mean, sg, sb, min(max(0.0, cov), 0.999 * math.sqrt(sg * sb)),
+                      error_g, error_b)
 
 
 @dataclass(frozen=True)
@@ -329,8 +352,11 @@ def sample_log_lr(candidate: SampleOutcome, good: SampleOutcome | None, bad: Sam
     """One sample's log P(outcome | bad side) - log P(outcome | good side), clipped."""
     k, n = candidate.correct_runs, candidate.runs
     rates = side_rates(prior, good, bad)
-    value = _predictive(k, n, rates.bad) - _predictive(k, n, rates.good)
-    return max(-MAX_SAMPLE_LOG_LR, min(MAX_SAMPLE_LOG_LR, value))
+    return _clip(_predictive(k, n, rates.bad) - _predictive(k, n, rates.good))
+
+
+def _clip(log_lr: float) -> float:
+    return max(-MAX_SAMPLE_LOG_LR, min(MAX_SAMPLE_LOG_LR, log_lr))
 
 
 # Where each end's mean rate may really lie, given how many samples measured it (`NODES`).
@@ -375,9 +401,27 @@ def _node_log_liks(outcomes: Sequence[tuple[float, int, tuple[float, float]]], e
 
 def _integrated(node_log_liks: Sequence[float]) -> float:
     """The node terms integrated over the error (the Gauss-Hermite weights)."""
-    terms = [log_w + t for log_w, t in zip(_LOG_WEIGHTS, node_log_liks, strict=True)]
+    return _log_sum_exp([log_w + t for log_w, t in zip(_LOG_WEIGHTS, node_log_liks, strict=True)])
+
+
+def _log_sum_exp(terms: Sequence[float]) -> float:
     top = max(terms)
     return top + math.log(sum(math.exp(t - top) for t in terms))
+
+
+# Where the ends' spreads of rates may really lie, given their estimates (`JointPrior.moved`):
+# (z, log weight), Gauss-Hermite with 3 nodes. Each step's likelihoods are averaged over them:
+# a spread that came out high by chance at one end pulls that end's predicted rates of the
+# samples it happened to get wrong (the very samples focusing picks) toward those results, and
+# a candidate on that end's side would then sit between the two sides' predictions.
+_SPREAD_NODES = ((-math.sqrt(3.0), math.log(1 / 6)), (0.0, math.log(2 / 3)), (math.sqrt(3.0), math.log(1 / 6)))
+
+
+def _spread_priors(prior: JointPrior) -> list[tuple[float, JointPrior]]:
+    """(log weight, prior) over the spreads' nodes; the prior alone where its spreads are known."""
+    if prior.good_var_error == 0 and prior.bad_var_error == 0:
+        return [(0.0, prior)]
+    return [(log_w, prior.moved(z)) for z, log_w in _SPREAD_NODES]
 
 
 @dataclass(frozen=True)
@@ -398,22 +442,41 @@ def step_evidence(candidate: Sequence[SampleOutcome], good: Sequence[SampleOutco
     integrated over its standard error (`mean_errors`), so a step cannot be surer than the ends'
     own measurement allows. A sample neither end ran predicts each side's mean. The answer is
     the weaker of that and the sum of the per-sample ratios clipped (`sample_log_lr`); the node
-    terms come with it when it is the integrated one."""
+    terms come with it when it is the integrated one. Both are averaged over where the ends'
+    spreads may lie (`_SPREAD_NODES`): each side's likelihood as a mixture, the clipped ratio as
+    the ratio of the mixtures is (each spread's ratio weighed by that spread's posterior)."""
     prior = prior or fit_joint(good, bad)
-    g, b = by_id(good), by_id(bad)
-    clipped = 0.0
-    on_good: list[tuple[float, int, tuple[float, float]]] = []
-    on_bad: list[tuple[float, int, tuple[float, float]]] = []
-    for s in candidate:
-        clipped += sample_log_lr(s, g.get(s.id), b.get(s.id), prior)
-        rates = side_rates(prior, g.get(s.id), b.get(s.id))
-        on_good.append((s.correct_runs, s.runs, rates.good))
-        on_bad.append((s.correct_runs, s.runs, rates.bad))
     if not candidate:
         return StepEvidence(0.0)
+    g, b = by_id(good), by_id(bad)
     error_good, error_bad = mean_errors(good, bad, prior)
-    nodes_good, nodes_bad = _node_log_liks(on_good, error_good), _node_log_liks(on_bad, error_bad)
+    spreads = _spread_priors(prior)
+    clipped_at, good_at, bad_at = [], [], []
+    for _, moved in spreads:
+        outcomes_good: list[tuple[float, int, tuple[float, float]]] = []
+        outcomes_bad: list[tuple[float, int, tuple[float, float]]] = []
+        clipped = 0.0
+        for s in candidate:
+            rates = side_rates(moved, g.get(s.id), b.get(s.id))
+            clipped += _clip(_predictive(s.correct_runs, s.runs, rates.bad)
+                             - _predictive(s.correct_runs, s.runs, rates.good))
+            outcomes_good.append((s.correct_runs, s.runs, rates.good))
+            outcomes_bad.append((s.correct_runs, s.runs, rates.bad))
+        clipped_at.append(clipped)
+        good_at.append(_node_log_liks(outcomes_good, error_good))
+        bad_at.append(_node_log_liks(outcomes_bad, error_bad))
+    log_ws = [log_w for log_w, _ in spreads]
+    nodes_good = [_log_sum_exp([w + at[k] for w, at in zip(log_ws, good_at, strict=True)]) for k in range(len(_NODES))]
+    nodes_bad = [_log_sum_exp([w + at[k] for w, at in zip(log_ws, bad_at, strict=True)]) for k in range(len(_NODES))]
     integrated = _integrated(nodes_bad) - _integrated(nodes_good)
+    # The ratio of the mixtures is each spread's ratio averaged under either side's posterior of
+    # the spreads (the good side's, or inverted, the bad side's); clipped ratios are averaged
+    # both ways and the two met halfway, so swapping the ends only flips the sign.
+    on_good = [w + _integrated(at) for w, at in zip(log_ws, good_at, strict=True)]
+    on_bad = [w + _integrated(at) for w, at in zip(log_ws, bad_at, strict=True)]
+    by_good = _log_sum_exp([t + c for t, c in zip(on_good, clipped_at, strict=True)]) - _log_sum_exp(on_good)
+    by_bad = _log_sum_exp([t - c for t, c in zip(on_bad, clipped_at, strict=True)]) - _log_sum_exp(on_bad)
+    clipped = (by_good - by_bad) / 2
     if integrated * clipped <= 0:
         return StepEvidence(0.0)
     if abs(clipped) <= abs(integrated):

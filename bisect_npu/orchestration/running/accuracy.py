@@ -82,6 +82,11 @@ class AccuracySteps:
             self.bad_end = observations
         return records, verdict
 
+    def recall_ran(self, commit: str, observations: Sequence[Observation]) -> None:
+        """A step at `commit` journaled before a resume: the samples its rounds ran, so a step the
+        search asks there again runs the others, as the interrupted session would have."""
+        self.ran.setdefault(commit, set()).update(s.id for obs in observations for s in obs.samples or [])
+
     def remember(self, role: Role, observations: list[Observation]) -> None:
         """An end judged before (a resumed session): its observations are the reference again."""
         if role == "good_end":

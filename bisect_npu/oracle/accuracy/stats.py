@@ -466,8 +466,8 @@ def step_evidence(candidate: Sequence[SampleOutcome], good: Sequence[SampleOutco
         good_at.append(_node_log_liks(outcomes_good, error_good))
         bad_at.append(_node_log_liks(outcomes_bad, error_bad))
     log_ws = [log_w for log_w, _ in spreads]
-    nodes_good = [_log_sum_exp([w + at[k] for w, at in zip(log_ws, good_at, strict=True)]) for k in range(len(_NODES))]
-    nodes_bad = [_log_sum_exp([w + at[k] for w, at in zip(log_ws, bad_at, strict=True)]) for k in range(len(_NODES))]
+    nodes_good = [_log_sum_exp([w + at[k] for w, at in zip(log_ws, good_at, strict=True)]) for k in range(len(NODES))]
+    nodes_bad = [_log_sum_exp([w + at[k] for w, at in zip(log_ws, bad_at, strict=True)]) for k in range(len(NODES))]
     integrated = _integrated(nodes_bad) - _integrated(nodes_good)
     # The ratio of the mixtures is each spread's ratio averaged under either side's posterior of
     # the spreads (the good side's, or inverted, the bad side's); clipped ratios are averaged

@@ -380,13 +380,11 @@ class Session:
         else:
             assert isinstance(decision, search.EndsWrong)
             end_index = 0 if decision.which == "good" else self.n
-            untested = None
-            if self.evidence().get(end_index, search.Evidence()).skipped:
-                untested = next((e.verdict.reason for e in reversed(self.state.steps()) if e.index == end_index),
-                                "")
+            why = next((e.verdict.reason for e in reversed(self.state.steps()) if e.index == end_index), "")
+            untested = why if self.evidence().get(end_index, search.Evidence()).skipped else None
             log, output = self._end_run(end_index)
             message = end_messages.ends_wrong(decision.which, self.spec.range.good, self.spec.range.bad,
-                                              find_fix=self.spec.search.find_fix, untested=untested,
+                                              find_fix=self.spec.search.find_fix, untested=untested, judged_why=why,
                                               noisy=self.mode == "noisy", figures=decision.figures,
                                               oracle="recipe" if self.recipe is not None else "command", log=log,
                                               base=self.base if self.base != self.journal.header.range.good else None)

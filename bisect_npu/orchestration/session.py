@@ -38,6 +38,7 @@ from bisect_npu.orchestration.ending import end_messages
 from bisect_npu.orchestration.ending.result import EXIT_CODES, EXIT_ENDS_WRONG, EXIT_FOUND, EXIT_NARROWED, SessionResult
 from bisect_npu.orchestration.opening.open_session import Opened, open_journal, open_new
 from bisect_npu.orchestration.opening.reference import References, step_trials
+from bisect_npu.orchestration.opening.session_opening import folded
 from bisect_npu.orchestration.opening.session_spec import SessionSpec, earlier_runs_for_search, earlier_runs_spec
 from bisect_npu.orchestration.opening.state import SessionState, accuracy_weight
 from bisect_npu.orchestration.opening.verdict_reuse import SessionVerdicts, VerdictReuse
@@ -104,10 +105,9 @@ class Session:
         if until_sure(recipe):  # a stored throughput verdict weighs what a step stopped at the oracle's bound said
             assert recipe is not None and recipe.oracle.throughput is not None
             confidence = recipe.oracle.throughput.confidence
-        self.state = SessionState(self.mode == "noisy", spec.search.find_fix, journal.entries,
-                                  weigh=accuracy_weight(confidence, self.n, find_fix=spec.search.find_fix))
-        # A resumed session goes on with the host's failure rate its journaled attempts give.
-        evaluator.retry.host.add(self.state.host_record.failures, self.state.host_record.successes)
+        self.state = folded(SessionState(self.mode == "noisy", spec.search.find_fix, journal.entries,
+                                         weigh=accuracy_weight(confidence, self.n, find_fix=spec.search.find_fix),
+                                         ends=(0, self.n)), evaluator)
         self.references = References(recipe, evaluator, functools.partial(self._runs_at, 0),
                                      functools.partial(self._runs_at, self.n))
         always_run = frozenset({0} if self.references.from_good_end else ())  # the reference's runs
@@ -336,11 +336,13 @@ class Session:
             first = self.state.next_trial(index) if first_trial is None else first_trial
             return self.evaluator, EvaluationRequest(
                 commit, trials, tuple(pending), judge_each=noisy, first_trial=first, as_reference=as_reference,
-                as_bad_end=index == self.n, at_end=index in (0, self.n))
+                as_bad_end=index == self.n)
 
         return engine.Candidate(
             key=index, commit=commit, build_key=key, label=commit[:10], evaluation=evaluation,
-            retried=self.state.pending_retries(index),
+            retried=self.state.pending_retries(index), given_up=self.state.given_up(index),
+            end=engine.HostStop(f"{commit[:12]} (an end of the range)", "`bisect-npu resume`")
+            if index in (0, self.n) else None,
             trial=lambda run: TrialRecord(index=index, commit=commit, **run.model_dump()),
             retry=lambda retry: RetryRecord(index=index, commit=commit, **retry.model_dump()),
             record=StepRecord, record_keys={"index": index, "commit": commit, "title": title, "told": self._told},

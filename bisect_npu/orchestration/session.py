@@ -108,6 +108,9 @@ class Session:
         self.state = folded(SessionState(self.mode == "noisy", spec.search.find_fix, journal.entries,
                                          weigh=accuracy_weight(confidence, self.n, find_fix=spec.search.find_fix),
                                          ends=(0, self.n)), evaluator)
+        if until_sure(recipe):  # the spread pooled over the finished steps' runs, as the interrupted run had it
+            for step in self.state.steps():
+                evaluator.remember_runs(step.commit, step.trials)
         self.references = References(recipe, evaluator, functools.partial(self._runs_at, 0),
                                      functools.partial(self._runs_at, self.n))
         always_run = frozenset({0} if self.references.from_good_end else ())  # the reference's runs

@@ -1,17 +1,18 @@
 """The settings search's session: the session engine (engine.py) over one commit's configurations,
 searched with ddmin, as the commit search is the engine over a range's positions.
 
-It opens (a new search, or the one a session directory holds, checked against the question it
-started with), folds its journal once (configuration_state.py), and is the engine's space: its
-decide function is ddmin's (after the good variant's reference runs), each configuration the engine
-judges comes from configurations.py (its recipe, label, step directory and record keys), and it
-ends with the settings search's answer (settings_search.py holds the question and the answer).
+It opens as every session opens (opening/session_opening.py: a new search with its header, or the
+one a session directory holds, checked against the question it started with), folds its journal
+once (configuration_state.py), and is the engine's space: its decide function is ddmin's (after the
+good variant's reference runs), each configuration the engine judges comes from configurations.py
+(its recipe, label, step directory and record keys), and it ends with the settings search's answer
+(settings_search.py holds the question and the answer).
 
 Unresolved is not passing: a configuration the host's failures left unjudged reads as ddmin's
-`Unresolved`, and where the answer needs it the search stops with exit 5 naming the failure
-(`_stop_on_the_host`); a later process runs it again. The rest comes from the commit session's
-pieces: the journal file (journal.py), the executor checks (`preflight.settle_executor`), the
-identity check (`open_session.first_difference`), the leftovers' sweep, the reference
+`Unresolved`; an end stops the search at once (`engine.HostStop`), and where the answer needs
+another the search stops with exit 5 naming the failure (`_stop_on_the_host`); a later process runs
+it again. The rest comes from the commit session's pieces: the executor checks
+(`preflight.settle_executor`), the identity check (`open_session.first_difference`), the reference
 (`reference.References`, the good variant as the good end) and the end's sentences (end_messages.py).
 """
 

@@ -37,11 +37,11 @@ from bisect_npu.orchestration.opening.verdict_reuse import (
     open_verdict_reuse,
 )
 from bisect_npu.orchestration.running.earlier_results import settled_given
-from bisect_npu.orchestration.running.evaluate import Evaluator, until_sure
+from bisect_npu.orchestration.running.evaluate import Evaluator
 from bisect_npu.progress import PlainProgress, Progress
 from bisect_npu.recipe.loader import load_recipe
 from bisect_npu.recipe.schema import Recipe
-from bisect_npu.records import JOURNAL_SCHEMA_VERSION, EarlierRunsCounts, HeaderRecord, StepRecord
+from bisect_npu.records import JOURNAL_SCHEMA_VERSION, EarlierRunsCounts, HeaderRecord
 from bisect_npu.request import RunRequest, flagged_fields
 from bisect_npu.upstream import history
 
@@ -137,7 +137,7 @@ def open_journal(session_dir: Path | None = None, root: Path = DEFAULT_ROOT, pro
         opened["reuse"] = open_verdict_reuse(spec, recipe, session_dir, store_reference(recipe, header.range.base),
                                              progress)
 
-    def evaluator(journal: Journal) -> Evaluator:
+    def evaluator(_journal: Journal) -> Evaluator:
         spec, recipe = opened["spec"], opened["recipe"]
         per_run = recipe.cards_per_run() if recipe else 1
         if spec.executor.devices and len(spec.executor.devices) // (spec.executor.slots or 1) < per_run:
@@ -146,11 +146,7 @@ def open_journal(session_dir: Path | None = None, root: Path = DEFAULT_ROOT, pro
             settle_slots(spec, per_run)
             progress.note(f"{spec.executor.slots} slot(s): the recipe's engine needs {per_run} of the "
                           f"{len(spec.executor.devices)} cards")
-        made = session_evaluator(spec, opened["repo"], recipe, session_dir, builder, executor, oracle)
-        if until_sure(recipe):  # the spread pooled over the finished steps' runs, as the interrupted run had it
-            for step in journal.records(StepRecord):
-                made.remember_runs(step.commit, step.trials)
-        return made
+        return session_evaluator(spec, opened["repo"], recipe, session_dir, builder, executor, oracle)
 
     journal, made = open_session(Opening(Journal, check=check), session_dir, progress, evaluator)
     return Opened(journal, opened["spec"], opened["repo"], opened["recipe"], made, progress, opened["reuse"])

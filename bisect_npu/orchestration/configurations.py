@@ -4,8 +4,9 @@ configuration's settings and recipe, how it is labelled, its step directory and 
 recipe digest), and what settles it before its run (not judged good at the reference commit, where
 there is one: skipped). The engine judges it (`engine.judge`) as it judges a commit: the verdict
 store first, every trial and failed attempt journaled, the retry budget a resume goes on with; a
-configuration the host's failures left unjudged is journaled with why (`host_failure`), and a
-later process runs it again.
+configuration the host's failures left unjudged is journaled with why (`host_failure`), the
+search stops there where it is an end (the good variant, the bad case), and a later process runs
+it again, its attempts numbered on.
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ from bisect_npu.observations import Observation, Verdict, VerdictKind
 from bisect_npu.orchestration import engine
 from bisect_npu.orchestration.opening.configuration_state import ConfigurationState
 from bisect_npu.orchestration.opening.environments import make_environment
+from bisect_npu.orchestration.opening.session_opening import folded
 from bisect_npu.orchestration.opening.session_spec import SessionSpec
 from bisect_npu.orchestration.opening.verdict_reuse import SessionVerdicts, VerdictReuse, open_verdict_reuse
 from bisect_npu.orchestration.running.evaluate import EvaluationRequest, Evaluator
@@ -60,9 +62,7 @@ class Configurations:
         self.noisy = self.header.mode == "noisy"
         self.batch = self.header.batch
         self.reference_commit = self.header.reference_commit
-        # The journal folded once; a resumed search goes on with the host's failure rate it gives.
-        self.state = ConfigurationState(self.noisy, journal.entries)
-        base.retry.host.add(self.state.host_record.failures, self.state.host_record.successes)
+        self.state = folded(ConfigurationState(self.noisy, journal.entries), base)  # the journal, folded once
         self._executors: dict[tuple[tuple[str, str], ...], Executor] = {}
         self._memories: dict[str, VerdictReuse] = {}  # a configuration's digest -> its verdict store scope
         self.verdicts: SessionVerdicts[str] | None = None if spec.store.verdict_store is None else SessionVerdicts(
@@ -88,6 +88,16 @@ class Configurations:
         if len(configuration) == len(self.differences):
             return "[bad case]"
         return "[" + ", ".join(self.differences[i].key for i in sorted(configuration)) + "]"
+
+    def _is_end(self, configuration: Configuration, check: str | None) -> bool:
+        """The good variant and the bad case: no trigger can be named without either."""
+        return check is None and len(configuration) in (0, len(self.differences))
+
+    def stop(self, configuration: Configuration, why: str) -> engine.HostStop:
+        """How the search stops on a configuration the host left unjudged that it needs (`why`)."""
+        return engine.HostStop(f"configuration {self.label(configuration)} ({why})",
+                               "run the same `bisect-npu settings` command with --session "
+                               f"{self.journal.session_dir}")
 
     def reference_label(self) -> str:
         assert self.reference_commit is not None
@@ -149,7 +159,8 @@ class Configurations:
 
         judged = engine.judge(engine.Candidate[str, SettingsEntry](
             key=digest, commit=commit, build_key=self.base.builder.build_key(commit) or "", label=label,
-            evaluation=evaluation, retried=self.state.pending_retries(digest),
+            evaluation=evaluation, retried=self.state.pending_retries(digest), given_up=self.state.given_up(digest),
+            end=self.stop(configuration, "it is an end of the search") if self._is_end(configuration, check) else None,
             trial=lambda run: ConfigurationTrial(configuration=keys, digest=digest, **run.model_dump()),
             retry=lambda retry: ConfigurationRetry(configuration=keys, digest=digest, reference=False,
                                                    **retry.model_dump()),
@@ -187,6 +198,7 @@ class Configurations:
             evaluation=lambda: (self._evaluator(Path("references") / digest, recipe), EvaluationRequest(
                 reference_commit, recipe.trials.count, tuple(pending), as_reference=True)),
             retried=self.state.pending_retries(digest, reference=True),
+            given_up=self.state.given_up(digest, reference=True),
             trial=lambda run: ReferenceTrial(configuration=keys, digest=digest, **run.model_dump()),
             retry=lambda retry: ConfigurationRetry(configuration=keys, digest=digest, reference=True,
                                                    **retry.model_dump()),

@@ -1,6 +1,7 @@
 """What a search step costs, measured from a session's journal: an engine start, a full build and
-an overlay, each in the search's unit (a trial in noisy mode, a step in exact mode). Pure functions
-of the journal's entries, so a resumed session weighs its choices as the interrupted one did."""
+an overlay, each in the search's unit (a trial in noisy mode; a step otherwise, in exact mode and
+in the likelihood search, whose steps are one verdict each). Pure functions of the journal's
+entries, so a resumed session weighs its choices as the interrupted one did."""
 
 from __future__ import annotations
 
@@ -13,10 +14,11 @@ from bisect_npu.records import Record, StepRecord, step_seconds, trial_seconds
 
 def measured_costs(entries: Sequence[Record], trials: TrialsSpec | None, *, noisy: bool, batches: bool,
                  grouped: bool) -> tuple[float, float, float]:
-    """The load, build and overlay costs a search is told, each only where it is used: an engine
-    start in noisy mode, a full build in noisy mode or where builds are grouped by key (``grouped``),
-    an overlay where they are grouped. `trials` is the recipe's settings (None for a user command),
-    `batches` whether a case's trials at one commit share an engine start."""
+    """The load, build and overlay costs a search is told (`noisy`: in trials; else in steps, the
+    likelihood search's too), each only where it is used: an engine start in noisy mode, a full
+    build in noisy mode or where builds are grouped by key (``grouped``), an overlay where they are
+    grouped. `trials` is the recipe's settings (None for a user command), `batches` whether a
+    case's trials at one commit share an engine start."""
     startups, units = trial_seconds(entries) if noisy else ([], step_seconds(entries))
     builds = _fresh_build_seconds(entries)
     return (_load_cost(trials, batches, startups, units) if noisy else 0.0,

@@ -1,5 +1,9 @@
 """The one session engine of both searches: a session over a candidate space.
 
+A session opens one way whatever it searches (`opening/session_opening.py`: its journal reopened
+and checked, or new with its header; its evaluator made; the journal folded into its state once,
+the retry budget going on with the host's record the journal holds); then the engine drives it.
+
 A session answers from its journal when it has ended; else it lets its space take what the verdict
 store holds, then asks the space's decide function for a round, runs the round (the reference
 alone first where it is one, the rest over the slots), asks again, runs fresh what the answer rests
@@ -8,6 +12,12 @@ the store's verdict journaled where it holds one, else what must be settled befo
 configuration at the reference commit), else its run through `candidate.run_candidate`, every
 finished trial and failed attempt journaled the moment it ends, its `JudgedRun` journaled under the
 space's keys (`judged_record`), the verdict kept unless the host's failures left it unjudged.
+
+A candidate the host's failures left unjudged is journaled with why (`host_failure`), its attempts
+in its record; where the search cannot answer without it (an end: `Candidate.end`; for the
+settings search also a configuration its answer rests on) the session stops there with exit 5
+(`HostStop`). Run again, its space asks it again (a given-up record read from the journal is no
+evidence), and its attempts are numbered on from the given-up ones, with the budget they left.
 
 What differs lives in the space (`CandidateSpace`; the commit search's `session.Session`, the
 settings search's `settings_session.SettingsSearch`): its decide function and what its answer
@@ -23,6 +33,7 @@ from dataclasses import dataclass
 from typing import Generic, Protocol, TypeVar
 
 from bisect_npu import interrupts
+from bisect_npu.errors import InfrastructureError
 from bisect_npu.orchestration.opening.verdict_reuse import Reused, SessionVerdicts
 from bisect_npu.orchestration.running.candidate import CandidateJournal, run_candidate
 from bisect_npu.orchestration.running.evaluate import EvaluationRequest, Evaluator
@@ -96,14 +107,29 @@ def drive(space: CandidateSpace[Query, Answer, Result_co]) -> Result_co:
 
 
 @dataclass(frozen=True)
+class HostStop:
+    """How a session stops (exit 5) on a candidate the host's failures left unjudged where it
+    cannot answer without it: `name` says which and why it is needed, `resume` what runs it again."""
+
+    name: str
+    resume: str
+
+    def error(self, host_failure: str) -> InfrastructureError:
+        return InfrastructureError(f"{self.name} could not be judged, {host_failure}: free the host (cards, ports, "
+                                   f"the harness's server) or raise --retries, then {self.resume}")
+
+
+@dataclass(frozen=True)
 class Candidate(Generic[Key, Rec]):
     """One candidate as its space gives it to `judge`: `key` in the verdict store's ledger, `commit`
     and `build_key` where it runs, `label` on the progress lines, `evaluation` the evaluator and
     request that run it (its step directory, recipe and trials), `retried` the failed attempts
-    journaled since its last record; its records under its space's keys: `trial`, `retry`, and
-    `record`, the space's judged record type (a `JudgedRun` and its keys), made with `record_keys`
-    (`judged_record`); `settled` a judgement without its run (None: run it), `started` and `said`
-    what the progress lines say of it."""
+    journaled since its last record, `given_up` those of its records the host left unjudged since
+    it was last judged (its attempts are numbered on from them), `end` how the session stops where
+    the host leaves it unjudged (None: its skip is the search's to weigh); its records under its
+    space's keys: `trial`, `retry`, and `record`, the space's judged record type (a `JudgedRun` and
+    its keys), made with `record_keys` (`judged_record`); `settled` a judgement without its run
+    (None: run it), `started` and `said` what the progress lines say of it."""
 
     key: Key
     commit: str
@@ -115,6 +141,8 @@ class Candidate(Generic[Key, Rec]):
     retry: Callable[[RetryRun], Rec]
     record: Callable[..., Rec]
     record_keys: Mapping[str, object]
+    given_up: Sequence[RetryRun] = ()
+    end: HostStop | None = None
     settled: Callable[[], JudgedRun | None] = lambda: None
     started: Callable[[], None] = lambda: None
     said: Callable[[Rec], None] = lambda _record: None
@@ -159,7 +187,8 @@ def judge(candidate: Candidate[Key, Rec], append: Callable[[Rec], None], progres
 
     evaluator, request = candidate.evaluation()
     run = run_candidate(evaluator, request, CandidateJournal(
-        candidate.label, on_trial, lambda retry: append(candidate.retry(retry)), candidate.retried), progress)
+        candidate.label, on_trial, lambda retry: append(candidate.retry(retry)), candidate.retried,
+        candidate.given_up), progress)
     result = run.result
     record = _journal(candidate, append, JudgedRun(
         verdict=result.verdict, build=result.build, trials=result.trials, seconds=result.seconds,
@@ -176,7 +205,10 @@ def judged_record(candidate: Candidate[Key, Rec], judged: JudgedRun) -> Rec:
 
 
 def _journal(candidate: Candidate[Key, Rec], append: Callable[[Rec], None], judged: JudgedRun) -> Rec:
+    """Journal the candidate's record; stop the session where the host left an end unjudged."""
     record = judged_record(candidate, judged)
     append(record)
     candidate.said(record)
+    if judged.host_failure is not None and candidate.end is not None:
+        raise candidate.end.error(judged.host_failure)
     return record

@@ -38,6 +38,7 @@ from bisect_npu.orchestration.ending import end_messages
 from bisect_npu.orchestration.ending.result import EXIT_CODES, EXIT_ENDS_WRONG, EXIT_FOUND, EXIT_NARROWED, SessionResult
 from bisect_npu.orchestration.opening.open_session import Opened, open_journal, open_new
 from bisect_npu.orchestration.opening.reference import References, step_trials
+from bisect_npu.orchestration.opening.session_opening import folded
 from bisect_npu.orchestration.opening.session_spec import SessionSpec, earlier_runs_for_search, earlier_runs_spec
 from bisect_npu.orchestration.opening.state import SessionState, accuracy_weight
 from bisect_npu.orchestration.opening.verdict_reuse import SessionVerdicts, VerdictReuse
@@ -104,10 +105,12 @@ class Session:
         if until_sure(recipe):  # a stored throughput verdict weighs what a step stopped at the oracle's bound said
             assert recipe is not None and recipe.oracle.throughput is not None
             confidence = recipe.oracle.throughput.confidence
-        self.state = SessionState(self.mode == "noisy", spec.search.find_fix, journal.entries,
-                                  weigh=accuracy_weight(confidence, self.n, find_fix=spec.search.find_fix))
-        # A resumed session goes on with the host's failure rate its journaled attempts give.
-        evaluator.retry.host.add(self.state.host_record.failures, self.state.host_record.successes)
+        self.state = folded(SessionState(self.mode == "noisy", spec.search.find_fix, journal.entries,
+                                         weigh=accuracy_weight(confidence, self.n, find_fix=spec.search.find_fix),
+                                         ends=(0, self.n)), evaluator)
+        if until_sure(recipe):  # the spread pooled over the finished steps' runs, as the interrupted run had it
+            for step in self.state.steps():
+                evaluator.remember_runs(step.commit, step.trials)
         self.references = References(recipe, evaluator, functools.partial(self._runs_at, 0),
                                      functools.partial(self._runs_at, self.n))
         for step in self.state.steps():  # a resumed accuracy session: the samples each commit ran
@@ -338,11 +341,13 @@ class Session:
             first = self.state.next_trial(index) if first_trial is None else first_trial
             return self.evaluator, EvaluationRequest(
                 commit, trials, tuple(pending), judge_each=noisy, first_trial=first, as_reference=as_reference,
-                as_bad_end=index == self.n, at_end=index in (0, self.n))
+                as_bad_end=index == self.n)
 
         return engine.Candidate(
             key=index, commit=commit, build_key=key, label=commit[:10], evaluation=evaluation,
-            retried=self.state.pending_retries(index),
+            retried=self.state.pending_retries(index), given_up=self.state.given_up(index),
+            end=engine.HostStop(f"{commit[:12]} (an end of the range)", "`bisect-npu resume`")
+            if index in (0, self.n) else None,
             trial=lambda run: TrialRecord(index=index, commit=commit, **run.model_dump()),
             retry=lambda retry: RetryRecord(index=index, commit=commit, **retry.model_dump()),
             record=StepRecord, record_keys={"index": index, "commit": commit, "title": title, "told": self._told},
@@ -382,13 +387,11 @@ class Session:
         else:
             assert isinstance(decision, search.EndsWrong)
             end_index = 0 if decision.which == "good" else self.n
-            untested = None
-            if self.evidence().get(end_index, search.Evidence()).skipped:
-                untested = next((e.verdict.reason for e in reversed(self.state.steps()) if e.index == end_index),
-                                "")
+            why = next((e.verdict.reason for e in reversed(self.state.steps()) if e.index == end_index), "")
+            untested = why if self.evidence().get(end_index, search.Evidence()).skipped else None
             log, output = self._end_run(end_index)
             message = end_messages.ends_wrong(decision.which, self.spec.range.good, self.spec.range.bad,
-                                              find_fix=self.spec.search.find_fix, untested=untested,
+                                              find_fix=self.spec.search.find_fix, untested=untested, judged_why=why,
                                               noisy=self.mode == "noisy", figures=decision.figures,
                                               oracle="recipe" if self.recipe is not None else "command", log=log,
                                               base=self.base if self.base != self.journal.header.range.good else None)

@@ -17,7 +17,7 @@ import json
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Literal
+from typing import Any, Literal
 
 from bisect_npu import __version__
 from bisect_npu.errors import UsageError
@@ -26,7 +26,6 @@ from bisect_npu.observations import VerdictKind
 from bisect_npu.orchestration.ending import end_messages
 from bisect_npu.orchestration.ending.result import EXIT_CODES, EXIT_NARROWED
 from bisect_npu.orchestration.opening.open_session import Fact
-from bisect_npu.orchestration.opening.preflight import settle_executor
 from bisect_npu.orchestration.opening.session_spec import SessionSpec
 from bisect_npu.recipe.loader import load_recipe
 from bisect_npu.recipe.schema import Recipe
@@ -58,10 +57,6 @@ from bisect_npu.settings_journal import (
     SettingsJournal,
 )
 from bisect_npu.upstream import history
-
-if TYPE_CHECKING:
-    pass
-
 
 
 @dataclass(frozen=True)
@@ -241,18 +236,18 @@ def check_same_reference(question: SettingsQuestion, journal: SettingsJournal) -
         asked = history.resolve_ref(history.open_repo(journal.header.request.range.repo or "."),
                                     question.reference_at)
     except UsageError as exc:
-        journal.close()
         raise UsageError(f"--reference-at {question.reference_at}: {exc}") from None
     if asked != started:
-        journal.close()
         was = f"the reference commit {started[:12]} ({journal.header.reference_ref})" if started else \
             "no reference commit"
         raise UsageError(f"settings search {journal.session_dir} judges against {was}, not --reference-at "
                          f"{question.reference_at}; continue it without --reference-at, or start a new one with "
                          "another --session")
 
+
 def asks_variant(question: SettingsQuestion) -> bool:
     return bool(question.good_set or question.good_recipe or question.vary)
+
 
 def settings_header(question: SettingsQuestion, request: RunRequest, recipe: Recipe) -> SettingsHeader:
     repo_path = str(Path(request.range.repo or ".").resolve())
@@ -288,7 +283,6 @@ def settings_header(question: SettingsQuestion, request: RunRequest, recipe: Rec
     settled.search.mode = mode
     level = SettingsLevel(commit=commit, good_set=[f"{d.key}={json.dumps(d.good)}"  # JSON values are YAML
                                                    for d in differences])
-    settle_executor(SessionSpec(settled, level), recipe.cards_per_run())  # its slots: configurations at once
     return SettingsHeader(
         tool_version=__version__, request=settled, level=level,
         ref=ref, title=str(repo.commit(commit).summary), recipe_digest=recipe.digest(),
@@ -300,8 +294,6 @@ def settings_header(question: SettingsQuestion, request: RunRequest, recipe: Rec
         max_trials=recipe.oracle.stats.max_trials if noisy else 1,
         after_session=str(question.after_session) if question.after_session else None,
         reference_ref=reference_ref, reference_commit=reference_commit)
-
-# -- configurations -----------------------------------------------------------------------
 
 
 # -- the answer -------------------------------------------------------------------------------

@@ -1,17 +1,18 @@
 """The settings search's session: the session engine (engine.py) over one commit's configurations,
 searched with ddmin, as the commit search is the engine over a range's positions.
 
-It opens (a new search, or the one a session directory holds, checked against the question it
-started with), folds its journal once (configuration_state.py), and is the engine's space: its
-decide function is ddmin's (after the good variant's reference runs), each configuration the engine
-judges comes from configurations.py (its recipe, label, step directory and record keys), and it
-ends with the settings search's answer (settings_search.py holds the question and the answer).
+It opens as every session opens (opening/session_opening.py: a new search with its header, or the
+one a session directory holds, checked against the question it started with), folds its journal
+once (configuration_state.py), and is the engine's space: its decide function is ddmin's (after the
+good variant's reference runs), each configuration the engine judges comes from configurations.py
+(its recipe, label, step directory and record keys), and it ends with the settings search's answer
+(settings_search.py holds the question and the answer).
 
 Unresolved is not passing: a configuration the host's failures left unjudged reads as ddmin's
-`Unresolved`, and where the answer needs it the search stops with exit 5 naming the failure
-(`_stop_on_the_host`); a later process runs it again. The rest comes from the commit session's
-pieces: the journal file (journal.py), the executor checks (`preflight.settle_executor`), the
-identity check (`open_session.first_difference`), the leftovers' sweep, the reference
+`Unresolved`; an end stops the search at once (`engine.HostStop`), and where the answer needs
+another the search stops with exit 5 naming the failure (`_stop_on_the_host`); a later process runs
+it again. The rest comes from the commit session's pieces: the executor checks
+(`preflight.settle_executor`), the identity check (`open_session.first_difference`), the reference
 (`reference.References`, the good variant as the good end) and the end's sentences (end_messages.py).
 """
 
@@ -22,16 +23,17 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from bisect_npu.builders.base import Builder
-from bisect_npu.errors import InfrastructureError, UsageError
+from bisect_npu.errors import UsageError
 from bisect_npu.execute.base import Executor
 from bisect_npu.journal import JOURNAL_FILE
 from bisect_npu.level import SettingsLevel
 from bisect_npu.orchestration import engine
 from bisect_npu.orchestration.configurations import Configurations
 from bisect_npu.orchestration.opening.environments import session_evaluator
-from bisect_npu.orchestration.opening.open_session import first_difference, refuse_other_request, stop_leftovers
+from bisect_npu.orchestration.opening.open_session import first_difference, refuse_other_request
 from bisect_npu.orchestration.opening.preflight import RAY_REFUSED, settle_executor
 from bisect_npu.orchestration.opening.reference import References
+from bisect_npu.orchestration.opening.session_opening import Opening, check_recipe, open_session
 from bisect_npu.orchestration.opening.session_spec import SessionSpec, check_dependency_options
 from bisect_npu.orchestration.running.evaluate import Evaluator
 from bisect_npu.orchestration.settings_search import (
@@ -91,8 +93,8 @@ class SettingsSearch:
               progress: Progress | None = None, builder: Builder | None = None,
               executor: Executor | None = None) -> SettingsSearch:
         """A new search (its inputs checked before anything is made), or the one `session_dir`
-        holds, which goes on under the request it started with. `request`: the runs' request at
-        the question's commit (`settings_request`)."""
+        holds, which goes on under the request it started with, as `session_opening.open_session`
+        opens any session. `request`: the runs' request at the question's commit (`settings_request`)."""
         if request.executor.executor == "ray":
             raise UsageError(RAY_REFUSED)
         recipe_name = request.judge.recipe
@@ -103,47 +105,45 @@ class SettingsSearch:
         if (session_dir / JOURNAL_FILE).exists() and not SettingsJournal.exists(session_dir):
             raise UsageError(f"{session_dir} is a commit search's session, not a settings search's; search at its "
                              f"culprit with `bisect-npu settings --after {session_dir}`")
-        if SettingsJournal.exists(session_dir):
-            journal = SettingsJournal.open(session_dir)
+
+        def check(journal: SettingsJournal) -> None:
+            """The search the directory holds is the one asked: its commit, recipe, reference and keys."""
             if difference := first_difference(settings_facts(journal.header, request)):
-                journal.close()
                 raise refuse_other_request("settings search", session_dir, difference, "the `bisect-npu settings` "
                                            f"command that started it, with --session {session_dir}")
-            if journal.header.recipe_digest != recipe.digest():
-                journal.close()
-                raise UsageError(f"recipe {recipe_name} changed since settings search {session_dir} started; "
-                                 "start a new one with another --session")
+            check_recipe(recipe, journal.header.recipe_digest, f"recipe {recipe_name} changed since settings search "
+                         f"{session_dir} started; start a new one with another --session")
             check_same_reference(question, journal)
-            question = replace(question, reference_at=journal.header.reference_ref)
-            given = [d.key for d in plan_differences(recipe, question)[0]] if asks_variant(question) else None
+            asked = replace(question, reference_at=journal.header.reference_ref)
+            given = [d.key for d in plan_differences(recipe, asked)[0]] if asks_variant(asked) else None
             if given is not None and given != [d.key for d in journal.header.differences]:
-                journal.close()
                 raise UsageError(f"settings search {session_dir} searches other keys "
                                  f"({', '.join(d.key for d in journal.header.differences)}); continue it with the "
                                  "good variant it started with, or start a new one with another --session")
-            progress.note(f"continuing the settings search in {session_dir}")
-        else:
-            journal = SettingsJournal.create(session_dir, settings_header(question, request, recipe))
-        try:
-            spec, base = cls._environment(journal.header, recipe, session_dir, builder, executor, progress)
-        except BaseException:
-            journal.close()
-            raise
-        return cls(journal, recipe, base, spec, spec.range.repo or ".", progress)
 
-    @staticmethod
-    def _environment(header: SettingsHeader, recipe: Recipe, session_dir: Path, builder: Builder | None,
-                     executor: Executor | None, progress: Progress) -> tuple[SessionSpec, Evaluator]:
-        """The session a run of the one commit is (the header's request at its level), and the
-        evaluator whose builder every configuration shares (the builder and executor given, or
-        made as `run` makes them)."""
-        spec = SessionSpec(header.request.settled(), header.level)
-        check_dependency_options(spec, recipe)
-        settle_executor(spec, recipe.cards_per_run())  # this host's: the host type, its refusals, the device files
-        repo = history.open_repo(spec.range.repo or ".")
-        evaluator = session_evaluator(spec, repo, recipe, session_dir, builder, executor)
-        stop_leftovers(evaluator, progress)
-        return spec, evaluator
+        spec: list[SessionSpec] = []
+
+        def evaluator(journal: SettingsJournal) -> Evaluator:
+            """The session a run of the one commit is (the header's request at its level), and the
+            evaluator whose builder every configuration shares (the builder and executor given, or
+            made as `run` makes them)."""
+            spec.append(SessionSpec(journal.header.request.settled(), journal.header.level))
+            check_dependency_options(spec[0], recipe)
+            settle_executor(spec[0], recipe.cards_per_run())  # this host's: the host type, its refusals, the devices
+            repo = history.open_repo(spec[0].range.repo or ".")
+            return session_evaluator(spec[0], repo, recipe, session_dir, builder, executor)
+
+        def header() -> SettingsHeader:
+            """The question's header, its request's executor settled as a run's (its slots:
+            configurations at once)."""
+            made = settings_header(question, request, recipe)
+            settle_executor(SessionSpec(made.request, made.level), recipe.cards_per_run())
+            return made
+
+        opening = Opening(SettingsJournal, header, reopens=True, check=check,
+                          continuing=f"continuing the settings search in {session_dir}")
+        journal, base = open_session(opening, session_dir, progress, evaluator)
+        return cls(journal, recipe, base, spec[0], spec[0].range.repo or ".", progress)
 
     # -- the loop -------------------------------------------------------------------------------
 
@@ -207,11 +207,8 @@ class SettingsSearch:
         for configuration in standing:
             records = self.state.records(configuration)
             if records and records[-1].host_failure is not None:
-                raise InfrastructureError(
-                    f"configuration {self.space.label(configuration)} could not be judged: {records[-1].host_failure}; "
-                    "no trigger can be named without it: free the host (cards, ports, the harness's server) or "
-                    f"raise --retries, then run the same `bisect-npu settings` command with --session "
-                    f"{self.journal.session_dir}")
+                raise self.space.stop(configuration, "no trigger can be named without it").error(
+                    records[-1].host_failure)
 
     def _confirm(self, decision: Trigger | EndsWrong) -> bool:
         """Run fresh the configurations the answer rests on where only the verdict store judged them
@@ -227,7 +224,7 @@ class SettingsSearch:
             self.references.ensure(self._run_good_variant)
 
     def _good_variant_runs(self) -> list[TrialRun] | None:
-        good = self.state.records(frozenset())
+        good = [record for record in self.state.records(frozenset()) if record.host_failure is None]
         return [trial for record in good for trial in record.trials] if good else None
 
     def _run_good_variant(self, trials: int) -> None:

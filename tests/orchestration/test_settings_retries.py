@@ -104,7 +104,7 @@ def test_async_starts_failing_from_the_third_stop_the_search_on_the_host_not_on_
     done = subprocess.run(argv(demo_upstream, recipe, session, "--retries", "1"), cwd=tmp_path,
                           capture_output=True, text=True, timeout=600, check=False)
     assert done.returncode == 5, done.stdout[-2000:] + done.stderr[-3000:]
-    assert f"could not be judged: a port was still taken: {PORT_TAKEN}, 2 attempts failed on the host" in done.stderr
+    assert f"could not be judged, 2 attempts failed on the host: a port was still taken: {PORT_TAKEN}" in done.stderr
     assert f"--session {session}" in done.stderr
     summary = last_json(done)
     assert summary["status"] == "error" and summary["exit_code"] == 5
@@ -112,7 +112,7 @@ def test_async_starts_failing_from_the_third_stop_the_search_on_the_host_not_on_
     unresolved = [r for r in records(session, "configuration") if r["host_failure"]]
     assert [r["settings"]["engine.args.async_scheduling"] for r in unresolved] == [True]
     assert [r["attempt"] for r in assert_every_failed_start_is_a_shown_retry(tmp_path, session)] == [1, 2]
-    assert "unresolved: a port was still taken" in (session / "report.md").read_text()
+    assert "unresolved: 2 attempts failed on the host: a port was still taken" in (session / "report.md").read_text()
 
     (tmp_path / "starts.txt").rename(tmp_path / "first-starts.txt")  # the host freed: two async starts pass again
     again = subprocess.run(argv(demo_upstream, recipe, session, "--retries", "1"), cwd=tmp_path,
@@ -158,7 +158,7 @@ def test_always_failing_async_starts_with_random_failures_never_give_another_tri
     if done.returncode == 0:
         assert last_json(done)["trigger"] == TRIGGER
     else:
-        assert "could not be judged: a port was still taken" in done.stderr
+        assert "could not be judged, " in done.stderr and "a port was still taken" in done.stderr
     assert_every_failed_start_is_a_shown_retry(tmp_path, session)
 
 
@@ -182,7 +182,7 @@ def test_an_interrupted_search_resumes_with_the_retry_budget_its_journal_left(
     assert done.returncode == 5, done.stdout[-2000:] + done.stderr[-3000:]
     assert [r["attempt"] for r in records(session, "retry")] == [1, 2, 3]
     assert failed_starts(tmp_path) == 3
-    assert "could not be judged: a port was still taken" in done.stderr and "3 attempts failed" in done.stderr
+    assert "could not be judged, 3 attempts failed on the host: a port was still taken" in done.stderr
     assert "configuration [bad case]" in done.stderr
 
 
@@ -207,24 +207,31 @@ def _settings_on_a_dead_host(demo_upstream: tuple[Path, Manifest], tmp_path: Pat
     return argv(demo_upstream, recipe, session, "--retries", "1")
 
 
-@pytest.mark.parametrize(("space", "command", "journal_file"), [
-    ("commits", _run_on_a_dead_host, "journal.jsonl"),
-    ("configurations", _settings_on_a_dead_host, "settings.jsonl"),
+@pytest.mark.parametrize(("space", "command", "journal_file", "judged"), [
+    ("commits", _run_on_a_dead_host, "journal.jsonl", "step"),
+    ("configurations", _settings_on_a_dead_host, "settings.jsonl", "configuration"),
 ])
-def test_both_spaces_journal_every_failed_start_stop_with_exit_5_and_run_again_with_a_new_budget(
-        demo_upstream: tuple[Path, Manifest], tmp_path: Path, space: str, command: Any, journal_file: str) -> None:
-    """One engine over either space: a host on which every engine start fails stops the search
-    with exit 5 naming the host failure once --retries 1 is spent (two attempts), each failed start
-    a journaled `retry`; the same session run again after that gets a new budget and spends it."""
+def test_both_spaces_journal_an_end_the_host_left_unjudged_stop_with_exit_5_and_number_its_attempts_on(
+        demo_upstream: tuple[Path, Manifest], tmp_path: Path, space: str, command: Any, journal_file: str,
+        judged: str) -> None:
+    """One engine over either space: a host on which every engine start fails stops the search at
+    its first end with exit 5 naming the host failure once --retries 1 is spent (two attempts), each
+    failed start a journaled `retry`, the end journaled with its host failure and those attempts;
+    run again, the same end runs again with a new budget and spends it, its attempts numbered on."""
     session = tmp_path / "session"
 
-    def retries() -> int:
+    def journaled(kind: str) -> list[dict[str, Any]]:
         lines = (session / journal_file).read_text().splitlines()
-        return sum(json.loads(line)["type"] == "retry" for line in lines)
+        return [r for line in lines if (r := json.loads(line))["type"] == kind]
 
     for starts, again in ((2, False), (4, True)):
         done = subprocess.run(command(demo_upstream, tmp_path, session, again), cwd=tmp_path, capture_output=True,
                               text=True, timeout=300, check=False)
         assert done.returncode == 5, f"{space}: " + done.stdout[-2000:] + done.stderr[-3000:]
-        assert "could not be judged" in done.stderr and "2 attempts failed on the host" in done.stderr
-        assert failed_starts(tmp_path) == starts == retries()
+        assert "could not be judged, 2 attempts failed on the host" in done.stderr
+        assert failed_starts(tmp_path) == starts == len(journaled("retry"))
+        assert [r["attempt"] for r in journaled("retry")] == list(range(1, starts + 1))
+        given_up = journaled(judged)
+        assert [r["host_failure"] is not None for r in given_up] == [True] * (starts // 2)
+        assert [[a["attempt"] for a in r["retries"]] for r in given_up] == [[1, 2], [3, 4]][:starts // 2]
+        assert len({r.get("index", r.get("digest")) for r in given_up}) == 1  # the same end, run again

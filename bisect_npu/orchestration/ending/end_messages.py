@@ -54,9 +54,12 @@ def _first_line(reason: str, chars: int = 160) -> str:
 
 
 def ends_wrong(which: Literal["good", "bad"], good: str, bad: str, *, find_fix: bool, untested: str | None,
-               noisy: bool, figures: dict[str, float], oracle: str, log: Path | None, base: str | None = None) -> str:
+               noisy: bool, figures: dict[str, float], oracle: str, log: Path | None, base: str | None = None,
+               judged_why: str = "") -> str:
     """Which end did not behave as given and what to do; `untested`: the reason that end could not
-    be tested (None: it was judged), `oracle`: "recipe" or "command", `log`: its last run's log,
+    be tested (None: it was judged), `judged_why`: the reason of its verdict where it was judged (a
+    unit test missing there reads as passing: the reason says so), `oracle`: "recipe" or "command",
+    `log`: its last run's log,
     `base`: the commit tested for the good end where that end is not an ancestor of the bad one
     (their merge-base): what was judged is named, not the end the user gave."""
     ref = good if which == "good" else bad
@@ -77,7 +80,7 @@ def ends_wrong(which: Literal["good", "bad"], good: str, bad: str, *, find_fix: 
     else:
         opposite = "bad" if which == "good" else "good"
         if not noisy:
-            judged = f"was judged {opposite}"
+            judged = f"was judged {opposite}" + (f" ({_first_line(judged_why)})" if judged_why.strip() else "")
         elif which == "bad" and not figures.get("bad_end_rate"):
             judged = f"never showed the symptom in {figures.get('bad_end_trials', 0):.0f} trials"
         else:

@@ -6,7 +6,8 @@ with, then one record at a time (`apply`, which the search's one way of journali
 nothing rereads the journal; a resumed search builds the same state from the same records.
 
 A record the host's failures left unjudged before this process (`_stale`) is not evidence: its
-configuration runs again, with a new retry budget, as `resume` runs an end that stopped a run.
+configuration runs again, its attempts numbered on from that record's with the budget they left,
+as a commit search runs again an end the host left unjudged (`state.given_up_at_ends`).
 """
 
 from __future__ import annotations
@@ -69,7 +70,7 @@ class ConfigurationState(StoreLedger[str]):
     def _apply_record(self, at: int, record: Judged) -> None:
         reference = isinstance(record, ReferenceRecord)
         self._judged.append((at, record))
-        self._attempts.judged((record.digest, reference))
+        self._attempts.judged((record.digest, reference), given_up=record.host_failure is not None)
         if isinstance(record, ConfigurationRecord):
             self._order.append((at, record))
             self.note(record.digest, record.verdict.kind.value, stored=record.stored is not None)
@@ -149,6 +150,11 @@ class ConfigurationState(StoreLedger[str]):
         """Failed attempts journaled after the configuration's last record (the budget goes on from them)."""
         with self._lock:
             return self._attempts.pending_retries((digest, reference))
+
+    def given_up(self, digest: str, *, reference: bool = False) -> list[RetryRun]:
+        """The attempts of the configuration's records the host left unjudged since it was last judged."""
+        with self._lock:
+            return self._attempts.given_up((digest, reference))
 
     def next_trial(self, digest: str) -> int:
         """Trial numbers grow per configuration, so more trials never repeat a seed."""

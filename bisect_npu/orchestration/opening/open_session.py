@@ -11,6 +11,7 @@ import shlex
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import git
 
@@ -27,6 +28,7 @@ from bisect_npu.level import held_of
 from bisect_npu.orchestration.opening.environments import session_evaluator
 from bisect_npu.orchestration.opening.preflight import check_run, settle_slots
 from bisect_npu.orchestration.opening.reference import store_reference
+from bisect_npu.orchestration.opening.session_opening import Opening, check_recipe, open_session
 from bisect_npu.orchestration.opening.session_spec import SessionSpec, declared_dependencies
 from bisect_npu.orchestration.opening.verdict_reuse import (
     VerdictReuse,
@@ -35,11 +37,11 @@ from bisect_npu.orchestration.opening.verdict_reuse import (
     open_verdict_reuse,
 )
 from bisect_npu.orchestration.running.earlier_results import settled_given
-from bisect_npu.orchestration.running.evaluate import Evaluator, until_sure
+from bisect_npu.orchestration.running.evaluate import Evaluator
 from bisect_npu.progress import PlainProgress, Progress
 from bisect_npu.recipe.loader import load_recipe
 from bisect_npu.recipe.schema import Recipe
-from bisect_npu.records import JOURNAL_SCHEMA_VERSION, EarlierRunsCounts, HeaderRecord, StepRecord
+from bisect_npu.records import JOURNAL_SCHEMA_VERSION, EarlierRunsCounts, HeaderRecord
 from bisect_npu.request import RunRequest, flagged_fields
 from bisect_npu.upstream import history
 
@@ -61,7 +63,7 @@ def open_new(spec: SessionSpec, session_dir: Path | None = None, root: Path = DE
              progress: Progress | None = None, builder: Builder | None = None, executor: Executor | None = None,
              parent: Path | None = None, oracle: Oracle | None = None) -> Opened:
     """Check the request, then create the journal and the evaluator (`oracle`: the Python callable
-    of a session started through bisect_npu.api)."""
+    of a session started through bisect_npu.api), as `session_opening.open_session` opens any."""
     inputs = check_run(spec)
     recipe, repo, candidates_range = inputs.recipe, inputs.repo, inputs.candidates_range
     session_dir = (session_dir or new_session_dir(root)).resolve()
@@ -71,94 +73,83 @@ def open_new(spec: SessionSpec, session_dir: Path | None = None, root: Path = DE
         progress.note(line)
     if inputs.last_good_note:
         progress.note(inputs.last_good_note)
-    header = HeaderRecord(
-        schema_version=JOURNAL_SCHEMA_VERSION,
-        tool_version=__version__,
-        request=spec.request.settled(),
-        level=spec.level,
-        context=spec.context.model_copy(),
-        recipe_digest=recipe.digest() if recipe else None,
-        mode=spec.search.mode or (recipe.trials.mode if recipe else "exact"),  # what the search ran in
-        earlier_runs=EarlierRunsCounts(**inputs.earlier_runs.model_dump()) if inputs.earlier_runs else None,
-        range=candidates_range,
-        github=_github_of(spec, recipe, repo),
-        parent_session=str(parent) if parent else None,
-        host_changes=host_changes(recipe, spec.context.host) if recipe else {},
-        command_oracle=command_oracle(spec),
-    )
-    journal = Journal.create(session_dir, header)
-    if candidates_range.merge_base_note:
-        progress.note(candidates_range.merge_base_note)
-    evaluator = session_evaluator(spec, repo, recipe, session_dir, builder, executor, oracle)
-    stop_leftovers(evaluator, progress)
-    return Opened(journal, spec, repo, recipe, evaluator, progress, reuse)
+
+    def header() -> HeaderRecord:
+        return HeaderRecord(
+            schema_version=JOURNAL_SCHEMA_VERSION,
+            tool_version=__version__,
+            request=spec.request.settled(),
+            level=spec.level,
+            context=spec.context.model_copy(),
+            recipe_digest=recipe.digest() if recipe else None,
+            mode=spec.search.mode or (recipe.trials.mode if recipe else "exact"),  # what the search ran in
+            earlier_runs=EarlierRunsCounts(**inputs.earlier_runs.model_dump()) if inputs.earlier_runs else None,
+            range=candidates_range,
+            github=_github_of(spec, recipe, repo),
+            parent_session=str(parent) if parent else None,
+            host_changes=host_changes(recipe, spec.context.host) if recipe else {},
+            command_oracle=command_oracle(spec),
+        )
+
+    def evaluator(_journal: Journal) -> Evaluator:
+        if candidates_range.merge_base_note:
+            progress.note(candidates_range.merge_base_note)
+        return session_evaluator(spec, repo, recipe, session_dir, builder, executor, oracle)
+
+    journal, made = open_session(Opening(Journal, header), session_dir, progress, evaluator)
+    return Opened(journal, spec, repo, recipe, made, progress, reuse)
 
 
 def open_journal(session_dir: Path | None = None, root: Path = DEFAULT_ROOT, progress: Progress | None = None,
                  builder: Builder | None = None, executor: Executor | None = None,
                  oracle: Oracle | None = None, accept_changed_command: bool = False) -> Opened:
-    """Open an interrupted session (the newest under `root` by default) from its journal.
-    `accept_changed_command`: the user vouches that what the command sees changed without changing
-    its verdicts (a fix of the command that aborted the run)."""
+    """Open an interrupted session (the newest under `root` by default) from its journal, as
+    `session_opening.open_session` opens any. `accept_changed_command`: the user vouches that what
+    the command sees changed without changing its verdicts (a fix of the command that aborted the run)."""
     session_dir = (session_dir or latest_session(root)).resolve()
-    journal = Journal.open(session_dir)
-    header = journal.header
-    spec = SessionSpec(header.request.settled(), header.level, header.context.model_copy())
-    recipe = load_recipe(spec.judge.recipe) if spec.judge.recipe else None
-    if recipe is not None and recipe.digest() != journal.header.recipe_digest:
-        journal.close()
-        raise UsageError(f"recipe {spec.judge.recipe} changed since the session started; "
-                         "start a new session with `bisect-npu run` (results would mix two bad cases)")
-    repo = history.open_repo(spec.range.repo, remedy=(
-        "the session's repository was moved or removed; put it back there to resume, or start a new "
-        "session with `bisect-npu run`")) if spec.range.repo else None
-    if repo is not None and (gone := _commits_gone(repo, header)):
-        journal.close()
-        raise UsageError(f"the session's {gone} is no longer in {spec.range.repo} (a force-push and `git gc` drop "
-                         "commits no branch holds): fetch it back (`git fetch REMOTE SHA` where a remote still has "
-                         "it) to resume, or start a new session with `bisect-npu run`; `bisect-npu report --session "
-                         f"{session_dir}` still reads this one")
-    if spec.judge.unit_tests and (refusal := rules_refusal(spec.judge.command or [])):
-        journal.close()
-        raise UsageError(refusal)
-    changed = command_changed(spec, journal.header.command_oracle)
-    if changed and not accept_changed_command:
-        journal.close()
-        raise UsageError(f"command {shlex.join(spec.judge.command or [])!r} changed since the session started "
-                         f"({', '.join(changed)}); start a new session with `bisect-npu run` (results would mix "
-                         "two oracles), or, where the change fixes what aborted the run and judges every commit as "
-                         f"before, `bisect-npu resume --session {session_dir} --accept-changed-command`")
     progress = progress or PlainProgress()
-    if changed:
-        progress.note(f"resuming with the command changed ({', '.join(changed)}), as --accept-changed-command asks")
-    try:
-        reuse = open_verdict_reuse(spec, recipe, session_dir, store_reference(recipe, journal.header.range.base),
-                                   progress)
-    except UsageError:
-        journal.close()
-        raise
-    if journal.dropped_tail:
-        progress.note("dropped a torn last journal line (the previous run was killed mid-write)")
-    per_run = recipe.cards_per_run() if recipe else 1
-    if spec.executor.devices and len(spec.executor.devices) // (spec.executor.slots or 1) < per_run:
-        # A session started before slots followed the engine's size: one card per slot.
-        spec.executor.slots = None
-        settle_slots(spec, per_run)
-        progress.note(f"{spec.executor.slots} slot(s): the recipe's engine needs {per_run} of the "
-                      f"{len(spec.executor.devices)} cards")
-    evaluator = session_evaluator(spec, repo, recipe, session_dir, builder, executor, oracle)
-    stop_leftovers(evaluator, progress)
-    if until_sure(recipe):  # the spread pooled over the finished steps' runs, as the interrupted run had it
-        for step in journal.records(StepRecord):
-            evaluator.remember_runs(step.commit, step.trials)
-    return Opened(journal, spec, repo, recipe, evaluator, progress, reuse)
+    opened: dict[str, Any] = {}
 
+    def check(journal: Journal) -> None:
+        header = journal.header
+        spec = opened["spec"] = SessionSpec(header.request.settled(), header.level, header.context.model_copy())
+        recipe = opened["recipe"] = load_recipe(spec.judge.recipe) if spec.judge.recipe else None
+        check_recipe(recipe, header.recipe_digest, f"recipe {spec.judge.recipe} changed since the session started; "
+                     "start a new session with `bisect-npu run` (results would mix two bad cases)")
+        repo = opened["repo"] = history.open_repo(spec.range.repo, remedy=(
+            "the session's repository was moved or removed; put it back there to resume, or start a new "
+            "session with `bisect-npu run`")) if spec.range.repo else None
+        if repo is not None and (gone := _commits_gone(repo, header)):
+            raise UsageError(f"the session's {gone} is no longer in {spec.range.repo} (a force-push and `git gc` drop "
+                             "commits no branch holds): fetch it back (`git fetch REMOTE SHA` where a remote still "
+                             "has it) to resume, or start a new session with `bisect-npu run`; `bisect-npu report "
+                             f"--session {session_dir}` still reads this one")
+        if spec.judge.unit_tests and (refusal := rules_refusal(spec.judge.command or [])):
+            raise UsageError(refusal)
+        changed = command_changed(spec, header.command_oracle)
+        if changed and not accept_changed_command:
+            raise UsageError(f"command {shlex.join(spec.judge.command or [])!r} changed since the session started "
+                             f"({', '.join(changed)}); start a new session with `bisect-npu run` (results would mix "
+                             "two oracles), or, where the change fixes what aborted the run and judges every commit "
+                             f"as before, `bisect-npu resume --session {session_dir} --accept-changed-command`")
+        if changed:
+            progress.note(f"resuming with the command changed ({', '.join(changed)}), as --accept-changed-command asks")
+        opened["reuse"] = open_verdict_reuse(spec, recipe, session_dir, store_reference(recipe, header.range.base),
+                                             progress)
 
-def stop_leftovers(evaluator: Evaluator, progress: Progress) -> None:
-    """What a killed earlier process of this session left running goes before anything runs (on
-    an NPU host it would hold the cards); the user hears how much."""
-    if stopped := evaluator.executor.sweep():
-        progress.note(f"stopped {stopped} leftover container(s) or process(es) of a killed earlier run")
+    def evaluator(_journal: Journal) -> Evaluator:
+        spec, recipe = opened["spec"], opened["recipe"]
+        per_run = recipe.cards_per_run() if recipe else 1
+        if spec.executor.devices and len(spec.executor.devices) // (spec.executor.slots or 1) < per_run:
+            # A session started before slots followed the engine's size: one card per slot.
+            spec.executor.slots = None
+            settle_slots(spec, per_run)
+            progress.note(f"{spec.executor.slots} slot(s): the recipe's engine needs {per_run} of the "
+                          f"{len(spec.executor.devices)} cards")
+        return session_evaluator(spec, opened["repo"], recipe, session_dir, builder, executor, oracle)
+
+    journal, made = open_session(Opening(Journal, check=check), session_dir, progress, evaluator)
+    return Opened(journal, opened["spec"], opened["repo"], opened["recipe"], made, progress, opened["reuse"])
 
 
 def _commits_gone(repo: git.Repo, header: HeaderRecord) -> str:

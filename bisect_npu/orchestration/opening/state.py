@@ -3,13 +3,16 @@ evidence per position, the finished steps, the trials of a step an interruption 
 trial numbers used. Built once from the journal a session opens with, then one record at a time,
 so a decision never rereads the journal; a resumed session builds the same state from the same
 records (in any order of positions), hence the same decisions.
+
+An end's step the host's failures left unjudged before this process (`given_up_at_ends`) is no
+evidence and no finished step: the end runs again, its attempts numbered on from that step's.
 """
 
 from __future__ import annotations
 
 import math
 import threading
-from collections.abc import Callable, Hashable, Iterable
+from collections.abc import Callable, Collection, Hashable, Sequence
 from typing import Generic, Literal, TypeVar
 
 from bisect_npu import search
@@ -111,14 +114,19 @@ class Attempts(Generic[Key]):
     """Each candidate's trials and failed attempts since its last record (an interrupted run's, kept
     across a resume), the trial numbers used, the outcomes of its trials, and the host's record of
     attempts as journaled (search/retry_policy.py: the trials that finished and the failed attempts
-    before them). The one book of both searches' attempts; not thread-safe (its state's lock is)."""
+    before them). A record the host's failures left unjudged (`judged(..., given_up=True)`) keeps its
+    attempts for the candidate's next run to number on from, and gives back its trial numbers (its
+    trials never ran), so the next run's attempts fall on the same trials. The one book of both
+    searches' attempts; not thread-safe (its state's lock is)."""
 
     def __init__(self) -> None:
         self.host_record = HostRecord()
         self._unsettled: dict[tuple[Key, str, int], int] = {}  # failed attempts of trials not finished (yet)
         self._pending: dict[Key, list[TrialRun]] = {}
         self._retries: dict[Key, list[RetryRun]] = {}
+        self._given_up: dict[Key, list[RetryRun]] = {}  # attempts of records the host left unjudged
         self._last_trial: dict[Key, int] = {}
+        self._judged_trial: dict[Key, int] = {}  # the last trial number when the candidate was last judged
         self._outcomes: dict[Key, list[VerdictKind | None]] = {}
 
     def trial(self, key: Key, trial: TrialRun) -> None:
@@ -136,10 +144,20 @@ class Attempts(Generic[Key]):
         self._retries.setdefault(key, []).append(RetryRun.model_validate(retry.model_dump(
             include=set(RetryRun.model_fields))))
 
-    def judged(self, key: Key) -> None:
-        """The candidate's record journaled: what came before it is no longer pending."""
+    def judged(self, key: Key, *, given_up: bool = False) -> None:
+        """The candidate's record journaled: what came before it is no longer pending; `given_up`:
+        the host's failures left it unjudged."""
+        if given_up:
+            self._given_up.setdefault(key, []).extend(self._retries.get(key, []))
+            self._last_trial[key] = self._judged_trial.get(key, -1)
+        else:
+            self._given_up[key] = []
+            self._judged_trial[key] = self._last_trial.get(key, -1)
         self._pending[key] = []
         self._retries[key] = []
+
+    def given_up(self, key: Key) -> list[RetryRun]:
+        return list(self._given_up.get(key, []))
 
     def pending_trials(self, key: Key) -> list[TrialRun]:
         return list(self._pending.get(key, []))
@@ -160,8 +178,8 @@ class SessionState(StoreLedger[int]):
     verdicts in the store's ledger; thread-safe: the slots of a round append while the progress
     asks how many candidates are left."""
 
-    def __init__(self, noisy: bool, find_fix: bool, entries: Iterable[Record] = (),
-                 weigh: Callable[[StepRecord], search.Weight] | None = None) -> None:
+    def __init__(self, noisy: bool, find_fix: bool, entries: Sequence[Record] = (),
+                 weigh: Callable[[StepRecord], search.Weight] | None = None, ends: Collection[int] = ()) -> None:
         super().__init__()
         self.noisy = noisy
         self.find_fix = find_fix
@@ -171,17 +189,22 @@ class SessionState(StoreLedger[int]):
         self._fresh: dict[int, search.Evidence] = {}  # the evidence without the verdict store's steps
         self._steps: list[StepRecord] = []
         self._attempts: Attempts[int] = Attempts()
-        for entry in entries:
-            self.apply(entry)
+        given_up = given_up_at_ends(entries, ends)
+        for at, entry in enumerate(entries):
+            self.apply(entry, evidence=at not in given_up)
 
-    def apply(self, entry: Record) -> None:
+    def apply(self, entry: Record, *, evidence: bool = True) -> None:
+        """Fold one record in; `evidence` False: an end's given-up step or trial read from the
+        journal (its attempts are kept, nothing else)."""
         with self._lock:
             if isinstance(entry, TrialRecord):
                 self._attempts.trial(entry.index, entry)
-                if entry.outcome and self.noisy:
+                if entry.outcome and self.noisy and evidence:
                     self._add(entry.index, entry.outcome.value, stored=False)
             elif isinstance(entry, RetryRecord):
                 self._attempts.retry(entry.index, entry)
+            elif isinstance(entry, StepRecord) and not evidence:
+                self._attempts.judged(entry.index, given_up=True)
             elif isinstance(entry, StepRecord):
                 self._apply_step(entry)
 
@@ -192,7 +215,7 @@ class SessionState(StoreLedger[int]):
 
     def _apply_step(self, step: StepRecord) -> None:
         self._steps.append(step)
-        self._attempts.judged(step.index)
+        self._attempts.judged(step.index, given_up=step.host_failure is not None)
         stored = step.stored is not None
         self.note(step.index, step.verdict.kind.value, stored=stored)
         if self.noisy and step.stored is not None:
@@ -234,6 +257,11 @@ class SessionState(StoreLedger[int]):
         with self._lock:
             return self._attempts.pending_retries(index)
 
+    def given_up(self, index: int) -> list[RetryRun]:
+        """The attempts of `index`'s steps the host left unjudged since it was last judged."""
+        with self._lock:
+            return self._attempts.given_up(index)
+
     def next_trial(self, index: int) -> int:
         """Trial numbers keep growing per position, so a repeated query never repeats a seed."""
         with self._lock:
@@ -250,3 +278,18 @@ class SessionState(StoreLedger[int]):
         good = max((i for i, e in evidence.items() if e.good and not e.bad), default=0)
         bad = min((i for i, e in evidence.items() if e.bad and i > good), default=n)
         return max(1, bad - good)
+
+
+def given_up_at_ends(entries: Sequence[Record], ends: Collection[int]) -> set[int]:
+    """Where in `entries` an end's step the host's failures left unjudged stands, with that step's
+    trials: none of it is evidence when the journal is opened again (the end runs again)."""
+    marked: set[int] = set()
+    trials: dict[int, list[int]] = {}
+    for at, entry in enumerate(entries):
+        if isinstance(entry, TrialRecord) and entry.index in ends:
+            trials.setdefault(entry.index, []).append(at)
+        elif isinstance(entry, StepRecord):
+            since = trials.pop(entry.index, [])
+            if entry.index in ends and entry.host_failure is not None:
+                marked.update([at, *since])
+    return marked

@@ -9,10 +9,10 @@ from __future__ import annotations
 import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from functools import partial
 from pathlib import Path
-from typing import TypeVar
+from typing import NoReturn, TypeVar
 
 from bisect_npu import oracle
 from bisect_npu.builders.base import Builder, BuildFailed, Environment
@@ -72,13 +72,11 @@ class EvaluationRequest:
     as_reference: bool = False
     # The bad end of an accuracy recipe: its per-sample results are the other half of the reference.
     as_bad_end: bool = False
-    # Either end of the range: one that cannot be judged after its retries stops the run (exit 5).
-    at_end: bool = False
     # Hears of each attempt that failed on the host (the session journals it).
     on_retry: Callable[[RetryRun], None] | None = None
     # Attempts journaled before an interruption: the attempt numbers go on from them.
     retried: Sequence[RetryRun] = ()
-    # Hears why trials were left unjudged once the host's failures spent their retries (not at an end).
+    # Hears why the candidate was left unjudged once the host's failures spent a trial's retries.
     on_unjudged: Callable[[str], None] | None = None
 
     def report(self, record: TrialRun) -> None:
@@ -97,6 +95,15 @@ def until_sure(recipe: Recipe | None) -> bool:
         return False
     spec = recipe.oracle.throughput
     return spec.reference == "good_end" and spec.sequential and recipe.trials.mode == "exact"
+
+
+class _HostGaveUp(Exception):
+    """A trial's retries were spent on the host: the candidate's other trials are not run (the host
+    stopped working), and it is skipped with `reason`."""
+
+    def __init__(self, reason: str) -> None:
+        super().__init__(reason)
+        self.reason = reason
 
 
 @dataclass
@@ -175,7 +182,19 @@ class Evaluator:
         return self.session_dir / "steps" / commit[:12]
 
     def evaluate(self, request: EvaluationRequest) -> StepResult:
-        """Evaluate the request's commit (what each field asks: EvaluationRequest)."""
+        """Evaluate the request's commit (what each field asks: EvaluationRequest); a trial whose
+        retries the host's failures spent skips the candidate, its other trials not run."""
+        ran: list[TrialRun] = list(request.done)
+        told = request.on_trial
+
+        def on_trial(record: TrialRun) -> None:
+            ran.append(record)
+            if told is not None:
+                told(record)
+
+        return self._evaluate(replace(request, on_trial=on_trial), ran)
+
+    def _evaluate(self, request: EvaluationRequest, ran: list[TrialRun]) -> StepResult:
         commit = request.commit
         started = time.monotonic()
         step_dir = self.step_dir(commit)
@@ -205,6 +224,8 @@ class Evaluator:
                 if request.as_reference:
                     self.set_reference(records)
                 verdict = self._step_verdict(request, records)
+        except _HostGaveUp as gave_up:
+            records, verdict = ran, Verdict(kind=VerdictKind.SKIP, reason=gave_up.reason, trials=len(ran))
         finally:
             self.builder.release(env)
         return StepResult(commit, verdict, build_record(env), records, round(time.monotonic() - started, 3))
@@ -460,8 +481,8 @@ class Evaluator:
     def _run_group(self, request: EvaluationRequest, env: Environment, case: CaseSpec,
                    numbers: list[int], sample_ids: Sequence[str] | None = None) -> list[TrialRun]:
         """The trials `numbers` of `case` in one probe run, run again (its unfinished trials) while
-        it fails on the host and the retry budget lasts. Spent at an end: InfrastructureError; spent
-        elsewhere: the unfinished trials are skips naming every attempt's cause. Attempts journaled
+        it fails on the host and the retry budget lasts; spent, the unfinished trials are skips naming
+        every attempt's cause and the candidate's other trials are not run. Attempts journaled
         for these trials before an interrupt count against the budget; where they spent it (the run
         stopped on them, exit 5, and was resumed once the host was freed) a new budget starts."""
         records: list[TrialRun] = []
@@ -491,14 +512,9 @@ class Evaluator:
             attempts.append(attempt)
             unsettled += 1
             if self.retry.given_up(spent + len(attempts)):
-                return records + self._unjudged(request, case, numbers[len(records):], failure, attempts,
-                                                attempt.log, spent)
+                self._unjudged(request, case, numbers[len(records):], failure, attempts, attempt.log, spent)
             time.sleep(self.retry.delay(spent + len(attempts)))
         return records + self._missing(request, case, numbers[len(records):], result, log, node)
-
-    def _bound_said(self) -> str:
-        bound = self.retry.retries
-        return "" if bound is None else f"; at most {bound} retr{'y' if bound == 1 else 'ies'} as asked"
 
     def _keep_log(self, log_path: str, attempt: int) -> str | None:
         """A failed attempt's probe log moved aside (`...attempt-N.log`), so the next attempt does
@@ -513,24 +529,17 @@ class Evaluator:
 
     def _unjudged(self, request: EvaluationRequest, case: CaseSpec, numbers: list[int],
                   failure: InfrastructureFailure, attempts: list[RetryRun], log: str,
-                  before: int = 0) -> list[TrialRun]:
+                  before: int = 0) -> NoReturn:
         """Trials the host kept from running through every attempt (`before` of them journaled
-        before a resume): skips, or at an end the run's stop."""
+        before a resume): skips, and the candidate's stop (`_HostGaveUp`)."""
         tried = self.retry.attempts_said(before + len(attempts))
-        if request.at_end:
-            raise InfrastructureError(
-                f"{request.commit[:12]} (an end of the range) could not be judged, {tried} failed on the host: "
-                f"{failure} (probe log {log}); more failures in a row than a working host gives "
-                f"({rate_said(self.retry.host.record)}{self._bound_said()}): free the host (cards, ports, "
-                "the harness's server), then `bisect-npu resume`")
         reason = f"{failure} ({tried}: " + "; ".join(f"{a.attempt}. {a.kind}" for a in attempts) + ")"
         if request.on_unjudged is not None:
-            request.on_unjudged(f"{failure}, {tried} failed on the host (probe log {log})")
-        skips = [TrialRun(case_id=case.id, trial=n, log=log, outcome=VerdictKind.SKIP, reason=reason[:500])
-                 for n in numbers]
-        for skip in skips:
-            request.report(skip)
-        return skips
+            request.on_unjudged(f"{tried} failed on the host: {failure} (probe log {log}); more failures in a row "
+                                f"than a working host gives ({self.retry.said()})")
+        for n in numbers:
+            request.report(TrialRun(case_id=case.id, trial=n, log=log, outcome=VerdictKind.SKIP, reason=reason[:500]))
+        raise _HostGaveUp(reason[:500])
 
     def _probe_run(self, request: EvaluationRequest, env: Environment, case: CaseSpec, numbers: list[int],
                    sample_ids: Sequence[str] | None) -> tuple[list[TrialRun], RunResult, str, str | None]:

@@ -18,7 +18,7 @@ from typing import Literal
 
 from bisect_npu.defaults import RETRY_BACKOFF_S
 from bisect_npu.probe.harness import HARNESS_FAILED_EXIT
-from bisect_npu.search.retry_policy import HostRecord, attempts_allowed
+from bisect_npu.search.retry_policy import HostRecord, attempts_allowed, rate_said
 
 FailureKind = Literal["port_in_use", "card_busy", "engine_start", "engine_killed", "transport", "network",
                       "node_lost"]
@@ -140,6 +140,12 @@ class RetryPolicy:
         """A run finished `trials` trials after `failures` failed attempts: the working host's record.
         The failures of a trial given up are left out of it: they tell that the host stopped."""
         self.host.add(failures, trials)
+
+    def said(self) -> str:
+        """The host's rate and the user's bound, as a stop's message gives them."""
+        bound = self.retries
+        return rate_said(self.host.record) + ("" if bound is None else
+                                              f"; at most {bound} retr{'y' if bound == 1 else 'ies'} as asked")
 
     @staticmethod
     def attempts_said(count: int) -> str:

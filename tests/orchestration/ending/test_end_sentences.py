@@ -74,3 +74,21 @@ def test_a_good_end_off_the_bad_ends_history_names_the_merge_base_that_was_judge
     assert said.startswith(f"precondition failed: the merge-base {shas[3][:12]} of the good end side and main "
                            "(side is not an ancestor of main) was judged bad"), said
     assert "the good end side was judged bad" not in out + err
+
+
+def test_an_end_judged_the_wrong_way_says_why_it_was_judged_so(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch) -> None:
+    """A unit test missing at both ends passes at the bad end too: exit 4, and the sentence gives
+    the verdict's reason (the test does not exist there), not only "was judged good"."""
+    repo = tmp_path / "repo"
+    make_linear_repo(repo, 4, culprit=2, tags={0: "good", 3: "bad"})
+    script = tmp_path / "check.sh"
+    script.write_text('echo "tests/t.py::test_x does not exist at this commit: counted good" > '
+                      '"$BISECT_NPU_REASON_FILE"\nexit 0\n')
+    monkeypatch.chdir(repo)
+    code, out, err = run_cli(["run", "--good", "good", "--bad", "bad", "--cmd", f"sh {script}", "--no-fix",
+                              "--no-verdict-store", "--session", str(tmp_path / "session"), "--json"], capsys)
+    assert code == 4, err
+    assert ("the bad end bad was judged good (command exited 0: tests/t.py::test_x does not exist at this commit: "
+            "counted good); "
+            "check the command reproduces the problem") in out + err

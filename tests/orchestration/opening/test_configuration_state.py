@@ -18,7 +18,7 @@ from bisect_npu.orchestration.opening.configuration_state import ConfigurationSt
 from bisect_npu.orchestration.opening.state import SessionState
 from bisect_npu.orchestration.settings_search import SettingsQuestion, settings_request
 from bisect_npu.orchestration.settings_session import SettingsSearch
-from bisect_npu.records import RetryRecord, StoredFrom, TrialRecord
+from bisect_npu.records import Record, RetryRecord, StepRecord, StoredFrom, TrialRecord
 from bisect_npu.search import Evidence
 from bisect_npu.search.retry_policy import HostRecord
 from bisect_npu.settings_journal import (
@@ -146,6 +146,45 @@ def test_both_searches_keep_the_same_attempts_and_host_record_of_the_same_runs(
     assert positions.pending_trials(1) == configurations.pending_trials("d[0]")
     assert positions.pending_retries(1) == configurations.pending_retries("d[0]")
     assert positions.next_trial(1) == configurations.next_trial("d[0]")
+
+
+@given(st.lists(st.integers(1, 3), min_size=1, max_size=4), st.integers(0, 2), st.booleans())
+def test_both_searches_number_an_unjudged_ends_attempts_on_from_its_given_up_records(
+        budgets: list[int], interrupted: int, noisy: bool) -> None:
+    """An end the host left unjudged once per entry of `budgets` (after that many failed attempts at
+    its trial 0, journaled with its host failure), then `interrupted` more attempts before an
+    interrupt: reopened, neither search reads a given-up record as evidence, both number the end's
+    attempts on from the given-up ones, on the same trial, and go on with the interrupted ones' budget."""
+    commit: list[Record] = []
+    settings: list[SettingsEntry] = []
+    attempt = 0
+
+    def failed() -> None:
+        nonlocal attempt
+        attempt += 1
+        commit.append(RetryRecord(index=0, commit="c", case_id="c", trial=0, attempt=attempt, kind="port_in_use",
+                                  cause="a port was still taken"))
+        settings.append(retry([], 0, attempt))
+
+    for spent in budgets:
+        for _ in range(spent):
+            failed()
+        why = "a port was still taken"
+        skip = Verdict(kind=VerdictKind.SKIP, reason=why)
+        commit += [TrialRecord(index=0, commit="c", case_id="c", trial=0, outcome=VerdictKind.SKIP),
+                   StepRecord(index=0, commit="c", verdict=skip, host_failure=why)]
+        settings += [trial([], 0, VerdictKind.SKIP), record([], VerdictKind.SKIP, host_failure=why)]
+    given_up = list(range(1, attempt + 1))
+    for _ in range(interrupted):
+        failed()
+    positions = SessionState(noisy, False, commit, ends=(0, 5))
+    configurations = ConfigurationState(noisy, settings)
+    assert [r.attempt for r in positions.given_up(0)] == [r.attempt for r in configurations.given_up("d[]")] == given_up
+    assert [r.attempt for r in positions.pending_retries(0)] == [r.attempt for r in configurations.pending_retries(
+        "d[]")] == list(range(given_up[-1] + 1, attempt + 1))
+    assert positions.next_trial(0) == configurations.next_trial("d[]") == 0
+    assert positions.evidence() == {} and configurations.evidence() == {}
+    assert positions.steps() == [] and positions.judged() == set()
 
 
 @pytest.fixture

@@ -79,7 +79,7 @@ def test_a_settled_step_is_judged_from_its_journal_and_an_open_one_runs_on(tmp_p
 
 def test_a_resumed_evaluator_pools_the_spread_its_journaled_steps_gave(tmp_path: Path) -> None:
     """Every finished step's runs join the spread later steps pool; a resumed session hands its
-    journaled steps' runs to a new evaluator (`remember_runs`, as opening a journal does), which
+    journaled steps' runs to a new evaluator (`remember_runs`, as a reopened session does), which
     then pools the same spread and judges the next step as the interrupted one would have."""
     perf = import_case(read_case_file(CASE_FILE, CASE_PATH), CASE_PATH, "speed-a2", "perf")
     shas = make_linear_repo(tmp_path / "repo", 4, culprit=3)

@@ -222,3 +222,29 @@ def test_a_verdict_naming_one_router_says_the_other_layers_flips_are_noise_apart
     alone = routing_words(DumpComparison(rows=[], seconds=0.0, bytes_read=0, routing=[noise]))
     assert alone.startswith("; routing noise at model.layers.1.mlp.gate: 3 of 96") and "apart" not in alone
     assert routing_words(DumpComparison(rows=[], seconds=0.0, bytes_read=0, routing=[named])) == ""
+
+
+def test_a_group_swap_the_gate_itself_moved_is_not_explained_by_the_groups_close_gap() -> None:
+    """A grouped top-k (4 groups of 2, the best 2 kept, each scored by its two experts): token 0's last kept group
+    leads the first one left out by less than rounding can move it. When the candidate's scores of those groups
+    moved by about that much, its group swap is rounding's; when the gate's own output moved them far past it
+    (a faulty gate), the swap is the gate's, whatever the reference's gap."""
+    from bisect_npu.oracle.dumps.routing import Grouping
+
+    rng = np.random.default_rng(5)
+    grouping = Grouping(groups=4, kept=2, best=2)
+    ref_logits = rng.normal(size=(48, 8))
+    ref_logits[0] = [6.0, 0.0, 3.0, 2.0, 4.5, 0.5005, 1.0, 0.0]  # groups 6, 5, 5.0005, 1: groups 0 and 2 kept
+
+    def side(logits: np.ndarray) -> RouterSide:
+        return RouterSide(logits=logits, logits_dtype="bfloat16", ids=grouping.choose(logits, 2),
+                          input=np.ones((48, 4)), input_dtype="bfloat16")
+
+    nudged, moved = ref_logits.copy(), ref_logits.copy()
+    nudged[0, 2:4] += 0.001  # group 1 overtakes group 2 by rounding's reach
+    moved[0, 2:4] += 0.6  # the gate moved group 1 far past it
+    for cand, explained in ((nudged, True), (moved, False)):
+        report = compare_routing(side(cand), side(ref_logits), "model.layers.2.mlp.gate")
+        (flip,) = report.flips
+        assert flip.token == 0 and flip.lost == [4] and flip.gained == [2]
+        assert flip.explained is explained, flip.to_dict()

@@ -114,8 +114,9 @@ class LogitsConfig(StrictModel):
                                    description="times its peers' median amplification a module's must also exceed "
                                                "(peers that agree too well have no spread)")
     min_peers: int = Field(3, strict=True, ge=2, le=10_000,
-                           description="other layers a module kind needs for its own noise line; fewer: the highest "
-                                       "line of the other kinds")
+                           description="other layers a module kind needs for its own noise line; fewer: the higher of "
+                                       "the other kinds' highest line and its few peers' worst times "
+                                       "peer_min_factor")
     chunk_elements: int = Field(1 << 17, strict=True, ge=1,
                                 description="elements one worker reads at a time (whole vocabulary rows for "
                                             "logits); bounds peak memory, and the default keeps a chunk's "

@@ -310,3 +310,54 @@ def test_a_norm_change_within_its_inputs_error_size_is_no_gain_and_one_beyond_it
     rules.apply_relative_rules(exact, LogitsConfig())
     assert [(row.name, row.rule) for row in exact if row.problem] == [(exact[5].name, "norm_ratio")]
     assert "input's error size" in (exact[5].problem or "")
+
+
+def _measured(module: str, index: int, distance: float, input_distance: float,
+              routed_alike: bool = False) -> tuple[TensorDiff, dict[str, Any]]:
+    """One bf16 output measured against a float32 golden: its cosine distance and its input's."""
+    metrics = {"cosine": 1.0 - distance, "norm_ratio": 1.0}
+    row = TensorDiff(name=f"Module.{module}.Linear.forward.0.output.0", index=index, step=0, layer=None,
+                     module=f"Module.{module}.Linear.forward.0", dtype="bfloat16", metrics=metrics,
+                     carried_metrics=dict(metrics) if routed_alike else None)
+    return row, {"cosine": 1.0 - input_distance, "norm_change": 0.0}
+
+
+def test_an_exact_input_module_of_a_shallow_moe_is_measured_against_its_kind_in_every_other_layer() -> None:
+    """Layer 0's `o_proj` of a 4-layer MoE model: its input exact, the later layers' `o_proj` measured on the
+    tokens that routed alike (another kind for their amplification): their output distances are still its
+    peers, so its distance meets its kind's line, not a fixed one drawn for an amplification."""
+    from bisect_npu.oracle.dumps.noise import PeerLines
+
+    measured = [_measured("model.layers.0.self_attn.o_proj", 0, 7.4e-5, 2.8e-6),
+                _measured("model.layers.1.self_attn.o_proj", 1, 7.3e-5, 2.2e-4),
+                _measured("model.layers.2.self_attn.o_proj", 2, 1.2e-4, 2.1e-4, routed_alike=True),
+                _measured("model.layers.3.self_attn.o_proj", 3, 1.0e-4, 1.7e-4, routed_alike=True)]
+    lines = PeerLines.of(measured, LogitsConfig())
+    row, base = measured[0]
+    assert lines.distance[0][0] == "distance" and lines.distance[0][1].peers == 3
+    allowed = lines.allowed_distance(row, base)
+    assert allowed is not None and allowed > 1e-4
+    faulty = [_measured("model.layers.0.self_attn.o_proj", 0, 5e-3, 2.8e-6), *measured[1:]]
+    allowed = PeerLines.of(faulty, LogitsConfig()).allowed_distance(*faulty[0])
+    assert allowed is not None and allowed < 5e-3
+
+
+def test_a_kind_with_too_few_peers_for_a_spread_is_measured_against_its_own_few_not_another_kinds_line() -> None:
+    """The experts of a 4-layer MoE model (three MoE layers): two peers each, too few for a spread. Another kind
+    (attention, four layers) has a line, quieter than the experts' noise: the experts meet the higher of the
+    two, their few peers' worst times the spread floor; a fault far beyond both is still beyond it."""
+    from bisect_npu.oracle.dumps.noise import PeerLines
+
+    cfg = LogitsConfig()
+    attention = [_measured(f"model.layers.{layer}.self_attn", layer, 2e-4 * (1 + layer / 10), 2e-4)
+                 for layer in range(4)]
+    experts = [_measured(f"model.layers.{layer}.mlp.experts", 10 + layer, 2.5e-4 * factor, 1e-4)
+               for layer, factor in ((1, 1.0), (2, 1.1), (3, 2.7))]
+    lines = PeerLines.of([*attention, *experts], cfg)
+    for row, base in experts:
+        allowed = lines.allowed_distance(row, base)
+        assert allowed is not None and 1.0 - row.metrics["cosine"] < allowed
+    assert lines.distance[13][1].peers == 2
+    faulty = [*attention, *experts[:2], _measured("model.layers.3.mlp.experts", 13, 1e-2, 1e-4)]
+    allowed = PeerLines.of(faulty, cfg).allowed_distance(*faulty[-1])
+    assert allowed is not None and allowed < 1e-2

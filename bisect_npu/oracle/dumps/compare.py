@@ -224,17 +224,22 @@ def verdict_from_comparison(result: DumpComparison) -> Verdict:
 
 
 def routing_words(result: DumpComparison) -> str:
-    """The routing's part of a verdict: flips taken as noise, layers not checked ("" without MoE routers)."""
+    """The routing's part of a verdict: the MoE layers whose flips are noise, named apart from a router the
+    verdict names for its finding; the layers not checked ("" without MoE routers)."""
     noise = [report for report in result.routing if report.flips and report.finding is None]
+    found = any(report.finding is not None for report in result.routing)
     words = ""
     if noise:
         flips = sum(len(report.flips) for report in noise)
         tokens = sum(report.tokens for report in noise)
-        explainable = sum(report.explainable for report in noise)
-        words += (f"; routing: {flips} of {tokens} token choices in {len(noise)} MoE layers went to another "
-                  f"expert set, each at a margin within its rounding noise (rounding explains up to "
-                  f"{explainable}); the MoE blocks judged on the tokens that routed alike")
-    elif result.routing and all(report.finding is None for report in result.routing):
+        close = sum(report.explainable for report in noise)
+        where = ", ".join(report.module for report in noise[:3]) + (
+            f" and {len(noise) - 3} more" if len(noise) > 3 else "")
+        blocks = "that MoE block" if len(noise) == 1 else "those MoE blocks"
+        words += (f"; {'apart from that router, ' if found else ''}routing noise at {where}: {flips} of {tokens} "
+                  f"token choices went to another expert set, each closer to a tie than rounding can move it "
+                  f"({close} of the {tokens} lie that close); {blocks} judged on the tokens that routed alike")
+    elif result.routing and not found:
         words += f"; routing: every token routed alike in {len(result.routing)} MoE layers"
     if result.routing_unchecked:
         words += (f"; routing could not be checked at {len(result.routing_unchecked)} MoE layers "

@@ -12,11 +12,12 @@ from __future__ import annotations
 
 import math
 import re
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
 from bisect_npu.oracle.config import LogitsConfig
-from bisect_npu.oracle.dumps.peers import Line, leave_one_out_lines, log_ratio, module_kind
+from bisect_npu.oracle.dumps.peers import Line, few_peer_lines, leave_one_out_lines, log_ratio, module_kind
 from bisect_npu.oracle.dumps.precision import cosine_floor, dtype_tolerance
 from bisect_npu.oracle.dumps.rows import TensorDiff
 
@@ -102,23 +103,26 @@ class PeerLines:
         floor = math.log(cfg.peer_min_factor)
         dtypes = {row.index: row.dtype for row, _ in measured}
         exact = {row.index for row, base in measured if input_is_exact(row, base)}
-        for row, base in measured:  # a tensor measured on the tokens that routed alike is a peer of its likes
-            kind = module_kind(row.module, row.name) + (" (routed alike)" if row.carried_metrics else "")
+        for row, base in measured:
+            # An amplification is a ratio of like with like: one measured on the tokens that routed alike is a
+            # peer of its likes. A distance is the output's own: every layer's output of the kind is a peer of
+            # an exact-input one, measured whole or on the tokens that routed alike (of the first MoE layers,
+            # before any flip, a shallow model has too few for a line).
+            whole_kind = module_kind(row.module, row.name)
+            kind = whole_kind + (" (routed alike)" if row.carried_metrics else "")
             statistic, value = distance_statistic(row, base)
-            (amp if statistic == "amplification" else dist).setdefault(kind, []).append((row.index, value))
-            if statistic == "amplification":  # every output's distance is a peer of an exact-input one
-                dist.setdefault(kind, []).append((row.index, math.log(max(1.0 - row.metrics["cosine"],
-                                                                          own_rounding(row)))))
+            if statistic == "amplification":
+                amp.setdefault(kind, []).append((row.index, value))
+                value = math.log(max(1.0 - row.metrics["cosine"], own_rounding(row)))
+            dist.setdefault(whole_kind, []).append((row.index, value))
             change = norm_change(row, base)
             if math.isfinite(change):
                 norm.setdefault(kind, []).append((row.index, change))
-        amp_lines = _with_fallback(leave_one_out_lines(amp, cfg.peer_mads, cfg.min_peers, lambda _: floor), amp)
-        dist_lines = _with_fallback(leave_one_out_lines(dist, cfg.peer_mads, cfg.min_peers, lambda _: floor), dist)
+        amp_lines = _lines(amp, cfg, lambda _: floor)
+        dist_lines = _lines(dist, cfg, lambda _: floor)
         distance = {index: ("distance", line) for index, line in dist_lines.items() if index in exact}
         distance.update({index: ("amplification", line) for index, line in amp_lines.items() if index not in exact})
-        norm_lines = leave_one_out_lines(norm, cfg.peer_mads, cfg.min_peers,
-                                         lambda index: dtype_tolerance(dtypes[index]) / 2)
-        return PeerLines(distance, _with_fallback(norm_lines, norm))
+        return PeerLines(distance, _lines(norm, cfg, lambda index: dtype_tolerance(dtypes[index]) / 2))
 
     def allowed_distance(self, row: TensorDiff, base: dict[str, Any]) -> float | None:
         """The cosine distance the row's distance line allows it (its input's times the amplification line, or
@@ -134,9 +138,21 @@ class PeerLines:
         return row.index in self.distance or row.index in self.norm
 
 
-def _with_fallback(lines: dict[int, Line], kinds: dict[str, list[tuple[int, float]]]) -> dict[int, Line]:
-    """`lines`, and for members of kinds too small for their own, the highest line of any kind."""
+def _lines(kinds: dict[str, list[tuple[int, float]]], cfg: LogitsConfig,
+           min_spread: Callable[[int], float]) -> dict[int, Line]:
+    """Each member's line from its kind's other layers; for members of kinds too small for a spread, the higher
+    of the highest line of any kind and the line their few peers' worst draws (none at all where no kind has
+    enough peers: the fixed line then judges)."""
+    lines = leave_one_out_lines(kinds, cfg.peer_mads, cfg.min_peers, min_spread)
     if not lines:
         return lines
     highest = max(lines.values(), key=lambda line: line.line)
-    return {index: lines.get(index, highest) for members in kinds.values() for index, _ in members}
+    few = few_peer_lines(kinds, cfg.min_peers, min_spread)
+    out: dict[int, Line] = {}
+    for members in kinds.values():
+        for index, _ in members:
+            own = lines.get(index)
+            if own is None:
+                own = max(highest, few.get(index, highest), key=lambda line: line.line)
+            out[index] = own
+    return out

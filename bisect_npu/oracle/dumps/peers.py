@@ -17,8 +17,9 @@ A statistic stands out when it is above its peers' median by more than `peer_mad
 standard deviations (1.4826 MAD) and by more than a spread floor (`peer_min_factor` for the
 amplification; for the norm the dtype's half tolerance), so that peers which agree too well to
 have a spread do not make every difference a fault. Peers are the other modules of the kind;
-a kind needs `min_peers` of them. A module without enough peers (the final norm) is judged
-against the highest line of the kinds that have them.
+a kind needs `min_peers` of them for a spread. A module without enough peers is judged against the
+highest line of the kinds that have them (the final norm, which has none) or, where its kind has
+a few, the line its few peers' worst draws, whichever is higher.
 """
 
 from __future__ import annotations
@@ -74,6 +75,22 @@ def leave_one_out_lines(stats: dict[str, list[tuple[int, float]]], mads: float, 
         for i, (member, _) in enumerate(members):
             others = [value for j, (_, value) in enumerate(members) if j != i]
             lines[member] = peer_line(others, mads, min_spread(member))
+    return lines
+
+
+def few_peer_lines(stats: dict[str, list[tuple[int, float]]], min_peers: int,
+                   min_spread: Callable[[int], float]) -> dict[int, Line]:
+    """For each member of a kind with some peers but fewer than `min_peers` (too few for a spread), the line its
+    peers' worst draws: their highest value plus the spread floor. Why: a module kind of its own noise (the MoE
+    experts of a shallow model, fewer layers than peers needed) is still measured against its own kind."""
+    lines: dict[int, Line] = {}
+    for members in stats.values():
+        if not 1 <= len(members) - 1 < min_peers:
+            continue
+        for i, (member, _) in enumerate(members):
+            others = [value for j, (_, value) in enumerate(members) if j != i]
+            worst = max(others)
+            lines[member] = Line(statistics.median(others), 0.0, worst + min_spread(member), len(others))
     return lines
 
 

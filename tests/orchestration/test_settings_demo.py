@@ -5,11 +5,12 @@ exactly the manifest's trigger. Real worktrees, one kernel build per commit, rea
 from __future__ import annotations
 
 import json
+import shutil
 import sqlite3
 import subprocess
 import sys
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 import pytest
 import yaml
@@ -69,25 +70,32 @@ def resting(session: Path, trigger: object) -> set[tuple[int, ...]]:
     return {tuple(sorted(keys)), *(tuple(sorted(keys - {key})) for key in keys)}
 
 
-@pytest.mark.parametrize("name", ["spec-decode", "presence-penalty", "rope-longseq",
-                                  pytest.param("dependency", marks=pytest.mark.slow)])
-def test_the_search_names_the_manifest_trigger(demo_upstream: DemoUpstream, tmp_path: Path, name: str) -> None:
-    """An exact case (acceptance at temperature 0.6, asked as an open question with a further value
-    to check), a noisy one (a loop in some runs, decided by batched trials: each configuration's
-    trials share one engine start), the output length of one judged against the good end's output
-    (each configuration against its own run at the reference commit v0.9.0, built once there), and
-    (heavier tier) the dependency's, minivllm laid in at its pin."""
-    vary = {"cases[*].sampling.temperature": "0.0,0.3"} if name == "spec-decode" else None
-    dependency = demo_upstream[1].dependency("minivllm").repo
-    extra = ["--dep-repo", f"minivllm={dependency}"] if name == "dependency" else []
-    done = search(demo_upstream, name, tmp_path / "session", "--no-verdict-store", *extra, vary=vary)
+def assert_names_the_manifest_trigger(demo_upstream: DemoUpstream, name: str, session: Path,
+                                      done: subprocess.CompletedProcess[str]) -> None:
+    """The search exited 0 naming the case's trigger, in its summary and its report's keys."""
     assert done.returncode == 0, done.stdout + done.stderr[-3000:]
     truth = demo_upstream[1].case(name).settings
     assert truth is not None
     assert summary(done)["trigger"] == truth.trigger
-    report = json.loads((tmp_path / "session" / "report.json").read_text())
+    report = json.loads((session / "report.json").read_text())
     needed = [row["key"] for row in report["keys"] if row["answer"] == "needed"]
     assert needed == truth.trigger and len(report["keys"]) == len(truth.good_set)
+
+
+# rope-longseq's search (its output length judged against each configuration's own run at the
+# reference commit v0.9.0) is the first of test_reference_runs_resume_and_key_the_verdict_store's.
+@pytest.mark.parametrize("name", ["spec-decode", "presence-penalty",
+                                  pytest.param("dependency", marks=pytest.mark.slow)])
+def test_the_search_names_the_manifest_trigger(demo_upstream: DemoUpstream, tmp_path: Path, name: str) -> None:
+    """An exact case (acceptance at temperature 0.6, asked as an open question with a further value
+    to check), a noisy one (a loop in some runs, decided by batched trials: each configuration's
+    trials share one engine start), and (heavier tier) the dependency's, minivllm laid in at its pin."""
+    vary = {"cases[*].sampling.temperature": "0.0,0.3"} if name == "spec-decode" else None
+    dependency = demo_upstream[1].dependency("minivllm").repo
+    extra = ["--dep-repo", f"minivllm={dependency}"] if name == "dependency" else []
+    done = search(demo_upstream, name, tmp_path / "session", "--no-verdict-store", *extra, vary=vary)
+    assert_names_the_manifest_trigger(demo_upstream, name, tmp_path / "session", done)
+    report = json.loads((tmp_path / "session" / "report.json").read_text())
     trials = [json.loads(line) for line in (tmp_path / "session" / "settings.jsonl").read_text().splitlines()
               if '"configuration_trial"' in line]
     if name == "spec-decode":  # 0.3 in place of the bad 0.6: no draft accepted either
@@ -98,24 +106,39 @@ def test_the_search_names_the_manifest_trigger(demo_upstream: DemoUpstream, tmp_
         runs = {(t["digest"], t["log"]) for t in trials}
         assert len(runs) < len(trials) / 5  # ten trials per engine start
         assert sum(t["startup_s"] > 0 for t in trials) == len(runs)
-    if name == "rope-longseq":  # once per configuration at v0.9.0, its tokens that configuration's reference
-        entries = [json.loads(line) for line in (tmp_path / "session" / "settings.jsonl").read_text().splitlines()]
-        references = [e for e in entries if e["type"] == "reference"]
-        configurations = {e["digest"] for e in entries if e["type"] == "configuration"}
-        assert sorted(r["digest"] for r in references) == sorted(configurations)
-        assert {r["commit"] for r in references} == {demo_upstream[1].case(name).good_sha}
-        assert [r["build"]["how"] for r in references].count("built") == 1
-        markdown = (tmp_path / "session" / "report.md").read_text()
-        assert "judged against its own output at the reference commit" in markdown
 
 
-def test_exact_search_resumes_and_reuses_the_verdict_store(demo_upstream: DemoUpstream, tmp_path: Path) -> None:
+class FirstSearch(NamedTuple):
+    """A finished search of the default case, the verdict store it wrote, and both as they were when
+    it finished (`finished`: its journal and its store, copied before any test went on from them)."""
+
+    session: Path
+    store: Path
+    finished: Path
+    done: subprocess.CompletedProcess[str]
+
+
+@pytest.fixture(scope="module")
+def async_penalty_first(demo_upstream: DemoUpstream, tmp_path_factory: pytest.TempPathFactory) -> FirstSearch:
+    """The default case searched once with a new verdict store. The resume test continues this
+    session (the store keeps the session's own path with its verdicts: a copy elsewhere would
+    read them as another session's); the wrong-store test edits a copy of the finished store."""
+    root = tmp_path_factory.mktemp("async-penalty-first")
+    store = root / "verdicts.sqlite"
+    done = search(demo_upstream, "async-penalty", root / "first", "--verdict-store", str(store))
+    assert done.returncode == 0, done.stdout + done.stderr[-3000:]
+    finished = root / "finished"
+    finished.mkdir()
+    shutil.copy2(root / "first" / "settings.jsonl", finished / "settings.jsonl")
+    shutil.copy2(store, finished / "verdicts.sqlite")
+    return FirstSearch(root / "first", store, finished, done)
+
+
+def test_exact_search_resumes_and_reuses_the_verdict_store(demo_upstream: DemoUpstream, tmp_path: Path,
+                                                           async_penalty_first: FirstSearch) -> None:
     """The default case: the trigger, then an interrupted search continued without running a
     finished configuration again, then a second session that takes every verdict from the store."""
-    store = tmp_path / "verdicts.sqlite"
-    session = tmp_path / "first"
-    done = search(demo_upstream, "async-penalty", session, "--verdict-store", str(store))
-    assert done.returncode == 0, done.stdout + done.stderr[-3000:]
+    session, store, _, done = async_penalty_first
     assert summary(done)["trigger"] == ["engine.args.async_scheduling"]
     markdown = (session / "report.md").read_text()
     assert "**Smallest triggering difference**: `engine.args.async_scheduling: true`" in markdown
@@ -148,17 +171,16 @@ def test_exact_search_resumes_and_reuses_the_verdict_store(demo_upstream: DemoUp
 
 
 def test_a_wrong_stored_verdict_the_trigger_rests_on_is_run_fresh_and_the_store_dropped(
-        demo_upstream: DemoUpstream, tmp_path: Path) -> None:
+        demo_upstream: DemoUpstream, tmp_path: Path, async_penalty_first: FirstSearch) -> None:
     """The store says the trigger (async_scheduling alone) passes, as a store keyed on too little
     could: taken on trust it would name async_scheduling with logprobs. The configurations that
     answer rests on run fresh before it is named, one disagrees with the store, and the search
     goes on without the store's verdicts to the true trigger, saying why."""
-    store = tmp_path / "verdicts.sqlite"
-    first = search(demo_upstream, "async-penalty", tmp_path / "first", "--verdict-store", str(store))
-    assert first.returncode == 0, first.stdout + first.stderr[-3000:]
+    first_session, first = async_penalty_first.finished, async_penalty_first.done
+    store = Path(shutil.copy2(first_session / "verdicts.sqlite", tmp_path / "verdicts.sqlite"))
     trigger = summary(first)["trigger"]
-    kept = [r for r in journaled(tmp_path / "first") if r["verdict"]["kind"] != "skip"]
-    target = max(resting(tmp_path / "first", trigger), key=len)  # the trigger's own configuration
+    kept = [r for r in journaled(first_session) if r["verdict"]["kind"] != "skip"]
+    target = max(resting(first_session, trigger), key=len)  # the trigger's own configuration
     (keys,) = [r for r in kept if tuple(r["configuration"]) == target]
     with sqlite3.connect(store) as db:  # the store's rows are the first search's verdicts, in its order
         rows = [row for (row,) in db.execute("SELECT rowid FROM verdicts ORDER BY t")]
@@ -300,13 +322,22 @@ def test_a_reference_commit_where_the_good_variant_is_bad_exits_4(demo_upstream:
 
 
 def test_reference_runs_resume_and_key_the_verdict_store(demo_upstream: DemoUpstream, tmp_path: Path) -> None:
-    """rope-longseq against v0.9.0: a search killed mid-way continues without running a
-    configuration again, here or at the reference commit; a second session takes every verdict
-    from the store and runs nothing; one against another reference commit reuses none."""
+    """rope-longseq against v0.9.0: the output length judged against the good end's output, each
+    configuration against its own run at the reference commit (built once there), names the
+    manifest's trigger; a search killed mid-way continues without running a configuration again,
+    here or at the reference commit; a second session takes every verdict from the store and runs
+    nothing; one against another reference commit reuses none."""
     store = tmp_path / "verdicts.sqlite"
     session = tmp_path / "first"
     done = search(demo_upstream, "rope-longseq", session, "--verdict-store", str(store))
-    assert done.returncode == 0, done.stdout + done.stderr[-3000:]
+    assert_names_the_manifest_trigger(demo_upstream, "rope-longseq", session, done)
+    entries = [json.loads(line) for line in (session / "settings.jsonl").read_text().splitlines()]
+    references = [e for e in entries if e["type"] == "reference"]
+    assert sorted(r["digest"] for r in references) == sorted({e["digest"] for e in entries
+                                                              if e["type"] == "configuration"})
+    assert {r["commit"] for r in references} == {demo_upstream[1].case("rope-longseq").good_sha}
+    assert [r["build"]["how"] for r in references].count("built") == 1
+    assert "judged against its own output at the reference commit" in (session / "report.md").read_text()
 
     journal = session / "settings.jsonl"
     lines = journal.read_text().splitlines(keepends=True)

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -80,6 +82,17 @@ def test_ascend_versions_read_the_installers_files(tmp_path: Path) -> None:
 def test_engine_versions_name_what_is_installed() -> None:
     versions = engine_versions()
     assert "torch" in versions  # the host venv has torch; vllm/torch_npu only where installed
+
+
+def test_engine_versions_read_torch_without_importing_it() -> None:
+    """An HTTP-only probe names torch's version from its installed metadata: importing torch for it
+    cost every such probe process seconds before its server started."""
+    code = ("import importlib.metadata, sys\nfrom bisect_npu.probe.trials import engine_versions\n"
+            "versions = engine_versions()\n"
+            "assert 'torch' not in sys.modules, 'torch imported'\n"
+            "assert versions['torch'] == importlib.metadata.version('torch'), versions\n")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=False, timeout=120)
+    assert done.returncode == 0, done.stderr[-2000:]
 
 
 def test_spec_decode_counters_are_the_trials_own() -> None:

@@ -54,47 +54,35 @@ from typing import Any
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from bench.family_bench import GOLDEN, Side, _msprobe_first, _scaled, _wrap  # noqa: E402
+from bench.family_bench import GOLDEN, Family, Side, _msprobe_first, _scaled, _wrap  # noqa: E402
 from tests.helpers.msprobe_dump import DENSE_MODULES, MOE_MODULES, msprobe_dump  # noqa: E402
 
 
 @dataclass(frozen=True)
-class HeldOut:
-    """One held-out family: a transformers architecture, its sizes, logit scale, seed and config extras."""
+class HeldOut(Family):
+    """One held-out family: a family bench family's sizes, logit scale and seed, with config extras."""
 
-    name: str
-    arch: str
-    layers: int
-    hidden: int
-    heads: int
-    kv_heads: int
-    intermediate: int
-    tokens: int
-    logit_scale: float
-    seed: int
     extra: dict[str, Any] = field(default_factory=dict, hash=False, compare=False)
     moe: bool = False
     sdpa: bool = True  # Gemma2's soft-capped attention is eager only: its sides run eager, no kernel pair
-    vocab: int = 2048
-    head_dim: int = 32
 
 
 # Seeds 60-67: in no other bench.
 DENSE: list[HeldOut] = [
-    HeldOut("mistral-s-swa", "Mistral", 6, 128, 4, 2, 384, 64, 4.0, 60, {"sliding_window": 32}),
+    HeldOut("mistral-s-swa", "Mistral", 6, 128, 4, 2, 384, 64, 4.0, 60, extra={"sliding_window": 32}),
     HeldOut("gemma-s-flat", "Gemma", 6, 128, 4, 1, 384, 48, 1.0, 61),
-    HeldOut("gemma2-m-peaked", "Gemma2", 8, 192, 6, 2, 512, 64, 4.0, 62, {"sliding_window": 32}, sdpa=False),
+    HeldOut("gemma2-m-peaked", "Gemma2", 8, 192, 6, 2, 512, 64, 4.0, 62, extra={"sliding_window": 32}, sdpa=False),
     HeldOut("phi3-s-peaked", "Phi3", 6, 160, 5, 5, 448, 56, 4.0, 63),
     HeldOut("olmo2-m-flat", "Olmo2", 8, 192, 6, 2, 512, 64, 1.0, 64),
 ]
 MOE: list[HeldOut] = [
     HeldOut("mixtral-s-peaked", "Mixtral", 5, 128, 4, 2, 256, 128, 4.0, 65,
-            {"num_local_experts": 8, "num_experts_per_tok": 2}, moe=True, vocab=512),
+            extra={"num_local_experts": 8, "num_experts_per_tok": 2}, moe=True, vocab=512),
     HeldOut("qwen2moe-s-flat", "Qwen2Moe", 5, 128, 4, 2, 256, 128, 1.0, 66,
-            {"num_experts": 16, "num_experts_per_tok": 4, "moe_intermediate_size": 64,
-             "shared_expert_intermediate_size": 256, "norm_topk_prob": False}, moe=True, vocab=512),
+            extra={"num_experts": 16, "num_experts_per_tok": 4, "moe_intermediate_size": 64,
+                   "shared_expert_intermediate_size": 256, "norm_topk_prob": False}, moe=True, vocab=512),
     HeldOut("olmoe-s-peaked", "Olmoe", 5, 128, 4, 2, 64, 128, 4.0, 67,
-            {"num_experts": 16, "num_experts_per_tok": 4, "norm_topk_prob": False}, moe=True, vocab=512),
+            extra={"num_experts": 16, "num_experts_per_tok": 4, "norm_topk_prob": False}, moe=True, vocab=512),
 ]
 FAMILIES = DENSE + MOE
 ROUTER_OFFSET = 20.0  # tests/helpers/tiny_moe.py's shared part of the router's rows (a peaked softmax)

@@ -40,7 +40,7 @@ def _judge(bench: ModuleType, tmp_path: Path, family: object, name: str) -> tupl
 
 def test_sliding_window_mistral_eager_against_sdpa_is_aligned_and_a_kv_head_fault_named(
         bench: ModuleType, tmp_path: Path) -> None:
-    family = bench.HeldOut("mistral-test", "Mistral", 6, 128, 4, 2, 384, 48, 4.0, 5, {"sliding_window": 16})
+    family = bench.HeldOut("mistral-test", "Mistral", 6, 128, 4, 2, 384, 48, 4.0, 5, extra={"sliding_window": 16})
     _, kernel = _judge(bench, tmp_path, family, "kernel")
     assert kernel is None, f"bf16 eager against bf16 SDPA flagged at {kernel}"
     pair, flagged = _judge(bench, tmp_path, family, "kv_head")
@@ -49,7 +49,7 @@ def test_sliding_window_mistral_eager_against_sdpa_is_aligned_and_a_kv_head_faul
 
 def test_a_fault_in_qwen2_moes_shared_expert_is_named_there(bench: ModuleType, tmp_path: Path) -> None:
     family = bench.HeldOut("qwen2moe-test", "Qwen2Moe", 3, 64, 4, 2, 128, 64, 1.0, 6,
-                           {"num_experts": 8, "num_experts_per_tok": 2, "moe_intermediate_size": 32,
-                            "shared_expert_intermediate_size": 128, "norm_topk_prob": False}, moe=True, vocab=256)
+                           extra={"num_experts": 8, "num_experts_per_tok": 2, "moe_intermediate_size": 32,
+                                  "shared_expert_intermediate_size": 128, "norm_topk_prob": False}, moe=True, vocab=256)
     pair, flagged = _judge(bench, tmp_path, family, "shared_noise")
     assert flagged is not None and ".mlp.shared_expert." in flagged and pair.sits_in(flagged), flagged

@@ -136,4 +136,6 @@ def test_a_moe_record_dumps_each_router_with_its_input_and_routing_compares_acro
     assert result.routing[0].noise_from == "router input"
     verdict = verdict_from_comparison(result)
     assert verdict.kind is VerdictKind.GOOD, verdict.reason
-    assert "routing:" in verdict.reason
+    # The verdict says what routing did at the MoE layer: its flips put down to noise, or none.
+    assert ("routing noise at model.layers.1.mlp.gate:" in verdict.reason
+            or "routing: every token routed alike in 1 MoE layers" in verdict.reason), verdict.reason

@@ -29,6 +29,9 @@ _TIE = 1e-9  # far below any real cost difference: only breaks exact ties, towar
 # a search that always took the best ratio would walk a built group commit by commit, each step
 # cheap and nearly useless. Tuned on bench/pivot_bench.py's tuning seeds (docs/design/search.md).
 INFORMATION_FLOOR = 0.5
+# Above MAX_CANDIDATES askable positions a round is chosen among the positions nearest this many
+# evenly spaced quantiles of the posterior, for each step price (its table is O(m^2) a pick).
+QUANTILE_GRID = 100
 
 
 def group_ids(keys: Sequence[str]) -> tuple[int, ...]:
@@ -106,6 +109,8 @@ def most_information_per_cost(below: np.ndarray, askable: Sequence[int], costs: 
     """
     positions = np.array(sorted(askable), dtype=int)
     picks = min(count, len(positions))
+    if len(positions) > MAX_CANDIDATES:
+        positions = _thinned(positions, below[positions - 1], costs.alone[positions])
     prices = sorted(set(costs.alone[positions].tolist()) | set(costs.beside[positions].tolist()))
     if picks == 0 or len(prices) < 2:
         return None
@@ -121,6 +126,23 @@ def most_information_per_cost(below: np.ndarray, askable: Sequence[int], costs: 
         return None
     best = min(close, key=lambda mix: (-information[mix] / price[mix], -information[mix], rounds[mix][1]))
     return tuple(int(positions[b - 1]) for b in rounds[best][1])
+
+
+def _thinned(positions: np.ndarray, below: np.ndarray, price: np.ndarray) -> np.ndarray:
+    """For each of ``QUANTILE_GRID`` - 1 evenly spaced quantiles and each step price, the position
+    of that price whose P(c <= x) is nearest it (the lower on a tie). 1/2 is on the grid, so one
+    pick loses nothing (the best of a price is the one nearest 1/2); several land within a grid
+    step of their best."""
+    targets = np.arange(1, QUANTILE_GRID) / QUANTILE_GRID
+    kept: set[int] = set()
+    for value in np.unique(price):
+        ours = positions[price == value]
+        cdf = below[price == value]
+        right = np.clip(np.searchsorted(cdf, targets), 0, len(ours) - 1)
+        left = np.clip(right - 1, 0, len(ours) - 1)
+        nearer = np.where(np.abs(cdf[left] - targets) <= np.abs(cdf[right] - targets), left, right)
+        kept.update(ours[nearer].tolist())
+    return np.array(sorted(kept), dtype=int)
 
 
 def _most_informative_rounds(cdf: np.ndarray, alone: np.ndarray, beside: np.ndarray, groups: np.ndarray | None,

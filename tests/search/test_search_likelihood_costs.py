@@ -11,7 +11,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from bisect_npu.search import Evidence, Next, Query, SearchProblem, decide
-from bisect_npu.search.costs import INFORMATION_FLOOR, StepCosts, most_information_per_cost
+from bisect_npu.search.costs import INFORMATION_FLOOR, MAX_CANDIDATES, StepCosts, most_information_per_cost
 from bisect_npu.search.likelihood import MAX_STEPS
 
 
@@ -178,6 +178,34 @@ def test_no_pick_is_dominated_by_an_unpicked_commit(drawn: tuple[np.ndarray, lis
         other = tuple(sorted({*pick, into} - {out}))
         more, cheaper = entropy_of_round(below, other) - information, price - price_of_round(costs, other)
         assert not (more >= -1e-12 and cheaper >= -1e-12 and (more > 1e-9 or cheaper > 1e-9)), (out, into)
+
+
+@given(st.integers(MAX_CANDIDATES + 1, 3 * MAX_CANDIDATES), st.integers(1, 4), st.data())
+@settings(max_examples=40, deadline=None)
+def test_a_long_range_keeps_the_one_pick_rule_and_fills_the_slots(m: int, slots: int, data: st.DataObject) -> None:
+    """Above MAX_CANDIDATES askable positions the round is chosen among a grid of quantiles: one
+    pick is still the single step's best ratio among those close enough, several are distinct
+    askable positions, as many as the slots."""
+    seed = data.draw(st.integers(0, 2**32 - 1))
+    rng = np.random.default_rng(seed)
+    below = np.sort(rng.random(m))
+    price_of_group = rng.choice([1.0, 1.5, 7.0], size=m + 2)
+    groups = np.cumsum(rng.random(m + 2) < 1 / 17)
+    alone = price_of_group[groups]
+    costs = StepCosts(alone, np.minimum(alone, 1.5), groups)
+    askable = list(range(1, m + 1))
+    pick = most_information_per_cost(below, askable, costs, slots)
+    if slots > 1:
+        assert pick is None or (len(pick) == slots and list(pick) == sorted(set(pick)) and set(pick) <= set(askable))
+        return
+    information = {x: entropy_of_round(below, (x,)) for x in askable}
+    close = [x for x in askable if information[x] >= INFORMATION_FLOOR * max(information.values())]
+    if len({float(alone[x]) for x in close}) < 2:
+        assert pick is None
+        return
+    assert pick is not None
+    best = max(information[x] / alone[x] for x in close)
+    assert information[pick[0]] / alone[pick[0]] >= best * (1 - 1e-9)
 
 
 @given(searches(), st.integers(2, 4))

@@ -174,14 +174,14 @@ def _most_informative_rounds(cdf: np.ndarray, alone: np.ndarray, beside: np.ndar
             through = best[:, None] + step
             for shared, kind_of in ((False, price_of[0]), (True, price_of[1])):
                 options = np.where(same == shared, through, -np.inf)
-                below = options.argmax(axis=0)
-                value = options[below, columns]
+                previous = options.argmax(axis=0)
+                value = options[previous, columns]
                 for kind in np.unique(kind_of[np.isfinite(value)]):
                     target = tuple(count + (i == kind) for i, count in enumerate(mix))
                     held = grown.setdefault(target, np.full(size, -np.inf))
                     origin = came.setdefault(target, np.zeros(size, dtype=int))
                     better = (kind_of == kind) & (value > held)
-                    held[better], origin[better] = value[better], below[better]
+                    held[better], origin[better] = value[better], previous[better]
         layer = grown
         back.append(came)
     rounds: dict[tuple[int, ...], tuple[float, tuple[int, ...]]] = {}

@@ -24,7 +24,7 @@ from tests.helpers.gitrepo import make_linear_repo
 from tests.helpers.paths import HELPERS
 
 CASE_PATH = "tests/e2e/nightly/single_node/models/configs/Speed-A2.yaml"
-THRESHOLD = 0.45  # the bad side runs at about 1/8 of the good side's speed
+THRESHOLD = 0.3  # the bad side runs at about 1/8 of the good side's speed; a loaded host slows the good side less
 
 
 def _case_file() -> str:

@@ -15,10 +15,12 @@ defaults), 60/2/5 (a CANN kernel compile), 20/1/15 (long generations). Cost = th
 the steps' builds, overlays and runs. Then the noisy search at 0.8/0.2, N = 128: told the groups
 against told only "an untested commit costs a build" (costs in trials; 240 runs per cell). Then
 the likelihood search on a -7% throughput drop (spread 2%), N = 128: told nothing of builds (the
-posterior's median) against told the groups (most information per cost; 480 sessions per cell);
+posterior's median, its quantiles with several slots) against told the groups (the round of most
+information per cost; 480 sessions per cell), one table per slot count (``--slots``, 1 2 4);
 ``--tune`` runs it on the tuning seeds (1000+) that chose costs.INFORMATION_FLOOR.
 
     .venv/bin/python bench/pivot_bench.py [--repo PATH --good REF --bad REF] [--quick] [--likelihood-only [--tune]]
+                                          [--slots 1 2 4]
 """
 
 from __future__ import annotations
@@ -118,17 +120,19 @@ def noisy_table(layouts: int, each: int) -> None:
               f"  ({time.perf_counter() - started:.1f} s)", flush=True)
 
 
-def likelihood_table(layouts: int, each: int, tune: bool) -> None:
-    """The likelihood search on throughput steps, N = 128: told nothing of builds (the posterior's
-    median) against told the groups and costs (most information per cost); hours per session,
-    their mean and median (a few sessions that run hundreds of runs weigh on the mean)."""
+def likelihood_table(layouts: int, each: int, tune: bool, slots: int) -> None:
+    """The likelihood search on throughput steps, N = 128, ``slots`` commits a round: told nothing
+    of builds (the posterior's median, its quantiles with several slots) against told the groups
+    and costs (the round of most information per cost); hours per session, their mean and median
+    (a few sessions that run hundreds of runs weigh on the mean), and the wall-clock hours."""
     base = TUNING_SEED if tune else 0
-    print(f"\nlikelihood mode, throughput -{THROUGHPUT.drop:.0%} (spread {THROUGHPUT.spread:.0%}), N = 128, "
-          f"{layouts * 8 * each} sessions per cell ({layouts} layouts x 8 culprits x {each}, seeds {base}+"
-          f"{', tuning' if tune else ''}): median vs most information per cost")
-    print("| build/overlay/run | median: right | runs | full builds | overlays | hours (median) "
-          "| per cost: right | runs | full builds | overlays | hours (median) | hours ratio (median) |")
-    print("|---|---|---|---|---|---|---|---|---|---|---|---|")
+    print(f"\nlikelihood mode, {slots} slot{'s' if slots > 1 else ''}, throughput -{THROUGHPUT.drop:.0%} "
+          f"(spread {THROUGHPUT.spread:.0%}), N = 128, {layouts * 8 * each} sessions per cell ({layouts} layouts x "
+          f"8 culprits x {each}, seeds {base}+{', tuning' if tune else ''}): "
+          f"{'median' if slots == 1 else 'quantiles'} vs most information per cost")
+    print("| build/overlay/run | told nothing: right | runs | full builds | overlays | hours (median) | wall hours "
+          "| per cost: right | runs | full builds | overlays | hours (median) | wall hours | hours ratio (median) |")
+    print("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|")
     rng = np.random.default_rng(base + 7)
     keys_list = [layout(128, rng) for _ in range(layouts)]
     for build, overlay, run in LIKELIHOOD_MINUTES:
@@ -136,17 +140,18 @@ def likelihood_table(layouts: int, each: int, tune: bool) -> None:
         cells = []
         for told in (False, True):
             sessions = [simulate(128, culprit, bad_rate=1.0, good_rate=0.0, runs=1, seed=base + j * 1000 + k,
-                                 build_key_of=keys.__getitem__, throughput=THROUGHPUT,
+                                 slots=slots, build_key_of=keys.__getitem__, throughput=THROUGHPUT,
                                  costs=Minutes(build=build, overlay=overlay, run=run), tell_build_groups=told)
                         for j, keys in enumerate(keys_list) for culprit in spread(128, 8) for k in range(each)]
             hours = [s.mean_machine_hours for s in sessions]
             cells.append((*(float(np.mean([getattr(s, f) for s in sessions]))
                             for f in ("accuracy", "mean_trials", "mean_builds", "mean_overlays")),
-                          float(np.mean(hours)), float(np.median(hours))))
-        (a0, t0, b0, o0, h0, m0), (a1, t1, b1, o1, h1, m1) = cells
+                          float(np.mean(hours)), float(np.median(hours)),
+                          float(np.mean([s.mean_wall_hours for s in sessions]))))
+        (a0, t0, b0, o0, h0, m0, w0), (a1, t1, b1, o1, h1, m1, w1) = cells
         print(f"| {build:g}/{overlay:g}/{run:g} | {a0:.1%} | {t0:.1f} | {b0:.2f} | {o0:.1f} | {h0:.2f} ({m0:.2f}) "
-              f"| {a1:.1%} | {t1:.1f} | {b1:.2f} | {o1:.1f} | {h1:.2f} ({m1:.2f}) | {h1 / h0:.2f}x ({m1 / m0:.2f}x) |"
-              f"  ({time.perf_counter() - started:.1f} s)", flush=True)
+              f"| {w0:.2f} | {a1:.1%} | {t1:.1f} | {b1:.2f} | {o1:.1f} | {h1:.2f} ({m1:.2f}) | {w1:.2f} "
+              f"| {h1 / h0:.2f}x ({m1 / m0:.2f}x) |  ({time.perf_counter() - started:.1f} s)", flush=True)
 
 
 def repo_keys(path: str, good: str, bad: str) -> tuple[str, list[str]]:
@@ -168,12 +173,15 @@ def main() -> None:
     parser.add_argument("--quick", action="store_true", help="3 layouts per N, 40 noisy runs: a smoke test")
     parser.add_argument("--likelihood-only", action="store_true", help="only the likelihood table")
     parser.add_argument("--tune", action="store_true", help="the likelihood table on the tuning seeds (1000+)")
+    parser.add_argument("--slots", type=int, nargs="+", default=[1, 2, 4],
+                        help="commits a round in the likelihood tables (one table each)")
     args = parser.parse_args()
     started = time.perf_counter()
     if not args.likelihood_only:
         exact_table(3 if args.quick else 20, repo_keys(args.repo, args.good, args.bad) if args.repo else None)
         noisy_table(5, 1) if args.quick else noisy_table(10, 3)
-    likelihood_table(5, 1, args.tune) if args.quick else likelihood_table(20, 3, args.tune)
+    for slots in args.slots:
+        likelihood_table(5, 1, args.tune, slots) if args.quick else likelihood_table(20, 3, args.tune, slots)
     print(f"\ntotal {time.perf_counter() - started:.0f} s")
 
 

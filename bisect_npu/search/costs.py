@@ -1,5 +1,5 @@
 """What a step costs when builds differ: build groups, exact mode's pivot of least expected cost,
-and the likelihood search's pick of most information per cost.
+and the likelihood search's round of most information per cost.
 
 On vllm-ascend about one commit in 17 changes what is compiled, so a range falls into a few
 build groups: the first commit tested in a group pays a full build, the rest of the group only a
@@ -7,12 +7,14 @@ python overlay. The midpoint ignores that and often lands in a group nobody has 
 pivot minimises the expected cost of the whole remaining search, by dynamic programming over the
 sub-ranges a search can reach (docs/design/search.md, "Build groups"). The Bayesian searches have
 no range to plan over, so they weigh each position's expected information against what asking it
-costs now (``build_costs``): the noisy search per trial batch, the likelihood search per step.
+costs now (``build_costs``): the noisy search per trial batch, the likelihood search per round of
+steps (one per slot).
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from functools import lru_cache
 
 import numpy as np
@@ -27,6 +29,9 @@ _TIE = 1e-9  # far below any real cost difference: only breaks exact ties, towar
 # a search that always took the best ratio would walk a built group commit by commit, each step
 # cheap and nearly useless. Tuned on bench/pivot_bench.py's tuning seeds (docs/design/search.md).
 INFORMATION_FLOOR = 0.5
+# Above MAX_CANDIDATES askable positions a round is chosen among the positions nearest this many
+# evenly spaced quantiles of the posterior, for each step price (its table is O(m^2) a pick).
+QUANTILE_GRID = 100
 
 
 def group_ids(keys: Sequence[str]) -> tuple[int, ...]:
@@ -58,34 +63,141 @@ def build_costs(problem: SearchProblem, evidence: Mapping[int, Evidence]) -> np.
     return cost
 
 
-def _binary_entropy(p: np.ndarray) -> np.ndarray:
-    p = np.clip(p, 1e-12, 1 - 1e-12)
-    entropy: np.ndarray = -(p * np.log(p) + (1 - p) * np.log1p(-p))
-    return entropy
+@dataclass(frozen=True)
+class StepCosts:
+    """What a step at each position 0..n costs in one round, in the search's unit: ``alone`` where
+    no other pick of the round shares its build group, ``beside`` where the pick below it in the
+    round does (that pick's build makes the image, so this one pays an overlay: the builder builds
+    a key once, the other slots wait for it). ``groups`` the positions' build groups (None: each
+    its own)."""
+
+    alone: np.ndarray
+    beside: np.ndarray
+    groups: np.ndarray | None
 
 
-def most_information_per_cost(below: np.ndarray, askable: Sequence[int], step_cost: np.ndarray) -> int | None:
-    """The askable position whose step teaches the most about the culprit per unit of cost, among
-    those teaching at least ``INFORMATION_FLOOR`` of the most any teaches; None when those all
-    cost the same (the information alone then decides).
+def step_costs(problem: SearchProblem, evidence: Mapping[int, Evidence]) -> StepCosts:
+    """One step plus its build, its overlay or nothing (``build_costs``) at each position."""
+    readying = build_costs(problem, evidence)
+    if problem.build_groups is None:
+        return StepCosts(1.0 + readying, 1.0 + readying, None)
+    return StepCosts(1.0 + readying, 1.0 + np.minimum(readying, problem.overlay_cost), np.array(problem.build_groups))
 
-    ``below[x - 1]`` is P(c <= x) for x = 1..n-1, ``step_cost[x]`` what a step at x costs (a
-    step, plus its build or overlay). A step is valued as if decisive, the entropy of c <= x
-    against c > x, since its strength is unknown before it runs. Ties go to the position whose
-    P(c <= x) is nearest 1/2, then the lower one.
+
+def _plogp(p: np.ndarray) -> np.ndarray:
+    """-p log p, 0 at p = 0."""
+    p = np.clip(p, 0.0, 1.0)
+    terms: np.ndarray = -p * np.log(np.where(p > 0, p, 1.0))
+    return terms
+
+
+def most_information_per_cost(below: np.ndarray, askable: Sequence[int], costs: StepCosts,
+                              count: int = 1) -> tuple[int, ...] | None:
+    """The round of ``count`` askable positions (all of them where fewer) that teaches the most
+    about the culprit per unit of cost, among the rounds teaching at least ``INFORMATION_FLOOR`` of
+    the most such a round teaches; None when those all cost the same (the information alone then
+    decides: the posterior's median or quantiles). Sorted.
+
+    ``below[x - 1]`` is P(c <= x) for x = 1..n-1. Steps are valued as if decisive, since their
+    strength is unknown before they run: a round x_1 < ... < x_k teaches the entropy of which of
+    the k + 1 ranges c <= x_1, x_1 < c <= x_2, ..., c > x_k holds the culprit (one pick: c <= x
+    against c > x), and costs the sum of its steps (``costs``). For each mix of step prices a
+    dynamic program over the picks in order finds the most informative round of that price, which
+    is exact while build groups are contiguous runs of commits, as build keys are on a linear
+    history; the best ratio over the mixes wins. Ties go to the more informative round (with one
+    pick: P(c <= x) nearest 1/2), then the lower positions.
     """
-    if not askable:
+    positions = np.array(sorted(askable), dtype=int)
+    picks = min(count, len(positions))
+    if len(positions) > MAX_CANDIDATES:
+        positions = _thinned(positions, below[positions - 1], costs.alone[positions])
+    prices = sorted(set(costs.alone[positions].tolist()) | set(costs.beside[positions].tolist()))
+    if picks == 0 or len(prices) < 2:
         return None
-    positions = np.array(askable)
-    information = _binary_entropy(below[positions - 1])
-    close = information >= INFORMATION_FLOOR * information.max()
-    positions, information = positions[close], information[close]
-    if len(set(step_cost[positions].tolist())) < 2:
+    rounds = _most_informative_rounds(np.concatenate(([0.0], below[positions - 1])),
+                                      np.searchsorted(prices, costs.alone[positions]),
+                                      np.searchsorted(prices, costs.beside[positions]),
+                                      None if costs.groups is None else costs.groups[positions], len(prices), picks)
+    information = {mix: value for mix, (value, _) in rounds.items()}
+    most = max(information.values())
+    close = [mix for mix, value in information.items() if value >= INFORMATION_FLOOR * most]
+    price = {mix: float(np.dot(mix, prices)) for mix in close}
+    if len(set(price.values())) < 2:
         return None
-    split = below[positions - 1]
-    per_cost = information / step_cost[positions]
-    order = np.lexsort((positions, np.abs(split - 0.5), -per_cost))
-    return int(positions[order[0]])
+    best = min(close, key=lambda mix: (-information[mix] / price[mix], -information[mix], rounds[mix][1]))
+    return tuple(int(positions[b - 1]) for b in rounds[best][1])
+
+
+def _thinned(positions: np.ndarray, below: np.ndarray, price: np.ndarray) -> np.ndarray:
+    """For each of ``QUANTILE_GRID`` - 1 evenly spaced quantiles and each step price, the position
+    of that price whose P(c <= x) is nearest it (the lower on a tie). 1/2 is on the grid, so one
+    pick loses nothing (the best of a price is the one nearest 1/2); several land within a grid
+    step of their best."""
+    targets = np.arange(1, QUANTILE_GRID) / QUANTILE_GRID
+    kept: set[int] = set()
+    for value in np.unique(price):
+        ours = positions[price == value]
+        cdf = below[price == value]
+        right = np.clip(np.searchsorted(cdf, targets), 0, len(ours) - 1)
+        left = np.clip(right - 1, 0, len(ours) - 1)
+        nearer = np.where(np.abs(cdf[left] - targets) <= np.abs(cdf[right] - targets), left, right)
+        kept.update(ours[nearer].tolist())
+    return np.array(sorted(kept), dtype=int)
+
+
+def _most_informative_rounds(cdf: np.ndarray, alone: np.ndarray, beside: np.ndarray, groups: np.ndarray | None,
+                             kinds: int, picks: int) -> dict[tuple[int, ...], tuple[float, tuple[int, ...]]]:
+    """For each mix of step prices (how many picks pay each price) a round of ``picks`` can have:
+    its most informative round, (entropy, picks as indices 1..m into ``cdf``).
+
+    ``cdf[b]`` is P(c <= the b-th askable position), ``cdf[0]`` = 0; ``alone[b - 1]`` and
+    ``beside[b - 1]`` index the price of the b-th position's step without and with the pick below
+    it in its build group. best[mix][b]: the most entropy of the ranges below a round whose highest
+    pick is b; each pick adds the range between it and the pick below, the last the range above."""
+    size = len(cdf)
+    later = np.arange(size)[:, None] < np.arange(size)[None, :]
+    step = np.where(later, _plogp(cdf[None, :] - cdf[:, None]), -np.inf)  # [a, b]: the range (a, b]
+    step[:, 0] = -np.inf
+    same = np.zeros((size, size), dtype=bool)
+    if groups is not None:
+        same[1:, 1:] = groups[:, None] == groups[None, :]
+    price_of = np.concatenate(([0], alone)), np.concatenate(([0], beside))
+    start = np.full(size, -np.inf)
+    start[0] = 0.0
+    layer: dict[tuple[int, ...], np.ndarray] = {(0,) * kinds: start}
+    back: list[dict[tuple[int, ...], np.ndarray]] = []
+    columns = np.arange(size)
+    for _ in range(picks):
+        grown: dict[tuple[int, ...], np.ndarray] = {}
+        came: dict[tuple[int, ...], np.ndarray] = {}
+        for mix, best in layer.items():
+            through = best[:, None] + step
+            for shared, kind_of in ((False, price_of[0]), (True, price_of[1])):
+                options = np.where(same == shared, through, -np.inf)
+                previous = options.argmax(axis=0)
+                value = options[previous, columns]
+                for kind in np.unique(kind_of[np.isfinite(value)]):
+                    target = tuple(count + (i == kind) for i, count in enumerate(mix))
+                    held = grown.setdefault(target, np.full(size, -np.inf))
+                    origin = came.setdefault(target, np.zeros(size, dtype=int))
+                    better = (kind_of == kind) & (value > held)
+                    held[better], origin[better] = value[better], previous[better]
+        layer = grown
+        back.append(came)
+    rounds: dict[tuple[int, ...], tuple[float, tuple[int, ...]]] = {}
+    for mix, best in layer.items():
+        total = best + _plogp(1.0 - cdf)
+        b = int(np.argmax(total))
+        chosen: list[int] = []
+        current = mix
+        for came in reversed(back):
+            a = int(came[current][b])
+            kind = price_of[1][b] if same[a, b] else price_of[0][b]
+            chosen.append(b)
+            current = tuple(count - (i == kind) for i, count in enumerate(current))
+            b = a
+        rounds[mix] = (float(total.max()), tuple(reversed(chosen)))
+    return rounds
 
 
 @lru_cache(maxsize=4096)

@@ -9,7 +9,8 @@ position i is on the bad side exactly when c <= i, so
 
 which is exact whatever the ratios' sizes: a weak step moves the posterior a little, a decisive
 one a lot, and steps repeated at one position add up. The next query is probabilistic bisection
-(the posterior's median, quantiles with several slots); a tested position is asked again while
+(the posterior's median, quantiles with several slots; where builds cost differently, the round of
+most information per cost, costs.py); a tested position is asked again while
 the posterior is not sure which side it is on (its step was not decisive), up to ``max_steps``.
 The ends come first: each must be judged its own side by its step's verdict (EndsWrong otherwise).
 """
@@ -22,7 +23,7 @@ from collections.abc import Mapping
 import numpy as np
 from numpy.polynomial.hermite_e import hermegauss
 
-from bisect_npu.search.costs import build_costs, most_information_per_cost
+from bisect_npu.search.costs import most_information_per_cost, step_costs
 from bisect_npu.search.types import Decision, EndsWrong, Evidence, Found, Narrowed, Next, Query, SearchProblem
 
 # Steps one position may take (the first and repeats): a commit that three steps of the sequential
@@ -132,8 +133,8 @@ def decide_likelihood(problem: SearchProblem, evidence: Mapping[int, Evidence]) 
 def _quantile_picks(problem: SearchProblem, evidence: Mapping[int, Evidence], post: np.ndarray) -> list[int]:
     """Positions at the posterior's k/(k+1) quantiles (k slots): a step at x tells c <= x from c > x,
     so the quantiles split the mass evenly. Positions that cannot be asked (skipped, or at
-    ``MAX_STEPS``) are left out. With one slot and steps that cost differently (builds against
-    overlays) the pick is the most information per cost instead (costs.py)."""
+    ``MAX_STEPS``) are left out. Where steps cost differently (builds against overlays) the round
+    is the one of most information per cost instead (costs.py), one slot or several."""
     n = problem.n
     cumulative = np.cumsum(post)[:-1]  # P(c <= x) for x = 1..n-1
     # A step at x tells c <= x from c > x: where either holds (almost) none of the mass it can
@@ -144,10 +145,9 @@ def _quantile_picks(problem: SearchProblem, evidence: Mapping[int, Evidence], po
                and telling < float(cumulative[x - 1]) < 1 - telling]
     if not askable:
         return []
-    if problem.slots == 1:
-        cheaper = most_information_per_cost(cumulative, askable, 1.0 + build_costs(problem, evidence))
-        if cheaper is not None:
-            return [cheaper]
+    cheaper = most_information_per_cost(cumulative, askable, step_costs(problem, evidence), problem.slots)
+    if cheaper is not None:
+        return list(cheaper)
     picks: list[int] = []
     for k in range(1, problem.slots + 1):
         target = k / (problem.slots + 1)

@@ -63,6 +63,7 @@ def _runs_by_commit(session: Path, records: list[dict[str, Any]]) -> dict[str, l
 
 
 @pytest.mark.e2e
+@pytest.mark.heavy  # a real two-slot nightly session: 45-90 s
 def test_a_forecast_with_two_slots_holds_the_runs_a_two_slot_session_spends(tmp_path: Path) -> None:
     candidates, culprit = 11, 6
     shas = make_linear_repo(tmp_path / "up", candidates + 1, culprit=culprit,

@@ -1,48 +1,14 @@
 """What a search step costs, measured from a session's journal: an engine start, a full build and
 an overlay, each in the search's unit (a trial in noisy mode; a step otherwise, in exact mode and
 in the likelihood search, whose steps are one verdict each). The seconds are kept as the journal's
-records are folded (`MeasuredSeconds`, in the session's state), so a resumed session weighs its
-choices as the interrupted one did, without reading its journal again."""
+records are folded (`state.MeasuredSeconds`), so a resumed session weighs its choices as the
+interrupted one did, without reading its journal again."""
 
 from __future__ import annotations
 
-from copy import deepcopy
-from dataclasses import dataclass, field
-
 from bisect_npu import search
+from bisect_npu.orchestration.opening.state import MeasuredSeconds
 from bisect_npu.recipe.schema import TrialsSpec
-from bisect_npu.records import Record, StepRecord, TrialRecord, trial_seconds
-
-
-@dataclass
-class MeasuredSeconds:
-    """The seconds a session's costs are measured by, record by record: each engine start's
-    startup and each trial's run that ran to an outcome (`records.trial_seconds`), each finished
-    step's probe seconds (the trials that ran since the position's last step), each full build's
-    and overlay's."""
-
-    startups: list[float] = field(default_factory=list)
-    trial_runs: list[float] = field(default_factory=list)
-    step_runs: list[float] = field(default_factory=list)
-    builds: dict[str, list[float]] = field(default_factory=lambda: {"built": [], "overlay": []})
-    _running: dict[int, float] = field(default_factory=dict)  # a position's trial seconds since its last step
-
-    def apply(self, entry: Record) -> None:
-        if isinstance(entry, TrialRecord):
-            startups, runs = trial_seconds([entry])
-            self.startups += startups
-            self.trial_runs += runs
-            if runs:
-                self._running[entry.index] = self._running.get(entry.index, 0.0) + entry.seconds
-        elif isinstance(entry, StepRecord):
-            if entry.index in self._running:
-                self.step_runs.append(self._running.pop(entry.index))
-            build = entry.build
-            if build is not None and build.how in self.builds and build.seconds:
-                self.builds[build.how].append(build.seconds)
-
-    def copy(self) -> MeasuredSeconds:
-        return deepcopy(self)
 
 
 def measured_costs(seconds: MeasuredSeconds, trials: TrialsSpec | None, *, noisy: bool, batches: bool,

@@ -9,7 +9,7 @@ from __future__ import annotations
 import ast
 
 from bisect_npu.observations import Verdict, VerdictKind
-from bisect_npu.orchestration.costs import MeasuredSeconds
+from bisect_npu.orchestration.opening.state import MeasuredSeconds
 from bisect_npu.records import COMMAND_CASE, BuildInfo, StepRecord, TrialRecord, trial_seconds
 from tests.helpers.paths import REPO_ROOT
 

@@ -15,12 +15,13 @@ from __future__ import annotations
 import math
 import threading
 from collections.abc import Callable, Collection, Hashable, Sequence
+from copy import deepcopy
+from dataclasses import dataclass, field
 from typing import Generic, Literal, TypeVar
 
 from bisect_npu import search
 from bisect_npu.fix_proposals import FixVerification
 from bisect_npu.observations import VerdictKind
-from bisect_npu.orchestration.costs import MeasuredSeconds
 from bisect_npu.records import (
     DependencyMoveRecord,
     EndRecord,
@@ -34,6 +35,7 @@ from bisect_npu.records import (
     StepRecord,
     TrialRecord,
     TrialRun,
+    trial_seconds,
 )
 from bisect_npu.search.retry_policy import HostRecord
 
@@ -190,6 +192,37 @@ class Attempts(Generic[Key]):
         return list(self._outcomes.get(key, []))
 
 
+@dataclass
+class MeasuredSeconds:
+    """The seconds a session's costs are measured by (`costs.measured_costs`), record by record:
+    each engine start's startup and each trial's run that ran to an outcome
+    (`records.trial_seconds`), each finished step's probe seconds (the trials that ran since the
+    position's last step), each full build's and overlay's. Not thread-safe (its state's lock is)."""
+
+    startups: list[float] = field(default_factory=list)
+    trial_runs: list[float] = field(default_factory=list)
+    step_runs: list[float] = field(default_factory=list)
+    builds: dict[str, list[float]] = field(default_factory=lambda: {"built": [], "overlay": []})
+    _running: dict[int, float] = field(default_factory=dict)  # a position's trial seconds since its last step
+
+    def apply(self, entry: Record) -> None:
+        if isinstance(entry, TrialRecord):
+            startups, runs = trial_seconds([entry])
+            self.startups += startups
+            self.trial_runs += runs
+            if runs:
+                self._running[entry.index] = self._running.get(entry.index, 0.0) + entry.seconds
+        elif isinstance(entry, StepRecord):
+            if entry.index in self._running:
+                self.step_runs.append(self._running.pop(entry.index))
+            build = entry.build
+            if build is not None and build.how in self.builds and build.seconds:
+                self.builds[build.how].append(build.seconds)
+
+    def copy(self) -> MeasuredSeconds:
+        return deepcopy(self)
+
+
 class AfterSearch:
     """What a session journals besides its search's trials and steps, as the levels and the fix
     stage read it (`bisection.py`): how the search ended (its first `end` record), the finer
@@ -223,8 +256,8 @@ class AfterSearch:
 class SessionState(StoreLedger[int]):
     """The records a session's decisions read, applied in journal order (`apply`), its positions'
     verdicts in the store's ledger, the seconds its costs are measured by (`seconds`) and what it
-    journaled after its search (`after`); thread-safe: the slots of a round append while the
-    progress asks how many candidates are left."""
+    journaled besides its search's trials and steps (`ended`, `finer`, `moved`, `fix`, ...);
+    thread-safe: the slots of a round append while the progress asks how many candidates are left."""
 
     def __init__(self, noisy: bool, find_fix: bool, entries: Sequence[Record] = (),
                  weigh: Callable[[StepRecord], search.Weight] | None = None, ends: Collection[int] = ()) -> None:

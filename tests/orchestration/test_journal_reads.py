@@ -1,8 +1,9 @@
 """A session's journal is read once, into its state (`opening/state.py` for a commit session,
 `opening/configuration_state.py` for a settings search), and kept by folding each record appended:
 no module of the orchestration reads a journal's records (`entries`, `records(...)`) or opens a
-journal anywhere else than the places named here, each with why. The seconds the costs are
-measured by, folded record by record, are the journal's."""
+journal anywhere else than the places named here, each with why, and only the space's `append`,
+which folds the record in, appends to one. The seconds the costs are measured by, folded record
+by record, are the journal's."""
 
 from __future__ import annotations
 
@@ -24,6 +25,9 @@ ALLOWED = {
     ("settings_search.py", "settings_request"): "--after: another, finished session's header and answer",
 }
 
+# Where a record is journaled: each space's one `append`, which folds it into the state as well.
+APPENDS = {("session.py", "Session.append"), ("configurations.py", "Configurations.append")}
+
 
 def _is_journal(node: ast.expr) -> bool:
     """`journal`, `self.journal`, `opening.journal`, or the class `Journal`/`SettingsJournal`."""
@@ -31,8 +35,9 @@ def _is_journal(node: ast.expr) -> bool:
     return name.lower().endswith("journal")
 
 
-def journal_reads(source: str) -> list[tuple[str, int]]:
-    """Where a module reads a journal's records or opens one: (the enclosing function, line)."""
+def journal_uses(source: str, attributes: tuple[str, ...] = ("entries", "records", "open")) -> list[tuple[str, int]]:
+    """Where a module uses these attributes of a journal (by default: reads its records or opens
+    one): (the enclosing function, line)."""
     reads: list[tuple[str, int]] = []
 
     def visit(node: ast.AST, where: list[str]) -> None:
@@ -40,8 +45,7 @@ def journal_reads(source: str) -> list[tuple[str, int]]:
             if isinstance(child, ast.FunctionDef | ast.AsyncFunctionDef | ast.ClassDef):
                 visit(child, [*where, child.name])
                 continue
-            if isinstance(child, ast.Attribute) and _is_journal(child.value) and child.attr in (
-                    "entries", "records", "open"):
+            if isinstance(child, ast.Attribute) and _is_journal(child.value) and child.attr in attributes:
                 reads.append((".".join(where), child.lineno))
             visit(child, where)
 
@@ -52,11 +56,17 @@ def journal_reads(source: str) -> list[tuple[str, int]]:
 def test_no_module_of_the_orchestration_reads_a_journal_outside_the_fold() -> None:
     found = {(path.relative_to(ORCHESTRATION).as_posix(), where): line
              for path in sorted(ORCHESTRATION.rglob("*.py"))
-             for where, line in journal_reads(path.read_text())}
+             for where, line in journal_uses(path.read_text())}
     outside = {f"{module}:{line} ({where})" for (module, where), line in found.items()
                if (module, where) not in ALLOWED}
     assert not outside, "journal records read outside the state fold: " + ", ".join(sorted(outside))
     assert set(ALLOWED) <= set(found)  # each allowance still names a read (none left stale)
+
+
+def test_only_the_append_that_folds_a_record_in_journals_one() -> None:
+    appends = {(path.relative_to(ORCHESTRATION).as_posix(), where) for path in sorted(ORCHESTRATION.rglob("*.py"))
+               for where, _ in journal_uses(path.read_text(), ("append",))}
+    assert appends == APPENDS
 
 
 def test_the_check_sees_a_read_of_records_entries_or_an_open() -> None:
@@ -74,7 +84,7 @@ def child(path):
 def fine(session):
     return session.state.records(frozenset()), session.journal.header
 """
-    assert journal_reads(source) == [("Level.descent", 4), ("ended", 7), ("child", 10)]
+    assert journal_uses(source) == [("Level.descent", 4), ("ended", 7), ("child", 10)]
 
 
 def _trial(index: int, seconds: float, startup: float = 0.0, outcome: VerdictKind = VerdictKind.GOOD) -> TrialRecord:

@@ -385,17 +385,3 @@ def trial_seconds(entries: Iterable[Record]) -> tuple[list[float], list[float]]:
     trial that ran to an outcome. What a session's costs are measured by."""
     ran = [e for e in entries if isinstance(e, TrialRecord) and _ran(e)]
     return [e.startup_s for e in ran if e.startup_s > 0], [e.seconds - e.startup_s for e in ran]
-
-
-def step_seconds(entries: Iterable[Record]) -> list[float]:
-    """The probe seconds of each finished step that ran trials (engine starts included), what one
-    exact-mode step costs besides its build."""
-    ran: dict[int, float] = {}
-    seconds: list[float] = []
-    for entry in entries:
-        if isinstance(entry, TrialRecord) and _ran(entry):
-            ran[entry.index] = ran.get(entry.index, 0.0) + entry.seconds
-        elif isinstance(entry, StepRecord) and entry.index in ran:
-            seconds.append(ran.pop(entry.index))
-    return seconds
-

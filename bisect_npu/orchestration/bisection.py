@@ -7,9 +7,10 @@ at the last level.
 A `Level` says what a found culprit leads to next: a release level leads to commits, a commit
 whose change moved a declared dependency's pin to that dependency's own commits with the
 upstream held fixed (`dependency_descent`; the finer session is a `DependencyLevel`). What has been
-done is read back from the journals (the parent's `next_level` line, the `fix`, `fix_verified`
-and `fix_verify` lines of the session that found the culprit), so a run killed at any point
-resumes where it was.
+done is read back from each session's journal as its state folded it when it opened (the parent's
+`next_level` line, the `fix`, `fix_verified` and `fix_verify` lines of the session that found the
+culprit), so a run killed at any point resumes where it was; a finer level's answer is read from
+its session's state when it has run, never from its journal again.
 """
 
 from __future__ import annotations
@@ -22,7 +23,7 @@ from bisect_npu import interrupts
 from bisect_npu.builders.base import Builder
 from bisect_npu.execute.base import Executor
 from bisect_npu.execute.inprocess import Oracle
-from bisect_npu.journal import DEFAULT_ROOT, LATEST_FILE, Journal
+from bisect_npu.journal import DEFAULT_ROOT, LATEST_FILE
 from bisect_npu.level import (
     CommitsLevel,
     DependencyLevel,
@@ -41,15 +42,7 @@ from bisect_npu.orchestration.opening.environments import fix_worktrees, overlay
 from bisect_npu.orchestration.opening.session_spec import SessionSpec, declared_dependencies, dep_repo_of
 from bisect_npu.orchestration.session import Session
 from bisect_npu.progress import Progress
-from bisect_npu.records import (
-    DependencyMoveRecord,
-    EndRecord,
-    FixRecord,
-    FixVerifiedRecord,
-    FixVerifyRecord,
-    NextLevelRecord,
-    StepRecord,
-)
+from bisect_npu.records import DependencyMoveRecord, FixRecord, FixVerifiedRecord, FixVerifyRecord, NextLevelRecord
 from bisect_npu.request import RangeSpec
 from bisect_npu.upstream import history
 
@@ -204,7 +197,7 @@ def dependency_descent(session: Session, found: SessionResult) -> Descent | None
     parent = parents[0].hexsha
     dockerfile = recipe.build.dockerfile if recipe else "Dockerfile"
     build_args = recipe.build.docker_args if recipe else {}
-    journaled = {r.name for r in session.journal.records(DependencyMoveRecord)}
+    journaled = session.state.moved()
     for dependency in declared:
         old = read_pin(repo, parent, dependency, dockerfile, build_args)
         new = read_pin(repo, culprit, dependency, dockerfile, build_args)
@@ -291,7 +284,7 @@ class Bisection:
         finished_before = session.ended() is not None
         result = session.bisect()
         interrupts.raise_if_received()
-        finer = session.journal.records(NextLevelRecord)
+        finer = session.state.finer()
         if finer:  # the finer level is done: its answer (a dependency level's: the chain) is this run's
             session.progress.note("session already finished; re-rendering the report only")
             return self._finer_answer(finer[-1])
@@ -333,22 +326,24 @@ class Bisection:
         pin tries its fallback (the parent held); when neither gives a clean good/bad pair the
         answer says which combinations ran."""
         session = self.session
-        result = self._child(descent)
-        ran = [(descent, result)]
-        if descent.fallback is not None and result.status == "ends_wrong" and _end_wrong(result) == "good":
-            result = self._child(descent.fallback)
-            ran.append((descent.fallback, result))
+        child = self._child(descent)
+        ran = [(descent, child)]
+        if descent.fallback is not None and child.result.status == "ends_wrong" and _end_wrong(child.session) == "good":
+            child = self._child(descent.fallback)
+            ran.append((descent.fallback, child))
+        result = child.result
         held = held_of(descent.level)
         if held is not None:
             result = _dependency_answer(ran)
-        steps = sum(r.steps for _, r in ran)
+        steps = sum(c.result.steps for _, c in ran)
         session.append(NextLevelRecord(session=str(result.session_dir), status=result.status, culprit=result.culprit,
                                        message=result.message, good=descent.good, bad=descent.bad,
                                        merge=descent.merge, merged=descent.merged, steps=steps,
                                        dependency=held.dependency if held else None))
-        return replace(result, steps=steps + len(session.journal.records(StepRecord)))
+        return replace(result, steps=steps + len(session.state.journaled_steps()))
 
-    def _child(self, descent: Descent) -> SessionResult:
+    def _child(self, descent: Descent) -> Child:
+        """A finer level's session run, with what its state holds once it ran."""
         session = self.session
         session.progress.note(descent.note)
         root = self.session_dir / descent.directory
@@ -357,7 +352,7 @@ class Bisection:
         else:
             child = Bisection.start(descent.spec_below(session.spec), root=root, progress=session.progress,
                                     parent=self.session_dir, oracle=self.oracle)
-        return child.run()
+        return Child(child.run(), child.session)
 
     def _finer_answer(self, finer: NextLevelRecord) -> SessionResult:
         """A finished session's answer is its finest level's, as its `next_level` line keeps it."""
@@ -365,45 +360,49 @@ class Bisection:
         status = finer.status if finer.status in codes else "ends_wrong"
         return SessionResult(status, codes[status], Path(finer.session), culprit=finer.culprit,  # type: ignore[arg-type]
                              message=finer.message,
-                             steps=finer.steps + len(self.session.journal.records(StepRecord)))
+                             steps=finer.steps + len(self.session.state.journaled_steps()))
 
 
-def _end_wrong(result: SessionResult) -> str | None:
+@dataclass(frozen=True)
+class Child:
+    """A finer level's session once it ran: its answer, and the session whose state the answer's
+    sentences read (closed: its journal is not read again)."""
+
+    result: SessionResult
+    session: Session
+
+
+def _end_wrong(session: Session) -> str | None:
     """Which end of a finished session was judged wrong (its `end` record)."""
-    journal = Journal.open(result.session_dir, read_only=True)
-    try:
-        end = next(iter(journal.records(EndRecord)), None)
-    finally:
-        journal.close()
+    end = session.ended()
     return end.which if end is not None else None
 
 
-def _ends_ran(session_dir: Path, held: HeldUpstream) -> list[str]:
-    """What the ends of a dependency-level session were judged, from its journal."""
-    with Journal.open(session_dir, read_only=True) as journal:
-        steps = [(s.index, s.verdict.kind.value, s.verdict.reason) for s in journal.records(StepRecord)]
-        return end_messages.ends_ran(held, len(journal.header.range.candidates), steps)
+def _ends_ran(session: Session, held: HeldUpstream) -> list[str]:
+    """What the ends of a dependency-level session were judged, from its steps."""
+    steps = [(s.index, s.verdict.kind.value, s.verdict.reason) for s in session.state.journaled_steps()]
+    return end_messages.ends_ran(held, session.n, steps)
 
 
-def _dependency_answer(ran: list[tuple[Descent, SessionResult]]) -> SessionResult:
+def _dependency_answer(ran: list[tuple[Descent, Child]]) -> SessionResult:
     """The dependency level's answer as the chain the user reads (`sentences.dependency_found`);
     or, with no clean good/bad pair, which combinations ran and what they showed."""
-    descent, result = ran[-1]
+    descent, last = ran[-1]
+    result = last.result
     held = held_of(descent.level)
     assert held is not None
     first = held_of(ran[0][0].level)
     culprit = first.commit if first else held.commit
     if result.status == "ends_wrong":
-        combos = [line for d, r in ran if (ran_held := held_of(d.level)) for line in _ends_ran(r.session_dir, ran_held)]
+        combos = [line for d, c in ran if (ran_held := held_of(d.level)) for line in _ends_ran(c.session, ran_held)]
         return replace(result, message=end_messages.dependency_unresolved(held, culprit, combos),
                        exit_code=EXIT_ENDS_WRONG)
     if result.status != "found" or result.culprit is None:
         return replace(result, message=f"{end_messages.dependency_moved(held, culprit)}; {result.message}")
-    with Journal.open(result.session_dir, read_only=True) as journal:
-        fix = next(iter(journal.records(FixRecord)), None)
-        verified = {r.verification.proposal.shas[0] for r in journal.records(FixVerifiedRecord)
-                    if r.verification.status == "verified"}
-        github, pr = journal.header.github, journal.header.range.pr_of(result.culprit)
+    state, header = last.session.state, last.session.journal.header
+    fix = state.fix()
+    verified = {v.proposal.shas[0] for v in state.fix_verified() if v.status == "verified"}
+    github, pr = header.github, header.range.pr_of(result.culprit)
     return replace(result, message=end_messages.dependency_found(held, culprit, result.message, fix=fix,
                                                                   verified=verified, github=github, pr=pr))
 
@@ -422,9 +421,8 @@ class FixStage:
                 and not self.spec.search.find_fix)
 
     def done(self) -> bool:
-        journal = self.session.journal
-        return bool(journal.records(FixVerifyRecord)) or (bool(journal.records(FixRecord))
-                                                          and not self.spec.fix.verify_fix)
+        state = self.session.state
+        return state.fix_verify() is not None or (state.fix() is not None and not self.spec.fix.verify_fix)
 
     def run(self, culprit: str) -> None:
         from bisect_npu import fix
@@ -437,7 +435,7 @@ class FixStage:
         report = fix.propose_fixes(session.repo, culprit, bad=bad,
                                    symptom=session.recipe.symptom if session.recipe else (),
                                    top=max(5, self.spec.fix.fix_top))
-        if not session.journal.records(FixRecord):
+        if session.state.fix() is None:
             # A dependency's fix is taken by moving the pin: the first tag holding each proposal.
             tags = {p.shas[0]: tag for p in report.proposals if held_of(self.spec.level)
                     and (tag := history.first_tag_containing(session.repo, p.shas[0]))}
@@ -448,7 +446,7 @@ class FixStage:
         if not report.proposals:
             session.append(FixVerifyRecord(verifications=[]))  # nothing to verify: the stage is done
             return
-        kept = [e.verification for e in session.journal.records(FixVerifiedRecord)]
+        kept = session.state.fix_verified()
         session.progress.note(f"verifying the fix proposals on the bad end, best first, until one works "
                               f"(at most {self.spec.fix.fix_top})"
                               + (f"; {len(kept)} tried before the interruption" if kept else ""))

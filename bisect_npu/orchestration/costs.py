@@ -1,26 +1,25 @@
 """What a search step costs, measured from a session's journal: an engine start, a full build and
 an overlay, each in the search's unit (a trial in noisy mode; a step otherwise, in exact mode and
-in the likelihood search, whose steps are one verdict each). Pure functions of the journal's
-entries, so a resumed session weighs its choices as the interrupted one did."""
+in the likelihood search, whose steps are one verdict each). The seconds are kept as the journal's
+records are folded (`state.MeasuredSeconds`), so a resumed session weighs its choices as the
+interrupted one did, without reading its journal again."""
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-
 from bisect_npu import search
+from bisect_npu.orchestration.opening.state import MeasuredSeconds
 from bisect_npu.recipe.schema import TrialsSpec
-from bisect_npu.records import Record, StepRecord, step_seconds, trial_seconds
 
 
-def measured_costs(entries: Sequence[Record], trials: TrialsSpec | None, *, noisy: bool, batches: bool,
+def measured_costs(seconds: MeasuredSeconds, trials: TrialsSpec | None, *, noisy: bool, batches: bool,
                  grouped: bool) -> tuple[float, float, float]:
     """The load, build and overlay costs a search is told (`noisy`: in trials; else in steps, the
     likelihood search's too), each only where it is used: an engine start in noisy mode, a full
     build in noisy mode or where builds are grouped by key (``grouped``), an overlay where they are
     grouped. `trials` is the recipe's settings (None for a user command), `batches` whether a
     case's trials at one commit share an engine start."""
-    startups, units = trial_seconds(entries) if noisy else ([], step_seconds(entries))
-    builds = _fresh_build_seconds(entries)
+    startups, units = (seconds.startups, seconds.trial_runs) if noisy else ([], seconds.step_runs)
+    builds = seconds.builds
     return (_load_cost(trials, batches, startups, units) if noisy else 0.0,
             _build_cost(trials, builds, units, grouped) if noisy or grouped else 0.0,
             _overlay_cost(trials, builds, units) if grouped else 0.0)
@@ -63,16 +62,6 @@ def _overlay_cost(trials: TrialsSpec | None, builds: dict[str, list[float]], uni
     if setting != "auto":
         return float(setting)
     return _in_units(builds["overlay"], units)
-
-
-def _fresh_build_seconds(entries: Sequence[Record]) -> dict[str, list[float]]:
-    """Seconds of the session's full builds and overlays, from the journal's steps."""
-    seconds: dict[str, list[float]] = {"built": [], "overlay": []}
-    for entry in entries:
-        build = entry.build if isinstance(entry, StepRecord) else None
-        if build is not None and build.how in seconds and build.seconds:
-            seconds[build.how].append(build.seconds)
-    return seconds
 
 
 def told_costs(problem: search.SearchProblem) -> dict[str, float]:

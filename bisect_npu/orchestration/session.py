@@ -174,12 +174,12 @@ class Session:
         confidence = self.confidence
         earlier = (earlier_runs_for_search(self.earlier_runs, find_fix=self.spec.search.find_fix)
                    if self.earlier_runs else None)
-        # Costs in the search's unit, measured from the journal, so a resumed session weighs as
-        # the interrupted one did. Which groups have an image is asked of the builder: those are
+        # Costs in the search's unit, measured from the journal's records as folded, so a resumed
+        # session weighs as the interrupted one did. Which groups have an image is asked of the builder: those are
         # real, whoever built them.
         groups = self.build_groups
         load_cost, build_cost, overlay_cost = measured_costs(
-            self.journal.entries, self.recipe.trials if self.recipe else None, noisy=self.mode == "noisy",
+            self.state.seconds, self.recipe.trials if self.recipe else None, noisy=self.mode == "noisy",
             batches=self.evaluator.batches, grouped=bool(groups))
         mode = search_mode_for(self.recipe, self.spec.search.mode)
         return search.SearchProblem(n=self.n, mode=mode, check_ends=self.check_ends,
@@ -244,8 +244,8 @@ class Session:
                 self.journal.close()
 
     def ended(self) -> EndRecord | None:
-        """How this level's search ended, if it has (the journal's `end` record)."""
-        return next(iter(self.journal.records(EndRecord)), None)
+        """How this level's search ended, if it has (the journal's `end` record, as folded)."""
+        return self.state.ended()
 
     def bisect(self) -> SessionResult:
         """Search until the culprit is found, narrowed down or an end is judged wrong, and journal

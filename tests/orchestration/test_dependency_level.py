@@ -15,6 +15,7 @@ import pytest
 
 from bisect_npu.builders.dependency import materialize, read_pin, resolve_pin
 from bisect_npu.errors import InfrastructureError, UsageError
+from bisect_npu.journal import AppendOnlyJournal
 from bisect_npu.orchestration.opening.session_spec import parse_dependency_option
 from bisect_npu.recipe.schema import DependencySpec
 from tests.helpers.gitrepo import add_commit, git, make_linear_repo
@@ -398,3 +399,115 @@ def test_a_dependency_that_is_not_python_only_is_named_not_crossed(tmp_path: Pat
     assert not (tmp_path / "s" / "dependency-minidep").exists()
     with pytest.raises(UsageError, match="only a python_only dependency"):
         parse_dependency_option(compiled + ",installed_by_image=false")
+
+
+class JournalReads:
+    """Who reads a session's journal, by the module that asks: each journal's opens, its records
+    asked by type (`records`) and its entries iterated, counted as a run goes."""
+
+    def __init__(self, monkeypatch: pytest.MonkeyPatch) -> None:
+        self.opens: list[tuple[str, Path]] = []
+        self.records: list[str] = []
+        self.iterated: list[str] = []
+        opened, asked, made = (AppendOnlyJournal.__dict__[name] for name in ("open", "records", "__init__"))
+        reads = self
+
+        class CountedEntries(list):  # type: ignore[type-arg]
+            def __iter__(self):  # type: ignore[no-untyped-def]
+                reads.iterated.append(sys._getframe(1).f_globals["__name__"])
+                return super().__iter__()
+
+            def __reversed__(self):  # type: ignore[no-untyped-def]
+                reads.iterated.append(sys._getframe(1).f_globals["__name__"])
+                return super().__reversed__()
+
+        def counted_open(cls, session_dir, read_only=False):  # type: ignore[no-untyped-def]
+            self.opens.append((sys._getframe(1).f_globals["__name__"], Path(session_dir).resolve()))
+            return opened.__func__(cls, session_dir, read_only)
+
+        def counted_records(journal, kind):  # type: ignore[no-untyped-def]
+            self.records.append(sys._getframe(1).f_globals["__name__"])
+            return asked(journal, kind)
+
+        def counted_init(journal, *args, **kwargs):  # type: ignore[no-untyped-def]
+            made(journal, *args, **kwargs)
+            journal.entries = CountedEntries(journal.entries)
+
+        monkeypatch.setattr(AppendOnlyJournal, "open", classmethod(counted_open))
+        monkeypatch.setattr(AppendOnlyJournal, "records", counted_records)
+        monkeypatch.setattr(AppendOnlyJournal, "__init__", counted_init)
+
+    def by_orchestration(self, reads: list[str]) -> list[str]:
+        return [module for module in reads if module.startswith("bisect_npu.orchestration")]
+
+
+def _cut_before(journal: Path, kinds: set[str]) -> None:
+    """The journal as a run killed just before its first record of `kinds` left it."""
+    lines = journal.read_text().splitlines(keepends=True)
+    first = next(i for i, line in enumerate(lines) if json.loads(line).get("type") in kinds)
+    journal.write_text("".join(lines[:first]))
+
+
+def test_a_resumed_run_with_levels_and_a_fix_stage_reads_each_journal_once(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The dependency case with --verify-fix, killed (as its journals say) after the dependency
+    level's end and before its fix stage, then resumed in this process: the levels' descents, the
+    fix stage, the chain's sentences and the costs read each session's state, folded once when its
+    journal opened, never its journal again."""
+    from bisect_npu import api
+
+    monkeypatch.setenv("BISECT_NPU_CACHE", str(tmp_path / "cache"))
+    monkeypatch.chdir(tmp_path)
+    deps = make_dependency(tmp_path / "minidep")
+    ups = make_upstream(tmp_path / "upstream")
+    first = api.bisect(tmp_path / "upstream", ups[0], ups[-1], oracle=[sys.executable, "check.py"],
+                       session_dir=tmp_path / "s", quiet=True, dependencies=[SPEC],
+                       dep_repos=[f"minidep={tmp_path / 'minidep'}"], verify_fix=True)
+    assert first.culprit == deps[DEP_CULPRIT]
+    child = first.session_dir
+    _cut_before(child / "journal.jsonl", {"fix", "fix_verified", "fix_verify"})
+    _cut_before(tmp_path / "s" / "journal.jsonl", {"next_level"})
+
+    reads = JournalReads(monkeypatch)
+    again = api.resume(tmp_path / "s", quiet=True)
+    assert again.culprit == deps[DEP_CULPRIT] and again.steps == first.steps
+    assert f"fixed in minidep by {deps[DEP_FIX][:12]}" in again.message  # the fix stage ran again, and only it
+    kinds = [json.loads(line)["type"] for line in (child / "journal.jsonl").read_text().splitlines()[1:]]
+    assert kinds.count("fix") == 1 and kinds.count("fix_verify") == 1 and kinds.count("end") == 1
+    opened = sorted(path for module, path in reads.opens if module.startswith("bisect_npu.orchestration"))
+    assert opened == sorted([(tmp_path / "s").resolve(), child.resolve()])  # each session's journal, once
+    assert reads.by_orchestration(reads.records) == []
+    assert set(reads.by_orchestration(reads.iterated)) == {"bisect_npu.orchestration.opening.state"}
+
+
+def test_a_resumed_session_s_state_holds_what_its_journal_says(tmp_path: Path, env: dict[str, str]) -> None:
+    """The folded fields the levels and the fix stage read, on sessions reopened from a finished
+    dependency run with --verify-fix: each as the journal's lines say it."""
+    from bisect_npu.orchestration.session import Session
+
+    deps = make_dependency(tmp_path / "minidep")
+    ups = make_upstream(tmp_path / "upstream")
+    done = _run(tmp_path, env, tmp_path / "upstream", ups[0], ups[-1], "--dependency", SPEC,
+                "--dep-repo", f"minidep={tmp_path / 'minidep'}", "--verify-fix")
+    assert done.returncode == 0, done.stdout + done.stderr[-3000:]
+    child = Path(json.loads(done.stdout.strip().splitlines()[-1])["session"])
+    for path in (tmp_path / "s", child):
+        lines = [json.loads(line) for line in (path / "journal.jsonl").read_text().splitlines()[1:]]
+        of = {kind: [line for line in lines if line["type"] == kind] for kind in {line["type"] for line in lines}}
+        session = Session.resume(path)
+        try:
+            state = session.state
+            end = state.ended()
+            assert end is not None and (end.status, end.culprit) == (of["end"][0]["status"], of["end"][0]["culprit"])
+            assert [s.index for s in state.journaled_steps()] == [s["index"] for s in of["step"]]
+            assert [f.culprit for f in state.finer()] == [f["culprit"] for f in of.get("next_level", [])]
+            assert state.moved() == {m["name"] for m in of.get("dependency_move", [])}
+            fix = state.fix()
+            assert (fix is None) == ("fix" not in of)
+            assert [v.status for v in state.fix_verified()] == [v["verification"]["status"]
+                                                               for v in of.get("fix_verified", [])]
+            assert (state.fix_verify() is None) == ("fix_verify" not in of)
+        finally:
+            session.close()
+    assert state.fix() is not None and state.fix().report.proposals[0].shas[0] == deps[DEP_FIX]
+    assert state.fix_verified()[0].status == "conflict" and state.fix_verify() is not None

@@ -1,8 +1,10 @@
 """What a session knows, kept from its journal's records as they are appended: the search's
 evidence per position, the finished steps, the trials of a step an interruption cut short, the
-trial numbers used. Built once from the journal a session opens with, then one record at a time,
-so a decision never rereads the journal; a resumed session builds the same state from the same
-records (in any order of positions), hence the same decisions.
+trial numbers used, the seconds its costs are measured by, and what came after the search (its
+end, the finer level's answer, the dependency pins its culprit moved, the fix stage's records).
+Built once from the journal a session opens with, then one record at a time, so neither a decision
+nor the levels and the fix stage above it reread the journal; a resumed session builds the same
+state from the same records (in any order of positions), hence the same decisions.
 
 An end's step the host's failures left unjudged before this process (`given_up_at_ends`) is no
 evidence and no finished step: the end runs again, its attempts numbered on from that step's.
@@ -13,11 +15,28 @@ from __future__ import annotations
 import math
 import threading
 from collections.abc import Callable, Collection, Hashable, Sequence
+from copy import deepcopy
+from dataclasses import dataclass, field
 from typing import Generic, Literal, TypeVar
 
 from bisect_npu import search
+from bisect_npu.fix_proposals import FixVerification
 from bisect_npu.observations import VerdictKind
-from bisect_npu.records import Record, RetryRecord, RetryRun, StepRecord, TrialRecord, TrialRun
+from bisect_npu.records import (
+    DependencyMoveRecord,
+    EndRecord,
+    FixRecord,
+    FixVerifiedRecord,
+    FixVerifyRecord,
+    NextLevelRecord,
+    Record,
+    RetryRecord,
+    RetryRun,
+    StepRecord,
+    TrialRecord,
+    TrialRun,
+    trial_seconds,
+)
 from bisect_npu.search.retry_policy import HostRecord
 
 Term = Literal["good", "bad", "skip"]
@@ -173,10 +192,72 @@ class Attempts(Generic[Key]):
         return list(self._outcomes.get(key, []))
 
 
+@dataclass
+class MeasuredSeconds:
+    """The seconds a session's costs are measured by (`costs.measured_costs`), record by record:
+    each engine start's startup and each trial's run that ran to an outcome
+    (`records.trial_seconds`), each finished step's probe seconds (the trials that ran since the
+    position's last step), each full build's and overlay's. Not thread-safe (its state's lock is)."""
+
+    startups: list[float] = field(default_factory=list)
+    trial_runs: list[float] = field(default_factory=list)
+    step_runs: list[float] = field(default_factory=list)
+    builds: dict[str, list[float]] = field(default_factory=lambda: {"built": [], "overlay": []})
+    _running: dict[int, float] = field(default_factory=dict)  # a position's trial seconds since its last step
+
+    def apply(self, entry: Record) -> None:
+        if isinstance(entry, TrialRecord):
+            startups, runs = trial_seconds([entry])
+            self.startups += startups
+            self.trial_runs += runs
+            if runs:
+                self._running[entry.index] = self._running.get(entry.index, 0.0) + entry.seconds
+        elif isinstance(entry, StepRecord):
+            if entry.index in self._running:
+                self.step_runs.append(self._running.pop(entry.index))
+            build = entry.build
+            if build is not None and build.how in self.builds and build.seconds:
+                self.builds[build.how].append(build.seconds)
+
+    def copy(self) -> MeasuredSeconds:
+        return deepcopy(self)
+
+
+class AfterSearch:
+    """What a session journals besides its search's trials and steps, as the levels and the fix
+    stage read it (`bisection.py`): how the search ended (its first `end` record), the finer
+    levels' answers (`next_level`), the dependencies whose pin move is journaled, the fix stage's
+    proposals (the first `fix` record), its verifications so far (`fix_verified`) and its end
+    (`fix_verify`). Not thread-safe (its state's lock is)."""
+
+    def __init__(self) -> None:
+        self.end: EndRecord | None = None
+        self.finer: list[NextLevelRecord] = []
+        self.moved: set[str] = set()
+        self.fix: FixRecord | None = None
+        self.verified: list[FixVerification] = []
+        self.fix_verify: FixVerifyRecord | None = None
+
+    def apply(self, entry: Record) -> None:
+        if isinstance(entry, EndRecord):
+            self.end = entry if self.end is None else self.end
+        elif isinstance(entry, NextLevelRecord):
+            self.finer.append(entry)
+        elif isinstance(entry, DependencyMoveRecord):
+            self.moved.add(entry.name)
+        elif isinstance(entry, FixRecord):
+            self.fix = entry if self.fix is None else self.fix
+        elif isinstance(entry, FixVerifiedRecord):
+            self.verified.append(entry.verification)
+        elif isinstance(entry, FixVerifyRecord):
+            self.fix_verify = entry if self.fix_verify is None else self.fix_verify
+
+
 class SessionState(StoreLedger[int]):
     """The records a session's decisions read, applied in journal order (`apply`), its positions'
-    verdicts in the store's ledger; thread-safe: the slots of a round append while the progress
-    asks how many candidates are left."""
+    verdicts in the store's ledger, the seconds its costs are measured by (`seconds`) and what it
+    journaled besides its search's trials and steps (`ended`, `finer`, `moved`, `fix`, ...);
+    thread-safe: the slots of a round append while the progress asks how many candidates are left."""
 
     def __init__(self, noisy: bool, find_fix: bool, entries: Sequence[Record] = (),
                  weigh: Callable[[StepRecord], search.Weight] | None = None, ends: Collection[int] = ()) -> None:
@@ -188,15 +269,22 @@ class SessionState(StoreLedger[int]):
         self._evidence: dict[int, search.Evidence] = {}
         self._fresh: dict[int, search.Evidence] = {}  # the evidence without the verdict store's steps
         self._steps: list[StepRecord] = []
+        self._journaled: list[StepRecord] = []  # every step, an end's given-up ones read from the journal too
         self._attempts: Attempts[int] = Attempts()
+        self._seconds = MeasuredSeconds()
+        self._after = AfterSearch()
         given_up = given_up_at_ends(entries, ends)
         for at, entry in enumerate(entries):
             self.apply(entry, evidence=at not in given_up)
 
     def apply(self, entry: Record, *, evidence: bool = True) -> None:
         """Fold one record in; `evidence` False: an end's given-up step or trial read from the
-        journal (its attempts are kept, nothing else)."""
+        journal (its attempts, seconds and journaled step are kept, nothing else)."""
         with self._lock:
+            self._seconds.apply(entry)
+            self._after.apply(entry)
+            if isinstance(entry, StepRecord):
+                self._journaled.append(entry)
             if isinstance(entry, TrialRecord):
                 self._attempts.trial(entry.index, entry)
                 if entry.outcome and self.noisy and evidence:
@@ -241,6 +329,48 @@ class SessionState(StoreLedger[int]):
         """The finished steps, in journal order."""
         with self._lock:
             return list(self._steps)
+
+    def journaled_steps(self) -> list[StepRecord]:
+        """Every step journaled, in journal order: the finished ones and an end's steps the host
+        left unjudged before this process (what a session's step count and its ends' story hold)."""
+        with self._lock:
+            return list(self._journaled)
+
+    @property
+    def seconds(self) -> MeasuredSeconds:
+        """The seconds of the trials, steps and builds journaled (`costs.measured_costs`)."""
+        with self._lock:
+            return self._seconds.copy()
+
+    def ended(self) -> EndRecord | None:
+        """How the search ended (its first `end` record), if it has."""
+        with self._lock:
+            return self._after.end
+
+    def finer(self) -> list[NextLevelRecord]:
+        """The finer levels' answers journaled (`next_level`), in journal order."""
+        with self._lock:
+            return list(self._after.finer)
+
+    def moved(self) -> set[str]:
+        """The dependencies whose pin move is journaled (`dependency_move`)."""
+        with self._lock:
+            return set(self._after.moved)
+
+    def fix(self) -> FixRecord | None:
+        """The fix stage's proposals (the first `fix` record), if ranked."""
+        with self._lock:
+            return self._after.fix
+
+    def fix_verified(self) -> list[FixVerification]:
+        """The fix proposals verified so far (`fix_verified`), in journal order."""
+        with self._lock:
+            return list(self._after.verified)
+
+    def fix_verify(self) -> FixVerifyRecord | None:
+        """The verification stage's end (the first `fix_verify` record), if it ended."""
+        with self._lock:
+            return self._after.fix_verify
 
     def judged(self) -> set[int]:
         """The positions with a finished step (run here or taken from the verdict store)."""

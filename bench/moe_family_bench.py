@@ -15,8 +15,9 @@ lie close together, so bf16 rounding of its logits reaches their gaps). Per fami
 * router precision: the router in bf16 where the reference (the same bf16 model) routes in fp32;
 * routing-weight downcast: fp32 routing weights cast to bf16 before the experts (listed apart:
   below what a bf16 model's output resolves);
-* faults: the experts' down projections at the last MoE layer perturbed by 30% of their rms, the
-  first MoE router's weights by 5% of theirs.
+* faults: the experts' down projections at layer 2 perturbed by 30% of their rms, the first MoE
+  router's weights by 5% of theirs, layer 2's attention output x1.05 (its `o_proj` weight: after the
+  first router's flips, a gain only the norm-ratio rule can see).
 
 The routing rule's allowance (`UNEXPLAINED_ALLOWED`, `FAR_BEYOND`) was set, and the causes of the
 5-layer false alarms measured, on seeds 0-2 of every family at width 128 (3 and 5 layers): the tune
@@ -58,6 +59,7 @@ VARIANTS: dict[str, dict] = {
     "bf16_router": {"dtype": BF16, "router": "bf16", "weights_dtype": BF16},
     "expert_fault": {"dtype": BF16, "fault": "noise:model.layers.2.mlp.experts.down_proj:0.3"},
     "router_fault": {"dtype": BF16, "fault": "noise:model.layers.1.mlp.gate.weight:0.05"},
+    "attention_fault": {"dtype": BF16, "fault": "scale:model.layers.2.self_attn.o_proj.weight:1.05"},
 }
 # (kind, candidate, reference, module the fault sits in)
 PAIRS = [
@@ -69,6 +71,7 @@ PAIRS = [
     ("weights downcast", "fp32_router", "fp32_router_fp32_weights", None),
     ("fault", "expert_fault", "golden", "model.layers.2.mlp"),
     ("fault", "router_fault", "golden", "model.layers.1.mlp.gate"),
+    ("fault", "attention_fault", "golden", "model.layers.2.self_attn"),
 ]
 FAMILIES = [("qwen3_moe", True), ("qwen3_moe", False), ("deepseek_v3", True), ("deepseek_v3", False),
             ("deepseek_v3_peaked", True)]

@@ -361,3 +361,75 @@ def test_a_kind_with_too_few_peers_for_a_spread_is_measured_against_its_own_few_
     faulty = [*attention, *experts[:2], _measured("model.layers.3.mlp.experts", 13, 1e-2, 1e-4)]
     allowed = PeerLines.of(faulty, cfg).allowed_distance(*faulty[-1])
     assert allowed is not None and allowed < 1e-2
+
+
+# ---------------------------------------------------------------- attention's norm change after a router
+
+
+def _attention(layer: int, norm_ratio: float, input_distance: float, distance: float = 1e-5,
+               routed_alike: bool = False, module: str = "self_attn.Qwen3MoeAttention",
+               index: int | None = None) -> tuple[TensorDiff, dict[str, Any]]:
+    """One layer's attention output (bf16 against a float32 golden), measured whole or on the tokens that routed
+    alike (after the first MoE layer), against its whole input."""
+    metrics = {**_metrics(distance), "norm_ratio": norm_ratio}
+    name = f"Module.model.layers.{layer}.{module}.forward.0"
+    row = TensorDiff(f"{name}.output.0", layer if index is None else index, 0, layer, name, dtype="bfloat16",
+                     metrics=metrics,
+                     carried_metrics=dict(metrics) if routed_alike else None)
+    return row, {"cosine": 1.0 - input_distance, "norm_change": 0.0}
+
+
+def _five_layer_attention(gain_layer: int | None, gain: float, input_distance: float,
+                          distance: float = 1e-5) -> list[tuple[TensorDiff, dict[str, Any]]]:
+    """A 5-layer MoE model's attention (layer 0 dense, the first router in layer 1: layers 2-4 measured on the
+    tokens that routed alike), norm ratios as measured on a clean bf16 pair, `gain` at `gain_layer`."""
+    ratios = [1.00038, 1.00101, 1.0012, 1.0068, 1.00352]
+    return [_attention(layer, gain if layer == gain_layer else ratio, input_distance, distance,
+                       routed_alike=layer >= 2) for layer, ratio in enumerate(ratios)]
+
+
+def _router_norms() -> list[tuple[TensorDiff, dict[str, Any]]]:
+    """Four routers' logits whose norm changes spread widely: a kind with a high line of its own."""
+    return [_attention(layer, ratio, 1e-3, module="mlp.gate.Qwen3MoeTopKRouter", index=10 + layer)
+            for layer, ratio in zip(range(1, 5), (1.0, 1.02, 1.05, 1.09), strict=True)]
+
+
+def _norm_findings(measured: list[tuple[TensorDiff, dict[str, Any]]], cfg: LogitsConfig) -> list[str]:
+    from bisect_npu.oracle.dumps.noise import PeerLines
+    from bisect_npu.oracle.dumps.rules.peer_norm import PeerNorm
+
+    ctx = Context(cfg, PeerLines.of(measured, cfg))
+    return [row.name for row, base in measured if PeerNorm().judge(row, base, ctx) is not None]
+
+
+def test_attentions_norm_peers_are_every_layers_attention_not_those_that_routed_alike_alone() -> None:
+    """A 5% gain on layer 2's attention of a 5-layer MoE model. Split by the routing, layers 2-4 are a kind of
+    two peers each and meet the highest line of another kind (the routers' logits, 0.1); a norm change is a
+    gain on any set of tokens, so every layer's attention is its peer, and the gain stands out of them."""
+    cfg = LogitsConfig(peer_mads=12, peer_min_factor=5)
+    faulty = _five_layer_attention(2, 1.05065, input_distance=3.8e-4)
+    assert _norm_findings([*faulty, *_router_norms()], cfg) == [faulty[2][0].name]
+    clean = _five_layer_attention(None, 1.0, input_distance=3.8e-4)
+    assert _norm_findings([*clean, *_router_norms()], cfg) == []
+
+
+def test_attentions_norm_change_along_its_output_is_a_gain_even_within_its_inputs_error_size() -> None:
+    """After a flip, attention's whole input carries the flipped tokens' drift (error size 0.067), which reaches
+    the tokens that routed alike only through attention's weights. A 5% gain leaves the output's error across it
+    small (0.017): the change lies along the output. A clean layer's 2% norm change after flips comes with an
+    error across the output larger than it (0.065): no gain. A router's logits keep the input's error size."""
+    cfg = LogitsConfig()
+    faulty = _five_layer_attention(2, 1.0522, input_distance=2.27e-3, distance=1.5e-4)
+    findings = _norm_findings(faulty, cfg)
+    assert findings == [faulty[2][0].name]
+    row, base = faulty[2]
+    from bisect_npu.oracle.dumps.noise import PeerLines
+    from bisect_npu.oracle.dumps.rules.peer_norm import PeerNorm
+
+    finding = PeerNorm().judge(row, base, Context(cfg, PeerLines.of(faulty, cfg)))
+    assert finding is not None and "along the output" in finding.problem
+    clean = _five_layer_attention(2, 1.0223, input_distance=1.25e-2, distance=2.1e-3)
+    assert _norm_findings(clean, cfg) == []
+    router = [_attention(layer, 1.0522 if layer == 2 else ratio, 2.27e-3, 1.5e-4, module="mlp.gate.TopKRouter")
+              for layer, ratio in enumerate([1.00038, 1.00101, 1.0012, 1.0068, 1.00352])]
+    assert _norm_findings(router, cfg) == []

@@ -107,7 +107,9 @@ class PeerLines:
             # An amplification is a ratio of like with like: one measured on the tokens that routed alike is a
             # peer of its likes. A distance is the output's own: every layer's output of the kind is a peer of
             # an exact-input one, measured whole or on the tokens that routed alike (of the first MoE layers,
-            # before any flip, a shallow model has too few for a line).
+            # before any flip, a shallow model has too few for a line). A norm change is a gain, the same on
+            # any set of tokens: every layer's output of the kind is its peer too (split, the attention after
+            # the first router of a 5-layer model has two peers and meets the highest line of another kind).
             whole_kind = module_kind(row.module, row.name)
             kind = whole_kind + (" (routed alike)" if row.carried_metrics else "")
             statistic, value = distance_statistic(row, base)
@@ -117,7 +119,7 @@ class PeerLines:
             dist.setdefault(whole_kind, []).append((row.index, value))
             change = norm_change(row, base)
             if math.isfinite(change):
-                norm.setdefault(kind, []).append((row.index, change))
+                norm.setdefault(whole_kind, []).append((row.index, change))
         amp_lines = _lines(amp, cfg, lambda _: floor)
         dist_lines = _lines(dist, cfg, lambda _: floor)
         distance = {index: ("distance", line) for index, line in dist_lines.items() if index in exact}

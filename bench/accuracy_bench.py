@@ -28,8 +28,9 @@ Samples counted are sample runs (generations), ends included; harness runs are r
 harness run, and on a real host one engine start, each). Seeds: the cases of seeds 1000-1199
 (the 30-sample scenarios) and 1000-1029 (the 500-sample ones) were used to choose the
 per-scenario repeats (1, 2, 4 tried), the repeats with earlier results (1, 2, 4; the 30-sample
-sampled scenario) and focus.batch (1, 2, 4, 8); the figures are reported on seeds 1..
-(--seed), which tuning never saw. Everything else is the recipe defaults (confidence 0.99,
+sampled scenario) and focus.batch (1, 2, 4, 8); focus.growth with earlier results (1, 2; the
+30-sample sampled scenario) on seeds 7000-7199; the figures are reported on seeds 1.. (--seed)
+and 5000.., which tuning never saw. Everything else is the recipe defaults (confidence 0.99,
 max_rounds 3, focus growth 2, control 5%, min_discordant 4).
 
 `--calibration` prints another table: histories of every kind sampled answers come in (every
@@ -40,6 +41,7 @@ named: what a session reports with exit 0. Seeds 1000.. for tuning, 1.. for the 
 
     .venv/bin/python bench/accuracy_bench.py              # 200 cases per scenario (a few minutes)
     .venv/bin/python bench/accuracy_bench.py --calibration --runs 200   # the calibration table
+    .venv/bin/python bench/accuracy_bench.py --where --seed 7000 --runs 100 --scenarios "aime-30 t=0.6"  # its runs
     .venv/bin/python bench/accuracy_bench.py --runs 20    # a smoke test
     .venv/bin/python bench/accuracy_bench.py --seed 1000 --runs 200 --scenarios aime-30  # their tuning split
 """
@@ -73,13 +75,14 @@ class Scenario:
     repeats: int  # our methods: runs of every sample per round; the user's own evaluation of the ends too
     batch: int = 8  # focus.batch
     repeats_with_earlier: int = 0  # the recipe's repeats when the ends' results are handed over (0: `repeats`)
+    growth_with_earlier: float = 0.0  # focus.growth when the ends' results are handed over (0: the default)
     n: int = 128
     drop: str = "subset"  # subset: the culprit breaks some samples; scaled: every sample's rate falls alike
 
 
 SCENARIOS = (
     Scenario("aime-30 greedy", 30, 0.80, 0.67, 0.95, 1, batch=2),
-    Scenario("aime-30 t=0.6", 30, 0.80, 0.67, 0.5, 4, batch=2, repeats_with_earlier=2),
+    Scenario("aime-30 t=0.6", 30, 0.80, 0.67, 0.5, 4, batch=2, repeats_with_earlier=2, growth_with_earlier=1.0),
     Scenario("math500 greedy", 500, 0.95, 0.92, 0.95, 1),
     Scenario("math500 t=0.6", 500, 0.95, 0.92, 0.5, 2),
 )
@@ -183,11 +186,21 @@ def _bisect(n: int, problem: SearchProblem, verdict: Callable[[int], str], culpr
     return False
 
 
-def run_ours(s: Scenario, case: Case, focused: bool, cfg: AccuracyConfig, earlier: bool = False) -> Outcome:
+@dataclass(frozen=True)
+class StepTrace:
+    """One step of a bisection: its role, the samples of each round it ran, and why it stopped."""
+
+    role: str
+    rounds: tuple[int, ...]
+    stopped: str  # "clear", "plan ended" (forced to the likelier side), or "earlier results" (an end)
+
+
+def run_ours(s: Scenario, case: Case, focused: bool, cfg: AccuracyConfig, earlier: bool = False,
+             trace: list[StepTrace] | None = None) -> Outcome:
     """Our oracle and the likelihood search; each step runs rounds until its verdict is clear.
     `earlier`: the ends' whole-dataset results come from runs made before (not counted), and each
     end runs its control share (`cfg.repeats` runs a round; the earlier results hold the
-    scenario's `repeats`)."""
+    scenario's `repeats`). `trace` collects every step's rounds."""
     everything = list(range(s.samples))
     ends: dict[str, list[Observation]] = {}
     ran: dict[int, set[str]] = {}  # the samples each candidate's steps ran (a step asked again runs others)
@@ -205,11 +218,14 @@ def run_ours(s: Scenario, case: Case, focused: bool, cfg: AccuracyConfig, earlie
                               ran.get(position, set()))
         seen = ran.setdefault(position, set())
         rounds: list[Observation] = []
+        sizes: list[int] = []
+        stopped = "earlier results"
         if earlier and role != "candidate":
             given = observation(outcomes(everything, case.runs(position, everything, s.repeats), s.repeats))
             ids = [int(i) for i in control_ids([str(i) for i in everything], CONTROL_SHARE, str(position))]
             spent += len(ids) * repeats
             harness_runs += 1
+            sizes.append(len(ids))
             control = outcomes(ids, case.runs(position, ids, repeats), repeats)
             differ, of = disagreement(given.samples or [], control)
             if differ <= MAX_DISAGREEMENT * of:  # else set aside: the end runs the whole dataset
@@ -221,11 +237,15 @@ def run_ours(s: Scenario, case: Case, focused: bool, cfg: AccuracyConfig, earlie
             spent += len(ids) * repeats
             harness_runs += 1
             rounds.append(observation(outcomes(ids, case.runs(position, ids, repeats), repeats)))
+            sizes.append(len(ids))
             seen.update(str(i) for i in ids)
             v = judge_accuracy(cfg, rounds, ends.get("good"), ends.get("bad"), role=role,
                                final=number == len(plan) - 1)
+            stopped = v.figures.get("stopped", "clear")
             if not v.figures.get("more_rounds"):
                 break
+        if trace is not None:
+            trace.append(StepTrace(role, tuple(sizes), stopped))
         if role == "good_end":
             ends["good"] = [observation(_pooled(rounds))]
         if role == "bad_end":
@@ -252,9 +272,13 @@ def _pooled(rounds: list[Observation]) -> list[SampleOutcome]:
 
 
 def accuracy_config(s: Scenario, earlier: bool = False) -> AccuracyConfig:
-    """The recipe defaults, but for the scenario's repeats and focus.batch."""
+    """The recipe defaults, but for the scenario's repeats, focus.batch and (with the ends'
+    results handed over) focus.growth."""
     repeats = s.repeats_with_earlier or s.repeats if earlier else s.repeats
-    return AccuracyConfig(repeats=repeats, confidence=CONFIDENCE, focus=FocusConfig(batch=s.batch))
+    focus = FocusConfig(batch=s.batch)
+    if earlier and s.growth_with_earlier:
+        focus = FocusConfig(batch=s.batch, growth=s.growth_with_earlier)
+    return AccuracyConfig(repeats=repeats, confidence=CONFIDENCE, focus=focus)
 
 
 def calibration(runs: int, first_seed: int, only: str) -> None:
@@ -275,10 +299,42 @@ def calibration(runs: int, first_seed: int, only: str) -> None:
               f"{np.mean([g.sample_runs for g in got]):,.0f} | {np.mean([g.harness_runs for g in got]):.1f} |")
 
 
+def where(runs: int, first_seed: int, only: str) -> None:
+    """Where the earlier-ends method's sample runs go: the ends, candidates' first rounds and
+    their later ones; how many rounds a candidate step took and why it stopped."""
+    print(f"earlier ends, {runs} cases per scenario, seeds {first_seed}..{first_seed + runs - 1}")
+    print("| scenario | sample runs: mean (median, p90) | ends | candidates' first rounds | their later rounds | "
+          "candidate steps | stopped after round 1 / 2 / 3 / 4+ | forced (plan ended) |")
+    print("|---|---:|---:|---:|---:|---:|---:|---:|")
+    for s in SCENARIOS:
+        if only not in s.name:
+            continue
+        cfg = accuracy_config(s, earlier=True)
+        totals, steps = [], []
+        for k in range(runs):
+            trace: list[StepTrace] = []
+            totals.append(run_ours(s, make_case(s, first_seed + k), True, cfg, earlier=True, trace=trace).sample_runs)
+            steps += trace
+        candidates = [t for t in steps if t.role == "candidate"]
+        ends = sum(sum(t.rounds) for t in steps if t.role != "candidate") * cfg.repeats / runs
+        first = sum(t.rounds[0] for t in candidates) * cfg.repeats / runs
+        later = sum(sum(t.rounds[1:]) for t in candidates) * cfg.repeats / runs
+        after = [sum(len(t.rounds) == r for t in candidates) for r in (1, 2, 3)]
+        after.append(len(candidates) - sum(after))
+        forced = sum(t.stopped == "plan ended" for t in candidates)
+        print(f"| {s.name}, repeats {cfg.repeats}, batch {s.batch}, growth {cfg.focus.growth:g} | "
+              f"{np.mean(totals):,.0f} ({np.median(totals):,.0f}, {np.percentile(totals, 90):,.0f}) | "
+              f"{ends:,.0f} | {first:,.0f} | {later:,.0f} | "
+              f"{len(candidates) / runs:.1f} | {' / '.join(f'{n / len(candidates):.0%}' for n in after)} | "
+              f"{forced / len(candidates):.1%} |")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--calibration", action="store_true",
                         help="the calibration table: wrong culprits named over every kind of sampled history")
+    parser.add_argument("--where", action="store_true",
+                        help="where the earlier-ends method's sample runs go: ends, first rounds, later rounds")
     parser.add_argument("--runs", type=int, default=200)
     parser.add_argument("--seed", type=int, default=1, help="first seed of the reporting split")
     parser.add_argument("--scenarios", default="", help="only the scenarios whose name contains this (e.g. aime-30)")
@@ -286,6 +342,10 @@ def main() -> None:
     started = time.monotonic()
     if args.calibration:
         calibration(args.runs, args.seed, args.scenarios)
+        print(f"{time.monotonic() - started:.0f} s")
+        return
+    if args.where:
+        where(args.runs, args.seed, args.scenarios)
         print(f"{time.monotonic() - started:.0f} s")
         return
     print(f"{args.runs} cases per scenario, seeds {args.seed}..{args.seed + args.runs - 1}, N = {SCENARIOS[0].n}, "

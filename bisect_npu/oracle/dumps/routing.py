@@ -12,10 +12,10 @@ lost and the one it gained) and a noise bound, what the pair's rounding can move
   fp32 under a bf16 model sets fp32 as the standard), and its own when the reference is a golden
   of another precision (a bf16 model's router against an fp32 golden is judged at bf16);
 * what the router's input difference moves the gap by: the input's per-token disagreement |dh|
-  over its typical norm, times the spread of that expert pair's logit gap over the tokens (for a
-  sigmoid, of each logit: their common part does not cancel, and the score's move is the sigmoid's
-  over that logit move, not its slope's), times `INPUT_TAIL` (a linear map of an input
-  perturbation; 4 sigma of a normal). Without the router's
+  over its typical norm, times the spread of that expert pair's logit gap over the tokens, times
+  `INPUT_TAIL` (a linear map of an input perturbation; 4 sigma of a normal); for a sigmoid, the
+  logits' common move (each logit's own spread) carried through both sigmoids together with that
+  gap's move beside it: the scores' move, not their slope's. Without the router's
   input in the dump, the perturbation of the logits themselves on the tokens that routed alike
   stands in: lenient, it cannot tell a router rounding coarser than its reference's.
 
@@ -45,6 +45,8 @@ UNIT_ROUNDOFF = {"bfloat16": 2.0**-8, "float16": 2.0**-11, "float32": 2.0**-24, 
 # How many of its typical sizes an input perturbation's effect on a logit gap may reach (4 sigma of a
 # normal: exceeded by rounding in about 6e-5 of token-expert pairs).
 INPUT_TAIL = 4.0
+# Common logit moves tried between the extremes when bounding a sigmoid gap's move (odd: 0 among them).
+_COMMON_STEPS = 9
 # Flips beyond their noise bound that a router may show before it is a finding, unless one of them
 # lies `FAR_BEYOND` times past its bound. Set on bench/moe_family_bench.py's tune split (seeds 0-2, 3 and
 # 5 layers): a clean pair's routers showed none; every router fault and bf16 router 3 or more, or one at 2.1
@@ -246,20 +248,25 @@ class _Noise:
                                     * slope_b)
         if self.logit_moves is not None:
             carried = float(self.logit_moves[token]) * max(slope_a, slope_b)
-        elif self.ref.sigmoid:  # each score moves on its own: a logit's common part does not cancel
-            carried = self.sigmoid_moved(token, a) + self.sigmoid_moved(token, b)
+        elif self.ref.sigmoid:
+            carried = self.sigmoid_gap_moved(token, a, b)
         else:
             carried = INPUT_TAIL * float(self.input_share[token]) * self.spread(a, b) * max(slope_a, slope_b)
         return rounding + carried
 
-    def sigmoid_moved(self, token: int, expert: int) -> float:
-        """How far a sigmoid score can move when its logit moves by what the input difference explains: the
-        sigmoid itself, not its slope at the reference's logit (a saturated score has no slope, yet a token
-        whose hidden state drifted far moves its logit off the plateau)."""
-        logit = float(self.ref.logits[token, expert])
-        reach = INPUT_TAIL * float(self.input_share[token]) * self.size(expert)
-        here = _sigmoid(logit)
-        return max(_sigmoid(logit + reach) - here, here - _sigmoid(logit - reach))
+    def sigmoid_gap_moved(self, token: int, a: int, b: int) -> float:
+        """How far the gap between two sigmoid scores can move when the input difference moves the logits: b's
+        logit by up to what its own size explains (a common move, off the plateau for a saturated score whose
+        token drifted far), a's by that and the gap's share beside (what the two logits' difference explains,
+        as for a softmax). The sigmoid itself, not its slope at the reference's logit. Why the common move is
+        carried through both scores, not added once per score: two close scores move alike under it, and summed
+        it made every margin of a peaked router (experts' scores close, a large shared logit) look like noise."""
+        logit_a, logit_b = float(self.ref.logits[token, a]), float(self.ref.logits[token, b])
+        share = INPUT_TAIL * float(self.input_share[token])
+        common, apart = share * self.size(b), share * self.spread(a, b)
+        here = _sigmoid(logit_a) - _sigmoid(logit_b)
+        return max(abs(_sigmoid(logit_a + shift + side) - _sigmoid(logit_b + shift) - here)
+                   for shift in np.linspace(-common, common, _COMMON_STEPS) for side in (-apart, apart))
 
     def size(self, expert: int) -> float:
         """The rms over tokens of the reference's logit of `expert`."""

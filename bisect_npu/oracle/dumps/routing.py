@@ -13,9 +13,12 @@ lost and the one it gained) and a noise bound, what the pair's rounding can move
   of another precision (a bf16 model's router against an fp32 golden is judged at bf16);
 * what the router's input difference moves the gap by: the input's per-token disagreement |dh|
   over its typical norm, times the spread of that expert pair's logit gap over the tokens, times
-  `INPUT_TAIL` (a linear map of an input perturbation; 4 sigma of a normal); for a sigmoid, the
-  logits' common move (each logit's own spread) carried through both sigmoids together with that
-  gap's move beside it: the scores' move, not their slope's. Without the router's
+  `INPUT_TAIL` (a linear map of an input perturbation; 4 sigma of a normal); for a sigmoid, each
+  logit's own spread (their common part does not cancel) and the score's move is the sigmoid's over
+  that logit move, not its slope's. That bounds where each score may lie; a sigmoid flip whose gap the
+  candidate's own scores moved beyond what the pair explains for the gap (the logits' common move
+  carried through both sigmoids together, the gap's spread beside it) has that move for its margin,
+  except for a token an earlier router already rerouted. Without the router's
   input in the dump, the perturbation of the logits themselves on the tokens that routed alike
   stands in: lenient, it cannot tell a router rounding coarser than its reference's.
 
@@ -248,11 +251,28 @@ class _Noise:
                                     * slope_b)
         if self.logit_moves is not None:
             carried = float(self.logit_moves[token]) * max(slope_a, slope_b)
-        elif self.ref.sigmoid:
-            carried = self.sigmoid_gap_moved(token, a, b)
+        elif self.ref.sigmoid:  # each score moves on its own: a logit's common part does not cancel
+            carried = self.sigmoid_moved(token, a) + self.sigmoid_moved(token, b)
         else:
             carried = INPUT_TAIL * float(self.input_share[token]) * self.spread(a, b) * max(slope_a, slope_b)
         return rounding + carried
+
+    def sigmoid_moved(self, token: int, expert: int) -> float:
+        """How far a sigmoid score can move when its logit moves by what the input difference explains: the
+        sigmoid itself, not its slope at the reference's logit (a saturated score has no slope, yet a token
+        whose hidden state drifted far moves its logit off the plateau)."""
+        logit = float(self.ref.logits[token, expert])
+        reach = INPUT_TAIL * float(self.input_share[token]) * self.size(expert)
+        here = _sigmoid(logit)
+        return max(_sigmoid(logit + reach) - here, here - _sigmoid(logit - reach))
+
+    def gap_bound(self, token: int, a: int, b: int) -> float:
+        """What rounding and the input difference can move two sigmoid scores' gap by, their common move carried
+        through both (`sigmoid_gap_moved`): the bound an observed move of the gap is held to."""
+        slope_a, slope_b = float(self.slope[token, a]), float(self.slope[token, b])
+        rounding = self.roundoff * (float(self.abs_logits[token, a]) * slope_a + float(self.abs_logits[token, b])
+                                    * slope_b)
+        return rounding + self.sigmoid_gap_moved(token, a, b)
 
     def sigmoid_gap_moved(self, token: int, a: int, b: int) -> float:
         """How far the gap between two sigmoid scores can move when the input difference moves the logits: b's
@@ -335,8 +355,10 @@ def infer_grouping(side: RouterSide, k: int) -> Grouping | None:
     return None
 
 
-def compare_routing(cand: RouterSide, ref: RouterSide, module: str) -> RoutingReport:
-    """The flips of one MoE layer, each with its margin, noise bound and routed weight moved."""
+def compare_routing(cand: RouterSide, ref: RouterSide, module: str,
+                    rerouted: frozenset[int] = frozenset()) -> RoutingReport:
+    """The flips of one MoE layer, each with its margin, noise bound and routed weight moved; `rerouted`: the tokens
+    an earlier router of the pass already sent elsewhere (their input moved by their other experts' work)."""
     k = check_shapes(cand, ref, module)
     chosen_c, chosen_r = _chosen(cand, k), _chosen(ref, k)
     sorted_c, sorted_r = np.sort(chosen_c, axis=1), np.sort(chosen_r, axis=1)
@@ -350,6 +372,8 @@ def compare_routing(cand: RouterSide, ref: RouterSide, module: str) -> RoutingRe
     cand_groups = grouping.scores(cand.decision()) if grouping is not None else None
     cand_kept = [set(row.tolist()) for row in np.argsort(-cand_groups, axis=1, kind="stable")[
         :, :grouping.kept]] if cand_groups is not None and grouping is not None else None
+    # A sigmoid router's candidate scores: a swap whose gap they moved beyond what the pair explains is the gate's.
+    moved_gaps = cand.decision() if ref.sigmoid and noise.logit_moves is None else None
     report = RoutingReport(module, tokens=int(ref.logits.shape[0]), experts=ref.experts, top_k=k,
                            noise_from=noise.noise_from, allowed_dtype=noise.dtype)
     for token in range(report.tokens):
@@ -382,11 +406,26 @@ def compare_routing(cand: RouterSide, ref: RouterSide, module: str) -> RoutingRe
                 swaps.append(groups.crossed(token, g, cand_groups))
                 continue
             swap = (min(float(row[lo] - row[g]) for lo in lost), max(noise.bound(token, lo, g) for lo in lost))
+            if moved_gaps is not None and token not in rerouted:
+                swap = _moved_beyond(swap, [(float(moved_gaps[token, lo] - row[lo] + row[g] - moved_gaps[token, g]),
+                                             noise.gap_bound(token, lo, g)) for lo in lost])
             swaps.append(swap if dropped is None else min(swap, dropped, key=lambda pair: pair[0] - pair[1]))
         margin, bound = max(swaps, key=lambda pair: pair[0] - pair[1])
         moved = float(sum(weights[token, list(chosen_r[token]).index(lo)] for lo in lost))
         report.flips.append(Flip(token, lost, gained, margin, bound, moved))
     return report
+
+
+def _moved_beyond(swap: tuple[float, float], moves: list[tuple[float, float]]) -> tuple[float, float]:
+    """(margin, bound) of a swap: the reference's gap against the bound of where the scores may lie, unless the
+    candidate's own scores moved the gap beyond what rounding and the input can move it by (`_Noise.gap_bound`):
+    then the move is the margin. Why: a sigmoid's common logit move, counted once per score, bounds where each
+    score may lie, loosely for two close scores (a peaked router) that move alike; that explains a flip the
+    scores made, not one a faulty gate's own output made by moving the gap itself."""
+    beyond = [(abs(move), bound) for move, bound in moves if abs(move) > bound]
+    # Not for a token an earlier router sent to other experts: its input moved by their work, not by a
+    # perturbation whose effect on the gap a linear map's tail bounds; where its scores may lie still does.
+    return max(beyond, key=lambda pair: pair[0] / pair[1] if pair[1] > 0 else math.inf) if beyond else swap
 
 
 class _GroupGaps:

@@ -282,8 +282,8 @@ class _Noise:
         logit by up to what its own size explains (a common move, off the plateau for a saturated score whose
         token drifted far), a's by that and the gap's share beside (what the two logits' difference explains,
         as for a softmax). The sigmoid itself, not its slope at the reference's logit. Why the common move is
-        carried through both scores, not added once per score: two close scores move alike under it, and summed
-        it made every margin of a peaked router (experts' scores close, a large shared logit) look like noise."""
+        carried through both scores, not added once per score: two close scores move alike under it; summed, it
+        bounds where each score may lie, many times what their gap can move on a peaked router."""
         logit_a, logit_b = float(self.ref.logits[token, a]), float(self.ref.logits[token, b])
         share = INPUT_TAIL * float(self.input_share[token])
         common, apart = share * self.size(b), share * self.spread(a, b)
@@ -409,6 +409,8 @@ def compare_routing(cand: RouterSide, ref: RouterSide, module: str,
                 swaps.append(groups.crossed(token, g, cand_groups))
                 continue
             swap = (min(float(row[lo] - row[g]) for lo in lost), max(noise.bound(token, lo, g) for lo in lost))
+            # Not for a token an earlier router sent to other experts: its input moved by their work, not by a
+            # perturbation whose effect on the gap a linear map's tail bounds; where its scores may lie still does.
             if moved_gaps is not None and token not in rerouted:
                 swap = _moved_beyond(swap, [(float(moved_gaps[token, lo] - row[lo] + row[g] - moved_gaps[token, g]),
                                              noise.gap_bound(token, lo, g)) for lo in lost])
@@ -426,8 +428,6 @@ def _moved_beyond(swap: tuple[float, float], moves: list[tuple[float, float]]) -
     score may lie, loosely for two close scores (a peaked router) that move alike; that explains a flip the
     scores made, not one a faulty gate's own output made by moving the gap itself."""
     beyond = [(abs(move), bound) for move, bound in moves if abs(move) > bound]
-    # Not for a token an earlier router sent to other experts: its input moved by their work, not by a
-    # perturbation whose effect on the gap a linear map's tail bounds; where its scores may lie still does.
     return max(beyond, key=lambda pair: pair[0] / pair[1] if pair[1] > 0 else math.inf) if beyond else swap
 
 

@@ -433,3 +433,30 @@ def test_attentions_norm_change_along_its_output_is_a_gain_even_within_its_input
     router = [_attention(layer, 1.0522 if layer == 2 else ratio, 2.27e-3, 1.5e-4, module="mlp.gate.TopKRouter")
               for layer, ratio in enumerate([1.00038, 1.00101, 1.0012, 1.0068, 1.00352])]
     assert _norm_findings(router, cfg) == []
+
+
+def _norm_output(layer: int, norm_ratio: float, input_distance: float, input_change: float) -> tuple[TensorDiff,
+                                                                                                      dict[str, Any]]:
+    """One layer's post-attention RMSNorm output, bf16 against a float32 golden, and its input's agreement."""
+    module = f"Module.model.layers.{layer}.post_attention_layernorm.DeepseekV3RMSNorm.forward.0"
+    row = TensorDiff(name=f"{module}.output.0", index=layer, step=0, layer=layer, module=module, dtype="bfloat16",
+                     metrics={"cosine": 1.0 - input_distance, "norm_ratio": norm_ratio, "max_abs_error": 1.0})
+    return row, {"cosine": 1.0 - input_distance, "norm_change": input_change}
+
+
+def test_a_norms_gain_stands_out_of_its_peers_whose_input_a_gain_upstream_moved() -> None:
+    """Five layers' post-attention norms: layer 2's weight x1.1 (its output's norm moves 0.096 in log), and the
+    two layers after it take in a stream whose norm its MoE block moved 5-6%. A norm's output does not follow its
+    input's norm: taken off theirs, those input moves left the later norms at -0.05, a spread that hid the gain."""
+    from bisect_npu.oracle.dumps.noise import PeerLines
+    from bisect_npu.oracle.dumps.rules.base import Context
+    from bisect_npu.oracle.dumps.rules.peer_norm import PeerNorm
+
+    cfg = LogitsConfig(peer_mads=12, peer_min_factor=5)
+    measured = [_norm_output(0, 1.00001, 4e-6, 2e-4), _norm_output(1, 1.00003, 2e-5, 2e-4),
+                _norm_output(2, 1.1015, 3.4e-5, 3.5e-6), _norm_output(3, 1.00003, 5.2e-3, 0.063),
+                _norm_output(4, 0.99999, 6.4e-3, 0.047)]
+    ctx = Context(cfg, PeerLines.of(measured, cfg))
+    found = {row.layer: PeerNorm().judge(row, base, ctx) for row, base in measured}
+    assert [layer for layer, finding in found.items() if finding is not None] == [2]
+    assert "norm ratio 1.1015" in (found[2].problem if found[2] is not None else "")

@@ -146,7 +146,8 @@ def test_a_saturated_sigmoid_score_moves_as_far_as_its_drifted_input_can_take_it
         return RouterSide(logits=logits, logits_dtype="float32", ids=np.argsort(-decision, axis=1)[:, :2],
                           input=hidden_states, input_dtype="float32", bias=bias, sigmoid=True)
 
-    report = compare_routing(side(cand_logits, cand_input), side(ref_logits, ref_input), "model.layers.3.mlp.gate")
+    report = compare_routing(side(cand_logits, cand_input), side(ref_logits, ref_input), "model.layers.3.mlp.gate",
+                             rerouted=frozenset({0}))
     flips = {flip.token: flip for flip in report.flips}
     assert set(flips) == {0, 1} and flips[0].lost == [6, 7] and flips[0].gained == [0, 1]
     assert flips[0].explained, flips[0].to_dict()
@@ -268,3 +269,30 @@ def test_every_flip_that_bf16_rounding_of_the_logits_alone_makes_lies_within_its
     assert len(report.flips) > 100, "rounding must move choices for this test to mean anything"
     assert report.allowed_dtype == "bfloat16"
     assert report.unexplained == [] and report.finding is None, report.unexplained[0].to_dict()
+
+
+def _peaked_sigmoid(weight: np.ndarray, hidden_states: np.ndarray) -> RouterSide:
+    """A DeepSeek-V3-like sigmoid router's side from its weights and input (plain top 2; no grouping)."""
+    logits = hidden_states @ weight.T
+    return RouterSide(logits=logits, logits_dtype="float32", ids=np.argsort(-logits, axis=1, kind="stable")[:, :2],
+                      input=hidden_states, input_dtype="float32", sigmoid=True)
+
+
+def test_a_peaked_sigmoid_routers_faulty_weights_are_named_while_its_inputs_drift_is_noise() -> None:
+    """A sigmoid router off its plateau whose experts' scores lie close together: every logit carries a shared
+    part of about 4, the experts' own parts are a tenth of it. The input's drift (1% of its norm, what a few
+    layers of bf16 against an fp32 golden leave) moves that shared part in every logit alike: the two scores'
+    gap moves little, and the flips it makes are noise. Weights perturbed by 5% of their rms move each expert's
+    logit on its own: most tokens flip, far beyond what the input's drift explains."""
+    rng = np.random.default_rng(5)
+    tokens, experts, hidden = 128, 8, 64
+    shared = rng.normal(size=hidden)
+    weight = shared / np.linalg.norm(shared) * 4.0 / np.sqrt(hidden) + 0.1 * rng.normal(size=(experts, hidden)) / 8
+    ref_input = rng.normal(size=(tokens, hidden)) * 0.3 + shared / np.linalg.norm(shared) * np.sqrt(hidden)
+    drifted = ref_input * (1.0 + 0.01 * rng.normal(size=(tokens, hidden)))
+    reference = _peaked_sigmoid(weight, ref_input)
+    clean = compare_routing(_peaked_sigmoid(weight, drifted), reference, "model.layers.2.mlp.gate")
+    assert clean.flips and clean.finding is None, clean.to_dict()
+    faulty = weight + 0.05 * float(np.sqrt(np.mean(weight**2))) * rng.normal(size=weight.shape)
+    report = compare_routing(_peaked_sigmoid(faulty, drifted), reference, "model.layers.2.mlp.gate")
+    assert report.finding is not None, report.to_dict()

@@ -82,8 +82,23 @@ def distance_statistic(row: TensorDiff, base: dict[str, Any]) -> tuple[str, floa
     return "amplification", out - math.log(max(1.0 - base["cosine"], floor))
 
 
+_NORMALISES = re.compile(r"(?:^|[._])(?:\w*norm)(?:\.[A-Za-z_]\w*norm\.forward\.\d+)?$", re.IGNORECASE)
+
+
+def normalises(row: TensorDiff) -> bool:
+    """Whether the output is a normalisation's (an RMSNorm or LayerNorm module: `input_layernorm`, `q_norm`,
+    `model.norm`), whose output norm does not follow its input's."""
+    return _NORMALISES.search(row.module or row.name) is not None
+
+
 def norm_change(row: TensorDiff, base: dict[str, Any]) -> float:
-    """How far the output's norm ratio moved from 1 (log), less what its inputs' had moved."""
+    """How far the output's norm ratio moved from 1 (log), less what its inputs' had moved; a normalisation's
+    own (its output is its input over the input's rms, times its weight: an input's norm change does not pass
+    through). Why: taken off a norm's, the input's change left every norm after a gain upstream (an MoE layer's
+    output moved by a router's flips or a fault) with a large negative value, a spread that hid a norm's own
+    gain among its peers."""
+    if normalises(row):
+        return log_ratio(row.metrics["norm_ratio"])
     return log_ratio(row.metrics["norm_ratio"]) - float(base["norm_change"])
 
 

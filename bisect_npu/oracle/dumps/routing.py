@@ -12,10 +12,13 @@ lost and the one it gained) and a noise bound, what the pair's rounding can move
   fp32 under a bf16 model sets fp32 as the standard), and its own when the reference is a golden
   of another precision (a bf16 model's router against an fp32 golden is judged at bf16);
 * what the router's input difference moves the gap by: the input's per-token disagreement |dh|
-  over its typical norm, times the spread of that expert pair's logit gap over the tokens (for a
-  sigmoid, of each logit: their common part does not cancel, and the score's move is the sigmoid's
-  over that logit move, not its slope's), times `INPUT_TAIL` (a linear map of an input
-  perturbation; 4 sigma of a normal). Without the router's
+  over its typical norm, times the spread of that expert pair's logit gap over the tokens, times
+  `INPUT_TAIL` (a linear map of an input perturbation; 4 sigma of a normal); for a sigmoid, each
+  logit's own spread (their common part does not cancel) and the score's move is the sigmoid's over
+  that logit move, not its slope's. That bounds where each score may lie; a sigmoid flip whose gap the
+  candidate's own scores moved beyond what the pair explains for the gap (the logits' common move
+  carried through both sigmoids together, the gap's spread beside it) has that move for its margin,
+  except for a token an earlier router already rerouted. Without the router's
   input in the dump, the perturbation of the logits themselves on the tokens that routed alike
   stands in: lenient, it cannot tell a router rounding coarser than its reference's.
 
@@ -45,10 +48,15 @@ UNIT_ROUNDOFF = {"bfloat16": 2.0**-8, "float16": 2.0**-11, "float32": 2.0**-24, 
 # How many of its typical sizes an input perturbation's effect on a logit gap may reach (4 sigma of a
 # normal: exceeded by rounding in about 6e-5 of token-expert pairs).
 INPUT_TAIL = 4.0
+# Common logit moves tried between the extremes when bounding a sigmoid gap's move (odd: 0 among them).
+_COMMON_STEPS = 9
 # Flips beyond their noise bound that a router may show before it is a finding, unless one of them
 # lies `FAR_BEYOND` times past its bound. Set on bench/moe_family_bench.py's tune split (seeds 0-2, 3 and
 # 5 layers): a clean pair's routers showed none; every router fault and bf16 router 3 or more, or one at 2.1
-# times or more.
+# times or more. Re-measured with bf16's unit roundoff at 2^-8 on bench/moe_downstream_bench.py's tune split
+# (DeepSeek-V3, seeds 30-31, router faults at layers 2-3 after layer 1's flips): 180 clean routers, at most 2
+# flips beyond (8 routers with any), one at 3.56 times; the faulty routers 0-7 beyond at 0.93-2.58 times while a
+# sigmoid flip's margin was the reference's gap alone, 18-112 beyond at 25-165 times with the gate's own move.
 UNEXPLAINED_ALLOWED = 2
 FAR_BEYOND = 2.0
 
@@ -261,6 +269,28 @@ class _Noise:
         here = _sigmoid(logit)
         return max(_sigmoid(logit + reach) - here, here - _sigmoid(logit - reach))
 
+    def gap_bound(self, token: int, a: int, b: int) -> float:
+        """What rounding and the input difference can move two sigmoid scores' gap by, their common move carried
+        through both (`sigmoid_gap_moved`): the bound an observed move of the gap is held to."""
+        slope_a, slope_b = float(self.slope[token, a]), float(self.slope[token, b])
+        rounding = self.roundoff * (float(self.abs_logits[token, a]) * slope_a + float(self.abs_logits[token, b])
+                                    * slope_b)
+        return rounding + self.sigmoid_gap_moved(token, a, b)
+
+    def sigmoid_gap_moved(self, token: int, a: int, b: int) -> float:
+        """How far the gap between two sigmoid scores can move when the input difference moves the logits: b's
+        logit by up to what its own size explains (a common move, off the plateau for a saturated score whose
+        token drifted far), a's by that and the gap's share beside (what the two logits' difference explains,
+        as for a softmax). The sigmoid itself, not its slope at the reference's logit. Why the common move is
+        carried through both scores, not added once per score: two close scores move alike under it; summed, it
+        bounds where each score may lie, many times what their gap can move on a peaked router."""
+        logit_a, logit_b = float(self.ref.logits[token, a]), float(self.ref.logits[token, b])
+        share = INPUT_TAIL * float(self.input_share[token])
+        common, apart = share * self.size(b), share * self.spread(a, b)
+        here = _sigmoid(logit_a) - _sigmoid(logit_b)
+        return max(abs(_sigmoid(logit_a + shift + side) - _sigmoid(logit_b + shift) - here)
+                   for shift in np.linspace(-common, common, _COMMON_STEPS) for side in (-apart, apart))
+
     def size(self, expert: int) -> float:
         """The rms over tokens of the reference's logit of `expert`."""
         if expert not in self._size:
@@ -328,8 +358,10 @@ def infer_grouping(side: RouterSide, k: int) -> Grouping | None:
     return None
 
 
-def compare_routing(cand: RouterSide, ref: RouterSide, module: str) -> RoutingReport:
-    """The flips of one MoE layer, each with its margin, noise bound and routed weight moved."""
+def compare_routing(cand: RouterSide, ref: RouterSide, module: str,
+                    rerouted: frozenset[int] = frozenset()) -> RoutingReport:
+    """The flips of one MoE layer, each with its margin, noise bound and routed weight moved; `rerouted`: the tokens
+    an earlier router of the pass already sent elsewhere (their input moved by their other experts' work)."""
     k = check_shapes(cand, ref, module)
     chosen_c, chosen_r = _chosen(cand, k), _chosen(ref, k)
     sorted_c, sorted_r = np.sort(chosen_c, axis=1), np.sort(chosen_r, axis=1)
@@ -343,6 +375,8 @@ def compare_routing(cand: RouterSide, ref: RouterSide, module: str) -> RoutingRe
     cand_groups = grouping.scores(cand.decision()) if grouping is not None else None
     cand_kept = [set(row.tolist()) for row in np.argsort(-cand_groups, axis=1, kind="stable")[
         :, :grouping.kept]] if cand_groups is not None and grouping is not None else None
+    # A sigmoid router's candidate scores: a swap whose gap they moved beyond what the pair explains is the gate's.
+    moved_gaps = cand.decision() if ref.sigmoid and noise.logit_moves is None else None
     report = RoutingReport(module, tokens=int(ref.logits.shape[0]), experts=ref.experts, top_k=k,
                            noise_from=noise.noise_from, allowed_dtype=noise.dtype)
     for token in range(report.tokens):
@@ -375,11 +409,26 @@ def compare_routing(cand: RouterSide, ref: RouterSide, module: str) -> RoutingRe
                 swaps.append(groups.crossed(token, g, cand_groups))
                 continue
             swap = (min(float(row[lo] - row[g]) for lo in lost), max(noise.bound(token, lo, g) for lo in lost))
+            # Not for a token an earlier router sent to other experts: its input moved by their work, not by a
+            # perturbation whose effect on the gap a linear map's tail bounds; where its scores may lie still does.
+            if moved_gaps is not None and token not in rerouted:
+                swap = _moved_beyond(swap, [(float(moved_gaps[token, lo] - row[lo] + row[g] - moved_gaps[token, g]),
+                                             noise.gap_bound(token, lo, g)) for lo in lost])
             swaps.append(swap if dropped is None else min(swap, dropped, key=lambda pair: pair[0] - pair[1]))
         margin, bound = max(swaps, key=lambda pair: pair[0] - pair[1])
         moved = float(sum(weights[token, list(chosen_r[token]).index(lo)] for lo in lost))
         report.flips.append(Flip(token, lost, gained, margin, bound, moved))
     return report
+
+
+def _moved_beyond(swap: tuple[float, float], moves: list[tuple[float, float]]) -> tuple[float, float]:
+    """(margin, bound) of a swap: the reference's gap against the bound of where the scores may lie, unless the
+    candidate's own scores moved the gap beyond what rounding and the input can move it by (`_Noise.gap_bound`):
+    then the move is the margin. Why: a sigmoid's common logit move, counted once per score, bounds where each
+    score may lie, loosely for two close scores (a peaked router) that move alike; that explains a flip the
+    scores made, not one a faulty gate's own output made by moving the gap itself."""
+    beyond = [(abs(move), bound) for move, bound in moves if abs(move) > bound]
+    return max(beyond, key=lambda pair: pair[0] / pair[1] if pair[1] > 0 else math.inf) if beyond else swap
 
 
 class _GroupGaps:

@@ -145,7 +145,7 @@ def apply_routing(entries: list[tuple[TensorEntry | None, TensorEntry]], pairs: 
         if cand is None or ref is None or (cand.ids is None and ref.ids is None):
             unchecked.append(f"{op.path} (no router logits and chosen experts on both sides)")
             continue
-        report = compare_routing(cand, ref, op.path)
+        report = compare_routing(cand, ref, op.path, frozenset(flipped.get(op.step, set())))
         reports.append(report)
         first = min(index for (section, _), index in op.rows.items() if section == "output")
         for (section, key), index in op.rows.items():

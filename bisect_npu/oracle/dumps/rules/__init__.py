@@ -52,9 +52,9 @@ def _factors_cosine(rows: list[TensorDiff], routed_alike: bool) -> float | None:
     """The cosine an output combining a hidden state by routing weights (the experts, an MoE block) can show from
     its two factors' errors together: their relative errors add (the triangle inequality), each the square root
     of its distance; None when `rows` hold no routing weights beside a hidden state. Why not the worse factor's
-    distance: the weights' distance on the tokens that routed alike swings tenfold from layer to layer with the
-    near-tie tokens left in, and where it falls to the hidden state's, the worse of the two is half of what the
-    output carries, so that layer's ratio triples against its peers'."""
+    distance: the weights' distance on the tokens that routed alike swings tenfold from layer to layer; where it
+    lies far above the hidden state's the output follows it (a ratio near 1), and where it falls to the hidden
+    state's the output carries both, so the worse one alone makes that layer's ratio triple against its peers'."""
     def worst(group: list[TensorDiff]) -> float:
         return max(max(0.0, 1.0 - float((row.metrics if routed_alike else (row.carried_metrics or row.metrics))
                                         ["cosine"])) for row in group)

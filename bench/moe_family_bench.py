@@ -7,8 +7,10 @@ random init scaled like a trained model, bf16-exact weights, a router whose logi
 part across experts, as a trained router's do), dumped as `record`'s transformers backend dumps
 them (router inputs, logits, weights and ids). Families: Qwen3-MoE (softmax top-k) and
 DeepSeek-V3 (sigmoid, grouped top-k, correction bias, shared experts), each with and without
-`norm_topk_prob`, and DeepSeek-V3 "peaked" (`ROUTERS`: a sigmoid off its plateau whose experts' scores
-lie close together, so bf16 rounding of its logits reaches their gaps). Per family and seed:
+`norm_topk_prob`, DeepSeek-V3 "peaked" (`ROUTERS`: a sigmoid off its plateau whose experts' scores
+lie close together, so bf16 rounding of its logits reaches their gaps), and "many small experts" (OLMoE's
+shape: a softmax top-8 of 64 experts, no shared expert, on Qwen3-MoE's code; `--families
+qwen3_moe_many:False`, not in the default list). Per family and seed:
 
 * clean: bf16 against the fp32 golden, bf16 eager against bf16 SDPA, fp16 against the fp32
   golden, a bf16 model routing in fp32 against the fp32 golden;
@@ -82,6 +84,7 @@ ROUTERS: dict[str, dict[str, float | str]] = {
     "qwen3_moe": {"family": "qwen3_moe", "router_offset": 20.0},
     "deepseek_v3": {"family": "deepseek_v3", "router_offset": 20.0},
     "deepseek_v3_peaked": {"family": "deepseek_v3", "router_offset": 4.0, "router_scale": 0.1, "bias_scale": 0.1},
+    "qwen3_moe_many": {"family": "qwen3_moe", "router_offset": 20.0, "experts": 64, "top_k": 8},
 }
 # Seeds 0-2 of every family at 128 wide: where the 5-layer false alarms' causes were measured and the routing
 # allowance set. The report split: seeds 3 and up, and other widths (`--hidden`).
@@ -117,6 +120,8 @@ def main() -> None:
     parser.add_argument("--families", default="", help="family:norm_topk_prob pairs (commas), e.g. qwen3_moe:False")
     parser.add_argument("--layers", type=int, default=3, help="decoder layers (layer 0 dense, the rest MoE)")
     parser.add_argument("--hidden", type=int, default=128, help="hidden size (a multiple of 4)")
+    parser.add_argument("--candidates", default="", help="judge only the pairs of these candidates (commas), "
+                        "e.g. eager,expert_fault,router_fault; only their sides are dumped")
     parser.add_argument("--msprobe", help="an msprobe executable: run `msprobe compare` beside on the same pairs")
     parser.add_argument("--msprobe-pairs", default="bf16,eager,bf16_router,expert_fault,router_fault",
                         help="the candidates whose pairs msprobe compares (commas): ~1 min a pair here")
@@ -138,10 +143,11 @@ def main() -> None:
         ids = tokens(spec, seed=seed + 7)
         size = "" if args.hidden == 128 else f"-h{args.hidden}"
         root = args.work / f"{family}-{int(norm)}-{seed}-{args.layers}{size}"
-        for name, kwargs in VARIANTS.items():
+        pairs = [pair for pair in PAIRS if not args.candidates or pair[1] in args.candidates.split(",")]
+        for name in sorted({side for _, cand, ref, _ in pairs for side in (cand, ref)}):
             if not (root / name / "step0").exists():
-                dump(build_model(spec, **kwargs), ids, root / name)
-        for kind, cand, ref, where in PAIRS:
+                dump(build_model(spec, **VARIANTS[name]), ids, root / name)
+        for kind, cand, ref, where in pairs:
             started = time.perf_counter()
             result = compare_dumps(root / cand, root / ref, LogitsConfig())
             verdict = verdict_from_comparison(result)

@@ -48,6 +48,24 @@ def _sum_of(parts: list[TensorDiff], total: dict[str, float]) -> float:
     return max(-1.0, 1.0 - error**2 / (2.0 * energy))
 
 
+def _factors_cosine(rows: list[TensorDiff], routed_alike: bool) -> float | None:
+    """The cosine an output combining a hidden state by routing weights (the experts, an MoE block) can show from
+    its two factors' errors together: their relative errors add (the triangle inequality), each the square root
+    of its distance; None when `rows` hold no routing weights beside a hidden state. Why not the worse factor's
+    distance: the weights' distance on the tokens that routed alike swings tenfold from layer to layer; where it
+    lies far above the hidden state's the output follows it (a ratio near 1), and where it falls to the hidden
+    state's the output carries both, so the worse one alone makes that layer's ratio triple against its peers'."""
+    def worst(group: list[TensorDiff]) -> float:
+        return max(max(0.0, 1.0 - float((row.metrics if routed_alike else (row.carried_metrics or row.metrics))
+                                        ["cosine"])) for row in group)
+
+    weights = [row for row in rows if row.role == ROUTING and not row.integer and "cosine" in row.metrics]
+    hidden = [row for row in rows if row.role != ROUTING and "cosine" in row.metrics]
+    if not weights or not hidden:
+        return None
+    return max(-1.0, 1.0 - (math.sqrt(worst(hidden)) + math.sqrt(worst(weights))) ** 2)
+
+
 def _routing_of(row: TensorDiff, routing: list[TensorDiff]) -> list[TensorDiff]:
     """The routing weights a module combines, where its own inputs are in the dump (MindStudio Probe's): those
     handed to it (HF's experts take them as an input) or made by its router (an MoE block's gate). Why: the
@@ -173,9 +191,12 @@ def apply_relative_rules(rows: list[TensorDiff], cfg: LogitsConfig) -> None:
         own = transformed_inputs(row, inputs.get((row.step, row.module), []))
         summed = inner.layer_sum(row, own)
         base_rows = summed or ([*own, *_routing_of(row, routing)] if own else previous)
-        base = baseline(base_rows, routed_alike=row.carried_metrics is not None and not mixes_tokens(row))
+        routed_alike = row.carried_metrics is not None and not mixes_tokens(row)
+        base = baseline(base_rows, routed_alike=routed_alike)
         if summed and base is not None and "cosine" in row.metrics:
             base["cosine"] = _sum_of(summed, row.metrics)
+        elif base is not None and (factors := _factors_cosine(base_rows, routed_alike)) is not None:
+            base["cosine"] = factors
         if base is not None and "cosine" in row.metrics:
             measured.append((row, {**base, "inner_distance": inner.worst_inside(row)}))
             inner.add(row)

@@ -32,20 +32,13 @@ FP32_GOLDEN = ("report-m-seed2-precision", "report-m-seed2-gain-fp32golden-l2")
 
 @pytest.fixture(scope="module")
 def dumps(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """Every dump of the report split's first size and seed, written by real msprobe in a process of its own
-    (msprobe keeps one debugger per process and hooks torch)."""
+    """Every dump of the report split's first size and seed, and of the larger size's pairs against the
+    fp32 golden (FP32_GOLDEN), written by real msprobe in one process of their own (msprobe keeps one
+    debugger per process and hooks torch; one process pays torch's and msprobe's imports once)."""
     root = tmp_path_factory.mktemp("msprobe-qwen3")
     subprocess.run([sys.executable, "-m", "tests.helpers.msprobe_qwen3", str(root), "--split", "report",
-                    "--only", PREFIX], check=True, capture_output=True, timeout=300, cwd=REPO_ROOT)
-    return root
-
-
-@pytest.fixture(scope="module")
-def fp32_golden_dumps(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """The report split's larger size against the fp32 golden: the clean bf16 candidate and the 2% gain."""
-    root = tmp_path_factory.mktemp("msprobe-qwen3-fp32-golden")
-    subprocess.run([sys.executable, "-m", "tests.helpers.msprobe_qwen3", str(root), "--split", "report",
-                    "--only", ",".join(FP32_GOLDEN)], check=True, capture_output=True, timeout=300, cwd=REPO_ROOT)
+                    "--only", ",".join([PREFIX, *FP32_GOLDEN])], check=True, capture_output=True, timeout=600,
+                   cwd=REPO_ROOT)
     return root
 
 
@@ -118,19 +111,19 @@ def test_a_2_percent_gain_cosine_cannot_see_is_found_by_its_norm_against_its_pee
 
 
 @FORWARD_PASSES
-def test_a_module_is_not_judged_against_the_rotary_tables_of_another_precision(fp32_golden_dumps: Path) -> None:
+def test_a_module_is_not_judged_against_the_rotary_tables_of_another_precision(dumps: Path) -> None:
     """In a bf16 model the rotary cos/sin (cast from its own bf16 `inv_freq`) differ from the fp32 golden's
     more than the hidden state entering layer 0 does (a cast): that layer is measured against its hidden
     state, the input shaped like its output, so the clean pair is good and the gain after it is named."""
     clean, gain = FP32_GOLDEN
-    cand, ref = msprobe_qwen3.make_pair(fp32_golden_dumps, REPORT[clean])
+    cand, ref = msprobe_qwen3.make_pair(dumps, REPORT[clean])
     rows = compare_dumps(cand, ref, LogitsConfig()).rows
     layer0 = "Module.model.layers.0.Qwen3DecoderLayer.forward.0"
     cosine = {row.name.removeprefix(layer0 + "."): row.metrics["cosine"] for row in rows
               if row.module == layer0 and "cosine" in row.metrics}
     assert max(cosine["kwargs.position_embeddings.0"], cosine["kwargs.position_embeddings.1"]) < cosine["input.0"]
-    _, verdict = _judge(fp32_golden_dumps, clean)
+    _, verdict = _judge(dumps, clean)
     assert verdict.kind == VerdictKind.GOOD, verdict.reason  # type: ignore[attr-defined]
-    pair, verdict = _judge(fp32_golden_dumps, gain)
+    pair, verdict = _judge(dumps, gain)
     first = verdict.figures["first_divergent"]  # type: ignore[attr-defined]
     assert f".{pair.faulty_module}." in first["module"], verdict.reason  # type: ignore[attr-defined]

@@ -328,37 +328,70 @@ def test_a_harness_failure_stops_the_run_with_exit_5(demo_upstream, tmp_path):
 
 # --- real lm-eval and real AISBench --------------------------------------------------------------
 
-@pytest.mark.e2e
-@pytest.mark.harness
-@pytest.mark.parametrize("name", ["demo-accuracy", "demo-accuracy-aisbench"])
-def test_real_harness_scores_per_sample(trees, tmp_path, name):
-    """The bundled recipe's harness at both sides of the culprit: every sample right at the good
-    side; at the culprit exactly the long ones wrong, read from the harness's own per-sample files."""
+def bundled_recipe(name: str, tmp_path: Path) -> tuple[Path, str]:
+    """The bundled recipe on a free port and the bundled dataset, with its harness (skip, or FAIL
+    under CI=true, without the harness's venv)."""
     recipe = load_recipe(name)
     assert recipe.accuracy is not None
     harness_executable(recipe.accuracy.harness)
     path = tmp_path / f"{name}.yaml"
     text = Path(recipe.source or "").read_text().replace(f"port: {recipe.engine.port}", f"port: {free_port()}")
-    text = text.replace("data/demo-accuracy/", f"{DATASET.parent}/")
-    path.write_text(text)
+    path.write_text(text.replace("data/demo-accuracy/", f"{DATASET.parent}/"))
+    return path, recipe.accuracy.harness
+
+
+def scores_the_whole_dataset_right_at_the_good_side(trees, tmp_path: Path, path: Path) -> None:
     done = probe(trees["good"], path, tmp_path / "good")
     assert done.returncode == 0, done.stderr[-3000:]
-    good = samples_of(tmp_path / "good")
-    assert good == {row["id"]: 1.0 for row in read_dataset()}
+    assert samples_of(tmp_path / "good") == {row["id"]: 1.0 for row in read_dataset()}
+
+
+def scores_the_focus_at_the_culprit_long_ones_wrong(trees, tmp_path: Path, path: Path, harness: str) -> None:
     focus = [*sorted(LONG)[:4], "qa-01", "qa-03"]
     done = probe(trees["bad"], path, tmp_path / "bad", sample_ids=focus)
     assert done.returncode == 0, done.stderr[-3000:]
     bad = samples_of(tmp_path / "bad")
     assert bad == {sid: (0.0 if sid in LONG else 1.0) for sid in focus} and list(bad) == focus
     observation = Observation.load(tmp_path / "bad" / "obs.json")
-    assert observation.extra["harness"] == recipe.accuracy.harness
+    assert observation.extra["harness"] == harness
     flipped = next(s for s in observation.samples or [] if s.id == focus[0])
     assert flipped.prompt and flipped.output and flipped.target and flipped.output.strip() != flipped.target
 
 
+@pytest.mark.e2e
+@pytest.mark.harness
+def test_real_lm_eval_scores_per_sample(trees, tmp_path):
+    """lm-eval at both sides of the culprit: every sample right at the good side; at the culprit
+    exactly the long ones wrong, read from the harness's own per-sample files."""
+    path, harness = bundled_recipe("demo-accuracy", tmp_path)
+    scores_the_whole_dataset_right_at_the_good_side(trees, tmp_path, path)
+    scores_the_focus_at_the_culprit_long_ones_wrong(trees, tmp_path, path, harness)
+
+
+@pytest.mark.e2e
+@pytest.mark.harness
+def test_real_aisbench_scores_the_focused_samples_per_sample(trees, tmp_path):
+    """AISBench at the culprit on a focus of long and short questions: the long ones wrong, the
+    short ones right, in the focus's order, read from AISBench's own result and prediction files."""
+    path, harness = bundled_recipe("demo-accuracy-aisbench", tmp_path)
+    scores_the_focus_at_the_culprit_long_ones_wrong(trees, tmp_path, path, harness)
+
+
+@pytest.mark.e2e
+@pytest.mark.harness
+@pytest.mark.heavy  # an AISBench run more than the focused test above: the good side's whole dataset
+def test_real_aisbench_scores_per_sample_at_both_sides(trees, tmp_path):
+    """AISBench at both sides of the culprit, as lm-eval above: the whole dataset right at the good
+    side, then the culprit's focus."""
+    path, harness = bundled_recipe("demo-accuracy-aisbench", tmp_path)
+    scores_the_whole_dataset_right_at_the_good_side(trees, tmp_path, path)
+    scores_the_focus_at_the_culprit_long_ones_wrong(trees, tmp_path, path, harness)
+
+
 @pytest.mark.harness
 @pytest.mark.timeout(1800)  # a real harness run per step on the CPU
-# AISBench's bisection (about 45 s a step) runs in the heavy tier; its per-sample scoring above runs in make test.
+# AISBench's bisection (about 45 s a step) runs in the heavy tier; its focused per-sample scoring above runs in
+# make test.
 @pytest.mark.e2e
 @pytest.mark.heavy  # its lighter siblings stay: the real harnesses per sample here, the command harness's
 # bisection in test_accuracy_session.py

@@ -186,23 +186,23 @@ def expected_information(n: int, runs: Mapping[int, Sequence[float]], threshold:
     low = float(min((post * right).sum(), (post * left).sum())) - 4 * spread
     high = float(max((post * right).sum(), (post * left).sum())) + 4 * spread
     ys = np.linspace(low, high, outcomes)
-    now = float(_entropy(post))
-    gains = np.zeros(len(positions))
-    for k, x in enumerate(positions):
-        # a run at x sees the bad side's mean for c <= x (c index x - 1), the good side's else
-        on_bad = np.arange(1, n + 1) <= x
-        mean = np.where(on_bad, right, left)
-        scale = np.sqrt(spread2 * (1 + 1 / np.where(on_bad, n_right, n_left)))
-        z = (ys[:, None] - mean[None, :]) / scale[None, :]
-        dens = np.exp(-(df + 1) / 2 * np.log1p(z * z / df)) / scale  # Student's t, less its constant
-        predictive = dens @ post
-        weights = predictive / predictive.sum()
-        count, total, squares = (np.repeat(a[None, :], outcomes, axis=0) for a in sums)
-        count[:, x] += 1
-        total[:, x] += ys
-        squares[:, x] += ys * ys
-        after = _normalised(_log_lik_of_sums(count, total, squares, center, threshold))
-        gains[k] = now - float(weights @ _entropy(after))
+    xs = np.asarray(positions)
+    # a run at x sees the bad side's mean for c <= x (c index x - 1), the good side's else
+    on_bad = np.arange(1, n + 1)[None, :] <= xs[:, None]  # positions x c
+    mean = np.where(on_bad, right, left)
+    scale = np.sqrt(spread2 * (1 + 1 / np.where(on_bad, n_right, n_left)))
+    z = (ys[None, :, None] - mean[:, None, :]) / scale[:, None, :]  # positions x outcomes x c
+    density = np.exp(-(df + 1) / 2 * np.log1p(z * z / df)) / scale[:, None, :]  # Student's t, less its constant
+    predictive = density @ post
+    weights = predictive / predictive.sum(axis=1, keepdims=True)
+    count, total, squares = (np.repeat(np.repeat(a[None, None, :], len(xs), axis=0), outcomes, axis=1)
+                             for a in sums)
+    rows, columns = np.arange(len(xs)), xs
+    count[rows, :, columns] += 1
+    total[rows, :, columns] += ys
+    squares[rows, :, columns] += ys * ys
+    after = _normalised(_log_lik_of_sums(count, total, squares, center, threshold))
+    gains: np.ndarray = float(_entropy(post)) - (weights * _entropy(after)).sum(axis=1)
     return gains
 
 

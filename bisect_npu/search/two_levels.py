@@ -42,6 +42,8 @@ OUTCOMES = 24
 # Positions whose side holds less than this share of the posterior either way are not asked: a
 # run there can move nothing the answer rests on (the ends are always weighed).
 OPEN_SHARE = 1e-3
+# Runs each end has before the ends are judged wrong.
+END_RUNS_BEFORE_WRONG = 2
 
 
 def _log_beta_inc(a: float, b: float, x: np.ndarray) -> np.ndarray:
@@ -239,7 +241,13 @@ def decide_levels(problem: SearchProblem, evidence: Mapping[int, Evidence]) -> D
         return Next(tuple(Query(i) for i in first[: problem.slots]))
     under = ends_under_line(n, runs, problem.threshold)
     if problem.check_ends and 1 - under >= problem.confidence:
-        return EndsWrong("bad", {"under_line": under})
+        # One low run of the good end can put a sound bad end over the line: an end is judged
+        # wrong only once both have run again (as likelihood mode asks a weak end again).
+        again = [i for i in (n, 0) if len(runs[i]) < END_RUNS_BEFORE_WRONG
+                 and len(runs[i]) < problem.max_trials_per_query]
+        if not again:
+            return EndsWrong("bad", {"under_line": under})
+        return Next((Query(min(again, key=lambda i: len(runs[i]))),))
     post = posterior(n, runs, problem.threshold)
     assert post is not None
     blocks = _blocks(n, evidence)

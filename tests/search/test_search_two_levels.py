@@ -74,6 +74,10 @@ def test_the_ends_come_first_and_a_bad_end_over_the_line_is_wrong() -> None:
     wrong = decide(problem(16), {i: Evidence().measure(tuple(v)) for i, v in level.items()})
     assert isinstance(wrong, EndsWrong) and wrong.which == "bad"
     assert ends_under_line(16, level, THRESHOLD) < 0.01
+    once = {0: (1000.0,), 16: (1001.0,), 8: (1000.0, 1000.5), 4: (999.0, 999.4)}  # a tight spread, one run an end
+    assert ends_under_line(16, once, THRESHOLD) < 0.01
+    asked = decide(problem(16), {i: Evidence().measure(v) for i, v in once.items()})
+    assert asked == Next((Query(16),))  # asked again before it is judged wrong
     assert ends_under_line(16, history(16, 16, {0: 4, 16: 4, 8: 3}, seed=2, drop=0.12), THRESHOLD) > 0.99
 
 

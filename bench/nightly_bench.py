@@ -1,7 +1,7 @@
 """vllm-ascend's `tools/bisect` against bisect-npu on the demo-shaped nightly case, simulated.
 
     .venv/bin/python bench/nightly_bench.py [--seeds 400] [--first-seed 0] [--candidates 39]
-        [--rows accuracy throughput] [--drop 0.07] [--spread 0.02]
+        [--rows accuracy throughput] [--drop 0.07] [--spread 0.02] [--search session|levels]
 
 The case is a nightly case file shaped as the demo's: one server, an accuracy benchmark
 (`threshold` 4, 100 samples at the nightly's default temperature 0.6) and a performance benchmark
@@ -45,6 +45,9 @@ the recipe's 5 trials), the good end first until its mean is known (`reference_k
 (`orchestration.session.search_mode_for`: likelihood), each step weighed by its ratio.
 The rule's constants were chosen on seeds 1000-1599; docs/benchmarks.md reports seeds 0-399.
 `--drop` and `--spread` change the throughput regression (held-out checks), `--rows` runs one.
+`--search levels` runs the throughput rows under the levels search instead (search/two_levels.py:
+one change-point model over every run of the session, both means and the spread integrated out,
+one run a query where it teaches most); sessions do not run it yet.
 
 A commit whose parent cannot be built (its own code fails to build) cannot be named by any tool:
 the best answer that history allows is the range from the last buildable commit before it to it.
@@ -207,6 +210,7 @@ class Ours:
     bad_end: list[Observation] = field(default_factory=list)
     stored: dict[str, Observation] = field(default_factory=dict)
     runs_at: dict[int, list[float]] = field(default_factory=dict)  # every commit's throughput runs
+    levels: bool = False  # throughput: the levels search, one run a query (`--search levels`)
 
     def attempt(self, run: Callable[[], object | None]) -> object | None:
         """A run that crashed is run again (the evaluator's retries); every attempt is a run."""
@@ -268,7 +272,34 @@ class Ours:
             self.bad_end = observations
         return verdict
 
+    def bisect_levels(self) -> Outcome:
+        """The throughput rows under the levels search (search/two_levels.py): every query is one
+        run (a crashed one run again, each attempt counted), every run of every commit weighed
+        together; not yet what a session runs (docs/benchmarks.md)."""
+        world, spec = self.world, self.recipe.oracle.throughput
+        assert spec is not None
+        problem = SearchProblem(n=world.n, mode="levels", confidence=self.recipe.trials.confidence,
+                                threshold=spec.threshold)
+        evidence: dict[int, Evidence] = {}
+        for _ in range(20 * world.n):
+            decision = decide(problem, evidence)
+            if not isinstance(decision, Next):
+                return self.outcome(decision)
+            for query in decision.queries:
+                i, before = query.index, evidence.get(query.index, Evidence())
+                value = None if i in world.unbuildable else self.attempt(lambda i=i: world.throughput_run(i))
+                evidence[i] = before.measure((value,)) if isinstance(value, float) else before.add("skip")
+        return Outcome(False, False, self.runs, self.samples)
+
+    def outcome(self, decision: object) -> Outcome:
+        named = isinstance(decision, Found) and decision.index == self.world.culprit
+        lo, hi = self.world.best_range()
+        best = named or (isinstance(decision, Narrowed) and (decision.lo, decision.hi) == (lo, hi))
+        return Outcome(named, best, self.runs, self.samples)
+
     def bisect(self) -> Outcome:
+        if self.levels and self.recipe.oracle.throughput is not None:
+            return self.bisect_levels()
         world, recipe = self.world, self.recipe
         steps = AccuracySteps(recipe) if recipe.accuracy is not None else None
         weigh = accuracy_weight(recipe.accuracy.confidence if recipe.accuracy else None, world.n, find_fix=False)
@@ -290,17 +321,15 @@ class Ours:
         for _ in range(10 * world.n):
             decision = decide(problem, evidence)
             if not isinstance(decision, Next):
-                named = isinstance(decision, Found) and decision.index == world.culprit
-                lo, hi = world.best_range()
-                best = named or (isinstance(decision, Narrowed) and (decision.lo, decision.hi) == (lo, hi))
-                return Outcome(named, best, self.runs, self.samples)
+                return self.outcome(decision)
             for query in decision.queries:
                 judge(query.index)
         return Outcome(False, False, self.runs, self.samples)
 
 
-def ours(world: World) -> Outcome:
-    return Ours(world, recipe_of("acc", world.baseline) if world.breaks == "accuracy" else recipe_of("perf")).bisect()
+def ours(world: World, levels: bool = False) -> Outcome:
+    recipe = recipe_of("acc", world.baseline) if world.breaks == "accuracy" else recipe_of("perf")
+    return Ours(world, recipe, levels=levels).bisect()
 
 
 def make_world(seed: int, n: int, breaks: str, pin_moves: bool, drop: float = TPUT_DROP,
@@ -327,6 +356,9 @@ def main() -> None:
     parser.add_argument("--rows", choices=("accuracy", "throughput"), nargs="+", default=["accuracy", "throughput"])
     parser.add_argument("--drop", type=float, default=TPUT_DROP, help="the throughput regression (share)")
     parser.add_argument("--spread", type=float, default=TPUT_SD, help="a throughput run's spread (share)")
+    parser.add_argument("--search", choices=("session", "levels"), default="session",
+                        help="throughput rows: the search a session runs, or the levels search (one model over "
+                             "every run; not wired into sessions yet)")
     args = parser.parse_args()
     started = time.monotonic()
     seeds = range(args.first_seed, args.first_seed + args.seeds)
@@ -342,7 +374,7 @@ def main() -> None:
         def world(seed: int, pin_moves: bool, breaks: str = breaks) -> World:
             return make_world(seed, args.candidates, breaks, pin_moves, args.drop, args.spread)
 
-        mine = [ours(world(seed, False)) for seed in seeds]
+        mine = [ours(world(seed, False), args.search == "levels") for seed in seeds]
         for pin_moves in (False, True):
             worlds = [world(seed, pin_moves) for seed in seeds]
             other = [theirs(w) for w in worlds]

@@ -9,9 +9,10 @@ one would have got.
 A Decision is ``Next(queries)`` (run these; more than one only when ``problem.slots > 1``; each
 query takes one slot and runs its ``trials`` there), ``Found(index, ...)``, ``Narrowed(lo, hi,
 ...)`` (skips hide the boundary: culprit in (lo, hi]), or ``EndsWrong(which)`` (the good end
-judged bad, or the bad end judged good). Three modes: ``exact`` (exact.py, one verdict per commit),
-``noisy`` (noisy.py, trial counts) and ``likelihood`` (likelihood.py, each step's likelihood ratio,
-from the accuracy oracle or a throughput step stopped when sure); docs/design/search.md describes them.
+judged bad, or the bad end judged good). Four modes: ``exact`` (exact.py, one verdict per commit),
+``noisy`` (noisy.py, trial counts), ``likelihood`` (likelihood.py, each step's likelihood ratio,
+from the accuracy oracle or a throughput step stopped when sure) and ``levels`` (two_levels.py,
+every measured run at once: one change between two levels); docs/design/search.md describes them.
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ from bisect_npu.search.costs import group_ids
 from bisect_npu.search.exact import decide_exact
 from bisect_npu.search.likelihood import decide_likelihood
 from bisect_npu.search.noisy import decide_noisy
+from bisect_npu.search.two_levels import decide_levels
 from bisect_npu.search.types import (
     Decision,
     EarlierRuns,
@@ -63,4 +65,6 @@ def decide(problem: SearchProblem, evidence: Mapping[int, Evidence]) -> Decision
         return decide_noisy(problem, evidence)
     if problem.mode == "likelihood":
         return decide_likelihood(problem, evidence)
+    if problem.mode == "levels":
+        return decide_levels(problem, evidence)
     return decide_exact(problem, evidence)

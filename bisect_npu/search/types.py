@@ -36,7 +36,8 @@ class Evidence:
     P(it | the good side), summed over its steps (independent measurements multiply).
     ``shared_good``/``shared_bad`` sum the node terms of the steps that carried them
     (`Weight`), and ``shared_log_lr`` the part of ``log_lr`` those steps make up: the search
-    uses the node terms in its place.
+    uses the node terms in its place. ``measured`` (levels mode) holds the position's measured
+    values themselves (a throughput run's tokens/s each), which that mode weighs all together.
     """
 
     good: int = 0
@@ -46,6 +47,7 @@ class Evidence:
     shared_good: tuple[float, ...] = ()
     shared_bad: tuple[float, ...] = ()
     shared_log_lr: float = 0.0
+    measured: tuple[float, ...] = ()
 
     def add(self, outcome: Outcome) -> Evidence:
         if outcome == "good":
@@ -66,6 +68,10 @@ class Evidence:
         bad = tuple(map(sum, zip(self.shared_bad or (0.0,) * len(step.bad), step.bad, strict=True)))
         return replace(self, log_lr=self.log_lr + step.log_lr, shared_good=good, shared_bad=bad,
                        shared_log_lr=self.shared_log_lr + step.log_lr)
+
+    def measure(self, values: tuple[float, ...]) -> Evidence:
+        """This evidence with more measured values (levels mode)."""
+        return replace(self, measured=self.measured + tuple(values))
 
     @property
     def trials(self) -> int:
@@ -119,10 +125,13 @@ class SearchProblem:
     likely to be any of those commits, so the pivot is the position that splits the weight of the
     open positions most evenly (git bisect's rule over the commit graph) instead of the midpoint;
     None: every position weighs 1.
+
+    ``threshold`` (levels mode) is the share of the good side's mean under which a mean is bad (a
+    throughput recipe's `threshold`): the bad side lies under it.
     """
 
     n: int
-    mode: Literal["exact", "noisy", "likelihood"] = "exact"
+    mode: Literal["exact", "noisy", "likelihood", "levels"] = "exact"
     check_ends: bool = True
     slots: int = 1
     confidence: float = CONFIDENCE
@@ -135,6 +144,7 @@ class SearchProblem:
     overlay_cost: float = 0.0
     prebuilt_groups: frozenset[int] = frozenset()
     weights: tuple[int, ...] | None = None
+    threshold: float = 0.97
 
 
 @dataclass(frozen=True)
@@ -189,10 +199,14 @@ def validate(problem: SearchProblem, evidence: Mapping[int, Evidence]) -> None:
         raise ValueError(f"a search needs at least one candidate, got n={problem.n}")
     if problem.slots < 1:
         raise ValueError(f"slots must be >= 1, got {problem.slots}")
-    if problem.mode not in ("exact", "noisy", "likelihood"):
+    if problem.mode not in ("exact", "noisy", "likelihood", "levels"):
         raise ValueError(f"unknown search mode {problem.mode!r}")
     if not 0.5 < problem.confidence < 1.0 or not 0.5 < problem.sandwich_confidence < 1.0:
         raise ValueError("confidence levels must lie in (0.5, 1)")
+    if not 0.0 < problem.threshold <= 1.0:
+        raise ValueError(f"threshold must lie in (0, 1], got {problem.threshold}")
+    if any(not all(map(math.isfinite, ev.measured)) for ev in evidence.values()):
+        raise ValueError("measured values must be finite")
     if problem.max_trials_per_query < 1:
         raise ValueError("max_trials_per_query must be >= 1")
     if problem.build_groups is not None and len(problem.build_groups) != problem.n + 1:

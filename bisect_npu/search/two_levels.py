@@ -1,0 +1,296 @@
+"""One change-point model over every measured run of a session: the throughput search.
+
+A throughput history that a bisection can answer has two levels: every commit before the culprit
+runs at the good side's mean, every commit from it on at the bad side's, one run-to-run spread
+for all (the same benchmark on the same host). Every run of every commit, the ends' included, is
+evidence about both means, the spread and where the change lies, so nothing is measured first
+and then taken as a fixed reference: for each culprit position c the likelihood of all runs is
+integrated over both means (flat priors) and the spread (Jeffreys prior, 1/sigma) in closed form,
+
+    P(runs | c) ~ (n_L n_R)^(-1/2) S(c)^(-(N-2)/2) P(mu_bad < threshold x mu_good | runs, c),
+
+n_L and n_R the runs left and right of c, S(c) their squared deviations from each side's own mean,
+N all runs. The last factor is the recipe's own rule: the bad side lies under the line (the
+threshold's share of the good side), a Student's t probability with N - 2 degrees of freedom.
+The posterior over c is that likelihood under a uniform prior.
+
+A query is one run where it teaches most about c per cost: the expected fall of the change
+point's entropy, its outcome drawn from the posterior predictive (`expected_information`), over
+a build where the position is not built yet. The ends are asked like any position: a run of
+either sharpens the means every step is judged by, and nothing makes them special but that the
+posterior never puts the change outside them. The answer is the block of positions that skips
+cannot split holding ``confidence``; the ends are wrong when the runs make it ``confidence`` sure
+that the bad end does not lie under the good end's line.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+
+import numpy as np
+
+from bisect_npu.search.costs import build_costs
+from bisect_npu.search.types import Decision, EndsWrong, Evidence, Found, Narrowed, Next, Query, SearchProblem
+
+# The incomplete beta's continued fraction converges in O(sqrt(max(a, b))) terms; the degrees of
+# freedom are a session's runs (tens), so this bound is never reached in practice.
+_FRACTION_TERMS = 300
+_TINY = 1e-300
+# Outcomes of a run the expected information is integrated over (a grid over the predictive).
+OUTCOMES = 24
+# Positions whose side holds less than this share of the posterior either way are not asked: a
+# run there can move nothing the answer rests on (the ends are always weighed).
+OPEN_SHARE = 1e-3
+# Runs each end has before the ends are judged wrong.
+END_RUNS_BEFORE_WRONG = 2
+
+
+def _log_beta_inc(a: float, b: float, x: np.ndarray) -> np.ndarray:
+    """log of the regularised incomplete beta I_x(a, b), x in (0, 1], by its continued fraction
+    (Lentz), accurate in the far tail where 1 - I would cancel."""
+    x = np.clip(x, _TINY, 1.0)
+    log_front = (math.lgamma(a + b) - math.lgamma(a) - math.lgamma(b) + a * np.log(x)
+                 + b * np.log1p(-np.minimum(x, 1 - 1e-16)))
+    qab, qap, qam = a + b, a + 1.0, a - 1.0
+    c = np.ones_like(x)
+    d = 1.0 - qab * x / qap
+    d = np.where(np.abs(d) < _TINY, _TINY, d)
+    d = 1.0 / d
+    h = d.copy()
+    for m in range(1, _FRACTION_TERMS + 1):
+        m2 = 2 * m
+        aa = m * (b - m) * x / ((qam + m2) * (a + m2))
+        d = 1.0 + aa * d
+        d = np.where(np.abs(d) < _TINY, _TINY, d)
+        c = 1.0 + aa / c
+        c = np.where(np.abs(c) < _TINY, _TINY, c)
+        d = 1.0 / d
+        h *= d * c
+        aa = -(a + m) * (qab + m) * x / ((a + m2) * (qap + m2))
+        d = 1.0 + aa * d
+        d = np.where(np.abs(d) < _TINY, _TINY, d)
+        c = 1.0 + aa / c
+        c = np.where(np.abs(c) < _TINY, _TINY, c)
+        d = 1.0 / d
+        delta = d * c
+        h *= delta
+        if np.all(np.abs(delta - 1.0) < 1e-13):
+            break
+    result: np.ndarray = log_front + np.log(np.maximum(h, _TINY)) - math.log(a)
+    return result
+
+
+def t_log_cdf(t: np.ndarray, df: float) -> np.ndarray:
+    """log P(T <= t) for Student's t with ``df`` degrees of freedom, exact in both tails."""
+    t = np.asarray(t, dtype=float)
+    a, b = df / 2.0, 0.5
+    x = df / (df + t * t)
+    # P(|T| > |t|) = I_x(df/2, 1/2); the far side's half of it is the tail. Each element takes the
+    # form of the fraction that converges fast for it.
+    switch = x > (a + 1.0) / (a + b + 2.0)
+    tail = np.empty_like(x)
+    tail[~switch] = _log_beta_inc(a, b, x[~switch])
+    tail[switch] = np.log(np.maximum(-np.expm1(_log_beta_inc(b, a, 1.0 - x[switch])), _TINY))
+    tail -= math.log(2.0)
+    result: np.ndarray = np.where(t < 0, tail, np.log1p(-np.exp(np.minimum(tail, math.log(0.5)))))
+    return result
+
+
+def _side_sums(n: int, runs: Mapping[int, Sequence[float]],
+               center: float) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Per position 0..n: its runs' count, sum and sum of squares (about ``center``)."""
+    count, total, squares = np.zeros(n + 1), np.zeros(n + 1), np.zeros(n + 1)
+    for i, values in runs.items():
+        shifted = np.asarray(values, dtype=float) - center
+        count[i], total[i], squares[i] = len(shifted), shifted.sum(), (shifted * shifted).sum()
+    return count, total, squares
+
+
+def _log_lik_of_sums(count: np.ndarray, total: np.ndarray, squares: np.ndarray, center: float,
+                    threshold: float) -> np.ndarray:
+    """``log_likelihood`` from per-position sums (last axis 0..n; leading axes: alternatives)."""
+    runs = float(count.reshape(-1, count.shape[-1])[0].sum())  # the same in every alternative
+    n_left, s_left, q_left = (np.cumsum(a, axis=-1)[..., :-1] for a in (count, total, squares))
+    n_right, s_right, q_right = (np.cumsum(a[..., ::-1], axis=-1)[..., ::-1][..., 1:] for a in (count, total, squares))
+    mean_left, mean_right = s_left / n_left, s_right / n_right
+    within = (q_left - s_left * mean_left) + (q_right - s_right * mean_right)
+    within = np.maximum(within, np.max(within, axis=-1, keepdims=True) * 1e-12 + _TINY)
+    df = runs - 2.0
+    # The bad side under the line: threshold x mu_good - mu_bad > 0, its error t-distributed.
+    gap = threshold * (mean_left + center) - (mean_right + center)
+    error = np.sqrt(within / df * (threshold**2 / n_left + 1.0 / n_right))
+    under_line = t_log_cdf(gap / error, df)
+    result: np.ndarray = -0.5 * np.log(n_left * n_right) - df / 2.0 * np.log(within) + under_line
+    return result
+
+
+def _ready(n: int, runs: Mapping[int, Sequence[float]]) -> bool:
+    return bool(runs.get(0)) and bool(runs.get(n)) and sum(len(v) for v in runs.values()) >= 3
+
+
+def _center(runs: Mapping[int, Sequence[float]]) -> float:
+    return float(np.mean([v for values in runs.values() for v in values]))
+
+
+def log_likelihood(n: int, runs: Mapping[int, Sequence[float]], threshold: float) -> np.ndarray | None:
+    """log P(every run | c) + constant for c = 1..n (index 0 is position 1), both means and the
+    spread integrated out; None while the runs cannot weigh a change (an end without a run, or
+    fewer than three runs in all)."""
+    if not _ready(n, runs):
+        return None
+    center = _center(runs)
+    return _log_lik_of_sums(*_side_sums(n, runs, center), center, threshold)
+
+
+def posterior(n: int, runs: Mapping[int, Sequence[float]], threshold: float) -> np.ndarray | None:
+    """P(c = x | every run) for x = 1..n (index 0 is position 1), the culprit uniform a priori;
+    None where ``log_likelihood`` is."""
+    log_lik = log_likelihood(n, runs, threshold)
+    if log_lik is None:
+        return None
+    return _normalised(log_lik)
+
+
+def _normalised(log_lik: np.ndarray) -> np.ndarray:
+    weights = np.exp(log_lik - log_lik.max(axis=-1, keepdims=True))
+    normalised: np.ndarray = weights / weights.sum(axis=-1, keepdims=True)
+    return normalised
+
+
+def _entropy(post: np.ndarray) -> np.ndarray:
+    entropy: np.ndarray = -(post * np.log(np.maximum(post, _TINY))).sum(axis=-1)
+    return entropy
+
+
+def _sides(n: int, runs: Mapping[int, Sequence[float]], center: float) -> tuple[np.ndarray, ...]:
+    """Per c = 1..n: each side's mean (about ``center``) and run count, the spread's square and its
+    degrees of freedom."""
+    count, total, squares = _side_sums(n, runs, center)
+    n_left, s_left, q_left = (np.cumsum(a)[:-1] for a in (count, total, squares))
+    n_right, s_right, q_right = (np.cumsum(a[::-1])[::-1][1:] for a in (count, total, squares))
+    df = count.sum() - 2.0
+    spread2 = ((q_left - s_left**2 / n_left) + (q_right - s_right**2 / n_right)) / df
+    return s_left / n_left, n_left, s_right / n_right, n_right, np.maximum(spread2, _TINY), np.full(n, df)
+
+
+def expected_information(n: int, runs: Mapping[int, Sequence[float]], threshold: float,
+                         positions: Sequence[int], outcomes: int = OUTCOMES) -> np.ndarray:
+    """For each of ``positions``: the expected fall in the change point's entropy from one more run
+    there, its outcome drawn from the posterior predictive (each c's side mean, Student's t with
+    that c's spread), integrated on a grid of ``outcomes`` values."""
+    post = posterior(n, runs, threshold)
+    assert post is not None
+    center = _center(runs)
+    left, n_left, right, n_right, spread2, df = _sides(n, runs, center)
+    sums = _side_sums(n, runs, center)
+    spread = float(np.sqrt((post * spread2).sum()))
+    low = float(min((post * right).sum(), (post * left).sum())) - 4 * spread
+    high = float(max((post * right).sum(), (post * left).sum())) + 4 * spread
+    ys = np.linspace(low, high, outcomes)
+    xs = np.asarray(positions)
+    # a run at x sees the bad side's mean for c <= x (c index x - 1), the good side's else
+    on_bad = np.arange(1, n + 1)[None, :] <= xs[:, None]  # positions x c
+    mean = np.where(on_bad, right, left)
+    scale = np.sqrt(spread2 * (1 + 1 / np.where(on_bad, n_right, n_left)))
+    z = (ys[None, :, None] - mean[:, None, :]) / scale[:, None, :]  # positions x outcomes x c
+    density = np.exp(-(df + 1) / 2 * np.log1p(z * z / df)) / scale[:, None, :]  # Student's t, less its constant
+    predictive = density @ post
+    weights = predictive / predictive.sum(axis=1, keepdims=True)
+    count, total, squares = (np.repeat(np.repeat(a[None, None, :], len(xs), axis=0), outcomes, axis=1)
+                             for a in sums)
+    rows, columns = np.arange(len(xs)), xs
+    count[rows, :, columns] += 1
+    total[rows, :, columns] += ys
+    squares[rows, :, columns] += ys * ys
+    after = _normalised(_log_lik_of_sums(count, total, squares, center, threshold))
+    gains: np.ndarray = float(_entropy(post)) - (weights * _entropy(after)).sum(axis=1)
+    return gains
+
+
+def measured_runs(evidence: Mapping[int, Evidence]) -> dict[int, tuple[float, ...]]:
+    """Every position's measured values, positions without any left out."""
+    return {i: ev.measured for i, ev in evidence.items() if ev.measured}
+
+
+def ends_under_line(n: int, runs: Mapping[int, Sequence[float]], threshold: float) -> float:
+    """P(the bad end's mean < threshold x the good end's mean | their runs), the spread pooled
+    over every position's own runs (the means unknown, flat; Student's t)."""
+    groups = [np.asarray(v, dtype=float) for v in runs.values()]
+    df = sum(len(g) - 1 for g in groups)
+    good, bad = np.asarray(runs[0], dtype=float), np.asarray(runs[n], dtype=float)
+    if df < 1:
+        return 0.5
+    spread2 = max(sum(float(((g - g.mean()) ** 2).sum()) for g in groups) / df, _TINY)
+    gap = threshold * good.mean() - bad.mean()
+    error = math.sqrt(spread2 * (threshold**2 / len(good) + 1 / len(bad)))
+    return float(np.exp(t_log_cdf(np.array([gap / error]), float(df))[0]))
+
+
+def decide_levels(problem: SearchProblem, evidence: Mapping[int, Evidence]) -> Decision:
+    """The ends' first runs, then one run at a time where it teaches most, until one block of
+    positions holds ``confidence`` of the change point's posterior."""
+    n = problem.n
+    for index, which in ((0, "good"), (n, "bad")):
+        ev = evidence.get(index, Evidence())
+        if ev.skipped and not ev.measured:
+            return EndsWrong(which, {"skipped": 1.0})  # type: ignore[arg-type]
+    runs = measured_runs(evidence)
+    if not _ready(n, runs):
+        first = [i for i in (0, n) if not runs.get(i)] or [n]
+        return Next(tuple(Query(i) for i in first[: problem.slots]))
+    under = ends_under_line(n, runs, problem.threshold)
+    if problem.check_ends and 1 - under >= problem.confidence:
+        # One low run of the good end can put a sound bad end over the line: an end is judged
+        # wrong only once both have run again (as likelihood mode asks a weak end again).
+        again = [i for i in (n, 0) if len(runs[i]) < END_RUNS_BEFORE_WRONG
+                 and len(runs[i]) < problem.max_trials_per_query]
+        if not again:
+            return EndsWrong("bad", {"under_line": under})
+        return Next((Query(min(again, key=lambda i: len(runs[i]))),))
+    post = posterior(n, runs, problem.threshold)
+    assert post is not None
+    blocks = _blocks(n, evidence)
+    block_mass = np.bincount(blocks, weights=post)
+    best = int(np.argmax(block_mass))
+    if block_mass[best] >= problem.confidence:
+        return _answer(n, runs, blocks, block_mass, best, under)
+    cumulative = np.cumsum(post)[:-1]  # P(c <= x) for x = 1..n-1
+    room = {i: problem.max_trials_per_query - len(evidence.get(i, Evidence()).measured) for i in range(n + 1)}
+    askable = [x for x in range(1, n) if room[x] > 0 and not (evidence.get(x, Evidence()).skipped
+                                                               and not evidence.get(x, Evidence()).measured)
+               and OPEN_SHARE < float(cumulative[x - 1]) < 1 - OPEN_SHARE]
+    asked = [i for i in (0, *askable, n) if room[i] > 0]
+    if not asked:
+        return _answer(n, runs, blocks, block_mass, best, under)
+    costs = build_costs(problem, evidence)
+    for i in runs:
+        costs[i] = 0.0
+    gains = expected_information(n, runs, problem.threshold, asked) / (1.0 + costs[asked])
+    order = sorted(range(len(asked)), key=lambda k: (-gains[k], asked[k]))
+    return Next(tuple(Query(asked[k]) for k in order[: problem.slots]))
+
+
+def _blocks(n: int, evidence: Mapping[int, Evidence]) -> np.ndarray:
+    """Block id per position 1..n: a position skipped without a run joins the next one (no run
+    can split them)."""
+    starts = np.ones(n, dtype=int)
+    starts[0] = 0
+    for i, ev in evidence.items():
+        if 0 < i < n and ev.skipped and not ev.measured:
+            starts[i] = 0
+    return np.cumsum(starts)
+
+
+def _answer(n: int, runs: Mapping[int, Sequence[float]], blocks: np.ndarray, block_mass: np.ndarray,
+            best: int, under: float) -> Decision:
+    members = np.flatnonzero(blocks == best) + 1
+    lo, hi = int(members[0]) - 1, int(members[-1])
+    below = [v for i, values in runs.items() if i <= lo for v in values]
+    above = [v for i, values in runs.items() if i >= hi for v in values]
+    figures = {"posterior": float(block_mass[best]), "good_mean": float(np.mean(below)),
+               "bad_mean": float(np.mean(above)), "runs": float(sum(len(v) for v in runs.values())),
+               "ends_under_line": under}
+    if hi - lo == 1:
+        return Found(hi, confidence=float(block_mass[best]), figures=figures)
+    return Narrowed(lo, hi, figures=figures)

@@ -71,7 +71,7 @@ def test_the_0_1_0_journal_loads_into_typed_records_and_renders_its_report(sessi
     json.dumps(report)  # what `report --json` prints
 
 
-def test_a_0_1_0_session_killed_after_its_fourth_step_resumes_without_redoing_a_step(
+def test_a_0_1_0_session_killed_after_its_sixth_step_resumes_without_redoing_a_step(
         session: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     from bisect_npu.demo.generate import ensure_upstream
     from bisect_npu.orchestration.bisection import Bisection
@@ -81,7 +81,7 @@ def test_a_0_1_0_session_killed_after_its_fourth_step_resumes_without_redoing_a_
     path = session / JOURNAL_FILE
     lines = path.read_text().splitlines(keepends=True)
     step_lines = [n for n, line in enumerate(lines) if json.loads(line)["type"] == "step"]
-    kept = lines[:step_lines[3] + 1]  # killed right after journaling its fourth step
+    kept = lines[:step_lines[5] + 1]  # killed right after journaling its sixth step of seven
     # The header names the clone the session ran on (0.1.0's demo cache on another machine); a user
     # who moved the clone points the header at its new place the same way.
     header = json.loads(kept[0])
@@ -90,7 +90,7 @@ def test_a_0_1_0_session_killed_after_its_fourth_step_resumes_without_redoing_a_
     path.write_text("".join(kept))
     with Journal.open(session, read_only=True) as cut:
         done_before = [s.commit for s in cut.records(StepRecord)]
-    assert len(done_before) == 4
+    assert len(done_before) == 6
 
     result = Bisection.resume(session).run()
 

@@ -341,9 +341,10 @@ def test_reference_runs_resume_and_key_the_verdict_store(demo_upstream: DemoUpst
 
     journal = session / "settings.jsonl"
     lines = journal.read_text().splitlines(keepends=True)
-    kept = [i for i, line in enumerate(lines) if '"type":"configuration"' in line][1]
+    # Killed at the last configuration's reference run: its trial there journaled, the next line torn.
+    kept = [i for i, line in enumerate(lines) if '"type":"configuration"' in line][-2]
     trial = next(line for line in lines[kept + 1:] if '"type":"reference_trial"' in line)
-    journal.write_text("".join(lines[: kept + 1]) + trial + '{"type":"reference_tri')  # killed at the reference
+    journal.write_text("".join(lines[: kept + 1]) + trial + '{"type":"reference_tri')
     elsewhere = search(demo_upstream, "rope-longseq", session, "--no-verdict-store", "--reference-at", "v0.9.1")
     assert elsewhere.returncode == 2 and "judges against the reference commit" in elsewhere.stderr, elsewhere.stderr
     resumed = search(demo_upstream, "rope-longseq", session, "--no-verdict-store")

@@ -252,9 +252,15 @@ def test_a_recipe_rerun_makes_no_probe_run_for_a_known_commit(demo_upstream, tmp
     is the good end (its observations are what the others are compared with)."""
     repo, manifest = demo_upstream
     truth = manifest.case(case)
+    # Four commits either side of the culprit, on the case's first-parent line: three steps, not five.
+    history = subprocess.run(["git", "-C", str(repo), "rev-list", "--first-parent", "--reverse",
+                           f"{truth.good_ref}..{truth.bad_ref}"], capture_output=True, text=True, check=True)
+    shas = history.stdout.split()
+    at = shas.index(truth.culprit.sha)
+    good, bad = shas[at - 4], shas[at + 3]
     results = []
     for name in ("first", "again"):
-        done = subprocess.run([*CLI, "run", "--repo", str(repo), "--good", truth.good_ref, "--bad", truth.bad_ref,
+        done = subprocess.run([*CLI, "run", "--repo", str(repo), "--good", good, "--bad", bad,
                                "--recipe", truth.recipe, "--no-fix", "--session", str(tmp_path / name), "--json"],
                               cwd=tmp_path, capture_output=True, text=True, timeout=1200, check=False)
         assert done.returncode == 0, done.stderr[-3000:]

@@ -107,14 +107,20 @@ def _side_sums(n: int, runs: Mapping[int, Sequence[float]],
     return count, total, squares
 
 
+def _split(count: np.ndarray, total: np.ndarray, squares: np.ndarray) -> tuple[np.ndarray, ...]:
+    """For each split c (last axis, c = 1..n): the left side's (positions < c) mean and run count,
+    the right side's, and the squared deviations from each side's own mean, summed."""
+    n_left, s_left, q_left = (np.cumsum(a, axis=-1)[..., :-1] for a in (count, total, squares))
+    n_right, s_right, q_right = (np.cumsum(a[..., ::-1], axis=-1)[..., ::-1][..., 1:] for a in (count, total, squares))
+    mean_left, mean_right = s_left / n_left, s_right / n_right
+    return mean_left, n_left, mean_right, n_right, (q_left - s_left * mean_left) + (q_right - s_right * mean_right)
+
+
 def _log_lik_of_sums(count: np.ndarray, total: np.ndarray, squares: np.ndarray, center: float,
                     threshold: float) -> np.ndarray:
     """``log_likelihood`` from per-position sums (last axis 0..n; leading axes: alternatives)."""
     runs = float(count.reshape(-1, count.shape[-1])[0].sum())  # the same in every alternative
-    n_left, s_left, q_left = (np.cumsum(a, axis=-1)[..., :-1] for a in (count, total, squares))
-    n_right, s_right, q_right = (np.cumsum(a[..., ::-1], axis=-1)[..., ::-1][..., 1:] for a in (count, total, squares))
-    mean_left, mean_right = s_left / n_left, s_right / n_right
-    within = (q_left - s_left * mean_left) + (q_right - s_right * mean_right)
+    mean_left, n_left, mean_right, n_right, within = _split(count, total, squares)
     within = np.maximum(within, np.max(within, axis=-1, keepdims=True) * 1e-12 + _TINY)
     df = runs - 2.0
     # The bad side under the line: threshold x mu_good - mu_bad > 0, its error t-distributed.
@@ -167,11 +173,9 @@ def _sides(n: int, runs: Mapping[int, Sequence[float]], center: float) -> tuple[
     """Per c = 1..n: each side's mean (about ``center``) and run count, the spread's square and its
     degrees of freedom."""
     count, total, squares = _side_sums(n, runs, center)
-    n_left, s_left, q_left = (np.cumsum(a)[:-1] for a in (count, total, squares))
-    n_right, s_right, q_right = (np.cumsum(a[::-1])[::-1][1:] for a in (count, total, squares))
+    mean_left, n_left, mean_right, n_right, within = _split(count, total, squares)
     df = count.sum() - 2.0
-    spread2 = ((q_left - s_left**2 / n_left) + (q_right - s_right**2 / n_right)) / df
-    return s_left / n_left, n_left, s_right / n_right, n_right, np.maximum(spread2, _TINY), np.full(n, df)
+    return mean_left, n_left, mean_right, n_right, np.maximum(within / df, _TINY), np.full(n, df)
 
 
 def expected_information(n: int, runs: Mapping[int, Sequence[float]], threshold: float,

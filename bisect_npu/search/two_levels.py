@@ -169,25 +169,18 @@ def _entropy(post: np.ndarray) -> np.ndarray:
     return entropy
 
 
-def _sides(n: int, runs: Mapping[int, Sequence[float]], center: float) -> tuple[np.ndarray, ...]:
-    """Per c = 1..n: each side's mean (about ``center``) and run count, the spread's square and its
-    degrees of freedom."""
-    count, total, squares = _side_sums(n, runs, center)
-    mean_left, n_left, mean_right, n_right, within = _split(count, total, squares)
-    df = count.sum() - 2.0
-    return mean_left, n_left, mean_right, n_right, np.maximum(within / df, _TINY), np.full(n, df)
-
-
 def expected_information(n: int, runs: Mapping[int, Sequence[float]], threshold: float,
                          positions: Sequence[int], outcomes: int = OUTCOMES) -> np.ndarray:
     """For each of ``positions``: the expected fall in the change point's entropy from one more run
     there, its outcome drawn from the posterior predictive (each c's side mean, Student's t with
     that c's spread), integrated on a grid of ``outcomes`` values."""
-    post = posterior(n, runs, threshold)
-    assert post is not None
+    assert _ready(n, runs)
     center = _center(runs)
-    left, n_left, right, n_right, spread2, df = _sides(n, runs, center)
     sums = _side_sums(n, runs, center)
+    post = _normalised(_log_lik_of_sums(*sums, center, threshold))
+    left, n_left, right, n_right, within = _split(*sums)
+    df = float(sums[0].sum()) - 2.0
+    spread2 = np.maximum(within / df, _TINY)
     spread = float(np.sqrt((post * spread2).sum()))
     low = float(min((post * right).sum(), (post * left).sum())) - 4 * spread
     high = float(max((post * right).sum(), (post * left).sum())) + 4 * spread

@@ -59,8 +59,8 @@ docs: venv
 # with the engine's; every checkout on the host shares them), pinned as bisect_npu/probe/harness
 # says. From nothing: lm-eval ~1 min (0.8 GB), AISBench ~2.5 min (2.2 GB, with the CPU torch).
 # Each installs under its committed lock (pip constraints, containers/harness-locks), so a venv
-# built on any host on any later day has the packages the harness was tested with; a changed lock
-# rebuilds its venv. HARNESS_AFRESH=1 resolves without the locks (refreshing them:
+# built on any host on any later day has the packages the harness was tested with; a lock changed in
+# content rebuilds its venv. HARNESS_AFRESH=1 resolves without the locks (refreshing them:
 # docs/guide/accuracy-harnesses.md#the-locks), and `make harness-locks` writes the locks from the
 # venvs under HARNESS_HOME.
 HARNESS_HOME ?= $(HOME)/.cache/bisect-npu/harness
@@ -72,20 +72,28 @@ AISBENCH_VENV := $(HARNESS_HOME)/ais-bench-benchmark-3.1.20260630
 AISBENCH_LOCK := $(HARNESS_LOCKS)/ais-bench-benchmark-3.1.20260630.txt
 harness_constraints = $(if $(HARNESS_AFRESH),,-c $(1))
 
-$(LMEVAL_VENV)/.installed: $(LMEVAL_LOCK)
+# A venv's stamp is a copy of the lock it was built under, and the venv is stale when the two differ
+# in content: a fresh clone's locks are newer than any stamp, and rebuilding on that alone would
+# reinstall both harnesses (minutes) on every clean checkout.
+lock_changed = $(shell cmp -s $(1) $(2) || echo harness-lock-changed)
+
+.PHONY: harness-lock-changed
+harness-lock-changed:
+
+$(LMEVAL_VENV)/.installed: $(call lock_changed,$(LMEVAL_LOCK),$(LMEVAL_VENV)/.installed)
 	rm -rf $(LMEVAL_VENV)
 	$(HARNESS_PYTHON) -m venv $(LMEVAL_VENV)
 	$(LMEVAL_VENV)/bin/pip install -q $(call harness_constraints,$(LMEVAL_LOCK)) 'lm-eval[api]==0.4.13'
-	touch $@
+	cp $(LMEVAL_LOCK) $@
 
 # pyarrow 21: the newest that still runs on the numpy<2 AISBench pins (pyarrow 22+ needs numpy 2).
-$(AISBENCH_VENV)/.installed: $(AISBENCH_LOCK)
+$(AISBENCH_VENV)/.installed: $(call lock_changed,$(AISBENCH_LOCK),$(AISBENCH_VENV)/.installed)
 	rm -rf $(AISBENCH_VENV)
 	$(HARNESS_PYTHON) -m venv $(AISBENCH_VENV)
 	$(AISBENCH_VENV)/bin/pip install -q $(call harness_constraints,$(AISBENCH_LOCK)) torch==2.13.0
 	$(AISBENCH_VENV)/bin/pip install -q $(call harness_constraints,$(AISBENCH_LOCK)) torch==2.13.0 \
 		ais-bench-benchmark==3.1.20260630 pyarrow==21.0.0
-	touch $@
+	cp $(AISBENCH_LOCK) $@
 
 harness-lmeval: $(LMEVAL_VENV)/.installed
 harness-aisbench: $(AISBENCH_VENV)/.installed

@@ -422,7 +422,7 @@ def test_make_targets_install_the_pinned_harnesses():
         assert f"{install.package}=={install.version}" in makefile or (
             f"{install.package}[api]=={install.version}" in makefile), install
         assert f"{install.make_target}:" in makefile
-    assert "torch==2.13.0" in makefile.split("AISBENCH_VENV)/.installed:")[1].split("touch")[0]
+    assert "torch==2.13.0" in makefile.split("AISBENCH_VENV)/.installed:")[1].split("cp $(AISBENCH_LOCK)")[0]
 
 
 def test_harness_outputs_that_do_not_parse_are_errors(tmp_path):

@@ -97,17 +97,19 @@ def test_harness_targets_install_under_their_lock_and_agree_with_it(tmp_path):
     assert not [line for line in afresh if " -c " in line]
 
 
-def test_a_changed_lock_rebuilds_only_its_venv(tmp_path):
-    """A venv's stamp depends on its lock: a lock newer than the stamp makes the venv stale."""
+def test_a_lock_changed_in_content_rebuilds_only_its_venv(tmp_path):
+    """A venv's stamp is a copy of its lock: a lock only touched (as every file of a fresh clone is)
+    leaves the venv up to date, a lock whose content changed makes that venv alone stale, and a
+    stamp from before (empty) is stale too."""
     work = copy_of_the_targets(tmp_path)
     home = tmp_path / "home"
     stamps = {}
     for install in INSTALLS.values():
         stamp = home / install.venv_name / ".installed"
         stamp.parent.mkdir(parents=True)
-        stamp.touch()
-        os.utime(work / install.lock, (1_000_000, 1_000_000))
-        os.utime(stamp, (2_000_000, 2_000_000))
+        shutil.copy2(work / install.lock, stamp)
+        os.utime(stamp, (1_000_000, 1_000_000))
+        os.utime(work / install.lock, (2_000_000, 2_000_000))
         stamps[install.name] = stamp
 
     def up_to_date(stamp: Path) -> bool:
@@ -118,9 +120,12 @@ def test_a_changed_lock_rebuilds_only_its_venv(tmp_path):
 
     assert all(up_to_date(stamp) for stamp in stamps.values())
     changed = INSTALLS["lm_eval"]
-    os.utime(work / changed.lock, (3_000_000, 3_000_000))
+    with (work / changed.lock).open("a", encoding="utf-8") as lock:
+        lock.write("zipp==3.23.0\n")
     assert not up_to_date(stamps["lm_eval"])
     assert up_to_date(stamps["aisbench"])
+    stamps["aisbench"].write_text("")
+    assert not up_to_date(stamps["aisbench"])
 
 
 @pytest.mark.harness

@@ -1,6 +1,6 @@
 """Where bisect-npu keeps what outlives a session: one cache root, `$BISECT_NPU_CACHE` or
 `~/.cache/bisect-npu` (repository clones, the package index listing, version venvs, the demo,
-the verdict store)."""
+the verdict store, the report templates' compiled code)."""
 
 from __future__ import annotations
 

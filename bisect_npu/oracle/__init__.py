@@ -12,27 +12,41 @@ judged by the session.
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from bisect_npu.observations import Observation, Verdict, VerdictKind
 from bisect_npu.oracle.acceptance import judge_acceptance
-from bisect_npu.oracle.accuracy.judge import judge_accuracy
 from bisect_npu.oracle.config import AccuracyConfig, OracleConfig
-from bisect_npu.oracle.dumps.compare import judge_logits
 from bisect_npu.oracle.penalty import judge_penalty
-from bisect_npu.oracle.repetition import judge_repetition
 from bisect_npu.oracle.same_case import check_same_case
-from bisect_npu.oracle.stages import judge_stages
 from bisect_npu.oracle.stats import Undecided, judge_trials
 from bisect_npu.oracle.throughput import ThroughputConfig, judge_throughput
 from bisect_npu.oracle.tokens import judge_tokens
+
+if TYPE_CHECKING:
+    from bisect_npu.oracle.accuracy.judge import judge_accuracy
 
 __all__ = ["judge", "judge_accuracy", "judge_observation", "judge_trials"]
 
 NOT_PER_TRIAL = ("stats", "command", "accuracy")
 
 
+def __getattr__(name: str) -> Any:
+    """`judge_accuracy`, imported when first used: the kinds that compute with numpy (accuracy,
+    repetition, logits, stages) are imported by the judging that needs them, so reading a recipe
+    (its schema imports the oracles' config) does not import numpy."""
+    if name != "judge_accuracy":
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    from bisect_npu.oracle.accuracy.judge import judge_accuracy
+
+    return judge_accuracy
+
+
 def _judges() -> dict[str, Callable[[Observation, Observation | None, OracleConfig], Verdict]]:
+    from bisect_npu.oracle.dumps.compare import judge_logits
+    from bisect_npu.oracle.repetition import judge_repetition
+    from bisect_npu.oracle.stages import judge_stages
+
     return {
         "repetition": lambda obs, ref, cfg: judge_repetition(obs, cfg.repetition),
         "tokens": lambda obs, ref, cfg: judge_tokens(obs, ref, cfg.tokens),
@@ -88,6 +102,8 @@ def judge_observation(cfg: OracleConfig, obs: Observation, reference: Observatio
 
 def _accuracy_alone(cfg: AccuracyConfig, observations: list[Observation],
                     reference: list[Observation] | None) -> Verdict:
+    from bisect_npu.oracle.accuracy.judge import judge_accuracy
+
     if reference:
         return judge_accuracy(cfg, observations, reference, None, role="bad_end", final=True)
     if cfg.reference == "good_end":

@@ -18,6 +18,7 @@ from bisect_npu import __version__
 from bisect_npu.fix_proposals import some_branches
 from bisect_npu.level import held_of, scope_of
 from bisect_npu.observations import to_jsonable
+from bisect_npu.paths import cache_root
 from bisect_npu.report.accuracy import accuracy_view, chart_series
 from bisect_npu.report.case import case_view
 from bisect_npu.report.culprit import FILES_SHOWN, culprit_facts
@@ -32,10 +33,32 @@ from bisect_npu.report.view import SessionView, StepView, answer_of, build_count
 TEMPLATES = Path(__file__).parent / "templates"
 
 
+class _TemplateCodeCache(jinja2.FileSystemBytecodeCache):
+    """The report templates' compiled code under the cache root, so that each `run`, `resume` and
+    `report` does not compile them again (jinja2 checks each entry against its template's source).
+    A cache root that cannot be written costs only the compile: the report is written anyway."""
+
+    def __init__(self) -> None:
+        super().__init__(directory=str(cache_root() / "report-templates"))
+
+    def load_bytecode(self, bucket: jinja2.bccache.Bucket) -> None:
+        try:
+            super().load_bytecode(bucket)
+        except OSError:
+            return
+
+    def dump_bytecode(self, bucket: jinja2.bccache.Bucket) -> None:
+        try:
+            Path(self.directory).mkdir(parents=True, exist_ok=True)
+            super().dump_bytecode(bucket)
+        except OSError:
+            return
+
+
 def _environment(session_dir: Path) -> jinja2.Environment:
     env = jinja2.Environment(loader=jinja2.FileSystemLoader(TEMPLATES), autoescape=False,
                              trim_blocks=True, lstrip_blocks=True, keep_trailing_newline=True,
-                             undefined=jinja2.ChainableUndefined)
+                             undefined=jinja2.ChainableUndefined, bytecode_cache=_TemplateCodeCache())
     env.filters["short"] = lambda sha: (sha or "")[:12]
     env.filters["some_branches"] = some_branches
     env.filters["shell_join"] = shlex.join  # a command as it would be typed again

@@ -65,6 +65,9 @@ _TOKEN_ID = re.compile(r"^token_id:(-?\d+)$")
 PROBE_PACKAGE = __package__.rsplit(".", 1)[0] if __package__ else "bisect_npu.probe"
 # Dev mode adds only the dev endpoints (and error stacks in the log): /reset_prefix_cache among them.
 SERVER_ENV = {"VLLM_SERVER_DEV_MODE": "1"}
+# How often a starting server is asked for /health (and checked for having exited): a refused
+# connection costs microseconds, and each start waits on average half of this past its readiness.
+HEALTH_POLL_S = 0.1
 
 
 def _flag_values(key: str, value: Any) -> list[str]:
@@ -169,7 +172,7 @@ class Server:
                         return clock.seconds()
             except (urllib.error.URLError, ConnectionError, TimeoutError, http.client.HTTPException):
                 pass
-            time.sleep(0.5)
+            time.sleep(HEALTH_POLL_S)
         raise RuntimeError(f"server not healthy after {timeout_s:.0f}s; log {self.log_path}:\n{self.log_tail()}")
 
     def log_text(self) -> str:

@@ -60,7 +60,7 @@ from bisect_npu.oracle.accuracy.focus import round_plan
 from bisect_npu.oracle.accuracy.judge import Role, judge_accuracy
 from bisect_npu.oracle.config import AccuracyConfig, FocusConfig
 from bisect_npu.orchestration.opening.state import accuracy_weight
-from bisect_npu.orchestration.running.earlier_results import control_ids, disagreement
+from bisect_npu.orchestration.running.earlier_results import control_stages, control_standing
 from bisect_npu.records import StepRecord
 from bisect_npu.search import Evidence, Found, Next, SearchProblem, Weight, decide
 
@@ -222,13 +222,20 @@ def run_ours(s: Scenario, case: Case, focused: bool, cfg: AccuracyConfig, earlie
         stopped = "earlier results"
         if earlier and role != "candidate":
             given = observation(outcomes(everything, case.runs(position, everything, s.repeats), s.repeats))
-            ids = [int(i) for i in control_ids([str(i) for i in everything], CONTROL_SHARE, str(position))]
-            spent += len(ids) * repeats
-            harness_runs += 1
-            sizes.append(len(ids))
-            control = outcomes(ids, case.runs(position, ids, repeats), repeats)
-            differ, of = disagreement(given.samples or [], control)
-            if differ <= MAX_DISAGREEMENT * of:  # else set aside: the end runs the whole dataset
+            control: list[SampleOutcome] = []
+            stands: bool | None = None
+            stages = control_stages([str(i) for i in everything], CONTROL_SHARE, str(position))
+            for number, stage in enumerate(stages):
+                ids = [int(i) for i in stage]
+                spent += len(ids) * repeats
+                harness_runs += 1
+                sizes.append(len(ids))
+                control += outcomes(ids, case.runs(position, ids, repeats), repeats)
+                stands = control_standing(given.samples or [], control, MAX_DISAGREEMENT,
+                                          complete=number == len(stages) - 1)
+                if stands is not None:
+                    break
+            if stands:  # else set aside: the end runs the whole dataset
                 rounds = [given, observation(control)]
                 v = judge_accuracy(cfg, rounds, ends.get("good"), ends.get("bad"), role=role, final=True)
                 plan = []

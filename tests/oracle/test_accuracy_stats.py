@@ -233,3 +233,20 @@ def test_judge_on_its_own_pairs_against_the_reference_given() -> None:
     assert verdict.kind == VerdictKind.BAD
     alone = oracle.judge(recipe.oracle, [worse], None, trials_per_case=1, accuracy=recipe.accuracy)
     assert alone.kind == VerdictKind.SKIP and "--reference" in alone.reason
+
+
+@settings(max_examples=80, deadline=None)
+@given(confidence=st.floats(0.6, 0.9999), rho=st.floats(0.01, 0.99), good=st.floats(0.05, 0.95),
+       bad=st.floats(0.05, 0.95))
+def test_a_step_stops_early_only_where_the_samples_repeat(confidence: float, rho: float, good: float,
+                                                          bad: float) -> None:
+    """Where the ends' fitted intraclass correlation is under STEER_MIN_RHO a candidate's step stops
+    at the full step bound; above it at the steering bound, never beyond the full one."""
+    prior = stats.JointPrior(good, bad, rho * good * (1 - good), rho * bad * (1 - bad), 0.0)
+    assert prior.rho == pytest.approx(rho)
+    full, stop = stats.step_bound(confidence), stats.stop_bound(confidence, prior)
+    assert 0 < stop <= full
+    if prior.rho < stats.STEER_MIN_RHO:
+        assert stop == full
+    else:
+        assert stop == min(full, stats.wald_bound(1 - stats.STEER_ERROR))

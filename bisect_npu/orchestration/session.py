@@ -32,7 +32,6 @@ from bisect_npu.execute.inprocess import Oracle
 from bisect_npu.journal import DEFAULT_ROOT, Journal
 from bisect_npu.level import scope_of
 from bisect_npu.observations import Verdict, VerdictKind
-from bisect_npu.oracle.accuracy.stats import step_bound
 from bisect_npu.orchestration import engine
 from bisect_npu.orchestration.costs import measured_costs, told_costs
 from bisect_npu.orchestration.ending import end_messages
@@ -41,7 +40,7 @@ from bisect_npu.orchestration.opening.open_session import Opened, open_journal, 
 from bisect_npu.orchestration.opening.reference import References, step_trials
 from bisect_npu.orchestration.opening.session_opening import folded
 from bisect_npu.orchestration.opening.session_spec import SessionSpec, earlier_runs_for_search, earlier_runs_spec
-from bisect_npu.orchestration.opening.state import SessionState, accuracy_weight
+from bisect_npu.orchestration.opening.state import SessionState, accuracy_weight, answer_log_lr
 from bisect_npu.orchestration.opening.verdict_reuse import SessionVerdicts, VerdictReuse
 from bisect_npu.orchestration.running.evaluate import EvaluationRequest, Evaluator, until_sure
 from bisect_npu.progress import Progress
@@ -187,14 +186,8 @@ class Session:
                                     slots=self.slots, confidence=confidence, earlier_runs=earlier,
                                     load_cost=load_cost, build_cost=build_cost, build_groups=groups,
                                     prebuilt_groups=self.prebuilt_groups(), overlay_cost=overlay_cost,
-                                    weights=self.weights, answer_log_lr=self.answer_log_lr)
+                                    weights=self.weights, answer_log_lr=answer_log_lr(self.recipe))
 
-    @property
-    def answer_log_lr(self) -> float:
-        """What the answer's culprit and parent must each reach (the accuracy oracle's full step
-        bound: its candidate steps may stop earlier, only steering the search); 0 otherwise."""
-        spec = self.recipe.accuracy if self.recipe else None
-        return step_bound(spec.confidence) if spec is not None else 0.0
 
     @property
     def weights(self) -> tuple[int, ...] | None:

@@ -20,16 +20,19 @@ after the drift". A run of a sample is a Bernoulli draw of its rate at the commi
   earlier   focused, with the ends' results handed over from the runs the user already made
             (`accuracy.earlier_results`: a free draw of the whole dataset at each end with the
             scenario's repeats, the user's own evaluation); each end re-runs only its control share
-            (10%, at least 5 samples, the real control_ids) and keeps the earlier results when the
-            real disagreement check passes (else it runs the whole dataset, counted), judged as the
-            session does; the session's rounds may repeat less than the earlier evaluation did
+            (10%, at least 5 samples, in the real control_stages: the second only when a sample of
+            the first differs) and keeps the earlier results when the real control_standing check
+            passes (else it runs the whole dataset, counted), judged as the session does; the
+            session's rounds may repeat less than the earlier evaluation did
 
 Samples counted are sample runs (generations), ends included; harness runs are rounds (one
 harness run, and on a real host one engine start, each). Seeds: the cases of seeds 1000-1199
 (the 30-sample scenarios) and 1000-1029 (the 500-sample ones) were used to choose the
 per-scenario repeats (1, 2, 4 tried), the repeats with earlier results (1, 2, 4; the 30-sample
-sampled scenario) and focus.batch (1, 2, 4, 8); focus.growth with earlier results (1, 2; the
-30-sample sampled scenario) on seeds 7000-7199; the figures are reported on seeds 1.. (--seed)
+sampled scenario) and focus.batch (1, 2, 4, 8); focus.growth (1, 1.5, 2), focus.batch (1, 2) and
+repeats (2, 4) with earlier results (the 30-sample sampled scenario) on seeds 7000-7199; the
+steering bound (stats.STEER_ERROR, 0.04-0.16) and its correlation floor (STEER_MIN_RHO) on seeds
+7000-7399 and, for the calibration kinds, 1000-1199; the figures are reported on seeds 1.. (--seed)
 and 5000.., which tuning never saw. Everything else is the recipe defaults (confidence 0.99,
 max_rounds 3, focus growth 2, control 5%, min_discordant 4).
 
@@ -58,9 +61,10 @@ import numpy as np
 from bisect_npu.observations import Observation, SampleOutcome, VerdictKind
 from bisect_npu.oracle.accuracy.focus import round_plan
 from bisect_npu.oracle.accuracy.judge import Role, judge_accuracy
+from bisect_npu.oracle.accuracy.stats import step_bound
 from bisect_npu.oracle.config import AccuracyConfig, FocusConfig
 from bisect_npu.orchestration.opening.state import accuracy_weight
-from bisect_npu.orchestration.running.earlier_results import control_ids, disagreement
+from bisect_npu.orchestration.running.earlier_results import control_stages, control_standing
 from bisect_npu.records import StepRecord
 from bisect_npu.search import Evidence, Found, Next, SearchProblem, Weight, decide
 
@@ -76,13 +80,15 @@ class Scenario:
     batch: int = 8  # focus.batch
     repeats_with_earlier: int = 0  # the recipe's repeats when the ends' results are handed over (0: `repeats`)
     growth_with_earlier: float = 0.0  # focus.growth when the ends' results are handed over (0: the default)
+    batch_with_earlier: int = 0  # focus.batch when the ends' results are handed over (0: `batch`)
     n: int = 128
     drop: str = "subset"  # subset: the culprit breaks some samples; scaled: every sample's rate falls alike
 
 
 SCENARIOS = (
     Scenario("aime-30 greedy", 30, 0.80, 0.67, 0.95, 1, batch=2),
-    Scenario("aime-30 t=0.6", 30, 0.80, 0.67, 0.5, 4, batch=2, repeats_with_earlier=2, growth_with_earlier=1.0),
+    Scenario("aime-30 t=0.6", 30, 0.80, 0.67, 0.5, 4, batch=2, repeats_with_earlier=2, growth_with_earlier=1.0,
+             batch_with_earlier=1),
     Scenario("math500 greedy", 500, 0.95, 0.92, 0.95, 1),
     Scenario("math500 t=0.6", 500, 0.95, 0.92, 0.5, 2),
 )
@@ -222,13 +228,20 @@ def run_ours(s: Scenario, case: Case, focused: bool, cfg: AccuracyConfig, earlie
         stopped = "earlier results"
         if earlier and role != "candidate":
             given = observation(outcomes(everything, case.runs(position, everything, s.repeats), s.repeats))
-            ids = [int(i) for i in control_ids([str(i) for i in everything], CONTROL_SHARE, str(position))]
-            spent += len(ids) * repeats
-            harness_runs += 1
-            sizes.append(len(ids))
-            control = outcomes(ids, case.runs(position, ids, repeats), repeats)
-            differ, of = disagreement(given.samples or [], control)
-            if differ <= MAX_DISAGREEMENT * of:  # else set aside: the end runs the whole dataset
+            control: list[SampleOutcome] = []
+            stands: bool | None = None
+            stages = control_stages([str(i) for i in everything], CONTROL_SHARE, str(position))
+            for number, stage in enumerate(stages):
+                ids = [int(i) for i in stage]
+                spent += len(ids) * repeats
+                harness_runs += 1
+                sizes.append(len(ids))
+                control += outcomes(ids, case.runs(position, ids, repeats), repeats)
+                stands = control_standing(given.samples or [], control, MAX_DISAGREEMENT,
+                                          complete=number == len(stages) - 1)
+                if stands is not None:
+                    break
+            if stands:  # else set aside: the end runs the whole dataset
                 rounds = [given, observation(control)]
                 v = judge_accuracy(cfg, rounds, ends.get("good"), ends.get("bad"), role=role, final=True)
                 plan = []
@@ -252,7 +265,7 @@ def run_ours(s: Scenario, case: Case, focused: bool, cfg: AccuracyConfig, earlie
             ends["bad"] = [observation(_pooled(rounds))]
         return v.kind, weigh(StepRecord.model_construct(index=position, commit=str(position), verdict=v))
 
-    problem = SearchProblem(n=s.n, mode="likelihood", confidence=CONFIDENCE)
+    problem = SearchProblem(n=s.n, mode="likelihood", confidence=CONFIDENCE, answer_log_lr=step_bound(cfg.confidence))
     evidence: dict[int, Evidence] = {}
     for _ in range(4 * s.n):
         decision = decide(problem, evidence)
@@ -273,11 +286,12 @@ def _pooled(rounds: list[Observation]) -> list[SampleOutcome]:
 
 def accuracy_config(s: Scenario, earlier: bool = False) -> AccuracyConfig:
     """The recipe defaults, but for the scenario's repeats, focus.batch and (with the ends'
-    results handed over) focus.growth."""
+    results handed over) their own repeats, focus.batch and focus.growth."""
     repeats = s.repeats_with_earlier or s.repeats if earlier else s.repeats
-    focus = FocusConfig(batch=s.batch)
+    batch = s.batch_with_earlier or s.batch if earlier else s.batch
+    focus = FocusConfig(batch=batch)
     if earlier and s.growth_with_earlier:
-        focus = FocusConfig(batch=s.batch, growth=s.growth_with_earlier)
+        focus = FocusConfig(batch=batch, growth=s.growth_with_earlier)
     return AccuracyConfig(repeats=repeats, confidence=CONFIDENCE, focus=focus)
 
 
@@ -322,7 +336,7 @@ def where(runs: int, first_seed: int, only: str) -> None:
         after = [sum(len(t.rounds) == r for t in candidates) for r in (1, 2, 3)]
         after.append(len(candidates) - sum(after))
         forced = sum(t.stopped == "plan ended" for t in candidates)
-        print(f"| {s.name}, repeats {cfg.repeats}, batch {s.batch}, growth {cfg.focus.growth:g} | "
+        print(f"| {s.name}, repeats {cfg.repeats}, batch {cfg.focus.batch}, growth {cfg.focus.growth:g} | "
               f"{np.mean(totals):,.0f} ({np.median(totals):,.0f}, {np.percentile(totals, 90):,.0f}) | "
               f"{ends:,.0f} | {first:,.0f} | {later:,.0f} | "
               f"{len(candidates) / runs:.1f} | {' / '.join(f'{n / len(candidates):.0%}' for n in after)} | "

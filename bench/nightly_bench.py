@@ -69,7 +69,7 @@ from bisect_npu.nightly.cases import import_case
 from bisect_npu.observations import Observation, SampleOutcome, Timings, Verdict, VerdictKind
 from bisect_npu.oracle.sequential import judge_sequential, pooled_spread, throughputs, trials_wanted
 from bisect_npu.oracle.throughput import judge_throughput, reference_trials
-from bisect_npu.orchestration.opening.state import accuracy_weight
+from bisect_npu.orchestration.opening.state import accuracy_weight, answer_log_lr
 from bisect_npu.orchestration.running.accuracy import AccuracySteps, role_of
 from bisect_npu.orchestration.session import search_mode_for
 from bisect_npu.recipe.schema import Recipe
@@ -303,7 +303,8 @@ class Ours:
         world, recipe = self.world, self.recipe
         steps = AccuracySteps(recipe) if recipe.accuracy is not None else None
         weigh = accuracy_weight(recipe.accuracy.confidence if recipe.accuracy else None, world.n, find_fix=False)
-        problem = SearchProblem(n=world.n, mode=search_mode_for(recipe), confidence=recipe.trials.confidence)
+        problem = SearchProblem(n=world.n, mode=search_mode_for(recipe), confidence=recipe.trials.confidence,
+                                answer_log_lr=answer_log_lr(recipe))
         evidence: dict[int, Evidence] = {}
 
         def judge(i: int) -> None:

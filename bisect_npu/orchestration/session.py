@@ -40,7 +40,7 @@ from bisect_npu.orchestration.opening.open_session import Opened, open_journal, 
 from bisect_npu.orchestration.opening.reference import References, step_trials
 from bisect_npu.orchestration.opening.session_opening import folded
 from bisect_npu.orchestration.opening.session_spec import SessionSpec, earlier_runs_for_search, earlier_runs_spec
-from bisect_npu.orchestration.opening.state import SessionState, accuracy_weight
+from bisect_npu.orchestration.opening.state import SessionState, accuracy_weight, answer_log_lr
 from bisect_npu.orchestration.opening.verdict_reuse import SessionVerdicts, VerdictReuse
 from bisect_npu.orchestration.running.evaluate import EvaluationRequest, Evaluator, until_sure
 from bisect_npu.progress import Progress
@@ -186,7 +186,8 @@ class Session:
                                     slots=self.slots, confidence=confidence, earlier_runs=earlier,
                                     load_cost=load_cost, build_cost=build_cost, build_groups=groups,
                                     prebuilt_groups=self.prebuilt_groups(), overlay_cost=overlay_cost,
-                                    weights=self.weights)
+                                    weights=self.weights, answer_log_lr=answer_log_lr(self.recipe))
+
 
     @property
     def weights(self) -> tuple[int, ...] | None:

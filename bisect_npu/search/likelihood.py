@@ -11,7 +11,9 @@ which is exact whatever the ratios' sizes: a weak step moves the posterior a lit
 one a lot, and steps repeated at one position add up. The next query is probabilistic bisection
 (the posterior's median, quantiles with several slots; where builds cost differently, the round of
 most information per cost, costs.py); a tested position is asked again while
-the posterior is not sure which side it is on (its step was not decisive), up to ``max_steps``.
+the posterior is not sure which side it is on (its step was not decisive), up to ``max_steps``;
+where the problem asks it (``answer_log_lr``), the answer's culprit and parent are asked again
+until their own steps reach that ratio, so steps elsewhere may stop early and only steer.
 The ends come first: each must be judged its own side by its step's verdict (EndsWrong otherwise).
 """
 
@@ -123,6 +125,9 @@ def decide_likelihood(problem: SearchProblem, evidence: Mapping[int, Evidence]) 
     block_mass = np.bincount(blocks, weights=post)
     best = int(np.argmax(block_mass))
     if block_mass[best] >= problem.confidence:
+        short = _short_of_answer(problem, blocks, best, evidence)
+        if short is not None:
+            return Next((Query(short),))
         return _answer(blocks, block_mass, best, evidence)
     picks = _quantile_picks(problem, evidence, post)
     if not picks:
@@ -159,6 +164,21 @@ def _quantile_picks(problem: SearchProblem, evidence: Mapping[int, Evidence], po
             break
         picks.append(choice)
     return sorted(picks)
+
+
+def _short_of_answer(problem: SearchProblem, blocks: np.ndarray, best: int,
+                     evidence: Mapping[int, Evidence]) -> int | None:
+    """The answer's culprit or parent whose steps add up to less than ``answer_log_lr`` on its
+    side and may be asked again (the culprit first); None when both stand, or neither can be asked."""
+    if problem.answer_log_lr <= 0:
+        return None
+    members = np.flatnonzero(blocks == best) + 1
+    for position, side in ((int(members[-1]), 1.0), (int(members[0]) - 1, -1.0)):
+        ev = evidence.get(position, Evidence())
+        if 0 < position < problem.n and side * ev.log_lr < problem.answer_log_lr and not ev.skipped \
+                and _steps(ev) < MAX_STEPS:
+            return position
+    return None
 
 
 def _answer(blocks: np.ndarray, block_mass: np.ndarray, best: int, evidence: Mapping[int, Evidence]) -> Decision:

@@ -126,6 +126,11 @@ class SearchProblem:
     open positions most evenly (git bisect's rule over the commit graph) instead of the midpoint;
     None: every position weighs 1.
 
+    ``answer_log_lr`` (likelihood mode) is the |log likelihood ratio| the named culprit's steps
+    and its parent's must each add up to (bad and good) before the answer names it; the search
+    asks them again while they fall short and steps are left (steps that stop short of it only
+    steer the search). 0: the posterior alone decides.
+
     ``threshold`` (levels mode) is the share of the good side's mean under which a mean is bad (a
     throughput recipe's `threshold`): the bad side lies under it.
     """
@@ -145,6 +150,7 @@ class SearchProblem:
     prebuilt_groups: frozenset[int] = frozenset()
     weights: tuple[int, ...] | None = None
     threshold: float = 0.97
+    answer_log_lr: float = 0.0
 
 
 @dataclass(frozen=True)

@@ -2,8 +2,9 @@
 accuracy bisection of the demo upstream, served over HTTP and scored by the command harness, run
 once in full, then again with the first run's end results handed over by `--earlier-results`
 (over the recipe's `accuracy.earlier_results`, whose own good end names the wrong commit): the
-good end's are used, the bad end's are said to be of another commit, so they are set aside and
-that end runs in full."""
+good end's are used once the second stage of its control share agrees (one sample of the first
+was flipped), the bad end's are said to be of another commit, so they are set aside and that end
+runs in full."""
 
 from __future__ import annotations
 
@@ -19,6 +20,7 @@ from bisect_npu.demo.accuracy import DATASET, read_dataset
 from bisect_npu.journal import Journal
 from bisect_npu.observations import Observation
 from bisect_npu.orchestration.opening.open_session import request_difference
+from bisect_npu.orchestration.running.earlier_results import control_stages
 from bisect_npu.request import RunRequest
 from tests.helpers.paths import HELPERS
 
@@ -75,9 +77,12 @@ def test_the_ends_earlier_results_stand_for_them_once_a_control_share_agrees(dem
     for index, role in ((0, "good"), (n, "bad")):  # the ends' results as the command harness wrote them
         samples = [s for t in steps[index]["trials"]
                    for s in Observation.load(tmp_path / "full" / t["observation"]).samples or []]
+        # The good end's one sample in the control's first stage flipped: the rest of the share runs, and
+        # with 1 sample of it differing the results still stand.
+        flip = control_stages([s.id for s in samples], 0.2, steps[0]["commit"])[0][0] if role == "good" else None
         files[role] = tmp_path / f"{role}-end.jsonl"
-        files[role].write_text("".join(json.dumps({"id": s.id, "correct": s.correct, "runs": s.runs}) + "\n"
-                                       for s in samples))
+        files[role].write_text("".join(json.dumps({"id": s.id, "correct": 1 - s.correct if s.id == flip else s.correct,
+                                                   "runs": s.runs}) + "\n" for s in samples))
     wrong = {"path": str(files["bad"]), "commit": steps[n]["commit"]}  # the bad end's: the option replaces it
     options = ("--earlier-results", f"good={steps[0]['commit'][:10]}:{files['good'].name}",  # relative to the cwd
                "--earlier-results", f"bad={steps[0]['commit']}:{files['bad'].name}")  # said to be the good end's
@@ -86,8 +91,9 @@ def test_the_ends_earlier_results_stand_for_them_once_a_control_share_agrees(dem
     assert summary["culprit"] == case.culprit.sha
     ends = {s["index"]: s for s in second if s["type"] == "step" and s["index"] in (0, n)}
     total = len(read_dataset())
-    assert ends[0]["verdict"]["reason"].startswith(f"from the earlier results {files['good']} (0 of ")
-    assert sample_runs(tmp_path / "earlier", ends[0]) == max(5, -(-total // 5))  # the control share only
+    control = max(5, -(-total // 5))
+    assert ends[0]["verdict"]["reason"].startswith(f"from the earlier results {files['good']} (1 of {control} ")
+    assert sample_runs(tmp_path / "earlier", ends[0]) == control  # the control share only, both stages
     assert f"set aside: they ran at {steps[0]['commit']}, this end is {steps[n]['commit'][:12]}" in \
         ends[n]["verdict"]["reason"]
     assert sample_runs(tmp_path / "earlier", ends[n]) == total  # set aside: the whole dataset ran

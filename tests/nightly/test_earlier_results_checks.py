@@ -7,9 +7,15 @@ import json
 from pathlib import Path
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
+from bisect_npu.observations import SampleOutcome
 from bisect_npu.orchestration.running.earlier_results import (
+    FIRST_STAGE,
     control_ids,
+    control_stages,
+    control_standing,
     disagreement,
     earlier_for,
     earlier_settings,
@@ -76,6 +82,48 @@ def test_the_control_share_is_fixed_per_end_and_at_least_five_samples(tmp_path: 
     assert len(chosen) == 20 and chosen == control_ids(ids, 0.1, GOOD) and chosen != control_ids(ids, 0.1, "f" * 40)
     assert chosen == [i for i in ids if i in set(chosen)]  # in dataset order
     assert len(control_ids(ids[:12], 0.1, GOOD)) == 5
+
+
+@given(size=st.integers(1, 400), share=st.floats(0.01, 1.0), commit=st.sampled_from([GOOD, "f" * 40]))
+@settings(max_examples=60, deadline=None)
+def test_the_control_stages_split_the_control_share_half_first(size: int, share: float, commit: str) -> None:
+    ids = [f"s{i}" for i in range(size)]
+    stages = control_stages(ids, share, commit)
+    whole = control_ids(ids, share, commit)
+    assert sorted(i for stage in stages for i in stage) == sorted(whole)  # a split: nothing twice, nothing more
+    assert all(stage == [i for i in ids if i in set(stage)] for stage in stages)  # each in dataset order
+    assert len(stages[0]) == min(len(whole), max(FIRST_STAGE, -(-len(whole) // 2)))
+    assert stages == control_stages(ids, share, commit)  # the same on a resume
+
+
+def outcomes(pattern: list[bool]) -> tuple[list[SampleOutcome], list[SampleOutcome]]:
+    """(earlier, control) results over len(pattern) samples, sample i differing where pattern[i]."""
+    earlier = [SampleOutcome(id=f"s{i}", correct=1.0) for i in range(len(pattern))]
+    control = [SampleOutcome(id=f"s{i}", correct=0.0 if differs else 1.0) for i, differs in enumerate(pattern)]
+    return earlier, control
+
+
+@given(pattern=st.lists(st.booleans(), min_size=5, max_size=40), limit=st.sampled_from([0.0, 0.25, 0.5]))
+@settings(max_examples=200, deadline=None)
+def test_the_staged_control_check_lets_through_only_what_the_first_stage_could_not_see(
+        pattern: list[bool], limit: float) -> None:
+    earlier, control = outcomes(pattern)
+    first = max(FIRST_STAGE, -(-len(pattern) // 2))
+    after_first = control_standing(earlier, control[:first], limit, complete=False)
+    staged = after_first if after_first is not None else control_standing(earlier, control, limit, complete=True)
+    whole = sum(pattern) <= limit * len(pattern)
+    assert staged == (not any(pattern[:first]) or whole)
+    if staged and not whole:  # only results whose every differing sample the first stage did not run
+        assert not any(pattern[:first]) and any(pattern[first:])
+    assert after_first is None or not any(pattern[:first])  # a difference in the first stage runs the rest
+
+
+def test_a_staged_control_check_sets_aside_results_that_differ_over_the_share() -> None:
+    earlier, control = outcomes([False, True, False, True, False])
+    assert control_standing(earlier, control[:3], 0.25, complete=False) is None
+    assert control_standing(earlier, control, 0.25, complete=True) is False
+    earlier, control = outcomes([False, True, False, False, False])
+    assert control_standing(earlier, control, 0.25, complete=True) is True
 
 
 def test_disagreement_counts_the_control_samples_that_flipped(tmp_path: Path) -> None:

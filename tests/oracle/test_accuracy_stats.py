@@ -233,3 +233,41 @@ def test_judge_on_its_own_pairs_against_the_reference_given() -> None:
     assert verdict.kind == VerdictKind.BAD
     alone = oracle.judge(recipe.oracle, [worse], None, trials_per_case=1, accuracy=recipe.accuracy)
     assert alone.kind == VerdictKind.SKIP and "--reference" in alone.reason
+
+
+@settings(max_examples=80, deadline=None)
+@given(confidence=st.floats(0.6, 0.9999), rho=st.floats(0.01, 0.99), good=st.floats(0.05, 0.95),
+       bad=st.floats(0.05, 0.95))
+def test_a_step_stops_early_only_where_the_samples_repeat(confidence: float, rho: float, good: float,
+                                                          bad: float) -> None:
+    """Where the ends' fitted intraclass correlation is under STEER_MIN_RHO a candidate's step stops
+    at the full step bound; above it at the steering bound, never beyond the full one."""
+    prior = stats.JointPrior(good, bad, rho * good * (1 - good), rho * bad * (1 - bad), 0.0)
+    assert prior.rho == pytest.approx(rho)
+    full, stop = stats.step_bound(confidence), stats.stop_bound(confidence, prior)
+    assert 0 < stop <= full
+    if prior.rho < stats.STEER_MIN_RHO:
+        assert stop == full
+    else:
+        assert stop == min(full, stats.wald_bound(1 - stats.STEER_ERROR))
+
+
+def test_where_samples_repeat_a_step_stops_at_the_steering_bound_and_broken_elsewhere_weighs_the_full() -> None:
+    """Greedy-like ends (every sample right or wrong at both, 10 broken): one broken sample run
+    wrong settles a step at the steering bound, short of the answer's; a candidate broken
+    elsewhere still weighs the full bound."""
+    good = outcomes([1] * 10 + [1] * 90)
+    bad = outcomes([0] * 10 + [1] * 90)
+    cfg = AccuracyConfig(focus=FocusConfig(control=60))
+    mine = [SampleOutcome(id="s0", correct=0.0)]
+    verdict = judge_accuracy(cfg, [observe(mine)], [observe(good)], [observe(bad)], role="candidate", final=False)
+    full = stats.step_bound(cfg.confidence)
+    assert verdict.figures["prior_rho"] >= stats.STEER_MIN_RHO
+    assert verdict.figures["wald_bound"] == pytest.approx(stats.wald_bound(1 - stats.STEER_ERROR), abs=1e-4)
+    assert verdict.figures["answer_bound"] == pytest.approx(full, abs=1e-4)
+    assert verdict.kind == VerdictKind.BAD and not verdict.figures["more_rounds"]
+    assert verdict.figures["wald_bound"] <= verdict.figures["log_likelihood_ratio"] < full
+    ids = focus_ids(cfg, good, bad, "abc") or []
+    elsewhere = [SampleOutcome(id=i, correct=1.0 if int(i[1:]) < 10 else 0.0) for i in ids]
+    verdict = judge_accuracy(cfg, [observe(elsewhere)], [observe(good)], [observe(bad)], role="candidate", final=True)
+    assert verdict.figures["broken_elsewhere"] and verdict.figures["log_likelihood_ratio"] >= full - 1e-4

@@ -154,3 +154,44 @@ def test_a_position_that_cannot_move_the_undecided_mass_is_not_asked() -> None:
     decision = decide(problem(8), evidence)
     assert not isinstance(decision, Next)
     assert decision.figures["posterior"] == pytest.approx(0.5)
+
+
+def test_an_answer_whose_culprit_stopped_short_of_the_answer_ratio_asks_it_again() -> None:
+    """The posterior alone would name 3 (its parent's and its own steps, 5.5 each, make it 99%
+    sure); held to 6, the culprit is asked again, then the parent; once both add up it is named."""
+    evidence = {0: Evidence(good=1), 8: Evidence(bad=1), 1: Evidence(good=1).weigh(-8.0),
+                2: Evidence(good=1).weigh(-5.5), 3: Evidence(bad=1).weigh(5.5), 4: Evidence(bad=1).weigh(8.0),
+                6: Evidence(bad=1).weigh(8.0)}
+    assert isinstance(decide(problem(8), evidence), Found)
+    held = SearchProblem(n=8, mode="likelihood", confidence=0.99, answer_log_lr=6.0)
+    assert decide(held, evidence) == Next((Query(3),))
+    evidence[3] = evidence[3].add("bad").weigh(1.5)
+    assert decide(held, evidence) == Next((Query(2),))
+    evidence[2] = evidence[2].add("good").weigh(-1.5)
+    found = decide(held, evidence)
+    assert isinstance(found, Found) and found.index == 3
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.integers(2, 200), st.data())
+def test_steering_steps_find_the_culprit_and_name_it_on_the_answer_ratio(n: int, data: st.DataObject) -> None:
+    """Steps that stop early (a ratio of 0.5 to 3 on the right side) steer the search to the
+    culprit; it is named only once its own steps and its parent's reach the answer ratio, or
+    they have spent their steps."""
+    bound = 6.0
+    culprit = data.draw(st.integers(1, n))
+    held = SearchProblem(n=n, mode="likelihood", confidence=0.99, answer_log_lr=bound)
+    evidence = {0: Evidence(good=1), n: Evidence(bad=1)}
+    for _ in range(6 * n):
+        decision = decide(held, evidence)
+        if not isinstance(decision, Next):
+            break
+        for q in decision.queries:
+            bad = q.index >= culprit
+            strength = data.draw(st.floats(0.5, 3.0))
+            evidence[q.index] = evidence.get(q.index, Evidence()).add("bad" if bad else "good").weigh(
+                strength if bad else -strength)
+    assert isinstance(decision, Found) and decision.index == culprit
+    for position, side in ((culprit, 1.0), (culprit - 1, -1.0)):
+        ev = evidence.get(position, Evidence())
+        assert position in (0, n) or side * ev.log_lr >= bound or ev.good + ev.bad == MAX_STEPS

@@ -151,7 +151,7 @@ def _judge_bad_end(cfg: AccuracyConfig, mine: list[SampleOutcome], good: list[Sa
 def _judge_candidate(cfg: AccuracyConfig, mine: list[SampleOutcome], good: list[SampleOutcome],
                      bad: list[SampleOutcome], figures: dict[str, Any], rounds: int, final: bool | None) -> Verdict:
     prior = stats.fit_joint(good, bad)
-    bound = stats.step_bound(cfg.confidence)
+    bound = stats.stop_bound(cfg.confidence, prior)
     discordant = set(discordant_ids(good, bad))
     control = [s for s in mine if s.id not in discordant]
     control_diff, control_p = stats.paired_rate_p(control, good) if control else (0.0, 1.0)
@@ -160,10 +160,12 @@ def _judge_candidate(cfg: AccuracyConfig, mine: list[SampleOutcome], good: list[
     log_lr = evidence.log_lr
     imputed = _imputed(mine, good)
     check = _baseline(cfg, imputed)
-    if broken_elsewhere and log_lr < bound:
-        log_lr, evidence = bound, stats.StepEvidence(bound)
+    if broken_elsewhere and log_lr < stats.step_bound(cfg.confidence):
+        log_lr = stats.step_bound(cfg.confidence)
+        evidence = stats.StepEvidence(log_lr)
     figures = {**figures, **_baseline_figures(check), "log_likelihood_ratio": round(log_lr, 4),
-               "wald_bound": round(bound, 4), "discordant": len(discordant), "control": len(control),
+               "wald_bound": round(bound, 4), "answer_bound": round(stats.step_bound(cfg.confidence), 4),
+               "discordant": len(discordant), "control": len(control),
                "control_difference": round(100 * control_diff, 3), "control_p": control_p,
                "broken_elsewhere": broken_elsewhere, "prior_rho": round(prior.rho, 4), "prior_cov": round(prior.cov, 5),
                "estimated_accuracy": round(stats.score(imputed, cfg.confidence).accuracy, 3)}

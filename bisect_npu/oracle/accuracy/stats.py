@@ -57,6 +57,26 @@ def step_bound(confidence: float) -> float:
     return wald_bound(1.0 - (1.0 - confidence) * STEP_ERROR_SHARE)
 
 
+# A steering step's error: where a sample's runs repeat (the ends' fitted intraclass correlation
+# at least STEER_MIN_RHO), a candidate's step stops at the weaker bound of this error; it only
+# steers the search, which names a culprit only once the culprit's and its parent's steps add up
+# to `step_bound` (SearchProblem.answer_log_lr: they are asked again while they do not). Below
+# that correlation the samples the ends disagree on are mostly the noise of their runs, chosen by
+# the very runs their rates are estimated from, and only the full bound's margin keeps the answer
+# at the confidence asked: every step stops at `step_bound` there.
+STEER_ERROR = 0.16
+STEER_MIN_RHO = 0.35
+
+
+def stop_bound(confidence: float, prior: JointPrior) -> float:
+    """The |log likelihood ratio| at which a candidate's step stops: the steering bound where the
+    ends' runs show samples that repeat (`STEER_MIN_RHO`), else `step_bound`."""
+    full = step_bound(confidence)
+    if prior.rho < STEER_MIN_RHO:
+        return full
+    return min(full, wald_bound(1.0 - STEER_ERROR))
+
+
 def by_id(samples: Sequence[SampleOutcome]) -> dict[str, SampleOutcome]:
     return {s.id: s for s in samples}
 

@@ -22,6 +22,8 @@ from typing import Generic, Literal, TypeVar
 from bisect_npu import search
 from bisect_npu.fix_proposals import FixVerification
 from bisect_npu.observations import VerdictKind
+from bisect_npu.oracle.accuracy.stats import step_bound
+from bisect_npu.recipe.schema import Recipe
 from bisect_npu.records import (
     DependencyMoveRecord,
     EndRecord,
@@ -72,6 +74,14 @@ def accuracy_weight(confidence: float | None, last: int, *, find_fix: bool) -> C
         return search.Weight(float(value), good, bad)
 
     return weigh
+
+
+def answer_log_lr(recipe: Recipe | None) -> float:
+    """What the search's answer needs of its culprit's and parent's steps (`SearchProblem.answer_log_lr`):
+    the accuracy oracle's full step bound, its candidate steps stopping earlier where they only
+    steer the search (`stats.stop_bound`); 0 for other oracles."""
+    spec = recipe.accuracy if recipe is not None else None
+    return step_bound(spec.confidence) if spec is not None else 0.0
 
 
 def _nodes(figure: object) -> tuple[tuple[float, ...], tuple[float, ...]]:

@@ -28,6 +28,7 @@ from bisect_npu.probe.harness import HarnessError, dataset, lm_eval
 from bisect_npu.recipe.schema import AccuracySpec, EarlierEndSpec, EarlierResultsSpec, Recipe
 
 MIN_CONTROL = 5  # control samples at least: fewer says nothing
+FIRST_STAGE = 3  # control samples run first at least: when every one agrees, the rest is not run
 ROLES = {"good": "good_end", "bad": "bad_end"}  # --earlier-results END: the session's role of that end
 FORM = "END=COMMIT:PATH (END good or bad, COMMIT the sha the run was made at), e.g. good=86797d44a7:runs/good.jsonl"
 WRITES = {"command": "the JSONL file your program wrote",
@@ -201,9 +202,35 @@ def dataset_ids(recipe: Recipe) -> list[str]:
 def control_ids(ids: Sequence[str], share: float, commit: str) -> list[str]:
     """The control share of the dataset for the end at `commit`: a fixed pseudo-random choice (the
     same on a resume), in dataset order."""
-    count = min(len(ids), max(MIN_CONTROL, math.ceil(share * len(ids))))
-    chosen = set(sorted(ids, key=lambda i: hashlib.sha256(f"{commit}:{i}".encode()).hexdigest())[:count])
+    chosen = {i for stage in control_stages(ids, share, commit) for i in stage}
     return [i for i in ids if i in chosen]
+
+
+def control_stages(ids: Sequence[str], share: float, commit: str) -> list[list[str]]:
+    """The control share in the order it runs, each stage in dataset order: half of its samples
+    (``FIRST_STAGE`` at least), then the rest, run only when one of the first differs
+    (`control_standing`)."""
+    count = min(len(ids), max(MIN_CONTROL, math.ceil(share * len(ids))))
+    drawn = sorted(ids, key=lambda i: hashlib.sha256(f"{commit}:{i}".encode()).hexdigest())[:count]
+    first = max(FIRST_STAGE, math.ceil(count / 2))
+    stages = [set(drawn[:first]), set(drawn[first:])]
+    return [[i for i in ids if i in stage] for stage in stages if stage]
+
+
+def control_standing(earlier: Sequence[SampleOutcome], control: Sequence[SampleOutcome], max_disagreement: float,
+                     complete: bool) -> bool | None:
+    """Whether the earlier results stand after the control samples run so far: yes when none of
+    them differs, or once the whole control share ran, when at most `max_disagreement` of it does;
+    None while a stage is left to run. The first stage, half the share, must agree on every
+    sample: against results of another run, whose samples each agree by chance, that is about
+    as strict as the whole share's `max_disagreement`; it lets through what the whole share
+    would set aside only when every differing sample is among those it did not run."""
+    differ, of = disagreement(earlier, control)
+    if differ == 0 and of > 0:
+        return True
+    if not complete:
+        return None
+    return differ <= max_disagreement * of
 
 
 def disagreement(earlier: Sequence[SampleOutcome], control: Sequence[SampleOutcome]) -> tuple[int, int]:

@@ -27,7 +27,8 @@ from bisect_npu.oracle.throughput import sample_of
 from bisect_npu.orchestration.running.accuracy import AccuracySteps, load_from, role_of
 from bisect_npu.orchestration.running.earlier_results import (
     Earlier,
-    control_ids,
+    control_stages,
+    control_standing,
     disagreement,
     earlier_for,
     earlier_settings,
@@ -422,8 +423,8 @@ class Evaluator:
             taken, aside = self._from_earlier(request, earlier, run_round)
             if isinstance(taken, tuple):
                 return taken
-            before = [taken]
-            done, first = done[1:], taken.trial + 1
+            before = taken
+            done, first = done[len(taken):], taken[-1].trial + 1
         elif earlier is not None:
             aside = f"earlier results {earlier.source} set aside: {earlier.why_not}"
         records, verdict = self.accuracy.step(request.commit, role, done, run_round, first,
@@ -436,27 +437,42 @@ class Evaluator:
 
     def _from_earlier(self, request: EvaluationRequest, earlier: Earlier,
                       run_round: Callable[[int, Sequence[str] | None], TrialRun],
-                      ) -> tuple[tuple[list[TrialRun], Verdict] | TrialRun, str]:
+                      ) -> tuple[tuple[list[TrialRun], Verdict] | list[TrialRun], str]:
         """The end judged from its earlier results once the control share agrees: (records,
-        verdict); else the control round's record (the step goes on over the whole dataset) and why."""
+        verdict); else the control rounds' records (the step goes on over the whole dataset) and
+        why. The control share runs in stages (`control_stages`): the rest only when one of the
+        first stage's samples differs."""
         assert self.accuracy is not None and self.recipe is not None and self.recipe.accuracy is not None
         settings = earlier_settings(self.recipe, self.earlier)
         assert settings is not None and earlier.samples is not None
         role = role_of(request.as_reference, request.as_bad_end)
-        wanted = control_ids([s.id for s in earlier.samples], settings.control_share, request.commit)
+        stages = control_stages([s.id for s in earlier.samples], settings.control_share, request.commit)
         load = load_from(self.session_dir)
-        reused = request.done[0] if request.done and request.done[0].observation and \
-            [s.id for s in load(request.done[0].observation).samples or []] == wanted else None
-        control = reused or run_round(request.first_trial, wanted)
-        if not control.observation:
-            return ([control], Verdict(kind=VerdictKind.SKIP, reason=control.reason or "the control round wrote no "
-                                       "observation", trials=1)), ""
-        checked = load(control.observation)
-        differ, of = disagreement(earlier.samples, checked.samples or [])
-        if differ > settings.max_disagreement * of:
-            return control, (f"earlier results {earlier.source} set aside: {differ} of {of} control samples came out "
-                             "otherwise here")
-        kept = request.done[1] if reused is not None and len(request.done) > 1 else None
+        controls: list[TrialRun] = []
+        checked: list[Observation] = []
+        stands: bool | None = None
+        for number, wanted in enumerate(stages):
+            done = request.done[number] if number < len(request.done) else None
+            reused = done if done is not None and done.observation and \
+                [s.id for s in load(done.observation).samples or []] == wanted else None
+            control = reused or run_round(request.first_trial + number, wanted)
+            controls.append(control)
+            if not control.observation:
+                return (controls, Verdict(kind=VerdictKind.SKIP, reason=control.reason or "the control round wrote "
+                                          "no observation", trials=len(controls))), ""
+            checked.append(load(control.observation))
+            stands = control_standing(earlier.samples, [s for o in checked for s in o.samples or []],
+                                      settings.max_disagreement, complete=number == len(stages) - 1)
+            if stands is not None:
+                break
+        differ, of = disagreement(earlier.samples, [s for o in checked for s in o.samples or []])
+        if not stands:
+            return controls, (f"earlier results {earlier.source} set aside: {differ} of {of} control samples came "
+                              "out otherwise here")
+        control = controls[-1]
+        resumed = len(request.done) > len(controls) and all(
+            a is b for a, b in zip(controls, request.done[:len(controls)], strict=True))
+        kept = request.done[len(controls)] if resumed else None
         if kept is None or not kept.observation:
             path = self.step_dir(request.commit).resolve() / f"earlier-{role}.json"
             observation = Observation(commit=request.commit, recipe=self.recipe.name,
@@ -469,14 +485,14 @@ class Evaluator:
                             reason=f"earlier results {earlier.source}")
             request.report(kept)
         assert kept.observation is not None
-        observations = [load(kept.observation), checked]
+        observations = [load(kept.observation), *checked]
         verdict = self.accuracy.judge(observations, role, final=True)
         self.accuracy.remember(role, observations)
         if request.as_reference:
             self.reference = observations
         reason = (f"from the earlier results {earlier.source} ({differ} of {of} control samples differ): "
                   f"{verdict.reason}")
-        return ([control, kept], verdict.model_copy(update={"reason": reason})), ""
+        return ([*controls, kept], verdict.model_copy(update={"reason": reason})), ""
 
     def _run_group(self, request: EvaluationRequest, env: Environment, case: CaseSpec,
                    numbers: list[int], sample_ids: Sequence[str] | None = None) -> list[TrialRun]:

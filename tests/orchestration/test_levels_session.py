@@ -74,7 +74,7 @@ def test_levels_mode_names_the_culprit_with_fewer_runs_than_per_step_trials(
     # one run a step (a build that failed ran none), every run journaled as its own trial
     assert all(len(s["trials"]) == 1 for s in steps if s["build"]["how"] != "failed")
     assert sum(r["type"] == "trial" for r in records) == levels.runs
-    assert all("one run; the levels search weighs every run" in s["verdict"]["reason"]
+    assert all("one run (levels search)" in s["verdict"]["reason"]
                for s in steps if s["verdict"]["kind"] != "skip")
     end = next(r for r in records if r["type"] == "end")
     assert end["figures"]["posterior"] >= 0.99 and end["figures"]["confidence_asked"] == 0.99

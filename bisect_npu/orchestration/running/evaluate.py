@@ -325,8 +325,8 @@ class Evaluator:
         if verdict.kind == VerdictKind.SKIP or not samples:
             return verdict
         figures = {**verdict.figures, "stopped": "one run (levels search)", "trials_run": len(samples)}
-        reason = (f"{', '.join(f'{s:.1f}' for s in samples)} tokens/s (one run; the levels search weighs every run), "
-                  f"{verdict.kind.value} against the good end's line {figures.get('line', 0.0):.1f} so far")
+        reason = (f"{', '.join(f'{s:.1f}' for s in samples)} tokens/s, one run (levels search); "
+                  f"{verdict.kind.value} against the line {figures.get('line', 0.0):.1f} so far")
         return verdict.model_copy(update={"figures": figures, "reason": reason})
 
     def pooled(self) -> sequential.Spread | None:

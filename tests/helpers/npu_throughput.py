@@ -60,10 +60,20 @@ def perf_recipe(where: Path, search: str = "levels", **trials: Any) -> Path:
     return where
 
 
+def _rng(*key: object) -> np.random.Generator:
+    digest = hashlib.sha256(":".join(map(str, key)).encode()).digest()
+    return np.random.default_rng(int.from_bytes(digest[:8], "little"))
+
+
 def _draw(seed: int, commit: str, trial: int) -> float:
     """A standard normal draw fixed by the seed, the commit and the trial."""
-    digest = hashlib.sha256(f"{seed}:{commit}:{trial}".encode()).digest()
-    return float(np.random.default_rng(int.from_bytes(digest[:8], "little")).standard_normal())
+    return float(_rng(seed, commit, trial).standard_normal())
+
+
+def crashing_at(rate: float, seed: int) -> Callable[[str, int, int], bool]:
+    """Each attempt crashes with probability `rate`, drawn from the seed, the commit, the trial and
+    the attempt (so a resumed session draws the same)."""
+    return lambda commit, trial, attempt: bool(_rng("crash", seed, commit, trial, attempt).random() < rate)
 
 
 class NpuThroughputStandIn:

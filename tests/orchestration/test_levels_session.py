@@ -16,7 +16,7 @@ import pytest
 
 from bisect_npu.builders.local import LocalBuilder
 from bisect_npu.forecast.simulate import Throughput, simulate
-from bisect_npu.orchestration.ending.result import EXIT_FOUND
+from bisect_npu.orchestration.ending.result import EXIT_ENDS_WRONG, EXIT_FOUND
 from bisect_npu.orchestration.session import Session
 from bisect_npu.report import write_reports
 from tests.helpers.asked import spec_of
@@ -147,9 +147,22 @@ def test_simulate_forecasts_the_runs_the_sessions_spend(history: tuple[Path, lis
         result, _ = _session(tmp_path, repo, shas, stand_in, name=f"s{seed}")
         assert result.culprit == shas[CULPRIT]
         spent.append(stand_in.runs)
-    forecast = simulate(N - 1, CULPRIT, bad_rate=1.0, good_rate=0.0, runs=100, seed=0, unbuildable=[6],
+    forecast = simulate(N - 1, CULPRIT, bad_rate=1.0, good_rate=0.0, runs=40, seed=0, unbuildable=[6],
                         throughput=Throughput(DROP, SPREAD))
     assert forecast.accuracy >= 0.97
     mean = sum(spent) / len(spent)
     assert abs(mean - forecast.mean_trials) <= 0.2 * forecast.mean_trials, (spent, forecast)
     assert all(s <= forecast.max_trials for s in spent), (spent, forecast)
+
+
+def test_a_bad_end_that_is_not_slower_is_an_end_judged_wrong(history: tuple[Path, list[str]],
+                                                             tmp_path: Path) -> None:
+    """Where the bad end runs 5% faster than the good end, the runs make it sure its mean is not
+    under the good end's line: exit 4, the message saying both ends' runs; each end ran twice."""
+    repo, shas = history
+    faster = NpuThroughputStandIn(-0.05, SPREAD, seed=2)
+    result, session = _session(tmp_path, repo, shas, faster)
+    assert result.exit_code == EXIT_ENDS_WRONG and result.status == "ends_wrong"
+    assert "precondition failed: the bad end" in result.message and "P(under the good end's line)" in result.message
+    steps = [r["index"] for r in _records(session) if r["type"] == "step"]
+    assert steps.count(0) >= 2 and steps.count(N - 1) >= 2

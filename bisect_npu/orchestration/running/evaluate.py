@@ -324,8 +324,9 @@ class Evaluator:
         samples = verdict.figures.get("throughput_samples")
         if verdict.kind == VerdictKind.SKIP or not samples:
             return verdict
-        figures = {**verdict.figures, "stopped": "one run (levels search)", "trials_run": len(samples)}
-        reason = (f"{', '.join(f'{s:.1f}' for s in samples)} tokens/s, one run (levels search); "
+        figures = {**verdict.figures, "stopped": "levels search", "trials_run": len(samples)}
+        runs = "one run" if len(samples) == 1 else f"{len(samples)} runs"  # a fix verified on the bad end: its count
+        reason = (f"{', '.join(f'{s:.1f}' for s in samples)} tokens/s, {runs} (levels search); "
                   f"{verdict.kind.value} against the line {figures.get('line', 0.0):.1f} so far")
         return verdict.model_copy(update={"figures": figures, "reason": reason})
 

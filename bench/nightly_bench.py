@@ -37,12 +37,13 @@ evaluator's default retry budget (`bisect_npu.defaults.TRIAL_RETRIES`), each att
 run. Accuracy: each step is `bisect_npu.orchestration.running.accuracy.AccuracySteps.step` (the rounds,
 the focused samples and the verdict of the real accuracy oracle against the ends), and the
 search is the likelihood mode a session runs for an accuracy recipe, weighing each step's
-likelihood ratio as the session does (`orchestration.opening.state.accuracy_weight`). Throughput: each
+likelihood ratio as the session does (`orchestration.opening.state.accuracy_weight`). Throughput per
+step (`--search per-step`, `oracle.throughput.search: per_step`): each
 step runs the recipe's trials one at a time until `bisect_npu.oracle.sequential` stops them (the
 rule the evaluator applies: the step's likelihood ratio against the good end past its bound, or
 the recipe's 5 trials), the good end first until its mean is known (`reference_known`, at most
 `oracle.throughput.reference_trials`), each later step weighed also against the bad end's runs
-(as the evaluator keeps them), in the search mode the session runs for a throughput recipe
+(as the evaluator keeps them), in the search mode the session runs for such a recipe
 (`orchestration.session.search_mode_for`: likelihood), each step weighed by its ratio.
 The rule's constants were chosen on seeds 1000-1599; docs/benchmarks.md reports seeds 0-399.
 `--drop` and `--spread` change the throughput regression (held-out checks), `--rows` runs one.

@@ -1,7 +1,8 @@
 """vllm-ascend's `tools/bisect` against bisect-npu on the demo-shaped nightly case, simulated.
 
     .venv/bin/python bench/nightly_bench.py [--seeds 400] [--first-seed 0] [--candidates 39]
-        [--rows accuracy throughput] [--drop 0.07] [--spread 0.02] [--search session|levels]
+        [--rows accuracy throughput] [--drop 0.07] [--spread 0.02] [--search session|per-step|levels]
+        [--work DIR]
 
 The case is a nightly case file shaped as the demo's: one server, an accuracy benchmark
 (`threshold` 4, 100 samples at the nightly's default temperature 0.6) and a performance benchmark
@@ -36,18 +37,29 @@ evaluator's default retry budget (`bisect_npu.defaults.TRIAL_RETRIES`), each att
 run. Accuracy: each step is `bisect_npu.orchestration.running.accuracy.AccuracySteps.step` (the rounds,
 the focused samples and the verdict of the real accuracy oracle against the ends), and the
 search is the likelihood mode a session runs for an accuracy recipe, weighing each step's
-likelihood ratio as the session does (`orchestration.opening.state.accuracy_weight`). Throughput: each
+likelihood ratio as the session does (`orchestration.opening.state.accuracy_weight`). Throughput per
+step (`--search per-step`, `oracle.throughput.search: per_step`): each
 step runs the recipe's trials one at a time until `bisect_npu.oracle.sequential` stops them (the
 rule the evaluator applies: the step's likelihood ratio against the good end past its bound, or
 the recipe's 5 trials), the good end first until its mean is known (`reference_known`, at most
 `oracle.throughput.reference_trials`), each later step weighed also against the bad end's runs
-(as the evaluator keeps them), in the search mode the session runs for a throughput recipe
+(as the evaluator keeps them), in the search mode the session runs for such a recipe
 (`orchestration.session.search_mode_for`: likelihood), each step weighed by its ratio.
 The rule's constants were chosen on seeds 1000-1599; docs/benchmarks.md reports seeds 0-399.
 `--drop` and `--spread` change the throughput regression (held-out checks), `--rows` runs one.
-`--search levels` runs the throughput rows under the levels search instead (search/two_levels.py:
-one change-point model over every run of the session, both means and the spread integrated out,
-one run a query where it teaches most); sessions do not run it yet.
+The throughput rows (`--search`):
+- `session` (the default): through bisect-npu's sessions (`orchestration.session.Session`, the
+  engine, the journal, the evaluator and its retries, the search the session picks for the
+  recipe: levels mode, search/two_levels.py, one run a step) over a real git history of the
+  case's length made under `--work`; each seeded history's builds fail at its unbuildable commits
+  (the build command reads the commit's `counter`, its index) and its benchmark runs are stood in
+  for at the executor (tests/helpers/npu_throughput.py: the NPU host's run cannot happen here),
+  each run's throughput drawn about its side's level, a run crashing (the engine never starts) at
+  3%, run again by the evaluator's retries. The recipe is the imported one, but for
+  `trials.retry_backoff_s: 0` (a wait between attempts changes no run). The notes count the wrong
+  culprits named with exit 0 at the confidence 0.99.
+- `per-step`: what sessions ran before levels mode (`oracle.throughput.search: per_step`), as above.
+- `levels`: the levels search alone (`decide` in a loop, each query one run): no session.
 
 A commit whose parent cannot be built (its own code fails to build) cannot be named by any tool:
 the best answer that history allows is the range from the last buildable commit before it to it.
@@ -58,11 +70,17 @@ from __future__ import annotations
 
 import argparse
 import functools
+import shutil
+import sys
+import tempfile
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 
 import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tests.helpers: the NPU run's stand-in
 
 from bisect_npu.defaults import TRIAL_RETRIES
 from bisect_npu.nightly.cases import import_case
@@ -84,13 +102,18 @@ CRASH, BUILD_FAIL = 0.03, 0.05
 
 
 @functools.cache
-def recipe_of(benchmark: str, baseline: float = 96.0) -> Recipe:
-    """The recipe `run --nightly-case` makes of the case's benchmark (`baseline`: the accuracy's, points)."""
+def recipe_of(benchmark: str, baseline: float = 96.0, search: str = "levels") -> Recipe:
+    """The recipe `run --nightly-case` makes of the case's benchmark (`baseline`: the accuracy's,
+    points; `search`: the performance benchmark's `oracle.throughput.search`)."""
     case = {"name": "nightly-bench", "model": "seed:0", "launcher": ["serve"],
             "benchmarks": {"acc": {"case_type": "accuracy", "dataset_path": "qa.jsonl", "dataset_conf": "qa_conf",
                                    "baseline": baseline, "threshold": THRESHOLD, "max_out_len": 1024},
                            "perf": {"case_type": "performance", "baseline": 100, "threshold": TPUT_THRESHOLD}}}
-    return import_case({"test_cases": [case]}, "nightly-bench.yaml", benchmark=benchmark)
+    recipe = import_case({"test_cases": [case]}, "nightly-bench.yaml", benchmark=benchmark)
+    if recipe.oracle.throughput is None:
+        return recipe
+    throughput = recipe.oracle.throughput.model_copy(update={"search": search})
+    return recipe.model_copy(update={"oracle": recipe.oracle.model_copy(update={"throughput": throughput})})
 
 
 @dataclass(frozen=True)
@@ -143,6 +166,7 @@ class Outcome:
     best: bool  # the culprit, or exactly the range its unbuildable parent(s) leave
     runs: int
     samples: int = 0
+    wrong: bool = False  # another commit named as the culprit (exit 0)
 
 
 def blocked(world: World) -> bool:
@@ -295,7 +319,7 @@ class Ours:
         named = isinstance(decision, Found) and decision.index == self.world.culprit
         lo, hi = self.world.best_range()
         best = named or (isinstance(decision, Narrowed) and (decision.lo, decision.hi) == (lo, hi))
-        return Outcome(named, best, self.runs, self.samples)
+        return Outcome(named, best, self.runs, self.samples, wrong=isinstance(decision, Found) and not named)
 
     def bisect(self) -> Outcome:
         if self.levels and self.recipe.oracle.throughput is not None:
@@ -329,8 +353,68 @@ class Ours:
 
 
 def ours(world: World, levels: bool = False) -> Outcome:
-    recipe = recipe_of("acc", world.baseline) if world.breaks == "accuracy" else recipe_of("perf")
+    recipe = recipe_of("acc", world.baseline) if world.breaks == "accuracy" else recipe_of("perf", search="per_step")
     return Ours(world, recipe, levels=levels).bisect()
+
+
+# -- bisect-npu through its sessions ------------------------------------------------------------
+
+@dataclass(frozen=True)
+class SessionHistory:
+    """A real git history of the case's length (tests/helpers/gitrepo.py: commit i's `counter` file
+    holds i), the performance benchmark's recipe as a file, and where the sessions go."""
+
+    work: Path
+    repo: Path
+    shas: list[str]
+    recipe: Path
+
+
+def session_history(work: Path, n: int) -> SessionHistory:
+    from bisect_npu.nightly.at_commit import recipe_dump
+    from tests.helpers.gitrepo import make_linear_repo
+
+    shas = make_linear_repo(work / "repo", n + 1)
+    recipe = recipe_of("perf")
+    recipe = recipe.model_copy(update={"trials": recipe.trials.model_copy(update={"retry_backoff_s": 0.0})})
+    path = work / "perf.yaml"
+    path.write_text(recipe_dump(recipe))
+    return SessionHistory(work, work / "repo", shas, path)
+
+
+def ours_in_session(world: World, history: SessionHistory, seed: int) -> Outcome:
+    """One seeded history bisected by a session (see the module's docstring); `runs` counts every
+    benchmark run, crashed attempts included."""
+    import git
+
+    from bisect_npu.api.bisection import progress_for
+    from bisect_npu.builders.local import LocalBuilder
+    from bisect_npu.orchestration.opening.session_spec import SessionSpec
+    from bisect_npu.orchestration.session import Session
+    from bisect_npu.request import RunRequest
+    from tests.helpers.npu_throughput import NpuThroughputStandIn, crashing_at
+
+    shas = history.shas
+    position = {sha: i for i, sha in enumerate(shas)}
+    stand_in = NpuThroughputStandIn(world.drop, world.spread, seed, crashes=crashing_at(CRASH, seed),
+                                    level_of=lambda env: world.breaks == "throughput"
+                                    and position[env.commit] >= world.culprit)
+    where = Path(tempfile.mkdtemp(prefix=f"seed-{seed}-", dir=history.work))
+    unbuildable = where / "unbuildable.txt"
+    unbuildable.write_text("".join(f"{i}\n" for i in sorted(world.unbuildable)))
+    builder = LocalBuilder(git.Repo(history.repo), where / "work",
+                           ["sh", "-c", '! grep -qxF "$(cat counter)" "$0"', str(unbuildable)])
+    spec = SessionSpec.of(RunRequest.of(repo=str(history.repo), good=shas[0], bad=shas[world.n],
+                                        recipe=str(history.recipe), propose_fix=False, confidence=0.99))
+    try:
+        result = Session.start(spec, session_dir=where / "session", builder=builder, executor=stand_in,
+                               progress=progress_for(quiet=True, live=False)).run()
+    finally:
+        shutil.rmtree(where, ignore_errors=True)
+    named = result.status == "found" and result.culprit == shas[world.culprit]
+    lo, hi = world.best_range()
+    best = named or (result.status == "narrowed" and result.range == (shas[lo], shas[hi]))
+    return Outcome(named, best, stand_in.runs, wrong=result.status == "found" and not named)
 
 
 def make_world(seed: int, n: int, breaks: str, pin_moves: bool, drop: float = TPUT_DROP,
@@ -357,14 +441,20 @@ def main() -> None:
     parser.add_argument("--rows", choices=("accuracy", "throughput"), nargs="+", default=["accuracy", "throughput"])
     parser.add_argument("--drop", type=float, default=TPUT_DROP, help="the throughput regression (share)")
     parser.add_argument("--spread", type=float, default=TPUT_SD, help="a throughput run's spread (share)")
-    parser.add_argument("--search", choices=("session", "levels"), default="session",
-                        help="throughput rows: the search a session runs, or the levels search (one model over "
-                             "every run; not wired into sessions yet)")
+    parser.add_argument("--search", choices=("session", "per-step", "levels"), default="session",
+                        help="throughput rows: through bisect-npu's sessions (levels mode, their default), the "
+                             "per-step trials sessions ran before it, or the levels search alone")
+    parser.add_argument("--work", type=Path, default=None,
+                        help="--search session: where the history and the sessions go [default: a temporary "
+                             "directory, removed after]")
     args = parser.parse_args()
     started = time.monotonic()
     seeds = range(args.first_seed, args.first_seed + args.seeds)
     print(f"seeds {seeds.start}-{seeds.stop - 1} ({args.seeds} seeded culprits per row), {args.candidates} candidates; "
-          f"throughput drop {args.drop:.0%}, spread {args.spread:.0%}")
+          f"throughput drop {args.drop:.0%}, spread {args.spread:.0%}; throughput rows: --search {args.search}")
+    work = args.work or Path(tempfile.mkdtemp(prefix="nightly-bench-"))
+    history = session_history(work, args.candidates) if args.search == "session" and "throughput" in args.rows \
+        else None
     print("| regression | vLLM pin | tools/bisect right | its runs (mean) | bisect-npu culprit named | "
           "best answer the builds allow | its runs (mean) | its samples run (mean) |")
     print("|---|---|---:|---:|---:|---:|---:|---:|")
@@ -375,7 +465,10 @@ def main() -> None:
         def world(seed: int, pin_moves: bool, breaks: str = breaks) -> World:
             return make_world(seed, args.candidates, breaks, pin_moves, args.drop, args.spread)
 
-        mine = [ours(world(seed, False), args.search == "levels") for seed in seeds]
+        if history is not None and breaks == "throughput":
+            mine = [ours_in_session(world(seed, False), history, seed) for seed in seeds]
+        else:
+            mine = [ours(world(seed, False), args.search == "levels") for seed in seeds]
         for pin_moves in (False, True):
             worlds = [world(seed, pin_moves) for seed in seeds]
             other = [theirs(w) for w in worlds]
@@ -389,9 +482,13 @@ def main() -> None:
                 wrong = [w for w, r in zip(worlds, mine, strict=True) if not r.best]
                 notes.append(f"{breaks}: bisect-npu's {len(misses)} misses of the culprit: {sum(map(blocked, misses))} "
                              f"with the commit before it unbuildable, {sum(not blocked(w) for w in misses)} else; "
-                             f"{len(wrong)} answers not the best the builds allow")
+                             f"{len(wrong)} answers not the best the builds allow; "
+                             f"{sum(r.wrong for r in mine)} wrong culprits named with exit 0 "
+                             f"({np.mean([r.wrong for r in mine]):.2%})")
     for note in notes:
         print(note)
+    if args.work is None:
+        shutil.rmtree(work, ignore_errors=True)
     print(f"({time.monotonic() - started:.1f} s)")
 
 

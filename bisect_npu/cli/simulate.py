@@ -47,19 +47,24 @@ from bisect_npu.cli.params import FiniteRange
               help="Search mode; default: exact for a perfect test (rates 1/0), else noisy.")
 @click.option("--throughput-drop", type=FiniteRange(0, 1, min_open=True, max_open=True), default=None,
               help="Forecast a throughput regression instead of the rates: the culprit's drop as a share "
-                   "(0.07: -7%); each step's trials stop when sure, as a session's do.")
+                   "(0.07: -7%), searched as a session searches it (--throughput-search).")
 @click.option("--throughput-spread", type=FiniteRange(0, 1, min_open=True), default=0.02, show_default=True,
               help="With --throughput-drop: one run's spread as a share of the mean.")
 @click.option("--threshold", type=FiniteRange(0, 1, min_open=True, max_open=True), default=0.97,
               show_default=True, help="With --throughput-drop: the recipe's oracle.throughput.threshold.")
 @click.option("--trials", type=click.IntRange(1), default=5, show_default=True,
-              help="With --throughput-drop: a step's most trials (trials.count; the good end 4 x).")
+              help="With --throughput-drop and --throughput-search per-step: a step's most trials "
+                   "(trials.count; the good end 4 x).")
+@click.option("--throughput-search", type=click.Choice(["levels", "per-step"]), default="levels",
+              show_default=True,
+              help="With --throughput-drop: the session's search, the recipe's oracle.throughput.search (levels: "
+                   "one run a step, every run weighed together; per-step: each step's trials stopped when sure).")
 def simulate(repo: str, good: str, bad: str, culprit: str, bad_rate: float, good_rate: float,
              build_fail: float, slots: int, runs: int, build_cost_min: float, overlay_cost_min: float,
              run_cost_min: float,
              load_cost_min: float, earlier_runs: int, dockerfile: str, seed: int,
              mode: Literal["exact", "noisy"] | None, throughput_drop: float | None, throughput_spread: float,
-             threshold: float, trials: int) -> None:
+             threshold: float, trials: int, throughput_search: str) -> None:
     """Expected runs, builds, accuracy and hours of bisecting GOOD..BAD when CULPRIT is the answer."""
     from bisect_npu import api
 
@@ -70,7 +75,8 @@ def simulate(repo: str, good: str, bad: str, culprit: str, bad_rate: float, good
                               load_cost_min=load_cost_min, earlier_runs=earlier_runs, dockerfile=dockerfile,
                               seed=seed, mode=mode, on_run=on_run,
                               throughput_drop=throughput_drop, throughput_spread=throughput_spread,
-                              threshold=threshold, trials=trials)
+                              threshold=threshold, trials=trials,
+                              throughput_search="levels" if throughput_search == "levels" else "per_step")
     heading = (f"{answer.candidates} candidates, culprit at position {answer.position}, "
                f"{answer.build_keys} build keys, mode {answer.mode}, "
                + (f"rates {bad_rate}/{good_rate}" if throughput_drop is None else

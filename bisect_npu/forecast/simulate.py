@@ -8,10 +8,13 @@ commit tested with a build key costs a full build (``Minutes.build``), other com
 key an overlay (``Minutes.overlay``), a commit tested before nothing. Each query starts the
 engine once (``Minutes.load``) and then runs its trials (``Minutes.run`` each).
 
-A throughput regression (`Throughput`) is replayed as a session runs it instead: each run's
-throughput drawn about the side's mean, the good end run first, every step's trials stopped when
-its verdict is sure by the rule the evaluator applies (oracle/sequential.py), and the likelihood
-search weighing each step's ratio; a trial after the first batch of a step starts its engine.
+A throughput regression (`Throughput`) is replayed as a session runs it instead, each run's
+throughput drawn about the side's mean. In levels mode (a throughput recipe's default,
+`oracle.throughput.search: levels`) every step is one run, an engine start and the run, where the
+levels search asks it, and the search weighs every run together. Per step (`search: per_step`)
+the good end runs first, every step's trials stop when its verdict is sure by the rule the
+evaluator applies (oracle/sequential.py), and the likelihood search weighs each step's ratio; a
+trial after the first batch of a step starts its engine.
 
 Used by `bisect-npu simulate` (planning on a real history) and by bench/noisy_bench.py.
 """
@@ -59,13 +62,15 @@ class Minutes:
 class Throughput:
     """A throughput regression to forecast: `drop` and `spread` (one run's standard deviation) as
     shares of the good side's mean, the recipe's `threshold`, a step's most trials (`trials`,
-    the recipe's trials.count) and the good end's (`reference_trials`; None: the oracle's default)."""
+    the recipe's trials.count) and the good end's (`reference_trials`; None: the oracle's default),
+    and the session's search (`search`: the recipe's `oracle.throughput.search`)."""
 
     drop: float
     spread: float = 0.02
     threshold: float = 0.97
     trials: int = 5
     reference_trials: int | None = None
+    search: Literal["levels", "per_step"] = "levels"
 
 
 @dataclass(frozen=True)
@@ -269,6 +274,49 @@ def simulate_throughput_one(
     raise RuntimeError(f"the search did not finish within {max_rounds} rounds")
 
 
+def simulate_levels_one(
+    problem: SearchProblem,
+    culprit: int,
+    regression: Throughput,
+    *,
+    build_fail: float,
+    rng: np.random.Generator,
+    build_key_of: Callable[[int], str],
+    costs: Minutes = Minutes(),
+    max_rounds: int = 100_000,
+    unbuildable: Collection[int] = (),
+) -> RunOutcome:
+    """One levels-mode session against a throughput regression: each query one run (an engine start
+    and the run) at the position the search asks, its value the search's evidence."""
+    evidence: dict[int, Evidence] = {}
+    known = {**{i: False for i in unbuildable}, 0: True, problem.n: True}
+    book = _BuildBook(build_key_of, costs, build_fail, rng, known)
+    trials = rounds = 0
+    wall = 0.0
+    for _ in range(max_rounds):
+        decision = decide(problem, evidence)
+        if not isinstance(decision, Next):
+            return RunOutcome(decision, trials, rounds, len(book.builds), book.overlays, trials, wall, culprit)
+        rounds += 1
+        slowest = 0.0
+        for query in decision.queries:
+            i, before = query.index, evidence.get(query.index, Evidence())
+            if i in unbuildable:
+                evidence[i] = before.add("skip")
+                continue
+            cost, built = book.ready(i, i in evidence)
+            if not built:
+                evidence[i] = before.add("skip")
+                slowest = max(slowest, cost)
+                continue
+            value = float(rng.normal(1.0 - regression.drop if i >= culprit else 1.0, regression.spread))
+            evidence[i] = before.add("bad" if value < regression.threshold else "good").measure((value,))
+            trials += 1
+            slowest = max(slowest, cost + costs.load + costs.run)
+        wall += slowest
+    raise RuntimeError(f"the search did not finish within {max_rounds} rounds")
+
+
 def simulate(
     n: int,
     culprit: int | Sequence[int],
@@ -299,7 +347,8 @@ def simulate(
     ``tell_build_groups``, which positions share a build (as a session with a keyed builder).
     ``on_run(done, total)`` is called after each bisection (progress for long simulations).
     ``unbuildable`` candidates (1..n-1) fail to build, as a candidate without the Dockerfile does.
-    ``throughput``: a throughput regression instead of the rates, in the likelihood search.
+    ``throughput``: a throughput regression instead of the rates, in the search its session runs
+    (levels mode, or per step in the likelihood search).
     """
     culprits = [culprit] if isinstance(culprit, int) else list(culprit)
     wrong = [c for c in culprits if not 1 <= c <= n]
@@ -318,18 +367,20 @@ def simulate(
     rng = np.random.default_rng(seed)
     total = len(culprits) * runs
     outcomes: list[RunOutcome] = []
+    levels = throughput is not None and throughput.search == "levels"
     if throughput is not None:
-        # A likelihood step's unit is one step (a session measures step seconds): its engine start
-        # and at most its trials' runs. Costs are told only with the groups, as a session does.
-        per_step = costs.load + throughput.trials * costs.run or float("inf")
-        problem = SearchProblem(n=n, mode="likelihood", slots=slots, confidence=confidence,
+        # A step's unit is one step (a session measures step seconds): its engine start and at most
+        # its trials' runs (one in levels mode). Costs are told only with the groups, as a session does.
+        per_step = costs.load + (1 if levels else throughput.trials) * costs.run or float("inf")
+        problem = SearchProblem(n=n, mode="levels" if levels else "likelihood", slots=slots, confidence=confidence,
                                 build_cost=costs.build / per_step if groups else 0.0, build_groups=groups,
-                                overlay_cost=costs.overlay / per_step if groups else 0.0)
+                                overlay_cost=costs.overlay / per_step if groups else 0.0,
+                                threshold=throughput.threshold)
     for position in (p for p in culprits for _ in range(runs)):
         if throughput is not None:
-            outcomes.append(simulate_throughput_one(problem, position, throughput, build_fail=build_fail, rng=rng,
-                                                    build_key_of=key_of, costs=costs,
-                                                    unbuildable=frozenset(unbuildable)))
+            one = simulate_levels_one if levels else simulate_throughput_one
+            outcomes.append(one(problem, position, throughput, build_fail=build_fail, rng=rng, build_key_of=key_of,
+                                costs=costs, unbuildable=frozenset(unbuildable)))
             if on_run is not None:
                 on_run(len(outcomes), total)
             continue

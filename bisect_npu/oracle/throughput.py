@@ -46,8 +46,13 @@ class ThroughputConfig(StrictModel):
                     f"is the line of every step; unset: {REFERENCE_TRIALS_FACTOR} x trials.count (its error would "
                     "move every step's line at once)")
 
+    search: Literal["levels", "per_step"] = Field(
+        "levels", description="reference good_end: levels (one run a step; the session's change-point search "
+                              "weighs every run of every commit together, both sides' means and the spread "
+                              "unknown, and asks one run where it teaches most); per_step: each step runs its "
+                              "trials (see `sequential`) and the search weighs each step's verdict")
     sequential: bool = Field(
-        True, description="reference good_end: a step's trials stop as soon as its verdict is sure (trials.count "
+        True, description="search per_step: a step's trials stop as soon as its verdict is sure (trials.count "
                           "and reference_trials are the most it runs), and the search weighs each step's "
                           "likelihood ratio; false: every step runs its count")
 

@@ -17,7 +17,8 @@ import functools
 import itertools
 import math
 import threading
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import replace
 from pathlib import Path
 from typing import Literal
 
@@ -42,7 +43,7 @@ from bisect_npu.orchestration.opening.session_opening import folded
 from bisect_npu.orchestration.opening.session_spec import SessionSpec, earlier_runs_for_search, earlier_runs_spec
 from bisect_npu.orchestration.opening.state import SessionState, accuracy_weight, answer_log_lr
 from bisect_npu.orchestration.opening.verdict_reuse import SessionVerdicts, VerdictReuse
-from bisect_npu.orchestration.running.evaluate import EvaluationRequest, Evaluator, until_sure
+from bisect_npu.orchestration.running.evaluate import EvaluationRequest, Evaluator, levels_search, until_sure
 from bisect_npu.progress import Progress
 from bisect_npu.recipe.schema import Recipe
 from bisect_npu.records import (
@@ -59,16 +60,28 @@ Answer = search.Found | search.Narrowed | search.EndsWrong  # what the commit se
 END_OUTPUT_LINES = 10  # what an end judged wrong shows of its run's output
 
 
-def search_mode_for(recipe: Recipe | None, asked: Literal["exact", "noisy"] | None = None,
-                    ) -> Literal["exact", "noisy", "likelihood"]:
-    """The search's mode for a recipe: an accuracy recipe's steps, and a throughput recipe's against
-    its good end whose steps stop when sure, are measurements, so the search weighs each one's
-    likelihood ratio; otherwise the mode asked (--mode), else the recipe's."""
+def search_mode_for(recipe: Recipe | None, asked: Literal["exact", "noisy"] | None = None, find_fix: bool = False,
+                    ) -> Literal["exact", "noisy", "likelihood", "levels"]:
+    """The search's mode for a recipe: a throughput recipe against its good end searches every run
+    together (levels mode, `oracle.throughput.search: levels`, one run a step); an accuracy
+    recipe's steps, and a throughput recipe's whose steps stop when sure (`search: per_step`, or
+    under --find-fix), are measurements, so the search weighs each one's likelihood ratio;
+    otherwise the mode asked (--mode), else the recipe's."""
+    if levels_search(recipe, find_fix) and asked != "noisy":
+        return "levels"
     if recipe is not None and (recipe.accuracy is not None or (until_sure(recipe) and asked != "noisy")):
         return "likelihood"
     if asked:
         return asked
     return recipe.trials.mode if recipe else "exact"
+
+
+def levels_ends_said(evidence: Mapping[int, search.Evidence], n: int, under_line: float) -> str:
+    """Why the levels search judged the bad end not bad: both ends' runs, and how likely it is that
+    the bad end's mean lies under the good end's line."""
+    good, bad = evidence[0].measured, evidence[n].measured
+    return (f"its {len(bad)} run(s) average {sum(bad) / len(bad):.1f} tokens/s against the good end's "
+            f"{sum(good) / len(good):.1f} over {len(good)} run(s); P(under the good end's line) = {under_line:.1%}")
 
 
 def first_trials(queries: Sequence[search.Query], next_trial: Callable[[int], int]) -> list[int]:
@@ -101,13 +114,17 @@ class Session:
         self._lock = threading.Lock()
         self._told: dict[str, float] = {}  # the costs the search was told for the round being run
         self.earlier_runs = earlier_runs_spec(spec, recipe)
+        # Levels mode: one run a step, every run the search's evidence; the verdict store keeps a
+        # step's kind, not its run, so it is not asked.
+        self.levels = search_mode_for(recipe, spec.search.mode, spec.search.find_fix) == "levels"
+        evaluator.levels = self.levels
         confidence = recipe.accuracy.confidence if recipe is not None and recipe.accuracy is not None else None
         if until_sure(recipe):  # a stored throughput verdict weighs what a step stopped at the oracle's bound said
             assert recipe is not None and recipe.oracle.throughput is not None
             confidence = recipe.oracle.throughput.confidence
         self.state = folded(SessionState(self.mode == "noisy", spec.search.find_fix, journal.entries,
                                          weigh=accuracy_weight(confidence, self.n, find_fix=spec.search.find_fix),
-                                         ends=(0, self.n)), evaluator)
+                                         ends=(0, self.n), measured=self.levels), evaluator)
         if until_sure(recipe):  # the spread pooled over the finished steps' runs, as the interrupted run had it
             for step in self.state.steps():
                 evaluator.remember_runs(step.commit, step.trials)
@@ -116,7 +133,7 @@ class Session:
         for step in self.state.steps():  # a resumed accuracy session: the samples each commit ran
             evaluator.recall_accuracy_step(step.commit, step.trials)
         always_run = frozenset({0} if self.references.from_good_end else ())  # the reference's runs
-        self.verdicts: SessionVerdicts[int] | None = None if reuse is None else SessionVerdicts(
+        self.verdicts: SessionVerdicts[int] | None = None if reuse is None or self.levels else SessionVerdicts(
             lambda _index: reuse, self.state, progress, always_run=always_run,
             outcomes=self.state.outcomes if self.mode == "noisy" else None)
 
@@ -181,13 +198,14 @@ class Session:
         load_cost, build_cost, overlay_cost = measured_costs(
             self.state.seconds, self.recipe.trials if self.recipe else None, noisy=self.mode == "noisy",
             batches=self.evaluator.batches, grouped=bool(groups))
-        mode = search_mode_for(self.recipe, self.spec.search.mode)
+        mode = search_mode_for(self.recipe, self.spec.search.mode, self.spec.search.find_fix)
+        throughput = self.recipe.oracle.throughput if self.recipe is not None else None
         return search.SearchProblem(n=self.n, mode=mode, check_ends=self.check_ends,
                                     slots=self.slots, confidence=confidence, earlier_runs=earlier,
                                     load_cost=load_cost, build_cost=build_cost, build_groups=groups,
                                     prebuilt_groups=self.prebuilt_groups(), overlay_cost=overlay_cost,
-                                    weights=self.weights, answer_log_lr=answer_log_lr(self.recipe))
-
+                                    weights=self.weights, answer_log_lr=answer_log_lr(self.recipe),
+                                    threshold=throughput.threshold if throughput is not None else 0.97)
 
     @property
     def weights(self) -> tuple[int, ...] | None:
@@ -322,7 +340,7 @@ class Session:
         title, key = self.titles.get(commit, ""), self._build_key(query.index)
         noisy = self.mode == "noisy"
         as_reference = index == 0 and self.references.from_good_end
-        trials = query.trials if noisy else step_trials(self.recipe, as_reference)
+        trials = query.trials if noisy else step_trials(self.recipe, as_reference, self.levels)
         pending = self.state.pending_trials(index) if not noisy else []
         expected = trials * (len(self.recipe.cases) if self.recipe else 1)
         finished = itertools.count(len(pending) + 1)
@@ -368,6 +386,9 @@ class Session:
     def finish(self, decision: Answer) -> SessionResult:
         """Journal how the search ended (its `end` record) and say it."""
         steps = len(self.state.steps())
+        if self.levels and not isinstance(decision, search.EndsWrong):
+            # why the levels search stopped: the confidence reached, or no commit left to run again
+            decision = replace(decision, figures={**decision.figures, "confidence_asked": self.confidence})
         if isinstance(decision, search.Found):
             culprit = self.commit_at(decision.index)
             message = end_messages.found(self.spec.level.name, culprit, self.titles.get(culprit, ""),
@@ -389,6 +410,8 @@ class Session:
             assert isinstance(decision, search.EndsWrong)
             end_index = 0 if decision.which == "good" else self.n
             why = next((e.verdict.reason for e in reversed(self.state.steps()) if e.index == end_index), "")
+            if self.levels and "under_line" in decision.figures:
+                why = levels_ends_said(self.evidence(), self.n, decision.figures["under_line"])
             untested = why if self.evidence().get(end_index, search.Evidence()).skipped else None
             log, output = self._end_run(end_index)
             message = end_messages.ends_wrong(decision.which, self.spec.range.good, self.spec.range.bad,

@@ -51,6 +51,8 @@ def evidence_summary(view: SessionView) -> list[str]:
                 "the reference)",
                 f"posterior that this is the first {'fixed' if flipped else 'bad'} commit: "
                 f"{_percent(figures['posterior'])} after {figures['steps']:.0f} steps"]
+    if "good_mean" in figures and "runs" in figures:  # levels mode: one model over every run
+        return _levels_lines(view, end, found)
     if "posterior" in figures:  # every position capped or skipped: the best guess, with its weight
         return [f"posterior {_percent(figures['posterior'])}: the commits around it reached the trial cap or "
                 "were skipped before the answer was sure"]
@@ -76,6 +78,31 @@ def evidence_summary(view: SessionView) -> list[str]:
         lines.append(f"{figures['tested']:.0f} of {len(view.range.candidates) + 1} {what} tested (the "
                      f"candidates and the {'old' if flipped else 'good'} end)")
     return lines
+
+
+def _levels_lines(view: SessionView, end: EndRecord, found: str) -> list[str]:
+    """The levels search's answer: its posterior against the confidence asked (and so why it
+    stopped), both sides' means, and the runs it spent, one a step, at the culprit and its parent."""
+    figures = end.figures
+    runs_at: dict[int, int] = {}
+    for step in view.steps:
+        if step.verdict in ("good", "bad"):
+            runs_at[step.index] = runs_at.get(step.index, 0) + 1
+    culprit = end.index if end.index is not None else -1
+    asked = figures.get("confidence_asked")
+    why = ""
+    if asked is not None and figures["posterior"] >= asked:
+        why = f"the search stopped when it reached the {_percent(asked)} asked"
+    elif asked is not None:
+        why = (f"the search stopped short of the {_percent(asked)} asked: the commits around it reached their runs "
+               "cap or were skipped")
+    share = figures["bad_mean"] / figures["good_mean"] if figures["good_mean"] else float("nan")
+    return [f"posterior that this is the first bad commit: {_percent(figures['posterior'])}"
+            + (f"; {why}" if why else ""),
+            f"the good side's mean {figures['good_mean']:.1f} tokens/s, the bad side's {figures['bad_mean']:.1f} "
+            f"({share:.1%} of it; every run of every commit weighed together, the spread estimated from them)",
+            f"{figures['runs']:.0f} runs in all, one a step: {runs_at.get(culprit, 0)} at {found}, "
+            f"{runs_at.get(culprit - 1, 0)} at its parent, {len(runs_at)} commits run"]
 
 
 def host_line(view: SessionView) -> str | None:

@@ -53,10 +53,14 @@ def test_simulate_replays_the_search_over_the_range(linear: tuple[Path, list[str
         api.simulate(repo, "good", "bad", shas[0], runs=1)
     with pytest.raises(api.UsageError, match="must exceed"):
         api.simulate(repo, "good", "bad", shas[17], bad_rate=0.2, good_rate=0.2)
-    # A throughput regression: the likelihood search over steps stopped when sure, the good end's runs counted.
+    # A throughput regression: the levels search, one run a round (a session's default for it); per
+    # step, the likelihood search over steps stopped when sure, the good end's runs counted.
     throughput = api.simulate(repo, "good", "bad", shas[17], runs=3, throughput_drop=0.07)
-    assert throughput.mode == "likelihood" and throughput.summary.accuracy == 1.0
-    assert throughput.summary.mean_trials > throughput.summary.mean_rounds
+    assert throughput.mode == "levels" and throughput.summary.accuracy == 1.0
+    assert throughput.summary.mean_trials == throughput.summary.mean_rounds
+    per_step = api.simulate(repo, "good", "bad", shas[17], runs=3, throughput_drop=0.07, throughput_search="per_step")
+    assert per_step.mode == "likelihood" and per_step.summary.accuracy == 1.0
+    assert per_step.summary.mean_trials > per_step.summary.mean_rounds
 
 
 def test_fix_ranks_the_fix_first_with_its_evidence(tmp_path: Path) -> None:

@@ -143,25 +143,45 @@ def test_candidates_that_cannot_be_built_are_stepped_around_at_no_cost():
 
 
 def test_a_throughput_forecast_runs_the_sessions_sequential_steps():
-    """A throughput regression is forecast as a session runs it: the good end's runs, then steps
-    that stop when sure, in the likelihood search: right nearly always, and a clear drop costs
-    fewer runs than a step's full count at every commit would, a drop near the line more."""
+    """A throughput regression searched per step (`search: per_step`) is forecast as such a session
+    runs it: the good end's runs, then steps that stop when sure, in the likelihood search: right
+    nearly always, and a clear drop costs fewer runs than a step's full count at every commit
+    would, a drop near the line more."""
     from bisect_npu.forecast.simulate import Throughput
     from bisect_npu.oracle.sequential import REFERENCE_MIN_TRIALS
 
     clear = simulate(39, list(range(1, 40, 4)), bad_rate=1.0, good_rate=0.0, runs=10, seed=1000,
-                     throughput=Throughput(drop=0.07, spread=0.02), costs=Minutes(build=30, run=5, load=2))
+                     throughput=Throughput(drop=0.07, spread=0.02, search="per_step"),
+                     costs=Minutes(build=30, run=5, load=2))
     assert clear.accuracy >= 0.95 and clear.ends_wrong == 0.0
     steps = clear.mean_trials - REFERENCE_MIN_TRIALS
     assert 6 <= steps < 5 * 6  # fewer than the 5-trial count over log2(40) steps
     assert clear.mean_loads > clear.mean_builds  # a step's later trials start the engine again
     near = simulate(39, list(range(1, 40, 4)), bad_rate=1.0, good_rate=0.0, runs=10, seed=1000,
-                    throughput=Throughput(drop=0.045, spread=0.02))
+                    throughput=Throughput(drop=0.045, spread=0.02, search="per_step"))
     assert near.mean_trials > clear.mean_trials
 
 
-def test_a_throughput_forecast_tells_the_likelihood_search_the_build_groups():
-    """As a session with a keyed builder does: told the groups, the search takes the built
+def test_a_throughput_forecast_in_levels_mode_runs_one_run_a_step():
+    """The default search of a throughput session (levels mode): each round one run, an engine
+    start each, right nearly always, and fewer runs than per-step trials at the same drop."""
+    from bisect_npu.forecast.simulate import Throughput
+
+    culprits = list(range(1, 40, 4))
+    costs = Minutes(build=30, run=5, load=2)
+    levels = simulate(39, culprits, bad_rate=1.0, good_rate=0.0, runs=10, seed=1000,
+                      throughput=Throughput(drop=0.07, spread=0.02), costs=costs)
+    per_step = simulate(39, culprits, bad_rate=1.0, good_rate=0.0, runs=10, seed=1000,
+                        throughput=Throughput(drop=0.07, spread=0.02, search="per_step"), costs=costs)
+    assert levels.accuracy >= 0.95 and levels.ends_wrong == 0.0
+    assert levels.mean_loads == levels.mean_trials == levels.mean_rounds  # one run a round, one slot
+    assert levels.mean_trials < per_step.mean_trials
+    assert levels.mean_machine_hours < per_step.mean_machine_hours
+
+
+def test_a_throughput_forecast_tells_the_search_the_build_groups():
+    """As a session with a keyed builder does (levels mode, a throughput session's default): told the
+    groups, the search takes the built
     neighbour of an unbuilt midpoint and builds less, and is as right."""
     from bisect_npu.forecast.simulate import Throughput
 

@@ -28,7 +28,6 @@ from bisect_npu.nightly.good_table import Lookup, last_good, read_rows
 from bisect_npu.observations import Observation, Timings, VerdictKind
 from bisect_npu.oracle import judge
 from bisect_npu.oracle.config import OracleConfig
-from bisect_npu.oracle.sequential import REFERENCE_MIN_TRIALS, pooled_spread
 from bisect_npu.oracle.throughput import (
     REFERENCE_TRIALS_FACTOR,
     ThroughputConfig,
@@ -40,6 +39,7 @@ from bisect_npu.oracle.throughput import (
 from bisect_npu.orchestration.opening.reference import step_trials
 from bisect_npu.orchestration.session import Session, search_mode_for
 from bisect_npu.recipe.loader import parse_recipe
+from bisect_npu.recipe.schema import Recipe
 from tests.helpers.gitrepo import git, make_linear_repo
 from tests.helpers.paths import HELPERS, REPO_ROOT
 
@@ -161,16 +161,26 @@ def test_the_good_end_whose_mean_is_the_line_runs_more_trials() -> None:
 
 
 def test_the_search_mode_of_each_benchmark() -> None:
-    """An accuracy benchmark's steps are measurements (the likelihood search weighs them), and so
-    are a performance benchmark's whose steps stop when sure; with `sequential: false` they are
-    verdicts (exact, or the mode asked)."""
+    """An accuracy benchmark's steps are measurements (the likelihood search weighs them); a
+    performance benchmark's runs are the levels search's evidence (one run a step), except under
+    --find-fix or with `search: per_step`, where its steps that stop when sure are weighed by the
+    likelihood search; with `sequential: false` too they are verdicts (exact, or the mode asked)."""
     raw = read_case_file(CASE_FILE, CASE_PATH)
     accuracy, perf = import_case(raw, CASE_PATH, "tiny-aclgraph"), import_case(raw, CASE_PATH, "tiny-aclgraph", "perf")
     assert search_mode_for(accuracy) == search_mode_for(accuracy, "noisy") == "likelihood"
-    assert (search_mode_for(perf), search_mode_for(perf, "noisy")) == ("likelihood", "noisy")
+    assert (search_mode_for(perf), search_mode_for(perf, "exact"), search_mode_for(perf, "noisy")) == \
+        ("levels", "levels", "noisy")
+    assert search_mode_for(perf, find_fix=True) == "likelihood"
     assert perf.oracle.throughput is not None
-    fixed = perf.model_copy(update={"oracle": perf.oracle.model_copy(update={
-        "throughput": perf.oracle.throughput.model_copy(update={"sequential": False})})})
+
+    def throughput(**fields: object) -> Recipe:
+        assert perf.oracle.throughput is not None
+        return perf.model_copy(update={"oracle": perf.oracle.model_copy(update={
+            "throughput": perf.oracle.throughput.model_copy(update=fields)})})
+
+    assert search_mode_for(throughput(search="per_step")) == "likelihood"
+    assert search_mode_for(throughput(sequential=False)) == "levels"
+    fixed = throughput(search="per_step", sequential=False)
     assert (search_mode_for(fixed), search_mode_for(fixed, "noisy")) == ("exact", "noisy")
     assert search_mode_for(None) == "exact"
 
@@ -468,49 +478,42 @@ def test_run_bisects_a_nightly_case_from_the_good_tables_row(tmp_path: Path) -> 
     assert summary["culprit"] == shas[culprit] and summary["good"] == shas[1]
     records = [json.loads(line) for line in (session / "journal.jsonl").read_text().splitlines()]
     trials = [r["index"] for r in records if r["type"] == "trial"]
-    # The good end runs until its mean is known (the line of every step); a step stops when sure.
-    assert REFERENCE_MIN_TRIALS <= trials.count(0) <= REFERENCE_TRIALS_FACTOR * 5
-    # A commit measured near the line on a loaded machine may run to its count; most stop sure.
-    per_step = sorted(trials.count(i) for i in set(trials) - {0})
-    assert per_step[len(per_step) // 2] < 5, per_step
-    steps = [r for r in records if r["type"] == "step" and r["index"] != 0]
-    assert steps and sum("; sure " in r["verdict"]["reason"] for r in steps) >= len(steps) - 1
-    # `simulate`'s forecast for this range, at the drop and the spread this session measured (pooled
-    # over every commit it ran, as its steps weigh them; a loaded machine widens it), holds the runs
-    # it spent within the range of its 200 simulated sessions (its p95 is passed by one in twenty).
-    good_end = next(r for r in records if r["type"] == "step" and r["index"] == 0)["verdict"]["figures"]
-    bad = [r["verdict"]["figures"]["throughput_mean"] for r in steps if r["verdict"]["kind"] == "bad"]
-    level = good_end["reference_mean"]
-    runs_at: dict[str, list[float]] = {}
-    for r in records:
-        if r["type"] == "step":
-            for t in r["trials"]:
-                value = sample_of(Observation.load(session / t["observation"])) if t.get("observation") else None
-                if value is not None:
-                    runs_at.setdefault(r["commit"], []).append(value)
-    measured = pooled_spread(runs_at.values())
-    spread = math.sqrt(measured.squares / measured.df) / level
+    # Levels mode (a throughput recipe's default): one run a step, each where the search asks it,
+    # every run weighed together; the good end is a position like any other.
+    steps = [r for r in records if r["type"] == "step"]
+    assert all(len(r["trials"]) == 1 for r in steps) and len(trials) == len(steps)
+    assert all("one run (levels search)" in r["verdict"]["reason"] for r in steps)
+    end = next(r for r in records if r["type"] == "end")["figures"]
+    assert end["posterior"] >= 0.99 and end["runs"] == len(trials)
+    assert "posterior that this is the first bad commit" in report
+    # `simulate`'s forecast for this range, at the drop and the spread this session measured (each
+    # run about its side's mean; a loaded machine widens it), holds the runs it spent within the
+    # range of its 200 simulated sessions.
+    runs_at: dict[int, list[float]] = {}
+    for r in steps:
+        for t in r["trials"]:
+            value = sample_of(Observation.load(session / t["observation"])) if t.get("observation") else None
+            if value is not None:
+                runs_at.setdefault(r["index"], []).append(value)
+    found = max(trials) - (len(shas) - 1 - culprit)  # the culprit's position in this session's range
+    sides = [[v for i, vs in runs_at.items() if (i >= found) == bad for v in vs] for bad in (False, True)]
+    level = float(np.mean(sides[0]))
+    within = sum(float(((np.array(side) - np.mean(side)) ** 2).sum()) for side in sides)
+    spread = max(math.sqrt(within / (len(trials) - 2)) / level, 0.005)
     forecast = simulate(7, culprit - 1, bad_rate=1.0, good_rate=0.0, runs=200, seed=0,
-                        throughput=Throughput(1 - float(np.mean(bad)) / level, spread, threshold=0.45))
+                        throughput=Throughput(1 - float(np.mean(sides[1])) / level, spread, threshold=0.45))
     assert forecast.accuracy >= 0.95
     assert forecast.mean_trials / 2 <= len(trials) <= forecast.max_trials, (len(trials), forecast)
     assert summary["nightly"]["parallel"] == "TP1" and summary["nightly"]["execution"] == "ACLGraph"
-    # Resumed, the session pools the same spread over its journaled steps' runs, commit by commit,
+    # Resumed, the session's evidence holds every run it journaled, and the good end does not run again.
     resumed = Session.resume(session)
     try:
-        pooled = resumed.evaluator.pooled()
-        # and weighs its later steps against the journaled bad end's runs, as the first run did.
         resumed.references.ensure(lambda _trials: pytest.fail("the good end ran again"))
-        bad_end = [r for r in records if r["type"] == "step" and r["index"] == max(trials)]
-        assert bad_end and [sample_of(o) for o in resumed.evaluator.bad_end_runs] == \
-            [sample_of(Observation.load(session / t["observation"])) for r in bad_end for t in r["trials"]
-             if t.get("observation")]
+        measured = {i: list(ev.measured) for i, ev in resumed.evidence().items() if ev.measured}
     finally:
         resumed.evaluator.close()
         resumed.journal.close()
-    assert pooled is not None and pooled.df >= trials.count(0) - 1
-    assert pooled.df == pooled_spread(runs_at.values()).df
-    assert pooled.squares == pytest.approx(pooled_spread(runs_at.values()).squares)
+    assert measured == {i: pytest.approx(vs, abs=1e-3) for i, vs in runs_at.items()}
 
 
 # -- the demo -------------------------------------------------------------------------------------

@@ -24,10 +24,11 @@ def store_reference(recipe: Recipe | None, base: str) -> str:
     return base if recipe is not None and recipe.reference.kind == "good_end" else ""
 
 
-def step_trials(recipe: Recipe | None, as_reference: bool) -> int:
+def step_trials(recipe: Recipe | None, as_reference: bool, levels: bool = False) -> int:
     """A step's trials outside noisy mode: the recipe's count, and more at the good end where its
-    mean is a throughput line (`oracle.throughput.reference_trials`)."""
-    if recipe is None:
+    mean is a throughput line (`oracle.throughput.reference_trials`); one in levels mode, where the
+    search asks each run where it teaches most."""
+    if recipe is None or levels:
         return 1
     spec = recipe.oracle.throughput
     if as_reference and spec is not None and "throughput" in recipe.oracle.kinds:

@@ -84,6 +84,16 @@ def answer_log_lr(recipe: Recipe | None) -> float:
     return step_bound(spec.confidence) if spec is not None else 0.0
 
 
+def measured_runs(step: StepRecord) -> tuple[float, ...]:
+    """A step's measured throughput runs (its verdict's figure ``throughput_samples``), for the
+    levels search; none where it measured nothing (a skip) or the figure is malformed."""
+    samples = step.verdict.figures.get("throughput_samples")
+    if step.verdict.kind == "skip" or not isinstance(samples, list):
+        return ()
+    values = [float(v) for v in samples if isinstance(v, int | float) and not isinstance(v, bool)]
+    return tuple(v for v in values if math.isfinite(v)) if len(values) == len(samples) else ()
+
+
 def _nodes(figure: object) -> tuple[tuple[float, ...], tuple[float, ...]]:
     """The good and bad sides' node terms of a verdict's figure, or none when it is missing or
     malformed (the step then weighs its ratio alone)."""
@@ -270,10 +280,12 @@ class SessionState(StoreLedger[int]):
     thread-safe: the slots of a round append while the progress asks how many candidates are left."""
 
     def __init__(self, noisy: bool, find_fix: bool, entries: Sequence[Record] = (),
-                 weigh: Callable[[StepRecord], search.Weight] | None = None, ends: Collection[int] = ()) -> None:
+                 weigh: Callable[[StepRecord], search.Weight] | None = None, ends: Collection[int] = (),
+                 measured: bool = False) -> None:
         super().__init__()
         self.noisy = noisy
         self.find_fix = find_fix
+        self.measured = measured  # levels mode: each step's throughput runs are the search's evidence
         self._weigh = weigh  # a step's log likelihood ratio in the search's terms (accuracy steps)
         self._lock = threading.Lock()
         self._evidence: dict[int, search.Evidence] = {}
@@ -322,12 +334,15 @@ class SessionState(StoreLedger[int]):
                     self._add(step.index, kind, stored=True)
         elif not self.noisy or (step.verdict.kind == "skip" and not step.trials):
             self._add(step.index, step.verdict.kind.value, stored=stored,
-                      weight=self._weigh(step) if self._weigh is not None else search.Weight(0.0))
+                      weight=self._weigh(step) if self._weigh is not None else search.Weight(0.0),
+                      values=measured_runs(step) if self.measured else ())
 
-    def _add(self, index: int, kind: str, *, stored: bool, weight: search.Weight | float = 0.0) -> None:
+    def _add(self, index: int, kind: str, *, stored: bool, weight: search.Weight | float = 0.0,
+             values: tuple[float, ...] = ()) -> None:
         books = (self._evidence,) if stored else (self._evidence, self._fresh)
         for book in books:
-            book[index] = book.get(index, search.Evidence()).add(search_term(kind, self.find_fix)).weigh(weight)
+            book[index] = book.get(index, search.Evidence()).add(search_term(kind, self.find_fix)).weigh(
+                weight).measure(values)
 
     def evidence(self, *, without_stored: bool = False) -> dict[int, search.Evidence]:
         """Each position's evidence; `without_stored`: only what this session ran itself (the

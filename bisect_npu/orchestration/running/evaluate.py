@@ -98,6 +98,18 @@ def until_sure(recipe: Recipe | None) -> bool:
     return spec.reference == "good_end" and spec.sequential and recipe.trials.mode == "exact"
 
 
+def levels_search(recipe: Recipe | None, find_fix: bool = False) -> bool:
+    """Whether a session searches a throughput recipe in levels mode (search/two_levels.py): a line
+    drawn from the good end's runs, in exact mode, `oracle.throughput.search: levels` (the default).
+    Each step is then one run, and the search weighs every run of every commit together. Not under
+    --find-fix: the levels model's rule puts the lower level on the search's bad side, which there
+    is the old one."""
+    if find_fix or recipe is None or "throughput" not in recipe.oracle.kinds or recipe.oracle.throughput is None:
+        return False
+    spec = recipe.oracle.throughput
+    return spec.reference == "good_end" and spec.search == "levels" and recipe.trials.mode == "exact"
+
+
 class _HostGaveUp(Exception):
     """A trial's retries were spent on the host: the candidate's other trials are not run (the host
     stopped working), and it is skipped with `reason`."""
@@ -156,6 +168,9 @@ class Evaluator:
         # the run-to-run spread each later step pools (oracle/sequential.py's `pooled_spread`).
         self.session_runs: dict[str, dict[str, float]] = {}
         self.accuracy = AccuracySteps(recipe) if recipe is not None and recipe.accuracy is not None else None
+        # A throughput session in levels mode (`levels_search`, set by the session): each step is one
+        # run, judged against the good end's runs so far, all of which are the reference.
+        self.levels = False
 
     def close(self) -> None:
         """End of the session: stop anything the executor still runs, then free the cached
@@ -204,7 +219,7 @@ class Evaluator:
             # Every trial was journaled before an interruption: judge them, build nothing again.
             records = list(request.done)
             if request.as_reference and self.command is None:
-                self.set_reference(records)
+                self._take_reference(records)
             return StepResult(commit, self._step_verdict(request, records),
                               BuildInfo(how="journaled", seconds=0.0), records, round(time.monotonic() - started, 3))
         try:
@@ -223,7 +238,7 @@ class Evaluator:
             else:
                 records = self._run_trials(request, env)
                 if request.as_reference:
-                    self.set_reference(records)
+                    self._take_reference(records)
                 verdict = self._step_verdict(request, records)
         except _HostGaveUp as gave_up:
             records, verdict = ran, Verdict(kind=VerdictKind.SKIP, reason=gave_up.reason, trials=len(ran))
@@ -273,8 +288,19 @@ class Evaluator:
             return Verdict(kind=records[0].outcome or VerdictKind.SKIP, reason=records[0].reason)
         return self._judge_step(records)
 
+    def _take_reference(self, records: list[TrialRun]) -> None:
+        """The good end's step's runs become the reference: in levels mode they join its earlier
+        steps' runs (each step there is one run), else they are the whole reference."""
+        if not self.levels:
+            self.set_reference(records)
+            return
+        self.reference = [*(self.reference or []), *self._observed(records)]
+
     def _step_verdict(self, request: EvaluationRequest, records: list[TrialRun]) -> Verdict:
-        """A recipe step's verdict: the sequential test's where the step stopped when sure."""
+        """A recipe step's verdict: the sequential test's where the step stopped when sure; in
+        levels mode its one run against the good end's runs so far (the search weighs the value)."""
+        if self.levels and not request.judge_each and self.command is None and self.accuracy is None:
+            return self._level_run(self._verdict(records, False))
         if not self._sequential(request):
             return self._verdict(records, request.judge_each)
         assert self.recipe is not None and self.recipe.oracle.throughput is not None
@@ -291,6 +317,19 @@ class Evaluator:
             self.bad_end_runs = observations
         self.remember_runs(request.commit, records, observations)
         return verdict
+
+    def _level_run(self, verdict: Verdict) -> Verdict:
+        """A levels-mode step's verdict said as what it is: a measurement the search weighs with
+        every other run; its kind (against the line of the good end's runs so far) only tells the
+        reader which side it looks like."""
+        samples = verdict.figures.get("throughput_samples")
+        if verdict.kind == VerdictKind.SKIP or not samples:
+            return verdict
+        figures = {**verdict.figures, "stopped": "levels search", "trials_run": len(samples)}
+        runs = "one run" if len(samples) == 1 else f"{len(samples)} runs"  # a fix verified on the bad end: its count
+        reason = (f"{', '.join(f'{s:.1f}' for s in samples)} tokens/s, {runs} (levels search); "
+                  f"{verdict.kind.value} against the line {figures.get('line', 0.0):.1f} so far")
+        return verdict.model_copy(update={"figures": figures, "reason": reason})
 
     def pooled(self) -> sequential.Spread | None:
         """The run-to-run spread pooled over every commit of the session's finished steps (the ends'
@@ -319,7 +358,7 @@ class Evaluator:
                 runs[key] = value
 
     def _sequential(self, request: EvaluationRequest) -> bool:
-        return self.command is None and not request.judge_each and until_sure(self.recipe)
+        return self.command is None and not request.judge_each and not self.levels and until_sure(self.recipe)
 
     def _observed(self, records: Sequence[TrialRun]) -> list[Observation]:
         return [Observation.load(self.abs(r.observation)) for r in records if r.observation]

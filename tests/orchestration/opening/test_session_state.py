@@ -6,8 +6,11 @@ from __future__ import annotations
 
 import math
 from pathlib import Path
+from typing import Any
 
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 from bisect_npu import api, search
 from bisect_npu.journal import Journal
@@ -148,3 +151,42 @@ def test_the_settings_sentences_name_the_trigger_and_the_side_that_misbehaved() 
     assert wrong["good"].startswith("precondition failed: the good variant (engine.args.async_scheduling=false, "
                                     "cases[*].sampling.top_p=0.9) is also bad at cccccccccccc (v1)")
     assert "the bad recipe could not be run at cccccccccccc (v1); see its log under /s/configurations" in wrong["bad"]
+
+
+def _measured_step(index: int, values: list[float] | None, kind: VerdictKind = VerdictKind.GOOD) -> StepRecord:
+    figures = {} if values is None else {"throughput_samples": values}
+    return StepRecord(index=index, commit=f"c{index}", verdict=Verdict(kind=kind, reason="", figures=figures),
+                      trials=[trial(index, 0)])
+
+
+@given(st.lists(st.tuples(st.integers(0, 6), st.floats(1.0, 2000.0), st.sampled_from(["run", "skip", "none"])),
+                max_size=30), st.randoms(use_true_random=False))
+def test_levels_state_holds_each_positions_runs_in_journal_order_whatever_the_order_of_positions(
+        journaled: list[tuple[int, float, str]], shuffle: Any) -> None:
+    """Levels mode (`measured=True`): every step's runs (figure `throughput_samples`) join its
+    position's `Evidence.measured`, a skip or a step without the figure adds none; the steps of
+    other positions interleaved in any other order give every position the same runs."""
+    steps = [_measured_step(i, [v] if what == "run" else None, VerdictKind.SKIP if what == "skip" else
+                            VerdictKind.GOOD) for i, v, what in journaled]
+    expected: dict[int, tuple[float, ...]] = {}
+    for i, v, what in journaled:
+        expected[i] = expected.get(i, ()) + ((v,) if what == "run" else ())
+    state = SessionState(False, False, steps, measured=True)
+    assert {i: ev.measured for i, ev in state.evidence().items()} == expected
+    # the same steps, positions interleaved otherwise (each position's own steps in their order)
+    by_position: dict[int, list[StepRecord]] = {}
+    for record in steps:
+        by_position.setdefault(record.index, []).append(record)
+    order = [i for i, records in by_position.items() for _ in records]
+    shuffle.shuffle(order)
+    reordered = [by_position[i].pop(0) for i in order]
+    again = SessionState(False, False, reordered, measured=True)
+    assert {i: ev.measured for i, ev in again.evidence().items()} == expected
+    assert all(not ev.measured for ev in SessionState(False, False, steps).evidence().values())
+
+
+def test_a_malformed_throughput_figure_is_no_run() -> None:
+    bad = StepRecord(index=2, commit="c2", verdict=Verdict(kind=VerdictKind.GOOD, reason="", figures={
+        "throughput_samples": [1.0, "fast"]}))
+    state = SessionState(False, False, [bad, _measured_step(2, [3.5])], measured=True)
+    assert state.evidence()[2].measured == (3.5,)

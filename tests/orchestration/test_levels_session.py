@@ -1,0 +1,168 @@
+"""A throughput session in levels mode (search/two_levels.py through the session engine): one run a
+step, every run of every commit the search's evidence. A real git history made here, real
+worktrees, the real journal and report; the NPU host's benchmark run is stood in for at the
+executor (tests/helpers/npu_throughput.py), its throughput dropping at the history's culprit with
+a seeded run-to-run spread."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+from typing import Any
+
+import git
+import pytest
+
+from bisect_npu.builders.local import LocalBuilder
+from bisect_npu.forecast.simulate import Throughput, simulate
+from bisect_npu.orchestration.ending.result import EXIT_ENDS_WRONG, EXIT_FOUND
+from bisect_npu.orchestration.session import Session
+from bisect_npu.report import write_reports
+from tests.helpers.asked import spec_of
+from tests.helpers.gitrepo import make_linear_repo
+from tests.helpers.npu_throughput import ENGINE_NEVER_STARTED, NpuThroughputStandIn, perf_recipe
+
+pytestmark = pytest.mark.e2e  # sessions, end to end
+
+N = 24  # commits: the good end 0, candidates 1..23
+CULPRIT = 15
+DROP, SPREAD = 0.07, 0.02
+
+
+@pytest.fixture(scope="module")
+def history(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, list[str]]:
+    where = tmp_path_factory.mktemp("levels")
+    shas = make_linear_repo(where / "repo", N, culprit=CULPRIT,
+                            files=lambda i: {"BROKEN": "x\n"} if i == 6 else {"BROKEN": None} if i == 7 else {})
+    return where / "repo", shas
+
+
+def _session(tmp: Path, repo: Path, shas: list[str], stand_in: NpuThroughputStandIn, search: str = "levels",
+             name: str = "s") -> tuple[Any, Path]:
+    recipe = perf_recipe(tmp / f"{name}-recipe.yaml", search)
+    spec = spec_of(good=shas[0], bad=shas[-1], repo=str(repo), recipe=str(recipe), propose_fix=False)
+    builder = LocalBuilder(git.Repo(repo), tmp / f"{name}-work", ["sh", "-c", "test ! -e BROKEN"])
+    result = Session.start(spec, session_dir=tmp / name, builder=builder, executor=stand_in).run()
+    write_reports(tmp / name)
+    return result, tmp / name
+
+
+def _records(session: Path) -> list[dict[str, Any]]:
+    return [json.loads(line) for line in (session / "journal.jsonl").read_text().splitlines()]
+
+
+def test_levels_mode_names_the_culprit_with_fewer_runs_than_per_step_trials(
+        history: tuple[Path, list[str]], tmp_path: Path) -> None:
+    """Over a few seeded spreads of runs, levels mode names the culprit each time and spends fewer
+    runs in all than per-step trials on the same draws; its journal and report say what it did."""
+    repo, shas = history
+    levels_runs, per_step_runs = [], []
+    for seed in range(4):
+        levels = NpuThroughputStandIn(DROP, SPREAD, seed=seed)
+        result, session = _session(tmp_path, repo, shas, levels, name=f"levels{seed}")
+        assert result.exit_code == EXIT_FOUND and result.culprit == shas[CULPRIT]
+        levels_runs.append(levels.runs)
+        per_step = NpuThroughputStandIn(DROP, SPREAD, seed=seed)
+        old, _ = _session(tmp_path, repo, shas, per_step, "per_step", name=f"per_step{seed}")
+        assert old.culprit == shas[CULPRIT]
+        per_step_runs.append(per_step.runs)
+    assert sum(levels_runs) < sum(per_step_runs), (levels_runs, per_step_runs)
+
+    records = _records(session)
+    steps = [r for r in records if r["type"] == "step"]
+    # one run a step (a build that failed ran none), every run journaled as its own trial
+    assert all(len(s["trials"]) == 1 for s in steps if s["build"]["how"] != "failed")
+    assert sum(r["type"] == "trial" for r in records) == levels.runs
+    assert all("one run (levels search)" in s["verdict"]["reason"]
+               for s in steps if s["verdict"]["kind"] != "skip")
+    end = next(r for r in records if r["type"] == "end")
+    assert end["figures"]["posterior"] >= 0.99 and end["figures"]["confidence_asked"] == 0.99
+    assert end["figures"]["runs"] == levels.runs
+    report = (session / "report.md").read_text()
+    assert "posterior that this is the first bad commit" in report
+    assert "the search stopped when it reached the 99.0% asked" in report
+    assert f"{levels.runs} runs in all, one a step" in report
+
+
+def test_a_resumed_session_redoes_nothing_and_answers_the_same(history: tuple[Path, list[str]],
+                                                                tmp_path: Path) -> None:
+    """Killed after some steps and one trial of the next (its step not journaled yet), the session
+    resumes: no journaled run is made again, and it takes the uninterrupted session's path."""
+    repo, shas = history
+    whole = NpuThroughputStandIn(DROP, SPREAD, seed=5)
+    result, session = _session(tmp_path, repo, shas, whole)
+    lines = (session / "journal.jsonl").read_text().splitlines()
+    kinds = [json.loads(line)["type"] for line in lines]
+    steps_at = [i for i, kind in enumerate(kinds) if kind == "step"]
+    cut = steps_at[len(steps_at) // 2] + 2  # the next step's trial is journaled, not its step
+    assert kinds[cut - 1] == "trial"
+    cut_dir = tmp_path / "cut"
+    shutil.copytree(session, cut_dir)
+    (cut_dir / "journal.jsonl").write_text("\n".join(lines[:cut]) + "\n")
+    for name in ("report.md", "report.json"):
+        (cut_dir / name).unlink(missing_ok=True)
+    journaled = {(r["commit"], r["trial"]) for r in map(json.loads, lines[:cut]) if r["type"] == "trial"}
+
+    resumed_runs = NpuThroughputStandIn(DROP, SPREAD, seed=5)
+    builder = LocalBuilder(git.Repo(repo), tmp_path / "cut-work", ["sh", "-c", "test ! -e BROKEN"])
+    again = Session.resume(cut_dir, builder=builder, executor=resumed_runs).run()
+    assert again.culprit == result.culprit == shas[CULPRIT]
+    assert not journaled & set(resumed_runs.attempts), "a journaled run was made again"
+    assert resumed_runs.runs + len(journaled) == whole.runs
+    assert [r["index"] for r in _records(cut_dir) if r["type"] == "step"] == \
+        [r["index"] for r in _records(session) if r["type"] == "step"]
+    write_reports(cut_dir)
+    assert "posterior that this is the first bad commit" in (cut_dir / "report.md").read_text()
+
+
+def test_a_crashed_run_is_retried_and_a_failed_build_stepped_around(history: tuple[Path, list[str]],
+                                                                     tmp_path: Path) -> None:
+    """The bad end's first run crashes (the engine never starts): it is journaled as a failed
+    attempt and run again; commit 6 does not build: a skip the search steps around."""
+    repo, shas = history
+    crashing = NpuThroughputStandIn(DROP, SPREAD, seed=11,
+                                    crashes=lambda commit, trial, attempt: (commit, trial, attempt) == (shas[-1], 0, 1))
+    result, session = _session(tmp_path, repo, shas, crashing)
+    assert result.culprit == shas[CULPRIT]
+    records = _records(session)
+    retries = [r for r in records if r["type"] == "retry"]
+    assert [(r["index"], r["kind"]) for r in retries] == [(N - 1, "engine_start")]
+    assert ENGINE_NEVER_STARTED in retries[0]["cause"] or "engine did not start" in retries[0]["cause"]
+    bad_end = [r for r in records if r["type"] == "step" and r["index"] == N - 1]
+    assert bad_end[0]["verdict"]["figures"]["throughput_samples"]  # the attempt after the crash measured
+    broken = [r for r in records if r["type"] == "step" and r["index"] == 6]
+    assert all(r["verdict"]["kind"] == "skip" for r in broken)
+    assert crashing.runs == sum(r["type"] in ("trial", "retry") for r in records)
+
+
+def test_simulate_forecasts_the_runs_the_sessions_spend(history: tuple[Path, list[str]], tmp_path: Path) -> None:
+    """`simulate`'s forecast for this range (levels mode, the history's drop and spread) against
+    real sessions over it: the sessions' mean runs within a fifth of the forecast's mean, each
+    session's within the forecast's range."""
+    repo, shas = history
+    spent = []
+    for seed in range(6):
+        stand_in = NpuThroughputStandIn(DROP, SPREAD, seed=100 + seed)
+        result, _ = _session(tmp_path, repo, shas, stand_in, name=f"s{seed}")
+        assert result.culprit == shas[CULPRIT]
+        spent.append(stand_in.runs)
+    forecast = simulate(N - 1, CULPRIT, bad_rate=1.0, good_rate=0.0, runs=40, seed=0, unbuildable=[6],
+                        throughput=Throughput(DROP, SPREAD))
+    assert forecast.accuracy >= 0.97
+    mean = sum(spent) / len(spent)
+    assert abs(mean - forecast.mean_trials) <= 0.2 * forecast.mean_trials, (spent, forecast)
+    assert all(s <= forecast.max_trials for s in spent), (spent, forecast)
+
+
+def test_a_bad_end_that_is_not_slower_is_an_end_judged_wrong(history: tuple[Path, list[str]],
+                                                             tmp_path: Path) -> None:
+    """Where the bad end runs 5% faster than the good end, the runs make it sure its mean is not
+    under the good end's line: exit 4, the message saying both ends' runs; each end ran twice."""
+    repo, shas = history
+    faster = NpuThroughputStandIn(-0.05, SPREAD, seed=2)
+    result, session = _session(tmp_path, repo, shas, faster)
+    assert result.exit_code == EXIT_ENDS_WRONG and result.status == "ends_wrong"
+    assert "precondition failed: the bad end" in result.message and "P(under the good end's line)" in result.message
+    steps = [r["index"] for r in _records(session) if r["type"] == "step"]
+    assert steps.count(0) >= 2 and steps.count(N - 1) >= 2

@@ -12,10 +12,15 @@ STAMP := $(VENV)/.installed
 # The container tests talk to podman's Docker-compatible API (containers/setup-podman.sh).
 ENGINE_SOCKET ?= /run/bisect-npu-podman.sock
 
+# pip compiles what it installs one file at a time (about 17k files, torch's most of them: more than
+# half of the install's CPU); compileall compiles them on every core instead. As pip does, a
+# file that does not compile is left to Python to report when it is imported (torch ships one
+# written for Python 3.12).
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
-	$(PY) -m pip install -q -e '.[demo,test]'
+	$(PY) -m pip install -q --no-compile -e '.[demo,test]'
+	$(PY) -c 'import compileall, sys; compileall.compile_dir(sys.argv[1], quiet=2, workers=0)' $(VENV)/lib
 	touch $(STAMP)
 
 venv: $(STAMP)
@@ -59,10 +64,11 @@ docs: venv
 # with the engine's; every checkout on the host shares them), pinned as bisect_npu/probe/harness
 # says. From nothing: lm-eval ~1 min (0.8 GB), AISBench ~2.5 min (2.2 GB, with the CPU torch).
 # Each installs under its committed lock (pip constraints, containers/harness-locks), so a venv
-# built on any host on any later day has the packages the harness was tested with; a lock changed in
-# content rebuilds its venv. HARNESS_AFRESH=1 resolves without the locks (refreshing them:
-# docs/guide/accuracy-harnesses.md#the-locks), and `make harness-locks` writes the locks from the
-# venvs under HARNESS_HOME.
+# built on any host on any later day has the packages the harness was tested with. A venv's stamp
+# holds the text of the lock it was built under: a lock whose text changed rebuilds its venv, a
+# fresh clone's lock (newer on disk, the same text) does not. HARNESS_AFRESH=1 resolves without
+# the locks (refreshing them: docs/guide/accuracy-harnesses.md#the-locks), and `make
+# harness-locks` writes the locks from the venvs under HARNESS_HOME.
 HARNESS_HOME ?= $(HOME)/.cache/bisect-npu/harness
 HARNESS_PYTHON ?= python3.11
 HARNESS_LOCKS := containers/harness-locks
@@ -71,23 +77,19 @@ LMEVAL_LOCK := $(HARNESS_LOCKS)/lm-eval-0.4.13.txt
 AISBENCH_VENV := $(HARNESS_HOME)/ais-bench-benchmark-3.1.20260630
 AISBENCH_LOCK := $(HARNESS_LOCKS)/ais-bench-benchmark-3.1.20260630.txt
 harness_constraints = $(if $(HARNESS_AFRESH),,-c $(1))
-
-# A venv's stamp is a copy of the lock it was built under, and the venv is stale when the two differ
-# in content: a fresh clone's locks are newer than any stamp, and rebuilding on that alone would
-# reinstall both harnesses (minutes) on every clean checkout.
-lock_changed = $(shell cmp -s $(1) $(2) || echo harness-lock-changed)
-
+# The stamp (2) goes stale, through the phony prerequisite, unless it holds the lock's (1) text.
+stale_unless_stamped = $(if $(shell cmp -s $(1) $(2) || echo stale),harness-lock-changed)
 .PHONY: harness-lock-changed
 harness-lock-changed:
 
-$(LMEVAL_VENV)/.installed: $(call lock_changed,$(LMEVAL_LOCK),$(LMEVAL_VENV)/.installed)
+$(LMEVAL_VENV)/.installed: $(call stale_unless_stamped,$(LMEVAL_LOCK),$(LMEVAL_VENV)/.installed)
 	rm -rf $(LMEVAL_VENV)
 	$(HARNESS_PYTHON) -m venv $(LMEVAL_VENV)
 	$(LMEVAL_VENV)/bin/pip install -q $(call harness_constraints,$(LMEVAL_LOCK)) 'lm-eval[api]==0.4.13'
 	cp $(LMEVAL_LOCK) $@
 
 # pyarrow 21: the newest that still runs on the numpy<2 AISBench pins (pyarrow 22+ needs numpy 2).
-$(AISBENCH_VENV)/.installed: $(call lock_changed,$(AISBENCH_LOCK),$(AISBENCH_VENV)/.installed)
+$(AISBENCH_VENV)/.installed: $(call stale_unless_stamped,$(AISBENCH_LOCK),$(AISBENCH_VENV)/.installed)
 	rm -rf $(AISBENCH_VENV)
 	$(HARNESS_PYTHON) -m venv $(AISBENCH_VENV)
 	$(AISBENCH_VENV)/bin/pip install -q $(call harness_constraints,$(AISBENCH_LOCK)) torch==2.13.0

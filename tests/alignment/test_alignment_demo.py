@@ -20,6 +20,7 @@ from bisect_npu import api
 from bisect_npu.alignment.record import MANIFEST
 from bisect_npu.errors import UsageError
 from bisect_npu.recipe.loader import load_recipe
+from tests.helpers.cli_exit import cli_in_process
 
 pytestmark = pytest.mark.e2e  # the demo's model and transformers run
 
@@ -104,15 +105,13 @@ def test_at_the_rope_culprit_the_first_divergent_module_is_layer_0s_attention(de
 
 def test_align_on_the_command_line_prints_markdown_and_json_and_exits_by_the_answer(demo: dict[str, Path],
                                                                                    tmp_path: Path) -> None:
-    done = subprocess.run([sys.executable, "-m", "bisect_npu", "align", str(demo["golden"]), str(demo["bad"]),
-                           "--json", "--markdown", str(tmp_path / "align.md")],
-                          capture_output=True, text=True, timeout=120)
+    done = cli_in_process(["align", str(demo["golden"]), str(demo["bad"]), "--json", "--markdown",
+                           str(tmp_path / "align.md")])
     assert done.returncode == 1, done.stderr
     answer = json.loads(done.stdout)
     assert (answer["first_stage"], answer["first_module"]) == ("forward", FIRST_ATTENTION)
     assert "# Alignment" in (tmp_path / "align.md").read_text()
-    done = subprocess.run([sys.executable, "-m", "bisect_npu", "align", str(demo["golden"]), str(demo["good"])],
-                          capture_output=True, text=True, timeout=120)
+    done = cli_in_process(["align", str(demo["golden"]), str(demo["good"])])
     assert done.returncode == 0, done.stderr
     assert "**aligned" in done.stdout
 

@@ -2,25 +2,25 @@
 
 from __future__ import annotations
 
-import os
 import subprocess
-import sys
 import tempfile
 from pathlib import Path
 
 import pytest
 
 from bisect_npu.api.host_checks import check_disk, check_driver_version, check_npu_devices, check_npu_smi
+from tests.helpers.cli_exit import cli_in_process
 from tests.helpers.paths import REPO_ROOT
 
 
 def doctor(*args: str, docker_host: str | None = None) -> subprocess.CompletedProcess[str]:
-    # A cache of its own: the host's `run --unit-test` venvs would be listed too.
-    env = {**os.environ, "BISECT_NPU_CACHE": tempfile.mkdtemp(prefix="doctor-cache-")}
-    if docker_host is not None:
-        env["DOCKER_HOST"] = docker_host
-    return subprocess.run([sys.executable, "-m", "bisect_npu", "doctor", *args], capture_output=True, text=True,
-                          cwd=REPO_ROOT, env=env, timeout=120, check=False)
+    """`bisect-npu doctor` in this process: what it prints and its exit code."""
+    with pytest.MonkeyPatch.context() as patch:
+        # A cache of its own: the host's `run --unit-test` venvs would be listed too.
+        patch.setenv("BISECT_NPU_CACHE", tempfile.mkdtemp(prefix="doctor-cache-"))
+        if docker_host is not None:
+            patch.setenv("DOCKER_HOST", docker_host)
+        return cli_in_process(["doctor", *args], cwd=REPO_ROOT)
 
 
 def test_local_executor_needs_only_git():

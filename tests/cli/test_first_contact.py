@@ -16,16 +16,22 @@ import pytest
 from bisect_npu.orchestration.opening.open_session import open_new
 from bisect_npu.progress import PlainProgress
 from tests.helpers.asked import spec_of
+from tests.helpers.cli_exit import cli_in_process
 from tests.helpers.gitrepo import git, make_linear_repo
 from tests.nightly.test_nightly import CASE_FILE, CASE_PATH
 
 
 def bisect_npu(*args: str, cwd: Path) -> subprocess.CompletedProcess[str]:
+    """The command line in this process: what it prints and its exit code."""
+    return cli_in_process(list(args), cwd=cwd)
+
+
+def bisect_npu_process(*args: str, cwd: Path) -> subprocess.CompletedProcess[str]:
+    """The command line in a process of its own, as a user starts it."""
     return subprocess.run([sys.executable, "-m", "bisect_npu", *args], cwd=cwd, capture_output=True, text=True,
                           timeout=120, check=False)
 
 
-@pytest.mark.e2e  # the command line in subprocesses
 def test_plan_find_fix_warns_when_the_old_end_is_off_the_new_ends_history(tmp_path: Path) -> None:
     shas = make_linear_repo(tmp_path / "repo", 6)
     repo = tmp_path / "repo"
@@ -48,7 +54,6 @@ def test_plan_find_fix_warns_when_the_old_end_is_off_the_new_ends_history(tmp_pa
     assert on_history.returncode == 0 and "warning" not in on_history.stdout
 
 
-@pytest.mark.e2e  # the command line in subprocesses
 def test_recipes_check_says_which_rules_concern_the_recipe(tmp_path: Path) -> None:
     shas = make_linear_repo(tmp_path / "repo", 2)
     plain = bisect_npu("recipes", "check", "demo-async-penalty", "--repo", str(tmp_path / "repo"), "--at", shas[-1],
@@ -66,7 +71,6 @@ def test_recipes_check_says_which_rules_concern_the_recipe(tmp_path: Path) -> No
             "finds a problem") in configured.stdout
 
 
-@pytest.mark.e2e  # the command line in subprocesses
 def test_judge_refuses_observations_written_for_another_recipe(tmp_path: Path) -> None:
     from bisect_npu.observations import Observation
 
@@ -94,7 +98,6 @@ def test_a_usage_error_leaves_no_empty_session_directory(tmp_path: Path) -> None
     assert "nothing was run; the session directory" in done.stderr
 
 
-@pytest.mark.e2e  # the command line in subprocesses
 def test_judge_refuses_observations_of_another_version_of_the_recipe(tmp_path: Path) -> None:
     """The probe copies the recipe's run digest from its request into the observation; `judge` with
     a recipe whose case changed refuses it naming both digests, a changed oracle rule judges it
@@ -205,7 +208,6 @@ def test_run_nightly_case_with_its_model_on_this_host_says_what_the_host_owes_an
     assert header_range.good == shas[1] and header_range.good_ref == shas[1]
 
 
-@pytest.mark.e2e  # the command line in subprocesses
 def test_a_plain_bisection_says_what_it_found_and_its_latest_link_names_it(tmp_path: Path) -> None:
     """A linear history whose bad end is a branch: the run's last progress line says what the search
     for upstream fixes found, and the commits the bad end holds (still bad with them) are not
@@ -218,24 +220,25 @@ def test_a_plain_bisection_says_what_it_found_and_its_latest_link_names_it(tmp_p
     shas = make_linear_repo(repo, 8, culprit=4)
     asked = ("run", "--repo", str(repo), "--good", shas[0], "--bad", "main", "--cmd", " ".join(GOOD_CMD),
              "--no-verdict-store")
-    done = bisect_npu(*asked, "--quiet", cwd=tmp_path)
+    done = bisect_npu_process(*asked, "--quiet", cwd=tmp_path)
     assert done.returncode == 0, done.stderr
     progress = [line for line in done.stderr.splitlines() if line.startswith("[")]
     assert f"upstream fixes of {shas[4][:12]}: " in progress[-1] and "in the bad end" in progress[-1], progress[-3:]
     latest = tmp_path / ".bisect-npu" / "sessions" / "latest"
-    report = bisect_npu("report", "--session", str(latest), cwd=tmp_path)
+    report = bisect_npu_process("report", "--session", str(latest), cwd=tmp_path)
     assert report.returncode == 0, report.stderr
     assert f"**First bad commit: `{shas[4][:12]}` Change 4" in report.stdout
     fix_section = report.stdout.split("## Fix upstream")[1].split("## Host")[0]
     assert not any(sha[:12] in fix_section for sha in shas[5:]) and "not proposed" in fix_section
 
     git(repo, "commit", "-q", "--allow-empty", "-m", "main moves on")  # the bad end's branch moves
-    resumed = bisect_npu("resume", "--session", str(latest), cwd=tmp_path)
+    resumed = bisect_npu_process("resume", "--session", str(latest), cwd=tmp_path)
     assert resumed.returncode == 0 and resumed.stdout.startswith(f"first bad commit: {shas[4][:12]}"), resumed.stderr
-    again = bisect_npu("report", "--session", str(latest), cwd=tmp_path).stdout
+    again = bisect_npu_process("report", "--session", str(latest), cwd=tmp_path).stdout
     line = again.split("## Reproduce")[1].split("```sh\n")[1].split("\n")[0]
     assert f"--good {shas[0]} --bad {shas[7]} " in line and "--bad main" not in line
-    rerun = bisect_npu(*asked[:6], shas[7], *asked[7:], "--session", str(latest), cwd=tmp_path)  # as reproduced
+    rerun = bisect_npu_process(*asked[:6], shas[7], *asked[7:], "--session", str(latest),
+                               cwd=tmp_path)  # as reproduced
     assert rerun.returncode == 0 and rerun.stdout.startswith(f"first bad commit: {shas[4][:12]}"), rerun.stderr
-    moved = bisect_npu(*asked, "--session", str(latest), cwd=tmp_path)  # `main` names another commit now
+    moved = bisect_npu_process(*asked, "--session", str(latest), cwd=tmp_path)  # `main` names another commit now
     assert moved.returncode == 2 and "is another run: its bad end is" in moved.stderr, moved.stderr

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 import subprocess
-import sys
 from pathlib import Path
 
 import git as gitpython
@@ -12,16 +11,16 @@ import pytest
 
 from bisect_npu.errors import UsageError
 from bisect_npu.upstream import history
+from tests.helpers.cli_exit import cli_in_process
 from tests.helpers.gitrepo import GOOD_CMD, git, make_linear_repo
 
 # Each test runs bisect-npu end to end (sessions, the command line, the demo's model).
 pytestmark = pytest.mark.e2e
 
-CLI = [sys.executable, "-m", "bisect_npu"]
-
 
 def bisect(*args: str, cwd: Path) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([*CLI, *args], cwd=cwd, capture_output=True, text=True, timeout=300, check=False)
+    """The command line in this process (its sessions' commands still run in processes of their own)."""
+    return cli_in_process(list(args), cwd=cwd)
 
 
 def test_sessions_in_the_users_checkout_stay_out_of_git_status_and_resume_names_no_option(tmp_path: Path) -> None:

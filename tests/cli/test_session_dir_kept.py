@@ -5,13 +5,11 @@ nothing in is still cleared away."""
 
 from __future__ import annotations
 
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
-CLI = [sys.executable, "-m", "bisect_npu"]
+from tests.helpers.cli_exit import cli_in_process
 
 
 @pytest.mark.parametrize("spelled", ["--session", "--session="])
@@ -22,7 +20,7 @@ def test_resume_of_an_empty_directory_keeps_it(tmp_path: Path, spelled: str, loc
     if lock:
         (where / "lock").write_text("123\n")
     args = [spelled + str(where)] if spelled.endswith("=") else [spelled, str(where)]
-    done = subprocess.run([*CLI, "resume", *args], capture_output=True, text=True, timeout=60, check=False)
+    done = cli_in_process(["resume", *args])
     assert done.returncode == 2, done.stderr
     assert "holds no session" in done.stderr and "is removed" not in done.stderr
     assert where.is_dir()
@@ -31,6 +29,6 @@ def test_resume_of_an_empty_directory_keeps_it(tmp_path: Path, spelled: str, loc
 def test_a_directory_run_made_and_journaled_nothing_in_is_cleared(tmp_path: Path) -> None:
     (tmp_path / "repo").mkdir()
     where = tmp_path / "new"
-    done = subprocess.run([*CLI, "run", "--repo", str(tmp_path / "repo"), "--good", "a", "--bad", "b", "--cmd", "true",
-                           "--session", str(where)], capture_output=True, text=True, timeout=60, check=False)
+    done = cli_in_process(["run", "--repo", str(tmp_path / "repo"), "--good", "a", "--bad", "b", "--cmd", "true",
+                           "--session", str(where)])
     assert done.returncode == 2 and not where.exists(), done.stderr

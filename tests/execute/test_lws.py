@@ -19,6 +19,7 @@ from bisect_npu.execute.lws import DISPATCH, LwsNode, leader_worker_set
 from bisect_npu.nightly.at_commit import recipe_dump
 from bisect_npu.nightly.cases import import_case, read_case_file
 from bisect_npu.probe.ports import free_port
+from tests.helpers.cli_exit import cli_in_process
 from tests.helpers.leaderworkerset import Container, LeaderWorkerSet, kubelet_expand
 from tests.helpers.paths import DATA, REPO_ROOT
 
@@ -29,8 +30,8 @@ ROLES = {"master_ip": POD["LWS_LEADER_ADDRESS"], "local_ip": POD["BISECT_NPU_POD
 
 
 def cli(*args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "bisect_npu", "recipes", *args], capture_output=True, text=True,
-                          cwd=REPO_ROOT, timeout=120)
+    """`recipes ARGS` in this process: what it prints and its exit code."""
+    return cli_in_process(["recipes", *args], cwd=REPO_ROOT)
 
 
 def recipe_file(tmp_path: Path, nodes: int = 2) -> Path:

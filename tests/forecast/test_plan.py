@@ -4,16 +4,13 @@ from __future__ import annotations
 
 import json
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
 from bisect_npu import api
+from tests.helpers.cli_exit import cli_in_process
 from tests.helpers.gitrepo import make_linear_repo
-
-# Each test plans a generated history through the command line or the library.
-pytestmark = pytest.mark.e2e
 
 N = 120
 COMPILED_AT = range(7, N, 13)  # a new compiled key every 13 commits, as on vllm-ascend (1 in ~17)
@@ -43,8 +40,8 @@ def repo(upstream: tuple[Path, list[str]]) -> Path:
 
 
 def plan(repo: Path, *args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "bisect_npu", "plan", "--repo", str(repo), *args],
-                          capture_output=True, text=True, check=False, timeout=300)
+    """`bisect-npu plan` in this process: these tests read what it prints and its exit code."""
+    return cli_in_process(["plan", "--repo", str(repo), *args])
 
 
 def midpoint_figures(build_min: float, overlay_min: float, run_min: float,

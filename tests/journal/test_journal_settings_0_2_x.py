@@ -87,7 +87,7 @@ def test_a_0_2_x_settings_search_resumes(written_at: Path, tmp_path: Path) -> No
     journal = session / SETTINGS_FILE
     written = configuration_digests(journal)
     header_line = journal.read_text().splitlines()[0]
-    kept = cut(journal, 2)
+    kept = cut(journal, len(written) - 1)  # killed before its last configuration: one left to run
     sets = [part for setting in GOOD_SET for part in ("--good-set", setting)]
     done = subprocess.run([*CLI, "settings", "--repo", str(written_at / "upstream"), "--at", "v0.9.1", "--recipe",
                            "demo-async-penalty", *sets, "--session", str(session), "--no-verdict-store", "--json"],
@@ -95,7 +95,7 @@ def test_a_0_2_x_settings_search_resumes(written_at: Path, tmp_path: Path) -> No
     assert done.returncode == 0, done.stdout + done.stderr[-3000:]
     assert json.loads(done.stdout.strip().splitlines()[-1])["trigger"] == ["engine.args.async_scheduling"]
     digests = configuration_digests(journal)
-    assert digests[:2] == kept and sorted(digests) == sorted(written)  # none run twice, none missing
+    assert digests[:len(kept)] == kept and sorted(digests) == sorted(written)  # none run twice, none missing
     assert journal.read_text().splitlines()[0] == header_line  # the old header stays as it was written
 
 
@@ -103,12 +103,12 @@ def test_a_0_2_x_run_settings_resumes_with_its_session(written_at: Path, tmp_pat
     session = placed("run-settings-async-penalty", written_at, tmp_path)
     journal = session / "settings" / SETTINGS_FILE
     written = configuration_digests(journal)
-    kept = cut(journal, 1)
+    kept = cut(journal, len(written) - 1)
     done = subprocess.run([*CLI, "resume", "--session", str(session), "--json", "--quiet"], cwd=tmp_path,
                           capture_output=True, text=True, timeout=900)
     assert done.returncode == 0, done.stdout + done.stderr[-3000:]
     assert json.loads(done.stdout.strip().splitlines()[-1])["culprit"] == CULPRIT
     digests = configuration_digests(journal)
-    assert digests[:1] == kept and sorted(digests) == sorted(written)
+    assert digests[:len(kept)] == kept and sorted(digests) == sorted(written)
     found = json.loads((session / "report.json").read_text())["settings"]
     assert found["commit"] == CULPRIT and found["trigger"] == ["engine.args.async_scheduling"]

@@ -40,6 +40,7 @@ from bisect_npu.orchestration.opening.reference import step_trials
 from bisect_npu.orchestration.session import Session, search_mode_for
 from bisect_npu.recipe.loader import parse_recipe
 from bisect_npu.recipe.schema import Recipe
+from tests.helpers.cli_exit import cli_in_process
 from tests.helpers.gitrepo import git, make_linear_repo
 from tests.helpers.paths import HELPERS, REPO_ROOT
 
@@ -236,8 +237,7 @@ def test_bad_input_is_one_line_each(tmp_path: Path) -> None:
     assert CaseRef.parse("Tiny-A2.yaml::tiny-eager") == CaseRef(CASE_PATH, "tiny-eager")  # as --config-yaml names it
     junk = tmp_path / "junk.yaml"
     junk.write_text("{{{ not: yaml")
-    done = subprocess.run([sys.executable, "-m", "bisect_npu", "recipes", "import-nightly", str(junk)],
-                          capture_output=True, text=True, env={**os.environ, "PYTHONPATH": str(Path.cwd())})
+    done = cli_in_process(["recipes", "import-nightly", str(junk)])
     assert done.returncode == 2 and len(done.stderr.strip().splitlines()) == 1
     assert "not valid YAML" in done.stderr
 

@@ -5,7 +5,6 @@ in one line (at import, and at one commit of a run, where it is that commit's sk
 from __future__ import annotations
 
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -17,6 +16,7 @@ from bisect_npu.observations import VerdictKind
 from bisect_npu.orchestration.running.evaluate import EvaluationRequest
 from bisect_npu.orchestration.running.nightly import NightlyEvaluator
 from bisect_npu.upstream import history
+from tests.helpers.cli_exit import cli_in_process
 from tests.helpers.gitrepo import make_linear_repo
 
 CONFIGS = "tests/e2e/nightly/single_node/models/configs"
@@ -60,8 +60,8 @@ def checkout(root: Path, name: str, max_out_len: object = 64, batch_size: object
 
 
 def cli(*args: str, cwd: Path) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "bisect_npu", "recipes", "import-nightly", *args], cwd=cwd,
-                          capture_output=True, text=True, timeout=120, check=False)
+    """`recipes import-nightly` in this process: what it prints and writes, and its exit code."""
+    return cli_in_process(["recipes", "import-nightly", *args], cwd=cwd)
 
 
 @pytest.mark.parametrize(("name", "dockerfile"), [("Tiny-310.yaml", "Dockerfile.310p"),
@@ -161,8 +161,9 @@ def test_recipes_show_says_where_each_server_flag_comes_from_and_what_the_verdic
     case = checkout(tmp_path / "va", "Tiny-W8A8.yaml")
     recipe = tmp_path / "r.yaml"
     assert cli(str(case), "--benchmark", "acc", "--out", str(recipe), cwd=tmp_path).returncode == 0
-    shown = subprocess.run([sys.executable, "-m", "bisect_npu", "recipes", "show", str(recipe)], capture_output=True,
-                           text=True, timeout=120, check=True).stdout
+    done = cli_in_process(["recipes", "show", str(recipe)])
+    assert done.returncode == 0, done.stderr
+    shown = done.stdout
     assert "  vllm serve vllm-ascend/Tiny-W8A8  <- the default launcher: `vllm serve` of model.path" in shown
     assert "  --max-num-seqs 4  <- engine.server_flags" in shown
     assert "reference accuracy.reference baseline: the published 90.0 points less 5.0" in shown

@@ -15,6 +15,7 @@ import yaml
 from bisect_npu.nightly.at_commit import recipe_dump
 from bisect_npu.nightly.cases import NightlyRefused, import_case, read_case_file, survey
 from bisect_npu.recipe.loader import parse_recipe
+from tests.helpers.cli_exit import cli_in_process
 from tests.helpers.gitrepo import make_linear_repo
 from tests.helpers.paths import DATA, REPO_ROOT
 
@@ -84,8 +85,8 @@ def test_show_prints_each_nodes_command_and_container(tmp_path: Path) -> None:
     recipe = import_case(read_case_file(TEXT, PATH), PATH, benchmark="acc")
     written = tmp_path / "two-nodes.yaml"
     written.write_text(recipe_dump(recipe))
-    shown = subprocess.run([sys.executable, "-m", "bisect_npu", "recipes", "show", str(written), "--format", "json"],
-                           capture_output=True, text=True, cwd=REPO_ROOT, timeout=120, check=True)
+    shown = cli_in_process(["recipes", "show", str(written), "--format", "json"], cwd=REPO_ROOT)
+    assert shown.returncode == 0, shown.stderr
     nodes = json.loads(shown.stdout)["engine"]["nodes"]
     assert [node["role"] for node in nodes] == ["serving", "headless"]
     assert nodes[0]["command"][:6] == ["vllm", "serve", "Org/Tiny-MoE", "--host", "127.0.0.1", "--port"]
@@ -93,8 +94,9 @@ def test_show_prints_each_nodes_command_and_container(tmp_path: Path) -> None:
     assert nodes[1]["command"] == ["vllm", "serve", "Org/Tiny-MoE", *recipe.engine.nodes.each[1].flags]  # type: ignore[union-attr]
     assert nodes[1]["environment"] == {"OMP_NUM_THREADS": "2", "TINY_RANK_NOTE": "headless"}
     assert all("worktree" in node["container"] for node in nodes)
-    text = subprocess.run([sys.executable, "-m", "bisect_npu", "recipes", "show", str(written)],
-                          capture_output=True, text=True, cwd=REPO_ROOT, timeout=120, check=True).stdout
+    shown = cli_in_process(["recipes", "show", str(written)], cwd=REPO_ROOT)
+    assert shown.returncode == 0, shown.stderr
+    text = shown.stdout
     assert "node 1   headless, 8 NPU: vllm serve Org/Tiny-MoE --headless" in text
     assert "\nserver " not in text  # no single-host server line for an engine across hosts
 
@@ -117,9 +119,8 @@ def test_plan_prints_each_nodes_command(tmp_path: Path) -> None:
     written = tmp_path / "two-nodes.yaml"
     written.write_text(recipe_dump(recipe))
     shas = make_linear_repo(tmp_path / "repo", 6, culprit=3)
-    done = subprocess.run([sys.executable, "-m", "bisect_npu", "plan", "--repo", str(tmp_path / "repo"), "--good",
-                           shas[0], "--bad", shas[-1], "--recipe", str(written)], capture_output=True, text=True,
-                          cwd=tmp_path, timeout=120)
+    done = cli_in_process(["plan", "--repo", str(tmp_path / "repo"), "--good", shas[0], "--bad", shas[-1], "--recipe",
+                           str(written)], cwd=tmp_path)
     assert done.returncode == 0, done.stderr
     assert "node 0   serving, 8 NPU: vllm serve Org/Tiny-MoE --host 127.0.0.1 --port 8000 --data-parallel-size 4" \
         in done.stdout

@@ -18,6 +18,7 @@ from bisect_npu.errors import InfrastructureError, UsageError
 from bisect_npu.journal import AppendOnlyJournal
 from bisect_npu.orchestration.opening.session_spec import parse_dependency_option
 from bisect_npu.recipe.schema import DependencySpec
+from tests.helpers.cli_exit import cli_in_process
 from tests.helpers.gitrepo import add_commit, git, make_linear_repo
 
 # Each test runs bisect-npu end to end (sessions, the command line, the demo's model).
@@ -97,9 +98,9 @@ def env(tmp_path: Path) -> dict[str, str]:
 
 def _run(tmp_path: Path, env: dict[str, str], upstream: Path, good: str, bad: str, *extra: str,
          session: str = "s") -> subprocess.CompletedProcess[str]:
-    return subprocess.run([*CLI, "run", "--repo", str(upstream), "--good", good, "--bad", bad,
-                           "--cmd", f"{sys.executable} check.py", "--session", str(tmp_path / session), "--json",
-                           "--quiet", *extra], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=600)
+    return cli_in_process(["run", "--repo", str(upstream), "--good", good, "--bad", bad, "--cmd",
+                           f"{sys.executable} check.py", "--session", str(tmp_path / session), "--json", "--quiet",
+                           *extra], cwd=tmp_path, env=env)
 
 
 def test_culprit_moving_the_pin_is_bisected_into_the_dependency(tmp_path: Path, env: dict[str, str]) -> None:

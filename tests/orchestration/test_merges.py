@@ -20,6 +20,7 @@ from bisect_npu import api, search
 from bisect_npu.errors import InfrastructureError
 from bisect_npu.search.exact import weighted_pivot
 from bisect_npu.upstream import history
+from tests.helpers.cli_exit import cli_in_process
 from tests.helpers.gitrepo import BUG_CMD, git, make_merge_repo
 
 # Each test bisects a history with merges end to end, or checks against git on random ones.
@@ -163,11 +164,9 @@ def test_run_report_and_json_name_one_culprit(tmp_path: Path) -> None:
     assert printed == f"first bad commit: {shas[2][:12]} Change 3 (came in through merge {merge[:12]})"
     assert summary["culprit"] == shas[2]
     for where in (session, Path(summary["session"])):
-        shown = subprocess.run([*CLI, "report", "--session", str(where)], capture_output=True, text=True, timeout=120,
-                               check=True).stdout
-        assert f"**First bad commit: `{shas[2][:12]}` Change 3**" in shown, where
-        as_json = json.loads(subprocess.run([*CLI, "report", "--session", str(where), "--format", "json"],
-                                            capture_output=True, text=True, timeout=120, check=True).stdout)
+        shown = cli_in_process(["report", "--session", str(where)])
+        assert shown.returncode == 0 and f"**First bad commit: `{shas[2][:12]}` Change 3**" in shown.stdout, where
+        as_json = json.loads(cli_in_process(["report", "--session", str(where), "--format", "json"]).stdout)
         assert (as_json["status"], as_json["culprit"], as_json["message"]) == ("found", shas[2], printed[:])
     top = json.loads((session / "report.json").read_text())
     assert top["level_culprit"] == merge and top["culprit_files"] == ["bug", "c3"]

@@ -80,6 +80,10 @@ def test_a_flaky_host_costs_retries_not_the_answer_and_resumes_inside_a_retry(de
 
 
 @pytest.mark.e2e
+# test_settings_retries.py's test_both_spaces_..._number_its_attempts_on[commits] runs this session (then its
+# resume) in make test: exit 5, "2 attempts failed on the host", the card busy ("NPU device busy"), two failed
+# starts journaled as attempts [1, 2].
+@pytest.mark.heavy
 def test_an_end_whose_engine_never_starts_stops_with_exit_5_naming_the_cause(demo_upstream, tmp_path):
     repo, manifest = demo_upstream
     case = manifest.case("accuracy")
@@ -96,6 +100,11 @@ def test_an_end_whose_engine_never_starts_stops_with_exit_5_naming_the_cause(dem
 
 
 @pytest.mark.e2e
+# The commit space's variant, with 3 s backoffs (about 18 s of waiting): in make test, the one session engine is
+# interrupted in its first backoff and resumed with the budget left through the settings space
+# (test_settings_retries.py's test_an_interrupted_search_resumes_with_the_retry_budget_its_journal_left), and a
+# run resumed after a spent budget gets a new one (its test_both_spaces_..._number_its_attempts_on[commits]).
+@pytest.mark.heavy
 def test_a_resumed_trial_goes_on_with_the_attempts_journaled_before_the_interrupt(demo_upstream, tmp_path):
     """Interrupted in its first backoff, then resumed: two more attempts, three in all (the budget
     of --retries 2), then exit 5; resumed after that, a new budget."""

@@ -16,6 +16,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.helpers.cli_exit import cli_in_process
 from tests.helpers.gitrepo import GOOD_CMD, add_commit, git, make_linear_repo
 
 # Each test runs bisect-npu end to end (sessions, the command line, the demo's model).
@@ -26,7 +27,8 @@ GOOD_CMD_STR = " ".join(GOOD_CMD)
 
 
 def bisect(*args: str, cwd: Path, check_code: int | None = None) -> subprocess.CompletedProcess[str]:
-    done = subprocess.run([*CLI, *args], cwd=cwd, capture_output=True, text=True, timeout=600)
+    """The command line in this process (its steps' commands still run in processes of their own)."""
+    done = cli_in_process(list(args), cwd=cwd)
     if check_code is not None:
         assert done.returncode == check_code, done.stdout + done.stderr
     return done

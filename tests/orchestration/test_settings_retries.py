@@ -215,13 +215,13 @@ def _settings_on_a_dead_host(demo_upstream: tuple[Path, Manifest], tmp_path: Pat
     return argv(demo_upstream, recipe, session, "--retries", "1")
 
 
-@pytest.mark.parametrize(("space", "command", "journal_file", "judged"), [
-    ("commits", _run_on_a_dead_host, "journal.jsonl", "step"),
-    ("configurations", _settings_on_a_dead_host, "settings.jsonl", "configuration"),
+@pytest.mark.parametrize(("space", "command", "journal_file", "judged", "causes"), [
+    ("commits", _run_on_a_dead_host, "journal.jsonl", "step", ("the card was still busy", "NPU device busy")),
+    ("configurations", _settings_on_a_dead_host, "settings.jsonl", "configuration", (PORT_TAKEN,)),
 ])
 def test_both_spaces_journal_an_end_the_host_left_unjudged_stop_with_exit_5_and_number_its_attempts_on(
         demo_upstream: tuple[Path, Manifest], tmp_path: Path, space: str, command: Any, journal_file: str,
-        judged: str) -> None:
+        judged: str, causes: tuple[str, ...]) -> None:
     """One engine over either space: a host on which every engine start fails stops the search at
     its first end with exit 5 naming the host failure once --retries 1 is spent (two attempts), each
     failed start a journaled `retry`, the end journaled with its host failure and those attempts;
@@ -237,6 +237,7 @@ def test_both_spaces_journal_an_end_the_host_left_unjudged_stop_with_exit_5_and_
                               text=True, timeout=300, check=False)
         assert done.returncode == 5, f"{space}: " + done.stdout[-2000:] + done.stderr[-3000:]
         assert "could not be judged, 2 attempts failed on the host" in done.stderr
+        assert all(cause in done.stderr for cause in causes), done.stderr[-3000:]
         assert failed_starts(tmp_path) == starts == len(journaled("retry"))
         assert [r["attempt"] for r in journaled("retry")] == list(range(1, starts + 1))
         given_up = journaled(judged)

@@ -22,6 +22,7 @@ from bisect_npu.observations import Verdict, VerdictKind
 from bisect_npu.orchestration.opening.verdict_reuse import VerdictReuse
 from bisect_npu.progress import PlainProgress
 from bisect_npu.store import Scope, StoredVerdict, VerdictStore
+from tests.helpers.cli_exit import cli_in_process
 from tests.helpers.gitrepo import make_linear_repo
 
 # Each test runs bisect-npu end to end (sessions, the command line, the demo's model).
@@ -55,9 +56,8 @@ def check(tmp_path: Path) -> tuple[str, Path]:
 
 
 def bisect(repo: Path, session: Path, good: str, bad: str, command: str, *extra: str) -> tuple[int, dict, str]:
-    done = subprocess.run([*CLI, "run", "--repo", str(repo), "--good", good, "--bad", bad, "--cmd", command,
-                           "--no-fix", "--session", str(session), "--json", *extra],
-                          capture_output=True, text=True, timeout=300, check=False)
+    done = cli_in_process(["run", "--repo", str(repo), "--good", good, "--bad", bad, "--cmd", command, "--no-fix",
+                           "--session", str(session), "--json", *extra])
     return done.returncode, json.loads(done.stdout.strip().splitlines()[-1]), done.stderr
 
 

@@ -97,17 +97,17 @@ def test_harness_targets_install_under_their_lock_and_agree_with_it(tmp_path):
     assert not [line for line in afresh if " -c " in line]
 
 
-def test_a_lock_changed_in_content_rebuilds_only_its_venv(tmp_path):
-    """A venv's stamp is a copy of its lock: a lock only touched (as every file of a fresh clone is)
-    leaves the venv up to date, a lock whose content changed makes that venv alone stale, and a
-    stamp from before (empty) is stale too."""
+def test_a_lock_whose_text_changed_rebuilds_only_its_venv(tmp_path):
+    """A venv's stamp holds the text of the lock it was built under: a fresh clone's lock, newer on
+    disk with the same text, leaves every venv as built; a lock whose text changed makes only its
+    own venv stale, and so does a stamp that holds no lock (an older checkout's empty one)."""
     work = copy_of_the_targets(tmp_path)
     home = tmp_path / "home"
     stamps = {}
     for install in INSTALLS.values():
         stamp = home / install.venv_name / ".installed"
         stamp.parent.mkdir(parents=True)
-        shutil.copy2(work / install.lock, stamp)
+        shutil.copyfile(work / install.lock, stamp)
         os.utime(stamp, (1_000_000, 1_000_000))
         os.utime(work / install.lock, (2_000_000, 2_000_000))
         stamps[install.name] = stamp
@@ -121,7 +121,8 @@ def test_a_lock_changed_in_content_rebuilds_only_its_venv(tmp_path):
     assert all(up_to_date(stamp) for stamp in stamps.values())
     changed = INSTALLS["lm_eval"]
     with (work / changed.lock).open("a", encoding="utf-8") as lock:
-        lock.write("zipp==3.23.0\n")
+        lock.write("zipp==3.99.0\n")
+    os.utime(work / changed.lock, (500_000, 500_000))
     assert not up_to_date(stamps["lm_eval"])
     assert up_to_date(stamps["aisbench"])
     stamps["aisbench"].write_text("")

@@ -47,7 +47,10 @@ The rule's constants were chosen on seeds 1000-1599; docs/benchmarks.md reports 
 `--drop` and `--spread` change the throughput regression (held-out checks), `--rows` runs one.
 `--search levels` runs the throughput rows under the levels search instead (search/two_levels.py:
 one change-point model over every run of the session, both means and the spread integrated out,
-one run a query where it teaches most); sessions do not run it yet.
+one run a query where it teaches most); sessions do not run it yet. Its good side's level has the
+case's published `baseline` as a prior (in tokens/s, the runs' unit); `--baseline-error` puts that
+baseline off the good side's mean by a share (a baseline of another host), `--no-baseline` leaves
+it unread.
 
 A commit whose parent cannot be built (its own code fails to build) cannot be named by any tool:
 the best answer that history allows is the range from the last buildable commit before it to it.
@@ -80,16 +83,21 @@ SAMPLES = 100
 GOOD_ACC, BAD_ACC, RHO, BROKEN_RATE, THRESHOLD = 0.96, 0.88, 0.5, 0.05, 4.0
 GOOD_TPUT, TPUT_DROP, TPUT_SD, TPUT_THRESHOLD = 1.00, 0.07, 0.02, 0.97
 CRASH, BUILD_FAIL = 0.03, 0.05
+# A throughput run of 1.0 is its probe's 1000 tokens in a millisecond: the runs and the case's
+# published `baseline` are both in tokens/s.
+TOKENS_PER_S = 1000.0
 
 
 
 @functools.cache
-def recipe_of(benchmark: str, baseline: float = 96.0) -> Recipe:
-    """The recipe `run --nightly-case` makes of the case's benchmark (`baseline`: the accuracy's, points)."""
+def recipe_of(benchmark: str, baseline: float = 96.0, throughput_baseline: float = GOOD_TPUT * TOKENS_PER_S) -> Recipe:
+    """The recipe `run --nightly-case` makes of the case's benchmark (`baseline`: the accuracy's, points;
+    `throughput_baseline`: the performance's, tokens/s)."""
     case = {"name": "nightly-bench", "model": "seed:0", "launcher": ["serve"],
             "benchmarks": {"acc": {"case_type": "accuracy", "dataset_path": "qa.jsonl", "dataset_conf": "qa_conf",
                                    "baseline": baseline, "threshold": THRESHOLD, "max_out_len": 1024},
-                           "perf": {"case_type": "performance", "baseline": 100, "threshold": TPUT_THRESHOLD}}}
+                           "perf": {"case_type": "performance", "baseline": throughput_baseline,
+                                    "threshold": TPUT_THRESHOLD}}}
     return import_case({"test_cases": [case]}, "nightly-bench.yaml", benchmark=benchmark)
 
 
@@ -211,6 +219,7 @@ class Ours:
     stored: dict[str, Observation] = field(default_factory=dict)
     runs_at: dict[int, list[float]] = field(default_factory=dict)  # every commit's throughput runs
     levels: bool = False  # throughput: the levels search, one run a query (`--search levels`)
+    weigh_baseline: bool = True  # levels: the case's published baseline a prior on the good side
 
     def attempt(self, run: Callable[[], object | None]) -> object | None:
         """A run that crashed is run again (the evaluator's retries); every attempt is a run."""
@@ -262,7 +271,7 @@ class Ours:
                 tried += 1
                 if isinstance(value, float):  # as the evaluator: the usable trials are judged
                     observations.append(Observation(case_id="perf", trial=tried, output_token_ids=list(range(1000)),
-                                                    timings=Timings(generate_s=1000 / (value * 1000))))
+                                                    timings=Timings(generate_s=1000 / (value * TOKENS_PER_S))))
         self.runs_at.setdefault(i, []).extend(throughputs(observations))
         if i == 0:
             self.reference = observations
@@ -279,7 +288,7 @@ class Ours:
         world, spec = self.world, self.recipe.oracle.throughput
         assert spec is not None
         problem = SearchProblem(n=world.n, mode="levels", confidence=self.recipe.trials.confidence,
-                                threshold=spec.threshold)
+                                threshold=spec.threshold, baseline=spec.baseline if self.weigh_baseline else None)
         evidence: dict[int, Evidence] = {}
         for _ in range(20 * world.n):
             decision = decide(problem, evidence)
@@ -287,8 +296,9 @@ class Ours:
                 return self.outcome(decision)
             for query in decision.queries:
                 i, before = query.index, evidence.get(query.index, Evidence())
-                value = None if i in world.unbuildable else self.attempt(lambda i=i: world.throughput_run(i))
-                evidence[i] = before.measure((value,)) if isinstance(value, float) else before.add("skip")
+                value = None if i in world.unbuildable else self.attempt(functools.partial(world.throughput_run, i))
+                measured = (value * TOKENS_PER_S,) if isinstance(value, float) else ()  # tokens/s, as the baseline
+                evidence[i] = before.measure(measured) if measured else before.add("skip")
         return Outcome(False, False, self.runs, self.samples)
 
     def outcome(self, decision: object) -> Outcome:
@@ -327,9 +337,14 @@ class Ours:
         return Outcome(False, False, self.runs, self.samples)
 
 
-def ours(world: World, levels: bool = False) -> Outcome:
-    recipe = recipe_of("acc", world.baseline) if world.breaks == "accuracy" else recipe_of("perf")
-    return Ours(world, recipe, levels=levels).bisect()
+def ours(world: World, levels: bool = False, baseline_error: float = 0.0, weigh_baseline: bool = True) -> Outcome:
+    """bisect-npu on one world; `baseline_error`: the published throughput baseline's error (a share of
+    the good side's mean: a baseline measured on another host)."""
+    if world.breaks == "accuracy":
+        recipe = recipe_of("acc", world.baseline)
+    else:
+        recipe = recipe_of("perf", throughput_baseline=GOOD_TPUT * TOKENS_PER_S * (1 + baseline_error))
+    return Ours(world, recipe, levels=levels, weigh_baseline=weigh_baseline).bisect()
 
 
 def make_world(seed: int, n: int, breaks: str, pin_moves: bool, drop: float = TPUT_DROP,
@@ -359,11 +374,16 @@ def main() -> None:
     parser.add_argument("--search", choices=("session", "levels"), default="session",
                         help="throughput rows: the search a session runs, or the levels search (one model over "
                              "every run; not wired into sessions yet)")
+    parser.add_argument("--baseline-error", type=float, default=0.0,
+                        help="the case's published throughput baseline off the good side's mean by this share")
+    parser.add_argument("--no-baseline", action="store_true",
+                        help="levels search: the runs alone place the good side (the case's baseline unread)")
     args = parser.parse_args()
     started = time.monotonic()
     seeds = range(args.first_seed, args.first_seed + args.seeds)
     print(f"seeds {seeds.start}-{seeds.stop - 1} ({args.seeds} seeded culprits per row), {args.candidates} candidates; "
-          f"throughput drop {args.drop:.0%}, spread {args.spread:.0%}")
+          f"throughput drop {args.drop:.0%}, spread {args.spread:.0%}; the case's throughput baseline "
+          f"{'unread' if args.no_baseline else f'{1 + args.baseline_error:.0%} of the good side'}")
     print("| regression | vLLM pin | tools/bisect right | its runs (mean) | bisect-npu culprit named | "
           "best answer the builds allow | its runs (mean) | its samples run (mean) |")
     print("|---|---|---:|---:|---:|---:|---:|---:|")
@@ -374,7 +394,8 @@ def main() -> None:
         def world(seed: int, pin_moves: bool, breaks: str = breaks) -> World:
             return make_world(seed, args.candidates, breaks, pin_moves, args.drop, args.spread)
 
-        mine = [ours(world(seed, False), args.search == "levels") for seed in seeds]
+        mine = [ours(world(seed, False), args.search == "levels", args.baseline_error, not args.no_baseline)
+                for seed in seeds]
         for pin_moves in (False, True):
             worlds = [world(seed, pin_moves) for seed in seeds]
             other = [theirs(w) for w in worlds]

@@ -60,6 +60,9 @@ The throughput rows (`--search`):
   culprits named with exit 0 at the confidence 0.99.
 - `per-step`: what sessions ran before levels mode (`oracle.throughput.search: per_step`), as above.
 - `levels`: the levels search alone (`decide` in a loop, each query one run): no session.
+In levels mode the good side's level has the case's published `baseline` as a prior (in tokens/s,
+the runs' unit); `--baseline-error` puts that baseline off the good side's mean by a share (a
+baseline of another host), `--no-baseline` leaves it unread.
 
 A commit whose parent cannot be built (its own code fails to build) cannot be named by any tool:
 the best answer that history allows is the range from the last buildable commit before it to it.
@@ -98,21 +101,29 @@ SAMPLES = 100
 GOOD_ACC, BAD_ACC, RHO, BROKEN_RATE, THRESHOLD = 0.96, 0.88, 0.5, 0.05, 4.0
 GOOD_TPUT, TPUT_DROP, TPUT_SD, TPUT_THRESHOLD = 1.00, 0.07, 0.02, 0.97
 CRASH, BUILD_FAIL = 0.03, 0.05
+# A throughput run of 1.0 is its probe's 1000 tokens in a millisecond: the runs and the case's
+# published `baseline` are both in tokens/s.
+TOKENS_PER_S = 1000.0
 
 
 
 @functools.cache
-def recipe_of(benchmark: str, baseline: float = 96.0, search: str = "levels") -> Recipe:
+def recipe_of(benchmark: str, baseline: float = 96.0, search: str = "levels",
+              throughput_baseline: float | None = GOOD_TPUT * TOKENS_PER_S) -> Recipe:
     """The recipe `run --nightly-case` makes of the case's benchmark (`baseline`: the accuracy's,
-    points; `search`: the performance benchmark's `oracle.throughput.search`)."""
+    points; `search`: the performance benchmark's `oracle.throughput.search`; `throughput_baseline`:
+    the performance's, tokens/s, None: the case publishes none)."""
+    perf = {"case_type": "performance", "threshold": TPUT_THRESHOLD,
+            "baseline": GOOD_TPUT * TOKENS_PER_S if throughput_baseline is None else throughput_baseline}
     case = {"name": "nightly-bench", "model": "seed:0", "launcher": ["serve"],
             "benchmarks": {"acc": {"case_type": "accuracy", "dataset_path": "qa.jsonl", "dataset_conf": "qa_conf",
                                    "baseline": baseline, "threshold": THRESHOLD, "max_out_len": 1024},
-                           "perf": {"case_type": "performance", "baseline": 100, "threshold": TPUT_THRESHOLD}}}
+                           "perf": perf}}
     recipe = import_case({"test_cases": [case]}, "nightly-bench.yaml", benchmark=benchmark)
     if recipe.oracle.throughput is None:
         return recipe
-    throughput = recipe.oracle.throughput.model_copy(update={"search": search})
+    published = {} if throughput_baseline is not None else {"baseline": None}
+    throughput = recipe.oracle.throughput.model_copy(update={"search": search, **published})
     return recipe.model_copy(update={"oracle": recipe.oracle.model_copy(update={"throughput": throughput})})
 
 
@@ -235,6 +246,7 @@ class Ours:
     stored: dict[str, Observation] = field(default_factory=dict)
     runs_at: dict[int, list[float]] = field(default_factory=dict)  # every commit's throughput runs
     levels: bool = False  # throughput: the levels search, one run a query (`--search levels`)
+    weigh_baseline: bool = True  # levels: the case's published baseline a prior on the good side
 
     def attempt(self, run: Callable[[], object | None]) -> object | None:
         """A run that crashed is run again (the evaluator's retries); every attempt is a run."""
@@ -286,7 +298,7 @@ class Ours:
                 tried += 1
                 if isinstance(value, float):  # as the evaluator: the usable trials are judged
                     observations.append(Observation(case_id="perf", trial=tried, output_token_ids=list(range(1000)),
-                                                    timings=Timings(generate_s=1000 / (value * 1000))))
+                                                    timings=Timings(generate_s=1000 / (value * TOKENS_PER_S))))
         self.runs_at.setdefault(i, []).extend(throughputs(observations))
         if i == 0:
             self.reference = observations
@@ -303,7 +315,7 @@ class Ours:
         world, spec = self.world, self.recipe.oracle.throughput
         assert spec is not None
         problem = SearchProblem(n=world.n, mode="levels", confidence=self.recipe.trials.confidence,
-                                threshold=spec.threshold)
+                                threshold=spec.threshold, baseline=spec.baseline if self.weigh_baseline else None)
         evidence: dict[int, Evidence] = {}
         for _ in range(20 * world.n):
             decision = decide(problem, evidence)
@@ -311,8 +323,9 @@ class Ours:
                 return self.outcome(decision)
             for query in decision.queries:
                 i, before = query.index, evidence.get(query.index, Evidence())
-                value = None if i in world.unbuildable else self.attempt(lambda i=i: world.throughput_run(i))
-                evidence[i] = before.measure((value,)) if isinstance(value, float) else before.add("skip")
+                value = None if i in world.unbuildable else self.attempt(functools.partial(world.throughput_run, i))
+                measured = (value * TOKENS_PER_S,) if isinstance(value, float) else ()  # tokens/s, as the baseline
+                evidence[i] = before.measure(measured) if measured else before.add("skip")
         return Outcome(False, False, self.runs, self.samples)
 
     def outcome(self, decision: object) -> Outcome:
@@ -352,9 +365,15 @@ class Ours:
         return Outcome(False, False, self.runs, self.samples)
 
 
-def ours(world: World, levels: bool = False) -> Outcome:
-    recipe = recipe_of("acc", world.baseline) if world.breaks == "accuracy" else recipe_of("perf", search="per_step")
-    return Ours(world, recipe, levels=levels).bisect()
+def ours(world: World, levels: bool = False, baseline_error: float = 0.0, weigh_baseline: bool = True) -> Outcome:
+    """bisect-npu on one world; `baseline_error`: the published throughput baseline's error (a share of
+    the good side's mean: a baseline measured on another host)."""
+    if world.breaks == "accuracy":
+        recipe = recipe_of("acc", world.baseline)
+    else:
+        recipe = recipe_of("perf", search="levels" if levels else "per_step",
+                           throughput_baseline=GOOD_TPUT * TOKENS_PER_S * (1 + baseline_error))
+    return Ours(world, recipe, levels=levels, weigh_baseline=weigh_baseline).bisect()
 
 
 # -- bisect-npu through its sessions ------------------------------------------------------------
@@ -370,12 +389,15 @@ class SessionHistory:
     recipe: Path
 
 
-def session_history(work: Path, n: int) -> SessionHistory:
+def session_history(work: Path, n: int, baseline_error: float | None = 0.0) -> SessionHistory:
+    """`baseline_error`: the published throughput baseline's error (a share of the good side's mean);
+    None: the case publishes none."""
     from bisect_npu.nightly.at_commit import recipe_dump
     from tests.helpers.gitrepo import make_linear_repo
 
     shas = make_linear_repo(work / "repo", n + 1)
-    recipe = recipe_of("perf")
+    recipe = recipe_of("perf", throughput_baseline=None if baseline_error is None
+                       else GOOD_TPUT * TOKENS_PER_S * (1 + baseline_error))
     recipe = recipe.model_copy(update={"trials": recipe.trials.model_copy(update={"retry_backoff_s": 0.0})})
     path = work / "perf.yaml"
     path.write_text(recipe_dump(recipe))
@@ -447,14 +469,20 @@ def main() -> None:
     parser.add_argument("--work", type=Path, default=None,
                         help="--search session: where the history and the sessions go [default: a temporary "
                              "directory, removed after]")
+    parser.add_argument("--baseline-error", type=float, default=0.0,
+                        help="the case's published throughput baseline off the good side's mean by this share")
+    parser.add_argument("--no-baseline", action="store_true",
+                        help="levels mode: the runs alone place the good side (the case's baseline unread)")
     args = parser.parse_args()
     started = time.monotonic()
     seeds = range(args.first_seed, args.first_seed + args.seeds)
     print(f"seeds {seeds.start}-{seeds.stop - 1} ({args.seeds} seeded culprits per row), {args.candidates} candidates; "
-          f"throughput drop {args.drop:.0%}, spread {args.spread:.0%}; throughput rows: --search {args.search}")
+          f"throughput drop {args.drop:.0%}, spread {args.spread:.0%}; throughput rows: --search {args.search}; "
+          f"the case's throughput baseline "
+          f"{'unread' if args.no_baseline else f'{1 + args.baseline_error:.0%} of the good side'}")
     work = args.work or Path(tempfile.mkdtemp(prefix="nightly-bench-"))
-    history = session_history(work, args.candidates) if args.search == "session" and "throughput" in args.rows \
-        else None
+    history = session_history(work, args.candidates, None if args.no_baseline else args.baseline_error) \
+        if args.search == "session" and "throughput" in args.rows else None
     print("| regression | vLLM pin | tools/bisect right | its runs (mean) | bisect-npu culprit named | "
           "best answer the builds allow | its runs (mean) | its samples run (mean) |")
     print("|---|---|---:|---:|---:|---:|---:|---:|")
@@ -468,7 +496,8 @@ def main() -> None:
         if history is not None and breaks == "throughput":
             mine = [ours_in_session(world(seed, False), history, seed) for seed in seeds]
         else:
-            mine = [ours(world(seed, False), args.search == "levels") for seed in seeds]
+            mine = [ours(world(seed, False), args.search == "levels", args.baseline_error, not args.no_baseline)
+                    for seed in seeds]
         for pin_moves in (False, True):
             worlds = [world(seed, pin_moves) for seed in seeds]
             other = [theirs(w) for w in worlds]

@@ -158,21 +158,25 @@ def simulate(repo: str | Path, good: str, bad: str, culprit: str, *, bad_rate: f
              mode: Literal["exact", "noisy"] | None = None,
              on_run: Callable[[int, int], None] | None = None,
              throughput_drop: float | None = None, throughput_spread: float = 0.02, threshold: float = 0.97,
-             trials: int = 5, throughput_search: Literal["levels", "per_step"] = "levels") -> Simulation:
+             trials: int = 5, throughput_search: Literal["levels", "per_step"] = "levels",
+             published_baseline: bool = False) -> Simulation:
     """Replay the real search `runs` times over `good`..`bad` with a synthetic oracle that fails
     a trial at or after `culprit` with `bad_rate`, before it with `good_rate`; `mode` defaults to
     exact for a perfect test (rates 1/0), else noisy. `throughput_drop`: a throughput regression
     instead of the rates (`throughput_spread` a run's spread, the recipe's `threshold` and
     `trials`), searched as a session searches it (`throughput_search`, the recipe's
     `oracle.throughput.search`: levels, one run a step; per_step, each step's trials stopped when
-    sure, the likelihood search). `on_run(done, total)` after each bisection."""
+    sure, the likelihood search); `published_baseline`: the recipe publishes a throughput baseline,
+    which levels mode takes as a prior (the forecast as if it holds). `on_run(done, total)` after
+    each bisection."""
     from bisect_npu.forecast.plan import range_keys, unbuildable_positions
     from bisect_npu.forecast.simulate import Minutes, Throughput, describe
     from bisect_npu.forecast.simulate import simulate as run_simulation
     from bisect_npu.upstream import history
 
     throughput = None if throughput_drop is None else Throughput(throughput_drop, throughput_spread, threshold,
-                                                                 trials, search=throughput_search)
+                                                                 trials, search=throughput_search,
+                                                                 baseline=1.0 if published_baseline else None)
     if throughput is None and bad_rate <= good_rate:
         raise UsageError(f"--bad-rate ({bad_rate}) must exceed --good-rate ({good_rate}): "
                          "the bad side is the one that fails more often")

@@ -59,12 +59,15 @@ from bisect_npu.cli.params import FiniteRange
               show_default=True,
               help="With --throughput-drop: the session's search, the recipe's oracle.throughput.search (levels: "
                    "one run a step, every run weighed together; per-step: each step's trials stopped when sure).")
+@click.option("--published-baseline", is_flag=True,
+              help="With --throughput-drop and levels: the recipe publishes oracle.throughput.baseline, a prior on "
+                   "the good side's level (forecast as if it holds).")
 def simulate(repo: str, good: str, bad: str, culprit: str, bad_rate: float, good_rate: float,
              build_fail: float, slots: int, runs: int, build_cost_min: float, overlay_cost_min: float,
              run_cost_min: float,
              load_cost_min: float, earlier_runs: int, dockerfile: str, seed: int,
              mode: Literal["exact", "noisy"] | None, throughput_drop: float | None, throughput_spread: float,
-             threshold: float, trials: int, throughput_search: str) -> None:
+             threshold: float, trials: int, throughput_search: str, published_baseline: bool) -> None:
     """Expected runs, builds, accuracy and hours of bisecting GOOD..BAD when CULPRIT is the answer."""
     from bisect_npu import api
 
@@ -76,7 +79,8 @@ def simulate(repo: str, good: str, bad: str, culprit: str, bad_rate: float, good
                               seed=seed, mode=mode, on_run=on_run,
                               throughput_drop=throughput_drop, throughput_spread=throughput_spread,
                               threshold=threshold, trials=trials,
-                              throughput_search="levels" if throughput_search == "levels" else "per_step")
+                              throughput_search="levels" if throughput_search == "levels" else "per_step",
+                              published_baseline=published_baseline)
     heading = (f"{answer.candidates} candidates, culprit at position {answer.position}, "
                f"{answer.build_keys} build keys, mode {answer.mode}, "
                + (f"rates {bad_rate}/{good_rate}" if throughput_drop is None else

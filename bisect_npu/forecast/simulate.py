@@ -63,7 +63,9 @@ class Throughput:
     """A throughput regression to forecast: `drop` and `spread` (one run's standard deviation) as
     shares of the good side's mean, the recipe's `threshold`, a step's most trials (`trials`,
     the recipe's trials.count) and the good end's (`reference_trials`; None: the oracle's default),
-    and the session's search (`search`: the recipe's `oracle.throughput.search`)."""
+    the session's search (`search`: the recipe's `oracle.throughput.search`), and the published
+    baseline the levels search takes as a prior (`baseline`, a share of the good side's mean: 1.0
+    when it holds; None: the recipe publishes none)."""
 
     drop: float
     spread: float = 0.02
@@ -71,6 +73,7 @@ class Throughput:
     trials: int = 5
     reference_trials: int | None = None
     search: Literal["levels", "per_step"] = "levels"
+    baseline: float | None = None
 
 
 @dataclass(frozen=True)
@@ -375,7 +378,7 @@ def simulate(
         problem = SearchProblem(n=n, mode="levels" if levels else "likelihood", slots=slots, confidence=confidence,
                                 build_cost=costs.build / per_step if groups else 0.0, build_groups=groups,
                                 overlay_cost=costs.overlay / per_step if groups else 0.0,
-                                threshold=throughput.threshold)
+                                threshold=throughput.threshold, baseline=throughput.baseline if levels else None)
     for position in (p for p in culprits for _ in range(runs)):
         if throughput is not None:
             one = simulate_levels_one if levels else simulate_throughput_one

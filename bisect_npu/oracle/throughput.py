@@ -32,7 +32,8 @@ class ThroughputConfig(StrictModel):
 
     baseline: float | None = Field(None, gt=0.0, allow_inf_nan=False,
                                    description="published output token throughput, tokens/s (the nightly "
-                                               "config's `baseline`); needed by reference baseline")
+                                               "config's `baseline`); needed by reference baseline; with "
+                                               "good_end, levels search's prior on the good end's level")
     threshold: float = Field(0.97, gt=0.0, le=1.0, allow_inf_nan=False,
                              description="share of the reference a commit must reach (the nightly's "
                                          "`threshold`, default 0.97)")

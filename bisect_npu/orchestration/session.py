@@ -205,7 +205,8 @@ class Session:
                                     load_cost=load_cost, build_cost=build_cost, build_groups=groups,
                                     prebuilt_groups=self.prebuilt_groups(), overlay_cost=overlay_cost,
                                     weights=self.weights, answer_log_lr=answer_log_lr(self.recipe),
-                                    threshold=throughput.threshold if throughput is not None else 0.97)
+                                    threshold=throughput.threshold if throughput is not None else 0.97,
+                                    baseline=throughput.baseline if throughput is not None else None)
 
     @property
     def weights(self) -> tuple[int, ...] | None:

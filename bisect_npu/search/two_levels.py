@@ -12,7 +12,12 @@ integrated over both means (flat priors) and the spread (Jeffreys prior, 1/sigma
 n_L and n_R the runs left and right of c, S(c) their squared deviations from each side's own mean,
 N all runs. The last factor is the recipe's own rule: the bad side lies under the line (the
 threshold's share of the good side), a Student's t probability with N - 2 degrees of freedom.
-The posterior over c is that likelihood under a uniform prior.
+The posterior over c is that likelihood under a uniform prior. Where the recipe publishes the good
+side's level (a nightly case's `baseline`, in the runs' unit), the good side's mean is normal about
+it instead of flat, its variance the spread's squared over a worth in runs (``BASELINE_PRIOR``, a
+mixture over how far off the baseline may be): each worth k turns the good side's factor into
+(k / (k + n_L))^(1/2), adds k n_L / (k + n_L) (the good runs' mean - baseline)^2 to S(c), gives
+S(c) the exponent -(N-1)/2 and the line's t N - 1 degrees of freedom.
 
 A query is one run where it teaches most about c per cost: the expected fall of the change
 point's entropy, its outcome drawn from the posterior predictive (`expected_information`), over
@@ -44,6 +49,12 @@ OUTCOMES = 24
 OPEN_SHARE = 1e-3
 # Runs each end has before the ends are judged wrong.
 END_RUNS_BEFORE_WRONG = 2
+# The published baseline as a prior on the good side's mean: a mixture of (worth in runs, weight),
+# the good mean normal about the baseline with the spread squared over the worth as its variance.
+# Either it holds as well as one run of the session's own host (a few runs check it), or it is off
+# by about ten, a hundred or a thousand spreads (another host, another load, another unit), each
+# as likely: the runs weigh the four in closed form, so a wrong baseline costs runs, not the answer.
+BASELINE_PRIOR = ((1.0, 0.25), (1e-2, 0.25), (1e-4, 0.25), (1e-6, 0.25))
 
 
 def _log_beta_inc(a: float, b: float, x: np.ndarray) -> np.ndarray:
@@ -117,10 +128,22 @@ def _split(count: np.ndarray, total: np.ndarray, squares: np.ndarray) -> tuple[n
 
 
 def _log_lik_of_sums(count: np.ndarray, total: np.ndarray, squares: np.ndarray, center: float,
-                    threshold: float) -> np.ndarray:
+                     threshold: float, baseline: float | None = None) -> np.ndarray:
     """``log_likelihood`` from per-position sums (last axis 0..n; leading axes: alternatives)."""
     runs = float(count.reshape(-1, count.shape[-1])[0].sum())  # the same in every alternative
     mean_left, n_left, mean_right, n_right, within = _split(count, total, squares)
+    if baseline is None:
+        return _flat_good_side(mean_left, n_left, mean_right, n_right, within, runs, center, threshold)
+    terms = [math.log(weight) + _baseline_good_side(mean_left, n_left, mean_right, n_right, within, runs, center,
+                                                    threshold, baseline, worth)
+             for worth, weight in BASELINE_PRIOR]
+    result: np.ndarray = np.logaddexp.reduce(terms, axis=0)
+    return result
+
+
+def _flat_good_side(mean_left: np.ndarray, n_left: np.ndarray, mean_right: np.ndarray, n_right: np.ndarray,
+                    within: np.ndarray, runs: float, center: float, threshold: float) -> np.ndarray:
+    """Both means flat a priori: (n_L n_R)^(-1/2) S^(-(N-2)/2) P(under the line)."""
     within = np.maximum(within, np.max(within, axis=-1, keepdims=True) * 1e-12 + _TINY)
     df = runs - 2.0
     # The bad side under the line: threshold x mu_good - mu_bad > 0, its error t-distributed.
@@ -128,6 +151,26 @@ def _log_lik_of_sums(count: np.ndarray, total: np.ndarray, squares: np.ndarray, 
     error = np.sqrt(within / df * (threshold**2 / n_left + 1.0 / n_right))
     under_line = t_log_cdf(gap / error, df)
     result: np.ndarray = -0.5 * np.log(n_left * n_right) - df / 2.0 * np.log(within) + under_line
+    return result
+
+
+def _baseline_good_side(mean_left: np.ndarray, n_left: np.ndarray, mean_right: np.ndarray, n_right: np.ndarray,
+                        within: np.ndarray, runs: float, center: float, threshold: float, baseline: float,
+                        worth: float) -> np.ndarray:
+    """The good side's mean normal about ``baseline`` with the weight of ``worth`` runs (its
+    variance the spread squared over ``worth``), the bad side's flat: the prior's pseudo-runs join
+    the good side's mean and its distance from the runs' mean joins the squared deviations,
+    (worth / (worth + n_L))^(1/2) n_R^(-1/2) S'^(-(N-1)/2) P(under the line)."""
+    prior = baseline - center
+    spread_sums = within + worth * n_left / (worth + n_left) * (mean_left - prior) ** 2
+    spread_sums = np.maximum(spread_sums, np.max(spread_sums, axis=-1, keepdims=True) * 1e-12 + _TINY)
+    df = runs - 1.0
+    good = (worth * prior + n_left * mean_left) / (worth + n_left)
+    gap = threshold * (good + center) - (mean_right + center)
+    error = np.sqrt(spread_sums / df * (threshold**2 / (worth + n_left) + 1.0 / n_right))
+    under_line = t_log_cdf(gap / error, df)
+    result: np.ndarray = (0.5 * np.log(worth / (worth + n_left)) - 0.5 * np.log(n_right)
+                          - df / 2.0 * np.log(spread_sums) + under_line)
     return result
 
 
@@ -139,20 +182,23 @@ def _center(runs: Mapping[int, Sequence[float]]) -> float:
     return float(np.mean([v for values in runs.values() for v in values]))
 
 
-def log_likelihood(n: int, runs: Mapping[int, Sequence[float]], threshold: float) -> np.ndarray | None:
+def log_likelihood(n: int, runs: Mapping[int, Sequence[float]], threshold: float,
+                   baseline: float | None = None) -> np.ndarray | None:
     """log P(every run | c) + constant for c = 1..n (index 0 is position 1), both means and the
     spread integrated out; None while the runs cannot weigh a change (an end without a run, or
-    fewer than three runs in all)."""
+    fewer than three runs in all). ``baseline``: the published good-side mean, in the runs' unit,
+    a prior on the good side's mean (``BASELINE_PRIOR``); None: flat."""
     if not _ready(n, runs):
         return None
     center = _center(runs)
-    return _log_lik_of_sums(*_side_sums(n, runs, center), center, threshold)
+    return _log_lik_of_sums(*_side_sums(n, runs, center), center, threshold, baseline)
 
 
-def posterior(n: int, runs: Mapping[int, Sequence[float]], threshold: float) -> np.ndarray | None:
+def posterior(n: int, runs: Mapping[int, Sequence[float]], threshold: float,
+              baseline: float | None = None) -> np.ndarray | None:
     """P(c = x | every run) for x = 1..n (index 0 is position 1), the culprit uniform a priori;
     None where ``log_likelihood`` is."""
-    log_lik = log_likelihood(n, runs, threshold)
+    log_lik = log_likelihood(n, runs, threshold, baseline)
     if log_lik is None:
         return None
     return _normalised(log_lik)
@@ -170,14 +216,15 @@ def _entropy(post: np.ndarray) -> np.ndarray:
 
 
 def expected_information(n: int, runs: Mapping[int, Sequence[float]], threshold: float,
-                         positions: Sequence[int], outcomes: int = OUTCOMES) -> np.ndarray:
+                         positions: Sequence[int], outcomes: int = OUTCOMES,
+                         baseline: float | None = None) -> np.ndarray:
     """For each of ``positions``: the expected fall in the change point's entropy from one more run
     there, its outcome drawn from the posterior predictive (each c's side mean, Student's t with
     that c's spread), integrated on a grid of ``outcomes`` values."""
     assert _ready(n, runs)
     center = _center(runs)
     sums = _side_sums(n, runs, center)
-    post = _normalised(_log_lik_of_sums(*sums, center, threshold))
+    post = _normalised(_log_lik_of_sums(*sums, center, threshold, baseline))
     left, n_left, right, n_right, within = _split(*sums)
     df = float(sums[0].sum()) - 2.0
     spread2 = np.maximum(within / df, _TINY)
@@ -200,7 +247,7 @@ def expected_information(n: int, runs: Mapping[int, Sequence[float]], threshold:
     count[rows, :, columns] += 1
     total[rows, :, columns] += ys
     squares[rows, :, columns] += ys * ys
-    after = _normalised(_log_lik_of_sums(count, total, squares, center, threshold))
+    after = _normalised(_log_lik_of_sums(count, total, squares, center, threshold, baseline))
     gains: np.ndarray = float(_entropy(post)) - (weights * _entropy(after)).sum(axis=1)
     return gains
 
@@ -245,7 +292,7 @@ def decide_levels(problem: SearchProblem, evidence: Mapping[int, Evidence]) -> D
         if not again:
             return EndsWrong("bad", {"under_line": under})
         return Next((Query(min(again, key=lambda i: len(runs[i]))),))
-    post = posterior(n, runs, problem.threshold)
+    post = posterior(n, runs, problem.threshold, problem.baseline)
     assert post is not None
     blocks = _blocks(n, evidence)
     block_mass = np.bincount(blocks, weights=post)
@@ -263,7 +310,7 @@ def decide_levels(problem: SearchProblem, evidence: Mapping[int, Evidence]) -> D
     costs = build_costs(problem, evidence)
     for i in runs:
         costs[i] = 0.0
-    gains = expected_information(n, runs, problem.threshold, asked) / (1.0 + costs[asked])
+    gains = expected_information(n, runs, problem.threshold, asked, baseline=problem.baseline) / (1.0 + costs[asked])
     order = sorted(range(len(asked)), key=lambda k: (-gains[k], asked[k]))
     return Next(tuple(Query(asked[k]) for k in order[: problem.slots]))
 

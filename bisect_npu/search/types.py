@@ -132,7 +132,9 @@ class SearchProblem:
     steer the search). 0: the posterior alone decides.
 
     ``threshold`` (levels mode) is the share of the good side's mean under which a mean is bad (a
-    throughput recipe's `threshold`): the bad side lies under it.
+    throughput recipe's `threshold`): the bad side lies under it. ``baseline`` (levels mode) is the
+    published good-side mean (a nightly case's `baseline`), in the measured runs' unit: a prior on
+    the good side's mean that the runs check; None: the runs alone place it.
     """
 
     n: int
@@ -151,6 +153,7 @@ class SearchProblem:
     weights: tuple[int, ...] | None = None
     threshold: float = 0.97
     answer_log_lr: float = 0.0
+    baseline: float | None = None
 
 
 @dataclass(frozen=True)
@@ -211,6 +214,8 @@ def validate(problem: SearchProblem, evidence: Mapping[int, Evidence]) -> None:
         raise ValueError("confidence levels must lie in (0.5, 1)")
     if not 0.0 < problem.threshold <= 1.0:
         raise ValueError(f"threshold must lie in (0, 1], got {problem.threshold}")
+    if problem.baseline is not None and not (math.isfinite(problem.baseline) and problem.baseline > 0):
+        raise ValueError(f"baseline must be a positive finite number, got {problem.baseline}")
     if any(not all(map(math.isfinite, ev.measured)) for ev in evidence.values()):
         raise ValueError("measured values must be finite")
     if problem.max_trials_per_query < 1:

@@ -10,7 +10,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from bisect_npu.search import EndsWrong, Evidence, Found, Narrowed, Next, Query, SearchProblem, decide
-from bisect_npu.search.two_levels import ends_under_line, posterior, t_log_cdf
+from bisect_npu.search.two_levels import BASELINE_PRIOR, ends_under_line, posterior, t_log_cdf
 
 THRESHOLD = 0.97
 
@@ -130,3 +130,68 @@ def test_wrong_culprits_named_stay_under_the_confidence_left() -> None:
         wrong += decision.index != culprit
     assert wrong <= 0.05 * histories
     assert runs / histories < 16
+
+
+def brute_force_posterior(n: int, runs: dict[int, list[float]], baseline: float) -> np.ndarray:
+    """P(c | runs) by summing the model on a grid: the good mean under BASELINE_PRIOR's mixture,
+    the bad mean flat under the line, the spread 1/sigma, every run normal."""
+    good_means = np.linspace(0.6, 1.4, 401)[:, None]
+    bad_means = np.linspace(0.6, 1.4, 401)[None, :]
+    under = bad_means < THRESHOLD * good_means
+    lik = np.zeros(n)
+    for sigma in np.geomspace(0.01, 1.0, 160):  # the 1/sigma prior: uniform on a log grid
+        prior_good = sum(weight * np.sqrt(worth) / sigma
+                         * np.exp(-worth * (good_means - baseline) ** 2 / (2 * sigma**2))
+                         for worth, weight in BASELINE_PRIOR)
+        for c in range(1, n + 1):
+            left = [v for i, vs in runs.items() if i < c for v in vs]
+            right = [v for i, vs in runs.items() if i >= c for v in vs]
+            squares = sum((v - good_means) ** 2 for v in left) + sum((v - bad_means) ** 2 for v in right)
+            log_runs = -squares / (2 * sigma**2)
+            lik[c - 1] += float((prior_good * under * np.exp(log_runs) / sigma ** (len(left) + len(right))).sum())
+    result: np.ndarray = lik / lik.sum()
+    return result
+
+
+@pytest.mark.parametrize("baseline", [1.0, 0.96, 1.1])
+def test_the_baseline_prior_is_the_model_summed_by_brute_force(baseline: float) -> None:
+    """The closed form against the model summed on a grid of both means and the spread: the
+    baseline where the runs put the good side, a little under it, and far over it."""
+    runs = {0: [1.02, 0.95], 1: [0.99], 2: [0.91], 3: [0.83, 0.9], 4: [0.86]}
+    closed = posterior(4, runs, THRESHOLD, baseline)
+    assert closed is not None
+    assert np.allclose(closed, brute_force_posterior(4, runs, baseline), atol=2e-3)
+    assert not np.allclose(closed, posterior(4, runs, THRESHOLD), atol=2e-3)  # the baseline weighs
+
+
+@settings(max_examples=25, deadline=None)
+@given(st.integers(1, 12), st.integers(0, 1000), st.floats(0.01, 100.0), st.floats(-0.1, 0.1))
+def test_the_baseline_posterior_does_not_depend_on_the_unit(culprit: int, seed: int, unit: float,
+                                                            off: float) -> None:
+    """The baseline scaled with the runs (tokens/s or requests/s) leaves the posterior as it was."""
+    runs = history(culprit, 12, {i: 1 + i % 3 for i in range(13)}, seed)
+    post = posterior(12, runs, THRESHOLD, 1000 * (1 + off))
+    scaled = posterior(12, {i: [unit * v for v in values] for i, values in runs.items()}, THRESHOLD,
+                       unit * 1000 * (1 + off))
+    assert post is not None and scaled is not None
+    assert np.allclose(post, scaled, atol=1e-9)
+
+
+def test_a_baseline_where_the_good_side_is_sharpens_the_culprit_and_one_far_off_does_not_mislead() -> None:
+    """One run of the good end and a few candidates': the published level where the good side
+    runs puts more of the posterior on the culprit than the runs alone (over seeded histories);
+    a baseline a hundred spreads off moves no history's answer from the culprit to another."""
+    sharper = 0
+    for seed in range(20):
+        runs = history(6, 12, {0: 1, 3: 1, 5: 1, 6: 1, 9: 1, 12: 1}, seed)
+        alone, right, off = (posterior(12, runs, THRESHOLD, b) for b in (None, 1000.0, 3000.0))
+        assert alone is not None and right is not None and off is not None
+        sharper += right[5] > alone[5]
+        assert int(np.argmax(off)) == int(np.argmax(alone)) or max(off) < 0.5
+    assert sharper >= 15
+
+
+def test_a_baseline_that_is_not_a_positive_number_is_refused() -> None:
+    for bad in (0.0, -5.0, math.inf, math.nan):
+        with pytest.raises(ValueError, match="baseline"):
+            decide(SearchProblem(n=4, mode="levels", baseline=bad), {})

@@ -179,6 +179,20 @@ def test_a_throughput_forecast_in_levels_mode_runs_one_run_a_step():
     assert levels.mean_machine_hours < per_step.mean_machine_hours
 
 
+def test_a_published_baseline_that_holds_shortens_the_levels_forecast():
+    """A recipe's published baseline is the levels search's prior on the good side's level: the
+    forecast as if it holds spends fewer runs, as right."""
+    from bisect_npu.forecast.simulate import Throughput
+
+    culprits = list(range(1, 40, 6))
+    flat = simulate(39, culprits, bad_rate=1.0, good_rate=0.0, runs=4, seed=1000,
+                    throughput=Throughput(drop=0.07, spread=0.02))
+    published = simulate(39, culprits, bad_rate=1.0, good_rate=0.0, runs=4, seed=1000,
+                         throughput=Throughput(drop=0.07, spread=0.02, baseline=1.0))
+    assert published.accuracy >= 0.95 and published.ends_wrong == 0.0
+    assert published.mean_trials < flat.mean_trials, (published, flat)
+
+
 def test_a_throughput_forecast_tells_the_search_the_build_groups():
     """As a session with a keyed builder does (levels mode, a throughput session's default): told the
     groups, the search takes the built

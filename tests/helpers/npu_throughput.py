@@ -42,10 +42,11 @@ CASE_PATH = "tests/e2e/nightly/single_node/models/configs/Speed-A2.yaml"
 ENGINE_NEVER_STARTED = "server exited with -9 before /health answered"
 
 
-def perf_recipe(where: Path, search: str = "levels", **trials: Any) -> Path:
+def perf_recipe(where: Path, search: str = "levels", baseline: float | None = None, **trials: Any) -> Path:
     """The recipe `run --nightly-case` makes of the performance benchmark above (threshold 0.97,
-    the line drawn from the good end), written to `where`, with `oracle.throughput.search` and
-    `trials` fields (no wait between a crashed run's attempts)."""
+    the line drawn from the good end), written to `where`, with `oracle.throughput.search`, the
+    published `baseline` in tokens/s (None: the case's, 1000) and `trials` fields (no wait between
+    a crashed run's attempts)."""
     from bisect_npu.nightly.at_commit import recipe_dump
     from bisect_npu.nightly.cases import import_case, read_case_file
 
@@ -53,7 +54,8 @@ def perf_recipe(where: Path, search: str = "levels", **trials: Any) -> Path:
     assert recipe.oracle.throughput is not None
     recipe = recipe.model_copy(update={
         "oracle": recipe.oracle.model_copy(update={
-            "throughput": recipe.oracle.throughput.model_copy(update={"search": search})}),
+            "throughput": recipe.oracle.throughput.model_copy(update={
+                "search": search, "baseline": baseline or recipe.oracle.throughput.baseline})}),
         "trials": recipe.trials.model_copy(update={"retry_backoff_s": 0.0, **trials})})
     where.parent.mkdir(parents=True, exist_ok=True)
     where.write_text(recipe_dump(recipe))

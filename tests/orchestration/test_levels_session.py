@@ -38,12 +38,17 @@ def history(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, list[str]]:
     return where / "repo", shas
 
 
-def _session(tmp: Path, repo: Path, shas: list[str], stand_in: NpuThroughputStandIn, search: str = "levels",
-             name: str = "s") -> tuple[Any, Path]:
-    recipe = perf_recipe(tmp / f"{name}-recipe.yaml", search)
+def _start(tmp: Path, repo: Path, shas: list[str], stand_in: NpuThroughputStandIn, search: str = "levels",
+           name: str = "s", baseline: float | None = None) -> Session:
+    recipe = perf_recipe(tmp / f"{name}-recipe.yaml", search, baseline)
     spec = spec_of(good=shas[0], bad=shas[-1], repo=str(repo), recipe=str(recipe), propose_fix=False)
     builder = LocalBuilder(git.Repo(repo), tmp / f"{name}-work", ["sh", "-c", "test ! -e BROKEN"])
-    result = Session.start(spec, session_dir=tmp / name, builder=builder, executor=stand_in).run()
+    return Session.start(spec, session_dir=tmp / name, builder=builder, executor=stand_in)
+
+
+def _session(tmp: Path, repo: Path, shas: list[str], stand_in: NpuThroughputStandIn, search: str = "levels",
+             name: str = "s") -> tuple[Any, Path]:
+    result = _start(tmp, repo, shas, stand_in, search, name).run()
     write_reports(tmp / name)
     return result, tmp / name
 
@@ -148,11 +153,27 @@ def test_simulate_forecasts_the_runs_the_sessions_spend(history: tuple[Path, lis
         assert result.culprit == shas[CULPRIT]
         spent.append(stand_in.runs)
     forecast = simulate(N - 1, CULPRIT, bad_rate=1.0, good_rate=0.0, runs=40, seed=0, unbuildable=[6],
-                        throughput=Throughput(DROP, SPREAD))
+                        throughput=Throughput(DROP, SPREAD, baseline=1.0))
     assert forecast.accuracy >= 0.97
     mean = sum(spent) / len(spent)
     assert abs(mean - forecast.mean_trials) <= 0.2 * forecast.mean_trials, (spent, forecast)
     assert all(s <= forecast.max_trials for s in spent), (spent, forecast)
+
+
+def test_the_published_baseline_is_the_searchs_prior_and_a_wrong_one_costs_runs_not_the_answer(
+        history: tuple[Path, list[str]], tmp_path: Path) -> None:
+    """The recipe's `oracle.throughput.baseline` reaches the levels search (tokens/s, the runs'
+    unit); a baseline from another host, 20% over what the good side runs at, still ends on the
+    culprit, with at least the runs a right one needs."""
+    repo, shas = history
+    spent = {}
+    for baseline in (1000.0, 1200.0):
+        stand_in = NpuThroughputStandIn(DROP, SPREAD, seed=7)
+        session = _start(tmp_path, repo, shas, stand_in, name=f"b{baseline:.0f}", baseline=baseline)
+        assert session.problem().baseline == baseline
+        assert session.run().culprit == shas[CULPRIT]
+        spent[baseline] = stand_in.runs
+    assert spent[1200.0] >= spent[1000.0], spent
 
 
 def test_a_bad_end_that_is_not_slower_is_an_end_judged_wrong(history: tuple[Path, list[str]],

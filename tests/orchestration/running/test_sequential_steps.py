@@ -19,22 +19,8 @@ from bisect_npu.oracle.sequential import REFERENCE_MIN_TRIALS
 from bisect_npu.orchestration.running.evaluate import EvaluationRequest, Evaluator, until_sure
 from bisect_npu.records import TrialRun
 from tests.helpers.gitrepo import make_linear_repo
-
-CASE_PATH = "tests/e2e/nightly/single_node/models/configs/Speed-A2.yaml"
-CASE_FILE = """\
-test_cases:
-  - name: "speed-a2"
-    model: "tiny"
-    launcher: ["serve"]
-    benchmarks:
-      perf:
-        case_type: performance
-        dataset_path: vllm-ascend/GSM8K-in3500-bs400
-        request_conf: vllm_api_stream_chat
-        dataset_conf: gsm8k/gsm8k_gen_0_shot_cot_str_perf
-        baseline: 1000
-        threshold: 0.97
-"""
+from tests.helpers.npu_throughput import CASE_PATH
+from tests.helpers.npu_throughput import PERF_CASE as CASE_FILE
 
 
 def _journaled(session: Path, commit: str, values: list[float]) -> list[TrialRun]:

@@ -138,6 +138,16 @@ class _BuildBook:
         return cost, self.build_ok[i]
 
 
+def _build_or_skip(i: int, evidence: dict[int, Evidence], book: _BuildBook,
+                   unbuildable: Collection[int]) -> tuple[float, bool]:
+    """Position i's build minutes and whether it built; one that did not (or cannot) is a skip in
+    its evidence, as a session records it."""
+    cost, built = (0.0, False) if i in unbuildable else book.ready(i, i in evidence)
+    if not built:
+        evidence[i] = evidence.get(i, Evidence()).add("skip")
+    return cost, built
+
+
 def simulate_one(
     problem: SearchProblem,
     culprit: int,
@@ -177,12 +187,8 @@ def simulate_one(
         slowest = 0.0
         for query in decision.queries:
             i = query.index
-            if i in unbuildable:
-                evidence[i] = evidence.get(i, Evidence()).add("skip")
-                continue
-            cost, built = book.ready(i, i in evidence)
+            cost, built = _build_or_skip(i, evidence, book, unbuildable)
             if not built:
-                evidence[i] = evidence.get(i, Evidence()).add("skip")
                 slowest = max(slowest, cost)
                 continue
             rate = bad_rate if i >= culprit else good_rate
@@ -257,12 +263,8 @@ def simulate_throughput_one(
         rounds += 1
         slowest = 0.0
         for i in queue:
-            if i in unbuildable:
-                evidence[i] = evidence.get(i, Evidence()).add("skip")
-                continue
-            cost, built = book.ready(i, i in evidence)
+            cost, built = _build_or_skip(i, evidence, book, unbuildable)
             if not built:
-                evidence[i] = evidence.get(i, Evidence()).add("skip")
                 slowest = max(slowest, cost)
                 continue
             runs, kind, weight, starts = step(i)
@@ -303,17 +305,14 @@ def simulate_levels_one(
         rounds += 1
         slowest = 0.0
         for query in decision.queries:
-            i, before = query.index, evidence.get(query.index, Evidence())
-            if i in unbuildable:
-                evidence[i] = before.add("skip")
-                continue
-            cost, built = book.ready(i, i in evidence)
+            i = query.index
+            cost, built = _build_or_skip(i, evidence, book, unbuildable)
             if not built:
-                evidence[i] = before.add("skip")
                 slowest = max(slowest, cost)
                 continue
             value = float(rng.normal(1.0 - regression.drop if i >= culprit else 1.0, regression.spread))
-            evidence[i] = before.add("bad" if value < regression.threshold else "good").measure((value,))
+            side: Outcome = "bad" if value < regression.threshold else "good"
+            evidence[i] = evidence.get(i, Evidence()).add(side).measure((value,))
             trials += 1
             slowest = max(slowest, cost + costs.load + costs.run)
         wall += slowest

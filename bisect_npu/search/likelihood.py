@@ -31,6 +31,11 @@ from bisect_npu.search.types import Decision, EndsWrong, Evidence, Found, Narrow
 # Steps one position may take (the first and repeats): a commit that three steps of the sequential
 # test could not place is left to the posterior, which then names a range or a weaker answer.
 MAX_STEPS = 3
+# Where the answer is held to a ratio of its own (`SearchProblem.answer_log_lr`, steps that only
+# steer), a search that would otherwise answer below its confidence (every position that could
+# move the answer has spent MAX_STEPS) asks them again, up to this many steps: steering steps err
+# often enough that three of them at the culprit can all lean the wrong way.
+ANSWER_MAX_STEPS = 6
 # A position is worth asking only while both of its sides hold more than this share of the error
 # the confidence allows.
 TELLING_SHARE = 1e-3
@@ -145,9 +150,15 @@ def _quantile_picks(problem: SearchProblem, evidence: Mapping[int, Evidence], po
     # A step at x tells c <= x from c > x: where either holds (almost) none of the mass it can
     # move nothing (asking it would only spend runs while the undecided commits stay undecided).
     telling = TELLING_SHARE * (1 - problem.confidence)
-    askable = [x for x in range(1, n)
-               if not evidence.get(x, Evidence()).skipped and _steps(evidence.get(x, Evidence())) < MAX_STEPS
-               and telling < float(cumulative[x - 1]) < 1 - telling]
+
+    def askable_within(cap: int) -> list[int]:
+        return [x for x in range(1, n)
+                if not evidence.get(x, Evidence()).skipped and _steps(evidence.get(x, Evidence())) < cap
+                and telling < float(cumulative[x - 1]) < 1 - telling]
+
+    askable = askable_within(MAX_STEPS)
+    if not askable and problem.answer_log_lr > 0:
+        askable = askable_within(ANSWER_MAX_STEPS)
     if not askable:
         return []
     cheaper = most_information_per_cost(cumulative, askable, step_costs(problem, evidence), problem.slots)

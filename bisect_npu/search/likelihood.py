@@ -13,7 +13,9 @@ one a lot, and steps repeated at one position add up. The next query is probabil
 most information per cost, costs.py); a tested position is asked again while
 the posterior is not sure which side it is on (its step was not decisive), up to ``max_steps``;
 where the problem asks it (``answer_log_lr``), the answer's culprit and parent are asked again
-until their own steps reach that ratio, so steps elsewhere may stop early and only steer.
+until their own steps reach that ratio, so steps elsewhere may stop early and only steer; such a
+search asks the positions that could still move its answer up to ``ANSWER_MAX_STEPS`` times
+before it answers below its confidence.
 The ends come first: each must be judged its own side by its step's verdict (EndsWrong otherwise).
 """
 

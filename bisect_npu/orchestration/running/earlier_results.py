@@ -207,9 +207,10 @@ def control_ids(ids: Sequence[str], share: float, commit: str) -> list[str]:
 
 
 def control_stages(ids: Sequence[str], share: float, commit: str) -> list[list[str]]:
-    """The control share in the order it runs, each stage in dataset order: half of its samples
-    (``FIRST_STAGE`` at least), then the rest, run only when one of the first differs
-    (`control_standing`)."""
+    """The control share in the order it runs, each stage in dataset order: half of its samples,
+    rounded down (``FIRST_STAGE`` at least), then the rest, run only when one of the first
+    differs (`control_standing`). Rounded down: the first stage is what every end with results
+    that stand pays, the second only an end whose first samples differ."""
     count = min(len(ids), max(MIN_CONTROL, math.ceil(share * len(ids))))
     drawn = sorted(ids, key=lambda i: hashlib.sha256(f"{commit}:{i}".encode()).hexdigest())[:count]
     first = max(FIRST_STAGE, count // 2)

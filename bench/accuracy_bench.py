@@ -32,7 +32,9 @@ per-scenario repeats (1, 2, 4 tried), the repeats with earlier results (1, 2, 4;
 sampled scenario) and focus.batch (1, 2, 4, 8); focus.growth (1, 1.5, 2), focus.batch (1, 2) and
 repeats (2, 4) with earlier results (the 30-sample sampled scenario) on seeds 7000-7199; the
 steering bound (stats.STEER_ERROR, 0.04-0.16) and its correlation floor (STEER_MIN_RHO) on seeds
-7000-7399 and, for the calibration kinds, 1000-1199; the figures are reported on seeds 1.. (--seed)
+7000-7399 and, for the calibration kinds, 1000-1199; the answer's extra steps (search.likelihood.
+ANSWER_MAX_STEPS, 4-6) and the control's first stage (2 or 3 samples) on seeds 7000-7399 and
+8000-8799; the figures are reported on seeds 1.. (--seed)
 and 5000.., which tuning never saw. Everything else is the recipe defaults (confidence 0.99,
 max_rounds 3, focus growth 2, control 5%, min_discordant 4).
 

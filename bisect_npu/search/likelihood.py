@@ -13,7 +13,9 @@ one a lot, and steps repeated at one position add up. The next query is probabil
 most information per cost, costs.py); a tested position is asked again while
 the posterior is not sure which side it is on (its step was not decisive), up to ``max_steps``;
 where the problem asks it (``answer_log_lr``), the answer's culprit and parent are asked again
-until their own steps reach that ratio, so steps elsewhere may stop early and only steer.
+until their own steps reach that ratio, so steps elsewhere may stop early and only steer; such a
+search asks the positions that could still move its answer up to ``ANSWER_MAX_STEPS`` times
+before it answers below its confidence.
 The ends come first: each must be judged its own side by its step's verdict (EndsWrong otherwise).
 """
 
@@ -31,6 +33,11 @@ from bisect_npu.search.types import Decision, EndsWrong, Evidence, Found, Narrow
 # Steps one position may take (the first and repeats): a commit that three steps of the sequential
 # test could not place is left to the posterior, which then names a range or a weaker answer.
 MAX_STEPS = 3
+# Where the answer is held to a ratio of its own (`SearchProblem.answer_log_lr`, steps that only
+# steer), a search that would otherwise answer below its confidence (every position that could
+# move the answer has spent MAX_STEPS) asks them again, up to this many steps: steering steps err
+# often enough that three of them at the culprit can all lean the wrong way.
+ANSWER_MAX_STEPS = 6
 # A position is worth asking only while both of its sides hold more than this share of the error
 # the confidence allows.
 TELLING_SHARE = 1e-3
@@ -145,9 +152,15 @@ def _quantile_picks(problem: SearchProblem, evidence: Mapping[int, Evidence], po
     # A step at x tells c <= x from c > x: where either holds (almost) none of the mass it can
     # move nothing (asking it would only spend runs while the undecided commits stay undecided).
     telling = TELLING_SHARE * (1 - problem.confidence)
-    askable = [x for x in range(1, n)
-               if not evidence.get(x, Evidence()).skipped and _steps(evidence.get(x, Evidence())) < MAX_STEPS
-               and telling < float(cumulative[x - 1]) < 1 - telling]
+
+    def askable_within(cap: int) -> list[int]:
+        return [x for x in range(1, n)
+                if not evidence.get(x, Evidence()).skipped and _steps(evidence.get(x, Evidence())) < cap
+                and telling < float(cumulative[x - 1]) < 1 - telling]
+
+    askable = askable_within(MAX_STEPS)
+    if not askable and problem.answer_log_lr > 0:
+        askable = askable_within(ANSWER_MAX_STEPS)
     if not askable:
         return []
     cheaper = most_information_per_cost(cumulative, askable, step_costs(problem, evidence), problem.slots)

@@ -92,8 +92,15 @@ def test_the_control_stages_split_the_control_share_half_first(size: int, share:
     whole = control_ids(ids, share, commit)
     assert sorted(i for stage in stages for i in stage) == sorted(whole)  # a split: nothing twice, nothing more
     assert all(stage == [i for i in ids if i in set(stage)] for stage in stages)  # each in dataset order
-    assert len(stages[0]) == min(len(whole), max(FIRST_STAGE, -(-len(whole) // 2)))
+    assert len(stages[0]) == min(len(whole), max(FIRST_STAGE, len(whole) // 2))
     assert stages == control_stages(ids, share, commit)  # the same on a resume
+
+
+def test_a_control_share_of_five_runs_two_samples_first() -> None:
+    """30 samples at a 10% share: 5 control samples, 2 run first and the other 3 only when one
+    of those differs (each sample run first costs a round of runs at both ends)."""
+    stages = control_stages([f"s{i}" for i in range(30)], 0.1, GOOD)
+    assert [len(stage) for stage in stages] == [2, 3]
 
 
 def outcomes(pattern: list[bool]) -> tuple[list[SampleOutcome], list[SampleOutcome]]:
@@ -108,7 +115,7 @@ def outcomes(pattern: list[bool]) -> tuple[list[SampleOutcome], list[SampleOutco
 def test_the_staged_control_check_lets_through_only_what_the_first_stage_could_not_see(
         pattern: list[bool], limit: float) -> None:
     earlier, control = outcomes(pattern)
-    first = max(FIRST_STAGE, -(-len(pattern) // 2))
+    first = max(FIRST_STAGE, len(pattern) // 2)
     after_first = control_standing(earlier, control[:first], limit, complete=False)
     staged = after_first if after_first is not None else control_standing(earlier, control, limit, complete=True)
     whole = sum(pattern) <= limit * len(pattern)

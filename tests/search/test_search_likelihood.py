@@ -9,7 +9,7 @@ from hypothesis import strategies as st
 from numpy.polynomial.hermite_e import hermegauss
 
 from bisect_npu.search import EndsWrong, Evidence, Found, Narrowed, Next, Query, SearchProblem, Weight, decide
-from bisect_npu.search.likelihood import MAX_STEPS, change_point_posterior
+from bisect_npu.search.likelihood import ANSWER_MAX_STEPS, MAX_STEPS, TELLING_SHARE, change_point_posterior
 
 
 def problem(n: int, slots: int = 1, confidence: float = 0.99) -> SearchProblem:
@@ -194,4 +194,51 @@ def test_steering_steps_find_the_culprit_and_name_it_on_the_answer_ratio(n: int,
     assert isinstance(decision, Found) and decision.index == culprit
     for position, side in ((culprit, 1.0), (culprit - 1, -1.0)):
         ev = evidence.get(position, Evidence())
-        assert position in (0, n) or side * ev.log_lr >= bound or ev.good + ev.bad == MAX_STEPS
+        assert position in (0, n) or side * ev.log_lr >= bound or ev.good + ev.bad >= MAX_STEPS
+
+
+def test_an_answer_short_of_its_confidence_asks_its_spent_parent_again() -> None:
+    """Three steering steps at the culprit 2 leaned good (-2.6 in all) and every telling position
+    has spent MAX_STEPS: without an answer ratio the search names 3 at 93%, a best guess; held
+    to one, it asks 2 again (up to ANSWER_MAX_STEPS), and names 2 once its steps say so."""
+    evidence = {0: Evidence(good=1), 8: Evidence(bad=1), 1: Evidence(good=3).weigh(-20.0),
+                2: Evidence(good=2, bad=1).weigh(-2.6), 3: Evidence(bad=3).weigh(8.5)}
+    for i in range(4, 8):
+        evidence[i] = Evidence(bad=1).weigh(8.0)
+    guess = decide(problem(8), evidence)
+    assert isinstance(guess, Found) and guess.index == 3 and guess.confidence < 0.99
+    held = SearchProblem(n=8, mode="likelihood", confidence=0.99, answer_log_lr=6.0)
+    assert decide(held, evidence) == Next((Query(2),))
+    evidence[2] = evidence[2].add("bad").weigh(4.0).add("bad").weigh(4.0)
+    found = decide(held, evidence)
+    assert isinstance(found, Found) and found.index == 2 and found.confidence >= 0.99
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.integers(2, 100), st.data())
+def test_steering_steps_that_err_answer_at_the_confidence_or_with_every_step_spent(
+        n: int, data: st.DataObject) -> None:
+    """Steering steps on the wrong side one time in five: the answer, held to a ratio of its
+    own, is named below the confidence asked only once every position that could still move it
+    has spent ANSWER_MAX_STEPS."""
+    culprit = data.draw(st.integers(1, n))
+    held = SearchProblem(n=n, mode="likelihood", confidence=0.99, answer_log_lr=6.0)
+    evidence = {0: Evidence(good=1), n: Evidence(bad=1)}
+    for _ in range(ANSWER_MAX_STEPS * n + 2):
+        decision = decide(held, evidence)
+        if not isinstance(decision, Next):
+            break
+        for q in decision.queries:
+            erred = data.draw(st.sampled_from([False] * 4 + [True]))
+            bad = (q.index >= culprit) != erred
+            strength = data.draw(st.floats(0.5, 3.0))
+            evidence[q.index] = evidence.get(q.index, Evidence()).add("bad" if bad else "good").weigh(
+                strength if bad else -strength)
+    assert not isinstance(decision, Next)
+    if isinstance(decision, Found) and decision.confidence < held.confidence:
+        cumulative = np.cumsum(change_point_posterior(n, evidence))[:-1]
+        telling = TELLING_SHARE * (1 - held.confidence)
+        for x in range(1, n):
+            if telling < cumulative[x - 1] < 1 - telling:
+                ev = evidence.get(x, Evidence())
+                assert ev.good + ev.bad >= ANSWER_MAX_STEPS

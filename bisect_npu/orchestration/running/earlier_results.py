@@ -28,7 +28,7 @@ from bisect_npu.probe.harness import HarnessError, dataset, lm_eval
 from bisect_npu.recipe.schema import AccuracySpec, EarlierEndSpec, EarlierResultsSpec, Recipe
 
 MIN_CONTROL = 5  # control samples at least: fewer says nothing
-FIRST_STAGE = 3  # control samples run first at least: when every one agrees, the rest is not run
+FIRST_STAGE = 2  # control samples run first at least: when every one agrees, the rest is not run
 ROLES = {"good": "good_end", "bad": "bad_end"}  # --earlier-results END: the session's role of that end
 FORM = "END=COMMIT:PATH (END good or bad, COMMIT the sha the run was made at), e.g. good=86797d44a7:runs/good.jsonl"
 WRITES = {"command": "the JSONL file your program wrote",
@@ -207,12 +207,13 @@ def control_ids(ids: Sequence[str], share: float, commit: str) -> list[str]:
 
 
 def control_stages(ids: Sequence[str], share: float, commit: str) -> list[list[str]]:
-    """The control share in the order it runs, each stage in dataset order: half of its samples
-    (``FIRST_STAGE`` at least), then the rest, run only when one of the first differs
-    (`control_standing`)."""
+    """The control share in the order it runs, each stage in dataset order: half of its samples,
+    rounded down (``FIRST_STAGE`` at least), then the rest, run only when one of the first
+    differs (`control_standing`). Rounded down: the first stage is what every end with results
+    that stand pays, the second only an end whose first samples differ."""
     count = min(len(ids), max(MIN_CONTROL, math.ceil(share * len(ids))))
     drawn = sorted(ids, key=lambda i: hashlib.sha256(f"{commit}:{i}".encode()).hexdigest())[:count]
-    first = max(FIRST_STAGE, math.ceil(count / 2))
+    first = max(FIRST_STAGE, count // 2)
     stages = [set(drawn[:first]), set(drawn[first:])]
     return [[i for i in ids if i in stage] for stage in stages if stage]
 

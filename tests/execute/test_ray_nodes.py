@@ -191,6 +191,25 @@ def test_a_node_removed_mid_trial_is_a_retried_host_failure(cluster: Any, demo_u
     assert_nothing_left(session)
 
 
+def culprit_ends_in_containers(demo_upstream: tuple[Path, Manifest], tmp_path: Path) -> tuple[list[str], str]:
+    """`run` over the culprit's parent and the culprit, each node in a container of the local
+    podman on the host's network (its own free port: 8000 may be another test's); the culprit."""
+    from bisect_npu.probe.ports import free_port
+
+    repo, manifest = demo_upstream
+    culprit = manifest.case(CASE).culprit.sha
+    parent = subprocess.run(["git", "-C", str(repo), "rev-parse", f"{culprit}^"], capture_output=True, text=True,
+                            check=True).stdout.strip()
+    recipe = yaml.safe_load(RECIPE.read_text())
+    recipe["engine"]["port"] = free_port("127.0.0.1")
+    on_host_network = tmp_path / "two-nodes.yaml"
+    on_host_network.write_text(yaml.safe_dump(recipe))
+    argv = [*CLI, "run", "--repo", str(repo), "--good", parent, "--bad", culprit, "--recipe", str(on_host_network),
+            "--session", str(tmp_path / "session"), "--executor", "ray", "--node-executor", "docker", "--no-fix",
+            "--json"]
+    return argv, culprit
+
+
 @pytest.mark.container
 def test_the_culprit_and_its_parent_with_each_node_in_a_container(
         cluster: Any, demo_upstream: tuple[Path, Manifest], tmp_path: Path, docker_client: Any,
@@ -201,19 +220,9 @@ def test_the_culprit_and_its_parent_with_each_node_in_a_container(
     (the range's two ends, each judged on both nodes) keep the run short; no container is left."""
     from bisect_npu.execute.docker import SESSION_LABEL
     from bisect_npu.journal import session_label
-    from bisect_npu.probe.ports import free_port
 
-    repo, manifest = demo_upstream
-    culprit = manifest.case(CASE).culprit.sha
-    parent = subprocess.run(["git", "-C", str(repo), "rev-parse", f"{culprit}^"], capture_output=True, text=True,
-                            check=True).stdout.strip()
-    recipe = yaml.safe_load(RECIPE.read_text())
-    recipe["engine"]["port"] = free_port("127.0.0.1")  # the host's network: 8000 may be another test's
-    on_host_network = tmp_path / "two-nodes.yaml"
-    on_host_network.write_text(yaml.safe_dump(recipe))
+    argv, culprit = culprit_ends_in_containers(demo_upstream, tmp_path)
     session = tmp_path / "session"
-    argv = [*CLI, "run", "--repo", str(repo), "--good", parent, "--bad", culprit, "--recipe", str(on_host_network),
-            "--session", str(session), "--executor", "ray", "--node-executor", "docker", "--no-fix", "--json"]
     started = time.monotonic()
     done = subprocess.run(argv, cwd=tmp_path, capture_output=True, text=True, timeout=600, env=cli_env(cluster))
     seconds = time.monotonic() - started
@@ -226,4 +235,57 @@ def test_the_culprit_and_its_parent_with_each_node_in_a_container(
     print(f"two ends, each node in a container: {seconds:.1f} s")
     assert_nothing_left(session)
     label = f"{SESSION_LABEL}={session_label(session)}"
+    assert docker_client.containers.list(all=True, filters={"label": label}) == []
+
+
+def headless_container(docker_client: Any, label: str, commit: str) -> Any:
+    """The running container of the engine's headless node (node 1) for `commit`, once its rank
+    has joined the serving one; None before."""
+    for container in docker_client.containers.list(filters={"label": [label, f"org.bisect-npu.commit={commit}"]}):
+        env = container.attrs.get("Config", {}).get("Env") or []
+        if any(item.startswith(f"{NODE_ENV}=1 ") for item in env) and \
+                b"data parallel rank 1 of 2 joined" in container.logs():
+            return container
+    return None
+
+
+@pytest.mark.container
+def test_a_node_container_removed_during_the_bad_end_never_judges_it(
+        cluster: Any, demo_upstream: tuple[Path, Manifest], tmp_path: Path, docker_client: Any,
+        demo_base_image: str) -> None:
+    """What another session's sweep or prune on the same engine does (`podman rm -f`): the headless
+    node's container goes while the bad end's ranks compute. The attempt is the host's failure:
+    the session either judges the bad end again on a whole engine of the culprit (its culprit
+    named, the lost attempt journaled `node_lost`) or stops with exit 5; never a verdict from the
+    broken attempt, never the bad end judged good (exit 4)."""
+    from bisect_npu.execute.docker import SESSION_LABEL
+    from bisect_npu.journal import session_label
+
+    argv, culprit = culprit_ends_in_containers(demo_upstream, tmp_path)
+    session = tmp_path / "session"
+    label = f"{SESSION_LABEL}={session_label(session)}"
+    with subprocess.Popen(argv, cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                          env=cli_env(cluster)) as proc:
+        deadline = time.monotonic() + 480
+        while (victim := headless_container(docker_client, label, culprit)) is None:
+            assert proc.poll() is None and time.monotonic() < deadline, "the bad end's headless node never joined"
+            time.sleep(0.2)
+        victim.remove(force=True)
+        stdout, stderr = proc.communicate(timeout=600)
+    entries = journal(session)
+    assert proc.returncode in (0, 5), stdout + stderr[-3000:]
+    bad_end = [e for e in entries if e["type"] == "step" and e["commit"] == culprit]
+    assert all(e["verdict"]["kind"] != "good" for e in bad_end), bad_end
+    if proc.returncode == 0:
+        assert json.loads(stdout.strip().splitlines()[-1])["culprit"] == culprit
+        retries = [e for e in entries if e["type"] == "retry"]
+        assert retries and retries[0]["kind"] == "node_lost", retries
+        # The retry ran the culprit's own image on both ranks, not whatever its name held.
+        retried = (session / bad_end[0]["trials"][0]["log"]).read_text()
+        container = next(line for line in retried.splitlines() if line.startswith("# container "))
+        assert f":commit-{culprit[:12]} (image " in container, container
+        image = container.rsplit("(image ", 1)[1].rstrip(")")
+        assert docker_client.images.get(image).labels["org.bisect-npu.commit"] == culprit
+        assert "data parallel rank 1 of 2 joined" in retried
+    assert_nothing_left(session)
     assert docker_client.containers.list(all=True, filters={"label": label}) == []

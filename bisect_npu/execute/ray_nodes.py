@@ -17,7 +17,10 @@ ab12...) was lost: ...`), which the evaluator's retry policy reads as the host's
 commit's, and journals before it runs the batch again on a fresh placement. Success, failure,
 timeout and Ctrl-C all end in the same teardown: the actors stop their processes (remove their
 containers), are killed, and the placement group is removed. A node's container that exits
-killed, or is removed under it, is that node lost.
+killed, or is removed under it, is that node lost, also where the serving node's failed request
+(its rank gone) is seen first. The retry is a new engine: new actors, the candidate acquired
+again on each node, each container started from the image id that carries the candidate's commit
+label (execute/docker.py's `candidate_image`), so no node runs another commit's build.
 """
 
 from __future__ import annotations

@@ -144,6 +144,42 @@ def test_demo_bisected_with_every_engine_on_two_nodes(cluster: Any, demo_upstrea
     assert_nothing_left(session)
 
 
+def test_a_failed_request_seen_before_its_killed_headless_node_is_the_node_lost(cluster: Any) -> None:
+    """The headless rank removed under the serving one fails the request there, and the serving
+    node's failed outcome may reach the driver before the headless node's end: the attempt is the
+    node lost (retried), not the commit's failure. A headless node that ended on its own leaves
+    the serving outcome as the commit's."""
+    import ray
+
+    from bisect_npu.execute.base import RunResult
+    from bisect_npu.execute.ray import BatchOutcome
+    from bisect_npu.execute.ray_nodes import NODE_LOST_EXIT, EngineAcrossNodes
+    from bisect_npu.recipe.loader import load_recipe
+
+    nodes = load_recipe(str(RECIPE)).engine.nodes
+    assert nodes is not None
+    failed = BatchOutcome("serving-node", [0], RunResult(returncode=1, seconds=1.0, log_path="probe.log",
+                                                         log_tail="request failed: a data parallel rank is gone"),
+                          {}, {"how": "reused"})
+    placed = [("a" * 56, "10.0.0.1", 4000), ("b" * 56, "10.0.0.2", 4000)]
+
+    @ray.remote(num_cpus=0)
+    def ended_after(seconds: float, value: Any) -> Any:
+        time.sleep(seconds)
+        return value
+
+    def outcome(headless_status: int) -> Any:
+        engine = EngineAcrossNodes(nodes, "s", lambda node: None, lambda cards: None)
+        return engine._outcome(ended_after.remote(0.0, failed), {ended_after.remote(2.0, headless_status): 1},
+                               placed, "long-generation-t0", {"how": "reused"})
+
+    lost = outcome(-9)
+    assert lost.result.returncode == NODE_LOST_EXIT
+    assert lost.result.log_tail == f"node 1 of the engine (ray node {'b' * 16}) was lost: its engine was killed by " \
+                                   "signal 9"
+    assert outcome(0).result.returncode == 1  # a headless rank that ended on its own: the commit's answer
+
+
 def wait_for_headless(proc: subprocess.Popen[str]) -> str:
     """The Ray node of the first headless engine node that starts: "1 RAY-NODE-ID"."""
     deadline = time.monotonic() + 600

@@ -421,6 +421,9 @@ def candidate_image(client: Any, image: str, commit: str) -> str:
         attrs = client.api.inspect_image(image)
     except docker.errors.ImageNotFound as exc:
         raise InfrastructureError(f"image {image} is gone from the engine; rerun to rebuild it") from exc
+    except docker.errors.APIError as exc:
+        raise InfrastructureError(f"the container engine could not say what image {image} is "
+                                  f"({exc.explanation or exc}); run again (`bisect-npu resume` for a session)") from exc
     labelled = ((attrs.get("Config") or {}).get("Labels") or {}).get(COMMIT_LABEL)
     if commit and labelled and labelled != commit:
         raise InfrastructureError(f"image {image} now holds commit {labelled[:12]}, not the candidate {commit[:12]}: "

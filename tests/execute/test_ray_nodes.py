@@ -8,6 +8,7 @@ under CI=true and skip elsewhere. The cluster is shut down through its API, neve
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -18,6 +19,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import git
 import pytest
 import yaml
 
@@ -323,5 +325,63 @@ def test_a_node_container_removed_during_the_bad_end_never_judges_it(
         image = container.rsplit("(image ", 1)[1].rstrip(")")
         assert docker_client.images.get(image).labels["org.bisect-npu.commit"] == culprit
         assert "data parallel rank 1 of 2 joined" in retried
+    assert_nothing_left(session)
+    assert docker_client.containers.list(all=True, filters={"label": label}) == []
+
+
+@pytest.mark.container
+def test_the_bad_end_s_name_moved_to_another_commit_s_image_during_the_retry_never_judges_it(
+        cluster: Any, demo_upstream: tuple[Path, Manifest], tmp_path: Path, docker_client: Any,
+        demo_base_image: str) -> None:
+    """The collision as it was met: a node's container removed under the bad end's run, and the
+    bad end's image name (`bisect-npu/<repo>:commit-<sha>`, shared by every session on the engine)
+    pointed at another commit's image while the retry starts (here the parent's, named again and
+    again as a racing build of the same key would). Started by that name, both ranks run the
+    parent and agree with the reference: the bad end judged good, exit 4. The retry must run the
+    culprit's own image or stop with exit 5."""
+    import threading
+
+    from bisect_npu.builders.docker import image_repository
+    from bisect_npu.execute.docker import SESSION_LABEL
+    from bisect_npu.journal import session_label
+
+    argv, culprit = culprit_ends_in_containers(demo_upstream, tmp_path)
+    repository = image_repository(git.Repo(demo_upstream[0]))
+    parent = git.Repo(demo_upstream[0]).commit(culprit).parents[0].hexsha
+    session = tmp_path / "session"
+    label = f"{SESSION_LABEL}={session_label(session)}"
+    stop = threading.Event()
+
+    def name_the_parent() -> None:
+        while not stop.wait(0.02):
+            with contextlib.suppress(Exception):
+                docker_client.api.tag(parent_image, repository, f"commit-{culprit[:12]}")
+
+    with subprocess.Popen(argv, cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                          env=cli_env(cluster)) as proc:
+        deadline = time.monotonic() + 480
+        while (victim := headless_container(docker_client, label, culprit)) is None:
+            assert proc.poll() is None and time.monotonic() < deadline, "the bad end's headless node never joined"
+            time.sleep(0.2)
+        own_image = victim.attrs["Image"]
+        parent_image = docker_client.images.get(f"{repository}:commit-{parent[:12]}").id
+        mover = threading.Thread(target=name_the_parent, daemon=True)
+        mover.start()
+        victim.remove(force=True)
+        try:
+            stdout, stderr = proc.communicate(timeout=600)
+        finally:
+            stop.set()
+            mover.join()
+            with contextlib.suppress(Exception):  # the name back on the culprit's image, for whoever comes next
+                docker_client.api.tag(own_image, repository, f"commit-{culprit[:12]}")
+    entries = journal(session)
+    bad_end = [e for e in entries if e["type"] == "step" and e["commit"] == culprit]
+    assert proc.returncode in (0, 5), stdout + stderr[-3000:]
+    assert all(e["verdict"]["kind"] != "good" for e in bad_end), bad_end
+    if proc.returncode == 5:
+        assert f"now holds commit {parent[:12]}, not the candidate {culprit[:12]}" in stderr, stderr[-3000:]
+    else:
+        assert json.loads(stdout.strip().splitlines()[-1])["culprit"] == culprit
     assert_nothing_left(session)
     assert docker_client.containers.list(all=True, filters={"label": label}) == []

@@ -364,10 +364,13 @@ class DockerBuilder:
         import requests
 
         error = ""
+        built = ""  # the id the build itself reports: `tag` is a name another build of the same key may take meanwhile
         try:
             for chunk in self.client.api.build(
                     fileobj=context, custom_context=True, dockerfile=dockerfile, buildargs=dict(build_args),
                     tag=tag, rm=True, forcerm=True, pull=False, decode=True):
+                if isinstance(chunk.get("aux"), dict) and chunk["aux"].get("ID"):
+                    built = str(chunk["aux"]["ID"])
                 if "stream" in chunk:
                     log.write(chunk["stream"])
                 elif "error" in chunk:
@@ -388,7 +391,7 @@ class DockerBuilder:
             raise BuildFailed(f"image build failed: {error.splitlines()[-1] if error else 'unknown error'}",
                               log_path, tail(log_path))
         try:
-            return str(self.client.api.inspect_image(tag)["Id"])
+            return str(self.client.api.inspect_image(built or tag)["Id"])
         except docker.errors.ImageNotFound:
             raise BuildFailed(f"image build produced no image {tag}", log_path, tail(log_path)) from None
 

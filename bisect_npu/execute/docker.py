@@ -29,6 +29,7 @@ from bisect_npu.execute.base import RunResult, probe_log_path, with_outputs
 from bisect_npu.execute.devices import DevicePool
 
 SESSION_LABEL = "org.bisect-npu.session"
+COMMIT_LABEL = "org.bisect-npu.commit"  # on a candidate's container, and on every image our builder makes
 PROBE_PACKAGE = "bisect_npu_probe"
 PROBE_PARENT = "/opt/bisect-npu"  # the probe lands at /opt/bisect-npu/bisect_npu_probe, read-only
 OUT_DIR = "/out"
@@ -246,7 +247,7 @@ class DockerExecutor:
         spec = self.spec_factory(env.image, out_dir, **({"devices": devices} if devices is not None else {}))
         probe = Mount(source=str(probe_source_dir()), target=f"{PROBE_PARENT}/{PROBE_PACKAGE}", read_only=True)
         environment = {**env.run_env, **spec.environment, **(extra_env or {}), "PYTHONDONTWRITEBYTECODE": "1"}
-        labels = {**spec.labels, SESSION_LABEL: self.session_id, "org.bisect-npu.commit": env.commit,
+        labels = {**spec.labels, SESSION_LABEL: self.session_id, COMMIT_LABEL: env.commit,
                   "org.bisect-npu.tool-version": __version__}
         return spec.model_copy(update={"command": [self.python, "-c", ENV_BOOTSTRAP, *command],
                                        "mounts": [*spec.mounts, probe, *(mounts or [])],
@@ -281,7 +282,8 @@ class DockerExecutor:
         timed_out = False
         with _sigterm_as_interrupt(), log_path.open("w", encoding="utf-8") as log:
             container = self._start(spec)
-            log.write(f"# container {container.id[:12]} from {spec.image}\n")  # which run this log is
+            image_id = str(container.attrs.get("Image", "")).removeprefix("sha256:")[:12]
+            log.write(f"# container {container.id[:12]} from {spec.image} (image {image_id})\n")  # which run this is
             for mount in spec.mounts:
                 if mount.target.startswith(COMMAND_FILES + "/"):
                     log.write(f"# host {mount.source} at {mount.target} (read-only)\n")
@@ -316,12 +318,14 @@ class DockerExecutor:
                          log_path=str(log_path), timed_out=timed_out, log_tail=_tail(log_path))
 
     def _start(self, spec: ContainerSpec) -> Any:
-        """Create and start the container; an engine that refuses the spec (a device or mount this
-        host lacks) is an infrastructure error with its own words."""
+        """Create and start the container from the candidate's own image (`candidate_image`); an
+        engine that refuses the spec (a device or mount this host lacks) is an infrastructure error
+        with its own words."""
         import docker.errors
 
+        image = candidate_image(self.client, spec.image, spec.labels.get(COMMIT_LABEL, ""))
         try:
-            container = self.client.containers.create(**container_create_kwargs(spec))
+            container = self.client.containers.create(**{**container_create_kwargs(spec), "image": image})
         except docker.errors.ImageNotFound as exc:
             raise InfrastructureError(f"image {spec.image} is gone from the engine; rerun to rebuild it") from exc
         except docker.errors.APIError as exc:
@@ -403,6 +407,29 @@ class NodeContainer:
                 self.follower.join(timeout=10)
         self.executor._remove(self.container)
         self.follower.join(timeout=10)
+
+
+def candidate_image(client: Any, image: str, commit: str) -> str:
+    """The id of the image `commit`'s container starts from, read once, so the name cannot move
+    between the check and the start. A tag (`...:commit-<sha>`) is a name that any session on the
+    same engine may move or remove (a prune, a rebuild, another build of the same key): where the
+    image it names now carries another commit's label, running it would judge that commit under
+    this one's name, so the run stops as the host's failure instead (InfrastructureError)."""
+    import docker.errors
+
+    try:
+        attrs = client.api.inspect_image(image)
+    except docker.errors.ImageNotFound as exc:
+        raise InfrastructureError(f"image {image} is gone from the engine; rerun to rebuild it") from exc
+    except docker.errors.APIError as exc:
+        raise InfrastructureError(f"the container engine could not say what image {image} is "
+                                  f"({exc.explanation or exc}); run again (`bisect-npu resume` for a session)") from exc
+    labelled = ((attrs.get("Config") or {}).get("Labels") or {}).get(COMMIT_LABEL)
+    if commit and labelled and labelled != commit:
+        raise InfrastructureError(f"image {image} now holds commit {labelled[:12]}, not the candidate {commit[:12]}: "
+                                  "something on this container engine moved the name (another session's build or "
+                                  "prune); nothing ran: run again (`bisect-npu resume` for a session)")
+    return str(attrs["Id"])
 
 
 def _follow_into(container: Any, log_path: Path) -> None:

@@ -17,7 +17,10 @@ ab12...) was lost: ...`), which the evaluator's retry policy reads as the host's
 commit's, and journals before it runs the batch again on a fresh placement. Success, failure,
 timeout and Ctrl-C all end in the same teardown: the actors stop their processes (remove their
 containers), are killed, and the placement group is removed. A node's container that exits
-killed, or is removed under it, is that node lost.
+killed, or is removed under it, is that node lost, also where the serving node's failed request
+(its rank gone) is seen first. The retry is a new engine: new actors, the candidate acquired
+again on each node, each container started from the image id that carries the candidate's commit
+label (execute/docker.py's `candidate_image`), so no node runs another commit's build.
 """
 
 from __future__ import annotations
@@ -53,6 +56,7 @@ from bisect_npu.recipe.schema import NodesSpec
 
 PLACE_TIMEOUT_S = 300.0  # how long a placement of every node may wait for cards to free up
 STOP_TIMEOUT_S = 60.0
+LOST_GRACE_S = 10.0  # how long a failed serving node's outcome waits for a headless node's end to be seen
 NODE_LOST_EXIT = 75  # a batch whose engine lost a node: the host's failure (EX_TEMPFAIL)
 NODE_ENV = "BISECT_NPU_ENGINE_NODE"  # in each node's processes: "INDEX RAY-NODE-ID", so a test can find them
 DEFAULT_LAUNCHER = ["vllm", "serve", "{model}"]
@@ -265,8 +269,16 @@ class EngineAcrossNodes:
         waits = {}
         for index in self.nodes.headless():
             node = self.nodes.each[index]
-            ray.get(self.actors[index].start.remote(request, node.filled(placed[index][1], master[1], master[2]),
-                                                    node.environment))
+            try:
+                ray.get(self.actors[index].start.remote(request, node.filled(placed[index][1], master[1], master[2]),
+                                                        node.environment))
+            except ray.exceptions.RayTaskError as exc:
+                if (cause := own_error(exc)) is not None:
+                    raise cause from None  # its own one line (the candidate's image gone or renamed: exit 5)
+                raise
+            except ray.exceptions.RayError as exc:  # its actor or its node died
+                return self._lost(index, placed, f"its Ray actor or node died ({type(exc).__name__})", stem,
+                                  builds[self.nodes.serving])
             waits[self.actors[index].wait.remote()] = index
         serving = self.nodes.each[self.nodes.serving]
         serve_ref = self.actors[self.nodes.serving].serve.remote(
@@ -315,6 +327,8 @@ class EngineAcrossNodes:
                     return self._lost(self.nodes.serving, placed, str(exc).splitlines()[0], stem, build)
                 except ray.exceptions.RayError as exc:  # its actor or its node died
                     return self._lost(self.nodes.serving, placed, type(exc).__name__, stem, build)
+                if outcome.result.returncode != 0 and (lost := self._lost_meanwhile(waits, placed, stem, build)):
+                    return lost
                 return outcome
             index = waits[ref]
             try:
@@ -325,6 +339,25 @@ class EngineAcrossNodes:
                 return self._lost(index, placed, f"its engine was killed by signal {-returncode}", stem, build)
             # A headless rank that ended on its own (rank 0 went, or its own code failed): the serving
             # node's outcome, whatever it is, is the commit's.
+
+    def _lost_meanwhile(self, waits: dict[Any, int], placed: list[tuple[str, str, int]], stem: str,
+                        build: dict[str, Any]) -> BatchOutcome | None:
+        """A failed serving outcome whose engine lost a node first: the node lost (the host's
+        failure, retried), not the commit's failure. A headless rank removed under the serving
+        one fails the request there, and the serving node may report before the headless node's
+        end is seen: each headless node gets LOST_GRACE_S to say how it ended."""
+        import ray
+
+        ended, _ = ray.wait(list(waits), num_returns=len(waits), timeout=LOST_GRACE_S)
+        for ref in ended:
+            try:
+                returncode = ray.get(ref)
+            except ray.exceptions.RayError as exc:
+                return self._lost(waits[ref], placed, f"its Ray actor or node died ({type(exc).__name__})", stem,
+                                  build)
+            if returncode < 0:
+                return self._lost(waits[ref], placed, f"its engine was killed by signal {-returncode}", stem, build)
+        return None
 
     def _lost(self, index: int, placed: list[tuple[str, str, int]], what: str, stem: str,
               build: dict[str, Any]) -> BatchOutcome:

@@ -124,6 +124,35 @@ def test_overlays_off_builds_every_commit(upstream, docker_client, tmp_path):
     assert builder.acquire(c1, tmp_path).how == "built"
 
 
+def test_a_full_build_names_its_own_image_when_its_key_tag_moves_meanwhile(upstream, docker_client, tmp_path):
+    """Two full builds of one build key (two sessions on one engine, or two Ray nodes) each tag
+    `key-<digest>`: the other's may land between this build's end and the look-up of its image.
+    Right then (the real engine, the other build's tag replayed at that moment) the commit's
+    name still goes to the commit's own image, never to the other commit's."""
+    import docker
+
+    path, c0, c1, _ = upstream  # c1 changes only Python: the same build key as c0
+    client = docker.from_env(timeout=600)  # its own client: the replay below is this test's alone
+    builder = DockerBuilder(git.Repo(path), client, overlays=False)
+    first = client.images.get(builder.acquire(c0, tmp_path).image).id
+    key_tag = f"{builder.repository}:key-{builder.build_key(c0)}"
+    build = client.api.build
+
+    def build_then_the_other_lands(*args, **kwargs):
+        yield from build(*args, **kwargs)
+        client.api.tag(first, builder.repository, f"key-{builder.build_key(c0)}")
+
+    client.api.build = build_then_the_other_lands
+    try:
+        env = builder.acquire(c1, tmp_path)
+    finally:
+        client.api.build = build
+        client.close()
+    assert env.how == "built" and docker_client.images.get(key_tag).id == first  # the other build's tag won
+    assert docker_client.images.get(env.image).labels["org.bisect-npu.commit"] == c1
+    assert show(docker_client, env, tmp_path)["version"] == "1"
+
+
 def test_failed_build_raises_with_the_log_tail(tmp_path, docker_client, demo_base_image):
     path = tmp_path / f"broken-{uuid.uuid4().hex[:8]}"
     make_linear_repo(path, 1, files=lambda i: {

@@ -231,6 +231,33 @@ def test_a_container_removed_under_a_run_is_an_infrastructure_error_not_a_verdic
             run.result(timeout=120)
 
 
+def test_a_name_that_now_holds_another_commit_s_image_runs_nothing(docker_client, executor, demo_base_image,
+                                                                   tmp_path):
+    """A candidate's image is named by a tag any session on the engine may move (a prune and a
+    rebuild, another build of the same key): the image it names now carries another commit's
+    label. Running it would judge that commit under the candidate's name; the run stops instead,
+    no container made. The image of the candidate's own label runs."""
+    import io
+
+    from bisect_npu.errors import InfrastructureError
+
+    other, candidate = "0ther" * 8, "cand1" * 8
+    tag = f"bisect-npu/moved-{uuid.uuid4().hex[:8]}:commit-{candidate[:12]}"
+    dockerfile = f"FROM {demo_base_image}\nLABEL org.bisect-npu.commit={other}\n".encode()
+    list(docker_client.api.build(fileobj=io.BytesIO(dockerfile), tag=tag, rm=True, pull=False, decode=True))
+    try:
+        moved = Environment(kind="image", commit=candidate, image=tag)
+        with pytest.raises(InfrastructureError, match=f"now holds commit {other[:12]}, not the candidate"):
+            executor.run_command(moved, ["true"], tmp_path / "cmd.log", timeout_s=120)
+        assert session_containers(docker_client, executor.session_id) == []
+        own = Environment(kind="image", commit=other, image=tag)
+        result = executor.run_command(own, ["true"], tmp_path / "own.log", timeout_s=120)
+        image_id = docker_client.images.get(tag).id.removeprefix("sha256:")[:12]
+        assert result.returncode == 0 and f"(image {image_id})" in Path(result.log_path).read_text()
+    finally:
+        docker_client.images.remove(tag, force=True)
+
+
 def test_a_spec_the_engine_refuses_is_an_infrastructure_error_naming_why(docker_client, demo_base_image, tmp_path):
     """An Ascend spec on a host without the cards: the engine's refusal comes back in one line (exit 5
     through the CLI), not as a traceback."""

@@ -8,6 +8,7 @@ under CI=true and skip elsewhere. The cluster is shut down through its API, neve
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -18,6 +19,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import git
 import pytest
 import yaml
 
@@ -144,6 +146,42 @@ def test_demo_bisected_with_every_engine_on_two_nodes(cluster: Any, demo_upstrea
     assert_nothing_left(session)
 
 
+def test_a_failed_request_seen_before_its_killed_headless_node_is_the_node_lost(cluster: Any) -> None:
+    """The headless rank removed under the serving one fails the request there, and the serving
+    node's failed outcome may reach the driver before the headless node's end: the attempt is the
+    node lost (retried), not the commit's failure. A headless node that ended on its own leaves
+    the serving outcome as the commit's."""
+    import ray
+
+    from bisect_npu.execute.base import RunResult
+    from bisect_npu.execute.ray import BatchOutcome
+    from bisect_npu.execute.ray_nodes import NODE_LOST_EXIT, EngineAcrossNodes
+    from bisect_npu.recipe.loader import load_recipe
+
+    nodes = load_recipe(str(RECIPE)).engine.nodes
+    assert nodes is not None
+    failed = BatchOutcome("serving-node", [0], RunResult(returncode=1, seconds=1.0, log_path="probe.log",
+                                                         log_tail="request failed: a data parallel rank is gone"),
+                          {}, {"how": "reused"})
+    placed = [("a" * 56, "10.0.0.1", 4000), ("b" * 56, "10.0.0.2", 4000)]
+
+    @ray.remote(num_cpus=0)
+    def ended_after(seconds: float, value: Any) -> Any:
+        time.sleep(seconds)
+        return value
+
+    def outcome(headless_status: int) -> Any:
+        engine = EngineAcrossNodes(nodes, "s", lambda node: None, lambda cards: None)
+        return engine._outcome(ended_after.remote(0.0, failed), {ended_after.remote(2.0, headless_status): 1},
+                               placed, "long-generation-t0", {"how": "reused"})
+
+    lost = outcome(-9)
+    assert lost.result.returncode == NODE_LOST_EXIT
+    assert lost.result.log_tail == f"node 1 of the engine (ray node {'b' * 16}) was lost: its engine was killed by " \
+                                   "signal 9"
+    assert outcome(0).result.returncode == 1  # a headless rank that ended on its own: the commit's answer
+
+
 def wait_for_headless(proc: subprocess.Popen[str]) -> str:
     """The Ray node of the first headless engine node that starts: "1 RAY-NODE-ID"."""
     deadline = time.monotonic() + 600
@@ -191,6 +229,25 @@ def test_a_node_removed_mid_trial_is_a_retried_host_failure(cluster: Any, demo_u
     assert_nothing_left(session)
 
 
+def culprit_ends_in_containers(demo_upstream: tuple[Path, Manifest], tmp_path: Path) -> tuple[list[str], str]:
+    """`run` over the culprit's parent and the culprit, each node in a container of the local
+    podman on the host's network (its own free port: 8000 may be another test's); the culprit."""
+    from bisect_npu.probe.ports import free_port
+
+    repo, manifest = demo_upstream
+    culprit = manifest.case(CASE).culprit.sha
+    parent = subprocess.run(["git", "-C", str(repo), "rev-parse", f"{culprit}^"], capture_output=True, text=True,
+                            check=True).stdout.strip()
+    recipe = yaml.safe_load(RECIPE.read_text())
+    recipe["engine"]["port"] = free_port("127.0.0.1")
+    on_host_network = tmp_path / "two-nodes.yaml"
+    on_host_network.write_text(yaml.safe_dump(recipe))
+    argv = [*CLI, "run", "--repo", str(repo), "--good", parent, "--bad", culprit, "--recipe", str(on_host_network),
+            "--session", str(tmp_path / "session"), "--executor", "ray", "--node-executor", "docker", "--no-fix",
+            "--json"]
+    return argv, culprit
+
+
 @pytest.mark.container
 def test_the_culprit_and_its_parent_with_each_node_in_a_container(
         cluster: Any, demo_upstream: tuple[Path, Manifest], tmp_path: Path, docker_client: Any,
@@ -201,19 +258,9 @@ def test_the_culprit_and_its_parent_with_each_node_in_a_container(
     (the range's two ends, each judged on both nodes) keep the run short; no container is left."""
     from bisect_npu.execute.docker import SESSION_LABEL
     from bisect_npu.journal import session_label
-    from bisect_npu.probe.ports import free_port
 
-    repo, manifest = demo_upstream
-    culprit = manifest.case(CASE).culprit.sha
-    parent = subprocess.run(["git", "-C", str(repo), "rev-parse", f"{culprit}^"], capture_output=True, text=True,
-                            check=True).stdout.strip()
-    recipe = yaml.safe_load(RECIPE.read_text())
-    recipe["engine"]["port"] = free_port("127.0.0.1")  # the host's network: 8000 may be another test's
-    on_host_network = tmp_path / "two-nodes.yaml"
-    on_host_network.write_text(yaml.safe_dump(recipe))
+    argv, culprit = culprit_ends_in_containers(demo_upstream, tmp_path)
     session = tmp_path / "session"
-    argv = [*CLI, "run", "--repo", str(repo), "--good", parent, "--bad", culprit, "--recipe", str(on_host_network),
-            "--session", str(session), "--executor", "ray", "--node-executor", "docker", "--no-fix", "--json"]
     started = time.monotonic()
     done = subprocess.run(argv, cwd=tmp_path, capture_output=True, text=True, timeout=600, env=cli_env(cluster))
     seconds = time.monotonic() - started
@@ -226,4 +273,115 @@ def test_the_culprit_and_its_parent_with_each_node_in_a_container(
     print(f"two ends, each node in a container: {seconds:.1f} s")
     assert_nothing_left(session)
     label = f"{SESSION_LABEL}={session_label(session)}"
+    assert docker_client.containers.list(all=True, filters={"label": label}) == []
+
+
+def headless_container(docker_client: Any, label: str, commit: str) -> Any:
+    """The running container of the engine's headless node (node 1) for `commit`, once its rank
+    has joined the serving one; None before."""
+    for container in docker_client.containers.list(filters={"label": [label, f"org.bisect-npu.commit={commit}"]}):
+        env = container.attrs.get("Config", {}).get("Env") or []
+        if any(item.startswith(f"{NODE_ENV}=1 ") for item in env) and \
+                b"data parallel rank 1 of 2 joined" in container.logs():
+            return container
+    return None
+
+
+@pytest.mark.container
+def test_a_node_container_removed_during_the_bad_end_never_judges_it(
+        cluster: Any, demo_upstream: tuple[Path, Manifest], tmp_path: Path, docker_client: Any,
+        demo_base_image: str) -> None:
+    """What another session's sweep or prune on the same engine does (`podman rm -f`): the headless
+    node's container goes while the bad end's ranks compute. The attempt is the host's failure:
+    the session either judges the bad end again on a whole engine of the culprit (its culprit
+    named, the lost attempt journaled `node_lost`) or stops with exit 5; never a verdict from the
+    broken attempt, never the bad end judged good (exit 4)."""
+    from bisect_npu.execute.docker import SESSION_LABEL
+    from bisect_npu.journal import session_label
+
+    argv, culprit = culprit_ends_in_containers(demo_upstream, tmp_path)
+    session = tmp_path / "session"
+    label = f"{SESSION_LABEL}={session_label(session)}"
+    with subprocess.Popen(argv, cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                          env=cli_env(cluster)) as proc:
+        deadline = time.monotonic() + 480
+        while (victim := headless_container(docker_client, label, culprit)) is None:
+            assert proc.poll() is None and time.monotonic() < deadline, "the bad end's headless node never joined"
+            time.sleep(0.2)
+        victim.remove(force=True)
+        stdout, stderr = proc.communicate(timeout=600)
+    entries = journal(session)
+    assert proc.returncode in (0, 5), stdout + stderr[-3000:]
+    bad_end = [e for e in entries if e["type"] == "step" and e["commit"] == culprit]
+    assert all(e["verdict"]["kind"] != "good" for e in bad_end), bad_end
+    if proc.returncode == 0:
+        assert json.loads(stdout.strip().splitlines()[-1])["culprit"] == culprit
+        retries = [e for e in entries if e["type"] == "retry"]
+        assert retries and retries[0]["kind"] == "node_lost", retries
+        # The retry ran the culprit's own image on both ranks, not whatever its name held.
+        retried = (session / bad_end[0]["trials"][0]["log"]).read_text()
+        container = next(line for line in retried.splitlines() if line.startswith("# container "))
+        assert f":commit-{culprit[:12]} (image " in container, container
+        image = container.rsplit("(image ", 1)[1].rstrip(")")
+        assert docker_client.images.get(image).labels["org.bisect-npu.commit"] == culprit
+        assert "data parallel rank 1 of 2 joined" in retried
+    assert_nothing_left(session)
+    assert docker_client.containers.list(all=True, filters={"label": label}) == []
+
+
+@pytest.mark.container
+def test_the_bad_end_s_name_moved_to_another_commit_s_image_during_the_retry_never_judges_it(
+        cluster: Any, demo_upstream: tuple[Path, Manifest], tmp_path: Path, docker_client: Any,
+        demo_base_image: str) -> None:
+    """The collision as it was met: a node's container removed under the bad end's run, and the
+    bad end's image name (`bisect-npu/<repo>:commit-<sha>`, shared by every session on the engine)
+    pointed at another commit's image while the retry starts (here the parent's, named again and
+    again as a racing build of the same key would). Started by that name, both ranks run the
+    parent and agree with the reference: the bad end judged good, exit 4. The retry must run the
+    culprit's own image or stop with exit 5."""
+    import threading
+
+    from bisect_npu.builders.docker import image_repository
+    from bisect_npu.execute.docker import SESSION_LABEL
+    from bisect_npu.journal import session_label
+
+    argv, culprit = culprit_ends_in_containers(demo_upstream, tmp_path)
+    repository = image_repository(git.Repo(demo_upstream[0]))
+    parent = git.Repo(demo_upstream[0]).commit(culprit).parents[0].hexsha
+    session = tmp_path / "session"
+    label = f"{SESSION_LABEL}={session_label(session)}"
+    stop = threading.Event()
+
+    def name_the_parent() -> None:
+        while not stop.wait(0.02):
+            with contextlib.suppress(Exception):
+                docker_client.api.tag(parent_image, repository, f"commit-{culprit[:12]}")
+
+    with subprocess.Popen(argv, cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                          env=cli_env(cluster)) as proc:
+        deadline = time.monotonic() + 480
+        while (victim := headless_container(docker_client, label, culprit)) is None:
+            assert proc.poll() is None and time.monotonic() < deadline, "the bad end's headless node never joined"
+            time.sleep(0.2)
+        own_image = victim.attrs["Image"]
+        parent_image = docker_client.images.get(f"{repository}:commit-{parent[:12]}").id
+        mover = threading.Thread(target=name_the_parent, daemon=True)
+        mover.start()
+        victim.remove(force=True)
+        try:
+            stdout, stderr = proc.communicate(timeout=600)
+        finally:
+            stop.set()
+            mover.join()
+            with contextlib.suppress(Exception):  # the name back on the culprit's image, for whoever comes next
+                docker_client.api.tag(own_image, repository, f"commit-{culprit[:12]}")
+    entries = journal(session)
+    bad_end = [e for e in entries if e["type"] == "step" and e["commit"] == culprit]
+    assert proc.returncode in (0, 5), stdout + stderr[-3000:]
+    assert all(e["verdict"]["kind"] != "good" for e in bad_end), bad_end
+    if proc.returncode == 5:
+        assert f"now holds commit {parent[:12]}, not the candidate {culprit[:12]}" in stderr, stderr[-3000:]
+    else:
+        assert json.loads(stdout.strip().splitlines()[-1])["culprit"] == culprit
+    assert_nothing_left(session)
     assert docker_client.containers.list(all=True, filters={"label": label}) == []

@@ -25,6 +25,7 @@ from bisect_npu.execute.host import host_changes
 from bisect_npu.execute.inprocess import Oracle
 from bisect_npu.journal import DEFAULT_ROOT, Journal, latest_session, new_session_dir
 from bisect_npu.level import held_of
+from bisect_npu.orchestration.opening import throughput_search
 from bisect_npu.orchestration.opening.environments import session_evaluator
 from bisect_npu.orchestration.opening.preflight import check_run, settle_slots
 from bisect_npu.orchestration.opening.reference import store_reference
@@ -89,6 +90,7 @@ def open_new(spec: SessionSpec, session_dir: Path | None = None, root: Path = DE
             parent_session=str(parent) if parent else None,
             host_changes=host_changes(recipe, spec.context.host) if recipe else {},
             command_oracle=command_oracle(spec),
+            throughput_search=_parent_search(parent, recipe) or throughput_search.asked_by(recipe),
         )
 
     def evaluator(_journal: Journal) -> Evaluator:
@@ -114,8 +116,14 @@ def open_journal(session_dir: Path | None = None, root: Path = DEFAULT_ROOT, pro
         header = journal.header
         spec = opened["spec"] = SessionSpec(header.request.settled(), header.level, header.context.model_copy())
         recipe = opened["recipe"] = load_recipe(spec.judge.recipe) if spec.judge.recipe else None
+        search = throughput_search.pinned(header, journal.entries, recipe)
+        if recipe is not None and search is not None and (refusal := throughput_search.edited_search(
+                recipe, header.recipe_digest, spec.judge.recipe or "", search, session_dir)):
+            raise UsageError(refusal)
         check_recipe(recipe, header.recipe_digest, f"recipe {spec.judge.recipe} changed since the session started; "
                      "start a new session with `bisect-npu run` (results would mix two bad cases)")
+        if note := throughput_search.resumed_note(recipe, search):
+            progress.note(note)
         repo = opened["repo"] = history.open_repo(spec.range.repo, remedy=(
             "the session's repository was moved or removed; put it back there to resume, or start a new "
             "session with `bisect-npu run`")) if spec.range.repo else None
@@ -150,6 +158,14 @@ def open_journal(session_dir: Path | None = None, root: Path = DEFAULT_ROOT, pro
 
     journal, made = open_session(Opening(Journal, check=check), session_dir, progress, evaluator)
     return Opened(journal, opened["spec"], opened["repo"], opened["recipe"], made, progress, opened["reuse"])
+
+
+def _parent_search(parent: Path | None, recipe: Recipe | None) -> throughput_search.ThroughputSearch | None:
+    """A finer level's session searches as the session above it does (the run's one search)."""
+    if parent is None or not Journal.exists(parent):
+        return None
+    journal = Journal.open(parent, read_only=True)
+    return throughput_search.pinned(journal.header, journal.entries, recipe)
 
 
 def _commits_gone(repo: git.Repo, header: HeaderRecord) -> str:

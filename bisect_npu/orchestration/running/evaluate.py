@@ -27,6 +27,7 @@ from bisect_npu.oracle.throughput import sample_of
 from bisect_npu.orchestration.running.accuracy import AccuracySteps, load_from, role_of
 from bisect_npu.orchestration.running.earlier_results import (
     Earlier,
+    control_ids,
     control_stages,
     control_standing,
     disagreement,
@@ -488,14 +489,21 @@ class Evaluator:
         role = role_of(request.as_reference, request.as_bad_end)
         stages = control_stages([s.id for s in earlier.samples], settings.control_share, request.commit)
         load = load_from(self.session_dir)
+
+        def ran(done: TrialRun) -> list[str]:
+            return [s.id for s in load(done.observation).samples or []] if done.observation else []
+        share = control_ids([s.id for s in earlier.samples], settings.control_share, request.commit)
+        if request.done and len(stages) > 1 and ran(request.done[0]) == share:
+            stages = [share]  # a step an older version began: its one control round ran the whole share
         controls: list[TrialRun] = []
         checked: list[Observation] = []
         stands: bool | None = None
         for number, wanted in enumerate(stages):
             done = request.done[number] if number < len(request.done) else None
-            reused = done if done is not None and done.observation and \
-                [s.id for s in load(done.observation).samples or []] == wanted else None
-            control = reused or run_round(request.first_trial + number, wanted)
+            reused = done if done is not None and ran(done) == wanted else None
+            # a round's trial follows the last control round's (a resumed step's too), after every journaled one
+            trial = max(controls[-1].trial + 1, request.first_trial) if controls else request.first_trial
+            control = reused or run_round(trial, wanted)
             controls.append(control)
             if not control.observation:
                 return (controls, Verdict(kind=VerdictKind.SKIP, reason=control.reason or "the control round wrote "

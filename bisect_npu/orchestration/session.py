@@ -120,6 +120,8 @@ class Session:
         # Levels mode: one run a step, every run the search's evidence; the verdict store keeps a
         # step's kind, not its run, so it is not asked.
         self.throughput_search = throughput_search.pinned(journal.header, journal.entries, recipe)
+        if note := throughput_search.other_search_note(recipe, self.throughput_search):
+            progress.note(note)
         self.levels = self.search_mode == "levels"
         evaluator.levels = self.levels
         confidence = recipe.accuracy.confidence if recipe is not None and recipe.accuracy is not None else None
@@ -149,9 +151,10 @@ class Session:
     @classmethod
     def start(cls, spec: SessionSpec, session_dir: Path | None = None, root: Path = DEFAULT_ROOT,
               progress: Progress | None = None, builder: Builder | None = None,
-              executor: Executor | None = None, parent: Path | None = None, oracle: Oracle | None = None) -> Session:
+              executor: Executor | None = None, parent: Path | None = None, oracle: Oracle | None = None,
+              searching: ThroughputSearch | None = None) -> Session:
         """A new session (`open_session.open_new`)."""
-        return cls._of(open_new(spec, session_dir, root, progress, builder, executor, parent, oracle))
+        return cls._of(open_new(spec, session_dir, root, progress, builder, executor, parent, oracle, searching))
 
     @classmethod
     def resume(cls, session_dir: Path | None = None, root: Path = DEFAULT_ROOT, progress: Progress | None = None,

@@ -165,8 +165,9 @@ def test_a_per_step_session_an_older_version_started_resumes_per_step(
 
     resumed_runs = NpuThroughputStandIn(DROP, SPREAD, seed=3)
     builder = LocalBuilder(git.Repo(repo), tmp_path / "old-cut-work", ["sh", "-c", "test ! -e BROKEN"])
-    again = Session.resume(cut_dir, builder=builder, executor=resumed_runs).run()
-    assert "resuming in the per_step search the session started with" in capsys.readouterr().err
+    resumed = Session.resume(cut_dir, builder=builder, executor=resumed_runs)
+    again = resumed.run()
+    assert "searching per_step, as this session started" in capsys.readouterr().err
     assert again.culprit == shas[CULPRIT]
     assert not journaled & set(resumed_runs.attempts), "a journaled run was made again"
     assert set(resumed_runs.attempts) <= set(whole.attempts)
@@ -179,7 +180,8 @@ def test_a_per_step_session_an_older_version_started_resumes_per_step(
 
     # a finer level's session below it searches as it does
     spec = spec_of(good=shas[0], bad=shas[-1], repo=str(repo), recipe=str(recipe), propose_fix=False)
-    child = Session.start(spec, session_dir=tmp_path / "finer", executor=resumed_runs, parent=cut_dir)
+    child = Session.start(spec, session_dir=tmp_path / "finer", executor=resumed_runs, parent=cut_dir,
+                          searching=resumed.throughput_search)  # as Bisection starts a finer level
     try:
         assert not child.levels and child.journal.header.throughput_search == "per_step"
     finally:
@@ -200,8 +202,8 @@ def test_a_levels_session_whose_recipe_turned_per_step_is_refused_on_resume(
     before = (tmp_path / "s" / "journal.jsonl").read_text()
     refused = cli_in_process(["resume", "--session", str(tmp_path / "s")])
     assert refused.returncode == 2, refused.stderr
-    assert refused.stderr.count("\n") == 1 and "its oracle.throughput.search is now per_step, and the session " \
-        "searches levels" in refused.stderr and "`oracle.throughput.search: levels`" in refused.stderr
+    assert refused.stderr.count("\n") == 1 and "its oracle.throughput.search is now per_step, not levels" \
+        in refused.stderr and "`oracle.throughput.search: levels` (or no line: the default) back" in refused.stderr
     assert (tmp_path / "s" / "journal.jsonl").read_text() == before
     perf_recipe(recipe)
     resumed = Session.resume(tmp_path / "s", executor=NpuThroughputStandIn(DROP, SPREAD, seed=4))

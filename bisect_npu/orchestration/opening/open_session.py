@@ -62,9 +62,11 @@ class Opened:
 
 def open_new(spec: SessionSpec, session_dir: Path | None = None, root: Path = DEFAULT_ROOT,
              progress: Progress | None = None, builder: Builder | None = None, executor: Executor | None = None,
-             parent: Path | None = None, oracle: Oracle | None = None) -> Opened:
+             parent: Path | None = None, oracle: Oracle | None = None,
+             searching: throughput_search.ThroughputSearch | None = None) -> Opened:
     """Check the request, then create the journal and the evaluator (`oracle`: the Python callable
-    of a session started through bisect_npu.api), as `session_opening.open_session` opens any."""
+    of a session started through bisect_npu.api; `searching`: a finer level's throughput search,
+    the session's above it), as `session_opening.open_session` opens any."""
     inputs = check_run(spec)
     recipe, repo, candidates_range = inputs.recipe, inputs.repo, inputs.candidates_range
     session_dir = (session_dir or new_session_dir(root)).resolve()
@@ -90,7 +92,8 @@ def open_new(spec: SessionSpec, session_dir: Path | None = None, root: Path = DE
             parent_session=str(parent) if parent else None,
             host_changes=host_changes(recipe, spec.context.host) if recipe else {},
             command_oracle=command_oracle(spec),
-            throughput_search=_parent_search(parent, recipe) or throughput_search.asked_by(recipe),
+            throughput_search=searching if searching and throughput_search.asked_by(recipe) else
+            throughput_search.asked_by(recipe),
         )
 
     def evaluator(_journal: Journal) -> Evaluator:
@@ -116,14 +119,11 @@ def open_journal(session_dir: Path | None = None, root: Path = DEFAULT_ROOT, pro
         header = journal.header
         spec = opened["spec"] = SessionSpec(header.request.settled(), header.level, header.context.model_copy())
         recipe = opened["recipe"] = load_recipe(spec.judge.recipe) if spec.judge.recipe else None
-        search = throughput_search.pinned(header, journal.entries, recipe)
-        if recipe is not None and search is not None and (refusal := throughput_search.edited_search(
-                recipe, header.recipe_digest, spec.judge.recipe or "", search, session_dir)):
+        if recipe is not None and (refusal := throughput_search.edited_search(
+                recipe, header.recipe_digest, spec.judge.recipe or "", session_dir)):
             raise UsageError(refusal)
         check_recipe(recipe, header.recipe_digest, f"recipe {spec.judge.recipe} changed since the session started; "
                      "start a new session with `bisect-npu run` (results would mix two bad cases)")
-        if note := throughput_search.resumed_note(recipe, search):
-            progress.note(note)
         repo = opened["repo"] = history.open_repo(spec.range.repo, remedy=(
             "the session's repository was moved or removed; put it back there to resume, or start a new "
             "session with `bisect-npu run`")) if spec.range.repo else None
@@ -158,14 +158,6 @@ def open_journal(session_dir: Path | None = None, root: Path = DEFAULT_ROOT, pro
 
     journal, made = open_session(Opening(Journal, check=check), session_dir, progress, evaluator)
     return Opened(journal, opened["spec"], opened["repo"], opened["recipe"], made, progress, opened["reuse"])
-
-
-def _parent_search(parent: Path | None, recipe: Recipe | None) -> throughput_search.ThroughputSearch | None:
-    """A finer level's session searches as the session above it does (the run's one search)."""
-    if parent is None or not Journal.exists(parent):
-        return None
-    journal = Journal.open(parent, read_only=True)
-    return throughput_search.pinned(journal.header, journal.entries, recipe)
 
 
 def _commits_gone(repo: git.Repo, header: HeaderRecord) -> str:

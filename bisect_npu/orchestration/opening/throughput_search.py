@@ -11,12 +11,12 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Literal
 
+from bisect_npu.orchestration.running.evaluate import LEVELS_STOPPED
 from bisect_npu.recipe.schema import Recipe
 from bisect_npu.records import HeaderRecord, JournalRecord, StepRecord, TrialRecord
 
 ThroughputSearch = Literal["levels", "per_step"]
 SEARCHES: tuple[ThroughputSearch, ...] = ("levels", "per_step")
-LEVELS_STEP = "levels search"  # a levels-mode step's `stopped` figure (running/evaluate.py's `_level_run`)
 
 
 def asked_by(recipe: Recipe | None) -> ThroughputSearch | None:
@@ -31,7 +31,7 @@ def journaled(entries: Sequence[JournalRecord]) -> ThroughputSearch | None:
     the levels search, per_step where anything else ran (the versions before levels mode searched
     per step), None where nothing ran yet."""
     steps = [entry for entry in entries if isinstance(entry, StepRecord)]
-    if any(step.verdict.figures.get("stopped") == LEVELS_STEP for step in steps):
+    if any(step.verdict.figures.get("stopped") == LEVELS_STOPPED for step in steps):
         return "levels"
     if steps or any(isinstance(entry, TrialRecord) for entry in entries):
         return "per_step"
@@ -53,29 +53,27 @@ def with_search(recipe: Recipe, search: ThroughputSearch) -> Recipe:
     return recipe.model_copy(update={"oracle": recipe.oracle.model_copy(update={"throughput": throughput})})
 
 
-def edited_search(recipe: Recipe, digest: str | None, path: str | Path, search: ThroughputSearch,
-                  session_dir: Path) -> str | None:
+def edited_search(recipe: Recipe, digest: str | None, path: str | Path, session_dir: Path) -> str | None:
     """The refusal of a recipe whose one edit since the session started is its
     `oracle.throughput.search` line, naming the line to put back; None where the recipe is as it
     started or another edit changed it (refused as any edited recipe is)."""
-    if asked_by(recipe) is None or recipe.digest() == digest:
+    asked = asked_by(recipe)
+    if asked is None or recipe.digest() == digest:
         return None
-    started = next((s for s in SEARCHES if s != asked_by(recipe) and with_search(recipe, s).digest() == digest), None)
+    started = next((s for s in SEARCHES if s != asked and with_search(recipe, s).digest() == digest), None)
     if started is None:
         return None
-    asked = asked_by(recipe)
     line = f"`oracle.throughput.search: {started}`" + (" (or no line: the default)" if started == "levels" else "")
-    edit = (f"its oracle.throughput.search is now {asked}, and the session searches {search}" if asked != search else
-            f"its new line `oracle.throughput.search: {asked}` says what the session searches already")
-    return (f"recipe {path} changed since the session started: {edit} (its journal keeps how it searches: one "
-            f"search weighs all its steps); put {line} back to resume it with `bisect-npu resume --session "
-            f"{session_dir}`, or start a new session with `bisect-npu run` to search {asked}")
+    return (f"recipe {path} changed since the session started: its oracle.throughput.search is now {asked}, not "
+            f"{started} (a session searches one way to its end: its journal keeps how); put {line} back to resume "
+            f"it with `bisect-npu resume --session {session_dir}`, or start a new session with `bisect-npu run` to "
+            f"search {asked}")
 
 
-def resumed_note(recipe: Recipe | None, search: ThroughputSearch | None) -> str | None:
-    """What the user hears when an unchanged recipe now asks another search than the session runs
-    (a session started by a version whose default was the other one)."""
+def other_search_note(recipe: Recipe | None, search: ThroughputSearch | None) -> str | None:
+    """What the user hears when the recipe asks another search than the session runs: one an older
+    version started (its default was per_step), or a finer level's under it."""
     if search is None or asked_by(recipe) in (None, search):
         return None
-    return (f"resuming in the {search} search the session started with (as its journal shows); the recipe now "
-            f"asks {asked_by(recipe)} (this version's default): a new session (`bisect-npu run`) searches that way")
+    return (f"searching {search}, as this session started (its journal keeps how it searches); the recipe asks "
+            f"{asked_by(recipe)}, as a new session (`bisect-npu run`) would search")

@@ -90,6 +90,9 @@ class EvaluationRequest:
             self.on_retry(retry)
 
 
+LEVELS_STOPPED = "levels search"  # a levels-mode step's `stopped` figure: the search weighs its one run
+
+
 def until_sure(recipe: Recipe | None) -> bool:
     """Whether a step's trials stop as soon as its verdict is sure (oracle/sequential.py): a
     throughput line drawn from the good end's runs, in exact mode, `oracle.throughput.sequential`."""
@@ -327,7 +330,7 @@ class Evaluator:
         samples = verdict.figures.get("throughput_samples")
         if verdict.kind == VerdictKind.SKIP or not samples:
             return verdict
-        figures = {**verdict.figures, "stopped": "levels search", "trials_run": len(samples)}
+        figures = {**verdict.figures, "stopped": LEVELS_STOPPED, "trials_run": len(samples)}
         runs = "one run" if len(samples) == 1 else f"{len(samples)} runs"  # a fix verified on the bad end: its count
         reason = (f"{', '.join(f'{s:.1f}' for s in samples)} tokens/s, {runs} (levels search); "
                   f"{verdict.kind.value} against the line {figures.get('line', 0.0):.1f} so far")

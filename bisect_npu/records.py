@@ -125,6 +125,10 @@ class HeaderRecord(Record):
     # What a command oracle could see when the session started: resume refuses a command whose
     # script or data changed, as it refuses a changed recipe.
     command_oracle: CommandOracle | None = None
+    # How a throughput session searches (the recipe's `oracle.throughput.search` as it started):
+    # resume keeps it whatever this version's default (orchestration/opening/throughput_search.py).
+    # None: no throughput oracle, or a journal from before it was kept.
+    throughput_search: Literal["levels", "per_step"] | None = None
 
     @model_validator(mode="before")
     @classmethod

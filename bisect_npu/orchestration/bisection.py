@@ -40,6 +40,7 @@ from bisect_npu.orchestration.ending import end_messages
 from bisect_npu.orchestration.ending.result import EXIT_CODES, EXIT_ENDS_WRONG, SessionResult
 from bisect_npu.orchestration.opening.environments import fix_worktrees, overlay_release_for, sweep_fix_worktrees
 from bisect_npu.orchestration.opening.session_spec import SessionSpec, declared_dependencies, dep_repo_of
+from bisect_npu.orchestration.opening.throughput_search import ThroughputSearch
 from bisect_npu.orchestration.session import Session
 from bisect_npu.progress import Progress
 from bisect_npu.records import DependencyMoveRecord, FixRecord, FixVerifiedRecord, FixVerifyRecord, NextLevelRecord
@@ -249,9 +250,10 @@ class Bisection:
     @classmethod
     def start(cls, spec: SessionSpec, session_dir: Path | None = None, root: Path = DEFAULT_ROOT,
               progress: Progress | None = None, builder: Builder | None = None, executor: Executor | None = None,
-              parent: Path | None = None, oracle: Oracle | None = None) -> Bisection:
+              parent: Path | None = None, oracle: Oracle | None = None,
+              searching: ThroughputSearch | None = None) -> Bisection:
         return cls(Session.start(spec, session_dir=session_dir, root=root, progress=progress, builder=builder,
-                                 executor=executor, parent=parent, oracle=oracle), oracle)
+                                 executor=executor, parent=parent, oracle=oracle, searching=searching), oracle)
 
     @classmethod
     def resume(cls, session_dir: Path | None = None, root: Path = DEFAULT_ROOT, progress: Progress | None = None,
@@ -351,7 +353,8 @@ class Bisection:
             child = Bisection.resume(root=root, progress=session.progress, oracle=self.oracle)
         else:
             child = Bisection.start(descent.spec_below(session.spec), root=root, progress=session.progress,
-                                    parent=self.session_dir, oracle=self.oracle)
+                                    parent=self.session_dir, oracle=self.oracle,
+                                    searching=session.throughput_search)  # the run searches one way
         return Child(child.run(), child.session)
 
     def _finer_answer(self, finer: NextLevelRecord) -> SessionResult:

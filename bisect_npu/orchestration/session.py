@@ -37,11 +37,13 @@ from bisect_npu.orchestration import engine
 from bisect_npu.orchestration.costs import measured_costs, told_costs
 from bisect_npu.orchestration.ending import end_messages
 from bisect_npu.orchestration.ending.result import EXIT_CODES, EXIT_ENDS_WRONG, EXIT_FOUND, EXIT_NARROWED, SessionResult
+from bisect_npu.orchestration.opening import throughput_search
 from bisect_npu.orchestration.opening.open_session import Opened, open_journal, open_new
 from bisect_npu.orchestration.opening.reference import References, step_trials
 from bisect_npu.orchestration.opening.session_opening import folded
 from bisect_npu.orchestration.opening.session_spec import SessionSpec, earlier_runs_for_search, earlier_runs_spec
 from bisect_npu.orchestration.opening.state import SessionState, accuracy_weight, answer_log_lr
+from bisect_npu.orchestration.opening.throughput_search import ThroughputSearch
 from bisect_npu.orchestration.opening.verdict_reuse import SessionVerdicts, VerdictReuse
 from bisect_npu.orchestration.running.evaluate import EvaluationRequest, Evaluator, levels_search, until_sure
 from bisect_npu.progress import Progress
@@ -61,13 +63,14 @@ END_OUTPUT_LINES = 10  # what an end judged wrong shows of its run's output
 
 
 def search_mode_for(recipe: Recipe | None, asked: Literal["exact", "noisy"] | None = None, find_fix: bool = False,
-                    ) -> Literal["exact", "noisy", "likelihood", "levels"]:
+                    throughput: ThroughputSearch | None = None) -> Literal["exact", "noisy", "likelihood", "levels"]:
     """The search's mode for a recipe: a throughput recipe against its good end searches every run
-    together (levels mode, `oracle.throughput.search: levels`, one run a step); an accuracy
-    recipe's steps, and a throughput recipe's whose steps stop when sure (`search: per_step`, or
-    under --find-fix), are measurements, so the search weighs each one's likelihood ratio;
-    otherwise the mode asked (--mode), else the recipe's."""
-    if levels_search(recipe, find_fix) and asked != "noisy":
+    together (levels mode, `oracle.throughput.search: levels`, one run a step; `throughput`: the
+    session's search as its journal keeps it, over the recipe's); an accuracy recipe's steps, and a
+    throughput recipe's whose steps stop when sure (`search: per_step`, or under --find-fix), are
+    measurements, so the search weighs each one's likelihood ratio; otherwise the mode asked
+    (--mode), else the recipe's."""
+    if levels_search(recipe, find_fix, throughput) and asked != "noisy":
         return "levels"
     if recipe is not None and (recipe.accuracy is not None or (until_sure(recipe) and asked != "noisy")):
         return "likelihood"
@@ -116,7 +119,10 @@ class Session:
         self.earlier_runs = earlier_runs_spec(spec, recipe)
         # Levels mode: one run a step, every run the search's evidence; the verdict store keeps a
         # step's kind, not its run, so it is not asked.
-        self.levels = search_mode_for(recipe, spec.search.mode, spec.search.find_fix) == "levels"
+        self.throughput_search = throughput_search.pinned(journal.header, journal.entries, recipe)
+        if note := throughput_search.other_search_note(recipe, self.throughput_search):
+            progress.note(note)
+        self.levels = self.search_mode == "levels"
         evaluator.levels = self.levels
         confidence = recipe.accuracy.confidence if recipe is not None and recipe.accuracy is not None else None
         if until_sure(recipe):  # a stored throughput verdict weighs what a step stopped at the oracle's bound said
@@ -145,9 +151,10 @@ class Session:
     @classmethod
     def start(cls, spec: SessionSpec, session_dir: Path | None = None, root: Path = DEFAULT_ROOT,
               progress: Progress | None = None, builder: Builder | None = None,
-              executor: Executor | None = None, parent: Path | None = None, oracle: Oracle | None = None) -> Session:
+              executor: Executor | None = None, parent: Path | None = None, oracle: Oracle | None = None,
+              searching: ThroughputSearch | None = None) -> Session:
         """A new session (`open_session.open_new`)."""
-        return cls._of(open_new(spec, session_dir, root, progress, builder, executor, parent, oracle))
+        return cls._of(open_new(spec, session_dir, root, progress, builder, executor, parent, oracle, searching))
 
     @classmethod
     def resume(cls, session_dir: Path | None = None, root: Path = DEFAULT_ROOT, progress: Progress | None = None,
@@ -183,6 +190,11 @@ class Session:
         return self.recipe.trials.mode if self.recipe else "exact"
 
     @property
+    def search_mode(self) -> Literal["exact", "noisy", "likelihood", "levels"]:
+        """The search's mode (`search_mode_for`), a throughput session's searching as it started."""
+        return search_mode_for(self.recipe, self.spec.search.mode, self.spec.search.find_fix, self.throughput_search)
+
+    @property
     def confidence(self) -> float:
         """The posterior the search must reach (--confidence, else the recipe's)."""
         return self.spec.search.confidence or (self.recipe.trials.confidence if self.recipe else CONFIDENCE)
@@ -198,7 +210,7 @@ class Session:
         load_cost, build_cost, overlay_cost = measured_costs(
             self.state.seconds, self.recipe.trials if self.recipe else None, noisy=self.mode == "noisy",
             batches=self.evaluator.batches, grouped=bool(groups))
-        mode = search_mode_for(self.recipe, self.spec.search.mode, self.spec.search.find_fix)
+        mode = self.search_mode
         throughput = self.recipe.oracle.throughput if self.recipe is not None else None
         return search.SearchProblem(n=self.n, mode=mode, check_ends=self.check_ends,
                                     slots=self.slots, confidence=confidence, earlier_runs=earlier,

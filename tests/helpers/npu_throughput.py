@@ -82,7 +82,7 @@ class NpuThroughputStandIn:
     """Stands in for the executor of an NPU host running a throughput benchmark (see the module's
     docstring): `good` tokens/s before the culprit, `good` x (1 - `drop`) from it on, each run's
     spread `spread` x `good`; `crashes(commit, trial, attempt)` says which attempts crash. Counts
-    every attempt (`attempts`), crashed ones too."""
+    every attempt (`attempts`: each trial of a batch, one benchmark run each), crashed ones too."""
 
     def __init__(self, drop: float, spread: float, seed: int, good: float = 1000.0,
                  crashes: Callable[[str, int, int], bool] = lambda _commit, _trial, _attempt: False,
@@ -93,19 +93,23 @@ class NpuThroughputStandIn:
         self.attempts: Counter[tuple[str, int]] = Counter()
 
     def run_probe(self, env: Environment, request: dict[str, Any], out_dir: Path, timeout_s: float) -> RunResult:
-        case, trial = str(request["case_id"]), int(request["trial"])
+        """One probe run: its trial, or each trial of its batch in turn (one benchmark run each)."""
+        case, first = str(request["case_id"]), int(request["trial"])
         out_dir.mkdir(parents=True, exist_ok=True)
-        log = probe_log_path(out_dir, probe_stem(case, trial))
-        self.attempts[(env.commit, trial)] += 1
-        if self.crashes(env.commit, trial, self.attempts[(env.commit, trial)]):
-            log.write_text(f"{ENGINE_NEVER_STARTED}\n")
-            return RunResult(returncode=1, seconds=0.01, log_path=str(log), log_tail=ENGINE_NEVER_STARTED)
-        mean = self.good * (1 - self.drop) if self.level_of(env) else self.good
-        value = mean + self.spread * self.good * _draw(self.seed, env.commit, trial)
-        path = observation_path(out_dir, case, trial)
-        path.write_text(Observation(case_id=case, trial=trial, seed=request.get("seed"),
-                                    extra={"output_token_throughput": value}).model_dump_json())
-        log.write_text(json.dumps({"commit": env.commit, "trial": trial, "tokens_per_s": value}) + "\n")
+        log = probe_log_path(out_dir, probe_stem(case, first))
+        lines, path = [], None
+        for trial in [int(b["trial"]) for b in request.get("batch") or [{"trial": first}]]:
+            self.attempts[(env.commit, trial)] += 1
+            if self.crashes(env.commit, trial, self.attempts[(env.commit, trial)]):
+                log.write_text("".join(lines) + f"{ENGINE_NEVER_STARTED}\n")
+                return RunResult(returncode=1, seconds=0.01, log_path=str(log), log_tail=ENGINE_NEVER_STARTED)
+            mean = self.good * (1 - self.drop) if self.level_of(env) else self.good
+            value = mean + self.spread * self.good * _draw(self.seed, env.commit, trial)
+            path = observation_path(out_dir, case, trial)
+            path.write_text(Observation(case_id=case, trial=trial, seed=request.get("seed"),
+                                        extra={"output_token_throughput": value}).model_dump_json())
+            lines.append(json.dumps({"commit": env.commit, "trial": trial, "tokens_per_s": value}) + "\n")
+        log.write_text("".join(lines))
         return RunResult(returncode=0, seconds=0.01, log_path=str(log), observation=str(path))
 
     def run_command(self, env: Environment, argv: list[str], log_path: Path, timeout_s: float,

@@ -18,8 +18,10 @@ from bisect_npu.builders.local import LocalBuilder
 from bisect_npu.forecast.simulate import Throughput, simulate
 from bisect_npu.orchestration.ending.result import EXIT_ENDS_WRONG, EXIT_FOUND
 from bisect_npu.orchestration.session import Session
+from bisect_npu.recipe.loader import load_recipe
 from bisect_npu.report import write_reports
 from tests.helpers.asked import spec_of
+from tests.helpers.cli_exit import cli_in_process
 from tests.helpers.gitrepo import make_linear_repo
 from tests.helpers.npu_throughput import ENGINE_NEVER_STARTED, NpuThroughputStandIn, perf_recipe
 
@@ -93,21 +95,14 @@ def test_levels_mode_names_the_culprit_with_fewer_runs_than_per_step_trials(
 def test_a_resumed_session_redoes_nothing_and_answers_the_same(history: tuple[Path, list[str]],
                                                                 tmp_path: Path) -> None:
     """Killed after some steps and one trial of the next (its step not journaled yet), the session
-    resumes: no journaled run is made again, and it takes the uninterrupted session's path."""
+    resumes: no journaled run is made again, and it takes the uninterrupted session's path. Its
+    header without the search (as written before it was kept), the journal's steps say levels."""
     repo, shas = history
     whole = NpuThroughputStandIn(DROP, SPREAD, seed=5)
     result, session = _session(tmp_path, repo, shas, whole)
-    lines = (session / "journal.jsonl").read_text().splitlines()
-    kinds = [json.loads(line)["type"] for line in lines]
-    steps_at = [i for i, kind in enumerate(kinds) if kind == "step"]
-    cut = steps_at[len(steps_at) // 2] + 2  # the next step's trial is journaled, not its step
-    assert kinds[cut - 1] == "trial"
     cut_dir = tmp_path / "cut"
-    shutil.copytree(session, cut_dir)
-    (cut_dir / "journal.jsonl").write_text("\n".join(lines[:cut]) + "\n")
-    for name in ("report.md", "report.json"):
-        (cut_dir / name).unlink(missing_ok=True)
-    journaled = {(r["commit"], r["trial"]) for r in map(json.loads, lines[:cut]) if r["type"] == "trial"}
+    # the header as the version before it kept the search wrote it: levels, from its steps
+    journaled = _cut(session, cut_dir, keep_pin=False)
 
     resumed_runs = NpuThroughputStandIn(DROP, SPREAD, seed=5)
     builder = LocalBuilder(git.Repo(repo), tmp_path / "cut-work", ["sh", "-c", "test ! -e BROKEN"])
@@ -119,6 +114,103 @@ def test_a_resumed_session_redoes_nothing_and_answers_the_same(history: tuple[Pa
         [r["index"] for r in _records(session) if r["type"] == "step"]
     write_reports(cut_dir)
     assert "posterior that this is the first bad commit" in (cut_dir / "report.md").read_text()
+
+
+def _cut(session: Path, where: Path, keep_pin: bool = True) -> set[tuple[str, int]]:
+    """A copy of `session` at `where` as a run killed after half its steps and one trial of the
+    next left it (`keep_pin` False: its header as the versions before `throughput_search` wrote
+    it); the trials it journaled."""
+    lines = (session / "journal.jsonl").read_text().splitlines()
+    kinds = [json.loads(line)["type"] for line in lines]
+    steps_at = [i for i, kind in enumerate(kinds) if kind == "step"]
+    cut = steps_at[len(steps_at) // 2] + 2  # the next step's trial is journaled, not its step
+    assert kinds[cut - 1] == "trial"
+    shutil.copytree(session, where)
+    header = json.loads(lines[0])
+    if not keep_pin:
+        header.pop("throughput_search", None)
+    (where / "journal.jsonl").write_text("\n".join([json.dumps(header), *lines[1:cut]]) + "\n")
+    for name in ("report.md", "report.json"):
+        (where / name).unlink(missing_ok=True)
+    return {(r["commit"], r["trial"]) for r in map(json.loads, lines[1:cut]) if r["type"] == "trial"}
+
+
+def test_a_per_step_session_an_older_version_started_resumes_per_step(
+        history: tuple[Path, list[str]], tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """A per-step session killed mid-way whose journal an older version wrote (no search in its
+    header; its recipe without the line, per_step being that version's only search) resumes per
+    step now that levels is the default: it says so, redoes no run, and takes the uninterrupted
+    session's path, as does a finer level's session below it; its recipe edited to say per_step is
+    refused (the line is an edit), naming the line to put back."""
+    repo, shas = history
+    whole = NpuThroughputStandIn(DROP, SPREAD, seed=3)
+    result, session = _session(tmp_path, repo, shas, whole, "per_step", name="old")
+    assert result.culprit == shas[CULPRIT]
+    cut_dir = tmp_path / "old-cut"
+    journaled = _cut(session, cut_dir, keep_pin=False)
+    recipe = perf_recipe(tmp_path / "old-recipe.yaml")  # the recipe as the older version read it: no line
+    lines = (cut_dir / "journal.jsonl").read_text().splitlines()
+    header = json.loads(lines[0])
+    assert header["request"]["judge"]["recipe"] == str(recipe.resolve())
+    header["recipe_digest"] = load_recipe(recipe).digest()
+    (cut_dir / "journal.jsonl").write_text("\n".join([json.dumps(header), *lines[1:]]) + "\n")
+
+    perf_recipe(recipe, "per_step")  # edited to say what the session searches: still an edit, refused
+    edited = cli_in_process(["resume", "--session", str(cut_dir)])
+    assert edited.returncode == 2, edited.stderr
+    assert "`oracle.throughput.search: levels` (or no line: the default) back" in edited.stderr
+    assert "Traceback" not in edited.stderr
+    perf_recipe(recipe)
+    assert (cut_dir / "journal.jsonl").read_text().splitlines() == [json.dumps(header), *lines[1:]]
+
+    resumed_runs = NpuThroughputStandIn(DROP, SPREAD, seed=3)
+    builder = LocalBuilder(git.Repo(repo), tmp_path / "old-cut-work", ["sh", "-c", "test ! -e BROKEN"])
+    resumed = Session.resume(cut_dir, builder=builder, executor=resumed_runs)
+    again = resumed.run()
+    assert "searching per_step, as this session started" in capsys.readouterr().err
+    assert again.culprit == shas[CULPRIT]
+    assert not journaled & set(resumed_runs.attempts), "a journaled run was made again"
+    assert set(resumed_runs.attempts) <= set(whole.attempts)
+
+    def steps(where: Path) -> list[tuple[int, int, str]]:
+        return [(r["index"], len(r["trials"]), r["verdict"]["figures"]["stopped"])
+                for r in _records(where) if r["type"] == "step"]
+    assert steps(cut_dir) == steps(session)  # the same steps, each its per-step trials, stopped as sure
+    assert "levels search" not in {stopped for _index, _trials, stopped in steps(cut_dir)}
+
+    # a finer level's session below it searches as it does
+    spec = spec_of(good=shas[0], bad=shas[-1], repo=str(repo), recipe=str(recipe), propose_fix=False)
+    child = Session.start(spec, session_dir=tmp_path / "finer", executor=resumed_runs, parent=cut_dir,
+                          searching=resumed.throughput_search)  # as Bisection starts a finer level
+    try:
+        assert not child.levels and child.journal.header.throughput_search == "per_step"
+    finally:
+        child.close()
+
+
+def test_a_levels_session_whose_recipe_turned_per_step_is_refused_on_resume(
+        history: tuple[Path, list[str]], tmp_path: Path) -> None:
+    """A levels session's header keeps its search: a recipe edited to `search: per_step` since
+    is refused in one line naming the line to put back (exit 2, the journal as it was); put back,
+    the session resumes in levels mode."""
+    repo, shas = history
+    session = _start(tmp_path, repo, shas, NpuThroughputStandIn(DROP, SPREAD, seed=4))
+    session.close()
+    header = json.loads((tmp_path / "s" / "journal.jsonl").read_text().splitlines()[0])
+    assert header["throughput_search"] == "levels"
+    recipe = perf_recipe(tmp_path / "s-recipe.yaml", "per_step")
+    before = (tmp_path / "s" / "journal.jsonl").read_text()
+    refused = cli_in_process(["resume", "--session", str(tmp_path / "s")])
+    assert refused.returncode == 2, refused.stderr
+    assert refused.stderr.count("\n") == 1 and "its oracle.throughput.search is now per_step, not levels" \
+        in refused.stderr and "`oracle.throughput.search: levels` (or no line: the default) back" in refused.stderr
+    assert (tmp_path / "s" / "journal.jsonl").read_text() == before
+    perf_recipe(recipe)
+    resumed = Session.resume(tmp_path / "s", executor=NpuThroughputStandIn(DROP, SPREAD, seed=4))
+    try:
+        assert resumed.levels and resumed.problem().mode == "levels"
+    finally:
+        resumed.close()
 
 
 def test_a_crashed_run_is_retried_and_a_failed_build_stepped_around(history: tuple[Path, list[str]],

@@ -25,6 +25,7 @@ from bisect_npu.execute.host import host_changes
 from bisect_npu.execute.inprocess import Oracle
 from bisect_npu.journal import DEFAULT_ROOT, Journal, latest_session, new_session_dir
 from bisect_npu.level import held_of
+from bisect_npu.orchestration.opening import throughput_search
 from bisect_npu.orchestration.opening.environments import session_evaluator
 from bisect_npu.orchestration.opening.preflight import check_run, settle_slots
 from bisect_npu.orchestration.opening.reference import store_reference
@@ -61,9 +62,11 @@ class Opened:
 
 def open_new(spec: SessionSpec, session_dir: Path | None = None, root: Path = DEFAULT_ROOT,
              progress: Progress | None = None, builder: Builder | None = None, executor: Executor | None = None,
-             parent: Path | None = None, oracle: Oracle | None = None) -> Opened:
+             parent: Path | None = None, oracle: Oracle | None = None,
+             searching: throughput_search.ThroughputSearch | None = None) -> Opened:
     """Check the request, then create the journal and the evaluator (`oracle`: the Python callable
-    of a session started through bisect_npu.api), as `session_opening.open_session` opens any."""
+    of a session started through bisect_npu.api; `searching`: a finer level's throughput search,
+    the session's above it), as `session_opening.open_session` opens any."""
     inputs = check_run(spec)
     recipe, repo, candidates_range = inputs.recipe, inputs.repo, inputs.candidates_range
     session_dir = (session_dir or new_session_dir(root)).resolve()
@@ -89,6 +92,8 @@ def open_new(spec: SessionSpec, session_dir: Path | None = None, root: Path = DE
             parent_session=str(parent) if parent else None,
             host_changes=host_changes(recipe, spec.context.host) if recipe else {},
             command_oracle=command_oracle(spec),
+            throughput_search=searching if searching and throughput_search.asked_by(recipe) else
+            throughput_search.asked_by(recipe),
         )
 
     def evaluator(_journal: Journal) -> Evaluator:
@@ -114,6 +119,9 @@ def open_journal(session_dir: Path | None = None, root: Path = DEFAULT_ROOT, pro
         header = journal.header
         spec = opened["spec"] = SessionSpec(header.request.settled(), header.level, header.context.model_copy())
         recipe = opened["recipe"] = load_recipe(spec.judge.recipe) if spec.judge.recipe else None
+        if recipe is not None and (refusal := throughput_search.edited_search(
+                recipe, header.recipe_digest, spec.judge.recipe or "", session_dir)):
+            raise UsageError(refusal)
         check_recipe(recipe, header.recipe_digest, f"recipe {spec.judge.recipe} changed since the session started; "
                      "start a new session with `bisect-npu run` (results would mix two bad cases)")
         repo = opened["repo"] = history.open_repo(spec.range.repo, remedy=(

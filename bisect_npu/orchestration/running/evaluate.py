@@ -12,7 +12,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from functools import partial
 from pathlib import Path
-from typing import NoReturn, TypeVar
+from typing import Literal, NoReturn, TypeVar
 
 from bisect_npu import oracle
 from bisect_npu.builders.base import Builder, BuildFailed, Environment
@@ -27,6 +27,7 @@ from bisect_npu.oracle.throughput import sample_of
 from bisect_npu.orchestration.running.accuracy import AccuracySteps, load_from, role_of
 from bisect_npu.orchestration.running.earlier_results import (
     Earlier,
+    control_ids,
     control_stages,
     control_standing,
     disagreement,
@@ -89,6 +90,9 @@ class EvaluationRequest:
             self.on_retry(retry)
 
 
+LEVELS_STOPPED = "levels search"  # a levels-mode step's `stopped` figure: the search weighs its one run
+
+
 def until_sure(recipe: Recipe | None) -> bool:
     """Whether a step's trials stop as soon as its verdict is sure (oracle/sequential.py): a
     throughput line drawn from the good end's runs, in exact mode, `oracle.throughput.sequential`."""
@@ -98,16 +102,17 @@ def until_sure(recipe: Recipe | None) -> bool:
     return spec.reference == "good_end" and spec.sequential and recipe.trials.mode == "exact"
 
 
-def levels_search(recipe: Recipe | None, find_fix: bool = False) -> bool:
+def levels_search(recipe: Recipe | None, find_fix: bool = False,
+                  search: Literal["levels", "per_step"] | None = None) -> bool:
     """Whether a session searches a throughput recipe in levels mode (search/two_levels.py): a line
-    drawn from the good end's runs, in exact mode, `oracle.throughput.search: levels` (the default).
-    Each step is then one run, and the search weighs every run of every commit together. Not under
-    --find-fix: the levels model's rule puts the lower level on the search's bad side, which there
-    is the old one."""
+    drawn from the good end's runs, in exact mode, `oracle.throughput.search: levels` (the default;
+    `search`: the session's own, as its journal keeps it, over the recipe's). Each step is then one
+    run, and the search weighs every run of every commit together. Not under --find-fix: the levels
+    model's rule puts the lower level on the search's bad side, which there is the old one."""
     if find_fix or recipe is None or "throughput" not in recipe.oracle.kinds or recipe.oracle.throughput is None:
         return False
     spec = recipe.oracle.throughput
-    return spec.reference == "good_end" and spec.search == "levels" and recipe.trials.mode == "exact"
+    return spec.reference == "good_end" and (search or spec.search) == "levels" and recipe.trials.mode == "exact"
 
 
 class _HostGaveUp(Exception):
@@ -325,7 +330,7 @@ class Evaluator:
         samples = verdict.figures.get("throughput_samples")
         if verdict.kind == VerdictKind.SKIP or not samples:
             return verdict
-        figures = {**verdict.figures, "stopped": "levels search", "trials_run": len(samples)}
+        figures = {**verdict.figures, "stopped": LEVELS_STOPPED, "trials_run": len(samples)}
         runs = "one run" if len(samples) == 1 else f"{len(samples)} runs"  # a fix verified on the bad end: its count
         reason = (f"{', '.join(f'{s:.1f}' for s in samples)} tokens/s, {runs} (levels search); "
                   f"{verdict.kind.value} against the line {figures.get('line', 0.0):.1f} so far")
@@ -487,14 +492,21 @@ class Evaluator:
         role = role_of(request.as_reference, request.as_bad_end)
         stages = control_stages([s.id for s in earlier.samples], settings.control_share, request.commit)
         load = load_from(self.session_dir)
+
+        def ran(done: TrialRun) -> list[str]:
+            return [s.id for s in load(done.observation).samples or []] if done.observation else []
+        share = control_ids([s.id for s in earlier.samples], settings.control_share, request.commit)
+        if request.done and len(stages) > 1 and ran(request.done[0]) == share:
+            stages = [share]  # a step an older version began: its one control round ran the whole share
         controls: list[TrialRun] = []
         checked: list[Observation] = []
         stands: bool | None = None
         for number, wanted in enumerate(stages):
             done = request.done[number] if number < len(request.done) else None
-            reused = done if done is not None and done.observation and \
-                [s.id for s in load(done.observation).samples or []] == wanted else None
-            control = reused or run_round(request.first_trial + number, wanted)
+            reused = done if done is not None and ran(done) == wanted else None
+            # a round's trial follows the last control round's (a resumed step's too), after every journaled one
+            trial = max(controls[-1].trial + 1, request.first_trial) if controls else request.first_trial
+            control = reused or run_round(trial, wanted)
             controls.append(control)
             if not control.observation:
                 return (controls, Verdict(kind=VerdictKind.SKIP, reason=control.reason or "the control round wrote "

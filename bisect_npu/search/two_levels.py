@@ -5,22 +5,19 @@ runs at the good side's mean, every commit from it on at the bad side's, one run
 for all (the same benchmark on the same host). Every run of every commit, the ends' included, is
 evidence about both means, the spread and where the change lies, so nothing is measured first
 and then taken as a fixed reference: for each culprit position c the likelihood of all runs is
-integrated over both means (flat priors) and the spread in closed form,
+integrated over both means (flat priors) and the spread (Jeffreys prior, 1/sigma) in closed form,
 
-    P(runs | c) ~ (n_L n_R)^(-1/2) (S(c) + v s^2)^(-(N-2+v)/2) P(mu_bad < threshold x mu_good | runs, c),
+    P(runs | c) ~ (n_L n_R)^(-1/2) S(c)^(-(N-2)/2) P(mu_bad < threshold x mu_good | runs, c),
 
 n_L and n_R the runs left and right of c, S(c) their squared deviations from each side's own mean,
-N all runs. The spread's prior is scaled inverse chi-squared (``SPREAD_PRIOR``): worth v runs at
-a scale s that the recipe's line implies (the line's gap under the runs' level, a good run
-passing it by ``LINE_SPREADS`` spreads), so the first runs are not weighed against a spread
-known only from a run or two. The last factor is the recipe's own rule: the bad side lies under the line (the
-threshold's share of the good side), a Student's t probability with N - 2 + v degrees of freedom.
+N all runs. The last factor is the recipe's own rule: the bad side lies under the line (the
+threshold's share of the good side), a Student's t probability with N - 2 degrees of freedom.
 The posterior over c is that likelihood under a uniform prior. Where the recipe publishes the good
 side's level (a nightly case's `baseline`, in the runs' unit), the good side's mean is normal about
 it instead of flat, its variance the spread's squared over a worth in runs (``BASELINE_PRIOR``, a
 mixture over how far off the baseline may be): each worth k turns the good side's factor into
 (k / (k + n_L))^(1/2), adds k n_L / (k + n_L) (the good runs' mean - baseline)^2 to S(c), gives
-S(c) the exponent -(N-1+v)/2 and the line's t N - 1 + v degrees of freedom.
+S(c) the exponent -(N-1)/2 and the line's t N - 1 degrees of freedom.
 
 A query is one run where it teaches most about c per cost: the expected fall of the change
 point's entropy, its outcome drawn from the posterior predictive (`expected_information`), over
@@ -58,15 +55,6 @@ END_RUNS_BEFORE_WRONG = 2
 # by about ten, a hundred or a thousand spreads (another host, another load, another unit), each
 # as likely: the runs weigh the four in closed form, so a wrong baseline costs runs, not the answer.
 BASELINE_PRIOR = ((1.0, 0.25), (1e-2, 0.25), (1e-4, 0.25), (1e-6, 0.25))
-# The run-to-run spread's prior, a mixture of scaled inverse chi-squared components (share of the
-# scale the line implies, pseudo-runs, weight). A case's maintainers set its line so that the good
-# side's runs pass: the line's gap under the level is about ``LINE_SPREADS`` spreads. Two
-# pseudo-runs leave the prior's tail towards wide spreads heavy (sigma^-3), so a spread the line
-# does not predict is soon the runs' own, and a narrow one still shows in a few runs.
-SPREAD_PRIOR = ((1.0, 2.0, 1.0),)
-LINE_SPREADS = 2.0
-# A line at the level itself (threshold 1) implies no spread: the prior's scale is this share.
-MIN_LINE_GAP = 0.005
 
 
 def _log_beta_inc(a: float, b: float, x: np.ndarray) -> np.ndarray:
@@ -144,67 +132,45 @@ def _log_lik_of_sums(count: np.ndarray, total: np.ndarray, squares: np.ndarray, 
     """``log_likelihood`` from per-position sums (last axis 0..n; leading axes: alternatives)."""
     runs = float(count.reshape(-1, count.shape[-1])[0].sum())  # the same in every alternative
     mean_left, n_left, mean_right, n_right, within = _split(count, total, squares)
-    terms = []
-    for scale, pseudo, weight in spread_prior(threshold, center):
-        if baseline is None:
-            terms.append(math.log(weight) + _flat_good_side(mean_left, n_left, mean_right, n_right, within, runs,
-                                                            center, threshold, scale, pseudo))
-            continue
-        terms.extend(math.log(weight * share) + _baseline_good_side(
-            mean_left, n_left, mean_right, n_right, within, runs, center, threshold, baseline, worth, scale, pseudo)
-            for worth, share in BASELINE_PRIOR)
+    if baseline is None:
+        return _flat_good_side(mean_left, n_left, mean_right, n_right, within, runs, center, threshold)
+    terms = [math.log(weight) + _baseline_good_side(mean_left, n_left, mean_right, n_right, within, runs, center,
+                                                    threshold, baseline, worth)
+             for worth, weight in BASELINE_PRIOR]
     result: np.ndarray = np.logaddexp.reduce(terms, axis=0)
     return result
 
 
-def spread_prior(threshold: float, level: float) -> list[tuple[float, float, float]]:
-    """``SPREAD_PRIOR`` in the runs' unit: (scale, pseudo-runs, weight) per component, the scale
-    the line's gap under ``level`` over ``LINE_SPREADS`` times the component's share."""
-    gap = max(1.0 - threshold, MIN_LINE_GAP) * abs(level) / LINE_SPREADS
-    return [(share * gap, pseudo, weight) for share, pseudo, weight in SPREAD_PRIOR]
-
-
-def _spread_factor(sums: np.ndarray, df: float, scale: float, pseudo: float) -> tuple[np.ndarray, float, np.ndarray]:
-    """The spread integrated out under a scaled inverse chi-squared prior (``pseudo`` runs at
-    ``scale``): log of the factor, the t's degrees of freedom and its squared deviations."""
-    prior = pseudo * scale * scale
-    total = sums + prior
-    total = np.maximum(total, np.max(total, axis=-1, keepdims=True) * 1e-12 + _TINY)
-    dof = df + pseudo
-    log_factor = (math.lgamma(dof / 2.0) - math.lgamma(pseudo / 2.0) + pseudo / 2.0 * math.log(prior)
-                  - dof / 2.0 * np.log(total))
-    return log_factor, dof, total
-
-
 def _flat_good_side(mean_left: np.ndarray, n_left: np.ndarray, mean_right: np.ndarray, n_right: np.ndarray,
-                    within: np.ndarray, runs: float, center: float, threshold: float, scale: float,
-                    pseudo: float) -> np.ndarray:
-    """Both means flat a priori: (n_L n_R)^(-1/2) x the spread's factor x P(under the line)."""
-    log_factor, df, total = _spread_factor(within, runs - 2.0, scale, pseudo)
+                    within: np.ndarray, runs: float, center: float, threshold: float) -> np.ndarray:
+    """Both means flat a priori: (n_L n_R)^(-1/2) S^(-(N-2)/2) P(under the line)."""
+    within = np.maximum(within, np.max(within, axis=-1, keepdims=True) * 1e-12 + _TINY)
+    df = runs - 2.0
     # The bad side under the line: threshold x mu_good - mu_bad > 0, its error t-distributed.
     gap = threshold * (mean_left + center) - (mean_right + center)
-    error = np.sqrt(total / df * (threshold**2 / n_left + 1.0 / n_right))
+    error = np.sqrt(within / df * (threshold**2 / n_left + 1.0 / n_right))
     under_line = t_log_cdf(gap / error, df)
-    result: np.ndarray = -0.5 * np.log(n_left * n_right) + log_factor + under_line
+    result: np.ndarray = -0.5 * np.log(n_left * n_right) - df / 2.0 * np.log(within) + under_line
     return result
 
 
 def _baseline_good_side(mean_left: np.ndarray, n_left: np.ndarray, mean_right: np.ndarray, n_right: np.ndarray,
                         within: np.ndarray, runs: float, center: float, threshold: float, baseline: float,
-                        worth: float, scale: float, pseudo: float) -> np.ndarray:
+                        worth: float) -> np.ndarray:
     """The good side's mean normal about ``baseline`` with the weight of ``worth`` runs (its
     variance the spread squared over ``worth``), the bad side's flat: the prior's pseudo-runs join
     the good side's mean and its distance from the runs' mean joins the squared deviations,
-    (worth / (worth + n_L))^(1/2) n_R^(-1/2) x the spread's factor x P(under the line)."""
+    (worth / (worth + n_L))^(1/2) n_R^(-1/2) S'^(-(N-1)/2) P(under the line)."""
     prior = baseline - center
     spread_sums = within + worth * n_left / (worth + n_left) * (mean_left - prior) ** 2
-    log_factor, df, total = _spread_factor(spread_sums, runs - 1.0, scale, pseudo)
+    spread_sums = np.maximum(spread_sums, np.max(spread_sums, axis=-1, keepdims=True) * 1e-12 + _TINY)
+    df = runs - 1.0
     good = (worth * prior + n_left * mean_left) / (worth + n_left)
     gap = threshold * (good + center) - (mean_right + center)
-    error = np.sqrt(total / df * (threshold**2 / (worth + n_left) + 1.0 / n_right))
+    error = np.sqrt(spread_sums / df * (threshold**2 / (worth + n_left) + 1.0 / n_right))
     under_line = t_log_cdf(gap / error, df)
-    result: np.ndarray = (0.5 * np.log(worth / (worth + n_left)) - 0.5 * np.log(n_right) + log_factor
-                          + under_line)
+    result: np.ndarray = (0.5 * np.log(worth / (worth + n_left)) - 0.5 * np.log(n_right)
+                          - df / 2.0 * np.log(spread_sums) + under_line)
     return result
 
 
@@ -260,11 +226,8 @@ def expected_information(n: int, runs: Mapping[int, Sequence[float]], threshold:
     sums = _side_sums(n, runs, center)
     post = _normalised(_log_lik_of_sums(*sums, center, threshold, baseline))
     left, n_left, right, n_right, within = _split(*sums)
-    # the spread's prior joins the runs' deviations as its pseudo-runs, weighed by its mixture
-    components = spread_prior(threshold, center)
-    pseudo = sum(weight * runs for _, runs, weight in components)
-    df = float(sums[0].sum()) - 2.0 + pseudo
-    spread2 = np.maximum((within + sum(weight * runs * scale**2 for scale, runs, weight in components)) / df, _TINY)
+    df = float(sums[0].sum()) - 2.0
+    spread2 = np.maximum(within / df, _TINY)
     spread = float(np.sqrt((post * spread2).sum()))
     low = float(min((post * right).sum(), (post * left).sum())) - 4 * spread
     high = float(max((post * right).sum(), (post * left).sum())) + 4 * spread

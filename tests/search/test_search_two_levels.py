@@ -10,7 +10,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from bisect_npu.search import EndsWrong, Evidence, Found, Narrowed, Next, Query, SearchProblem, decide
-from bisect_npu.search.two_levels import BASELINE_PRIOR, ends_under_line, posterior, spread_prior, t_log_cdf
+from bisect_npu.search.two_levels import BASELINE_PRIOR, ends_under_line, posterior, t_log_cdf
 
 THRESHOLD = 0.97
 
@@ -132,52 +132,36 @@ def test_wrong_culprits_named_stay_under_the_confidence_left() -> None:
     assert runs / histories < 16
 
 
-def spread_weights(sigmas: np.ndarray, level: float) -> np.ndarray:
-    """The spread's prior (SPREAD_PRIOR's scaled inverse chi-squared mixture) as weights on a grid
-    even in log sigma: each component's density of sigma, times sigma."""
-    weights = np.zeros_like(sigmas)
-    for scale, pseudo, weight in spread_prior(THRESHOLD, level):
-        half = pseudo * scale * scale / 2
-        log_density = (pseudo / 2 * math.log(half) - math.lgamma(pseudo / 2) - pseudo * np.log(sigmas)
-                       - half / sigmas**2)  # of sigma^2, times sigma^2
-        weights += weight * 2 * np.exp(log_density)
-    return weights
-
-
-def brute_force_posterior(n: int, runs: dict[int, list[float]], baseline: float | None) -> np.ndarray:
-    """P(c | runs) by summing the model on a grid: the good mean under BASELINE_PRIOR's mixture (or
-    flat), the bad mean flat under the line, the spread under SPREAD_PRIOR, every run normal."""
+def brute_force_posterior(n: int, runs: dict[int, list[float]], baseline: float) -> np.ndarray:
+    """P(c | runs) by summing the model on a grid: the good mean under BASELINE_PRIOR's mixture,
+    the bad mean flat under the line, the spread 1/sigma, every run normal."""
     good_means = np.linspace(0.6, 1.4, 401)[:, None]
     bad_means = np.linspace(0.6, 1.4, 401)[None, :]
     under = bad_means < THRESHOLD * good_means
-    level = float(np.mean([v for values in runs.values() for v in values]))
-    sigmas = np.geomspace(0.002, 1.0, 240)
     lik = np.zeros(n)
-    for sigma, spread_weight in zip(sigmas, spread_weights(sigmas, level), strict=True):
-        prior_good = np.ones_like(good_means) if baseline is None else sum(
-            weight * np.sqrt(worth) / sigma * np.exp(-worth * (good_means - baseline) ** 2 / (2 * sigma**2))
-            for worth, weight in BASELINE_PRIOR)
+    for sigma in np.geomspace(0.01, 1.0, 160):  # the 1/sigma prior: uniform on a log grid
+        prior_good = sum(weight * np.sqrt(worth) / sigma
+                         * np.exp(-worth * (good_means - baseline) ** 2 / (2 * sigma**2))
+                         for worth, weight in BASELINE_PRIOR)
         for c in range(1, n + 1):
             left = [v for i, vs in runs.items() if i < c for v in vs]
             right = [v for i, vs in runs.items() if i >= c for v in vs]
             squares = sum((v - good_means) ** 2 for v in left) + sum((v - bad_means) ** 2 for v in right)
             log_runs = -squares / (2 * sigma**2)
-            lik[c - 1] += float((spread_weight * prior_good * under * np.exp(log_runs)
-                                 / sigma ** (len(left) + len(right))).sum())
+            lik[c - 1] += float((prior_good * under * np.exp(log_runs) / sigma ** (len(left) + len(right))).sum())
     result: np.ndarray = lik / lik.sum()
     return result
 
 
-@pytest.mark.parametrize("baseline", [None, 1.0, 0.96, 1.1])
-def test_the_baseline_prior_is_the_model_summed_by_brute_force(baseline: float | None) -> None:
-    """The closed form against the model summed on a grid of both means and the spread: no
-    baseline, the baseline where the runs put the good side, a little under it, and far over it."""
+@pytest.mark.parametrize("baseline", [1.0, 0.96, 1.1])
+def test_the_baseline_prior_is_the_model_summed_by_brute_force(baseline: float) -> None:
+    """The closed form against the model summed on a grid of both means and the spread: the
+    baseline where the runs put the good side, a little under it, and far over it."""
     runs = {0: [1.02, 0.95], 1: [0.99], 2: [0.91], 3: [0.83, 0.9], 4: [0.86]}
     closed = posterior(4, runs, THRESHOLD, baseline)
     assert closed is not None
     assert np.allclose(closed, brute_force_posterior(4, runs, baseline), atol=2e-3)
-    if baseline is not None:
-        assert not np.allclose(closed, posterior(4, runs, THRESHOLD), atol=2e-3)  # the baseline weighs
+    assert not np.allclose(closed, posterior(4, runs, THRESHOLD), atol=2e-3)  # the baseline weighs
 
 
 @settings(max_examples=25, deadline=None)

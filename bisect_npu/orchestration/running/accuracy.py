@@ -57,16 +57,18 @@ class AccuracySteps:
 
     def step(self, commit: str, role: Role, done: Sequence[TrialRun], run_round: RunRound, first_trial: int,
              load: Callable[[str], Observation]) -> tuple[list[TrialRun], Verdict]:
-        """Rounds (the journaled `done` first) until the verdict is clear or the plan ends."""
+        """Rounds (the journaled `done` first) until the verdict is clear or the plan ends; a round's
+        trial is the one the uninterrupted step gave it (`first_trial`: the session's next, after
+        every journaled trial)."""
         plan = self.plan(commit, role)
         ran = self.ran.setdefault(commit, set())
         records: list[TrialRun] = []
         observations: list[Observation] = []
         verdict = Verdict(kind=VerdictKind.SKIP, reason="no round ran", trials=0)
-        trial = first_trial
         for number, sample_ids in enumerate(plan):
+            # a round's trial follows the last round's (a journaled one's too), after every journaled one
+            trial = max(records[-1].trial + 1, first_trial) if records else first_trial
             record = done[number] if number < len(done) else run_round(trial, sample_ids)
-            trial = max(trial, record.trial) + 1
             records.append(record)
             if not record.observation:  # the harness or the engine failed: no verdict from this step
                 return records, Verdict(kind=VerdictKind.SKIP, reason=record.reason or "the round wrote no "

@@ -17,7 +17,7 @@ from bisect_npu.orchestration.running.evaluate import EvaluationRequest, Evaluat
 from bisect_npu.recipe.loader import load_recipe
 from bisect_npu.records import TrialRun
 from tests.helpers.gitrepo import make_linear_repo
-from tests.orchestration.running.test_earlier_control_resume import IDS, HarnessStandIn
+from tests.helpers.npu_accuracy import IDS, HarnessStandIn
 
 FIRST = 4  # the step's first trial: trials journaled at this commit by an earlier step come before
 

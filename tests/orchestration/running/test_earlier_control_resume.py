@@ -8,13 +8,10 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Any
 
 import git
 
-from bisect_npu.builders.base import Environment
 from bisect_npu.builders.local import LocalBuilder
-from bisect_npu.execute.base import RunResult, observation_path, probe_log_path, probe_stem
 from bisect_npu.observations import Observation, SampleOutcome
 from bisect_npu.orchestration.running.earlier_results import control_ids, control_stages
 from bisect_npu.orchestration.running.evaluate import EvaluationRequest, Evaluator, StepResult
@@ -22,40 +19,9 @@ from bisect_npu.recipe.loader import load_recipe
 from bisect_npu.recipe.schema import EarlierEndSpec
 from bisect_npu.records import TrialRun
 from tests.helpers.gitrepo import make_linear_repo
+from tests.helpers.npu_accuracy import ANSWERS, IDS, HarnessStandIn
 
-IDS = [f"q{i:02d}" for i in range(40)]
-ANSWERS = {i: float(n % 3 != 0) for n, i in enumerate(IDS)}  # what the good end's harness scores
 SHARE = 0.25  # 10 control samples: 5 in the first stage, 5 in the second
-
-
-class HarnessStandIn:
-    """The executor of an NPU host running the command harness over the samples a round asks:
-    each one's outcome (`ANSWERS`) in the observation; remembers each run's (trial, sample ids)."""
-
-    def __init__(self) -> None:
-        self.asked: list[tuple[int, list[str]]] = []
-
-    def run_probe(self, env: Environment, request: dict[str, Any], out_dir: Path, timeout_s: float) -> RunResult:
-        case, trial = str(request["case_id"]), int(request["trial"])
-        ids = request["accuracy"]["sample_ids"] or IDS
-        self.asked.append((trial, list(ids)))
-        out_dir.mkdir(parents=True, exist_ok=True)
-        log = probe_log_path(out_dir, probe_stem(case, trial))
-        log.write_text("harness ran\n")
-        path = observation_path(out_dir, case, trial)
-        path.write_text(Observation(case_id=case, trial=trial, samples=[
-            SampleOutcome(id=i, correct=ANSWERS[i]) for i in ids]).model_dump_json())
-        return RunResult(returncode=0, seconds=0.01, log_path=str(log), observation=str(path))
-
-    def run_command(self, env: Environment, argv: list[str], log_path: Path, timeout_s: float,
-                    extra_env: dict[str, str] | None = None) -> RunResult:
-        raise AssertionError("an accuracy recipe's harness runs in the probe")
-
-    def close(self) -> None:
-        """Nothing runs between calls."""
-
-    def sweep(self) -> int:
-        return 0
 
 
 def _setup(tmp_path: Path) -> tuple[str, list[list[str]]]:

@@ -63,12 +63,27 @@ def full_id(image_id: str) -> str:
     return image_id if ":" in image_id else f"sha256:{image_id}"
 
 
-def remove_unforced(api: Any, image_id: str, tags: list[str]) -> None:
-    """Untag, then remove by id, never forced: the engine refuses (APIError) an image a container
-    was made from, and removes an image with several tags by id only with force."""
-    for tag in tags[:-1]:
-        api.remove_image(tag)
-    api.remove_image(image_id)
+def remove_unforced(api: Any, image_id: str, tags: list[str]) -> str | None:
+    """Remove an image unless a container (running or only created) was made from it; None when
+    removed, else why it was kept. Never forced: a forced removal takes such containers with it.
+    The engine removes an image with several tags by id only with force, so the tags go first,
+    and only once no container was seen: a run looking its image up by tag must still find it.
+    A container made in between still makes the engine refuse, and that refusal means kept too.
+    ImageNotFound when the image is gone already."""
+    import docker.errors
+
+    users = [row for row in api.containers(all=True) if row.get("ImageID") == image_id]
+    if users:
+        return f"container {str(users[0].get('Id'))[:12]} was made from it"
+    try:
+        for tag in tags[:-1]:
+            api.remove_image(tag)
+        api.remove_image(image_id)
+    except docker.errors.ImageNotFound:
+        raise
+    except docker.errors.APIError as exc:  # in use, or a full image with overlays on it
+        return f"the engine refused: {exc.explanation or exc}"
+    return None
 
 
 def default_state_path() -> Path:
@@ -108,9 +123,11 @@ class ImageCache:
         with self._lock:
             return frozenset(self._pinned)
 
-    def images(self) -> list[tuple[str, int, float]]:
-        """(id, bytes it adds, last use) of every bisect-npu image in the engine."""
-        rows = list_images(self.client.api, {"label": KIND_LABEL})
+    def images(self, rows: list[dict[str, Any]] | None = None) -> list[tuple[str, int, float]]:
+        """(id, bytes it adds, last use) of every bisect-npu image in the engine (or in `rows`, a
+        listing of them)."""
+        if rows is None:
+            rows = list_images(self.client.api, {"label": KIND_LABEL})
         sizes = {row["Id"]: int(row.get("Size") or 0) for row in rows}
         state = self._load()
         result = []
@@ -130,27 +147,25 @@ class ImageCache:
         import docker.errors
 
         with self._lock:
-            rows = sorted(self.images(), key=lambda row: row[2])
+            listing = list_images(self.client.api, {"label": KIND_LABEL})
+            rows = sorted(self.images(listing), key=lambda row: row[2])
             total = sum(size for _, size, _ in rows)
             if total <= self.max_bytes:
                 return []
-            listed = {row["Id"]: row for row in list_images(self.client.api, {"label": KIND_LABEL})}
-            users = self._container_users()
+            listed = {row["Id"]: row for row in listing}
             now = time.time()
             removed: list[str] = []
             for image_id, size, last_use in rows:
                 if total <= self.max_bytes:
                     break
-                if image_id in self._pinned or image_id not in listed:
+                if image_id in self._pinned:
                     continue
-                why_kept = self._kept_for_others(image_id, listed[image_id], last_use, users, now)
+                why_kept = self._kept_for_others(image_id, listed[image_id], last_use, now)
                 if why_kept is None:
                     try:
-                        remove_unforced(self.client.api, image_id, listed[image_id].get("RepoTags") or [])
+                        why_kept = remove_unforced(self.client.api, image_id, listed[image_id].get("RepoTags") or [])
                     except docker.errors.ImageNotFound:
                         continue  # another session removed it meanwhile
-                    except docker.errors.APIError as exc:  # in use, or a full image with overlays on it
-                        why_kept = f"the engine refused: {exc.explanation or exc}"
                 if why_kept is not None:
                     if log is not None:
                         log.write(f"# cache: kept {image_id} over the budget: {why_kept}\n")
@@ -165,12 +180,10 @@ class ImageCache:
                 self._save(state)
             return removed
 
-    def _kept_for_others(self, image_id: str, row: dict[str, Any], last_use: float,
-                         users: dict[str, str], now: float) -> str | None:
-        """Why another session may still need the image, or None. What this process used last is
-        its own to judge (its pins say so); someone else's recent build or use is not."""
-        if image_id in users:
-            return f"container {users[image_id][:12]} was made from it"
+    def _kept_for_others(self, image_id: str, row: dict[str, Any], last_use: float, now: float) -> str | None:
+        """Why another session may be about to start a container from the image, or None. What this
+        process used last is its own to judge (its pins say so); someone else's recent build or use
+        is not."""
         mine = self._used_at.get(image_id)
         touched = [last_use] if mine is None or last_use > mine else []
         if mine is None:
@@ -178,10 +191,6 @@ class ImageCache:
         if touched and now - max(touched) < self.grace_s:
             return f"another session built or used it {now - max(touched):.0f} s ago (grace {self.grace_s:.0f} s)"
         return None
-
-    def _container_users(self) -> dict[str, str]:
-        """image id -> a container made from it, over every container of the engine, stopped ones too."""
-        return {str(row.get("ImageID")): str(row.get("Id")) for row in self.client.api.containers(all=True)}
 
     def _size_of(self, reference: str) -> int | None:
         """Size of an image that is not ours (a full image's FROM), looked up once per process."""

@@ -185,13 +185,15 @@ def test_cache_prunes_least_recently_used_and_keeps_pinned(upstream, docker_clie
     cache.max_bytes = cache.total_bytes() - 1
 
     # Another session's container from the unpinned overlay: prune leaves the image and the container.
+    docker_client.api.tag(ids[1], "bisect-npu/prune-test", f"second-{ids[1][7:19]}")  # untagging must wait
+    tags = sorted(docker_client.images.get(ids[1]).tags)
     other_run = docker_client.containers.run(ids[1], ["sleep", "300"], detach=True,
                                              labels={"org.bisect-npu.test": "prune-keeps-in-use"})
     try:
         log = tmp_path / "prune.log"
         with log.open("w", encoding="utf-8") as fh:
             assert cache.prune(fh) == []
-        assert docker_client.images.get(ids[1]).id == ids[1]
+        assert sorted(docker_client.images.get(ids[1]).tags) == tags and len(tags) == 2
         other_run.reload()
         assert other_run.status == "running"
         assert f"kept {ids[1]} over the budget: container {other_run.id[:12]}" in log.read_text()
@@ -212,7 +214,9 @@ def test_cache_prunes_least_recently_used_and_keeps_pinned(upstream, docker_clie
             other_session.use(image_id, pin=True)
     with log.open("w", encoding="utf-8") as fh:
         assert other_session.prune(fh) == []
-    assert f"kept {ids[0]} over the budget: another session built or used it" in log.read_text()
+    kept = log.read_text()
+    assert f"kept {ids[0]} over the budget: another session built or used it" in kept  # its last use
+    assert f"kept {ids[2]} over the budget: another session built or used it" in kept  # its build
     cache.max_bytes = 0
     assert cache.prune() == [ids[0]]  # this session used it last and unpinned it: its own to remove
     assert {image_id for image_id, _, _ in cache.images()} >= {ids[2]}

@@ -5,6 +5,11 @@ needs are pinned. Last use is kept in a small JSON file (image id -> epoch secon
 session knows which images were useful lately. An image's size is what it adds on top of its
 parent (the label `org.bisect-npu.parent`): an overlay of a few MB over a 10 GB full image
 counts as a few MB.
+
+Sessions share one engine, and pins hold only within one process, so prune also keeps what
+another session may need: an image any container (running or only created) was made from, and
+an image built or used by someone else within the last `grace_s`. Removal is never forced: the
+engine's "in use" refusal means kept.
 """
 
 from __future__ import annotations
@@ -17,7 +22,7 @@ import tempfile
 import threading
 import time
 from pathlib import Path
-from typing import Any
+from typing import IO, Any
 
 from bisect_npu.errors import UsageError
 from bisect_npu.paths import cache_root
@@ -26,6 +31,7 @@ KIND_LABEL = "org.bisect-npu.kind"
 PARENT_LABEL = "org.bisect-npu.parent"
 _SIZE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([kmgt]?)i?b?\s*$", re.IGNORECASE)
 _UNITS = {"": 1, "k": 1 << 10, "m": 1 << 20, "g": 1 << 30, "t": 1 << 40}
+GRACE_S = 15 * 60.0  # a prefetched image may wait a whole candidate run before its container starts
 
 
 def list_images(api: Any, filters: dict[str, str] | None = None, attempts: int = 5) -> list[dict[str, Any]]:
@@ -52,6 +58,34 @@ def parse_size(text: str) -> int:
     return int(float(match.group(1)) * _UNITS[match.group(2).lower()])
 
 
+def full_id(image_id: str) -> str:
+    """The engine lists `sha256:<hex>`; a commit's answer may give the bare hex."""
+    return image_id if ":" in image_id else f"sha256:{image_id}"
+
+
+def remove_unforced(api: Any, image_id: str, tags: list[str]) -> str | None:
+    """Remove an image unless a container (running or only created) was made from it; None when
+    removed, else why it was kept. Never forced: a forced removal takes such containers with it.
+    The engine removes an image with several tags by id only with force, so the tags go first,
+    and only once no container was seen: a run looking its image up by tag must still find it.
+    A container made in between still makes the engine refuse, and that refusal means kept too.
+    ImageNotFound when the image is gone already."""
+    import docker.errors
+
+    users = [row for row in api.containers(all=True) if row.get("ImageID") == image_id]
+    if users:
+        return f"container {str(users[0].get('Id'))[:12]} was made from it"
+    try:
+        for tag in tags[:-1]:
+            api.remove_image(tag)
+        api.remove_image(image_id)
+    except docker.errors.ImageNotFound:
+        raise
+    except docker.errors.APIError as exc:  # in use, or a full image with overlays on it
+        return f"the engine refused: {exc.explanation or exc}"
+    return None
+
+
 def default_state_path() -> Path:
     return cache_root() / "image-cache.json"
 
@@ -59,35 +93,41 @@ def default_state_path() -> Path:
 class ImageCache:
     """LRU pruning of bisect-npu images above `max_bytes`; thread-safe within one process."""
 
-    def __init__(self, client: Any, max_bytes: int, state_path: Path | None = None) -> None:
+    def __init__(self, client: Any, max_bytes: int, state_path: Path | None = None,
+                 grace_s: float = GRACE_S) -> None:
         self.client = client
         self.max_bytes = max_bytes
         self.state_path = state_path or default_state_path()
+        self.grace_s = grace_s
         self._pinned: set[str] = set()
+        self._used_at: dict[str, float] = {}  # when this process last used an image
         self._foreign_sizes: dict[str, int] = {}
         self._lock = threading.Lock()
 
     def use(self, image_id: str, pin: bool = False) -> None:
         """Record that `image_id` was used now; `pin` keeps it until `unpin` (this process only)."""
+        image_id = full_id(image_id)
         with self._lock:
             state = self._load()
-            state[image_id] = time.time()
+            state[image_id] = self._used_at[image_id] = time.time()
             self._save(state)
             if pin:
                 self._pinned.add(image_id)
 
     def unpin(self, image_id: str) -> None:
         with self._lock:
-            self._pinned.discard(image_id)
+            self._pinned.discard(full_id(image_id))
 
     def pinned(self) -> frozenset[str]:
         """The images `prune` leaves alone now (pinned by this process)."""
         with self._lock:
             return frozenset(self._pinned)
 
-    def images(self) -> list[tuple[str, int, float]]:
-        """(id, bytes it adds, last use) of every bisect-npu image in the engine."""
-        rows = list_images(self.client.api, {"label": KIND_LABEL})
+    def images(self, rows: list[dict[str, Any]] | None = None) -> list[tuple[str, int, float]]:
+        """(id, bytes it adds, last use) of every bisect-npu image in the engine (or in `rows`, a
+        listing of them)."""
+        if rows is None:
+            rows = list_images(self.client.api, {"label": KIND_LABEL})
         sizes = {row["Id"]: int(row.get("Size") or 0) for row in rows}
         state = self._load()
         result = []
@@ -101,22 +141,34 @@ class ImageCache:
     def total_bytes(self) -> int:
         return sum(size for _, size, _ in self.images())
 
-    def prune(self) -> list[str]:
-        """Remove unpinned images, least recently used first, until the total fits; return their ids."""
+    def prune(self, log: IO[str] | None = None) -> list[str]:
+        """Remove unpinned images, least recently used first, until the total fits; return their ids.
+        Each image kept for another session's sake gets a line in `log`."""
         import docker.errors
 
         with self._lock:
-            rows = sorted(self.images(), key=lambda row: row[2])
+            listing = list_images(self.client.api, {"label": KIND_LABEL})
+            rows = sorted(self.images(listing), key=lambda row: row[2])
             total = sum(size for _, size, _ in rows)
+            if total <= self.max_bytes:
+                return []
+            listed = {row["Id"]: row for row in listing}
+            now = time.time()
             removed: list[str] = []
-            for image_id, size, _ in rows:
+            for image_id, size, last_use in rows:
                 if total <= self.max_bytes:
                     break
                 if image_id in self._pinned:
                     continue
-                try:  # a full image that still has overlays on it refuses: skip it, the children go first
-                    self.client.images.remove(image_id, force=True)
-                except docker.errors.APIError:
+                why_kept = self._kept_for_others(image_id, listed[image_id], last_use, now)
+                if why_kept is None:
+                    try:
+                        why_kept = remove_unforced(self.client.api, image_id, listed[image_id].get("RepoTags") or [])
+                    except docker.errors.ImageNotFound:
+                        continue  # another session removed it meanwhile
+                if why_kept is not None:
+                    if log is not None:
+                        log.write(f"# cache: kept {image_id} over the budget: {why_kept}\n")
                     continue
                 total -= size
                 removed.append(image_id)
@@ -124,8 +176,21 @@ class ImageCache:
                 state = self._load()
                 for image_id in removed:
                     state.pop(image_id, None)
+                    self._used_at.pop(image_id, None)
                 self._save(state)
             return removed
+
+    def _kept_for_others(self, image_id: str, row: dict[str, Any], last_use: float, now: float) -> str | None:
+        """Why another session may be about to start a container from the image, or None. What this
+        process used last is its own to judge (its pins say so); someone else's recent build or use
+        is not."""
+        mine = self._used_at.get(image_id)
+        touched = [last_use] if mine is None or last_use > mine else []
+        if mine is None:
+            touched.append(float(row.get("Created") or 0))
+        if touched and now - max(touched) < self.grace_s:
+            return f"another session built or used it {now - max(touched):.0f} s ago (grace {self.grace_s:.0f} s)"
+        return None
 
     def _size_of(self, reference: str) -> int | None:
         """Size of an image that is not ours (a full image's FROM), looked up once per process."""

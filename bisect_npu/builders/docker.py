@@ -173,7 +173,8 @@ class DockerBuilder:
                 image_id, how = self._full_build(commit, key, source_dir, version, log_path), "built"
         if self.cache is not None:
             self.cache.use(image_id, pin=True)
-            self.cache.prune()
+            with log_path.open("a", encoding="utf-8") as log:
+                self.cache.prune(log)
         return Environment(kind="image", commit=commit, build_key=key.digest, image=self.tag(commit), how=how,
                            seconds=round(time.monotonic() - started, 3), log_path=str(log_path))
 

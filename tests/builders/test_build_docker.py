@@ -174,19 +174,51 @@ def test_cache_prunes_least_recently_used_and_keeps_pinned(upstream, docker_clie
     builder = DockerBuilder(git.Repo(path), docker_client, cache=cache)
     envs = [builder.acquire(c, tmp_path) for c in (c0, c1, c2)]
     ids = [docker_client.images.get(e.image).id for e in envs]
+    assert set(ids) <= cache.pinned()  # the overlay too, though its commit answers a bare id
     builder.release(envs[1])  # the overlay is done; the full images stay pinned as bases
-    for image_id, _, _ in cache.images():  # images of other tests or sessions sharing this engine
+    for image_id, _, _ in cache.images():  # older images of other tests or sessions sharing this engine
         if image_id not in ids:
             cache.use(image_id, pin=True)
     sizes = {image_id: size for image_id, size, _ in cache.images()}
     base_size = docker_client.images.get(demo_base_image).attrs["Size"]
     assert all(sizes[i] < base_size / 10 for i in ids)  # each counts what it adds, not the base below
     cache.max_bytes = cache.total_bytes() - 1
-    assert cache.prune() == [ids[1]]  # the only unpinned image goes; full images are pinned
+
+    # Another session's container from the unpinned overlay: prune leaves the image and the container.
+    docker_client.api.tag(ids[1], "bisect-npu/prune-test", f"second-{ids[1][7:19]}")  # untagging must wait
+    tags = sorted(docker_client.images.get(ids[1]).tags)
+    other_run = docker_client.containers.run(ids[1], ["sleep", "300"], detach=True,
+                                             labels={"org.bisect-npu.test": "prune-keeps-in-use"})
+    try:
+        log = tmp_path / "prune.log"
+        with log.open("w", encoding="utf-8") as fh:
+            assert cache.prune(fh) == []
+        assert sorted(docker_client.images.get(ids[1]).tags) == tags and len(tags) == 2
+        other_run.reload()
+        assert other_run.status == "running"
+        assert f"kept {ids[1]} over the budget: container {other_run.id[:12]}" in log.read_text()
+    finally:
+        other_run.remove(force=True)
+    with log.open("w", encoding="utf-8") as fh:
+        removed = cache.prune(fh)
+    assert removed == [ids[1]], log.read_text()  # no container now; the full images are pinned
     assert docker_client.images.get(demo_base_image)  # never touches images without our labels
+
+    # Another session sees this session's fresh full image as within its grace period.
     cache.unpin(ids[0])
+    other_session = ImageCache(docker_client, max_bytes=0, state_path=tmp_path / "cache.json")
+    other_session.use(ids[0])  # both sessions used it; this one last
+    cache.use(ids[0])
+    for image_id, _, _ in cache.images():
+        if image_id not in ids:
+            other_session.use(image_id, pin=True)
+    with log.open("w", encoding="utf-8") as fh:
+        assert other_session.prune(fh) == []
+    kept = log.read_text()
+    assert f"kept {ids[0]} over the budget: another session built or used it" in kept  # its last use
+    assert f"kept {ids[2]} over the budget: another session built or used it" in kept  # its build
     cache.max_bytes = 0
-    assert cache.prune() == [ids[0]]
+    assert cache.prune() == [ids[0]]  # this session used it last and unpinned it: its own to remove
     assert {image_id for image_id, _, _ in cache.images()} >= {ids[2]}
 
 

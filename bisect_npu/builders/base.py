@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 from typing import Literal, Protocol
 
@@ -10,6 +11,15 @@ from pydantic import BaseModel, Field
 from bisect_npu.errors import BisectError
 
 LOG_TAIL_LINES = 30
+# The kind label of a dependency's layer image (an upstream image with a dependency's tree laid in):
+# its commit label is the upstream commit, its identity the layer key.
+DEPENDENCY_KIND = "dependency"
+
+
+def layer_tag(key: str) -> str:
+    """The tag of the layer image of `key` (an upstream commit with a dependency's tree at one of its
+    commits): only a layer of that key is ever given it."""
+    return "dep-" + re.sub(r"[^A-Za-z0-9_.-]+", "-", key)[:120]
 
 
 def tail(path: Path, lines: int = LOG_TAIL_LINES) -> str:

@@ -33,7 +33,7 @@ from typing import IO, Any
 import git
 
 from bisect_npu import __version__
-from bisect_npu.builders.base import BuildFailed, Environment, tail
+from bisect_npu.builders.base import DEPENDENCY_KIND, BuildFailed, Environment, layer_tag, tail
 from bisect_npu.builders.cache import ImageCache, list_images
 from bisect_npu.builders.failures import classify_build_failure
 from bisect_npu.builders.key import BuildKey, BuildKeyReader, is_compiled_input
@@ -286,7 +286,7 @@ class DockerBuilder:
         `key` (builders/dependency.py: an upstream commit with a dependency's tree at one of its
         commits). An image of that key made before is reused."""
         assert env.image is not None
-        tag = "dep-" + re.sub(r"[^A-Za-z0-9_.-]+", "-", key)[:120]
+        tag = layer_tag(key)
         api = self.client.api
         made = list_images(api, {"label": f"{LABEL_KEY}={key}"})
         log_path.parent.mkdir(parents=True, exist_ok=True)
@@ -299,7 +299,7 @@ class DockerBuilder:
                                               "log_path": str(log_path)})
             base = str(api.inspect_image(env.image)["Id"])
             labels = {LABEL_COMMIT: env.commit, LABEL_KEY: key, LABEL_TOOL_VERSION: __version__,
-                      LABEL_KIND: "dependency", LABEL_PARENT: base}
+                      LABEL_KIND: DEPENDENCY_KIND, LABEL_PARENT: base}
             log.write(f"# {key}: tree laid over {env.image} ({base}); plan {json.dumps(plan)}\n")
             image_id = self._commit_layer(base, plan, tree, labels, tag, log, log_path)
             log.write(f"committed {self.repository}:{tag} ({image_id})\n")

@@ -23,13 +23,14 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, Field
 
 from bisect_npu import __version__
-from bisect_npu.builders.base import Environment
+from bisect_npu.builders.base import DEPENDENCY_KIND, Environment, layer_tag
 from bisect_npu.errors import InfrastructureError, UsageError
 from bisect_npu.execute.base import RunResult, probe_log_path, with_outputs
 from bisect_npu.execute.devices import DevicePool
 
 SESSION_LABEL = "org.bisect-npu.session"
 COMMIT_LABEL = "org.bisect-npu.commit"  # on a candidate's container, and on every image our builder makes
+KIND_LABEL, KEY_LABEL = "org.bisect-npu.kind", "org.bisect-npu.key"  # on every image our builder makes
 PROBE_PACKAGE = "bisect_npu_probe"
 PROBE_PARENT = "/opt/bisect-npu"  # the probe lands at /opt/bisect-npu/bisect_npu_probe, read-only
 OUT_DIR = "/out"
@@ -414,7 +415,8 @@ def candidate_image(client: Any, image: str, commit: str) -> str:
     between the check and the start. A tag (`...:commit-<sha>`) is a name that any session on the
     same engine may move or remove (a prune, a rebuild, another build of the same key): where the
     image it names now carries another commit's label, running it would judge that commit under
-    this one's name, so the run stops as the host's failure instead (InfrastructureError)."""
+    this one's name, so the run stops as the host's failure instead (InfrastructureError). A
+    dependency's layer carries its upstream commit's label: its name is checked against its key."""
     import docker.errors
 
     try:
@@ -424,7 +426,14 @@ def candidate_image(client: Any, image: str, commit: str) -> str:
     except docker.errors.APIError as exc:
         raise InfrastructureError(f"the container engine could not say what image {image} is "
                                   f"({exc.explanation or exc}); run again (`bisect-npu resume` for a session)") from exc
-    labelled = ((attrs.get("Config") or {}).get("Labels") or {}).get(COMMIT_LABEL)
+    labels = (attrs.get("Config") or {}).get("Labels") or {}
+    if labels.get(KIND_LABEL) == DEPENDENCY_KIND:  # a layer is labelled by its upstream commit, named by its key
+        if image.rpartition(":")[2] != layer_tag(labels.get(KEY_LABEL, "")):
+            raise InfrastructureError(f"image {image} now holds the layer {labels.get(KEY_LABEL)}, not the candidate "
+                                      f"{commit[:12]}'s: something on this container engine moved the name; nothing "
+                                      "ran: run again (`bisect-npu resume` for a session)")
+        return str(attrs["Id"])
+    labelled = labels.get(COMMIT_LABEL)
     if commit and labelled and labelled != commit:
         raise InfrastructureError(f"image {image} now holds commit {labelled[:12]}, not the candidate {commit[:12]}: "
                                   "something on this container engine moved the name (another session's build or "

@@ -258,6 +258,35 @@ def test_a_name_that_now_holds_another_commit_s_image_runs_nothing(docker_client
         docker_client.images.remove(tag, force=True)
 
 
+def test_a_dependency_layer_runs_by_its_key_and_is_refused_under_another_layer_s_name(docker_client, executor,
+                                                                                    demo_base_image, tmp_path):
+    """A dependency's layer carries its upstream commit's label, not the candidate's (a dependency
+    commit): it runs under the name of its own key, and a name that another key's layer took
+    runs nothing."""
+    import io
+
+    from bisect_npu.builders.base import layer_tag
+    from bisect_npu.errors import InfrastructureError
+
+    upstream, candidate, repository = "up5tr" * 8, "dep01" * 8, f"bisect-npu/layer-{uuid.uuid4().hex[:8]}"
+    key, other_key = f"{upstream[:16]}-vllm-{candidate[:16]}", f"{upstream[:16]}-vllm-{'0ther' * 3}"
+    dockerfile = (f"FROM {demo_base_image}\nLABEL org.bisect-npu.commit={upstream} org.bisect-npu.kind=dependency "
+                  f"org.bisect-npu.key={key}\n").encode()
+    own, taken = f"{repository}:{layer_tag(key)}", f"{repository}:{layer_tag(other_key)}"
+    list(docker_client.api.build(fileobj=io.BytesIO(dockerfile), tag=own, rm=True, pull=False, decode=True))
+    docker_client.api.tag(own, repository, layer_tag(other_key))
+    try:
+        result = executor.run_command(Environment(kind="image", commit=candidate, image=own), ["true"],
+                                      tmp_path / "own.log", timeout_s=120)
+        assert result.returncode == 0
+        with pytest.raises(InfrastructureError, match=f"now holds the layer {key}, not the candidate"):
+            executor.run_command(Environment(kind="image", commit=candidate, image=taken), ["true"],
+                                 tmp_path / "taken.log", timeout_s=120)
+    finally:
+        docker_client.images.remove(taken)
+        docker_client.images.remove(own, force=True)
+
+
 def test_a_spec_the_engine_refuses_is_an_infrastructure_error_naming_why(docker_client, demo_base_image, tmp_path):
     """An Ascend spec on a host without the cards: the engine's refusal comes back in one line (exit 5
     through the CLI), not as a traceback."""

@@ -287,6 +287,20 @@ def headless_container(docker_client: Any, label: str, commit: str) -> Any:
     return None
 
 
+@contextlib.contextmanager
+def session_at_the_bad_end_s_node(argv: list[str], tmp_path: Path, cluster: Any, docker_client: Any, label: str,
+                                  culprit: str) -> Iterator[tuple[subprocess.Popen[str], Any]]:
+    """The session started, held once the bad end's headless node has joined: its process and
+    that node's container."""
+    with subprocess.Popen(argv, cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                          env=cli_env(cluster)) as proc:
+        deadline = time.monotonic() + 480
+        while (victim := headless_container(docker_client, label, culprit)) is None:
+            assert proc.poll() is None and time.monotonic() < deadline, "the bad end's headless node never joined"
+            time.sleep(0.2)
+        yield proc, victim
+
+
 @pytest.mark.container
 def test_a_node_container_removed_during_the_bad_end_never_judges_it(
         cluster: Any, demo_upstream: tuple[Path, Manifest], tmp_path: Path, docker_client: Any,
@@ -302,12 +316,7 @@ def test_a_node_container_removed_during_the_bad_end_never_judges_it(
     argv, culprit = culprit_ends_in_containers(demo_upstream, tmp_path)
     session = tmp_path / "session"
     label = f"{SESSION_LABEL}={session_label(session)}"
-    with subprocess.Popen(argv, cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                          env=cli_env(cluster)) as proc:
-        deadline = time.monotonic() + 480
-        while (victim := headless_container(docker_client, label, culprit)) is None:
-            assert proc.poll() is None and time.monotonic() < deadline, "the bad end's headless node never joined"
-            time.sleep(0.2)
+    with session_at_the_bad_end_s_node(argv, tmp_path, cluster, docker_client, label, culprit) as (proc, victim):
         victim.remove(force=True)
         stdout, stderr = proc.communicate(timeout=600)
     entries = journal(session)
@@ -357,12 +366,7 @@ def test_the_bad_end_s_name_moved_to_another_commit_s_image_during_the_retry_nev
             with contextlib.suppress(Exception):
                 docker_client.api.tag(parent_image, repository, f"commit-{culprit[:12]}")
 
-    with subprocess.Popen(argv, cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                          env=cli_env(cluster)) as proc:
-        deadline = time.monotonic() + 480
-        while (victim := headless_container(docker_client, label, culprit)) is None:
-            assert proc.poll() is None and time.monotonic() < deadline, "the bad end's headless node never joined"
-            time.sleep(0.2)
+    with session_at_the_bad_end_s_node(argv, tmp_path, cluster, docker_client, label, culprit) as (proc, victim):
         own_image = victim.attrs["Image"]
         parent_image = docker_client.images.get(f"{repository}:commit-{parent[:12]}").id
         mover = threading.Thread(target=name_the_parent, daemon=True)

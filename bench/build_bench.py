@@ -21,7 +21,8 @@ from pathlib import Path
 import docker.errors
 import git
 
-from bisect_npu.builders.docker import LABEL_COMMIT, LABEL_KEY, DockerBuilder, connect_engine
+from bisect_npu.builders.base import LABEL_COMMIT, LABEL_KEY
+from bisect_npu.builders.docker import DockerBuilder, connect_engine
 from bisect_npu.builders.key import distinct_keys
 from bisect_npu.demo.generate import ensure_upstream
 

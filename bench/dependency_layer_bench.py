@@ -35,8 +35,9 @@ import docker.errors
 import git
 from build_bench import forget_layers, remove_images
 
+from bisect_npu.builders.base import DEPENDENCY_KIND, LABEL_COMMIT, LABEL_KEY, LABEL_KIND
 from bisect_npu.builders.dependency import DependencyBuilder
-from bisect_npu.builders.docker import LABEL_COMMIT, LABEL_KEY, LABEL_KIND, DockerBuilder, connect_engine
+from bisect_npu.builders.docker import DockerBuilder, connect_engine
 from bisect_npu.builders.key import BuildKeyReader
 from bisect_npu.demo.generate import ensure_upstream
 from bisect_npu.forecast.simulate import Minutes, simulate
@@ -71,7 +72,7 @@ def full_build_seconds(client, repo: git.Repo, commit: str, logs: Path) -> float
     builder = DockerBuilder(repo, client, overlays=False)
     digest = BuildKeyReader(repo).key(commit).digest
     # The dependency layers made over this key's image (the demo's dependency case) hold its layers too.
-    laid_over = {key for row in client.api.images(filters={"label": f"{LABEL_KIND}=dependency"})
+    laid_over = {key for row in client.api.images(filters={"label": f"{LABEL_KIND}={DEPENDENCY_KIND}"})
                  if (key := (row.get("Labels") or {}).get(LABEL_KEY, "")).startswith(f"{commit[:16]}-")}
     remove_images(client, LABEL_KEY, {digest, *laid_over})
     started = time.monotonic()

@@ -125,7 +125,8 @@ def pull_base_images(images: list[str]) -> dict[str, str]:
 
 def pull_release_images(result: RangePlan) -> dict[str, str]:
     """Pull the release images the plan counts: {image: its id, or why it cannot stand for its key}."""
-    from bisect_npu.builders.docker import LABEL_COMMIT, connect_engine
+    from bisect_npu.builders.base import LABEL_COMMIT
+    from bisect_npu.builders.docker import connect_engine
     from bisect_npu.builders.releases import fetch_release
 
     client = connect_engine() if result.released else None

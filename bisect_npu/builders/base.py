@@ -11,8 +11,14 @@ from pydantic import BaseModel, Field
 from bisect_npu.errors import BisectError
 
 LOG_TAIL_LINES = 30
-# The kind label of a dependency's layer image (an upstream image with a dependency's tree laid in):
-# its commit label is the upstream commit, its identity the layer key.
+# Labels on every image our builders make; the cache prunes by them and the executor checks by them
+# that an image name still holds the candidate it runs.
+LABEL_COMMIT = "org.bisect-npu.commit"
+LABEL_KEY = "org.bisect-npu.key"
+LABEL_KIND = "org.bisect-npu.kind"  # full | overlay | dependency
+LABEL_PARENT = "org.bisect-npu.parent"  # the image it was built on, for the cache's size accounting
+# The kind of a dependency's layer image (an upstream image with a dependency's tree laid in): its
+# commit label is the upstream commit, its identity the layer key.
 DEPENDENCY_KIND = "dependency"
 
 

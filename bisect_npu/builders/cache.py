@@ -24,11 +24,10 @@ import time
 from pathlib import Path
 from typing import IO, Any
 
+from bisect_npu.builders.base import LABEL_KIND, LABEL_PARENT
 from bisect_npu.errors import UsageError
 from bisect_npu.paths import cache_root
 
-KIND_LABEL = "org.bisect-npu.kind"
-PARENT_LABEL = "org.bisect-npu.parent"
 _SIZE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([kmgt]?)i?b?\s*$", re.IGNORECASE)
 _UNITS = {"": 1, "k": 1 << 10, "m": 1 << 20, "g": 1 << 30, "t": 1 << 40}
 GRACE_S = 15 * 60.0  # a prefetched image may wait a whole candidate run before its container starts
@@ -127,12 +126,12 @@ class ImageCache:
         """(id, bytes it adds, last use) of every bisect-npu image in the engine (or in `rows`, a
         listing of them)."""
         if rows is None:
-            rows = list_images(self.client.api, {"label": KIND_LABEL})
+            rows = list_images(self.client.api, {"label": LABEL_KIND})
         sizes = {row["Id"]: int(row.get("Size") or 0) for row in rows}
         state = self._load()
         result = []
         for row in rows:
-            parent = (row.get("Labels") or {}).get(PARENT_LABEL, "")
+            parent = (row.get("Labels") or {}).get(LABEL_PARENT, "")
             parent_size = sizes[parent] if parent in sizes else self._size_of(parent)
             own = max(sizes[row["Id"]] - (parent_size or 0), 0)
             result.append((row["Id"], own, state.get(row["Id"], float(row.get("Created") or 0))))
@@ -147,7 +146,7 @@ class ImageCache:
         import docker.errors
 
         with self._lock:
-            listing = list_images(self.client.api, {"label": KIND_LABEL})
+            listing = list_images(self.client.api, {"label": LABEL_KIND})
             rows = sorted(self.images(listing), key=lambda row: row[2])
             total = sum(size for _, size, _ in rows)
             if total <= self.max_bytes:

@@ -33,7 +33,17 @@ from typing import IO, Any
 import git
 
 from bisect_npu import __version__
-from bisect_npu.builders.base import DEPENDENCY_KIND, BuildFailed, Environment, layer_tag, tail
+from bisect_npu.builders.base import (
+    DEPENDENCY_KIND,
+    LABEL_COMMIT,
+    LABEL_KEY,
+    LABEL_KIND,
+    LABEL_PARENT,
+    BuildFailed,
+    Environment,
+    layer_tag,
+    tail,
+)
 from bisect_npu.builders.cache import ImageCache, list_images
 from bisect_npu.builders.failures import classify_build_failure
 from bisect_npu.builders.key import BuildKey, BuildKeyReader, is_compiled_input
@@ -43,11 +53,7 @@ from bisect_npu.builders.submodules import commit_archive
 from bisect_npu.builders.version import SCM_VERSION_ARG, candidate_version
 from bisect_npu.errors import InfrastructureError
 
-LABEL_COMMIT = "org.bisect-npu.commit"
-LABEL_KEY = "org.bisect-npu.key"
 LABEL_TOOL_VERSION = "org.bisect-npu.tool-version"
-LABEL_KIND = "org.bisect-npu.kind"  # full | overlay
-LABEL_PARENT = "org.bisect-npu.parent"  # the image it was built on, for the cache's size accounting
 LABEL_VERSION = "org.bisect-npu.candidate-version"  # the version the candidate's package reports
 OVERLAY_HELPER_DIR = "/tmp/bisect-npu-overlay"
 _CONTEXT_COPY = re.compile(r"^\s*(?:COPY|ADD)\s+(?:--\S+\s+)*\.\/?\s+(/\S*)\s*$", re.IGNORECASE | re.MULTILINE)

@@ -23,14 +23,12 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, Field
 
 from bisect_npu import __version__
-from bisect_npu.builders.base import DEPENDENCY_KIND, Environment, layer_tag
+from bisect_npu.builders.base import DEPENDENCY_KIND, LABEL_COMMIT, LABEL_KEY, LABEL_KIND, Environment, layer_tag
 from bisect_npu.errors import InfrastructureError, UsageError
 from bisect_npu.execute.base import RunResult, probe_log_path, with_outputs
 from bisect_npu.execute.devices import DevicePool
 
 SESSION_LABEL = "org.bisect-npu.session"
-COMMIT_LABEL = "org.bisect-npu.commit"  # on a candidate's container, and on every image our builder makes
-KIND_LABEL, KEY_LABEL = "org.bisect-npu.kind", "org.bisect-npu.key"  # on every image our builder makes
 PROBE_PACKAGE = "bisect_npu_probe"
 PROBE_PARENT = "/opt/bisect-npu"  # the probe lands at /opt/bisect-npu/bisect_npu_probe, read-only
 OUT_DIR = "/out"
@@ -248,7 +246,7 @@ class DockerExecutor:
         spec = self.spec_factory(env.image, out_dir, **({"devices": devices} if devices is not None else {}))
         probe = Mount(source=str(probe_source_dir()), target=f"{PROBE_PARENT}/{PROBE_PACKAGE}", read_only=True)
         environment = {**env.run_env, **spec.environment, **(extra_env or {}), "PYTHONDONTWRITEBYTECODE": "1"}
-        labels = {**spec.labels, SESSION_LABEL: self.session_id, COMMIT_LABEL: env.commit,
+        labels = {**spec.labels, SESSION_LABEL: self.session_id, LABEL_COMMIT: env.commit,
                   "org.bisect-npu.tool-version": __version__}
         return spec.model_copy(update={"command": [self.python, "-c", ENV_BOOTSTRAP, *command],
                                        "mounts": [*spec.mounts, probe, *(mounts or [])],
@@ -324,7 +322,7 @@ class DockerExecutor:
         with its own words."""
         import docker.errors
 
-        image = candidate_image(self.client, spec.image, spec.labels.get(COMMIT_LABEL, ""))
+        image = candidate_image(self.client, spec.image, spec.labels.get(LABEL_COMMIT, ""))
         try:
             container = self.client.containers.create(**{**container_create_kwargs(spec), "image": image})
         except docker.errors.ImageNotFound as exc:
@@ -427,13 +425,13 @@ def candidate_image(client: Any, image: str, commit: str) -> str:
         raise InfrastructureError(f"the container engine could not say what image {image} is "
                                   f"({exc.explanation or exc}); run again (`bisect-npu resume` for a session)") from exc
     labels = (attrs.get("Config") or {}).get("Labels") or {}
-    if labels.get(KIND_LABEL) == DEPENDENCY_KIND:  # a layer is labelled by its upstream commit, named by its key
-        if image.rpartition(":")[2] != layer_tag(labels.get(KEY_LABEL, "")):
-            raise InfrastructureError(f"image {image} now holds the layer {labels.get(KEY_LABEL)}, not the candidate "
+    if labels.get(LABEL_KIND) == DEPENDENCY_KIND:  # a layer is labelled by its upstream commit, named by its key
+        if image.rpartition(":")[2] != layer_tag(labels.get(LABEL_KEY, "")):
+            raise InfrastructureError(f"image {image} now holds the layer {labels.get(LABEL_KEY)}, not the candidate "
                                       f"{commit[:12]}'s: something on this container engine moved the name; nothing "
                                       "ran: run again (`bisect-npu resume` for a session)")
         return str(attrs["Id"])
-    labelled = labels.get(COMMIT_LABEL)
+    labelled = labels.get(LABEL_COMMIT)
     if commit and labelled and labelled != commit:
         raise InfrastructureError(f"image {image} now holds commit {labelled[:12]}, not the candidate {commit[:12]}: "
                                   "something on this container engine moved the name (another session's build or "

@@ -13,8 +13,9 @@ from typing import Any
 
 import pytest
 
+from bisect_npu.builders.base import LABEL_COMMIT
 from bisect_npu.demo.manifest import Manifest
-from bisect_npu.execute.docker import COMMIT_LABEL, SESSION_LABEL
+from bisect_npu.execute.docker import SESSION_LABEL
 from bisect_npu.journal import session_label
 
 pytestmark = [pytest.mark.container, pytest.mark.e2e, pytest.mark.heavy]  # two sessions of the demo in containers
@@ -36,7 +37,7 @@ def test_a_container_removed_mid_run_stops_the_session_without_a_verdict(
             "--session", str(session), "--executor", "docker", "--no-fix", "--json"]
     with subprocess.Popen(argv, cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) as proc:
         deadline = time.monotonic() + 480
-        while not (running := docker_client.containers.list(filters={"label": [label, f"{COMMIT_LABEL}={culprit}"]})):
+        while not (running := docker_client.containers.list(filters={"label": [label, f"{LABEL_COMMIT}={culprit}"]})):
             assert proc.poll() is None and time.monotonic() < deadline, "the bad end's container never started"
             time.sleep(0.1)
         running[0].remove(force=True)

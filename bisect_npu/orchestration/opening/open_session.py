@@ -76,6 +76,7 @@ def open_new(spec: SessionSpec, session_dir: Path | None = None, root: Path = DE
         progress.note(line)
     if inputs.last_good_note:
         progress.note(inputs.last_good_note)
+    asked = throughput_search.asked_by(recipe)
 
     def header() -> HeaderRecord:
         return HeaderRecord(
@@ -92,8 +93,7 @@ def open_new(spec: SessionSpec, session_dir: Path | None = None, root: Path = DE
             parent_session=str(parent) if parent else None,
             host_changes=host_changes(recipe, spec.context.host) if recipe else {},
             command_oracle=command_oracle(spec),
-            throughput_search=searching if searching and throughput_search.asked_by(recipe) else
-            throughput_search.asked_by(recipe),
+            throughput_search=(searching or asked) if asked else None,
         )
 
     def evaluator(_journal: Journal) -> Evaluator:

@@ -29,6 +29,13 @@ if TYPE_CHECKING:
 RunRound = Callable[[int, Sequence[str] | None], TrialRun]
 
 
+def next_round_trial(rounds: Sequence[TrialRun], first_trial: int) -> int:
+    """The trial of a step's next round: after its last round's (a journaled one's too), and never
+    before `first_trial` (the session's next, after every journaled trial), so a resumed step runs
+    its rounds left at the trials the uninterrupted step gave them."""
+    return max(rounds[-1].trial + 1, first_trial) if rounds else first_trial
+
+
 @dataclass
 class AccuracySteps:
     """The ends' observations (the reference) and the samples each commit's steps ran, for one
@@ -66,9 +73,8 @@ class AccuracySteps:
         observations: list[Observation] = []
         verdict = Verdict(kind=VerdictKind.SKIP, reason="no round ran", trials=0)
         for number, sample_ids in enumerate(plan):
-            # a round's trial follows the last round's (a journaled one's too), after every journaled one
-            trial = max(records[-1].trial + 1, first_trial) if records else first_trial
-            record = done[number] if number < len(done) else run_round(trial, sample_ids)
+            record = done[number] if number < len(done) else run_round(next_round_trial(records, first_trial),
+                                                                       sample_ids)
             records.append(record)
             if not record.observation:  # the harness or the engine failed: no verdict from this step
                 return records, Verdict(kind=VerdictKind.SKIP, reason=record.reason or "the round wrote no "

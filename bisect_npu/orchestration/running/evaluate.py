@@ -24,7 +24,7 @@ from bisect_npu.execute.card_memory import CardWait
 from bisect_npu.observations import Observation, TimeoutIs, Verdict, VerdictKind
 from bisect_npu.oracle import sequential
 from bisect_npu.oracle.throughput import sample_of
-from bisect_npu.orchestration.running.accuracy import AccuracySteps, load_from, role_of
+from bisect_npu.orchestration.running.accuracy import AccuracySteps, load_from, next_round_trial, role_of
 from bisect_npu.orchestration.running.earlier_results import (
     Earlier,
     control_ids,
@@ -504,9 +504,7 @@ class Evaluator:
         for number, wanted in enumerate(stages):
             done = request.done[number] if number < len(request.done) else None
             reused = done if done is not None and ran(done) == wanted else None
-            # a round's trial follows the last control round's (a resumed step's too), after every journaled one
-            trial = max(controls[-1].trial + 1, request.first_trial) if controls else request.first_trial
-            control = reused or run_round(trial, wanted)
+            control = reused or run_round(next_round_trial(controls, request.first_trial), wanted)
             controls.append(control)
             if not control.observation:
                 return (controls, Verdict(kind=VerdictKind.SKIP, reason=control.reason or "the control round wrote "

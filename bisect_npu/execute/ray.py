@@ -13,6 +13,12 @@ Ray reruns it elsewhere (`max_retries`); nothing of the lost attempt reaches the
 trial is lost or doubled. `close()` cancels what runs and sweeps every node; `sweep()` stops what
 a SIGKILLed earlier driver of this session left (its processes and containers, by the session's
 mark), on every node.
+
+What ran: each batch sends back its node's build (how it was made there, and for a container the
+image id it started from, checked to carry the candidate's commit label), which the step's
+journaled build lists (`RunResult.nodes`). Versions: joining the cluster, every node is asked
+which bisect-npu its Python imports, and one with another version than the driver's is refused
+(`check_versions`): it would run the probe with its own code.
 """
 
 from __future__ import annotations
@@ -405,7 +411,8 @@ def small_files(out_dir: Path) -> dict[str, tuple[bytes, float]]:
 
 class RemoteBuilds:
     """The driver's side of building: the candidate is built on the node that runs it, so
-    `acquire` only names it; build keys (what the search weighs) are read here, from the repository."""
+    `acquire` only names it (the step's journaled build is what the nodes ran: `RunResult.nodes`);
+    build keys (what the search weighs) are read here, from the repository."""
 
     def __init__(self, keys: Builder) -> None:
         self.keys = keys

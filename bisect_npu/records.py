@@ -182,6 +182,18 @@ class TrialRecord(Record, TrialRun):
     commit: str
 
 
+class NodeBuild(_Shape):
+    """What one node of a run across hosts (`--executor ray`) ran a step's candidate from: its
+    build there, and for a container the image its runs started from, by name and by id (the id
+    execute/docker.py's `candidate_image` read and checked to carry the candidate's commit label)."""
+
+    node: str
+    how: str  # "built", "overlay", "reused": that node's builder's
+    seconds: float = 0.0
+    image: str | None = None  # --node-executor docker: the image's name on that node
+    image_id: str | None = None  # ... and the id its containers started from
+
+
 class BuildInfo(_Shape):
     """How a step's commit was made runnable: "built", "overlay", "reused", "journaled" (every
     trial was journaled before an interruption: nothing built), "stored" (the verdict store had
@@ -198,6 +210,9 @@ class BuildInfo(_Shape):
     # An overlay on a release's compiled part: the compiled inputs the commit changed since that release.
     compiled_changes: list[str] = Field(default_factory=list)
     venv_made: str | None = None  # how the venv of `key` got its packages: its lock, dated, afresh
+    # --executor ray: each node's build the step's runs ran on (the driver builds nothing); absent
+    # in journals written before it, whose ray steps said "reused" whatever the nodes did.
+    nodes: list[NodeBuild] = Field(default_factory=list)
 
 
 class StoredFrom(_Shape):

@@ -5,9 +5,10 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any, Protocol
 
-from pydantic import BaseModel
+from pydantic import BaseModel, Field
 
 from bisect_npu.builders.base import Environment
+from bisect_npu.records import NodeBuild
 
 
 class RunResult(BaseModel):
@@ -19,6 +20,10 @@ class RunResult(BaseModel):
     observation: str | None = None
     timed_out: bool = False
     log_tail: str = ""
+    # A container's run: the id of the image it started from (checked to carry the candidate's commit label).
+    image_id: str | None = None
+    # A run on other machines (--executor ray): each node's build it ran on, for the step's journaled build.
+    nodes: list[NodeBuild] = Field(default_factory=list)
 
 
 def observation_path(out_dir: Path, case_id: str, trial: int) -> Path:

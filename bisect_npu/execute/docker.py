@@ -314,7 +314,8 @@ class DockerExecutor:
             finally:
                 self._remove(container)
         return RunResult(returncode=returncode, seconds=round(time.monotonic() - started, 3),
-                         log_path=str(log_path), timed_out=timed_out, log_tail=_tail(log_path))
+                         log_path=str(log_path), timed_out=timed_out, log_tail=_tail(log_path),
+                         image_id=str(container.attrs.get("Image", "")) or None)
 
     def _start(self, spec: ContainerSpec) -> Any:
         """Create and start the container from the candidate's own image (`candidate_image`); an
@@ -370,6 +371,11 @@ class NodeContainer:
         self.container = container
         self.follower = threading.Thread(target=_follow_into, args=(container, log_path), daemon=True)
         self.follower.start()
+
+    @property
+    def image_id(self) -> str | None:
+        """The image it started from (`candidate_image`'s: checked to carry the candidate's commit label)."""
+        return str(self.container.attrs.get("Image", "")) or None
 
     def wait(self) -> int:
         """Until the container ends: its command's exit status, as a process's would be, negative

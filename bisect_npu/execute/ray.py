@@ -13,6 +13,12 @@ Ray reruns it elsewhere (`max_retries`); nothing of the lost attempt reaches the
 trial is lost or doubled. `close()` cancels what runs and sweeps every node; `sweep()` stops what
 a SIGKILLed earlier driver of this session left (its processes and containers, by the session's
 mark), on every node.
+
+What ran: each batch sends back its node's build (how it was made there, and for a container the
+image id it started from, checked to carry the candidate's commit label), which the step's
+journaled build lists (`RunResult.nodes`). Versions: joining the cluster, every node is asked
+which bisect-npu its Python imports, and one with another version than the driver's is refused
+(`check_versions`): it would run the probe with its own code.
 """
 
 from __future__ import annotations
@@ -22,16 +28,18 @@ import os
 import tempfile
 import threading
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from bisect_npu import __version__
 from bisect_npu.builders.base import Builder, BuildFailed, Environment
 from bisect_npu.builders.failures import BuildUnreachable, EnvironmentFailure
 from bisect_npu.errors import BisectError, InfrastructureError, UsageError
 from bisect_npu.execute.base import Executor, RunResult, probe_log_path, probe_stem, run_node_path
 from bisect_npu.observations import SKIP_EXIT
 from bisect_npu.recipe.schema import NodesSpec
+from bisect_npu.records import NodeBuild
 
 NAMESPACE = "bisect-npu"  # the driver's and its builder actors' (named actors are found per namespace)
 RESOURCE = "NPU"  # the resource name Ray gives Ascend cards (ray/_private/accelerators/npu.py)
@@ -161,6 +169,55 @@ def node_engines() -> dict[str, str]:
     return answers
 
 
+def node_versions() -> dict[str, str]:
+    """Each alive node's bisect-npu version, asked on the node itself: "none" where it has none,
+    "unknown (...)" where the node did not answer."""
+    import ray
+    from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+
+    def installed() -> str:
+        # Nested, so Ray sends it by value: a node whose bisect-npu lacks this module's names (or has
+        # none) still runs it.
+        try:
+            import bisect_npu
+        except ImportError:
+            return "none"
+        return str(getattr(bisect_npu, "__version__", "none"))
+
+    task = ray.remote(installed)
+    refs = {node.node_id: task.options(num_cpus=0, scheduling_strategy=NodeAffinitySchedulingStrategy(
+        node.node_id, soft=False)).remote() for node in cluster_nodes(1)}
+    answers = {}
+    for node_id, ref in refs.items():
+        try:
+            answers[node_id] = ray.get(ref, timeout=120)
+        except ray.exceptions.RayError as exc:
+            answers[node_id] = f"unknown (the node did not answer: {type(exc).__name__})"
+    return answers
+
+
+def check_versions(versions: dict[str, str], addresses: dict[str, str], driver: str = __version__) -> None:
+    """Refuses a cluster where a node runs another bisect-npu than the driver (or none): its
+    probe, builder and executor are that version's, and could run a trial differently. A node
+    that did not answer is left to its batches (they fail there as a node's failure)."""
+    odd = {node: version for node, version in sorted(versions.items())
+           if version != driver and not version.startswith("unknown")}
+    if not odd:
+        return
+    said = "; ".join(f"Ray node {node[:16]} ({addresses.get(node) or 'address unknown'}) has bisect-npu {version}"
+                     for node, version in odd.items())
+    raise InfrastructureError(f"{said}, this driver {driver}: a node with another version can run a probe "
+                              f"differently; install bisect-npu {driver} in the Python that node's Ray runs "
+                              f"(`pip install 'bisect-npu[ray]=={driver}'`) and restart its Ray node, or run the "
+                              "driver with that node's version, then run again (`bisect-npu resume` for a session)")
+
+
+def images_said(nodes: list[NodeBuild]) -> str:
+    """The images a batch's containers started from, for its log's first line ("" for worktrees)."""
+    said = [f"{node.image} ({node.image_id.removeprefix('sha256:')[:12]})" for node in nodes if node.image_id]
+    return f" image {', '.join(said)}" if said else ""
+
+
 @dataclass(frozen=True)
 class BatchOutcome:
     """What one batch sends back to the driver: where it ran and its small output files."""
@@ -170,6 +227,13 @@ class BatchOutcome:
     result: RunResult
     files: dict[str, tuple[bytes, float]]  # file name -> (content, modification time)
     build: dict[str, Any]
+    nodes: list[NodeBuild] = field(default_factory=list)  # each node's build the batch ran on
+
+
+def node_build(node_id: str, env: Environment, result: RunResult) -> NodeBuild:
+    """What `node_id` ran the batch from: its builder's environment, and the image id its
+    container started from (the one checked to carry the candidate's commit label)."""
+    return NodeBuild(node=node_id, how=env.how, seconds=env.seconds, image=env.image, image_id=result.image_id)
 
 
 class NodeBuilds:
@@ -250,7 +314,7 @@ def run_batch(commit: str, request: dict[str, Any], timeout_s: float, session_id
         finally:
             builds.release.remote(env)
         build = {"how": env.how, "key": env.build_key, "image": env.image, "seconds": env.seconds}
-        return BatchOutcome(node_id, cards, result, small_files(out_dir), build)
+        return BatchOutcome(node_id, cards, result, small_files(out_dir), build, [node_build(node_id, env, result)])
 
 
 def run_command_batch(commit: str, argv: list[str], timeout_s: float, extra_env: dict[str, str], session_id: str,
@@ -280,7 +344,7 @@ def run_command_batch(commit: str, argv: list[str], timeout_s: float, extra_env:
         finally:
             builds.release.remote(env)
         build = {"how": env.how, "key": env.build_key, "image": env.image, "seconds": env.seconds}
-        return BatchOutcome(node_id, [], result, _command_files(out_dir), build)
+        return BatchOutcome(node_id, [], result, _command_files(out_dir), build, [node_build(node_id, env, result)])
 
 
 def own_error(exc: BaseException) -> BisectError | None:
@@ -347,7 +411,8 @@ def small_files(out_dir: Path) -> dict[str, tuple[bytes, float]]:
 
 class RemoteBuilds:
     """The driver's side of building: the candidate is built on the node that runs it, so
-    `acquire` only names it; build keys (what the search weighs) are read here, from the repository."""
+    `acquire` only names it (the step's journaled build is what the nodes ran: `RunResult.nodes`);
+    build keys (what the search weighs) are read here, from the repository."""
 
     def __init__(self, keys: Builder) -> None:
         self.keys = keys
@@ -374,6 +439,7 @@ class RayExecutor:
     def __init__(self, address: str | None, per_run: int, session_id: str, builder_factory: BuilderFactory,
                  executor_factory: ExecutorFactory, across_nodes: Callable[[], Any] | None = None) -> None:
         connect(address)
+        check_versions(node_versions(), {node.node_id: node.address for node in cluster_nodes(1)})
         self.per_run = per_run
         # An engine across nodes: each batch's (execute/ray_nodes.py's EngineAcrossNodes), else one node a batch.
         self.across_nodes = across_nodes
@@ -463,7 +529,7 @@ class RayExecutor:
         stem = probe_stem(request.get("case_id", "default"), request.get("trial", 0))
         log = probe_log_path(out_dir, stem)
         header = (f"# ray node {outcome.node_id} cards {','.join(map(str, outcome.cards))} "
-                  f"build {outcome.build.get('how')}\n").encode()
+                  f"build {outcome.build.get('how')}{images_said(outcome.nodes)}\n").encode()
         run_node_path(out_dir, stem).write_text(outcome.node_id + "\n", encoding="utf-8")  # before the observations
         files = dict(outcome.files)
         content, _ = files.pop(log.name, (b"", 0.0))
@@ -480,7 +546,8 @@ class RayExecutor:
         if outcome.result.observation:
             landed = out_dir / Path(outcome.result.observation).name
             observation = str(landed) if landed.exists() else None
-        return outcome.result.model_copy(update={"log_path": str(log), "observation": observation})
+        return outcome.result.model_copy(update={"log_path": str(log), "observation": observation,
+                                                 "nodes": outcome.nodes})
 
     def run_command(self, env: Environment, argv: list[str], log_path: Path, timeout_s: float,
                     extra_env: dict[str, str] | None = None) -> RunResult:
@@ -496,11 +563,12 @@ class RayExecutor:
         raise_if_unreachable(outcome, log_path.parent)
         log_path.parent.mkdir(parents=True, exist_ok=True)
         content, _ = outcome.files.get(COMMAND_LOG, (b"", 0.0))
-        log_path.write_bytes(f"# ray node {outcome.node_id} build {outcome.build.get('how')}\n".encode() + content)
+        log_path.write_bytes(f"# ray node {outcome.node_id} build {outcome.build.get('how')}"
+                             f"{images_said(outcome.nodes)}\n".encode() + content)
         reason = (extra_env or {}).get(REASON_FILE)
         if reason and COMMAND_REASON in outcome.files:
             Path(reason).write_bytes(outcome.files[COMMAND_REASON][0])
-        return outcome.result.model_copy(update={"log_path": str(log_path)})
+        return outcome.result.model_copy(update={"log_path": str(log_path), "nodes": outcome.nodes})
 
     def close(self) -> None:
         """Cancel every batch still running, stop what it started on its node, drop the builders."""

@@ -32,6 +32,7 @@ import sys
 import tempfile
 import time
 from collections.abc import Callable
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -47,12 +48,14 @@ from bisect_npu.execute.ray import (
     RESOURCE,
     UNREACHABLE,
     BatchOutcome,
+    node_build,
     node_builds,
     own_error,
     small_files,
 )
 from bisect_npu.observations import SKIP_EXIT
 from bisect_npu.recipe.schema import NodesSpec
+from bisect_npu.records import NodeBuild
 
 PLACE_TIMEOUT_S = 300.0  # how long a placement of every node may wait for cards to free up
 STOP_TIMEOUT_S = 60.0
@@ -169,10 +172,11 @@ class EngineNode:
                     "next_step": unreachable.failure.next_step}
         except BuildFailed as failure:
             return {"how": "failed", "error": str(failure), "log_tail": failure.log_tail}
-        return {"how": self.env.how, "key": self.env.build_key, "seconds": self.env.seconds}
+        return {"how": self.env.how, "key": self.env.build_key, "seconds": self.env.seconds, "image": self.env.image}
 
-    def start(self, request: dict[str, Any], flags: list[str], environment: dict[str, str]) -> None:
-        """Start this node's engine process headless (its rank waits for the serving node)."""
+    def start(self, request: dict[str, Any], flags: list[str], environment: dict[str, str]) -> str | None:
+        """Start this node's engine process headless (its rank waits for the serving node); the id
+        of the image its container started from (None: a process in the node's worktree)."""
         assert self.env is not None
         here = node_environment(environment, self.index, self.node_id)
         argv = headless_command(self.executor, self.env, request, flags)
@@ -184,6 +188,8 @@ class EngineNode:
                 self.headless = LocalNode(self.executor, *self.executor.spawn(self.env, argv, log, here))
         if isinstance(self.executor, DockerExecutor):
             self.headless = self.executor.spawn(self.env, argv, self.log_path, here)
+            return self.headless.image_id
+        return None
 
     def wait(self) -> int:
         """Until the headless process (or container) ends: its exit status, negative when the
@@ -199,7 +205,8 @@ class EngineNode:
         result = self.executor.run_probe(self.env, serving_request(request, flags, environment, self.index,
                                                                    self.node_id), out_dir, timeout_s)
         build = {"how": self.env.how, "key": self.env.build_key, "image": self.env.image, "seconds": self.env.seconds}
-        return BatchOutcome(self.node_id, self.cards, result, small_files(out_dir), build)
+        return BatchOutcome(self.node_id, self.cards, result, small_files(out_dir), build,
+                            [node_build(self.node_id, self.env, result)])
 
     def log_tail(self, lines: int = 20) -> str:
         with contextlib.suppress(OSError):
@@ -267,11 +274,12 @@ class EngineAcrossNodes:
                 return self._failed(stem, master[0], f"build failed on node {index}: {build['error']}\n"
                                     f"{build.get('log_tail', '')}", SKIP_EXIT, build)
         waits = {}
+        images: dict[int, str | None] = {}  # headless node -> the image id its container started from
         for index in self.nodes.headless():
             node = self.nodes.each[index]
             try:
-                ray.get(self.actors[index].start.remote(request, node.filled(placed[index][1], master[1], master[2]),
-                                                        node.environment))
+                images[index] = ray.get(self.actors[index].start.remote(
+                    request, node.filled(placed[index][1], master[1], master[2]), node.environment))
             except ray.exceptions.RayTaskError as exc:
                 if (cause := own_error(exc)) is not None:
                     raise cause from None  # its own one line (the candidate's image gone or renamed: exit 5)
@@ -283,7 +291,11 @@ class EngineAcrossNodes:
         serving = self.nodes.each[self.nodes.serving]
         serve_ref = self.actors[self.nodes.serving].serve.remote(
             request, serving.filled(master[1], master[1], master[2]), serving.environment, timeout_s)
-        return self._outcome(serve_ref, waits, placed, stem, builds[self.nodes.serving])
+        outcome = self._outcome(serve_ref, waits, placed, stem, builds[self.nodes.serving])
+        return replace(outcome, nodes=[
+            *(NodeBuild(node=placed[index][0], how=builds[index]["how"], seconds=builds[index]["seconds"],
+                        image=builds[index]["image"], image_id=image) for index, image in images.items()),
+            *outcome.nodes])  # the serving node's own, where it ran the probe
 
     def _place(self) -> list[tuple[str, str, int]] | str:
         """Reserve every node and start its actor: each node's (ray id, address, free port), or

@@ -151,7 +151,8 @@ def render_json(view: SessionView) -> dict[str, Any]:
         "steps": [{"index": s.index, "commit": s.commit, "title": s.title, "verdict": s.verdict,
                    "reason": s.reason, "seconds": s.seconds, "build": s.build_how, "trials": s.trials,
                    "figures": s.figures, "run_env": s.run_env, "compiled_changes": s.compiled_changes,
-                   "retries": len(s.retries), "host_failures": s.retries}
+                   "retries": len(s.retries), "host_failures": s.retries,
+                   "nodes": [node.model_dump(mode="json") for node in s.nodes]}
                   for s in view.steps],
         "host": view.header.context.host, "host_changes": view.header.host_changes,
         "fix": to_jsonable(view.fix), "fix_verify": to_jsonable(view.fix_verify),

@@ -25,6 +25,7 @@ from bisect_npu.records import (
     FixVerifyRecord,
     HeaderRecord,
     NextLevelRecord,
+    NodeBuild,
     Record,
     RetryRecord,
     StepRecord,
@@ -55,6 +56,14 @@ class StepView:
     compiled_changes: list[str] = field(default_factory=list)
     observations: list[str] = field(default_factory=list)  # the step's observation files (session-relative)
     retries: list[str] = field(default_factory=list)  # each failed attempt: what the host did wrong
+    nodes: list[NodeBuild] = field(default_factory=list)  # --executor ray: what each node ran
+
+    @property
+    def nodes_said(self) -> str:
+        """The Ray nodes the step ran on, each with its build and the image id its containers started from."""
+        return "; ".join(f"ray node {node.node[:12]} {node.how}"
+                         + (f" {node.image} ({node.image_id.removeprefix('sha256:')[:12]})" if node.image_id else "")
+                         for node in self.nodes)
 
 
 @dataclass
@@ -142,7 +151,7 @@ def load_view(session_dir: Path) -> SessionView:
                                   candidates.pr_of(entry.commit), dict(build.run_env) if build else {},
                                   list(build.compiled_changes) if build else [],
                                   [t.observation for t in entry.trials if t.observation],
-                                  [r.cause for r in entry.retries]))
+                                  [r.cause for r in entry.retries], list(build.nodes) if build else []))
         elif isinstance(entry, EndRecord):
             end = entry
         elif isinstance(entry, FixRecord):

@@ -70,6 +70,19 @@ def nodes_of_runs(session: Path, entries: list[dict[str, Any]]) -> set[str]:
     return {trial["node"] for trial in trials}
 
 
+def steps_name_their_nodes(entries: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Each step that ran journals what its nodes ran (its build's `nodes`), every node its trials
+    went to among them, the step's `how` theirs (not the driver's placeholder); those builds."""
+    ran = []
+    for step in (e for e in entries if e["type"] == "step" and e["trials"]):
+        nodes = step["build"]["nodes"]
+        assert {t["node"] for t in step["trials"] if t.get("node")} <= {n["node"] for n in nodes}, step
+        assert step["build"]["how"] in {n["how"] for n in nodes} <= {"built", "overlay", "reused"}
+        ran += [{**n, "commit": step["commit"]} for n in nodes]
+    assert ran
+    return ran
+
+
 def assert_no_trial_doubled(entries: list[dict[str, Any]]) -> None:
     trials = [(e["index"], e["case_id"], e["trial"]) for e in entries if e["type"] == "trial"]
     assert trials and len(trials) == len(set(trials))
@@ -128,6 +141,9 @@ def test_demo_bisected_over_the_nodes_finds_the_manifest_culprit(
     assert entries[0]["request"]["executor"]["executor"] == "ray" and entries[0]["request"]["executor"]["slots"] == 3
     assert_no_trial_doubled(entries)
     assert len(nodes_of_runs(session, entries)) >= 2  # spread over the nodes
+    ran = steps_name_their_nodes(entries)
+    assert all(n["image"] is None and n["image_id"] is None for n in ran)  # worktrees
+    assert any(n["how"] != "reused" for n in ran)  # a fresh session's worktrees: made on the nodes
     spans = sorted((e["t"] - e["seconds"], e["t"]) for e in entries if e["type"] == "step")
     assert any(later[0] < earlier[1] for earlier, later in itertools.pairwise(spans))  # k-ary: candidates at once
 
@@ -152,6 +168,7 @@ def test_demo_bisected_in_each_nodes_containers(cluster: Any, demo_upstream: tup
                                                 docker_client: Any, demo_base_image: str) -> None:
     """--node-executor docker: each node builds the candidate's image with its own engine (here
     all talk to the local podman API, DOCKER_HOST) and runs the probe in a container of it."""
+    from bisect_npu.builders.base import LABEL_COMMIT
     from bisect_npu.execute.docker import SESSION_LABEL
     from bisect_npu.journal import session_label
 
@@ -167,6 +184,9 @@ def test_demo_bisected_in_each_nodes_containers(cluster: Any, demo_upstream: tup
     assert len(nodes_of_runs(session, entries)) >= 2
     logs = {(session / e["log"]).read_text().splitlines()[1] for e in entries if e["type"] == "trial"}
     assert all(line.startswith("# container ") for line in logs)  # DockerExecutor's own first line
+    for built in steps_name_their_nodes(entries):  # each node's image: the id its containers started from
+        labels = docker_client.api.inspect_image(built["image_id"])["Config"]["Labels"]
+        assert labels[LABEL_COMMIT] == built["commit"] and built["image"]
     label = f"{SESSION_LABEL}={session_label(session)}"
     assert docker_client.containers.list(all=True, filters={"label": label}) == []
 
@@ -268,6 +288,31 @@ def test_sigkilled_driver_then_resume_finds_the_culprit(cluster: Any, demo_upstr
     _assert_nothing_left(session, demo_upstream[0])
 
 
+def test_a_node_with_another_bisect_npu_is_refused_before_anything_runs(
+        cluster: Any, demo_upstream: tuple[Path, Manifest], tmp_path: Path) -> None:
+    """A node whose Python imports another bisect-npu (a 0.0.1 first on its PYTHONPATH) joins the
+    cluster: the run stops as the host's failure (exit 5) naming that node, both versions and what
+    to do, before any trial runs."""
+    from bisect_npu import __version__
+
+    other = tmp_path / "other" / "bisect_npu"
+    other.mkdir(parents=True)
+    (other / "__init__.py").write_text('__version__ = "0.0.1"\n')
+    odd = cluster.add_node(num_cpus=1, object_store_memory=80 << 20, resources={"NPU": 8},
+                           env_vars={"PYTHONPATH": str(other.parent)})
+    session = tmp_path / "session"
+    try:
+        cluster.wait_for_nodes()
+        done = subprocess.run(bisect_argv(demo_upstream, "rope-longseq", session), cwd=tmp_path,
+                              capture_output=True, text=True, timeout=600, env=cli_env(cluster))
+    finally:
+        cluster.remove_node(odd)
+    assert done.returncode == 5, done.stdout + done.stderr[-3000:]
+    assert f"Ray node {odd.node_id[:16]} " in done.stderr
+    assert f"has bisect-npu 0.0.1, this driver {__version__}" in done.stderr and "bisect-npu resume" in done.stderr
+    assert not (session / "journal.jsonl").exists() or not [e for e in journal(session) if e["type"] == "trial"]
+
+
 def test_node_lost_mid_batch_reruns_elsewhere(cluster: Any, demo_upstream: tuple[Path, Manifest],
                                               tmp_path: Path) -> None:
     """Last in the module: it takes a node away for good."""
@@ -310,6 +355,7 @@ def test_a_command_oracle_runs_on_the_nodes(cluster: Any, tmp_path: Path) -> Non
     assert json.loads(done.stdout.strip().splitlines()[-1])["culprit"] == shas[7]
     trials = [e for e in journal(session) if e["type"] == "trial"]
     assert trials and all((session / t["log"]).read_text().startswith("# ray node ") for t in trials)
+    steps_name_their_nodes(journal(session))
 
 
 

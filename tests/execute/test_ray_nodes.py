@@ -142,6 +142,8 @@ def test_demo_bisected_with_every_engine_on_two_nodes(cluster: Any, demo_upstrea
     assert logs and all("data parallel rank 1 of 2 joined" in log for log in logs)  # the headless node's log end
     served = [e for e in entries if e["type"] == "trial"]
     assert all(e["node"] for e in served)
+    for step in (e for e in entries if e["type"] == "step" and e["trials"]):  # both nodes' builds journaled
+        assert len({n["node"] for n in step["build"]["nodes"]}) == 2, step["build"]
     print(f"two-node bisection: {seconds:.1f} s, {sum(e['type'] == 'step' for e in entries)} steps")
     assert_nothing_left(session)
 
@@ -256,6 +258,7 @@ def test_the_culprit_and_its_parent_with_each_node_in_a_container(
     engine (here all talk to the local podman API, DOCKER_HOST) and runs its command in a container
     on the host's network, where the ranks meet over gloo. The culprit's parent and the culprit
     (the range's two ends, each judged on both nodes) keep the run short; no container is left."""
+    from bisect_npu.builders.base import LABEL_COMMIT
     from bisect_npu.execute.docker import SESSION_LABEL
     from bisect_npu.journal import session_label
 
@@ -270,6 +273,12 @@ def test_the_culprit_and_its_parent_with_each_node_in_a_container(
     logs = probe_logs(session, entries)
     assert len(logs) == 2 and all(log.splitlines()[1].startswith("# container ") for log in logs)  # serving node
     assert all("data parallel rank 1 of 2 joined" in log for log in logs)  # the headless container's log end
+    for step in (e for e in entries if e["type"] == "step" and e["trials"]):  # each node's image, by its id
+        nodes = step["build"]["nodes"]
+        assert len({n["node"] for n in nodes}) == 2 and all(n["image"] for n in nodes), step["build"]
+        for node in nodes:
+            labels = docker_client.api.inspect_image(node["image_id"])["Config"]["Labels"]
+            assert labels[LABEL_COMMIT] == step["commit"]
     print(f"two ends, each node in a container: {seconds:.1f} s")
     assert_nothing_left(session)
     label = f"{SESSION_LABEL}={session_label(session)}"

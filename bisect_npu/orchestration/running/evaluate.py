@@ -48,7 +48,7 @@ from bisect_npu.orchestration.running.probe_requests import probe_request, trial
 from bisect_npu.probe.harness import HARNESS_FAILED_EXIT
 from bisect_npu.probe.request import write_json_atomic
 from bisect_npu.recipe.schema import CaseSpec, EarlierEndSpec, Recipe
-from bisect_npu.records import COMMAND_CASE, BuildInfo, RetryRun, TrialRun
+from bisect_npu.records import COMMAND_CASE, BuildInfo, NodeBuild, RetryRun, TrialRun
 from bisect_npu.search.retry_policy import rate_said
 
 _T = TypeVar("_T")
@@ -80,6 +80,8 @@ class EvaluationRequest:
     retried: Sequence[RetryRun] = ()
     # Hears why the candidate was left unjudged once the host's failures spent a trial's retries.
     on_unjudged: Callable[[str], None] | None = None
+    # Hears of the node builds each run on other machines ran on (--executor ray); the evaluator's own.
+    on_nodes: Callable[[Sequence[NodeBuild]], None] | None = None
 
     def report(self, record: TrialRun) -> None:
         if self.on_trial is not None:
@@ -88,6 +90,10 @@ class EvaluationRequest:
     def report_retry(self, retry: RetryRun) -> None:
         if self.on_retry is not None:
             self.on_retry(retry)
+
+    def report_nodes(self, result: RunResult) -> None:
+        if self.on_nodes is not None:
+            self.on_nodes(result.nodes)
 
 
 LEVELS_STOPPED = "levels search"  # a levels-mode step's `stopped` figure: the search weighs its one run
@@ -135,12 +141,32 @@ class StepResult:
     seconds: float = 0.0
 
 
-def build_record(env: Environment | None, failure: BuildFailed | None = None) -> BuildInfo:
+def build_record(env: Environment | None, failure: BuildFailed | None = None,
+                 nodes: Sequence[NodeBuild] = ()) -> BuildInfo:
     if failure is not None:
         return BuildInfo(how="failed", log=failure.log_path, log_tail=failure.log_tail, error=str(failure))
     assert env is not None
-    return BuildInfo(how=env.how, key=env.build_key, image=env.image, seconds=env.seconds, log=env.log_path,
-                     run_env=env.run_env, compiled_changes=env.compiled_changes, venv_made=env.venv_made or None)
+    record = BuildInfo(how=env.how, key=env.build_key, image=env.image, seconds=env.seconds, log=env.log_path,
+                       run_env=env.run_env, compiled_changes=env.compiled_changes, venv_made=env.venv_made or None)
+    return ran_on(record, nodes) if nodes else record
+
+
+COSTS = ("reused", "overlay", "built")  # a node's build, cheapest first
+
+
+def ran_on(record: BuildInfo, nodes: Sequence[NodeBuild]) -> BuildInfo:
+    """A step whose runs went to other machines (--executor ray), where the driver built nothing:
+    its build is what the nodes ran. Each node's build once (its first: a later batch there reuses
+    it), `how` and `seconds` the costliest node's (a step one node built cost a build), `image` the
+    one name every node ran (none where they differ: each node names its own)."""
+    first: dict[tuple[str, str | None, str | None], NodeBuild] = {}
+    for node in nodes:
+        first.setdefault((node.node, node.image, node.image_id), node)
+    kept = list(first.values())
+    costliest = max(kept, key=lambda node: COSTS.index(node.how) if node.how in COSTS else -1)
+    images = {node.image for node in kept}
+    return record.model_copy(update={"how": costliest.how, "seconds": costliest.seconds,
+                                     "image": images.pop() if len(images) == 1 else None, "nodes": kept})
 
 
 class Evaluator:
@@ -216,6 +242,8 @@ class Evaluator:
         return self._evaluate(replace(request, on_trial=on_trial), ran)
 
     def _evaluate(self, request: EvaluationRequest, ran: list[TrialRun]) -> StepResult:
+        nodes: list[NodeBuild] = []  # what the runs on other machines ran on
+        request = replace(request, on_nodes=nodes.extend)
         commit = request.commit
         started = time.monotonic()
         step_dir = self.step_dir(commit)
@@ -249,7 +277,8 @@ class Evaluator:
             records, verdict = ran, Verdict(kind=VerdictKind.SKIP, reason=gave_up.reason, trials=len(ran))
         finally:
             self.builder.release(env)
-        return StepResult(commit, verdict, build_record(env), records, round(time.monotonic() - started, 3))
+        return StepResult(commit, verdict, build_record(env, nodes=nodes), records,
+                          round(time.monotonic() - started, 3))
 
     def _acquire(self, request: EvaluationRequest, step_dir: Path) -> Environment:
         """The commit's environment, built again while the build fails on the network and the retry
@@ -405,6 +434,7 @@ class Evaluator:
             extra = {"BISECT_NPU_COMMIT": commit, "BISECT_NPU_TRIAL": str(trial), REASON_FILE_ENV: str(reason_path)}
             result = self._built(request, partial(self.executor.run_command, env, self.command, log_path,
                                                   self.timeout_s, extra))
+            request.report_nodes(result)
             said = command_reason(reason_path)
             verdict = with_command_reason(command_verdict(result, self.timeout_is, said, self.timeout_s), said)
             record = TrialRun(case_id=COMMAND_CASE, trial=trial, seconds=result.seconds,
@@ -643,6 +673,7 @@ class Evaluator:
             stop.set()
             thread.join()
             collect()
+        request.report_nodes(result)
         return records, result, log, node_named(node_file)
 
     def _missing(self, request: EvaluationRequest, case: CaseSpec, numbers: list[int], result: RunResult,

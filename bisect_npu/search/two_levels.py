@@ -21,11 +21,13 @@ S(c) the exponent -(N-1)/2 and the line's t N - 1 degrees of freedom.
 
 A query is one run where it teaches most about c per cost: the expected fall of the change
 point's entropy, its outcome drawn from the posterior predictive (`expected_information`), over
-a build where the position is not built yet. The ends are asked like any position: a run of
-either sharpens the means every step is judged by, and nothing makes them special but that the
-posterior never puts the change outside them. The answer is the block of positions that skips
-cannot split holding ``confidence``; the ends are wrong when the runs make it ``confidence`` sure
-that the bad end does not lie under the good end's line.
+a build where the position is not built yet. Once the likeliest position holds ``LATE_SHARE`` of
+the posterior the fall weighed is that of the log-odds against it, what the stopping rule waits
+on: the entropy would still pay for runs that only reorder the small masses far from it. The ends
+are asked like any position: a run of either sharpens the means every step is judged by, and
+nothing makes them special but that the posterior never puts the change outside them. The answer
+is the block of positions that skips cannot split holding ``confidence``; the ends are wrong when
+the runs make it ``confidence`` sure that the bad end does not lie under the good end's line.
 """
 
 from __future__ import annotations
@@ -44,6 +46,11 @@ _FRACTION_TERMS = 300
 _TINY = 1e-300
 # Outcomes of a run the expected information is integrated over (a grid over the predictive).
 OUTCOMES = 24
+# Once the likeliest position holds this share, a query is weighed by the expected fall of the
+# log-odds against it (what the stopping rule waits on) instead of the entropy's: the entropy
+# still pays for shuffling the small masses far from the leader, the odds only for the runs that
+# settle the leader against its rivals (docs/benchmarks.md, issue 51).
+LATE_SHARE = 0.8
 # Positions whose side holds less than this share of the posterior either way are not asked: a
 # run there can move nothing the answer rests on (the ends are always weighed).
 OPEN_SHARE = 1e-3
@@ -219,8 +226,9 @@ def expected_information(n: int, runs: Mapping[int, Sequence[float]], threshold:
                          positions: Sequence[int], outcomes: int = OUTCOMES,
                          baseline: float | None = None) -> np.ndarray:
     """For each of ``positions``: the expected fall in the change point's entropy from one more run
-    there, its outcome drawn from the posterior predictive (each c's side mean, Student's t with
-    that c's spread), integrated on a grid of ``outcomes`` values."""
+    there (in the log-odds against the likeliest position once it holds ``LATE_SHARE``), its
+    outcome drawn from the posterior predictive (each c's side mean, Student's t with that c's
+    spread), integrated on a grid of ``outcomes`` values."""
     assert _ready(n, runs)
     center = _center(runs)
     sums = _side_sums(n, runs, center)
@@ -248,8 +256,17 @@ def expected_information(n: int, runs: Mapping[int, Sequence[float]], threshold:
     total[rows, :, columns] += ys
     squares[rows, :, columns] += ys * ys
     after = _normalised(_log_lik_of_sums(count, total, squares, center, threshold, baseline))
-    gains: np.ndarray = float(_entropy(post)) - (weights * _entropy(after)).sum(axis=1)
+    measure = _entropy if float(post.max()) < LATE_SHARE else _unsure
+    gains: np.ndarray = float(measure(post)) - (weights * measure(after)).sum(axis=1)
     return gains
+
+
+def _unsure(post: np.ndarray) -> np.ndarray:
+    """The log-odds against the likeliest position, log((1 - p_max) / p_max): what the stopping
+    rule waits on, falling as the leader's share nears ``confidence``."""
+    top = post.max(axis=-1)
+    unsure: np.ndarray = np.log(np.maximum(1.0 - top, 1e-12)) - np.log(np.maximum(top, _TINY))
+    return unsure
 
 
 def measured_runs(evidence: Mapping[int, Evidence]) -> dict[int, tuple[float, ...]]:

@@ -9,8 +9,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from bisect_npu.search import EndsWrong, Evidence, Found, Narrowed, Next, Query, SearchProblem, decide
-from bisect_npu.search.two_levels import BASELINE_PRIOR, ends_under_line, posterior, t_log_cdf
+from bisect_npu.search import EndsWrong, Evidence, Found, Narrowed, Next, Query, SearchProblem, decide, two_levels
+from bisect_npu.search.two_levels import BASELINE_PRIOR, ends_under_line, expected_information, posterior, t_log_cdf
 
 THRESHOLD = 0.97
 
@@ -79,6 +79,17 @@ def test_the_ends_come_first_and_a_bad_end_over_the_line_is_wrong() -> None:
     asked = decide(problem(16), {i: Evidence().measure(v) for i, v in once.items()})
     assert asked == Next((Query(16),))  # asked again before it is judged wrong
     assert ends_under_line(16, history(16, 16, {0: 4, 16: 4, 8: 3}, seed=2, drop=0.12), THRESHOLD) > 0.99
+
+
+def test_once_a_position_leads_the_run_asked_settles_it_against_its_rivals(monkeypatch: pytest.MonkeyPatch) -> None:
+    runs = {0: (0.993, 0.97), 2: (0.997,), 3: (0.954, 0.999), 4: (0.905,), 5: (0.913, 0.897), 8: (0.953,)}
+    post = posterior(8, runs, THRESHOLD)
+    assert post is not None and two_levels.LATE_SHARE <= post.max() < 0.99 and int(np.argmax(post)) + 1 == 4
+    asked = decide(problem(8), {i: Evidence().measure(v) for i, v in runs.items()})
+    assert asked == Next((Query(4),))  # the run that tells c = 4 from c = 5, its likeliest rival
+    monkeypatch.setattr(two_levels, "LATE_SHARE", 1.0)  # the entropy alone: it asks elsewhere
+    gains = expected_information(8, runs, THRESHOLD, list(range(9)))
+    assert int(np.argmax(gains)) != 4
 
 
 @settings(max_examples=10, deadline=None)

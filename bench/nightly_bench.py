@@ -247,6 +247,7 @@ class Ours:
     runs_at: dict[int, list[float]] = field(default_factory=dict)  # every commit's throughput runs
     levels: bool = False  # throughput: the levels search, one run a query (`--search levels`)
     weigh_baseline: bool = True  # levels: the case's published baseline a prior on the good side
+    nightly: tuple[float, ...] = ()  # levels: the failing nightly's throughput (tokens/s), a run at the bad end
 
     def attempt(self, run: Callable[[], object | None]) -> object | None:
         """A run that crashed is run again (the evaluator's retries); every attempt is a run."""
@@ -315,7 +316,8 @@ class Ours:
         world, spec = self.world, self.recipe.oracle.throughput
         assert spec is not None
         problem = SearchProblem(n=world.n, mode="levels", confidence=self.recipe.trials.confidence,
-                                threshold=spec.threshold, baseline=spec.baseline if self.weigh_baseline else None)
+                                threshold=spec.threshold, baseline=spec.baseline if self.weigh_baseline else None,
+                                earlier_levels=((), self.nightly))
         evidence: dict[int, Evidence] = {}
         for _ in range(20 * world.n):
             decision = decide(problem, evidence)
@@ -365,15 +367,26 @@ class Ours:
         return Outcome(False, False, self.runs, self.samples)
 
 
-def ours(world: World, levels: bool = False, baseline_error: float = 0.0, weigh_baseline: bool = True) -> Outcome:
+def nightly_result(world: World, seed: int, baseline_error: float = 0.0) -> float:
+    """The failing nightly's throughput (tokens/s): one run of the bad side on the baseline's host
+    (`baseline_error` moves that host's level by a share, as it moves the baseline), drawn apart
+    from the world's runs so the worlds stay the same with and without it."""
+    rng = np.random.default_rng([seed, 2])
+    bad = GOOD_TPUT * (1 - world.drop) if world.breaks == "throughput" else GOOD_TPUT
+    return float(rng.normal(bad, world.spread * GOOD_TPUT)) * (1 + baseline_error) * TOKENS_PER_S
+
+
+def ours(world: World, levels: bool = False, baseline_error: float = 0.0, weigh_baseline: bool = True,
+         nightly: tuple[float, ...] = ()) -> Outcome:
     """bisect-npu on one world; `baseline_error`: the published throughput baseline's error (a share of
-    the good side's mean: a baseline measured on another host)."""
+    the good side's mean: a baseline measured on another host); `nightly`: the failing nightly's
+    throughput, given to the levels search as an earlier run at the bad end."""
     if world.breaks == "accuracy":
         recipe = recipe_of("acc", world.baseline)
     else:
         recipe = recipe_of("perf", search="levels" if levels else "per_step",
                            throughput_baseline=GOOD_TPUT * TOKENS_PER_S * (1 + baseline_error))
-    return Ours(world, recipe, levels=levels, weigh_baseline=weigh_baseline).bisect()
+    return Ours(world, recipe, levels=levels, weigh_baseline=weigh_baseline, nightly=nightly).bisect()
 
 
 # -- bisect-npu through its sessions ------------------------------------------------------------
@@ -471,6 +484,9 @@ def main() -> None:
                              "directory, removed after]")
     parser.add_argument("--baseline-error", type=float, default=0.0,
                         help="the case's published throughput baseline off the good side's mean by this share")
+    parser.add_argument("--nightly-result", action="store_true",
+                        help="levels mode: the failing nightly's throughput (one run of the bad side on the "
+                             "baseline's host) given as an earlier run at the bad end")
     parser.add_argument("--no-baseline", action="store_true",
                         help="levels mode: the runs alone place the good side (the case's baseline unread)")
     args = parser.parse_args()
@@ -479,7 +495,8 @@ def main() -> None:
     print(f"seeds {seeds.start}-{seeds.stop - 1} ({args.seeds} seeded culprits per row), {args.candidates} candidates; "
           f"throughput drop {args.drop:.0%}, spread {args.spread:.0%}; throughput rows: --search {args.search}; "
           f"the case's throughput baseline "
-          f"{'unread' if args.no_baseline else f'{1 + args.baseline_error:.0%} of the good side'}")
+          f"{'unread' if args.no_baseline else f'{1 + args.baseline_error:.0%} of the good side'}"
+          f"{'; the failing nightly result given' if args.nightly_result else ''}")
     work = args.work or Path(tempfile.mkdtemp(prefix="nightly-bench-"))
     history = session_history(work, args.candidates, None if args.no_baseline else args.baseline_error) \
         if args.search == "session" and "throughput" in args.rows else None
@@ -496,8 +513,9 @@ def main() -> None:
         if history is not None and breaks == "throughput":
             mine = [ours_in_session(world(seed, False), history, seed) for seed in seeds]
         else:
-            mine = [ours(world(seed, False), args.search == "levels", args.baseline_error, not args.no_baseline)
-                    for seed in seeds]
+            mine = [ours(world(seed, False), args.search == "levels", args.baseline_error, not args.no_baseline,
+                         (nightly_result(world(seed, False), seed, args.baseline_error),) if args.nightly_result
+                         else ()) for seed in seeds]
         for pin_moves in (False, True):
             worlds = [world(seed, pin_moves) for seed in seeds]
             other = [theirs(w) for w in worlds]

@@ -417,9 +417,10 @@ def session_history(work: Path, n: int, baseline_error: float | None = 0.0) -> S
     return SessionHistory(work, work / "repo", shas, path)
 
 
-def ours_in_session(world: World, history: SessionHistory, seed: int) -> Outcome:
+def ours_in_session(world: World, history: SessionHistory, seed: int, nightly: tuple[float, ...] = ()) -> Outcome:
     """One seeded history bisected by a session (see the module's docstring); `runs` counts every
-    benchmark run, crashed attempts included."""
+    benchmark run, crashed attempts included; `nightly`: the failing nightly's throughput, in the
+    recipe's `oracle.throughput.earlier_runs` (what `--nightly-result bad=...` writes)."""
     import git
 
     from bisect_npu.api.bisection import progress_for
@@ -437,10 +438,21 @@ def ours_in_session(world: World, history: SessionHistory, seed: int) -> Outcome
     where = Path(tempfile.mkdtemp(prefix=f"seed-{seed}-", dir=history.work))
     unbuildable = where / "unbuildable.txt"
     unbuildable.write_text("".join(f"{i}\n" for i in sorted(world.unbuildable)))
+    recipe_path = history.recipe
+    if nightly:
+        from bisect_npu.nightly.at_commit import recipe_dump, with_earlier_runs
+        from bisect_npu.nightly.cases import CaseRef
+        from bisect_npu.oracle.throughput import EarlierThroughput
+        from bisect_npu.recipe.loader import load_recipe
+
+        recipe_path = where / "perf.yaml"
+        recipe_path.write_text(recipe_dump(with_earlier_runs(load_recipe(str(history.recipe)),
+                                                             EarlierThroughput(bad=list(nightly)),
+                                                             CaseRef.parse("nightly-bench.yaml"))))
     builder = LocalBuilder(git.Repo(history.repo), where / "work",
                            ["sh", "-c", '! grep -qxF "$(cat counter)" "$0"', str(unbuildable)])
     spec = SessionSpec.of(RunRequest.of(repo=str(history.repo), good=shas[0], bad=shas[world.n],
-                                        recipe=str(history.recipe), propose_fix=False, confidence=0.99))
+                                        recipe=str(recipe_path), propose_fix=False, confidence=0.99))
     try:
         result = Session.start(spec, session_dir=where / "session", builder=builder, executor=stand_in,
                                progress=progress_for(quiet=True, live=False)).run()
@@ -511,7 +523,9 @@ def main() -> None:
             return make_world(seed, args.candidates, breaks, pin_moves, args.drop, args.spread)
 
         if history is not None and breaks == "throughput":
-            mine = [ours_in_session(world(seed, False), history, seed) for seed in seeds]
+            mine = [ours_in_session(world(seed, False), history, seed,
+                                    (nightly_result(world(seed, False), seed, args.baseline_error),)
+                                    if args.nightly_result else ()) for seed in seeds]
         else:
             mine = [ours(world(seed, False), args.search == "levels", args.baseline_error, not args.no_baseline,
                          (nightly_result(world(seed, False), seed, args.baseline_error),) if args.nightly_result

@@ -2,7 +2,7 @@
 
     .venv/bin/python bench/nightly_bench.py [--seeds 400] [--first-seed 0] [--candidates 39]
         [--rows accuracy throughput] [--drop 0.07] [--spread 0.02] [--search session|per-step|levels]
-        [--work DIR]
+        [--work DIR] [--baseline-error 0.05] [--no-baseline] [--nightly-result]
 
 The case is a nightly case file shaped as the demo's: one server, an accuracy benchmark
 (`threshold` 4, 100 samples at the nightly's default temperature 0.6) and a performance benchmark
@@ -62,7 +62,11 @@ The throughput rows (`--search`):
 - `levels`: the levels search alone (`decide` in a loop, each query one run): no session.
 In levels mode the good side's level has the case's published `baseline` as a prior (in tokens/s,
 the runs' unit); `--baseline-error` puts that baseline off the good side's mean by a share (a
-baseline of another host), `--no-baseline` leaves it unread.
+baseline of another host), `--no-baseline` leaves it unread. `--nightly-result` gives the search
+the failing nightly's throughput as an earlier run at the bad end (`oracle.throughput.earlier_runs`,
+what `run --nightly-result bad=...` writes): one run of the bad side drawn on the baseline's host
+(apart from the world's runs, so the worlds stay the same), which `--baseline-error` moves with
+the baseline.
 
 A commit whose parent cannot be built (its own code fails to build) cannot be named by any tool:
 the best answer that history allows is the range from the last buildable commit before it to it.

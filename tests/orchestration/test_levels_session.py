@@ -285,7 +285,8 @@ def test_the_failing_nightlys_throughput_counts_as_a_run_at_the_bad_end(history:
                                                                          tmp_path: Path) -> None:
     """The recipe's `oracle.throughput.earlier_runs` (the failing nightly's 930 tokens/s) reaches
     the levels search: the session's first runs are the good end's, not the bad end's, it names the
-    culprit, and its journal's end record and its report say the value was counted."""
+    culprit, its journal's end record and its report say the value was counted, and a resumed
+    session weighs it again."""
     repo, shas = history
     stand_in = NpuThroughputStandIn(DROP, SPREAD, seed=7)
     session = _start(tmp_path, repo, shas, stand_in, name="nightly", earlier_runs={"bad": [930.0]})
@@ -299,3 +300,7 @@ def test_the_failing_nightlys_throughput_counts_as_a_run_at_the_bad_end(history:
     assert end["figures"]["earlier_bad_runs"] == 1 and end["figures"]["earlier_bad_mean"] == 930.0
     assert "the failing nightly's 930 tokens/s counted as a run at the bad end" in \
         (tmp_path / "nightly" / "report.md").read_text()
+    _cut(tmp_path / "nightly", tmp_path / "nightly-cut")  # a resume has them from the recipe it ran
+    builder = LocalBuilder(git.Repo(repo), tmp_path / "nightly-cut-work", ["sh", "-c", "test ! -e BROKEN"])
+    resumed = Session.resume(tmp_path / "nightly-cut", builder=builder, executor=NpuThroughputStandIn(DROP, SPREAD, 7))
+    assert resumed.problem().earlier_levels == ((), (930.0,))

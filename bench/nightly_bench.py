@@ -2,7 +2,7 @@
 
     .venv/bin/python bench/nightly_bench.py [--seeds 400] [--first-seed 0] [--candidates 39]
         [--rows accuracy throughput] [--drop 0.07] [--spread 0.02] [--search session|per-step|levels]
-        [--work DIR]
+        [--work DIR] [--baseline-error 0.05] [--no-baseline] [--nightly-result]
 
 The case is a nightly case file shaped as the demo's: one server, an accuracy benchmark
 (`threshold` 4, 100 samples at the nightly's default temperature 0.6) and a performance benchmark
@@ -62,7 +62,11 @@ The throughput rows (`--search`):
 - `levels`: the levels search alone (`decide` in a loop, each query one run): no session.
 In levels mode the good side's level has the case's published `baseline` as a prior (in tokens/s,
 the runs' unit); `--baseline-error` puts that baseline off the good side's mean by a share (a
-baseline of another host), `--no-baseline` leaves it unread.
+baseline of another host), `--no-baseline` leaves it unread. `--nightly-result` gives the search
+the failing nightly's throughput as an earlier run at the bad end (`oracle.throughput.earlier_runs`,
+what `run --nightly-result bad=...` writes): one run of the bad side drawn on the baseline's host
+(apart from the world's runs, so the worlds stay the same), which `--baseline-error` moves with
+the baseline.
 
 A commit whose parent cannot be built (its own code fails to build) cannot be named by any tool:
 the best answer that history allows is the range from the last buildable commit before it to it.
@@ -247,6 +251,7 @@ class Ours:
     runs_at: dict[int, list[float]] = field(default_factory=dict)  # every commit's throughput runs
     levels: bool = False  # throughput: the levels search, one run a query (`--search levels`)
     weigh_baseline: bool = True  # levels: the case's published baseline a prior on the good side
+    nightly: tuple[float, ...] = ()  # levels: the failing nightly's throughput (tokens/s), a run at the bad end
 
     def attempt(self, run: Callable[[], object | None]) -> object | None:
         """A run that crashed is run again (the evaluator's retries); every attempt is a run."""
@@ -315,7 +320,8 @@ class Ours:
         world, spec = self.world, self.recipe.oracle.throughput
         assert spec is not None
         problem = SearchProblem(n=world.n, mode="levels", confidence=self.recipe.trials.confidence,
-                                threshold=spec.threshold, baseline=spec.baseline if self.weigh_baseline else None)
+                                threshold=spec.threshold, baseline=spec.baseline if self.weigh_baseline else None,
+                                earlier_levels=((), self.nightly))
         evidence: dict[int, Evidence] = {}
         for _ in range(20 * world.n):
             decision = decide(problem, evidence)
@@ -365,15 +371,26 @@ class Ours:
         return Outcome(False, False, self.runs, self.samples)
 
 
-def ours(world: World, levels: bool = False, baseline_error: float = 0.0, weigh_baseline: bool = True) -> Outcome:
+def nightly_result(world: World, seed: int, baseline_error: float = 0.0) -> float:
+    """The failing nightly's throughput (tokens/s): one run of the bad side on the baseline's host
+    (`baseline_error` moves that host's level by a share, as it moves the baseline), drawn apart
+    from the world's runs so the worlds stay the same with and without it."""
+    rng = np.random.default_rng([seed, 2])
+    bad = GOOD_TPUT * (1 - world.drop) if world.breaks == "throughput" else GOOD_TPUT
+    return float(rng.normal(bad, world.spread * GOOD_TPUT)) * (1 + baseline_error) * TOKENS_PER_S
+
+
+def ours(world: World, levels: bool = False, baseline_error: float = 0.0, weigh_baseline: bool = True,
+         nightly: tuple[float, ...] = ()) -> Outcome:
     """bisect-npu on one world; `baseline_error`: the published throughput baseline's error (a share of
-    the good side's mean: a baseline measured on another host)."""
+    the good side's mean: a baseline measured on another host); `nightly`: the failing nightly's
+    throughput, given to the levels search as an earlier run at the bad end."""
     if world.breaks == "accuracy":
         recipe = recipe_of("acc", world.baseline)
     else:
         recipe = recipe_of("perf", search="levels" if levels else "per_step",
                            throughput_baseline=GOOD_TPUT * TOKENS_PER_S * (1 + baseline_error))
-    return Ours(world, recipe, levels=levels, weigh_baseline=weigh_baseline).bisect()
+    return Ours(world, recipe, levels=levels, weigh_baseline=weigh_baseline, nightly=nightly).bisect()
 
 
 # -- bisect-npu through its sessions ------------------------------------------------------------
@@ -404,9 +421,10 @@ def session_history(work: Path, n: int, baseline_error: float | None = 0.0) -> S
     return SessionHistory(work, work / "repo", shas, path)
 
 
-def ours_in_session(world: World, history: SessionHistory, seed: int) -> Outcome:
+def ours_in_session(world: World, history: SessionHistory, seed: int, nightly: tuple[float, ...] = ()) -> Outcome:
     """One seeded history bisected by a session (see the module's docstring); `runs` counts every
-    benchmark run, crashed attempts included."""
+    benchmark run, crashed attempts included; `nightly`: the failing nightly's throughput, in the
+    recipe's `oracle.throughput.earlier_runs` (what `--nightly-result bad=...` writes)."""
     import git
 
     from bisect_npu.api.bisection import progress_for
@@ -424,10 +442,21 @@ def ours_in_session(world: World, history: SessionHistory, seed: int) -> Outcome
     where = Path(tempfile.mkdtemp(prefix=f"seed-{seed}-", dir=history.work))
     unbuildable = where / "unbuildable.txt"
     unbuildable.write_text("".join(f"{i}\n" for i in sorted(world.unbuildable)))
+    recipe_path = history.recipe
+    if nightly:
+        from bisect_npu.nightly.at_commit import recipe_dump, with_earlier_runs
+        from bisect_npu.nightly.cases import CaseRef
+        from bisect_npu.oracle.throughput import EarlierThroughput
+        from bisect_npu.recipe.loader import load_recipe
+
+        recipe_path = where / "perf.yaml"
+        recipe_path.write_text(recipe_dump(with_earlier_runs(load_recipe(str(history.recipe)),
+                                                             EarlierThroughput(bad=list(nightly)),
+                                                             CaseRef.parse("nightly-bench.yaml"))))
     builder = LocalBuilder(git.Repo(history.repo), where / "work",
                            ["sh", "-c", '! grep -qxF "$(cat counter)" "$0"', str(unbuildable)])
     spec = SessionSpec.of(RunRequest.of(repo=str(history.repo), good=shas[0], bad=shas[world.n],
-                                        recipe=str(history.recipe), propose_fix=False, confidence=0.99))
+                                        recipe=str(recipe_path), propose_fix=False, confidence=0.99))
     try:
         result = Session.start(spec, session_dir=where / "session", builder=builder, executor=stand_in,
                                progress=progress_for(quiet=True, live=False)).run()
@@ -471,6 +500,9 @@ def main() -> None:
                              "directory, removed after]")
     parser.add_argument("--baseline-error", type=float, default=0.0,
                         help="the case's published throughput baseline off the good side's mean by this share")
+    parser.add_argument("--nightly-result", action="store_true",
+                        help="levels mode: the failing nightly's throughput (one run of the bad side on the "
+                             "baseline's host) given as an earlier run at the bad end")
     parser.add_argument("--no-baseline", action="store_true",
                         help="levels mode: the runs alone place the good side (the case's baseline unread)")
     args = parser.parse_args()
@@ -479,7 +511,8 @@ def main() -> None:
     print(f"seeds {seeds.start}-{seeds.stop - 1} ({args.seeds} seeded culprits per row), {args.candidates} candidates; "
           f"throughput drop {args.drop:.0%}, spread {args.spread:.0%}; throughput rows: --search {args.search}; "
           f"the case's throughput baseline "
-          f"{'unread' if args.no_baseline else f'{1 + args.baseline_error:.0%} of the good side'}")
+          f"{'unread' if args.no_baseline else f'{1 + args.baseline_error:.0%} of the good side'}"
+          f"{'; the failing nightly result given' if args.nightly_result else ''}")
     work = args.work or Path(tempfile.mkdtemp(prefix="nightly-bench-"))
     history = session_history(work, args.candidates, None if args.no_baseline else args.baseline_error) \
         if args.search == "session" and "throughput" in args.rows else None
@@ -494,10 +527,13 @@ def main() -> None:
             return make_world(seed, args.candidates, breaks, pin_moves, args.drop, args.spread)
 
         if history is not None and breaks == "throughput":
-            mine = [ours_in_session(world(seed, False), history, seed) for seed in seeds]
+            mine = [ours_in_session(world(seed, False), history, seed,
+                                    (nightly_result(world(seed, False), seed, args.baseline_error),)
+                                    if args.nightly_result else ()) for seed in seeds]
         else:
-            mine = [ours(world(seed, False), args.search == "levels", args.baseline_error, not args.no_baseline)
-                    for seed in seeds]
+            mine = [ours(world(seed, False), args.search == "levels", args.baseline_error, not args.no_baseline,
+                         (nightly_result(world(seed, False), seed, args.baseline_error),) if args.nightly_result
+                         else ()) for seed in seeds]
         for pin_moves in (False, True):
             worlds = [world(seed, pin_moves) for seed in seeds]
             other = [theirs(w) for w in worlds]

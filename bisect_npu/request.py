@@ -153,6 +153,12 @@ class JudgeSpec(_Part):
         "--nightly-datasets", kind="file", metavar="DIR",
         help="Where the nightly case's relative dataset_path entries (and a .py dataset_conf) lie, as the nightly's "
              "lie under its dataset cache [default: as written].")] = None
+    nightly_results: Annotated[list[str], flag(
+        "--nightly-result", metavar="END=TOKENS_PER_S",
+        help="With --nightly-case, a performance benchmark: the output token throughput a nightly measured at an "
+             "end (its benchmark_results JSON's Output_Token_Throughput(OTT)), e.g. bad=951.2 for the failing one; "
+             "the levels search counts it as a run there as far as the nightly's host is this one (the recipe's "
+             "oracle.throughput.earlier_runs). Repeatable.")] = Field(default_factory=list)
     # --unit-test: vllm-ascend's unit tests as the oracle; their runner becomes `command` at the start.
     unit_tests: Annotated[list[str], flag(
         "--unit-test", metavar="NODEID",

@@ -160,7 +160,7 @@ def simulate(repo: str | Path, good: str, bad: str, culprit: str, *, bad_rate: f
              on_run: Callable[[int, int], None] | None = None,
              throughput_drop: float | None = None, throughput_spread: float = 0.02, threshold: float = 0.97,
              trials: int = 5, throughput_search: Literal["levels", "per_step"] = "levels",
-             published_baseline: bool = False) -> Simulation:
+             published_baseline: bool = False, nightly_result: bool = False) -> Simulation:
     """Replay the real search `runs` times over `good`..`bad` with a synthetic oracle that fails
     a trial at or after `culprit` with `bad_rate`, before it with `good_rate`; `mode` defaults to
     exact for a perfect test (rates 1/0), else noisy. `throughput_drop`: a throughput regression
@@ -168,7 +168,9 @@ def simulate(repo: str | Path, good: str, bad: str, culprit: str, *, bad_rate: f
     `trials`), searched as a session searches it (`throughput_search`, the recipe's
     `oracle.throughput.search`: levels, one run a step; per_step, each step's trials stopped when
     sure, the likelihood search); `published_baseline`: the recipe publishes a throughput baseline,
-    which levels mode takes as a prior (the forecast as if it holds). `on_run(done, total)` after
+    which levels mode takes as a prior (the forecast as if it holds); `nightly_result`: the recipe
+    gives the failing nightly's throughput (`oracle.throughput.earlier_runs.bad`), a run at the bad
+    end on the baseline's host (as if that host is this one). `on_run(done, total)` after
     each bisection."""
     from bisect_npu.forecast.plan import range_keys, unbuildable_positions
     from bisect_npu.forecast.simulate import Minutes, Throughput, describe
@@ -177,7 +179,8 @@ def simulate(repo: str | Path, good: str, bad: str, culprit: str, *, bad_rate: f
 
     throughput = None if throughput_drop is None else Throughput(throughput_drop, throughput_spread, threshold,
                                                                  trials, search=throughput_search,
-                                                                 baseline=1.0 if published_baseline else None)
+                                                                 baseline=1.0 if published_baseline else None,
+                                                                 nightly_result=nightly_result)
     if throughput is None and bad_rate <= good_rate:
         raise UsageError(f"--bad-rate ({bad_rate}) must exceed --good-rate ({good_rate}): "
                          "the bad side is the one that fails more often")

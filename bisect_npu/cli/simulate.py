@@ -62,12 +62,17 @@ from bisect_npu.cli.params import FiniteRange
 @click.option("--published-baseline", is_flag=True,
               help="With --throughput-drop and levels: the recipe publishes oracle.throughput.baseline, a prior on "
                    "the good side's level (forecast as if it holds).")
+@click.option("--nightly-result", is_flag=True,
+              help="With --throughput-drop and levels: the recipe gives the failing nightly's throughput "
+                   "(oracle.throughput.earlier_runs.bad), a run at the bad end on the baseline's host (forecast as "
+                   "if that host is this one).")
 def simulate(repo: str, good: str, bad: str, culprit: str, bad_rate: float, good_rate: float,
              build_fail: float, slots: int, runs: int, build_cost_min: float, overlay_cost_min: float,
              run_cost_min: float,
              load_cost_min: float, earlier_runs: int, dockerfile: str, seed: int,
              mode: Literal["exact", "noisy"] | None, throughput_drop: float | None, throughput_spread: float,
-             threshold: float, trials: int, throughput_search: str, published_baseline: bool) -> None:
+             threshold: float, trials: int, throughput_search: str, published_baseline: bool,
+             nightly_result: bool) -> None:
     """Expected runs, builds, accuracy and hours of bisecting GOOD..BAD when CULPRIT is the answer."""
     from bisect_npu import api
 
@@ -80,7 +85,7 @@ def simulate(repo: str, good: str, bad: str, culprit: str, bad_rate: float, good
                               throughput_drop=throughput_drop, throughput_spread=throughput_spread,
                               threshold=threshold, trials=trials,
                               throughput_search="levels" if throughput_search == "levels" else "per_step",
-                              published_baseline=published_baseline)
+                              published_baseline=published_baseline, nightly_result=nightly_result)
     heading = (f"{answer.candidates} candidates, culprit at position {answer.position}, "
                f"{answer.build_keys} build keys, mode {answer.mode}, "
                + (f"rates {bad_rate}/{good_rate}" if throughput_drop is None else

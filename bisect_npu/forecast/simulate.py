@@ -65,7 +65,9 @@ class Throughput:
     the recipe's trials.count) and the good end's (`reference_trials`; None: the oracle's default),
     the session's search (`search`: the recipe's `oracle.throughput.search`), and the published
     baseline the levels search takes as a prior (`baseline`, a share of the good side's mean: 1.0
-    when it holds; None: the recipe publishes none)."""
+    when it holds; None: the recipe publishes none), and whether the failing nightly's throughput
+    is given (`nightly_result`: `oracle.throughput.earlier_runs.bad`, one run of the bad side drawn
+    per bisection on the baseline's host, forecast as if that host is the session's)."""
 
     drop: float
     spread: float = 0.02
@@ -74,6 +76,7 @@ class Throughput:
     reference_trials: int | None = None
     search: Literal["levels", "per_step"] = "levels"
     baseline: float | None = None
+    nightly_result: bool = False
 
 
 @dataclass(frozen=True)
@@ -292,7 +295,10 @@ def simulate_levels_one(
     unbuildable: Collection[int] = (),
 ) -> RunOutcome:
     """One levels-mode session against a throughput regression: each query one run (an engine start
-    and the run) at the position the search asks, its value the search's evidence."""
+    and the run) at the position the search asks, its value the search's evidence; the failing
+    nightly's throughput, where given, one draw of the bad side."""
+    if regression.nightly_result:
+        problem = replace(problem, earlier_levels=((), (float(rng.normal(1 - regression.drop, regression.spread)),)))
     evidence: dict[int, Evidence] = {}
     known = {**{i: False for i in unbuildable}, 0: True, problem.n: True}
     book = _BuildBook(build_key_of, costs, build_fail, rng, known)

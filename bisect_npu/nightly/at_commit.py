@@ -9,11 +9,13 @@ from pathlib import Path
 
 import git
 import yaml
+from pydantic import ValidationError
 
 from bisect_npu.errors import UsageError
 from bisect_npu.nightly.cases import CaseRef, case_names, import_case, import_notes, read_case_file
 from bisect_npu.nightly.good_table import Frequency, GoodRow, Lookup, frequency_of, last_good, read_rows
 from bisect_npu.nightly.soc import SCHEDULE_CONFIGS, soc_of
+from bisect_npu.oracle.throughput import EarlierThroughput, ThroughputConfig
 from bisect_npu.paths import cache_root
 from bisect_npu.recipe.schema import Recipe
 from bisect_npu.upstream import dockerfile, history
@@ -73,14 +75,54 @@ def recipe_dump(recipe: Recipe) -> str:
     return str(yaml.safe_dump(body, sort_keys=False, allow_unicode=True, width=120))
 
 
-def write_recipe_at(repo: git.Repo, sha: str, ref: CaseRef, datasets: str | None = None) -> Path:
-    """The bad end's recipe written where resume finds it again (named by its digest)."""
+NIGHTLY_RESULT_FORM = "END=TOKENS_PER_S (END good or bad), e.g. bad=951.2"
+
+
+def nightly_results(texts: list[str]) -> EarlierThroughput | None:
+    """`--nightly-result END=TOKENS_PER_S` (repeatable) as the recipe's `oracle.throughput.earlier_runs`."""
+    ends: dict[str, list[float]] = {"good": [], "bad": []}
+    for text in texts:
+        end, equals, value = text.partition("=")
+        if not equals or end.strip() not in ends:
+            raise UsageError(f"--nightly-result {text}: give {NIGHTLY_RESULT_FORM}")
+        try:
+            ends[end.strip()].append(float(value.strip().removesuffix("token/s").removesuffix("tokens/s")))
+        except ValueError:
+            raise UsageError(f"--nightly-result {text}: {value.strip() or 'nothing'} is not a number of tokens/s "
+                             f"({NIGHTLY_RESULT_FORM})") from None
+    if not texts:
+        return None
+    try:
+        return EarlierThroughput(good=ends["good"], bad=ends["bad"], source="--nightly-result")
+    except ValidationError as exc:
+        raise UsageError(f"--nightly-result: {exc.errors()[0]['msg'].removeprefix('Value error, ')}") from None
+
+
+def write_recipe_at(repo: git.Repo, sha: str, ref: CaseRef, datasets: str | None = None,
+                    earlier: EarlierThroughput | None = None) -> Path:
+    """The bad end's recipe written where resume finds it again (named by its digest); `earlier`:
+    the nightly's own throughput results (`--nightly-result`), the recipe's `earlier_runs`."""
     recipe, _ = newest_recipe_at(repo, sha, ref, datasets)
+    if earlier is not None:
+        recipe = with_earlier_runs(recipe, earlier, ref)
     folder = cache_root() / "nightly-recipes"
     folder.mkdir(parents=True, exist_ok=True)
     path = folder / f"{recipe.name}-{recipe.digest()}.yaml"
     path.write_text(f"# imported by bisect-npu from {ref} at {sha}\n" + recipe_dump(recipe), encoding="utf-8")
     return path
+
+
+def with_earlier_runs(recipe: Recipe, earlier: EarlierThroughput, ref: CaseRef) -> Recipe:
+    """The performance benchmark's recipe with `earlier` as its `oracle.throughput.earlier_runs`."""
+    throughput = recipe.oracle.throughput
+    if throughput is None:
+        raise UsageError(f"--nightly-result gives a performance benchmark's throughput; --nightly-case {ref} is an "
+                         "accuracy benchmark (give its results with --earlier-results)")
+    try:
+        changed = ThroughputConfig.model_validate({**throughput.model_dump(), "earlier_runs": earlier.model_dump()})
+    except ValidationError as exc:
+        raise UsageError(f"--nightly-result: {exc.errors()[0]['msg'].removeprefix('Value error, ')}") from None
+    return recipe.model_copy(update={"oracle": recipe.oracle.model_copy(update={"throughput": changed})})
 
 
 @dataclass(frozen=True)
@@ -134,7 +176,8 @@ class NightlyRun:
 
 def settle_run(repo_path: str, bad: str, good: str, nightly_case: str | None, good_table: Path | None,
                name: str | None, config_yaml: str | None, soc: str | None, scene: str,
-               frequency: Frequency | None, datasets: str | None = None) -> NightlyRun:
+               frequency: Frequency | None, datasets: str | None = None,
+               earlier: EarlierThroughput | None = None) -> NightlyRun:
     """--nightly-case: the bad end's recipe, written out; --good-table: the good end (the
     dimensions default to the case's name and file)."""
     repo = history.open_repo(repo_path)
@@ -144,7 +187,7 @@ def settle_run(repo_path: str, bad: str, good: str, nightly_case: str | None, go
     recipe_file = None
     if ref is not None:
         bad_sha = history.resolve_ref(repo, bad)
-        recipe_file = str(write_recipe_at(repo, bad_sha, ref, datasets))
+        recipe_file = str(write_recipe_at(repo, bad_sha, ref, datasets, earlier))
         notes.append(f"--nightly-case {ref}: the bad end's recipe is {recipe_file}; each candidate runs the case "
                      "as its own commit has the file")
         recipe, _ = newest_recipe_at(repo, bad_sha, ref, datasets)

@@ -25,6 +25,37 @@ THROUGHPUT_FIGURE = "output_token_throughput"  # Observation.extra key a harness
 # The good end's trials, as a multiple of a candidate's, when its mean is the line: one error in
 # that mean moves the line of every step at once, so it is measured to half a candidate's error.
 REFERENCE_TRIALS_FACTOR = 4
+# The unit of every throughput a recipe gives: output tokens per second, as a run measures it and
+# the nightly publishes it (AISBench writes "token/s").
+UNITS = ("tokens/s", "token/s")
+
+
+class EarlierThroughput(StrictModel):
+    """Throughput measured at the ends before the session, on the host the `baseline` comes from
+    (the failing nightly's at the bad end, the last good nightly's at the good end). The levels
+    search counts them as runs at their end as far as that host is the session's, as it weighs
+    the baseline: a value of another host costs runs, not the answer."""
+
+    good: list[float] = Field(default_factory=list, description="the good end's earlier runs, tokens/s (the last "
+                                                                "good nightly's output token throughput)")
+    bad: list[float] = Field(default_factory=list, description="the bad end's earlier runs, tokens/s (the failing "
+                                                               "nightly's output token throughput)")
+    unit: str = Field("tokens/s", description="their unit: output token throughput in tokens/s, the runs' (AISBench's "
+                                              "'token/s' is the same)")
+    source: str = Field("", description="where they were measured (said in the report), e.g. the nightly run's URL")
+
+    @model_validator(mode="after")
+    def _runs_in_the_runs_unit(self) -> EarlierThroughput:
+        if self.unit.strip().lower() not in UNITS:
+            raise ValueError(f"earlier_runs.unit {self.unit!r} is not the runs' unit: give output token throughput "
+                             "in tokens/s (AISBench's 'Output Token Throughput'; not requests/s, not ms)")
+        if not self.good and not self.bad:
+            raise ValueError("earlier_runs gives no run: list the failing nightly's throughput under `bad` (and the "
+                             "last good nightly's under `good`), or leave earlier_runs out")
+        wrong = [v for v in (*self.good, *self.bad) if not (math.isfinite(v) and v > 0)]
+        if wrong:
+            raise ValueError(f"earlier_runs holds {wrong[0]}: a throughput is a positive number of tokens/s")
+        return self
 
 
 class ThroughputConfig(StrictModel):
@@ -57,11 +88,24 @@ class ThroughputConfig(StrictModel):
                           "and reference_trials are the most it runs), and the search weighs each step's "
                           "likelihood ratio; false: every step runs its count")
 
+    earlier_runs: EarlierThroughput | None = Field(
+        None, description="search levels: throughput measured at the ends before the session on the baseline's "
+                          "host (the failing nightly's at the bad end), weighed as runs there as far as that host "
+                          "is the session's")
+
     @model_validator(mode="after")
     def _baseline_when_asked(self) -> ThroughputConfig:
         if self.reference == "baseline" and self.baseline is None:
             raise ValueError("reference baseline needs `baseline`, the published throughput in tokens/s")
+        if self.earlier_runs is not None and (self.reference != "good_end" or self.search != "levels"):
+            raise ValueError("earlier_runs are weighed by the levels search only: set reference: good_end and "
+                             "search: levels, or leave earlier_runs out")
         return self
+
+    def earlier_levels(self) -> tuple[tuple[float, ...], tuple[float, ...]]:
+        """`earlier_runs` as the levels search takes them: (the good end's, the bad end's)."""
+        runs = self.earlier_runs
+        return (tuple(runs.good), tuple(runs.bad)) if runs is not None else ((), ())
 
 
 def reference_trials(cfg: ThroughputConfig, trials: int) -> int:

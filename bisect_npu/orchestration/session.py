@@ -79,6 +79,16 @@ def search_mode_for(recipe: Recipe | None, asked: Literal["exact", "noisy"] | No
     return recipe.trials.mode if recipe else "exact"
 
 
+def earlier_figures(earlier: search.EarlierLevels) -> dict[str, float]:
+    """The earlier runs the levels search counted at each end (the failing nightly's at the bad
+    end), for the journal's end record and the report: their count and mean, per end given."""
+    figures: dict[str, float] = {}
+    for end, values in zip(("good", "bad"), earlier, strict=True):
+        if values:
+            figures |= {f"earlier_{end}_runs": float(len(values)), f"earlier_{end}_mean": sum(values) / len(values)}
+    return figures
+
+
 def levels_ends_said(evidence: Mapping[int, search.Evidence], n: int, under_line: float) -> str:
     """Why the levels search judged the bad end not bad: both ends' runs, and how likely it is that
     the bad end's mean lies under the good end's line."""
@@ -218,7 +228,9 @@ class Session:
                                     prebuilt_groups=self.prebuilt_groups(), overlay_cost=overlay_cost,
                                     weights=self.weights, answer_log_lr=answer_log_lr(self.recipe),
                                     threshold=throughput.threshold if throughput is not None else 0.97,
-                                    baseline=throughput.baseline if throughput is not None else None)
+                                    baseline=throughput.baseline if throughput is not None else None,
+                                    earlier_levels=throughput.earlier_levels() if throughput is not None
+                                    and mode == "levels" else search.NO_EARLIER)
 
     @property
     def weights(self) -> tuple[int, ...] | None:
@@ -401,7 +413,8 @@ class Session:
         steps = len(self.state.steps())
         if self.levels and not isinstance(decision, search.EndsWrong):
             # why the levels search stopped: the confidence reached, or no commit left to run again
-            decision = replace(decision, figures={**decision.figures, "confidence_asked": self.confidence})
+            decision = replace(decision, figures={**decision.figures, "confidence_asked": self.confidence,
+                                                  **earlier_figures(self.problem().earlier_levels)})
         if isinstance(decision, search.Found):
             culprit = self.commit_at(decision.index)
             message = end_messages.found(self.spec.level.name, culprit, self.titles.get(culprit, ""),

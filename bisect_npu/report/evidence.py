@@ -102,7 +102,22 @@ def _levels_lines(view: SessionView, end: EndRecord, found: str) -> list[str]:
             f"the good side's mean {figures['good_mean']:.1f} tokens/s, the bad side's {figures['bad_mean']:.1f} "
             f"({share:.1%} of it; every run of every commit weighed together, the spread estimated from them)",
             f"{figures['runs']:.0f} runs in all, one a step: {runs_at.get(culprit, 0)} at {found}, "
-            f"{runs_at.get(culprit - 1, 0)} at its parent, {len(runs_at)} commits run"]
+            f"{runs_at.get(culprit - 1, 0)} at its parent, {len(runs_at)} commits run", *earlier_lines(figures)]
+
+
+def earlier_lines(figures: dict[str, float]) -> list[str]:
+    """The earlier runs the levels search counted (`oracle.throughput.earlier_runs`), one line an end."""
+    said = {"good": "the last good nightly's", "bad": "the failing nightly's"}
+    return [f"{said[end]} {_runs_said(figures, end)} at the {end} end (as far as the baseline's host is this one: "
+            "a value of another host costs runs, not the answer)"
+            for end in ("good", "bad") if f"earlier_{end}_runs" in figures]
+
+
+def _runs_said(figures: dict[str, float], end: str) -> str:
+    count, mean = figures[f"earlier_{end}_runs"], figures[f"earlier_{end}_mean"]
+    if count == 1:
+        return f"{mean:.0f} tokens/s counted as a run"
+    return f"{count:.0f} runs averaging {mean:.0f} tokens/s counted as runs"
 
 
 def host_line(view: SessionView) -> str | None:

@@ -25,7 +25,9 @@ from bisect_npu.search.likelihood import decide_likelihood
 from bisect_npu.search.noisy import decide_noisy
 from bisect_npu.search.two_levels import decide_levels
 from bisect_npu.search.types import (
+    NO_EARLIER,
     Decision,
+    EarlierLevels,
     EarlierRuns,
     EndsWrong,
     Evidence,
@@ -41,7 +43,9 @@ from bisect_npu.search.types import (
 )
 
 __all__ = [
+    "NO_EARLIER",
     "Decision",
+    "EarlierLevels",
     "EarlierRuns",
     "EndsWrong",
     "Evidence",

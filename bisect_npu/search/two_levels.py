@@ -17,7 +17,16 @@ side's level (a nightly case's `baseline`, in the runs' unit), the good side's m
 it instead of flat, its variance the spread's squared over a worth in runs (``BASELINE_PRIOR``, a
 mixture over how far off the baseline may be): each worth k turns the good side's factor into
 (k / (k + n_L))^(1/2), adds k n_L / (k + n_L) (the good runs' mean - baseline)^2 to S(c), gives
-S(c) the exponent -(N-1)/2 and the line's t N - 1 degrees of freedom.
+S(c) the exponent -(N-1)/2 and the line's t N - 1 degrees of freedom. Runs made before the
+session at the ends on the baseline's host (the failing nightly's throughput at the bad end, the
+last good one's at the good end: ``SearchProblem.earlier_levels``) share the baseline's worth in
+each component: a run of worth k is normal about its side's mean with the spread squared over k as
+its variance, so with flat means they join the sums at their end weighted by k and each adds
+k^(1/2) to the likelihood (the baseline alone is the same formula, one value at the good end). The
+worth-1 component counts them as runs of the session's own host; the others, that host being
+another, leave them to move nothing much: a wrong or other-host value costs runs, not the answer.
+An answer rests on the session's own runs: a side of it that only earlier runs speak for is run
+first, and the ends are judged wrong on the session's runs alone.
 
 A query is one run where it teaches most about c per cost: the expected fall of the change
 point's entropy, its outcome drawn from the posterior predictive (`expected_information`), over
@@ -38,7 +47,18 @@ from collections.abc import Mapping, Sequence
 import numpy as np
 
 from bisect_npu.search.costs import build_costs
-from bisect_npu.search.types import Decision, EndsWrong, Evidence, Found, Narrowed, Next, Query, SearchProblem
+from bisect_npu.search.types import (
+    NO_EARLIER,
+    Decision,
+    EarlierLevels,
+    EndsWrong,
+    Evidence,
+    Found,
+    Narrowed,
+    Next,
+    Query,
+    SearchProblem,
+)
 
 # The incomplete beta's continued fraction converges in O(sqrt(max(a, b))) terms; the degrees of
 # freedom are a session's runs (tens), so this bound is never reached in practice.
@@ -125,7 +145,8 @@ def _side_sums(n: int, runs: Mapping[int, Sequence[float]],
     return count, total, squares
 
 
-def _split(count: np.ndarray, total: np.ndarray, squares: np.ndarray) -> tuple[np.ndarray, ...]:
+def _split(count: np.ndarray, total: np.ndarray,
+           squares: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
     """For each split c (last axis, c = 1..n): the left side's (positions < c) mean and run count,
     the right side's, and the squared deviations from each side's own mean, summed."""
     n_left, s_left, q_left = (np.cumsum(a, axis=-1)[..., :-1] for a in (count, total, squares))
@@ -135,14 +156,16 @@ def _split(count: np.ndarray, total: np.ndarray, squares: np.ndarray) -> tuple[n
 
 
 def _log_lik_of_sums(count: np.ndarray, total: np.ndarray, squares: np.ndarray, center: float,
-                     threshold: float, baseline: float | None = None) -> np.ndarray:
+                     threshold: float, baseline: float | None = None,
+                     earlier: EarlierLevels = NO_EARLIER) -> np.ndarray:
     """``log_likelihood`` from per-position sums (last axis 0..n; leading axes: alternatives)."""
     runs = float(count.reshape(-1, count.shape[-1])[0].sum())  # the same in every alternative
-    mean_left, n_left, mean_right, n_right, within = _split(count, total, squares)
-    if baseline is None:
-        return _flat_good_side(mean_left, n_left, mean_right, n_right, within, runs, center, threshold)
-    terms = [math.log(weight) + _baseline_good_side(mean_left, n_left, mean_right, n_right, within, runs, center,
-                                                    threshold, baseline, worth)
+    if baseline is None and not any(earlier):
+        return _flat_good_side(*_split(count, total, squares), runs, center, threshold)
+    # The published baseline and the earlier runs come from the nightly's host: one worth for all
+    # of them in each of the prior's components (that host is this one, or it is off).
+    good = ((baseline,) if baseline is not None else ()) + tuple(earlier[0])
+    terms = [math.log(weight) + _with_host_runs(count, total, squares, runs, center, threshold, good, earlier[1], worth)
              for worth, weight in BASELINE_PRIOR]
     result: np.ndarray = np.logaddexp.reduce(terms, axis=0)
     return result
@@ -150,7 +173,8 @@ def _log_lik_of_sums(count: np.ndarray, total: np.ndarray, squares: np.ndarray, 
 
 def _flat_good_side(mean_left: np.ndarray, n_left: np.ndarray, mean_right: np.ndarray, n_right: np.ndarray,
                     within: np.ndarray, runs: float, center: float, threshold: float) -> np.ndarray:
-    """Both means flat a priori: (n_L n_R)^(-1/2) S^(-(N-2)/2) P(under the line)."""
+    """Both means flat a priori: (n_L n_R)^(-1/2) S^(-(N-2)/2) P(under the line). The counts may
+    be weights (a run of the nightly's host counts ``worth``), ``runs`` every value's count."""
     within = np.maximum(within, np.max(within, axis=-1, keepdims=True) * 1e-12 + _TINY)
     df = runs - 2.0
     # The bad side under the line: threshold x mu_good - mu_bad > 0, its error t-distributed.
@@ -161,28 +185,38 @@ def _flat_good_side(mean_left: np.ndarray, n_left: np.ndarray, mean_right: np.nd
     return result
 
 
-def _baseline_good_side(mean_left: np.ndarray, n_left: np.ndarray, mean_right: np.ndarray, n_right: np.ndarray,
-                        within: np.ndarray, runs: float, center: float, threshold: float, baseline: float,
-                        worth: float) -> np.ndarray:
-    """The good side's mean normal about ``baseline`` with the weight of ``worth`` runs (its
-    variance the spread squared over ``worth``), the bad side's flat: the prior's pseudo-runs join
-    the good side's mean and its distance from the runs' mean joins the squared deviations,
-    (worth / (worth + n_L))^(1/2) n_R^(-1/2) S'^(-(N-1)/2) P(under the line)."""
-    prior = baseline - center
-    spread_sums = within + worth * n_left / (worth + n_left) * (mean_left - prior) ** 2
-    spread_sums = np.maximum(spread_sums, np.max(spread_sums, axis=-1, keepdims=True) * 1e-12 + _TINY)
-    df = runs - 1.0
-    good = (worth * prior + n_left * mean_left) / (worth + n_left)
-    gap = threshold * (good + center) - (mean_right + center)
-    error = np.sqrt(spread_sums / df * (threshold**2 / (worth + n_left) + 1.0 / n_right))
-    under_line = t_log_cdf(gap / error, df)
-    result: np.ndarray = (0.5 * np.log(worth / (worth + n_left)) - 0.5 * np.log(n_right)
-                          - df / 2.0 * np.log(spread_sums) + under_line)
-    return result
+def _with_host_runs(count: np.ndarray, total: np.ndarray, squares: np.ndarray, runs: float, center: float,
+                    threshold: float, good: Sequence[float], bad: Sequence[float], worth: float) -> np.ndarray:
+    """The values of the nightly's host (``good``: the baseline and the good end's earlier runs,
+    ``bad``: the bad end's) as runs of weight ``worth`` at the ends, each normal about its side's
+    mean with the spread squared over ``worth`` as its variance; with flat means that is the flat
+    formula over weighted sums, times worth^(1/2) per value. For the baseline alone it is the good
+    mean normal about it: (worth / (worth + n_L))^(1/2) n_R^(-1/2) S'^(-(N-1)/2) P(under the line)."""
+    host = len(good) + len(bad)
+    return (0.5 * host * math.log(worth)
+            + _flat_good_side(*_split(*_host_sums(count, total, squares, center, good, bad, worth)), runs + host,
+                              center, threshold))
 
 
-def _ready(n: int, runs: Mapping[int, Sequence[float]]) -> bool:
-    return bool(runs.get(0)) and bool(runs.get(n)) and sum(len(v) for v in runs.values()) >= 3
+def _host_sums(count: np.ndarray, total: np.ndarray, squares: np.ndarray, center: float, good: Sequence[float],
+               bad: Sequence[float], worth: float) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """The sums with ``good`` joined to the good end's (position 0) and ``bad`` to the bad end's,
+    each value weighing ``worth``."""
+    count, total, squares = count.copy(), total.copy(), squares.copy()
+    for index, values in ((0, good), (-1, bad)):
+        shifted = np.asarray(values, dtype=float) - center
+        count[..., index] += worth * len(shifted)
+        total[..., index] += worth * shifted.sum()
+        squares[..., index] += worth * (shifted * shifted).sum()
+    return count, total, squares
+
+
+def _ready(n: int, runs: Mapping[int, Sequence[float]], earlier: EarlierLevels = NO_EARLIER) -> bool:
+    """Each end has a run (of the session, or an earlier one), the session one at least, and three
+    runs in all."""
+    ends = all(runs.get(i) or earlier[side] for side, i in enumerate((0, n)))
+    measured = sum(len(v) for v in runs.values())
+    return ends and measured >= 1 and measured + len(earlier[0]) + len(earlier[1]) >= 3
 
 
 def _center(runs: Mapping[int, Sequence[float]]) -> float:
@@ -190,22 +224,23 @@ def _center(runs: Mapping[int, Sequence[float]]) -> float:
 
 
 def log_likelihood(n: int, runs: Mapping[int, Sequence[float]], threshold: float,
-                   baseline: float | None = None) -> np.ndarray | None:
+                   baseline: float | None = None, earlier: EarlierLevels = NO_EARLIER) -> np.ndarray | None:
     """log P(every run | c) + constant for c = 1..n (index 0 is position 1), both means and the
     spread integrated out; None while the runs cannot weigh a change (an end without a run, or
     fewer than three runs in all). ``baseline``: the published good-side mean, in the runs' unit,
-    a prior on the good side's mean (``BASELINE_PRIOR``); None: flat."""
-    if not _ready(n, runs):
+    a prior on the good side's mean (``BASELINE_PRIOR``); None: flat. ``earlier``: runs at the good
+    end and the bad end made on the baseline's host, each weighed as the baseline is."""
+    if not _ready(n, runs, earlier):
         return None
     center = _center(runs)
-    return _log_lik_of_sums(*_side_sums(n, runs, center), center, threshold, baseline)
+    return _log_lik_of_sums(*_side_sums(n, runs, center), center, threshold, baseline, earlier)
 
 
 def posterior(n: int, runs: Mapping[int, Sequence[float]], threshold: float,
-              baseline: float | None = None) -> np.ndarray | None:
+              baseline: float | None = None, earlier: EarlierLevels = NO_EARLIER) -> np.ndarray | None:
     """P(c = x | every run) for x = 1..n (index 0 is position 1), the culprit uniform a priori;
     None where ``log_likelihood`` is."""
-    log_lik = log_likelihood(n, runs, threshold, baseline)
+    log_lik = log_likelihood(n, runs, threshold, baseline, earlier)
     if log_lik is None:
         return None
     return _normalised(log_lik)
@@ -224,17 +259,19 @@ def _entropy(post: np.ndarray) -> np.ndarray:
 
 def expected_information(n: int, runs: Mapping[int, Sequence[float]], threshold: float,
                          positions: Sequence[int], outcomes: int = OUTCOMES,
-                         baseline: float | None = None) -> np.ndarray:
+                         baseline: float | None = None, earlier: EarlierLevels = NO_EARLIER) -> np.ndarray:
     """For each of ``positions``: the expected fall in the change point's entropy from one more run
     there (in the log-odds against the likeliest position once it holds ``LATE_SHARE``), its
     outcome drawn from the posterior predictive (each c's side mean, Student's t with that c's
     spread), integrated on a grid of ``outcomes`` values."""
-    assert _ready(n, runs)
+    assert _ready(n, runs, earlier)
     center = _center(runs)
     sums = _side_sums(n, runs, center)
-    post = _normalised(_log_lik_of_sums(*sums, center, threshold, baseline))
-    left, n_left, right, n_right, within = _split(*sums)
-    df = float(sums[0].sum()) - 2.0
+    post = _normalised(_log_lik_of_sums(*sums, center, threshold, baseline, earlier))
+    # the predictive takes the earlier runs as runs: a side may have no run of the session's
+    known = _host_sums(*sums, center, earlier[0], earlier[1], 1.0)
+    left, n_left, right, n_right, within = _split(*known)
+    df = float(known[0].sum()) - 2.0
     spread2 = np.maximum(within / df, _TINY)
     spread = float(np.sqrt((post * spread2).sum()))
     low = float(min((post * right).sum(), (post * left).sum())) - 4 * spread
@@ -255,7 +292,7 @@ def expected_information(n: int, runs: Mapping[int, Sequence[float]], threshold:
     count[rows, :, columns] += 1
     total[rows, :, columns] += ys
     squares[rows, :, columns] += ys * ys
-    after = _normalised(_log_lik_of_sums(count, total, squares, center, threshold, baseline))
+    after = _normalised(_log_lik_of_sums(count, total, squares, center, threshold, baseline, earlier))
     measure = _entropy if float(post.max()) < LATE_SHARE else _unsure
     gains: np.ndarray = float(measure(post)) - (weights * measure(after)).sum(axis=1)
     return gains
@@ -296,12 +333,15 @@ def decide_levels(problem: SearchProblem, evidence: Mapping[int, Evidence]) -> D
         ev = evidence.get(index, Evidence())
         if ev.skipped and not ev.measured:
             return EndsWrong(which, {"skipped": 1.0})  # type: ignore[arg-type]
-    runs = measured_runs(evidence)
-    if not _ready(n, runs):
-        first = [i for i in (0, n) if not runs.get(i)] or [n]
+    runs, earlier = measured_runs(evidence), problem.earlier_levels
+    known = {0: len(runs.get(0, ())) + len(earlier[0]), n: len(runs.get(n, ())) + len(earlier[1])}
+    if not _ready(n, runs, earlier):
+        # an end known by earlier runs alone is asked last: they may be another host's
+        first = [i for i in (0, n) if not known[i]] or [min((n, 0), key=lambda i: (known[i], not runs.get(i)))]
         return Next(tuple(Query(i) for i in first[: problem.slots]))
-    under = ends_under_line(n, runs, problem.threshold)
-    if problem.check_ends and 1 - under >= problem.confidence:
+    # The ends are judged wrong on the session's own runs only (an earlier run may be another host's).
+    under = ends_under_line(n, runs, problem.threshold) if runs.get(0) and runs.get(n) else None
+    if problem.check_ends and under is not None and 1 - under >= problem.confidence:
         # One low run of the good end can put a sound bad end over the line: an end is judged
         # wrong only once both have run again (as likelihood mode asks a weak end again).
         again = [i for i in (n, 0) if len(runs[i]) < END_RUNS_BEFORE_WRONG
@@ -309,13 +349,17 @@ def decide_levels(problem: SearchProblem, evidence: Mapping[int, Evidence]) -> D
         if not again:
             return EndsWrong("bad", {"under_line": under})
         return Next((Query(min(again, key=lambda i: len(runs[i]))),))
-    post = posterior(n, runs, problem.threshold, problem.baseline)
+    post = posterior(n, runs, problem.threshold, problem.baseline, earlier)
     assert post is not None
     blocks = _blocks(n, evidence)
     block_mass = np.bincount(blocks, weights=post)
     best = int(np.argmax(block_mass))
-    if block_mass[best] >= problem.confidence:
+    unmeasured = _side_unmeasured(n, runs, evidence, blocks, best, problem.max_trials_per_query)
+    if block_mass[best] >= problem.confidence and unmeasured is None:
         return _answer(n, runs, blocks, block_mass, best, under)
+    if block_mass[best] >= problem.confidence:
+        assert unmeasured is not None
+        return Next((Query(unmeasured),))
     cumulative = np.cumsum(post)[:-1]  # P(c <= x) for x = 1..n-1
     room = {i: problem.max_trials_per_query - len(evidence.get(i, Evidence()).measured) for i in range(n + 1)}
     askable = [x for x in range(1, n) if room[x] > 0 and not (evidence.get(x, Evidence()).skipped
@@ -327,7 +371,8 @@ def decide_levels(problem: SearchProblem, evidence: Mapping[int, Evidence]) -> D
     costs = build_costs(problem, evidence)
     for i in runs:
         costs[i] = 0.0
-    gains = expected_information(n, runs, problem.threshold, asked, baseline=problem.baseline) / (1.0 + costs[asked])
+    gains = expected_information(n, runs, problem.threshold, asked, baseline=problem.baseline,
+                                 earlier=earlier) / (1.0 + costs[asked])
     order = sorted(range(len(asked)), key=lambda k: (-gains[k], asked[k]))
     return Next(tuple(Query(asked[k]) for k in order[: problem.slots]))
 
@@ -343,15 +388,32 @@ def _blocks(n: int, evidence: Mapping[int, Evidence]) -> np.ndarray:
     return np.cumsum(starts)
 
 
+def _side_unmeasured(n: int, runs: Mapping[int, Sequence[float]], evidence: Mapping[int, Evidence],
+                     blocks: np.ndarray, best: int, max_trials: int) -> int | None:
+    """Where the block ``best`` has a side without a run of the session (only the nightly's host
+    speaks for it): the block's end on that side, else that side's end of the range; None when
+    both sides have one (or no run there is left to ask). An answer rests on this host's runs."""
+    members = np.flatnonzero(blocks == best) + 1
+    lo, hi = int(members[0]) - 1, int(members[-1])
+    for side, near, far in ((range(0, lo + 1), lo, 0), (range(hi, n + 1), hi, n)):
+        if any(runs.get(i) for i in side):
+            continue
+        for i in (near, far):
+            ev = evidence.get(i, Evidence())
+            if len(ev.measured) < max_trials and not (ev.skipped and not ev.measured):
+                return i
+    return None
+
+
 def _answer(n: int, runs: Mapping[int, Sequence[float]], blocks: np.ndarray, block_mass: np.ndarray,
-            best: int, under: float) -> Decision:
+            best: int, under: float | None) -> Decision:
     members = np.flatnonzero(blocks == best) + 1
     lo, hi = int(members[0]) - 1, int(members[-1])
     below = [v for i, values in runs.items() if i <= lo for v in values]
     above = [v for i, values in runs.items() if i >= hi for v in values]
-    figures = {"posterior": float(block_mass[best]), "good_mean": float(np.mean(below)),
-               "bad_mean": float(np.mean(above)), "runs": float(sum(len(v) for v in runs.values())),
-               "ends_under_line": under}
+    means = {name: float(np.mean(values)) for name, values in (("good_mean", below), ("bad_mean", above)) if values}
+    figures = {"posterior": float(block_mass[best]), **means, "runs": float(sum(len(v) for v in runs.values())),
+               **({"ends_under_line": under} if under is not None else {})}
     if hi - lo == 1:
         return Found(hi, confidence=float(block_mass[best]), figures=figures)
     return Narrowed(lo, hi, figures=figures)

@@ -11,6 +11,10 @@ from typing import Literal
 from bisect_npu.defaults import CONFIDENCE
 
 Outcome = Literal["good", "bad", "skip"]
+# Levels mode: runs made before the session at the good end and at the bad end, on the host the
+# published baseline comes from (a nightly's), which need not be the session's.
+EarlierLevels = tuple[tuple[float, ...], tuple[float, ...]]
+NO_EARLIER: EarlierLevels = ((), ())
 
 
 @dataclass(frozen=True)
@@ -134,7 +138,10 @@ class SearchProblem:
     ``threshold`` (levels mode) is the share of the good side's mean under which a mean is bad (a
     throughput recipe's `threshold`): the bad side lies under it. ``baseline`` (levels mode) is the
     published good-side mean (a nightly case's `baseline`), in the measured runs' unit: a prior on
-    the good side's mean that the runs check; None: the runs alone place it.
+    the good side's mean that the runs check; None: the runs alone place it. ``earlier_levels``
+    (levels mode) are runs at the good end and at the bad end made on the baseline's host before
+    the session (the last good nightly's and the failing nightly's throughput), in the same unit:
+    they count as runs at the ends as far as that host is the session's, as the baseline does.
     """
 
     n: int
@@ -154,6 +161,7 @@ class SearchProblem:
     threshold: float = 0.97
     answer_log_lr: float = 0.0
     baseline: float | None = None
+    earlier_levels: EarlierLevels = NO_EARLIER
 
 
 @dataclass(frozen=True)
@@ -216,6 +224,8 @@ def validate(problem: SearchProblem, evidence: Mapping[int, Evidence]) -> None:
         raise ValueError(f"threshold must lie in (0, 1], got {problem.threshold}")
     if problem.baseline is not None and not (math.isfinite(problem.baseline) and problem.baseline > 0):
         raise ValueError(f"baseline must be a positive finite number, got {problem.baseline}")
+    if any(not (math.isfinite(v) and v > 0) for side in problem.earlier_levels for v in side):
+        raise ValueError(f"earlier_levels must be positive finite numbers, got {problem.earlier_levels}")
     if any(not all(map(math.isfinite, ev.measured)) for ev in evidence.values()):
         raise ValueError("measured values must be finite")
     if problem.max_trials_per_query < 1:

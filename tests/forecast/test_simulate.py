@@ -208,3 +208,18 @@ def test_a_throughput_forecast_tells_the_search_the_build_groups():
             for told in (False, True)}
     assert runs[True].accuracy == runs[False].accuracy == 1.0
     assert runs[True].mean_builds < runs[False].mean_builds
+
+
+@pytest.mark.heavy  # two dozen simulated sessions
+def test_the_failing_nightlys_result_shortens_the_levels_forecast_and_keeps_it_right():
+    """`--nightly-result`: the failing nightly's throughput, one run of the bad side on the
+    baseline's host, counted as a run at the bad end: fewer runs, as right."""
+    from bisect_npu.forecast.simulate import Throughput
+
+    culprits = list(range(1, 40, 6))
+    published = simulate(39, culprits, bad_rate=1.0, good_rate=0.0, runs=4, seed=1000,
+                         throughput=Throughput(drop=0.07, spread=0.02, baseline=1.0))
+    nightly = simulate(39, culprits, bad_rate=1.0, good_rate=0.0, runs=4, seed=1000,
+                       throughput=Throughput(drop=0.07, spread=0.02, baseline=1.0, nightly_result=True))
+    assert nightly.accuracy >= 0.95 and nightly.ends_wrong == 0.0
+    assert nightly.mean_trials < published.mean_trials, (nightly, published)

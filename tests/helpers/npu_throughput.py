@@ -23,6 +23,7 @@ import numpy as np
 from bisect_npu.builders.base import Environment
 from bisect_npu.execute.base import RunResult, observation_path, probe_log_path, probe_stem
 from bisect_npu.observations import Observation
+from bisect_npu.oracle.throughput import EarlierThroughput
 
 PERF_CASE = """\
 test_cases:
@@ -42,11 +43,12 @@ CASE_PATH = "tests/e2e/nightly/single_node/models/configs/Speed-A2.yaml"
 ENGINE_NEVER_STARTED = "server exited with -9 before /health answered"
 
 
-def perf_recipe(where: Path, search: str = "levels", baseline: float | None = None, **trials: Any) -> Path:
+def perf_recipe(where: Path, search: str = "levels", baseline: float | None = None,
+                earlier_runs: dict[str, Any] | None = None, **trials: Any) -> Path:
     """The recipe `run --nightly-case` makes of the performance benchmark above (threshold 0.97,
     the line drawn from the good end), written to `where`, with `oracle.throughput.search`, the
-    published `baseline` in tokens/s (None: the case's, 1000) and `trials` fields (no wait between
-    a crashed run's attempts)."""
+    published `baseline` in tokens/s (None: the case's, 1000), its `earlier_runs` and `trials`
+    fields (no wait between a crashed run's attempts)."""
     from bisect_npu.nightly.at_commit import recipe_dump
     from bisect_npu.nightly.cases import import_case, read_case_file
 
@@ -55,7 +57,8 @@ def perf_recipe(where: Path, search: str = "levels", baseline: float | None = No
     recipe = recipe.model_copy(update={
         "oracle": recipe.oracle.model_copy(update={
             "throughput": recipe.oracle.throughput.model_copy(update={
-                "search": search, "baseline": baseline or recipe.oracle.throughput.baseline})}),
+                "search": search, "baseline": baseline or recipe.oracle.throughput.baseline,
+                "earlier_runs": EarlierThroughput.model_validate(earlier_runs) if earlier_runs else None})}),
         "trials": recipe.trials.model_copy(update={"retry_backoff_s": 0.0, **trials})})
     where.parent.mkdir(parents=True, exist_ok=True)
     where.write_text(recipe_dump(recipe))

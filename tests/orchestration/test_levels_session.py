@@ -41,8 +41,8 @@ def history(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, list[str]]:
 
 
 def _start(tmp: Path, repo: Path, shas: list[str], stand_in: NpuThroughputStandIn, search: str = "levels",
-           name: str = "s", baseline: float | None = None) -> Session:
-    recipe = perf_recipe(tmp / f"{name}-recipe.yaml", search, baseline)
+           name: str = "s", baseline: float | None = None, earlier_runs: dict[str, Any] | None = None) -> Session:
+    recipe = perf_recipe(tmp / f"{name}-recipe.yaml", search, baseline, earlier_runs)
     spec = spec_of(good=shas[0], bad=shas[-1], repo=str(repo), recipe=str(recipe), propose_fix=False)
     builder = LocalBuilder(git.Repo(repo), tmp / f"{name}-work", ["sh", "-c", "test ! -e BROKEN"])
     return Session.start(spec, session_dir=tmp / name, builder=builder, executor=stand_in)
@@ -279,3 +279,28 @@ def test_a_bad_end_that_is_not_slower_is_an_end_judged_wrong(history: tuple[Path
     assert "precondition failed: the bad end" in result.message and "P(under the good end's line)" in result.message
     steps = [r["index"] for r in _records(session) if r["type"] == "step"]
     assert steps.count(0) >= 2 and steps.count(N - 1) >= 2
+
+
+def test_the_failing_nightlys_throughput_counts_as_a_run_at_the_bad_end(history: tuple[Path, list[str]],
+                                                                         tmp_path: Path) -> None:
+    """The recipe's `oracle.throughput.earlier_runs` (the failing nightly's 930 tokens/s) reaches
+    the levels search: the session's first runs are the good end's, not the bad end's, it names the
+    culprit, its journal's end record and its report say the value was counted, and a resumed
+    session weighs it again."""
+    repo, shas = history
+    stand_in = NpuThroughputStandIn(DROP, SPREAD, seed=7)
+    session = _start(tmp_path, repo, shas, stand_in, name="nightly", earlier_runs={"bad": [930.0]})
+    assert session.problem().earlier_levels == ((), (930.0,))
+    result = session.run()
+    write_reports(tmp_path / "nightly")
+    assert result.exit_code == EXIT_FOUND and result.culprit == shas[CULPRIT]
+    steps = [r["index"] for r in _records(tmp_path / "nightly") if r["type"] == "step"]
+    assert steps[:2] == [0, 0], steps
+    end = next(r for r in _records(tmp_path / "nightly") if r["type"] == "end")
+    assert end["figures"]["earlier_bad_runs"] == 1 and end["figures"]["earlier_bad_mean"] == 930.0
+    assert "the failing nightly's 930 tokens/s counted as a run at the bad end" in \
+        (tmp_path / "nightly" / "report.md").read_text()
+    _cut(tmp_path / "nightly", tmp_path / "nightly-cut")  # a resume has them from the recipe it ran
+    builder = LocalBuilder(git.Repo(repo), tmp_path / "nightly-cut-work", ["sh", "-c", "test ! -e BROKEN"])
+    resumed = Session.resume(tmp_path / "nightly-cut", builder=builder, executor=NpuThroughputStandIn(DROP, SPREAD, 7))
+    assert resumed.problem().earlier_levels == ((), (930.0,))

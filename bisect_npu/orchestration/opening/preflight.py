@@ -32,7 +32,7 @@ from bisect_npu.execute.host import check_devices_on_host, check_slot_shares, de
 from bisect_npu.execute.host_devices import check_host_devices, missing_paths
 from bisect_npu.execute.ray import settle_slots as settle_on_cluster
 from bisect_npu.level import held_of, scope_of
-from bisect_npu.nightly.at_commit import settle_run
+from bisect_npu.nightly.at_commit import nightly_results, settle_run
 from bisect_npu.nightly.cases import CaseRef, model_unplaced
 from bisect_npu.orchestration.opening.session_spec import (
     SessionSpec,
@@ -255,10 +255,13 @@ def settle_nightly(spec: SessionSpec) -> tuple[str | None, list[str]]:
     --good-table) and what the host still owes the case, one line each."""
     if spec.judge.nightly_case and (spec.judge.recipe or spec.judge.command):
         raise UsageError("--nightly-case is the recipe: drop --recipe/--cmd")
+    if spec.judge.nightly_results and not spec.judge.nightly_case:
+        raise UsageError("--nightly-result goes with --nightly-case; with --recipe, set the recipe's "
+                         "oracle.throughput.earlier_runs")
     settled = settle_run(spec.range.repo or ".", spec.range.bad, spec.range.good, spec.judge.nightly_case,
                          Path(spec.range.good_table) if spec.range.good_table else None, spec.range.case_name,
                          spec.range.config_yaml, spec.range.soc, spec.range.scene, spec.range.frequency,
-                         spec.judge.nightly_datasets)
+                         spec.judge.nightly_datasets, nightly_results(spec.judge.nightly_results))
     spec.judge.recipe = settled.recipe or spec.judge.recipe
     spec.range.good = settled.good
     return ("; ".join(settled.notes) if spec.range.good_table else None), settled.owed

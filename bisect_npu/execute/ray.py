@@ -152,12 +152,13 @@ def node_engine() -> str:
     return f"{name} {version.get('Version', '?')} at {os.environ.get('DOCKER_HOST', 'the default socket')}"
 
 
-def node_engines() -> dict[str, str]:
-    """Each alive node's container engine, asked on the node itself."""
+def _ask_every_node(question: Callable[[], str]) -> dict[str, str]:
+    """``question``'s answer on each alive node, run there; "unknown (...)" where a node did not
+    answer in two minutes."""
     import ray
     from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
-    task = ray.remote(node_engine)
+    task = ray.remote(question)
     refs = {node.node_id: task.options(num_cpus=0, scheduling_strategy=NodeAffinitySchedulingStrategy(
         node.node_id, soft=False)).remote() for node in cluster_nodes(1)}
     answers = {}
@@ -169,11 +170,14 @@ def node_engines() -> dict[str, str]:
     return answers
 
 
+def node_engines() -> dict[str, str]:
+    """Each alive node's container engine, asked on the node itself."""
+    return _ask_every_node(node_engine)
+
+
 def node_versions() -> dict[str, str]:
     """Each alive node's bisect-npu version, asked on the node itself: "none" where it has none,
     "unknown (...)" where the node did not answer."""
-    import ray
-    from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
     def installed() -> str:
         # Nested, so Ray sends it by value: a node whose bisect-npu lacks this module's names (or has
@@ -184,16 +188,7 @@ def node_versions() -> dict[str, str]:
             return "none"
         return str(getattr(bisect_npu, "__version__", "none"))
 
-    task = ray.remote(installed)
-    refs = {node.node_id: task.options(num_cpus=0, scheduling_strategy=NodeAffinitySchedulingStrategy(
-        node.node_id, soft=False)).remote() for node in cluster_nodes(1)}
-    answers = {}
-    for node_id, ref in refs.items():
-        try:
-            answers[node_id] = ray.get(ref, timeout=120)
-        except ray.exceptions.RayError as exc:
-            answers[node_id] = f"unknown (the node did not answer: {type(exc).__name__})"
-    return answers
+    return _ask_every_node(installed)
 
 
 def check_versions(versions: dict[str, str], addresses: dict[str, str], driver: str = __version__) -> None:

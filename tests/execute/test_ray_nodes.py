@@ -52,6 +52,20 @@ def demo_upstream(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Manif
     return repo, generate_upstream(repo, seed=0)
 
 
+# The test that moves the culprit's image name bisects a demo of a seed no other test uses: image
+# names are per repository and commit, so on the seed-0 demo it would move the name under another
+# tier's session bisecting the same commits on the same engine.
+NAME_MOVER_SEED = 61
+
+
+@pytest.fixture(scope="module")
+def own_demo_upstream(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Manifest]:
+    from bisect_npu.demo.generate import generate_upstream
+
+    repo = tmp_path_factory.mktemp("ray-nodes-own-demo") / "upstream"
+    return repo, generate_upstream(repo, seed=NAME_MOVER_SEED)
+
+
 def bisect_argv(demo_upstream: tuple[Path, Manifest], recipe: Path, session: Path, *extra: str) -> list[str]:
     repo, manifest = demo_upstream
     truth = manifest.case(CASE)
@@ -349,7 +363,7 @@ def test_a_node_container_removed_during_the_bad_end_never_judges_it(
 
 @pytest.mark.container
 def test_the_bad_end_s_name_moved_to_another_commit_s_image_during_the_retry_never_judges_it(
-        cluster: Any, demo_upstream: tuple[Path, Manifest], tmp_path: Path, docker_client: Any,
+        cluster: Any, own_demo_upstream: tuple[Path, Manifest], tmp_path: Path, docker_client: Any,
         demo_base_image: str) -> None:
     """The collision as it was met: a node's container removed under the bad end's run, and the
     bad end's image name (`bisect-npu/<repo>:commit-<sha>`, shared by every session on the engine)
@@ -363,9 +377,9 @@ def test_the_bad_end_s_name_moved_to_another_commit_s_image_during_the_retry_nev
     from bisect_npu.execute.docker import SESSION_LABEL
     from bisect_npu.journal import session_label
 
-    argv, culprit = culprit_ends_in_containers(demo_upstream, tmp_path)
-    repository = image_repository(git.Repo(demo_upstream[0]))
-    parent = git.Repo(demo_upstream[0]).commit(culprit).parents[0].hexsha
+    argv, culprit = culprit_ends_in_containers(own_demo_upstream, tmp_path)
+    repository = image_repository(git.Repo(own_demo_upstream[0]))
+    parent = git.Repo(own_demo_upstream[0]).commit(culprit).parents[0].hexsha
     session = tmp_path / "session"
     label = f"{SESSION_LABEL}={session_label(session)}"
     stop = threading.Event()

@@ -229,8 +229,14 @@ class Session:
                                     weights=self.weights, answer_log_lr=answer_log_lr(self.recipe),
                                     threshold=throughput.threshold if throughput is not None else 0.97,
                                     baseline=throughput.baseline if throughput is not None else None,
-                                    earlier_levels=throughput.earlier_levels() if throughput is not None
-                                    and mode == "levels" else search.NO_EARLIER)
+                                    earlier_levels=self.earlier_levels())
+
+    def earlier_levels(self) -> search.EarlierLevels:
+        """The recipe's runs at the ends made before the session, as the levels search weighs them."""
+        throughput = self.recipe.oracle.throughput if self.recipe is not None else None
+        if throughput is None or self.search_mode != "levels":
+            return search.NO_EARLIER
+        return throughput.earlier_levels()
 
     @property
     def weights(self) -> tuple[int, ...] | None:
@@ -414,7 +420,7 @@ class Session:
         if self.levels and not isinstance(decision, search.EndsWrong):
             # why the levels search stopped: the confidence reached, or no commit left to run again
             decision = replace(decision, figures={**decision.figures, "confidence_asked": self.confidence,
-                                                  **earlier_figures(self.problem().earlier_levels)})
+                                                  **earlier_figures(self.earlier_levels())})
         if isinstance(decision, search.Found):
             culprit = self.commit_at(decision.index)
             message = end_messages.found(self.spec.level.name, culprit, self.titles.get(culprit, ""),

@@ -193,6 +193,10 @@ class NodeBuild(_Shape):
     image: str | None = None  # --node-executor docker: the image's name on that node
     image_id: str | None = None  # ... and the id its containers started from
 
+    def image_said(self) -> str:
+        """Its image by name and short id, as the logs and the report name it ("" for a worktree)."""
+        return f"{self.image} ({self.image_id.removeprefix('sha256:')[:12]})" if self.image_id else ""
+
 
 class BuildInfo(_Shape):
     """How a step's commit was made runnable: "built", "overlay", "reused", "journaled" (every

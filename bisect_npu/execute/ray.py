@@ -209,7 +209,7 @@ def check_versions(versions: dict[str, str], addresses: dict[str, str], driver: 
 
 def images_said(nodes: list[NodeBuild]) -> str:
     """The images a batch's containers started from, for its log's first line ("" for worktrees)."""
-    said = [f"{node.image} ({node.image_id.removeprefix('sha256:')[:12]})" for node in nodes if node.image_id]
+    said = [node.image_said() for node in nodes if node.image_id]
     return f" image {', '.join(said)}" if said else ""
 
 

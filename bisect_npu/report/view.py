@@ -62,7 +62,7 @@ class StepView:
     def nodes_said(self) -> str:
         """The Ray nodes the step ran on, each with its build and the image id its containers started from."""
         return "; ".join(f"ray node {node.node[:12]} {node.how}"
-                         + (f" {node.image} ({node.image_id.removeprefix('sha256:')[:12]})" if node.image_id else "")
+                         + (f" {node.image_said()}" if node.image_id else "")
                          for node in self.nodes)
 
 

@@ -130,7 +130,7 @@ def nightly_results(texts: list[str], benchmark: CaseBenchmark | None = None,
         read = nightly_throughput(path, benchmark.key, benchmark.bench, benchmark.case, (commits or {}).get(end))
         ends[end].append(read.value)
         sources.append(f"{end}={read.file.resolve()}")
-        said.append(f"--nightly-result {text}: {read.value:g} tokens/s ({OTT}) from {read.file}"
+        said.append(f"--nightly-result {text}: {read.value} tokens/s ({OTT}) from {read.file}"
                     f"{f' ({read.why})' if read.why else ''}")
     if not texts:
         return None, []

@@ -6,7 +6,9 @@ The nightly's single-node test runs AISBench from its checkout without a work di
 `benchmark_results/<job>.json`: the model it served, `vllm_ascend_version` (the commit it ran at,
 `git rev-parse HEAD` in its workflow) and, per benchmark, the dataset's name (its `dataset_path`
 after the owner) and `test_input` (`max_out_len`, `batch_size`). The run gives the per-sample
-outcomes; the JSON is checked against the case the end runs.
+outcomes; the JSON is checked against the case the end runs. A performance benchmark's task holds
+AISBench's figures under the nightly's names, units stripped: its `Output_Token_Throughput(OTT)`
+is the end's throughput (`--nightly-result END=PATH`).
 """
 
 from __future__ import annotations

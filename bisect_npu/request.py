@@ -154,11 +154,12 @@ class JudgeSpec(_Part):
         help="Where the nightly case's relative dataset_path entries (and a .py dataset_conf) lie, as the nightly's "
              "lie under its dataset cache [default: as written].")] = None
     nightly_results: Annotated[list[str], flag(
-        "--nightly-result", metavar="END=TOKENS_PER_S",
+        "--nightly-result", metavar="END=TOKENS_PER_S|PATH",
         help="With --nightly-case, a performance benchmark: the output token throughput a nightly measured at an "
-             "end (its benchmark_results JSON's Output_Token_Throughput(OTT)), e.g. bad=951.2 for the failing one; "
-             "the levels search counts it as a run there as far as the nightly's host is this one (the recipe's "
-             "oracle.throughput.earlier_runs). Repeatable.")] = Field(default_factory=list)
+             "end, e.g. bad=951.2 for the failing one, or read from its benchmark_results JSON "
+             "(Output_Token_Throughput(OTT) of the case's benchmark): bad=PATH, the JSON, its folder or the "
+             "checkout the nightly ran in; the levels search counts it as a run there as far as the nightly's host "
+             "is this one (the recipe's oracle.throughput.earlier_runs). Repeatable.")] = Field(default_factory=list)
     # --unit-test: vllm-ascend's unit tests as the oracle; their runner becomes `command` at the start.
     unit_tests: Annotated[list[str], flag(
         "--unit-test", metavar="NODEID",

@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
 
+from bisect_npu import __version__
 from bisect_npu.execute.ascend import DRIVER_MOUNTS, MANAGEMENT_DEVICES
 from bisect_npu.execute.host_devices import HOST_ROOT, host_cards, missing_paths
 
@@ -147,7 +148,7 @@ def ray_checks(address: str | None) -> list[Check]:
 
     if importlib.util.find_spec("ray") is None:
         return [Check("ray", False, "not installed", "pip install 'bisect-npu[ray]' here and on every node")]
-    from bisect_npu.execute.ray import cluster_nodes, connect, node_engines
+    from bisect_npu.execute.ray import cluster_nodes, connect, node_engines, node_versions
     from bisect_npu.recipe.loader import bundled_recipes, load_recipe
 
     try:
@@ -171,7 +172,21 @@ def ray_checks(address: str | None) -> list[Check]:
         checks.append(Check(f"node {node.node_id[:12]} container engine", not engine.startswith(("none", "unknown")),
                             engine, "run containers/setup-podman.sh on that host (or start Docker) for container "
                             "builds there", needed=False))
-    return checks
+    return [*checks, *version_checks(node_versions())]
+
+
+def version_checks(versions: dict[str, str], driver: str = __version__) -> list[Check]:
+    """One row a node: its bisect-npu version. Another one than the driver's (or none) is missing,
+    with the words of the run's refusal (exit 5); a node that did not answer is not needed, as
+    the run leaves it to its batches."""
+    from bisect_npu.execute.ray import VERSION_RISK, other_versions, version_next_step
+
+    odd = other_versions(versions, driver)
+    return [Check(f"node {node[:12]} bisect-npu", node not in odd and not version.startswith("unknown"),
+                  f"{version}, this driver {driver}: {VERSION_RISK}" if node in odd else version,
+                  version_next_step(driver) if node in odd else "check that the node is alive (`ray status`)",
+                  needed=not version.startswith("unknown"))
+            for node, version in sorted(versions.items())]
 
 
 def unit_test_venv_checks(prune_days: float | None = None) -> list[Check]:

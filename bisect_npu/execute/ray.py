@@ -191,20 +191,33 @@ def node_versions() -> dict[str, str]:
     return _ask_every_node(installed)
 
 
+def other_versions(versions: dict[str, str], driver: str = __version__) -> dict[str, str]:
+    """The nodes that run another bisect-npu than the driver (or none), by node id; a node that did
+    not answer is left to its batches (they fail there as a node's failure)."""
+    return {node: version for node, version in sorted(versions.items())
+            if version != driver and not version.startswith("unknown")}
+
+
+VERSION_RISK = "a node with another version can run a probe differently"  # why another version is refused
+
+
+def version_next_step(driver: str = __version__) -> str:
+    """What to do about a node of another bisect-npu version (the run's refusal and doctor's row say it)."""
+    return (f"install bisect-npu {driver} in the Python that node's Ray runs "
+            f"(`pip install 'bisect-npu[ray]=={driver}'`) and restart its Ray node, or run the driver with that "
+            "node's version")
+
+
 def check_versions(versions: dict[str, str], addresses: dict[str, str], driver: str = __version__) -> None:
     """Refuses a cluster where a node runs another bisect-npu than the driver (or none): its
-    probe, builder and executor are that version's, and could run a trial differently. A node
-    that did not answer is left to its batches (they fail there as a node's failure)."""
-    odd = {node: version for node, version in sorted(versions.items())
-           if version != driver and not version.startswith("unknown")}
+    probe, builder and executor are that version's, and could run a trial differently."""
+    odd = other_versions(versions, driver)
     if not odd:
         return
     said = "; ".join(f"Ray node {node[:16]} ({addresses.get(node) or 'address unknown'}) has bisect-npu {version}"
                      for node, version in odd.items())
-    raise InfrastructureError(f"{said}, this driver {driver}: a node with another version can run a probe "
-                              f"differently; install bisect-npu {driver} in the Python that node's Ray runs "
-                              f"(`pip install 'bisect-npu[ray]=={driver}'`) and restart its Ray node, or run the "
-                              "driver with that node's version, then run again (`bisect-npu resume` for a session)")
+    raise InfrastructureError(f"{said}, this driver {driver}: {VERSION_RISK}; {version_next_step(driver)}, then run "
+                              "again (`bisect-npu resume` for a session)")
 
 
 def images_said(nodes: list[NodeBuild]) -> str:
@@ -223,6 +236,11 @@ class BatchOutcome:
     files: dict[str, tuple[bytes, float]]  # file name -> (content, modification time)
     build: dict[str, Any]
     nodes: list[NodeBuild] = field(default_factory=list)  # each node's build the batch ran on
+
+
+def build_said(env: Environment) -> dict[str, Any]:
+    """What a batch says of the candidate its node built or reused (BatchOutcome.build)."""
+    return {"how": env.how, "key": env.build_key, "image": env.image, "seconds": env.seconds}
 
 
 def node_build(node_id: str, env: Environment, result: RunResult) -> NodeBuild:
@@ -308,8 +326,8 @@ def run_batch(commit: str, request: dict[str, Any], timeout_s: float, session_id
             result = executor_factory(cards).run_probe(env, request, out_dir, timeout_s)
         finally:
             builds.release.remote(env)
-        build = {"how": env.how, "key": env.build_key, "image": env.image, "seconds": env.seconds}
-        return BatchOutcome(node_id, cards, result, small_files(out_dir), build, [node_build(node_id, env, result)])
+        return BatchOutcome(node_id, cards, result, small_files(out_dir), build_said(env),
+                            [node_build(node_id, env, result)])
 
 
 def run_command_batch(commit: str, argv: list[str], timeout_s: float, extra_env: dict[str, str], session_id: str,
@@ -338,8 +356,8 @@ def run_command_batch(commit: str, argv: list[str], timeout_s: float, extra_env:
             result = executor_factory([]).run_command(env, argv, log, timeout_s, here)
         finally:
             builds.release.remote(env)
-        build = {"how": env.how, "key": env.build_key, "image": env.image, "seconds": env.seconds}
-        return BatchOutcome(node_id, [], result, _command_files(out_dir), build, [node_build(node_id, env, result)])
+        return BatchOutcome(node_id, [], result, _command_files(out_dir), build_said(env),
+                            [node_build(node_id, env, result)])
 
 
 def own_error(exc: BaseException) -> BisectError | None:

@@ -48,6 +48,7 @@ from bisect_npu.execute.ray import (
     RESOURCE,
     UNREACHABLE,
     BatchOutcome,
+    build_said,
     node_build,
     node_builds,
     own_error,
@@ -172,7 +173,7 @@ class EngineNode:
                     "next_step": unreachable.failure.next_step}
         except BuildFailed as failure:
             return {"how": "failed", "error": str(failure), "log_tail": failure.log_tail}
-        return {"how": self.env.how, "key": self.env.build_key, "seconds": self.env.seconds, "image": self.env.image}
+        return build_said(self.env)
 
     def start(self, request: dict[str, Any], flags: list[str], environment: dict[str, str]) -> str | None:
         """Start this node's engine process headless (its rank waits for the serving node); the id
@@ -204,8 +205,7 @@ class EngineNode:
         out_dir = self.scratch / "serve"
         result = self.executor.run_probe(self.env, serving_request(request, flags, environment, self.index,
                                                                    self.node_id), out_dir, timeout_s)
-        build = {"how": self.env.how, "key": self.env.build_key, "image": self.env.image, "seconds": self.env.seconds}
-        return BatchOutcome(self.node_id, self.cards, result, small_files(out_dir), build,
+        return BatchOutcome(self.node_id, self.cards, result, small_files(out_dir), build_said(self.env),
                             [node_build(self.node_id, self.env, result)])
 
     def log_tail(self, lines: int = 20) -> str:

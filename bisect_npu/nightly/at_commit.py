@@ -6,14 +6,24 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import git
 import yaml
 from pydantic import ValidationError
 
-from bisect_npu.errors import UsageError
-from bisect_npu.nightly.cases import CaseRef, case_names, import_case, import_notes, read_case_file
+from bisect_npu.errors import UsageError, validation_problem
+from bisect_npu.nightly.cases import (
+    CaseRef,
+    case_names,
+    import_case,
+    import_notes,
+    pick_benchmark,
+    picked_case,
+    read_case_file,
+)
 from bisect_npu.nightly.good_table import Frequency, GoodRow, Lookup, frequency_of, last_good, read_rows
+from bisect_npu.nightly.outputs import OTT, nightly_throughput
 from bisect_npu.nightly.soc import SCHEDULE_CONFIGS, soc_of
 from bisect_npu.oracle.throughput import EarlierThroughput, ThroughputConfig
 from bisect_npu.paths import cache_root
@@ -75,27 +85,65 @@ def recipe_dump(recipe: Recipe) -> str:
     return str(yaml.safe_dump(body, sort_keys=False, allow_unicode=True, width=120))
 
 
-NIGHTLY_RESULT_FORM = "END=TOKENS_PER_S (END good or bad), e.g. bad=951.2"
+NIGHTLY_RESULT_FORM = ("END=TOKENS_PER_S or END=PATH (END good or bad; PATH the nightly's benchmark_results JSON, "
+                       "its folder or the checkout it ran in), e.g. bad=951.2")
 
 
-def nightly_results(texts: list[str]) -> EarlierThroughput | None:
-    """`--nightly-result END=TOKENS_PER_S` (repeatable) as the recipe's `oracle.throughput.earlier_runs`."""
+@dataclass(frozen=True)
+class CaseBenchmark:
+    """The nightly case's benchmark as its JSON names it: the case's name, the benchmark's key and
+    its entry (the task's name and test inputs come from it)."""
+
+    case: str
+    key: str
+    bench: dict[str, Any]
+
+    @classmethod
+    def at(cls, repo: git.Repo, sha: str, ref: CaseRef) -> CaseBenchmark:
+        """The benchmark `ref` names, as the case file reads at `sha`."""
+        raw = read_case_file(case_text_at(repo, sha, ref.file), f"{ref.file}@{sha[:12]}")
+        case = picked_case(raw, ref.file, ref.case)
+        key, bench = pick_benchmark(case, ref.benchmark, f"{ref.file}::{case.get('name')}")
+        return cls(str(case.get("name")), key, bench)
+
+
+def nightly_results(texts: list[str], benchmark: CaseBenchmark | None = None,
+                    commits: dict[str, str | None] | None = None) -> tuple[EarlierThroughput | None, list[str]]:
+    """`--nightly-result END=TOKENS_PER_S|PATH` (repeatable) as the recipe's
+    `oracle.throughput.earlier_runs`, and a line for each value read from a file (which file, and
+    why when the path held several). A PATH is read for `benchmark`, run at `commits[END]`."""
     ends: dict[str, list[float]] = {"good": [], "bad": []}
+    sources, said = [], []
     for text in texts:
-        end, equals, value = text.partition("=")
-        if not equals or end.strip() not in ends:
+        end, equals, value = (part.strip() for part in text.partition("="))
+        if not equals or end not in ends:
             raise UsageError(f"--nightly-result {text}: give {NIGHTLY_RESULT_FORM}")
         try:
-            ends[end.strip()].append(float(value.strip().removesuffix("token/s").removesuffix("tokens/s")))
+            ends[end].append(float(value.removesuffix("token/s").removesuffix("tokens/s")))
+            sources.append(f"{end}={value}")
+            continue
         except ValueError:
-            raise UsageError(f"--nightly-result {text}: {value.strip() or 'nothing'} is not a number of tokens/s "
-                             f"({NIGHTLY_RESULT_FORM})") from None
+            path = Path(value).expanduser()
+        if not value or not (path.exists() or "/" in value or value.endswith(".json")) or benchmark is None:
+            raise UsageError(f"--nightly-result {text}: {value or 'nothing'} is not a number of tokens/s nor a "
+                             f"nightly's results ({NIGHTLY_RESULT_FORM})")
+        read = nightly_throughput(path, benchmark.key, benchmark.bench, benchmark.case, (commits or {}).get(end))
+        ends[end].append(read.value)
+        sources.append(f"{end}={read.file.resolve()}")
+        said.append(f"--nightly-result {text}: {read.value} tokens/s ({OTT}) from {read.file}"
+                    f"{f' ({read.why})' if read.why else ''}")
     if not texts:
-        return None
+        return None, []
     try:
-        return EarlierThroughput(good=ends["good"], bad=ends["bad"], source="--nightly-result")
+        return EarlierThroughput(good=ends["good"], bad=ends["bad"],
+                                 source=f"--nightly-result {', '.join(sources)}"), said
     except ValidationError as exc:
-        raise UsageError(f"--nightly-result: {exc.errors()[0]['msg'].removeprefix('Value error, ')}") from None
+        raise _refused(exc) from None
+
+
+def _refused(exc: ValidationError) -> UsageError:
+    """--nightly-result's values refused by the recipe's model, in one line."""
+    return UsageError(f"--nightly-result: {validation_problem(exc)[1]}")
 
 
 def write_recipe_at(repo: git.Repo, sha: str, ref: CaseRef, datasets: str | None = None,
@@ -112,16 +160,21 @@ def write_recipe_at(repo: git.Repo, sha: str, ref: CaseRef, datasets: str | None
     return path
 
 
-def with_earlier_runs(recipe: Recipe, earlier: EarlierThroughput, ref: CaseRef) -> Recipe:
-    """The performance benchmark's recipe with `earlier` as its `oracle.throughput.earlier_runs`."""
-    throughput = recipe.oracle.throughput
-    if throughput is None:
+def performance(recipe: Recipe, ref: CaseRef) -> ThroughputConfig:
+    """The recipe's throughput section: --nightly-result gives nothing to an accuracy benchmark."""
+    if recipe.oracle.throughput is None:
         raise UsageError(f"--nightly-result gives a performance benchmark's throughput; --nightly-case {ref} is an "
                          "accuracy benchmark (give its results with --earlier-results)")
+    return recipe.oracle.throughput
+
+
+def with_earlier_runs(recipe: Recipe, earlier: EarlierThroughput, ref: CaseRef) -> Recipe:
+    """The performance benchmark's recipe with `earlier` as its `oracle.throughput.earlier_runs`."""
+    throughput = performance(recipe, ref)
     try:
         changed = ThroughputConfig.model_validate({**throughput.model_dump(), "earlier_runs": earlier.model_dump()})
     except ValidationError as exc:
-        raise UsageError(f"--nightly-result: {exc.errors()[0]['msg'].removeprefix('Value error, ')}") from None
+        raise _refused(exc) from None
     return recipe.model_copy(update={"oracle": recipe.oracle.model_copy(update={"throughput": changed})})
 
 
@@ -171,37 +224,43 @@ class NightlyRun:
     recipe: str | None  # the bad end's imported recipe file, when --nightly-case
     good: str  # the good ref (the table's commit for `--good last-good --good-table`)
     notes: list[str]
-    owed: list[str] = field(default_factory=list)  # what the host still owes the case (import_notes), one line each
+    # Said before building, one line each: what --nightly-result read, what the host still owes the case.
+    owed: list[str] = field(default_factory=list)
 
 
 def settle_run(repo_path: str, bad: str, good: str, nightly_case: str | None, good_table: Path | None,
                name: str | None, config_yaml: str | None, soc: str | None, scene: str,
                frequency: Frequency | None, datasets: str | None = None,
-               earlier: EarlierThroughput | None = None) -> NightlyRun:
-    """--nightly-case: the bad end's recipe, written out; --good-table: the good end (the
-    dimensions default to the case's name and file)."""
+               results: tuple[str, ...] = ()) -> NightlyRun:
+    """--nightly-case: the bad end's recipe, written out, with `results` (--nightly-result) as its
+    earlier runs; --good-table: the good end (the dimensions default to the case's name and file)."""
     repo = history.open_repo(repo_path)
     ref = CaseRef.parse(nightly_case) if nightly_case else None
-    notes: list[str] = []
-    owed: list[str] = []
-    recipe_file = None
-    if ref is not None:
-        bad_sha = history.resolve_ref(repo, bad)
-        recipe_file = str(write_recipe_at(repo, bad_sha, ref, datasets, earlier))
-        notes.append(f"--nightly-case {ref}: the bad end's recipe is {recipe_file}; each candidate runs the case "
-                     "as its own commit has the file")
-        recipe, _ = newest_recipe_at(repo, bad_sha, ref, datasets)
-        owed = [f"--nightly-case {ref}: {note}" for note in import_notes(recipe, datasets)]
-    if good_table is None:
-        return NightlyRun(recipe_file, good, notes, owed)
-    if good != "last-good":
-        raise UsageError("--good-table gives the good end: pass --good last-good with it (or drop --good-table)")
-    if not soc:
-        raise UsageError("--good-table needs --soc, the hardware generation of the table's rows (a2, a3)")
-    lookup = Lookup(soc=soc.strip(), scene=scene, name=name or (ref.case if ref else None),
-                    config_yaml=config_yaml or (ref.file if ref else None))
-    end = good_from_table(repo, good_table, lookup, frequency)
-    return NightlyRun(recipe_file, end.sha, [*notes, end.note], owed)
+    table_end = None
+    if good_table is not None:
+        if good != "last-good":
+            raise UsageError("--good-table gives the good end: pass --good last-good with it (or drop --good-table)")
+        if not soc:
+            raise UsageError("--good-table needs --soc, the hardware generation of the table's rows (a2, a3)")
+        lookup = Lookup(soc=soc.strip(), scene=scene, name=name or (ref.case if ref else None),
+                        config_yaml=config_yaml or (ref.file if ref else None))
+        table_end = good_from_table(repo, good_table, lookup, frequency)
+    good_sha = table_end.sha if table_end else good
+    if ref is None:
+        return NightlyRun(None, good_sha, [table_end.note] if table_end else [])
+    bad_sha = history.resolve_ref(repo, bad)
+    recipe, read_at = newest_recipe_at(repo, bad_sha, ref, datasets)
+    earlier: EarlierThroughput | None = None
+    said: list[str] = []
+    if results:
+        performance(recipe, ref)
+        ends = {"bad": bad_sha, "good": None if good_sha == "last-good" else history.resolve_ref(repo, good_sha)}
+        earlier, said = nightly_results(list(results), CaseBenchmark.at(repo, read_at, ref), ends)
+    recipe_file = str(write_recipe_at(repo, bad_sha, ref, datasets, earlier))
+    notes = [f"--nightly-case {ref}: the bad end's recipe is {recipe_file}; each candidate runs the case "
+             "as its own commit has the file", *([table_end.note] if table_end else [])]
+    owed = [f"--nightly-case {ref}: {note}" for note in import_notes(recipe, datasets)]
+    return NightlyRun(recipe_file, good_sha, notes, [*said, *owed])
 
 
 NIGHTLY_DIR = "tests/e2e/nightly"

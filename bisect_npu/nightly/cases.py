@@ -293,26 +293,7 @@ def import_case(raw: dict[str, Any], path: str, case_name: str | None = None,
         raise NightlyRefused(f"{path}: {reason}")
     if several_nodes(raw, path):
         return import_multi_node(raw, path, benchmark, datasets, soc=soc, model_root=model_root)
-    cases = [c for c in raw.get("test_cases") or [] if isinstance(c, dict)]
-    if not cases and isinstance(raw.get("deployment"), list):  # a one-node multi-node file
-        cases = [{"name": raw.get("test_name") or path.rsplit("/", 1)[-1].removesuffix(".yaml"),
-                  "model": raw.get("model"), **raw["deployment"][0], "benchmarks": raw.get("benchmarks")}]
-    if not cases:
-        raise UsageError(f"{path}: no `test_cases` (nor one `deployment`); not a nightly case file")
-    names = [str(c.get("name")) for c in cases]
-    if case_name is None:
-        if len(cases) > 1:
-            raise UsageError(f"{path} has {len(cases)} cases; name one: {path}::{names[0]} (its cases: "
-                             f"{', '.join(names)})")
-        case = cases[0]
-    else:
-        found = [c for c in cases if str(c.get("name")) == case_name]
-        if not found:
-            raise UsageError(f"{path}: no case named {case_name!r}; its cases: {', '.join(names)}")
-        if len(found) > 1:
-            raise UsageError(f"{path}: {len(found)} cases are named {case_name!r}; which one is meant cannot be told: "
-                             "give each case a name of its own")
-        case = found[0]
+    case = picked_case(raw, path, case_name)
     where = f"{path}::{case.get('name')}"
     if (reason := _refusal_of_case(case, where)) is not None:
         raise NightlyRefused(reason)
@@ -333,6 +314,35 @@ def import_case(raw: dict[str, Any], path: str, case_name: str | None = None,
         **_benchmark_section(key, bench, case, f"{where}::{key}", datasets),
     }
     return _as_recipe(body, f"{where}::{key}")
+
+
+def picked_case(raw: dict[str, Any], path: str, case_name: str | None) -> dict[str, Any]:
+    """The single-node file's case named `case_name` (the only one when None); a multi-node
+    file's benchmarks as one case (its `test_name`, else the file's name)."""
+    if several_nodes(raw, path):
+        return {"name": str(raw.get("test_name") or path.rsplit("/", 1)[-1].removesuffix(".yaml")),
+                "benchmarks": raw.get("benchmarks"), "prompts": raw.get("prompts")}
+    cases = [c for c in raw.get("test_cases") or [] if isinstance(c, dict)]
+    if not cases and isinstance(raw.get("deployment"), list):  # a one-node multi-node file
+        cases = [{"name": raw.get("test_name") or path.rsplit("/", 1)[-1].removesuffix(".yaml"),
+                  "model": raw.get("model"), **raw["deployment"][0], "benchmarks": raw.get("benchmarks")}]
+    if not cases:
+        raise UsageError(f"{path}: no `test_cases` (nor one `deployment`); not a nightly case file")
+    names = [str(c.get("name")) for c in cases]
+    if case_name is None:
+        if len(cases) > 1:
+            raise UsageError(f"{path} has {len(cases)} cases; name one: {path}::{names[0]} (its cases: "
+                             f"{', '.join(names)})")
+        case = cases[0]
+    else:
+        found = [c for c in cases if str(c.get("name")) == case_name]
+        if not found:
+            raise UsageError(f"{path}: no case named {case_name!r}; its cases: {', '.join(names)}")
+        if len(found) > 1:
+            raise UsageError(f"{path}: {len(found)} cases are named {case_name!r}; which one is meant cannot be told: "
+                             "give each case a name of its own")
+        case = found[0]
+    return case
 
 
 def _launcher_part(case: dict[str, Any]) -> dict[str, Any]:
@@ -386,11 +396,11 @@ def import_multi_node(raw: dict[str, Any], path: str, benchmark: str | None, dat
                       soc: Soc | None, model_root: str | None) -> Recipe:
     """A multi-node file (num_nodes > 1, one `deployment` entry per node) as a recipe whose engine
     spans hosts: node 0 serves, the others run headless (the module's docstring)."""
-    name = str(raw.get("test_name") or path.rsplit("/", 1)[-1].removesuffix(".yaml"))
     if not raw.get("model"):
         raise NightlyRefused(f"{path}: no `model`")
     common = {str(k): v for k, v in (raw.get("env_common") or {}).items()}
-    case = {"name": name, "benchmarks": raw.get("benchmarks"), "prompts": raw.get("prompts")}
+    case = picked_case(raw, path, None)
+    name = case["name"]
     key, bench = pick_benchmark(case, benchmark, path)
     each = []
     for index, entry in enumerate(raw["deployment"]):

@@ -6,16 +6,21 @@ The nightly's single-node test runs AISBench from its checkout without a work di
 `benchmark_results/<job>.json`: the model it served, `vllm_ascend_version` (the commit it ran at,
 `git rev-parse HEAD` in its workflow) and, per benchmark, the dataset's name (its `dataset_path`
 after the owner) and `test_input` (`max_out_len`, `batch_size`). The run gives the per-sample
-outcomes; the JSON is checked against the case the end runs.
+outcomes; the JSON is checked against the case the end runs. A performance benchmark's task holds
+AISBench's figures under the nightly's names, units stripped: its `Output_Token_Throughput(OTT)`
+is the end's throughput (`--nightly-result END=PATH`).
 """
 
 from __future__ import annotations
 
 import json
 import re
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from bisect_npu.errors import UsageError
+from bisect_npu.oracle.throughput import UNITS
 from bisect_npu.probe.harness import HarnessError, aisbench
 from bisect_npu.recipe.schema import Recipe
 
@@ -102,3 +107,123 @@ def _load(file: Path) -> dict[str, Any]:
 def _tasks(doc: dict[str, Any]) -> list[dict[str, Any]]:
     tasks = doc.get("tasks")
     return [task for task in tasks if isinstance(task, dict)] if isinstance(tasks, list) else []
+
+
+OTT = "Output_Token_Throughput(OTT)"  # the nightly's name for AISBench's "Output Token Throughput" (token/s)
+TEST_INPUTS = ("num_prompts", "max_out_len", "batch_size", "request_rate")  # what the nightly's task says it ran
+_FIGURE = re.compile(r"\s*([-+]?[0-9]*\.?[0-9]+(?:[eE][-+]?[0-9]+)?)\s*(.*?)\s*")
+
+
+@dataclass(frozen=True)
+class ThroughputRead:
+    """One end's output token throughput as a nightly's benchmark JSON has it."""
+
+    value: float
+    file: Path
+    why: str  # why this file, when the path held several
+
+
+def task_name(key: str, bench: dict[str, Any]) -> str:
+    """The name the nightly's JSON gives a benchmark's task: its `dataset_path` after the owner,
+    else its `dataset_conf`'s first part, else its key (test_single_node.py's rule)."""
+    if bench.get("dataset_path"):
+        return str(bench["dataset_path"]).split("/", 1)[-1]
+    if bench.get("dataset_conf"):
+        return str(bench["dataset_conf"]).split("/")[0]
+    return key
+
+
+def nightly_throughput(path: Path, key: str, bench: dict[str, Any], case: str, commit: str | None) -> ThroughputRead:
+    """The output token throughput of benchmark `key` of `case` in the nightly's
+    `benchmark_results/*.json` that `path` names (a file, that folder, or the checkout above it),
+    run at `commit` (None: not known yet). Several files with the benchmark: the one run at
+    `commit`, else the one named after the case (as the nightly names it); else a UsageError
+    naming them. A missing file, a task without the figure or a figure in another unit is a
+    UsageError naming what the file holds."""
+    files = _result_files(path)
+    name = task_name(key, bench)
+    found: list[tuple[Path, dict[str, Any], dict[str, Any]]] = []
+    without: list[str] = []
+    for file in files:
+        doc = _load(file)
+        tasks = [task for task in _tasks(doc) if task.get("name") == name and _same_inputs(task, bench)]
+        found += [(file, doc, task) for task in tasks if OTT in _metrics(task)]
+        without += [f"{file.name} ({', '.join(_metrics(task)) or 'no metrics: its run failed'})"
+                    for task in tasks if OTT not in _metrics(task)]
+    if not found:
+        if without:
+            raise UsageError(f"{path}: the task {name} has no {OTT} in {'; '.join(without)}; give the JSON of a "
+                             "nightly whose performance benchmark ran")
+        held = sorted({str(task.get("name")) for file in files for task in _tasks(_load(file))})
+        raise UsageError(f"{path}: no task {name} (benchmark {key} of {case}) in {', '.join(f.name for f in files)} "
+                         f"(their tasks: {', '.join(held) or 'none: not the nightly benchmark_results JSON'})")
+    file, doc, task, why = _chosen(found, case, commit, path, name)
+    _check_commit(file, doc, commit)
+    return ThroughputRead(_tokens_per_s(task["metrics"][OTT], file), file, why)
+
+
+def _result_files(path: Path) -> list[Path]:
+    if path.is_file():
+        return [path]
+    if not path.is_dir():
+        raise UsageError(f"{path} does not exist; give the nightly's benchmark_results JSON, its folder or the "
+                         "vllm-ascend checkout it ran in")
+    files = sorted(path.glob("*.json")) or sorted((path / "benchmark_results").glob("*.json"))
+    if not files:
+        raise UsageError(f"{path} holds no benchmark_results JSON (*.json in it or in its benchmark_results/, "
+                         "as the nightly's test_single_node.py writes them)")
+    return files
+
+
+def _chosen(found: list[tuple[Path, dict[str, Any], dict[str, Any]]], case: str, commit: str | None, path: Path,
+            name: str) -> tuple[Path, dict[str, Any], dict[str, Any], str]:
+    """The one of several files holding the task: the one run at `commit`, else the case's own."""
+    if len(found) == 1:
+        file, doc, task = found[0]
+        return file, doc, task, ""
+    at_commit = [hit for hit in found if commit and _ran_at(hit[1], commit)]
+    if commit and len(at_commit) == 1:
+        file, doc, task = at_commit[0]
+        return file, doc, task, f"of {len(found)} files with task {name}, the one run at {commit[:12]}"
+    named = [hit for hit in at_commit or found if hit[0].stem == case.replace("/", "_").replace(" ", "_")]
+    if len(named) == 1:
+        file, doc, task = named[0]
+        return file, doc, task, f"of {len(found)} files with task {name}, the one named after case {case}"
+    raise UsageError(f"{path}: {len(found)} tasks {name} ({', '.join(hit[0].name for hit in found)}), none told apart "
+                     f"by its commit or by the case's name {case}; give the one file")
+
+
+def _check_commit(file: Path, doc: dict[str, Any], commit: str | None) -> None:
+    version = str(doc.get("vllm_ascend_version") or "")
+    if commit and _SHA.fullmatch(version) and not _ran_at(doc, commit):
+        raise UsageError(f"{file}: the nightly ran at {version[:12]}, this end is {commit[:12]}; its throughput is "
+                         f"not a run of this end: pass the end {version[:12]} or the JSON of a run at {commit[:12]}")
+
+
+def _ran_at(doc: dict[str, Any], commit: str) -> bool:
+    version = str(doc.get("vllm_ascend_version") or "").lower()
+    return bool(_SHA.fullmatch(version)) and commit.lower().startswith(version)
+
+
+def _same_inputs(task: dict[str, Any], bench: dict[str, Any]) -> bool:
+    given = task.get("test_input")
+    said = given if isinstance(given, dict) else {}
+    return all(said[k] == bench[k] for k in TEST_INPUTS if k in said and k in bench)
+
+
+def _metrics(task: dict[str, Any]) -> dict[str, Any]:
+    metrics = task.get("metrics")
+    return metrics if isinstance(metrics, dict) else {}
+
+
+def _tokens_per_s(figure: Any, file: Path) -> float:
+    """A figure as the nightly writes it (a number, its "token/s" stripped) or as AISBench does
+    ("951.2 token/s"); any other unit is refused."""
+    if isinstance(figure, int | float) and not isinstance(figure, bool):
+        return float(figure)
+    match = _FIGURE.fullmatch(str(figure))
+    if match is None:
+        raise UsageError(f"{file}: {OTT} is {figure!r}, not a number of tokens/s")
+    if match[2] and match[2].lower() not in UNITS:
+        raise UsageError(f"{file}: {OTT} is {figure!r}, in {match[2]}, not tokens/s (output token throughput)")
+    return float(match[1])

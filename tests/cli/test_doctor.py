@@ -98,3 +98,23 @@ def test_disk_below_the_minimum_is_missing(tmp_path):
     assert check_disk(tmp_path, minimum=1).ok
     low = check_disk(tmp_path / "not" / "yet", minimum=1 << 60)
     assert not low.ok and "free at least" in low.fix and str(tmp_path) in low.detail
+
+
+def test_ray_nodes_bisect_npu_versions_are_listed_and_another_one_is_missing_with_the_runs_next_step():
+    from bisect_npu.api.host_checks import version_checks
+    from bisect_npu.errors import InfrastructureError
+    from bisect_npu.execute.ray import check_versions
+
+    odd, same, silent = "a1" * 20, "b2" * 20, "c3" * 20
+    versions = {same: "0.2.0", odd: "0.1.3", silent: "unknown (the node did not answer: GetTimeoutError)"}
+    rows = {row.name: row for row in version_checks(versions, driver="0.2.0")}
+    assert list(rows) == [f"node {n[:12]} bisect-npu" for n in (odd, same, silent)]
+    assert rows[f"node {same[:12]} bisect-npu"].ok and rows[f"node {same[:12]} bisect-npu"].detail == "0.2.0"
+    mismatch = rows[f"node {odd[:12]} bisect-npu"]
+    assert not mismatch.ok and mismatch.needed
+    assert mismatch.detail == "0.1.3, this driver 0.2.0: a node with another version can run a probe differently"
+    with pytest.raises(InfrastructureError) as refused:  # the run's exit-5 refusal gives the same next step
+        check_versions(versions, {}, driver="0.2.0")
+    assert f"{mismatch.detail.split(', ', 1)[1]}; {mismatch.fix}, then run again" in str(refused.value)
+    assert "pip install 'bisect-npu[ray]==0.2.0'" in mismatch.fix
+    assert not rows[f"node {silent[:12]} bisect-npu"].ok and not rows[f"node {silent[:12]} bisect-npu"].needed

@@ -160,6 +160,10 @@ def test_doctor_lists_the_nodes_their_npus_engines_and_container_engines(cluster
     size = load_recipe(bundled_recipes()["demo-rope-longseq"]).cards_per_run()
     assert all(f"demo-rope-longseq {int(line.split('NPU(s)')[0].split()[-1]) // size}" in line for line in nodes)
     assert sum("container engine:" in line for line in done.stdout.splitlines()) == 3
+    from bisect_npu import __version__
+
+    assert sum(line.startswith("OK") and line.endswith(f" bisect-npu: {__version__}")
+               for line in done.stdout.splitlines()) == 3  # each node's own version, asked there
     assert "ready for --executor ray" in done.stdout
 
 
@@ -305,8 +309,16 @@ def test_a_node_with_another_bisect_npu_is_refused_before_anything_runs(
         cluster.wait_for_nodes()
         done = subprocess.run(bisect_argv(demo_upstream, "rope-longseq", session), cwd=tmp_path,
                               capture_output=True, text=True, timeout=600, env=cli_env(cluster))
+        doctor = subprocess.run([*CLI, "doctor", "--executor", "ray"], cwd=tmp_path, capture_output=True, text=True,
+                                timeout=300, env=cli_env(cluster))
     finally:
         cluster.remove_node(odd)
+    # doctor shows the same node as the problem, with the run's next step
+    assert doctor.returncode == 5, doctor.stdout + doctor.stderr[-2000:]
+    assert (f"MISSING               node {odd.node_id[:12]} bisect-npu: 0.0.1, this driver {__version__}: a node "
+            "with another version can run a probe differently") in doctor.stdout
+    assert f"fix: install bisect-npu {__version__} in the Python that node's Ray runs" in doctor.stdout
+    assert f"not ready for --executor ray: node {odd.node_id[:12]} bisect-npu" in doctor.stdout
     assert done.returncode == 5, done.stdout + done.stderr[-3000:]
     assert f"Ray node {odd.node_id[:16]} " in done.stderr
     assert f"has bisect-npu 0.0.1, this driver {__version__}" in done.stderr and "bisect-npu resume" in done.stderr

@@ -3,28 +3,136 @@ benchmark's recipe as `oracle.throughput.earlier_runs` (the levels search counts
 
 from __future__ import annotations
 
+import json
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
 import pytest
 
 from bisect_npu.errors import UsageError
-from bisect_npu.nightly.at_commit import nightly_results, with_earlier_runs
+from bisect_npu.nightly.at_commit import CaseBenchmark, nightly_results, settle_run, with_earlier_runs
 from bisect_npu.nightly.cases import CaseRef, import_case, read_case_file
+from bisect_npu.nightly.outputs import OTT
+from bisect_npu.recipe.loader import load_recipe
+from tests.helpers.gitrepo import make_linear_repo
 from tests.helpers.npu_throughput import CASE_PATH, PERF_CASE
 
 
 def test_the_values_given_per_end_become_the_recipes_earlier_runs() -> None:
-    earlier = nightly_results(["bad=951.2", "good=1003 token/s", "bad=948"])
-    assert earlier is not None and earlier.bad == [951.2, 948.0] and earlier.good == [1003.0]
+    earlier, said = nightly_results(["bad=951.2", "good=1003 token/s", "bad=948"])
+    assert said == [] and earlier is not None and earlier.bad == [951.2, 948.0] and earlier.good == [1003.0]
     recipe = import_case(read_case_file(PERF_CASE, CASE_PATH), CASE_PATH, "speed-a2", "perf")
     changed = with_earlier_runs(recipe, earlier, CaseRef.parse(f"{CASE_PATH}::speed-a2::perf"))
     assert changed.oracle.throughput is not None
     assert changed.oracle.throughput.earlier_levels() == ((1003.0,), (951.2, 948.0))
     assert changed.digest() != recipe.digest()  # a resume finds the recipe it ran
-    assert nightly_results([]) is None
+    assert nightly_results([]) == (None, [])
 
 
 @pytest.mark.parametrize(("text", "said"), [("951", "END=TOKENS_PER_S"), ("worst=951", "END=TOKENS_PER_S"),
-                                            ("bad=fast", "not a number"), ("bad=-951", "positive number"),
-                                            ("bad=0", "positive number")])
+                                            ("bad=fast", "fast is not a number of tokens/s nor a nightly's"),
+                                            ("bad=-951", "positive number"), ("bad=0", "positive number")])
 def test_what_is_no_end_or_no_throughput_is_refused_naming_the_form(text: str, said: str) -> None:
     with pytest.raises(UsageError, match=said):
         nightly_results([text])
+
+
+# -- read from the nightly's benchmark_results JSON ------------------------------------------------
+
+PERF = {"case_type": "performance", "dataset_path": "vllm-ascend/GSM8K-in3500-bs400", "num_prompts": 304,
+        "batch_size": 76, "baseline": 1000, "threshold": 0.97}
+BENCHMARK = CaseBenchmark("speed-a2", "perf", PERF)
+BAD = "86797d44a7" + "1" * 30
+
+
+def nightly_json(folder: Path, name: str = "speed-a2", commit: str = BAD, ott: Any = 951.2,
+                 batch_size: int = 76) -> Path:
+    """A benchmark_results JSON in the shape the nightly's test_single_node.py writes: an accuracy
+    task and the performance one (its AISBench figures, units stripped, under the nightly's names)."""
+    metrics: dict[str, Any] = {"Benchmark_Duration(BD)": 512.3, "Input_Token_Throughput(ITT)": 2100.5}
+    if ott is not None:
+        metrics[OTT] = ott
+    folder.mkdir(parents=True, exist_ok=True)
+    path = folder / f"{name}.json"
+    path.write_text(json.dumps({
+        "model_name": "tiny", "hardware": "A2", "dtype": "bf16", "feature": ["aclgraph"], "vllm_version": "0.20.2",
+        "vllm_ascend_version": commit,
+        "tasks": [{"name": "gsm8k-lite", "metrics": {"accuracy": 88.1}, "test_input": {"max_out_len": 64},
+                   "target": {"baseline": 90, "threshold": 5}, "pass_fail": "pass"},
+                  {"name": "GSM8K-in3500-bs400", "metrics": metrics,
+                   "test_input": {"num_prompts": 304, "batch_size": batch_size},
+                   "target": {"baseline": 1000, "threshold": 0.97}, "pass_fail": "fail"}],
+        "serve_cmd": {"mix": "vllm serve tiny"}, "environment": {}, "pass_fail": "fail"}, indent=2))
+    return path
+
+
+def test_the_failing_nightlys_json_gives_the_bad_ends_value_by_file_folder_or_checkout(tmp_path: Path) -> None:
+    file = nightly_json(tmp_path / "checkout" / "benchmark_results")
+    for given in (file, file.parent, tmp_path / "checkout"):
+        earlier, said = nightly_results([f"bad={given}", "good=1003"], BENCHMARK, {"bad": BAD, "good": None})
+        assert earlier is not None and earlier.bad == [951.2] and earlier.good == [1003.0]
+        assert said == [f"--nightly-result bad={given}: 951.2 tokens/s ({OTT}) from {file}"]
+        assert str(file.resolve()) in earlier.source
+    assert nightly_results([f"bad={file}"], BENCHMARK, {"bad": None})[0] is not None  # the end's commit not known yet
+
+
+def test_aisbenchs_own_figure_with_its_unit_is_read_and_another_unit_refused(tmp_path: Path) -> None:
+    file = nightly_json(tmp_path, ott="951.2 token/s")
+    earlier, _ = nightly_results([f"bad={file}"], BENCHMARK)
+    assert earlier is not None and earlier.bad == [951.2]
+    nightly_json(tmp_path, ott="12.5 ms")
+    with pytest.raises(UsageError, match=r"speed-a2.json: Output_Token_Throughput\(OTT\) is '12.5 ms', in ms, "
+                                         "not tokens/s"):
+        nightly_results([f"bad={file}"], BENCHMARK)
+
+
+@pytest.mark.parametrize(("write", "said"), [
+    (lambda d: None, r"does not exist; give the nightly's benchmark_results JSON"),
+    (lambda d: d.mkdir(), r"holds no benchmark_results JSON"),
+    (lambda d: nightly_json(d, ott=None), r"the task GSM8K-in3500-bs400 has no Output_Token_Throughput\(OTT\) in "
+                                          r"speed-a2.json \(Benchmark_Duration\(BD\), Input_Token_Throughput"),
+    (lambda d: nightly_json(d, batch_size=4), r"no task GSM8K-in3500-bs400 \(benchmark perf of speed-a2\) in "
+                                              r"speed-a2.json \(their tasks: GSM8K-in3500-bs400, gsm8k-lite\)"),
+    (lambda d: nightly_json(d, commit="0123456789ab"), r"the nightly ran at 0123456789ab, this end is 86797d44a711; "
+                                                       r"its throughput is not a run of this end"),
+])
+def test_a_json_that_does_not_give_this_ends_throughput_is_refused_naming_why(
+        tmp_path: Path, write: Callable[[Path], object], said: str) -> None:
+    write(tmp_path / "results")
+    with pytest.raises(UsageError, match=said):
+        nightly_results([f"bad={tmp_path / 'results'}"], BENCHMARK, {"bad": BAD})
+
+
+def test_of_several_files_the_one_run_at_the_end_else_the_cases_own_is_read_and_said(tmp_path: Path) -> None:
+    nightly_json(tmp_path, "other-job", commit="0123456789ab", ott=700.0)
+    nightly_json(tmp_path, "speed-a2", ott=951.2)
+    earlier, said = nightly_results([f"bad={tmp_path}"], BENCHMARK, {"bad": BAD})
+    assert earlier is not None and earlier.bad == [951.2]
+    assert said[0].endswith("(of 2 files with task GSM8K-in3500-bs400, the one run at 86797d44a711)")
+    earlier, said = nightly_results([f"bad={tmp_path}"], BENCHMARK, {"bad": None})
+    assert earlier is not None and earlier.bad == [951.2]
+    assert said[0].endswith("(of 2 files with task GSM8K-in3500-bs400, the one named after case speed-a2)")
+    (tmp_path / "speed-a2.json").rename(tmp_path / "job-2.json")
+    with pytest.raises(UsageError, match=r"2 tasks GSM8K-in3500-bs400 \(job-2.json, other-job.json\), none told "
+                                         "apart by its commit or by the case's name speed-a2; give the one file"):
+        nightly_results([f"bad={tmp_path}"], BENCHMARK, {"bad": None})
+
+
+def test_run_reads_the_json_into_the_bad_ends_recipe_and_says_which_file(tmp_path: Path,
+                                                                        monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("BISECT_NPU_CACHE", str(tmp_path / "cache"))
+    shas = make_linear_repo(tmp_path / "up", 3, files=lambda i: {CASE_PATH: PERF_CASE})
+    file = nightly_json(tmp_path / "nightly", commit=shas[-1])
+    settled = settle_run(str(tmp_path / "up"), "HEAD", shas[0], f"{CASE_PATH}::speed-a2::perf", None, None, None,
+                         None, "single_node", None, results=(f"bad={tmp_path / 'nightly'}",))
+    assert settled.recipe is not None
+    throughput = load_recipe(settled.recipe).oracle.throughput
+    assert throughput is not None and throughput.earlier_runs is not None
+    assert throughput.earlier_runs.bad == [951.2] and str(file.resolve()) in throughput.earlier_runs.source
+    assert settled.owed[0] == f"--nightly-result bad={tmp_path / 'nightly'}: 951.2 tokens/s ({OTT}) from {file}"
+    accuracy = PERF_CASE.replace("performance", "accuracy").replace("baseline: 1000", "baseline: 90")
+    make_linear_repo(tmp_path / "acc", 2, files=lambda i: {CASE_PATH: accuracy})
+    with pytest.raises(UsageError, match="is an accuracy benchmark \\(give its results with --earlier-results\\)"):
+        settle_run(str(tmp_path / "acc"), "HEAD", "HEAD~1", f"{CASE_PATH}::speed-a2", None, None, None, None,
+                   "single_node", None, results=(f"bad={file}",))

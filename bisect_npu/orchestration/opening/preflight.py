@@ -32,7 +32,7 @@ from bisect_npu.execute.host import check_devices_on_host, check_slot_shares, de
 from bisect_npu.execute.host_devices import check_host_devices, missing_paths
 from bisect_npu.execute.ray import settle_slots as settle_on_cluster
 from bisect_npu.level import held_of, scope_of
-from bisect_npu.nightly.at_commit import nightly_results, settle_run
+from bisect_npu.nightly.at_commit import settle_run
 from bisect_npu.nightly.cases import CaseRef, model_unplaced
 from bisect_npu.orchestration.opening.session_spec import (
     SessionSpec,
@@ -68,7 +68,8 @@ class RunInputs:
     earlier_runs: EarlierRunsSpec | None
     candidates_range: CandidateRange
     last_good_note: str | None = None  # `--good last-good`: which commit the verdict store gave
-    # What the host still owes the run, said first: --nightly-case's dataset place, --devices it lacks.
+    # Said first: what --nightly-result read, what the host still owes the run (--nightly-case's dataset
+    # place, --devices it lacks).
     owed: tuple[str, ...] = ()
 
 
@@ -261,7 +262,7 @@ def settle_nightly(spec: SessionSpec) -> tuple[str | None, list[str]]:
     settled = settle_run(spec.range.repo or ".", spec.range.bad, spec.range.good, spec.judge.nightly_case,
                          Path(spec.range.good_table) if spec.range.good_table else None, spec.range.case_name,
                          spec.range.config_yaml, spec.range.soc, spec.range.scene, spec.range.frequency,
-                         spec.judge.nightly_datasets, nightly_results(spec.judge.nightly_results))
+                         spec.judge.nightly_datasets, tuple(spec.judge.nightly_results))
     spec.judge.recipe = settled.recipe or spec.judge.recipe
     spec.range.good = settled.good
     return ("; ".join(settled.notes) if spec.range.good_table else None), settled.owed

@@ -193,6 +193,10 @@ def test_a_from_that_cannot_be_pulled_ends_the_run_with_exit_5_naming_the_regist
 
 
 @pytest.mark.container
+# Ten of its 16 s are --cmd's default 10-s backoff. In make test: the same stop through the local builder
+# (test_build_retries.py's test_a_session_whose_index_never_answers_stops_with_exit_5_naming_the_network: the
+# same messages, attempts and no step) and the docker builder's network stop (the unpullable FROM above).
+@pytest.mark.heavy
 def test_a_run_step_whose_index_is_out_of_reach_is_built_again_then_stops_with_exit_5(docker_client,
                                                                                        demo_base_image, tmp_path):
     """pip inside the image build meets a closed port (the container's own loopback): the build

@@ -1,6 +1,7 @@
 """`bisect-npu settings` on the demo upstream: at each seeded regression's bad end, a good variant that
-carries the trigger's good value and several differences that change nothing; the search must name
-exactly the manifest's trigger. Real worktrees, one kernel build per commit, real forward passes."""
+carries the trigger's good value and differences that change nothing (several in the default case's
+and rope-longseq's searches); the search must name exactly the manifest's trigger. Real worktrees,
+one kernel build per commit, real forward passes."""
 
 from __future__ import annotations
 
@@ -71,30 +72,40 @@ def resting(session: Path, trigger: object) -> set[tuple[int, ...]]:
 
 
 def assert_names_the_manifest_trigger(demo_upstream: DemoUpstream, name: str, session: Path,
-                                      done: subprocess.CompletedProcess[str]) -> None:
-    """The search exited 0 naming the case's trigger, in its summary and its report's keys."""
+                                      done: subprocess.CompletedProcess[str], keys: int | None = None) -> None:
+    """The search exited 0 naming the case's trigger, in its summary and its report's keys (one a
+    key of the good set, or of the `keys` of it that were given)."""
     assert done.returncode == 0, done.stdout + done.stderr[-3000:]
     truth = demo_upstream[1].case(name).settings
     assert truth is not None
     assert summary(done)["trigger"] == truth.trigger
     report = json.loads((session / "report.json").read_text())
     needed = [row["key"] for row in report["keys"] if row["answer"] == "needed"]
-    assert needed == truth.trigger and len(report["keys"]) == len(truth.good_set)
+    assert needed == truth.trigger and len(report["keys"]) == (keys or len(truth.good_set))
 
 
 # rope-longseq's search (its output length judged against each configuration's own run at the
-# reference commit v0.9.0) is the first of test_reference_runs_resume_and_key_the_verdict_store's.
+# reference commit v0.9.0) is rope_longseq_first, which test_reference_runs_resume_and_key_the_verdict_store checks.
 @pytest.mark.parametrize("name", ["spec-decode", "presence-penalty",
                                   pytest.param("dependency", marks=pytest.mark.slow)])
 def test_the_search_names_the_manifest_trigger(demo_upstream: DemoUpstream, tmp_path: Path, name: str) -> None:
     """An exact case (acceptance at temperature 0.6, asked as an open question with a further value
     to check), a noisy one (a loop in some runs, decided by batched trials: each configuration's
-    trials share one engine start), and (heavier tier) the dependency's, minivllm laid in at its pin."""
+    trials share one engine start), and (heavier tier) the dependency's, minivllm laid in at its pin.
+    The first two vary their trigger and logprobs only: every other configuration costs ten trials
+    or a further value's run, and the searches over all four keys are the default case's and
+    rope-longseq's (async_penalty_first, rope_longseq_first)."""
     vary = {"cases[*].sampling.temperature": "0.0,0.3"} if name == "spec-decode" else None
     dependency = demo_upstream[1].dependency("minivllm").repo
     extra = ["--dep-repo", f"minivllm={dependency}"] if name == "dependency" else []
-    done = search(demo_upstream, name, tmp_path / "session", "--no-verdict-store", *extra, vary=vary)
-    assert_names_the_manifest_trigger(demo_upstream, name, tmp_path / "session", done)
+    truth = demo_upstream[1].case(name).settings
+    assert truth is not None
+    good_set = {key: value for key, value in truth.good_set.items()
+                if key in (*truth.trigger, "cases[*].sampling.logprobs")} if name != "dependency" else None
+    done = search(demo_upstream, name, tmp_path / "session", "--no-verdict-store", *extra, good_set=good_set,
+                  vary=vary)
+    assert_names_the_manifest_trigger(demo_upstream, name, tmp_path / "session", done,
+                                      keys=len(good_set) if good_set else None)
     report = json.loads((tmp_path / "session" / "report.json").read_text())
     trials = [json.loads(line) for line in (tmp_path / "session" / "settings.jsonl").read_text().splitlines()
               if '"configuration_trial"' in line]
@@ -321,23 +332,39 @@ def test_a_reference_commit_where_the_good_variant_is_bad_exits_4(demo_upstream:
     assert [row["verdict"] for row in rows] == ["bad", "skip"]
 
 
-def test_reference_runs_resume_and_key_the_verdict_store(demo_upstream: DemoUpstream, tmp_path: Path) -> None:
+@pytest.fixture(scope="module")
+def rope_longseq_first(demo_upstream: DemoUpstream, tmp_path_factory: pytest.TempPathFactory) -> FirstSearch:
+    """rope-longseq searched once against v0.9.0 with a new verdict store: the resume test
+    continues this session; the other-reference test (heavy tier) reads a copy of the finished store."""
+    root = tmp_path_factory.mktemp("rope-longseq-first")
+    store = root / "verdicts.sqlite"
+    done = search(demo_upstream, "rope-longseq", root / "first", "--verdict-store", str(store))
+    finished = root / "finished"
+    finished.mkdir()
+    shutil.copy2(store, finished / "verdicts.sqlite")
+    return FirstSearch(root / "first", store, finished, done)
+
+
+def test_reference_runs_resume_and_key_the_verdict_store(demo_upstream: DemoUpstream, tmp_path: Path,
+                                                         rope_longseq_first: FirstSearch) -> None:
     """rope-longseq against v0.9.0: the output length judged against the good end's output, each
     configuration against its own run at the reference commit (built once there), names the
     manifest's trigger; a search killed mid-way continues without running a configuration again,
     here or at the reference commit; a second session takes every verdict from the store and runs
-    nothing; one against another reference commit reuses none."""
-    store = tmp_path / "verdicts.sqlite"
-    session = tmp_path / "first"
-    done = search(demo_upstream, "rope-longseq", session, "--verdict-store", str(store))
+    nothing; every verdict is stored under the reference commit it was judged against (a search
+    against another one reusing none of them: the heavy tier's test below)."""
+    session, store, _, done = rope_longseq_first
     assert_names_the_manifest_trigger(demo_upstream, "rope-longseq", session, done)
     entries = [json.loads(line) for line in (session / "settings.jsonl").read_text().splitlines()]
     references = [e for e in entries if e["type"] == "reference"]
     assert sorted(r["digest"] for r in references) == sorted({e["digest"] for e in entries
                                                               if e["type"] == "configuration"})
-    assert {r["commit"] for r in references} == {demo_upstream[1].case("rope-longseq").good_sha}
+    good_sha = demo_upstream[1].case("rope-longseq").good_sha
+    assert {r["commit"] for r in references} == {good_sha}
     assert [r["build"]["how"] for r in references].count("built") == 1
     assert "judged against its own output at the reference commit" in (session / "report.md").read_text()
+    with sqlite3.connect(store) as db:
+        assert {reference for (reference,) in db.execute("SELECT reference FROM verdicts")} == {good_sha}
 
     journal = session / "settings.jsonl"
     lines = journal.read_text().splitlines(keepends=True)
@@ -365,6 +392,13 @@ def test_reference_runs_resume_and_key_the_verdict_store(demo_upstream: DemoUpst
     assert set(fresh.values()) == resting(session, summary(again)["trigger"]) and len(fresh) == 2
     assert sorted(r["digest"] for r in journaled(tmp_path / "second", "reference")) == sorted(fresh)
 
+
+@pytest.mark.heavy  # a whole search at v0.9.1 (its eight runs and two builds) after the first
+def test_a_search_against_another_reference_commit_reuses_no_stored_verdict(
+        demo_upstream: DemoUpstream, tmp_path: Path, rope_longseq_first: FirstSearch) -> None:
+    """The first search's store (every verdict judged against v0.9.0) gives nothing to a search
+    against v0.9.1: each configuration is run there."""
+    store = Path(shutil.copy2(rope_longseq_first.finished / "verdicts.sqlite", tmp_path / "verdicts.sqlite"))
     other = search(demo_upstream, "rope-longseq", tmp_path / "third", "--verdict-store", str(store),
                    "--reference-at", "v0.9.1")
     assert other.returncode == 0, other.stdout + other.stderr[-3000:]

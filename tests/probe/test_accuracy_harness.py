@@ -358,34 +358,31 @@ def scores_the_focus_at_the_culprit_long_ones_wrong(trees, tmp_path: Path, path:
     assert flipped.prompt and flipped.output and flipped.target and flipped.output.strip() != flipped.target
 
 
+HARNESS_RECIPES = {"lm_eval": "demo-accuracy", "aisbench": "demo-accuracy-aisbench"}
+
+
 @pytest.mark.e2e
 @pytest.mark.harness
-def test_real_lm_eval_scores_per_sample(trees, tmp_path):
-    """lm-eval at both sides of the culprit: every sample right at the good side; at the culprit
-    exactly the long ones wrong, read from the harness's own per-sample files."""
-    path, harness = bundled_recipe("demo-accuracy", tmp_path)
+@pytest.mark.parametrize("harness", HARNESS_RECIPES)
+def test_real_harness_scores_the_focused_samples_per_sample(trees, tmp_path, harness):
+    """Each harness at the culprit on a focus of long and short questions: the long ones wrong, the
+    short ones right, in the focus's order, read from the harness's own per-sample files (lm-eval's
+    samples, AISBench's result and prediction files). That the good side answers every question
+    right is test_dataset_is_the_good_ends_answers_and_the_drift_breaks_the_long_ones's."""
+    path, used = bundled_recipe(HARNESS_RECIPES[harness], tmp_path)
+    scores_the_focus_at_the_culprit_long_ones_wrong(trees, tmp_path, path, used)
+
+
+@pytest.mark.e2e
+@pytest.mark.harness
+@pytest.mark.heavy  # a harness run more than the focused test above: the good side's whole dataset
+@pytest.mark.parametrize("harness", HARNESS_RECIPES)
+def test_real_harness_scores_per_sample_at_both_sides(trees, tmp_path, harness):
+    """Each harness at both sides of the culprit: the whole dataset right at the good side, then
+    the culprit's focus."""
+    path, used = bundled_recipe(HARNESS_RECIPES[harness], tmp_path)
     scores_the_whole_dataset_right_at_the_good_side(trees, tmp_path, path)
-    scores_the_focus_at_the_culprit_long_ones_wrong(trees, tmp_path, path, harness)
-
-
-@pytest.mark.e2e
-@pytest.mark.harness
-def test_real_aisbench_scores_the_focused_samples_per_sample(trees, tmp_path):
-    """AISBench at the culprit on a focus of long and short questions: the long ones wrong, the
-    short ones right, in the focus's order, read from AISBench's own result and prediction files."""
-    path, harness = bundled_recipe("demo-accuracy-aisbench", tmp_path)
-    scores_the_focus_at_the_culprit_long_ones_wrong(trees, tmp_path, path, harness)
-
-
-@pytest.mark.e2e
-@pytest.mark.harness
-@pytest.mark.heavy  # an AISBench run more than the focused test above: the good side's whole dataset
-def test_real_aisbench_scores_per_sample_at_both_sides(trees, tmp_path):
-    """AISBench at both sides of the culprit, as lm-eval above: the whole dataset right at the good
-    side, then the culprit's focus."""
-    path, harness = bundled_recipe("demo-accuracy-aisbench", tmp_path)
-    scores_the_whole_dataset_right_at_the_good_side(trees, tmp_path, path)
-    scores_the_focus_at_the_culprit_long_ones_wrong(trees, tmp_path, path, harness)
+    scores_the_focus_at_the_culprit_long_ones_wrong(trees, tmp_path, path, used)
 
 
 @pytest.mark.harness

@@ -87,6 +87,45 @@ def test_generation_tokens_from_prometheus_text() -> None:
     assert generation_tokens(text) == 345.0
 
 
+def test_the_counter_is_taken_at_once_where_a_request_read_to_its_end_puts_it() -> None:
+    """A stand-in /metrics answering counts in turn: found where the tokens read put it (nothing
+    cancelled), the counter is read once, without the quiet spell, or as soon as a lagging counter
+    gets there; after a cancelled request (the server went on with it) it is read until it stops
+    moving."""
+    counts: list[float] = []
+    asked: list[str] = []
+
+    class Handler(BaseHTTPRequestHandler):
+        def do_GET(self) -> None:
+            asked.append(self.path)
+            body = f"vllm:generation_tokens_total {counts.pop(0) if len(counts) > 1 else counts[0]}\n".encode()
+            self.send_response(200)
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, *args: object) -> None:
+            pass
+
+    httpd = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    threading.Thread(target=httpd.serve_forever, daemon=True).start()
+    try:
+        server = Server([], "unused.log", httpd.server_address[1])
+        counts[:] = [120.0]
+        clock = time.monotonic()
+        assert server.settled_generated_tokens(quiet_s=5.0, finished_at=120.0) == 120.0
+        assert asked == ["/metrics"] and time.monotonic() - clock < 5.0
+        counts[:] = [100.0, 120.0, 120.0]
+        asked.clear()
+        assert server.settled_generated_tokens(quiet_s=0.01, finished_at=120.0) == 120.0 and len(asked) == 2
+        counts[:] = [90.0, 117.0, 120.0, 120.0]
+        asked.clear()
+        assert server.settled_generated_tokens(quiet_s=0.01) == 120.0 and len(asked) == 4
+    finally:
+        httpd.shutdown()
+        httpd.server_close()
+
+
 def test_effective_sampling_trusts_the_token_check_over_the_log() -> None:
     dropped = {"presence_penalty": {"applied": False, "override": 1.5, "neutral": 0.0}}
     assert effective_sampling({"temperature": 0.7}, {"presence_penalty": 1.5}, dropped) == {

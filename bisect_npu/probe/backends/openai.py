@@ -229,14 +229,19 @@ class Server:
         with urllib.request.urlopen(self.base + "/metrics", timeout=30) as response:
             return generation_tokens(response.read().decode("utf-8", errors="replace"))
 
-    def settled_generated_tokens(self, quiet_s: float = 2.0, limit_s: float = 60.0) -> float:
-        """The generation counter once it stops moving: what a cancelled request really cost."""
+    def settled_generated_tokens(self, quiet_s: float = 2.0, limit_s: float = 60.0,
+                                 finished_at: float | None = None) -> float:
+        """The generation counter once it stops moving: what a cancelled request really cost.
+        `finished_at`: where it ends when no request was cancelled (each streamed to its end, every
+        token it generated read); found there, it moves no more, and no quiet spell is waited for."""
         deadline = time.monotonic() + limit_s
         last = self.generated_tokens()
+        if last == finished_at:
+            return last
         while time.monotonic() < deadline:
             time.sleep(quiet_s)
             now = self.generated_tokens()
-            if now == last:
+            if now in (last, finished_at):
                 return now
             last = now
         return last
@@ -470,8 +475,12 @@ class ServerEngine(TrialCounter):
         else:
             observe()
         observation["timings"]["generate_s"] = clock.seconds()
-        # Tokens the server generated for this trial's requests, cancelled or not (its own counter).
-        observation["extra"]["server_generated_tokens"] = int(server.settled_generated_tokens() - before)
+        # Tokens the server generated for this trial's requests, cancelled or not (its own counter). A
+        # lone request the probe read to its end generated what it read: the counter is there at once.
+        alone = int(load.get("requests", 1)) <= 1 and "loop" not in observation["extra"]
+        finished_at = before + len(observation["output_token_ids"]) if alone else None
+        observation["extra"]["server_generated_tokens"] = int(
+            server.settled_generated_tokens(finished_at=finished_at) - before)
         if not observation["prompt_token_ids"]:
             tokenized = server.post("/tokenize", {"model": model_id, **_tokenize_input(case)})
             observation["prompt_token_ids"] = list(tokenized.get("tokens", []))

@@ -5,12 +5,15 @@ runs at the good side's mean, every commit from it on at the bad side's, one run
 for all (the same benchmark on the same host). Every run of every commit, the ends' included, is
 evidence about both means, the spread and where the change lies, so nothing is measured first
 and then taken as a fixed reference: for each culprit position c the likelihood of all runs is
-integrated over both means (flat priors) and the spread (Jeffreys prior, 1/sigma) in closed form,
+integrated over both means (flat priors) and the spread in closed form,
 
     P(runs | c) ~ (n_L n_R)^(-1/2) S(c)^(-(N-2)/2) P(mu_bad < threshold x mu_good | runs, c),
 
 n_L and n_R the runs left and right of c, S(c) their squared deviations from each side's own mean,
-N all runs. The last factor is the recipe's own rule: the bad side lies under the line (the
+N all runs. The spread's prior is 1/sigma times two pseudo-runs as wide as the line's gap at the
+runs' level (``SPREAD_PRIOR_RUNS``, conjugate: their squares join S(c) and their count N): with
+1/sigma alone a few runs that lie close by chance make every step sure, and a search that stops
+the first time it is sure stops on exactly those. The last factor is the recipe's own rule: the bad side lies under the line (the
 threshold's share of the good side), a Student's t probability with N - 2 degrees of freedom.
 The posterior over c is that likelihood under a uniform prior. Where the recipe publishes the good
 side's level (a nightly case's `baseline`, in the runs' unit), the good side's mean is normal about

@@ -13,8 +13,9 @@ n_L and n_R the runs left and right of c, S(c) their squared deviations from eac
 N all runs. The spread's prior is 1/sigma times two pseudo-runs as wide as the line's gap at the
 runs' level (``SPREAD_PRIOR_RUNS``, conjugate: their squares join S(c) and their count N): with
 1/sigma alone a few runs that lie close by chance make every step sure, and a search that stops
-the first time it is sure stops on exactly those. The last factor is the recipe's own rule: the bad side lies under the line (the
-threshold's share of the good side), a Student's t probability with N - 2 degrees of freedom.
+the first time it is sure stops on exactly those. The last factor is the recipe's own rule: the
+bad side lies under the line (the threshold's share of the good side), a Student's t probability
+with N - 2 degrees of freedom.
 The posterior over c is that likelihood under a uniform prior. Where the recipe publishes the good
 side's level (a nightly case's `baseline`, in the runs' unit), the good side's mean is normal about
 it instead of flat, its variance the spread's squared over a worth in runs (``BASELINE_PRIOR``, a

@@ -5,13 +5,17 @@ runs at the good side's mean, every commit from it on at the bad side's, one run
 for all (the same benchmark on the same host). Every run of every commit, the ends' included, is
 evidence about both means, the spread and where the change lies, so nothing is measured first
 and then taken as a fixed reference: for each culprit position c the likelihood of all runs is
-integrated over both means (flat priors) and the spread (Jeffreys prior, 1/sigma) in closed form,
+integrated over both means (flat priors) and the spread in closed form,
 
     P(runs | c) ~ (n_L n_R)^(-1/2) S(c)^(-(N-2)/2) P(mu_bad < threshold x mu_good | runs, c),
 
 n_L and n_R the runs left and right of c, S(c) their squared deviations from each side's own mean,
-N all runs. The last factor is the recipe's own rule: the bad side lies under the line (the
-threshold's share of the good side), a Student's t probability with N - 2 degrees of freedom.
+N all runs. The spread's prior is 1/sigma times two pseudo-runs as wide as the line's gap at the
+runs' level (``SPREAD_PRIOR_RUNS``, conjugate: their squares join S(c) and their count N): with
+1/sigma alone a few runs that lie close by chance make every step sure, and a search that stops
+the first time it is sure stops on exactly those. The last factor is the recipe's own rule: the
+bad side lies under the line (the threshold's share of the good side), a Student's t probability
+with N - 2 degrees of freedom.
 The posterior over c is that likelihood under a uniform prior. Where the recipe publishes the good
 side's level (a nightly case's `baseline`, in the runs' unit), the good side's mean is normal about
 it instead of flat, its variance the spread's squared over a worth in runs (``BASELINE_PRIOR``, a
@@ -76,6 +80,13 @@ LATE_SHARE = 0.8
 OPEN_SHARE = 1e-3
 # Runs each end has before the ends are judged wrong.
 END_RUNS_BEFORE_WRONG = 2
+# The spread's prior: as much as this many runs spread as wide as the line's gap (the recipe's
+# share under the good side, at the runs' level), with the 1/sigma prior. With the spread flat in
+# its log, a few runs that happen to lie close together make it look narrow and every step sure;
+# stopping at the first 0.99 picks exactly those histories (docs/benchmarks.md, issue 51). A gap's
+# worth of spread is the widest a recipe's line can be read at: a prior that errs wide costs runs
+# where the spread is narrow, never the answer.
+SPREAD_PRIOR_RUNS = 2.0
 # The published baseline as a prior on the good side's mean: a mixture of (worth in runs, weight),
 # the good mean normal about the baseline with the spread squared over the worth as its variance.
 # Either it holds as well as one run of the session's own host (a few runs check it), or it is off
@@ -160,23 +171,31 @@ def _log_lik_of_sums(count: np.ndarray, total: np.ndarray, squares: np.ndarray, 
                      earlier: EarlierLevels = NO_EARLIER) -> np.ndarray:
     """``log_likelihood`` from per-position sums (last axis 0..n; leading axes: alternatives)."""
     runs = float(count.reshape(-1, count.shape[-1])[0].sum())  # the same in every alternative
-    if baseline is None and not any(earlier):
-        return _flat_good_side(*_split(count, total, squares), runs, center, threshold)
     # The published baseline and the earlier runs come from the nightly's host: one worth for all
     # of them in each of the prior's components (that host is this one, or it is off).
     good = ((baseline,) if baseline is not None else ()) + tuple(earlier[0])
-    terms = [math.log(weight) + _with_host_runs(count, total, squares, runs, center, threshold, good, earlier[1], worth)
+    # the level the spread's prior is read at: the session's runs' mean (a value of another host,
+    # or in another unit, would move the prior's scale with it)
+    level = center + total.sum(axis=-1, keepdims=True) / runs
+    if not good and not earlier[1]:
+        return _flat_good_side(*_split(count, total, squares), runs, center, threshold, level)
+    terms = [math.log(weight) + _with_host_runs(count, total, squares, runs, center, threshold, good, earlier[1], worth,
+                                                level)
              for worth, weight in BASELINE_PRIOR]
     result: np.ndarray = np.logaddexp.reduce(terms, axis=0)
     return result
 
 
 def _flat_good_side(mean_left: np.ndarray, n_left: np.ndarray, mean_right: np.ndarray, n_right: np.ndarray,
-                    within: np.ndarray, runs: float, center: float, threshold: float) -> np.ndarray:
-    """Both means flat a priori: (n_L n_R)^(-1/2) S^(-(N-2)/2) P(under the line). The counts may
-    be weights (a run of the nightly's host counts ``worth``), ``runs`` every value's count."""
+                    within: np.ndarray, runs: float, center: float, threshold: float,
+                    level: np.ndarray) -> np.ndarray:
+    """Both means flat a priori: (n_L n_R)^(-1/2) S^(-(N-2)/2) P(under the line), S and N with the
+    spread's pseudo-runs (``SPREAD_PRIOR_RUNS``, read at ``level``). The counts may be weights (a
+    run of the nightly's host counts ``worth``), ``runs`` every value's count."""
     within = np.maximum(within, np.max(within, axis=-1, keepdims=True) * 1e-12 + _TINY)
-    df = runs - 2.0
+    prior_runs, prior_squares = _spread_prior(level, threshold)
+    within = within + prior_squares
+    df = runs - 2.0 + prior_runs
     # The bad side under the line: threshold x mu_good - mu_bad > 0, its error t-distributed.
     gap = threshold * (mean_left + center) - (mean_right + center)
     error = np.sqrt(within / df * (threshold**2 / n_left + 1.0 / n_right))
@@ -185,8 +204,19 @@ def _flat_good_side(mean_left: np.ndarray, n_left: np.ndarray, mean_right: np.nd
     return result
 
 
+def _spread_prior(level: np.ndarray, threshold: float) -> tuple[float, np.ndarray]:
+    """The spread's prior as pseudo-runs: their count and squared deviations, each spread as wide
+    as the line's gap at ``level`` (``SPREAD_PRIOR_RUNS``); none where the line is the good side's
+    own level (no gap to read a spread from)."""
+    if threshold == 1.0:
+        return 0.0, np.zeros_like(level)
+    gap = (1.0 - threshold) * level
+    return SPREAD_PRIOR_RUNS, SPREAD_PRIOR_RUNS * gap * gap
+
+
 def _with_host_runs(count: np.ndarray, total: np.ndarray, squares: np.ndarray, runs: float, center: float,
-                    threshold: float, good: Sequence[float], bad: Sequence[float], worth: float) -> np.ndarray:
+                    threshold: float, good: Sequence[float], bad: Sequence[float], worth: float,
+                    level: np.ndarray) -> np.ndarray:
     """The values of the nightly's host (``good``: the baseline and the good end's earlier runs,
     ``bad``: the bad end's) as runs of weight ``worth`` at the ends, each normal about its side's
     mean with the spread squared over ``worth`` as its variance; with flat means that is the flat
@@ -195,7 +225,7 @@ def _with_host_runs(count: np.ndarray, total: np.ndarray, squares: np.ndarray, r
     host = len(good) + len(bad)
     return (0.5 * host * math.log(worth)
             + _flat_good_side(*_split(*_host_sums(count, total, squares, center, good, bad, worth)), runs + host,
-                              center, threshold))
+                              center, threshold, level))
 
 
 def _host_sums(count: np.ndarray, total: np.ndarray, squares: np.ndarray, center: float, good: Sequence[float],

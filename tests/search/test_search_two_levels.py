@@ -11,7 +11,14 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from bisect_npu.search import EndsWrong, Evidence, Found, Narrowed, Next, Query, SearchProblem, decide, two_levels
-from bisect_npu.search.two_levels import BASELINE_PRIOR, ends_under_line, expected_information, posterior, t_log_cdf
+from bisect_npu.search.two_levels import (
+    BASELINE_PRIOR,
+    SPREAD_PRIOR_RUNS,
+    ends_under_line,
+    expected_information,
+    posterior,
+    t_log_cdf,
+)
 
 THRESHOLD = 0.97
 
@@ -67,6 +74,20 @@ def test_the_posterior_does_not_depend_on_the_unit(culprit: int, seed: int, unit
     assert np.allclose(post, scaled, atol=1e-9)
 
 
+def test_a_few_runs_that_lie_close_do_not_make_the_change_sure(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Eight runs a 4% drop apart that happen to spread a quarter of the true 2% (a history where the
+    1/sigma prior alone named a wrong culprit at 0.99, its runs rounded): under the spread's prior it is
+    not sure yet; where many runs measure the spread, the prior moves the posterior little."""
+    close = {0: [988.0], 19: [984.0], 29: [983.0], 31: [988.0], 32: [976.0], 33: [933.0], 39: [946.0, 939.0]}
+    assert (post := posterior(39, close, THRESHOLD, 1000.0)) is not None and post[32:34].sum() < 0.9
+    many = history(20, 39, {**dict.fromkeys(range(0, 39, 2), 3), 39: 3}, seed=7, drop=0.04)
+    with_prior = posterior(39, many, THRESHOLD)
+    monkeypatch.setattr(two_levels, "SPREAD_PRIOR_RUNS", 0.0)
+    alone = posterior(39, close, THRESHOLD, 1000.0)
+    assert alone is not None and alone[32:34].sum() > 0.98  # 33 and 34 (unbuildable there): one block
+    assert with_prior is not None and np.abs(with_prior - posterior(39, many, THRESHOLD)).max() < 0.05
+
+
 def test_the_ends_come_first_and_a_bad_end_over_the_line_is_wrong() -> None:
     assert decide(problem(16), {}) == Next((Query(0),))
     assert decide(problem(16, slots=2), {}) == Next((Query(0), Query(16)))
@@ -83,6 +104,7 @@ def test_the_ends_come_first_and_a_bad_end_over_the_line_is_wrong() -> None:
 
 
 def test_once_a_position_leads_the_run_asked_settles_it_against_its_rivals(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(two_levels, "SPREAD_PRIOR_RUNS", 0.0)  # the query rule on the runs' own spread
     runs = {0: (0.993, 0.97), 2: (0.997,), 3: (0.954, 0.999), 4: (0.905,), 5: (0.913, 0.897), 8: (0.953,)}
     post = posterior(8, runs, THRESHOLD)
     assert post is not None and two_levels.LATE_SHARE <= post.max() < 0.99 and int(np.argmax(post)) + 1 == 4
@@ -144,9 +166,15 @@ def test_wrong_culprits_named_stay_under_the_confidence_left() -> None:
     assert runs / histories < 16
 
 
+def spread_prior(sigma: float, runs: dict[int, list[float]]) -> float:
+    """SPREAD_PRIOR_RUNS pseudo-runs as wide as the line's gap at the session's runs' level."""
+    gap = (1 - THRESHOLD) * float(np.mean([v for vs in runs.values() for v in vs]))
+    return float(sigma ** -SPREAD_PRIOR_RUNS * np.exp(-SPREAD_PRIOR_RUNS * gap**2 / (2 * sigma**2)))
+
+
 def brute_force_posterior(n: int, runs: dict[int, list[float]], baseline: float) -> np.ndarray:
     """P(c | runs) by summing the model on a grid: the good mean under BASELINE_PRIOR's mixture,
-    the bad mean flat under the line, the spread 1/sigma, every run normal."""
+    the bad mean flat under the line, the spread 1/sigma with its pseudo-runs, every run normal."""
     good_means = np.linspace(0.6, 1.4, 401)[:, None]
     bad_means = np.linspace(0.6, 1.4, 401)[None, :]
     under = bad_means < THRESHOLD * good_means
@@ -160,7 +188,8 @@ def brute_force_posterior(n: int, runs: dict[int, list[float]], baseline: float)
             right = [v for i, vs in runs.items() if i >= c for v in vs]
             squares = sum((v - good_means) ** 2 for v in left) + sum((v - bad_means) ** 2 for v in right)
             log_runs = -squares / (2 * sigma**2)
-            lik[c - 1] += float((prior_good * under * np.exp(log_runs) / sigma ** (len(left) + len(right))).sum())
+            lik[c - 1] += spread_prior(sigma, runs) * float(
+                (prior_good * under * np.exp(log_runs) / sigma ** (len(left) + len(right))).sum())
     result: np.ndarray = lik / lik.sum()
     return result
 
@@ -228,8 +257,8 @@ def brute_force_with_earlier(n: int, runs: dict[int, list[float]], baseline: flo
             left = [v for i, vs in runs.items() if i < c for v in vs]
             right = [v for i, vs in runs.items() if i >= c for v in vs]
             squares = sum((v - good_means) ** 2 for v in left) + sum((v - bad_means) ** 2 for v in right)
-            lik[c - 1] += float((host * under * np.exp(-squares / (2 * sigma**2))
-                                 / sigma ** (len(left) + len(right))).sum())
+            lik[c - 1] += spread_prior(sigma, runs) * float((host * under * np.exp(-squares / (2 * sigma**2))
+                                                             / sigma ** (len(left) + len(right))).sum())
     result: np.ndarray = lik / lik.sum()
     return result
 
@@ -254,12 +283,14 @@ def test_earlier_runs_are_the_model_summed_by_brute_force(
 def test_on_the_sessions_host_earlier_runs_move_the_posterior_as_runs_at_the_ends(
         culprit: int, seed: int, good: list[float], bad: list[float], baseline: float | None) -> None:
     """Where the nightly's host is the session's (the prior's worth-1 component alone), the earlier
-    values, and the baseline, are runs at their ends: the posterior is the one of those runs."""
+    values, and the baseline, are runs at their ends: the posterior is the one of those runs (the
+    spread's prior, read at the session's own runs' level, left out: the values join that level here)."""
     runs = history(culprit, 12, {i: 1 + i % 2 for i in range(0, 13, 2)}, seed)
-    with patch("bisect_npu.search.two_levels.BASELINE_PRIOR", ((1.0, 1.0),)):
-        given_earlier = posterior(12, runs, THRESHOLD, baseline, (tuple(good), tuple(bad)))
-    as_runs = posterior(12, {**runs, 0: [*runs[0], *good, *([baseline] if baseline else [])], 12: [*runs[12], *bad]},
-                        THRESHOLD)
+    with patch("bisect_npu.search.two_levels.SPREAD_PRIOR_RUNS", 0.0):
+        with patch("bisect_npu.search.two_levels.BASELINE_PRIOR", ((1.0, 1.0),)):
+            given_earlier = posterior(12, runs, THRESHOLD, baseline, (tuple(good), tuple(bad)))
+        as_runs = posterior(12, {**runs, 0: [*runs[0], *good, *([baseline] if baseline else [])],
+                                 12: [*runs[12], *bad]}, THRESHOLD)
     assert given_earlier is not None and as_runs is not None
     assert np.allclose(given_earlier, as_runs, atol=1e-9)
 

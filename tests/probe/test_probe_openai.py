@@ -10,7 +10,8 @@ import threading
 import time
 import urllib.error
 import urllib.request
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
@@ -87,19 +88,18 @@ def test_generation_tokens_from_prometheus_text() -> None:
     assert generation_tokens(text) == 345.0
 
 
-def test_the_counter_is_taken_at_once_where_a_request_read_to_its_end_puts_it() -> None:
-    """A stand-in /metrics answering counts in turn: found where the tokens read put it (nothing
-    cancelled), the counter is read once, without the quiet spell, or as soon as a lagging counter
-    gets there; after a cancelled request (the server went on with it) it is read until it stops
-    moving."""
-    counts: list[float] = []
-    asked: list[str] = []
+@contextmanager
+def stand_in_server(answer: Callable[[str], tuple[int, bytes]],
+                    method: str = "GET") -> Iterator[tuple[Server, list[str]]]:
+    """A local HTTP server whose ``method`` requests ``answer`` maps from path to (status, body),
+    every asked path logged; the openai backend's ``Server`` pointed at it."""
+    paths: list[str] = []
 
     class Handler(BaseHTTPRequestHandler):
-        def do_GET(self) -> None:
-            asked.append(self.path)
-            body = f"vllm:generation_tokens_total {counts.pop(0) if len(counts) > 1 else counts[0]}\n".encode()
-            self.send_response(200)
+        def respond(self) -> None:
+            paths.append(self.path)
+            status, body = answer(self.path)
+            self.send_response(status)
             self.send_header("Content-Length", str(len(body)))
             self.end_headers()
             self.wfile.write(body)
@@ -107,10 +107,27 @@ def test_the_counter_is_taken_at_once_where_a_request_read_to_its_end_puts_it() 
         def log_message(self, *args: object) -> None:
             pass
 
+    setattr(Handler, f"do_{method}", Handler.respond)
     httpd = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
     threading.Thread(target=httpd.serve_forever, daemon=True).start()
     try:
-        server = Server([], "unused.log", httpd.server_address[1])
+        yield Server([], "unused.log", httpd.server_address[1]), paths
+    finally:
+        httpd.shutdown()
+        httpd.server_close()
+
+
+def test_the_counter_is_taken_at_once_where_a_request_read_to_its_end_puts_it() -> None:
+    """A stand-in /metrics answering counts in turn: found where the tokens read put it (nothing
+    cancelled), the counter is read once, without the quiet spell, or as soon as a lagging counter
+    gets there; after a cancelled request (the server went on with it) it is read until it stops
+    moving."""
+    counts: list[float] = []
+
+    def metrics(_: str) -> tuple[int, bytes]:
+        return 200, f"vllm:generation_tokens_total {counts.pop(0) if len(counts) > 1 else counts[0]}\n".encode()
+
+    with stand_in_server(metrics) as (server, asked):
         counts[:] = [120.0]
         clock = time.monotonic()
         assert server.settled_generated_tokens(quiet_s=5.0, finished_at=120.0) == 120.0
@@ -121,9 +138,6 @@ def test_the_counter_is_taken_at_once_where_a_request_read_to_its_end_puts_it() 
         counts[:] = [90.0, 117.0, 120.0, 120.0]
         asked.clear()
         assert server.settled_generated_tokens(quiet_s=0.01) == 120.0 and len(asked) == 4
-    finally:
-        httpd.shutdown()
-        httpd.server_close()
 
 
 def test_effective_sampling_trusts_the_token_check_over_the_log() -> None:
@@ -138,26 +152,12 @@ def test_effective_sampling_trusts_the_token_check_over_the_log() -> None:
 def reset_answers() -> Iterator[tuple[Server, list[tuple[int, bytes]], list[str]]]:
     """A stand-in server: POST /reset_prefix_cache answers from a list (status, body), logs the paths."""
     answers: list[tuple[int, bytes]] = []
-    paths: list[str] = []
 
-    class Handler(BaseHTTPRequestHandler):
-        def do_POST(self) -> None:
-            paths.append(self.path)
-            status, body = answers.pop(0) if self.path == "/reset_prefix_cache" else (404, b"")
-            self.send_response(status)
-            self.send_header("Content-Length", str(len(body)))
-            self.end_headers()
-            self.wfile.write(body)
+    def reset(path: str) -> tuple[int, bytes]:
+        return answers.pop(0) if path == "/reset_prefix_cache" else (404, b"")
 
-        def log_message(self, *args: object) -> None:
-            pass
-
-    httpd = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-    thread = threading.Thread(target=httpd.serve_forever, daemon=True)
-    thread.start()
-    yield Server([], "unused.log", httpd.server_address[1]), answers, paths
-    httpd.shutdown()
-    httpd.server_close()
+    with stand_in_server(reset, method="POST") as (server, paths):
+        yield server, answers, paths
 
 
 def test_reset_prefix_cache_asks_again_while_blocks_are_held(reset_answers) -> None:

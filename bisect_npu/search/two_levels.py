@@ -293,7 +293,8 @@ def expected_information(n: int, runs: Mapping[int, Sequence[float]], threshold:
     """For each of ``positions``: the expected fall in the change point's entropy from one more run
     there (in the log-odds against the likeliest position once it holds ``LATE_SHARE``), its
     outcome drawn from the posterior predictive (each c's side mean, Student's t with that c's
-    spread), integrated on a grid of ``outcomes`` values."""
+    spread under the same prior as the posterior's, ``SPREAD_PRIOR_RUNS``), integrated on a grid
+    of ``outcomes`` values."""
     assert _ready(n, runs, earlier)
     center = _center(runs)
     sums = _side_sums(n, runs, center)
@@ -301,8 +302,11 @@ def expected_information(n: int, runs: Mapping[int, Sequence[float]], threshold:
     # the predictive takes the earlier runs as runs: a side may have no run of the session's
     known = _host_sums(*sums, center, earlier[0], earlier[1], 1.0)
     left, n_left, right, n_right, within = _split(*known)
-    df = float(known[0].sum()) - 2.0
-    spread2 = np.maximum(within / df, _TINY)
+    # the spread's prior as the posterior has it, read at the session's runs' level
+    level = center + sums[1].sum(axis=-1, keepdims=True) / sums[0].sum()
+    prior_runs, prior_squares = _spread_prior(level, threshold)
+    df = float(known[0].sum()) - 2.0 + prior_runs
+    spread2 = np.maximum((within + prior_squares) / df, _TINY)
     spread = float(np.sqrt((post * spread2).sum()))
     low = float(min((post * right).sum(), (post * left).sum())) - 4 * spread
     high = float(max((post * right).sum(), (post * left).sum())) + 4 * spread

@@ -176,7 +176,7 @@ def _log_lik_of_sums(count: np.ndarray, total: np.ndarray, squares: np.ndarray, 
     good = ((baseline,) if baseline is not None else ()) + tuple(earlier[0])
     # the level the spread's prior is read at: the session's runs' mean (a value of another host,
     # or in another unit, would move the prior's scale with it)
-    level = center + total.sum(axis=-1, keepdims=True) / runs
+    level = _level(count, total, center)
     if not good and not earlier[1]:
         return _flat_good_side(*_split(count, total, squares), runs, center, threshold, level)
     terms = [math.log(weight) + _with_host_runs(count, total, squares, runs, center, threshold, good, earlier[1], worth,
@@ -193,9 +193,7 @@ def _flat_good_side(mean_left: np.ndarray, n_left: np.ndarray, mean_right: np.nd
     spread's pseudo-runs (``SPREAD_PRIOR_RUNS``, read at ``level``). The counts may be weights (a
     run of the nightly's host counts ``worth``), ``runs`` every value's count."""
     within = np.maximum(within, np.max(within, axis=-1, keepdims=True) * 1e-12 + _TINY)
-    prior_runs, prior_squares = _spread_prior(level, threshold)
-    within = within + prior_squares
-    df = runs - 2.0 + prior_runs
+    within, df = _with_spread_prior(within, runs, level, threshold)
     # The bad side under the line: threshold x mu_good - mu_bad > 0, its error t-distributed.
     gap = threshold * (mean_left + center) - (mean_right + center)
     error = np.sqrt(within / df * (threshold**2 / n_left + 1.0 / n_right))
@@ -204,14 +202,23 @@ def _flat_good_side(mean_left: np.ndarray, n_left: np.ndarray, mean_right: np.nd
     return result
 
 
-def _spread_prior(level: np.ndarray, threshold: float) -> tuple[float, np.ndarray]:
-    """The spread's prior as pseudo-runs: their count and squared deviations, each spread as wide
-    as the line's gap at ``level`` (``SPREAD_PRIOR_RUNS``); none where the line is the good side's
-    own level (no gap to read a spread from)."""
+def _level(count: np.ndarray, total: np.ndarray, center: float) -> np.ndarray:
+    """The session's runs' mean (per alternative, last axis the positions): the level the spread's
+    prior is read at."""
+    level: np.ndarray = center + total.sum(axis=-1, keepdims=True) / count.sum(axis=-1, keepdims=True)
+    return level
+
+
+def _with_spread_prior(within: np.ndarray, runs: float, level: np.ndarray,
+                       threshold: float) -> tuple[np.ndarray, float]:
+    """The squared deviations and degrees of freedom of ``runs`` values about two means, with the
+    spread's prior as pseudo-runs joined: ``SPREAD_PRIOR_RUNS`` of them, each spread as wide as the
+    line's gap at ``level``; none where the line is the good side's own level (no gap to read a
+    spread from)."""
     if threshold == 1.0:
-        return 0.0, np.zeros_like(level)
+        return within, runs - 2.0
     gap = (1.0 - threshold) * level
-    return SPREAD_PRIOR_RUNS, SPREAD_PRIOR_RUNS * gap * gap
+    return within + SPREAD_PRIOR_RUNS * gap * gap, runs - 2.0 + SPREAD_PRIOR_RUNS
 
 
 def _with_host_runs(count: np.ndarray, total: np.ndarray, squares: np.ndarray, runs: float, center: float,
@@ -303,10 +310,8 @@ def expected_information(n: int, runs: Mapping[int, Sequence[float]], threshold:
     known = _host_sums(*sums, center, earlier[0], earlier[1], 1.0)
     left, n_left, right, n_right, within = _split(*known)
     # the spread's prior as the posterior has it, read at the session's runs' level
-    level = center + sums[1].sum(axis=-1, keepdims=True) / sums[0].sum()
-    prior_runs, prior_squares = _spread_prior(level, threshold)
-    df = float(known[0].sum()) - 2.0 + prior_runs
-    spread2 = np.maximum((within + prior_squares) / df, _TINY)
+    within, df = _with_spread_prior(within, float(known[0].sum()), _level(sums[0], sums[1], center), threshold)
+    spread2 = np.maximum(within / df, _TINY)
     spread = float(np.sqrt((post * spread2).sum()))
     low = float(min((post * right).sum(), (post * left).sum())) - 4 * spread
     high = float(max((post * right).sum(), (post * left).sum())) + 4 * spread

@@ -141,11 +141,11 @@ def nightly_throughput(path: Path, key: str, bench: dict[str, Any], case: str, c
     naming them. A missing file, a task without the figure or a figure in another unit is a
     UsageError naming what the file holds."""
     files = _result_files(path)
+    docs = [(file, _load(file)) for file in files]
     name = task_name(key, bench)
     found: list[tuple[Path, dict[str, Any], dict[str, Any]]] = []
     without: list[str] = []
-    for file in files:
-        doc = _load(file)
+    for file, doc in docs:
         tasks = [task for task in _tasks(doc) if task.get("name") == name and _same_inputs(task, bench)]
         found += [(file, doc, task) for task in tasks if OTT in _metrics(task)]
         without += [f"{file.name} ({', '.join(_metrics(task)) or 'no metrics: its run failed'})"
@@ -154,7 +154,7 @@ def nightly_throughput(path: Path, key: str, bench: dict[str, Any], case: str, c
         if without:
             raise UsageError(f"{path}: the task {name} has no {OTT} in {'; '.join(without)}; give the JSON of a "
                              "nightly whose performance benchmark ran")
-        held = sorted({str(task.get("name")) for file in files for task in _tasks(_load(file))})
+        held = sorted({str(task.get("name")) for _, doc in docs for task in _tasks(doc)})
         raise UsageError(f"{path}: no task {name} (benchmark {key} of {case}) in {', '.join(f.name for f in files)} "
                          f"(their tasks: {', '.join(held) or 'none: not the nightly benchmark_results JSON'})")
     file, doc, task, why = _chosen(found, case, commit, path, name)

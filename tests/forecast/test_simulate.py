@@ -196,8 +196,7 @@ def test_a_published_baseline_that_holds_shortens_the_levels_forecast():
 def test_a_throughput_forecast_tells_the_search_the_build_groups():
     """As a session with a keyed builder does (levels mode, a throughput session's default): told the
     groups, the search takes the built
-    neighbour of an unbuilt midpoint and builds less, and is as right. Two sessions a culprit show
-    it (2.5 builds against 2.0 at seed 1000); four took twice the time to show the same."""
+    neighbour of an unbuilt midpoint and builds less, and is as right (two sessions a culprit show it)."""
     from bisect_npu.forecast.simulate import Throughput
 
     def key_of(i: int) -> str:

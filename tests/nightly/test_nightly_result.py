@@ -134,9 +134,10 @@ def test_run_reads_the_json_into_the_bad_ends_recipe_and_says_which_file(tmp_pat
     assert settled.owed[0] == f"--nightly-result bad={tmp_path / 'nightly'}: 951.2 tokens/s ({OTT}) from {file}"
     accuracy = PERF_CASE.replace("performance", "accuracy").replace("baseline: 1000", "baseline: 90")
     make_linear_repo(tmp_path / "acc", 2, files=lambda i: {CASE_PATH: accuracy})
-    with pytest.raises(UsageError, match="is an accuracy benchmark \\(give its results with --earlier-results\\)"):
-        settle_run(str(tmp_path / "acc"), "HEAD", "HEAD~1", f"{CASE_PATH}::speed-a2", None, None, None, None,
-                   "single_node", None, results=(f"bad={file}",))
+    for given in (file, tmp_path / "absent" / "speed-a2.json"):  # refused before any file is read
+        with pytest.raises(UsageError, match="is an accuracy benchmark \\(give its results with --earlier-results\\)"):
+            settle_run(str(tmp_path / "acc"), "HEAD", "HEAD~1", f"{CASE_PATH}::speed-a2", None, None, None, None,
+                       "single_node", None, results=(f"bad={given}",))
 
 
 # -- the multi-node nightly's JSON -----------------------------------------------------------------

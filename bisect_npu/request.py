@@ -22,7 +22,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 from pydantic.fields import FieldInfo
 
 from bisect_npu.defaults import CACHE_SIZE_GIB, CONFIDENCE, LAST_GOOD, TRIAL_TIMEOUT_S, VERIFY_TOP
-from bisect_npu.errors import UsageError, validation_problem
+from bisect_npu.errors import UsageError, problem_of, validation_problem
 from bisect_npu.observations import TimeoutIs
 from bisect_npu.paths import default_verdict_store
 
@@ -354,7 +354,7 @@ class RunRequest(BaseModel):
             first = exc.errors()[0]
             named = {(part, name): spec.name for part, name, _info, spec in flags(cls)}
             option = named.get((str(first["loc"][0]), str(first["loc"][1]))) if len(first["loc"]) > 1 else None
-            problem = first["msg"].removeprefix("Value error, ")
+            problem = problem_of(first)
             if option is None:
                 raise _refused(exc) from None
             raise UsageError(problem if problem.startswith(option) else f"{option}: {problem}") from None

@@ -9,6 +9,12 @@ after the owner) and `test_input` (`max_out_len`, `batch_size`). The run gives t
 outcomes; the JSON is checked against the case the end runs. A performance benchmark's task holds
 AISBench's figures under the nightly's names, units stripped: its `Output_Token_Throughput(OTT)`
 is the end's throughput (`--nightly-result END=PATH`).
+
+The multi-node test writes the same JSON on its master node (tasks named by the same rule, the
+same metric names, `num_warmups` among the test inputs), as `<branch>-<job>.json`, which its
+workflow uploads alone in an artifact folder. Its `vllm_ascend_version` is the ref the run was
+given: a branch (`main`) unless it was dispatched at a commit, so only then is it checked against
+the end's commit.
 """
 
 from __future__ import annotations
@@ -171,7 +177,7 @@ def _result_files(path: Path) -> list[Path]:
     files = sorted(path.glob("*.json")) or sorted((path / "benchmark_results").glob("*.json"))
     if not files:
         raise UsageError(f"{path} holds no benchmark_results JSON (*.json in it or in its benchmark_results/, "
-                         "as the nightly's test_single_node.py writes them)")
+                         "as the nightly's single-node and multi-node tests write them)")
     return files
 
 

@@ -12,7 +12,7 @@ from typing import Any, get_args
 import yaml
 from pydantic import BaseModel, ValidationError
 
-from bisect_npu.errors import UsageError
+from bisect_npu.errors import UsageError, problem_of
 from bisect_npu.recipe.schema import Recipe
 
 
@@ -140,7 +140,7 @@ def parse_recipe(text: str, source: str = "<recipe>") -> Recipe:
         field = ".".join(str(p) for p in loc) or "<root>"
         line = _line_of(raw, loc)
         where = f"{source}:{line}" if line else source
-        msg = first["msg"].removeprefix("Value error, ")
+        msg = problem_of(first)
         if first["type"] == "extra_forbidden":
             known = _fields_at(Recipe, loc[:-1])
             msg = "unknown field (check the spelling" + (f"; known here: {', '.join(known)})" if known else ")")

@@ -61,8 +61,7 @@ class StepView:
     @property
     def nodes_said(self) -> str:
         """The Ray nodes the step ran on, each with its build and the image id its containers started from."""
-        return "; ".join(f"ray node {node.node[:12]} {node.how}"
-                         + (f" {node.image_said()}" if node.image_id else "")
+        return "; ".join(" ".join(filter(None, (f"ray node {node.node[:12]} {node.how}", node.image_said())))
                          for node in self.nodes)
 
 

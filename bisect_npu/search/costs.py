@@ -19,6 +19,7 @@ from functools import lru_cache
 
 import numpy as np
 
+from bisect_npu.search.entropy import plogp
 from bisect_npu.search.types import Evidence, SearchProblem
 
 # The table is O(m^3) for m untested candidates: above this the midpoint is kept until the range
@@ -82,13 +83,6 @@ def step_costs(problem: SearchProblem, evidence: Mapping[int, Evidence]) -> Step
     if problem.build_groups is None:
         return StepCosts(1.0 + readying, 1.0 + readying, None)
     return StepCosts(1.0 + readying, 1.0 + np.minimum(readying, problem.overlay_cost), np.array(problem.build_groups))
-
-
-def _plogp(p: np.ndarray) -> np.ndarray:
-    """-p log p, 0 at p = 0."""
-    p = np.clip(p, 0.0, 1.0)
-    terms: np.ndarray = -p * np.log(np.where(p > 0, p, 1.0))
-    return terms
 
 
 def most_information_per_cost(below: np.ndarray, askable: Sequence[int], costs: StepCosts,
@@ -156,7 +150,7 @@ def _most_informative_rounds(cdf: np.ndarray, alone: np.ndarray, beside: np.ndar
     pick is b; each pick adds the range between it and the pick below, the last the range above."""
     size = len(cdf)
     later = np.arange(size)[:, None] < np.arange(size)[None, :]
-    step = np.where(later, _plogp(cdf[None, :] - cdf[:, None]), -np.inf)  # [a, b]: the range (a, b]
+    step = np.where(later, plogp(cdf[None, :] - cdf[:, None]), -np.inf)  # [a, b]: the range (a, b]
     step[:, 0] = -np.inf
     same = np.zeros((size, size), dtype=bool)
     if groups is not None:
@@ -186,7 +180,7 @@ def _most_informative_rounds(cdf: np.ndarray, alone: np.ndarray, beside: np.ndar
         back.append(came)
     rounds: dict[tuple[int, ...], tuple[float, tuple[int, ...]]] = {}
     for mix, best in layer.items():
-        total = best + _plogp(1.0 - cdf)
+        total = best + plogp(1.0 - cdf)
         b = int(np.argmax(total))
         chosen: list[int] = []
         current = mix

@@ -18,6 +18,7 @@ import numpy as np
 
 from bisect_npu.intervals import wilson_interval
 from bisect_npu.search.costs import build_costs
+from bisect_npu.search.entropy import entropy, plogp
 from bisect_npu.search.types import (
     Decision,
     EndsWrong,
@@ -141,10 +142,10 @@ def position_mass(post: SegmentPosterior) -> tuple[np.ndarray, np.ndarray, np.nd
     )
 
 
-def _entropy(p: np.ndarray) -> np.ndarray:
-    p = np.clip(p, 1e-12, 1 - 1e-12)
-    entropy: np.ndarray = -(p * np.log(p) + (1 - p) * np.log(1 - p))
-    return entropy
+def _binary_entropy(p: np.ndarray) -> np.ndarray:
+    """The entropy of one trial that fails with probability p."""
+    binary: np.ndarray = plogp(p) + plogp(1 - p)
+    return binary
 
 
 def failure_probability(mass: np.ndarray, mean_q: np.ndarray, mean_p: np.ndarray) -> np.ndarray:
@@ -163,9 +164,9 @@ def information_gain(mass: np.ndarray, mean_q: np.ndarray, mean_p: np.ndarray) -
     ends tell nothing about c directly, but they sharpen the rates that c is judged by.
     """
     zero = np.zeros(1)
-    cond_bad = np.concatenate((zero, np.cumsum(mass * _entropy(mean_p))))
-    cond_good = np.concatenate(((mass * _entropy(mean_q))[::-1].cumsum()[::-1], zero))
-    gain: np.ndarray = _entropy(failure_probability(mass, mean_q, mean_p)) - cond_bad - cond_good
+    cond_bad = np.concatenate((zero, np.cumsum(mass * _binary_entropy(mean_p))))
+    cond_good = np.concatenate(((mass * _binary_entropy(mean_q))[::-1].cumsum()[::-1], zero))
+    gain: np.ndarray = _binary_entropy(failure_probability(mass, mean_q, mean_p)) - cond_bad - cond_good
     return gain
 
 
@@ -176,12 +177,6 @@ def _binomial_rows(rates: np.ndarray, m: int) -> np.ndarray:
     r = rates[:, None]
     rows: np.ndarray = coefficients * np.power(r, j) * np.power(1.0 - r, m - j)
     return rows
-
-
-def _row_entropy(p: np.ndarray) -> np.ndarray:
-    safe = np.where(p > 0, p, 1.0)
-    entropy: np.ndarray = -(p * np.log(safe)).sum(axis=-1)
-    return entropy
 
 
 def batch_information_gain(mass: np.ndarray, mean_q: np.ndarray, mean_p: np.ndarray, m: int) -> np.ndarray:
@@ -196,9 +191,9 @@ def batch_information_gain(mass: np.ndarray, mean_q: np.ndarray, mean_p: np.ndar
     zero = np.zeros((1, m + 1))
     mixture = (np.vstack((zero, np.cumsum(weighted_bad, axis=0)))
                + np.vstack((np.cumsum(weighted_good[::-1], axis=0)[::-1], zero)))
-    cond_bad = np.concatenate(([0.0], np.cumsum(mass * _row_entropy(rows_bad))))
-    cond_good = np.concatenate(((mass * _row_entropy(rows_good))[::-1].cumsum()[::-1], [0.0]))
-    return _row_entropy(mixture) - cond_bad - cond_good
+    cond_bad = np.concatenate(([0.0], np.cumsum(mass * entropy(rows_bad))))
+    cond_good = np.concatenate(((mass * entropy(rows_good))[::-1].cumsum()[::-1], [0.0]))
+    return entropy(mixture) - cond_bad - cond_good
 
 
 def ends_change_probability(evidence: Mapping[int, Evidence], n: int) -> float:

@@ -51,6 +51,7 @@ from collections.abc import Mapping, Sequence
 import numpy as np
 
 from bisect_npu.search.costs import build_costs
+from bisect_npu.search.entropy import entropy as _entropy
 from bisect_npu.search.types import (
     NO_EARLIER,
     Decision,
@@ -287,11 +288,6 @@ def _normalised(log_lik: np.ndarray) -> np.ndarray:
     weights = np.exp(log_lik - log_lik.max(axis=-1, keepdims=True))
     normalised: np.ndarray = weights / weights.sum(axis=-1, keepdims=True)
     return normalised
-
-
-def _entropy(post: np.ndarray) -> np.ndarray:
-    entropy: np.ndarray = -(post * np.log(np.maximum(post, _TINY))).sum(axis=-1)
-    return entropy
 
 
 def expected_information(n: int, runs: Mapping[int, Sequence[float]], threshold: float,

@@ -17,6 +17,7 @@ from pydantic import Field
 
 from bisect_npu.cli import main
 from bisect_npu.cli.run import request_options, run, run_command
+from bisect_npu.errors import UsageError
 from bisect_npu.orchestration.opening.preflight import settle_slots
 from bisect_npu.orchestration.opening.session_spec import SessionSpec
 from bisect_npu.orchestration.session import Session
@@ -106,6 +107,18 @@ def test_the_default_verdict_store_goes_without_saying(monkeypatch: pytest.Monke
     with pytest.raises(SystemExit) as exit_info:
         main(["run", "--good", "a", "--bad", "b", "--cmd", "true", "--verdict-store", "v.sqlite", "--no-verdict-store"])
     assert exit_info.value.code == 2
+
+
+def test_a_refused_flag_reads_as_its_validator_wrote_it() -> None:
+    """pydantic's "Value error, " is dropped; a sentence that already names the option is not named twice."""
+    parts = {"range": {"good": "a", "bad": "b"}, "judge": {"command": ["true"]}}
+    with pytest.raises(UsageError) as refused:
+        RunRequest.from_flags(parts | {"store": {"verdict_env": ["A=1"]}})
+    assert str(refused.value) == ("--verdict-env 'A=1' is not an environment variable name; give NAME alone "
+                                  "(its value is read from the environment)")
+    with pytest.raises(UsageError) as refused:
+        RunRequest.from_flags(parts | {"judge": {"command": ["true"], "timeout_s": -1}})
+    assert str(refused.value) == "--timeout: Input should be greater than 0"
 
 
 def test_a_ray_bisection_reproduces_its_cluster_options(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -85,7 +85,7 @@ def nightly_checkout(root: Path, *, commit: str = BAD, max_out_len: int = 64, de
         "tasks": [{"name": dataset, "metrics": {"accuracy": round(result["accuracy"], 4)},
                    "test_input": {"max_out_len": max_out_len, "batch_size": 4},
                    "target": {"baseline": 90, "threshold": 5}, "pass_fail": "fail"},
-                  {"name": "GSM8K-in3500-bs400", "metrics": {"output_token_throughput": 612.5},
+                  {"name": "GSM8K-in3500-bs400", "metrics": {"Output_Token_Throughput(OTT)": 612.5},
                    "test_input": {"max_out_len": 48, "batch_size": 4}, "pass_fail": "fail"}],
         "serve_cmd": {"mix": "vllm serve vllm-ascend/Tiny-W8A8 --max-num-seqs 4"}, "environment": {},
         "pass_fail": "fail"}))

@@ -12,11 +12,12 @@ import pytest
 
 from bisect_npu.errors import UsageError
 from bisect_npu.nightly.at_commit import CaseBenchmark, nightly_results, settle_run, with_earlier_runs
-from bisect_npu.nightly.cases import CaseRef, import_case, read_case_file
+from bisect_npu.nightly.cases import CaseRef, import_case, pick_benchmark, picked_case, read_case_file
 from bisect_npu.nightly.outputs import OTT
 from bisect_npu.recipe.loader import load_recipe
 from tests.helpers.gitrepo import make_linear_repo
 from tests.helpers.npu_throughput import CASE_PATH, PERF_CASE
+from tests.helpers.paths import DATA
 
 
 def test_the_values_given_per_end_become_the_recipes_earlier_runs() -> None:
@@ -133,6 +134,62 @@ def test_run_reads_the_json_into_the_bad_ends_recipe_and_says_which_file(tmp_pat
     assert settled.owed[0] == f"--nightly-result bad={tmp_path / 'nightly'}: 951.2 tokens/s ({OTT}) from {file}"
     accuracy = PERF_CASE.replace("performance", "accuracy").replace("baseline: 1000", "baseline: 90")
     make_linear_repo(tmp_path / "acc", 2, files=lambda i: {CASE_PATH: accuracy})
-    with pytest.raises(UsageError, match="is an accuracy benchmark \\(give its results with --earlier-results\\)"):
-        settle_run(str(tmp_path / "acc"), "HEAD", "HEAD~1", f"{CASE_PATH}::speed-a2", None, None, None, None,
-                   "single_node", None, results=(f"bad={file}",))
+    for given in (file, tmp_path / "absent" / "speed-a2.json"):  # refused before any file is read
+        with pytest.raises(UsageError, match="is an accuracy benchmark \\(give its results with --earlier-results\\)"):
+            settle_run(str(tmp_path / "acc"), "HEAD", "HEAD~1", f"{CASE_PATH}::speed-a2", None, None, None, None,
+                       "single_node", None, results=(f"bad={given}",))
+
+
+# -- the multi-node nightly's JSON -----------------------------------------------------------------
+
+MULTI_PATH = "tests/e2e/nightly/multi_node/internal_dp/config/two-nodes.yaml"
+
+
+def multi_node_benchmark() -> CaseBenchmark:
+    """The perf benchmark of the two-node fixture as `CaseBenchmark.at` reads it (its accuracy
+    benchmark has the same dataset, so its task the same name; only its test inputs differ)."""
+    raw = read_case_file((DATA / "nightly-multi-node" / "two-nodes.yaml").read_text(), MULTI_PATH)
+    case = picked_case(raw, MULTI_PATH, None)
+    key, bench = pick_benchmark(case, "perf", MULTI_PATH)
+    return CaseBenchmark(str(case["name"]), key, {**bench, "num_warmups": 2})
+
+
+def multi_node_json(folder: Path, ref: str = "main", ott: float = 2210.4) -> Path:
+    """What the multi-node nightly's workflow uploads: its master node's `<branch>-<job>.json`,
+    alone in the artifact's folder. Its tasks as the single-node one's (name rule, metric names),
+    their test inputs with `num_warmups`; `vllm_ascend_version` the ref the run was given (a
+    branch unless dispatched at a commit); `serve_cmd` per node; no `pass_fail` of the whole."""
+    folder.mkdir(parents=True)
+    path = folder / "main-multi-node-tiny-dp.json"
+    path.write_text(json.dumps({
+        "model_name": "Org/Tiny-MoE", "hardware": "A3", "dtype": "bf16", "feature": ["expert_parallel"],
+        "vllm_version": "0.20.2", "vllm_ascend_version": ref,
+        "tasks": [{"name": "tiny-set", "metrics": {"accuracy": 81.25},
+                   "test_input": {"max_out_len": 512, "batch_size": 8},
+                   "target": {"baseline": 80, "threshold": 4}, "pass_fail": "pass"},
+                  {"name": "tiny-set", "metrics": {"Benchmark_Duration(BD)": 96.1, OTT: ott,
+                                                    "Total_Token_Throughput(TTT)": 9310.7, "TPOT": 41.2},
+                   "test_input": {"max_out_len": 256, "batch_size": 8, "num_warmups": 2},
+                   "target": {"baseline": 1000, "threshold": 0.97}, "pass_fail": "pass"}],
+        "serve_cmd": {"dp": {"node0": ["--data-parallel-size", "4"], "node1": ["--headless"]}},
+        "environment": {"HCCL_BUFFSIZE": "512"}}, indent=2))
+    return path
+
+
+def test_the_multi_node_nightlys_artifact_gives_the_performance_tasks_value(tmp_path: Path) -> None:
+    """Its file or its folder; the accuracy task of the same name is told apart by its inputs, and
+    a branch for its version (nothing to check against the end's commit) is read at any end."""
+    file = multi_node_json(tmp_path / "nightly-test-benchmark-results-main-multi-node-tiny-dp-20261205")
+    for given in (file, file.parent):
+        earlier, said = nightly_results([f"bad={given}"], multi_node_benchmark(), {"bad": BAD})
+        assert earlier is not None and earlier.bad == [2210.4]
+        assert said == [f"--nightly-result bad={given}: 2210.4 tokens/s ({OTT}) from {file}"]
+
+
+def test_a_multi_node_run_dispatched_at_a_commit_is_checked_against_the_end(tmp_path: Path) -> None:
+    multi_node_json(tmp_path / "at-commit", ref=BAD[:12])
+    earlier, _ = nightly_results([f"bad={tmp_path / 'at-commit'}"], multi_node_benchmark(), {"bad": BAD})
+    assert earlier is not None and earlier.bad == [2210.4]
+    with pytest.raises(UsageError, match=rf"the nightly ran at {BAD[:12]}, this end is 0123456789ab; its throughput "
+                                         "is not a run of this end"):
+        nightly_results([f"bad={tmp_path / 'at-commit'}"], multi_node_benchmark(), {"bad": "0123456789ab" * 3})

@@ -13,7 +13,8 @@ from tests.report.test_report_golden import commits_header
 
 NODES = [NodeBuild(node="1df845f0df1c6998b7a5", how="built", seconds=40.0, image="up:commit-3333",
                    image_id="sha256:" + "9f" * 32),
-         NodeBuild(node="bd29e889a53066036897", how="reused", image="up:commit-3333", image_id="sha256:" + "a1" * 32)]
+         NodeBuild(node="bd29e889a53066036897", how="reused", image="up:commit-3333", image_id="sha256:" + "a1" * 32),
+         NodeBuild(node="c0ffee0c0ffee0c0ffee", how="built")]  # a worktree: no image to name
 
 
 def test_a_ray_step_s_row_names_its_nodes_builds_and_images(tmp_path: Path) -> None:
@@ -26,7 +27,7 @@ def test_a_ray_step_s_row_names_its_nodes_builds_and_images(tmp_path: Path) -> N
     view = load_view(session)
     row = next(line for line in render_markdown(view).splitlines() if line.startswith("| 1 | 3 |"))
     assert ("built (ray node 1df845f0df1c built up:commit-3333 (9f9f9f9f9f9f); ray node bd29e889a530 reused "
-            "up:commit-3333 (a1a1a1a1a1a1)) |") in row
+            "up:commit-3333 (a1a1a1a1a1a1); ray node c0ffee0c0ffe built) |") in row
     other = next(line for line in render_markdown(view).splitlines() if line.startswith("| 2 | 1 |"))
     assert "| reused |" in other
     steps = render_json(view)["steps"]

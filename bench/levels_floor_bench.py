@@ -1,7 +1,7 @@
 """Where the levels search's runs go: the search as it is against the same search handed the truth.
 
     .venv/bin/python bench/levels_floor_bench.py [--seeds 200] [--first-seed 1000] [--candidates 39]
-        [--drop 0.07] [--spread 0.02] [--know nothing spread means both] [--late 0.9]
+        [--drop 0.07] [--spread 0.02] [--know nothing prior spread means both] [--late 0.9]
         [--baseline-error 0.05] [--no-baseline]
 
 The worlds, the runs and the crashes are `bench/nightly_bench.py`'s (`make_world`, the throughput
@@ -11,6 +11,9 @@ query), so `--know nothing` is `nightly_bench.py --rows throughput --search leve
 seeds, run for run. Each `--know` variant hands the search part of the truth (oracles: what no
 session can have; they live here only):
 
+- `prior`: the spread's prior as the product has it (``SPREAD_PRIOR_RUNS`` pseudo-runs) but as
+  wide as the world's spread instead of the line's gap: what the prior's width costs, apart from
+  what learning the spread costs;
 - `spread`: the run-to-run spread exactly: its prior is ``KNOWN_RUNS`` pseudo-runs at the world's
   spread instead of the recipe's (the posterior and the query's predictive alike);
 - `means`: both sides' means exactly: every split's side means are the world's levels (the good
@@ -52,7 +55,7 @@ from bisect_npu.search import Evidence, Next, SearchProblem, decide, two_levels
 KNOWN_RUNS = 1e4
 # A known mean's weight in runs: every split's side mean stands where the world puts it.
 KNOWN_WEIGHT = 1e12
-KNOWS = ("nothing", "spread", "means", "both")
+KNOWS = ("nothing", "prior", "spread", "means", "both")
 
 
 @contextlib.contextmanager
@@ -68,6 +71,8 @@ def known(world: World, what: str) -> Iterator[None]:
         freed = 2.0 if means else 0.0  # known means spend none of the runs' degrees of freedom
         if spread:
             return within + KNOWN_RUNS * sigma * sigma, runs - 2.0 + freed + KNOWN_RUNS
+        if what == "prior" and threshold != 1.0:
+            return within + two_levels.SPREAD_PRIOR_RUNS * sigma * sigma, runs - 2.0 + two_levels.SPREAD_PRIOR_RUNS
         within, df = own_prior(within, runs, level, threshold)
         return within, df + freed
 

@@ -28,7 +28,8 @@ model's pieces in `bisect_npu.search.two_levels` for the length of their row (`k
 follow that module as it changes. Per bisection the table counts the runs (crashed attempts
 included) by where they went: the first runs before the model can weigh a change (`_ready`),
 the ends (0 and n) after those, the candidates; and by when: the runs asked once the likeliest
-position held ``--late`` of the posterior (the confirmation phase).
+position held ``--late`` of the posterior (the confirmation phase), and how many of those went
+beside the leader (to it or to the commit before it: the runs that tell it from its neighbours).
 """
 
 from __future__ import annotations
@@ -111,6 +112,7 @@ class Count:
     ends: int = 0  # positions 0 and n, after the first runs
     inside: int = 0  # the candidates
     late: int = 0  # asked once the likeliest position held ``--late``
+    beside: int = 0  # of those, at the leader or the commit before it (what tells it from its neighbours)
     best: bool = False
     named: bool = False
     wrong: bool = False
@@ -148,6 +150,8 @@ def bisect(world: World, what: str, late: float, baseline_error: float, weigh_ba
                     count.inside += cost
                 if post is not None and float(post.max()) >= late:
                     count.late += cost
+                    leader = int(np.argmax(post)) + 1
+                    count.beside += cost if i in (leader - 1, leader) else 0
     count.runs = ours.runs
     return count
 
@@ -172,8 +176,8 @@ def main() -> None:
           f"spread {args.spread:.0%}; the case's baseline "
           f"{'unread' if args.no_baseline else f'{1 + args.baseline_error:.0%} of the good side'}")
     print(f"| handed | best answer | culprit named | wrong culprits, exit 0 | runs | first runs | ends after | "
-          f"candidates | after the leader held {args.late:g} |")
-    print("|---|---:|---:|---:|---:|---:|---:|---:|---:|")
+          f"candidates | after the leader held {args.late:g} | of them beside it |")
+    print("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
     for what in args.know:
         started = time.monotonic()
         rows = [bisect(make_world(seed, args.candidates, "throughput", False, args.drop, args.spread), what,
@@ -184,7 +188,7 @@ def main() -> None:
 
         print(f"| {what} | {mean('best'):.1%} | {mean('named'):.1%} | {sum(r.wrong for r in rows)} | "
               f"{mean('runs'):.2f} | {mean('first'):.2f} | {mean('ends'):.2f} | {mean('inside'):.2f} | "
-              f"{mean('late'):.2f} | ({time.monotonic() - started:.0f} s)", flush=True)
+              f"{mean('late'):.2f} | {mean('beside'):.2f} | ({time.monotonic() - started:.0f} s)", flush=True)
 
 
 if __name__ == "__main__":

@@ -51,13 +51,13 @@ def step_trials(recipe: Recipe | None, as_reference: bool, levels: bool = False)
 
 class References:
     """The reference observations of one search, whatever it tests: `good_runs` reads its good
-    side's journaled trials (in a fix searched in levels mode, the new end's: the side whose line the
-    other lies under), `bad_runs` the other side's (where an accuracy recipe compares with them)."""
+    side's journaled trials (in a fix search of a throughput line, the new end's: the side whose line
+    the other lies under), `bad_runs` the other side's (where an accuracy recipe compares with them)."""
 
     def __init__(self, recipe: Recipe | None, evaluator: Evaluator, good_runs: SideRuns,
                  bad_runs: SideRuns | None = None, at: int = 0) -> None:
         self.recipe = recipe
-        self.at = at  # a commit search's reference position: the good end, or a rising fix search's new end
+        self.at = at  # a commit search's reference position: the good end, or a fix search's new end
         self.evaluator = evaluator
         self.good_runs = good_runs
         self.bad_runs = bad_runs

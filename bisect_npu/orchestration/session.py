@@ -39,7 +39,7 @@ from bisect_npu.orchestration.ending import end_messages
 from bisect_npu.orchestration.ending.result import EXIT_CODES, EXIT_ENDS_WRONG, EXIT_FOUND, EXIT_NARROWED, SessionResult
 from bisect_npu.orchestration.opening import throughput_search
 from bisect_npu.orchestration.opening.open_session import Opened, open_journal, open_new
-from bisect_npu.orchestration.opening.reference import References, step_trials
+from bisect_npu.orchestration.opening.reference import References, reference_at_new_end, step_trials
 from bisect_npu.orchestration.opening.session_opening import folded
 from bisect_npu.orchestration.opening.session_spec import SessionSpec, earlier_runs_for_search, earlier_runs_spec
 from bisect_npu.orchestration.opening.state import SessionState, accuracy_weight, answer_log_lr
@@ -62,15 +62,14 @@ Answer = search.Found | search.Narrowed | search.EndsWrong  # what the commit se
 END_OUTPUT_LINES = 10  # what an end judged wrong shows of its run's output
 
 
-def search_mode_for(recipe: Recipe | None, asked: Literal["exact", "noisy"] | None = None, find_fix: bool = False,
+def search_mode_for(recipe: Recipe | None, asked: Literal["exact", "noisy"] | None = None,
                     throughput: ThroughputSearch | None = None) -> Literal["exact", "noisy", "likelihood", "levels"]:
     """The search's mode for a recipe: a throughput recipe against its good end searches every run
     together (levels mode, `oracle.throughput.search: levels`, one run a step; `throughput`: the
     session's search as its journal keeps it, over the recipe's); an accuracy recipe's steps, and a
-    throughput recipe's whose steps stop when sure (`search: per_step`, or under --find-fix), are
-    measurements, so the search weighs each one's likelihood ratio; otherwise the mode asked
-    (--mode), else the recipe's."""
-    if levels_search(recipe, find_fix, throughput) and asked != "noisy":
+    throughput recipe's whose steps stop when sure (`search: per_step`), are measurements, so the
+    search weighs each one's likelihood ratio; otherwise the mode asked (--mode), else the recipe's."""
+    if levels_search(recipe, throughput) and asked != "noisy":
         return "levels"
     if recipe is not None and (recipe.accuracy is not None or (until_sure(recipe) and asked != "noisy")):
         return "likelihood"
@@ -89,12 +88,14 @@ def earlier_figures(earlier: search.EarlierLevels) -> dict[str, float]:
     return figures
 
 
-def levels_ends_said(evidence: Mapping[int, search.Evidence], n: int, under_line: float) -> str:
-    """Why the levels search judged the bad end not bad: both ends' runs, and how likely it is that
-    the bad end's mean lies under the good end's line."""
-    good, bad = evidence[0].measured, evidence[n].measured
-    return (f"its {len(bad)} run(s) average {sum(bad) / len(bad):.1f} tokens/s against the good end's "
-            f"{sum(good) / len(good):.1f} over {len(good)} run(s); P(under the good end's line) = {under_line:.1%}")
+def levels_ends_said(evidence: Mapping[int, search.Evidence], n: int, under_line: float, rising: bool = False) -> str:
+    """Why the levels search judged the end with the symptom not to show it (the bad end; `rising`,
+    a fix search: the old end): its runs, the other end's, and how likely it is that its mean lies
+    under the other end's line."""
+    (shows, line_end), name = ((0, n), "new") if rising else ((n, 0), "good")
+    low, line = evidence[shows].measured, evidence[line_end].measured
+    return (f"its {len(low)} run(s) average {sum(low) / len(low):.1f} tokens/s against the {name} end's "
+            f"{sum(line) / len(line):.1f} over {len(line)} run(s); P(under the {name} end's line) = {under_line:.1%}")
 
 
 def first_trials(queries: Sequence[search.Query], next_trial: Callable[[int], int]) -> list[int]:
@@ -144,11 +145,12 @@ class Session:
         if until_sure(recipe):  # the spread pooled over the finished steps' runs, as the interrupted run had it
             for step in self.state.steps():
                 evaluator.remember_runs(step.commit, step.trials)
-        self.references = References(recipe, evaluator, functools.partial(self._runs_at, 0),
-                                     functools.partial(self._runs_at, self.n))
+        self.references = References(recipe, evaluator, functools.partial(self._runs_at, self.reference_end),
+                                     functools.partial(self._runs_at, self.n - self.reference_end),
+                                     at=self.reference_end)
         for step in self.state.steps():  # a resumed accuracy session: the samples each commit ran
             evaluator.recall_accuracy_step(step.commit, step.trials)
-        always_run = frozenset({0} if self.references.from_good_end else ())  # the reference's runs
+        always_run = frozenset({self.reference_end} if self.references.from_good_end else ())  # the reference's runs
         self.verdicts: SessionVerdicts[int] | None = None if reuse is None or self.levels else SessionVerdicts(
             lambda _index: reuse, self.state, progress, always_run=always_run,
             outcomes=self.state.outcomes if self.mode == "noisy" else None)
@@ -202,7 +204,18 @@ class Session:
     @property
     def search_mode(self) -> Literal["exact", "noisy", "likelihood", "levels"]:
         """The search's mode (`search_mode_for`), a throughput session's searching as it started."""
-        return search_mode_for(self.recipe, self.spec.search.mode, self.spec.search.find_fix, self.throughput_search)
+        return search_mode_for(self.recipe, self.spec.search.mode, self.throughput_search)
+
+    @property
+    def rising(self) -> bool:
+        """A fix searched in levels mode: the low level at the old end, restored from the fix on."""
+        return self.levels and self.spec.search.find_fix
+
+    @property
+    def reference_end(self) -> int:
+        """The end whose runs are the reference: the good end's (0), but the new end's (`n`) in a fix
+        search of a throughput line (`reference.reference_at_new_end`): the old end lies under it."""
+        return self.n if reference_at_new_end(self.recipe, self.spec.search.find_fix) else 0
 
     @property
     def confidence(self) -> float:
@@ -222,6 +235,7 @@ class Session:
             batches=self.evaluator.batches, grouped=bool(groups))
         mode = self.search_mode
         throughput = self.recipe.oracle.throughput if self.recipe is not None else None
+        earlier_levels = self.earlier_levels()[::-1] if self.rising else self.earlier_levels()  # the search's terms
         return search.SearchProblem(n=self.n, mode=mode, check_ends=self.check_ends,
                                     slots=self.slots, confidence=confidence, earlier_runs=earlier,
                                     load_cost=load_cost, build_cost=build_cost, build_groups=groups,
@@ -229,10 +243,12 @@ class Session:
                                     weights=self.weights, answer_log_lr=answer_log_lr(self.recipe),
                                     threshold=throughput.threshold if throughput is not None else 0.97,
                                     baseline=throughput.baseline if throughput is not None else None,
-                                    earlier_levels=self.earlier_levels())
+                                    earlier_levels=earlier_levels, rising=self.rising)
 
     def earlier_levels(self) -> search.EarlierLevels:
-        """The recipe's runs at the ends made before the session, as the levels search weighs them."""
+        """The recipe's runs at the ends made before the session, as the levels search weighs them:
+        (the last good nightly's, the failing nightly's); in a fix search the failing one is the old
+        end's, the search's good end (`problem` swaps them)."""
         throughput = self.recipe.oracle.throughput if self.recipe is not None else None
         if throughput is None or self.search_mode != "levels":
             return search.NO_EARLIER
@@ -349,18 +365,18 @@ class Session:
         steps = [step for step in self.state.steps() if step.index == index]
         return [trial for step in steps for trial in step.trials] if steps else None
 
-    def _run_good_end(self, trials: int) -> None:
-        self.run_query(search.Query(0, trials))
+    def _run_reference_end(self, trials: int) -> None:
+        self.run_query(search.Query(self.reference_end, trials))
 
     def _run_fresh(self, index: int) -> None:
         """Run a position this session took from the verdict store, with the recipe's trials."""
         self.run_query(search.Query(index, self.recipe.trials.count if self.recipe else 1))
 
     def run_query(self, query: search.Query, first_trial: int | None = None) -> None:
-        """Judge a position (`engine.judge`), the good end first where it is the reference."""
+        """Judge a position (`engine.judge`), the reference end first where its runs are the reference."""
         interrupts.raise_if_received()
-        if query.index != 0:
-            self.references.ensure(self._run_good_end)
+        if query.index != self.reference_end:
+            self.references.ensure(self._run_reference_end)
         engine.judge(self._candidate(query, first_trial), self.append, self.progress, self.verdicts)
 
     def _candidate(self, query: search.Query, first_trial: int | None = None,
@@ -370,7 +386,7 @@ class Session:
         index, commit = query.index, self.commit_at(query.index)
         title, key = self.titles.get(commit, ""), self._build_key(query.index)
         noisy = self.mode == "noisy"
-        as_reference = index == 0 and self.references.from_good_end
+        as_reference = index == self.reference_end and self.references.from_good_end
         trials = query.trials if noisy else step_trials(self.recipe, as_reference, self.levels)
         pending = self.state.pending_trials(index) if not noisy else []
         expected = trials * (len(self.recipe.cases) if self.recipe else 1)
@@ -391,7 +407,7 @@ class Session:
             first = self.state.next_trial(index) if first_trial is None else first_trial
             return self.evaluator, EvaluationRequest(
                 commit, trials, tuple(pending), judge_each=noisy, first_trial=first, as_reference=as_reference,
-                as_bad_end=index == self.n)
+                as_bad_end=index == self.n - self.reference_end)
 
         return engine.Candidate(
             key=index, commit=commit, build_key=key, label=commit[:10], evaluation=evaluation,
@@ -443,7 +459,7 @@ class Session:
             end_index = 0 if decision.which == "good" else self.n
             why = next((e.verdict.reason for e in reversed(self.state.steps()) if e.index == end_index), "")
             if self.levels and "under_line" in decision.figures:
-                why = levels_ends_said(self.evidence(), self.n, decision.figures["under_line"])
+                why = levels_ends_said(self.evidence(), self.n, decision.figures["under_line"], self.rising)
             untested = why if self.evidence().get(end_index, search.Evidence()).skipped else None
             log, output = self._end_run(end_index)
             message = end_messages.ends_wrong(decision.which, self.spec.range.good, self.spec.range.bad,
@@ -482,7 +498,7 @@ class Session:
 
     def verdict_of(self, commit: str) -> Verdict:
         """Evaluate any commit (a fix applied on the bad end) with this session's recipe or command."""
-        self.references.ensure(self._run_good_end)
+        self.references.ensure(self._run_reference_end)
         trials = self.recipe.trials.count if self.recipe else 1
         if self.mode == "noisy" and self.recipe is not None:
             return self.evaluator.evaluate(EvaluationRequest(commit, max(trials, 10), judge_each=True)).verdict

@@ -52,7 +52,7 @@ def evidence_summary(view: SessionView) -> list[str]:
                 f"posterior that this is the first {'fixed' if flipped else 'bad'} commit: "
                 f"{_percent(figures['posterior'])} after {figures['steps']:.0f} steps"]
     if "good_mean" in figures and "runs" in figures:  # levels mode: one model over every run
-        return _levels_lines(view, end, found)
+        return _levels_lines(view, end, found, flipped)
     if "posterior" in figures:  # every position capped or skipped: the best guess, with its weight
         return [f"posterior {_percent(figures['posterior'])}: the commits around it reached the trial cap or "
                 "were skipped before the answer was sure"]
@@ -80,9 +80,10 @@ def evidence_summary(view: SessionView) -> list[str]:
     return lines
 
 
-def _levels_lines(view: SessionView, end: EndRecord, found: str) -> list[str]:
+def _levels_lines(view: SessionView, end: EndRecord, found: str, flipped: bool) -> list[str]:
     """The levels search's answer: its posterior against the confidence asked (and so why it
-    stopped), both sides' means, and the runs it spent, one a step, at the culprit and its parent."""
+    stopped), both sides' means (`flipped`, a fix: the old side's, low, as a share of the fixed
+    side's), and the runs it spent, one a step, at the culprit and its parent."""
     figures = end.figures
     runs_at: dict[int, int] = {}
     for step in view.steps:
@@ -96,19 +97,25 @@ def _levels_lines(view: SessionView, end: EndRecord, found: str) -> list[str]:
     elif asked is not None:
         why = (f"the search stopped short of the {_percent(asked)} asked: the commits around it reached their runs "
                "cap or were skipped")
-    share = figures["bad_mean"] / figures["good_mean"] if figures["good_mean"] else float("nan")
-    return [f"posterior that this is the first bad commit: {_percent(figures['posterior'])}"
-            + (f"; {why}" if why else ""),
-            f"the good side's mean {figures['good_mean']:.1f} tokens/s, the bad side's {figures['bad_mean']:.1f} "
+    good = (figures["good_mean"], "old" if flipped else "good")
+    bad = (figures["bad_mean"], "fixed" if flipped else "bad")
+    (high, high_name), (low, low_name) = (bad, good) if flipped else (good, bad)
+    share = low / high if high else float("nan")
+    return [f"posterior that this is the first {'fixed' if flipped else 'bad'} commit: "
+            f"{_percent(figures['posterior'])}" + (f"; {why}" if why else ""),
+            f"the {high_name} side's mean {high:.1f} tokens/s, the {low_name} side's {low:.1f} "
             f"({share:.1%} of it; every run of every commit weighed together, the spread estimated from them)",
             f"{figures['runs']:.0f} runs in all, one a step: {runs_at.get(culprit, 0)} at {found}, "
-            f"{runs_at.get(culprit - 1, 0)} at its parent, {len(runs_at)} commits run", *earlier_lines(figures)]
+            f"{runs_at.get(culprit - 1, 0)} at its parent, {len(runs_at)} commits run",
+            *earlier_lines(figures, flipped)]
 
 
-def earlier_lines(figures: dict[str, float]) -> list[str]:
-    """The earlier runs the levels search counted (`oracle.throughput.earlier_runs`), one line an end."""
+def earlier_lines(figures: dict[str, float], flipped: bool = False) -> list[str]:
+    """The earlier runs the levels search counted (`oracle.throughput.earlier_runs`), one line an end
+    (`flipped`, a fix: the failing nightly's at the old end, the good one's at the new end)."""
     said = {"good": "the last good nightly's", "bad": "the failing nightly's"}
-    return [f"{said[end]} {_runs_said(figures, end)} at the {end} end (as far as the baseline's host is this one: "
+    at = {"good": "new", "bad": "old"} if flipped else {"good": "good", "bad": "bad"}
+    return [f"{said[end]} {_runs_said(figures, end)} at the {at[end]} end (as far as the baseline's host is this one: "
             "a value of another host costs runs, not the answer)"
             for end in ("good", "bad") if f"earlier_{end}_runs" in figures]
 

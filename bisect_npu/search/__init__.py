@@ -12,7 +12,8 @@ query takes one slot and runs its ``trials`` there), ``Found(index, ...)``, ``Na
 judged bad, or the bad end judged good). Four modes: ``exact`` (exact.py, one verdict per commit),
 ``noisy`` (noisy.py, trial counts), ``likelihood`` (likelihood.py, each step's likelihood ratio,
 from the accuracy oracle or a throughput step stopped when sure) and ``levels`` (two_levels.py,
-every measured run at once: one change between two levels); docs/design/search.md describes them.
+every measured run at once: one change between two levels, a fix's rise read mirrored by rising.py);
+docs/design/search.md describes them.
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ from bisect_npu.search.costs import group_ids
 from bisect_npu.search.exact import decide_exact
 from bisect_npu.search.likelihood import decide_likelihood
 from bisect_npu.search.noisy import decide_noisy
+from bisect_npu.search.rising import decide_rising
 from bisect_npu.search.two_levels import decide_levels
 from bisect_npu.search.types import (
     NO_EARLIER,
@@ -70,5 +72,5 @@ def decide(problem: SearchProblem, evidence: Mapping[int, Evidence]) -> Decision
     if problem.mode == "likelihood":
         return decide_likelihood(problem, evidence)
     if problem.mode == "levels":
-        return decide_levels(problem, evidence)
+        return decide_rising(problem, evidence) if problem.rising else decide_levels(problem, evidence)
     return decide_exact(problem, evidence)

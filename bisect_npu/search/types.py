@@ -142,6 +142,9 @@ class SearchProblem:
     (levels mode) are runs at the good end and at the bad end made on the baseline's host before
     the session (the last good nightly's and the failing nightly's throughput), in the same unit:
     they count as runs at the ends as far as that host is the session's, as the baseline does.
+    ``rising`` (levels mode) is a fix search's history: the low level on the good side (the old
+    end's), the bad side the restored level over it (rising.py searches it as the drop it mirrors;
+    ``baseline`` is then the restored level and ``earlier_levels`` stay (good end, bad end)).
     """
 
     n: int
@@ -162,6 +165,7 @@ class SearchProblem:
     answer_log_lr: float = 0.0
     baseline: float | None = None
     earlier_levels: EarlierLevels = NO_EARLIER
+    rising: bool = False
 
 
 @dataclass(frozen=True)

@@ -134,3 +134,8 @@ class NpuThroughputStandIn:
 def _bad_by_state(env: Environment) -> bool:
     path = Path(env.path or ".") / "state"
     return path.read_text().strip() == "bad"
+
+
+def slow_before_culprit(env: Environment) -> bool:
+    """A fix's history: the slow level before the history's culprit (the fix), restored from it on."""
+    return not _bad_by_state(env)

@@ -164,14 +164,14 @@ def test_the_good_end_whose_mean_is_the_line_runs_more_trials() -> None:
 def test_the_search_mode_of_each_benchmark() -> None:
     """An accuracy benchmark's steps are measurements (the likelihood search weighs them); a
     performance benchmark's runs are the levels search's evidence (one run a step), except under
-    --find-fix or with `search: per_step`, where its steps that stop when sure are weighed by the
-    likelihood search; with `sequential: false` too they are verdicts (exact, or the mode asked)."""
+    `search: per_step`, where its steps that stop when sure are weighed by the likelihood search (a fix
+    search, --find-fix, is levels too); with `sequential: false` too they are verdicts (exact, or
+    the mode asked)."""
     raw = read_case_file(CASE_FILE, CASE_PATH)
     accuracy, perf = import_case(raw, CASE_PATH, "tiny-aclgraph"), import_case(raw, CASE_PATH, "tiny-aclgraph", "perf")
     assert search_mode_for(accuracy) == search_mode_for(accuracy, "noisy") == "likelihood"
     assert (search_mode_for(perf), search_mode_for(perf, "exact"), search_mode_for(perf, "noisy")) == \
         ("levels", "levels", "noisy")
-    assert search_mode_for(perf, find_fix=True) == "likelihood"
     assert perf.oracle.throughput is not None
 
     def throughput(**fields: object) -> Recipe:

@@ -23,7 +23,7 @@ from bisect_npu.report import write_reports
 from tests.helpers.asked import spec_of
 from tests.helpers.cli_exit import cli_in_process
 from tests.helpers.gitrepo import make_linear_repo
-from tests.helpers.npu_throughput import ENGINE_NEVER_STARTED, NpuThroughputStandIn, perf_recipe
+from tests.helpers.npu_throughput import ENGINE_NEVER_STARTED, NpuThroughputStandIn, perf_recipe, slow_before_culprit
 
 pytestmark = pytest.mark.e2e  # sessions, end to end
 
@@ -41,9 +41,11 @@ def history(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, list[str]]:
 
 
 def _start(tmp: Path, repo: Path, shas: list[str], stand_in: NpuThroughputStandIn, search: str = "levels",
-           name: str = "s", baseline: float | None = None, earlier_runs: dict[str, Any] | None = None) -> Session:
+           name: str = "s", baseline: float | None = None, earlier_runs: dict[str, Any] | None = None,
+           find_fix: bool = False) -> Session:
     recipe = perf_recipe(tmp / f"{name}-recipe.yaml", search, baseline, earlier_runs)
-    spec = spec_of(good=shas[0], bad=shas[-1], repo=str(repo), recipe=str(recipe), propose_fix=False)
+    spec = spec_of(good=shas[0], bad=shas[-1], repo=str(repo), recipe=str(recipe), propose_fix=False,
+                   find_fix=find_fix)
     builder = LocalBuilder(git.Repo(repo), tmp / f"{name}-work", ["sh", "-c", "test ! -e BROKEN"])
     return Session.start(spec, session_dir=tmp / name, builder=builder, executor=stand_in)
 
@@ -304,3 +306,62 @@ def test_the_failing_nightlys_throughput_counts_as_a_run_at_the_bad_end(history:
     builder = LocalBuilder(git.Repo(repo), tmp_path / "nightly-cut-work", ["sh", "-c", "test ! -e BROKEN"])
     resumed = Session.resume(tmp_path / "nightly-cut", builder=builder, executor=NpuThroughputStandIn(DROP, SPREAD, 7))
     assert resumed.problem().earlier_levels == ((), (930.0,))
+
+
+def test_a_fix_is_searched_in_levels_mode_against_the_new_ends_line(history: tuple[Path, list[str]],
+                                                                    tmp_path: Path) -> None:
+    """--find-fix on a history 7% slow up to the fix (the culprit's place) and restored from it on:
+    levels mode, one run a step, the new end first (its runs draw the line the old end lies under),
+    the fix named; the failing nightly's run counts at the old end; a resumed session redoes no run
+    and answers the same; the report says it in the fix's words."""
+    repo, shas = history
+    stand_in = NpuThroughputStandIn(DROP, SPREAD, seed=7, level_of=slow_before_culprit)
+    session = _start(tmp_path, repo, shas, stand_in, name="fix", earlier_runs={"bad": [930.0]}, find_fix=True)
+    assert session.levels and session.problem().rising and session.problem().earlier_levels == ((930.0,), ())
+    result = session.run()
+    write_reports(tmp_path / "fix")
+    assert result.exit_code == EXIT_FOUND and result.culprit == shas[CULPRIT]
+    assert result.message.startswith(f"first fixed commit: {shas[CULPRIT][:12]}")
+    records = _records(tmp_path / "fix")
+    steps = [r for r in records if r["type"] == "step"]
+    assert steps[0]["index"] == N - 1 and all(len(s["trials"]) == 1 for s in steps)
+    old = [s["verdict"]["kind"] for s in steps if s["index"] < CULPRIT]
+    assert old and set(old) == {"bad"}, old  # the symptom: under the new end's line
+    assert sum(r["type"] == "trial" for r in records) == stand_in.runs
+    report = (tmp_path / "fix" / "report.md").read_text()
+    assert "posterior that this is the first fixed commit" in report and "the fixed side's mean" in report
+    assert "the failing nightly's 930 tokens/s counted as a run at the old end" in report
+
+    journaled = _cut(tmp_path / "fix", tmp_path / "fix-cut")
+    again = NpuThroughputStandIn(DROP, SPREAD, seed=7, level_of=slow_before_culprit)
+    builder = LocalBuilder(git.Repo(repo), tmp_path / "fix-cut-work", ["sh", "-c", "test ! -e BROKEN"])
+    assert Session.resume(tmp_path / "fix-cut", builder=builder, executor=again).run().culprit == shas[CULPRIT]
+    assert not journaled & set(again.attempts) and again.runs + len(journaled) == stand_in.runs
+
+
+def test_a_fix_search_whose_old_end_is_not_slower_is_the_old_end_judged_wrong(history: tuple[Path, list[str]],
+                                                                              tmp_path: Path) -> None:
+    """--find-fix where the old end runs 5% faster than the new end: the runs make it sure the old
+    end is not under the new end's line, so it does not show the symptom (exit 4), the message
+    saying both ends' runs."""
+    repo, shas = history
+    slower = NpuThroughputStandIn(-0.05, SPREAD, seed=2, level_of=slow_before_culprit)
+    result = _start(tmp_path, repo, shas, slower, name="nofix", find_fix=True).run()
+    assert result.exit_code == EXIT_ENDS_WRONG
+    assert f"the old end {shas[0]}" in result.message and "P(under the new end's line)" in result.message
+
+
+def test_a_fix_searched_per_step_draws_its_line_from_the_new_end(history: tuple[Path, list[str]],
+                                                                 tmp_path: Path) -> None:
+    """`search: per_step` under --find-fix: the new end runs first, its runs the reference (the old
+    end's own runs never lie under their own line, so a line drawn there ended every fix search at
+    the old end), the old end judged under it, and the fix named."""
+    repo, shas = history
+    stand_in = NpuThroughputStandIn(DROP, SPREAD, seed=8, level_of=slow_before_culprit)
+    session = _start(tmp_path, repo, shas, stand_in, "per_step", name="fix-per-step", find_fix=True)
+    assert not session.levels and session.reference_end == N - 1
+    result = session.run()
+    assert result.exit_code == EXIT_FOUND and result.culprit == shas[CULPRIT]
+    steps = [r for r in _records(tmp_path / "fix-per-step") if r["type"] == "step"]
+    assert steps[0]["index"] == N - 1 and len(steps[0]["trials"]) > 1
+    assert {s["verdict"]["kind"] for s in steps if s["index"] == 0} == {"bad"}

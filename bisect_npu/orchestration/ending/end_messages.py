@@ -75,6 +75,7 @@ def ends_wrong(which: Literal["good", "bad"], good: str, bad: str, *, find_fix: 
                    f"fix the build or the {oracle} for that commit, or choose another end")
     elif find_fix:
         state = "does not show the symptom" if which == "good" else "still shows the symptom"
+        state += f" ({_first_line(judged_why)})" if judged_why.strip() and not noisy else ""
         message = (f"precondition failed: {subject} {state}; with --find-fix the old end must "
                    f"be broken and the new end fixed (or pass --no-check-ends)")
     else:

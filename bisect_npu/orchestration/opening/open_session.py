@@ -71,7 +71,8 @@ def open_new(spec: SessionSpec, session_dir: Path | None = None, root: Path = DE
     recipe, repo, candidates_range = inputs.recipe, inputs.repo, inputs.candidates_range
     session_dir = (session_dir or new_session_dir(root)).resolve()
     progress = progress or PlainProgress()
-    reuse = open_verdict_reuse(spec, recipe, session_dir, store_reference(recipe, candidates_range.base), progress)
+    reuse = open_verdict_reuse(spec, recipe, session_dir,
+                               store_reference(recipe, candidates_range, spec.search.find_fix), progress)
     for line in inputs.owed:
         progress.note(line)
     if inputs.last_good_note:
@@ -142,8 +143,8 @@ def open_journal(session_dir: Path | None = None, root: Path = DEFAULT_ROOT, pro
                              f"as before, `bisect-npu resume --session {session_dir} --accept-changed-command`")
         if changed:
             progress.note(f"resuming with the command changed ({', '.join(changed)}), as --accept-changed-command asks")
-        opened["reuse"] = open_verdict_reuse(spec, recipe, session_dir, store_reference(recipe, header.range.base),
-                                             progress)
+        opened["reuse"] = open_verdict_reuse(spec, recipe, session_dir,
+                                             store_reference(recipe, header.range, spec.search.find_fix), progress)
 
     def evaluator(_journal: Journal) -> Evaluator:
         spec, recipe = opened["spec"], opened["recipe"]

@@ -12,16 +12,29 @@ from bisect_npu.oracle.throughput import reference_trials
 from bisect_npu.orchestration.opening.environments import load_golden
 from bisect_npu.orchestration.running.evaluate import Evaluator
 from bisect_npu.recipe.schema import Recipe
-from bisect_npu.records import TrialRun
+from bisect_npu.records import CandidateRange, TrialRun
 
 # The trials journaled for one side of a search; None where that side has not run.
 SideRuns = Callable[[], list[TrialRun] | None]
 
 
-def store_reference(recipe: Recipe | None, base: str) -> str:
-    """What a recipe's verdicts are relative to, for the verdict store: the good end where the
-    oracle compares against the good end's own runs, else nothing."""
-    return base if recipe is not None and recipe.reference.kind == "good_end" else ""
+def store_reference(recipe: Recipe | None, candidates: CandidateRange, find_fix: bool) -> str:
+    """What a recipe's verdicts are relative to, for the verdict store: the end whose runs the
+    oracle compares against (the good end as tested; a fix search's throughput line, the new end:
+    `reference_at_new_end`), else nothing."""
+    if recipe is None or recipe.reference.kind != "good_end":
+        return ""
+    return candidates.bad if reference_at_new_end(recipe, find_fix) else candidates.base
+
+
+def reference_at_new_end(recipe: Recipe | None, find_fix: bool) -> bool:
+    """Whether a commit search's reference end is its new end (position n): a fix search
+    (--find-fix) of a throughput line drawn from an end. The old end is the broken one there and
+    never lies under the line its own runs draw; the symptom is the old level under the line the
+    restored one draws, as a regression's is the new level under the good end's."""
+    spec = recipe.oracle.throughput if recipe is not None else None
+    return (find_fix and recipe is not None and spec is not None and "throughput" in recipe.oracle.kinds
+            and spec.reference == "good_end")
 
 
 def step_trials(recipe: Recipe | None, as_reference: bool, levels: bool = False) -> int:
@@ -38,11 +51,13 @@ def step_trials(recipe: Recipe | None, as_reference: bool, levels: bool = False)
 
 class References:
     """The reference observations of one search, whatever it tests: `good_runs` reads its good
-    side's journaled trials, `bad_runs` its bad side's (where an accuracy recipe compares with them)."""
+    side's journaled trials (in a fix search of a throughput line, the new end's: the side whose line
+    the other lies under), `bad_runs` the other side's (where an accuracy recipe compares with them)."""
 
     def __init__(self, recipe: Recipe | None, evaluator: Evaluator, good_runs: SideRuns,
-                 bad_runs: SideRuns | None = None) -> None:
+                 bad_runs: SideRuns | None = None, at: int = 0) -> None:
         self.recipe = recipe
+        self.at = at  # a commit search's reference position: the good end, or a fix search's new end
         self.evaluator = evaluator
         self.good_runs = good_runs
         self.bad_runs = bad_runs
@@ -55,10 +70,10 @@ class References:
         return bool(self.recipe and self.recipe.reference.kind == "good_end")
 
     def first(self, queries: Sequence[search.Query]) -> tuple[search.Query | None, list[search.Query]]:
-        """The query to run alone before a commit search's round (the good end's, position 0, when it
-        is the reference) and the rest, the good end first."""
-        ordered = sorted(queries, key=lambda q: q.index != 0)
-        if self.from_good_end and ordered and ordered[0].index == 0:
+        """The query to run alone before a commit search's round (the reference position's, `at`, when
+        its runs are the reference) and the rest, that position first."""
+        ordered = sorted(queries, key=lambda q: q.index != self.at)
+        if self.from_good_end and ordered and ordered[0].index == self.at:
             return ordered[0], ordered[1:]
         return None, ordered
 

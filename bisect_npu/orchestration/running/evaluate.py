@@ -108,14 +108,13 @@ def until_sure(recipe: Recipe | None) -> bool:
     return spec.reference == "good_end" and spec.sequential and recipe.trials.mode == "exact"
 
 
-def levels_search(recipe: Recipe | None, find_fix: bool = False,
-                  search: Literal["levels", "per_step"] | None = None) -> bool:
+def levels_search(recipe: Recipe | None, search: Literal["levels", "per_step"] | None = None) -> bool:
     """Whether a session searches a throughput recipe in levels mode (search/two_levels.py): a line
     drawn from the good end's runs, in exact mode, `oracle.throughput.search: levels` (the default;
     `search`: the session's own, as its journal keeps it, over the recipe's). Each step is then one
-    run, and the search weighs every run of every commit together. Not under --find-fix: the levels
-    model's rule puts the lower level on the search's bad side, which there is the old one."""
-    if find_fix or recipe is None or "throughput" not in recipe.oracle.kinds or recipe.oracle.throughput is None:
+    run, and the search weighs every run of every commit together. Under --find-fix the history
+    rises (search/rising.py) and the line is drawn from the new end's runs (`Session.reference_end`)."""
+    if recipe is None or "throughput" not in recipe.oracle.kinds or recipe.oracle.throughput is None:
         return False
     spec = recipe.oracle.throughput
     return spec.reference == "good_end" and (search or spec.search) == "levels" and recipe.trials.mode == "exact"

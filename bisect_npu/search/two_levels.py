@@ -348,13 +348,19 @@ def measured_runs(evidence: Mapping[int, Evidence]) -> dict[int, tuple[float, ..
 
 def ends_under_line(n: int, runs: Mapping[int, Sequence[float]], threshold: float) -> float:
     """P(the bad end's mean < threshold x the good end's mean | their runs), the spread pooled
-    over every position's own runs (the means unknown, flat; Student's t)."""
+    over every position's own runs under the posterior's prior (``SPREAD_PRIOR_RUNS`` pseudo-runs
+    as wide as the line's gap at the runs' level), the means unknown, flat; Student's t. Under
+    1/sigma alone a few runs that lie close made a bad end just over the line look surely wrong
+    where the posterior was not sure of the spread."""
     groups = [np.asarray(v, dtype=float) for v in runs.values()]
-    df = sum(len(g) - 1 for g in groups)
+    values = np.concatenate(groups)
     good, bad = np.asarray(runs[0], dtype=float), np.asarray(runs[n], dtype=float)
+    squares = np.array([sum(float(((g - g.mean()) ** 2).sum()) for g in groups)])
+    # one mean a position here, where the posterior has two: the helper's count takes two off
+    within, df = _with_spread_prior(squares, len(values) - len(groups) + 2.0, np.array([values.mean()]), threshold)
     if df < 1:
         return 0.5
-    spread2 = max(sum(float(((g - g.mean()) ** 2).sum()) for g in groups) / df, _TINY)
+    spread2 = max(float(within[0]) / df, _TINY)
     gap = threshold * good.mean() - bad.mean()
     error = math.sqrt(spread2 * (threshold**2 / len(good) + 1 / len(bad)))
     return float(np.exp(t_log_cdf(np.array([gap / error]), float(df))[0]))

@@ -96,11 +96,26 @@ def test_the_ends_come_first_and_a_bad_end_over_the_line_is_wrong() -> None:
     wrong = decide(problem(16), {i: Evidence().measure(tuple(v)) for i, v in level.items()})
     assert isinstance(wrong, EndsWrong) and wrong.which == "bad"
     assert ends_under_line(16, level, THRESHOLD) < 0.01
-    once = {0: (1000.0,), 16: (1001.0,), 8: (1000.0, 1000.5), 4: (999.0, 999.4)}  # a tight spread, one run an end
+    tight = (1000.0, 1000.5, 999.8, 1000.2, 1000.1, 999.9)
+    once = {0: (1000.0,), 16: (1020.0,), 8: tight, 4: tuple(v - 1 for v in tight)}  # a tight spread, one run an end
     assert ends_under_line(16, once, THRESHOLD) < 0.01
     asked = decide(problem(16), {i: Evidence().measure(v) for i, v in once.items()})
     assert asked == Next((Query(16),))  # asked again before it is judged wrong
     assert ends_under_line(16, history(16, 16, {0: 4, 16: 4, 8: 3}, seed=2, drop=0.12), THRESHOLD) > 0.99
+
+
+def test_the_ends_are_judged_under_the_posteriors_spread_prior(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Four runs that lie close do not make a bad end just over the line surely wrong: the check
+    reads the spread under the same prior as the posterior (1/sigma alone called it wrong); where
+    many runs measure the spread the prior moves it little."""
+    close = {0: (1000.0,), 16: (1001.0,), 8: (1000.0, 1000.5), 4: (999.0, 999.4)}
+    level = history(17, 16, dict.fromkeys(range(17), 3), seed=4, drop=0.0)
+    near = {**level, 16: [v - 29.0 for v in level[16]]}  # the bad end about on the line
+    assert ends_under_line(16, close, THRESHOLD) > 0.1
+    with_prior = ends_under_line(16, near, THRESHOLD)
+    monkeypatch.setattr(two_levels, "SPREAD_PRIOR_RUNS", 0.0)
+    assert ends_under_line(16, close, THRESHOLD) < 0.01
+    assert abs(ends_under_line(16, near, THRESHOLD) - with_prior) < 0.05
 
 
 def test_once_a_position_leads_the_run_asked_settles_it_against_its_rivals(monkeypatch: pytest.MonkeyPatch) -> None:

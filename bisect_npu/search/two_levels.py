@@ -51,7 +51,7 @@ from collections.abc import Mapping, Sequence
 import numpy as np
 
 from bisect_npu.search.costs import build_costs
-from bisect_npu.search.entropy import entropy as _entropy
+from bisect_npu.search.entropy import entropy
 from bisect_npu.search.types import (
     NO_EARLIER,
     Decision,
@@ -328,7 +328,7 @@ def expected_information(n: int, runs: Mapping[int, Sequence[float]], threshold:
     total[rows, :, columns] += ys
     squares[rows, :, columns] += ys * ys
     after = _normalised(_log_lik_of_sums(count, total, squares, center, threshold, baseline, earlier))
-    measure = _entropy if float(post.max()) < LATE_SHARE else _unsure
+    measure = entropy if float(post.max()) < LATE_SHARE else _unsure
     gains: np.ndarray = float(measure(post)) - (weights * measure(after)).sum(axis=1)
     return gains
 

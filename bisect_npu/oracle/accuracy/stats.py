@@ -1,6 +1,6 @@
 """The accuracy oracle's statistics: pure functions of per-sample outcomes (numpy and math only).
 
-Three questions, each answered at the recipe's confidence:
+Four questions, each answered at the recipe's confidence:
 
 - Does the bad end score lower than the good end? A paired test on the samples both ran: exact
   McNemar on the discordant samples when every sample ran once, a paired z test on the
@@ -13,6 +13,10 @@ Three questions, each answered at the recipe's confidence:
   (Ville's inequality: under the good side the chance it ever reaches 1/alpha is at most
   alpha), so a step may stop the moment it crosses a Wald bound and the search may multiply the
   ratios of several steps.
+- Is a focused candidate broken elsewhere? Its correct runs on the control samples (those the
+  ends agree on) against what the good side's rates given both ends' runs predict
+  (`control_p`), not against the good end's own results, which lean high on samples picked
+  because the ends agreed.
 - Is a score below ``baseline - threshold``? A one-sided interval around the mean of the
   per-sample rates; with several rounds alpha is spent evenly over them (Bonferroni), so looking
   after every round keeps the error rate.

@@ -8,6 +8,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from bisect_npu.observations import Observation, SampleOutcome, VerdictKind
+from bisect_npu.oracle.accuracy import stats
 from bisect_npu.oracle.accuracy.focus import discordant_ids, round_plan, smallest_control
 from bisect_npu.oracle.accuracy.judge import judge_accuracy
 from bisect_npu.oracle.config import AccuracyConfig, FocusConfig
@@ -64,11 +65,28 @@ def _candidate_failing(control: int, cfg: AccuracyConfig) -> bool:
 
 @settings(deadline=None)  # judges 200-sample ends each example: slow on a loaded machine
 @given(st.sampled_from([0.9, 0.95, 0.99, 0.999]), st.integers(1, 5))
-def test_the_smallest_control_set_is_the_fewest_failures_the_judge_can_flag(confidence: float, rounds: int) -> None:
+def test_the_smallest_control_set_all_failing_is_flagged_and_all_passing_is_not(confidence: float,
+                                                                                rounds: int) -> None:
+    """Greedy ends (each sample right or wrong at both): a set of the smallest size the judge's
+    control test can flag at even odds is flagged when all fail; a good candidate never is."""
     cfg = AccuracyConfig(confidence=confidence, max_rounds=rounds)
     least = smallest_control(cfg)
     assert _candidate_failing(least, cfg)
-    assert not _candidate_failing(least - 1, cfg)
+    assert not _candidate_failing(0, cfg)
+
+
+@given(st.sampled_from([0.9, 0.95, 0.99, 0.999]), st.integers(1, 5))
+def test_at_even_odds_a_set_under_the_smallest_cannot_reach_the_level(confidence: float, rounds: int) -> None:
+    """Where a good commit gets each control sample right half the time, all of a set one short of
+    `smallest_control` failing stays above the level, so such a set is not worth its runs."""
+    cfg = AccuracyConfig(confidence=confidence, max_rounds=rounds)
+    even = stats.JointPrior(0.5, 0.5, stats.MIN_VAR, stats.MIN_VAR, 0.0)
+    level = (1 - confidence) / rounds
+
+    def p_all_failing(n: int) -> float:
+        return stats.control_p([SampleOutcome(id=f"c{i}", correct=0.0) for i in range(n)], [], [], even)[1]
+
+    assert p_all_failing(smallest_control(cfg)) <= level < p_all_failing(smallest_control(cfg) - 1)
 
 
 def test_a_control_set_too_small_to_flag_anything_is_not_run() -> None:

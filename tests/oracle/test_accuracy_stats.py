@@ -271,3 +271,51 @@ def test_where_samples_repeat_a_step_stops_at_the_steering_bound_and_broken_else
     elsewhere = [SampleOutcome(id=i, correct=1.0 if int(i[1:]) < 10 else 0.0) for i in ids]
     verdict = judge_accuracy(cfg, [observe(elsewhere)], [observe(good)], [observe(bad)], role="candidate", final=True)
     assert verdict.figures["broken_elsewhere"] and verdict.figures["log_likelihood_ratio"] >= full - 1e-4
+
+
+def _fresh_draw_control(seed: int, candidate_rate: float) -> tuple[list[SampleOutcome], list[SampleOutcome],
+                                                                    list[SampleOutcome]]:
+    """Ends of two runs a sample where every answer is a fresh draw (intraclass correlation 0, 82%
+    -> 70%, 400 samples; two runs measure that correlation), and a candidate's two runs of each
+    sample the ends agreed on."""
+    rng = np.random.default_rng(seed)
+    good, bad = outcomes(rng.binomial(2, 0.82, 400), 2), outcomes(rng.binomial(2, 0.70, 400), 2)
+    discordant = set(discordant_ids(good, bad))
+    mine = [SampleOutcome(id=s.id, correct=rng.binomial(2, candidate_rate) / 2, runs=2) for s in good
+            if s.id not in discordant]
+    return good, bad, mine
+
+
+def test_where_answers_are_fresh_draws_a_good_candidate_is_not_flagged_on_the_control_set() -> None:
+    """The samples the ends agreed on are mostly ones the good end happened to get right: against
+    the good end's own results a good commit scores points lower, against the good side's rates
+    given both ends' runs it does not, and the control test flags none."""
+    leans, flagged = [], 0
+    for seed in range(8):
+        good, bad, mine = _fresh_draw_control(seed, 0.82)
+        leans.append(stats.paired_rate_p(mine, good)[0])
+        diff, p = stats.control_p(mine, good, bad, stats.fit_joint(good, bad))
+        flagged += diff < 0 and p <= 0.01 / 3
+    assert sum(leans) / len(leans) < -0.03
+    assert flagged == 0
+
+
+def test_where_answers_are_fresh_draws_a_candidate_broken_elsewhere_is_flagged() -> None:
+    for seed in range(4):
+        good, bad, mine = _fresh_draw_control(seed, 0.6)
+        diff, p = stats.control_p(mine, good, bad, stats.fit_joint(good, bad))
+        assert diff < -0.1 and p <= 0.01 / 3
+
+
+def test_greedy_ends_a_candidate_like_the_good_end_passes_the_control_test_and_one_failing_fails() -> None:
+    """Where answers repeat the good side's rates are the good end's results: a candidate that
+    repeats them passes, one failing as many control samples as exact McNemar needed is flagged."""
+    good = outcomes([1] * 10 + [1] * 60 + [0] * 30)
+    bad = outcomes([0] * 10 + [1] * 60 + [0] * 30)
+    prior = stats.fit_joint(good, bad)
+    control = good[10:]
+    diff, p = stats.control_p(control, good, bad, prior)
+    assert diff == pytest.approx(0.0, abs=0.01) and p > 0.25
+    failing = [SampleOutcome(id=s.id, correct=0.0) if k < 9 else s for k, s in enumerate(control)]
+    diff, p = stats.control_p(failing, good, bad, prior)
+    assert diff == pytest.approx(-9 / 90, abs=0.01) and p <= 0.01 / 3

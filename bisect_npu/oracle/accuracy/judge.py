@@ -154,7 +154,7 @@ def _judge_candidate(cfg: AccuracyConfig, mine: list[SampleOutcome], good: list[
     bound = stats.stop_bound(cfg.confidence, prior)
     discordant = set(discordant_ids(good, bad))
     control = [s for s in mine if s.id not in discordant]
-    control_diff, control_p = stats.paired_rate_p(control, good) if control else (0.0, 1.0)
+    control_diff, control_p = stats.control_p(control, good, bad, prior)
     broken_elsewhere = bool(control) and control_diff < 0 and control_p <= (1 - cfg.confidence) / cfg.max_rounds
     evidence = stats.step_evidence(mine, good, bad, prior)
     log_lr = evidence.log_lr
@@ -180,8 +180,8 @@ def _judge_candidate(cfg: AccuracyConfig, mine: list[SampleOutcome], good: list[
     text = (f"scores like the {side} end on {len(mine)} samples (log likelihood ratio {log_lr:+.2f}, "
             f"bound {bound:.2f}); accuracy {_points(figures['accuracy'])} on those")
     if broken_elsewhere:
-        text = (f"broken elsewhere: {control_diff * 100:+.1f} points against the good end on {len(control)} control "
-                f"samples the ends agree on (p = {control_p:.3g})")
+        text = (f"broken elsewhere: {control_diff * 100:+.1f} points against the good side's rates on {len(control)} "
+                f"control samples the ends agree on (p = {control_p:.3g})")
     return _verdict(by_ratio, text, figures, rounds, cfg, VerdictKind.BAD if log_lr > 0 else VerdictKind.GOOD, final)
 
 

@@ -1,6 +1,6 @@
 """The accuracy oracle's statistics: pure functions of per-sample outcomes (numpy and math only).
 
-Three questions, each answered at the recipe's confidence:
+Four questions, each answered at the recipe's confidence:
 
 - Does the bad end score lower than the good end? A paired test on the samples both ran: exact
   McNemar on the discordant samples when every sample ran once, a paired z test on the
@@ -13,6 +13,10 @@ Three questions, each answered at the recipe's confidence:
   (Ville's inequality: under the good side the chance it ever reaches 1/alpha is at most
   alpha), so a step may stop the moment it crosses a Wald bound and the search may multiply the
   ratios of several steps.
+- Is a focused candidate broken elsewhere? Its correct runs on the control samples (those the
+  ends agree on) against what the good side's rates given both ends' runs predict
+  (`control_p`), not against the good end's own results, which lean high on samples picked
+  because the ends agreed.
 - Is a score below ``baseline - threshold``? A one-sided interval around the mean of the
   per-sample rates; with several rounds alpha is spent evenly over them (Bonferroni), so looking
   after every round keeps the error rate.
@@ -25,6 +29,8 @@ import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from statistics import NormalDist
+
+import numpy as np
 
 from bisect_npu.intervals import wilson_interval
 from bisect_npu.observations import SampleOutcome
@@ -396,6 +402,39 @@ def mean_errors(good: Sequence[SampleOutcome], bad: Sequence[SampleOutcome],
         return math.sqrt(sum(_noise(mean, spread, s.runs) for s in end)) / len(end)
 
     return error(good, prior.good_mean, prior.good_var), error(bad, prior.bad_mean, prior.bad_var)
+
+
+def control_p(candidate: Sequence[SampleOutcome], good: Sequence[SampleOutcome], bad: Sequence[SampleOutcome],
+              prior: JointPrior) -> tuple[float, float]:
+    """(mean of the candidate's rates less the good side's expected ones, one-sided p of "fewer
+    correct runs than a good commit gives") on the control samples it ran. The reference is each
+    sample's good-side rate given both ends' runs (`side_rates`), not the good end's own results:
+    samples are picked because the ends' runs agreed, so where runs barely repeat the good end's
+    results on them lean high by selection, while the posterior rate accounts for that choice
+    (and where answers repeat it is the good end's result). Exact: the beta-binomial counts of
+    the samples convolved, the good side's mean integrated over its error (`mean_errors`, `NODES`)
+    as a step's likelihoods are, since that error is shared by every sample."""
+    g, b = by_id(good), by_id(bad)
+    rows = [(round(s.correct_runs), s.runs, side_rates(prior, g.get(s.id), b.get(s.id)).good)
+            for s in candidate if s.runs > 0]
+    if not rows:
+        return 0.0, 1.0
+    diff = sum(k / n - rate[0] for k, n, rate in rows) / len(rows)
+    observed = sum(k for k, _, _ in rows)
+    error = mean_errors(good, bad, prior)[0]
+    tail = sum(w * _lower_tail(rows, observed, z * error) for z, w in zip(NODES, WEIGHTS, strict=True))
+    return diff, min(1.0, tail / math.sqrt(2 * math.pi))
+
+
+def _lower_tail(rows: Sequence[tuple[int, int, tuple[float, float]]], observed: int, shift: float) -> float:
+    """P(at most `observed` correct runs in all), each sample's count beta-binomial at its rate
+    moved by `shift` (counts above `observed` dropped as they come: they cannot reach the tail)."""
+    pmf = np.ones(1)
+    for _, n, rate in rows:
+        r = _as_rate(rate[0] + shift, rate[1])
+        choose = _log_choose(n)
+        pmf = np.convolve(pmf, np.exp([choose[j] + _predictive(j, n, r) for j in range(n + 1)]))[:observed + 1]
+    return float(pmf.sum())
 
 
 # An end's mean is known well enough once its standard error is at most this share of the drop

@@ -43,10 +43,13 @@ answer a fresh draw, intraclass correlation 0.2 with every sample's rate scaled 
 0.95 with a broken subset, greedy), 200 samples falling 82% -> 70% over 48 commits as a session
 runs them (focused, 4 repeats; greedy 1), counting beside the runs how often a wrong culprit is
 named: what a session reports with exit 0. Seeds 1000.. for tuning, 1.. for the figures.
+`--icc` (with `--samples`, `--scores`, `--repeats`, `--shape`) runs one kind of your own in its
+place: the calibration sweep's kinds the table does not hold.
 
     .venv/bin/python bench/accuracy_bench.py              # 200 cases per scenario (a few minutes)
     .venv/bin/python bench/accuracy_bench.py --calibration --runs 200   # the calibration table
     .venv/bin/python bench/accuracy_bench.py --where --seed 7000 --runs 100 --scenarios "aime-30 t=0.6"  # its runs
+    .venv/bin/python bench/accuracy_bench.py --calibration --icc 0.3 --samples 100 --scores 0.82 0.74 --seed 1000
     .venv/bin/python bench/accuracy_bench.py --runs 20    # a smoke test
     .venv/bin/python bench/accuracy_bench.py --seed 1000 --runs 200 --scenarios aime-30  # their tuning split
 """
@@ -297,14 +300,14 @@ def accuracy_config(s: Scenario, earlier: bool = False) -> AccuracyConfig:
     return AccuracyConfig(repeats=repeats, confidence=CONFIDENCE, focus=focus)
 
 
-def calibration(runs: int, first_seed: int, only: str) -> None:
+def calibration(runs: int, first_seed: int, only: str, kinds: tuple[Scenario, ...] = CALIBRATION) -> None:
     """Each kind of sampled history, the way a session runs it (focused): right, wrong culprits
     named (a session's exit 0), no culprit (a range or a weaker answer), and the cost."""
     print(f"{runs} histories per kind, seeds {first_seed}..{first_seed + runs - 1}, confidence {CONFIDENCE}")
     print("| kind | right | wrong culprit named (exit 0) | no single culprit | sample runs (mean) | "
           "harness runs (mean) |")
     print("|---|---:|---:|---:|---:|---:|")
-    for s in CALIBRATION:
+    for s in kinds:
         if only not in s.name:
             continue
         cfg = accuracy_config(s)
@@ -354,10 +357,24 @@ def main() -> None:
     parser.add_argument("--runs", type=int, default=200)
     parser.add_argument("--seed", type=int, default=1, help="first seed of the reporting split")
     parser.add_argument("--scenarios", default="", help="only the scenarios whose name contains this (e.g. aime-30)")
+    own = parser.add_argument_group("--calibration with a kind of your own (the sweep's kinds)")
+    own.add_argument("--icc", type=float, default=None,
+                     help="run one kind in the table's place: a sample's intraclass correlation (0: every answer "
+                          "a fresh draw, 1: greedy-like)")
+    own.add_argument("--samples", type=int, default=200, help="the dataset's samples [200]")
+    own.add_argument("--scores", type=float, nargs=2, default=(0.82, 0.70), metavar=("GOOD", "BAD"),
+                     help="the dataset's score at the good and the bad side [0.82 0.70]")
+    own.add_argument("--repeats", type=int, default=4, help="runs of every sample a round [4]")
+    own.add_argument("--shape", choices=("subset", "scaled"), default="subset",
+                     help="the drop: a subset of samples broken, or every sample's rate scaled down [subset]")
+    own.add_argument("--commits", type=int, default=48, help="the history's commits [48]")
     args = parser.parse_args()
     started = time.monotonic()
     if args.calibration:
-        calibration(args.runs, args.seed, args.scenarios)
+        kinds = CALIBRATION if args.icc is None else (
+            Scenario(f"ICC {args.icc:g}, {args.shape}", args.samples, args.scores[0], args.scores[1], args.icc,
+                     args.repeats, n=args.commits, drop=args.shape),)
+        calibration(args.runs, args.seed, args.scenarios, kinds)
         print(f"{time.monotonic() - started:.0f} s")
         return
     if args.where:

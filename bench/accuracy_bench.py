@@ -307,6 +307,7 @@ def calibration(runs: int, first_seed: int, only: str, kinds: tuple[Scenario, ..
     print("| kind | right | wrong culprit named (exit 0) | no single culprit | sample runs (mean) | "
           "harness runs (mean) |")
     print("|---|---:|---:|---:|---:|---:|")
+    seeds: list[str] = []
     for s in kinds:
         if only not in s.name:
             continue
@@ -316,6 +317,11 @@ def calibration(runs: int, first_seed: int, only: str, kinds: tuple[Scenario, ..
         print(f"| {s.name}, {s.samples} samples, {100 * s.good:.0f}% -> {100 * s.bad:.0f}%, repeats {s.repeats} | "
               f"{right / runs:.1%} | {wrong} ({wrong / runs:.1%}) | {runs - right - wrong} | "
               f"{np.mean([g.sample_runs for g in got]):,.0f} | {np.mean([g.harness_runs for g in got]):.1f} |")
+        if wrong:
+            seeds.append(f"{s.name}: wrong culprits at seeds "
+                         f"{', '.join(str(first_seed + k) for k, g in enumerate(got) if g.wrong)}")
+    for line in seeds:
+        print(line)
 
 
 def where(runs: int, first_seed: int, only: str) -> None:

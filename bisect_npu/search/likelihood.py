@@ -105,11 +105,15 @@ def _fine_grid(k: int) -> tuple[np.ndarray, np.ndarray]:
 
 
 def _log_integral(terms: np.ndarray, interpolate: tuple[np.ndarray, np.ndarray]) -> np.ndarray:
-    """log sum_j w_j exp(p(z_j)), row by row, p the polynomial through the row's node terms, without overflow."""
+    """log sum_j w_j exp(p(z_j)), row by row, p the polynomial through the row's node terms, without
+    overflow. The rows are cumulative sums that change only at the positions asked, so each
+    run of equal rows is integrated once."""
     to_fine, log_w = interpolate
-    total = terms @ to_fine + log_w
+    changed = np.ones(len(terms), dtype=bool)
+    changed[1:] = (np.diff(terms, axis=0) != 0).any(axis=1)
+    total = terms[changed] @ to_fine + log_w
     top = total.max(axis=1, keepdims=True)
-    result: np.ndarray = top[:, 0] + np.log(np.exp(total - top).sum(axis=1))
+    result: np.ndarray = (top[:, 0] + np.log(np.exp(total - top).sum(axis=1)))[np.cumsum(changed) - 1]
     return result
 
 

@@ -78,7 +78,10 @@ def test_an_old_end_as_fast_as_the_new_one_is_the_old_end_judged_wrong() -> None
     problem = SearchProblem(n=N, mode="levels", confidence=0.99, threshold=THRESHOLD, rising=True)
     assert decide(problem, {}) == Next((Query(N),))
     assert decide(replace(problem, earlier_levels=((), (1000.0,))), {}) == Next((Query(0),))
-    flat = {0: Evidence(measured=(1000.0, 1003.0)), N: Evidence(measured=(998.0, 1001.0))}
+    # six close runs an end: under the spread's prior (two pseudo-runs as wide as the line's gap)
+    # fewer leave the ends' check unsure
+    flat = {0: Evidence(measured=(1000.0, 1003.0, 999.0, 1002.0, 1001.0, 998.0)),
+            N: Evidence(measured=(998.0, 1001.0, 1000.0, 1002.0, 999.0, 1003.0))}
     wrong = decide(problem, flat)
     assert isinstance(wrong, EndsWrong) and wrong.which == "good" and wrong.figures["under_line"] < 0.01
     assert decide(problem, {0: Evidence(skipped=True)}) == EndsWrong("good", {"skipped": 1.0})

@@ -272,6 +272,15 @@ class OracleConfig(StrictModel):
                              "tokens, logits, ...), or leave `kinds` out for the default (repetition)")
         return kinds
 
+    def line_from_end(self) -> ThroughputConfig | None:
+        """The throughput judge's settings where it draws its line from an end's own runs (`reference:
+        good_end`: the good end's, a fix search's new end's) rather than a published baseline; None
+        where throughput is not judged or its line is the baseline. The levels search, the steps
+        that stop when sure and a fix search's reference end all rest on that line."""
+        throughput = self.throughput
+        return throughput if "throughput" in self.kinds and throughput is not None and \
+            throughput.reference == "good_end" else None
+
     @model_validator(mode="after")
     def _throughput_line(self) -> OracleConfig:
         if "throughput" in self.kinds and self.throughput is None:

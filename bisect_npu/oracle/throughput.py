@@ -31,15 +31,20 @@ UNITS = ("tokens/s", "token/s")
 
 
 class EarlierThroughput(StrictModel):
-    """Throughput measured at the ends before the session, on the host the `baseline` comes from
-    (the failing nightly's at the bad end, the last good nightly's at the good end). The levels
-    search counts them as runs at their end as far as that host is the session's, as it weighs
-    the baseline: a value of another host costs runs, not the answer."""
+    """Throughput measured at the ends before the session, on the host the `baseline` comes from:
+    `bad` at the end that shows the symptom (the failing nightly's: the bad end, or under
+    --find-fix the old end), `good` at the end that does not (a passing nightly's: the good end,
+    or under --find-fix the new end). The levels search counts them as runs at their end as far
+    as that host is the session's, as it weighs the baseline: a value of another host costs runs,
+    not the answer."""
 
-    good: list[float] = Field(default_factory=list, description="the good end's earlier runs, tokens/s (the last "
-                                                                "good nightly's output token throughput)")
-    bad: list[float] = Field(default_factory=list, description="the bad end's earlier runs, tokens/s (the failing "
-                                                               "nightly's output token throughput)")
+    good: list[float] = Field(default_factory=list, description="earlier runs at the end without the symptom, "
+                                                                "tokens/s (a passing nightly's output token "
+                                                                "throughput): the good end, the new end under "
+                                                                "--find-fix")
+    bad: list[float] = Field(default_factory=list, description="earlier runs at the end with the symptom, tokens/s "
+                                                               "(the failing nightly's output token throughput): "
+                                                               "the bad end, the old end under --find-fix")
     unit: str = Field("tokens/s", description="their unit: output token throughput in tokens/s, the runs' (AISBench's "
                                               "'token/s' is the same)")
     source: str = Field("", description="where they were measured (said in the report), e.g. the nightly run's URL")
@@ -90,8 +95,8 @@ class ThroughputConfig(StrictModel):
 
     earlier_runs: EarlierThroughput | None = Field(
         None, description="search levels: throughput measured at the ends before the session on the baseline's "
-                          "host (the failing nightly's at the bad end), weighed as runs there as far as that host "
-                          "is the session's")
+                          "host (the failing nightly's at the end with the symptom: the bad end, the old end under "
+                          "--find-fix), weighed as runs there as far as that host is the session's")
 
     @model_validator(mode="after")
     def _baseline_when_asked(self) -> ThroughputConfig:
@@ -103,7 +108,8 @@ class ThroughputConfig(StrictModel):
         return self
 
     def earlier_levels(self) -> tuple[tuple[float, ...], tuple[float, ...]]:
-        """`earlier_runs` as the levels search takes them: (the good end's, the bad end's)."""
+        """`earlier_runs` as the levels search takes them (`SearchProblem.earlier_levels`, by level):
+        (those without the symptom, those with it), whichever end each lies at."""
         runs = self.earlier_runs
         return (tuple(runs.good), tuple(runs.bad)) if runs is not None else ((), ())
 

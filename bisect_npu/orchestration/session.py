@@ -145,9 +145,7 @@ class Session:
         if until_sure(recipe):  # the spread pooled over the finished steps' runs, as the interrupted run had it
             for step in self.state.steps():
                 evaluator.remember_runs(step.commit, step.trials)
-        self.references = References(recipe, evaluator, functools.partial(self._runs_at, self.reference_end),
-                                     functools.partial(self._runs_at, self.n - self.reference_end),
-                                     at=self.reference_end)
+        self.references = References.at_end(recipe, evaluator, self._runs_at, self.reference_end, self.n)
         for step in self.state.steps():  # a resumed accuracy session: the samples each commit ran
             evaluator.recall_accuracy_step(step.commit, step.trials)
         always_run = frozenset({self.reference_end} if self.references.from_good_end else ())  # the reference's runs
@@ -235,7 +233,6 @@ class Session:
             batches=self.evaluator.batches, grouped=bool(groups))
         mode = self.search_mode
         throughput = self.recipe.oracle.throughput if self.recipe is not None else None
-        earlier_levels = self.earlier_levels()[::-1] if self.rising else self.earlier_levels()  # the search's terms
         return search.SearchProblem(n=self.n, mode=mode, check_ends=self.check_ends,
                                     slots=self.slots, confidence=confidence, earlier_runs=earlier,
                                     load_cost=load_cost, build_cost=build_cost, build_groups=groups,
@@ -243,12 +240,12 @@ class Session:
                                     weights=self.weights, answer_log_lr=answer_log_lr(self.recipe),
                                     threshold=throughput.threshold if throughput is not None else 0.97,
                                     baseline=throughput.baseline if throughput is not None else None,
-                                    earlier_levels=earlier_levels, rising=self.rising)
+                                    earlier_levels=self.earlier_levels(), rising=self.rising)
 
     def earlier_levels(self) -> search.EarlierLevels:
-        """The recipe's runs at the ends made before the session, as the levels search weighs them:
-        (the last good nightly's, the failing nightly's); in a fix search the failing one is the old
-        end's, the search's good end (`problem` swaps them)."""
+        """The recipe's runs at the ends made before the session, as the levels search takes them
+        (`SearchProblem.earlier_levels`): (the last good nightly's, the failing nightly's), the end
+        whose runs draw the line first; in a fix search the failing one is the old end's."""
         throughput = self.recipe.oracle.throughput if self.recipe is not None else None
         if throughput is None or self.search_mode != "levels":
             return search.NO_EARLIER

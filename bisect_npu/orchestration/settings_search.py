@@ -206,9 +206,7 @@ def reference_cause(recipe: Recipe, differences: Sequence[Difference]) -> str | 
     name the key at a good commit too; against the same configuration at a good commit it does not."""
     if not compares_with_good_end(recipe):
         return None
-    throughput = recipe.oracle.throughput
-    against_good_end = "throughput" in recipe.oracle.kinds and throughput is not None and \
-        throughput.reference == "good_end"
+    against_good_end = recipe.oracle.line_from_end() is not None
     for difference in differences:
         length = difference.key.endswith(".sampling.max_tokens")
         if against_good_end and (length or difference.key in LOAD_KEYS):

@@ -6,7 +6,8 @@ the change. Under --find-fix the search's good side is the old end, which has th
 level lies left of the change, and the fix is the first position at the high level. Read from the
 new end, that history is a drop again, so the rise is searched as the drop it mirrors: positions
 i -> n - i (the new end is the mirrored good end, whose runs draw the line the old end lies
-under), each position's evidence and costs with it, and the mirrored answer mapped back. One model
+under), each position's evidence and costs with it, and the mirrored answer mapped back; the
+baseline and the earlier runs are given by level, not by side, so they pass as they are. One model
 serves both directions; nothing of it is written twice.
 """
 
@@ -30,12 +31,12 @@ def decide_rising(problem: SearchProblem, evidence: Mapping[int, Evidence]) -> D
 
 def _mirrored_problem(problem: SearchProblem) -> SearchProblem:
     """The problem read from the new end: each position's build at n - i, the culprits' weights at
-    n + 1 - c (a commit that changed the level is the mirrored culprit's child), the ends' earlier
-    runs swapped (the mirrored good end is the new one)."""
-    good, bad = problem.earlier_levels
+    n + 1 - c (a commit that changed the level is the mirrored culprit's child). The baseline and
+    the earlier runs keep their levels (`SearchProblem`): (the new end's, the old end's) are the
+    mirrored (good end's, bad end's) as they stand."""
     groups, weights = problem.build_groups, problem.weights
     return replace(problem, build_groups=None if groups is None else groups[::-1],
-                   weights=None if weights is None else (weights[0], *weights[:0:-1]), earlier_levels=(bad, good))
+                   weights=None if weights is None else (weights[0], *weights[:0:-1]))
 
 
 def _mirrored_evidence(n: int, evidence: Mapping[int, Evidence]) -> dict[int, Evidence]:

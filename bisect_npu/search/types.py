@@ -139,12 +139,15 @@ class SearchProblem:
     throughput recipe's `threshold`): the bad side lies under it. ``baseline`` (levels mode) is the
     published good-side mean (a nightly case's `baseline`), in the measured runs' unit: a prior on
     the good side's mean that the runs check; None: the runs alone place it. ``earlier_levels``
-    (levels mode) are runs at the good end and at the bad end made on the baseline's host before
-    the session (the last good nightly's and the failing nightly's throughput), in the same unit:
-    they count as runs at the ends as far as that host is the session's, as the baseline does.
-    ``rising`` (levels mode) is a fix search's history: the low level on the good side (the old
-    end's), the bad side the restored level over it (rising.py searches it as the drop it mirrors;
-    ``baseline`` is then the restored level and ``earlier_levels`` stay (good end, bad end)).
+    (levels mode) are runs made on the baseline's host before the session, in the same unit, at
+    the end whose runs draw the line and at the end that shows the symptom, in that order (the
+    last good nightly's throughput and the failing nightly's): they count as runs at those ends as
+    far as that host is the session's, as the baseline does. ``rising`` (levels mode) is a fix
+    search's history: the low level on the good side (the old end's), the bad side the restored
+    level over it (rising.py searches it as the drop it mirrors). Both ``baseline`` and
+    ``earlier_levels`` keep their levels whichever way the history goes: the baseline is the
+    high level (the restored one when rising), and ``earlier_levels`` are (good end's, bad end's)
+    in a drop, (new end's, old end's) in a rise, as the nightly's results give them.
     """
 
     n: int

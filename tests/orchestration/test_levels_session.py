@@ -317,7 +317,7 @@ def test_a_fix_is_searched_in_levels_mode_against_the_new_ends_line(history: tup
     repo, shas = history
     stand_in = NpuThroughputStandIn(DROP, SPREAD, seed=7, level_of=slow_before_culprit)
     session = _start(tmp_path, repo, shas, stand_in, name="fix", earlier_runs={"bad": [930.0]}, find_fix=True)
-    assert session.levels and session.problem().rising and session.problem().earlier_levels == ((930.0,), ())
+    assert session.levels and session.problem().rising and session.problem().earlier_levels == ((), (930.0,))
     result = session.run()
     write_reports(tmp_path / "fix")
     assert result.exit_code == EXIT_FOUND and result.culprit == shas[CULPRIT]

@@ -74,10 +74,11 @@ def test_a_rising_history_is_found_where_the_plain_search_would_end_wrong() -> N
 def test_an_old_end_as_fast_as_the_new_one_is_the_old_end_judged_wrong() -> None:
     """No rise: the old end is not under the new end's line, which under --find-fix is the old
     end (the search's good one) not showing the symptom. The new end, whose runs draw the line,
-    runs first, unless an earlier run (the search's terms: (old end, new end)) speaks for it."""
+    runs first, unless an earlier run (given by level: (new end, old end)) speaks for it."""
     problem = SearchProblem(n=N, mode="levels", confidence=0.99, threshold=THRESHOLD, rising=True)
     assert decide(problem, {}) == Next((Query(N),))
-    assert decide(replace(problem, earlier_levels=((), (1000.0,))), {}) == Next((Query(0),))
+    assert decide(replace(problem, earlier_levels=((1000.0,), ())), {}) == Next((Query(0),))
+    assert decide(replace(problem, earlier_levels=((), (930.0,))), {}) == Next((Query(N),))
     # six close runs an end: under the spread's prior (two pseudo-runs as wide as the line's gap)
     # fewer leave the ends' check unsure
     flat = {0: Evidence(measured=(1000.0, 1003.0, 999.0, 1002.0, 1001.0, 998.0)),

@@ -5,6 +5,7 @@ an accuracy recipe also compares with the bad end's runs once they exist."""
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable, Sequence
 
 from bisect_npu import search
@@ -32,9 +33,7 @@ def reference_at_new_end(recipe: Recipe | None, find_fix: bool) -> bool:
     (--find-fix) of a throughput line drawn from an end. The old end is the broken one there and
     never lies under the line its own runs draw; the symptom is the old level under the line the
     restored one draws, as a regression's is the new level under the good end's."""
-    spec = recipe.oracle.throughput if recipe is not None else None
-    return (find_fix and recipe is not None and spec is not None and "throughput" in recipe.oracle.kinds
-            and spec.reference == "good_end")
+    return find_fix and recipe is not None and recipe.oracle.line_from_end() is not None
 
 
 def step_trials(recipe: Recipe | None, as_reference: bool, levels: bool = False) -> int:
@@ -43,8 +42,7 @@ def step_trials(recipe: Recipe | None, as_reference: bool, levels: bool = False)
     search asks each run where it teaches most."""
     if recipe is None or levels:
         return 1
-    spec = recipe.oracle.throughput
-    if as_reference and spec is not None and "throughput" in recipe.oracle.kinds:
+    if as_reference and (spec := recipe.oracle.line_from_end()) is not None:
         return reference_trials(spec, recipe.trials.count)
     return recipe.trials.count
 
@@ -63,6 +61,13 @@ class References:
         self.bad_runs = bad_runs
         if recipe is not None and recipe.reference.kind == "golden":
             evaluator.reference = load_golden(recipe)
+
+    @classmethod
+    def at_end(cls, recipe: Recipe | None, evaluator: Evaluator, runs_at: Callable[[int], list[TrialRun] | None],
+               at: int, n: int) -> References:
+        """A commit search's references: the runs journaled at its reference end `at` (0, or a fix
+        search's new end n) and at the other end, `runs_at(index)` reading a position's."""
+        return cls(recipe, evaluator, functools.partial(runs_at, at), functools.partial(runs_at, n - at), at=at)
 
     @property
     def from_good_end(self) -> bool:

@@ -102,10 +102,9 @@ LEVELS_STOPPED = "levels search"  # a levels-mode step's `stopped` figure: the s
 def until_sure(recipe: Recipe | None) -> bool:
     """Whether a step's trials stop as soon as its verdict is sure (oracle/sequential.py): a
     throughput line drawn from the good end's runs, in exact mode, `oracle.throughput.sequential`."""
-    if recipe is None or "throughput" not in recipe.oracle.kinds or recipe.oracle.throughput is None:
+    if recipe is None or (spec := recipe.oracle.line_from_end()) is None:
         return False
-    spec = recipe.oracle.throughput
-    return spec.reference == "good_end" and spec.sequential and recipe.trials.mode == "exact"
+    return spec.sequential and recipe.trials.mode == "exact"
 
 
 def levels_search(recipe: Recipe | None, search: Literal["levels", "per_step"] | None = None) -> bool:
@@ -114,10 +113,9 @@ def levels_search(recipe: Recipe | None, search: Literal["levels", "per_step"] |
     `search`: the session's own, as its journal keeps it, over the recipe's). Each step is then one
     run, and the search weighs every run of every commit together. Under --find-fix the history
     rises (search/rising.py) and the line is drawn from the new end's runs (`Session.reference_end`)."""
-    if recipe is None or "throughput" not in recipe.oracle.kinds or recipe.oracle.throughput is None:
+    if recipe is None or (spec := recipe.oracle.line_from_end()) is None:
         return False
-    spec = recipe.oracle.throughput
-    return spec.reference == "good_end" and (search or spec.search) == "levels" and recipe.trials.mode == "exact"
+    return (search or spec.search) == "levels" and recipe.trials.mode == "exact"
 
 
 class _HostGaveUp(Exception):

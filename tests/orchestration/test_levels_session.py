@@ -365,3 +365,43 @@ def test_a_fix_searched_per_step_draws_its_line_from_the_new_end(history: tuple[
     steps = [r for r in _records(tmp_path / "fix-per-step") if r["type"] == "step"]
     assert steps[0]["index"] == N - 1 and len(steps[0]["trials"]) > 1
     assert {s["verdict"]["kind"] for s in steps if s["index"] == 0} == {"bad"}
+
+
+def test_a_fix_search_an_older_version_started_resumes_in_levels_mode(history: tuple[Path, list[str]],
+                                                                      tmp_path: Path) -> None:
+    """A --find-fix throughput session an older version started: that version searched a fix per
+    step, its line drawn from the old end, whose reference runs came first, while its header kept
+    the recipe's search (levels). Killed among those runs, or after their step, it resumes in
+    levels mode against the new end's line: no journaled run made again, the old end's runs
+    weighed as runs, the fix named and reported."""
+    repo, shas = history
+    # The older version's journal begins as a per-step regression session's does on the same
+    # history (the old end's reference step); its header differs in find_fix and the search alone.
+    recipe = perf_recipe(tmp_path / "old-fix-recipe.yaml")
+    spec = spec_of(good=shas[0], bad=shas[-1], repo=str(repo), recipe=str(recipe), propose_fix=False)
+    builder = LocalBuilder(git.Repo(repo), tmp_path / "old-fix-work", ["sh", "-c", "test ! -e BROKEN"])
+    Session.start(spec, session_dir=tmp_path / "old-fix", builder=builder, executor=NpuThroughputStandIn(
+        DROP, SPREAD, seed=9, level_of=slow_before_culprit), searching="per_step").run()
+    lines = (tmp_path / "old-fix" / "journal.jsonl").read_text().splitlines()
+    header = json.loads(lines[0])
+    header["request"]["search"]["find_fix"], header["throughput_search"] = True, "levels"
+    records = [json.loads(line) for line in lines]
+    first_step = next(i for i, r in enumerate(records) if r["type"] == "step")
+    assert records[first_step]["index"] == 0 and len(records[first_step]["trials"]) > 3
+    for name, cut in (("among", 4), ("after", first_step + 1)):  # 3 of the old end's runs; its whole step
+        where = tmp_path / f"old-fix-{name}"
+        shutil.copytree(tmp_path / "old-fix", where)
+        (where / "journal.jsonl").write_text("\n".join([json.dumps(header), *lines[1:cut]]) + "\n")
+        journaled = {(r["commit"], r["trial"]) for r in records[1:cut] if r["type"] == "trial"}
+        again = NpuThroughputStandIn(DROP, SPREAD, seed=9, level_of=slow_before_culprit)
+        builder = LocalBuilder(git.Repo(repo), tmp_path / f"{name}-work", ["sh", "-c", "test ! -e BROKEN"])
+        resumed = Session.resume(where, builder=builder, executor=again)
+        assert resumed.levels and resumed.rising and resumed.reference_end == N - 1
+        result = resumed.run()
+        assert result.exit_code == EXIT_FOUND and result.culprit == shas[CULPRIT], (name, result.message)
+        assert not journaled & set(again.attempts), f"{name}: a journaled run was made again"
+        steps = [r for r in _records(where) if r["type"] == "step"]
+        old_end_runs = sum(len(s["trials"]) for s in steps if s["index"] == 0)
+        assert old_end_runs >= len(journaled) and steps[-1]["verdict"]["figures"]["stopped"] == "levels search"
+        write_reports(where)
+        assert "posterior that this is the first fixed commit" in (where / "report.md").read_text()

@@ -92,11 +92,13 @@ NIGHTLY_RESULT_FORM = ("END=TOKENS_PER_S or END=PATH (END good or bad; PATH the 
 @dataclass(frozen=True)
 class CaseBenchmark:
     """The nightly case's benchmark as its JSON names it: the case's name, the benchmark's key and
-    its entry (the task's name and test inputs come from it)."""
+    its entry (the task's name and test inputs come from it), and the model the case serves (the
+    JSON's `model_name` tells several multi-node files apart)."""
 
     case: str
     key: str
     bench: dict[str, Any]
+    model: str = ""
 
     @classmethod
     def at(cls, repo: git.Repo, sha: str, ref: CaseRef) -> CaseBenchmark:
@@ -104,7 +106,7 @@ class CaseBenchmark:
         raw = read_case_file(case_text_at(repo, sha, ref.file), f"{ref.file}@{sha[:12]}")
         case = picked_case(raw, ref.file, ref.case)
         key, bench = pick_benchmark(case, ref.benchmark, f"{ref.file}::{case.get('name')}")
-        return cls(str(case.get("name")), key, bench)
+        return cls(str(case.get("name")), key, bench, str(case.get("model") or raw.get("model") or ""))
 
 
 def nightly_results(texts: list[str], benchmark: CaseBenchmark | None = None,
@@ -127,11 +129,13 @@ def nightly_results(texts: list[str], benchmark: CaseBenchmark | None = None,
         if not value or not (path.exists() or "/" in value or value.endswith(".json")) or benchmark is None:
             raise UsageError(f"--nightly-result {text}: {value or 'nothing'} is not a number of tokens/s nor a "
                              f"nightly's results ({NIGHTLY_RESULT_FORM})")
-        read = nightly_throughput(path, benchmark.key, benchmark.bench, benchmark.case, (commits or {}).get(end))
+        read = nightly_throughput(path, benchmark.key, benchmark.bench, benchmark.case, (commits or {}).get(end),
+                                  benchmark.model)
         ends[end].append(read.value)
-        sources.append(f"{end}={read.file.resolve()}")
+        sources.append(f"{end}={read.file.resolve()}" + (f" ({read.unknown_commit})" if read.unknown_commit else ""))
+        why = "; ".join(part for part in (read.why, read.unknown_commit) if part)
         said.append(f"--nightly-result {text}: {read.value} tokens/s ({OTT}) from {read.file}"
-                    f"{f' ({read.why})' if read.why else ''}")
+                    f"{f' ({why})' if why else ''}")
     if not texts:
         return None, []
     try:

@@ -14,7 +14,8 @@ The multi-node test writes the same JSON on its master node (tasks named by the 
 same metric names, `num_warmups` among the test inputs), as `<branch>-<job>.json`, which its
 workflow uploads alone in an artifact folder. Its `vllm_ascend_version` is the ref the run was
 given: a branch (`main`) unless it was dispatched at a commit, so only then is it checked against
-the end's commit.
+the end's commit (the value is read saying its commit is unknown). Several such files in one folder
+are named after the workflow's matrix, not the case: they are told apart by their `model_name`.
 """
 
 from __future__ import annotations
@@ -127,6 +128,7 @@ class ThroughputRead:
     value: float
     file: Path
     why: str  # why this file, when the path held several
+    unknown_commit: str = ""  # why the commit it ran is not known (a multi-node run given `main`)
 
 
 def task_name(key: str, bench: dict[str, Any]) -> str:
@@ -139,13 +141,15 @@ def task_name(key: str, bench: dict[str, Any]) -> str:
     return key
 
 
-def nightly_throughput(path: Path, key: str, bench: dict[str, Any], case: str, commit: str | None) -> ThroughputRead:
-    """The output token throughput of benchmark `key` of `case` in the nightly's
+def nightly_throughput(path: Path, key: str, bench: dict[str, Any], case: str, commit: str | None,
+                       model: str = "") -> ThroughputRead:
+    """The output token throughput of benchmark `key` of `case` (serving `model`) in the nightly's
     `benchmark_results/*.json` that `path` names (a file, that folder, or the checkout above it),
     run at `commit` (None: not known yet). Several files with the benchmark: the one run at
-    `commit`, else the one named after the case (as the nightly names it); else a UsageError
-    naming them. A missing file, a task without the figure or a figure in another unit is a
-    UsageError naming what the file holds."""
+    `commit`, else the one named after the case (as the single-node nightly names it), else the
+    one of the case's model (the multi-node files are named after the workflow's matrix); else a
+    UsageError naming them. A missing file, a task without the figure or a figure in another unit
+    is a UsageError naming what the file holds."""
     files = _result_files(path)
     docs = [(file, _load(file)) for file in files]
     name = task_name(key, bench)
@@ -163,9 +167,12 @@ def nightly_throughput(path: Path, key: str, bench: dict[str, Any], case: str, c
         held = sorted({str(task.get("name")) for _, doc in docs for task in _tasks(doc)})
         raise UsageError(f"{path}: no task {name} (benchmark {key} of {case}) in {', '.join(f.name for f in files)} "
                          f"(their tasks: {', '.join(held) or 'none: not the nightly benchmark_results JSON'})")
-    file, doc, task, why = _chosen(found, case, commit, path, name)
+    file, doc, task, why = _chosen(found, case, model, commit, path, name)
     _check_commit(file, doc, commit)
-    return ThroughputRead(_tokens_per_s(task["metrics"][OTT], file), file, why)
+    version = str(doc.get("vllm_ascend_version") or "")
+    ran = f"it ran {version}" if version else "no vllm_ascend_version"
+    unknown = "" if _SHA.fullmatch(version) else f"{ran}: its commit unknown, not checked against the end's"
+    return ThroughputRead(_tokens_per_s(task["metrics"][OTT], file), file, why, unknown)
 
 
 def _result_files(path: Path) -> list[Path]:
@@ -181,9 +188,10 @@ def _result_files(path: Path) -> list[Path]:
     return files
 
 
-def _chosen(found: list[tuple[Path, dict[str, Any], dict[str, Any]]], case: str, commit: str | None, path: Path,
-            name: str) -> tuple[Path, dict[str, Any], dict[str, Any], str]:
-    """The one of several files holding the task: the one run at `commit`, else the case's own."""
+def _chosen(found: list[tuple[Path, dict[str, Any], dict[str, Any]]], case: str, model: str, commit: str | None,
+            path: Path, name: str) -> tuple[Path, dict[str, Any], dict[str, Any], str]:
+    """The one of several files holding the task: the one run at `commit`, else the case's own,
+    else the one of its model."""
     if len(found) == 1:
         file, doc, task = found[0]
         return file, doc, task, ""
@@ -195,8 +203,27 @@ def _chosen(found: list[tuple[Path, dict[str, Any], dict[str, Any]]], case: str,
     if len(named) == 1:
         file, doc, task = named[0]
         return file, doc, task, f"of {len(found)} files with task {name}, the one named after case {case}"
-    raise UsageError(f"{path}: {len(found)} tasks {name} ({', '.join(hit[0].name for hit in found)}), none told apart "
-                     f"by its commit or by the case's name {case}; give the one file")
+    of_model = [hit for hit in named or at_commit or found if model and _same_model(hit[1], model)]
+    if len(of_model) == 1:
+        file, doc, task = of_model[0]
+        return file, doc, task, f"of {len(found)} files with task {name}, the one of the case's model {model}"
+    held = ", ".join(f"{hit[0].name} (model {hit[1].get('model_name') or 'not given'}, ran {_ref(hit[1])})"
+                     for hit in found)
+    raise UsageError(f"{path}: {len(found)} tasks {name} in {held}, none told apart by its commit, by the case's "
+                     f"name {case} or by its model {model or '(not given)'}; give the one file: --nightly-result "
+                     f"END={found[0][0]}, say")
+
+
+def _ref(doc: dict[str, Any]) -> str:
+    """The ref a nightly's JSON says it ran, a commit shortened as the messages show one."""
+    version = str(doc.get("vllm_ascend_version") or "")
+    return version[:12] if _SHA.fullmatch(version) else version or "no ref given"
+
+
+def _same_model(doc: dict[str, Any], model: str) -> bool:
+    """Whether the nightly served the case's model: the same name, or one a path ending in the other."""
+    served = str(doc.get("model_name") or "")
+    return bool(served) and (served == model or model.endswith("/" + served) or served.endswith("/" + model))
 
 
 def _check_commit(file: Path, doc: dict[str, Any], commit: str | None) -> None:

@@ -8,6 +8,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+import git
 import pytest
 
 from bisect_npu.errors import UsageError
@@ -115,9 +116,11 @@ def test_of_several_files_the_one_run_at_the_end_else_the_cases_own_is_read_and_
     assert earlier is not None and earlier.bad == [951.2]
     assert said[0].endswith("(of 2 files with task GSM8K-in3500-bs400, the one named after case speed-a2)")
     (tmp_path / "speed-a2.json").rename(tmp_path / "job-2.json")
-    with pytest.raises(UsageError, match=r"2 tasks GSM8K-in3500-bs400 \(job-2.json, other-job.json\), none told "
-                                         "apart by its commit or by the case's name speed-a2; give the one file"):
-        nightly_results([f"bad={tmp_path}"], BENCHMARK, {"bad": None})
+    with pytest.raises(UsageError, match=r"2 tasks GSM8K-in3500-bs400 in job-2.json \(model tiny, ran 86797d44a711"
+                                         r"\), other-job.json \(model tiny, ran 0123456789ab\), none told apart by "
+                                         "its commit, by the case's name speed-a2 or by its model tiny; give the one "
+                                         "file: --nightly-result END=.*job-2.json, say"):
+        nightly_results([f"bad={tmp_path}"], CaseBenchmark("speed-a2", "perf", PERF, "tiny"), {"bad": None})
 
 
 def test_run_reads_the_json_into_the_bad_ends_recipe_and_says_which_file(tmp_path: Path,
@@ -151,18 +154,19 @@ def multi_node_benchmark() -> CaseBenchmark:
     raw = read_case_file((DATA / "nightly-multi-node" / "two-nodes.yaml").read_text(), MULTI_PATH)
     case = picked_case(raw, MULTI_PATH, None)
     key, bench = pick_benchmark(case, "perf", MULTI_PATH)
-    return CaseBenchmark(str(case["name"]), key, {**bench, "num_warmups": 2})
+    return CaseBenchmark(str(case["name"]), key, {**bench, "num_warmups": 2}, str(raw["model"]))
 
 
-def multi_node_json(folder: Path, ref: str = "main", ott: float = 2210.4) -> Path:
+def multi_node_json(folder: Path, ref: str = "main", ott: float = 2210.4, job: str = "tiny-dp",
+                    model: str = "Org/Tiny-MoE") -> Path:
     """What the multi-node nightly's workflow uploads: its master node's `<branch>-<job>.json`,
     alone in the artifact's folder. Its tasks as the single-node one's (name rule, metric names),
     their test inputs with `num_warmups`; `vllm_ascend_version` the ref the run was given (a
     branch unless dispatched at a commit); `serve_cmd` per node; no `pass_fail` of the whole."""
-    folder.mkdir(parents=True)
-    path = folder / "main-multi-node-tiny-dp.json"
+    folder.mkdir(parents=True, exist_ok=True)
+    path = folder / f"main-multi-node-{job}.json"
     path.write_text(json.dumps({
-        "model_name": "Org/Tiny-MoE", "hardware": "A3", "dtype": "bf16", "feature": ["expert_parallel"],
+        "model_name": model, "hardware": "A3", "dtype": "bf16", "feature": ["expert_parallel"],
         "vllm_version": "0.20.2", "vllm_ascend_version": ref,
         "tasks": [{"name": "tiny-set", "metrics": {"accuracy": 81.25},
                    "test_input": {"max_out_len": 512, "batch_size": 8},
@@ -183,7 +187,33 @@ def test_the_multi_node_nightlys_artifact_gives_the_performance_tasks_value(tmp_
     for given in (file, file.parent):
         earlier, said = nightly_results([f"bad={given}"], multi_node_benchmark(), {"bad": BAD})
         assert earlier is not None and earlier.bad == [2210.4]
-        assert said == [f"--nightly-result bad={given}: 2210.4 tokens/s ({OTT}) from {file}"]
+        assert said == [f"--nightly-result bad={given}: 2210.4 tokens/s ({OTT}) from {file} (it ran main: its "
+                        "commit unknown, not checked against the end's)"]
+        assert "(it ran main: its commit unknown" in earlier.source
+
+
+def test_several_multi_node_artifacts_in_one_folder_are_told_apart_by_the_model(tmp_path: Path) -> None:
+    """Named after the workflow's matrix, not the case, and run at `main`: the one of the case's
+    model is read and said; two of that model are refused naming each file, its model and ref."""
+    text = (DATA / "nightly-multi-node" / "two-nodes.yaml").read_text()
+    shas = make_linear_repo(tmp_path / "up", 1, files=lambda i: {MULTI_PATH: text})
+    read = CaseBenchmark.at(git.Repo(tmp_path / "up"), shas[-1], CaseRef(MULTI_PATH, None, "perf"))
+    assert (read.case, read.key, read.model) == ("tiny two-node data parallel", "perf", "Org/Tiny-MoE")
+    folder = tmp_path / "artifacts"
+    multi_node_json(folder, job="big-ep", model="Org/Big-MoE", ott=900.0)
+    file = multi_node_json(folder)
+    earlier, said = nightly_results([f"bad={folder}"], multi_node_benchmark(), {"bad": BAD})
+    assert earlier is not None and earlier.bad == [2210.4]
+    assert said == [f"--nightly-result bad={folder}: 2210.4 tokens/s ({OTT}) from {file} (of 2 files with task "
+                    "tiny-set, the one of the case's model Org/Tiny-MoE; it ran main: its commit unknown, not "
+                    "checked against the end's)"]
+    multi_node_json(folder, job="tiny-ep", ott=2000.0)
+    with pytest.raises(UsageError, match=r"3 tasks tiny-set in main-multi-node-big-ep.json \(model Org/Big-MoE, ran "
+                                         r"main\), main-multi-node-tiny-dp.json \(model Org/Tiny-MoE, ran main\), "
+                                         r"main-multi-node-tiny-ep.json .*, none told apart by its commit, by the "
+                                         "case's name tiny two-node data parallel or by its model Org/Tiny-MoE; give "
+                                         "the one file: --nightly-result END="):
+        nightly_results([f"bad={folder}"], multi_node_benchmark(), {"bad": BAD})
 
 
 def test_a_multi_node_run_dispatched_at_a_commit_is_checked_against_the_end(tmp_path: Path) -> None:

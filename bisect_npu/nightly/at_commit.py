@@ -235,9 +235,11 @@ class NightlyRun:
 def settle_run(repo_path: str, bad: str, good: str, nightly_case: str | None, good_table: Path | None,
                name: str | None, config_yaml: str | None, soc: str | None, scene: str,
                frequency: Frequency | None, datasets: str | None = None,
-               results: tuple[str, ...] = ()) -> NightlyRun:
+               results: tuple[str, ...] = (), find_fix: bool = False) -> NightlyRun:
     """--nightly-case: the bad end's recipe, written out, with `results` (--nightly-result) as its
-    earlier runs; --good-table: the good end (the dimensions default to the case's name and file)."""
+    earlier runs, each read for the commit of its end (`bad=`, the failing nightly's: the old end
+    `good` under --find-fix); --good-table: the good end (the dimensions default to the case's name
+    and file)."""
     repo = history.open_repo(repo_path)
     ref = CaseRef.parse(nightly_case) if nightly_case else None
     table_end = None
@@ -258,7 +260,8 @@ def settle_run(repo_path: str, bad: str, good: str, nightly_case: str | None, go
     said: list[str] = []
     if results:
         performance(recipe, ref)
-        ends = {"bad": bad_sha, "good": None if good_sha == "last-good" else history.resolve_ref(repo, good_sha)}
+        old = None if good_sha == "last-good" else history.resolve_ref(repo, good_sha)
+        ends = {"bad": old, "good": bad_sha} if find_fix else {"bad": bad_sha, "good": old}
         earlier, said = nightly_results(list(results), CaseBenchmark.at(repo, read_at, ref), ends)
     recipe_file = str(write_recipe_at(repo, bad_sha, ref, datasets, earlier))
     notes = [f"--nightly-case {ref}: the bad end's recipe is {recipe_file}; each candidate runs the case "

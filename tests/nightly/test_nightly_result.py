@@ -135,6 +135,14 @@ def test_run_reads_the_json_into_the_bad_ends_recipe_and_says_which_file(tmp_pat
     assert throughput is not None and throughput.earlier_runs is not None
     assert throughput.earlier_runs.bad == [951.2] and str(file.resolve()) in throughput.earlier_runs.source
     assert settled.owed[0] == f"--nightly-result bad={tmp_path / 'nightly'}: 951.2 tokens/s ({OTT}) from {file}"
+    # under --find-fix the failing nightly ran at the old end (--good): its file is read for that commit
+    old = nightly_json(tmp_path / "old", commit=shas[0])
+    fix = settle_run(str(tmp_path / "up"), "HEAD", shas[0], f"{CASE_PATH}::speed-a2::perf", None, None, None,
+                     None, "single_node", None, results=(f"bad={old}",), find_fix=True)
+    assert fix.owed[0] == f"--nightly-result bad={old}: 951.2 tokens/s ({OTT}) from {old}"
+    with pytest.raises(UsageError, match=f"the nightly ran at {shas[-1][:12]}, this end is {shas[0][:12]}"):
+        settle_run(str(tmp_path / "up"), "HEAD", shas[0], f"{CASE_PATH}::speed-a2::perf", None, None, None,
+                   None, "single_node", None, results=(f"bad={file}",), find_fix=True)
     accuracy = PERF_CASE.replace("performance", "accuracy").replace("baseline: 1000", "baseline: 90")
     make_linear_repo(tmp_path / "acc", 2, files=lambda i: {CASE_PATH: accuracy})
     for given in (file, tmp_path / "absent" / "speed-a2.json"):  # refused before any file is read

@@ -262,7 +262,7 @@ def settle_nightly(spec: SessionSpec) -> tuple[str | None, list[str]]:
     settled = settle_run(spec.range.repo or ".", spec.range.bad, spec.range.good, spec.judge.nightly_case,
                          Path(spec.range.good_table) if spec.range.good_table else None, spec.range.case_name,
                          spec.range.config_yaml, spec.range.soc, spec.range.scene, spec.range.frequency,
-                         spec.judge.nightly_datasets, tuple(spec.judge.nightly_results))
+                         spec.judge.nightly_datasets, tuple(spec.judge.nightly_results), spec.search.find_fix)
     spec.judge.recipe = settled.recipe or spec.judge.recipe
     spec.range.good = settled.good
     return ("; ".join(settled.notes) if spec.range.good_table else None), settled.owed

@@ -26,6 +26,17 @@ settings.register_profile("shared-cores", deadline=None, suppress_health_check=[
 settings.load_profile("shared-cores")
 
 
+@pytest.fixture(autouse=True)
+def child_pytest_without_this_suites_plugins(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A pytest a test starts (the unit-test runner's, on a generated checkout seeing this
+    interpreter's packages) loads only the plugins it names: by their entry points it would load this
+    suite's own too, and hypothesis's import alone is about 1 s of CPU of each such run's 1.4
+    (docs/development.md). Not in the hand-run tier (`slow`): a real vllm-ascend clone's tests use
+    the plugins its venv installs. This process's plugins are loaded by now: only children see it."""
+    if request.node.get_closest_marker("slow") is None:
+        monkeypatch.setenv("PYTEST_DISABLE_PLUGIN_AUTOLOAD", "1")
+
+
 def _engine_missing(reason: str) -> None:
     if os.environ.get("CI", "").lower() == "true":
         pytest.fail(f"container engine required in CI: {reason} (make test runs containers/setup-podman.sh)")

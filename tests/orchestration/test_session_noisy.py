@@ -5,12 +5,14 @@ from __future__ import annotations
 import json
 import os
 import random
+import shutil
 import signal
 import statistics
 import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import NamedTuple
 
 import pytest
 
@@ -45,27 +47,49 @@ def journal(session: Path) -> list[dict]:
     return [json.loads(line) for line in (session / "journal.jsonl").read_text().splitlines()]
 
 
-def test_noisy_mode_finds_a_flaky_culprit(tmp_path: Path, flaky: str) -> None:
-    repo = tmp_path / "repo"
-    shas = make_linear_repo(repo, 129, culprit=50, tags={0: "good", 128: "bad"})
-    done = subprocess.run([*CLI, "run", "--repo", str(repo), "--good", "good", "--bad", "bad", "--cmd", flaky,
-                           "--mode", "noisy", "--session", str(tmp_path / "s"), "--no-fix", "--json"],
-                          cwd=tmp_path, capture_output=True, text=True, timeout=600)
+class PlainNoisy(NamedTuple):
+    """The plain noisy session over 128 commits (culprit 50), once for the module: the flaky
+    command it ran, its history's shas, its session, and the verdict store it wrote."""
+
+    flaky: str
+    repo: Path
+    shas: list[str]
+    session: Path
+    store: Path
+
+
+@pytest.fixture(scope="module")
+def plain_noisy(tmp_path_factory: pytest.TempPathFactory) -> PlainNoisy:
+    """The session two tests read (nothing changes it): found once, in a new verdict store of its
+    own, which the earlier-runs test's session starts from as it did when it ran both."""
+    root = tmp_path_factory.mktemp("plain-noisy")
+    script = root / "flaky.py"
+    script.write_text(FLAKY)
+    flaky = f"{sys.executable} {script}"
+    shas = make_linear_repo(root / "repo", 129, culprit=50, tags={0: "good", 128: "bad"})
+    store = root / "verdicts.sqlite"
+    done = subprocess.run([*CLI, "run", "--repo", str(root / "repo"), "--good", "good", "--bad", "bad", "--cmd", flaky,
+                           "--mode", "noisy", "--session", str(root / "s"), "--no-fix", "--json"],
+                          cwd=root, capture_output=True, text=True, timeout=600,
+                          env={**os.environ, "BISECT_NPU_VERDICT_STORE": str(store)})
     assert done.returncode == 0, done.stderr
-    result = json.loads(done.stdout.strip().splitlines()[-1])
-    assert result["culprit"] == shas[50]
-    trials = [(e["index"], e["trial"]) for e in journal(tmp_path / "s") if e["type"] == "trial"]
+    assert json.loads(done.stdout.strip().splitlines()[-1])["culprit"] == shas[50]
+    return PlainNoisy(flaky, root / "repo", shas, root / "s", store)
+
+
+def test_noisy_mode_finds_a_flaky_culprit(plain_noisy: PlainNoisy) -> None:
+    trials = [(e["index"], e["trial"]) for e in journal(plain_noisy.session) if e["type"] == "trial"]
     assert len(trials) == len(set(trials)), "a trial number was reused at one commit"
-    end = next(e for e in journal(tmp_path / "s") if e["type"] == "end")
+    end = next(e for e in journal(plain_noisy.session) if e["type"] == "end")
     assert end["confidence"] >= 0.99
     # What the search was told a build and an engine start cost, from the journal alone.
-    session = Session.resume(tmp_path / "s")
+    session = Session.resume(plain_noisy.session)
     try:
         problem = session.problem()
     finally:
         session.evaluator.close()
         session.journal.close()
-    entries = journal(tmp_path / "s")
+    entries = journal(plain_noisy.session)
     builds = [e["build"]["seconds"] for e in entries if e["type"] == "step" and e["build"]["how"] == "built"]
     runs = [e["seconds"] for e in entries if e["type"] == "trial"]
     assert problem.load_cost == 0.0  # a command starts afresh for every trial: nothing to share
@@ -91,23 +115,24 @@ def test_noisy_slots_share_commits_without_sharing_trial_numbers(tmp_path: Path,
     assert max(steps.count(i) for i in (49, 50)) >= 3
 
 
-def test_earlier_runs_are_counted_and_reported(tmp_path: Path, flaky: str) -> None:
+def test_earlier_runs_are_counted_and_reported(tmp_path: Path, plain_noisy: PlainNoisy,
+                                               own_verdict_store: Path) -> None:
     """Ends measured before the session (70/100, 0/100) let the search stop sooner on the same
     culprit; the report says what it counted; a malformed count is a usage error."""
-    repo = tmp_path / "repo"
-    shas = make_linear_repo(repo, 129, culprit=50, tags={0: "good", 128: "bad"})
-    trials = {}
-    for name, extra in (("plain", []), ("earlier", ["--earlier-runs", "70/100", "0/100"])):
-        done = subprocess.run([*CLI, "run", "--repo", str(repo), "--good", "good", "--bad", "bad", "--cmd", flaky,
-                               "--mode", "noisy", "--session", str(tmp_path / name), "--no-fix", "--json", *extra],
-                              cwd=tmp_path, capture_output=True, text=True, timeout=600)
-        assert done.returncode == 0, done.stderr
-        assert json.loads(done.stdout.strip().splitlines()[-1])["culprit"] == shas[50]
-        trials[name] = sum(1 for e in journal(tmp_path / name) if e["type"] == "trial")
+    flaky, repo, shas = plain_noisy.flaky, plain_noisy.repo, plain_noisy.shas
+    shutil.copy2(plain_noisy.store, own_verdict_store)  # the plain session's verdicts, as if it ran here
+    done = subprocess.run([*CLI, "run", "--repo", str(repo), "--good", "good", "--bad", "bad", "--cmd", flaky,
+                           "--mode", "noisy", "--session", str(tmp_path / "earlier"), "--no-fix", "--json",
+                           "--earlier-runs", "70/100", "0/100"],
+                          cwd=tmp_path, capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr
+    assert json.loads(done.stdout.strip().splitlines()[-1])["culprit"] == shas[50]
+    trials = {name: sum(1 for e in journal(session) if e["type"] == "trial")
+              for name, session in (("plain", plain_noisy.session), ("earlier", tmp_path / "earlier"))}
     assert trials["earlier"] < trials["plain"]
     report = (tmp_path / "earlier" / "report.md").read_text()
     assert "| earlier runs | counted by the search, not in the steps: symptom in 70/100 runs" in report
-    assert "earlier runs" not in (tmp_path / "plain" / "report.md").read_text()
+    assert "earlier runs" not in (plain_noisy.session / "report.md").read_text()
     # The evidence behind the answer, in words: the culprit's and its parent's trials, the posterior.
     as_json = json.loads((tmp_path / "earlier" / "report.json").read_text())
     evidence = as_json["evidence"]

@@ -31,13 +31,20 @@ sys.exit(1 if (major, minor) >= (2, 9) else 0)
 """
 
 
+@pytest.fixture(scope="module")
+def release_cache(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The module's private cache (the versions' venvs, the index listing): a venv of a published
+    version is the same in every test, so each is built once here, not once a test."""
+    return tmp_path_factory.mktemp("release-cache")
+
+
 @pytest.fixture()
-def env(tmp_path: Path) -> dict[str, str]:
-    """A private cache (venvs, index listing) and a `python` on PATH for the commit level."""
+def env(tmp_path: Path, release_cache: Path) -> dict[str, str]:
+    """The private cache and a `python` on PATH for the commit level."""
     bin_dir = tmp_path / "bin"
     bin_dir.mkdir()
     (bin_dir / "python").symlink_to(sys.executable)
-    return {**os.environ, "BISECT_NPU_CACHE": str(tmp_path / "cache"),
+    return {**os.environ, "BISECT_NPU_CACHE": str(release_cache),
             "PATH": f"{bin_dir}{os.pathsep}{os.environ['PATH']}"}
 
 

@@ -24,6 +24,7 @@ from bisect_npu.progress import PlainProgress
 from bisect_npu.store import Scope, StoredVerdict, VerdictStore
 from tests.helpers.cli_exit import cli_in_process
 from tests.helpers.gitrepo import make_linear_repo
+from tests.helpers.store_writer import put_many
 
 # Each test runs bisect-npu end to end (sessions, the command line, the demo's model).
 pytestmark = pytest.mark.e2e
@@ -196,16 +197,10 @@ def test_sessions_that_disagree_are_tested_again_and_noisy_tallies_add_up(tmp_pa
     assert VerdictReuse(store, noisy, "e", PlainProgress()).recall("c1", "").stored.good == 16
 
 
-def _put_many(path: str, worker: int) -> None:
-    store = VerdictStore(Path(path))
-    for i in range(40):
-        store.put(Scope("o", "e", "exact"), StoredVerdict(f"c{i}", "", f"s{worker}", VerdictKind.GOOD, 1, 0, "", 0.0))
-
-
 def test_sessions_writing_at_once_lose_nothing(tmp_path: Path) -> None:
     path = tmp_path / "v.sqlite"
     context = multiprocessing.get_context("spawn")
-    workers = [context.Process(target=_put_many, args=(str(path), w)) for w in range(4)]
+    workers = [context.Process(target=put_many, args=(str(path), w)) for w in range(4)]
     for worker in workers:
         worker.start()
     for worker in workers:

@@ -84,8 +84,7 @@ def test_at_even_odds_a_set_under_the_smallest_cannot_reach_the_level(confidence
     level = (1 - confidence) / rounds
 
     def p_all_failing(n: int) -> float:
-        return stats.control_p([SampleOutcome(id=f"c{i}", correct=0.0) for i in range(n)], [], [], even,
-                               confidence)[1]
+        return stats.control_p([SampleOutcome(id=f"c{i}", correct=0.0) for i in range(n)], [], [], even)[1]
 
     assert p_all_failing(smallest_control(cfg)) <= level < p_all_failing(smallest_control(cfg) - 1)
 

@@ -421,18 +421,15 @@ def mean_errors(good: Sequence[SampleOutcome], bad: Sequence[SampleOutcome],
 
 
 def control_p(candidate: Sequence[SampleOutcome], good: Sequence[SampleOutcome], bad: Sequence[SampleOutcome],
-              prior: JointPrior, confidence: float) -> tuple[float, float]:
+              prior: JointPrior) -> tuple[float, float]:
     """(mean of the candidate's rates less the good side's expected ones, one-sided p of "fewer
     correct runs than a good commit gives") on the control samples it ran. The reference is each
     sample's good-side rate given both ends' runs (`side_rates`), not the good end's own results:
     samples are picked because the ends' runs agreed, so where runs barely repeat the good end's
     results on them lean high by selection, while the posterior rate accounts for that choice
     (and where answers repeat it is the good end's result). Exact: the beta-binomial counts of
-    the samples convolved. The good side's mean is taken at the low end of its error
-    (`mean_errors`) at a step's share of the error asked (`STEP_ERROR_SHARE`), not integrated
-    over it: that error is shared by every step of the session, so a good end measured high by
-    chance would flag every good commit at once, each at the level of one step, while a flag
-    weighs the full bound."""
+    the samples convolved, the good side's mean integrated over its error (`mean_errors`, `NODES`)
+    as a step's likelihoods are, since that error is shared by every sample."""
     g, b = by_id(good), by_id(bad)
     rows = [(round(s.correct_runs), s.runs, side_rates(prior, g.get(s.id), b.get(s.id)).good)
             for s in candidate if s.runs > 0]
@@ -440,8 +437,9 @@ def control_p(candidate: Sequence[SampleOutcome], good: Sequence[SampleOutcome],
         return 0.0, 1.0
     diff = sum(k / n - rate[0] for k, n, rate in rows) / len(rows)
     observed = sum(k for k, _, _ in rows)
-    low = NormalDist().inv_cdf(1.0 - (1.0 - confidence) * STEP_ERROR_SHARE) * mean_errors(good, bad, prior)[0]
-    return diff, min(1.0, _lower_tail(rows, observed, -low))
+    error = mean_errors(good, bad, prior)[0]
+    tail = sum(w * _lower_tail(rows, observed, z * error) for z, w in zip(NODES, WEIGHTS, strict=True))
+    return diff, min(1.0, tail / math.sqrt(2 * math.pi))
 
 
 def _lower_tail(rows: Sequence[tuple[int, int, tuple[float, float]]], observed: int, shift: float) -> float:

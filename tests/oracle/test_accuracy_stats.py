@@ -89,7 +89,7 @@ def test_the_prior_fits_how_repeatable_samples_are() -> None:
         assert stats.fit_prior(good, bad).rho == pytest.approx(rho, abs=0.08)
 
 
-@pytest.mark.parametrize("rho", [0.0, 0.5, 1.0])
+@pytest.mark.parametrize("rho", [0.0, 0.5])
 @pytest.mark.parametrize("shape", ["scaled", "subset"])
 def test_one_run_an_end_finds_the_correlation_whichever_way_the_drop_came(rho: float, shape: str) -> None:
     """One run a sample at each end, 82% -> 70%: every rate scaled down or a subset broken, the
@@ -99,11 +99,9 @@ def test_one_run_an_end_finds_the_correlation_whichever_way_the_drop_came(rho: f
     size = 8000
     if rho == 0.0:
         good_rates = np.full(size, 0.82)
-    elif rho == 1.0:
-        good_rates = (rng.random(size) < 0.82).astype(float)
     else:
         good_rates = rng.beta(0.82 * (1 / rho - 1), 0.18 * (1 / rho - 1), size)
-    bad_rates = good_rates * (0.70 / 0.82) if shape == "scaled" else dataset_break(rng, good_rates, 0.12)
+    bad_rates = good_rates * (0.70 / 0.82) if shape == "scaled" else _subset_broken(rng, good_rates, 0.12)
     good, bad = outcomes(rng.binomial(1, good_rates)), outcomes(rng.binomial(1, bad_rates))
     fitted = stats.fit_prior(good, bad)
     want = min(stats.MAX_RHO, max(stats.MIN_RHO, rho))
@@ -111,7 +109,7 @@ def test_one_run_an_end_finds_the_correlation_whichever_way_the_drop_came(rho: f
     assert fitted.rho_error < 0.05
 
 
-def dataset_break(rng: np.random.Generator, good_rates: np.ndarray, drop: float) -> np.ndarray:
+def _subset_broken(rng: np.random.Generator, good_rates: np.ndarray, drop: float) -> np.ndarray:
     """The bad side's rates: the good side's with a random subset broken until the mean falls `drop`."""
     order = rng.permutation(len(good_rates))
     broken = order[:int(np.searchsorted(np.cumsum(good_rates[order]), drop * len(good_rates))) + 1]

@@ -101,7 +101,8 @@ def test_one_run_an_end_finds_the_correlation_whichever_way_the_drop_came(rho: f
         good_rates = np.full(size, 0.82)
     else:
         good_rates = rng.beta(0.82 * (1 / rho - 1), 0.18 * (1 / rho - 1), size)
-    bad_rates = good_rates * (0.70 / 0.82) if shape == "scaled" else _subset_broken(rng, good_rates, 0.12)
+    scaled = good_rates * (0.70 / 0.82)
+    bad_rates = scaled if shape == "scaled" else _subset_broken(rng, good_rates, 0.12)
     good, bad = outcomes(rng.binomial(1, good_rates)), outcomes(rng.binomial(1, bad_rates))
     fitted = stats.fit_prior(good, bad)
     want = min(stats.MAX_RHO, max(stats.MIN_RHO, rho))

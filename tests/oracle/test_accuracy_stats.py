@@ -97,12 +97,9 @@ def test_one_run_an_end_finds_the_correlation_whichever_way_the_drop_came(rho: f
     are fresh draws and a scaled drop, and read the rest as samples that repeat)."""
     rng = np.random.default_rng(5)
     size = 8000
-    if rho == 0.0:
-        good_rates = np.full(size, 0.82)
-    else:
-        good_rates = rng.beta(0.82 * (1 / rho - 1), 0.18 * (1 / rho - 1), size)
-    scaled = good_rates * (0.70 / 0.82)
-    bad_rates = scaled if shape == "scaled" else _subset_broken(rng, good_rates, 0.12)
+    kappa = 1 / rho - 1 if rho > 0 else math.inf
+    good_rates = np.full(size, 0.82) if rho == 0.0 else rng.beta(0.82 * kappa, 0.18 * kappa, size)
+    bad_rates = good_rates * (0.70 / 0.82) if shape == "scaled" else _subset_broken(rng, good_rates, 0.12)
     good, bad = outcomes(rng.binomial(1, good_rates)), outcomes(rng.binomial(1, bad_rates))
     fitted = stats.fit_prior(good, bad)
     want = min(stats.MAX_RHO, max(stats.MIN_RHO, rho))

@@ -225,12 +225,12 @@ def _single_run_rho(good: Sequence[SampleOutcome], bad: Sequence[SampleOutcome],
                     bad_mean: float) -> tuple[float, float]:
     """(the intraclass correlation, its standard error) from one run of each sample at each end.
     The lower end is taken as the higher one with some samples broken: a sample the lower end got
-    right and the higher end wrong is then the noise of a sample the regression left alone, which
-    happens at 2 x share-of-unchanged x E[r (1 - r)] = (1 - rho) x 2 lo (1 - hi)-worth of samples
-    over both orders (unchanged samples are a share lo/hi of all, their mean hi). The same holds
-    exactly where every rate fell alike (a scaled drop: the estimate is then the higher end's
-    correlation), so it holds whichever way the drop came; mending samples too only adds to that
-    count, a lower rho: weaker, safer evidence. The error is the binomial one of that count."""
+    right and the higher end wrong is then one the regression left alone (a broken one, its rate
+    near 0, almost never lands there); those are a share lo/hi of all, their mean hi, so that
+    share is lo/hi x E[r (1 - r)] = lo (1 - hi)(1 - rho). The same share comes out exactly where
+    every rate fell alike (rates r and r lo/hi: the estimate is then the higher end's
+    correlation), so it holds whichever way the drop came; mending samples too only adds to it,
+    a lower rho: weaker, safer evidence. The error is the binomial one of that count."""
     hi, lo = max(good_mean, bad_mean), min(good_mean, bad_mean)
     lower_is_bad = bad_mean <= good_mean
     n = len(good)
@@ -296,8 +296,8 @@ def fit_joint(good: Sequence[SampleOutcome], bad: Sequence[SampleOutcome]) -> Jo
     """Empirical Bayes by moments over the samples both ends ran. An end's spread of rates is the
     spread of its per-sample results less the noise of its runs (estimated without bias from each
     sample's own runs, x(1-x)/(R-1), where samples ran at least twice, with the standard error the
-    runs' noise leaves in it; from `fit_prior`'s intraclass correlation where they ran once, taken
-    as known); the covariance is the results' own, since the noise of one end's runs is
+    runs' noise leaves in it; from `fit_prior`'s intraclass correlation where they ran once, with
+    that estimate's error); the covariance is the results' own, since the noise of one end's runs is
     independent of the other's. The covariance is kept within what the two spreads allow (a
     correlation of at most 1) and at least 0."""
     g, b = by_id(good), by_id(bad)

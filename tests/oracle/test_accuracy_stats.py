@@ -89,6 +89,47 @@ def test_the_prior_fits_how_repeatable_samples_are() -> None:
         assert stats.fit_prior(good, bad).rho == pytest.approx(rho, abs=0.08)
 
 
+@pytest.mark.parametrize("rho", [0.0, 0.5])
+@pytest.mark.parametrize("shape", ["scaled", "subset"])
+def test_one_run_an_end_finds_the_correlation_whichever_way_the_drop_came(rho: float, shape: str) -> None:
+    """One run a sample at each end, 82% -> 70%: every rate scaled down or a subset broken, the
+    single-run estimate finds the correlation either way (it used to find about 0.3 where answers
+    are fresh draws and a scaled drop, and read the rest as samples that repeat)."""
+    rng = np.random.default_rng(5)
+    size = 8000
+    kappa = 1 / rho - 1 if rho > 0 else math.inf
+    good_rates = np.full(size, 0.82) if rho == 0.0 else rng.beta(0.82 * kappa, 0.18 * kappa, size)
+    bad_rates = good_rates * (0.70 / 0.82) if shape == "scaled" else _subset_broken(rng, good_rates, 0.12)
+    good, bad = outcomes(rng.binomial(1, good_rates)), outcomes(rng.binomial(1, bad_rates))
+    fitted = stats.fit_prior(good, bad)
+    want = min(stats.MAX_RHO, max(stats.MIN_RHO, rho))
+    assert fitted.rho == pytest.approx(want, abs=0.08)
+    assert fitted.rho_error < 0.05
+
+
+def _subset_broken(rng: np.random.Generator, good_rates: np.ndarray, drop: float) -> np.ndarray:
+    """The bad side's rates: the good side's with a random subset broken until the mean falls `drop`."""
+    order = rng.permutation(len(good_rates))
+    broken = order[:int(np.searchsorted(np.cumsum(good_rates[order]), drop * len(good_rates))) + 1]
+    bad_rates = good_rates.copy()
+    bad_rates[broken] = 0.0
+    return bad_rates
+
+
+def test_one_run_an_end_carries_the_correlations_error_into_the_spreads() -> None:
+    """From single runs the spreads are estimates with an error (steps average over where they may
+    lie); greedy ends, where no sample the lower end got right did the higher end get wrong, know
+    them exactly."""
+    rng = np.random.default_rng(9)
+    good, bad = outcomes(rng.binomial(1, 0.82, 200)), outcomes(rng.binomial(1, 0.70, 200))
+    prior = stats.fit_joint(good, bad)
+    assert prior.good_var_error > 0 and prior.bad_var_error > 0
+    assert prior.rho < stats.STEER_MIN_RHO
+    greedy = stats.fit_joint(outcomes([1] * 140 + [1] * 24 + [0] * 36), outcomes([1] * 140 + [0] * 24 + [0] * 36))
+    assert greedy.good_var_error == 0 and greedy.bad_var_error == 0
+    assert greedy.rho >= stats.STEER_MIN_RHO
+
+
 def test_the_baseline_check_keeps_its_level_at_the_line() -> None:
     """A commit whose true score is exactly baseline - threshold is called bad at most alpha of the time."""
     rng = np.random.default_rng(11)

@@ -181,11 +181,14 @@ def paired_rate_p(candidate: Sequence[SampleOutcome], reference: Sequence[Sample
 class EndsPrior:
     """The beta prior of a sample's correctness rate at each end: mean the end's accuracy,
     strength kappa = 1/rho - 1 with rho the intraclass correlation of runs of one sample (how
-    repeatable a sample's result is), fitted from the ends' own data (`fit_prior`)."""
+    repeatable a sample's result is), fitted from the ends' own data (`fit_prior`), with the
+    standard error of that fit where it comes from single runs (0: from repeats, whose spread
+    `fit_joint` measures itself)."""
 
     good_mean: float
     bad_mean: float
     rho: float
+    rho_error: float = 0.0
 
     @property
     def kappa(self) -> float:
@@ -198,11 +201,8 @@ def _clip_mean(m: float) -> float:
 
 def fit_prior(good: Sequence[SampleOutcome], bad: Sequence[SampleOutcome]) -> EndsPrior:
     """Empirical Bayes from the two ends' full runs. With repeats, rho by moments: the spread of
-    per-sample rates is m(1-m)(1 + (R-1) rho)/R. With one run each, from how often the ends agree
-    on a sample, 1 - 2 m(1-m)(1-rho) for an unchanged sample, after taking away the samples the
-    regression must have changed (at least the difference of the two accuracies): the regression
-    as a drop that only breaks samples, the common case; one that also mends some leaves more
-    disagreement, which only lowers rho (weaker, safer evidence)."""
+    per-sample rates is m(1-m)(1 + (R-1) rho)/R. With one run each, from the samples only the
+    lower end got right (`_single_run_rho`)."""
     g, b = by_id(good), by_id(bad)
     shared = [i for i in g if i in b]
     good_mean = _clip_mean(sum(g[i].correct for i in shared) / len(shared)) if shared else 0.5
@@ -215,14 +215,29 @@ def fit_prior(good: Sequence[SampleOutcome], bad: Sequence[SampleOutcome]) -> En
             spread = sum((end[i].correct - m) ** 2 for i in shared) / max(1, len(shared) - 1)
             estimates.append((spread * r / (m * (1 - m)) - 1) / (r - 1))
     if not estimates and shared:
-        # The regression itself changed at least |good_mean - bad_mean| of the samples; the rest of
-        # the disagreement is the noise of single runs.
-        m = (good_mean + bad_mean) / 2
-        agree = sum((g[i].correct >= 0.5) == (b[i].correct >= 0.5) for i in shared) / len(shared)
-        noise = max(0.0, (1 - agree) - abs(good_mean - bad_mean))
-        estimates.append(1 - noise / (2 * m * (1 - m)))
+        rho, error = _single_run_rho([g[i] for i in shared], [b[i] for i in shared], good_mean, bad_mean)
+        return EndsPrior(good_mean, bad_mean, min(MAX_RHO, max(MIN_RHO, rho)), error)
     rho = sum(estimates) / len(estimates) if estimates else 0.5
     return EndsPrior(good_mean, bad_mean, min(MAX_RHO, max(MIN_RHO, rho)))
+
+
+def _single_run_rho(good: Sequence[SampleOutcome], bad: Sequence[SampleOutcome], good_mean: float,
+                    bad_mean: float) -> tuple[float, float]:
+    """(the intraclass correlation, its standard error) from one run of each sample at each end.
+    The lower end is taken as the higher one with some samples broken: a sample the lower end got
+    right and the higher end wrong is then one the regression left alone (a broken one, its rate
+    near 0, almost never lands there); those are a share lo/hi of all, their mean hi, so that
+    share is lo/hi x E[r (1 - r)] = lo (1 - hi)(1 - rho). The same share comes out exactly where
+    every rate fell alike (rates r and r lo/hi: the estimate is then the higher end's
+    correlation), so it holds whichever way the drop came; mending samples too only adds to it,
+    a lower rho: weaker, safer evidence. The error is the binomial one of that count."""
+    hi, lo = max(good_mean, bad_mean), min(good_mean, bad_mean)
+    lower_is_bad = bad_mean <= good_mean
+    n = len(good)
+    only_lower = sum((b if lower_is_bad else g).correct >= 0.5 and (g if lower_is_bad else b).correct < 0.5
+                     for g, b in zip(good, bad, strict=True)) / n
+    scale = 2 * lo * (1 - hi)
+    return 1 - 2 * only_lower / scale, 2 * math.sqrt(only_lower * (1 - only_lower) / n) / scale
 
 
 def _log_beta(a: float, b: float) -> float:
@@ -281,8 +296,8 @@ def fit_joint(good: Sequence[SampleOutcome], bad: Sequence[SampleOutcome]) -> Jo
     """Empirical Bayes by moments over the samples both ends ran. An end's spread of rates is the
     spread of its per-sample results less the noise of its runs (estimated without bias from each
     sample's own runs, x(1-x)/(R-1), where samples ran at least twice, with the standard error the
-    runs' noise leaves in it; from `fit_prior`'s intraclass correlation where they ran once, taken
-    as known); the covariance is the results' own, since the noise of one end's runs is
+    runs' noise leaves in it; from `fit_prior`'s intraclass correlation where they ran once, with
+    that estimate's error); the covariance is the results' own, since the noise of one end's runs is
     independent of the other's. The covariance is kept within what the two spreads allow (a
     correlation of at most 1) and at least 0."""
     g, b = by_id(good), by_id(bad)
@@ -306,7 +321,8 @@ def fit_joint(good: Sequence[SampleOutcome], bad: Sequence[SampleOutcome]) -> Jo
                         + 2 * noise ** 2 * end[i].runs / (end[i].runs - 1)
                         for i, noise in zip(shared, noises, strict=True))
             return max(MIN_VAR, observed - sum(noises) / len(shared)), math.sqrt(error) / len(shared)
-        return max(MIN_VAR, min(observed, ends.rho * mean * (1 - mean))), 0.0
+        return (max(MIN_VAR, min(observed, ends.rho * mean * (1 - mean))),
+                min(observed, ends.rho_error * mean * (1 - mean)))
 
     (sg, error_g), (sb, error_b) = spread(g, var_g, ends.good_mean), spread(b, var_b, ends.bad_mean)
     return JointPrior(ends.good_mean, ends.bad_mean, sg, sb, min(max(0.0, cov), 0.999 * math.sqrt(sg * sb)),

@@ -109,22 +109,6 @@ def test_an_accuracy_step_hands_the_search_its_node_terms_swapped_under_find_fix
     assert evidence.shared_good == (-6.0, -2.0, 0.0) and evidence.shared_log_lr == -3.0
 
 
-def test_an_accuracy_step_hands_the_search_its_spread_blocks() -> None:
-    """Terms in blocks per node of the spreads' rule keep their block count; a count that does not
-    divide the terms is malformed (the ratio alone), and an older figure without one is one block."""
-    terms = {"good": [-3.0, -1.0, 0.0, -2.0, -2.5, -4.0], "bad": [-1.0] * 6}
-
-    def weight(figure: dict[str, object]) -> tuple[int, int]:
-        step = StepRecord(index=4, commit="c4", verdict=Verdict(kind=VerdictKind.GOOD, reason="", figures={
-            "log_likelihood_ratio": -1.5, "ends_error_nodes": figure}))
-        got = accuracy_weight(0.99, 10, find_fix=False)(step)
-        return len(got.good), got.spread_nodes
-
-    assert weight({**terms, "spread_nodes": 3}) == (6, 3)
-    assert weight({**terms, "spread_nodes": 4}) == (0, 1)
-    assert weight(terms) == (6, 1)
-
-
 def test_the_sentences_name_the_culprit_the_range_and_the_end_that_misbehaved() -> None:
     scope = MergeScope(merges=["a" * 40, "b" * 40], bad="f" * 40)
     assert end_messages.found("commit", "c" * 40, "Fix it", find_fix=False, scope=None) == (

@@ -23,10 +23,9 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping
-from functools import lru_cache
 
 import numpy as np
-from numpy.polynomial.hermite_e import hermegauss, hermevander
+from numpy.polynomial.hermite_e import hermegauss
 
 from bisect_npu.search.costs import most_information_per_cost, step_costs
 from bisect_npu.search.types import Decision, EndsWrong, Evidence, Found, Narrowed, Next, Query, SearchProblem
@@ -42,10 +41,6 @@ ANSWER_MAX_STEPS = 6
 # A position is worth asking only while both of its sides hold more than this share of the error
 # the confidence allows.
 TELLING_SHARE = 1e-3
-# Points of the fine grid the shared error's integrand is summed on, between the rule's outer
-# nodes: a few hundred steps make that error's likelihood a peak some 0.05 standard errors wide,
-# which this spacing (about 0.01 for nine nodes) still follows.
-FINE_POINTS = 801
 
 
 def change_point_posterior(n: int, evidence: Mapping[int, Evidence]) -> np.ndarray:
@@ -65,75 +60,27 @@ def change_point_posterior(n: int, evidence: Mapping[int, Evidence]) -> np.ndarr
 def _shared_log_lik(n: int, evidence: Mapping[int, Evidence]) -> np.ndarray | float:
     """For c = 1..n: log of the integral over each end mean's error of the product of the node
     terms, the positions below c taking their good side's, the rest their bad side's. The two
-    ends' errors are independent, so the integral is one per side; where the terms come in blocks
-    over a second shared error (`Weight.spread_nodes`), the two sides' integrals are taken per
-    block and the blocks integrated over their own rule once, both sides together."""
+    ends' errors are independent, so the integral is one per side."""
     inner = {i: ev for i, ev in evidence.items() if 0 < i < n and ev.shared_good}
     if not inner:
         return 0.0
-    first = next(iter(inner.values()))
-    m = first.shared_spread_nodes
-    k = len(first.shared_good) // m
-    good, bad = np.zeros((n + 1, m, k)), np.zeros((n + 1, m, k))
+    k = len(next(iter(inner.values())).shared_good)
+    weights = hermegauss(k)[1]
+    log_w = np.log(weights / weights.sum())
+    good, bad = np.zeros((n + 1, k)), np.zeros((n + 1, k))
     for i, ev in inner.items():
-        good[i], bad[i] = np.reshape(ev.shared_good, (m, k)), np.reshape(ev.shared_bad, (m, k))
+        good[i], bad[i] = ev.shared_good, ev.shared_bad
     below = np.cumsum(good, axis=0)[:-1]  # row x - 1: the good terms of positions < x, x = 1..n
     above = np.cumsum(bad[::-1], axis=0)[::-1][1:]  # row x - 1: the bad terms of positions >= x
-    interpolate = _fine_grid(k)
-    per_block = _log_integral(below, interpolate) + _log_integral(above, interpolate)
-    shared: np.ndarray = _log_mean(per_block, _log_weights(m))
+    shared: np.ndarray = _log_mean(below, log_w) + _log_mean(above, log_w)
     return shared
 
 
-@lru_cache(maxsize=8)
-def _fine_grid(k: int) -> tuple[np.ndarray, np.ndarray]:
-    """(the matrix taking k node values to the fine grid, log of the grid's normal weights).
-
-    The node terms are log likelihoods at the k Gauss-Hermite nodes of an end mean's error; each
-    step's is smooth in that error, and so is their sum, but tens of steps make the sum a peak
-    much narrower than the nodes' spacing (about 1), which the rule's k points integrate coarsely:
-    whichever node happens to lie nearest the peak decides, by tens of nats, between culprits
-    whose steps put the same measurements on different sides. The sum is read between the nodes
-    as the polynomial through them (degree k - 1, exact for a sum of polynomials of that degree,
-    a quadratic's among them), and exp of it summed against the standard normal on a fine grid
-    between the outer nodes (the normal's mass beyond, 1e-5 for nine nodes, left out and the
-    weights made to sum to 1, so a flat integrand's integral stays exact)."""
-    nodes = hermegauss(k)[0]
-    if k == 1:
-        return np.ones((1, 1)), np.zeros(1)
-    fine = np.linspace(nodes[0], nodes[-1], FINE_POINTS)
-    # Coefficients in the probabilists' Hermite basis (well conditioned at these nodes), then values.
-    to_fine = hermevander(fine, k - 1) @ np.linalg.inv(hermevander(nodes, k - 1))
-    log_w = -fine**2 / 2
-    log_w[[0, -1]] += math.log(0.5)  # the trapezoid rule
-    log_w -= log_w.max() + np.log(np.exp(log_w - log_w.max()).sum())
-    return to_fine.T, log_w
-
-
-def _log_integral(terms: np.ndarray, interpolate: tuple[np.ndarray, np.ndarray]) -> np.ndarray:
-    """log sum_j w_j exp(p(z_j)) over the last axis, p the polynomial through the node terms,
-    without overflow. The rows (the first axis) are cumulative sums that change only at the
-    positions asked, so each run of equal rows is integrated once."""
-    to_fine, log_w = interpolate
-    changed = np.ones(len(terms), dtype=bool)
-    changed[1:] = (np.diff(terms, axis=0) != 0).reshape(len(terms) - 1, -1).any(axis=1)
-    total = terms[changed] @ to_fine + log_w
-    result: np.ndarray = _log_mean(total, np.zeros(1))[np.cumsum(changed) - 1]
-    return result
-
-
-def _log_weights(k: int) -> np.ndarray:
-    """log of the probabilists' Gauss-Hermite weights of k nodes, summing to 1."""
-    weights = hermegauss(k)[1]
-    log_w: np.ndarray = np.log(weights / weights.sum())
-    return log_w
-
-
 def _log_mean(terms: np.ndarray, log_w: np.ndarray) -> np.ndarray:
-    """log sum_k w_k exp(terms[..., k]) over the last axis, without overflow."""
+    """log sum_k w_k exp(terms[:, k]), row by row, without overflow."""
     total = terms + log_w
-    top = total.max(axis=-1, keepdims=True)
-    result: np.ndarray = top[..., 0] + np.log(np.exp(total - top).sum(axis=-1))
+    top = total.max(axis=1, keepdims=True)
+    result: np.ndarray = top[:, 0] + np.log(np.exp(total - top).sum(axis=1))
     return result
 
 

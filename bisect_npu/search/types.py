@@ -24,15 +24,11 @@ class Weight:
     that side's end mean at node k) for the K nodes of the probabilists' Gauss-Hermite rule over
     the end mean's error (z_k standard errors off its estimate; one common constant dropped),
     when the step compared against estimated end means: every step shares those ends, so the
-    search integrates over their error once, over all steps together, instead of per step.
-    ``spread_nodes`` (M) > 1: the terms are M blocks of K, one per node of the probabilists'
-    Gauss-Hermite rule of M nodes over another error every step shares, one for both sides (the
-    accuracy oracle's spreads of sample rates), integrated once too, its weights the rule's."""
+    search integrates over their error once, over all steps together, instead of per step."""
 
     log_lr: float
     good: tuple[float, ...] = ()
     bad: tuple[float, ...] = ()
-    spread_nodes: int = 1
 
 
 @dataclass(frozen=True)
@@ -55,7 +51,6 @@ class Evidence:
     shared_good: tuple[float, ...] = ()
     shared_bad: tuple[float, ...] = ()
     shared_log_lr: float = 0.0
-    shared_spread_nodes: int = 1
     measured: tuple[float, ...] = ()
 
     def add(self, outcome: Outcome) -> Evidence:
@@ -71,13 +66,12 @@ class Evidence:
             return replace(self, log_lr=self.log_lr + step)
         if not step.good:
             return replace(self, log_lr=self.log_lr + step.log_lr)
-        if self.shared_good and (len(self.shared_good), self.shared_spread_nodes) != (len(step.good),
-                                                                                    step.spread_nodes):
+        if self.shared_good and len(self.shared_good) != len(step.good):
             raise ValueError("steps of one position carry node terms of different lengths")
         good = tuple(map(sum, zip(self.shared_good or (0.0,) * len(step.good), step.good, strict=True)))
         bad = tuple(map(sum, zip(self.shared_bad or (0.0,) * len(step.bad), step.bad, strict=True)))
         return replace(self, log_lr=self.log_lr + step.log_lr, shared_good=good, shared_bad=bad,
-                       shared_log_lr=self.shared_log_lr + step.log_lr, shared_spread_nodes=step.spread_nodes)
+                       shared_log_lr=self.shared_log_lr + step.log_lr)
 
     def measure(self, values: tuple[float, ...]) -> Evidence:
         """This evidence with more measured values (levels mode)."""
@@ -254,9 +248,8 @@ def validate(problem: SearchProblem, evidence: Mapping[int, Evidence]) -> None:
         raise ValueError(f"earlier runs need 0 <= failed <= runs at each end, got {runs}")
     if any(not math.isfinite(ev.log_lr) for ev in evidence.values()):
         raise ValueError("a log likelihood ratio must be finite (clip it where it is computed)")
-    shared = {(len(ev.shared_good), ev.shared_spread_nodes) for ev in evidence.values() if ev.shared_good}
+    shared = {len(ev.shared_good) for ev in evidence.values() if ev.shared_good}
     if len(shared) > 1 or any(len(ev.shared_good) != len(ev.shared_bad)
-                              or ev.shared_spread_nodes < 1 or len(ev.shared_good) % ev.shared_spread_nodes
                               or not all(map(math.isfinite, ev.shared_good + ev.shared_bad))
                               for ev in evidence.values()):
         raise ValueError("node terms need one length at every position, finite, good and bad alike")

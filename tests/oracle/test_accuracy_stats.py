@@ -302,42 +302,20 @@ def test_where_answers_are_fresh_draws_a_good_candidate_is_not_flagged_on_the_co
 
 def test_where_answers_are_fresh_draws_a_candidate_broken_elsewhere_is_flagged() -> None:
     for seed in range(4):
-        good, bad, mine = _fresh_draw_control(seed, 0.5)
+        good, bad, mine = _fresh_draw_control(seed, 0.6)
         diff, p = stats.control_p(mine, good, bad, stats.fit_joint(good, bad))
         assert diff < -0.1 and p <= 0.01 / 3
 
 
-def test_where_every_rate_falls_alike_a_commit_on_either_side_is_not_flagged() -> None:
-    """82% -> 70%, every answer a fresh draw: the control samples' rates fall with the rest, so a
-    commit on the bad side scores the bad side's rates there (the regression, not something
-    else), and a good commit is not flagged when the good end measured high by chance (here 4
-    points, about three of its standard errors): it scores above the bad side's rates."""
-    flagged = 0
-    for seed in range(6):
-        rng = np.random.default_rng(seed)
-        good = outcomes(rng.binomial(4, 0.86, 200), 4)  # measured 4 points over the good side's 82%
-        bad = outcomes(rng.binomial(4, 0.70, 200), 4)
-        discordant = set(discordant_ids(good, bad))
-        prior = stats.fit_joint(good, bad)
-        for rate in (0.82, 0.70):
-            mine = [SampleOutcome(id=s.id, correct=rng.binomial(4, rate) / 4, runs=4) for s in good
-                    if s.id not in discordant]
-            diff, p = stats.control_p(mine, good, bad, prior)
-            flagged += diff < 0 and p <= 0.01 / 3
-            assert rate < 0.8 or diff > 0.05
-    assert flagged == 0
-
-
 def test_greedy_ends_a_candidate_like_the_good_end_passes_the_control_test_and_one_failing_fails() -> None:
-    """Where answers repeat the bad side's rates on the samples the ends agree on are their
-    results: a candidate that repeats them passes, one failing as many control samples as exact
-    McNemar needed is flagged."""
+    """Where answers repeat the good side's rates are the good end's results: a candidate that
+    repeats them passes, one failing as many control samples as exact McNemar needed is flagged."""
     good = outcomes([1] * 10 + [1] * 60 + [0] * 30)
     bad = outcomes([0] * 10 + [1] * 60 + [0] * 30)
     prior = stats.fit_joint(good, bad)
     control = good[10:]
     diff, p = stats.control_p(control, good, bad, prior)
-    assert diff == pytest.approx(0.0, abs=0.02) and p > 0.25
+    assert diff == pytest.approx(0.0, abs=0.01) and p > 0.25
     failing = [SampleOutcome(id=s.id, correct=0.0) if k < 9 else s for k, s in enumerate(control)]
     diff, p = stats.control_p(failing, good, bad, prior)
-    assert diff == pytest.approx(-9 / 90, abs=0.02) and p <= 0.01 / 3
+    assert diff == pytest.approx(-9 / 90, abs=0.01) and p <= 0.01 / 3

@@ -1,6 +1,5 @@
 """The one rule both measuring oracles give a step's node terms by (oracle/ends_error.py): it
-integrates a standard normal's moments, and each oracle's node terms are one per node (the
-accuracy oracle's, per node of its spreads' rule too)."""
+integrates a standard normal's moments, and each oracle's node terms are one per node."""
 
 from __future__ import annotations
 
@@ -34,4 +33,4 @@ def test_both_oracles_give_one_term_per_node() -> None:
     good = _outcomes([1.0, 0.75, 1.0, 1.0, 0.5, 1.0, 1.0, 0.75] * 4)
     bad = _outcomes([0.25, 0.75, 0.0, 1.0, 0.5, 0.0, 1.0, 0.25] * 4)
     accuracy = step_evidence(_outcomes([0.75, 0.75, 0.5, 1.0, 0.5, 0.25, 1.0, 0.5] * 4), good, bad)
-    assert len(accuracy.good_nodes) == len(accuracy.bad_nodes) == accuracy.spread_nodes * len(NODES)
+    assert len(accuracy.good_nodes) == len(accuracy.bad_nodes) == len(NODES)

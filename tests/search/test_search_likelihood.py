@@ -6,16 +6,10 @@ import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from numpy.polynomial.hermite_e import hermefit, hermegauss, hermeval
+from numpy.polynomial.hermite_e import hermegauss
 
 from bisect_npu.search import EndsWrong, Evidence, Found, Narrowed, Next, Query, SearchProblem, Weight, decide
-from bisect_npu.search.likelihood import (
-    ANSWER_MAX_STEPS,
-    FINE_POINTS,
-    MAX_STEPS,
-    TELLING_SHARE,
-    change_point_posterior,
-)
+from bisect_npu.search.likelihood import ANSWER_MAX_STEPS, MAX_STEPS, TELLING_SHARE, change_point_posterior
 
 
 def problem(n: int, slots: int = 1, confidence: float = 0.99) -> SearchProblem:
@@ -101,141 +95,54 @@ def test_with_the_mass_on_one_commit_its_weakly_judged_parent_is_asked() -> None
     assert decide(problem(20), evidence) == Next((Query(13),))
 
 
-def _integral_over_error(node_terms: np.ndarray) -> float:
-    """integral of exp(p(z)) against the standard normal, p the polynomial through the node terms
-    at the Gauss-Hermite nodes, on a fine grid between the outer nodes (the weights summing to 1)."""
-    nodes = hermegauss(len(node_terms))[0]
-    if len(nodes) == 1:
-        return float(np.exp(node_terms[0]))
-    z = np.linspace(nodes[0], nodes[-1], FINE_POINTS)
-    values = np.exp(hermeval(z, hermefit(nodes, node_terms, len(nodes) - 1)) - z**2 / 2)
-    return float(np.trapezoid(values, z) / np.trapezoid(np.exp(-z**2 / 2), z))
-
-
 def _brute_force_posterior(n: int, evidence: dict[int, Evidence]) -> np.ndarray:
-    """For each c and each node of the spreads' rule, each end's error integrated over the node
-    terms its side's positions summed in that node's block; the blocks weighed by their rule."""
-    first = next(ev for ev in evidence.values() if ev.shared_good)
-    m = first.shared_spread_nodes
-    k = len(first.shared_good) // m
-    spread_weights = hermegauss(m)[1] / hermegauss(m)[1].sum()
+    """Every pair of nodes of the two ends' errors, each position's terms on its side of c."""
+    k = len(next(ev for ev in evidence.values() if ev.shared_good).shared_good)
+    weights = hermegauss(k)[1]
+    weights = weights / weights.sum()
     post = np.zeros(n)
     for c in range(1, n + 1):
-        free, good, bad = 0.0, np.zeros((m, k)), np.zeros((m, k))
-        for i, ev in evidence.items():
-            if not 0 < i < n:
-                continue
-            if i >= c:
-                free += ev.log_lr - ev.shared_log_lr
-                if ev.shared_bad:
-                    bad += np.reshape(ev.shared_bad, (m, k))
-            elif ev.shared_good:
-                good += np.reshape(ev.shared_good, (m, k))
-        post[c - 1] = np.exp(free) * sum(w * _integral_over_error(good[s]) * _integral_over_error(bad[s])
-                                         for s, w in enumerate(spread_weights))
+        for kg, wg in enumerate(weights):
+            for kb, wb in enumerate(weights):
+                total = 0.0
+                for i, ev in evidence.items():
+                    if not 0 < i < n:
+                        continue
+                    free = ev.log_lr - ev.shared_log_lr
+                    if i >= c:
+                        total += free + (ev.shared_bad[kb] if ev.shared_bad else 0.0)
+                    elif ev.shared_good:
+                        total += ev.shared_good[kg]
+                post[c - 1] += wg * wb * np.exp(total)
     return post / post.sum()
 
 
 @settings(max_examples=40, deadline=None)
-@given(st.integers(2, 7), st.integers(1, 9), st.integers(1, 3), st.data())
-def test_the_ends_error_is_integrated_once_over_every_step(n: int, k: int, m: int, data: st.DataObject) -> None:
-    """Steps sharing the ends: the posterior integrates their node terms over the ends' error
-    jointly, and over the spreads' nodes (`m` blocks) once, both sides together."""
-    terms = st.lists(st.floats(-6, 0), min_size=m * k, max_size=m * k).map(tuple)
+@given(st.integers(2, 7), st.integers(1, 5), st.data())
+def test_the_ends_error_is_integrated_once_over_every_step(n: int, k: int, data: st.DataObject) -> None:
+    """Steps sharing the ends: the posterior integrates their node terms over the ends' error jointly."""
+    terms = st.lists(st.floats(-6, 0), min_size=k, max_size=k).map(tuple)
     evidence: dict[int, Evidence] = {0: Evidence(good=1), n: Evidence(bad=1)}
     for i in range(1, n):
         ev = Evidence(good=1)
         for _ in range(data.draw(st.integers(0, 2))):
             good, bad = data.draw(terms), data.draw(terms)
-            ev = ev.weigh(Weight(data.draw(st.floats(-5, 5)), good, bad, m))
+            ev = ev.weigh(Weight(data.draw(st.floats(-5, 5)), good, bad))
         evidence[i] = ev.weigh(data.draw(st.floats(-3, 3)))  # a step without node terms: its ratio alone
-    if not any(ev.shared_good for ev in evidence.values()):
-        evidence[1] = evidence[1].weigh(Weight(0.0, data.draw(terms), data.draw(terms), m))
-    np.testing.assert_allclose(change_point_posterior(n, evidence), _brute_force_posterior(n, evidence), atol=1e-9)
+    np.testing.assert_allclose(change_point_posterior(n, evidence), _brute_force_posterior(n, evidence)
+                               if any(ev.shared_good for ev in evidence.values())
+                               else change_point_posterior(n, {i: Evidence(log_lr=ev.log_lr)
+                                                                for i, ev in evidence.items()}), atol=1e-9)
 
 
-def test_the_spreads_error_is_shared_not_paid_per_step() -> None:
-    """Ten steps at one position, each fitting the good side only at the spreads' low node (the
-    spread estimate high by chance, as with fresh draws at four runs a sample): integrated once,
-    the good side pays that node's weight once; mixed per step it paid it ten times and lost to
-    a bad side it fits worse at every node."""
-    good_step = (0.0, -20.0, -40.0)  # the low spread node, the estimate, the high one
-    bad_step = (-1.0, -1.5, -3.0)
-    evidence = {0: Evidence(good=1), 2: Evidence(bad=1), 1: Evidence(good=1)}
-    for _ in range(10):
-        evidence[1] = evidence[1].weigh(Weight(0.0, good_step, bad_step, 3))
-    post = change_point_posterior(2, evidence)  # [P(c = 1): position 1 bad, P(c = 2): good]
-    assert post[1] > 0.999
-    spread_w = hermegauss(3)[1] / hermegauss(3)[1].sum()
-    per_step = 10 * (np.log(spread_w @ np.exp(bad_step)) - np.log(spread_w @ np.exp(good_step)))
-    assert per_step > 0  # what mixing per step said: the bad side
-
-
-def test_steps_of_one_position_carry_one_block_layout() -> None:
-    with pytest.raises(ValueError, match="different lengths"):
-        Evidence().weigh(Weight(0.0, (0.0,) * 9, (0.0,) * 9)).weigh(Weight(0.0, (0.0,) * 9, (0.0,) * 9, 3))
-
-
-def test_steps_without_node_terms_weigh_their_ratios_alone() -> None:
-    """No step carried node terms: the posterior is the product of the ratios, nothing integrated."""
-    ratios = {1: 0.7, 2: -1.5, 3: 2.0}
-    evidence = {i: Evidence(good=1).weigh(Weight(r)) for i, r in ratios.items()}
-    suffix = np.cumsum([0.0, *ratios.values(), 0.0][::-1])[::-1][1:]
-    expected = np.exp(suffix) / np.exp(suffix).sum()
-    np.testing.assert_allclose(change_point_posterior(4, evidence), expected, rtol=1e-12)
-
-
-NODES9 = hermegauss(9)[0]
-WEIGHTS9 = hermegauss(9)[1] / hermegauss(9)[1].sum()
-
-
-def _one_step_posterior(good: np.ndarray, bad: np.ndarray) -> float:
-    """P(c = 1) for n = 2 with one step at position 1 carrying only node terms."""
-    step = Weight(0.0, tuple(map(float, good)), tuple(map(float, bad)))
-    return float(change_point_posterior(2, {0: Evidence(good=1), 1: Evidence(good=1).weigh(step),
-                                            2: Evidence(bad=1)})[0])
-
-
-def test_a_broad_integrand_integrates_as_the_nodes_do() -> None:
-    """Few steps (a likelihood of the error broad next to the normal): the nodes' rule was right,
-    and the fine integral agrees with it."""
-    good = -0.15 * (NODES9 - 0.5) ** 2 + 0.01 * NODES9**3
-    bad = -0.3 * (NODES9 + 1.0) ** 2
-    rule = np.log(WEIGHTS9 @ np.exp(bad)) - np.log(WEIGHTS9 @ np.exp(good))
-    assert _one_step_posterior(good, bad) == pytest.approx(1 / (1 + np.exp(-rule)), abs=1e-4)
-
-
-def _exact_log_integral(f: object) -> float:
-    """log of the integral of exp(f(z)) against the standard normal, on a wide fine grid."""
-    z = np.linspace(-12, 12, 24_001)
-    values = f(z) - z**2 / 2  # type: ignore[operator]
-    top = values.max()
-    return float(top + np.log(np.trapezoid(np.exp(values - top), z) / np.sqrt(2 * np.pi)))
-
-
-def test_a_sharp_integrand_is_integrated_between_the_nodes() -> None:
-    """Tens of steps: their summed log terms make a peak far narrower than the nodes' spacing
-    (here 60 t log densities, and a quadratic that falls 15 and 82 nats one node either side of
-    its best node, as on a tuning seed of issue 51). The posterior matches the exact integral of
-    the smooth function, where the nodes' rule alone is far off (over-sure)."""
-    rng = np.random.default_rng(3)
-    shifts = 0.4 + rng.standard_normal(60)
-
-    def good_f(z: np.ndarray) -> np.ndarray:
-        u = shifts[:, None] - 0.5 * np.asarray(z)[None, :]
-        return -(6 / 2) * np.log1p(u**2 / 5).sum(axis=0)
-
-    # a quadratic through (z_4, 0), (z_5, -15), (z_3, -82) around the node z_4 = 0
-    a_, b_ = np.polyfit([NODES9[3], NODES9[4], NODES9[5]], [-82.0, 0.0, -15.0], 2)[:2]
-
-    def bad_f(z: np.ndarray) -> np.ndarray:
-        return a_ * np.asarray(z) ** 2 + b_ * np.asarray(z)
-
-    exact = _exact_log_integral(bad_f) - _exact_log_integral(good_f)
-    rule = np.log(WEIGHTS9 @ np.exp(bad_f(NODES9))) - np.log(WEIGHTS9 @ np.exp(good_f(NODES9)))
-    fine = _one_step_posterior(good_f(NODES9), bad_f(NODES9))
-    assert fine == pytest.approx(1 / (1 + np.exp(-exact)), abs=1e-4)
-    assert abs(rule - exact) > 0.5
+def test_a_lone_step_weighs_what_its_node_terms_integrate_to() -> None:
+    """One step, alone: the joint integral is its own, so the posterior is that of its ratio."""
+    weights = hermegauss(3)[1] / hermegauss(3)[1].sum()
+    good, bad = (0.0, -4.0, -9.0), (-7.0, -6.0, -2.0)
+    ratio = float(np.log(weights @ np.exp(bad)) - np.log(weights @ np.exp(good)))
+    shared = {0: Evidence(good=1), 2: Evidence(bad=1), 1: Evidence(good=1).weigh(Weight(ratio, good, bad))}
+    alone = {0: Evidence(good=1), 2: Evidence(bad=1), 1: Evidence(good=1, log_lr=ratio)}
+    np.testing.assert_allclose(change_point_posterior(2, shared), change_point_posterior(2, alone))
 
 
 def test_a_position_that_cannot_move_the_undecided_mass_is_not_asked() -> None:

@@ -46,8 +46,8 @@ def _draw(commit: str, sample_id: str) -> str:
 def smallest_control(cfg: AccuracyConfig) -> int:
     """The fewest control samples worth running: the judge's control test (`stats.control_p`)
     reaches its level (1 - confidence over ``max_rounds`` looks) on a set this size all failing
-    whenever a bad-side commit would get each right at least half the time (2^-n <= alpha), and a
-    smaller set cannot reach it at even odds. Where the bad side's rates are surer (answers that
+    whenever a good commit would get each right at least half the time (2^-n <= alpha), and a
+    smaller set cannot reach it at even odds. Where the good side's rates are surer (answers that
     repeat) fewer failures flag; a set too small for even odds is still left out (its runs would
     tell nothing where answers are fresh draws)."""
     return math.ceil(math.log2(cfg.max_rounds / (1.0 - cfg.confidence)))

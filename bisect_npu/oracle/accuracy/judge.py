@@ -172,8 +172,7 @@ def _judge_candidate(cfg: AccuracyConfig, mine: list[SampleOutcome], good: list[
     if evidence.good_nodes:
         # The search integrates the ends' shared error once over every step (search.Weight).
         figures["ends_error_nodes"] = {"good": [round(t, 4) for t in evidence.good_nodes],
-                                       "bad": [round(t, 4) for t in evidence.bad_nodes],
-                                       "spread_nodes": evidence.spread_nodes}
+                                       "bad": [round(t, 4) for t in evidence.bad_nodes]}
     by_ratio = VerdictKind.BAD if log_lr >= bound else VerdictKind.GOOD if log_lr <= -bound else None
     if cfg.reference == "both" and check is not None and check.verdict == "bad":
         by_ratio = VerdictKind.BAD
@@ -181,7 +180,7 @@ def _judge_candidate(cfg: AccuracyConfig, mine: list[SampleOutcome], good: list[
     text = (f"scores like the {side} end on {len(mine)} samples (log likelihood ratio {log_lr:+.2f}, "
             f"bound {bound:.2f}); accuracy {_points(figures['accuracy'])} on those")
     if broken_elsewhere:
-        text = (f"broken elsewhere: {control_diff * 100:+.1f} points against the bad side's rates on {len(control)} "
+        text = (f"broken elsewhere: {control_diff * 100:+.1f} points against the good side's rates on {len(control)} "
                 f"control samples the ends agree on (p = {control_p:.3g})")
     return _verdict(by_ratio, text, figures, rounds, cfg, VerdictKind.BAD if log_lr > 0 else VerdictKind.GOOD, final)
 

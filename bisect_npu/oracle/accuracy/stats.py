@@ -14,9 +14,9 @@ Four questions, each answered at the recipe's confidence:
   alpha), so a step may stop the moment it crosses a Wald bound and the search may multiply the
   ratios of several steps.
 - Is a focused candidate broken elsewhere? Its correct runs on the control samples (those the
-  ends agree on) against what the bad side's rates given both ends' runs predict
-  (`control_p`): worse than either side, not merely on the bad side, and not against the ends'
-  own results, which lean high on samples picked because the ends agreed.
+  ends agree on) against what the good side's rates given both ends' runs predict
+  (`control_p`), not against the good end's own results, which lean high on samples picked
+  because the ends agreed.
 - Is a score below ``baseline - threshold``? A one-sided interval around the mean of the
   per-sample rates; with several rounds alpha is spent evenly over them (Bonferroni), so looking
   after every round keeps the error rate.
@@ -406,27 +406,22 @@ def mean_errors(good: Sequence[SampleOutcome], bad: Sequence[SampleOutcome],
 
 def control_p(candidate: Sequence[SampleOutcome], good: Sequence[SampleOutcome], bad: Sequence[SampleOutcome],
               prior: JointPrior) -> tuple[float, float]:
-    """(mean of the candidate's rates less the bad side's expected ones, one-sided p of "fewer
-    correct runs than a commit on the bad side gives") on the control samples it ran. Broken
-    elsewhere means worse than either side: on samples the ends agree on the bad side's rates
-    are the good side's where a regression breaks a few samples, and lower where it lowers every
-    rate, so a commit on the bad side is never flagged for the regression itself, and a commit on
-    the good side is not flagged when the good end happened to measure high (its error, one shared
-    by every step, would flag good commit after good commit and name the first commit). The
-    reference is each sample's rate given both ends' runs (`side_rates`), not an end's own
-    results: samples are picked because the ends' runs agreed, so where runs barely repeat the
-    ends' results on them lean high by selection, while the posterior rate accounts for that
-    choice (and where answers repeat it is the ends' result). Exact: the beta-binomial counts of
-    the samples convolved, the bad side's mean integrated over its error (`mean_errors`,
-    `NODES`) as a step's likelihoods are, since that error is shared by every sample."""
+    """(mean of the candidate's rates less the good side's expected ones, one-sided p of "fewer
+    correct runs than a good commit gives") on the control samples it ran. The reference is each
+    sample's good-side rate given both ends' runs (`side_rates`), not the good end's own results:
+    samples are picked because the ends' runs agreed, so where runs barely repeat the good end's
+    results on them lean high by selection, while the posterior rate accounts for that choice
+    (and where answers repeat it is the good end's result). Exact: the beta-binomial counts of
+    the samples convolved, the good side's mean integrated over its error (`mean_errors`, `NODES`)
+    as a step's likelihoods are, since that error is shared by every sample."""
     g, b = by_id(good), by_id(bad)
-    rows = [(round(s.correct_runs), s.runs, side_rates(prior, g.get(s.id), b.get(s.id)).bad)
+    rows = [(round(s.correct_runs), s.runs, side_rates(prior, g.get(s.id), b.get(s.id)).good)
             for s in candidate if s.runs > 0]
     if not rows:
         return 0.0, 1.0
     diff = sum(k / n - rate[0] for k, n, rate in rows) / len(rows)
     observed = sum(k for k, _, _ in rows)
-    error = mean_errors(good, bad, prior)[1]
+    error = mean_errors(good, bad, prior)[0]
     tail = sum(w * _lower_tail(rows, observed, z * error) for z, w in zip(NODES, WEIGHTS, strict=True))
     return diff, min(1.0, tail / math.sqrt(2 * math.pi))
 
@@ -492,15 +487,11 @@ def _spread_priors(prior: JointPrior) -> list[tuple[float, JointPrior]]:
 class StepEvidence:
     """A candidate step's log likelihood ratio, and (when that ratio is the integrated one) its
     log likelihoods per node of each end mean's error (`NODES`, one common constant dropped), for
-    a search that integrates the shared ends' error once over all its steps. Where the spreads'
-    error is averaged over (`_SPREAD_NODES`), the terms hold one block of `NODES` per spread node
-    (``spread_nodes`` blocks, in that rule's order, its weights left to the search): the spreads
-    are as shared by every step as the means are, so they too are integrated once, not per step."""
+    a search that integrates the shared ends' error once over all its steps."""
 
     log_lr: float
     good_nodes: tuple[float, ...] = ()
     bad_nodes: tuple[float, ...] = ()
-    spread_nodes: int = 1
 
 
 def step_evidence(candidate: Sequence[SampleOutcome], good: Sequence[SampleOutcome],
@@ -549,9 +540,8 @@ def step_evidence(candidate: Sequence[SampleOutcome], good: Sequence[SampleOutco
         return StepEvidence(0.0)
     if abs(clipped) <= abs(integrated):
         return StepEvidence(clipped)
-    top = max(max(at) for at in (*good_at, *bad_at))
-    return StepEvidence(integrated, tuple(t - top for at in good_at for t in at),
-                        tuple(t - top for at in bad_at for t in at), len(spreads))
+    top = max(*nodes_good, *nodes_bad)
+    return StepEvidence(integrated, tuple(t - top for t in nodes_good), tuple(t - top for t in nodes_bad))
 
 
 def log_likelihood_ratio(candidate: Sequence[SampleOutcome], good: Sequence[SampleOutcome],

@@ -68,10 +68,10 @@ def accuracy_weight(confidence: float | None, last: int, *, find_fix: bool) -> C
                 return search.Weight(0.0)
             bound = math.log(confidence / (1 - confidence))
             value = bound if step.verdict.kind == "bad" else -bound
-        good, bad, spread = _nodes(step.verdict.figures.get("ends_error_nodes"))
+        good, bad = _nodes(step.verdict.figures.get("ends_error_nodes"))
         if find_fix:
-            return search.Weight(-float(value), bad, good, spread)
-        return search.Weight(float(value), good, bad, spread)
+            return search.Weight(-float(value), bad, good)
+        return search.Weight(float(value), good, bad)
 
     return weigh
 
@@ -94,18 +94,16 @@ def measured_runs(step: StepRecord) -> tuple[float, ...]:
     return tuple(v for v in values if math.isfinite(v)) if len(values) == len(samples) else ()
 
 
-def _nodes(figure: object) -> tuple[tuple[float, ...], tuple[float, ...], int]:
-    """The good and bad sides' node terms of a verdict's figure and their blocks over the spreads'
-    nodes (`search.Weight`; 1 where the figure has none), or no terms when it is missing or
+def _nodes(figure: object) -> tuple[tuple[float, ...], tuple[float, ...]]:
+    """The good and bad sides' node terms of a verdict's figure, or none when it is missing or
     malformed (the step then weighs its ratio alone)."""
     if not isinstance(figure, dict):
-        return (), (), 1
-    good, bad, spread = figure.get("good"), figure.get("bad"), figure.get("spread_nodes", 1)
+        return (), ()
+    good, bad = figure.get("good"), figure.get("bad")
     if not (isinstance(good, list) and isinstance(bad, list) and good and len(good) == len(bad)
-            and isinstance(spread, int) and not isinstance(spread, bool) and spread >= 1 and len(good) % spread == 0
             and all(isinstance(t, int | float) and math.isfinite(t) for t in good + bad)):
-        return (), (), 1
-    return tuple(float(t) for t in good), tuple(float(t) for t in bad), spread
+        return (), ()
+    return tuple(float(t) for t in good), tuple(float(t) for t in bad)
 
 
 class StoreLedger(Generic[Thing]):

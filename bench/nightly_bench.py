@@ -71,6 +71,10 @@ the baseline.
 A commit whose parent cannot be built (its own code fails to build) cannot be named by any tool:
 the best answer that history allows is the range from the last buildable commit before it to it.
 The table counts both: "culprit named" and "best answer" (the culprit, or exactly that range).
+A throughput drop of at most the line's gap (`--drop 0.03` or less) leaves the bad side not under
+the line: the ends judged wrong (exit 4, "the ends do not differ past the line") is a best answer
+there too, beside the culprit; any other culprit named is wrong. The notes count the ends judged
+wrong.
 """
 
 from __future__ import annotations

@@ -7,15 +7,19 @@ evidence about both means, the spread and where the change lies, so nothing is m
 and then taken as a fixed reference: for each culprit position c the likelihood of all runs is
 integrated over both means (flat priors) and the spread in closed form,
 
-    P(runs | c) ~ (n_L n_R)^(-1/2) S(c)^(-(N-2)/2) P(mu_bad < threshold x mu_good | runs, c),
+    P(runs | c) ~ (n_L n_R)^(-1/2) S(c)^(-(N-2)/2) (2w P(under | runs, c) + 2(1 - w) P(over | runs, c)),
 
 n_L and n_R the runs left and right of c, S(c) their squared deviations from each side's own mean,
 N all runs. The spread's prior is 1/sigma times two pseudo-runs as wide as the line's gap at the
 runs' level (``SPREAD_PRIOR_RUNS``, conjugate: their squares join S(c) and their count N): with
 1/sigma alone a few runs that lie close by chance make every step sure, and a search that stops
-the first time it is sure stops on exactly those. The last factor is the recipe's own rule: the
-bad side lies under the line (the threshold's share of the good side), a Student's t probability
-with N - 2 degrees of freedom.
+the first time it is sure stops on exactly those. The last factor is the recipe's own rule as a
+prior, not a given: the bad side lies under the line (the threshold's share of the good side,
+P(under), a Student's t probability with N - 2 degrees of freedom) with prior w
+(``UNDER_LINE_PRIOR``), over it with 1 - w. Taken as given, a drop short of the line put the
+change where a few runs of the bad side happened to lie low; as a prior, the line moves the odds
+between two positions by at most w / (1 - w), and the runs say where the change is whatever its
+size.
 The posterior over c is that likelihood under a uniform prior. Where the recipe publishes the good
 side's level (a nightly case's `baseline`, in the runs' unit), the good side's mean is normal about
 it instead of flat, its variance the spread's squared over a worth in runs (``BASELINE_PRIOR``, a
@@ -40,7 +44,8 @@ on: the entropy would still pay for runs that only reorder the small masses far 
 are asked like any position: a run of either sharpens the means every step is judged by, and
 nothing makes them special but that the posterior never puts the change outside them. The answer
 is the block of positions that skips cannot split holding ``confidence``; the ends are wrong when
-the runs make it ``confidence`` sure that the bad end does not lie under the good end's line.
+the model over the session's runs makes it ``confidence`` sure that the bad side does not lie
+under the good side's line (``ends_under_line``).
 """
 
 from __future__ import annotations
@@ -197,9 +202,10 @@ def _log_lik_of_sums(count: np.ndarray, total: np.ndarray, squares: np.ndarray, 
 def _flat_good_side(mean_left: np.ndarray, n_left: np.ndarray, mean_right: np.ndarray, n_right: np.ndarray,
                     within: np.ndarray, runs: float, center: float, threshold: float,
                     level: np.ndarray) -> np.ndarray:
-    """Both means flat a priori: (n_L n_R)^(-1/2) S^(-(N-2)/2), S and N with the spread's
-    pseudo-runs (``SPREAD_PRIOR_RUNS``, read at ``level``). The counts may be weights (a run of the
-    nightly's host counts ``worth``), ``runs`` every value's count."""
+    """Both means flat a priori, under the line with ``UNDER_LINE_PRIOR``: (n_L n_R)^(-1/2)
+    S^(-(N-2)/2) (2w P(under) + 2(1 - w) P(over)), S and N with the spread's pseudo-runs
+    (``SPREAD_PRIOR_RUNS``, read at ``level``). The counts may be weights (a run of the nightly's
+    host counts ``worth``), ``runs`` every value's count."""
     log_lik, log_under, log_over = _flat_sides(mean_left, n_left, mean_right, n_right, within, runs, center,
                                                threshold, level)
     mixed: np.ndarray = log_lik + np.logaddexp(math.log(2 * UNDER_LINE_PRIOR) + log_under,
@@ -210,8 +216,9 @@ def _flat_good_side(mean_left: np.ndarray, n_left: np.ndarray, mean_right: np.nd
 def _flat_sides(mean_left: np.ndarray, n_left: np.ndarray, mean_right: np.ndarray, n_right: np.ndarray,
                 within: np.ndarray, runs: float, center: float,
                 threshold: float, level: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """Per split: ``_flat_good_side``'s log likelihood, and log P(the bad side's mean under the
-    line | the runs, c): threshold x mu_good - mu_bad > 0, its error Student's t."""
+    """Per split: the log likelihood with the means flat anywhere, and log P(the bad side's mean
+    under the line | the runs, c) and over it: threshold x mu_good - mu_bad > 0, its error
+    Student's t."""
     within = np.maximum(within, np.max(within, axis=-1, keepdims=True) * 1e-12 + _TINY)
     within, df = _with_spread_prior(within, runs, level, threshold)
     gap = threshold * (mean_left + center) - (mean_right + center)
@@ -365,9 +372,10 @@ def measured_runs(evidence: Mapping[int, Evidence]) -> dict[int, tuple[float, ..
 
 def ends_under_line(n: int, runs: Mapping[int, Sequence[float]], threshold: float) -> float:
     """P(the bad side's mean < threshold x the good side's mean | the runs): the line asked of the
-    change-point model over the session's runs (both means flat, the spread under the posterior's
-    prior), P(under the line | c) weighed by P(c). Every run on either side speaks for its
-    level, not the ends' alone; a split the runs do not favour weighs little."""
+    change-point model over the session's runs (both means flat, the line's prior
+    ``UNDER_LINE_PRIOR``, the spread under the posterior's prior): P(under the line | c) weighed by
+    P(c). Every run on either side speaks for its level, not the ends' alone; a split the runs do
+    not favour weighs little."""
     center = _center(runs)
     count, total, squares = _side_sums(n, runs, center)
     level = _level(count, total, center)

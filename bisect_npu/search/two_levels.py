@@ -86,13 +86,6 @@ LATE_SHARE = 0.8
 OPEN_SHARE = 1e-3
 # Runs each end has before the ends are judged wrong.
 END_RUNS_BEFORE_WRONG = 2
-# The prior that the bad side lies under the line (the rest: over it, a smaller drop or none): the
-# bisection is asked because the bad end failed the line, so mostly it does, but the runs must be
-# able to say it does not. At 1 (the line taken as given) a drop over the line put the culprit
-# where a few runs of the bad side happened to lie low, named wrong at 0.99; at 0.5 (no lean) the
-# line no longer rules out the splits whose bad side is not under it, about 0.5 runs more a
-# bisection at a 7% drop (docs/benchmarks.md, issue 51).
-UNDER_LINE_PRIOR = 0.9
 # The spread's prior: as much as this many runs spread as wide as the line's gap (the recipe's
 # share under the good side, at the runs' level), with the 1/sigma prior. With the spread flat in
 # its log, a few runs that happen to lie close together make it look narrow and every step sure;
@@ -106,6 +99,13 @@ SPREAD_PRIOR_RUNS = 2.0
 # by about ten, a hundred or a thousand spreads (another host, another load, another unit), each
 # as likely: the runs weigh the four in closed form, so a wrong baseline costs runs, not the answer.
 BASELINE_PRIOR = ((1.0, 0.25), (1e-2, 0.25), (1e-4, 0.25), (1e-6, 0.25))
+# The prior that the bad side lies under the line (the rest: over it, a smaller drop or none): the
+# bisection is asked because the bad end failed the line, so mostly it does, but the runs must be
+# able to say it does not. At 1 (the line taken as given) a drop over the line put the culprit
+# where a few runs of the bad side happened to lie low, named wrong at 0.99; at 0.5 (no lean) the
+# line no longer rules out the splits whose bad side is not under it, about 0.5 runs more a
+# bisection at a 7% drop (docs/benchmarks.md, issue 51).
+UNDER_LINE_PRIOR = 0.9
 
 
 def _log_beta_inc(a: float, b: float, x: np.ndarray) -> np.ndarray:

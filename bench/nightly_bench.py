@@ -71,6 +71,10 @@ the baseline.
 A commit whose parent cannot be built (its own code fails to build) cannot be named by any tool:
 the best answer that history allows is the range from the last buildable commit before it to it.
 The table counts both: "culprit named" and "best answer" (the culprit, or exactly that range).
+A throughput drop of at most the line's gap (`--drop 0.03` or less) leaves the bad side not under
+the line: the ends judged wrong (exit 4, "the ends do not differ past the line") is a best answer
+there too, beside the culprit; any other culprit named is wrong. The notes count the ends judged
+wrong.
 """
 
 from __future__ import annotations
@@ -99,7 +103,7 @@ from bisect_npu.orchestration.running.accuracy import AccuracySteps, role_of
 from bisect_npu.orchestration.session import search_mode_for
 from bisect_npu.recipe.schema import Recipe
 from bisect_npu.records import StepRecord, TrialRun
-from bisect_npu.search import Evidence, Found, Narrowed, Next, SearchProblem, decide
+from bisect_npu.search import EndsWrong, Evidence, Found, Narrowed, Next, SearchProblem, decide
 
 SAMPLES = 100
 GOOD_ACC, BAD_ACC, RHO, BROKEN_RATE, THRESHOLD = 0.96, 0.88, 0.5, 0.05, 4.0
@@ -167,6 +171,12 @@ class World:
         mean = GOOD_TPUT * (1 - self.drop) if self.breaks == "throughput" and self.bad_at(i) else GOOD_TPUT
         return float(self.rng.normal(mean, self.spread * GOOD_TPUT))
 
+    @property
+    def over_line(self) -> bool:
+        """Whether the throughput's bad side is not under the recipe's line (a drop of at most its
+        gap): "the ends do not differ past the line" (exit 4) is then as right as the culprit."""
+        return self.breaks == "throughput" and self.drop <= 1 - TPUT_THRESHOLD + 1e-9
+
     def best_range(self) -> tuple[int, int]:
         """The narrowest answer the builds allow: (last buildable commit before the culprit, culprit]."""
         lo = self.culprit - 1
@@ -182,6 +192,7 @@ class Outcome:
     runs: int
     samples: int = 0
     wrong: bool = False  # another commit named as the culprit (exit 0)
+    ends_wrong: bool = False  # the ends judged wrong (exit 4)
 
 
 def blocked(world: World) -> bool:
@@ -337,8 +348,11 @@ class Ours:
     def outcome(self, decision: object) -> Outcome:
         named = isinstance(decision, Found) and decision.index == self.world.culprit
         lo, hi = self.world.best_range()
-        best = named or (isinstance(decision, Narrowed) and (decision.lo, decision.hi) == (lo, hi))
-        return Outcome(named, best, self.runs, self.samples, wrong=isinstance(decision, Found) and not named)
+        ends_wrong = isinstance(decision, EndsWrong)
+        best = (named or (isinstance(decision, Narrowed) and (decision.lo, decision.hi) == (lo, hi))
+                or (ends_wrong and self.world.over_line))
+        return Outcome(named, best, self.runs, self.samples, wrong=isinstance(decision, Found) and not named,
+                       ends_wrong=ends_wrong)
 
     def bisect(self) -> Outcome:
         if self.levels and self.recipe.oracle.throughput is not None:
@@ -464,8 +478,10 @@ def ours_in_session(world: World, history: SessionHistory, seed: int, nightly: t
         shutil.rmtree(where, ignore_errors=True)
     named = result.status == "found" and result.culprit == shas[world.culprit]
     lo, hi = world.best_range()
-    best = named or (result.status == "narrowed" and result.range == (shas[lo], shas[hi]))
-    return Outcome(named, best, stand_in.runs, wrong=result.status == "found" and not named)
+    ends_wrong = result.status == "ends_wrong"
+    best = (named or (result.status == "narrowed" and result.range == (shas[lo], shas[hi]))
+            or (ends_wrong and world.over_line))
+    return Outcome(named, best, stand_in.runs, wrong=result.status == "found" and not named, ends_wrong=ends_wrong)
 
 
 def make_world(seed: int, n: int, breaks: str, pin_moves: bool, drop: float = TPUT_DROP,
@@ -549,7 +565,8 @@ def main() -> None:
                              f"with the commit before it unbuildable, {sum(not blocked(w) for w in misses)} else; "
                              f"{len(wrong)} answers not the best the builds allow; "
                              f"{sum(r.wrong for r in mine)} wrong culprits named with exit 0 "
-                             f"({np.mean([r.wrong for r in mine]):.2%})")
+                             f"({np.mean([r.wrong for r in mine]):.2%}); {sum(r.ends_wrong for r in mine)} "
+                             f"ends judged wrong (exit 4)")
     for note in notes:
         print(note)
     if args.work is None:

@@ -7,15 +7,19 @@ evidence about both means, the spread and where the change lies, so nothing is m
 and then taken as a fixed reference: for each culprit position c the likelihood of all runs is
 integrated over both means (flat priors) and the spread in closed form,
 
-    P(runs | c) ~ (n_L n_R)^(-1/2) S(c)^(-(N-2)/2) P(mu_bad < threshold x mu_good | runs, c),
+    P(runs | c) ~ (n_L n_R)^(-1/2) S(c)^(-(N-2)/2) (2w P(under | runs, c) + 2(1 - w) P(over | runs, c)),
 
 n_L and n_R the runs left and right of c, S(c) their squared deviations from each side's own mean,
 N all runs. The spread's prior is 1/sigma times two pseudo-runs as wide as the line's gap at the
 runs' level (``SPREAD_PRIOR_RUNS``, conjugate: their squares join S(c) and their count N): with
 1/sigma alone a few runs that lie close by chance make every step sure, and a search that stops
-the first time it is sure stops on exactly those. The last factor is the recipe's own rule: the
-bad side lies under the line (the threshold's share of the good side), a Student's t probability
-with N - 2 degrees of freedom.
+the first time it is sure stops on exactly those. The last factor is the recipe's own rule as a
+prior, not a given: the bad side lies under the line (the threshold's share of the good side,
+P(under), a Student's t probability with N - 2 degrees of freedom) with prior w
+(``UNDER_LINE_PRIOR``), over it with 1 - w. Taken as given, a drop short of the line put the
+change where a few runs of the bad side happened to lie low; as a prior, the line moves the odds
+between two positions by at most w / (1 - w), and the runs say where the change is whatever its
+size.
 The posterior over c is that likelihood under a uniform prior. Where the recipe publishes the good
 side's level (a nightly case's `baseline`, in the runs' unit), the good side's mean is normal about
 it instead of flat, its variance the spread's squared over a worth in runs (``BASELINE_PRIOR``, a
@@ -40,7 +44,8 @@ on: the entropy would still pay for runs that only reorder the small masses far 
 are asked like any position: a run of either sharpens the means every step is judged by, and
 nothing makes them special but that the posterior never puts the change outside them. The answer
 is the block of positions that skips cannot split holding ``confidence``; the ends are wrong when
-the runs make it ``confidence`` sure that the bad end does not lie under the good end's line.
+the model over the session's runs makes it ``confidence`` sure that the bad side does not lie
+under the good side's line (``ends_under_line``).
 """
 
 from __future__ import annotations
@@ -94,6 +99,13 @@ SPREAD_PRIOR_RUNS = 2.0
 # by about ten, a hundred or a thousand spreads (another host, another load, another unit), each
 # as likely: the runs weigh the four in closed form, so a wrong baseline costs runs, not the answer.
 BASELINE_PRIOR = ((1.0, 0.25), (1e-2, 0.25), (1e-4, 0.25), (1e-6, 0.25))
+# The prior that the bad side lies under the line (the rest: over it, a smaller drop or none): the
+# bisection is asked because the bad end failed the line, so mostly it does, but the runs must be
+# able to say it does not. At 1 (the line taken as given) a drop over the line put the culprit
+# where a few runs of the bad side happened to lie low, named wrong at 0.99; at 0.5 (no lean) the
+# line no longer rules out the splits whose bad side is not under it, about 0.5 runs more a
+# bisection at a 7% drop (docs/benchmarks.md, issue 51).
+UNDER_LINE_PRIOR = 0.9
 
 
 def _log_beta_inc(a: float, b: float, x: np.ndarray) -> np.ndarray:
@@ -190,17 +202,29 @@ def _log_lik_of_sums(count: np.ndarray, total: np.ndarray, squares: np.ndarray, 
 def _flat_good_side(mean_left: np.ndarray, n_left: np.ndarray, mean_right: np.ndarray, n_right: np.ndarray,
                     within: np.ndarray, runs: float, center: float, threshold: float,
                     level: np.ndarray) -> np.ndarray:
-    """Both means flat a priori: (n_L n_R)^(-1/2) S^(-(N-2)/2) P(under the line), S and N with the
-    spread's pseudo-runs (``SPREAD_PRIOR_RUNS``, read at ``level``). The counts may be weights (a
-    run of the nightly's host counts ``worth``), ``runs`` every value's count."""
+    """Both means flat a priori, under the line with ``UNDER_LINE_PRIOR``: (n_L n_R)^(-1/2)
+    S^(-(N-2)/2) (2w P(under) + 2(1 - w) P(over)), S and N with the spread's pseudo-runs
+    (``SPREAD_PRIOR_RUNS``, read at ``level``). The counts may be weights (a run of the nightly's
+    host counts ``worth``), ``runs`` every value's count."""
+    log_lik, log_under, log_over = _flat_sides(mean_left, n_left, mean_right, n_right, within, runs, center,
+                                               threshold, level)
+    mixed: np.ndarray = log_lik + np.logaddexp(math.log(2 * UNDER_LINE_PRIOR) + log_under,
+                                               math.log(2 * (1 - UNDER_LINE_PRIOR)) + log_over)
+    return mixed
+
+
+def _flat_sides(mean_left: np.ndarray, n_left: np.ndarray, mean_right: np.ndarray, n_right: np.ndarray,
+                within: np.ndarray, runs: float, center: float,
+                threshold: float, level: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Per split: the log likelihood with the means flat anywhere, and log P(the bad side's mean
+    under the line | the runs, c) and over it: threshold x mu_good - mu_bad > 0, its error
+    Student's t."""
     within = np.maximum(within, np.max(within, axis=-1, keepdims=True) * 1e-12 + _TINY)
     within, df = _with_spread_prior(within, runs, level, threshold)
-    # The bad side under the line: threshold x mu_good - mu_bad > 0, its error t-distributed.
     gap = threshold * (mean_left + center) - (mean_right + center)
     error = np.sqrt(within / df * (threshold**2 / n_left + 1.0 / n_right))
-    under_line = t_log_cdf(gap / error, df)
-    result: np.ndarray = -0.5 * np.log(n_left * n_right) - df / 2.0 * np.log(within) + under_line
-    return result
+    log_lik: np.ndarray = -0.5 * np.log(n_left * n_right) - df / 2.0 * np.log(within)
+    return log_lik, t_log_cdf(gap / error, df), t_log_cdf(-gap / error, df)
 
 
 def _level(count: np.ndarray, total: np.ndarray, center: float) -> np.ndarray:
@@ -347,23 +371,21 @@ def measured_runs(evidence: Mapping[int, Evidence]) -> dict[int, tuple[float, ..
 
 
 def ends_under_line(n: int, runs: Mapping[int, Sequence[float]], threshold: float) -> float:
-    """P(the bad end's mean < threshold x the good end's mean | their runs), the spread pooled
-    over every position's own runs under the posterior's prior (``SPREAD_PRIOR_RUNS`` pseudo-runs
-    as wide as the line's gap at the runs' level), the means unknown, flat; Student's t. Under
-    1/sigma alone a few runs that lie close made a bad end just over the line look surely wrong
-    where the posterior was not sure of the spread."""
-    groups = [np.asarray(v, dtype=float) for v in runs.values()]
-    values = np.concatenate(groups)
-    good, bad = np.asarray(runs[0], dtype=float), np.asarray(runs[n], dtype=float)
-    squares = np.array([sum(float(((g - g.mean()) ** 2).sum()) for g in groups)])
-    # one mean a position here, where the posterior has two: the helper's count takes two off
-    within, df = _with_spread_prior(squares, len(values) - len(groups) + 2.0, np.array([values.mean()]), threshold)
-    if df < 1:
-        return 0.5
-    spread2 = max(float(within[0]) / df, _TINY)
-    gap = threshold * good.mean() - bad.mean()
-    error = math.sqrt(spread2 * (threshold**2 / len(good) + 1 / len(bad)))
-    return float(np.exp(t_log_cdf(np.array([gap / error]), float(df))[0]))
+    """P(the bad side's mean < threshold x the good side's mean | the runs): the line asked of the
+    change-point model over the session's runs (both means flat, the line's prior
+    ``UNDER_LINE_PRIOR``, the spread under the posterior's prior): P(under the line | c) weighed by
+    P(c). Every run on either side speaks for its level, not the ends' alone; a split the runs do
+    not favour weighs little."""
+    center = _center(runs)
+    count, total, squares = _side_sums(n, runs, center)
+    level = _level(count, total, center)
+    if _with_spread_prior(np.zeros(1), float(count.sum()), level, threshold)[1] < 1:
+        return 0.5  # two runs and no gap to read a spread from: nothing is known of it
+    log_lik, log_under, log_over = _flat_sides(*_split(count, total, squares), float(count.sum()), center,
+                                               threshold, level)
+    under = math.log(UNDER_LINE_PRIOR) + log_under
+    either = np.logaddexp(under, math.log(1 - UNDER_LINE_PRIOR) + log_over)
+    return float((_normalised(log_lik + either) * np.exp(under - either)).sum())
 
 
 def decide_levels(problem: SearchProblem, evidence: Mapping[int, Evidence]) -> Decision:

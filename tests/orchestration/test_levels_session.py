@@ -238,7 +238,8 @@ def test_a_crashed_run_is_retried_and_a_failed_build_stepped_around(history: tup
 def test_simulate_forecasts_the_runs_the_sessions_spend(history: tuple[Path, list[str]], tmp_path: Path) -> None:
     """`simulate`'s forecast for this range (levels mode, the history's drop and spread) against
     real sessions over it: the sessions' mean runs within a fifth of the forecast's mean, each
-    session's within the forecast's range."""
+    session's within half as much again as the forecast's 95th percentile (the longest of 40
+    forecasts is one draw of the tail: six sessions pass it about one time in eight)."""
     repo, shas = history
     spent = []
     for seed in range(6):
@@ -251,7 +252,7 @@ def test_simulate_forecasts_the_runs_the_sessions_spend(history: tuple[Path, lis
     assert forecast.accuracy >= 0.97
     mean = sum(spent) / len(spent)
     assert abs(mean - forecast.mean_trials) <= 0.2 * forecast.mean_trials, (spent, forecast)
-    assert all(s <= forecast.max_trials for s in spent), (spent, forecast)
+    assert all(s <= 1.5 * forecast.p95_trials for s in spent), (spent, forecast)
 
 
 def test_the_published_baseline_is_the_searchs_prior_and_a_wrong_one_costs_runs_not_the_answer(

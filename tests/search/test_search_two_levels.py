@@ -14,6 +14,7 @@ from bisect_npu.search import EndsWrong, Evidence, Found, Narrowed, Next, Query,
 from bisect_npu.search.two_levels import (
     BASELINE_PRIOR,
     SPREAD_PRIOR_RUNS,
+    UNDER_LINE_PRIOR,
     ends_under_line,
     expected_information,
     posterior,
@@ -97,7 +98,7 @@ def test_the_ends_come_first_and_a_bad_end_over_the_line_is_wrong() -> None:
     assert isinstance(wrong, EndsWrong) and wrong.which == "bad"
     assert ends_under_line(16, level, THRESHOLD) < 0.01
     tight = (1000.0, 1000.5, 999.8, 1000.2, 1000.1, 999.9)
-    once = {0: (1000.0,), 16: (1020.0,), 8: tight, 4: tuple(v - 1 for v in tight)}  # a tight spread, one run an end
+    once = {0: (1000.0,), 16: (1030.0,), 8: tight, 4: tuple(v - 1 for v in tight)}  # a tight spread, one run an end
     assert ends_under_line(16, once, THRESHOLD) < 0.01
     asked = decide(problem(16), {i: Evidence().measure(v) for i, v in once.items()})
     assert asked == Next((Query(16),))  # asked again before it is judged wrong
@@ -116,6 +117,61 @@ def test_the_ends_are_judged_under_the_posteriors_spread_prior(monkeypatch: pyte
     monkeypatch.setattr(two_levels, "SPREAD_PRIOR_RUNS", 0.0)
     assert ends_under_line(16, close, THRESHOLD) < 0.01
     assert abs(ends_under_line(16, near, THRESHOLD) - with_prior) < 0.05
+
+
+@settings(max_examples=30, deadline=None)
+@given(st.integers(1, 12), st.integers(0, 1000), st.floats(0.0, 0.1), st.sampled_from([None, 1000.0]))
+def test_the_line_moves_no_positions_odds_past_its_priors(culprit: int, seed: int, drop: float,
+                                                          baseline: float | None) -> None:
+    """Whatever the runs (a drop past the line, short of it or none), the line moves the odds
+    between any two positions by at most its prior's, UNDER_LINE_PRIOR to 1 - UNDER_LINE_PRIOR,
+    against the model that does not ask it: a split the runs do not favour is not made sure by its
+    bad side happening to lie low (taken as given, the line named such splits at 0.99)."""
+    runs = history(culprit, 12, {i: 1 + i % 3 for i in range(13)}, seed, drop=drop)
+    with_line = two_levels.log_likelihood(12, runs, THRESHOLD, baseline)
+    with patch("bisect_npu.search.two_levels.UNDER_LINE_PRIOR", 0.5):
+        without = two_levels.log_likelihood(12, runs, THRESHOLD, baseline)
+    assert with_line is not None and without is not None
+    moved = with_line - without
+    assert float(moved.max() - moved.min()) <= math.log(UNDER_LINE_PRIOR / (1 - UNDER_LINE_PRIOR)) + 1e-9
+
+
+def test_a_drop_short_of_the_line_is_not_put_where_the_bad_end_runs_low(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A 2% drop at commit 9 (the line 3% under the good side), its bad end's runs low by chance:
+    taken as given, the line puts most of the change at the bad end, the one split whose bad side
+    lies under it; as a prior it leaves the runs to say so, and P(under the line) says it is unsure."""
+    runs = history(9, 16, {0: 3, 4: 2, 8: 3, 9: 3, 12: 2, 15: 2, 16: 2}, seed=22, drop=0.02)
+    post = posterior(16, runs, THRESHOLD)
+    assert post is not None and post[15] < 0.6 and ends_under_line(16, runs, THRESHOLD) < 0.9
+    monkeypatch.setattr(two_levels, "UNDER_LINE_PRIOR", 1 - 1e-12)
+    given = posterior(16, runs, THRESHOLD)
+    assert given is not None and given[15] > 0.8
+
+
+def brute_force_under_line(n: int, runs: dict[int, list[float]]) -> float:
+    """P(the bad side's mean under the line | runs) summed on a grid: both means flat, the line a
+    prior (``line_prior``), the spread 1/sigma with its pseudo-runs, the culprit uniform."""
+    good_means = np.linspace(0.8, 1.2, 201)[:, None]
+    bad_means = np.linspace(0.8, 1.2, 201)[None, :]
+    prior, under = line_prior(good_means, bad_means), bad_means < THRESHOLD * good_means
+    every, below = 0.0, 0.0
+    for sigma in np.geomspace(0.004, 0.4, 100):
+        for c in range(1, n + 1):
+            left = [v for i, vs in runs.items() if i < c for v in vs]
+            right = [v for i, vs in runs.items() if i >= c for v in vs]
+            squares = sum((v - good_means) ** 2 for v in left) + sum((v - bad_means) ** 2 for v in right)
+            weight = (spread_prior(sigma, runs) * prior * np.exp(-squares / (2 * sigma**2))
+                      / sigma ** (len(left) + len(right)))
+            every, below = every + float(weight.sum()), below + float((weight * under).sum())
+    return below / every
+
+
+def test_the_line_is_asked_of_the_model_summed_by_brute_force() -> None:
+    """P(under the line), the ends' check, against the model on a grid: a drop short of the line,
+    the runs unsure which side of it the bad side lies."""
+    runs = {0: [1.0, 0.97], 1: [1.01], 2: [0.96], 3: [0.99, 0.97], 4: [0.975]}
+    closed = ends_under_line(4, runs, THRESHOLD)
+    assert 0.05 < closed < 0.95 and closed == pytest.approx(brute_force_under_line(4, runs), abs=3e-3)
 
 
 def test_once_a_position_leads_the_run_asked_settles_it_against_its_rivals(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -187,12 +243,20 @@ def spread_prior(sigma: float, runs: dict[int, list[float]]) -> float:
     return float(sigma ** -SPREAD_PRIOR_RUNS * np.exp(-SPREAD_PRIOR_RUNS * gap**2 / (2 * sigma**2)))
 
 
+def line_prior(good_means: np.ndarray, bad_means: np.ndarray) -> np.ndarray:
+    """The two means' prior density on a grid: UNDER_LINE_PRIOR where the bad one lies under the
+    line, the rest over it."""
+    result: np.ndarray = np.where(bad_means < THRESHOLD * good_means, UNDER_LINE_PRIOR, 1 - UNDER_LINE_PRIOR)
+    return result
+
+
 def brute_force_posterior(n: int, runs: dict[int, list[float]], baseline: float) -> np.ndarray:
     """P(c | runs) by summing the model on a grid: the good mean under BASELINE_PRIOR's mixture,
-    the bad mean flat under the line, the spread 1/sigma with its pseudo-runs, every run normal."""
+    the bad mean flat, under the line with the prior's UNDER_LINE_PRIOR, the spread 1/sigma with
+    its pseudo-runs, every run normal."""
     good_means = np.linspace(0.6, 1.4, 401)[:, None]
     bad_means = np.linspace(0.6, 1.4, 401)[None, :]
-    under = bad_means < THRESHOLD * good_means
+    under = line_prior(good_means, bad_means)
     lik = np.zeros(n)
     for sigma in np.geomspace(0.01, 1.0, 160):  # the 1/sigma prior: uniform on a log grid
         prior_good = sum(weight * np.sqrt(worth) / sigma
@@ -257,10 +321,11 @@ def brute_force_with_earlier(n: int, runs: dict[int, list[float]], baseline: flo
                              earlier: tuple[tuple[float, ...], tuple[float, ...]]) -> np.ndarray:
     """P(c | runs) summed on a grid, the nightly host's values (the baseline, the earlier runs at
     each end) sharing one worth per component of BASELINE_PRIOR: each normal about its side's mean
-    with the spread squared over the worth as its variance, both means flat, the bad one under the line."""
+    with the spread squared over the worth as its variance, both means flat, the bad one under the
+    line with the prior's UNDER_LINE_PRIOR."""
     good_means = np.linspace(0.6, 1.4, 401)[:, None]
     bad_means = np.linspace(0.6, 1.4, 401)[None, :]
-    under = bad_means < THRESHOLD * good_means
+    under = line_prior(good_means, bad_means)
     host_good, host_bad = (baseline, *earlier[0]), earlier[1]
     lik = np.zeros(n)
     for sigma in np.geomspace(0.01, 1.0, 160):

@@ -146,3 +146,31 @@ def test_a_spread_high_by_chance_at_one_end_does_not_hide_a_candidate_on_its_sid
     like_good = [SampleOutcome(id=i, correct=0.82, runs=20) for i in ids]
     assert stats.log_likelihood_ratio(like_bad, good, bad) > 2
     assert stats.log_likelihood_ratio(like_good, good, bad) < -2
+
+
+def test_ends_spreads_apart_only_within_their_errors_are_tied_to_one_correlation() -> None:
+    """Two runs a sample measure a spread to about its own size: a difference between the ends'
+    correlations within those errors is taken as one correlation; one well beyond them, or
+    spreads known outright (greedy, one run), is kept."""
+    loose = stats.JointPrior(0.83, 0.685, stats.MIN_VAR, 0.0164, 0.0004, 0.0197, 0.0224)
+    tied = loose.tied()
+    assert tied.good_var / (0.83 * 0.17) == pytest.approx(tied.bad_var / (0.685 * 0.315))
+    assert tied.good_var > stats.MIN_VAR and tied.bad_var < 0.0164
+    sure = stats.JointPrior(0.82, 0.70, 0.07, 0.16, 0.05, 0.005, 0.005)
+    assert sure.tied().good_var == pytest.approx(0.07, rel=0.02)
+    assert sure.tied().bad_var == pytest.approx(0.16, rel=0.02)
+    known = stats.JointPrior(0.82, 0.70, 0.07, 0.16, 0.05)
+    assert known.tied() == known
+
+
+def test_a_good_commit_run_often_does_not_lean_bad_on_the_ends_spreads_noise() -> None:
+    """ICC 0.1, every rate scaled 82% -> 70%, two runs a sample at each end (issue 51): the bad
+    end's spread fitted well above the good end's by chance (this seed). A good commit that ran
+    every sample six times shows its own spread, which fits the bad side's looser one better;
+    weighed on the ends' spreads as fitted, its step leaned bad."""
+    rng = np.random.default_rng(30)
+    rates = rng.beta(0.82 * 9, 0.18 * 9, 200)
+    good, bad = outcomes(rng.binomial(2, rates), 2), outcomes(rng.binomial(2, rates * 0.70 / 0.82), 2)
+    prior = stats.fit_joint(good, bad)
+    assert prior.bad_var > prior.good_var + 0.015
+    assert stats.step_evidence(outcomes(rng.binomial(6, rates), 6), good, bad, prior).log_lr < 0

@@ -27,7 +27,7 @@ from __future__ import annotations
 import functools
 import math
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from statistics import NormalDist
 
 import numpy as np
@@ -272,6 +272,28 @@ class JointPrior:
         return JointPrior(self.good_mean, self.bad_mean, good_var, bad_var,
                           min(self.cov, 0.999 * math.sqrt(good_var * bad_var)))
 
+    def tied(self) -> JointPrior:
+        """The prior with both spreads moved toward one intraclass correlation, as far as the two
+        ends' correlations do not differ beyond their estimates' errors (the difference shrunk by
+        1 - se^2/d^2, at least 0; each one's weight in the common value its inverse variance).
+        A candidate that ran a sample several times shows how its own runs spread, and a step
+        would weigh which side's spread fits that: where the ends measured their spreads loosely
+        (two runs a sample), a difference that is only their estimates' noise decided steps
+        (issue 51: ICC 0.1, every rate scaled, two runs a sample: good commits read as bad).
+        Spreads known (no error) are kept."""
+        if self.good_var_error <= 0 or self.bad_var_error <= 0:
+            return self
+        scale_g, scale_b = self.good_mean * (1 - self.good_mean), self.bad_mean * (1 - self.bad_mean)
+        rho_g, rho_b = self.good_var / scale_g, self.bad_var / scale_b
+        weight_g, weight_b = (scale_g / self.good_var_error) ** 2, (scale_b / self.bad_var_error) ** 2
+        common = (rho_g * weight_g + rho_b * weight_b) / (weight_g + weight_b)
+        diff = rho_b - rho_g
+        keep = max(0.0, 1 - (1 / weight_g + 1 / weight_b) / diff ** 2) if diff else 0.0
+        good_var = max(MIN_VAR, (common + keep * (rho_g - common)) * scale_g)
+        bad_var = max(MIN_VAR, (common + keep * (rho_b - common)) * scale_b)
+        return replace(self, good_var=good_var, bad_var=bad_var,
+                       cov=min(self.cov, 0.999 * math.sqrt(good_var * bad_var)))
+
     @property
     def rho(self) -> float:
         """The intraclass correlation of runs of one sample, over both ends (the report's figure)."""
@@ -496,7 +518,8 @@ def _spread_priors(prior: JointPrior) -> list[tuple[float, JointPrior]]:
     """(log weight, prior) over the spreads' nodes; the prior alone where its spreads are known."""
     if prior.good_var_error == 0 and prior.bad_var_error == 0:
         return [(0.0, prior)]
-    return [(log_w, prior.moved(z)) for z, log_w in _SPREAD_NODES]
+    tied = prior.tied()
+    return [(log_w, tied.moved(z)) for z, log_w in _SPREAD_NODES]
 
 
 @dataclass(frozen=True)

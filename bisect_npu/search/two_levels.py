@@ -103,8 +103,7 @@ BASELINE_PRIOR = ((1.0, 0.25), (1e-2, 0.25), (1e-4, 0.25), (1e-6, 0.25))
 # bisection is asked because the bad end failed the line, so mostly it does, but the runs must be
 # able to say it does not. At 1 (the line taken as given) a drop over the line put the culprit
 # where a few runs of the bad side happened to lie low, named wrong at 0.99; at 0.5 (no lean) the
-# line no longer rules out the splits whose bad side is not under it, about 0.5 runs more a
-# bisection at a 7% drop (docs/benchmarks.md, issue 51).
+# line no longer rules out the splits whose bad side is not under it, which costs runs.
 UNDER_LINE_PRIOR = 0.9
 
 

@@ -278,9 +278,8 @@ class JointPrior:
         1 - se^2/d^2, at least 0; each one's weight in the common value its inverse variance).
         A candidate that ran a sample several times shows how its own runs spread, and a step
         would weigh which side's spread fits that: where the ends measured their spreads loosely
-        (two runs a sample), a difference that is only their estimates' noise decided steps
-        (issue 51: ICC 0.1, every rate scaled, two runs a sample: good commits read as bad).
-        Spreads known (no error) are kept."""
+        (two runs a sample), a difference that is only their estimates' noise would decide steps
+        and read good commits as bad. Spreads known (no error) are kept."""
         if self.good_var_error <= 0 or self.bad_var_error <= 0:
             return self
         scale_g, scale_b = self.good_mean * (1 - self.good_mean), self.bad_mean * (1 - self.bad_mean)

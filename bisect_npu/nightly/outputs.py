@@ -88,11 +88,11 @@ def nightly_differences(path: Path, recipe: Recipe, commit: str) -> list[str]:
         return [f"no benchmark in {', '.join(file.name for file in files)} is of this case's dataset {dataset}"]
     file, doc, task = matched[0]
     said = []
-    version = str(doc.get("vllm_ascend_version") or "")
+    version = _version(doc)
     if _SHA.fullmatch(version) and not commit.startswith(version.lower()):
         said.append(f"the nightly ran at {version[:12]} ({file.name}), this end is {commit[:12]}")
     model = str(doc.get("model_name") or "")
-    if model and recipe.model.path != model and not recipe.model.path.endswith("/" + model):
+    if model and not _names_model(recipe.model.path, model):
         said.append(f"the nightly served {model}, the case's model is {recipe.model.path}")
     test_input = task.get("test_input")
     given: dict[str, Any] = test_input if isinstance(test_input, dict) else {}
@@ -169,7 +169,7 @@ def nightly_throughput(path: Path, key: str, bench: dict[str, Any], case: str, c
                          f"(their tasks: {', '.join(held) or 'none: not the nightly benchmark_results JSON'})")
     file, doc, task, why = _chosen(found, case, model, commit, path, name)
     _check_commit(file, doc, commit)
-    version = str(doc.get("vllm_ascend_version") or "")
+    version = _version(doc)
     ran = f"it ran {version}" if version else "no vllm_ascend_version"
     unknown = "" if _SHA.fullmatch(version) else f"{ran}: its commit unknown, not checked against the end's"
     return ThroughputRead(_tokens_per_s(task["metrics"][OTT], file), file, why, unknown)
@@ -216,25 +216,35 @@ def _chosen(found: list[tuple[Path, dict[str, Any], dict[str, Any]]], case: str,
 
 def _ref(doc: dict[str, Any]) -> str:
     """The ref a nightly's JSON says it ran, a commit shortened as the messages show one."""
-    version = str(doc.get("vllm_ascend_version") or "")
+    version = _version(doc)
     return version[:12] if _SHA.fullmatch(version) else version or "no ref given"
 
 
 def _same_model(doc: dict[str, Any], model: str) -> bool:
     """Whether the nightly served the case's model: the same name, or one a path ending in the other."""
     served = str(doc.get("model_name") or "")
-    return bool(served) and (served == model or model.endswith("/" + served) or served.endswith("/" + model))
+    return bool(served) and (_names_model(model, served) or _names_model(served, model))
+
+
+def _names_model(path: str, name: str) -> bool:
+    """Whether a model `path` is `name` or ends in it (a local copy of a hub model)."""
+    return path == name or path.endswith("/" + name)
+
+
+def _version(doc: dict[str, Any]) -> str:
+    """The ref a nightly's JSON says it ran (`vllm_ascend_version`), empty where it says none."""
+    return str(doc.get("vllm_ascend_version") or "")
 
 
 def _check_commit(file: Path, doc: dict[str, Any], commit: str | None) -> None:
-    version = str(doc.get("vllm_ascend_version") or "")
+    version = _version(doc)
     if commit and _SHA.fullmatch(version) and not _ran_at(doc, commit):
         raise UsageError(f"{file}: the nightly ran at {version[:12]}, this end is {commit[:12]}; its throughput is "
                          f"not a run of this end: pass the end {version[:12]} or the JSON of a run at {commit[:12]}")
 
 
 def _ran_at(doc: dict[str, Any], commit: str) -> bool:
-    version = str(doc.get("vllm_ascend_version") or "").lower()
+    version = _version(doc).lower()
     return bool(_SHA.fullmatch(version)) and commit.lower().startswith(version)
 
 

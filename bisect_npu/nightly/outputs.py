@@ -91,7 +91,7 @@ def nightly_differences(path: Path, recipe: Recipe, commit: str) -> list[str]:
     version = _version(doc)
     if _SHA.fullmatch(version) and not commit.startswith(version.lower()):
         said.append(f"the nightly ran at {version[:12]} ({file.name}), this end is {commit[:12]}")
-    model = str(doc.get("model_name") or "")
+    model = _model_name(doc)
     if model and not _names_model(recipe.model.path, model):
         said.append(f"the nightly served {model}, the case's model is {recipe.model.path}")
     test_input = task.get("test_input")
@@ -129,6 +129,7 @@ class ThroughputRead:
     file: Path
     why: str  # why this file, when the path held several
     unknown_commit: str = ""  # why the commit it ran is not known (a multi-node run given `main`)
+    model: str = ""  # the JSON's `model_name`: the model the nightly served (empty where it names none)
 
 
 def task_name(key: str, bench: dict[str, Any]) -> str:
@@ -172,7 +173,7 @@ def nightly_throughput(path: Path, key: str, bench: dict[str, Any], case: str, c
     version = _version(doc)
     ran = f"it ran {version}" if version else "no vllm_ascend_version"
     unknown = "" if _SHA.fullmatch(version) else f"{ran}: its commit unknown, not checked against the end's"
-    return ThroughputRead(_tokens_per_s(task["metrics"][OTT], file), file, why, unknown)
+    return ThroughputRead(_tokens_per_s(task["metrics"][OTT], file), file, why, unknown, _model_name(doc))
 
 
 def _result_files(path: Path) -> list[Path]:
@@ -207,7 +208,7 @@ def _chosen(found: list[tuple[Path, dict[str, Any], dict[str, Any]]], case: str,
     if len(of_model) == 1:
         file, doc, task = of_model[0]
         return file, doc, task, f"of {len(found)} files with task {name}, the one of the case's model {model}"
-    held = ", ".join(f"{hit[0].name} (model {hit[1].get('model_name') or 'not given'}, ran {_ref(hit[1])})"
+    held = ", ".join(f"{hit[0].name} (model {_model_name(hit[1]) or 'not given'}, ran {_ref(hit[1])})"
                      for hit in found)
     raise UsageError(f"{path}: {len(found)} tasks {name} in {held}, none told apart by its commit, by the case's "
                      f"name {case} or by its model {model or '(not given)'}; give the one file: --nightly-result "
@@ -220,9 +221,14 @@ def _ref(doc: dict[str, Any]) -> str:
     return version[:12] if _SHA.fullmatch(version) else version or "no ref given"
 
 
+def _model_name(doc: dict[str, Any]) -> str:
+    """The model a nightly's JSON says it served (`model_name`), empty where it says none."""
+    return str(doc.get("model_name") or "")
+
+
 def _same_model(doc: dict[str, Any], model: str) -> bool:
     """Whether the nightly served the case's model: the same name, or one a path ending in the other."""
-    served = str(doc.get("model_name") or "")
+    served = _model_name(doc)
     return bool(served) and (_names_model(model, served) or _names_model(served, model))
 
 

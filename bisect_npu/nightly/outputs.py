@@ -16,6 +16,8 @@ workflow uploads alone in an artifact folder. Its `vllm_ascend_version` is the r
 given: a branch (`main`) unless it was dispatched at a commit, so only then is it checked against
 the end's commit (the value is read saying its commit is unknown). Several such files in one folder
 are named after the workflow's matrix, not the case: they are told apart by their `model_name`.
+Whichever file is read, a `model_name` that names another model than the case's is refused: its
+task may share the case's dataset and inputs, but it is another case's run.
 """
 
 from __future__ import annotations
@@ -149,8 +151,9 @@ def nightly_throughput(path: Path, key: str, bench: dict[str, Any], case: str, c
     run at `commit` (None: not known yet). Several files with the benchmark: the one run at
     `commit`, else the one named after the case (as the single-node nightly names it), else the
     one of the case's model (the multi-node files are named after the workflow's matrix); else a
-    UsageError naming them. A missing file, a task without the figure or a figure in another unit
-    is a UsageError naming what the file holds."""
+    UsageError naming them. A missing file, a task without the figure, a figure in another unit or
+    a file whose `model_name` names another model than `model` is a UsageError naming what the file
+    holds."""
     files = _result_files(path)
     docs = [(file, _load(file)) for file in files]
     name = task_name(key, bench)
@@ -170,6 +173,7 @@ def nightly_throughput(path: Path, key: str, bench: dict[str, Any], case: str, c
                          f"(their tasks: {', '.join(held) or 'none: not the nightly benchmark_results JSON'})")
     file, doc, task, why = _chosen(found, case, model, commit, path, name)
     _check_commit(file, doc, commit)
+    _check_model(file, doc, case, model)
     version = _version(doc)
     ran = f"it ran {version}" if version else "no vllm_ascend_version"
     unknown = "" if _SHA.fullmatch(version) else f"{ran}: its commit unknown, not checked against the end's"
@@ -247,6 +251,17 @@ def _check_commit(file: Path, doc: dict[str, Any], commit: str | None) -> None:
     if commit and _SHA.fullmatch(version) and not _ran_at(doc, commit):
         raise UsageError(f"{file}: the nightly ran at {version[:12]}, this end is {commit[:12]}; its throughput is "
                          f"not a run of this end: pass the end {version[:12]} or the JSON of a run at {commit[:12]}")
+
+
+def _check_model(file: Path, doc: dict[str, Any], case: str, model: str) -> None:
+    """A file whose `model_name` is another model than the case's is another case's run (its task
+    may share the dataset and inputs); a file naming none, or a case whose model is not known, is
+    read as is."""
+    served = _model_name(doc)
+    if model and served and not _same_model(doc, model):
+        raise UsageError(f"{file}: the nightly served {served}, the case {case} serves {model}; its throughput is "
+                         f"not a run of this case: give the JSON of the nightly job that ran {case} "
+                         "(--nightly-result END=PATH), or the --nightly-case of the model it served")
 
 
 def _ran_at(doc: dict[str, Any], commit: str) -> bool:

@@ -108,6 +108,24 @@ def test_a_json_that_does_not_give_this_ends_throughput_is_refused_naming_why(
         nightly_results([f"bad={tmp_path / 'results'}"], BENCHMARK, {"bad": BAD})
 
 
+def test_a_file_of_another_model_is_refused_naming_both_and_one_naming_none_is_read(tmp_path: Path) -> None:
+    """Its task may share the case's dataset and inputs (as the nightly's cases of one dataset do):
+    the `model_name` tells it is another case's run; a hub id and a local copy ending in it agree."""
+    of_case = CaseBenchmark("speed-a2", "perf", PERF, "Org/Tiny")
+    file = nightly_json(tmp_path / "other", model="Org/Big")
+    with pytest.raises(UsageError, match=r"speed-a2.json: the nightly served Org/Big, the case speed-a2 serves "
+                                         r"Org/Tiny; its throughput is not a run of this case: give the JSON of "
+                                         r"the nightly job that ran speed-a2 \(--nightly-result END=PATH\)"):
+        nightly_results([f"bad={file}"], of_case, {"bad": BAD})
+    for served in ("Org/Tiny", "/models/Org/Tiny"):
+        earlier, _ = nightly_results([f"bad={nightly_json(tmp_path / 'own', model=served)}"], of_case, {"bad": BAD})
+        assert earlier is not None and earlier.bad == [951.2] and f"(model_name {served})" in earlier.source
+    unnamed = nightly_json(tmp_path / "unnamed", model=None)
+    earlier, _ = nightly_results([f"bad={unnamed}"], of_case, {"bad": BAD})
+    assert earlier is not None and earlier.bad == [951.2]
+    assert earlier.source == f"--nightly-result bad={unnamed.resolve()} (no model_name: its model not checked)"
+
+
 def test_of_several_files_the_one_run_at_the_end_else_the_cases_own_is_read_and_said(tmp_path: Path) -> None:
     nightly_json(tmp_path, "other-job", commit="0123456789ab", ott=700.0)
     nightly_json(tmp_path, "speed-a2", ott=951.2)

@@ -25,11 +25,14 @@ Every other rule is the product's, unchanged: the ends' first runs (`_ready`), t
 check, the query rule (`expected_information` over the same askable positions, the cost of a
 build), the answer at the recipe's confidence and the side rule. The variants replace the
 model's pieces in `bisect_npu.search.two_levels` for the length of their row (`known`), so they
-follow that module as it changes. Per bisection the table counts the runs (crashed attempts
-included) by where they went: the first runs before the model can weigh a change (`_ready`),
-the ends (0 and n) after those, the candidates; and by when: the runs asked once the likeliest
-position held ``--late`` of the posterior (the confirmation phase), and how many of those went
-beside the leader (to it or to the commit before it: the runs that tell it from its neighbours).
+follow that module as it changes: the search takes no model of its own (`SearchProblem` holds the
+case, `posterior` and `expected_information` the runs), so there is no seam to hand the truth
+through, and a piece renamed there fails the row loudly (`mock.patch.object` on a missing name).
+Per bisection the table counts the runs (crashed attempts included) by where they went: the
+first runs before the model can weigh a change (`_ready`), the ends (0 and n) after those, the
+candidates; and by when: the runs asked once the likeliest position held ``--late`` of the
+posterior (the confirmation phase), and how many of those went beside the leader (to it or to
+the commit before it: the runs that tell it from its neighbours).
 """
 
 from __future__ import annotations

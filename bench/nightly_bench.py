@@ -195,6 +195,17 @@ class Outcome:
     ends_wrong: bool = False  # the ends judged wrong (exit 4)
 
 
+def scored(world: World, runs: int, samples: int = 0, *, found: int | None = None,
+           narrowed: tuple[int, int] | None = None, ends_wrong: bool = False) -> Outcome:
+    """An answer (the culprit `found`, the range `narrowed`, or the ends judged wrong) scored against
+    the world, whichever shape gave it (the search's decision, a session's result), so every row
+    counts "best answer" alike: the culprit, exactly the range its unbuildable parent(s) leave, or
+    exit 4 where the drop is within the line's gap (`World.over_line`)."""
+    named = found == world.culprit
+    best = named or narrowed == world.best_range() or (ends_wrong and world.over_line)
+    return Outcome(named, best, runs, samples, wrong=found is not None and not named, ends_wrong=ends_wrong)
+
+
 def blocked(world: World) -> bool:
     """Whether the commit before the culprit cannot be built: no tool can name the culprit then."""
     return world.culprit - 1 in world.unbuildable
@@ -346,13 +357,10 @@ class Ours:
         return Outcome(False, False, self.runs, self.samples)
 
     def outcome(self, decision: object) -> Outcome:
-        named = isinstance(decision, Found) and decision.index == self.world.culprit
-        lo, hi = self.world.best_range()
-        ends_wrong = isinstance(decision, EndsWrong)
-        best = (named or (isinstance(decision, Narrowed) and (decision.lo, decision.hi) == (lo, hi))
-                or (ends_wrong and self.world.over_line))
-        return Outcome(named, best, self.runs, self.samples, wrong=isinstance(decision, Found) and not named,
-                       ends_wrong=ends_wrong)
+        return scored(self.world, self.runs, self.samples,
+                      found=decision.index if isinstance(decision, Found) else None,
+                      narrowed=(decision.lo, decision.hi) if isinstance(decision, Narrowed) else None,
+                      ends_wrong=isinstance(decision, EndsWrong))
 
     def bisect(self) -> Outcome:
         if self.levels and self.recipe.oracle.throughput is not None:
@@ -476,12 +484,11 @@ def ours_in_session(world: World, history: SessionHistory, seed: int, nightly: t
                                progress=progress_for(quiet=True, live=False)).run()
     finally:
         shutil.rmtree(where, ignore_errors=True)
-    named = result.status == "found" and result.culprit == shas[world.culprit]
-    lo, hi = world.best_range()
-    ends_wrong = result.status == "ends_wrong"
-    best = (named or (result.status == "narrowed" and result.range == (shas[lo], shas[hi]))
-            or (ends_wrong and world.over_line))
-    return Outcome(named, best, stand_in.runs, wrong=result.status == "found" and not named, ends_wrong=ends_wrong)
+    narrowed = result.range if result.status == "narrowed" else None
+    return scored(world, stand_in.runs,
+                  found=position[result.culprit] if result.status == "found" and result.culprit else None,
+                  narrowed=(position[narrowed[0]], position[narrowed[1]]) if narrowed else None,
+                  ends_wrong=result.status == "ends_wrong")
 
 
 def make_world(seed: int, n: int, breaks: str, pin_moves: bool, drop: float = TPUT_DROP,

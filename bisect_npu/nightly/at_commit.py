@@ -113,7 +113,8 @@ def nightly_results(texts: list[str], benchmark: CaseBenchmark | None = None,
                     commits: dict[str, str | None] | None = None) -> tuple[EarlierThroughput | None, list[str]]:
     """`--nightly-result END=TOKENS_PER_S|PATH` (repeatable) as the recipe's
     `oracle.throughput.earlier_runs`, and a line for each value read from a file (which file, and
-    why when the path held several). A PATH is read for `benchmark`, run at `commits[END]`."""
+    why when the path held several). A PATH is read for `benchmark`, run at `commits[END]`; the
+    runs' `source` names each file with the model it says it served (the report shows it)."""
     ends: dict[str, list[float]] = {"good": [], "bad": []}
     sources, said = [], []
     for text in texts:
@@ -132,7 +133,8 @@ def nightly_results(texts: list[str], benchmark: CaseBenchmark | None = None,
         read = nightly_throughput(path, benchmark.key, benchmark.bench, benchmark.case, (commits or {}).get(end),
                                   benchmark.model)
         ends[end].append(read.value)
-        sources.append(f"{end}={read.file.resolve()}" + (f" ({read.unknown_commit})" if read.unknown_commit else ""))
+        served = f"model_name {read.model}" if read.model else "no model_name: its model not checked"
+        sources.append(f"{end}={read.file.resolve()} ({'; '.join(filter(None, (served, read.unknown_commit)))})")
         why = "; ".join(part for part in (read.why, read.unknown_commit) if part)
         said.append(f"--nightly-result {text}: {read.value} tokens/s ({OTT}) from {read.file}"
                     f"{f' ({why})' if why else ''}")
@@ -140,7 +142,7 @@ def nightly_results(texts: list[str], benchmark: CaseBenchmark | None = None,
         return None, []
     try:
         return EarlierThroughput(good=ends["good"], bad=ends["bad"],
-                                 source=f"--nightly-result {', '.join(sources)}"), said
+                                 source=f"--nightly-result {'; '.join(sources)}"), said
     except ValidationError as exc:
         raise _refused(exc) from None
 

@@ -16,6 +16,8 @@ workflow uploads alone in an artifact folder. Its `vllm_ascend_version` is the r
 given: a branch (`main`) unless it was dispatched at a commit, so only then is it checked against
 the end's commit (the value is read saying its commit is unknown). Several such files in one folder
 are named after the workflow's matrix, not the case: they are told apart by their `model_name`.
+Whichever file is read, a `model_name` that names another model than the case's is refused: its
+task may share the case's dataset and inputs, but it is another case's run.
 """
 
 from __future__ import annotations
@@ -91,7 +93,7 @@ def nightly_differences(path: Path, recipe: Recipe, commit: str) -> list[str]:
     version = _version(doc)
     if _SHA.fullmatch(version) and not commit.startswith(version.lower()):
         said.append(f"the nightly ran at {version[:12]} ({file.name}), this end is {commit[:12]}")
-    model = str(doc.get("model_name") or "")
+    model = _model_name(doc)
     if model and not _names_model(recipe.model.path, model):
         said.append(f"the nightly served {model}, the case's model is {recipe.model.path}")
     test_input = task.get("test_input")
@@ -129,6 +131,7 @@ class ThroughputRead:
     file: Path
     why: str  # why this file, when the path held several
     unknown_commit: str = ""  # why the commit it ran is not known (a multi-node run given `main`)
+    model: str = ""  # the JSON's `model_name`: the model the nightly served (empty where it names none)
 
 
 def task_name(key: str, bench: dict[str, Any]) -> str:
@@ -148,8 +151,9 @@ def nightly_throughput(path: Path, key: str, bench: dict[str, Any], case: str, c
     run at `commit` (None: not known yet). Several files with the benchmark: the one run at
     `commit`, else the one named after the case (as the single-node nightly names it), else the
     one of the case's model (the multi-node files are named after the workflow's matrix); else a
-    UsageError naming them. A missing file, a task without the figure or a figure in another unit
-    is a UsageError naming what the file holds."""
+    UsageError naming them. A missing file, a task without the figure, a figure in another unit or
+    a file whose `model_name` names another model than `model` is a UsageError naming what the file
+    holds."""
     files = _result_files(path)
     docs = [(file, _load(file)) for file in files]
     name = task_name(key, bench)
@@ -169,10 +173,11 @@ def nightly_throughput(path: Path, key: str, bench: dict[str, Any], case: str, c
                          f"(their tasks: {', '.join(held) or 'none: not the nightly benchmark_results JSON'})")
     file, doc, task, why = _chosen(found, case, model, commit, path, name)
     _check_commit(file, doc, commit)
+    _check_model(file, doc, case, model)
     version = _version(doc)
     ran = f"it ran {version}" if version else "no vllm_ascend_version"
     unknown = "" if _SHA.fullmatch(version) else f"{ran}: its commit unknown, not checked against the end's"
-    return ThroughputRead(_tokens_per_s(task["metrics"][OTT], file), file, why, unknown)
+    return ThroughputRead(_tokens_per_s(task["metrics"][OTT], file), file, why, unknown, _model_name(doc))
 
 
 def _result_files(path: Path) -> list[Path]:
@@ -207,7 +212,7 @@ def _chosen(found: list[tuple[Path, dict[str, Any], dict[str, Any]]], case: str,
     if len(of_model) == 1:
         file, doc, task = of_model[0]
         return file, doc, task, f"of {len(found)} files with task {name}, the one of the case's model {model}"
-    held = ", ".join(f"{hit[0].name} (model {hit[1].get('model_name') or 'not given'}, ran {_ref(hit[1])})"
+    held = ", ".join(f"{hit[0].name} (model {_model_name(hit[1]) or 'not given'}, ran {_ref(hit[1])})"
                      for hit in found)
     raise UsageError(f"{path}: {len(found)} tasks {name} in {held}, none told apart by its commit, by the case's "
                      f"name {case} or by its model {model or '(not given)'}; give the one file: --nightly-result "
@@ -220,9 +225,14 @@ def _ref(doc: dict[str, Any]) -> str:
     return version[:12] if _SHA.fullmatch(version) else version or "no ref given"
 
 
+def _model_name(doc: dict[str, Any]) -> str:
+    """The model a nightly's JSON says it served (`model_name`), empty where it says none."""
+    return str(doc.get("model_name") or "")
+
+
 def _same_model(doc: dict[str, Any], model: str) -> bool:
     """Whether the nightly served the case's model: the same name, or one a path ending in the other."""
-    served = str(doc.get("model_name") or "")
+    served = _model_name(doc)
     return bool(served) and (_names_model(model, served) or _names_model(served, model))
 
 
@@ -241,6 +251,17 @@ def _check_commit(file: Path, doc: dict[str, Any], commit: str | None) -> None:
     if commit and _SHA.fullmatch(version) and not _ran_at(doc, commit):
         raise UsageError(f"{file}: the nightly ran at {version[:12]}, this end is {commit[:12]}; its throughput is "
                          f"not a run of this end: pass the end {version[:12]} or the JSON of a run at {commit[:12]}")
+
+
+def _check_model(file: Path, doc: dict[str, Any], case: str, model: str) -> None:
+    """A file whose `model_name` is another model than the case's is another case's run (its task
+    may share the dataset and inputs); a file naming none, or a case whose model is not known, is
+    read as is."""
+    served = _model_name(doc)
+    if model and served and not _same_model(doc, model):
+        raise UsageError(f"{file}: the nightly served {served}, the case {case} serves {model}; its throughput is "
+                         f"not a run of this case: give the JSON of the nightly job that ran {case} "
+                         "(--nightly-result END=PATH), or the --nightly-case of the model it served")
 
 
 def _ran_at(doc: dict[str, Any], commit: str) -> bool:

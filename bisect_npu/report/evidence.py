@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from bisect_npu.level import MergeLevel
 from bisect_npu.records import EndRecord
+from bisect_npu.report.case import recipe_of
 from bisect_npu.report.view import SessionView, StepView
 
 
@@ -107,17 +108,31 @@ def _levels_lines(view: SessionView, end: EndRecord, found: str, flipped: bool) 
             f"({share:.1%} of it; every run of every commit weighed together, the spread estimated from them)",
             f"{figures['runs']:.0f} runs in all, one a step: {runs_at.get(culprit, 0)} at {found}, "
             f"{runs_at.get(culprit - 1, 0)} at its parent, {len(runs_at)} commits run",
-            *earlier_lines(figures, flipped)]
+            *earlier_lines(figures, flipped, earlier_source(view))]
 
 
-def earlier_lines(figures: dict[str, float], flipped: bool = False) -> list[str]:
+def earlier_lines(figures: dict[str, float], flipped: bool = False, source: str = "") -> list[str]:
     """The earlier runs the levels search counted (`oracle.throughput.earlier_runs`), one line an end
-    (`flipped`, a fix: the failing nightly's at the old end, the good one's at the new end)."""
+    (`flipped`, a fix: the failing nightly's at the old end, the good one's at the new end), then
+    where they were measured (`source`: for `--nightly-result`, each file and the model it served),
+    so a reader can check the evidence is the case's."""
     said = {"good": "the last good nightly's", "bad": "the failing nightly's"}
     at = {"good": "new", "bad": "old"} if flipped else {"good": "good", "bad": "bad"}
-    return [f"{said[end]} {_runs_said(figures, end)} at the {at[end]} end (as far as the baseline's host is this one: "
-            "a value of another host costs runs, not the answer)"
-            for end in ("good", "bad") if f"earlier_{end}_runs" in figures]
+    lines = [f"{said[end]} {_runs_said(figures, end)} at the {at[end]} end (as far as the baseline's host is this "
+             "one: a value of another host costs runs, not the answer)"
+             for end in ("good", "bad") if f"earlier_{end}_runs" in figures]
+    return [*lines, f"where they were measured: {source}"] if lines and source else lines
+
+
+def earlier_source(view: SessionView) -> str:
+    """The recipe's `earlier_runs.source` as the session ran it: empty where the recipe gives none,
+    is gone, or changed since (its digest differs from the journal's: it may name other runs)."""
+    recipe = recipe_of(view)
+    if recipe is None or view.header.recipe_digest not in (None, recipe.digest()):
+        return ""
+    throughput = recipe.oracle.throughput
+    earlier = throughput.earlier_runs if throughput is not None else None
+    return earlier.source if earlier is not None else ""
 
 
 def _runs_said(figures: dict[str, float], end: str) -> str:

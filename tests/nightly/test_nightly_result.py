@@ -49,16 +49,18 @@ BAD = "86797d44a7" + "1" * 30
 
 
 def nightly_json(folder: Path, name: str = "speed-a2", commit: str = BAD, ott: Any = 951.2,
-                 batch_size: int = 76) -> Path:
+                 batch_size: int = 76, model: str | None = "tiny") -> Path:
     """A benchmark_results JSON in the shape the nightly's test_single_node.py writes: an accuracy
-    task and the performance one (its AISBench figures, units stripped, under the nightly's names)."""
+    task and the performance one (its AISBench figures, units stripped, under the nightly's names);
+    `model` its `model_name` (None: the key left out)."""
     metrics: dict[str, Any] = {"Benchmark_Duration(BD)": 512.3, "Input_Token_Throughput(ITT)": 2100.5}
     if ott is not None:
         metrics[OTT] = ott
     folder.mkdir(parents=True, exist_ok=True)
     path = folder / f"{name}.json"
     path.write_text(json.dumps({
-        "model_name": "tiny", "hardware": "A2", "dtype": "bf16", "feature": ["aclgraph"], "vllm_version": "0.20.2",
+        **({"model_name": model} if model is not None else {}), "hardware": "A2", "dtype": "bf16",
+        "feature": ["aclgraph"], "vllm_version": "0.20.2",
         "vllm_ascend_version": commit,
         "tasks": [{"name": "gsm8k-lite", "metrics": {"accuracy": 88.1}, "test_input": {"max_out_len": 64},
                    "target": {"baseline": 90, "threshold": 5}, "pass_fail": "pass"},
@@ -75,7 +77,7 @@ def test_the_failing_nightlys_json_gives_the_bad_ends_value_by_file_folder_or_ch
         earlier, said = nightly_results([f"bad={given}", "good=1003"], BENCHMARK, {"bad": BAD, "good": None})
         assert earlier is not None and earlier.bad == [951.2] and earlier.good == [1003.0]
         assert said == [f"--nightly-result bad={given}: 951.2 tokens/s ({OTT}) from {file}"]
-        assert str(file.resolve()) in earlier.source
+        assert earlier.source == f"--nightly-result bad={file.resolve()} (model_name tiny); good=1003"
     assert nightly_results([f"bad={file}"], BENCHMARK, {"bad": None})[0] is not None  # the end's commit not known yet
 
 
@@ -104,6 +106,24 @@ def test_a_json_that_does_not_give_this_ends_throughput_is_refused_naming_why(
     write(tmp_path / "results")
     with pytest.raises(UsageError, match=said):
         nightly_results([f"bad={tmp_path / 'results'}"], BENCHMARK, {"bad": BAD})
+
+
+def test_a_file_of_another_model_is_refused_naming_both_and_one_naming_none_is_read(tmp_path: Path) -> None:
+    """Its task may share the case's dataset and inputs (as the nightly's cases of one dataset do):
+    the `model_name` tells it is another case's run; a hub id and a local copy ending in it agree."""
+    of_case = CaseBenchmark("speed-a2", "perf", PERF, "Org/Tiny")
+    file = nightly_json(tmp_path / "other", model="Org/Big")
+    with pytest.raises(UsageError, match=r"speed-a2.json: the nightly served Org/Big, the case speed-a2 serves "
+                                         r"Org/Tiny; its throughput is not a run of this case: give the JSON of "
+                                         r"the nightly job that ran speed-a2 \(--nightly-result END=PATH\)"):
+        nightly_results([f"bad={file}"], of_case, {"bad": BAD})
+    for served in ("Org/Tiny", "/models/Org/Tiny"):
+        earlier, _ = nightly_results([f"bad={nightly_json(tmp_path / 'own', model=served)}"], of_case, {"bad": BAD})
+        assert earlier is not None and earlier.bad == [951.2] and f"(model_name {served})" in earlier.source
+    unnamed = nightly_json(tmp_path / "unnamed", model=None)
+    earlier, _ = nightly_results([f"bad={unnamed}"], of_case, {"bad": BAD})
+    assert earlier is not None and earlier.bad == [951.2]
+    assert earlier.source == f"--nightly-result bad={unnamed.resolve()} (no model_name: its model not checked)"
 
 
 def test_of_several_files_the_one_run_at_the_end_else_the_cases_own_is_read_and_said(tmp_path: Path) -> None:
@@ -197,7 +217,8 @@ def test_the_multi_node_nightlys_artifact_gives_the_performance_tasks_value(tmp_
         assert earlier is not None and earlier.bad == [2210.4]
         assert said == [f"--nightly-result bad={given}: 2210.4 tokens/s ({OTT}) from {file} (it ran main: its "
                         "commit unknown, not checked against the end's)"]
-        assert "(it ran main: its commit unknown" in earlier.source
+        assert earlier.source == (f"--nightly-result bad={file.resolve()} (model_name Org/Tiny-MoE; it ran main: its "
+                                  "commit unknown, not checked against the end's)")
 
 
 def test_several_multi_node_artifacts_in_one_folder_are_told_apart_by_the_model(tmp_path: Path) -> None:

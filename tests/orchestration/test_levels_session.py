@@ -288,11 +288,13 @@ def test_the_failing_nightlys_throughput_counts_as_a_run_at_the_bad_end(history:
                                                                          tmp_path: Path) -> None:
     """The recipe's `oracle.throughput.earlier_runs` (the failing nightly's 930 tokens/s) reaches
     the levels search: the session's first runs are the good end's, not the bad end's, it names the
-    culprit, its journal's end record and its report say the value was counted, and a resumed
-    session weighs it again."""
+    culprit, its journal's end record and its report say the value was counted and where it was
+    measured (the file and its model, as `--nightly-result` writes them), and a resumed session
+    weighs it again."""
     repo, shas = history
     stand_in = NpuThroughputStandIn(DROP, SPREAD, seed=7)
-    session = _start(tmp_path, repo, shas, stand_in, name="nightly", earlier_runs={"bad": [930.0]})
+    source = "--nightly-result bad=/nightly/benchmark_results/speed-a2.json (model_name tiny)"
+    session = _start(tmp_path, repo, shas, stand_in, name="nightly", earlier_runs={"bad": [930.0], "source": source})
     assert session.problem().earlier_levels == ((), (930.0,))
     result = session.run()
     write_reports(tmp_path / "nightly")
@@ -301,8 +303,9 @@ def test_the_failing_nightlys_throughput_counts_as_a_run_at_the_bad_end(history:
     assert steps[:2] == [0, 0], steps
     end = next(r for r in _records(tmp_path / "nightly") if r["type"] == "end")
     assert end["figures"]["earlier_bad_runs"] == 1 and end["figures"]["earlier_bad_mean"] == 930.0
-    assert "the failing nightly's 930 tokens/s counted as a run at the bad end" in \
-        (tmp_path / "nightly" / "report.md").read_text()
+    report = (tmp_path / "nightly" / "report.md").read_text()
+    assert "the failing nightly's 930 tokens/s counted as a run at the bad end" in report
+    assert f"\n- where they were measured: {source}\n" in report
     _cut(tmp_path / "nightly", tmp_path / "nightly-cut")  # a resume has them from the recipe it ran
     builder = LocalBuilder(git.Repo(repo), tmp_path / "nightly-cut-work", ["sh", "-c", "test ! -e BROKEN"])
     resumed = Session.resume(tmp_path / "nightly-cut", builder=builder, executor=NpuThroughputStandIn(DROP, SPREAD, 7))

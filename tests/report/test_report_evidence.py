@@ -7,9 +7,11 @@ from pathlib import Path
 import pytest
 
 from bisect_npu.level import CommitsLevel
+from bisect_npu.recipe.loader import load_recipe
 from bisect_npu.records import CandidateRange, EndRecord, HeaderRecord
 from bisect_npu.report import SessionView, StepView, evidence_summary, host_line, switch_lines
 from bisect_npu.request import RunContext, RunRequest
+from tests.helpers.npu_throughput import perf_recipe
 
 NOISY = {"posterior": 0.995, "culprit_rate": 0.9, "culprit_rate_lo": 0.6, "culprit_rate_hi": 0.98,
          "culprit_trials": 10.0, "parent_rate": 0.1, "parent_rate_lo": 0.02, "parent_rate_hi": 0.4,
@@ -18,11 +20,13 @@ NOISY = {"posterior": 0.995, "culprit_rate": 0.9, "culprit_rate_lo": 0.6, "culpr
 
 
 def view(figures: dict, *, find_fix: bool = False, steps: list[StepView] | None = None, status: str = "found",
-         index: int = 2) -> SessionView:
+         index: int = 2, recipe: Path | None = None, digest: str | None = None) -> SessionView:
     header = HeaderRecord(range=CandidateRange(kind="commits", good="b" * 40, bad="3" * 40, base="b" * 40,
                                                good_ref="good", bad_ref="bad",
                                                candidates=["1" * 40, "2" * 40, "3" * 40]),
-                          request=RunRequest.of(good="good", bad="bad", find_fix=find_fix), level=CommitsLevel())
+                          request=RunRequest.of(good="good", bad="bad", find_fix=find_fix,
+                                                recipe=str(recipe) if recipe else None),
+                          level=CommitsLevel(), recipe_digest=digest)
     end = EndRecord(status=status, culprit="2" * 40, index=index, figures=figures)
     return SessionView(Path("."), header, steps or [], end, None, None)
 
@@ -102,3 +106,25 @@ def test_the_host_line_names_the_host_type_and_what_it_changed() -> None:
                                              "host_changes": {"build.dockerfile": "Dockerfile.a3"}})
     a3 = SessionView(Path("."), header, [], None, None, None)
     assert host_line(a3) == "NPU host type: A3; the recipe as this host ran it: `build.dockerfile: Dockerfile.a3`"
+
+
+LEVELS = {"posterior": 0.995, "confidence_asked": 0.99, "good_mean": 1000.0, "bad_mean": 930.0, "runs": 14.0,
+          "earlier_bad_runs": 1.0, "earlier_bad_mean": 951.2}
+
+
+def test_the_nightly_evidence_counted_is_said_with_where_it_was_measured(tmp_path: Path) -> None:
+    """The recipe's `earlier_runs.source` (for `--nightly-result`, each file with the model it
+    served) follows the line of the runs it gave; not where the recipe changed since the session
+    read it (it may name other runs), nor where it gives none."""
+    source = "--nightly-result bad=/nightly/benchmark_results/speed-a2.json (model_name tiny)"
+    recipe = perf_recipe(tmp_path / "perf.yaml", earlier_runs={"bad": [951.2], "source": source})
+    digest = load_recipe(str(recipe)).digest()
+    lines = evidence_summary(view(LEVELS, recipe=recipe, digest=digest))
+    assert lines[-2:] == ["the failing nightly's 951 tokens/s counted as a run at the bad end (as far as the "
+                          "baseline's host is this one: a value of another host costs runs, not the answer)",
+                          f"where they were measured: {source}"]
+    perf_recipe(recipe, earlier_runs={"bad": [951.2], "source": "another nightly"})
+    assert not any("measured" in line for line in evidence_summary(view(LEVELS, recipe=recipe, digest=digest)))
+    unsaid = perf_recipe(tmp_path / "unsaid.yaml", earlier_runs={"bad": [951.2]})
+    lines = evidence_summary(view(LEVELS, recipe=unsaid, digest=load_recipe(str(unsaid)).digest()))
+    assert lines[-1].startswith("the failing nightly's 951 tokens/s") and not any("measured" in x for x in lines)

@@ -135,9 +135,8 @@ def nightly_results(texts: list[str], benchmark: CaseBenchmark | None = None,
         ends[end].append(read.value)
         served = f"model_name {read.model}" if read.model else "no model_name: its model not checked"
         sources.append(f"{end}={read.file.resolve()} ({'; '.join(filter(None, (served, read.unknown_commit)))})")
-        why = "; ".join(part for part in (read.why, read.unknown_commit) if part)
-        said.append(f"--nightly-result {text}: {read.value} tokens/s ({OTT}) from {read.file}"
-                    f"{f' ({why})' if why else ''}")
+        why = "; ".join(part for part in (served, read.why, read.unknown_commit) if part)
+        said.append(f"--nightly-result {text}: {read.value} tokens/s ({OTT}) from {read.file} ({why})")
     if not texts:
         return None, []
     try:

@@ -117,14 +117,16 @@ def _levels_lines(view: SessionView, end: EndRecord, found: str, flipped: bool) 
             *earlier_lines(figures, flipped, earlier_source(view))]
 
 
+_NIGHTLY = {"good": "the last good nightly's", "bad": "the failing nightly's"}  # whose earlier runs, by end
+
+
 def earlier_lines(figures: dict[str, float], flipped: bool = False, source: str = "") -> list[str]:
     """The earlier runs the levels search counted (`oracle.throughput.earlier_runs`), one line an end
     (`flipped`, a fix: the failing nightly's at the old end, the good one's at the new end), then
     where they were measured (`source`: for `--nightly-result`, each file and the model it served),
     so a reader can check the evidence is the case's."""
-    said = {"good": "the last good nightly's", "bad": "the failing nightly's"}
     at = {"good": "new", "bad": "old"} if flipped else {"good": "good", "bad": "bad"}
-    lines = [f"{said[end]} {_runs_said(count, figures[f'earlier_{end}_mean'])} counted as "
+    lines = [f"{_NIGHTLY[end]} {_runs_said(count, figures[f'earlier_{end}_mean'])} counted as "
              f"{'a run' if count == 1 else 'runs'} at the {at[end]} end (as far as the baseline's host is this one: "
              "a value of another host costs runs, not the answer)"
              for end in ("good", "bad") if (count := figures.get(f"earlier_{end}_runs")) is not None]
@@ -150,18 +152,17 @@ def levels_ends_lines(view: SessionView, under_line: float, flipped: bool) -> li
             if threshold is not None and runs[draws] else f"the recipe's threshold x {names[draws]}'s mean")
     lines.append(f"the line: {line}; P({names[shows]}'s mean is under it, from every run of the session) = "
                  f"{_percent(under_line)}")
-    throughput = session_throughput(view)
+    throughput = _session_throughput(view)
     if throughput is not None and throughput.baseline is not None:
         lines.append(f"the recipe's published baseline: {throughput.baseline:.1f} tokens/s (the search's prior "
                      "for the level without the symptom, as far as its host is this one; the line is drawn from "
                      "the runs)")
     earlier = throughput.earlier_runs if throughput is not None else None
     if earlier is not None:
-        said = {"good": "the last good nightly's", "bad": "the failing nightly's"}
         at = {"good": names[n if flipped else 0], "bad": names[0 if flipped else n]}
         for end, values in (("good", earlier.good), ("bad", earlier.bad)):
             if values:
-                lines.append(f"{said[end]} {_runs_said(len(values), fmean(values))} at {at[end]}, not weighed in "
+                lines.append(f"{_NIGHTLY[end]} {_runs_said(len(values), fmean(values))} at {at[end]}, not weighed in "
                              "judging the ends (they are judged on this session's runs alone: an earlier run may "
                              "be another host's)")
         if earlier.source:
@@ -188,7 +189,7 @@ def _spread_said(values: list[float]) -> str:
             f"(standard deviation; {min(values):.1f}-{max(values):.1f})")
 
 
-def session_throughput(view: SessionView) -> ThroughputConfig | None:
+def _session_throughput(view: SessionView) -> ThroughputConfig | None:
     """The recipe's `oracle.throughput` as the session ran it: None where the recipe has none, is
     gone, or changed since (its digest differs from the journal's: it may name other runs)."""
     recipe = recipe_of(view)
@@ -200,7 +201,7 @@ def session_throughput(view: SessionView) -> ThroughputConfig | None:
 def earlier_source(view: SessionView) -> str:
     """The recipe's `earlier_runs.source` as the session ran it (`session_throughput`): empty where
     it gives none."""
-    throughput = session_throughput(view)
+    throughput = _session_throughput(view)
     earlier = throughput.earlier_runs if throughput is not None else None
     return earlier.source if earlier is not None else ""
 

@@ -113,8 +113,9 @@ def nightly_results(texts: list[str], benchmark: CaseBenchmark | None = None,
                     commits: dict[str, str | None] | None = None) -> tuple[EarlierThroughput | None, list[str]]:
     """`--nightly-result END=TOKENS_PER_S|PATH` (repeatable) as the recipe's
     `oracle.throughput.earlier_runs`, and a line for each value read from a file (which file, the
-    model it says it served, and why when the path held several). A PATH is read for `benchmark`, run at `commits[END]`; the
-    runs' `source` names each file with the model it says it served (the report shows it)."""
+    model it says it served, and why when the path held several). A PATH is read for `benchmark`,
+    run at `commits[END]`; the runs' `source` names each file with the model it says it served
+    (the report shows it)."""
     ends: dict[str, list[float]] = {"good": [], "bad": []}
     sources, said = [], []
     for text in texts:

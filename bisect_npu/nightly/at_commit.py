@@ -112,9 +112,10 @@ class CaseBenchmark:
 def nightly_results(texts: list[str], benchmark: CaseBenchmark | None = None,
                     commits: dict[str, str | None] | None = None) -> tuple[EarlierThroughput | None, list[str]]:
     """`--nightly-result END=TOKENS_PER_S|PATH` (repeatable) as the recipe's
-    `oracle.throughput.earlier_runs`, and a line for each value read from a file (which file, and
-    why when the path held several). A PATH is read for `benchmark`, run at `commits[END]`; the
-    runs' `source` names each file with the model it says it served (the report shows it)."""
+    `oracle.throughput.earlier_runs`, and a line for each value read from a file (which file, the
+    model it says it served, and why when the path held several). A PATH is read for `benchmark`,
+    run at `commits[END]`; the runs' `source` names each file with the model it says it served
+    (the report shows it)."""
     ends: dict[str, list[float]] = {"good": [], "bad": []}
     sources, said = [], []
     for text in texts:
@@ -135,9 +136,8 @@ def nightly_results(texts: list[str], benchmark: CaseBenchmark | None = None,
         ends[end].append(read.value)
         served = f"model_name {read.model}" if read.model else "no model_name: its model not checked"
         sources.append(f"{end}={read.file.resolve()} ({'; '.join(filter(None, (served, read.unknown_commit)))})")
-        why = "; ".join(part for part in (read.why, read.unknown_commit) if part)
-        said.append(f"--nightly-result {text}: {read.value} tokens/s ({OTT}) from {read.file}"
-                    f"{f' ({why})' if why else ''}")
+        why = "; ".join(part for part in (served, read.why, read.unknown_commit) if part)
+        said.append(f"--nightly-result {text}: {read.value} tokens/s ({OTT}) from {read.file} ({why})")
     if not texts:
         return None, []
     try:

@@ -17,7 +17,9 @@ given: a branch (`main`) unless it was dispatched at a commit, so only then is i
 the end's commit (the value is read saying its commit is unknown). Several such files in one folder
 are named after the workflow's matrix, not the case: they are told apart by their `model_name`.
 Whichever file is read, a `model_name` that names another model than the case's is refused: its
-task may share the case's dataset and inputs, but it is another case's run.
+task may share the case's dataset and inputs, but it is another case's run. The accuracy path
+(`--earlier-results`) refuses one alike, before anything runs; its other differences (the commit,
+the inputs) only set the results aside.
 """
 
 from __future__ import annotations
@@ -78,24 +80,23 @@ def benchmark_files(path: Path) -> list[Path]:
 
 def nightly_differences(path: Path, recipe: Recipe, commit: str) -> list[str]:
     """What the nightly's benchmark JSON says its run was that this end's case is not: the
-    commit, the model, the dataset, the output length and batch size (nothing without a JSON)."""
+    commit, the dataset, the output length and batch size (nothing without a JSON). A JSON whose
+    `model_name` names another model than the case's is refused (`check_nightly_model`), not
+    listed: that run is another case's at any commit."""
     spec = recipe.accuracy
     files = benchmark_files(path)
     if spec is None or not files:
         return []
-    dataset = Path(spec.dataset).as_posix()
-    matched = [(file, doc, task) for file in files for doc in [_load(file)] for task in _tasks(doc)
-               if task.get("name") and (dataset == task["name"] or dataset.endswith("/" + str(task["name"])))]
+    matched = _of_dataset(files, spec.dataset)
     if not matched:
-        return [f"no benchmark in {', '.join(file.name for file in files)} is of this case's dataset {dataset}"]
+        return [f"no benchmark in {', '.join(file.name for file in files)} is of this case's dataset "
+                f"{Path(spec.dataset).as_posix()}"]
     file, doc, task = matched[0]
+    _check_model(file, doc, recipe.name, recipe.model.path, **ACCURACY_REFUSED)
     said = []
     version = _version(doc)
     if _SHA.fullmatch(version) and not commit.startswith(version.lower()):
         said.append(f"the nightly ran at {version[:12]} ({file.name}), this end is {commit[:12]}")
-    model = _model_name(doc)
-    if model and not _names_model(recipe.model.path, model):
-        said.append(f"the nightly served {model}, the case's model is {recipe.model.path}")
     test_input = task.get("test_input")
     given: dict[str, Any] = test_input if isinstance(test_input, dict) else {}
     ours = {"max_out_len": spec.sampling.max_tokens, "batch_size": spec.aisbench.batch_size if spec.aisbench else None}
@@ -103,6 +104,28 @@ def nightly_differences(path: Path, recipe: Recipe, commit: str) -> list[str]:
         if value is not None and given.get(key) is not None and given[key] != value:
             said.append(f"the nightly's {key} was {given[key]}, the case's is {value}")
     return said
+
+
+ACCURACY_REFUSED = {"what": "its results are", "give": "the checkout", "flag": "--earlier-results END=COMMIT:PATH"}
+
+
+def check_nightly_model(path: Path, recipe: Recipe) -> None:
+    """Refuse a nightly's accuracy outputs whose benchmark JSON (its entry for the case's dataset)
+    names another model than the case's, before anything runs: its run may share the dataset and
+    inputs, but it is another case's, at any commit (as `--nightly-result` refuses one). A JSON
+    naming no model, or no JSON beside the run, is read, its model unchecked."""
+    spec = recipe.accuracy
+    matched = _of_dataset(benchmark_files(path), spec.dataset) if spec is not None else []
+    if matched:
+        file, doc, _ = matched[0]
+        _check_model(file, doc, recipe.name, recipe.model.path, **ACCURACY_REFUSED)
+
+
+def _of_dataset(files: list[Path], dataset: str) -> list[tuple[Path, dict[str, Any], dict[str, Any]]]:
+    """Each (file, JSON, task) of the nightly's benchmark files whose task is of `dataset`."""
+    name = Path(dataset).as_posix()
+    return [(file, doc, task) for file in files for doc in [_load(file)] for task in _tasks(doc)
+            if task.get("name") and (name == task["name"] or name.endswith("/" + str(task["name"])))]
 
 
 def _load(file: Path) -> dict[str, Any]:
@@ -253,15 +276,16 @@ def _check_commit(file: Path, doc: dict[str, Any], commit: str | None) -> None:
                          f"not a run of this end: pass the end {version[:12]} or the JSON of a run at {commit[:12]}")
 
 
-def _check_model(file: Path, doc: dict[str, Any], case: str, model: str) -> None:
+def _check_model(file: Path, doc: dict[str, Any], case: str, model: str, *, what: str = "its throughput is",
+                 give: str = "the JSON", flag: str = "--nightly-result END=PATH") -> None:
     """A file whose `model_name` is another model than the case's is another case's run (its task
     may share the dataset and inputs); a file naming none, or a case whose model is not known, is
-    read as is."""
+    read as is. `what`, `give` and `flag`: what the file gave, and what to give instead and how."""
     served = _model_name(doc)
     if model and served and not _same_model(doc, model):
-        raise UsageError(f"{file}: the nightly served {served}, the case {case} serves {model}; its throughput is "
-                         f"not a run of this case: give the JSON of the nightly job that ran {case} "
-                         "(--nightly-result END=PATH), or the --nightly-case of the model it served")
+        raise UsageError(f"{file}: the nightly served {served}, the case {case} serves {model}; {what} not a run "
+                         f"of this case: give {give} of the nightly job that ran {case} ({flag}), or the "
+                         "--nightly-case of the model it served")
 
 
 def _ran_at(doc: dict[str, Any], commit: str) -> bool:

@@ -3,7 +3,10 @@ NPU host type, the candidates' own switches)."""
 
 from __future__ import annotations
 
+from statistics import fmean, stdev
+
 from bisect_npu.level import MergeLevel
+from bisect_npu.oracle.throughput import ThroughputConfig
 from bisect_npu.records import EndRecord
 from bisect_npu.report.case import recipe_of
 from bisect_npu.report.view import SessionView, StepView
@@ -12,7 +15,8 @@ from bisect_npu.report.view import SessionView, StepView
 def evidence_summary(view: SessionView) -> list[str]:
     """The evidence behind the answer in words (the journal keeps the raw figures): in exact mode
     the steps that bracket the culprit, in noisy mode both commits' trials with 95% intervals and
-    the posterior, and for ends judged wrong in noisy mode what each end showed. Noisy figures count
+    the posterior, and for ends judged wrong what each end showed (in levels mode: its runs, the
+    line and the nightly's earlier runs, `levels_ends_lines`). Noisy figures count
     the search's "bad" runs, which with --find-fix are the runs without the symptom; the words
     always count runs that show it."""
     end = view.end
@@ -25,6 +29,8 @@ def evidence_summary(view: SessionView) -> list[str]:
         return [f"{old}: {_symptom_share(figures, 'good_end', flipped)}",
                 f"{new}: {_symptom_share(figures, 'bad_end', flipped)}",
                 f"P(the two ends differ) = {_percent(figures['change_probability'])}"]
+    if end.status == "ends_wrong" and "under_line" in figures:
+        return levels_ends_lines(view, figures["under_line"], flipped)
     if end.status != "found":
         return []
     found = "the fix" if flipped else "the culprit"
@@ -111,35 +117,97 @@ def _levels_lines(view: SessionView, end: EndRecord, found: str, flipped: bool) 
             *earlier_lines(figures, flipped, earlier_source(view))]
 
 
+_NIGHTLY = {"good": "the last good nightly's", "bad": "the failing nightly's"}  # whose earlier runs, by end
+
+
 def earlier_lines(figures: dict[str, float], flipped: bool = False, source: str = "") -> list[str]:
     """The earlier runs the levels search counted (`oracle.throughput.earlier_runs`), one line an end
     (`flipped`, a fix: the failing nightly's at the old end, the good one's at the new end), then
     where they were measured (`source`: for `--nightly-result`, each file and the model it served),
     so a reader can check the evidence is the case's."""
-    said = {"good": "the last good nightly's", "bad": "the failing nightly's"}
     at = {"good": "new", "bad": "old"} if flipped else {"good": "good", "bad": "bad"}
-    lines = [f"{said[end]} {_runs_said(figures, end)} at the {at[end]} end (as far as the baseline's host is this "
-             "one: a value of another host costs runs, not the answer)"
-             for end in ("good", "bad") if f"earlier_{end}_runs" in figures]
+    lines = [f"{_NIGHTLY[end]} {_runs_said(count, figures[f'earlier_{end}_mean'])} counted as "
+             f"{'a run' if count == 1 else 'runs'} at the {at[end]} end (as far as the baseline's host is this one: "
+             "a value of another host costs runs, not the answer)"
+             for end in ("good", "bad") if (count := figures.get(f"earlier_{end}_runs")) is not None]
     return [*lines, f"where they were measured: {source}"] if lines and source else lines
 
 
-def earlier_source(view: SessionView) -> str:
-    """The recipe's `earlier_runs.source` as the session ran it: empty where the recipe gives none,
-    is gone, or changed since (its digest differs from the journal's: it may name other runs)."""
+def levels_ends_lines(view: SessionView, under_line: float, flipped: bool) -> list[str]:
+    """Why a levels session judged its ends wrong (exit 4): each end's own runs (count, mean,
+    spread), the line the end with the symptom was held to (`threshold` x the other end's mean; in
+    a fix search, `flipped`, the new end's), how likely the session's runs make it that the end's
+    mean lies under it, and, where the recipe is still the one the session ran, the published
+    baseline and the nightly's earlier runs with their source: those are not weighed in judging
+    the ends (an earlier run may be another host's), so a nightly that failed beside a bad end
+    that ran fast here says the two were not measured alike."""
+    n = len(view.range.candidates)
+    shows, draws = (0, n) if flipped else (n, 0)  # the end that should show the symptom, the end drawing the line
+    names = {0: "the old end" if flipped else "the good end", n: "the new end" if flipped else "the bad end"}
+    runs = {end: _end_runs(view, end) for end in (0, n)}
+    lines = [f"{names[end]}: {_spread_said(runs[end])}" for end in (0, n)]
+    threshold = next((s.figures["threshold"] for s in view.steps
+                      if s.index in (0, n) and isinstance(s.figures.get("threshold"), int | float)), None)
+    line = (f"{threshold:g} x {names[draws]}'s mean = {threshold * fmean(runs[draws]):.1f} tokens/s"
+            if threshold is not None and runs[draws] else f"the recipe's threshold x {names[draws]}'s mean")
+    lines.append(f"the line: {line}; P({names[shows]}'s mean is under it, from every run of the session) = "
+                 f"{_percent(under_line)}")
+    throughput = _session_throughput(view)
+    if throughput is not None and throughput.baseline is not None:
+        lines.append(f"the recipe's published baseline: {throughput.baseline:.1f} tokens/s (the search's prior "
+                     "for the level without the symptom, as far as its host is this one; the line is drawn from "
+                     "the runs)")
+    earlier = throughput.earlier_runs if throughput is not None else None
+    if earlier is not None:
+        at = {"good": names[n if flipped else 0], "bad": names[0 if flipped else n]}
+        for end, values in (("good", earlier.good), ("bad", earlier.bad)):
+            if values:
+                lines.append(f"{_NIGHTLY[end]} {_runs_said(len(values), fmean(values))} at {at[end]}, not weighed in "
+                             "judging the ends (they are judged on this session's runs alone: an earlier run may "
+                             "be another host's)")
+        if earlier.source:
+            lines.append(f"where they were measured: {earlier.source}")
+    return lines
+
+
+def _end_runs(view: SessionView, index: int) -> list[float]:
+    """The tokens/s of every run journaled at a position (its steps' `throughput_samples`)."""
+    values: list[float] = []
+    for step in view.steps:
+        samples = step.figures.get("throughput_samples")
+        if step.index == index and step.verdict != "skip" and isinstance(samples, list):
+            values += [float(v) for v in samples if isinstance(v, int | float) and not isinstance(v, bool)]
+    return values
+
+
+def _spread_said(values: list[float]) -> str:
+    if not values:
+        return "no run measured"
+    if len(values) == 1:
+        return f"1 run, {values[0]:.1f} tokens/s (one run: no spread of its own)"
+    return (f"{len(values)} runs, mean {fmean(values):.1f} tokens/s, spread {stdev(values):.1f} "
+            f"(standard deviation; {min(values):.1f}-{max(values):.1f})")
+
+
+def _session_throughput(view: SessionView) -> ThroughputConfig | None:
+    """The recipe's `oracle.throughput` as the session ran it: None where the recipe has none, is
+    gone, or changed since (its digest differs from the journal's: it may name other runs)."""
     recipe = recipe_of(view)
     if recipe is None or view.header.recipe_digest not in (None, recipe.digest()):
-        return ""
-    throughput = recipe.oracle.throughput
+        return None
+    return recipe.oracle.throughput
+
+
+def earlier_source(view: SessionView) -> str:
+    """The recipe's `earlier_runs.source` as the session ran it (`session_throughput`): empty where
+    it gives none."""
+    throughput = _session_throughput(view)
     earlier = throughput.earlier_runs if throughput is not None else None
     return earlier.source if earlier is not None else ""
 
 
-def _runs_said(figures: dict[str, float], end: str) -> str:
-    count, mean = figures[f"earlier_{end}_runs"], figures[f"earlier_{end}_mean"]
-    if count == 1:
-        return f"{mean:.0f} tokens/s counted as a run"
-    return f"{count:.0f} runs averaging {mean:.0f} tokens/s counted as runs"
+def _runs_said(count: float, mean: float) -> str:
+    return f"{mean:.0f} tokens/s" if count == 1 else f"{count:.0f} runs averaging {mean:.0f} tokens/s"
 
 
 def host_line(view: SessionView) -> str | None:

@@ -13,8 +13,8 @@ import pytest
 
 from bisect_npu.errors import UsageError
 from bisect_npu.nightly.cases import import_case, read_case_file
-from bisect_npu.orchestration.running.earlier_results import check_given, earlier_for, given_ends
-from bisect_npu.recipe.schema import Recipe
+from bisect_npu.orchestration.running.earlier_results import check_given, check_models, earlier_for, given_ends
+from bisect_npu.recipe.schema import EarlierEndSpec, EarlierResultsSpec, Recipe
 from tests.helpers.cli_exit import run_cli
 from tests.helpers.paths import REPO_ROOT
 
@@ -138,7 +138,7 @@ DEMO_DATASETS = REPO_ROOT / "bisect_npu" / "recipes" / "data"
 
 
 @pytest.mark.e2e
-def test_a_nightly_case_run_takes_the_checkout_and_refuses_one_without_details_before_anything_runs(
+def test_a_nightly_case_run_refuses_a_checkout_without_details_or_of_another_model_before_anything_runs(
         demo_upstream, tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch) -> None:
     from bisect_npu.demo import nightly as demo_nightly
 
@@ -159,3 +159,39 @@ def test_a_nightly_case_run_takes_the_checkout_and_refuses_one_without_details_b
     assert "holds AISBench's aggregate score only (the nightly runs it without --dump-eval-details)" in line
     assert f"`-m eval --reuse {RUN} --dump-eval-details`" in line
     assert not (tmp_path / "s").exists()
+    nightly_checkout(tmp_path / "other", commit=truth.bad_sha, max_out_len=4, rows=rows, model="another/Model",
+                     correct=[True] * len(rows), dataset="qa.jsonl")  # another model's run, with its details
+    code, out, err = run_cli(["run", "--repo", str(repo), "--good", truth.good_sha, "--bad", truth.bad_sha,
+                              "--nightly-case", f"{demo_nightly.CASE_PATH}::{demo_nightly.CASE_NAME}::acc",
+                              "--nightly-datasets", str(DEMO_DATASETS), "--session", str(tmp_path / "s"),
+                              "--earlier-results", f"bad={truth.bad_sha}:other"], capsys)
+    assert code == 2 and "the nightly served another/Model, the case " in err.strip().splitlines()[-1], (out, err)
+    assert not (tmp_path / "s").exists()
+
+
+def test_a_nightly_of_another_model_is_refused_before_anything_runs_and_one_naming_none_is_read(
+        tmp_path: Path) -> None:
+    """A checkout whose benchmark JSON says it served another model than the case's is another
+    case's run (the same dataset and inputs, another model): refused naming both models and what to
+    give, up front (given on the command line or in the recipe) and at the end's step alike, as
+    `--nightly-result` refuses one; a JSON naming no model is read."""
+    recipe = nightly_recipe(tmp_path)
+    other = nightly_checkout(tmp_path / "other", model="vllm-ascend/Qwen3-32B-W8A8")
+    given = f"bad={BAD[:10]}:{other}"
+    refused = (rf"--earlier-results {given}: {other}/benchmark_results/tiny.json: the nightly served "
+               rf"vllm-ascend/Qwen3-32B-W8A8, the case {recipe.name} serves {recipe.model.path}; its results are "
+               rf"not a run of this case: give the checkout of the nightly job that ran {recipe.name} "
+               r"\(--earlier-results END=COMMIT:PATH\), or the --nightly-case of the model it served")
+    with pytest.raises(UsageError, match=refused):
+        check_models(recipe, [given])
+    assert recipe.accuracy is not None
+    own = recipe.model_copy(update={"accuracy": recipe.accuracy.model_copy(update={
+        "earlier_results": EarlierResultsSpec(bad=EarlierEndSpec(path=str(other), commit=BAD[:10]))})})
+    with pytest.raises(UsageError, match=r"^the recipe's earlier_results\.bad: .* the nightly served vllm-ascend/"):
+        check_models(own)
+    with pytest.raises(UsageError, match="its results are not a run of this case"):
+        earlier_for(recipe, "bad_end", BAD, given_ends([given]))
+    unnamed = nightly_checkout(tmp_path / "unnamed", model="")
+    check_models(recipe, [f"bad={BAD[:10]}:{unnamed}"])
+    read = earlier_for(recipe, "bad_end", BAD, given_ends([f"bad={BAD[:10]}:{unnamed}"]))
+    assert read is not None and read.samples is not None and len(read.samples) == len(ROWS)

@@ -76,7 +76,7 @@ def test_the_failing_nightlys_json_gives_the_bad_ends_value_by_file_folder_or_ch
     for given in (file, file.parent, tmp_path / "checkout"):
         earlier, said = nightly_results([f"bad={given}", "good=1003"], BENCHMARK, {"bad": BAD, "good": None})
         assert earlier is not None and earlier.bad == [951.2] and earlier.good == [1003.0]
-        assert said == [f"--nightly-result bad={given}: 951.2 tokens/s ({OTT}) from {file}"]
+        assert said == [f"--nightly-result bad={given}: 951.2 tokens/s ({OTT}) from {file} (model_name tiny)"]
         assert earlier.source == f"--nightly-result bad={file.resolve()} (model_name tiny); good=1003"
     assert nightly_results([f"bad={file}"], BENCHMARK, {"bad": None})[0] is not None  # the end's commit not known yet
 
@@ -121,8 +121,10 @@ def test_a_file_of_another_model_is_refused_naming_both_and_one_naming_none_is_r
         earlier, _ = nightly_results([f"bad={nightly_json(tmp_path / 'own', model=served)}"], of_case, {"bad": BAD})
         assert earlier is not None and earlier.bad == [951.2] and f"(model_name {served})" in earlier.source
     unnamed = nightly_json(tmp_path / "unnamed", model=None)
-    earlier, _ = nightly_results([f"bad={unnamed}"], of_case, {"bad": BAD})
+    earlier, said = nightly_results([f"bad={unnamed}"], of_case, {"bad": BAD})
     assert earlier is not None and earlier.bad == [951.2]
+    assert said == [f"--nightly-result bad={unnamed}: 951.2 tokens/s ({OTT}) from {unnamed} (no model_name: its "
+                    "model not checked)"]  # the line printed before the build says so too
     assert earlier.source == f"--nightly-result bad={unnamed.resolve()} (no model_name: its model not checked)"
 
 
@@ -131,10 +133,11 @@ def test_of_several_files_the_one_run_at_the_end_else_the_cases_own_is_read_and_
     nightly_json(tmp_path, "speed-a2", ott=951.2)
     earlier, said = nightly_results([f"bad={tmp_path}"], BENCHMARK, {"bad": BAD})
     assert earlier is not None and earlier.bad == [951.2]
-    assert said[0].endswith("(of 2 files with task GSM8K-in3500-bs400, the one run at 86797d44a711)")
+    assert said[0].endswith("(model_name tiny; of 2 files with task GSM8K-in3500-bs400, the one run at 86797d44a711)")
     earlier, said = nightly_results([f"bad={tmp_path}"], BENCHMARK, {"bad": None})
     assert earlier is not None and earlier.bad == [951.2]
-    assert said[0].endswith("(of 2 files with task GSM8K-in3500-bs400, the one named after case speed-a2)")
+    assert said[0].endswith("(model_name tiny; of 2 files with task GSM8K-in3500-bs400, the one named after case "
+                            "speed-a2)")
     (tmp_path / "speed-a2.json").rename(tmp_path / "job-2.json")
     with pytest.raises(UsageError, match=r"2 tasks GSM8K-in3500-bs400 in job-2.json \(model tiny, ran 86797d44a711"
                                          r"\), other-job.json \(model tiny, ran 0123456789ab\), none told apart by "
@@ -154,12 +157,13 @@ def test_run_reads_the_json_into_the_bad_ends_recipe_and_says_which_file(tmp_pat
     throughput = load_recipe(settled.recipe).oracle.throughput
     assert throughput is not None and throughput.earlier_runs is not None
     assert throughput.earlier_runs.bad == [951.2] and str(file.resolve()) in throughput.earlier_runs.source
-    assert settled.owed[0] == f"--nightly-result bad={tmp_path / 'nightly'}: 951.2 tokens/s ({OTT}) from {file}"
+    assert settled.owed[0] == (f"--nightly-result bad={tmp_path / 'nightly'}: 951.2 tokens/s ({OTT}) from {file} "
+                               "(model_name tiny)")
     # under --find-fix the failing nightly ran at the old end (--good): its file is read for that commit
     old = nightly_json(tmp_path / "old", commit=shas[0])
     fix = settle_run(str(tmp_path / "up"), "HEAD", shas[0], f"{CASE_PATH}::speed-a2::perf", None, None, None,
                      None, "single_node", None, results=(f"bad={old}",), find_fix=True)
-    assert fix.owed[0] == f"--nightly-result bad={old}: 951.2 tokens/s ({OTT}) from {old}"
+    assert fix.owed[0] == f"--nightly-result bad={old}: 951.2 tokens/s ({OTT}) from {old} (model_name tiny)"
     with pytest.raises(UsageError, match=f"the nightly ran at {shas[-1][:12]}, this end is {shas[0][:12]}"):
         settle_run(str(tmp_path / "up"), "HEAD", shas[0], f"{CASE_PATH}::speed-a2::perf", None, None, None,
                    None, "single_node", None, results=(f"bad={file}",), find_fix=True)
@@ -215,8 +219,8 @@ def test_the_multi_node_nightlys_artifact_gives_the_performance_tasks_value(tmp_
     for given in (file, file.parent):
         earlier, said = nightly_results([f"bad={given}"], multi_node_benchmark(), {"bad": BAD})
         assert earlier is not None and earlier.bad == [2210.4]
-        assert said == [f"--nightly-result bad={given}: 2210.4 tokens/s ({OTT}) from {file} (it ran main: its "
-                        "commit unknown, not checked against the end's)"]
+        assert said == [f"--nightly-result bad={given}: 2210.4 tokens/s ({OTT}) from {file} (model_name "
+                        "Org/Tiny-MoE; it ran main: its commit unknown, not checked against the end's)"]
         assert earlier.source == (f"--nightly-result bad={file.resolve()} (model_name Org/Tiny-MoE; it ran main: its "
                                   "commit unknown, not checked against the end's)")
 
@@ -233,9 +237,9 @@ def test_several_multi_node_artifacts_in_one_folder_are_told_apart_by_the_model(
     file = multi_node_json(folder)
     earlier, said = nightly_results([f"bad={folder}"], multi_node_benchmark(), {"bad": BAD})
     assert earlier is not None and earlier.bad == [2210.4]
-    assert said == [f"--nightly-result bad={folder}: 2210.4 tokens/s ({OTT}) from {file} (of 2 files with task "
-                    "tiny-set, the one of the case's model Org/Tiny-MoE; it ran main: its commit unknown, not "
-                    "checked against the end's)"]
+    assert said == [f"--nightly-result bad={folder}: 2210.4 tokens/s ({OTT}) from {file} (model_name Org/Tiny-MoE; "
+                    "of 2 files with task tiny-set, the one of the case's model Org/Tiny-MoE; it ran main: its "
+                    "commit unknown, not checked against the end's)"]
     multi_node_json(folder, job="tiny-ep", ott=2000.0)
     with pytest.raises(UsageError, match=r"3 tasks tiny-set in main-multi-node-big-ep.json \(model Org/Big-MoE, ran "
                                          r"main\), main-multi-node-tiny-dp.json \(model Org/Tiny-MoE, ran main\), "

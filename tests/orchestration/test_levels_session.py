@@ -274,7 +274,8 @@ def test_the_published_baseline_is_the_searchs_prior_and_a_wrong_one_costs_runs_
 def test_a_bad_end_that_is_not_slower_is_an_end_judged_wrong(history: tuple[Path, list[str]],
                                                              tmp_path: Path) -> None:
     """Where the bad end runs 5% faster than the good end, the runs make it sure its mean is not
-    under the good end's line: exit 4, the message saying both ends' runs; each end ran twice."""
+    under the good end's line: exit 4, the message saying both ends' runs; each end ran twice; the
+    report's evidence gives each end's runs and the line."""
     repo, shas = history
     faster = NpuThroughputStandIn(-0.05, SPREAD, seed=2)
     result, session = _session(tmp_path, repo, shas, faster)
@@ -282,6 +283,7 @@ def test_a_bad_end_that_is_not_slower_is_an_end_judged_wrong(history: tuple[Path
     assert "precondition failed: the bad end" in result.message and "P(under the good end's line)" in result.message
     steps = [r["index"] for r in _records(session) if r["type"] == "step"]
     assert steps.count(0) >= 2 and steps.count(N - 1) >= 2
+    assert "\n- the bad end: " in (report := (session / "report.md").read_text()) and "- the line: 0.97 x" in report
 
 
 def test_the_failing_nightlys_throughput_counts_as_a_run_at_the_bad_end(history: tuple[Path, list[str]],

@@ -9,7 +9,7 @@ import pytest
 from bisect_npu.level import CommitsLevel
 from bisect_npu.recipe.loader import load_recipe
 from bisect_npu.records import CandidateRange, EndRecord, HeaderRecord
-from bisect_npu.report import SessionView, StepView, evidence_summary, host_line, switch_lines
+from bisect_npu.report import SessionView, StepView, evidence_summary, host_line, render_markdown, switch_lines
 from bisect_npu.request import RunContext, RunRequest
 from tests.helpers.npu_throughput import perf_recipe
 
@@ -128,3 +128,51 @@ def test_the_nightly_evidence_counted_is_said_with_where_it_was_measured(tmp_pat
     unsaid = perf_recipe(tmp_path / "unsaid.yaml", earlier_runs={"bad": [951.2]})
     lines = evidence_summary(view(LEVELS, recipe=unsaid, digest=load_recipe(str(unsaid)).digest()))
     assert lines[-1].startswith("the failing nightly's 951 tokens/s") and not any("measured" in x for x in lines)
+
+
+def measured(order: int, index: int, *runs: float) -> StepView:
+    """A levels-mode step at `index` with its runs' tokens/s, as the journal keeps them."""
+    return StepView(order, index, str(index) * 40, "", "good", "", 0.0, "built", 0.0, len(runs),
+                    {"throughput_samples": list(runs), "threshold": 0.97, "line": 970.0}, [])
+
+
+def test_ends_judged_wrong_in_levels_mode_show_each_ends_runs_the_line_and_the_nightly(tmp_path: Path) -> None:
+    """Exit 4 in levels mode ("the bad end is not under the good end's line"): the report's evidence
+    gives each end's own runs (count, mean, spread), the line and P(under it), the published
+    baseline, and the failing nightly's run with where it was measured, said not to be weighed in
+    judging the ends, so a reader sees the nightly was slow where this host's bad end was not."""
+    source = "--nightly-result bad=/nightly/benchmark_results/speed-a2.json (model_name tiny)"
+    recipe = perf_recipe(tmp_path / "perf.yaml", baseline=1000.0, earlier_runs={"bad": [930.0], "source": source})
+    steps = [measured(1, 0, 1000.0), measured(2, 3, 1050.0), measured(3, 0, 1010.0), measured(4, 3, 1040.0)]
+    ended = view({"under_line": 0.0004}, status="ends_wrong", steps=steps, recipe=recipe,
+                 digest=load_recipe(str(recipe)).digest())
+    ended.session_dir = tmp_path
+    report = render_markdown(ended)
+    evidence = report[report.index("Evidence:"):].split("\n\n")[1].splitlines()
+    assert evidence == [
+        "- the good end: 2 runs, mean 1005.0 tokens/s, spread 7.1 (standard deviation; 1000.0-1010.0)",
+        "- the bad end: 2 runs, mean 1045.0 tokens/s, spread 7.1 (standard deviation; 1040.0-1050.0)",
+        "- the line: 0.97 x the good end's mean = 974.9 tokens/s; P(the bad end's mean is under it, from every run "
+        "of the session) = <0.1%",
+        "- the recipe's published baseline: 1000.0 tokens/s (the search's prior for the level without the symptom, "
+        "as far as its host is this one; the line is drawn from the runs)",
+        "- the failing nightly's 930 tokens/s at the bad end, not weighed in judging the ends (they are judged on "
+        "this session's runs alone: an earlier run may be another host's)",
+        f"- where they were measured: {source}"]
+
+
+def test_a_fix_searchs_ends_judged_wrong_hold_the_old_end_to_the_new_ends_line(tmp_path: Path) -> None:
+    """--find-fix in levels mode: the new end draws the line, the old end (the failing nightly's)
+    should lie under it; one run says it has no spread; a recipe changed since says nothing of it."""
+    recipe = perf_recipe(tmp_path / "perf.yaml", earlier_runs={"bad": [930.0]})
+    steps = [measured(1, 3, 1000.0), measured(2, 0, 1050.0), measured(3, 3, 990.0)]
+    lines = evidence_summary(view({"under_line": 0.2}, find_fix=True, status="ends_wrong", steps=steps,
+                                  recipe=recipe, digest=load_recipe(str(recipe)).digest()))
+    assert lines[:3] == ["the old end: 1 run, 1050.0 tokens/s (one run: no spread of its own)",
+                         "the new end: 2 runs, mean 995.0 tokens/s, spread 7.1 (standard deviation; 990.0-1000.0)",
+                         "the line: 0.97 x the new end's mean = 965.1 tokens/s; P(the old end's mean is under it, "
+                         "from every run of the session) = 20.0%"]
+    assert lines[-1].startswith("the failing nightly's 930 tokens/s at the old end, not weighed")
+    changed = evidence_summary(view({"under_line": 0.2}, find_fix=True, status="ends_wrong", steps=steps,
+                                    recipe=recipe, digest="another"))
+    assert changed == lines[:3]

@@ -66,10 +66,9 @@ def ends_wrong(which: Literal["good", "bad"], good: str, bad: str, *, find_fix: 
     # --find-fix names the ends old (broken) and new (fixed), as the user gave them.
     name = ("old" if which == "good" else "new") if find_fix else which
     subject = f"the {name} end {ref}"
-    tested = ref
+    tested = base[:12] if base is not None else good  # what ran as the good end, whichever end misbehaved
     if which == "good" and base is not None:
         subject = f"the merge-base {base[:12]} of the {name} end {good} and {bad} ({good} is not an ancestor of {bad})"
-        tested = base[:12]
     if untested is not None:
         message = (f"precondition failed: {subject} could not be tested ({untested}); "
                    f"fix the build or the {oracle} for that commit, or choose another end")
@@ -88,7 +87,7 @@ def ends_wrong(which: Literal["good", "bad"], good: str, bad: str, *, find_fix: 
             judged = "showed the symptom about as often as the bad end (the report's evidence has the counts)"
         message = (f"precondition failed: {subject} {judged}; check the {oracle} reproduces the "
                    f"problem at {bad} and not at {tested}, or pass --no-check-ends")
-        if tested != ref:
+        if which == "good" and base is not None:
             message += f", or give a good end on {bad}'s history"
     return message + (f" (its run's log: {log})" if log else "")
 

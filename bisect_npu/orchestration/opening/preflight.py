@@ -42,7 +42,7 @@ from bisect_npu.orchestration.opening.session_spec import (
     earlier_runs_spec,
 )
 from bisect_npu.orchestration.opening.verdict_reuse import resolve_last_good
-from bisect_npu.orchestration.running.earlier_results import check_given, settled_given
+from bisect_npu.orchestration.running.earlier_results import check_given, check_models, settled_given
 from bisect_npu.probe.harness import HarnessError
 from bisect_npu.probe.harness.dataset import indexed_rows, is_jsonl
 from bisect_npu.recipe.check import check_recipe_at_ends, check_support, range_ends
@@ -97,6 +97,8 @@ def check_run(spec: SessionSpec, host_root: Path = Path("/")) -> RunInputs:
     if spec.judge.earlier_results:
         spec.judge.earlier_results = settled_given(spec.judge.earlier_results)  # resume may start elsewhere
         check_given(spec.judge.earlier_results, recipe)
+    if recipe is not None and recipe.accuracy is not None:
+        check_models(recipe, spec.judge.earlier_results)  # a nightly of another model: before anything runs
     settle_executor(spec, recipe.cards_per_run() if recipe else 1, host_root,  # before any clone or index query
                     recipe.engine.nodes if recipe else None)
     owed = [*owed, *local_devices_missing(spec, host_root)]

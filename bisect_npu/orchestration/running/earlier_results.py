@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from bisect_npu.errors import UsageError
-from bisect_npu.nightly.outputs import aisbench_run, nightly_differences, read_run
+from bisect_npu.nightly.outputs import aisbench_run, check_nightly_model, nightly_differences, read_run
 from bisect_npu.observations import SampleOutcome
 from bisect_npu.oracle.accuracy.samples import SampleFormatError, read_samples_jsonl
 from bisect_npu.oracle.accuracy.stats import pool
@@ -111,6 +111,29 @@ def check_given(texts: Sequence[str], recipe: Recipe | None) -> None:
         except (SampleFormatError, HarnessError, OSError) as exc:
             raise UsageError(f"--earlier-results {text}: {path} is not what harness {harness} (the recipe's) writes "
                              f"({exc}); give {WRITES[harness]}") from None
+
+
+def check_models(recipe: Recipe, texts: Sequence[str] = ()) -> None:
+    """Each end's AISBench results (`--earlier-results` `texts`, else the recipe's
+    `earlier_results`) from a nightly whose benchmark JSON names another model than the case's,
+    refused before anything runs, named as given (`check_nightly_model`): another case's run is
+    never this end's, where another commit's only sets the results aside. A path not there is left
+    to the end's step, which says so."""
+    spec, settings = recipe.accuracy, earlier_settings(recipe, given_ends(texts))
+    if spec is None or settings is None:
+        return
+    flags = {parse_given(text)[0]: f"--earlier-results {text}" for text in texts}
+    for role, end in (("good_end", settings.good), ("bad_end", settings.bad)):
+        if end is None or (end.harness or spec.harness) != "aisbench":
+            continue
+        path = _beside(recipe, end.path)
+        if not path.exists():
+            continue
+        try:
+            check_nightly_model(path, recipe)
+        except UsageError as exc:
+            named = flags.get(role, f"the recipe's earlier_results.{role.removesuffix('_end')}")
+            raise UsageError(f"{named}: {exc}") from None
 
 
 def earlier_settings(recipe: Recipe, given: Mapping[str, EarlierEndSpec] | None = None) -> EarlierResultsSpec | None:

@@ -124,6 +124,9 @@ def test_the_sentences_name_the_culprit_the_range_and_the_end_that_misbehaved() 
                                      oracle="command", log=Path("/s/steps/x.log"))
     assert judged == ("precondition failed: the good end v1 was judged bad; check the command reproduces the problem "
                       "at v2 and not at v1, or pass --no-check-ends (its run's log: /s/steps/x.log)")
+    # the bad end judged good: the problem is checked at it and not at the good end (not at itself)
+    assert "reproduces the problem at v2 and not at v1, or" in end_messages.ends_wrong(
+        "bad", "v1", "v2", find_fix=False, untested=None, noisy=False, figures={}, oracle="recipe", log=None)
     assert "could not be tested (no Dockerfile)" in end_messages.ends_wrong(
         "bad", "v1", "v2", find_fix=True, untested="no Dockerfile", noisy=False, figures={}, oracle="recipe", log=None)
     assert "never showed the symptom in 12 trials" in end_messages.ends_wrong(

@@ -261,6 +261,8 @@ class JointPrior:
     # The standard errors of the two spreads' estimates (0: taken as known).
     good_var_error: float = 0.0
     bad_var_error: float = 0.0
+    # How many samples both ends ran: the spreads' evidence is weighed per sample (`tied`).
+    samples: int = 1
 
     def moved(self, z: float) -> JointPrior:
         """The prior with each end's spread moved `z` standard errors of its estimate (down to the
@@ -273,13 +275,15 @@ class JointPrior:
                           min(self.cov, 0.999 * math.sqrt(good_var * bad_var)))
 
     def tied(self) -> JointPrior:
-        """The prior with both spreads moved toward one intraclass correlation, as far as the two
-        ends' correlations do not differ beyond their estimates' errors (the difference shrunk by
-        1 - se^2/d^2, at least 0; each one's weight in the common value its inverse variance).
-        A candidate that ran a sample several times shows how its own runs spread, and a step
-        would weigh which side's spread fits that: where the ends measured their spreads loosely
-        (two runs a sample), a difference that is only their estimates' noise would decide steps
-        and read good commits as bad. Spreads known (no error) are kept."""
+        """The prior with both spreads moved toward one intraclass correlation (each end's
+        weight in the common value its inverse variance), the difference between the ends'
+        correlations kept by the probability that they differ at all: the two models (one
+        correlation for both ends, one each) weighed by their evidence, the Schwarz
+        approximation (`_differ_probability`), even odds before. A candidate that ran a sample
+        several times shows how its own runs spread, and a step would weigh which side's spread
+        fits that: where the ends measured their spreads loosely (two runs a sample), a
+        difference that is only their estimates' noise would decide steps and read good commits
+        as bad. Spreads known (no error) are kept."""
         if self.good_var_error <= 0 or self.bad_var_error <= 0:
             return self
         scale_g, scale_b = self.good_mean * (1 - self.good_mean), self.bad_mean * (1 - self.bad_mean)
@@ -287,7 +291,7 @@ class JointPrior:
         weight_g, weight_b = (scale_g / self.good_var_error) ** 2, (scale_b / self.bad_var_error) ** 2
         common = (rho_g * weight_g + rho_b * weight_b) / (weight_g + weight_b)
         diff = rho_b - rho_g
-        keep = max(0.0, 1 - (1 / weight_g + 1 / weight_b) / diff ** 2) if diff else 0.0
+        keep = _differ_probability(diff ** 2 * weight_g * weight_b / (weight_g + weight_b), self.samples)
         good_var = max(MIN_VAR, (common + keep * (rho_g - common)) * scale_g)
         bad_var = max(MIN_VAR, (common + keep * (rho_b - common)) * scale_b)
         return replace(self, good_var=good_var, bad_var=bad_var,
@@ -298,6 +302,15 @@ class JointPrior:
         """The intraclass correlation of runs of one sample, over both ends (the report's figure)."""
         return (self.good_var / (self.good_mean * (1 - self.good_mean))
                 + self.bad_var / (self.bad_mean * (1 - self.bad_mean))) / 2
+
+
+def _differ_probability(chi2: float, samples: int) -> float:
+    """P(two estimates differ | their difference is chi2 of its variances from 0), the model with
+    one parameter more against the one without, by their evidence (the Schwarz approximation:
+    the extra parameter's prior as wide as one sample's information, log Bayes factor
+    (chi2 - log n) / 2), the two models even before."""
+    log_odds = (chi2 - math.log(max(1, samples))) / 2
+    return 1 / (1 + math.exp(-log_odds)) if log_odds > -700 else 0.0
 
 
 # Floors of the fitted variances: a rate known to within 0.003 of its mean is as sure as any
@@ -347,7 +360,7 @@ def fit_joint(good: Sequence[SampleOutcome], bad: Sequence[SampleOutcome]) -> Jo
 
     (sg, error_g), (sb, error_b) = spread(g, var_g, ends.good_mean), spread(b, var_b, ends.bad_mean)
     return JointPrior(ends.good_mean, ends.bad_mean, sg, sb, min(max(0.0, cov), 0.999 * math.sqrt(sg * sb)),
-                      error_g, error_b)
+                      error_g, error_b, len(shared))
 
 
 @dataclass(frozen=True)

@@ -261,8 +261,11 @@ class JointPrior:
     # The standard errors of the two spreads' estimates (0: taken as known).
     good_var_error: float = 0.0
     bad_var_error: float = 0.0
-    # How many samples both ends ran: the spreads' evidence is weighed per sample (`tied`).
+    # How many samples both ends ran: the spreads' evidence is weighed per sample (`readings`).
     samples: int = 1
+    # Whether each end ran every sample once: the spreads then come from one correlation measured
+    # at the higher end (`fit_prior`), not from each end's own runs.
+    single_run: bool = False
 
     def moved(self, z: float) -> JointPrior:
         """The prior with each end's spread moved `z` standard errors of its estimate (down to the
@@ -275,27 +278,69 @@ class JointPrior:
                           min(self.cov, 0.999 * math.sqrt(good_var * bad_var)))
 
     def tied(self) -> JointPrior:
-        """The prior with both spreads moved toward one intraclass correlation (each end's
-        weight in the common value its inverse variance), the difference between the ends'
-        correlations kept by the probability that they differ at all: the two models (one
-        correlation for both ends, one each) weighed by their evidence, the Schwarz
-        approximation (`_differ_probability`), even odds before. A candidate that ran a sample
-        several times shows how its own runs spread, and a step would weigh which side's spread
-        fits that: where the ends measured their spreads loosely (two runs a sample), a
-        difference that is only their estimates' noise would decide steps and read good commits
-        as bad. Spreads known (no error) are kept."""
+        """The prior with both spreads moved toward one intraclass correlation (`readings`)."""
+        return self._tied(self.good_mean * (1 - self.good_mean), self.bad_mean * (1 - self.bad_mean))[0]
+
+    def _tied(self, scale_g: float, scale_b: float) -> tuple[JointPrior, float]:
+        """(the prior with both spreads moved toward one value of spread / scale, each end's weight
+        in the common value its inverse variance, the difference kept by the probability that the
+        ends differ at all; the log evidence of that reading). The two models (one value for both
+        ends, one each) are weighed by their evidence, the Schwarz approximation
+        (`_differ_probability`), even odds before; the reading's evidence is theirs averaged.
+        Spreads known (no error) are kept."""
         if self.good_var_error <= 0 or self.bad_var_error <= 0:
-            return self
-        scale_g, scale_b = self.good_mean * (1 - self.good_mean), self.bad_mean * (1 - self.bad_mean)
+            return self, 0.0
         rho_g, rho_b = self.good_var / scale_g, self.bad_var / scale_b
         weight_g, weight_b = (scale_g / self.good_var_error) ** 2, (scale_b / self.bad_var_error) ** 2
         common = (rho_g * weight_g + rho_b * weight_b) / (weight_g + weight_b)
-        diff = rho_b - rho_g
-        keep = _differ_probability(diff ** 2 * weight_g * weight_b / (weight_g + weight_b), self.samples)
+        chi2 = (rho_b - rho_g) ** 2 * weight_g * weight_b / (weight_g + weight_b)
+        keep = _differ_probability(chi2, self.samples)
         good_var = max(MIN_VAR, (common + keep * (rho_g - common)) * scale_g)
         bad_var = max(MIN_VAR, (common + keep * (rho_b - common)) * scale_b)
+        evidence = _log_sum_exp([-chi2 / 2, -math.log(max(1, self.samples)) / 2]) - math.log(2)
         return replace(self, good_var=good_var, bad_var=bad_var,
+                       cov=min(self.cov, 0.999 * math.sqrt(good_var * bad_var))), evidence
+
+    def _scaled(self) -> JointPrior:
+        """The one-run prior read as a drop that scaled every sample's rate alike: the higher end's
+        spread as measured (`_single_run_rho` measures it either way), the lower end's that
+        spread times (lo/hi)^2, its error alike, the two rates tied as far as the covariance says."""
+        good_higher = self.good_mean >= self.bad_mean
+        hi, lo = max(self.good_mean, self.bad_mean), min(self.good_mean, self.bad_mean)
+        var, error = (self.good_var, self.good_var_error) if good_higher else (self.bad_var, self.bad_var_error)
+        low_var, low_error = max(MIN_VAR, var * (lo / hi) ** 2), error * (lo / hi) ** 2
+        good_var, bad_var = (var, low_var) if good_higher else (low_var, var)
+        return replace(self, good_var=good_var, bad_var=bad_var,
+                       good_var_error=error if good_higher else low_error,
+                       bad_var_error=low_error if good_higher else error,
                        cov=min(self.cov, 0.999 * math.sqrt(good_var * bad_var)))
+
+    def readings(self) -> list[tuple[float, JointPrior]]:
+        """(log weight, prior) of each way the ends' spreads may go together, weights summing to 1:
+        one intraclass correlation for both ends (a regression that breaks a subset of samples
+        leaves the samples it spared as they were), or one coefficient of variation, spread over
+        mean (a regression that scales every sample's rate by one factor scales the spread by it
+        too, and keeps the two rates tied). A candidate that ran a sample several times shows how
+        its own runs spread, and a step would weigh which side's spread fits that: where the ends
+        measured their spreads loosely (two runs a sample), a difference that is only their
+        estimates' noise would decide steps, and a tie to the wrong one of the two would too
+        (under a scaled drop the lower end's correlation is far below the higher end's). Each
+        reading ties the spreads by its own evidence (`_tied`), weighed by it. With one run a
+        sample the ends' table measures only the means and the covariance, not which way the
+        spreads go: the two readings are then weighed evenly. Spreads known are kept."""
+        if self.single_run:
+            options = [(0.0, self), (0.0, self._scaled())]
+        elif self.good_var_error <= 0 or self.bad_var_error <= 0:
+            return [(0.0, self)]
+        else:
+            options = [self._tied(self.good_mean * (1 - self.good_mean), self.bad_mean * (1 - self.bad_mean))[::-1],
+                       self._tied(self.good_mean ** 2, self.bad_mean ** 2)[::-1]]
+        first, second = options[0][1], options[1][1]
+        if (math.isclose(first.good_var, second.good_var, rel_tol=1e-3)
+                and math.isclose(first.bad_var, second.bad_var, rel_tol=1e-3)):
+            return [(0.0, first)]
+        total = _log_sum_exp([w for w, _ in options])
+        return [(w - total, prior) for w, prior in options]
 
     @property
     def rho(self) -> float:
@@ -360,7 +405,7 @@ def fit_joint(good: Sequence[SampleOutcome], bad: Sequence[SampleOutcome]) -> Jo
 
     (sg, error_g), (sb, error_b) = spread(g, var_g, ends.good_mean), spread(b, var_b, ends.bad_mean)
     return JointPrior(ends.good_mean, ends.bad_mean, sg, sb, min(max(0.0, cov), 0.999 * math.sqrt(sg * sb)),
-                      error_g, error_b, len(shared))
+                      error_g, error_b, len(shared), max(g[i].runs for i in shared) < 2 and max(b[i].runs for i in shared) < 2)
 
 
 @dataclass(frozen=True)
@@ -527,11 +572,11 @@ _SPREAD_NODES = ((-math.sqrt(3.0), math.log(1 / 6)), (0.0, math.log(2 / 3)), (ma
 
 
 def _spread_priors(prior: JointPrior) -> list[tuple[float, JointPrior]]:
-    """(log weight, prior) over the spreads' nodes; the prior alone where its spreads are known."""
-    if prior.good_var_error == 0 and prior.bad_var_error == 0:
-        return [(0.0, prior)]
-    tied = prior.tied()
-    return [(log_w, tied.moved(z)) for z, log_w in _SPREAD_NODES]
+    """(log weight, prior) over the readings of the spreads and each one's nodes; a reading alone
+    where its spreads are known."""
+    return [(log_r + log_w, reading.moved(z) if reading.good_var_error or reading.bad_var_error else reading)
+            for log_r, reading in prior.readings()
+            for z, log_w in (_SPREAD_NODES if reading.good_var_error or reading.bad_var_error else ((0.0, 0.0),))]
 
 
 @dataclass(frozen=True)

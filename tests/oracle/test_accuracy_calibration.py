@@ -188,3 +188,46 @@ def test_a_good_commit_run_often_does_not_lean_bad_on_the_ends_spreads_noise() -
     prior = stats.fit_joint(good, bad)
     assert prior.bad_var > prior.good_var + 0.015
     assert stats.step_evidence(outcomes(rng.binomial(6, rates), 6), good, bad, prior).log_lr < 0
+
+
+def _scaled_leans(rho: float, seed: int) -> tuple[float, float]:
+    """(a good, a bad candidate's step) on the focused samples, four runs each, where every rate
+    fell alike (82% -> 70%) and each end ran every sample once."""
+    rng = np.random.default_rng(seed)
+    kappa = 1 / rho - 1
+    good_rates = rng.beta(0.82 * kappa, 0.18 * kappa, 200)
+    bad_rates = good_rates * 0.70 / 0.82
+    good, bad = outcomes(rng.binomial(1, good_rates), 1), outcomes(rng.binomial(1, bad_rates), 1)
+    idx = [int(i[1:]) for i in discordant_ids(good, bad)[:24]]
+    leans = [stats.log_likelihood_ratio(outcomes(rng.binomial(4, rates[idx]), 4, idx), good, bad)
+             for rates in (good_rates, bad_rates)]
+    return leans[0], leans[1]
+
+
+def test_a_scaled_drop_at_one_run_a_sample_is_not_read_as_a_broken_subset() -> None:
+    """One run a sample cannot tell a scaled drop's spreads from a broken subset's: read as one
+    correlation for both ends, a focused sample (good end right, bad end wrong) looks broken and a
+    bad commit that answers it right looks good (ICC 0.9: about -32 nats on 24 samples). Weighed
+    with the scaled reading, a bad commit leans nowhere on them and a good one still leans good."""
+    leans = np.array([_scaled_leans(0.9, seed) for seed in range(8)])
+    assert leans[:, 1].mean() > -2.0
+    assert (leans[:, 0] < 0).all()
+
+
+def test_the_ends_spreads_are_read_both_ways_weighed_by_their_evidence() -> None:
+    """One run a sample: the two readings evenly, the scaled one's lower end spread (lo/hi)^2 of
+    the higher's. Two runs: spreads at one coefficient of variation (a scaled drop) favour that
+    reading, spreads at one correlation the other."""
+    one = stats.JointPrior(0.82, 0.70, 0.6 * 0.82 * 0.18, 0.6 * 0.70 * 0.30, 0.05, 0.01, 0.01, 200, True)
+    (w_icc, icc), (w_cv, cv) = one.readings()
+    assert w_icc == pytest.approx(w_cv) == pytest.approx(math.log(0.5))
+    assert icc == one
+    assert cv.good_var == one.good_var and cv.bad_var == pytest.approx(one.good_var * (0.70 / 0.82) ** 2)
+
+    def weights(good_var: float, bad_var: float) -> tuple[float, float]:
+        prior = stats.JointPrior(0.82, 0.70, good_var, bad_var, 0.0, 0.006, 0.006, 200)
+        return tuple(math.exp(w) for w, _ in prior.readings())  # type: ignore[return-value]
+
+    scaled = weights(0.04, 0.04 * (0.70 / 0.82) ** 2)
+    common = weights(0.5 * 0.82 * 0.18, 0.5 * 0.70 * 0.30)
+    assert scaled[1] > 0.9 and common[0] > 0.9

@@ -405,7 +405,7 @@ def fit_joint(good: Sequence[SampleOutcome], bad: Sequence[SampleOutcome]) -> Jo
 
     (sg, error_g), (sb, error_b) = spread(g, var_g, ends.good_mean), spread(b, var_b, ends.bad_mean)
     return JointPrior(ends.good_mean, ends.bad_mean, sg, sb, min(max(0.0, cov), 0.999 * math.sqrt(sg * sb)),
-                      error_g, error_b, len(shared), max(g[i].runs for i in shared) < 2 and max(b[i].runs for i in shared) < 2)
+                      error_g, error_b, len(shared), all(g[i].runs < 2 and b[i].runs < 2 for i in shared))
 
 
 @dataclass(frozen=True)
@@ -574,9 +574,13 @@ _SPREAD_NODES = ((-math.sqrt(3.0), math.log(1 / 6)), (0.0, math.log(2 / 3)), (ma
 def _spread_priors(prior: JointPrior) -> list[tuple[float, JointPrior]]:
     """(log weight, prior) over the readings of the spreads and each one's nodes; a reading alone
     where its spreads are known."""
-    return [(log_r + log_w, reading.moved(z) if reading.good_var_error or reading.bad_var_error else reading)
-            for log_r, reading in prior.readings()
-            for z, log_w in (_SPREAD_NODES if reading.good_var_error or reading.bad_var_error else ((0.0, 0.0),))]
+    spreads: list[tuple[float, JointPrior]] = []
+    for log_r, reading in prior.readings():
+        if reading.good_var_error or reading.bad_var_error:
+            spreads += [(log_r + log_w, reading.moved(z)) for z, log_w in _SPREAD_NODES]
+        else:
+            spreads.append((log_r, reading))
+    return spreads
 
 
 @dataclass(frozen=True)

@@ -279,27 +279,24 @@ class JointPrior:
 
     def tied(self) -> JointPrior:
         """The prior with both spreads moved toward one intraclass correlation (`readings`)."""
-        return self._tied(self.good_mean * (1 - self.good_mean), self.bad_mean * (1 - self.bad_mean))[0]
+        return self._tied(self.good_mean * (1 - self.good_mean), self.bad_mean * (1 - self.bad_mean))
 
-    def _tied(self, scale_g: float, scale_b: float) -> tuple[JointPrior, float]:
-        """(the prior with both spreads moved toward one value of spread / scale, each end's weight
+    def _tied(self, scale_g: float, scale_b: float) -> JointPrior:
+        """The prior with both spreads moved toward one value of spread / scale, each end's weight
         in the common value its inverse variance, the difference kept by the probability that the
-        ends differ at all; the log evidence of that reading). The two models (one value for both
-        ends, one each) are weighed by their evidence, the Schwarz approximation
-        (`_differ_probability`), even odds before; the reading's evidence is theirs averaged.
-        Spreads known (no error) are kept."""
+        ends differ at all: the two models (one value for both ends, one each) weighed by their
+        evidence, the Schwarz approximation (`_differ_probability`), even odds before. Spreads
+        known (no error) are kept."""
         if self.good_var_error <= 0 or self.bad_var_error <= 0:
-            return self, 0.0
+            return self
         rho_g, rho_b = self.good_var / scale_g, self.bad_var / scale_b
         weight_g, weight_b = (scale_g / self.good_var_error) ** 2, (scale_b / self.bad_var_error) ** 2
         common = (rho_g * weight_g + rho_b * weight_b) / (weight_g + weight_b)
-        chi2 = (rho_b - rho_g) ** 2 * weight_g * weight_b / (weight_g + weight_b)
-        keep = _differ_probability(chi2, self.samples)
+        keep = _differ_probability((rho_b - rho_g) ** 2 * weight_g * weight_b / (weight_g + weight_b), self.samples)
         good_var = max(MIN_VAR, (common + keep * (rho_g - common)) * scale_g)
         bad_var = max(MIN_VAR, (common + keep * (rho_b - common)) * scale_b)
-        evidence = _log_sum_exp([-chi2 / 2, -math.log(max(1, self.samples)) / 2]) - math.log(2)
         return replace(self, good_var=good_var, bad_var=bad_var,
-                       cov=min(self.cov, 0.999 * math.sqrt(good_var * bad_var))), evidence
+                       cov=min(self.cov, 0.999 * math.sqrt(good_var * bad_var)))
 
     def _scaled(self) -> JointPrior:
         """The one-run prior read as a drop that scaled every sample's rate alike: the higher end's
@@ -315,32 +312,31 @@ class JointPrior:
                        bad_var_error=low_error if good_higher else error,
                        cov=min(self.cov, 0.999 * math.sqrt(good_var * bad_var)))
 
-    def readings(self) -> list[tuple[float, JointPrior]]:
-        """(log weight, prior) of each way the ends' spreads may go together, weights summing to 1:
-        one intraclass correlation for both ends (a regression that breaks a subset of samples
-        leaves the samples it spared as they were), or one coefficient of variation, spread over
-        mean (a regression that scales every sample's rate by one factor scales the spread by it
-        too, and keeps the two rates tied). A candidate that ran a sample several times shows how
-        its own runs spread, and a step would weigh which side's spread fits that: where the ends
-        measured their spreads loosely (two runs a sample), a difference that is only their
-        estimates' noise would decide steps, and a tie to the wrong one of the two would too
-        (under a scaled drop the lower end's correlation is far below the higher end's). Each
-        reading ties the spreads by its own evidence (`_tied`), weighed by it. With one run a
-        sample the ends' table measures only the means and the covariance, not which way the
-        spreads go: the two readings are then weighed evenly. Spreads known are kept."""
+    def readings(self) -> list[JointPrior]:
+        """Each way the ends' spreads may go together: one intraclass correlation for both ends (a
+        regression that breaks a subset of samples leaves the samples it spared as they were), or
+        one coefficient of variation, spread over mean (a regression that scales every sample's
+        rate by one factor scales the spread by it too, and keeps the two rates tied). A candidate
+        that ran a sample several times shows how its own runs spread, and a step would weigh which
+        side's spread fits that: where the ends measured their spreads loosely (two runs a
+        sample), a difference that is only their estimates' noise would decide steps, and a tie to
+        the wrong one of the two would too (under a scaled drop the lower end's correlation is far
+        below the higher end's, a focused sample then mostly noise, not a broken one). Each reading
+        ties the spreads as far as the evidence allows (`_tied`). With one run a sample the ends'
+        table measures only the means and the covariance, not which way the spreads go: one
+        correlation as measured, or the scaled drop (`_scaled`). One reading where the two
+        coincide or the spreads are known."""
         if self.single_run:
-            options = [(0.0, self), (0.0, self._scaled())]
+            options = [self, self._scaled()]
         elif self.good_var_error <= 0 or self.bad_var_error <= 0:
-            return [(0.0, self)]
+            return [self]
         else:
-            options = [self._tied(self.good_mean * (1 - self.good_mean), self.bad_mean * (1 - self.bad_mean))[::-1],
-                       self._tied(self.good_mean ** 2, self.bad_mean ** 2)[::-1]]
-        first, second = options[0][1], options[1][1]
+            options = [self.tied(), self._tied(self.good_mean ** 2, self.bad_mean ** 2)]
+        first, second = options
         if (math.isclose(first.good_var, second.good_var, rel_tol=1e-3)
                 and math.isclose(first.bad_var, second.bad_var, rel_tol=1e-3)):
-            return [(0.0, first)]
-        total = _log_sum_exp([w for w, _ in options])
-        return [(w - total, prior) for w, prior in options]
+            return [first]
+        return options
 
     @property
     def rho(self) -> float:
@@ -571,16 +567,12 @@ def _log_sum_exp(terms: Sequence[float]) -> float:
 _SPREAD_NODES = ((-math.sqrt(3.0), math.log(1 / 6)), (0.0, math.log(2 / 3)), (math.sqrt(3.0), math.log(1 / 6)))
 
 
-def _spread_priors(prior: JointPrior) -> list[tuple[float, JointPrior]]:
-    """(log weight, prior) over the readings of the spreads and each one's nodes; a reading alone
-    where its spreads are known."""
-    spreads: list[tuple[float, JointPrior]] = []
-    for log_r, reading in prior.readings():
-        if reading.good_var_error or reading.bad_var_error:
-            spreads += [(log_r + log_w, reading.moved(z)) for z, log_w in _SPREAD_NODES]
-        else:
-            spreads.append((log_r, reading))
-    return spreads
+def _spread_nodes(reading: JointPrior) -> list[tuple[float, JointPrior]]:
+    """(log weight, prior) over one reading's spreads' nodes; the reading alone where its spreads
+    are known."""
+    if reading.good_var_error == 0 and reading.bad_var_error == 0:
+        return [(0.0, reading)]
+    return [(log_w, reading.moved(z)) for z, log_w in _SPREAD_NODES]
 
 
 @dataclass(frozen=True)
@@ -603,13 +595,25 @@ def step_evidence(candidate: Sequence[SampleOutcome], good: Sequence[SampleOutco
     the weaker of that and the sum of the per-sample ratios clipped (`sample_log_lr`); the node
     terms come with it when it is the integrated one. Both are averaged over where the ends'
     spreads may lie (`_SPREAD_NODES`): each side's likelihood as a mixture, the clipped ratio as
-    the ratio of the mixtures is (each spread's ratio weighed by that spread's posterior)."""
+    the ratio of the mixtures is (each spread's ratio weighed by that spread's posterior).. Where
+    the ends' spreads may be read two ways (`JointPrior.readings`) the step is as sure as the
+    less sure reading, and says nothing where they disagree: one reading holds for every step
+    of a search, so a step must not lean on whichever suits its own candidate best."""
     prior = prior or fit_joint(good, bad)
     if not candidate:
         return StepEvidence(0.0)
-    g, b = by_id(good), by_id(bad)
-    error_good, error_bad = mean_errors(good, bad, prior)
-    spreads = _spread_priors(prior)
+    errors = mean_errors(good, bad, prior)
+    each = [_reading_evidence(candidate, by_id(good), by_id(bad), _spread_nodes(reading), errors)
+            for reading in prior.readings()]
+    if any(e.log_lr * each[0].log_lr <= 0 for e in each):
+        return StepEvidence(0.0)
+    return min(each, key=lambda e: abs(e.log_lr))
+
+
+def _reading_evidence(candidate: Sequence[SampleOutcome], g: dict[str, SampleOutcome], b: dict[str, SampleOutcome],
+                      spreads: list[tuple[float, JointPrior]], errors: tuple[float, float]) -> StepEvidence:
+    """A step's evidence under one reading of the ends' spreads, over its spreads' nodes."""
+    error_good, error_bad = errors
     clipped_at, good_at, bad_at = [], [], []
     for _, moved in spreads:
         outcomes_good: list[tuple[float, int, tuple[float, float]]] = []

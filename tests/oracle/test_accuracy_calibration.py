@@ -218,7 +218,7 @@ def test_the_ends_spreads_are_read_both_ways() -> None:
     """One run a sample: as measured (one correlation), and as a scaled drop, the lower end's
     spread (lo/hi)^2 of the higher's. Two runs: spreads at one coefficient of variation (a scaled
     drop) are kept by that reading and pulled together by the other; known spreads read once."""
-    one = stats.JointPrior(0.82, 0.70, 0.6 * 0.82 * 0.18, 0.6 * 0.70 * 0.30, 0.05, 0.01, 0.01, 200, True)
+    one = stats.JointPrior(0.82, 0.70, 0.6 * 0.82 * 0.18, 0.6 * 0.70 * 0.30, 0.05, 0.01, 0.01, 200, "bad")
     icc, cv = one.readings()
     assert icc == one
     assert cv.good_var == one.good_var and cv.bad_var == pytest.approx(one.good_var * (0.70 / 0.82) ** 2)

@@ -263,9 +263,10 @@ class JointPrior:
     bad_var_error: float = 0.0
     # How many samples both ends ran: the spreads' evidence is weighed per sample (`readings`).
     samples: int = 1
-    # Whether each end ran every sample once: the spreads then come from one correlation measured
-    # at the higher end (`fit_prior`), not from each end's own runs.
-    single_run: bool = False
+    # The end whose spread was not measured but given the other end's correlation ("good", "bad";
+    # None: each measured its own): with one run a sample the lower end (`_single_run_rho`
+    # measures the higher end's), with one end repeating its samples and the other not, the other.
+    borrowed: str | None = None
 
     def moved(self, z: float) -> JointPrior:
         """The prior with each end's spread moved `z` standard errors of its estimate (down to the
@@ -299,17 +300,18 @@ class JointPrior:
                        cov=min(self.cov, 0.999 * math.sqrt(good_var * bad_var)))
 
     def _scaled(self) -> JointPrior:
-        """The one-run prior read as a drop that scaled every sample's rate alike: the higher end's
-        spread as measured (`_single_run_rho` measures it either way), the lower end's that
-        spread times (lo/hi)^2, its error alike, the two rates tied as far as the covariance says."""
-        good_higher = self.good_mean >= self.bad_mean
-        hi, lo = max(self.good_mean, self.bad_mean), min(self.good_mean, self.bad_mean)
-        var, error = (self.good_var, self.good_var_error) if good_higher else (self.bad_var, self.bad_var_error)
-        low_var, low_error = max(MIN_VAR, var * (lo / hi) ** 2), error * (lo / hi) ** 2
-        good_var, bad_var = (var, low_var) if good_higher else (low_var, var)
+        """The prior read as a drop that scaled every sample's rate alike: the measured end's
+        spread as it is, the borrowed end's that spread times (its mean / the measured end's)^2,
+        its error alike, the two rates tied as far as the covariance says."""
+        good_measured = self.borrowed == "bad"
+        measured, other = (self.good_mean, self.bad_mean) if good_measured else (self.bad_mean, self.good_mean)
+        var, error = (self.good_var, self.good_var_error) if good_measured else (self.bad_var, self.bad_var_error)
+        factor = (other / measured) ** 2
+        other_var, other_error = max(MIN_VAR, var * factor), error * factor
+        good_var, bad_var = (var, other_var) if good_measured else (other_var, var)
         return replace(self, good_var=good_var, bad_var=bad_var,
-                       good_var_error=error if good_higher else low_error,
-                       bad_var_error=low_error if good_higher else error,
+                       good_var_error=error if good_measured else other_error,
+                       bad_var_error=other_error if good_measured else error,
                        cov=min(self.cov, 0.999 * math.sqrt(good_var * bad_var)))
 
     def readings(self) -> list[JointPrior]:
@@ -323,10 +325,11 @@ class JointPrior:
         the wrong one of the two would too (under a scaled drop the lower end's correlation is far
         below the higher end's, a focused sample then mostly noise, not a broken one). Each reading
         ties the spreads as far as the evidence allows (`_tied`). With one run a sample the ends'
-        table measures only the means and the covariance, not which way the spreads go: one
-        correlation as measured, or the scaled drop (`_scaled`). One reading where the two
-        coincide or the spreads are known."""
-        if self.single_run:
+        table measures only the means and the covariance, not which way the spreads go, and where
+        one end ran its samples once its spread is the other's correlation: one correlation as
+        given, or the scaled drop (`_scaled`). One reading where the two coincide or the spreads
+        are known."""
+        if self.borrowed is not None:
             options = [self, self._scaled()]
         elif self.good_var_error <= 0 or self.bad_var_error <= 0:
             return [self]
@@ -401,7 +404,16 @@ def fit_joint(good: Sequence[SampleOutcome], bad: Sequence[SampleOutcome]) -> Jo
 
     (sg, error_g), (sb, error_b) = spread(g, var_g, ends.good_mean), spread(b, var_b, ends.bad_mean)
     return JointPrior(ends.good_mean, ends.bad_mean, sg, sb, min(max(0.0, cov), 0.999 * math.sqrt(sg * sb)),
-                      error_g, error_b, len(shared), all(g[i].runs < 2 and b[i].runs < 2 for i in shared))
+                      error_g, error_b, len(shared), _borrowed(g, b, shared, ends))
+
+
+def _borrowed(g: dict[str, SampleOutcome], b: dict[str, SampleOutcome], shared: list[str],
+              ends: EndsPrior) -> str | None:
+    """Which end's spread `fit_prior` gave from the other's correlation (`JointPrior.borrowed`)."""
+    good_repeats, bad_repeats = min(g[i].runs for i in shared) >= 2, min(b[i].runs for i in shared) >= 2
+    if good_repeats == bad_repeats:
+        return None if good_repeats else ("bad" if ends.bad_mean <= ends.good_mean else "good")
+    return "bad" if good_repeats else "good"
 
 
 @dataclass(frozen=True)

@@ -228,3 +228,17 @@ def test_the_ends_spreads_are_read_both_ways() -> None:
     assert by_icc.bad_var > 1.2 * scaled.bad_var
     known = stats.JointPrior(0.82, 0.70, 0.07, 0.16, 0.05)
     assert known.readings() == [known]
+
+
+def test_an_end_that_ran_its_samples_once_borrows_the_other_s_spread_read_both_ways() -> None:
+    """Where only one end repeated its samples, the other's spread is the measured end's
+    correlation or, read as a scaled drop, its coefficient of variation."""
+    rng = np.random.default_rng(7)
+    rates = rng.beta(0.82 * 0.5, 0.18 * 0.5, 200)
+    good, bad = outcomes(rng.binomial(1, rates), 1), outcomes(rng.binomial(2, rates * 0.70 / 0.82), 2)
+    prior = stats.fit_joint(good, bad)
+    assert prior.borrowed == "good"
+    by_icc, by_cv = prior.readings()
+    assert by_cv.bad_var == by_icc.bad_var
+    assert by_cv.good_var == pytest.approx(max(stats.MIN_VAR, by_icc.bad_var * (prior.good_mean / prior.bad_mean) ** 2))
+    assert stats.fit_joint(good, [s.model_copy(update={"runs": 1}) for s in good]).borrowed == "bad"

@@ -76,9 +76,12 @@ STEER_MIN_RHO = 0.35
 
 def stop_bound(confidence: float, prior: JointPrior) -> float:
     """The |log likelihood ratio| at which a candidate's step stops: the steering bound where the
-    ends' runs show samples that repeat (`STEER_MIN_RHO`), else `step_bound`."""
+    ends' runs show samples that repeat (`STEER_MIN_RHO`) at a steering step's own confidence
+    (1 - `STEER_ERROR`, one-sided, from the correlation's standard error), else `step_bound`.
+    One run a sample at each end places the correlation only to about 0.15: a point estimate over
+    the line would steer histories whose samples barely repeat about as often as not."""
     full = step_bound(confidence)
-    if prior.rho < STEER_MIN_RHO:
+    if prior.rho - NormalDist().inv_cdf(1.0 - STEER_ERROR) * prior.rho_error < STEER_MIN_RHO:
         return full
     return min(full, wald_bound(1.0 - STEER_ERROR))
 
@@ -303,6 +306,13 @@ class JointPrior:
         return (self.good_var / (self.good_mean * (1 - self.good_mean))
                 + self.bad_var / (self.bad_mean * (1 - self.bad_mean))) / 2
 
+    @property
+    def rho_error(self) -> float:
+        """The standard error of `rho`: the two spreads' errors on its scale, taken as moving
+        together (one run a sample gives both from one count; 0 where the spreads are known)."""
+        return (self.good_var_error / (self.good_mean * (1 - self.good_mean))
+                + self.bad_var_error / (self.bad_mean * (1 - self.bad_mean))) / 2
+
 
 def _differ_probability(chi2: float, samples: int) -> float:
     """P(two estimates differ | their difference is chi2 of its variances from 0), the model with
@@ -359,6 +369,27 @@ def fit_joint(good: Sequence[SampleOutcome], bad: Sequence[SampleOutcome]) -> Jo
                 min(observed, ends.rho_error * mean * (1 - mean)))
 
     (sg, error_g), (sb, error_b) = spread(g, var_g, ends.good_mean), spread(b, var_b, ends.bad_mean)
+    if ends.rho_error > 0:
+        # Both ends ran each sample once: their runs fix the higher end's spread and how the two
+        # rates go together (`_single_run_rho`), not the lower end's spread. A drop that lowers
+        # every rate alike leaves the lower end's rates the higher's times lo/hi, the least
+        # spread that covariance allows (rates tied); broken samples only add to it, and they
+        # make a disagreement between the ends tell more. Taken at that least: the weaker
+        # evidence, where the same correlation at both ends would read a scaled drop's
+        # disagreements as about twice as telling as they are.
+        ratio = (min(ends.good_mean, ends.bad_mean) / max(ends.good_mean, ends.bad_mean)) ** 2
+        if ends.bad_mean <= ends.good_mean:
+            sb, error_b = max(MIN_VAR, ratio * sg), ratio * error_g
+        else:
+            sg, error_g = max(MIN_VAR, ratio * sb), ratio * error_b
+    # One end ran each sample once, the other repeated it (the bad end asked again while the ends'
+    # means were too loose): the once-run end's spread is the other's correlation at its own
+    # mean, so it carries that correlation's error too, not none.
+    scale_g, scale_b = ends.good_mean * (1 - ends.good_mean), ends.bad_mean * (1 - ends.bad_mean)
+    if error_g == 0 < error_b and min(g[i].runs for i in shared) == 1:
+        error_g = min(var_g, error_b / scale_b * scale_g)
+    elif error_b == 0 < error_g and min(b[i].runs for i in shared) == 1:
+        error_b = min(var_b, error_g / scale_g * scale_b)
     return JointPrior(ends.good_mean, ends.bad_mean, sg, sb, min(max(0.0, cov), 0.999 * math.sqrt(sg * sb)),
                       error_g, error_b, len(shared))
 

@@ -208,7 +208,8 @@ class StepTrace:
 
 def run_ours(s: Scenario, case: Case, focused: bool, cfg: AccuracyConfig, earlier: bool = False,
              trace: list[StepTrace] | None = None) -> Outcome:
-    """Our oracle and the likelihood search; each step runs rounds until its verdict is clear.
+    """Our oracle and the likelihood search; each step runs rounds until its verdict is clear, the
+    bad end's running the good end's next round first where its verdict asks (as `AccuracySteps.step`).
     `earlier`: the ends' whole-dataset results come from runs made before (not counted), and each
     end runs its control share (`cfg.repeats` runs a round; the earlier results hold the
     scenario's `repeats`). `trace` collects every step's rounds."""

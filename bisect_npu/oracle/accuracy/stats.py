@@ -29,6 +29,7 @@ import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
 from statistics import NormalDist
+from typing import Literal
 
 import numpy as np
 
@@ -483,6 +484,15 @@ def mean_errors(good: Sequence[SampleOutcome], bad: Sequence[SampleOutcome],
         return math.sqrt(sum(_noise(mean, spread, s.runs) for s in end)) / len(end)
 
     return error(good, prior.good_mean, prior.good_var), error(bad, prior.bad_mean, prior.bad_var)
+
+
+def looser_end(good: Sequence[SampleOutcome], bad: Sequence[SampleOutcome],
+               ) -> tuple[Literal["good", "bad"], float, float]:
+    """Which end's mean rate is the less known (`mean_errors`; the good end on a tie), with both
+    errors: every candidate is placed between the ends' means, so while the drop between them is
+    unclear another round of the looser end tells more than another of the other."""
+    good_error, bad_error = mean_errors(good, bad)
+    return ("good" if good_error >= bad_error else "bad"), good_error, bad_error
 
 
 def control_p(candidate: Sequence[SampleOutcome], good: Sequence[SampleOutcome], bad: Sequence[SampleOutcome],

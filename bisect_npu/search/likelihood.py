@@ -15,7 +15,8 @@ the posterior is not sure which side it is on (its step was not decisive), up to
 where the problem asks it (``answer_log_lr``), the answer's culprit and parent are asked again
 until their own steps reach that ratio, so steps elsewhere may stop early and only steer; such a
 search asks the positions that could still move its answer up to ``ANSWER_MAX_STEPS`` times
-before it answers below its confidence.
+before it answers below its confidence. It names no culprit whose own spent steps, or its
+parent's, contradict it by that ratio: the range those decisive steps agree on instead.
 The ends come first: each must be judged its own side by its step's verdict (EndsWrong otherwise).
 """
 

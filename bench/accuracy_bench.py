@@ -208,7 +208,8 @@ class StepTrace:
 
 def run_ours(s: Scenario, case: Case, focused: bool, cfg: AccuracyConfig, earlier: bool = False,
              trace: list[StepTrace] | None = None) -> Outcome:
-    """Our oracle and the likelihood search; each step runs rounds until its verdict is clear.
+    """Our oracle and the likelihood search; each step runs rounds until its verdict is clear, the
+    bad end's running the good end's next round first where its verdict asks (as `AccuracySteps.step`).
     `earlier`: the ends' whole-dataset results come from runs made before (not counted), and each
     end runs its control share (`cfg.repeats` runs a round; the earlier results hold the
     scenario's `repeats`). `trace` collects every step's rounds."""
@@ -225,7 +226,7 @@ def run_ours(s: Scenario, case: Case, focused: bool, cfg: AccuracyConfig, earlie
         role: Role = "good_end" if position == 0 else "bad_end" if position == s.n else "candidate"
         plan: list[list[str] | None] = [None] * cfg.max_rounds
         if role == "candidate" and focused:
-            plan = round_plan(cfg, ends["good"][0].samples or [], ends["bad"][0].samples or [], str(position),
+            plan = round_plan(cfg, _pooled(ends["good"]), _pooled(ends["bad"]), str(position),
                               ran.get(position, set()))
         seen = ran.setdefault(position, set())
         rounds: list[Observation] = []
@@ -259,13 +260,24 @@ def run_ours(s: Scenario, case: Case, focused: bool, cfg: AccuracyConfig, earlie
             seen.update(str(i) for i in ids)
             v = judge_accuracy(cfg, rounds, ends.get("good"), ends.get("bad"), role=role,
                                final=number == len(plan) - 1)
+            while role == "bad_end" and v.figures.get("good_end_again"):
+                # as AccuracySteps.step: the good end's next round (the whole dataset, pooled onto
+                # its rounds), then the bad end's rounds so far judged again
+                spent += s.samples * repeats
+                harness_runs += 1
+                ends["good"] = [*ends["good"], observation(outcomes(everything, case.runs(0, everything, repeats),
+                                                                   repeats))]
+                if trace is not None:
+                    trace.append(StepTrace("good_end", (s.samples,), "asked by the bad end"))
+                v = judge_accuracy(cfg, rounds, ends.get("good"), ends.get("bad"), role=role,
+                                   final=number == len(plan) - 1)
             stopped = v.figures.get("stopped", "clear")
             if not v.figures.get("more_rounds"):
                 break
         if trace is not None:
             trace.append(StepTrace(role, tuple(sizes), stopped))
-        if role == "good_end":
-            ends["good"] = [observation(_pooled(rounds))]
+        if role == "good_end":  # its rounds kept apart: the bad end's step counts them
+            ends["good"] = rounds
         if role == "bad_end":
             ends["bad"] = [observation(_pooled(rounds))]
         return v.kind, weigh(StepRecord.model_construct(index=position, commit=str(position), verdict=v))

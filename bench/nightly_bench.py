@@ -306,7 +306,8 @@ class Ours:
             self.stored[key] = Observation.model_construct(case_id="acc", trial=trial, samples=samples)
             return TrialRun(case_id="acc", trial=trial, observation=key)
 
-        _, verdict = steps.step(str(i), role, [], run_round, 0, self.stored.__getitem__)
+        again = functools.partial(self.accuracy_step, steps, 0) if role == "bad_end" else None
+        _, verdict = steps.step(str(i), role, [], run_round, 0, self.stored.__getitem__, again)
         return verdict
 
     def throughput_step(self, i: int) -> Verdict:

@@ -29,7 +29,8 @@ OracleSpec = Recipe | str | Path | Sequence[str] | Oracle
 @dataclass(frozen=True)
 class Result:
     """How a bisection ended. `status`: "found" (exit code 0: `culprit` is the first bad commit),
-    "narrowed" (3: `range` (lo, hi] holds it, the commits between could not be tested) or
+    "narrowed" (3: `range` (lo, hi] holds it, the commits between could not be tested, or their
+    steps disagree with each other) or
     "ends_wrong" (4: an end was not judged as given; `message` says which, `output_tail` shows the
     last lines of that end's run)."""
 

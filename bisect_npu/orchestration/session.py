@@ -365,6 +365,11 @@ class Session:
     def _run_reference_end(self, trials: int) -> None:
         self.run_query(search.Query(self.reference_end, trials))
 
+    def _run_reference_again(self) -> None:
+        """A step at the reference end asked by an accuracy bad end's step (its verdict found the
+        good end's mean the looser): journaled as its own step, its round pooled onto the good end's."""
+        self.run_query(search.Query(self.reference_end, 1))
+
     def _run_fresh(self, index: int) -> None:
         """Run a position this session took from the verdict store, with the recipe's trials."""
         self.run_query(search.Query(index, self.recipe.trials.count if self.recipe else 1))
@@ -402,9 +407,10 @@ class Session:
 
         def evaluation() -> tuple[Evaluator, EvaluationRequest]:
             first = self.state.next_trial(index) if first_trial is None else first_trial
+            as_bad_end = index == self.n - self.reference_end
             return self.evaluator, EvaluationRequest(
                 commit, trials, tuple(pending), judge_each=noisy, first_trial=first, as_reference=as_reference,
-                as_bad_end=index == self.n - self.reference_end)
+                as_bad_end=as_bad_end, good_end_again=self._run_reference_again if as_bad_end else None)
 
         return engine.Candidate(
             key=index, commit=commit, build_key=key, label=commit[:10], evaluation=evaluation,

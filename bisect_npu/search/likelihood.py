@@ -15,7 +15,8 @@ the posterior is not sure which side it is on (its step was not decisive), up to
 where the problem asks it (``answer_log_lr``), the answer's culprit and parent are asked again
 until their own steps reach that ratio, so steps elsewhere may stop early and only steer; such a
 search asks the positions that could still move its answer up to ``ANSWER_MAX_STEPS`` times
-before it answers below its confidence.
+before it answers below its confidence. It names no culprit whose own spent steps, or its
+parent's, contradict it by that ratio: the range those decisive steps agree on instead.
 The ends come first: each must be judged its own side by its step's verdict (EndsWrong otherwise).
 """
 
@@ -135,10 +136,10 @@ def decide_likelihood(problem: SearchProblem, evidence: Mapping[int, Evidence]) 
         short = _short_of_answer(problem, blocks, best, evidence)
         if short is not None:
             return Next((Query(short),))
-        return _answer(blocks, block_mass, best, evidence)
+        return _answer(problem, blocks, block_mass, best, evidence)
     picks = _quantile_picks(problem, evidence, post)
     if not picks:
-        return _answer(blocks, block_mass, best, evidence)
+        return _answer(problem, blocks, block_mass, best, evidence)
     return Next(tuple(Query(i) for i in picks))
 
 
@@ -194,13 +195,39 @@ def _short_of_answer(problem: SearchProblem, blocks: np.ndarray, best: int,
     return None
 
 
-def _answer(blocks: np.ndarray, block_mass: np.ndarray, best: int, evidence: Mapping[int, Evidence]) -> Decision:
+def _answer(problem: SearchProblem, blocks: np.ndarray, block_mass: np.ndarray, best: int,
+            evidence: Mapping[int, Evidence]) -> Decision:
     members = np.flatnonzero(blocks == best) + 1
     lo, hi = int(members[0]) - 1, int(members[-1])
     figures = {"posterior": float(block_mass[best]),
                "culprit_log_lr": float(evidence.get(hi, Evidence()).log_lr),
                "parent_log_lr": float(evidence.get(lo, Evidence()).log_lr),
                "steps": float(sum(_steps(ev) for ev in evidence.values()))}
+    agreed = _agreed_range(problem, lo, hi, evidence)
+    if agreed != (lo, hi):
+        return Narrowed(*agreed, figures={**figures, "disagreeing_culprit": float(hi)})
     if hi - lo == 1:
         return Found(hi, confidence=float(block_mass[best]), figures=figures)
     return Narrowed(lo, hi, figures=figures)
+
+
+def _agreed_range(problem: SearchProblem, lo: int, hi: int, evidence: Mapping[int, Evidence]) -> tuple[int, int]:
+    """The answer (lo, hi], or, where its parent's own steps put it on the bad side by at least
+    ``answer_log_lr`` (or its culprit's on the good side), the range no position's steps
+    contradict by that much: from the nearest position judged good by that much below every one
+    so judged bad at or under lo (the good end if none), to the nearest judged bad by that much
+    above every one so judged good at or over hi (the bad end if none). By the time the search
+    answers, such a neighbour has spent its steps (it is asked again while short of the bound):
+    the posterior then outweighs decisive steps of its own neighbour only through the other
+    steps and the ends' shared error, and the history disagrees with itself."""
+    bound, n = problem.answer_log_lr, problem.n
+    own = {p: ev.log_lr for p, ev in evidence.items() if 0 < p < n}
+    if bound <= 0 or (own.get(lo, 0.0) < bound and own.get(hi, 0.0) > -bound):
+        return lo, hi
+    judged_bad = [p for p, v in own.items() if p <= lo and v >= bound]
+    judged_good = [p for p, v in own.items() if p >= hi and v <= -bound]
+    if judged_bad:
+        lo = max((p for p, v in own.items() if p < min(judged_bad) and v <= -bound), default=0)
+    if judged_good:
+        hi = min((p for p, v in own.items() if p > max(judged_good) and v >= bound), default=n)
+    return lo, hi

@@ -170,13 +170,14 @@ def _step(cfg: AccuracyConfig, commit: str, rates: np.ndarray, good: list[Sample
 @pytest.mark.parametrize(("rho", "repeats"), [(0.95, 1), (0.5, 4)])
 def test_sequential_steps_err_less_often_than_the_confidence_allows(rho: float, repeats: int) -> None:
     """Simulated regressions (500 samples, 95% -> 92%): candidates on either side are put on their
-    side wrongly in at most 1 - confidence of the steps, however early a step stops; focused, they
-    run far fewer samples than the whole dataset (at one run a sample a good commit's step may run
-    it all where its answers fit a scaled drop's bad side as well: `stats.JointPrior.readings`)."""
+    side wrongly in at most 1 - confidence of the steps, however early a step stops; focused, at
+    a quarter of the whole dataset's runs on average (one run a sample at each end cannot tell a
+    broken subset from every rate scaled down, and a good commit then runs more to rule out the
+    scaled drop)."""
     rng = np.random.default_rng(5)
     cfg = AccuracyConfig(repeats=repeats, confidence=0.95)
     wrong = steps = 0
-    runs: list[int] = []
+    runs = []
     for case in range(40):
         good_rates, bad_rates = dataset(rng, 500, 0.95, 0.03, rho)
         good = outcomes(rng.binomial(repeats, good_rates), repeats)
@@ -187,7 +188,7 @@ def test_sequential_steps_err_less_often_than_the_confidence_allows(rho: float, 
             steps += 1
             runs.append(ran)
     assert wrong / steps <= 0.05
-    assert sum(runs) / len(runs) < 0.25 * 500 * repeats
+    assert np.mean(runs) < 500 * repeats / 4
 
 
 def test_a_candidate_broken_elsewhere_is_bad() -> None:
@@ -295,6 +296,44 @@ def test_a_step_stops_early_only_where_the_samples_repeat(confidence: float, rho
         assert stop == full
     else:
         assert stop == min(full, stats.wald_bound(1 - stats.STEER_ERROR))
+
+
+@pytest.mark.parametrize(("error", "steers"), [(0.15, False), (0.02, True)])
+def test_a_correlation_over_the_line_steers_only_when_its_error_keeps_it_there(error: float, steers: bool) -> None:
+    """A fitted correlation of 0.45: one run a sample places it only to about 0.15 (about where
+    the line lies, so steps stop at the full bound); from many repeats, to 0.02, it steers."""
+    scale_g, scale_b = 0.82 * 0.18, 0.70 * 0.30
+    prior = stats.JointPrior(0.82, 0.70, 0.45 * scale_g, 0.45 * scale_b, 0.0, error * scale_g, error * scale_b)
+    assert prior.rho_error == pytest.approx(error)
+    steering = min(stats.step_bound(0.99), stats.wald_bound(1 - stats.STEER_ERROR))
+    assert stats.stop_bound(0.99, prior) == (steering if steers else stats.step_bound(0.99))
+
+
+def test_one_run_an_end_takes_the_lower_ends_spread_at_the_least_the_covariance_allows() -> None:
+    """Every rate scaled down at ICC 0.3, 82% -> 70%, one run a sample: the bad end's spread is the
+    good end's times (70/82)^2, its true value (the one correlation at both ends put it at about
+    twice that, and read the bad end's misses as broken samples)."""
+    rng = np.random.default_rng(13)
+    kappa = 1 / 0.3 - 1
+    good_rates = rng.beta(0.82 * kappa, 0.18 * kappa, 8000)
+    bad_rates = good_rates * (0.70 / 0.82)
+    prior = stats.fit_joint(outcomes(rng.binomial(1, good_rates)), outcomes(rng.binomial(1, bad_rates)))
+    assert prior.good_var == pytest.approx(float(np.var(good_rates)), abs=0.01)
+    assert prior.bad_var == pytest.approx(float(np.var(bad_rates)), abs=0.006)
+    assert prior.bad_var == pytest.approx(prior.good_var * (prior.bad_mean / prior.good_mean) ** 2)
+
+
+def test_an_end_run_once_against_one_that_repeated_carries_the_correlations_error() -> None:
+    """The bad end asked again (two runs a sample), the good end once: the good end's spread is
+    the bad end's correlation at its own mean, so it comes with that correlation's error (it
+    used to be taken as known, and the two spreads were never tied)."""
+    rng = np.random.default_rng(11)
+    good, bad = outcomes(rng.binomial(1, 0.82, 200)), outcomes(rng.binomial(2, 0.70, 200), 2)
+    prior = stats.fit_joint(good, bad)
+    assert prior.bad_var_error > 0
+    assert prior.good_var_error == pytest.approx(
+        min(prior.bad_var_error / (prior.bad_mean * (1 - prior.bad_mean)) * prior.good_mean * (1 - prior.good_mean),
+            float(np.var([s.correct for s in good], ddof=1))))
 
 
 def test_where_samples_repeat_a_step_stops_at_the_steering_bound_and_broken_elsewhere_weighs_the_full() -> None:

@@ -176,3 +176,16 @@ def test_a_fix_searchs_ends_judged_wrong_hold_the_old_end_to_the_new_ends_line(t
     changed = evidence_summary(view({"under_line": 0.2}, find_fix=True, status="ends_wrong", steps=steps,
                                     recipe=recipe, digest="another"))
     assert changed == lines[:3]
+
+
+@pytest.mark.parametrize("disagreeing", [True, False])
+def test_a_narrowed_range_says_whether_its_steps_disagree_or_were_skipped(tmp_path: Path, disagreeing: bool) -> None:
+    """A likelihood search whose culprit its parent's spent steps contradict names the range its
+    steps agree on: the report says the steps disagree, not that commits were skipped."""
+    narrowed = view({"disagreeing_culprit": 3.0} if disagreeing else {}, status="narrowed")
+    narrowed.end = EndRecord(status="narrowed", lo="b" * 40, hi="3" * 40, lo_index=0, hi_index=3,
+                             figures=narrowed.end.figures)
+    narrowed.session_dir = tmp_path
+    report = render_markdown(narrowed)
+    assert ("the steps in it disagree with each other" in report) is disagreeing
+    assert ("could not be tested (skipped)" in report) is not disagreeing

@@ -242,3 +242,46 @@ def test_steering_steps_that_err_answer_at_the_confidence_or_with_every_step_spe
             if telling < cumulative[x - 1] < 1 - telling:
                 ev = evidence.get(x, Evidence())
                 assert ev.good + ev.bad >= ANSWER_MAX_STEPS
+
+
+def test_an_answer_its_spent_parent_contradicts_is_a_range_the_steps_agree_on() -> None:
+    """Commit 7's three steps say bad (+7, past the answer ratio 6), yet the ends' shared error
+    (one node here) lets the good side explain it, and the posterior names the bad end 8. Held to
+    the ratio, the search names no culprit its parent's own steps contradict: the range from the
+    nearest commit judged good by the ratio (6) to 8. The posterior alone still names 8."""
+    evidence = {0: Evidence(good=1), 8: Evidence(bad=1),
+                7: Evidence(bad=MAX_STEPS).weigh(Weight(7.0, good=(0.0,), bad=(-20.0,)))}
+    for i in range(1, 7):
+        evidence[i] = Evidence(good=1).weigh(-8.0)
+    alone = decide(problem(8), evidence)
+    assert isinstance(alone, Found) and alone.index == 8 and alone.confidence > 0.99
+    held = SearchProblem(n=8, mode="likelihood", confidence=0.99, answer_log_lr=6.0)
+    decision = decide(held, evidence)
+    assert isinstance(decision, Narrowed) and (decision.lo, decision.hi) == (6, 8)
+    assert decision.figures["disagreeing_culprit"] == 8
+
+
+@settings(max_examples=150, deadline=None)
+@given(st.integers(2, 30), st.data())
+def test_no_answer_is_named_that_its_neighbours_own_steps_contradict(n: int, data: st.DataObject) -> None:
+    """Histories whose every inner commit has spent its steps, each weighed by a ratio of its own
+    and node terms of the ends' shared error that may disagree with it: a culprit named is never
+    one whose own steps, or its parent's, go against it by the answer ratio; a range it names
+    instead holds the culprit the posterior named and has no commit outside it so judged against it."""
+    bound = 6.0
+    held = SearchProblem(n=n, mode="likelihood", confidence=0.99, answer_log_lr=bound)
+    evidence = {0: Evidence(good=1), n: Evidence(bad=1)}
+    for i in range(1, n):
+        ratio = data.draw(st.floats(-15.0, 15.0))
+        nodes = Weight(ratio, good=(data.draw(st.floats(-20.0, 0.0)),), bad=(data.draw(st.floats(-20.0, 0.0)),))
+        evidence[i] = Evidence(good=ANSWER_MAX_STEPS).weigh(nodes)
+    decision = decide(held, evidence)
+    own = {i: evidence[i].log_lr for i in range(1, n)}
+    if isinstance(decision, Found):
+        assert own.get(decision.index, 0.0) > -bound and own.get(decision.index - 1, 0.0) < bound
+    elif isinstance(decision, Narrowed) and "disagreeing_culprit" in decision.figures:
+        assert all(v < bound for i, v in own.items() if i <= decision.lo)
+        assert all(v > -bound for i, v in own.items() if i >= decision.hi)
+        assert decision.lo < decision.figures["disagreeing_culprit"] <= decision.hi and decision.hi - decision.lo > 1
+    else:
+        assert not isinstance(decision, Next)

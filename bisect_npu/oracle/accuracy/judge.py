@@ -4,7 +4,9 @@ A commit's role decides the question asked: the good end is the reference (bad o
 misses the baseline), the bad end must score lower than the good end, and a candidate is put on
 a side by the likelihood ratio of its outcomes (stats.py). A verdict that is not clear at the
 recipe's confidence asks for another round (figure ``more_rounds``) until ``max_rounds``; then
-the likelier side decides (``forced_at_max_rounds``). Every verdict carries the search's
+the likelier side decides (``forced_at_max_rounds``). The bad end's verdict, while the drop is
+unclear and the good end's mean the less known, asks for the good end's next round first (figure
+``good_end_again``: the good end's rounds are pooled, at most ``max_rounds`` in all). Every verdict carries the search's
 evidence, ``log_likelihood_ratio`` (bad side over good side).
 """
 
@@ -80,7 +82,7 @@ def judge_accuracy(cfg: AccuracyConfig, observations: Sequence[Observation], goo
         return Verdict(kind=VerdictKind.SKIP, reason="no per-sample results of the good end to pair against",
                        trials=rounds)
     if role == "bad_end":
-        return _judge_bad_end(cfg, mine, good, figures, rounds, final)
+        return _judge_bad_end(cfg, mine, good, figures, rounds, final, len(good_end or []))
     if bad is None:
         return Verdict(kind=VerdictKind.SKIP, reason="no per-sample results of the bad end to pair against",
                        trials=rounds)
@@ -116,7 +118,7 @@ def _judge_good_end(cfg: AccuracyConfig, mine: list[SampleOutcome], figures: dic
 
 
 def _judge_bad_end(cfg: AccuracyConfig, mine: list[SampleOutcome], good: list[SampleOutcome],
-                   figures: dict[str, Any], rounds: int, final: bool | None) -> Verdict:
+                   figures: dict[str, Any], rounds: int, final: bool | None, good_rounds: int) -> Verdict:
     diff, p = stats.paired_rate_p(mine, good)
     worse, better = stats.discordant_counts(mine, good)
     g, b = stats.by_id(good), stats.by_id(mine)
@@ -145,6 +147,14 @@ def _judge_bad_end(cfg: AccuracyConfig, mine: list[SampleOutcome], good: list[Sa
         figures["ends_too_loose"] = True
         text += "; the ends' means are not yet known well enough for this drop"
         kind = None if not (rounds >= cfg.max_rounds if final is None else final) else kind
+    if (kind is None or figures.get("ends_too_loose")) and good_rounds < cfg.max_rounds:
+        looser, good_error, bad_error = stats.looser_end(good, mine)
+        if looser == "good":
+            # The drop is unclear and the good end's mean the looser: its next round tells more
+            # than the bad end's (the step runs it, then judges the bad end's rounds again).
+            figures |= {"good_end_again": True, "good_error": round(good_error, 5), "bad_error": round(bad_error, 5)}
+            text += (f"; the good end's mean is the looser (standard error {100 * good_error:.2f} points against "
+                     f"{100 * bad_error:.2f}): it runs again first")
     return _verdict(kind, text, figures, rounds, cfg, lean, final)
 
 

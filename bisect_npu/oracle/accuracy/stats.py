@@ -26,9 +26,10 @@ from __future__ import annotations
 
 import functools
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from statistics import NormalDist
+from typing import Literal
 
 import numpy as np
 
@@ -76,9 +77,12 @@ STEER_MIN_RHO = 0.35
 
 def stop_bound(confidence: float, prior: JointPrior) -> float:
     """The |log likelihood ratio| at which a candidate's step stops: the steering bound where the
-    ends' runs show samples that repeat (`STEER_MIN_RHO`), else `step_bound`."""
+    ends' runs show samples that repeat (`STEER_MIN_RHO`) at a steering step's own confidence
+    (1 - `STEER_ERROR`, one-sided, from the correlation's standard error), else `step_bound`.
+    One run a sample at each end places the correlation only to about 0.15: a point estimate over
+    the line would steer histories whose samples barely repeat about as often as not."""
     full = step_bound(confidence)
-    if prior.rho < STEER_MIN_RHO:
+    if prior.rho - NormalDist().inv_cdf(1.0 - STEER_ERROR) * prior.rho_error < STEER_MIN_RHO:
         return full
     return min(full, wald_bound(1.0 - STEER_ERROR))
 
@@ -299,14 +303,15 @@ class JointPrior:
         return replace(self, good_var=good_var, bad_var=bad_var,
                        cov=min(self.cov, 0.999 * math.sqrt(good_var * bad_var)))
 
-    def _scaled(self) -> JointPrior:
-        """The prior read as a drop that scaled every sample's rate alike: the measured end's
-        spread as it is, the borrowed end's that spread times (its mean / the measured end's)^2,
-        its error alike, the two rates tied as far as the covariance says."""
+    def _borrowing(self, scale: Callable[[float], float]) -> JointPrior:
+        """The prior with the borrowed end's spread and its error the measured end's at one value
+        of spread / scale(mean): mean (1 - mean) one correlation, mean^2 one coefficient of
+        variation (a drop that scaled every sample's rate alike); the two rates tied as far as
+        the covariance says."""
         good_measured = self.borrowed == "bad"
         measured, other = (self.good_mean, self.bad_mean) if good_measured else (self.bad_mean, self.good_mean)
         var, error = (self.good_var, self.good_var_error) if good_measured else (self.bad_var, self.bad_var_error)
-        factor = (other / measured) ** 2
+        factor = scale(other) / scale(measured)
         other_var, other_error = max(MIN_VAR, var * factor), error * factor
         good_var, bad_var = (var, other_var) if good_measured else (other_var, var)
         return replace(self, good_var=good_var, bad_var=bad_var,
@@ -327,10 +332,10 @@ class JointPrior:
         ties the spreads as far as the evidence allows (`_tied`). With one run a sample the ends'
         table measures only the means and the covariance, not which way the spreads go, and where
         one end ran its samples once its spread is the other's correlation: one correlation as
-        given, or the scaled drop (`_scaled`). One reading where the two coincide or the spreads
-        are known."""
+        given, or the scaled drop (`_borrowing`). One reading where the two coincide or the
+        spreads are known."""
         if self.borrowed is not None:
-            options = [self, self._scaled()]
+            options = [self._borrowing(lambda m: m * (1 - m)), self._borrowing(lambda m: m * m)]
         elif self.good_var_error <= 0 or self.bad_var_error <= 0:
             return [self]
         else:
@@ -346,6 +351,13 @@ class JointPrior:
         """The intraclass correlation of runs of one sample, over both ends (the report's figure)."""
         return (self.good_var / (self.good_mean * (1 - self.good_mean))
                 + self.bad_var / (self.bad_mean * (1 - self.bad_mean))) / 2
+
+    @property
+    def rho_error(self) -> float:
+        """The standard error of `rho`: the two spreads' errors on its scale, taken as moving
+        together (one run a sample gives both from one count; 0 where the spreads are known)."""
+        return (self.good_var_error / (self.good_mean * (1 - self.good_mean))
+                + self.bad_var_error / (self.bad_mean * (1 - self.bad_mean))) / 2
 
 
 def _differ_probability(chi2: float, samples: int) -> float:
@@ -403,6 +415,27 @@ def fit_joint(good: Sequence[SampleOutcome], bad: Sequence[SampleOutcome]) -> Jo
                 min(observed, ends.rho_error * mean * (1 - mean)))
 
     (sg, error_g), (sb, error_b) = spread(g, var_g, ends.good_mean), spread(b, var_b, ends.bad_mean)
+    if ends.rho_error > 0:
+        # Both ends ran each sample once: their runs fix the higher end's spread and how the two
+        # rates go together (`_single_run_rho`), not the lower end's spread. A drop that lowers
+        # every rate alike leaves the lower end's rates the higher's times lo/hi, the least
+        # spread that covariance allows (rates tied); broken samples only add to it, and they
+        # make a disagreement between the ends tell more. Taken at that least: the weaker
+        # evidence, where the same correlation at both ends would read a scaled drop's
+        # disagreements as about twice as telling as they are.
+        ratio = (min(ends.good_mean, ends.bad_mean) / max(ends.good_mean, ends.bad_mean)) ** 2
+        if ends.bad_mean <= ends.good_mean:
+            sb, error_b = max(MIN_VAR, ratio * sg), ratio * error_g
+        else:
+            sg, error_g = max(MIN_VAR, ratio * sb), ratio * error_b
+    # One end ran each sample once, the other repeated it (the bad end asked again while the ends'
+    # means were too loose): the once-run end's spread is the other's correlation at its own
+    # mean, so it carries that correlation's error too, not none.
+    scale_g, scale_b = ends.good_mean * (1 - ends.good_mean), ends.bad_mean * (1 - ends.bad_mean)
+    if error_g == 0 < error_b and min(g[i].runs for i in shared) == 1:
+        error_g = min(var_g, error_b / scale_b * scale_g)
+    elif error_b == 0 < error_g and min(b[i].runs for i in shared) == 1:
+        error_b = min(var_b, error_g / scale_g * scale_b)
     return JointPrior(ends.good_mean, ends.bad_mean, sg, sb, min(max(0.0, cov), 0.999 * math.sqrt(sg * sb)),
                       error_g, error_b, len(shared), _borrowed(g, b, shared, ends))
 
@@ -505,6 +538,15 @@ def mean_errors(good: Sequence[SampleOutcome], bad: Sequence[SampleOutcome],
         return math.sqrt(sum(_noise(mean, spread, s.runs) for s in end)) / len(end)
 
     return error(good, prior.good_mean, prior.good_var), error(bad, prior.bad_mean, prior.bad_var)
+
+
+def looser_end(good: Sequence[SampleOutcome], bad: Sequence[SampleOutcome],
+               ) -> tuple[Literal["good", "bad"], float, float]:
+    """Which end's mean rate is the less known (`mean_errors`; the good end on a tie), with both
+    errors: every candidate is placed between the ends' means, so while the drop between them is
+    unclear another round of the looser end tells more than another of the other."""
+    good_error, bad_error = mean_errors(good, bad)
+    return ("good" if good_error >= bad_error else "bad"), good_error, bad_error
 
 
 def control_p(candidate: Sequence[SampleOutcome], good: Sequence[SampleOutcome], bad: Sequence[SampleOutcome],

@@ -40,12 +40,17 @@ def short_of(reached: float, asked: float) -> str:
 
 def narrowed(lo: str, hi: str, commits: int, *, find_fix: bool, skipped: Sequence[tuple[str, str]] = ()) -> str:
     """The range skips left, with why each commit between could not be tested (`skipped`: its
-    sha and its step's reason, e.g. its own build failure): what the user checks by hand."""
+    sha and its step's reason, e.g. its own build failure): what the user checks by hand. A
+    range with no skip in it is one whose commits' own steps disagree with each other (a
+    likelihood search's culprit that its parent's spent steps contradict): re-run them."""
+    where = f"the {'fix' if find_fix else 'culprit'} is one of {commits} commits in ({lo[:12]}, {hi[:12]}]"
+    if not skipped:
+        return (f"{where}: the steps in it disagree with each other, a commit's own steps against the answer "
+                "the others lean to (the report has each one's evidence): re-run the commits in it")
     why = "; ".join(f"{sha[:12]}: {_first_line(reason)}" for sha, reason in skipped[:SKIPS_SHOWN])
     if len(skipped) > SKIPS_SHOWN:
         why += f"; {len(skipped) - SKIPS_SHOWN} more in the report"
-    return (f"the {'fix' if find_fix else 'culprit'} is one of {commits} commits in ({lo[:12]}, {hi[:12]}]: "
-            f"the commits between could not be tested ({why or 'skipped'})")
+    return f"{where}: the commits between could not be tested ({why})"
 
 
 def _first_line(reason: str, chars: int = 160) -> str:

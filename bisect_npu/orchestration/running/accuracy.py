@@ -7,6 +7,13 @@ ends disagree on (with a control set), then more. After each round the oracle ju
 so far and says whether another is wanted (figure ``more_rounds``). Rounds journaled before an
 interruption are reused in order (the plan is deterministic), so a resumed step runs only the
 rest.
+
+The bad end's verdict may ask for the good end's next round first (figure ``good_end_again``:
+the drop between the ends is unclear and the good end's mean the less known). Its step then has
+the session run a step at the good end (`again`: one round of the whole dataset, pooled onto the
+good end's rounds) and judges its own rounds so far again before its next. A resumed session
+holds the good end's journaled steps pooled already (`remember`), so its bad end's step, judging
+its journaled rounds against them, asks for what the interrupted one would have asked next.
 """
 
 from __future__ import annotations
@@ -45,6 +52,14 @@ class AccuracySteps:
     good_end: list[Observation] | None = None
     bad_end: list[Observation] | None = None
     ran: dict[str, set[str]] = field(default_factory=dict)
+    # The bad end's verdict that asked for the good end's next round, while that round's step runs.
+    asked_again: Verdict | None = None
+
+    @property
+    def good_end_again(self) -> bool:
+        """Whether the good end's step now running is one more round asked by the bad end's step
+        (pooled onto its rounds; no earlier results are taken for it)."""
+        return self.asked_again is not None and self.good_end is not None
 
     def plan(self, commit: str, role: Role) -> list[list[str] | None]:
         """The rounds this step may run. A commit stepped before (the search asks again: it wants
@@ -63,11 +78,15 @@ class AccuracySteps:
         return oracle.judge_accuracy(spec, observations, self.good_end, self.bad_end, role=role, final=final)
 
     def step(self, commit: str, role: Role, done: Sequence[TrialRun], run_round: RunRound, first_trial: int,
-             load: Callable[[str], Observation]) -> tuple[list[TrialRun], Verdict]:
+             load: Callable[[str], Observation], again: Callable[[], None] | None = None,
+             ) -> tuple[list[TrialRun], Verdict]:
         """Rounds (the journaled `done` first) until the verdict is clear or the plan ends; a round's
         trial is the one the uninterrupted step gave it (`first_trial`: the session's next, after
-        every journaled trial)."""
-        plan = self.plan(commit, role)
+        every journaled trial). `again` (the bad end's step): runs a step at the good end, where
+        the bad end's verdict asks for the good end's next round."""
+        repeat = role == "good_end" and self.good_end_again
+        before = list(self.good_end or []) if repeat else []
+        plan: list[list[str] | None] = [None] if repeat else self.plan(commit, role)
         ran = self.ran.setdefault(commit, set())
         records: list[TrialRun] = []
         observations: list[Observation] = []
@@ -81,14 +100,49 @@ class AccuracySteps:
                                         "observation", trials=len(records))
             observations.append(load(record.observation))
             ran.update(s.id for s in observations[-1].samples or [])
-            verdict = self.judge(observations, role, final=number == len(plan) - 1)
+            final = number == len(plan) - 1
+            verdict = self.judge([*before, *observations], role, final=final)
+            if role == "bad_end" and again is not None:
+                verdict = self._good_end_again(observations, verdict, again, final)
             if not verdict.figures.get("more_rounds"):
                 break
+        if repeat and verdict.kind != VerdictKind.SKIP:
+            verdict = self._said_again(verdict, len(records))
         if role == "good_end" and verdict.kind != VerdictKind.SKIP:
-            self.good_end = observations
+            self.good_end = [*before, *observations]
         if role == "bad_end" and verdict.kind != VerdictKind.SKIP:
             self.bad_end = observations
         return records, verdict
+
+    def _good_end_again(self, observations: list[Observation], verdict: Verdict, again: Callable[[], None],
+                        final: bool) -> Verdict:
+        """The bad end's rounds judged again after each round of the good end its verdict asks for,
+        until it asks for none (or the good end's round gave nothing)."""
+        while verdict.figures.get("good_end_again"):
+            had = len(self.good_end or [])
+            self.asked_again = verdict
+            try:
+                again()
+            finally:
+                self.asked_again = None
+            if len(self.good_end or []) <= had:
+                break
+            verdict = self.judge(observations, "bad_end", final=final)
+        return verdict
+
+    def _said_again(self, verdict: Verdict, trials: int) -> Verdict:
+        """The good end's extra round said as what it is: why it ran (the bad end's errors), its
+        rounds in all, and the trials this step took."""
+        asked = self.asked_again
+        assert asked is not None
+        spec = self.recipe.accuracy
+        assert spec is not None
+        figures = {**verdict.figures, "run_again": True, "bad_end_asked": asked.figures.get("rounds")}
+        why = (f"run again, round {figures.get('rounds')} of at most {spec.max_rounds}: the drop to the bad end was "
+               f"unclear after its round {asked.figures.get('rounds')} and the good end's mean the looser "
+               f"(standard error {100 * float(asked.figures.get('good_error', 0.0)):.2f} points against the bad "
+               f"end's {100 * float(asked.figures.get('bad_error', 0.0)):.2f}); ")
+        return verdict.model_copy(update={"figures": figures, "reason": why + verdict.reason, "trials": trials})
 
     def recall_ran(self, commit: str, observations: Sequence[Observation]) -> None:
         """A step at `commit` journaled before a resume: the samples its rounds ran, so a step the

@@ -74,6 +74,9 @@ class EvaluationRequest:
     as_reference: bool = False
     # The bad end of an accuracy recipe: its per-sample results are the other half of the reference.
     as_bad_end: bool = False
+    # The accuracy bad end's: runs a step at the good end (the session's), where the bad end's
+    # verdict asks for the good end's next round first (orchestration/running/accuracy.py).
+    good_end_again: Callable[[], None] | None = None
     # Hears of each attempt that failed on the host (the session journals it).
     on_retry: Callable[[RetryRun], None] | None = None
     # Attempts journaled before an interruption: the attempt numbers go on from them.
@@ -487,7 +490,8 @@ class Evaluator:
         def run_round(trial: int, sample_ids: Sequence[str] | None) -> TrialRun:
             return self._run_group(request, env, case, [trial], sample_ids)[0]
 
-        earlier = earlier_for(self.recipe, role, request.commit, self.earlier)
+        # the good end's extra round asked by the bad end's step runs the whole dataset here
+        earlier = None if self.accuracy.good_end_again else earlier_for(self.recipe, role, request.commit, self.earlier)
         before: list[TrialRun] = []
         done, first, aside = list(request.done), request.first_trial, ""
         if earlier is not None and earlier.samples is not None:
@@ -499,7 +503,7 @@ class Evaluator:
         elif earlier is not None:
             aside = f"earlier results {earlier.source} set aside: {earlier.why_not}"
         records, verdict = self.accuracy.step(request.commit, role, done, run_round, first,
-                                              load_from(self.session_dir))
+                                              load_from(self.session_dir), request.good_end_again)
         if aside:
             verdict = verdict.model_copy(update={"reason": f"{verdict.reason} ({aside}; the whole dataset ran)"})
         if request.as_reference:

@@ -39,7 +39,9 @@ def test_a_narrowed_sentence_names_at_most_three_skips() -> None:
     assert said == ("the culprit is one of 6 commits in (aaaaaaaaaaaa, bbbbbbbbbbbb]: the commits between could not be "
                     "tested (111111111111: build failed: error 1; 222222222222: build failed: error 2; "
                     "333333333333: build failed: error 3; 2 more in the report)")
-    assert end_messages.narrowed("a" * 40, "b" * 40, 2, find_fix=True).endswith("could not be tested (skipped)")
+    assert end_messages.narrowed("a" * 40, "b" * 40, 2, find_fix=True).endswith(
+        "the steps in it disagree with each other, a commit's own steps against the answer the others lean to "
+        "(the report has each one's evidence): re-run the commits in it")
 
 
 def test_a_culprit_found_below_the_confidence_asked_says_so() -> None:

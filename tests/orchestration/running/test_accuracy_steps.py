@@ -6,7 +6,7 @@ import json
 from collections.abc import Sequence
 from pathlib import Path
 
-from bisect_npu.observations import VerdictKind
+from bisect_npu.observations import Verdict, VerdictKind
 from bisect_npu.orchestration.running.accuracy import AccuracySteps, load_from
 from bisect_npu.recipe.loader import parse_recipe
 from bisect_npu.records import TrialRun
@@ -101,3 +101,43 @@ def test_a_round_that_wrote_nothing_skips_the_step(tmp_path: Path) -> None:
 
     _, verdict = steps.step("cand", "candidate", (), broken, 0, load_from(tmp_path))
     assert verdict.kind == VerdictKind.SKIP and "harness failed" in verdict.reason
+
+
+class RatesHarness:
+    """Writes each asked sample's rate over four runs a round (`runs` 4); counts its rounds."""
+
+    def __init__(self, tmp: Path, rates: dict[str, float], name: str) -> None:
+        self.tmp, self.rates, self.name, self.rounds = tmp, rates, name, 0
+
+    def __call__(self, trial: int, sample_ids: Sequence[str] | None) -> TrialRun:
+        self.rounds += 1
+        ids = list(self.rates) if sample_ids is None else list(sample_ids)
+        path = self.tmp / f"obs-{self.name}-{self.rounds}.json"
+        path.write_text(json.dumps({"case_id": "accuracy", "trial": trial, "samples": [
+            {"id": i, "correct": self.rates[i], "runs": 4} for i in ids]}))
+        return TrialRun(case_id="accuracy", trial=trial, observation=str(path))
+
+
+def test_a_bad_end_whose_good_end_is_the_looser_has_it_run_again_first(tmp_path: Path) -> None:
+    """Good end: every sample right half the time (its mean known to 2.5 points a round); bad end:
+    45 of 100 samples always right (its mean known exactly): the drop is unclear and the good
+    end's error dominates after every bad round, so the good end runs again (pooled) until its
+    plan's three rounds, then the bad end's own rounds go on."""
+    steps = AccuracySteps(parse_recipe(RECIPE))
+    load = load_from(tmp_path)
+    good = RatesHarness(tmp_path, {f"q{i:03d}": 0.5 for i in range(100)}, "good")
+    steps.step("good", "good_end", (), good, 0, load)
+    extra: list[Verdict] = []
+
+    def again() -> None:
+        extra.append(steps.step("good", "good_end", (), good, good.rounds, load)[1])
+
+    bad = RatesHarness(tmp_path, {f"q{i:03d}": float(i < 45) for i in range(100)}, "bad")
+    records, verdict = steps.step("bad", "bad_end", (), bad, 0, load, again)
+    assert good.rounds == 3 and len(steps.good_end or []) == 3  # pooled, at most max_rounds in all
+    assert [v.figures["rounds"] for v in extra] == [2, 3] and all(v.trials == 1 for v in extra)
+    assert all(v.reason.startswith("run again, round") and "the good end's mean the looser" in v.reason
+               for v in extra)
+    assert bad.rounds == len(records) == 3 and verdict.figures["forced_at_max_rounds"]
+    assert "good_end_again" not in verdict.figures  # the good end's plan is spent
+    assert steps.asked_again is None and not steps.good_end_again

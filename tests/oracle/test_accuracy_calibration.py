@@ -188,3 +188,57 @@ def test_a_good_commit_run_often_does_not_lean_bad_on_the_ends_spreads_noise() -
     prior = stats.fit_joint(good, bad)
     assert prior.bad_var > prior.good_var + 0.015
     assert stats.step_evidence(outcomes(rng.binomial(6, rates), 6), good, bad, prior).log_lr < 0
+
+
+def _scaled_leans(rho: float, seed: int) -> tuple[float, float]:
+    """(a good, a bad candidate's step) on the focused samples, four runs each, where every rate
+    fell alike (82% -> 70%) and each end ran every sample once."""
+    rng = np.random.default_rng(seed)
+    kappa = 1 / rho - 1
+    good_rates = rng.beta(0.82 * kappa, 0.18 * kappa, 200)
+    bad_rates = good_rates * 0.70 / 0.82
+    good, bad = outcomes(rng.binomial(1, good_rates), 1), outcomes(rng.binomial(1, bad_rates), 1)
+    idx = [int(i[1:]) for i in discordant_ids(good, bad)[:24]]
+    leans = [stats.log_likelihood_ratio(outcomes(rng.binomial(4, rates[idx]), 4, idx), good, bad)
+             for rates in (good_rates, bad_rates)]
+    return leans[0], leans[1]
+
+
+def test_a_scaled_drop_at_one_run_a_sample_is_not_read_as_a_broken_subset() -> None:
+    """One run a sample cannot tell a scaled drop's spreads from a broken subset's: read as one
+    correlation for both ends, a focused sample (good end right, bad end wrong) looks broken and a
+    bad commit that answers it right looks good (ICC 0.9: about -32 nats on 24 samples). Weighed
+    with the scaled reading, a bad commit leans nowhere on them and a good one still leans good."""
+    leans = np.array([_scaled_leans(0.9, seed) for seed in range(8)])
+    assert leans[:, 1].mean() > -2.0
+    assert (leans[:, 0] < 0).all()
+
+
+def test_the_ends_spreads_are_read_both_ways() -> None:
+    """One run a sample: as measured (one correlation), and as a scaled drop, the lower end's
+    spread (lo/hi)^2 of the higher's. Two runs: spreads at one coefficient of variation (a scaled
+    drop) are kept by that reading and pulled together by the other; known spreads read once."""
+    one = stats.JointPrior(0.82, 0.70, 0.6 * 0.82 * 0.18, 0.6 * 0.70 * 0.30, 0.05, 0.01, 0.01, 200, "bad")
+    icc, cv = one.readings()
+    assert icc.good_var == one.good_var and icc.bad_var == pytest.approx(one.bad_var)
+    assert cv.good_var == one.good_var and cv.bad_var == pytest.approx(one.good_var * (0.70 / 0.82) ** 2)
+    scaled = stats.JointPrior(0.82, 0.70, 0.1, 0.1 * (0.70 / 0.82) ** 2, 0.0, 0.02, 0.02, 200)
+    by_icc, by_cv = scaled.readings()
+    assert by_cv.bad_var == pytest.approx(scaled.bad_var, rel=0.01)
+    assert by_icc.bad_var > 1.2 * scaled.bad_var
+    known = stats.JointPrior(0.82, 0.70, 0.07, 0.16, 0.05)
+    assert known.readings() == [known]
+
+
+def test_an_end_that_ran_its_samples_once_borrows_the_other_s_spread_read_both_ways() -> None:
+    """Where only one end repeated its samples, the other's spread is the measured end's
+    correlation or, read as a scaled drop, its coefficient of variation."""
+    rng = np.random.default_rng(7)
+    rates = rng.beta(0.82 * 0.5, 0.18 * 0.5, 200)
+    good, bad = outcomes(rng.binomial(1, rates), 1), outcomes(rng.binomial(2, rates * 0.70 / 0.82), 2)
+    prior = stats.fit_joint(good, bad)
+    assert prior.borrowed == "good"
+    by_icc, by_cv = prior.readings()
+    assert by_cv.bad_var == by_icc.bad_var
+    assert by_cv.good_var == pytest.approx(max(stats.MIN_VAR, by_icc.bad_var * (prior.good_mean / prior.bad_mean) ** 2))
+    assert stats.fit_joint(good, [s.model_copy(update={"runs": 1}) for s in good]).borrowed == "bad"

@@ -26,7 +26,7 @@ from __future__ import annotations
 
 import functools
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from statistics import NormalDist
 from typing import Literal
@@ -265,8 +265,12 @@ class JointPrior:
     # The standard errors of the two spreads' estimates (0: taken as known).
     good_var_error: float = 0.0
     bad_var_error: float = 0.0
-    # How many samples both ends ran: the spreads' evidence is weighed per sample (`tied`).
+    # How many samples both ends ran: the spreads' evidence is weighed per sample (`readings`).
     samples: int = 1
+    # The end whose spread was not measured but given the other end's correlation ("good", "bad";
+    # None: each measured its own): with one run a sample the lower end (`_single_run_rho`
+    # measures the higher end's), with one end repeating its samples and the other not, the other.
+    borrowed: str | None = None
 
     def moved(self, z: float) -> JointPrior:
         """The prior with each end's spread moved `z` standard errors of its estimate (down to the
@@ -279,27 +283,68 @@ class JointPrior:
                           min(self.cov, 0.999 * math.sqrt(good_var * bad_var)))
 
     def tied(self) -> JointPrior:
-        """The prior with both spreads moved toward one intraclass correlation (each end's
-        weight in the common value its inverse variance), the difference between the ends'
-        correlations kept by the probability that they differ at all: the two models (one
-        correlation for both ends, one each) weighed by their evidence, the Schwarz
-        approximation (`_differ_probability`), even odds before. A candidate that ran a sample
-        several times shows how its own runs spread, and a step would weigh which side's spread
-        fits that: where the ends measured their spreads loosely (two runs a sample), a
-        difference that is only their estimates' noise would decide steps and read good commits
-        as bad. Spreads known (no error) are kept."""
+        """The prior with both spreads moved toward one intraclass correlation (`readings`)."""
+        return self._tied(self.good_mean * (1 - self.good_mean), self.bad_mean * (1 - self.bad_mean))
+
+    def _tied(self, scale_g: float, scale_b: float) -> JointPrior:
+        """The prior with both spreads moved toward one value of spread / scale, each end's weight
+        in the common value its inverse variance, the difference kept by the probability that the
+        ends differ at all: the two models (one value for both ends, one each) weighed by their
+        evidence, the Schwarz approximation (`_differ_probability`), even odds before. Spreads
+        known (no error) are kept."""
         if self.good_var_error <= 0 or self.bad_var_error <= 0:
             return self
-        scale_g, scale_b = self.good_mean * (1 - self.good_mean), self.bad_mean * (1 - self.bad_mean)
         rho_g, rho_b = self.good_var / scale_g, self.bad_var / scale_b
         weight_g, weight_b = (scale_g / self.good_var_error) ** 2, (scale_b / self.bad_var_error) ** 2
         common = (rho_g * weight_g + rho_b * weight_b) / (weight_g + weight_b)
-        diff = rho_b - rho_g
-        keep = _differ_probability(diff ** 2 * weight_g * weight_b / (weight_g + weight_b), self.samples)
+        keep = _differ_probability((rho_b - rho_g) ** 2 * weight_g * weight_b / (weight_g + weight_b), self.samples)
         good_var = max(MIN_VAR, (common + keep * (rho_g - common)) * scale_g)
         bad_var = max(MIN_VAR, (common + keep * (rho_b - common)) * scale_b)
         return replace(self, good_var=good_var, bad_var=bad_var,
                        cov=min(self.cov, 0.999 * math.sqrt(good_var * bad_var)))
+
+    def _borrowing(self, scale: Callable[[float], float]) -> JointPrior:
+        """The prior with the borrowed end's spread and its error the measured end's at one value
+        of spread / scale(mean): mean (1 - mean) one correlation, mean^2 one coefficient of
+        variation (a drop that scaled every sample's rate alike); the two rates tied as far as
+        the covariance says."""
+        good_measured = self.borrowed == "bad"
+        measured, other = (self.good_mean, self.bad_mean) if good_measured else (self.bad_mean, self.good_mean)
+        var, error = (self.good_var, self.good_var_error) if good_measured else (self.bad_var, self.bad_var_error)
+        factor = scale(other) / scale(measured)
+        other_var, other_error = max(MIN_VAR, var * factor), error * factor
+        good_var, bad_var = (var, other_var) if good_measured else (other_var, var)
+        return replace(self, good_var=good_var, bad_var=bad_var,
+                       good_var_error=error if good_measured else other_error,
+                       bad_var_error=other_error if good_measured else error,
+                       cov=min(self.cov, 0.999 * math.sqrt(good_var * bad_var)))
+
+    def readings(self) -> list[JointPrior]:
+        """Each way the ends' spreads may go together: one intraclass correlation for both ends (a
+        regression that breaks a subset of samples leaves the samples it spared as they were), or
+        one coefficient of variation, spread over mean (a regression that scales every sample's
+        rate by one factor scales the spread by it too, and keeps the two rates tied). A candidate
+        that ran a sample several times shows how its own runs spread, and a step would weigh which
+        side's spread fits that: where the ends measured their spreads loosely (two runs a
+        sample), a difference that is only their estimates' noise would decide steps, and a tie to
+        the wrong one of the two would too (under a scaled drop the lower end's correlation is far
+        below the higher end's, a focused sample then mostly noise, not a broken one). Each reading
+        ties the spreads as far as the evidence allows (`_tied`). With one run a sample the ends'
+        table measures only the means and the covariance, not which way the spreads go, and where
+        one end ran its samples once its spread is the other's correlation: one correlation as
+        given, or the scaled drop (`_borrowing`). One reading where the two coincide or the
+        spreads are known."""
+        if self.borrowed is not None:
+            options = [self._borrowing(lambda m: m * (1 - m)), self._borrowing(lambda m: m * m)]
+        elif self.good_var_error <= 0 or self.bad_var_error <= 0:
+            return [self]
+        else:
+            options = [self.tied(), self._tied(self.good_mean ** 2, self.bad_mean ** 2)]
+        first, second = options
+        if (math.isclose(first.good_var, second.good_var, rel_tol=1e-3)
+                and math.isclose(first.bad_var, second.bad_var, rel_tol=1e-3)):
+            return [first]
+        return options
 
     @property
     def rho(self) -> float:
@@ -392,7 +437,16 @@ def fit_joint(good: Sequence[SampleOutcome], bad: Sequence[SampleOutcome]) -> Jo
     elif error_b == 0 < error_g and min(b[i].runs for i in shared) == 1:
         error_b = min(var_b, error_g / scale_g * scale_b)
     return JointPrior(ends.good_mean, ends.bad_mean, sg, sb, min(max(0.0, cov), 0.999 * math.sqrt(sg * sb)),
-                      error_g, error_b, len(shared))
+                      error_g, error_b, len(shared), _borrowed(g, b, shared, ends))
+
+
+def _borrowed(g: dict[str, SampleOutcome], b: dict[str, SampleOutcome], shared: list[str],
+              ends: EndsPrior) -> str | None:
+    """Which end's spread `fit_prior` gave from the other's correlation (`JointPrior.borrowed`)."""
+    good_repeats, bad_repeats = min(g[i].runs for i in shared) >= 2, min(b[i].runs for i in shared) >= 2
+    if good_repeats == bad_repeats:
+        return None if good_repeats else ("bad" if ends.bad_mean <= ends.good_mean else "good")
+    return "bad" if good_repeats else "good"
 
 
 @dataclass(frozen=True)
@@ -567,12 +621,12 @@ def _log_sum_exp(terms: Sequence[float]) -> float:
 _SPREAD_NODES = ((-math.sqrt(3.0), math.log(1 / 6)), (0.0, math.log(2 / 3)), (math.sqrt(3.0), math.log(1 / 6)))
 
 
-def _spread_priors(prior: JointPrior) -> list[tuple[float, JointPrior]]:
-    """(log weight, prior) over the spreads' nodes; the prior alone where its spreads are known."""
-    if prior.good_var_error == 0 and prior.bad_var_error == 0:
-        return [(0.0, prior)]
-    tied = prior.tied()
-    return [(log_w, tied.moved(z)) for z, log_w in _SPREAD_NODES]
+def _spread_nodes(reading: JointPrior) -> list[tuple[float, JointPrior]]:
+    """(log weight, prior) over one reading's spreads' nodes; the reading alone where its spreads
+    are known."""
+    if reading.good_var_error == 0 and reading.bad_var_error == 0:
+        return [(0.0, reading)]
+    return [(log_w, reading.moved(z)) for z, log_w in _SPREAD_NODES]
 
 
 @dataclass(frozen=True)
@@ -595,13 +649,25 @@ def step_evidence(candidate: Sequence[SampleOutcome], good: Sequence[SampleOutco
     the weaker of that and the sum of the per-sample ratios clipped (`sample_log_lr`); the node
     terms come with it when it is the integrated one. Both are averaged over where the ends'
     spreads may lie (`_SPREAD_NODES`): each side's likelihood as a mixture, the clipped ratio as
-    the ratio of the mixtures is (each spread's ratio weighed by that spread's posterior)."""
+    the ratio of the mixtures is (each spread's ratio weighed by that spread's posterior).. Where
+    the ends' spreads may be read two ways (`JointPrior.readings`) the step is as sure as the
+    less sure reading, and says nothing where they disagree: one reading holds for every step
+    of a search, so a step must not lean on whichever suits its own candidate best."""
     prior = prior or fit_joint(good, bad)
     if not candidate:
         return StepEvidence(0.0)
-    g, b = by_id(good), by_id(bad)
-    error_good, error_bad = mean_errors(good, bad, prior)
-    spreads = _spread_priors(prior)
+    errors = mean_errors(good, bad, prior)
+    each = [_reading_evidence(candidate, by_id(good), by_id(bad), _spread_nodes(reading), errors)
+            for reading in prior.readings()]
+    if any(e.log_lr * each[0].log_lr <= 0 for e in each):
+        return StepEvidence(0.0)
+    return min(each, key=lambda e: abs(e.log_lr))
+
+
+def _reading_evidence(candidate: Sequence[SampleOutcome], g: dict[str, SampleOutcome], b: dict[str, SampleOutcome],
+                      spreads: list[tuple[float, JointPrior]], errors: tuple[float, float]) -> StepEvidence:
+    """A step's evidence under one reading of the ends' spreads, over its spreads' nodes."""
+    error_good, error_bad = errors
     clipped_at, good_at, bad_at = [], [], []
     for _, moved in spreads:
         outcomes_good: list[tuple[float, int, tuple[float, float]]] = []

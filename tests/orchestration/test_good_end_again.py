@@ -17,13 +17,13 @@ import pytest
 
 from bisect_npu.builders.base import Environment
 from bisect_npu.builders.local import LocalBuilder
-from bisect_npu.execute.base import RunResult, observation_path, probe_log_path, probe_stem
-from bisect_npu.observations import Observation, SampleOutcome
+from bisect_npu.observations import SampleOutcome
 from bisect_npu.orchestration.ending.result import EXIT_FOUND
 from bisect_npu.orchestration.session import Session
 from bisect_npu.report import write_reports
 from tests.helpers.asked import spec_of
 from tests.helpers.gitrepo import make_linear_repo
+from tests.helpers.npu_accuracy import HarnessStandIn
 
 pytestmark = pytest.mark.e2e  # sessions, end to end
 
@@ -31,41 +31,18 @@ N, CULPRIT = 6, 4  # commits: the good end 0, candidates 1..5
 IDS = [f"q{i:03d}" for i in range(100)]
 
 
-class RatesStandIn:
+def rates_stand_in(shas: list[str]) -> HarnessStandIn:
     """The NPU host's harness over a round's samples: before the culprit every sample right half
     the time (two of four runs: the good side's mean known to 2.5 points a round), from it on 45
     of 100 samples always right (the bad side's known exactly), so after the bad end's rounds the
-    drop is unclear and the good end's error dominates. Remembers each run (commit, trial)."""
-
-    def __init__(self, shas: list[str]) -> None:
-        self.shas, self.runs = shas, []  # type: ignore[var-annotated]
-
-    def run_probe(self, env: Environment, request: dict[str, Any], out_dir: Path, timeout_s: float) -> RunResult:
-        case, trial = str(request["case_id"]), int(request["trial"])
-        self.runs.append((env.commit, trial))
-        bad = self.shas.index(env.commit) >= CULPRIT
-        ids = request["accuracy"]["sample_ids"] or IDS
-        out_dir.mkdir(parents=True, exist_ok=True)
-        log = probe_log_path(out_dir, probe_stem(case, trial))
-        log.write_text("harness ran\n")
-        path = observation_path(out_dir, case, trial)
-        path.write_text(Observation(case_id=case, trial=trial, samples=[
-            SampleOutcome(id=i, correct=float(IDS.index(i) < 45) if bad else 0.5, runs=4) for i in ids],
-        ).model_dump_json())
-        return RunResult(returncode=0, seconds=0.01, log_path=str(log), observation=str(path))
-
-    def run_command(self, env: Environment, argv: list[str], log_path: Path, timeout_s: float,
-                    extra_env: dict[str, str] | None = None) -> RunResult:
-        raise AssertionError("an accuracy recipe's harness runs in the probe")
-
-    def close(self) -> None:
-        """Nothing runs between calls."""
-
-    def sweep(self) -> int:
-        return 0
+    drop is unclear and the good end's error dominates."""
+    def outcome(env: Environment, sample_id: str) -> SampleOutcome:
+        bad = shas.index(env.commit) >= CULPRIT
+        return SampleOutcome(id=sample_id, correct=float(IDS.index(sample_id) < 45) if bad else 0.5, runs=4)
+    return HarnessStandIn(outcome, IDS)
 
 
-def _session(tmp: Path, name: str, shas: list[str], stand_in: RatesStandIn, resume: bool = False) -> Any:
+def _session(tmp: Path, name: str, shas: list[str], stand_in: HarnessStandIn, resume: bool = False) -> Any:
     builder = LocalBuilder(git.Repo(tmp / "repo"), tmp / f"{name}-work", ["true"])
     if resume:
         return Session.resume(tmp / name, builder=builder, executor=stand_in).run()
@@ -96,7 +73,7 @@ def whole(tmp_path_factory: pytest.TempPathFactory) -> Whole:
     tmp = tmp_path_factory.mktemp("again")
     shas = make_linear_repo(tmp / "repo", N, culprit=CULPRIT)
     (tmp / "d.jsonl").write_text("".join(json.dumps({"id": i, "question": "q", "answer": "a"}) + "\n" for i in IDS))
-    stand_in = RatesStandIn(shas)
+    stand_in = rates_stand_in(shas)
     result = _session(tmp, "s", shas, stand_in)
     assert result.exit_code == EXIT_FOUND
     return Whole(tmp, shas, result.culprit, stand_in.runs)
@@ -137,7 +114,7 @@ def test_a_session_resumed_after_the_good_ends_extra_round_redoes_nothing(whole:
     journaled = {(r["commit"], r["trial"]) for r in records[:cut] if r["type"] == "trial"}
     assert any(commit == whole.shas[-1] for commit, _ in journaled)  # the bad end's first round
 
-    resumed = RatesStandIn(whole.shas)
+    resumed = rates_stand_in(whole.shas)
     again = _session(whole.tmp, name, whole.shas, resumed, resume=True)
     assert again.culprit == whole.culprit
     assert not journaled & set(resumed.runs), "a journaled run was made again"

@@ -649,7 +649,7 @@ def step_evidence(candidate: Sequence[SampleOutcome], good: Sequence[SampleOutco
     the weaker of that and the sum of the per-sample ratios clipped (`sample_log_lr`); the node
     terms come with it when it is the integrated one. Both are averaged over where the ends'
     spreads may lie (`_SPREAD_NODES`): each side's likelihood as a mixture, the clipped ratio as
-    the ratio of the mixtures is (each spread's ratio weighed by that spread's posterior).. Where
+    the ratio of the mixtures is (each spread's ratio weighed by that spread's posterior). Where
     the ends' spreads may be read two ways (`JointPrior.readings`) the step is as sure as the
     less sure reading, and says nothing where they disagree: one reading holds for every step
     of a search, so a step must not lean on whichever suits its own candidate best."""

@@ -228,6 +228,8 @@ def test_the_ends_spreads_are_read_both_ways() -> None:
     assert by_icc.bad_var > 1.2 * scaled.bad_var
     known = stats.JointPrior(0.82, 0.70, 0.07, 0.16, 0.05)
     assert known.readings() == [known]
+    greedy = stats.JointPrior(0.82, 0.70, 0.82 * 0.18, 0.70 * 0.30, 0.1, 0.0, 0.0, 200, "bad")
+    assert greedy.readings() == [greedy]  # ends whose one run a sample fixed the correlation exactly
 
 
 def test_an_end_that_ran_its_samples_once_borrows_the_other_s_spread_read_both_ways() -> None:

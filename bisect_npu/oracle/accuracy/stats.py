@@ -334,6 +334,8 @@ class JointPrior:
         one end ran its samples once its spread is the other's correlation: one correlation as
         given, or the scaled drop (`_borrowing`). One reading where the two coincide or the
         spreads are known."""
+        if self.good_var_error <= 0 and self.bad_var_error <= 0:
+            return [self]
         if self.borrowed is not None:
             options = [self._borrowing(lambda m: m * (1 - m)), self._borrowing(lambda m: m * m)]
         elif self.good_var_error <= 0 or self.bad_var_error <= 0:

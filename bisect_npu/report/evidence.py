@@ -199,7 +199,7 @@ def _session_throughput(view: SessionView) -> ThroughputConfig | None:
 
 
 def earlier_source(view: SessionView) -> str:
-    """The recipe's `earlier_runs.source` as the session ran it (`session_throughput`): empty where
+    """The recipe's `earlier_runs.source` as the session ran it (`_session_throughput`): empty where
     it gives none."""
     throughput = _session_throughput(view)
     earlier = throughput.earlier_runs if throughput is not None else None

@@ -436,9 +436,12 @@ class Session:
     def finish(self, decision: Answer) -> SessionResult:
         """Journal how the search ended (its `end` record) and say it."""
         steps = len(self.state.steps())
-        if self.levels and not isinstance(decision, search.EndsWrong):
-            # why the levels search stopped: the confidence reached, or no commit left to run again
-            decision = replace(decision, figures={**decision.figures, "confidence_asked": self.confidence,
+        if self.levels:
+            # the nightly's earlier runs at each end (counted, or beside ends judged wrong on the
+            # session's runs alone), and why the search stopped: the confidence reached, or no
+            # commit left to run again
+            asked = {} if isinstance(decision, search.EndsWrong) else {"confidence_asked": self.confidence}
+            decision = replace(decision, figures={**decision.figures, **asked,
                                                   **earlier_figures(self.earlier_levels())})
         if isinstance(decision, search.Found):
             culprit = self.commit_at(decision.index)

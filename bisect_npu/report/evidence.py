@@ -30,7 +30,7 @@ def evidence_summary(view: SessionView) -> list[str]:
                 f"{new}: {_symptom_share(figures, 'bad_end', flipped)}",
                 f"P(the two ends differ) = {_percent(figures['change_probability'])}"]
     if end.status == "ends_wrong" and "under_line" in figures:
-        return levels_ends_lines(view, figures["under_line"], flipped)
+        return levels_ends_lines(view, figures, flipped)
     if end.status != "found":
         return []
     found = "the fix" if flipped else "the culprit"
@@ -133,14 +133,15 @@ def earlier_lines(figures: dict[str, float], flipped: bool = False, source: str 
     return [*lines, f"where they were measured: {source}"] if lines and source else lines
 
 
-def levels_ends_lines(view: SessionView, under_line: float, flipped: bool) -> list[str]:
+def levels_ends_lines(view: SessionView, figures: dict[str, float], flipped: bool) -> list[str]:
     """Why a levels session judged its ends wrong (exit 4): each end's own runs (count, mean,
     spread), the line the end with the symptom was held to (`threshold` x the other end's mean; in
     a fix search, `flipped`, the new end's), how likely the session's runs make it that the end's
-    mean lies under it, and, where the recipe is still the one the session ran, the published
-    baseline and the nightly's earlier runs with their source: those are not weighed in judging
-    the ends (an earlier run may be another host's), so a nightly that failed beside a bad end
-    that ran fast here says the two were not measured alike."""
+    mean lies under it (`under_line`), the nightly's earlier runs as the end record keeps them
+    (report.json's evidence has the same figures), and, where the recipe is still the one the
+    session ran, the published baseline and where the earlier runs were measured. The earlier runs
+    are not weighed in judging the ends (an earlier run may be another host's), so a nightly that
+    failed beside a bad end that ran fast here says the two were not measured alike."""
     n = len(view.range.candidates)
     shows, draws = (0, n) if flipped else (n, 0)  # the end that should show the symptom, the end drawing the line
     names = {0: "the old end" if flipped else "the good end", n: "the new end" if flipped else "the bad end"}
@@ -151,23 +152,18 @@ def levels_ends_lines(view: SessionView, under_line: float, flipped: bool) -> li
     line = (f"{threshold:g} x {names[draws]}'s mean = {threshold * fmean(runs[draws]):.1f} tokens/s"
             if threshold is not None and runs[draws] else f"the recipe's threshold x {names[draws]}'s mean")
     lines.append(f"the line: {line}; P({names[shows]}'s mean is under it, from every run of the session) = "
-                 f"{_percent(under_line)}")
+                 f"{_percent(figures['under_line'])}")
     throughput = _session_throughput(view)
     if throughput is not None and throughput.baseline is not None:
         lines.append(f"the recipe's published baseline: {throughput.baseline:.1f} tokens/s (the search's prior "
                      "for the level without the symptom, as far as its host is this one; the line is drawn from "
                      "the runs)")
-    earlier = throughput.earlier_runs if throughput is not None else None
-    if earlier is not None:
-        at = {"good": names[n if flipped else 0], "bad": names[0 if flipped else n]}
-        for end, values in (("good", earlier.good), ("bad", earlier.bad)):
-            if values:
-                lines.append(f"{_NIGHTLY[end]} {_runs_said(len(values), fmean(values))} at {at[end]}, not weighed in "
-                             "judging the ends (they are judged on this session's runs alone: an earlier run may "
-                             "be another host's)")
-        if earlier.source:
-            lines.append(f"where they were measured: {earlier.source}")
-    return lines
+    at = {"good": names[n if flipped else 0], "bad": names[0 if flipped else n]}
+    earlier = [f"{_NIGHTLY[end]} {_runs_said(count, figures[f'earlier_{end}_mean'])} at {at[end]}, not weighed in "
+               "judging the ends (they are judged on this session's runs alone: an earlier run may be another "
+               "host's)" for end in ("good", "bad") if (count := figures.get(f"earlier_{end}_runs")) is not None]
+    source = earlier_source(view)
+    return [*lines, *earlier, f"where they were measured: {source}"] if earlier and source else [*lines, *earlier]
 
 
 def _end_runs(view: SessionView, index: int) -> list[float]:

@@ -364,13 +364,19 @@ def _sandwich(
     """The answer once the culprit (hi) fails more often than its parent (lo), else more trials.
 
     Pinpoint's sandwich: the two neighbours alone, without the model's other evidence, must
-    show the step. The member with fewer trials gets the next one (the culprit on a tie).
+    show the step. The member with fewer trials gets the next one (the culprit on a tie). Once
+    both have spent their trials without showing it, the posterior's answer rests on the model
+    alone (its two rates, learnt from other commits): the answer is the range whose own ends'
+    trials do show a step (`_separated_range`), not the culprit.
     """
     e_lo, e_hi = evidence.get(lo, Evidence()), evidence.get(hi, Evidence())
     separated = separation(e_hi, e_lo)
     figures = _found_figures(evidence, post, e_lo, e_hi, mass, separated)
     open_ = [i for i in (hi, lo) if evidence.get(i, Evidence()).trials < problem.max_trials_per_query]
-    if separated >= problem.sandwich_confidence or not open_:
+    if separated < problem.sandwich_confidence and not open_:
+        return Narrowed(*_separated_range(problem, evidence, post, lo, hi),
+                        figures={**figures, "disagreeing_culprit": float(hi)})
+    if separated >= problem.sandwich_confidence:
         if hi - lo == 1:
             return Found(hi, confidence=mass, figures=figures)
         return Narrowed(lo, hi, figures=figures)
@@ -381,6 +387,31 @@ def _sandwich(
         room = problem.max_trials_per_query - evidence.get(i, Evidence()).trials
         queries.append(Query(i, _sandwich_batch(problem, evidence.get(i, Evidence()), other, i == hi, room)))
     return queries
+
+
+def _separated_range(
+    problem: SearchProblem, evidence: Mapping[int, Evidence], post: SegmentPosterior, lo: int, hi: int
+) -> tuple[int, int]:
+    """The narrowest (a, b] around the block (lo, hi] whose two ends' own trials alone show the
+    step (the sandwich's test, `separation` >= ``sandwich_confidence``), among tested positions
+    and the ends; of equally narrow ones, the one holding the most posterior mass. The ends
+    (0, n] where no pair does."""
+    n = problem.n
+    tested = [i for i, ev in evidence.items() if ev.trials and not ev.skipped]
+    below = sorted({0, *(i for i in tested if i <= lo)}, reverse=True)
+    above = sorted({n, *(i for i in tested if i >= hi)})
+    mass = position_mass(post)[0]
+    best: tuple[int, float, int, int] | None = None
+    for a in below:
+        for b in above:
+            if best is not None and b - a > best[0]:
+                break
+            if separation(evidence.get(b, Evidence()), evidence.get(a, Evidence())) >= problem.sandwich_confidence:
+                held = float(mass[a:b].sum())  # mass[c - 1]: the change at c, c in (a, b]
+                if best is None or (b - a, -held) < (best[0], -best[1]):
+                    best = (b - a, held, a, b)
+                break
+    return (best[2], best[3]) if best is not None else (0, n)
 
 
 def _sandwich_batch(problem: SearchProblem, member: Evidence, other: Evidence, is_culprit: bool, room: int) -> int:

@@ -9,13 +9,19 @@ import json
 from pathlib import Path
 from typing import Any
 
+import git
 import pytest
 
+from bisect_npu.builders.local import LocalBuilder
 from bisect_npu.errors import UsageError
 from bisect_npu.nightly.cases import import_case, read_case_file
 from bisect_npu.orchestration.running.earlier_results import check_given, check_models, earlier_for, given_ends
+from bisect_npu.orchestration.session import Session
 from bisect_npu.recipe.schema import EarlierEndSpec, EarlierResultsSpec, Recipe
+from tests.helpers.asked import spec_of
 from tests.helpers.cli_exit import run_cli
+from tests.helpers.gitrepo import make_linear_repo
+from tests.helpers.npu_accuracy import HarnessStandIn
 from tests.helpers.paths import REPO_ROOT
 
 BAD = "bf9fd6da37" + "1" * 30
@@ -195,3 +201,27 @@ def test_a_nightly_of_another_model_is_refused_before_anything_runs_and_one_nami
     check_models(recipe, [f"bad={BAD[:10]}:{unnamed}"])
     read = earlier_for(recipe, "bad_end", BAD, given_ends([f"bad={BAD[:10]}:{unnamed}"]))
     assert read is not None and read.samples is not None and len(read.samples) == len(ROWS)
+
+
+def test_a_resume_refuses_a_nightly_replaced_since_by_another_models(tmp_path: Path) -> None:
+    """A resumed session makes the up-front model check a new one makes: the nightly checkout the
+    session started with, its benchmark JSON since rewritten by another model's job, is refused
+    before anything runs (naming both models, and how to go on), where the same checkout resumes."""
+    recipe = tmp_path / "tiny-acc.json"
+    recipe.write_text(json.dumps(nightly_recipe(tmp_path).model_dump(mode="json", exclude_none=True)))
+    shas = make_linear_repo(tmp_path / "repo", 3, culprit=2)
+    work = nightly_checkout(tmp_path / "vllm-ascend", commit=shas[-1])
+    spec = spec_of(good=shas[0], bad=shas[-1], repo=str(tmp_path / "repo"), recipe=str(recipe), propose_fix=False,
+                   earlier_results=[f"bad={shas[-1]}:{work}"])
+
+    def builder(name: str) -> LocalBuilder:
+        return LocalBuilder(git.Repo(tmp_path / "repo"), tmp_path / name, ["true"])
+
+    Session.start(spec, session_dir=tmp_path / "s", builder=builder("w0"), executor=HarnessStandIn()).close()
+    Session.resume(tmp_path / "s", builder=builder("w1"), executor=HarnessStandIn()).close()
+    served = work / "benchmark_results" / "tiny.json"
+    served.write_text(json.dumps({**json.loads(served.read_text()), "model_name": "vllm-ascend/Qwen3-32B-W8A8"}))
+    with pytest.raises(UsageError, match=r"^--earlier-results bad=.*: the nightly served vllm-ascend/Qwen3-32B-W8A8, "
+                                         r"the case tiny-acc serves vllm-ascend/Tiny-W8A8; .*; to resume, put back the "
+                                         r"nightly's results the session started with, or start a new session"):
+        Session.resume(tmp_path / "s", builder=builder("w2"), executor=HarnessStandIn())

@@ -275,15 +275,22 @@ def test_a_bad_end_that_is_not_slower_is_an_end_judged_wrong(history: tuple[Path
                                                              tmp_path: Path) -> None:
     """Where the bad end runs 5% faster than the good end, the runs make it sure its mean is not
     under the good end's line: exit 4, the message saying both ends' runs; each end ran twice; the
-    report's evidence gives each end's runs and the line."""
+    report's evidence gives each end's runs, the line and the failing nightly's run (not weighed),
+    and report.json's evidence the same nightly run beside P(under the line)."""
     repo, shas = history
     faster = NpuThroughputStandIn(-0.05, SPREAD, seed=2)
-    result, session = _session(tmp_path, repo, shas, faster)
+    result = _start(tmp_path, repo, shas, faster, earlier_runs={"bad": [930.0]}).run()
+    session = tmp_path / "s"
+    write_reports(session)
     assert result.exit_code == EXIT_ENDS_WRONG and result.status == "ends_wrong"
     assert "precondition failed: the bad end" in result.message and "P(under the good end's line)" in result.message
     steps = [r["index"] for r in _records(session) if r["type"] == "step"]
     assert steps.count(0) >= 2 and steps.count(N - 1) >= 2
     assert "\n- the bad end: " in (report := (session / "report.md").read_text()) and "- the line: 0.97 x" in report
+    assert "\n- the failing nightly's 930 tokens/s at the bad end, not weighed in judging the ends" in report
+    evidence = json.loads((session / "report.json").read_text())["evidence"]
+    assert evidence["earlier_bad_runs"] == 1 and evidence["earlier_bad_mean"] == 930.0 and "under_line" in evidence
+    assert "confidence_asked" not in evidence  # the search never stopped on a posterior
 
 
 def test_the_failing_nightlys_throughput_counts_as_a_run_at_the_bad_end(history: tuple[Path, list[str]],

@@ -144,8 +144,8 @@ def test_ends_judged_wrong_in_levels_mode_show_each_ends_runs_the_line_and_the_n
     source = "--nightly-result bad=/nightly/benchmark_results/speed-a2.json (model_name tiny)"
     recipe = perf_recipe(tmp_path / "perf.yaml", baseline=1000.0, earlier_runs={"bad": [930.0], "source": source})
     steps = [measured(1, 0, 1000.0), measured(2, 3, 1050.0), measured(3, 0, 1010.0), measured(4, 3, 1040.0)]
-    ended = view({"under_line": 0.0004}, status="ends_wrong", steps=steps, recipe=recipe,
-                 digest=load_recipe(str(recipe)).digest())
+    ended = view({"under_line": 0.0004, "earlier_bad_runs": 1.0, "earlier_bad_mean": 930.0}, status="ends_wrong",
+                 steps=steps, recipe=recipe, digest=load_recipe(str(recipe)).digest())
     ended.session_dir = tmp_path
     report = render_markdown(ended)
     evidence = report[report.index("Evidence:"):].split("\n\n")[1].splitlines()
@@ -163,19 +163,26 @@ def test_ends_judged_wrong_in_levels_mode_show_each_ends_runs_the_line_and_the_n
 
 def test_a_fix_searchs_ends_judged_wrong_hold_the_old_end_to_the_new_ends_line(tmp_path: Path) -> None:
     """--find-fix in levels mode: the new end draws the line, the old end (the failing nightly's)
-    should lie under it; one run says it has no spread; a recipe changed since says nothing of it."""
-    recipe = perf_recipe(tmp_path / "perf.yaml", earlier_runs={"bad": [930.0]})
+    should lie under it; one run says it has no spread; the nightly's runs are the end record's (as
+    report.json's evidence), said whatever the recipe, and where they were measured only while the
+    recipe is the one the session ran."""
+    recipe = perf_recipe(tmp_path / "perf.yaml", earlier_runs={"bad": [930.0], "source": "nightly 12-05"})
     steps = [measured(1, 3, 1000.0), measured(2, 0, 1050.0), measured(3, 3, 990.0)]
-    lines = evidence_summary(view({"under_line": 0.2}, find_fix=True, status="ends_wrong", steps=steps,
+    figures = {"under_line": 0.2, "earlier_bad_runs": 2.0, "earlier_bad_mean": 925.0}
+    lines = evidence_summary(view(figures, find_fix=True, status="ends_wrong", steps=steps,
                                   recipe=recipe, digest=load_recipe(str(recipe)).digest()))
     assert lines[:3] == ["the old end: 1 run, 1050.0 tokens/s (one run: no spread of its own)",
                          "the new end: 2 runs, mean 995.0 tokens/s, spread 7.1 (standard deviation; 990.0-1000.0)",
                          "the line: 0.97 x the new end's mean = 965.1 tokens/s; P(the old end's mean is under it, "
                          "from every run of the session) = 20.0%"]
-    assert lines[-1].startswith("the failing nightly's 930 tokens/s at the old end, not weighed")
-    changed = evidence_summary(view({"under_line": 0.2}, find_fix=True, status="ends_wrong", steps=steps,
+    assert lines[3].startswith("the recipe's published baseline")
+    assert lines[4].startswith("the failing nightly's 2 runs averaging 925 tokens/s at the old end, not weighed")
+    assert lines[5:] == ["where they were measured: nightly 12-05"]
+    changed = evidence_summary(view(figures, find_fix=True, status="ends_wrong", steps=steps,
                                     recipe=recipe, digest="another"))
-    assert changed == lines[:3]
+    assert changed == [*lines[:3], lines[4]]
+    assert evidence_summary(view({"under_line": 0.2}, find_fix=True, status="ends_wrong", steps=steps,
+                                 recipe=recipe, digest=load_recipe(str(recipe)).digest())) == lines[:4]
 
 
 @pytest.mark.parametrize("disagreeing", [True, False])

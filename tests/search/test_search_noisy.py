@@ -6,7 +6,7 @@ from collections import Counter
 
 import numpy as np
 import pytest
-from hypothesis import given, settings
+from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 from bisect_npu.forecast.simulate import simulate_one
@@ -256,3 +256,51 @@ def test_a_round_never_passes_the_per_commit_cap_or_asks_a_skipped_commit(counts
         for index, asked in Counter(q.index for q in decision.queries).items():
             assert index not in skipped
             assert evidence.get(index, Evidence()).trials + asked <= 5
+
+
+def _stepped(n: int, cap: int, step: int, good_failed: int, bad_passed: int, parent_failed: int,
+             culprit_failed: int) -> dict[int, Evidence]:
+    """Every position run `cap` times (the per-commit cap): the good side failing `good_failed`
+    times, the bad side passing `bad_passed` times, the step's two neighbours as given."""
+    evidence = {i: Evidence(cap - good_failed, good_failed) if i < step else Evidence(bad_passed, cap - bad_passed)
+                for i in range(n + 1)}
+    evidence[step - 1] = Evidence(cap - parent_failed, parent_failed)
+    evidence[step] = Evidence(cap - culprit_failed, culprit_failed)
+    return evidence
+
+
+def test_neighbours_capped_without_showing_the_step_are_a_range_not_a_culprit():
+    """The rates learnt from the other commits (1 in 16 against 15 in 16) put 0.9993 of the
+    posterior on 20, but 20's and 19's own 16 trials each (10 and 6 failures) show no step
+    (separation 0.92 < 0.95) and both have spent their trials: the answer is the narrowest range
+    whose ends' own trials do show one, (19, 21], holding the most mass of the two, not Found(20)."""
+    evidence = _stepped(40, 16, 20, 1, 1, 6, 10)
+    decision = decide(SearchProblem(n=40, mode="noisy", max_trials_per_query=16), evidence)
+    assert isinstance(decision, Narrowed) and (decision.lo, decision.hi) == (19, 21)
+    assert decision.figures["disagreeing_culprit"] == 20 and decision.figures["posterior"] >= 0.99
+    assert decision.figures["separation"] < 0.95 <= separation(evidence[21], evidence[19])
+    # One trial left at the parent: it is asked again instead.
+    evidence[19] = Evidence(9, 6)
+    assert decide(SearchProblem(n=40, mode="noisy", max_trials_per_query=16), evidence) == Next((Query(19),))
+
+
+@settings(max_examples=60, deadline=None)
+@given(n=st.integers(20, 40), cap=st.integers(10, 24), step=st.integers(2, 39), good_failed=st.integers(0, 2),
+       bad_passed=st.integers(0, 2), parent_share=st.integers(25, 50), culprit_share=st.integers(50, 75))
+@example(n=40, cap=16, step=20, good_failed=1, bad_passed=1, parent_share=38, culprit_share=63)  # the test above's
+def test_a_culprit_is_named_only_where_its_own_and_its_parents_trials_show_the_step(
+        n, cap, step, good_failed, bad_passed, parent_share, culprit_share):
+    """Every commit at the per-commit cap, the step's neighbours failing at shares between the
+    sides' (in percent): a Found at the confidence asked always has the culprit's and its parent's
+    own trials separated, and a range named for a culprit they do not separate holds it, between
+    ends whose own trials are separated (or the whole range where none are)."""
+    step = min(step, n - 1)
+    evidence = _stepped(n, cap, step, good_failed, bad_passed, cap * parent_share // 100, cap * culprit_share // 100)
+    problem = SearchProblem(n=n, mode="noisy", max_trials_per_query=cap)
+    decision = decide(problem, evidence)
+    if isinstance(decision, Found) and decision.confidence >= problem.confidence:
+        assert separation(evidence[decision.index], evidence[decision.index - 1]) >= problem.sandwich_confidence
+    if isinstance(decision, Narrowed) and "disagreeing_culprit" in decision.figures:
+        assert decision.lo < decision.figures["disagreeing_culprit"] <= decision.hi
+        assert ((decision.lo, decision.hi) == (0, n)
+                or separation(evidence[decision.hi], evidence[decision.lo]) >= problem.sandwich_confidence)

@@ -1,6 +1,7 @@
 """Opening a session: a new one is checked before anything is made (`preflight`) and its journal
 header written; an interrupted one is read from its journal and refused where its recipe or command
-changed since it started, or its unit tests were judged by other verdict rules; a request given again
+changed since it started, its unit tests were judged by other verdict rules, or a nightly's results
+it names are now another model's (preflight's `check_models` again); a request given again
 for an existing session is refused where it asks another run (`request_difference`). Either way the
 evaluator is made and what a killed earlier process of the session left running is stopped before
 anything runs."""
@@ -37,7 +38,7 @@ from bisect_npu.orchestration.opening.verdict_reuse import (
     command_oracle,
     open_verdict_reuse,
 )
-from bisect_npu.orchestration.running.earlier_results import settled_given
+from bisect_npu.orchestration.running.earlier_results import check_models, settled_given
 from bisect_npu.orchestration.running.evaluate import Evaluator
 from bisect_npu.progress import PlainProgress, Progress
 from bisect_npu.recipe.loader import load_recipe
@@ -125,6 +126,12 @@ def open_journal(session_dir: Path | None = None, root: Path = DEFAULT_ROOT, pro
             raise UsageError(refusal)
         check_recipe(recipe, header.recipe_digest, f"recipe {spec.judge.recipe} changed since the session started; "
                      "start a new session with `bisect-npu run` (results would mix two bad cases)")
+        if recipe is not None and recipe.accuracy is not None:
+            try:  # as a new session's preflight: a nightly's results replaced since by another model's
+                check_models(recipe, spec.judge.earlier_results)
+            except UsageError as exc:
+                raise UsageError(f"{exc}; to resume, put back the nightly's results the session started with, or "
+                                 "start a new session with `bisect-npu run`") from None
         repo = opened["repo"] = history.open_repo(spec.range.repo, remedy=(
             "the session's repository was moved or removed; put it back there to resume, or start a new "
             "session with `bisect-npu run`")) if spec.range.repo else None

@@ -199,8 +199,11 @@ class DockerBuilder:
             if row is None:
                 break
             try:
-                made = ((self._reuse(commit, row, log_path), "reused") if mine else
-                        (self._overlay(commit, key, row, source_dir or "/", version, log_path), "overlay"))
+                if mine:
+                    made = self._reuse(commit, row, log_path), "reused"
+                else:
+                    assert source_dir is not None  # a full image is `row` only with a source dir to lay over it
+                    made = self._overlay(commit, key, row, source_dir, version, log_path), "overlay"
                 break
             except (docker.errors.APIError, requests.exceptions.RequestException) as exc:
                 if not self._gone(str(row["Id"])):

@@ -443,14 +443,14 @@ def candidate_image(client: Any, image: str, commit: str) -> str:
     if labels.get(LABEL_KIND) == DEPENDENCY_KIND:  # a layer is labelled by its upstream commit, named by its key
         if image.rpartition(":")[2] != layer_tag(labels.get(LABEL_KEY, "")):
             raise ImageGone(f"image {image} now holds the layer {labels.get(LABEL_KEY)}, not the candidate "
-                                      f"{commit[:12]}'s: something on this container engine moved the name; nothing "
-                                      "ran: run again (`bisect-npu resume` for a session)")
+                            f"{commit[:12]}'s: something on this container engine moved the name; nothing "
+                            "ran: run again (`bisect-npu resume` for a session)")
         return str(attrs["Id"])
     labelled = labels.get(LABEL_COMMIT)
     if commit and labelled and labelled != commit:
         raise ImageGone(f"image {image} now holds commit {labelled[:12]}, not the candidate {commit[:12]}: "
-                                  "something on this container engine moved the name (another session's build or "
-                                  "prune); nothing ran: run again (`bisect-npu resume` for a session)")
+                        "something on this container engine moved the name (another session's build or "
+                        "prune); nothing ran: run again (`bisect-npu resume` for a session)")
     return str(attrs["Id"])
 
 

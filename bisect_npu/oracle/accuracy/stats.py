@@ -638,16 +638,21 @@ def _spread_nodes(reading: JointPrior) -> list[tuple[float, JointPrior]]:
     return [(log_w, reading.moved(z)) for z, log_w in _SPREAD_NODES]
 
 
+# The most a reading the ends' spreads rule out may still hold, as a share of a step's error
+# (`evident_readings`): a step that leans on the other reading alone errs by at most a tenth more.
+READING_ERROR_SHARE = 0.1
+
+
 def evident_readings(prior: JointPrior, confidence: float | None = None) -> list[JointPrior]:
     """The readings a step weighs (`JointPrior.readings`), less one the ends' own spreads rule out.
     Where both ends repeated their samples, their spreads weigh the readings themselves: three
     models of them, one correlation for both ends, one coefficient of variation for both, each
     end its own (the two readings read that one alike), each tie against the spreads apart by
     the Schwarz approximation as `_differ_probability` weighs it, even odds between tied and
-    apart and between the two ties. A reading whose tie keeps at most a step's share of the
-    model's margin at `confidence` (`STEP_ERROR_SHARE` of 1 - confidence, as much as the step's
-    own error) is dropped: the other reading's tie holds then, or the spreads are apart and the
-    two read them alike, and leaning on the other reading alone errs that much more at most.
+    apart and between the two ties. A reading whose tie keeps at most `READING_ERROR_SHARE` of a
+    step's error at `confidence` (`STEP_ERROR_SHARE` of 1 - confidence) is dropped: the other
+    reading's tie holds then, or the spreads are apart and the two read them alike, and leaning
+    on the other reading alone errs that much more at most.
     Where one end borrowed the other's spread (one run a sample) the ends' table cannot tell the
     readings apart, and without a confidence there is no margin to spend: both are weighed, as
     where the evidence is unclear."""
@@ -660,7 +665,7 @@ def evident_readings(prior: JointPrior, confidence: float | None = None) -> list
     log_ties = [(math.log(max(1, prior.samples)) - c) / 2 + math.log(0.25) for c in chi2]
     total = _log_sum_exp([*log_ties, math.log(0.5)])
     kept, dropped = (0, 1) if chi2[0] <= chi2[1] else (1, 0)
-    if log_ties[dropped] - total <= math.log((1.0 - confidence) * STEP_ERROR_SHARE):
+    if log_ties[dropped] - total <= math.log((1.0 - confidence) * STEP_ERROR_SHARE * READING_ERROR_SHARE):
         return [readings[kept]]
     return readings
 

@@ -232,6 +232,37 @@ def test_the_ends_spreads_are_read_both_ways() -> None:
     assert greedy.readings() == [greedy]  # ends whose one run a sample fixed the correlation exactly
 
 
+def test_the_ends_spreads_drop_a_reading_they_rule_out() -> None:
+    """Both ends ran their samples four times (30 samples, 80% -> 67%): spreads near one
+    correlation, measured tightly, rule out one coefficient of variation, and the step weighs
+    the correlation alone (as sure as that reading, not the less sure one); the scaled drop's
+    spreads the other way round. Spreads within their noise of either tie, ends that borrowed a
+    spread, a tighter confidence (less margin to spend) or no confidence given: both readings."""
+    def ends(bad_var: float, error: float, borrowed: str | None = None) -> stats.JointPrior:
+        return stats.JointPrior(0.80, 0.67, 0.5 * 0.80 * 0.20, bad_var, 0.04, error, error, 30, borrowed)
+
+    one_icc = ends(0.45 * 0.67 * 0.33, 0.007)
+    assert len(one_icc.readings()) == 2 and stats.evident_readings(one_icc, 0.99) == one_icc.readings()[:1]
+    assert stats.evident_readings(one_icc) == one_icc.readings()
+    assert len(stats.evident_readings(one_icc, 0.9999)) == 2
+    scaled = ends(1.1 * 0.5 * 0.80 * 0.20 * (0.67 / 0.80) ** 2, 0.005)
+    assert len(scaled.readings()) == 2 and stats.evident_readings(scaled, 0.99) == scaled.readings()[1:]
+    assert len(stats.evident_readings(ends(0.45 * 0.67 * 0.33, 0.012), 0.99)) == 2
+    assert len(stats.evident_readings(ends(0.45 * 0.67 * 0.33, 0.007, "bad"), 0.99)) == 2
+
+    rng = np.random.default_rng(3)
+    good = outcomes(rng.binomial(4, rng.beta(0.8, 0.2, 30)), 4)
+    bad = [s.model_copy(update={"correct": 0.0}) if i % 5 == 0 else s for i, s in enumerate(good)]
+    candidate = [s for i, s in enumerate(bad) if i % 5 == 0][:4]
+    prior = stats.fit_joint(good, bad)
+    kept = stats.evident_readings(prior, 0.99)
+    assert len(prior.readings()) == 2 and len(kept) == 1
+    alone = stats._reading_evidence(candidate, stats.by_id(good), stats.by_id(bad), stats._spread_nodes(kept[0]),
+                                    stats.mean_errors(good, bad, prior)).log_lr
+    assert stats.step_evidence(candidate, good, bad, prior, 0.99).log_lr == pytest.approx(alone)
+    assert 0 < stats.step_evidence(candidate, good, bad, prior).log_lr < alone
+
+
 def test_an_end_that_ran_its_samples_once_borrows_the_other_s_spread_read_both_ways() -> None:
     """Where only one end repeated its samples, the other's spread is the measured end's
     correlation or, read as a scaled drop, its coefficient of variation."""

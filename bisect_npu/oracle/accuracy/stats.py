@@ -297,11 +297,18 @@ class JointPrior:
         rho_g, rho_b = self.good_var / scale_g, self.bad_var / scale_b
         weight_g, weight_b = (scale_g / self.good_var_error) ** 2, (scale_b / self.bad_var_error) ** 2
         common = (rho_g * weight_g + rho_b * weight_b) / (weight_g + weight_b)
-        keep = _differ_probability((rho_b - rho_g) ** 2 * weight_g * weight_b / (weight_g + weight_b), self.samples)
+        keep = _differ_probability(self._tie_chi2(scale_g, scale_b), self.samples)
         good_var = max(MIN_VAR, (common + keep * (rho_g - common)) * scale_g)
         bad_var = max(MIN_VAR, (common + keep * (rho_b - common)) * scale_b)
         return replace(self, good_var=good_var, bad_var=bad_var,
                        cov=min(self.cov, 0.999 * math.sqrt(good_var * bad_var)))
+
+    def _tie_chi2(self, scale_g: float, scale_b: float) -> float:
+        """How far the two ends' values of spread / scale lie apart, in their estimates' variances
+        (chi squared with one degree of freedom under one value for both)."""
+        rho_g, rho_b = self.good_var / scale_g, self.bad_var / scale_b
+        weight_g, weight_b = (scale_g / self.good_var_error) ** 2, (scale_b / self.bad_var_error) ** 2
+        return (rho_b - rho_g) ** 2 * weight_g * weight_b / (weight_g + weight_b)
 
     def _borrowing(self, scale: Callable[[float], float]) -> JointPrior:
         """The prior with the borrowed end's spread and its error the measured end's at one value
@@ -631,6 +638,38 @@ def _spread_nodes(reading: JointPrior) -> list[tuple[float, JointPrior]]:
     return [(log_w, reading.moved(z)) for z, log_w in _SPREAD_NODES]
 
 
+# The most a reading the ends' spreads rule out may still hold, as a share of a step's error
+# (`evident_readings`): a step that leans on the other reading alone errs by at most a tenth more.
+READING_ERROR_SHARE = 0.1
+
+
+def evident_readings(prior: JointPrior, confidence: float | None = None) -> list[JointPrior]:
+    """The readings a step weighs (`JointPrior.readings`), less one the ends' own spreads rule out.
+    Where both ends repeated their samples, their spreads weigh the readings themselves: three
+    models of them, one correlation for both ends, one coefficient of variation for both, each
+    end its own (the two readings read that one alike), each tie against the spreads apart by
+    the Schwarz approximation as `_differ_probability` weighs it, even odds between tied and
+    apart and between the two ties. A reading whose tie keeps at most `READING_ERROR_SHARE` of a
+    step's error at `confidence` (`STEP_ERROR_SHARE` of 1 - confidence) is dropped: the other
+    reading's tie holds then, or the spreads are apart and the two read them alike, and leaning
+    on the other reading alone errs that much more at most.
+    Where one end borrowed the other's spread (one run a sample) the ends' table cannot tell the
+    readings apart, and without a confidence there is no margin to spend: both are weighed, as
+    where the evidence is unclear."""
+    readings = prior.readings()
+    if len(readings) < 2 or prior.borrowed is not None or confidence is None:
+        return readings
+    chi2 = (prior._tie_chi2(prior.good_mean * (1 - prior.good_mean), prior.bad_mean * (1 - prior.bad_mean)),
+            prior._tie_chi2(prior.good_mean ** 2, prior.bad_mean ** 2))
+    # log posterior weights: each tie 1/4 x its Schwarz evidence against the spreads apart, apart 1/2
+    log_ties = [(math.log(max(1, prior.samples)) - c) / 2 + math.log(0.25) for c in chi2]
+    total = _log_sum_exp([*log_ties, math.log(0.5)])
+    kept, dropped = (0, 1) if chi2[0] <= chi2[1] else (1, 0)
+    if log_ties[dropped] - total <= math.log((1.0 - confidence) * STEP_ERROR_SHARE * READING_ERROR_SHARE):
+        return [readings[kept]]
+    return readings
+
+
 @dataclass(frozen=True)
 class StepEvidence:
     """A candidate step's log likelihood ratio, and (when that ratio is the integrated one) its
@@ -643,7 +682,8 @@ class StepEvidence:
 
 
 def step_evidence(candidate: Sequence[SampleOutcome], good: Sequence[SampleOutcome],
-                  bad: Sequence[SampleOutcome], prior: JointPrior | None = None) -> StepEvidence:
+                  bad: Sequence[SampleOutcome], prior: JointPrior | None = None,
+                  confidence: float | None = None) -> StepEvidence:
     """log P(candidate | bad side) - log P(candidate | good side) over the samples it ran: > 0
     says bad, < 0 good. Samples are independent given the side and its mean; each side's mean is
     integrated over its standard error (`mean_errors`), so a step cannot be surer than the ends'
@@ -660,7 +700,7 @@ def step_evidence(candidate: Sequence[SampleOutcome], good: Sequence[SampleOutco
         return StepEvidence(0.0)
     errors = mean_errors(good, bad, prior)
     each = [_reading_evidence(candidate, by_id(good), by_id(bad), _spread_nodes(reading), errors)
-            for reading in prior.readings()]
+            for reading in evident_readings(prior, confidence)]
     if any(e.log_lr * each[0].log_lr <= 0 for e in each):
         return StepEvidence(0.0)
     return min(each, key=lambda e: abs(e.log_lr))

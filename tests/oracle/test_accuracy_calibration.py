@@ -101,7 +101,7 @@ def test_a_bad_end_measured_too_loosely_for_the_drop_runs_again() -> None:
     verdict = judge_accuracy(cfg, [observe(once)], [observe(good)], None, role="bad_end")
     assert verdict.figures["more_rounds"] and verdict.figures["ends_too_loose"]
     many = outcomes(rng.binomial(40, rates * 0.85), 40)
-    assert stats.ends_known(good, many)
+    assert stats.ends_known(outcomes(rng.binomial(40, rates), 40), many)
 
 
 def test_a_step_s_node_terms_integrate_to_its_ratio() -> None:
@@ -244,3 +244,14 @@ def test_an_end_that_ran_its_samples_once_borrows_the_other_s_spread_read_both_w
     assert by_cv.bad_var == by_icc.bad_var
     assert by_cv.good_var == pytest.approx(max(stats.MIN_VAR, by_icc.bad_var * (prior.good_mean / prior.bad_mean) ** 2))
     assert stats.fit_joint(good, [s.model_copy(update={"runs": 1}) for s in good]).borrowed == "bad"
+
+
+def test_a_drop_read_large_by_an_end_measured_off_is_not_known() -> None:
+    """One run a sample, the good end 2.5 standard errors high (87.5% where 82% is true): the drop
+    reads 17.5 points, the ends' errors are at most a fifth of that but not of its lower bound,
+    so the ends are measured again; the same means measured 40 times a sample are known."""
+    good = outcomes([1] * 122 + [1] * 53 + [0] * 18 + [0] * 7, 1)  # the two ends' right answers independent
+    bad = outcomes([1] * 122 + [0] * 53 + [1] * 18 + [0] * 7, 1)
+    assert max(stats.mean_errors(good, bad)) <= stats.ENDS_ERROR_SHARE * 0.175
+    assert not stats.ends_known(good, bad)
+    assert stats.ends_known(outcomes([35] * 175 + [34] * 25, 40), outcomes([28] * 200, 40))

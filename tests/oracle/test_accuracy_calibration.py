@@ -259,3 +259,13 @@ def test_no_sample_right_only_at_the_lower_end_leaves_a_sampled_correlation_unsu
     many = outcomes([1] * 150 + [0] * 10 + [1] * 10 + [0] * 30, 1)  # ten right only at the lower end
     assert stats.fit_prior(good, many).rho_error == pytest.approx(stats.fit_prior(good, many, greedy=True).rho_error,
                                                                   rel=0.05)
+
+
+def test_the_scaled_reading_ties_the_rates_where_an_end_ran_its_samples_once() -> None:
+    """A scaled drop makes each sample's lower rate its higher one times one factor: the scaled
+    reading ties the two fully, whatever the covariance the one-run table measured; the one
+    correlation reading keeps that covariance."""
+    one = stats.JointPrior(0.82, 0.70, 0.6 * 0.82 * 0.18, 0.6 * 0.70 * 0.30, 0.05, 0.01, 0.01, 200, "bad")
+    icc, cv = one.readings()
+    assert icc.cov == one.cov
+    assert cv.cov == pytest.approx(0.999 * math.sqrt(cv.good_var * cv.bad_var))

@@ -193,6 +193,9 @@ class EndsPrior:
     bad_mean: float
     rho: float
     rho_error: float = 0.0
+    # One run a sample and no sample right only at the lower end (`_single_run_rho`): the
+    # higher end's correlation reads 1, its error only that of a count of none.
+    none_lower_only: bool = False
 
     @property
     def kappa(self) -> float:
@@ -220,7 +223,7 @@ def fit_prior(good: Sequence[SampleOutcome], bad: Sequence[SampleOutcome], greed
             estimates.append((spread * r / (m * (1 - m)) - 1) / (r - 1))
     if not estimates and shared:
         rho, error = _single_run_rho([g[i] for i in shared], [b[i] for i in shared], good_mean, bad_mean, greedy)
-        return EndsPrior(good_mean, bad_mean, min(MAX_RHO, max(MIN_RHO, rho)), error)
+        return EndsPrior(good_mean, bad_mean, min(MAX_RHO, max(MIN_RHO, rho)), error, rho >= 1)
     rho = sum(estimates) / len(estimates) if estimates else 0.5
     return EndsPrior(good_mean, bad_mean, min(MAX_RHO, max(MIN_RHO, rho)))
 
@@ -308,21 +311,25 @@ class JointPrior:
         return replace(self, good_var=good_var, bad_var=bad_var,
                        cov=min(self.cov, 0.999 * math.sqrt(good_var * bad_var)))
 
-    def _borrowing(self, scale: Callable[[float], float]) -> JointPrior:
+    def _borrowing(self, scale: Callable[[float], float], tie: bool = False) -> JointPrior:
         """The prior with the borrowed end's spread and its error the measured end's at one value
         of spread / scale(mean): mean (1 - mean) one correlation, mean^2 one coefficient of
         variation (a drop that scaled every sample's rate alike); the two rates tied as far as
-        the covariance says."""
+        the covariance says, or (`tie`) fully: a scaled drop makes each sample's lower rate its
+        higher one times one factor, a correlation of 1 between them, which the covariance of
+        the ends' runs (one run a sample at one end at least) only estimates, and one read looser
+        than the tie makes a focused sample look broken."""
         good_measured = self.borrowed == "bad"
         measured, other = (self.good_mean, self.bad_mean) if good_measured else (self.bad_mean, self.good_mean)
         var, error = (self.good_var, self.good_var_error) if good_measured else (self.bad_var, self.bad_var_error)
         factor = scale(other) / scale(measured)
         other_var, other_error = max(MIN_VAR, var * factor), error * factor
         good_var, bad_var = (var, other_var) if good_measured else (other_var, var)
+        most = 0.999 * math.sqrt(good_var * bad_var)
         return replace(self, good_var=good_var, bad_var=bad_var,
                        good_var_error=error if good_measured else other_error,
                        bad_var_error=other_error if good_measured else error,
-                       cov=min(self.cov, 0.999 * math.sqrt(good_var * bad_var)))
+                       cov=most if tie else min(self.cov, most))
 
     def readings(self) -> list[JointPrior]:
         """Each way the ends' spreads may go together: one intraclass correlation for both ends (a
@@ -337,12 +344,12 @@ class JointPrior:
         ties the spreads as far as the evidence allows (`_tied`). With one run a sample the ends'
         table measures only the means and the covariance, not which way the spreads go, and where
         one end ran its samples once its spread is the other's correlation: one correlation as
-        given, or the scaled drop (`_borrowing`). One reading where the two coincide or the
-        spreads are known."""
+        given, or the scaled drop, its rates tied (`_borrowing`). One reading where the two
+        coincide or the spreads are known."""
         if self.good_var_error <= 0 and self.bad_var_error <= 0:
             return [self]
         if self.borrowed is not None:
-            options = [self._borrowing(lambda m: m * (1 - m)), self._borrowing(lambda m: m * m)]
+            options = [self._borrowing(lambda m: m * (1 - m)), self._borrowing(lambda m: m * m, tie=True)]
         elif self.good_var_error <= 0 or self.bad_var_error <= 0:
             return [self]
         else:
@@ -422,7 +429,7 @@ def fit_joint(good: Sequence[SampleOutcome], bad: Sequence[SampleOutcome], greed
                 min(observed, ends.rho_error * mean * (1 - mean)))
 
     (sg, error_g), (sb, error_b) = spread(g, var_g, ends.good_mean), spread(b, var_b, ends.bad_mean)
-    if ends.rho_error > 0:
+    if ends.rho_error > 0 and not ends.none_lower_only:
         # Both ends ran each sample once: their runs fix the higher end's spread and how the two
         # rates go together (`_single_run_rho`), not the lower end's spread. A drop that lowers
         # every rate alike leaves the lower end's rates the higher's times lo/hi, the least

@@ -275,3 +275,28 @@ def test_an_end_that_ran_its_samples_once_borrows_the_other_s_spread_read_both_w
     assert by_cv.bad_var == by_icc.bad_var
     assert by_cv.good_var == pytest.approx(max(stats.MIN_VAR, by_icc.bad_var * (prior.good_mean / prior.bad_mean) ** 2))
     assert stats.fit_joint(good, [s.model_copy(update={"runs": 1}) for s in good]).borrowed == "bad"
+
+
+def test_no_sample_right_only_at_the_lower_end_leaves_a_sampled_correlation_unsure() -> None:
+    """One run a sample and no sample right only at the lower end (common at ICC 0.9 on 200
+    samples): sampled answers keep an error on the correlation, so a scaled drop is still read
+    both ways; greedy answers (temperature 0) repeat by construction, their spreads known."""
+    good = outcomes([1] * 160 + [0] * 40, 1)
+    bad = outcomes([1] * 140 + [0] * 60, 1)
+    assert stats.fit_prior(good, bad).rho_error > 0.01
+    assert stats.fit_prior(good, bad, greedy=True).rho_error == 0
+    assert len(stats.fit_joint(good, bad).readings()) == 2
+    assert len(stats.fit_joint(good, bad, greedy=True).readings()) == 1
+    many = outcomes([1] * 150 + [0] * 10 + [1] * 10 + [0] * 30, 1)  # ten right only at the lower end
+    assert stats.fit_prior(good, many).rho_error == pytest.approx(stats.fit_prior(good, many, greedy=True).rho_error,
+                                                                  rel=0.05)
+
+
+def test_the_scaled_reading_ties_the_rates_where_an_end_ran_its_samples_once() -> None:
+    """A scaled drop makes each sample's lower rate its higher one times one factor: the scaled
+    reading ties the two fully, whatever the covariance the one-run table measured; the one
+    correlation reading keeps that covariance."""
+    one = stats.JointPrior(0.82, 0.70, 0.6 * 0.82 * 0.18, 0.6 * 0.70 * 0.30, 0.05, 0.01, 0.01, 200, "bad")
+    icc, cv = one.readings()
+    assert icc.cov == one.cov
+    assert cv.cov == pytest.approx(0.999 * math.sqrt(cv.good_var * cv.bad_var))

@@ -160,7 +160,7 @@ def _judge_bad_end(cfg: AccuracyConfig, mine: list[SampleOutcome], good: list[Sa
 
 def _judge_candidate(cfg: AccuracyConfig, mine: list[SampleOutcome], good: list[SampleOutcome],
                      bad: list[SampleOutcome], figures: dict[str, Any], rounds: int, final: bool | None) -> Verdict:
-    prior = stats.fit_joint(good, bad)
+    prior = stats.fit_joint(good, bad, cfg.greedy)
     bound = stats.stop_bound(cfg.confidence, prior)
     discordant = set(discordant_ids(good, bad))
     control = [s for s in mine if s.id not in discordant]

@@ -195,6 +195,9 @@ class EndsPrior:
     bad_mean: float
     rho: float
     rho_error: float = 0.0
+    # One run a sample and no sample right only at the lower end (`_single_run_rho`): the
+    # higher end's correlation reads 1, its error only that of a count of none.
+    none_lower_only: bool = False
 
     @property
     def kappa(self) -> float:
@@ -205,10 +208,10 @@ def _clip_mean(m: float) -> float:
     return min(0.99, max(0.01, m))
 
 
-def fit_prior(good: Sequence[SampleOutcome], bad: Sequence[SampleOutcome]) -> EndsPrior:
+def fit_prior(good: Sequence[SampleOutcome], bad: Sequence[SampleOutcome], greedy: bool = False) -> EndsPrior:
     """Empirical Bayes from the two ends' full runs. With repeats, rho by moments: the spread of
     per-sample rates is m(1-m)(1 + (R-1) rho)/R. With one run each, from the samples only the
-    lower end got right (`_single_run_rho`)."""
+    lower end got right (`_single_run_rho`; `greedy`: answers at temperature 0)."""
     g, b = by_id(good), by_id(bad)
     shared = [i for i in g if i in b]
     good_mean = _clip_mean(sum(g[i].correct for i in shared) / len(shared)) if shared else 0.5
@@ -221,14 +224,14 @@ def fit_prior(good: Sequence[SampleOutcome], bad: Sequence[SampleOutcome]) -> En
             spread = sum((end[i].correct - m) ** 2 for i in shared) / max(1, len(shared) - 1)
             estimates.append((spread * r / (m * (1 - m)) - 1) / (r - 1))
     if not estimates and shared:
-        rho, error = _single_run_rho([g[i] for i in shared], [b[i] for i in shared], good_mean, bad_mean)
-        return EndsPrior(good_mean, bad_mean, min(MAX_RHO, max(MIN_RHO, rho)), error)
+        rho, error = _single_run_rho([g[i] for i in shared], [b[i] for i in shared], good_mean, bad_mean, greedy)
+        return EndsPrior(good_mean, bad_mean, min(MAX_RHO, max(MIN_RHO, rho)), error, rho >= 1)
     rho = sum(estimates) / len(estimates) if estimates else 0.5
     return EndsPrior(good_mean, bad_mean, min(MAX_RHO, max(MIN_RHO, rho)))
 
 
 def _single_run_rho(good: Sequence[SampleOutcome], bad: Sequence[SampleOutcome], good_mean: float,
-                    bad_mean: float) -> tuple[float, float]:
+                    bad_mean: float, greedy: bool = False) -> tuple[float, float]:
     """(the intraclass correlation, its standard error) from one run of each sample at each end.
     The lower end is taken as the higher one with some samples broken: a sample the lower end got
     right and the higher end wrong is then one the regression left alone (a broken one, its rate
@@ -236,14 +239,19 @@ def _single_run_rho(good: Sequence[SampleOutcome], bad: Sequence[SampleOutcome],
     share is lo/hi x E[r (1 - r)] = lo (1 - hi)(1 - rho). The same share comes out exactly where
     every rate fell alike (rates r and r lo/hi: the estimate is then the higher end's
     correlation), so it holds whichever way the drop came; mending samples too only adds to it,
-    a lower rho: weaker, safer evidence. The error is the binomial one of that count."""
+    a lower rho: weaker, safer evidence. The error is the binomial one of that count, the count
+    taken half a sample up where answers are sampled (Jeffreys): a count of none or few is what a
+    correlation near 1 and one of 0.8 both give often on a few hundred samples (0.5 expected at
+    one, 2.5 at the other on 200), so it must not read as a spread known exactly. Greedy answers
+    (`greedy`, temperature 0) repeat by construction: there the count is taken as it is."""
     hi, lo = max(good_mean, bad_mean), min(good_mean, bad_mean)
     lower_is_bad = bad_mean <= good_mean
     n = len(good)
     only_lower = sum((b if lower_is_bad else g).correct >= 0.5 and (g if lower_is_bad else b).correct < 0.5
                      for g, b in zip(good, bad, strict=True)) / n
     scale = 2 * lo * (1 - hi)
-    return 1 - 2 * only_lower / scale, 2 * math.sqrt(only_lower * (1 - only_lower) / n) / scale
+    share = only_lower if greedy else (only_lower * n + 0.5) / (n + 1)
+    return 1 - 2 * only_lower / scale, 2 * math.sqrt(share * (1 - share) / n) / scale
 
 
 def _log_beta(a: float, b: float) -> float:
@@ -312,21 +320,25 @@ class JointPrior:
         weight_g, weight_b = (scale_g / self.good_var_error) ** 2, (scale_b / self.bad_var_error) ** 2
         return (rho_b - rho_g) ** 2 * weight_g * weight_b / (weight_g + weight_b)
 
-    def _borrowing(self, scale: Callable[[float], float]) -> JointPrior:
+    def _borrowing(self, scale: Callable[[float], float], tie: bool = False) -> JointPrior:
         """The prior with the borrowed end's spread and its error the measured end's at one value
         of spread / scale(mean): mean (1 - mean) one correlation, mean^2 one coefficient of
         variation (a drop that scaled every sample's rate alike); the two rates tied as far as
-        the covariance says."""
+        the covariance says, or (`tie`) fully: a scaled drop makes each sample's lower rate its
+        higher one times one factor, a correlation of 1 between them, which the covariance of
+        the ends' runs (one run a sample at one end at least) only estimates, and one read looser
+        than the tie makes a focused sample look broken."""
         good_measured = self.borrowed == "bad"
         measured, other = (self.good_mean, self.bad_mean) if good_measured else (self.bad_mean, self.good_mean)
         var, error = (self.good_var, self.good_var_error) if good_measured else (self.bad_var, self.bad_var_error)
         factor = scale(other) / scale(measured)
         other_var, other_error = max(MIN_VAR, var * factor), error * factor
         good_var, bad_var = (var, other_var) if good_measured else (other_var, var)
+        most = 0.999 * math.sqrt(good_var * bad_var)
         return replace(self, good_var=good_var, bad_var=bad_var,
                        good_var_error=error if good_measured else other_error,
                        bad_var_error=other_error if good_measured else error,
-                       cov=min(self.cov, 0.999 * math.sqrt(good_var * bad_var)))
+                       cov=most if tie else min(self.cov, most))
 
     def readings(self) -> list[JointPrior]:
         """Each way the ends' spreads may go together: one intraclass correlation for both ends (a
@@ -341,12 +353,12 @@ class JointPrior:
         ties the spreads as far as the evidence allows (`_tied`). With one run a sample the ends'
         table measures only the means and the covariance, not which way the spreads go, and where
         one end ran its samples once its spread is the other's correlation: one correlation as
-        given, or the scaled drop (`_borrowing`). One reading where the two coincide or the
-        spreads are known."""
+        given, or the scaled drop, its rates tied (`_borrowing`). One reading where the two
+        coincide or the spreads are known."""
         if self.good_var_error <= 0 and self.bad_var_error <= 0:
             return [self]
         if self.borrowed is not None:
-            options = [self._borrowing(lambda m: m * (1 - m)), self._borrowing(lambda m: m * m)]
+            options = [self._borrowing(lambda m: m * (1 - m)), self._borrowing(lambda m: m * m, tie=True)]
         elif self.good_var_error <= 0 or self.bad_var_error <= 0:
             return [self]
         else:
@@ -393,17 +405,17 @@ def _moments(xs: Sequence[float], ys: Sequence[float]) -> tuple[float, float, fl
             sum((x - mx) * (y - my) for x, y in zip(xs, ys, strict=True)) / d)
 
 
-def fit_joint(good: Sequence[SampleOutcome], bad: Sequence[SampleOutcome]) -> JointPrior:
+def fit_joint(good: Sequence[SampleOutcome], bad: Sequence[SampleOutcome], greedy: bool = False) -> JointPrior:
     """Empirical Bayes by moments over the samples both ends ran. An end's spread of rates is the
     spread of its per-sample results less the noise of its runs (estimated without bias from each
     sample's own runs, x(1-x)/(R-1), where samples ran at least twice, with the standard error the
     runs' noise leaves in it; from `fit_prior`'s intraclass correlation where they ran once, with
     that estimate's error); the covariance is the results' own, since the noise of one end's runs is
     independent of the other's. The covariance is kept within what the two spreads allow (a
-    correlation of at most 1) and at least 0."""
+    correlation of at most 1) and at least 0. `greedy`: answers at temperature 0 (`fit_prior`)."""
     g, b = by_id(good), by_id(bad)
     shared = [i for i in g if i in b]
-    ends = fit_prior(good, bad)
+    ends = fit_prior(good, bad, greedy)
     if len(shared) < 2:
         return JointPrior(ends.good_mean, ends.bad_mean, MIN_VAR, MIN_VAR, 0.0)
     xg, xb = [g[i].correct for i in shared], [b[i].correct for i in shared]
@@ -426,7 +438,7 @@ def fit_joint(good: Sequence[SampleOutcome], bad: Sequence[SampleOutcome]) -> Jo
                 min(observed, ends.rho_error * mean * (1 - mean)))
 
     (sg, error_g), (sb, error_b) = spread(g, var_g, ends.good_mean), spread(b, var_b, ends.bad_mean)
-    if ends.rho_error > 0:
+    if ends.rho_error > 0 and not ends.none_lower_only:
         # Both ends ran each sample once: their runs fix the higher end's spread and how the two
         # rates go together (`_single_run_rho`), not the lower end's spread. A drop that lowers
         # every rate alike leaves the lower end's rates the higher's times lo/hi, the least

@@ -441,7 +441,7 @@ def test_an_answer_the_parents_own_runs_contradict_is_the_range_they_agree_on() 
     session's runs, which put the good end and commit 1 together at 911 and the bad end at 1004:
     the posterior leans to commit 1 as the culprit, its own runs say good by more than the answer's
     odds (4.6), every run spent. The search names the range (0, 2], its runs disagreeing."""
-    runs = {0: (909.0, 914.0), 1: (927.0, 900.0), 2: (1004.0, 1005.0)}
+    runs = {0: (909.0, 914.0), 1: (912.0, 910.0), 2: (1004.0, 1005.0)}
     held = SearchProblem(n=2, mode="levels", threshold=THRESHOLD, max_trials_per_query=2, check_ends=False,
                          earlier_levels=((930.0, 1000.0, 1000.0, 1000.0, 1000.0), (930.0, 930.0, 930.0, 1000.0)))
     post = posterior(2, runs, THRESHOLD, None, held.earlier_levels)

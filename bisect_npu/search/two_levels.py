@@ -13,10 +13,7 @@ n_L and n_R the runs left and right of c, S(c) their squared deviations from eac
 N all runs. The spread's prior is 1/sigma times two pseudo-runs as wide as the line's gap at the
 runs' level (``SPREAD_PRIOR_RUNS``, conjugate: their squares join S(c) and their count N): with
 1/sigma alone a few runs that lie close by chance make every step sure, and a search that stops
-the first time it is sure stops on exactly those. The gap is a scale, not the spread: the prior is
-a mixture of such pseudo-runs at the gap and at twice it (``SPREAD_PRIOR_SCALES``), each with its
-normalising constant (nu s^2)^(nu/2), so the runs weigh the scales and a host spread wider than
-the line's gap is not read at the gap. The last factor is the recipe's own rule as a
+the first time it is sure stops on exactly those. The last factor is the recipe's own rule as a
 prior, not a given: the bad side lies under the line (the threshold's share of the good side,
 P(under), a Student's t probability with N - 2 degrees of freedom) with prior w
 (``UNDER_LINE_PRIOR``), over it with 1 - w. Taken as given, a drop short of the line put the
@@ -101,14 +98,6 @@ END_RUNS_BEFORE_WRONG = 2
 # worth of spread is the widest a recipe's line can be read at: a prior that errs wide costs runs
 # where the spread is narrow, never the answer.
 SPREAD_PRIOR_RUNS = 2.0
-# The scales of the spread's prior, as shares of the line's gap, alike a priori: the session does not
-# know its host's spread, and the gap is only where it starts. Each scale's pseudo-runs carry their
-# prior's normalising constant, so the runs weigh the scales (Bayes) and a spread wider than the gap
-# is no longer pulled to it: with the gap's scale alone, eight runs that happened to lie close on a
-# host spread 5% against a 3% line read the spread at the gap and named a wrong culprit at 0.99
-# (docs/benchmarks.md, issue 51). A scale narrower than the gap would err narrow, where a prior
-# must not.
-SPREAD_PRIOR_SCALES: tuple[float, ...] = (1.0, 2.0)
 # The published baseline as a prior on the good side's mean: a mixture of (worth in runs, weight),
 # the good mean normal about the baseline with the spread squared over the worth as its variance.
 # Either it holds as well as one run of the session's own host (a few runs check it), or it is off
@@ -219,33 +208,27 @@ def _flat_good_side(mean_left: np.ndarray, n_left: np.ndarray, mean_right: np.nd
                     level: np.ndarray) -> np.ndarray:
     """Both means flat a priori, under the line with ``UNDER_LINE_PRIOR``: (n_L n_R)^(-1/2)
     S^(-(N-2)/2) (2w P(under) + 2(1 - w) P(over)), S and N with the spread's pseudo-runs
-    (``SPREAD_PRIOR_RUNS``, read at ``level``), summed over the spread's scales
-    (``SPREAD_PRIOR_SCALES``). The counts may be weights (a run of the nightly's host counts
-    ``worth``), ``runs`` every value's count."""
+    (``SPREAD_PRIOR_RUNS``, read at ``level``). The counts may be weights (a run of the nightly's
+    host counts ``worth``), ``runs`` every value's count."""
     log_lik, log_under, log_over = _flat_sides(mean_left, n_left, mean_right, n_right, within, runs, center,
                                                threshold, level)
-    mixed: np.ndarray = np.logaddexp.reduce(log_lik + np.logaddexp(math.log(2 * UNDER_LINE_PRIOR) + log_under,
-                                                                   math.log(2 * (1 - UNDER_LINE_PRIOR)) + log_over),
-                                            axis=0)
+    mixed: np.ndarray = log_lik + np.logaddexp(math.log(2 * UNDER_LINE_PRIOR) + log_under,
+                                               math.log(2 * (1 - UNDER_LINE_PRIOR)) + log_over)
     return mixed
 
 
 def _flat_sides(mean_left: np.ndarray, n_left: np.ndarray, mean_right: np.ndarray, n_right: np.ndarray,
                 within: np.ndarray, runs: float, center: float,
                 threshold: float, level: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """Per scale of the spread's prior (first axis) and split: the log likelihood with the means
-    flat anywhere, the scale's prior weight and normalising constant in it, and log P(the bad
-    side's mean under the line | the runs, c, the scale) and over it: threshold x mu_good - mu_bad
-    > 0, its error Student's t."""
+    """Per split: the log likelihood with the means flat anywhere, and log P(the bad side's mean
+    under the line | the runs, c) and over it: threshold x mu_good - mu_bad > 0, its error
+    Student's t."""
     within = np.maximum(within, np.max(within, axis=-1, keepdims=True) * 1e-12 + _TINY)
+    within, df = _with_spread_prior(within, runs, level, threshold)
     gap = threshold * (mean_left + center) - (mean_right + center)
-    log_lik, log_under, log_over = [], [], []
-    for log_front, joined, df in _with_spread_prior(within, runs, level, threshold):
-        error = np.sqrt(joined / df * (threshold**2 / n_left + 1.0 / n_right))
-        log_lik.append(log_front - 0.5 * np.log(n_left * n_right) - df / 2.0 * np.log(joined))
-        log_under.append(t_log_cdf(gap / error, df))
-        log_over.append(t_log_cdf(-gap / error, df))
-    return np.stack(log_lik), np.stack(log_under), np.stack(log_over)
+    error = np.sqrt(within / df * (threshold**2 / n_left + 1.0 / n_right))
+    log_lik: np.ndarray = -0.5 * np.log(n_left * n_right) - df / 2.0 * np.log(within)
+    return log_lik, t_log_cdf(gap / error, df), t_log_cdf(-gap / error, df)
 
 
 def _level(count: np.ndarray, total: np.ndarray, center: float) -> np.ndarray:
@@ -256,19 +239,15 @@ def _level(count: np.ndarray, total: np.ndarray, center: float) -> np.ndarray:
 
 
 def _with_spread_prior(within: np.ndarray, runs: float, level: np.ndarray,
-                       threshold: float) -> list[tuple[np.ndarray, np.ndarray, float]]:
-    """Per scale of the spread's prior (``SPREAD_PRIOR_SCALES``): the log of its weight and
-    normalising constant, the squared deviations of ``runs`` values about two means with its
-    pseudo-runs joined (``SPREAD_PRIOR_RUNS`` of them, each as wide as the scale's share of the
-    line's gap at ``level``), and their degrees of freedom; one scale and no pseudo-runs where the
-    line is the good side's own level (no gap to read a spread from)."""
+                       threshold: float) -> tuple[np.ndarray, float]:
+    """The squared deviations and degrees of freedom of ``runs`` values about two means, with the
+    spread's prior as pseudo-runs joined: ``SPREAD_PRIOR_RUNS`` of them, each spread as wide as the
+    line's gap at ``level``; none where the line is the good side's own level (no gap to read a
+    spread from)."""
     if threshold == 1.0:
-        return [(np.zeros_like(level), within, runs - 2.0)]
+        return within, runs - 2.0
     gap = (1.0 - threshold) * level
-    weight = math.log(1.0 / len(SPREAD_PRIOR_SCALES))
-    return [(weight + SPREAD_PRIOR_RUNS / 2.0 * np.log(np.maximum(SPREAD_PRIOR_RUNS * (scale * gap) ** 2, _TINY)),
-             within + SPREAD_PRIOR_RUNS * (scale * gap) ** 2, runs - 2.0 + SPREAD_PRIOR_RUNS)
-            for scale in SPREAD_PRIOR_SCALES]
+    return within + SPREAD_PRIOR_RUNS * gap * gap, runs - 2.0 + SPREAD_PRIOR_RUNS
 
 
 def _with_host_runs(count: np.ndarray, total: np.ndarray, squares: np.ndarray, runs: float, center: float,
@@ -344,40 +323,39 @@ def expected_information(n: int, runs: Mapping[int, Sequence[float]], threshold:
                          baseline: float | None = None, earlier: EarlierLevels = NO_EARLIER) -> np.ndarray:
     """For each of ``positions``: the expected fall in the change point's entropy from one more run
     there (in the log-odds against the likeliest position once it holds ``LATE_SHARE``), its
-    outcome drawn from the model's own posterior predictive (the sum over c of the likelihood of
-    the runs with the outcome joined, every prior of the posterior in it), integrated on a grid of
-    ``outcomes`` values over each side's mean and four spreads."""
+    outcome drawn from the posterior predictive (each c's side mean, Student's t with that c's
+    spread under the same prior as the posterior's, ``SPREAD_PRIOR_RUNS``), integrated on a grid
+    of ``outcomes`` values."""
     assert _ready(n, runs, earlier)
     center = _center(runs)
     sums = _side_sums(n, runs, center)
     post = _normalised(_log_lik_of_sums(*sums, center, threshold, baseline, earlier))
-    # the grid's reach: each side's mean, the earlier runs taken as runs (a side may have no run of
-    # the session's), and each c's spread under the posterior's prior, its scales weighed by how
-    # well they explain c's runs
+    # the predictive takes the earlier runs as runs: a side may have no run of the session's
     known = _host_sums(*sums, center, earlier[0], earlier[1], 1.0)
-    left, _, right, _, within = _split(*known)
-    scales = _with_spread_prior(within, float(known[0].sum()), _level(sums[0], sums[1], center), threshold)
-    df = scales[0][2]
-    weight = _normalised(np.stack([front - df / 2.0 * np.log(np.maximum(joined, _TINY))
-                                   for front, joined, _ in scales]).T).T  # scales x c
-    spread2 = sum(share * np.maximum(joined / df, _TINY) for share, (_, joined, _) in zip(weight, scales, strict=True))
+    left, n_left, right, n_right, within = _split(*known)
+    # the spread's prior as the posterior has it, read at the session's runs' level
+    within, df = _with_spread_prior(within, float(known[0].sum()), _level(sums[0], sums[1], center), threshold)
+    spread2 = np.maximum(within / df, _TINY)
     spread = float(np.sqrt((post * spread2).sum()))
     low = float(min((post * right).sum(), (post * left).sum())) - 4 * spread
     high = float(max((post * right).sum(), (post * left).sum())) + 4 * spread
     ys = np.linspace(low, high, outcomes)
     xs = np.asarray(positions)
+    # a run at x sees the bad side's mean for c <= x (c index x - 1), the good side's else
+    on_bad = np.arange(1, n + 1)[None, :] <= xs[:, None]  # positions x c
+    mean = np.where(on_bad, right, left)
+    scale = np.sqrt(spread2 * (1 + 1 / np.where(on_bad, n_right, n_left)))
+    z = (ys[None, :, None] - mean[:, None, :]) / scale[:, None, :]  # positions x outcomes x c
+    density = np.exp(-(df + 1) / 2 * np.log1p(z * z / df)) / scale[:, None, :]  # Student's t, less its constant
+    predictive = density @ post
+    weights = predictive / predictive.sum(axis=1, keepdims=True)
     count, total, squares = (np.repeat(np.repeat(a[None, None, :], len(xs), axis=0), outcomes, axis=1)
                              for a in sums)
     rows, columns = np.arange(len(xs)), xs
     count[rows, :, columns] += 1
     total[rows, :, columns] += ys
     squares[rows, :, columns] += ys * ys
-    joint = _log_lik_of_sums(count, total, squares, center, threshold, baseline, earlier)  # positions x outcomes x c
-    # the model's own predictive of the run's value: P(y | runs) is the sum over c of P(runs, y | c)
-    # (c uniform), every prior of the posterior in it (the spread's scales, the baseline, the
-    # earlier runs, the line's lean), on the grid
-    weights = _normalised(np.logaddexp.reduce(joint, axis=-1))
-    after = _normalised(joint)
+    after = _normalised(_log_lik_of_sums(count, total, squares, center, threshold, baseline, earlier))
     measure = entropy if float(post.max()) < LATE_SHARE else _unsure
     gains: np.ndarray = float(measure(post)) - (weights * measure(after)).sum(axis=1)
     return gains
@@ -405,14 +383,13 @@ def ends_under_line(n: int, runs: Mapping[int, Sequence[float]], threshold: floa
     center = _center(runs)
     count, total, squares = _side_sums(n, runs, center)
     level = _level(count, total, center)
-    if _with_spread_prior(np.zeros(1), float(count.sum()), level, threshold)[0][2] < 1:
+    if _with_spread_prior(np.zeros(1), float(count.sum()), level, threshold)[1] < 1:
         return 0.5  # two runs and no gap to read a spread from: nothing is known of it
     log_lik, log_under, log_over = _flat_sides(*_split(count, total, squares), float(count.sum()), center,
                                                threshold, level)
     under = math.log(UNDER_LINE_PRIOR) + log_under
     either = np.logaddexp(under, math.log(1 - UNDER_LINE_PRIOR) + log_over)
-    # P(c, scale) over both: each scale's weight in the runs, not only each split's
-    return float((_normalised((log_lik + either).ravel()) * np.exp(under - either).ravel()).sum())
+    return float((_normalised(log_lik + either) * np.exp(under - either)).sum())
 
 
 def decide_levels(problem: SearchProblem, evidence: Mapping[int, Evidence]) -> Decision:
@@ -556,10 +533,8 @@ def own_log_lr(n: int, runs: Mapping[int, Sequence[float]], threshold: float, lo
 
 def _two_sides_log_lik(sides: np.ndarray, level: np.ndarray, threshold: float) -> float:
     """log of (n_L n_R)^(-1/2) S^(-df/2) for two sides' sums (rows: count, sum, sum of squares;
-    columns: good, bad), summed over the spread's prior's scales (``_with_spread_prior``)."""
+    columns: good, bad), the spread's prior joined (``_with_spread_prior``)."""
     count, total, squares = sides
     within = float((squares - total * total / count).sum())
-    terms = [float(front.ravel()[0]) - df / 2.0 * math.log(float(joined.ravel()[0]))
-             for front, joined, df in _with_spread_prior(np.array([max(within, _TINY)]), float(count.sum()), level,
-                                                         threshold)]
-    return float(-0.5 * math.log(count[0] * count[1]) + np.logaddexp.reduce(terms))
+    spread, df = _with_spread_prior(np.array([max(within, _TINY)]), float(count.sum()), level, threshold)
+    return float(-0.5 * math.log(count[0] * count[1]) - df / 2.0 * math.log(float(spread.ravel()[0])))

@@ -14,7 +14,6 @@ from bisect_npu.search import EndsWrong, Evidence, Found, Narrowed, Next, Query,
 from bisect_npu.search.two_levels import (
     BASELINE_PRIOR,
     SPREAD_PRIOR_RUNS,
-    SPREAD_PRIOR_SCALES,
     UNDER_LINE_PRIOR,
     ends_under_line,
     expected_information,
@@ -90,23 +89,11 @@ def test_a_few_runs_that_lie_close_do_not_make_the_change_sure(monkeypatch: pyte
     assert with_prior is not None and np.abs(with_prior - posterior(39, many, THRESHOLD)).max() < 0.05
 
 
-def test_a_spread_wider_than_the_lines_gap_is_not_read_at_the_gap(monkeypatch: pytest.MonkeyPatch) -> None:
-    """Eight runs on a host spread 5% against a 3% line (the nightly bench's seed 1026, rounded):
-    they happen to lie within the gap, and with the gap's scale alone the culprit was named at
-    0.99 where the true model (the spread known) put 30% elsewhere; the scales the runs weigh leave
-    it unsure."""
-    close = {0: [1033.1], 20: [1020.4], 23: [1033.7], 24: [1024.5], 25: [809.1], 30: [835.6], 39: [856.4, 901.3]}
-    assert (post := posterior(39, close, THRESHOLD, 1000.0)) is not None and int(np.argmax(post)) == 24
-    assert post[24] < 0.99
-    monkeypatch.setattr(two_levels, "SPREAD_PRIOR_SCALES", (1.0,))
-    assert (gap_only := posterior(39, close, THRESHOLD, 1000.0)) is not None and gap_only[24] > 0.99
-
-
 def test_the_ends_come_first_and_a_bad_end_over_the_line_is_wrong() -> None:
     assert decide(problem(16), {}) == Next((Query(0),))
     assert decide(problem(16, slots=2), {}) == Next((Query(0), Query(16)))
     assert isinstance(decide(problem(16), {0: Evidence(skipped=True)}), EndsWrong)
-    level = history(17, 16, {0: 4, 16: 4, 8: 4}, seed=2)  # no change at all: the bad end is not bad
+    level = history(17, 16, {0: 4, 16: 4, 8: 3}, seed=2)  # no change at all: the bad end is not bad
     wrong = decide(problem(16), {i: Evidence().measure(tuple(v)) for i, v in level.items()})
     assert isinstance(wrong, EndsWrong) and wrong.which == "bad"
     assert ends_under_line(16, level, THRESHOLD) < 0.01
@@ -194,8 +181,9 @@ def test_once_a_position_leads_the_run_asked_settles_it_against_its_rivals(monke
     assert post is not None and two_levels.LATE_SHARE <= post.max() < 0.99 and int(np.argmax(post)) + 1 == 4
     asked = decide(problem(8), {i: Evidence().measure(v) for i, v in runs.items()})
     assert asked == Next((Query(4),))  # the run that tells c = 4 from c = 5, its likeliest rival
+    monkeypatch.setattr(two_levels, "LATE_SHARE", 1.0)  # the entropy alone: it asks elsewhere
     gains = expected_information(8, runs, THRESHOLD, list(range(9)))
-    assert int(np.argmax(gains)) == 4 and gains[4] > 1.5 * np.delete(gains, [3, 4]).max()
+    assert int(np.argmax(gains)) != 4
 
 
 @settings(max_examples=10, deadline=None)
@@ -250,13 +238,9 @@ def test_wrong_culprits_named_stay_under_the_confidence_left() -> None:
 
 
 def spread_prior(sigma: float, runs: dict[int, list[float]]) -> float:
-    """SPREAD_PRIOR_RUNS pseudo-runs as wide as each of SPREAD_PRIOR_SCALES' shares of the line's
-    gap at the session's runs' level, the scales alike a priori: each component normalised, so the
-    runs weigh one scale against another."""
+    """SPREAD_PRIOR_RUNS pseudo-runs as wide as the line's gap at the session's runs' level."""
     gap = (1 - THRESHOLD) * float(np.mean([v for vs in runs.values() for v in vs]))
-    squares = [SPREAD_PRIOR_RUNS * (scale * gap) ** 2 for scale in SPREAD_PRIOR_SCALES]
-    return float(np.mean([square ** (SPREAD_PRIOR_RUNS / 2) * sigma ** -SPREAD_PRIOR_RUNS
-                          * np.exp(-square / (2 * sigma**2)) for square in squares]))
+    return float(sigma ** -SPREAD_PRIOR_RUNS * np.exp(-SPREAD_PRIOR_RUNS * gap**2 / (2 * sigma**2)))
 
 
 def line_prior(good_means: np.ndarray, bad_means: np.ndarray) -> np.ndarray:
@@ -444,8 +428,8 @@ def test_a_positions_own_ratio_is_the_flat_models_odds_of_moving_it_alone() -> N
     n, runs = 10, history(6, 10, dict.fromkeys(range(11), 2), seed=7)
     center = two_levels._center(runs)
     count, total, squares = two_levels._side_sums(n, runs, center)
-    flat = np.logaddexp.reduce(two_levels._flat_sides(*two_levels._split(count, total, squares), float(count.sum()),
-                                                      center, THRESHOLD, two_levels._level(count, total, center))[0])
+    flat = two_levels._flat_sides(*two_levels._split(count, total, squares), float(count.sum()), center, THRESHOLD,
+                                  two_levels._level(count, total, center))[0]
     own = two_levels.own_log_lr(n, runs, THRESHOLD, 5, 6)
     assert own[5] == pytest.approx(flat[4] - flat[5]) and own[6] == pytest.approx(flat[5] - flat[6])
     assert own[5] < -4 < 4 < own[6] and 0 not in own and n not in own

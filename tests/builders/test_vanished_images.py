@@ -5,8 +5,6 @@ right after the listing; images with no RUN step, so each build is a fraction of
 
 from __future__ import annotations
 
-import uuid
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -16,21 +14,8 @@ import pytest
 
 from bisect_npu.builders.docker import DockerBuilder
 from bisect_npu.errors import InfrastructureError
-from tests.helpers.gitrepo import make_linear_repo
 
 pytestmark = pytest.mark.container
-
-
-@pytest.fixture()
-def upstream(tmp_path: Path, docker_client: Any, demo_base_image: str) -> Iterator[tuple[Path, str]]:
-    """One commit whose Dockerfile only copies its tree (unique: nothing of an earlier run is reused)."""
-    path = tmp_path / f"upstream-{uuid.uuid4().hex[:8]}"
-    make_linear_repo(path, 1, files=lambda i: {"Dockerfile": f"FROM {demo_base_image}\nCOPY . /workspace/app\n",
-                                               "app.py": f"NONCE = {uuid.uuid4().hex!r}\n"})
-    commit = git.Repo(path).head.commit.hexsha
-    yield path, commit
-    for image in docker_client.api.images(filters={"label": f"org.bisect-npu.commit={commit}"}):
-        docker_client.api.remove_image(image["Id"], force=True)
 
 
 def removed_after_each_listing(client: Any, commit: str) -> None:
@@ -49,8 +34,8 @@ def removed_after_each_listing(client: Any, commit: str) -> None:
     client.api.images = listing_then_removal
 
 
-def test_an_image_removed_between_its_listing_and_its_reuse_is_a_miss_that_builds(upstream, tmp_path):
-    path, commit = upstream
+def test_an_image_removed_between_its_listing_and_its_reuse_is_a_miss_that_builds(one_commit_upstream, tmp_path):
+    path, commit = one_commit_upstream
     client = docker.from_env(timeout=600)  # its own client: the replay below is this test's alone
     try:
         first = DockerBuilder(git.Repo(path), client).acquire(commit, tmp_path / "first")
@@ -64,8 +49,8 @@ def test_an_image_removed_between_its_listing_and_its_reuse_is_a_miss_that_build
     assert "left the container engine between their listing and their use" in log and "a cache miss" in log
 
 
-def test_an_engine_failing_on_an_image_it_still_has_is_an_infrastructure_error(upstream, tmp_path):
-    path, commit = upstream
+def test_an_engine_failing_on_an_image_it_still_has_is_an_infrastructure_error(one_commit_upstream, tmp_path):
+    path, commit = one_commit_upstream
     client = docker.from_env(timeout=600)
     try:
         DockerBuilder(git.Repo(path), client).acquire(commit, tmp_path / "first")

@@ -5,10 +5,7 @@ leaving stops it still (exit 5). A real engine; images with no RUN step, built i
 
 from __future__ import annotations
 
-import uuid
-from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
 
 import git
 import pytest
@@ -18,20 +15,8 @@ from bisect_npu.builders.docker import DockerBuilder
 from bisect_npu.execute.docker import DockerExecutor
 from bisect_npu.observations import VerdictKind
 from bisect_npu.orchestration.running.evaluate import EvaluationRequest, Evaluator
-from tests.helpers.gitrepo import make_linear_repo
 
 pytestmark = pytest.mark.container
-
-
-@pytest.fixture()
-def upstream(tmp_path: Path, docker_client: Any, demo_base_image: str) -> Iterator[tuple[Path, str]]:
-    path = tmp_path / f"upstream-{uuid.uuid4().hex[:8]}"
-    make_linear_repo(path, 1, files=lambda i: {"Dockerfile": f"FROM {demo_base_image}\nCOPY . /workspace/app\n",
-                                               "app.py": f"NONCE = {uuid.uuid4().hex!r}\n"})
-    commit = git.Repo(path).head.commit.hexsha
-    yield path, commit
-    for image in docker_client.api.images(filters={"label": f"org.bisect-npu.commit={commit}"}):
-        docker_client.api.remove_image(image["Id"], force=True)
 
 
 class RemovedAfterAcquire:
@@ -63,8 +48,8 @@ class RemovedAfterAcquire:
         return self.builder.built_keys()
 
 
-def test_an_image_removed_before_its_run_is_built_again_and_runs(upstream, docker_client, tmp_path):
-    path, commit = upstream
+def test_an_image_removed_before_its_run_is_built_again_and_runs(one_commit_upstream, docker_client, tmp_path):
+    path, commit = one_commit_upstream
     builder = RemovedAfterAcquire(DockerBuilder(git.Repo(path), docker_client), times=1)
     with DockerExecutor(docker_client) as executor:
         step = Evaluator(builder, executor, tmp_path / "session", command=["true"]).evaluate(
@@ -76,8 +61,8 @@ def test_an_image_removed_before_its_run_is_built_again_and_runs(upstream, docke
     assert "# acquired again (built) before its run: image" in log and "is gone from the engine" in log
 
 
-def test_an_image_that_keeps_leaving_stops_the_session_with_exit_5(upstream, docker_client, tmp_path):
-    path, commit = upstream
+def test_an_image_that_keeps_leaving_stops_the_session_with_exit_5(one_commit_upstream, docker_client, tmp_path):
+    path, commit = one_commit_upstream
     builder = RemovedAfterAcquire(DockerBuilder(git.Repo(path), docker_client), times=99)
     with DockerExecutor(docker_client) as executor, pytest.raises(ImageGone, match="keeps removing it") as stopped:
         Evaluator(builder, executor, tmp_path / "session", command=["true"]).evaluate(

@@ -165,13 +165,7 @@ def _judge_candidate(cfg: AccuracyConfig, mine: list[SampleOutcome], good: list[
     discordant = set(discordant_ids(good, bad))
     control = [s for s in mine if s.id not in discordant]
     control_diff, control_p = stats.control_p(control, good, bad, prior)
-    alpha = (1 - cfg.confidence) / cfg.max_rounds
-    broken_elsewhere = bool(control) and control_diff < 0 and control_p <= alpha
-    if broken_elsewhere:
-        # Below the bad side's rates as well: a scaled drop lowers the control samples too, so a
-        # good commit placed against a good end that read high falls short of the good side alone.
-        below_bad, bad_p = stats.control_p(control, good, bad, prior, side="bad")
-        broken_elsewhere = below_bad < 0 and bad_p <= alpha
+    broken_elsewhere = bool(control) and control_diff < 0 and control_p <= (1 - cfg.confidence) / cfg.max_rounds
     evidence = stats.step_evidence(mine, good, bad, prior, cfg.confidence)
     log_lr = evidence.log_lr
     imputed = _imputed(mine, good)

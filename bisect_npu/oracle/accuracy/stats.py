@@ -16,9 +16,7 @@ Four questions, each answered at the recipe's confidence:
 - Is a focused candidate broken elsewhere? Its correct runs on the control samples (those the
   ends agree on) against what the good side's rates given both ends' runs predict
   (`control_p`), not against the good end's own results, which lean high on samples picked
-  because the ends agreed; and below what the bad side's predict too, since where the drop
-  scales every sample a good commit measured against a good end that read high falls short of
-  the good side's rates there as well.
+  because the ends agreed.
 - Is a score below ``baseline - threshold``? A one-sided interval around the mean of the
   per-sample rates; with several rounds alpha is spent evenly over them (Bonferroni), so looking
   after every round keeps the error rate.
@@ -573,10 +571,9 @@ def looser_end(good: Sequence[SampleOutcome], bad: Sequence[SampleOutcome],
 
 
 def control_p(candidate: Sequence[SampleOutcome], good: Sequence[SampleOutcome], bad: Sequence[SampleOutcome],
-              prior: JointPrior, side: Literal["good", "bad"] = "good") -> tuple[float, float]:
+              prior: JointPrior) -> tuple[float, float]:
     """(mean of the candidate's rates less the good side's expected ones, one-sided p of "fewer
-    correct runs than a good commit gives") on the control samples it ran; with ``side="bad"``
-    the same against the bad side's rates and the bad end's error. The reference is each
+    correct runs than a good commit gives") on the control samples it ran. The reference is each
     sample's good-side rate given both ends' runs (`side_rates`), not the good end's own results:
     samples are picked because the ends' runs agreed, so where runs barely repeat the good end's
     results on them lean high by selection, while the posterior rate accounts for that choice
@@ -584,13 +581,13 @@ def control_p(candidate: Sequence[SampleOutcome], good: Sequence[SampleOutcome],
     the samples convolved, the good side's mean integrated over its error (`mean_errors`, `NODES`)
     as a step's likelihoods are, since that error is shared by every sample."""
     g, b = by_id(good), by_id(bad)
-    rows = [(round(s.correct_runs), s.runs, getattr(side_rates(prior, g.get(s.id), b.get(s.id)), side))
+    rows = [(round(s.correct_runs), s.runs, side_rates(prior, g.get(s.id), b.get(s.id)).good)
             for s in candidate if s.runs > 0]
     if not rows:
         return 0.0, 1.0
     diff = sum(k / n - rate[0] for k, n, rate in rows) / len(rows)
     observed = sum(k for k, _, _ in rows)
-    error = mean_errors(good, bad, prior)[0 if side == "good" else 1]
+    error = mean_errors(good, bad, prior)[0]
     tail = sum(w * _lower_tail(rows, observed, z * error) for z, w in zip(NODES, WEIGHTS, strict=True))
     return diff, min(1.0, tail / math.sqrt(2 * math.pi))
 

@@ -465,34 +465,109 @@ def _noise(mean: float, spread: float, runs: int) -> float:
 
 
 def side_rates(prior: JointPrior, good: SampleOutcome | None, bad: SampleOutcome | None) -> SideRates:
-    """The two rates' posterior, the prior's normal approximation conditioned on the runs each end
-    made of this sample (either may be missing): the end's own runs move its rate most, the other
-    end's runs move it as far as the covariance says the two rates go together."""
-    mean = [prior.good_mean, prior.bad_mean]
-    cov = [[prior.good_var, prior.cov], [prior.cov, prior.bad_var]]
-    seen = [(k, end, m, v) for k, (end, m, v) in enumerate(((good, prior.good_mean, prior.good_var),
-                                                             (bad, prior.bad_mean, prior.bad_var)))
-            if end is not None and end.runs > 0]
-    if seen:
-        # S = cov[seen, seen] + noise; posterior = prior - cov[:, seen] S^-1 cov[seen, :]
-        idx = [k for k, *_ in seen]
-        s = [[cov[a][c] + (_noise(seen[ia][2], seen[ia][3], seen[ia][1].runs) if a == c else 0.0)
-              for c in idx] for ia, a in enumerate(idx)]
-        resid = [end.correct - m for _, end, m, _ in seen]
-        inv = _inverse(s)
-        gain = [[sum(cov[r][idx[j]] * inv[j][c] for j in range(len(idx))) for c in range(len(idx))]
-                for r in range(2)]
-        mean = [mean[r] + sum(gain[r][c] * resid[c] for c in range(len(idx))) for r in range(2)]
-        cov = [[cov[r][q] - sum(gain[r][c] * cov[idx[c]][q] for c in range(len(idx))) for q in range(2)]
-               for r in range(2)]
-    return SideRates(_as_rate(mean[0], cov[0][0]), _as_rate(mean[1], cov[1][1]))
+    """The two rates' posterior given the runs each end made of this sample (either may be
+    missing), integrated exactly on a grid (`_given_runs`): one end's rate a beta of its prior
+    moments, the other's a beta around the linear regression on it (the covariance), each end's
+    runs binomial in its own rate. Near the ceiling a rate's mass piles at 1, and a normal update
+    with a beta fitted to its moments afterwards read a focused sample's k of n there by the wrong
+    noise, several units of log likelihood a step. Taken both ways round (each end's rate the
+    one the other regresses on) and the two met halfway, so swapping the ends only swaps the
+    sides."""
+    return _side_rates(prior, _counts(good), _counts(bad))
 
 
-def _inverse(m: list[list[float]]) -> list[list[float]]:
-    if len(m) == 1:
-        return [[1.0 / m[0][0]]]
-    det = m[0][0] * m[1][1] - m[0][1] * m[1][0]
-    return [[m[1][1] / det, -m[0][1] / det], [-m[1][0] / det, m[0][0] / det]]
+@functools.lru_cache(maxsize=65536)
+def _side_rates(prior: JointPrior, good: tuple[int, int], bad: tuple[int, int]) -> SideRates:
+    """`side_rates` by the ends' (correct, wrong) runs: a search asks the same few counts of one
+    prior again at every step."""
+    if good == bad == (0, 0):
+        return SideRates(_as_rate(prior.good_mean, prior.good_var), _as_rate(prior.bad_mean, prior.bad_var))
+    good_end = (prior.good_mean, prior.good_var, good)
+    bad_end = (prior.bad_mean, prior.bad_var, bad)
+    g1, b1 = _given_runs(good_end, bad_end, prior.cov)
+    b2, g2 = _given_runs(bad_end, good_end, prior.cov)
+    return SideRates(_as_rate(*_halfway(g1, g2)), _as_rate(*_halfway(b1, b2)))
+
+
+_End = tuple[float, float, tuple[int, int]]
+
+# Gauss-Legendre nodes and weights on [0, 1] for each half of a rate's range (`_beta_nodes`).
+_LEGENDRE = np.polynomial.legendre.leggauss(32)
+_UNIT = (_LEGENDRE[0] + 1) / 2
+_UNIT_LOG_WEIGHTS = np.log(_LEGENDRE[1] / 2)
+
+
+def _beta_nodes(rate: tuple[float, float]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(log r, log(1 - r), log weight) of nodes integrating the beta of these moments (its
+    normalizing constant left out), the range split at the mean: each half by Gauss-Legendre in
+    r, or, where the density has a pole at that end (alpha or beta under 1), in u with
+    r = mean u^(1/alpha) (below) or 1 - r = (1 - mean) u^(1/beta) (above), which takes the pole
+    into the substitution: a mass piled at the ceiling is integrated as well as one spread out."""
+    mean, var = rate
+    kappa = mean * (1 - mean) / var - 1
+    alpha, beta = mean * kappa, (1 - mean) * kappa
+    log_u = np.log(_UNIT)
+    if alpha < 1:
+        low = math.log(mean) + log_u / alpha
+        low_rest = np.log1p(-np.exp(low))
+        low_w = _UNIT_LOG_WEIGHTS + alpha * math.log(mean) - math.log(alpha) + (beta - 1) * low_rest
+    else:
+        low = math.log(mean) + log_u
+        low_rest = np.log1p(-np.exp(low))
+        low_w = _UNIT_LOG_WEIGHTS + math.log(mean) + (alpha - 1) * low + (beta - 1) * low_rest
+    if beta < 1:
+        high_rest = math.log(1 - mean) + log_u / beta
+        high = np.log1p(-np.exp(high_rest))
+        high_w = _UNIT_LOG_WEIGHTS + beta * math.log(1 - mean) - math.log(beta) + (alpha - 1) * high
+    else:
+        high_rest = math.log(1 - mean) + log_u
+        high = np.log1p(-np.exp(high_rest))
+        high_w = _UNIT_LOG_WEIGHTS + math.log(1 - mean) + (alpha - 1) * high + (beta - 1) * high_rest
+    return np.concatenate([low, high]), np.concatenate([low_rest, high_rest]), np.concatenate([low_w, high_w])
+
+
+def _counts(end: SampleOutcome | None) -> tuple[int, int]:
+    """(correct, wrong) runs of an end on a sample; none where it did not run it."""
+    if end is None or end.runs <= 0:
+        return 0, 0
+    k = round(end.correct * end.runs)
+    return k, end.runs - k
+
+
+def _given_runs(base: _End, other: _End, cov: float) -> tuple[tuple[float, float], tuple[float, float]]:
+    """(base end's, other end's) rate posterior (mean, variance): the base rate r a beta of its
+    prior moments, the other rate given r a beta with mean its prior mean moved by the regression
+    on r and the variance the regression leaves; both ends' runs binomial in their own rates."""
+    base_mean, base_var, base_runs = base
+    other_mean, other_var, other_runs = other
+    log_r, log_rest, log_w = _beta_nodes(_as_rate(base_mean, base_var))
+    r = np.exp(log_r)
+    k, wrong = base_runs
+    slope = cov / base_var if base_var > 0 else 0.0
+    mean = np.clip(other_mean + slope * (r - base_mean), 0.005, 0.995)
+    var = np.minimum(max(MIN_VAR, other_var - slope * cov), 0.9 * mean * (1 - mean))
+    kappa = mean * (1 - mean) / var - 1
+    alpha, beta = mean * kappa, (1 - mean) * kappa
+    other_k, other_wrong = other_runs
+    # log B(alpha + k, beta + n - k) / B(alpha, beta), a product for whole counts.
+    log_pred = (sum(np.log(alpha + j) for j in range(other_k)) + sum(np.log(beta + j) for j in range(other_wrong))
+                - sum(np.log(alpha + beta + j) for j in range(other_k + other_wrong)))
+    log_post = log_w + k * log_r + wrong * log_rest + log_pred
+    weight = np.exp(log_post - log_post.max())
+    weight /= weight.sum()
+    base_post = float(weight @ r), float(weight @ (r * r))
+    a, b = alpha + other_k, beta + other_wrong
+    other_each = a / (a + b)
+    other_second = other_each * (a + 1) / (a + b + 1)
+    other_post = float(weight @ other_each), float(weight @ other_second)
+    return ((base_post[0], base_post[1] - base_post[0] ** 2),
+            (other_post[0], other_post[1] - other_post[0] ** 2))
+
+
+def _halfway(one: tuple[float, float], two: tuple[float, float]) -> tuple[float, float]:
+    """The even mixture of two posteriors' (mean, variance)."""
+    mean = (one[0] + two[0]) / 2
+    return mean, (one[1] + one[0] ** 2 + two[1] + two[0] ** 2) / 2 - mean * mean
 
 
 def _as_rate(mean: float, var: float) -> tuple[float, float]:

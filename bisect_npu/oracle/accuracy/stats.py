@@ -484,46 +484,53 @@ def _side_rates(prior: JointPrior, good: tuple[int, int], bad: tuple[int, int]) 
         return SideRates(_as_rate(prior.good_mean, prior.good_var), _as_rate(prior.bad_mean, prior.bad_var))
     good_end = (prior.good_mean, prior.good_var, good)
     bad_end = (prior.bad_mean, prior.bad_var, bad)
-    g1, b1 = _given_runs(good_end, bad_end, prior.cov)
-    b2, g2 = _given_runs(bad_end, good_end, prior.cov)
-    return SideRates(_as_rate(*_halfway(g1, g2)), _as_rate(*_halfway(b1, b2)))
+    if prior.good_mean > prior.bad_mean:
+        good_rate, bad_rate = _given_runs(good_end, bad_end, prior.cov)
+    elif prior.bad_mean > prior.good_mean:
+        bad_rate, good_rate = _given_runs(bad_end, good_end, prior.cov)
+    else:
+        g1, b1 = _given_runs(good_end, bad_end, prior.cov)
+        b2, g2 = _given_runs(bad_end, good_end, prior.cov)
+        good_rate, bad_rate = _halfway(g1, g2), _halfway(b1, b2)
+    return SideRates(_as_rate(*good_rate), _as_rate(*bad_rate))
 
 
 _End = tuple[float, float, tuple[int, int]]
 
-# Gauss-Legendre nodes and weights on [0, 1] for each half of a rate's range (`_beta_nodes`).
+# Gauss-Legendre nodes and log weights on [0, 1] (`_half_nodes`), and how far below a half's
+# edge (in log distance to its end of the range) they reach before the rest is one node.
 _LEGENDRE = np.polynomial.legendre.leggauss(32)
 _UNIT = (_LEGENDRE[0] + 1) / 2
 _UNIT_LOG_WEIGHTS = np.log(_LEGENDRE[1] / 2)
+_LOG_REACH = 14.0
 
 
 def _beta_nodes(rate: tuple[float, float]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """(log r, log(1 - r), log weight) of nodes integrating the beta of these moments (its
-    normalizing constant left out), the range split at the mean: each half by Gauss-Legendre in
-    r, or, where the density has a pole at that end (alpha or beta under 1), in u with
-    r = mean u^(1/alpha) (below) or 1 - r = (1 - mean) u^(1/beta) (above), which takes the pole
-    into the substitution: a mass piled at the ceiling is integrated as well as one spread out."""
+    normalizing constant left out), the range split at the mean (`_half_nodes`)."""
     mean, var = rate
     kappa = mean * (1 - mean) / var - 1
     alpha, beta = mean * kappa, (1 - mean) * kappa
-    log_u = np.log(_UNIT)
-    if alpha < 1:
-        low = math.log(mean) + log_u / alpha
-        low_rest = np.log1p(-np.exp(low))
-        low_w = _UNIT_LOG_WEIGHTS + alpha * math.log(mean) - math.log(alpha) + (beta - 1) * low_rest
-    else:
-        low = math.log(mean) + log_u
-        low_rest = np.log1p(-np.exp(low))
-        low_w = _UNIT_LOG_WEIGHTS + math.log(mean) + (alpha - 1) * low + (beta - 1) * low_rest
-    if beta < 1:
-        high_rest = math.log(1 - mean) + log_u / beta
-        high = np.log1p(-np.exp(high_rest))
-        high_w = _UNIT_LOG_WEIGHTS + beta * math.log(1 - mean) - math.log(beta) + (alpha - 1) * high
-    else:
-        high_rest = math.log(1 - mean) + log_u
-        high = np.log1p(-np.exp(high_rest))
-        high_w = _UNIT_LOG_WEIGHTS + math.log(1 - mean) + (alpha - 1) * high + (beta - 1) * high_rest
+    low, low_rest, low_w = _half_nodes(math.log(mean), alpha, beta)
+    high_rest, high, high_w = _half_nodes(math.log(1 - mean), beta, alpha)
     return np.concatenate([low, high]), np.concatenate([low_rest, high_rest]), np.concatenate([low_w, high_w])
+
+
+def _half_nodes(log_edge: float, near: float, far: float) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """One half of a beta's range, x from 0 (this end) to the mean's distance from it, density
+    x^(near-1) (1-x)^(far-1): (log x, log(1 - x), log weight), Gauss-Legendre in log x over
+    `_LOG_REACH` below the edge (less where x^near has fallen e^-40 by then) and the rest below
+    one node at its mean (x^near / near there).
+    In log x a density piled at this end (near under 1, a rate at the ceiling) is as smooth as
+    one spread out, and the nodes reach as close to the end as the runs can tell apart."""
+    reach = min(_LOG_REACH, 40 / near)
+    log_x = log_edge - reach * _UNIT
+    log_weights = _UNIT_LOG_WEIGHTS + math.log(reach) + near * log_x
+    log_tail = log_edge - reach
+    log_x = np.append(log_x, log_tail + math.log(near / (near + 1)))
+    log_weights = np.append(log_weights, near * log_tail - math.log(near))
+    log_rest = np.log1p(-np.exp(log_x))
+    return log_x, log_rest, log_weights + (far - 1) * log_rest
 
 
 def _counts(end: SampleOutcome | None) -> tuple[int, int]:

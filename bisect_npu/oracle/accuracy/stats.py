@@ -470,9 +470,10 @@ def side_rates(prior: JointPrior, good: SampleOutcome | None, bad: SampleOutcome
     moments, the other's a beta around the linear regression on it (the covariance), each end's
     runs binomial in its own rate. Near the ceiling a rate's mass piles at 1, and a normal update
     with a beta fitted to its moments afterwards read a focused sample's k of n there by the wrong
-    noise, several units of log likelihood a step. Taken both ways round (each end's rate the
-    one the other regresses on) and the two met halfway, so swapping the ends only swaps the
-    sides."""
+    noise, several units of log likelihood a step. The end with the larger mean is the one the
+    other regresses on (a scaled drop makes the lower rate a fraction of the higher, which a
+    regression the other way round would let reach past it); with equal means both ways round,
+    met halfway, so swapping the ends only swaps the sides."""
     return _side_rates(prior, _counts(good), _counts(bad))
 
 

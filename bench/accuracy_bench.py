@@ -70,6 +70,7 @@ from bisect_npu.oracle.accuracy.stats import step_bound
 from bisect_npu.oracle.config import AccuracyConfig, FocusConfig
 from bisect_npu.orchestration.opening.state import accuracy_weight
 from bisect_npu.orchestration.running.earlier_results import control_stages, control_standing
+from bisect_npu.recipe.schema import AccuracySpec, CommandHarnessSpec, SamplingSpec
 from bisect_npu.records import StepRecord
 from bisect_npu.search import Evidence, Found, Next, SearchProblem, Weight, decide
 
@@ -309,6 +310,9 @@ def accuracy_config(s: Scenario, earlier: bool = False) -> AccuracyConfig:
     focus = FocusConfig(batch=batch)
     if earlier and s.growth_with_earlier:
         focus = FocusConfig(batch=batch, growth=s.growth_with_earlier)
+    if s.rho >= 1:  # greedy-like: answered at temperature 0, as the recipe's sampling tells the oracle
+        return AccuracySpec(harness="command", dataset="bench", command=CommandHarnessSpec(argv=["bench"]),
+                            sampling=SamplingSpec(temperature=0.0), repeats=repeats, confidence=CONFIDENCE, focus=focus)
     return AccuracyConfig(repeats=repeats, confidence=CONFIDENCE, focus=focus)
 
 

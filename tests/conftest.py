@@ -91,6 +91,25 @@ def demo_base_image(docker_client) -> str:
     return DEMO_BASE_IMAGE
 
 
+@pytest.fixture()
+def one_commit_upstream(tmp_path, docker_client, demo_base_image):
+    """(path, sha) of a one-commit repository whose Dockerfile only copies its tree, unique to the
+    test (nothing of an earlier run is reused); its images removed from the engine afterwards."""
+    import uuid
+
+    import git
+
+    from tests.helpers.gitrepo import make_linear_repo
+
+    path = tmp_path / f"upstream-{uuid.uuid4().hex[:8]}"
+    make_linear_repo(path, 1, files=lambda i: {"Dockerfile": f"FROM {demo_base_image}\nCOPY . /workspace/app\n",
+                                               "app.py": f"NONCE = {uuid.uuid4().hex!r}\n"})
+    commit = git.Repo(path).head.commit.hexsha
+    yield path, commit
+    for image in docker_client.api.images(filters={"label": f"org.bisect-npu.commit={commit}"}):
+        docker_client.api.remove_image(image["Id"], force=True)
+
+
 @pytest.fixture(scope="session")
 def demo_upstream(tmp_path_factory):
     """The demo upstream (seed 0) generated once per test session: (repository path, manifest)."""

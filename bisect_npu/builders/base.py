@@ -8,7 +8,7 @@ from typing import Literal, Protocol
 
 from pydantic import BaseModel, Field
 
-from bisect_npu.errors import BisectError
+from bisect_npu.errors import BisectError, InfrastructureError
 
 LOG_TAIL_LINES = 30
 # Labels on every image our builders make; the cache prunes by them and the executor checks by them
@@ -44,6 +44,13 @@ class BuildFailed(BisectError):
         super().__init__(message)
         self.log_path = log_path
         self.log_tail = log_tail
+
+
+class ImageGone(InfrastructureError):
+    """The candidate's image left the container engine between its acquire and its run: removed
+    (another session's prune, a user's `rmi`) or its name moved to another image. Not the engine
+    failing: acquiring the commit again finds the miss and builds it (or names its image again),
+    so the evaluator does that before it stops the session (exit 5)."""
 
 
 class Environment(BaseModel):

@@ -142,35 +142,47 @@ class ImageCache:
 
     def prune(self, log: IO[str] | None = None) -> list[str]:
         """Remove unpinned images, least recently used first, until the total fits; return their ids.
-        Each image kept for another session's sake gets a line in `log`."""
+        Each image kept for another session's sake gets a line in `log`. Passes over the one listing
+        until one removes nothing: a full image the engine refused while overlays stood on it is
+        removable once a later image in the same pass took them away."""
         import docker.errors
 
         with self._lock:
             listing = list_images(self.client.api, {"label": LABEL_KIND})
             rows = sorted(self.images(listing), key=lambda row: row[2])
             total = sum(size for _, size, _ in rows)
-            if total <= self.max_bytes:
-                return []
             listed = {row["Id"]: row for row in listing}
             now = time.time()
             removed: list[str] = []
-            for image_id, size, last_use in rows:
-                if total <= self.max_bytes:
+            gone: set[str] = set()  # removed meanwhile by another session: counted no more
+            why: dict[str, str] = {}  # the images kept in the last pass, and why
+            while total > self.max_bytes:
+                why.clear()
+                before = len(removed) + len(gone)
+                for image_id, size, last_use in rows:
+                    if total <= self.max_bytes:
+                        break
+                    if image_id in self._pinned or image_id in removed or image_id in gone:
+                        continue
+                    why_kept = self._kept_for_others(image_id, listed[image_id], last_use, now)
+                    if why_kept is None:
+                        try:
+                            why_kept = remove_unforced(self.client.api, image_id,
+                                                       listed[image_id].get("RepoTags") or [])
+                        except docker.errors.ImageNotFound:
+                            gone.add(image_id)
+                            total -= size
+                            continue
+                    if why_kept is not None:
+                        why[image_id] = why_kept
+                        continue
+                    total -= size
+                    removed.append(image_id)
+                if len(removed) + len(gone) == before:
                     break
-                if image_id in self._pinned:
-                    continue
-                why_kept = self._kept_for_others(image_id, listed[image_id], last_use, now)
-                if why_kept is None:
-                    try:
-                        why_kept = remove_unforced(self.client.api, image_id, listed[image_id].get("RepoTags") or [])
-                    except docker.errors.ImageNotFound:
-                        continue  # another session removed it meanwhile
-                if why_kept is not None:
-                    if log is not None:
-                        log.write(f"# cache: kept {image_id} over the budget: {why_kept}\n")
-                    continue
-                total -= size
-                removed.append(image_id)
+            if log is not None:
+                for image_id, why_kept in why.items():
+                    log.write(f"# cache: kept {image_id} over the budget: {why_kept}\n")
             if removed:
                 state = self._load()
                 for image_id in removed:

@@ -28,7 +28,7 @@ from collections.abc import Callable, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from importlib import resources
 from pathlib import Path
-from typing import IO, Any
+from typing import IO, Any, Literal
 
 import git
 
@@ -56,6 +56,9 @@ from bisect_npu.errors import InfrastructureError
 LABEL_TOOL_VERSION = "org.bisect-npu.tool-version"
 LABEL_VERSION = "org.bisect-npu.candidate-version"  # the version the candidate's package reports
 OVERLAY_HELPER_DIR = "/tmp/bisect-npu-overlay"
+# Listings of a build key's images one acquire makes at most while the images they name leave the
+# engine before their use (`_make`); then the commit is built.
+LISTINGS = 3
 _CONTEXT_COPY = re.compile(r"^\s*(?:COPY|ADD)\s+(?:--\S+\s+)*\.\/?\s+(/\S*)\s*$", re.IGNORECASE | re.MULTILINE)
 
 
@@ -163,26 +166,72 @@ class DockerBuilder:
         log_dir.mkdir(parents=True, exist_ok=True)
         log_path = log_dir / f"build-{commit[:12]}.log"
         with self._lock_for(key.digest):
-            # Low-level API calls throughout: the SDK's objects re-inspect every image, and on an
-            # overlay (a second) those extra round trips would be most of the time.
-            same_key = list_images(self.client.api, {"label": f"{LABEL_KEY}={key.digest}"})
-            if not same_key and self._adopt_release(key, log_path):  # a published release is this key's build
-                same_key = list_images(self.client.api, {"label": f"{LABEL_KEY}={key.digest}"})
-            mine = [row for row in same_key if (row.get("Labels") or {}).get(LABEL_COMMIT) == commit]
-            full = [row for row in same_key if (row.get("Labels") or {}).get(LABEL_KIND) == "full"
-                    and self._known((row.get("Labels") or {}).get(LABEL_COMMIT, ""))]
-            if mine:
-                image_id, how = self._reuse(commit, mine[0], log_path), "reused"
-            elif full and self.overlays and source_dir is not None:
-                image_id, how = self._overlay(commit, key, full[0], source_dir, version, log_path), "overlay"
-            else:
-                image_id, how = self._full_build(commit, key, source_dir, version, log_path), "built"
+            image_id, how = self._make(commit, key, source_dir, version, log_path)
         if self.cache is not None:
             self.cache.use(image_id, pin=True)
             with log_path.open("a", encoding="utf-8") as log:
                 self.cache.prune(log)
         return Environment(kind="image", commit=commit, build_key=key.digest, image=self.tag(commit), how=how,
                            seconds=round(time.monotonic() - started, 3), log_path=str(log_path))
+
+    def _make(self, commit: str, key: BuildKey, source_dir: str | None, version: str,
+              log_path: Path) -> tuple[str, Literal["built", "overlay", "reused"]]:
+        """The commit's image id and how it was made: its own image reused, an overlay on a full
+        image of its key, or a full build. An image the listing named that leaves the engine before
+        it is used (another session's prune, a removal) is a cache miss: listed again without it,
+        and at the end built; the build log says so. An engine that fails otherwise: exit 5."""
+        import docker.errors
+        import requests
+
+        gone: list[str] = []
+        made: tuple[str, Literal["built", "overlay", "reused"]] | None = None
+        for _ in range(LISTINGS):
+            # Low-level API calls throughout: the SDK's objects re-inspect every image, and on an
+            # overlay (a second) those extra round trips would be most of the time.
+            same_key = [row for row in list_images(self.client.api, {"label": f"{LABEL_KEY}={key.digest}"})
+                        if row["Id"] not in gone]
+            if not same_key and not gone and self._adopt_release(key, log_path):  # a release is this key's build
+                same_key = list_images(self.client.api, {"label": f"{LABEL_KEY}={key.digest}"})
+            mine = [row for row in same_key if (row.get("Labels") or {}).get(LABEL_COMMIT) == commit]
+            full = [row for row in same_key if (row.get("Labels") or {}).get(LABEL_KIND) == "full"
+                    and self._known((row.get("Labels") or {}).get(LABEL_COMMIT, ""))]
+            row = mine[0] if mine else full[0] if full and self.overlays and source_dir is not None else None
+            if row is None:
+                break
+            try:
+                if mine:
+                    made = self._reuse(commit, row, log_path), "reused"
+                else:
+                    assert source_dir is not None  # a full image is `row` only with a source dir to lay over it
+                    made = self._overlay(commit, key, row, source_dir, version, log_path), "overlay"
+                break
+            except (docker.errors.APIError, requests.exceptions.RequestException) as exc:
+                if not self._gone(str(row["Id"])):
+                    raise InfrastructureError(f"the container engine failed on image {row['Id']} of {commit[:12]} "
+                                              f"({getattr(exc, 'explanation', None) or exc}); run again "
+                                              "(`bisect-npu resume` for a session)") from exc
+                gone.append(str(row["Id"]))
+        if made is None:
+            built: tuple[str, Literal["built", "overlay", "reused"]] = (
+                self._full_build(commit, key, source_dir, version, log_path), "built")
+            made = built
+        if gone:
+            with log_path.open("a", encoding="utf-8") as log:
+                log.write(f"# {made[1]}: image(s) {', '.join(gone)} of key {key.digest} left the container engine "
+                          "between their listing and their use (another session's prune, a removal): a cache miss\n")
+        return made
+
+    def _gone(self, image_id: str) -> bool:
+        """Whether the engine no longer has `image_id` (an engine that cannot say: not gone)."""
+        import docker.errors
+
+        try:
+            self.client.api.inspect_image(image_id)
+        except docker.errors.ImageNotFound:
+            return True
+        except docker.errors.DockerException:
+            return False
+        return False
 
     def release(self, env: Environment) -> None:
         """The candidate is done: its image may be pruned later (full images stay pinned as bases)."""
@@ -200,9 +249,11 @@ class DockerBuilder:
             return self._locks.setdefault(digest, threading.Lock())
 
     def _reuse(self, commit: str, row: Mapping[str, Any], log_path: Path) -> str:
+        """The listed image of the commit, named `tag(commit)` again even where the listing shows
+        that name on it: the tag costs what a check would, puts back a name moved since, and fails
+        (NotFound) where the image left the engine since the listing (`_make`: a cache miss)."""
         tags = {re.sub(r"^(docker\.io|localhost)/", "", t) for t in row.get("RepoTags") or []}
-        if self.tag(commit) not in tags:
-            self.client.api.tag(row["Id"], self.repository, f"commit-{commit[:12]}")
+        self.client.api.tag(row["Id"], self.repository, f"commit-{commit[:12]}")
         with log_path.open("a", encoding="utf-8") as log:
             log.write(f"reused image {row['Id']} ({', '.join(sorted(tags))})\n")
         return str(row["Id"])
@@ -290,33 +341,45 @@ class DockerBuilder:
         """`env`'s image with one more layer: the overlay helper runs `plan` (clearing the tree
         being replaced), then `tree` (a tar rooted at `/`) is copied in and committed, tagged by
         `key` (builders/dependency.py: an upstream commit with a dependency's tree at one of its
-        commits). An image of that key made before is reused."""
+        commits). An image of that key made before is reused; one the listing named that has left
+        the engine since (another session's prune) is made again. The cache is pruned after a new
+        layer, as after any acquire."""
         assert env.image is not None
         tag = layer_tag(key)
         api = self.client.api
         made = list_images(api, {"label": f"{LABEL_KEY}={key}"})
         log_path.parent.mkdir(parents=True, exist_ok=True)
         with log_path.open("w", encoding="utf-8") as log:
-            if made:
-                image_id = str(made[0]["Id"])
-                log.write(f"reused {self.repository}:{tag} ({image_id})\n")
-                self._pin_layer(f"{self.repository}:{tag}")
+            if made and self._pin_layer(f"{self.repository}:{tag}"):
+                log.write(f"reused {self.repository}:{tag} ({made[0]['Id']})\n")
                 return env.model_copy(update={"image": f"{self.repository}:{tag}", "how": "reused",
                                               "log_path": str(log_path)})
+            if made:
+                log.write(f"# {self.repository}:{tag} ({made[0]['Id']}) left the container engine since its listing "
+                          "(another session's prune, a removal): a cache miss, made again\n")
             base = str(api.inspect_image(env.image)["Id"])
             labels = {LABEL_COMMIT: env.commit, LABEL_KEY: key, LABEL_TOOL_VERSION: __version__,
                       LABEL_KIND: DEPENDENCY_KIND, LABEL_PARENT: base}
             log.write(f"# {key}: tree laid over {env.image} ({base}); plan {json.dumps(plan)}\n")
             image_id = self._commit_layer(base, plan, tree, labels, tag, log, log_path)
             log.write(f"committed {self.repository}:{tag} ({image_id})\n")
-        self._pin_layer(f"{self.repository}:{tag}")
+            if self.cache is not None:
+                self.cache.use(image_id, pin=True)
+                self.cache.prune(log)
         return env.model_copy(update={"image": f"{self.repository}:{tag}", "how": "overlay", "log_path": str(log_path)})
 
-    def _pin_layer(self, image: str) -> None:
+    def _pin_layer(self, image: str) -> bool:
         """Held until unpin_layer (by the id inspect gives, as unpin_layer finds it): a prune must
-        not take a layer while its candidate runs."""
+        not take a layer while its candidate runs. False when the engine no longer has it."""
+        import docker.errors
+
+        try:
+            image_id = str(self.client.api.inspect_image(image)["Id"])
+        except docker.errors.ImageNotFound:
+            return False
         if self.cache is not None:
-            self.cache.use(str(self.client.api.inspect_image(image)["Id"]), pin=True)
+            self.cache.use(image_id, pin=True)
+        return True
 
     def unpin_layer(self, env: Environment) -> None:
         """A layer's candidate is done: its image may be pruned later."""

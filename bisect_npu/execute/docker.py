@@ -23,7 +23,15 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, Field
 
 from bisect_npu import __version__
-from bisect_npu.builders.base import DEPENDENCY_KIND, LABEL_COMMIT, LABEL_KEY, LABEL_KIND, Environment, layer_tag
+from bisect_npu.builders.base import (
+    DEPENDENCY_KIND,
+    LABEL_COMMIT,
+    LABEL_KEY,
+    LABEL_KIND,
+    Environment,
+    ImageGone,
+    layer_tag,
+)
 from bisect_npu.errors import InfrastructureError, UsageError
 from bisect_npu.execute.base import RunResult, probe_log_path, with_outputs
 from bisect_npu.execute.devices import DevicePool
@@ -326,8 +334,8 @@ class DockerExecutor:
         image = candidate_image(self.client, spec.image, spec.labels.get(LABEL_COMMIT, ""))
         try:
             container = self.client.containers.create(**{**container_create_kwargs(spec), "image": image})
-        except docker.errors.ImageNotFound as exc:
-            raise InfrastructureError(f"image {spec.image} is gone from the engine; rerun to rebuild it") from exc
+        except docker.errors.ImageNotFound as exc:  # removed since candidate_image read it
+            raise ImageGone(f"image {spec.image} is gone from the engine") from exc
         except docker.errors.APIError as exc:
             raise _refused(spec, exc) from exc
         try:
@@ -419,29 +427,30 @@ def candidate_image(client: Any, image: str, commit: str) -> str:
     between the check and the start. A tag (`...:commit-<sha>`) is a name that any session on the
     same engine may move or remove (a prune, a rebuild, another build of the same key): where the
     image it names now carries another commit's label, running it would judge that commit under
-    this one's name, so the run stops as the host's failure instead (InfrastructureError). A
-    dependency's layer carries its upstream commit's label: its name is checked against its key."""
+    this one's name, so the run stops instead. A name gone or moved is ImageGone (the evaluator
+    acquires the commit again); an engine that cannot answer, InfrastructureError. A dependency's
+    layer carries its upstream commit's label: its name is checked against its key."""
     import docker.errors
 
     try:
         attrs = client.api.inspect_image(image)
     except docker.errors.ImageNotFound as exc:
-        raise InfrastructureError(f"image {image} is gone from the engine; rerun to rebuild it") from exc
+        raise ImageGone(f"image {image} is gone from the engine") from exc
     except docker.errors.APIError as exc:
         raise InfrastructureError(f"the container engine could not say what image {image} is "
                                   f"({exc.explanation or exc}); run again (`bisect-npu resume` for a session)") from exc
     labels = (attrs.get("Config") or {}).get("Labels") or {}
     if labels.get(LABEL_KIND) == DEPENDENCY_KIND:  # a layer is labelled by its upstream commit, named by its key
         if image.rpartition(":")[2] != layer_tag(labels.get(LABEL_KEY, "")):
-            raise InfrastructureError(f"image {image} now holds the layer {labels.get(LABEL_KEY)}, not the candidate "
-                                      f"{commit[:12]}'s: something on this container engine moved the name; nothing "
-                                      "ran: run again (`bisect-npu resume` for a session)")
+            raise ImageGone(f"image {image} now holds the layer {labels.get(LABEL_KEY)}, not the candidate "
+                            f"{commit[:12]}'s: something on this container engine moved the name; nothing "
+                            "ran: run again (`bisect-npu resume` for a session)")
         return str(attrs["Id"])
     labelled = labels.get(LABEL_COMMIT)
     if commit and labelled and labelled != commit:
-        raise InfrastructureError(f"image {image} now holds commit {labelled[:12]}, not the candidate {commit[:12]}: "
-                                  "something on this container engine moved the name (another session's build or "
-                                  "prune); nothing ran: run again (`bisect-npu resume` for a session)")
+        raise ImageGone(f"image {image} now holds commit {labelled[:12]}, not the candidate {commit[:12]}: "
+                        "something on this container engine moved the name (another session's build or "
+                        "prune); nothing ran: run again (`bisect-npu resume` for a session)")
     return str(attrs["Id"])
 
 

@@ -233,6 +233,13 @@ class AccuracyConfig(StrictModel):
                                           "evidence reaches it, and the intervals are drawn at it")
     focus: FocusConfig = Field(default_factory=FocusConfig, description="which samples a candidate runs")
 
+    @property
+    def greedy(self) -> bool:
+        """Whether every answer is the model's likeliest (temperature 0): a sample's runs then agree
+        by construction, so the ends' spreads are known rather than estimated. Unknown here (the
+        recipe's sampling says it: `recipe.schema.AccuracySpec`), so taken as sampled."""
+        return False
+
     @model_validator(mode="after")
     def _baseline_when_asked(self) -> AccuracyConfig:
         if self.reference in ("baseline", "both") and self.baseline is None:

@@ -535,6 +535,11 @@ class AccuracySpec(AccuracyConfig):
         None, description="the ends' per-sample results from runs made before the session, confirmed by a "
                           "control share and used instead of running the whole dataset at each end")
 
+    @property
+    def greedy(self) -> bool:
+        """Temperature 0 sent with every request: the answers are greedy (`AccuracyConfig.greedy`)."""
+        return self.sampling.temperature == 0
+
     @field_validator("dataset")
     @classmethod
     def _local_path(cls, value: str) -> str:

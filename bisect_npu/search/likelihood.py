@@ -28,6 +28,7 @@ from collections.abc import Mapping
 import numpy as np
 from numpy.polynomial.hermite_e import hermegauss
 
+from bisect_npu.search.agreement import agreed_range
 from bisect_npu.search.costs import most_information_per_cost, step_costs
 from bisect_npu.search.types import Decision, EndsWrong, Evidence, Found, Narrowed, Next, Query, SearchProblem
 
@@ -214,20 +215,9 @@ def _answer(problem: SearchProblem, blocks: np.ndarray, block_mass: np.ndarray, 
 def _agreed_range(problem: SearchProblem, lo: int, hi: int, evidence: Mapping[int, Evidence]) -> tuple[int, int]:
     """The answer (lo, hi], or, where its parent's own steps put it on the bad side by at least
     ``answer_log_lr`` (or its culprit's on the good side), the range no position's steps
-    contradict by that much: from the nearest position judged good by that much below every one
-    so judged bad at or under lo (the good end if none), to the nearest judged bad by that much
-    above every one so judged good at or over hi (the bad end if none). By the time the search
-    answers, such a neighbour has spent its steps (it is asked again while short of the bound):
-    the posterior then outweighs decisive steps of its own neighbour only through the other
-    steps and the ends' shared error, and the history disagrees with itself."""
-    bound, n = problem.answer_log_lr, problem.n
-    own = {p: ev.log_lr for p, ev in evidence.items() if 0 < p < n}
-    if bound <= 0 or (own.get(lo, 0.0) < bound and own.get(hi, 0.0) > -bound):
-        return lo, hi
-    judged_bad = [p for p, v in own.items() if p <= lo and v >= bound]
-    judged_good = [p for p, v in own.items() if p >= hi and v <= -bound]
-    if judged_bad:
-        lo = max((p for p, v in own.items() if p < min(judged_bad) and v <= -bound), default=0)
-    if judged_good:
-        hi = min((p for p, v in own.items() if p > max(judged_good) and v >= bound), default=n)
-    return lo, hi
+    contradict by that much (`agreement.agreed_range`). By the time the search answers, such a
+    neighbour has spent its steps (it is asked again while short of the bound): the posterior then
+    outweighs decisive steps of its own neighbour only through the other steps and the ends'
+    shared error, and the history disagrees with itself."""
+    own = {p: ev.log_lr for p, ev in evidence.items() if 0 < p < problem.n}
+    return agreed_range(own, problem.answer_log_lr, lo, hi, problem.n)

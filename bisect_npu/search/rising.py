@@ -51,13 +51,17 @@ def _back(n: int, decision: Decision) -> Decision:
     if isinstance(decision, Next):
         return Next(tuple(Query(n - q.index, q.trials) for q in decision.queries))
     if isinstance(decision, Found):
-        return Found(n + 1 - decision.index, decision.confidence, _sides_swapped(decision.figures))
+        return Found(n + 1 - decision.index, decision.confidence, _sides_swapped(n, decision.figures))
     if isinstance(decision, Narrowed):
-        return Narrowed(n - decision.hi, n - decision.lo, _sides_swapped(decision.figures))
+        return Narrowed(n - decision.hi, n - decision.lo, _sides_swapped(n, decision.figures))
     return EndsWrong(_SWAPPED[decision.which], decision.figures)
 
 
-def _sides_swapped(figures: dict[str, float]) -> dict[str, float]:
-    """The answer's side means in the search's terms: the mirrored good side is the fixed one."""
+def _sides_swapped(n: int, figures: dict[str, float]) -> dict[str, float]:
+    """The answer's side means in the search's terms (the mirrored good side is the fixed one), and
+    the culprit a range's runs disagree with in its positions."""
     names = {"good_mean": "bad_mean", "bad_mean": "good_mean"}
-    return {names.get(name, name): value for name, value in figures.items()}
+    swapped = {names.get(name, name): value for name, value in figures.items()}
+    if "disagreeing_culprit" in swapped:  # a mirrored culprit c is the fix n + 1 - c
+        swapped["disagreeing_culprit"] = n + 1 - swapped["disagreeing_culprit"]
+    return swapped

@@ -43,7 +43,11 @@ the posterior the fall weighed is that of the log-odds against it, what the stop
 on: the entropy would still pay for runs that only reorder the small masses far from it. The ends
 are asked like any position: a run of either sharpens the means every step is judged by, and
 nothing makes them special but that the posterior never puts the change outside them. The answer
-is the block of positions that skips cannot split holding ``confidence``; the ends are wrong when
+is the block of positions that skips cannot split holding ``confidence``, never a culprit whose
+own runs, or its parent's, contradict it by the odds the answer is held to (``own_log_lr``: what
+a position's runs alone say against the session's other runs, which the line's lean, the
+baseline and the earlier runs can outweigh): the range the runs agree on instead
+(`agreement.agreed_range`, as likelihood mode). The ends are wrong when
 the model over the session's runs makes it ``confidence`` sure that the bad side does not lie
 under the good side's line (``ends_under_line``).
 """
@@ -55,6 +59,7 @@ from collections.abc import Mapping, Sequence
 
 import numpy as np
 
+from bisect_npu.search.agreement import agreed_range
 from bisect_npu.search.costs import build_costs
 from bisect_npu.search.entropy import entropy
 from bisect_npu.search.types import (
@@ -418,7 +423,7 @@ def decide_levels(problem: SearchProblem, evidence: Mapping[int, Evidence]) -> D
     best = int(np.argmax(block_mass))
     unmeasured = _side_unmeasured(n, runs, evidence, blocks, best, problem.max_trials_per_query)
     if block_mass[best] >= problem.confidence and unmeasured is None:
-        return _answer(n, runs, blocks, block_mass, best, under)
+        return _answer(problem, runs, blocks, block_mass, best, under)
     if block_mass[best] >= problem.confidence:
         assert unmeasured is not None
         return Next((Query(unmeasured),))
@@ -429,7 +434,7 @@ def decide_levels(problem: SearchProblem, evidence: Mapping[int, Evidence]) -> D
                and OPEN_SHARE < float(cumulative[x - 1]) < 1 - OPEN_SHARE]
     asked = [i for i in (0, *askable, n) if room[i] > 0]
     if not asked:
-        return _answer(n, runs, blocks, block_mass, best, under)
+        return _answer(problem, runs, blocks, block_mass, best, under)
     costs = build_costs(problem, evidence)
     for i in runs:
         costs[i] = 0.0
@@ -455,8 +460,7 @@ def _side_unmeasured(n: int, runs: Mapping[int, Sequence[float]], evidence: Mapp
     """Where the block ``best`` has a side without a run of the session (only the nightly's host
     speaks for it): the block's end on that side, else that side's end of the range; None when
     both sides have one (or no run there is left to ask). An answer rests on this host's runs."""
-    members = np.flatnonzero(blocks == best) + 1
-    lo, hi = int(members[0]) - 1, int(members[-1])
+    lo, hi = _bounds(blocks, best)
     for side, near, far in ((range(0, lo + 1), lo, 0), (range(hi, n + 1), hi, n)):
         if any(runs.get(i) for i in side):
             continue
@@ -467,15 +471,70 @@ def _side_unmeasured(n: int, runs: Mapping[int, Sequence[float]], evidence: Mapp
     return None
 
 
-def _answer(n: int, runs: Mapping[int, Sequence[float]], blocks: np.ndarray, block_mass: np.ndarray,
-            best: int, under: float | None) -> Decision:
-    members = np.flatnonzero(blocks == best) + 1
-    lo, hi = int(members[0]) - 1, int(members[-1])
+def _answer(problem: SearchProblem, runs: Mapping[int, Sequence[float]], blocks: np.ndarray,
+            block_mass: np.ndarray, best: int, under: float | None) -> Decision:
+    """The block ``best``: a culprit, or the range of skipped commits no run can split; the range
+    the runs agree on where its parent's or culprit's own runs contradict it (``own_log_lr``)."""
+    lo, hi = _bounds(blocks, best)
     below = [v for i, values in runs.items() if i <= lo for v in values]
     above = [v for i, values in runs.items() if i >= hi for v in values]
     means = {name: float(np.mean(values)) for name, values in (("good_mean", below), ("bad_mean", above)) if values}
     figures = {"posterior": float(block_mass[best]), **means, "runs": float(sum(len(v) for v in runs.values())),
                **({"ends_under_line": under} if under is not None else {})}
+    agreed = agreed_range(own_log_lr(problem.n, runs, problem.threshold, lo, hi), _own_bound(problem), lo, hi,
+                          problem.n)
+    if agreed != (lo, hi):
+        return Narrowed(*agreed, figures={**figures, "disagreeing_culprit": float(hi)})
     if hi - lo == 1:
         return Found(hi, confidence=float(block_mass[best]), figures=figures)
     return Narrowed(lo, hi, figures=figures)
+
+
+def _bounds(blocks: np.ndarray, best: int) -> tuple[int, int]:
+    """The block ``best`` as a range (lo, hi]: its culprit's parent and its last position."""
+    members = np.flatnonzero(blocks == best) + 1
+    return int(members[0]) - 1, int(members[-1])
+
+
+def _own_bound(problem: SearchProblem) -> float:
+    """The ratio a neighbour's own runs must reach against the answer to contradict it: the odds
+    the answer itself is held to (``confidence``)."""
+    return math.log(problem.confidence / (1 - problem.confidence))
+
+
+def own_log_lr(n: int, runs: Mapping[int, Sequence[float]], threshold: float, lo: int, hi: int) -> dict[int, float]:
+    """Each inner position's own log likelihood ratio under the answer (lo, hi]: log P(its runs |
+    it on the bad side) - log P(them | on the good side), the two levels and the spread learned
+    from the session's other runs (both means flat, the spread under the posterior's prior); the
+    marginal likelihood of every run of the session with the position moved to the other side
+    against it where it is. It is what the position's runs alone say, without the line's lean, the
+    baseline or the earlier runs: the evidence the answer could outweigh. Positions without runs,
+    and one whose side would be left without a run, have none."""
+    center = _center(runs)
+    count, total, squares = _side_sums(n, runs, center)
+    level = _level(count, total, center)
+    good = np.arange(n + 1) <= lo
+    sides = np.array([[a[good].sum(), a[~good].sum()] for a in (count, total, squares)])  # (sum kind, side)
+    own: dict[int, float] = {}
+    for p in runs:
+        if not 0 < p < n or (lo < p < hi):
+            continue
+        mine = np.array([count[p], total[p], squares[p]])
+        here, there = (0, 1) if good[p] else (1, 0)
+        if sides[0, here] <= mine[0]:
+            continue
+        moved = sides.copy()
+        moved[:, here] -= mine
+        moved[:, there] += mine
+        as_is, other = _two_sides_log_lik(sides, level, threshold), _two_sides_log_lik(moved, level, threshold)
+        own[p] = other - as_is if good[p] else as_is - other
+    return own
+
+
+def _two_sides_log_lik(sides: np.ndarray, level: np.ndarray, threshold: float) -> float:
+    """log of (n_L n_R)^(-1/2) S^(-df/2) for two sides' sums (rows: count, sum, sum of squares;
+    columns: good, bad), the spread's prior joined (``_with_spread_prior``)."""
+    count, total, squares = sides
+    within = float((squares - total * total / count).sum())
+    spread, df = _with_spread_prior(np.array([max(within, _TINY)]), float(count.sum()), level, threshold)
+    return float(-0.5 * math.log(count[0] * count[1]) - df / 2.0 * math.log(float(spread.ravel()[0])))

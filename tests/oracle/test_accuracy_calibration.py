@@ -288,6 +288,37 @@ def test_the_ends_spreads_are_read_both_ways() -> None:
     assert greedy.readings() == [greedy]  # ends whose one run a sample fixed the correlation exactly
 
 
+def test_the_ends_spreads_drop_a_reading_they_rule_out() -> None:
+    """Both ends ran their samples four times (30 samples, 80% -> 67%): spreads near one
+    correlation, measured tightly, rule out one coefficient of variation, and the step weighs
+    the correlation alone (as sure as that reading, not the less sure one); the scaled drop's
+    spreads the other way round. Spreads within their noise of either tie, ends that borrowed a
+    spread, a tighter confidence (less margin to spend) or no confidence given: both readings."""
+    def ends(bad_var: float, error: float, borrowed: str | None = None) -> stats.JointPrior:
+        return stats.JointPrior(0.80, 0.67, 0.5 * 0.80 * 0.20, bad_var, 0.04, error, error, 30, borrowed)
+
+    one_icc = ends(0.45 * 0.67 * 0.33, 0.007)
+    assert len(one_icc.readings()) == 2 and stats.evident_readings(one_icc, 0.99) == one_icc.readings()[:1]
+    assert stats.evident_readings(one_icc) == one_icc.readings()
+    assert len(stats.evident_readings(one_icc, 0.9999)) == 2
+    scaled = ends(1.1 * 0.5 * 0.80 * 0.20 * (0.67 / 0.80) ** 2, 0.005)
+    assert len(scaled.readings()) == 2 and stats.evident_readings(scaled, 0.99) == scaled.readings()[1:]
+    assert len(stats.evident_readings(ends(0.45 * 0.67 * 0.33, 0.012), 0.99)) == 2
+    assert len(stats.evident_readings(ends(0.45 * 0.67 * 0.33, 0.007, "bad"), 0.99)) == 2
+
+    rng = np.random.default_rng(3)
+    good = outcomes(rng.binomial(4, rng.beta(0.8, 0.2, 30)), 4)
+    bad = [s.model_copy(update={"correct": 0.0}) if i % 5 == 0 else s for i, s in enumerate(good)]
+    candidate = [s for i, s in enumerate(bad) if i % 5 == 0][:4]
+    prior = stats.fit_joint(good, bad)
+    kept = stats.evident_readings(prior, 0.99)
+    assert len(prior.readings()) == 2 and len(kept) == 1
+    alone = stats._reading_evidence(candidate, stats.by_id(good), stats.by_id(bad), stats._spread_nodes(kept[0]),
+                                    stats.mean_errors(good, bad, prior)).log_lr
+    assert stats.step_evidence(candidate, good, bad, prior, 0.99).log_lr == pytest.approx(alone)
+    assert 0 < stats.step_evidence(candidate, good, bad, prior).log_lr < alone
+
+
 def test_an_end_that_ran_its_samples_once_borrows_the_other_s_spread_read_both_ways() -> None:
     """Where only one end repeated its samples, the other's spread is the measured end's
     correlation or, read as a scaled drop, its coefficient of variation."""
@@ -300,3 +331,28 @@ def test_an_end_that_ran_its_samples_once_borrows_the_other_s_spread_read_both_w
     assert by_cv.bad_var == by_icc.bad_var
     assert by_cv.good_var == pytest.approx(max(stats.MIN_VAR, by_icc.bad_var * (prior.good_mean / prior.bad_mean) ** 2))
     assert stats.fit_joint(good, [s.model_copy(update={"runs": 1}) for s in good]).borrowed == "bad"
+
+
+def test_no_sample_right_only_at_the_lower_end_leaves_a_sampled_correlation_unsure() -> None:
+    """One run a sample and no sample right only at the lower end (common at ICC 0.9 on 200
+    samples): sampled answers keep an error on the correlation, so a scaled drop is still read
+    both ways; greedy answers (temperature 0) repeat by construction, their spreads known."""
+    good = outcomes([1] * 160 + [0] * 40, 1)
+    bad = outcomes([1] * 140 + [0] * 60, 1)
+    assert stats.fit_prior(good, bad).rho_error > 0.01
+    assert stats.fit_prior(good, bad, greedy=True).rho_error == 0
+    assert len(stats.fit_joint(good, bad).readings()) == 2
+    assert len(stats.fit_joint(good, bad, greedy=True).readings()) == 1
+    many = outcomes([1] * 150 + [0] * 10 + [1] * 10 + [0] * 30, 1)  # ten right only at the lower end
+    assert stats.fit_prior(good, many).rho_error == pytest.approx(stats.fit_prior(good, many, greedy=True).rho_error,
+                                                                  rel=0.05)
+
+
+def test_the_scaled_reading_ties_the_rates_where_an_end_ran_its_samples_once() -> None:
+    """A scaled drop makes each sample's lower rate its higher one times one factor: the scaled
+    reading ties the two fully, whatever the covariance the one-run table measured; the one
+    correlation reading keeps that covariance."""
+    one = stats.JointPrior(0.82, 0.70, 0.6 * 0.82 * 0.18, 0.6 * 0.70 * 0.30, 0.05, 0.01, 0.01, 200, "bad")
+    icc, cv = one.readings()
+    assert icc.cov == one.cov
+    assert cv.cov == pytest.approx(0.999 * math.sqrt(cv.good_var * cv.bad_var))

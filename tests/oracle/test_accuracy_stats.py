@@ -14,6 +14,7 @@ from bisect_npu.oracle.accuracy import stats
 from bisect_npu.oracle.accuracy.focus import discordant_ids, focus_ids, round_plan
 from bisect_npu.oracle.accuracy.judge import judge_accuracy
 from bisect_npu.oracle.config import AccuracyConfig, FocusConfig
+from bisect_npu.recipe.schema import AccuracySpec, CommandHarnessSpec, SamplingSpec
 
 
 def outcomes(counts: np.ndarray | list[int], runs: int = 1, prefix: str = "s") -> list[SampleOutcome]:
@@ -118,14 +119,16 @@ def _subset_broken(rng: np.random.Generator, good_rates: np.ndarray, drop: float
 
 def test_one_run_an_end_carries_the_correlations_error_into_the_spreads() -> None:
     """From single runs the spreads are estimates with an error (steps average over where they may
-    lie); greedy ends, where no sample the lower end got right did the higher end get wrong, know
-    them exactly."""
+    lie), even where no sample the lower end got right did the higher end get wrong; greedy ends
+    (temperature 0) know them exactly."""
     rng = np.random.default_rng(9)
     good, bad = outcomes(rng.binomial(1, 0.82, 200)), outcomes(rng.binomial(1, 0.70, 200))
     prior = stats.fit_joint(good, bad)
     assert prior.good_var_error > 0 and prior.bad_var_error > 0
     assert prior.rho < stats.STEER_MIN_RHO
-    greedy = stats.fit_joint(outcomes([1] * 140 + [1] * 24 + [0] * 36), outcomes([1] * 140 + [0] * 24 + [0] * 36))
+    ends = outcomes([1] * 140 + [1] * 24 + [0] * 36), outcomes([1] * 140 + [0] * 24 + [0] * 36)
+    assert stats.fit_joint(*ends).good_var_error > 0
+    greedy = stats.fit_joint(*ends, greedy=True)
     assert greedy.good_var_error == 0 and greedy.bad_var_error == 0
     assert greedy.rho >= stats.STEER_MIN_RHO
 
@@ -337,12 +340,13 @@ def test_an_end_run_once_against_one_that_repeated_carries_the_correlations_erro
 
 
 def test_where_samples_repeat_a_step_stops_at_the_steering_bound_and_broken_elsewhere_weighs_the_full() -> None:
-    """Greedy-like ends (every sample right or wrong at both, 10 broken): one broken sample run
-    wrong settles a step at the steering bound, short of the answer's; a candidate broken
-    elsewhere still weighs the full bound."""
+    """Greedy ends (temperature 0; every sample right or wrong at both, 10 broken): one broken
+    sample run wrong settles a step at the steering bound, short of the answer's; a candidate
+    broken elsewhere still weighs the full bound."""
     good = outcomes([1] * 10 + [1] * 90)
     bad = outcomes([0] * 10 + [1] * 90)
-    cfg = AccuracyConfig(focus=FocusConfig(control=60))
+    cfg = AccuracySpec(harness="command", dataset="samples.jsonl", command=CommandHarnessSpec(argv=["harness"]),
+                       sampling=SamplingSpec(temperature=0.0), focus=FocusConfig(control=60))
     mine = [SampleOutcome(id="s0", correct=0.0)]
     verdict = judge_accuracy(cfg, [observe(mine)], [observe(good)], [observe(bad)], role="candidate", final=False)
     full = stats.step_bound(cfg.confidence)
@@ -403,3 +407,23 @@ def test_greedy_ends_a_candidate_like_the_good_end_passes_the_control_test_and_o
     failing = [SampleOutcome(id=s.id, correct=0.0) if k < 9 else s for k, s in enumerate(control)]
     diff, p = stats.control_p(failing, good, bad, prior)
     assert diff == pytest.approx(-9 / 90, abs=0.01) and p <= 0.01 / 3
+
+
+def test_a_candidate_between_the_sides_on_the_control_samples_is_not_broken_elsewhere() -> None:
+    """A scaled drop at one run a sample, the good end measured high: a good commit scores below
+    the good side's rates on the samples the ends agreed on but above the bad side's, which a
+    drop explains; only a candidate below both sides is broken elsewhere."""
+    rng = np.random.default_rng(7)
+    good, bad = outcomes(rng.binomial(1, 0.9, 300)), outcomes(rng.binomial(1, 0.7, 300))
+    discordant = set(discordant_ids(good, bad))
+    control = [s for s in good if s.id not in discordant]
+    cfg = AccuracyConfig(repeats=1, confidence=0.99)
+
+    def judged(rate: float) -> dict[str, object]:
+        mine = [SampleOutcome(id=s.id, correct=float(rng.random() < rate), runs=1) for s in control]
+        return judge_accuracy(cfg, [observe(mine)], [observe(good)], [observe(bad)], role="candidate",
+                              final=True).figures
+
+    between = judged(0.8)
+    assert between["control_p"] <= 0.01 / 3 and not between["broken_elsewhere"]
+    assert judged(0.4)["broken_elsewhere"]

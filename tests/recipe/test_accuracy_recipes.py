@@ -63,6 +63,7 @@ def test_the_field_report_s_sampling_and_the_paper_s_baselines() -> None:
         sampling = recipe.cases[0].sampling
         assert (sampling.temperature, sampling.top_p, sampling.max_tokens) == (0.6, 0.95, 32768)
         assert recipe.accuracy.repeats > 1  # sampled: a question's correctness is a rate
+        assert not recipe.accuracy.greedy  # the oracle estimates how the samples' runs spread
         assert (recipe.accuracy.reference, recipe.accuracy.baseline, recipe.accuracy.threshold) == (
             "both", baseline, 10)
 
@@ -70,6 +71,7 @@ def test_the_field_report_s_sampling_and_the_paper_s_baselines() -> None:
 def test_statistical_verification_is_greedy_with_the_determinism_switches() -> None:
     recipe = load_recipe("math500-statistical-verification")
     assert recipe.cases[0].sampling.temperature == 0.0
+    assert recipe.accuracy is not None and recipe.accuracy.greedy  # the oracle takes the spreads as known
     assert recipe.environment["LCCL_DETERMINISTIC"] == "1" and recipe.environment["HCCL_DETERMINISTIC"] == "true"
 
 

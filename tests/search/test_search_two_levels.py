@@ -419,3 +419,64 @@ def test_earlier_runs_that_are_no_throughput_are_refused() -> None:
     for bad in (0.0, -951.0, math.inf, math.nan):
         with pytest.raises(ValueError, match="earlier_levels"):
             decide(SearchProblem(n=4, mode="levels", earlier_levels=((), (bad,))), {})
+
+
+def test_a_positions_own_ratio_is_the_flat_models_odds_of_moving_it_alone() -> None:
+    """The parent's own ratio is the flat model's log odds of the change at the parent against at
+    the culprit (only the parent changes side), the culprit's the odds of the change at it against
+    one after it; positions inside a skipped range and the ends have none."""
+    n, runs = 10, history(6, 10, dict.fromkeys(range(11), 2), seed=7)
+    center = two_levels._center(runs)
+    count, total, squares = two_levels._side_sums(n, runs, center)
+    flat = two_levels._flat_sides(*two_levels._split(count, total, squares), float(count.sum()), center, THRESHOLD,
+                                  two_levels._level(count, total, center))[0]
+    own = two_levels.own_log_lr(n, runs, THRESHOLD, 5, 6)
+    assert own[5] == pytest.approx(flat[4] - flat[5]) and own[6] == pytest.approx(flat[5] - flat[6])
+    assert own[5] < -4 < 4 < own[6] and 0 not in own and n not in own
+    assert 6 not in two_levels.own_log_lr(n, runs, THRESHOLD, 5, 7)
+
+
+def test_an_answer_the_parents_own_runs_contradict_is_the_range_they_agree_on() -> None:
+    """The nightly host's earlier runs (the good end's at 1000, the bad end's at 930) outweigh the
+    session's runs, which put the good end and commit 1 together at 911 and the bad end at 1004:
+    the posterior leans to commit 1 as the culprit, its own runs say good by more than the answer's
+    odds (4.6), every run spent. The search names the range (0, 2], its runs disagreeing."""
+    runs = {0: (909.0, 914.0), 1: (912.0, 910.0), 2: (1004.0, 1005.0)}
+    held = SearchProblem(n=2, mode="levels", threshold=THRESHOLD, max_trials_per_query=2, check_ends=False,
+                         earlier_levels=((930.0, 1000.0, 1000.0, 1000.0, 1000.0), (930.0, 930.0, 930.0, 1000.0)))
+    post = posterior(2, runs, THRESHOLD, None, held.earlier_levels)
+    assert post is not None and int(np.argmax(post)) == 0
+    assert two_levels.own_log_lr(2, runs, THRESHOLD, 0, 1)[1] < -math.log(99)
+    decision = decide(held, {i: Evidence().measure(v) for i, v in runs.items()})
+    assert isinstance(decision, Narrowed) and (decision.lo, decision.hi) == (0, 2)
+    assert decision.figures["disagreeing_culprit"] == 1
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.integers(2, 6), st.integers(1, 3), st.data())
+def test_no_answer_is_named_that_its_neighbours_own_runs_contradict(n: int, k: int, data: st.DataObject) -> None:
+    """Histories whose every position has spent its runs, each at one of two levels or between,
+    with the nightly host's earlier runs and a baseline that may disagree with the session's: a
+    culprit named is never one whose own runs, or its parent's, go against it by the answer's
+    odds; a range named instead holds the culprit the posterior leaned to, and no position outside
+    it has runs so judged against it."""
+    level = st.sampled_from([1000.0, 965.0, 930.0])
+    runs = {i: tuple(data.draw(level) + data.draw(st.floats(-40.0, 40.0)) for _ in range(k)) for i in range(n + 1)}
+    earlier = tuple(tuple(data.draw(st.lists(st.floats(900.0, 1050.0), max_size=12))) for _ in range(2))
+    held = SearchProblem(n=n, mode="levels", threshold=THRESHOLD, max_trials_per_query=k, check_ends=False,
+                         baseline=data.draw(st.sampled_from([None, 1000.0, 930.0])),
+                         earlier_levels=(earlier[0], earlier[1]))
+    decision = decide(held, {i: Evidence().measure(v) for i, v in runs.items()})
+    bound = math.log(99)
+    if isinstance(decision, Found):
+        own = two_levels.own_log_lr(n, runs, THRESHOLD, decision.index - 1, decision.index)
+        assert own.get(decision.index - 1, 0.0) < bound and own.get(decision.index, 0.0) > -bound
+    elif isinstance(decision, Narrowed):
+        culprit = int(decision.figures["disagreeing_culprit"])
+        assert decision.lo < culprit <= decision.hi and decision.hi - decision.lo > 1
+        own = two_levels.own_log_lr(n, runs, THRESHOLD, culprit - 1, culprit)
+        assert own.get(culprit - 1, 0.0) >= bound or own.get(culprit, 0.0) <= -bound
+        assert all(v < bound for i, v in own.items() if i <= decision.lo)
+        assert all(v > -bound for i, v in own.items() if i >= decision.hi)
+    else:
+        assert not isinstance(decision, Next)

@@ -160,13 +160,19 @@ def _judge_bad_end(cfg: AccuracyConfig, mine: list[SampleOutcome], good: list[Sa
 
 def _judge_candidate(cfg: AccuracyConfig, mine: list[SampleOutcome], good: list[SampleOutcome],
                      bad: list[SampleOutcome], figures: dict[str, Any], rounds: int, final: bool | None) -> Verdict:
-    prior = stats.fit_joint(good, bad)
+    prior = stats.fit_joint(good, bad, cfg.greedy)
     bound = stats.stop_bound(cfg.confidence, prior)
     discordant = set(discordant_ids(good, bad))
     control = [s for s in mine if s.id not in discordant]
     control_diff, control_p = stats.control_p(control, good, bad, prior)
-    broken_elsewhere = bool(control) and control_diff < 0 and control_p <= (1 - cfg.confidence) / cfg.max_rounds
-    evidence = stats.step_evidence(mine, good, bad, prior)
+    alpha = (1 - cfg.confidence) / cfg.max_rounds
+    broken_elsewhere = bool(control) and control_diff < 0 and control_p <= alpha
+    if broken_elsewhere:
+        # Below the bad side's rates as well: a scaled drop lowers the control samples too, so a
+        # good commit placed against a good end that read high falls short of the good side alone.
+        below_bad, bad_p = stats.control_p(control, good, bad, prior, side="bad")
+        broken_elsewhere = below_bad < 0 and bad_p <= alpha
+    evidence = stats.step_evidence(mine, good, bad, prior, cfg.confidence)
     log_lr = evidence.log_lr
     imputed = _imputed(mine, good)
     check = _baseline(cfg, imputed)

@@ -16,7 +16,9 @@ Four questions, each answered at the recipe's confidence:
 - Is a focused candidate broken elsewhere? Its correct runs on the control samples (those the
   ends agree on) against what the good side's rates given both ends' runs predict
   (`control_p`), not against the good end's own results, which lean high on samples picked
-  because the ends agreed.
+  because the ends agreed; and below what the bad side's predict too, since where the drop
+  scales every sample a good commit measured against a good end that read high falls short of
+  the good side's rates there as well.
 - Is a score below ``baseline - threshold``? A one-sided interval around the mean of the
   per-sample rates; with several rounds alpha is spent evenly over them (Bonferroni), so looking
   after every round keeps the error rate.
@@ -193,6 +195,9 @@ class EndsPrior:
     bad_mean: float
     rho: float
     rho_error: float = 0.0
+    # One run a sample and no sample right only at the lower end (`_single_run_rho`): the
+    # higher end's correlation reads 1, its error only that of a count of none.
+    none_lower_only: bool = False
 
     @property
     def kappa(self) -> float:
@@ -203,10 +208,10 @@ def _clip_mean(m: float) -> float:
     return min(0.99, max(0.01, m))
 
 
-def fit_prior(good: Sequence[SampleOutcome], bad: Sequence[SampleOutcome]) -> EndsPrior:
+def fit_prior(good: Sequence[SampleOutcome], bad: Sequence[SampleOutcome], greedy: bool = False) -> EndsPrior:
     """Empirical Bayes from the two ends' full runs. With repeats, rho by moments: the spread of
     per-sample rates is m(1-m)(1 + (R-1) rho)/R. With one run each, from the samples only the
-    lower end got right (`_single_run_rho`)."""
+    lower end got right (`_single_run_rho`; `greedy`: answers at temperature 0)."""
     g, b = by_id(good), by_id(bad)
     shared = [i for i in g if i in b]
     good_mean = _clip_mean(sum(g[i].correct for i in shared) / len(shared)) if shared else 0.5
@@ -219,14 +224,14 @@ def fit_prior(good: Sequence[SampleOutcome], bad: Sequence[SampleOutcome]) -> En
             spread = sum((end[i].correct - m) ** 2 for i in shared) / max(1, len(shared) - 1)
             estimates.append((spread * r / (m * (1 - m)) - 1) / (r - 1))
     if not estimates and shared:
-        rho, error = _single_run_rho([g[i] for i in shared], [b[i] for i in shared], good_mean, bad_mean)
-        return EndsPrior(good_mean, bad_mean, min(MAX_RHO, max(MIN_RHO, rho)), error)
+        rho, error = _single_run_rho([g[i] for i in shared], [b[i] for i in shared], good_mean, bad_mean, greedy)
+        return EndsPrior(good_mean, bad_mean, min(MAX_RHO, max(MIN_RHO, rho)), error, rho >= 1)
     rho = sum(estimates) / len(estimates) if estimates else 0.5
     return EndsPrior(good_mean, bad_mean, min(MAX_RHO, max(MIN_RHO, rho)))
 
 
 def _single_run_rho(good: Sequence[SampleOutcome], bad: Sequence[SampleOutcome], good_mean: float,
-                    bad_mean: float) -> tuple[float, float]:
+                    bad_mean: float, greedy: bool = False) -> tuple[float, float]:
     """(the intraclass correlation, its standard error) from one run of each sample at each end.
     The lower end is taken as the higher one with some samples broken: a sample the lower end got
     right and the higher end wrong is then one the regression left alone (a broken one, its rate
@@ -234,14 +239,19 @@ def _single_run_rho(good: Sequence[SampleOutcome], bad: Sequence[SampleOutcome],
     share is lo/hi x E[r (1 - r)] = lo (1 - hi)(1 - rho). The same share comes out exactly where
     every rate fell alike (rates r and r lo/hi: the estimate is then the higher end's
     correlation), so it holds whichever way the drop came; mending samples too only adds to it,
-    a lower rho: weaker, safer evidence. The error is the binomial one of that count."""
+    a lower rho: weaker, safer evidence. The error is the binomial one of that count, the count
+    taken half a sample up where answers are sampled (Jeffreys): a count of none or few is what a
+    correlation near 1 and one of 0.8 both give often on a few hundred samples (0.5 expected at
+    one, 2.5 at the other on 200), so it must not read as a spread known exactly. Greedy answers
+    (`greedy`, temperature 0) repeat by construction: there the count is taken as it is."""
     hi, lo = max(good_mean, bad_mean), min(good_mean, bad_mean)
     lower_is_bad = bad_mean <= good_mean
     n = len(good)
     only_lower = sum((b if lower_is_bad else g).correct >= 0.5 and (g if lower_is_bad else b).correct < 0.5
                      for g, b in zip(good, bad, strict=True)) / n
     scale = 2 * lo * (1 - hi)
-    return 1 - 2 * only_lower / scale, 2 * math.sqrt(only_lower * (1 - only_lower) / n) / scale
+    share = only_lower if greedy else (only_lower * n + 0.5) / (n + 1)
+    return 1 - 2 * only_lower / scale, 2 * math.sqrt(share * (1 - share) / n) / scale
 
 
 def _log_beta(a: float, b: float) -> float:
@@ -297,27 +307,38 @@ class JointPrior:
         rho_g, rho_b = self.good_var / scale_g, self.bad_var / scale_b
         weight_g, weight_b = (scale_g / self.good_var_error) ** 2, (scale_b / self.bad_var_error) ** 2
         common = (rho_g * weight_g + rho_b * weight_b) / (weight_g + weight_b)
-        keep = _differ_probability((rho_b - rho_g) ** 2 * weight_g * weight_b / (weight_g + weight_b), self.samples)
+        keep = _differ_probability(self._tie_chi2(scale_g, scale_b), self.samples)
         good_var = max(MIN_VAR, (common + keep * (rho_g - common)) * scale_g)
         bad_var = max(MIN_VAR, (common + keep * (rho_b - common)) * scale_b)
         return replace(self, good_var=good_var, bad_var=bad_var,
                        cov=min(self.cov, 0.999 * math.sqrt(good_var * bad_var)))
 
-    def _borrowing(self, scale: Callable[[float], float]) -> JointPrior:
+    def _tie_chi2(self, scale_g: float, scale_b: float) -> float:
+        """How far the two ends' values of spread / scale lie apart, in their estimates' variances
+        (chi squared with one degree of freedom under one value for both)."""
+        rho_g, rho_b = self.good_var / scale_g, self.bad_var / scale_b
+        weight_g, weight_b = (scale_g / self.good_var_error) ** 2, (scale_b / self.bad_var_error) ** 2
+        return (rho_b - rho_g) ** 2 * weight_g * weight_b / (weight_g + weight_b)
+
+    def _borrowing(self, scale: Callable[[float], float], tie: bool = False) -> JointPrior:
         """The prior with the borrowed end's spread and its error the measured end's at one value
         of spread / scale(mean): mean (1 - mean) one correlation, mean^2 one coefficient of
         variation (a drop that scaled every sample's rate alike); the two rates tied as far as
-        the covariance says."""
+        the covariance says, or (`tie`) fully: a scaled drop makes each sample's lower rate its
+        higher one times one factor, a correlation of 1 between them, which the covariance of
+        the ends' runs (one run a sample at one end at least) only estimates, and one read looser
+        than the tie makes a focused sample look broken."""
         good_measured = self.borrowed == "bad"
         measured, other = (self.good_mean, self.bad_mean) if good_measured else (self.bad_mean, self.good_mean)
         var, error = (self.good_var, self.good_var_error) if good_measured else (self.bad_var, self.bad_var_error)
         factor = scale(other) / scale(measured)
         other_var, other_error = max(MIN_VAR, var * factor), error * factor
         good_var, bad_var = (var, other_var) if good_measured else (other_var, var)
+        most = 0.999 * math.sqrt(good_var * bad_var)
         return replace(self, good_var=good_var, bad_var=bad_var,
                        good_var_error=error if good_measured else other_error,
                        bad_var_error=other_error if good_measured else error,
-                       cov=min(self.cov, 0.999 * math.sqrt(good_var * bad_var)))
+                       cov=most if tie else min(self.cov, most))
 
     def readings(self) -> list[JointPrior]:
         """Each way the ends' spreads may go together: one intraclass correlation for both ends (a
@@ -332,12 +353,12 @@ class JointPrior:
         ties the spreads as far as the evidence allows (`_tied`). With one run a sample the ends'
         table measures only the means and the covariance, not which way the spreads go, and where
         one end ran its samples once its spread is the other's correlation: one correlation as
-        given, or the scaled drop (`_borrowing`). One reading where the two coincide or the
-        spreads are known."""
+        given, or the scaled drop, its rates tied (`_borrowing`). One reading where the two
+        coincide or the spreads are known."""
         if self.good_var_error <= 0 and self.bad_var_error <= 0:
             return [self]
         if self.borrowed is not None:
-            options = [self._borrowing(lambda m: m * (1 - m)), self._borrowing(lambda m: m * m)]
+            options = [self._borrowing(lambda m: m * (1 - m)), self._borrowing(lambda m: m * m, tie=True)]
         elif self.good_var_error <= 0 or self.bad_var_error <= 0:
             return [self]
         else:
@@ -384,17 +405,17 @@ def _moments(xs: Sequence[float], ys: Sequence[float]) -> tuple[float, float, fl
             sum((x - mx) * (y - my) for x, y in zip(xs, ys, strict=True)) / d)
 
 
-def fit_joint(good: Sequence[SampleOutcome], bad: Sequence[SampleOutcome]) -> JointPrior:
+def fit_joint(good: Sequence[SampleOutcome], bad: Sequence[SampleOutcome], greedy: bool = False) -> JointPrior:
     """Empirical Bayes by moments over the samples both ends ran. An end's spread of rates is the
     spread of its per-sample results less the noise of its runs (estimated without bias from each
     sample's own runs, x(1-x)/(R-1), where samples ran at least twice, with the standard error the
     runs' noise leaves in it; from `fit_prior`'s intraclass correlation where they ran once, with
     that estimate's error); the covariance is the results' own, since the noise of one end's runs is
     independent of the other's. The covariance is kept within what the two spreads allow (a
-    correlation of at most 1) and at least 0."""
+    correlation of at most 1) and at least 0. `greedy`: answers at temperature 0 (`fit_prior`)."""
     g, b = by_id(good), by_id(bad)
     shared = [i for i in g if i in b]
-    ends = fit_prior(good, bad)
+    ends = fit_prior(good, bad, greedy)
     if len(shared) < 2:
         return JointPrior(ends.good_mean, ends.bad_mean, MIN_VAR, MIN_VAR, 0.0)
     xg, xb = [g[i].correct for i in shared], [b[i].correct for i in shared]
@@ -417,7 +438,7 @@ def fit_joint(good: Sequence[SampleOutcome], bad: Sequence[SampleOutcome]) -> Jo
                 min(observed, ends.rho_error * mean * (1 - mean)))
 
     (sg, error_g), (sb, error_b) = spread(g, var_g, ends.good_mean), spread(b, var_b, ends.bad_mean)
-    if ends.rho_error > 0:
+    if ends.rho_error > 0 and not ends.none_lower_only:
         # Both ends ran each sample once: their runs fix the higher end's spread and how the two
         # rates go together (`_single_run_rho`), not the lower end's spread. A drop that lowers
         # every rate alike leaves the lower end's rates the higher's times lo/hi, the least
@@ -635,9 +656,10 @@ def looser_end(good: Sequence[SampleOutcome], bad: Sequence[SampleOutcome],
 
 
 def control_p(candidate: Sequence[SampleOutcome], good: Sequence[SampleOutcome], bad: Sequence[SampleOutcome],
-              prior: JointPrior) -> tuple[float, float]:
+              prior: JointPrior, side: Literal["good", "bad"] = "good") -> tuple[float, float]:
     """(mean of the candidate's rates less the good side's expected ones, one-sided p of "fewer
-    correct runs than a good commit gives") on the control samples it ran. The reference is each
+    correct runs than a good commit gives") on the control samples it ran; with ``side="bad"``
+    the same against the bad side's rates and the bad end's error. The reference is each
     sample's good-side rate given both ends' runs (`side_rates`), not the good end's own results:
     samples are picked because the ends' runs agreed, so where runs barely repeat the good end's
     results on them lean high by selection, while the posterior rate accounts for that choice
@@ -645,13 +667,13 @@ def control_p(candidate: Sequence[SampleOutcome], good: Sequence[SampleOutcome],
     the samples convolved, the good side's mean integrated over its error (`mean_errors`, `NODES`)
     as a step's likelihoods are, since that error is shared by every sample."""
     g, b = by_id(good), by_id(bad)
-    rows = [(round(s.correct_runs), s.runs, side_rates(prior, g.get(s.id), b.get(s.id)).good)
+    rows = [(round(s.correct_runs), s.runs, getattr(side_rates(prior, g.get(s.id), b.get(s.id)), side))
             for s in candidate if s.runs > 0]
     if not rows:
         return 0.0, 1.0
     diff = sum(k / n - rate[0] for k, n, rate in rows) / len(rows)
     observed = sum(k for k, _, _ in rows)
-    error = mean_errors(good, bad, prior)[0]
+    error = mean_errors(good, bad, prior)[0 if side == "good" else 1]
     tail = sum(w * _lower_tail(rows, observed, z * error) for z, w in zip(NODES, WEIGHTS, strict=True))
     return diff, min(1.0, tail / math.sqrt(2 * math.pi))
 
@@ -714,6 +736,38 @@ def _spread_nodes(reading: JointPrior) -> list[tuple[float, JointPrior]]:
     return [(log_w, reading.moved(z)) for z, log_w in _SPREAD_NODES]
 
 
+# The most a reading the ends' spreads rule out may still hold, as a share of a step's error
+# (`evident_readings`): a step that leans on the other reading alone errs by at most a tenth more.
+READING_ERROR_SHARE = 0.1
+
+
+def evident_readings(prior: JointPrior, confidence: float | None = None) -> list[JointPrior]:
+    """The readings a step weighs (`JointPrior.readings`), less one the ends' own spreads rule out.
+    Where both ends repeated their samples, their spreads weigh the readings themselves: three
+    models of them, one correlation for both ends, one coefficient of variation for both, each
+    end its own (the two readings read that one alike), each tie against the spreads apart by
+    the Schwarz approximation as `_differ_probability` weighs it, even odds between tied and
+    apart and between the two ties. A reading whose tie keeps at most `READING_ERROR_SHARE` of a
+    step's error at `confidence` (`STEP_ERROR_SHARE` of 1 - confidence) is dropped: the other
+    reading's tie holds then, or the spreads are apart and the two read them alike, and leaning
+    on the other reading alone errs that much more at most.
+    Where one end borrowed the other's spread (one run a sample) the ends' table cannot tell the
+    readings apart, and without a confidence there is no margin to spend: both are weighed, as
+    where the evidence is unclear."""
+    readings = prior.readings()
+    if len(readings) < 2 or prior.borrowed is not None or confidence is None:
+        return readings
+    chi2 = (prior._tie_chi2(prior.good_mean * (1 - prior.good_mean), prior.bad_mean * (1 - prior.bad_mean)),
+            prior._tie_chi2(prior.good_mean ** 2, prior.bad_mean ** 2))
+    # log posterior weights: each tie 1/4 x its Schwarz evidence against the spreads apart, apart 1/2
+    log_ties = [(math.log(max(1, prior.samples)) - c) / 2 + math.log(0.25) for c in chi2]
+    total = _log_sum_exp([*log_ties, math.log(0.5)])
+    kept, dropped = (0, 1) if chi2[0] <= chi2[1] else (1, 0)
+    if log_ties[dropped] - total <= math.log((1.0 - confidence) * STEP_ERROR_SHARE * READING_ERROR_SHARE):
+        return [readings[kept]]
+    return readings
+
+
 @dataclass(frozen=True)
 class StepEvidence:
     """A candidate step's log likelihood ratio, and (when that ratio is the integrated one) its
@@ -726,7 +780,8 @@ class StepEvidence:
 
 
 def step_evidence(candidate: Sequence[SampleOutcome], good: Sequence[SampleOutcome],
-                  bad: Sequence[SampleOutcome], prior: JointPrior | None = None) -> StepEvidence:
+                  bad: Sequence[SampleOutcome], prior: JointPrior | None = None,
+                  confidence: float | None = None) -> StepEvidence:
     """log P(candidate | bad side) - log P(candidate | good side) over the samples it ran: > 0
     says bad, < 0 good. Samples are independent given the side and its mean; each side's mean is
     integrated over its standard error (`mean_errors`), so a step cannot be surer than the ends'
@@ -743,7 +798,7 @@ def step_evidence(candidate: Sequence[SampleOutcome], good: Sequence[SampleOutco
         return StepEvidence(0.0)
     errors = mean_errors(good, bad, prior)
     each = [_reading_evidence(candidate, by_id(good), by_id(bad), _spread_nodes(reading), errors)
-            for reading in prior.readings()]
+            for reading in evident_readings(prior, confidence)]
     if any(e.log_lr * each[0].log_lr <= 0 for e in each):
         return StepEvidence(0.0)
     return min(each, key=lambda e: abs(e.log_lr))

@@ -42,7 +42,8 @@ def narrowed(lo: str, hi: str, commits: int, *, find_fix: bool, skipped: Sequenc
     """The range skips left, with why each commit between could not be tested (`skipped`: its
     sha and its step's reason, e.g. its own build failure): what the user checks by hand. A
     range with no skip in it is one whose commits' own steps disagree with each other (a
-    likelihood search's culprit that its parent's spent steps contradict): re-run them."""
+    likelihood or levels search's culprit that its parent's own spent steps or runs contradict):
+    re-run them."""
     where = f"the {'fix' if find_fix else 'culprit'} is one of {commits} commits in ({lo[:12]}, {hi[:12]}]"
     if not skipped:
         return (f"{where}: the steps in it disagree with each other, a commit's own steps against the answer "

@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Literal, NoReturn, TypeVar
 
 from bisect_npu import oracle
-from bisect_npu.builders.base import Builder, BuildFailed, Environment
+from bisect_npu.builders.base import Builder, BuildFailed, Environment, ImageGone
 from bisect_npu.builders.failures import BuildUnreachable
 from bisect_npu.defaults import RETRY_BACKOFF_S, TRIAL_TIMEOUT_S
 from bisect_npu.errors import InfrastructureError
@@ -85,6 +85,8 @@ class EvaluationRequest:
     on_unjudged: Callable[[str], None] | None = None
     # Hears of the node builds each run on other machines ran on (--executor ray); the evaluator's own.
     on_nodes: Callable[[Sequence[NodeBuild]], None] | None = None
+    # Hears of each environment acquired again because its image left the engine; the evaluator's own.
+    on_acquired_again: Callable[[Environment], None] | None = None
 
     def report(self, record: TrialRun) -> None:
         if self.on_trial is not None:
@@ -99,6 +101,9 @@ class EvaluationRequest:
             self.on_nodes(result.nodes)
 
 
+# A candidate's image gone from the engine before a run (ImageGone): acquired again at most this
+# often for one run; past that, something keeps removing it, and the session stops (exit 5).
+IMAGE_REACQUIRES = 2
 LEVELS_STOPPED = "levels search"  # a levels-mode step's `stopped` figure: the search weighs its one run
 
 
@@ -243,7 +248,8 @@ class Evaluator:
 
     def _evaluate(self, request: EvaluationRequest, ran: list[TrialRun]) -> StepResult:
         nodes: list[NodeBuild] = []  # what the runs on other machines ran on
-        request = replace(request, on_nodes=nodes.extend)
+        again: list[Environment] = []  # acquired again where the image left the engine (`_on_image`)
+        request = replace(request, on_nodes=nodes.extend, on_acquired_again=again.append)
         commit = request.commit
         started = time.monotonic()
         step_dir = self.step_dir(commit)
@@ -276,7 +282,10 @@ class Evaluator:
         except _HostGaveUp as gave_up:
             records, verdict = ran, Verdict(kind=VerdictKind.SKIP, reason=gave_up.reason, trials=len(ran))
         finally:
-            self.builder.release(env)
+            for held in [env, *again]:  # each acquire its release (a dependency's layer holds one per acquire)
+                self.builder.release(held)
+        if again:  # the step's build is the last one, and cost them all
+            env = again[-1].model_copy(update={"seconds": round(sum(e.seconds for e in [env, *again]), 3)})
         return StepResult(commit, verdict, build_record(env, nodes=nodes), records,
                           round(time.monotonic() - started, 3))
 
@@ -312,6 +321,38 @@ class Evaluator:
                                               f"{unreachable.failure.message(self.abs(log) if log else None)}") \
                         from None
                 time.sleep(self.retry.delay(spent + attempts))
+
+    def _on_image(self, request: EvaluationRequest, env: Environment, run: Callable[[], _T]) -> _T:
+        """`run()` (a run of `env`, under `_built`'s rules); where the candidate's image left the
+        container engine since its acquire (ImageGone: another session's prune or a removal, or its
+        name moved), that is a cache miss: the commit is acquired again (built, or its own image
+        named again; the build log says why) and the run goes ahead, at most IMAGE_REACQUIRES times.
+        The image's name is the commit's, so `run` finds the new image by it."""
+        reacquired = 0
+        while True:
+            try:
+                return self._built(request, run)
+            except ImageGone as gone:
+                reacquired += 1
+                if reacquired > IMAGE_REACQUIRES:
+                    raise ImageGone(f"{gone}; acquired again {IMAGE_REACQUIRES} times and gone again each time: "
+                                    "something on this container engine keeps removing it") from gone
+                self._acquire_again(request, env, gone)
+
+    def _acquire_again(self, request: EvaluationRequest, env: Environment, gone: ImageGone) -> None:
+        """The commit acquired again for `_on_image`, under the same image name as `env` (else `gone`
+        stands); a build that fails now stops the session (it built before: the host's doing)."""
+        try:
+            again = self._acquire(request, self.step_dir(request.commit))
+        except BuildFailed as failure:
+            raise InfrastructureError(f"{gone}, and building it again failed: {failure}") from failure
+        if request.on_acquired_again is not None:
+            request.on_acquired_again(again)
+        if again.image != env.image:
+            raise gone
+        if again.log_path:
+            with Path(again.log_path).open("a", encoding="utf-8") as log:
+                log.write(f"# acquired again ({again.how}) before its run: {gone}; a cache miss\n")
 
     def _verdict(self, records: list[TrialRun], judge_each: bool) -> Verdict:
         """Noisy mode tallies each trial's verdict; exact mode judges the step's trials together
@@ -432,8 +473,8 @@ class Evaluator:
             reason_path = (self.step_dir(commit) / f"command-t{trial}.reason").resolve()
             reason_path.unlink(missing_ok=True)
             extra = {"BISECT_NPU_COMMIT": commit, "BISECT_NPU_TRIAL": str(trial), REASON_FILE_ENV: str(reason_path)}
-            result = self._built(request, partial(self.executor.run_command, env, self.command, log_path,
-                                                  self.timeout_s, extra))
+            result = self._on_image(request, env, partial(self.executor.run_command, env, self.command, log_path,
+                                                          self.timeout_s, extra))
             request.report_nodes(result)
             said = command_reason(reason_path)
             verdict = with_command_reason(command_verdict(result, self.timeout_is, said, self.timeout_s), said)
@@ -668,8 +709,8 @@ class Evaluator:
         thread = threading.Thread(target=poll, args=(collect, stop), daemon=True)
         thread.start()
         try:
-            result = self._built(request, partial(self.executor.run_probe, env, probe, out_dir,
-                                                  self.timeout_s * len(numbers)))
+            result = self._on_image(request, env, partial(self.executor.run_probe, env, probe, out_dir,
+                                                          self.timeout_s * len(numbers)))
         finally:
             stop.set()
             thread.join()

@@ -1,0 +1,71 @@
+"""A candidate's image that leaves the engine between its acquire and its run (another session's
+prune, a removal) is a cache miss: the evaluator acquires the commit again (built, logged) and the
+run goes ahead, where it used to stop the session with exit 5 until a resume. One that keeps
+leaving stops it still (exit 5). A real engine; images with no RUN step, built in a fraction of a second."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import git
+import pytest
+
+from bisect_npu.builders.base import Environment, ImageGone
+from bisect_npu.builders.docker import DockerBuilder
+from bisect_npu.execute.docker import DockerExecutor
+from bisect_npu.observations import VerdictKind
+from bisect_npu.orchestration.running.evaluate import EvaluationRequest, Evaluator
+
+pytestmark = pytest.mark.container
+
+
+class RemovedAfterAcquire:
+    """The real DockerBuilder, the image of its first `times` acquires removed from the engine
+    right after (another session's prune between the build and the run)."""
+
+    def __init__(self, builder: DockerBuilder, times: int) -> None:
+        self.builder, self.times, self.acquired, self.released = builder, times, 0, 0
+
+    def acquire(self, commit: str, log_dir: Path) -> Environment:
+        env = self.builder.acquire(commit, log_dir)
+        self.acquired += 1
+        if self.acquired <= self.times:  # the image itself, all its names (one name alone: `_reuse` names it again)
+            api = self.builder.client.api
+            api.remove_image(api.inspect_image(env.image)["Id"], force=True)
+        return env
+
+    def release(self, env: Environment) -> None:
+        self.released += 1
+        self.builder.release(env)
+
+    def close(self) -> None:
+        self.builder.close()
+
+    def build_key(self, commit: str) -> str | None:
+        return self.builder.build_key(commit)
+
+    def built_keys(self) -> frozenset[str]:
+        return self.builder.built_keys()
+
+
+def test_an_image_removed_before_its_run_is_built_again_and_runs(one_commit_upstream, docker_client, tmp_path):
+    path, commit = one_commit_upstream
+    builder = RemovedAfterAcquire(DockerBuilder(git.Repo(path), docker_client), times=1)
+    with DockerExecutor(docker_client) as executor:
+        step = Evaluator(builder, executor, tmp_path / "session", command=["true"]).evaluate(
+            EvaluationRequest(commit, trials=1))
+    assert step.verdict.kind == VerdictKind.GOOD, step.verdict.reason
+    assert (builder.acquired, builder.released) == (2, 2)  # each acquire released once
+    assert step.build.how == "built"
+    log = Path(step.build.log or "").read_text()
+    assert "# acquired again (built) before its run: image" in log and "is gone from the engine" in log
+
+
+def test_an_image_that_keeps_leaving_stops_the_session_with_exit_5(one_commit_upstream, docker_client, tmp_path):
+    path, commit = one_commit_upstream
+    builder = RemovedAfterAcquire(DockerBuilder(git.Repo(path), docker_client), times=99)
+    with DockerExecutor(docker_client) as executor, pytest.raises(ImageGone, match="keeps removing it") as stopped:
+        Evaluator(builder, executor, tmp_path / "session", command=["true"]).evaluate(
+            EvaluationRequest(commit, trials=1))
+    assert stopped.value.exit_code == 5
+    assert (builder.acquired, builder.released) == (3, 3)

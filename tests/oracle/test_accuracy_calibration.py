@@ -50,6 +50,62 @@ def test_tied_rates_carry_one_ends_runs_to_the_other(mean: float, drop: float, v
     assert stats.side_rates(free, higher, None).bad[0] == pytest.approx(stats.side_rates(free, lower, None).bad[0])
 
 
+def _exact_bad_side(good_rate: tuple[float, float], factor: float, good_runs: tuple[int, int],
+                    bad_runs: tuple[int, int]) -> tuple[float, float]:
+    """(the bad side's mean rate, log P(4 of 4 | bad side)) where the bad rate is the good rate
+    times `factor` and the good rate a beta: each half of the range integrated in the log of its
+    distance to its end (a rate piled at the ceiling is no pole there), trapezoids."""
+    mean, var = good_rate
+    kappa = mean * (1 - mean) / var - 1
+    alpha, beta = mean * kappa, (1 - mean) * kappa
+    t = np.linspace(-400.0, math.log(0.5), 200001)
+    x = np.concatenate([-np.expm1(t), np.exp(t)])
+    log_x, log_rest = np.concatenate([np.log(-np.expm1(t)), t]), np.concatenate([t, np.log(-np.expm1(t))])
+    log_w = np.concatenate([beta * t + (alpha - 1) * log_x[: t.size], alpha * t + (beta - 1) * log_rest[t.size:]])
+    log_w += good_runs[0] * log_x + good_runs[1] * log_rest
+    log_w += bad_runs[0] * np.log(factor * x) + bad_runs[1] * np.log1p(-factor * x)
+    w = np.exp(log_w - log_w.max())
+    w /= w.sum()
+    return float(factor * (w @ x)), math.log(float(w @ (factor * x) ** 4))
+
+
+@pytest.mark.parametrize(("good_runs", "bad_runs"), [((4, 0), (4, 0)), ((4, 0), (3, 1)), ((4, 0), (2, 2)),
+                                                     ((3, 1), (4, 0))])
+def test_a_sample_at_the_ceiling_reads_as_the_exact_beta_model(good_runs: tuple[int, int],
+                                                                bad_runs: tuple[int, int]) -> None:
+    """95% -> 90%, every rate scaled alike, ICC 0.7: most good rates sit at 0.99-1.00. A sample's
+    bad-side rate given the ends' runs, and a candidate's 4 of 4 on it, are the exact model's (a
+    normal update of the two rates, read as a beta afterwards, missed by up to 0.35 a sample)."""
+    factor = 0.90 / 0.95
+    good_var = 0.7 * 0.95 * 0.05
+    bad_var = factor * factor * good_var
+    prior = stats.JointPrior(0.95, 0.90, good_var, bad_var, 0.999 * math.sqrt(good_var * bad_var))
+    rates = stats.side_rates(prior, SampleOutcome(id="a", correct=good_runs[0] / 4, runs=4),
+                             SampleOutcome(id="a", correct=bad_runs[0] / 4, runs=4))
+    mean, all_right = _exact_bad_side((0.95, good_var), factor, good_runs, bad_runs)
+    assert rates.bad[0] == pytest.approx(mean, abs=0.005)
+    kappa = rates.bad[0] * (1 - rates.bad[0]) / rates.bad[1] - 1
+    alpha, beta = rates.bad[0] * kappa, (1 - rates.bad[0]) * kappa
+    # log P(4 of 4) under the beta of the side's moments: prod (alpha + j) / (alpha + beta + j)
+    assert sum(math.log((alpha + j) / (alpha + beta + j)) for j in range(4)) == pytest.approx(all_right, abs=0.02)
+
+
+@settings(max_examples=40, deadline=None)
+@given(st.floats(0.05, 0.95), st.floats(0.05, 0.9), st.integers(0, 4))
+def test_one_ends_runs_update_its_rate_as_a_beta_would(mean: float, icc: float, correct: int) -> None:
+    """Without covariance an end's runs move its own rate exactly as a beta prior's conjugate
+    update: mean and variance."""
+    var = icc * mean * (1 - mean)
+    prior = stats.JointPrior(mean, mean, var, var, 0.0)
+    rate = stats.side_rates(prior, SampleOutcome(id="a", correct=correct / 4, runs=4), None).good
+    kappa = 1 / icc - 1
+    alpha, beta = mean * kappa + correct, (1 - mean) * kappa + 4 - correct
+    exact = alpha / (alpha + beta)
+    if 0.005 <= exact <= 0.995:  # a rate's mean is kept within these (`_as_rate`)
+        assert rate[0] == pytest.approx(exact, abs=1e-4)
+        assert rate[1] == pytest.approx(alpha * beta / ((alpha + beta) ** 2 * (alpha + beta + 1)), rel=0.01)
+
+
 def _sure_wrong_share(rho: float, seed: int, ends: int = 8, per_end: int = 12) -> float:
     """Candidates of either side, run as a session runs them (the focused round plan, rounds until
     clear), against ends measured 4 times on 200 samples whose rates all fall by 82 -> 70 alike:

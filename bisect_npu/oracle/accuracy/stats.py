@@ -484,34 +484,117 @@ def _noise(mean: float, spread: float, runs: int) -> float:
 
 
 def side_rates(prior: JointPrior, good: SampleOutcome | None, bad: SampleOutcome | None) -> SideRates:
-    """The two rates' posterior, the prior's normal approximation conditioned on the runs each end
-    made of this sample (either may be missing): the end's own runs move its rate most, the other
-    end's runs move it as far as the covariance says the two rates go together."""
-    mean = [prior.good_mean, prior.bad_mean]
-    cov = [[prior.good_var, prior.cov], [prior.cov, prior.bad_var]]
-    seen = [(k, end, m, v) for k, (end, m, v) in enumerate(((good, prior.good_mean, prior.good_var),
-                                                             (bad, prior.bad_mean, prior.bad_var)))
-            if end is not None and end.runs > 0]
-    if seen:
-        # S = cov[seen, seen] + noise; posterior = prior - cov[:, seen] S^-1 cov[seen, :]
-        idx = [k for k, *_ in seen]
-        s = [[cov[a][c] + (_noise(seen[ia][2], seen[ia][3], seen[ia][1].runs) if a == c else 0.0)
-              for c in idx] for ia, a in enumerate(idx)]
-        resid = [end.correct - m for _, end, m, _ in seen]
-        inv = _inverse(s)
-        gain = [[sum(cov[r][idx[j]] * inv[j][c] for j in range(len(idx))) for c in range(len(idx))]
-                for r in range(2)]
-        mean = [mean[r] + sum(gain[r][c] * resid[c] for c in range(len(idx))) for r in range(2)]
-        cov = [[cov[r][q] - sum(gain[r][c] * cov[idx[c]][q] for c in range(len(idx))) for q in range(2)]
-               for r in range(2)]
-    return SideRates(_as_rate(mean[0], cov[0][0]), _as_rate(mean[1], cov[1][1]))
+    """The two rates' posterior given the runs each end made of this sample (either may be
+    missing), integrated exactly on a grid (`_given_runs`): one end's rate a beta of its prior
+    moments, the other's a beta around the linear regression on it (the covariance), each end's
+    runs binomial in its own rate. Near the ceiling a rate's mass piles at 1, and a normal update
+    with a beta fitted to its moments afterwards read a focused sample's k of n there by the wrong
+    noise, several units of log likelihood a step. The end with the larger mean is the one the
+    other regresses on (a scaled drop makes the lower rate a fraction of the higher, which a
+    regression the other way round would let reach past it); with equal means both ways round,
+    met halfway, so swapping the ends only swaps the sides."""
+    return _side_rates(prior, _counts(good), _counts(bad))
 
 
-def _inverse(m: list[list[float]]) -> list[list[float]]:
-    if len(m) == 1:
-        return [[1.0 / m[0][0]]]
-    det = m[0][0] * m[1][1] - m[0][1] * m[1][0]
-    return [[m[1][1] / det, -m[0][1] / det], [-m[1][0] / det, m[0][0] / det]]
+@functools.lru_cache(maxsize=65536)
+def _side_rates(prior: JointPrior, good: tuple[int, int], bad: tuple[int, int]) -> SideRates:
+    """`side_rates` by the ends' (correct, wrong) runs: a search asks the same few counts of one
+    prior again at every step."""
+    if good == bad == (0, 0):
+        return SideRates(_as_rate(prior.good_mean, prior.good_var), _as_rate(prior.bad_mean, prior.bad_var))
+    good_end = (prior.good_mean, prior.good_var, good)
+    bad_end = (prior.bad_mean, prior.bad_var, bad)
+    if prior.good_mean > prior.bad_mean:
+        good_rate, bad_rate = _given_runs(good_end, bad_end, prior.cov)
+    elif prior.bad_mean > prior.good_mean:
+        bad_rate, good_rate = _given_runs(bad_end, good_end, prior.cov)
+    else:
+        g1, b1 = _given_runs(good_end, bad_end, prior.cov)
+        b2, g2 = _given_runs(bad_end, good_end, prior.cov)
+        good_rate, bad_rate = _halfway(g1, g2), _halfway(b1, b2)
+    return SideRates(_as_rate(*good_rate), _as_rate(*bad_rate))
+
+
+_End = tuple[float, float, tuple[int, int]]
+
+# Gauss-Legendre nodes and log weights on [0, 1] (`_half_nodes`), and how far below a half's
+# edge (in log distance to its end of the range) they reach before the rest is one node.
+_LEGENDRE = np.polynomial.legendre.leggauss(32)
+_UNIT = (_LEGENDRE[0] + 1) / 2
+_UNIT_LOG_WEIGHTS = np.log(_LEGENDRE[1] / 2)
+_LOG_REACH = 14.0
+
+
+def _beta_nodes(rate: tuple[float, float]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(log r, log(1 - r), log weight) of nodes integrating the beta of these moments (its
+    normalizing constant left out), the range split at the mean (`_half_nodes`)."""
+    mean, var = rate
+    kappa = mean * (1 - mean) / var - 1
+    alpha, beta = mean * kappa, (1 - mean) * kappa
+    low, low_rest, low_w = _half_nodes(math.log(mean), alpha, beta)
+    high_rest, high, high_w = _half_nodes(math.log(1 - mean), beta, alpha)
+    return np.concatenate([low, high]), np.concatenate([low_rest, high_rest]), np.concatenate([low_w, high_w])
+
+
+def _half_nodes(log_edge: float, near: float, far: float) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """One half of a beta's range, x from 0 (this end) to the mean's distance from it, density
+    x^(near-1) (1-x)^(far-1): (log x, log(1 - x), log weight), Gauss-Legendre in log x over
+    `_LOG_REACH` below the edge (less where x^near has fallen e^-40 by then) and the rest below
+    one node at its mean (x^near / near there).
+    In log x a density piled at this end (near under 1, a rate at the ceiling) is as smooth as
+    one spread out, and the nodes reach as close to the end as the runs can tell apart."""
+    reach = min(_LOG_REACH, 40 / near)
+    log_x = log_edge - reach * _UNIT
+    log_weights = _UNIT_LOG_WEIGHTS + math.log(reach) + near * log_x
+    log_tail = log_edge - reach
+    log_x = np.append(log_x, log_tail + math.log(near / (near + 1)))
+    log_weights = np.append(log_weights, near * log_tail - math.log(near))
+    log_rest = np.log1p(-np.exp(log_x))
+    return log_x, log_rest, log_weights + (far - 1) * log_rest
+
+
+def _counts(end: SampleOutcome | None) -> tuple[int, int]:
+    """(correct, wrong) runs of an end on a sample; none where it did not run it."""
+    if end is None or end.runs <= 0:
+        return 0, 0
+    k = round(end.correct * end.runs)
+    return k, end.runs - k
+
+
+def _given_runs(base: _End, other: _End, cov: float) -> tuple[tuple[float, float], tuple[float, float]]:
+    """(base end's, other end's) rate posterior (mean, variance): the base rate r a beta of its
+    prior moments, the other rate given r a beta with mean its prior mean moved by the regression
+    on r and the variance the regression leaves; both ends' runs binomial in their own rates."""
+    base_mean, base_var, base_runs = base
+    other_mean, other_var, other_runs = other
+    log_r, log_rest, log_w = _beta_nodes(_as_rate(base_mean, base_var))
+    r = np.exp(log_r)
+    k, wrong = base_runs
+    slope = cov / base_var if base_var > 0 else 0.0
+    mean = np.clip(other_mean + slope * (r - base_mean), 0.005, 0.995)
+    var = np.minimum(max(MIN_VAR, other_var - slope * cov), 0.9 * mean * (1 - mean))
+    kappa = mean * (1 - mean) / var - 1
+    alpha, beta = mean * kappa, (1 - mean) * kappa
+    other_k, other_wrong = other_runs
+    # log B(alpha + k, beta + n - k) / B(alpha, beta), a product for whole counts.
+    log_pred = (sum(np.log(alpha + j) for j in range(other_k)) + sum(np.log(beta + j) for j in range(other_wrong))
+                - sum(np.log(alpha + beta + j) for j in range(other_k + other_wrong)))
+    log_post = log_w + k * log_r + wrong * log_rest + log_pred
+    weight = np.exp(log_post - log_post.max())
+    weight /= weight.sum()
+    base_post = float(weight @ r), float(weight @ (r * r))
+    a, b = alpha + other_k, beta + other_wrong
+    other_each = a / (a + b)
+    other_second = other_each * (a + 1) / (a + b + 1)
+    other_post = float(weight @ other_each), float(weight @ other_second)
+    return ((base_post[0], base_post[1] - base_post[0] ** 2),
+            (other_post[0], other_post[1] - other_post[0] ** 2))
+
+
+def _halfway(one: tuple[float, float], two: tuple[float, float]) -> tuple[float, float]:
+    """The even mixture of two posteriors' (mean, variance)."""
+    mean = (one[0] + two[0]) / 2
+    return mean, (one[1] + one[0] ** 2 + two[1] + two[0] ** 2) / 2 - mean * mean
 
 
 def _as_rate(mean: float, var: float) -> tuple[float, float]:

@@ -6,6 +6,7 @@ leaving stops it still (exit 5). A real engine; images with no RUN step, built i
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import git
 import pytest
@@ -19,38 +20,30 @@ from bisect_npu.orchestration.running.evaluate import EvaluationRequest, Evaluat
 pytestmark = pytest.mark.container
 
 
-class RemovedAfterAcquire:
+class RemovedAfterAcquire(DockerBuilder):
     """The real DockerBuilder, the image of its first `times` acquires removed from the engine
     right after (another session's prune between the build and the run)."""
 
-    def __init__(self, builder: DockerBuilder, times: int) -> None:
-        self.builder, self.times, self.acquired, self.released = builder, times, 0, 0
+    def __init__(self, repo: git.Repo, client: Any, times: int) -> None:
+        super().__init__(repo, client)
+        self.times, self.acquired, self.released = times, 0, 0
 
     def acquire(self, commit: str, log_dir: Path) -> Environment:
-        env = self.builder.acquire(commit, log_dir)
+        env = super().acquire(commit, log_dir)
         self.acquired += 1
         if self.acquired <= self.times:  # the image itself, all its names (one name alone: `_reuse` names it again)
-            api = self.builder.client.api
+            api = self.client.api
             api.remove_image(api.inspect_image(env.image)["Id"], force=True)
         return env
 
     def release(self, env: Environment) -> None:
         self.released += 1
-        self.builder.release(env)
-
-    def close(self) -> None:
-        self.builder.close()
-
-    def build_key(self, commit: str) -> str | None:
-        return self.builder.build_key(commit)
-
-    def built_keys(self) -> frozenset[str]:
-        return self.builder.built_keys()
+        super().release(env)
 
 
 def test_an_image_removed_before_its_run_is_built_again_and_runs(one_commit_upstream, docker_client, tmp_path):
     path, commit = one_commit_upstream
-    builder = RemovedAfterAcquire(DockerBuilder(git.Repo(path), docker_client), times=1)
+    builder = RemovedAfterAcquire(git.Repo(path), docker_client, times=1)
     with DockerExecutor(docker_client) as executor:
         step = Evaluator(builder, executor, tmp_path / "session", command=["true"]).evaluate(
             EvaluationRequest(commit, trials=1))
@@ -63,7 +56,7 @@ def test_an_image_removed_before_its_run_is_built_again_and_runs(one_commit_upst
 
 def test_an_image_that_keeps_leaving_stops_the_session_with_exit_5(one_commit_upstream, docker_client, tmp_path):
     path, commit = one_commit_upstream
-    builder = RemovedAfterAcquire(DockerBuilder(git.Repo(path), docker_client), times=99)
+    builder = RemovedAfterAcquire(git.Repo(path), docker_client, times=99)
     with DockerExecutor(docker_client) as executor, pytest.raises(ImageGone, match="keeps removing it") as stopped:
         Evaluator(builder, executor, tmp_path / "session", command=["true"]).evaluate(
             EvaluationRequest(commit, trials=1))

@@ -383,11 +383,17 @@ class JointPrior:
 
 def _differ_probability(chi2: float, samples: int) -> float:
     """P(two estimates differ | their difference is chi2 of its variances from 0), the model with
-    one parameter more against the one without, by their evidence (the Schwarz approximation:
-    the extra parameter's prior as wide as one sample's information, log Bayes factor
-    (chi2 - log n) / 2), the two models even before."""
-    log_odds = (chi2 - math.log(max(1, samples))) / 2
+    one parameter more against the one without, by their evidence (`_differ_log_odds`), the two
+    models even before."""
+    log_odds = _differ_log_odds(chi2, samples)
     return 1 / (1 + math.exp(-log_odds)) if log_odds > -700 else 0.0
+
+
+def _differ_log_odds(chi2: float, samples: int) -> float:
+    """log Bayes factor of "two estimates differ" against "they are one", their difference chi2
+    of its variances from 0: the Schwarz approximation, the extra parameter's prior as wide as one
+    sample's information, (chi2 - log n) / 2."""
+    return (chi2 - math.log(max(1, samples))) / 2
 
 
 # Floors of the fitted variances: a rate known to within 0.003 of its mean is as sure as any
@@ -757,7 +763,7 @@ def evident_readings(prior: JointPrior, confidence: float | None = None) -> list
     chi2 = (prior._tie_chi2(prior.good_mean * (1 - prior.good_mean), prior.bad_mean * (1 - prior.bad_mean)),
             prior._tie_chi2(prior.good_mean ** 2, prior.bad_mean ** 2))
     # log posterior weights: each tie 1/4 x its Schwarz evidence against the spreads apart, apart 1/2
-    log_ties = [(math.log(max(1, prior.samples)) - c) / 2 + math.log(0.25) for c in chi2]
+    log_ties = [-_differ_log_odds(c, prior.samples) + math.log(0.25) for c in chi2]
     total = _log_sum_exp([*log_ties, math.log(0.5)])
     kept, dropped = (0, 1) if chi2[0] <= chi2[1] else (1, 0)
     if log_ties[dropped] - total <= math.log((1.0 - confidence) * STEP_ERROR_SHARE * READING_ERROR_SHARE):

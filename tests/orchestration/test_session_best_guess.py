@@ -1,8 +1,7 @@
 """A noisy session whose steps cannot settle the culprit: every commit fails some of the time (10%,
 30%, 50%: the middle one halfway), so all three reach their steps' cap of trials without the
-confidence asked: the search answers with the range that holds the confidence (exit 3, narrowed,
-never the 0 of a culprit found) and names its best guess inside it, in the run's sentence, the JSON
-line, the journal and both reports."""
+confidence asked, and the search names its best guess and says so, in the run's sentence, the
+journal and the report, with the exit code of a culprit found (0)."""
 
 from __future__ import annotations
 
@@ -35,23 +34,19 @@ def test_a_culprit_the_steps_cannot_settle_is_named_as_a_best_guess(tmp_path: Pa
                            "--cmd", f"sh {tmp_path / 'flaky.sh'}", "--mode", "noisy", "--confidence", "0.99",
                            "--session", str(session), "--no-fix", "--no-verdict-store", "--json"],
                           cwd=tmp_path, capture_output=True, text=True, timeout=600, check=False)
-    assert done.returncode == 3, done.stdout[-2000:] + done.stderr[-3000:]
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-3000:]
     result = json.loads(done.stdout.strip().splitlines()[-1])
     entries = [json.loads(line) for line in (session / "journal.jsonl").read_text().splitlines()]
     end = next(e for e in entries if e["type"] == "end")
-    assert result["status"] == end["status"] == "narrowed" and result["culprit"] is None
-    assert result["best_guess"] == end["best_guess"] in shas[1:] and end["figures"]["posterior"] < 0.99
-    assert result["range"] == [end["lo"], end["hi"]] and end["figures"]["range_posterior"] >= 0.99
-    sure = f"{int(end['figures']['posterior'] * 100)}%"
-    assert f"no commit reached the 99% asked; the best guess is {end['best_guess'][:12]}" in end["message"]
-    assert f"({sure} sure)" in end["message"]
+    assert result["culprit"] == end["culprit"] and end["confidence"] < 0.99
+    sure = f"{int(end['confidence'] * 100)}%"
+    sentence = (f" (a best guess: {sure} sure, under the 99% asked; the steps around it disagree, the report has "
+                "each one's evidence)")
+    assert end["message"].endswith(sentence)
     assert end["message"] in done.stderr + done.stdout
-    report = json.loads((session / "report.json").read_text())
-    assert report["message"] == end["message"] and report["best_guess"] == end["best_guess"]
-    assert report["culprit"] is None and report["status"] == "narrowed"
-    markdown = (session / "report.md").read_text()
-    assert f"no commit reached the confidence asked; the best guess is `{end['best_guess'][:12]}`" in markdown
-    assert "the commits around it reached the trial cap or were skipped before the answer was sure" in markdown
+    assert json.loads((session / "report.json").read_text())["message"] == end["message"]
+    assert "the commits around it reached the trial cap or were skipped before the answer was sure" in \
+        (session / "report.md").read_text()
     trials: dict[int, int] = {}
     for entry in entries:
         if entry["type"] == "trial":

@@ -255,7 +255,7 @@ class DockerExecutor:
         probe = Mount(source=str(probe_source_dir()), target=f"{PROBE_PARENT}/{PROBE_PACKAGE}", read_only=True)
         environment = {**env.run_env, **spec.environment, **(extra_env or {}), "PYTHONDONTWRITEBYTECODE": "1"}
         labels = {**spec.labels, SESSION_LABEL: self.session_id, LABEL_COMMIT: env.commit,
-                  "org.bisect-npu.tool-version": __version__}
+                  **({LABEL_KEY: env.build_key} if env.build_key else {}), "org.bisect-npu.tool-version": __version__}
         return spec.model_copy(update={"command": [self.python, "-c", ENV_BOOTSTRAP, *command],
                                        "mounts": [*spec.mounts, probe, *(mounts or [])],
                                        "environment": {**environment, ENV_CARRIER: json.dumps(environment)},
@@ -331,7 +331,8 @@ class DockerExecutor:
         with its own words."""
         import docker.errors
 
-        image = candidate_image(self.client, spec.image, spec.labels.get(LABEL_COMMIT, ""))
+        image = candidate_image(self.client, spec.image, spec.labels.get(LABEL_COMMIT, ""),
+                                built=LABEL_KEY in spec.labels)
         try:
             container = self.client.containers.create(**{**container_create_kwargs(spec), "image": image})
         except docker.errors.ImageNotFound as exc:  # removed since candidate_image read it
@@ -422,14 +423,16 @@ class NodeContainer:
         self.follower.join(timeout=10)
 
 
-def candidate_image(client: Any, image: str, commit: str) -> str:
+def candidate_image(client: Any, image: str, commit: str, built: bool = False) -> str:
     """The id of the image `commit`'s container starts from, read once, so the name cannot move
     between the check and the start. A tag (`...:commit-<sha>`) is a name that any session on the
     same engine may move or remove (a prune, a rebuild, another build of the same key): where the
     image it names now carries another commit's label, running it would judge that commit under
-    this one's name, so the run stops instead. A name gone or moved is ImageGone (the evaluator
-    acquires the commit again); an engine that cannot answer, InfrastructureError. A dependency's
-    layer carries its upstream commit's label: its name is checked against its key."""
+    this one's name, so the run stops instead; the same where a candidate `built` by our builders
+    (its environment names a build key) finds under its name an image without our commit label (a
+    `podman tag`, another tool's build took the name). A name gone or moved is ImageGone (the
+    evaluator acquires the commit again); an engine that cannot answer, InfrastructureError. A
+    dependency's layer carries its upstream commit's label: its name is checked against its key."""
     import docker.errors
 
     try:
@@ -447,6 +450,10 @@ def candidate_image(client: Any, image: str, commit: str) -> str:
                             "ran: run again (`bisect-npu resume` for a session)")
         return str(attrs["Id"])
     labelled = labels.get(LABEL_COMMIT)
+    if built and not labelled:
+        raise ImageGone(f"image {image} now holds an image without bisect-npu's labels, not the candidate "
+                        f"{commit[:12]}'s build: something on this container engine moved the name (a tag or "
+                        "another tool's build); nothing ran: run again (`bisect-npu resume` for a session)")
     if commit and labelled and labelled != commit:
         raise ImageGone(f"image {image} now holds commit {labelled[:12]}, not the candidate {commit[:12]}: "
                         "something on this container engine moved the name (another session's build or "

@@ -443,3 +443,55 @@ def _retry_journaled(session: Path) -> bool:
         except json.JSONDecodeError:
             continue
     return False
+
+
+@pytest.mark.container
+def test_an_image_removed_on_its_node_before_its_run_is_built_again(
+        cluster: Any, one_commit_upstream: tuple[Path, str], docker_client: Any, tmp_path: Path) -> None:
+    """A candidate's image removed on its node between the node's acquire and its run (another
+    session's prune there): the ImageGone raised in the Ray task reaches the driver's evaluator as
+    ImageGone through Ray's wrapping, which acquires the commit again, and the next batch builds it
+    again on its node and runs: a cache miss, not exit 5."""
+    import uuid
+
+    import git
+
+    from bisect_npu.builders.docker import DockerBuilder
+    from bisect_npu.execute.docker import DockerExecutor
+    from bisect_npu.execute.ray import RayExecutor, RemoteBuilds
+    from bisect_npu.observations import VerdictKind
+    from bisect_npu.orchestration.running.evaluate import EvaluationRequest, Evaluator
+
+    path, commit = one_commit_upstream
+    once = tmp_path / "removed"  # every node is on this machine: the first acquire on any of them removes
+    session = f"test-{uuid.uuid4().hex[:8]}"
+
+    class RemovedOnce(DockerBuilder):  # local, so Ray sends it by value to the nodes
+        def acquire(self, commit: str, log_dir: Path) -> Any:
+            env = super().acquire(commit, log_dir)
+            try:
+                os.close(os.open(once, os.O_CREAT | os.O_EXCL))
+            except FileExistsError:
+                return env
+            self.client.api.remove_image(self.client.api.inspect_image(env.image)["Id"], force=True)
+            return env
+
+    def builder(node_id: str) -> RemovedOnce:
+        import docker
+
+        return RemovedOnce(git.Repo(path), docker.from_env())
+
+    def executor(cards: list[int]) -> DockerExecutor:
+        import docker
+
+        return DockerExecutor(docker.from_env(), session_id=session)
+
+    ray_executor = RayExecutor(cluster.address, 1, session, builder, executor)
+    try:
+        step = Evaluator(RemoteBuilds(DockerBuilder(git.Repo(path), docker_client)), ray_executor,
+                         tmp_path / "session", command=["true"]).evaluate(EvaluationRequest(commit, trials=1))
+    finally:
+        ray_executor.close()
+    assert once.exists()
+    assert step.verdict.kind == VerdictKind.GOOD, step.verdict.reason
+    assert [node.how for node in step.build.nodes] == ["built"]

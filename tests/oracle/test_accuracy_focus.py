@@ -7,7 +7,7 @@ from hypothesis import strategies as st
 
 from bisect_npu.observations import Observation, SampleOutcome, VerdictKind
 from bisect_npu.oracle.accuracy import stats
-from bisect_npu.oracle.accuracy.focus import discordant_ids, divergence, round_plan, smallest_control
+from bisect_npu.oracle.accuracy.focus import by_evidence, discordant_ids, divergence, round_plan, smallest_control
 from bisect_npu.oracle.accuracy.judge import judge_accuracy
 from bisect_npu.oracle.config import AccuracyConfig, FocusConfig
 
@@ -41,10 +41,11 @@ def test_batches_grow_and_alike_samples_each_run_once_before_the_repeats(discord
 @settings(max_examples=40, deadline=None)
 @given(st.lists(st.tuples(st.integers(0, 4), st.integers(0, 4)), min_size=4, max_size=14),
        st.sampled_from([1, 2, 4]), st.integers(1, 8))
-def test_each_run_is_the_one_that_teaches_most(counts: list[tuple[int, int]], repeats: int, batch: int) -> None:
-    """Ends of four runs a sample: the focused rounds run, one sample round after another, the
-    sample whose next round adds most to the step's expected evidence (`divergence` of its runs
-    so far and one round more), max_rounds rounds a discordant sample on average."""
+def test_each_round_is_the_one_that_teaches_most(counts: list[tuple[int, int]], repeats: int, batch: int) -> None:
+    """Ends of four runs a sample: one sample round after another, the sample whose next round
+    adds most to the step's expected evidence (`divergence` of its runs so far and one round
+    more), max_rounds rounds a discordant sample on average; the plan's rounds run them so, a
+    sample once a round (its next round in a later one), then the whole dataset."""
     good = [SampleOutcome(id=f"s{i}", correct=g / 4, runs=4) for i, (g, _) in enumerate(counts)]
     bad = [SampleOutcome(id=f"s{i}", correct=b / 4, runs=4) for i, (_, b) in enumerate(counts)]
     good += [SampleOutcome(id=f"a{i}", correct=1.0, runs=4) for i in range(20)]
@@ -52,21 +53,21 @@ def test_each_run_is_the_one_that_teaches_most(counts: list[tuple[int, int]], re
     cfg = AccuracyConfig(repeats=repeats, focus=FocusConfig(batch=batch))
     discordant = discordant_ids(good, bad)
     assume(len(discordant) >= cfg.focus.min_discordant)
-    plan = round_plan(cfg, good, bad, "c0ffee")
-    ran = [i for r in plan[:-1] for i in r or [] if i in discordant]
-    assert len(ran) == cfg.max_rounds * len(discordant)
+    order = by_evidence(cfg, good, bad, discordant)
+    assert len(order) == cfg.max_rounds * len(discordant)
     prior = stats.fit_joint(good, bad)
-    rates = {i: stats.side_rates(prior, g, b) for i, g, b in zip(discordant, *(
-        [stats.by_id(end)[i] for i in discordant] for end in (good, bad)), strict=True)}
+    rates = {i: stats.side_rates(prior, stats.by_id(good)[i], stats.by_id(bad)[i]) for i in discordant}
     done = dict.fromkeys(discordant, 0)
 
     def gain(sample: str) -> float:
         runs = done[sample] * repeats
         return divergence(rates[sample], runs + repeats) - divergence(rates[sample], runs)
 
-    for sample in ran:
+    for sample in order:
         assert gain(sample) >= max(map(gain, discordant)) - 1e-9
         done[sample] += 1
+    plan = round_plan(cfg, good, bad, "c0ffee")
+    assert sorted(i for r in plan[:-1] for i in r or [] if i in discordant) == sorted(order)
     assert all(len(r) == len(set(r)) for r in plan[:-1] if r is not None)
     assert plan[-1] is None
 

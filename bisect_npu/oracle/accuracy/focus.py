@@ -12,6 +12,7 @@ from __future__ import annotations
 import hashlib
 import heapq
 import math
+from collections import deque
 from collections.abc import Collection, Sequence
 
 from bisect_npu.observations import SampleOutcome
@@ -106,11 +107,12 @@ def round_plan(cfg: AccuracyConfig, good: Sequence[SampleOutcome], bad: Sequence
     """The samples of each round a candidate may run, in order (None: the whole dataset); the
     caller runs rounds until the verdict is clear or the plan ends.
 
-    Focused: each discordant sample up to ``max_rounds`` times, the run that tells the sides
+    Focused: ``max_rounds`` rounds a discordant sample in all, the round that tells the sides
     apart most per sample run next (`by_evidence`): the most telling samples first, and another
     round of one of them before a first run of a sample whose ends barely differ. Rounds start at
     ``focus.batch`` sample runs and grow by ``focus.growth`` each round (a clear step stops after
-    a few, an unclear one soon runs the rest; a sample runs once a round), the control set
+    a few, an unclear one soon runs the rest; a sample runs once a round, its next round waits for
+    the round after), the control set
     (``max_rounds`` runs of each) riding along in proportion; then, as the fallback, the whole
     dataset once. Unfocused: the whole dataset ``max_rounds`` times.
 
@@ -123,16 +125,19 @@ def round_plan(cfg: AccuracyConfig, good: Sequence[SampleOutcome], bad: Sequence
         return [None] * cfg.max_rounds
     discordant = [i for i in discordant_ids(good, bad) if i not in ran]
     order = by_evidence(cfg, good, bad, discordant)
+    waiting = deque(order)
     riding = focused[len(discordant):] * cfg.max_rounds
     plan: list[list[str] | None] = []
     size = float(cfg.focus.batch or len(discordant))
-    start = ridden = 0
-    while start < len(order) or ridden < len(riding):
+    ridden = 0
+    while waiting or ridden < len(riding):
         chosen: list[str] = []
-        while start < len(order) and len(chosen) < max(1, round(size)) and order[start] not in chosen:
-            chosen.append(order[start])
-            start += 1
-        due = math.ceil(len(riding) * start / len(order))  # control run once `start` discordant runs have
+        again: list[str] = []  # a sample's next round, left for the round after: a round runs a sample once
+        while waiting and len(chosen) < max(1, round(size)):
+            sample = waiting.popleft()
+            (again if sample in chosen else chosen).append(sample)
+        waiting.extendleft(reversed(again))
+        due = math.ceil(len(riding) * (len(order) - len(waiting)) / len(order))  # control in proportion
         while ridden < due and riding[ridden] not in chosen:
             chosen.append(riding[ridden])
             ridden += 1

@@ -1,15 +1,13 @@
-"""Focusing's choices: growing batches of the most telling samples, a control set only when it can tell."""
+"""Focusing's choices: growing batches of what teaches most per sample run, a control set only when it can tell."""
 
 from __future__ import annotations
 
-import itertools
-
-from hypothesis import given, settings
+from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 
 from bisect_npu.observations import Observation, SampleOutcome, VerdictKind
 from bisect_npu.oracle.accuracy import stats
-from bisect_npu.oracle.accuracy.focus import discordant_ids, round_plan, smallest_control
+from bisect_npu.oracle.accuracy.focus import by_evidence, discordant_ids, divergence, round_plan, smallest_control
 from bisect_npu.oracle.accuracy.judge import judge_accuracy
 from bisect_npu.oracle.config import AccuracyConfig, FocusConfig
 
@@ -23,20 +21,70 @@ def ends(discordant: int, agreeing: int) -> tuple[list[SampleOutcome], list[Samp
 
 @settings(max_examples=60, deadline=None)
 @given(st.integers(4, 60), st.integers(0, 300), st.integers(1, 9), st.sampled_from([1.0, 1.5, 2.0, 4.0]))
-def test_batches_grow_and_every_sample_runs_once_before_the_repeats(discordant: int, agreeing: int, batch: int,
-                                                                    growth: float) -> None:
+def test_batches_grow_and_alike_samples_each_run_once_before_the_repeats(discordant: int, agreeing: int, batch: int,
+                                                                        growth: float) -> None:
+    """Samples the ends read alike tell alike: each runs once before any runs again (a second
+    round tells less than a first), max_rounds rounds each in all, then the whole dataset."""
     good, bad = ends(discordant, agreeing)
     cfg = AccuracyConfig(focus=FocusConfig(batch=batch, growth=growth, control=0.1))
     plan = round_plan(cfg, good, bad, "c0ffee")
-    tail = cfg.max_rounds  # the focus set max_rounds - 1 times, then the whole dataset
-    batches = [r or [] for r in plan[:-tail]]
     wanted = set(discordant_ids(good, bad))
-    sizes = [sum(1 for i in r if i in wanted) for r in batches]
-    assert sizes[0] == min(batch, discordant)
-    assert all(later >= earlier for earlier, later in itertools.pairwise(sizes[:-1]))  # the last: the rest
-    ran = [i for r in batches for i in r]
-    assert len(ran) == len(set(ran))  # no sample twice among the batches
-    assert set(ran) == set(plan[-tail] or [])  # together: the whole focus set
+    rounds = [[i for i in r or [] if i in wanted] for r in plan[:-1]]
+    assert len(rounds[0]) == min(batch, discordant)
+    ran = [i for r in rounds for i in r]
+    assert len(set(ran[:discordant])) == discordant  # every sample once before the repeats
+    assert all(ran.count(i) == cfg.max_rounds for i in wanted)
+    assert all(len(r) == len(set(r)) for r in plan[:-1] if r is not None)  # a sample once a round
+    assert plan[-1] is None
+
+
+@settings(max_examples=40, deadline=None)
+@given(st.lists(st.tuples(st.integers(0, 4), st.integers(0, 4)), min_size=4, max_size=14),
+       st.sampled_from([1, 2, 4]), st.integers(1, 8))
+def test_each_round_is_the_one_that_teaches_most(counts: list[tuple[int, int]], repeats: int, batch: int) -> None:
+    """Ends of four runs a sample: one sample round after another, the sample whose next round
+    adds most to the step's expected evidence (`divergence` of its runs so far and one round
+    more), max_rounds rounds a discordant sample on average; the plan's rounds run them so, a
+    sample once a round (its next round in a later one), then the whole dataset."""
+    good = [SampleOutcome(id=f"s{i}", correct=g / 4, runs=4) for i, (g, _) in enumerate(counts)]
+    bad = [SampleOutcome(id=f"s{i}", correct=b / 4, runs=4) for i, (_, b) in enumerate(counts)]
+    good += [SampleOutcome(id=f"a{i}", correct=1.0, runs=4) for i in range(20)]
+    bad += [SampleOutcome(id=f"a{i}", correct=1.0, runs=4) for i in range(20)]
+    cfg = AccuracyConfig(repeats=repeats, focus=FocusConfig(batch=batch))
+    discordant = discordant_ids(good, bad)
+    assume(len(discordant) >= cfg.focus.min_discordant)
+    order = by_evidence(cfg, good, bad, discordant)
+    assert len(order) == cfg.max_rounds * len(discordant)
+    prior = stats.fit_joint(good, bad)
+    rates = {i: stats.side_rates(prior, stats.by_id(good)[i], stats.by_id(bad)[i]) for i in discordant}
+    done = dict.fromkeys(discordant, 0)
+
+    def gain(sample: str) -> float:
+        runs = done[sample] * repeats
+        return divergence(rates[sample], runs + repeats) - divergence(rates[sample], runs)
+
+    for sample in order:
+        assert gain(sample) >= max(map(gain, discordant)) - 1e-9
+        done[sample] += 1
+    plan = round_plan(cfg, good, bad, "c0ffee")
+    assert sorted(i for r in plan[:-1] for i in r or [] if i in discordant) == sorted(order)
+    assert all(len(r) == len(set(r)) for r in plan[:-1] if r is not None)
+    assert plan[-1] is None
+
+
+def test_a_telling_sample_runs_again_before_one_whose_ends_barely_differ() -> None:
+    """Three samples the ends' four runs each put at 4 of 4 and 0 of 4, one at 3 and 2: more
+    runs of the three tell more than a first of the fourth, which the focused rounds leave to
+    the whole dataset."""
+    good = [SampleOutcome(id=f"sure{i}", correct=1.0, runs=4) for i in range(3)]
+    bad = [SampleOutcome(id=f"sure{i}", correct=0.0, runs=4) for i in range(3)]
+    good += [SampleOutcome(id="small", correct=0.75, runs=4), *(SampleOutcome(id=f"a{i}", correct=1.0, runs=4)
+                                                                 for i in range(20))]
+    bad += [SampleOutcome(id="small", correct=0.5, runs=4), *(SampleOutcome(id=f"a{i}", correct=1.0, runs=4)
+                                                               for i in range(20))]
+    cfg = AccuracyConfig(repeats=2, focus=FocusConfig(batch=1, growth=1.0))
+    plan = round_plan(cfg, good, bad, "c0ffee")
+    assert plan[:-1] == [[f"sure{i}"] for _ in range(4) for i in range(3)]
     assert plan[-1] is None
 
 

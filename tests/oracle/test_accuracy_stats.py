@@ -211,8 +211,11 @@ def test_focusing_runs_the_discordant_samples_first_then_more() -> None:
     bad = outcomes([0] * 20 + [1] * 180)
     cfg = AccuracyConfig(max_rounds=2, focus=FocusConfig(batch=8, control=0.05))
     plan = round_plan(cfg, good, bad, "abc")
-    assert [len(r or []) for r in plan[:3]] == [8 + 4, 12 + 5, 20 + 9]  # batches grow 8, 12; 9 control ride along
+    # rounds of 8 and 16 sample runs, every discordant sample twice (max_rounds), each once before
+    # any twice (the ends ran them once); 9 control samples ride along, twice each
+    assert [len(r or []) for r in plan[:-1]] == [8 + 4, 16 + 7, 16 + 7]
     assert set(plan[0] or []) >= {f"s{i}" for i in range(8)}
+    assert {*(plan[0] or []), *(plan[1] or [])} >= {f"s{i}" for i in range(20)}
     assert plan[-1] is None  # the fallback: the whole dataset
     assert round_plan(cfg, good, bad, "abc") == plan  # the same for one commit (a resume asks the same)
     assert round_plan(cfg, good, bad, "abd")[0] != plan[0]  # another commit, another control set

@@ -10,22 +10,43 @@ commits, the same for one commit every time (a resumed session asks for the same
 from __future__ import annotations
 
 import hashlib
+import heapq
 import math
+from collections import deque
 from collections.abc import Collection, Sequence
 
 from bisect_npu.observations import SampleOutcome
-from bisect_npu.oracle.accuracy.stats import JointPrior, fit_joint, side_rates
+from bisect_npu.oracle.accuracy.stats import JointPrior, SideRates, by_id, fit_joint, side_rates
 from bisect_npu.oracle.config import AccuracyConfig
 
 
+def divergence(rates: SideRates, runs: int) -> float:
+    """What `runs` runs of one sample at a commit tell its sides apart: the Jeffreys divergence
+    of their counts (beta-binomial in each side's rate, `stats.side_rates`), the expected log
+    likelihood ratio under the bad side minus that under the good side. It grows with the runs
+    but slower and slower: once a commit's runs have placed its rate, more of them add little."""
+    total = 0.0
+    for k in range(runs + 1):
+        choose = math.lgamma(runs + 1) - math.lgamma(k + 1) - math.lgamma(runs - k + 1)
+        good, bad = (choose + _log_beta_binomial(k, runs, rate) for rate in (rates.good, rates.bad))
+        total += (math.exp(bad) - math.exp(good)) * (bad - good)
+    return total
+
+
+def _log_beta_binomial(k: int, n: int, rate: tuple[float, float]) -> float:
+    """log P(k of n | a rate of (mean, variance)) less the binomial coefficient, by moments."""
+    mean, var = rate
+    kappa = mean * (1 - mean) / var - 1
+    alpha, beta = mean * kappa, (1 - mean) * kappa
+    return (math.lgamma(alpha + k) + math.lgamma(beta + n - k) - math.lgamma(alpha + beta + n)
+            - math.lgamma(alpha) - math.lgamma(beta) + math.lgamma(alpha + beta))
+
+
 def telling(good: SampleOutcome, bad: SampleOutcome, prior: JointPrior) -> float:
-    """How much one run of a sample tells the sides apart: the Jeffreys divergence of its one-run
-    rates at the two sides (the expected log likelihood ratio under the bad side minus that under
-    the good side), each rate the sample's posterior given both ends' runs (`stats.side_rates`):
-    where the ends' rates go together, a disagreement between them tells little."""
-    rates = side_rates(prior, good, bad)
-    pg, pb = rates.good[0], rates.bad[0]
-    return (pb - pg) * (math.log(pb / pg) - math.log((1 - pb) / (1 - pg)))
+    """How much one run of a sample tells the sides apart (`divergence` of one run), each rate
+    the sample's posterior given both ends' runs (`stats.side_rates`): where the ends' rates go
+    together, a disagreement between them tells little."""
+    return divergence(side_rates(prior, good, bad), 1)
 
 
 def discordant_ids(good: Sequence[SampleOutcome], bad: Sequence[SampleOutcome]) -> list[str]:
@@ -86,12 +107,14 @@ def round_plan(cfg: AccuracyConfig, good: Sequence[SampleOutcome], bad: Sequence
     """The samples of each round a candidate may run, in order (None: the whole dataset); the
     caller runs rounds until the verdict is clear or the plan ends.
 
-    Focused: the discordant samples, most telling first, in batches that start at ``focus.batch``
-    and grow by ``focus.growth`` each round (a clear step stops after a few samples, an unclear
-    one soon runs the rest), the control set riding along in proportion; then the whole focus
-    set again (``max_rounds`` - 1 times: a sampled evaluation's rates sharpen with repeats);
-    then, as the fallback, the whole dataset once. Unfocused: the whole dataset ``max_rounds``
-    times.
+    Focused: ``max_rounds`` rounds a discordant sample in all, the round that tells the sides
+    apart most per sample run next (`by_evidence`): the most telling samples first, and another
+    round of one of them before a first run of a sample whose ends barely differ. Rounds start at
+    ``focus.batch`` sample runs and grow by ``focus.growth`` each round (a clear step stops after
+    a few, an unclear one soon runs the rest; a sample runs once a round, its next round waits for
+    the round after), the control set
+    (``max_rounds`` runs of each) riding along in proportion; then, as the fallback, the whole
+    dataset once. Unfocused: the whole dataset ``max_rounds`` times.
 
     `ran`: the samples an earlier step of this commit ran (the search asked it again). They are
     left out, so the new step's evidence is independent of the earlier one's given the side: a
@@ -101,15 +124,55 @@ def round_plan(cfg: AccuracyConfig, good: Sequence[SampleOutcome], bad: Sequence
     if focused is None:
         return [None] * cfg.max_rounds
     discordant = [i for i in discordant_ids(good, bad) if i not in ran]
-    control = focused[len(discordant):]
+    order = by_evidence(cfg, good, bad, discordant)
+    waiting = deque(order)
+    riding = focused[len(discordant):] * cfg.max_rounds
     plan: list[list[str] | None] = []
     size = float(cfg.focus.batch or len(discordant))
-    start = ridden = 0
-    while start < len(discordant):
-        end = min(len(discordant), start + max(1, round(size)))
-        riding = math.ceil(len(control) * end / len(discordant))  # control run once `end` discordant have
-        plan.append([*discordant[start:end], *control[ridden:riding]])
-        start, ridden, size = end, riding, size * cfg.focus.growth
-    plan += [focused] * (cfg.max_rounds - 1)
+    ridden = 0
+    while waiting or ridden < len(riding):
+        chosen: list[str] = []
+        again: list[str] = []  # a sample's next round, left for the round after: a round runs a sample once
+        while waiting and len(chosen) < max(1, round(size)):
+            sample = waiting.popleft()
+            (again if sample in chosen else chosen).append(sample)
+        waiting.extendleft(reversed(again))
+        due = math.ceil(len(riding) * (len(order) - len(waiting)) / len(order))  # control in proportion
+        while ridden < due and riding[ridden] not in chosen:
+            chosen.append(riding[ridden])
+            ridden += 1
+        plan.append(chosen)
+        size *= cfg.focus.growth
     plan.append(None)
     return plan
+
+
+def by_evidence(cfg: AccuracyConfig, good: Sequence[SampleOutcome], bad: Sequence[SampleOutcome],
+                discordant: Sequence[str]) -> list[str]:
+    """``max_rounds`` rounds per discordant sample in all, each the round that adds most to the
+    step's expected evidence (`divergence` of the sample's runs so far and one round more),
+    largest first; ties keep the samples' order. Every round of a sample costs the same runs, so
+    this is the order of what a round teaches per sample run: another round of a telling sample
+    goes before a first round of one whose ends barely differ.
+
+    What a sample's further runs add rests on how far its runs repeat one another, which the
+    ends measure only where both ran every sample more than once; where one did not
+    (`JointPrior.borrowed`), every sample runs once before any runs again, and each pass over
+    them in the order of what it adds."""
+    prior = fit_joint(good, bad, cfg.greedy)
+    g, b = by_id(good), by_id(bad)
+    rates = [side_rates(prior, g[sample], b[sample]) for sample in discordant]
+    measured = prior.borrowed is None
+
+    def gain(place: int, rounds: int) -> tuple[int, float, int, int]:
+        told = divergence(rates[place], cfg.repeats * (rounds + 1)) - divergence(rates[place], cfg.repeats * rounds)
+        return 0 if measured else rounds, -told, place, rounds
+
+    heads = [gain(place, 0) for place in range(len(discordant))]
+    heapq.heapify(heads)
+    order: list[str] = []
+    while len(order) < cfg.max_rounds * len(discordant):
+        *_, place, rounds = heapq.heappop(heads)
+        order.append(discordant[place])
+        heapq.heappush(heads, gain(place, rounds + 1))
+    return order

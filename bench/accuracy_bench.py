@@ -57,7 +57,6 @@ place: the calibration sweep's kinds the table does not hold.
 from __future__ import annotations
 
 import argparse
-import math
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -218,7 +217,6 @@ def run_ours(s: Scenario, case: Case, focused: bool, cfg: AccuracyConfig, earlie
     everything = list(range(s.samples))
     ends: dict[str, list[Observation]] = {}
     ran: dict[int, set[str]] = {}  # the samples each candidate's steps ran (a step asked again runs others)
-    judged: dict[int, tuple[VerdictKind, list[SampleOutcome]]] = {}  # each candidate's last verdict and runs
     repeats = cfg.repeats
     spent = harness_runs = 0
 
@@ -262,7 +260,7 @@ def run_ours(s: Scenario, case: Case, focused: bool, cfg: AccuracyConfig, earlie
             sizes.append(len(ids))
             seen.update(str(i) for i in ids)
             v = judge_accuracy(cfg, rounds, ends.get("good"), ends.get("bad"), role=role,
-                               final=number == len(plan) - 1, judged=_judged_sides(judged, position))
+                               final=number == len(plan) - 1)
             while role == "bad_end" and v.figures.get("good_end_again"):
                 # as AccuracySteps.step: the good end's next round (the whole dataset, pooled onto
                 # its rounds), then the bad end's rounds so far judged again
@@ -283,9 +281,6 @@ def run_ours(s: Scenario, case: Case, focused: bool, cfg: AccuracyConfig, earlie
             ends["good"] = rounds
         if role == "bad_end":
             ends["bad"] = [observation(_pooled(rounds))]
-        if role == "candidate" and v.kind in (VerdictKind.GOOD, VerdictKind.BAD) and stopped == "clear":
-            before = judged.get(position, (v.kind, []))[1]
-            judged[position] = (v.kind, [*before, *_pooled(rounds)])
         return v.kind, weigh(StepRecord.model_construct(index=position, commit=str(position), verdict=v))
 
     problem = SearchProblem(n=s.n, mode="likelihood", confidence=CONFIDENCE, answer_log_lr=step_bound(cfg.confidence))
@@ -299,21 +294,6 @@ def run_ours(s: Scenario, case: Case, focused: bool, cfg: AccuracyConfig, earlie
             kind, weight = step(query.index)
             evidence[query.index] = evidence.get(query.index, Evidence()).add(kind.value).weigh(weight)  # type: ignore[arg-type]
     return Outcome(False, spent, harness_runs)
-
-
-def _judged_sides(judged: dict[int, tuple[VerdictKind, list[SampleOutcome]]],
-                  position: int) -> tuple[list[SampleOutcome], list[SampleOutcome]]:
-    """Other candidates' runs on the side their last verdict put them, where the verdicts agree
-    on one change point: a good verdict above a bad one leaves both out."""
-    goods = [i for i, (kind, _) in judged.items() if kind == VerdictKind.GOOD]
-    bads = [i for i, (kind, _) in judged.items() if kind == VerdictKind.BAD]
-    lowest_bad, highest_good = min(bads, default=math.inf), max(goods, default=-math.inf)
-    sides: dict[VerdictKind, list[SampleOutcome]] = {VerdictKind.GOOD: [], VerdictKind.BAD: []}
-    for other, (kind, runs) in judged.items():
-        agreed = other < lowest_bad if kind == VerdictKind.GOOD else other > highest_good
-        if other != position and agreed:
-            sides[kind] += runs
-    return sides[VerdictKind.GOOD], sides[VerdictKind.BAD]
 
 
 def _pooled(rounds: list[Observation]) -> list[SampleOutcome]:

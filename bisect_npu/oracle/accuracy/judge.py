@@ -62,13 +62,11 @@ def _points(value: float) -> str:
 
 
 def judge_accuracy(cfg: AccuracyConfig, observations: Sequence[Observation], good_end: Sequence[Observation] | None,
-                   bad_end: Sequence[Observation] | None, *, role: Role, final: bool | None = None,
-                   judged: tuple[Sequence[SampleOutcome], Sequence[SampleOutcome]] = ((), ())) -> Verdict:
+                   bad_end: Sequence[Observation] | None, *, role: Role, final: bool | None = None) -> Verdict:
     """The verdict of one commit in `role` from its rounds (observations) and the ends' rounds;
     ``final`` says no further round can come (default: ``max_rounds`` rounds ran), so an unclear
     verdict is forced instead of asking for more (a focused candidate's rounds follow
-    focus.round_plan). ``judged``: other candidates' runs judged on the good and the bad side,
-    which condition a candidate's side rates as the ends' runs do (`stats.step_evidence`)."""
+    focus.round_plan)."""
     mine = samples_of(observations)
     rounds = len(observations)
     if mine is None or not mine:
@@ -88,7 +86,7 @@ def judge_accuracy(cfg: AccuracyConfig, observations: Sequence[Observation], goo
     if bad is None:
         return Verdict(kind=VerdictKind.SKIP, reason="no per-sample results of the bad end to pair against",
                        trials=rounds)
-    return _judge_candidate(cfg, mine, good, bad, figures, rounds, final, judged)
+    return _judge_candidate(cfg, mine, good, bad, figures, rounds, final)
 
 
 def _baseline(cfg: AccuracyConfig, samples: Sequence[SampleOutcome]) -> stats.BaselineCheck | None:
@@ -161,15 +159,14 @@ def _judge_bad_end(cfg: AccuracyConfig, mine: list[SampleOutcome], good: list[Sa
 
 
 def _judge_candidate(cfg: AccuracyConfig, mine: list[SampleOutcome], good: list[SampleOutcome],
-                     bad: list[SampleOutcome], figures: dict[str, Any], rounds: int, final: bool | None,
-                     judged: tuple[Sequence[SampleOutcome], Sequence[SampleOutcome]]) -> Verdict:
+                     bad: list[SampleOutcome], figures: dict[str, Any], rounds: int, final: bool | None) -> Verdict:
     prior = stats.fit_joint(good, bad, cfg.greedy)
     bound = stats.stop_bound(cfg.confidence, prior)
     discordant = set(discordant_ids(good, bad))
     control = [s for s in mine if s.id not in discordant]
     control_diff, control_p = stats.control_p(control, good, bad, prior)
     broken_elsewhere = bool(control) and control_diff < 0 and control_p <= (1 - cfg.confidence) / cfg.max_rounds
-    evidence = stats.step_evidence(mine, good, bad, prior, cfg.confidence, judged)
+    evidence = stats.step_evidence(mine, good, bad, prior, cfg.confidence)
     log_lr = evidence.log_lr
     imputed = _imputed(mine, good)
     check = _baseline(cfg, imputed)

@@ -784,8 +784,7 @@ class StepEvidence:
 
 def step_evidence(candidate: Sequence[SampleOutcome], good: Sequence[SampleOutcome],
                   bad: Sequence[SampleOutcome], prior: JointPrior | None = None,
-                  confidence: float | None = None,
-                  judged: tuple[Sequence[SampleOutcome], Sequence[SampleOutcome]] = ((), ())) -> StepEvidence:
+                  confidence: float | None = None) -> StepEvidence:
     """log P(candidate | bad side) - log P(candidate | good side) over the samples it ran: > 0
     says bad, < 0 good. Samples are independent given the side and its mean; each side's mean is
     integrated over its standard error (`mean_errors`), so a step cannot be surer than the ends'
@@ -796,17 +795,12 @@ def step_evidence(candidate: Sequence[SampleOutcome], good: Sequence[SampleOutco
     the ratio of the mixtures is (each spread's ratio weighed by that spread's posterior). Where
     the ends' spreads may be read two ways (`JointPrior.readings`) the step is as sure as the
     less sure reading, and says nothing where they disagree: one reading holds for every step
-    of a search, so a step must not lean on whichever suits its own candidate best.
-    ``judged``: other candidates' runs the search has judged on the good and the bad side. A
-    sample's rate on a side is one for every commit on that side, so they condition its side
-    rates as the ends' runs do: a rate the ends' runs misplaced does not mislead every step that
-    runs the sample at the same odds."""
+    of a search, so a step must not lean on whichever suits its own candidate best."""
     prior = prior or fit_joint(good, bad)
     if not candidate:
         return StepEvidence(0.0)
     errors = mean_errors(good, bad, prior)
-    g, b = by_id(pool(good, judged[0])), by_id(pool(bad, judged[1]))
-    each = [_reading_evidence(candidate, g, b, _spread_nodes(reading), errors)
+    each = [_reading_evidence(candidate, by_id(good), by_id(bad), _spread_nodes(reading), errors)
             for reading in evident_readings(prior, confidence)]
     if any(e.log_lr * each[0].log_lr <= 0 for e in each):
         return StepEvidence(0.0)

@@ -36,20 +36,20 @@ another, leave them to move nothing much: a wrong or other-host value costs runs
 An answer rests on the session's own runs: a side of it that only earlier runs speak for is run
 first, and the ends are judged wrong on the session's runs alone.
 
-A query is one run where it teaches most about c per cost: the expected fall of the change
-point's entropy, its outcome drawn from the posterior predictive (`expected_information`), over
-a build where the position is not built yet. Once the likeliest position holds ``LATE_SHARE`` of
-the posterior the fall weighed is that of the log-odds against it, what the stopping rule waits
-on: the entropy would still pay for runs that only reorder the small masses far from it. The ends
-are asked like any position: a run of either sharpens the means every step is judged by, and
-nothing makes them special but that the posterior never puts the change outside them. The answer
-is the block of positions that skips cannot split holding ``confidence``, never a culprit whose
-own runs, or its parent's, contradict it by the odds the answer is held to (``own_log_lr``: what
-a position's runs alone say against the session's other runs, which the line's lean, the
-baseline and the earlier runs can outweigh): the range the runs agree on instead
-(`agreement.agreed_range`, as likelihood mode). The ends are wrong when
-the model over the session's runs makes it ``confidence`` sure that the bad side does not lie
-under the good side's line (``ends_under_line``).
+A query is one run where it teaches most about c per cost: the expected fall of the change point's
+entropy, its outcome drawn from the model's own posterior predictive (every prior of the posterior
+in it: `expected_information`), over a build where the position is not built yet. Once the
+likeliest position holds ``LATE_SHARE`` of the posterior the fall weighed is that of the log-odds
+against it, what the stopping rule waits on: the entropy would still pay for runs that only reorder
+the small masses far from it. The ends are asked like any position: a run of either sharpens the
+means every step is judged by, and nothing makes them special but that the posterior never puts the
+change outside them. The answer is the block of positions that skips cannot split holding
+``confidence``, never a culprit whose own runs, or its parent's, contradict it by the odds the
+answer is held to (``own_log_lr``: what a position's runs alone say against the session's other
+runs, which the line's lean, the baseline and the earlier runs can outweigh): the range the runs
+agree on instead (`agreement.agreed_range`, as likelihood mode). The ends are wrong when the model
+over the session's runs makes it ``confidence`` sure that the bad side does not lie under the good
+side's line (``ends_under_line``).
 """
 
 from __future__ import annotations
@@ -323,42 +323,46 @@ def expected_information(n: int, runs: Mapping[int, Sequence[float]], threshold:
                          baseline: float | None = None, earlier: EarlierLevels = NO_EARLIER) -> np.ndarray:
     """For each of ``positions``: the expected fall in the change point's entropy from one more run
     there (in the log-odds against the likeliest position once it holds ``LATE_SHARE``), its
-    outcome drawn from the posterior predictive (each c's side mean, Student's t with that c's
-    spread under the same prior as the posterior's, ``SPREAD_PRIOR_RUNS``), integrated on a grid
-    of ``outcomes`` values."""
+    outcome drawn from the model's own posterior predictive, integrated on a grid of ``outcomes``
+    values: P(y | runs) is the sum over c of P(runs, y | c), the likelihood the posterior after the
+    run is read from, so every prior the posterior has (the spread's, the baseline, the earlier
+    runs, the line's lean) weighs the outcome as it weighs the answer, and the expected fall is
+    never negative."""
     assert _ready(n, runs, earlier)
     center = _center(runs)
     sums = _side_sums(n, runs, center)
     post = _normalised(_log_lik_of_sums(*sums, center, threshold, baseline, earlier))
-    # the predictive takes the earlier runs as runs: a side may have no run of the session's
-    known = _host_sums(*sums, center, earlier[0], earlier[1], 1.0)
-    left, n_left, right, n_right, within = _split(*known)
-    # the spread's prior as the posterior has it, read at the session's runs' level
-    within, df = _with_spread_prior(within, float(known[0].sum()), _level(sums[0], sums[1], center), threshold)
-    spread2 = np.maximum(within / df, _TINY)
-    spread = float(np.sqrt((post * spread2).sum()))
-    low = float(min((post * right).sum(), (post * left).sum())) - 4 * spread
-    high = float(max((post * right).sum(), (post * left).sum())) + 4 * spread
-    ys = np.linspace(low, high, outcomes)
+    ys = _outcome_grid(sums, center, threshold, post, earlier, outcomes)
     xs = np.asarray(positions)
-    # a run at x sees the bad side's mean for c <= x (c index x - 1), the good side's else
-    on_bad = np.arange(1, n + 1)[None, :] <= xs[:, None]  # positions x c
-    mean = np.where(on_bad, right, left)
-    scale = np.sqrt(spread2 * (1 + 1 / np.where(on_bad, n_right, n_left)))
-    z = (ys[None, :, None] - mean[:, None, :]) / scale[:, None, :]  # positions x outcomes x c
-    density = np.exp(-(df + 1) / 2 * np.log1p(z * z / df)) / scale[:, None, :]  # Student's t, less its constant
-    predictive = density @ post
-    weights = predictive / predictive.sum(axis=1, keepdims=True)
     count, total, squares = (np.repeat(np.repeat(a[None, None, :], len(xs), axis=0), outcomes, axis=1)
                              for a in sums)
     rows, columns = np.arange(len(xs)), xs
     count[rows, :, columns] += 1
     total[rows, :, columns] += ys
     squares[rows, :, columns] += ys * ys
-    after = _normalised(_log_lik_of_sums(count, total, squares, center, threshold, baseline, earlier))
+    joint = _log_lik_of_sums(count, total, squares, center, threshold, baseline, earlier)  # positions x outcomes x c
+    # the culprit uniform a priori: P(y | runs) at x is the sum over c of P(runs, y | c), up to a
+    # factor the same for every outcome (the runs' count), normalised on the grid
+    weights = _normalised(np.logaddexp.reduce(joint, axis=-1))
+    after = _normalised(joint)
     measure = entropy if float(post.max()) < LATE_SHARE else _unsure
     gains: np.ndarray = float(measure(post)) - (weights * measure(after)).sum(axis=1)
     return gains
+
+
+def _outcome_grid(sums: tuple[np.ndarray, np.ndarray, np.ndarray], center: float, threshold: float,
+                  post: np.ndarray, earlier: EarlierLevels, outcomes: int) -> np.ndarray:
+    """The outcomes a run is integrated over: evenly from four spreads under the lower of the two
+    sides' posterior means to four over the higher (the earlier runs taken as runs, a side may
+    have no run of the session's; the spread under the posterior's prior), centred values."""
+    known = _host_sums(*sums, center, earlier[0], earlier[1], 1.0)
+    left, _, right, _, within = _split(*known)
+    within, df = _with_spread_prior(within, float(known[0].sum()), _level(sums[0], sums[1], center), threshold)
+    spread = float(np.sqrt((post * np.maximum(within / df, _TINY)).sum()))
+    low = float(min((post * right).sum(), (post * left).sum())) - 4 * spread
+    high = float(max((post * right).sum(), (post * left).sum())) + 4 * spread
+    ys: np.ndarray = np.linspace(low, high, outcomes)
+    return ys
 
 
 def _unsure(post: np.ndarray) -> np.ndarray:

@@ -176,14 +176,28 @@ def test_the_line_is_asked_of_the_model_summed_by_brute_force() -> None:
 
 def test_once_a_position_leads_the_run_asked_settles_it_against_its_rivals(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(two_levels, "SPREAD_PRIOR_RUNS", 0.0)  # the query rule on the runs' own spread
-    runs = {0: (0.993, 0.97), 2: (0.997,), 3: (0.954, 0.999), 4: (0.905,), 5: (0.913, 0.897), 8: (0.953,)}
+    runs = {0: (1.005,), 1: (1.019,), 2: (0.937, 0.918), 8: (0.934,)}
     post = posterior(8, runs, THRESHOLD)
-    assert post is not None and two_levels.LATE_SHARE <= post.max() < 0.99 and int(np.argmax(post)) + 1 == 4
+    assert post is not None and two_levels.LATE_SHARE <= post.max() < 0.99 and int(np.argmax(post)) + 1 == 2
     asked = decide(problem(8), {i: Evidence().measure(v) for i, v in runs.items()})
-    assert asked == Next((Query(4),))  # the run that tells c = 4 from c = 5, its likeliest rival
-    monkeypatch.setattr(two_levels, "LATE_SHARE", 1.0)  # the entropy alone: it asks elsewhere
+    assert asked == Next((Query(1),))  # the run that tells c = 2 from c = 1, its likeliest rival
+    monkeypatch.setattr(two_levels, "LATE_SHARE", 1.0)  # the entropy alone: it asks far from the leader
     gains = expected_information(8, runs, THRESHOLD, list(range(9)))
-    assert int(np.argmax(gains)) != 4
+    assert int(np.argmax(gains)) > 2
+
+
+@pytest.mark.parametrize(("baseline", "earlier"), [(None, ((), ())), (1.0, ((), ())), (1.0, ((), (0.93,))),
+                                                   (0.9, ((), (1.01,)))])
+def test_a_run_is_expected_to_teach_something_wherever_it_goes(
+        baseline: float | None, earlier: tuple[tuple[float, ...], tuple[float, ...]]) -> None:
+    """The query rule's outcome is drawn from the model's own predictive, every prior of the
+    posterior in it (the baseline, the earlier runs, the line's lean): a run's expected fall of the
+    change point's entropy is then never negative, the good end's with a baseline where its runs are
+    or a nightly value over the line included."""
+    runs = {0: (1.0, 0.98), 1: (1.0,), 4: (0.93, 0.92), 9: (0.92,)}
+    with patch.object(two_levels, "LATE_SHARE", 1.0):  # the entropy throughout
+        gains = expected_information(9, runs, THRESHOLD, list(range(10)), baseline=baseline, earlier=earlier)
+    assert gains.min() >= 0.0 and int(np.argmax(gains)) in (2, 3)  # the culprit lies between 1 and 4
 
 
 @settings(max_examples=10, deadline=None)

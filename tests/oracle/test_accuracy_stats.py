@@ -408,3 +408,22 @@ def test_greedy_ends_a_candidate_like_the_good_end_passes_the_control_test_and_o
     diff, p = stats.control_p(failing, good, bad, prior)
     assert diff == pytest.approx(-9 / 90, abs=0.01) and p <= 0.01 / 3
 
+
+
+def test_ends_run_once_are_known_against_the_drop_s_lower_bound() -> None:
+    """200 fresh draws a run: a good end read 87.5% against a bad end's 70% makes a 17.5-point
+    drop whose fifth covers both means' errors, yet 2 errors of the difference below it, where a
+    good end off by 2.4 of its errors puts the true drop, it does not: the ends run again. The
+    same drop from two runs a sample is known as measured."""
+    rng = np.random.default_rng(3)
+
+    def fresh(right: int) -> np.ndarray:
+        counts = np.zeros(200, dtype=int)
+        counts[rng.permutation(200)[:right]] = 1
+        return counts
+
+    good, bad = outcomes(fresh(175)), outcomes(fresh(140))
+    good_error, bad_error = stats.mean_errors(good, bad)
+    assert max(good_error, bad_error) <= stats.ENDS_ERROR_SHARE * 0.175
+    assert not stats.ends_known(good, bad)
+    assert stats.ends_known(outcomes(rng.binomial(2, 0.875, 200), 2), outcomes(rng.binomial(2, 0.70, 200), 2))

@@ -411,3 +411,49 @@ def test_greedy_ends_a_candidate_like_the_good_end_passes_the_control_test_and_o
     diff, p = stats.control_p(failing, good, bad, prior)
     assert diff == pytest.approx(-9 / 90, abs=0.01) and p <= 0.01 / 3
 
+
+
+def test_ends_run_once_are_known_against_the_drop_s_lower_bound() -> None:
+    """200 fresh draws a run: a good end read 87.5% against a bad end's 70% makes a 17.5-point
+    drop whose fifth covers both means' errors, yet 2 errors of the difference below it, where a
+    good end off by 2.4 of its errors puts the true drop, it does not: the ends run again. The
+    same drop from two runs a sample is known as measured."""
+    rng = np.random.default_rng(3)
+
+    def fresh(right: int) -> np.ndarray:
+        counts = np.zeros(200, dtype=int)
+        counts[rng.permutation(200)[:right]] = 1
+        return counts
+
+    good, bad = outcomes(fresh(175)), outcomes(fresh(140))
+    good_error, bad_error = stats.mean_errors(good, bad)
+    assert max(good_error, bad_error) <= stats.ENDS_ERROR_SHARE * 0.175
+    assert not stats.ends_known(good, bad)
+    assert stats.ends_known(outcomes(rng.binomial(2, 0.875, 200), 2), outcomes(rng.binomial(2, 0.70, 200), 2))
+
+
+def test_a_good_end_run_once_is_taken_at_the_low_end_of_its_error_in_the_control_test() -> None:
+    """200 fresh draws a run, the good end read 89% where its commits score 82%: a good commit at
+    78% on the control samples falls short of the good side's rates integrated over the good
+    mean's error at a step's level, and would be broken elsewhere; at the low end of that error
+    (shared by every step) it is not, while a candidate at 40% is broken either way."""
+    rng = np.random.default_rng(0)
+
+    def fresh(right: int, size: int = 200) -> np.ndarray:
+        counts = np.zeros(size, dtype=int)
+        counts[rng.permutation(size)[:right]] = 1
+        return counts
+
+    good, bad = outcomes(fresh(178)), outcomes(fresh(140))
+    prior = stats.fit_joint(good, bad)
+    discordant = set(discordant_ids(good, bad))
+    control = [s for s in good if s.id not in discordant]
+
+    def scoring(rate: float) -> list[SampleOutcome]:
+        counts = fresh(round(rate * len(control)), len(control))
+        return [SampleOutcome(id=s.id, correct=float(k), runs=1) for s, k in zip(control, counts, strict=True)]
+
+    line = 0.01 / 3
+    assert stats.control_p(scoring(0.78), good, bad, prior)[1] <= line
+    assert stats.control_p(scoring(0.78), good, bad, prior, 0.99)[1] > line
+    assert stats.control_p(scoring(0.4), good, bad, prior, 0.99)[1] <= line

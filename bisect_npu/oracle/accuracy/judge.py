@@ -164,7 +164,7 @@ def _judge_candidate(cfg: AccuracyConfig, mine: list[SampleOutcome], good: list[
     bound = stats.stop_bound(cfg.confidence, prior)
     discordant = set(discordant_ids(good, bad))
     control = [s for s in mine if s.id not in discordant]
-    control_diff, control_p = stats.control_p(control, good, bad, prior)
+    control_diff, control_p = stats.control_p(control, good, bad, prior, cfg.confidence)
     broken_elsewhere = bool(control) and control_diff < 0 and control_p <= (1 - cfg.confidence) / cfg.max_rounds
     evidence = stats.step_evidence(mine, good, bad, prior, cfg.confidence)
     log_lr = evidence.log_lr

@@ -660,7 +660,7 @@ def looser_end(good: Sequence[SampleOutcome], bad: Sequence[SampleOutcome],
 
 
 def control_p(candidate: Sequence[SampleOutcome], good: Sequence[SampleOutcome], bad: Sequence[SampleOutcome],
-              prior: JointPrior) -> tuple[float, float]:
+              prior: JointPrior, confidence: float | None = None) -> tuple[float, float]:
     """(mean of the candidate's rates less the good side's expected ones, one-sided p of "fewer
     correct runs than a good commit gives") on the control samples it ran. The reference is each
     sample's good-side rate given both ends' runs (`side_rates`), not the good end's own results:
@@ -668,7 +668,11 @@ def control_p(candidate: Sequence[SampleOutcome], good: Sequence[SampleOutcome],
     results on them lean high by selection, while the posterior rate accounts for that choice
     (and where answers repeat it is the good end's result). Exact: the beta-binomial counts of
     the samples convolved, the good side's mean integrated over its error (`mean_errors`, `NODES`)
-    as a step's likelihoods are, since that error is shared by every sample."""
+    as a step's likelihoods are, since that error is shared by every sample.
+    Where the good end ran its samples once and a `confidence` is given, the good side's mean is
+    taken at the low end of its error instead (`step_bound`'s share of 1 - confidence, one-sided):
+    that error is shared by every step too, so integrated at one step's level a good end read
+    high by chance flags every good commit at once."""
     g, b = by_id(good), by_id(bad)
     rows = [(round(s.correct_runs), s.runs, side_rates(prior, g.get(s.id), b.get(s.id)).good)
             for s in candidate if s.runs > 0]
@@ -677,6 +681,9 @@ def control_p(candidate: Sequence[SampleOutcome], good: Sequence[SampleOutcome],
     diff = sum(k / n - rate[0] for k, n, rate in rows) / len(rows)
     observed = sum(k for k, _, _ in rows)
     error = mean_errors(good, bad, prior)[0]
+    if confidence is not None and good and min(s.runs for s in good) == 1:
+        low = NormalDist().inv_cdf(1.0 - (1.0 - confidence) * STEP_ERROR_SHARE)
+        return diff, min(1.0, _lower_tail(rows, observed, -low * error))
     tail = sum(w * _lower_tail(rows, observed, z * error) for z, w in zip(NODES, WEIGHTS, strict=True))
     return diff, min(1.0, tail / math.sqrt(2 * math.pi))
 
@@ -696,14 +703,26 @@ def _lower_tail(rows: Sequence[tuple[int, int, tuple[float, float]]], observed: 
 # between the ends: candidates are placed between the two means, so the drop must stand clear of
 # either end's error.
 ENDS_ERROR_SHARE = 0.2
+# Where an end ran its samples once, the drop that share is taken of is the measured one less this
+# many standard errors of the difference (`ends_known`).
+ENDS_DROP_ERRORS = 2.0
 
 
 def ends_known(good: Sequence[SampleOutcome], bad: Sequence[SampleOutcome]) -> bool:
-    """Whether both ends' mean rates are known to within ``ENDS_ERROR_SHARE`` of the drop."""
+    """Whether both ends' mean rates are known to within ``ENDS_ERROR_SHARE`` of the drop. Where
+    either end ran its samples once, of the drop's lower bound (``ENDS_DROP_ERRORS`` standard
+    errors of the difference below the measured drop): an end off by chance in the drop's
+    direction makes the drop read large and so itself look known, and every candidate then leans
+    one way. One run a sample leaves an end's mean its widest error against the drop (a fifth of
+    a 12-point drop at 200 fresh draws); with repeats the measured drop is kept, since there the
+    bound would run an end again on about half the histories for an error already small."""
     if not good or not bad:
         return False
     drop = abs(sum(s.correct for s in good) / len(good) - sum(s.correct for s in bad) / len(bad))
-    return max(mean_errors(good, bad)) <= ENDS_ERROR_SHARE * drop
+    good_error, bad_error = mean_errors(good, bad)
+    if min(s.runs for s in (*good, *bad)) == 1:
+        drop -= ENDS_DROP_ERRORS * math.hypot(good_error, bad_error)
+    return max(good_error, bad_error) <= ENDS_ERROR_SHARE * drop
 
 
 def _node_log_liks(outcomes: Sequence[tuple[float, int, tuple[float, float]]], error: float) -> list[float]:

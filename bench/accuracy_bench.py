@@ -62,7 +62,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 import numpy as np
-from reliability import Reliability, reliability, table_header, table_row
+from reliability import Reliability, p_label, reliability, table_header, table_row
 
 from bisect_npu.observations import Observation, SampleOutcome, VerdictKind
 from bisect_npu.oracle.accuracy.focus import round_plan
@@ -339,7 +339,7 @@ def calibration(runs: int, first_seed: int, only: str, kinds: tuple[Scenario, ..
         named = reliability((g.posterior, g.wrong) for g in got if g.posterior is not None)
         rows.append((s.name, named))
         print(f"| {s.name}, {s.samples} samples, {100 * s.good:.0f}% -> {100 * s.bad:.0f}%, repeats {s.repeats} | "
-              f"{right / runs:.1%} | {wrong} ({wrong / runs:.1%}) | {named.expected:.2f} | {named.p_value:.2f} | "
+              f"{right / runs:.1%} | {wrong} ({wrong / runs:.1%}) | {named.expected:.2f} | {p_label(named.p_value)} | "
               f"{runs - right - wrong} | "
               f"{np.mean([g.sample_runs for g in got]):,.0f} | {np.mean([g.harness_runs for g in got]):.1f} |")
         if wrong:

@@ -90,7 +90,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
-from reliability import bin_label, reliability
+from reliability import bin_label, p_label, reliability
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tests.helpers: the NPU run's stand-in
 
@@ -584,7 +584,8 @@ def main() -> None:
                 if named.answers:
                     notes.append(f"{breaks}: {named.answers} culprits named at a posterior the search told: "
                                  f"{named.wrong} wrong, {named.expected:.2f} expected (sum of 1 - posterior), "
-                                 f"P(wrong >= seen) {named.p_value:.2f}; by posterior (answers / wrong / expected): "
+                                 f"P(wrong >= seen) {p_label(named.p_value)}; by posterior (answers / wrong / "
+                                 f"expected): "
                                  + "; ".join(f"{bin_label(b)} {b.answers} / {b.wrong} / {b.expected:.2f}"
                                              for b in named.bins))
     for note in notes:

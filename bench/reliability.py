@@ -69,6 +69,11 @@ def poisson_tail(observed: int, expected: float) -> float:
     return max(0.0, 1.0 - below)
 
 
+def p_label(p: float) -> str:
+    """A tail probability as printed: three decimals, small ones in powers of ten."""
+    return f"{p:.3f}" if p >= 0.001 else f"{p:.1e}"
+
+
 def bin_label(b: Bin) -> str:
     close = "]" if b.hi >= 1.0 else ")"
     return f"[{b.lo:g}, {b.hi:g}{close}"
@@ -83,4 +88,4 @@ def table_header(r: Reliability) -> list[str]:
 
 def table_row(name: str, r: Reliability) -> str:
     cells = " | ".join(f"{b.answers} / {b.wrong} / {b.expected:.2f}" for b in r.bins)
-    return f"| {name} | {cells} | {r.answers} / {r.wrong} / {r.expected:.2f} | {r.p_value:.2f} |"
+    return f"| {name} | {cells} | {r.answers} / {r.wrong} / {r.expected:.2f} | {p_label(r.p_value)} |"

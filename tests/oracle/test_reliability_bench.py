@@ -56,6 +56,7 @@ def test_poisson_tail(rel: ModuleType) -> None:
     r = rel.reliability([(0.99, k < 2) for k in range(100)])
     assert r.expected == pytest.approx(1.0)
     assert r.p_value == pytest.approx(0.2642, abs=1e-4)
+    assert rel.p_label(0.2642) == "0.264" and rel.p_label(4.2e-4) == "4.2e-04"
 
 
 def test_the_table_prints_every_bin_and_the_tail(rel: ModuleType) -> None:
@@ -63,4 +64,4 @@ def test_the_table_prints_every_bin_and_the_tail(rel: ModuleType) -> None:
     header = rel.table_header(r)
     assert header[0].count("answers / wrong / expected") == 5 and header[1].count("---:") == 6
     cells = "0 / 0 / 0.00 | 1 / 1 / 0.01 | 0 / 0 / 0.00 | 1 / 0 / 0.00 | 2 / 1 / 0.01"
-    assert rel.table_row("x", r) == f"| x | {cells} | {rel.poisson_tail(1, 0.007):.2f} |"
+    assert rel.table_row("x", r) == f"| x | {cells} | {rel.poisson_tail(1, 0.007):.3f} |"

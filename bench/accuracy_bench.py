@@ -42,7 +42,9 @@ max_rounds 3, focus growth 2, control 5%, min_discordant 4).
 answer a fresh draw, intraclass correlation 0.2 with every sample's rate scaled down, 0.5 and
 0.95 with a broken subset, greedy), 200 samples falling 82% -> 70% over 48 commits as a session
 runs them (focused, 4 repeats; greedy 1), counting beside the runs how often a wrong culprit is
-named: what a session reports with exit 0. Seeds 1000.. for tuning, 1.. for the figures.
+named: what a session reports with exit 0; beside it the wrong ones the answers' own posteriors
+expect (the sum of 1 - posterior), the chance calibration alone reaches the count seen, and the
+answers binned by posterior (bench/reliability.py). Seeds 1000.. for tuning, 1.. for the figures.
 `--icc` (with `--samples`, `--scores`, `--repeats`, `--shape`) runs one kind of your own in its
 place: the calibration sweep's kinds the table does not hold.
 

@@ -42,7 +42,9 @@ max_rounds 3, focus growth 2, control 5%, min_discordant 4).
 answer a fresh draw, intraclass correlation 0.2 with every sample's rate scaled down, 0.5 and
 0.95 with a broken subset, greedy), 200 samples falling 82% -> 70% over 48 commits as a session
 runs them (focused, 4 repeats; greedy 1), counting beside the runs how often a wrong culprit is
-named: what a session reports with exit 0. Seeds 1000.. for tuning, 1.. for the figures.
+named: what a session reports with exit 0; beside it the wrong ones the answers' own posteriors
+expect (the sum of 1 - posterior), the chance calibration alone reaches the count seen, and the
+answers binned by posterior (bench/reliability.py). Seeds 1000.. for tuning, 1.. for the figures.
 `--icc` (with `--samples`, `--scores`, `--repeats`, `--shape`) runs one kind of your own in its
 place: the calibration sweep's kinds the table does not hold.
 
@@ -62,6 +64,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 import numpy as np
+from reliability import Reliability, p_label, reliability, table_header, table_row
 
 from bisect_npu.observations import Observation, SampleOutcome, VerdictKind
 from bisect_npu.oracle.accuracy.focus import round_plan
@@ -164,6 +167,7 @@ class Outcome:
     sample_runs: int
     harness_runs: int
     wrong: bool = False  # another commit named as the culprit: what a session ends with exit 0
+    posterior: float | None = None  # the posterior a culprit was named at (exit 0); None when none was
 
 
 def run_gate(s: Scenario, case: Case) -> Outcome:
@@ -288,8 +292,10 @@ def run_ours(s: Scenario, case: Case, focused: bool, cfg: AccuracyConfig, earlie
     for _ in range(4 * s.n):
         decision = decide(problem, evidence)
         if not isinstance(decision, Next):
-            right = isinstance(decision, Found) and decision.index == case.culprit
-            return Outcome(right, spent, harness_runs, isinstance(decision, Found) and not right)
+            found = decision if isinstance(decision, Found) else None
+            right = found is not None and found.index == case.culprit
+            return Outcome(right, spent, harness_runs, found is not None and not right,
+                           found.confidence if found is not None else None)
         for query in decision.queries:
             kind, weight = step(query.index)
             evidence[query.index] = evidence.get(query.index, Evidence()).add(kind.value).weigh(weight)  # type: ignore[arg-type]
@@ -318,26 +324,43 @@ def accuracy_config(s: Scenario, earlier: bool = False) -> AccuracyConfig:
 
 def calibration(runs: int, first_seed: int, only: str, kinds: tuple[Scenario, ...] = CALIBRATION) -> None:
     """Each kind of sampled history, the way a session runs it (focused): right, wrong culprits
-    named (a session's exit 0), no culprit (a range or a weaker answer), and the cost."""
+    named (a session's exit 0), the wrong ones the answers' own posteriors expect, no culprit (a
+    range or a weaker answer), and the cost; then the answers binned by posterior."""
     print(f"{runs} histories per kind, seeds {first_seed}..{first_seed + runs - 1}, confidence {CONFIDENCE}")
-    print("| kind | right | wrong culprit named (exit 0) | no single culprit | sample runs (mean) | "
-          "harness runs (mean) |")
-    print("|---|---:|---:|---:|---:|---:|")
+    print("| kind | right | wrong culprit named (exit 0) | expected wrong (sum of 1 - posterior) | "
+          "P(wrong >= seen) | no single culprit | sample runs (mean) | harness runs (mean) |")
+    print("|---|---:|---:|---:|---:|---:|---:|---:|")
     seeds: list[str] = []
+    rows: list[tuple[str, Reliability]] = []
     for s in kinds:
         if only not in s.name:
             continue
         cfg = accuracy_config(s)
         got = [run_ours(s, make_case(s, first_seed + k), True, cfg) for k in range(runs)]
         right, wrong = sum(g.right for g in got), sum(g.wrong for g in got)
+        named = reliability((g.posterior, g.wrong) for g in got if g.posterior is not None)
+        rows.append((s.name, named))
         print(f"| {s.name}, {s.samples} samples, {100 * s.good:.0f}% -> {100 * s.bad:.0f}%, repeats {s.repeats} | "
-              f"{right / runs:.1%} | {wrong} ({wrong / runs:.1%}) | {runs - right - wrong} | "
+              f"{right / runs:.1%} | {wrong} ({wrong / runs:.1%}) | {named.expected:.2f} | {p_label(named.p_value)} | "
+              f"{runs - right - wrong} | "
               f"{np.mean([g.sample_runs for g in got]):,.0f} | {np.mean([g.harness_runs for g in got]):.1f} |")
         if wrong:
             seeds.append(f"{s.name}: wrong culprits at seeds "
-                         f"{', '.join(str(first_seed + k) for k, g in enumerate(got) if g.wrong)}")
+                         f"{', '.join(f'{first_seed + k} ({g.posterior:.4f})' for k, g in enumerate(got) if g.wrong)}")
     for line in seeds:
         print(line)
+    if not rows:
+        return
+    print("\nculprits named (exit 0) by the posterior they were named at: answers / wrong / wrong expected")
+    for line in table_header(rows[0][1]):
+        print(line)
+    for name, named in rows:
+        print(table_row(name, named))
+    if len(rows) > 1:
+        pooled = rows[0][1]
+        for _, named in rows[1:]:
+            pooled = pooled + named
+        print(table_row("pooled", pooled))
 
 
 def where(runs: int, first_seed: int, only: str) -> None:

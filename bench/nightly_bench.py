@@ -90,6 +90,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
+from reliability import bin_label, p_label, reliability
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tests.helpers: the NPU run's stand-in
 
@@ -193,17 +194,20 @@ class Outcome:
     samples: int = 0
     wrong: bool = False  # another commit named as the culprit (exit 0)
     ends_wrong: bool = False  # the ends judged wrong (exit 4)
+    posterior: float | None = None  # the posterior the culprit was named at, where the search's decision tells it
 
 
 def scored(world: World, runs: int, samples: int = 0, *, found: int | None = None,
-           narrowed: tuple[int, int] | None = None, ends_wrong: bool = False) -> Outcome:
+           narrowed: tuple[int, int] | None = None, ends_wrong: bool = False,
+           posterior: float | None = None) -> Outcome:
     """An answer (the culprit `found`, the range `narrowed`, or the ends judged wrong) scored against
     the world, whichever shape gave it (the search's decision, a session's result), so every row
     counts "best answer" alike: the culprit, exactly the range its unbuildable parent(s) leave, or
     exit 4 where the drop is within the line's gap (`World.over_line`)."""
     named = found == world.culprit
     best = named or narrowed == world.best_range() or (ends_wrong and world.over_line)
-    return Outcome(named, best, runs, samples, wrong=found is not None and not named, ends_wrong=ends_wrong)
+    return Outcome(named, best, runs, samples, wrong=found is not None and not named, ends_wrong=ends_wrong,
+                   posterior=posterior if found is not None else None)
 
 
 def blocked(world: World) -> bool:
@@ -361,7 +365,8 @@ class Ours:
         return scored(self.world, self.runs, self.samples,
                       found=decision.index if isinstance(decision, Found) else None,
                       narrowed=(decision.lo, decision.hi) if isinstance(decision, Narrowed) else None,
-                      ends_wrong=isinstance(decision, EndsWrong))
+                      ends_wrong=isinstance(decision, EndsWrong),
+                      posterior=decision.confidence if isinstance(decision, Found) else None)
 
     def bisect(self) -> Outcome:
         if self.levels and self.recipe.oracle.throughput is not None:
@@ -575,6 +580,14 @@ def main() -> None:
                              f"{sum(r.wrong for r in mine)} wrong culprits named with exit 0 "
                              f"({np.mean([r.wrong for r in mine]):.2%}); {sum(r.ends_wrong for r in mine)} "
                              f"ends judged wrong (exit 4)")
+                named = reliability((r.posterior, r.wrong) for r in mine if r.posterior is not None)
+                if named.answers:
+                    notes.append(f"{breaks}: {named.answers} culprits named at a posterior the search told: "
+                                 f"{named.wrong} wrong, {named.expected:.2f} expected (sum of 1 - posterior), "
+                                 f"P(wrong >= seen) {p_label(named.p_value)}; by posterior (answers / wrong / "
+                                 f"expected): "
+                                 + "; ".join(f"{bin_label(b)} {b.answers} / {b.wrong} / {b.expected:.2f}"
+                                             for b in named.bins))
     for note in notes:
         print(note)
     if args.work is None:

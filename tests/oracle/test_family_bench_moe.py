@@ -4,14 +4,12 @@ judged as bench/family_bench.py judges its pairs."""
 
 from __future__ import annotations
 
-import importlib.util
-import sys
 from pathlib import Path
 from types import ModuleType
 
 import pytest
 
-from tests.helpers.paths import REPO_ROOT
+from tests.helpers.bench_module import load_bench
 
 pytest.importorskip("torch")
 pytest.importorskip("msprobe.pytorch")
@@ -20,12 +18,7 @@ tiny_moe = pytest.importorskip("tests.helpers.tiny_moe")
 
 @pytest.fixture(scope="module")
 def bench() -> ModuleType:
-    spec = importlib.util.spec_from_file_location("family_bench", REPO_ROOT / "bench" / "family_bench.py")
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules["family_bench"] = module  # its dataclasses look their module up
-    spec.loader.exec_module(module)
-    return module
+    return load_bench("family_bench")
 
 
 def _pairs(bench: ModuleType, family: object, names: set[str]) -> dict[str, object]:

@@ -4,14 +4,12 @@ tiny Qwen2-MoE (a shared expert behind a sigmoid gate), judged with the shipped 
 
 from __future__ import annotations
 
-import importlib.util
-import sys
 from pathlib import Path
 from types import ModuleType
 
 import pytest
 
-from tests.helpers.paths import REPO_ROOT
+from tests.helpers.bench_module import load_bench
 
 pytest.importorskip("torch")
 pytest.importorskip("msprobe.pytorch")
@@ -22,13 +20,7 @@ pytestmark = pytest.mark.heavy  # four to six msprobe dumps of real models: a mi
 
 @pytest.fixture(scope="module")
 def bench() -> ModuleType:
-    spec = importlib.util.spec_from_file_location("heldout_family_bench", REPO_ROOT / "bench" /
-                                                  "heldout_family_bench.py")
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules["heldout_family_bench"] = module  # its dataclasses look their module up
-    spec.loader.exec_module(module)
-    return module
+    return load_bench("heldout_family_bench")
 
 
 def _judge(bench: ModuleType, tmp_path: Path, family: object, name: str) -> tuple[object, str | None]:

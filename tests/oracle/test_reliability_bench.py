@@ -3,25 +3,17 @@ that says whether the wrong answers seen contradict calibration."""
 
 from __future__ import annotations
 
-import importlib.util
 import math
-import sys
-from pathlib import Path
 from types import ModuleType
 
 import pytest
 
-REPO_ROOT = Path(__file__).resolve().parents[2]
+from tests.helpers.bench_module import load_bench
 
 
 @pytest.fixture(scope="module")
 def rel() -> ModuleType:
-    spec = importlib.util.spec_from_file_location("reliability", REPO_ROOT / "bench" / "reliability.py")
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules["reliability"] = module  # its dataclasses look their module up
-    spec.loader.exec_module(module)
-    return module
+    return load_bench("reliability")
 
 
 def test_answers_fall_in_their_bins_with_the_wrong_ones_expected(rel: ModuleType) -> None:

@@ -16,7 +16,7 @@ from collections import deque
 from collections.abc import Collection, Sequence
 
 from bisect_npu.observations import SampleOutcome
-from bisect_npu.oracle.accuracy.stats import JointPrior, SideRates, by_id, fit_joint, side_rates
+from bisect_npu.oracle.accuracy.stats import JointPrior, SideRates, by_id, fit_joint, log_predictive, side_rates
 from bisect_npu.oracle.config import AccuracyConfig
 
 
@@ -28,18 +28,9 @@ def divergence(rates: SideRates, runs: int) -> float:
     total = 0.0
     for k in range(runs + 1):
         choose = math.lgamma(runs + 1) - math.lgamma(k + 1) - math.lgamma(runs - k + 1)
-        good, bad = (choose + _log_beta_binomial(k, runs, rate) for rate in (rates.good, rates.bad))
+        good, bad = (choose + log_predictive(k, runs, rate) for rate in (rates.good, rates.bad))
         total += (math.exp(bad) - math.exp(good)) * (bad - good)
     return total
-
-
-def _log_beta_binomial(k: int, n: int, rate: tuple[float, float]) -> float:
-    """log P(k of n | a rate of (mean, variance)) less the binomial coefficient, by moments."""
-    mean, var = rate
-    kappa = mean * (1 - mean) / var - 1
-    alpha, beta = mean * kappa, (1 - mean) * kappa
-    return (math.lgamma(alpha + k) + math.lgamma(beta + n - k) - math.lgamma(alpha + beta + n)
-            - math.lgamma(alpha) - math.lgamma(beta) + math.lgamma(alpha + beta))
 
 
 def telling(good: SampleOutcome, bad: SampleOutcome, prior: JointPrior) -> float:

@@ -610,7 +610,7 @@ def _as_rate(mean: float, var: float) -> tuple[float, float]:
     return m, min(max(var, MIN_VAR), 0.9 * m * (1 - m))
 
 
-def _predictive(k: float, n: int, rate: tuple[float, float]) -> float:
+def log_predictive(k: float, n: int, rate: tuple[float, float]) -> float:
     """log P(k of n correct | the side's rate (mean, variance)), beta-binomial by moments (the
     binomial coefficient left out: it cancels in a ratio)."""
     mean, var = rate
@@ -624,7 +624,7 @@ def sample_log_lr(candidate: SampleOutcome, good: SampleOutcome | None, bad: Sam
     """One sample's log P(outcome | bad side) - log P(outcome | good side), clipped."""
     k, n = candidate.correct_runs, candidate.runs
     rates = side_rates(prior, good, bad)
-    return _clip(_predictive(k, n, rates.bad) - _predictive(k, n, rates.good))
+    return _clip(log_predictive(k, n, rates.bad) - log_predictive(k, n, rates.good))
 
 
 def _clip(log_lr: float) -> float:
@@ -695,7 +695,7 @@ def _lower_tail(rows: Sequence[tuple[int, int, tuple[float, float]]], observed: 
     for _, n, rate in rows:
         r = _as_rate(rate[0] + shift, rate[1])
         choose = _log_choose(n)
-        pmf = np.convolve(pmf, np.exp([choose[j] + _predictive(j, n, r) for j in range(n + 1)]))[:observed + 1]
+        pmf = np.convolve(pmf, np.exp([choose[j] + log_predictive(j, n, r) for j in range(n + 1)]))[:observed + 1]
     return float(pmf.sum())
 
 
@@ -728,7 +728,7 @@ def ends_known(good: Sequence[SampleOutcome], bad: Sequence[SampleOutcome]) -> b
 def _node_log_liks(outcomes: Sequence[tuple[float, int, tuple[float, float]]], error: float) -> list[float]:
     """log P(a step's outcomes | one side, that side's mean z_k errors off its estimate), per
     node k: one shift for every sample at once, since they share it."""
-    return [sum(_predictive(k, n, _as_rate(rate[0] + z * error, rate[1])) for k, n, rate in outcomes)
+    return [sum(log_predictive(k, n, _as_rate(rate[0] + z * error, rate[1])) for k, n, rate in outcomes)
             for z in NODES]
 
 
@@ -837,8 +837,8 @@ def _reading_evidence(candidate: Sequence[SampleOutcome], g: dict[str, SampleOut
         clipped = 0.0
         for s in candidate:
             rates = side_rates(moved, g.get(s.id), b.get(s.id))
-            clipped += _clip(_predictive(s.correct_runs, s.runs, rates.bad)
-                             - _predictive(s.correct_runs, s.runs, rates.good))
+            clipped += _clip(log_predictive(s.correct_runs, s.runs, rates.bad)
+                             - log_predictive(s.correct_runs, s.runs, rates.good))
             outcomes_good.append((s.correct_runs, s.runs, rates.good))
             outcomes_bad.append((s.correct_runs, s.runs, rates.bad))
         clipped_at.append(clipped)

@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import socket
 import tempfile
 import threading
 from collections.abc import Callable, Iterator
@@ -33,7 +34,7 @@ from pathlib import Path
 from typing import Any
 
 from bisect_npu import __version__
-from bisect_npu.builders.base import Builder, BuildFailed, Environment
+from bisect_npu.builders.base import Builder, BuildFailed, Environment, ImageGone
 from bisect_npu.builders.failures import BuildUnreachable, EnvironmentFailure
 from bisect_npu.errors import BisectError, InfrastructureError, UsageError
 from bisect_npu.execute.base import Executor, RunResult, probe_log_path, probe_stem, run_node_path
@@ -98,13 +99,49 @@ def check_nodes(npus: dict[str, int], nodes: NodesSpec) -> int:
     return engines
 
 
+REACH_TIMEOUT_S = 10.0  # how long the head's address may take to accept a connection
+START_CLUSTER = ("start it (`ray start --head --port 6379` on one host, `ray start --address HEAD:6379` on the "
+                 "others) and pass its head's HOST:PORT with --ray-address or RAY_ADDRESS")
+
+
 def connect(address: str | None) -> None:
-    """Join the cluster at `address` (else RAY_ADDRESS, else a local one) once per process."""
+    """Join the cluster at `address` (else RAY_ADDRESS, else a local one) once per process; an
+    address nothing answers on is refused at once (Ray itself would retry it for minutes)."""
     import ray
 
-    if not ray.is_initialized():
-        ray.init(address=address or os.environ.get("RAY_ADDRESS") or None, namespace=NAMESPACE, log_to_driver=False,
-                 include_dashboard=False if not (address or os.environ.get("RAY_ADDRESS")) else None)
+    if ray.is_initialized():
+        return
+    given = address or os.environ.get("RAY_ADDRESS") or None
+    if given:
+        check_reachable(given)
+    try:
+        ray.init(address=given, namespace=NAMESPACE, log_to_driver=False,
+                 include_dashboard=False if not given else None)
+    except ConnectionError as exc:  # "auto" with no cluster found, a head that went meanwhile
+        raise InfrastructureError(f"no Ray cluster at {given or 'this host'} ({str(exc).splitlines()[0][:200]}); "
+                                  f"{START_CLUSTER}") from None
+
+
+def check_reachable(address: str) -> None:
+    """Refuses a cluster address (`HOST:PORT` of the head) that accepts no connection within
+    REACH_TIMEOUT_S, naming it; "auto", "local" and `ray://` client addresses are left to Ray."""
+    import ray
+
+    if address.startswith("ray://") or address in ("auto", "local"):
+        return
+    host, _, port = address.rpartition(":")
+    if not host or not port.isdigit():
+        raise UsageError(f"Ray address {address!r} is not HOST:PORT: give the head's (`--ray-address HEAD:6379`, "
+                         "6379 unless its `ray start --head --port` said otherwise)")
+    host = host.strip("[]")
+    if host in ("localhost", "127.0.0.1", "::1"):  # as Ray connects to it: this host's own address
+        node_address: Callable[[], str] = ray.util.get_node_ip_address  # untyped in Ray
+        host = node_address()
+    try:
+        socket.create_connection((host, int(port)), timeout=REACH_TIMEOUT_S).close()
+    except OSError as exc:
+        raise InfrastructureError(f"no Ray cluster answers at {address} ({exc.strerror or exc}); "
+                                  f"{START_CLUSTER}") from None
 
 
 def cluster_nodes(per_run: int) -> list[NodeEngines]:
@@ -238,6 +275,16 @@ class BatchOutcome:
     nodes: list[NodeBuild] = field(default_factory=list)  # each node's build the batch ran on
 
 
+@contextlib.contextmanager
+def seen_on(node_id: str) -> Iterator[None]:
+    """A candidate's image gone or renamed on this node's engine (ImageGone) names the node: the
+    driver, which acquires the commit again, writes the line into the step's build log."""
+    try:
+        yield
+    except ImageGone as gone:
+        raise ImageGone(f"Ray node {node_id[:12]}: {gone}") from gone
+
+
 def build_said(env: Environment) -> dict[str, Any]:
     """What a batch says of the candidate its node built or reused (BatchOutcome.build)."""
     return {"how": env.how, "key": env.build_key, "image": env.image, "seconds": env.seconds}
@@ -323,7 +370,8 @@ def run_batch(commit: str, request: dict[str, Any], timeout_s: float, session_id
                                log_tail=f"build failed: {failure}")
             return BatchOutcome(node_id, cards, result, small_files(out_dir), {"how": "failed", "error": str(failure)})
         try:
-            result = executor_factory(cards).run_probe(env, request, out_dir, timeout_s)
+            with seen_on(node_id):
+                result = executor_factory(cards).run_probe(env, request, out_dir, timeout_s)
         finally:
             builds.release.remote(env)
         return BatchOutcome(node_id, cards, result, small_files(out_dir), build_said(env),
@@ -353,21 +401,36 @@ def run_command_batch(commit: str, argv: list[str], timeout_s: float, extra_env:
             return BatchOutcome(node_id, [], result, _command_files(out_dir), {"how": "failed", "error": str(failure)})
         here = {**extra_env, **({REASON_FILE: str(out_dir / COMMAND_REASON)} if REASON_FILE in extra_env else {})}
         try:
-            result = executor_factory([]).run_command(env, argv, log, timeout_s, here)
+            with seen_on(node_id):
+                result = executor_factory([]).run_command(env, argv, log, timeout_s, here)
         finally:
             builds.release.remote(env)
         return BatchOutcome(node_id, [], result, _command_files(out_dir), build_said(env),
                             [node_build(node_id, env, result)])
 
 
+def innermost(exc: BaseException) -> BaseException:
+    """What a Ray task raised on its node, inside any nesting of Ray's task wrappers."""
+    import ray
+
+    while isinstance(exc, ray.exceptions.RayTaskError) and exc.cause is not None:
+        exc = exc.cause
+    return exc
+
+
+def ended_without_result(commit: str, exc: BaseException) -> InfrastructureError:
+    """A batch Ray could not finish (its node or worker gone past the task's retries, an actor
+    of the session lost, the task cancelled): the host's failure, one line."""
+    said = (str(exc).strip().splitlines() or [""])[0][:200]
+    return InfrastructureError(f"the Ray task of {commit[:12]} ended without a result ({type(exc).__name__}"
+                               f"{': ' + said if said else ''}); check the cluster (`ray status`), then run again "
+                               "(`bisect-npu resume`)")
+
+
 def own_error(exc: BaseException) -> BisectError | None:
     """bisect-npu's own error that a Ray task raised on its node (inside any nesting of Ray's
     wrappers: a task's error of an actor's call), or None for anything else."""
-    import ray
-
-    cause: BaseException | None = exc
-    while isinstance(cause, ray.exceptions.RayTaskError):
-        cause = cause.cause
+    cause = innermost(exc)
     return cause if isinstance(cause, BisectError) else None
 
 
@@ -491,14 +554,15 @@ class RayExecutor:
         with self._tracked(ref):
             try:
                 outcome: BatchOutcome = ray.get(ref)
-            except (ray.exceptions.TaskCancelledError, ray.exceptions.WorkerCrashedError) as exc:
-                raise InfrastructureError(f"the Ray task of {commit[:12]} ended without a result ({exc}); "
-                                          "run again (`bisect-npu resume`)") from exc
             except ray.exceptions.RayTaskError as exc:
                 cause = own_error(exc)
-                if cause is None:
-                    raise
-                raise cause from None  # its own one line (a pin venv that cannot be built: exit 5), no traceback
+                if cause is not None:
+                    raise cause from None  # its own one line (a pin venv that cannot be built: exit 5), no traceback
+                if not isinstance(innermost(exc), ray.exceptions.RayError):
+                    raise  # a bug of ours on the node: its traceback
+                raise ended_without_result(commit, innermost(exc)) from exc  # Ray's own failure inside the task
+            except ray.exceptions.RayError as exc:  # its node or worker gone past the task's retries, cancelled
+                raise ended_without_result(commit, exc) from exc
             except KeyboardInterrupt:  # Ctrl-C (or SIGTERM) while this thread waits: stop the batch
                 ray.cancel(ref, force=True)
                 raise

@@ -45,6 +45,7 @@ from bisect_npu.records import NodeBuild
 NAMESPACE = "bisect-npu"  # the driver's and its builder actors' (named actors are found per namespace)
 RESOURCE = "NPU"  # the resource name Ray gives Ascend cards (ray/_private/accelerators/npu.py)
 TASK_RETRIES = 3  # reruns of a batch whose node (or worker) died under it
+CAPACITY_CHECK_S = 30.0  # how often a waiting batch checks that an alive node still holds its engine
 
 # What a node makes its builder and its executors with (orchestration/opening/environments.py's, pickled by reference).
 BuilderFactory = Callable[[str], Builder]  # node id -> that node's builder
@@ -543,16 +544,18 @@ class RayExecutor:
                                              scheduling_strategy=self._placement(env.commit))
         ref = task.remote(env.commit, request, timeout_s, self.session_id, self.builder_factory,
                           self.executor_factory)
-        outcome = self._outcome(env.commit, ref)
+        outcome = self._outcome(env.commit, ref, self.per_run)
         raise_if_unreachable(outcome, out_dir)
         return self._land(outcome, request, out_dir)
 
-    def _outcome(self, commit: str, ref: Any) -> BatchOutcome:
-        """The task's outcome, its node kept as the commit's home (its build is there)."""
+    def _outcome(self, commit: str, ref: Any, per_run: int = 0) -> BatchOutcome:
+        """The task's outcome (a task of `per_run` NPUs: see `_wait`), its node kept as the
+        commit's home (its build is there)."""
         import ray
 
         with self._tracked(ref):
             try:
+                self._wait(commit, ref, per_run)
                 outcome: BatchOutcome = ray.get(ref)
             except ray.exceptions.RayTaskError as exc:
                 cause = own_error(exc)
@@ -569,6 +572,19 @@ class RayExecutor:
         with self._lock:
             self._home.setdefault(commit, outcome.node_id)
         return outcome
+
+    def _wait(self, commit: str, ref: Any, per_run: int) -> None:
+        """Until the task of `per_run` NPUs is done; refused (and cancelled) once no alive node
+        holds such an engine any more (those that did were lost: Ray would wait for one forever)."""
+        import ray
+
+        while not ray.wait([ref], timeout=CAPACITY_CHECK_S)[0]:
+            if per_run and not any(node.engines for node in cluster_nodes(per_run)):
+                ray.cancel(ref, force=True)
+                raise InfrastructureError(f"the batch of {commit[:12]} waits for a Ray node with {per_run} {RESOURCE} "
+                                          "and no alive node of the cluster has that many now (those that had were "
+                                          "lost); bring them back (`ray status` lists the nodes), then run again "
+                                          "(`bisect-npu resume`)")
 
     def _across_nodes(self, commit: str, request: dict[str, Any], timeout_s: float) -> BatchOutcome:
         """One batch with every node of the engine (execute/ray_nodes.py), torn down at its end."""

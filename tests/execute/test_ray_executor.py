@@ -503,6 +503,40 @@ def test_ray_s_own_failure_inside_a_batch_is_one_line_not_a_traceback(cluster: A
         executor.close()
 
 
+def test_a_batch_no_alive_node_can_hold_any_more_is_refused_not_waited_for(
+        cluster: Any, monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    """The nodes that held the recipe's engine lost mid-run, the next batch would wait for one
+    forever (Ray keeps an infeasible task pending, silently): the run says so in one line, exit 5,
+    and the task is cancelled. Here an engine of 32 NPUs on nodes of 8, 8 and 16."""
+    import uuid
+
+    import ray
+
+    from bisect_npu.builders.base import Environment
+    from bisect_npu.errors import InfrastructureError
+    from bisect_npu.execute import ray as ray_executor_module
+    from bisect_npu.execute.ray import RayExecutor
+
+    class Nothing:  # local, so Ray sends it by value to the nodes
+        def sweep(self) -> int:
+            return 0
+
+    def nothing(_: Any) -> Nothing:
+        return Nothing()
+
+    monkeypatch.setattr(ray_executor_module, "CAPACITY_CHECK_S", 0.5)
+    executor = RayExecutor(cluster.address, 32, f"test-{uuid.uuid4().hex[:8]}", nothing, nothing)
+    started = time.monotonic()
+    try:
+        with pytest.raises(InfrastructureError, match=r"^the batch of c0ffeec0ffee waits for a Ray node with 32 NPU "
+                                                      r"and no alive node .*`bisect-npu resume`"):
+            executor.run_probe(Environment(kind="worktree", commit="c0ffee" * 6 + "beef"), {}, tmp_path / "out", 60)
+    finally:
+        executor.close()
+    assert time.monotonic() - started < 30
+    assert ray.available_resources().get("NPU", 0) == sum(NODE_NPUS)  # nothing left waiting for cards
+
+
 def _retry_journaled(session: Path) -> bool:
     """Whether the journal, as far as it is written, holds a retry (its last line may be half done)."""
     path = session / "journal.jsonl"

@@ -10,7 +10,10 @@ as bytes and the driver writes them into the session: only the driver writes the
 Locality: a candidate's later batches go to the node that ran it first (soft affinity: another
 node when that one is gone). Faults: a node lost mid-batch fails the task as a system failure and
 Ray reruns it elsewhere (`max_retries`); nothing of the lost attempt reaches the session, so no
-trial is lost or doubled. `close()` cancels what runs and sweeps every node; `sweep()` stops what
+trial is lost or doubled; a batch no alive node can hold any more, or one Ray could not finish,
+stops the run in one line (exit 5). A candidate's image gone on its node (ImageGone) names the
+node and reaches the driver's evaluator, which acquires the commit again and writes the miss into
+the step's build log. `close()` cancels what runs and sweeps every node; `sweep()` stops what
 a SIGKILLed earlier driver of this session left (its processes and containers, by the session's
 mark), on every node.
 

@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Literal
 
 from bisect_npu import __version__
+from bisect_npu.errors import BisectError
 from bisect_npu.execute.ascend import DRIVER_MOUNTS, MANAGEMENT_DEVICES
 from bisect_npu.execute.host_devices import HOST_ROOT, host_cards, missing_paths
 
@@ -148,15 +149,15 @@ def ray_checks(address: str | None) -> list[Check]:
 
     if importlib.util.find_spec("ray") is None:
         return [Check("ray", False, "not installed", "pip install 'bisect-npu[ray]' here and on every node")]
-    from bisect_npu.execute.ray import cluster_nodes, connect, node_engines, node_versions
+    from bisect_npu.execute.ray import START_CLUSTER, cluster_nodes, connect, node_engines, node_versions
     from bisect_npu.recipe.loader import bundled_recipes, load_recipe
 
     try:
         connect(address)
+    except BisectError as exc:  # an address nothing answers on, or not an address: the run's words
+        return [Check("ray cluster", False, str(exc).removesuffix(f"; {START_CLUSTER}"), START_CLUSTER)]
     except Exception as exc:  # Ray's own errors for an address with no cluster behind it
-        return [Check("ray cluster", False, f"not reachable ({str(exc).splitlines()[0][:150]})",
-                      "start it (`ray start --head` on one host, `ray start --address HEAD:6379` on the others) "
-                      "and pass --ray-address or set RAY_ADDRESS")]
+        return [Check("ray cluster", False, f"not reachable ({str(exc).splitlines()[0][:150]})", START_CLUSTER)]
     nodes = cluster_nodes(1)
     with_npus = [node for node in nodes if node.npus]
     checks = [Check("ray cluster", bool(with_npus), f"{len(nodes)} node(s), {sum(n.npus for n in nodes)} NPU(s)",

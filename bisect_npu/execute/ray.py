@@ -10,7 +10,10 @@ as bytes and the driver writes them into the session: only the driver writes the
 Locality: a candidate's later batches go to the node that ran it first (soft affinity: another
 node when that one is gone). Faults: a node lost mid-batch fails the task as a system failure and
 Ray reruns it elsewhere (`max_retries`); nothing of the lost attempt reaches the session, so no
-trial is lost or doubled. `close()` cancels what runs and sweeps every node; `sweep()` stops what
+trial is lost or doubled; a batch no alive node can hold any more, or one Ray could not finish,
+stops the run in one line (exit 5). A candidate's image gone on its node (ImageGone) names the
+node and reaches the driver's evaluator, which acquires the commit again and writes the miss into
+the step's build log. `close()` cancels what runs and sweeps every node; `sweep()` stops what
 a SIGKILLed earlier driver of this session left (its processes and containers, by the session's
 mark), on every node.
 
@@ -25,6 +28,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import socket
 import tempfile
 import threading
 from collections.abc import Callable, Iterator
@@ -33,7 +37,7 @@ from pathlib import Path
 from typing import Any
 
 from bisect_npu import __version__
-from bisect_npu.builders.base import Builder, BuildFailed, Environment
+from bisect_npu.builders.base import Builder, BuildFailed, Environment, ImageGone
 from bisect_npu.builders.failures import BuildUnreachable, EnvironmentFailure
 from bisect_npu.errors import BisectError, InfrastructureError, UsageError
 from bisect_npu.execute.base import Executor, RunResult, probe_log_path, probe_stem, run_node_path
@@ -44,6 +48,7 @@ from bisect_npu.records import NodeBuild
 NAMESPACE = "bisect-npu"  # the driver's and its builder actors' (named actors are found per namespace)
 RESOURCE = "NPU"  # the resource name Ray gives Ascend cards (ray/_private/accelerators/npu.py)
 TASK_RETRIES = 3  # reruns of a batch whose node (or worker) died under it
+CAPACITY_CHECK_S = 30.0  # how often a waiting batch checks that an alive node still holds its engine
 
 # What a node makes its builder and its executors with (orchestration/opening/environments.py's, pickled by reference).
 BuilderFactory = Callable[[str], Builder]  # node id -> that node's builder
@@ -98,13 +103,49 @@ def check_nodes(npus: dict[str, int], nodes: NodesSpec) -> int:
     return engines
 
 
+REACH_TIMEOUT_S = 10.0  # how long the head's address may take to accept a connection
+START_CLUSTER = ("start it (`ray start --head --port 6379` on one host, `ray start --address HEAD:6379` on the "
+                 "others) and pass its head's HOST:PORT with --ray-address or RAY_ADDRESS")
+
+
 def connect(address: str | None) -> None:
-    """Join the cluster at `address` (else RAY_ADDRESS, else a local one) once per process."""
+    """Join the cluster at `address` (else RAY_ADDRESS, else a local one) once per process; an
+    address nothing answers on is refused at once (Ray itself would retry it for minutes)."""
     import ray
 
-    if not ray.is_initialized():
-        ray.init(address=address or os.environ.get("RAY_ADDRESS") or None, namespace=NAMESPACE, log_to_driver=False,
-                 include_dashboard=False if not (address or os.environ.get("RAY_ADDRESS")) else None)
+    if ray.is_initialized():
+        return
+    given = address or os.environ.get("RAY_ADDRESS") or None
+    if given:
+        check_reachable(given)
+    try:
+        ray.init(address=given, namespace=NAMESPACE, log_to_driver=False,
+                 include_dashboard=False if not given else None)
+    except ConnectionError as exc:  # "auto" with no cluster found, a head that went meanwhile
+        raise InfrastructureError(f"no Ray cluster at {given or 'this host'} ({str(exc).splitlines()[0][:200]}); "
+                                  f"{START_CLUSTER}") from None
+
+
+def check_reachable(address: str) -> None:
+    """Refuses a cluster address (`HOST:PORT` of the head) that accepts no connection within
+    REACH_TIMEOUT_S, naming it; "auto", "local" and `ray://` client addresses are left to Ray."""
+    import ray
+
+    if address.startswith("ray://") or address in ("auto", "local"):
+        return
+    host, _, port = address.rpartition(":")
+    if not host or not port.isdigit():
+        raise UsageError(f"Ray address {address!r} is not HOST:PORT: give the head's (`--ray-address HEAD:6379`, "
+                         "6379 unless its `ray start --head --port` said otherwise)")
+    host = host.strip("[]")
+    if host in ("localhost", "127.0.0.1", "::1"):  # as Ray connects to it: this host's own address
+        node_address: Callable[[], str] = ray.util.get_node_ip_address  # untyped in Ray
+        host = node_address()
+    try:
+        socket.create_connection((host, int(port)), timeout=REACH_TIMEOUT_S).close()
+    except OSError as exc:
+        raise InfrastructureError(f"no Ray cluster answers at {address} ({exc.strerror or exc}); "
+                                  f"{START_CLUSTER}") from None
 
 
 def cluster_nodes(per_run: int) -> list[NodeEngines]:
@@ -238,6 +279,16 @@ class BatchOutcome:
     nodes: list[NodeBuild] = field(default_factory=list)  # each node's build the batch ran on
 
 
+@contextlib.contextmanager
+def seen_on(node_id: str) -> Iterator[None]:
+    """A candidate's image gone or renamed on this node's engine (ImageGone) names the node: the
+    driver, which acquires the commit again, writes the line into the step's build log."""
+    try:
+        yield
+    except ImageGone as gone:
+        raise ImageGone(f"Ray node {node_id[:12]}: {gone}") from gone
+
+
 def build_said(env: Environment) -> dict[str, Any]:
     """What a batch says of the candidate its node built or reused (BatchOutcome.build)."""
     return {"how": env.how, "key": env.build_key, "image": env.image, "seconds": env.seconds}
@@ -323,7 +374,8 @@ def run_batch(commit: str, request: dict[str, Any], timeout_s: float, session_id
                                log_tail=f"build failed: {failure}")
             return BatchOutcome(node_id, cards, result, small_files(out_dir), {"how": "failed", "error": str(failure)})
         try:
-            result = executor_factory(cards).run_probe(env, request, out_dir, timeout_s)
+            with seen_on(node_id):
+                result = executor_factory(cards).run_probe(env, request, out_dir, timeout_s)
         finally:
             builds.release.remote(env)
         return BatchOutcome(node_id, cards, result, small_files(out_dir), build_said(env),
@@ -353,21 +405,36 @@ def run_command_batch(commit: str, argv: list[str], timeout_s: float, extra_env:
             return BatchOutcome(node_id, [], result, _command_files(out_dir), {"how": "failed", "error": str(failure)})
         here = {**extra_env, **({REASON_FILE: str(out_dir / COMMAND_REASON)} if REASON_FILE in extra_env else {})}
         try:
-            result = executor_factory([]).run_command(env, argv, log, timeout_s, here)
+            with seen_on(node_id):
+                result = executor_factory([]).run_command(env, argv, log, timeout_s, here)
         finally:
             builds.release.remote(env)
         return BatchOutcome(node_id, [], result, _command_files(out_dir), build_said(env),
                             [node_build(node_id, env, result)])
 
 
+def innermost(exc: BaseException) -> BaseException:
+    """What a Ray task raised on its node, inside any nesting of Ray's task wrappers."""
+    import ray
+
+    while isinstance(exc, ray.exceptions.RayTaskError) and exc.cause is not None:
+        exc = exc.cause
+    return exc
+
+
+def ended_without_result(commit: str, exc: BaseException) -> InfrastructureError:
+    """A batch Ray could not finish (its node or worker gone past the task's retries, an actor
+    of the session lost, the task cancelled): the host's failure, one line."""
+    said = (str(exc).strip().splitlines() or [""])[0][:200]
+    return InfrastructureError(f"the Ray task of {commit[:12]} ended without a result ({type(exc).__name__}"
+                               f"{': ' + said if said else ''}); check the cluster (`ray status`), then run again "
+                               "(`bisect-npu resume`)")
+
+
 def own_error(exc: BaseException) -> BisectError | None:
     """bisect-npu's own error that a Ray task raised on its node (inside any nesting of Ray's
     wrappers: a task's error of an actor's call), or None for anything else."""
-    import ray
-
-    cause: BaseException | None = exc
-    while isinstance(cause, ray.exceptions.RayTaskError):
-        cause = cause.cause
+    cause = innermost(exc)
     return cause if isinstance(cause, BisectError) else None
 
 
@@ -480,31 +547,47 @@ class RayExecutor:
                                              scheduling_strategy=self._placement(env.commit))
         ref = task.remote(env.commit, request, timeout_s, self.session_id, self.builder_factory,
                           self.executor_factory)
-        outcome = self._outcome(env.commit, ref)
+        outcome = self._outcome(env.commit, ref, self.per_run)
         raise_if_unreachable(outcome, out_dir)
         return self._land(outcome, request, out_dir)
 
-    def _outcome(self, commit: str, ref: Any) -> BatchOutcome:
-        """The task's outcome, its node kept as the commit's home (its build is there)."""
+    def _outcome(self, commit: str, ref: Any, per_run: int = 0) -> BatchOutcome:
+        """The task's outcome (a task of `per_run` NPUs: see `_wait`), its node kept as the
+        commit's home (its build is there)."""
         import ray
 
         with self._tracked(ref):
             try:
+                self._wait(commit, ref, per_run)
                 outcome: BatchOutcome = ray.get(ref)
-            except (ray.exceptions.TaskCancelledError, ray.exceptions.WorkerCrashedError) as exc:
-                raise InfrastructureError(f"the Ray task of {commit[:12]} ended without a result ({exc}); "
-                                          "run again (`bisect-npu resume`)") from exc
             except ray.exceptions.RayTaskError as exc:
                 cause = own_error(exc)
-                if cause is None:
-                    raise
-                raise cause from None  # its own one line (a pin venv that cannot be built: exit 5), no traceback
+                if cause is not None:
+                    raise cause from None  # its own one line (a pin venv that cannot be built: exit 5), no traceback
+                if not isinstance(innermost(exc), ray.exceptions.RayError):
+                    raise  # a bug of ours on the node: its traceback
+                raise ended_without_result(commit, innermost(exc)) from exc  # Ray's own failure inside the task
+            except ray.exceptions.RayError as exc:  # its node or worker gone past the task's retries, cancelled
+                raise ended_without_result(commit, exc) from exc
             except KeyboardInterrupt:  # Ctrl-C (or SIGTERM) while this thread waits: stop the batch
                 ray.cancel(ref, force=True)
                 raise
         with self._lock:
             self._home.setdefault(commit, outcome.node_id)
         return outcome
+
+    def _wait(self, commit: str, ref: Any, per_run: int) -> None:
+        """Until the task of `per_run` NPUs is done; refused (and cancelled) once no alive node
+        holds such an engine any more (those that did were lost: Ray would wait for one forever)."""
+        import ray
+
+        while not ray.wait([ref], timeout=CAPACITY_CHECK_S)[0]:
+            if per_run and not any(node.engines for node in cluster_nodes(per_run)):
+                ray.cancel(ref, force=True)
+                raise InfrastructureError(f"the batch of {commit[:12]} waits for a Ray node with {per_run} {RESOURCE} "
+                                          "and no alive node of the cluster has that many now (those that had were "
+                                          "lost); bring them back (`ray status` lists the nodes), then run again "
+                                          "(`bisect-npu resume`)")
 
     def _across_nodes(self, commit: str, request: dict[str, Any], timeout_s: float) -> BatchOutcome:
         """One batch with every node of the engine (execute/ray_nodes.py), torn down at its end."""

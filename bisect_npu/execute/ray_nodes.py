@@ -52,6 +52,7 @@ from bisect_npu.execute.ray import (
     node_build,
     node_builds,
     own_error,
+    seen_on,
     small_files,
 )
 from bisect_npu.observations import SKIP_EXIT
@@ -188,7 +189,8 @@ class EngineNode:
             if isinstance(self.executor, LocalExecutor):
                 self.headless = LocalNode(self.executor, *self.executor.spawn(self.env, argv, log, here))
         if isinstance(self.executor, DockerExecutor):
-            self.headless = self.executor.spawn(self.env, argv, self.log_path, here)
+            with seen_on(self.node_id):
+                self.headless = self.executor.spawn(self.env, argv, self.log_path, here)
             return self.headless.image_id
         return None
 
@@ -203,8 +205,9 @@ class EngineNode:
         """The probe on this node, its server the serving node's command; the batch's outcome."""
         assert self.env is not None
         out_dir = self.scratch / "serve"
-        result = self.executor.run_probe(self.env, serving_request(request, flags, environment, self.index,
-                                                                   self.node_id), out_dir, timeout_s)
+        with seen_on(self.node_id):
+            result = self.executor.run_probe(self.env, serving_request(request, flags, environment, self.index,
+                                                                       self.node_id), out_dir, timeout_s)
         return BatchOutcome(self.node_id, self.cards, result, small_files(out_dir), build_said(self.env),
                             [node_build(self.node_id, self.env, result)])
 

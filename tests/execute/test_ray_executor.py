@@ -100,6 +100,36 @@ def test_engines_per_node_never_span_two_nodes() -> None:
         check_engines({}, 1)
 
 
+def test_a_ray_address_nothing_answers_on_is_refused_at_once(tmp_path: Path) -> None:
+    """Ray's own connect retries an address with no cluster behind it for minutes, printing its
+    warnings: the run says it in one line at once instead, exit 5; an address that is no
+    HOST:PORT is the user's, exit 2."""
+    import socket
+
+    from bisect_npu.errors import UsageError
+    from bisect_npu.execute.ray import check_reachable
+    from tests.helpers.gitrepo import make_linear_repo
+
+    with socket.socket() as free:
+        free.bind(("127.0.0.1", 0))
+        port = free.getsockname()[1]
+    shas = make_linear_repo(tmp_path / "up", 3)
+    started = time.monotonic()
+    done = subprocess.run([*CLI, "run", "--repo", str(tmp_path / "up"), "--good", shas[0], "--bad", shas[-1], "--cmd",
+                           "true", "--executor", "ray", "--ray-address", f"127.0.0.1:{port}", "--session",
+                           str(tmp_path / "session")], capture_output=True, text=True, timeout=120, check=False,
+                          env={k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"})
+    assert done.returncode == 5, done.stderr[-2000:]
+    assert done.stderr.strip().splitlines()[-1] == (
+        f"bisect-npu: error: no Ray cluster answers at 127.0.0.1:{port} (Connection refused); start it (`ray start "
+        "--head --port 6379` on one host, `ray start --address HEAD:6379` on the others) and pass its head's "
+        "HOST:PORT with --ray-address or RAY_ADDRESS")
+    assert "rpc_client" not in done.stderr and time.monotonic() - started < 60
+    with pytest.raises(UsageError, match=r"Ray address '10\.0\.0\.1' is not HOST:PORT"):
+        check_reachable("10.0.0.1")
+    check_reachable("auto")  # Ray's own search for a local cluster, and its words
+
+
 def test_cluster_engines_follow_each_nodes_cards(cluster: Any) -> None:
     from bisect_npu.execute.ray import cluster_nodes, settle_slots
 
@@ -433,6 +463,80 @@ def test_a_node_s_own_error_reaches_the_driver_as_its_one_line(cluster: Any) -> 
     assert own_error(other.value) is None
 
 
+def test_ray_s_own_failure_inside_a_batch_is_one_line_not_a_traceback(cluster: Any) -> None:
+    """A batch that Ray itself could not finish (here an actor it called is gone: a builder's
+    actor killed, or its node lost past the task's retries) is the host's failure: one line that
+    names it and what to do (exit 5), where it was a traceback (exit 1, "a bug"). A bug of ours on
+    the node stays a traceback."""
+    import uuid
+
+    import ray
+
+    from bisect_npu.errors import InfrastructureError
+    from bisect_npu.execute.ray import RayExecutor
+
+    class Nothing:  # local, so Ray sends it by value to the nodes
+        def sweep(self) -> int:
+            return 0
+
+        def close(self) -> None:
+            """Nothing held."""
+
+    def nothing(_: Any) -> Nothing:
+        return Nothing()
+
+    class Gone:
+        def ping(self) -> int:
+            return 1
+
+    actor = ray.remote(Gone).options(num_cpus=0).remote()
+    ray.kill(actor)
+    calls_it = ray.remote(lambda handle: ray.get(handle.ping.remote())).options(num_cpus=0, max_retries=0)
+    executor = RayExecutor(cluster.address, 1, f"test-{uuid.uuid4().hex[:8]}", nothing, nothing)
+    try:
+        with pytest.raises(InfrastructureError, match=r"^the Ray task of c0ffeec0ffee ended without a result "
+                                                      r"\(ActorDiedError: .*`ray status`.*`bisect-npu resume`"):
+            executor._outcome("c0ffee" * 6 + "beef", calls_it.remote(actor))
+        with pytest.raises(ray.exceptions.RayTaskError, match="ZeroDivisionError"):
+            executor._outcome("c0ffee" * 6 + "beef", ray.remote(lambda: 1 / 0).options(num_cpus=0).remote())
+    finally:
+        executor.close()
+
+
+def test_a_batch_no_alive_node_can_hold_any_more_is_refused_not_waited_for(
+        cluster: Any, monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    """The nodes that held the recipe's engine lost mid-run, the next batch would wait for one
+    forever (Ray keeps an infeasible task pending, silently): the run says so in one line, exit 5,
+    and the task is cancelled. Here an engine of 32 NPUs, more than any node of the cluster has."""
+    import uuid
+
+    import ray
+
+    from bisect_npu.builders.base import Environment
+    from bisect_npu.errors import InfrastructureError
+    from bisect_npu.execute import ray as ray_executor_module
+    from bisect_npu.execute.ray import RayExecutor
+
+    class Nothing:  # local, so Ray sends it by value to the nodes
+        def sweep(self) -> int:
+            return 0
+
+    def nothing(_: Any) -> Nothing:
+        return Nothing()
+
+    monkeypatch.setattr(ray_executor_module, "CAPACITY_CHECK_S", 0.5)
+    executor = RayExecutor(cluster.address, 32, f"test-{uuid.uuid4().hex[:8]}", nothing, nothing)
+    started = time.monotonic()
+    try:
+        with pytest.raises(InfrastructureError, match=r"^the batch of c0ffeec0ffee waits for a Ray node with 32 NPU "
+                                                      r"and no alive node .*`bisect-npu resume`"):
+            executor.run_probe(Environment(kind="worktree", commit="c0ffee" * 6 + "beef"), {}, tmp_path / "out", 60)
+    finally:
+        executor.close()
+    assert time.monotonic() - started < 30
+    assert ray.available_resources().get("NPU", 0) == ray.cluster_resources()["NPU"]  # nothing holds a card
+
+
 def _retry_journaled(session: Path) -> bool:
     """Whether the journal, as far as it is written, holds a retry (its last line may be half done)."""
     path = session / "journal.jsonl"
@@ -451,14 +555,15 @@ def test_an_image_removed_on_its_node_before_its_run_is_built_again(
     """A candidate's image removed on its node between the node's acquire and its run (another
     session's prune there): the ImageGone raised in the Ray task reaches the driver's evaluator as
     ImageGone through Ray's wrapping, which acquires the commit again, and the next batch builds it
-    again on its node and runs: a cache miss, not exit 5."""
+    again on its node and runs: a cache miss, not exit 5, in the step's build log as on one host,
+    with the node that saw it."""
     import uuid
 
     import git
 
     from bisect_npu.builders.docker import DockerBuilder
     from bisect_npu.execute.docker import DockerExecutor
-    from bisect_npu.execute.ray import RayExecutor, RemoteBuilds
+    from bisect_npu.execute.ray import RayExecutor, RemoteBuilds, cluster_nodes
     from bisect_npu.observations import VerdictKind
     from bisect_npu.orchestration.running.evaluate import EvaluationRequest, Evaluator
 
@@ -495,3 +600,9 @@ def test_an_image_removed_on_its_node_before_its_run_is_built_again(
     assert once.exists()
     assert step.verdict.kind == VerdictKind.GOOD, step.verdict.reason
     assert [node.how for node in step.build.nodes] == ["built"]
+    # The step's build log says why it was built again, naming the node that found the image gone.
+    log = (tmp_path / "session" / "steps" / commit[:12] / f"build-{commit[:12]}.log").read_text()
+    assert step.build.log and Path(step.build.log).read_text() == log
+    seen = log.removeprefix("# acquired again (where it runs next) before its run: Ray node ")[:12]
+    assert seen in {node.node_id[:12] for node in cluster_nodes(1)}, log
+    assert log.endswith("is gone from the engine; a cache miss\n"), log

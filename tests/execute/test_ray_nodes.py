@@ -412,3 +412,86 @@ def test_the_bad_end_s_name_moved_to_another_commit_s_image_during_the_retry_nev
         assert json.loads(stdout.strip().splitlines()[-1])["culprit"] == culprit
     assert_nothing_left(session)
     assert docker_client.containers.list(all=True, filters={"label": label}) == []
+
+
+@pytest.mark.container
+def test_an_image_gone_at_a_headless_nodes_start_is_acquired_again_on_every_node(
+        cluster: Any, one_commit_upstream: tuple[Path, str], docker_client: Any, tmp_path: Path) -> None:
+    """The candidate's image removed between the nodes' acquires and the headless node's container
+    start (another session's prune on that node's engine): the node's ImageGone reaches the
+    driver's evaluator through Ray's wrapping and the actor's, the evaluator acquires the commit
+    again, and the retry is a new engine that acquires it anew on every node and runs from an
+    image of the commit, not the one removed (the nodes share one engine here: built again, or a
+    build of the same commit by the other node named again); the step's build log says why,
+    naming the node. The serving node's probe is a `true` in the candidate's container and the
+    headless rank a sleep: the test is about the images, not the model."""
+    import functools
+    import uuid
+
+    from bisect_npu.builders.base import LABEL_COMMIT
+    from bisect_npu.builders.docker import DockerBuilder
+    from bisect_npu.execute.base import RunResult, probe_log_path, probe_stem
+    from bisect_npu.execute.docker import SESSION_LABEL, DockerExecutor
+    from bisect_npu.execute.ray import RayExecutor, RemoteBuilds, cluster_nodes
+    from bisect_npu.execute.ray_nodes import EngineAcrossNodes
+    from bisect_npu.orchestration.running.evaluate import EvaluationRequest, Evaluator
+    from bisect_npu.recipe.loader import load_recipe
+
+    path, commit = one_commit_upstream
+    once = tmp_path / "removed"  # every node is on this machine: the first headless start on any of them removes
+    session = f"test-{uuid.uuid4().hex[:8]}"
+    recipe_data = yaml.safe_load(RECIPE.read_text())
+    recipe_data["engine"]["launcher"] = ["sleep", "300"]  # then the node's flags: a rank that never ends on its own
+    recipe_file = tmp_path / "two-nodes.yaml"
+    recipe_file.write_text(yaml.safe_dump(recipe_data))
+    recipe = load_recipe(str(recipe_file))
+    assert recipe.engine.nodes is not None
+
+    class RemovedBeforeItsStart(DockerExecutor):  # local, so Ray sends it by value to the nodes
+        def spawn(self, env: Any, argv: list[str], log_path: Path, extra_env: dict[str, str] | None = None) -> Any:
+            try:
+                made = os.open(once, os.O_CREAT | os.O_EXCL | os.O_WRONLY)
+            except FileExistsError:
+                return super().spawn(env, argv, log_path, extra_env)
+            removed = self.client.api.inspect_image(env.image)["Id"]
+            os.write(made, removed.encode())
+            os.close(made)
+            self.client.api.remove_image(removed, force=True)
+            return super().spawn(env, argv, log_path, extra_env)
+
+        def run_probe(self, env: Any, request: dict[str, Any], out_dir: Path, timeout_s: float) -> RunResult:
+            stem = probe_stem(request.get("case_id", "default"), request.get("trial", 0))
+            return self.run_command(env, ["true"], probe_log_path(out_dir, stem), timeout_s)
+
+    def builder(node_id: str) -> DockerBuilder:
+        import docker
+
+        return DockerBuilder(git.Repo(path), docker.from_env())
+
+    def executor(cards: list[int]) -> DockerExecutor:
+        import docker
+
+        return RemovedBeforeItsStart(docker.from_env(), session_id=session)
+
+    across = functools.partial(EngineAcrossNodes, recipe.engine.nodes, session, builder, executor)
+    ray_executor = RayExecutor(cluster.address, 1, session, builder, executor, across)
+    started = time.monotonic()
+    try:
+        step = Evaluator(RemoteBuilds(DockerBuilder(git.Repo(path), docker_client)), ray_executor,
+                         tmp_path / "session", recipe=recipe).evaluate(EvaluationRequest(commit, trials=1))
+    finally:
+        ray_executor.close()
+    print(f"an engine on two nodes, its image gone once: {time.monotonic() - started:.1f} s")
+    removed = once.read_text()
+    nodes = step.build.nodes
+    assert len({n.node for n in nodes}) == 2, step.build
+    for node in nodes:  # each node's container from an image of the commit made again, not the one removed
+        assert node.image_id != removed and node.how in {"built", "reused"}, step.build
+        assert docker_client.api.inspect_image(node.image_id)["Config"]["Labels"][LABEL_COMMIT] == commit
+    log = Path(step.build.log or "").read_text()
+    assert log.startswith("# acquired again (where it runs next) before its run: Ray node "), log
+    seen = log.removeprefix("# acquired again (where it runs next) before its run: Ray node ")[:12]
+    assert seen in {node.node_id[:12] for node in cluster_nodes(1)}, log  # the headless node of the first engine
+    assert f"image {DockerBuilder(git.Repo(path), docker_client).tag(commit)} is gone from the engine" in log, log
+    label = f"{SESSION_LABEL}={session}"
+    assert docker_client.containers.list(all=True, filters={"label": label}) == []

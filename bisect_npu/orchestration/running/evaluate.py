@@ -346,13 +346,19 @@ class Evaluator:
             again = self._acquire(request, self.step_dir(request.commit))
         except BuildFailed as failure:
             raise InfrastructureError(f"{gone}, and building it again failed: {failure}") from failure
+        how: str = again.how
+        if again.log_path is None:  # made where it runs (--executor ray, its node named in `gone`): the step's
+            how = "where it runs next"  # build log is written here, as a builder of this host writes its own
+            again = again.model_copy(update={
+                "log_path": str(self.step_dir(request.commit) / f"build-{request.commit[:12]}.log")})
         if request.on_acquired_again is not None:
             request.on_acquired_again(again)
         if again.image != env.image:
             raise gone
-        if again.log_path:
-            with Path(again.log_path).open("a", encoding="utf-8") as log:
-                log.write(f"# acquired again ({again.how}) before its run: {gone}; a cache miss\n")
+        log_path = Path(again.log_path or "")
+        log_path.parent.mkdir(parents=True, exist_ok=True)
+        with log_path.open("a", encoding="utf-8") as log:
+            log.write(f"# acquired again ({how}) before its run: {gone}; a cache miss\n")
 
     def _verdict(self, records: list[TrialRun], judge_each: bool) -> Verdict:
         """Noisy mode tallies each trial's verdict; exact mode judges the step's trials together

@@ -69,7 +69,7 @@ from reliability import Reliability, p_label, reliability, table_header, table_r
 from bisect_npu.observations import Observation, SampleOutcome, VerdictKind
 from bisect_npu.oracle.accuracy.focus import round_plan
 from bisect_npu.oracle.accuracy.judge import Role, judge_accuracy
-from bisect_npu.oracle.accuracy.stats import step_bound
+from bisect_npu.oracle.accuracy.stats import JointPrior, fit_joint, step_bound
 from bisect_npu.oracle.config import AccuracyConfig, FocusConfig
 from bisect_npu.orchestration.opening.state import accuracy_weight
 from bisect_npu.orchestration.running.earlier_results import control_stages, control_standing
@@ -209,6 +209,9 @@ class StepTrace:
     role: str
     rounds: tuple[int, ...]
     stopped: str  # "clear", "plan ended" (forced to the likelier side), or "earlier results" (an end)
+    position: int = -1
+    log_lr: float = 0.0  # the ratio the step handed the search (bad side over good side)
+    prior: JointPrior | None = None  # the ends' fit the step was judged against (candidates)
 
 
 def run_ours(s: Scenario, case: Case, focused: bool, cfg: AccuracyConfig, earlier: bool = False,
@@ -280,7 +283,10 @@ def run_ours(s: Scenario, case: Case, focused: bool, cfg: AccuracyConfig, earlie
             if not v.figures.get("more_rounds"):
                 break
         if trace is not None:
-            trace.append(StepTrace(role, tuple(sizes), stopped))
+            prior = (fit_joint(_pooled(ends["good"]), _pooled(ends["bad"]), cfg.greedy)
+                     if role == "candidate" else None)
+            trace.append(StepTrace(role, tuple(sizes), stopped, position,
+                                   float(v.figures.get("log_likelihood_ratio", 0.0)), prior))
         if role == "good_end":  # its rounds kept apart: the bad end's step counts them
             ends["good"] = rounds
         if role == "bad_end":

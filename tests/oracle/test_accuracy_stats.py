@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+from dataclasses import replace
 
 import numpy as np
 import pytest
@@ -457,3 +458,35 @@ def test_a_good_end_run_once_is_taken_at_the_low_end_of_its_error_in_the_control
     assert stats.control_p(scoring(0.78), good, bad, prior)[1] <= line
     assert stats.control_p(scoring(0.78), good, bad, prior, 0.99)[1] > line
     assert stats.control_p(scoring(0.4), good, bad, prior, 0.99)[1] <= line
+
+
+def test_a_samples_run_noise_is_never_zero_at_the_ceiling() -> None:
+    # The unbiased x(1 - x)/(R - 1) reads 4/4 as exact; the rate's posterior under the end's prior does not.
+    noises = stats._run_noises(outcomes([4, 4, 2], runs=4), 0.9, 0.02)
+    assert all(n > 0 for n in noises)
+    assert noises[0] == noises[1] < noises[2]
+
+
+def test_the_covariance_comes_with_its_error_where_both_ends_repeat_their_samples() -> None:
+    rng = np.random.default_rng(5)
+    good_rates, bad_rates = dataset(rng, 200, 0.9, 0.05, 0.7)
+    good, bad = outcomes(rng.binomial(4, good_rates), 4), outcomes(rng.binomial(4, bad_rates), 4)
+    prior = stats.fit_joint(good, bad)
+    assert 0 < prior.cov_error < prior.cov
+    once = stats.fit_joint(outcomes(rng.binomial(1, good_rates)), outcomes(rng.binomial(1, bad_rates)))
+    assert once.cov_error == 0
+
+
+def test_a_step_is_averaged_over_where_the_covariance_may_lie() -> None:
+    prior = stats.JointPrior(0.95, 0.9, 0.03, 0.03, 0.025, 0.003, 0.003, 200, cov_error=0.004)
+    nodes = stats._spread_nodes(prior)
+    assert len(nodes) == 9
+    assert stats._log_sum_exp([w for w, _ in nodes]) == pytest.approx(0.0)
+    assert all(0 <= p.cov <= 0.999 * math.sqrt(p.good_var * p.bad_var) + 1e-12 for _, p in nodes)
+    assert any(p.cov == pytest.approx(0.999 * math.sqrt(p.good_var * p.bad_var)) for _, p in nodes)
+    # A sample the ends disagree on (4/4 at the good end, 2/4 at the bad): below the tie it reads as
+    # broken, so a candidate's 4/4 there says good; the covariance's error (up to the tie) says less.
+    good, bad, candidate = outcomes([4], 4), outcomes([2], 4), outcomes([4], 4)
+    known = stats.step_evidence(candidate, good, bad, replace(prior, cov_error=0.0)).log_lr
+    loose = stats.step_evidence(candidate, good, bad, prior).log_lr
+    assert known < loose < 0

@@ -279,6 +279,9 @@ class JointPrior:
     # None: each measured its own): with one run a sample the lower end (`_single_run_rho`
     # measures the higher end's), with one end repeating its samples and the other not, the other.
     borrowed: str | None = None
+    # The standard error of the covariance's estimate (0: taken as known; `fit_joint` gives one
+    # where both ends repeated their samples).
+    cov_error: float = 0.0
 
     def moved(self, z: float) -> JointPrior:
         """The prior with each end's spread moved `z` standard errors of its estimate (down to the
@@ -288,7 +291,13 @@ class JointPrior:
         good_var = max(MIN_VAR, self.good_var + z * self.good_var_error)
         bad_var = max(MIN_VAR, self.bad_var + z * self.bad_var_error)
         return JointPrior(self.good_mean, self.bad_mean, good_var, bad_var,
-                          min(self.cov, 0.999 * math.sqrt(good_var * bad_var)))
+                          min(self.cov, 0.999 * math.sqrt(good_var * bad_var)), cov_error=self.cov_error)
+
+    def cov_moved(self, z: float) -> JointPrior:
+        """The prior with the covariance moved `z` standard errors of its estimate, kept within 0
+        and what the spreads allow (a correlation of at most 1); then taken as known."""
+        cov = min(max(0.0, self.cov + z * self.cov_error), 0.999 * math.sqrt(self.good_var * self.bad_var))
+        return replace(self, cov=cov, cov_error=0.0)
 
     def tied(self) -> JointPrior:
         """The prior with both spreads moved toward one intraclass correlation (`readings`)."""
@@ -463,8 +472,43 @@ def fit_joint(good: Sequence[SampleOutcome], bad: Sequence[SampleOutcome], greed
         error_g = min(var_g, error_b / scale_b * scale_g)
     elif error_b == 0 < error_g and min(b[i].runs for i in shared) == 1:
         error_b = min(var_b, error_g / scale_g * scale_b)
+    borrowed = _borrowed(g, b, shared, ends)
+    cov_error = _cov_error([g[i] for i in shared], [b[i] for i in shared], (ends.good_mean, sg),
+                           (ends.bad_mean, sb)) if borrowed is None and error_g > 0 and error_b > 0 else 0.0
     return JointPrior(ends.good_mean, ends.bad_mean, sg, sb, min(max(0.0, cov), 0.999 * math.sqrt(sg * sb)),
-                      error_g, error_b, len(shared), _borrowed(g, b, shared, ends))
+                      error_g, error_b, len(shared), borrowed, cov_error)
+
+
+def _run_noises(end: Sequence[SampleOutcome], mean: float, spread: float) -> list[float]:
+    """Each sample's run noise, the variance of its mean over its R runs, r(1 - r)/R, at the
+    sample's rate r given its runs under the end's beta prior (mean, spread): never 0, where the
+    unbiased x(1 - x)/(R - 1) is 0 for every sample at 0/R or R/R (most of them near the ceiling
+    or the floor), and an error built from it would read those samples' terms as exact."""
+    kappa = max(1e-6, mean * (1 - mean) / max(spread, MIN_VAR) - 1)
+    alpha, beta = mean * kappa, (1 - mean) * kappa
+    noises = []
+    for s in end:
+        k, wrong = _counts(s)
+        a, b = alpha + k, beta + wrong
+        noises.append(a * b / ((a + b) * (a + b + 1)) / s.runs)
+    return noises
+
+
+def _cov_error(good: Sequence[SampleOutcome], bad: Sequence[SampleOutcome], good_rate: tuple[float, float],
+               bad_rate: tuple[float, float]) -> float:
+    """The standard error of the covariance's estimate given the samples' rates, as a spread's
+    (`fit_joint`): a sample's term (x_g - m_g)(x_b - m_b), its deviations d and its two ends'
+    independent run noises s, has variance d_g^2 s_b + d_b^2 s_g + s_g s_b."""
+    noise_g = _run_noises(good, *good_rate)
+    noise_b = _run_noises(bad, *bad_rate)
+    center_g = sum(s.correct for s in good) / len(good)
+    center_b = sum(s.correct for s in bad) / len(bad)
+    total = 0.0
+    for g, b, sg, sb in zip(good, bad, noise_g, noise_b, strict=True):
+        dg2 = max(0.0, (g.correct - center_g) ** 2 - sg)
+        db2 = max(0.0, (b.correct - center_b) ** 2 - sb)
+        total += dg2 * sb + db2 * sg + sg * sb
+    return math.sqrt(total) / len(good)
 
 
 def _borrowed(g: dict[str, SampleOutcome], b: dict[str, SampleOutcome], shared: list[str],
@@ -754,8 +798,12 @@ def _spread_nodes(reading: JointPrior) -> list[tuple[float, JointPrior]]:
     """(log weight, prior) over one reading's spreads' nodes; the reading alone where its spreads
     are known."""
     if reading.good_var_error == 0 and reading.bad_var_error == 0:
-        return [(0.0, reading)]
-    return [(log_w, reading.moved(z)) for z, log_w in _SPREAD_NODES]
+        spreads = [(0.0, reading)]
+    else:
+        spreads = [(log_w, reading.moved(z)) for z, log_w in _SPREAD_NODES]
+    if reading.cov_error == 0:
+        return spreads
+    return [(log_w + log_v, moved.cov_moved(z)) for log_w, moved in spreads for z, log_v in _SPREAD_NODES]
 
 
 # The most a reading the ends' spreads rule out may still hold, as a share of a step's error

@@ -69,6 +69,7 @@ from reliability import Reliability, p_label, reliability, table_header, table_r
 from bisect_npu.observations import Observation, SampleOutcome, VerdictKind
 from bisect_npu.oracle.accuracy.focus import round_plan
 from bisect_npu.oracle.accuracy.judge import Role, judge_accuracy
+from bisect_npu.oracle.accuracy.judged import JudgedCandidates
 from bisect_npu.oracle.accuracy.stats import JointPrior, fit_joint, step_bound
 from bisect_npu.oracle.config import AccuracyConfig, FocusConfig
 from bisect_npu.orchestration.opening.state import accuracy_weight
@@ -224,6 +225,7 @@ def run_ours(s: Scenario, case: Case, focused: bool, cfg: AccuracyConfig, earlie
     everything = list(range(s.samples))
     ends: dict[str, list[Observation]] = {}
     ran: dict[int, set[str]] = {}  # the samples each candidate's steps ran (a step asked again runs others)
+    judged = JudgedCandidates()  # as AccuracySteps: each candidate's runs and side, conditioning the others'
     repeats = cfg.repeats
     spent = harness_runs = 0
 
@@ -237,6 +239,7 @@ def run_ours(s: Scenario, case: Case, focused: bool, cfg: AccuracyConfig, earlie
             plan = round_plan(cfg, _pooled(ends["good"]), _pooled(ends["bad"]), str(position),
                               ran.get(position, set()))
         seen = ran.setdefault(position, set())
+        conditioned = judged.runs_for(position) if role == "candidate" else None
         rounds: list[Observation] = []
         sizes: list[int] = []
         stopped = "earlier results"
@@ -267,7 +270,7 @@ def run_ours(s: Scenario, case: Case, focused: bool, cfg: AccuracyConfig, earlie
             sizes.append(len(ids))
             seen.update(str(i) for i in ids)
             v = judge_accuracy(cfg, rounds, ends.get("good"), ends.get("bad"), role=role,
-                               final=number == len(plan) - 1)
+                               final=number == len(plan) - 1, judged=conditioned)
             while role == "bad_end" and v.figures.get("good_end_again"):
                 # as AccuracySteps.step: the good end's next round (the whole dataset, pooled onto
                 # its rounds), then the bad end's rounds so far judged again
@@ -291,6 +294,8 @@ def run_ours(s: Scenario, case: Case, focused: bool, cfg: AccuracyConfig, earlie
             ends["good"] = rounds
         if role == "bad_end":
             ends["bad"] = [observation(_pooled(rounds))]
+        if role == "candidate" and rounds:
+            judged.record(position, v, _pooled(rounds))
         return v.kind, weigh(StepRecord.model_construct(index=position, commit=str(position), verdict=v))
 
     problem = SearchProblem(n=s.n, mode="likelihood", confidence=CONFIDENCE, answer_log_lr=step_bound(cfg.confidence))

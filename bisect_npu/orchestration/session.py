@@ -146,8 +146,10 @@ class Session:
             for step in self.state.steps():
                 evaluator.remember_runs(step.commit, step.trials)
         self.references = References.at_end(recipe, evaluator, self._runs_at, self.reference_end, self.n)
-        for step in self.state.steps():  # a resumed accuracy session: the samples each commit ran
-            evaluator.recall_accuracy_step(step.commit, step.trials)
+        if evaluator.accuracy is not None:  # a candidate's side rates conditioned on those judged, by position
+            evaluator.accuracy.positions = {self.commit_at(index): index for index in range(self.n + 1)}
+        for step in self.state.steps():  # a resumed accuracy session: the samples each commit ran, its side
+            evaluator.recall_accuracy_step(step.commit, step.trials, step.verdict)
         always_run = frozenset({self.reference_end} if self.references.from_good_end else ())  # the reference's runs
         self.verdicts: SessionVerdicts[int] | None = None if reuse is None or self.levels else SessionVerdicts(
             lambda _index: reuse, self.state, progress, always_run=always_run,

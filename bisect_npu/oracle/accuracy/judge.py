@@ -18,6 +18,7 @@ from typing import Any, Literal
 from bisect_npu.observations import Observation, SampleOutcome, Verdict, VerdictKind
 from bisect_npu.oracle.accuracy import stats
 from bisect_npu.oracle.accuracy.focus import discordant_ids
+from bisect_npu.oracle.accuracy.judged import JudgedRuns
 from bisect_npu.oracle.config import AccuracyConfig
 
 Role = Literal["good_end", "bad_end", "candidate"]
@@ -62,11 +63,13 @@ def _points(value: float) -> str:
 
 
 def judge_accuracy(cfg: AccuracyConfig, observations: Sequence[Observation], good_end: Sequence[Observation] | None,
-                   bad_end: Sequence[Observation] | None, *, role: Role, final: bool | None = None) -> Verdict:
+                   bad_end: Sequence[Observation] | None, *, role: Role, final: bool | None = None,
+                   judged: JudgedRuns | None = None) -> Verdict:
     """The verdict of one commit in `role` from its rounds (observations) and the ends' rounds;
     ``final`` says no further round can come (default: ``max_rounds`` rounds ran), so an unclear
     verdict is forced instead of asking for more (a focused candidate's rounds follow
-    focus.round_plan)."""
+    focus.round_plan). ``judged``: a candidate's side rates conditioned on the other candidates
+    already judged (oracle/accuracy/judged.py)."""
     mine = samples_of(observations)
     rounds = len(observations)
     if mine is None or not mine:
@@ -86,7 +89,7 @@ def judge_accuracy(cfg: AccuracyConfig, observations: Sequence[Observation], goo
     if bad is None:
         return Verdict(kind=VerdictKind.SKIP, reason="no per-sample results of the bad end to pair against",
                        trials=rounds)
-    return _judge_candidate(cfg, mine, good, bad, figures, rounds, final)
+    return _judge_candidate(cfg, mine, good, bad, figures, rounds, final, judged)
 
 
 def _baseline(cfg: AccuracyConfig, samples: Sequence[SampleOutcome]) -> stats.BaselineCheck | None:
@@ -159,14 +162,15 @@ def _judge_bad_end(cfg: AccuracyConfig, mine: list[SampleOutcome], good: list[Sa
 
 
 def _judge_candidate(cfg: AccuracyConfig, mine: list[SampleOutcome], good: list[SampleOutcome],
-                     bad: list[SampleOutcome], figures: dict[str, Any], rounds: int, final: bool | None) -> Verdict:
+                     bad: list[SampleOutcome], figures: dict[str, Any], rounds: int, final: bool | None,
+                     judged: JudgedRuns | None = None) -> Verdict:
     prior = stats.fit_joint(good, bad, cfg.greedy)
     bound = stats.stop_bound(cfg.confidence, prior)
     discordant = set(discordant_ids(good, bad))
     control = [s for s in mine if s.id not in discordant]
     control_diff, control_p = stats.control_p(control, good, bad, prior, cfg.confidence)
     broken_elsewhere = bool(control) and control_diff < 0 and control_p <= (1 - cfg.confidence) / cfg.max_rounds
-    evidence = stats.step_evidence(mine, good, bad, prior, cfg.confidence)
+    evidence = stats.step_evidence(mine, good, bad, prior, cfg.confidence, judged)
     log_lr = evidence.log_lr
     imputed = _imputed(mine, good)
     check = _baseline(cfg, imputed)
@@ -179,6 +183,8 @@ def _judge_candidate(cfg: AccuracyConfig, mine: list[SampleOutcome], good: list[
                "control_difference": round(100 * control_diff, 3), "control_p": control_p,
                "broken_elsewhere": broken_elsewhere, "prior_rho": round(prior.rho, 4), "prior_cov": round(prior.cov, 5),
                "estimated_accuracy": round(stats.score(imputed, cfg.confidence).accuracy, 3)}
+    if judged:
+        figures["judged_runs"] = _judged_figure(judged)
     if evidence.good_nodes:
         # The search integrates the ends' shared error once over every step (search.Weight).
         figures["ends_error_nodes"] = {"good": [round(t, 4) for t in evidence.good_nodes],
@@ -193,6 +199,12 @@ def _judge_candidate(cfg: AccuracyConfig, mine: list[SampleOutcome], good: list[
         text = (f"broken elsewhere: {control_diff * 100:+.1f} points against the good side's rates on {len(control)} "
                 f"control samples the ends agree on (p = {control_p:.3g})")
     return _verdict(by_ratio, text, figures, rounds, cfg, VerdictKind.BAD if log_lr > 0 else VerdictKind.GOOD, final)
+
+
+def _judged_figure(judged: JudgedRuns) -> dict[str, float]:
+    """The weighed runs of other candidates added to each side's (judged.py), in all."""
+    return {side: round(sum(k + w for k, w in runs.values()), 3)
+            for side, runs in (("good", judged.good), ("bad", judged.bad))}
 
 
 def _imputed(mine: list[SampleOutcome], good: list[SampleOutcome]) -> list[SampleOutcome]:

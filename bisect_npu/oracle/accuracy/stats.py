@@ -35,6 +35,7 @@ import numpy as np
 
 from bisect_npu.intervals import wilson_interval
 from bisect_npu.observations import SampleOutcome
+from bisect_npu.oracle.accuracy.judged import Counts, JudgedRuns
 from bisect_npu.oracle.ends_error import NODES, WEIGHTS
 
 # A ratio's share from one sample is clipped here: a sample whose end rates were 0/20 and 20/20 can
@@ -546,8 +547,18 @@ def side_rates(prior: JointPrior, good: SampleOutcome | None, bad: SampleOutcome
     return _side_rates(prior, _counts(good), _counts(bad))
 
 
+def judged_side_rates(prior: JointPrior, good: SampleOutcome | None, bad: SampleOutcome | None,
+                      judged: JudgedRuns | None, sample_id: str) -> SideRates:
+    """`side_rates` with the runs of the candidates already judged on each side added to the
+    ends' (`judged.JudgedRuns`, weighed by how sure each side is)."""
+    if not judged:
+        return side_rates(prior, good, bad)
+    return _side_rates(prior, judged.added("good", sample_id, _counts(good)),
+                       judged.added("bad", sample_id, _counts(bad)))
+
+
 @functools.lru_cache(maxsize=65536)
-def _side_rates(prior: JointPrior, good: tuple[int, int], bad: tuple[int, int]) -> SideRates:
+def _side_rates(prior: JointPrior, good: Counts, bad: Counts) -> SideRates:
     """`side_rates` by the ends' (correct, wrong) runs: a search asks the same few counts of one
     prior again at every step."""
     if good == bad == (0, 0):
@@ -565,7 +576,7 @@ def _side_rates(prior: JointPrior, good: tuple[int, int], bad: tuple[int, int]) 
     return SideRates(_as_rate(*good_rate), _as_rate(*bad_rate))
 
 
-_End = tuple[float, float, tuple[int, int]]
+_End = tuple[float, float, Counts]
 
 # Gauss-Legendre nodes and log weights on [0, 1] (`_half_nodes`), and how far below a half's
 # edge (in log distance to its end of the range) they reach before the rest is one node.
@@ -626,9 +637,9 @@ def _given_runs(base: _End, other: _End, cov: float) -> tuple[tuple[float, float
     kappa = mean * (1 - mean) / var - 1
     alpha, beta = mean * kappa, (1 - mean) * kappa
     other_k, other_wrong = other_runs
-    # log B(alpha + k, beta + n - k) / B(alpha, beta), a product for whole counts.
-    log_pred = (sum(np.log(alpha + j) for j in range(other_k)) + sum(np.log(beta + j) for j in range(other_wrong))
-                - sum(np.log(alpha + beta + j) for j in range(other_k + other_wrong)))
+    # log B(alpha + k, beta + n - k) / B(alpha, beta)
+    log_pred = (_log_rising(alpha, other_k) + _log_rising(beta, other_wrong)
+                - _log_rising(alpha + beta, other_k + other_wrong))
     log_post = log_w + k * log_r + wrong * log_rest + log_pred
     weight = np.exp(log_post - log_post.max())
     weight /= weight.sum()
@@ -639,6 +650,20 @@ def _given_runs(base: _End, other: _End, cov: float) -> tuple[tuple[float, float
     other_post = float(weight @ other_each), float(weight @ other_second)
     return ((base_post[0], base_post[1] - base_post[0] ** 2),
             (other_post[0], other_post[1] - other_post[0] ** 2))
+
+
+_lgamma = np.vectorize(math.lgamma, otypes=[float])
+
+
+def _log_rising(x: np.ndarray, count: float) -> np.ndarray:
+    """log x (x + 1) ... (x + count - 1), lgamma(x + count) - lgamma(x): a product for the whole
+    runs, lgamma for a weighed run's fraction (`judged`)."""
+    whole = int(count)
+    product: np.ndarray = sum((np.log(x + j) for j in range(whole)), np.zeros_like(x))
+    if count > whole:
+        rest: np.ndarray = _lgamma(x + count) - _lgamma(x + whole)
+        product = product + rest
+    return product
 
 
 def _halfway(one: tuple[float, float], two: tuple[float, float]) -> tuple[float, float]:
@@ -851,7 +876,7 @@ class StepEvidence:
 
 def step_evidence(candidate: Sequence[SampleOutcome], good: Sequence[SampleOutcome],
                   bad: Sequence[SampleOutcome], prior: JointPrior | None = None,
-                  confidence: float | None = None) -> StepEvidence:
+                  confidence: float | None = None, judged: JudgedRuns | None = None) -> StepEvidence:
     """log P(candidate | bad side) - log P(candidate | good side) over the samples it ran: > 0
     says bad, < 0 good. Samples are independent given the side and its mean; each side's mean is
     integrated over its standard error (`mean_errors`), so a step cannot be surer than the ends'
@@ -862,12 +887,14 @@ def step_evidence(candidate: Sequence[SampleOutcome], good: Sequence[SampleOutco
     the ratio of the mixtures is (each spread's ratio weighed by that spread's posterior). Where
     the ends' spreads may be read two ways (`JointPrior.readings`) the step is as sure as the
     less sure reading, and says nothing where they disagree: one reading holds for every step
-    of a search, so a step must not lean on whichever suits its own candidate best."""
+    of a search, so a step must not lean on whichever suits its own candidate best.
+    ``judged``: the runs of the candidates already judged, added to the ends' for the side rates
+    only (`judged_side_rates`); the prior, the ends' means and their errors stay the ends'."""
     prior = prior or fit_joint(good, bad)
     if not candidate:
         return StepEvidence(0.0)
     errors = mean_errors(good, bad, prior)
-    each = [_reading_evidence(candidate, by_id(good), by_id(bad), _spread_nodes(reading), errors)
+    each = [_reading_evidence(candidate, by_id(good), by_id(bad), _spread_nodes(reading), errors, judged)
             for reading in evident_readings(prior, confidence)]
     if any(e.log_lr * each[0].log_lr <= 0 for e in each):
         return StepEvidence(0.0)
@@ -875,7 +902,8 @@ def step_evidence(candidate: Sequence[SampleOutcome], good: Sequence[SampleOutco
 
 
 def _reading_evidence(candidate: Sequence[SampleOutcome], g: dict[str, SampleOutcome], b: dict[str, SampleOutcome],
-                      spreads: list[tuple[float, JointPrior]], errors: tuple[float, float]) -> StepEvidence:
+                      spreads: list[tuple[float, JointPrior]], errors: tuple[float, float],
+                      judged: JudgedRuns | None = None) -> StepEvidence:
     """A step's evidence under one reading of the ends' spreads, over its spreads' nodes."""
     error_good, error_bad = errors
     clipped_at, good_at, bad_at = [], [], []
@@ -884,7 +912,7 @@ def _reading_evidence(candidate: Sequence[SampleOutcome], g: dict[str, SampleOut
         outcomes_bad: list[tuple[float, int, tuple[float, float]]] = []
         clipped = 0.0
         for s in candidate:
-            rates = side_rates(moved, g.get(s.id), b.get(s.id))
+            rates = judged_side_rates(moved, g.get(s.id), b.get(s.id), judged, s.id)
             clipped += _clip(log_predictive(s.correct_runs, s.runs, rates.bad)
                              - log_predictive(s.correct_runs, s.runs, rates.good))
             outcomes_good.append((s.correct_runs, s.runs, rates.good))

@@ -14,6 +14,12 @@ the session run a step at the good end (`again`: one round of the whole dataset,
 good end's rounds) and judges its own rounds so far again before its next. A resumed session
 holds the good end's journaled steps pooled already (`remember`), so its bad end's step, judging
 its journaled rounds against them, asks for what the interrupted one would have asked next.
+
+A candidate's side rates are conditioned on the candidates already judged (oracle/accuracy/
+judged.py): each finished candidate step's runs and verdict are kept by the commit's position in
+the history (`positions`, the session's), and a step takes the others' as they stand when it
+starts. A resumed session recalls them from its journaled steps in the order they were journaled
+(`recall_ran`), so a step judges as the uninterrupted session's did.
 """
 
 from __future__ import annotations
@@ -27,6 +33,7 @@ from bisect_npu import oracle
 from bisect_npu.observations import Observation, Verdict, VerdictKind
 from bisect_npu.oracle.accuracy.focus import round_plan
 from bisect_npu.oracle.accuracy.judge import Role, samples_of
+from bisect_npu.oracle.accuracy.judged import JudgedCandidates, JudgedRuns
 from bisect_npu.records import TrialRun
 
 if TYPE_CHECKING:
@@ -54,6 +61,10 @@ class AccuracySteps:
     ran: dict[str, set[str]] = field(default_factory=dict)
     # The bad end's verdict that asked for the good end's next round, while that round's step runs.
     asked_again: Verdict | None = None
+    # Each commit's position in the searched history (the session's; none: a candidate's side rates
+    # are the ends' alone, as where candidates are configurations, not commits in order).
+    positions: dict[str, int] = field(default_factory=dict)
+    judged: JudgedCandidates = field(default_factory=JudgedCandidates)
 
     @property
     def good_end_again(self) -> bool:
@@ -72,10 +83,26 @@ class AccuracySteps:
             return [None] * spec.max_rounds
         return round_plan(spec, good, bad, commit, self.ran.get(commit, ()))
 
-    def judge(self, observations: list[Observation], role: Role, final: bool) -> Verdict:
+    def judge(self, observations: list[Observation], role: Role, final: bool,
+              judged: JudgedRuns | None = None) -> Verdict:
         spec = self.recipe.accuracy
         assert spec is not None
-        return oracle.judge_accuracy(spec, observations, self.good_end, self.bad_end, role=role, final=final)
+        return oracle.judge_accuracy(spec, observations, self.good_end, self.bad_end, role=role, final=final,
+                                     judged=judged)
+
+    def judged_for(self, commit: str, role: Role) -> JudgedRuns | None:
+        """The other candidates' runs a candidate's step at `commit` conditions its side rates on."""
+        position = self.positions.get(commit)
+        if role != "candidate" or position is None:
+            return None
+        return self.judged.runs_for(position)
+
+    def _judged(self, commit: str, role: Role, observations: Sequence[Observation], verdict: Verdict) -> None:
+        """A candidate's finished step joins the judged ones (a step that ran nothing does not)."""
+        position = self.positions.get(commit)
+        samples = samples_of(observations)
+        if role == "candidate" and position is not None and samples:
+            self.judged.record(position, verdict, samples)
 
     def step(self, commit: str, role: Role, done: Sequence[TrialRun], run_round: RunRound, first_trial: int,
              load: Callable[[str], Observation], again: Callable[[], None] | None = None,
@@ -88,6 +115,7 @@ class AccuracySteps:
         before = list(self.good_end or []) if repeat else []
         plan: list[list[str] | None] = [None] if repeat else self.plan(commit, role)
         ran = self.ran.setdefault(commit, set())
+        judged = self.judged_for(commit, role)
         records: list[TrialRun] = []
         observations: list[Observation] = []
         verdict = Verdict(kind=VerdictKind.SKIP, reason="no round ran", trials=0)
@@ -101,7 +129,7 @@ class AccuracySteps:
             observations.append(load(record.observation))
             ran.update(s.id for s in observations[-1].samples or [])
             final = number == len(plan) - 1
-            verdict = self.judge([*before, *observations], role, final=final)
+            verdict = self.judge([*before, *observations], role, final=final, judged=judged)
             if role == "bad_end" and again is not None:
                 verdict = self._good_end_again(observations, verdict, again, final)
             if not verdict.figures.get("more_rounds"):
@@ -112,6 +140,7 @@ class AccuracySteps:
             self.good_end = [*before, *observations]
         if role == "bad_end" and verdict.kind != VerdictKind.SKIP:
             self.bad_end = observations
+        self._judged(commit, role, observations, verdict)
         return records, verdict
 
     def _good_end_again(self, observations: list[Observation], verdict: Verdict, again: Callable[[], None],
@@ -144,10 +173,14 @@ class AccuracySteps:
                f"end's {100 * float(asked.figures.get('bad_error', 0.0)):.2f}); ")
         return verdict.model_copy(update={"figures": figures, "reason": why + verdict.reason, "trials": trials})
 
-    def recall_ran(self, commit: str, observations: Sequence[Observation]) -> None:
+    def recall_ran(self, commit: str, observations: Sequence[Observation], verdict: Verdict | None = None) -> None:
         """A step at `commit` journaled before a resume: the samples its rounds ran, so a step the
-        search asks there again runs the others, as the interrupted session would have."""
+        search asks there again runs the others, as the interrupted session would have; with its
+        `verdict`, a candidate's step joins the judged ones as it did when it finished."""
         self.ran.setdefault(commit, set()).update(s.id for obs in observations for s in obs.samples or [])
+        position = self.positions.get(commit)
+        if verdict is not None and position is not None and 0 < position < max(self.positions.values()):
+            self._judged(commit, "candidate", observations, verdict)
 
     def remember(self, role: Role, observations: list[Observation]) -> None:
         """An end judged before (a resumed session): its observations are the reference again."""

@@ -788,13 +788,14 @@ class Evaluator:
         if self.accuracy is not None:
             self.accuracy.remember("good_end", self.reference)
 
-    def recall_accuracy_step(self, commit: str, records: Sequence[TrialRun]) -> None:
+    def recall_accuracy_step(self, commit: str, records: Sequence[TrialRun], verdict: Verdict | None = None) -> None:
         """A finished accuracy step journaled before a resume: which samples it ran at `commit`
-        (a step asked there again runs the others). Rounds whose observation file is gone told
-        nothing and are passed over."""
+        (a step asked there again runs the others) and, with its `verdict`, a candidate's runs on
+        its side (`AccuracySteps.recall_ran`). Rounds whose observation file is gone told nothing
+        and are passed over."""
         if self.accuracy is not None:
             kept = [r for r in records if r.observation and self.abs(r.observation).is_file()]
-            self.accuracy.recall_ran(commit, self._observed(kept))
+            self.accuracy.recall_ran(commit, self._observed(kept), verdict)
 
     def set_bad_reference(self, records: list[TrialRun]) -> None:
         """The bad end, judged before a resume: an accuracy recipe's other half of the reference,

@@ -1,7 +1,8 @@
 """vllm-ascend's `tools/bisect` against bisect-npu on the demo-shaped nightly case, simulated.
 
     .venv/bin/python bench/nightly_bench.py [--seeds 400] [--first-seed 0] [--candidates 39]
-        [--rows accuracy throughput] [--drop 0.07] [--spread 0.02] [--search session|per-step|levels]
+        [--rows accuracy throughput] [--drop 0.07] [--spread 0.02] [--scores 0.96 0.88] [--icc 0.5]
+        [--samples 100] [--search session|per-step|levels]
         [--work DIR] [--baseline-error 0.05] [--no-baseline] [--nightly-result]
 
 The case is a nightly case file shaped as the demo's: one server, an accuracy benchmark
@@ -46,7 +47,8 @@ the recipe's 5 trials), the good end first until its mean is known (`reference_k
 (as the evaluator keeps them), in the search mode the session runs for such a recipe
 (`orchestration.session.search_mode_for`: likelihood), each step weighed by its ratio.
 The rule's constants were chosen on seeds 1000-1599; docs/benchmarks.md reports seeds 0-399.
-`--drop` and `--spread` change the throughput regression (held-out checks), `--rows` runs one.
+`--drop` and `--spread` change the throughput regression (held-out checks), `--scores`, `--icc` and
+`--samples` the accuracy one's scores, correlation and dataset, `--rows` runs one.
 The throughput rows (`--search`):
 - `session` (the default): through bisect-npu's sessions (`orchestration.session.Session`, the
   engine, the journal, the evaluator and its retries, the search the session picks for the
@@ -156,6 +158,10 @@ class World:
         """The accuracy's published baseline: the good side's score on this dataset, in points."""
         return round(100 * float(self.good_rates.mean()), 1)
 
+    @property
+    def samples(self) -> int:
+        return len(self.good_rates)
+
     def bad_at(self, i: int) -> bool:
         return i >= self.culprit
 
@@ -219,7 +225,7 @@ def blocked(world: World) -> bool:
 
 def theirs(world: World) -> Outcome:
     runs = 0
-    everything = list(range(SAMPLES))
+    everything = list(range(world.samples))
 
     def trial(i: int) -> str:
         nonlocal runs
@@ -242,7 +248,7 @@ def theirs(world: World) -> Outcome:
         return verdict
 
     if judge(world.n) != "FAIL" or judge(0) != "PASS":
-        return Outcome(False, False, runs, runs * SAMPLES)
+        return Outcome(False, False, runs, runs * world.samples)
     lo, hi, skipped = 0, world.n - 1, set()  # indices into the candidates 1..n
     while lo < hi:
         mid = (lo + hi) // 2
@@ -258,7 +264,7 @@ def theirs(world: World) -> Outcome:
         else:
             skipped.add(pick)
     right = lo + 1 == world.culprit
-    return Outcome(right, right, runs, runs * SAMPLES)
+    return Outcome(right, right, runs, runs * world.samples)
 
 
 # -- bisect-npu ---------------------------------------------------------------------------------
@@ -292,7 +298,7 @@ class Ours:
         role = role_of(as_reference=i == 0, as_bad_end=i == self.world.n)
 
         def run_round(trial: int, sample_ids: Sequence[str] | None) -> TrialRun:
-            ids = list(range(SAMPLES)) if sample_ids is None else [int(s) for s in sample_ids]
+            ids = list(range(self.world.samples)) if sample_ids is None else [int(s) for s in sample_ids]
             per_attempt = len(ids)
 
             def one() -> np.ndarray | None:
@@ -498,15 +504,17 @@ def ours_in_session(world: World, history: SessionHistory, seed: int, nightly: t
 
 
 def make_world(seed: int, n: int, breaks: str, pin_moves: bool, drop: float = TPUT_DROP,
-               spread: float = TPUT_SD) -> World:
+               spread: float = TPUT_SD, scores: tuple[float, float] = (GOOD_ACC, BAD_ACC), rho: float = RHO,
+               samples: int = SAMPLES) -> World:
+    """`scores`: the accuracy's good and bad side (shares); `rho`: a sample's intraclass correlation."""
     rng = np.random.default_rng(seed)
     culprit = int(rng.integers(1, n + 1))
     unbuildable = frozenset(i for i in range(1, n) if rng.random() < BUILD_FAIL and i != culprit)
-    kappa = 1 / RHO - 1
-    good = rng.beta(GOOD_ACC * kappa, (1 - GOOD_ACC) * kappa, SAMPLES)
+    kappa = 1 / rho - 1
+    good = rng.beta(scores[0] * kappa, (1 - scores[0]) * kappa, samples)
     bad = good.copy()
-    for i in rng.permutation(SAMPLES):  # break samples until the mean has dropped by the regression's points
-        if (good - bad).sum() >= SAMPLES * (GOOD_ACC - BAD_ACC):
+    for i in rng.permutation(samples):  # break samples until the mean has dropped by the regression's points
+        if (good - bad).sum() >= samples * (scores[0] - scores[1]):
             break
         bad[i] = good[i] * BROKEN_RATE
     pin_move = int(rng.integers(1, n + 1)) if pin_moves else None
@@ -521,6 +529,11 @@ def main() -> None:
     parser.add_argument("--rows", choices=("accuracy", "throughput"), nargs="+", default=["accuracy", "throughput"])
     parser.add_argument("--drop", type=float, default=TPUT_DROP, help="the throughput regression (share)")
     parser.add_argument("--spread", type=float, default=TPUT_SD, help="a throughput run's spread (share)")
+    parser.add_argument("--scores", type=float, nargs=2, default=(GOOD_ACC, BAD_ACC), metavar=("GOOD", "BAD"),
+                        help="the accuracy regression: the score at the good and the bad side (shares; the case's "
+                             "threshold stays 4 points)")
+    parser.add_argument("--icc", type=float, default=RHO, help="the accuracy rows: a sample's intraclass correlation")
+    parser.add_argument("--samples", type=int, default=SAMPLES, help="the accuracy rows: the dataset's samples")
     parser.add_argument("--search", choices=("session", "per-step", "levels"), default="session",
                         help="throughput rows: through bisect-npu's sessions (levels mode, their default), the "
                              "per-step trials sessions ran before it, or the levels search alone")
@@ -538,6 +551,7 @@ def main() -> None:
     started = time.monotonic()
     seeds = range(args.first_seed, args.first_seed + args.seeds)
     print(f"seeds {seeds.start}-{seeds.stop - 1} ({args.seeds} seeded culprits per row), {args.candidates} candidates; "
+          f"accuracy {args.scores[0]:.0%} -> {args.scores[1]:.0%}, ICC {args.icc:g}, {args.samples} samples; "
           f"throughput drop {args.drop:.0%}, spread {args.spread:.0%}; throughput rows: --search {args.search}; "
           f"the case's throughput baseline "
           f"{'unread' if args.no_baseline else f'{1 + args.baseline_error:.0%} of the good side'}"
@@ -553,7 +567,8 @@ def main() -> None:
         # bisect-npu installs each commit's own pin and never reads it: the worlds of both rows are
         # the same but for the pin (drawn last, apart from the runs' stream), so its runs are too.
         def world(seed: int, pin_moves: bool, breaks: str = breaks) -> World:
-            return make_world(seed, args.candidates, breaks, pin_moves, args.drop, args.spread)
+            return make_world(seed, args.candidates, breaks, pin_moves, args.drop, args.spread, tuple(args.scores),
+                              args.icc, args.samples)
 
         if history is not None and breaks == "throughput":
             mine = [ours_in_session(world(seed, False), history, seed,

@@ -356,3 +356,22 @@ def test_the_scaled_reading_ties_the_rates_where_an_end_ran_its_samples_once() -
     icc, cv = one.readings()
     assert icc.cov == one.cov
     assert cv.cov == pytest.approx(0.999 * math.sqrt(cv.good_var * cv.bad_var))
+
+
+def test_the_scaled_reading_ties_the_rates_where_both_ends_measured_their_spreads() -> None:
+    """Both ends repeated their samples (their spreads measured, each with its error): the scaled
+    reading ties a sample's two rates at every node of the spreads, so a sample the good end got
+    right twice and the bad end wrong twice keeps its bad-side rate the factor lo/hi of its
+    good-side one (a scaled drop's bad end misses such a sample by chance), where the one
+    correlation reading, with the covariance as measured, reads it as broken."""
+    k = 0.70 / 0.82
+    spread = 0.9 * 0.82 * 0.18
+    prior = stats.JointPrior(0.82, 0.70, spread, spread * k * k, 0.9 * spread * k, 0.005, 0.005, 200)
+    icc, cv = prior.readings()
+    assert cv.rates_tied and not icc.rates_tied
+    for _, moved in stats._spread_nodes(cv):
+        assert moved.cov == pytest.approx(0.999 * math.sqrt(moved.good_var * moved.bad_var))
+    right, wrong = SampleOutcome(id="a", correct=1.0, runs=2), SampleOutcome(id="a", correct=0.0, runs=2)
+    by_cv, by_icc = stats.side_rates(cv, right, wrong), stats.side_rates(icc, right, wrong)
+    assert by_cv.bad[0] / by_cv.good[0] == pytest.approx(k, rel=0.01)
+    assert by_icc.bad[0] / by_icc.good[0] < 0.7

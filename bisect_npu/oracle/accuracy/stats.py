@@ -279,27 +279,31 @@ class JointPrior:
     # None: each measured its own): with one run a sample the lower end (`_single_run_rho`
     # measures the higher end's), with one end repeating its samples and the other not, the other.
     borrowed: str | None = None
+    # The reading of a drop that scaled every sample's rate by one factor: the two rates of a
+    # sample tied (their correlation 1), whatever the spreads (`readings`).
+    rates_tied: bool = False
 
     def moved(self, z: float) -> JointPrior:
         """The prior with each end's spread moved `z` standard errors of its estimate (down to the
-        floor), the covariance kept within what the moved spreads allow; its spreads then taken
-        as known. The covariance stays as estimated: scaled with the spreads, a covariance next
-        to a spread at its floor would tie the two rates on nothing."""
+        floor), the covariance kept within what the moved spreads allow (at it where the rates are
+        tied); its spreads then taken as known. The covariance stays as estimated: scaled with the
+        spreads, a covariance next to a spread at its floor would tie the two rates on nothing."""
         good_var = max(MIN_VAR, self.good_var + z * self.good_var_error)
         bad_var = max(MIN_VAR, self.bad_var + z * self.bad_var_error)
-        return JointPrior(self.good_mean, self.bad_mean, good_var, bad_var,
-                          min(self.cov, 0.999 * math.sqrt(good_var * bad_var)))
+        most = 0.999 * math.sqrt(good_var * bad_var)
+        cov = most if self.rates_tied else min(self.cov, most)
+        return JointPrior(self.good_mean, self.bad_mean, good_var, bad_var, cov, rates_tied=self.rates_tied)
 
     def tied(self) -> JointPrior:
         """The prior with both spreads moved toward one intraclass correlation (`readings`)."""
         return self._tied(self.good_mean * (1 - self.good_mean), self.bad_mean * (1 - self.bad_mean))
 
-    def _tied(self, scale_g: float, scale_b: float) -> JointPrior:
+    def _tied(self, scale_g: float, scale_b: float, tie: bool = False) -> JointPrior:
         """The prior with both spreads moved toward one value of spread / scale, each end's weight
         in the common value its inverse variance, the difference kept by the probability that the
         ends differ at all: the two models (one value for both ends, one each) weighed by their
-        evidence, the Schwarz approximation (`_differ_probability`), even odds before. Spreads
-        known (no error) are kept."""
+        evidence, the Schwarz approximation (`_differ_probability`), even odds before; `tie`: the
+        two rates of a sample tied too (`_borrowing`). Spreads known (no error) are kept."""
         if self.good_var_error <= 0 or self.bad_var_error <= 0:
             return self
         rho_g, rho_b = self.good_var / scale_g, self.bad_var / scale_b
@@ -308,8 +312,9 @@ class JointPrior:
         keep = _differ_probability(self._tie_chi2(scale_g, scale_b), self.samples)
         good_var = max(MIN_VAR, (common + keep * (rho_g - common)) * scale_g)
         bad_var = max(MIN_VAR, (common + keep * (rho_b - common)) * scale_b)
-        return replace(self, good_var=good_var, bad_var=bad_var,
-                       cov=min(self.cov, 0.999 * math.sqrt(good_var * bad_var)))
+        most = 0.999 * math.sqrt(good_var * bad_var)
+        return replace(self, good_var=good_var, bad_var=bad_var, cov=most if tie else min(self.cov, most),
+                       rates_tied=tie)
 
     def _tie_chi2(self, scale_g: float, scale_b: float) -> float:
         """How far the two ends' values of spread / scale lie apart, in their estimates' variances
@@ -360,10 +365,11 @@ class JointPrior:
         elif self.good_var_error <= 0 or self.bad_var_error <= 0:
             return [self]
         else:
-            options = [self.tied(), self._tied(self.good_mean ** 2, self.bad_mean ** 2)]
+            options = [self.tied(), self._tied(self.good_mean ** 2, self.bad_mean ** 2, tie=True)]
         first, second = options
         if (math.isclose(first.good_var, second.good_var, rel_tol=1e-3)
-                and math.isclose(first.bad_var, second.bad_var, rel_tol=1e-3)):
+                and math.isclose(first.bad_var, second.bad_var, rel_tol=1e-3)
+                and math.isclose(first.cov, second.cov, rel_tol=1e-3)):
             return [first]
         return options
 

@@ -24,7 +24,7 @@ import argparse
 import math
 import time
 from collections.abc import Callable, Iterable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from accuracy_bench import Scenario, StepTrace, accuracy_config, make_case, run_ours
 from reliability import p_label, poisson_tail
@@ -128,6 +128,18 @@ SPLITS: tuple[tuple[str, Callable[[Step], str]], ...] = (
 )
 
 
+def by_position(steps: Sequence[Step]) -> list[tuple[int, Step]]:
+    """(how many steps, the steps at one commit of one history with their ratios summed): what
+    the search weighs at a position. Steps asked again at a commit add as one sequential ratio
+    only if each is a true ratio given the side; a shared error of the model shows here as
+    wrong-way sums that single steps do not reach."""
+    at: dict[tuple[int, int], list[Step]] = {}
+    for s in steps:
+        at.setdefault((s.seed, s.position), []).append(s)
+    return [(len(group), replace(group[-1], log_lr=sum(s.log_lr for s in group),
+                                 rounds=sum(s.rounds for s in group))) for group in at.values()]
+
+
 def run(s: Scenario, seeds: Iterable[int]) -> tuple[list[Step], list[str]]:
     cfg = accuracy_config(s)
     steps: list[Step] = []
@@ -174,6 +186,12 @@ def main() -> None:
     for name, key in SPLITS:
         for line in table(name, grouped(steps, key)):
             print(line)
+    positions = by_position(steps)
+    for line in table("commits: their steps' ratios summed (what the search weighs), by steps at the commit",
+                      grouped([p for _, p in positions], lambda p: "all")
+                      | grouped([replace(p, stopped=f"{n}") for n, p in positions],
+                                lambda p: f"{min(int(p.stopped), 3)}{'+' if int(p.stopped) >= 3 else ''} step(s)")):
+        print(line)
     for line in wrong:
         print(line)
     print(f"{time.monotonic() - started:.0f} s")

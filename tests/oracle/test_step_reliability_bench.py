@@ -40,3 +40,10 @@ def test_bands_count_the_wrong_way_readings_against_what_true_ratios_allow(steps
     assert steps.delivered(1, 4) == f"{math.log(4):.1f}" and steps.delivered(0, 4) == "-"
     lines = steps.table("t", steps.grouped(group, lambda s: steps.rho_band(s.rho)), (1.0, 2.0, 3.0))
     assert lines[-1].startswith("| rho < 0.9 | 4 | 2 / 1.5 (0.7) | 1 / 0.5 (1.4) | 0 / 0.2 (-) |")
+
+
+def test_a_commit_s_steps_sum_to_what_the_search_weighs(steps: ModuleType) -> None:
+    group = [step(steps, True, -1.9), step(steps, True, -1.8), step(steps, True, -2.0)]
+    ((n, summed),) = steps.by_position(group)
+    assert n == 3 and summed.log_lr == pytest.approx(-5.7) and summed.rounds == 3
+    assert steps.band([summed], (5.0,)).seen == (1,)

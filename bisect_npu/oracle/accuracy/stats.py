@@ -298,6 +298,12 @@ class JointPrior:
         """The prior with both spreads moved toward one intraclass correlation (`readings`)."""
         return self._tied(self.good_mean * (1 - self.good_mean), self.bad_mean * (1 - self.bad_mean))
 
+    def scaled(self, tie: bool = False) -> JointPrior:
+        """The prior with both spreads moved toward one coefficient of variation (`_tied`): a drop
+        that scaled every sample's rate by one factor; `tie`: the two rates of a sample tied too,
+        at every node of the spreads' error (`rates_tied`)."""
+        return self._tied(self.good_mean ** 2, self.bad_mean ** 2, tie)
+
     def _tied(self, scale_g: float, scale_b: float, tie: bool = False) -> JointPrior:
         """The prior with both spreads moved toward one value of spread / scale, each end's weight
         in the common value its inverse variance, the difference kept by the probability that the
@@ -365,11 +371,10 @@ class JointPrior:
         elif self.good_var_error <= 0 or self.bad_var_error <= 0:
             return [self]
         else:
-            options = [self.tied(), self._tied(self.good_mean ** 2, self.bad_mean ** 2, tie=True)]
+            options = [self.tied(), self.scaled()]
         first, second = options
         if (math.isclose(first.good_var, second.good_var, rel_tol=1e-3)
-                and math.isclose(first.bad_var, second.bad_var, rel_tol=1e-3)
-                and math.isclose(first.cov, second.cov, rel_tol=1e-3)):
+                and math.isclose(first.bad_var, second.bad_var, rel_tol=1e-3)):
             return [first]
         return options
 
@@ -792,7 +797,12 @@ def evident_readings(prior: JointPrior, confidence: float | None = None) -> list
     total = _log_sum_exp([*log_ties, math.log(0.5)])
     kept, dropped = (0, 1) if chi2[0] <= chi2[1] else (1, 0)
     if log_ties[dropped] - total <= math.log((1.0 - confidence) * STEP_ERROR_SHARE * READING_ERROR_SHARE):
-        return [readings[kept]]
+        # The scaled drop left alone is read as the drop it is: each sample's lower rate its
+        # higher one times one factor, the two tied. With the covariance as measured a sample's
+        # bad-side rate could sit below that factor times its good-side one (the bad end's spread
+        # less the covariance's share, a small difference of two estimates), and a sample the
+        # bad end missed by chance read as broken.
+        return [readings[0] if kept == 0 else prior.scaled(tie=True)]
     return readings
 
 

@@ -61,7 +61,8 @@ from __future__ import annotations
 import argparse
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 from reliability import Reliability, p_label, reliability, table_header, table_row
@@ -169,6 +170,7 @@ class Outcome:
     harness_runs: int
     wrong: bool = False  # another commit named as the culprit: what a session ends with exit 0
     posterior: float | None = None  # the posterior a culprit was named at (exit 0); None when none was
+    named: int | None = None  # the commit named
 
 
 def run_gate(s: Scenario, case: Case) -> Outcome:
@@ -210,9 +212,11 @@ class StepTrace:
     role: str
     rounds: tuple[int, ...]
     stopped: str  # "clear", "plan ended" (forced to the likelier side), or "earlier results" (an end)
-    position: int = -1
+    position: int = -1  # the commit it judged (-1: not recorded)
     log_lr: float = 0.0  # the ratio the step handed the search (bad side over good side)
     prior: JointPrior | None = None  # the ends' fit the step was judged against (candidates)
+    figures: dict[str, Any] = field(default_factory=dict)  # its last verdict's figures
+    ends: tuple[list[Observation], list[Observation]] | None = None  # the ends' rounds it was judged against
 
 
 def run_ours(s: Scenario, case: Case, focused: bool, cfg: AccuracyConfig, earlier: bool = False,
@@ -289,7 +293,8 @@ def run_ours(s: Scenario, case: Case, focused: bool, cfg: AccuracyConfig, earlie
             prior = (fit_joint(_pooled(ends["good"]), _pooled(ends["bad"]), cfg.greedy)
                      if role == "candidate" else None)
             trace.append(StepTrace(role, tuple(sizes), stopped, position,
-                                   float(v.figures.get("log_likelihood_ratio", 0.0)), prior))
+                                   float(v.figures.get("log_likelihood_ratio", 0.0)), prior, dict(v.figures),
+                                   (ends["good"], ends["bad"]) if role == "candidate" else None))
         if role == "good_end":  # its rounds kept apart: the bad end's step counts them
             ends["good"] = rounds
         if role == "bad_end":
@@ -306,7 +311,7 @@ def run_ours(s: Scenario, case: Case, focused: bool, cfg: AccuracyConfig, earlie
             found = decision if isinstance(decision, Found) else None
             right = found is not None and found.index == case.culprit
             return Outcome(right, spent, harness_runs, found is not None and not right,
-                           found.confidence if found is not None else None)
+                           found.confidence if found is not None else None, found.index if found is not None else None)
         for query in decision.queries:
             kind, weight = step(query.index)
             evidence[query.index] = evidence.get(query.index, Evidence()).add(kind.value).weigh(weight)  # type: ignore[arg-type]

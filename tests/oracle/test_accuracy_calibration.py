@@ -302,7 +302,7 @@ def test_the_ends_spreads_drop_a_reading_they_rule_out() -> None:
     assert stats.evident_readings(one_icc) == one_icc.readings()
     assert len(stats.evident_readings(one_icc, 0.9999)) == 2
     scaled = ends(1.1 * 0.5 * 0.80 * 0.20 * (0.67 / 0.80) ** 2, 0.005)
-    assert len(scaled.readings()) == 2 and stats.evident_readings(scaled, 0.99) == scaled.readings()[1:]
+    assert len(scaled.readings()) == 2 and stats.evident_readings(scaled, 0.99) == [scaled.scaled(tie=True)]
     assert len(stats.evident_readings(ends(0.45 * 0.67 * 0.33, 0.012), 0.99)) == 2
     assert len(stats.evident_readings(ends(0.45 * 0.67 * 0.33, 0.007, "bad"), 0.99)) == 2
 
@@ -356,3 +356,26 @@ def test_the_scaled_reading_ties_the_rates_where_an_end_ran_its_samples_once() -
     icc, cv = one.readings()
     assert icc.cov == one.cov
     assert cv.cov == pytest.approx(0.999 * math.sqrt(cv.good_var * cv.bad_var))
+
+
+def test_a_scaled_drop_the_ends_spreads_leave_alone_ties_the_rates() -> None:
+    """Both ends repeated their samples, their spreads near one coefficient of variation and tightly
+    measured (ICC 0.9, 200 samples, a traced history's ends): one correlation for both is ruled
+    out, and the scaled drop
+    left alone ties a sample's two rates at every node of the spreads, so a sample the good end got
+    right twice and the bad end wrong twice keeps its bad-side rate the factor lo/hi of its
+    good-side one (a scaled drop's bad end misses such a sample by chance); with the covariance as
+    measured the same reading made it look broken. Where both readings stand, the scaled one keeps
+    the covariance as measured."""
+    prior = stats.JointPrior(0.865, 0.73, 0.1073, 0.0728, 0.0840, 0.005, 0.0177, 200)
+    k = prior.bad_mean / prior.good_mean
+    (kept,) = stats.evident_readings(prior, 0.99)
+    assert kept.rates_tied and kept == prior.scaled(tie=True)
+    for _, moved in stats._spread_nodes(kept):
+        assert moved.cov == pytest.approx(0.999 * math.sqrt(moved.good_var * moved.bad_var))
+    right, wrong = SampleOutcome(id="a", correct=1.0, runs=2), SampleOutcome(id="a", correct=0.0, runs=2)
+    tied, measured = stats.side_rates(kept, right, wrong), stats.side_rates(prior.scaled(), right, wrong)
+    assert tied.bad[0] / tied.good[0] == pytest.approx(k, rel=0.01)
+    assert measured.bad[0] / measured.good[0] < 0.75
+    loose = stats.JointPrior(0.865, 0.73, 0.1073, 0.0728, 0.0840, 0.03, 0.03, 200)
+    assert [r.rates_tied for r in stats.evident_readings(loose, 0.99)] == [False, False]

@@ -283,33 +283,46 @@ class JointPrior:
     # The standard error of the covariance's estimate (0: taken as known; `fit_joint` gives one
     # where both ends repeated their samples).
     cov_error: float = 0.0
+    # The reading of a drop that scaled every sample's rate by one factor: the two rates of a
+    # sample tied (their correlation 1), whatever the spreads (`readings`).
+    rates_tied: bool = False
 
     def moved(self, z: float) -> JointPrior:
         """The prior with each end's spread moved `z` standard errors of its estimate (down to the
-        floor), the covariance kept within what the moved spreads allow; its spreads then taken
-        as known. The covariance stays as estimated: scaled with the spreads, a covariance next
-        to a spread at its floor would tie the two rates on nothing."""
+        floor), the covariance kept within what the moved spreads allow (at it where the rates are
+        tied); its spreads then taken as known. The covariance stays as estimated: scaled with the
+        spreads, a covariance next to a spread at its floor would tie the two rates on nothing."""
         good_var = max(MIN_VAR, self.good_var + z * self.good_var_error)
         bad_var = max(MIN_VAR, self.bad_var + z * self.bad_var_error)
-        return JointPrior(self.good_mean, self.bad_mean, good_var, bad_var,
-                          min(self.cov, 0.999 * math.sqrt(good_var * bad_var)), cov_error=self.cov_error)
+        most = 0.999 * math.sqrt(good_var * bad_var)
+        cov = most if self.rates_tied else min(self.cov, most)
+        return JointPrior(self.good_mean, self.bad_mean, good_var, bad_var, cov, cov_error=self.cov_error,
+                          rates_tied=self.rates_tied)
 
     def cov_moved(self, z: float) -> JointPrior:
         """The prior with the covariance moved `z` standard errors of its estimate, kept within 0
-        and what the spreads allow (a correlation of at most 1); then taken as known."""
-        cov = min(max(0.0, self.cov + z * self.cov_error), 0.999 * math.sqrt(self.good_var * self.bad_var))
+        and what the spreads allow (a correlation of at most 1; at it where the rates are tied);
+        then taken as known."""
+        most = 0.999 * math.sqrt(self.good_var * self.bad_var)
+        cov = most if self.rates_tied else min(max(0.0, self.cov + z * self.cov_error), most)
         return replace(self, cov=cov, cov_error=0.0)
 
     def tied(self) -> JointPrior:
         """The prior with both spreads moved toward one intraclass correlation (`readings`)."""
         return self._tied(self.good_mean * (1 - self.good_mean), self.bad_mean * (1 - self.bad_mean))
 
-    def _tied(self, scale_g: float, scale_b: float) -> JointPrior:
+    def scaled(self, tie: bool = False) -> JointPrior:
+        """The prior with both spreads moved toward one coefficient of variation (`_tied`): a drop
+        that scaled every sample's rate by one factor; `tie`: the two rates of a sample tied too,
+        at every node of the spreads' error (`rates_tied`)."""
+        return self._tied(self.good_mean ** 2, self.bad_mean ** 2, tie)
+
+    def _tied(self, scale_g: float, scale_b: float, tie: bool = False) -> JointPrior:
         """The prior with both spreads moved toward one value of spread / scale, each end's weight
         in the common value its inverse variance, the difference kept by the probability that the
         ends differ at all: the two models (one value for both ends, one each) weighed by their
-        evidence, the Schwarz approximation (`_differ_probability`), even odds before. Spreads
-        known (no error) are kept."""
+        evidence, the Schwarz approximation (`_differ_probability`), even odds before; `tie`: the
+        two rates of a sample tied too (`_borrowing`). Spreads known (no error) are kept."""
         if self.good_var_error <= 0 or self.bad_var_error <= 0:
             return self
         rho_g, rho_b = self.good_var / scale_g, self.bad_var / scale_b
@@ -318,8 +331,9 @@ class JointPrior:
         keep = _differ_probability(self._tie_chi2(scale_g, scale_b), self.samples)
         good_var = max(MIN_VAR, (common + keep * (rho_g - common)) * scale_g)
         bad_var = max(MIN_VAR, (common + keep * (rho_b - common)) * scale_b)
-        return replace(self, good_var=good_var, bad_var=bad_var,
-                       cov=min(self.cov, 0.999 * math.sqrt(good_var * bad_var)))
+        most = 0.999 * math.sqrt(good_var * bad_var)
+        return replace(self, good_var=good_var, bad_var=bad_var, cov=most if tie else min(self.cov, most),
+                       rates_tied=tie)
 
     def _tie_chi2(self, scale_g: float, scale_b: float) -> float:
         """How far the two ends' values of spread / scale lie apart, in their estimates' variances
@@ -370,7 +384,7 @@ class JointPrior:
         elif self.good_var_error <= 0 or self.bad_var_error <= 0:
             return [self]
         else:
-            options = [self.tied(), self._tied(self.good_mean ** 2, self.bad_mean ** 2)]
+            options = [self.tied(), self.scaled()]
         first, second = options
         if (math.isclose(first.good_var, second.good_var, rel_tol=1e-3)
                 and math.isclose(first.bad_var, second.bad_var, rel_tol=1e-3)):
@@ -826,7 +840,7 @@ def _spread_nodes(reading: JointPrior) -> list[tuple[float, JointPrior]]:
         spreads = [(0.0, reading)]
     else:
         spreads = [(log_w, reading.moved(z)) for z, log_w in _SPREAD_NODES]
-    if reading.cov_error == 0:
+    if reading.cov_error == 0 or reading.rates_tied:
         return spreads
     return [(log_w + log_v, moved.cov_moved(z)) for log_w, moved in spreads for z, log_v in _SPREAD_NODES]
 
@@ -859,7 +873,12 @@ def evident_readings(prior: JointPrior, confidence: float | None = None) -> list
     total = _log_sum_exp([*log_ties, math.log(0.5)])
     kept, dropped = (0, 1) if chi2[0] <= chi2[1] else (1, 0)
     if log_ties[dropped] - total <= math.log((1.0 - confidence) * STEP_ERROR_SHARE * READING_ERROR_SHARE):
-        return [readings[kept]]
+        # The scaled drop left alone is read as the drop it is: each sample's lower rate its
+        # higher one times one factor, the two tied. With the covariance as measured a sample's
+        # bad-side rate could sit below that factor times its good-side one (the bad end's spread
+        # less the covariance's share, a small difference of two estimates), and a sample the
+        # bad end missed by chance read as broken.
+        return [readings[0] if kept == 0 else prior.scaled(tie=True)]
     return readings
 
 

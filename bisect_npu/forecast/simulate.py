@@ -378,10 +378,11 @@ def simulate(
     levels = throughput is not None and throughput.search == "levels"
     if throughput is not None:
         # A step's unit is one step (a session measures step seconds): its engine start and at most
-        # its trials' runs (one in levels mode). Costs are told only with the groups, as a session does.
+        # its trials' runs (one in levels mode). Costs are told as a session tells them: a full build
+        # in levels mode (it may run a built commit again instead) or with the groups, an overlay with them.
         per_step = costs.load + (1 if levels else throughput.trials) * costs.run or float("inf")
         problem = SearchProblem(n=n, mode="levels" if levels else "likelihood", slots=slots, confidence=confidence,
-                                build_cost=costs.build / per_step if groups else 0.0, build_groups=groups,
+                                build_cost=costs.build / per_step if groups or levels else 0.0, build_groups=groups,
                                 overlay_cost=costs.overlay / per_step if groups else 0.0,
                                 threshold=throughput.threshold, baseline=throughput.baseline if levels else None)
     for position in (p for p in culprits for _ in range(runs)):

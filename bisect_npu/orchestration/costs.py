@@ -12,16 +12,18 @@ from bisect_npu.recipe.schema import TrialsSpec
 
 
 def measured_costs(seconds: MeasuredSeconds, trials: TrialsSpec | None, *, noisy: bool, batches: bool,
-                 grouped: bool) -> tuple[float, float, float]:
+                   grouped: bool, levels: bool = False) -> tuple[float, float, float]:
     """The load, build and overlay costs a search is told (`noisy`: in trials; else in steps, the
-    likelihood search's too), each only where it is used: an engine start in noisy mode, a full
-    build in noisy mode or where builds are grouped by key (``grouped``), an overlay where they are
-    grouped. `trials` is the recipe's settings (None for a user command), `batches` whether a
-    case's trials at one commit share an engine start."""
+    likelihood and levels searches' too), each only where it is used: an engine start in noisy
+    mode, a full build in noisy and levels mode (``levels``: both ask a commit again, so each run
+    weighs a new commit's build against one more run of a built one) or where builds are grouped
+    by key (``grouped``), an overlay where they are grouped. `trials` is the recipe's settings
+    (None for a user command), `batches` whether a case's trials at one commit share an engine
+    start."""
     startups, units = (seconds.startups, seconds.trial_runs) if noisy else ([], seconds.step_runs)
     builds = seconds.builds
     return (_load_cost(trials, batches, startups, units) if noisy else 0.0,
-            _build_cost(trials, builds, units, grouped) if noisy or grouped else 0.0,
+            _build_cost(trials, builds, units, grouped) if noisy or levels or grouped else 0.0,
             _overlay_cost(trials, builds, units) if grouped else 0.0)
 
 

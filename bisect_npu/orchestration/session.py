@@ -232,7 +232,7 @@ class Session:
         groups = self.build_groups
         load_cost, build_cost, overlay_cost = measured_costs(
             self.state.seconds, self.recipe.trials if self.recipe else None, noisy=self.mode == "noisy",
-            batches=self.evaluator.batches, grouped=bool(groups))
+            batches=self.evaluator.batches, grouped=bool(groups), levels=self.levels)
         mode = self.search_mode
         throughput = self.recipe.oracle.throughput if self.recipe is not None else None
         return search.SearchProblem(n=self.n, mode=mode, check_ends=self.check_ends,

@@ -38,7 +38,9 @@ first, and the ends are judged wrong on the session's runs alone.
 
 A query is one run where it teaches most about c per cost: the expected fall of the change point's
 entropy, its outcome drawn from the model's own posterior predictive (every prior of the posterior
-in it: `expected_information`), over a build where the position is not built yet. Once the
+in it: `expected_information`), over one run plus a build where the position is not built yet,
+among the positions teaching at least ``INFORMATION_FLOOR`` of the most any teaches (a search that
+always took the cheapest teaching run would walk its built commits and learn little). Once the
 likeliest position holds ``LATE_SHARE`` of the posterior the fall weighed is that of the log-odds
 against it, what the stopping rule waits on: the entropy would still pay for runs that only reorder
 the small masses far from it. The ends are asked like any position: a run of either sharpens the
@@ -60,7 +62,7 @@ from collections.abc import Mapping, Sequence
 import numpy as np
 
 from bisect_npu.search.agreement import agreed_range
-from bisect_npu.search.costs import build_costs
+from bisect_npu.search.costs import INFORMATION_FLOOR, build_costs
 from bisect_npu.search.entropy import entropy
 from bisect_npu.search.types import (
     NO_EARLIER,
@@ -443,8 +445,12 @@ def decide_levels(problem: SearchProblem, evidence: Mapping[int, Evidence]) -> D
     for i in runs:
         costs[i] = 0.0
     gains = expected_information(n, runs, problem.threshold, asked, baseline=problem.baseline,
-                                 earlier=earlier) / (1.0 + costs[asked])
-    order = sorted(range(len(asked)), key=lambda k: (-gains[k], asked[k]))
+                                 earlier=earlier)
+    per_cost = gains / (1.0 + costs[asked])
+    # a cheaper run only where it teaches at least INFORMATION_FLOOR of the most informative one
+    # (the likelihood search's floor): each run's build weighed, the runs a bisection needs kept
+    close = gains >= INFORMATION_FLOOR * float(gains.max())
+    order = sorted(range(len(asked)), key=lambda k: (not close[k], -per_cost[k], asked[k]))
     return Next(tuple(Query(asked[k]) for k in order[: problem.slots]))
 
 

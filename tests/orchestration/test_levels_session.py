@@ -92,6 +92,15 @@ def test_levels_mode_names_the_culprit_with_fewer_runs_than_per_step_trials(
     assert "posterior that this is the first bad commit" in report
     assert "the search stopped when it reached the 99.0% asked" in report
     assert f"{levels.runs} runs in all, one a step" in report
+    # Every commit its own build (no keys), the search is still told what a build costs in runs: a
+    # run may go to a built commit again instead.
+    resumed = Session.resume(session)
+    try:
+        told = resumed.problem()
+    finally:
+        resumed.evaluator.close()
+        resumed.journal.close()
+    assert told.build_groups is None and told.build_cost > 0
 
 
 def test_a_resumed_session_redoes_nothing_and_answers_the_same(history: tuple[Path, list[str]],

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+from dataclasses import replace
 from unittest.mock import patch
 
 import numpy as np
@@ -11,6 +12,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from bisect_npu.search import EndsWrong, Evidence, Found, Narrowed, Next, Query, SearchProblem, decide, two_levels
+from bisect_npu.search.costs import INFORMATION_FLOOR
 from bisect_npu.search.two_levels import (
     BASELINE_PRIOR,
     SPREAD_PRIOR_RUNS,
@@ -184,6 +186,27 @@ def test_once_a_position_leads_the_run_asked_settles_it_against_its_rivals(monke
     monkeypatch.setattr(two_levels, "LATE_SHARE", 1.0)  # the entropy alone: it asks far from the leader
     gains = expected_information(8, runs, THRESHOLD, list(range(9)))
     assert int(np.argmax(gains)) > 2
+
+
+def test_a_built_commit_is_run_again_where_it_teaches_nearly_as_much_as_a_new_build() -> None:
+    """A run is weighed by what it teaches per cost (one run, plus a build where the commit has no
+    image): a built commit that teaches nearly as much as the most informative one is run again
+    instead of building that one; one that teaches under ``INFORMATION_FLOOR`` of it is not, however
+    dear the build (a search that always took the cheapest teaching run would walk its built
+    commits and learn little)."""
+    n = 16
+    near = {0: (1.0, 1.005), n: (0.93, 0.925), 8: (0.963,)}  # commit 8 halfway: a run there teaches nearly the most
+    evidence = {i: Evidence().measure(v) for i, v in near.items()}
+    gains = expected_information(n, near, THRESHOLD, list(range(n + 1)))
+    assert int(np.argmax(gains)) != 8 and gains[8] >= INFORMATION_FLOOR * gains.max()
+    assert decide(problem(n), evidence) == Next((Query(int(np.argmax(gains))),))
+    for build in (1.0, 20.0):
+        assert decide(replace(problem(n), build_cost=build), evidence) == Next((Query(8),))
+    far = {**near, 8: (0.99,), 12: (0.935,)}  # the change between 8 and 12: 8 and 12 teach little now
+    evidence = {i: Evidence().measure(v) for i, v in far.items()}
+    gains = expected_information(n, far, THRESHOLD, list(range(n + 1)))
+    assert max(gains[8], gains[12]) < INFORMATION_FLOOR * gains.max()
+    assert decide(replace(problem(n), build_cost=20.0), evidence) == Next((Query(int(np.argmax(gains))),))
 
 
 @pytest.mark.parametrize(("baseline", "earlier"), [(None, ((), ())), (1.0, ((), ())), (1.0, ((), (0.93,))),

@@ -43,44 +43,29 @@ ANSWER_MAX_STEPS = 6
 # A position is worth asking only while both of its sides hold more than this share of the error
 # the confidence allows.
 TELLING_SHARE = 1e-3
-# The most of the ends' error integral the rule's outermost nodes may hold while the rule still
-# represents it (`change_point_posterior`): under the error's own normal they hold about a 22,000th.
-OUTER_NODE_SHARE = 0.1
 
 
 def change_point_posterior(n: int, evidence: Mapping[int, Evidence]) -> np.ndarray:
     """P(c = x | evidence) for x = 1..n (index 0 is position 1), from the inner positions' ratios;
-    the steps' node terms (`Weight`) integrated over the ends' error once, over all steps. Where
-    the rule's outermost nodes hold more than ``OUTER_NODE_SHARE`` of that integral (weighed over
-    the culprits by the posterior), the rule no longer represents it: the mass lies past its last
-    node, where the ends' error alone cannot put it and a misfit the whole search shares can; each
-    step's own ratio (its error integrated on its own) stands instead."""
-    log_lr, own = np.zeros(n + 1), np.zeros(n + 1)
+    the steps' node terms (`Weight`) integrated over the ends' error once, over all steps."""
+    log_lr = np.zeros(n + 1)
     for i, ev in evidence.items():
         if 0 < i < n:
-            log_lr[i], own[i] = ev.log_lr - ev.shared_log_lr, ev.log_lr
-    shared, outer = _shared_log_lik(n, evidence)
+            log_lr[i] = ev.log_lr - ev.shared_log_lr
     # log P(c = x) = sum over i >= x of log_lr[i], for x = 1..n (the bad end is on the bad side for every c).
-    post = _normalised(np.cumsum(log_lr[::-1])[::-1][1:] + shared)
-    if float(np.sum(post * outer)) > OUTER_NODE_SHARE:
-        return _normalised(np.cumsum(own[::-1])[::-1][1:])
-    return post
-
-
-def _normalised(log_post: np.ndarray) -> np.ndarray:
-    post = np.exp(log_post - log_post.max())
+    suffix = np.cumsum(log_lr[::-1])[::-1][1:] + _shared_log_lik(n, evidence)
+    post = np.exp(suffix - suffix.max())
     normalised: np.ndarray = post / post.sum()
     return normalised
 
 
-def _shared_log_lik(n: int, evidence: Mapping[int, Evidence]) -> tuple[np.ndarray | float, np.ndarray | float]:
+def _shared_log_lik(n: int, evidence: Mapping[int, Evidence]) -> np.ndarray | float:
     """For c = 1..n: log of the integral over each end mean's error of the product of the node
-    terms, the positions below c taking their good side's, the rest their bad side's (the two
-    ends' errors are independent, so the integral is one per side); with the share of either
-    side's integral its two outermost nodes hold (the larger)."""
+    terms, the positions below c taking their good side's, the rest their bad side's. The two
+    ends' errors are independent, so the integral is one per side."""
     inner = {i: ev for i, ev in evidence.items() if 0 < i < n and ev.shared_good}
     if not inner:
-        return 0.0, 0.0
+        return 0.0
     k = len(next(iter(inner.values())).shared_good)
     weights = hermegauss(k)[1]
     log_w = np.log(weights / weights.sum())
@@ -89,23 +74,16 @@ def _shared_log_lik(n: int, evidence: Mapping[int, Evidence]) -> tuple[np.ndarra
         good[i], bad[i] = ev.shared_good, ev.shared_bad
     below = np.cumsum(good, axis=0)[:-1]  # row x - 1: the good terms of positions < x, x = 1..n
     above = np.cumsum(bad[::-1], axis=0)[::-1][1:]  # row x - 1: the bad terms of positions >= x
-    (good_log, good_outer), (bad_log, bad_outer) = _log_mean(below, log_w), _log_mean(above, log_w)
-    shared: np.ndarray = good_log + bad_log
-    if k < 3:  # no node lies inside the outermost ones
-        return shared, 0.0
-    return shared, np.maximum(good_outer, bad_outer)
+    shared: np.ndarray = _log_mean(below, log_w) + _log_mean(above, log_w)
+    return shared
 
 
-def _log_mean(terms: np.ndarray, log_w: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """log sum_k w_k exp(terms[:, k]), row by row, without overflow; with the share of each row's
-    sum its first and last nodes hold."""
+def _log_mean(terms: np.ndarray, log_w: np.ndarray) -> np.ndarray:
+    """log sum_k w_k exp(terms[:, k]), row by row, without overflow."""
     total = terms + log_w
     top = total.max(axis=1, keepdims=True)
-    each = np.exp(total - top)
-    mass = each.sum(axis=1)
-    result: np.ndarray = top[:, 0] + np.log(mass)
-    outer: np.ndarray = (each[:, 0] + each[:, -1]) / mass
-    return result, outer
+    result: np.ndarray = top[:, 0] + np.log(np.exp(total - top).sum(axis=1))
+    return result
 
 
 def _blocks(n: int, evidence: Mapping[int, Evidence]) -> np.ndarray:

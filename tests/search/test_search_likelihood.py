@@ -9,13 +9,7 @@ from hypothesis import strategies as st
 from numpy.polynomial.hermite_e import hermegauss
 
 from bisect_npu.search import EndsWrong, Evidence, Found, Narrowed, Next, Query, SearchProblem, Weight, decide
-from bisect_npu.search.likelihood import (
-    ANSWER_MAX_STEPS,
-    MAX_STEPS,
-    OUTER_NODE_SHARE,
-    TELLING_SHARE,
-    change_point_posterior,
-)
+from bisect_npu.search.likelihood import ANSWER_MAX_STEPS, MAX_STEPS, TELLING_SHARE, change_point_posterior
 
 
 def problem(n: int, slots: int = 1, confidence: float = 0.99) -> SearchProblem:
@@ -101,14 +95,12 @@ def test_with_the_mass_on_one_commit_its_weakly_judged_parent_is_asked() -> None
     assert decide(problem(20), evidence) == Next((Query(13),))
 
 
-def _brute_force_posterior(n: int, evidence: dict[int, Evidence]) -> tuple[np.ndarray, float]:
-    """Every pair of nodes of the two ends' errors, each position's terms on its side of c; with
-    the share the outermost nodes hold of either end's error, weighed over c (0 for fewer than
-    three nodes)."""
+def _brute_force_posterior(n: int, evidence: dict[int, Evidence]) -> np.ndarray:
+    """Every pair of nodes of the two ends' errors, each position's terms on its side of c."""
     k = len(next(ev for ev in evidence.values() if ev.shared_good).shared_good)
     weights = hermegauss(k)[1]
     weights = weights / weights.sum()
-    joint = np.zeros((n, k, k))
+    post = np.zeros(n)
     for c in range(1, n + 1):
         for kg, wg in enumerate(weights):
             for kb, wb in enumerate(weights):
@@ -121,11 +113,8 @@ def _brute_force_posterior(n: int, evidence: dict[int, Evidence]) -> tuple[np.nd
                         total += free + (ev.shared_bad[kb] if ev.shared_bad else 0.0)
                     elif ev.shared_good:
                         total += ev.shared_good[kg]
-                joint[c - 1, kg, kb] = wg * wb * np.exp(total)
-    post = joint.sum(axis=(1, 2))
-    good, bad = joint.sum(axis=2) / post[:, None], joint.sum(axis=1) / post[:, None]
-    outer = np.maximum(good[:, 0] + good[:, -1], bad[:, 0] + bad[:, -1]) if k >= 3 else np.zeros(n)
-    return post / post.sum(), float(post @ outer / post.sum())
+                post[c - 1] += wg * wb * np.exp(total)
+    return post / post.sum()
 
 
 @settings(max_examples=40, deadline=None)
@@ -140,29 +129,10 @@ def test_the_ends_error_is_integrated_once_over_every_step(n: int, k: int, data:
             good, bad = data.draw(terms), data.draw(terms)
             ev = ev.weigh(Weight(data.draw(st.floats(-5, 5)), good, bad))
         evidence[i] = ev.weigh(data.draw(st.floats(-3, 3)))  # a step without node terms: its ratio alone
-    own = change_point_posterior(n, {i: Evidence(log_lr=ev.log_lr) for i, ev in evidence.items()})
-    expected = own
-    if any(ev.shared_good for ev in evidence.values()):
-        joint, outer = _brute_force_posterior(n, evidence)
-        expected = joint if outer <= OUTER_NODE_SHARE else own
-    np.testing.assert_allclose(change_point_posterior(n, evidence), expected, atol=1e-9)
-
-
-def test_an_integral_past_the_rules_outermost_node_gives_way_to_each_steps_own_ratio() -> None:
-    """Nine nodes, commit 1's own steps good (-3.4) and commit 2's bad: the steps name 2. Commit
-    1's good-side node terms fit no node and its bad-side ones only the last (the bad end's mean
-    4.5 errors off), so the shared integral would put it on the bad side and name 1; the rule
-    then does not represent the integral, and each step's own ratio stands."""
-    k = 9
-    outermost = tuple(0.0 if j == k - 1 else -60.0 for j in range(k))
-    flat = (0.0,) * k
-    evidence = {0: Evidence(good=1), 3: Evidence(bad=1),
-                1: Evidence(good=1).weigh(Weight(-3.4, good=(-60.0,) * k, bad=outermost)),
-                2: Evidence(bad=1).weigh(Weight(6.0, good=flat, bad=flat))}
-    post = change_point_posterior(3, evidence)
-    own = change_point_posterior(3, {i: Evidence(log_lr=ev.log_lr) for i, ev in evidence.items()})
-    np.testing.assert_allclose(post, own)
-    assert int(np.argmax(post)) == 1
+    np.testing.assert_allclose(change_point_posterior(n, evidence), _brute_force_posterior(n, evidence)
+                               if any(ev.shared_good for ev in evidence.values())
+                               else change_point_posterior(n, {i: Evidence(log_lr=ev.log_lr)
+                                                                for i, ev in evidence.items()}), atol=1e-9)
 
 
 def test_a_lone_step_weighs_what_its_node_terms_integrate_to() -> None:

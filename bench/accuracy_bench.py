@@ -43,8 +43,10 @@ answer a fresh draw, intraclass correlation 0.2 with every sample's rate scaled 
 0.95 with a broken subset, greedy), 200 samples falling 82% -> 70% over 48 commits as a session
 runs them (focused, 4 repeats; greedy 1), counting beside the runs how often a wrong culprit is
 named: what a session reports with exit 0; beside it the wrong ones the answers' own posteriors
-expect (the sum of 1 - posterior), the chance calibration alone reaches the count seen, and the
-answers binned by posterior (bench/reliability.py). Seeds 1000.. for tuning, 1.. for the figures.
+expect (the sum of 1 - posterior), the chance calibration alone reaches the count seen, the
+answers with no single culprit and among them the best guesses below the confidence (exit 3: the
+range that holds it, the commit leaned to named inside; how many were right), and the answers
+binned by posterior (bench/reliability.py). Seeds 1000.. for tuning, 1.. for the figures.
 `--icc` (with `--samples`, `--scores`, `--repeats`, `--shape`) runs one kind of your own in its
 place: the calibration sweep's kinds the table does not hold.
 

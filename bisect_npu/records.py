@@ -333,6 +333,9 @@ class NextLevelRecord(Record):
     session: str
     status: str
     culprit: str | None = None
+    lo: str | None = None  # narrowed: the range (lo, hi] it holds
+    hi: str | None = None
+    best_guess: str | None = None  # narrowed below the confidence asked: the commit the search leaned to
     message: str = ""
     good: str = ""  # two releases' tags; a merge's first parent and the merge; a dependency's two pins' commits
     bad: str = ""

@@ -43,8 +43,10 @@ answer a fresh draw, intraclass correlation 0.2 with every sample's rate scaled 
 0.95 with a broken subset, greedy), 200 samples falling 82% -> 70% over 48 commits as a session
 runs them (focused, 4 repeats; greedy 1), counting beside the runs how often a wrong culprit is
 named: what a session reports with exit 0; beside it the wrong ones the answers' own posteriors
-expect (the sum of 1 - posterior), the chance calibration alone reaches the count seen, and the
-answers binned by posterior (bench/reliability.py). Seeds 1000.. for tuning, 1.. for the figures.
+expect (the sum of 1 - posterior), the chance calibration alone reaches the count seen, the
+answers with no single culprit and among them the best guesses below the confidence (exit 3: the
+range that holds it, the commit leaned to named inside; how many were right), and the answers
+binned by posterior (bench/reliability.py). Seeds 1000.. for tuning, 1.. for the figures.
 `--icc` (with `--samples`, `--scores`, `--repeats`, `--shape`) runs one kind of your own in its
 place: the calibration sweep's kinds the table does not hold.
 
@@ -77,7 +79,7 @@ from bisect_npu.orchestration.opening.state import accuracy_weight
 from bisect_npu.orchestration.running.earlier_results import control_stages, control_standing
 from bisect_npu.recipe.schema import AccuracySpec, CommandHarnessSpec, SamplingSpec
 from bisect_npu.records import StepRecord
-from bisect_npu.search import Evidence, Found, Next, SearchProblem, Weight, decide
+from bisect_npu.search import Evidence, Found, Narrowed, Next, SearchProblem, Weight, decide
 
 
 @dataclass(frozen=True)
@@ -171,6 +173,7 @@ class Outcome:
     wrong: bool = False  # another commit named as the culprit: what a session ends with exit 0
     posterior: float | None = None  # the posterior a culprit was named at (exit 0); None when none was
     named: int | None = None  # the commit named
+    guess: bool | None = None  # below the confidence asked (exit 3): whether the best guess named inside was right
 
 
 def run_gate(s: Scenario, case: Case) -> Outcome:
@@ -310,8 +313,10 @@ def run_ours(s: Scenario, case: Case, focused: bool, cfg: AccuracyConfig, earlie
         if not isinstance(decision, Next):
             found = decision if isinstance(decision, Found) else None
             right = found is not None and found.index == case.culprit
+            guess = decision.figures.get("best_guess") if isinstance(decision, Narrowed) else None
             return Outcome(right, spent, harness_runs, found is not None and not right,
-                           found.confidence if found is not None else None, found.index if found is not None else None)
+                           found.confidence if found is not None else None, found.index if found is not None else None,
+                           None if guess is None else guess == case.culprit)
         for query in decision.queries:
             kind, weight = step(query.index)
             evidence[query.index] = evidence.get(query.index, Evidence()).add(kind.value).weigh(weight)  # type: ignore[arg-type]
@@ -340,12 +345,15 @@ def accuracy_config(s: Scenario, earlier: bool = False) -> AccuracyConfig:
 
 def calibration(runs: int, first_seed: int, only: str, kinds: tuple[Scenario, ...] = CALIBRATION) -> None:
     """Each kind of sampled history, the way a session runs it (focused): right, wrong culprits
-    named (a session's exit 0), the wrong ones the answers' own posteriors expect, no culprit (a
-    range or a weaker answer), and the cost; then the answers binned by posterior."""
+    named (a session's exit 0: a culprit as sure as the confidence asked), the wrong ones the
+    answers' own posteriors expect, no culprit (a range: among them the best guesses below the
+    confidence, exit 3, and how many of those were right), and the cost; then the answers binned by
+    posterior."""
     print(f"{runs} histories per kind, seeds {first_seed}..{first_seed + runs - 1}, confidence {CONFIDENCE}")
     print("| kind | right | wrong culprit named (exit 0) | expected wrong (sum of 1 - posterior) | "
-          "P(wrong >= seen) | no single culprit | sample runs (mean) | harness runs (mean) |")
-    print("|---|---:|---:|---:|---:|---:|---:|---:|")
+          "P(wrong >= seen) | no single culprit | of which best guesses (right) | sample runs (mean) | "
+          "harness runs (mean) |")
+    print("|---|---:|---:|---:|---:|---:|---:|---:|---:|")
     seeds: list[str] = []
     rows: list[tuple[str, Reliability]] = []
     for s in kinds:
@@ -359,6 +367,7 @@ def calibration(runs: int, first_seed: int, only: str, kinds: tuple[Scenario, ..
         print(f"| {s.name}, {s.samples} samples, {100 * s.good:.0f}% -> {100 * s.bad:.0f}%, repeats {s.repeats} | "
               f"{right / runs:.1%} | {wrong} ({wrong / runs:.1%}) | {named.expected:.2f} | {p_label(named.p_value)} | "
               f"{runs - right - wrong} | "
+              f"{sum(g.guess is not None for g in got)} ({sum(g.guess is True for g in got)}) | "
               f"{np.mean([g.sample_runs for g in got]):,.0f} | {np.mean([g.harness_runs for g in got]):.1f} |")
         if wrong:
             seeds.append(f"{s.name}: wrong culprits at seeds "

@@ -73,6 +73,9 @@ the baseline.
 A commit whose parent cannot be built (its own code fails to build) cannot be named by any tool:
 the best answer that history allows is the range from the last buildable commit before it to it.
 The table counts both: "culprit named" and "best answer" (the culprit, or exactly that range).
+A search that stops below the confidence asked answers with the range that holds it (exit 3) and
+its best guess inside: "culprit named" counts culprits found (exit 0) only, "best answer" a right
+best guess too.
 A throughput drop of at most the line's gap (`--drop 0.03` or less) leaves the bad side not under
 the line: the ends judged wrong (exit 4, "the ends do not differ past the line") is a best answer
 there too, beside the culprit; any other culprit named is wrong. The notes count the ends judged
@@ -204,14 +207,15 @@ class Outcome:
 
 
 def scored(world: World, runs: int, samples: int = 0, *, found: int | None = None,
-           narrowed: tuple[int, int] | None = None, ends_wrong: bool = False,
+           narrowed: tuple[int, int] | None = None, guess: int | None = None, ends_wrong: bool = False,
            posterior: float | None = None) -> Outcome:
-    """An answer (the culprit `found`, the range `narrowed`, or the ends judged wrong) scored against
-    the world, whichever shape gave it (the search's decision, a session's result), so every row
-    counts "best answer" alike: the culprit, exactly the range its unbuildable parent(s) leave, or
+    """An answer (the culprit `found`, the range `narrowed` with the best `guess` named inside it
+    below the confidence asked, or the ends judged wrong) scored against the world, whichever shape
+    gave it (the search's decision, a session's result), so every row counts "best answer" alike:
+    the culprit (found, or the best guess), exactly the range its unbuildable parent(s) leave, or
     exit 4 where the drop is within the line's gap (`World.over_line`)."""
     named = found == world.culprit
-    best = named or narrowed == world.best_range() or (ends_wrong and world.over_line)
+    best = named or guess == world.culprit or narrowed == world.best_range() or (ends_wrong and world.over_line)
     return Outcome(named, best, runs, samples, wrong=found is not None and not named, ends_wrong=ends_wrong,
                    posterior=posterior if found is not None else None)
 
@@ -371,6 +375,8 @@ class Ours:
         return scored(self.world, self.runs, self.samples,
                       found=decision.index if isinstance(decision, Found) else None,
                       narrowed=(decision.lo, decision.hi) if isinstance(decision, Narrowed) else None,
+                      guess=int(decision.figures["best_guess"]) if isinstance(decision, Narrowed)
+                      and "best_guess" in decision.figures else None,
                       ends_wrong=isinstance(decision, EndsWrong),
                       posterior=decision.confidence if isinstance(decision, Found) else None)
 
@@ -500,6 +506,7 @@ def ours_in_session(world: World, history: SessionHistory, seed: int, nightly: t
     return scored(world, stand_in.runs,
                   found=position[result.culprit] if result.status == "found" and result.culprit else None,
                   narrowed=(position[narrowed[0]], position[narrowed[1]]) if narrowed else None,
+                  guess=position[result.best_guess] if result.best_guess else None,
                   ends_wrong=result.status == "ends_wrong")
 
 

@@ -310,8 +310,9 @@ class _EndStatus(Record):
 
 
 class EndRecord(SearchEnd, _EndStatus):
-    """The search's answer: a culprit (`found`), a range it could not narrow past skipped commits
-    (`narrowed`), or an end that does not behave as given (`ends_wrong`)."""
+    """The search's answer: a culprit (`found`, as sure as the confidence asked), a range it could
+    not narrow past skipped commits, whose steps disagree, or that holds the confidence around a
+    best guess below it (`narrowed`), or an end that does not behave as given (`ends_wrong`)."""
 
     prefetch_saved_s: float | None = None
     culprit: str | None = None  # found
@@ -321,6 +322,7 @@ class EndRecord(SearchEnd, _EndStatus):
     hi: str | None = None
     lo_index: int | None = None
     hi_index: int | None = None
+    best_guess: str | None = None  # narrowed: the commit the search leaned to, below the confidence asked
 
 
 class NextLevelRecord(Record):
@@ -331,6 +333,9 @@ class NextLevelRecord(Record):
     session: str
     status: str
     culprit: str | None = None
+    lo: str | None = None  # narrowed: the range (lo, hi] it holds
+    hi: str | None = None
+    best_guess: str | None = None  # narrowed below the confidence asked: the commit the search leaned to
     message: str = ""
     good: str = ""  # two releases' tags; a merge's first parent and the merge; a dependency's two pins' commits
     bad: str = ""

@@ -28,9 +28,11 @@ OracleSpec = Recipe | str | Path | Sequence[str] | Oracle
 
 @dataclass(frozen=True)
 class Result:
-    """How a bisection ended. `status`: "found" (exit code 0: `culprit` is the first bad commit),
-    "narrowed" (3: `range` (lo, hi] holds it, the commits between could not be tested, or their
-    steps disagree with each other) or
+    """How a bisection ended. `status`: "found" (exit code 0: `culprit` is the first bad commit, as
+    sure as the confidence asked), "narrowed" (3: `range` (lo, hi] holds it, the commits between
+    could not be tested, or their steps disagree with each other, or no commit reached the
+    confidence asked: `best_guess` is then the one the search leaned to, `range` the run of
+    commits around it that holds the confidence) or
     "ends_wrong" (4: an end was not judged as given; `message` says which, `output_tail` shows the
     last lines of that end's run)."""
 
@@ -44,6 +46,7 @@ class Result:
     report: Path  # report.md
     report_json: Path
     output_tail: str = ""
+    best_guess: str | None = None
 
 
 def bisect(request: RunRequest | str | Path, good: str | None = None, bad: str | None = None, *,
@@ -122,7 +125,7 @@ def _run(bisection: Bisection, on_session: Callable[[Path], None] | None) -> Res
     outcome = bisection.run()
     md_path, json_path = report_paths(outcome.session_dir)
     return Result(outcome.status, outcome.exit_code, outcome.culprit, outcome.range, outcome.message, outcome.steps,
-                  outcome.session_dir, md_path, json_path, outcome.output_tail)
+                  outcome.session_dir, md_path, json_path, outcome.output_tail, outcome.best_guess)
 
 
 def _oracle_parts(oracle: OracleSpec) -> tuple[str | None, list[str] | None, Oracle | None]:

@@ -139,7 +139,8 @@ def finish(result: Result, as_json: bool) -> None:
         click.echo(f"report: {result.report}")
         if as_json:
             summary = {"status": result.status, "exit_code": result.exit_code, "culprit": result.culprit,
-                       "range": list(result.range) if result.range else None, "steps": result.steps,
+                       "range": list(result.range) if result.range else None, "best_guess": result.best_guess,
+                       "steps": result.steps,
                        "session": str(result.session_dir), "report": str(result.report),
                        "report_json": str(result.report_json)}
             click.echo(json.dumps(summary))

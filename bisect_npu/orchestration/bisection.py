@@ -338,7 +338,9 @@ class Bisection:
         if held is not None:
             result = _dependency_answer(ran)
         steps = sum(c.result.steps for _, c in ran)
+        lo, hi = result.range if result.range else (None, None)
         session.append(NextLevelRecord(session=str(result.session_dir), status=result.status, culprit=result.culprit,
+                                       lo=lo, hi=hi, best_guess=result.best_guess,
                                        message=result.message, good=descent.good, bad=descent.bad,
                                        merge=descent.merge, merged=descent.merged, steps=steps,
                                        dependency=held.dependency if held else None))
@@ -361,8 +363,9 @@ class Bisection:
         """A finished session's answer is its finest level's, as its `next_level` line keeps it."""
         codes = EXIT_CODES
         status = finer.status if finer.status in codes else "ends_wrong"
+        rng = (finer.lo, finer.hi) if finer.lo and finer.hi else None
         return SessionResult(status, codes[status], Path(finer.session), culprit=finer.culprit,  # type: ignore[arg-type]
-                             message=finer.message,
+                             range=rng, best_guess=finer.best_guess, message=finer.message,
                              steps=finer.steps + len(self.session.state.journaled_steps()))
 
 

@@ -449,19 +449,24 @@ class Session:
             culprit = self.commit_at(decision.index)
             message = end_messages.found(self.spec.level.name, culprit, self.titles.get(culprit, ""),
                                          find_fix=self.spec.search.find_fix, scope=scope_of(self.spec.level))
-            message += end_messages.short_of(decision.confidence, self.confidence)
             end = EndRecord(status="found", culprit=culprit, index=decision.index, confidence=decision.confidence,
                             figures=decision.figures)
             result = SessionResult("found", EXIT_FOUND, self.journal.session_dir, culprit=culprit,
                                    message=message, steps=steps)
         elif isinstance(decision, search.Narrowed):
             lo, hi = self.commit_at(decision.lo), self.commit_at(decision.hi)
-            message = end_messages.narrowed(lo, hi, decision.hi - decision.lo, find_fix=self.spec.search.find_fix,
-                                            skipped=self._skipped_between(decision.lo, decision.hi))
+            guess = self.commit_at(int(decision.figures["best_guess"])) if "best_guess" in decision.figures else None
+            if guess is not None:
+                message = end_messages.best_guess(lo, hi, decision.hi - decision.lo, guess, self.titles.get(guess, ""),
+                                                  reached=decision.figures["posterior"], asked=self.confidence,
+                                                  find_fix=self.spec.search.find_fix)
+            else:
+                message = end_messages.narrowed(lo, hi, decision.hi - decision.lo, find_fix=self.spec.search.find_fix,
+                                                skipped=self._skipped_between(decision.lo, decision.hi))
             end = EndRecord(status="narrowed", lo=lo, hi=hi, lo_index=decision.lo, hi_index=decision.hi,
-                            figures=decision.figures)
+                            best_guess=guess, figures=decision.figures)
             result = SessionResult("narrowed", EXIT_NARROWED, self.journal.session_dir, range=(lo, hi),
-                                   message=message, steps=steps)
+                                   best_guess=guess, message=message, steps=steps)
         else:
             assert isinstance(decision, search.EndsWrong)
             end_index = 0 if decision.which == "good" else self.n
@@ -487,7 +492,7 @@ class Session:
         rng = (end.lo, end.hi) if end.status == "narrowed" and end.lo and end.hi else None
         output = self._end_run(0 if end.which == "good" else self.n)[1] if end.status == "ends_wrong" else ""
         return SessionResult(end.status, code, self.journal.session_dir, culprit=end.culprit, range=rng,
-                             message=end.message, steps=steps, output_tail=output)
+                             best_guess=end.best_guess, message=end.message, steps=steps, output_tail=output)
 
     def _skipped_between(self, lo: int, hi: int) -> list[tuple[str, str]]:
         """Each commit strictly between two positions whose last step was a skip, with its reason."""

@@ -15,7 +15,8 @@ from bisect_npu.report.view import SessionView, StepView
 def evidence_summary(view: SessionView) -> list[str]:
     """The evidence behind the answer in words (the journal keeps the raw figures): in exact mode
     the steps that bracket the culprit, in noisy mode both commits' trials with 95% intervals and
-    the posterior, and for ends judged wrong what each end showed (in levels mode: its runs, the
+    the posterior (a best guess below the confidence asked: its own), and for ends judged wrong
+    what each end showed (in levels mode: its runs, the
     line and the nightly's earlier runs, `levels_ends_lines`). Noisy figures count
     the search's "bad" runs, which with --find-fix are the runs without the symptom; the words
     always count runs that show it."""
@@ -31,9 +32,11 @@ def evidence_summary(view: SessionView) -> list[str]:
                 f"P(the two ends differ) = {_percent(figures['change_probability'])}"]
     if end.status == "ends_wrong" and "under_line" in figures:
         return levels_ends_lines(view, figures, flipped)
-    if end.status != "found":
+    if end.status == "narrowed" and end.best_guess is not None:  # the commit it leaned to, below the confidence
+        end = end.model_copy(update={"index": int(figures["best_guess"]), "culprit": end.best_guess})
+    elif end.status != "found":
         return []
-    found = "the fix" if flipped else "the culprit"
+    found = "the best guess" if end.status == "narrowed" else "the fix" if flipped else "the culprit"
     if "culprit_trials" in figures:
         parent = _parent_of(view, end)
         more = "less" if flipped else "more"

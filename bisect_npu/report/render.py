@@ -137,6 +137,9 @@ def render_json(view: SessionView) -> dict[str, Any]:
         "culprit_session": str(found_by.session_dir) if answer is not None and answer.finer else None,
         "level_culprit": own.culprit if own is not None else None,  # what this level's search ended at
         "range": [end.lo, end.hi] if end is not None and answer is not None and answer.status == "narrowed" else None,
+        # Narrowed below the confidence asked: the commit the search leaned to (`range` holds the confidence).
+        "best_guess": end.best_guess if end is not None and answer is not None and answer.status == "narrowed"
+        else None,
         "message": answer.message if answer is not None and answer.message else None,
         "evidence": figures,
         # What the noisy figures' rates count: the search's "bad" runs, clean ones under --find-fix.

@@ -15,7 +15,8 @@ the posterior is not sure which side it is on (its step was not decisive), up to
 where the problem asks it (``answer_log_lr``), the answer's culprit and parent are asked again
 until their own steps reach that ratio, so steps elsewhere may stop early and only steer; such a
 search asks the positions that could still move its answer up to ``ANSWER_MAX_STEPS`` times
-before it answers below its confidence. It names no culprit whose own spent steps, or its
+before it answers below its confidence: the credible range around its best guess
+(credible.py). It names no culprit whose own spent steps, or its
 parent's, contradict it by that ratio: the range those decisive steps agree on instead.
 The ends come first: each must be judged its own side by its step's verdict (EndsWrong otherwise).
 """
@@ -30,6 +31,7 @@ from numpy.polynomial.hermite_e import hermegauss
 
 from bisect_npu.search.agreement import agreed_range
 from bisect_npu.search.costs import most_information_per_cost, step_costs
+from bisect_npu.search.credible import best_guess
 from bisect_npu.search.types import Decision, EndsWrong, Evidence, Found, Narrowed, Next, Query, SearchProblem
 
 # Steps one position may take (the first and repeats): a commit that three steps of the sequential
@@ -207,6 +209,8 @@ def _answer(problem: SearchProblem, blocks: np.ndarray, block_mass: np.ndarray, 
     agreed = _agreed_range(problem, lo, hi, evidence)
     if agreed != (lo, hi):
         return Narrowed(*agreed, figures={**figures, "disagreeing_culprit": float(hi)})
+    if hi - lo == 1 and block_mass[best] < problem.confidence:
+        return best_guess(blocks, block_mass, best, problem.confidence, figures)
     if hi - lo == 1:
         return Found(hi, confidence=float(block_mass[best]), figures=figures)
     return Narrowed(lo, hi, figures=figures)

@@ -18,6 +18,7 @@ import numpy as np
 
 from bisect_npu.intervals import wilson_interval
 from bisect_npu.search.costs import build_costs
+from bisect_npu.search.credible import best_guess
 from bisect_npu.search.entropy import entropy, plogp
 from bisect_npu.search.types import (
     Decision,
@@ -260,7 +261,7 @@ def decide_noisy(problem: SearchProblem, evidence: Mapping[int, Evidence]) -> De
     if spare > 0:
         queries += _search_picks(problem, evidence, counted, mass, mean_q, mean_p, spare, list(queries))
     if not queries:
-        return _exhausted(blocks, block_mass, best)
+        return _exhausted(blocks, block_mass, best, problem.confidence)
     return Next(tuple(queries))
 
 
@@ -524,11 +525,12 @@ def _best_query(
     return best
 
 
-def _exhausted(blocks: np.ndarray, block_mass: np.ndarray, best: int) -> Decision:
-    """Every position is capped or skipped: report the best block with its (low) confidence."""
+def _exhausted(blocks: np.ndarray, block_mass: np.ndarray, best: int, confidence: float) -> Decision:
+    """Every position is capped or skipped: the best block with its (low) confidence, a single
+    commit as the credible range around it (credible.py)."""
     members = np.flatnonzero(blocks == best) + 1
     lo, hi = int(members[0]) - 1, int(members[-1])
     figures = {"posterior": float(block_mass[best]), "separation": 0.0}
     if hi - lo == 1:
-        return Found(hi, confidence=float(block_mass[best]), figures=figures)
+        return best_guess(blocks, block_mass, best, confidence, figures)
     return Narrowed(lo, hi, figures=figures)

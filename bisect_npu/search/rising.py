@@ -59,9 +59,10 @@ def _back(n: int, decision: Decision) -> Decision:
 
 def _sides_swapped(n: int, figures: dict[str, float]) -> dict[str, float]:
     """The answer's side means in the search's terms (the mirrored good side is the fixed one), and
-    the culprit a range's runs disagree with in its positions."""
+    the culprit a range's runs disagree with (or its best guess) in its positions."""
     names = {"good_mean": "bad_mean", "bad_mean": "good_mean"}
     swapped = {names.get(name, name): value for name, value in figures.items()}
-    if "disagreeing_culprit" in swapped:  # a mirrored culprit c is the fix n + 1 - c
-        swapped["disagreeing_culprit"] = n + 1 - swapped["disagreeing_culprit"]
+    for name in ("disagreeing_culprit", "best_guess"):  # a mirrored culprit c is the fix n + 1 - c
+        if name in swapped:
+            swapped[name] = n + 1 - swapped[name]
     return swapped

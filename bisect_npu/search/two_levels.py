@@ -63,6 +63,7 @@ import numpy as np
 
 from bisect_npu.search.agreement import agreed_range
 from bisect_npu.search.costs import INFORMATION_FLOOR, build_costs
+from bisect_npu.search.credible import best_guess
 from bisect_npu.search.entropy import entropy
 from bisect_npu.search.types import (
     NO_EARLIER,
@@ -495,6 +496,8 @@ def _answer(problem: SearchProblem, runs: Mapping[int, Sequence[float]], blocks:
                           problem.n)
     if agreed != (lo, hi):
         return Narrowed(*agreed, figures={**figures, "disagreeing_culprit": float(hi)})
+    if hi - lo == 1 and block_mass[best] < problem.confidence:
+        return best_guess(blocks, block_mass, best, problem.confidence, figures)
     if hi - lo == 1:
         return Found(hi, confidence=float(block_mass[best]), figures=figures)
     return Narrowed(lo, hi, figures=figures)

@@ -9,7 +9,15 @@ import pytest
 from bisect_npu.level import CommitsLevel
 from bisect_npu.recipe.loader import load_recipe
 from bisect_npu.records import CandidateRange, EndRecord, HeaderRecord
-from bisect_npu.report import SessionView, StepView, evidence_summary, host_line, render_markdown, switch_lines
+from bisect_npu.report import (
+    SessionView,
+    StepView,
+    evidence_summary,
+    host_line,
+    render_json,
+    render_markdown,
+    switch_lines,
+)
 from bisect_npu.request import RunContext, RunRequest
 from tests.helpers.npu_throughput import perf_recipe
 
@@ -196,3 +204,27 @@ def test_a_narrowed_range_says_whether_its_steps_disagree_or_were_skipped(tmp_pa
     report = render_markdown(narrowed)
     assert ("the steps in it disagree with each other" in report) is disagreeing
     assert ("could not be tested (skipped)" in report) is not disagreeing
+
+
+def test_a_best_guess_below_the_confidence_is_named_inside_its_range_in_both_reports(tmp_path: Path) -> None:
+    """A likelihood search that stopped below the confidence asked answers with the range that
+    holds it (narrowed): report.md names the best guess and its evidence, report.json carries it
+    beside the range, and no culprit is given as found."""
+    figures = {"posterior": 0.93, "culprit_log_lr": 8.5, "parent_log_lr": -2.6, "steps": 15.0, "best_guess": 2.0,
+               "range_posterior": 0.9998}
+    guessed = view(figures, status="narrowed")
+    guessed.end = EndRecord(status="narrowed", lo="1" * 40, hi="3" * 40, lo_index=1, hi_index=3, best_guess="2" * 40,
+                            figures=figures)
+    guessed.session_dir = tmp_path
+    assert evidence_summary(guessed) == [
+        "the best guess: log likelihood ratio +8.5 for the bad side over its steps",
+        f"its parent `{'1' * 12}`: -2.6 (0 at an end: the reference)",
+        "posterior that this is the first bad commit: 93.0% after 15 steps"]
+    report = render_markdown(guessed)
+    assert (f"**The culprit is one of the 2 commits in (`{'1' * 12}`, `{'3' * 12}`]**: no commit reached the "
+            f"confidence asked; the best guess is `{'2' * 12}`") in report
+    assert "posterior that this is the first bad commit: 93.0% after 15 steps" in report
+    assert "could not be tested (skipped)" not in report and "the steps in it disagree" not in report
+    summary = render_json(guessed)
+    assert summary["status"] == "narrowed" and summary["culprit"] is None
+    assert summary["best_guess"] == "2" * 40 and summary["range"] == ["1" * 40, "3" * 40]

@@ -496,7 +496,8 @@ def test_no_answer_is_named_that_its_neighbours_own_runs_contradict(n: int, k: i
     with the nightly host's earlier runs and a baseline that may disagree with the session's: a
     culprit named is never one whose own runs, or its parent's, go against it by the answer's
     odds; a range named instead holds the culprit the posterior leaned to, and no position outside
-    it has runs so judged against it."""
+    it has runs so judged against it (or, below the confidence, holds the best guess, which no
+    neighbour's runs so contradict)."""
     level = st.sampled_from([1000.0, 965.0, 930.0])
     runs = {i: tuple(data.draw(level) + data.draw(st.floats(-40.0, 40.0)) for _ in range(k)) for i in range(n + 1)}
     earlier = tuple(tuple(data.draw(st.lists(st.floats(900.0, 1050.0), max_size=12))) for _ in range(2))
@@ -508,6 +509,11 @@ def test_no_answer_is_named_that_its_neighbours_own_runs_contradict(n: int, k: i
     if isinstance(decision, Found):
         own = two_levels.own_log_lr(n, runs, THRESHOLD, decision.index - 1, decision.index)
         assert own.get(decision.index - 1, 0.0) < bound and own.get(decision.index, 0.0) > -bound
+    elif isinstance(decision, Narrowed) and "best_guess" in decision.figures:
+        guess = int(decision.figures["best_guess"])
+        assert decision.lo < guess <= decision.hi and decision.figures["posterior"] < held.confidence
+        own = two_levels.own_log_lr(n, runs, THRESHOLD, guess - 1, guess)
+        assert own.get(guess - 1, 0.0) < bound and own.get(guess, 0.0) > -bound
     elif isinstance(decision, Narrowed):
         culprit = int(decision.figures["disagreeing_culprit"])
         assert decision.lo < culprit <= decision.hi and decision.hi - decision.lo > 1

@@ -27,15 +27,17 @@ def found(what: str, culprit: str, title: str, *, find_fix: bool, scope: MergeSc
     return message
 
 
-def short_of(reached: float, asked: float) -> str:
-    """What a found sentence adds when the search answered below the confidence asked (the commits
-    around the culprit reached their steps' cap or were skipped): the answer is its best guess."""
-    if reached >= asked:
-        return ""
+def best_guess(lo: str, hi: str, commits: int, guess: str, title: str, *, reached: float, asked: float,
+               find_fix: bool) -> str:
+    """A search that stopped below the confidence asked on one commit (the commits around it reached
+    their steps' cap or were skipped): the range (lo, hi] that holds the confidence, and the commit
+    it leaned to, with how sure it is of it."""
     digits = next((d for d in range(4) if round(asked * 100, d) == round(asked * 100, 6)), 4)
     shown = math.floor(round(reached * 100 * 10**digits, 6)) / 10**digits  # never rounded up to the asked
-    return (f" (a best guess: {shown:.{digits}f}% sure, under the {asked * 100:.{digits}f}% asked; the steps around "
-            "it disagree, the report has each one's evidence)")
+    return (f"the {'fix' if find_fix else 'culprit'} is one of {commits} commits in ({lo[:12]}, {hi[:12]}]: no "
+            f"commit reached the {asked * 100:.{digits}f}% asked; the best guess is {guess[:12]} {title} "
+            f"({shown:.{digits}f}% sure), the steps around it disagree (the report has each one's evidence): "
+            "re-run it and its parent")
 
 
 def narrowed(lo: str, hi: str, commits: int, *, find_fix: bool, skipped: Sequence[tuple[str, str]] = ()) -> str:

@@ -20,6 +20,7 @@ class SessionResult:
     session_dir: Path
     culprit: str | None = None
     range: tuple[str, str] | None = None
+    best_guess: str | None = None  # narrowed below the confidence asked: the commit the search leaned to
     message: str = ""
     steps: int = 0
     output_tail: str = ""  # ends judged wrong: the last lines of that end's last run (its log is in `message`)

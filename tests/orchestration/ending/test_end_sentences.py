@@ -1,7 +1,7 @@
 """The closing sentences where the answer is less than one sure commit: a range the skips leave
 names why each commit between could not be tested (where the parent of the culprit cannot be
-built, the user reads that build failure, not only a range), and a culprit found below the
-confidence asked says it is a best guess."""
+built, the user reads that build failure, not only a range), and a search that stopped below the
+confidence asked names the range that holds it and its best guess inside, saying how sure it is."""
 
 from __future__ import annotations
 
@@ -44,15 +44,20 @@ def test_a_narrowed_sentence_names_at_most_three_skips() -> None:
         "(the report has each one's evidence): re-run the commits in it")
 
 
-def test_a_culprit_found_below_the_confidence_asked_says_so() -> None:
-    assert end_messages.short_of(1.0, 0.99) == end_messages.short_of(0.99, 0.99) == ""
-    assert end_messages.short_of(0.53, 0.99) == (" (a best guess: 53% sure, under the 99% asked; the steps around it "
-                                                  "disagree, the report has each one's evidence)")
+def test_a_best_guess_below_the_confidence_asked_is_named_inside_its_range() -> None:
+    def said(reached: float, asked: float) -> str:
+        return end_messages.best_guess("a" * 40, "b" * 40, 3, "c" * 40, "a title", reached=reached, asked=asked,
+                                       find_fix=False)
+
+    assert said(0.53, 0.99) == ("the culprit is one of 3 commits in (aaaaaaaaaaaa, bbbbbbbbbbbb]: no commit reached "
+                                "the 99% asked; the best guess is cccccccccccc a title (53% sure), the steps around it "
+                                "disagree (the report has each one's evidence): re-run it and its parent")
     # A confidence asked with more digits is shown with them, never rounded to 100%; what was
     # reached is never rounded up to it.
-    assert end_messages.short_of(0.9989, 0.999).startswith(" (a best guess: 99.8% sure, under the 99.9% asked;")
-    assert end_messages.short_of(0.7633, 0.999).startswith(" (a best guess: 76.3% sure, under the 99.9% asked;")
-    assert end_messages.short_of(0.29, 0.95).startswith(" (a best guess: 29% sure, under the 95% asked;")
+    assert "reached the 99.9% asked; the best guess is cccccccccccc a title (99.8% sure)" in said(0.9989, 0.999)
+    assert "(76.3% sure)" in said(0.7633, 0.999) and "(29% sure)" in said(0.29, 0.95)
+    assert end_messages.best_guess("a" * 40, "b" * 40, 2, "c" * 40, "", reached=0.9, asked=0.99,
+                                   find_fix=True).startswith("the fix is one of 2 commits in")
 
 
 def test_a_good_end_off_the_bad_ends_history_names_the_merge_base_that_was_judged(

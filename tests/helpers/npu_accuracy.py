@@ -4,13 +4,19 @@ and samples remembered, for tests of how accuracy steps are run, resumed and jou
 
 from __future__ import annotations
 
+import json
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+import git
+
 from bisect_npu.builders.base import Environment
+from bisect_npu.builders.local import LocalBuilder
 from bisect_npu.execute.base import RunResult, observation_path, probe_log_path, probe_stem
 from bisect_npu.observations import Observation, SampleOutcome
+from bisect_npu.orchestration.session import Session
+from tests.helpers.asked import spec_of
 
 IDS = [f"q{i:02d}" for i in range(40)]
 ANSWERS = {i: float(n % 3 != 0) for n, i in enumerate(IDS)}  # what the good end's harness scores
@@ -53,3 +59,24 @@ class HarnessStandIn:
 
     def sweep(self) -> int:
         return 0
+
+
+def accuracy_session(tmp: Path, name: str, shas: list[str], stand_in: HarnessStandIn, accuracy: dict[str, Any],
+                     resume: bool = False) -> Any:
+    """A real session over the history at `tmp / "repo"` (built by `true`) with the accuracy recipe
+    whose `accuracy` section extends the command harness over `tmp / "d.jsonl"`, in `tmp / name`:
+    started and run, or resumed from its journal there."""
+    builder = LocalBuilder(git.Repo(tmp / "repo"), tmp / f"{name}-work", ["true"])
+    if resume:
+        return Session.resume(tmp / name, builder=builder, executor=stand_in).run()
+    recipe = tmp / "recipe.yaml"
+    recipe.write_text(json.dumps({
+        "name": "acc", "model": {"path": "/models/m"}, "oracle": {"kinds": ["accuracy"]},
+        "accuracy": {"harness": "command", "dataset": "d.jsonl", "command": {"argv": ["x"]}, **accuracy}}))
+    spec = spec_of(good=shas[0], bad=shas[-1], repo=str(tmp / "repo"), recipe=str(recipe), propose_fix=False)
+    return Session.start(spec, session_dir=tmp / name, builder=builder, executor=stand_in).run()
+
+
+def journal_records(session: Path) -> list[dict[str, Any]]:
+    """The session's journal lines, in order."""
+    return [json.loads(line) for line in (session / "journal.jsonl").read_text().splitlines()]

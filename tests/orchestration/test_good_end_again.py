@@ -12,18 +12,14 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import git
 import pytest
 
 from bisect_npu.builders.base import Environment
-from bisect_npu.builders.local import LocalBuilder
 from bisect_npu.observations import SampleOutcome
 from bisect_npu.orchestration.ending.result import EXIT_FOUND
-from bisect_npu.orchestration.session import Session
 from bisect_npu.report import write_reports
-from tests.helpers.asked import spec_of
 from tests.helpers.gitrepo import make_linear_repo
-from tests.helpers.npu_accuracy import HarnessStandIn
+from tests.helpers.npu_accuracy import HarnessStandIn, accuracy_session, journal_records
 
 pytestmark = pytest.mark.e2e  # sessions, end to end
 
@@ -43,19 +39,7 @@ def rates_stand_in(shas: list[str]) -> HarnessStandIn:
 
 
 def _session(tmp: Path, name: str, shas: list[str], stand_in: HarnessStandIn, resume: bool = False) -> Any:
-    builder = LocalBuilder(git.Repo(tmp / "repo"), tmp / f"{name}-work", ["true"])
-    if resume:
-        return Session.resume(tmp / name, builder=builder, executor=stand_in).run()
-    recipe = tmp / "recipe.yaml"
-    recipe.write_text(json.dumps({
-        "name": "acc", "model": {"path": "/models/m"}, "oracle": {"kinds": ["accuracy"]},
-        "accuracy": {"harness": "command", "dataset": "d.jsonl", "command": {"argv": ["x"]}, "repeats": 4}}))
-    spec = spec_of(good=shas[0], bad=shas[-1], repo=str(tmp / "repo"), recipe=str(recipe), propose_fix=False)
-    return Session.start(spec, session_dir=tmp / name, builder=builder, executor=stand_in).run()
-
-
-def _records(session: Path) -> list[dict[str, Any]]:
-    return [json.loads(line) for line in (session / "journal.jsonl").read_text().splitlines()]
+    return accuracy_session(tmp, name, shas, stand_in, {"repeats": 4}, resume)
 
 
 @dataclass(frozen=True)
@@ -81,7 +65,7 @@ def whole(tmp_path_factory: pytest.TempPathFactory) -> Whole:
 
 def test_the_bad_end_has_the_good_end_run_again_and_the_report_says_why(whole: Whole) -> None:
     assert whole.culprit == whole.shas[CULPRIT]
-    steps = [r for r in _records(whole.tmp / "s") if r["type"] == "step"]
+    steps = [r for r in journal_records(whole.tmp / "s") if r["type"] == "step"]
     good_steps = [s for s in steps if s["index"] == 0]
     bad_steps = [s for s in steps if s["index"] == N - 1]
     # the good end: its first step, then two more of one round each, asked by the bad end's step
@@ -119,5 +103,5 @@ def test_a_session_resumed_after_the_good_ends_extra_round_redoes_nothing(whole:
     assert again.culprit == whole.culprit
     assert not journaled & set(resumed.runs), "a journaled run was made again"
     assert len(resumed.runs) + len(journaled) == len(whole.runs)
-    assert [(r["index"], len(r["trials"])) for r in _records(whole.tmp / name) if r["type"] == "step"] == \
+    assert [(r["index"], len(r["trials"])) for r in journal_records(whole.tmp / name) if r["type"] == "step"] == \
         [(r["index"], len(r["trials"])) for r in records if r["type"] == "step"]

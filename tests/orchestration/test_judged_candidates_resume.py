@@ -13,17 +13,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import git
 import numpy as np
 import pytest
 
 from bisect_npu.builders.base import Environment
-from bisect_npu.builders.local import LocalBuilder
 from bisect_npu.observations import SampleOutcome
-from bisect_npu.orchestration.session import Session
-from tests.helpers.asked import spec_of
 from tests.helpers.gitrepo import make_linear_repo
-from tests.helpers.npu_accuracy import HarnessStandIn
+from tests.helpers.npu_accuracy import HarnessStandIn, accuracy_session, journal_records
 
 pytestmark = pytest.mark.e2e  # sessions, end to end
 
@@ -52,20 +48,7 @@ def sampled_stand_in(shas: list[str]) -> HarnessStandIn:
 
 
 def _session(tmp: Path, name: str, shas: list[str], stand_in: HarnessStandIn, resume: bool = False) -> Any:
-    builder = LocalBuilder(git.Repo(tmp / "repo"), tmp / f"{name}-work", ["true"])
-    if resume:
-        return Session.resume(tmp / name, builder=builder, executor=stand_in).run()
-    recipe = tmp / "recipe.yaml"
-    recipe.write_text(json.dumps({
-        "name": "acc", "model": {"path": "/models/m"}, "oracle": {"kinds": ["accuracy"]},
-        "accuracy": {"harness": "command", "dataset": "d.jsonl", "command": {"argv": ["x"]}, "repeats": RUNS,
-                     "focus": {"batch": 2}}}))
-    spec = spec_of(good=shas[0], bad=shas[-1], repo=str(tmp / "repo"), recipe=str(recipe), propose_fix=False)
-    return Session.start(spec, session_dir=tmp / name, builder=builder, executor=stand_in).run()
-
-
-def _records(session: Path) -> list[dict[str, Any]]:
-    return [json.loads(line) for line in (session / "journal.jsonl").read_text().splitlines()]
+    return accuracy_session(tmp, name, shas, stand_in, {"repeats": RUNS, "focus": {"batch": 2}}, resume)
 
 
 def _steps(records: list[dict[str, Any]]) -> list[tuple[Any, ...]]:
@@ -89,7 +72,7 @@ def whole(tmp_path_factory: pytest.TempPathFactory) -> Whole:
     shas = make_linear_repo(tmp / "repo", N, culprit=CULPRIT)
     (tmp / "d.jsonl").write_text("".join(json.dumps({"id": i, "question": "q", "answer": "a"}) + "\n" for i in IDS))
     result = _session(tmp, "s", shas, sampled_stand_in(shas))
-    return Whole(tmp, shas, result.culprit, _records(tmp / "s"))
+    return Whole(tmp, shas, result.culprit, journal_records(tmp / "s"))
 
 
 def test_later_candidates_are_judged_with_the_earlier_ones_runs(whole: Whole) -> None:
@@ -116,4 +99,4 @@ def test_a_session_resumed_from_its_journal_judges_as_the_uninterrupted_one(whol
         (whole.tmp / name / report).unlink(missing_ok=True)
     again = _session(whole.tmp, name, whole.shas, sampled_stand_in(whole.shas), resume=True)
     assert again.culprit == whole.culprit
-    assert _steps(_records(whole.tmp / name)) == _steps(whole.records)
+    assert _steps(journal_records(whole.tmp / name)) == _steps(whole.records)
